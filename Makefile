@@ -1,0 +1,164 @@
+# Makefile — builds build/ringscan (cpu backend always; cuda backend too when
+# nvcc is found), the test helpers, and runs the tests and the demo.
+#
+#   make          build, after printing what was found (compiler, CUDA, cuBLAS,
+#                 NCCL, MPI, libyaml, jansson); stops naming the missing
+#                 package and the variable to set when something is missing
+#   make test     build and run the whole test suite (ends "N passed, N failed")
+#   make demo     the main job: a small hybrid model training on the cpu backend
+#   make deps     install the Debian packages ringscan needs (apt-get; idempotent)
+#   make clean    remove build/
+#
+# Variables you may set: CC, MPICC, YAML_A, JANSSON_A, CUDA_HOME, NVCC,
+# NCCL_HOME, CUDA=auto|0|1 (0: build without the cuda backend on purpose;
+# 1: fail if it cannot be built), PYTHON (the Debian python3 that has pytest).
+
+BUILD      := build
+VERSION    := 0.1.0
+GIT_SHA    := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+CC         ?= gcc
+ifeq ($(origin CC),default)
+CC         := gcc
+endif
+PYTHON     ?= /usr/bin/python3
+CUDA       ?= auto
+
+# Debian packages `make deps` installs (build, tests, fuzzer).
+DEB_PACKAGES := build-essential pkg-config libyaml-dev libjansson-dev libopenmpi-dev openmpi-bin \
+                python3 python3-pytest clang libclang-rt-dev
+
+# ---- what is there --------------------------------------------------------
+NO_DEPS_GOALS := deps clean help
+CHECK_DEPS := $(if $(MAKECMDGOALS),$(filter-out $(NO_DEPS_GOALS),$(MAKECMDGOALS)),all)
+
+MPICC      ?= $(shell command -v mpicc 2>/dev/null)
+MPI_CFLAGS := $(if $(MPICC),$(shell $(MPICC) --showme:compile 2>/dev/null))
+MPI_LIBS   := $(if $(MPICC),$(shell $(MPICC) --showme:link 2>/dev/null))
+MPI_VER    := $(if $(MPICC),$(shell $(MPICC) --showme:version 2>&1 | head -n1))
+
+find_static = $(realpath $(firstword $(wildcard $(shell $(CC) -print-file-name=$(1) 2>/dev/null) \
+                /usr/lib/x86_64-linux-gnu/$(1) /usr/lib/aarch64-linux-gnu/$(1) /usr/local/lib/$(1))))
+YAML_A     ?= $(call find_static,libyaml.a)
+JANSSON_A  ?= $(call find_static,libjansson.a)
+YAML_H     := $(firstword $(wildcard /usr/include/yaml.h /usr/local/include/yaml.h))
+JANSSON_H  := $(firstword $(wildcard /usr/include/jansson.h /usr/local/include/jansson.h))
+
+CUDA_HOME  ?= /usr/local/cuda
+NVCC       ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+ifeq ($(CUDA),0)
+NVCC :=
+endif
+NCCL_HOME  ?= $(firstword $(patsubst %/include/nccl.h,%,$(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)))
+NCCL_LIBDIR := $(firstword $(patsubst %/libnccl.so,%,$(wildcard $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so)))
+CUBLASLT_SO := $(firstword $(wildcard $(CUDA_HOME)/lib64/libcublasLt.so))
+NVCC_VER   := $(if $(NVCC),$(shell $(NVCC) --version 2>/dev/null | grep -o 'release [0-9.]*'))
+
+INDENT := $(subst x, ,xx)
+ifneq ($(CHECK_DEPS),)
+ifeq ($(strip $(MPICC)),)
+$(error MPI not found: install the Debian package libopenmpi-dev (or run `make deps`), or set MPICC=/path/to/mpicc)
+endif
+ifeq ($(strip $(YAML_A)),)
+$(error libyaml (static libyaml.a) not found: install libyaml-dev (or run `make deps`), or set YAML_A=/path/to/libyaml.a)
+endif
+ifeq ($(strip $(YAML_H)),)
+$(error yaml.h not found: install libyaml-dev (or run `make deps`))
+endif
+ifeq ($(strip $(JANSSON_A)),)
+$(error jansson (static libjansson.a) not found: install libjansson-dev (or run `make deps`), or set JANSSON_A=/path/to/libjansson.a)
+endif
+ifeq ($(strip $(JANSSON_H)),)
+$(error jansson.h not found: install libjansson-dev (or run `make deps`))
+endif
+ifeq ($(CUDA),1)
+ifeq ($(strip $(NVCC)),)
+$(error CUDA=1 but nvcc not found: install the CUDA Toolkit or set CUDA_HOME=/path/to/cuda (or NVCC=))
+endif
+endif
+ifneq ($(strip $(NVCC)),)
+ifeq ($(strip $(CUBLASLT_SO)),)
+$(error nvcc found but cuBLASLt is missing under $(CUDA_HOME)/lib64: install the CUDA Toolkit's cuBLAS, set CUDA_HOME=, or build cpu-only on purpose with CUDA=0)
+endif
+ifeq ($(strip $(NCCL_HOME)),)
+$(error nvcc found but NCCL is missing (nccl.h): install libnccl-dev, set NCCL_HOME=/path/to/nccl, or build cpu-only on purpose with CUDA=0)
+endif
+ifeq ($(strip $(NCCL_LIBDIR)),)
+$(error nvcc found but libnccl.so is missing under $(NCCL_HOME): install libnccl2 + libnccl-dev, set NCCL_HOME=, or build cpu-only on purpose with CUDA=0)
+endif
+endif
+$(info ringscan $(VERSION) ($(GIT_SHA)) build dependencies)
+$(info $(INDENT)compiler   $(CC): $(shell $(CC) --version | head -n1))
+$(info $(INDENT)MPI        $(MPICC): $(MPI_VER))
+$(info $(INDENT)libyaml    $(YAML_A) (static))
+$(info $(INDENT)jansson    $(JANSSON_A) (static))
+$(info $(INDENT)CUDA       $(if $(NVCC),$(NVCC) ($(NVCC_VER)) -> cuda backend for sm_90a,not built: nvcc not found$(if $(filter 0,$(CUDA)), (CUDA=0),; set CUDA_HOME= to build it)))
+$(info $(INDENT)cuBLASLt   $(if $(NVCC),$(CUBLASLT_SO),-))
+$(info $(INDENT)NCCL       $(if $(NVCC),$(NCCL_LIBDIR)/libnccl.so,-))
+endif
+
+# ---- flags -----------------------------------------------------------------
+CPPFLAGS := -Ilib -Ischeduler -Ikernels/cpu -Ikernels/cuda -D_GNU_SOURCE \
+            -DRS_VERSION='"$(VERSION)"' -DRS_GIT_SHA='"$(GIT_SHA)"'
+CFLAGS   := -std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -MMD -MP $(MPI_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS   := $(YAML_A) $(JANSSON_A) $(MPI_LIBS) -lm -lpthread
+
+NVCCFLAGS := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \
+             -Ilib -Ikernels/cuda -I$(NCCL_HOME)/include -Xcompiler -Wall -MMD -MP
+ifneq ($(strip $(NVCC)),)
+CPPFLAGS += -DRS_WITH_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -lcublasLt -lcublas -lcudart -lnccl -lstdc++ \
+            -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_LIBDIR)
+endif
+
+# ---- sources ---------------------------------------------------------------
+LIB_SRC   := $(wildcard lib/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/cpu/*.c)
+CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu))
+LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC))
+CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
+MAIN_OBJ  := $(BUILD)/cmd/ringscan.o
+
+.PHONY: all test demo deps clean fuzz help
+all: $(BUILD)/ringscan
+
+$(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "built $@ (cpu$(if $(CUDA_OBJ), + cuda sm_90a))"
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# The config loader under libFuzzer + AddressSanitizer (clang).
+FUZZ_SRC := tests/fuzz/fuzz_config.c lib/config.c lib/config_schema.c lib/config_validate.c lib/error.c
+$(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
+	@mkdir -p $(dir $@)
+	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
+fuzz: $(BUILD)/fuzz_config
+
+test: $(BUILD)/ringscan $(BUILD)/fuzz_config
+	$(PYTHON) -m pytest -q tests
+
+demo: $(BUILD)/ringscan
+	@echo "make demo: the cpu trainer is not built yet (issue #3); nothing was run" >&2; exit 2
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "make deps: every package is installed"; \
+	else echo "make deps: installing$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+clean:
+	rm -rf $(BUILD)
+
+help:
+	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
+
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)

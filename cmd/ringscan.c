@@ -1,0 +1,257 @@
+/*
+ * ringscan.c — the command line: `ringscan SUBCOMMAND ...`.
+ *
+ * One table of subcommands gives `--help` and dispatch. Subcommands that take
+ * a config share one loader (cli_load_config): YAML file, then `--set`
+ * overrides in order, then the cross-key rules; any problem prints every
+ * message and exits 2 before anything is written. Subcommands that later
+ * issues build say so and exit 2; they print nothing that looks like work.
+ *
+ * Include manifest (what each header gives this file):
+ *   config.h     config_init_defaults, config_load_file, config_apply_set,
+ *                config_validate, config_print_table, config_write_yaml,
+ *                config_write_markdown, config_print_help
+ *   plan.h       plan_build, plan_print, plan_print_json
+ *   error.h      RS_EXIT_*, RS_USAGE
+ *   build_info.h build_info_print (compiler, CUDA, cuBLAS, NCCL, MPI, libyaml)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "build_info.h"
+#include "config.h"
+#include "error.h"
+#include "plan.h"
+
+#ifndef RS_VERSION
+#define RS_VERSION "0.0.0"
+#endif
+
+typedef struct {
+    const char *name;
+    const char *args;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+    const char *built_by; /* NULL when built; else the issue that builds it */
+} Command;
+
+static const Command *cli_commands(void);
+
+/* ---- shared option parsing ---------------------------------------------- */
+
+typedef struct {
+    const char *config;    /* the one positional argument, if any */
+    const char *sets[256]; /* --set key=value, in order */
+    int         n_sets;
+    int         json;
+    int         help;
+} CliArgs;
+
+static void cli_usage_error(const char *cmd, const char *msg, const char *arg) {
+    fprintf(stderr, "ringscan %s: %s%s%s\n  hint: `ringscan %s --help` shows the usage\n", cmd, msg,
+            arg ? ": " : "", arg ? arg : "", cmd);
+    exit(RS_EXIT_USAGE);
+}
+
+static void cli_parse(CliArgs *a, const char *cmd, int argc, char **argv, int allow_json) {
+    memset(a, 0, sizeof *a);
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) a->help = 1;
+        else if (!strcmp(s, "--set")) {
+            if (i + 1 >= argc) cli_usage_error(cmd, "--set needs key.path=value", NULL);
+            if (a->n_sets == 256) cli_usage_error(cmd, "more than 256 --set options", NULL);
+            a->sets[a->n_sets++] = argv[++i];
+        } else if (!strncmp(s, "--set=", 6)) {
+            if (a->n_sets == 256) cli_usage_error(cmd, "more than 256 --set options", NULL);
+            a->sets[a->n_sets++] = s + 6;
+        } else if (allow_json && !strcmp(s, "--json")) a->json = 1;
+        else if (s[0] == '-' && s[1]) cli_usage_error(cmd, "unknown option", s);
+        else if (!a->config) a->config = s;
+        else cli_usage_error(cmd, "unexpected argument", s);
+    }
+}
+
+/* Loads, overrides and validates; on any error prints all and exits 2. */
+static void cli_load_config(Config *cfg, const CliArgs *a, const char *cmd) {
+    if (!a->config) cli_usage_error(cmd, "missing the config file", NULL);
+    ConfigErrors err = {0};
+    config_init_defaults(cfg);
+    config_load_file(cfg, a->config, &err);
+    for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i, &err);
+    if (err.count == 0) config_validate(cfg, &err);
+    if (err.count) {
+        fflush(stdout);
+        for (char *line = err.text; line && *line;) {
+            char *nl = strchr(line, '\n');
+            fprintf(stderr, "ringscan %s: error: %.*s\n", cmd, nl ? (int)(nl - line) : (int)strlen(line), line);
+            line = nl ? nl + 1 : NULL;
+        }
+        fprintf(stderr, "ringscan %s: %d error%s in the config; nothing was run or written\n", cmd, err.count,
+                err.count == 1 ? "" : "s");
+        config_errors_free(&err);
+        config_free(cfg);
+        exit(RS_EXIT_USAGE);
+    }
+    config_errors_free(&err);
+}
+
+static void cli_print_command_help(const char *name, FILE *f, int with_keys) {
+    for (const Command *c = cli_commands(); c->name; c++) {
+        if (strcmp(c->name, name) != 0) continue;
+        fprintf(f, "usage: ringscan %s %s\n\n%s\n", c->name, c->args, c->summary);
+        if (c->built_by) fprintf(f, "\nNot built yet: %s.\n", c->built_by);
+        if (with_keys) {
+            fprintf(f, "\nOptions:\n  --set key.path=value   override one config key (repeatable; value is YAML)\n"
+                       "  --help                 this text\n\n");
+            config_print_help(f);
+        }
+    }
+}
+
+/* ---- subcommands -------------------------------------------------------- */
+
+static int cmd_plan(int argc, char **argv) {
+    CliArgs a;
+    cli_parse(&a, "plan", argc, argv, 1);
+    if (a.help) { cli_print_command_help("plan", stdout, 1); return RS_EXIT_OK; }
+    Config cfg;
+    cli_load_config(&cfg, &a, "plan");
+    Plan p;
+    plan_build(&p, &cfg);
+    int rc;
+    if (a.json) {
+        plan_print_json(&p, &cfg, stdout);
+        rc = plan_fits(&p, (ActPolicy)cfg.checkpoint.activations) ? RS_EXIT_OK : RS_EXIT_FAIL;
+    } else {
+        printf("ringscan plan %s\n", a.config);
+        config_print_table(&cfg, stdout);
+        rc = plan_print(&p, &cfg, stdout);
+    }
+    plan_free(&p);
+    config_free(&cfg);
+    return rc;
+}
+
+static int cmd_config(int argc, char **argv) {
+    const char *what = argc > 0 ? argv[0] : NULL;
+    if (!what || !strcmp(what, "--help") || !strcmp(what, "-h")) {
+        printf("usage: ringscan config dump | docs | show CONFIG [--set k=v]... | check CONFIG [--set k=v]...\n\n"
+               "  dump    every key with its default and doc, as a YAML file you can edit and load\n"
+               "  docs    the same as a Markdown reference (docs/config.md is this output)\n"
+               "  show    the resolved config (file + overrides) as YAML\n"
+               "  check   validate and print the resolved table; exit 2 on any error\n");
+        return what ? RS_EXIT_OK : RS_EXIT_USAGE;
+    }
+    if (!strcmp(what, "dump") || !strcmp(what, "docs")) {
+        if (argc > 1) cli_usage_error("config", "unexpected argument", argv[1]);
+        if (!strcmp(what, "docs")) { config_write_markdown(stdout); return RS_EXIT_OK; }
+        Config def;
+        config_init_defaults(&def);
+        printf("# ringscan %s: every config key with its default (`ringscan config dump`)\n", RS_VERSION);
+        config_write_yaml(&def, stdout, 1);
+        config_free(&def);
+        return RS_EXIT_OK;
+    }
+    if (!strcmp(what, "show") || !strcmp(what, "check")) {
+        CliArgs a;
+        cli_parse(&a, "config", argc - 1, argv + 1, 0);
+        Config cfg;
+        cli_load_config(&cfg, &a, "config");
+        if (!strcmp(what, "show")) config_write_yaml(&cfg, stdout, 0);
+        else {
+            config_print_table(&cfg, stdout);
+            printf("%s: valid\n", a.config);
+        }
+        config_free(&cfg);
+        return RS_EXIT_OK;
+    }
+    cli_usage_error("config", "unknown config action (dump, docs, show, check)", what);
+    return RS_EXIT_USAGE;
+}
+
+static int cmd_version(int argc, char **argv) {
+    (void)argv;
+    if (argc > 0 && strcmp(argv[0], "--help") && strcmp(argv[0], "-h"))
+        cli_usage_error("version", "unexpected argument", argv[0]);
+    printf("ringscan %s\n", RS_VERSION);
+    build_info_print(stdout);
+    return RS_EXIT_OK;
+}
+
+/* Subcommands built by later issues: say so, do nothing, exit 2. */
+static int cmd_not_built(const char *name) {
+    for (const Command *c = cli_commands(); c->name; c++)
+        if (!strcmp(c->name, name))
+            fprintf(stderr, "ringscan %s: not built yet (%s); nothing was done\n", name, c->built_by);
+    return RS_EXIT_USAGE;
+}
+static int cmd_train(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("train"); }
+static int cmd_resume(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("resume"); }
+static int cmd_submit(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("submit"); }
+static int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("bench"); }
+static int cmd_data(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("data"); }
+static int cmd_export(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("export"); }
+
+static const Command commands[] = {
+    {"train", "CONFIG [--set key.path=value]...", "Train a model: `mpirun -np N ringscan train CONFIG`.", cmd_train,
+     "the cpu trainer is issue #3, multi-rank CP/DP issue #4, cuda issue #6"},
+    {"resume", "RUN_DIR", "Continue a run from its newest valid checkpoint.", cmd_resume,
+     "checkpoints and resume are issue #3"},
+    {"plan", "CONFIG [--set key.path=value]... [--json]",
+     "Print the parallel layout, parameters, memory per GPU by category and checkpoint policy,\n"
+     "FLOPs per token, communication per step, and a fit verdict against device.memory_gib.\n"
+     "Exit 0 when it fits, 1 when it does not, 2 on a bad config.",
+     cmd_plan, NULL},
+    {"submit", "CONFIG [--set key.path=value]... [--dry-run]", "Render the sbatch script and submit it to Slurm.",
+     cmd_submit, "Slurm submission is issue #5"},
+    {"bench", "attn|gdn|step ...", "Benchmark kernels and the training step beside peers.", cmd_bench,
+     "benchmarks are issue #7"},
+    {"data", "synth|bytes ...", "Make training data: synthetic recall tasks, byte-level tokens.", cmd_data,
+     "data tools are issue #3"},
+    {"export", "RUN_DIR OUT_DIR", "Export weights as a Hugging Face Qwen3NextForCausalLM checkpoint.", cmd_export,
+     "export is not scheduled yet"},
+    {"config", "dump | docs | show CONFIG | check CONFIG",
+     "Print every key with its default and doc, the Markdown reference, or a resolved config.", cmd_config, NULL},
+    {"version", "", "Print the version and what this binary was built with.", cmd_version, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static const Command *cli_commands(void) { return commands; }
+
+static void cli_print_help(FILE *f) {
+    fprintf(f, "ringscan %s: long-context training of hybrid Gated DeltaNet / attention models\n\n"
+               "usage: ringscan SUBCOMMAND [ARGS]   (ringscan SUBCOMMAND --help for details)\n\n",
+            RS_VERSION);
+    for (const Command *c = commands; c->name; c++) {
+        const char *nl = strchr(c->summary, '\n');
+        fprintf(f, "  %-8s %.*s%s\n", c->name, nl ? (int)(nl - c->summary) : (int)strlen(c->summary), c->summary,
+                c->built_by ? "  [not built yet]" : "");
+    }
+    fprintf(f, "\nConfigs are YAML; `ringscan config dump` lists every key. Exit codes: 0 ok, 1 failure or\n"
+               "does not fit, 2 bad usage or config, 75 stopped for preemption after a checkpoint.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        cli_print_help(stderr);
+        return RS_EXIT_USAGE;
+    }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {
+        cli_print_help(stdout);
+        return RS_EXIT_OK;
+    }
+    if (!strcmp(sub, "--version")) return cmd_version(0, NULL);
+    for (const Command *c = commands; c->name; c++) {
+        if (strcmp(c->name, sub) != 0) continue;
+        if (c->built_by && argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            cli_print_command_help(c->name, stdout, 0);
+            return RS_EXIT_OK;
+        }
+        return c->run(argc - 2, argv + 2);
+    }
+    fprintf(stderr, "ringscan: unknown subcommand '%s'\n  hint: `ringscan --help` lists the subcommands\n", sub);
+    return RS_EXIT_USAGE;
+}

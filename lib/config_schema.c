@@ -1,0 +1,175 @@
+/*
+ * config_schema.c — THE table of configuration keys.
+ *
+ * One row per key: path (which is also the C member designator in Config),
+ * type, default (YAML text), range or enum names, unit, owning module and a
+ * one-line doc. The loader, `--set`, validation of single values, `config
+ * dump`, `config docs`, `--help` and the resolved-config table all read this
+ * table; nothing else lists keys. Each row's C member type is checked at
+ * compile time against the row's type (CONFIG_TYPECHECK below), so the table
+ * and the structs in config.h cannot drift.
+ *
+ * Model keys use the Hugging Face Qwen3NextConfig names and defaults
+ * (research/qwen3_next_spec.md §1), except that the MLP is dense everywhere.
+ *
+ * Cross-key rules (divisibility, world size, ...) are in config_validate.c.
+ */
+#include "config.h"
+
+#include <stddef.h>
+#include <string.h>
+
+const char *const device_kind_names[] = {"cpu", "cuda", NULL};
+const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
+const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
+const char *const data_format_names[] = {"flat", "megatron", NULL};
+const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
+const char *const hidden_act_names[]  = {"silu", NULL};
+
+_Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KIND_COUNT + 1, "names");
+_Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
+_Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDULE_COUNT + 1, "names");
+_Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
+_Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
+_Static_assert(sizeof hidden_act_names / sizeof *hidden_act_names == HIDDEN_ACT_COUNT + 1, "names");
+
+const char *const config_sections[] = {
+    "run", "model", "data", "parallel", "train", "checkpoint", "slurm", "device", NULL,
+};
+const char *const config_section_docs[] = {
+    "the run: where it writes, its seed, when it stops",
+    "the model, with Hugging Face Qwen3-Next key names (dense MLP in every layer)",
+    "training data: the token file and how samples are cut from it",
+    "how ranks are arranged: world = dp x cp",
+    "optimizer, schedule and batch",
+    "checkpoint files and activation checkpointing",
+    "the Slurm job `ringscan submit` renders",
+    "the device the run uses",
+    NULL,
+};
+
+/* C type of each ConfigType: a row whose member has another type fails to compile. */
+#define CONFIG_TYPECHECK_INT(m)       _Generic((m), int64_t: 1, default: 0)
+#define CONFIG_TYPECHECK_FLOAT(m)     _Generic((m), double: 1, default: 0)
+#define CONFIG_TYPECHECK_BOOL(m)      _Generic((m), bool: 1, default: 0)
+#define CONFIG_TYPECHECK_STR(m)       _Generic((m), char *: 1, default: 0)
+#define CONFIG_TYPECHECK_ENUM(m)      _Generic((m), int32_t: 1, default: 0)
+#define CONFIG_TYPECHECK_ENUM_LIST(m) _Generic((m), ConfigEnumList: 1, default: 0)
+
+#define CONFIG_ROW(path_, type_, def_, min_, max_, names_, charset_, unit_, module_, doc_)         \
+    {#path_, CONFIG_TYPE_##type_,                                                                 \
+     offsetof(Config, path_) +                                                                    \
+         0 * sizeof(char[CONFIG_TYPECHECK_##type_(((Config *)0)->path_) ? 1 : -1]),               \
+     def_, min_, max_, names_, CONFIG_CHARSET_##charset_, unit_, module_, doc_}
+
+#define INT(p, def, lo, hi, unit, mod, doc)  CONFIG_ROW(p, INT, def, lo, hi, NULL, ANY, unit, mod, doc)
+#define FLT(p, def, lo, hi, unit, mod, doc)  CONFIG_ROW(p, FLOAT, def, lo, hi, NULL, ANY, unit, mod, doc)
+#define BOOL(p, def, mod, doc)               CONFIG_ROW(p, BOOL, def, 0, 0, NULL, ANY, "", mod, doc)
+#define STR(p, def, cs, mod, doc)            CONFIG_ROW(p, STR, def, 0, 0, NULL, cs, "", mod, doc)
+#define ENUM(p, def, names, mod, doc)        CONFIG_ROW(p, ENUM, def, 0, 0, names, ANY, "", mod, doc)
+#define ENUMS(p, def, names, mod, doc)       CONFIG_ROW(p, ENUM_LIST, def, 0, 0, names, ANY, "", mod, doc)
+
+#define BIG 9.0e18 /* "no upper bound" for integers */
+
+const ConfigKey config_schema[] = {
+    /* ---- run ---- */
+    STR(run.name, "ringscan", NAME, "train", "run name; also the Slurm job name"),
+    STR(run.out_dir, "runs/ringscan", PATH, "train",
+        "run directory: config.resolved.yaml, log.txt, metrics.jsonl, ckpt/"),
+    INT(run.seed, "1234", 0, BIG, "", "train", "seed for initialisation and data order"),
+    INT(run.stop_after_step, "0", 0, BIG, "steps", "train",
+        "checkpoint and stop cleanly after this step (0: run to train.steps)"),
+    INT(run.log_every, "1", 1, 1e9, "steps", "train", "steps between log lines"),
+
+    /* ---- model (HF Qwen3NextConfig names) ---- */
+    INT(model.vocab_size, "151936", 2, 1 << 24, "tokens", "model", "vocabulary size"),
+    INT(model.hidden_size, "2048", 8, 65536, "", "model", "width of the residual stream"),
+    INT(model.intermediate_size, "5632", 8, 1 << 20, "", "model", "width of the dense SwiGLU MLP"),
+    INT(model.num_hidden_layers, "48", 1, CONFIG_LIST_MAX, "", "model", "number of decoder layers"),
+    INT(model.num_attention_heads, "16", 1, 1024, "", "model", "query heads of full-attention layers"),
+    INT(model.num_key_value_heads, "2", 1, 1024, "", "model", "key/value heads of full-attention layers (GQA)"),
+    INT(model.head_dim, "256", 8, 1024, "", "model", "head width of full-attention layers (not hidden/heads)"),
+    INT(model.linear_num_key_heads, "16", 1, 1024, "", "model", "query/key heads of Gated DeltaNet layers"),
+    INT(model.linear_num_value_heads, "32", 1, 4096, "", "model",
+        "value heads of Gated DeltaNet layers (a multiple of the key heads)"),
+    INT(model.linear_key_head_dim, "128", 8, 1024, "", "model", "key head width of Gated DeltaNet layers"),
+    INT(model.linear_value_head_dim, "128", 8, 1024, "", "model", "value head width of Gated DeltaNet layers"),
+    INT(model.linear_conv_kernel_dim, "4", 1, 16, "tokens", "model", "causal depthwise conv width over [q|k|v]"),
+    INT(model.full_attention_interval, "4", 1, CONFIG_LIST_MAX, "layers", "model",
+        "every Nth layer is full attention (used when layer_types is empty)"),
+    ENUMS(model.layer_types, "[]", layer_kind_names, "model",
+          "explicit kind of every layer; empty: derived from full_attention_interval"),
+    INT(model.max_position_embeddings, "0", 0, 1LL << 40, "tokens", "model",
+        "written to the exported config.json; 0: data.seq_len"),
+    FLT(model.rms_norm_eps, "1e-6", 1e-12, 1e-2, "", "model", "epsilon of every RMSNorm"),
+    FLT(model.rope_theta, "10000.0", 1.0, 1e12, "", "model", "RoPE base"),
+    FLT(model.partial_rotary_factor, "0.25", 0.0, 1.0, "", "model", "fraction of head_dim that RoPE rotates"),
+    FLT(model.initializer_range, "0.02", 0.0, 1.0, "", "model", "std of the normal init of every matrix"),
+    BOOL(model.tie_word_embeddings, "false", "model", "lm_head shares embed_tokens"),
+    BOOL(model.attention_bias, "false", "model", "q/k/v/o biases (ringscan supports false only)"),
+    ENUM(model.hidden_act, "silu", hidden_act_names, "model", "activation of MLP, conv and gated norm"),
+
+    /* ---- data ---- */
+    ENUM(data.format, "flat", data_format_names, "data",
+         "flat: ringscan token file; megatron: Megatron-LM indexed dataset (.bin + .idx)"),
+    STR(data.path, "", ANY, "data", "token file, or the Megatron prefix (without .bin/.idx)"),
+    INT(data.seq_len, "4096", 64, 1LL << 34, "tokens", "data", "tokens per sample, before CP splits it"),
+    INT(data.micro_batch, "1", 1, 65536, "samples", "data", "samples per data-parallel replica per micro-step"),
+    BOOL(data.shuffle, "true", "data", "shuffle sample order (deterministic from run.seed)"),
+
+    /* ---- parallel ---- */
+    INT(parallel.dp, "1", 1, 1 << 20, "ranks", "comm", "data-parallel replicas"),
+    INT(parallel.cp, "1", 1, 1 << 16, "ranks", "cp", "context-parallel ranks per replica (zigzag layout)"),
+
+    /* ---- train ---- */
+    INT(train.steps, "1000", 1, BIG, "steps", "train", "optimizer steps of the whole run"),
+    INT(train.grad_accum, "1", 1, 1 << 20, "micro-steps", "train", "micro-batches per optimizer step"),
+    FLT(train.lr, "3e-4", 0.0, 10.0, "", "train", "peak learning rate"),
+    FLT(train.min_lr, "3e-5", 0.0, 10.0, "", "train", "final learning rate of the decay"),
+    INT(train.warmup_steps, "100", 0, BIG, "steps", "train", "linear warmup from 0 to train.lr"),
+    ENUM(train.schedule, "cosine", lr_schedule_names, "train",
+         "after warmup: cosine to min_lr; wsd: constant then linear decay; constant"),
+    INT(train.decay_steps, "0", 0, BIG, "steps", "train", "wsd: length of the final decay (0: 20% of steps)"),
+    FLT(train.weight_decay, "0.1", 0.0, 10.0, "", "train", "AdamW decoupled weight decay of matrices"),
+    FLT(train.beta1, "0.9", 0.0, 0.999999, "", "train", "AdamW beta1"),
+    FLT(train.beta2, "0.95", 0.0, 0.999999, "", "train", "AdamW beta2"),
+    FLT(train.eps, "1e-8", 1e-30, 1.0, "", "train", "AdamW epsilon"),
+    FLT(train.grad_clip, "1.0", 0.0, 1e6, "", "train", "clip the global gradient norm to this (0: off)"),
+    BOOL(train.decay_embeddings, "true", "train", "weight decay on embed_tokens and lm_head"),
+    BOOL(train.decay_norms, "true", "train", "weight decay on RMSNorm weights (Qwen3-Next decays them)"),
+    BOOL(train.decay_gdn_gates, "false", "train", "weight decay on A_log and dt_bias"),
+    BOOL(train.decay_conv, "true", "train", "weight decay on the GDN conv1d weights"),
+
+    /* ---- checkpoint ---- */
+    ENUM(checkpoint.activations, "remat", act_policy_names, "model",
+         "none: keep all; full: keep block inputs, recompute blocks; remat: also keep attention out+LSE "
+         "and GDN CP states, so recompute runs no attention and no communication"),
+    INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
+    INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
+
+    /* ---- slurm ---- */
+    STR(slurm.partition, "", NAMES, "scheduler", "partition(s), comma separated; empty: the cluster default"),
+    STR(slurm.account, "", NAME, "scheduler", "account to charge; empty: your default"),
+    STR(slurm.qos, "", NAME, "scheduler", "quality of service; empty: the default"),
+    INT(slurm.nodes, "1", 1, 100000, "nodes", "scheduler", "nodes of the allocation"),
+    INT(slurm.gpus_per_node, "0", 0, 1024, "tasks", "scheduler",
+        "tasks per node, one per GPU (cpu: ranks); 0: parallel.dp x parallel.cp / nodes"),
+    STR(slurm.time, "01:00:00", TIME, "scheduler", "time limit, [D-]HH:MM:SS"),
+    INT(slurm.signal_s, "120", 0, 86400, "s", "scheduler", "warning signal this long before the time limit"),
+    INT(slurm.max_restarts, "10", 0, 100000, "restarts", "scheduler", "requeues allowed after preemption"),
+
+    /* ---- device ---- */
+    ENUM(device.kind, "cpu", device_kind_names, "device", "cpu: fp32 oracle backend over MPI; cuda: GPUs over NCCL"),
+    FLT(device.memory_gib, "80", 0.01, 1e6, "GiB", "device", "memory per GPU (cpu: per rank) that plan checks against"),
+    FLT(device.peak_tflops, "0", 0.0, 1e6, "TFLOP/s", "device", "dense bf16 peak for MFU; 0: from the device table"),
+    INT(device.threads, "1", 1, 1024, "threads", "device", "cpu backend: BLAS threads per rank (fixed: deterministic)"),
+};
+
+const int config_schema_count = (int)(sizeof config_schema / sizeof config_schema[0]);
+_Static_assert(sizeof config_schema / sizeof config_schema[0] <= CONFIG_MAX_KEYS, "raise CONFIG_MAX_KEYS");
+
+int config_find_key(const char *path) {
+    for (int i = 0; i < config_schema_count; i++)
+        if (strcmp(config_schema[i].path, path) == 0) return i;
+    return -1;
+}

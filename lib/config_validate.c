@@ -1,0 +1,139 @@
+/*
+ * config_validate.c — rules that involve more than one key.
+ *
+ * Single values were already checked against their range or enum while
+ * loading (config.c). Here live the rules between keys, grouped by the module
+ * that owns them. Every message quotes each key involved, its value and where
+ * that value came from, Megatron-style:
+ *
+ *   data.seq_len = 1000 (configs/x.yaml:9:12) is not divisible by
+ *   2 x parallel.cp x 64 = 256 (parallel.cp = 2, default) ...
+ *
+ * Callers: cmd/ringscan.c after loading and overrides; the launcher calls
+ * config_validate_world() once it knows how many ranks were started.
+ */
+#include "config.h"
+
+#include <string.h>
+
+/* "key = value (source)" for a message. */
+static const char *validate_quote(const Config *cfg, const char *path, char *buf, size_t n) {
+    int key = config_find_key(path);
+    char v[256], s[600];
+    config_format_value(cfg, key, v, sizeof v);
+    config_format_source(cfg, key, s, sizeof s);
+    snprintf(buf, n, "%s = %s (%s)", path, v, s);
+    return buf;
+}
+
+static int validate_model(const Config *cfg, ConfigErrors *err) {
+    const ModelConfig *m = &cfg->model;
+    char a[900], b[900], c[900];
+    int before = err->count;
+
+    if (m->linear_num_value_heads % m->linear_num_key_heads != 0)
+        config_errors_add(err, "%s must be a multiple of %s: each value head reads one key head",
+                          validate_quote(cfg, "model.linear_num_value_heads", a, sizeof a),
+                          validate_quote(cfg, "model.linear_num_key_heads", b, sizeof b));
+    if (m->num_attention_heads % m->num_key_value_heads != 0)
+        config_errors_add(err, "%s must be a multiple of %s: query heads share key/value heads in equal groups (GQA)",
+                          validate_quote(cfg, "model.num_attention_heads", a, sizeof a),
+                          validate_quote(cfg, "model.num_key_value_heads", b, sizeof b));
+    int64_t rd = config_rotary_dim(cfg);
+    if (rd % 2 != 0)
+        config_errors_add(err, "int(%s x %s) = %lld rotary dims must be even: RoPE rotates pairs",
+                          validate_quote(cfg, "model.head_dim", a, sizeof a),
+                          validate_quote(cfg, "model.partial_rotary_factor", b, sizeof b), (long long)rd);
+    if (m->layer_types.n > 0 && m->layer_types.n != m->num_hidden_layers)
+        config_errors_add(err, "model.layer_types has %d entries but %s: give one kind per layer, or leave "
+                               "layer_types empty to use model.full_attention_interval",
+                          m->layer_types.n, validate_quote(cfg, "model.num_hidden_layers", a, sizeof a));
+    if (m->attention_bias)
+        config_errors_add(err, "%s: ringscan's attention has no biases (Qwen3-Next uses none); set it to false",
+                          validate_quote(cfg, "model.attention_bias", a, sizeof a));
+    if (m->max_position_embeddings > 0 && m->max_position_embeddings < cfg->data.seq_len)
+        config_errors_add(err, "%s is smaller than %s: samples would run past the positions the model declares",
+                          validate_quote(cfg, "model.max_position_embeddings", a, sizeof a),
+                          validate_quote(cfg, "data.seq_len", b, sizeof b));
+    if (cfg->device.kind == DEVICE_KIND_CUDA) {
+        if (m->head_dim != 64 && m->head_dim != 128 && m->head_dim != 256)
+            config_errors_add(err, "%s with %s: the cuda attention kernels are built for head_dim 64, 128 or 256",
+                              validate_quote(cfg, "model.head_dim", a, sizeof a),
+                              validate_quote(cfg, "device.kind", b, sizeof b));
+        if ((m->linear_key_head_dim != 64 && m->linear_key_head_dim != 128) ||
+            (m->linear_value_head_dim != 64 && m->linear_value_head_dim != 128))
+            config_errors_add(err, "%s and %s with %s: the cuda Gated DeltaNet kernels are built for head dims 64 or 128",
+                              validate_quote(cfg, "model.linear_key_head_dim", a, sizeof a),
+                              validate_quote(cfg, "model.linear_value_head_dim", b, sizeof b),
+                              validate_quote(cfg, "device.kind", c, sizeof c));
+        if (m->hidden_size % 8 || m->intermediate_size % 8)
+            config_errors_add(err, "%s and %s must be multiples of 8 on cuda (16-byte aligned bf16 rows for cuBLASLt)",
+                              validate_quote(cfg, "model.hidden_size", a, sizeof a),
+                              validate_quote(cfg, "model.intermediate_size", b, sizeof b));
+    }
+    return err->count - before;
+}
+
+static int validate_layout(const Config *cfg, ConfigErrors *err) {
+    char a[900], b[900], c[900], d[900];
+    int before = err->count;
+    int64_t cp = cfg->parallel.cp, T = cfg->data.seq_len;
+    int64_t unit = 2 * cp * 64;
+    if (T % unit != 0)
+        config_errors_add(err, "%s is not divisible by 2 x parallel.cp x 64 = %lld (%s): the zigzag layout cuts each "
+                               "sample into 2 x cp segments of whole 64-token chunks; nearest valid: %lld or %lld",
+                          validate_quote(cfg, "data.seq_len", a, sizeof a), (long long)unit,
+                          validate_quote(cfg, "parallel.cp", b, sizeof b), (long long)(T / unit * unit),
+                          (long long)((T / unit + 1) * unit));
+    const SlurmConfig *s = &cfg->slurm;
+    int64_t world = config_world(cfg);
+    if (s->gpus_per_node > 0 && s->nodes * s->gpus_per_node != world)
+        config_errors_add(err, "%s x %s = %lld tasks, but %s x %s = %lld ranks: the allocation must hold exactly one "
+                               "task per rank",
+                          validate_quote(cfg, "slurm.nodes", a, sizeof a),
+                          validate_quote(cfg, "slurm.gpus_per_node", b, sizeof b), (long long)(s->nodes * s->gpus_per_node),
+                          validate_quote(cfg, "parallel.dp", c, sizeof c),
+                          validate_quote(cfg, "parallel.cp", d, sizeof d), (long long)world);
+    if (s->gpus_per_node == 0 && world % s->nodes != 0)
+        config_errors_add(err, "%s x %s = %lld ranks do not split evenly over %s; set slurm.gpus_per_node",
+                          validate_quote(cfg, "parallel.dp", a, sizeof a),
+                          validate_quote(cfg, "parallel.cp", b, sizeof b), (long long)world,
+                          validate_quote(cfg, "slurm.nodes", c, sizeof c));
+    return err->count - before;
+}
+
+static int validate_train(const Config *cfg, ConfigErrors *err) {
+    const TrainConfig *t = &cfg->train;
+    char a[900], b[900], c[900];
+    int before = err->count;
+    if (t->warmup_steps > t->steps)
+        config_errors_add(err, "%s is longer than %s",
+                          validate_quote(cfg, "train.warmup_steps", a, sizeof a),
+                          validate_quote(cfg, "train.steps", b, sizeof b));
+    if (t->min_lr > t->lr)
+        config_errors_add(err, "%s is above %s: the schedule decays from lr down to min_lr",
+                          validate_quote(cfg, "train.min_lr", a, sizeof a), validate_quote(cfg, "train.lr", b, sizeof b));
+    if (t->schedule == LR_SCHEDULE_WSD && t->decay_steps > t->steps - t->warmup_steps)
+        config_errors_add(err, "%s does not fit after warmup: %s, %s",
+                          validate_quote(cfg, "train.decay_steps", a, sizeof a),
+                          validate_quote(cfg, "train.steps", b, sizeof b),
+                          validate_quote(cfg, "train.warmup_steps", c, sizeof c));
+    if (cfg->run.stop_after_step > t->steps)
+        config_errors_add(err, "%s is after the last step: %s",
+                          validate_quote(cfg, "run.stop_after_step", a, sizeof a),
+                          validate_quote(cfg, "train.steps", b, sizeof b));
+    return err->count - before;
+}
+
+int config_validate(const Config *cfg, ConfigErrors *err) {
+    return validate_model(cfg, err) + validate_layout(cfg, err) + validate_train(cfg, err);
+}
+
+int config_validate_world(const Config *cfg, int64_t world, const char *launcher, ConfigErrors *err) {
+    char a[900], b[900];
+    if (world == config_world(cfg)) return 0;
+    config_errors_add(err, "%s started %lld ranks, but %s x %s = %lld", launcher, (long long)world,
+                      validate_quote(cfg, "parallel.dp", a, sizeof a), validate_quote(cfg, "parallel.cp", b, sizeof b),
+                      (long long)config_world(cfg));
+    return 1;
+}

@@ -1,0 +1,71 @@
+/*
+ * error.h — how ringscan reports failure.
+ *
+ * Every fatal message names where it came from: `file:line`, the rank and the
+ * host, the failing call or condition, and (optionally) `hint:` lines telling
+ * the user what to change. The checks are always on: never `assert`, never
+ * compiled out by NDEBUG.
+ *
+ * Exit codes are part of the user interface (Slurm scripts and tests rely on
+ * them) and are defined here, once:
+ *   0  RS_EXIT_OK         success
+ *   1  RS_EXIT_FAIL       a runtime failure, or `plan` says the run will not fit
+ *   2  RS_EXIT_USAGE      bad command line, bad config, bad input file
+ *   75 RS_EXIT_PREEMPTED  stopped on SIGUSR1/SIGTERM after writing a checkpoint
+ *                         (EX_TEMPFAIL: "try again later"; the job script requeues)
+ *
+ * Callers: everything. Library code that can fail on user input (the config
+ * loader) returns errors instead of exiting, so it can be fuzzed and tested;
+ * the command line decides the exit code.
+ */
+#ifndef RS_ERROR_H
+#define RS_ERROR_H
+
+#include <stddef.h>
+#include <stdnoreturn.h>
+
+enum {
+    RS_EXIT_OK        = 0,
+    RS_EXIT_FAIL      = 1,
+    RS_EXIT_USAGE     = 2,
+    RS_EXIT_PREEMPTED = 75,
+};
+
+/* Set once MPI (or Slurm's environment) has told us who we are; before that
+ * messages say "rank ?". */
+void error_set_rank(int rank);
+int  error_rank(void);
+
+/* Prints "ringscan: error [rank R@host] file:line: <message>" and exits with
+ * `code`. `hint` may be NULL or hold several lines separated by '\n'. */
+noreturn void error_exit(int code, const char *file, int line, const char *hint,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Same shape, but a warning: prints and returns. */
+void error_warn(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Fatal internal error (a bug or a broken environment): exit 1. */
+#define RS_FATAL(...) error_exit(RS_EXIT_FAIL, __FILE__, __LINE__, NULL, __VA_ARGS__)
+/* Bad user input: exit 2, with a hint line. */
+#define RS_USAGE(hint, ...) error_exit(RS_EXIT_USAGE, __FILE__, __LINE__, hint, __VA_ARGS__)
+#define RS_WARN(...) error_warn(__FILE__, __LINE__, __VA_ARGS__)
+
+/* Always-on check: `RS_CHECK(n > 0, "n = %d", n)` prints the condition too. */
+#define RS_CHECK(cond, ...)                                                             \
+    do {                                                                               \
+        if (!(cond)) error_exit(RS_EXIT_FAIL, __FILE__, __LINE__, "failed check: " #cond, \
+                                __VA_ARGS__);                                          \
+    } while (0)
+
+/* Checked allocation: never returns NULL. */
+void *error_check_malloc(size_t n, const char *file, int line);
+void *error_check_calloc(size_t n, size_t size, const char *file, int line);
+void *error_check_realloc(void *p, size_t n, const char *file, int line);
+char *error_check_strdup(const char *s, const char *file, int line);
+#define RS_MALLOC(n)     error_check_malloc((n), __FILE__, __LINE__)
+#define RS_CALLOC(n, sz) error_check_calloc((n), (sz), __FILE__, __LINE__)
+#define RS_REALLOC(p, n) error_check_realloc((p), (n), __FILE__, __LINE__)
+#define RS_STRDUP(s)     error_check_strdup((s), __FILE__, __LINE__)
+
+#endif

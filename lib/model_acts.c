@@ -1,0 +1,158 @@
+/*
+ * model_acts.c — lists every activation buffer of one micro-batch on one rank
+ * and sums what each checkpoint policy keeps (see model_acts.h).
+ *
+ * The per-layer lists follow the forward of each block exactly; a buffer is
+ * here because the backward reads it:
+ *
+ *   every block   x (block input), ln1 + rstd1, h (residual after the mixer),
+ *                 ln2 + rstd2, gate_up (pre-activation of the SwiGLU), act
+ *                 (silu(gate)·up, the input of down_proj)
+ *   GDN mixer     proj [q|k|v|z|b|a] before the conv, conv (after conv+SiLU),
+ *                 qk_norm + its rstd (L2-normalised q, k), beta, g (fp32),
+ *                 core (delta-rule output), normed (gated RMSNorm output) +
+ *                 its rstd; with cp > 1 the two entry states [2, nv, dk, dv]
+ *                 fp32 and the conv halo [2, Kc-1, Cc]
+ *   attention     proj [q|gate|k|v] before the norms, qk (normed + rotated
+ *                 q, k), qk_rstd, attn_out + attn_lse (fp32), gated (the
+ *                 input of o_proj)
+ *   head          final_norm + rstd, d_final (its gradient, written by the
+ *                 fused lm_head + cross-entropy during the forward)
+ *
+ * Assumptions of the transient terms (to be checked against measured peaks):
+ *   - the recompute of layer l materialises that layer's buffers that the
+ *     policy did not keep, and nothing of other layers;
+ *   - the backward of one layer holds the fp32 residual gradient [T, H] plus
+ *     the two largest gradient buffers of that layer at once (a gradient is
+ *     freed once the op before it has consumed it);
+ *   - the GDN backward recomputes the per-chunk states and holds them and
+ *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type;
+ *   - the delta-rule backward recomputes its WY factors (T_inv, W, U), so
+ *     they are not kept;
+ *   - attention keeps no T x T matrix (flash-style blocks);
+ *   - the loss works on row chunks of about 256 MiB of fp32 logits.
+ */
+#include "model_acts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+#define LOSS_CHUNK_BYTES (256LL << 20)
+
+typedef struct {
+    ActTable *t;
+    int32_t   cap;
+} ActBuild;
+
+static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
+    ActTable *t = ab->t;
+    if (t->n == ab->cap) {
+        ab->cap = ab->cap ? ab->cap * 2 : 64;
+        t->b = RS_REALLOC(t->b, (size_t)ab->cap * sizeof *t->b);
+    }
+    ActBuffer *b = &t->b[t->n++];
+    memset(b, 0, sizeof *b);
+    snprintf(b->name, sizeof b->name, "%s", name);
+    b->layer = layer;
+    b->rows = rows;
+    b->cols = cols;
+    b->elt = elt;
+    b->bytes = rows * cols * elt;
+    b->keep = keep;
+}
+
+void model_acts_build(ActTable *t, const Config *cfg) {
+    const ModelConfig *m = &cfg->model;
+    memset(t, 0, sizeof *t);
+    ActBuild ab = {t, 0};
+    int64_t cp = cfg->parallel.cp;
+    int64_t T = cfg->data.micro_batch * cfg->data.seq_len / cp;
+    int e = cfg->device.kind == DEVICE_KIND_CUDA ? 2 : 4; /* activation element */
+    const int f = 4;                                      /* fp32 statistics */
+    int64_t H = m->hidden_size, I = m->intermediate_size;
+    int64_t nk = m->linear_num_key_heads, nv = m->linear_num_value_heads;
+    int64_t dk = m->linear_key_head_dim, dv = m->linear_value_head_dim;
+    int64_t Kd = nk * dk, Vd = nv * dv, Cc = 2 * Kd + Vd;
+    int64_t nh = m->num_attention_heads, nkv = m->num_key_value_heads, hd = m->head_dim;
+    t->tokens = T;
+    t->elt = e;
+
+    int64_t max_grad_pair = 0, max_states = 0;
+    for (int l = 0; l < m->num_hidden_layers; l++) {
+        int first = t->n;
+        acts_add(&ab, l, "x", T, H, e, ACT_KEEP_ALL);
+        acts_add(&ab, l, "ln1", T, H, e, ACT_KEEP_NONE);
+        acts_add(&ab, l, "rstd1", T, 1, f, ACT_KEEP_NONE);
+        if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
+            acts_add(&ab, l, "gdn_proj", T, Cc + Vd + 2 * nv, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_conv", T, Cc, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_qk_norm", T, 2 * Kd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_qk_rstd", T, 2 * nk, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_beta", T, nv, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_g", T, nv, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
+            if (cp > 1) {
+                acts_add(&ab, l, "gdn_cp_states", 2, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
+                acts_add(&ab, l, "gdn_conv_halo", 2, (m->linear_conv_kernel_dim - 1) * Cc, e,
+                         ACT_KEEP_NONE | ACT_KEEP_REMAT);
+            }
+            int64_t s = (T + GDN_CHUNK - 1) / GDN_CHUNK * nv * dk * dv * e;
+            if (2 * s > max_states) max_states = 2 * s;
+        } else {
+            acts_add(&ab, l, "attn_proj", T, 2 * nh * hd + 2 * nkv * hd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_qk", T, (nh + nkv) * hd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_qk_rstd", T, nh + nkv, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_out", T, nh * hd, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
+            acts_add(&ab, l, "attn_lse", T, nh, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
+            acts_add(&ab, l, "attn_gated", T, nh * hd, e, ACT_KEEP_NONE);
+        }
+        acts_add(&ab, l, "h", T, H, e, ACT_KEEP_NONE);
+        acts_add(&ab, l, "ln2", T, H, e, ACT_KEEP_NONE);
+        acts_add(&ab, l, "rstd2", T, 1, f, ACT_KEEP_NONE);
+        acts_add(&ab, l, "mlp_gate_up", T, 2 * I, e, ACT_KEEP_NONE);
+        acts_add(&ab, l, "mlp_act", T, I, e, ACT_KEEP_NONE);
+
+        /* per-layer transients */
+        int64_t largest = 0, second = 0;
+        for (int p = 0; p < ACT_POLICY_COUNT; p++) {
+            int64_t missing = 0;
+            for (int i = first; i < t->n; i++)
+                if (!(t->b[i].keep & (1u << p))) missing += t->b[i].bytes;
+            if (missing > t->recompute[p]) t->recompute[p] = missing;
+        }
+        for (int i = first; i < t->n; i++) {
+            int64_t g = t->b[i].rows * t->b[i].cols * e; /* its gradient, in the activation type */
+            if (g > largest) { second = largest; largest = g; }
+            else if (g > second) second = g;
+        }
+        if (largest + second > max_grad_pair) max_grad_pair = largest + second;
+    }
+    acts_add(&ab, -1, "final_norm", T, H, e, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "final_rstd", T, 1, f, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "d_final", T, H, f, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "tokens_targets", T, 2, 4, ACT_KEEP_ALL);
+
+    for (int i = 0; i < t->n; i++)
+        for (int p = 0; p < ACT_POLICY_COUNT; p++)
+            if (t->b[i].keep & (1u << p)) t->kept[p] += t->b[i].bytes;
+
+    t->grad_working = T * H * f + max_grad_pair;
+    t->gdn_states = max_states;
+    int64_t rows = LOSS_CHUNK_BYTES / (4 * m->vocab_size);
+    if (rows < 64) rows = 64;
+    if (rows > T) rows = T;
+    t->loss_chunk_rows = rows;
+    t->loss_workspace = rows * m->vocab_size * 4;
+    for (int p = 0; p < ACT_POLICY_COUNT; p++)
+        t->peak[p] = t->kept[p] + t->recompute[p] + t->grad_working + t->gdn_states;
+}
+
+void model_acts_free(ActTable *t) {
+    free(t->b);
+    memset(t, 0, sizeof *t);
+}

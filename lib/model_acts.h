@@ -1,0 +1,67 @@
+/*
+ * model_acts.h — the activation buffers of one micro-batch, per layer, and
+ * which of them each checkpoint policy keeps from forward to backward.
+ *
+ * This is the activation half of the size tables (model_params.h is the
+ * other): `plan` sums it, and the model allocates its saved activations from
+ * it, so the estimate and the program cannot disagree about what is kept.
+ * Peaks measured later are compared against `peak[]` (torchtitan's "tracker
+ * accuracy"); the assumptions behind the transient terms are written next to
+ * them in model_acts.c.
+ *
+ * Policies (checkpoint.activations):
+ *   none   keep every buffer of every layer;
+ *   full   keep each block's input x; the backward recomputes the whole block,
+ *          attention, ring passes and the GDN all-gather included;
+ *   remat  keep x, plus attention's output and LSE (softmax layers) and the
+ *          CP entry states and conv halo (GDN layers): what came out of
+ *          communication or attention. The recompute reruns only local,
+ *          linear-cost work.
+ *
+ * Sizes are for one rank: tokens = data.micro_batch × data.seq_len / cp;
+ * activations are fp32 on cpu and bf16 on cuda, statistics (RMSNorm rstd,
+ * LSE, gates) are fp32 on both.
+ */
+#ifndef RS_MODEL_ACTS_H
+#define RS_MODEL_ACTS_H
+
+#include <stdint.h>
+
+#include "config.h"
+
+#define ACT_KEEP_NONE  (1u << ACT_POLICY_NONE)
+#define ACT_KEEP_FULL  (1u << ACT_POLICY_FULL)
+#define ACT_KEEP_REMAT (1u << ACT_POLICY_REMAT)
+#define ACT_KEEP_ALL   (ACT_KEEP_NONE | ACT_KEEP_FULL | ACT_KEEP_REMAT)
+
+#define GDN_CHUNK 64 /* chunk length of the chunked gated delta rule */
+
+typedef struct {
+    char    name[48];  /* "ln1", "attn_lse", ... */
+    int32_t layer;     /* -1 for the head (final norm, loss) */
+    int64_t rows;      /* tokens (or 2 segments for CP states) */
+    int64_t cols;      /* elements per row */
+    int32_t elt;       /* bytes per element */
+    int64_t bytes;
+    uint32_t keep;     /* ACT_KEEP_* bits: kept until backward under that policy */
+} ActBuffer;
+
+typedef struct {
+    int64_t    tokens; /* local tokens per micro-batch */
+    int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */
+    int32_t    n;
+    ActBuffer *b;
+    int64_t kept[ACT_POLICY_COUNT];      /* bytes kept across forward -> backward */
+    int64_t recompute[ACT_POLICY_COUNT]; /* largest transient re-materialisation of one layer */
+    int64_t grad_working;                /* gradient buffers alive while one layer's backward runs */
+    int64_t gdn_states;                  /* per-chunk GDN states, transient in one layer's backward */
+    int64_t loss_workspace;              /* logits of one row chunk of the fused lm_head + CE */
+    int64_t loss_chunk_rows;
+    int64_t peak[ACT_POLICY_COUNT];      /* kept + recompute + grad_working + gdn_states
+                                            (the loss workspace is counted by plan as a workspace) */
+} ActTable;
+
+void model_acts_build(ActTable *t, const Config *cfg);
+void model_acts_free(ActTable *t);
+
+#endif

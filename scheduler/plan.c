@@ -1,0 +1,327 @@
+/*
+ * plan.c — memory, FLOPs and communication of a run, and the fit verdict
+ * (see plan.h for the conventions). Called by `ringscan plan` and, later,
+ * by `submit` and the trainer's start-up check.
+ *
+ * Memory categories and their assumptions:
+ *   weights (bf16)     cuda only: the bf16 copy the GEMMs read; the cpu
+ *                      backend computes from the fp32 master weights.
+ *   master (fp32)      4 bytes per parameter.
+ *   gradients (fp32)   4 bytes per parameter (accumulated over micro-batches,
+ *                      all-reduced in fp32).
+ *   AdamW (fp32)       m and v, 8 bytes per parameter (no ZeRO sharding yet).
+ *   activations        model_acts.c's peak for the policy.
+ *   CP ring            cp > 1, one softmax layer at a time: two receive
+ *                      buffers of K|V for 2s tokens and a send buffer
+ *                      (activation type), the fp32 output and LSE
+ *                      accumulators; in backward two fp32 dK|dV buffers and
+ *                      an fp32 dQ accumulator.
+ *   CP scan            cp > 1, one GDN layer at a time: the all-gathered
+ *                      transitions [P, 2, nv, dk, dk + dv] fp32 and the local
+ *                      pair, in forward and again in backward.
+ *   workspaces         the loss row chunk of fp32 logits; on cuda 32 MiB of
+ *                      cuBLASLt workspace.
+ *   runtime            cuda: 1 GiB for the CUDA context, NCCL buffers and
+ *                      allocator slack; cpu: none counted.
+ */
+#include "plan.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#include "error.h"
+
+const char *const plan_mem_names[PLAN_MEM_COUNT] = {
+    "weights (bf16)", "master weights (fp32)", "gradients (fp32)", "AdamW m, v (fp32)", "activations",
+    "CP ring buffers", "CP scan buffers", "workspaces", "runtime (context, NCCL)",
+};
+const char *const plan_comm_names[PLAN_COMM_COUNT] = {
+    "gradient all-reduce (dp x cp)", "ring attention send/recv", "GDN scan all-gather", "conv halo all-gather",
+};
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Chunked gated delta rule FLOPs per chunk and value head, in FLA's kernel
+ * split (research/gdn_cp.md §7; at C=64, K=V=128 these give 11.3 and 32.5
+ * MFLOP). */
+static double plan_gdn_fwd_chunk(double C, double K, double V) {
+    double kkt = 1.25 * C * C * K, solve = 0.61 * C * C * C, wu = 2 * C * C * (K + V), h = 4 * C * K * V;
+    double o = 2 * C * K * V + 2 * C * C * K + 2 * C * C * V;
+    return kkt + solve + wu + h + o;
+}
+static double plan_gdn_bwd_chunk(double C, double K, double V) {
+    double re_wu = 2 * C * C * (K + V), re_h = 4 * C * K * V, dv_local = 2 * C * C * (K + V);
+    double dhu = 6 * C * K * V, dqkwg = 6 * C * K * V + 4 * C * C * K + 2 * C * C * V;
+    double wy = 12 * C * C * K + 4 * C * C * V;
+    return re_wu + re_h + dv_local + dhu + dqkwg + wy;
+}
+
+void plan_build(Plan *p, const Config *cfg) {
+    const ModelConfig *m = &cfg->model;
+    memset(p, 0, sizeof *p);
+    p->dp = cfg->parallel.dp;
+    p->cp = cfg->parallel.cp;
+    p->world = p->dp * p->cp;
+    int64_t T = cfg->data.seq_len, P = p->cp;
+    p->segment_tokens = T / (2 * P);
+    p->tokens_per_rank = cfg->data.micro_batch * T / P;
+    p->tokens_per_step = p->dp * cfg->data.micro_batch * cfg->train.grad_accum * T;
+    for (int l = 0; l < m->num_hidden_layers; l++) {
+        if (config_layer_kind(cfg, l) == LAYER_KIND_FULL) p->n_full++;
+        else p->n_linear++;
+    }
+
+    ParamTable tab;
+    model_params_build(&tab, cfg);
+    model_params_count(&p->params, &tab, cfg);
+    HfTable hf;
+    model_params_build_hf(&hf, cfg);
+    p->hf_params = hf.count;
+    model_params_free_hf(&hf);
+    model_params_free(&tab);
+
+    bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
+    int e = cuda ? 2 : 4;
+    double N = (double)p->params.total;
+    model_acts_build(&p->acts, cfg);
+
+    int64_t nh = m->num_attention_heads, nkv = m->num_key_value_heads, hd = m->head_dim;
+    int64_t nv = m->linear_num_value_heads, dk = m->linear_key_head_dim, dv = m->linear_value_head_dim;
+    int64_t Cc = 2 * m->linear_num_key_heads * dk + nv * dv;
+    int64_t Tl = p->tokens_per_rank; /* local tokens, all samples of the micro-batch */
+    int64_t ring = 0, scan = 0;
+    if (P > 1 && p->n_full > 0) {
+        int64_t kv = 2 * nkv * hd;
+        ring = 3 * Tl * kv * e                 /* 2 receive buffers + 1 send buffer of K|V */
+               + Tl * nh * hd * 4 + Tl * nh * 4 /* fp32 O and LSE accumulators */
+               + 2 * Tl * kv * 4                /* 2 fp32 dK|dV buffers (backward) */
+               + Tl * nh * hd * 4;              /* fp32 dQ accumulator (backward) */
+    }
+    if (P > 1 && p->n_linear > 0) scan = (P + 1) * 2 * nv * dk * (dk + dv) * 4;
+
+    for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
+        int64_t *mem = p->mem[pol];
+        mem[PLAN_MEM_WEIGHTS_BF16] = cuda ? (int64_t)(2 * N) : 0;
+        mem[PLAN_MEM_MASTER] = (int64_t)(4 * N);
+        mem[PLAN_MEM_GRADS] = (int64_t)(4 * N);
+        mem[PLAN_MEM_ADAMW] = (int64_t)(8 * N);
+        mem[PLAN_MEM_ACTIVATIONS] = p->acts.peak[pol];
+        mem[PLAN_MEM_CP_RING] = ring;
+        mem[PLAN_MEM_CP_SCAN] = scan;
+        mem[PLAN_MEM_WORKSPACE] = p->acts.loss_workspace + (cuda ? (32LL << 20) : 0);
+        mem[PLAN_MEM_RUNTIME] = cuda ? (1LL << 30) : 0;
+        for (int c = 0; c < PLAN_MEM_COUNT; c++) p->total[pol] += mem[c];
+    }
+    p->capacity = (int64_t)(cfg->device.memory_gib * GIB);
+
+    /* FLOPs per token of training */
+    double layer_mm = (double)(p->params.matmul - m->vocab_size * m->hidden_size); /* without the head */
+    p->flops_dense = 6.0 * (double)p->params.matmul;
+    double attn_fwd_full = 4.0 * (double)nh * (double)hd * (double)T; /* QK^T and PV over all T keys */
+    p->flops_attn_full = 3.0 * attn_fwd_full * p->n_full;
+    p->flops_attn_causal = p->flops_attn_full / 2;
+    double C = GDN_CHUNK;
+    double gdn_fwd = (double)nv * plan_gdn_fwd_chunk(C, (double)dk, (double)dv) / C;
+    double gdn_bwd = (double)nv * plan_gdn_bwd_chunk(C, (double)dk, (double)dv) / C;
+    p->flops_gdn = (gdn_fwd + gdn_bwd) * p->n_linear;
+    p->flops_model = p->flops_dense + p->flops_attn_causal + p->flops_gdn;
+    p->flops_recompute[ACT_POLICY_NONE] = 0;
+    p->flops_recompute[ACT_POLICY_FULL] = 2 * layer_mm + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
+    p->flops_recompute[ACT_POLICY_REMAT] = 2 * layer_mm + gdn_fwd * p->n_linear;
+
+    /* communication per step per rank */
+    double micro = (double)cfg->train.grad_accum * (double)cfg->data.micro_batch; /* samples per step per rank */
+    double W = (double)p->world;
+    double grad = W > 1 ? 2.0 * (W - 1) / W * 4.0 * N : 0;
+    double ring_fwd = 0, ring_bwd = 0, scan1 = 0, halo1 = 0;
+    if (P > 1) {
+        double seg2 = (double)(T / P); /* 2s tokens per sample per rank */
+        double kv_tok = 2.0 * nkv * hd;
+        ring_fwd = (P - 1) * seg2 * kv_tok * e * p->n_full;
+        ring_bwd = ring_fwd + P * seg2 * kv_tok * 4 * p->n_full; /* KV again + fp32 dK|dV */
+        scan1 = (P - 1) * 2.0 * nv * dk * (dk + dv) * 4 * p->n_linear;
+        halo1 = (P - 1) * 2.0 * (m->linear_conv_kernel_dim - 1) * Cc * e * p->n_linear;
+    }
+    for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
+        double again = pol == ACT_POLICY_FULL ? 1 : 0; /* full reruns the forward's communication */
+        p->comm[pol][PLAN_COMM_GRAD_ALLREDUCE] = grad;
+        p->comm[pol][PLAN_COMM_RING_P2P] = micro * (ring_fwd * (1 + again) + ring_bwd);
+        p->comm[pol][PLAN_COMM_SCAN_ALLGATHER] = micro * scan1 * (2 + again);
+        p->comm[pol][PLAN_COMM_HALO_ALLGATHER] = micro * halo1 * (2 + again);
+    }
+}
+
+void plan_free(Plan *p) { model_acts_free(&p->acts); }
+
+bool plan_fits(const Plan *p, ActPolicy policy) { return p->total[policy] <= p->capacity; }
+
+/* ---- printing ----------------------------------------------------------- */
+
+static void plan_commas(int64_t v, char *buf, size_t n) {
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%lld", (long long)(v < 0 ? -v : v));
+    size_t len = strlen(tmp), k = 0;
+    if (v < 0 && k < n - 1) buf[k++] = '-';
+    for (size_t i = 0; i < len && k < n - 1; i++) {
+        buf[k++] = tmp[i];
+        if ((len - i - 1) % 3 == 0 && i + 1 < len && k < n - 1) buf[k++] = ',';
+    }
+    buf[k] = 0;
+}
+
+static void plan_bytes(double b, char *buf, size_t n) {
+    if (b >= GIB) snprintf(buf, n, "%.2f GiB", b / GIB);
+    else if (b >= 1024.0 * 1024.0) snprintf(buf, n, "%.2f MiB", b / (1024.0 * 1024.0));
+    else if (b >= 1024.0) snprintf(buf, n, "%.2f KiB", b / 1024.0);
+    else snprintf(buf, n, "%.0f B", b);
+}
+
+static void plan_flops(double v, char *buf, size_t n) {
+    if (v >= 1e12) snprintf(buf, n, "%.3f TFLOP", v / 1e12);
+    else if (v >= 1e9) snprintf(buf, n, "%.3f GFLOP", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, n, "%.3f MFLOP", v / 1e6);
+    else snprintf(buf, n, "%.0f FLOP", v);
+}
+
+int plan_print(const Plan *p, const Config *cfg, FILE *f) {
+    char a[64], b[64], c[64];
+    int pol = cfg->checkpoint.activations;
+    const char *dev = device_kind_names[cfg->device.kind];
+
+    fprintf(f, "\nlayout\n");
+    fprintf(f, "  world %lld = dp %lld x cp %lld, device %s, %.1f GiB per %s\n", (long long)p->world,
+            (long long)p->dp, (long long)p->cp, dev, cfg->device.memory_gib,
+            cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank");
+    plan_commas(cfg->data.seq_len, a, sizeof a);
+    plan_commas(p->segment_tokens, b, sizeof b);
+    fprintf(f, "  sample %s tokens = %lld zigzag segments of %s; rank r holds segments r and %lld-r\n", a,
+            (long long)(2 * p->cp), b, (long long)(2 * p->cp - 1));
+    plan_commas(p->tokens_per_rank, a, sizeof a);
+    plan_commas(p->tokens_per_step, b, sizeof b);
+    fprintf(f, "  tokens per rank per micro-batch %s (micro_batch %lld); micro-batches per step %lld; "
+               "tokens per step %s\n",
+            a, (long long)cfg->data.micro_batch, (long long)cfg->train.grad_accum, b);
+
+    fprintf(f, "\nmodel\n");
+    fprintf(f, "  %lld layers: %d linear_attention (Gated DeltaNet), %d full_attention\n",
+            (long long)cfg->model.num_hidden_layers, p->n_linear, p->n_full);
+    plan_commas(p->params.total, a, sizeof a);
+    plan_commas(p->hf_params, b, sizeof b);
+    fprintf(f, "  parameters %s (%.3f B); Hugging Face state dict %s%s\n", a, p->params.total / 1e9, b,
+            p->hf_params == p->params.total ? " (equal)" : " (MISMATCH: a bug)");
+    for (int g = 0; g < PARAM_GROUP_COUNT; g++) {
+        plan_commas(p->params.per_group[g], a, sizeof a);
+        fprintf(f, "    %-10s %s\n", param_group_names[g], a);
+    }
+    plan_commas(p->params.matmul, a, sizeof a);
+    fprintf(f, "    (in GEMMs per token, incl. lm_head: %s)\n", a);
+
+    fprintf(f, "\nmemory per %s                    %-16s %-16s %-16s\n",
+            cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", "none", "full", "remat");
+    for (int k = 0; k < PLAN_MEM_COUNT; k++) {
+        plan_bytes((double)p->mem[0][k], a, sizeof a);
+        plan_bytes((double)p->mem[1][k], b, sizeof b);
+        plan_bytes((double)p->mem[2][k], c, sizeof c);
+        fprintf(f, "  %-34s %-16s %-16s %-16s\n", plan_mem_names[k], a, b, c);
+    }
+    const ActTable *t = &p->acts;
+    for (int k = 0; k < 4; k++) {
+        static const char *names[] = {"  kept forward -> backward", "  recompute of one layer",
+                                      "  backward gradients", "  GDN chunk states (bwd)"};
+        double v[3];
+        for (int q = 0; q < 3; q++)
+            v[q] = k == 0 ? (double)t->kept[q] : k == 1 ? (double)t->recompute[q]
+                 : k == 2 ? (double)t->grad_working : (double)t->gdn_states;
+        plan_bytes(v[0], a, sizeof a);
+        plan_bytes(v[1], b, sizeof b);
+        plan_bytes(v[2], c, sizeof c);
+        fprintf(f, "  %-34s %-16s %-16s %-16s\n", names[k], a, b, c);
+    }
+    plan_bytes((double)p->total[0], a, sizeof a);
+    plan_bytes((double)p->total[1], b, sizeof b);
+    plan_bytes((double)p->total[2], c, sizeof c);
+    fprintf(f, "  %-34s %-16s %-16s %-16s\n", "total", a, b, c);
+    fprintf(f, "  %-34s %-16s %-16s %-16s\n", "fits device.memory_gib?", plan_fits(p, ACT_POLICY_NONE) ? "yes" : "no",
+            plan_fits(p, ACT_POLICY_FULL) ? "yes" : "no", plan_fits(p, ACT_POLICY_REMAT) ? "yes" : "no");
+
+    fprintf(f, "\ntraining FLOPs per token (2 per multiply-add; attention counted causal = half the pairs)\n");
+    plan_flops(p->flops_dense, a, sizeof a);
+    fprintf(f, "  dense GEMMs (6 x %.3f B matmul params)       %s\n", p->params.matmul / 1e9, a);
+    plan_flops(p->flops_attn_causal, a, sizeof a);
+    plan_flops(p->flops_attn_full, b, sizeof b);
+    fprintf(f, "  softmax attention, %d layers, causal          %s   (non-causal convention: %s)\n", p->n_full, a, b);
+    plan_flops(p->flops_gdn, a, sizeof a);
+    fprintf(f, "  Gated DeltaNet chunk core, %d layers          %s\n", p->n_linear, a);
+    plan_flops(p->flops_model, a, sizeof a);
+    plan_flops(p->flops_model - p->flops_attn_causal + p->flops_attn_full, b, sizeof b);
+    fprintf(f, "  model FLOPs per token (for MFU)               %s   (non-causal convention: %s)\n", a, b);
+    plan_flops(p->flops_recompute[pol], a, sizeof a);
+    fprintf(f, "  + recompute under %-5s (hardware only)       %s\n", act_policy_names[pol], a);
+    plan_flops(p->flops_model * (double)p->tokens_per_step, a, sizeof a);
+    fprintf(f, "  model FLOPs per step                          %s\n", a);
+
+    fprintf(f, "\ncommunication per step, bytes sent per rank (%s)\n", act_policy_names[pol]);
+    for (int k = 0; k < PLAN_COMM_COUNT; k++) {
+        plan_bytes(p->comm[pol][k], a, sizeof a);
+        fprintf(f, "  %-34s %s\n", plan_comm_names[k], a);
+    }
+
+    int64_t tot = p->total[pol];
+    plan_bytes((double)tot, a, sizeof a);
+    plan_bytes((double)p->capacity, b, sizeof b);
+    if (plan_fits(p, pol)) {
+        plan_bytes((double)(p->capacity - tot), c, sizeof c);
+        fprintf(f, "\nverdict: FITS with checkpoint.activations=%s: %s of %s per %s, %s free\n",
+                act_policy_names[pol], a, b, cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", c);
+        return RS_EXIT_OK;
+    }
+    plan_bytes((double)(tot - p->capacity), c, sizeof c);
+    fprintf(f, "\nverdict: DOES NOT FIT with checkpoint.activations=%s: needs %s, device.memory_gib gives %s, over by %s\n",
+            act_policy_names[pol], a, b, c);
+    for (int q = 0; q < ACT_POLICY_COUNT; q++)
+        if (q != pol && plan_fits(p, (ActPolicy)q))
+            fprintf(f, "  hint: checkpoint.activations=%s fits\n", act_policy_names[q]);
+    return RS_EXIT_FAIL;
+}
+
+void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
+    json_t *root = json_object();
+    json_t *layout = json_pack("{sI sI sI sI sI sI sI sI}", "world", (json_int_t)p->world, "dp", (json_int_t)p->dp,
+                               "cp", (json_int_t)p->cp, "seq_len", (json_int_t)cfg->data.seq_len, "segment_tokens",
+                               (json_int_t)p->segment_tokens, "tokens_per_rank", (json_int_t)p->tokens_per_rank,
+                               "tokens_per_step", (json_int_t)p->tokens_per_step, "layers_full", (json_int_t)p->n_full);
+    json_object_set_new(layout, "layers_linear", json_integer(p->n_linear));
+    json_object_set_new(root, "layout", layout);
+    json_t *params = json_pack("{sI sI sI sI}", "total", (json_int_t)p->params.total, "hf_state_dict",
+                               (json_int_t)p->hf_params, "matmul", (json_int_t)p->params.matmul, "embedding",
+                               (json_int_t)p->params.embedding);
+    for (int g = 0; g < PARAM_GROUP_COUNT; g++)
+        json_object_set_new(params, param_group_names[g], json_integer(p->params.per_group[g]));
+    json_object_set_new(root, "parameters", params);
+    json_t *mem = json_object();
+    for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
+        json_t *m = json_object();
+        for (int c = 0; c < PLAN_MEM_COUNT; c++) json_object_set_new(m, plan_mem_names[c], json_integer(p->mem[pol][c]));
+        json_object_set_new(m, "total", json_integer(p->total[pol]));
+        json_object_set_new(m, "activations_kept", json_integer(p->acts.kept[pol]));
+        json_object_set_new(m, "fits", json_boolean(plan_fits(p, (ActPolicy)pol)));
+        json_object_set_new(mem, act_policy_names[pol], m);
+    }
+    json_object_set_new(mem, "capacity", json_integer(p->capacity));
+    json_object_set_new(mem, "policy", json_string(act_policy_names[cfg->checkpoint.activations]));
+    json_object_set_new(root, "memory", mem);
+    json_t *fl = json_pack("{sf sf sf sf sf}", "dense", p->flops_dense, "attention_causal", p->flops_attn_causal,
+                           "attention_noncausal", p->flops_attn_full, "gdn", p->flops_gdn, "model", p->flops_model);
+    json_object_set_new(fl, "recompute", json_real(p->flops_recompute[cfg->checkpoint.activations]));
+    json_object_set_new(root, "flops_per_token", fl);
+    json_t *comm = json_object();
+    for (int k = 0; k < PLAN_COMM_COUNT; k++)
+        json_object_set_new(comm, plan_comm_names[k], json_real(p->comm[cfg->checkpoint.activations][k]));
+    json_object_set_new(root, "comm_bytes_per_step", comm);
+    json_object_set_new(root, "fits", json_boolean(plan_fits(p, (ActPolicy)cfg->checkpoint.activations)));
+    char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    fprintf(f, "%s\n", s);
+    free(s);
+    json_decref(root);
+}
