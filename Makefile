@@ -136,7 +136,7 @@ $(BUILD)/%.o: %.cu
 FUZZ_SRC := tests/fuzz/fuzz_config.c lib/config.c lib/config_schema.c lib/config_validate.c lib/error.c
 $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
-	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
+	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
 test: $(BUILD)/ringscan $(BUILD)/fuzz_config

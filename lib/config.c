@@ -423,6 +423,16 @@ void config_free(Config *cfg) {
     cfg->file = NULL;
 }
 
+void config_copy(Config *dst, const Config *src) {
+    *dst = *src;
+    for (int i = 0; i < config_schema_count; i++)
+        if (config_schema[i].type == CONFIG_TYPE_STR) {
+            char **p = (char **)config_field(dst, i);
+            if (*p) *p = RS_STRDUP(*p);
+        }
+    if (src->file) dst->file = RS_STRDUP(src->file);
+}
+
 /* ---- walking a YAML file ------------------------------------------------ */
 
 typedef struct {

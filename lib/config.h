@@ -220,6 +220,8 @@ void config_errors_free(ConfigErrors *e);
 /* Fills `cfg` with every default. */
 void config_init_defaults(Config *cfg);
 void config_free(Config *cfg);
+/* Deep copy (strings duplicated); `dst` must not hold a config. */
+void config_copy(Config *dst, const Config *src);
 
 /* Reads YAML text (already in memory; `name` is used in messages). Returns the
  * number of errors added. */

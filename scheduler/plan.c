@@ -178,7 +178,8 @@ static void plan_bytes(double b, char *buf, size_t n) {
 }
 
 static void plan_flops(double v, char *buf, size_t n) {
-    if (v >= 1e12) snprintf(buf, n, "%.3f TFLOP", v / 1e12);
+    if (v >= 1e15) snprintf(buf, n, "%.3f PFLOP", v / 1e15);
+    else if (v >= 1e12) snprintf(buf, n, "%.3f TFLOP", v / 1e12);
     else if (v >= 1e9) snprintf(buf, n, "%.3f GFLOP", v / 1e9);
     else if (v >= 1e6) snprintf(buf, n, "%.3f MFLOP", v / 1e6);
     else snprintf(buf, n, "%.0f FLOP", v);
@@ -217,8 +218,9 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     plan_commas(p->params.matmul, a, sizeof a);
     fprintf(f, "    (in GEMMs per token, incl. lm_head: %s)\n", a);
 
-    fprintf(f, "\nmemory per %s                    %-16s %-16s %-16s\n",
-            cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", "none", "full", "remat");
+    fprintf(f, "\n%-36s %-16s %-16s %-16s   (checkpoint.activations: %s)\n",
+            cfg->device.kind == DEVICE_KIND_CUDA ? "memory per GPU" : "memory per rank", "none", "full", "remat",
+            act_policy_names[pol]);
     for (int k = 0; k < PLAN_MEM_COUNT; k++) {
         plan_bytes((double)p->mem[0][k], a, sizeof a);
         plan_bytes((double)p->mem[1][k], b, sizeof b);

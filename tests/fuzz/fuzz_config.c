@@ -19,10 +19,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static FILE *sink;
-    if (!sink) sink = fopen("/dev/null", "w");
+    static Config defaults;
+    if (!sink) {
+        sink = fopen("/dev/null", "w");
+        config_init_defaults(&defaults);
+    }
     Config cfg;
     ConfigErrors err = {0};
-    config_init_defaults(&cfg);
+    config_copy(&cfg, &defaults);
     config_load_yaml(&cfg, "fuzz.yaml", (const char *)data, size, &err);
 
     char *s = malloc(size + 1);

@@ -1,0 +1,177 @@
+"""test_plan.py — `ringscan plan` against numbers computed by hand.
+
+Parameter counts are worked out below from the Hugging Face state-dict shapes
+of research/qwen3_next_spec.md §6 (the arithmetic is in the comments), and must
+equal the plan's exact count and its own HF-table sum. Memory and
+communication are checked for their structure: the policies order as they
+must, overrides change the numbers, and a run that does not fit exits 1 with
+the overage.
+"""
+import json
+
+from conftest import ROOT, run
+
+# configs/tiny-cpu.yaml: V=256 H=256 I=512 L=4 (layer 3 full), nk=2 nv=4 dk=dv=64, nh=4 nkv=2 hd=64, Kc=4
+#   embed_tokens 256*256 = 65,536; lm_head 65,536; model.norm 256
+#   per layer: 2 norms 2*256 = 512; MLP 3*256*512 = 393,216
+#   GDN layer: in_proj_qkvz (2*2*64 + 2*4*64)*256 = 768*256 = 196,608; in_proj_ba 2*4*256 = 2,048;
+#              conv1d (2*128 + 256)*4 = 2,048; dt_bias 4; A_log 4; norm 64; out_proj 256*256 = 65,536
+#              = 266,312
+#   attention: q_proj 4*64*2*256 = 131,072; k_proj 2*64*256 = 32,768; v_proj 32,768; o_proj 256*256 = 65,536;
+#              q_norm 64; k_norm 64 = 262,272
+#   total = 131,072 + 256 + 4*393,728 + 3*266,312 + 262,272 = 2,767,448
+TINY_PARAMS = 2_767_448
+TINY_MATMUL = 4 * 393_216 + 3 * (196_608 + 2_048 + 65_536) + (131_072 + 2 * 32_768 + 65_536) + 65_536
+
+# configs/hybrid-1b-*-h200x4.yaml: V=151,936 H=1536 I=4096 L=16 (3,7,11,15 full), nk=nv=16 dk=dv=128,
+#   nh=16 nkv=2 hd=128
+#   embed + lm_head 2*151,936*1536 = 466,747,392; model.norm 1,536
+#   per layer: norms 3,072; MLP 3*1536*4096 = 18,874,368
+#   GDN: qkvz (2*2048 + 2*2048)*1536 = 12,582,912; ba 32*1536 = 49,152; conv 6144*4 = 24,576;
+#        dt_bias 16; A_log 16; norm 128; out_proj 1536*2048 = 3,145,728  => 15,802,528
+#   attention: q_proj 16*128*2*1536 = 6,291,456; k 256*1536 = 393,216; v 393,216; o 1536*2048 = 3,145,728;
+#        q_norm 128; k_norm 128 => 10,223,872
+#   total = 466,747,392 + 1,536 + 16*(3,072 + 18,874,368) + 12*15,802,528 + 4*10,223,872 = 999,313,792
+ONE_B_PARAMS = 999_313_792
+
+
+def plan_json(ringscan, config, *sets, rc=0):
+    args = [ringscan, "plan", config, "--json"]
+    for s in sets:
+        args += ["--set", s]
+    r = run(args)
+    assert r.returncode == rc, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_tiny_param_count(ringscan):
+    d = plan_json(ringscan, "configs/tiny-cpu.yaml")
+    assert d["parameters"]["total"] == TINY_PARAMS
+    assert d["parameters"]["hf_state_dict"] == TINY_PARAMS
+    assert d["parameters"]["matmul"] == TINY_MATMUL
+    assert d["layout"]["layers_full"] == 1 and d["layout"]["layers_linear"] == 3
+
+
+def test_1b_param_count(ringscan):
+    for cfg in ("configs/hybrid-1b-1m-h200x4.yaml", "configs/hybrid-1b-256k-h200x4.yaml"):
+        d = plan_json(ringscan, cfg)
+        assert d["parameters"]["total"] == ONE_B_PARAMS
+        assert d["parameters"]["hf_state_dict"] == ONE_B_PARAMS
+        assert d["layout"]["layers_full"] == 4
+
+
+def test_tied_embeddings_drop_lm_head(ringscan):
+    d = plan_json(ringscan, "configs/tiny-cpu.yaml", "model.tie_word_embeddings=true")
+    assert d["parameters"]["total"] == TINY_PARAMS - 256 * 256
+    assert d["parameters"]["matmul"] == TINY_MATMUL  # a tied head is still a GEMM
+
+
+def test_explicit_layer_types(ringscan):
+    d = plan_json(ringscan, "configs/tiny-cpu.yaml", "model.layer_types=[full_attention, linear_attention, "
+                  "full_attention, full_attention]")
+    assert d["layout"]["layers_full"] == 3
+    assert d["parameters"]["total"] == TINY_PARAMS - 2 * 266_312 + 2 * 262_272
+
+
+def test_layout_numbers(ringscan):
+    d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
+    lay = d["layout"]
+    assert lay["world"] == 4 and lay["cp"] == 4
+    assert lay["segment_tokens"] == 1_048_576 // 8
+    assert lay["tokens_per_rank"] == 262_144
+    assert lay["tokens_per_step"] == 2 * 1_048_576
+
+
+def test_policies_order_and_fit(ringscan):
+    d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
+    m = d["memory"]
+    assert m["policy"] == "remat"
+    # remat keeps more than full (attention out + LSE) but far less than none
+    assert m["full"]["activations_kept"] < m["remat"]["activations_kept"] < m["none"]["activations_kept"]
+    assert m["none"]["fits"] is False and m["remat"]["fits"] is True
+    # the same optimizer state under every policy: 16 bytes per parameter + 2 for bf16 weights on cuda
+    for p in ("none", "full", "remat"):
+        state = sum(m[p][k] for k in ("weights (bf16)", "master weights (fp32)", "gradients (fp32)", "AdamW m, v (fp32)"))
+        assert state == 18 * ONE_B_PARAMS
+
+
+def test_activation_kept_by_hand(ringscan):
+    # full policy keeps only block inputs x [T, H] bf16 per layer, plus the head's buffers:
+    # final_norm [T,H] bf16, final_rstd [T] fp32, d_final [T,H] fp32, tokens+targets [T, 2] int32
+    T, H, L = 262_144, 1536, 16
+    d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
+    head = T * H * 2 + T * 4 + T * H * 4 + T * 8
+    assert d["memory"]["full"]["activations_kept"] == L * T * H * 2 + head
+    # remat adds attention out [T, nh*hd] bf16 + LSE [T, nh] fp32 per full layer,
+    # and the CP entry states [2, nv, dk, dv] fp32 + conv halo [2, 3, Cc] bf16 per GDN layer
+    extra = 4 * (T * 16 * 128 * 2 + T * 16 * 4) + 12 * (2 * 16 * 128 * 128 * 4 + 2 * 3 * 6144 * 2)
+    assert d["memory"]["remat"]["activations_kept"] == L * T * H * 2 + head + extra
+
+
+def test_flops_by_hand(ringscan):
+    d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
+    f = d["flops_per_token"]
+    matmul = d["parameters"]["matmul"]
+    assert f["dense"] == 6 * matmul
+    # attention per token per layer: fwd 4*nh*hd*T (QK^T and PV), x3 for training, 4 layers; causal = half
+    full = 3 * 4 * 16 * 128 * 1_048_576 * 4
+    assert f["attention_noncausal"] == full
+    assert f["attention_causal"] == full / 2
+    # GDN at C=64, K=V=128: FLA's split gives 11.3 (fwd) + 32.5 (bwd) MFLOP per chunk-head (research/gdn_cp.md §7)
+    per_token_head = f["gdn"] / (12 * 16)
+    assert abs(per_token_head - (11.30e6 + 32.51e6) / 64) / per_token_head < 0.01
+
+
+def test_comm_by_hand(ringscan):
+    d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
+    c = d["comm_bytes_per_step"]
+    P, W = 4, 4
+    assert c["gradient all-reduce (dp x cp)"] == 2 * (W - 1) / W * 4 * ONE_B_PARAMS
+    # ring, per full layer per sample: fwd (P-1) * (T/P) * 2*nkv*hd * 2 bytes; bwd the same KV + P * (T/P) fp32 dK|dV
+    T, kv = 1_048_576, 2 * 2 * 128
+    fwd = (P - 1) * (T // P) * kv * 2
+    bwd = fwd + P * (T // P) * kv * 4
+    assert c["ring attention send/recv"] == 2 * 4 * (fwd + bwd)  # grad_accum 2, 4 full layers
+    # scan: (P-1) ranks' [2, nv, dk, dk+dv] fp32, forward and backward, 12 GDN layers, 2 micro-batches
+    assert c["GDN scan all-gather"] == 2 * 12 * 2 * (P - 1) * 2 * 16 * 128 * 256 * 4
+
+
+def test_set_changes_plan(ringscan):
+    base = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
+    more = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "parallel.cp=8", "slurm.gpus_per_node=8")
+    assert more["layout"]["tokens_per_rank"] == base["layout"]["tokens_per_rank"] // 2
+    assert more["memory"]["remat"]["activations"] < base["memory"]["remat"]["activations"]
+    deeper = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "model.num_hidden_layers=20")
+    assert deeper["parameters"]["total"] == ONE_B_PARAMS + 3 * (3_072 + 18_874_368 + 15_802_528) + (
+        3_072 + 18_874_368 + 10_223_872)
+
+
+def test_does_not_fit_exits_1(ringscan):
+    r = run([ringscan, "plan", "configs/hybrid-1b-1m-h200x4.yaml", "--set", "checkpoint.activations=none"])
+    assert r.returncode == 1, r.stderr
+    assert "verdict: DOES NOT FIT with checkpoint.activations=none" in r.stdout
+    assert "over by" in r.stdout
+    assert "hint: checkpoint.activations=remat fits" in r.stdout
+    d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "device.memory_gib=40", rc=1)
+    assert d["fits"] is False
+
+
+def test_human_report_has_every_section(ringscan):
+    r = run([ringscan, "plan", "configs/hybrid-1b-1m-h200x4.yaml"])
+    assert r.returncode == 0, r.stderr
+    for s in ("| key", "layout", "world 4 = dp 1 x cp 4", "parameters 999,313,792", "(equal)",
+              "weights (bf16)", "master weights (fp32)", "gradients (fp32)", "AdamW m, v (fp32)",
+              "activations", "CP ring buffers", "CP scan buffers", "workspaces", "runtime",
+              "attention counted causal", "communication per step", "gradient all-reduce",
+              "ring attention send/recv", "GDN scan all-gather", "verdict: FITS"):
+        assert s in r.stdout, s
+
+
+def test_config_header_numbers_are_current(ringscan):
+    """The shipped configs quote plan's numbers in their header; keep them true."""
+    for name in ("tiny-cpu.yaml", "hybrid-1b-256k-h200x4.yaml", "hybrid-1b-1m-h200x4.yaml"):
+        d = plan_json(ringscan, f"configs/{name}")
+        text = (ROOT / "configs" / name).read_text()
+        total = d["memory"][d["memory"]["policy"]]["total"] / 2**30
+        assert f"{d['parameters']['total']:,} parameters" in text, name
+        assert f"{total:.2f} GiB" in text, (name, total)
