@@ -24,8 +24,8 @@ PYTHON     ?= /usr/bin/python3
 CUDA       ?= auto
 
 # Debian packages `make deps` installs (build, tests, fuzzer).
-DEB_PACKAGES := build-essential pkg-config libyaml-dev libjansson-dev libopenmpi-dev openmpi-bin \
-                python3 python3-pytest clang libclang-rt-dev
+DEB_PACKAGES := build-essential pkg-config libyaml-dev libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin \
+                python3 python3-pytest python3-numpy python3-torch clang libclang-rt-dev
 
 # ---- what is there --------------------------------------------------------
 NO_DEPS_GOALS := deps clean help
@@ -41,6 +41,10 @@ find_static = $(realpath $(firstword $(wildcard $(shell $(CC) -print-file-name=$
 YAML_A     ?= $(call find_static,libyaml.a)
 JANSSON_A  ?= $(call find_static,libjansson.a)
 YAML_H     := $(firstword $(wildcard /usr/include/yaml.h /usr/local/include/yaml.h))
+OPENBLAS_A ?= $(realpath $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a \
+                /usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.a /usr/lib/x86_64-linux-gnu/libopenblas.a /usr/local/lib/libopenblas.a)))
+OPENBLAS_INC ?= $(patsubst %/cblas.h,%,$(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h \
+                /usr/include/aarch64-linux-gnu/openblas-pthread/cblas.h /usr/include/openblas/cblas.h /usr/local/include/cblas.h)))
 JANSSON_H  := $(firstword $(wildcard /usr/include/jansson.h /usr/local/include/jansson.h))
 
 CUDA_HOME  ?= /usr/local/cuda
@@ -70,6 +74,12 @@ endif
 ifeq ($(strip $(JANSSON_H)),)
 $(error jansson.h not found: install libjansson-dev (or run `make deps`))
 endif
+ifeq ($(strip $(OPENBLAS_A)),)
+$(error OpenBLAS (static libopenblas.a) not found: install libopenblas-dev (or run `make deps`), or set OPENBLAS_A=/path/to/libopenblas.a OPENBLAS_INC=/dir/of/cblas.h)
+endif
+ifeq ($(strip $(OPENBLAS_INC)),)
+$(error cblas.h not found: install libopenblas-dev (or run `make deps`), or set OPENBLAS_INC=/dir/of/cblas.h)
+endif
 ifeq ($(CUDA),1)
 ifeq ($(strip $(NVCC)),)
 $(error CUDA=1 but nvcc not found: install the CUDA Toolkit or set CUDA_HOME=/path/to/cuda (or NVCC=))
@@ -91,16 +101,17 @@ $(info $(INDENT)compiler   $(CC): $(shell $(CC) --version | head -n1))
 $(info $(INDENT)MPI        $(MPICC): $(MPI_VER))
 $(info $(INDENT)libyaml    $(YAML_A) (static))
 $(info $(INDENT)jansson    $(JANSSON_A) (static))
+$(info $(INDENT)OpenBLAS   $(OPENBLAS_A) (static, CBLAS for the cpu backend's GEMMs))
 $(info $(INDENT)CUDA       $(if $(NVCC),$(NVCC) ($(NVCC_VER)) -> cuda backend for sm_90a,not built: nvcc not found$(if $(filter 0,$(CUDA)), (CUDA=0),; set CUDA_HOME= to build it)))
 $(info $(INDENT)cuBLASLt   $(if $(NVCC),$(CUBLASLT_SO),-))
 $(info $(INDENT)NCCL       $(if $(NVCC),$(NCCL_LIBDIR)/libnccl.so,-))
 endif
 
 # ---- flags -----------------------------------------------------------------
-CPPFLAGS := -Ilib -Ischeduler -Ikernels/cpu -Ikernels/cuda -D_GNU_SOURCE \
+CPPFLAGS := -Ilib -Ischeduler -Ikernels/cpu -Ikernels/cuda -I$(OPENBLAS_INC) -D_GNU_SOURCE \
             -DRS_VERSION='"$(VERSION)"' -DRS_GIT_SHA='"$(GIT_SHA)"'
 CFLAGS   := -std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -MMD -MP $(MPI_CFLAGS) $(EXTRA_CFLAGS)
-LDLIBS   := $(YAML_A) $(JANSSON_A) $(MPI_LIBS) -lm -lpthread
+LDLIBS   := $(YAML_A) $(JANSSON_A) $(OPENBLAS_A) $(MPI_LIBS) -lm -lpthread
 
 NVCCFLAGS := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \
              -Ilib -Ikernels/cuda -I$(NCCL_HOME)/include -Xcompiler -Wall -MMD -MP
@@ -116,13 +127,19 @@ CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu))
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC))
 CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 MAIN_OBJ  := $(BUILD)/cmd/ringscan.o
+UNIT_SRC  := $(wildcard tests/unit/*.c)
+UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan
+all: $(BUILD)/ringscan $(BUILD)/test_ops
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 	@echo "built $@ (cpu$(if $(CUDA_OBJ), + cuda sm_90a))"
+
+# Per-op unit tests of the kernels (tests/unit): `build/test_ops --list`, `build/test_ops NAME`.
+$(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -139,7 +156,7 @@ $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
-test: $(BUILD)/ringscan $(BUILD)/fuzz_config
+test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/fuzz_config
 	$(PYTHON) -m pytest -q tests
 
 demo: $(BUILD)/ringscan
@@ -161,4 +178,4 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d)

@@ -1,0 +1,56 @@
+/*
+ * cpu_kernels.h — the cpu backend's kernels: fp32, plain loops (CBLAS for the
+ * GEMMs), deterministic. The oracle every cuda kernel is checked against.
+ *
+ * Each function implements the Backend entry of the same name (lib/backend.h,
+ * which documents shapes and semantics); backend_cpu.c puts them in the table,
+ * and its initializer fails to compile if a signature drifts.
+ *
+ * Files: cpu_memory.c (memory), cpu_dense.c (embedding, norms, matmul, gates,
+ * elementwise, RoPE, loss, optimizer), cpu_conv.c (conv1d), cpu_gdn.c (chunked
+ * gated delta rule), cpu_attention.c (block attention and the LSE merge).
+ */
+#ifndef RS_CPU_KERNELS_H
+#define RS_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+void *cpu_alloc(size_t bytes);
+void cpu_free(void *p);
+void cpu_memset_zero(void *p, size_t bytes);
+void cpu_copy(void *dst, const void *src, size_t bytes);
+void cpu_to_device(void *dst, const void *host, size_t bytes);
+void cpu_to_host(void *host, const void *src, size_t bytes);
+void cpu_act_from_f32(void *dst, const float *src, int64_t n);
+void cpu_act_to_f32(float *dst, const void *src, int64_t n);
+void cpu_embedding_forward(void *out, const int32_t *tokens, const void *wte, int64_t T, int C);
+void cpu_embedding_backward(float *dwte, const void *dout, const int32_t *tokens, int64_t T, int C);
+void cpu_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D, int ldi, int ldo, float eps, int zero_centred);
+void cpu_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo, int zero_centred);
+void cpu_matmul_forward(void *out, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate);
+void cpu_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate_dinp);
+void cpu_conv1d_silu_forward(void *out, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo);
+void cpu_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, const void *dout, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo);
+void cpu_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi, int ldo);
+void cpu_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo);
+void cpu_gdn_gates_forward(float *beta, float *g, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
+void cpu_gdn_gates_backward(void *db, void *da, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
+void cpu_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo);
+void cpu_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo);
+void cpu_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv, int dv, int ldz, float eps);
+void cpu_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const void *dout, const void *x, const void *z, const void *w, const float *rstd, int64_t T, int nv, int dv, int ldz);
+void cpu_rope_forward(void *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);
+void cpu_rope_backward(void *dx, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);
+void cpu_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+void cpu_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+void cpu_attention_merge(float *out, float *lse, const void *out_b, const float *lse_b, int64_t T, int nh, int hd, int ldb);
+void cpu_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg);
+void cpu_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T, int D, int ldg);
+void cpu_swiglu_forward(void *out, const void *gate_up, int64_t T, int I);
+void cpu_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int I);
+void cpu_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V);
+void cpu_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
+double cpu_sum_squares(const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,18 @@
+/*
+ * cpu_memory.c — the cpu backend's memory entries: plain heap memory, and
+ * activation-type conversions that are copies (activations are fp32 here).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "error.h"
+
+void *cpu_alloc(size_t bytes) { return RS_CALLOC(1, bytes); }
+void  cpu_free(void *p) { free(p); }
+void  cpu_memset_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+void  cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
+void  cpu_to_device(void *dst, const void *host, size_t bytes) { memmove(dst, host, bytes); }
+void  cpu_to_host(void *host, const void *src, size_t bytes) { memmove(host, src, bytes); }
+void  cpu_act_from_f32(void *dst, const float *src, int64_t n) { memmove(dst, src, (size_t)n * sizeof(float)); }
+void  cpu_act_to_f32(float *dst, const void *src, int64_t n) { memmove(dst, src, (size_t)n * sizeof(float)); }

@@ -1,0 +1,208 @@
+/*
+ * backend.h — the kernel interface the model is written against.
+ *
+ * The model code (forward, backward, optimizer, CP algorithms) is written once
+ * and calls kernels through a Backend table. Two tables implement it:
+ * `backend_cpu` (kernels/cpu: fp32, plain loops and CBLAS, deterministic: the
+ * oracle) and later `backend_cuda` (kernels/cuda: bf16 activations, fp32
+ * accumulation and statistics). Every cuda kernel is tested against the cpu
+ * kernel of the same entry.
+ *
+ * Conventions (every entry follows them; exceptions are stated on the entry):
+ *   - Outputs first, then inputs, then weights, then sizes (llm.c).
+ *   - Pointer types say the storage type: `float *` is fp32 on every backend
+ *     (statistics, gates, recurrent states, parameter gradients, master
+ *     weights); `void *` is the activation type (fp32 on cpu, bf16 on cuda),
+ *     used for activations, their gradients and the weights GEMMs read.
+ *   - Shapes are in comments; T is the number of token rows in the call.
+ *     `ld*` arguments are row strides in elements, so a call can read or write
+ *     a column block of a wider matrix (e.g. q inside the [q|k|v|z|b|a]
+ *     projection). ld >= the row width the call touches.
+ *   - Gradients: parameter gradients ACCUMULATE (+=), so micro-batches add up.
+ *     Activation gradients are WRITTEN (=) unless the entry says "+=".
+ *   - Per-token metadata (int32, T entries, host memory on cpu, device memory
+ *     on cuda): pos[t] is the global position of the token in its sample
+ *     (RoPE angle, causal order); doc_pos[t] is the number of tokens of the
+ *     same document before it (0 at a document start). Two tokens are in the
+ *     same document iff pos - doc_pos agree. Attention lets query i see key j
+ *     iff they share a document and (not causal, or pos_j <= pos_i). The conv
+ *     and the delta rule never look back past doc_pos[t] tokens.
+ *   - Nothing allocates inside a kernel except where a workspace is passed.
+ *
+ * Callers: lib/model*.c, lib/train.c, lib/cp*.c, tests/unit.
+ */
+#ifndef RS_BACKEND_H
+#define RS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Backend {
+    const char *name;   /* "cpu" or "cuda" */
+    int         act_size; /* bytes per activation element: 4 (cpu) or 2 (cuda) */
+
+    /* ---- memory (device memory on cuda; plain heap on cpu) ---- */
+    void *(*alloc)(size_t bytes);                               /* zero-filled */
+    void  (*free)(void *p);
+    void  (*memset_zero)(void *p, size_t bytes);
+    void  (*copy)(void *dst, const void *src, size_t bytes);    /* device -> device */
+    void  (*to_device)(void *dst, const void *host, size_t bytes);
+    void  (*to_host)(void *host, const void *src, size_t bytes);
+    /* activation-type <-> fp32 conversion of n elements (identity copies on cpu) */
+    void  (*act_from_f32)(void *dst, const float *src, int64_t n);
+    void  (*act_to_f32)(float *dst, const void *src, int64_t n);
+
+    /* ---- embedding ---- */
+    /* out[t,:] = wte[tokens[t],:] */
+    void (*embedding_forward)(void *out /* (T,C) */, const int32_t *tokens /* (T) */, const void *wte /* (V,C) */,
+                              int64_t T, int C);
+    /* dwte[tokens[t],:] += dout[t,:], in token order (deterministic) */
+    void (*embedding_backward)(float *dwte /* (V,C) += */, const void *dout /* (T,C) */, const int32_t *tokens,
+                               int64_t T, int C);
+
+    /* ---- RMSNorm over rows of D, nh rows per token ----
+     * y = x * rstd * (zero_centred ? 1 + w : w), rstd = 1/sqrt(mean(x^2) + eps), stats in fp32.
+     * Row (t,h) starts at inp + t*ldi + h*D and out + t*ldo + h*D. One weight w[D] shared by all heads.
+     * Used with nh = 1 for the layer norms and nh = heads for q_norm/k_norm. */
+    void (*rmsnorm_forward)(void *out, float *rstd /* (T,nh) */, const void *inp, const void *w /* (D) */,
+                            int64_t T, int nh, int D, int ldi, int ldo, float eps, int zero_centred);
+    /* dinp += (residual stream convention), dw += */
+    void (*rmsnorm_backward)(void *dinp /* += */, float *dw /* (D) += */, const void *dout, const void *inp,
+                             const void *w, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo,
+                             int zero_centred);
+
+    /* ---- dense layers: y = x W^T, W is (OC, IC) row-major ---- */
+    /* out = inp @ w^T, or out += when accumulate (residual add fused into the GEMM) */
+    void (*matmul_forward)(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */, const void *w /* (OC,IC) */,
+                           int64_t T, int IC, int OC, int ldi, int ldo, int accumulate);
+    /* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w; dw += dout^T @ inp */
+    void (*matmul_backward)(void *dinp /* (T,ldi) */, float *dw /* (OC,IC) += */, const void *dout /* (T,ldo) */,
+                            const void *inp /* (T,ldi) */, const void *w, int64_t T, int IC, int OC, int ldi,
+                            int ldo, int accumulate_dinp);
+
+    /* ---- causal depthwise conv1d (kernel Kc) + SiLU over C channels ----
+     * u[t,c] = sum_j w[c,j] * x(t - (Kc-1-j), c), y = silu(u). x(t-b) is inp[t-b] when t-b >= 0, else
+     * halo[Kc-1+t-b] (the previous fragment's last Kc-1 pre-conv rows; NULL = zeros); any tap with
+     * b > doc_pos[t] (before the token's document) reads 0. */
+    void (*conv1d_silu_forward)(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */,
+                                const void *halo /* (Kc-1,C) or NULL */, const void *w /* (C,Kc) */,
+                                const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo);
+    /* dinp = ; dhalo = (gradient for the halo rows, returned to their owner; skipped when NULL); dw += */
+    void (*conv1d_silu_backward)(void *dinp /* (T,ldi) */, void *dhalo /* (Kc-1,C) or NULL */,
+                                 float *dw /* (C,Kc) += */, const void *dout /* (T,ldo) */, const void *inp,
+                                 const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc,
+                                 int ldi, int ldo);
+
+    /* ---- L2 norm per head: y = x * rstd, rstd = 1/sqrt(sum(x^2) + 1e-6) (eps on the sum) ---- */
+    void (*l2norm_forward)(void *out, float *rstd /* (T,nh) */, const void *inp, int64_t T, int nh, int D, int ldi,
+                           int ldo);
+    /* dinp = rstd * (dout - (dout . y) y) */
+    void (*l2norm_backward)(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh,
+                            int D, int ldi, int ldo);
+
+    /* ---- Gated DeltaNet gates, per token and value head ----
+     * beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus linear above 20), in fp32. */
+    void (*gdn_gates_forward)(float *beta /* (T,nv) */, float *g /* (T,nv) */, const void *b /* (T,ld) */,
+                              const void *a /* (T,ld) */, const float *A_log /* (nv) */,
+                              const float *dt_bias /* (nv) */, int64_t T, int nv, int ld);
+    /* db =, da =, dA_log +=, ddt_bias += */
+    void (*gdn_gates_backward)(void *db /* (T,ld) */, void *da /* (T,ld) */, float *dA_log /* (nv) += */,
+                               float *ddt_bias /* (nv) += */, const float *dbeta /* (T,nv) */,
+                               const float *dg /* (T,nv) */, const void *b, const void *a, const float *A_log,
+                               const float *dt_bias, int64_t T, int nv, int ld);
+
+    /* ---- chunked gated delta rule (chunk 64, WY form; research/gdn_cp.md §1-2) ----
+     * Per value head h (key head h / (nv/nk)), with state S (dk x dv, fp32), per token:
+     *   S = exp(g_t) S;  u = S^T k_t;  S += k_t (beta_t (v_t - u))^T;  o_t = S^T (q_t * dk^-1/2)
+     * q, k are already L2-normalised. The state starts as S0 (NULL = 0) and is reset to 0 at every
+     * token with doc_pos == 0; so S0 only reaches tokens before the first document start. Chunks
+     * restart at each document start (each document is chunked from its own first token). The state
+     * after the last token goes to S_final (skipped when NULL). */
+    void (*gdn_chunk_forward)(void *o /* (T,ldo) nv heads of dim_v */, float *S_final /* (nv,dim_k,dim_v) or NULL */,
+                              const void *q /* (T,ldq) nk heads of dim_k */, const void *k /* (T,ldq) */,
+                              const void *v /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
+                              const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
+                              const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
+                              int ldo);
+    /* dq, dk, dv, dg, dbeta =; dS0 = (skipped when NULL); dS_final is the gradient arriving at the
+     * final state (NULL = 0). Recomputes its own WY factors and chunk states. */
+    void (*gdn_chunk_backward)(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
+                               float *dg /* (T,nv) */, float *dbeta /* (T,nv) */, float *dS0 /* or NULL */,
+                               const void *dout /* (T,ldo) */, const float *dS_final /* or NULL */, const void *q,
+                               const void *k, const void *v, const float *g, const float *beta, const float *S0,
+                               const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
+                               int ldo);
+
+    /* ---- GDN gated RMSNorm: y = w * (x * rstd) * silu(z), rstd over dv per (token, head), plain w ---- */
+    void (*gated_rmsnorm_forward)(void *out /* (T,nv*dv) */, float *rstd /* (T,nv) */, const void *x /* (T,nv*dv) */,
+                                  const void *z /* (T,ldz) */, const void *w /* (dv) */, int64_t T, int nv, int dv,
+                                  int ldz, float eps);
+    /* dx =, dz =, dw += */
+    void (*gated_rmsnorm_backward)(void *dx, void *dz /* (T,ldz) */, float *dw /* (dv) += */, const void *dout,
+                                   const void *x, const void *z, const void *w, const float *rstd, int64_t T, int nv,
+                                   int dv, int ldz);
+
+    /* ---- partial RoPE, in place, rotate-half (NeoX) pairing inside the first rd dims of every head:
+     * for i < rd/2, angle = pos * theta^(-2i/rd): x_i' = x_i cos - x_{i+rd/2} sin,
+     * x_{i+rd/2}' = x_{i+rd/2} cos + x_i sin. Angles in fp32 (double on cpu). */
+    void (*rope_forward)(void *x /* (T,ld) nh heads of hd */, const int32_t *pos, int64_t T, int nh, int hd, int rd,
+                         int ld, float theta);
+    /* the inverse rotation, applied in place to the gradient */
+    void (*rope_backward)(void *dx, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);
+
+    /* ---- block attention: queries of one block against keys/values of another ----
+     * Softmax attention, scale hd^-1/2, GQA (query head h uses kv head h / (nh/nkv)), the mask of the
+     * conventions above (documents; causal by pos when `causal`). Writes the normalised output and the
+     * natural-log LSE per (row, head) in fp32; a row that sees no key gets out = 0 and lse = -inf. */
+    void (*attention_forward)(void *out /* (Tq,ldo) nh heads of hd */, float *lse /* (Tq,nh) */,
+                              const void *q /* (Tq,ldq) */, const void *k /* (Tk,ldk) nkv heads */,
+                              const void *v /* (Tk,ldk) */, const int32_t *pos_q, const int32_t *doc_pos_q,
+                              const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh,
+                              int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+    /* dq +=, dk +=, dv += (ring steps add partials). `out` and `lse` are the FINAL (merged) ones, so
+     * P = exp(S - lse) are the global probabilities; D = rowsum(dout * out) is computed inside. */
+    void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout /* (Tq,ldo) */, const void *out,
+                               const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q,
+                               const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq,
+                               int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+    /* Online merge of a partial result into the running one, in fp32:
+     * L = logaddexp(L, L_b), O = e^(L_old - L) O + e^(L_b - L) O_b; -inf entries are "no keys" and are
+     * handled explicitly (both -inf stays -inf with O = 0). */
+    void (*attention_merge)(float *out /* (T,nh*hd) running */, float *lse /* (T,nh) running */,
+                            const void *out_b /* (T,ldb) */, const float *lse_b /* (T,nh) */, int64_t T, int nh,
+                            int hd, int ldb);
+
+    /* ---- elementwise ---- */
+    /* out = x * sigmoid(gate) */
+    void (*sigmoid_gate_forward)(void *out /* (T,D) */, const void *x /* (T,D) */, const void *gate /* (T,ldg) */,
+                                 int64_t T, int D, int ldg);
+    void (*sigmoid_gate_backward)(void *dx /* = */, void *dgate /* (T,ldg) = */, const void *dout, const void *x,
+                                  const void *gate, int64_t T, int D, int ldg);
+    /* out = silu(gate) * up, gate_up = [gate | up] per row */
+    void (*swiglu_forward)(void *out /* (T,I) */, const void *gate_up /* (T,2I) */, int64_t T, int I);
+    void (*swiglu_backward)(void *dgate_up /* (T,2I) = */, const void *dout /* (T,I) */, const void *gate_up,
+                            int64_t T, int I);
+
+    /* ---- lm_head + cross-entropy, fused, in row chunks (full logits never exist) ----
+     * For each chunk of `rows` rows: logits = x W^T (fp32, in `workspace`), per-token loss
+     * -log softmax(logits)[target] (0 and no gradient where target < 0), and, with
+     * dlogits = (softmax - onehot) * grad_scale: dx = dlogits W, dw += dlogits^T x. */
+    void (*lm_head_loss)(float *losses /* (T) */, void *dx /* (T,C) = */, float *dw /* (V,C) += */,
+                         const void *x /* (T,C) */, const void *w /* (V,C) */, const int32_t *targets /* (T) */,
+                         float grad_scale, float *workspace /* (rows,V) */, int64_t rows, int64_t T, int C, int V);
+
+    /* ---- optimizer ----
+     * AdamW on fp32 master weights, bias-corrected, decoupled decay:
+     *   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     *   p -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + wd * p)
+     * `compute` (the activation-type copy GEMMs read) is refreshed from p when not NULL. */
+    void (*adamw_update)(float *param, float *m, float *v, void *compute /* or NULL */, const float *grad,
+                         int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                         float grad_scale, int step);
+    /* sum of squares in double, deterministic order */
+    double (*sum_squares)(const float *x, int64_t n);
+} Backend;
+
+extern const Backend backend_cpu;
+
+#endif
