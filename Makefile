@@ -110,7 +110,7 @@ endif
 # ---- flags -----------------------------------------------------------------
 CPPFLAGS := -Ilib -Ischeduler -Ikernels/cpu -Ikernels/cuda -I$(OPENBLAS_INC) -D_GNU_SOURCE \
             -DRS_VERSION='"$(VERSION)"' -DRS_GIT_SHA='"$(GIT_SHA)"'
-CFLAGS   := -std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -MMD -MP $(MPI_CFLAGS) $(EXTRA_CFLAGS)
+CFLAGS   := -std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror=incompatible-pointer-types -Werror=implicit-function-declaration -MMD -MP $(MPI_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS   := $(YAML_A) $(JANSSON_A) $(OPENBLAS_A) $(MPI_LIBS) -lm -lpthread
 
 NVCCFLAGS := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \

@@ -48,6 +48,8 @@ typedef struct Backend {
     void  (*copy)(void *dst, const void *src, size_t bytes);    /* device -> device */
     void  (*to_device)(void *dst, const void *host, size_t bytes);
     void  (*to_host)(void *host, const void *src, size_t bytes);
+    /* dst[r, 0:cols] = src[r, 0:cols] for r < rows (activation type; strided column blocks) */
+    void  (*copy_2d)(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
     /* activation-type <-> fp32 conversion of n elements (identity copies on cpu) */
     void  (*act_from_f32)(void *dst, const float *src, int64_t n);
     void  (*act_to_f32)(float *dst, const void *src, int64_t n);

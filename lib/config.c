@@ -758,6 +758,27 @@ void config_print_help(FILE *f) {
     config_free(&def);
 }
 
+int config_diff(const Config *a, const Config *b, const char *const *prefixes, char *out, size_t n) {
+    int count = 0;
+    size_t k = out && n ? strlen(out) : 0;
+    char va[8192], vb[8192];
+    for (int i = 0; i < config_schema_count; i++) {
+        int match = 0;
+        for (int j = 0; prefixes[j]; j++)
+            if (!strncmp(config_schema[i].path, prefixes[j], strlen(prefixes[j]))) match = 1;
+        if (!match) continue;
+        config_format_value(a, i, va, sizeof va);
+        config_format_value(b, i, vb, sizeof vb);
+        if (strcmp(va, vb) == 0) continue;
+        count++;
+        if (out && k < n) {
+            int w = snprintf(out + k, n - k, "  %s: %.60s -> %.60s\n", config_schema[i].path, va, vb);
+            if (w > 0) k += (size_t)w;
+        }
+    }
+    return count;
+}
+
 /* ---- derived facts ------------------------------------------------------ */
 
 LayerKind config_layer_kind(const Config *cfg, int layer) {

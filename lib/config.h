@@ -248,6 +248,11 @@ void config_write_yaml(const Config *cfg, FILE *f, bool docs); /* loadable YAML 
 void config_write_markdown(FILE *f);                           /* docs/config.md */
 void config_print_help(FILE *f);                               /* `--help` key list */
 
+/* Keys whose values differ between a and b, restricted to keys whose path
+ * starts with one of `prefixes` (NULL-terminated, e.g. {"model.", NULL}):
+ * one line per key, "  key: A -> B", appended to `out`. Returns the count. */
+int config_diff(const Config *a, const Config *b, const char *const *prefixes, char *out, size_t n);
+
 /* Derived model facts used everywhere. */
 LayerKind config_layer_kind(const Config *cfg, int layer);
 int64_t   config_rotary_dim(const Config *cfg);

@@ -13,18 +13,20 @@
  *                 core (delta-rule output), normed (gated RMSNorm output) +
  *                 its rstd; with cp > 1 the two entry states [2, nv, dk, dv]
  *                 fp32 and the conv halo [2, Kc-1, Cc]
- *   attention     proj [q|gate|k|v] before the norms, qk (normed + rotated
- *                 q, k), qk_rstd, attn_out + attn_lse (fp32), gated (the
- *                 input of o_proj)
- *   head          final_norm + rstd, d_final (its gradient, written by the
- *                 fused lm_head + cross-entropy during the forward)
+ *   attention     proj [q|gate|k|v] before the norms, attn_q (normed +
+ *                 rotated q), attn_kv (normed + rotated k | v, contiguous per
+ *                 token: the buffer the ring sends), qk_rstd, attn_out +
+ *                 attn_lse (fp32), gated (the input of o_proj)
+ *   head          final_in (the last block's output), final_norm + rstd,
+ *                 d_final (its gradient, written by the fused lm_head +
+ *                 cross-entropy during the forward)
  *
  * Assumptions of the transient terms (to be checked against measured peaks):
  *   - the recompute of layer l materialises that layer's buffers that the
  *     policy did not keep, and nothing of other layers;
- *   - the backward of one layer holds the fp32 residual gradient [T, H] plus
- *     the two largest gradient buffers of that layer at once (a gradient is
- *     freed once the op before it has consumed it);
+ *   - the backward holds the residual-stream gradient [T, H] for the whole
+ *     pass, and per phase (MLP, GDN mixer, attention mixer) the gradient
+ *     buffers listed in model_acts_build; phases share one arena;
  *   - the GDN backward recomputes the per-chunk states and holds them and
  *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type;
  *   - the delta-rule backward recomputes its WY factors (T_inv, W, U), so
@@ -46,6 +48,19 @@ typedef struct {
     ActTable *t;
     int32_t   cap;
 } ActBuild;
+
+static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPhase phase, int64_t bytes) {
+    if (t->ng == *cap) {
+        *cap = *cap ? *cap * 2 : 32;
+        t->g = RS_REALLOC(t->g, (size_t)*cap * sizeof *t->g);
+    }
+    ActGradBuffer *b = &t->g[t->ng++];
+    memset(b, 0, sizeof *b);
+    snprintf(b->name, sizeof b->name, "%s", name);
+    b->phase = phase;
+    b->bytes = bytes;
+    t->grad_phase[phase] += bytes;
+}
 
 static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
     ActTable *t = ab->t;
@@ -80,7 +95,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->tokens = T;
     t->elt = e;
 
-    int64_t max_grad_pair = 0, max_states = 0;
+    int64_t max_states = 0;
     for (int l = 0; l < m->num_hidden_layers; l++) {
         int first = t->n;
         acts_add(&ab, l, "x", T, H, e, ACT_KEEP_ALL);
@@ -105,7 +120,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             if (2 * s > max_states) max_states = 2 * s;
         } else {
             acts_add(&ab, l, "attn_proj", T, 2 * nh * hd + 2 * nkv * hd, e, ACT_KEEP_NONE);
-            acts_add(&ab, l, "attn_qk", T, (nh + nkv) * hd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_q", T, nh * hd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_kv", T, 2 * nkv * hd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "attn_qk_rstd", T, nh + nkv, f, ACT_KEEP_NONE);
             acts_add(&ab, l, "attn_out", T, nh * hd, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
             acts_add(&ab, l, "attn_lse", T, nh, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
@@ -118,30 +134,46 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add(&ab, l, "mlp_act", T, I, e, ACT_KEEP_NONE);
 
         /* per-layer transients */
-        int64_t largest = 0, second = 0;
         for (int p = 0; p < ACT_POLICY_COUNT; p++) {
             int64_t missing = 0;
             for (int i = first; i < t->n; i++)
                 if (!(t->b[i].keep & (1u << p))) missing += t->b[i].bytes;
             if (missing > t->recompute[p]) t->recompute[p] = missing;
         }
-        for (int i = first; i < t->n; i++) {
-            int64_t g = t->b[i].rows * t->b[i].cols * e; /* its gradient, in the activation type */
-            if (g > largest) { second = largest; largest = g; }
-            else if (g > second) second = g;
-        }
-        if (largest + second > max_grad_pair) max_grad_pair = largest + second;
     }
+    acts_add(&ab, -1, "final_in", T, H, e, ACT_KEEP_ALL);
     acts_add(&ab, -1, "final_norm", T, H, e, ACT_KEEP_ALL);
     acts_add(&ab, -1, "final_rstd", T, 1, f, ACT_KEEP_ALL);
-    acts_add(&ab, -1, "d_final", T, H, f, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "d_final", T, H, e, ACT_KEEP_ALL);
     acts_add(&ab, -1, "tokens_targets", T, 2, 4, ACT_KEEP_ALL);
 
     for (int i = 0; i < t->n; i++)
         for (int p = 0; p < ACT_POLICY_COUNT; p++)
             if (t->b[i].keep & (1u << p)) t->kept[p] += t->b[i].bytes;
 
-    t->grad_working = T * H * f + max_grad_pair;
+    /* gradient scratch, by phase (activation type; gates fp32) */
+    int32_t gcap = 0;
+    int64_t Pg = Cc + Vd + 2 * nv, Pa = 2 * nh * hd + 2 * nkv * hd;
+    acts_add_grad(t, &gcap, "d_resid", ACT_GRAD_PERSISTENT, T * H * e);
+    acts_add_grad(t, &gcap, "d_ln", ACT_GRAD_PERSISTENT, T * H * e);
+    acts_add_grad(t, &gcap, "d_act", ACT_GRAD_MLP, T * I * e);
+    acts_add_grad(t, &gcap, "d_gate_up", ACT_GRAD_MLP, T * 2 * I * e);
+    acts_add_grad(t, &gcap, "d_proj", ACT_GRAD_GDN, T * Pg * e);
+    acts_add_grad(t, &gcap, "d_conv", ACT_GRAD_GDN, T * Cc * e);
+    acts_add_grad(t, &gcap, "d_qk", ACT_GRAD_GDN, T * 2 * Kd * e);
+    acts_add_grad(t, &gcap, "d_core", ACT_GRAD_GDN, T * Vd * e);
+    acts_add_grad(t, &gcap, "d_normed", ACT_GRAD_GDN, T * Vd * e);
+    acts_add_grad(t, &gcap, "d_beta", ACT_GRAD_GDN, T * nv * f);
+    acts_add_grad(t, &gcap, "d_g", ACT_GRAD_GDN, T * nv * f);
+    acts_add_grad(t, &gcap, "d_proj", ACT_GRAD_ATTN, T * Pa * e);
+    acts_add_grad(t, &gcap, "d_q", ACT_GRAD_ATTN, T * nh * hd * e);
+    acts_add_grad(t, &gcap, "d_kv", ACT_GRAD_ATTN, T * 2 * nkv * hd * e);
+    acts_add_grad(t, &gcap, "d_attn_out", ACT_GRAD_ATTN, T * nh * hd * e);
+    acts_add_grad(t, &gcap, "d_gated", ACT_GRAD_ATTN, T * nh * hd * e);
+    int64_t largest = 0;
+    for (int ph = ACT_GRAD_MLP; ph < ACT_GRAD_PHASES; ph++)
+        if (t->grad_phase[ph] > largest) largest = t->grad_phase[ph];
+    t->grad_working = t->grad_phase[ACT_GRAD_PERSISTENT] + largest;
     t->gdn_states = max_states;
     int64_t rows = LOSS_CHUNK_BYTES / (4 * m->vocab_size);
     if (rows < 64) rows = 64;
@@ -154,5 +186,6 @@ void model_acts_build(ActTable *t, const Config *cfg) {
 
 void model_acts_free(ActTable *t) {
     free(t->b);
+    free(t->g);
     memset(t, 0, sizeof *t);
 }

@@ -46,6 +46,23 @@ typedef struct {
     uint32_t keep;     /* ACT_KEEP_* bits: kept until backward under that policy */
 } ActBuffer;
 
+/* Gradient scratch of one layer's backward. Buffers of different phases are
+ * never alive together, so they share memory: the arena is the persistent
+ * buffers plus the largest phase. */
+typedef enum {
+    ACT_GRAD_PERSISTENT, /* the residual-stream gradient */
+    ACT_GRAD_MLP,        /* the MLP's backward */
+    ACT_GRAD_GDN,        /* a GDN mixer's backward */
+    ACT_GRAD_ATTN,       /* an attention mixer's backward */
+    ACT_GRAD_PHASES,
+} ActGradPhase;
+
+typedef struct {
+    char    name[32];
+    int32_t phase;  /* ActGradPhase */
+    int64_t bytes;
+} ActGradBuffer;
+
 typedef struct {
     int64_t    tokens; /* local tokens per micro-batch */
     int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */
@@ -53,7 +70,10 @@ typedef struct {
     ActBuffer *b;
     int64_t kept[ACT_POLICY_COUNT];      /* bytes kept across forward -> backward */
     int64_t recompute[ACT_POLICY_COUNT]; /* largest transient re-materialisation of one layer */
-    int64_t grad_working;                /* gradient buffers alive while one layer's backward runs */
+    int32_t        ng;
+    ActGradBuffer *g;                    /* gradient scratch buffers */
+    int64_t grad_phase[ACT_GRAD_PHASES]; /* bytes per phase */
+    int64_t grad_working;                /* persistent + largest phase: the gradient arena */
     int64_t gdn_states;                  /* per-chunk GDN states, transient in one layer's backward */
     int64_t loss_workspace;              /* logits of one row chunk of the fused lm_head + CE */
     int64_t loss_chunk_rows;

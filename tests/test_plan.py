@@ -97,10 +97,10 @@ def test_policies_order_and_fit(ringscan):
 
 def test_activation_kept_by_hand(ringscan):
     # full policy keeps only block inputs x [T, H] bf16 per layer, plus the head's buffers:
-    # final_norm [T,H] bf16, final_rstd [T] fp32, d_final [T,H] fp32, tokens+targets [T, 2] int32
+    # final_in, final_norm, d_final [T,H] bf16, final_rstd [T] fp32, tokens+targets [T, 2] int32
     T, H, L = 262_144, 1536, 16
     d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
-    head = T * H * 2 + T * 4 + T * H * 4 + T * 8
+    head = 3 * T * H * 2 + T * 4 + T * 8
     assert d["memory"]["full"]["activations_kept"] == L * T * H * 2 + head
     # remat adds attention out [T, nh*hd] bf16 + LSE [T, nh] fp32 per full layer,
     # and the CP entry states [2, nv, dk, dv] fp32 + conv halo [2, 3, Cc] bf16 per GDN layer

@@ -1,0 +1,108 @@
+/*
+ * comm.c — the MPI implementation of comm.h.
+ *
+ * Every MPI call is checked (MPI_CHECK below): on failure the message names
+ * the call, file:line, rank and host, and every rank is aborted, since a
+ * collective that failed on one rank would hang the others.
+ */
+#include "comm.h"
+
+#include <limits.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+
+#define MPI_CHECK(call)                                                                      \
+    do {                                                                                     \
+        int rc_ = (call);                                                                    \
+        if (rc_ != MPI_SUCCESS) {                                                            \
+            char msg_[MPI_MAX_ERROR_STRING];                                                 \
+            int len_ = 0;                                                                    \
+            MPI_Error_string(rc_, msg_, &len_);                                              \
+            error_warn(__FILE__, __LINE__, "%s failed: %s", #call, msg_);                    \
+            MPI_Abort(MPI_COMM_WORLD, RS_EXIT_FAIL);                                         \
+        }                                                                                    \
+    } while (0)
+
+/* MPI counts are int: large buffers go in pieces of at most 2^30 elements */
+#define COMM_PIECE (1 << 30)
+
+void comm_init(Comm *c, int *argc, char ***argv) {
+    memset(c, 0, sizeof *c);
+    int inited = 0;
+    MPI_CHECK(MPI_Initialized(&inited));
+    if (!inited) MPI_CHECK(MPI_Init(argc, argv));
+    MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world_size));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
+    MPI_Comm local;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local));
+    MPI_CHECK(MPI_Comm_rank(local, &c->local_rank));
+    MPI_CHECK(MPI_Comm_size(local, &c->local_size));
+    MPI_CHECK(MPI_Comm_free(&local));
+    if (gethostname(c->host, sizeof c->host) != 0) snprintf(c->host, sizeof c->host, "?");
+    c->host[sizeof c->host - 1] = 0;
+    c->world = MPI_COMM_WORLD;
+    c->cp_comm = c->dp_comm = MPI_COMM_NULL;
+    error_set_rank(c->rank);
+}
+
+void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
+    RS_CHECK((int64_t)c->world_size == dp * cp, "world %d != dp %lld x cp %lld", c->world_size, (long long)dp,
+             (long long)cp);
+    c->dp = (int)dp;
+    c->cp = (int)cp;
+    c->dp_rank = c->rank / c->cp;
+    c->cp_rank = c->rank % c->cp;
+    /* same dp_rank -> one CP group, ordered by cp_rank; same cp_rank -> one DP group */
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->dp_rank, c->cp_rank, &c->cp_comm));
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->cp_rank, c->dp_rank, &c->dp_comm));
+    MPI_CHECK(MPI_Comm_set_errhandler(c->cp_comm, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_set_errhandler(c->dp_comm, MPI_ERRORS_RETURN));
+}
+
+void comm_finalize(Comm *c) {
+    if (c->cp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->cp_comm);
+    if (c->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->dp_comm);
+    MPI_Finalize();
+}
+
+void comm_abort(Comm *c, int code) {
+    (void)c;
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+void comm_allreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n) {
+    (void)c;
+    for (int64_t off = 0; off < n; off += COMM_PIECE) {
+        int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm));
+    }
+}
+
+void comm_allreduce_sum_f64(Comm *c, MPI_Comm comm, double *buf, int64_t n) {
+    (void)c;
+    for (int64_t off = 0; off < n; off += COMM_PIECE) {
+        int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, k, MPI_DOUBLE, MPI_SUM, comm));
+    }
+}
+
+double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v) {
+    comm_allreduce_sum_f64(c, comm, &v, 1);
+    return v;
+}
+
+int comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v) {
+    (void)c;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, comm));
+    return v;
+}
+
+void comm_barrier(Comm *c, MPI_Comm comm) {
+    (void)c;
+    MPI_CHECK(MPI_Barrier(comm));
+}

@@ -1,0 +1,133 @@
+/*
+ * model.h — the hybrid model on a backend: parameters, gradients, AdamW
+ * state, activation buffers, and one micro-batch's forward + backward.
+ *
+ * Memory comes from the two size tables: parameters, gradients and AdamW
+ * moments are flat buffers laid out by model_params.h (one allocation each);
+ * activations are allocated from model_acts.h for the configured checkpoint
+ * policy — a buffer the policy keeps gets memory per layer, the others share
+ * one scratch arena that the next layer (or the recompute) overwrites. So
+ * `plan`'s activation numbers are the allocations, not a second estimate.
+ *
+ * Gradient rule (llm.c's): parameter gradients accumulate (+=) so that
+ * micro-batches add up and the trainer zeroes them once per step; activation
+ * gradients are written, except the residual stream's, which is accumulated
+ * by the norms' backward.
+ *
+ * Callers: lib/train.c (training), tests/parity/parity_step.c (one step
+ * against the PyTorch reference).
+ */
+#ifndef RS_MODEL_H
+#define RS_MODEL_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "model_acts.h"
+#include "model_params.h"
+
+/* One micro-batch on this rank: `samples` samples of `T_sample` local tokens,
+ * concatenated into T = samples x T_sample rows. Metadata per backend.h. */
+typedef struct {
+    int64_t  T;
+    int32_t  samples;
+    int64_t  T_sample;
+    int32_t *tokens;  /* (T) */
+    int32_t *targets; /* (T) next token, or -1: no prediction */
+    int32_t *pos;     /* (T) global position in the sample */
+    int32_t *doc_pos; /* (T) tokens of the same document before this one */
+} Batch;
+
+/* Offsets (elements) of one layer's parameters in the flat buffers; -1 when
+ * the layer kind has no such tensor. */
+typedef struct {
+    LayerKind kind;
+    int64_t   in_ln, post_ln, gate_up, down;
+    int64_t   in_proj, out_proj;               /* GDN: linear_attn.*; attention: self_attn.in_proj, o_proj */
+    int64_t   conv, dt_bias, A_log, gdn_norm;  /* GDN */
+    int64_t   q_norm, k_norm;                  /* attention */
+} LayerParams;
+
+/* One layer's activation buffers (see model_acts.c for what each holds).
+ * Pointers of the other layer kind are NULL. */
+typedef struct {
+    void  *x;        /* (T,H) block input */
+    void  *ln1;      /* (T,H) */
+    float *rstd1;    /* (T) */
+    void  *h;        /* (T,H) residual after the mixer */
+    void  *ln2;      /* (T,H) */
+    float *rstd2;    /* (T) */
+    void  *gate_up;  /* (T,2I) */
+    void  *act;      /* (T,I) */
+    /* Gated DeltaNet */
+    void  *gdn_proj;      /* (T, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv */
+    void  *gdn_conv;      /* (T, Cc) after conv + SiLU */
+    void  *gdn_qk_norm;   /* (T, 2Kd) L2-normalised [q|k] */
+    float *gdn_qk_rstd;   /* (T, 2nk) */
+    float *gdn_beta;      /* (T, nv) */
+    float *gdn_g;         /* (T, nv) */
+    void  *gdn_core;      /* (T, Vd) delta-rule output */
+    void  *gdn_normed;    /* (T, Vd) gated RMSNorm output */
+    float *gdn_norm_rstd; /* (T, nv) */
+    float *gdn_cp_states; /* (2, nv, dk, dv) CP entry states, cp > 1 */
+    void  *gdn_conv_halo; /* (2, Kc-1, Cc) CP conv halo, cp > 1 */
+    /* softmax attention */
+    void  *attn_proj;     /* (T, 2qd+2kvd) [q|gate|k|v] before the norms */
+    void  *attn_q;        /* (T, qd) normed + rotated q */
+    void  *attn_kv;       /* (T, 2kvd) normed + rotated k | v */
+    float *attn_qk_rstd;  /* (T, nh+nkv): q rows then k rows */
+    void  *attn_out;      /* (T, qd) */
+    float *attn_lse;      /* (T, nh) */
+    void  *attn_gated;    /* (T, qd) */
+} LayerActs;
+
+/* Work counters of one step, for checking the checkpoint policies. */
+typedef struct {
+    int64_t attention_forward_calls; /* block attention forward kernel calls */
+    int64_t gdn_forward_calls;       /* chunked delta-rule forward calls */
+    int64_t block_recomputes;        /* block forwards rerun in backward */
+} ModelCounters;
+
+typedef struct {
+    const Config  *cfg;
+    const Backend *be;
+    ParamTable     ptab;
+    LayerParams   *lp;       /* (L) */
+    int64_t        embed, final_norm_w, lm_head; /* offsets; lm_head == embed when tied */
+    /* flat fp32 buffers (ptab.buffer_numel elements each) */
+    float *params;  /* master weights */
+    void  *weights; /* what the kernels read: == params on cpu, a bf16 copy on cuda */
+    float *grads;
+    float *adam_m, *adam_v;
+    /* activations */
+    ActTable   acts;
+    int64_t    T;           /* rows per micro-batch */
+    LayerActs *la;          /* (L) */
+    void      *final_in, *final_norm, *d_final;
+    float     *final_rstd, *loss_workspace, *losses;
+    void      *act_arena;   /* every per-layer (kept) buffer */
+    void      *scratch;     /* buffers the policy does not keep, shared by layers */
+    int64_t    bytes_kept, bytes_scratch, bytes_grads;
+    /* gradient scratch of one layer's backward */
+    void  *d_resid, *d_ln, *d_proj, *d_conv, *d_qk, *d_core, *d_normed, *d_gate_up, *d_act;
+    void  *d_q, *d_kv, *d_attn_out, *d_gated;
+    float *d_beta, *d_g;
+    ModelCounters count;
+} Model;
+
+/* Builds the parameter table, allocates every buffer for micro-batches of
+ * `T` rows (= data.micro_batch x seq_len / cp) and initialises the weights
+ * from run.seed as the spec says (research/qwen3_next_spec.md §7). */
+void model_init(Model *m, const Config *cfg, const Backend *be, int64_t T);
+void model_free(Model *m);
+
+/* Forward and backward of one micro-batch. Adds the parameter gradients into
+ * m->grads, scaled by grad_scale (1 / predicted tokens of the whole step), and
+ * returns the sum of the per-token losses of this micro-batch on this rank. */
+double model_forward_backward(Model *m, const Batch *b, float grad_scale);
+
+/* The parameters in the weight-decay group `g` decay under this config? */
+int model_param_decays(const Config *cfg, ParamGroup g);
+
+#endif
