@@ -546,6 +546,21 @@ static void gdn_check_transition(const char *tag, const GdnProb *p, int expect_r
         snprintf(name, sizeof(name), "%s S_final(S0 #%d) vs M S0 + H", tag, trial);
         test_check_rel(name, Sf, want, nh, bound);
     }
+    /* the backward carries a gradient at the final state back to dS0 = M^T dS_final (with no
+     * output gradient): the CP backward folds the segments with M^T */
+    float *dout = test_alloc(p->T * p->ldo * (int64_t)sizeof(float)), *dSf = test_alloc(nh * (int64_t)sizeof(float));
+    test_fill_normal(dSf, nh, 1.0);
+    GdnGrads d = gdn_run_backward(p, dout, dSf);
+    for (int h = 0; h < nv; h++)
+        for (int f = 0; f < dk; f++)
+            for (int c = 0; c < dv; c++) {
+                double s = 0;
+                for (int e = 0; e < dk; e++)
+                    s += (double)M[((int64_t)h * dk + e) * dk + f] * dSf[((int64_t)h * dk + e) * dv + c];
+                want[((int64_t)h * dk + f) * dv + c] = s;
+            }
+    snprintf(name, sizeof(name), "%s dS0 (dout = 0) vs M^T dS_final", tag);
+    test_check_rel(name, d.dS0, want, nh, bound);
 }
 
 /* fp32 vs float64: measured rel err <= 1.3e-6 (M over 150 tokens); bound 1e-5. Decay is weak to
