@@ -89,7 +89,7 @@ typedef struct GdnWork {
     float *dvn;                    /* (GDN_C, dv) dL/dvn = dL/dU */
     float *dW, *dXw;               /* (GDN_C, dk) */
     float *dXu;                    /* (GDN_C, dv) */
-    float *dq, *dk_, *dv_;         /* (GDN_C, dk), (GDN_C, dk), (GDN_C, dv) gradients of the chunk's rows */
+    float *dqc, *dkc, *dvc;        /* (GDN_C, dk), (GDN_C, dk), (GDN_C, dv) gradients of the chunk's rows */
     float *P, *dP, *dT, *M1, *dA;  /* (GDN_C, GDN_C) */
     double *dG;                    /* (GDN_C) dL/dG */
     float *dbeta;                  /* (GDN_C) */
@@ -123,9 +123,9 @@ static void gdn_work_init(GdnWork *w, int dk, int dv, int ncol, int backward) {
     w->dW = RS_MALLOC(C * dk * f);
     w->dXw = RS_MALLOC(C * dk * f);
     w->dXu = RS_MALLOC(C * dv * f);
-    w->dq = RS_MALLOC(C * dk * f);
-    w->dk_ = RS_MALLOC(C * dk * f);
-    w->dv_ = RS_MALLOC(C * dv * f);
+    w->dqc = RS_MALLOC(C * dk * f);
+    w->dkc = RS_MALLOC(C * dk * f);
+    w->dvc = RS_MALLOC(C * dv * f);
     w->P = RS_MALLOC(CC * f);
     w->dP = RS_MALLOC(CC * f);
     w->dT = RS_MALLOC(CC * f);
@@ -138,7 +138,7 @@ static void gdn_work_init(GdnWork *w, int dk, int dv, int ncol, int backward) {
 
 static void gdn_work_free(GdnWork *w) {
     float *fs[] = {w->q, w->k, w->v, w->beta, w->gam, w->dec, w->Gam, w->KK, w->QK, w->A, w->Tinv, w->W, w->U,
-                   w->vn, w->dO, w->dvn, w->dW, w->dXw, w->dXu, w->dq, w->dk_, w->dv_, w->P, w->dP, w->dT, w->M1,
+                   w->vn, w->dO, w->dvn, w->dW, w->dXw, w->dXu, w->dqc, w->dkc, w->dvc, w->P, w->dP, w->dT, w->M1,
                    w->dA, w->dbeta, w->Din};
     for (size_t i = 0; i < sizeof(fs) / sizeof(fs[0]); i++) free(fs[i]);
     free(w->G);
@@ -304,7 +304,7 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
 }
 
 /* Backward of one chunk (formulas in the header). In: w loaded with the chunk's factors and its
- * dO rows, S the state entering the chunk, D = dL/d(state leaving it). Out: w->dq, w->dk_, w->dv_,
+ * dO rows, S the state entering the chunk, D = dL/d(state leaving it). Out: w->dqc, w->dkc, w->dvc,
  * w->dG, w->dbeta for the chunk's rows, and w->Din = dL/d(state entering it). */
 static void gdn_chunk_backward(GdnWork *w, const float *S /* (dk, dv) */, const float *D /* (dk, dv) */,
                                float scale) {
@@ -334,7 +334,7 @@ static void gdn_chunk_backward(GdnWork *w, const float *S /* (dk, dv) */, const 
     }
     /* dq_r = scale gam_r S dO_r + scale sum_{j<=r} dP_rj Gam_rj k_j; the first part also gives dG_r */
     for (int r = 0; r < L; r++) {
-        float *dqr = w->dq + (size_t)r * dk;
+        float *dqr = w->dqc + (size_t)r * dk;
         const float *dOr = w->dO + (size_t)r * dv;
         for (int a = 0; a < dk; a++) dqr[a] = scale * w->gam[r] * gdn_dot(S + (size_t)a * dv, dOr, dv);
         w->dG[r] += gdn_dot(w->q + (size_t)r * dk, dqr, dk);
@@ -344,7 +344,7 @@ static void gdn_chunk_backward(GdnWork *w, const float *S /* (dk, dv) */, const 
     /* dk_j = dec_j D vn_j + scale sum_{r>=j} dP_rj Gam_rj q_r; the first part also gives dG through
      * dec_j = e^{G_{L-1} - G_j}. The carried state's own decay gives dG_{L-1} += gam_{L-1} <S, D>. */
     for (int j = 0; j < L; j++) {
-        float *dkj = w->dk_ + (size_t)j * dk;
+        float *dkj = w->dkc + (size_t)j * dk;
         const float *vj = w->vn + (size_t)j * dv;
         for (int a = 0; a < dk; a++) dkj[a] = w->dec[j] * gdn_dot(D + (size_t)a * dv, vj, dv);
         const double y = gdn_dot(w->k + (size_t)j * dk, dkj, dk);
@@ -402,10 +402,10 @@ static void gdn_chunk_backward(GdnWork *w, const float *S /* (dk, dv) */, const 
     for (int r = 0; r < L; r++) {
         const float *kr = w->k + (size_t)r * dk, *xw = w->dXw + (size_t)r * dk;
         const float kx = gdn_dot(kr, xw, dk);
-        gdn_axpy(w->dk_ + (size_t)r * dk, w->beta[r] * w->gam[r], xw, dk);
+        gdn_axpy(w->dkc + (size_t)r * dk, w->beta[r] * w->gam[r], xw, dk);
         w->dbeta[r] += w->gam[r] * kx + gdn_dot(w->v + (size_t)r * dv, w->dXu + (size_t)r * dv, dv);
         w->dG[r] += (double)w->beta[r] * w->gam[r] * kx;
-        float *dvr = w->dv_ + (size_t)r * dv;
+        float *dvr = w->dvc + (size_t)r * dv;
         for (int c = 0; c < dv; c++) dvr[c] = w->beta[r] * w->dXu[(size_t)r * dv + c];
     }
     /* A_ij = beta_i (k_i.k_j) Gam_ij, i > j */
@@ -414,8 +414,8 @@ static void gdn_chunk_backward(GdnWork *w, const float *S /* (dk, dv) */, const 
             const float da = w->dA[i * C + j];
             const float c = da * w->beta[i] * w->Gam[i * C + j];
             w->dbeta[i] += da * w->KK[i * C + j] * w->Gam[i * C + j];
-            gdn_axpy(w->dk_ + (size_t)i * dk, c, w->k + (size_t)j * dk, dk);
-            gdn_axpy(w->dk_ + (size_t)j * dk, c, w->k + (size_t)i * dk, dk);
+            gdn_axpy(w->dkc + (size_t)i * dk, c, w->k + (size_t)j * dk, dk);
+            gdn_axpy(w->dkc + (size_t)j * dk, c, w->k + (size_t)i * dk, dk);
             const double x = (double)da * w->A[i * C + j];
             w->dG[i] += x;
             w->dG[j] -= x;
@@ -431,7 +431,7 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
                             int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
-    float *dq = dq_, *dkk = dk_, *dvv = dv_;
+    float *dq_out = dq_, *dk_out = dk_, *dv_out = dv_;
     const float *dout = dout_, *q = q_, *k = k_, *v = v_;
     const int dk = dim_k, dv = dim_v;
     const size_t state = (size_t)dk * dv;
@@ -455,8 +455,8 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
 
     /* dq, dk collect every value head of their key head: clear our columns only (ld may be wider) */
     for (int64_t t = 0; t < T; t++) {
-        memset(dq + t * ldq, 0, (size_t)nk * dk * sizeof(float));
-        memset(dkk + t * ldq, 0, (size_t)nk * dk * sizeof(float));
+        memset(dq_out + t * ldq, 0, (size_t)nk * dk * sizeof(float));
+        memset(dk_out + t * ldq, 0, (size_t)nk * dk * sizeof(float));
     }
     for (int h = 0; h < nv; h++) {
         const int kh = h / (nv / nk);
@@ -489,9 +489,9 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
                 acc += w.dG[r];
                 dg[t * nv + h] = (float)acc;
                 dbeta[t * nv + h] = w.dbeta[r];
-                gdn_axpy(dq + t * ldq + (int64_t)kh * dk, 1.0f, w.dq + (size_t)r * dk, dk);
-                gdn_axpy(dkk + t * ldq + (int64_t)kh * dk, 1.0f, w.dk_ + (size_t)r * dk, dk);
-                memcpy(dvv + t * ldv + (int64_t)h * dv, w.dv_ + (size_t)r * dv, (size_t)dv * sizeof(float));
+                gdn_axpy(dq_out + t * ldq + (int64_t)kh * dk, 1.0f, w.dqc + (size_t)r * dk, dk);
+                gdn_axpy(dk_out + t * ldq + (int64_t)kh * dk, 1.0f, w.dkc + (size_t)r * dk, dk);
+                memcpy(dv_out + t * ldv + (int64_t)h * dv, w.dvc + (size_t)r * dv, (size_t)dv * sizeof(float));
             }
             /* a chunk that starts a document began from a reset state: nothing flows further back */
             if (doc_pos[t0] == 0) memset(D, 0, state * sizeof(float));
