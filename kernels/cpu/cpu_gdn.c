@@ -48,7 +48,7 @@
  *     states and all other accumulations are fp32, in a fixed loop order.
  *   - The state S stays fp32 between chunks.
  *
- * Contract notes (decisions, see also the report):
+ * Contract notes (decisions where backend.h is silent or asks for what this entry cannot do):
  *   - backend.h says kernels do not allocate unless given a workspace; these entries have
  *     none and need one (per-chunk WY scratch; the backward keeps the state entering every
  *     chunk of one head: ceil(T/64)+docs chunks x dim_k x dim_v floats), so they malloc it
