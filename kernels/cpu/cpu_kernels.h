@@ -54,4 +54,15 @@ void cpu_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const v
 void cpu_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 double cpu_sum_squares(const float *x, int64_t n);
 
+/* ---- context parallelism ----
+ * The chunked gated delta rule's transition over the call's tokens (cpu_gdn.c): per value head,
+ * the forward's final state is S_final = M S0 + H for every initial state S0 (M is dim_k x dim_k,
+ * S0 dim_k x dim_v). M = 0 when any token of the range has doc_pos == 0 (the state is reset);
+ * H is then the state after the last document start from 0. */
+void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
+                              const void *k /* (T,ldq) nk heads of dim_k */, const void *v /* (T,ldv) nv heads */,
+                              const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
+                              const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v,
+                              int ldq, int ldv);
+
 #endif
