@@ -298,8 +298,10 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
     json_t *params = json_pack("{sI sI sI sI}", "total", (json_int_t)p->params.total, "hf_state_dict",
                                (json_int_t)p->hf_params, "matmul", (json_int_t)p->params.matmul, "embedding",
                                (json_int_t)p->params.embedding);
+    json_t *groups = json_object();
     for (int g = 0; g < PARAM_GROUP_COUNT; g++)
-        json_object_set_new(params, param_group_names[g], json_integer(p->params.per_group[g]));
+        json_object_set_new(groups, param_group_names[g], json_integer(p->params.per_group[g]));
+    json_object_set_new(params, "groups", groups);
     json_object_set_new(root, "parameters", params);
     json_t *mem = json_object();
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {

@@ -335,8 +335,8 @@ def test_internal_shapes_match_plan(ringscan, config, sets):
     numel = {k: int(np.prod(shape)) for k, (shape, _) in specs.items()}
     assert sum(numel.values()) == p["total"]
     assert ref_model.param_count(cfg) == p["hf_state_dict"]
-    for group in (layout.MATRIX, layout.NORM, layout.GDN_GATE, layout.CONV):
-        assert sum(n for k, n in numel.items() if specs[k][1] == group) == p[group], group
+    for group in (layout.MATRIX, layout.NORM, layout.GDN_GATE, layout.CONV, "embedding"):
+        assert sum(n for k, n in numel.items() if specs[k][1] == group) == p["groups"][group], group
     # matmul: every 2-D tensor but conv1d, plus the head when it is tied
     matmul = sum(n for k, n in numel.items() if len(specs[k][0]) == 2 and specs[k][1] != layout.CONV
                  and k != "model.embed_tokens")
