@@ -80,14 +80,22 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     LayerActs *a = &m->la[l];
     Dims d = block_dims(m, b->T);
     (void)mode; /* with cp = 1 the GDN core is local: rerun in every recompute */
+    int64_t Ts = b->T_sample;
     be->matmul_forward(a->gdn_proj, a->ln1, W(p->in_proj), d.T, d.H, d.Pg, d.H, d.Pg, 0);
-    be->conv1d_silu_forward(a->gdn_conv, a->gdn_proj, NULL, W(p->conv), b->doc_pos, d.T, d.Cc, d.Kc, d.Pg, d.Cc);
+    for (int s = 0; s < b->samples; s++) /* a sample has nothing before its first token */
+        be->conv1d_silu_forward(AT(a->gdn_conv, s * Ts * d.Cc), AT(a->gdn_proj, s * Ts * d.Pg), NULL, W(p->conv),
+                                b->doc_pos + s * Ts, Ts, d.Cc, d.Kc, d.Pg, d.Cc);
     be->l2norm_forward(a->gdn_qk_norm, a->gdn_qk_rstd, a->gdn_conv, d.T, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
     be->gdn_gates_forward(a->gdn_beta, a->gdn_g, AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv),
                           P32(p->A_log), P32(p->dt_bias), d.T, d.nv, d.Pg);
-    be->gdn_chunk_forward(a->gdn_core, NULL, a->gdn_qk_norm, AT(a->gdn_qk_norm, d.Kd), AT(a->gdn_conv, 2 * d.Kd),
-                          a->gdn_g, a->gdn_beta, NULL, b->doc_pos, d.T, d.nk, d.nv, d.dk, d.dv, 2 * d.Kd, d.Cc, d.Vd);
-    m->count.gdn_forward_calls++;
+    for (int s = 0; s < b->samples; s++) {
+        int64_t o = s * Ts;
+        be->gdn_chunk_forward(AT(a->gdn_core, o * d.Vd), NULL, AT(a->gdn_qk_norm, o * 2 * d.Kd),
+                              AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_conv, o * d.Cc + 2 * d.Kd),
+                              a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv, NULL, b->doc_pos + o, Ts, d.nk, d.nv, d.dk,
+                              d.dv, 2 * d.Kd, d.Cc, d.Vd);
+        m->count.gdn_forward_calls++;
+    }
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, a->gdn_core, AT(a->gdn_proj, d.Cc), W(p->gdn_norm),
                               d.T, d.nv, d.dv, d.Pg, d.eps);
     be->copy(a->h, a->x, (size_t)(d.T * d.H * d.es));
@@ -104,15 +112,24 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
                         d.H, 0);
     be->gated_rmsnorm_backward(m->d_core, AT(m->d_proj, d.Cc), G(p->gdn_norm), m->d_normed, a->gdn_core,
                                AT(a->gdn_proj, d.Cc), W(p->gdn_norm), a->gdn_norm_rstd, d.T, d.nv, d.dv, d.Pg);
-    be->gdn_chunk_backward(m->d_qk, AT(m->d_qk, d.Kd), AT(m->d_conv, 2 * d.Kd), m->d_g, m->d_beta, NULL, m->d_core,
-                           NULL, a->gdn_qk_norm, AT(a->gdn_qk_norm, d.Kd), AT(a->gdn_conv, 2 * d.Kd), a->gdn_g,
-                           a->gdn_beta, NULL, b->doc_pos, d.T, d.nk, d.nv, d.dk, d.dv, 2 * d.Kd, d.Cc, d.Vd);
+    int64_t Ts = b->T_sample;
+    for (int s = 0; s < b->samples; s++) {
+        int64_t o = s * Ts;
+        be->gdn_chunk_backward(AT(m->d_qk, o * 2 * d.Kd), AT(m->d_qk, o * 2 * d.Kd + d.Kd),
+                               AT(m->d_conv, o * d.Cc + 2 * d.Kd), m->d_g + o * d.nv, m->d_beta + o * d.nv, NULL,
+                               AT(m->d_core, o * d.Vd), NULL, AT(a->gdn_qk_norm, o * 2 * d.Kd),
+                               AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_conv, o * d.Cc + 2 * d.Kd),
+                               a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv, NULL, b->doc_pos + o, Ts, d.nk, d.nv, d.dk,
+                               d.dv, 2 * d.Kd, d.Cc, d.Vd);
+    }
     be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log), G(p->dt_bias),
                            m->d_beta, m->d_g, AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv),
                            P32(p->A_log), P32(p->dt_bias), d.T, d.nv, d.Pg);
     be->l2norm_backward(m->d_conv, m->d_qk, a->gdn_qk_norm, a->gdn_qk_rstd, d.T, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
-    be->conv1d_silu_backward(m->d_proj, NULL, G(p->conv), m->d_conv, a->gdn_proj, NULL, W(p->conv), b->doc_pos, d.T,
-                             d.Cc, d.Kc, d.Pg, d.Cc);
+    for (int s = 0; s < b->samples; s++)
+        be->conv1d_silu_backward(AT(m->d_proj, s * Ts * d.Pg), NULL, G(p->conv), AT(m->d_conv, s * Ts * d.Cc),
+                                 AT(a->gdn_proj, s * Ts * d.Pg), NULL, W(p->conv), b->doc_pos + s * Ts, Ts, d.Cc,
+                                 d.Kc, d.Pg, d.Cc);
     be->matmul_backward(m->d_ln, G(p->in_proj), m->d_proj, a->ln1, W(p->in_proj), d.T, d.H, d.Pg, d.H, d.Pg, 0);
 }
 
