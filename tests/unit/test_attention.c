@@ -314,6 +314,8 @@ TEST(attention_forward_ring_blocks) {
         /* queries much shorter than keys and the reverse */
         {"q1_k130", 4, 2, 16, 1, 0, DOCS_B, R1(140, 141), R1(10, 140)},
         {"q130_k1", 4, 2, 16, 1, 0, DOCS_B, R1(10, 140), R1(40, 41)},
+        /* an empty key block (Tk = 0): every row empty */
+        {"no_keys", 4, 2, 16, 0, 0, DOCS_B, R1(10, 43), R1(0, 0)},
     };
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) attn_test_forward(&cases[i], 400 + i);
 }
@@ -411,7 +413,10 @@ TEST(attention_merge_inf) {
             test_fill_normal(ob, hd, 1.0);
             lse[e] = (float)L;
             lse_b[e] = (float)Lb;
-            if (L == -INFINITY) memset(o, 0, hd * sizeof(float)); /* an empty running row holds 0 */
+            /* an empty running row: 0 where nothing arrives (it must stay 0), NaN where a partial arrives
+             * (it must be replaced without being read) */
+            if (L == -INFINITY)
+                for (int d = 0; d < hd; d++) o[d] = Lb == -INFINITY ? 0.0f : NAN;
             if (Lb == -INFINITY)
                 for (int d = 0; d < hd; d++) ob[d] = NAN; /* must not be read */
             double Ln = L, wa = 1, wb = 0;
@@ -423,7 +428,7 @@ TEST(attention_merge_inf) {
                 wb = exp(Lb - Ln);
             }
             want_lse[e] = Ln;
-            for (int d = 0; d < hd; d++) want[e * hd + d] = wa * o[d] + (wb != 0 ? wb * ob[d] : 0);
+            for (int d = 0; d < hd; d++) want[e * hd + d] = (wa != 0 ? wa * o[d] : 0) + (wb != 0 ? wb * ob[d] : 0);
         }
     cpu_attention_merge(out, lse, out_b, lse_b, T, nh, hd, ldb);
     test_check_rel("merge inf out", out, want, T * nh * hd, 1e-6);
