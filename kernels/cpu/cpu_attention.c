@@ -36,7 +36,10 @@
  * All three accumulate (ring steps add partials into them). Rows with
  * lse = -inf saw no key anywhere and contribute nothing (their dout is
  * ignored). dq of a tile is summed in an fp32 stack buffer and added once;
- * dk/dv are added in place in (query tile, head, key, row) order.
+ * dk/dv are added in place, for each key in (query tile, head, row) order.
+ * (With a consistent lse the -inf guard changes nothing: such a row sees no
+ * key in any block. It keeps a row out of the loop that would otherwise
+ * compute exp(s + inf).)
  *
  * Merge: running (out, lse) += partial (out_b, lse_b), per (row, head):
  *   lse_b = -inf          -> keep (out, lse); out_b is not read
