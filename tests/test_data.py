@@ -330,6 +330,13 @@ def test_token_id_beyond_vocab(ringscan, tmp_path):
     assert r.returncode == 2
     assert f"data file {tmp_path}/m.bin: token id 999 at token index 3 (document 1) is outside [0, 500)" in r.stderr
     assert "model.vocab_size is 500" in r.stderr
+    # the boundary: id 999 fits vocab 1000, not 999
+    assert run([ringscan, "data", "check", tmp_path / "m", "--vocab", 1000]).returncode == 0
+    r = run([ringscan, "data", "check", tmp_path / "m", "--vocab", 999])
+    assert r.returncode == 2 and "token id 999 at token index 3 (document 1) is outside [0, 999)" in r.stderr
+    r = run([ringscan, "data", "inspect", tmp_path / "m", "--sample", 0, "--seq-len", 4, "--vocab", 999])
+    assert r.returncode == 2 and "token id 999 at token index 3 (document 1) is outside [0, 999)" in r.stderr
+    assert run([ringscan, "data", "inspect", tmp_path / "m", "--sample", 0, "--seq-len", 4, "--vocab", 1000]).returncode == 0
 
 
 def megatron_variants(tmp_path):
