@@ -191,7 +191,10 @@ static int cmd_train(int argc, char **argv) { (void)argc; (void)argv; return cmd
 static int cmd_resume(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("resume"); }
 static int cmd_submit(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("submit"); }
 static int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("bench"); }
-static int cmd_data(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("data"); }
+static int cmd_data(int argc, char **argv) {
+    int data_cli_main(int argc, char **argv); /* lib/data.h: `ringscan data synth|bytes|check|inspect` */
+    return data_cli_main(argc, argv);
+}
 static int cmd_export(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("export"); }
 
 static const Command commands[] = {
@@ -209,7 +212,7 @@ static const Command commands[] = {
     {"bench", "attn|gdn|step ...", "Benchmark kernels and the training step beside peers.", cmd_bench,
      "benchmarks are issue #7"},
     {"data", "synth|bytes ...", "Make training data: synthetic recall tasks, byte-level tokens.", cmd_data,
-     "data tools are issue #3"},
+     NULL},
     {"export", "RUN_DIR OUT_DIR", "Export weights as a Hugging Face Qwen3NextForCausalLM checkpoint.", cmd_export,
      "export is not scheduled yet"},
     {"config", "dump | docs | show CONFIG | check CONFIG",
