@@ -4,7 +4,7 @@
  * Epoch e's stream is the file's documents in an order, concatenated:
  *   - data.shuffle false: file order, every epoch.
  *   - data.shuffle true: Fisher–Yates over the identity, with the generator
- *     of data_rng.h initialised as init(seed, stream = e):
+ *     of rng.h initialised as init(seed, stream = e):
  *       for i = n_docs-1 down to 1: j = below(i + 1); swap(order[i], order[j])
  *     Each epoch has its own order; the same (seed, e) gives the same order on
  *     every machine.
@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data_rng.h"
+#include "rng.h"
 #include "error.h"
 
 struct DataSet {
@@ -97,10 +97,10 @@ int data_open(DataSet **out, const DataConfig *dc, int64_t vocab_size, uint64_t 
 
 static void data_shuffle_order(int64_t *order, int64_t n_docs, uint64_t seed, int64_t epoch) {
     for (int64_t k = 0; k < n_docs; k++) order[k] = k;
-    DataRng r;
-    data_rng_init(&r, seed, (uint64_t)epoch);
+    Rng r;
+    rng_init(&r, seed, (uint64_t)epoch);
     for (int64_t i = n_docs - 1; i >= 1; i--) {
-        int64_t j = (int64_t)data_rng_below(&r, (uint64_t)i + 1);
+        int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1);
         int64_t t = order[i];
         order[i] = order[j];
         order[j] = t;

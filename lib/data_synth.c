@@ -44,7 +44,7 @@
  * unigram loss is the entropy of the targets' token frequencies: the best a
  * model that ignores context can do.
  *
- * Random streams (data_rng.h): the successor table, the document lengths and
+ * Random streams (rng.h): the successor table, the document lengths and
  * the contents each have their own stream of --seed, so changing one option
  * changes only what it must.
  *
@@ -57,7 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data_rng.h"
+#include "rng.h"
 #include "error.h"
 
 enum { SYNTH_DOC = 0, SYNTH_KV = 1, SYNTH_Q = 2, SYNTH_FIRST = 4 };
@@ -150,7 +150,7 @@ typedef struct {
     int32_t *fill_perm; /* (F) scratch for drawing the successor table */
     int32_t *values;    /* (P) the document's values, by pair */
     int32_t *asked;     /* (P) pair indices; [q, P) not asked yet */
-    DataRng  rng;       /* contents */
+    Rng  rng;       /* contents */
 } Synth;
 
 /* One document of full length L into tok[0..L) with -ln p per position in
@@ -160,17 +160,17 @@ static void synth_document(Synth *sy, int64_t L, int32_t *tok, double *lp, int64
                            int64_t *ans_pair) {
     const int64_t K = sy->K, F = sy->F, B = sy->B, P = sy->P, Q = sy->Q, G = sy->G;
     const int32_t key0 = SYNTH_FIRST, val0 = SYNTH_FIRST + (int32_t)K, fill0 = SYNTH_FIRST + 2 * (int32_t)K;
-    DataRng *r = &sy->rng;
+    Rng *r = &sy->rng;
     int64_t t = 0;
     tok[t] = SYNTH_DOC;
     lp[t++] = 0;
     int32_t *values = sy->values, *asked = sy->asked;
     for (int64_t j = 0; j < P; j++) { /* distinct keys: a partial Fisher–Yates over the key ids */
-        int64_t pick = j + (int64_t)data_rng_below(r, (uint64_t)(K - j));
+        int64_t pick = j + (int64_t)rng_below(r, (uint64_t)(K - j));
         int32_t tmp = sy->key_perm[j];
         sy->key_perm[j] = sy->key_perm[pick];
         sy->key_perm[pick] = tmp;
-        values[j] = (int32_t)data_rng_below(r, (uint64_t)K);
+        values[j] = (int32_t)rng_below(r, (uint64_t)K);
         tok[t] = SYNTH_KV;
         lp[t++] = 0;
         tok[t] = key0 + sy->key_perm[j];
@@ -184,10 +184,10 @@ static void synth_document(Synth *sy, int64_t L, int32_t *tok, double *lp, int64
     for (; t < s; t++) {
         double h = t >= sy->s_min ? 1.0 / (double)(sy->s_max - t + 1) : 0.0;
         if (prev < 0) {
-            prev = (int32_t)data_rng_below(r, (uint64_t)F);
+            prev = (int32_t)rng_below(r, (uint64_t)F);
             lp[t] = log((double)F);
         } else {
-            prev = sy->succ[prev * B + (int64_t)data_rng_below(r, (uint64_t)B)];
+            prev = sy->succ[prev * B + (int64_t)rng_below(r, (uint64_t)B)];
             lp[t] = log((double)B);
         }
         lp[t] -= log1p(-h);
@@ -197,7 +197,7 @@ static void synth_document(Synth *sy, int64_t L, int32_t *tok, double *lp, int64
     for (int64_t q = 0; q < Q; q++) {
         tok[t] = SYNTH_Q;
         lp[t++] = q == 0 ? log((double)(sy->s_max - s + 1)) : 0.0; /* -ln h(s), then certain */
-        int64_t pick = q + (int64_t)data_rng_below(r, (uint64_t)(P - q));
+        int64_t pick = q + (int64_t)rng_below(r, (uint64_t)(P - q));
         int32_t tmp = asked[q];
         asked[q] = asked[pick];
         asked[pick] = tmp;
@@ -211,10 +211,10 @@ static void synth_document(Synth *sy, int64_t L, int32_t *tok, double *lp, int64
         prev = -1;
         for (int64_t k = 0; k < G; k++, t++) {
             if (prev < 0) {
-                prev = (int32_t)data_rng_below(r, (uint64_t)F);
+                prev = (int32_t)rng_below(r, (uint64_t)F);
                 lp[t] = log((double)F);
             } else {
-                prev = sy->succ[prev * B + (int64_t)data_rng_below(r, (uint64_t)B)];
+                prev = sy->succ[prev * B + (int64_t)rng_below(r, (uint64_t)B)];
                 lp[t] = log((double)B);
             }
             tok[t] = fill0 + prev;
@@ -238,11 +238,11 @@ int data_synth_write(const DataSynthConfig *c, const char *path, DataSynthStats 
     sy.key_perm = RS_MALLOC((size_t)sy.K * sizeof *sy.key_perm);
     for (int64_t a = 0; a < sy.F; a++) sy.fill_perm[a] = (int32_t)a;
     for (int64_t a = 0; a < sy.K; a++) sy.key_perm[a] = (int32_t)a;
-    DataRng rc_chain;
-    data_rng_init(&rc_chain, c->seed, DATA_RNG_STREAM_SYNTH_CHAIN);
+    Rng rc_chain;
+    rng_init(&rc_chain, c->seed, RNG_STREAM_SYNTH_CHAIN);
     for (int64_t a = 0; a < sy.F; a++)
         for (int64_t b = 0; b < sy.B; b++) {
-            int64_t pick = b + (int64_t)data_rng_below(&rc_chain, (uint64_t)(sy.F - b));
+            int64_t pick = b + (int64_t)rng_below(&rc_chain, (uint64_t)(sy.F - b));
             int32_t tmp = sy.fill_perm[b];
             sy.fill_perm[b] = sy.fill_perm[pick];
             sy.fill_perm[pick] = tmp;
@@ -250,8 +250,8 @@ int data_synth_write(const DataSynthConfig *c, const char *path, DataSynthStats 
         }
 
     /* document lengths: drawn until --tokens is reached, the last one cut */
-    DataRng rl;
-    data_rng_init(&rl, c->seed, DATA_RNG_STREAM_SYNTH_LENGTHS);
+    Rng rl;
+    rng_init(&rl, c->seed, RNG_STREAM_SYNTH_LENGTHS);
     int64_t cap = 1024, n_docs = 0, total = 0;
     int64_t *full = RS_MALLOC((size_t)cap * sizeof *full), *len = RS_MALLOC((size_t)cap * sizeof *len);
     while (total < c->n_tokens) {
@@ -260,7 +260,7 @@ int data_synth_write(const DataSynthConfig *c, const char *path, DataSynthStats 
             full = RS_REALLOC(full, (size_t)cap * sizeof *full);
             len = RS_REALLOC(len, (size_t)cap * sizeof *len);
         }
-        int64_t L = c->min_doc + (int64_t)data_rng_below(&rl, (uint64_t)(c->max_doc - c->min_doc + 1));
+        int64_t L = c->min_doc + (int64_t)rng_below(&rl, (uint64_t)(c->max_doc - c->min_doc + 1));
         full[n_docs] = L;
         len[n_docs] = L < c->n_tokens - total ? L : c->n_tokens - total;
         total += len[n_docs++];
@@ -268,7 +268,7 @@ int data_synth_write(const DataSynthConfig *c, const char *path, DataSynthStats 
 
     DataFlatWriter w;
     rc = data_flat_write_begin(&w, path, c->vocab, n_docs, len, err, n);
-    data_rng_init(&sy.rng, c->seed, DATA_RNG_STREAM_SYNTH_TOKENS);
+    rng_init(&sy.rng, c->seed, RNG_STREAM_SYNTH_TOKENS);
     sy.values = RS_MALLOC((size_t)sy.P * sizeof *sy.values);
     sy.asked = RS_MALLOC((size_t)sy.P * sizeof *sy.asked);
     int32_t *tok = RS_MALLOC((size_t)c->max_doc * sizeof *tok);

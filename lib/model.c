@@ -61,7 +61,8 @@ static void model_init_weights(Model *m) {
     float *host = RS_CALLOC((size_t)n, sizeof(float));
     for (int i = 0; i < m->ptab.n; i++) {
         const ParamTensor *p = &m->ptab.t[i];
-        Rng r = rng_stream((uint64_t)cfg->run.seed, (uint64_t)i);
+        Rng r;
+        rng_init(&r, (uint64_t)cfg->run.seed, (uint64_t)i);
         float *w = host + p->offset;
         for (int64_t j = 0; j < p->numel; j++) {
             switch (p->init) {

@@ -71,7 +71,7 @@ def write_megatron(prefix, docs, dtype=np.uint16, code=None):
             f.write(c.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
 
 
-# ---- the documented generator (lib/data_rng.h), in Python ---------------------
+# ---- the documented generator (lib/rng.h), in Python ---------------------
 
 def mix(z):
     z ^= z >> 30

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "data.h"
-#include "data_rng.h"
+#include "rng.h"
 #include "error.h"
 #include "test_util.h"
 
@@ -67,19 +67,19 @@ static int data_test_write(const char *path, int64_t vocab, int64_t n_docs, cons
     return 0;
 }
 
-TEST(data_rng_is_splitmix64) {
+TEST(rng_is_splitmix64) {
     /* SplitMix64 from state 0: the reference outputs of Vigna's splitmix64.c */
-    DataRng r = {0};
+    Rng r = {0};
     uint64_t want[3] = {UINT64_C(0xE220A8397B1DCDAF), UINT64_C(0x6E789E6AA1B965F4), UINT64_C(0x06C45D188009454F)};
     for (int i = 0; i < 3; i++) {
-        uint64_t x = data_rng_next(&r);
+        uint64_t x = rng_next(&r);
         EXPECT(x == want[i], "splitmix64 output %d = %016llx, expected %016llx", i, (unsigned long long)x,
                (unsigned long long)want[i]);
     }
-    data_rng_init(&r, 7, 0);
+    rng_init(&r, 7, 0);
     for (int i = 0; i < 10000; i++) {
         uint64_t b = 1 + (uint64_t)i % 13;
-        EXPECT(data_rng_below(&r, b) < b, "below(%llu) out of range", (unsigned long long)b);
+        EXPECT(rng_below(&r, b) < b, "below(%llu) out of range", (unsigned long long)b);
     }
     printf("rng: splitmix64 reference outputs ok\n");
 }
