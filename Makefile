@@ -131,11 +131,15 @@ UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan $(BUILD)/test_ops
+all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 	@echo "built $@ (cpu$(if $(CUDA_OBJ), + cuda sm_90a))"
+
+# The C side of the whole-model parity test against PyTorch (tests/parity/README.md).
+$(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Per-op unit tests of the kernels (tests/unit): `build/test_ops --list`, `build/test_ops NAME`.
 $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
@@ -156,7 +160,7 @@ $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
-test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/fuzz_config
+test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/fuzz_config
 	$(PYTHON) -m pytest -q tests
 
 demo: $(BUILD)/ringscan
@@ -178,4 +182,4 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d

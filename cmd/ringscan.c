@@ -14,15 +14,21 @@
  *   plan.h       plan_build, plan_print, plan_print_json
  *   error.h      RS_EXIT_*, RS_USAGE
  *   build_info.h build_info_print (compiler, CUDA, cuBLAS, NCCL, MPI, libyaml)
+ *   comm.h       comm_init, comm_finalize (MPI: ranks for train and resume)
+ *   train.h      train_run (the training loop, fresh or resumed)
+ *   data.h       data_cli_main (`ringscan data synth|bytes|check|inspect`)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "build_info.h"
+#include "comm.h"
 #include "config.h"
+#include "data.h"
 #include "error.h"
 #include "plan.h"
+#include "train.h"
 
 #ifndef RS_VERSION
 #define RS_VERSION "0.0.0"
@@ -73,7 +79,24 @@ static void cli_parse(CliArgs *a, const char *cmd, int argc, char **argv, int al
     }
 }
 
-/* Loads, overrides and validates; on any error prints all and exits 2. */
+/* The rank the launcher gave this process (before MPI_Init), so that only
+ * rank 0 prints problems every rank finds alike. */
+static int cli_launcher_rank(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+    for (int i = 0; vars[i]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+static const char *cli_launcher_name(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE")) return "mpirun";
+    if (getenv("SLURM_STEP_ID") || getenv("PMIX_RANK")) return "srun";
+    return "this single process (no mpirun)";
+}
+
+/* Loads, overrides and validates; on any error prints all (rank 0) and exits 2. */
 static void cli_load_config(Config *cfg, const CliArgs *a, const char *cmd) {
     if (!a->config) cli_usage_error(cmd, "missing the config file", NULL);
     ConfigErrors err = {0};
@@ -81,6 +104,7 @@ static void cli_load_config(Config *cfg, const CliArgs *a, const char *cmd) {
     config_load_file(cfg, a->config, &err);
     for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i, &err);
     if (err.count == 0) config_validate(cfg, &err);
+    if (err.count && cli_launcher_rank() != 0) exit(RS_EXIT_USAGE);
     if (err.count) {
         fflush(stdout);
         for (char *line = err.text; line && *line;) {
@@ -187,21 +211,76 @@ static int cmd_not_built(const char *name) {
             fprintf(stderr, "ringscan %s: not built yet (%s); nothing was done\n", name, c->built_by);
     return RS_EXIT_USAGE;
 }
-static int cmd_train(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("train"); }
-static int cmd_resume(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("resume"); }
+/* Starts MPI, checks the world against dp x cp, and trains. */
+static int cli_run_training(Config *cfg, const char *resume_dir, const char *cmd) {
+    Comm comm;
+    comm_init(&comm, NULL, NULL);
+    ConfigErrors err = {0};
+    if (config_validate_world(cfg, comm.world_size, cli_launcher_name(), &err)) {
+        if (comm.rank == 0)
+            fprintf(stderr, "ringscan %s: error: %s  hint: launch with `mpirun -np %lld build/ringscan %s ...`\n", cmd,
+                    err.text, (long long)config_world(cfg), cmd);
+        config_errors_free(&err);
+        comm_finalize(&comm);
+        return RS_EXIT_USAGE;
+    }
+    int rc = train_run(cfg, &comm, resume_dir);
+    comm_finalize(&comm);
+    config_free(cfg);
+    return rc;
+}
+
+static int cmd_train(int argc, char **argv) {
+    CliArgs a;
+    cli_parse(&a, "train", argc, argv, 0);
+    if (a.help) { cli_print_command_help("train", stdout, 1); return RS_EXIT_OK; }
+    Config cfg;
+    cli_load_config(&cfg, &a, "train");
+    return cli_run_training(&cfg, NULL, "train");
+}
+
+static int cmd_resume(int argc, char **argv) {
+    CliArgs a;
+    cli_parse(&a, "resume", argc, argv, 0);
+    if (a.help) { cli_print_command_help("resume", stdout, 1); return RS_EXIT_OK; }
+    if (!a.config) cli_usage_error("resume", "missing the run directory", NULL);
+    char run_dir[4096], path[4200];
+    snprintf(run_dir, sizeof run_dir, "%s", a.config);
+    for (size_t n = strlen(run_dir); n > 1 && run_dir[n - 1] == '/'; n--) run_dir[n - 1] = 0;
+    snprintf(path, sizeof path, "%s/config.resolved.yaml", run_dir);
+    FILE *probe = fopen(path, "r");
+    if (!probe) {
+        if (cli_launcher_rank() == 0)
+            fprintf(stderr, "ringscan resume: error: %s is not a run directory: %s is missing\n"
+                            "  hint: `ringscan train CONFIG` creates run directories (run.out_dir)\n", run_dir, path);
+        return RS_EXIT_USAGE;
+    }
+    fclose(probe);
+    a.config = path;
+    Config cfg;
+    cli_load_config(&cfg, &a, "resume");
+    /* run.stop_after_step is a one-shot instruction of the run that stopped; a
+     * resume runs on unless the command line asks again */
+    int stop = config_find_key("run.stop_after_step");
+    if (cfg.source[stop].origin != CONFIG_ORIGIN_SET) cfg.run.stop_after_step = 0;
+    return cli_run_training(&cfg, run_dir, "resume");
+}
 static int cmd_submit(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("submit"); }
 static int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("bench"); }
 static int cmd_data(int argc, char **argv) {
-    int data_cli_main(int argc, char **argv); /* lib/data.h: `ringscan data synth|bytes|check|inspect` */
     return data_cli_main(argc, argv);
 }
 static int cmd_export(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("export"); }
 
 static const Command commands[] = {
-    {"train", "CONFIG [--set key.path=value]...", "Train a model: `mpirun -np N ringscan train CONFIG`.", cmd_train,
-     "the cpu trainer is issue #3, multi-rank CP/DP issue #4, cuda issue #6"},
-    {"resume", "RUN_DIR", "Continue a run from its newest valid checkpoint.", cmd_resume,
-     "checkpoints and resume are issue #3"},
+    {"train", "CONFIG [--set key.path=value]...",
+     "Train a model in a new run directory (run.out_dir): `mpirun -np N build/ringscan train CONFIG`,\n"
+     "N = parallel.dp x parallel.cp. Writes config.resolved.yaml, log.txt, metrics.jsonl and ckpt/.",
+     cmd_train, NULL},
+    {"resume", "RUN_DIR [--set key.path=value]...",
+     "Continue a run from its newest valid checkpoint (a corrupt newest one is skipped with a warning).\n"
+     "Model and data keys must not change; others (train.steps, checkpoint.*, ...) may be overridden.",
+     cmd_resume, NULL},
     {"plan", "CONFIG [--set key.path=value]... [--json]",
      "Print the parallel layout, parameters, memory per GPU by category and checkpoint policy,\n"
      "FLOPs per token, communication per step, and a fit verdict against device.memory_gib.\n"

@@ -1,0 +1,441 @@
+/*
+ * train.c — the training loop (see train.h).
+ *
+ * One optimizer step:
+ *   1. read this rank's samples of every micro-batch of the step (global
+ *      sample g = consumed + (micro_step x dp + dp_rank) x micro_batch + j),
+ *      count the predicted tokens and all-reduce the count over the world, so
+ *      every gradient is scaled by 1 / (predicted tokens of the whole step):
+ *      the loss is the global mean whatever the layout;
+ *   2. forward + backward of each micro-batch, gradients adding up;
+ *   3. all-reduce the gradients over the world (dp x cp);
+ *   4. global gradient norm, clipping factor, AdamW per tensor with its
+ *      weight-decay group;
+ *   5. log line (rank 0) and one JSON object in metrics.jsonl;
+ *   6. checkpoint when checkpoint.every says so, after the last step, after
+ *      run.stop_after_step, or when SIGUSR1/SIGTERM arrived during the step
+ *      (all ranks agree through an all-reduce, then exit 75).
+ *
+ * The data position is the number of global samples consumed, which does not
+ * depend on dp, cp or the micro-batch split. Resume restores weights, AdamW
+ * state, the step and the data position; the weights' RNG is only used at
+ * initialisation. On the cpu backend the resumed losses are bitwise those of
+ * an uninterrupted run.
+ */
+#include "train.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "data.h"
+#include "error.h"
+#include "model.h"
+#include "plan.h"
+#include "train_ckpt.h"
+#include "train_state.h"
+
+static volatile sig_atomic_t train_signal_seen = 0;
+static void train_on_signal(int sig) { train_signal_seen = sig; }
+
+static double train_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void train_say(Trainer *t, const char *fmt, ...) {
+    if (t->comm->rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    char line[4096];
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fputs(line, stdout);
+    fflush(stdout);
+    if (t->log) {
+        fputs(line, t->log);
+        fflush(t->log);
+    }
+}
+
+noreturn void train_fail(Trainer *t, int code, const char *fmt, ...) {
+    if (t->comm->rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        char msg[8192];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        fflush(stdout);
+        fprintf(stderr, "ringscan: error [rank 0@%s]: %s\n", t->comm->host, msg);
+        fflush(stderr);
+    }
+    comm_finalize(t->comm);
+    exit(code);
+}
+
+double train_lr(const Config *cfg, int64_t step) {
+    const TrainConfig *tc = &cfg->train;
+    if (tc->warmup_steps > 0 && step <= tc->warmup_steps) return tc->lr * (double)step / (double)tc->warmup_steps;
+    switch (tc->schedule) {
+    case LR_SCHEDULE_CONSTANT: return tc->lr;
+    case LR_SCHEDULE_WSD: {
+        int64_t decay = tc->decay_steps > 0 ? tc->decay_steps : tc->steps / 5;
+        int64_t start = tc->steps - decay;
+        if (step <= start || decay == 0) return tc->lr;
+        double f = (double)(step - start) / (double)decay;
+        return tc->lr + (tc->min_lr - tc->lr) * f;
+    }
+    case LR_SCHEDULE_COSINE:
+    default: {
+        int64_t span = tc->steps - tc->warmup_steps;
+        double f = span > 0 ? (double)(step - tc->warmup_steps) / (double)span : 1.0;
+        if (f > 1) f = 1;
+        return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * f));
+    }
+    }
+}
+
+static void train_fmt_duration(double s, char *buf, size_t n) {
+    if (s < 0 || !isfinite(s)) snprintf(buf, n, "?");
+    else if (s < 60) snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else if (s < 86400) snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else snprintf(buf, n, "%dd%02dh", (int)(s / 86400), (int)(s / 3600) % 24);
+}
+
+static void train_fmt_count(double v, char *buf, size_t n) {
+    if (v >= 1e9) snprintf(buf, n, "%.2fG", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, n, "%.2fM", v / 1e6);
+    else if (v >= 1e4) snprintf(buf, n, "%.1fk", v / 1e3);
+    else snprintf(buf, n, "%.0f", v);
+}
+
+/* ---- the step's samples ---------------------------------------------------- */
+
+/* Reads micro-step `a`'s samples of this rank into the step buffers. */
+static void train_read_micro(Trainer *t, int64_t a) {
+    const Config *cfg = t->cfg;
+    int64_t mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
+    char err[2048];
+    for (int64_t j = 0; j < mb; j++) {
+        int64_t g = t->samples + (a * t->comm->dp + t->comm->dp_rank) * mb + j;
+        int64_t o = a * rows + j * Tl;
+        if (data_read_sample(t->data, g, t->tokens + o, t->targets + o, t->pos + o, t->doc_pos + o, err,
+                             sizeof err) != 0)
+            data_fail(err);
+    }
+}
+
+/* ---- run directory ----------------------------------------------------------- */
+
+static int train_mkdirs(const char *path) {
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static int train_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Writes config.resolved.yaml through a temporary file and rename. */
+static void train_write_resolved(Trainer *t) {
+    char path[PATH_MAX], tmp[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.resolved.yaml", t->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    fprintf(f, "# ringscan resolved config of run %s (written by `ringscan train`/`resume`; read by `resume`)\n",
+            t->cfg->run.name);
+    config_write_yaml(t->cfg, f, 0);
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+}
+
+/* Keeps the metrics of steps <= `step` (a resume replays the steps after it). */
+static void train_trim_metrics(Trainer *t, int64_t step) {
+    char path[PATH_MAX], tmp[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
+    FILE *in = fopen(path, "r");
+    if (!in) return;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *out = fopen(tmp, "w");
+    if (!out) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, in)) > 0) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        json_t *s = o ? json_object_get(o, "step") : NULL;
+        if (s && json_is_integer(s) && json_integer_value(s) <= step) fputs(line, out);
+        json_decref(o);
+    }
+    free(line);
+    fclose(in);
+    if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) RS_FATAL("cannot write %s", tmp);
+    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s: %s", tmp, strerror(errno));
+}
+
+static void train_open_run_dir(Trainer *t, int resuming) {
+    char path[PATH_MAX];
+    int refuse = 0;
+    if (t->comm->rank == 0 && !resuming) {
+        snprintf(path, sizeof path, "%s/ckpt", t->run_dir);
+        int has_ckpt = train_file_exists(path);
+        snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
+        refuse = has_ckpt || train_file_exists(path);
+        if (refuse)
+            fprintf(stderr,
+                    "ringscan train: error: run directory %s already holds a run (ckpt/ or metrics.jsonl)\n"
+                    "  hint: continue it with `ringscan resume %s`, or set run.out_dir to a new directory\n",
+                    t->run_dir, t->run_dir);
+    }
+    refuse = comm_allreduce_max_int(t->comm, t->comm->world, refuse);
+    if (refuse) {
+        comm_finalize(t->comm);
+        exit(RS_EXIT_USAGE);
+    }
+    if (t->comm->rank == 0) {
+        if (train_mkdirs(t->run_dir) != 0) RS_FATAL("cannot create run directory %s: %s", t->run_dir, strerror(errno));
+        train_write_resolved(t);
+        snprintf(path, sizeof path, "%s/log.txt", t->run_dir);
+        t->log = fopen(path, "a");
+        if (!t->log) RS_FATAL("cannot open %s: %s", path, strerror(errno));
+    }
+}
+
+static void train_open_metrics(Trainer *t) {
+    if (t->comm->rank != 0) return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
+    t->metrics = fopen(path, "a");
+    if (!t->metrics) RS_FATAL("cannot open %s: %s", path, strerror(errno));
+}
+
+static void train_write_metrics(Trainer *t, json_t *o) {
+    if (!t->metrics) return;
+    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    fprintf(t->metrics, "%s\n", s);
+    fflush(t->metrics);
+    free(s);
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+static void train_optimizer_step(Trainer *t, double lr, float clip_scale) {
+    const Config *cfg = t->cfg;
+    Model *m = &t->model;
+    for (int i = 0; i < m->ptab.n; i++) {
+        const ParamTensor *p = &m->ptab.t[i];
+        float wd = model_param_decays(cfg, (ParamGroup)p->group) ? (float)cfg->train.weight_decay : 0.0f;
+        void *compute = m->weights == (void *)m->params ? NULL : (char *)m->weights + p->offset * t->be->act_size;
+        t->be->adamw_update(m->params + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, compute,
+                            m->grads + p->offset, p->numel, (float)lr, (float)cfg->train.beta1,
+                            (float)cfg->train.beta2, (float)cfg->train.eps, wd, clip_scale, (int)t->step);
+    }
+}
+
+static int train_loop(Trainer *t) {
+    Config *cfg = t->cfg;
+    Comm *comm = t->comm;
+    Model *m = &t->model;
+    const Backend *be = t->be;
+    int64_t accum = cfg->train.grad_accum, mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
+    int64_t nparam = m->ptab.buffer_numel;
+    double ema_step = 0;
+    int ema_n = 0;
+    char a[32], b[32], c[32];
+
+    while (t->step < cfg->train.steps) {
+        double t0 = train_now();
+        t->step++;
+        double lr = train_lr(cfg, t->step);
+        be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
+        memset(&m->count, 0, sizeof m->count);
+
+        int64_t predicted = 0;
+        for (int64_t k = 0; k < accum; k++) train_read_micro(t, k);
+        for (int64_t i = 0; i < accum * rows; i++) predicted += t->targets[i] >= 0;
+        double n_global = comm_allreduce_sum_scalar(comm, comm->world, (double)predicted);
+        if (n_global < 1) RS_FATAL("step %lld has no token with a next-token target", (long long)t->step);
+        float grad_scale = (float)(1.0 / n_global);
+
+        double loss_sum = 0;
+        for (int64_t k = 0; k < accum; k++) {
+            Batch bt = {rows, (int32_t)mb, Tl, t->tokens + k * rows, t->targets + k * rows, t->pos + k * rows,
+                        t->doc_pos + k * rows};
+            loss_sum += model_forward_backward(m, &bt, grad_scale);
+        }
+        if (comm->world_size > 1) comm_allreduce_sum_f32(comm, comm->world, m->grads, nparam);
+        double loss = comm_allreduce_sum_scalar(comm, comm->world, loss_sum) / n_global;
+        double gnorm = sqrt(be->sum_squares(m->grads, nparam));
+        if (!isfinite(gnorm) || !isfinite(loss))
+            RS_FATAL("non-finite loss %g or gradient norm %g at step %lld; the weights were not updated (the last "
+                     "checkpoint is intact)",
+                     loss, gnorm, (long long)t->step);
+        float clip = cfg->train.grad_clip > 0 && gnorm > cfg->train.grad_clip ? (float)(cfg->train.grad_clip / gnorm)
+                                                                                 : 1.0f;
+        train_optimizer_step(t, lr, clip);
+        t->samples += t->samples_per_step;
+
+        double dt = train_now() - t0;
+        double tok_s = (double)t->tokens_per_step / dt;
+        if (t->step > t->start_step + 1) {
+            ema_step = ema_n ? 0.9 * ema_step + 0.1 * dt : dt;
+            ema_n++;
+        }
+        train_fmt_count(tok_s, a, sizeof a);
+        train_fmt_count(tok_s / comm->world_size, b, sizeof b);
+        train_fmt_duration((double)(cfg->train.steps - t->step) * (ema_n ? ema_step : dt), c, sizeof c);
+        char mfu[48] = "";
+        if (cfg->device.peak_tflops > 0)
+            snprintf(mfu, sizeof mfu, " | MFU %.1f%%",
+                     100.0 * t->plan.flops_model * tok_s / (comm->world_size * cfg->device.peak_tflops * 1e12));
+        if (t->step % cfg->run.log_every == 0 || t->step == cfg->train.steps || t->step == t->start_step + 1)
+            train_say(t, "step %*lld/%lld | loss %.6f | lr %.3e | gnorm %.4f | %.0f ms | %s tok/s (%s/rank)%s | ETA %s\n",
+                      t->step_width, (long long)t->step, (long long)cfg->train.steps, loss, lr, gnorm, dt * 1e3, a,
+                      b, mfu, c);
+
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(t->step));
+        json_object_set_new(o, "loss", json_real(loss));
+        json_object_set_new(o, "lr", json_real(lr));
+        json_object_set_new(o, "grad_norm", json_real(gnorm));
+        json_object_set_new(o, "tokens", json_integer(t->samples * cfg->data.seq_len));
+        json_object_set_new(o, "tokens_per_s", json_real(tok_s));
+        json_object_set_new(o, "ms", json_real(dt * 1e3));
+        json_object_set_new(o, "predicted_tokens", json_integer((json_int_t)n_global));
+        json_object_set_new(o, "attention_forward_calls", json_integer(m->count.attention_forward_calls));
+        json_object_set_new(o, "gdn_forward_calls", json_integer(m->count.gdn_forward_calls));
+        json_object_set_new(o, "block_recomputes", json_integer(m->count.block_recomputes));
+        json_object_set_new(o, "activation_bytes_kept", json_integer(m->bytes_kept));
+        json_object_set_new(o, "activation_bytes_planned",
+                            json_integer(t->plan.acts.kept[cfg->checkpoint.activations]));
+        train_write_metrics(t, o);
+        json_decref(o);
+
+        int stop_signal = comm_allreduce_max_int(comm, comm->world, (int)train_signal_seen);
+        int at_end = t->step == cfg->train.steps;
+        int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
+        int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
+        if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
+        if (stop_signal) {
+            train_say(t, "stopped by signal %d after step %lld, checkpoint written; exit %d (requeue and resume)\n",
+                      stop_signal, (long long)t->step, RS_EXIT_PREEMPTED);
+            return RS_EXIT_PREEMPTED;
+        }
+        if (stop_asked && !at_end) {
+            train_say(t, "stopped after step %lld as run.stop_after_step asked; continue with `ringscan resume %s`\n",
+                      (long long)t->step, t->run_dir);
+            return RS_EXIT_OK;
+        }
+    }
+    train_say(t, "done: %lld steps\n", (long long)t->step);
+    return RS_EXIT_OK;
+}
+
+int train_run(Config *cfg, Comm *comm, const char *resume_dir) {
+    Trainer t;
+    memset(&t, 0, sizeof t);
+    t.cfg = cfg;
+    t.comm = comm;
+    snprintf(t.run_dir, sizeof t.run_dir, "%s", resume_dir ? resume_dir : cfg->run.out_dir);
+    if (cfg->device.kind == DEVICE_KIND_CUDA)
+        train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda: the cuda backend's model kernels are not built yet "
+                                      "(issue #6); set device.kind: cpu");
+    t.be = &backend_cpu;
+    openblas_set_num_threads((int)cfg->device.threads);
+    comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
+    if (cfg->parallel.cp > 1)
+        train_fail(&t, RS_EXIT_USAGE, "parallel.cp = %lld: context parallelism is built by issue #4; set "
+                                      "parallel.cp: 1", (long long)cfg->parallel.cp);
+
+    /* everything that can be wrong with the input is checked before anything is written */
+    char err[4096];
+    if (data_open(&t.data, &cfg->data, cfg->model.vocab_size, (uint64_t)cfg->run.seed, err, sizeof err) != 0)
+        train_fail(&t, RS_EXIT_USAGE, "%s", err);
+    TrainResume res;
+    if (resume_dir) train_ckpt_load(&t, &res); /* exits 2 on a bad or mismatched checkpoint */
+
+    t.T_local = cfg->data.seq_len / cfg->parallel.cp;
+    t.samples_per_step = cfg->parallel.dp * cfg->data.micro_batch * cfg->train.grad_accum;
+    t.tokens_per_step = t.samples_per_step * cfg->data.seq_len;
+    int64_t rows = cfg->train.grad_accum * cfg->data.micro_batch * t.T_local;
+    t.tokens = RS_MALLOC((size_t)rows * sizeof(int32_t));
+    t.targets = RS_MALLOC((size_t)rows * sizeof(int32_t));
+    t.pos = RS_MALLOC((size_t)rows * sizeof(int32_t));
+    t.doc_pos = RS_MALLOC((size_t)rows * sizeof(int32_t));
+    for (int64_t s = cfg->train.steps; s > 0; s /= 10) t.step_width++;
+
+    train_open_run_dir(&t, resume_dir != NULL);
+    plan_build(&t.plan, cfg);
+    model_init(&t.model, cfg, t.be, cfg->data.micro_batch * t.T_local);
+    if (resume_dir) {
+        train_ckpt_restore(&t, &res);
+        if (comm->rank == 0) train_trim_metrics(&t, t.step);
+    }
+    t.start_step = t.step;
+    train_open_metrics(&t);
+
+    char a[64];
+    if (comm->rank == 0) {
+        config_print_table(cfg, stdout);
+        if (t.log) config_print_table(cfg, t.log);
+    }
+    train_say(&t, "ringscan %s | run %s -> %s | backend %s | world %d = dp %d x cp %d | %s\n", RS_VERSION,
+              cfg->run.name, t.run_dir, t.be->name, comm->world_size, comm->dp, comm->cp, comm->host);
+    snprintf(a, sizeof a, "%.2f GiB", (double)t.plan.total[cfg->checkpoint.activations] / (1 << 30));
+    train_say(&t, "model: %lld parameters, %d linear_attention + %d full_attention layers | plan: %s per rank "
+                  "(activations kept %.1f MiB, allocated %.1f MiB)\n",
+              (long long)t.model.ptab.count, t.plan.n_linear, t.plan.n_full, a,
+              (double)t.plan.acts.kept[cfg->checkpoint.activations] / (1 << 20), (double)t.model.bytes_kept / (1 << 20));
+    const DataSource *src = data_source(t.data);
+    train_say(&t, "data: %s: %lld tokens, %lld documents, %lld samples of %lld tokens per epoch | %lld tokens per "
+                  "step\n",
+              src->path, (long long)src->n_tokens, (long long)src->n_docs, (long long)data_samples_per_epoch(t.data),
+              (long long)cfg->data.seq_len, (long long)t.tokens_per_step);
+    if (resume_dir)
+        train_say(&t, "resumed from %s: step %lld, %lld samples consumed\n", res.dir, (long long)t.step,
+                  (long long)t.samples);
+    if (cfg->device.peak_tflops <= 0)
+        train_say(&t, "MFU: n/a (the cpu backend has no peak; set device.peak_tflops to report it)\n");
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = train_on_signal;
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    int rc = train_loop(&t);
+
+    if (t.metrics) fclose(t.metrics);
+    if (t.log) fclose(t.log);
+    model_free(&t.model);
+    plan_free(&t.plan);
+    data_close(t.data);
+    free(t.tokens);
+    free(t.targets);
+    free(t.pos);
+    free(t.doc_pos);
+    return rc;
+}

@@ -1,0 +1,40 @@
+/*
+ * train_ckpt.h — what a ringscan checkpoint holds, and saving, checking and
+ * restoring it for the trainer (over ckpt.h's atomic, verified checkpoints).
+ *
+ * Files of a checkpoint:
+ *   model.safetensors   fp32 master weights, internal names (model_params.h)
+ *   optim.safetensors   AdamW moments: "m.<name>" and "v.<name>", fp32
+ *   manifest.json       ckpt.h's manifest; its state object holds
+ *     step, samples_consumed, tokens_consumed (the data position: global,
+ *     independent of dp/cp), seed, world {dp, cp}, identity_hash and
+ *     config_yaml (the resolved config of the run when it was saved).
+ * The AdamW step counter is `step`; the weights' RNG is not needed after
+ * initialisation, so no RNG state is stored beyond the seed.
+ *
+ * A resume refuses a checkpoint whose model or data differ from the config it
+ * runs with (identity keys: model.*, data.format, data.path, data.seq_len,
+ * data.shuffle, run.seed), printing the differing keys, and exits 2.
+ */
+#ifndef RS_TRAIN_CKPT_H
+#define RS_TRAIN_CKPT_H
+
+#include "ckpt.h"
+#include "train_state.h"
+
+typedef struct {
+    Ckpt    ck;
+    char    dir[PATH_MAX];
+    int64_t step, samples;
+} TrainResume;
+
+/* Loads the newest valid checkpoint of t->run_dir and checks it against
+ * t->cfg; exits 2 with a message when there is none or it does not match. */
+void train_ckpt_load(Trainer *t, TrainResume *r);
+/* Copies weights and AdamW state into t->model, sets t->step and
+ * t->samples, and closes the checkpoint. */
+void train_ckpt_restore(Trainer *t, TrainResume *r);
+/* Saves step t->step (rank 0 writes; every rank waits for it). */
+void train_ckpt_save(Trainer *t);
+
+#endif

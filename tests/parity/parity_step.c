@@ -1,0 +1,112 @@
+/*
+ * parity_step.c — the C side of the whole-model parity test (build/parity_step).
+ *
+ *   build/parity_step CASE_DIR [--policy none|full|remat]
+ *
+ * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
+ * files tests/parity/README.md defines, written by make_case.py), runs one
+ * forward + backward of the whole batch through the real model code
+ * (lib/model*.c on the cpu backend) with zeroed gradients, scale
+ * 1 / (tokens with a target), no clipping and no optimizer step, and writes
+ * CASE_DIR/grads.safetensors: "loss" (F64 scalar) and every parameter's
+ * gradient (F32, internal names). compare.py checks it against the float64
+ * PyTorch reference. --policy overrides checkpoint.activations, so the three
+ * policies can be checked to give the same gradients.
+ *
+ * It runs as one process over the whole sample (cp = dp = 1), whatever the
+ * config's parallel section says.
+ */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "config.h"
+#include "error.h"
+#include "model.h"
+#include "safetensors.h"
+
+static void parity_read_i32(const SafetensorsFile *f, const char *name, int64_t B, int64_t T, int32_t *dst) {
+    char err[2048];
+    int64_t shape[2] = {B, T};
+    if (safetensors_read(f, name, ST_DTYPE_I32, 2, shape, dst, err, sizeof err)) RS_FATAL("%s", err);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat]\n");
+        return RS_EXIT_USAGE;
+    }
+    const char *dir = argv[1];
+    const char *policy = argc >= 4 && !strcmp(argv[2], "--policy") ? argv[3] : NULL;
+    char path[4096], err[4096];
+    openblas_set_num_threads(1);
+
+    Config cfg;
+    ConfigErrors ce = {0};
+    config_init_defaults(&cfg);
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    config_load_file(&cfg, path, &ce);
+    cfg.parallel.cp = cfg.parallel.dp = 1;
+    if (policy) {
+        char set[64];
+        snprintf(set, sizeof set, "checkpoint.activations=%s", policy);
+        config_apply_set(&cfg, set, 0, &ce);
+    }
+    if (ce.count == 0) config_validate(&cfg, &ce);
+    if (ce.count) RS_FATAL("%s", ce.text);
+    int64_t B = cfg.data.micro_batch, T = cfg.data.seq_len, rows = B * T;
+
+    SafetensorsFile wf, bf;
+    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
+    if (safetensors_open(&wf, path, err, sizeof err)) RS_FATAL("%s", err);
+    snprintf(path, sizeof path, "%s/batch.safetensors", dir);
+    if (safetensors_open(&bf, path, err, sizeof err)) RS_FATAL("%s", err);
+
+    Model m;
+    model_init(&m, &cfg, &backend_cpu, rows);
+    for (int i = 0; i < m.ptab.n; i++) {
+        const ParamTensor *p = &m.ptab.t[i];
+        int64_t shape[2] = {p->shape[0], p->shape[1]};
+        if (safetensors_read(&wf, p->name, ST_DTYPE_F32, p->ndim, shape, m.params + p->offset, err, sizeof err))
+            RS_FATAL("%s", err);
+    }
+    Batch b = {rows, (int32_t)B, T, RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4),
+               RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4)};
+    parity_read_i32(&bf, "tokens", B, T, b.tokens);
+    parity_read_i32(&bf, "targets", B, T, b.targets);
+    parity_read_i32(&bf, "pos", B, T, b.pos);
+    parity_read_i32(&bf, "doc_pos", B, T, b.doc_pos);
+    int64_t n = 0;
+    for (int64_t i = 0; i < rows; i++) n += b.targets[i] >= 0;
+    RS_CHECK(n > 0, "no token with a target in %s", dir);
+
+    memset(m.grads, 0, (size_t)m.ptab.buffer_numel * sizeof(float));
+    double loss = model_forward_backward(&m, &b, (float)(1.0 / (double)n)) / (double)n;
+    printf("parity_step %s: policy %s, loss %.9f over %lld tokens; attention forward calls %lld, block "
+           "recomputes %lld\n",
+           dir, act_policy_names[cfg.checkpoint.activations], loss, (long long)n,
+           (long long)m.count.attention_forward_calls, (long long)m.count.block_recomputes);
+
+    StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
+    out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};
+    for (int i = 0; i < m.ptab.n; i++) {
+        const ParamTensor *p = &m.ptab.t[i];
+        out[i + 1] = (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = m.grads + p->offset};
+        out[i + 1].shape[0] = p->shape[0];
+        out[i + 1].shape[1] = p->shape[1];
+    }
+    snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+    if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
+    free(out);
+    free(b.tokens);
+    free(b.targets);
+    free(b.pos);
+    free(b.doc_pos);
+    safetensors_close(&wf);
+    safetensors_close(&bf);
+    model_free(&m);
+    config_free(&cfg);
+    return 0;
+}
