@@ -140,7 +140,7 @@ UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan $(BUILD)/test_ops
+all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/ckpt_stress
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -149,6 +149,14 @@ $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 # Per-op unit tests of the kernels (tests/unit): `build/test_ops --list`, `build/test_ops NAME`.
 $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Checkpoint stress tool (tests/test_ckpt.py): `write RUN_DIR` saves forever,
+# `verify RUN_DIR` loads through the real path and checks every byte.
+# Linked with only what it uses, so it starts in milliseconds and the kill -9
+# test lands its kills inside saves rather than in library start-up.
+$(BUILD)/ckpt_stress: $(BUILD)/tests/tools/ckpt_stress.o $(BUILD)/lib/ckpt.o $(BUILD)/lib/safetensors.o \
+                      $(BUILD)/lib/fsio.o $(BUILD)/lib/error.o
+	$(CC) $(CFLAGS) -o $@ $^ $(JANSSON_A) $(ZLIB_A)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -165,7 +173,7 @@ $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
-test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/fuzz_config
+test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/ckpt_stress $(BUILD)/fuzz_config
 	$(PYTHON) -m pytest -q tests
 
 demo: $(BUILD)/ringscan
@@ -187,4 +195,4 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/tools/ckpt_stress.d
