@@ -120,6 +120,25 @@ int ckpt_list_steps(const char *run_dir, int64_t **steps, int64_t *n, char *err,
     return ckpt_scan(ckdir, 1, steps, n, err, err_len);
 }
 
+/* The step that ckdir/LATEST names; -1 when it is missing (*missing = 1),
+ * unreadable or malformed (the reason in msg). */
+static int64_t ckpt_read_latest(const char *ckdir, int *missing, char *msg, size_t msg_len) {
+    char p[CKPT_PATH_MAX], *text = NULL;
+    *missing = 0;
+    if (fsio_path(p, sizeof p, msg, msg_len, "%s/LATEST", ckdir) != 0) return -1;
+    if (fsio_read_file(p, 64, &text, NULL, missing, msg, msg_len) != 0) return -1;
+    size_t len = strlen(text);
+    if (len > 0 && text[len - 1] == '\n') text[--len] = 0;
+    int64_t step = ckpt_parse_step_name(text);
+    if (step < 0) {
+        for (size_t i = 0; i < len; i++)
+            if (text[i] < 0x20 || text[i] > 0x7e) text[i] = '?';
+        fsio_errf(msg, msg_len, "%s: expected 'step_NNNNNNNN', found '%.40s'", p, text);
+    }
+    free(text);
+    return step;
+}
+
 /* crc32 of the manifest's compact, key-sorted JSON without its "crc32" key. */
 static int ckpt_manifest_crc(const json_t *manifest, uint32_t *crc) {
     json_t *copy = json_copy((json_t *)manifest);
@@ -228,7 +247,9 @@ static int ckpt_install_dir(const char *tmp, const char *final, char *old, size_
 }
 
 /* Deletes the complete checkpoints older than `step` beyond the newest keep-1.
- * Failures are warnings: the new checkpoint is already complete. */
+ * Only after `step` is complete and named by LATEST: never before a save,
+ * because an older checkpoint may be the only one that verifies. Failures
+ * are warnings: the new checkpoint is already complete. */
 static void ckpt_retain(const char *ckdir, int64_t step, int64_t keep) {
     char err[CKPT_MSG_MAX];
     int64_t *steps = NULL, n = 0;
@@ -261,7 +282,6 @@ static void ckpt_retain(const char *ckdir, int64_t step, int64_t keep) {
         }
     }
     free(steps);
-    ckpt_stage("retention_done", step);
 }
 
 static int ckpt_save_locked(const char *ckdir, int64_t step, const CkptFile *files, int64_t n_files,
@@ -341,6 +361,7 @@ static int ckpt_save_locked(const char *ckdir, int64_t step, const CkptFile *fil
     ckpt_stage("latest_written", step);
 
     ckpt_retain(ckdir, step, keep);
+    ckpt_stage("retention_done", step);
     return 0;
 }
 
@@ -536,7 +557,7 @@ int ckpt_verify_dir(const char *dir, int64_t step, json_t **manifest, char *err,
 
 int ckpt_load(Ckpt *ck, const char *run_dir, char *err, size_t err_len) {
     memset(ck, 0, sizeof *ck);
-    char ckdir[CKPT_PATH_MAX], p[CKPT_PATH_MAX], msg[CKPT_MSG_MAX];
+    char ckdir[CKPT_PATH_MAX], msg[CKPT_MSG_MAX];
     int rc = fsio_path(ckdir, sizeof ckdir, err, err_len, "%s/ckpt", run_dir);
     if (rc) return rc;
     struct stat st;
@@ -549,23 +570,11 @@ int ckpt_load(Ckpt *ck, const char *run_dir, char *err, size_t err_len) {
     if (rc) return rc;
 
     /* LATEST first. */
-    int64_t latest = -1, rejected = 0;
-    char *text = NULL;
+    int64_t rejected = 0;
     int missing = 0;
-    rc = fsio_path(p, sizeof p, err, err_len, "%s/LATEST", ckdir);
-    if (rc == 0 && fsio_read_file(p, 64, &text, NULL, &missing, msg, sizeof msg) == 0) {
-        size_t len = strlen(text);
-        if (len > 0 && text[len - 1] == '\n') text[len - 1] = 0;
-        latest = ckpt_parse_step_name(text);
-        if (latest < 0) RS_WARN("%s: expected 'step_NNNNNNNN', found '%.40s'; scanning %s", p, text, ckdir);
-    } else if (rc == 0 && (!missing || n_steps > 0)) {
+    int64_t latest = ckpt_read_latest(ckdir, &missing, msg, sizeof msg);
+    if (latest < 0 && (!missing || n_steps > 0))
         RS_WARN("%s; scanning %s for checkpoints", missing ? "ckpt/LATEST is missing" : msg, ckdir);
-    }
-    free(text);
-    if (rc) {
-        free(steps);
-        return rc;
-    }
     if (latest >= 0) {
         char dir[CKPT_PATH_MAX];
         rc = fsio_path(dir, sizeof dir, err, err_len, "%s/step_%08lld", ckdir, (long long)latest);

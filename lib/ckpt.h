@@ -33,7 +33,9 @@
  *      Checkpoints newer than N (left by a run that was resumed from an
  *      earlier step) are left alone; saving their steps again replaces them.
  * A crash at any point leaves the previous checkpoint loadable and LATEST
- * naming a complete one.
+ * naming a complete one. A crash after step 3 and before the end of step 5
+ * leaves one checkpoint more than `keep` on disk (crashes in a row there, one
+ * more each); the next save that completes removes them.
  *
  * Load (ckpt_load; read-only, any rank): read LATEST and verify that
  * directory (manifest parses and its crc32 matches; the step agrees with the
