@@ -2,14 +2,14 @@
 # nvcc is found), the test helpers, and runs the tests and the demo.
 #
 #   make          build, after printing what was found (compiler, CUDA, cuBLAS,
-#                 NCCL, MPI, libyaml, jansson); stops naming the missing
+#                 NCCL, MPI, libyaml, jansson, zlib); stops naming the missing
 #                 package and the variable to set when something is missing
 #   make test     build and run the whole test suite (ends "N passed, N failed")
 #   make demo     the main job: a small hybrid model training on the cpu backend
 #   make deps     install the Debian packages ringscan needs (apt-get; idempotent)
 #   make clean    remove build/
 #
-# Variables you may set: CC, MPICC, YAML_A, JANSSON_A, CUDA_HOME, NVCC,
+# Variables you may set: CC, MPICC, YAML_A, JANSSON_A, ZLIB_A, CUDA_HOME, NVCC,
 # NCCL_HOME, CUDA=auto|0|1 (0: build without the cuda backend on purpose;
 # 1: fail if it cannot be built), PYTHON (the Debian python3 that has pytest).
 
@@ -24,7 +24,7 @@ PYTHON     ?= /usr/bin/python3
 CUDA       ?= auto
 
 # Debian packages `make deps` installs (build, tests, fuzzer).
-DEB_PACKAGES := build-essential pkg-config libyaml-dev libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin \
+DEB_PACKAGES := build-essential pkg-config libyaml-dev libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin zlib1g-dev \
                 python3 python3-pytest python3-numpy python3-torch clang libclang-rt-dev
 
 # ---- what is there --------------------------------------------------------
@@ -40,12 +40,14 @@ find_static = $(realpath $(firstword $(wildcard $(shell $(CC) -print-file-name=$
                 /usr/lib/x86_64-linux-gnu/$(1) /usr/lib/aarch64-linux-gnu/$(1) /usr/local/lib/$(1))))
 YAML_A     ?= $(call find_static,libyaml.a)
 JANSSON_A  ?= $(call find_static,libjansson.a)
+ZLIB_A     ?= $(call find_static,libz.a)
 YAML_H     := $(firstword $(wildcard /usr/include/yaml.h /usr/local/include/yaml.h))
 OPENBLAS_A ?= $(realpath $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.a \
                 /usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.a /usr/lib/x86_64-linux-gnu/libopenblas.a /usr/local/lib/libopenblas.a)))
 OPENBLAS_INC ?= $(patsubst %/cblas.h,%,$(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h \
                 /usr/include/aarch64-linux-gnu/openblas-pthread/cblas.h /usr/include/openblas/cblas.h /usr/local/include/cblas.h)))
 JANSSON_H  := $(firstword $(wildcard /usr/include/jansson.h /usr/local/include/jansson.h))
+ZLIB_H     := $(firstword $(wildcard /usr/include/zlib.h /usr/local/include/zlib.h))
 
 CUDA_HOME  ?= /usr/local/cuda
 NVCC       ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
@@ -74,6 +76,12 @@ endif
 ifeq ($(strip $(JANSSON_H)),)
 $(error jansson.h not found: install libjansson-dev (or run `make deps`))
 endif
+ifeq ($(strip $(ZLIB_A)),)
+$(error zlib (static libz.a, crc32 of checkpoint files) not found: install zlib1g-dev (or run `make deps`), or set ZLIB_A=/path/to/libz.a)
+endif
+ifeq ($(strip $(ZLIB_H)),)
+$(error zlib.h not found: install zlib1g-dev (or run `make deps`))
+endif
 ifeq ($(strip $(OPENBLAS_A)),)
 $(error OpenBLAS (static libopenblas.a) not found: install libopenblas-dev (or run `make deps`), or set OPENBLAS_A=/path/to/libopenblas.a OPENBLAS_INC=/dir/of/cblas.h)
 endif
@@ -101,6 +109,7 @@ $(info $(INDENT)compiler   $(CC): $(shell $(CC) --version | head -n1))
 $(info $(INDENT)MPI        $(MPICC): $(MPI_VER))
 $(info $(INDENT)libyaml    $(YAML_A) (static))
 $(info $(INDENT)jansson    $(JANSSON_A) (static))
+$(info $(INDENT)zlib       $(ZLIB_A) (static, crc32 of checkpoint files))
 $(info $(INDENT)OpenBLAS   $(OPENBLAS_A) (static, CBLAS for the cpu backend's GEMMs))
 $(info $(INDENT)CUDA       $(if $(NVCC),$(NVCC) ($(NVCC_VER)) -> cuda backend for sm_90a,not built: nvcc not found$(if $(filter 0,$(CUDA)), (CUDA=0),; set CUDA_HOME= to build it)))
 $(info $(INDENT)cuBLASLt   $(if $(NVCC),$(CUBLASLT_SO),-))
@@ -111,7 +120,7 @@ endif
 CPPFLAGS := -Ilib -Ischeduler -Ikernels/cpu -Ikernels/cuda -I$(OPENBLAS_INC) -D_GNU_SOURCE \
             -DRS_VERSION='"$(VERSION)"' -DRS_GIT_SHA='"$(GIT_SHA)"'
 CFLAGS   := -std=c11 -O2 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror=incompatible-pointer-types -Werror=implicit-function-declaration -MMD -MP $(MPI_CFLAGS) $(EXTRA_CFLAGS)
-LDLIBS   := $(YAML_A) $(JANSSON_A) $(OPENBLAS_A) $(MPI_LIBS) -lm -lpthread
+LDLIBS   := $(YAML_A) $(JANSSON_A) $(ZLIB_A) $(OPENBLAS_A) $(MPI_LIBS) -lm -lpthread
 
 NVCCFLAGS := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \
              -Ilib -Ikernels/cuda -I$(NCCL_HOME)/include -Xcompiler -Wall -MMD -MP
@@ -131,7 +140,7 @@ UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step
+all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/ckpt_stress
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -144,6 +153,14 @@ $(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(LIB_OBJ) $(CUDA_OBJ)
 # Per-op unit tests of the kernels (tests/unit): `build/test_ops --list`, `build/test_ops NAME`.
 $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Checkpoint stress tool (tests/test_ckpt.py): `write RUN_DIR` saves forever,
+# `verify RUN_DIR` loads through the real path and checks every byte.
+# Linked with only what it uses, so it starts in milliseconds and the kill -9
+# test lands its kills inside saves rather than in library start-up.
+$(BUILD)/ckpt_stress: $(BUILD)/tests/tools/ckpt_stress.o $(BUILD)/lib/ckpt.o $(BUILD)/lib/safetensors.o \
+                      $(BUILD)/lib/fsio.o $(BUILD)/lib/error.o
+	$(CC) $(CFLAGS) -o $@ $^ $(JANSSON_A) $(ZLIB_A)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -160,7 +177,7 @@ $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
-test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/fuzz_config
+test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/ckpt_stress $(BUILD)/fuzz_config
 	$(PYTHON) -m pytest -q tests
 
 demo: $(BUILD)/ringscan
@@ -182,4 +199,5 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d \
+         $(BUILD)/tests/tools/ckpt_stress.d
