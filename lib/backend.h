@@ -181,9 +181,9 @@ typedef struct Backend {
     void (*sigmoid_gate_backward)(void *dx /* = */, void *dgate /* (T,ldg) = */, const void *dout, const void *x,
                                   const void *gate, int64_t T, int D, int ldg);
     /* out = silu(gate) * up, gate_up = [gate | up] per row */
-    void (*swiglu_forward)(void *out /* (T,I) */, const void *gate_up /* (T,2I) */, int64_t T, int I);
-    void (*swiglu_backward)(void *dgate_up /* (T,2I) = */, const void *dout /* (T,I) */, const void *gate_up,
-                            int64_t T, int I);
+    void (*swiglu_forward)(void *out /* (T,inter) */, const void *gate_up /* (T,2 inter) */, int64_t T, int inter);
+    void (*swiglu_backward)(void *dgate_up /* (T,2 inter) = */, const void *dout /* (T,inter) */, const void *gate_up,
+                            int64_t T, int inter);
 
     /* ---- lm_head + cross-entropy, fused, in row chunks (full logits never exist) ----
      * For each chunk of `rows` rows: logits = x W^T (fp32, in `workspace`), per-token loss

@@ -159,7 +159,7 @@ static int train_file_exists(const char *path) {
 
 /* Writes config.resolved.yaml through a temporary file and rename. */
 static void train_write_resolved(Trainer *t) {
-    char path[PATH_MAX], tmp[PATH_MAX + 32];
+    char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/config.resolved.yaml", t->run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
@@ -173,7 +173,7 @@ static void train_write_resolved(Trainer *t) {
 
 /* Keeps the metrics of steps <= `step` (a resume replays the steps after it). */
 static void train_trim_metrics(Trainer *t, int64_t step) {
-    char path[PATH_MAX], tmp[PATH_MAX + 32];
+    char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
     FILE *in = fopen(path, "r");
     if (!in) return;
@@ -197,7 +197,7 @@ static void train_trim_metrics(Trainer *t, int64_t step) {
 }
 
 static void train_open_run_dir(Trainer *t, int resuming) {
-    char path[PATH_MAX];
+    char path[PATH_MAX + 64];
     int refuse = 0;
     if (t->comm->rank == 0 && !resuming) {
         snprintf(path, sizeof path, "%s/ckpt", t->run_dir);
@@ -226,7 +226,7 @@ static void train_open_run_dir(Trainer *t, int resuming) {
 
 static void train_open_metrics(Trainer *t) {
     if (t->comm->rank != 0) return;
-    char path[PATH_MAX];
+    char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
     t->metrics = fopen(path, "a");
     if (!t->metrics) RS_FATAL("cannot open %s: %s", path, strerror(errno));

@@ -1,0 +1,180 @@
+/*
+ * train_ckpt.c — the trainer's checkpoints (see train_ckpt.h): which tensors
+ * and which state go into ckpt.h's checkpoints, and the identity check on
+ * resume.
+ */
+#include "train_ckpt.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+
+static const char *const train_identity_keys[] = {
+    "model.", "data.format", "data.path", "data.seq_len", "data.shuffle", "run.seed", NULL,
+};
+
+/* The resolved config as YAML text (malloc'd). */
+static char *train_config_yaml(const Config *cfg) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    RS_CHECK(f != NULL, "open_memstream failed");
+    config_write_yaml(cfg, f, 0);
+    fclose(f);
+    return buf;
+}
+
+/* FNV-1a over the identity keys and their values. */
+static uint64_t train_identity_hash(const Config *cfg) {
+    uint64_t h = 1469598103934665603ull;
+    char v[8192];
+    for (int i = 0; i < config_schema_count; i++) {
+        int match = 0;
+        for (int j = 0; train_identity_keys[j]; j++)
+            if (!strncmp(config_schema[i].path, train_identity_keys[j], strlen(train_identity_keys[j]))) match = 1;
+        if (!match) continue;
+        config_format_value(cfg, i, v, sizeof v);
+        for (const char *s = config_schema[i].path; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+        for (const char *s = v; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    }
+    return h;
+}
+
+static double train_ckpt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void train_ckpt_save(Trainer *t) {
+    const Model *m = &t->model;
+    const Config *cfg = t->cfg;
+    int rc = 0;
+    char err[4096] = "";
+    double t0 = train_ckpt_now();
+    size_t bytes = (size_t)m->ptab.buffer_numel * sizeof(float);
+    if (t->comm->rank == 0) {
+        int n = m->ptab.n;
+        float *hp = RS_MALLOC(bytes), *hm = RS_MALLOC(bytes), *hv = RS_MALLOC(bytes);
+        t->be->to_host(hp, m->params, bytes);
+        t->be->to_host(hm, m->adam_m, bytes);
+        t->be->to_host(hv, m->adam_v, bytes);
+        StTensor *tp = RS_CALLOC((size_t)n, sizeof *tp), *to = RS_CALLOC((size_t)(2 * n), sizeof *to);
+        char *names = RS_CALLOC((size_t)(2 * n), PARAM_NAME_MAX + 2);
+        for (int i = 0; i < n; i++) {
+            const ParamTensor *p = &m->ptab.t[i];
+            StTensor base = {.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim};
+            base.shape[0] = p->shape[0];
+            base.shape[1] = p->shape[1];
+            tp[i] = base;
+            tp[i].data = hp + p->offset;
+            char *mn = names + (size_t)(2 * i) * (PARAM_NAME_MAX + 2), *vn = mn + PARAM_NAME_MAX + 2;
+            snprintf(mn, PARAM_NAME_MAX + 2, "m.%s", p->name);
+            snprintf(vn, PARAM_NAME_MAX + 2, "v.%s", p->name);
+            to[2 * i] = base;
+            to[2 * i].name = mn;
+            to[2 * i].data = hm + p->offset;
+            to[2 * i + 1] = base;
+            to[2 * i + 1].name = vn;
+            to[2 * i + 1].data = hv + p->offset;
+        }
+        char *yaml = train_config_yaml(cfg);
+        char hash[32];
+        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)train_identity_hash(cfg));
+        json_t *state = json_object();
+        json_object_set_new(state, "step", json_integer(t->step));
+        json_object_set_new(state, "samples_consumed", json_integer(t->samples));
+        json_object_set_new(state, "tokens_consumed", json_integer(t->samples * cfg->data.seq_len));
+        json_object_set_new(state, "seed", json_integer(cfg->run.seed));
+        json_object_set_new(state, "world", json_pack("{sI sI}", "dp", (json_int_t)cfg->parallel.dp, "cp",
+                                                      (json_int_t)cfg->parallel.cp));
+        json_object_set_new(state, "identity_hash", json_string(hash));
+        json_object_set_new(state, "config_yaml", json_string(yaml));
+        CkptFile files[2] = {{"model.safetensors", tp, n, NULL}, {"optim.safetensors", to, 2 * n, NULL}};
+        rc = ckpt_save(t->run_dir, t->step, files, 2, state, cfg->checkpoint.keep, err, sizeof err);
+        json_decref(state);
+        free(yaml);
+        free(names);
+        free(tp);
+        free(to);
+        free(hp);
+        free(hm);
+        free(hv);
+    }
+    rc = comm_allreduce_max_int(t->comm, t->comm->world, rc);
+    if (rc) {
+        if (t->comm->rank == 0) error_warn(__FILE__, __LINE__, "checkpoint of step %lld failed: %s", (long long)t->step, err);
+        comm_finalize(t->comm);
+        exit(rc);
+    }
+    train_say(t, "checkpoint step_%08lld written (%.1f MiB, %.0f ms)\n", (long long)t->step,
+              3.0 * (double)bytes / (1 << 20), (train_ckpt_now() - t0) * 1e3);
+}
+
+void train_ckpt_load(Trainer *t, TrainResume *r) {
+    char err[4096];
+    memset(r, 0, sizeof *r);
+    if (ckpt_load(&r->ck, t->run_dir, err, sizeof err) != 0)
+        train_fail(t, RS_EXIT_USAGE, "cannot resume %s: %s", t->run_dir, err);
+    json_t *state = r->ck.state;
+    json_t *js = json_object_get(state, "step"), *jn = json_object_get(state, "samples_consumed");
+    json_t *jy = json_object_get(state, "config_yaml");
+    if (!json_is_integer(js) || !json_is_integer(jn) || !json_is_string(jy))
+        train_fail(t, RS_EXIT_USAGE, "%s/manifest.json: the state lacks step, samples_consumed or config_yaml: not a "
+                                     "ringscan training checkpoint",
+                   r->ck.dir);
+    r->step = json_integer_value(js);
+    r->samples = json_integer_value(jn);
+    snprintf(r->dir, sizeof r->dir, "%s", r->ck.dir);
+
+    Config stored;
+    ConfigErrors ce = {0};
+    config_init_defaults(&stored);
+    const char *yaml = json_string_value(jy);
+    char where[PATH_MAX + 64];
+    snprintf(where, sizeof where, "%s (saved config)", r->ck.dir);
+    if (config_load_yaml(&stored, where, yaml, strlen(yaml), &ce) != 0)
+        train_fail(t, RS_EXIT_USAGE, "the config saved in %s does not load:\n%s", r->ck.dir, ce.text);
+    char diff[8192] = "";
+    int nd = config_diff(&stored, t->cfg, train_identity_keys, diff, sizeof diff);
+    if (nd > 0)
+        train_fail(t, RS_EXIT_USAGE,
+                   "resume refuses: %d model/data key%s differ from checkpoint %s (saved -> now):\n%s"
+                   "  hint: these keys define the model and its data; start a new run to change them",
+                   nd, nd == 1 ? "" : "s", r->ck.dir, diff);
+    config_errors_free(&ce);
+    config_free(&stored);
+    if (r->step >= t->cfg->train.steps)
+        train_fail(t, RS_EXIT_USAGE, "checkpoint %s is at step %lld, and train.steps = %lld: nothing left to run "
+                                     "(raise it with --set train.steps=N)",
+                   r->ck.dir, (long long)r->step, (long long)t->cfg->train.steps);
+}
+
+void train_ckpt_restore(Trainer *t, TrainResume *r) {
+    Model *m = &t->model;
+    char err[4096];
+    size_t bytes = (size_t)m->ptab.buffer_numel * sizeof(float);
+    float *host[3];
+    const char *prefix[3] = {"", "m.", "v."};
+    const char *file[3] = {"model.safetensors", "optim.safetensors", "optim.safetensors"};
+    float *dst[3] = {m->params, m->adam_m, m->adam_v};
+    for (int k = 0; k < 3; k++) {
+        host[k] = RS_CALLOC(1, bytes);
+        for (int i = 0; i < m->ptab.n; i++) {
+            const ParamTensor *p = &m->ptab.t[i];
+            char name[PARAM_NAME_MAX + 2];
+            snprintf(name, sizeof name, "%s%s", prefix[k], p->name);
+            int64_t shape[2] = {p->shape[0], p->shape[1]};
+            if (ckpt_read(&r->ck, file[k], name, ST_DTYPE_F32, p->ndim, shape, host[k] + p->offset, err, sizeof err))
+                train_fail(t, RS_EXIT_USAGE, "cannot resume from %s: %s", r->ck.dir, err);
+        }
+        t->be->to_device(dst[k], host[k], bytes);
+        free(host[k]);
+    }
+    if (m->weights != (void *)m->params) t->be->act_from_f32(m->weights, m->params, m->ptab.buffer_numel);
+    t->step = r->step;
+    t->samples = r->samples;
+    ckpt_close(&r->ck);
+}
