@@ -51,6 +51,7 @@ typedef struct {
     const char *sets[256]; /* --set key=value, in order */
     int         n_sets;
     int         json;
+    int         dry_run;
     int         help;
 } CliArgs;
 
@@ -60,7 +61,9 @@ static void cli_usage_error(const char *cmd, const char *msg, const char *arg) {
     exit(RS_EXIT_USAGE);
 }
 
-static void cli_parse(CliArgs *a, const char *cmd, int argc, char **argv, int allow_json) {
+enum { CLI_JSON = 1, CLI_DRY_RUN = 2 }; /* options a subcommand accepts besides --set and --help */
+
+static void cli_parse(CliArgs *a, const char *cmd, int argc, char **argv, int allow) {
     memset(a, 0, sizeof *a);
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
@@ -72,7 +75,8 @@ static void cli_parse(CliArgs *a, const char *cmd, int argc, char **argv, int al
         } else if (!strncmp(s, "--set=", 6)) {
             if (a->n_sets == 256) cli_usage_error(cmd, "more than 256 --set options", NULL);
             a->sets[a->n_sets++] = s + 6;
-        } else if (allow_json && !strcmp(s, "--json")) a->json = 1;
+        } else if ((allow & CLI_JSON) && !strcmp(s, "--json")) a->json = 1;
+        else if ((allow & CLI_DRY_RUN) && !strcmp(s, "--dry-run")) a->dry_run = 1;
         else if (s[0] == '-' && s[1]) cli_usage_error(cmd, "unknown option", s);
         else if (!a->config) a->config = s;
         else cli_usage_error(cmd, "unexpected argument", s);
@@ -138,7 +142,7 @@ static void cli_print_command_help(const char *name, FILE *f, int with_keys) {
 
 static int cmd_plan(int argc, char **argv) {
     CliArgs a;
-    cli_parse(&a, "plan", argc, argv, 1);
+    cli_parse(&a, "plan", argc, argv, CLI_JSON);
     if (a.help) { cli_print_command_help("plan", stdout, 1); return RS_EXIT_OK; }
     Config cfg;
     cli_load_config(&cfg, &a, "plan");
@@ -212,7 +216,7 @@ static int cmd_not_built(const char *name) {
     return RS_EXIT_USAGE;
 }
 /* Starts MPI, checks the world against dp x cp, and trains. */
-static int cli_run_training(Config *cfg, const char *resume_dir, const char *cmd) {
+static int cli_run_training(Config *cfg, const char *resume_dir, int dry_run, const char *cmd) {
     Comm comm;
     comm_init(&comm, NULL, NULL);
     ConfigErrors err = {0};
@@ -224,7 +228,7 @@ static int cli_run_training(Config *cfg, const char *resume_dir, const char *cmd
         comm_finalize(&comm);
         return RS_EXIT_USAGE;
     }
-    int rc = train_run(cfg, &comm, resume_dir);
+    int rc = train_run(cfg, &comm, resume_dir, dry_run);
     comm_finalize(&comm);
     config_free(cfg);
     return rc;
@@ -236,12 +240,12 @@ static int cmd_train(int argc, char **argv) {
     if (a.help) { cli_print_command_help("train", stdout, 1); return RS_EXIT_OK; }
     Config cfg;
     cli_load_config(&cfg, &a, "train");
-    return cli_run_training(&cfg, NULL, "train");
+    return cli_run_training(&cfg, NULL, 0, "train");
 }
 
 static int cmd_resume(int argc, char **argv) {
     CliArgs a;
-    cli_parse(&a, "resume", argc, argv, 0);
+    cli_parse(&a, "resume", argc, argv, CLI_DRY_RUN);
     if (a.help) { cli_print_command_help("resume", stdout, 1); return RS_EXIT_OK; }
     if (!a.config) cli_usage_error("resume", "missing the run directory", NULL);
     char run_dir[4096], path[4200];
@@ -263,7 +267,7 @@ static int cmd_resume(int argc, char **argv) {
      * resume runs on unless the command line asks again */
     int stop = config_find_key("run.stop_after_step");
     if (cfg.source[stop].origin != CONFIG_ORIGIN_SET) cfg.run.stop_after_step = 0;
-    return cli_run_training(&cfg, run_dir, "resume");
+    return cli_run_training(&cfg, run_dir, a.dry_run, "resume");
 }
 static int cmd_submit(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("submit"); }
 static int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("bench"); }
@@ -277,9 +281,10 @@ static const Command commands[] = {
      "Train a model in a new run directory (run.out_dir): `mpirun -np N build/ringscan train CONFIG`,\n"
      "N = parallel.dp x parallel.cp. Writes config.resolved.yaml, log.txt, metrics.jsonl and ckpt/.",
      cmd_train, NULL},
-    {"resume", "RUN_DIR [--set key.path=value]...",
+    {"resume", "RUN_DIR [--set key.path=value]... [--dry-run]",
      "Continue a run from its newest valid checkpoint (a corrupt newest one is skipped with a warning).\n"
-     "Model and data keys must not change; others (train.steps, checkpoint.*, ...) may be overridden.",
+     "Model and data keys must not change; others (train.steps, checkpoint.*, ...) may be overridden.\n"
+     "--dry-run loads and checks the checkpoint and says what would happen, writing nothing.",
      cmd_resume, NULL},
     {"plan", "CONFIG [--set key.path=value]... [--json]",
      "Print the parallel layout, parameters, memory per GPU by category and checkpoint policy,\n"

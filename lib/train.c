@@ -354,7 +354,7 @@ static int train_loop(Trainer *t) {
     return RS_EXIT_OK;
 }
 
-int train_run(Config *cfg, Comm *comm, const char *resume_dir) {
+int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     Trainer t;
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
@@ -376,6 +376,14 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir) {
         train_fail(&t, RS_EXIT_USAGE, "%s", err);
     TrainResume res;
     if (resume_dir) train_ckpt_load(&t, &res); /* exits 2 on a bad or mismatched checkpoint */
+    if (dry_run) {
+        train_say(&t, "resume %s: would continue from %s (step %lld of %lld, %lld samples consumed); nothing was "
+                      "run or written\n",
+                  t.run_dir, res.dir, (long long)res.step, (long long)cfg->train.steps, (long long)res.samples);
+        ckpt_close(&res.ck);
+        data_close(t.data);
+        return RS_EXIT_OK;
+    }
 
     t.T_local = cfg->data.seq_len / cfg->parallel.cp;
     t.samples_per_step = cfg->parallel.dp * cfg->data.micro_batch * cfg->train.grad_accum;

@@ -22,7 +22,9 @@
 
 /* `cfg` is loaded and validated; MPI is up (comm_init). For a resume,
  * `resume_dir` is the run directory and cfg came from its resolved config
- * plus the command line's overrides. Returns the exit code. */
-int train_run(Config *cfg, Comm *comm, const char *resume_dir);
+ * plus the command line's overrides; with `dry_run` the checkpoint is loaded
+ * and checked, what would happen is printed, and nothing is written or run.
+ * Returns the exit code. */
+int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run);
 
 #endif
