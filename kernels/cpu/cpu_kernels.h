@@ -6,9 +6,12 @@
  * which documents shapes and semantics); backend_cpu.c puts them in the table,
  * and its initializer fails to compile if a signature drifts.
  *
- * Files: cpu_memory.c (memory), cpu_dense.c (embedding, norms, matmul, gates,
- * elementwise, RoPE, loss, optimizer), cpu_conv.c (conv1d), cpu_gdn.c (chunked
- * gated delta rule), cpu_attention.c (block attention and the LSE merge).
+ * Files: cpu_memory.c (memory), cpu_matmul.c (CBLAS GEMMs), cpu_norm.c
+ * (RMSNorm, L2 norm, gated RMSNorm), cpu_elementwise.c (embedding, gates,
+ * sigmoid gate, SwiGLU), cpu_rope.c, cpu_loss.c (fused lm_head + CE),
+ * cpu_optim.c (AdamW, sum of squares), cpu_conv.c (conv1d + SiLU),
+ * cpu_gdn.c (chunked gated delta rule, CP transition), cpu_attention.c
+ * (block attention and the LSE merge); backend_cpu.c is the table.
  */
 #ifndef RS_CPU_KERNELS_H
 #define RS_CPU_KERNELS_H

@@ -1,0 +1,218 @@
+"""test_train.py — the trainer end to end on the cpu backend, with real
+processes, real files and real signals: learning, metrics, exact resume,
+kill -9 during checkpoints, corrupt checkpoints, refusals, bad data, SIGTERM.
+
+Runs use configs/tiny-cpu.yaml shrunk by --set (256-token samples) so each
+step takes a fraction of a second; the synthetic recall data is made once.
+"""
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import RINGSCAN, ROOT, run
+
+SMALL = ["--set", "data.seq_len=256", "--set", "data.micro_batch=1", "--set", "parallel.dp=1",
+         "--set", "parallel.cp=1", "--set", "train.warmup_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, ringscan):
+    d = tmp_path_factory.mktemp("data")
+    r = run([ringscan, "data", "synth", d / "recall.tok", "--tokens", "300000", "--seed", "7"])
+    assert r.returncode == 0, r.stderr
+    return d / "recall.tok"
+
+
+def train(run_dir, data, *sets, steps=6, expect=0, mpirun=0):
+    args = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
+            "--set", f"run.out_dir={run_dir}", "--set", f"train.steps={steps}", *sets]
+    if mpirun:
+        args = ["mpirun", "-np", str(mpirun), "--oversubscribe", *args]
+    r = run(args, timeout=900)
+    assert r.returncode == expect, r.stdout + r.stderr
+    return r
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+
+def losses(run_dir):
+    return [m["loss"] for m in metrics(run_dir)]
+
+
+def test_loss_falls(tmp_path, data):
+    train(tmp_path / "r", data, "--set", "data.micro_batch=2", steps=30)
+    ls = losses(tmp_path / "r")
+    assert len(ls) == 30
+    assert ls[0] > 5.0, ls[0]                      # ~ln(256) at init
+    assert sum(ls[-5:]) / 5 < ls[0] - 1.5, ls      # clearly learning
+
+
+def test_metrics_and_schedule(tmp_path, data):
+    for sched in ("cosine", "wsd", "constant"):
+        rd = tmp_path / sched
+        train(rd, data, "--set", f"train.schedule={sched}", "--set", "train.decay_steps=3", steps=8)
+        ms = metrics(rd)
+        lr, min_lr, warm, steps = 3e-3, 3e-4, 2, 8
+        for m in ms:
+            for key in ("step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s"):
+                assert key in m, key
+            s = m["step"]
+            assert m["tokens"] == s * 256
+            if s <= warm:
+                want = lr * s / warm
+            elif sched == "constant":
+                want = lr
+            elif sched == "wsd":
+                want = lr if s <= steps - 3 else lr + (min_lr - lr) * (s - (steps - 3)) / 3
+            else:
+                want = min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (s - warm) / (steps - warm)))
+            assert abs(m["lr"] - want) < 1e-9, (sched, s, m["lr"], want)
+        assert [m["step"] for m in ms] == list(range(1, steps + 1))
+    log = (tmp_path / "cosine" / "log.txt").read_text()
+    assert "step 8/8 | loss" in log and "tok/s" in log and "ETA" in log and "gnorm" in log
+
+
+def test_exact_resume(tmp_path, data):
+    """20 steps straight vs 10 steps + `ringscan resume` to 20: bitwise-equal losses."""
+    train(tmp_path / "a", data, "--set", "checkpoint.every=5", steps=20)
+    train(tmp_path / "b", data, "--set", "checkpoint.every=5", "--set", "run.stop_after_step=10", steps=20)
+    assert len(losses(tmp_path / "b")) == 10
+    r = run([RINGSCAN, "resume", tmp_path / "b"])
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")  # exact float equality
+
+
+def test_grad_accumulation_and_dp_match(tmp_path, data):
+    """The same global batch as 1x2 micro-batches, 2 accumulated micro-batches, or 2 dp ranks."""
+    train(tmp_path / "mb", data, "--set", "data.micro_batch=2", steps=4)
+    train(tmp_path / "acc", data, "--set", "train.grad_accum=2", steps=4)
+    train(tmp_path / "dp", data, "--set", "parallel.dp=2", steps=4, mpirun=2)
+    ref = losses(tmp_path / "mb")
+    for other in ("acc", "dp"):
+        for a, b in zip(ref, losses(tmp_path / other)):
+            assert abs(a - b) / abs(a) < 1e-5, (other, ref, losses(tmp_path / other))
+
+
+def test_kill9_during_checkpoints_never_breaks_latest(tmp_path, data):
+    """Checkpoint every step; kill -9 at random moments; after every kill LATEST loads, and resuming
+    after all the kills ends with exactly the losses of an uninterrupted run."""
+    steps = 14
+    train(tmp_path / "straight", data, "--set", "checkpoint.every=1", steps=steps)
+    rd = tmp_path / "killed"
+    rng = random.Random(11)
+    env = dict(os.environ)
+    started = False
+    for attempt in range(40):
+        if started:
+            cmd = [RINGSCAN, "resume", rd]
+        else:
+            cmd = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
+                   "--set", f"run.out_dir={rd}", "--set", f"train.steps={steps}", "--set", "checkpoint.every=1"]
+        p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, 1.5))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if (rd / "ckpt" / "LATEST").exists():
+            started = True
+            r = run([RINGSCAN, "resume", rd, "--dry-run"])
+            if "nothing left to run" in r.stderr:
+                break
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "would continue from" in r.stdout
+    assert started
+    r = run([RINGSCAN, "resume", rd])
+    assert r.returncode in (0, 2), r.stderr  # 2: the kills already reached the last step
+    assert losses(rd) == losses(tmp_path / "straight")
+
+
+def test_corrupt_newest_checkpoint_falls_back(tmp_path, data):
+    rd = tmp_path / "r"
+    train(rd, data, "--set", "checkpoint.every=2", "--set", "checkpoint.keep=3", steps=6)
+    newest = rd / "ckpt" / "step_00000006" / "model.safetensors"
+    b = bytearray(newest.read_bytes())
+    b[len(b) // 2] ^= 0x40
+    newest.write_bytes(bytes(b))
+    r = run([RINGSCAN, "resume", rd, "--dry-run", "--set", "train.steps=8"])
+    assert r.returncode == 0, r.stderr
+    assert "step_00000006" in r.stderr and "warning" in r.stderr
+    assert "would continue from" in r.stdout and "step_00000004" in r.stdout
+
+
+def test_resume_refuses_changed_model_with_diff(tmp_path, data):
+    rd = tmp_path / "r"
+    train(rd, data, steps=3, expect=0)
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=5", "--set", "model.intermediate_size=256",
+             "--set", "data.seq_len=384"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "resume refuses" in r.stderr
+    assert "model.intermediate_size: 512 -> 256" in r.stderr
+    assert "data.seq_len: 256 -> 384" in r.stderr
+    # keys that do not define the model or data may change
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=4", "--set", "train.lr=1e-3"])
+    assert r.returncode == 0, r.stderr
+    assert [m["step"] for m in metrics(rd)] == [1, 2, 3, 4]
+
+
+def test_train_refuses_existing_run(tmp_path, data):
+    rd = tmp_path / "r"
+    train(rd, data, steps=2)
+    before = (rd / "metrics.jsonl").read_bytes()
+    r = train(rd, data, steps=2, expect=2)
+    assert "already holds a run" in r.stderr and "ringscan resume" in r.stderr
+    assert (rd / "metrics.jsonl").read_bytes() == before
+
+
+def test_bad_data_writes_nothing(tmp_path, data):
+    bad = tmp_path / "bad.tok"
+    bad.write_bytes(b"NOTATOKENFILE" + bytes(100))
+    for path, words in ((tmp_path / "missing.tok", "missing.tok"), (bad, "bad.tok")):
+        rd = tmp_path / "run-must-not-exist"
+        r = train(rd, path, steps=2, expect=2)
+        assert words in r.stderr, r.stderr
+        assert not rd.exists()
+
+
+def test_token_ids_beyond_vocab(tmp_path, data):
+    rd = tmp_path / "r"
+    r = train(rd, data, "--set", "model.vocab_size=64", steps=2, expect=2)
+    assert "recall.tok" in r.stderr and "64" in r.stderr
+
+
+def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path, data):
+    steps = 12
+    train(tmp_path / "straight", data, steps=steps)
+    rd = tmp_path / "r"
+    cmd = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
+           "--set", f"run.out_dir={rd}", "--set", f"train.steps={steps}"]
+    p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if (rd / "metrics.jsonl").exists() and len(open(rd / "metrics.jsonl").readlines()) >= 3:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 75, out + err
+    assert "stopped by signal" in out
+    done = len(losses(rd))
+    assert 3 <= done < steps
+    assert (rd / "ckpt" / f"step_{done:08d}").is_dir()
+    r = run([RINGSCAN, "resume", rd])
+    assert r.returncode == 0, r.stderr
+    assert losses(rd) == losses(tmp_path / "straight")
+
+
+def test_cuda_not_built_yet_is_a_clear_error(tmp_path, data):
+    r = train(tmp_path / "r", data, "--set", "device.kind=cuda", steps=2, expect=2)
+    assert "device.kind = cuda" in r.stderr
+    assert not (tmp_path / "r").exists()
