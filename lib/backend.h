@@ -135,6 +135,28 @@ typedef struct Backend {
                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
                                int ldo);
 
+    /* ---- Gated DeltaNet context parallelism (research/gdn_cp.md §3-4; lib/cp_gdn.c) ----
+     * The call's transition: its final state is S_final = M S0 + H for every initial state S0, per
+     * value head. M = 0 when any token has doc_pos == 0 (the state is reset); H is then the state
+     * after the last document start from 0. */
+    void (*gdn_chunk_transition)(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
+                                 const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
+                                 const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
+                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
+                                 int ldv);
+    /* dS0 = dL/dS0 of the call's own outputs with no gradient arriving at its final state (the
+     * backward's state pass alone; v is not needed: the outputs are affine in S0). The CP backward
+     * folds these, then gdn_chunk_backward runs once with the folded dS_final. 0 when doc_pos[0] == 0. */
+    void (*gdn_chunk_dstate)(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
+                             const void *q /* (T,ldq) */, const void *k /* (T,ldq) */, const float *g /* (T,nv) */,
+                             const float *beta /* (T,nv) */, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                             int dim_k, int dim_v, int ldq, int ldo);
+    /* S_out = op(M) S_in + H per value head, op(M) = M or M^T (transpose_M), fp32; S_in NULL = 0.
+     * One link of the CP fold (forward: M, states; backward: M^T, state gradients). No aliasing. */
+    void (*gdn_state_affine)(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,
+                             const float *S_in /* (nv,dim_k,dim_v) or NULL */, const float *H /* (nv,dim_k,dim_v) */,
+                             int transpose_M, int nv, int dim_k, int dim_v);
+
     /* ---- GDN gated RMSNorm: y = w * (x * rstd) * silu(z), rstd over dv per (token, head), plain w ---- */
     void (*gated_rmsnorm_forward)(void *out /* (T,nv*dv) */, float *rstd /* (T,nv) */, const void *x /* (T,nv*dv) */,
                                   const void *z /* (T,ldz) */, const void *w /* (dv) */, int64_t T, int nv, int dv,
@@ -161,9 +183,12 @@ typedef struct Backend {
                               const void *v /* (Tk,ldk) */, const int32_t *pos_q, const int32_t *doc_pos_q,
                               const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh,
                               int nkv, int hd, int ldq, int ldk, int ldo, int causal);
-    /* dq +=, dk +=, dv += (ring steps add partials). `out` and `lse` are the FINAL (merged) ones, so
-     * P = exp(S - lse) are the global probabilities; D = rowsum(dout * out) is computed inside. */
-    void (*attention_backward)(void *dq, void *dk, void *dv, const void *dout /* (Tq,ldo) */, const void *out,
+    /* dq +=, dk +=, dv += in fp32 on every backend (ring steps add partials; the dK/dV partials that
+     * travel the ring stay fp32), laid out like q (ldq) and k/v (ldk). `out` and `lse` are the FINAL
+     * (merged) ones, so P = exp(S - lse) are the global probabilities; D = rowsum(dout * out) is
+     * computed inside. */
+    void (*attention_backward)(float *dq /* (Tq,ldq) += */, float *dk /* (Tk,ldk) += */,
+                               float *dv /* (Tk,ldk) += */, const void *dout /* (Tq,ldo) */, const void *out,
                                const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q,
                                const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq,
                                int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);

@@ -184,7 +184,7 @@ void cpu_attention_forward(void *out_ /* (Tq,ldo) nh heads of hd */, float *lse 
     }
 }
 
-void cpu_attention_backward(void *dq_ /* (Tq,ldq) += */, void *dk_ /* (Tk,ldk) += */, void *dv_ /* (Tk,ldk) += */,
+void cpu_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /* (Tk,ldk) += */, float *dv /* (Tk,ldk) += */,
                             const void *dout_ /* (Tq,ldo) */, const void *out_ /* (Tq,ldo) final */,
                             const float *lse /* (Tq,nh) final */, const void *q_ /* (Tq,ldq) */,
                             const void *k_ /* (Tk,ldk) */, const void *v_ /* (Tk,ldk) */,
@@ -192,7 +192,6 @@ void cpu_attention_backward(void *dq_ /* (Tq,ldq) += */, void *dk_ /* (Tk,ldk) +
                             const int32_t *pos_k /* (Tk) */, const int32_t *doc_pos_k /* (Tk) */, int64_t Tq,
                             int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
     attention_check_sizes(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo);
-    float *dq = dq_, *dk = dk_, *dv = dv_;
     const float *dout = dout_, *out = out_, *q = q_, *k = k_, *v = v_;
     const float scale = (float)(1.0 / sqrt((double)hd));
     const int group = nh / nkv;

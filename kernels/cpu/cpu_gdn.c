@@ -180,8 +180,8 @@ static int gdn_chunk_len(const int32_t *doc_pos, int64_t t0, int64_t T) {
     return L;
 }
 
-/* Gathers the L rows of the chunk starting at t0 for value head h / key head kh (q may be NULL)
- * and builds its factors: G, gam, dec, Gam, KK, QK, A, Tinv, W, U. */
+/* Gathers the L rows of the chunk starting at t0 for value head h / key head kh and builds its
+ * factors: G, gam, dec, Gam, KK, QK, A, Tinv, W, U. q NULL: no QK; v NULL: no U (left zero). */
 static void gdn_chunk_load(GdnWork *w, const float *q /* (T,ldq) or NULL */, const float *k /* (T,ldq) */,
                            const float *v /* (T,ldv) */, const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                            int64_t t0, int L, int h, int kh, int nv, int ldq, int ldv) {
@@ -192,7 +192,7 @@ static void gdn_chunk_load(GdnWork *w, const float *q /* (T,ldq) or NULL */, con
         const int64_t t = t0 + r;
         if (q) memcpy(w->q + (size_t)r * dk, q + t * ldq + (int64_t)kh * dk, (size_t)dk * sizeof(float));
         memcpy(w->k + (size_t)r * dk, k + t * ldq + (int64_t)kh * dk, (size_t)dk * sizeof(float));
-        memcpy(w->v + (size_t)r * dv, v + t * ldv + (int64_t)h * dv, (size_t)dv * sizeof(float));
+        if (v) memcpy(w->v + (size_t)r * dv, v + t * ldv + (int64_t)h * dv, (size_t)dv * sizeof(float));
         w->beta[r] = beta[t * nv + h];
         G += (double)g[t * nv + h];
         w->G[r] = G;
@@ -227,7 +227,7 @@ static void gdn_chunk_load(GdnWork *w, const float *q /* (T,ldq) or NULL */, con
         for (int j = 0; j <= i; j++) {
             const float tij = w->Tinv[(size_t)i * GDN_C + j];
             gdn_axpy(Wi, tij * w->beta[j] * w->gam[j], w->k + (size_t)j * dk, dk);
-            gdn_axpy(Ui, tij * w->beta[j], w->v + (size_t)j * dv, dv);
+            if (v) gdn_axpy(Ui, tij * w->beta[j], w->v + (size_t)j * dv, dv);
         }
     }
 }
@@ -545,4 +545,84 @@ void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,d
     }
     free(X);
     gdn_work_free(&w);
+}
+
+void cpu_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout_ /* (T,ldo) */,
+                          const void *q_ /* (T,ldq) */, const void *k_ /* (T,ldq) */, const float *g /* (T,nv) */,
+                          const float *beta /* (T,nv) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
+                          int nv, int dim_k, int dim_v, int ldq, int ldo) {
+    gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, nv * dim_v);
+    RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
+    const float *dout = dout_, *q = q_, *k = k_;
+    const int dk = dim_k, dv = dim_v;
+    const size_t state = (size_t)dk * dv, C = GDN_C;
+    const float scale = (float)(1.0 / sqrt((double)dk));
+    /* S0 reaches only the tokens before the first document start */
+    int64_t tstop = 0;
+    while (tstop < T && doc_pos[tstop] != 0) tstop++;
+    int64_t nchunks = 0;
+    for (int64_t t0 = 0; t0 < tstop; t0 += gdn_chunk_len(doc_pos, t0, tstop)) nchunks++;
+    int64_t *starts = RS_MALLOC((size_t)(nchunks > 0 ? nchunks : 1) * sizeof(int64_t));
+    int *lens = RS_MALLOC((size_t)(nchunks > 0 ? nchunks : 1) * sizeof(int));
+    nchunks = 0;
+    for (int64_t t0 = 0; t0 < tstop; t0 += lens[nchunks - 1]) {
+        starts[nchunks] = t0;
+        lens[nchunks++] = gdn_chunk_len(doc_pos, t0, tstop);
+    }
+    GdnWork w;
+    gdn_work_init(&w, dk, dv, dv, 1);
+    for (int h = 0; h < nv; h++) {
+        const int kh = h / (nv / nk);
+        float *D = dS0 + h * state; /* (dk, dv) dL/dS leaving the current chunk, then entering it */
+        memset(D, 0, state * sizeof(float));
+        for (int64_t c = nchunks - 1; c >= 0; c--) {
+            const int64_t t0 = starts[c];
+            const int L = lens[c];
+            gdn_chunk_load(&w, q, k, NULL, g, beta, t0, L, h, kh, nv, ldq, 0);
+            for (int r = 0; r < L; r++)
+                memcpy(w.dO + (size_t)r * dv, dout + (t0 + r) * ldo + (int64_t)h * dv, (size_t)dv * sizeof(float));
+            /* dvn_j = sum_{r>=j} P_rj dO_r + dec_j D^T k_j (as in gdn_chunk_backward; no S needed) */
+            for (int j = 0; j < L; j++) {
+                float *dvj = w.dvn + (size_t)j * dv;
+                memset(dvj, 0, (size_t)dv * sizeof(float));
+                for (int a = 0; a < dk; a++) gdn_axpy(dvj, w.dec[j] * w.k[(size_t)j * dk + a], D + (size_t)a * dv, dv);
+                for (int r = j; r < L; r++)
+                    gdn_axpy(dvj, scale * w.QK[r * C + j] * w.Gam[r * C + j], w.dO + (size_t)r * dv, dv);
+            }
+            /* Din = gam_{L-1} D + scale sum_r gam_r q_r dO_r^T - sum_r W_r dvn_r^T */
+            for (int a = 0; a < dk; a++) {
+                float *Da = w.Din + (size_t)a * dv;
+                for (int cc = 0; cc < dv; cc++) Da[cc] = w.gam[L - 1] * D[(size_t)a * dv + cc];
+                for (int r = 0; r < L; r++) {
+                    gdn_axpy(Da, scale * w.gam[r] * w.q[(size_t)r * dk + a], w.dO + (size_t)r * dv, dv);
+                    gdn_axpy(Da, -w.W[(size_t)r * dk + a], w.dvn + (size_t)r * dv, dv);
+                }
+            }
+            memcpy(D, w.Din, state * sizeof(float));
+        }
+    }
+    free(starts);
+    free(lens);
+    gdn_work_free(&w);
+}
+
+void cpu_gdn_state_affine(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,
+                          const float *S_in /* (nv,dim_k,dim_v) or NULL */, const float *H /* (nv,dim_k,dim_v) */,
+                          int transpose_M, int nv, int dim_k, int dim_v) {
+    RS_CHECK(S_out != S_in, "gdn_state_affine: S_out must not alias S_in");
+    const int dk = dim_k, dv = dim_v;
+    for (int h = 0; h < nv; h++) {
+        const float *Mh = M + (size_t)h * dk * dk, *Sh = S_in ? S_in + (size_t)h * dk * dv : NULL;
+        const float *Hh = H + (size_t)h * dk * dv;
+        float *Oh = S_out + (size_t)h * dk * dv;
+        for (int a = 0; a < dk; a++) {
+            float *Oa = Oh + (size_t)a * dv;
+            memcpy(Oa, Hh + (size_t)a * dv, (size_t)dv * sizeof(float));
+            if (!Sh) continue;
+            for (int b = 0; b < dk; b++) {
+                const float mab = transpose_M ? Mh[(size_t)b * dk + a] : Mh[(size_t)a * dk + b];
+                gdn_axpy(Oa, mab, Sh + (size_t)b * dv, dv);
+            }
+        }
+    }
 }

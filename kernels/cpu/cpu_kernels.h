@@ -10,7 +10,7 @@
  * (RMSNorm, L2 norm, gated RMSNorm), cpu_elementwise.c (embedding, gates,
  * sigmoid gate, SwiGLU), cpu_rope.c, cpu_loss.c (fused lm_head + CE),
  * cpu_optim.c (AdamW, sum of squares), cpu_conv.c (conv1d + SiLU),
- * cpu_gdn.c (chunked gated delta rule, CP transition), cpu_attention.c
+ * cpu_gdn.c (chunked gated delta rule; its CP transition, state gradient and fold link), cpu_attention.c
  * (block attention and the LSE merge); backend_cpu.c is the table.
  */
 #ifndef RS_CPU_KERNELS_H
@@ -47,7 +47,7 @@ void cpu_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const void *dout,
 void cpu_rope_forward(void *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);
 void cpu_rope_backward(void *dx, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);
 void cpu_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
-void cpu_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+void cpu_attention_backward(float *dq, float *dk, float *dv, const void *dout, const void *out, const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
 void cpu_attention_merge(float *out, float *lse, const void *out_b, const float *lse_b, int64_t T, int nh, int hd, int ldb);
 void cpu_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg);
 void cpu_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T, int D, int ldg);
@@ -57,15 +57,9 @@ void cpu_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const v
 void cpu_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 double cpu_sum_squares(const float *x, int64_t n);
 
-/* ---- context parallelism ----
- * The chunked gated delta rule's transition over the call's tokens (cpu_gdn.c): per value head,
- * the forward's final state is S_final = M S0 + H for every initial state S0 (M is dim_k x dim_k,
- * S0 dim_k x dim_v). M = 0 when any token of the range has doc_pos == 0 (the state is reset);
- * H is then the state after the last document start from 0. */
-void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
-                              const void *k /* (T,ldq) nk heads of dim_k */, const void *v /* (T,ldv) nv heads */,
-                              const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
-                              const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v,
-                              int ldq, int ldv);
+/* ---- Gated DeltaNet context parallelism (cpu_gdn.c; lib/backend.h documents them) ---- */
+void cpu_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv);
+void cpu_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo);
+void cpu_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v);
 
 #endif

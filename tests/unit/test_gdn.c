@@ -1,7 +1,8 @@
 /*
  * test_gdn.c — tests of the chunked gated delta rule on the cpu backend
  * (kernels/cpu/cpu_gdn.c): cpu_gdn_chunk_forward, cpu_gdn_chunk_backward and
- * the context-parallel transition cpu_gdn_chunk_transition.
+ * the context-parallel entries cpu_gdn_chunk_transition, cpu_gdn_chunk_dstate and
+ * cpu_gdn_state_affine.
  *
  * The reference is the per-token recurrence of lib/backend.h, written here in
  * float64 independently of the chunked WY form the kernel uses:
@@ -580,4 +581,86 @@ TEST(gdn_transition) {
     static const int last[] = {129};
     p = gdn_prob_make(130, 1, 2, 16, 16, 2, last, 1, 0, 0.1);
     gdn_check_transition("T=130 doc at the last token", &p, 1, 1e-5);
+}
+
+/* The CP backward's split of dS0 (research/gdn_cp.md §3): the full backward's dS0 with a gradient
+ * dS_final arriving at the end equals the call's own state gradient (cpu_gdn_chunk_dstate, dout
+ * only) plus M^T dS_final. The full backward is checked against finite differences above, so this
+ * pins the state-gradient pass to it. */
+static void gdn_check_dstate(const char *tag, const GdnProb *p, double bound) {
+    const int nv = p->nv, dk = p->dk, dv = p->dv;
+    const int64_t nm = (int64_t)nv * dk * dk, nh = (int64_t)nv * dk * dv;
+    float *dout = test_alloc(p->T * p->ldo * (int64_t)sizeof(float));
+    test_fill_normal(dout, p->T * p->ldo, 1.0);
+    float *dSf = test_alloc(nh * (int64_t)sizeof(float));
+    test_fill_normal(dSf, nh, 1.0);
+    float *dS = test_alloc(nh * (int64_t)sizeof(float));
+    for (int64_t i = 0; i < nh; i++) dS[i] = 1e3f; /* written, not accumulated */
+    cpu_gdn_chunk_dstate(dS, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq,
+                         p->ldo);
+    GdnGrads d0 = gdn_run_backward(p, dout, NULL);
+    char name[160];
+    double *want = test_alloc(nh * (int64_t)sizeof(double));
+    test_to_double(want, d0.dS0, nh);
+    snprintf(name, sizeof(name), "%s dstate vs backward dS0 (dS_final = 0)", tag);
+    test_check_rel(name, dS, want, nh, bound);
+    float *M = test_alloc(nm * (int64_t)sizeof(float)), *H = test_alloc(nh * (int64_t)sizeof(float));
+    cpu_gdn_chunk_transition(M, H, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq, p->ldv);
+    GdnGrads d1 = gdn_run_backward(p, dout, dSf);
+    float *split = test_alloc(nh * (int64_t)sizeof(float));
+    cpu_gdn_state_affine(split, M, dSf, dS, 1, nv, dk, dv);
+    test_to_double(want, d1.dS0, nh);
+    snprintf(name, sizeof(name), "%s dstate + M^T dS_final vs backward dS0", tag);
+    test_check_rel(name, split, want, nh, bound);
+}
+
+/* fp32 both sides, different summation orders: measured <= 1e-6; bound 1e-5. */
+TEST(gdn_dstate) {
+    GdnProb p = gdn_prob_make(150, 1, 2, 16, 32, 4, NULL, 0, 0, 0.05);
+    gdn_check_dstate("T=150 GQA no docs", &p, 1e-5);
+    static const int starts[] = {70, 100};
+    p = gdn_prob_make(150, 2, 4, 32, 16, 4, starts, 2, 0, 0.1);
+    gdn_check_dstate("T=150 docs at 70, 100", &p, 1e-5);
+    p = gdn_prob_make(1, 1, 1, 16, 16, 9, NULL, 0, 0, 0.3);
+    gdn_check_dstate("T=1", &p, 1e-5);
+    /* a document starts at token 0: S0 reaches nothing, the state gradient is exactly 0 */
+    p = gdn_prob_make(80, 1, 1, 16, 16, 0, NULL, 0, 0, 0.1);
+    const int64_t nh = (int64_t)p.nv * p.dk * p.dv;
+    float *dout = test_alloc(p.T * p.ldo * (int64_t)sizeof(float)), *dS = test_alloc(nh * (int64_t)sizeof(float));
+    test_fill_normal(dout, p.T * p.ldo, 1.0);
+    for (int64_t i = 0; i < nh; i++) dS[i] = 1e3f;
+    cpu_gdn_chunk_dstate(dS, dout, gdn_q(&p), gdn_k(&p), p.g, p.beta, p.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv, p.ldq,
+                         p.ldo);
+    int nonzero = 0;
+    for (int64_t i = 0; i < nh; i++) nonzero += dS[i] != 0.0f;
+    EXPECT(nonzero == 0, "doc at 0: dstate has %d nonzero entries", nonzero);
+    printf("doc at 0: dstate == 0 exactly: %s\n", nonzero ? "NO" : "ok");
+}
+
+/* S_out = op(M) S_in + H against float64, both orientations, and S_in = NULL. */
+TEST(gdn_state_affine) {
+    const int nv = 3, dk = 16, dv = 24;
+    const int64_t nm = (int64_t)nv * dk * dk, nh = (int64_t)nv * dk * dv;
+    float *M = test_alloc(nm * 4), *S = test_alloc(nh * 4), *H = test_alloc(nh * 4), *out = test_alloc(nh * 4);
+    double *want = test_alloc(nh * 8);
+    test_fill_normal(M, nm, 0.3);
+    test_fill_normal(S, nh, 1.0);
+    test_fill_normal(H, nh, 1.0);
+    for (int tr = 0; tr < 3; tr++) {
+        const int transpose = tr == 1, with_S = tr < 2;
+        cpu_gdn_state_affine(out, M, with_S ? S : NULL, H, transpose, nv, dk, dv);
+        for (int h = 0; h < nv; h++)
+            for (int a = 0; a < dk; a++)
+                for (int c = 0; c < dv; c++) {
+                    double s = H[((int64_t)h * dk + a) * dv + c];
+                    for (int b = 0; with_S && b < dk; b++) {
+                        const double m = transpose ? M[((int64_t)h * dk + b) * dk + a] : M[((int64_t)h * dk + a) * dk + b];
+                        s += m * S[((int64_t)h * dk + b) * dv + c];
+                    }
+                    want[((int64_t)h * dk + a) * dv + c] = s;
+                }
+        char name[64];
+        snprintf(name, sizeof name, "state_affine %s", tr == 0 ? "M S + H" : tr == 1 ? "M^T S + H" : "S = NULL");
+        test_check_rel(name, out, want, nh, 1e-6);
+    }
 }
