@@ -123,7 +123,7 @@ CFLAGS   := -std=c11 -O3 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror
 LDLIBS   := $(YAML_A) $(JANSSON_A) $(ZLIB_A) $(OPENBLAS_A) $(MPI_LIBS) -lm -lpthread
 
 NVCCFLAGS := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \
-             -Ilib -Ikernels/cuda -I$(NCCL_HOME)/include -Xcompiler -Wall -MMD -MP
+             -Ilib -Ikernels/cuda -Ikernels/cpu -Itests/unit -I$(NCCL_HOME)/include -D_GNU_SOURCE -Xcompiler -Wall -MMD -MP
 ifneq ($(strip $(NVCC)),)
 CPPFLAGS += -DRS_WITH_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -lcublasLt -lcublas -lcudart -lnccl -lstdc++ \
@@ -138,9 +138,12 @@ CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 MAIN_OBJ  := $(BUILD)/cmd/ringscan.o
 UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
+# the GPU parity harness (tests/cuda): its cases, and the driver + rng + checks of tests/unit
+CUDA_TEST_SRC := $(if $(strip $(NVCC)),$(wildcard tests/cuda/*.cu))
+CUDA_TEST_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_TEST_SRC)) $(if $(CUDA_TEST_SRC),$(BUILD)/tests/unit/test_main.o)
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/ckpt_stress
+all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/ckpt_stress $(if $(CUDA_TEST_SRC),$(BUILD)/test_cuda)
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -152,6 +155,11 @@ $(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(LIB_OBJ) $(CUDA_OBJ)
 
 # Per-op unit tests of the kernels (tests/unit): `build/test_ops --list`, `build/test_ops NAME`.
 $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# The GPU parity harness (tests/cuda/README.md): every cuda kernel against the cpu oracle. Built
+# wherever nvcc is (CI compiles it); run on a GPU machine: `build/test_cuda [NAME...]`.
+$(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Checkpoint stress tool (tests/test_ckpt.py): `write RUN_DIR` saves forever,
@@ -206,5 +214,5 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d \
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d \
          $(BUILD)/tests/tools/ckpt_stress.d

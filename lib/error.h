@@ -22,7 +22,15 @@
 #define RS_ERROR_H
 
 #include <stddef.h>
+#ifdef __cplusplus
+#define noreturn [[noreturn]]
+#else
 #include <stdnoreturn.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 enum {
     RS_EXIT_OK        = 0,
@@ -67,5 +75,9 @@ char *error_check_strdup(const char *s, const char *file, int line);
 #define RS_CALLOC(n, sz) error_check_calloc((n), (sz), __FILE__, __LINE__)
 #define RS_REALLOC(p, n) error_check_realloc((p), (n), __FILE__, __LINE__)
 #define RS_STRDUP(s)     error_check_strdup((s), __FILE__, __LINE__)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

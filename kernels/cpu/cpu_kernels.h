@@ -19,6 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
 void cpu_memset_zero(void *p, size_t bytes);
@@ -61,5 +65,9 @@ double cpu_sum_squares(const float *x, int64_t n);
 void cpu_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv);
 void cpu_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo);
 void cpu_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -18,6 +18,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef void (*TestFn)(void);
 void test_register(const char *name, TestFn fn);
 
@@ -65,5 +69,9 @@ void   test_fd_grad(double *grad, TestScalarFn f, void *ctx, double *x, int64_t 
 /* ---- scratch ---- */
 void *test_alloc(int64_t bytes); /* zeroed; freed at exit of the case */
 void  test_free_all(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
