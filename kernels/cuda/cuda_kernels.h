@@ -1,0 +1,70 @@
+/*
+ * cuda_kernels.h — the cuda backend's kernels: bf16 activations and GEMM
+ * operands, fp32 accumulation, fp32 statistics, recurrent states and
+ * parameter gradients (lib/backend.h documents every entry; `void *` is bf16
+ * here, `float *` fp32). Every kernel runs on cuda_stream() (cuda_common.h)
+ * and is checked against the cpu kernel of the same name by build/test_cuda.
+ *
+ * Files: cuda_attention.cu (block attention forward/backward, LSE merge),
+ * cuda_gdn.cu (chunked gated delta rule, its CP transition, state gradient
+ * and fold link); the rest of the entries live in the files the backend
+ * table (backend_cuda.c) names.
+ */
+#ifndef RS_CUDA_KERNELS_H
+#define RS_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void *cuda_alloc(size_t bytes);
+void cuda_free(void *p);
+void cuda_memset_zero(void *p, size_t bytes);
+void cuda_copy(void *dst, const void *src, size_t bytes);
+void cuda_to_device(void *dst, const void *host, size_t bytes);
+void cuda_to_host(void *host, const void *src, size_t bytes);
+void cuda_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
+void cuda_act_from_f32(void *dst, const float *src, int64_t n);
+void cuda_act_to_f32(float *dst, const void *src, int64_t n);
+void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, int64_t T, int C);
+void cuda_embedding_backward(float *dwte, const void *dout, const int32_t *tokens, int64_t T, int C);
+void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D, int ldi, int ldo, float eps, int zero_centred);
+void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo, int zero_centred);
+void cuda_matmul_forward(void *out, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate);
+void cuda_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate_dinp);
+void cuda_conv1d_silu_forward(void *out, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo);
+void cuda_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, const void *dout, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo);
+void cuda_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi, int ldo);
+void cuda_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo);
+void cuda_gdn_gates_forward(float *beta, float *g, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
+void cuda_gdn_gates_backward(void *db, void *da, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
+void cuda_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo);
+void cuda_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo);
+void cuda_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv, int dv, int ldz, float eps);
+void cuda_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const void *dout, const void *x, const void *z, const void *w, const float *rstd, int64_t T, int nv, int dv, int ldz);
+void cuda_rope_forward(void *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);
+void cuda_rope_backward(void *dx, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);
+void cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+void cuda_attention_backward(float *dq, float *dk, float *dv, const void *dout, const void *out, const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+void cuda_attention_merge(float *out, float *lse, const void *out_b, const float *lse_b, int64_t T, int nh, int hd, int ldb);
+void cuda_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg);
+void cuda_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T, int D, int ldg);
+void cuda_swiglu_forward(void *out, const void *gate_up, int64_t T, int inter);
+void cuda_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int inter);
+void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V);
+void cuda_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
+double cuda_sum_squares(const float *x, int64_t n);
+
+/* Gated DeltaNet context parallelism (cuda_gdn.cu) */
+void cuda_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv);
+void cuda_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo);
+void cuda_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
