@@ -1,20 +1,30 @@
 /*
- * parity_step.c — the C side of the whole-model parity test (build/parity_step).
+ * parity_step.c — the C side of the whole-model parity tests (build/parity_step).
  *
- *   build/parity_step CASE_DIR [--policy none|full|remat]
+ *   [mpirun -np N] build/parity_step CASE_DIR [--policy none|full|remat] [--set key=value]...
+ *                                    [--out FILE]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
  * forward + backward of the whole batch through the real model code
- * (lib/model*.c on the cpu backend) with zeroed gradients, scale
- * 1 / (tokens with a target), no clipping and no optimizer step, and writes
- * CASE_DIR/grads.safetensors: "loss" (F64 scalar) and every parameter's
- * gradient (F32, internal names). compare.py checks it against the float64
- * PyTorch reference. --policy overrides checkpoint.activations, so the three
- * policies can be checked to give the same gradients.
+ * (lib/model*.c, lib/cp*.c on the cpu backend) with zeroed gradients, scale
+ * 1 / (tokens with a target in the whole batch), no clipping and no
+ * optimizer step, and writes (rank 0) FILE (default CASE_DIR/grads.safetensors):
+ * "loss" (F64 scalar) and every parameter's gradient (F32, internal names),
+ * summed over the world exactly as training does. compare.py checks it
+ * against the float64 PyTorch reference, and the CP tests compare layouts.
  *
- * It runs as one process over the whole sample (cp = dp = 1), whatever the
- * config's parallel section says.
+ * The layout is the config's parallel section after --set: launched with
+ * dp x cp ranks, data-parallel rank d takes samples [d·mb, (d+1)·mb) of the
+ * batch (mb = data.micro_batch, so the batch must hold dp x mb samples) and
+ * CP rank r reads its zigzag fragments of each (cp_read_sample). Without
+ * mpirun it runs as one process (cp = dp = 1 unless --set says otherwise).
+ * --policy overrides checkpoint.activations.
+ *
+ * It prints, on rank 0, one line with the loss and the step's work counters
+ * (per layer, this rank) as JSON, which the tests parse:
+ *   parity_step DIR: policy P, dp D, cp C, loss L over N tokens; attention forward calls A, block recomputes R
+ *   counters {"attn_forwards": [...], ...}
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -22,10 +32,18 @@
 #include <string.h>
 
 #include "backend.h"
+#include "comm.h"
 #include "config.h"
+#include "cp.h"
 #include "error.h"
 #include "model.h"
 #include "safetensors.h"
+
+/* The whole batch, [B, T] each, read by every rank. */
+typedef struct {
+    int64_t  B, T;
+    int32_t *tokens, *targets, *pos, *doc_pos;
+} ParityBatch;
 
 static void parity_read_i32(const SafetensorsFile *f, const char *name, int64_t B, int64_t T, int32_t *dst) {
     char err[2048];
@@ -33,13 +51,49 @@ static void parity_read_i32(const SafetensorsFile *f, const char *name, int64_t 
     if (safetensors_read(f, name, ST_DTYPE_I32, 2, shape, dst, err, sizeof err)) RS_FATAL("%s", err);
 }
 
+/* cp_read_sample's reader over the in-memory batch */
+static int parity_read_span(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
+                            int32_t *pos, int32_t *doc_pos) {
+    const ParityBatch *pb = ctx;
+    RS_CHECK(g >= 0 && g < pb->B && t0 >= 0 && t0 + len <= pb->T, "span [%lld, +%lld) of sample %lld",
+             (long long)t0, (long long)len, (long long)g);
+    size_t o = (size_t)(g * pb->T + t0), n = (size_t)len * sizeof(int32_t);
+    memcpy(tokens, pb->tokens + o, n);
+    memcpy(targets, pb->targets + o, n);
+    memcpy(pos, pb->pos + o, n);
+    memcpy(doc_pos, pb->doc_pos + o, n);
+    return 0;
+}
+
+static void parity_print_counters(const Model *m) {
+    const Cp *cp = &m->cp;
+    const struct {
+        const char    *name;
+        const int64_t *v;
+    } c[] = {
+        {"attn_forwards", cp->count.attn_forwards},           {"attn_kernel_calls", cp->count.attn_kernel_calls},
+        {"ring_passes_fwd", cp->count.ring_passes_fwd},       {"ring_passes_bwd", cp->count.ring_passes_bwd},
+        {"ring_hops_fwd", cp->count.ring_hops_fwd},           {"scan_allgathers_fwd", cp->count.scan_allgathers_fwd},
+        {"scan_allgathers_bwd", cp->count.scan_allgathers_bwd}, {"halo_exchanges", cp->count.halo_exchanges},
+        {"gdn_forwards", cp->count.gdn_forwards},
+    };
+    printf("counters {");
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        printf("%s\"%s\": [", i ? ", " : "", c[i].name);
+        for (int l = 0; l < cp->layers; l++) printf("%s%lld", l ? ", " : "", (long long)c[i].v[l]);
+        printf("]");
+    }
+    printf(", \"activation_bytes_kept\": %lld}\n", (long long)m->bytes_kept);
+}
+
 int main(int argc, char **argv) {
+    Comm comm;
+    comm_init(&comm, &argc, &argv);
     if (argc < 2) {
-        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat]\n");
+        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE]\n");
         return RS_EXIT_USAGE;
     }
-    const char *dir = argv[1];
-    const char *policy = argc >= 4 && !strcmp(argv[2], "--policy") ? argv[3] : NULL;
+    const char *dir = argv[1], *out_path = NULL;
     char path[4096], err[4096];
     openblas_set_num_threads(1);
 
@@ -48,67 +102,106 @@ int main(int argc, char **argv) {
     config_init_defaults(&cfg);
     snprintf(path, sizeof path, "%s/config.yaml", dir);
     config_load_file(&cfg, path, &ce);
-    cfg.parallel.cp = cfg.parallel.dp = 1;
-    if (policy) {
-        char set[64];
-        snprintf(set, sizeof set, "checkpoint.activations=%s", policy);
-        config_apply_set(&cfg, set, 0, &ce);
+    /* one process unless --set asks for a layout: the case's config describes the model and batch */
+    config_apply_set(&cfg, "parallel.dp=1", 0, &ce);
+    config_apply_set(&cfg, "parallel.cp=1", 1, &ce);
+    int nset = 2;
+    for (int i = 2; i + 1 < argc && ce.count == 0; i += 2) {
+        char set[512];
+        if (!strcmp(argv[i], "--policy")) snprintf(set, sizeof set, "checkpoint.activations=%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--set")) snprintf(set, sizeof set, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--out")) {
+            out_path = argv[i + 1];
+            continue;
+        } else RS_USAGE("parity_step [--policy P] [--set k=v]... [--out FILE]", "unknown argument %s", argv[i]);
+        config_apply_set(&cfg, set, nset++, &ce);
     }
     if (ce.count == 0) config_validate(&cfg, &ce);
-    if (ce.count) RS_FATAL("%s", ce.text);
-    int64_t B = cfg.data.micro_batch, T = cfg.data.seq_len, rows = B * T;
+    if (ce.count == 0) config_validate_world(&cfg, comm.world_size, "mpirun", &ce);
+    if (ce.count) RS_USAGE(NULL, "%s", ce.text);
+    comm_setup_groups(&comm, cfg.parallel.dp, cfg.parallel.cp);
 
     SafetensorsFile wf, bf;
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
     if (safetensors_open(&wf, path, err, sizeof err)) RS_FATAL("%s", err);
     snprintf(path, sizeof path, "%s/batch.safetensors", dir);
     if (safetensors_open(&bf, path, err, sizeof err)) RS_FATAL("%s", err);
+    ParityBatch pb = {.T = cfg.data.seq_len};
+    int i_tok = -1;
+    for (int i = 0; i < bf.n; i++)
+        if (!strcmp(bf.tensors[i].name, "tokens")) i_tok = i;
+    RS_CHECK(i_tok >= 0 && bf.tensors[i_tok].ndim == 2, "%s has no [B, T] tensor 'tokens'", path);
+    pb.B = bf.tensors[i_tok].shape[0];
+    const int64_t mb = cfg.data.micro_batch, all = pb.B * pb.T;
+    RS_CHECK(pb.B == cfg.parallel.dp * mb, "the batch holds %lld samples; dp %lld x data.micro_batch %lld = %lld",
+             (long long)pb.B, (long long)cfg.parallel.dp, (long long)mb, (long long)(cfg.parallel.dp * mb));
+    pb.tokens = RS_MALLOC((size_t)all * 4);
+    pb.targets = RS_MALLOC((size_t)all * 4);
+    pb.pos = RS_MALLOC((size_t)all * 4);
+    pb.doc_pos = RS_MALLOC((size_t)all * 4);
+    parity_read_i32(&bf, "tokens", pb.B, pb.T, pb.tokens);
+    parity_read_i32(&bf, "targets", pb.B, pb.T, pb.targets);
+    parity_read_i32(&bf, "pos", pb.B, pb.T, pb.pos);
+    parity_read_i32(&bf, "doc_pos", pb.B, pb.T, pb.doc_pos);
+    int64_t n = 0; /* the whole batch's predicted tokens: every rank counts the same */
+    for (int64_t i = 0; i < all; i++) n += pb.targets[i] >= 0;
+    RS_CHECK(n > 0, "no token with a target in %s", dir);
 
     Model m;
-    model_init(&m, &cfg, &backend_cpu, NULL, rows);
+    const int64_t Tl = pb.T / cfg.parallel.cp, rows = mb * Tl;
+    model_init(&m, &cfg, &backend_cpu, &comm, rows);
     for (int i = 0; i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
         if (safetensors_read(&wf, p->name, ST_DTYPE_F32, p->ndim, shape, m.params + p->offset, err, sizeof err))
             RS_FATAL("%s", err);
     }
-    Batch b = {rows, (int32_t)B, T, RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4),
+    Batch b = {rows, (int32_t)mb, Tl, RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4),
                RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4)};
-    parity_read_i32(&bf, "tokens", B, T, b.tokens);
-    parity_read_i32(&bf, "targets", B, T, b.targets);
-    parity_read_i32(&bf, "pos", B, T, b.pos);
-    parity_read_i32(&bf, "doc_pos", B, T, b.doc_pos);
-    int64_t n = 0;
-    for (int64_t i = 0; i < rows; i++) n += b.targets[i] >= 0;
-    RS_CHECK(n > 0, "no token with a target in %s", dir);
+    for (int64_t j = 0; j < mb; j++) {
+        int64_t o = j * Tl;
+        cp_read_sample(&m.cp.L, parity_read_span, &pb, comm.dp_rank * mb + j, b.tokens + o, b.targets + o, b.pos + o,
+                       b.doc_pos + o);
+    }
 
     memset(m.grads, 0, (size_t)m.ptab.buffer_numel * sizeof(float));
-    double loss = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 0) / (double)n;
+    double loss_local = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 1);
+    double loss = comm_allreduce_sum_scalar(&comm, comm.world, loss_local) / (double)n;
     int64_t attn_calls = 0;
     for (int l = 0; l < m.cp.layers; l++) attn_calls += m.cp.count.attn_kernel_calls[l];
-    printf("parity_step %s: policy %s, loss %.9f over %lld tokens; attention forward calls %lld, block "
-           "recomputes %lld\n",
-           dir, act_policy_names[cfg.checkpoint.activations], loss, (long long)n,
-           (long long)attn_calls, (long long)m.count.block_recomputes);
-
-    StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
-    out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};
-    for (int i = 0; i < m.ptab.n; i++) {
-        const ParamTensor *p = &m.ptab.t[i];
-        out[i + 1] = (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = m.grads + p->offset};
-        out[i + 1].shape[0] = p->shape[0];
-        out[i + 1].shape[1] = p->shape[1];
+    if (comm.rank == 0) {
+        printf("parity_step %s: policy %s, dp %lld, cp %lld, loss %.9f over %lld tokens; attention forward calls "
+               "%lld, block recomputes %lld\n",
+               dir, act_policy_names[cfg.checkpoint.activations], (long long)cfg.parallel.dp,
+               (long long)cfg.parallel.cp, loss, (long long)n, (long long)attn_calls,
+               (long long)m.count.block_recomputes);
+        parity_print_counters(&m);
+        StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
+        out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};
+        for (int i = 0; i < m.ptab.n; i++) {
+            const ParamTensor *p = &m.ptab.t[i];
+            out[i + 1] =
+                (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = m.grads + p->offset};
+            out[i + 1].shape[0] = p->shape[0];
+            out[i + 1].shape[1] = p->shape[1];
+        }
+        if (!out_path) snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+        else snprintf(path, sizeof path, "%s", out_path);
+        if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
+        free(out);
     }
-    snprintf(path, sizeof path, "%s/grads.safetensors", dir);
-    if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
-    free(out);
     free(b.tokens);
     free(b.targets);
     free(b.pos);
     free(b.doc_pos);
+    free(pb.tokens);
+    free(pb.targets);
+    free(pb.pos);
+    free(pb.doc_pos);
     safetensors_close(&wf);
     safetensors_close(&bf);
     model_free(&m);
     config_free(&cfg);
+    comm_finalize(&comm);
     return 0;
 }
