@@ -12,8 +12,10 @@ Four layers of evidence, each able to fail:
    start exactly on and one after segment boundaries, documents longer than a
    segment, and one document spanning everything (and a sample that starts
    inside a document), the loss and every parameter gradient equal the
-   single-process run within 1e-5 relative, and the single-process run
-   matches the float64 PyTorch reference within 1e-4.
+   single-process run within 1e-5 relative (or, for a tensor whose fp32
+   single-process gradient is itself further than 5e-6 from float64, within
+   twice that floor), and the single-process run matches the float64
+   PyTorch reference within 1e-4.
 3. The checkpoint policies under CP: none, full and remat give the same
    gradients (1e-6), and the per-layer counters show one attention forward,
    one ring pass and one scan all-gather per layer for none/remat and two for
@@ -110,19 +112,33 @@ def rel(a, b):
     return np.linalg.norm(a - b) / n if n > 0 else np.linalg.norm(a - b)
 
 
+GRAD_BOUND = 1e-5
+
+
 @pytest.mark.parametrize("case", list(DOCS))
 def test_layouts_give_the_single_process_gradients(cases, case, tmp_path):
+    """Every layout's loss and gradients equal the single process's within 1e-5 relative L2 per
+    tensor. Both runs are fp32; the single process is itself only so close to the float64
+    reference (measured up to ~2e-5 on the 4-element A_log / dt_bias gradients of layer 0, where
+    2048 per-token terms cancel). Where that floor is above 1e-5 the bound for the tensor is
+    twice its floor, and the layout must then also be as close to float64 as the single
+    process is (within that factor)."""
     d = cases[case]
+    exact = safetensors_io.load(d / "ref.safetensors")
     ref, _, _ = parity_step(d, 1, 1, tmp_path / "g11.safetensors")
     c = run(["/usr/bin/python3", ROOT / "tests/parity/compare.py", d / "ref.safetensors", tmp_path / "g11.safetensors"])
     assert c.returncode == 0, c.stdout + c.stderr  # the single process matches PyTorch (1e-4)
+    floor = {k: rel(ref[k], exact[k]) for k in ref}
     for dp, cp in LAYOUTS[1:]:
         got, counters, out = parity_step(d, dp, cp, tmp_path / f"g{dp}{cp}.safetensors")
         worst = max((rel(got[k], ref[k]), k) for k in ref)
         print(f"{case} dp {dp} cp {cp}: loss {float(got['loss']):.9f} vs {float(ref['loss']):.9f}, "
-              f"worst gradient rel err {worst[0]:.2e} ({worst[1]})")
-        assert rel(got["loss"], ref["loss"]) <= 1e-5, (dp, cp, got["loss"], ref["loss"])
-        assert worst[0] <= 1e-5, (dp, cp, worst)
+              f"worst gradient rel err {worst[0]:.2e} ({worst[1]}; single vs float64 there {floor[worst[1]]:.1e})")
+        assert rel(got["loss"], ref["loss"]) <= GRAD_BOUND, (dp, cp, got["loss"], ref["loss"])
+        for k in ref:
+            bound = max(GRAD_BOUND, 2 * floor[k])
+            assert rel(got[k], ref[k]) <= bound, (dp, cp, k, rel(got[k], ref[k]), floor[k])
+            assert rel(got[k], exact[k]) <= max(GRAD_BOUND, 2 * floor[k]), (dp, cp, k, rel(got[k], exact[k]))
         if cp > 1:  # the CP machinery really ran
             assert sum(counters["scan_allgathers_fwd"]) > 0 and sum(counters["ring_passes_fwd"]) > 0, out
 
@@ -214,3 +230,23 @@ def test_mismatched_launch_names_both(tmp_path, data):
     assert re.search(r"started 3 ranks", r.stderr) and "parallel.dp = 1" in r.stderr and "parallel.cp = 2" in r.stderr, \
         r.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_exact_resume_under_cp(tmp_path, data):
+    """cp 2 with grad accumulation: 6 steps straight vs 3 steps + `mpirun ringscan resume` to 6 —
+    bitwise-equal losses (the data position and the CP schedule do not depend on the start)."""
+    common = ["--set", f"data.path={data}", "--set", "data.seq_len=512", "--set", "parallel.dp=1",
+              "--set", "parallel.cp=2", "--set", "data.micro_batch=1", "--set", "train.grad_accum=2",
+              "--set", "train.steps=6", "--set", "train.warmup_steps=2", "--set", "checkpoint.every=3"]
+    r = mpirun(2, RINGSCAN, "train", "configs/tiny-cpu.yaml", *common, "--set", f"run.out_dir={tmp_path / 'a'}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(2, RINGSCAN, "train", "configs/tiny-cpu.yaml", *common, "--set", f"run.out_dir={tmp_path / 'b'}",
+               "--set", "run.stop_after_step=3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(2, RINGSCAN, "resume", tmp_path / "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    la = [json.loads(l)["loss"] for l in open(tmp_path / "a" / "metrics.jsonl")]
+    lb = [json.loads(l)["loss"] for l in open(tmp_path / "b" / "metrics.jsonl")]
+    assert len(la) == 6 and la == lb, (la, lb)
+    c = json.loads(open(tmp_path / "a" / "metrics.jsonl").readline())["counters"]
+    assert c["micro_batches"] == 2 and c["attn_forwards"][3] == 2 and c["scan_allgathers_fwd"][:3] == [2, 2, 2], c
