@@ -20,17 +20,18 @@
  * their pad columns with a sentinel that must survive; the increment
  * got - prefill is compared with the cpu kernel's increment.
  *
- * Bounds (relative L2 over all elements; -inf lse entries must match exactly):
- *   out (bf16)              1e-2  P is rounded to bf16 before the PV product and out to bf16
- *                                 (2^-9 relative each, RMS ~ 1e-3 per element): expect ~3e-3
- *   lse (fp32)              1e-4  fp32 scores of identical bf16 inputs; only the summation
- *                                 order and exp2/log2 differ: expect ~1e-6
- *   dq, dk, dv (fp32 +=)    1e-2  P and dS are rounded to bf16 before the tensor-core products
- *                                 (2^-9 relative each, summed over many keys): expect ~3e-3
- *   merge (fp32)            1e-6  the cpu rule on the same values, fp32 on both sides
- *   ring (pieces + merge)   out 1e-2 (every piece's out is bf16), lse 1e-4
+ * Bounds (relative L2 over all elements; -inf lse entries must match exactly), with
+ * the largest error measured on an H100 (2026-11-23) in brackets:
+ *   out (bf16)              5e-3 [2.0e-3]  P is rounded to bf16 before the PV product and out to
+ *                                          bf16 (2^-9 relative each, RMS ~1e-3 per element)
+ *   lse (fp32)              1e-5 [1.2e-7]  fp32 scores of identical bf16 inputs; only the summation
+ *                                          order and exp2/log2 differ
+ *   dq, dk, dv (fp32 +=)    5e-3 [1.7e-3]  P and dS are rounded to bf16 before the tensor-core
+ *                                          products (2^-9 relative each)
+ *   merge (fp32)            1e-6 [3.4e-8]  the cpu rule on the same values, fp32 on both sides
+ *   ring (pieces + merge)   out 5e-3 [1.9e-3] (every piece's out is bf16), lse 1e-5 [1.1e-7]
  * A wrong mask, GQA mapping, scale or stride gives errors of 1e-1 and more; two
- * cases check that the bounds fail for a one-token mask error and a 3% error in
+ * cases check that the bounds fail for a one-token mask error and a 1% error in
  * P. Backward calls are run twice from the same prefill and must agree bit for
  * bit (determinism). Set RS_ATTN_TIMING=1 to print fwd/bwd times at T = 32k
  * (information only: no test depends on a time).
@@ -44,6 +45,10 @@
 #include "cuda_common.h"
 #include "cuda_kernels.h"
 #include "test_util.h"
+
+#define CA_OUT_BOUND  5e-3 /* the bounds of the header */
+#define CA_LSE_BOUND  1e-5
+#define CA_GRAD_BOUND 5e-3
 
 /* ---- bf16 on the host ------------------------------------------------------------------------ */
 
@@ -312,10 +317,10 @@ static double ca_test_forward(const CaCase *c, uint64_t seed) {
     snprintf(what, sizeof what, "%s fwd out (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, (long long)a.Tq,
              (long long)a.Tk, c->nh, c->nkv, c->hd, c->causal ? "causal" : "full", c->strided ? " strided" : "");
     float *got = ca_out_dense(&f, &a), *want = ca_gather(f.out_ref, a.Tq, a.wq, a.ldo);
-    test_check_rel_f(what, got, want, a.Tq * a.wq, 1e-2);
+    test_check_rel_f(what, got, want, a.Tq * a.wq, CA_OUT_BOUND);
     const double err = test_rel_err_f(got, want, a.Tq * a.wq);
     snprintf(what, sizeof what, "%s fwd lse", c->name);
-    ca_check_lse(what, f.lse, f.lse_ref, a.Tq * c->nh, 1e-4);
+    ca_check_lse(what, f.lse, f.lse_ref, a.Tq * c->nh, CA_LSE_BOUND);
     int64_t written = 0;
     for (int64_t t = 0; t < a.Tq; t++)
         for (int i = a.wq; i < a.ldo; i++) written += !isnan(ca_bf16_float(f.out[t * a.ldo + i]));
@@ -405,8 +410,10 @@ TEST(cuda_attention_forward_must_fail) {
     ca_cpu_forward(&f, &a);
     ca_cuda_forward(&f, &a, (const int32_t *)ca_upload(pq, a.Tq * 4), (const int32_t *)ca_upload(dq, a.Tq * 4));
     const double err = test_rel_err_f(ca_out_dense(&f, &a), ca_gather(f.out_ref, a.Tq, a.wq, a.ldo), a.Tq * a.wq);
-    printf("must_fail_diagonal: out rel err %.3e, must exceed the bound 1e-2: %s\n", err, err > 1e-2 ? "ok" : "NO");
-    EXPECT(err > 1e-2, "a one-token mask error gave out rel err %.3e <= 1e-2: the forward check cannot fail", err);
+    printf("must_fail_diagonal: out rel err %.3e, must exceed the bound %.0e: %s\n", err, CA_OUT_BOUND,
+           err > CA_OUT_BOUND ? "ok" : "NO");
+    EXPECT(err > CA_OUT_BOUND, "a one-token mask error gave out rel err %.3e <= %.0e: the check cannot fail", err,
+           CA_OUT_BOUND);
     ca_dev_free_all();
 }
 
@@ -507,7 +514,7 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
                  (long long)Tq, (long long)Tk, nh, c->nkv, c->hd, c->causal ? "causal" : "full",
                  c->strided ? " strided" : "");
         const double err = test_rel_err_f(gi, ri, rows[w] * ws[w]);
-        if (lse_shift == 0.0f) test_check_rel_f(what, gi, ri, rows[w] * ws[w], 1e-2);
+        if (lse_shift == 0.0f) test_check_rel_f(what, gi, ri, rows[w] * ws[w], CA_GRAD_BOUND);
         if (err > worst) worst = err;
         snprintf(what, sizeof what, "%s bwd %s", c->name, names[w]);
         ca_check_sentinels(what, got[0][w], pre[w], rows[w] * lds[w]);
@@ -566,12 +573,13 @@ TEST(cuda_attention_backward_large) {
 }
 
 TEST(cuda_attention_backward_must_fail) {
-    /* the check can fail: the cuda side gets lse + 0.03, so every P is 3% small; the error must exceed 1e-2 */
+    /* the check can fail: the cuda side gets lse + 0.01, so every P is 1% small; the error must exceed the bound */
     const CaCase c = {"must_fail_lse", 4, 2, 128, 1, 0, ONE_DOC, R1(0, 200), R1(0, 200)};
-    const double err = ca_test_backward(&c, 1100, 0.03f);
-    printf("must_fail_lse: worst gradient rel err %.3e, must exceed the bound 1e-2: %s\n", err,
-           err > 1e-2 ? "ok" : "NO");
-    EXPECT(err > 1e-2, "a 3%% error in P gave gradient rel err %.3e <= 1e-2: the backward check cannot fail", err);
+    const double err = ca_test_backward(&c, 1100, 0.01f);
+    printf("must_fail_lse: worst gradient rel err %.3e, must exceed the bound %.0e: %s\n", err, CA_GRAD_BOUND,
+           err > CA_GRAD_BOUND ? "ok" : "NO");
+    EXPECT(err > CA_GRAD_BOUND, "a 1%% error in P gave gradient rel err %.3e <= %.0e: the check cannot fail", err,
+           CA_GRAD_BOUND);
 }
 
 /* ---- merge ----------------------------------------------------------------------------------- */
@@ -648,9 +656,9 @@ static void ca_test_ring(const CaCase *c, const int64_t *cuts, int npieces, cons
     ca_download(got_lse, d_run_lse, Tq * nh * 4);
     char what[200];
     snprintf(what, sizeof what, "%s: %d pieces merged, out vs cpu whole", c->name, npieces);
-    test_check_rel_f(what, got, ca_gather(f.out_ref, Tq, a.wq, a.ldo), Tq * a.wq, 1e-2);
+    test_check_rel_f(what, got, ca_gather(f.out_ref, Tq, a.wq, a.ldo), Tq * a.wq, CA_OUT_BOUND);
     snprintf(what, sizeof what, "%s: %d pieces merged, lse vs cpu whole", c->name, npieces);
-    ca_check_lse(what, got_lse, f.lse_ref, Tq * nh, 1e-4);
+    ca_check_lse(what, got_lse, f.lse_ref, Tq * nh, CA_LSE_BOUND);
     ca_dev_free_all();
 }
 
