@@ -12,26 +12,29 @@
  * accumulation, cuda_gdn_mma.h); the state passes run one block per (value
  * head, column block of the state) and walk the chunks in order, the state
  * (or its gradient) in fp32 registers.
- *   index     count / scan / write: chunk starts from doc_pos on the device (a chunk
- *             starts every 64 tokens of a document, counted from the document's
+ *   index     count / scan / write / info: chunk starts from doc_pos on the device (a
+ *             chunk starts every 64 tokens of a document, counted from the document's
  *             first token or from token 0 of the call), the first and last chunk
- *             that starts a document (no host round trip)
+ *             that starts a document, (t0, L, flags) per chunk (no host round trip)
  *   prep      per chunk: fp32 cumsum of g (log2 units), K K^T, A, Tinv = (I+A)^-1
- *             (fp32 forward substitution), W = Tinv diag(beta gam) K,
+ *             (fp32, 16x16 blocks: substitution on the diagonal, then the blocks below
+ *             from their diagonal neighbours), W = Tinv diag(beta gam) K,
  *             U = Tinv diag(beta) V (Tinv split hi+lo bf16, so W, U are not
  *             limited by Tinv's rounding), stored bf16
  *   state_fwd sequential over chunks: store the entering state h (bf16), vn = U - W S,
  *             S = gam_L S + K^T (dec * vn); S operand split hi+lo bf16; cp.async
- *             prefetch of the next chunk. Transition mode carries [S | M] from
+ *             prefetch of the next chunk's tiles, its (t0, L, flags) two chunks ahead
+ *             (no dependent global load on the sequential path). Transition mode carries [S | M] from
  *             [0 | I] (research/gdn_cp.md §8.2): M comes out of the same pass.
  *   output    per chunk: o = scale (gam * (Q h) + (Q K^T * Gam * causal) vn)
  *   backward: prep, state_fwd (recompute h, vn), dvlocal (dv_loc = scale P^T dO),
  *             state_bwd (reverse pass: dv2 = dv_loc + dec * (K D), D <- gam_L D +
  *             scale (Q*gam)^T dO - W^T dv2, dS_final in, dS0 out), dqkwg (dq, dk from
  *             the states, dw = -dv2 h^T, dG terms), wy_bwd (Tinv recomputed: dk, dv,
- *             dbeta, dG of the WY factors; dg reverse cumsum), group_reduce (dq, dk
- *             per key head: the fp32 per-value-head partials of the group summed in
- *             head order, one bf16 rounding).
+ *             dbeta, dG of the WY factors; dg reverse cumsum; dk summed in fp32), and for
+ *             GVA group_reduce (dq, dk per key head: the fp32 per-value-head partials
+ *             of the group summed in head order, one bf16 rounding); without GVA
+ *             dqkwg and wy_bwd write the final bf16 dq and dk themselves.
  *   dstate    = prep, dvlocal, state_bwd on the chunks before the first document start.
  *   state_affine: fp32 IEEE (no TF32) tiled S_out = op(M) S_in + H.
  *
@@ -170,24 +173,48 @@ GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG
         }
 }
 
-/* Tinv = (I + A)^-1 (unit lower triangular) by forward substitution in fp32, one column per
- * thread (threads 0..63; the others return): column c, row i = [i == c] - sum_{j<i} A_ij T_jc.
- * Two partial sums (even/odd j) halve the dependent chain. */
-GDN_DEV void gdn_solve(float *sT, const float *sA) {
-    const int c = threadIdx.x;
-    if (c >= GDN_C) return;
-    float tc[GDN_C];
+/* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (stride GDN_LDF), blocked by 16:
+ * the four diagonal blocks by forward substitution (thread = block, column: [i == c] - sum_{j<i}
+ * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
+ * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). All threads; ends synchronised. */
+#define GDN_SOLVE_SCRATCH (3 * 16 * 17)
+GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
+    __syncthreads();
+    if (tid < GDN_C) {
+        const int o = 16 * (tid >> 4), c = tid & 15;
+        float tc[16];
 #pragma unroll
-    for (int i = 0; i < GDN_C; i++) {
-        float s0 = (i == c) ? 1.0f : 0.0f, s1 = 0.0f;
+        for (int i = 0; i < 16; i++) {
+            float s = (i == c) ? 1.0f : 0.0f;
 #pragma unroll
-        for (int j = 0; j + 1 < i; j += 2) {
-            s0 = fmaf(-sA[i * GDN_LDF + j], tc[j], s0);
-            s1 = fmaf(-sA[i * GDN_LDF + j + 1], tc[j + 1], s1);
+            for (int j = 0; j < i; j++) s = fmaf(-sA[(o + i) * GDN_LDF + o + j], tc[j], s);
+            tc[i] = s;
+            sT[(o + i) * GDN_LDF + o + c] = s;
         }
-        if (i & 1) s0 = fmaf(-sA[i * GDN_LDF + i - 1], tc[i - 1], s0);
-        tc[i] = s0 + s1;
-        sT[i * GDN_LDF + c] = tc[i];
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int d = 1; d < 4; d++) {
+        const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *arow = sA + (16 * bi + r) * GDN_LDF;
+            float x = 0.0f;
+            for (int k = 16 * bj; k < 16 * bi; k++) x = fmaf(arow[k], sT[k * GDN_LDF + 16 * bj + cc], x);
+            sX[(e >> 8) * 272 + r * 17 + cc] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
+            float t = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
+        }
+        __syncthreads();
     }
 }
 
@@ -339,6 +366,19 @@ __global__ void __launch_bounds__(1024) gdn_index_write_kernel(int32_t *starts, 
     }
 }
 
+/* info[c] = (t0, L, flags) per chunk, for the state passes (one load per chunk, prefetched):
+ * flags bit 0: the chunk starts a document (its state starts at 0); bit 1: a state leaves it
+ * (the call ends with it, or the next chunk continues its document) */
+__global__ void gdn_index_info_kernel(int4 *info /* (T+1) */, const int32_t *starts, const int32_t *meta,
+                                      const int32_t *doc_pos, int64_t T) {
+    const int nc = meta[GDN_META_NC];
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < nc; c += gridDim.x * blockDim.x) {
+        const int t0 = starts[c], t1 = starts[c + 1];
+        const int flags = (doc_pos[t0] == 0 ? 1 : 0) | ((t1 == T || doc_pos[t1] != 0) ? 2 : 0);
+        info[c] = make_int4(t0, t1 - t0, flags, 0);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* prep: G, A, Tinv, W, U per (chunk, value head)                                                     */
 
@@ -358,7 +398,7 @@ template <int DK, int DV> struct GdnPrepSmem {
         T = c.take<float>(GDN_C * GDN_LDF);
         G = c.take<float>(GDN_C);
         beta = c.take<float>(GDN_C);
-        tmp = c.take<float>(4);
+        tmp = c.take<float>(GDN_SOLVE_SCRATCH);
         bytes = c.off;
     }
 };
@@ -407,8 +447,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         __syncthreads();
         gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
         __syncthreads();
-        gdn_solve(s.T, s.A);
-        __syncthreads();
+        gdn_solve(s.T, s.tmp, s.A);
         /* Tinv diag(beta gam) and Tinv diag(beta), each as hi + lo bf16 */
         for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
             const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
@@ -458,8 +497,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                          float *S_out /* (nv,DK,dv) or NULL */, float *M_out /* (nv,DK,DK) or NULL */,
                          const bf16 *W /* (T,nv,DK) */, const bf16 *U /* (T,nv,dv) */, const bf16 *k /* (T,ldq) */,
                          const float *G2 /* (T,nv) */, const float *S0 /* (nv,DK,dv) or NULL */,
-                         const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int mode, int nk, int nv,
-                         int dv, int ldq) {
+                         const int4 *info, const int32_t *meta, int mode, int nk, int nv, int dv, int ldq) {
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     GdnStateFwdSmem<DK, BV> s(gdn_smem);
@@ -484,33 +522,29 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 S[mi][ni][e] = x;
             }
 
-    auto issue = [&](int64_t t0, int L, int buf) {
-        gdn_load_rows<GDN_C, DK>(gdn_pick(s.w, buf), LDK, W + t0 * ldw + (int64_t)h * DK, ldw, L);
-        gdn_load_rows<GDN_C, DK>(gdn_pick(s.k, buf), LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        if (!is_M) gdn_load_rows<GDN_C, BV>(gdn_pick(s.u, buf), LDB, U + t0 * ldu + (int64_t)h * dv + col0, ldu, L);
-        gdn_load_G(gdn_pick(s.G, buf), G2, t0, L, h, nv);
+    auto issue = [&](int4 ci, int buf) {
+        const int64_t t0 = ci.x;
+        gdn_load_rows<GDN_C, DK>(gdn_pick(s.w, buf), LDK, W + t0 * ldw + (int64_t)h * DK, ldw, ci.y);
+        gdn_load_rows<GDN_C, DK>(gdn_pick(s.k, buf), LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, ci.y);
+        if (!is_M)
+            gdn_load_rows<GDN_C, BV>(gdn_pick(s.u, buf), LDB, U + t0 * ldu + (int64_t)h * dv + col0, ldu, ci.y);
+        gdn_load_G(gdn_pick(s.G, buf), G2, t0, ci.y, h, nv);
     };
-    int64_t tn = 0;
-    int Ln = 0;
-    if (lo < hi) {
-        tn = starts[lo];
-        Ln = starts[lo + 1] - (int)tn;
-        issue(tn, Ln, 0);
-    }
+    /* chunk c's tiles are copied during chunk c-1; its info is loaded two chunks ahead */
+    const int4 none = make_int4(0, 1, 0, 0);
+    int4 cur = lo < hi ? info[lo] : none, nxt = lo + 1 < hi ? info[lo + 1] : none;
+    if (lo < hi) issue(cur, 0);
     gdn_cp_async_commit();
     for (int c = lo, it = 0; c < hi; c++, it++) {
         const int buf = it & 1;
-        const int64_t t0 = tn;
-        const int L = Ln;
-        if (c + 1 < hi) {
-            tn = starts[c + 1];
-            Ln = starts[c + 2] - (int)tn;
-            issue(tn, Ln, buf ^ 1);
-        }
+        const int4 nxt2 = c + 2 < hi ? info[c + 2] : none;
+        gdn_cp_async_wait<0>();
+        __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c-1 */
+        if (c + 1 < hi) issue(nxt, buf ^ 1);
         gdn_cp_async_commit();
-        gdn_cp_async_wait<1>();
-        __syncthreads();
-        const bool reset = doc_pos[t0] == 0;
+        const int64_t t0 = cur.x;
+        const int L = cur.y;
+        const bool reset = (cur.z & 1) != 0;
         /* the entering state: to shared memory (hi + lo) and, for a carried chunk, to h */
         bf16 *hrow = (hs && !reset) ? hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0 : NULL;
 #pragma unroll
@@ -528,10 +562,15 @@ __global__ void __launch_bounds__(GDN_THREADS)
         const float *sG = gdn_pick(s.G, buf);
         const float gL = sG[L - 1];
         /* vn = U - W S; rows >= L are 0 (W and U zero-filled) */
-        float acc[1][NTS][4];
+        float acc[1][NTS][4], acc2[1][NTS][4]; /* two independent MMA chains on the sequential path */
         gdn_zero(acc);
+        gdn_zero(acc2);
         gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.w, buf), LDK, s.s_hi, LDB, 16 * w, 0);
-        gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.w, buf), LDK, s.s_lo, LDB, 16 * w, 0);
+        gdn_warp_mma<1, NTS, false, false, DK>(acc2, gdn_pick(s.w, buf), LDK, s.s_lo, LDB, 16 * w, 0);
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
 #pragma unroll
         for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
@@ -554,7 +593,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) S[mi][ni][e] *= gam;
         gdn_warp_mma<MTS, NTS, true, false, GDN_C>(S, gdn_pick(s.k, buf), LDK, s.vn, LDB, srow0, 0);
-        __syncthreads();
+        cur = nxt;
+        nxt = nxt2;
     }
 #pragma unroll
     for (int mi = 0; mi < MTS; mi++)
@@ -740,8 +780,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
                          float *dS0 /* (nv,DK,dv) or NULL */, const float *dS_final /* (nv,DK,dv) or NULL */,
                          const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */, const bf16 *W /* (T,nv,DK) */,
                          const bf16 *dvl /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const float *G2,
-                         const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int mode, int64_t T,
-                         int nk, int nv, int dv, int ldq, int ldo, float scale) {
+                         const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv, int ldq,
+                         int ldo, float scale) {
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     GdnStateBwdSmem<DK, BV> s(gdn_smem);
@@ -762,7 +802,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 D[mi][ni][e] = dS_final ? dS_final[((int64_t)h * DK + a) * dv + col0 + j] : 0.0f;
             }
 
-    auto issue = [&](int64_t t0, int L, int buf) {
+    auto issue = [&](int4 ci, int buf) {
+        const int64_t t0 = ci.x;
+        const int L = ci.y;
         gdn_load_rows<GDN_C, DK>(gdn_pick(s.q, buf), LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
         gdn_load_rows<GDN_C, DK>(gdn_pick(s.k, buf), LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         gdn_load_rows<GDN_C, DK>(gdn_pick(s.w, buf), LDK, W + t0 * ldw + (int64_t)h * DK, ldw, L);
@@ -770,28 +812,22 @@ __global__ void __launch_bounds__(GDN_THREADS)
         gdn_load_rows<GDN_C, BV>(gdn_pick(s.dl, buf), LDB, dvl + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
         gdn_load_G(gdn_pick(s.G, buf), G2, t0, L, h, nv);
     };
-    int64_t tn = 0;
-    int Ln = 0;
-    if (lo < hi) {
-        tn = starts[hi - 1];
-        Ln = starts[hi] - (int)tn;
-        issue(tn, Ln, 0);
-    }
+    /* chunk c's tiles are copied during chunk c+1; its info is loaded two chunks ahead */
+    const int4 none = make_int4(0, 1, 0, 0);
+    int4 cur = lo < hi ? info[hi - 1] : none, nxt = hi - 2 >= lo ? info[hi - 2] : none;
+    if (lo < hi) issue(cur, 0);
     gdn_cp_async_commit();
     for (int c = hi - 1, it = 0; c >= lo; c--, it++) {
         const int buf = it & 1;
-        const int64_t t0 = tn, t1 = t0 + Ln;
-        const int L = Ln;
-        if (c - 1 >= lo) {
-            tn = starts[c - 1];
-            Ln = (int)(t0 - tn);
-            issue(tn, Ln, buf ^ 1);
-        }
+        const int4 nxt2 = c - 2 >= lo ? info[c - 2] : none;
+        gdn_cp_async_wait<0>();
+        __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c+1 */
+        if (c - 1 >= lo) issue(nxt, buf ^ 1);
         gdn_cp_async_commit();
-        gdn_cp_async_wait<1>();
-        __syncthreads();
-        const bool reset = doc_pos[t0] == 0;
-        const bool exit_carries = t1 == T || doc_pos[t1] != 0;
+        const int64_t t0 = cur.x, t1 = t0 + cur.y;
+        const int L = cur.y;
+        const bool reset = (cur.z & 1) != 0;
+        const bool exit_carries = (cur.z & 2) != 0;
         bf16 *drow = (dhs && exit_carries) ? dhs + ((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * (int64_t)DK * dv + col0
                                            : NULL;
 #pragma unroll
@@ -815,10 +851,15 @@ __global__ void __launch_bounds__(GDN_THREADS)
         __syncthreads();
         const float gL = sG[L - 1];
         /* dv2 = dv_loc + dec (K D) */
-        float acc[1][NTS][4];
+        float acc[1][NTS][4], acc2[1][NTS][4]; /* two independent MMA chains on the sequential path */
         gdn_zero(acc);
+        gdn_zero(acc2);
         gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.k, buf), LDK, s.d_hi, LDB, 16 * w, 0);
-        gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.k, buf), LDK, s.d_lo, LDB, 16 * w, 0);
+        gdn_warp_mma<1, NTS, false, false, DK>(acc2, gdn_pick(s.k, buf), LDK, s.d_lo, LDB, 16 * w, 0);
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
 #pragma unroll
         for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
@@ -849,7 +890,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
                     for (int e = 0; e < 4; e++) D[mi][ni][e] = 0.0f;
         }
-        __syncthreads();
+        cur = nxt;
+        nxt = nxt2;
     }
     if (dS0) {
 #pragma unroll
@@ -897,7 +939,8 @@ template <int DK, int DV> struct GdnDqkwgSmem {
  */
 template <int DK, int DV>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_dqkwg_kernel(float *dqv /* (T,nv,DK) */, float *dkv /* (T,nv,DK) */, bf16 *dw /* (T,nv,DK) */,
+    gdn_dqkwg_kernel(float *dqv /* (T,nv,DK) */, bf16 *dq_out /* (T,ldq) when nv == nk, else NULL */,
+                     float *dkv /* (T,nv,DK) */, bf16 *dw /* (T,nv,DK) */,
                      float *dgp /* (T,nv) */, const bf16 *q, const bf16 *k, const bf16 *vn /* (T,nv,DV) */,
                      const bf16 *dout /* (T,ldo) */, const bf16 *dv2 /* (T,nv,DV) */,
                      const bf16 *hs /* (ns,nv,DK,DV) */, const bf16 *dhs /* (ns,nv,DK,DV) */, const float *G2,
@@ -983,7 +1026,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
                     const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
                     const float2 qq = gdn_load2(s.q + r * LDK + col);
                     qdq[e >> 1] += qq.x * acc[0][ni][e] + qq.y * acc[0][ni][e + 1];
-                    if (r < L)
+                    if (r < L && dq_out) /* one value head per key head: the final dq */
+                        gdn_store2(dq_out + (t0 + r) * ldq + (int64_t)h * DK + col, acc[0][ni][e], acc[0][ni][e + 1]);
+                    else if (r < L)
                         *(float2 *)(dqv + (t0 + r) * ldk + (int64_t)h * DK + col) =
                             make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
                 }
@@ -1088,7 +1133,7 @@ template <int DK, int DV> struct GdnWySmem {
         beta = c.take<float>(GDN_C);
         dbeta = c.take<float>(GDN_C);
         dG = c.take<float>(GDN_C);
-        tmp = c.take<float>(GDN_C);
+        tmp = c.take<float>(GDN_SOLVE_SCRATCH);
         bytes = c.off;
     }
 };
@@ -1104,7 +1149,8 @@ template <int DK, int DV> struct GdnWySmem {
  */
 template <int DK, int DV>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_wy_bwd_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */,
+    gdn_wy_bwd_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
+                      bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */,
                       float *dbeta_out /* (T,nv) */, const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
                       const float *dgp /* (T,nv) */, const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
                       const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk, int nv,
@@ -1135,8 +1181,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         __syncthreads();
         gdn_build_A<DK>(s.A, s.kkg, s.k, s.G, s.beta, L);
         __syncthreads();
-        gdn_solve(s.T, s.A);
-        __syncthreads();
+        gdn_solve(s.T, s.tmp, s.A);
         for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
             const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
             gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
@@ -1291,7 +1336,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
                         float2 x = *p;
                         x.x += acc[0][ni][e];
                         x.y += acc[0][ni][e + 1];
-                        *p = x;
+                        if (dk_out) gdn_store2(dk_out + (t0 + j) * ldq + (int64_t)h * DK + col, x.x, x.y); /* final dk */
+                        else *p = x;
                     }
                 }
         }
@@ -1410,6 +1456,7 @@ enum { GDN_WS_FORWARD, GDN_WS_BACKWARD, GDN_WS_TRANSITION, GDN_WS_DSTATE };
 /* the buffers of one call, carved from the workspace (NULL where the call needs none) */
 typedef struct GdnBufs {
     int32_t *blk, *meta, *starts; /* index: (nb,3), (GDN_META_N), (T+1) */
+    int4 *info;                   /* (T+1) per chunk: t0, L, flags (gdn_index_info_kernel) */
     float *G2;                    /* (T,nv) log2-unit chunk-local cumsum */
     bf16 *W;                      /* (T,nv,dk); the backward reuses it for dw */
     bf16 *U;                      /* (T,nv,dv); the backward reuses it for dv_loc */
@@ -1427,6 +1474,7 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
     b->blk = c.take<int32_t>((size_t)3 * (nb > 0 ? nb : 1));
     b->meta = c.take<int32_t>(GDN_META_N);
     b->starts = c.take<int32_t>((size_t)T + 1);
+    b->info = c.take<int4>((size_t)T + 1);
     b->G2 = c.take<float>(tv);
     b->W = c.take<bf16>(tv * dk);
     b->U = c.take<bf16>(tv * dv);
@@ -1459,6 +1507,9 @@ static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T) {
     gdn_index_scan_kernel<<<1, 1024, 0, st>>>(b->blk, b->meta, b->starts, nb, T);
     CUDA_LAUNCH_CHECK();
     gdn_index_write_kernel<<<nb, 1024, 0, st>>>(b->starts, b->meta, b->blk, doc_pos, T);
+    CUDA_LAUNCH_CHECK();
+    gdn_index_info_kernel<<<(unsigned)((T + 255) / 256 < 1024 ? (T + 255) / 256 : 1024), 256, 0, st>>>(
+        b->info, b->starts, b->meta, doc_pos, T);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -1504,7 +1555,7 @@ static void gdn_launch_state_fwd_bv(const GdnBufs *b, bf16 *hs, bf16 *vn, float 
     gdn_smem_attr(gdn_state_fwd_kernel<DK, BV>, sm, "state_fwd");
     const int ncol = dv + (M_out ? DK : 0);
     gdn_state_fwd_kernel<DK, BV><<<dim3(ncol / BV, nv), GDN_THREADS, sm, cuda_stream()>>>(
-        hs, vn, S_out, M_out, b->W, b->U, k, b->G2, S0, doc_pos, b->starts, b->meta, mode, nk, nv, dv, ldq);
+        hs, vn, S_out, M_out, b->W, b->U, k, b->G2, S0, b->info, b->meta, mode, nk, nv, dv, ldq);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -1523,8 +1574,8 @@ static void gdn_launch_state_bwd_bv(const GdnBufs *b, bf16 *dhs, bf16 *dv2, floa
     const size_t sm = GdnStateBwdSmem<DK, BV>(NULL).bytes;
     gdn_smem_attr(gdn_state_bwd_kernel<DK, BV>, sm, "state_bwd");
     gdn_state_bwd_kernel<DK, BV><<<dim3(dv / BV, nv), GDN_THREADS, sm, cuda_stream()>>>(
-        dhs, dv2, dS0, dS_final, q, k, b->W, b->U, dout, b->G2, doc_pos, b->starts, b->meta, mode, T, nk, nv, dv, ldq,
-        ldo, scale);
+        dhs, dv2, dS0, dS_final, q, k, b->W, b->U, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo,
+        scale);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -1584,20 +1635,24 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
         gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dqv, b.dkv, b.W /* dw */, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta,
-            T, nk, nv, ldq, ldo, scale);
+            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
+            doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
     }
     {
         const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_kernel<DK, DV>, sm, "wy_bwd");
         gdn_wy_bwd_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta, nk, nv, ldq, ldv);
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
+            nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     }
-    const int64_t n = T * nk * (DK / 2);
-    gdn_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dq, dk, b.dqv, b.dkv, T, nk, nv, DK, ldq);
-    CUDA_LAUNCH_CHECK();
+    if (nv != nk) { /* GVA: the value heads of each group summed in head order */
+        const int64_t n = T * nk * (DK / 2);
+        gdn_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dq, dk, b.dqv, b.dkv, T, nk, nv, DK,
+                                                                             ldq);
+        CUDA_LAUNCH_CHECK();
+    }
 }
 
 template <int DK, int DV>
