@@ -220,10 +220,11 @@ static int cmd_not_built(const char *name) {
 /* Starts MPI, checks the world against dp x cp, and trains. */
 static int cli_run_training(Config *cfg, const char *resume_dir, int dry_run, const char *cmd) {
     train_catch_stop_signals();
+    const char *launcher = cli_launcher_name(); /* before MPI_Init, which sets PMIX_* even in a singleton */
     Comm comm;
     comm_init(&comm, NULL, NULL);
     ConfigErrors err = {0};
-    if (config_validate_world(cfg, comm.world_size, cli_launcher_name(), &err)) {
+    if (config_validate_world(cfg, comm.world_size, launcher, &err)) {
         if (comm.rank == 0)
             fprintf(stderr, "ringscan %s: error: %s  hint: launch with `mpirun -np %lld build/ringscan %s ...`\n", cmd,
                     err.text, (long long)config_world(cfg), cmd);

@@ -155,8 +155,9 @@ const ConfigKey config_schema[] = {
     STR(slurm.qos, "", NAME, "scheduler", "quality of service; empty: the default"),
     INT(slurm.nodes, "1", 1, 100000, "nodes", "scheduler", "nodes of the allocation"),
     INT(slurm.gpus_per_node, "0", 0, 1024, "tasks", "scheduler",
-        "tasks per node, one per GPU (cpu: ranks); 0: parallel.dp x parallel.cp / nodes"),
-    STR(slurm.time, "01:00:00", TIME, "scheduler", "time limit, [D-]HH:MM:SS"),
+        "tasks per node, one per GPU (cpu backend: ranks per node); 0: parallel.dp x parallel.cp / slurm.nodes"),
+    STR(slurm.time, "01:00:00", TIME, "scheduler",
+        "time limit: [D-]HH:MM:SS, MM:SS or MM; 0: none (the partition's maximum)"),
     INT(slurm.signal_s, "120", 0, 65535, "s", "scheduler",
         "SIGUSR1 this long before the time limit (Slurm may send it up to 60 s earlier): checkpoint, "
         "exit 75, requeue; 0: no warning"),
