@@ -137,10 +137,16 @@ static int64_t validate_slurm_seconds(const char *s) {
         p = dash + 1;
     }
     for (; n < 3; n++) {
-        f[n] = strtoll(p, (char **)&p, 10);
+        char *next;
+        f[n] = strtoll(p, &next, 10);
+        p = next;
         if (*p != ':') { n++; break; }
         p++;
     }
+    /* huge fields only need to stay huge, not overflow */
+    if (d > 1000000000) d = 1000000000;
+    for (int i = 0; i < 3; i++)
+        if (f[i] > 1000000000) f[i] = 1000000000;
     if (dash) /* D-HH[:MM[:SS]] */
         return ((d * 24 + f[0]) * 60 + (n > 1 ? f[1] : 0)) * 60 + (n > 2 ? f[2] : 0);
     if (n == 1) return f[0] * 60;          /* MM */

@@ -54,6 +54,17 @@ def find_binary(name):
     return shutil.which(name, path=path)
 
 
+def running(pid, name):
+    """True while `pid` is a live `name` (not a zombie: daemons are reparented to an init that may reap late;
+    not another program: a stale pid must never make us kill someone else's process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm == name and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -153,28 +164,27 @@ class Cluster:
         finally:
             for name in ("slurmd", "slurmctld", "munged"):
                 pid = self.pids.get(name)
-                if pid is None:
-                    continue
-                try:  # a stale pid file must never make us kill someone else's process
-                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                except OSError:
-                    continue
-                if comm != name:
+                if pid is None or not running(pid, name):
                     continue
                 os.kill(pid, signal.SIGTERM)
                 for _ in range(100):
-                    if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+                    if not running(pid, name):
                         break
                     time.sleep(0.1)
                 else:
                     os.kill(pid, signal.SIGKILL)
-            for pid in self._ours():
+            leftovers = self._ours()
+            for pid in leftovers:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            time.sleep(0.2)
+            alive = [n for n, pid in self.pids.items() if running(pid, n)]
             if not os.environ.get("RINGSCAN_KEEP_SLURM"):
                 shutil.rmtree(self.dir, ignore_errors=True)
+            assert not alive, f"daemons still running after the stop: {alive}"
+            assert not leftovers, f"processes of the cluster outlived its daemons (killed now): {leftovers}"
 
     def job_info(self, job):
         r = self.cmd("scontrol", "show", "job", "-o", job, check=False)
@@ -272,7 +282,7 @@ def test_submitted_run_trains_to_the_end(cluster, data, tmp_path, launcher):
 
 
 def test_warning_signal_checkpoints_requeues_and_resumes_exactly(cluster, data, tmp_path):
-    steps = 60
+    steps = 24  # long enough that the signal lands mid-run even at 0.2 s per step
     ref = reference(tmp_path / "ref", data, steps)
     rd = tmp_path / "job"
     job = submit(cluster, rd, data, steps)
