@@ -49,6 +49,14 @@
 static volatile sig_atomic_t train_signal_seen = 0;
 static void train_on_signal(int sig) { train_signal_seen = sig; }
 
+void train_catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = train_on_signal;
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static double train_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -467,12 +475,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     if (cfg->device.peak_tflops <= 0)
         train_say(&t, "MFU: n/a (the cpu backend has no peak; set device.peak_tflops to report it)\n");
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = train_on_signal;
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-
+    train_catch_stop_signals();
     int rc = train_loop(&t);
 
     if (t.metrics) fclose(t.metrics);
