@@ -441,8 +441,8 @@ def test_submit_refusals(cluster, data, tmp_path):
 def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
     rd = tmp_path / "job"
     r = run([RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"run.out_dir={rd}", "--set", "slurm.nodes=2",
-             "--set", "parallel.dp=4", "--set", "slurm.partition=debug,long", "--set", "slurm.launcher=mpirun",
-             "--dry-run"], env={"PATH": "/nonexistent"})  # no sbatch needed
+             "--set", "parallel.dp=4", "--set", "parallel.cp=1", "--set", "slurm.partition=debug,long",
+             "--set", "slurm.launcher=mpirun", "--dry-run"], env={"PATH": "/nonexistent"})  # no sbatch needed
     assert r.returncode == 0, r.stderr
     s = r.stdout
     assert s.startswith("#!/bin/bash\n")
