@@ -40,10 +40,50 @@
 
 #define CP_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
 
-/* Slot of (sample s, global fragment g) in the gathered buffer of `per_rank` elements per rank. */
-static float *cp_gdn_gathered(const Cp *cp, float *recv, int64_t per_rank, int64_t slot, int s, int g) {
+/* Sizes of the scan's slots: per local fragment [M (nv,dk,dk) | H or dL (nv,dk,dv)], fp32. */
+typedef struct {
+    int64_t mm, hh, slot, per_rank;
+} CpScanSizes;
+
+static CpScanSizes cp_scan_sizes(const Cp *cp, const CpGdnDims *d) {
+    CpScanSizes z;
+    z.mm = (int64_t)d->nv * d->dk * d->dk;
+    z.hh = (int64_t)d->nv * d->dk * d->dv;
+    z.slot = z.mm + z.hh;
+    z.per_rank = (int64_t)cp->batch.samples * cp->L.nlocal * z.slot;
+    return z;
+}
+
+/* The gathered slot of (sample s, global fragment g): its M, and its H or dL at + mm. */
+static const float *cp_scan_slot(const Cp *cp, const CpScanSizes *z, int s, int g) {
     int f, r = cp_layout_owner(&cp->L, g, &f);
-    return recv + r * per_rank + ((int64_t)s * cp->L.nlocal + f) * slot;
+    return cp->scan_recv + r * z->per_rank + ((int64_t)s * cp->L.nlocal + f) * z->slot;
+}
+
+/* out = the fold from fragment `seed` towards `target` (exclusive) in sample s: S = the seed's
+ * H (or dL); then for each fragment j strictly between them, in order, S = op(M_j) S + H_j
+ * (op = M^T when transpose: the backward runs towards earlier fragments). */
+static void cp_scan_fold(Cp *cp, const CpScanSizes *z, float *out, int s, int seed, int target, int transpose,
+                         const CpGdnDims *d) {
+    const int dir = target > seed ? 1 : -1;
+    const float *S = cp_scan_slot(cp, z, s, seed) + z->mm;
+    int ping = 0;
+    for (int j = seed + dir; j != target; j += dir) {
+        const float *Mj = cp_scan_slot(cp, z, s, j);
+        float *dst = j + dir == target ? out : cp->fold[ping];
+        cp->be->gdn_state_affine(dst, Mj, S, Mj + z->mm, transpose, d->nv, d->dk, d->dv);
+        S = dst;
+        ping ^= 1;
+    }
+    if (S != out) cp->be->copy(out, S, (size_t)z->hh * sizeof(float));
+}
+
+/* One all-gather of every rank's slots over the CP group. */
+static void cp_scan_allgather(Cp *cp, const CpScanSizes *z) {
+    CommHandle h = {0};
+    comm_iallgather(cp->comm, cp->comm->cp_comm, cp->scan_send, cp->scan_recv, z->per_rank * (int64_t)sizeof(float),
+                    &h);
+    comm_wait(cp->comm, &h);
 }
 
 void cp_gdn_scan_forward(Cp *cp, int layer, float *states, float *M_keep, const void *k, const void *v,
@@ -52,45 +92,33 @@ void cp_gdn_scan_forward(Cp *cp, int layer, float *states, float *M_keep, const 
     const CpLayout *L = &cp->L;
     const CpBatch *B = &cp->batch;
     const int es = be->act_size;
-    const int64_t mm = (int64_t)d->nv * d->dk * d->dk, hh = (int64_t)d->nv * d->dk * d->dv, slot = mm + hh;
-    const int64_t per_rank = (int64_t)B->samples * L->nlocal * slot;
+    const CpScanSizes z = cp_scan_sizes(cp, d);
     const int32_t *doc_pos = B->doc_pos_dev + (int64_t)L->rank * B->rows;
 
     for (int s = 0; s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
             int64_t i = (int64_t)s * L->nlocal + f, r0 = cp_frag_row(cp, s, f);
-            float *M = cp->scan_send + i * slot;
-            be->gdn_chunk_transition(M, M + mm, CP_AT(k, r0 * ldq), CP_AT(v, r0 * ldv), g + r0 * d->nv,
+            float *M = cp->scan_send + i * z.slot;
+            be->gdn_chunk_transition(M, M + z.mm, CP_AT(k, r0 * ldq), CP_AT(v, r0 * ldv), g + r0 * d->nv,
                                      beta + r0 * d->nv, doc_pos + r0, L->frag_len, d->nk, d->nv, d->dk, d->dv, ldq,
                                      ldv);
-            be->copy(M_keep + i * mm, M, (size_t)mm * sizeof(float));
+            be->copy(M_keep + i * z.mm, M, (size_t)z.mm * sizeof(float));
         }
-    CommHandle h = {0};
-    comm_iallgather(cp->comm, cp->comm->cp_comm, cp->scan_send, cp->scan_recv, per_rank * (int64_t)sizeof(float), &h);
-    comm_wait(cp->comm, &h);
+    cp_scan_allgather(cp, &z);
     cp->count.scan_allgathers_fwd[layer]++;
 
     for (int s = 0; s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
             int gi = L->frag_global[f];
-            float *E = states + ((int64_t)s * L->nlocal + f) * hh;
+            float *E = states + ((int64_t)s * L->nlocal + f) * z.hh;
             const uint8_t *resets = B->frag_resets + (int64_t)s * L->nglobal;
             if (gi == 0 || B->frag_starts_doc[(int64_t)s * L->nglobal + gi]) {
-                be->memset_zero(E, (size_t)hh * sizeof(float)); /* nothing before, or reset at once */
+                be->memset_zero(E, (size_t)z.hh * sizeof(float)); /* nothing before, or reset at once */
                 continue;
             }
-            int j0 = gi - 1; /* the last fragment before gi that resets, else 0 */
+            int j0 = gi - 1; /* the last fragment before gi that resets (its exit is its H), else 0 */
             while (j0 > 0 && !resets[j0]) j0--;
-            const float *S = cp_gdn_gathered(cp, cp->scan_recv, per_rank, slot, s, j0) + mm; /* H_j0 */
-            int ping = 0;
-            for (int j = j0 + 1; j < gi; j++) {
-                const float *Mj = cp_gdn_gathered(cp, cp->scan_recv, per_rank, slot, s, j);
-                float *out = j == gi - 1 ? E : cp->fold[ping];
-                be->gdn_state_affine(out, Mj, S, Mj + mm, 0, d->nv, d->dk, d->dv);
-                S = out;
-                ping ^= 1;
-            }
-            if (S != E) be->copy(E, S, (size_t)hh * sizeof(float));
+            cp_scan_fold(cp, &z, E, s, j0, gi, 0, d);
         }
 }
 
@@ -100,45 +128,33 @@ void cp_gdn_scan_backward(Cp *cp, int layer, float *dS_final, const float *M_kee
     const CpLayout *L = &cp->L;
     const CpBatch *B = &cp->batch;
     const int es = be->act_size;
-    const int64_t mm = (int64_t)d->nv * d->dk * d->dk, hh = (int64_t)d->nv * d->dk * d->dv, slot = mm + hh;
-    const int64_t per_rank = (int64_t)B->samples * L->nlocal * slot;
+    const CpScanSizes z = cp_scan_sizes(cp, d);
     const int32_t *doc_pos = B->doc_pos_dev + (int64_t)L->rank * B->rows;
 
     for (int s = 0; s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
             int64_t i = (int64_t)s * L->nlocal + f, r0 = cp_frag_row(cp, s, f);
-            float *M = cp->scan_send + i * slot;
-            be->copy(M, M_keep + i * mm, (size_t)mm * sizeof(float));
-            be->gdn_chunk_dstate(M + mm, CP_AT(dout, r0 * ldo), CP_AT(q, r0 * ldq), CP_AT(k, r0 * ldq),
+            float *M = cp->scan_send + i * z.slot;
+            be->copy(M, M_keep + i * z.mm, (size_t)z.mm * sizeof(float));
+            be->gdn_chunk_dstate(M + z.mm, CP_AT(dout, r0 * ldo), CP_AT(q, r0 * ldq), CP_AT(k, r0 * ldq),
                                  g + r0 * d->nv, beta + r0 * d->nv, doc_pos + r0, L->frag_len, d->nk, d->nv, d->dk,
                                  d->dv, ldq, ldo);
         }
-    CommHandle h = {0};
-    comm_iallgather(cp->comm, cp->comm->cp_comm, cp->scan_send, cp->scan_recv, per_rank * (int64_t)sizeof(float), &h);
-    comm_wait(cp->comm, &h);
+    cp_scan_allgather(cp, &z);
     cp->count.scan_allgathers_bwd[layer]++;
 
     for (int s = 0; s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
             int gi = L->frag_global[f];
-            float *D = dS_final + ((int64_t)s * L->nlocal + f) * hh;
+            float *D = dS_final + ((int64_t)s * L->nlocal + f) * z.hh;
             const uint8_t *resets = B->frag_resets + (int64_t)s * L->nglobal;
             if (gi == L->nglobal - 1) { /* the sample's last fragment: nothing after it */
-                be->memset_zero(D, (size_t)hh * sizeof(float));
+                be->memset_zero(D, (size_t)z.hh * sizeof(float));
                 continue;
             }
-            int j1 = gi + 1; /* the first fragment after gi that resets (its dE is its own), else the last */
+            int j1 = gi + 1; /* the first fragment after gi that resets (its dE is its own dL), else the last */
             while (j1 < L->nglobal - 1 && !resets[j1]) j1++;
-            const float *S = cp_gdn_gathered(cp, cp->scan_recv, per_rank, slot, s, j1) + mm; /* dL_j1 */
-            int ping = 0;
-            for (int j = j1 - 1; j > gi; j--) {
-                const float *Mj = cp_gdn_gathered(cp, cp->scan_recv, per_rank, slot, s, j);
-                float *out = j == gi + 1 ? D : cp->fold[ping];
-                be->gdn_state_affine(out, Mj, S, Mj + mm, 1, d->nv, d->dk, d->dv);
-                S = out;
-                ping ^= 1;
-            }
-            if (S != D) be->copy(D, S, (size_t)hh * sizeof(float));
+            cp_scan_fold(cp, &z, D, s, j1, gi, 1, d);
         }
 }
 
