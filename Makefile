@@ -133,8 +133,9 @@ endif
 # ---- sources ---------------------------------------------------------------
 LIB_SRC   := $(wildcard lib/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/cpu/*.c)
 CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu))
+CUDA_CSRC := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.c))
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC))
-CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
+CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC)) $(patsubst %.c,$(BUILD)/%.o,$(CUDA_CSRC))
 MAIN_OBJ  := $(BUILD)/cmd/ringscan.o
 UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
