@@ -50,6 +50,10 @@ typedef struct Backend {
     void  (*to_host)(void *host, const void *src, size_t bytes);
     /* dst[r, 0:cols] = src[r, 0:cols] for r < rows (activation type; strided column blocks) */
     void  (*copy_2d)(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
+    /* dst[r, 0:cols] += src[r, 0:cols] (activation type; the conv halo's gradient back at its owner) */
+    void  (*add_2d)(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
+    /* dst[i] += src[i], fp32 (ring attention's dK|dV partials) */
+    void  (*add_f32)(float *dst, const float *src, int64_t n);
     /* activation-type <-> fp32 conversion of n elements (identity copies on cpu) */
     void  (*act_from_f32)(void *dst, const float *src, int64_t n);
     void  (*act_to_f32)(float *dst, const void *src, int64_t n);

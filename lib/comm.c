@@ -106,3 +106,84 @@ void comm_barrier(Comm *c, MPI_Comm comm) {
     (void)c;
     MPI_CHECK(MPI_Barrier(comm));
 }
+
+/* ---- non-blocking operations ---------------------------------------------------------- */
+
+/* MPI counts are int: a message of more than INT_MAX bytes travels as whole 4 KiB blocks. */
+#define COMM_BLOCK 4096
+
+static void comm_count_of(int64_t bytes, int *count, MPI_Datatype *type) {
+    RS_CHECK(bytes >= 0, "message of %lld bytes", (long long)bytes);
+    if (bytes <= INT_MAX) {
+        *count = (int)bytes;
+        *type = MPI_BYTE;
+        return;
+    }
+    RS_CHECK(bytes % COMM_BLOCK == 0 && bytes / COMM_BLOCK <= INT_MAX,
+             "message of %lld bytes: above 2 GiB it must be whole %d-byte blocks", (long long)bytes, COMM_BLOCK);
+    static MPI_Datatype block = MPI_DATATYPE_NULL;
+    if (block == MPI_DATATYPE_NULL) {
+        MPI_CHECK(MPI_Type_contiguous(COMM_BLOCK, MPI_BYTE, &block));
+        MPI_CHECK(MPI_Type_commit(&block));
+    }
+    *count = (int)(bytes / COMM_BLOCK);
+    *type = block;
+}
+
+static MPI_Request *comm_slot(CommHandle *h) {
+    RS_CHECK(h->n < COMM_HANDLE_MAX, "a CommHandle holds at most %d requests", COMM_HANDLE_MAX);
+    return &h->req[h->n++];
+}
+
+void comm_iallgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes, CommHandle *h) {
+    (void)c;
+    int count;
+    MPI_Datatype type;
+    comm_count_of(bytes, &count, &type);
+    MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm, comm_slot(h)));
+}
+
+void comm_iallreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n, CommHandle *h) {
+    (void)c;
+    for (int64_t off = 0; off < n; off += COMM_PIECE) {
+        int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm, comm_slot(h)));
+    }
+}
+
+void comm_isend(Comm *c, MPI_Comm comm, const void *send, int to, int64_t bytes, int tag, CommHandle *h) {
+    (void)c;
+    int count;
+    MPI_Datatype type;
+    comm_count_of(bytes, &count, &type);
+    MPI_CHECK(MPI_Isend(send, count, type, to, tag, comm, comm_slot(h)));
+}
+
+void comm_irecv(Comm *c, MPI_Comm comm, void *recv, int from, int64_t bytes, int tag, CommHandle *h) {
+    (void)c;
+    int count;
+    MPI_Datatype type;
+    comm_count_of(bytes, &count, &type);
+    MPI_CHECK(MPI_Irecv(recv, count, type, from, tag, comm, comm_slot(h)));
+}
+
+void comm_isendrecv(Comm *c, MPI_Comm comm, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
+                    CommHandle *h) {
+    comm_irecv(c, comm, recv, from, bytes, tag, h);
+    comm_isend(c, comm, send, to, bytes, tag, h);
+}
+
+void comm_wait(Comm *c, CommHandle *h) {
+    (void)c;
+    if (h->n == 0) return;
+    MPI_CHECK(MPI_Waitall(h->n, h->req, MPI_STATUSES_IGNORE));
+    h->n = 0;
+}
+
+void comm_progress(Comm *c, CommHandle *h) {
+    (void)c;
+    if (h->n == 0) return;
+    int done = 0;
+    MPI_CHECK(MPI_Testall(h->n, h->req, &done, MPI_STATUSES_IGNORE));
+    if (done) h->n = 0;
+}

@@ -13,9 +13,20 @@
  *
  * This is the MPI backend over host buffers (cpu). The cuda backend will
  * implement the same operations with NCCL on a communication stream; the
- * non-blocking handles (CommRequest) become CUDA events there.
+ * non-blocking handles (CommHandle) become CUDA events there: an operation is
+ * "posted" when it is enqueued, and comm_wait orders what follows after it.
  *
- * Callers: lib/train.c, lib/cp*.c.
+ * Non-blocking operations (the ones the CP schedule overlaps with compute):
+ * each call appends its requests to a CommHandle; comm_wait completes every
+ * request of the handle and empties it. Several calls into one handle form
+ * one group (the ring step's send + receive, NCCL's ncclGroupStart/End).
+ * Buffers must not be touched between posting and comm_wait, except that a
+ * send buffer may be read. Every rank of the communicator posts the same
+ * sequence of collectives (the CP schedule is derived from data every rank
+ * holds).
+ *
+ * Callers: lib/train.c, lib/model_step.c (bucketed gradient all-reduce),
+ * lib/cp*.c (ring, scan all-gather, conv halo), tests/cp.
  */
 #ifndef RS_COMM_H
 #define RS_COMM_H
@@ -40,6 +51,29 @@ void comm_setup_groups(Comm *c, int64_t dp, int64_t cp);
 void comm_finalize(Comm *c);
 /* Ends every rank (MPI_Abort) with `code`: for errors found on one rank only. */
 void comm_abort(Comm *c, int code);
+
+#define COMM_HANDLE_MAX 256
+
+typedef struct {
+    MPI_Request req[COMM_HANDLE_MAX];
+    int         n;
+} CommHandle;
+
+/* recv (P x bytes, rank-major) = every rank's `send` (bytes each), over `comm`. */
+void comm_iallgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes, CommHandle *h);
+/* buf = sum over `comm` of buf (fp32, in place). */
+void comm_iallreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n, CommHandle *h);
+/* Send `bytes` of `send` to rank `to` and receive `bytes` into `recv` from rank `from` (ranks of
+ * `comm`); `tag` tells apart messages between the same pair (the ring's KV and dKV). */
+void comm_isendrecv(Comm *c, MPI_Comm comm, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
+                    CommHandle *h);
+void comm_isend(Comm *c, MPI_Comm comm, const void *send, int to, int64_t bytes, int tag, CommHandle *h);
+void comm_irecv(Comm *c, MPI_Comm comm, void *recv, int from, int64_t bytes, int tag, CommHandle *h);
+/* Completes every request of h; h is empty afterwards (waiting on an empty handle is a no-op). */
+void comm_wait(Comm *c, CommHandle *h);
+/* Lets posted operations progress without waiting (MPI moves non-blocking collectives only
+ * inside MPI calls); h stays valid for comm_wait. */
+void comm_progress(Comm *c, CommHandle *h);
 
 /* Blocking collectives over host buffers (element counts may exceed INT_MAX). */
 void   comm_allreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n);

@@ -84,7 +84,7 @@ static void model_bind(LayerActs *a, const char *name, void *p) {
 #define F(n) {#n, offsetof(LayerActs, n)}
         F(x), F(ln1), F(rstd1), F(h), F(ln2), F(rstd2), F(gate_up), F(act),
         F(gdn_proj), F(gdn_conv), F(gdn_qk_norm), F(gdn_qk_rstd), F(gdn_beta), F(gdn_g), F(gdn_core),
-        F(gdn_normed), F(gdn_norm_rstd), F(gdn_cp_states), F(gdn_conv_halo),
+        F(gdn_normed), F(gdn_norm_rstd), F(gdn_cp_states), F(gdn_cp_M), F(gdn_conv_halo),
         F(attn_proj), F(attn_q), F(attn_kv), F(attn_qk_rstd), F(attn_out), F(attn_lse), F(attn_gated),
 #undef F
     };
@@ -200,10 +200,13 @@ static void model_alloc_activations(Model *m) {
     m->losses = be->alloc((size_t)t->tokens * sizeof(float));
 }
 
-void model_init(Model *m, const Config *cfg, const Backend *be, int64_t T) {
+void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int64_t T) {
     memset(m, 0, sizeof *m);
     m->cfg = cfg;
     m->be = be;
+    m->comm = comm;
+    RS_CHECK(comm || (cfg->parallel.dp == 1 && cfg->parallel.cp == 1), "dp %lld x cp %lld needs MPI ranks",
+             (long long)cfg->parallel.dp, (long long)cfg->parallel.cp);
     model_params_build(&m->ptab, cfg);
     int L = (int)cfg->model.num_hidden_layers;
     m->lp = RS_CALLOC((size_t)L, sizeof *m->lp);
@@ -242,6 +245,7 @@ void model_init(Model *m, const Config *cfg, const Backend *be, int64_t T) {
              (long long)T, (long long)m->acts.tokens);
     m->T = T;
     model_alloc_activations(m);
+    cp_init(&m->cp, comm, be, cfg, (int32_t)cfg->data.micro_batch);
 }
 
 void model_free(Model *m) {
@@ -256,6 +260,7 @@ void model_free(Model *m) {
     be->free(m->d_resid); /* the gradient arena starts at d_resid */
     be->free(m->loss_workspace);
     be->free(m->losses);
+    cp_free(&m->cp);
     free(m->la);
     free(m->lp);
     model_acts_free(&m->acts);

@@ -23,12 +23,16 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "comm.h"
 #include "config.h"
+#include "cp.h"
 #include "model_acts.h"
 #include "model_params.h"
 
 /* One micro-batch on this rank: `samples` samples of `T_sample` local tokens,
- * concatenated into T = samples x T_sample rows. Metadata per backend.h. */
+ * concatenated into T = samples x T_sample rows, each sample's rows in the CP
+ * layout (cp.h: [fragment r | fragment 2P-1-r], or the whole sample when
+ * cp = 1). Metadata per backend.h, global (pos is the place in the sample). */
 typedef struct {
     int64_t  T;
     int32_t  samples;
@@ -70,8 +74,9 @@ typedef struct {
     void  *gdn_core;      /* (T, Vd) delta-rule output */
     void  *gdn_normed;    /* (T, Vd) gated RMSNorm output */
     float *gdn_norm_rstd; /* (T, nv) */
-    float *gdn_cp_states; /* (2, nv, dk, dv) CP entry states, cp > 1 */
-    void  *gdn_conv_halo; /* (2, Kc-1, Cc) CP conv halo, cp > 1 */
+    float *gdn_cp_states; /* (frags, nv, dk, dv) CP entry state of each local fragment, cp > 1 */
+    float *gdn_cp_M;      /* (frags, nv, dk, dk) each local fragment's transition M, cp > 1 */
+    void  *gdn_conv_halo; /* (frags, Kc-1, Cc) each local fragment's conv halo, cp > 1 */
     /* softmax attention */
     void  *attn_proj;     /* (T, 2qd+2kvd) [q|gate|k|v] before the norms */
     void  *attn_q;        /* (T, qd) normed + rotated q */
@@ -82,16 +87,17 @@ typedef struct {
     void  *attn_gated;    /* (T, qd) */
 } LayerActs;
 
-/* Work counters of one step, for checking the checkpoint policies. */
+/* Work counters of one step, for checking the checkpoint policies (the per-layer
+ * attention, ring and scan counters are Cp's). */
 typedef struct {
-    int64_t attention_forward_calls; /* block attention forward kernel calls */
-    int64_t gdn_forward_calls;       /* chunked delta-rule forward calls */
-    int64_t block_recomputes;        /* block forwards rerun in backward */
+    int64_t block_recomputes; /* block forwards rerun in backward */
 } ModelCounters;
 
 typedef struct {
     const Config  *cfg;
     const Backend *be;
+    Comm          *comm;     /* NULL: one process (dp = cp = 1) */
+    Cp             cp;       /* the CP layout, batch metadata, buffers and counters */
     ParamTable     ptab;
     LayerParams   *lp;       /* (L) */
     int64_t        embed, final_norm_w, lm_head; /* offsets; lm_head == embed when tied */
@@ -118,14 +124,19 @@ typedef struct {
 
 /* Builds the parameter table, allocates every buffer for micro-batches of
  * `T` rows (= data.micro_batch x seq_len / cp) and initialises the weights
- * from run.seed as the spec says (research/qwen3_next_spec.md §7). */
-void model_init(Model *m, const Config *cfg, const Backend *be, int64_t T);
+ * from run.seed as the spec says (research/qwen3_next_spec.md §7). `comm`
+ * (groups set up) may be NULL for one process with dp = cp = 1. */
+void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int64_t T);
 void model_free(Model *m);
 
 /* Forward and backward of one micro-batch. Adds the parameter gradients into
  * m->grads, scaled by grad_scale (1 / predicted tokens of the whole step), and
- * returns the sum of the per-token losses of this micro-batch on this rank. */
-double model_forward_backward(Model *m, const Batch *b, float grad_scale);
+ * returns the sum of the per-token losses of this micro-batch on this rank.
+ * With `sync_grads` (the step's last micro-batch, world > 1) the gradients
+ * are summed over the world (dp x cp) in per-layer buckets, each posted as
+ * soon as the backward has finished its layer and waited at the end, so the
+ * all-reduce overlaps the rest of the backward. */
+double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads);
 
 /* The parameters in the weight-decay group `g` decay under this config? */
 int model_param_decays(const Config *cfg, ParamGroup g);

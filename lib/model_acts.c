@@ -11,8 +11,10 @@
  *   GDN mixer     proj [q|k|v|z|b|a] before the conv, conv (after conv+SiLU),
  *                 qk_norm + its rstd (L2-normalised q, k), beta, g (fp32),
  *                 core (delta-rule output), normed (gated RMSNorm output) +
- *                 its rstd; with cp > 1 the two entry states [2, nv, dk, dv]
- *                 fp32 and the conv halo [2, Kc-1, Cc]
+ *                 its rstd; with cp > 1, per zigzag fragment (2 per sample),
+ *                 the entry state [nv, dk, dv] fp32, the transition M
+ *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
+ *                 conv halo [Kc-1, Cc]
  *   attention     proj [q|gate|k|v] before the norms, attn_q (normed +
  *                 rotated q), attn_kv (normed + rotated k | v, contiguous per
  *                 token: the buffer the ring sends), qk_rstd, attn_out +
@@ -33,6 +35,11 @@
  *     they are not kept;
  *   - attention keeps no T x T matrix (flash-style blocks);
  *   - the loss works on row chunks of about 256 MiB of fp32 logits.
+ *
+ * The CP communication buffers (lib/cp.h: ring attention's K|V receive
+ * buffers and fp32 accumulators, the GDN scan's gathered transitions, fold
+ * and halo tails) are listed here too, by the names cp_init allocates, so
+ * `plan`'s "CP ring"/"CP scan" rows are the allocations.
  */
 #include "model_acts.h"
 
@@ -60,6 +67,16 @@ static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPh
     b->phase = phase;
     b->bytes = bytes;
     t->grad_phase[phase] += bytes;
+}
+
+static void acts_add_cp(ActTable *t, const char *name, ActCpKind kind, int count, int64_t bytes) {
+    RS_CHECK(t->ncp < ACT_CP_MAX, "raise ACT_CP_MAX");
+    ActCpBuffer *b = &t->cp[t->ncp++];
+    snprintf(b->name, sizeof b->name, "%s", name);
+    b->kind = kind;
+    b->count = count;
+    b->bytes = bytes;
+    t->cp_bytes[kind] += count * bytes;
 }
 
 static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
@@ -95,6 +112,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->tokens = T;
     t->elt = e;
 
+    int64_t frags = cfg->data.micro_batch * (cp > 1 ? 2 : 1); /* zigzag fragments per micro-batch */
     int64_t max_states = 0;
     for (int l = 0; l < m->num_hidden_layers; l++) {
         int first = t->n;
@@ -112,8 +130,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
             if (cp > 1) {
-                acts_add(&ab, l, "gdn_cp_states", 2, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
-                acts_add(&ab, l, "gdn_conv_halo", 2, (m->linear_conv_kernel_dim - 1) * Cc, e,
+                acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
+                acts_add(&ab, l, "gdn_cp_M", frags, nv * dk * dk, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
+                acts_add(&ab, l, "gdn_conv_halo", frags, (m->linear_conv_kernel_dim - 1) * Cc, e,
                          ACT_KEEP_NONE | ACT_KEEP_REMAT);
             }
             int64_t s = (T + GDN_CHUNK - 1) / GDN_CHUNK * nv * dk * dv * e;
@@ -182,6 +201,30 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->loss_workspace = rows * m->vocab_size * 4;
     for (int p = 0; p < ACT_POLICY_COUNT; p++)
         t->peak[p] = t->kept[p] + t->recompute[p] + t->grad_working + t->gdn_states;
+
+    /* CP communication buffers (lib/cp.h), allocated once and used by one layer at a time */
+    int64_t qd = nh * hd, kv = 2 * nkv * hd, Kc = m->linear_conv_kernel_dim;
+    int n_full = 0;
+    for (int l = 0; l < m->num_hidden_layers; l++) n_full += config_layer_kind(cfg, l) == LAYER_KIND_FULL;
+    if (n_full > 0) {
+        if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, 2, T * kv * e);
+        acts_add_cp(t, "run_out", ACT_CP_RING, 1, T * qd * f);
+        acts_add_cp(t, "run_lse", ACT_CP_RING, 1, T * nh * f);
+        acts_add_cp(t, "blk_out", ACT_CP_RING, 1, T * qd * e);
+        acts_add_cp(t, "blk_lse", ACT_CP_RING, 1, T * nh * f);
+        acts_add_cp(t, "dq_acc", ACT_CP_RING, 1, T * qd * f);
+        acts_add_cp(t, "dkv_local", ACT_CP_RING, 1, T * kv * f);
+        if (cp > 1) acts_add_cp(t, "dkv_buf", ACT_CP_RING, 2, T * kv * f);
+    }
+    if (cp > 1 && n_full < m->num_hidden_layers) {
+        int64_t pair = frags * nv * dk * (dk + dv) * f, tail = frags * (Kc - 1) * Cc * e;
+        acts_add_cp(t, "scan_send", ACT_CP_SCAN, 1, pair);
+        acts_add_cp(t, "scan_recv", ACT_CP_SCAN, 1, cp * pair);
+        acts_add_cp(t, "fold", ACT_CP_SCAN, 2, nv * dk * dv * f);
+        acts_add_cp(t, "dstate", ACT_CP_SCAN, 1, frags * nv * dk * dv * f);
+        acts_add_cp(t, "halo_send", ACT_CP_SCAN, 1, tail);
+        acts_add_cp(t, "halo_recv", ACT_CP_SCAN, 1, cp * tail);
+    }
 }
 
 void model_acts_free(ActTable *t) {

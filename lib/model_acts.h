@@ -63,6 +63,22 @@ typedef struct {
     int64_t bytes;
 } ActGradBuffer;
 
+/* Context-parallel communication buffers (lib/cp.h), transient: one layer at a time. */
+typedef enum {
+    ACT_CP_RING, /* ring attention: K|V receive buffers, fp32 accumulators, dK|dV partials */
+    ACT_CP_SCAN, /* GDN scan: the all-gathered transitions, the fold, the conv halo tails */
+    ACT_CP_KINDS,
+} ActCpKind;
+
+#define ACT_CP_MAX 16
+
+typedef struct {
+    char    name[32];  /* cp.h's Cp field it becomes: "kv_recv", "scan_recv", ... */
+    int32_t kind;      /* ActCpKind */
+    int32_t count;     /* buffers of this shape (2 for the ping-pong ones) */
+    int64_t bytes;     /* of one buffer */
+} ActCpBuffer;
+
 typedef struct {
     int64_t    tokens; /* local tokens per micro-batch */
     int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */
@@ -79,6 +95,9 @@ typedef struct {
     int64_t loss_chunk_rows;
     int64_t peak[ACT_POLICY_COUNT];      /* kept + recompute + grad_working + gdn_states
                                             (the loss workspace is counted by plan as a workspace) */
+    int32_t     ncp;
+    ActCpBuffer cp[ACT_CP_MAX];          /* the CP buffers cp_init allocates, by name */
+    int64_t     cp_bytes[ACT_CP_KINDS];  /* their sum per kind (plan's "CP ring"/"CP scan" rows) */
 } ActTable;
 
 void model_acts_build(ActTable *t, const Config *cfg);

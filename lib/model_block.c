@@ -9,16 +9,22 @@
  *     the chunked delta rule; gated RMSNorm with silu(z); out_proj.
  *   attention mixer: proj = ln1 W_in^T gives [q|gate|k|v]; q_norm, k_norm
  *     (zero-centred, per head); v copied beside k ([k|v] per token, the buffer
- *     the ring sends); partial RoPE; block attention per sample (causal,
- *     documents); sigmoid(gate) output gate; o_proj.
+ *     the ring sends); partial RoPE at global positions; ring attention
+ *     (cp_ring.c: causal, documents; with cp = 1 one step, no communication);
+ *     sigmoid(gate) output gate; o_proj.
+ *
+ * Context parallelism (cp.h) enters in three places only: the GDN conv's
+ * halo, the GDN entry states (the prefix scan) and the attention ring. Every
+ * other op is per token and runs on the local rows as they are.
  *
  * Recompute modes (the checkpoint policy, model_step.c decides):
  *   BLOCK_FORWARD      the normal forward, writing the block output;
  *   BLOCK_RECOMPUTE    the full policy's recompute: everything again,
  *                      attention included, no output written;
  *   BLOCK_REMAT        the remat policy's recompute: attention's output and
- *                      LSE are kept, so the attention core is not rerun (and,
- *                      under CP, no ring pass and no all-gather happen).
+ *                      LSE, the GDN entry states, transitions and conv halo
+ *                      are kept, so neither attention nor any communication
+ *                      (ring pass, scan all-gather, halo exchange) reruns.
  *
  * Callers: model_step.c.
  */
@@ -74,28 +80,52 @@ static Dims block_dims(const Model *m, int64_t T) {
 
 /* ---- Gated DeltaNet mixer ---------------------------------------------- */
 
+/* Each sample's rows are its local fragments (cp.h): one chunked-delta-rule and one conv call
+ * per fragment, fragment i = s x nlocal + f. With cp > 1 a fragment's conv halo and entry
+ * state come from the CP group (cp_gdn.c); with cp = 1 the one fragment is the whole sample,
+ * which starts from nothing. */
+
+static CpGdnDims block_gdn_cp_dims(const Dims *d) {
+    return (CpGdnDims){.nk = d->nk, .nv = d->nv, .dk = d->dk, .dv = d->dv, .Cc = d->Cc, .Kc = d->Kc};
+}
+
 static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
     Dims d = block_dims(m, b->T);
-    (void)mode; /* with cp = 1 the GDN core is local: rerun in every recompute */
-    int64_t Ts = b->T_sample;
+    Cp *cp = &m->cp;
+    const CpLayout *L = &cp->L;
+    const int multi = L->P > 1;
+    const CpGdnDims cd = block_gdn_cp_dims(&d);
+    const int64_t tail = (int64_t)(d.Kc - 1) * d.Cc, state = (int64_t)d.nv * d.dk * d.dv, n = L->frag_len;
+    /* the remat recompute keeps what came from the CP group: no halo exchange, no scan */
+    const int communicate = multi && mode != BLOCK_REMAT;
     be->matmul_forward(a->gdn_proj, a->ln1, W(p->in_proj), d.T, d.H, d.Pg, d.H, d.Pg, 0);
-    for (int s = 0; s < b->samples; s++) /* a sample has nothing before its first token */
-        be->conv1d_silu_forward(AT(a->gdn_conv, s * Ts * d.Cc), AT(a->gdn_proj, s * Ts * d.Pg), NULL, W(p->conv),
-                                b->doc_pos + s * Ts, Ts, d.Cc, d.Kc, d.Pg, d.Cc);
+    if (communicate) cp_gdn_halo_forward(cp, l, a->gdn_conv_halo, a->gdn_proj, d.Pg, &cd);
+    for (int s = 0; s < b->samples; s++)
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t r0 = cp_frag_row(cp, s, f), i = (int64_t)s * L->nlocal + f;
+            be->conv1d_silu_forward(AT(a->gdn_conv, r0 * d.Cc), AT(a->gdn_proj, r0 * d.Pg),
+                                    multi ? AT(a->gdn_conv_halo, i * tail) : NULL, W(p->conv), b->doc_pos + r0, n,
+                                    d.Cc, d.Kc, d.Pg, d.Cc);
+        }
     be->l2norm_forward(a->gdn_qk_norm, a->gdn_qk_rstd, a->gdn_conv, d.T, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
     be->gdn_gates_forward(a->gdn_beta, a->gdn_g, AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv),
                           P32(p->A_log), P32(p->dt_bias), d.T, d.nv, d.Pg);
-    for (int s = 0; s < b->samples; s++) {
-        int64_t o = s * Ts;
-        be->gdn_chunk_forward(AT(a->gdn_core, o * d.Vd), NULL, AT(a->gdn_qk_norm, o * 2 * d.Kd),
-                              AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_conv, o * d.Cc + 2 * d.Kd),
-                              a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv, NULL, b->doc_pos + o, Ts, d.nk, d.nv, d.dk,
-                              d.dv, 2 * d.Kd, d.Cc, d.Vd);
-        m->count.gdn_forward_calls++;
-    }
+    if (communicate)
+        cp_gdn_scan_forward(cp, l, a->gdn_cp_states, a->gdn_cp_M, AT(a->gdn_qk_norm, d.Kd), AT(a->gdn_conv, 2 * d.Kd),
+                            a->gdn_g, a->gdn_beta, 2 * d.Kd, d.Cc, &cd);
+    for (int s = 0; s < b->samples; s++)
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t o = cp_frag_row(cp, s, f), i = (int64_t)s * L->nlocal + f;
+            be->gdn_chunk_forward(AT(a->gdn_core, o * d.Vd), NULL, AT(a->gdn_qk_norm, o * 2 * d.Kd),
+                                  AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_conv, o * d.Cc + 2 * d.Kd),
+                                  a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
+                                  multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
+                                  d.dv, 2 * d.Kd, d.Cc, d.Vd);
+            cp->count.gdn_forwards[l]++;
+        }
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, a->gdn_core, AT(a->gdn_proj, d.Cc), W(p->gdn_norm),
                               d.T, d.nv, d.dv, d.Pg, d.eps);
     be->copy(a->h, a->x, (size_t)(d.T * d.H * d.es));
@@ -107,47 +137,48 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
     Dims d = block_dims(m, b->T);
+    Cp *cp = &m->cp;
+    const CpLayout *L = &cp->L;
+    const int multi = L->P > 1;
+    const CpGdnDims cd = block_gdn_cp_dims(&d);
+    const int64_t tail = (int64_t)(d.Kc - 1) * d.Cc, state = (int64_t)d.nv * d.dk * d.dv, n = L->frag_len;
     /* d_resid holds dL/dh */
     be->matmul_backward(m->d_normed, G(p->out_proj), m->d_resid, a->gdn_normed, W(p->out_proj), d.T, d.Vd, d.H, d.Vd,
                         d.H, 0);
     be->gated_rmsnorm_backward(m->d_core, AT(m->d_proj, d.Cc), G(p->gdn_norm), m->d_normed, a->gdn_core,
                                AT(a->gdn_proj, d.Cc), W(p->gdn_norm), a->gdn_norm_rstd, d.T, d.nv, d.dv, d.Pg);
-    int64_t Ts = b->T_sample;
-    for (int s = 0; s < b->samples; s++) {
-        int64_t o = s * Ts;
-        be->gdn_chunk_backward(AT(m->d_qk, o * 2 * d.Kd), AT(m->d_qk, o * 2 * d.Kd + d.Kd),
-                               AT(m->d_conv, o * d.Cc + 2 * d.Kd), m->d_g + o * d.nv, m->d_beta + o * d.nv, NULL,
-                               AT(m->d_core, o * d.Vd), NULL, AT(a->gdn_qk_norm, o * 2 * d.Kd),
-                               AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_conv, o * d.Cc + 2 * d.Kd),
-                               a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv, NULL, b->doc_pos + o, Ts, d.nk, d.nv, d.dk,
-                               d.dv, 2 * d.Kd, d.Cc, d.Vd);
-    }
+    if (multi) /* the gradient arriving at each fragment's final state, from the fragments after it */
+        cp_gdn_scan_backward(cp, l, cp->dstate, a->gdn_cp_M, m->d_core, a->gdn_qk_norm, AT(a->gdn_qk_norm, d.Kd),
+                             a->gdn_g, a->gdn_beta, 2 * d.Kd, d.Vd, &cd);
+    for (int s = 0; s < b->samples; s++)
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t o = cp_frag_row(cp, s, f), i = (int64_t)s * L->nlocal + f;
+            be->gdn_chunk_backward(AT(m->d_qk, o * 2 * d.Kd), AT(m->d_qk, o * 2 * d.Kd + d.Kd),
+                                   AT(m->d_conv, o * d.Cc + 2 * d.Kd), m->d_g + o * d.nv, m->d_beta + o * d.nv, NULL,
+                                   AT(m->d_core, o * d.Vd), multi ? cp->dstate + i * state : NULL,
+                                   AT(a->gdn_qk_norm, o * 2 * d.Kd), AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd),
+                                   AT(a->gdn_conv, o * d.Cc + 2 * d.Kd), a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
+                                   multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
+                                   d.dv, 2 * d.Kd, d.Cc, d.Vd);
+        }
     be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log), G(p->dt_bias),
                            m->d_beta, m->d_g, AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv),
                            P32(p->A_log), P32(p->dt_bias), d.T, d.nv, d.Pg);
     be->l2norm_backward(m->d_conv, m->d_qk, a->gdn_qk_norm, a->gdn_qk_rstd, d.T, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
     for (int s = 0; s < b->samples; s++)
-        be->conv1d_silu_backward(AT(m->d_proj, s * Ts * d.Pg), NULL, G(p->conv), AT(m->d_conv, s * Ts * d.Cc),
-                                 AT(a->gdn_proj, s * Ts * d.Pg), NULL, W(p->conv), b->doc_pos + s * Ts, Ts, d.Cc,
-                                 d.Kc, d.Pg, d.Cc);
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t r0 = cp_frag_row(cp, s, f), i = (int64_t)s * L->nlocal + f;
+            be->conv1d_silu_backward(AT(m->d_proj, r0 * d.Pg), multi ? AT(cp->halo_send, i * tail) : NULL, G(p->conv),
+                                     AT(m->d_conv, r0 * d.Cc), AT(a->gdn_proj, r0 * d.Pg),
+                                     multi ? AT(a->gdn_conv_halo, i * tail) : NULL, W(p->conv), b->doc_pos + r0, n,
+                                     d.Cc, d.Kc, d.Pg, d.Cc);
+        }
+    if (multi) /* each fragment's halo gradient goes back to the fragment before it */
+        cp_gdn_halo_backward(cp, l, m->d_proj, d.Pg, cp->halo_send, &cd);
     be->matmul_backward(m->d_ln, G(p->in_proj), m->d_proj, a->ln1, W(p->in_proj), d.T, d.H, d.Pg, d.H, d.Pg, 0);
 }
 
 /* ---- softmax attention mixer ------------------------------------------- */
-
-/* Block attention of every sample of the micro-batch against itself. */
-static void block_attention_core(Model *m, LayerActs *a, const Batch *b, const Dims *dp) {
-    Dims d = *dp;
-    int64_t Ts = b->T_sample;
-    for (int s = 0; s < b->samples; s++) {
-        int64_t o = s * Ts;
-        m->be->attention_forward(AT(a->attn_out, o * d.qd), a->attn_lse + o * d.nh, AT(a->attn_q, o * d.qd),
-                                 AT(a->attn_kv, o * 2 * d.kvd), AT(a->attn_kv, o * 2 * d.kvd + d.kvd), b->pos + o,
-                                 b->doc_pos + o, b->pos + o, b->doc_pos + o, Ts, Ts, d.nh, d.nkv, d.hd, d.qd,
-                                 2 * d.kvd, d.qd, 1);
-        m->count.attention_forward_calls++;
-    }
-}
 
 static void block_attention_forward(Model *m, int l, const Batch *b, int mode) {
     const Backend *be = m->be;
@@ -161,7 +192,11 @@ static void block_attention_forward(Model *m, int l, const Batch *b, int mode) {
     be->copy_2d(AT(a->attn_kv, d.kvd), AT(a->attn_proj, 2 * d.qd + d.kvd), d.T, d.kvd, 2 * d.kvd, d.Pa);
     be->rope_forward(a->attn_q, b->pos, d.T, d.nh, d.hd, d.rd, d.qd, d.theta);
     be->rope_forward(a->attn_kv, b->pos, d.T, d.nkv, d.hd, d.rd, 2 * d.kvd, d.theta);
-    if (mode != BLOCK_REMAT) block_attention_core(m, a, b, &d);
+    /* the remat recompute keeps attention's output and LSE: no attention, no ring */
+    if (mode != BLOCK_REMAT) {
+        CpAttnDims ad = {.nh = d.nh, .nkv = d.nkv, .hd = d.hd};
+        cp_ring_forward(&m->cp, l, a->attn_out, a->attn_lse, a->attn_q, a->attn_kv, &ad);
+    }
     be->sigmoid_gate_forward(a->attn_gated, a->attn_out, AT(a->attn_proj, d.qd), d.T, d.qd, d.Pa);
     be->copy(a->h, a->x, (size_t)(d.T * d.H * d.es));
     be->matmul_forward(a->h, a->attn_gated, W(p->out_proj), d.T, d.qd, d.H, d.qd, d.H, 1);
@@ -172,22 +207,13 @@ static void block_attention_backward(Model *m, int l, const Batch *b) {
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
     Dims d = block_dims(m, b->T);
-    int64_t Ts = b->T_sample;
     be->matmul_backward(m->d_gated, G(p->out_proj), m->d_resid, a->attn_gated, W(p->out_proj), d.T, d.qd, d.H, d.qd,
                         d.H, 0);
     be->memset_zero(m->d_proj, (size_t)(d.T * d.Pa * d.es));
     be->sigmoid_gate_backward(m->d_attn_out, AT(m->d_proj, d.qd), m->d_gated, a->attn_out, AT(a->attn_proj, d.qd),
                               d.T, d.qd, d.Pa);
-    be->memset_zero(m->d_q, (size_t)(d.T * d.qd * d.es));
-    be->memset_zero(m->d_kv, (size_t)(d.T * 2 * d.kvd * d.es));
-    for (int s = 0; s < b->samples; s++) {
-        int64_t o = s * Ts;
-        be->attention_backward(AT(m->d_q, o * d.qd), AT(m->d_kv, o * 2 * d.kvd), AT(m->d_kv, o * 2 * d.kvd + d.kvd),
-                               AT(m->d_attn_out, o * d.qd), AT(a->attn_out, o * d.qd), a->attn_lse + o * d.nh,
-                               AT(a->attn_q, o * d.qd), AT(a->attn_kv, o * 2 * d.kvd),
-                               AT(a->attn_kv, o * 2 * d.kvd + d.kvd), b->pos + o, b->doc_pos + o, b->pos + o,
-                               b->doc_pos + o, Ts, Ts, d.nh, d.nkv, d.hd, d.qd, 2 * d.kvd, d.qd, 1);
-    }
+    CpAttnDims ad = {.nh = d.nh, .nkv = d.nkv, .hd = d.hd};
+    cp_ring_backward(&m->cp, l, m->d_q, m->d_kv, m->d_attn_out, a->attn_out, a->attn_lse, a->attn_q, a->attn_kv, &ad);
     be->rope_backward(m->d_q, b->pos, d.T, d.nh, d.hd, d.rd, d.qd, d.theta);
     be->rope_backward(m->d_kv, b->pos, d.T, d.nkv, d.hd, d.rd, 2 * d.kvd, d.theta);
     be->rmsnorm_backward(m->d_proj, G(p->q_norm), m->d_q, a->attn_proj, W(p->q_norm), a->attn_qk_rstd, d.T, d.nh,

@@ -7,6 +7,17 @@
  * logits of a row chunk are used for the loss and their gradient at once), so
  * the backward starts from d_final.
  *
+ * Before anything, the CP group's token metadata of the micro-batch is
+ * gathered (cp_batch_begin), so every rank plans the same ring and scan.
+ *
+ * Gradient all-reduce (the step's last micro-batch, world > 1): the
+ * parameters of layer l are one contiguous range of the flat buffer
+ * (model_params.c adds them layer by layer), so each layer is a bucket,
+ * posted non-blocking over the world as soon as its backward is done; the
+ * embedding, final norm and lm_head (before and after the layers) go last.
+ * All are waited before returning. The lm_head's gradient is complete after
+ * the forward, but it shares the last bucket so buckets stay in one order.
+ *
  * Callers: lib/train.c, tests/parity/parity_step.c.
  */
 #include <math.h>
@@ -16,7 +27,14 @@
 #include "model.h"
 #include "model_block.h"
 
-double model_forward_backward(Model *m, const Batch *b, float grad_scale) {
+/* First element of layer l's parameters (layer L: the end of the last layer's). */
+static int64_t model_layer_start(const Model *m, int l) {
+    for (int i = 0; i < m->ptab.n; i++)
+        if (m->ptab.t[i].layer >= l) return m->ptab.t[i].offset;
+    return m->ptab.buffer_numel;
+}
+
+double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads) {
     const Backend *be = m->be;
     const Config *cfg = m->cfg;
     int L = (int)cfg->model.num_hidden_layers;
@@ -27,6 +45,10 @@ double model_forward_backward(Model *m, const Batch *b, float grad_scale) {
     float eps = (float)cfg->model.rms_norm_eps;
     const char *w = m->weights;
     RS_CHECK(T == m->T, "micro-batch of %lld rows, model built for %lld", (long long)T, (long long)m->T);
+    Comm *comm = m->comm;
+    const int reduce = sync_grads && comm && comm->world_size > 1;
+    CommHandle buckets = {0};
+    cp_batch_begin(&m->cp, b->pos, b->doc_pos);
 
     /* forward */
     be->embedding_forward(m->la[0].x, b->tokens, w + m->embed * es, T, H);
@@ -50,7 +72,18 @@ double model_forward_backward(Model *m, const Batch *b, float grad_scale) {
         if (pol == ACT_POLICY_FULL) model_block_forward(m, l, b, NULL, BLOCK_RECOMPUTE);
         else if (pol == ACT_POLICY_REMAT) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
         model_block_backward(m, l, b);
+        if (reduce) {
+            int64_t a = model_layer_start(m, l), e = model_layer_start(m, l + 1);
+            comm_iallreduce_sum_f32(comm, comm->world, m->grads + a, e - a, &buckets);
+            comm_progress(comm, &buckets);
+        }
     }
     be->embedding_backward(m->grads + m->embed, m->d_resid, b->tokens, T, H);
+    if (reduce) {
+        int64_t first = model_layer_start(m, 0), end = model_layer_start(m, L);
+        comm_iallreduce_sum_f32(comm, comm->world, m->grads, first, &buckets);
+        comm_iallreduce_sum_f32(comm, comm->world, m->grads + end, m->ptab.buffer_numel - end, &buckets);
+        comm_wait(comm, &buckets);
+    }
     return loss_sum;
 }

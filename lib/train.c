@@ -124,17 +124,30 @@ static void train_fmt_count(double v, char *buf, size_t n) {
 
 /* ---- the step's samples ---------------------------------------------------- */
 
-/* Reads micro-step `a`'s samples of this rank into the step buffers. */
+/* cp_read_sample's reader: a span of a sample from the data set (errors end the run). */
+typedef struct {
+    DataSet *data;
+    char     err[2048];
+} TrainSpanReader;
+
+static int train_read_span(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
+                           int32_t *pos, int32_t *doc_pos) {
+    TrainSpanReader *r = ctx;
+    return data_read_span(r->data, g, t0, len, tokens, targets, pos, doc_pos, r->err, sizeof r->err);
+}
+
+/* Reads micro-step `a`'s samples of this rank into the step buffers: each sample's fragments of
+ * the CP layout (cp.h), so a rank reads only its own tokens. */
 static void train_read_micro(Trainer *t, int64_t a) {
     const Config *cfg = t->cfg;
     int64_t mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
-    char err[2048];
+    TrainSpanReader r = {.data = t->data};
     for (int64_t j = 0; j < mb; j++) {
         int64_t g = t->samples + (a * t->comm->dp + t->comm->dp_rank) * mb + j;
         int64_t o = a * rows + j * Tl;
-        if (data_read_sample(t->data, g, t->tokens + o, t->targets + o, t->pos + o, t->doc_pos + o, err,
-                             sizeof err) != 0)
-            data_fail(err);
+        if (cp_read_sample(&t->model.cp.L, train_read_span, &r, g, t->tokens + o, t->targets + o, t->pos + o,
+                           t->doc_pos + o) != 0)
+            data_fail(r.err);
     }
 }
 
@@ -242,6 +255,37 @@ static void train_write_metrics(Trainer *t, json_t *o) {
 
 /* ---- the loop ------------------------------------------------------------------ */
 
+/* The step's work counters in metrics.jsonl: per layer (arrays of num_hidden_layers), summed
+ * over the step's micro-batches (`micro_batches` of them), so the checkpoint policies can be
+ * checked: remat runs attention, the ring and the scan all-gather once per layer and
+ * micro-batch, full twice, and neither reruns a halo exchange beyond its own. */
+static void train_metrics_counters(Trainer *t, json_t *o) {
+    const Cp *cp = &t->model.cp;
+    const struct {
+        const char    *name;
+        const int64_t *v;
+    } per_layer[] = {
+        {"attn_forwards", cp->count.attn_forwards},
+        {"attn_kernel_calls", cp->count.attn_kernel_calls},
+        {"ring_passes_fwd", cp->count.ring_passes_fwd},
+        {"ring_passes_bwd", cp->count.ring_passes_bwd},
+        {"ring_hops_fwd", cp->count.ring_hops_fwd},
+        {"scan_allgathers_fwd", cp->count.scan_allgathers_fwd},
+        {"scan_allgathers_bwd", cp->count.scan_allgathers_bwd},
+        {"halo_exchanges", cp->count.halo_exchanges},
+        {"gdn_forwards", cp->count.gdn_forwards},
+    };
+    json_t *c = json_object();
+    json_object_set_new(c, "micro_batches", json_integer(t->cfg->train.grad_accum));
+    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
+        json_t *a = json_array();
+        for (int l = 0; l < cp->layers; l++) json_array_append_new(a, json_integer(per_layer[i].v[l]));
+        json_object_set_new(c, per_layer[i].name, a);
+    }
+    json_object_set_new(c, "block_recomputes", json_integer(t->model.count.block_recomputes));
+    json_object_set_new(o, "counters", c);
+}
+
 static void train_optimizer_step(Trainer *t, double lr, float clip_scale) {
     const Config *cfg = t->cfg;
     Model *m = &t->model;
@@ -272,6 +316,7 @@ static int train_loop(Trainer *t) {
         double lr = train_lr(cfg, t->step);
         be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
         memset(&m->count, 0, sizeof m->count);
+        cp_counters_reset(&m->cp);
 
         int64_t predicted = 0;
         for (int64_t k = 0; k < accum; k++) train_read_micro(t, k);
@@ -284,9 +329,8 @@ static int train_loop(Trainer *t) {
         for (int64_t k = 0; k < accum; k++) {
             Batch bt = {rows, (int32_t)mb, Tl, t->tokens + k * rows, t->targets + k * rows, t->pos + k * rows,
                         t->doc_pos + k * rows};
-            loss_sum += model_forward_backward(m, &bt, grad_scale);
+            loss_sum += model_forward_backward(m, &bt, grad_scale, k == accum - 1);
         }
-        if (comm->world_size > 1) comm_allreduce_sum_f32(comm, comm->world, m->grads, nparam);
         double loss = comm_allreduce_sum_scalar(comm, comm->world, loss_sum) / n_global;
         double gnorm = sqrt(be->sum_squares(m->grads, nparam));
         if (!isfinite(gnorm) || !isfinite(loss))
@@ -325,9 +369,7 @@ static int train_loop(Trainer *t) {
         json_object_set_new(o, "tokens_per_s", json_real(tok_s));
         json_object_set_new(o, "ms", json_real(dt * 1e3));
         json_object_set_new(o, "predicted_tokens", json_integer((json_int_t)n_global));
-        json_object_set_new(o, "attention_forward_calls", json_integer(m->count.attention_forward_calls));
-        json_object_set_new(o, "gdn_forward_calls", json_integer(m->count.gdn_forward_calls));
-        json_object_set_new(o, "block_recomputes", json_integer(m->count.block_recomputes));
+        train_metrics_counters(t, o);
         json_object_set_new(o, "activation_bytes_kept", json_integer(m->bytes_kept));
         json_object_set_new(o, "activation_bytes_planned",
                             json_integer(t->plan.acts.kept[cfg->checkpoint.activations]));
@@ -366,9 +408,6 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     t.be = &backend_cpu;
     openblas_set_num_threads((int)cfg->device.threads);
     comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
-    if (cfg->parallel.cp > 1)
-        train_fail(&t, RS_EXIT_USAGE, "parallel.cp = %lld: context parallelism is built by issue #4; set "
-                                      "parallel.cp: 1", (long long)cfg->parallel.cp);
 
     /* everything that can be wrong with the input is checked before anything is written */
     char err[4096];
@@ -397,7 +436,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
 
     train_open_run_dir(&t, resume_dir != NULL);
     plan_build(&t.plan, cfg);
-    model_init(&t.model, cfg, t.be, cfg->data.micro_batch * t.T_local);
+    model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
     if (resume_dir) {
         train_ckpt_restore(&t, &res);
         if (comm->rank == 0) train_trim_metrics(&t, t.step);

@@ -11,14 +11,16 @@
  *                      all-reduced in fp32).
  *   AdamW (fp32)       m and v, 8 bytes per parameter (no ZeRO sharding yet).
  *   activations        model_acts.c's peak for the policy.
- *   CP ring            cp > 1, one softmax layer at a time: two receive
- *                      buffers of K|V for 2s tokens and a send buffer
- *                      (activation type), the fp32 output and LSE
- *                      accumulators; in backward two fp32 dK|dV buffers and
- *                      an fp32 dQ accumulator.
+ *   CP ring            one softmax layer at a time (model_acts.c's CP table,
+ *                      the buffers cp_init allocates): with cp > 1 two
+ *                      receive buffers of K|V; the fp32 output and LSE
+ *                      accumulators and one call's output; in backward the
+ *                      fp32 dQ accumulator, this step's fp32 dK|dV and (cp > 1)
+ *                      two fp32 dK|dV partials travelling the ring.
  *   CP scan            cp > 1, one GDN layer at a time: the all-gathered
- *                      transitions [P, 2, nv, dk, dk + dv] fp32 and the local
- *                      pair, in forward and again in backward.
+ *                      transitions [P, frags, nv, dk, dk + dv] fp32 and the
+ *                      local ones, the fold's two states, the folded state
+ *                      gradients, and the conv halo tails (local + gathered).
  *   workspaces         the loss row chunk of fp32 logits; on cuda 32 MiB of
  *                      cuBLASLt workspace.
  *   runtime            cuda: 1 GiB for the CUDA context, NCCL buffers and
@@ -89,17 +91,8 @@ void plan_build(Plan *p, const Config *cfg) {
     int64_t nh = m->num_attention_heads, nkv = m->num_key_value_heads, hd = m->head_dim;
     int64_t nv = m->linear_num_value_heads, dk = m->linear_key_head_dim, dv = m->linear_value_head_dim;
     int64_t Cc = 2 * m->linear_num_key_heads * dk + nv * dv;
-    int64_t Tl = p->tokens_per_rank; /* local tokens, all samples of the micro-batch */
-    int64_t ring = 0, scan = 0;
-    if (P > 1 && p->n_full > 0) {
-        int64_t kv = 2 * nkv * hd;
-        ring = 3 * Tl * kv * e                 /* 2 receive buffers + 1 send buffer of K|V */
-               + Tl * nh * hd * 4 + Tl * nh * 4 /* fp32 O and LSE accumulators */
-               + 2 * Tl * kv * 4                /* 2 fp32 dK|dV buffers (backward) */
-               + Tl * nh * hd * 4;              /* fp32 dQ accumulator (backward) */
-    }
-    if (P > 1 && p->n_linear > 0) scan = (P + 1) * 2 * nv * dk * (dk + dv) * 4;
-
+    /* the CP buffers cp_init allocates (model_acts.c lists them) */
+    int64_t ring = p->acts.cp_bytes[ACT_CP_RING], scan = p->acts.cp_bytes[ACT_CP_SCAN];
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         int64_t *mem = p->mem[pol];
         mem[PLAN_MEM_WEIGHTS_BF16] = cuda ? (int64_t)(2 * N) : 0;

@@ -18,5 +18,15 @@ void  cpu_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst
     for (int64_t r = 0; r < rows; r++)
         memmove((float *)dst + r * ld_dst, (const float *)src + r * ld_src, (size_t)cols * sizeof(float));
 }
+void  cpu_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = (float *)dst + r * ld_dst;
+        const float *x = (const float *)src + r * ld_src;
+        for (int c = 0; c < cols; c++) d[c] += x[c];
+    }
+}
+void  cpu_add_f32(float *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
 void  cpu_act_from_f32(void *dst, const float *src, int64_t n) { memmove(dst, src, (size_t)n * sizeof(float)); }
 void  cpu_act_to_f32(float *dst, const void *src, int64_t n) { memmove(dst, src, (size_t)n * sizeof(float)); }

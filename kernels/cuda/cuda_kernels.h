@@ -27,6 +27,8 @@ void cuda_copy(void *dst, const void *src, size_t bytes);
 void cuda_to_device(void *dst, const void *host, size_t bytes);
 void cuda_to_host(void *host, const void *src, size_t bytes);
 void cuda_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
+void cuda_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
+void cuda_add_f32(float *dst, const float *src, int64_t n);
 void cuda_act_from_f32(void *dst, const float *src, int64_t n);
 void cuda_act_to_f32(float *dst, const void *src, int64_t n);
 void cuda_embedding_forward(void *out, const int32_t *tokens, const void *wte, int64_t T, int C);

@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     if (safetensors_open(&bf, path, err, sizeof err)) RS_FATAL("%s", err);
 
     Model m;
-    model_init(&m, &cfg, &backend_cpu, rows);
+    model_init(&m, &cfg, &backend_cpu, NULL, rows);
     for (int i = 0; i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
@@ -83,11 +83,13 @@ int main(int argc, char **argv) {
     RS_CHECK(n > 0, "no token with a target in %s", dir);
 
     memset(m.grads, 0, (size_t)m.ptab.buffer_numel * sizeof(float));
-    double loss = model_forward_backward(&m, &b, (float)(1.0 / (double)n)) / (double)n;
+    double loss = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 0) / (double)n;
+    int64_t attn_calls = 0;
+    for (int l = 0; l < m.cp.layers; l++) attn_calls += m.cp.count.attn_kernel_calls[l];
     printf("parity_step %s: policy %s, loss %.9f over %lld tokens; attention forward calls %lld, block "
            "recomputes %lld\n",
            dir, act_policy_names[cfg.checkpoint.activations], loss, (long long)n,
-           (long long)m.count.attention_forward_calls, (long long)m.count.block_recomputes);
+           (long long)attn_calls, (long long)m.count.block_recomputes);
 
     StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
     out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};

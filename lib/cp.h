@@ -1,0 +1,178 @@
+/*
+ * cp.h — context parallelism: one sample's tokens cut across the ranks of a
+ * CP group, in one zigzag layout that both layer kinds use.
+ *
+ * Layout (cp_layout.c). A sample of T tokens is cut into 2P segments of
+ * s = T / 2P tokens; CP rank r holds segments r and 2P-1-r, stored locally as
+ * [seg r | seg 2P-1-r] (DESIGN.md §3). Each local piece is a *fragment*: a
+ * run of tokens contiguous in the sample, with a global index (its segment).
+ * With P = 1 there is one fragment, the whole sample, so the single-process
+ * run is the P = 1 case of the same code, not a separate path. Positions
+ * (RoPE) and document boundaries are global: pos[t] is the token's place in
+ * the sample and doc_pos[t] the number of tokens of its document before it,
+ * read from the data as they are (lib/data.h), never renumbered.
+ *
+ * The batch's metadata (cp_layout.c). At the start of each micro-batch every
+ * CP rank's pos/doc_pos rows are all-gathered once (CpBatch), so every rank
+ * knows the global document boundaries and derives the same schedule from
+ * them: which block pairs of the ring are skipped, where each fragment's
+ * document started, which fragments reset the GDN state. Nothing of the
+ * schedule is decided from local data alone, so every rank posts the same
+ * sequence of messages.
+ *
+ * Gated DeltaNet (cp_gdn.c, research/gdn_cp.md §3-4): per local fragment the
+ * transition (M, H) from a zero state, one all-gather of every fragment's
+ * pair, a fold in global fragment order for each fragment's entry state; the
+ * backward mirrors it with each fragment's own state gradient and M^T. The
+ * conv's halo (the last Kc-1 pre-conv rows of the previous fragment) comes
+ * by an all-gather of every fragment's tail; its gradient goes back the same
+ * way and is added at the owner.
+ *
+ * Softmax attention (cp_ring.c, research/ring_attention.md §1): P ring steps;
+ * at step t rank r holds the K|V block of rank (r - t) mod P, and every
+ * (query fragment, key fragment) pair is either the diagonal (causal), a
+ * rectangle of the one document that can span two fragments (all keys
+ * earlier: non-causal), or skipped (the key fragment is later, or no
+ * document spans both). That is the zigzag step rule: every rank does the
+ * same work at every step. Partial outputs merge online in fp32 by LSE; the
+ * backward carries fp32 dK|dV partials around the ring, one step behind K|V.
+ * The next step's K|V exchange is posted before the current step computes.
+ *
+ * Callers: lib/model_block.c (through Model.cp), lib/train.c and
+ * tests/parity/parity_step.c (layout, reading a rank's rows), tests/cp.
+ */
+#ifndef RS_CP_H
+#define RS_CP_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "config.h"
+
+/* The zigzag layout of one sample on one CP rank. */
+typedef struct {
+    int     P, rank;         /* CP size, this rank's place in the CP group */
+    int64_t T;               /* tokens per sample */
+    int64_t T_local;         /* tokens per sample on this rank = T / P */
+    int     nglobal;         /* fragments per sample: 1 when P == 1, else 2P */
+    int     nlocal;          /* fragments per sample on this rank: 1 or 2 */
+    int64_t frag_len;        /* tokens per fragment: T when P == 1, else T / 2P */
+    int     frag_global[2];  /* global index of local fragment f (its segment) */
+} CpLayout;
+
+void cp_layout_init(CpLayout *L, int64_t T, int P, int rank);
+/* The rank holding global fragment g, and (when f is not NULL) its local index there. */
+int cp_layout_owner(const CpLayout *L, int g, int *f);
+
+/* Every CP rank's token metadata of the current micro-batch, gathered. */
+typedef struct {
+    int32_t  samples;
+    int64_t  rows;                    /* local rows of the micro-batch = samples x T_local */
+    int32_t *pos, *doc_pos;           /* (P, rows) host copies, rank-major */
+    int32_t *pos_dev, *doc_pos_dev;   /* the same in backend memory (kernel arguments) */
+    uint8_t *frag_resets;             /* (samples, nglobal): a document starts inside fragment g */
+    uint8_t *frag_starts_doc;         /* (samples, nglobal): fragment g's first token starts a document */
+} CpBatch;
+
+/* Work counters of one micro-batch step, per layer (reset by cp_counters_reset). */
+typedef struct {
+    int64_t *attn_forwards;       /* (L) ring forwards (the attention core ran) */
+    int64_t *attn_kernel_calls;   /* (L) block-attention forward kernel calls */
+    int64_t *ring_hops_fwd;       /* (L) K|V exchanges of forward rings */
+    int64_t *ring_passes_fwd;     /* (L) forward ring passes with communication (P > 1) */
+    int64_t *ring_passes_bwd;     /* (L) backward ring passes with communication (P > 1) */
+    int64_t *scan_allgathers_fwd; /* (L) GDN transition all-gathers (forward scans) */
+    int64_t *scan_allgathers_bwd; /* (L) GDN state-gradient all-gathers */
+    int64_t *halo_exchanges;      /* (L) conv halo all-gathers, forward and backward */
+    int64_t *gdn_forwards;        /* (L) chunked delta-rule forward calls */
+} CpCounters;
+
+/* The CP context the model runs with: comm, layout, the batch's metadata and the
+ * communication buffers (sized by model_acts.c's CP table, so `plan` counts them). */
+typedef struct Cp {
+    Comm          *comm;   /* NULL: one process, P must be 1 */
+    const Backend *be;
+    CpLayout       L;
+    CpBatch        batch;
+    int            layers;
+    CpCounters     count;
+    /* ring buffers (activation type unless fp32 is said) */
+    void  *kv_recv[2];   /* (rows, 2 kvd) the K|V blocks arriving */
+    float *run_out;      /* (rows, qd) fp32 running output */
+    float *run_lse;      /* (rows, nh) fp32 running LSE */
+    void  *blk_out;      /* (rows, qd) one call's output */
+    float *blk_lse;      /* (rows, nh) one call's LSE */
+    float *dq_acc;       /* (rows, qd) fp32 */
+    float *dkv_local;    /* (rows, 2 kvd) fp32 this step's dK|dV contributions */
+    float *dkv_buf[2];   /* (rows, 2 kvd) fp32 partials travelling the ring */
+    /* scan buffers */
+    float *scan_send;    /* (samples, nlocal, nv, dk, dk + dv) fp32 [M | H] or [M | dE] */
+    float *scan_recv;    /* (P, samples, nlocal, nv, dk, dk + dv) */
+    float *fold[2];      /* (nv, dk, dv) fp32 ping-pong of the fold */
+    float *dstate;       /* (samples, nlocal, nv, dk, dv) fp32 folded gradients at the fragments' ends */
+    void  *halo_send;    /* (samples, nlocal, Kc-1, Cc) pre-conv tails, or their gradients */
+    void  *halo_recv;    /* (P, samples, nlocal, Kc-1, Cc) */
+    void  *arena;
+} Cp;
+
+/* ---- cp_layout.c ---- */
+/* Builds the layout for samples of cfg->data.seq_len tokens and allocates the communication
+ * buffers for micro-batches of `samples` samples (sizes from model_acts.c's CP table). comm may be
+ * NULL only when parallel.cp == 1. */
+void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg, int32_t samples);
+void cp_free(Cp *cp);
+void cp_counters_reset(Cp *cp);
+/* Gathers every CP rank's pos/doc_pos of this micro-batch (rows = samples x T_local; backend
+ * memory) and derives the per-fragment document facts. Called once per micro-batch. */
+void cp_batch_begin(Cp *cp, const int32_t *pos, const int32_t *doc_pos);
+/* First local row (within the micro-batch) of local fragment f of sample s. */
+static inline int64_t cp_frag_row(const Cp *cp, int s, int f) {
+    return (int64_t)s * cp->L.T_local + (int64_t)f * cp->L.frag_len;
+}
+/* Reads this rank's rows of global sample g through `read` (data_read_span or a test's
+ * reader): fragment by fragment, into rows laid out as cp_frag_row says. */
+typedef int (*CpReadSpan)(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
+                          int32_t *pos, int32_t *doc_pos);
+int cp_read_sample(const CpLayout *L, CpReadSpan read, void *ctx, int64_t g, int32_t *tokens, int32_t *targets,
+                   int32_t *pos, int32_t *doc_pos);
+
+/* ---- cp_gdn.c (P > 1) ---- */
+/* Dims of a GDN layer as the scan needs them. */
+typedef struct {
+    int nk, nv, dk, dv; /* key/value heads and head dims */
+    int Cc, Kc;         /* conv channels [q|k|v] and kernel width */
+} CpGdnDims;
+
+/* halo (samples x nlocal, Kc-1, Cc) = the last Kc-1 pre-conv rows of each local fragment's
+ * predecessor (zeros for the sample's first fragment), from proj (rows, ldp) columns [0, Cc).
+ * One all-gather of every fragment's tail. */
+void cp_gdn_halo_forward(Cp *cp, int layer, void *halo, const void *proj, int ldp, const CpGdnDims *d);
+/* dproj's tail rows of each local fragment += the halo gradient its successor computed;
+ * dhalo (samples x nlocal, Kc-1, Cc) holds this rank's fragments' halo gradients. */
+void cp_gdn_halo_backward(Cp *cp, int layer, void *dproj, int ldp, const void *dhalo, const CpGdnDims *d);
+/* The forward scan: each local fragment's transition, one all-gather, the fold in global order.
+ * states (samples x nlocal, nv, dk, dv) = each fragment's entry state; M_keep (same rows, nv, dk,
+ * dk) = each local fragment's M, kept for the backward. k, v, g, beta as gdn_chunk_forward. */
+void cp_gdn_scan_forward(Cp *cp, int layer, float *states, float *M_keep, const void *k, const void *v,
+                         const float *g, const float *beta, int ldq, int ldv, const CpGdnDims *d);
+/* The backward scan: each local fragment's own state gradient (dout only), one all-gather of
+ * [M | dE], the reverse fold with M^T. dS_final (samples x nlocal, nv, dk, dv) = the gradient
+ * arriving at each local fragment's final state. */
+void cp_gdn_scan_backward(Cp *cp, int layer, float *dS_final, const float *M_keep, const void *dout, const void *q,
+                          const void *k, const float *g, const float *beta, int ldq, int ldo, const CpGdnDims *d);
+
+/* ---- cp_ring.c (every P) ---- */
+typedef struct {
+    int nh, nkv, hd; /* query heads, kv heads, head dim */
+} CpAttnDims;
+
+/* out (rows, qd), lse (rows, nh) = causal document-masked attention of this rank's queries
+ * q (rows, qd) against the keys/values of the whole sample, the blocks kv (rows, 2 kvd) = [k|v]
+ * travelling the ring. */
+void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, const void *kv, const CpAttnDims *d);
+/* dq (rows, qd) =, dkv (rows, 2 kvd) = (activation type) from dout and the FINAL out/lse. */
+void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, const void *out, const float *lse,
+                      const void *q, const void *kv, const CpAttnDims *d);
+
+#endif

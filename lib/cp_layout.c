@@ -1,0 +1,179 @@
+/*
+ * cp_layout.c — the zigzag layout, the CP context's buffers, and the
+ * micro-batch's gathered metadata (see cp.h).
+ *
+ * Fragment g of a sample (g = 0 .. nglobal-1, in sample order) covers tokens
+ * [g·s, (g+1)·s) with s = frag_len. With P > 1, g < P is held by rank g as its
+ * local fragment 0 and g >= P by rank 2P-1-g as its local fragment 1; with
+ * P = 1 the single fragment is the whole sample.
+ *
+ * Callers: lib/model.c (cp_init, cp_free), lib/model_step.c
+ * (cp_batch_begin), lib/train.c and tests/parity/parity_step.c
+ * (cp_read_sample), cp_gdn.c and cp_ring.c (the layout and batch facts).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cp.h"
+#include "error.h"
+#include "model_acts.h"
+
+void cp_layout_init(CpLayout *L, int64_t T, int P, int rank) {
+    memset(L, 0, sizeof *L);
+    RS_CHECK(P >= 1 && rank >= 0 && rank < P, "cp rank %d of %d", rank, P);
+    RS_CHECK(T % (P == 1 ? 1 : 2 * P) == 0, "seq_len %lld is not divisible by 2 x cp = %d (config validation "
+             "should have refused it)", (long long)T, 2 * P);
+    L->P = P;
+    L->rank = rank;
+    L->T = T;
+    L->T_local = T / P;
+    L->nglobal = P == 1 ? 1 : 2 * P;
+    L->nlocal = P == 1 ? 1 : 2;
+    L->frag_len = P == 1 ? T : T / (2 * P);
+    L->frag_global[0] = rank;
+    L->frag_global[1] = P == 1 ? -1 : 2 * P - 1 - rank;
+}
+
+int cp_layout_owner(const CpLayout *L, int g, int *f) {
+    RS_CHECK(g >= 0 && g < L->nglobal, "fragment %d of %d", g, L->nglobal);
+    int first = g < L->P || L->P == 1;
+    if (f) *f = first ? 0 : 1;
+    return first ? (L->P == 1 ? 0 : g) : 2 * L->P - 1 - g;
+}
+
+int cp_read_sample(const CpLayout *L, CpReadSpan read, void *ctx, int64_t g, int32_t *tokens, int32_t *targets,
+                   int32_t *pos, int32_t *doc_pos) {
+    for (int f = 0; f < L->nlocal; f++) {
+        int64_t t0 = (int64_t)L->frag_global[f] * L->frag_len, o = (int64_t)f * L->frag_len;
+        int rc = read(ctx, g, t0, L->frag_len, tokens + o, targets + o, pos + o, doc_pos + o);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---- the context ---------------------------------------------------------------------- */
+
+#define CP_ALIGN 256
+
+/* CpCounters is a struct of per-layer arrays only: walk it as an array of them. */
+#define CP_COUNTERS (sizeof(CpCounters) / sizeof(int64_t *))
+_Static_assert(sizeof(CpCounters) % sizeof(int64_t *) == 0, "CpCounters holds only int64_t * arrays");
+static int64_t **cp_counter_arrays(Cp *cp) { return (int64_t **)(void *)&cp->count; }
+
+static int64_t cp_align(int64_t n) { return (n + CP_ALIGN - 1) / CP_ALIGN * CP_ALIGN; }
+
+/* Points the Cp field called `name` (the ActCpBuffer name) at p, p + bytes, ... */
+static void cp_bind(Cp *cp, const ActCpBuffer *b, char *p) {
+    static const struct { const char *name; size_t off; int count; } fields[] = {
+#define F(n, c) {#n, offsetof(Cp, n), c}
+        F(kv_recv, 2), F(run_out, 1), F(run_lse, 1), F(blk_out, 1), F(blk_lse, 1), F(dq_acc, 1),
+        F(dkv_local, 1), F(dkv_buf, 2), F(scan_send, 1), F(scan_recv, 1), F(fold, 2), F(dstate, 1),
+        F(halo_send, 1), F(halo_recv, 1),
+#undef F
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (!strcmp(fields[i].name, b->name)) {
+            RS_CHECK(fields[i].count == b->count, "CP buffer %s: %d copies listed, %d in Cp", b->name, b->count,
+                     fields[i].count);
+            for (int k = 0; k < b->count; k++)
+                ((void **)((char *)cp + fields[i].off))[k] = p + k * cp_align(b->bytes);
+            return;
+        }
+    RS_FATAL("CP buffer '%s' of model_acts.c has no field in Cp", b->name);
+}
+
+void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg, int32_t samples) {
+    memset(cp, 0, sizeof *cp);
+    int P = (int)cfg->parallel.cp;
+    RS_CHECK(comm || P == 1, "parallel.cp = %d needs MPI ranks", P);
+    RS_CHECK(samples == cfg->data.micro_batch, "CP buffers are sized for data.micro_batch = %lld samples, not %d",
+             (long long)cfg->data.micro_batch, samples);
+    cp->comm = comm;
+    cp->be = be;
+    cp_layout_init(&cp->L, cfg->data.seq_len, P, comm ? comm->cp_rank : 0);
+    cp->layers = (int)cfg->model.num_hidden_layers;
+
+    ActTable t;
+    model_acts_build(&t, cfg);
+    int64_t total = 0;
+    for (int i = 0; i < t.ncp; i++) total += t.cp[i].count * cp_align(t.cp[i].bytes);
+    cp->arena = total ? be->alloc((size_t)total) : NULL;
+    char *p = cp->arena;
+    for (int i = 0; i < t.ncp; i++) {
+        cp_bind(cp, &t.cp[i], p);
+        p += t.cp[i].count * cp_align(t.cp[i].bytes);
+    }
+    model_acts_free(&t);
+
+    CpBatch *B = &cp->batch;
+    B->samples = samples;
+    B->rows = (int64_t)samples * cp->L.T_local;
+    size_t meta = (size_t)P * (size_t)B->rows * sizeof(int32_t);
+    B->pos = RS_MALLOC(meta);
+    B->doc_pos = RS_MALLOC(meta);
+    B->pos_dev = be->alloc(meta);
+    B->doc_pos_dev = be->alloc(meta);
+    B->frag_resets = RS_CALLOC((size_t)samples * cp->L.nglobal, 1);
+    B->frag_starts_doc = RS_CALLOC((size_t)samples * cp->L.nglobal, 1);
+
+    int64_t **c = cp_counter_arrays(cp);
+    for (size_t i = 0; i < CP_COUNTERS; i++) c[i] = RS_CALLOC((size_t)cp->layers, sizeof(int64_t));
+}
+
+void cp_free(Cp *cp) {
+    if (cp->arena) cp->be->free(cp->arena);
+    free(cp->batch.pos);
+    free(cp->batch.doc_pos);
+    cp->be->free(cp->batch.pos_dev);
+    cp->be->free(cp->batch.doc_pos_dev);
+    free(cp->batch.frag_resets);
+    free(cp->batch.frag_starts_doc);
+    int64_t **c = cp_counter_arrays(cp);
+    for (size_t i = 0; i < CP_COUNTERS; i++) free(c[i]);
+    memset(cp, 0, sizeof *cp);
+}
+
+void cp_counters_reset(Cp *cp) {
+    int64_t **c = cp_counter_arrays(cp);
+    for (size_t i = 0; i < CP_COUNTERS; i++) memset(c[i], 0, (size_t)cp->layers * sizeof(int64_t));
+}
+
+/* ---- the micro-batch's metadata --------------------------------------------------------- */
+
+void cp_batch_begin(Cp *cp, const int32_t *pos, const int32_t *doc_pos) {
+    const CpLayout *L = &cp->L;
+    CpBatch *B = &cp->batch;
+    const Backend *be = cp->be;
+    size_t local = (size_t)B->rows * sizeof(int32_t);
+    int32_t *mine = B->pos + (size_t)L->rank * B->rows, *mine_doc = B->doc_pos + (size_t)L->rank * B->rows;
+    be->to_host(mine, pos, local);
+    be->to_host(mine_doc, doc_pos, local);
+    if (L->P > 1) { /* one all-gather of [pos | doc_pos] per rank, unpacked rank-major */
+        CommHandle h = {0};
+        int32_t *send = RS_MALLOC(2 * local), *recv = RS_MALLOC((size_t)L->P * 2 * local);
+        memcpy(send, mine, local);
+        memcpy(send + B->rows, mine_doc, local);
+        comm_iallgather(cp->comm, cp->comm->cp_comm, send, recv, (int64_t)(2 * local), &h);
+        comm_wait(cp->comm, &h);
+        for (int r = 0; r < L->P; r++) {
+            memcpy(B->pos + (size_t)r * B->rows, recv + (size_t)r * 2 * B->rows, local);
+            memcpy(B->doc_pos + (size_t)r * B->rows, recv + ((size_t)r * 2 + 1) * B->rows, local);
+        }
+        free(send);
+        free(recv);
+    }
+    size_t all = (size_t)L->P * local;
+    be->to_device(B->pos_dev, B->pos, all);
+    be->to_device(B->doc_pos_dev, B->doc_pos, all);
+
+    /* per global fragment: does a document start inside it, and at its first token? */
+    for (int s = 0; s < B->samples; s++)
+        for (int g = 0; g < L->nglobal; g++) {
+            int f, r = cp_layout_owner(L, g, &f);
+            const int32_t *dp = B->doc_pos + (size_t)r * B->rows + s * L->T_local + (int64_t)f * L->frag_len;
+            int resets = 0;
+            for (int64_t t = 0; t < L->frag_len && !resets; t++) resets = dp[t] == 0;
+            B->frag_resets[s * L->nglobal + g] = (uint8_t)resets;
+            B->frag_starts_doc[s * L->nglobal + g] = (uint8_t)(dp[0] == 0);
+        }
+}

@@ -1,0 +1,201 @@
+/*
+ * cp_ring.c — load-balanced (zigzag) ring attention, forward and backward,
+ * over the block-attention primitive (see cp.h; research/ring_attention.md
+ * §1-2).
+ *
+ * Step t of P: rank r holds the K|V block of owner j = (r - t) mod P (its own
+ * at t = 0). For each sample, each local query fragment (global index a) and
+ * each of the owner's key fragments (global index b):
+ *   a == b   the diagonal: causal attention over the fragment (step 0 only);
+ *   a >  b   every key is earlier. At most one document holds tokens of both
+ *            fragments (two disjoint intervals cannot both span the gap): the
+ *            one the first query token belongs to. If it began after the key
+ *            fragment ends, the pair is skipped; else one dense rectangle,
+ *            non-causal: the query rows up to the next document start × the
+ *            key rows from the document's start on;
+ *   a <  b   every key is in the future: skipped.
+ * Without documents this is exactly the zigzag step rule (step 0: the causal
+ * 2s × 2s block; steps 1..r: all queries × the owner's first fragment;
+ * steps > r: the second query fragment × all keys), so each rank does the same
+ * work at every step. Every decision reads the gathered metadata (CpBatch),
+ * so all ranks agree without communication; the kernels still apply the
+ * exact mask inside each call.
+ *
+ * Forward: the next step's K|V exchange is posted (comm_isendrecv) before
+ * this step's calls run, and waited after them. Each call writes a block
+ * output and LSE; attention_merge folds it into fp32 running (out, lse),
+ * -inf ("no key") handled explicitly by the merge. At the end the running
+ * output becomes the activation-type output.
+ *
+ * Backward (ring-flash-attention's order): K|V travels the ring again from
+ * each rank's own block; dQ accumulates locally in fp32; this step's dK|dV
+ * contributions to the held block go into a local fp32 buffer, are added to
+ * the partial that arrived from the previous rank (posted one step earlier,
+ * so its transfer overlapped this step's compute) and sent on. After P steps
+ * every block's partial has visited every rank and the last hop delivers it
+ * to its owner, complete. The backward uses the final (merged) out and lse,
+ * so each block's probabilities are the global ones.
+ *
+ * Callers: lib/model_block.c (every softmax layer, every P), tests/cp.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cp.h"
+#include "error.h"
+
+#define CP_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
+
+enum { CP_TAG_KV = 11, CP_TAG_DKV = 12 };
+
+/* One (query rows, key rows) call of a ring step: rows are local rows of the micro-batch on
+ * this rank (queries) and on the owner (keys). */
+typedef struct {
+    int64_t q0, nq, k0, nk;
+    int     causal;
+} CpPair;
+
+/* The calls of step t (owner j) for sample s: at most nlocal x nlocal. Returns how many. */
+static int cp_ring_pairs(const Cp *cp, int j, int s, CpPair *out) {
+    const CpLayout *L = &cp->L;
+    const CpBatch *B = &cp->batch;
+    const int64_t n = L->frag_len;
+    const int32_t *pos_q = B->pos + (int64_t)L->rank * B->rows, *doc_q = B->doc_pos + (int64_t)L->rank * B->rows;
+    int np = 0;
+    for (int qf = 0; qf < L->nlocal; qf++)
+        for (int kf = 0; kf < L->nlocal; kf++) {
+            int a = L->frag_global[qf];
+            int b = L->P == 1 ? 0 : (kf == 0 ? j : 2 * L->P - 1 - j);
+            int64_t q0 = cp_frag_row(cp, s, qf), k0 = cp_frag_row(cp, s, kf);
+            if (a < b) continue;
+            if (a == b) {
+                out[np++] = (CpPair){q0, n, k0, n, 1};
+                continue;
+            }
+            /* the first query's document began at global position d; the key fragment covers
+             * [b n, (b+1) n) */
+            int64_t d = (int64_t)pos_q[q0] - doc_q[q0];
+            if (d >= (int64_t)(b + 1) * n) continue;
+            int64_t skip = d > (int64_t)b * n ? d - (int64_t)b * n : 0;
+            int64_t nq = 1;
+            while (nq < n && doc_q[q0 + nq] != 0) nq++;
+            out[np++] = (CpPair){q0, nq, k0 + skip, n - skip, 0};
+        }
+    return np;
+}
+
+void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, const void *kv, const CpAttnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const CpBatch *B = &cp->batch;
+    const int es = be->act_size, P = L->P, r = L->rank;
+    const int qd = d->nh * d->hd, kvd = d->nkv * d->hd, ldk = 2 * kvd;
+    const int64_t rows = B->rows;
+    const int32_t *pos_q = B->pos_dev + (int64_t)r * rows, *doc_q = B->doc_pos_dev + (int64_t)r * rows;
+
+    /* running (out, lse) start as "no key seen" */
+    be->memset_zero(cp->run_out, (size_t)rows * qd * sizeof(float));
+    float *neg = RS_MALLOC((size_t)rows * d->nh * sizeof(float));
+    for (int64_t i = 0; i < rows * d->nh; i++) neg[i] = -INFINITY;
+    be->to_device(cp->run_lse, neg, (size_t)rows * d->nh * sizeof(float));
+    free(neg);
+
+    const void *cur = kv;
+    CommHandle h = {0};
+    for (int t = 0; t < P; t++) {
+        int j = (r - t + P) % P;
+        void *next = cp->kv_recv[(t + 1) % 2];
+        if (t < P - 1)
+            comm_isendrecv(cp->comm, cp->comm->cp_comm, cur, (r + 1) % P, next, (r - 1 + P) % P,
+                           rows * ldk * es, CP_TAG_KV, &h);
+        const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
+        for (int s = 0; s < B->samples; s++) {
+            CpPair pr[4];
+            int np = cp_ring_pairs(cp, j, s, pr);
+            for (int i = 0; i < np; i++) {
+                const CpPair *p = &pr[i];
+                be->attention_forward(CP_AT(cp->blk_out, p->q0 * qd), cp->blk_lse + p->q0 * d->nh,
+                                      CP_AT(q, p->q0 * qd), CP_AT(cur, p->k0 * ldk), CP_AT(cur, p->k0 * ldk + kvd),
+                                      pos_q + p->q0, doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, p->nq, p->nk,
+                                      d->nh, d->nkv, d->hd, qd, ldk, qd, p->causal);
+                be->attention_merge(cp->run_out + p->q0 * qd, cp->run_lse + p->q0 * d->nh,
+                                    CP_AT(cp->blk_out, p->q0 * qd), cp->blk_lse + p->q0 * d->nh, p->nq, d->nh, d->hd,
+                                    qd);
+                cp->count.attn_kernel_calls[layer]++;
+            }
+        }
+        if (t < P - 1) {
+            comm_wait(cp->comm, &h);
+            cur = next;
+            cp->count.ring_hops_fwd[layer]++;
+        }
+    }
+    be->act_from_f32(out, cp->run_out, rows * qd);
+    be->copy(lse, cp->run_lse, (size_t)rows * d->nh * sizeof(float));
+    cp->count.attn_forwards[layer]++;
+    if (P > 1) cp->count.ring_passes_fwd[layer]++;
+}
+
+void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, const void *out, const float *lse,
+                      const void *q, const void *kv, const CpAttnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const CpBatch *B = &cp->batch;
+    const int es = be->act_size, P = L->P, r = L->rank;
+    const int qd = d->nh * d->hd, kvd = d->nkv * d->hd, ldk = 2 * kvd;
+    const int64_t rows = B->rows, nkv_el = rows * ldk;
+    const int32_t *pos_q = B->pos_dev + (int64_t)r * rows, *doc_q = B->doc_pos_dev + (int64_t)r * rows;
+    const int next_rank = (r + 1) % P, prev_rank = (r - 1 + P) % P;
+
+    be->memset_zero(cp->dq_acc, (size_t)rows * qd * sizeof(float));
+    const void *cur = kv;
+    const float *own = cp->dkv_local; /* P = 1: this step's contributions are the whole gradient */
+    CommHandle h_kv = {0}, h_dkv = {0};
+    for (int t = 0; t < P; t++) {
+        int j = (r - t + P) % P;
+        void *next = cp->kv_recv[(t + 1) % 2];
+        if (t < P - 1)
+            comm_isendrecv(cp->comm, cp->comm->cp_comm, cur, next_rank, next, prev_rank, nkv_el * es, CP_TAG_KV,
+                           &h_kv);
+        be->memset_zero(cp->dkv_local, (size_t)nkv_el * sizeof(float));
+        const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
+        for (int s = 0; s < B->samples; s++) {
+            CpPair pr[4];
+            int np = cp_ring_pairs(cp, j, s, pr);
+            for (int i = 0; i < np; i++) {
+                const CpPair *p = &pr[i];
+                be->attention_backward(cp->dq_acc + p->q0 * qd, cp->dkv_local + p->k0 * ldk,
+                                       cp->dkv_local + p->k0 * ldk + kvd, CP_AT(dout, p->q0 * qd),
+                                       CP_AT(out, p->q0 * qd), lse + p->q0 * d->nh, CP_AT(q, p->q0 * qd),
+                                       CP_AT(cur, p->k0 * ldk), CP_AT(cur, p->k0 * ldk + kvd), pos_q + p->q0,
+                                       doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, p->nq, p->nk, d->nh, d->nkv,
+                                       d->hd, qd, ldk, qd, p->causal);
+            }
+        }
+        if (P > 1) {
+            /* the partial of block j: ours alone at t = 0, else the one that arrived plus ours */
+            float *part = cp->dkv_buf[t % 2];
+            if (t == 0) be->copy(part, cp->dkv_local, (size_t)nkv_el * sizeof(float));
+            else {
+                comm_wait(cp->comm, &h_dkv);
+                be->add_f32(part, cp->dkv_local, nkv_el);
+            }
+            comm_isend(cp->comm, cp->comm->cp_comm, part, next_rank, nkv_el * (int64_t)sizeof(float), CP_TAG_DKV,
+                       &h_dkv);
+            comm_irecv(cp->comm, cp->comm->cp_comm, cp->dkv_buf[(t + 1) % 2], prev_rank,
+                       nkv_el * (int64_t)sizeof(float), CP_TAG_DKV, &h_dkv);
+        }
+        if (t < P - 1) {
+            comm_wait(cp->comm, &h_kv);
+            cur = next;
+        }
+    }
+    if (P > 1) {
+        comm_wait(cp->comm, &h_dkv); /* our own block, complete, from the previous rank */
+        own = cp->dkv_buf[P % 2];
+        cp->count.ring_passes_bwd[layer]++;
+    }
+    be->act_from_f32(dq, cp->dq_acc, rows * qd);
+    be->act_from_f32(dkv, own, nkv_el);
+}
