@@ -159,9 +159,14 @@ $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # The GPU parity harness (tests/cuda/README.md): every cuda kernel against the cpu oracle. Built
-# wherever nvcc is (CI compiles it); run on a GPU machine: `build/test_cuda [NAME...]`.
-$(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# wherever nvcc is (CI compiles it); run on a GPU machine: `build/test_cuda [NAME...]`. It links
+# only what its cases use (the kernels, lib/error.o, the unit driver): no MPI, no NCCL, so it runs
+# where the CUDA runtime and cuBLASLt are the only libraries of the GPU machine it needs.
+TEST_CUDA_LINK := $(BUILD)/lib/error.o $(filter $(BUILD)/kernels/%,$(LIB_OBJ)) \
+                  $(filter-out $(BUILD)/kernels/cuda/cuda_info.o,$(CUDA_OBJ))
+$(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
+	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
+	  -Wl,-rpath,$(CUDA_HOME)/lib64
 
 # Checkpoint stress tool (tests/test_ckpt.py): `write RUN_DIR` saves forever,
 # `verify RUN_DIR` loads through the real path and checks every byte.

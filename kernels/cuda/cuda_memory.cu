@@ -1,7 +1,7 @@
 /*
  * cuda_memory.cu — the cuda backend's memory entries (lib/backend.h:
- * alloc, free, memset_zero, copy, to_device, to_host, copy_2d, act_from_f32,
- * act_to_f32) and the allocation accounting behind cuda_memory_stats.
+ * alloc, free, memset_zero, copy, to_device, to_host, copy_2d, add_2d,
+ * add_f32, act_from_f32, act_to_f32) and the allocation accounting behind cuda_memory_stats.
  *
  * Ordering: everything runs on the compute stream. alloc zero-fills and waits
  * (allocation happens at start-up, and the memory is then valid for every
@@ -20,7 +20,10 @@
  * hash table (pointer -> bytes), so the live and peak totals are exact; the
  * backend's own buffers (cuBLASLt workspace, scratch) are counted apart.
  *
- * Callers: through backend_cuda (lib/model*.c, lib/train*.c), tests/cuda.
+ * add_2d (bf16 += bf16, summed in fp32, rounded once) and add_f32 (fp32 +=) are the two adds of the
+ * CP layer (the conv halo's gradient at its owner; ring attention's dK|dV partials).
+ *
+ * Callers: through backend_cuda (lib/model*.c, lib/cp*.c, lib/train*.c), tests/cuda.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +156,57 @@ extern "C" void cuda_copy_2d(void *dst /* (rows,ld_dst) */, const void *src /* (
     if (!rows || !cols) return;
     CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)ld_dst * sizeof(bf16), src, (size_t)ld_src * sizeof(bf16),
                                  (size_t)cols * sizeof(bf16), (size_t)rows, cudaMemcpyDeviceToDevice, cuda_stream()));
+}
+
+/* ---- adds ---- */
+
+/* dst[r, c..c+8) += src[r, c..c+8), one thread per 8 columns of a row */
+__global__ void __launch_bounds__(256) memory_add_2d_kernel(bf16 *dst /* (rows,ld_dst) */,
+                                                            const bf16 *src /* (rows,ld_src) */, int64_t rows,
+                                                            int cols, int ld_dst, int ld_src, bool vec) {
+    const int nc = (cols + CUDA_VEC - 1) / CUDA_VEC;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= rows * nc) return;
+    const int64_t r = idx / nc;
+    const int c = (int)(idx % nc) * CUDA_VEC, n = min(CUDA_VEC, cols - c);
+    float a[CUDA_VEC], b[CUDA_VEC];
+    cuda_load8n(a, dst + r * ld_dst + c, n, vec);
+    cuda_load8n(b, src + r * ld_src + c, n, vec);
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) a[i] += b[i];
+    cuda_store8n(dst + r * ld_dst + c, a, n, vec);
+}
+
+/* dst[i] += src[i], 4 per thread */
+__global__ void __launch_bounds__(256) memory_add_f32_kernel(float *dst, const float *src, int64_t n, bool vec) {
+    const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i >= n) return;
+    if (vec && i + 4 <= n) {
+        float4 a = *reinterpret_cast<float4 *>(dst + i);
+        const float4 b = *reinterpret_cast<const float4 *>(src + i);
+        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+        *reinterpret_cast<float4 *>(dst + i) = a;
+        return;
+    }
+    for (int64_t j = i; j < n && j < i + 4; j++) dst[j] += src[j];
+}
+
+extern "C" void cuda_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) {
+    RS_CHECK(rows >= 0 && cols >= 0 && ld_dst >= cols && ld_src >= cols, "add_2d: rows %lld cols %d ld %d %d",
+             (long long)rows, cols, ld_dst, ld_src);
+    if (!rows || !cols) return;
+    const bool vec = cuda_vec_ok(dst, cols, ld_dst) && cuda_vec_ok(src, cols, ld_src);
+    memory_add_2d_kernel<<<(unsigned)cuda_ceil_div(rows * cuda_ceil_div(cols, CUDA_VEC), 256), 256, 0,
+                           cuda_stream()>>>((bf16 *)dst, (const bf16 *)src, rows, cols, ld_dst, ld_src, vec);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_add_f32(float *dst, const float *src, int64_t n) {
+    RS_CHECK(n >= 0, "add_f32: n = %lld", (long long)n);
+    if (!n) return;
+    const bool vec = cuda_ptr_align(dst) >= 16 && cuda_ptr_align(src) >= 16;
+    memory_add_f32_kernel<<<(unsigned)cuda_ceil_div(n, 4 * 256), 256, 0, cuda_stream()>>>(dst, src, n, vec);
+    CUDA_LAUNCH_CHECK();
 }
 
 /* ---- bf16 <-> fp32 ---- */

@@ -1,9 +1,10 @@
 /*
  * test_cuda_memory.cu — the memory entries of the cuda backend (kernels/cuda/cuda_memory.cu) and
  * the harness itself on the GPU: a host -> device -> host round trip, alloc zero-filled,
- * memset_zero, copy, copy_2d of a column block (nothing outside it written), bf16 <-> fp32
+ * memset_zero, copy, copy_2d of a column block (nothing outside it written), add_2d and add_f32, bf16 <-> fp32
  * conversions (act_from_f32 must round exactly as the host's round-to-nearest-even; act_to_f32 is
- * exact), and the allocation accounting of cuda_memory_stats. All bounds are 0: these are copies.
+ * exact), and the allocation accounting of cuda_memory_stats. Bounds are 0 (copies and the same
+ * fp32 add) except add_2d's bf16 rounding (CT_BOUND_BF16_OUT).
  *
  * build/test_cuda uses the driver of tests/unit (test_util.h: TEST, EXPECT, test_check_rel):
  * `build/test_cuda --list`, `build/test_cuda NAME...` (tests/cuda/README.md).
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
 #include "cuda_backend.h"
 #include "cuda_kernels.h"
 #include "cuda_test.h"
@@ -89,5 +91,39 @@ TEST(cuda_act_conversions) {
             snprintf(what, sizeof what, "act_to_f32 n %lld offset %d (exact)", (long long)n, off);
             test_check_rel_f(what, back, want, n, 0.0);
         }
+    }
+}
+
+/* the CP layer's adds: add_2d (bf16 += bf16: one fp32 add, one rounding: CT_BOUND_BF16_OUT) and
+ * add_f32 (the same fp32 add as the cpu: bound 0) */
+TEST(cuda_adds) {
+    ct_begin();
+    static const struct { int64_t rows; int cols, ld_dst, ld_src, pad; } shapes[] = {{3, 512, 800, 512, 0},
+                                                                                      {33, 13, 21, 40, 3}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        CtMat dst = ct_mat(shapes[k].rows, shapes[k].cols, shapes[k].ld_dst, shapes[k].pad);
+        CtMat src = ct_mat(shapes[k].rows, shapes[k].cols, shapes[k].ld_src, shapes[k].pad);
+        ct_mat_fill(&dst, 1.0);
+        ct_mat_fill(&src, 1.0);
+        CtMat want = ct_mat_clone(&dst);
+        bf16 *d_dst = ct_mat_up(&dst);
+        cuda_add_2d(d_dst, ct_mat_up(&src), dst.T, dst.cols, dst.ld, src.ld);
+        ct_mat_down(&dst, d_dst);
+        cpu_add_2d(want.p, src.p, dst.T, dst.cols, dst.ld, src.ld);
+        char what[64];
+        snprintf(what, sizeof what, "add_2d [case %zu]", k);
+        test_check_rel_f(what, ct_mat_dense(&dst), ct_mat_dense(&want), dst.T * dst.cols, CT_BOUND_BF16_OUT);
+        ct_mat_intact(what, &dst);
+    }
+    for (int off = 0; off < 2; off++) {
+        const int64_t n = 4096 + 3;
+        float *a = ct_host_normal(n, 1.0), *b = ct_host_normal(n, 1.0), *got = ct_host(n);
+        float *d_a = (float *)ct_dev((size_t)(n + off) * 4) + off, *d_b = (float *)ct_dev((size_t)(n + off) * 4) + off;
+        cuda_to_device(d_a, a, n * 4);
+        cuda_to_device(d_b, b, n * 4);
+        cuda_add_f32(d_a, d_b, n);
+        ct_down_f32(got, d_a, n);
+        cpu_add_f32(a, b, n);
+        test_check_rel_f(off ? "add_f32 unaligned" : "add_f32", got, a, n, 0.0);
     }
 }

@@ -1,7 +1,7 @@
 /*
  * parity_step.c — the C side of the whole-model parity test (build/parity_step).
  *
- *   build/parity_step CASE_DIR [--policy none|full|remat]
+ *   build/parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
@@ -13,6 +13,13 @@
  * PyTorch reference. --policy overrides checkpoint.activations, so the three
  * policies can be checked to give the same gradients.
  *
+ * --device cuda runs the same step on the cuda backend (GPU 0; bf16
+ * activations, fp32 master weights and gradients): weights, batch and
+ * gradients travel through host buffers, and the result goes to
+ * CASE_DIR/grads_cuda.safetensors, so `compare.py grads.safetensors
+ * grads_cuda.safetensors --tol ...` checks cuda against cpu on one case
+ * (tests/cuda/model_check.sh runs that, and a 50-step loss curve).
+ *
  * It runs as one process over the whole sample (cp = dp = 1), whatever the
  * config's parallel section says.
  */
@@ -22,6 +29,9 @@
 #include <string.h>
 
 #include "backend.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_backend.h"
+#endif
 #include "config.h"
 #include "error.h"
 #include "model.h"
@@ -34,12 +44,17 @@ static void parity_read_i32(const SafetensorsFile *f, const char *name, int64_t 
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat]\n");
+    const char *dir = argc >= 2 ? argv[1] : NULL, *policy = NULL, *device = "cpu";
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--policy")) policy = argv[i + 1];
+        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
+        else dir = NULL;
+    }
+    if (!dir || (argc % 2) || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
+        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda]\n");
         return RS_EXIT_USAGE;
     }
-    const char *dir = argv[1];
-    const char *policy = argc >= 4 && !strcmp(argv[2], "--policy") ? argv[3] : NULL;
+    const int cuda = !strcmp(device, "cuda");
     char path[4096], err[4096];
     openblas_set_num_threads(1);
 
@@ -54,6 +69,7 @@ int main(int argc, char **argv) {
         snprintf(set, sizeof set, "checkpoint.activations=%s", policy);
         config_apply_set(&cfg, set, 0, &ce);
     }
+    config_apply_set(&cfg, cuda ? "device.kind=cuda" : "device.kind=cpu", 0, &ce);
     if (ce.count == 0) config_validate(&cfg, &ce);
     if (ce.count) RS_FATAL("%s", ce.text);
     int64_t B = cfg.data.micro_batch, T = cfg.data.seq_len, rows = B * T;
@@ -64,16 +80,29 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/batch.safetensors", dir);
     if (safetensors_open(&bf, path, err, sizeof err)) RS_FATAL("%s", err);
 
+    const Backend *be = &backend_cpu;
+    if (cuda) {
+#ifdef RS_WITH_CUDA
+        cuda_backend_init(0);
+        be = &backend_cuda;
+#else
+        RS_FATAL("--device cuda: this build has no cuda backend (nvcc was not found at build time)");
+#endif
+    }
     Model m;
-    model_init(&m, &cfg, &backend_cpu, NULL, rows);
+    model_init(&m, &cfg, be, NULL, rows);
+    size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
+    float *host = RS_CALLOC(1, pbytes); /* the weights, then the gradients */
     for (int i = 0; i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
-        if (safetensors_read(&wf, p->name, ST_DTYPE_F32, p->ndim, shape, m.params + p->offset, err, sizeof err))
+        if (safetensors_read(&wf, p->name, ST_DTYPE_F32, p->ndim, shape, host + p->offset, err, sizeof err))
             RS_FATAL("%s", err);
     }
-    Batch b = {rows, (int32_t)B, T, RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4),
-               RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4)};
+    be->to_device(m.params, host, pbytes);
+    if (m.weights != (void *)m.params) be->act_from_f32(m.weights, m.params, m.ptab.buffer_numel);
+    int32_t *meta = RS_MALLOC((size_t)rows * 16); /* tokens | targets | pos | doc_pos */
+    Batch b = {rows, (int32_t)B, T, meta, meta + rows, meta + 2 * rows, meta + 3 * rows};
     parity_read_i32(&bf, "tokens", B, T, b.tokens);
     parity_read_i32(&bf, "targets", B, T, b.targets);
     parity_read_i32(&bf, "pos", B, T, b.pos);
@@ -81,31 +110,37 @@ int main(int argc, char **argv) {
     int64_t n = 0;
     for (int64_t i = 0; i < rows; i++) n += b.targets[i] >= 0;
     RS_CHECK(n > 0, "no token with a target in %s", dir);
+    int32_t *meta_dev = NULL;
+    if (cuda) { /* the kernels read the metadata in device memory (backend.h) */
+        meta_dev = be->alloc((size_t)rows * 16);
+        be->to_device(meta_dev, meta, (size_t)rows * 16);
+        b = (Batch){rows, (int32_t)B, T, meta_dev, meta_dev + rows, meta_dev + 2 * rows, meta_dev + 3 * rows};
+    }
 
-    memset(m.grads, 0, (size_t)m.ptab.buffer_numel * sizeof(float));
+    be->memset_zero(m.grads, pbytes);
     double loss = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 0) / (double)n;
+    be->to_host(host, m.grads, pbytes);
     int64_t attn_calls = 0;
     for (int l = 0; l < m.cp.layers; l++) attn_calls += m.cp.count.attn_kernel_calls[l];
-    printf("parity_step %s: policy %s, loss %.9f over %lld tokens; attention forward calls %lld, block "
+    printf("parity_step %s: %s, policy %s, loss %.9f over %lld tokens; attention forward calls %lld, block "
            "recomputes %lld\n",
-           dir, act_policy_names[cfg.checkpoint.activations], loss, (long long)n,
+           dir, be->name, act_policy_names[cfg.checkpoint.activations], loss, (long long)n,
            (long long)attn_calls, (long long)m.count.block_recomputes);
 
     StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
     out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};
     for (int i = 0; i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
-        out[i + 1] = (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = m.grads + p->offset};
+        out[i + 1] = (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = host + p->offset};
         out[i + 1].shape[0] = p->shape[0];
         out[i + 1].shape[1] = p->shape[1];
     }
-    snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, cuda ? "grads_cuda.safetensors" : "grads.safetensors");
     if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
     free(out);
-    free(b.tokens);
-    free(b.targets);
-    free(b.pos);
-    free(b.doc_pos);
+    free(host);
+    free(meta);
+    if (meta_dev) be->free(meta_dev);
     safetensors_close(&wf);
     safetensors_close(&bf);
     model_free(&m);
