@@ -151,7 +151,7 @@ $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	@echo "built $@ (cpu$(if $(CUDA_OBJ), + cuda sm_90a))"
 
 # The C side of the whole-model parity test against PyTorch (tests/parity/README.md).
-$(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(LIB_OBJ) $(CUDA_OBJ)
+$(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(BUILD)/tests/parity/backend_bf16emu.o $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Per-op unit tests of the kernels (tests/unit): `build/test_ops --list`, `build/test_ops NAME`.
@@ -220,5 +220,5 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d \
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d $(BUILD)/tests/parity/backend_bf16emu.d \
          $(BUILD)/tests/tools/ckpt_stress.d

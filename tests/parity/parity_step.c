@@ -1,7 +1,8 @@
 /*
  * parity_step.c — the C side of the whole-model parity test (build/parity_step).
  *
- *   build/parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda]
+ *   build/parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda|cpu-bf16] [--steps N]
+ *                     [--threads N]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
@@ -19,16 +20,27 @@
  * CASE_DIR/grads_cuda.safetensors, so `compare.py grads.safetensors
  * grads_cuda.safetensors --tol ...` checks cuda against cpu on one case
  * (tests/cuda/model_check.sh runs that, and a 50-step loss curve).
+ * --device cpu-bf16 runs the cpu kernels with every activation stored in bf16
+ * and the GEMM/norm weights rounded to bf16, as on cuda (backend_bf16emu.c):
+ * grads_bf16emu.safetensors says what bf16 storage alone costs, on any machine.
+ * --steps N (N > 1) then trains N AdamW steps on the same batch (lr 2e-4,
+ * betas 0.9/0.95, the config's weight decay and groups, clipping at 1) and
+ * writes CASE_DIR/curve_<device>.jsonl, {"step", "loss", "grad_norm"} per
+ * step: a loss curve of the model and the optimizer that needs no MPI and no
+ * data set, so cpu and cuda curves can be compared on any GPU machine.
+ * --threads sets OpenBLAS's threads (default 1; results do not depend on it).
  *
  * It runs as one process over the whole sample (cp = dp = 1), whatever the
  * config's parallel section says.
  */
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "backend_bf16emu.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_backend.h"
 #endif
@@ -43,20 +55,57 @@ static void parity_read_i32(const SafetensorsFile *f, const char *name, int64_t 
     if (safetensors_read(f, name, ST_DTYPE_I32, 2, shape, dst, err, sizeof err)) RS_FATAL("%s", err);
 }
 
+#define PARITY_TRAIN_LR 2e-4f /* slow enough that 50 steps on one batch do not memorise it */
+
+/* --steps: N AdamW steps on the batch b (the gradients of step 1 are already in m->grads) */
+static void parity_train(Model *m, const Batch *b, int64_t n, double loss1, int steps, const char *dir,
+                         const char *device) {
+    const Backend *be = m->be;
+    const int64_t N = m->ptab.buffer_numel;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/curve_%s.jsonl", dir, device);
+    FILE *f = fopen(path, "w");
+    if (!f) RS_FATAL("cannot write %s", path);
+    for (int s = 1; s <= steps; s++) {
+        double loss = loss1;
+        if (s > 1) {
+            be->memset_zero(m->grads, (size_t)N * sizeof(float));
+            loss = model_forward_backward(m, b, (float)(1.0 / (double)n), 0) / (double)n;
+        }
+        const double gnorm = sqrt(be->sum_squares(m->grads, N));
+        const float clip = gnorm > 1.0 ? (float)(1.0 / gnorm) : 1.0f;
+        for (int i = 0; i < m->ptab.n; i++) {
+            const ParamTensor *p = &m->ptab.t[i];
+            const float wd = model_param_decays(m->cfg, (ParamGroup)p->group) ? (float)m->cfg->train.weight_decay : 0;
+            void *compute = m->weights == (void *)m->params ? NULL : (char *)m->weights + p->offset * be->act_size;
+            be->adamw_update(m->params + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, compute,
+                             m->grads + p->offset, p->numel, PARITY_TRAIN_LR, 0.9f, 0.95f, 1e-8f, wd, clip, s);
+        }
+        fprintf(f, "{\"step\": %d, \"loss\": %.9f, \"grad_norm\": %.9f}\n", s, loss, gnorm);
+    }
+    fclose(f);
+    printf("parity_step %s: %s, %d AdamW steps on the batch, curve in %s\n", dir, device, steps, path);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc >= 2 ? argv[1] : NULL, *policy = NULL, *device = "cpu";
+    int steps = 1, threads = 1;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--policy")) policy = argv[i + 1];
         else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
+        else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else dir = NULL;
     }
-    if (!dir || (argc % 2) || (strcmp(device, "cpu") && strcmp(device, "cuda"))) {
-        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda]\n");
+    if (steps < 1 || threads < 1) dir = NULL;
+    if (!dir || (argc % 2) || (strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "cpu-bf16"))) {
+        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda|cpu-bf16] "
+                        "[--steps N] [--threads N]\n");
         return RS_EXIT_USAGE;
     }
-    const int cuda = !strcmp(device, "cuda");
+    const int cuda = !strcmp(device, "cuda"), emu = !strcmp(device, "cpu-bf16");
     char path[4096], err[4096];
-    openblas_set_num_threads(1);
+    openblas_set_num_threads(threads);
 
     Config cfg;
     ConfigErrors ce = {0};
@@ -80,7 +129,7 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/batch.safetensors", dir);
     if (safetensors_open(&bf, path, err, sizeof err)) RS_FATAL("%s", err);
 
-    const Backend *be = &backend_cpu;
+    const Backend *be = emu ? &backend_cpu_bf16 : &backend_cpu;
     if (cuda) {
 #ifdef RS_WITH_CUDA
         cuda_backend_init(0);
@@ -101,6 +150,11 @@ int main(int argc, char **argv) {
     }
     be->to_device(m.params, host, pbytes);
     if (m.weights != (void *)m.params) be->act_from_f32(m.weights, m.params, m.ptab.buffer_numel);
+    if (emu) { /* the compute copy in bf16, as cuda's; A_log and dt_bias stay fp32 (kernels read the master) */
+        float *wb = be->alloc(pbytes);
+        for (int64_t i = 0; i < m.ptab.buffer_numel; i++) wb[i] = bf16emu_round(m.params[i]);
+        m.weights = wb;
+    }
     int32_t *meta = RS_MALLOC((size_t)rows * 16); /* tokens | targets | pos | doc_pos */
     Batch b = {rows, (int32_t)B, T, meta, meta + rows, meta + 2 * rows, meta + 3 * rows};
     parity_read_i32(&bf, "tokens", B, T, b.tokens);
@@ -135,9 +189,12 @@ int main(int argc, char **argv) {
         out[i + 1].shape[0] = p->shape[0];
         out[i + 1].shape[1] = p->shape[1];
     }
-    snprintf(path, sizeof path, "%s/%s", dir, cuda ? "grads_cuda.safetensors" : "grads.safetensors");
+    snprintf(path, sizeof path, "%s/%s", dir, cuda  ? "grads_cuda.safetensors"
+                                       : emu ? "grads_bf16emu.safetensors"
+                                             : "grads.safetensors");
     if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
     free(out);
+    if (steps > 1) parity_train(&m, &b, n, loss, steps, dir, device);
     free(host);
     free(meta);
     if (meta_dev) be->free(meta_dev);
