@@ -144,7 +144,7 @@ CUDA_TEST_SRC := $(if $(strip $(NVCC)),$(wildcard tests/cuda/*.cu))
 CUDA_TEST_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_TEST_SRC)) $(if $(CUDA_TEST_SRC),$(BUILD)/tests/unit/test_main.o)
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/ckpt_stress $(if $(CUDA_TEST_SRC),$(BUILD)/test_cuda)
+all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check $(BUILD)/ckpt_stress $(if $(CUDA_TEST_SRC),$(BUILD)/test_cuda)
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -152,6 +152,10 @@ $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 
 # The C side of the whole-model parity test against PyTorch (tests/parity/README.md).
 $(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(BUILD)/tests/parity/backend_bf16emu.o $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# The CP algorithms alone against the single-rank kernels, under mpirun (tests/test_cp.py).
+$(BUILD)/cp_check: $(BUILD)/tests/cp/cp_check.o $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Per-op unit tests of the kernels (tests/unit): `build/test_ops --list`, `build/test_ops NAME`.
@@ -191,7 +195,7 @@ $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
-test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/ckpt_stress $(BUILD)/fuzz_config
+test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check $(BUILD)/ckpt_stress $(BUILD)/fuzz_config
 	$(PYTHON) -m pytest -q tests
 
 # The main job: synthesise the recall data once, then train configs/tiny-cpu.yaml
@@ -221,4 +225,5 @@ help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
 -include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d $(BUILD)/tests/parity/backend_bf16emu.d \
+         $(BUILD)/tests/cp/cp_check.d \
          $(BUILD)/tests/tools/ckpt_stress.d

@@ -123,6 +123,7 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
                                     CP_AT(cp->blk_out, p->q0 * qd), cp->blk_lse + p->q0 * d->nh, p->nq, d->nh, d->hd,
                                     qd);
                 cp->count.attn_kernel_calls[layer]++;
+                if (t < P - 1) comm_progress(cp->comm, &h); /* MPI moves large messages only inside calls */
             }
         }
         if (t < P - 1) {
@@ -171,6 +172,8 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
                                        CP_AT(cur, p->k0 * ldk), CP_AT(cur, p->k0 * ldk + kvd), pos_q + p->q0,
                                        doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, p->nq, p->nk, d->nh, d->nkv,
                                        d->hd, qd, ldk, qd, p->causal);
+                if (t < P - 1) comm_progress(cp->comm, &h_kv);
+                if (P > 1) comm_progress(cp->comm, &h_dkv);
             }
         }
         if (P > 1) {

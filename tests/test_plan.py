@@ -102,9 +102,10 @@ def test_activation_kept_by_hand(ringscan):
     d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
     head = 3 * T * H * 2 + T * 4 + T * 8
     assert d["memory"]["full"]["activations_kept"] == L * T * H * 2 + head
-    # remat adds attention out [T, nh*hd] bf16 + LSE [T, nh] fp32 per full layer,
-    # and the CP entry states [2, nv, dk, dv] fp32 + conv halo [2, 3, Cc] bf16 per GDN layer
-    extra = 4 * (T * 16 * 128 * 2 + T * 16 * 4) + 12 * (2 * 16 * 128 * 128 * 4 + 2 * 3 * 6144 * 2)
+    # remat adds attention out [T, nh*hd] bf16 + LSE [T, nh] fp32 per full layer, and per GDN
+    # layer, for the 2 zigzag fragments of the one sample: the CP entry states [nv, dk, dv] fp32,
+    # the transitions M [nv, dk, dk] fp32 (the backward's fold) and the conv halo [3, Cc] bf16
+    extra = 4 * (T * 16 * 128 * 2 + T * 16 * 4) + 12 * 2 * (16 * 128 * 128 * 4 + 16 * 128 * 128 * 4 + 3 * 6144 * 2)
     assert d["memory"]["remat"]["activations_kept"] == L * T * H * 2 + head + extra
 
 

@@ -20,7 +20,9 @@ weight, A_log and dt_bias random, matrices N(0, 0.02..0.1), so that every
 gradient is exercised. The batch packs several documents per sample: shorter
 and longer than the 64-token chunk, a 1-token document, documents starting
 mid-chunk, and (sample 1 and later odd samples) a sample that starts inside a
-document (doc_pos[0] > 0). Targets are the next token of the same document and
+document (doc_pos[0] > 0); --docs replaces that layout with explicit document
+lengths per sample (the CP tests place boundaries on and next to segment
+boundaries). Targets are the next token of the same document and
 -1 at each document's last token.
 
 Used by tests/test_reference.py and the C parity test.
@@ -148,8 +150,17 @@ def document_lengths(T, sample, rng):
     return lengths
 
 
-def make_batch(cfg, B, T, seed):
-    """tokens, targets, pos, doc_pos: int32 [B, T]."""
+def make_batch(cfg, B, T, seed, docs=None):
+    """tokens, targets, pos, doc_pos: int32 [B, T]. docs: None (the default layout above) or one
+    {"lengths": [...], "carry": c} per sample: document lengths summing to T, the first one
+    continuing a document that began c tokens before the sample."""
+    if docs is not None:
+        if len(docs) != B:
+            raise SystemExit(f"make_case: --docs gives {len(docs)} samples, the batch has {B}")
+        for i, d in enumerate(docs):
+            if sum(d["lengths"]) != T or min(d["lengths"]) < 1 or d.get("carry", 0) < 0:
+                raise SystemExit(f"make_case: --docs sample {i}: lengths must be >= 1 and sum to T = {T}, "
+                                 f"carry >= 0; got {d}")
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, cfg.vocab_size, size=(B, T)).astype(np.int32)
     targets = np.full((B, T), -1, np.int32)
@@ -158,8 +169,11 @@ def make_batch(cfg, B, T, seed):
     for s in range(B):
         # odd samples start inside a document that began 37 tokens before the sample
         carry = 37 if s % 2 == 1 else 0
+        lengths = document_lengths(T, s, rng)
+        if docs is not None:
+            carry, lengths = docs[s].get("carry", 0), docs[s]["lengths"]
         start = 0
-        for i, n in enumerate(document_lengths(T, s, rng)):
+        for i, n in enumerate(lengths):
             first = carry if i == 0 else 0
             doc_pos[s, start:start + n] = np.arange(first, first + n)
             targets[s, start:start + n - 1] = tokens[s, start + 1:start + n]  # last token: -1
@@ -169,7 +183,7 @@ def make_batch(cfg, B, T, seed):
 
 # ---------------------------------------------------------------- the case
 
-def make_case(config, out_dir, sets=(), batch=2, seq_len=None, seed=1, ringscan=None, log=print):
+def make_case(config, out_dir, sets=(), batch=2, seq_len=None, seed=1, ringscan=None, log=print, docs=None):
     # the batch shape goes into the config too, so config.yaml describes the case exactly
     sets = list(sets) + [f"data.micro_batch={batch}"] + ([f"data.seq_len={seq_len}"] if seq_len else [])
     text, resolved = resolve_config(config, sets, ringscan)
@@ -185,7 +199,7 @@ def make_case(config, out_dir, sets=(), batch=2, seq_len=None, seed=1, ringscan=
             "seed": str(seed)}
     safetensors_io.save(os.path.join(out_dir, "weights.safetensors"), weights, meta)
 
-    tokens, targets, pos, doc_pos = make_batch(cfg, batch, T, seed)
+    tokens, targets, pos, doc_pos = make_batch(cfg, batch, T, seed, docs)
     safetensors_io.save(os.path.join(out_dir, "batch.safetensors"),
                         {"tokens": tokens, "targets": targets, "pos": pos, "doc_pos": doc_pos}, meta)
 
@@ -213,8 +227,12 @@ def main(argv=None):
                          "validates against parallel.cp: T %% (2 cp 64) == 0)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ringscan", default=None, help="the ringscan binary (default build/ringscan)")
+    ap.add_argument("--docs", default=None, metavar="JSON",
+                    help='document layout per sample, e.g. \'[{"lengths": [64, 960], "carry": 0}, ...]\' '
+                         "(lengths sum to T; carry = tokens of the first document before the sample)")
     a = ap.parse_args(argv)
-    make_case(a.config, a.out_dir, a.sets, a.batch, a.seq_len, a.seed, a.ringscan)
+    make_case(a.config, a.out_dir, a.sets, a.batch, a.seq_len, a.seed, a.ringscan,
+              docs=json.loads(a.docs) if a.docs else None)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,46 @@
 /*
- * parity_step.c — the C side of the whole-model parity test (build/parity_step).
+ * parity_step.c — the C side of the whole-model parity tests (build/parity_step).
  *
- *   build/parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda|cpu-bf16] [--steps N]
- *                     [--threads N]
+ *   [mpirun -np N] build/parity_step CASE_DIR [--policy none|full|remat] [--set key=value]...
+ *                                    [--out FILE] [--emulate-bf16] [--steps N] [--threads N]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
  * forward + backward of the whole batch through the real model code
- * (lib/model*.c on the cpu backend) with zeroed gradients, scale
- * 1 / (tokens with a target), no clipping and no optimizer step, and writes
- * CASE_DIR/grads.safetensors: "loss" (F64 scalar) and every parameter's
- * gradient (F32, internal names). compare.py checks it against the float64
- * PyTorch reference. --policy overrides checkpoint.activations, so the three
- * policies can be checked to give the same gradients.
+ * (lib/model*.c, lib/cp*.c on the cpu backend) with zeroed gradients, scale
+ * 1 / (tokens with a target in the whole batch), no clipping and no
+ * optimizer step, and writes (rank 0) FILE (default CASE_DIR/grads.safetensors):
+ * "loss" (F64 scalar) and every parameter's gradient (F32, internal names),
+ * summed over the world exactly as training does. compare.py checks it
+ * against the float64 PyTorch reference, and the CP tests compare layouts.
  *
- * --device cuda runs the same step on the cuda backend (GPU 0; bf16
- * activations, fp32 master weights and gradients): weights, batch and
- * gradients travel through host buffers, and the result goes to
- * CASE_DIR/grads_cuda.safetensors, so `compare.py grads.safetensors
- * grads_cuda.safetensors --tol ...` checks cuda against cpu on one case
- * (tests/cuda/model_check.sh runs that, and a 50-step loss curve).
- * --device cpu-bf16 runs the cpu kernels with every activation stored in bf16
- * and the GEMM/norm weights rounded to bf16, as on cuda (backend_bf16emu.c):
- * grads_bf16emu.safetensors says what bf16 storage alone costs, on any machine.
- * --steps N (N > 1) then trains N AdamW steps on the same batch (lr 2e-4,
- * betas 0.9/0.95, the config's weight decay and groups, clipping at 1) and
- * writes CASE_DIR/curve_<device>.jsonl, {"step", "loss", "grad_norm"} per
- * step: a loss curve of the model and the optimizer that needs no MPI and no
- * data set, so cpu and cuda curves can be compared on any GPU machine.
- * --threads sets OpenBLAS's threads (default 1; results do not depend on it).
+ * The layout is the config's parallel section after --set: launched with
+ * dp x cp ranks, data-parallel rank d takes samples [d·mb, (d+1)·mb) of the
+ * batch (mb = data.micro_batch, so the batch must hold dp x mb samples) and
+ * CP rank r reads its zigzag fragments of each (cp_read_sample). Without
+ * mpirun it runs as one process (cp = dp = 1 unless --set says otherwise).
+ * --policy overrides checkpoint.activations.
  *
- * It runs as one process over the whole sample (cp = dp = 1), whatever the
- * config's parallel section says.
+ * Started without a launcher (no mpirun/srun environment) it runs as one
+ * process without MPI at all, so it also runs where no MPI runtime is
+ * installed (GPU machines).
+ *
+ * The cuda backend (--set device.kind=cuda; one process, GPU 0): weights,
+ * batch and gradients go through host buffers. --emulate-bf16 runs the cpu
+ * kernels with every activation stored in bf16 and the GEMM/norm weights
+ * rounded to bf16, as on cuda (backend_bf16emu.c): what bf16 storage alone
+ * costs, measured on any machine. --steps N (N > 1, one process) then trains
+ * N AdamW steps on the same batch (lr 2e-4, betas 0.9/0.95, the config's
+ * weight decay and groups, clipping at 1) and writes FILE's name with
+ * ".curve.jsonl" appended: {"step", "loss", "grad_norm"} per step, a loss
+ * curve that needs no data set. tests/cuda/model_check.sh compares cuda,
+ * emulated bf16 and cpu this way. --threads sets OpenBLAS's threads
+ * (default 1; results do not depend on it).
+ *
+ * It prints, on rank 0, one line with the loss and the step's work counters
+ * (per layer, this rank) as JSON, which the tests parse:
+ *   parity_step DIR: policy P, dp D, cp C, loss L over N tokens; attention forward calls A, block recomputes R
+ *   counters {"attn_forwards": [...], ...}
  */
 #include <cblas.h>
 #include <math.h>
@@ -41,13 +50,23 @@
 
 #include "backend.h"
 #include "backend_bf16emu.h"
-#ifdef RS_WITH_CUDA
-#include "cuda_backend.h"
-#endif
+#include "comm.h"
 #include "config.h"
+#include "cp.h"
 #include "error.h"
 #include "model.h"
 #include "safetensors.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_backend.h"
+#endif
+
+#define PARITY_TRAIN_LR 2e-4f /* slow enough that 50 steps on one batch do not memorise it */
+
+/* The whole batch, [B, T] each, read by every rank. */
+typedef struct {
+    int64_t  B, T;
+    int32_t *tokens, *targets, *pos, *doc_pos;
+} ParityBatch;
 
 static void parity_read_i32(const SafetensorsFile *f, const char *name, int64_t B, int64_t T, int32_t *dst) {
     char err[2048];
@@ -55,15 +74,45 @@ static void parity_read_i32(const SafetensorsFile *f, const char *name, int64_t 
     if (safetensors_read(f, name, ST_DTYPE_I32, 2, shape, dst, err, sizeof err)) RS_FATAL("%s", err);
 }
 
-#define PARITY_TRAIN_LR 2e-4f /* slow enough that 50 steps on one batch do not memorise it */
+/* cp_read_sample's reader over the in-memory batch */
+static int parity_read_span(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
+                            int32_t *pos, int32_t *doc_pos) {
+    const ParityBatch *pb = ctx;
+    RS_CHECK(g >= 0 && g < pb->B && t0 >= 0 && t0 + len <= pb->T, "span [%lld, +%lld) of sample %lld",
+             (long long)t0, (long long)len, (long long)g);
+    size_t o = (size_t)(g * pb->T + t0), n = (size_t)len * sizeof(int32_t);
+    memcpy(tokens, pb->tokens + o, n);
+    memcpy(targets, pb->targets + o, n);
+    memcpy(pos, pb->pos + o, n);
+    memcpy(doc_pos, pb->doc_pos + o, n);
+    return 0;
+}
 
-/* --steps: N AdamW steps on the batch b (the gradients of step 1 are already in m->grads) */
-static void parity_train(Model *m, const Batch *b, int64_t n, double loss1, int steps, const char *dir,
-                         const char *device) {
+static void parity_print_counters(const Model *m) {
+    const Cp *cp = &m->cp;
+    const struct {
+        const char    *name;
+        const int64_t *v;
+    } c[] = {
+        {"attn_forwards", cp->count.attn_forwards},           {"attn_kernel_calls", cp->count.attn_kernel_calls},
+        {"ring_passes_fwd", cp->count.ring_passes_fwd},       {"ring_passes_bwd", cp->count.ring_passes_bwd},
+        {"ring_hops_fwd", cp->count.ring_hops_fwd},           {"scan_allgathers_fwd", cp->count.scan_allgathers_fwd},
+        {"scan_allgathers_bwd", cp->count.scan_allgathers_bwd}, {"halo_exchanges", cp->count.halo_exchanges},
+        {"gdn_forwards", cp->count.gdn_forwards},
+    };
+    printf("counters {");
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        printf("%s\"%s\": [", i ? ", " : "", c[i].name);
+        for (int l = 0; l < cp->layers; l++) printf("%s%lld", l ? ", " : "", (long long)c[i].v[l]);
+        printf("]");
+    }
+    printf(", \"activation_bytes_kept\": %lld}\n", (long long)m->bytes_kept);
+}
+
+/* --steps: N AdamW steps on the batch b; step 1's gradients and loss are already there */
+static void parity_train(Model *m, const Batch *b, int64_t n, double loss1, int steps, const char *path) {
     const Backend *be = m->be;
     const int64_t N = m->ptab.buffer_numel;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/curve_%s.jsonl", dir, device);
     FILE *f = fopen(path, "w");
     if (!f) RS_FATAL("cannot write %s", path);
     for (int s = 1; s <= steps; s++) {
@@ -84,64 +133,106 @@ static void parity_train(Model *m, const Batch *b, int64_t n, double loss1, int 
         fprintf(f, "{\"step\": %d, \"loss\": %.9f, \"grad_norm\": %.9f}\n", s, loss, gnorm);
     }
     fclose(f);
-    printf("parity_step %s: %s, %d AdamW steps on the batch, curve in %s\n", dir, device, steps, path);
+    printf("parity_step: %s, %d AdamW steps on the batch, curve in %s\n", be->name, steps, path);
 }
 
 int main(int argc, char **argv) {
-    const char *dir = argc >= 2 ? argv[1] : NULL, *policy = NULL, *device = "cpu";
-    int steps = 1, threads = 1;
-    for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--policy")) policy = argv[i + 1];
-        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
-        else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else dir = NULL;
+    Comm comm_storage, *comm = NULL;
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_PROCID")) {
+        comm_init(&comm_storage, &argc, &argv);
+        comm = &comm_storage;
     }
-    if (steps < 1 || threads < 1) dir = NULL;
-    if (!dir || (argc % 2) || (strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "cpu-bf16"))) {
-        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--device cpu|cuda|cpu-bf16] "
-                        "[--steps N] [--threads N]\n");
+    if (argc < 2) {
+        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE] "
+                        "[--emulate-bf16] [--steps N] [--threads N]\n");
         return RS_EXIT_USAGE;
     }
-    const int cuda = !strcmp(device, "cuda"), emu = !strcmp(device, "cpu-bf16");
+    const char *dir = argv[1], *out_path = NULL;
     char path[4096], err[4096];
-    openblas_set_num_threads(threads);
+    int emulate = 0, steps = 1, threads = 1;
 
     Config cfg;
     ConfigErrors ce = {0};
     config_init_defaults(&cfg);
     snprintf(path, sizeof path, "%s/config.yaml", dir);
     config_load_file(&cfg, path, &ce);
-    cfg.parallel.cp = cfg.parallel.dp = 1;
-    if (policy) {
-        char set[64];
-        snprintf(set, sizeof set, "checkpoint.activations=%s", policy);
-        config_apply_set(&cfg, set, 0, &ce);
+    /* one process unless --set asks for a layout: the case's config describes the model and batch */
+    config_apply_set(&cfg, "parallel.dp=1", 0, &ce);
+    config_apply_set(&cfg, "parallel.cp=1", 1, &ce);
+    int nset = 2;
+    for (int i = 2; i < argc && ce.count == 0; i += 2) {
+        char set[512];
+        if (!strcmp(argv[i], "--emulate-bf16")) {
+            emulate = 1;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) RS_USAGE("parity_step CASE_DIR [options]", "%s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--steps") || !strcmp(argv[i], "--threads")) {
+            int v = atoi(argv[i + 1]);
+            if (v < 1) RS_USAGE("parity_step CASE_DIR [options]", "%s %s: need a count >= 1", argv[i], argv[i + 1]);
+            *(!strcmp(argv[i], "--steps") ? &steps : &threads) = v;
+            continue;
+        }
+        if (!strcmp(argv[i], "--policy")) snprintf(set, sizeof set, "checkpoint.activations=%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--set")) snprintf(set, sizeof set, "%s", argv[i + 1]);
+        else if (!strcmp(argv[i], "--out")) {
+            out_path = argv[i + 1];
+            continue;
+        } else RS_USAGE("parity_step [--policy P] [--set k=v]... [--out FILE]", "unknown argument %s", argv[i]);
+        config_apply_set(&cfg, set, nset++, &ce);
     }
-    config_apply_set(&cfg, cuda ? "device.kind=cuda" : "device.kind=cpu", 0, &ce);
     if (ce.count == 0) config_validate(&cfg, &ce);
-    if (ce.count) RS_FATAL("%s", ce.text);
-    int64_t B = cfg.data.micro_batch, T = cfg.data.seq_len, rows = B * T;
+    if (ce.count == 0) config_validate_world(&cfg, comm ? comm->world_size : 1, "mpirun", &ce);
+    if (ce.count) RS_USAGE(NULL, "%s", ce.text);
+    if (comm) comm_setup_groups(comm, cfg.parallel.dp, cfg.parallel.cp);
+    openblas_set_num_threads(threads);
+    const int cuda = cfg.device.kind == DEVICE_KIND_CUDA;
+    const Backend *be = emulate ? &backend_cpu_bf16 : &backend_cpu;
+    if (cuda) {
+#ifdef RS_WITH_CUDA
+        if (emulate || cfg.parallel.dp * cfg.parallel.cp > 1)
+            RS_USAGE(NULL, "device.kind = cuda runs one process without --emulate-bf16 (dp %lld, cp %lld)",
+                     (long long)cfg.parallel.dp, (long long)cfg.parallel.cp);
+        cuda_backend_init(0);
+        be = &backend_cuda;
+#else
+        RS_USAGE(NULL, "device.kind = cuda: this build has no cuda backend (nvcc was not found at build time)");
+#endif
+    }
+    if (steps > 1 && comm && comm->world_size > 1) RS_USAGE(NULL, "--steps runs one process");
 
     SafetensorsFile wf, bf;
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
     if (safetensors_open(&wf, path, err, sizeof err)) RS_FATAL("%s", err);
     snprintf(path, sizeof path, "%s/batch.safetensors", dir);
     if (safetensors_open(&bf, path, err, sizeof err)) RS_FATAL("%s", err);
+    ParityBatch pb = {.T = cfg.data.seq_len};
+    int i_tok = -1;
+    for (int i = 0; i < bf.n; i++)
+        if (!strcmp(bf.tensors[i].name, "tokens")) i_tok = i;
+    RS_CHECK(i_tok >= 0 && bf.tensors[i_tok].ndim == 2, "%s has no [B, T] tensor 'tokens'", path);
+    pb.B = bf.tensors[i_tok].shape[0];
+    const int64_t mb = cfg.data.micro_batch, all = pb.B * pb.T;
+    RS_CHECK(pb.B == cfg.parallel.dp * mb, "the batch holds %lld samples; dp %lld x data.micro_batch %lld = %lld",
+             (long long)pb.B, (long long)cfg.parallel.dp, (long long)mb, (long long)(cfg.parallel.dp * mb));
+    pb.tokens = RS_MALLOC((size_t)all * 4);
+    pb.targets = RS_MALLOC((size_t)all * 4);
+    pb.pos = RS_MALLOC((size_t)all * 4);
+    pb.doc_pos = RS_MALLOC((size_t)all * 4);
+    parity_read_i32(&bf, "tokens", pb.B, pb.T, pb.tokens);
+    parity_read_i32(&bf, "targets", pb.B, pb.T, pb.targets);
+    parity_read_i32(&bf, "pos", pb.B, pb.T, pb.pos);
+    parity_read_i32(&bf, "doc_pos", pb.B, pb.T, pb.doc_pos);
+    int64_t n = 0; /* the whole batch's predicted tokens: every rank counts the same */
+    for (int64_t i = 0; i < all; i++) n += pb.targets[i] >= 0;
+    RS_CHECK(n > 0, "no token with a target in %s", dir);
 
-    const Backend *be = emu ? &backend_cpu_bf16 : &backend_cpu;
-    if (cuda) {
-#ifdef RS_WITH_CUDA
-        cuda_backend_init(0);
-        be = &backend_cuda;
-#else
-        RS_FATAL("--device cuda: this build has no cuda backend (nvcc was not found at build time)");
-#endif
-    }
     Model m;
-    model_init(&m, &cfg, be, NULL, rows);
-    size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
-    float *host = RS_CALLOC(1, pbytes); /* the weights, then the gradients */
+    const int64_t Tl = pb.T / cfg.parallel.cp, rows = mb * Tl;
+    model_init(&m, &cfg, be, comm, rows);
+    const size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
+    float *host = RS_CALLOC(1, pbytes); /* the weights, then the gradients (the backend's memory may be a GPU's) */
     for (int i = 0; i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
@@ -150,57 +241,67 @@ int main(int argc, char **argv) {
     }
     be->to_device(m.params, host, pbytes);
     if (m.weights != (void *)m.params) be->act_from_f32(m.weights, m.params, m.ptab.buffer_numel);
-    if (emu) { /* the compute copy in bf16, as cuda's; A_log and dt_bias stay fp32 (kernels read the master) */
+    if (emulate) { /* the compute copy in bf16 as on cuda; A_log and dt_bias stay fp32 (kernels read the master) */
         float *wb = be->alloc(pbytes);
         for (int64_t i = 0; i < m.ptab.buffer_numel; i++) wb[i] = bf16emu_round(m.params[i]);
         m.weights = wb;
     }
-    int32_t *meta = RS_MALLOC((size_t)rows * 16); /* tokens | targets | pos | doc_pos */
-    Batch b = {rows, (int32_t)B, T, meta, meta + rows, meta + 2 * rows, meta + 3 * rows};
-    parity_read_i32(&bf, "tokens", B, T, b.tokens);
-    parity_read_i32(&bf, "targets", B, T, b.targets);
-    parity_read_i32(&bf, "pos", B, T, b.pos);
-    parity_read_i32(&bf, "doc_pos", B, T, b.doc_pos);
-    int64_t n = 0;
-    for (int64_t i = 0; i < rows; i++) n += b.targets[i] >= 0;
-    RS_CHECK(n > 0, "no token with a target in %s", dir);
-    int32_t *meta_dev = NULL;
+    int32_t *meta = RS_MALLOC((size_t)rows * 16), *meta_dev = NULL; /* tokens | targets | pos | doc_pos */
+    Batch b = {rows, (int32_t)mb, Tl, meta, meta + rows, meta + 2 * rows, meta + 3 * rows};
+    for (int64_t j = 0; j < mb; j++) {
+        int64_t o = j * Tl;
+        cp_read_sample(&m.cp.L, parity_read_span, &pb, (comm ? comm->dp_rank : 0) * mb + j, b.tokens + o,
+                       b.targets + o, b.pos + o, b.doc_pos + o);
+    }
     if (cuda) { /* the kernels read the metadata in device memory (backend.h) */
         meta_dev = be->alloc((size_t)rows * 16);
         be->to_device(meta_dev, meta, (size_t)rows * 16);
-        b = (Batch){rows, (int32_t)B, T, meta_dev, meta_dev + rows, meta_dev + 2 * rows, meta_dev + 3 * rows};
+        b = (Batch){rows, (int32_t)mb, Tl, meta_dev, meta_dev + rows, meta_dev + 2 * rows, meta_dev + 3 * rows};
     }
 
     be->memset_zero(m.grads, pbytes);
-    double loss = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 0) / (double)n;
+    double loss_local = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 1);
+    double loss = (comm ? comm_allreduce_sum_scalar(comm, comm->world, loss_local) : loss_local) / (double)n;
     be->to_host(host, m.grads, pbytes);
     int64_t attn_calls = 0;
     for (int l = 0; l < m.cp.layers; l++) attn_calls += m.cp.count.attn_kernel_calls[l];
-    printf("parity_step %s: %s, policy %s, loss %.9f over %lld tokens; attention forward calls %lld, block "
-           "recomputes %lld\n",
-           dir, be->name, act_policy_names[cfg.checkpoint.activations], loss, (long long)n,
-           (long long)attn_calls, (long long)m.count.block_recomputes);
-
-    StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
-    out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};
-    for (int i = 0; i < m.ptab.n; i++) {
-        const ParamTensor *p = &m.ptab.t[i];
-        out[i + 1] = (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = host + p->offset};
-        out[i + 1].shape[0] = p->shape[0];
-        out[i + 1].shape[1] = p->shape[1];
+    if (!comm || comm->rank == 0) {
+        printf("parity_step %s: %s, policy %s, dp %lld, cp %lld, loss %.9f over %lld tokens; attention forward calls "
+               "%lld, block recomputes %lld\n",
+               dir, be->name, act_policy_names[cfg.checkpoint.activations], (long long)cfg.parallel.dp,
+               (long long)cfg.parallel.cp, loss, (long long)n, (long long)attn_calls,
+               (long long)m.count.block_recomputes);
+        parity_print_counters(&m);
+        StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
+        out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};
+        for (int i = 0; i < m.ptab.n; i++) {
+            const ParamTensor *p = &m.ptab.t[i];
+            out[i + 1] =
+                (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = host + p->offset};
+            out[i + 1].shape[0] = p->shape[0];
+            out[i + 1].shape[1] = p->shape[1];
+        }
+        if (!out_path) snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+        else snprintf(path, sizeof path, "%s", out_path);
+        if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
+        free(out);
+        if (steps > 1) {
+            char curve[4096 + 16];
+            snprintf(curve, sizeof curve, "%s.curve.jsonl", path);
+            parity_train(&m, &b, n, loss, steps, curve);
+        }
     }
-    snprintf(path, sizeof path, "%s/%s", dir, cuda  ? "grads_cuda.safetensors"
-                                       : emu ? "grads_bf16emu.safetensors"
-                                             : "grads.safetensors");
-    if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
-    free(out);
-    if (steps > 1) parity_train(&m, &b, n, loss, steps, dir, device);
     free(host);
     free(meta);
     if (meta_dev) be->free(meta_dev);
+    free(pb.tokens);
+    free(pb.targets);
+    free(pb.pos);
+    free(pb.doc_pos);
     safetensors_close(&wf);
     safetensors_close(&bf);
     model_free(&m);
     config_free(&cfg);
+    if (comm) comm_finalize(comm);
     return 0;
 }

@@ -1,0 +1,374 @@
+/*
+ * cp_check.c — the CP algorithms alone against the single-rank kernels
+ * (build/cp_check, run by tests/test_cp.py under mpirun -np P):
+ *
+ *   mpirun -np P build/cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage]
+ *
+ * Every rank draws the same whole-sample inputs (fixed seed, normal values,
+ * never zero) and computes the reference with ONE kernel call over the whole
+ * sample (what a single process does); then it runs its own zigzag
+ * fragments through lib/cp*.c with P ranks and compares its rows of every
+ * output and input gradient with the reference rows, relative L2 over the
+ * world (sums of squares all-reduced), bound 1e-5 (fp32 both sides, different
+ * summation orders: the fold, the LSE merge, the dK|dV partials). Parameter
+ * gradients that ranks hold partially (the conv weight) are all-reduced
+ * first. Rank 0 prints one line per tensor ("gdn o: rel err 3.1e-07 <= 1e-05
+ * ok") and the exit code is 1 when any check fails.
+ *
+ *   gdn    cp_gdn_scan_forward + gdn_chunk_forward per fragment; cp_gdn_scan_backward +
+ *          gdn_chunk_backward: o, dq, dk, dv, dg, dbeta
+ *   conv   cp_gdn_halo_forward + conv1d per fragment; conv backward + cp_gdn_halo_backward:
+ *          y, dx, dw
+ *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv
+ *
+ * --sabotage breaks what CP delivers, to prove the checks can fail: gdn zeroes
+ * the folded entry states (a missing scan), conv zeroes the received halo,
+ * ring shifts the gathered positions of the other ranks' rows (a wrong
+ * mask for every received block). Each must fail.
+ *
+ * DOCS names a document layout (cp_check_docs below): "many" (documents of
+ * 1..200 tokens), "aligned" (starts exactly on and one after fragment
+ * boundaries), "one" (one document over everything, and a sample that starts
+ * inside a document), "long" (documents longer than a fragment).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "config.h"
+#include "cp.h"
+#include "error.h"
+#include "rng.h"
+
+#define CHECK_BOUND 1e-5
+
+typedef struct {
+    Comm     *comm;
+    Cp        cp;
+    int64_t   T, S;               /* tokens per sample, samples */
+    int32_t  *pos, *doc_pos;      /* (S, T) the whole batch */
+    int32_t  *lpos, *ldoc;        /* (S, T_local) this rank's rows */
+    Rng       rng;
+    int       failed;
+    int       sabotage;
+} Check;
+
+/* ---- inputs ------------------------------------------------------------------------- */
+
+static void check_docs(Check *c, const char *name) {
+    for (int64_t s = 0; s < c->S; s++) {
+        int32_t *pos = c->pos + s * c->T, *dp = c->doc_pos + s * c->T;
+        int64_t frag = c->cp.L.frag_len;
+        int32_t carry = s % 2 ? 37 : 0; /* odd samples start inside a document */
+        int64_t next = 0;               /* where the next document starts */
+        /* "aligned": starts on a fragment boundary (3f, 4f, 5f, 8f) and one after it (f+1, 4f+1),
+         * documents of 1 token, shorter than, equal to and spanning several fragments */
+        const int64_t pattern[6] = {frag + 1, 2 * frag - 1, frag, 1, frag - 1, 3 * frag};
+        int k = 0;
+        for (int64_t t = 0; t < c->T; t++) {
+            pos[t] = (int32_t)t;
+            if (t == next && t > 0) carry = 0;
+            int starts = t == next;
+            if (starts) {
+                int64_t len;
+                if (!strcmp(name, "many")) len = 1 + (int64_t)(rng_uniform(&c->rng) * 200);
+                else if (!strcmp(name, "aligned")) len = pattern[k++ % 6];
+                else if (!strcmp(name, "one")) len = c->T;
+                else if (!strcmp(name, "long")) len = frag + 1 + (int64_t)(rng_uniform(&c->rng) * 2 * frag);
+                else RS_USAGE("DOCS is many | aligned | one | long", "unknown document layout '%s'", name);
+                next = t + len;
+            }
+            dp[t] = starts && t > 0 ? 0 : (t == 0 ? carry : dp[t - 1] + 1);
+        }
+    }
+}
+
+static float *check_normal(Check *c, int64_t n, double scale) {
+    float *x = RS_MALLOC((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        double v;
+        do v = rng_normal(&c->rng); while (fabs(v) < 1e-3);
+        x[i] = (float)(scale * v);
+    }
+    return x;
+}
+
+/* rows of the local layout <- rows of the whole batch (width w, every sample) */
+static float *check_local(const Check *c, const float *global, int w) {
+    const CpLayout *L = &c->cp.L;
+    float *out = RS_MALLOC((size_t)(c->S * L->T_local * w) * sizeof(float));
+    for (int64_t s = 0; s < c->S; s++)
+        for (int f = 0; f < L->nlocal; f++)
+            memcpy(out + (s * L->T_local + f * L->frag_len) * w,
+                   global + (s * c->T + (int64_t)L->frag_global[f] * L->frag_len) * w,
+                   (size_t)(L->frag_len * w) * sizeof(float));
+    return out;
+}
+
+/* relative L2 of this rank's rows `got` (local layout) against the whole-batch `want`, over the world */
+static void check_rows(Check *c, const char *what, const float *got, const float *want_global, int w) {
+    float *want = check_local(c, want_global, w);
+    int64_t n = c->S * c->cp.L.T_local * w;
+    double sq[2] = {0, 0};
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        sq[0] += d * d;
+        sq[1] += (double)want[i] * want[i];
+    }
+    free(want);
+    comm_allreduce_sum_f64(c->comm, c->comm->world, sq, 2);
+    double e = sq[1] > 0 ? sqrt(sq[0] / sq[1]) : sqrt(sq[0]);
+    if (!(e <= CHECK_BOUND)) c->failed++;
+    if (c->comm->rank == 0)
+        printf("%s: rel err %.3e <= %.0e %s\n", what, e, CHECK_BOUND, e <= CHECK_BOUND ? "ok" : "FAIL");
+}
+
+static void check_whole(Check *c, const char *what, const float *got, const float *want, int64_t n) {
+    double sq[2] = {0, 0};
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        sq[0] += d * d;
+        sq[1] += (double)want[i] * want[i];
+    }
+    double e = sq[1] > 0 ? sqrt(sq[0] / sq[1]) : sqrt(sq[0]);
+    if (!(e <= CHECK_BOUND)) c->failed++;
+    if (c->comm->rank == 0)
+        printf("%s: rel err %.3e <= %.0e %s\n", what, e, CHECK_BOUND, e <= CHECK_BOUND ? "ok" : "FAIL");
+}
+
+/* ---- Gated DeltaNet scan ------------------------------------------------------------------ */
+
+static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
+    const Backend *be = &backend_cpu;
+    const CpLayout *L = &c->cp.L;
+    const int64_t T = c->T, S = c->S, rows = S * L->T_local, Kd = (int64_t)nk * dk, Vd = (int64_t)nv * dv;
+    const int ldq = (int)(2 * Kd);
+    const int64_t hh = (int64_t)nv * dk * dv;
+    /* inputs: [q | k] L2-normalised per head, v, g < 0 per head, beta in (0,1), dO */
+    float *qk = check_normal(c, S * T * ldq, 1.0), *v = check_normal(c, S * T * Vd, 1.0);
+    for (int64_t i = 0; i < S * T * 2 * nk; i++) {
+        float *x = qk + i * dk;
+        double ss = 0;
+        for (int j = 0; j < dk; j++) ss += (double)x[j] * x[j];
+        for (int j = 0; j < dk; j++) x[j] = (float)(x[j] / sqrt(ss + 1e-6));
+    }
+    float *g = RS_MALLOC((size_t)(S * T * nv) * sizeof(float)), *beta = RS_MALLOC((size_t)(S * T * nv) * sizeof(float));
+    for (int64_t i = 0; i < S * T * nv; i++) {
+        double a = 0.05 * (1 + i % nv); /* per-head decay */
+        g[i] = (float)(-a * log1p(exp(rng_normal(&c->rng))));
+        beta[i] = (float)(1.0 / (1.0 + exp(-rng_normal(&c->rng))));
+    }
+    float *dO = check_normal(c, S * T * Vd, 1.0);
+
+    /* reference: one call per sample over the whole sample */
+    float *o = RS_MALLOC((size_t)(S * T * Vd) * 4), *dqk = RS_MALLOC((size_t)(S * T * ldq) * 4);
+    float *dv_ = RS_MALLOC((size_t)(S * T * Vd) * 4), *dg = RS_MALLOC((size_t)(S * T * nv) * 4);
+    float *db = RS_MALLOC((size_t)(S * T * nv) * 4);
+    for (int64_t s = 0; s < S; s++) {
+        int64_t r = s * T;
+        be->gdn_chunk_forward(o + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * nv, beta + r * nv,
+                              NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd);
+        be->gdn_chunk_backward(dqk + r * ldq, dqk + r * ldq + Kd, dv_ + r * Vd, dg + r * nv, db + r * nv, NULL,
+                               dO + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * nv,
+                               beta + r * nv, NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd);
+    }
+
+    /* CP: this rank's fragments */
+    float *lqk = check_local(c, qk, ldq), *lv = check_local(c, v, (int)Vd), *lg = check_local(c, g, nv);
+    float *lb = check_local(c, beta, nv), *ldO = check_local(c, dO, (int)Vd);
+    float *states = RS_MALLOC((size_t)(S * L->nlocal * hh) * 4);
+    float *M = RS_MALLOC((size_t)(S * L->nlocal * nv * dk * dk) * 4);
+    float *lo = RS_MALLOC((size_t)(rows * Vd) * 4), *ldqk = RS_MALLOC((size_t)(rows * ldq) * 4);
+    float *ldv = RS_MALLOC((size_t)(rows * Vd) * 4), *ldg = RS_MALLOC((size_t)(rows * nv) * 4);
+    float *ldb = RS_MALLOC((size_t)(rows * nv) * 4);
+    CpGdnDims d = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .Cc = 0, .Kc = 0};
+    Cp *cp = &c->cp;
+    const int multi = L->P > 1;
+    if (multi) cp_gdn_scan_forward(cp, 0, states, M, lqk + Kd, lv, lg, lb, ldq, (int)Vd, &d);
+    if (c->sabotage) memset(states, 0, (size_t)(S * L->nlocal * hh) * 4);
+    for (int64_t s = 0; s < S; s++)
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t r = cp_frag_row(cp, (int)s, f), i = s * L->nlocal + f;
+            be->gdn_chunk_forward(lo + r * Vd, NULL, lqk + r * ldq, lqk + r * ldq + Kd, lv + r * Vd, lg + r * nv,
+                                  lb + r * nv, multi ? states + i * hh : NULL, c->ldoc + r, L->frag_len, nk, nv, dk,
+                                  dv, ldq, (int)Vd, (int)Vd);
+        }
+    check_rows(c, "gdn o", lo, o, (int)Vd);
+    if (multi) cp_gdn_scan_backward(cp, 0, cp->dstate, M, ldO, lqk, lqk + Kd, lg, lb, ldq, (int)Vd, &d);
+    for (int64_t s = 0; s < S; s++)
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t r = cp_frag_row(cp, (int)s, f), i = s * L->nlocal + f;
+            be->gdn_chunk_backward(ldqk + r * ldq, ldqk + r * ldq + Kd, ldv + r * Vd, ldg + r * nv, ldb + r * nv, NULL,
+                                   ldO + r * Vd, multi ? cp->dstate + i * hh : NULL, lqk + r * ldq,
+                                   lqk + r * ldq + Kd, lv + r * Vd, lg + r * nv, lb + r * nv,
+                                   multi ? states + i * hh : NULL, c->ldoc + r, L->frag_len, nk, nv, dk, dv, ldq,
+                                   (int)Vd, (int)Vd);
+        }
+    check_rows(c, "gdn dq|dk", ldqk, dqk, ldq);
+    check_rows(c, "gdn dv", ldv, dv_, (int)Vd);
+    check_rows(c, "gdn dg", ldg, dg, nv);
+    check_rows(c, "gdn dbeta", ldb, db, nv);
+    float *bufs[] = {qk, v, g, beta, dO, o, dqk, dv_, dg, db, lqk, lv, lg, lb, ldO, states, M, lo, ldqk, ldv, ldg, ldb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+/* ---- conv halo ------------------------------------------------------------------------------ */
+
+static void check_conv(Check *c, int C, int Kc) {
+    const Backend *be = &backend_cpu;
+    const CpLayout *L = &c->cp.L;
+    const int64_t T = c->T, S = c->S, rows = S * L->T_local, tail = (int64_t)(Kc - 1) * C;
+    const int ldi = C + 3; /* the pre-conv input inside a wider projection row */
+    float *x = check_normal(c, S * T * ldi, 1.0), *w = check_normal(c, (int64_t)C * Kc, 0.5);
+    float *dy = check_normal(c, S * T * C, 1.0);
+    float *y = RS_MALLOC((size_t)(S * T * C) * 4), *dx = RS_CALLOC((size_t)(S * T * ldi), 4);
+    float *dw = RS_CALLOC((size_t)C * Kc, 4);
+    for (int64_t s = 0; s < S; s++) {
+        int64_t r = s * T;
+        be->conv1d_silu_forward(y + r * C, x + r * ldi, NULL, w, c->doc_pos + r, T, C, Kc, ldi, C);
+        be->conv1d_silu_backward(dx + r * ldi, NULL, dw, dy + r * C, x + r * ldi, NULL, w, c->doc_pos + r, T, C, Kc,
+                                 ldi, C);
+    }
+    Cp *cp = &c->cp;
+    const int multi = L->P > 1;
+    float *lx = check_local(c, x, ldi), *ldy = check_local(c, dy, C);
+    float *halo = RS_MALLOC((size_t)(S * L->nlocal * tail) * 4);
+    float *ly = RS_MALLOC((size_t)(rows * C) * 4), *ldx = RS_CALLOC((size_t)(rows * ldi), 4);
+    float *ldw = RS_CALLOC((size_t)C * Kc, 4);
+    CpGdnDims d = {.Cc = C, .Kc = Kc};
+    if (multi) cp_gdn_halo_forward(cp, 0, halo, lx, ldi, &d);
+    if (c->sabotage) memset(halo, 0, (size_t)(S * L->nlocal * tail) * 4);
+    for (int64_t s = 0; s < S; s++)
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t r = cp_frag_row(cp, (int)s, f), i = s * L->nlocal + f;
+            be->conv1d_silu_forward(ly + r * C, lx + r * ldi, multi ? halo + i * tail : NULL, w, c->ldoc + r,
+                                    L->frag_len, C, Kc, ldi, C);
+        }
+    check_rows(c, "conv y", ly, y, C);
+    for (int64_t s = 0; s < S; s++)
+        for (int f = 0; f < L->nlocal; f++) {
+            int64_t r = cp_frag_row(cp, (int)s, f), i = s * L->nlocal + f;
+            be->conv1d_silu_backward(ldx + r * ldi, multi ? (float *)cp->halo_send + i * tail : NULL, ldw,
+                                     ldy + r * C, lx + r * ldi, multi ? halo + i * tail : NULL, w, c->ldoc + r,
+                                     L->frag_len, C, Kc, ldi, C);
+        }
+    if (multi) cp_gdn_halo_backward(cp, 0, ldx, ldi, cp->halo_send, &d);
+    check_rows(c, "conv dx", ldx, dx, ldi);
+    comm_allreduce_sum_f32(c->comm, c->comm->world, ldw, (int64_t)C * Kc);
+    check_whole(c, "conv dw (summed over ranks)", ldw, dw, (int64_t)C * Kc);
+    float *bufs[] = {x, w, dy, y, dx, dw, lx, ldy, halo, ly, ldx, ldw};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+/* ---- ring attention ------------------------------------------------------------------------- */
+
+static void check_ring(Check *c, int nh, int nkv, int hd) {
+    const Backend *be = &backend_cpu;
+    const CpLayout *L = &c->cp.L;
+    const int64_t T = c->T, S = c->S, rows = S * L->T_local;
+    const int qd = nh * hd, kvd = nkv * hd, ldk = 2 * kvd;
+    float *q = check_normal(c, S * T * qd, 1.0), *kv = check_normal(c, S * T * ldk, 1.0);
+    float *dout = check_normal(c, S * T * qd, 1.0);
+    float *out = RS_MALLOC((size_t)(S * T * qd) * 4), *lse = RS_MALLOC((size_t)(S * T * nh) * 4);
+    float *dq = RS_CALLOC((size_t)(S * T * qd), 4), *dkv = RS_CALLOC((size_t)(S * T * ldk), 4);
+    for (int64_t s = 0; s < S; s++) {
+        int64_t r = s * T;
+        be->attention_forward(out + r * qd, lse + r * nh, q + r * qd, kv + r * ldk, kv + r * ldk + kvd, c->pos + r,
+                              c->doc_pos + r, c->pos + r, c->doc_pos + r, T, T, nh, nkv, hd, qd, ldk, qd, 1);
+        be->attention_backward(dq + r * qd, dkv + r * ldk, dkv + r * ldk + kvd, dout + r * qd, out + r * qd,
+                               lse + r * nh, q + r * qd, kv + r * ldk, kv + r * ldk + kvd, c->pos + r, c->doc_pos + r,
+                               c->pos + r, c->doc_pos + r, T, T, nh, nkv, hd, qd, ldk, qd, 1);
+    }
+    float *lq = check_local(c, q, qd), *lkv = check_local(c, kv, ldk), *ldout = check_local(c, dout, qd);
+    float *lout = RS_MALLOC((size_t)(rows * qd) * 4), *llse = RS_MALLOC((size_t)(rows * nh) * 4);
+    float *ldq = RS_MALLOC((size_t)(rows * qd) * 4), *ldkv = RS_MALLOC((size_t)(rows * ldk) * 4);
+    CpAttnDims d = {.nh = nh, .nkv = nkv, .hd = hd};
+    if (c->sabotage) /* every other rank's rows one position later: the masks of received blocks go wrong */
+        for (int r = 0; r < L->P; r++)
+            for (int64_t i = 0; r != L->rank && i < rows; i++) {
+                c->cp.batch.pos[(int64_t)r * rows + i]++;
+                c->cp.batch.pos_dev[(int64_t)r * rows + i]++; /* host memory on the cpu backend */
+            }
+    cp_ring_forward(&c->cp, 0, lout, llse, lq, lkv, &d);
+    check_rows(c, "ring out", lout, out, qd);
+    check_rows(c, "ring lse", llse, lse, nh);
+    cp_ring_backward(&c->cp, 0, ldq, ldkv, ldout, lout, llse, lq, lkv, &d);
+    check_rows(c, "ring dq", ldq, dq, qd);
+    check_rows(c, "ring dk|dv", ldkv, dkv, ldk);
+    float *bufs[] = {q, kv, dout, out, lse, dq, dkv, lq, lkv, ldout, lout, llse, ldq, ldkv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+int main(int argc, char **argv) {
+    Comm comm;
+    comm_init(&comm, &argc, &argv);
+    if (argc < 3)
+        RS_USAGE(NULL, "usage: cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage]");
+    const char *what = argv[1], *docs = argv[2];
+    int64_t S = 2, T = 1024, seed = 7;
+    int sabotage = 0;
+    for (int i = 3; i < argc; i += 2) {
+        if (i + 1 == argc && strcmp(argv[i], "--sabotage")) RS_USAGE(NULL, "%s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--samples")) S = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seq-len")) T = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seed")) seed = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--sabotage")) {
+            sabotage = 1;
+            i--;
+        }
+        else RS_USAGE(NULL, "unknown argument %s", argv[i]);
+    }
+    /* a small model: the CP buffers are sized from the config's dims */
+    Config cfg;
+    config_init_defaults(&cfg);
+    ModelConfig *m = &cfg.model;
+    m->hidden_size = 64;
+    m->num_attention_heads = 4;
+    m->num_key_value_heads = 2;
+    m->head_dim = 16;
+    m->linear_num_key_heads = 2;
+    m->linear_num_value_heads = 4;
+    m->linear_key_head_dim = 16;
+    m->linear_value_head_dim = 8;
+    m->linear_conv_kernel_dim = 4;
+    m->num_hidden_layers = 2; /* layer 0 GDN, layer 1 attention */
+    m->full_attention_interval = 2;
+    cfg.data.seq_len = T;
+    cfg.data.micro_batch = S;
+    cfg.parallel.cp = comm.world_size;
+    cfg.parallel.dp = 1;
+    comm_setup_groups(&comm, 1, comm.world_size);
+
+    Check c = {.comm = &comm, .T = T, .S = S, .sabotage = sabotage};
+    rng_init(&c.rng, (uint64_t)seed, 0);
+    cp_init(&c.cp, &comm, &backend_cpu, &cfg, (int32_t)S);
+    c.pos = RS_MALLOC((size_t)(S * T) * 4);
+    c.doc_pos = RS_MALLOC((size_t)(S * T) * 4);
+    check_docs(&c, docs);
+    c.lpos = RS_MALLOC((size_t)(S * c.cp.L.T_local) * 4);
+    c.ldoc = RS_MALLOC((size_t)(S * c.cp.L.T_local) * 4);
+    for (int64_t s = 0; s < S; s++)
+        for (int f = 0; f < c.cp.L.nlocal; f++) {
+            int64_t o = s * c.cp.L.T_local + f * c.cp.L.frag_len, gsrc = s * T + (int64_t)c.cp.L.frag_global[f] * c.cp.L.frag_len;
+            memcpy(c.lpos + o, c.pos + gsrc, (size_t)c.cp.L.frag_len * 4);
+            memcpy(c.ldoc + o, c.doc_pos + gsrc, (size_t)c.cp.L.frag_len * 4);
+        }
+    cp_batch_begin(&c.cp, c.lpos, c.ldoc);
+    if (comm.rank == 0) printf("cp_check %s %s: cp %d, %lld samples of %lld tokens\n", what, docs, comm.world_size,
+                               (long long)S, (long long)T);
+    if (!strcmp(what, "gdn")) check_gdn(&c, 2, 4, 16, 8);
+    else if (!strcmp(what, "conv")) check_conv(&c, 2 * 2 * 16 + 4 * 8, 4);
+    else if (!strcmp(what, "ring")) check_ring(&c, 4, 2, 16);
+    else RS_USAGE(NULL, "cp_check: first argument is gdn | conv | ring, not '%s'", what);
+    int failed = comm_allreduce_max_int(&comm, comm.world, c.failed);
+    cp_free(&c.cp);
+    free(c.pos);
+    free(c.doc_pos);
+    free(c.lpos);
+    free(c.ldoc);
+    comm_finalize(&comm);
+    return failed ? 1 : 0;
+}
