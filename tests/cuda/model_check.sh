@@ -5,8 +5,9 @@
 #
 #   1. a parity case of configs/tiny-cpu.yaml (tests/parity/make_case.py: random non-trivial
 #      weights, a packed batch of 2 x 512 tokens with documents);
-#   2. build/parity_step on it with --device cpu (fp32 oracle), cpu-bf16 (the cpu kernels with
-#      every activation stored in bf16: what bf16 storage alone costs) and cuda: one forward +
+#   2. build/parity_step on it on cpu (fp32 oracle), on cpu with --emulate-bf16 (the cpu kernels
+#      with every activation stored in bf16: what bf16 storage alone costs) and on cuda (--set
+#      device.kind=cuda): one forward +
 #      backward (every parameter gradient and the loss), then STEPS AdamW steps on that batch
 #      (a loss curve that needs neither MPI nor a data set);
 #   3. tests/cuda/compare_bf16.py: per tensor, the cuda gradient's error against cpu must stay
@@ -18,7 +19,7 @@
 #
 # Needs the attention and GDN kernels (kernels/cuda/cuda_attention.cu, cuda_gdn.cu). Exit 0 when
 # every check passed. tests/cuda/README.md records what the device runs measured.
-set -u
+set -u -o pipefail
 B=${1:-build}
 O=${2:-runs/model_check}
 PY=${PYTHON:-python3}
@@ -32,18 +33,21 @@ rm -rf "$O" && mkdir -p "$O" || exit 2
 
 echo "== case"
 $PY tests/parity/make_case.py configs/tiny-cpu.yaml "$O/case" --ringscan "$B/ringscan" 2>&1 | grep -v Warning || exit 1
-echo "== one step + $STEPS steps on the batch: cpu, cpu-bf16, cuda"
-"$B/parity_step" "$O/case" --device cpu --steps "$STEPS" --threads "$THREADS" > "$O/cpu.log" 2>&1 &
-"$B/parity_step" "$O/case" --device cpu-bf16 --steps "$STEPS" --threads "$THREADS" > "$O/bf16.log" 2>&1 &
-"$B/parity_step" "$O/case" --device cuda --steps "$STEPS" || rc=1
+echo "== one step + $STEPS steps on the batch: cpu, cpu with bf16 storage, cuda"
+C="$O/case"
+"$B/parity_step" "$C" --out "$C/grads_cpu.safetensors" --steps "$STEPS" --threads "$THREADS" > "$O/cpu.log" 2>&1 &
+"$B/parity_step" "$C" --emulate-bf16 --out "$C/grads_bf16.safetensors" --steps "$STEPS" --threads "$THREADS" \
+    > "$O/bf16.log" 2>&1 &
+"$B/parity_step" "$C" --set device.kind=cuda --out "$C/grads_cuda.safetensors" --steps "$STEPS" | grep -v counters || rc=1
 wait
-cat "$O/cpu.log" "$O/bf16.log"
-$PY "$HERE/compare_bf16.py" "$O/case/grads.safetensors" "$O/case/grads_cuda.safetensors" \
-    "$O/case/grads_bf16emu.safetensors" || rc=1
+grep -hv counters "$O/cpu.log" "$O/bf16.log"
+$PY "$HERE/compare_bf16.py" "$C/grads_cpu.safetensors" "$C/grads_cuda.safetensors" "$C/grads_bf16.safetensors" || rc=1
 echo "-- curve, cuda vs cpu"
-$PY "$HERE/compare_curves.py" "$O/case/curve_cpu.jsonl" "$O/case/curve_cuda.jsonl" --tol "$CURVE_TOL" || rc=1
-echo "-- curve, cpu-bf16 vs cpu (for scale)"
-$PY "$HERE/compare_curves.py" "$O/case/curve_cpu.jsonl" "$O/case/curve_cpu-bf16.jsonl" --tol "$CURVE_TOL" | tail -1
+$PY "$HERE/compare_curves.py" "$C/grads_cpu.safetensors.curve.jsonl" "$C/grads_cuda.safetensors.curve.jsonl" \
+    --tol "$CURVE_TOL" || rc=1
+echo "-- curve, cpu with bf16 storage vs cpu (for scale)"
+$PY "$HERE/compare_curves.py" "$C/grads_cpu.safetensors.curve.jsonl" "$C/grads_bf16.safetensors.curve.jsonl" \
+    --tol "$CURVE_TOL" | tail -1
 
 echo "== ringscan train on cuda, $TRAIN_STEPS steps"
 "$B/ringscan" data synth "$O/recall.tok" --seed 1 > /dev/null || exit 1
