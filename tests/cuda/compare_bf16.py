@@ -19,7 +19,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
+for _d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"), os.path.join("tests", "parity")):
+    sys.path.insert(0, _d)  # beside tests/cuda, or the repo root's when this file was copied elsewhere
 import safetensors_io  # noqa: E402
 
 
