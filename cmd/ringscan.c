@@ -15,8 +15,9 @@
  *   error.h      RS_EXIT_*, RS_USAGE
  *   build_info.h build_info_print (compiler, CUDA, cuBLAS, NCCL, MPI, libyaml)
  *   comm.h       comm_init, comm_finalize (MPI: ranks for train and resume)
- *   train.h      train_run (the training loop, fresh or resumed)
+ *   train.h      train_run (the training loop, fresh or resumed), train_catch_stop_signals
  *   data.h       data_cli_main (`ringscan data synth|bytes|check|inspect`)
+ *   submit.h     submit_run (`ringscan submit`: sbatch script, Slurm job)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@
 #include "data.h"
 #include "error.h"
 #include "plan.h"
+#include "submit.h"
 #include "train.h"
 
 #ifndef RS_VERSION
@@ -217,10 +219,12 @@ static int cmd_not_built(const char *name) {
 }
 /* Starts MPI, checks the world against dp x cp, and trains. */
 static int cli_run_training(Config *cfg, const char *resume_dir, int dry_run, const char *cmd) {
+    train_catch_stop_signals();
+    const char *launcher = cli_launcher_name(); /* before MPI_Init, which sets PMIX_* even in a singleton */
     Comm comm;
     comm_init(&comm, NULL, NULL);
     ConfigErrors err = {0};
-    if (config_validate_world(cfg, comm.world_size, cli_launcher_name(), &err)) {
+    if (config_validate_world(cfg, comm.world_size, launcher, &err)) {
         if (comm.rank == 0)
             fprintf(stderr, "ringscan %s: error: %s  hint: launch with `mpirun -np %lld build/ringscan %s ...`\n", cmd,
                     err.text, (long long)config_world(cfg), cmd);
@@ -269,7 +273,16 @@ static int cmd_resume(int argc, char **argv) {
     if (cfg.source[stop].origin != CONFIG_ORIGIN_SET) cfg.run.stop_after_step = 0;
     return cli_run_training(&cfg, run_dir, a.dry_run, "resume");
 }
-static int cmd_submit(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("submit"); }
+static int cmd_submit(int argc, char **argv) {
+    CliArgs a;
+    cli_parse(&a, "submit", argc, argv, CLI_DRY_RUN);
+    if (a.help) { cli_print_command_help("submit", stdout, 1); return RS_EXIT_OK; }
+    Config cfg;
+    cli_load_config(&cfg, &a, "submit");
+    int rc = submit_run(&cfg, a.config, a.dry_run);
+    config_free(&cfg);
+    return rc;
+}
 static int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("bench"); }
 static int cmd_data(int argc, char **argv) {
     return data_cli_main(argc, argv);
@@ -291,8 +304,12 @@ static const Command commands[] = {
      "FLOPs per token, communication per step, and a fit verdict against device.memory_gib.\n"
      "Exit 0 when it fits, 1 when it does not, 2 on a bad config.",
      cmd_plan, NULL},
-    {"submit", "CONFIG [--set key.path=value]... [--dry-run]", "Render the sbatch script and submit it to Slurm.",
-     cmd_submit, "Slurm submission is issue #5"},
+    {"submit", "CONFIG [--set key.path=value]... [--dry-run]",
+     "Submit the run to Slurm: check the config and the fit (as plan does), write RUN_DIR/job.sbatch and\n"
+     "RUN_DIR/config.submitted.yaml, run `sbatch --parsable` and print the job id. The job trains, and on\n"
+     "the warning signal checkpoints, requeues itself and resumes (slurm/README.md).\n"
+     "--dry-run prints the job script and writes nothing.",
+     cmd_submit, NULL},
     {"bench", "attn|gdn|step ...", "Benchmark kernels and the training step beside peers.", cmd_bench,
      "benchmarks are issue #7"},
     {"data", "synth|bytes ...", "Make training data: synthetic recall tasks, byte-level tokens.", cmd_data,

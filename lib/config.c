@@ -232,8 +232,12 @@ static bool config_charset_ok(ConfigCharset cs, const char *s, const char **why)
                   sscanf(s, "%d-%d%c", &d, &h, &tail) == 2 ||
                   sscanf(s, "%d:%d:%d%c", &h, &m, &sec, &tail) == 3 ||
                   sscanf(s, "%d:%d%c", &m, &sec, &tail) == 2 || sscanf(s, "%d%c", &m, &tail) == 1;
+        /* digits, with each ':' and the one '-' between two digits (no signs) */
         for (const char *p = s; ok && *p; p++)
-            if (!isdigit((unsigned char)*p) && *p != ':' && *p != '-') ok = false;
+            if (!isdigit((unsigned char)*p) &&
+                ((*p != ':' && *p != '-') || p == s || !isdigit((unsigned char)p[-1]) || !isdigit((unsigned char)p[1])))
+                ok = false;
+        if (strchr(s, '-') != strrchr(s, '-')) ok = false;
         if (!ok || !*s) { *why = "a Slurm time: [D-]HH:MM:SS, HH:MM:SS, MM:SS or MM"; return false; }
     }
     if (strlen(s) >= CONFIG_STR_MAX) { *why = "at most 4095 bytes"; return false; }

@@ -35,6 +35,7 @@ typedef enum { LR_SCHEDULE_COSINE, LR_SCHEDULE_WSD, LR_SCHEDULE_CONSTANT, LR_SCH
 typedef enum { DATA_FORMAT_FLAT, DATA_FORMAT_MEGATRON, DATA_FORMAT_COUNT } DataFormat;
 typedef enum { LAYER_KIND_LINEAR, LAYER_KIND_FULL, LAYER_KIND_COUNT } LayerKind;
 typedef enum { HIDDEN_ACT_SILU, HIDDEN_ACT_COUNT } HiddenAct;
+typedef enum { SLURM_LAUNCHER_SRUN, SLURM_LAUNCHER_MPIRUN, SLURM_LAUNCHER_COUNT } SlurmLauncher;
 
 extern const char *const device_kind_names[DEVICE_KIND_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
@@ -42,6 +43,7 @@ extern const char *const lr_schedule_names[LR_SCHEDULE_COUNT + 1];
 extern const char *const data_format_names[DATA_FORMAT_COUNT + 1];
 extern const char *const layer_kind_names[LAYER_KIND_COUNT + 1];
 extern const char *const hidden_act_names[HIDDEN_ACT_COUNT + 1];
+extern const char *const slurm_launcher_names[SLURM_LAUNCHER_COUNT + 1];
 
 /* A list of enum values (e.g. model.layer_types); n == 0 means "not given". */
 typedef struct {
@@ -128,8 +130,11 @@ typedef struct {
     int64_t nodes;
     int64_t gpus_per_node; /* tasks per node (GPUs, or cpu ranks) */
     char   *time;          /* [D-]HH:MM:SS or MM */
-    int64_t signal_s;      /* seconds of warning before the time limit */
-    int64_t max_restarts;
+    int64_t signal_s;      /* seconds of warning before the time limit; 0: none */
+    int64_t max_restarts;  /* requeues after exit 75 (SLURM_RESTART_COUNT bound) */
+    int32_t launcher;      /* SlurmLauncher: how the job script starts the ranks */
+    char   *srun_mpi;      /* srun --mpi=<plugin> */
+    char   *site_env;      /* file the job script sources (NCCL/UCX settings); "" none */
 } SlurmConfig;
 
 typedef struct {

@@ -25,6 +25,7 @@ const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
 const char *const hidden_act_names[]  = {"silu", NULL};
+const char *const slurm_launcher_names[] = {"srun", "mpirun", NULL};
 
 _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KIND_COUNT + 1, "names");
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
@@ -32,6 +33,7 @@ _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDU
 _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
 _Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
 _Static_assert(sizeof hidden_act_names / sizeof *hidden_act_names == HIDDEN_ACT_COUNT + 1, "names");
+_Static_assert(sizeof slurm_launcher_names / sizeof *slurm_launcher_names == SLURM_LAUNCHER_COUNT + 1, "names");
 
 const char *const config_sections[] = {
     "run", "model", "data", "parallel", "train", "checkpoint", "slurm", "device", NULL,
@@ -153,10 +155,21 @@ const ConfigKey config_schema[] = {
     STR(slurm.qos, "", NAME, "scheduler", "quality of service; empty: the default"),
     INT(slurm.nodes, "1", 1, 100000, "nodes", "scheduler", "nodes of the allocation"),
     INT(slurm.gpus_per_node, "0", 0, 1024, "tasks", "scheduler",
-        "tasks per node, one per GPU (cpu: ranks); 0: parallel.dp x parallel.cp / nodes"),
-    STR(slurm.time, "01:00:00", TIME, "scheduler", "time limit, [D-]HH:MM:SS"),
-    INT(slurm.signal_s, "120", 0, 86400, "s", "scheduler", "warning signal this long before the time limit"),
-    INT(slurm.max_restarts, "10", 0, 100000, "restarts", "scheduler", "requeues allowed after preemption"),
+        "tasks per node, one per GPU (cpu backend: ranks per node); 0: parallel.dp x parallel.cp / slurm.nodes"),
+    STR(slurm.time, "01:00:00", TIME, "scheduler",
+        "time limit: [D-]HH:MM:SS, MM:SS or MM; 0: none (the partition's maximum)"),
+    INT(slurm.signal_s, "120", 0, 65535, "s", "scheduler",
+        "SIGUSR1 this long before the time limit (Slurm may send it up to 60 s earlier): checkpoint, "
+        "exit 75, requeue; 0: no warning"),
+    INT(slurm.max_restarts, "10", 0, 100000, "restarts", "scheduler",
+        "requeues after a checkpoint-and-stop (exit 75); the job fails with 75 once they are used up"),
+    ENUM(slurm.launcher, "srun", slurm_launcher_names, "scheduler",
+         "how the job starts one rank per task: srun --mpi=<slurm.srun_mpi>, or Open MPI's mpirun inside "
+         "the allocation (where srun cannot start MPI programs)"),
+    STR(slurm.srun_mpi, "pmix", NAME, "scheduler",
+        "srun's MPI plugin (srun --mpi=...); `srun --mpi=list` shows the cluster's; Open MPI needs pmix"),
+    STR(slurm.site_env, "", PATH, "scheduler",
+        "file the job sources before launching: site NCCL/UCX settings (see slurm/site.env); empty: none"),
 
     /* ---- device ---- */
     ENUM(device.kind, "cpu", device_kind_names, "device", "cpu: fp32 oracle backend over MPI; cuda: GPUs over NCCL"),

@@ -14,6 +14,7 @@
  */
 #include "config.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* "key = value (source)" for a message. */
@@ -125,8 +126,51 @@ static int validate_train(const Config *cfg, ConfigErrors *err) {
     return err->count - before;
 }
 
+/* Seconds of a Slurm time limit (a value that passed CONFIG_CHARSET_TIME):
+ * MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS. */
+static int64_t validate_slurm_seconds(const char *s) {
+    long long d = 0, f[3] = {0, 0, 0};
+    int n = 0;
+    const char *p = s, *dash = strchr(s, '-');
+    if (dash) {
+        d = strtoll(s, NULL, 10);
+        p = dash + 1;
+    }
+    for (; n < 3; n++) {
+        char *next;
+        f[n] = strtoll(p, &next, 10);
+        p = next;
+        if (*p != ':') { n++; break; }
+        p++;
+    }
+    /* huge fields only need to stay huge, not overflow */
+    if (d > 1000000000) d = 1000000000;
+    for (int i = 0; i < 3; i++)
+        if (f[i] > 1000000000) f[i] = 1000000000;
+    if (dash) /* D-HH[:MM[:SS]] */
+        return ((d * 24 + f[0]) * 60 + (n > 1 ? f[1] : 0)) * 60 + (n > 2 ? f[2] : 0);
+    if (n == 1) return f[0] * 60;          /* MM */
+    if (n == 2) return f[0] * 60 + f[1];   /* MM:SS */
+    return (f[0] * 60 + f[1]) * 60 + f[2]; /* HH:MM:SS */
+}
+
+static int validate_slurm(const Config *cfg, ConfigErrors *err) {
+    const SlurmConfig *s = &cfg->slurm;
+    char a[900], b[900];
+    int before = err->count;
+    int64_t limit = validate_slurm_seconds(s->time);
+    /* a limit of 0 is Slurm's "no limit" (the partition's maximum applies) */
+    if (limit > 0 && s->signal_s >= limit)
+        config_errors_add(err, "%s is not shorter than %s = %lld s: the warning would be due before the run "
+                               "starts; lower slurm.signal_s or raise slurm.time",
+                          validate_quote(cfg, "slurm.signal_s", a, sizeof a),
+                          validate_quote(cfg, "slurm.time", b, sizeof b), (long long)limit);
+    return err->count - before;
+}
+
 int config_validate(const Config *cfg, ConfigErrors *err) {
-    return validate_model(cfg, err) + validate_layout(cfg, err) + validate_train(cfg, err);
+    return validate_model(cfg, err) + validate_layout(cfg, err) + validate_train(cfg, err) +
+           validate_slurm(cfg, err);
 }
 
 int config_validate_world(const Config *cfg, int64_t world, const char *launcher, ConfigErrors *err) {

@@ -101,6 +101,7 @@ typedef struct Cp {
     void  *kv_recv[2];   /* (rows, 2 kvd) the K|V blocks arriving */
     float *run_out;      /* (rows, qd) fp32 running output */
     float *run_lse;      /* (rows, nh) fp32 running LSE */
+    float *lse_empty;    /* (rows, nh) fp32 all -inf: "no key seen yet", the running LSE's start */
     void  *blk_out;      /* (rows, qd) one call's output */
     float *blk_lse;      /* (rows, nh) one call's LSE */
     float *dq_acc;       /* (rows, qd) fp32 */

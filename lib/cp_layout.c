@@ -11,6 +11,7 @@
  * (cp_batch_begin), lib/train.c and tests/parity/parity_step.c
  * (cp_read_sample), cp_gdn.c and cp_ring.c (the layout and batch facts).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,7 +67,7 @@ static int64_t cp_align(int64_t n) { return (n + CP_ALIGN - 1) / CP_ALIGN * CP_A
 static void cp_bind(Cp *cp, const ActCpBuffer *b, char *p) {
     static const struct { const char *name; size_t off; int count; } fields[] = {
 #define F(n, c) {#n, offsetof(Cp, n), c}
-        F(kv_recv, 2), F(run_out, 1), F(run_lse, 1), F(blk_out, 1), F(blk_lse, 1), F(dq_acc, 1),
+        F(kv_recv, 2), F(run_out, 1), F(run_lse, 1), F(lse_empty, 1), F(blk_out, 1), F(blk_lse, 1), F(dq_acc, 1),
         F(dkv_local, 1), F(dkv_buf, 2), F(scan_send, 1), F(scan_recv, 1), F(fold, 2), F(dstate, 1),
         F(halo_send, 1), F(halo_recv, 1),
 #undef F
@@ -106,6 +107,13 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg, int32_t s
     model_acts_free(&t);
 
     CpBatch *B = &cp->batch;
+    if (cp->lse_empty) { /* written once: every ring forward starts its running LSE from it */
+        int64_t n = (int64_t)samples * cp->L.T_local * cfg->model.num_attention_heads;
+        float *neg = RS_MALLOC((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) neg[i] = -INFINITY;
+        be->to_device(cp->lse_empty, neg, (size_t)n * sizeof(float));
+        free(neg);
+    }
     B->samples = samples;
     B->rows = (int64_t)samples * cp->L.T_local;
     size_t meta = (size_t)P * (size_t)B->rows * sizeof(int32_t);

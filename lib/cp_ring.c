@@ -38,8 +38,6 @@
  *
  * Callers: lib/model_block.c (every softmax layer, every P), tests/cp.
  */
-#include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cp.h"
@@ -96,10 +94,7 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
 
     /* running (out, lse) start as "no key seen" */
     be->memset_zero(cp->run_out, (size_t)rows * qd * sizeof(float));
-    float *neg = RS_MALLOC((size_t)rows * d->nh * sizeof(float));
-    for (int64_t i = 0; i < rows * d->nh; i++) neg[i] = -INFINITY;
-    be->to_device(cp->run_lse, neg, (size_t)rows * d->nh * sizeof(float));
-    free(neg);
+    be->copy(cp->run_lse, cp->lse_empty, (size_t)rows * d->nh * sizeof(float));
 
     const void *cur = kv;
     CommHandle h = {0};

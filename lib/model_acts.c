@@ -210,6 +210,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, 2, T * kv * e);
         acts_add_cp(t, "run_out", ACT_CP_RING, 1, T * qd * f);
         acts_add_cp(t, "run_lse", ACT_CP_RING, 1, T * nh * f);
+        acts_add_cp(t, "lse_empty", ACT_CP_RING, 1, T * nh * f);
         acts_add_cp(t, "blk_out", ACT_CP_RING, 1, T * qd * e);
         acts_add_cp(t, "blk_lse", ACT_CP_RING, 1, T * nh * f);
         acts_add_cp(t, "dq_acc", ACT_CP_RING, 1, T * qd * f);

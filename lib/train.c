@@ -62,6 +62,14 @@
 static volatile sig_atomic_t train_signal_seen = 0;
 static void train_on_signal(int sig) { train_signal_seen = sig; }
 
+void train_catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = train_on_signal;
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static double train_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -224,15 +232,18 @@ static void train_trim_metrics(Trainer *t, int64_t step) {
 
 static void train_open_run_dir(Trainer *t, int resuming) {
     char path[PATH_MAX + 64];
-    int refuse = 0;
+    int refuse = 0, restart = 0;
     if (t->comm->rank == 0 && !resuming) {
-        snprintf(path, sizeof path, "%s/ckpt", t->run_dir);
-        int has_ckpt = train_file_exists(path);
+        /* a run with a checkpoint is continued with `resume`, never overwritten; an attempt that
+         * died before its first checkpoint left only metrics and log lines of steps that are
+         * lost anyway (a resume discards the steps after its checkpoint too), so it starts over */
+        snprintf(path, sizeof path, "%s/ckpt/LATEST", t->run_dir);
+        refuse = train_file_exists(path);
         snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
-        refuse = has_ckpt || train_file_exists(path);
+        restart = !refuse && train_file_exists(path);
         if (refuse)
             fprintf(stderr,
-                    "ringscan train: error: run directory %s already holds a run (ckpt/ or metrics.jsonl)\n"
+                    "ringscan train: error: run directory %s already holds a run with a checkpoint (ckpt/LATEST)\n"
                     "  hint: continue it with `ringscan resume %s`, or set run.out_dir to a new directory\n",
                     t->run_dir, t->run_dir);
     }
@@ -243,10 +254,15 @@ static void train_open_run_dir(Trainer *t, int resuming) {
     }
     if (t->comm->rank == 0) {
         if (train_mkdirs(t->run_dir) != 0) RS_FATAL("cannot create run directory %s: %s", t->run_dir, strerror(errno));
+        if (restart) train_trim_metrics(t, 0);
         train_write_resolved(t);
         snprintf(path, sizeof path, "%s/log.txt", t->run_dir);
         t->log = fopen(path, "a");
         if (!t->log) RS_FATAL("cannot open %s: %s", path, strerror(errno));
+        if (restart)
+            train_say(t, "run directory %s holds an attempt that stopped before its first checkpoint; starting the "
+                         "run over (its metrics.jsonl lines are dropped)\n",
+                      t->run_dir);
     }
 }
 
@@ -551,12 +567,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     if (cfg->device.peak_tflops <= 0)
         train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = train_on_signal;
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-
+    train_catch_stop_signals();
     int rc = train_loop(&t);
 
     if (t.metrics) fclose(t.metrics);

@@ -27,4 +27,10 @@
  * Returns the exit code. */
 int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run);
 
+/* Starts catching SIGUSR1/SIGTERM (a stop request the loop answers with a
+ * checkpoint and exit 75). Called before MPI starts, so a warning signal
+ * that a Slurm job forwards while the ranks are still starting is kept, not
+ * fatal; train_run calls it too. */
+void train_catch_stop_signals(void);
+
 #endif

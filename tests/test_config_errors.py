@@ -72,6 +72,11 @@ CASES = [
     ("slurm-injection", "slurm:\n  partition: \"gpu; rm -rf ~\"\n", [], ["bad.yaml:2:14", "slurm.partition", "not allowed"]),
     ("slurm-bad-time", "slurm:\n  time: 1 day\n", [], ["bad.yaml:2:9", "slurm.time", "Slurm time"]),
     ("out-dir-shell", "run:\n  out_dir: \"runs/$(reboot)\"\n", [], ["bad.yaml:2:12", "run.out_dir", "not allowed"]),
+    ("slurm-signal-after-limit", "slurm:\n  time: \"05:00\"\n  signal_s: 300\n", [],
+     ["slurm.signal_s = 300 (bad.yaml:3:3)", "slurm.time = \"05:00\" (bad.yaml:2:3) = 300 s"]),
+    ("slurm-signed-time", "slurm:\n  time: \"-5\"\n", [], ["bad.yaml:2:9", "slurm.time", "Slurm time"]),
+    ("slurm-launcher", "slurm:\n  launcher: mpiexec\n", [], ["bad.yaml:2:13", "slurm.launcher", "srun | mpirun"]),
+    ("slurm-site-env-shell", "slurm:\n  site_env: \"site.env; id\"\n", [], ["bad.yaml:2:13", "slurm.site_env", "not allowed"]),
     # --- --set overrides name the override
     ("set-unknown", "", ["--set", "model.hiden_size=3"], ["--set \"model.hiden_size=3\"", "did you mean 'model.hidden_size'"]),
     ("set-bad-int", "", ["--set", "model.hidden_size=abc"], ["--set \"model.hidden_size=abc\"", "expected an integer"]),

@@ -172,6 +172,18 @@ def test_train_refuses_existing_run(tmp_path, data):
     assert (rd / "metrics.jsonl").read_bytes() == before
 
 
+def test_train_restarts_an_attempt_without_checkpoint(tmp_path, data):
+    """A run killed before its first checkpoint left metrics and log lines but nothing to resume:
+    `train` starts it over (what a requeued Slurm job does) instead of refusing forever."""
+    rd = tmp_path / "r"
+    rd.mkdir()
+    (rd / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.0}\n')
+    r = train(rd, data, steps=3)
+    assert "stopped before its first checkpoint" in r.stdout
+    ms = metrics(rd)
+    assert [m["step"] for m in ms] == [1, 2, 3] and ms[0]["loss"] != 9.0
+
+
 def test_bad_data_writes_nothing(tmp_path, data):
     bad = tmp_path / "bad.tok"
     bad.write_bytes(b"NOTATOKENFILE" + bytes(100))

@@ -1,28 +1,1806 @@
 /*
- * cuda_gdn.cu — PLACEHOLDER until the Gated DeltaNet kernels land (issue #6, branch wt/cuda-gdn): every
- * entry stops the program with a fatal error naming itself, so nothing can
- * run on a kernel that does not exist yet. This whole file is replaced.
+ * cuda_gdn.cu — the chunked gated delta rule on the GPU: the Backend entries
+ * gdn_chunk_forward, gdn_chunk_backward and the context-parallel entries
+ * gdn_chunk_transition, gdn_chunk_dstate, gdn_state_affine (lib/backend.h has
+ * the contract; kernels/cpu/cpu_gdn.c is the fp32 oracle, its header has the
+ * algebra). Callers: the cuda backend table (model forward/backward, lib/cp*),
+ * tests/cuda/test_cuda_gdn.cu.
+ *
+ * Kernel split (research/gdn_cp.md §1-2, FLA's validated boundaries). Every
+ * per-chunk kernel runs 128 threads (4 warps) on one (chunk, value head) and
+ * multiplies bf16 tiles in shared memory with mma.sync m16n8k16 (fp32
+ * accumulation, cuda_gdn_mma.h); the state passes run one block per (value
+ * head, column block of the state) and walk the chunks in order, the state
+ * (or its gradient) in fp32 registers.
+ *   index     count / scan / write / info: chunk starts from doc_pos on the device (a
+ *             chunk starts every 64 tokens of a document, counted from the document's
+ *             first token or from token 0 of the call), the first and last chunk
+ *             that starts a document, (t0, L, flags) per chunk (no host round trip)
+ *   prep      per chunk: fp32 cumsum of g (log2 units), K K^T, A, Tinv = (I+A)^-1
+ *             (fp32, 16x16 blocks: substitution on the diagonal, then the blocks below
+ *             from their diagonal neighbours), W = Tinv diag(beta gam) K,
+ *             U = Tinv diag(beta) V (Tinv split hi+lo bf16, so W, U are not
+ *             limited by Tinv's rounding), stored bf16
+ *   state_fwd sequential over chunks: store the entering state h (bf16), vn = U - W S,
+ *             S = gam_L S + K^T (dec * vn); S operand split hi+lo bf16; cp.async
+ *             prefetch of the next chunk's tiles, its (t0, L, flags) two chunks ahead
+ *             (no dependent global load on the sequential path). Transition mode carries [S | M] from
+ *             [0 | I] (research/gdn_cp.md §8.2): M comes out of the same pass.
+ *   output    per chunk: o = scale (gam * (Q h) + (Q K^T * Gam * causal) vn)
+ *   backward: prep, state_fwd (recompute h, vn), dvlocal (dv_loc = scale P^T dO),
+ *             state_bwd (reverse pass: dv2 = dv_loc + dec * (K D), D <- gam_L D +
+ *             scale (Q*gam)^T dO - W^T dv2, dS_final in, dS0 out), dqkwg (dq, dk from
+ *             the states, dw = -dv2 h^T, dG terms), wy_bwd (Tinv recomputed: dk, dv,
+ *             dbeta, dG of the WY factors; dg reverse cumsum; dk summed in fp32), and for
+ *             GVA group_reduce (dq, dk per key head: the fp32 per-value-head partials
+ *             of the group summed in head order, one bf16 rounding); without GVA
+ *             dqkwg and wy_bwd write the final bf16 dq and dk themselves.
+ *   dstate    = prep, dvlocal, state_bwd on the chunks before the first document start.
+ *   state_affine: fp32 IEEE (no TF32) tiled S_out = op(M) S_in + H.
+ *
+ * Numerics: states, gate cumsums, dg, dbeta and the dq/dk partials are fp32; gate
+ * factors are exp2 of non-positive exponents only (masked entries are selected,
+ * never multiplied); W, U, vn, h, dh, dv_loc, dv2, dw are stored bf16 (the MMA
+ * operand precision, as in FLA); the carried state's MMA operand is split into two
+ * bf16 terms. Offsets into token-major buffers are 64-bit. Tiles are fixed and no
+ * atomics are used: the same inputs give the same bits on every run.
+ *
+ * Chunk bookkeeping: a chunk that starts a document (doc_pos == 0) starts from
+ * state 0 and needs no stored state; every other chunk starts 64 tokens after the
+ * previous chunk of its document (or at token 0), so the starts of such chunks are
+ * >= 64 apart and slot t0 / 64 is unique: h[slot] is the state entering the
+ * chunk at t0, dh[slot] the gradient arriving at that boundary; the call's end has
+ * its own slot ceil(T/64) (dh of the last chunk). ns = ceil(T/64) + 1 slots.
+ *
+ * Workspace: backend.h gives these entries none, so this file owns one device
+ * buffer (gdn_ws) that grows, stream-ordered (cudaFreeAsync + cudaMallocAsync on
+ * cuda_stream()), when a call needs more than it holds and is reused as is
+ * otherwise: no allocation in steady state. Per call (T tokens, nv value heads):
+ * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
+ * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
+ *
+ * Speed (H100, T = 32768, 16 heads of 128, 2026-11-23; ncu, per call): forward 2.13 ms =
+ * prep 0.66 + state_fwd 1.06 + output 0.40; backward 7.13 ms = prep 0.66 + state_fwd 1.06 +
+ * dvlocal 0.26 + state_bwd 1.47 + dqkwg 1.17 + wy_bwd 2.52. FLA on an H200: 1.43 / 5.32 ms
+ * fwd / fwd+bwd (research/gdn_cp.md §7). The per-chunk kernels hold 1-2 blocks per SM and do
+ * not overlap their loads with compute; the state passes are latency-bound (~2 us per chunk).
+ *
+ * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
+ * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
+ * shared memory a block can have, so it needs a column-split dqkwg first. Rows of
+ * q, k, v, o and the gradients must be 16-byte aligned (ld % 8 == 0, aligned
+ * pointers); T < 2^31 - 128.
  */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
 #include "cuda_common.h"
+#include "cuda_gdn_mma.h"
 #include "cuda_kernels.h"
 
-extern "C" void cuda_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) {
-    RS_FATAL("cuda_gdn_chunk_forward: the cuda kernel is not built yet (issue #6)");
+#define GDN_C 64          /* chunk size */
+#define GDN_THREADS 128   /* every per-chunk and state kernel: 4 warps */
+#define GDN_LDP (GDN_C + 8) /* row stride of the 64x64 bf16 tiles */
+#define GDN_LDF (GDN_C + 1) /* row stride of the 64x64 fp32 tiles */
+#define GDN_LOG2E 1.4426950408889634f
+#define GDN_FULL 0xffffffffu
+
+/* which chunks a per-chunk kernel visits */
+enum { GDN_RANGE_ALL = 0, GDN_RANGE_FROM_LAST_RESET = 1, GDN_RANGE_BEFORE_FIRST_RESET = 2 };
+/* meta (int32) written by the index kernels */
+enum { GDN_META_NC = 0, GDN_META_FIRST_RESET = 1, GDN_META_LAST_RESET = 2, GDN_META_FIRST_TOK = 3,
+       GDN_META_LAST_TOK = 4, GDN_META_N = 8 };
+
+/* ------------------------------------------------------------------------------------------------ */
+/* shared-memory carving, the same code on host (sizes) and device (pointers)                        */
+
+struct GdnCarve {
+    unsigned char *base;
+    size_t off;
+    __host__ __device__ explicit GdnCarve(void *b) : base((unsigned char *)b), off(0) {}
+    template <class X> __host__ __device__ X *take(size_t n) {
+        X *r = (X *)(base + off);
+        off += (n * sizeof(X) + 15) & ~(size_t)15;
+        return r;
+    }
+};
+
+/* ------------------------------------------------------------------------------------------------ */
+/* device helpers                                                                                     */
+
+/* [lo, hi) of the chunks a kernel in `mode` visits */
+GDN_DEV void gdn_chunk_range(const int32_t *meta, int mode, int *lo, int *hi) {
+    *lo = 0;
+    *hi = meta[GDN_META_NC];
+    if (mode == GDN_RANGE_FROM_LAST_RESET) *lo = meta[GDN_META_LAST_RESET];
+    else if (mode == GDN_RANGE_BEFORE_FIRST_RESET) *hi = meta[GDN_META_FIRST_RESET];
 }
 
-extern "C" void cuda_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) {
-    RS_FATAL("cuda_gdn_chunk_backward: the cuda kernel is not built yet (issue #6)");
+/* rows [0, ROWS) x WID bf16 of a strided global matrix into shared memory (row stride lds) with
+ * cp.async; rows >= valid are zero-filled and not read */
+template <int ROWS, int WID>
+GDN_DEV void gdn_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg, int valid) {
+    constexpr int CPR = WID / 8;
+    for (int i = threadIdx.x; i < ROWS * CPR; i += GDN_THREADS) {
+        const int r = i / CPR, c = (i % CPR) * 8;
+        const bool ok = r < valid;
+        gdn_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
+    }
 }
 
-extern "C" void cuda_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv) {
-    RS_FATAL("cuda_gdn_chunk_transition: the cuda kernel is not built yet (issue #6)");
+/* the chunk's stored gate cumsum G2 (T,nv) rows into sG with cp.async; rows >= L read 0 */
+GDN_DEV void gdn_load_G(float *sG, const float *G2, int64_t t0, int L, int h, int nv) {
+    const int r = threadIdx.x;
+    if (r < GDN_C) gdn_cp_async4(sG + r, r < L ? G2 + (t0 + r) * nv + h : G2, r < L);
 }
 
-extern "C" void cuda_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo) {
-    RS_FATAL("cuda_gdn_chunk_dstate: the cuda kernel is not built yet (issue #6)");
+/* gates of one chunk from g, beta: sG[r] = log2(e) sum_{i<=r} g_i (rows >= L repeat G[L-1]),
+ * sBeta[r] (0 for rows >= L). All threads; ends synchronised. */
+GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float *g, const float *beta, int64_t t0,
+                              int L, int h, int nv) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    float x = 0.0f;
+    if (tid < GDN_C) {
+        x = tid < L ? g[(t0 + tid) * nv + h] * GDN_LOG2E : 0.0f;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(GDN_FULL, x, o);
+            if (lane >= o) x += y;
+        }
+        if (tid == 31) sTmp[0] = x;
+    }
+    __syncthreads();
+    if (tid < GDN_C) {
+        if (tid >= 32) x += sTmp[0];
+        sG[tid] = x;
+        sBeta[tid] = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
+    }
+    __syncthreads();
 }
 
-extern "C" void cuda_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v) {
-    RS_FATAL("cuda_gdn_state_affine: the cuda kernel is not built yet (issue #6)");
+/* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF); sKKG (when not
+ * NULL) gets (k_i.k_j) e^{G_i - G_j} on the same entries. K K^T on the tensor cores. All threads. */
+template <int DK>
+GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG, const float *sBeta, int L) {
+    const int w = threadIdx.x >> 5;
+    float acc[1][8][4];
+    gdn_zero(acc);
+    gdn_warp_mma<1, 8, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, 16 * w, 0);
+#pragma unroll
+    for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+            float kkg = 0.0f;
+            if (j < i && i < L) kkg = acc[0][ni][e] * exp2f(sG[i] - sG[j]); /* exponent <= 0 */
+            sA[i * GDN_LDF + j] = sBeta[i] * kkg;
+            if (sKKG) sKKG[i * GDN_LDF + j] = kkg;
+        }
 }
 
+/* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (stride GDN_LDF), blocked by 16:
+ * the four diagonal blocks by forward substitution (thread = block, column: [i == c] - sum_{j<i}
+ * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
+ * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). All threads; ends synchronised. */
+#define GDN_SOLVE_SCRATCH (3 * 16 * 17)
+GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
+    __syncthreads();
+    if (tid < GDN_C) {
+        const int o = 16 * (tid >> 4), c = tid & 15;
+        float tc[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float s = (i == c) ? 1.0f : 0.0f;
+#pragma unroll
+            for (int j = 0; j < i; j++) s = fmaf(-sA[(o + i) * GDN_LDF + o + j], tc[j], s);
+            tc[i] = s;
+            sT[(o + i) * GDN_LDF + o + c] = s;
+        }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int d = 1; d < 4; d++) {
+        const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *arow = sA + (16 * bi + r) * GDN_LDF;
+            float x = 0.0f;
+            for (int k = 16 * bj; k < 16 * bi; k++) x = fmaf(arow[k], sT[k * GDN_LDF + 16 * bj + cc], x);
+            sX[(e >> 8) * 272 + r * 17 + cc] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
+            float t = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
+        }
+        __syncthreads();
+    }
+}
+
+/* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */
+template <class X> GDN_DEV X *gdn_pick(X *const (&a)[2], int b) { return b ? a[1] : a[0]; }
+
+GDN_DEV void gdn_split2(bf16 *hi, bf16 *lo, float x0, float x1) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    *(__nv_bfloat162 *)hi = h;
+    *(__nv_bfloat162 *)lo = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+}
+
+GDN_DEV void gdn_store2(bf16 *p, float x0, float x1) { *(__nv_bfloat162 *)p = __floats2bfloat162_rn(x0, x1); }
+
+GDN_DEV float2 gdn_load2(const bf16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
+
+/* sum over the 4 lanes of a quad (the threads that share an accumulator row) */
+GDN_DEV float gdn_quad_sum(float x) {
+    x += __shfl_xor_sync(GDN_FULL, x, 1);
+    x += __shfl_xor_sync(GDN_FULL, x, 2);
+    return x;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* index: chunk starts from doc_pos                                                                   */
+
+GDN_DEV bool gdn_is_chunk_start(const int32_t *doc_pos, int64_t t) {
+    int64_t base = t - (int64_t)doc_pos[t]; /* the document's first token, or before the call */
+    if (base < 0) base = 0;
+    return ((t - base) & (GDN_C - 1)) == 0;
+}
+
+/* per block of 1024 tokens: number of chunk starts, first and last document start token */
+__global__ void __launch_bounds__(1024) gdn_index_count_kernel(int32_t *blk /* (nb,3) */,
+                                                               const int32_t *doc_pos /* (T) */, int64_t T) {
+    __shared__ int s_cnt[32], s_first[32], s_last[32];
+    const int64_t t = (int64_t)blockIdx.x * 1024 + threadIdx.x;
+    const bool in = t < T;
+    const int flag = in && gdn_is_chunk_start(doc_pos, t);
+    const bool rs = in && doc_pos[t] == 0;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int cnt = __reduce_add_sync(GDN_FULL, flag);
+    int first = __reduce_min_sync(GDN_FULL, rs ? (int)t : INT_MAX);
+    int last = __reduce_max_sync(GDN_FULL, rs ? (int)t : -1);
+    if (lane == 0) {
+        s_cnt[w] = cnt;
+        s_first[w] = first;
+        s_last[w] = last;
+    }
+    __syncthreads();
+    if (w == 0) {
+        cnt = __reduce_add_sync(GDN_FULL, s_cnt[lane]);
+        first = __reduce_min_sync(GDN_FULL, s_first[lane]);
+        last = __reduce_max_sync(GDN_FULL, s_last[lane]);
+        if (lane == 0) {
+            blk[3 * blockIdx.x] = cnt;
+            blk[3 * blockIdx.x + 1] = first;
+            blk[3 * blockIdx.x + 2] = last;
+        }
+    }
+}
+
+/* one block: blk counts -> exclusive offsets (in place); meta; starts[NC] = T */
+__global__ void __launch_bounds__(1024) gdn_index_scan_kernel(int32_t *blk /* (nb,3) */, int32_t *meta,
+                                                              int32_t *starts /* (T+1) */, int nb, int64_t T) {
+    __shared__ int s_w[32], s_first[32], s_last[32];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int running = 0, first = INT_MAX, last = -1;
+    for (int base = 0; base < nb; base += 1024) {
+        const int b = base + threadIdx.x;
+        const int v = b < nb ? blk[3 * b] : 0;
+        if (b < nb) {
+            first = min(first, blk[3 * b + 1]);
+            last = max(last, blk[3 * b + 2]);
+        }
+        int x = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(GDN_FULL, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) s_w[w] = x;
+        __syncthreads();
+        if (w == 0) {
+            int y = s_w[lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int z = __shfl_up_sync(GDN_FULL, y, o);
+                if (lane >= o) y += z;
+            }
+            s_w[lane] = y;
+        }
+        __syncthreads();
+        const int excl = running + (w > 0 ? s_w[w - 1] : 0) + x - v;
+        const int total = s_w[31];
+        __syncthreads();
+        if (b < nb) blk[3 * b] = excl;
+        running += total;
+    }
+    first = __reduce_min_sync(GDN_FULL, first);
+    last = __reduce_max_sync(GDN_FULL, last);
+    if (lane == 0) {
+        s_first[w] = first;
+        s_last[w] = last;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < 32; i++) {
+            first = min(first, s_first[i]);
+            last = max(last, s_last[i]);
+        }
+        meta[GDN_META_NC] = running;
+        meta[GDN_META_FIRST_RESET] = running; /* none: every chunk is before the first reset */
+        meta[GDN_META_LAST_RESET] = 0;        /* none: the transition starts at chunk 0 */
+        meta[GDN_META_FIRST_TOK] = first == INT_MAX ? -1 : first;
+        meta[GDN_META_LAST_TOK] = last;
+        starts[running] = (int32_t)T;
+    }
+}
+
+/* starts[idx] = t for every chunk start t; the chunk indices of the first and last document start */
+__global__ void __launch_bounds__(1024) gdn_index_write_kernel(int32_t *starts, int32_t *meta,
+                                                               const int32_t *blk /* (nb,3) */,
+                                                               const int32_t *doc_pos, int64_t T) {
+    __shared__ int s_w[32];
+    const int64_t t = (int64_t)blockIdx.x * 1024 + threadIdx.x;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool flag = t < T && gdn_is_chunk_start(doc_pos, t);
+    const unsigned bal = __ballot_sync(GDN_FULL, flag);
+    if (lane == 0) s_w[w] = __popc(bal);
+    __syncthreads();
+    if (w == 0) {
+        const int v = s_w[lane];
+        int x = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(GDN_FULL, x, o);
+            if (lane >= o) x += y;
+        }
+        s_w[lane] = x - v;
+    }
+    __syncthreads();
+    if (flag) {
+        const int idx = blk[3 * blockIdx.x] + s_w[w] + __popc(bal & ((1u << lane) - 1u));
+        starts[idx] = (int32_t)t;
+        if (t == meta[GDN_META_FIRST_TOK]) meta[GDN_META_FIRST_RESET] = idx;
+        if (t == meta[GDN_META_LAST_TOK]) meta[GDN_META_LAST_RESET] = idx;
+    }
+}
+
+/* info[c] = (t0, L, flags) per chunk, for the state passes (one load per chunk, prefetched):
+ * flags bit 0: the chunk starts a document (its state starts at 0); bit 1: a state leaves it
+ * (the call ends with it, or the next chunk continues its document) */
+__global__ void gdn_index_info_kernel(int4 *info /* (T+1) */, const int32_t *starts, const int32_t *meta,
+                                      const int32_t *doc_pos, int64_t T) {
+    const int nc = meta[GDN_META_NC];
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < nc; c += gridDim.x * blockDim.x) {
+        const int t0 = starts[c], t1 = starts[c + 1];
+        const int flags = (doc_pos[t0] == 0 ? 1 : 0) | ((t1 == T || doc_pos[t1] != 0) ? 2 : 0);
+        info[c] = make_int4(t0, t1 - t0, flags, 0);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* prep: G, A, Tinv, W, U per (chunk, value head)                                                     */
+
+template <int DK, int DV> struct GdnPrepSmem {
+    bf16 *k, *v, *tw_hi, *tw_lo, *tu_hi, *tu_lo;
+    float *A, *T, *G, *beta, *tmp;
+    size_t bytes;
+    __host__ __device__ explicit GdnPrepSmem(void *b) {
+        GdnCarve c(b);
+        k = c.take<bf16>(GDN_C * (DK + 8));
+        v = c.take<bf16>(GDN_C * (DV + 8));
+        tw_hi = c.take<bf16>(GDN_C * GDN_LDP);
+        tw_lo = c.take<bf16>(GDN_C * GDN_LDP);
+        tu_hi = c.take<bf16>(GDN_C * GDN_LDP);
+        tu_lo = c.take<bf16>(GDN_C * GDN_LDP);
+        A = c.take<float>(GDN_C * GDN_LDF);
+        T = c.take<float>(GDN_C * GDN_LDF);
+        G = c.take<float>(GDN_C);
+        beta = c.take<float>(GDN_C);
+        tmp = c.take<float>(GDN_SOLVE_SCRATCH);
+        bytes = c.off;
+    }
+};
+
+/* out rows r < L (row stride ldo) = (Thi + Tlo) X for X (64 x N, smem, stride ldx); bf16 out */
+template <int N>
+GDN_DEV void gdn_tri_product_store(bf16 *out, int64_t ldo, const bf16 *Thi, const bf16 *Tlo, const bf16 *X, int ldx,
+                                   int L) {
+    const int w = threadIdx.x >> 5;
+#pragma unroll 1
+    for (int n0 = 0; n0 < N; n0 += 64) {
+        float acc[1][8][4];
+        gdn_zero(acc);
+        gdn_warp_mma<1, 8, false, false, GDN_C>(acc, Thi, GDN_LDP, X, ldx, 16 * w, n0);
+        gdn_warp_mma<1, 8, false, false, GDN_C>(acc, Tlo, GDN_LDP, X, ldx, 16 * w, n0);
+#pragma unroll
+        for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                if (r < L) gdn_store2(out + r * ldo + col, acc[0][ni][e], acc[0][ni][e + 1]);
+            }
+    }
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_prep_kernel(bf16 *W /* (T,nv,DK) */, bf16 *U /* (T,nv,DV) or NULL */, float *G2 /* (T,nv) */,
+                    const bf16 *k /* (T,ldq) nk heads */, const bf16 *v /* (T,ldv) nv heads, or NULL */,
+                    const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *starts,
+                    const int32_t *meta, int mode, int nk, int nv, int ldq, int ldv) {
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnPrepSmem<DK, DV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk);
+    int lo, hi;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+    for (int c = lo + blockIdx.x; c < hi; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        __syncthreads(); /* the previous chunk is done with shared memory */
+        gdn_load_rows<GDN_C, DK>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        if (U) gdn_load_rows<GDN_C, DV>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
+        gdn_cp_async_commit();
+        gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
+        gdn_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
+        __syncthreads();
+        gdn_solve(s.T, s.tmp, s.A);
+        /* Tinv diag(beta gam) and Tinv diag(beta), each as hi + lo bf16 */
+        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
+            const float t0v = s.T[r * GDN_LDF + j], t1v = s.T[r * GDN_LDF + j + 1];
+            const float b0 = s.beta[j], b1 = s.beta[j + 1];
+            const float bg0 = b0 * exp2f(s.G[j]), bg1 = b1 * exp2f(s.G[j + 1]);
+            gdn_split2(s.tw_hi + r * GDN_LDP + j, s.tw_lo + r * GDN_LDP + j, t0v * bg0, t1v * bg1);
+            gdn_split2(s.tu_hi + r * GDN_LDP + j, s.tu_lo + r * GDN_LDP + j, t0v * b0, t1v * b1);
+        }
+        __syncthreads();
+        gdn_tri_product_store<DK>(W + (t0 * nv + h) * DK, (int64_t)nv * DK, s.tw_hi, s.tw_lo, s.k, DK + 8, L);
+        if (U) gdn_tri_product_store<DV>(U + (t0 * nv + h) * DV, (int64_t)nv * DV, s.tu_hi, s.tu_lo, s.v, DV + 8, L);
+        if ((int)threadIdx.x < L) G2[(t0 + threadIdx.x) * nv + h] = s.G[threadIdx.x];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* state_fwd: the sequential pass over chunks                                                          */
+
+template <int DK, int BV> struct GdnStateFwdSmem {
+    bf16 *w[2], *k[2], *u[2], *s_hi, *s_lo, *vn;
+    float *G[2];
+    size_t bytes;
+    __host__ __device__ explicit GdnStateFwdSmem(void *b) {
+        GdnCarve c(b);
+        for (int i = 0; i < 2; i++) {
+            w[i] = c.take<bf16>(GDN_C * (DK + 8));
+            k[i] = c.take<bf16>(GDN_C * (DK + 8));
+            u[i] = c.take<bf16>(GDN_C * (BV + 8));
+            G[i] = c.take<float>(GDN_C);
+        }
+        s_hi = c.take<bf16>(DK * (BV + 8));
+        s_lo = c.take<bf16>(DK * (BV + 8));
+        vn = c.take<bf16>(GDN_C * (BV + 8));
+        bytes = c.off;
+    }
+};
+
+/*
+ * Grid (ncol / BV, nv). Block (x, h) carries columns [x BV, x BV + BV) of head h's state S (DK x ncol)
+ * over the chunks of `mode`. ncol = dv, or dv + DK in transition mode (M_out != NULL): columns >= dv
+ * are M, started from the identity with U = 0. Warp w holds state rows [w DK/4, (w+1) DK/4).
+ */
+template <int DK, int BV>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_state_fwd_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */,
+                         float *S_out /* (nv,DK,dv) or NULL */, float *M_out /* (nv,DK,DK) or NULL */,
+                         const bf16 *W /* (T,nv,DK) */, const bf16 *U /* (T,nv,dv) */, const bf16 *k /* (T,ldq) */,
+                         const float *G2 /* (T,nv) */, const float *S0 /* (nv,DK,dv) or NULL */,
+                         const int4 *info, const int32_t *meta, int mode, int nk, int nv, int dv, int ldq) {
+    constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnStateFwdSmem<DK, BV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
+    const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
+    const bool is_M = col0 >= dv;
+    const int64_t ldw = (int64_t)nv * DK, ldu = (int64_t)nv * dv;
+    int lo, hi;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+
+    float S[MTS][NTS][4];
+#pragma unroll
+    for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                float x = 0.0f;
+                if (is_M) x = (a == col0 - dv + j) ? 1.0f : 0.0f;
+                else if (S0) x = S0[((int64_t)h * DK + a) * dv + col0 + j];
+                S[mi][ni][e] = x;
+            }
+
+    auto issue = [&](int4 ci, int buf) {
+        const int64_t t0 = ci.x;
+        gdn_load_rows<GDN_C, DK>(gdn_pick(s.w, buf), LDK, W + t0 * ldw + (int64_t)h * DK, ldw, ci.y);
+        gdn_load_rows<GDN_C, DK>(gdn_pick(s.k, buf), LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, ci.y);
+        if (!is_M)
+            gdn_load_rows<GDN_C, BV>(gdn_pick(s.u, buf), LDB, U + t0 * ldu + (int64_t)h * dv + col0, ldu, ci.y);
+        gdn_load_G(gdn_pick(s.G, buf), G2, t0, ci.y, h, nv);
+    };
+    /* chunk c's tiles are copied during chunk c-1; its info is loaded two chunks ahead */
+    const int4 none = make_int4(0, 1, 0, 0);
+    int4 cur = lo < hi ? info[lo] : none, nxt = lo + 1 < hi ? info[lo + 1] : none;
+    if (lo < hi) issue(cur, 0);
+    gdn_cp_async_commit();
+    for (int c = lo, it = 0; c < hi; c++, it++) {
+        const int buf = it & 1;
+        const int4 nxt2 = c + 2 < hi ? info[c + 2] : none;
+        gdn_cp_async_wait<0>();
+        __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c-1 */
+        if (c + 1 < hi) issue(nxt, buf ^ 1);
+        gdn_cp_async_commit();
+        const int64_t t0 = cur.x;
+        const int L = cur.y;
+        const bool reset = (cur.z & 1) != 0;
+        /* the entering state: to shared memory (hi + lo) and, for a carried chunk, to h */
+        bf16 *hrow = (hs && !reset) ? hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0 : NULL;
+#pragma unroll
+        for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    if (reset) S[mi][ni][e] = S[mi][ni][e + 1] = 0.0f;
+                    const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
+                    if (hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
+                }
+        __syncthreads();
+        const float *sG = gdn_pick(s.G, buf);
+        const float gL = sG[L - 1];
+        /* vn = U - W S; rows >= L are 0 (W and U zero-filled) */
+        float acc[1][NTS][4], acc2[1][NTS][4]; /* two independent MMA chains on the sequential path */
+        gdn_zero(acc);
+        gdn_zero(acc2);
+        gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.w, buf), LDK, s.s_hi, LDB, 16 * w, 0);
+        gdn_warp_mma<1, NTS, false, false, DK>(acc2, gdn_pick(s.w, buf), LDK, s.s_lo, LDB, 16 * w, 0);
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                float2 u = make_float2(0.0f, 0.0f);
+                if (!is_M) u = gdn_load2(gdn_pick(s.u, buf) + r * LDB + j);
+                const float x0 = u.x - acc[0][ni][e], x1 = u.y - acc[0][ni][e + 1];
+                if (vn && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
+                const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
+                gdn_store2(s.vn + r * LDB + j, x0 * dec, x1 * dec);
+            }
+        __syncthreads();
+        /* S = gam_L S + K^T (dec vn) */
+        const float gam = exp2f(gL);
+#pragma unroll
+        for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) S[mi][ni][e] *= gam;
+        gdn_warp_mma<MTS, NTS, true, false, GDN_C>(S, gdn_pick(s.k, buf), LDK, s.vn, LDB, srow0, 0);
+        cur = nxt;
+        nxt = nxt2;
+    }
+#pragma unroll
+    for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                if (is_M) M_out[((int64_t)h * DK + a) * DK + col0 - dv + j] = S[mi][ni][e];
+                else if (S_out) S_out[((int64_t)h * DK + a) * dv + col0 + j] = S[mi][ni][e];
+            }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* output and dv_local: per (chunk, value head, column block of BVO)                                  */
+
+template <int DK, int BVO> struct GdnOutSmem {
+    bf16 *q, *k, *x, *h, *p; /* x: vn (output) or dO (dv_local) */
+    float *G;
+    size_t bytes;
+    __host__ __device__ GdnOutSmem(void *b, bool with_h) {
+        GdnCarve c(b);
+        q = c.take<bf16>(GDN_C * (DK + 8));
+        k = c.take<bf16>(GDN_C * (DK + 8));
+        x = c.take<bf16>(GDN_C * (BVO + 8));
+        p = c.take<bf16>(GDN_C * GDN_LDP);
+        G = c.take<float>(GDN_C);
+        h = with_h ? c.take<bf16>(DK * (BVO + 8)) : NULL;
+        bytes = c.off;
+    }
+};
+
+/* sP = (Q K^T)_rj e^{G_r - G_j} for j <= r < L, else 0 (bf16, unscaled). All threads. */
+template <int DK> GDN_DEV void gdn_build_P(bf16 *sP, const bf16 *sQ, const bf16 *sK, const float *sG, int L) {
+    const int w = threadIdx.x >> 5;
+    float acc[1][8][4];
+    gdn_zero(acc);
+    gdn_warp_mma<1, 8, false, true, DK>(acc, sQ, DK + 8, sK, DK + 8, 16 * w, 0);
+#pragma unroll
+    for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+            const float p0 = (j <= r && r < L) ? acc[0][ni][e] * exp2f(sG[r] - sG[j]) : 0.0f;
+            const float p1 = (j + 1 <= r && r < L) ? acc[0][ni][e + 1] * exp2f(sG[r] - sG[j + 1]) : 0.0f;
+            gdn_store2(sP + r * GDN_LDP + j, p0, p1);
+        }
+}
+
+template <int DK, int BVO>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */,
+                      const bf16 *vn /* (T,nv,dv) */, const bf16 *hs /* (ns,nv,DK,dv) */, const float *G2,
+                      const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int nk, int nv, int dv,
+                      int ldq, int ldo, float scale) {
+    constexpr int LDK = DK + 8, LDX = BVO + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnOutSmem<DK, BVO> s(gdn_smem, true);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, col0 = blockIdx.z * BVO;
+    const int64_t ldx = (int64_t)nv * dv;
+    const int nc = meta[GDN_META_NC];
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        const bool reset = doc_pos[t0] == 0;
+        __syncthreads();
+        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, BVO>(s.x, LDX, vn + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
+        if (!reset) gdn_load_rows<DK, BVO>(s.h, LDX, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0, dv, DK);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        gdn_cp_async_commit();
+        gdn_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
+        __syncthreads();
+#pragma unroll 1
+        for (int n0 = 0; n0 < BVO; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            if (!reset) {
+                gdn_warp_mma<1, 8, false, false, DK>(acc, s.q, LDK, s.h, LDX, 16 * w, n0);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = 16 * w + gdn_frag_row(e);
+                        acc[0][ni][e] *= r < L ? exp2f(s.G[r]) : 0.0f;
+                    }
+            }
+            gdn_warp_mma<1, 8, false, false, GDN_C>(acc, s.p, GDN_LDP, s.x, LDX, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), j = n0 + ni * 8 + gdn_frag_col(e);
+                    if (r < L)
+                        gdn_store2(o + (t0 + r) * ldo + (int64_t)h * dv + col0 + j, scale * acc[0][ni][e],
+                                   scale * acc[0][ni][e + 1]);
+                }
+        }
+    }
+}
+
+/* dv_loc rows j = scale sum_{r >= j} P_rj dO_r (bf16, (T,nv,dv)) over the chunks of `mode` */
+template <int DK, int BVO>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_dvlocal_kernel(bf16 *dvl /* (T,nv,dv) */, const bf16 *q, const bf16 *k, const bf16 *dout /* (T,ldo) */,
+                       const float *G2, const int32_t *starts, const int32_t *meta, int mode, int nk, int nv, int dv,
+                       int ldq, int ldo, float scale) {
+    constexpr int LDK = DK + 8, LDX = BVO + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnOutSmem<DK, BVO> s(gdn_smem, false);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, col0 = blockIdx.z * BVO;
+    const int64_t ldx = (int64_t)nv * dv;
+    int lo, hi;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+    for (int c = lo + blockIdx.x; c < hi; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        __syncthreads();
+        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, BVO>(s.x, LDX, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        gdn_cp_async_commit();
+        gdn_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
+        __syncthreads();
+#pragma unroll 1
+        for (int n0 = 0; n0 < BVO; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.p, GDN_LDP, s.x, LDX, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), j = n0 + ni * 8 + gdn_frag_col(e);
+                    if (r < L)
+                        gdn_store2(dvl + (t0 + r) * ldx + (int64_t)h * dv + col0 + j, scale * acc[0][ni][e],
+                                   scale * acc[0][ni][e + 1]);
+                }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* state_bwd: the reverse pass over chunks                                                             */
+
+template <int DK, int BV> struct GdnStateBwdSmem {
+    bf16 *q[2], *k[2], *w[2], *dO[2], *dl[2], *d_hi, *d_lo, *dv2n, *dos;
+    float *G[2];
+    size_t bytes;
+    __host__ __device__ explicit GdnStateBwdSmem(void *b) {
+        GdnCarve c(b);
+        for (int i = 0; i < 2; i++) {
+            q[i] = c.take<bf16>(GDN_C * (DK + 8));
+            k[i] = c.take<bf16>(GDN_C * (DK + 8));
+            w[i] = c.take<bf16>(GDN_C * (DK + 8));
+            dO[i] = c.take<bf16>(GDN_C * (BV + 8));
+            dl[i] = c.take<bf16>(GDN_C * (BV + 8));
+            G[i] = c.take<float>(GDN_C);
+        }
+        d_hi = c.take<bf16>(DK * (BV + 8));
+        d_lo = c.take<bf16>(DK * (BV + 8));
+        dv2n = c.take<bf16>(GDN_C * (BV + 8));
+        dos = c.take<bf16>(GDN_C * (BV + 8));
+        bytes = c.off;
+    }
+};
+
+/*
+ * Grid (dv / BV, nv). D = dL/dS (DK x BV columns of head h) from the last chunk of `mode` down:
+ * D starts at dS_final (NULL = 0); per chunk it is stored as dh at the chunk's exit boundary,
+ * dv2 = dv_loc + dec (K D), D <- gam_L D + scale (Q gam)^T dO - W^T dv2, and cut to 0 when the
+ * chunk starts a document. What is left is dS0.
+ */
+template <int DK, int BV>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_state_bwd_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */,
+                         float *dS0 /* (nv,DK,dv) or NULL */, const float *dS_final /* (nv,DK,dv) or NULL */,
+                         const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */, const bf16 *W /* (T,nv,DK) */,
+                         const bf16 *dvl /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const float *G2,
+                         const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv, int ldq,
+                         int ldo, float scale) {
+    constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnStateBwdSmem<DK, BV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
+    const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
+    const int64_t ldw = (int64_t)nv * DK, ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
+    int lo, hi;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+
+    float D[MTS][NTS][4];
+#pragma unroll
+    for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                D[mi][ni][e] = dS_final ? dS_final[((int64_t)h * DK + a) * dv + col0 + j] : 0.0f;
+            }
+
+    auto issue = [&](int4 ci, int buf) {
+        const int64_t t0 = ci.x;
+        const int L = ci.y;
+        gdn_load_rows<GDN_C, DK>(gdn_pick(s.q, buf), LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK>(gdn_pick(s.k, buf), LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK>(gdn_pick(s.w, buf), LDK, W + t0 * ldw + (int64_t)h * DK, ldw, L);
+        gdn_load_rows<GDN_C, BV>(gdn_pick(s.dO, buf), LDB, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
+        gdn_load_rows<GDN_C, BV>(gdn_pick(s.dl, buf), LDB, dvl + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
+        gdn_load_G(gdn_pick(s.G, buf), G2, t0, L, h, nv);
+    };
+    /* chunk c's tiles are copied during chunk c+1; its info is loaded two chunks ahead */
+    const int4 none = make_int4(0, 1, 0, 0);
+    int4 cur = lo < hi ? info[hi - 1] : none, nxt = hi - 2 >= lo ? info[hi - 2] : none;
+    if (lo < hi) issue(cur, 0);
+    gdn_cp_async_commit();
+    for (int c = hi - 1, it = 0; c >= lo; c--, it++) {
+        const int buf = it & 1;
+        const int4 nxt2 = c - 2 >= lo ? info[c - 2] : none;
+        gdn_cp_async_wait<0>();
+        __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c+1 */
+        if (c - 1 >= lo) issue(nxt, buf ^ 1);
+        gdn_cp_async_commit();
+        const int64_t t0 = cur.x, t1 = t0 + cur.y;
+        const int L = cur.y;
+        const bool reset = (cur.z & 1) != 0;
+        const bool exit_carries = (cur.z & 2) != 0;
+        bf16 *drow = (dhs && exit_carries) ? dhs + ((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * (int64_t)DK * dv + col0
+                                           : NULL;
+#pragma unroll
+        for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
+                    if (drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
+                }
+        const float *sG = gdn_pick(s.G, buf);
+        /* dos = scale gam_r dO_r */
+        for (int i = threadIdx.x; i < GDN_C * BV / 2; i += GDN_THREADS) {
+            const int r = i / (BV / 2), j = (i % (BV / 2)) * 2;
+            const float f = r < L ? scale * exp2f(sG[r]) : 0.0f;
+            const float2 d = gdn_load2(gdn_pick(s.dO, buf) + r * LDB + j);
+            gdn_store2(s.dos + r * LDB + j, f * d.x, f * d.y);
+        }
+        __syncthreads();
+        const float gL = sG[L - 1];
+        /* dv2 = dv_loc + dec (K D) */
+        float acc[1][NTS][4], acc2[1][NTS][4]; /* two independent MMA chains on the sequential path */
+        gdn_zero(acc);
+        gdn_zero(acc2);
+        gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.k, buf), LDK, s.d_hi, LDB, 16 * w, 0);
+        gdn_warp_mma<1, NTS, false, false, DK>(acc2, gdn_pick(s.k, buf), LDK, s.d_lo, LDB, 16 * w, 0);
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {
+                const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
+                const float2 l = gdn_load2(gdn_pick(s.dl, buf) + r * LDB + j);
+                const __nv_bfloat162 x =
+                    __floats2bfloat162_rn(l.x + dec * acc[0][ni][e], l.y + dec * acc[0][ni][e + 1]);
+                if (dv2 && r < L) *(__nv_bfloat162 *)(dv2 + (t0 + r) * ldx + (int64_t)h * dv + col0 + j) = x;
+                *(__nv_bfloat162 *)(s.dv2n + r * LDB + j) = __hneg2(x);
+            }
+        __syncthreads();
+        const float gam = exp2f(gL);
+#pragma unroll
+        for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) D[mi][ni][e] *= gam;
+        gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, gdn_pick(s.q, buf), LDK, s.dos, LDB, srow0, 0);
+        gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, gdn_pick(s.w, buf), LDK, s.dv2n, LDB, srow0, 0);
+        if (reset) {
+#pragma unroll
+            for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) D[mi][ni][e] = 0.0f;
+        }
+        cur = nxt;
+        nxt = nxt2;
+    }
+    if (dS0) {
+#pragma unroll
+        for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+            for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    dS0[((int64_t)h * DK + a) * dv + col0 + j] = D[mi][ni][e];
+                }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* dqkwg: dq, dk (per value head, fp32), dw, the dG terms of the outputs and states                   */
+
+template <int DK, int DV> struct GdnDqkwgSmem {
+    bf16 *q, *k, *vn, *dO, *dv2, *h, *dh, *ds;
+    float *G, *rowa, *rowb, *red;
+    size_t bytes;
+    __host__ __device__ explicit GdnDqkwgSmem(void *b) {
+        GdnCarve c(b);
+        q = c.take<bf16>(GDN_C * (DK + 8));
+        k = c.take<bf16>(GDN_C * (DK + 8));
+        vn = c.take<bf16>(GDN_C * (DV + 8));
+        dO = c.take<bf16>(GDN_C * (DV + 8));
+        dv2 = c.take<bf16>(GDN_C * (DV + 8));
+        h = c.take<bf16>(DK * (DV + 8));
+        dh = c.take<bf16>(DK * (DV + 8));
+        ds = c.take<bf16>(GDN_C * GDN_LDP);
+        G = c.take<float>(GDN_C);
+        rowa = c.take<float>(GDN_C);
+        rowb = c.take<float>(GDN_C);
+        red = c.take<float>(GDN_THREADS / 32);
+        bytes = c.off;
+    }
+};
+
+/*
+ * Per (chunk, value head), with h the entering state and dh the gradient at the exit:
+ *   ds  = scale (dO vn^T) Gam causal
+ *   dq  = scale gam (dO h^T) + ds K,     dk = dec (vn dh^T) + ds^T Q,     dw = -dv2 h^T
+ *   dG_r = q_r.dq_r - k_r.dk_r, the last row also gam_L <h, dh> + sum_j k_j.dk^inter_j
+ */
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_dqkwg_kernel(float *dqv /* (T,nv,DK) */, bf16 *dq_out /* (T,ldq) when nv == nk, else NULL */,
+                     float *dkv /* (T,nv,DK) */, bf16 *dw /* (T,nv,DK) */,
+                     float *dgp /* (T,nv) */, const bf16 *q, const bf16 *k, const bf16 *vn /* (T,nv,DV) */,
+                     const bf16 *dout /* (T,ldo) */, const bf16 *dv2 /* (T,nv,DV) */,
+                     const bf16 *hs /* (ns,nv,DK,DV) */, const bf16 *dhs /* (ns,nv,DK,DV) */, const float *G2,
+                     const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int64_t T, int nk, int nv,
+                     int ldq, int ldo, float scale) {
+    constexpr int LDK = DK + 8, LDV = DV + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnDqkwgSmem<DK, DV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV, ns = (T + GDN_C - 1) / GDN_C + 1;
+    const int nc = meta[GDN_META_NC];
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        const int64_t t1 = t0 + L;
+        const bool reset = doc_pos[t0] == 0;
+        const bool exit_carries = t1 == T || doc_pos[t1] != 0;
+        const int64_t slot_out = t1 == T ? ns - 1 : t1 / GDN_C;
+        __syncthreads();
+        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DV>(s.vn, LDV, vn + t0 * ldx + (int64_t)h * DV, ldx, L);
+        gdn_load_rows<GDN_C, DV>(s.dO, LDV, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
+        gdn_load_rows<GDN_C, DV>(s.dv2, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
+        gdn_load_rows<DK, DV>(s.h, LDV, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * DV, DV, reset ? 0 : DK);
+        gdn_load_rows<DK, DV>(s.dh, LDV, dhs + (slot_out * nv + h) * (int64_t)DK * DV, DV, exit_carries ? DK : 0);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        gdn_cp_async_commit();
+        gdn_cp_async_wait<0>();
+        __syncthreads();
+        /* ds */
+        {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, false, true, DV>(acc, s.dO, LDV, s.vn, LDV, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    const float d0 = (j <= r && r < L) ? scale * acc[0][ni][e] * exp2f(s.G[r] - s.G[j]) : 0.0f;
+                    const float d1 =
+                        (j + 1 <= r && r < L) ? scale * acc[0][ni][e + 1] * exp2f(s.G[r] - s.G[j + 1]) : 0.0f;
+                    gdn_store2(s.ds + r * GDN_LDP + j, d0, d1);
+                }
+        }
+        /* <h, dh> (zero unless both exist), fixed order */
+        {
+            float hd = 0.0f;
+            if (!reset && exit_carries)
+                for (int i = threadIdx.x; i < DK * DV / 2; i += GDN_THREADS) {
+                    const int a = i / (DV / 2), b = (i % (DV / 2)) * 2;
+                    const float2 x = gdn_load2(s.h + a * LDV + b), y = gdn_load2(s.dh + a * LDV + b);
+                    hd = fmaf(x.x, y.x, hd);
+                    hd = fmaf(x.y, y.y, hd);
+                }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) hd += __shfl_xor_sync(GDN_FULL, hd, o);
+            if (lane == 0) s.red[w] = hd;
+        }
+        __syncthreads();
+        float qdq[2] = {0.0f, 0.0f}, kdk[2] = {0.0f, 0.0f}, kdi[2] = {0.0f, 0.0f};
+        /* dq */
+#pragma unroll 1
+        for (int n0 = 0; n0 < DK; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            if (!reset) {
+                gdn_warp_mma<1, 8, false, true, DV>(acc, s.dO, LDV, s.h, LDV, 16 * w, n0);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = 16 * w + gdn_frag_row(e);
+                        acc[0][ni][e] *= r < L ? scale * exp2f(s.G[r]) : 0.0f;
+                    }
+            }
+            gdn_warp_mma<1, 8, false, false, GDN_C>(acc, s.ds, GDN_LDP, s.k, LDK, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                    const float2 qq = gdn_load2(s.q + r * LDK + col);
+                    qdq[e >> 1] += qq.x * acc[0][ni][e] + qq.y * acc[0][ni][e + 1];
+                    if (r < L && dq_out) /* one value head per key head: the final dq */
+                        gdn_store2(dq_out + (t0 + r) * ldq + (int64_t)h * DK + col, acc[0][ni][e], acc[0][ni][e + 1]);
+                    else if (r < L)
+                        *(float2 *)(dqv + (t0 + r) * ldk + (int64_t)h * DK + col) =
+                            make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
+                }
+        }
+        /* dk */
+#pragma unroll 1
+        for (int n0 = 0; n0 < DK; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            if (exit_carries) {
+                gdn_warp_mma<1, 8, false, true, DV>(acc, s.vn, LDV, s.dh, LDV, 16 * w, n0);
+                const float gL = s.G[L - 1];
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                        const float dec = r < L ? exp2f(gL - s.G[r]) : 0.0f;
+                        acc[0][ni][e] *= dec;
+                        acc[0][ni][e + 1] *= dec;
+                        const float2 kk = gdn_load2(s.k + r * LDK + col);
+                        kdi[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
+                    }
+            }
+            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.ds, GDN_LDP, s.q, LDK, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                    const float2 kk = gdn_load2(s.k + r * LDK + col);
+                    kdk[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
+                    if (r < L)
+                        *(float2 *)(dkv + (t0 + r) * ldk + (int64_t)h * DK + col) =
+                            make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
+                }
+        }
+        /* dw = -dv2 h^T */
+#pragma unroll 1
+        for (int n0 = 0; n0 < DK; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            if (!reset) gdn_warp_mma<1, 8, false, true, DV>(acc, s.dv2, LDV, s.h, LDV, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                    if (r < L)
+                        gdn_store2(dw + (t0 + r) * ldk + (int64_t)h * DK + col, -acc[0][ni][e], -acc[0][ni][e + 1]);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            qdq[i] = gdn_quad_sum(qdq[i]);
+            kdk[i] = gdn_quad_sum(kdk[i]);
+            kdi[i] = gdn_quad_sum(kdi[i]);
+        }
+        if ((lane & 3) == 0) {
+            const int r = 16 * w + (lane >> 2);
+            s.rowa[r] = qdq[0] - kdk[0];
+            s.rowa[r + 8] = qdq[1] - kdk[1];
+            s.rowb[r] = kdi[0];
+            s.rowb[r + 8] = kdi[1];
+        }
+        __syncthreads();
+        const int r = threadIdx.x;
+        if (r < L) {
+            float d = s.rowa[r];
+            if (r == L - 1) {
+                float sk = 0.0f;
+                for (int j = 0; j < L; j++) sk += s.rowb[j];
+                const float hdh = (s.red[0] + s.red[1]) + (s.red[2] + s.red[3]);
+                d += exp2f(s.G[L - 1]) * hdh + sk;
+            }
+            dgp[(t0 + r) * nv + h] = d;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* wy_bwd: gradients through W = Tinv diag(beta gam) K and U = Tinv diag(beta) V                       */
+
+template <int DK, int DV> struct GdnWySmem {
+    bf16 *k, *v, *dw, *du, *tb, *dt, *m1, *cc;
+    float *A, *kkg, *T, *G, *beta, *dbeta, *dG, *tmp;
+    size_t bytes;
+    __host__ __device__ explicit GdnWySmem(void *b) {
+        GdnCarve c(b);
+        k = c.take<bf16>(GDN_C * (DK + 8));
+        v = c.take<bf16>(GDN_C * (DV + 8));
+        dw = c.take<bf16>(GDN_C * (DK + 8));
+        du = c.take<bf16>(GDN_C * (DV + 8));
+        tb = c.take<bf16>(GDN_C * GDN_LDP);
+        dt = c.take<bf16>(GDN_C * GDN_LDP);
+        m1 = c.take<bf16>(GDN_C * GDN_LDP);
+        cc = c.take<bf16>(GDN_C * GDN_LDP);
+        A = c.take<float>(GDN_C * GDN_LDF);
+        kkg = c.take<float>(GDN_C * GDN_LDF);
+        T = c.take<float>(GDN_C * GDN_LDF);
+        G = c.take<float>(GDN_C);
+        beta = c.take<float>(GDN_C);
+        dbeta = c.take<float>(GDN_C);
+        dG = c.take<float>(GDN_C);
+        tmp = c.take<float>(GDN_SOLVE_SCRATCH);
+        bytes = c.off;
+    }
+};
+
+/*
+ * Per (chunk, value head), dW = dw, dU = dv2:
+ *   dXw = Tinv^T dW: dk += beta gam dXw, dbeta += gam k.dXw, dG += beta gam k.dXw
+ *   dXu = Tinv^T dU: dv = beta dXu, dbeta += v.dXu
+ *   dT = (dW K^T) diag(beta gam) + (dU V^T) diag(beta), strictly lower; dA = -(Tinv^T dT Tinv^T) strictly lower
+ *   dk_i += sum_j C_ij k_j, dk_j += sum_i C_ij k_i (C = dA beta_i Gam), dbeta_i += sum_j dA_ij kkg_ij,
+ *   dG_i += sum_j dA_ij A_ij, dG_j -= sum_i dA_ij A_ij
+ * then dg = reverse cumsum over the chunk of (dG of dqkwg + these). dk accumulates in fp32 (dkv).
+ */
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_wy_bwd_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
+                      bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */,
+                      float *dbeta_out /* (T,nv) */, const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
+                      const float *dgp /* (T,nv) */, const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
+                      const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk, int nv,
+                      int ldq, int ldv) {
+    constexpr int LDK = DK + 8, LDV = DV + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnWySmem<DK, DV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV;
+    const int nc = meta[GDN_META_NC];
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        __syncthreads();
+        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
+        gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
+        gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        gdn_cp_async_commit();
+        if (threadIdx.x < GDN_C) {
+            const int r = threadIdx.x;
+            s.beta[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
+            s.dbeta[r] = 0.0f;
+            s.dG[r] = 0.0f;
+        }
+        gdn_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_A<DK>(s.A, s.kkg, s.k, s.G, s.beta, L);
+        __syncthreads();
+        gdn_solve(s.T, s.tmp, s.A);
+        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
+            gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
+        }
+        __syncthreads();
+        const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
+        /* dXw = Tinv^T dW */
+        {
+            float kx[2] = {0.0f, 0.0f};
+#pragma unroll 1
+            for (int n0 = 0; n0 < DK; n0 += 64) {
+                float acc[1][8][4];
+                gdn_zero(acc);
+                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dw, LDK, 16 * w, n0);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                        const float2 kk = gdn_load2(s.k + j * LDK + col);
+                        kx[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
+                        if (j < L) {
+                            const float bg = s.beta[j] * exp2f(s.G[j]);
+                            float2 *p = (float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col);
+                            float2 x = *p;
+                            x.x += bg * acc[0][ni][e];
+                            x.y += bg * acc[0][ni][e + 1];
+                            *p = x;
+                        }
+                    }
+            }
+            kx[0] = gdn_quad_sum(kx[0]);
+            kx[1] = gdn_quad_sum(kx[1]);
+            if ((lane & 3) == 0)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int j = rA + 8 * i;
+                    const float gm = j < L ? exp2f(s.G[j]) : 0.0f;
+                    s.dbeta[j] += gm * kx[i];
+                    s.dG[j] += s.beta[j] * gm * kx[i];
+                }
+        }
+        /* dXu = Tinv^T dU -> dv */
+        {
+            float vx[2] = {0.0f, 0.0f};
+#pragma unroll 1
+            for (int n0 = 0; n0 < DV; n0 += 64) {
+                float acc[1][8][4];
+                gdn_zero(acc);
+                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.du, LDV, 16 * w, n0);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                        const float2 vv = gdn_load2(s.v + j * LDV + col);
+                        vx[e >> 1] += vv.x * acc[0][ni][e] + vv.y * acc[0][ni][e + 1];
+                        if (j < L)
+                            gdn_store2(dv_out + (t0 + j) * ldv + (int64_t)h * DV + col, s.beta[j] * acc[0][ni][e],
+                                       s.beta[j] * acc[0][ni][e + 1]);
+                    }
+            }
+            vx[0] = gdn_quad_sum(vx[0]);
+            vx[1] = gdn_quad_sum(vx[1]);
+            if ((lane & 3) == 0) {
+                s.dbeta[rA] += vx[0];
+                s.dbeta[rA + 8] += vx[1];
+            }
+        }
+        /* dT */
+        {
+            float a1[1][8][4], a2[1][8][4];
+            gdn_zero(a1);
+            gdn_zero(a2);
+            gdn_warp_mma<1, 8, false, true, DK>(a1, s.dw, LDK, s.k, LDK, 16 * w, 0);
+            gdn_warp_mma<1, 8, false, true, DV>(a2, s.du, LDV, s.v, LDV, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    float x[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int jj = j + u;
+                        x[u] = (jj < i && i < L) ? s.beta[jj] * (exp2f(s.G[jj]) * a1[0][ni][e + u] + a2[0][ni][e + u])
+                                                 : 0.0f;
+                    }
+                    gdn_store2(s.dt + i * GDN_LDP + j, x[0], x[1]);
+                }
+        }
+        __syncthreads();
+        /* M1 = Tinv^T dT */
+        {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dt, GDN_LDP, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    gdn_store2(s.m1 + i * GDN_LDP + j, acc[0][ni][e], acc[0][ni][e + 1]);
+                }
+        }
+        __syncthreads();
+        /* dA = -(M1 Tinv^T), strictly lower: C, E = dA A (in place of A), dbeta */
+        {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, false, true, GDN_C>(acc, s.m1, GDN_LDP, s.tb, GDN_LDP, 16 * w, 0);
+            float db[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    float cv[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int jj = j + u;
+                        const bool in = jj < i && i < L;
+                        const float da = in ? -acc[0][ni][e + u] : 0.0f;
+                        cv[u] = in ? da * s.beta[i] * exp2f(s.G[i] - s.G[jj]) : 0.0f;
+                        db[e >> 1] += da * s.kkg[i * GDN_LDF + jj];
+                        s.A[i * GDN_LDF + jj] = da * s.A[i * GDN_LDF + jj];
+                    }
+                    gdn_store2(s.cc + i * GDN_LDP + j, cv[0], cv[1]);
+                }
+            db[0] = gdn_quad_sum(db[0]);
+            db[1] = gdn_quad_sum(db[1]);
+            if ((lane & 3) == 0) {
+                s.dbeta[rA] += db[0];
+                s.dbeta[rA + 8] += db[1];
+            }
+        }
+        __syncthreads();
+        /* dk += C K + C^T K */
+#pragma unroll 1
+        for (int n0 = 0; n0 < DK; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, false, false, GDN_C>(acc, s.cc, GDN_LDP, s.k, LDK, 16 * w, n0);
+            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.cc, GDN_LDP, s.k, LDK, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                    if (j < L) {
+                        float2 *p = (float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col);
+                        float2 x = *p;
+                        x.x += acc[0][ni][e];
+                        x.y += acc[0][ni][e + 1];
+                        if (dk_out) gdn_store2(dk_out + (t0 + j) * ldq + (int64_t)h * DK + col, x.x, x.y); /* final dk */
+                        else *p = x;
+                    }
+                }
+        }
+        /* dG of the A entries: row sums minus column sums of E */
+        if (threadIdx.x < GDN_C) {
+            const int r = threadIdx.x;
+            float rs = 0.0f, cs = 0.0f;
+            for (int j = 0; j < GDN_C; j++) {
+                rs += s.A[r * GDN_LDF + j];
+                cs += s.A[j * GDN_LDF + r];
+            }
+            s.tmp[r] = r < L ? dgp[(t0 + r) * nv + h] + s.dG[r] + (rs - cs) : 0.0f;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) { /* dg = reverse cumsum inside the chunk */
+            float acc = 0.0f;
+            for (int r = L - 1; r >= 0; r--) {
+                acc += s.tmp[r];
+                s.tmp[r] = acc;
+            }
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < L) {
+            dg_out[(t0 + threadIdx.x) * nv + h] = s.tmp[threadIdx.x];
+            dbeta_out[(t0 + threadIdx.x) * nv + h] = s.dbeta[threadIdx.x];
+        }
+    }
+}
+
+/* dq, dk per key head = the value heads of its group summed in head order (fp32), one bf16 rounding */
+__global__ void gdn_group_reduce_kernel(bf16 *dq /* (T,ldq) */, bf16 *dk /* (T,ldq) */,
+                                        const float *dqv /* (T,nv,DK) */, const float *dkv /* (T,nv,DK) */,
+                                        int64_t T, int nk, int nv, int DK, int ldq) {
+    const int half = DK / 2;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = T * nk * half;
+    if (i >= n) return;
+    const int64_t t = i / (nk * half);
+    const int rem = (int)(i % (nk * half)), kh = rem / half, a = (rem % half) * 2, grp = nv / nk;
+    float2 sq = make_float2(0.0f, 0.0f), sk = make_float2(0.0f, 0.0f);
+    for (int gi = 0; gi < grp; gi++) {
+        const int64_t off = (t * nv + kh * grp + gi) * DK + a;
+        const float2 x = *(const float2 *)(dqv + off), y = *(const float2 *)(dkv + off);
+        sq.x += x.x;
+        sq.y += x.y;
+        sk.x += y.x;
+        sk.y += y.y;
+    }
+    gdn_store2(dq + t * ldq + (int64_t)kh * DK + a, sq.x, sq.y);
+    gdn_store2(dk + t * ldq + (int64_t)kh * DK + a, sk.x, sk.y);
+}
+
+/* S_out = op(M) S_in + H, fp32 fmaf in ascending b, per head; 32x32 output tiles, 4 rows per thread */
+__global__ void __launch_bounds__(256)
+    gdn_state_affine_kernel(float *S_out /* (nv,dk,dv) */, const float *M /* (nv,dk,dk) */,
+                            const float *S_in /* (nv,dk,dv) or NULL */, const float *H /* (nv,dk,dv) */,
+                            int transpose_M, int dk, int dv) {
+    __shared__ float sM[32][33], sS[32][33];
+    const int h = blockIdx.z, a0 = blockIdx.y * 32, c0 = blockIdx.x * 32, tx = threadIdx.x, ty = threadIdx.y;
+    const float *Mh = M + (int64_t)h * dk * dk;
+    const int64_t so = (int64_t)h * dk * dv;
+    float acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int a = a0 + ty + 8 * i, cc = c0 + tx;
+        acc[i] = (a < dk && cc < dv) ? H[so + (int64_t)a * dv + cc] : 0.0f;
+    }
+    if (S_in) {
+        for (int b0 = 0; b0 < dk; b0 += 32) {
+            for (int r = ty; r < 32; r += 8) {
+                /* sM[x][y] = op(M)[a0 + x][b0 + y] */
+                if (!transpose_M) {
+                    const int a = a0 + r, b = b0 + tx;
+                    sM[r][tx] = (a < dk && b < dk) ? Mh[(int64_t)a * dk + b] : 0.0f;
+                } else {
+                    const int b = b0 + r, a = a0 + tx;
+                    sM[tx][r] = (a < dk && b < dk) ? Mh[(int64_t)b * dk + a] : 0.0f;
+                }
+                const int b = b0 + r, cc = c0 + tx;
+                sS[r][tx] = (b < dk && cc < dv) ? S_in[so + (int64_t)b * dv + cc] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int bb = 0; bb < 32; bb++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[i] = fmaf(sM[ty + 8 * i][bb], sS[bb][tx], acc[i]);
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int a = a0 + ty + 8 * i, cc = c0 + tx;
+        if (a < dk && cc < dv) S_out[so + (int64_t)a * dv + cc] = acc[i];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* host side: workspace, launches                                                                     */
+
+static void *gdn_ws;        /* the device workspace (see the header) */
+static size_t gdn_ws_bytes; /* its size */
+
+static unsigned char *gdn_workspace(size_t bytes) {
+    if (bytes > gdn_ws_bytes) {
+        size_t want = bytes + bytes / 8;
+        want = (want + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+        if (gdn_ws) CUDA_CHECK(cudaFreeAsync(gdn_ws, cuda_stream()));
+        gdn_ws = NULL;
+        CUDA_CHECK(cudaMallocAsync(&gdn_ws, want, cuda_stream()));
+        gdn_ws_bytes = want;
+    }
+    return (unsigned char *)gdn_ws;
+}
+
+enum { GDN_WS_FORWARD, GDN_WS_BACKWARD, GDN_WS_TRANSITION, GDN_WS_DSTATE };
+
+/* the buffers of one call, carved from the workspace (NULL where the call needs none) */
+typedef struct GdnBufs {
+    int32_t *blk, *meta, *starts; /* index: (nb,3), (GDN_META_N), (T+1) */
+    int4 *info;                   /* (T+1) per chunk: t0, L, flags (gdn_index_info_kernel) */
+    float *G2;                    /* (T,nv) log2-unit chunk-local cumsum */
+    bf16 *W;                      /* (T,nv,dk); the backward reuses it for dw */
+    bf16 *U;                      /* (T,nv,dv); the backward reuses it for dv_loc */
+    bf16 *vn;                     /* (T,nv,dv) */
+    bf16 *hs, *dhs;               /* (ns,nv,dk,dv) */
+    bf16 *dv2;                    /* (T,nv,dv) */
+    float *dqv, *dkv, *dgp;       /* (T,nv,dk), (T,nv,dk), (T,nv) */
+} GdnBufs;
+
+static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, int nv, int dk, int dv) {
+    const int64_t nb = (T + 1023) / 1024, ns = (T + GDN_C - 1) / GDN_C + 1;
+    const size_t tv = (size_t)T * nv;
+    GdnCarve c(base);
+    *b = GdnBufs{};
+    b->blk = c.take<int32_t>((size_t)3 * (nb > 0 ? nb : 1));
+    b->meta = c.take<int32_t>(GDN_META_N);
+    b->starts = c.take<int32_t>((size_t)T + 1);
+    b->info = c.take<int4>((size_t)T + 1);
+    b->G2 = c.take<float>(tv);
+    b->W = c.take<bf16>(tv * dk);
+    b->U = c.take<bf16>(tv * dv);
+    if (what == GDN_WS_FORWARD || what == GDN_WS_BACKWARD) {
+        b->vn = c.take<bf16>(tv * dv);
+        b->hs = c.take<bf16>((size_t)ns * nv * dk * dv);
+    }
+    if (what == GDN_WS_BACKWARD) {
+        b->dhs = c.take<bf16>((size_t)ns * nv * dk * dv);
+        b->dv2 = c.take<bf16>(tv * dv);
+        b->dqv = c.take<float>(tv * dk);
+        b->dkv = c.take<float>(tv * dk);
+        b->dgp = c.take<float>(tv);
+    }
+    return c.off;
+}
+
+static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv) {
+    GdnBufs b;
+    const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv);
+    gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv);
+    return b;
+}
+
+static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T) {
+    const int nb = (int)((T + 1023) / 1024);
+    cudaStream_t st = cuda_stream();
+    gdn_index_count_kernel<<<nb, 1024, 0, st>>>(b->blk, doc_pos, T);
+    CUDA_LAUNCH_CHECK();
+    gdn_index_scan_kernel<<<1, 1024, 0, st>>>(b->blk, b->meta, b->starts, nb, T);
+    CUDA_LAUNCH_CHECK();
+    gdn_index_write_kernel<<<nb, 1024, 0, st>>>(b->starts, b->meta, b->blk, doc_pos, T);
+    CUDA_LAUNCH_CHECK();
+    gdn_index_info_kernel<<<(unsigned)((T + 255) / 256 < 1024 ? (T + 255) / 256 : 1024), 256, 0, st>>>(
+        b->info, b->starts, b->meta, doc_pos, T);
+    CUDA_LAUNCH_CHECK();
+}
+
+static int gdn_max_smem(void) {
+    static int max_smem;
+    if (!max_smem) {
+        int dev;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return max_smem;
+}
+
+/* raise a kernel's dynamic shared-memory limit to `bytes` (checked against the device's) */
+template <class K> static void gdn_smem_attr(K kernel, size_t bytes, const char *name) {
+    RS_CHECK((int)bytes <= gdn_max_smem(), "gdn: %s needs %zu bytes of shared memory, the device allows %d", name,
+             bytes, gdn_max_smem());
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+/* grid.x of the per-chunk kernels: one block per 64 tokens, the rest (more chunks when documents
+ * are short) by the grid-stride loop */
+static int gdn_chunk_grid(int64_t T) { return (int)((T + GDN_C - 1) / GDN_C > 0 ? (T + GDN_C - 1) / GDN_C : 1); }
+
+/* wide state passes fill more SMs with 16-column blocks when there are few heads */
+static int gdn_state_bv(int nv, int dv) { return (int64_t)nv * dv / 32 >= 128 ? 32 : 16; }
+
+template <int DK, int DV>
+static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
+                            const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
+    const size_t sm = GdnPrepSmem<DK, DV>(NULL).bytes;
+    gdn_smem_attr(gdn_prep_kernel<DK, DV>, sm, "prep");
+    gdn_prep_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
+        b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int DK, int BV>
+static void gdn_launch_state_fwd_bv(const GdnBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const bf16 *k,
+                                    const float *S0, const int32_t *doc_pos, int mode, int nk, int nv, int dv,
+                                    int ldq) {
+    const size_t sm = GdnStateFwdSmem<DK, BV>(NULL).bytes;
+    gdn_smem_attr(gdn_state_fwd_kernel<DK, BV>, sm, "state_fwd");
+    const int ncol = dv + (M_out ? DK : 0);
+    gdn_state_fwd_kernel<DK, BV><<<dim3(ncol / BV, nv), GDN_THREADS, sm, cuda_stream()>>>(
+        hs, vn, S_out, M_out, b->W, b->U, k, b->G2, S0, b->info, b->meta, mode, nk, nv, dv, ldq);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int DK>
+static void gdn_launch_state_fwd(const GdnBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const bf16 *k,
+                                 const float *S0, const int32_t *doc_pos, int mode, int nk, int nv, int dv, int ldq) {
+    if (gdn_state_bv(nv, dv) == 32)
+        gdn_launch_state_fwd_bv<DK, 32>(b, hs, vn, S_out, M_out, k, S0, doc_pos, mode, nk, nv, dv, ldq);
+    else gdn_launch_state_fwd_bv<DK, 16>(b, hs, vn, S_out, M_out, k, S0, doc_pos, mode, nk, nv, dv, ldq);
+}
+
+template <int DK, int BV>
+static void gdn_launch_state_bwd_bv(const GdnBufs *b, bf16 *dhs, bf16 *dv2, float *dS0, const float *dS_final,
+                                    const bf16 *q, const bf16 *k, const bf16 *dout, const int32_t *doc_pos, int mode,
+                                    int64_t T, int nk, int nv, int dv, int ldq, int ldo, float scale) {
+    const size_t sm = GdnStateBwdSmem<DK, BV>(NULL).bytes;
+    gdn_smem_attr(gdn_state_bwd_kernel<DK, BV>, sm, "state_bwd");
+    gdn_state_bwd_kernel<DK, BV><<<dim3(dv / BV, nv), GDN_THREADS, sm, cuda_stream()>>>(
+        dhs, dv2, dS0, dS_final, q, k, b->W, b->U, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo,
+        scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int DK>
+static void gdn_launch_state_bwd(const GdnBufs *b, bf16 *dhs, bf16 *dv2, float *dS0, const float *dS_final,
+                                 const bf16 *q, const bf16 *k, const bf16 *dout, const int32_t *doc_pos, int mode,
+                                 int64_t T, int nk, int nv, int dv, int ldq, int ldo, float scale) {
+    if (gdn_state_bv(nv, dv) == 32)
+        gdn_launch_state_bwd_bv<DK, 32>(b, dhs, dv2, dS0, dS_final, q, k, dout, doc_pos, mode, T, nk, nv, dv, ldq, ldo,
+                                        scale);
+    else gdn_launch_state_bwd_bv<DK, 16>(b, dhs, dv2, dS0, dS_final, q, k, dout, doc_pos, mode, T, nk, nv, dv, ldq,
+                                         ldo, scale);
+}
+
+/* dv_loc into b->U (the backward no longer needs U once h and vn are recomputed) */
+template <int DK, int DV>
+static void gdn_launch_dvlocal(const GdnBufs *b, const bf16 *q, const bf16 *k, const bf16 *dout, int mode, int64_t T,
+                               int nk, int nv, int ldq, int ldo, float scale) {
+    const size_t sm = GdnOutSmem<DK, DV>(NULL, false).bytes;
+    gdn_smem_attr(gdn_dvlocal_kernel<DK, DV>, sm, "dvlocal");
+    gdn_dvlocal_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, cuda_stream()>>>(
+        b->U, q, k, dout, b->G2, b->starts, b->meta, mode, nk, nv, DV, ldq, ldo, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int DK, int DV>
+static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
+                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                             int ldq, int ldv, int ldo) {
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV);
+    gdn_index(&b, doc_pos, T);
+    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_launch_state_fwd<DK>(&b, b.hs, b.vn, S_final, NULL, k, S0, doc_pos, GDN_RANGE_ALL, nk, nv, DV, ldq);
+    const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
+    gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
+    gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, cuda_stream()>>>(
+        o, q, k, b.vn, b.hs, b.G2, doc_pos, b.starts, b.meta, nk, nv, DV, ldq, ldo, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int DK, int DV>
+static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
+                              const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
+                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                              int ldq, int ldv, int ldo) {
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    cudaStream_t st = cuda_stream();
+    GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV);
+    gdn_index(&b, doc_pos, T);
+    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_launch_state_fwd<DK>(&b, b.hs, b.vn, NULL, NULL, k, S0, doc_pos, GDN_RANGE_ALL, nk, nv, DV, ldq);
+    gdn_launch_dvlocal<DK, DV>(&b, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+    gdn_launch_state_bwd<DK>(&b, b.dhs, b.dv2, dS0, dS_final, q, k, dout, doc_pos, GDN_RANGE_ALL, T, nk, nv, DV, ldq,
+                             ldo, scale);
+    {
+        const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
+        gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
+            doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
+        CUDA_LAUNCH_CHECK();
+    }
+    {
+        const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_wy_bwd_kernel<DK, DV>, sm, "wy_bwd");
+        gdn_wy_bwd_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
+            nk, nv, ldq, ldv);
+        CUDA_LAUNCH_CHECK();
+    }
+    if (nv != nk) { /* GVA: the value heads of each group summed in head order */
+        const int64_t n = T * nk * (DK / 2);
+        gdn_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dq, dk, b.dqv, b.dkv, T, nk, nv, DK,
+                                                                             ldq);
+        CUDA_LAUNCH_CHECK();
+    }
+}
+
+template <int DK, int DV>
+static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                                const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+    GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
+    gdn_index(&b, doc_pos, T);
+    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
+    gdn_launch_state_fwd<DK>(&b, NULL, NULL, H, M, k, NULL, doc_pos, GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq);
+}
+
+template <int DK, int DV>
+static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
+                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
+    gdn_index(&b, doc_pos, T);
+    gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
+    gdn_launch_dvlocal<DK, DV>(&b, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
+    gdn_launch_state_bwd<DK>(&b, NULL, NULL, dS0, NULL, q, k, dout, doc_pos, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv,
+                             DV, ldq, ldo, scale);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* the Backend entries                                                                                */
+
+static int gdn_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static void gdn_check_args(const char *who, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
+                           int ldo) {
+    RS_CHECK(T >= 0 && T < (int64_t)INT32_MAX - 128, "%s: T = %lld", who, (long long)T);
+    RS_CHECK(nk > 0 && nv > 0 && nv % nk == 0, "%s: nk = %d, nv = %d (nv must be a multiple of nk)", who, nk, nv);
+    RS_CHECK((dim_k == 64 || dim_k == 128) && (dim_v == 64 || dim_v == 128),
+             "%s: dim_k = %d, dim_v = %d: the cuda kernels are built for head dims 64 and 128", who, dim_k, dim_v);
+    RS_CHECK((int64_t)ldq >= (int64_t)nk * dim_k && ldq % 8 == 0, "%s: ldq = %d (>= nk*dim_k = %d, multiple of 8)",
+             who, ldq, nk * dim_k);
+    RS_CHECK(ldv == 0 || ((int64_t)ldv >= (int64_t)nv * dim_v && ldv % 8 == 0),
+             "%s: ldv = %d (>= nv*dim_v = %d, multiple of 8)", who, ldv, nv * dim_v);
+    RS_CHECK(ldo == 0 || ((int64_t)ldo >= (int64_t)nv * dim_v && ldo % 8 == 0),
+             "%s: ldo = %d (>= nv*dim_v = %d, multiple of 8)", who, ldo, nv * dim_v);
+}
+
+#define GDN_DISPATCH(dim_k, dim_v, FN, ...)                                          \
+    do {                                                                             \
+        if (dim_k == 64 && dim_v == 64) FN<64, 64>(__VA_ARGS__);                     \
+        else if (dim_k == 64 && dim_v == 128) FN<64, 128>(__VA_ARGS__);              \
+        else if (dim_k == 128 && dim_v == 64) FN<128, 64>(__VA_ARGS__);              \
+        else FN<128, 128>(__VA_ARGS__);                                              \
+    } while (0)
+
+/* fp32 copy on the stream, or zero when src is NULL */
+static void gdn_copy_or_zero(float *dst, const float *src, size_t n) {
+    if (src) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, cuda_stream()));
+    else CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), cuda_stream()));
+}
+
+extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
+                                       float *S_final /* (nv,dim_k,dim_v) or NULL */,
+                                       const void *q /* (T,ldq) nk heads of dim_k */, const void *k /* (T,ldq) */,
+                                       const void *v /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
+                                       const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
+                                       const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
+                                       int dim_v, int ldq, int ldv, int ldo) {
+    gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
+    RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
+             "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
+    if (T == 0) {
+        if (S_final) gdn_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
+                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
+}
+
+extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
+                                        float *dg /* (T,nv) */, float *dbeta /* (T,nv) */,
+                                        float *dS0 /* (nv,dim_k,dim_v) or NULL */, const void *dout /* (T,ldo) */,
+                                        const float *dS_final /* (nv,dim_k,dim_v) or NULL */, const void *q,
+                                        const void *k, const void *v, const float *g, const float *beta,
+                                        const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
+                                        int dim_v, int ldq, int ldv, int ldo) {
+    gdn_check_args("cuda_gdn_chunk_backward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
+    RS_CHECK(gdn_aligned(dq) && gdn_aligned(dk) && gdn_aligned(dv) && gdn_aligned(dout) && gdn_aligned(q) &&
+                 gdn_aligned(k) && gdn_aligned(v),
+             "cuda_gdn_chunk_backward: dq, dk, dv, dout, q, k, v must be 16-byte aligned");
+    if (T == 0) {
+        if (dS0) gdn_copy_or_zero(dS0, dS_final, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dS0,
+                 (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0, doc_pos,
+                 T, nk, nv, ldq, ldv, ldo);
+}
+
+/* M = I, H = 0: the transition of an empty call */
+__global__ void gdn_identity_kernel(float *M /* (nv,dk,dk) */, int64_t n, int dk) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) M[i] = (i % ((int64_t)dk * dk)) / dk == i % dk ? 1.0f : 0.0f;
+}
+
+extern "C" void cuda_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
+                                          const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
+                                          const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
+                                          const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
+                                          int dim_v, int ldq, int ldv) {
+    gdn_check_args("cuda_gdn_chunk_transition", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
+    RS_CHECK(gdn_aligned(k) && gdn_aligned(v), "cuda_gdn_chunk_transition: k, v must be 16-byte aligned");
+    if (T == 0) {
+        const int64_t n = (int64_t)nv * dim_k * dim_k;
+        gdn_identity_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(M, n, dim_k);
+        CUDA_LAUNCH_CHECK();
+        gdn_copy_or_zero(H, NULL, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    GDN_DISPATCH(dim_k, dim_v, gdn_transition_impl, M, H, (const bf16 *)k, (const bf16 *)v, g, beta, doc_pos, T, nk,
+                 nv, ldq, ldv);
+}
+
+extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
+                                      const void *q /* (T,ldq) */, const void *k /* (T,ldq) */,
+                                      const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
+                                      const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
+                                      int dim_v, int ldq, int ldo) {
+    gdn_check_args("cuda_gdn_chunk_dstate", T, nk, nv, dim_k, dim_v, ldq, 0, ldo);
+    RS_CHECK(gdn_aligned(dout) && gdn_aligned(q) && gdn_aligned(k),
+             "cuda_gdn_chunk_dstate: dout, q, k must be 16-byte aligned");
+    if (T == 0) {
+        gdn_copy_or_zero(dS0, NULL, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    GDN_DISPATCH(dim_k, dim_v, gdn_dstate_impl, dS0, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, g, beta,
+                 doc_pos, T, nk, nv, ldq, ldo);
+}
+
+extern "C" void cuda_gdn_state_affine(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,
+                                      const float *S_in /* (nv,dim_k,dim_v) or NULL */,
+                                      const float *H /* (nv,dim_k,dim_v) */, int transpose_M, int nv, int dim_k,
+                                      int dim_v) {
+    RS_CHECK(S_out != S_in && S_out != H, "cuda_gdn_state_affine: S_out must not alias S_in or H");
+    RS_CHECK(nv > 0 && dim_k > 0 && dim_v > 0, "cuda_gdn_state_affine: nv = %d, dim_k = %d, dim_v = %d", nv, dim_k,
+             dim_v);
+    const dim3 grid((dim_v + 31) / 32, (dim_k + 31) / 32, nv);
+    gdn_state_affine_kernel<<<grid, dim3(32, 8), 0, cuda_stream()>>>(S_out, M, S_in, H, transpose_M, dim_k, dim_v);
+    CUDA_LAUNCH_CHECK();
+}
