@@ -495,6 +495,10 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
             train_fail(&t, RS_EXIT_USAGE, "parallel.cp = %lld with device.kind = cuda: context parallelism on GPUs "
                                           "needs the NCCL communication layer, not built yet; set parallel.cp: 1",
                        (long long)cfg->parallel.cp);
+        char why[512];
+        if (cuda_backend_probe(why, sizeof why) == 0)
+            train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this machine has no usable GPU: %s; set "
+                                          "device.kind: cpu", why);
         cuda_backend_init(comm->local_rank);
         t.be = &backend_cuda;
 #else

@@ -38,6 +38,18 @@ extern "C" void cuda_internal_free(void *p, size_t bytes) {
 
 extern "C" int64_t cuda_internal_bytes(void) { return be_internal; }
 
+extern "C" int cuda_backend_probe(char *why, size_t n) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear it: the probe is not a failure of the process */
+        snprintf(why, n, "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+        return 0;
+    }
+    if (count == 0) snprintf(why, n, "no CUDA device is visible");
+    return count;
+}
+
 extern "C" void cuda_backend_init(int local_rank) {
     int n = 0;
     CUDA_CHECK(cudaGetDeviceCount(&n));

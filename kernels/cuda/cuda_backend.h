@@ -34,6 +34,10 @@
 extern "C" {
 #endif
 
+/* The number of GPUs this process can use; 0, with the runtime's reason in `why`, when none (a
+ * machine without a driver or device): lets the trainer refuse device.kind: cuda with a clear
+ * usage error before it writes anything. Creates nothing. */
+int  cuda_backend_probe(char *why, size_t n);
 void cuda_backend_init(int local_rank);
 int  cuda_backend_device(void); /* the device in use; -1 before init */
 void cuda_scratch_reserve(size_t bytes);
