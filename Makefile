@@ -134,8 +134,9 @@ endif
 # ---- sources ---------------------------------------------------------------
 LIB_SRC   := $(wildcard lib/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/cpu/*.c)
 CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu))
+CUDA_CSRC := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.c))
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(BUILD)/gen/sbatch_template.o
-CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
+CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC)) $(patsubst %.c,$(BUILD)/%.o,$(CUDA_CSRC))
 MAIN_OBJ  := $(BUILD)/cmd/ringscan.o
 UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
@@ -151,7 +152,7 @@ $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	@echo "built $@ (cpu$(if $(CUDA_OBJ), + cuda sm_90a))"
 
 # The C side of the whole-model parity test against PyTorch (tests/parity/README.md).
-$(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(LIB_OBJ) $(CUDA_OBJ)
+$(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(BUILD)/tests/parity/backend_bf16emu.o $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # The CP algorithms alone against the single-rank kernels, under mpirun (tests/test_cp.py).
@@ -163,9 +164,14 @@ $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # The GPU parity harness (tests/cuda/README.md): every cuda kernel against the cpu oracle. Built
-# wherever nvcc is (CI compiles it); run on a GPU machine: `build/test_cuda [NAME...]`.
-$(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# wherever nvcc is (CI compiles it); run on a GPU machine: `build/test_cuda [NAME...]`. It links
+# only what its cases use (the kernels, lib/error.o, the unit driver): no MPI, no NCCL, so it runs
+# where the CUDA runtime and cuBLASLt are the only libraries of the GPU machine it needs.
+TEST_CUDA_LINK := $(BUILD)/lib/error.o $(filter $(BUILD)/kernels/%,$(LIB_OBJ)) \
+                  $(filter-out $(BUILD)/kernels/cuda/cuda_info.o,$(CUDA_OBJ))
+$(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
+	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
+	  -Wl,-rpath,$(CUDA_HOME)/lib64
 
 # Checkpoint stress tool (tests/test_ckpt.py): `write RUN_DIR` saves forever,
 # `verify RUN_DIR` loads through the real path and checks every byte.
@@ -230,6 +236,6 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d \
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d $(BUILD)/tests/parity/backend_bf16emu.d \
          $(BUILD)/tests/cp/cp_check.d \
          $(BUILD)/tests/tools/ckpt_stress.d

@@ -4,8 +4,8 @@
  * The model code (forward, backward, optimizer, CP algorithms) is written once
  * and calls kernels through a Backend table. Two tables implement it:
  * `backend_cpu` (kernels/cpu: fp32, plain loops and CBLAS, deterministic: the
- * oracle) and later `backend_cuda` (kernels/cuda: bf16 activations, fp32
- * accumulation and statistics). Every cuda kernel is tested against the cpu
+ * oracle) and `backend_cuda` (kernels/cuda, built with nvcc: bf16
+ * activations, fp32 accumulation and statistics). Every cuda kernel is tested against the cpu
  * kernel of the same entry.
  *
  * Conventions (every entry follows them; exceptions are stated on the entry):
@@ -235,5 +235,9 @@ typedef struct Backend {
 } Backend;
 
 extern const Backend backend_cpu;
+#ifdef RS_WITH_CUDA
+/* kernels/cuda/backend_cuda.c; the process picks its GPU first with cuda_backend_init (cuda_backend.h) */
+extern const Backend backend_cuda;
+#endif
 
 #endif

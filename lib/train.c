@@ -21,6 +21,16 @@
  * state, the step and the data position; the weights' RNG is only used at
  * initialisation. On the cpu backend the resumed losses are bitwise those of
  * an uninterrupted run.
+ *
+ * On cuda (device.kind: cuda) the step's rows are read on the host as on cpu
+ * (counting the predicted tokens there) and each micro-batch's metadata is
+ * uploaded once into device memory before its forward (train_batch), since
+ * the kernels read it there (backend.h). Until the NCCL communication layer
+ * lands, the gradient all-reduce of a cuda run with more than one rank goes
+ * through host memory after the last micro-batch (train_allreduce_staged),
+ * and context parallelism (which moves device buffers between ranks) is
+ * refused on cuda. Peak memory is reported after the first step beside the
+ * plan's estimate, and in metrics.jsonl (peak_mem_bytes).
  */
 #include "train.h"
 
@@ -45,6 +55,9 @@
 #include "plan.h"
 #include "train_ckpt.h"
 #include "train_state.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_backend.h"
+#endif
 
 static volatile sig_atomic_t train_signal_seen = 0;
 static void train_on_signal(int sig) { train_signal_seen = sig; }
@@ -302,6 +315,61 @@ static void train_metrics_counters(Trainer *t, json_t *o) {
     json_object_set_new(o, "counters", c);
 }
 
+/* Micro-batch k's metadata where the backend's kernels read it: the step's host rows on cpu; on
+ * cuda, one upload of its four arrays into t->batch_dev. */
+static Batch train_batch(Trainer *t, int64_t k) {
+    int64_t mb = t->cfg->data.micro_batch, rows = mb * t->T_local;
+    Batch b = {rows, (int32_t)mb, t->T_local, t->tokens + k * rows, t->targets + k * rows, t->pos + k * rows,
+               t->doc_pos + k * rows};
+    if (!t->batch_dev) return b;
+    int32_t *const host[4] = {b.tokens, b.targets, b.pos, b.doc_pos};
+    for (int i = 0; i < 4; i++) t->be->to_device(t->batch_dev + i * rows, host[i], (size_t)rows * sizeof(int32_t));
+    b.tokens = t->batch_dev;
+    b.targets = t->batch_dev + rows;
+    b.pos = t->batch_dev + 2 * rows;
+    b.doc_pos = t->batch_dev + 3 * rows;
+    return b;
+}
+
+/* The gradient all-reduce of a cuda run over MPI: device -> host, all-reduce, host -> device
+ * (the NCCL layer will replace it with the bucketed, overlapped one model_step.c does on cpu). */
+static void train_allreduce_staged(Trainer *t) {
+    size_t bytes = (size_t)t->model.ptab.buffer_numel * sizeof(float);
+    t->be->to_host(t->grads_host, t->model.grads, bytes);
+    comm_allreduce_sum_f32(t->comm, t->comm->world, t->grads_host, t->model.ptab.buffer_numel);
+    t->be->to_device(t->model.grads, t->grads_host, bytes);
+}
+
+/* The most memory this rank's backend has held, in bytes; -1 where it is not measured (cpu). */
+static int64_t train_peak_bytes(const Trainer *t) {
+#ifdef RS_WITH_CUDA
+    if (t->cfg->device.kind == DEVICE_KIND_CUDA) {
+        CudaMemStats s;
+        cuda_memory_stats(&s);
+        return s.peak_allocated + s.internal;
+    }
+#endif
+    (void)t;
+    return -1;
+}
+
+static void train_report_memory(Trainer *t) {
+#ifdef RS_WITH_CUDA
+    if (t->cfg->device.kind != DEVICE_KIND_CUDA) return;
+    CudaMemStats s;
+    cuda_memory_stats(&s);
+    const double G = (double)(1 << 30);
+    train_say(t, "memory (rank 0, step %lld): peak %.2f GiB = %.2f GiB allocated + %.2f GiB cuBLASLt workspace and "
+                 "kernel scratch; device %.2f of %.2f GiB in use (CUDA context included) | plan %.2f GiB "
+                 "(context and slack included)\n",
+              (long long)t->step, (double)(s.peak_allocated + s.internal) / G, (double)s.peak_allocated / G,
+              (double)s.internal / G, (double)s.device_used / G, (double)s.device_total / G,
+              (double)t->plan.total[t->cfg->checkpoint.activations] / G);
+#else
+    (void)t;
+#endif
+}
+
 static void train_optimizer_step(Trainer *t, double lr, float clip_scale) {
     const Config *cfg = t->cfg;
     Model *m = &t->model;
@@ -343,10 +411,10 @@ static int train_loop(Trainer *t) {
 
         double loss_sum = 0;
         for (int64_t k = 0; k < accum; k++) {
-            Batch bt = {rows, (int32_t)mb, Tl, t->tokens + k * rows, t->targets + k * rows, t->pos + k * rows,
-                        t->doc_pos + k * rows};
-            loss_sum += model_forward_backward(m, &bt, grad_scale, k == accum - 1);
+            Batch bt = train_batch(t, k);
+            loss_sum += model_forward_backward(m, &bt, grad_scale, k == accum - 1 && !t->grads_host);
         }
+        if (t->grads_host) train_allreduce_staged(t);
         double loss = comm_allreduce_sum_scalar(comm, comm->world, loss_sum) / n_global;
         double gnorm = sqrt(be->sum_squares(m->grads, nparam));
         if (!isfinite(gnorm) || !isfinite(loss))
@@ -375,6 +443,7 @@ static int train_loop(Trainer *t) {
             train_say(t, "step %*lld/%lld | loss %.6f | lr %.3e | gnorm %.4f | %.0f ms | %s tok/s (%s/rank)%s | ETA %s\n",
                       t->step_width, (long long)t->step, (long long)cfg->train.steps, loss, lr, gnorm, dt * 1e3, a,
                       b, mfu, c);
+        if (t->step == t->start_step + 1) train_report_memory(t);
 
         json_t *o = json_object();
         json_object_set_new(o, "step", json_integer(t->step));
@@ -387,6 +456,7 @@ static int train_loop(Trainer *t) {
         json_object_set_new(o, "predicted_tokens", json_integer((json_int_t)n_global));
         train_metrics_counters(t, o);
         json_object_set_new(o, "activation_bytes_kept", json_integer(m->bytes_kept));
+        if (train_peak_bytes(t) >= 0) json_object_set_new(o, "peak_mem_bytes", json_integer(train_peak_bytes(t)));
         json_object_set_new(o, "activation_bytes_planned",
                             json_integer(t->plan.acts.kept[cfg->checkpoint.activations]));
         train_write_metrics(t, o);
@@ -418,10 +488,24 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     t.cfg = cfg;
     t.comm = comm;
     snprintf(t.run_dir, sizeof t.run_dir, "%s", resume_dir ? resume_dir : cfg->run.out_dir);
-    if (cfg->device.kind == DEVICE_KIND_CUDA)
-        train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda: the cuda backend's model kernels are not built yet "
-                                      "(issue #6); set device.kind: cpu");
     t.be = &backend_cpu;
+    if (cfg->device.kind == DEVICE_KIND_CUDA) {
+#ifdef RS_WITH_CUDA
+        if (cfg->parallel.cp > 1)
+            train_fail(&t, RS_EXIT_USAGE, "parallel.cp = %lld with device.kind = cuda: context parallelism on GPUs "
+                                          "needs the NCCL communication layer, not built yet; set parallel.cp: 1",
+                       (long long)cfg->parallel.cp);
+        char why[512];
+        if (cuda_backend_probe(why, sizeof why) == 0)
+            train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this machine has no usable GPU: %s; set "
+                                          "device.kind: cpu", why);
+        cuda_backend_init(comm->local_rank);
+        t.be = &backend_cuda;
+#else
+        train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
+                                      "(nvcc was not found at build time; `ringscan version` says what was built)");
+#endif
+    }
     openblas_set_num_threads((int)cfg->device.threads);
     comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
 
@@ -449,10 +533,14 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     t.pos = RS_MALLOC((size_t)rows * sizeof(int32_t));
     t.doc_pos = RS_MALLOC((size_t)rows * sizeof(int32_t));
     for (int64_t s = cfg->train.steps; s > 0; s /= 10) t.step_width++;
+    if (cfg->device.kind == DEVICE_KIND_CUDA)
+        t.batch_dev = t.be->alloc((size_t)(4 * cfg->data.micro_batch * t.T_local) * sizeof(int32_t));
 
     train_open_run_dir(&t, resume_dir != NULL);
     plan_build(&t.plan, cfg);
     model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
+    if (cfg->device.kind == DEVICE_KIND_CUDA && comm->world_size > 1)
+        t.grads_host = RS_MALLOC((size_t)t.model.ptab.buffer_numel * sizeof(float));
     if (resume_dir) {
         train_ckpt_restore(&t, &res);
         if (comm->rank == 0) train_trim_metrics(&t, t.step);
@@ -481,7 +569,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
         train_say(&t, "resumed from %s: step %lld, %lld samples consumed\n", res.dir, (long long)t.step,
                   (long long)t.samples);
     if (cfg->device.peak_tflops <= 0)
-        train_say(&t, "MFU: n/a (the cpu backend has no peak; set device.peak_tflops to report it)\n");
+        train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
 
     train_catch_stop_signals();
     int rc = train_loop(&t);
@@ -495,5 +583,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     free(t.targets);
     free(t.pos);
     free(t.doc_pos);
+    free(t.grads_host);
+    if (t.batch_dev) t.be->free(t.batch_dev);
     return rc;
 }

@@ -22,7 +22,8 @@
  *                      local ones, the fold's two states, the folded state
  *                      gradients, and the conv halo tails (local + gathered).
  *   workspaces         the loss row chunk of fp32 logits; on cuda 32 MiB of
- *                      cuBLASLt workspace.
+ *                      cuBLASLt workspace and 32 MiB of kernel scratch
+ *                      (kernels/cuda/cuda_backend.h).
  *   runtime            cuda: 1 GiB for the CUDA context, NCCL buffers and
  *                      allocator slack; cpu: none counted.
  */
@@ -102,7 +103,7 @@ void plan_build(Plan *p, const Config *cfg) {
         mem[PLAN_MEM_ACTIVATIONS] = p->acts.peak[pol];
         mem[PLAN_MEM_CP_RING] = ring;
         mem[PLAN_MEM_CP_SCAN] = scan;
-        mem[PLAN_MEM_WORKSPACE] = p->acts.loss_workspace + (cuda ? (32LL << 20) : 0);
+        mem[PLAN_MEM_WORKSPACE] = p->acts.loss_workspace + (cuda ? (64LL << 20) : 0);
         mem[PLAN_MEM_RUNTIME] = cuda ? (1LL << 30) : 0;
         for (int c = 0; c < PLAN_MEM_COUNT; c++) p->total[pol] += mem[c];
     }

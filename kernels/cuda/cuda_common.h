@@ -1,7 +1,10 @@
 /*
  * cuda_common.h — what every file of the cuda backend shares: checked calls
  * that report file:line, rank and host (through lib/error.h), the bf16
- * activation type, and the backend's one compute stream.
+ * activation type, the backend's one compute stream, and the process-wide
+ * state the kernels use (cuBLASLt handle and workspace, the kernel scratch,
+ * the device error word), all created once by cuda_backend_init
+ * (cuda_backend.h, cuda_backend.cu).
  *
  * Streams: every kernel of the Backend table runs on cuda_stream() (the
  * compute stream, created once by cuda_backend_init); communication (NCCL)
@@ -17,6 +20,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 #include "error.h"
 
@@ -45,8 +49,52 @@ typedef __nv_bfloat16 bf16; /* the activation type of the cuda backend (Backend.
 extern "C" {
 #endif
 
-/* The compute stream every Backend entry of the cuda backend uses. */
+/* The compute stream every Backend entry of the cuda backend uses (cuda_streams.h has the comm
+ * stream and the events). */
 cudaStream_t cuda_stream(void);
+
+/* ---- process-wide state (cuda_backend.cu); each getter initialises the backend on device 0 when
+ * cuda_backend_init has not run (tests, tools), so the trainer calls cuda_backend_init first ---- */
+cublasLtHandle_t cuda_lt_handle(void);
+/* the cuBLASLt workspace (CUDA_LT_WORKSPACE_BYTES), used by GEMMs on the compute stream */
+void *cuda_lt_workspace(size_t *bytes);
+/* The kernels' scratch: partial sums of the deterministic reductions, sort buffers. One buffer of
+ * the compute stream; what a kernel puts there is dead once the entry that asked returns. Fatal
+ * (naming `what` and the size) when `bytes` exceeds it; cuda_scratch_reserve (cuda_backend.h)
+ * raises it before training. */
+void *cuda_scratch(size_t bytes, const char *what);
+
+/* The device error word: int[4] {code, index low, index high, value}. Kernels that meet an input
+ * they cannot compute with (a token id < 0, a target >= V) record the first such input there
+ * (cuda_raise in cuda_device.cuh) and skip it; cuda_error_check, at every point where the host
+ * waits for the device (to_host, sum_squares), turns it into a fatal error naming the entry. */
+enum {
+    CUDA_ERR_NONE = 0,
+    CUDA_ERR_TOKEN_ID,  /* embedding: token id < 0 */
+    CUDA_ERR_TARGET_ID, /* lm_head_loss: target >= V */
+    CUDA_ERR_DOC_POS,   /* conv1d_silu: doc_pos < 0 */
+};
+int *cuda_error_word(void);
+/* Waits for the compute stream; fatal if a kernel recorded an error. */
+void cuda_error_check(void);
+/* Waits for the compute stream; returns the recorded code (CUDA_ERR_NONE if none) and clears the
+ * word (tests of the error path). */
+int  cuda_error_take(long long *index, int *value);
+
+/* ---- internal to kernels/cuda ---- */
+void    cuda_streams_create(void);        /* cuda_stream.cu, called by cuda_backend_init */
+void    cuda_backend_ensure(void);        /* cuda_backend_init(0) unless it ran */
+void   *cuda_internal_alloc(size_t bytes); /* the backend's own buffers, counted apart */
+void    cuda_internal_free(void *p, size_t bytes);
+int64_t cuda_internal_bytes(void);
+
+/* Bytes of alignment of a pointer (largest power of two dividing it, up to 256). */
+static inline int cuda_ptr_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 1;
+    while (al < 256 && !(a & (uintptr_t)al)) al <<= 1;
+    return al;
+}
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,7 @@
  * parity_step.c — the C side of the whole-model parity tests (build/parity_step).
  *
  *   [mpirun -np N] build/parity_step CASE_DIR [--policy none|full|remat] [--set key=value]...
- *                                    [--out FILE]
+ *                                    [--out FILE] [--emulate-bf16] [--steps N] [--threads N]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
@@ -21,23 +21,46 @@
  * mpirun it runs as one process (cp = dp = 1 unless --set says otherwise).
  * --policy overrides checkpoint.activations.
  *
+ * Started without a launcher (no mpirun/srun environment) it runs as one
+ * process without MPI at all, so it also runs where no MPI runtime is
+ * installed (GPU machines).
+ *
+ * The cuda backend (--set device.kind=cuda; one process, GPU 0): weights,
+ * batch and gradients go through host buffers. --emulate-bf16 runs the cpu
+ * kernels with every activation stored in bf16 and the GEMM/norm weights
+ * rounded to bf16, as on cuda (backend_bf16emu.c): what bf16 storage alone
+ * costs, measured on any machine. --steps N (N > 1, one process) then trains
+ * N AdamW steps on the same batch (lr 2e-4, betas 0.9/0.95, the config's
+ * weight decay and groups, clipping at 1) and writes FILE's name with
+ * ".curve.jsonl" appended: {"step", "loss", "grad_norm"} per step, a loss
+ * curve that needs no data set. tests/cuda/model_check.sh compares cuda,
+ * emulated bf16 and cpu this way. --threads sets OpenBLAS's threads
+ * (default 1; results do not depend on it).
+ *
  * It prints, on rank 0, one line with the loss and the step's work counters
  * (per layer, this rank) as JSON, which the tests parse:
  *   parity_step DIR: policy P, dp D, cp C, loss L over N tokens; attention forward calls A, block recomputes R
  *   counters {"attn_forwards": [...], ...}
  */
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "backend_bf16emu.h"
 #include "comm.h"
 #include "config.h"
 #include "cp.h"
 #include "error.h"
 #include "model.h"
 #include "safetensors.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_backend.h"
+#endif
+
+#define PARITY_TRAIN_LR 2e-4f /* slow enough that 50 steps on one batch do not memorise it */
 
 /* The whole batch, [B, T] each, read by every rank. */
 typedef struct {
@@ -86,16 +109,47 @@ static void parity_print_counters(const Model *m) {
     printf(", \"activation_bytes_kept\": %lld}\n", (long long)m->bytes_kept);
 }
 
+/* --steps: N AdamW steps on the batch b; step 1's gradients and loss are already there */
+static void parity_train(Model *m, const Batch *b, int64_t n, double loss1, int steps, const char *path) {
+    const Backend *be = m->be;
+    const int64_t N = m->ptab.buffer_numel;
+    FILE *f = fopen(path, "w");
+    if (!f) RS_FATAL("cannot write %s", path);
+    for (int s = 1; s <= steps; s++) {
+        double loss = loss1;
+        if (s > 1) {
+            be->memset_zero(m->grads, (size_t)N * sizeof(float));
+            loss = model_forward_backward(m, b, (float)(1.0 / (double)n), 0) / (double)n;
+        }
+        const double gnorm = sqrt(be->sum_squares(m->grads, N));
+        const float clip = gnorm > 1.0 ? (float)(1.0 / gnorm) : 1.0f;
+        for (int i = 0; i < m->ptab.n; i++) {
+            const ParamTensor *p = &m->ptab.t[i];
+            const float wd = model_param_decays(m->cfg, (ParamGroup)p->group) ? (float)m->cfg->train.weight_decay : 0;
+            void *compute = m->weights == (void *)m->params ? NULL : (char *)m->weights + p->offset * be->act_size;
+            be->adamw_update(m->params + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, compute,
+                             m->grads + p->offset, p->numel, PARITY_TRAIN_LR, 0.9f, 0.95f, 1e-8f, wd, clip, s);
+        }
+        fprintf(f, "{\"step\": %d, \"loss\": %.9f, \"grad_norm\": %.9f}\n", s, loss, gnorm);
+    }
+    fclose(f);
+    printf("parity_step: %s, %d AdamW steps on the batch, curve in %s\n", be->name, steps, path);
+}
+
 int main(int argc, char **argv) {
-    Comm comm;
-    comm_init(&comm, &argc, &argv);
+    Comm comm_storage, *comm = NULL;
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_PROCID")) {
+        comm_init(&comm_storage, &argc, &argv);
+        comm = &comm_storage;
+    }
     if (argc < 2) {
-        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE]\n");
+        fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE] "
+                        "[--emulate-bf16] [--steps N] [--threads N]\n");
         return RS_EXIT_USAGE;
     }
     const char *dir = argv[1], *out_path = NULL;
     char path[4096], err[4096];
-    openblas_set_num_threads(1);
+    int emulate = 0, steps = 1, threads = 1;
 
     Config cfg;
     ConfigErrors ce = {0};
@@ -106,8 +160,20 @@ int main(int argc, char **argv) {
     config_apply_set(&cfg, "parallel.dp=1", 0, &ce);
     config_apply_set(&cfg, "parallel.cp=1", 1, &ce);
     int nset = 2;
-    for (int i = 2; i + 1 < argc && ce.count == 0; i += 2) {
+    for (int i = 2; i < argc && ce.count == 0; i += 2) {
         char set[512];
+        if (!strcmp(argv[i], "--emulate-bf16")) {
+            emulate = 1;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) RS_USAGE("parity_step CASE_DIR [options]", "%s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--steps") || !strcmp(argv[i], "--threads")) {
+            int v = atoi(argv[i + 1]);
+            if (v < 1) RS_USAGE("parity_step CASE_DIR [options]", "%s %s: need a count >= 1", argv[i], argv[i + 1]);
+            *(!strcmp(argv[i], "--steps") ? &steps : &threads) = v;
+            continue;
+        }
         if (!strcmp(argv[i], "--policy")) snprintf(set, sizeof set, "checkpoint.activations=%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--set")) snprintf(set, sizeof set, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--out")) {
@@ -117,9 +183,24 @@ int main(int argc, char **argv) {
         config_apply_set(&cfg, set, nset++, &ce);
     }
     if (ce.count == 0) config_validate(&cfg, &ce);
-    if (ce.count == 0) config_validate_world(&cfg, comm.world_size, "mpirun", &ce);
+    if (ce.count == 0) config_validate_world(&cfg, comm ? comm->world_size : 1, "mpirun", &ce);
     if (ce.count) RS_USAGE(NULL, "%s", ce.text);
-    comm_setup_groups(&comm, cfg.parallel.dp, cfg.parallel.cp);
+    if (comm) comm_setup_groups(comm, cfg.parallel.dp, cfg.parallel.cp);
+    openblas_set_num_threads(threads);
+    const int cuda = cfg.device.kind == DEVICE_KIND_CUDA;
+    const Backend *be = emulate ? &backend_cpu_bf16 : &backend_cpu;
+    if (cuda) {
+#ifdef RS_WITH_CUDA
+        if (emulate || cfg.parallel.dp * cfg.parallel.cp > 1)
+            RS_USAGE(NULL, "device.kind = cuda runs one process without --emulate-bf16 (dp %lld, cp %lld)",
+                     (long long)cfg.parallel.dp, (long long)cfg.parallel.cp);
+        cuda_backend_init(0);
+        be = &backend_cuda;
+#else
+        RS_USAGE(NULL, "device.kind = cuda: this build has no cuda backend (nvcc was not found at build time)");
+#endif
+    }
+    if (steps > 1 && comm && comm->world_size > 1) RS_USAGE(NULL, "--steps runs one process");
 
     SafetensorsFile wf, bf;
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
@@ -149,30 +230,45 @@ int main(int argc, char **argv) {
 
     Model m;
     const int64_t Tl = pb.T / cfg.parallel.cp, rows = mb * Tl;
-    model_init(&m, &cfg, &backend_cpu, &comm, rows);
+    model_init(&m, &cfg, be, comm, rows);
+    const size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
+    float *host = RS_CALLOC(1, pbytes); /* the weights, then the gradients (the backend's memory may be a GPU's) */
     for (int i = 0; i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
-        if (safetensors_read(&wf, p->name, ST_DTYPE_F32, p->ndim, shape, m.params + p->offset, err, sizeof err))
+        if (safetensors_read(&wf, p->name, ST_DTYPE_F32, p->ndim, shape, host + p->offset, err, sizeof err))
             RS_FATAL("%s", err);
     }
-    Batch b = {rows, (int32_t)mb, Tl, RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4),
-               RS_MALLOC((size_t)rows * 4), RS_MALLOC((size_t)rows * 4)};
+    be->to_device(m.params, host, pbytes);
+    if (m.weights != (void *)m.params) be->act_from_f32(m.weights, m.params, m.ptab.buffer_numel);
+    if (emulate) { /* the compute copy in bf16 as on cuda; A_log and dt_bias stay fp32 (kernels read the master) */
+        float *wb = be->alloc(pbytes);
+        for (int64_t i = 0; i < m.ptab.buffer_numel; i++) wb[i] = bf16emu_round(m.params[i]);
+        m.weights = wb;
+    }
+    int32_t *meta = RS_MALLOC((size_t)rows * 16), *meta_dev = NULL; /* tokens | targets | pos | doc_pos */
+    Batch b = {rows, (int32_t)mb, Tl, meta, meta + rows, meta + 2 * rows, meta + 3 * rows};
     for (int64_t j = 0; j < mb; j++) {
         int64_t o = j * Tl;
-        cp_read_sample(&m.cp.L, parity_read_span, &pb, comm.dp_rank * mb + j, b.tokens + o, b.targets + o, b.pos + o,
-                       b.doc_pos + o);
+        cp_read_sample(&m.cp.L, parity_read_span, &pb, (comm ? comm->dp_rank : 0) * mb + j, b.tokens + o,
+                       b.targets + o, b.pos + o, b.doc_pos + o);
+    }
+    if (cuda) { /* the kernels read the metadata in device memory (backend.h) */
+        meta_dev = be->alloc((size_t)rows * 16);
+        be->to_device(meta_dev, meta, (size_t)rows * 16);
+        b = (Batch){rows, (int32_t)mb, Tl, meta_dev, meta_dev + rows, meta_dev + 2 * rows, meta_dev + 3 * rows};
     }
 
-    memset(m.grads, 0, (size_t)m.ptab.buffer_numel * sizeof(float));
+    be->memset_zero(m.grads, pbytes);
     double loss_local = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 1);
-    double loss = comm_allreduce_sum_scalar(&comm, comm.world, loss_local) / (double)n;
+    double loss = (comm ? comm_allreduce_sum_scalar(comm, comm->world, loss_local) : loss_local) / (double)n;
+    be->to_host(host, m.grads, pbytes);
     int64_t attn_calls = 0;
     for (int l = 0; l < m.cp.layers; l++) attn_calls += m.cp.count.attn_kernel_calls[l];
-    if (comm.rank == 0) {
-        printf("parity_step %s: policy %s, dp %lld, cp %lld, loss %.9f over %lld tokens; attention forward calls "
+    if (!comm || comm->rank == 0) {
+        printf("parity_step %s: %s, policy %s, dp %lld, cp %lld, loss %.9f over %lld tokens; attention forward calls "
                "%lld, block recomputes %lld\n",
-               dir, act_policy_names[cfg.checkpoint.activations], (long long)cfg.parallel.dp,
+               dir, be->name, act_policy_names[cfg.checkpoint.activations], (long long)cfg.parallel.dp,
                (long long)cfg.parallel.cp, loss, (long long)n, (long long)attn_calls,
                (long long)m.count.block_recomputes);
         parity_print_counters(&m);
@@ -181,7 +277,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < m.ptab.n; i++) {
             const ParamTensor *p = &m.ptab.t[i];
             out[i + 1] =
-                (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = m.grads + p->offset};
+                (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = host + p->offset};
             out[i + 1].shape[0] = p->shape[0];
             out[i + 1].shape[1] = p->shape[1];
         }
@@ -189,11 +285,15 @@ int main(int argc, char **argv) {
         else snprintf(path, sizeof path, "%s", out_path);
         if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
         free(out);
+        if (steps > 1) {
+            char curve[4096 + 16];
+            snprintf(curve, sizeof curve, "%s.curve.jsonl", path);
+            parity_train(&m, &b, n, loss, steps, curve);
+        }
     }
-    free(b.tokens);
-    free(b.targets);
-    free(b.pos);
-    free(b.doc_pos);
+    free(host);
+    free(meta);
+    if (meta_dev) be->free(meta_dev);
     free(pb.tokens);
     free(pb.targets);
     free(pb.pos);
@@ -202,6 +302,6 @@ int main(int argc, char **argv) {
     safetensors_close(&bf);
     model_free(&m);
     config_free(&cfg);
-    comm_finalize(&comm);
+    if (comm) comm_finalize(comm);
     return 0;
 }

@@ -1,0 +1,404 @@
+/*
+ * cuda_norm.cu — the cuda backend's normalisations, forward and backward
+ * (lib/backend.h: rmsnorm_*, l2norm_*, gated_rmsnorm_*; the math and the
+ * layouts are those of kernels/cpu/cpu_norm.c, the oracle):
+ *   RMSNorm        y = x rstd (zero_centred ? 1 + w : w), rstd = 1/sqrt(mean(x^2) + eps),
+ *                  rows of D, nh rows per token inside strided rows (ldi, ldo)
+ *   L2 norm        y = x rstd, rstd = 1/sqrt(sum(x^2) + 1e-6)
+ *   gated RMSNorm  y = w (x rstd) silu(z), rows of dv per (token, value head)
+ *
+ * Layout of the work: one warp per row, 8 rows per 256-thread block; a lane
+ * reads 8 consecutive bf16 (one 16-byte load) at columns lane*8 + 256k, so a
+ * warp covers 256 columns per step and rows of any D loop. Statistics and
+ * every intermediate are fp32; the row sums are warp butterflies (fixed
+ * order). Rows that are not 16-byte aligned (odd D or strides) take the
+ * scalar path of the same loop.
+ *
+ * Parameter gradients (dw +=) are deterministic: each block owns a fixed,
+ * contiguous range of rows (the count of blocks depends on the sizes only),
+ * each warp of it sums its rows' terms into its own fp32 slice of shared
+ * memory (a lane owns its columns, so nothing races), the block adds its
+ * warps' slices in warp order into its row of partials in the kernel
+ * scratch, and cuda_partials_add adds the blocks' partials to dw in block
+ * order. No float atomics.
+ *
+ * Aliasing as on cpu: l2norm_backward may run with dinp == dout (same ld),
+ * gated_rmsnorm_backward with dx == dout: a lane reads a column's inputs
+ * before it writes that column, and the row's dot product is complete first.
+ *
+ * Callers: through backend_cuda (lib/model_block.c, lib/model_step.c), tests/cuda/test_cuda_norm.cu.
+ */
+#include "cuda_common.h"
+#include "cuda_device.cuh"
+#include "cuda_kernels.h"
+
+#define NORM_WARPS 8          /* rows (warps) per block of the forward kernels */
+#define NORM_SMEM_DEFAULT 49152
+#define NORM_SMEM_MAX (227 * 1024)
+#define L2NORM_EPS 1e-6f      /* on the sum of squares (spec §2.10) */
+
+static int norm_rows_blocks(int64_t rows) { return (int)cuda_ceil_div(rows, NORM_WARPS); }
+
+/* Warps per block of a backward with dw: the shared slices (warps x D fp32) fit the default 48 KiB
+ * when they can; a single warp's slice beyond that asks for more shared memory. */
+static int norm_bwd_warps(int D, size_t *smem) {
+    int nw = 8;
+    while (nw > 1 && (size_t)nw * D * sizeof(float) > NORM_SMEM_DEFAULT) nw >>= 1;
+    *smem = (size_t)nw * D * sizeof(float);
+    RS_CHECK(*smem <= NORM_SMEM_MAX, "norm backward: row width %d needs %zu bytes of shared memory (at most %d)", D,
+             *smem, NORM_SMEM_MAX);
+    return nw;
+}
+
+template <typename K>
+static void norm_allow_smem(K kernel, size_t smem) {
+    if (smem > NORM_SMEM_DEFAULT)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+
+/* ---- RMSNorm --------------------------------------------------------------------------------- */
+
+__global__ void __launch_bounds__(256) norm_rms_forward_kernel(bf16 *out /* (T,ldo) */, float *rstd /* (T,nh) */,
+                                                               const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */,
+                                                               int64_t rows, int nh, int D, int ldi, int ldo, float eps,
+                                                               int zc, bool vec) {
+    const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
+    if (r >= rows) return; /* whole warps leave together */
+    const int lane = threadIdx.x % CUDA_WARP;
+    const int64_t t = r / nh;
+    const int h = (int)(r % nh);
+    const bf16 *x = inp + t * ldi + (int64_t)h * D;
+    bf16 *y = out + t * ldo + (int64_t)h * D;
+    float ss = 0.0f;
+    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+        float f[CUDA_VEC];
+        cuda_load8n(f, x + c, min(CUDA_VEC, D - c), vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
+    }
+    ss = cuda_warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / D + eps);
+    if (lane == 0) rstd[r] = rs;
+    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+        const int n = min(CUDA_VEC, D - c);
+        float f[CUDA_VEC], wv[CUDA_VEC], o[CUDA_VEC];
+        cuda_load8n(f, x + c, n, vec);
+        cuda_load8n(wv, w + c, n, vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) o[i] = f[i] * rs * (zc ? 1.0f + wv[i] : wv[i]);
+        cuda_store8n(y + c, o, n, vec);
+    }
+}
+
+/* dxhat = dout s, xhat = x rstd: dinp += rstd (dxhat - xhat mean(dxhat xhat)); dw += dout xhat */
+__global__ void __launch_bounds__(256) norm_rms_backward_kernel(bf16 *dinp /* (T,ldi) += */,
+                                                                float *part /* (gridDim.x, D) */,
+                                                                const bf16 *dout /* (T,ldo) */,
+                                                                const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */,
+                                                                const float *rstd /* (T,nh) */, int64_t rows,
+                                                                int64_t rows_per_block, int nh, int D, int ldi, int ldo,
+                                                                int zc, bool vec) {
+    extern __shared__ float norm_slices[]; /* (warps, D) */
+    const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
+    float *acc = norm_slices + (int64_t)warp * D;
+    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC)
+        for (int i = 0; i < CUDA_VEC && c + i < D; i++) acc[c + i] = 0.0f;
+    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
+    const int64_t r1 = min(rows, r0 + rows_per_block);
+    for (int64_t r = r0 + warp; r < r1; r += nw) {
+        const int64_t t = r / nh;
+        const int h = (int)(r % nh);
+        const bf16 *x = inp + t * ldi + (int64_t)h * D, *dy = dout + t * ldo + (int64_t)h * D;
+        bf16 *dx = dinp + t * ldi + (int64_t)h * D;
+        const float rs = rstd[r];
+        float dot = 0.0f;
+        for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+            const int n = min(CUDA_VEC, D - c);
+            float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC];
+            cuda_load8n(xv, x + c, n, vec);
+            cuda_load8n(g, dy + c, n, vec);
+            cuda_load8n(wv, w + c, n, vec);
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) dot += (g[i] * (zc ? 1.0f + wv[i] : wv[i])) * (xv[i] * rs);
+        }
+        const float mean_dot = cuda_warp_sum(dot) / D;
+        for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+            const int n = min(CUDA_VEC, D - c);
+            float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC], d[CUDA_VEC];
+            cuda_load8n(xv, x + c, n, vec);
+            cuda_load8n(g, dy + c, n, vec);
+            cuda_load8n(wv, w + c, n, vec);
+            cuda_load8n(d, dx + c, n, vec);
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) {
+                const float s = zc ? 1.0f + wv[i] : wv[i];
+                d[i] += rs * (g[i] * s - xv[i] * rs * mean_dot);
+                if (c + i < D) acc[c + i] += g[i] * (xv[i] * rs);
+            }
+            cuda_store8n(dx + c, d, n, vec);
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < nw; k++) s += norm_slices[(int64_t)k * D + c];
+        part[(int64_t)blockIdx.x * D + c] = s;
+    }
+}
+
+extern "C" void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D,
+                                     int ldi, int ldo, float eps, int zero_centred) {
+    RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
+    RS_CHECK(ldi >= nh * D && ldo >= nh * D, "ldi %d ldo %d < nh*D = %d", ldi, ldo, nh * D);
+    const int64_t rows = T * nh;
+    if (!rows) return;
+    const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(out, D, ldo) && cuda_vec_ok(w, D, D);
+    norm_rms_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
+        (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, rows, nh, D, ldi, ldo, eps, zero_centred, vec);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                                      const float *rstd, int64_t T, int nh, int D, int ldi, int ldo, int zero_centred) {
+    RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
+    RS_CHECK(ldi >= nh * D && ldo >= nh * D, "ldi %d ldo %d < nh*D = %d", ldi, ldo, nh * D);
+    const int64_t rows = T * nh;
+    if (!rows) return;
+    const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(dinp, D, ldi) &&
+                     cuda_vec_ok(dout, D, ldo) && cuda_vec_ok(w, D, D);
+    size_t smem;
+    const int nw = norm_bwd_warps(D, &smem);
+    const int blocks = cuda_partial_blocks(rows, 4 * nw);
+    const int64_t rpb = cuda_ceil_div(rows, blocks);
+    float *part = (float *)cuda_scratch((size_t)blocks * D * sizeof(float), "rmsnorm_backward");
+    norm_allow_smem(norm_rms_backward_kernel, smem);
+    norm_rms_backward_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
+        (bf16 *)dinp, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb, nh, D, ldi, ldo,
+        zero_centred, vec);
+    CUDA_LAUNCH_CHECK();
+    cuda_partials_add(dw, part, blocks, D);
+}
+
+/* ---- L2 norm --------------------------------------------------------------------------------- */
+
+__global__ void __launch_bounds__(256) norm_l2_forward_kernel(bf16 *out /* (T,ldo) */, float *rstd /* (T,nh) */,
+                                                              const bf16 *inp /* (T,ldi) */, int64_t rows, int nh,
+                                                              int D, int ldi, int ldo, bool vec) {
+    const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
+    if (r >= rows) return;
+    const int lane = threadIdx.x % CUDA_WARP;
+    const int64_t t = r / nh;
+    const int h = (int)(r % nh);
+    const bf16 *x = inp + t * ldi + (int64_t)h * D;
+    bf16 *y = out + t * ldo + (int64_t)h * D;
+    float ss = 0.0f;
+    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+        float f[CUDA_VEC];
+        cuda_load8n(f, x + c, min(CUDA_VEC, D - c), vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
+    }
+    const float rs = 1.0f / sqrtf(cuda_warp_sum(ss) + L2NORM_EPS);
+    if (lane == 0) rstd[r] = rs;
+    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+        const int n = min(CUDA_VEC, D - c);
+        float f[CUDA_VEC];
+        cuda_load8n(f, x + c, n, vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) f[i] *= rs;
+        cuda_store8n(y + c, f, n, vec);
+    }
+}
+
+/* dinp = rstd (dout - (dout . y) y) */
+__global__ void __launch_bounds__(256) norm_l2_backward_kernel(bf16 *dinp /* (T,ldi) = */,
+                                                               const bf16 *dout /* (T,ldo) */,
+                                                               const bf16 *out /* (T,ldo) */,
+                                                               const float *rstd /* (T,nh) */, int64_t rows, int nh,
+                                                               int D, int ldi, int ldo, bool vec) {
+    const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
+    if (r >= rows) return;
+    const int lane = threadIdx.x % CUDA_WARP;
+    const int64_t t = r / nh;
+    const int h = (int)(r % nh);
+    const bf16 *dy = dout + t * ldo + (int64_t)h * D, *y = out + t * ldo + (int64_t)h * D;
+    bf16 *dx = dinp + t * ldi + (int64_t)h * D;
+    float dot = 0.0f;
+    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+        const int n = min(CUDA_VEC, D - c);
+        float g[CUDA_VEC], yv[CUDA_VEC];
+        cuda_load8n(g, dy + c, n, vec);
+        cuda_load8n(yv, y + c, n, vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) dot += g[i] * yv[i];
+    }
+    dot = cuda_warp_sum(dot);
+    const float rs = rstd[r];
+    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
+        const int n = min(CUDA_VEC, D - c);
+        float g[CUDA_VEC], yv[CUDA_VEC];
+        cuda_load8n(g, dy + c, n, vec);
+        cuda_load8n(yv, y + c, n, vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) g[i] = rs * (g[i] - dot * yv[i]);
+        cuda_store8n(dx + c, g, n, vec);
+    }
+}
+
+extern "C" void cuda_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi,
+                                    int ldo) {
+    RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
+    RS_CHECK(ldi >= nh * D && ldo >= nh * D, "ldi %d ldo %d < nh*D = %d", ldi, ldo, nh * D);
+    const int64_t rows = T * nh;
+    if (!rows) return;
+    const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(out, D, ldo);
+    norm_l2_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>((bf16 *)out, rstd, (const bf16 *)inp,
+                                                                             rows, nh, D, ldi, ldo, vec);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T,
+                                     int nh, int D, int ldi, int ldo) {
+    RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
+    RS_CHECK(ldi >= nh * D && ldo >= nh * D, "ldi %d ldo %d < nh*D = %d", ldi, ldo, nh * D);
+    const int64_t rows = T * nh;
+    if (!rows) return;
+    const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(dinp, D, ldi) && cuda_vec_ok(dout, D, ldo) &&
+                     cuda_vec_ok(out, D, ldo);
+    norm_l2_backward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
+        (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)out, rstd, rows, nh, D, ldi, ldo, vec);
+    CUDA_LAUNCH_CHECK();
+}
+
+/* ---- gated RMSNorm (GDN output) --------------------------------------------------------------- */
+
+__global__ void __launch_bounds__(256) norm_gated_forward_kernel(bf16 *out /* (T,nv*dv) */, float *rstd /* (T,nv) */,
+                                                                 const bf16 *xs /* (T,nv*dv) */,
+                                                                 const bf16 *zs /* (T,ldz) */, const bf16 *w /* (dv) */,
+                                                                 int64_t rows, int nv, int dv, int ldz, float eps,
+                                                                 bool vec) {
+    const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
+    if (r >= rows) return;
+    const int lane = threadIdx.x % CUDA_WARP;
+    const int64_t t = r / nv;
+    const int h = (int)(r % nv);
+    const bf16 *x = xs + r * dv, *z = zs + t * ldz + (int64_t)h * dv;
+    bf16 *y = out + r * dv;
+    float ss = 0.0f;
+    for (int c = lane * CUDA_VEC; c < dv; c += CUDA_WARP * CUDA_VEC) {
+        float f[CUDA_VEC];
+        cuda_load8n(f, x + c, min(CUDA_VEC, dv - c), vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
+    }
+    const float rs = 1.0f / sqrtf(cuda_warp_sum(ss) / dv + eps);
+    if (lane == 0) rstd[r] = rs;
+    for (int c = lane * CUDA_VEC; c < dv; c += CUDA_WARP * CUDA_VEC) {
+        const int n = min(CUDA_VEC, dv - c);
+        float f[CUDA_VEC], zv[CUDA_VEC], wv[CUDA_VEC];
+        cuda_load8n(f, x + c, n, vec);
+        cuda_load8n(zv, z + c, n, vec);
+        cuda_load8n(wv, w + c, n, vec);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) f[i] = wv[i] * (f[i] * rs) * cuda_siluf(zv[i]);
+        cuda_store8n(y + c, f, n, vec);
+    }
+}
+
+/* n = x rstd: dz = dout w n silu'(z); dw += dout n silu(z); dn = dout w silu(z); dx = rstd (dn - n mean(dn n)) */
+__global__ void __launch_bounds__(256) norm_gated_backward_kernel(bf16 *dxs /* (T,nv*dv) = */,
+                                                                  bf16 *dzs /* (T,ldz) = */,
+                                                                  float *part /* (gridDim.x, dv) */,
+                                                                  const bf16 *dout /* (T,nv*dv) */,
+                                                                  const bf16 *xs /* (T,nv*dv) */,
+                                                                  const bf16 *zs /* (T,ldz) */, const bf16 *w /* (dv) */,
+                                                                  const float *rstd /* (T,nv) */, int64_t rows,
+                                                                  int64_t rows_per_block, int nv, int dv, int ldz,
+                                                                  bool vec) {
+    extern __shared__ float norm_slices[]; /* (warps, dv) */
+    const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
+    float *acc = norm_slices + (int64_t)warp * dv;
+    for (int c = lane * CUDA_VEC; c < dv; c += CUDA_WARP * CUDA_VEC)
+        for (int i = 0; i < CUDA_VEC && c + i < dv; i++) acc[c + i] = 0.0f;
+    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
+    const int64_t r1 = min(rows, r0 + rows_per_block);
+    for (int64_t r = r0 + warp; r < r1; r += nw) {
+        const int64_t t = r / nv;
+        const int h = (int)(r % nv);
+        const bf16 *x = xs + r * dv, *z = zs + t * ldz + (int64_t)h * dv, *dy = dout + r * dv;
+        bf16 *dx = dxs + r * dv, *dz = dzs + t * ldz + (int64_t)h * dv;
+        const float rs = rstd[r];
+        float dot = 0.0f;
+        for (int c = lane * CUDA_VEC; c < dv; c += CUDA_WARP * CUDA_VEC) {
+            const int n = min(CUDA_VEC, dv - c);
+            float xv[CUDA_VEC], zv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC];
+            cuda_load8n(xv, x + c, n, vec);
+            cuda_load8n(zv, z + c, n, vec);
+            cuda_load8n(g, dy + c, n, vec);
+            cuda_load8n(wv, w + c, n, vec);
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) dot += (g[i] * wv[i] * cuda_siluf(zv[i])) * (xv[i] * rs);
+        }
+        const float mean_dot = cuda_warp_sum(dot) / dv;
+        for (int c = lane * CUDA_VEC; c < dv; c += CUDA_WARP * CUDA_VEC) {
+            const int n = min(CUDA_VEC, dv - c);
+            float xv[CUDA_VEC], zv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC], dxv[CUDA_VEC], dzv[CUDA_VEC];
+            cuda_load8n(xv, x + c, n, vec);
+            cuda_load8n(zv, z + c, n, vec);
+            cuda_load8n(g, dy + c, n, vec);
+            cuda_load8n(wv, w + c, n, vec);
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) {
+                const float nn = xv[i] * rs, sz = cuda_siluf(zv[i]);
+                const float dn = g[i] * wv[i] * sz;
+                dzv[i] = g[i] * wv[i] * nn * cuda_silu_gradf(zv[i]);
+                dxv[i] = rs * (dn - nn * mean_dot);
+                if (c + i < dv) acc[c + i] += g[i] * (nn * sz);
+            }
+            cuda_store8n(dz + c, dzv, n, vec);
+            cuda_store8n(dx + c, dxv, n, vec);
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < nw; k++) s += norm_slices[(int64_t)k * dv + c];
+        part[(int64_t)blockIdx.x * dv + c] = s;
+    }
+}
+
+extern "C" void cuda_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w,
+                                           int64_t T, int nv, int dv, int ldz, float eps) {
+    RS_CHECK(T >= 0 && nv > 0 && dv > 0, "T %lld nv %d dv %d", (long long)T, nv, dv);
+    RS_CHECK(ldz >= nv * dv, "ldz %d < nv*dv = %d", ldz, nv * dv);
+    const int64_t rows = T * nv;
+    if (!rows) return;
+    const bool vec = dv % CUDA_VEC == 0 && cuda_vec_ok(out, dv, dv) && cuda_vec_ok(x, dv, dv) &&
+                     cuda_vec_ok(z, dv, ldz) && cuda_vec_ok(w, dv, dv);
+    norm_gated_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
+        (bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)z, (const bf16 *)w, rows, nv, dv, ldz, eps, vec);
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const void *dout, const void *x,
+                                            const void *z, const void *w, const float *rstd, int64_t T, int nv, int dv,
+                                            int ldz) {
+    RS_CHECK(T >= 0 && nv > 0 && dv > 0, "T %lld nv %d dv %d", (long long)T, nv, dv);
+    RS_CHECK(ldz >= nv * dv, "ldz %d < nv*dv = %d", ldz, nv * dv);
+    const int64_t rows = T * nv;
+    if (!rows) return;
+    const bool vec = dv % CUDA_VEC == 0 && cuda_vec_ok(dx, dv, dv) && cuda_vec_ok(dz, dv, ldz) &&
+                     cuda_vec_ok(dout, dv, dv) && cuda_vec_ok(x, dv, dv) && cuda_vec_ok(z, dv, ldz) &&
+                     cuda_vec_ok(w, dv, dv);
+    size_t smem;
+    const int nw = norm_bwd_warps(dv, &smem);
+    const int blocks = cuda_partial_blocks(rows, 4 * nw);
+    const int64_t rpb = cuda_ceil_div(rows, blocks);
+    float *part = (float *)cuda_scratch((size_t)blocks * dv * sizeof(float), "gated_rmsnorm_backward");
+    norm_allow_smem(norm_gated_backward_kernel, smem);
+    norm_gated_backward_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
+        (bf16 *)dx, (bf16 *)dz, part, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)z, (const bf16 *)w, rstd, rows,
+        rpb, nv, dv, ldz, vec);
+    CUDA_LAUNCH_CHECK();
+    cuda_partials_add(dw, part, blocks, dv);
+}

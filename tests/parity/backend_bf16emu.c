@@ -1,0 +1,212 @@
+/*
+ * backend_bf16emu.c — `backend_cpu_bf16`, a test backend: the cpu kernels, with every
+ * activation-type output rounded to bf16 (round to nearest even) after the kernel wrote it, i.e.
+ * the cuda backend's storage precision on the cpu's arithmetic. fp32 outputs (statistics, gates,
+ * states, parameter gradients, attention's dq/dk/dv, the merge) stay fp32, as on cuda.
+ * build/parity_step --device cpu-bf16 runs the model on it (with the GEMM and norm weights rounded
+ * to bf16 too, as the cuda backend's compute copy is), so the whole-model gap between cuda and
+ * cpu can be split into what bf16 storage alone costs (cpu-bf16 vs cpu, no GPU needed) and what
+ * the cuda kernels add (cuda vs cpu-bf16). tests/cuda/README.md reports both.
+ *
+ * Not a product backend: no caller outside tests/parity.
+ */
+#include "backend_bf16emu.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+float bf16emu_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x; /* inf, NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* rows x cols floats at stride ld, rounded in place */
+static void emu_round(void *p, int64_t rows, int64_t cols, int64_t ld) {
+    float *f = p;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) f[r * ld + c] = bf16emu_round(f[r * ld + c]);
+}
+
+static void emu_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) {
+    cpu_add_2d(dst, src, rows, cols, ld_dst, ld_src);
+    emu_round(dst, rows, cols, ld_dst);
+}
+static void emu_act_from_f32(void *dst, const float *src, int64_t n) {
+    cpu_act_from_f32(dst, src, n);
+    emu_round(dst, 1, n, n);
+}
+static void emu_embedding_forward(void *out, const int32_t *tokens, const void *wte, int64_t T, int C) {
+    cpu_embedding_forward(out, tokens, wte, T, C);
+    emu_round(out, T, C, C);
+}
+static void emu_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D,
+                                int ldi, int ldo, float eps, int zc) {
+    cpu_rmsnorm_forward(out, rstd, inp, w, T, nh, D, ldi, ldo, eps, zc);
+    emu_round(out, T, (int64_t)nh * D, ldo);
+}
+static void emu_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                                 const float *rstd, int64_t T, int nh, int D, int ldi, int ldo, int zc) {
+    cpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, T, nh, D, ldi, ldo, zc);
+    emu_round(dinp, T, (int64_t)nh * D, ldi);
+}
+static void emu_matmul_forward(void *out, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo,
+                               int acc) {
+    cpu_matmul_forward(out, inp, w, T, IC, OC, ldi, ldo, acc);
+    emu_round(out, T, OC, ldo);
+}
+static void emu_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, int64_t T,
+                                int IC, int OC, int ldi, int ldo, int acc) {
+    cpu_matmul_backward(dinp, dw, dout, inp, w, T, IC, OC, ldi, ldo, acc);
+    if (dinp) emu_round(dinp, T, IC, ldi);
+}
+static void emu_conv_forward(void *out, const void *inp, const void *halo, const void *w, const int32_t *doc_pos,
+                             int64_t T, int C, int Kc, int ldi, int ldo) {
+    cpu_conv1d_silu_forward(out, inp, halo, w, doc_pos, T, C, Kc, ldi, ldo);
+    emu_round(out, T, C, ldo);
+}
+static void emu_conv_backward(void *dinp, void *dhalo, float *dw, const void *dout, const void *inp, const void *halo,
+                              const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) {
+    cpu_conv1d_silu_backward(dinp, dhalo, dw, dout, inp, halo, w, doc_pos, T, C, Kc, ldi, ldo);
+    emu_round(dinp, T, C, ldi);
+    if (dhalo) emu_round(dhalo, Kc - 1, C, C);
+}
+static void emu_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi, int ldo) {
+    cpu_l2norm_forward(out, rstd, inp, T, nh, D, ldi, ldo);
+    emu_round(out, T, (int64_t)nh * D, ldo);
+}
+static void emu_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh,
+                                int D, int ldi, int ldo) {
+    cpu_l2norm_backward(dinp, dout, out, rstd, T, nh, D, ldi, ldo);
+    emu_round(dinp, T, (int64_t)nh * D, ldi);
+}
+static void emu_gates_backward(void *db, void *da, float *dA, float *ddt, const float *dbeta, const float *dg,
+                               const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T,
+                               int nv, int ld) {
+    cpu_gdn_gates_backward(db, da, dA, ddt, dbeta, dg, b, a, A_log, dt_bias, T, nv, ld);
+    emu_round(db, T, nv, ld);
+    emu_round(da, T, nv, ld);
+}
+static void emu_gdn_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g,
+                            const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                            int dk, int dv, int ldq, int ldv, int ldo) {
+    cpu_gdn_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo);
+    emu_round(o, T, (int64_t)nv * dv, ldo);
+}
+static void emu_gdn_backward(void *dq, void *dk_, void *dv_, float *dg, float *dbeta, float *dS0, const void *dout,
+                             const float *dS_final, const void *q, const void *k, const void *v, const float *g,
+                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                             int dk, int dv, int ldq, int ldv, int ldo) {
+    cpu_gdn_chunk_backward(dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk,
+                           dv, ldq, ldv, ldo);
+    emu_round(dq, T, (int64_t)nk * dk, ldq);
+    emu_round(dk_, T, (int64_t)nk * dk, ldq);
+    emu_round(dv_, T, (int64_t)nv * dv, ldv);
+}
+static void emu_gated_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv,
+                              int dv, int ldz, float eps) {
+    cpu_gated_rmsnorm_forward(out, rstd, x, z, w, T, nv, dv, ldz, eps);
+    emu_round(out, T, (int64_t)nv * dv, (int64_t)nv * dv);
+}
+static void emu_gated_backward(void *dx, void *dz, float *dw, const void *dout, const void *x, const void *z,
+                               const void *w, const float *rstd, int64_t T, int nv, int dv, int ldz) {
+    cpu_gated_rmsnorm_backward(dx, dz, dw, dout, x, z, w, rstd, T, nv, dv, ldz);
+    emu_round(dx, T, (int64_t)nv * dv, (int64_t)nv * dv);
+    emu_round(dz, T, (int64_t)nv * dv, ldz);
+}
+static void emu_rope_forward(void *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta) {
+    cpu_rope_forward(x, pos, T, nh, hd, rd, ld, theta);
+    emu_round(x, T, (int64_t)nh * hd, ld);
+}
+static void emu_rope_backward(void *dx, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta) {
+    cpu_rope_backward(dx, pos, T, nh, hd, rd, ld, theta);
+    emu_round(dx, T, (int64_t)nh * hd, ld);
+}
+static void emu_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v,
+                                  const int32_t *pos_q, const int32_t *doc_q, const int32_t *pos_k,
+                                  const int32_t *doc_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
+                                  int ldk, int ldo, int causal) {
+    cpu_attention_forward(out, lse, q, k, v, pos_q, doc_q, pos_k, doc_k, Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, causal);
+    emu_round(out, Tq, (int64_t)nh * hd, ldo);
+}
+static void emu_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg) {
+    cpu_sigmoid_gate_forward(out, x, gate, T, D, ldg);
+    emu_round(out, T, D, D);
+}
+static void emu_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate,
+                                      int64_t T, int D, int ldg) {
+    cpu_sigmoid_gate_backward(dx, dgate, dout, x, gate, T, D, ldg);
+    emu_round(dx, T, D, D);
+    emu_round(dgate, T, D, ldg);
+}
+static void emu_swiglu_forward(void *out, const void *gate_up, int64_t T, int I) {
+    cpu_swiglu_forward(out, gate_up, T, I);
+    emu_round(out, T, I, I);
+}
+static void emu_swiglu_backward(void *dgu, const void *dout, const void *gate_up, int64_t T, int I) {
+    cpu_swiglu_backward(dgu, dout, gate_up, T, I);
+    emu_round(dgu, T, 2 * (int64_t)I, 2 * (int64_t)I);
+}
+static void emu_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets,
+                             float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V) {
+    cpu_lm_head_loss(losses, dx, dw, x, w, targets, grad_scale, workspace, rows, T, C, V);
+    if (dx) emu_round(dx, T, C, C);
+}
+static void emu_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr,
+                             float b1, float b2, float eps, float wd, float gs, int step) {
+    cpu_adamw_update(param, m, v, compute, grad, n, lr, b1, b2, eps, wd, gs, step);
+    if (compute) emu_round(compute, 1, n, n);
+}
+
+const Backend backend_cpu_bf16 = {
+    .name = "cpu-bf16",
+    .act_size = 4,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .memset_zero = cpu_memset_zero,
+    .copy = cpu_copy,
+    .to_device = cpu_to_device,
+    .to_host = cpu_to_host,
+    .copy_2d = cpu_copy_2d,
+    .add_2d = emu_add_2d,
+    .add_f32 = cpu_add_f32,
+    .act_from_f32 = emu_act_from_f32,
+    .act_to_f32 = cpu_act_to_f32,
+    .embedding_forward = emu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .rmsnorm_forward = emu_rmsnorm_forward,
+    .rmsnorm_backward = emu_rmsnorm_backward,
+    .matmul_forward = emu_matmul_forward,
+    .matmul_backward = emu_matmul_backward,
+    .conv1d_silu_forward = emu_conv_forward,
+    .conv1d_silu_backward = emu_conv_backward,
+    .l2norm_forward = emu_l2norm_forward,
+    .l2norm_backward = emu_l2norm_backward,
+    .gdn_gates_forward = cpu_gdn_gates_forward,
+    .gdn_gates_backward = emu_gates_backward,
+    .gdn_chunk_forward = emu_gdn_forward,
+    .gdn_chunk_backward = emu_gdn_backward,
+    .gdn_chunk_transition = cpu_gdn_chunk_transition,
+    .gdn_chunk_dstate = cpu_gdn_chunk_dstate,
+    .gdn_state_affine = cpu_gdn_state_affine,
+    .gated_rmsnorm_forward = emu_gated_forward,
+    .gated_rmsnorm_backward = emu_gated_backward,
+    .rope_forward = emu_rope_forward,
+    .rope_backward = emu_rope_backward,
+    .attention_forward = emu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .attention_merge = cpu_attention_merge,
+    .sigmoid_gate_forward = emu_sigmoid_gate_forward,
+    .sigmoid_gate_backward = emu_sigmoid_gate_backward,
+    .swiglu_forward = emu_swiglu_forward,
+    .swiglu_backward = emu_swiglu_backward,
+    .lm_head_loss = emu_lm_head_loss,
+    .adamw_update = emu_adamw_update,
+    .sum_squares = cpu_sum_squares,
+};
