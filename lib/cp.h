@@ -118,10 +118,10 @@ typedef struct Cp {
 } Cp;
 
 /* ---- cp_layout.c ---- */
-/* Builds the layout for samples of cfg->data.seq_len tokens and allocates the communication
- * buffers for micro-batches of `samples` samples (sizes from model_acts.c's CP table). comm may be
+/* Builds the layout for samples of data.seq_len tokens and allocates the communication buffers
+ * for micro-batches of data.micro_batch samples (sizes from model_acts.c's CP table). comm may be
  * NULL only when parallel.cp == 1. */
-void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg, int32_t samples);
+void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg);
 void cp_free(Cp *cp);
 void cp_counters_reset(Cp *cp);
 /* Gathers every CP rank's pos/doc_pos of this micro-batch (rows = samples x T_local; backend

@@ -245,7 +245,7 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
              (long long)T, (long long)m->acts.tokens);
     m->T = T;
     model_alloc_activations(m);
-    cp_init(&m->cp, comm, be, cfg, (int32_t)cfg->data.micro_batch);
+    cp_init(&m->cp, comm, be, cfg);
 }
 
 void model_free(Model *m) {

@@ -27,11 +27,15 @@
 #include "model.h"
 #include "model_block.h"
 
-/* First element of layer l's parameters (layer L: the end of the last layer's). */
-static int64_t model_layer_start(const Model *m, int l) {
-    for (int i = 0; i < m->ptab.n; i++)
-        if (m->ptab.t[i].layer >= l) return m->ptab.t[i].offset;
-    return m->ptab.buffer_numel;
+/* [*a, *e): the elements of layer l's parameters in the flat buffer (its tensors are adjacent in
+ * the table; the padding after the last one belongs to the range). */
+static void model_layer_range(const Model *m, int l, int64_t *a, int64_t *e) {
+    int i = 0;
+    while (i < m->ptab.n && m->ptab.t[i].layer != l) i++;
+    RS_CHECK(i < m->ptab.n, "layer %d has no parameters in the table", l);
+    *a = m->ptab.t[i].offset;
+    while (i < m->ptab.n && m->ptab.t[i].layer == l) i++;
+    *e = i < m->ptab.n ? m->ptab.t[i].offset : m->ptab.buffer_numel;
 }
 
 double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads) {
@@ -73,16 +77,19 @@ double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sy
         else if (pol == ACT_POLICY_REMAT) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
         model_block_backward(m, l, b);
         if (reduce) {
-            int64_t a = model_layer_start(m, l), e = model_layer_start(m, l + 1);
+            int64_t a, e;
+            model_layer_range(m, l, &a, &e);
             comm_iallreduce_sum_f32(comm, comm->world, m->grads + a, e - a, &buckets);
             comm_progress(comm, &buckets);
         }
     }
     be->embedding_backward(m->grads + m->embed, m->d_resid, b->tokens, T, H);
-    if (reduce) {
-        int64_t first = model_layer_start(m, 0), end = model_layer_start(m, L);
+    if (reduce) { /* the head: embed_tokens before the layers, model.norm and lm_head after them */
+        int64_t first, last_end, unused;
+        model_layer_range(m, 0, &first, &unused);
+        model_layer_range(m, L - 1, &unused, &last_end);
         comm_iallreduce_sum_f32(comm, comm->world, m->grads, first, &buckets);
-        comm_iallreduce_sum_f32(comm, comm->world, m->grads + end, m->ptab.buffer_numel - end, &buckets);
+        comm_iallreduce_sum_f32(comm, comm->world, m->grads + last_end, m->ptab.buffer_numel - last_end, &buckets);
         comm_wait(comm, &buckets);
     }
     return loss_sum;

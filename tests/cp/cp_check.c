@@ -344,7 +344,7 @@ int main(int argc, char **argv) {
 
     Check c = {.comm = &comm, .T = T, .S = S, .sabotage = sabotage};
     rng_init(&c.rng, (uint64_t)seed, 0);
-    cp_init(&c.cp, &comm, &backend_cpu, &cfg, (int32_t)S);
+    cp_init(&c.cp, &comm, &backend_cpu, &cfg);
     c.pos = RS_MALLOC((size_t)(S * T) * 4);
     c.doc_pos = RS_MALLOC((size_t)(S * T) * 4);
     check_docs(&c, docs);
