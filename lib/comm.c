@@ -28,6 +28,9 @@
 /* MPI counts are int: large buffers go in pieces of at most 2^30 elements */
 #define COMM_PIECE (1 << 30)
 
+/* error.h's abort hook with several ranks: one rank's fatal error ends them all */
+static void comm_abort_world(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+
 void comm_init(Comm *c, int *argc, char ***argv) {
     memset(c, 0, sizeof *c);
     int inited = 0;
@@ -46,6 +49,7 @@ void comm_init(Comm *c, int *argc, char ***argv) {
     c->world = MPI_COMM_WORLD;
     c->cp_comm = c->dp_comm = MPI_COMM_NULL;
     error_set_rank(c->rank);
+    if (c->world_size > 1) error_set_abort(comm_abort_world);
 }
 
 void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
@@ -63,6 +67,7 @@ void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
 }
 
 void comm_finalize(Comm *c) {
+    error_set_abort(NULL); /* past MPI_Finalize a fatal error is this process's alone */
     if (c->cp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->cp_comm);
     if (c->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->dp_comm);
     MPI_Finalize();

@@ -14,9 +14,11 @@
 #include <unistd.h>
 
 static int error_rank_value = -1;
+static void (*error_abort_fn)(int code);
 
 void error_set_rank(int rank) { error_rank_value = rank; }
 int  error_rank(void) { return error_rank_value; }
+void error_set_abort(void (*abort_fn)(int code)) { error_abort_fn = abort_fn; }
 
 static void error_format_origin(char *buf, size_t n) {
     char host[64] = "?";
@@ -64,6 +66,7 @@ void error_exit(int code, const char *file, int line, const char *hint, const ch
     va_start(ap, fmt);
     error_vprint("error", file, line, hint, fmt, ap);
     va_end(ap);
+    if (error_abort_fn) error_abort_fn(code);
     exit(code);
 }
 

@@ -43,6 +43,11 @@ enum {
  * messages say "rank ?". */
 void error_set_rank(int rank);
 int  error_rank(void);
+/* What a fatal error does after printing, instead of exit(code): comm sets it
+ * to MPI_Abort over the world when several ranks run, so an error found on one
+ * rank (bad data in its sample, a failed allocation) ends every rank instead of
+ * leaving the others waiting in a collective until the job's time limit. */
+void error_set_abort(void (*abort_fn)(int code));
 
 /* Prints "ringscan: error [rank R@host] file:line: <message>" and exits with
  * `code`. `hint` may be NULL or hold several lines separated by '\n'. */
