@@ -133,8 +133,9 @@ static void cli_print_command_help(const char *name, FILE *f, int with_keys) {
         fprintf(f, "usage: ringscan %s %s\n\n%s\n", c->name, c->args, c->summary);
         if (c->built_by) fprintf(f, "\nNot built yet: %s.\n", c->built_by);
         if (with_keys) {
-            fprintf(f, "\nOptions:\n  --set key.path=value   override one config key (repeatable; value is YAML)\n"
-                       "  --help                 this text\n\n");
+            fprintf(f, "\nOptions:\n  --set key.path=value   override one config key (repeatable; value is YAML)\n");
+            if (strstr(c->args, "--dry-run")) fprintf(f, "  --dry-run              check and say what would happen; write nothing\n");
+            fprintf(f, "  --help                 this text\n\n");
             config_print_help(f);
         }
     }
