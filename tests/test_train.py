@@ -118,9 +118,19 @@ def test_kill9_during_checkpoints_never_breaks_latest(tmp_path, data):
         else:
             cmd = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
                    "--set", f"run.out_dir={rd}", "--set", f"train.steps={steps}", "--set", "checkpoint.every=1"]
+        m = rd / "metrics.jsonl"
+        lines0 = len(m.read_text().splitlines()) if m.exists() else 0
         p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, 1.5))
+        # kill once this attempt has trained a step (so a loaded machine's slow start-up does not
+        # make every kill land before the first checkpoint), at a random moment of what follows:
+        # inside a checkpoint, between two, or inside a step
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None:
+            if m.exists() and len(m.read_text().splitlines()) > lines0:
+                break
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.6))
         p.send_signal(signal.SIGKILL)
         p.wait()
         if (rd / "ckpt" / "LATEST").exists():
