@@ -527,9 +527,9 @@ static void bench_step_row(FILE *f, const json_t *r, const json_t *ours, double 
 
 static void bench_print_step(FILE *f, const json_t *req, const json_t *ours, const json_t *peer, const Plan *p,
                              const BenchDevice *d, json_t *table) {
-    fprintf(f, "\ntraining step: one sample on one GPU, AdamW, grad clipping; MFU = %.3f GFLOP per token (plan's "
-               "model FLOPs,\n  attention causal) x tokens/s / %.0f TFLOP/s; ratio = peer ms / ringscan ms (> 1: "
-               "ringscan faster)\n  peak alloc: ringscan = backend's peak of live allocations + its workspaces; peers "
+    fprintf(f, "\ntraining step: one sample of random tokens = one document (attention over the whole causal T x T), "
+               "one GPU,\n  AdamW, grad clipping; MFU = %.3f GFLOP per token (plan's model FLOPs, attention causal) x "
+               "tokens/s / %.0f TFLOP/s;\n  ratio = peer ms / ringscan ms (> 1: ringscan faster)\n  peak alloc: ringscan = backend's peak of live allocations + its workspaces; peers "
                "= torch.cuda.max_memory_allocated\n  device used: cudaMemGetInfo (context and pools included); peers "
                "= torch.cuda.max_memory_reserved\n\n",
             p->flops_model / 1e9, d->peak_tflops);
@@ -587,6 +587,12 @@ static void bench_device(BenchDevice *d, const BenchOptions *o) {
 }
 
 /* ---- main ------------------------------------------------------------------------- */
+
+static double bench_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 int bench_main(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
@@ -652,7 +658,9 @@ int bench_main(int argc, char **argv) {
             printf("peer %s: %s/%s ...\n", bench_kind_names[k], o.peer_dir,
                    k == BENCH_ATTN ? "attn_sdpa.py" : k == BENCH_GDN ? "gdn_fla.py" : "step_hf.py");
             fflush(stdout);
+            double t0 = bench_clock();
             peer[k] = bench_peer_run(&o, (BenchKind)k, req[k]);
+            printf("peer %s: %.1f s\n", bench_kind_names[k], bench_clock() - t0);
             if (json_object_get(peer[k], "error")) {
                 failed = 1;
                 printf("peer %s failed: %s\n", bench_kind_names[k],
@@ -669,11 +677,13 @@ int bench_main(int argc, char **argv) {
         size_t i;
         json_t *c;
         json_array_foreach(json_object_get(req[k], "cases"), i, c) {
-            printf("ringscan %s %s ...\n", bench_kind_names[k], json_string_value(json_object_get(c, "name")));
+            printf("ringscan %s %s ...", bench_kind_names[k], json_string_value(json_object_get(c, "name")));
             fflush(stdout);
+            double t0 = bench_clock();
             json_t *r = k == BENCH_ATTN ? bench_attn_case(c, &o)
                       : k == BENCH_GDN  ? bench_gdn_case(c, &o)
                                         : bench_step_case(c, &cfg, &o);
+            printf(" %.1f s\n", bench_clock() - t0);
             json_array_append_new(ours[k], r);
         }
     }

@@ -106,11 +106,13 @@ def warm(cases, script):
 
 def warm_one(spec):
     H, K, V, varlen = json.loads(spec)
+    t0 = time.time()
     fn, _, _ = import_fla()
     T = 8192
     cu = [0, 3000, 5000, T] if varlen else [0, T]
     req = {"warmup": 0, "reps": 1, "max_s": 0}
     run(fn, T, H, K, V, cu, torch.Generator(device="cuda").manual_seed(0), req)
+    print(f"warm H={H} K={K} V={V} varlen={varlen}: {time.time() - t0:.0f} s", flush=True)
 
 
 def main():
@@ -126,11 +128,12 @@ def main():
     fn, notes, fla_version = import_fla()
     device, sw = pc.device_and_software(torch, {"fla": fla_version})
     if os.environ.get("PEER_GDN_WARM", "1") != "0":
+        print("compile warm-up: one subprocess per (H, K, V, varlen) variant ...", flush=True)
         s, n = warm(req["cases"], os.path.abspath(__file__))
         notes.append(f"compile warm-up: {n} variant subprocesses in parallel, {s:.0f} s (not timed)")
         print(notes[-1], flush=True)
     gen = torch.Generator(device="cuda").manual_seed(req["seed"])
-    results = []
+    results, t_start = [], time.time()
     for c in req["cases"]:
         row = {"case": c["name"], "impl": "fla-chunk"}
         try:
@@ -140,6 +143,7 @@ def main():
         except (RuntimeError, torch.OutOfMemoryError) as e:
             row["error"] = pc.short_error(e)
             print(f"{c['name']}: {row['error']}", flush=True)
+        print(f"  at {time.time() - t_start:.0f} s", flush=True)
         results.append(row)
     notes.append("q, k, v, beta bf16, g fp32, scale K^-0.5, no initial or final state; "
                  "one document: no cu_seqlens; several: cu_seqlens + cu_seqlens_cpu")
