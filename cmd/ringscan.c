@@ -18,11 +18,13 @@
  *   train.h      train_run (the training loop, fresh or resumed), train_catch_stop_signals
  *   data.h       data_cli_main (`ringscan data synth|bytes|check|inspect`)
  *   submit.h     submit_run (`ringscan submit`: sbatch script, Slurm job)
+ *   bench.h      bench_main (`ringscan bench attn|gdn|step|all`, with peers)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "build_info.h"
 #include "comm.h"
 #include "config.h"
@@ -284,7 +286,7 @@ static int cmd_submit(int argc, char **argv) {
     config_free(&cfg);
     return rc;
 }
-static int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("bench"); }
+static int cmd_bench(int argc, char **argv) { return bench_main(argc, argv); }
 static int cmd_data(int argc, char **argv) {
     return data_cli_main(argc, argv);
 }
@@ -311,8 +313,10 @@ static const Command commands[] = {
      "the warning signal checkpoints, requeues itself and resumes (slurm/README.md).\n"
      "--dry-run prints the job script and writes nothing.",
      cmd_submit, NULL},
-    {"bench", "attn|gdn|step ...", "Benchmark kernels and the training step beside peers.", cmd_bench,
-     "benchmarks are issue #7"},
+    {"bench", "attn|gdn|step|all [options]",
+     "Time attention, Gated DeltaNet and the training step on the GPU, beside peers (--peer).\n"
+     "`ringscan bench --help` lists the shapes, conventions and options.",
+     cmd_bench, NULL},
     {"data", "synth|bytes ...", "Make training data: synthetic recall tasks, byte-level tokens.", cmd_data,
      NULL},
     {"export", "RUN_DIR OUT_DIR", "Export weights as a Hugging Face Qwen3NextForCausalLM checkpoint.", cmd_export,

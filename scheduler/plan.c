@@ -59,6 +59,10 @@ static double plan_gdn_bwd_chunk(double C, double K, double V) {
     double wy = 12 * C * C * K + 4 * C * C * V;
     return re_wu + re_h + dv_local + dhu + dqkwg + wy;
 }
+void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd) {
+    *fwd = plan_gdn_fwd_chunk(C, K, V);
+    *bwd = plan_gdn_bwd_chunk(C, K, V);
+}
 
 void plan_build(Plan *p, const Config *cfg) {
     const ModelConfig *m = &cfg->model;

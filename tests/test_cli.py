@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT, run
 
-NOT_BUILT = ["bench", "export"]
+NOT_BUILT = ["export"]
 
 
 def schema_keys(ringscan):

@@ -1,0 +1,720 @@
+/*
+ * bench.c — `ringscan bench attn|gdn|step|all [options]` (bench.h): the
+ * options, the order of the work, the FLOP and byte counts, the floors, the
+ * tables and OUT/bench.json.
+ *
+ * Order: options are parsed and checked first (a bad value names its option,
+ * exit 2), then the device (no usable GPU: exit 2 naming the device), then,
+ * with --peer, every peer script runs while this process has created no CUDA
+ * context yet (the peers find the GPU empty), then our cases: the step first
+ * (so its memory reading is not inflated by the kernels' grown workspaces),
+ * then attention, then GDN. Then one table per benchmark, ours and the peers'
+ * rows side by side.
+ *
+ * Conventions (printed above each table):
+ *   attention  forward FLOPs 4 * T^2/2 * hd * nh (causal: half the T x T pairs, 2 FLOPs
+ *              per multiply-add); backward 2.5x the forward; fwd+bwd 3.5x.
+ *   GDN        plan_gdn_chunk_flops per chunk of 64 and head (FLA's kernel split,
+ *              research/gdn_cp.md §7), chunks counted whole per document.
+ *   floors     max(FLOPs / peak, minimum bytes / bandwidth): every input read once, every
+ *              output written once, bf16 activations, fp32 gates and statistics.
+ *   step       MFU = plan's model FLOPs per token (attention causal) x tokens/s / peak.
+ *   ratio      peer time / ringscan time (> 1: ringscan is faster).
+ *
+ * Callers: cmd/ringscan.c (bench_main).
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "error.h"
+#include "model_acts.h"
+#include "plan.h"
+#include "rng.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_backend.h"
+#include "cuda_bench.h"
+#endif
+
+#ifndef RS_GIT_SHA
+#define RS_GIT_SHA "unknown"
+#endif
+
+const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
+
+static const char bench_usage[] =
+    "usage: ringscan bench attn|gdn|step|all [options]\n"
+    "\n"
+    "Times our attention and Gated DeltaNet kernels (forward, forward+backward) and one training step on\n"
+    "the GPU with CUDA events (warm-up, then the median of the repetitions), on random inputs, and prints\n"
+    "shape, ms, TFLOP/s and time over the floor; with --peer, runs the peer scripts of tests/peer on the\n"
+    "same GPU first (PyTorch SDPA flash and cuDNN, flash-linear-attention, transformers Qwen3Next) and\n"
+    "adds their rows and the ratio peer time / ringscan time (> 1: ringscan faster). Needs a GPU.\n"
+    "\n"
+    "  attn: causal, bf16, one document; FLOPs 4*T^2/2*hd*nh forward, backward 2.5x forward.\n"
+    "  gdn:  K = V, bf16 q/k/v, fp32 gates; FLOPs per chunk of 64 from plan (research/gdn_cp.md §7).\n"
+    "  step: one optimizer step of --config at --tokens tokens on one GPU (cp 1, dp 1, one sample):\n"
+    "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory.\n"
+    "\n"
+    "Options (LIST: comma-separated):\n"
+    "  --T LIST            attn, gdn: sequence lengths, multiples of 64 (default 32768,131072)\n"
+    "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256)\n"
+    "  --heads LIST        gdn: heads H, key heads = value heads (default 16,64)\n"
+    "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
+    "  --doc-len LIST      gdn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
+    "                      0 = one document per sample (default 0,2048)\n"
+    "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
+    "  --set key=value     step: config override (repeatable; the keys bench fixes are refused)\n"
+    "  --tokens N          step: tokens of the one sample (default 32768)\n"
+    "  --warmup N          untimed runs before the timed ones (default 1)\n"
+    "  --reps N            timed runs, median reported (default 5)\n"
+    "  --max-s S           stop repeating a case after 3 timed runs once they took S seconds (default 8)\n"
+    "  --peak-tflops X     dense bf16 peak for MFU and floors (default: 989 for H100 SXM and H200)\n"
+    "  --hbm-tbps X        memory bandwidth for the floors (default: 3.35 for H100 SXM, 4.8 for H200)\n"
+    "  --peer              run the peer scripts too (tests/peer/README.md: requirements, JSON contract)\n"
+    "  --peer-dir DIR      where the peer scripts are (default tests/peer)\n"
+    "  --python EXE        the Python that runs them (default python3)\n"
+    "  --peer-timeout S    seconds each peer script may run (default 300)\n"
+    "  --out DIR           requests, results, peer logs and bench.json (default runs/bench)\n"
+    "  --seed N            seed of the random inputs (default 1)\n"
+    "  --write-requests    only write OUT/request_KIND.json (the peers' input) and stop; needs no GPU\n"
+    "  --help              this text\n";
+
+/* ---- options ------------------------------------------------------------------ */
+
+static noreturn void bench_bad(const char *opt, const char *val, const char *what) {
+    fprintf(stderr, "ringscan bench: %s %s: %s\n  hint: `ringscan bench --help` shows the options\n", opt,
+            val ? val : "", what);
+    exit(RS_EXIT_USAGE);
+}
+
+static int64_t bench_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno) bench_bad(opt, s, "not an integer");
+    if (v < lo || v > hi) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "out of range [%lld, %lld]", (long long)lo, (long long)hi);
+        bench_bad(opt, s, msg);
+    }
+    return v;
+}
+
+static double bench_parse_double(const char *opt, const char *s, double lo, double hi) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v)) bench_bad(opt, s, "not a number");
+    if (v < lo || v > hi) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "out of range [%g, %g]", lo, hi);
+        bench_bad(opt, s, msg);
+    }
+    return v;
+}
+
+/* Splits a comma list into at most BENCH_MAX_LIST items (each copied into items[i], 64 bytes). */
+static int bench_split(const char *opt, const char *s, char items[BENCH_MAX_LIST][64]) {
+    int n = 0;
+    const char *p = s;
+    for (;;) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        if (len == 0) bench_bad(opt, s, "empty item in the list");
+        if (len >= 64) bench_bad(opt, s, "item too long");
+        if (n == BENCH_MAX_LIST) bench_bad(opt, s, "more than 16 items");
+        memcpy(items[n], p, len);
+        items[n][len] = 0;
+        n++;
+        if (!c) break;
+        p = c + 1;
+    }
+    return n;
+}
+
+static const char *bench_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) bench_bad(argv[*i], NULL, "needs a value");
+    return argv[++*i];
+}
+
+/* The keys `bench step` sets itself (one GPU, one sample); --set may not change them. */
+static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",  "train.grad_accum",
+                                               "data.micro_batch", "data.seq_len", "device.kind",
+                                               "slurm.nodes",      "slurm.gpus_per_node", NULL};
+
+static void bench_parse(BenchOptions *o, int argc, char **argv) {
+    memset(o, 0, sizeof *o);
+    o->T[0] = 32768, o->T[1] = 131072, o->nT = 2;
+    static const int shapes[4][3] = {{16, 16, 128}, {16, 2, 128}, {16, 16, 256}, {16, 2, 256}};
+    memcpy(o->attn, shapes, sizeof shapes);
+    o->n_attn = 4;
+    o->heads[0] = 16, o->heads[1] = 64, o->n_heads = 2;
+    o->dim = 128;
+    o->doc_len[0] = 0, o->doc_len[1] = 2048, o->n_doc_len = 2;
+    o->config = "configs/hybrid-1b-256k-h200x4.yaml";
+    o->tokens = 32768;
+    o->warmup = 1, o->reps = 5, o->max_s = 8;
+    o->peer_dir = "tests/peer", o->python = "python3", o->out_dir = "runs/bench";
+    o->peer_timeout = 300;
+    o->seed = 1;
+    if (argc < 1) bench_bad("benchmark", NULL, "missing: attn, gdn, step or all");
+    const char *what = argv[0];
+    if (!strcmp(what, "all")) for (int k = 0; k < BENCH_KIND_COUNT; k++) o->kinds[k] = 1;
+    else {
+        int found = 0;
+        for (int k = 0; k < BENCH_KIND_COUNT; k++)
+            if (!strcmp(what, bench_kind_names[k])) o->kinds[k] = found = 1;
+        if (!found) bench_bad("benchmark", what, "unknown (attn, gdn, step, all)");
+    }
+    char items[BENCH_MAX_LIST][64];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--T")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->nT = bench_split(a, v, items);
+            for (int j = 0; j < o->nT; j++) {
+                o->T[j] = bench_parse_int(a, items[j], 64, (int64_t)1 << 22);
+                if (o->T[j] % 64) bench_bad(a, items[j], "must be a multiple of 64");
+            }
+        } else if (!strcmp(a, "--attn-shapes")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->n_attn = bench_split(a, v, items);
+            for (int j = 0; j < o->n_attn; j++) {
+                int nh, nkv, hd, used = 0;
+                if (sscanf(items[j], "%d/%d/%d%n", &nh, &nkv, &hd, &used) != 3 || items[j][used])
+                    bench_bad(a, items[j], "expected NH/NKV/HD, e.g. 16/2/128");
+                if (nh < 1 || nh > 256 || nkv < 1 || nh % nkv) bench_bad(a, items[j], "NH must be a multiple of NKV, 1..256");
+                if (hd != 64 && hd != 128 && hd != 256) bench_bad(a, items[j], "HD must be 64, 128 or 256");
+                o->attn[j][0] = nh, o->attn[j][1] = nkv, o->attn[j][2] = hd;
+            }
+        } else if (!strcmp(a, "--heads")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->n_heads = bench_split(a, v, items);
+            for (int j = 0; j < o->n_heads; j++) o->heads[j] = (int)bench_parse_int(a, items[j], 1, 256);
+        } else if (!strcmp(a, "--dim")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->dim = (int)bench_parse_int(a, v, 64, 128);
+            if (o->dim != 64 && o->dim != 128) bench_bad(a, v, "must be 64 or 128");
+        } else if (!strcmp(a, "--doc-len")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->n_doc_len = bench_split(a, v, items);
+            for (int j = 0; j < o->n_doc_len; j++) {
+                o->doc_len[j] = bench_parse_int(a, items[j], 0, (int64_t)1 << 22);
+                if (o->doc_len[j] == 1) bench_bad(a, items[j], "must be 0 (one document) or at least 2");
+            }
+        } else if (!strcmp(a, "--config")) o->config = bench_value(argc, argv, &i);
+        else if (!strcmp(a, "--set")) {
+            const char *v = bench_value(argc, argv, &i);
+            if (o->n_sets == BENCH_MAX_SETS) bench_bad(a, v, "more than 64 --set options");
+            for (int k = 0; bench_fixed_keys[k]; k++) {
+                size_t n = strlen(bench_fixed_keys[k]);
+                if (!strncmp(v, bench_fixed_keys[k], n) && v[n] == '=')
+                    bench_bad(a, v, "bench step fixes this key (one GPU, one sample; --tokens sets the length)");
+            }
+            if (!strchr(v, '=')) bench_bad(a, v, "expected key.path=value");
+            o->sets[o->n_sets++] = v;
+        } else if (!strcmp(a, "--tokens")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->tokens = bench_parse_int(a, v, 128, (int64_t)1 << 22);
+            if (o->tokens % 128) bench_bad(a, v, "must be a multiple of 128");
+        } else if (!strcmp(a, "--warmup")) o->warmup = (int)bench_parse_int(a, bench_value(argc, argv, &i), 0, 100);
+        else if (!strcmp(a, "--reps")) o->reps = (int)bench_parse_int(a, bench_value(argc, argv, &i), 1, 1000);
+        else if (!strcmp(a, "--max-s")) o->max_s = bench_parse_double(a, bench_value(argc, argv, &i), 0, 3600);
+        else if (!strcmp(a, "--peak-tflops"))
+            o->peak_tflops = bench_parse_double(a, bench_value(argc, argv, &i), 1, 1e5);
+        else if (!strcmp(a, "--hbm-tbps")) o->hbm_tbps = bench_parse_double(a, bench_value(argc, argv, &i), 0.01, 1e3);
+        else if (!strcmp(a, "--peer")) o->peer = 1;
+        else if (!strcmp(a, "--write-requests")) o->write_requests = 1;
+        else if (!strcmp(a, "--peer-dir")) o->peer_dir = bench_value(argc, argv, &i);
+        else if (!strcmp(a, "--python")) o->python = bench_value(argc, argv, &i);
+        else if (!strcmp(a, "--peer-timeout"))
+            o->peer_timeout = bench_parse_double(a, bench_value(argc, argv, &i), 1, 86400);
+        else if (!strcmp(a, "--out")) o->out_dir = bench_value(argc, argv, &i);
+        else if (!strcmp(a, "--seed")) o->seed = (uint64_t)bench_parse_int(a, bench_value(argc, argv, &i), 0, INT64_MAX);
+        else bench_bad(a, NULL, a[0] == '-' ? "unknown option" : "unexpected argument");
+    }
+}
+
+/* ---- the cases ---------------------------------------------------------------- */
+
+static json_t *bench_request(const BenchOptions *o, BenchKind kind) {
+    return json_pack("{ss ss si si sf sI s[]}", "schema", "ringscan-bench-request/1", "kind", bench_kind_names[kind],
+                     "warmup", o->warmup, "reps", o->reps, "max_s", o->max_s, "seed", (json_int_t)o->seed, "cases");
+}
+
+static void bench_attn_cases(const BenchOptions *o, json_t *cases) {
+    for (int t = 0; t < o->nT; t++)
+        for (int s = 0; s < o->n_attn; s++) {
+            char name[96];
+            snprintf(name, sizeof name, "T%lld_nh%d_nkv%d_hd%d", (long long)o->T[t], o->attn[s][0], o->attn[s][1],
+                     o->attn[s][2]);
+            json_array_append_new(cases, json_pack("{ss sI si si si sb}", "name", name, "T", (json_int_t)o->T[t], "nh",
+                                                   o->attn[s][0], "nkv", o->attn[s][1], "hd", o->attn[s][2], "causal",
+                                                   1));
+        }
+}
+
+/* Document boundaries of a sample of T tokens with mean length L (0: one document): lengths
+ * drawn uniformly in [L/2, 3L/2), the last document takes what is left. */
+static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed) {
+    json_t *cu = json_array();
+    json_array_append_new(cu, json_integer(0));
+    Rng r;
+    rng_init(&r, seed, 0xd0c5);
+    int64_t at = 0;
+    while (L > 0 && T - at > L + L / 2) {
+        at += L / 2 + (int64_t)rng_below(&r, (uint64_t)L);
+        json_array_append_new(cu, json_integer(at));
+    }
+    json_array_append_new(cu, json_integer(T));
+    return cu;
+}
+
+static void bench_gdn_cases(const BenchOptions *o, json_t *cases) {
+    for (int t = 0; t < o->nT; t++)
+        for (int h = 0; h < o->n_heads; h++)
+            for (int d = 0; d < o->n_doc_len; d++) {
+                json_t *cu = bench_cu_seqlens(o->T[t], o->doc_len[d], o->seed);
+                char name[96];
+                snprintf(name, sizeof name, "T%lld_H%d_K%d_docs%zu", (long long)o->T[t], o->heads[h], o->dim,
+                         json_array_size(cu) - 1);
+                json_array_append_new(cases, json_pack("{ss sI si si si so}", "name", name, "T", (json_int_t)o->T[t],
+                                                       "H", o->heads[h], "K", o->dim, "V", o->dim, "cu_seqlens", cu));
+            }
+}
+
+/* Loads --config with --set, then the keys bench fixes; any error: printed, exit 2. */
+static void bench_load_config(Config *cfg, const BenchOptions *o) {
+    ConfigErrors err = {0};
+    config_init_defaults(cfg);
+    config_load_file(cfg, o->config, &err);
+    int k = 0;
+    for (int i = 0; i < o->n_sets; i++) config_apply_set(cfg, o->sets[i], k++, &err);
+    char fixed[8][64];
+    snprintf(fixed[0], 64, "data.seq_len=%lld", (long long)o->tokens);
+    const char *rest[] = {"parallel.dp=1", "parallel.cp=1", "train.grad_accum=1", "data.micro_batch=1",
+                          "device.kind=cuda", "slurm.nodes=1", "slurm.gpus_per_node=1"};
+    for (int i = 0; i < 7; i++) snprintf(fixed[i + 1], 64, "%s", rest[i]);
+    for (int i = 0; i < 8; i++) config_apply_set(cfg, fixed[i], k++, &err);
+    if (err.count == 0) config_validate(cfg, &err);
+    if (err.count) {
+        for (char *line = err.text; line && *line;) {
+            char *nl = strchr(line, '\n');
+            fprintf(stderr, "ringscan bench: --config %s: error: %.*s\n", o->config,
+                    nl ? (int)(nl - line) : (int)strlen(line), line);
+            line = nl ? nl + 1 : NULL;
+        }
+        exit(RS_EXIT_USAGE);
+    }
+    config_errors_free(&err);
+}
+
+static json_t *bench_step_request_case(const Config *cfg, const BenchOptions *o) {
+    const ModelConfig *m = &cfg->model;
+    char name[160];
+    const char *base = strrchr(o->config, '/');
+    base = base ? base + 1 : o->config;
+    int len = (int)strlen(base);
+    if (len > 5 && !strcmp(base + len - 5, ".yaml")) len -= 5;
+    snprintf(name, sizeof name, "%.*s_T%lld", len > 100 ? 100 : len, base, (long long)cfg->data.seq_len);
+    json_t *types = json_array();
+    for (int l = 0; l < m->num_hidden_layers; l++)
+        json_array_append_new(types, json_string(layer_kind_names[config_layer_kind(cfg, l)]));
+    json_t *model = json_pack(
+        "{sI sI sI sI so sI sI sI sf sf sI sI sI sI sI sf sb ss sf sI}", "vocab_size", (json_int_t)m->vocab_size,
+        "hidden_size", (json_int_t)m->hidden_size, "intermediate_size", (json_int_t)m->intermediate_size,
+        "num_hidden_layers", (json_int_t)m->num_hidden_layers, "layer_types", types, "num_attention_heads",
+        (json_int_t)m->num_attention_heads, "num_key_value_heads", (json_int_t)m->num_key_value_heads, "head_dim",
+        (json_int_t)m->head_dim, "partial_rotary_factor", m->partial_rotary_factor, "rope_theta", m->rope_theta,
+        "linear_num_key_heads", (json_int_t)m->linear_num_key_heads, "linear_num_value_heads",
+        (json_int_t)m->linear_num_value_heads, "linear_key_head_dim", (json_int_t)m->linear_key_head_dim,
+        "linear_value_head_dim", (json_int_t)m->linear_value_head_dim, "linear_conv_kernel_dim",
+        (json_int_t)m->linear_conv_kernel_dim, "rms_norm_eps", m->rms_norm_eps, "tie_word_embeddings",
+        m->tie_word_embeddings, "hidden_act", hidden_act_names[m->hidden_act], "initializer_range",
+        m->initializer_range, "max_position_embeddings", (json_int_t)cfg->data.seq_len);
+    json_t *train = json_pack("{sf sf sf sf sf sf}", "lr", cfg->train.lr, "weight_decay", cfg->train.weight_decay,
+                              "beta1", cfg->train.beta1, "beta2", cfg->train.beta2, "eps", cfg->train.eps,
+                              "grad_clip", cfg->train.grad_clip);
+    return json_pack("{ss sI so so}", "name", name, "T", (json_int_t)cfg->data.seq_len, "model", model, "train", train);
+}
+
+/* ---- FLOPs, bytes, floors ------------------------------------------------------- */
+
+typedef struct {
+    double flops_fwd, flops_fb, bytes_fwd, bytes_fb;
+} BenchWork;
+
+static BenchWork bench_work(BenchKind kind, const json_t *c) {
+    BenchWork w = {0};
+    double T = (double)json_integer_value(json_object_get(c, "T"));
+    if (kind == BENCH_ATTN) {
+        double nh = (double)json_integer_value(json_object_get(c, "nh"));
+        double nkv = (double)json_integer_value(json_object_get(c, "nkv"));
+        double hd = (double)json_integer_value(json_object_get(c, "hd"));
+        w.flops_fwd = 4.0 * T * T / 2 * hd * nh;
+        w.flops_fb = 3.5 * w.flops_fwd;
+        w.bytes_fwd = 2 * (2 * T * nh * hd + 2 * T * nkv * hd) + 4 * T * nh;          /* q,o; k,v; lse */
+        w.bytes_fb = w.bytes_fwd + 2 * (4 * T * nh * hd + 4 * T * nkv * hd) + 4 * T * nh; /* + q,o,dO,dq; k,v,dk,dv; lse */
+    } else if (kind == BENCH_GDN) {
+        double H = (double)json_integer_value(json_object_get(c, "H"));
+        double K = (double)json_integer_value(json_object_get(c, "K"));
+        double V = (double)json_integer_value(json_object_get(c, "V"));
+        json_t *cu = json_object_get(c, "cu_seqlens");
+        double chunks = 0;
+        for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
+            int64_t len = json_integer_value(json_array_get(cu, d + 1)) - json_integer_value(json_array_get(cu, d));
+            chunks += (double)((len + GDN_CHUNK - 1) / GDN_CHUNK);
+        }
+        double f, b;
+        plan_gdn_chunk_flops(GDN_CHUNK, K, V, &f, &b);
+        w.flops_fwd = H * chunks * f;
+        w.flops_fb = H * chunks * (f + b);
+        w.bytes_fwd = 2 * T * H * (2 * K + 2 * V) + 8 * T * H; /* q,k,v,o bf16; g,beta fp32 */
+        w.bytes_fb = w.bytes_fwd + 2 * T * H * (2 * K + V) + 2 * T * H * V + 8 * T * H /* q,k,v; dO; g,beta */
+                     + 2 * T * H * (2 * K + V) + 8 * T * H;                           /* dq,dk,dv; dg,dbeta */
+    }
+    return w;
+}
+
+static double bench_floor_ms(double flops, double bytes, const BenchDevice *d) {
+    double c = flops / (d->peak_tflops * 1e12), b = bytes / (d->hbm_tbps * 1e12);
+    return 1e3 * (c > b ? c : b);
+}
+
+/* ---- tables ---------------------------------------------------------------------- */
+
+static double bench_num(const json_t *r, const char *key) {
+    json_t *v = json_object_get(r, key);
+    return v && json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+static const json_t *bench_find(const json_t *results, const char *cname, const char *impl) {
+    size_t i;
+    json_t *r;
+    json_array_foreach(results, i, r) {
+        const char *c = json_string_value(json_object_get(r, "case")), *m = json_string_value(json_object_get(r, "impl"));
+        if (c && m && !strcmp(c, cname) && (!impl || !strcmp(m, impl))) return r;
+    }
+    return NULL;
+}
+
+static void bench_fmt(char *buf, size_t n, const char *fmt, double v) {
+    if (isfinite(v)) snprintf(buf, n, fmt, v);
+    else snprintf(buf, n, "-");
+}
+
+/* One row of the kernel table; `ours` is the ringscan row of the case (NULL for ours). Adds the
+ * computed numbers to `row` for bench.json. */
+static void bench_kernel_row(FILE *f, const char *cname, const json_t *r, const json_t *ours, const BenchWork *w,
+                             const BenchDevice *d, json_t *table) {
+    const char *impl = json_string_value(json_object_get(r, "impl"));
+    json_t *err = json_object_get(r, "error");
+    if (err && json_is_string(err)) {
+        fprintf(f, "%-28s %-16s error: %s\n", cname, impl ? impl : "?", json_string_value(err));
+        json_array_append_new(table, json_pack("{ss ss sO}", "case", cname, "impl", impl ? impl : "?", "error", err));
+        return;
+    }
+    double mf = bench_num(r, "ms_fwd"), mfb = bench_num(r, "ms_fwdbwd");
+    double floor_fb = bench_floor_ms(w->flops_fb, w->bytes_fb, d);
+    double tf = w->flops_fwd / (mf * 1e9), tfb = w->flops_fb / (mfb * 1e9);
+    double rf = ours ? mf / bench_num(ours, "ms_fwd") : NAN, rfb = ours ? mfb / bench_num(ours, "ms_fwdbwd") : NAN;
+    char s[8][32];
+    bench_fmt(s[0], 32, "%.3f", mf);
+    bench_fmt(s[1], 32, "%.3f", mfb);
+    bench_fmt(s[2], 32, "%.1f", tf);
+    bench_fmt(s[3], 32, "%.1f", tfb);
+    bench_fmt(s[4], 32, "%.3f", floor_fb);
+    bench_fmt(s[5], 32, "%.1f", mfb / floor_fb);
+    bench_fmt(s[6], 32, "%.2f", rf);
+    bench_fmt(s[7], 32, "%.2f", rfb);
+    fprintf(f, "%-28s %-16s %10s %10s %8s %8s %9s %7s %7s %7s\n", cname, impl ? impl : "?", s[0], s[1], s[2], s[3],
+            s[4], s[5], s[6], s[7]);
+    json_t *row = json_pack("{ss ss sf sf sf sf sf sf}", "case", cname, "impl", impl ? impl : "?", "ms_fwd", mf,
+                            "ms_fwdbwd", mfb, "tflops_fwd", tf, "tflops_fwdbwd", tfb, "floor_ms_fwdbwd", floor_fb,
+                            "x_floor_fwdbwd", mfb / floor_fb);
+    if (ours) {
+        json_object_set_new(row, "ratio_fwd", json_real(rf));
+        json_object_set_new(row, "ratio_fwdbwd", json_real(rfb));
+    }
+    json_t *note = json_object_get(r, "note");
+    if (note && json_is_string(note)) json_object_set(row, "note", note);
+    json_array_append_new(table, row);
+}
+
+static void bench_print_notes(FILE *f, const json_t *peer) {
+    if (!peer) return;
+    json_t *err = json_object_get(peer, "error");
+    if (err && json_is_string(err)) fprintf(f, "  peer failed: %s\n", json_string_value(err));
+    size_t i;
+    json_t *n;
+    json_array_foreach(json_object_get(peer, "notes"), i, n)
+        if (json_is_string(n)) fprintf(f, "  peer note: %s\n", json_string_value(n));
+    json_t *r;
+    json_array_foreach(json_object_get(peer, "results"), i, r) {
+        json_t *note = json_object_get(r, "note");
+        if (note && json_is_string(note))
+            fprintf(f, "  note (%s, %s): %s\n", json_string_value(json_object_get(r, "case")),
+                    json_string_value(json_object_get(r, "impl")), json_string_value(note));
+    }
+}
+
+static void bench_print_kernels(FILE *f, BenchKind kind, const json_t *req, const json_t *ours, const json_t *peer,
+                                const BenchDevice *d, json_t *table) {
+    if (kind == BENCH_ATTN)
+        fprintf(f, "\nattention: causal, bf16, one document; FLOPs 4*T^2/2*hd*nh forward (causal = half the T x T "
+                   "pairs,\n  2 per multiply-add), backward 2.5x forward (fwd+bwd 3.5x)\n");
+    else
+        fprintf(f, "\nGated DeltaNet chunked delta rule: H key = value heads, bf16 q/k/v, fp32 gates; FLOPs per chunk "
+                   "of 64\n  and head from plan (FLA's kernel split, research/gdn_cp.md §7), whole chunks per document\n");
+    fprintf(f, "  floor = max(FLOPs / %.0f TFLOP/s, minimum bytes / %.2f TB/s); ratio = peer ms / ringscan ms (> 1: "
+               "ringscan faster)\n\n",
+            d->peak_tflops, d->hbm_tbps);
+    fprintf(f, "%-28s %-16s %10s %10s %8s %8s %9s %7s %7s %7s\n", "case", "impl", "ms fwd", "ms f+b", "TF/s fwd",
+            "TF/s f+b", "floor f+b", "x floor", "ratio f", "ratio fb");
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(req, "cases"), i, c) {
+        const char *cname = json_string_value(json_object_get(c, "name"));
+        BenchWork w = bench_work(kind, c);
+        const json_t *mine = bench_find(ours, cname, "ringscan");
+        if (mine) bench_kernel_row(f, cname, mine, NULL, &w, d, table);
+        if (!peer) continue;
+        size_t j;
+        json_t *r;
+        json_array_foreach(json_object_get(peer, "results"), j, r) {
+            const char *rc = json_string_value(json_object_get(r, "case"));
+            if (rc && !strcmp(rc, cname)) bench_kernel_row(f, cname, r, mine, &w, d, table);
+        }
+    }
+    bench_print_notes(f, peer);
+}
+
+static void bench_step_row(FILE *f, const json_t *r, const json_t *ours, double flops_tok, const BenchDevice *d,
+                           json_t *table) {
+    const char *cname = json_string_value(json_object_get(r, "case")), *impl = json_string_value(json_object_get(r, "impl"));
+    json_t *err = json_object_get(r, "error");
+    if (err && json_is_string(err)) {
+        fprintf(f, "%-30s %-18s error: %s\n", cname ? cname : "?", impl ? impl : "?", json_string_value(err));
+        json_array_append_new(table, json_pack("{ss ss sO}", "case", cname ? cname : "?", "impl", impl ? impl : "?",
+                                               "error", err));
+        return;
+    }
+    double ms = bench_num(r, "ms_step"), tok = bench_num(r, "tokens_per_s");
+    double mfu = 100.0 * flops_tok * tok / (d->peak_tflops * 1e12);
+    double peak = bench_num(r, "peak_alloc_bytes") / (1 << 30), used = bench_num(r, "device_used_bytes") / (1 << 30);
+    double ratio = ours ? ms / bench_num(ours, "ms_step") : NAN;
+    char s[6][32];
+    bench_fmt(s[0], 32, "%.1f", ms);
+    bench_fmt(s[1], 32, "%.0f", tok);
+    bench_fmt(s[2], 32, "%.1f%%", mfu);
+    bench_fmt(s[3], 32, "%.2f", peak);
+    bench_fmt(s[4], 32, "%.2f", used);
+    bench_fmt(s[5], 32, "%.2f", ratio);
+    fprintf(f, "%-30s %-18s %9s %9s %7s %10s %10s %7s\n", cname ? cname : "?", impl ? impl : "?", s[0], s[1], s[2],
+            s[3], s[4], s[5]);
+    json_t *row = json_pack("{ss ss sf sf sf sf sf}", "case", cname ? cname : "?", "impl", impl ? impl : "?", "ms_step",
+                            ms, "tokens_per_s", tok, "mfu_percent", mfu, "peak_alloc_gib", peak, "device_used_gib", used);
+    if (ours) json_object_set_new(row, "ratio", json_real(ratio));
+    json_array_append_new(table, row);
+}
+
+static void bench_print_step(FILE *f, const json_t *req, const json_t *ours, const json_t *peer, const Plan *p,
+                             const BenchDevice *d, json_t *table) {
+    fprintf(f, "\ntraining step: one sample of random tokens = one document (attention over the whole causal T x T), "
+               "one GPU,\n  AdamW, grad clipping; MFU = %.3f GFLOP per token (plan's model FLOPs, attention causal) x "
+               "tokens/s / %.0f TFLOP/s;\n  ratio = peer ms / ringscan ms (> 1: ringscan faster)\n  peak alloc: ringscan = backend's peak of live allocations + its workspaces; peers "
+               "= torch.cuda.max_memory_allocated\n  device used: cudaMemGetInfo (context and pools included); peers "
+               "= torch.cuda.max_memory_reserved\n\n",
+            p->flops_model / 1e9, d->peak_tflops);
+    fprintf(f, "%-30s %-18s %9s %9s %7s %10s %10s %7s\n", "case", "impl", "ms/step", "tokens/s", "MFU", "peak GiB",
+            "used GiB", "ratio");
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(req, "cases"), i, c) {
+        const char *cname = json_string_value(json_object_get(c, "name"));
+        const json_t *mine = bench_find(ours, cname, "ringscan");
+        if (mine) bench_step_row(f, mine, NULL, p->flops_model, d, table);
+        if (!peer) continue;
+        size_t j;
+        json_t *r;
+        json_array_foreach(json_object_get(peer, "results"), j, r) {
+            const char *rc = json_string_value(json_object_get(r, "case"));
+            if (rc && !strcmp(rc, cname)) bench_step_row(f, r, mine, p->flops_model, d, table);
+        }
+    }
+    bench_print_notes(f, peer);
+}
+
+/* ---- the device ------------------------------------------------------------------ */
+
+static void bench_device(BenchDevice *d, const BenchOptions *o) {
+    memset(d, 0, sizeof *d);
+#ifdef RS_WITH_CUDA
+    char why[512];
+    if (cuda_backend_probe(why, sizeof why) == 0) {
+        fprintf(stderr, "ringscan bench: device: no usable GPU: %s; bench times GPU kernels and needs one\n", why);
+        exit(RS_EXIT_USAGE);
+    }
+    if (cuda_bench_device(d->name, sizeof d->name, &d->sms, &d->mem_gib) != 0) {
+        fprintf(stderr, "ringscan bench: device: cannot read device 0: %s\n", d->name);
+        exit(RS_EXIT_USAGE);
+    }
+#else
+    (void)o;
+    fprintf(stderr, "ringscan bench: device: this ringscan was built without the cuda backend (nvcc was not found "
+                    "at build time; `ringscan version` says what was built); bench needs a GPU\n");
+    exit(RS_EXIT_USAGE);
+#endif
+    /* datasheet figures of the SXM parts (dense bf16, HBM); others must be given */
+    int h100 = strstr(d->name, "H100") && !strstr(d->name, "PCIe") && !strstr(d->name, "NVL");
+    int h200 = strstr(d->name, "H200") != NULL;
+    d->peak_tflops = o->peak_tflops > 0 ? o->peak_tflops : (h100 || h200) ? 989.0 : 0;
+    d->hbm_tbps = o->hbm_tbps > 0 ? o->hbm_tbps : h200 ? 4.8 : h100 ? 3.35 : 0;
+    d->peak_source = o->peak_tflops > 0 ? "--peak-tflops" : "datasheet, dense bf16";
+    d->hbm_source = o->hbm_tbps > 0 ? "--hbm-tbps" : "datasheet";
+    if (d->peak_tflops <= 0 || d->hbm_tbps <= 0) {
+        fprintf(stderr, "ringscan bench: device: %s is not in bench's table of peaks; give --peak-tflops and "
+                        "--hbm-tbps\n", d->name);
+        exit(RS_EXIT_USAGE);
+    }
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+static double bench_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int bench_main(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(bench_usage, stdout);
+            return RS_EXIT_OK;
+        }
+    BenchOptions o;
+    bench_parse(&o, argc, argv);
+    Config cfg;
+    Plan plan;
+    int have_cfg = o.kinds[BENCH_STEP];
+    if (have_cfg) {
+        bench_load_config(&cfg, &o);
+        plan_build(&plan, &cfg);
+    }
+    BenchDevice dev;
+    if (!o.write_requests) bench_device(&dev, &o);
+    if (mkdir(o.out_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "ringscan bench: --out %s: cannot create: %s\n", o.out_dir, strerror(errno));
+        return RS_EXIT_USAGE;
+    }
+
+    json_t *req[BENCH_KIND_COUNT] = {0}, *peer[BENCH_KIND_COUNT] = {0}, *ours[BENCH_KIND_COUNT] = {0};
+    for (int k = 0; k < BENCH_KIND_COUNT; k++) {
+        if (!o.kinds[k]) continue;
+        req[k] = bench_request(&o, (BenchKind)k);
+        json_t *cases = json_object_get(req[k], "cases");
+        if (k == BENCH_ATTN) bench_attn_cases(&o, cases);
+        else if (k == BENCH_GDN) bench_gdn_cases(&o, cases);
+        else json_array_append_new(cases, bench_step_request_case(&cfg, &o));
+        ours[k] = json_array();
+    }
+    if (o.write_requests) {
+        for (int k = 0; k < BENCH_KIND_COUNT; k++) {
+            if (!o.kinds[k]) continue;
+            char path[4200];
+            snprintf(path, sizeof path, "%s/request_%s.json", o.out_dir, bench_kind_names[k]);
+            bench_write_json(req[k], path);
+            printf("wrote %s (%zu cases)\n", path, json_array_size(json_object_get(req[k], "cases")));
+            json_decref(req[k]);
+            json_decref(ours[k]);
+        }
+        if (have_cfg) {
+            plan_free(&plan);
+            config_free(&cfg);
+        }
+        return RS_EXIT_OK;
+    }
+    time_t now = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
+    printf("ringscan bench | %s | %s, %d SMs, %.1f GiB | peak %.0f TFLOP/s (%s), %.2f TB/s (%s) | commit %s\n", date,
+           dev.name, dev.sms, dev.mem_gib, dev.peak_tflops, dev.peak_source, dev.hbm_tbps, dev.hbm_source, RS_GIT_SHA);
+    printf("timing: CUDA events on the compute stream, %d warm-up run(s), median of up to %d runs (at least 3 once "
+           "%.0f s are spent)\n", o.warmup, o.reps, o.max_s);
+    fflush(stdout);
+
+    int failed = 0;
+    if (o.peer)
+        for (int k = 0; k < BENCH_KIND_COUNT; k++) {
+            if (!o.kinds[k]) continue;
+            printf("peer %s: %s/%s ...\n", bench_kind_names[k], o.peer_dir,
+                   k == BENCH_ATTN ? "attn_sdpa.py" : k == BENCH_GDN ? "gdn_fla.py" : "step_hf.py");
+            fflush(stdout);
+            double t0 = bench_clock();
+            peer[k] = bench_peer_run(&o, (BenchKind)k, req[k]);
+            printf("peer %s: %.1f s\n", bench_kind_names[k], bench_clock() - t0);
+            if (json_object_get(peer[k], "error")) {
+                failed = 1;
+                printf("peer %s failed: %s\n", bench_kind_names[k],
+                       json_string_value(json_object_get(peer[k], "error")));
+            }
+        }
+
+#ifdef RS_WITH_CUDA
+    cuda_backend_init(0);
+    static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN};
+    for (int oi = 0; oi < BENCH_KIND_COUNT; oi++) {
+        int k = order[oi];
+        if (!o.kinds[k]) continue;
+        size_t i;
+        json_t *c;
+        json_array_foreach(json_object_get(req[k], "cases"), i, c) {
+            printf("ringscan %s %s ...", bench_kind_names[k], json_string_value(json_object_get(c, "name")));
+            fflush(stdout);
+            double t0 = bench_clock();
+            json_t *r = k == BENCH_ATTN ? bench_attn_case(c, &o)
+                      : k == BENCH_GDN  ? bench_gdn_case(c, &o)
+                                        : bench_step_case(c, &cfg, &o);
+            printf(" %.1f s\n", bench_clock() - t0);
+            json_array_append_new(ours[k], r);
+        }
+    }
+#endif
+
+    json_t *all = json_pack("{ss ss ss si sf sf}", "schema", "ringscan-bench/1", "date", date, "commit", RS_GIT_SHA,
+                            "sms", dev.sms, "peak_tflops", dev.peak_tflops, "hbm_tbps", dev.hbm_tbps);
+    json_object_set_new(all, "device", json_string(dev.name));
+    for (int k = 0; k < BENCH_KIND_COUNT; k++) {
+        if (!o.kinds[k]) continue;
+        json_t *table = json_array();
+        if (k == BENCH_STEP) bench_print_step(stdout, req[k], ours[k], peer[k], &plan, &dev, table);
+        else bench_print_kernels(stdout, (BenchKind)k, req[k], ours[k], peer[k], &dev, table);
+        json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
+        if (peer[k]) json_object_set(part, "peer", peer[k]);
+        json_object_set_new(all, bench_kind_names[k], part);
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/bench.json", o.out_dir);
+    bench_write_json(all, path);
+    printf("\nresults: %s\n", path);
+    json_decref(all);
+    for (int k = 0; k < BENCH_KIND_COUNT; k++) {
+        json_decref(req[k]);
+        json_decref(peer[k]);
+        json_decref(ours[k]);
+    }
+    if (have_cfg) {
+        plan_free(&plan);
+        config_free(&cfg);
+    }
+    if (failed) fprintf(stderr, "ringscan bench: a peer failed (its rows say why); exit 1\n");
+    return failed ? RS_EXIT_FAIL : RS_EXIT_OK;
+}

@@ -1,0 +1,218 @@
+/*
+ * bench_ops.c — our attention and Gated DeltaNet kernels timed on the GPU for
+ * `ringscan bench attn|gdn` (bench.h). One case of the request at a time:
+ * allocate through the Backend table, fill with random values on the device
+ * (never zeros), then warm-up runs and timed runs, each timed with CUDA events
+ * on the compute stream: mark 0, forward, mark 1, backward, mark 2, so one
+ * run gives the forward time and the forward+backward time. The median of the
+ * timed runs is reported; repeating stops early once the timed runs of the
+ * case took max_s seconds and at least 3 were done.
+ *
+ * Inputs (the peers draw theirs from the same distributions, tests/peer/README.md):
+ *   attention  q, k, v, dO uniform in [-1, 1); one document, causal.
+ *   GDN        q, k uniform in [-1, 1) then L2-normalised per head; v, dO uniform in
+ *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
+ *              in [0.05, 0.95); documents from the case's cu_seqlens.
+ * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
+ * so repeated runs add up; the values are not used.
+ *
+ * Callers: lib/bench.c.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "bench.h"
+#include "error.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_bench.h"
+#endif
+
+#ifdef RS_WITH_CUDA
+
+static int64_t bench_int(const json_t *c, const char *key) {
+    json_t *v = json_object_get(c, key);
+    RS_CHECK(v && json_is_integer(v), "bench case lacks integer \"%s\"", key);
+    return (int64_t)json_integer_value(v);
+}
+
+static int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double bench_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef void (*BenchFn)(void *ctx);
+
+/* Runs fwd then bwd warmup + reps times (see the header); fills the result row. */
+static json_t *bench_time(const char *name, BenchFn fwd, BenchFn bwd, void *ctx, const BenchOptions *o) {
+    CudaBenchTimer *tm = cuda_bench_timer_create();
+    double *f = RS_MALLOC((size_t)o->reps * sizeof(double)), *fb = RS_MALLOC((size_t)o->reps * sizeof(double));
+    int n = 0;
+    double spent = 0;
+    for (int i = 0; i < o->warmup + o->reps; i++) {
+        cuda_bench_mark(tm, 0);
+        fwd(ctx);
+        cuda_bench_mark(tm, 1);
+        bwd(ctx);
+        cuda_bench_mark(tm, 2);
+        double a = cuda_bench_elapsed_ms(tm, 0, 1), b = cuda_bench_elapsed_ms(tm, 0, 2);
+        if (i < o->warmup) continue;
+        f[n] = a;
+        fb[n] = b;
+        n++;
+        spent += b / 1e3;
+        if (n >= 3 && spent > o->max_s) break;
+    }
+    cuda_bench_timer_free(tm);
+    json_t *r = json_pack("{ss ss sf sf si}", "case", name, "impl", "ringscan", "ms_fwd", bench_median(f, n),
+                          "ms_fwdbwd", bench_median(fb, n), "reps", n);
+    free(f);
+    free(fb);
+    return r;
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+typedef struct {
+    const Backend *be;
+    int64_t T;
+    int nh, nkv, hd;
+    void *q, *k, *v, *o, *dout;
+    float *lse, *dq, *dk, *dv;
+    int32_t *pos; /* one document: doc_pos == pos */
+} AttnCase;
+
+static void bench_attn_fwd(void *p) {
+    AttnCase *a = p;
+    a->be->attention_forward(a->o, a->lse, a->q, a->k, a->v, a->pos, a->pos, a->pos, a->pos, a->T, a->T, a->nh, a->nkv,
+                             a->hd, a->nh * a->hd, a->nkv * a->hd, a->nh * a->hd, 1);
+}
+
+static void bench_attn_bwd(void *p) {
+    AttnCase *a = p;
+    a->be->attention_backward(a->dq, a->dk, a->dv, a->dout, a->o, a->lse, a->q, a->k, a->v, a->pos, a->pos, a->pos,
+                              a->pos, a->T, a->T, a->nh, a->nkv, a->hd, a->nh * a->hd, a->nkv * a->hd,
+                              a->nh * a->hd, 1);
+}
+
+static int32_t *bench_upload_i32(const Backend *be, const int32_t *h, int64_t n) {
+    int32_t *d = be->alloc((size_t)n * sizeof(int32_t));
+    be->to_device(d, h, (size_t)n * sizeof(int32_t));
+    return d;
+}
+
+json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
+    AttnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .nh = (int)bench_int(c, "nh"),
+                  .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
+    const Backend *be = a.be;
+    int64_t qn = a.T * a.nh * a.hd, kn = a.T * a.nkv * a.hd;
+    a.q = be->alloc((size_t)qn * 2);
+    a.o = be->alloc((size_t)qn * 2);
+    a.dout = be->alloc((size_t)qn * 2);
+    a.k = be->alloc((size_t)kn * 2);
+    a.v = be->alloc((size_t)kn * 2);
+    a.lse = be->alloc((size_t)(a.T * a.nh) * 4);
+    a.dq = be->alloc((size_t)qn * 4);
+    a.dk = be->alloc((size_t)kn * 4);
+    a.dv = be->alloc((size_t)kn * 4);
+    int32_t *pos = RS_MALLOC((size_t)a.T * sizeof(int32_t));
+    for (int64_t t = 0; t < a.T; t++) pos[t] = (int32_t)t;
+    a.pos = bench_upload_i32(be, pos, a.T);
+    free(pos);
+    uint64_t s = o->seed * 1000003u;
+    cuda_bench_fill_bf16(a.q, qn, s + 1, -1, 1);
+    cuda_bench_fill_bf16(a.k, kn, s + 2, -1, 1);
+    cuda_bench_fill_bf16(a.v, kn, s + 3, -1, 1);
+    cuda_bench_fill_bf16(a.dout, qn, s + 4, -1, 1);
+    json_t *r = bench_time(json_string_value(json_object_get(c, "name")), bench_attn_fwd, bench_attn_bwd, &a, o);
+    void *bufs[] = {a.q, a.o, a.dout, a.k, a.v, a.lse, a.dq, a.dk, a.dv, a.pos};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    return r;
+}
+
+/* ---- Gated DeltaNet ------------------------------------------------------------- */
+
+typedef struct {
+    const Backend *be;
+    int64_t T;
+    int H, K, V;
+    void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    float *g, *beta, *dg, *dbeta;
+    int32_t *doc_pos;
+} GdnCase;
+
+static void bench_gdn_fwd(void *p) {
+    GdnCase *a = p;
+    a->be->gdn_chunk_forward(a->o, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K,
+                             a->V, a->H * a->K, a->H * a->V, a->H * a->V);
+}
+
+static void bench_gdn_bwd(void *p) {
+    GdnCase *a = p;
+    a->be->gdn_chunk_backward(a->dq, a->dk, a->dv, a->dg, a->dbeta, NULL, a->dout, NULL, a->q, a->k, a->v, a->g,
+                              a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V,
+                              a->H * a->V);
+}
+
+json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
+    GdnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .H = (int)bench_int(c, "H"),
+                 .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V")};
+    const Backend *be = a.be;
+    int64_t qn = a.T * a.H * a.K, vn = a.T * a.H * a.V, gn = a.T * a.H;
+    void **act[] = {&a.q, &a.k, &a.dq, &a.dk};
+    for (int i = 0; i < 4; i++) *act[i] = be->alloc((size_t)qn * 2);
+    void **vact[] = {&a.v, &a.o, &a.dout, &a.dv};
+    for (int i = 0; i < 4; i++) *vact[i] = be->alloc((size_t)vn * 2);
+    float **f32[] = {&a.g, &a.beta, &a.dg, &a.dbeta};
+    for (int i = 0; i < 4; i++) *f32[i] = be->alloc((size_t)gn * 4);
+
+    /* doc_pos from the case's document boundaries */
+    json_t *cu = json_object_get(c, "cu_seqlens");
+    RS_CHECK(json_is_array(cu) && json_array_size(cu) >= 2, "bench gdn case lacks cu_seqlens");
+    int32_t *doc_pos = RS_MALLOC((size_t)a.T * sizeof(int32_t));
+    for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
+        int64_t b = json_integer_value(json_array_get(cu, d)), e = json_integer_value(json_array_get(cu, d + 1));
+        RS_CHECK(0 <= b && b < e && e <= a.T, "cu_seqlens[%zu..%zu] = %lld..%lld", d, d + 1, (long long)b,
+                 (long long)e);
+        for (int64_t t = b; t < e; t++) doc_pos[t] = (int32_t)(t - b);
+    }
+    a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
+    free(doc_pos);
+
+    uint64_t s = o->seed * 1000003u + 77;
+    void *raw = be->alloc((size_t)qn * 2);
+    float *rstd = be->alloc((size_t)gn * 4);
+    cuda_bench_fill_bf16(raw, qn, s + 1, -1, 1);
+    be->l2norm_forward(a.q, rstd, raw, a.T, a.H, a.K, a.H * a.K, a.H * a.K);
+    cuda_bench_fill_bf16(raw, qn, s + 2, -1, 1);
+    be->l2norm_forward(a.k, rstd, raw, a.T, a.H, a.K, a.H * a.K, a.H * a.K);
+    be->free(raw);
+    be->free(rstd);
+    cuda_bench_fill_bf16(a.v, vn, s + 3, -1, 1);
+    cuda_bench_fill_bf16(a.dout, vn, s + 4, -1, 1);
+    cuda_bench_fill_f32(a.g, gn, s + 5, -0.1f, -0.001f);
+    cuda_bench_fill_f32(a.beta, gn, s + 6, 0.05f, 0.95f);
+
+    json_t *r = bench_time(json_string_value(json_object_get(c, "name")), bench_gdn_fwd, bench_gdn_bwd, &a, o);
+    void *bufs[] = {a.q, a.k, a.dq, a.dk, a.v, a.o, a.dout, a.dv, a.g, a.beta, a.dg, a.dbeta, a.doc_pos};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    return r;
+}
+
+#else /* built without the cuda backend: bench.c stops before any case (exit 2 naming the device) */
+
+json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
+    (void)c, (void)o;
+    RS_FATAL("bench_attn_case: this ringscan was built without the cuda backend");
+}
+json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
+    (void)c, (void)o;
+    RS_FATAL("bench_gdn_case: this ringscan was built without the cuda backend");
+}
+
+#endif

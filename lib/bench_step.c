@@ -1,0 +1,128 @@
+/*
+ * bench_step.c — one training step of a config on one GPU, timed, for
+ * `ringscan bench step` (bench.h).
+ *
+ * The step is the trainer's (lib/train.c train_loop) without data loading and
+ * logging: zero the gradients, model_forward_backward on one sample, the
+ * global gradient norm, the clipping factor, AdamW on every tensor. The
+ * sample is random token ids (one document of the whole length), uploaded
+ * once. Warm-up steps, then timed steps; each timed step starts and ends with
+ * the compute stream drained, measured by the host clock (a step reads the
+ * loss and the norm on the host, so it is host-synchronous anyway); the
+ * median is reported.
+ *
+ * Memory: the cuda backend's peak of live allocations plus its own buffers
+ * (cuBLASLt workspace, kernel scratch), as `ringscan train` reports it, and
+ * the device's used memory (cudaMemGetInfo: the CUDA context and the kernels'
+ * stream-ordered workspaces included), read after the timed steps.
+ *
+ * Callers: lib/bench.c.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "bench.h"
+#include "error.h"
+#include "model.h"
+#include "rng.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_backend.h"
+#include "cuda_bench.h"
+#endif
+
+#ifdef RS_WITH_CUDA
+
+static double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int bench_step_cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One optimizer step; returns the mean loss. */
+static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int step) {
+    const Backend *be = m->be;
+    const Config *cfg = m->cfg;
+    int64_t nparam = m->ptab.buffer_numel;
+    be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
+    double loss = model_forward_backward(m, b, (float)(1.0 / (double)predicted), 0) / (double)predicted;
+    double gnorm = sqrt(be->sum_squares(m->grads, nparam));
+    float clip = cfg->train.grad_clip > 0 && gnorm > cfg->train.grad_clip ? (float)(cfg->train.grad_clip / gnorm)
+                                                                           : 1.0f;
+    for (int i = 0; i < m->ptab.n; i++) {
+        const ParamTensor *p = &m->ptab.t[i];
+        float wd = model_param_decays(cfg, (ParamGroup)p->group) ? (float)cfg->train.weight_decay : 0.0f;
+        void *compute = m->weights == (void *)m->params ? NULL : (char *)m->weights + p->offset * be->act_size;
+        be->adamw_update(m->params + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, compute,
+                         m->grads + p->offset, p->numel, (float)cfg->train.lr, (float)cfg->train.beta1,
+                         (float)cfg->train.beta2, (float)cfg->train.eps, wd, clip, step);
+    }
+    cuda_bench_sync();
+    return loss;
+}
+
+json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o) {
+    const Backend *be = &backend_cuda;
+    int64_t T = cfg->data.seq_len;
+    Model m;
+    model_init(&m, cfg, be, NULL, T);
+
+    /* one sample of random token ids, one document */
+    int32_t *host = RS_MALLOC((size_t)(4 * T) * sizeof(int32_t));
+    Rng rng;
+    rng_init(&rng, o->seed, 0xbe9c);
+    int64_t V = cfg->model.vocab_size;
+    for (int64_t t = 0; t < T; t++) host[t] = (int32_t)rng_below(&rng, (uint64_t)V);
+    for (int64_t t = 0; t < T; t++) {
+        host[T + t] = t + 1 < T ? host[t + 1] : -1; /* targets */
+        host[2 * T + t] = (int32_t)t;                /* pos */
+        host[3 * T + t] = (int32_t)t;                /* doc_pos */
+    }
+    int32_t *dev = be->alloc((size_t)(4 * T) * sizeof(int32_t));
+    be->to_device(dev, host, (size_t)(4 * T) * sizeof(int32_t));
+    free(host);
+    Batch b = {T, 1, T, dev, dev + T, dev + 2 * T, dev + 3 * T};
+
+    double *ms = RS_MALLOC((size_t)o->reps * sizeof(double));
+    int n = 0, step = 0;
+    double spent = 0, loss = 0;
+    for (int i = 0; i < o->warmup + o->reps; i++) {
+        cuda_bench_sync();
+        double t0 = bench_now();
+        loss = bench_step_once(&m, &b, T - 1, ++step);
+        double dt = bench_now() - t0;
+        if (!isfinite(loss)) RS_FATAL("bench step: non-finite loss %g at step %d", loss, step);
+        if (i < o->warmup) continue;
+        ms[n++] = dt * 1e3;
+        spent += dt;
+        if (n >= 3 && spent > o->max_s) break;
+    }
+    qsort(ms, (size_t)n, sizeof *ms, bench_step_cmp);
+    double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+    CudaMemStats st;
+    cuda_memory_stats(&st);
+    json_t *r = json_pack("{ss ss sf sf sI sI si sf}", "case", json_string_value(json_object_get(c, "name")), "impl",
+                          "ringscan", "ms_step", med, "tokens_per_s", (double)T / (med / 1e3), "peak_alloc_bytes",
+                          (json_int_t)(st.peak_allocated + st.internal), "device_used_bytes",
+                          (json_int_t)st.device_used, "reps", n, "loss", loss);
+    free(ms);
+    be->free(dev);
+    model_free(&m);
+    return r;
+}
+
+#else
+
+json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o) {
+    (void)c, (void)cfg, (void)o;
+    RS_FATAL("bench_step_case: this ringscan was built without the cuda backend");
+}
+
+#endif

@@ -1,0 +1,89 @@
+"""attn_sdpa.py — the attention peer of `ringscan bench attn --peer`: PyTorch's
+torch.nn.functional.scaled_dot_product_attention, once with the flash backend and once with the
+cuDNN backend forced (torch.nn.attention.sdpa_kernel), causal, bf16, forward and forward+backward,
+at the cases of the request (T, nh, nkv, hd). Inputs as ringscan draws them: q, k, v, dO uniform
+in [-1, 1), layout (1, heads, T, hd). GQA through enable_gqa=True; a backend that refuses it gets
+k and v expanded to nh heads before the timed region, and the row's note says so.
+
+Run by `ringscan bench attn --peer` (tests/peer/README.md); standalone:
+  python3 tests/peer/attn_sdpa.py --request runs/bench/request_attn.json --out /tmp/sdpa.json
+"""
+import gc
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import peer_common as pc
+
+BACKENDS = (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION))
+
+
+def run_case(c, req, gen):
+    T, nh, nkv, hd = c["T"], c["nh"], c["nkv"], c["hd"]
+    opts = dict(device="cuda", dtype=torch.bfloat16)
+    q = torch.empty(1, nh, T, hd, **opts).uniform_(-1, 1, generator=gen).requires_grad_()
+    k = torch.empty(1, nkv, T, hd, **opts).uniform_(-1, 1, generator=gen).requires_grad_()
+    v = torch.empty(1, nkv, T, hd, **opts).uniform_(-1, 1, generator=gen).requires_grad_()
+    dout = torch.empty(1, nh, T, hd, **opts).uniform_(-1, 1, generator=gen)
+    rows = []
+    for impl, backend in BACKENDS:
+        row = {"case": c["name"], "impl": impl}
+        for expand in ((False, True) if nkv != nh else (False,)):
+            kk, vv = k, v
+            if expand:
+                kk = k.detach().repeat_interleave(nh // nkv, dim=1).requires_grad_()
+                vv = v.detach().repeat_interleave(nh // nkv, dim=1).requires_grad_()
+
+            def fwd():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=(kk.shape[1] != nh))
+
+            def bwd(o):
+                o.backward(dout)
+
+            def clear():
+                for t in (q, kk, vv):
+                    t.grad = None
+
+            try:
+                ms_f, ms_fb, n = pc.time_fwd_bwd(torch, fwd, bwd, req, before=clear)
+                row.update(ms_fwd=ms_f, ms_fwdbwd=ms_fb, reps=n)
+                row.pop("error", None)
+                if expand:
+                    row["note"] = ("backend refused enable_gqa: k, v expanded to nh heads before the timed region "
+                                   f"(first error: {row.pop('first_error')})")
+                break
+            except RuntimeError as e:
+                row["error"] = pc.short_error(e)
+                if not expand:
+                    row["first_error"] = row["error"]
+            finally:
+                clear()
+        row.pop("first_error", None)
+        rows.append(row)
+        print(f"{c['name']} {impl}: " + (f"fwd {row['ms_fwd']:.3f} ms, fwd+bwd {row['ms_fwdbwd']:.3f} ms"
+                                          if "ms_fwd" in row else row.get("error", "?")), flush=True)
+    del q, k, v, dout
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    a = pc.parse_args(__doc__.splitlines()[0])
+    req = pc.load_request(a.request, "attn")
+    device, sw = pc.device_and_software(torch, {"cudnn": str(torch.backends.cudnn.version())})
+    gen = torch.Generator(device="cuda").manual_seed(req["seed"])
+    results = []
+    for c in req["cases"]:
+        for key in ("name", "T", "nh", "nkv", "hd"):
+            if key not in c:
+                pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
+        results += run_case(c, req, gen)
+    notes = ["layout (1, heads, T, hd) contiguous; is_causal=True; fwd+bwd = o.backward(dO) with fresh grads"]
+    pc.write_result(a.out, "attn", device, sw, notes, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""peer_common.py — what the peer scripts of tests/peer share: reading the request and writing the
+result of the JSON contract (tests/peer/README.md), CUDA-event timing with the same rule as
+`ringscan bench` (warm-up runs, then timed runs, the median; stop repeating once the timed runs
+took max_s seconds and at least 3 were done), and the description of the device and software.
+
+Called by attn_sdpa.py, gdn_fla.py and step_hf.py (which `ringscan bench --peer` runs as
+`python3 SCRIPT --request REQ.json --out RESULT.json`).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+REQUEST_SCHEMA = "ringscan-bench-request/1"
+RESULT_SCHEMA = "ringscan-bench-result/1"
+
+
+def usage_exit(msg):
+    print(f"{os.path.basename(sys.argv[0])}: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(description):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--request", required=True, help="request file written by `ringscan bench --peer`")
+    ap.add_argument("--out", required=True, help="where the result JSON goes")
+    return ap.parse_args()
+
+
+def load_request(path, kind):
+    try:
+        with open(path) as f:
+            req = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        usage_exit(f"--request {path}: {e}")
+    if req.get("schema") != REQUEST_SCHEMA:
+        usage_exit(f"--request {path}: key 'schema' is {req.get('schema')!r}, expected {REQUEST_SCHEMA!r}")
+    if req.get("kind") != kind:
+        usage_exit(f"--request {path}: key 'kind' is {req.get('kind')!r}, this script runs {kind!r}")
+    for key, typ in (("warmup", int), ("reps", int), ("max_s", (int, float)), ("seed", int), ("cases", list)):
+        if not isinstance(req.get(key), typ):
+            usage_exit(f"--request {path}: key {key!r} missing or of the wrong type")
+    return req
+
+
+def device_and_software(torch, extra=None):
+    sw = {"python": sys.version.split()[0], "torch": torch.__version__}
+    try:
+        import triton
+        sw["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if extra:
+        sw.update(extra)
+    return torch.cuda.get_device_name(0), sw
+
+
+def time_fwd_bwd(torch, fwd, bwd, req, before=None):
+    """fwd() -> state; bwd(state). Events around each: (ms_fwd median, ms_fwdbwd median, runs)."""
+    e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    f, fb, spent = [], [], 0.0
+    for i in range(req["warmup"] + req["reps"]):
+        if before:
+            before()
+        e0.record()
+        st = fwd()
+        e1.record()
+        bwd(st)
+        e2.record()
+        e2.synchronize()
+        del st
+        if i < req["warmup"]:
+            continue
+        f.append(e0.elapsed_time(e1))
+        fb.append(e0.elapsed_time(e2))
+        spent += fb[-1] / 1e3
+        if len(fb) >= 3 and spent > req["max_s"]:
+            break
+    return statistics.median(f), statistics.median(fb), len(fb)
+
+
+def write_result(path, kind, device, software, notes, results):
+    out = {"schema": RESULT_SCHEMA, "kind": kind, "device": device, "software": software, "notes": notes,
+           "results": results}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(tmp, path)
+
+
+def short_error(e):
+    s = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return s if len(s) < 300 else s[:297] + "..."
