@@ -98,6 +98,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
+#include <stdlib.h>
+
+#include "cuda_attention_v2.h"
+#include "cuda_attention_wgmma.h"
 #include "cuda_common.h"
 #include "cuda_kernels.h"
 
@@ -531,6 +536,258 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_forward_kernel(const
         for (int db = 0; db < DB; db++)
             *reinterpret_cast<__nv_bfloat162 *>(orow + db * 8 + 2 * t) =
                 __floats2bfloat162_rn(o[db][2 * rr] * inv, o[db][2 * rr + 1] * inv);
+        if (t == 0) p.lse_w[(int64_t)row[rr] * p.nh + h] = empty ? -INFINITY : (m[rr] + log2f(lsum)) * ATTN_LN2;
+    }
+}
+
+/* ---- forward v2: wgmma + TMA, warp-specialised (sm_90a) -------------------------------------- */
+
+#define AWG_BM      128 /* query rows per block: two consumer warpgroups of 64 rows */
+#define AWG_THREADS 384 /* warpgroup 0: producer (one warp loads); warpgroups 1, 2: consumers */
+
+template <int HD>
+struct AttnWgCfg {
+    static constexpr int BN = HD == 256 ? 64 : 128; /* keys per tile (registers: S is 64 x BN fp32 per warpgroup) */
+    static constexpr int ST = HD == 64 ? 4 : 2;     /* K/V stages of the ring */
+    static constexpr int PANELS = HD / 64;          /* 128-byte column panels of a tile (64 bf16 each) */
+    static constexpr int q_bytes = AWG_BM * HD * 2;
+    static constexpr int kv_bytes = BN * HD * 2; /* one K or V tile */
+    static constexpr int meta_bytes = 2 * BN * 4; /* pos, doc_pos of the keys of a tile */
+    static constexpr int off_k = q_bytes;
+    static constexpr int off_v = off_k + ST * kv_bytes;
+    static constexpr int off_meta = off_v + ST * kv_bytes;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* q, full[ST], empty[ST] (8 bytes each) */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST) + 1024; /* + slack to align the base to 1024 */
+};
+
+/* Tiles in shared memory: a (rows x HD) bf16 tile is HD/64 panels of (rows x 128 bytes), row r of a
+ * panel at r * 128 with its 16-byte chunks XOR-swizzled by r % 8: what TMA writes with the 128-byte
+ * swizzle and what wgmma reads through a 128-byte-swizzle descriptor. */
+template <int HD>
+static __global__ void __launch_bounds__(AWG_THREADS, 1)
+    attn_fwd_wg_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+    typedef AttnWgCfg<HD> C;
+    constexpr int BN = C::BN, ST = C::ST, R = BN / ATTN_TILE; /* 64-key tiles of the bitmasks per key tile */
+    constexpr int NS = BN / 2, NO = HD / 2;                   /* accumulator registers of S and O per thread */
+    extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
+    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    int *sMeta = reinterpret_cast<int *>(attn_smem + (base - raw) + C::off_meta); /* stage s: pos[BN], doc_pos[BN] */
+    const uint32_t sQ = base, sK = base + C::off_k, sV = base + C::off_v;
+    const uint32_t bar_q = base + C::off_bar, bar_full = bar_q + 8, bar_empty = bar_full + 8 * ST;
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int h = blockIdx.x, qb = gridDim.y - 1 - blockIdx.y, kvh = h / p.group, q0 = qb * AWG_BM;
+    /* the block's two 64-row query tiles 2qb, 2qb+1 (the second may lie past the end) */
+    const uint32_t *live_a = p.q_live + (int64_t)(2 * qb) * p.nkw;
+    const uint32_t *live_b = 2 * qb + 1 < p.nq ? p.q_live + (int64_t)(2 * qb + 1) * p.nkw : nullptr;
+    /* the first key tile >= from that either query tile sees, or -1: producer and consumers walk the same list */
+    auto next_tile = [&](int from) -> int {
+        int a = attn_next_live(live_a, p.nkw, from * R);
+        if (live_b) {
+            const int b = attn_next_live(live_b, p.nkw, from * R);
+            if (b >= 0 && (a < 0 || b < a)) a = b;
+        }
+        return a < 0 ? -1 : a / R;
+    };
+
+    if (tid == 0) {
+        attn_mbar_init(bar_q, 1);
+        for (int s = 0; s < ST; s++) {
+            attn_mbar_init(bar_full + 8 * s, 32); /* the producer warp's lanes (lane 0 with the TMA bytes) */
+            attn_mbar_init(bar_empty + 8 * s, 8); /* the 8 consumer warps */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* ---- producer ---- */
+        attn_setmaxnreg_dec<40>();
+        if (tid >= 32) return;
+        const int lane = tid;
+        int j = next_tile(0);
+        if (j < 0) return;
+        if (lane == 0) {
+            attn_mbar_arrive_tx(bar_q, C::q_bytes);
+#pragma unroll
+            for (int pn = 0; pn < C::PANELS; pn++) attn_tma_load_2d(sQ + pn * AWG_BM * 128, &tm_q, h * HD + pn * 64, q0, bar_q);
+        }
+        for (int it = 0; j >= 0; it++, j = next_tile(j + 1)) {
+            const int s = it % ST;
+            if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+            int *mp = sMeta + s * 2 * BN;
+            for (int r = lane; r < BN; r += 32) {
+                const int key = j * BN + r;
+                const bool ok = key < p.Tk;
+                mp[r] = ok ? __ldg(p.pos_k + key) : 0;
+                mp[BN + r] = ok ? __ldg(p.doc_pos_k + key) : 0;
+            }
+            if (lane == 0) {
+                attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::kv_bytes);
+#pragma unroll
+                for (int pn = 0; pn < C::PANELS; pn++) {
+                    attn_tma_load_2d(sK + s * C::kv_bytes + pn * BN * 128, &tm_k, kvh * HD + pn * 64, j * BN,
+                                     bar_full + 8 * s);
+                    attn_tma_load_2d(sV + s * C::kv_bytes + pn * BN * 128, &tm_v, kvh * HD + pn * 64, j * BN,
+                                     bar_full + 8 * s);
+                }
+            } else {
+                attn_mbar_arrive(bar_full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers: warpgroup cw owns query rows q0 + 64 cw .. + 63 ---- */
+    attn_setmaxnreg_inc<232>();
+    const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mytile = 2 * qb + cw;
+    const uint32_t *mylive = mytile < p.nq ? p.q_live + (int64_t)mytile * p.nkw : nullptr;
+    const uint32_t *mypart = mytile < p.nq ? p.q_part + (int64_t)mytile * p.nkw : nullptr;
+    int row[2], qpos[2], qdoc[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        row[rr] = q0 + cw * 64 + warp * 16 + g + 8 * rr;
+        qpos[rr] = row[rr] < p.Tq ? p.pos_q[row[rr]] : 0;
+        qdoc[rr] = row[rr] < p.Tq ? qpos[rr] - p.doc_pos_q[row[rr]] : 0;
+    }
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* running max (scaled, log2 domain), partial sums */
+    const float sl2 = p.scale_log2;
+    const uint32_t qa = sQ + cw * 64 * 128; /* this warpgroup's 64 rows inside each Q panel */
+
+    int j = next_tile(0);
+    if (j >= 0) attn_mbar_wait(bar_q, 0);
+    int pend = -1; /* the stage an issued P V product still reads (released after its wait) */
+    for (int it = 0; j >= 0; it++) {
+        const int s = it % ST, jn = next_tile(j + 1);
+        bool live = false, part = false;
+        if (mylive) {
+            if (R == 1) {
+                live = attn_bit(mylive, j);
+                part = attn_bit(mypart, j);
+            } else { /* two 64-key tiles; one seen and one not is tested element by element */
+                const int j0 = 2 * j, j1 = 2 * j + 1;
+                const bool l0 = attn_bit(mylive, j0), l1 = j1 < p.nk && attn_bit(mylive, j1);
+                live = l0 || l1;
+                part = l0 != l1 || attn_bit(mypart, j0) || (j1 < p.nk && attn_bit(mypart, j1));
+            }
+        }
+        attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+        if (!live) { /* this warpgroup's rows see none of these keys */
+            __syncwarp();
+            if (lane == 0) attn_mbar_arrive(bar_empty + 8 * s);
+            j = jn;
+            continue;
+        }
+
+        /* S = Q K^T (64 x BN per warpgroup), operands straight from shared memory */
+        float sc[NS];
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint64_t da = attn_gdesc(qa + (kk >> 2) * (AWG_BM * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t db = attn_gdesc(sK + s * C::kv_bytes + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+            if constexpr (BN == 128) attn_wgmma_ss_n128(sc, da, db, kk > 0);
+            else attn_wgmma_ss_n64(sc, da, db, kk > 0);
+        }
+        attn_wg_commit();
+        attn_wg_wait<0>(); /* this S and the previous tile's P V are done */
+#pragma unroll
+        for (int i = 0; i < NS; i++) attn_reg_fence(sc[i]);
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+        if (pend >= 0) {
+            __syncwarp();
+            if (lane == 0) attn_mbar_arrive(bar_empty + 8 * pend);
+            pend = -1;
+        }
+
+        if (part) {
+            const int *kp = sMeta + s * 2 * BN, *kd = kp + BN;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int c = nb * 8 + 2 * t + e;
+                    const int kpos = kp[c], kdoc = kpos - kd[c];
+                    const bool kin = j * BN + c < p.Tk;
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++)
+                        if (!(kin && kdoc == qdoc[rr] && (!p.causal || kpos <= qpos[rr]))) sc[4 * nb + 2 * rr + e] = -INFINITY;
+                }
+        }
+
+        /* online softmax in the log2 domain: P = exp2(S scale log2e - max) */
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++) mx = fmaxf(mx, fmaxf(sc[4 * nb + 2 * rr], sc[4 * nb + 2 * rr + 1]));
+            mx = attn_quad_max(mx);
+            const float m_new = fmaxf(m[rr], mx * sl2);
+            const float base_m = m_new == -INFINITY ? 0.0f : m_new; /* all masked so far: p = 0, no NaN */
+            const float alpha = exp2f(m[rr] - base_m);
+            m[rr] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float pr = exp2f(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
+                    sc[4 * nb + 2 * rr + e] = pr;
+                    sum += pr;
+                }
+            l[rr] = l[rr] * alpha + sum;
+#pragma unroll
+            for (int db = 0; db < HD / 8; db++) o[4 * db + 2 * rr] *= alpha, o[4 * db + 2 * rr + 1] *= alpha;
+        }
+
+        /* O += P V: P from the S accumulators (same fragment layout), V through a transposed descriptor */
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = attn_pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = attn_pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = attn_pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = attn_pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            const uint64_t db = attn_gdesc(sV + s * C::kv_bytes + kk * 16 * 128, BN * 128, 1024);
+            if constexpr (HD == 64) attn_wgmma_rs_t_n64(o, pa[kk], db);
+            else if constexpr (HD == 128) attn_wgmma_rs_t_n128(o, pa[kk], db);
+            else attn_wgmma_rs_t_n256(o, pa[kk], db);
+        }
+        attn_wg_commit();
+        pend = s;
+        j = jn;
+    }
+    attn_wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+    if (pend >= 0) {
+        __syncwarp();
+        if (lane == 0) attn_mbar_arrive(bar_empty + 8 * pend);
+    }
+
+    /* out = O / l, lse = (m + log2 l) ln 2; a row that saw no key: out 0, lse -inf */
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const float lsum = attn_quad_sum(l[rr]);
+        if (row[rr] >= p.Tq) continue;
+        const bool empty = m[rr] == -INFINITY;
+        const float inv = empty ? 0.0f : 1.0f / lsum;
+        bf16 *orow = p.out_w + (int64_t)row[rr] * p.ldo + (int64_t)h * HD;
+#pragma unroll
+        for (int db = 0; db < HD / 8; db++)
+            *reinterpret_cast<__nv_bfloat162 *>(orow + db * 8 + 2 * t) =
+                __floats2bfloat162_rn(o[4 * db + 2 * rr] * inv, o[4 * db + 2 * rr + 1] * inv);
         if (t == 0) p.lse_w[(int64_t)row[rr] * p.nh + h] = empty ? -INFINITY : (m[rr] + log2f(lsum)) * ATTN_LN2;
     }
 }
@@ -996,6 +1253,63 @@ static void attn_launch_backward(const AttnParams &p) {
     CUDA_LAUNCH_CHECK();
 }
 
+/* ---- forward v2: host side ---- */
+
+typedef CUresult (*AttnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes of
+ * 64 columns (128 bytes, 128-byte swizzle) by box_rows rows; rows past the end read as zeros */
+static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows) {
+    static AttnEncodeTiled encode;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000,
+                                                    cudaEnableDefault, &q));
+        RS_CHECK(q == cudaDriverEntryPointSuccess && encode, "cuda attention: cuTensorMapEncodeTiled not found");
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    RS_CHECK(r == CUDA_SUCCESS, "cuda attention: cuTensorMapEncodeTiled failed (%d): rows %lld cols %d ld %d",
+             (int)r, (long long)rows, cols, ld);
+}
+
+template <int HD>
+static void attn_launch_forward_v2(const AttnParams &p) {
+    typedef AttnWgCfg<HD> C;
+    static int done;
+    attn_smem_limit(attn_fwd_wg_kernel<HD>, C::bytes, &done);
+    CUtensorMap tq, tk, tv;
+    memset(&tk, 0, sizeof tk);
+    memset(&tv, 0, sizeof tv);
+    attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, AWG_BM);
+    if (p.Tk > 0) { /* Tk = 0: no tile is live, the maps are never read */
+        attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::BN);
+        attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::BN);
+    }
+    const int nqb = (p.Tq + AWG_BM - 1) / AWG_BM;
+    attn_fwd_wg_kernel<HD><<<dim3(p.nh, nqb), AWG_THREADS, C::bytes, cuda_stream()>>>(p, tq, tk, tv);
+    CUDA_LAUNCH_CHECK();
+}
+
+#define ATTN_FWD_DEFAULT 1 /* the forward run unless RS_ATTN_FWD or cuda_attention_fwd_version says otherwise */
+static int attn_fwd_ver;
+
+extern "C" int cuda_attention_fwd_version(int v) {
+    if (!attn_fwd_ver) {
+        const char *e = getenv("RS_ATTN_FWD");
+        attn_fwd_ver = e && !strcmp(e, "v2") ? 2 : e && !strcmp(e, "v1") ? 1 : ATTN_FWD_DEFAULT;
+    }
+    const int old = attn_fwd_ver;
+    RS_CHECK(v >= 0 && v <= 2, "cuda_attention_fwd_version: %d (want 0, 1 or 2)", v);
+    if (v) attn_fwd_ver = v;
+    return old;
+}
+
 extern "C" void cuda_attention_forward(void *out /* (Tq,ldo) nh heads of hd */, float *lse /* (Tq,nh) */,
                                        const void *q /* (Tq,ldq) */, const void *k /* (Tk,ldk) nkv heads */,
                                        const void *v /* (Tk,ldk) */, const int32_t *pos_q /* (Tq) */,
@@ -1010,6 +1324,14 @@ extern "C" void cuda_attention_forward(void *out /* (Tq,ldo) nh heads of hd */, 
     p.out_w = (bf16 *)out;
     p.lse_w = lse;
     attn_plan(&p, 0); /* Tk = 0: no bitmask words, every block writes out 0 and lse -inf */
+    if (cuda_attention_fwd_version(0) == 2) {
+        switch (hd) {
+        case 64: attn_launch_forward_v2<64>(p); break;
+        case 128: attn_launch_forward_v2<128>(p); break;
+        default: attn_launch_forward_v2<256>(p); break;
+        }
+        return;
+    }
     switch (hd) {
     case 64: attn_launch_forward<64>(p); break;
     case 128: attn_launch_forward<128>(p); break;

@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cuda_attention_v2.h"
 #include "cuda_common.h"
 #include "cuda_kernels.h"
 #include "test_util.h"
@@ -306,27 +307,41 @@ static float *ca_out_dense(const CaFwd *f, const CaData *a) {
     return y;
 }
 
-/* forward parity; returns the out error */
+/* forward parity of both forward kernels (v1 mma.sync, v2 wgmma; cuda_attention_v2.h) on the same inputs;
+ * each is run twice and the two results must be bitwise equal. Returns the larger out error. */
 static double ca_test_forward(const CaCase *c, uint64_t seed) {
     CaData a;
     ca_setup(&a, c, seed);
     CaFwd f;
     ca_cpu_forward(&f, &a);
-    ca_cuda_forward(&f, &a, a.d_pos_q, a.d_doc_pos_q);
-    char what[200];
-    snprintf(what, sizeof what, "%s fwd out (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, (long long)a.Tq,
-             (long long)a.Tk, c->nh, c->nkv, c->hd, c->causal ? "causal" : "full", c->strided ? " strided" : "");
-    float *got = ca_out_dense(&f, &a), *want = ca_gather(f.out_ref, a.Tq, a.wq, a.ldo);
-    test_check_rel_f(what, got, want, a.Tq * a.wq, CA_OUT_BOUND);
-    const double err = test_rel_err_f(got, want, a.Tq * a.wq);
-    snprintf(what, sizeof what, "%s fwd lse", c->name);
-    ca_check_lse(what, f.lse, f.lse_ref, a.Tq * c->nh, CA_LSE_BOUND);
-    int64_t written = 0;
-    for (int64_t t = 0; t < a.Tq; t++)
-        for (int i = a.wq; i < a.ldo; i++) written += !isnan(ca_bf16_float(f.out[t * a.ldo + i]));
-    EXPECT(written == 0, "%s: %lld pad elements of out were written", c->name, (long long)written);
+    const int ver0 = cuda_attention_fwd_version(0);
+    double worst = 0;
+    for (int ver = 1; ver <= 2; ver++) {
+        cuda_attention_fwd_version(ver);
+        CaFwd f2 = f;
+        ca_cuda_forward(&f, &a, a.d_pos_q, a.d_doc_pos_q);
+        ca_cuda_forward(&f2, &a, a.d_pos_q, a.d_doc_pos_q);
+        char what[200];
+        snprintf(what, sizeof what, "%s fwd v%d out (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, ver,
+                 (long long)a.Tq, (long long)a.Tk, c->nh, c->nkv, c->hd, c->causal ? "causal" : "full",
+                 c->strided ? " strided" : "");
+        float *got = ca_out_dense(&f, &a), *want = ca_gather(f.out_ref, a.Tq, a.wq, a.ldo);
+        test_check_rel_f(what, got, want, a.Tq * a.wq, CA_OUT_BOUND);
+        const double err = test_rel_err_f(got, want, a.Tq * a.wq);
+        if (err > worst || err != err) worst = err;
+        snprintf(what, sizeof what, "%s fwd v%d lse", c->name, ver);
+        ca_check_lse(what, f.lse, f.lse_ref, a.Tq * c->nh, CA_LSE_BOUND);
+        int64_t written = 0;
+        for (int64_t t = 0; t < a.Tq; t++)
+            for (int i = a.wq; i < a.ldo; i++) written += !isnan(ca_bf16_float(f.out[t * a.ldo + i]));
+        EXPECT(written == 0, "%s v%d: %lld pad elements of out were written", c->name, ver, (long long)written);
+        const int same = memcmp(f.out, f2.out, (size_t)a.Tq * a.ldo * 2) == 0 &&
+                         memcmp(f.lse, f2.lse, (size_t)a.Tq * c->nh * 4) == 0;
+        EXPECT(same, "%s fwd v%d: two runs differ (not deterministic)", c->name, ver);
+    }
+    cuda_attention_fwd_version(ver0);
     ca_dev_free_all();
-    return err;
+    return worst;
 }
 
 /* documents 70,1,1,130,63,2,200,95 cover [0,562): starts at 70 71 72 202 265 267 467, mid-tile (64-row tiles),
@@ -394,6 +409,16 @@ TEST(cuda_attention_forward_large) {
     const CaCase cases[] = {
         {"large_docs_causal", 8, 2, 128, 1, 1, {300, 17, 450, 1, 200, 100000}, R1(0, 1000), R1(0, 1000)},
         {"large_causal_hd64", 4, 4, 64, 1, 0, ONE_DOC, R1(0, 1000), R1(0, 1000)},
+        /* v2's 128-row query blocks and 128-key tiles (64 for hd 256): whole tiles of both classes, a last
+         * query block whose second half lies past the end (700 = 5 x 128 + 60), documents that end inside a
+         * 128-key tile but on a 64-key boundary (256, 320), and a start mid-tile */
+        {"large_causal_hd128_t700", 8, 2, 128, 1, 0, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"large_causal_hd256_t700", 4, 2, 256, 1, 1, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"large_docs64_causal_hd128", 4, 4, 128, 1, 0, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"large_docs64_full_hd64", 4, 1, 64, 0, 1, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"large_docs64_causal_hd256", 4, 2, 256, 1, 0, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"large_mid_causal_hd128", 4, 2, 128, 1, 0, ONE_DOC, R1(100, 900), R1(40, 900)},
+        {"large_q64_k1000_causal", 4, 2, 128, 1, 0, ONE_DOC, R1(936, 1000), R1(0, 1000)},
     };
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) ca_test_forward(&cases[i], 500 + i);
 }
@@ -408,12 +433,18 @@ TEST(cuda_attention_forward_must_fail) {
     for (int64_t i = 0; i < a.Tq; i++) pq[i] = a.pos_q[i] - 1, dq[i] = a.doc_pos_q[i] - 1;
     CaFwd f;
     ca_cpu_forward(&f, &a);
-    ca_cuda_forward(&f, &a, (const int32_t *)ca_upload(pq, a.Tq * 4), (const int32_t *)ca_upload(dq, a.Tq * 4));
-    const double err = test_rel_err_f(ca_out_dense(&f, &a), ca_gather(f.out_ref, a.Tq, a.wq, a.ldo), a.Tq * a.wq);
-    printf("must_fail_diagonal: out rel err %.3e, must exceed the bound %.0e: %s\n", err, CA_OUT_BOUND,
-           err > CA_OUT_BOUND ? "ok" : "NO");
-    EXPECT(err > CA_OUT_BOUND, "a one-token mask error gave out rel err %.3e <= %.0e: the check cannot fail", err,
-           CA_OUT_BOUND);
+    const int32_t *d_pq = (const int32_t *)ca_upload(pq, a.Tq * 4), *d_dq = (const int32_t *)ca_upload(dq, a.Tq * 4);
+    const int ver0 = cuda_attention_fwd_version(0);
+    for (int ver = 1; ver <= 2; ver++) {
+        cuda_attention_fwd_version(ver);
+        ca_cuda_forward(&f, &a, d_pq, d_dq);
+        const double err = test_rel_err_f(ca_out_dense(&f, &a), ca_gather(f.out_ref, a.Tq, a.wq, a.ldo), a.Tq * a.wq);
+        printf("must_fail_diagonal v%d: out rel err %.3e, must exceed the bound %.0e: %s\n", ver, err, CA_OUT_BOUND,
+               err > CA_OUT_BOUND ? "ok" : "NO");
+        EXPECT(err > CA_OUT_BOUND, "v%d: a one-token mask error gave out rel err %.3e <= %.0e: the check cannot fail",
+               ver, err, CA_OUT_BOUND);
+    }
+    cuda_attention_fwd_version(ver0);
     ca_dev_free_all();
 }
 
@@ -669,9 +700,15 @@ TEST(cuda_attention_merge_ring) {
     const CaCase diag = {"ring_zigzag_diag", 4, 2, 256, 1, 0, ONE_DOC, R2(0, 128, 384, 512), R2(0, 128, 384, 512)};
     const int64_t zig3[4] = {0, 37, 128, 256}, diag2[3] = {0, 128, 256};
     const int up3[3] = {0, 1, 2}, mix3[3] = {2, 0, 1}, down2[2] = {1, 0};
-    ca_test_ring(&zig, zig3, 3, up3, 1300);
-    ca_test_ring(&zig, zig3, 3, mix3, 1300);
-    ca_test_ring(&diag, diag2, 2, down2, 1301);
+    const int ver0 = cuda_attention_fwd_version(0);
+    for (int ver = 1; ver <= 2; ver++) {
+        cuda_attention_fwd_version(ver);
+        printf("forward v%d:\n", ver);
+        ca_test_ring(&zig, zig3, 3, up3, 1300);
+        ca_test_ring(&zig, zig3, 3, mix3, 1300);
+        ca_test_ring(&diag, diag2, 2, down2, 1301);
+    }
+    cuda_attention_fwd_version(ver0);
 }
 
 /* ---- timing (information only) --------------------------------------------------------------- */
@@ -684,7 +721,9 @@ static __global__ void ca_fill_kernel(bf16 *x, int64_t n, uint32_t seed) {
     }
 }
 
-static void ca_time_one(int T, int nh, int nkv, int hd) {
+/* median of `reps` timed calls (after one warm-up) of the forward (each version in vers) and of the
+ * backward, causal over one document of T tokens */
+static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
     const int ldq = nh * hd, ldk = 2 * nkv * hd, ldo = nh * hd;
     bf16 *q = (bf16 *)ca_dev_alloc((size_t)T * ldq * 2), *kv = (bf16 *)ca_dev_alloc((size_t)T * ldk * 2);
     bf16 *out = (bf16 *)ca_dev_alloc((size_t)T * ldo * 2), *dout = (bf16 *)ca_dev_alloc((size_t)T * ldo * 2);
@@ -701,31 +740,33 @@ static void ca_time_one(int T, int nh, int nkv, int hd) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    float ms_f[5], ms_b[5];
-    for (int it = -1; it < 5; it++) { /* it = -1: warm-up */
-        CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-        cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos, d_pos, T, T, nh, nkv, hd, ldq,
-                               ldk, ldo, 1);
-        CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms_f[it], e0, e1));
-        CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-        cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos,
-                                d_pos, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
-        CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms_b[it], e0, e1));
-    }
-    /* pos = doc_pos: every token its own document start 0, so one document: plain causal */
-    for (int i = 0; i < 5; i++)
-        for (int j = i + 1; j < 5; j++) {
-            if (ms_f[j] < ms_f[i]) { float x = ms_f[i]; ms_f[i] = ms_f[j]; ms_f[j] = x; }
-            if (ms_b[j] < ms_b[i]) { float x = ms_b[i]; ms_b[i] = ms_b[j]; ms_b[j] = x; }
-        }
     const double fl = 4.0 * T * (double)T / 2 * hd * nh; /* causal counted as half */
-    printf("timing T %d nh %d nkv %d hd %d causal: fwd %.3f ms (%.0f TFLOP/s), bwd %.3f ms (%.0f TFLOP/s at 2.5x fwd "
-           "flops), median of 5\n",
-           T, nh, nkv, hd, ms_f[2], fl / ms_f[2] * 1e-9, ms_b[2], 2.5 * fl / ms_b[2] * 1e-9);
+    const int ver0 = cuda_attention_fwd_version(0);
+    float ms[3][16]; /* fwd v1, fwd v2, bwd */
+    if (reps > 16) reps = 16;
+    for (int which = 0; which < 3; which++) {
+        if (which < 2) cuda_attention_fwd_version(which + 1);
+        for (int it = -1; it < reps; it++) { /* it = -1: warm-up */
+            CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
+            if (which < 2)
+                cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos, d_pos, T, T, nh, nkv, hd,
+                                       ldq, ldk, ldo, 1);
+            else
+                cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pos, d_pos,
+                                        d_pos, d_pos, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
+            CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms[which][it], e0, e1));
+        }
+        for (int i = 0; i < reps; i++) /* pos = doc_pos: every token its own document start 0: plain causal */
+            for (int j = i + 1; j < reps; j++)
+                if (ms[which][j] < ms[which][i]) { float x = ms[which][i]; ms[which][i] = ms[which][j]; ms[which][j] = x; }
+    }
+    cuda_attention_fwd_version(ver0);
+    const float f1 = ms[0][reps / 2], f2 = ms[1][reps / 2], b = ms[2][reps / 2];
+    printf("timing T %d nh %d nkv %d hd %d causal: fwd v1 %.3f ms (%.0f TFLOP/s), fwd v2 %.3f ms (%.0f TFLOP/s, %.2fx), "
+           "bwd %.3f ms (%.0f TFLOP/s at 2.5x fwd flops), median of %d\n",
+           T, nh, nkv, hd, f1, fl / f1 * 1e-9, f2, fl / f2 * 1e-9, f1 / f2, b, 2.5 * fl / b * 1e-9, reps);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     ca_dev_free_all();
@@ -736,7 +777,11 @@ TEST(cuda_attention_timing) {
         printf("cuda_attention_timing: skipped (set RS_ATTN_TIMING=1)\n");
         return;
     }
-    ca_time_one(32768, 16, 16, 128);
-    ca_time_one(32768, 16, 4, 128);
-    ca_time_one(32768, 16, 2, 256);
+    ca_time_one(32768, 16, 16, 128, 5);
+    ca_time_one(32768, 16, 4, 128, 5);
+    ca_time_one(32768, 16, 2, 256, 5);
+    ca_time_one(32768, 16, 16, 64, 5);
+    ca_time_one(131072, 16, 16, 128, 3);
+    ca_time_one(131072, 16, 4, 128, 3);
+    ca_time_one(131072, 16, 2, 256, 3);
 }
