@@ -677,6 +677,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
         attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
         if (!live) { /* this warpgroup's rows see none of these keys */
+            if (pend >= 0) { /* finish the pending P V now: the producer may need its stage before our next live tile */
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+                __syncwarp();
+                if (lane == 0) attn_mbar_arrive(bar_empty + 8 * pend);
+                pend = -1;
+            }
             __syncwarp();
             if (lane == 0) attn_mbar_arrive(bar_empty + 8 * s);
             j = jn;
@@ -789,6 +797,284 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             *reinterpret_cast<__nv_bfloat162 *>(orow + db * 8 + 2 * t) =
                 __floats2bfloat162_rn(o[4 * db + 2 * rr] * inv, o[4 * db + 2 * rr + 1] * inv);
         if (t == 0) p.lse_w[(int64_t)row[rr] * p.nh + h] = empty ? -INFINITY : (m[rr] + log2f(lsum)) * ATTN_LN2;
+    }
+}
+
+/* ---- backward v2: wgmma + TMA, warp-specialised (sm_90a) ------------------------------------- */
+
+/* One kernel body for both backward kernels, each block owning ROWS rows of its own pair of tiles and
+ * streaming 64-row tiles of the other side through a ring:
+ *   DKDV = 1  own K, V (keys);      stream Q, dO of each query head of the group; dV += P^T dO, dK += dS^T Q
+ *   DKDV = 0  own Q, dO (queries);  stream K, V;                                  dQ += dS K
+ * Per streamed tile a consumer warpgroup computes C1 = own_1 X^T and C2 = own_2 Y^T (S and dP, or their
+ * transposes: 64 x 64 each), P and dS elementwise, then the products with the streamed tile as a
+ * transposed (N-major) operand. hd 256: the two warpgroups share the 64 rows and split the output
+ * columns (128 each), recomputing C1 and C2; else each owns 64 rows and every column. */
+template <int HD>
+struct AttnBwdWgCfg {
+    static constexpr bool SPLIT = HD == 256;
+    static constexpr int ROWS = SPLIT ? 64 : 128;
+    static constexpr int OUTW = SPLIT ? 128 : HD;
+    static constexpr int ST = HD == 256 ? 2 : 4;
+    static constexpr int PANELS = HD / 64;
+    static constexpr int own_bytes = ROWS * HD * 2; /* one own tile */
+    static constexpr int tile_bytes = ATTN_TILE * HD * 2; /* one streamed tile */
+    static constexpr int meta_bytes = 4 * ATTN_TILE * 4;  /* lse2, D, pos, doc_pos (dk/dv) or pos, doc_pos (dq) */
+    static constexpr int off_b = own_bytes;
+    static constexpr int off_x = 2 * own_bytes;
+    static constexpr int off_y = off_x + ST * tile_bytes;
+    static constexpr int off_meta = off_y + ST * tile_bytes;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST] */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST) + 1024;
+};
+
+template <int HD, int DKDV>
+static __global__ void __launch_bounds__(AWG_THREADS, 1)
+    attn_bwd_wg_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                       const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_y) {
+    typedef AttnBwdWgCfg<HD> C;
+    constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2;
+    extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
+    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    unsigned char *meta_g = attn_smem + (base - raw) + C::off_meta; /* stage s: 4 arrays of 64 words */
+    const uint32_t sA = base, sB = base + C::off_b, sX = base + C::off_x, sY = base + C::off_y;
+    const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    /* blockIdx.x: kv head (dk/dv) or head (dq); blockIdx.y: row block (dk/dv: in order, the heaviest
+     * under causal first; dq: reversed, the heaviest first) */
+    const int hx = blockIdx.x, rb = DKDV ? (int)blockIdx.y : (int)(gridDim.y - 1 - blockIdx.y);
+    const int kvh = DKDV ? hx : hx / p.group;
+    const int nloop = DKDV ? p.group : 1; /* query heads streamed per own tile */
+    /* the own rows' 64-row tiles and their bitmask rows over the streamed tiles */
+    const int ntiles = DKDV ? p.nk : p.nq, nwords = DKDV ? p.nqw : p.nkw;
+    const uint32_t *lives = DKDV ? p.k_live : p.q_live, *parts = DKDV ? p.k_part : p.q_part;
+    const int t0 = rb * (ROWS / ATTN_TILE);
+    const uint32_t *live_a = lives + (int64_t)t0 * nwords;
+    const uint32_t *live_b = (!C::SPLIT && t0 + 1 < ntiles) ? lives + (int64_t)(t0 + 1) * nwords : nullptr;
+    auto next_tile = [&](int from) -> int {
+        int a = attn_next_live(live_a, nwords, from);
+        if (live_b) {
+            const int b = attn_next_live(live_b, nwords, from);
+            if (b >= 0 && (a < 0 || b < a)) a = b;
+        }
+        return a;
+    };
+    const int first = next_tile(0);
+    if (first < 0) return; /* nothing visible: every gradient += 0 */
+
+    if (tid == 0) {
+        attn_mbar_init(bar_own, 1);
+        for (int s = 0; s < ST; s++) {
+            attn_mbar_init(bar_full + 8 * s, 32);
+            attn_mbar_init(bar_empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int own_col = (DKDV ? kvh : hx) * HD, own_row = rb * ROWS;
+    if (wg == 0) { /* ---- producer ---- */
+        attn_setmaxnreg_dec<56>();
+        if (tid >= 32) return;
+        const int lane = tid;
+        if (lane == 0) {
+            attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
+#pragma unroll
+            for (int pn = 0; pn < C::PANELS; pn++) {
+                attn_tma_load_2d(sA + pn * ROWS * 128, &tm_a, own_col + pn * 64, own_row, bar_own);
+                attn_tma_load_2d(sB + pn * ROWS * 128, &tm_b, own_col + pn * 64, own_row, bar_own);
+            }
+        }
+        int it = 0;
+        for (int hh = 0; hh < nloop; hh++)
+            for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+                const int s = it % ST;
+                if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+                const int r0 = idx * ATTN_TILE;
+                int *mi = reinterpret_cast<int *>(meta_g + s * C::meta_bytes);
+                float *mf = reinterpret_cast<float *>(mi);
+                if (DKDV) {
+                    const int h = kvh * p.group + hh;
+                    for (int r = lane; r < ATTN_TILE; r += 32) {
+                        const bool ok = r0 + r < p.Tq;
+                        mf[r] = p.lse2[(int64_t)h * p.Tq_pad + r0 + r]; /* padded: +inf past Tq */
+                        mf[ATTN_TILE + r] = p.D[(int64_t)h * p.Tq_pad + r0 + r];
+                        mi[2 * ATTN_TILE + r] = ok ? __ldg(p.pos_q + r0 + r) : 0;
+                        mi[3 * ATTN_TILE + r] = ok ? __ldg(p.doc_pos_q + r0 + r) : 0;
+                    }
+                } else {
+                    for (int r = lane; r < ATTN_TILE; r += 32) {
+                        const bool ok = r0 + r < p.Tk;
+                        mi[r] = ok ? __ldg(p.pos_k + r0 + r) : 0;
+                        mi[ATTN_TILE + r] = ok ? __ldg(p.doc_pos_k + r0 + r) : 0;
+                    }
+                }
+                if (lane == 0) {
+                    const int col = (DKDV ? kvh * p.group + hh : kvh) * HD;
+                    attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::tile_bytes);
+#pragma unroll
+                    for (int pn = 0; pn < C::PANELS; pn++) {
+                        attn_tma_load_2d(sX + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_x, col + pn * 64, r0,
+                                         bar_full + 8 * s);
+                        attn_tma_load_2d(sY + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_y, col + pn * 64, r0,
+                                         bar_full + 8 * s);
+                    }
+                } else {
+                    attn_mbar_arrive(bar_full + 8 * s);
+                }
+            }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    attn_setmaxnreg_inc<224>();
+    const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
+    const int mytile = t0 + (C::SPLIT ? 0 : cw);
+    const uint32_t *mylive = mytile < ntiles ? lives + (int64_t)mytile * nwords : nullptr;
+    const uint32_t *mypart = mytile < ntiles ? parts + (int64_t)mytile * nwords : nullptr;
+    /* this thread's two own rows: pos, document start; dq also lse2 and D of the query head */
+    int row[2], rpos[2], rdoc[2];
+    float rl2[2] = {0.0f, 0.0f}, rD[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        row[rr] = own_row + rowoff + warp * 16 + g + 8 * rr;
+        const int T = DKDV ? p.Tk : p.Tq;
+        const int32_t *ps = DKDV ? p.pos_k : p.pos_q, *ds = DKDV ? p.doc_pos_k : p.doc_pos_q;
+        rpos[rr] = row[rr] < T ? ps[row[rr]] : 0;
+        rdoc[rr] = row[rr] < T ? rpos[rr] - ds[row[rr]] : 0;
+        if (!DKDV && mylive) { /* mytile < nq: the row lies inside the padded statistics */
+            rl2[rr] = p.lse2[(int64_t)hx * p.Tq_pad + row[rr]];
+            rD[rr] = p.D[(int64_t)hx * p.Tq_pad + row[rr]];
+        }
+    }
+    float acc1[NO], acc2[DKDV ? NO : 1]; /* dK and dV (dk/dv), or dQ */
+#pragma unroll
+    for (int i = 0; i < NO; i++) acc1[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (DKDV ? NO : 1); i++) acc2[i] = 0.0f;
+    const float sl2 = p.scale_log2;
+
+    attn_mbar_wait(bar_own, 0);
+    int it = 0;
+    for (int hh = 0; hh < nloop; hh++)
+        for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+            const int s = it % ST;
+            const bool live = mylive && attn_bit(mylive, idx);
+            const bool part = live && attn_bit(mypart, idx);
+            attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+            if (live) {
+                const uint32_t xs = sX + s * C::tile_bytes, ys = sY + s * C::tile_bytes;
+                float c1[32], c2[32];
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
+                    attn_wgmma_ss_n64(c1, attn_gdesc(sA + ao, 16, 1024), attn_gdesc(xs + bo, 16, 1024), kk > 0);
+                    attn_wgmma_ss_n64(c2, attn_gdesc(sB + ao, 16, 1024), attn_gdesc(ys + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]), attn_reg_fence(c2[i]);
+
+                /* P (or P^T) into c1, dS (or dS^T) into c2; element (own row rr, streamed column c) */
+                const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
+                const float *mf = reinterpret_cast<const float *>(mi);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = nb * 8 + 2 * t + e;
+                        if (DKDV) {
+                            const float lc = mf[c], dc = mf[ATTN_TILE + c];
+                            const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
+#pragma unroll
+                            for (int rr = 0; rr < 2; rr++) {
+                                const bool vis = !part || (rdoc[rr] == qd && (!p.causal || rpos[rr] <= qp));
+                                const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+                                c1[4 * nb + 2 * rr + e] = pr;
+                                c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - dc);
+                            }
+                        } else {
+                            const int kp = mi[c], kd = kp - mi[ATTN_TILE + c];
+                            const bool kin = idx * ATTN_TILE + c < p.Tk;
+#pragma unroll
+                            for (int rr = 0; rr < 2; rr++) {
+                                const bool vis = !part || (kin && kd == rdoc[rr] && (!p.causal || kp <= rpos[rr]));
+                                const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -rl2[rr])) : 0.0f;
+                                c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - rD[rr]);
+                            }
+                        }
+                    }
+                uint32_t pa[4][4], da[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+                    for (int q4 = 0; q4 < 4; q4++) {
+                        if (DKDV) pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
+                        da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+#pragma unroll
+                for (int i = 0; i < (DKDV ? NO : 1); i++) attn_reg_fence(acc2[i]);
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    /* dk/dv: acc1 = dK += dS^T Q (X = Q), acc2 = dV += P^T dO (Y = dO); dq: acc1 = dQ += dS K (X = K) */
+                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(xs + bo, ATTN_TILE * 128, 1024));
+                    else attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(xs + bo, ATTN_TILE * 128, 1024));
+                    if constexpr (DKDV) {
+                        if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(ys + bo, ATTN_TILE * 128, 1024));
+                        else attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(ys + bo, ATTN_TILE * 128, 1024));
+                    }
+                }
+                attn_wg_commit();
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+#pragma unroll
+                for (int i = 0; i < (DKDV ? NO : 1); i++) attn_reg_fence(acc2[i]);
+            }
+            __syncwarp();
+            if (lane == 0) attn_mbar_arrive(bar_empty + 8 * s);
+        }
+
+    /* += into the fp32 gradients; every element owned by one thread */
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        if (row[rr] >= (DKDV ? p.Tk : p.Tq)) continue;
+        if (DKDV) {
+            const int64_t off = (int64_t)row[rr] * p.ldk + (int64_t)kvh * HD + col0;
+#pragma unroll
+            for (int ob = 0; ob < OUTW / 8; ob++) {
+                float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
+                float2 y = *x;
+                y.x += p.scale * acc1[4 * ob + 2 * rr];
+                y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
+                *x = y;
+                x = reinterpret_cast<float2 *>(p.dv + off + ob * 8 + 2 * t);
+                y = *x;
+                y.x += acc2[(DKDV ? 4 * ob + 2 * rr : 0)];
+                y.y += acc2[(DKDV ? 4 * ob + 2 * rr + 1 : 0)];
+                *x = y;
+            }
+        } else {
+            float *d = p.dq + (int64_t)row[rr] * p.ldq + (int64_t)hx * HD + col0;
+#pragma unroll
+            for (int ob = 0; ob < OUTW / 8; ob++) {
+                float2 *x = reinterpret_cast<float2 *>(d + ob * 8 + 2 * t);
+                float2 y = *x;
+                y.x += p.scale * acc1[4 * ob + 2 * rr];
+                y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
+                *x = y;
+            }
+        }
     }
 }
 
@@ -1296,6 +1582,45 @@ static void attn_launch_forward_v2(const AttnParams &p) {
     CUDA_LAUNCH_CHECK();
 }
 
+template <int HD>
+static void attn_launch_backward_v2(const AttnParams &p) {
+    typedef AttnBwdWgCfg<HD> C;
+    static int done_dkv, done_dq;
+    attn_smem_limit(attn_bwd_wg_kernel<HD, 1>, C::bytes, &done_dkv);
+    attn_smem_limit(attn_bwd_wg_kernel<HD, 0>, C::bytes, &done_dq);
+    CUtensorMap own1, own2, x, y;
+    /* dk/dv: own K, V (ROWS keys), stream Q, dO (64 queries) */
+    attn_tmap(&own1, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&own2, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&x, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
+    attn_tmap(&y, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
+    attn_bwd_wg_kernel<HD, 1><<<dim3(p.nkv, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
+        p, own1, own2, x, y);
+    CUDA_LAUNCH_CHECK();
+    /* dq: own Q, dO (ROWS queries), stream K, V (64 keys) */
+    attn_tmap(&own1, p.q, p.Tq, p.nh * HD, p.ldq, C::ROWS);
+    attn_tmap(&own2, p.dout, p.Tq, p.nh * HD, p.ldo, C::ROWS);
+    attn_tmap(&x, p.k, p.Tk, p.nkv * HD, p.ldk, ATTN_TILE);
+    attn_tmap(&y, p.v, p.Tk, p.nkv * HD, p.ldk, ATTN_TILE);
+    attn_bwd_wg_kernel<HD, 0><<<dim3(p.nh, (p.Tq + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
+        p, own1, own2, x, y);
+    CUDA_LAUNCH_CHECK();
+}
+
+#define ATTN_BWD_DEFAULT 1 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
+static int attn_bwd_ver;
+
+extern "C" int cuda_attention_bwd_version(int v) {
+    if (!attn_bwd_ver) {
+        const char *e = getenv("RS_ATTN_BWD");
+        attn_bwd_ver = e && !strcmp(e, "v2") ? 2 : e && !strcmp(e, "v1") ? 1 : ATTN_BWD_DEFAULT;
+    }
+    const int old = attn_bwd_ver;
+    RS_CHECK(v >= 0 && v <= 2, "cuda_attention_bwd_version: %d (want 0, 1 or 2)", v);
+    if (v) attn_bwd_ver = v;
+    return old;
+}
+
 #define ATTN_FWD_DEFAULT 1 /* the forward run unless RS_ATTN_FWD or cuda_attention_fwd_version says otherwise */
 static int attn_fwd_ver;
 
@@ -1362,6 +1687,14 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
     attn_bwd_prep_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, cuda_stream()>>>(lse2, D, p.dout, p.out, lse, p.Tq,
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
+    if (cuda_attention_bwd_version(0) == 2) {
+        switch (hd) {
+        case 64: attn_launch_backward_v2<64>(p); break;
+        case 128: attn_launch_backward_v2<128>(p); break;
+        default: attn_launch_backward_v2<256>(p); break;
+        }
+        return;
+    }
     switch (hd) {
     case 64: attn_launch_backward<64>(p); break;
     case 128: attn_launch_backward<128>(p); break;

@@ -33,7 +33,9 @@
  * A wrong mask, GQA mapping, scale or stride gives errors of 1e-1 and more; two
  * cases check that the bounds fail for a one-token mask error and a 1% error in
  * P. Backward calls are run twice from the same prefill and must agree bit for
- * bit (determinism). Set RS_ATTN_TIMING=1 to print fwd/bwd times at T = 32k
+ * bit (determinism). Every forward and backward case runs both kernel versions (cuda_attention_v2.h:
+ * v1 mma.sync, v2 wgmma + TMA) against the same cpu result, each twice (bitwise equal). Set
+ * RS_ATTN_TIMING=1 to print fwd/bwd times of both versions and TFLOP/s at T = 32k and 128k
  * (information only: no test depends on a time).
  */
 #include <math.h>
@@ -50,6 +52,13 @@
 #define CA_OUT_BOUND  5e-3 /* the bounds of the header */
 #define CA_LSE_BOUND  1e-5
 #define CA_GRAD_BOUND 5e-3
+
+/* which kernel versions the cases run: RS_ATTN_TEST_FWD / RS_ATTN_TEST_BWD list the digits ("12" when
+ * unset), e.g. RS_ATTN_TEST_FWD=1 to leave a new forward out while it is being debugged */
+static int ca_ver_on(int bwd, int ver) {
+    const char *e = getenv(bwd ? "RS_ATTN_TEST_BWD" : "RS_ATTN_TEST_FWD");
+    return !e || strchr(e, '0' + ver) != NULL;
+}
 
 /* ---- bf16 on the host ------------------------------------------------------------------------ */
 
@@ -317,6 +326,7 @@ static double ca_test_forward(const CaCase *c, uint64_t seed) {
     const int ver0 = cuda_attention_fwd_version(0);
     double worst = 0;
     for (int ver = 1; ver <= 2; ver++) {
+        if (!ca_ver_on(0, ver)) continue;
         cuda_attention_fwd_version(ver);
         CaFwd f2 = f;
         ca_cuda_forward(&f, &a, a.d_pos_q, a.d_doc_pos_q);
@@ -436,6 +446,7 @@ TEST(cuda_attention_forward_must_fail) {
     const int32_t *d_pq = (const int32_t *)ca_upload(pq, a.Tq * 4), *d_dq = (const int32_t *)ca_upload(dq, a.Tq * 4);
     const int ver0 = cuda_attention_fwd_version(0);
     for (int ver = 1; ver <= 2; ver++) {
+        if (!ca_ver_on(0, ver)) continue;
         cuda_attention_fwd_version(ver);
         ca_cuda_forward(&f, &a, d_pq, d_dq);
         const double err = test_rel_err_f(ca_out_dense(&f, &a), ca_gather(f.out_ref, a.Tq, a.wq, a.ldo), a.Tq * a.wq);
@@ -517,45 +528,53 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
 
     const bf16 *d_out = ca_upload_bf16(out, Tq * a.ldo), *d_dout = ca_upload_bf16(dout, Tq * a.ldo);
     const float *d_lse = (const float *)ca_upload(lse_dev, Tq * nh * 4);
-    float *got[2][3];
-    for (int run = 0; run < 2; run++) { /* twice from the same prefill: the bits must agree */
-        float *d_dq = (float *)ca_upload(dq_pre, nq * 4), *d_dk = (float *)ca_upload(dk_pre, nk * 4);
-        float *d_dv = c->strided ? d_dk : (float *)ca_upload(dv_pre, nk * 4);
-        cuda_attention_backward(d_dq + a.qoff, d_dk, d_dv + dv_off, d_dout, d_out, d_lse, a.d_q, a.d_k, a.d_v,
-                                a.d_pos_q, a.d_doc_pos_q, a.d_pos_k, a.d_doc_pos_k, Tq, Tk, nh, c->nkv, c->hd, a.ldq,
-                                a.ldk, a.ldo, c->causal);
-        CUDA_LAUNCH_CHECK();
-        for (int w = 0; w < 3; w++) got[run][w] = (float *)test_alloc((w ? nk : nq) * 4 + 16);
-        ca_download(got[run][0], d_dq, nq * 4);
-        ca_download(got[run][1], d_dk, nk * 4);
-        if (c->strided) memcpy(got[run][2], got[run][1], nk * 4);
-        else ca_download(got[run][2], d_dv, nk * 4);
-    }
+    const int ver0 = cuda_attention_bwd_version(0);
+    double least = INFINITY; /* over the versions, of each version's largest error (the must-fail case needs both large) */
+    for (int ver = 1; ver <= 2; ver++) { /* both backward kernels (cuda_attention_v2.h) on the same inputs */
+        if (!ca_ver_on(1, ver)) continue;
+        cuda_attention_bwd_version(ver);
+        double worst = 0;
+        float *got[2][3];
+        for (int run = 0; run < 2; run++) { /* twice from the same prefill: the bits must agree */
+            float *d_dq = (float *)ca_upload(dq_pre, nq * 4), *d_dk = (float *)ca_upload(dk_pre, nk * 4);
+            float *d_dv = c->strided ? d_dk : (float *)ca_upload(dv_pre, nk * 4);
+            cuda_attention_backward(d_dq + a.qoff, d_dk, d_dv + dv_off, d_dout, d_out, d_lse, a.d_q, a.d_k, a.d_v,
+                                    a.d_pos_q, a.d_doc_pos_q, a.d_pos_k, a.d_doc_pos_k, Tq, Tk, nh, c->nkv, c->hd, a.ldq,
+                                    a.ldk, a.ldo, c->causal);
+            CUDA_LAUNCH_CHECK();
+            for (int w = 0; w < 3; w++) got[run][w] = (float *)test_alloc((w ? nk : nq) * 4 + 16);
+            ca_download(got[run][0], d_dq, nq * 4);
+            ca_download(got[run][1], d_dk, nk * 4);
+            if (c->strided) memcpy(got[run][2], got[run][1], nk * 4);
+            else ca_download(got[run][2], d_dv, nk * 4);
+        }
 
-    const char *names[3] = {"dq", "dk", "dv"};
-    const float *pre[3] = {dq_pre, dk_pre, dv_pre}, *ref[3] = {dq_ref, dk_ref, dv_ref};
-    const int64_t rows[3] = {Tq, Tk, Tk};
-    const int lds[3] = {a.ldq, a.ldk, a.ldk}, offs[3] = {a.qoff, 0, dv_off}, ws[3] = {a.wq, a.wk, a.wk};
-    double worst = 0;
-    char what[200];
-    for (int w = 0; w < 3; w++) {
-        float *gi = ca_increment(got[0][w], pre[w], rows[w], lds[w], offs[w], ws[w]);
-        float *ri = ca_increment(ref[w], pre[w], rows[w], lds[w], offs[w], ws[w]);
-        snprintf(what, sizeof what, "%s bwd %s (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, names[w],
-                 (long long)Tq, (long long)Tk, nh, c->nkv, c->hd, c->causal ? "causal" : "full",
-                 c->strided ? " strided" : "");
-        const double err = test_rel_err_f(gi, ri, rows[w] * ws[w]);
-        if (lse_shift == 0.0f) test_check_rel_f(what, gi, ri, rows[w] * ws[w], CA_GRAD_BOUND);
-        if (err > worst) worst = err;
-        snprintf(what, sizeof what, "%s bwd %s", c->name, names[w]);
-        ca_check_sentinels(what, got[0][w], pre[w], rows[w] * lds[w]);
-        const int64_t n = rows[w] * lds[w];
-        const int same = memcmp(got[0][w], got[1][w], (size_t)n * 4) == 0;
-        EXPECT(same, "%s: two backward runs differ (not deterministic)", what);
-        if (same && lse_shift == 0.0f) printf("%s: two runs bitwise equal\n", what);
+        const char *names[3] = {"dq", "dk", "dv"};
+        const float *pre[3] = {dq_pre, dk_pre, dv_pre}, *ref[3] = {dq_ref, dk_ref, dv_ref};
+        const int64_t rows[3] = {Tq, Tk, Tk};
+        const int lds[3] = {a.ldq, a.ldk, a.ldk}, offs[3] = {a.qoff, 0, dv_off}, ws[3] = {a.wq, a.wk, a.wk};
+        char what[200];
+        for (int w = 0; w < 3; w++) {
+            float *gi = ca_increment(got[0][w], pre[w], rows[w], lds[w], offs[w], ws[w]);
+            float *ri = ca_increment(ref[w], pre[w], rows[w], lds[w], offs[w], ws[w]);
+            snprintf(what, sizeof what, "%s bwd v%d %s (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, ver, names[w],
+                     (long long)Tq, (long long)Tk, nh, c->nkv, c->hd, c->causal ? "causal" : "full",
+                     c->strided ? " strided" : "");
+            const double err = test_rel_err_f(gi, ri, rows[w] * ws[w]);
+            if (lse_shift == 0.0f) test_check_rel_f(what, gi, ri, rows[w] * ws[w], CA_GRAD_BOUND);
+            if (!(err <= worst)) worst = err; /* NaN too */
+            snprintf(what, sizeof what, "%s bwd v%d %s", c->name, ver, names[w]);
+            ca_check_sentinels(what, got[0][w], pre[w], rows[w] * lds[w]);
+            const int64_t n = rows[w] * lds[w];
+            const int same = memcmp(got[0][w], got[1][w], (size_t)n * 4) == 0;
+            EXPECT(same, "%s: two backward runs differ (not deterministic)", what);
+            if (same && lse_shift == 0.0f) printf("%s: two runs bitwise equal\n", what);
+        }
+        if (worst < least) least = worst;
     }
+    cuda_attention_bwd_version(ver0);
     ca_dev_free_all();
-    return worst;
+    return least;
 }
 
 TEST(cuda_attention_backward_self) {
@@ -598,9 +617,18 @@ TEST(cuda_attention_backward_ring_blocks) {
 }
 
 TEST(cuda_attention_backward_large) {
-    const CaCase c = {"bwd_large_docs_causal", 8, 2, 128, 1, 1, {300, 17, 450, 1, 200, 100000}, R1(0, 1000),
-                      R1(0, 1000)};
-    ca_test_backward(&c, 1000, 0.0f);
+    const CaCase cases[] = {
+        {"bwd_large_docs_causal", 8, 2, 128, 1, 1, {300, 17, 450, 1, 200, 100000}, R1(0, 1000), R1(0, 1000)},
+        /* v2's 128-row own blocks (64 for hd 256): a last block half past the end, documents on 64-row but
+         * not 128-row boundaries, queries and keys of different lengths */
+        {"bwd_large_causal_hd128_t700", 8, 2, 128, 1, 0, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"bwd_large_causal_hd256_t700", 4, 2, 256, 1, 1, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"bwd_large_docs64_causal_hd64", 4, 1, 64, 1, 0, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"bwd_large_docs64_full_hd128", 4, 4, 128, 0, 1, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"bwd_large_mid_causal_hd256", 4, 4, 256, 1, 0, ONE_DOC, R1(100, 600), R1(40, 600)},
+        {"bwd_large_q64_k1000_causal", 4, 2, 128, 1, 0, ONE_DOC, R1(936, 1000), R1(0, 1000)},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) ca_test_backward(&cases[i], 1000 + i, 0.0f);
 }
 
 TEST(cuda_attention_backward_must_fail) {
@@ -702,6 +730,7 @@ TEST(cuda_attention_merge_ring) {
     const int up3[3] = {0, 1, 2}, mix3[3] = {2, 0, 1}, down2[2] = {1, 0};
     const int ver0 = cuda_attention_fwd_version(0);
     for (int ver = 1; ver <= 2; ver++) {
+        if (!ca_ver_on(0, ver)) continue;
         cuda_attention_fwd_version(ver);
         printf("forward v%d:\n", ver);
         ca_test_ring(&zig, zig3, 3, up3, 1300);
@@ -741,11 +770,16 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     const double fl = 4.0 * T * (double)T / 2 * hd * nh; /* causal counted as half */
-    const int ver0 = cuda_attention_fwd_version(0);
-    float ms[3][16]; /* fwd v1, fwd v2, bwd */
+    const int ver0 = cuda_attention_fwd_version(0), bver0 = cuda_attention_bwd_version(0);
+    float ms[4][16]; /* fwd v1, fwd v2, bwd v1, bwd v2 */
     if (reps > 16) reps = 16;
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 4; which++) {
+        if (!ca_ver_on(which >= 2, which % 2 + 1)) {
+            for (int i = 0; i < reps; i++) ms[which][i] = NAN;
+            continue;
+        }
         if (which < 2) cuda_attention_fwd_version(which + 1);
+        else cuda_attention_bwd_version(which - 1);
         for (int it = -1; it < reps; it++) { /* it = -1: warm-up */
             CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
             if (which < 2)
@@ -763,10 +797,12 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
                 if (ms[which][j] < ms[which][i]) { float x = ms[which][i]; ms[which][i] = ms[which][j]; ms[which][j] = x; }
     }
     cuda_attention_fwd_version(ver0);
-    const float f1 = ms[0][reps / 2], f2 = ms[1][reps / 2], b = ms[2][reps / 2];
-    printf("timing T %d nh %d nkv %d hd %d causal: fwd v1 %.3f ms (%.0f TFLOP/s), fwd v2 %.3f ms (%.0f TFLOP/s, %.2fx), "
-           "bwd %.3f ms (%.0f TFLOP/s at 2.5x fwd flops), median of %d\n",
-           T, nh, nkv, hd, f1, fl / f1 * 1e-9, f2, fl / f2 * 1e-9, f1 / f2, b, 2.5 * fl / b * 1e-9, reps);
+    cuda_attention_bwd_version(bver0);
+    const float f1 = ms[0][reps / 2], f2 = ms[1][reps / 2], b1 = ms[2][reps / 2], b2 = ms[3][reps / 2];
+    printf("timing T %d nh %d nkv %d hd %d causal, median of %d: fwd v1 %.3f ms (%.0f TFLOP/s), v2 %.3f ms (%.0f "
+           "TFLOP/s, %.2fx); bwd (TFLOP/s at 2.5x fwd flops) v1 %.3f ms (%.0f), v2 %.3f ms (%.0f, %.2fx)\n",
+           T, nh, nkv, hd, reps, f1, fl / f1 * 1e-9, f2, fl / f2 * 1e-9, f1 / f2, b1, 2.5 * fl / b1 * 1e-9, b2,
+           2.5 * fl / b2 * 1e-9, b1 / b2);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     ca_dev_free_all();
