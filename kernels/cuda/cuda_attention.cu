@@ -595,7 +595,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_mbar_init(bar_q, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32); /* the producer warp's lanes (lane 0 with the TMA bytes) */
-            attn_mbar_init(bar_empty + 8 * s, 8); /* the 8 consumer warps */
+            attn_mbar_init(bar_empty + 8 * s, 256); /* every consumer thread, after its last read of the stage */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -681,12 +681,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 attn_wg_wait<0>();
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
-                __syncwarp();
-                if (lane == 0) attn_mbar_arrive(bar_empty + 8 * pend);
+                attn_mbar_arrive(bar_empty + 8 * pend);
                 pend = -1;
             }
-            __syncwarp();
-            if (lane == 0) attn_mbar_arrive(bar_empty + 8 * s);
+            attn_mbar_arrive(bar_empty + 8 * s);
             j = jn;
             continue;
         }
@@ -708,8 +706,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
         if (pend >= 0) {
-            __syncwarp();
-            if (lane == 0) attn_mbar_arrive(bar_empty + 8 * pend);
+            attn_mbar_arrive(bar_empty + 8 * pend);
             pend = -1;
         }
 
@@ -780,8 +777,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
     if (pend >= 0) {
-        __syncwarp();
-        if (lane == 0) attn_mbar_arrive(bar_empty + 8 * pend);
+        attn_mbar_arrive(bar_empty + 8 * pend);
     }
 
     /* out = O / l, lse = (m + log2 l) ln 2; a row that saw no key: out 0, lse -inf */
@@ -867,7 +863,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32);
-            attn_mbar_init(bar_empty + 8 * s, 8);
+            attn_mbar_init(bar_empty + 8 * s, 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -875,7 +871,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 
     const int own_col = (DKDV ? kvh : hx) * HD, own_row = rb * ROWS;
     if (wg == 0) { /* ---- producer ---- */
-        attn_setmaxnreg_dec<56>();
+        attn_setmaxnreg_dec<DKDV ? 40 : 56>(); /* dq: the producer needs more (a spill at 40) */
         if (tid >= 32) return;
         const int lane = tid;
         if (lane == 0) {
@@ -928,7 +924,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     }
 
     /* ---- consumers ---- */
-    attn_setmaxnreg_inc<224>();
+    attn_setmaxnreg_inc<DKDV ? 232 : 224>(); /* 40 x 128 + 232 x 256 = 56 x 128 + 224 x 256 = 64512 */
     const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
     const int mytile = t0 + (C::SPLIT ? 0 : cw);
@@ -957,7 +953,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const float sl2 = p.scale_log2;
 
     attn_mbar_wait(bar_own, 0);
-    int it = 0;
+    constexpr bool OVL = !DKDV; /* dk/dv keeps no registers for a product in flight across tiles */
+    int it = 0, pend = -1;      /* pend: the stage an issued dS K product still reads */
     for (int hh = 0; hh < nloop; hh++)
         for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
             const int s = it % ST;
@@ -976,9 +973,15 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     attn_wgmma_ss_n64(c2, attn_gdesc(sB + ao, 16, 1024), attn_gdesc(ys + bo, 16, 1024), kk > 0);
                 }
                 attn_wg_commit();
-                attn_wg_wait<0>();
+                attn_wg_wait<0>(); /* S, dP and (dq) the previous tile's dS K are done */
 #pragma unroll
                 for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]), attn_reg_fence(c2[i]);
+                if (OVL && pend >= 0) {
+#pragma unroll
+                    for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+                    attn_mbar_arrive(bar_empty + 8 * pend);
+                    pend = -1;
+                }
 
                 /* P (or P^T) into c1, dS (or dS^T) into c2; element (own row rr, streamed column c) */
                 const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
@@ -1035,15 +1038,30 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     }
                 }
                 attn_wg_commit();
+                if constexpr (OVL) { /* dq: the dS K product runs on while the next tile's S and dP are issued */
+                    pend = s;
+                    continue;
+                }
                 attn_wg_wait<0>();
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
 #pragma unroll
                 for (int i = 0; i < (DKDV ? NO : 1); i++) attn_reg_fence(acc2[i]);
+            } else if (OVL && pend >= 0) { /* nothing to compute here: finish the pending product first */
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+                attn_mbar_arrive(bar_empty + 8 * pend);
+                pend = -1;
             }
-            __syncwarp();
-            if (lane == 0) attn_mbar_arrive(bar_empty + 8 * s);
+            attn_mbar_arrive(bar_empty + 8 * s);
         }
+    if (OVL && pend >= 0) {
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+        attn_mbar_arrive(bar_empty + 8 * pend);
+    }
 
     /* += into the fp32 gradients; every element owned by one thread */
 #pragma unroll
