@@ -29,7 +29,7 @@
  * live pair is tested element by element. Blocks walk the set bits of their
  * bitmask row, so skipped tiles cost one bit test, not a load.
  *
- * Forward (attn_forward_kernel<HD>): one block of 4 warps per (head, query
+ * v1 forward (attn_forward_kernel<HD>): one block of 4 warps per (head, query
  * tile), grid (nh, Tq/64) with the heads of one query tile adjacent (GQA heads
  * share K/V in L2) and the heaviest (last, under causal) query tiles first.
  * Each warp owns 16 query rows. Q (64 x HD) is loaded once; K and V tiles
@@ -44,7 +44,7 @@
  * Shared memory: 64 HD 2 (Q) + 4 * 64 HD 2 (K, V, two stages) + 1 KB
  * metadata = 41 KB (hd 64), 81 KB (hd 128), 161 KB (hd 256).
  *
- * Backward, deterministic (no atomics, every output element owned by one
+ * v1 backward, deterministic (no atomics, every output element owned by one
  * thread, fixed summation order), given the FINAL out and lse:
  *   attn_bwd_prep_kernel   D = rowsum(dout * out) in fp32 and lse2 = lse log2(e)
  *                          per (head, row) into the workspace, padded to whole
@@ -76,11 +76,11 @@
  * call runs on that stream, so consecutive calls reuse it safely. The first
  * call at the largest size allocates (do it before any graph capture).
  *
- * Registers (ptxas, sm_90a): fwd 144/219/255 for hd 64/128/256 (hd 256 takes its 64-key tiles in
+ * v1 registers (ptxas, sm_90a): fwd 144/219/255 for hd 64/128/256 (hd 256 takes its 64-key tiles in
  * two 32-key softmax steps and still spills ~100 bytes), dq 168/244/255, dk/dv 224/255/255 (32-query
  * steps for hd >= 128; ~50 bytes spilled at hd 256).
  *
- * Measured (H100 SXM, 2026-11-23, T = 32k, 16 heads, causal, one document, FLOPs counting causal as
+ * v1 measured (H100 SXM, 2026-11-23, T = 32k, 16 heads, causal, one document, FLOPs counting causal as
  * half): hd 128 fwd 16.6 ms = 265 TFLOP/s, bwd 67 ms (dk/dv 35.8 ms + dq 32.7 ms + metadata and
  * prep 0.15 ms) = 163 TFLOP/s at 2.5x the forward's FLOPs; hd 256 (2 kv heads) fwd 73 ms, bwd 304 ms.
  * By my count (not profiled) shared memory is the limit: each 16x8x16 mma.sync needs 256 bytes of
@@ -89,6 +89,51 @@
  * shared memory, 64-row warpgroup tiles) fed by TMA into an mbarrier ring; a dq accumulated in a
  * fixed order by the dk/dv kernel (ordered fp32 adds per query tile) instead of recomputing S and
  * dP in a second kernel; the pair bitmasks cached across the layers of a step (same pos).
+ *
+ * ---- v2 (the default; cuda_attention_v2.h switches: RS_ATTN_FWD / RS_ATTN_BWD = v1 | v2) ----
+ *
+ * Both v2 kernels are warp-specialised: 384 threads = a producer warpgroup (one warp issues TMA
+ * tile loads, cp.async.bulk.tensor with 128-byte swizzle, into an mbarrier ring and copies the
+ * metadata of each tile; setmaxnreg.dec) and two consumer warpgroups (setmaxnreg.inc) that run
+ * wgmma.mma_async m64nNk16 (fp32 accumulators): operands from shared memory through matrix
+ * descriptors (K-major, or N-major for V, dO, Q, K as the second factor of P V, P^T dO, dS^T Q,
+ * dS K), P and dS from registers (the accumulator layout of S is the A-fragment layout). The
+ * consumers release a stage by an arrival of every thread on its "empty" barrier. Tensor maps are
+ * encoded per call on the host (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion);
+ * rows past Tq / Tk load as zeros. The 64x64 skip/partial/full bitmasks are shared with v1.
+ *   attn_fwd_wg_kernel<HD>   block = 128 query rows (64 per consumer) of one head, key tiles of
+ *       128 (64 at hd 256), 2 stages (4 at hd 64). A 128-key tile is live when either 64-key half
+ *       is, element-tested when either half is partial or only one is live. The P V product of a
+ *       tile stays in flight while the next tile's S = Q K^T is issued; the two consumers overlap
+ *       each other's softmax. O is 64 x HD fp32 per consumer (128 registers at hd 256, no spill).
+ *   attn_bwd_wg_kernel<HD,1> dK|dV: block = 128 keys (K, V resident), streaming Q, dO tiles of 64
+ *       queries for each head of the GQA group; per tile S^T, dP^T (m64n64), then dV += P^T dO,
+ *       dK += dS^T Q.
+ *   attn_bwd_wg_kernel<HD,0> dQ: block = 128 queries (Q, dO resident), streaming K, V tiles of 64
+ *       keys; S, dP, then dQ += dS K (kept in flight across tiles).
+ *   hd 256 (both backward kernels): the two consumers share 64 rows and split the 256 output
+ *       columns, each recomputing S and dP (1.5x the products) so dK, dV stay at 128 registers.
+ * Still 7 products in the backward (S and dP in both kernels), deterministic: no atomics, every
+ * gradient element accumulated by one thread in a fixed order.
+ *
+ * Predicted before the first run (H100, ~4096 dense bf16 FLOP/clock/SM): forward ~500 TFLOP/s at
+ * hd 128 and 256 (products of one consumer overlap the other's softmax), backward ~280 TFLOP/s
+ * (counted at 2.5x the forward; no pipelining inside a consumer, 7/5 of the FLOPs).
+ * Measured (H100 SXM, 2026-11-23, causal, one document, 16 query heads, v2 as committed):
+ *   T = 32k  hd 128 MHA fwd 9.6 ms (456 TFLOP/s; v1 17.0), GQA 4 kv heads 8.9 ms (492);
+ *            hd 256 (2 kv) 20.3 ms (434; v1 73.7); hd 64 7.0 ms (313; v1 10.0);
+ *            bwd hd 128 50.8 ms (217; v1 67.9), hd 256 110 ms (199; v1 308), hd 64 42.5 ms (130).
+ *   T = 128k hd 128 fwd 160 ms (439; v1 292), bwd 795 ms (221; v1 1080); hd 256 fwd 346 ms, bwd 1.74 s.
+ * The forward is near its prediction at hd 128 (the v2 S-product chain and the softmax of one
+ * consumer serialise; no ping-pong scheduling of the two consumers yet). The backward is below it:
+ * by my count (not profiled) its S/dP products, m64n64 with both operands in shared memory, read
+ * 4 KB per 131 kFLOP, which the 128 B/clock shared-memory port serves no faster than the tensor
+ * cores compute it (plus the TMA writes), and each consumer waits for every product. An earlier build with one arrival per warp on the empty barriers and no dQ overlap ran
+ * the backward 8% faster (46.6 ms) but racecheck reported its warp-elected release as a hazard.
+ * Next: dQ inside the dK|dV kernel (dS^T to shared memory, dQ = dS K by wgmma, added to dq in
+ * key-block order under a per-(head, query tile) semaphore: 5 products instead of 7), larger N
+ * for the S/dP products, ping-pong scheduling of the two consumers (named barriers), and the
+ * pair bitmasks cached across the layers of a step.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1625,7 +1670,7 @@ static void attn_launch_backward_v2(const AttnParams &p) {
     CUDA_LAUNCH_CHECK();
 }
 
-#define ATTN_BWD_DEFAULT 1 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
+#define ATTN_BWD_DEFAULT 2 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
 static int attn_bwd_ver;
 
 extern "C" int cuda_attention_bwd_version(int v) {
@@ -1639,7 +1684,7 @@ extern "C" int cuda_attention_bwd_version(int v) {
     return old;
 }
 
-#define ATTN_FWD_DEFAULT 1 /* the forward run unless RS_ATTN_FWD or cuda_attention_fwd_version says otherwise */
+#define ATTN_FWD_DEFAULT 2 /* the forward run unless RS_ATTN_FWD or cuda_attention_fwd_version says otherwise */
 static int attn_fwd_ver;
 
 extern "C" int cuda_attention_fwd_version(int v) {
