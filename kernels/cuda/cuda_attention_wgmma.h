@@ -3,8 +3,8 @@
  * forward uses: wgmma.mma_async (bf16 x bf16 -> fp32, operands in shared memory through matrix
  * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads and setmaxnreg.
  * Included by kernels/cuda/cuda_attention.cu only. The wgmma wrappers with their long operand lists
- * were written out by a small generator (one function per shape); each accumulator is a named
- * array element with a constant index, so the arrays stay in registers.
+ * were written out by a throwaway script (one function per shape, not kept: edit them by hand);
+ * each accumulator is a named array element with a constant index, so the arrays stay in registers.
  *
  * Accumulator layout of wgmma m64nNk16 (fp32): warp w of the warpgroup owns rows 16w..16w+15; in it,
  * lane l = 4g + t holds, for each 8-column block i, d[4i+0], d[4i+1] at (row g, cols 8i+2t, 8i+2t+1)
