@@ -29,7 +29,7 @@
  * live pair is tested element by element. Blocks walk the set bits of their
  * bitmask row, so skipped tiles cost one bit test, not a load.
  *
- * Forward (attn_forward_kernel<HD>): one block of 4 warps per (head, query
+ * v1 forward (attn_forward_kernel<HD>): one block of 4 warps per (head, query
  * tile), grid (nh, Tq/64) with the heads of one query tile adjacent (GQA heads
  * share K/V in L2) and the heaviest (last, under causal) query tiles first.
  * Each warp owns 16 query rows. Q (64 x HD) is loaded once; K and V tiles
@@ -44,7 +44,7 @@
  * Shared memory: 64 HD 2 (Q) + 4 * 64 HD 2 (K, V, two stages) + 1 KB
  * metadata = 41 KB (hd 64), 81 KB (hd 128), 161 KB (hd 256).
  *
- * Backward, deterministic (no atomics, every output element owned by one
+ * v1 backward, deterministic (no atomics, every output element owned by one
  * thread, fixed summation order), given the FINAL out and lse:
  *   attn_bwd_prep_kernel   D = rowsum(dout * out) in fp32 and lse2 = lse log2(e)
  *                          per (head, row) into the workspace, padded to whole
@@ -76,11 +76,11 @@
  * call runs on that stream, so consecutive calls reuse it safely. The first
  * call at the largest size allocates (do it before any graph capture).
  *
- * Registers (ptxas, sm_90a): fwd 144/219/255 for hd 64/128/256 (hd 256 takes its 64-key tiles in
+ * v1 registers (ptxas, sm_90a): fwd 144/219/255 for hd 64/128/256 (hd 256 takes its 64-key tiles in
  * two 32-key softmax steps and still spills ~100 bytes), dq 168/244/255, dk/dv 224/255/255 (32-query
  * steps for hd >= 128; ~50 bytes spilled at hd 256).
  *
- * Measured (H100 SXM, 2026-11-23, T = 32k, 16 heads, causal, one document, FLOPs counting causal as
+ * v1 measured (H100 SXM, 2026-11-23, T = 32k, 16 heads, causal, one document, FLOPs counting causal as
  * half): hd 128 fwd 16.6 ms = 265 TFLOP/s, bwd 67 ms (dk/dv 35.8 ms + dq 32.7 ms + metadata and
  * prep 0.15 ms) = 163 TFLOP/s at 2.5x the forward's FLOPs; hd 256 (2 kv heads) fwd 73 ms, bwd 304 ms.
  * By my count (not profiled) shared memory is the limit: each 16x8x16 mma.sync needs 256 bytes of
@@ -90,6 +90,51 @@
  * fixed order by the dk/dv kernel (ordered fp32 adds per query tile) instead of recomputing S and
  * dP in a second kernel; the pair bitmasks cached across the layers of a step (same pos).
  *
+ * ---- v2 (the default; cuda_attention_v2.h switches: RS_ATTN_FWD / RS_ATTN_BWD = v1 | v2) ----
+ *
+ * Both v2 kernels are warp-specialised: 384 threads = a producer warpgroup (one warp issues TMA
+ * tile loads, cp.async.bulk.tensor with 128-byte swizzle, into an mbarrier ring and copies the
+ * metadata of each tile; setmaxnreg.dec) and two consumer warpgroups (setmaxnreg.inc) that run
+ * wgmma.mma_async m64nNk16 (fp32 accumulators): operands from shared memory through matrix
+ * descriptors (K-major, or N-major for V, dO, Q, K as the second factor of P V, P^T dO, dS^T Q,
+ * dS K), P and dS from registers (the accumulator layout of S is the A-fragment layout). The
+ * consumers release a stage by an arrival of every thread on its "empty" barrier. Tensor maps are
+ * encoded per call on the host (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion);
+ * rows past Tq / Tk load as zeros. The 64x64 skip/partial/full bitmasks are shared with v1.
+ *   attn_fwd_wg_kernel<HD>   block = 128 query rows (64 per consumer) of one head, key tiles of
+ *       128 (64 at hd 256), 2 stages (4 at hd 64). A 128-key tile is live when either 64-key half
+ *       is, element-tested when either half is partial or only one is live. The P V product of a
+ *       tile stays in flight while the next tile's S = Q K^T is issued; the two consumers overlap
+ *       each other's softmax. O is 64 x HD fp32 per consumer (128 registers at hd 256, no spill).
+ *   attn_bwd_wg_kernel<HD,1> dK|dV: block = 128 keys (K, V resident), streaming Q, dO tiles of 64
+ *       queries for each head of the GQA group; per tile S^T, dP^T (m64n64), then dV += P^T dO,
+ *       dK += dS^T Q.
+ *   attn_bwd_wg_kernel<HD,0> dQ: block = 128 queries (Q, dO resident), streaming K, V tiles of 64
+ *       keys; S, dP, then dQ += dS K (kept in flight across tiles).
+ *   hd 256 (both backward kernels): the two consumers share 64 rows and split the 256 output
+ *       columns, each recomputing S and dP (1.5x the products) so dK, dV stay at 128 registers.
+ * Still 7 products in the backward (S and dP in both kernels), deterministic: no atomics, every
+ * gradient element accumulated by one thread in a fixed order.
+ *
+ * Predicted before the first run (H100, ~4096 dense bf16 FLOP/clock/SM): forward ~500 TFLOP/s at
+ * hd 128 and 256 (products of one consumer overlap the other's softmax), backward ~280 TFLOP/s
+ * (counted at 2.5x the forward; no pipelining inside a consumer, 7/5 of the FLOPs).
+ * Measured (H100 SXM, 2026-11-23, causal, one document, 16 query heads, v2 as committed):
+ *   T = 32k  hd 128 MHA fwd 9.6 ms (456 TFLOP/s; v1 17.0), GQA 4 kv heads 8.9 ms (492);
+ *            hd 256 (2 kv) 20.3 ms (434; v1 73.7); hd 64 7.0 ms (313; v1 10.0);
+ *            bwd hd 128 50.8 ms (217; v1 67.9), hd 256 110 ms (199; v1 308), hd 64 42.5 ms (130).
+ *   T = 128k hd 128 fwd 160 ms (439; v1 292), bwd 795 ms (221; v1 1080); hd 256 fwd 346 ms, bwd 1.74 s.
+ * The forward is near its prediction at hd 128 (the v2 S-product chain and the softmax of one
+ * consumer serialise; no ping-pong scheduling of the two consumers yet). The backward is below it:
+ * by my count (not profiled) its S/dP products, m64n64 with both operands in shared memory, read
+ * 4 KB per 131 kFLOP, which the 128 B/clock shared-memory port serves no faster than the tensor
+ * cores compute it (plus the TMA writes), and each consumer waits for every product. An earlier build with one arrival per warp on the empty barriers and no dQ overlap ran
+ * the backward 8% faster (46.6 ms) but racecheck reported its warp-elected release as a hazard.
+ * Next: dQ inside the dK|dV kernel (dS^T to shared memory, dQ = dS K by wgmma, added to dq in
+ * key-block order under a per-(head, query tile) semaphore: 5 products instead of 7), larger N
+ * for the S/dP products, ping-pong scheduling of the two consumers (named barriers), and the
+ * pair bitmasks cached across the layers of a step.
+ *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
  * cp.async); Tq, Tk <= 65535 * 64 (grid rows); out must not alias q/k/v.
@@ -98,6 +143,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
+#include <stdlib.h>
+
+#include "cuda_attention_v2.h"
+#include "cuda_attention_wgmma.h"
 #include "cuda_common.h"
 #include "cuda_kernels.h"
 
@@ -532,6 +582,562 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_forward_kernel(const
             *reinterpret_cast<__nv_bfloat162 *>(orow + db * 8 + 2 * t) =
                 __floats2bfloat162_rn(o[db][2 * rr] * inv, o[db][2 * rr + 1] * inv);
         if (t == 0) p.lse_w[(int64_t)row[rr] * p.nh + h] = empty ? -INFINITY : (m[rr] + log2f(lsum)) * ATTN_LN2;
+    }
+}
+
+/* ---- forward v2: wgmma + TMA, warp-specialised (sm_90a) -------------------------------------- */
+
+#define AWG_BM      128 /* query rows per block: two consumer warpgroups of 64 rows */
+#define AWG_THREADS 384 /* warpgroup 0: producer (one warp loads); warpgroups 1, 2: consumers */
+
+template <int HD>
+struct AttnWgCfg {
+    static constexpr int BN = HD == 256 ? 64 : 128; /* keys per tile (registers: S is 64 x BN fp32 per warpgroup) */
+    static constexpr int ST = HD == 64 ? 4 : 2;     /* K/V stages of the ring */
+    static constexpr int PANELS = HD / 64;          /* 128-byte column panels of a tile (64 bf16 each) */
+    static constexpr int q_bytes = AWG_BM * HD * 2;
+    static constexpr int kv_bytes = BN * HD * 2; /* one K or V tile */
+    static constexpr int meta_bytes = 2 * BN * 4; /* pos, doc_pos of the keys of a tile */
+    static constexpr int off_k = q_bytes;
+    static constexpr int off_v = off_k + ST * kv_bytes;
+    static constexpr int off_meta = off_v + ST * kv_bytes;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* q, full[ST], empty[ST] (8 bytes each) */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST) + 1024; /* + slack to align the base to 1024 */
+};
+
+/* Tiles in shared memory: a (rows x HD) bf16 tile is HD/64 panels of (rows x 128 bytes), row r of a
+ * panel at r * 128 with its 16-byte chunks XOR-swizzled by r % 8: what TMA writes with the 128-byte
+ * swizzle and what wgmma reads through a 128-byte-swizzle descriptor. */
+template <int HD>
+static __global__ void __launch_bounds__(AWG_THREADS, 1)
+    attn_fwd_wg_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_q,
+                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+    typedef AttnWgCfg<HD> C;
+    constexpr int BN = C::BN, ST = C::ST, R = BN / ATTN_TILE; /* 64-key tiles of the bitmasks per key tile */
+    constexpr int NS = BN / 2, NO = HD / 2;                   /* accumulator registers of S and O per thread */
+    extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
+    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    int *sMeta = reinterpret_cast<int *>(attn_smem + (base - raw) + C::off_meta); /* stage s: pos[BN], doc_pos[BN] */
+    const uint32_t sQ = base, sK = base + C::off_k, sV = base + C::off_v;
+    const uint32_t bar_q = base + C::off_bar, bar_full = bar_q + 8, bar_empty = bar_full + 8 * ST;
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int h = blockIdx.x, qb = gridDim.y - 1 - blockIdx.y, kvh = h / p.group, q0 = qb * AWG_BM;
+    /* the block's two 64-row query tiles 2qb, 2qb+1 (the second may lie past the end) */
+    const uint32_t *live_a = p.q_live + (int64_t)(2 * qb) * p.nkw;
+    const uint32_t *live_b = 2 * qb + 1 < p.nq ? p.q_live + (int64_t)(2 * qb + 1) * p.nkw : nullptr;
+    /* the first key tile >= from that either query tile sees, or -1: producer and consumers walk the same list */
+    auto next_tile = [&](int from) -> int {
+        int a = attn_next_live(live_a, p.nkw, from * R);
+        if (live_b) {
+            const int b = attn_next_live(live_b, p.nkw, from * R);
+            if (b >= 0 && (a < 0 || b < a)) a = b;
+        }
+        return a < 0 ? -1 : a / R;
+    };
+
+    if (tid == 0) {
+        attn_mbar_init(bar_q, 1);
+        for (int s = 0; s < ST; s++) {
+            attn_mbar_init(bar_full + 8 * s, 32); /* the producer warp's lanes (lane 0 with the TMA bytes) */
+            attn_mbar_init(bar_empty + 8 * s, 256); /* every consumer thread, after its last read of the stage */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* ---- producer ---- */
+        attn_setmaxnreg_dec<40>();
+        if (tid >= 32) return;
+        const int lane = tid;
+        int j = next_tile(0);
+        if (j < 0) return;
+        if (lane == 0) {
+            attn_mbar_arrive_tx(bar_q, C::q_bytes);
+#pragma unroll
+            for (int pn = 0; pn < C::PANELS; pn++) attn_tma_load_2d(sQ + pn * AWG_BM * 128, &tm_q, h * HD + pn * 64, q0, bar_q);
+        }
+        for (int it = 0; j >= 0; it++, j = next_tile(j + 1)) {
+            const int s = it % ST;
+            if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+            int *mp = sMeta + s * 2 * BN;
+            for (int r = lane; r < BN; r += 32) {
+                const int key = j * BN + r;
+                const bool ok = key < p.Tk;
+                mp[r] = ok ? __ldg(p.pos_k + key) : 0;
+                mp[BN + r] = ok ? __ldg(p.doc_pos_k + key) : 0;
+            }
+            if (lane == 0) {
+                attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::kv_bytes);
+#pragma unroll
+                for (int pn = 0; pn < C::PANELS; pn++) {
+                    attn_tma_load_2d(sK + s * C::kv_bytes + pn * BN * 128, &tm_k, kvh * HD + pn * 64, j * BN,
+                                     bar_full + 8 * s);
+                    attn_tma_load_2d(sV + s * C::kv_bytes + pn * BN * 128, &tm_v, kvh * HD + pn * 64, j * BN,
+                                     bar_full + 8 * s);
+                }
+            } else {
+                attn_mbar_arrive(bar_full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers: warpgroup cw owns query rows q0 + 64 cw .. + 63 ---- */
+    attn_setmaxnreg_inc<232>();
+    const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mytile = 2 * qb + cw;
+    const uint32_t *mylive = mytile < p.nq ? p.q_live + (int64_t)mytile * p.nkw : nullptr;
+    const uint32_t *mypart = mytile < p.nq ? p.q_part + (int64_t)mytile * p.nkw : nullptr;
+    int row[2], qpos[2], qdoc[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        row[rr] = q0 + cw * 64 + warp * 16 + g + 8 * rr;
+        qpos[rr] = row[rr] < p.Tq ? p.pos_q[row[rr]] : 0;
+        qdoc[rr] = row[rr] < p.Tq ? qpos[rr] - p.doc_pos_q[row[rr]] : 0;
+    }
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* running max (scaled, log2 domain), partial sums */
+    const float sl2 = p.scale_log2;
+    const uint32_t qa = sQ + cw * 64 * 128; /* this warpgroup's 64 rows inside each Q panel */
+
+    int j = next_tile(0);
+    if (j >= 0) attn_mbar_wait(bar_q, 0);
+    int pend = -1; /* the stage an issued P V product still reads (released after its wait) */
+    for (int it = 0; j >= 0; it++) {
+        const int s = it % ST, jn = next_tile(j + 1);
+        bool live = false, part = false;
+        if (mylive) {
+            if (R == 1) {
+                live = attn_bit(mylive, j);
+                part = attn_bit(mypart, j);
+            } else { /* two 64-key tiles; one seen and one not is tested element by element */
+                const int j0 = 2 * j, j1 = 2 * j + 1;
+                const bool l0 = attn_bit(mylive, j0), l1 = j1 < p.nk && attn_bit(mylive, j1);
+                live = l0 || l1;
+                part = l0 != l1 || attn_bit(mypart, j0) || (j1 < p.nk && attn_bit(mypart, j1));
+            }
+        }
+        attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+        if (!live) { /* this warpgroup's rows see none of these keys */
+            if (pend >= 0) { /* finish the pending P V now: the producer may need its stage before our next live tile */
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+                attn_mbar_arrive(bar_empty + 8 * pend);
+                pend = -1;
+            }
+            attn_mbar_arrive(bar_empty + 8 * s);
+            j = jn;
+            continue;
+        }
+
+        /* S = Q K^T (64 x BN per warpgroup), operands straight from shared memory */
+        float sc[NS];
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint64_t da = attn_gdesc(qa + (kk >> 2) * (AWG_BM * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t db = attn_gdesc(sK + s * C::kv_bytes + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+            if constexpr (BN == 128) attn_wgmma_ss_n128(sc, da, db, kk > 0);
+            else attn_wgmma_ss_n64(sc, da, db, kk > 0);
+        }
+        attn_wg_commit();
+        attn_wg_wait<0>(); /* this S and the previous tile's P V are done */
+#pragma unroll
+        for (int i = 0; i < NS; i++) attn_reg_fence(sc[i]);
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+        if (pend >= 0) {
+            attn_mbar_arrive(bar_empty + 8 * pend);
+            pend = -1;
+        }
+
+        if (part) {
+            const int *kp = sMeta + s * 2 * BN, *kd = kp + BN;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int c = nb * 8 + 2 * t + e;
+                    const int kpos = kp[c], kdoc = kpos - kd[c];
+                    const bool kin = j * BN + c < p.Tk;
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++)
+                        if (!(kin && kdoc == qdoc[rr] && (!p.causal || kpos <= qpos[rr]))) sc[4 * nb + 2 * rr + e] = -INFINITY;
+                }
+        }
+
+        /* online softmax in the log2 domain: P = exp2(S scale log2e - max) */
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++) mx = fmaxf(mx, fmaxf(sc[4 * nb + 2 * rr], sc[4 * nb + 2 * rr + 1]));
+            mx = attn_quad_max(mx);
+            const float m_new = fmaxf(m[rr], mx * sl2);
+            const float base_m = m_new == -INFINITY ? 0.0f : m_new; /* all masked so far: p = 0, no NaN */
+            const float alpha = exp2f(m[rr] - base_m);
+            m[rr] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float pr = exp2f(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
+                    sc[4 * nb + 2 * rr + e] = pr;
+                    sum += pr;
+                }
+            l[rr] = l[rr] * alpha + sum;
+#pragma unroll
+            for (int db = 0; db < HD / 8; db++) o[4 * db + 2 * rr] *= alpha, o[4 * db + 2 * rr + 1] *= alpha;
+        }
+
+        /* O += P V: P from the S accumulators (same fragment layout), V through a transposed descriptor */
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = attn_pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = attn_pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = attn_pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = attn_pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+        }
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            const uint64_t db = attn_gdesc(sV + s * C::kv_bytes + kk * 16 * 128, BN * 128, 1024);
+            if constexpr (HD == 64) attn_wgmma_rs_t_n64(o, pa[kk], db);
+            else if constexpr (HD == 128) attn_wgmma_rs_t_n128(o, pa[kk], db);
+            else attn_wgmma_rs_t_n256(o, pa[kk], db);
+        }
+        attn_wg_commit();
+        pend = s;
+        j = jn;
+    }
+    attn_wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+    if (pend >= 0) {
+        attn_mbar_arrive(bar_empty + 8 * pend);
+    }
+
+    /* out = O / l, lse = (m + log2 l) ln 2; a row that saw no key: out 0, lse -inf */
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const float lsum = attn_quad_sum(l[rr]);
+        if (row[rr] >= p.Tq) continue;
+        const bool empty = m[rr] == -INFINITY;
+        const float inv = empty ? 0.0f : 1.0f / lsum;
+        bf16 *orow = p.out_w + (int64_t)row[rr] * p.ldo + (int64_t)h * HD;
+#pragma unroll
+        for (int db = 0; db < HD / 8; db++)
+            *reinterpret_cast<__nv_bfloat162 *>(orow + db * 8 + 2 * t) =
+                __floats2bfloat162_rn(o[4 * db + 2 * rr] * inv, o[4 * db + 2 * rr + 1] * inv);
+        if (t == 0) p.lse_w[(int64_t)row[rr] * p.nh + h] = empty ? -INFINITY : (m[rr] + log2f(lsum)) * ATTN_LN2;
+    }
+}
+
+/* ---- backward v2: wgmma + TMA, warp-specialised (sm_90a) ------------------------------------- */
+
+/* One kernel body for both backward kernels, each block owning ROWS rows of its own pair of tiles and
+ * streaming 64-row tiles of the other side through a ring:
+ *   DKDV = 1  own K, V (keys);      stream Q, dO of each query head of the group; dV += P^T dO, dK += dS^T Q
+ *   DKDV = 0  own Q, dO (queries);  stream K, V;                                  dQ += dS K
+ * Per streamed tile a consumer warpgroup computes C1 = own_1 X^T and C2 = own_2 Y^T (S and dP, or their
+ * transposes: 64 x 64 each), P and dS elementwise, then the products with the streamed tile as a
+ * transposed (N-major) operand. hd 256: the two warpgroups share the 64 rows and split the output
+ * columns (128 each), recomputing C1 and C2; else each owns 64 rows and every column. */
+template <int HD>
+struct AttnBwdWgCfg {
+    static constexpr bool SPLIT = HD == 256;
+    static constexpr int ROWS = SPLIT ? 64 : 128;
+    static constexpr int OUTW = SPLIT ? 128 : HD;
+    static constexpr int ST = HD == 256 ? 2 : 4;
+    static constexpr int PANELS = HD / 64;
+    static constexpr int own_bytes = ROWS * HD * 2; /* one own tile */
+    static constexpr int tile_bytes = ATTN_TILE * HD * 2; /* one streamed tile */
+    static constexpr int meta_bytes = 4 * ATTN_TILE * 4;  /* lse2, D, pos, doc_pos (dk/dv) or pos, doc_pos (dq) */
+    static constexpr int off_b = own_bytes;
+    static constexpr int off_x = 2 * own_bytes;
+    static constexpr int off_y = off_x + ST * tile_bytes;
+    static constexpr int off_meta = off_y + ST * tile_bytes;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST] */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST) + 1024;
+};
+
+template <int HD, int DKDV>
+static __global__ void __launch_bounds__(AWG_THREADS, 1)
+    attn_bwd_wg_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                       const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_y) {
+    typedef AttnBwdWgCfg<HD> C;
+    constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2;
+    extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
+    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    unsigned char *meta_g = attn_smem + (base - raw) + C::off_meta; /* stage s: 4 arrays of 64 words */
+    const uint32_t sA = base, sB = base + C::off_b, sX = base + C::off_x, sY = base + C::off_y;
+    const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    /* blockIdx.x: kv head (dk/dv) or head (dq); blockIdx.y: row block (dk/dv: in order, the heaviest
+     * under causal first; dq: reversed, the heaviest first) */
+    const int hx = blockIdx.x, rb = DKDV ? (int)blockIdx.y : (int)(gridDim.y - 1 - blockIdx.y);
+    const int kvh = DKDV ? hx : hx / p.group;
+    const int nloop = DKDV ? p.group : 1; /* query heads streamed per own tile */
+    /* the own rows' 64-row tiles and their bitmask rows over the streamed tiles */
+    const int ntiles = DKDV ? p.nk : p.nq, nwords = DKDV ? p.nqw : p.nkw;
+    const uint32_t *lives = DKDV ? p.k_live : p.q_live, *parts = DKDV ? p.k_part : p.q_part;
+    const int t0 = rb * (ROWS / ATTN_TILE);
+    const uint32_t *live_a = lives + (int64_t)t0 * nwords;
+    const uint32_t *live_b = (!C::SPLIT && t0 + 1 < ntiles) ? lives + (int64_t)(t0 + 1) * nwords : nullptr;
+    auto next_tile = [&](int from) -> int {
+        int a = attn_next_live(live_a, nwords, from);
+        if (live_b) {
+            const int b = attn_next_live(live_b, nwords, from);
+            if (b >= 0 && (a < 0 || b < a)) a = b;
+        }
+        return a;
+    };
+    const int first = next_tile(0);
+    if (first < 0) return; /* nothing visible: every gradient += 0 */
+
+    if (tid == 0) {
+        attn_mbar_init(bar_own, 1);
+        for (int s = 0; s < ST; s++) {
+            attn_mbar_init(bar_full + 8 * s, 32);
+            attn_mbar_init(bar_empty + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int own_col = (DKDV ? kvh : hx) * HD, own_row = rb * ROWS;
+    if (wg == 0) { /* ---- producer ---- */
+        attn_setmaxnreg_dec<DKDV ? 40 : 56>(); /* dq: the producer needs more (a spill at 40) */
+        if (tid >= 32) return;
+        const int lane = tid;
+        if (lane == 0) {
+            attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
+#pragma unroll
+            for (int pn = 0; pn < C::PANELS; pn++) {
+                attn_tma_load_2d(sA + pn * ROWS * 128, &tm_a, own_col + pn * 64, own_row, bar_own);
+                attn_tma_load_2d(sB + pn * ROWS * 128, &tm_b, own_col + pn * 64, own_row, bar_own);
+            }
+        }
+        int it = 0;
+        for (int hh = 0; hh < nloop; hh++)
+            for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+                const int s = it % ST;
+                if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+                const int r0 = idx * ATTN_TILE;
+                int *mi = reinterpret_cast<int *>(meta_g + s * C::meta_bytes);
+                float *mf = reinterpret_cast<float *>(mi);
+                if (DKDV) {
+                    const int h = kvh * p.group + hh;
+                    for (int r = lane; r < ATTN_TILE; r += 32) {
+                        const bool ok = r0 + r < p.Tq;
+                        mf[r] = p.lse2[(int64_t)h * p.Tq_pad + r0 + r]; /* padded: +inf past Tq */
+                        mf[ATTN_TILE + r] = p.D[(int64_t)h * p.Tq_pad + r0 + r];
+                        mi[2 * ATTN_TILE + r] = ok ? __ldg(p.pos_q + r0 + r) : 0;
+                        mi[3 * ATTN_TILE + r] = ok ? __ldg(p.doc_pos_q + r0 + r) : 0;
+                    }
+                } else {
+                    for (int r = lane; r < ATTN_TILE; r += 32) {
+                        const bool ok = r0 + r < p.Tk;
+                        mi[r] = ok ? __ldg(p.pos_k + r0 + r) : 0;
+                        mi[ATTN_TILE + r] = ok ? __ldg(p.doc_pos_k + r0 + r) : 0;
+                    }
+                }
+                if (lane == 0) {
+                    const int col = (DKDV ? kvh * p.group + hh : kvh) * HD;
+                    attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::tile_bytes);
+#pragma unroll
+                    for (int pn = 0; pn < C::PANELS; pn++) {
+                        attn_tma_load_2d(sX + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_x, col + pn * 64, r0,
+                                         bar_full + 8 * s);
+                        attn_tma_load_2d(sY + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_y, col + pn * 64, r0,
+                                         bar_full + 8 * s);
+                    }
+                } else {
+                    attn_mbar_arrive(bar_full + 8 * s);
+                }
+            }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    attn_setmaxnreg_inc<DKDV ? 232 : 224>(); /* 40 x 128 + 232 x 256 = 56 x 128 + 224 x 256 = 64512 */
+    const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
+    const int mytile = t0 + (C::SPLIT ? 0 : cw);
+    const uint32_t *mylive = mytile < ntiles ? lives + (int64_t)mytile * nwords : nullptr;
+    const uint32_t *mypart = mytile < ntiles ? parts + (int64_t)mytile * nwords : nullptr;
+    /* this thread's two own rows: pos, document start; dq also lse2 and D of the query head */
+    int row[2], rpos[2], rdoc[2];
+    float rl2[2] = {0.0f, 0.0f}, rD[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        row[rr] = own_row + rowoff + warp * 16 + g + 8 * rr;
+        const int T = DKDV ? p.Tk : p.Tq;
+        const int32_t *ps = DKDV ? p.pos_k : p.pos_q, *ds = DKDV ? p.doc_pos_k : p.doc_pos_q;
+        rpos[rr] = row[rr] < T ? ps[row[rr]] : 0;
+        rdoc[rr] = row[rr] < T ? rpos[rr] - ds[row[rr]] : 0;
+        if (!DKDV && mylive) { /* mytile < nq: the row lies inside the padded statistics */
+            rl2[rr] = p.lse2[(int64_t)hx * p.Tq_pad + row[rr]];
+            rD[rr] = p.D[(int64_t)hx * p.Tq_pad + row[rr]];
+        }
+    }
+    float acc1[NO], acc2[DKDV ? NO : 1]; /* dK and dV (dk/dv), or dQ */
+#pragma unroll
+    for (int i = 0; i < NO; i++) acc1[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (DKDV ? NO : 1); i++) acc2[i] = 0.0f;
+    const float sl2 = p.scale_log2;
+
+    attn_mbar_wait(bar_own, 0);
+    constexpr bool OVL = !DKDV; /* dk/dv keeps no registers for a product in flight across tiles */
+    int it = 0, pend = -1;      /* pend: the stage an issued dS K product still reads */
+    for (int hh = 0; hh < nloop; hh++)
+        for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+            const int s = it % ST;
+            const bool live = mylive && attn_bit(mylive, idx);
+            const bool part = live && attn_bit(mypart, idx);
+            attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+            if (live) {
+                const uint32_t xs = sX + s * C::tile_bytes, ys = sY + s * C::tile_bytes;
+                float c1[32], c2[32];
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
+                    attn_wgmma_ss_n64(c1, attn_gdesc(sA + ao, 16, 1024), attn_gdesc(xs + bo, 16, 1024), kk > 0);
+                    attn_wgmma_ss_n64(c2, attn_gdesc(sB + ao, 16, 1024), attn_gdesc(ys + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+                attn_wg_wait<0>(); /* S, dP and (dq) the previous tile's dS K are done */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]), attn_reg_fence(c2[i]);
+                if (OVL && pend >= 0) {
+#pragma unroll
+                    for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+                    attn_mbar_arrive(bar_empty + 8 * pend);
+                    pend = -1;
+                }
+
+                /* P (or P^T) into c1, dS (or dS^T) into c2; element (own row rr, streamed column c) */
+                const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
+                const float *mf = reinterpret_cast<const float *>(mi);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = nb * 8 + 2 * t + e;
+                        if (DKDV) {
+                            const float lc = mf[c], dc = mf[ATTN_TILE + c];
+                            const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
+#pragma unroll
+                            for (int rr = 0; rr < 2; rr++) {
+                                const bool vis = !part || (rdoc[rr] == qd && (!p.causal || rpos[rr] <= qp));
+                                const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+                                c1[4 * nb + 2 * rr + e] = pr;
+                                c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - dc);
+                            }
+                        } else {
+                            const int kp = mi[c], kd = kp - mi[ATTN_TILE + c];
+                            const bool kin = idx * ATTN_TILE + c < p.Tk;
+#pragma unroll
+                            for (int rr = 0; rr < 2; rr++) {
+                                const bool vis = !part || (kin && kd == rdoc[rr] && (!p.causal || kp <= rpos[rr]));
+                                const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -rl2[rr])) : 0.0f;
+                                c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - rD[rr]);
+                            }
+                        }
+                    }
+                uint32_t pa[4][4], da[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+                    for (int q4 = 0; q4 < 4; q4++) {
+                        if (DKDV) pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
+                        da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+#pragma unroll
+                for (int i = 0; i < (DKDV ? NO : 1); i++) attn_reg_fence(acc2[i]);
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    /* dk/dv: acc1 = dK += dS^T Q (X = Q), acc2 = dV += P^T dO (Y = dO); dq: acc1 = dQ += dS K (X = K) */
+                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(xs + bo, ATTN_TILE * 128, 1024));
+                    else attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(xs + bo, ATTN_TILE * 128, 1024));
+                    if constexpr (DKDV) {
+                        if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(ys + bo, ATTN_TILE * 128, 1024));
+                        else attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(ys + bo, ATTN_TILE * 128, 1024));
+                    }
+                }
+                attn_wg_commit();
+                if constexpr (OVL) { /* dq: the dS K product runs on while the next tile's S and dP are issued */
+                    pend = s;
+                    continue;
+                }
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+#pragma unroll
+                for (int i = 0; i < (DKDV ? NO : 1); i++) attn_reg_fence(acc2[i]);
+            } else if (OVL && pend >= 0) { /* nothing to compute here: finish the pending product first */
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+                attn_mbar_arrive(bar_empty + 8 * pend);
+                pend = -1;
+            }
+            attn_mbar_arrive(bar_empty + 8 * s);
+        }
+    if (OVL && pend >= 0) {
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+        attn_mbar_arrive(bar_empty + 8 * pend);
+    }
+
+    /* += into the fp32 gradients; every element owned by one thread */
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        if (row[rr] >= (DKDV ? p.Tk : p.Tq)) continue;
+        if (DKDV) {
+            const int64_t off = (int64_t)row[rr] * p.ldk + (int64_t)kvh * HD + col0;
+#pragma unroll
+            for (int ob = 0; ob < OUTW / 8; ob++) {
+                float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
+                float2 y = *x;
+                y.x += p.scale * acc1[4 * ob + 2 * rr];
+                y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
+                *x = y;
+                x = reinterpret_cast<float2 *>(p.dv + off + ob * 8 + 2 * t);
+                y = *x;
+                y.x += acc2[(DKDV ? 4 * ob + 2 * rr : 0)];
+                y.y += acc2[(DKDV ? 4 * ob + 2 * rr + 1 : 0)];
+                *x = y;
+            }
+        } else {
+            float *d = p.dq + (int64_t)row[rr] * p.ldq + (int64_t)hx * HD + col0;
+#pragma unroll
+            for (int ob = 0; ob < OUTW / 8; ob++) {
+                float2 *x = reinterpret_cast<float2 *>(d + ob * 8 + 2 * t);
+                float2 y = *x;
+                y.x += p.scale * acc1[4 * ob + 2 * rr];
+                y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
+                *x = y;
+            }
+        }
     }
 }
 
@@ -996,6 +1602,102 @@ static void attn_launch_backward(const AttnParams &p) {
     CUDA_LAUNCH_CHECK();
 }
 
+/* ---- forward v2: host side ---- */
+
+typedef CUresult (*AttnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes of
+ * 64 columns (128 bytes, 128-byte swizzle) by box_rows rows; rows past the end read as zeros */
+static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows) {
+    static AttnEncodeTiled encode;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000,
+                                                    cudaEnableDefault, &q));
+        RS_CHECK(q == cudaDriverEntryPointSuccess && encode, "cuda attention: cuTensorMapEncodeTiled not found");
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    RS_CHECK(r == CUDA_SUCCESS, "cuda attention: cuTensorMapEncodeTiled failed (%d): rows %lld cols %d ld %d",
+             (int)r, (long long)rows, cols, ld);
+}
+
+template <int HD>
+static void attn_launch_forward_v2(const AttnParams &p) {
+    typedef AttnWgCfg<HD> C;
+    static int done;
+    attn_smem_limit(attn_fwd_wg_kernel<HD>, C::bytes, &done);
+    CUtensorMap tq, tk, tv;
+    memset(&tk, 0, sizeof tk);
+    memset(&tv, 0, sizeof tv);
+    attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, AWG_BM);
+    if (p.Tk > 0) { /* Tk = 0: no tile is live, the maps are never read */
+        attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::BN);
+        attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::BN);
+    }
+    const int nqb = (p.Tq + AWG_BM - 1) / AWG_BM;
+    attn_fwd_wg_kernel<HD><<<dim3(p.nh, nqb), AWG_THREADS, C::bytes, cuda_stream()>>>(p, tq, tk, tv);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int HD>
+static void attn_launch_backward_v2(const AttnParams &p) {
+    typedef AttnBwdWgCfg<HD> C;
+    static int done_dkv, done_dq;
+    attn_smem_limit(attn_bwd_wg_kernel<HD, 1>, C::bytes, &done_dkv);
+    attn_smem_limit(attn_bwd_wg_kernel<HD, 0>, C::bytes, &done_dq);
+    CUtensorMap own1, own2, x, y;
+    /* dk/dv: own K, V (ROWS keys), stream Q, dO (64 queries) */
+    attn_tmap(&own1, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&own2, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&x, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
+    attn_tmap(&y, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
+    attn_bwd_wg_kernel<HD, 1><<<dim3(p.nkv, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
+        p, own1, own2, x, y);
+    CUDA_LAUNCH_CHECK();
+    /* dq: own Q, dO (ROWS queries), stream K, V (64 keys) */
+    attn_tmap(&own1, p.q, p.Tq, p.nh * HD, p.ldq, C::ROWS);
+    attn_tmap(&own2, p.dout, p.Tq, p.nh * HD, p.ldo, C::ROWS);
+    attn_tmap(&x, p.k, p.Tk, p.nkv * HD, p.ldk, ATTN_TILE);
+    attn_tmap(&y, p.v, p.Tk, p.nkv * HD, p.ldk, ATTN_TILE);
+    attn_bwd_wg_kernel<HD, 0><<<dim3(p.nh, (p.Tq + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
+        p, own1, own2, x, y);
+    CUDA_LAUNCH_CHECK();
+}
+
+#define ATTN_BWD_DEFAULT 2 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
+static int attn_bwd_ver;
+
+extern "C" int cuda_attention_bwd_version(int v) {
+    if (!attn_bwd_ver) {
+        const char *e = getenv("RS_ATTN_BWD");
+        attn_bwd_ver = e && !strcmp(e, "v2") ? 2 : e && !strcmp(e, "v1") ? 1 : ATTN_BWD_DEFAULT;
+    }
+    const int old = attn_bwd_ver;
+    RS_CHECK(v >= 0 && v <= 2, "cuda_attention_bwd_version: %d (want 0, 1 or 2)", v);
+    if (v) attn_bwd_ver = v;
+    return old;
+}
+
+#define ATTN_FWD_DEFAULT 2 /* the forward run unless RS_ATTN_FWD or cuda_attention_fwd_version says otherwise */
+static int attn_fwd_ver;
+
+extern "C" int cuda_attention_fwd_version(int v) {
+    if (!attn_fwd_ver) {
+        const char *e = getenv("RS_ATTN_FWD");
+        attn_fwd_ver = e && !strcmp(e, "v2") ? 2 : e && !strcmp(e, "v1") ? 1 : ATTN_FWD_DEFAULT;
+    }
+    const int old = attn_fwd_ver;
+    RS_CHECK(v >= 0 && v <= 2, "cuda_attention_fwd_version: %d (want 0, 1 or 2)", v);
+    if (v) attn_fwd_ver = v;
+    return old;
+}
+
 extern "C" void cuda_attention_forward(void *out /* (Tq,ldo) nh heads of hd */, float *lse /* (Tq,nh) */,
                                        const void *q /* (Tq,ldq) */, const void *k /* (Tk,ldk) nkv heads */,
                                        const void *v /* (Tk,ldk) */, const int32_t *pos_q /* (Tq) */,
@@ -1010,6 +1712,14 @@ extern "C" void cuda_attention_forward(void *out /* (Tq,ldo) nh heads of hd */, 
     p.out_w = (bf16 *)out;
     p.lse_w = lse;
     attn_plan(&p, 0); /* Tk = 0: no bitmask words, every block writes out 0 and lse -inf */
+    if (cuda_attention_fwd_version(0) == 2) {
+        switch (hd) {
+        case 64: attn_launch_forward_v2<64>(p); break;
+        case 128: attn_launch_forward_v2<128>(p); break;
+        default: attn_launch_forward_v2<256>(p); break;
+        }
+        return;
+    }
     switch (hd) {
     case 64: attn_launch_forward<64>(p); break;
     case 128: attn_launch_forward<128>(p); break;
@@ -1040,6 +1750,14 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
     attn_bwd_prep_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, cuda_stream()>>>(lse2, D, p.dout, p.out, lse, p.Tq,
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
+    if (cuda_attention_bwd_version(0) == 2) {
+        switch (hd) {
+        case 64: attn_launch_backward_v2<64>(p); break;
+        case 128: attn_launch_backward_v2<128>(p); break;
+        default: attn_launch_backward_v2<256>(p); break;
+        }
+        return;
+    }
     switch (hd) {
     case 64: attn_launch_backward<64>(p); break;
     case 128: attn_launch_backward<128>(p); break;

@@ -21,7 +21,8 @@
  * got - prefill is compared with the cpu kernel's increment.
  *
  * Bounds (relative L2 over all elements; -inf lse entries must match exactly), with
- * the largest error measured on an H100 (2026-11-23) in brackets:
+ * the largest error measured on an H100 (2026-11-23) in brackets (v1; v2 on the same inputs:
+ * out 2.1e-3, lse 1.2e-7, dq/dk/dv 1.8e-3):
  *   out (bf16)              5e-3 [2.0e-3]  P is rounded to bf16 before the PV product and out to
  *                                          bf16 (2^-9 relative each, RMS ~1e-3 per element)
  *   lse (fp32)              1e-5 [1.2e-7]  fp32 scores of identical bf16 inputs; only the summation
@@ -33,7 +34,9 @@
  * A wrong mask, GQA mapping, scale or stride gives errors of 1e-1 and more; two
  * cases check that the bounds fail for a one-token mask error and a 1% error in
  * P. Backward calls are run twice from the same prefill and must agree bit for
- * bit (determinism). Set RS_ATTN_TIMING=1 to print fwd/bwd times at T = 32k
+ * bit (determinism). Every forward and backward case runs both kernel versions (cuda_attention_v2.h:
+ * v1 mma.sync, v2 wgmma + TMA) against the same cpu result, each twice (bitwise equal). Set
+ * RS_ATTN_TIMING=1 to print fwd/bwd times of both versions and TFLOP/s at T = 32k and 128k
  * (information only: no test depends on a time).
  */
 #include <math.h>
@@ -42,6 +45,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cuda_attention_v2.h"
 #include "cuda_common.h"
 #include "cuda_kernels.h"
 #include "test_util.h"
@@ -49,6 +53,13 @@
 #define CA_OUT_BOUND  5e-3 /* the bounds of the header */
 #define CA_LSE_BOUND  1e-5
 #define CA_GRAD_BOUND 5e-3
+
+/* which kernel versions the cases run: RS_ATTN_TEST_FWD / RS_ATTN_TEST_BWD list the digits ("12" when
+ * unset), e.g. RS_ATTN_TEST_FWD=1 to leave a new forward out while it is being debugged */
+static int ca_ver_on(int bwd, int ver) {
+    const char *e = getenv(bwd ? "RS_ATTN_TEST_BWD" : "RS_ATTN_TEST_FWD");
+    return !e || strchr(e, '0' + ver) != NULL;
+}
 
 /* ---- bf16 on the host ------------------------------------------------------------------------ */
 
@@ -306,27 +317,42 @@ static float *ca_out_dense(const CaFwd *f, const CaData *a) {
     return y;
 }
 
-/* forward parity; returns the out error */
+/* forward parity of both forward kernels (v1 mma.sync, v2 wgmma; cuda_attention_v2.h) on the same inputs;
+ * each is run twice and the two results must be bitwise equal. Returns the larger out error. */
 static double ca_test_forward(const CaCase *c, uint64_t seed) {
     CaData a;
     ca_setup(&a, c, seed);
     CaFwd f;
     ca_cpu_forward(&f, &a);
-    ca_cuda_forward(&f, &a, a.d_pos_q, a.d_doc_pos_q);
-    char what[200];
-    snprintf(what, sizeof what, "%s fwd out (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, (long long)a.Tq,
-             (long long)a.Tk, c->nh, c->nkv, c->hd, c->causal ? "causal" : "full", c->strided ? " strided" : "");
-    float *got = ca_out_dense(&f, &a), *want = ca_gather(f.out_ref, a.Tq, a.wq, a.ldo);
-    test_check_rel_f(what, got, want, a.Tq * a.wq, CA_OUT_BOUND);
-    const double err = test_rel_err_f(got, want, a.Tq * a.wq);
-    snprintf(what, sizeof what, "%s fwd lse", c->name);
-    ca_check_lse(what, f.lse, f.lse_ref, a.Tq * c->nh, CA_LSE_BOUND);
-    int64_t written = 0;
-    for (int64_t t = 0; t < a.Tq; t++)
-        for (int i = a.wq; i < a.ldo; i++) written += !isnan(ca_bf16_float(f.out[t * a.ldo + i]));
-    EXPECT(written == 0, "%s: %lld pad elements of out were written", c->name, (long long)written);
+    const int ver0 = cuda_attention_fwd_version(0);
+    double worst = 0;
+    for (int ver = 1; ver <= 2; ver++) {
+        if (!ca_ver_on(0, ver)) continue;
+        cuda_attention_fwd_version(ver);
+        CaFwd f2 = f;
+        ca_cuda_forward(&f, &a, a.d_pos_q, a.d_doc_pos_q);
+        ca_cuda_forward(&f2, &a, a.d_pos_q, a.d_doc_pos_q);
+        char what[200];
+        snprintf(what, sizeof what, "%s fwd v%d out (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, ver,
+                 (long long)a.Tq, (long long)a.Tk, c->nh, c->nkv, c->hd, c->causal ? "causal" : "full",
+                 c->strided ? " strided" : "");
+        float *got = ca_out_dense(&f, &a), *want = ca_gather(f.out_ref, a.Tq, a.wq, a.ldo);
+        test_check_rel_f(what, got, want, a.Tq * a.wq, CA_OUT_BOUND);
+        const double err = test_rel_err_f(got, want, a.Tq * a.wq);
+        if (err > worst || err != err) worst = err;
+        snprintf(what, sizeof what, "%s fwd v%d lse", c->name, ver);
+        ca_check_lse(what, f.lse, f.lse_ref, a.Tq * c->nh, CA_LSE_BOUND);
+        int64_t written = 0;
+        for (int64_t t = 0; t < a.Tq; t++)
+            for (int i = a.wq; i < a.ldo; i++) written += !isnan(ca_bf16_float(f.out[t * a.ldo + i]));
+        EXPECT(written == 0, "%s v%d: %lld pad elements of out were written", c->name, ver, (long long)written);
+        const int same = memcmp(f.out, f2.out, (size_t)a.Tq * a.ldo * 2) == 0 &&
+                         memcmp(f.lse, f2.lse, (size_t)a.Tq * c->nh * 4) == 0;
+        EXPECT(same, "%s fwd v%d: two runs differ (not deterministic)", c->name, ver);
+    }
+    cuda_attention_fwd_version(ver0);
     ca_dev_free_all();
-    return err;
+    return worst;
 }
 
 /* documents 70,1,1,130,63,2,200,95 cover [0,562): starts at 70 71 72 202 265 267 467, mid-tile (64-row tiles),
@@ -394,6 +420,16 @@ TEST(cuda_attention_forward_large) {
     const CaCase cases[] = {
         {"large_docs_causal", 8, 2, 128, 1, 1, {300, 17, 450, 1, 200, 100000}, R1(0, 1000), R1(0, 1000)},
         {"large_causal_hd64", 4, 4, 64, 1, 0, ONE_DOC, R1(0, 1000), R1(0, 1000)},
+        /* v2's 128-row query blocks and 128-key tiles (64 for hd 256): whole tiles of both classes, a last
+         * query block whose second half lies past the end (700 = 5 x 128 + 60), documents that end inside a
+         * 128-key tile but on a 64-key boundary (256, 320), and a start mid-tile */
+        {"large_causal_hd128_t700", 8, 2, 128, 1, 0, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"large_causal_hd256_t700", 4, 2, 256, 1, 1, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"large_docs64_causal_hd128", 4, 4, 128, 1, 0, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"large_docs64_full_hd64", 4, 1, 64, 0, 1, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"large_docs64_causal_hd256", 4, 2, 256, 1, 0, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"large_mid_causal_hd128", 4, 2, 128, 1, 0, ONE_DOC, R1(100, 900), R1(40, 900)},
+        {"large_q64_k1000_causal", 4, 2, 128, 1, 0, ONE_DOC, R1(936, 1000), R1(0, 1000)},
     };
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) ca_test_forward(&cases[i], 500 + i);
 }
@@ -408,12 +444,19 @@ TEST(cuda_attention_forward_must_fail) {
     for (int64_t i = 0; i < a.Tq; i++) pq[i] = a.pos_q[i] - 1, dq[i] = a.doc_pos_q[i] - 1;
     CaFwd f;
     ca_cpu_forward(&f, &a);
-    ca_cuda_forward(&f, &a, (const int32_t *)ca_upload(pq, a.Tq * 4), (const int32_t *)ca_upload(dq, a.Tq * 4));
-    const double err = test_rel_err_f(ca_out_dense(&f, &a), ca_gather(f.out_ref, a.Tq, a.wq, a.ldo), a.Tq * a.wq);
-    printf("must_fail_diagonal: out rel err %.3e, must exceed the bound %.0e: %s\n", err, CA_OUT_BOUND,
-           err > CA_OUT_BOUND ? "ok" : "NO");
-    EXPECT(err > CA_OUT_BOUND, "a one-token mask error gave out rel err %.3e <= %.0e: the check cannot fail", err,
-           CA_OUT_BOUND);
+    const int32_t *d_pq = (const int32_t *)ca_upload(pq, a.Tq * 4), *d_dq = (const int32_t *)ca_upload(dq, a.Tq * 4);
+    const int ver0 = cuda_attention_fwd_version(0);
+    for (int ver = 1; ver <= 2; ver++) {
+        if (!ca_ver_on(0, ver)) continue;
+        cuda_attention_fwd_version(ver);
+        ca_cuda_forward(&f, &a, d_pq, d_dq);
+        const double err = test_rel_err_f(ca_out_dense(&f, &a), ca_gather(f.out_ref, a.Tq, a.wq, a.ldo), a.Tq * a.wq);
+        printf("must_fail_diagonal v%d: out rel err %.3e, must exceed the bound %.0e: %s\n", ver, err, CA_OUT_BOUND,
+               err > CA_OUT_BOUND ? "ok" : "NO");
+        EXPECT(err > CA_OUT_BOUND, "v%d: a one-token mask error gave out rel err %.3e <= %.0e: the check cannot fail",
+               ver, err, CA_OUT_BOUND);
+    }
+    cuda_attention_fwd_version(ver0);
     ca_dev_free_all();
 }
 
@@ -486,45 +529,53 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
 
     const bf16 *d_out = ca_upload_bf16(out, Tq * a.ldo), *d_dout = ca_upload_bf16(dout, Tq * a.ldo);
     const float *d_lse = (const float *)ca_upload(lse_dev, Tq * nh * 4);
-    float *got[2][3];
-    for (int run = 0; run < 2; run++) { /* twice from the same prefill: the bits must agree */
-        float *d_dq = (float *)ca_upload(dq_pre, nq * 4), *d_dk = (float *)ca_upload(dk_pre, nk * 4);
-        float *d_dv = c->strided ? d_dk : (float *)ca_upload(dv_pre, nk * 4);
-        cuda_attention_backward(d_dq + a.qoff, d_dk, d_dv + dv_off, d_dout, d_out, d_lse, a.d_q, a.d_k, a.d_v,
-                                a.d_pos_q, a.d_doc_pos_q, a.d_pos_k, a.d_doc_pos_k, Tq, Tk, nh, c->nkv, c->hd, a.ldq,
-                                a.ldk, a.ldo, c->causal);
-        CUDA_LAUNCH_CHECK();
-        for (int w = 0; w < 3; w++) got[run][w] = (float *)test_alloc((w ? nk : nq) * 4 + 16);
-        ca_download(got[run][0], d_dq, nq * 4);
-        ca_download(got[run][1], d_dk, nk * 4);
-        if (c->strided) memcpy(got[run][2], got[run][1], nk * 4);
-        else ca_download(got[run][2], d_dv, nk * 4);
-    }
+    const int ver0 = cuda_attention_bwd_version(0);
+    double least = INFINITY; /* over the versions, of each version's largest error (the must-fail case needs both large) */
+    for (int ver = 1; ver <= 2; ver++) { /* both backward kernels (cuda_attention_v2.h) on the same inputs */
+        if (!ca_ver_on(1, ver)) continue;
+        cuda_attention_bwd_version(ver);
+        double worst = 0;
+        float *got[2][3];
+        for (int run = 0; run < 2; run++) { /* twice from the same prefill: the bits must agree */
+            float *d_dq = (float *)ca_upload(dq_pre, nq * 4), *d_dk = (float *)ca_upload(dk_pre, nk * 4);
+            float *d_dv = c->strided ? d_dk : (float *)ca_upload(dv_pre, nk * 4);
+            cuda_attention_backward(d_dq + a.qoff, d_dk, d_dv + dv_off, d_dout, d_out, d_lse, a.d_q, a.d_k, a.d_v,
+                                    a.d_pos_q, a.d_doc_pos_q, a.d_pos_k, a.d_doc_pos_k, Tq, Tk, nh, c->nkv, c->hd, a.ldq,
+                                    a.ldk, a.ldo, c->causal);
+            CUDA_LAUNCH_CHECK();
+            for (int w = 0; w < 3; w++) got[run][w] = (float *)test_alloc((w ? nk : nq) * 4 + 16);
+            ca_download(got[run][0], d_dq, nq * 4);
+            ca_download(got[run][1], d_dk, nk * 4);
+            if (c->strided) memcpy(got[run][2], got[run][1], nk * 4);
+            else ca_download(got[run][2], d_dv, nk * 4);
+        }
 
-    const char *names[3] = {"dq", "dk", "dv"};
-    const float *pre[3] = {dq_pre, dk_pre, dv_pre}, *ref[3] = {dq_ref, dk_ref, dv_ref};
-    const int64_t rows[3] = {Tq, Tk, Tk};
-    const int lds[3] = {a.ldq, a.ldk, a.ldk}, offs[3] = {a.qoff, 0, dv_off}, ws[3] = {a.wq, a.wk, a.wk};
-    double worst = 0;
-    char what[200];
-    for (int w = 0; w < 3; w++) {
-        float *gi = ca_increment(got[0][w], pre[w], rows[w], lds[w], offs[w], ws[w]);
-        float *ri = ca_increment(ref[w], pre[w], rows[w], lds[w], offs[w], ws[w]);
-        snprintf(what, sizeof what, "%s bwd %s (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, names[w],
-                 (long long)Tq, (long long)Tk, nh, c->nkv, c->hd, c->causal ? "causal" : "full",
-                 c->strided ? " strided" : "");
-        const double err = test_rel_err_f(gi, ri, rows[w] * ws[w]);
-        if (lse_shift == 0.0f) test_check_rel_f(what, gi, ri, rows[w] * ws[w], CA_GRAD_BOUND);
-        if (err > worst) worst = err;
-        snprintf(what, sizeof what, "%s bwd %s", c->name, names[w]);
-        ca_check_sentinels(what, got[0][w], pre[w], rows[w] * lds[w]);
-        const int64_t n = rows[w] * lds[w];
-        const int same = memcmp(got[0][w], got[1][w], (size_t)n * 4) == 0;
-        EXPECT(same, "%s: two backward runs differ (not deterministic)", what);
-        if (same && lse_shift == 0.0f) printf("%s: two runs bitwise equal\n", what);
+        const char *names[3] = {"dq", "dk", "dv"};
+        const float *pre[3] = {dq_pre, dk_pre, dv_pre}, *ref[3] = {dq_ref, dk_ref, dv_ref};
+        const int64_t rows[3] = {Tq, Tk, Tk};
+        const int lds[3] = {a.ldq, a.ldk, a.ldk}, offs[3] = {a.qoff, 0, dv_off}, ws[3] = {a.wq, a.wk, a.wk};
+        char what[200];
+        for (int w = 0; w < 3; w++) {
+            float *gi = ca_increment(got[0][w], pre[w], rows[w], lds[w], offs[w], ws[w]);
+            float *ri = ca_increment(ref[w], pre[w], rows[w], lds[w], offs[w], ws[w]);
+            snprintf(what, sizeof what, "%s bwd v%d %s (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, ver, names[w],
+                     (long long)Tq, (long long)Tk, nh, c->nkv, c->hd, c->causal ? "causal" : "full",
+                     c->strided ? " strided" : "");
+            const double err = test_rel_err_f(gi, ri, rows[w] * ws[w]);
+            if (lse_shift == 0.0f) test_check_rel_f(what, gi, ri, rows[w] * ws[w], CA_GRAD_BOUND);
+            if (!(err <= worst)) worst = err; /* NaN too */
+            snprintf(what, sizeof what, "%s bwd v%d %s", c->name, ver, names[w]);
+            ca_check_sentinels(what, got[0][w], pre[w], rows[w] * lds[w]);
+            const int64_t n = rows[w] * lds[w];
+            const int same = memcmp(got[0][w], got[1][w], (size_t)n * 4) == 0;
+            EXPECT(same, "%s: two backward runs differ (not deterministic)", what);
+            if (same && lse_shift == 0.0f) printf("%s: two runs bitwise equal\n", what);
+        }
+        if (worst < least) least = worst;
     }
+    cuda_attention_bwd_version(ver0);
     ca_dev_free_all();
-    return worst;
+    return least;
 }
 
 TEST(cuda_attention_backward_self) {
@@ -567,9 +618,18 @@ TEST(cuda_attention_backward_ring_blocks) {
 }
 
 TEST(cuda_attention_backward_large) {
-    const CaCase c = {"bwd_large_docs_causal", 8, 2, 128, 1, 1, {300, 17, 450, 1, 200, 100000}, R1(0, 1000),
-                      R1(0, 1000)};
-    ca_test_backward(&c, 1000, 0.0f);
+    const CaCase cases[] = {
+        {"bwd_large_docs_causal", 8, 2, 128, 1, 1, {300, 17, 450, 1, 200, 100000}, R1(0, 1000), R1(0, 1000)},
+        /* v2's 128-row own blocks (64 for hd 256): a last block half past the end, documents on 64-row but
+         * not 128-row boundaries, queries and keys of different lengths */
+        {"bwd_large_causal_hd128_t700", 8, 2, 128, 1, 0, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"bwd_large_causal_hd256_t700", 4, 2, 256, 1, 1, ONE_DOC, R1(0, 700), R1(0, 700)},
+        {"bwd_large_docs64_causal_hd64", 4, 1, 64, 1, 0, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"bwd_large_docs64_full_hd128", 4, 4, 128, 0, 1, {256, 64, 320, 17, 100000}, R1(0, 657), R1(0, 657)},
+        {"bwd_large_mid_causal_hd256", 4, 4, 256, 1, 0, ONE_DOC, R1(100, 600), R1(40, 600)},
+        {"bwd_large_q64_k1000_causal", 4, 2, 128, 1, 0, ONE_DOC, R1(936, 1000), R1(0, 1000)},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) ca_test_backward(&cases[i], 1000 + i, 0.0f);
 }
 
 TEST(cuda_attention_backward_must_fail) {
@@ -669,9 +729,16 @@ TEST(cuda_attention_merge_ring) {
     const CaCase diag = {"ring_zigzag_diag", 4, 2, 256, 1, 0, ONE_DOC, R2(0, 128, 384, 512), R2(0, 128, 384, 512)};
     const int64_t zig3[4] = {0, 37, 128, 256}, diag2[3] = {0, 128, 256};
     const int up3[3] = {0, 1, 2}, mix3[3] = {2, 0, 1}, down2[2] = {1, 0};
-    ca_test_ring(&zig, zig3, 3, up3, 1300);
-    ca_test_ring(&zig, zig3, 3, mix3, 1300);
-    ca_test_ring(&diag, diag2, 2, down2, 1301);
+    const int ver0 = cuda_attention_fwd_version(0);
+    for (int ver = 1; ver <= 2; ver++) {
+        if (!ca_ver_on(0, ver)) continue;
+        cuda_attention_fwd_version(ver);
+        printf("forward v%d:\n", ver);
+        ca_test_ring(&zig, zig3, 3, up3, 1300);
+        ca_test_ring(&zig, zig3, 3, mix3, 1300);
+        ca_test_ring(&diag, diag2, 2, down2, 1301);
+    }
+    cuda_attention_fwd_version(ver0);
 }
 
 /* ---- timing (information only) --------------------------------------------------------------- */
@@ -684,7 +751,9 @@ static __global__ void ca_fill_kernel(bf16 *x, int64_t n, uint32_t seed) {
     }
 }
 
-static void ca_time_one(int T, int nh, int nkv, int hd) {
+/* median of `reps` timed calls (after one warm-up) of the forward (each version in vers) and of the
+ * backward, causal over one document of T tokens */
+static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
     const int ldq = nh * hd, ldk = 2 * nkv * hd, ldo = nh * hd;
     bf16 *q = (bf16 *)ca_dev_alloc((size_t)T * ldq * 2), *kv = (bf16 *)ca_dev_alloc((size_t)T * ldk * 2);
     bf16 *out = (bf16 *)ca_dev_alloc((size_t)T * ldo * 2), *dout = (bf16 *)ca_dev_alloc((size_t)T * ldo * 2);
@@ -701,31 +770,40 @@ static void ca_time_one(int T, int nh, int nkv, int hd) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    float ms_f[5], ms_b[5];
-    for (int it = -1; it < 5; it++) { /* it = -1: warm-up */
-        CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-        cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos, d_pos, T, T, nh, nkv, hd, ldq,
-                               ldk, ldo, 1);
-        CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms_f[it], e0, e1));
-        CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-        cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos,
-                                d_pos, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
-        CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms_b[it], e0, e1));
-    }
-    /* pos = doc_pos: every token its own document start 0, so one document: plain causal */
-    for (int i = 0; i < 5; i++)
-        for (int j = i + 1; j < 5; j++) {
-            if (ms_f[j] < ms_f[i]) { float x = ms_f[i]; ms_f[i] = ms_f[j]; ms_f[j] = x; }
-            if (ms_b[j] < ms_b[i]) { float x = ms_b[i]; ms_b[i] = ms_b[j]; ms_b[j] = x; }
-        }
     const double fl = 4.0 * T * (double)T / 2 * hd * nh; /* causal counted as half */
-    printf("timing T %d nh %d nkv %d hd %d causal: fwd %.3f ms (%.0f TFLOP/s), bwd %.3f ms (%.0f TFLOP/s at 2.5x fwd "
-           "flops), median of 5\n",
-           T, nh, nkv, hd, ms_f[2], fl / ms_f[2] * 1e-9, ms_b[2], 2.5 * fl / ms_b[2] * 1e-9);
+    const int ver0 = cuda_attention_fwd_version(0), bver0 = cuda_attention_bwd_version(0);
+    float ms[4][16]; /* fwd v1, fwd v2, bwd v1, bwd v2 */
+    if (reps > 16) reps = 16;
+    for (int which = 0; which < 4; which++) {
+        if (!ca_ver_on(which >= 2, which % 2 + 1)) {
+            for (int i = 0; i < reps; i++) ms[which][i] = NAN;
+            continue;
+        }
+        if (which < 2) cuda_attention_fwd_version(which + 1);
+        else cuda_attention_bwd_version(which - 1);
+        for (int it = -1; it < reps; it++) { /* it = -1: warm-up */
+            CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
+            if (which < 2)
+                cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos, d_pos, T, T, nh, nkv, hd,
+                                       ldq, ldk, ldo, 1);
+            else
+                cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pos, d_pos,
+                                        d_pos, d_pos, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
+            CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms[which][it], e0, e1));
+        }
+        for (int i = 0; i < reps; i++) /* pos = doc_pos: every token its own document start 0: plain causal */
+            for (int j = i + 1; j < reps; j++)
+                if (ms[which][j] < ms[which][i]) { float x = ms[which][i]; ms[which][i] = ms[which][j]; ms[which][j] = x; }
+    }
+    cuda_attention_fwd_version(ver0);
+    cuda_attention_bwd_version(bver0);
+    const float f1 = ms[0][reps / 2], f2 = ms[1][reps / 2], b1 = ms[2][reps / 2], b2 = ms[3][reps / 2];
+    printf("timing T %d nh %d nkv %d hd %d causal, median of %d: fwd v1 %.3f ms (%.0f TFLOP/s), v2 %.3f ms (%.0f "
+           "TFLOP/s, %.2fx); bwd (TFLOP/s at 2.5x fwd flops) v1 %.3f ms (%.0f), v2 %.3f ms (%.0f, %.2fx)\n",
+           T, nh, nkv, hd, reps, f1, fl / f1 * 1e-9, f2, fl / f2 * 1e-9, f1 / f2, b1, 2.5 * fl / b1 * 1e-9, b2,
+           2.5 * fl / b2 * 1e-9, b1 / b2);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     ca_dev_free_all();
@@ -736,7 +814,11 @@ TEST(cuda_attention_timing) {
         printf("cuda_attention_timing: skipped (set RS_ATTN_TIMING=1)\n");
         return;
     }
-    ca_time_one(32768, 16, 16, 128);
-    ca_time_one(32768, 16, 4, 128);
-    ca_time_one(32768, 16, 2, 256);
+    ca_time_one(32768, 16, 16, 128, 5);
+    ca_time_one(32768, 16, 4, 128, 5);
+    ca_time_one(32768, 16, 2, 256, 5);
+    ca_time_one(32768, 16, 16, 64, 5);
+    ca_time_one(131072, 16, 16, 128, 3);
+    ca_time_one(131072, 16, 4, 128, 3);
+    ca_time_one(131072, 16, 2, 256, 3);
 }

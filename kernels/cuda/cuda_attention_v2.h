@@ -1,0 +1,23 @@
+/*
+ * cuda_attention_v2.h - which attention forward kernel cuda_attention_forward runs (kernels/cuda/
+ * cuda_attention.cu): 1 = the mma.sync kernel (attn_forward_kernel), 2 = the warp-specialised wgmma +
+ * TMA kernel (attn_fwd_wg_kernel, sm_90a); likewise for cuda_attention_backward (1: attn_dkdv_kernel +
+ * attn_dq_kernel, 2: attn_bwd_wg_kernel<HD, 1> + <HD, 0>). The defaults come from the environment
+ * variables RS_ATTN_FWD and RS_ATTN_BWD ("v1" or "v2"; read once), else the built-in defaults
+ * (ATTN_FWD_DEFAULT, ATTN_BWD_DEFAULT in cuda_attention.cu).
+ * Tests and benchmarks switch explicitly to run both on the same inputs.
+ */
+#pragma once
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* v = 1 or 2 selects that forward for the following calls; v = 0 changes nothing. Returns the
+ * version in force before the call. Not thread-safe; call between launches. */
+int cuda_attention_fwd_version(int v);
+int cuda_attention_bwd_version(int v); /* the same for the backward */
+
+#ifdef __cplusplus
+}
+#endif
