@@ -1650,6 +1650,16 @@ static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const 
     CUDA_LAUNCH_CHECK();
 }
 
+template <int DK, int DV>
+static void gdn_launch_prep_v2(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
+                               const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
+    const size_t sm = GdnPrepSmemV2<DK, DV>(NULL).bytes;
+    gdn_smem_attr(gdn_prep_v2_kernel<DK, DV>, sm, "prep_v2");
+    gdn_prep_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
+        b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+}
+
 template <int DK, int BV>
 static void gdn_launch_state_fwd_bv(const GdnBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const bf16 *k,
                                     const float *S0, const int32_t *doc_pos, int mode, int nk, int nv, int dv,
@@ -1976,7 +1986,7 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     gdn_prof_start(pl.prof);
     gdn_index(&b, doc_pos, T);
     gdn_prof_mark("index");
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, S_final, NULL,
                  S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st);
@@ -2005,7 +2015,7 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
     gdn_prof_start(pl.prof);
     gdn_index(&b, doc_pos, T);
     gdn_prof_mark("index");
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     if (pl.overlap) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
         cudaEvent_t fork, join;
@@ -2066,7 +2076,7 @@ static void gdn_transition_v2(const GdnPlan &pl, float *M, float *H, const bf16 
                               const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
+    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
     GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_fwd, &b, NULL, NULL, NULL, 1, NULL, NULL, H, M, NULL, k,
                  GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream());
 }
@@ -2078,7 +2088,7 @@ static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const
     const float scale = (float)(1.0 / sqrt((double)DK));
     GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
-    gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
+    gdn_launch_prep_v2<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
     GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_bwd, &b, NULL, NULL, NULL, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
                  GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream());

@@ -647,3 +647,76 @@ __global__ void __launch_bounds__(GDN_THREADS)
         }
     }
 }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* prep v2: the v1 algebra (gdn_prep_kernel) in 74 KB of shared memory instead of 104 (3 blocks per   */
+/* SM instead of 2): A lives where the bf16 Tinv factors go once the solve is done, and one pair of    */
+/* factor tiles serves W, then U                                                                      */
+
+template <int DK, int DV> struct GdnPrepSmemV2 {
+    bf16 *k, *v, *t_hi, *t_lo;
+    float *A, *T, *G, *beta, *tmp;
+    size_t bytes;
+    __host__ __device__ explicit GdnPrepSmemV2(void *b) {
+        GdnCarve c(b);
+        k = c.take<bf16>(GDN_C * (DK + 8));
+        v = c.take<bf16>(GDN_C * (DV + 8));
+        t_hi = c.take<bf16>(GDN_C * GDN_LDP);
+        t_lo = c.take<bf16>(GDN_C * GDN_LDP);
+        A = (float *)t_hi; /* 64 x 65 fp32 fits in the two factor tiles (2 x 64 x 72 bf16) */
+        T = c.take<float>(GDN_C * GDN_LDF);
+        G = c.take<float>(GDN_C);
+        beta = c.take<float>(GDN_C);
+        tmp = c.take<float>(GDN_SOLVE_SCRATCH);
+        bytes = c.off;
+    }
+};
+static_assert(GDN_C * GDN_LDF * 4 <= 2 * GDN_C * GDN_LDP * 2, "prep v2: A must fit in the factor tiles");
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_prep_v2_kernel(bf16 *W /* (T,nv,DK) */, bf16 *U /* (T,nv,DV) or NULL */, float *G2 /* (T,nv) */,
+                       const bf16 *k /* (T,ldq) nk heads */, const bf16 *v /* (T,ldv) nv heads, or NULL */,
+                       const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *starts,
+                       const int32_t *meta, int mode, int nk, int nv, int ldq, int ldv) {
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnPrepSmemV2<DK, DV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk);
+    int lo, hi;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+    for (int c = lo + blockIdx.x; c < hi; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        __syncthreads(); /* the previous chunk is done with shared memory */
+        gdn_load_rows<GDN_C, DK>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        if (U) gdn_load_rows<GDN_C, DV>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
+        gdn_cp_async_commit();
+        gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
+        gdn_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
+        __syncthreads();
+        gdn_solve(s.T, s.tmp, s.A); /* ends synchronised: A is dead */
+        /* W = (Tinv diag(beta gam)) K, then U = (Tinv diag(beta)) V, the factor split hi + lo bf16 */
+#pragma unroll 1
+        for (int pass = 0; pass < (U ? 2 : 1); pass++) {
+            for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+                const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
+                const float t0v = s.T[r * GDN_LDF + j], t1v = s.T[r * GDN_LDF + j + 1];
+                float f0 = s.beta[j], f1 = s.beta[j + 1];
+                if (pass == 0) {
+                    f0 *= exp2f(s.G[j]);
+                    f1 *= exp2f(s.G[j + 1]);
+                }
+                gdn_split2(s.t_hi + r * GDN_LDP + j, s.t_lo + r * GDN_LDP + j, t0v * f0, t1v * f1);
+            }
+            __syncthreads();
+            if (pass == 0)
+                gdn_tri_product_store<DK>(W + (t0 * nv + h) * DK, (int64_t)nv * DK, s.t_hi, s.t_lo, s.k, DK + 8, L);
+            else
+                gdn_tri_product_store<DV>(U + (t0 * nv + h) * DV, (int64_t)nv * DV, s.t_hi, s.t_lo, s.v, DV + 8, L);
+            __syncthreads(); /* the factor tiles are read before the next pass writes them */
+        }
+        if ((int)threadIdx.x < L) G2[(t0 + threadIdx.x) * nv + h] = s.G[threadIdx.x];
+    }
+}
