@@ -1449,9 +1449,11 @@ __global__ void __launch_bounds__(256)
 /* switches (cuda_gdn_tune.h), per-kernel profile                                                     */
 
 /* built-in choices (GDN v2 in docs/benchmarks.md has the measurements behind them) */
-#define GDN_V2_DEFAULT 0      /* 1: the v2 kernels */
+#define GDN_V2_DEFAULT 1      /* 1: the v2 kernels */
 #define GDN_NST_DEFAULT 2     /* v2 state passes: pipeline stages */
 #define GDN_OVERLAP_DEFAULT 0 /* v2 backward: forward recompute beside the reverse pass */
+#define GDN_ILP_DEFAULT 0     /* v2 state passes: two MMA chains per product */
+#define GDN_WY3_DEFAULT 0     /* v2 backward: wy_bwd v3 (two blocks per SM) */
 
 static CudaGdnTune gdn_tune_user, gdn_tune_env;
 static int gdn_tune_user_set, gdn_tune_env_read;
@@ -1470,6 +1472,8 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.bv = gdn_env_int("RS_GDN_BV");
         gdn_tune_env.overlap = gdn_env_int("RS_GDN_OVERLAP");
         gdn_tune_env.prof = gdn_env_int("RS_GDN_PROF");
+        gdn_tune_env.ilp = gdn_env_int("RS_GDN_ILP");
+        gdn_tune_env.wy = gdn_env_int("RS_GDN_WY");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1809,7 +1813,8 @@ static void gdn_dstate_v1(float *dS0, const bf16 *dout, const bf16 *q, const bf1
 /* v2 host side: plan (segments, stages, column block), segmented passes                              */
 
 typedef struct GdnPlan {
-    int v2, nst, bv, nseg_f, nseg_b, overlap, prof;
+    int v2, nst, bv, nseg_f, nseg_b, overlap, prof, ilp, wy3;
+    long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
 } GdnPlan;
 
 static int gdn_sm_count(void) {
@@ -1822,34 +1827,18 @@ static int gdn_sm_count(void) {
     return n;
 }
 
-/* blocks of a v2 state pass the device holds at once */
-template <int DK, int BV, int NST> static int gdn_v2_slots(int bwd) {
-    static int cache[2];
-    if (!cache[bwd]) {
-        int n = 0;
-        if (!bwd) {
-            const size_t sm = GdnStateFwdSmemV2<DK, BV, NST>(NULL).bytes;
-            gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST>, sm, "state_fwd_v2");
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gdn_state_fwd_v2_kernel<DK, BV, NST>,
-                                                                     GDN_THREADS, sm));
-        } else {
-            const size_t sm = GdnStateBwdSmemV2<DK, BV, NST>(NULL).bytes;
-            gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST>, sm, "state_bwd_v2");
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gdn_state_bwd_v2_kernel<DK, BV, NST>,
-                                                                     GDN_THREADS, sm));
-        }
-        cache[bwd] = (n > 0 ? n : 1) * gdn_sm_count();
-    }
-    return cache[bwd];
-}
-
 /* the v2 state pass instantiation for a run-time (bv, nst) */
-#define GDN_V2_BVNST(bv, nst, FN, ...)                        \
-    do {                                                      \
-        if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3>(__VA_ARGS__); \
-        else if ((bv) == 32) FN<DK, 32, 2>(__VA_ARGS__);     \
-        else if ((nst) == 3) FN<DK, 16, 3>(__VA_ARGS__);     \
-        else FN<DK, 16, 2>(__VA_ARGS__);                     \
+#define GDN_V2_BVNST_(bv, nst, ilp, FN, ...)                                    \
+    do {                                                                        \
+        if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp>(__VA_ARGS__);          \
+        else if ((bv) == 32) FN<DK, 32, 2, ilp>(__VA_ARGS__);                  \
+        else if ((nst) == 3) FN<DK, 16, 3, ilp>(__VA_ARGS__);                  \
+        else FN<DK, 16, 2, ilp>(__VA_ARGS__);                                  \
+    } while (0)
+#define GDN_V2_BVNST(pl, FN, ...)                                               \
+    do {                                                                        \
+        if ((pl).ilp) GDN_V2_BVNST_((pl).bv, (pl).nst, true, FN, __VA_ARGS__);  \
+        else GDN_V2_BVNST_((pl).bv, (pl).nst, false, FN, __VA_ARGS__);          \
     } while (0)
 
 /*
@@ -1875,10 +1864,11 @@ static int gdn_pick_nseg(int64_t nc, int64_t blocks, int64_t mblocks, int64_t sl
     return bp;
 }
 
-template <int DK, int BV, int NST> static void gdn_v2_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
-    const int64_t blocks = (int64_t)nv * dv / BV, mblocks = (int64_t)nv * DK / BV;
-    pl->nseg_f = gdn_pick_nseg(nc, blocks, mblocks, gdn_v2_slots<DK, BV, NST>(0));
-    pl->nseg_b = gdn_pick_nseg(nc, blocks, mblocks, gdn_v2_slots<DK, BV, NST>(1));
+/* slots = one block per SM: a second block on an SM does not add throughput (GDN v2 in
+ * docs/benchmarks.md: two resident state-pass blocks run at about half speed each) */
+template <int DK> static void gdn_v2_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
+    const int64_t blocks = (int64_t)nv * dv / pl->bv, mblocks = (int64_t)nv * DK / pl->bv;
+    pl->nseg_f = pl->nseg_b = gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count());
 }
 
 template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
@@ -1890,9 +1880,16 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.bv = t.bv == 16 || t.bv == 32 ? t.bv : gdn_state_bv(nv, dv);
     pl.nst = t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT;
     pl.overlap = t.overlap == 1 ? 1 : t.overlap == 2 ? 0 : GDN_OVERLAP_DEFAULT;
+    pl.ilp = t.ilp == 1 ? 1 : t.ilp == 2 ? 0 : GDN_ILP_DEFAULT;
+    pl.wy3 = t.wy == 1 ? 1 : t.wy == 2 ? 0 : GDN_WY3_DEFAULT;
     const int64_t nc = (T + GDN_C - 1) / GDN_C;
     if (t.split > 0) pl.nseg_f = pl.nseg_b = t.split < 64 ? t.split : 64;
-    else GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_plan_nseg, &pl, nc, nv, dv);
+    else gdn_v2_plan_nseg<DK>(&pl, nc, nv, dv);
+    if (pl.prof == 2) {
+        static long long *tp;
+        if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
+        pl.tp = tp;
+    }
     return pl;
 }
 
@@ -1903,63 +1900,63 @@ static void gdn_affine_launch(float *S_out, const float *M, const float *S_in, c
     CUDA_LAUNCH_CHECK();
 }
 
-template <int DK, int BV, int NST>
+template <int DK, int BV, int NST, bool ILP>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
-                              int mode, int nk, int nv, int dv, int ldq, cudaStream_t st) {
+                              int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST>(NULL).bytes;
-    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST>, sm, "state_fwd_v2");
-    gdn_state_fwd_v2_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
-        hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq);
+    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP>, sm, "state_fwd_v2");
+    gdn_state_fwd_v2_kernel<DK, BV, NST, ILP><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+        hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
     CUDA_LAUNCH_CHECK();
 }
 
-template <int DK, int BV, int NST>
+template <int DK, int BV, int NST, bool ILP>
 static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
                               const bf16 *k, const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv,
-                              int dv, int ldq, int ldo, float scale, cudaStream_t st) {
+                              int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
     const size_t sm = GdnStateBwdSmemV2<DK, BV, NST>(NULL).bytes;
-    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST>, sm, "state_bwd_v2");
-    gdn_state_bwd_v2_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
-        dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale);
+    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP>, sm, "state_bwd_v2");
+    gdn_state_bwd_v2_kernel<DK, BV, NST, ILP><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+        dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
     CUDA_LAUNCH_CHECK();
 }
 
 /* the forward state pass over the chunks of `mode` from S0 in nseg segments: h, vn (NULL: not
  * stored), S_final (NULL: not written); with M_out (nseg == 1 only) the transition columns too */
-template <int DK, int BV, int NST>
+template <int DK, int BV, int NST, bool ILP>
 static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, bf16 *hs, bf16 *vn,
                              float *S_final, float *M_out, const float *S0, const bf16 *k, int mode, int nk, int nv,
-                             int dv, int ldq, cudaStream_t st) {
+                             int dv, int ldq, cudaStream_t st, long long *tp) {
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     RS_CHECK(nseg == 1 || !M_out, "gdn: a segmented transition pass");
     if (nseg > 1) { /* phase A, then the fold */
         const GdnSeg a = {S0, NULL, NULL, segE + nsz, segH, segM, nseg, 0, 0};
-        gdn_v2_fwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st);
+        gdn_v2_fwd_launch<DK, BV, NST, ILP>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
         for (int p = 1; p <= nseg - 2; p++)
             gdn_affine_launch(segE + (p + 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
     const GdnSeg c = {S0, segE, S_final, NULL, NULL, M_out, nseg, 0, -1};
-    gdn_v2_fwd_launch<DK, BV, NST>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st);
+    gdn_v2_fwd_launch<DK, BV, NST, ILP>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
 }
 
 /* the reverse state pass over the chunks of `mode` from dS_final in nseg segments: dh, dv2 (NULL:
  * not stored), dS0 (NULL: not written) */
-template <int DK, int BV, int NST>
+template <int DK, int BV, int NST, bool ILP>
 static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, bf16 *dhs, bf16 *dv2,
                              float *dS0, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *dvl,
                              const bf16 *dout, int mode, int64_t T, int nk, int nv, int dv, int ldq, int ldo,
-                             float scale, cudaStream_t st) {
+                             float scale, cudaStream_t st, long long *tp) {
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     if (nseg > 1) { /* phase A on segments nseg-1 .. 1, then the fold */
         const GdnSeg a = {dS_final, NULL, NULL, segE + (nseg - 2) * nsz, segH, segM, nseg, 1, nseg - 1};
-        gdn_v2_bwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv, ldq,
-                                       ldo, scale, st);
+        gdn_v2_bwd_launch<DK, BV, NST, ILP>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
+                                            ldq, ldo, scale, st, NULL);
         for (int p = nseg - 2; p >= 1; p--)
             gdn_affine_launch(segE + (p - 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
     const GdnSeg c = {dS_final, segE, dS0, NULL, NULL, NULL, nseg, 0, -1};
-    gdn_v2_bwd_launch<DK, BV, NST>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo, scale,
-                                   st);
+    gdn_v2_bwd_launch<DK, BV, NST, ILP>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
+                                        scale, st, tp);
 }
 
 /* the second stream of the overlapped backward and its fork / join events */
@@ -1976,6 +1973,22 @@ static cudaStream_t gdn_aux_stream(cudaEvent_t *fork, cudaEvent_t *join) {
     return s;
 }
 
+/* prof == 2: the per-phase cycles of the state passes (block 0, warp 0; chunks = its chunk count) */
+static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
+    if (pl.prof != 2 || !pl.tp) return;
+    long long h[2 * GDN_TP_N];
+    CUDA_CHECK(cudaMemcpy(h, pl.tp, sizeof h, cudaMemcpyDeviceToHost));
+    static const char *names[GDN_TP_N] = {"wait+sync", "issue", "split+store+sync", "mma1", "epilogue+sync", "mma2"};
+    for (int d = 0; d <= bwd; d++) {
+        const int nseg = d ? pl.nseg_b : pl.nseg_f;
+        const double nch = (double)((T + GDN_C - 1) / GDN_C) / (nseg > 0 ? nseg : 1);
+        printf("gdn cycles per chunk, %s pass (block 0, ~%.0f chunks):", d ? "reverse" : "forward", nch);
+        for (int i = 0; i < GDN_TP_N; i++) printf(" %s %.0f", names[i], (double)h[d * GDN_TP_N + i] / nch);
+        printf("\n");
+    }
+    CUDA_CHECK(cudaMemset(pl.tp, 0, sizeof h));
+}
+
 template <int DK, int DV>
 static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
@@ -1988,8 +2001,8 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     gdn_prof_mark("index");
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, S_final, NULL,
-                 S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st);
+    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, S_final, NULL,
+                 S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
     gdn_prof_mark("state_fwd");
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
@@ -1997,8 +2010,9 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
         o, q, k, b.vn, b.hs, b.G2, doc_pos, b.starts, b.meta, nk, nv, DV, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("output");
-    if (pl.prof) printf("gdn v2 plan: nseg %d, bv %d, nst %d\n", pl.nseg_f, pl.bv, pl.nst);
+    if (pl.prof) printf("gdn v2 plan: nseg %d, bv %d, nst %d, ilp %d\n", pl.nseg_f, pl.bv, pl.nst, pl.ilp);
     gdn_prof_end("forward v2", T, nv);
+    gdn_tp_print(pl, 0, T);
 }
 
 template <int DK, int DV>
@@ -2022,22 +2036,22 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         cudaStream_t aux = gdn_aux_stream(&fork, &join);
         CUDA_CHECK(cudaEventRecord(fork, st));
         CUDA_CHECK(cudaStreamWaitEvent(aux, fork, 0));
-        GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
-                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, aux);
+        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
+                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, aux, pl.tp);
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-        GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
-                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st);
+        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
+                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         CUDA_CHECK(cudaEventRecord(join, aux));
         CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
         gdn_prof_mark("state_fwd|dvlocal+state_bwd");
     } else {
-        GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
-                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st);
+        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
+                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
         gdn_prof_mark("state_fwd");
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
         gdn_prof_mark("dvlocal");
-        GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
-                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st);
+        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
+                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         gdn_prof_mark("state_bwd");
     }
     {
@@ -2049,7 +2063,14 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         CUDA_LAUNCH_CHECK();
     }
     gdn_prof_mark("dqkwg");
-    {
+    if (pl.wy3) {
+        const size_t sm = GdnWySmemV3<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_wy_bwd_v3_kernel<DK, DV>, sm, "wy_bwd_v3");
+        gdn_wy_bwd_v3_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
+            nk, nv, ldq, ldv);
+        CUDA_LAUNCH_CHECK();
+    } else {
         const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v2_kernel<DK, DV>, sm, "wy_bwd_v2");
         gdn_wy_bwd_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
@@ -2066,9 +2087,10 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         gdn_prof_mark("group_reduce");
     }
     if (pl.prof)
-        printf("gdn v2 plan: nseg fwd %d bwd %d, bv %d, nst %d, overlap %d\n", pl.nseg_f, pl.nseg_b, pl.bv, pl.nst,
-               pl.overlap);
+        printf("gdn v2 plan: nseg fwd %d bwd %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d\n", pl.nseg_f, pl.nseg_b,
+               pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3);
     gdn_prof_end("backward v2", T, nv);
+    gdn_tp_print(pl, 1, T);
 }
 
 template <int DK, int DV>
@@ -2077,8 +2099,8 @@ static void gdn_transition_v2(const GdnPlan &pl, float *M, float *H, const bf16 
     GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
-    GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_fwd, &b, NULL, NULL, NULL, 1, NULL, NULL, H, M, NULL, k,
-                 GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream());
+    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, NULL, NULL, NULL, 1, NULL, NULL, H, M, NULL, k,
+                 GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream(), pl.tp);
 }
 
 template <int DK, int DV>
@@ -2090,8 +2112,8 @@ static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const
     gdn_index(&b, doc_pos, T);
     gdn_launch_prep_v2<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
-    GDN_V2_BVNST(pl.bv, pl.nst, gdn_v2_state_bwd, &b, NULL, NULL, NULL, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
-                 GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream());
+    GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, NULL, NULL, NULL, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
+                 GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
 }
 
 /* v1 or v2 by the plan */

@@ -319,7 +319,8 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d]", c->split, c->nst, c->bv, c->overlap);
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d]", c->split, c->nst, c->bv, c->overlap,
+                 c->ilp, c->wy);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -495,10 +496,11 @@ TEST(cuda_gdn_mma_layouts) {
 /* The switch sets (cuda_gdn_tune.h: v2, split, nst, bv, overlap, prof) the parity cases run the cuda
  * side under, against one oracle run: the built-in default, v1, and v2 with one segment and with
  * 3, 5 and 8 segments (more segments than chunks in the short cases: empty segments), 2 and 3
- * pipeline stages, 16 and 32 state columns per block, the backward's two passes overlapped or not. */
+ * pipeline stages, 16 and 32 state columns per block, the backward's two passes overlapped or not,
+ * and with the shorter MMA chains (ilp) and the two-blocks-per-SM wy_bwd (wy). */
 static const CudaGdnTune gdn_cfgs[] = {
-    {0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0}, {1, 1, 2, 16, 2, 0},
-    {1, 3, 3, 32, 1, 0}, {1, 5, 2, 32, 2, 0}, {1, 8, 3, 16, 1, 0},
+    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 2, 16, 2, 0, 0, 0}, {1, 3, 3, 32, 1, 0, 0, 0},
+    {1, 5, 2, 32, 2, 0, 0, 0}, {1, 8, 3, 16, 1, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 1}, {1, 3, 3, 32, 1, 0, 1, 1},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -550,12 +552,15 @@ TEST(cuda_gdn_forward_backward_edges) {
     gdn_check_fwd_bwd_cfgs("T=192 S0=NULL dS_final=NULL", &p, GDN_SFINAL | GDN_DS0, GDN_TEST_BOUND, GDN_CFGS);
 }
 
-/* same inputs twice under one switch set (NULL: as they are): every output bitwise equal */
-static void gdn_determinism(const CudaGdnTune *cfg) {
+/* same inputs twice, the first run under cfg and the second under cfg2 (NULL: cfg; cfg NULL: the
+ * switches as they are): every output bitwise equal */
+static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NULL) {
     static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
     GdnProb p = gdn_prob(4000, 2, 4, 128, 128, 30, starts, 7, 1, 0.3, 500);
-    char cn[96];
-    gdn_cfg_name(cfg, cn, sizeof cn);
+    char cn[200], c1[96], c2[96];
+    gdn_cfg_name(cfg, c1, sizeof c1);
+    if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
+    else snprintf(cn, sizeof cn, "%s", c1);
     if (cfg) cuda_gdn_tune_set(cfg);
     GdnDev d = gdn_dev(&p);
     const int64_t T = p.T, ns = (int64_t)p.nv * p.dk * p.dv;
@@ -569,6 +574,7 @@ static void gdn_determinism(const CudaGdnTune *cfg) {
                     (size_t)T * p.nv * 4, (size_t)T * p.nv * 4, (size_t)ns * 4};
     void *out[2][7];
     for (int run = 0; run < 2; run++) {
+        if (run == 1 && cfg2) cuda_gdn_tune_set(cfg2);
         for (int i = 0; i < 7; i++) out[run][i] = gdn_dev_alloc(sz[i]);
         cuda_gdn_chunk_forward(out[run][0], (float *)out[run][1], d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo);
@@ -591,24 +597,29 @@ static void gdn_determinism(const CudaGdnTune *cfg) {
     }
     printf("determinism%s: o, S_final, dq, dk, dv, dg, dbeta, dS0 bitwise equal over two runs: %s\n", cn,
            same ? "ok" : "NO");
-    if (cfg) cuda_gdn_tune_set(NULL);
+    if (cfg || cfg2) cuda_gdn_tune_set(NULL);
     gdn_dev_free_all();
 }
 
 TEST(cuda_gdn_determinism) {
     gdn_determinism(NULL);
-    static const CudaGdnTune v2a = {1, 3, 3, 32, 1, 0}, v2b = {1, 7, 2, 16, 2, 0}, v2c = {1, 0, 0, 0, 0, 0};
+    static const CudaGdnTune v2a = {1, 3, 3, 32, 1, 0, 0, 0}, v2b = {1, 7, 2, 16, 2, 0, 0, 0},
+                             v2c = {1, 0, 0, 0, 0, 0, 0, 0}, v2d = {1, 0, 0, 0, 0, 0, 1, 1},
+                             wy2 = {1, 0, 0, 0, 0, 0, 2, 2}, wy3 = {1, 0, 0, 0, 0, 0, 2, 1};
     gdn_determinism(&v2a);
     gdn_determinism(&v2b);
     gdn_determinism(&v2c);
+    gdn_determinism(&v2d);
+    gdn_determinism(&wy2, &wy3); /* wy_bwd v3 is v2 with less shared memory: the same bits */
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
  * edges, T not a multiple of the segments (nor of 64), weak decay (a long memory through the fold) */
 TEST(cuda_gdn_v2_segments) {
     static const CudaGdnTune cfgs[] = {
-        {2, 0, 0, 0, 0, 0}, {1, 1, 3, 32, 1, 0}, {1, 3, 2, 16, 2, 0}, {1, 4, 3, 32, 1, 0},
-        {1, 7, 2, 32, 1, 0}, {1, 13, 3, 16, 2, 0}, {1, 0, 0, 0, 0, 0},
+        {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 3, 32, 1, 0, 0, 0}, {1, 3, 2, 16, 2, 0, 0, 0}, {1, 4, 3, 32, 1, 0, 0, 0},
+        {1, 7, 2, 32, 1, 0, 0, 0}, {1, 13, 3, 16, 2, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 4, 2, 16, 2, 0, 1, 1},
+        {1, 0, 0, 0, 0, 0, 1, 1},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -647,8 +658,10 @@ TEST(cuda_gdn_check_can_fail) {
 
 /* ---- the CP entries ---- */
 
-/* the CP entries run under v1 and v2 (one segment; 3 stages of 32 columns, 2 of 16) */
-static const CudaGdnTune gdn_cp_cfgs[] = {{0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0}, {1, 0, 2, 16, 0, 0}};
+/* the CP entries run under the default, v1 and v2 (one segment; 3 stages of 32 columns; 2 stages of 16
+ * with the shorter MMA chains) */
+static const CudaGdnTune gdn_cp_cfgs[] = {
+    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
     char tag[256], cn[96];
@@ -823,13 +836,11 @@ TEST(cuda_gdn_state_affine) {
 }
 
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
- * thread per head), under the default, v1, v2 with its automatic plan and two forced v2 plans. Prints
- * one timing of the forward and the backward per plan, for information only. */
+ * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3.
+ * Prints one timing of the forward and the backward per set, for information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
-    static const CudaGdnTune cfgs[] = {
-        {0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0}, {1, 4, 3, 32, 1, 0}, {1, 8, 2, 16, 1, 0},
-    };
+    static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 1}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -956,9 +967,9 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
     char cn[96];
     printf("bench T=%lld H=%d docs=%d: fastest%s %.3f ms\n", (long long)T, nh, ndocs,
            gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
-    for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: v1, the fastest, v2 automatic */
-        CudaGdnTune c = pass == 0 ? CudaGdnTune{2, 0, 0, 0, 0, 0} : pass == 1 ? cfgs[bi] : CudaGdnTune{1, 0, 0, 0, 0, 0};
-        c.prof = 1;
+    for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: v1, the default, the fastest (+ cycles) */
+        CudaGdnTune c = pass == 0 ? CudaGdnTune{2, 0, 0, 0, 0, 0, 0, 0} : pass == 1 ? CudaGdnTune{} : cfgs[bi];
+        c.prof = pass == 2 ? 2 : 1;
         cuda_gdn_tune_set(&c);
         printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
         cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
@@ -975,29 +986,21 @@ TEST(cuda_gdn_bench) {
         printf("cuda_gdn_bench: skipped (set RS_GDN_BENCH=1)\n");
         return;
     }
-    const int wide = atoi(getenv("RS_GDN_BENCH")) >= 2; /* 2: the full sweep at T = 32k, H = 16 */
-    CudaGdnTune sweep[80];
-    int ns = 0;
-    sweep[ns++] = CudaGdnTune{2, 0, 0, 0, 0, 0};
-    sweep[ns++] = CudaGdnTune{1, 0, 0, 0, 0, 0};
-    static const int splits[] = {1, 2, 3, 4, 6, 8, 12};
-    for (int si = 0; si < (wide ? 7 : 0); si++)
-        for (int nst = 2; nst <= 3; nst++)
-            for (int bv = 16; bv <= 32; bv += 16)
-                for (int ov = 1; ov <= 2; ov++) sweep[ns++] = CudaGdnTune{1, splits[si], nst, bv, ov, 0};
+    /* v1, the default (v2), v2 with the shorter chains, with wy_bwd v3, with both; then wider sets at
+     * T = 32k, H = 16 (RS_GDN_BENCH=2) */
     static const CudaGdnTune few[] = {
-        {2, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0}, {1, 1, 2, 0, 1, 0}, {1, 1, 3, 0, 1, 0}, {1, 1, 3, 0, 2, 0},
-        {1, 2, 3, 0, 1, 0}, {1, 4, 3, 32, 1, 0}, {1, 4, 2, 16, 1, 0}, {1, 8, 2, 16, 1, 0}, {1, 8, 3, 32, 1, 0},
-        {1, 16, 3, 32, 1, 0},
+        {2, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 2},
+        {1, 0, 0, 0, 0, 0, 2, 1}, {1, 0, 0, 0, 0, 0, 1, 1},
+        {1, 0, 3, 0, 0, 0, 1, 1}, {1, 2, 0, 32, 0, 0, 1, 1}, {1, 3, 0, 32, 0, 0, 1, 1}, {1, 0, 0, 32, 0, 0, 1, 1},
+        {1, 0, 0, 0, 1, 0, 1, 1},
     };
-    const int nf = (int)(sizeof few / sizeof few[0]);
-    gdn_bench_shape(32768, 16, 0, sweep, ns, 3);
-    gdn_bench_shape(32768, 16, 0, few, nf, 5);
-    gdn_bench_shape(32768, 16, 1000, few, nf, 5);
-    gdn_bench_shape(32768, 64, 0, few, nf, 3);
-    gdn_bench_shape(32768, 64, 1000, few, 2, 3);
-    gdn_bench_shape(131072, 16, 0, few, nf, 3);
-    gdn_bench_shape(131072, 16, 1000, few, 2, 3);
-    gdn_bench_shape(131072, 64, 0, few, nf, 3);
-    gdn_bench_shape(131072, 64, 1000, few, 2, 3);
+    const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
+    gdn_bench_shape(32768, 16, 0, few, wide ? nf : 5, 5);
+    gdn_bench_shape(32768, 16, 1000, few, 5, 5);
+    gdn_bench_shape(32768, 64, 0, few, 5, 3);
+    gdn_bench_shape(32768, 64, 1000, few, 5, 3);
+    gdn_bench_shape(131072, 16, 0, few, 5, 3);
+    gdn_bench_shape(131072, 16, 1000, few, 5, 3);
+    gdn_bench_shape(131072, 64, 0, few, 5, 3);
+    gdn_bench_shape(131072, 64, 1000, few, 5, 3);
 }
