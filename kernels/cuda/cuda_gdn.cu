@@ -1452,8 +1452,8 @@ __global__ void __launch_bounds__(256)
 #define GDN_V2_DEFAULT 1      /* 1: the v2 kernels */
 #define GDN_NST_DEFAULT 2     /* v2 state passes: pipeline stages */
 #define GDN_OVERLAP_DEFAULT 0 /* v2 backward: forward recompute beside the reverse pass */
-#define GDN_ILP_DEFAULT 0     /* v2 state passes: two MMA chains per product */
-#define GDN_WY3_DEFAULT 0     /* v2 backward: wy_bwd v3 (two blocks per SM) */
+#define GDN_ILP_DEFAULT 1     /* v2 state passes: two MMA chains per product */
+#define GDN_WY3_DEFAULT 1     /* v2 backward: wy_bwd v3 (two blocks per SM) */
 
 static CudaGdnTune gdn_tune_user, gdn_tune_env;
 static int gdn_tune_user_set, gdn_tune_env_read;
@@ -1864,11 +1864,13 @@ static int gdn_pick_nseg(int64_t nc, int64_t blocks, int64_t mblocks, int64_t sl
     return bp;
 }
 
-/* slots = one block per SM: a second block on an SM does not add throughput (GDN v2 in
- * docs/benchmarks.md: two resident state-pass blocks run at about half speed each) */
+/* Automatic segments only where the state columns fill at most a quarter of the SMs (few heads):
+ * at 128 and 256 column blocks (16 and 64 heads of 128) every split measured slower (GDN v2 in
+ * docs/benchmarks.md: a block's chunk step is bound by its own issue and store work, and a second
+ * resident block runs at about half speed), so there one segment. Slots = one block per SM. */
 template <int DK> static void gdn_v2_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
     const int64_t blocks = (int64_t)nv * dv / pl->bv, mblocks = (int64_t)nv * DK / pl->bv;
-    pl->nseg_f = pl->nseg_b = gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count());
+    pl->nseg_f = pl->nseg_b = 4 * blocks <= gdn_sm_count() ? gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count()) : 1;
 }
 
 template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
