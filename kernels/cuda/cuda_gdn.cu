@@ -59,11 +59,21 @@
  * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
  * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
  *
- * Speed (H100, T = 32768, 16 heads of 128, 2026-11-23; ncu, per call): forward 2.13 ms =
- * prep 0.66 + state_fwd 1.06 + output 0.40; backward 7.13 ms = prep 0.66 + state_fwd 1.06 +
- * dvlocal 0.26 + state_bwd 1.47 + dqkwg 1.17 + wy_bwd 2.52. FLA on an H200: 1.43 / 5.32 ms
- * fwd / fwd+bwd (research/gdn_cp.md §7). The per-chunk kernels hold 1-2 blocks per SM and do
- * not overlap their loads with compute; the state passes are latency-bound (~2 us per chunk).
+ * Kernel sets (cuda_gdn_tune.h; docs/benchmarks.md "GDN v1" and "GDN v2" have the measurements):
+ * v2 is the default, v1 stays as the reference (RS_GDN_V2=2). v2 (cuda_gdn_v2.h) = prep in 74 KB
+ * (3 blocks per SM), state passes that can run in segments folded like the CP scan (intracard CP;
+ * automatic only for few heads: at 16 and 64 heads every split measured slower) with an NST-stage
+ * pipeline and two MMA chains per product, wy_bwd with dk in registers in 110 KB (2 blocks per SM,
+ * bitwise equal to the 157 KB form), dv_loc kept in dqv's space; output, dv_local, dqkwg are v1's.
+ *
+ * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
+ * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
+ * state_bwd 1.41 + dqkwg 1.14 + wy_bwd 2.45. v2 forward 1.87 = prep 0.54 + state_fwd 0.94 +
+ * output 0.35; backward 5.17 = prep 0.54 + state_fwd 0.94 + dvlocal 0.24 + state_bwd 1.37 +
+ * dqkwg 1.14 + wy_bwd 0.93. FLA on an H200: 1.43 / 5.32 ms fwd / fwd+bwd (research/gdn_cp.md §7).
+ * A state-pass chunk step is ~3400 cycles (forward) and ~4800 (reverse) for one block per SM, and
+ * the largest part is issuing the next chunk's cp.async copies (~1200 / 1700 cycles): the next step
+ * is TMA bulk copies issued by one thread.
  *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
