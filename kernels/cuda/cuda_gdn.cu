@@ -59,11 +59,21 @@
  * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
  * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
  *
- * Speed (H100, T = 32768, 16 heads of 128, 2026-11-23; ncu, per call): forward 2.13 ms =
- * prep 0.66 + state_fwd 1.06 + output 0.40; backward 7.13 ms = prep 0.66 + state_fwd 1.06 +
- * dvlocal 0.26 + state_bwd 1.47 + dqkwg 1.17 + wy_bwd 2.52. FLA on an H200: 1.43 / 5.32 ms
- * fwd / fwd+bwd (research/gdn_cp.md §7). The per-chunk kernels hold 1-2 blocks per SM and do
- * not overlap their loads with compute; the state passes are latency-bound (~2 us per chunk).
+ * Kernel sets (cuda_gdn_tune.h; docs/benchmarks.md "GDN v1" and "GDN v2" have the measurements):
+ * v2 is the default, v1 stays as the reference (RS_GDN_V2=2). v2 (cuda_gdn_v2.h) = prep in 74 KB
+ * (3 blocks per SM), state passes that can run in segments folded like the CP scan (intracard CP;
+ * automatic only for few heads: at 16 and 64 heads every split measured slower) with an NST-stage
+ * pipeline and two MMA chains per product, wy_bwd with dk in registers in 110 KB (2 blocks per SM,
+ * bitwise equal to the 157 KB form), dv_loc kept in dqv's space; output, dv_local, dqkwg are v1's.
+ *
+ * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
+ * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
+ * state_bwd 1.41 + dqkwg 1.14 + wy_bwd 2.45. v2 forward 1.87 = prep 0.54 + state_fwd 0.94 +
+ * output 0.35; backward 5.17 = prep 0.54 + state_fwd 0.94 + dvlocal 0.24 + state_bwd 1.37 +
+ * dqkwg 1.14 + wy_bwd 0.93. FLA on an H200: 1.43 / 5.32 ms fwd / fwd+bwd (research/gdn_cp.md §7).
+ * A state-pass chunk step is ~3400 cycles (forward) and ~4800 (reverse) for one block per SM, and
+ * the largest part is issuing the next chunk's cp.async copies (~1200 / 1700 cycles): the next step
+ * is TMA bulk copies issued by one thread.
  *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
@@ -74,9 +84,12 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
+#include "cuda_gdn_tune.h"
 #include "cuda_kernels.h"
 
 #define GDN_C 64          /* chunk size */
@@ -1373,6 +1386,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
     }
 }
 
+/* the v2 kernels: segmented, pipelined state passes; wy_bwd with dk in registers */
+#include "cuda_gdn_v2.h"
+
 /* dq, dk per key head = the value heads of its group summed in head order (fp32), one bf16 rounding */
 __global__ void gdn_group_reduce_kernel(bf16 *dq /* (T,ldq) */, bf16 *dk /* (T,ldq) */,
                                         const float *dqv /* (T,nv,DK) */, const float *dkv /* (T,nv,DK) */,
@@ -1440,6 +1456,86 @@ __global__ void __launch_bounds__(256)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
+/* switches (cuda_gdn_tune.h), per-kernel profile                                                     */
+
+/* built-in choices (GDN v2 in docs/benchmarks.md has the measurements behind them) */
+#define GDN_V2_DEFAULT 1      /* 1: the v2 kernels */
+#define GDN_NST_DEFAULT 2     /* v2 state passes: pipeline stages */
+#define GDN_OVERLAP_DEFAULT 0 /* v2 backward: forward recompute beside the reverse pass */
+#define GDN_ILP_DEFAULT 1     /* v2 state passes: two MMA chains per product */
+#define GDN_WY3_DEFAULT 1     /* v2 backward: wy_bwd v3 (two blocks per SM) */
+
+static CudaGdnTune gdn_tune_user, gdn_tune_env;
+static int gdn_tune_user_set, gdn_tune_env_read;
+
+static int gdn_env_int(const char *name) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : 0;
+}
+
+static CudaGdnTune gdn_tune(void) {
+    if (gdn_tune_user_set) return gdn_tune_user;
+    if (!gdn_tune_env_read) {
+        gdn_tune_env.v2 = gdn_env_int("RS_GDN_V2");
+        gdn_tune_env.split = gdn_env_int("RS_GDN_SPLIT");
+        gdn_tune_env.nst = gdn_env_int("RS_GDN_NST");
+        gdn_tune_env.bv = gdn_env_int("RS_GDN_BV");
+        gdn_tune_env.overlap = gdn_env_int("RS_GDN_OVERLAP");
+        gdn_tune_env.prof = gdn_env_int("RS_GDN_PROF");
+        gdn_tune_env.ilp = gdn_env_int("RS_GDN_ILP");
+        gdn_tune_env.wy = gdn_env_int("RS_GDN_WY");
+        gdn_tune_env_read = 1;
+    }
+    return gdn_tune_env;
+}
+
+extern "C" void cuda_gdn_tune_set(const CudaGdnTune *t) {
+    gdn_tune_user_set = t != NULL;
+    if (t) gdn_tune_user = *t;
+}
+
+extern "C" void cuda_gdn_tune_get(CudaGdnTune *t) { *t = gdn_tune(); }
+
+/* per-kernel times of one entry (tune.prof): events on the compute stream between the launches */
+#define GDN_PROF_MAX 40
+static struct {
+    cudaEvent_t ev[GDN_PROF_MAX];
+    const char *name[GDN_PROF_MAX];
+    int n, on;
+} gdn_prof;
+
+static void gdn_prof_mark(const char *name) {
+    if (!gdn_prof.on || gdn_prof.n == GDN_PROF_MAX) return;
+    cudaEvent_t *e = &gdn_prof.ev[gdn_prof.n];
+    if (!*e) CUDA_CHECK(cudaEventCreate(e));
+    gdn_prof.name[gdn_prof.n++] = name;
+    CUDA_CHECK(cudaEventRecord(*e, cuda_stream()));
+}
+
+static void gdn_prof_start(int on) {
+    gdn_prof.on = on;
+    gdn_prof.n = 0;
+    gdn_prof_mark("start");
+}
+
+static void gdn_prof_end(const char *who, int64_t T, int nv) {
+    if (!gdn_prof.on) return;
+    gdn_prof.on = 0;
+    const int n = gdn_prof.n;
+    CUDA_CHECK(cudaEventSynchronize(gdn_prof.ev[n - 1]));
+    float tot = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&tot, gdn_prof.ev[0], gdn_prof.ev[n - 1]));
+    printf("gdn prof %s T=%lld nv=%d:", who, (long long)T, nv);
+    for (int i = 1; i < n; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, gdn_prof.ev[i - 1], gdn_prof.ev[i]));
+        printf(" %s %.3f", gdn_prof.name[i], ms);
+    }
+    printf(" | %.3f ms\n", tot);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
 /* host side: workspace, launches                                                                     */
 
 static void *gdn_ws;        /* the device workspace (see the header) */
@@ -1470,9 +1566,13 @@ typedef struct GdnBufs {
     bf16 *hs, *dhs;               /* (ns,nv,dk,dv) */
     bf16 *dv2;                    /* (T,nv,dv) */
     float *dqv, *dkv, *dgp;       /* (T,nv,dk), (T,nv,dk), (T,nv) */
+    float *segE, *segH, *segM;    /* v2 segmented passes: (nseg,nv,dk,dv) x 2, (nseg,nv,dk,dk) */
+    float *segE2, *segH2, *segM2; /* the same for the backward's reverse pass (it may overlap the forward's) */
 } GdnBufs;
 
-static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, int nv, int dk, int dv) {
+/* nseg: slots of the segmented state passes (0: none); a backward gets two sets */
+static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, int nv, int dk, int dv,
+                        int nseg = 0) {
     const int64_t nb = (T + 1023) / 1024, ns = (T + GDN_C - 1) / GDN_C + 1;
     const size_t tv = (size_t)T * nv;
     GdnCarve c(base);
@@ -1495,13 +1595,24 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
         b->dkv = c.take<float>(tv * dk);
         b->dgp = c.take<float>(tv);
     }
+    if (nseg > 1) {
+        const size_t nsz = (size_t)nseg * nv * dk * dv, nmz = (size_t)nseg * nv * dk * dk;
+        b->segE = c.take<float>(nsz);
+        b->segH = c.take<float>(nsz);
+        b->segM = c.take<float>(nmz);
+        if (what == GDN_WS_BACKWARD) {
+            b->segE2 = c.take<float>(nsz);
+            b->segH2 = c.take<float>(nsz);
+            b->segM2 = c.take<float>(nmz);
+        }
+    }
     return c.off;
 }
 
-static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv) {
+static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg = 0) {
     GdnBufs b;
-    const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv);
-    gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv);
+    const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv, nseg);
+    gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv, nseg);
     return b;
 }
 
@@ -1553,6 +1664,16 @@ static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const 
     CUDA_LAUNCH_CHECK();
 }
 
+template <int DK, int DV>
+static void gdn_launch_prep_v2(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
+                               const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
+    const size_t sm = GdnPrepSmemV2<DK, DV>(NULL).bytes;
+    gdn_smem_attr(gdn_prep_v2_kernel<DK, DV>, sm, "prep_v2");
+    gdn_prep_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
+        b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+}
+
 template <int DK, int BV>
 static void gdn_launch_state_fwd_bv(const GdnBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const bf16 *k,
                                     const float *S0, const int32_t *doc_pos, int mode, int nk, int nv, int dv,
@@ -1596,47 +1717,59 @@ static void gdn_launch_state_bwd(const GdnBufs *b, bf16 *dhs, bf16 *dv2, float *
                                          ldo, scale);
 }
 
-/* dv_loc into b->U (the backward no longer needs U once h and vn are recomputed) */
+/* dv_loc into dst (v1: b->U, which the backward no longer needs once h and vn are recomputed) */
 template <int DK, int DV>
-static void gdn_launch_dvlocal(const GdnBufs *b, const bf16 *q, const bf16 *k, const bf16 *dout, int mode, int64_t T,
-                               int nk, int nv, int ldq, int ldo, float scale) {
+static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const bf16 *k, const bf16 *dout, int mode,
+                               int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     const size_t sm = GdnOutSmem<DK, DV>(NULL, false).bytes;
     gdn_smem_attr(gdn_dvlocal_kernel<DK, DV>, sm, "dvlocal");
     gdn_dvlocal_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, cuda_stream()>>>(
-        b->U, q, k, dout, b->G2, b->starts, b->meta, mode, nk, nv, DV, ldq, ldo, scale);
+        dst, q, k, dout, b->G2, b->starts, b->meta, mode, nk, nv, DV, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
 }
 
 template <int DK, int DV>
-static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
+static void gdn_forward_v1(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
                              int ldq, int ldv, int ldo) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV);
+    gdn_prof_start(gdn_tune().prof);
     gdn_index(&b, doc_pos, T);
+    gdn_prof_mark("index");
     gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_prof_mark("prep");
     gdn_launch_state_fwd<DK>(&b, b.hs, b.vn, S_final, NULL, k, S0, doc_pos, GDN_RANGE_ALL, nk, nv, DV, ldq);
+    gdn_prof_mark("state_fwd");
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
     gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, cuda_stream()>>>(
         o, q, k, b.vn, b.hs, b.G2, doc_pos, b.starts, b.meta, nk, nv, DV, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("output");
+    gdn_prof_end("forward v1", T, nv);
 }
 
 template <int DK, int DV>
-static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
+static void gdn_backward_v1(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
                               const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                               const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
                               int ldq, int ldv, int ldo) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV);
+    gdn_prof_start(gdn_tune().prof);
     gdn_index(&b, doc_pos, T);
+    gdn_prof_mark("index");
     gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_prof_mark("prep");
     gdn_launch_state_fwd<DK>(&b, b.hs, b.vn, NULL, NULL, k, S0, doc_pos, GDN_RANGE_ALL, nk, nv, DV, ldq);
-    gdn_launch_dvlocal<DK, DV>(&b, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+    gdn_prof_mark("state_fwd");
+    gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+    gdn_prof_mark("dvlocal");
     gdn_launch_state_bwd<DK>(&b, b.dhs, b.dv2, dS0, dS_final, q, k, dout, doc_pos, GDN_RANGE_ALL, T, nk, nv, DV, ldq,
                              ldo, scale);
+    gdn_prof_mark("state_bwd");
     {
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
@@ -1645,6 +1778,7 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
             doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
     }
+    gdn_prof_mark("dqkwg");
     {
         const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_kernel<DK, DV>, sm, "wy_bwd");
@@ -1653,16 +1787,19 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
             nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     }
+    gdn_prof_mark("wy_bwd");
     if (nv != nk) { /* GVA: the value heads of each group summed in head order */
         const int64_t n = T * nk * (DK / 2);
         gdn_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dq, dk, b.dqv, b.dkv, T, nk, nv, DK,
                                                                              ldq);
         CUDA_LAUNCH_CHECK();
+        gdn_prof_mark("group_reduce");
     }
+    gdn_prof_end("backward v1", T, nv);
 }
 
 template <int DK, int DV>
-static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+static void gdn_transition_v1(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
@@ -1671,15 +1808,364 @@ static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v
 }
 
 template <int DK, int DV>
-static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
+static void gdn_dstate_v1(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
     gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
-    gdn_launch_dvlocal<DK, DV>(&b, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
+    gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
     gdn_launch_state_bwd<DK>(&b, NULL, NULL, dS0, NULL, q, k, dout, doc_pos, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv,
                              DV, ldq, ldo, scale);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* v2 host side: plan (segments, stages, column block), segmented passes                              */
+
+typedef struct GdnPlan {
+    int v2, nst, bv, nseg_f, nseg_b, overlap, prof, ilp, wy3;
+    long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
+} GdnPlan;
+
+static int gdn_sm_count(void) {
+    static int n;
+    if (!n) {
+        int dev;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+
+/* the v2 state pass instantiation for a run-time (bv, nst) */
+#define GDN_V2_BVNST_(bv, nst, ilp, FN, ...)                                    \
+    do {                                                                        \
+        if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp>(__VA_ARGS__);          \
+        else if ((bv) == 32) FN<DK, 32, 2, ilp>(__VA_ARGS__);                  \
+        else if ((nst) == 3) FN<DK, 16, 3, ilp>(__VA_ARGS__);                  \
+        else FN<DK, 16, 2, ilp>(__VA_ARGS__);                                  \
+    } while (0)
+#define GDN_V2_BVNST(pl, FN, ...)                                               \
+    do {                                                                        \
+        if ((pl).ilp) GDN_V2_BVNST_((pl).bv, (pl).nst, true, FN, __VA_ARGS__);  \
+        else GDN_V2_BVNST_((pl).bv, (pl).nst, false, FN, __VA_ARGS__);          \
+    } while (0)
+
+/*
+ * Segments of a state pass (cuda_gdn_v2.h): nc chunks, `blocks` state column blocks (nv dv / BV),
+ * `mblocks` transition column blocks per segment (nv DK / BV), `slots` blocks the device holds at
+ * once. Cost in chunk steps: (waves of phase A + waves of phase C) x ceil(nc / nseg), plus 2 per
+ * fold link; one segment costs waves(blocks) x nc. A larger nseg must win by 5%; at least 16 chunks
+ * per segment. A function of the shape only, so the bits do not change from run to run.
+ */
+static int gdn_pick_nseg(int64_t nc, int64_t blocks, int64_t mblocks, int64_t slots) {
+    auto waves = [&](int64_t n) { return (double)((n + slots - 1) / slots); };
+    double best = waves(blocks) * (double)nc;
+    int bp = 1;
+    for (int P = 2; P <= 32; P++) {
+        if (nc < 16 * (int64_t)P) break;
+        const double c = (waves((P - 1) * (blocks + mblocks) - mblocks) + waves(P * blocks)) *
+                             (double)((nc + P - 1) / P) + 2.0 * (P - 2);
+        if (c < 0.95 * best) {
+            best = c;
+            bp = P;
+        }
+    }
+    return bp;
+}
+
+/* Automatic segments only where the state columns fill at most a quarter of the SMs (few heads):
+ * at 128 and 256 column blocks (16 and 64 heads of 128) every split measured slower (GDN v2 in
+ * docs/benchmarks.md: a block's chunk step is bound by its own issue and store work, and a second
+ * resident block runs at about half speed), so there one segment. Slots = one block per SM. */
+template <int DK> static void gdn_v2_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
+    const int64_t blocks = (int64_t)nv * dv / pl->bv, mblocks = (int64_t)nv * DK / pl->bv;
+    pl->nseg_f = pl->nseg_b = 4 * blocks <= gdn_sm_count() ? gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count()) : 1;
+}
+
+template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
+    const CudaGdnTune t = gdn_tune();
+    GdnPlan pl = {};
+    pl.v2 = t.v2 == 1 ? 1 : t.v2 == 2 ? 0 : GDN_V2_DEFAULT;
+    pl.prof = t.prof;
+    if (!pl.v2) return pl;
+    pl.bv = t.bv == 16 || t.bv == 32 ? t.bv : gdn_state_bv(nv, dv);
+    pl.nst = t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT;
+    pl.overlap = t.overlap == 1 ? 1 : t.overlap == 2 ? 0 : GDN_OVERLAP_DEFAULT;
+    pl.ilp = t.ilp == 1 ? 1 : t.ilp == 2 ? 0 : GDN_ILP_DEFAULT;
+    pl.wy3 = t.wy == 1 ? 1 : t.wy == 2 ? 0 : GDN_WY3_DEFAULT;
+    const int64_t nc = (T + GDN_C - 1) / GDN_C;
+    if (t.split > 0) pl.nseg_f = pl.nseg_b = t.split < 64 ? t.split : 64;
+    else gdn_v2_plan_nseg<DK>(&pl, nc, nv, dv);
+    if (pl.prof == 2) {
+        static long long *tp;
+        if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
+        pl.tp = tp;
+    }
+    return pl;
+}
+
+static void gdn_affine_launch(float *S_out, const float *M, const float *S_in, const float *H, int nv, int dk, int dv,
+                              cudaStream_t st) {
+    const dim3 grid((dv + 31) / 32, (dk + 31) / 32, nv);
+    gdn_state_affine_kernel<<<grid, dim3(32, 8), 0, st>>>(S_out, M, S_in, H, 0, dk, dv);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int DK, int BV, int NST, bool ILP>
+static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
+                              int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
+    const size_t sm = GdnStateFwdSmemV2<DK, BV, NST>(NULL).bytes;
+    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP>, sm, "state_fwd_v2");
+    gdn_state_fwd_v2_kernel<DK, BV, NST, ILP><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+        hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int DK, int BV, int NST, bool ILP>
+static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
+                              const bf16 *k, const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv,
+                              int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
+    const size_t sm = GdnStateBwdSmemV2<DK, BV, NST>(NULL).bytes;
+    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP>, sm, "state_bwd_v2");
+    gdn_state_bwd_v2_kernel<DK, BV, NST, ILP><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+        dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
+    CUDA_LAUNCH_CHECK();
+}
+
+/* the forward state pass over the chunks of `mode` from S0 in nseg segments: h, vn (NULL: not
+ * stored), S_final (NULL: not written); with M_out (nseg == 1 only) the transition columns too */
+template <int DK, int BV, int NST, bool ILP>
+static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, bf16 *hs, bf16 *vn,
+                             float *S_final, float *M_out, const float *S0, const bf16 *k, int mode, int nk, int nv,
+                             int dv, int ldq, cudaStream_t st, long long *tp) {
+    const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
+    RS_CHECK(nseg == 1 || !M_out, "gdn: a segmented transition pass");
+    if (nseg > 1) { /* phase A, then the fold */
+        const GdnSeg a = {S0, NULL, NULL, segE + nsz, segH, segM, nseg, 0, 0};
+        gdn_v2_fwd_launch<DK, BV, NST, ILP>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
+        for (int p = 1; p <= nseg - 2; p++)
+            gdn_affine_launch(segE + (p + 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
+    }
+    const GdnSeg c = {S0, segE, S_final, NULL, NULL, M_out, nseg, 0, -1};
+    gdn_v2_fwd_launch<DK, BV, NST, ILP>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
+}
+
+/* the reverse state pass over the chunks of `mode` from dS_final in nseg segments: dh, dv2 (NULL:
+ * not stored), dS0 (NULL: not written) */
+template <int DK, int BV, int NST, bool ILP>
+static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, bf16 *dhs, bf16 *dv2,
+                             float *dS0, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *dvl,
+                             const bf16 *dout, int mode, int64_t T, int nk, int nv, int dv, int ldq, int ldo,
+                             float scale, cudaStream_t st, long long *tp) {
+    const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
+    if (nseg > 1) { /* phase A on segments nseg-1 .. 1, then the fold */
+        const GdnSeg a = {dS_final, NULL, NULL, segE + (nseg - 2) * nsz, segH, segM, nseg, 1, nseg - 1};
+        gdn_v2_bwd_launch<DK, BV, NST, ILP>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
+                                            ldq, ldo, scale, st, NULL);
+        for (int p = nseg - 2; p >= 1; p--)
+            gdn_affine_launch(segE + (p - 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
+    }
+    const GdnSeg c = {dS_final, segE, dS0, NULL, NULL, NULL, nseg, 0, -1};
+    gdn_v2_bwd_launch<DK, BV, NST, ILP>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
+                                        scale, st, tp);
+}
+
+/* the second stream of the overlapped backward and its fork / join events */
+static cudaStream_t gdn_aux_stream(cudaEvent_t *fork, cudaEvent_t *join) {
+    static cudaStream_t s;
+    static cudaEvent_t f, j;
+    if (!s) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
+    }
+    *fork = f;
+    *join = j;
+    return s;
+}
+
+/* prof == 2: the per-phase cycles of the state passes (block 0, warp 0; chunks = its chunk count) */
+static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
+    if (pl.prof != 2 || !pl.tp) return;
+    long long h[2 * GDN_TP_N];
+    CUDA_CHECK(cudaMemcpy(h, pl.tp, sizeof h, cudaMemcpyDeviceToHost));
+    static const char *names[GDN_TP_N] = {"wait+sync", "issue", "split+store+sync", "mma1", "epilogue+sync", "mma2"};
+    for (int d = 0; d <= bwd; d++) {
+        const int nseg = d ? pl.nseg_b : pl.nseg_f;
+        const double nch = (double)((T + GDN_C - 1) / GDN_C) / (nseg > 0 ? nseg : 1);
+        printf("gdn cycles per chunk, %s pass (block 0, ~%.0f chunks):", d ? "reverse" : "forward", nch);
+        for (int i = 0; i < GDN_TP_N; i++) printf(" %s %.0f", names[i], (double)h[d * GDN_TP_N + i] / nch);
+        printf("\n");
+    }
+    CUDA_CHECK(cudaMemset(pl.tp, 0, sizeof h));
+}
+
+template <int DK, int DV>
+static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
+                           const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
+                           int nk, int nv, int ldq, int ldv, int ldo) {
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    cudaStream_t st = cuda_stream();
+    GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f);
+    gdn_prof_start(pl.prof);
+    gdn_index(&b, doc_pos, T);
+    gdn_prof_mark("index");
+    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_prof_mark("prep");
+    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, S_final, NULL,
+                 S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
+    gdn_prof_mark("state_fwd");
+    const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
+    gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
+    gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, st>>>(
+        o, q, k, b.vn, b.hs, b.G2, doc_pos, b.starts, b.meta, nk, nv, DV, ldq, ldo, scale);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("output");
+    if (pl.prof) printf("gdn v2 plan: nseg %d, bv %d, nst %d, ilp %d\n", pl.nseg_f, pl.bv, pl.nst, pl.ilp);
+    gdn_prof_end("forward v2", T, nv);
+    gdn_tp_print(pl, 0, T);
+}
+
+template <int DK, int DV>
+static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0,
+                            const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v,
+                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
+                            int nk, int nv, int ldq, int ldv, int ldo) {
+    static_assert(DV <= 2 * DK, "gdn: dv_loc (bf16, dv) lives in dqv (fp32, dk)");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    cudaStream_t st = cuda_stream();
+    const int nseg = pl.nseg_f > pl.nseg_b ? pl.nseg_f : pl.nseg_b;
+    GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg);
+    bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv */
+    gdn_prof_start(pl.prof);
+    gdn_index(&b, doc_pos, T);
+    gdn_prof_mark("index");
+    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_prof_mark("prep");
+    if (pl.overlap) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
+        cudaEvent_t fork, join;
+        cudaStream_t aux = gdn_aux_stream(&fork, &join);
+        CUDA_CHECK(cudaEventRecord(fork, st));
+        CUDA_CHECK(cudaStreamWaitEvent(aux, fork, 0));
+        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
+                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, aux, pl.tp);
+        gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
+                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+        CUDA_CHECK(cudaEventRecord(join, aux));
+        CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
+        gdn_prof_mark("state_fwd|dvlocal+state_bwd");
+    } else {
+        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
+                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
+        gdn_prof_mark("state_fwd");
+        gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+        gdn_prof_mark("dvlocal");
+        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
+                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+        gdn_prof_mark("state_bwd");
+    }
+    {
+        const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
+        gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
+            doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
+        CUDA_LAUNCH_CHECK();
+    }
+    gdn_prof_mark("dqkwg");
+    if (pl.wy3) {
+        const size_t sm = GdnWySmemV3<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_wy_bwd_v3_kernel<DK, DV>, sm, "wy_bwd_v3");
+        gdn_wy_bwd_v3_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
+            nk, nv, ldq, ldv);
+        CUDA_LAUNCH_CHECK();
+    } else {
+        const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_wy_bwd_v2_kernel<DK, DV>, sm, "wy_bwd_v2");
+        gdn_wy_bwd_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
+            nk, nv, ldq, ldv);
+        CUDA_LAUNCH_CHECK();
+    }
+    gdn_prof_mark("wy_bwd");
+    if (nv != nk) {
+        const int64_t n = T * nk * (DK / 2);
+        gdn_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dq, dk, b.dqv, b.dkv, T, nk, nv, DK,
+                                                                             ldq);
+        CUDA_LAUNCH_CHECK();
+        gdn_prof_mark("group_reduce");
+    }
+    if (pl.prof)
+        printf("gdn v2 plan: nseg fwd %d bwd %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d\n", pl.nseg_f, pl.nseg_b,
+               pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3);
+    gdn_prof_end("backward v2", T, nv);
+    gdn_tp_print(pl, 1, T);
+}
+
+template <int DK, int DV>
+static void gdn_transition_v2(const GdnPlan &pl, float *M, float *H, const bf16 *k, const bf16 *v, const float *g,
+                              const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+    GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
+    gdn_index(&b, doc_pos, T);
+    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
+    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, NULL, NULL, NULL, 1, NULL, NULL, H, M, NULL, k,
+                 GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream(), pl.tp);
+}
+
+template <int DK, int DV>
+static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k,
+                          const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                          int ldq, int ldo) {
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
+    gdn_index(&b, doc_pos, T);
+    gdn_launch_prep_v2<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
+    gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
+    GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, NULL, NULL, NULL, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
+                 GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
+}
+
+/* v1 or v2 by the plan */
+template <int DK, int DV>
+static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
+                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                             int ldq, int ldv, int ldo) {
+    const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
+    else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
+}
+
+template <int DK, int DV>
+static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
+                              const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
+                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                              int ldq, int ldv, int ldo) {
+    const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    if (pl.v2)
+        gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
+                                nv, ldq, ldv, ldo);
+    else
+        gdn_backward_v1<DK, DV>(dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
+                                ldq, ldv, ldo);
+}
+
+template <int DK, int DV>
+static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                                const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+    const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    if (pl.v2) gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    else gdn_transition_v1<DK, DV>(M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+}
+
+template <int DK, int DV>
+static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
+                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+    const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    if (pl.v2) gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
+    else gdn_dstate_v1<DK, DV>(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -21,6 +21,9 @@
  * tensor, T = 32768 included
  * (o 3.3e-3, dk 3.5e-3), so the bound leaves a margin of 2.5x or more; a missed document reset
  * gives 0.38 (cuda_gdn_check_can_fail). The measured margin is printed by every check.
+ * GDN v2 (cuda_gdn_tune.h switch sets, every parity case run under v1 and v2 sets, same oracle):
+ * worst 5.2e-3 (dg, T = 2000, weak decay, v1 5.1e-3 on the same case), T = 32768 the same as v1 to
+ * 3 digits (o 3.3e-3, dk 3.5e-3).
  * fp32-only paths (state_affine) are bounded at 1e-6.
  */
 #include <math.h>
@@ -32,6 +35,7 @@
 #include "cpu_kernels.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
+#include "cuda_gdn_tune.h"
 #include "cuda_kernels.h"
 #include "test_util.h"
 
@@ -119,7 +123,7 @@ static float *gdn_cols(const float *x, int64_t T, int c0, int width, int ld) {
 /* relative L2 error with the bound; on failure also the row (of `width` entries) that is worst */
 static double gdn_check(const char *tag, const char *what, const float *got, const float *want, int64_t n, int width,
                         double bound) {
-    char name[256];
+    char name[512];
     snprintf(name, sizeof name, "%s %s", tag, what);
     const int ok = test_check_rel_f(name, got, want, n, bound);
     const double e = test_rel_err_f(got, want, n);
@@ -313,7 +317,21 @@ typedef struct GdnErrs {
     double o, Sf, dq, dk, dv, dg, dbeta, dS0;
 } GdnErrs;
 
-static GdnErrs gdn_check_fwd_bwd(const char *tag, const GdnProb *p, int flags, double bound) {
+/* a switch set of cuda_gdn_tune.h, for the tags */
+static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
+    if (!c) snprintf(buf, n, "%s", "");
+    else if (c->v2 == 2) snprintf(buf, n, " [v1]");
+    else if (c->v2 == 1)
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d]", c->split, c->nst, c->bv, c->overlap,
+                 c->ilp, c->wy);
+    else snprintf(buf, n, " [default]");
+    return buf;
+}
+
+/* The oracle once; the cuda side once per switch set of cfgs (NULL: once, with the switches as they
+ * are), every output poisoned again before each run. Returns the largest errors over the runs. */
+static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int flags, double bound,
+                                      const CudaGdnTune *cfgs, int ncfg) {
     GdnErrs E;
     memset(&E, 0, sizeof E);
     const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
@@ -322,26 +340,7 @@ static GdnErrs gdn_check_fwd_bwd(const char *tag, const GdnProb *p, int flags, d
     cudaEvent_t ev[4]; /* forward start, end; backward start, end */
     for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
 
-    /* forward */
-    bf16 *o = (bf16 *)gdn_dev_alloc((size_t)T * p->ldo * 2);
-    float *Sf = (flags & GDN_SFINAL) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
-    if (flags & GDN_TIME) /* warm-up (workspace growth, module load) */
-        cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo);
-    CUDA_CHECK(cudaEventRecord(ev[0], cuda_stream()));
-    cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv,
-                           p->ldq, p->ldv, p->ldo);
-    CUDA_CHECK(cudaEventRecord(ev[1], cuda_stream()));
-    uint16_t *obits;
-    float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
-    float *o_ref = (float *)test_alloc(T * p->ldo * 4), *Sf_ref = (float *)test_alloc(ns * 4);
-    gdn_cpu_run(p, 0, par, o_ref, Sf_ref, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-    E.o = gdn_check(tag, "o", gdn_cols(o_got, T, 0, wv, p->ldo), gdn_cols(o_ref, T, 0, wv, p->ldo), T * wv, p->dv,
-                    bound);
-    gdn_check_pad(tag, "o", obits, T, wv, p->ldo);
-    if (Sf) E.Sf = gdn_check(tag, "S_final", gdn_down_f32(Sf, ns), Sf_ref, ns, p->dv, bound);
-
-    /* backward */
+    /* the backward's inputs */
     float *dout = (float *)test_alloc(T * p->ldo * 4);
     test_fill_normal(dout, T * p->ldo, 1.0);
     for (int64_t i = 0; i < T * p->ldo; i++) dout[i] = i % p->ldo < wv ? gdn_bf16_round(dout[i]) : NAN;
@@ -352,40 +351,88 @@ static GdnErrs gdn_check_fwd_bwd(const char *tag, const GdnProb *p, int flags, d
     }
     bf16 *ddout = gdn_up_bf16(dout, T * p->ldo);
     float *ddSf = gdn_up_f32(dSf, ns);
-    bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
-    float *ddg = (float *)gdn_dev_alloc((size_t)T * p->nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * p->nv * 4);
-    float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
-    if (flags & GDN_TIME)
-        cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta,
-                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
-    CUDA_CHECK(cudaEventRecord(ev[2], cuda_stream()));
-    cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0,
-                            d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
-    CUDA_CHECK(cudaEventRecord(ev[3], cuda_stream()));
-    uint16_t *qkbits, *dvbits;
-    float *dqk_got = gdn_down_bf16(dqk, T * p->ldq, &qkbits), *dv_got = gdn_down_bf16(ddv, T * p->ldv, &dvbits);
+
+    /* the oracle */
+    float *o_ref = (float *)test_alloc(T * p->ldo * 4), *Sf_ref = (float *)test_alloc(ns * 4);
+    gdn_cpu_run(p, 0, par, o_ref, Sf_ref, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
     float *dqk_ref = (float *)test_alloc(T * p->ldq * 4), *dv_ref = (float *)test_alloc(T * p->ldv * 4);
     float *dg_ref = (float *)test_alloc(T * p->nv * 4), *db_ref = (float *)test_alloc(T * p->nv * 4);
     float *dS0_ref = (float *)test_alloc(ns * 4);
     gdn_cpu_run(p, 1, par, NULL, NULL, dqk_ref, dv_ref, dg_ref, db_ref, dS0_ref, dout, dSf);
-    E.dq = gdn_check(tag, "dq", gdn_cols(dqk_got, T, 0, wq, p->ldq), gdn_cols(dqk_ref, T, 0, wq, p->ldq), T * wq,
-                     p->dk, bound);
-    E.dk = gdn_check(tag, "dk", gdn_cols(dqk_got, T, wq, wq, p->ldq), gdn_cols(dqk_ref, T, wq, wq, p->ldq), T * wq,
-                     p->dk, bound);
-    E.dv = gdn_check(tag, "dv", gdn_cols(dv_got, T, 0, wv, p->ldv), gdn_cols(dv_ref, T, 0, wv, p->ldv), T * wv, p->dv,
-                     bound);
-    E.dg = gdn_check(tag, "dg", gdn_down_f32(ddg, T * p->nv), dg_ref, T * p->nv, p->nv, bound);
-    E.dbeta = gdn_check(tag, "dbeta", gdn_down_f32(ddb, T * p->nv), db_ref, T * p->nv, p->nv, bound);
-    if (ddS0) E.dS0 = gdn_check(tag, "dS0", gdn_down_f32(ddS0, ns), dS0_ref, ns, p->dv, bound);
-    gdn_check_pad(tag, "dq|dk", qkbits, T, 2 * wq, p->ldq);
-    gdn_check_pad(tag, "dv", dvbits, T, wv, p->ldv);
-    if (flags & GDN_TIME) {
-        float ms_f, ms_b;
-        CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));
-        CUDA_CHECK(cudaEventElapsedTime(&ms_b, ev[2], ev[3]));
-        printf("%s: timing (information only, one run after a warm-up): forward %.3f ms, backward %.3f ms\n", tag,
-               ms_f, ms_b);
+    float *o_rc = gdn_cols(o_ref, T, 0, wv, p->ldo), *dq_rc = gdn_cols(dqk_ref, T, 0, wq, p->ldq);
+    float *dk_rc = gdn_cols(dqk_ref, T, wq, wq, p->ldq), *dv_rc = gdn_cols(dv_ref, T, 0, wv, p->ldv);
+
+    /* the outputs */
+    bf16 *o = (bf16 *)gdn_dev_alloc((size_t)T * p->ldo * 2);
+    float *Sf = (flags & GDN_SFINAL) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
+    bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
+    float *ddg = (float *)gdn_dev_alloc((size_t)T * p->nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * p->nv * 4);
+    float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
+
+    for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
+        char tag[320], cn[96];
+        snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(cfgs ? &cfgs[ci] : NULL, cn, sizeof cn));
+        if (cfgs) cuda_gdn_tune_set(&cfgs[ci]);
+        cudaStream_t st = cuda_stream();
+        CUDA_CHECK(cudaMemsetAsync(o, 0xff, (size_t)T * p->ldo * 2, st));
+        if (Sf) CUDA_CHECK(cudaMemsetAsync(Sf, 0xff, (size_t)ns * 4, st));
+        CUDA_CHECK(cudaMemsetAsync(dqk, 0xff, (size_t)T * p->ldq * 2, st));
+        CUDA_CHECK(cudaMemsetAsync(ddv, 0xff, (size_t)T * p->ldv * 2, st));
+        CUDA_CHECK(cudaMemsetAsync(ddg, 0xff, (size_t)T * p->nv * 4, st));
+        CUDA_CHECK(cudaMemsetAsync(ddb, 0xff, (size_t)T * p->nv * 4, st));
+        if (ddS0) CUDA_CHECK(cudaMemsetAsync(ddS0, 0xff, (size_t)ns * 4, st));
+
+        /* forward */
+        if (flags & GDN_TIME) /* warm-up (workspace growth, module load) */
+            cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
+                                   p->dv, p->ldq, p->ldv, p->ldo);
+        CUDA_CHECK(cudaEventRecord(ev[0], st));
+        cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
+                               p->dv, p->ldq, p->ldv, p->ldo);
+        CUDA_CHECK(cudaEventRecord(ev[1], st));
+        uint16_t *obits;
+        float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
+        double e = gdn_check(tag, "o", gdn_cols(o_got, T, 0, wv, p->ldo), o_rc, T * wv, p->dv, bound);
+        if (e > E.o) E.o = e;
+        gdn_check_pad(tag, "o", obits, T, wv, p->ldo);
+        if (Sf) {
+            e = gdn_check(tag, "S_final", gdn_down_f32(Sf, ns), Sf_ref, ns, p->dv, bound);
+            if (e > E.Sf) E.Sf = e;
+        }
+
+        /* backward */
+        if (flags & GDN_TIME)
+            cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g,
+                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+        CUDA_CHECK(cudaEventRecord(ev[2], st));
+        cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta,
+                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+        CUDA_CHECK(cudaEventRecord(ev[3], st));
+        uint16_t *qkbits, *dvbits;
+        float *dqk_got = gdn_down_bf16(dqk, T * p->ldq, &qkbits), *dv_got = gdn_down_bf16(ddv, T * p->ldv, &dvbits);
+#define GDN_MAXE(field, expr) \
+    do {                      \
+        e = (expr);           \
+        if (e > E.field) E.field = e; \
+    } while (0)
+        GDN_MAXE(dq, gdn_check(tag, "dq", gdn_cols(dqk_got, T, 0, wq, p->ldq), dq_rc, T * wq, p->dk, bound));
+        GDN_MAXE(dk, gdn_check(tag, "dk", gdn_cols(dqk_got, T, wq, wq, p->ldq), dk_rc, T * wq, p->dk, bound));
+        GDN_MAXE(dv, gdn_check(tag, "dv", gdn_cols(dv_got, T, 0, wv, p->ldv), dv_rc, T * wv, p->dv, bound));
+        GDN_MAXE(dg, gdn_check(tag, "dg", gdn_down_f32(ddg, T * p->nv), dg_ref, T * p->nv, p->nv, bound));
+        GDN_MAXE(dbeta, gdn_check(tag, "dbeta", gdn_down_f32(ddb, T * p->nv), db_ref, T * p->nv, p->nv, bound));
+        if (ddS0) GDN_MAXE(dS0, gdn_check(tag, "dS0", gdn_down_f32(ddS0, ns), dS0_ref, ns, p->dv, bound));
+#undef GDN_MAXE
+        gdn_check_pad(tag, "dq|dk", qkbits, T, 2 * wq, p->ldq);
+        gdn_check_pad(tag, "dv", dvbits, T, wv, p->ldv);
+        if (flags & GDN_TIME) {
+            float ms_f, ms_b;
+            CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));
+            CUDA_CHECK(cudaEventElapsedTime(&ms_b, ev[2], ev[3]));
+            printf("%s: timing (information only, one run after a warm-up): forward %.3f ms, backward %.3f ms\n",
+                   tag, ms_f, ms_b);
+        }
     }
+    if (cfgs) cuda_gdn_tune_set(NULL);
     for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
     gdn_dev_free_all();
     return E;
@@ -449,6 +496,17 @@ TEST(cuda_gdn_mma_layouts) {
 
 /* ---- cases ---- */
 
+/* The switch sets (cuda_gdn_tune.h: v2, split, nst, bv, overlap, prof) the parity cases run the cuda
+ * side under, against one oracle run: the built-in default, v1, and v2 with one segment and with
+ * 3, 5 and 8 segments (more segments than chunks in the short cases: empty segments), 2 and 3
+ * pipeline stages, 16 and 32 state columns per block, the backward's two passes overlapped or not,
+ * and with the shorter MMA chains (ilp) and the two-blocks-per-SM wy_bwd (wy). */
+static const CudaGdnTune gdn_cfgs[] = {
+    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 2, 16, 2, 0, 0, 0}, {1, 3, 3, 32, 1, 0, 0, 0},
+    {1, 5, 2, 32, 2, 0, 0, 0}, {1, 8, 3, 16, 1, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 1}, {1, 3, 3, 32, 1, 0, 1, 1},
+};
+#define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
+
 /* The first token continues a document (S0 reaches it); documents start mid-chunk (17, 100) and
  * exactly where a chunk starts anyway (64, 128); GVA nv = 2 nk; dims 64. */
 TEST(cuda_gdn_forward_backward_docs_gva_64) {
@@ -458,7 +516,7 @@ TEST(cuda_gdn_forward_backward_docs_gva_64) {
         GdnProb p = gdn_prob(200, 1, 2, 64, 64, 5, starts, 5, 1, decay, 100 + di);
         char tag[128];
         snprintf(tag, sizeof tag, "T=200 nk=1 nv=2 d=64 docs 17,64,100,101,128 S0 decay=%g", decay);
-        gdn_check_fwd_bwd(tag, &p, GDN_ALL, GDN_TEST_BOUND);
+        gdn_check_fwd_bwd_cfgs(tag, &p, GDN_ALL, GDN_TEST_BOUND, GDN_CFGS);
     }
 }
 
@@ -469,7 +527,7 @@ TEST(cuda_gdn_forward_backward_128) {
         GdnProb p = gdn_prob(300, 2, 2, 128, 128, 9, NULL, 0, 1, decay, 200 + di);
         char tag[128];
         snprintf(tag, sizeof tag, "T=300 nk=nv=2 d=128 no docs S0 decay=%g", decay);
-        gdn_check_fwd_bwd(tag, &p, GDN_ALL, GDN_TEST_BOUND);
+        gdn_check_fwd_bwd_cfgs(tag, &p, GDN_ALL, GDN_TEST_BOUND, GDN_CFGS);
     }
 }
 
@@ -477,30 +535,36 @@ TEST(cuda_gdn_forward_backward_128) {
 TEST(cuda_gdn_forward_backward_gva_128) {
     static const int starts[] = {64, 333, 334, 700};
     GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 300);
-    gdn_check_fwd_bwd("T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, GDN_ALL, GDN_TEST_BOUND);
+    gdn_check_fwd_bwd_cfgs("T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, GDN_ALL, GDN_TEST_BOUND, GDN_CFGS);
 }
 
 /* mixed dims, tiny calls, outputs switched off, S0 / dS_final absent, document at token 0 */
 TEST(cuda_gdn_forward_backward_edges) {
     static const int s64[] = {64};
     GdnProb p = gdn_prob(65, 1, 1, 64, 128, 3, s64, 1, 1, 0.3, 400);
-    gdn_check_fwd_bwd("T=65 dk=64 dv=128 doc at 64", &p, GDN_ALL, GDN_TEST_BOUND);
+    gdn_check_fwd_bwd_cfgs("T=65 dk=64 dv=128 doc at 64", &p, GDN_ALL, GDN_TEST_BOUND, GDN_CFGS);
     static const int s1[] = {1, 2, 3};
     p = gdn_prob(5, 1, 2, 64, 64, 2, s1, 3, 1, 0.3, 401);
-    gdn_check_fwd_bwd("T=5 1-token docs 1,2,3", &p, GDN_ALL, GDN_TEST_BOUND);
+    gdn_check_fwd_bwd_cfgs("T=5 1-token docs 1,2,3", &p, GDN_ALL, GDN_TEST_BOUND, GDN_CFGS);
     p = gdn_prob(1, 1, 1, 128, 64, 4, NULL, 0, 1, 0.3, 402);
-    gdn_check_fwd_bwd("T=1 dk=128 dv=64", &p, GDN_ALL, GDN_TEST_BOUND);
+    gdn_check_fwd_bwd_cfgs("T=1 dk=128 dv=64", &p, GDN_ALL, GDN_TEST_BOUND, GDN_CFGS);
     static const int s40[] = {40};
     p = gdn_prob(150, 1, 2, 128, 64, 0, s40, 1, 1, 0.3, 403); /* doc at 0: S0 must be ignored */
-    gdn_check_fwd_bwd("T=150 doc at 0 (S0 ignored) S_final/dS0 off", &p, GDN_DSFINAL, GDN_TEST_BOUND);
+    gdn_check_fwd_bwd_cfgs("T=150 doc at 0 (S0 ignored) S_final/dS0 off", &p, GDN_DSFINAL, GDN_TEST_BOUND, GDN_CFGS);
     p = gdn_prob(192, 2, 2, 64, 64, 11, NULL, 0, 0, 0.3, 404); /* S0 = NULL, dS_final = NULL */
-    gdn_check_fwd_bwd("T=192 S0=NULL dS_final=NULL", &p, GDN_SFINAL | GDN_DS0, GDN_TEST_BOUND);
+    gdn_check_fwd_bwd_cfgs("T=192 S0=NULL dS_final=NULL", &p, GDN_SFINAL | GDN_DS0, GDN_TEST_BOUND, GDN_CFGS);
 }
 
-/* same inputs twice: every output bitwise equal */
-TEST(cuda_gdn_determinism) {
-    static const int starts[] = {64, 333, 334, 700};
-    GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 500);
+/* same inputs twice, the first run under cfg and the second under cfg2 (NULL: cfg; cfg NULL: the
+ * switches as they are): every output bitwise equal */
+static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NULL) {
+    static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
+    GdnProb p = gdn_prob(4000, 2, 4, 128, 128, 30, starts, 7, 1, 0.3, 500);
+    char cn[200], c1[96], c2[96];
+    gdn_cfg_name(cfg, c1, sizeof c1);
+    if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
+    else snprintf(cn, sizeof cn, "%s", c1);
+    if (cfg) cuda_gdn_tune_set(cfg);
     GdnDev d = gdn_dev(&p);
     const int64_t T = p.T, ns = (int64_t)p.nv * p.dk * p.dv;
     const int wq = p.nk * p.dk;
@@ -513,6 +577,7 @@ TEST(cuda_gdn_determinism) {
                     (size_t)T * p.nv * 4, (size_t)T * p.nv * 4, (size_t)ns * 4};
     void *out[2][7];
     for (int run = 0; run < 2; run++) {
+        if (run == 1 && cfg2) cuda_gdn_tune_set(cfg2);
         for (int i = 0; i < 7; i++) out[run][i] = gdn_dev_alloc(sz[i]);
         cuda_gdn_chunk_forward(out[run][0], (float *)out[run][1], d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo);
@@ -530,12 +595,44 @@ TEST(cuda_gdn_determinism) {
         CUDA_CHECK(cudaMemcpyAsync(b, out[1][i], sz[i], cudaMemcpyDeviceToHost, cuda_stream()));
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
         const int eq = memcmp(a, b, sz[i]) == 0;
-        EXPECT(eq, "determinism: %s differs between two runs", names[i]);
+        EXPECT(eq, "determinism%s: %s differs between two runs", cn, names[i]);
         same &= eq;
     }
-    printf("determinism: o, S_final, dq, dk, dv, dg, dbeta, dS0 bitwise equal over two runs: %s\n",
+    printf("determinism%s: o, S_final, dq, dk, dv, dg, dbeta, dS0 bitwise equal over two runs: %s\n", cn,
            same ? "ok" : "NO");
+    if (cfg || cfg2) cuda_gdn_tune_set(NULL);
     gdn_dev_free_all();
+}
+
+TEST(cuda_gdn_determinism) {
+    gdn_determinism(NULL);
+    static const CudaGdnTune v2a = {1, 3, 3, 32, 1, 0, 0, 0}, v2b = {1, 7, 2, 16, 2, 0, 0, 0},
+                             v2c = {1, 0, 0, 0, 0, 0, 0, 0}, v2d = {1, 0, 0, 0, 0, 0, 1, 1},
+                             wy2 = {1, 0, 0, 0, 0, 0, 2, 2}, wy3 = {1, 0, 0, 0, 0, 0, 2, 1};
+    gdn_determinism(&v2a);
+    gdn_determinism(&v2b);
+    gdn_determinism(&v2c);
+    gdn_determinism(&v2d);
+    gdn_determinism(&wy2, &wy3); /* wy_bwd v3 is v2 with less shared memory: the same bits */
+}
+
+/* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
+ * edges, T not a multiple of the segments (nor of 64), weak decay (a long memory through the fold) */
+TEST(cuda_gdn_v2_segments) {
+    static const CudaGdnTune cfgs[] = {
+        {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 3, 32, 1, 0, 0, 0}, {1, 3, 2, 16, 2, 0, 0, 0}, {1, 4, 3, 32, 1, 0, 0, 0},
+        {1, 7, 2, 32, 1, 0, 0, 0}, {1, 13, 3, 16, 2, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 4, 2, 16, 2, 0, 1, 1},
+        {1, 0, 0, 0, 0, 0, 1, 1},
+    };
+    const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
+    static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
+    GdnProb p = gdn_prob(4100, 2, 2, 128, 128, 17, starts, 9, 1, 0.1, 1100);
+    gdn_check_fwd_bwd_cfgs("T=4100 nk=nv=2 d=128 9 docs S0", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
+    p = gdn_prob(2000, 1, 2, 64, 128, 7, NULL, 0, 1, 0.02, 1101);
+    gdn_check_fwd_bwd_cfgs("T=2000 nk=1 nv=2 dk=64 dv=128 no docs S0 decay=0.02", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
+    static const int s0[] = {1000};
+    p = gdn_prob(1999, 2, 4, 64, 64, 0, s0, 1, 1, 0.05, 1102); /* doc at 0 and at 1000 */
+    gdn_check_fwd_bwd_cfgs("T=1999 nk=2 nv=4 d=64 docs 0,1000", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
 }
 
 /* The check can fail: the cuda side runs without one document start the oracle has (a missed
@@ -564,7 +661,16 @@ TEST(cuda_gdn_check_can_fail) {
 
 /* ---- the CP entries ---- */
 
-static void gdn_check_transition(const char *tag, const GdnProb *p, int expect_reset, double bound) {
+/* the CP entries run under the default, v1 and v2 (one segment; 3 stages of 32 columns; 2 stages of 16
+ * with the shorter MMA chains) */
+static const CudaGdnTune gdn_cp_cfgs[] = {
+    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1}};
+
+static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
+    char tag[256], cn[96];
+    CudaGdnTune cur;
+    cuda_gdn_tune_get(&cur);
+    snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
     const int nv = p->nv, dk = p->dk, dv = p->dv, wq = p->nk * p->dk;
     const int64_t nm = (int64_t)nv * dk * dk, nh = (int64_t)nv * dk * dv;
     GdnDev d = gdn_dev(p);
@@ -588,7 +694,16 @@ static void gdn_check_transition(const char *tag, const GdnProb *p, int expect_r
 }
 
 /* M, H against the cpu transition, without and with document starts inside */
+static void gdn_transition_cases(void);
 TEST(cuda_gdn_transition) {
+    for (size_t i = 0; i < sizeof gdn_cp_cfgs / sizeof gdn_cp_cfgs[0]; i++) {
+        cuda_gdn_tune_set(&gdn_cp_cfgs[i]);
+        gdn_transition_cases();
+    }
+    cuda_gdn_tune_set(NULL);
+}
+
+static void gdn_transition_cases(void) {
     GdnProb p = gdn_prob(150, 1, 2, 64, 64, 4, NULL, 0, 0, 0.02, 700);
     gdn_check_transition("transition T=150 GVA d=64 no docs", &p, 0, GDN_TEST_BOUND);
     p = gdn_prob(1000, 2, 2, 128, 128, 4, NULL, 0, 0, 0.02, 701);
@@ -608,7 +723,11 @@ TEST(cuda_gdn_transition) {
 /* dstate against the cpu dstate, against the cuda backward's dS0 (dS_final = 0; the same chunk
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
-static void gdn_check_dstate(const char *tag, const GdnProb *p, double bound) {
+static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
+    char tag[256], cn[96];
+    CudaGdnTune cur;
+    cuda_gdn_tune_get(&cur);
+    snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
     const int nv = p->nv, dk = p->dk, dv = p->dv, wq = p->nk * p->dk;
     const int64_t T = p->T, nm = (int64_t)nv * dk * dk, nh = (int64_t)nv * dk * dv;
     GdnDev d = gdn_dev(p);
@@ -645,7 +764,16 @@ static void gdn_check_dstate(const char *tag, const GdnProb *p, double bound) {
     gdn_dev_free_all();
 }
 
+static void gdn_dstate_cases(void);
 TEST(cuda_gdn_dstate) {
+    for (size_t i = 0; i < sizeof gdn_cp_cfgs / sizeof gdn_cp_cfgs[0]; i++) {
+        cuda_gdn_tune_set(&gdn_cp_cfgs[i]);
+        gdn_dstate_cases();
+    }
+    cuda_gdn_tune_set(NULL);
+}
+
+static void gdn_dstate_cases(void) {
     GdnProb p = gdn_prob(150, 1, 2, 64, 64, 4, NULL, 0, 0, 0.05, 800);
     gdn_check_dstate("dstate T=150 GVA d=64 no docs", &p, GDN_TEST_BOUND);
     static const int starts[] = {70, 100};
@@ -711,10 +839,171 @@ TEST(cuda_gdn_state_affine) {
 }
 
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
- * thread per head). Prints one timing of the forward and the backward, for information only. */
+ * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3.
+ * Prints one timing of the forward and the backward per set, for information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
+    static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 1}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
-    gdn_check_fwd_bwd("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
-                      GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND);
+    gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
+                           GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
+                           (int)(sizeof cfgs / sizeof cfgs[0]));
+}
+
+/* ---- timing (information only; RS_GDN_BENCH=1): inputs made on the device ---- */
+
+__device__ static uint32_t gdn_bench_hash(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+__device__ static float gdn_bench_u(uint64_t i, uint32_t seed) { /* in (0, 1) */
+    return ((float)(gdn_bench_hash(i * 0x9E3779B97F4A7C15ULL + seed) >> 8) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+/* q and k rows (T, nh2 heads of dk <= 128): uniform, then L2-normalised; one warp per row */
+__global__ void gdn_bench_qk_kernel(bf16 *qk, int64_t T, int nh2, int dk, int ldq, uint32_t seed) {
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= T * nh2) return;
+    const int64_t t = row / nh2;
+    const int hh = (int)(row % nh2);
+    float x[4], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        x[i] = i < dk / 32 ? gdn_bench_u(row * dk + lane + 32 * i, seed) - 0.5f : 0.0f;
+        ss += x[i] * x[i];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < dk / 32) qk[t * ldq + (int64_t)hh * dk + lane + 32 * i] = __float2bfloat16(x[i] * r);
+}
+
+__global__ void gdn_bench_fill_kernel(bf16 *x, int64_t n, uint32_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16(2.0f * gdn_bench_u(i, seed) - 1.0f);
+}
+
+__global__ void gdn_bench_gates_kernel(float *g, float *beta, int64_t n, uint32_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        g[i] = -0.3f * gdn_bench_u(i, seed);
+        beta[i] = 0.2f + 0.6f * gdn_bench_u(i, seed + 1);
+    }
+}
+
+static int gdn_bench_cmp(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* T tokens, nh heads of 128 (nk = nv), documents of mean length doc_mean (0: one document); the
+ * median of `reps` runs per switch set; then the per-kernel profile of v1 and of the fastest set */
+static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *cfgs, int ncfg, int reps) {
+    const int dk = 128, dv = 128, ldq = 2 * nh * dk, ldv = nh * dv;
+    cudaStream_t st = cuda_stream();
+    bf16 *qk = (bf16 *)gdn_dev_alloc((size_t)T * ldq * 2), *v = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2);
+    bf16 *o = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2), *dout = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2);
+    bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * ldq * 2), *dvv = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2);
+    float *g = (float *)gdn_dev_alloc((size_t)T * nh * 4), *beta = (float *)gdn_dev_alloc((size_t)T * nh * 4);
+    float *dg = (float *)gdn_dev_alloc((size_t)T * nh * 4), *db = (float *)gdn_dev_alloc((size_t)T * nh * 4);
+    int32_t *hpos = (int32_t *)test_alloc(T * 4);
+    int ndocs = 1;
+    uint64_t lcg = 12345;
+    int64_t next = T;
+    if (doc_mean > 0) {
+        lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+        next = doc_mean / 4 + (int64_t)((lcg >> 33) % (uint64_t)(3 * doc_mean / 2));
+    }
+    for (int64_t t = 0; t < T; t++) {
+        if (t == next) {
+            ndocs++;
+            lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+            next = t + doc_mean / 4 + (int64_t)((lcg >> 33) % (uint64_t)(3 * doc_mean / 2));
+            hpos[t] = 0;
+        } else hpos[t] = t == 0 ? 0 : hpos[t - 1] + 1;
+    }
+    int32_t *pos = gdn_up_i32(hpos, T);
+    gdn_bench_qk_kernel<<<(unsigned)((T * 2 * nh + 7) / 8), 256, 0, st>>>(qk, T, 2 * nh, dk, ldq, 1);
+    gdn_bench_fill_kernel<<<2048, 256, 0, st>>>(v, T * ldv, 2);
+    gdn_bench_fill_kernel<<<2048, 256, 0, st>>>(dout, T * ldv, 3);
+    gdn_bench_gates_kernel<<<1024, 256, 0, st>>>(g, beta, T * nh, 4);
+    CUDA_LAUNCH_CHECK();
+    cudaEvent_t ev[3];
+    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
+    float best = 1e30f;
+    int bi = 0;
+    for (int ci = 0; ci < ncfg; ci++) {
+        cuda_gdn_tune_set(&cfgs[ci]);
+        float tf[16], tb[16], ts[16];
+        for (int r = -1; r < reps && r < 16; r++) {
+            CUDA_CHECK(cudaEventRecord(ev[0], st));
+            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+            CUDA_CHECK(cudaEventRecord(ev[1], st));
+            cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta,
+                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+            CUDA_CHECK(cudaEventRecord(ev[2], st));
+            CUDA_CHECK(cudaEventSynchronize(ev[2]));
+            if (r < 0) continue; /* warm-up */
+            CUDA_CHECK(cudaEventElapsedTime(&tf[r], ev[0], ev[1]));
+            CUDA_CHECK(cudaEventElapsedTime(&tb[r], ev[1], ev[2]));
+            ts[r] = tf[r] + tb[r];
+        }
+        const int n = reps < 16 ? reps : 16;
+        qsort(tf, n, 4, gdn_bench_cmp);
+        qsort(tb, n, 4, gdn_bench_cmp);
+        qsort(ts, n, 4, gdn_bench_cmp);
+        char cn[96];
+        printf("bench T=%lld H=%d docs=%d%s: fwd %.3f ms, bwd %.3f ms, fwd+bwd %.3f ms (median of %d)\n",
+               (long long)T, nh, ndocs, gdn_cfg_name(&cfgs[ci], cn, sizeof cn), tf[n / 2], tb[n / 2], ts[n / 2], n);
+        if (ts[n / 2] < best) {
+            best = ts[n / 2];
+            bi = ci;
+        }
+    }
+    char cn[96];
+    printf("bench T=%lld H=%d docs=%d: fastest%s %.3f ms\n", (long long)T, nh, ndocs,
+           gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
+    for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: v1, the default, the fastest (+ cycles) */
+        CudaGdnTune c = pass == 0 ? CudaGdnTune{2, 0, 0, 0, 0, 0, 0, 0} : pass == 1 ? CudaGdnTune{} : cfgs[bi];
+        c.prof = pass == 2 ? 2 : 1;
+        cuda_gdn_tune_set(&c);
+        printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
+        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+        cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta, NULL,
+                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+    }
+    cuda_gdn_tune_set(NULL);
+    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
+    gdn_dev_free_all();
+}
+
+TEST(cuda_gdn_bench) {
+    if (!getenv("RS_GDN_BENCH")) {
+        printf("cuda_gdn_bench: skipped (set RS_GDN_BENCH=1)\n");
+        return;
+    }
+    /* v1, the default (v2), v2 with the shorter chains, with wy_bwd v3, with both; then wider sets at
+     * T = 32k, H = 16 (RS_GDN_BENCH=2) */
+    static const CudaGdnTune few[] = {
+        {2, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 2},
+        {1, 0, 0, 0, 0, 0, 2, 1}, {1, 0, 0, 0, 0, 0, 1, 1},
+        {1, 0, 3, 0, 0, 0, 1, 1}, {1, 2, 0, 32, 0, 0, 1, 1}, {1, 3, 0, 32, 0, 0, 1, 1}, {1, 0, 0, 32, 0, 0, 1, 1},
+        {1, 0, 0, 0, 1, 0, 1, 1},
+    };
+    const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
+    gdn_bench_shape(32768, 16, 0, few, wide ? nf : 5, 5);
+    gdn_bench_shape(32768, 16, 1000, few, 5, 5);
+    gdn_bench_shape(32768, 64, 0, few, 5, 3);
+    gdn_bench_shape(32768, 64, 1000, few, 5, 3);
+    gdn_bench_shape(131072, 16, 0, few, 5, 3);
+    gdn_bench_shape(131072, 16, 1000, few, 5, 3);
+    gdn_bench_shape(131072, 64, 0, few, 5, 3);
+    gdn_bench_shape(131072, 64, 1000, few, 5, 3);
 }

@@ -1,0 +1,38 @@
+/*
+ * cuda_gdn_tune.h — the switches of the Gated DeltaNet kernels (kernels/cuda/cuda_gdn.cu), for
+ * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
+ * at 0 means "the built-in choice". The environment can set the same fields for a whole process
+ * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY); a call of
+ * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
+ */
+#ifndef RS_CUDA_GDN_TUNE_H
+#define RS_CUDA_GDN_TUNE_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CudaGdnTune {
+    int v2;      /* kernel set: 1 = v2 (segmented, pipelined state passes; wy_bwd with dk in registers),
+                    2 = v1 (the first kernels), 0 = built-in default */
+    int split;   /* v2: segments per sequence of the state passes (1 = none), 0 = automatic */
+    int nst;     /* v2: pipeline stages of the state passes (2 or 3), 0 = automatic */
+    int bv;      /* v2: state columns per block of the state passes (16 or 32), 0 = automatic */
+    int overlap; /* v2 backward: the forward recompute and the reverse state pass on two streams
+                    (1 = on, 2 = off, 0 = automatic) */
+    int prof;    /* 1: after each entry, synchronise and print the time of every kernel (stdout); 2: also the
+                    cycles per phase of the v2 state passes (block 0, warp 0) */
+    int ilp;     /* v2 state passes: shorter dependent MMA chains (1 = on, 2 = off, 0 = automatic) */
+    int wy;      /* v2 backward: wy_bwd in 110 KB, two blocks per SM (1 = on, 2 = off, 0 = automatic) */
+} CudaGdnTune;
+
+/* NULL: back to the environment / built-in choices */
+void cuda_gdn_tune_set(const CudaGdnTune *t);
+/* the switches as set (0 where automatic) */
+void cuda_gdn_tune_get(CudaGdnTune *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
