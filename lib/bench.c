@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "error.h"
+#include "fsio.h"
 #include "model_acts.h"
 #include "plan.h"
 #include "rng.h"
@@ -611,7 +612,7 @@ int bench_main(int argc, char **argv) {
     }
     BenchDevice dev;
     if (!o.write_requests) bench_device(&dev, &o);
-    if (mkdir(o.out_dir, 0755) != 0 && errno != EEXIST) {
+    if (fsio_mkdirs(o.out_dir) != 0) {
         fprintf(stderr, "ringscan bench: --out %s: cannot create: %s\n", o.out_dir, strerror(errno));
         return RS_EXIT_USAGE;
     }

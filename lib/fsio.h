@@ -61,4 +61,8 @@ int fsio_crc32_file(const char *path, int64_t *size, uint32_t *crc, char *err, s
  * already gone is success. */
 int fsio_remove_tree(const char *path, char *err, size_t err_len);
 
+/* mkdir -p: creates `path` and its missing parents (mode 0755); an existing
+ * directory is success. Returns -1 with errno set on failure. */
+int fsio_mkdirs(const char *path);
+
 #endif

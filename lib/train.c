@@ -51,6 +51,7 @@
 #include "backend.h"
 #include "data.h"
 #include "error.h"
+#include "fsio.h"
 #include "model.h"
 #include "plan.h"
 #include "train_ckpt.h"
@@ -174,18 +175,6 @@ static void train_read_micro(Trainer *t, int64_t a) {
 
 /* ---- run directory ----------------------------------------------------------- */
 
-static int train_mkdirs(const char *path) {
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 static int train_file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -253,7 +242,7 @@ static void train_open_run_dir(Trainer *t, int resuming) {
         exit(RS_EXIT_USAGE);
     }
     if (t->comm->rank == 0) {
-        if (train_mkdirs(t->run_dir) != 0) RS_FATAL("cannot create run directory %s: %s", t->run_dir, strerror(errno));
+        if (fsio_mkdirs(t->run_dir) != 0) RS_FATAL("cannot create run directory %s: %s", t->run_dir, strerror(errno));
         if (restart) train_trim_metrics(t, 0);
         train_write_resolved(t);
         snprintf(path, sizeof path, "%s/log.txt", t->run_dir);

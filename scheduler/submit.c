@@ -54,18 +54,6 @@ static bool submit_exists(const char *dir, const char *name) {
     return stat(p, &st) == 0;
 }
 
-static int submit_mkdirs(const char *path) {
-    char tmp[SUBMIT_PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* The config as the job will load it: YAML text, malloc'd. */
 static char *submit_config_text(const Config *cfg, const char *config_path, size_t *len) {
     char *buf = NULL;
@@ -213,7 +201,7 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
     size_t conf_len = 0;
     char *conf_text = submit_config_text(&cfg, config_path, &conf_len);
     config_free(&cfg);
-    if (submit_mkdirs(logs) != 0) {
+    if (fsio_mkdirs(logs) != 0) {
         submit_error("cannot create %s: %s", logs, strerror(errno));
         return RS_EXIT_FAIL;
     }
