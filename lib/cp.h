@@ -124,6 +124,9 @@ typedef struct Cp {
 void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg);
 void cp_free(Cp *cp);
 void cp_counters_reset(Cp *cp);
+/* The counters as a JSON object {"attn_forwards": [per layer], ...}, one key per CpCounters
+ * field (metrics.jsonl's "counters", parity_step's counters line); the caller owns it. */
+struct json_t *cp_counters_json(const Cp *cp);
 /* Gathers every CP rank's pos/doc_pos of this micro-batch (rows = samples x T_local; backend
  * memory) and derives the per-fragment document facts. Called once per micro-batch. */
 void cp_batch_begin(Cp *cp, const int32_t *pos, const int32_t *doc_pos);

@@ -11,6 +11,7 @@
  * (cp_batch_begin), lib/train.c and tests/parity/parity_step.c
  * (cp_read_sample), cp_gdn.c and cp_ring.c (the layout and batch facts).
  */
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,13 @@ int cp_read_sample(const CpLayout *L, CpReadSpan read, void *ctx, int64_t g, int
 #define CP_COUNTERS (sizeof(CpCounters) / sizeof(int64_t *))
 _Static_assert(sizeof(CpCounters) % sizeof(int64_t *) == 0, "CpCounters holds only int64_t * arrays");
 static int64_t **cp_counter_arrays(Cp *cp) { return (int64_t **)(void *)&cp->count; }
+/* the JSON names of CpCounters' fields, in field order */
+static const char *const cp_counter_names[] = {
+    "attn_forwards",       "attn_kernel_calls",   "ring_hops_fwd",  "ring_passes_fwd", "ring_passes_bwd",
+    "scan_allgathers_fwd", "scan_allgathers_bwd", "halo_exchanges", "gdn_forwards",
+};
+_Static_assert(sizeof cp_counter_names / sizeof cp_counter_names[0] == CP_COUNTERS,
+               "a CpCounters field without its JSON name");
 
 static int64_t cp_align(int64_t n) { return (n + CP_ALIGN - 1) / CP_ALIGN * CP_ALIGN; }
 
@@ -138,6 +146,17 @@ void cp_free(Cp *cp) {
     int64_t **c = cp_counter_arrays(cp);
     for (size_t i = 0; i < CP_COUNTERS; i++) free(c[i]);
     memset(cp, 0, sizeof *cp);
+}
+
+json_t *cp_counters_json(const Cp *cp) {
+    int64_t *const *c = (int64_t *const *)(const void *)&cp->count;
+    json_t *o = json_object();
+    for (size_t i = 0; i < CP_COUNTERS; i++) {
+        json_t *a = json_array();
+        for (int l = 0; l < cp->layers; l++) json_array_append_new(a, json_integer(c[i][l]));
+        json_object_set_new(o, cp_counter_names[i], a);
+    }
+    return o;
 }
 
 void cp_counters_reset(Cp *cp) {

@@ -278,28 +278,8 @@ static void train_write_metrics(Trainer *t, json_t *o) {
  * checked: remat runs attention, the ring and the scan all-gather once per layer and
  * micro-batch, full twice, and neither reruns a halo exchange beyond its own. */
 static void train_metrics_counters(Trainer *t, json_t *o) {
-    const Cp *cp = &t->model.cp;
-    const struct {
-        const char    *name;
-        const int64_t *v;
-    } per_layer[] = {
-        {"attn_forwards", cp->count.attn_forwards},
-        {"attn_kernel_calls", cp->count.attn_kernel_calls},
-        {"ring_passes_fwd", cp->count.ring_passes_fwd},
-        {"ring_passes_bwd", cp->count.ring_passes_bwd},
-        {"ring_hops_fwd", cp->count.ring_hops_fwd},
-        {"scan_allgathers_fwd", cp->count.scan_allgathers_fwd},
-        {"scan_allgathers_bwd", cp->count.scan_allgathers_bwd},
-        {"halo_exchanges", cp->count.halo_exchanges},
-        {"gdn_forwards", cp->count.gdn_forwards},
-    };
-    json_t *c = json_object();
+    json_t *c = cp_counters_json(&t->model.cp);
     json_object_set_new(c, "micro_batches", json_integer(t->cfg->train.grad_accum));
-    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
-        json_t *a = json_array();
-        for (int l = 0; l < cp->layers; l++) json_array_append_new(a, json_integer(per_layer[i].v[l]));
-        json_object_set_new(c, per_layer[i].name, a);
-    }
     json_object_set_new(c, "block_recomputes", json_integer(t->model.count.block_recomputes));
     json_object_set_new(o, "counters", c);
 }

@@ -43,6 +43,7 @@
  *   counters {"attn_forwards": [...], ...}
  */
 #include <cblas.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,24 +90,12 @@ static int parity_read_span(void *ctx, int64_t g, int64_t t0, int64_t len, int32
 }
 
 static void parity_print_counters(const Model *m) {
-    const Cp *cp = &m->cp;
-    const struct {
-        const char    *name;
-        const int64_t *v;
-    } c[] = {
-        {"attn_forwards", cp->count.attn_forwards},           {"attn_kernel_calls", cp->count.attn_kernel_calls},
-        {"ring_passes_fwd", cp->count.ring_passes_fwd},       {"ring_passes_bwd", cp->count.ring_passes_bwd},
-        {"ring_hops_fwd", cp->count.ring_hops_fwd},           {"scan_allgathers_fwd", cp->count.scan_allgathers_fwd},
-        {"scan_allgathers_bwd", cp->count.scan_allgathers_bwd}, {"halo_exchanges", cp->count.halo_exchanges},
-        {"gdn_forwards", cp->count.gdn_forwards},
-    };
-    printf("counters {");
-    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        printf("%s\"%s\": [", i ? ", " : "", c[i].name);
-        for (int l = 0; l < cp->layers; l++) printf("%s%lld", l ? ", " : "", (long long)c[i].v[l]);
-        printf("]");
-    }
-    printf(", \"activation_bytes_kept\": %lld}\n", (long long)m->bytes_kept);
+    json_t *c = cp_counters_json(&m->cp);
+    json_object_set_new(c, "activation_bytes_kept", json_integer(m->bytes_kept));
+    char *text = json_dumps(c, JSON_COMPACT);
+    printf("counters %s\n", text);
+    free(text);
+    json_decref(c);
 }
 
 /* --steps: N AdamW steps on the batch b; step 1's gradients and loss are already there */
