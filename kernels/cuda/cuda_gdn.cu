@@ -398,6 +398,38 @@ __global__ void gdn_index_info_kernel(int4 *info /* (T+1) */, const int32_t *sta
     }
 }
 
+/* cuts (Z + 1) of the document segments of the state passes (cuda_gdn_v2.h, gdn_doc_range) over all
+ * chunks: cuts[0] = 0, cuts[Z] = nc, cuts[p] = the first chunk at or after p nc / Z that starts a
+ * document (nc if none), so the cuts never decrease. One block; each thread keeps the first hit of its
+ * strided walk, the block takes the smallest. */
+__global__ void __launch_bounds__(1024) gdn_index_cuts_kernel(int32_t *cuts /* (Z+1) */, const int4 *info,
+                                                              const int32_t *meta, int Z) {
+    __shared__ int s_min[32];
+    const int nc = meta[GDN_META_NC];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int p = 1; p < Z; p++) {
+        const int target = (int)((int64_t)nc * p / Z);
+        int best = nc;
+        for (int c = target + (int)threadIdx.x; c < nc; c += blockDim.x)
+            if (info[c].z & 1) {
+                best = c;
+                break;
+            }
+        best = __reduce_min_sync(GDN_FULL, best);
+        if (lane == 0) s_min[w] = best;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 1; i < nw; i++) best = min(best, s_min[i]);
+            cuts[p] = min(best, s_min[0]);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        cuts[0] = 0;
+        cuts[Z] = nc;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* prep: G, A, Tinv, W, U per (chunk, value head)                                                     */
 
@@ -1464,6 +1496,9 @@ __global__ void __launch_bounds__(256)
 #define GDN_OVERLAP_DEFAULT 0 /* v2 backward: forward recompute beside the reverse pass */
 #define GDN_ILP_DEFAULT 1     /* v2 state passes: two MMA chains per product */
 #define GDN_WY3_DEFAULT 1     /* v2 backward: wy_bwd v3 (two blocks per SM) */
+#define GDN_BULK_DEFAULT 1    /* v2 state passes: bulk copies (cp.async.bulk) in and out */
+#define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
+#define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
 
 static CudaGdnTune gdn_tune_user, gdn_tune_env;
 static int gdn_tune_user_set, gdn_tune_env_read;
@@ -1484,6 +1519,8 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.prof = gdn_env_int("RS_GDN_PROF");
         gdn_tune_env.ilp = gdn_env_int("RS_GDN_ILP");
         gdn_tune_env.wy = gdn_env_int("RS_GDN_WY");
+        gdn_tune_env.bulk = gdn_env_int("RS_GDN_BULK");
+        gdn_tune_env.dseg = gdn_env_int("RS_GDN_DSEG");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1559,6 +1596,7 @@ enum { GDN_WS_FORWARD, GDN_WS_BACKWARD, GDN_WS_TRANSITION, GDN_WS_DSTATE };
 typedef struct GdnBufs {
     int32_t *blk, *meta, *starts; /* index: (nb,3), (GDN_META_N), (T+1) */
     int4 *info;                   /* (T+1) per chunk: t0, L, flags (gdn_index_info_kernel) */
+    int32_t *cuts;                /* (GDN_DSEG_MAX+1) document segments of the state passes */
     float *G2;                    /* (T,nv) log2-unit chunk-local cumsum */
     bf16 *W;                      /* (T,nv,dk); the backward reuses it for dw */
     bf16 *U;                      /* (T,nv,dv); the backward reuses it for dv_loc */
@@ -1581,6 +1619,7 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
     b->meta = c.take<int32_t>(GDN_META_N);
     b->starts = c.take<int32_t>((size_t)T + 1);
     b->info = c.take<int4>((size_t)T + 1);
+    b->cuts = c.take<int32_t>(GDN_DSEG_MAX + 1);
     b->G2 = c.take<float>(tv);
     b->W = c.take<bf16>(tv * dk);
     b->U = c.take<bf16>(tv * dv);
@@ -1616,7 +1655,7 @@ static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg
     return b;
 }
 
-static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T) {
+static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T, int dseg = 1) {
     const int nb = (int)((T + 1023) / 1024);
     cudaStream_t st = cuda_stream();
     gdn_index_count_kernel<<<nb, 1024, 0, st>>>(b->blk, doc_pos, T);
@@ -1628,6 +1667,11 @@ static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T) {
     gdn_index_info_kernel<<<(unsigned)((T + 255) / 256 < 1024 ? (T + 255) / 256 : 1024), 256, 0, st>>>(
         b->info, b->starts, b->meta, doc_pos, T);
     CUDA_LAUNCH_CHECK();
+    if (dseg > 1) {
+        RS_CHECK(dseg <= GDN_DSEG_MAX, "gdn: %d document segments (at most %d)", dseg, GDN_DSEG_MAX);
+        gdn_index_cuts_kernel<<<1, 1024, 0, st>>>(b->cuts, b->info, b->meta, dseg);
+        CUDA_LAUNCH_CHECK();
+    }
 }
 
 static int gdn_max_smem(void) {
@@ -1824,6 +1868,8 @@ static void gdn_dstate_v1(float *dS0, const bf16 *dout, const bf16 *q, const bf1
 
 typedef struct GdnPlan {
     int v2, nst, bv, nseg_f, nseg_b, overlap, prof, ilp, wy3;
+    int bulk; /* state passes: bulk copies (implies ilp) */
+    int dseg; /* forward / backward state passes: document segments (> 1: on, replaces nseg) */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
 } GdnPlan;
 
@@ -1838,17 +1884,18 @@ static int gdn_sm_count(void) {
 }
 
 /* the v2 state pass instantiation for a run-time (bv, nst) */
-#define GDN_V2_BVNST_(bv, nst, ilp, FN, ...)                                    \
-    do {                                                                        \
-        if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp>(__VA_ARGS__);          \
-        else if ((bv) == 32) FN<DK, 32, 2, ilp>(__VA_ARGS__);                  \
-        else if ((nst) == 3) FN<DK, 16, 3, ilp>(__VA_ARGS__);                  \
-        else FN<DK, 16, 2, ilp>(__VA_ARGS__);                                  \
+#define GDN_V2_BVNST_(bv, nst, ilp, bulk, FN, ...)                                    \
+    do {                                                                              \
+        if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp, bulk>(__VA_ARGS__);          \
+        else if ((bv) == 32) FN<DK, 32, 2, ilp, bulk>(__VA_ARGS__);                  \
+        else if ((nst) == 3) FN<DK, 16, 3, ilp, bulk>(__VA_ARGS__);                  \
+        else FN<DK, 16, 2, ilp, bulk>(__VA_ARGS__);                                  \
     } while (0)
-#define GDN_V2_BVNST(pl, FN, ...)                                               \
-    do {                                                                        \
-        if ((pl).ilp) GDN_V2_BVNST_((pl).bv, (pl).nst, true, FN, __VA_ARGS__);  \
-        else GDN_V2_BVNST_((pl).bv, (pl).nst, false, FN, __VA_ARGS__);          \
+#define GDN_V2_BVNST(pl, FN, ...)                                                             \
+    do {                                                                                      \
+        if ((pl).bulk) GDN_V2_BVNST_((pl).bv, (pl).nst, true, true, FN, __VA_ARGS__);         \
+        else if ((pl).ilp) GDN_V2_BVNST_((pl).bv, (pl).nst, true, false, FN, __VA_ARGS__);    \
+        else GDN_V2_BVNST_((pl).bv, (pl).nst, false, false, FN, __VA_ARGS__);                 \
     } while (0)
 
 /*
@@ -1883,6 +1930,13 @@ template <int DK> static void gdn_v2_plan_nseg(GdnPlan *pl, int64_t nc, int nv, 
     pl->nseg_f = pl->nseg_b = 4 * blocks <= gdn_sm_count() ? gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count()) : 1;
 }
 
+/* document segments when the chunks' documents are not known on the host: empty segments cost a
+ * block launch each, so enough for about GDN_DSEG_WAVES blocks per SM, at most GDN_DSEG_MAX */
+static int gdn_auto_dseg(int64_t blocks, int sms) {
+    const int64_t z = (GDN_DSEG_WAVES * sms) / (blocks > 0 ? blocks : 1);
+    return (int)(z < 1 ? 1 : z > GDN_DSEG_MAX ? GDN_DSEG_MAX : z);
+}
+
 template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     const CudaGdnTune t = gdn_tune();
     GdnPlan pl = {};
@@ -1894,9 +1948,17 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.overlap = t.overlap == 1 ? 1 : t.overlap == 2 ? 0 : GDN_OVERLAP_DEFAULT;
     pl.ilp = t.ilp == 1 ? 1 : t.ilp == 2 ? 0 : GDN_ILP_DEFAULT;
     pl.wy3 = t.wy == 1 ? 1 : t.wy == 2 ? 0 : GDN_WY3_DEFAULT;
+    pl.bulk = t.bulk == 1 ? 1 : t.bulk == 2 ? 0 : GDN_BULK_DEFAULT;
+    if (pl.bulk) pl.ilp = 1;
     const int64_t nc = (T + GDN_C - 1) / GDN_C;
     if (t.split > 0) pl.nseg_f = pl.nseg_b = t.split < 64 ? t.split : 64;
     else gdn_v2_plan_nseg<DK>(&pl, nc, nv, dv);
+    /* document segments: explicit, or automatic where no explicit / automatic split was chosen */
+    const int64_t blocks = (int64_t)nv * dv / pl.bv;
+    if (t.dseg > 0) pl.dseg = t.dseg < GDN_DSEG_MAX ? t.dseg : GDN_DSEG_MAX;
+    else if (t.split > 0 || pl.nseg_f > 1) pl.dseg = 1;
+    else pl.dseg = gdn_auto_dseg(blocks, gdn_sm_count());
+    if (pl.dseg > 1) pl.nseg_f = pl.nseg_b = 1;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
@@ -1912,62 +1974,75 @@ static void gdn_affine_launch(float *S_out, const float *M, const float *S_in, c
     CUDA_LAUNCH_CHECK();
 }
 
-template <int DK, int BV, int NST, bool ILP>
+template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    const size_t sm = GdnStateFwdSmemV2<DK, BV, NST>(NULL).bytes;
-    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP>, sm, "state_fwd_v2");
-    gdn_state_fwd_v2_kernel<DK, BV, NST, ILP><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+    const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
+    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_fwd_v2");
+    gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
     CUDA_LAUNCH_CHECK();
 }
 
-template <int DK, int BV, int NST, bool ILP>
+template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
                               const bf16 *k, const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv,
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
-    const size_t sm = GdnStateBwdSmemV2<DK, BV, NST>(NULL).bytes;
-    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP>, sm, "state_bwd_v2");
-    gdn_state_bwd_v2_kernel<DK, BV, NST, ILP><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+    const size_t sm = GdnStateBwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
+    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_bwd_v2");
+    gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
     CUDA_LAUNCH_CHECK();
 }
 
 /* the forward state pass over the chunks of `mode` from S0 in nseg segments: h, vn (NULL: not
  * stored), S_final (NULL: not written); with M_out (nseg == 1 only) the transition columns too */
-template <int DK, int BV, int NST, bool ILP>
-static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, bf16 *hs, bf16 *vn,
-                             float *S_final, float *M_out, const float *S0, const bf16 *k, int mode, int nk, int nv,
-                             int dv, int ldq, cudaStream_t st, long long *tp) {
+template <int DK, int BV, int NST, bool ILP, bool BULK>
+static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *hs,
+                             bf16 *vn, float *S_final, float *M_out, const float *S0, const bf16 *k, int mode, int nk,
+                             int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     RS_CHECK(nseg == 1 || !M_out, "gdn: a segmented transition pass");
+    if (dseg > 1) { /* document segments side by side */
+        RS_CHECK(nseg == 1 && !M_out && mode == GDN_RANGE_ALL, "gdn: document segments with nseg or M");
+        const GdnSeg d = {S0, NULL, S_final, NULL, NULL, NULL, dseg, 0, -1, b->cuts};
+        gdn_v2_fwd_launch<DK, BV, NST, ILP, BULK>(b, hs, vn, d, dseg, dv, k, mode, nk, nv, dv, ldq, st, tp);
+        return;
+    }
     if (nseg > 1) { /* phase A, then the fold */
-        const GdnSeg a = {S0, NULL, NULL, segE + nsz, segH, segM, nseg, 0, 0};
-        gdn_v2_fwd_launch<DK, BV, NST, ILP>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
+        const GdnSeg a = {S0, NULL, NULL, segE + nsz, segH, segM, nseg, 0, 0, NULL};
+        gdn_v2_fwd_launch<DK, BV, NST, ILP, BULK>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
         for (int p = 1; p <= nseg - 2; p++)
             gdn_affine_launch(segE + (p + 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
-    const GdnSeg c = {S0, segE, S_final, NULL, NULL, M_out, nseg, 0, -1};
-    gdn_v2_fwd_launch<DK, BV, NST, ILP>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
+    const GdnSeg c = {S0, segE, S_final, NULL, NULL, M_out, nseg, 0, -1, NULL};
+    gdn_v2_fwd_launch<DK, BV, NST, ILP, BULK>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
 }
 
 /* the reverse state pass over the chunks of `mode` from dS_final in nseg segments: dh, dv2 (NULL:
  * not stored), dS0 (NULL: not written) */
-template <int DK, int BV, int NST, bool ILP>
-static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, bf16 *dhs, bf16 *dv2,
-                             float *dS0, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *dvl,
-                             const bf16 *dout, int mode, int64_t T, int nk, int nv, int dv, int ldq, int ldo,
-                             float scale, cudaStream_t st, long long *tp) {
+template <int DK, int BV, int NST, bool ILP, bool BULK>
+static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *dhs,
+                             bf16 *dv2, float *dS0, const float *dS_final, const bf16 *q, const bf16 *k,
+                             const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv, int dv, int ldq,
+                             int ldo, float scale, cudaStream_t st, long long *tp) {
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
+    if (dseg > 1) { /* document segments side by side */
+        RS_CHECK(nseg == 1 && mode == GDN_RANGE_ALL, "gdn: document segments with nseg");
+        const GdnSeg d = {dS_final, NULL, dS0, NULL, NULL, NULL, dseg, 0, -1, b->cuts};
+        gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, dhs, dv2, d, dseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq,
+                                                  ldo, scale, st, tp);
+        return;
+    }
     if (nseg > 1) { /* phase A on segments nseg-1 .. 1, then the fold */
-        const GdnSeg a = {dS_final, NULL, NULL, segE + (nseg - 2) * nsz, segH, segM, nseg, 1, nseg - 1};
-        gdn_v2_bwd_launch<DK, BV, NST, ILP>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
+        const GdnSeg a = {dS_final, NULL, NULL, segE + (nseg - 2) * nsz, segH, segM, nseg, 1, nseg - 1, NULL};
+        gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
                                             ldq, ldo, scale, st, NULL);
         for (int p = nseg - 2; p >= 1; p--)
             gdn_affine_launch(segE + (p - 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
-    const GdnSeg c = {dS_final, segE, dS0, NULL, NULL, NULL, nseg, 0, -1};
-    gdn_v2_bwd_launch<DK, BV, NST, ILP>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
+    const GdnSeg c = {dS_final, segE, dS0, NULL, NULL, NULL, nseg, 0, -1, NULL};
+    gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
                                         scale, st, tp);
 }
 
@@ -1992,7 +2067,7 @@ static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
     CUDA_CHECK(cudaMemcpy(h, pl.tp, sizeof h, cudaMemcpyDeviceToHost));
     static const char *names[GDN_TP_N] = {"wait+sync", "issue", "split+store+sync", "mma1", "epilogue+sync", "mma2"};
     for (int d = 0; d <= bwd; d++) {
-        const int nseg = d ? pl.nseg_b : pl.nseg_f;
+        const int nseg = pl.dseg > 1 ? pl.dseg : d ? pl.nseg_b : pl.nseg_f;
         const double nch = (double)((T + GDN_C - 1) / GDN_C) / (nseg > 0 ? nseg : 1);
         printf("gdn cycles per chunk, %s pass (block 0, ~%.0f chunks):", d ? "reverse" : "forward", nch);
         for (int i = 0; i < GDN_TP_N; i++) printf(" %s %.0f", names[i], (double)h[d * GDN_TP_N + i] / nch);
@@ -2009,11 +2084,11 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     cudaStream_t st = cuda_stream();
     GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f);
     gdn_prof_start(pl.prof);
-    gdn_index(&b, doc_pos, T);
+    gdn_index(&b, doc_pos, T, pl.dseg);
     gdn_prof_mark("index");
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, S_final, NULL,
+    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, pl.dseg, b.hs, b.vn, S_final, NULL,
                  S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
     gdn_prof_mark("state_fwd");
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
@@ -2022,7 +2097,9 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
         o, q, k, b.vn, b.hs, b.G2, doc_pos, b.starts, b.meta, nk, nv, DV, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("output");
-    if (pl.prof) printf("gdn v2 plan: nseg %d, bv %d, nst %d, ilp %d\n", pl.nseg_f, pl.bv, pl.nst, pl.ilp);
+    if (pl.prof)
+        printf("gdn v2 plan: nseg %d, dseg %d, bv %d, nst %d, ilp %d, bulk %d\n", pl.nseg_f, pl.dseg, pl.bv, pl.nst,
+               pl.ilp, pl.bulk);
     gdn_prof_end("forward v2", T, nv);
     gdn_tp_print(pl, 0, T);
 }
@@ -2039,7 +2116,7 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
     GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg);
     bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv */
     gdn_prof_start(pl.prof);
-    gdn_index(&b, doc_pos, T);
+    gdn_index(&b, doc_pos, T, pl.dseg);
     gdn_prof_mark("index");
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
@@ -2048,21 +2125,21 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         cudaStream_t aux = gdn_aux_stream(&fork, &join);
         CUDA_CHECK(cudaEventRecord(fork, st));
         CUDA_CHECK(cudaStreamWaitEvent(aux, fork, 0));
-        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
+        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, pl.dseg, b.hs, b.vn, NULL, NULL,
                      S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, aux, pl.tp);
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
+        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, pl.dseg, b.dhs, b.dv2, dS0,
                      dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         CUDA_CHECK(cudaEventRecord(join, aux));
         CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
         gdn_prof_mark("state_fwd|dvlocal+state_bwd");
     } else {
-        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, b.hs, b.vn, NULL, NULL,
+        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, pl.dseg, b.hs, b.vn, NULL, NULL,
                      S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
         gdn_prof_mark("state_fwd");
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
         gdn_prof_mark("dvlocal");
-        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, b.dhs, b.dv2, dS0,
+        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, pl.dseg, b.dhs, b.dv2, dS0,
                      dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         gdn_prof_mark("state_bwd");
     }
@@ -2099,8 +2176,8 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         gdn_prof_mark("group_reduce");
     }
     if (pl.prof)
-        printf("gdn v2 plan: nseg fwd %d bwd %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d\n", pl.nseg_f, pl.nseg_b,
-               pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3);
+        printf("gdn v2 plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d, bulk %d\n",
+               pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3, pl.bulk);
     gdn_prof_end("backward v2", T, nv);
     gdn_tp_print(pl, 1, T);
 }
@@ -2111,7 +2188,7 @@ static void gdn_transition_v2(const GdnPlan &pl, float *M, float *H, const bf16 
     GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
-    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, NULL, NULL, NULL, 1, NULL, NULL, H, M, NULL, k,
+    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, H, M, NULL, k,
                  GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream(), pl.tp);
 }
 
@@ -2124,7 +2201,7 @@ static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const
     gdn_index(&b, doc_pos, T);
     gdn_launch_prep_v2<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
-    GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, NULL, NULL, NULL, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
+    GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
                  GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
 }
 

@@ -2,6 +2,7 @@
  * cuda_gdn_mma.h — the warp-level tensor-core pieces the Gated DeltaNet kernels
  * (cuda_gdn.cu) are built from: ldmatrix loads from shared memory, the
  * mma.sync m16n8k16 bf16 -> fp32 instruction, cp.async copies with zero fill,
+ * bulk copies (cp.async.bulk) with their mbarriers,
  * and one warp GEMM that multiplies tiles held in shared memory in any of the
  * four transpose combinations the chunked delta rule needs (K K^T, T^T dW,
  * K^T v, dS^T Q, ...). Header-only so that tests/cuda/test_cuda_gdn.cu can
@@ -66,6 +67,75 @@ GDN_DEV void gdn_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n"
 
 /* wait until at most N of this thread's committed groups are still in flight */
 template <int N> GDN_DEV void gdn_cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* Bulk copies (sm_90: cp.async.bulk, the copy engine of TMA without a tensor map) and the mbarriers
+ * that count their bytes. A load names an mbarrier whose phase completes when its one arrival (the
+ * expect_tx of the issuing block) has happened and every byte promised has landed; the byte count may
+ * run ahead of the expectation (it is signed), so the copies and the expectation can be issued in any
+ * order. A store from shared memory joins this thread's bulk group; wait_read<0> returns when the
+ * shared source of every committed group has been read (it may be written again), wait_all<0> when
+ * the global writes are done. Generic-proxy writes to shared memory that a bulk copy then reads or
+ * overwrites need gdn_fence_async_smem() first (by the writing thread, before the barrier). */
+GDN_DEV void gdn_mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gdn_smem_addr(bar)), "r"(count));
+}
+
+/* make the initialised mbarriers visible to the copy engine (one thread, after gdn_mbar_init) */
+GDN_DEV void gdn_mbar_init_fence(void) { asm volatile("fence.mbarrier_init.release.cluster;\n" ::); }
+
+GDN_DEV void gdn_mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(gdn_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+/* spin until the phase with this parity has completed */
+GDN_DEV void gdn_mbar_wait(uint64_t *bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(gdn_smem_addr(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+/* bytes (multiple of 16, both addresses 16-byte aligned) global -> shared, counted on bar */
+GDN_DEV void gdn_bulk_load(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     gdn_smem_addr(smem)),
+                 "l"(gmem), "r"(bytes), "r"(gdn_smem_addr(bar))
+                 : "memory");
+}
+
+/* bytes (multiple of 16, 16-byte aligned) shared -> global in this thread's bulk group */
+GDN_DEV void gdn_bulk_store(void *gmem, const void *smem, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(gdn_smem_addr(smem)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+GDN_DEV void gdn_bulk_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+template <int N> GDN_DEV void gdn_bulk_wait_read(void) {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+template <int N> GDN_DEV void gdn_bulk_wait_all(void) {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+GDN_DEV void gdn_fence_async_smem(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* N bf16 zeros (N % 8 == 0, 16-byte aligned) at p in shared memory, generic stores */
+template <int N> GDN_DEV void gdn_zero_row(__nv_bfloat16 *p) {
+#pragma unroll
+    for (int i = 0; i < N / 8; i++) ((uint4 *)p)[i] = make_uint4(0u, 0u, 0u, 0u);
+}
 
 /* coordinates of accumulator element e (0..3) of a 16x8 tile whose corner is (0, 0) */
 GDN_DEV int gdn_frag_row(int e) { return ((threadIdx.x & 31) >> 2) + ((e >> 1) << 3); }

@@ -2,7 +2,8 @@
  * cuda_gdn_tune.h — the switches of the Gated DeltaNet kernels (kernels/cuda/cuda_gdn.cu), for
  * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
- * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY); a call of
+ * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
+ * RS_GDN_BULK, RS_GDN_DSEG); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -24,6 +25,10 @@ typedef struct CudaGdnTune {
                     cycles per phase of the v2 state passes (block 0, warp 0) */
     int ilp;     /* v2 state passes: shorter dependent MMA chains (1 = on, 2 = off, 0 = automatic) */
     int wy;      /* v2 backward: wy_bwd in 110 KB, two blocks per SM (1 = on, 2 = off, 0 = automatic) */
+    int bulk;    /* v2 state passes: tiles in and h / vn / dh / dv2 out by bulk copies (cp.async.bulk, one per
+                    row, mbarriers) instead of cp.async and register stores (1 = on, 2 = off, 0 = automatic) */
+    int dseg;    /* v2 forward / backward state passes: document segments side by side (1 = none, n > 1: n
+                    segments cut at document starts, 0 = automatic); exact: the same bits for every n */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

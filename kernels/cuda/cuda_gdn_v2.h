@@ -41,7 +41,20 @@ struct GdnSeg {
     int nseg;              /* segments of the chunk range */
     int pz0;               /* segment of blockIdx.z == 0 */
     int m_skip;            /* segment whose transition columns are not run (-1: none) */
+    const int32_t *cuts;   /* document segments (nseg + 1 chunk indices, gdn_index_cuts_kernel), or NULL */
 };
+
+/* Document segments (sg.cuts): segment p is chunks [cuts[p], cuts[p+1]); every cut but cuts[0] is a
+ * chunk that starts a document (or the range's end), so no state crosses a cut: the segments run side
+ * by side from 0 (segment 0 from the state entering the range), no transition columns, no fold, and
+ * every chunk gets the same bits as in one pass. "last": the segment that ends the range (the last
+ * non-empty one; segment 0 when all are empty) reads dS_final and writes S_final. */
+GDN_DEV void gdn_doc_range(const GdnSeg &g, int p, int *lo, int *hi, bool *last) {
+    const int e = g.cuts[g.nseg];
+    *lo = g.cuts[p];
+    *hi = g.cuts[p + 1];
+    *last = *hi == e && (*lo < e || p == 0);
+}
 
 GDN_DEV void gdn_seg_range(int *lo, int *hi, int p, int nseg) {
     if (nseg > 1) {
@@ -114,11 +127,13 @@ GDN_DEV void gdn_warp_mma_hilo(float (&acc)[1][NT][4], const bf16 *sA, int lda, 
 /* ------------------------------------------------------------------------------------------------ */
 /* state_fwd v2                                                                                       */
 
-template <int DK, int BV, int NST> struct GdnStateFwdSmemV2 {
+template <int DK, int BV, int NST, bool BULK = false> struct GdnStateFwdSmemV2 {
     static constexpr int OW = 0, OK = OW + GDN_C * (DK + 8) * 2, OU = OK + GDN_C * (DK + 8) * 2,
                          OG = OU + GDN_C * (BV + 8) * 2, SB = OG + GDN_C * 4; /* one stage, bytes */
     unsigned char *st;
     bf16 *s_hi, *s_lo, *vn;
+    bf16 *vno;     /* BULK: vn rows (not decayed) for the bulk store */
+    uint64_t *bar; /* BULK: one mbarrier per stage */
     size_t bytes;
     __host__ __device__ explicit GdnStateFwdSmemV2(void *b) {
         GdnCarve c(b);
@@ -126,6 +141,8 @@ template <int DK, int BV, int NST> struct GdnStateFwdSmemV2 {
         s_hi = c.take<bf16>(DK * (BV + 8));
         s_lo = c.take<bf16>(DK * (BV + 8));
         vn = c.take<bf16>(GDN_C * (BV + 8));
+        vno = BULK ? c.take<bf16>(GDN_C * (BV + 8)) : NULL;
+        bar = BULK ? c.take<uint64_t>(NST) : NULL;
         bytes = c.off;
     }
     GDN_DEV bf16 *w(int i) const { return (bf16 *)(st + i * SB + OW); }
@@ -140,7 +157,7 @@ template <int DK, int BV, int NST> struct GdnStateFwdSmemV2 {
  * columns >= dv are M, started from the identity with U = 0. Warp w holds state rows
  * [w DK/4, (w+1) DK/4).
  */
-template <int DK, int BV, int NST, bool ILP>
+template <int DK, int BV, int NST, bool ILP, bool BULK>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_fwd_v2_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const bf16 *W /* (T,nv,DK) */, const bf16 *U /* (T,nv,dv) */,
@@ -150,7 +167,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     static_assert(NST >= 2, "state_fwd_v2: two stages at least");
     extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnStateFwdSmemV2<DK, BV, NST> s(gdn_smem);
+    GdnStateFwdSmemV2<DK, BV, NST, BULK> s(gdn_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
     const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
     const bool is_M = col0 >= dv;
@@ -159,9 +176,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const int64_t ldw = (int64_t)nv * DK, ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     int lo, hi;
+    bool dlast = false;
     gdn_chunk_range(meta, mode, &lo, &hi);
-    gdn_seg_range(&lo, &hi, p, sg.nseg);
-    const float *S_in = is_M ? NULL : gdn_seg_in(sg, p, 0, nsz);
+    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
+    else gdn_seg_range(&lo, &hi, p, sg.nseg);
+    const float *S_in = is_M ? NULL : sg.cuts ? (p == 0 ? sg.in_edge : NULL) : gdn_seg_in(sg, p, 0, nsz);
 
     float S[MTS][NTS][4];
 #pragma unroll
@@ -184,6 +203,35 @@ __global__ void __launch_bounds__(GDN_THREADS)
         if (!is_M) gdn_load_rows<GDN_C, BV>(s.u(buf), LDB, U + t0 * ldu + (int64_t)h * dv + col0, ldu, ci.y);
         gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
     };
+    /* BULK: one bulk copy per tile row (threads 0-63: W and U rows, 64-127: K rows), counted on the
+     * stage's mbarrier; rows >= L zeroed by the thread that owns them */
+    auto issue_bulk = [&](int4 ci, int buf) {
+        const int64_t t0 = ci.x;
+        const int L = ci.y, r = threadIdx.x & (GDN_C - 1);
+        const bool upper = threadIdx.x >= GDN_C;
+        uint64_t *bar = s.bar + buf;
+        if (threadIdx.x == 0) gdn_mbar_expect_tx(bar, (unsigned)L * (2 * DK + (is_M ? 0 : BV)) * 2);
+        bf16 *d = (upper ? s.k(buf) : s.w(buf)) + r * LDK;
+        if (r < L)
+            gdn_bulk_load(d, upper ? k + (t0 + r) * ldq + (int64_t)kh * DK : W + (t0 + r) * ldw + (int64_t)h * DK,
+                          DK * 2, bar);
+        else gdn_zero_row<DK>(d);
+        if (!upper && !is_M) {
+            bf16 *du = s.u(buf) + r * LDB;
+            if (r < L) gdn_bulk_load(du, U + (t0 + r) * ldu + (int64_t)h * dv + col0, BV * 2, bar);
+            else gdn_zero_row<BV>(du);
+        }
+        if (r >= L) gdn_fence_async_smem();
+        gdn_load_G(s.G(buf), G2, t0, L, h, nv);
+    };
+    unsigned ph = 0; /* BULK: parity of each stage's next phase */
+    if (BULK) {
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar + i, 1);
+            gdn_mbar_init_fence();
+        }
+        __syncthreads();
+    }
     /* inf[i]: (t0, L, flags) of chunk c + i; chunk c's tiles are issued during chunk c - NST + 1 */
     const int4 none = make_int4(0, 1, 0, 0);
     int4 inf[NST];
@@ -191,7 +239,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
     for (int i = 0; i < NST; i++) inf[i] = lo + i < hi ? info[lo + i] : none;
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
-        if (lo + i < hi) issue(inf[i], i);
+        if (lo + i < hi) {
+            if (BULK) issue_bulk(inf[i], i);
+            else issue(inf[i], i);
+        }
         gdn_cp_async_commit();
     }
     int buf = 0;
@@ -199,12 +250,20 @@ __global__ void __launch_bounds__(GDN_THREADS)
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = lo; c < hi; c++) {
         const int4 infN = c + NST < hi ? info[c + NST] : none;
+        if (BULK) gdn_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read s_hi and vno */
         gdn_cp_async_wait<NST - 2>();
+        if (BULK) {
+            gdn_mbar_wait(s.bar + buf, (ph >> buf) & 1u);
+            ph ^= 1u << buf;
+        }
         __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c-1 */
         GDN_TP(0);
         {
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c-1 */
-            if (c + NST - 1 < hi) issue(inf[NST - 1], nb);
+            if (c + NST - 1 < hi) {
+                if (BULK) issue_bulk(inf[NST - 1], nb);
+                else issue(inf[NST - 1], nb);
+            }
         }
         gdn_cp_async_commit();
         GDN_TP(1);
@@ -222,9 +281,13 @@ __global__ void __launch_bounds__(GDN_THREADS)
                     if (reset) S[mi][ni][e] = S[mi][ni][e + 1] = 0.0f;
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
                     gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
-                    if (hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
+                    if (!BULK && hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
                 }
+        if (BULK && hrow) gdn_fence_async_smem();
         __syncthreads();
+        /* BULK: h = bf16(S) is s_hi; one row per thread */
+        if (BULK && hrow && threadIdx.x < DK)
+            gdn_bulk_store(hrow + (int64_t)threadIdx.x * dv, s.s_hi + threadIdx.x * LDB, BV * 2);
         GDN_TP(2);
         const float *sG = s.G(buf);
         const float gL = sG[L - 1];
@@ -251,11 +314,21 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 float2 u = make_float2(0.0f, 0.0f);
                 if (!is_M) u = gdn_load2(s.u(buf) + r * LDB + j);
                 const float x0 = u.x - acc[0][ni][e], x1 = u.y - acc[0][ni][e + 1];
-                if (vn && !is_M && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
+                if (vn && !is_M && r < L) {
+                    if (BULK) gdn_store2(s.vno + r * LDB + j, x0, x1);
+                    else gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
+                }
                 const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
                 gdn_store2(s.vn + r * LDB + j, x0 * dec, x1 * dec);
             }
+        if (BULK && vn && !is_M) gdn_fence_async_smem();
         __syncthreads();
+        if (BULK) {
+            if (vn && !is_M && (int)threadIdx.x < L)
+                gdn_bulk_store(vn + (t0 + threadIdx.x) * ldu + (int64_t)h * dv + col0, s.vno + threadIdx.x * LDB,
+                               BV * 2);
+            gdn_bulk_commit();
+        }
         GDN_TP(4);
         const float gam = exp2f(gL);
 #pragma unroll
@@ -285,9 +358,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
+    if (BULK) gdn_bulk_wait_all<0>();
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-    float *Sd = is_M ? sg.M + p * nmz : gdn_seg_out(sg, p, 0, sg.nseg - 1, nsz);
+    float *Sd = is_M ? sg.M + p * nmz : sg.cuts ? (dlast ? sg.out_edge : NULL) : gdn_seg_out(sg, p, 0, sg.nseg - 1, nsz);
     if (!Sd) return;
 #pragma unroll
     for (int mi = 0; mi < MTS; mi++)
@@ -304,12 +378,13 @@ __global__ void __launch_bounds__(GDN_THREADS)
 /* ------------------------------------------------------------------------------------------------ */
 /* state_bwd v2                                                                                       */
 
-template <int DK, int BV, int NST> struct GdnStateBwdSmemV2 {
+template <int DK, int BV, int NST, bool BULK = false> struct GdnStateBwdSmemV2 {
     static constexpr int TK = GDN_C * (DK + 8) * 2, TB = GDN_C * (BV + 8) * 2;
     static constexpr int OQ = 0, OK = TK, OW = 2 * TK, OD = 3 * TK, OL = 3 * TK + TB, OG = 3 * TK + 2 * TB,
                          SB = OG + GDN_C * 4;
     unsigned char *st;
-    bf16 *d_hi, *d_lo, *dv2n, *dos;
+    bf16 *d_hi, *d_lo, *dv2n, *dos; /* dv2n: -dv2, or BULK: +dv2 (the bulk store's source) */
+    uint64_t *bar;                  /* BULK: one mbarrier per stage */
     size_t bytes;
     __host__ __device__ explicit GdnStateBwdSmemV2(void *b) {
         GdnCarve c(b);
@@ -318,6 +393,7 @@ template <int DK, int BV, int NST> struct GdnStateBwdSmemV2 {
         d_lo = c.take<bf16>(DK * (BV + 8));
         dv2n = c.take<bf16>(GDN_C * (BV + 8));
         dos = c.take<bf16>(GDN_C * (BV + 8));
+        bar = BULK ? c.take<uint64_t>(NST) : NULL;
         bytes = c.off;
     }
     GDN_DEV bf16 *q(int i) const { return (bf16 *)(st + i * SB + OQ); }
@@ -335,7 +411,7 @@ template <int DK, int BV, int NST> struct GdnStateBwdSmemV2 {
  * gam)^T dO - W^T dv2, and cut to 0 when the chunk starts a document. Columns >= dv (sg.M) carry
  * M^T from the identity with dO = dv_loc = 0 (nothing stored per chunk).
  */
-template <int DK, int BV, int NST, bool ILP>
+template <int DK, int BV, int NST, bool ILP, bool BULK>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_bwd_v2_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */, const bf16 *W /* (T,nv,DK) */,
@@ -345,7 +421,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     static_assert(NST >= 2, "state_bwd_v2: two stages at least");
     extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnStateBwdSmemV2<DK, BV, NST> s(gdn_smem);
+    GdnStateBwdSmemV2<DK, BV, NST, BULK> s(gdn_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
     const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
     const bool is_M = col0 >= dv;
@@ -354,10 +430,12 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const int64_t ldw = (int64_t)nv * DK, ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     int lo, hi;
+    bool dlast = false;
     gdn_chunk_range(meta, mode, &lo, &hi);
-    gdn_seg_range(&lo, &hi, p, sg.nseg);
+    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
+    else gdn_seg_range(&lo, &hi, p, sg.nseg);
     const int first = sg.nseg - 1;
-    const float *D_in = is_M ? NULL : gdn_seg_in(sg, p, first, nsz);
+    const float *D_in = is_M ? NULL : sg.cuts ? (dlast ? sg.in_edge : NULL) : gdn_seg_in(sg, p, first, nsz);
 
     float D[MTS][NTS][4];
 #pragma unroll
@@ -385,6 +463,41 @@ __global__ void __launch_bounds__(GDN_THREADS)
         }
         gdn_load_G(s.G(buf), G2, t0, L, h, nv);
     };
+    /* BULK: one bulk copy per tile row (threads 0-63: W, Q, dO rows, 64-127: K, dv_loc rows), counted
+     * on the stage's mbarrier; rows >= L zeroed by the thread that owns them */
+    auto issue_bulk = [&](int4 ci, int buf) {
+        const int64_t t0 = ci.x;
+        const int L = ci.y, r = threadIdx.x & (GDN_C - 1);
+        const bool upper = threadIdx.x >= GDN_C, ok = r < L;
+        uint64_t *bar = s.bar + buf;
+        if (threadIdx.x == 0) gdn_mbar_expect_tx(bar, (unsigned)L * (2 * DK + (is_M ? 0 : DK + 2 * BV)) * 2);
+        const int64_t t = t0 + r;
+        bf16 *d = (upper ? s.k(buf) : s.w(buf)) + r * LDK;
+        if (ok) gdn_bulk_load(d, upper ? k + t * ldq + (int64_t)kh * DK : W + t * ldw + (int64_t)h * DK, DK * 2, bar);
+        else gdn_zero_row<DK>(d);
+        if (!is_M) {
+            if (!upper) {
+                bf16 *dq_ = s.q(buf) + r * LDK;
+                if (ok) gdn_bulk_load(dq_, q + t * ldq + (int64_t)kh * DK, DK * 2, bar);
+                else gdn_zero_row<DK>(dq_);
+            }
+            bf16 *db = (upper ? s.dl(buf) : s.dO(buf)) + r * LDB;
+            if (ok)
+                gdn_bulk_load(db, upper ? dvl + t * ldx + (int64_t)h * dv + col0 : dout + t * ldo + (int64_t)h * dv + col0,
+                              BV * 2, bar);
+            else gdn_zero_row<BV>(db);
+        }
+        if (!ok) gdn_fence_async_smem();
+        gdn_load_G(s.G(buf), G2, t0, L, h, nv);
+    };
+    unsigned ph = 0; /* BULK: parity of each stage's next phase */
+    if (BULK) {
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar + i, 1);
+            gdn_mbar_init_fence();
+        }
+        __syncthreads();
+    }
     /* inf[i]: (t0, L, flags) of chunk c - i; chunk c's tiles are issued during chunk c + NST - 1 */
     const int4 none = make_int4(0, 1, 0, 0);
     int4 inf[NST];
@@ -392,7 +505,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
     for (int i = 0; i < NST; i++) inf[i] = hi - 1 - i >= lo ? info[hi - 1 - i] : none;
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
-        if (hi - 1 - i >= lo) issue(inf[i], i);
+        if (hi - 1 - i >= lo) {
+            if (BULK) issue_bulk(inf[i], i);
+            else issue(inf[i], i);
+        }
         gdn_cp_async_commit();
     }
     int buf = 0;
@@ -400,12 +516,20 @@ __global__ void __launch_bounds__(GDN_THREADS)
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = hi - 1; c >= lo; c--) {
         const int4 infN = c - NST >= lo ? info[c - NST] : none;
+        if (BULK) gdn_bulk_wait_read<0>(); /* chunk c+1's dh and dv2 stores have read d_hi and dv2n */
         gdn_cp_async_wait<NST - 2>();
+        if (BULK) {
+            gdn_mbar_wait(s.bar + buf, (ph >> buf) & 1u);
+            ph ^= 1u << buf;
+        }
         __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c+1 */
         GDN_TP(0);
         {
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1;
-            if (c - (NST - 1) >= lo) issue(inf[NST - 1], nb);
+            if (c - (NST - 1) >= lo) {
+                if (BULK) issue_bulk(inf[NST - 1], nb);
+                else issue(inf[NST - 1], nb);
+            }
         }
         gdn_cp_async_commit();
         GDN_TP(1);
@@ -425,7 +549,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 for (int e = 0; e < 4; e += 2) {
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
                     gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
-                    if (drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
+                    if (!BULK && drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
                 }
         const float *sG = s.G(buf);
         if (!is_M) /* dos = scale gam_r dO_r */
@@ -435,7 +559,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 const float2 d = gdn_load2(s.dO(buf) + r * LDB + j);
                 gdn_store2(s.dos + r * LDB + j, f * d.x, f * d.y);
             }
+        if (BULK && drow) gdn_fence_async_smem();
         __syncthreads();
+        /* BULK: dh = bf16(D) is d_hi; one row per thread */
+        if (BULK && drow && threadIdx.x < DK)
+            gdn_bulk_store(drow + (int64_t)threadIdx.x * dv, s.d_hi + threadIdx.x * LDB, BV * 2);
         GDN_TP(2);
         const float gL = sG[L - 1];
         float acc[1][NTS][4];
@@ -463,11 +591,18 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 if (!is_M) l = gdn_load2(s.dl(buf) + r * LDB + j);
                 const __nv_bfloat162 x =
                     __floats2bfloat162_rn(l.x + dec * acc[0][ni][e], l.y + dec * acc[0][ni][e + 1]);
-                if (dv2 && !is_M && r < L)
+                if (!BULK && dv2 && !is_M && r < L)
                     *(__nv_bfloat162 *)(dv2 + (t0 + r) * ldx + (int64_t)h * dv + col0 + j) = x;
-                *(__nv_bfloat162 *)(s.dv2n + r * LDB + j) = __hneg2(x);
+                *(__nv_bfloat162 *)(s.dv2n + r * LDB + j) = BULK ? x : __hneg2(x);
             }
+        if (BULK && dv2 && !is_M) gdn_fence_async_smem();
         __syncthreads();
+        if (BULK) {
+            if (dv2 && !is_M && (int)threadIdx.x < L)
+                gdn_bulk_store(dv2 + (t0 + threadIdx.x) * ldx + (int64_t)h * dv + col0, s.dv2n + threadIdx.x * LDB,
+                               BV * 2);
+            gdn_bulk_commit();
+        }
         GDN_TP(4);
         const float gam = exp2f(gL);
 #pragma unroll
@@ -476,7 +611,18 @@ __global__ void __launch_bounds__(GDN_THREADS)
             for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) D[mi][ni][e] *= gam;
-        if (ILP && !is_M) { /* the two products on two chains */
+        if (BULK) { /* dv2n holds +dv2: D = gam D + scale (Q gam)^T dO - W^T dv2, two chains */
+            float t2[MTS][NTS][4];
+            gdn_zero(t2);
+            gdn_warp_mma<MTS, NTS, true, false, GDN_C>(t2, s.w(buf), LDK, s.dv2n, LDB, srow0, 0);
+            if (!is_M) gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, s.q(buf), LDK, s.dos, LDB, srow0, 0);
+#pragma unroll
+            for (int mi = 0; mi < MTS; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) D[mi][ni][e] -= t2[mi][ni][e];
+        } else if (ILP && !is_M) { /* the two products on two chains */
             float t2[MTS][NTS][4];
             gdn_zero(t2);
             gdn_warp_mma<MTS, NTS, true, false, GDN_C>(t2, s.w(buf), LDK, s.dv2n, LDB, srow0, 0);
@@ -505,9 +651,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
+    if (BULK) gdn_bulk_wait_all<0>();
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-    float *Dd = is_M ? sg.M + p * nmz : gdn_seg_out(sg, p, first, 0, nsz);
+    float *Dd = is_M ? sg.M + p * nmz : sg.cuts ? (p == 0 ? sg.out_edge : NULL) : gdn_seg_out(sg, p, first, 0, nsz);
     if (!Dd) return;
 #pragma unroll
     for (int mi = 0; mi < MTS; mi++)

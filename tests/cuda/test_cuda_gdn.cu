@@ -322,8 +322,8 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d]", c->split, c->nst, c->bv, c->overlap,
-                 c->ilp, c->wy);
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d]", c->split, c->nst, c->bv,
+                 c->overlap, c->ilp, c->wy, c->bulk, c->dseg);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -500,10 +500,13 @@ TEST(cuda_gdn_mma_layouts) {
  * side under, against one oracle run: the built-in default, v1, and v2 with one segment and with
  * 3, 5 and 8 segments (more segments than chunks in the short cases: empty segments), 2 and 3
  * pipeline stages, 16 and 32 state columns per block, the backward's two passes overlapped or not,
- * and with the shorter MMA chains (ilp) and the two-blocks-per-SM wy_bwd (wy). */
+ * and with the shorter MMA chains (ilp) and the two-blocks-per-SM wy_bwd (wy); bulk copies in the
+ * state passes (the default; 0 = automatic) and not (2); document segments (dseg) automatic, 1, 3, 5. */
 static const CudaGdnTune gdn_cfgs[] = {
-    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 2, 16, 2, 0, 0, 0}, {1, 3, 3, 32, 1, 0, 0, 0},
-    {1, 5, 2, 32, 2, 0, 0, 0}, {1, 8, 3, 16, 1, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 1}, {1, 3, 3, 32, 1, 0, 1, 1},
+    {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
+    {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
+    {1, 0, 0, 0, 0, 0, 1, 1},          {1, 3, 3, 32, 1, 0, 1, 1},         {1, 0, 0, 0, 0, 0, 1, 1, 2, 1},
+    {1, 0, 3, 32, 0, 0, 1, 1, 1, 5},   {1, 0, 2, 16, 0, 0, 2, 1, 2, 3},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -614,6 +617,12 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&v2c);
     gdn_determinism(&v2d);
     gdn_determinism(&wy2, &wy3); /* wy_bwd v3 is v2 with less shared memory: the same bits */
+    /* document segments cut only at document starts: the same bits for every count; bulk copies move
+     * the same values (dv2's sign taken after the product instead of before: exact) */
+    static const CudaGdnTune ds1 = {1, 0, 0, 0, 0, 0, 1, 1, 1, 1}, ds7 = {1, 0, 0, 0, 0, 0, 1, 1, 1, 7},
+                             nb1 = {1, 0, 0, 0, 0, 0, 1, 1, 2, 1};
+    gdn_determinism(&ds1, &ds7);
+    gdn_determinism(&ds1, &nb1);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -622,7 +631,8 @@ TEST(cuda_gdn_v2_segments) {
     static const CudaGdnTune cfgs[] = {
         {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 3, 32, 1, 0, 0, 0}, {1, 3, 2, 16, 2, 0, 0, 0}, {1, 4, 3, 32, 1, 0, 0, 0},
         {1, 7, 2, 32, 1, 0, 0, 0}, {1, 13, 3, 16, 2, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 4, 2, 16, 2, 0, 1, 1},
-        {1, 0, 0, 0, 0, 0, 1, 1},
+        {1, 0, 0, 0, 0, 0, 1, 1},          {1, 0, 2, 16, 0, 0, 1, 1, 1, 4},   {1, 0, 3, 32, 0, 0, 1, 1, 2, 13},
+        {1, 0, 2, 32, 0, 0, 1, 1, 1, 64},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -843,7 +853,10 @@ TEST(cuda_gdn_state_affine) {
  * Prints one timing of the forward and the backward per set, for information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
-    static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 1}};
+    static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
+                                       {2, 0, 0, 0, 0, 0, 0, 0},
+                                       {1, 0, 0, 0, 0, 0, 1, 1, 2, 1},
+                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -970,8 +983,8 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
     char cn[96];
     printf("bench T=%lld H=%d docs=%d: fastest%s %.3f ms\n", (long long)T, nh, ndocs,
            gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
-    for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: v1, the default, the fastest (+ cycles) */
-        CudaGdnTune c = pass == 0 ? CudaGdnTune{2, 0, 0, 0, 0, 0, 0, 0} : pass == 1 ? CudaGdnTune{} : cfgs[bi];
+    for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: the first set, the default, the fastest (+ cycles) */
+        CudaGdnTune c = pass == 0 ? cfgs[0] : pass == 1 ? CudaGdnTune{} : cfgs[bi];
         c.prof = pass == 2 ? 2 : 1;
         cuda_gdn_tune_set(&c);
         printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
@@ -998,6 +1011,24 @@ TEST(cuda_gdn_bench) {
         {1, 0, 0, 0, 1, 0, 1, 1},
     };
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
+    if (atoi(getenv("RS_GDN_BENCH")) == 3) {
+        /* GDN v3 sweep: v2 as merged (cp.async state passes, one segment), bulk copies, the default,
+         * bulk copies with 2 / 4 / 8 document segments, 32 / 16 columns, 3 stages */
+        static const CudaGdnTune v3[] = {
+            {1, 0, 0, 0, 0, 0, 1, 1, 2, 1},  {1, 0, 0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0},
+            {1, 0, 0, 0, 0, 0, 1, 1, 1, 2},  {1, 0, 0, 0, 0, 0, 1, 1, 1, 4}, {1, 0, 0, 0, 0, 0, 1, 1, 1, 8},
+            {1, 0, 0, 32, 0, 0, 1, 1, 1, 1}, {1, 0, 0, 32, 0, 0, 1, 1, 1, 4}, {1, 0, 0, 16, 0, 0, 1, 1, 1, 1},
+            {1, 0, 3, 0, 0, 0, 1, 1, 1, 1},
+        };
+        const int n3 = (int)(sizeof v3 / sizeof v3[0]);
+        gdn_bench_shape(32768, 16, 0, v3, n3, 5);
+        gdn_bench_shape(32768, 16, 2048, v3, n3, 5);
+        gdn_bench_shape(32768, 64, 0, v3, n3, 3);
+        gdn_bench_shape(32768, 64, 2048, v3, n3, 3);
+        gdn_bench_shape(131072, 16, 2048, v3, n3, 3);
+        gdn_bench_shape(131072, 64, 2048, v3, 5, 1);
+        return;
+    }
     gdn_bench_shape(32768, 16, 0, few, wide ? nf : 5, 5);
     gdn_bench_shape(32768, 16, 1000, few, 5, 5);
     gdn_bench_shape(32768, 64, 0, few, 5, 3);
