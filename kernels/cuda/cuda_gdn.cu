@@ -220,8 +220,13 @@ GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
         for (int e = tid; e < n; e += GDN_THREADS) {
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *arow = sA + (16 * bi + r) * GDN_LDF;
-            float x = 0.0f;
-            for (int k = 16 * bj; k < 16 * bi; k++) x = fmaf(arow[k], sT[k * GDN_LDF + 16 * bj + cc], x);
+            float x = 0.0f; /* k = 16 bj .. 16 bi - 1 in order, 16 at a time (the loads of a block issued together) */
+#pragma unroll 1
+            for (int kb = bj; kb < bi; kb++) {
+                const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
+#pragma unroll
+                for (int m = 0; m < 16; m++) x = fmaf(ak[m], tk[m * GDN_LDF], x);
+            }
             sX[(e >> 8) * 272 + r * 17 + cc] = x;
         }
         __syncthreads();
@@ -1496,8 +1501,9 @@ __global__ void __launch_bounds__(256)
 #define GDN_OVERLAP_DEFAULT 0 /* v2 backward: forward recompute beside the reverse pass */
 #define GDN_ILP_DEFAULT 1     /* v2 state passes: two MMA chains per product */
 #define GDN_WY3_DEFAULT 1     /* v2 backward: wy_bwd v3 (two blocks per SM) */
-#define GDN_BULK_DEFAULT 1    /* v2 state passes: bulk copies (cp.async.bulk) in and out */
+#define GDN_BULK_DEFAULT 0    /* v2 state passes: bulk copies in and out (measured slower: GDN v3) */
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
+#define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
 
 static CudaGdnTune gdn_tune_user, gdn_tune_env;
@@ -1521,6 +1527,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.wy = gdn_env_int("RS_GDN_WY");
         gdn_tune_env.bulk = gdn_env_int("RS_GDN_BULK");
         gdn_tune_env.dseg = gdn_env_int("RS_GDN_DSEG");
+        gdn_tune_env.dqs = gdn_env_int("RS_GDN_DQS");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1603,7 +1610,7 @@ typedef struct GdnBufs {
     bf16 *vn;                     /* (T,nv,dv) */
     bf16 *hs, *dhs;               /* (ns,nv,dk,dv) */
     bf16 *dv2;                    /* (T,nv,dv) */
-    float *dqv, *dkv, *dgp;       /* (T,nv,dk), (T,nv,dk), (T,nv) */
+    float *dqv, *dkv, *dgp;       /* (T,nv,dk), (T,nv,dk), (2,T,nv) */
     float *segE, *segH, *segM;    /* v2 segmented passes: (nseg,nv,dk,dv) x 2, (nseg,nv,dk,dk) */
     float *segE2, *segH2, *segM2; /* the same for the backward's reverse pass (it may overlap the forward's) */
 } GdnBufs;
@@ -1632,7 +1639,7 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
         b->dv2 = c.take<bf16>(tv * dv);
         b->dqv = c.take<float>(tv * dk);
         b->dkv = c.take<float>(tv * dk);
-        b->dgp = c.take<float>(tv);
+        b->dgp = c.take<float>(2 * tv); /* two partials for the split dqkwg */
     }
     if (nseg > 1) {
         const size_t nsz = (size_t)nseg * nv * dk * dv, nmz = (size_t)nseg * nv * dk * dk;
@@ -1870,6 +1877,7 @@ typedef struct GdnPlan {
     int v2, nst, bv, nseg_f, nseg_b, overlap, prof, ilp, wy3;
     int bulk; /* state passes: bulk copies (implies ilp) */
     int dseg; /* forward / backward state passes: document segments (> 1: on, replaces nseg) */
+    int dqs;  /* backward: dqkwg split over the halves of DK (two blocks per SM) */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
 } GdnPlan;
 
@@ -1950,6 +1958,7 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.wy3 = t.wy == 1 ? 1 : t.wy == 2 ? 0 : GDN_WY3_DEFAULT;
     pl.bulk = t.bulk == 1 ? 1 : t.bulk == 2 ? 0 : GDN_BULK_DEFAULT;
     if (pl.bulk) pl.ilp = 1;
+    pl.dqs = t.dqs == 1 ? 1 : t.dqs == 2 ? 0 : GDN_DQS_DEFAULT;
     const int64_t nc = (T + GDN_C - 1) / GDN_C;
     if (t.split > 0) pl.nseg_f = pl.nseg_b = t.split < 64 ? t.split : 64;
     else gdn_v2_plan_nseg<DK>(&pl, nc, nv, dv);
@@ -2143,7 +2152,17 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
                      dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         gdn_prof_mark("state_bwd");
     }
-    {
+    const float *dgp2 = pl.dqs ? b.dgp + (size_t)T * nv : NULL;
+    if (pl.dqs) {
+        const size_t sm = GdnDqkwgSmemV2<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_dqkwg_v2_kernel<DK, DV>, sm, "dqkwg_v2");
+        CUDA_CHECK(cudaFuncSetAttribute(gdn_dqkwg_v2_kernel<DK, DV>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        100));
+        gdn_dqkwg_v2_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
+            b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
+        CUDA_LAUNCH_CHECK();
+    } else {
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
         gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
@@ -2156,15 +2175,15 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         const size_t sm = GdnWySmemV3<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v3_kernel<DK, DV>, sm, "wy_bwd_v3");
         gdn_wy_bwd_v3_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
-            nk, nv, ldq, ldv);
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
+            b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     } else {
         const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v2_kernel<DK, DV>, sm, "wy_bwd_v2");
         gdn_wy_bwd_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
-            nk, nv, ldq, ldv);
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
+            b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     }
     gdn_prof_mark("wy_bwd");
@@ -2176,8 +2195,8 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         gdn_prof_mark("group_reduce");
     }
     if (pl.prof)
-        printf("gdn v2 plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d, bulk %d\n",
-               pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3, pl.bulk);
+        printf("gdn v2 plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d, bulk %d, dqs %d\n",
+               pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3, pl.bulk, pl.dqs);
     gdn_prof_end("backward v2", T, nv);
     gdn_tp_print(pl, 1, T);
 }

@@ -3,7 +3,7 @@
  * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
- * RS_GDN_BULK, RS_GDN_DSEG); a call of
+ * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -29,6 +29,8 @@ typedef struct CudaGdnTune {
                     row, mbarriers) instead of cp.async and register stores (1 = on, 2 = off, 0 = automatic) */
     int dseg;    /* v2 forward / backward state passes: document segments side by side (1 = none, n > 1: n
                     segments cut at document starts, 0 = automatic); exact: the same bits for every n */
+    int dqs;     /* v2 backward: dqkwg split over the two halves of dk, two blocks per SM (1 = on, 2 = off,
+                    0 = automatic) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

@@ -322,8 +322,8 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d]", c->split, c->nst, c->bv,
-                 c->overlap, c->ilp, c->wy, c->bulk, c->dseg);
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d]", c->split, c->nst,
+                 c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -501,11 +501,12 @@ TEST(cuda_gdn_mma_layouts) {
  * 3, 5 and 8 segments (more segments than chunks in the short cases: empty segments), 2 and 3
  * pipeline stages, 16 and 32 state columns per block, the backward's two passes overlapped or not,
  * and with the shorter MMA chains (ilp) and the two-blocks-per-SM wy_bwd (wy); bulk copies in the
- * state passes (the default; 0 = automatic) and not (2); document segments (dseg) automatic, 1, 3, 5. */
+ * state passes (1) and not (2, the default); document segments (dseg) automatic, 1, 3, 5; dqkwg split
+ * over dk halves (dqs, the default) and not (2). */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
-    {1, 0, 0, 0, 0, 0, 1, 1},          {1, 3, 3, 32, 1, 0, 1, 1},         {1, 0, 0, 0, 0, 0, 1, 1, 2, 1},
+    {1, 0, 0, 0, 0, 0, 1, 1},          {1, 3, 3, 32, 1, 0, 1, 1},         {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
     {1, 0, 3, 32, 0, 0, 1, 1, 1, 5},   {1, 0, 2, 16, 0, 0, 2, 1, 2, 3},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
@@ -855,7 +856,7 @@ TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
                                        {2, 0, 0, 0, 0, 0, 0, 0},
-                                       {1, 0, 0, 0, 0, 0, 1, 1, 2, 1},
+                                       {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
                                        {1, 0, 0, 32, 0, 0, 1, 1, 1, 4}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
@@ -1012,13 +1013,14 @@ TEST(cuda_gdn_bench) {
     };
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
     if (atoi(getenv("RS_GDN_BENCH")) == 3) {
-        /* GDN v3 sweep: v2 as merged (cp.async state passes, one segment), bulk copies, the default,
-         * bulk copies with 2 / 4 / 8 document segments, 32 / 16 columns, 3 stages */
+        /* GDN v3 sweep: v2 as merged (cp.async state passes, one segment, dqkwg whole), the default,
+         * 2 / 4 / 8 document segments, 32 columns with 1 / 4 / 8, 16 columns with 4, bulk copies, the
+         * split dqkwg alone */
         static const CudaGdnTune v3[] = {
-            {1, 0, 0, 0, 0, 0, 1, 1, 2, 1},  {1, 0, 0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0},
-            {1, 0, 0, 0, 0, 0, 1, 1, 1, 2},  {1, 0, 0, 0, 0, 0, 1, 1, 1, 4}, {1, 0, 0, 0, 0, 0, 1, 1, 1, 8},
-            {1, 0, 0, 32, 0, 0, 1, 1, 1, 1}, {1, 0, 0, 32, 0, 0, 1, 1, 1, 4}, {1, 0, 0, 16, 0, 0, 1, 1, 1, 1},
-            {1, 0, 3, 0, 0, 0, 1, 1, 1, 1},
+            {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2}, {0, 0, 0, 0, 0, 0, 0, 0},     {1, 0, 0, 0, 0, 0, 1, 1, 2, 2},
+            {1, 0, 0, 0, 0, 0, 1, 1, 2, 4},  {1, 0, 0, 0, 0, 0, 1, 1, 2, 8}, {1, 0, 0, 32, 0, 0, 1, 1, 2, 1},
+            {1, 0, 0, 32, 0, 0, 1, 1, 2, 4}, {1, 0, 0, 32, 0, 0, 1, 1, 2, 8}, {1, 0, 0, 16, 0, 0, 1, 1, 2, 4},
+            {1, 0, 0, 0, 0, 0, 1, 1, 1, 1},  {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 1},
         };
         const int n3 = (int)(sizeof v3 / sizeof v3[0]);
         gdn_bench_shape(32768, 16, 0, v3, n3, 5);
