@@ -110,11 +110,11 @@ enum { GDN_META_NC = 0, GDN_META_FIRST_RESET = 1, GDN_META_LAST_RESET = 2, GDN_M
 
 struct GdnCarve {
     unsigned char *base;
-    size_t off;
-    __host__ __device__ explicit GdnCarve(void *b) : base((unsigned char *)b), off(0) {}
+    size_t off, align; /* every piece starts at a multiple of align (a power of 2, >= 16) */
+    __host__ __device__ explicit GdnCarve(void *b, size_t a = 16) : base((unsigned char *)b), off(0), align(a) {}
     template <class X> __host__ __device__ X *take(size_t n) {
         X *r = (X *)(base + off);
-        off += (n * sizeof(X) + 15) & ~(size_t)15;
+        off += (n * sizeof(X) + align - 1) & ~(align - 1);
         return r;
     }
 };
@@ -1503,7 +1503,7 @@ __global__ void __launch_bounds__(256)
 #define GDN_WY3_DEFAULT 1     /* v2 backward: wy_bwd v3 (two blocks per SM) */
 #define GDN_BULK_DEFAULT 0    /* v2 state passes: bulk copies in and out (measured slower: GDN v3) */
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
-#define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK */
+#define GDN_DQS_DEFAULT 0     /* v2 backward: dqkwg split over the halves of DK (measured no faster: GDN v3) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
 
 static CudaGdnTune gdn_tune_user, gdn_tune_env;
@@ -1620,7 +1620,8 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
                         int nseg = 0) {
     const int64_t nb = (T + 1023) / 1024, ns = (T + GDN_C - 1) / GDN_C + 1;
     const size_t tv = (size_t)T * nv;
-    GdnCarve c(base);
+    GdnCarve c(base, 256); /* global buffers on 256-byte boundaries: whole sectors for every tile row
+                              (16-byte alignment alone made the h / vn stores of the state passes 2-3x slower) */
     *b = GdnBufs{};
     b->blk = c.take<int32_t>((size_t)3 * (nb > 0 ? nb : 1));
     b->meta = c.take<int32_t>(GDN_META_N);

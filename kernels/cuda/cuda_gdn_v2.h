@@ -23,6 +23,18 @@
  * in flight while a chunk is computed; the per-chunk (t0, L, flags) is loaded one chunk before its
  * tiles are issued.
  *
+ * Document segments (GDN v3, sg.cuts): the forward and backward passes cut the chunks at document
+ * starts into segments that run side by side (no transition columns, no fold; gdn_doc_range). The
+ * host does not know the documents (no round trip), so it launches a fixed number of segments and
+ * gdn_index_cuts_kernel places the cuts on the device; with one document all but one are empty.
+ *
+ * Bulk copies (GDN v3, switch bulk, off by default): the state passes' tiles in by cp.async.bulk, one
+ * per row, counted on an mbarrier per stage, and h / vn / dh / dv2 out by bulk stores from shared
+ * memory. Same bits as cp.async; measured 2-3x slower per chunk (the per-row bulk operations issue
+ * slowly: ~4000 cycles per chunk for 192 rows); kept as a tested switch for a tensor-map version.
+ *
+ * dqkwg v2 (GDN v3): the dq / dk / dw kernel split over the two halves of dk (two blocks per SM).
+ *
  * wy_bwd: dk's two WY terms (beta gam Tinv^T dW and C K + C^T K) stay in registers; the fp32 dk of
  * dqkwg is read once, all loads of a 64-column half issued before its use (v1 did a read-modify-write
  * of global memory per fragment, each load behind the previous store), and the reverse cumsum of dg

@@ -502,12 +502,12 @@ TEST(cuda_gdn_mma_layouts) {
  * pipeline stages, 16 and 32 state columns per block, the backward's two passes overlapped or not,
  * and with the shorter MMA chains (ilp) and the two-blocks-per-SM wy_bwd (wy); bulk copies in the
  * state passes (1) and not (2, the default); document segments (dseg) automatic, 1, 3, 5; dqkwg split
- * over dk halves (dqs, the default) and not (2). */
+ * over dk halves (dqs: 1) and not (2, the default). */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
     {1, 0, 0, 0, 0, 0, 1, 1},          {1, 3, 3, 32, 1, 0, 1, 1},         {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
-    {1, 0, 3, 32, 0, 0, 1, 1, 1, 5},   {1, 0, 2, 16, 0, 0, 2, 1, 2, 3},
+    {1, 0, 3, 32, 0, 0, 1, 1, 1, 5, 1}, {1, 0, 2, 16, 0, 0, 2, 1, 2, 3, 1},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -857,7 +857,7 @@ TEST(cuda_gdn_long) {
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
                                        {2, 0, 0, 0, 0, 0, 0, 0},
                                        {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
-                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4}};
+                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -1014,21 +1014,18 @@ TEST(cuda_gdn_bench) {
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
     if (atoi(getenv("RS_GDN_BENCH")) == 3) {
         /* GDN v3 sweep: v2 as merged (cp.async state passes, one segment, dqkwg whole), the default,
-         * 2 / 4 / 8 document segments, 32 columns with 1 / 4 / 8, 16 columns with 4, bulk copies, the
-         * split dqkwg alone */
+         * the split dqkwg, 32 columns with 4 / 8 document segments, 2 document segments, bulk copies */
         static const CudaGdnTune v3[] = {
-            {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2}, {0, 0, 0, 0, 0, 0, 0, 0},     {1, 0, 0, 0, 0, 0, 1, 1, 2, 2},
-            {1, 0, 0, 0, 0, 0, 1, 1, 2, 4},  {1, 0, 0, 0, 0, 0, 1, 1, 2, 8}, {1, 0, 0, 32, 0, 0, 1, 1, 2, 1},
-            {1, 0, 0, 32, 0, 0, 1, 1, 2, 4}, {1, 0, 0, 32, 0, 0, 1, 1, 2, 8}, {1, 0, 0, 16, 0, 0, 1, 1, 2, 4},
-            {1, 0, 0, 0, 0, 0, 1, 1, 1, 1},  {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 1},
+            {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2}, {0, 0, 0, 0, 0, 0, 0, 0},          {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 1},
+            {1, 0, 0, 32, 0, 0, 1, 1, 2, 4, 2}, {1, 0, 0, 32, 0, 0, 1, 1, 2, 8, 2}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2},
+            {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2},
         };
         const int n3 = (int)(sizeof v3 / sizeof v3[0]);
         gdn_bench_shape(32768, 16, 0, v3, n3, 5);
         gdn_bench_shape(32768, 16, 2048, v3, n3, 5);
         gdn_bench_shape(32768, 64, 0, v3, n3, 3);
         gdn_bench_shape(32768, 64, 2048, v3, n3, 3);
-        gdn_bench_shape(131072, 16, 2048, v3, n3, 3);
-        gdn_bench_shape(131072, 64, 2048, v3, 5, 1);
+        gdn_bench_shape(131072, 16, 2048, v3, 5, 3);
         return;
     }
     gdn_bench_shape(32768, 16, 0, few, wide ? nf : 5, 5);
