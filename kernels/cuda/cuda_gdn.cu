@@ -65,6 +65,11 @@
  * automatic only for few heads: at 16 and 64 heads every split measured slower) with an NST-stage
  * pipeline and two MMA chains per product, wy_bwd with dk in registers in 110 KB (2 blocks per SM,
  * bitwise equal to the 157 KB form), dv_loc kept in dqv's space; output, dv_local, dqkwg are v1's.
+ * GDN v3 (docs/benchmarks.md "GDN v3") adds, as switches of v2: document segments (dseg: the forward
+ * and backward state passes cut at document starts on the device and run side by side, exact;
+ * automatic: about 2 blocks per SM, so 2 at 16 heads, 1 at 64), dqkwg split over the two halves of dk
+ * (dqs, default on: 112 KB, 2 blocks per SM), bulk copies in the state passes (bulk, default off:
+ * measured 2-3x slower), workspace buffers on 256-byte boundaries.
  *
  * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
  * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
@@ -72,8 +77,19 @@
  * output 0.35; backward 5.17 = prep 0.54 + state_fwd 0.94 + dvlocal 0.24 + state_bwd 1.37 +
  * dqkwg 1.14 + wy_bwd 0.93. FLA on an H200: 1.43 / 5.32 ms fwd / fwd+bwd (research/gdn_cp.md §7).
  * A state-pass chunk step is ~3400 cycles (forward) and ~4800 (reverse) for one block per SM, and
- * the largest part is issuing the next chunk's cp.async copies (~1200 / 1700 cycles): the next step
- * is TMA bulk copies issued by one thread.
+ * the largest part is issuing the next chunk's cp.async copies (~1200 / 1700 cycles).
+ * GDN v3, same H100 call as FLA (32k, 16 heads): v2 with the aligned workspace fwd 1.87 = prep 0.52 +
+ * state_fwd 0.95 + output 0.35; backward 5.21 = prep 0.52 + state_fwd 0.94 + dvlocal 0.23 + state_bwd
+ * 1.39 + dqkwg 1.13 + wy_bwd 0.95; the split dqkwg 0.87 (backward 4.90, fwd+bwd 6.86 ms against FLA's
+ * 5.65 in the same call: 0.82). At 64 heads: fwd 5.73 = prep 2.00 + state_fwd 2.35 + output 1.36,
+ * backward 17.6 = prep 2.00 + state_fwd 2.35 + dvlocal 0.90 + state_bwd 4.20 + dqkwg 4.45 (split 3.52)
+ * + wy_bwd 3.69; fwd+bwd 22.5 against FLA's 16.5 (0.74). Predicted: one bulk copy per tile row would
+ * cut the 1200-cycle issue of the state passes to ~200; measured ~4000 and fwd+bwd 7.14 -> 12.23 ms
+ * (the copy engine takes the 192 row copies and 192 row stores of a chunk one by one), so a tensor-map
+ * copy (one per tile, swizzled shared layout) is the open route. Document segments: predicted up to the document count on
+ * many-document calls; measured 0.98 -> 0.77 ms (2 segments) and 0.64 (8 segments, 32 columns) for the
+ * forward pass at 32k / 16 heads / 16 documents, because the pass is bound by each SM's issue and L2
+ * traffic (every column block reloads the head's W and K), not by the chain of chunks.
  *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
@@ -1503,7 +1519,7 @@ __global__ void __launch_bounds__(256)
 #define GDN_WY3_DEFAULT 1     /* v2 backward: wy_bwd v3 (two blocks per SM) */
 #define GDN_BULK_DEFAULT 0    /* v2 state passes: bulk copies in and out (measured slower: GDN v3) */
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
-#define GDN_DQS_DEFAULT 0     /* v2 backward: dqkwg split over the halves of DK (measured no faster: GDN v3) */
+#define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
 
 static CudaGdnTune gdn_tune_user, gdn_tune_env;
