@@ -7,14 +7,16 @@ What is configured, exactly:
   - Qwen3NextConfig(num_experts=0, mlp_only_layers=[0..L-1], layer_types from the request,
     rope_parameters={rope_type: default, rope_theta, partial_rotary_factor}, attention_bias=False,
     attn_implementation="sdpa"): every layer's MLP is Qwen3NextMLP (checked), no router, no MoE.
-  - FLA: transformers enables its fast path only when the `fla` package has install metadata (or,
-    in newer versions, when hub_kernels can load "fla"); a snapshot folder on PYTHONPATH has
-    neither, so before the model file is imported this script makes the availability check answer
-    True and hands the fla module to hub_kernels' module table. FLA's chunk_gated_delta_rule is
-    wrapped in a call counter, and after the first step the script stops unless it ran once per
-    linear-attention layer (no silent torch fallback); the note names the gated norm used. causal-conv1d is
-    not installed there: the short convolution is torch's F.conv1d (transformers' own fallback).
-    FLA's #640 guard (Triton < 3.7.1 on Hopper) is lifted for timing, as in gdn_fla.py.
+  - FLA: transformers enables its fast path only when the `fla` package has install metadata (4.x)
+    or when its hub-kernel loader finds one (5.x); a snapshot folder on PYTHONPATH has neither, and
+    5.x binds its kernels to the torch fallbacks. So after the model is built this script sets, on
+    every linear-attention layer, FLA's chunk_gated_delta_rule (behind an adapter that maps
+    transformers' argument names onto FLA's and counts the calls) and fused_recurrent_gated_delta_rule
+    as instance attributes, and replaces a torch gated norm by FLA's FusedRMSNormGated (same weight).
+    After the first step the script stops unless FLA's chunk rule ran once per linear-attention
+    layer (no silent torch fallback); the notes say how transformers called it and which norm ran.
+    causal-conv1d is not installed there: the short convolution is torch's F.conv1d (transformers'
+    own fallback). FLA's #640 guard (Triton < 3.7.1 on Hopper) is lifted for timing, as in gdn_fla.py.
   - Precision as ringscan trains: fp32 parameters, AdamW (torch, fused) state in fp32, forward and
     backward under torch.autocast(bfloat16).
   - Loss: the last hidden state through FLA's FusedLinearCrossEntropyLoss with lm_head's weight
@@ -37,47 +39,81 @@ import torch
 
 import peer_common as pc
 
+QKV_NAMES = {"query": "q", "key": "k", "value": "v"}  # transformers' names -> FLA's
+
 
 def load_model_file(notes):
-    """Imports FLA and transformers' qwen3_next so that the model calls FLA's kernels; returns
-    (modeling module, FusedLinearCrossEntropyLoss, call counter of FLA's chunk_gated_delta_rule)."""
+    """Imports FLA and transformers' qwen3_next so that the model can be built with FLA's kernels;
+    returns (modeling module, the fla handles, call counter of FLA's chunk_gated_delta_rule)."""
     try:
-        import fla
         import fla.ops.common.chunk_o as chunk_o
-        import fla.ops.gated_delta_rule as fla_gdn
-        import fla.ops.gated_delta_rule.chunk as fla_gdn_chunk
-        from fla.modules import FusedLinearCrossEntropyLoss
+        from fla.modules import FusedLinearCrossEntropyLoss, FusedRMSNormGated
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError as e:
         pc.usage_exit(f"flash-linear-attention is not importable ({e}); put a snapshot's fla folder on PYTHONPATH")
     if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
         chunk_o.TRITON_ABOVE_3_7_1 = True
         notes.append("FLA's guard against Triton < 3.7.1 on Hopper (issue #640: wrong gated dqkwg gradients) "
                      "lifted in memory for timing only")
-    # count the calls of FLA's chunk_gated_delta_rule, whichever way transformers binds it
     calls = [0]
-    orig = fla_gdn.chunk_gated_delta_rule
+    seen = []
 
-    def counted(*args, **kw):
+    def fla_chunk(*args, **kw):
+        """transformers' call of its chunk rule, in either naming (query/key/value or q/k/v), onto FLA's"""
+        if not seen:
+            seen.append(f"{len(args)} positional + keywords {sorted(kw)}")
+        kw = {QKV_NAMES.get(k, k): x for k, x in kw.items()}
+        kw.pop("chunk_size", None)  # the torch fallback's argument; FLA's chunk is fixed at 64
         calls[0] += 1
-        return orig(*args, **kw)
+        return chunk_gated_delta_rule(*args, **kw)
 
-    fla_gdn.chunk_gated_delta_rule = fla_gdn_chunk.chunk_gated_delta_rule = counted
-    # transformers' availability checks need install metadata, which a snapshot folder lacks
+    # transformers' availability checks need install metadata, which a snapshot folder lacks: the model
+    # file then imports FLA's names itself (4.x) or, in 5.x, binds its hub kernels to the torch fallbacks;
+    # either way bind_fla below sets FLA's functions on every GatedDeltaNet after construction
     import transformers.utils.import_utils as iu
     iu.is_flash_linear_attention_available = lambda: True
-    try:  # newer transformers resolve "fla" through hub_kernels.lazy_load_kernel: hand it the module
-        import transformers.integrations.hub_kernels as hk
-        for name in ("fla", "flash-linear-attention", "flash_linear_attention"):
-            hk._KERNEL_MODULE_MAPPING[name] = fla
-    except (ImportError, AttributeError):
-        pass
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
-    if getattr(mq, "chunk_gated_delta_rule", counted) is None:  # older layout: module-level names
-        from fla.modules import FusedRMSNormGated
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-        mq.chunk_gated_delta_rule, mq.fused_recurrent_gated_delta_rule = counted, fused_recurrent_gated_delta_rule
-        mq.FusedRMSNormGated = FusedRMSNormGated
-    return mq, FusedLinearCrossEntropyLoss, calls
+    fla_api = {"chunk": fla_chunk, "recurrent": fused_recurrent_gated_delta_rule, "norm": FusedRMSNormGated,
+               "flce": FusedLinearCrossEntropyLoss, "seen": seen}
+    return mq, fla_api, calls
+
+
+def set_function(module, name, fn):
+    """module.name = fn as a plain instance attribute, also where the class bound a kernel module there"""
+    module._modules.pop(name, None)
+    object.__setattr__(module, name, fn)
+
+
+def bind_fla(model, fla_api, notes):
+    """Sets FLA's chunk and fused-recurrent rules and its gated RMSNorm on every linear-attention layer
+    (instance attributes override whatever the class bound); returns the number of layers bound."""
+    n = 0
+    norm_kinds = set()
+    for layer in model.model.layers:
+        la = getattr(layer, "linear_attn", None)
+        if la is None:
+            continue
+        if not hasattr(la, "chunk_gated_delta_rule"):
+            pc.usage_exit(f"{type(la).__name__} has no chunk_gated_delta_rule attribute; this transformers "
+                          "calls its rule some other way (see its modeling_qwen3_next.py)")
+        set_function(la, "chunk_gated_delta_rule", fla_api["chunk"])
+        for name in ("recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+            if hasattr(la, name):
+                set_function(la, name, fla_api["recurrent"])
+        if not isinstance(la.norm, fla_api["norm"]):
+            old = la.norm
+            new = fla_api["norm"](old.weight.numel(), eps=getattr(old, "variance_epsilon", getattr(old, "eps", 1e-6)),
+                                  activation="silu", device=old.weight.device, dtype=old.weight.dtype)
+            with torch.no_grad():
+                new.weight.copy_(old.weight)
+            norm_kinds.add(f"{type(old).__name__} replaced by FLA's FusedRMSNormGated")
+            la.norm = new
+        else:
+            norm_kinds.add("FLA's FusedRMSNormGated (transformers' own choice)")
+        n += 1
+    notes.append(f"FLA bound on {n} linear-attention layers: chunk_gated_delta_rule, fused_recurrent_gated_delta_rule; "
+                 f"gated norm: {', '.join(sorted(norm_kinds))}")
+    return n
 
 
 def build(mq, c, notes):
@@ -122,7 +158,7 @@ def main():
     a = pc.parse_args(__doc__.splitlines()[0])
     req = pc.load_request(a.request, "step")
     notes = []
-    mq, FLCE, calls = load_model_file(notes)
+    mq, fla_api, calls = load_model_file(notes)
     import transformers
     device, sw = pc.device_and_software(torch, {"transformers": transformers.__version__})
     results = []
@@ -132,7 +168,7 @@ def main():
                 pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
         row = {"case": c["name"], "impl": "hf-qwen3next+fla"}
         try:
-            row.update(run_case(mq, FLCE, calls, c, req, notes))
+            row.update(run_case(mq, fla_api, calls, c, req, notes))
         except (RuntimeError, torch.OutOfMemoryError) as e:
             row["error"] = pc.short_error(e)
         print(row, flush=True)
@@ -142,16 +178,17 @@ def main():
     pc.write_result(a.out, "step", device, sw, notes, results)
 
 
-def run_case(mq, FLCE, calls, c, req, notes):
+def run_case(mq, fla_api, calls, c, req, notes):
     T, tr = c["T"], c["train"]
     model, _ = build(mq, c, notes)
+    bind_fla(model, fla_api, notes)
     opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"],
                             weight_decay=tr["weight_decay"], fused=True)
     gen = torch.Generator(device="cuda").manual_seed(req["seed"])
     ids = torch.randint(0, c["model"]["vocab_size"], (1, T), device="cuda", generator=gen)
     labels = torch.full_like(ids, -100)
     labels[:, :-1] = ids[:, 1:]
-    loss_fn = FLCE()
+    loss_fn = fla_api["flce"]()
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -180,9 +217,8 @@ def run_case(mq, FLCE, calls, c, req, notes):
     if calls[0] < n_lin:
         pc.usage_exit(f"FLA's chunk_gated_delta_rule ran {calls[0]} times in a step of {n_lin} linear-attention layers: "
                       "transformers did not use FLA; refusing to time its torch fallback")
-    la = next(l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn"))
     notes.append(f"FLA chunk_gated_delta_rule calls in the first step: {calls[0]} ({n_lin} linear-attention layers); "
-                 f"gated norm: {type(la.norm).__name__}")
+                 f"transformers called it with {fla_api['seen'][0] if fla_api['seen'] else '?'}")
     torch.cuda.reset_peak_memory_stats()
     ms, spent, loss = [], 0.0, float("nan")
     for i in range(max(req["warmup"] - 1, 0) + req["reps"]):
