@@ -7,16 +7,17 @@ What is configured, exactly:
   - Qwen3NextConfig(num_experts=0, mlp_only_layers=[0..L-1], layer_types from the request,
     rope_parameters={rope_type: default, rope_theta, partial_rotary_factor}, attention_bias=False,
     attn_implementation="sdpa"): every layer's MLP is Qwen3NextMLP (checked), no router, no MoE.
-  - FLA: transformers enables its fast path only when the `fla` package has install metadata (4.x)
-    or when its hub-kernel loader finds one (5.x); a snapshot folder on PYTHONPATH has neither, and
-    5.x binds its kernels to the torch fallbacks. So after the model is built this script sets, on
-    every linear-attention layer, FLA's chunk_gated_delta_rule (behind an adapter that maps
-    transformers' argument names onto FLA's and counts the calls) and fused_recurrent_gated_delta_rule
-    as instance attributes, and replaces a torch gated norm by FLA's FusedRMSNormGated (same weight).
-    After the first step the script stops unless FLA's chunk rule ran once per linear-attention
-    layer (no silent torch fallback); the notes say how transformers called it and which norm ran.
-    causal-conv1d is not installed there: the short convolution is torch's F.conv1d (transformers'
-    own fallback). FLA's #640 guard (Triton < 3.7.1 on Hopper) is lifted for timing, as in gdn_fla.py.
+  - FLA: transformers 5.x resolves its fast kernels when its modeling file is imported (hub kernels,
+    else the `fla` package, else the torch reference functions) and calls module-level functions;
+    4.x binds instance attributes in __init__. After the model is built this script points both at
+    FLA: chunk_gated_delta_rule (behind an adapter that maps transformers' argument names onto FLA's,
+    drops keywords FLA does not take, and counts the calls), fused_recurrent_gated_delta_rule, and,
+    unless STEP_HF_CONV=torch, the short convolution through FLA's Triton causal_conv1d (causal-conv1d
+    is not installed there; STEP_HF_CONV=torch keeps transformers' F.conv1d fallback); a torch gated
+    norm is replaced by FLA's FusedRMSNormGated (same weight). After the first step the script stops
+    unless FLA's chunk rule ran once per linear-attention layer (no silent torch fallback); the notes
+    say how transformers called it, which norm and which conv ran. FLA's #640 guard (Triton < 3.7.1
+    on Hopper) is lifted for timing, as in gdn_fla.py.
   - Precision as ringscan trains: fp32 parameters, AdamW (torch, fused) state in fp32, forward and
     backward under torch.autocast(bfloat16).
   - Loss: the last hidden state through FLA's FusedLinearCrossEntropyLoss with lm_head's weight
@@ -32,6 +33,8 @@ Run by `ringscan bench step --peer`; standalone:
   PYTHONPATH=.dev/peer python3 tests/peer/step_hf.py --request runs/bench/request_step.json --out /tmp/hf.json
 """
 import gc
+import inspect
+import os
 import statistics
 import time
 
@@ -42,12 +45,30 @@ import peer_common as pc
 QKV_NAMES = {"query": "q", "key": "k", "value": "v"}  # transformers' names -> FLA's
 
 
+def fla_adapter(fn, calls=None, seen=None):
+    """fn (an FLA function) called the way transformers calls its torch rule: query/key/value renamed
+    to q/k/v, keywords FLA does not take dropped (as transformers' own hub wrapper does)"""
+    params = set(inspect.signature(fn).parameters)
+
+    def call(*args, **kw):
+        if seen is not None and not seen:
+            seen.append(f"{len(args)} positional + keywords {sorted(kw)}")
+        kw = {QKV_NAMES.get(k, k): x for k, x in kw.items()}
+        kw = {k: x for k, x in kw.items() if k in params}
+        if calls is not None:
+            calls[0] += 1
+        return fn(*args, **kw)
+
+    return call
+
+
 def load_model_file(notes):
-    """Imports FLA and transformers' qwen3_next so that the model can be built with FLA's kernels;
-    returns (modeling module, the fla handles, call counter of FLA's chunk_gated_delta_rule)."""
+    """Imports FLA and transformers' qwen3_next; returns (modeling module, the FLA handles, call counter
+    of FLA's chunk_gated_delta_rule)."""
     try:
         import fla.ops.common.chunk_o as chunk_o
         from fla.modules import FusedLinearCrossEntropyLoss, FusedRMSNormGated
+        from fla.modules.conv.causal_conv1d import causal_conv1d
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError as e:
         pc.usage_exit(f"flash-linear-attention is not importable ({e}); put a snapshot's fla folder on PYTHONPATH")
@@ -55,26 +76,19 @@ def load_model_file(notes):
         chunk_o.TRITON_ABOVE_3_7_1 = True
         notes.append("FLA's guard against Triton < 3.7.1 on Hopper (issue #640: wrong gated dqkwg gradients) "
                      "lifted in memory for timing only")
-    calls = [0]
-    seen = []
+    calls, seen = [0], []
 
-    def fla_chunk(*args, **kw):
-        """transformers' call of its chunk rule, in either naming (query/key/value or q/k/v), onto FLA's"""
-        if not seen:
-            seen.append(f"{len(args)} positional + keywords {sorted(kw)}")
-        kw = {QKV_NAMES.get(k, k): x for k, x in kw.items()}
-        kw.pop("chunk_size", None)  # the torch fallback's argument; FLA's chunk is fixed at 64
-        calls[0] += 1
-        return chunk_gated_delta_rule(*args, **kw)
+    def fla_conv(hidden_states, weight, bias=None, activation=None, **kw):
+        """transformers' causal_conv1d_fn on (B, D, T) through FLA's Triton causal conv on (B, T, D): the
+        transposes are views of the (B, T, D) projection, no copies"""
+        y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight.to(hidden_states.dtype), bias,
+                             activation=activation)
+        return y.transpose(1, 2)
 
-    # transformers' availability checks need install metadata, which a snapshot folder lacks: the model
-    # file then imports FLA's names itself (4.x) or, in 5.x, binds its hub kernels to the torch fallbacks;
-    # either way bind_fla below sets FLA's functions on every GatedDeltaNet after construction
-    import transformers.utils.import_utils as iu
-    iu.is_flash_linear_attention_available = lambda: True
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
-    fla_api = {"chunk": fla_chunk, "recurrent": fused_recurrent_gated_delta_rule, "norm": FusedRMSNormGated,
-               "flce": FusedLinearCrossEntropyLoss, "seen": seen}
+    fla_api = {"chunk": fla_adapter(chunk_gated_delta_rule, calls, seen),
+               "recurrent": fla_adapter(fused_recurrent_gated_delta_rule), "conv": fla_conv,
+               "norm": FusedRMSNormGated, "flce": FusedLinearCrossEntropyLoss, "seen": seen}
     return mq, fla_api, calls
 
 
@@ -84,22 +98,41 @@ def set_function(module, name, fn):
     object.__setattr__(module, name, fn)
 
 
-def bind_fla(model, fla_api, notes):
-    """Sets FLA's chunk and fused-recurrent rules and its gated RMSNorm on every linear-attention layer
-    (instance attributes override whatever the class bound); returns the number of layers bound."""
+def bind_fla(mq, model, fla_api, notes):
+    """Points the model's chunk and recurrent rules (and, unless STEP_HF_CONV=torch, its causal conv) at
+    FLA's kernels and gives every linear-attention layer FLA's gated RMSNorm; returns the layers bound.
+    transformers 5.x calls module-level functions of modeling_qwen3_next (torch_chunk_gated_delta_rule,
+    ...; its hub wrapper would drop keywords it cannot see in a wrapper's signature), 4.x instance
+    attributes set in __init__: both are replaced here, after the model is built."""
+    conv = os.environ.get("STEP_HF_CONV", "fla")
+    if conv not in ("fla", "torch"):
+        pc.usage_exit(f"STEP_HF_CONV={conv}: fla or torch")
+    bound = []
+    if hasattr(mq, "torch_chunk_gated_delta_rule"):  # 5.x
+        mq.torch_chunk_gated_delta_rule = fla_api["chunk"]
+        mq.torch_recurrent_gated_delta_rule = fla_api["recurrent"]
+        bound.append("modeling_qwen3_next.torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule")
+        if conv == "fla":
+            mq.causal_conv1d_fn = fla_api["conv"]
+            bound.append("modeling_qwen3_next.causal_conv1d_fn = FLA's Triton causal_conv1d")
     n = 0
     norm_kinds = set()
     for layer in model.model.layers:
         la = getattr(layer, "linear_attn", None)
         if la is None:
             continue
-        if not hasattr(la, "chunk_gated_delta_rule"):
-            pc.usage_exit(f"{type(la).__name__} has no chunk_gated_delta_rule attribute; this transformers "
-                          "calls its rule some other way (see its modeling_qwen3_next.py)")
-        set_function(la, "chunk_gated_delta_rule", fla_api["chunk"])
-        for name in ("recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
-            if hasattr(la, name):
-                set_function(la, name, fla_api["recurrent"])
+        if hasattr(la, "chunk_gated_delta_rule"):  # 4.x
+            set_function(la, "chunk_gated_delta_rule", fla_api["chunk"])
+            for name in ("recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+                if hasattr(la, name):
+                    set_function(la, name, fla_api["recurrent"])
+            if conv == "fla" and getattr(la, "causal_conv1d_fn", None) is None:
+                set_function(la, "causal_conv1d_fn", fla_api["conv"])
+            if not n:
+                bound.append("GatedDeltaNet.chunk_gated_delta_rule (instance attributes)")
+        elif not bound:
+            pc.usage_exit(f"{type(la).__name__}: no chunk rule to bind in this transformers "
+                          "(see its modeling_qwen3_next.py)")
         if not isinstance(la.norm, fla_api["norm"]):
             old = la.norm
             new = fla_api["norm"](old.weight.numel(), eps=getattr(old, "variance_epsilon", getattr(old, "eps", 1e-6)),
@@ -111,8 +144,9 @@ def bind_fla(model, fla_api, notes):
         else:
             norm_kinds.add("FLA's FusedRMSNormGated (transformers' own choice)")
         n += 1
-    notes.append(f"FLA bound on {n} linear-attention layers: chunk_gated_delta_rule, fused_recurrent_gated_delta_rule; "
-                 f"gated norm: {', '.join(sorted(norm_kinds))}")
+    notes.append(f"FLA bound for {n} linear-attention layers: {'; '.join(bound)}; gated norm: "
+                 f"{', '.join(sorted(norm_kinds))}; short conv: "
+                 f"{'FLA causal_conv1d (Triton)' if conv == 'fla' else 'torch F.conv1d (STEP_HF_CONV=torch)'}")
     return n
 
 
@@ -150,7 +184,7 @@ def build(mq, c, notes):
     notes.append(f"Qwen3NextForCausalLM, {n:,} parameters, num_experts=0, mlp_only_layers=all {L} layers "
                  f"(dense Qwen3NextMLP), attention {model.config._attn_implementation}, rotary dims {rd}; "
                  "fp32 params + autocast bf16; "
-                 "AdamW(fused); short conv = torch F.conv1d (causal-conv1d absent)")
+                 "AdamW(fused)")
     return model, n
 
 
@@ -181,7 +215,7 @@ def main():
 def run_case(mq, fla_api, calls, c, req, notes):
     T, tr = c["T"], c["train"]
     model, _ = build(mq, c, notes)
-    bind_fla(model, fla_api, notes)
+    bind_fla(mq, model, fla_api, notes)
     opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"],
                             weight_decay=tr["weight_decay"], fused=True)
     gen = torch.Generator(device="cuda").manual_seed(req["seed"])
