@@ -22,13 +22,14 @@
  * scratch, and cuda_partials_add adds the blocks' partials to dw in block
  * order. No float atomics.
  *
- * The gated RMSNorm with dv = 64, 128 or 256 on the 16-byte path (the GDN
+ * The L2 norm and the gated RMSNorm with D (dv) = 64, 128 or 256 on the 16-byte path (the GDN
  * heads) takes group kernels instead: a row is one group of dv/8 lanes (so
  * a warp holds 32*8/dv rows and no lane idles), each lane keeps its one
  * 8-column vector of w and, backward, of the dw sums in registers across
  * the rows it walks, and the block adds its groups' sums in group order
  * into its partials: the same deterministic two stages, without a shared
- * memory update per row.
+ * memory update per row (the L2 norm has no parameter: its group kernels
+ * are the row kernels without the idle half-warps).
  *
  * Aliasing as on cpu: l2norm_backward may run with dinp == dout (same ld),
  * gated_rmsnorm_backward with dx == dout: a lane reads a column's inputs
@@ -62,6 +63,16 @@ template <typename K>
 static void norm_allow_smem(K kernel, size_t smem) {
     if (smem > NORM_SMEM_DEFAULT)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+
+#define NORM_GROUP_THREADS 512 /* threads per block of the group kernels (L2 norm, gated RMSNorm) */
+
+/* sum over the LPR lanes of a row's group (butterfly inside the group: fixed order) */
+template <int LPR>
+__device__ __forceinline__ float norm_group_sum(float v) {
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 /* ---- RMSNorm --------------------------------------------------------------------------------- */
@@ -253,6 +264,82 @@ __global__ void __launch_bounds__(256) norm_l2_backward_kernel(bf16 *dinp /* (T,
     }
 }
 
+/* ---- L2 norm, group kernels: one row = LPR lanes x 8 columns (D == 8 LPR, 16-byte path) ---- */
+
+template <int LPR>
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kernel(bf16 *out /* (T,ldo) */,
+                                                                                    float *rstd /* (T,nh) */,
+                                                                                    const bf16 *inp /* (T,ldi) */,
+                                                                                    int64_t rows, int nh, int ldi,
+                                                                                    int ldo) {
+    constexpr int D = LPR * CUDA_VEC;
+    const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
+    const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
+    const bool live = r < rows;
+    const int64_t rr = live ? r : 0, t = rr / nh;
+    const int h = (int)(rr % nh);
+    float f[CUDA_VEC];
+    cuda_load8(f, inp + t * ldi + (int64_t)h * D + c);
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
+    const float rs = 1.0f / sqrtf(norm_group_sum<LPR>(ss) + L2NORM_EPS);
+    if (!live) return;
+    if (l == 0) rstd[r] = rs;
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) f[i] *= rs;
+    cuda_store8(out + t * ldo + (int64_t)h * D + c, f);
+}
+
+template <int LPR>
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_backward_kernel(bf16 *dinp /* (T,ldi) = */,
+                                                                                     const bf16 *dout /* (T,ldo) */,
+                                                                                     const bf16 *out /* (T,ldo) */,
+                                                                                     const float *rstd /* (T,nh) */,
+                                                                                     int64_t rows, int nh, int ldi,
+                                                                                     int ldo) {
+    constexpr int D = LPR * CUDA_VEC;
+    const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
+    const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
+    const bool live = r < rows;
+    const int64_t rr = live ? r : 0, t = rr / nh;
+    const int h = (int)(rr % nh);
+    float g[CUDA_VEC], yv[CUDA_VEC];
+    cuda_load8(g, dout + t * ldo + (int64_t)h * D + c);
+    cuda_load8(yv, out + t * ldo + (int64_t)h * D + c);
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) dot += g[i] * yv[i];
+    dot = norm_group_sum<LPR>(dot);
+    if (!live) return;
+    const float rs = rstd[r];
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) g[i] = rs * (g[i] - dot * yv[i]);
+    cuda_store8(dinp + t * ldi + (int64_t)h * D + c, g);
+}
+
+/* launches the group kernel of LPR lanes for D (64, 128, 256); false when D has none */
+static bool norm_l2_group(bool backward, bf16 *y_or_dinp, float *rstd_out, const bf16 *x_or_dout, const bf16 *out,
+                          const float *rstd, int64_t rows, int nh, int D, int ldi, int ldo) {
+    const unsigned blocks = (unsigned)cuda_ceil_div(rows * D / CUDA_VEC, NORM_GROUP_THREADS);
+    const cudaStream_t st = cuda_stream();
+#define NORM_L2_LAUNCH(LPR)                                                                                        \
+    (backward ? norm_l2_group_backward_kernel<LPR><<<blocks, NORM_GROUP_THREADS, 0, st>>>(y_or_dinp, x_or_dout, out, \
+                                                                                          rstd, rows, nh, ldi, ldo)  \
+              : norm_l2_group_forward_kernel<LPR><<<blocks, NORM_GROUP_THREADS, 0, st>>>(y_or_dinp, rstd_out,        \
+                                                                                         x_or_dout, rows, nh, ldi,   \
+                                                                                         ldo))
+    switch (D) {
+    case 64: NORM_L2_LAUNCH(8); break;
+    case 128: NORM_L2_LAUNCH(16); break;
+    case 256: NORM_L2_LAUNCH(32); break;
+    default: return false;
+    }
+#undef NORM_L2_LAUNCH
+    CUDA_LAUNCH_CHECK();
+    return true;
+}
+
 extern "C" void cuda_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi,
                                     int ldo) {
     RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
@@ -260,6 +347,7 @@ extern "C" void cuda_l2norm_forward(void *out, float *rstd, const void *inp, int
     const int64_t rows = T * nh;
     if (!rows) return;
     const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(out, D, ldo);
+    if (vec && norm_l2_group(false, (bf16 *)out, rstd, (const bf16 *)inp, NULL, NULL, rows, nh, D, ldi, ldo)) return;
     norm_l2_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>((bf16 *)out, rstd, (const bf16 *)inp,
                                                                              rows, nh, D, ldi, ldo, vec);
     CUDA_LAUNCH_CHECK();
@@ -273,6 +361,9 @@ extern "C" void cuda_l2norm_backward(void *dinp, const void *dout, const void *o
     if (!rows) return;
     const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(dinp, D, ldi) && cuda_vec_ok(dout, D, ldo) &&
                      cuda_vec_ok(out, D, ldo);
+    if (vec && norm_l2_group(true, (bf16 *)dinp, NULL, (const bf16 *)dout, (const bf16 *)out, rstd, rows, nh, D, ldi,
+                             ldo))
+        return;
     norm_l2_backward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
         (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)out, rstd, rows, nh, D, ldi, ldo, vec);
     CUDA_LAUNCH_CHECK();
@@ -376,16 +467,6 @@ __global__ void __launch_bounds__(256) norm_gated_backward_kernel(bf16 *dxs /* (
 }
 
 /* ---- gated RMSNorm, group kernels: one row = LPR lanes x 8 columns (dv == 8 LPR, 16-byte path) ---- */
-
-#define NORM_GROUP_THREADS 512 /* threads per block of the group kernels */
-
-/* sum over the LPR lanes of a row's group (butterfly inside the group: fixed order) */
-template <int LPR>
-__device__ __forceinline__ float norm_group_sum(float v) {
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 template <int LPR>
 __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_forward_kernel(
