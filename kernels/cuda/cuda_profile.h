@@ -16,6 +16,9 @@
  * when steps > 0. When on, the table is also printed to stderr at exit unless
  * cuda_profile_print ran after the last reset.
  *
+ * Used by `ringscan bench step` (lib/bench_step.c); the trainer takes the
+ * plain table (lib/train.c) and is not profiled.
+ *
  * Plain C types only, so lib/ can include it without CUDA headers.
  */
 #ifndef RS_CUDA_PROFILE_H
