@@ -85,7 +85,10 @@ static const char bench_usage[] =
     "  --out DIR           requests, results, peer logs and bench.json (default runs/bench)\n"
     "  --seed N            seed of the random inputs (default 1)\n"
     "  --write-requests    only write OUT/request_KIND.json (the peers' input) and stop; needs no GPU\n"
-    "  --help              this text\n";
+    "  --help              this text\n"
+    "\n"
+    "Environment: RS_CUDA_PROFILE=1 times every cuda Backend entry of the step (CUDA events and the host\n"
+    "clock) and prints the milliseconds per step, sorted, after the timed steps (information only).\n";
 
 /* ---- options ------------------------------------------------------------------ */
 

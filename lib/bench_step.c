@@ -11,6 +11,12 @@
  * loss and the norm on the host, so it is host-synchronous anyway); the
  * median is reported.
  *
+ * With RS_CUDA_PROFILE=1 the step runs through the profiled backend table
+ * (kernels/cuda/cuda_profile.h) and, after the timed steps, prints to stderr
+ * the GPU and host milliseconds per step of every Backend entry (the timer's
+ * events and periodic drains make that run's step time a little longer:
+ * time the step without it).
+ *
  * Memory: the cuda backend's peak of live allocations plus its own buffers
  * (cuBLASLt workspace, kernel scratch), as `ringscan train` reports it, and
  * the device's used memory (cudaMemGetInfo: the CUDA context and the kernels'
@@ -31,6 +37,7 @@
 #ifdef RS_WITH_CUDA
 #include "cuda_backend.h"
 #include "cuda_bench.h"
+#include "cuda_profile.h"
 #endif
 
 #ifdef RS_WITH_CUDA
@@ -69,7 +76,7 @@ static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int s
 }
 
 json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o) {
-    const Backend *be = &backend_cuda;
+    const Backend *be = cuda_backend_table(); /* backend_cuda unless RS_CUDA_PROFILE=1 */
     int64_t T = cfg->data.seq_len;
     Model m;
     model_init(&m, cfg, be, NULL, T);
@@ -99,10 +106,17 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
         loss = bench_step_once(&m, &b, T - 1, ++step);
         double dt = bench_now() - t0;
         if (!isfinite(loss)) RS_FATAL("bench step: non-finite loss %g at step %d", loss, step);
-        if (i < o->warmup) continue;
+        if (i < o->warmup) {
+            if (i == o->warmup - 1 && cuda_profile_on()) cuda_profile_reset();
+            continue;
+        }
         ms[n++] = dt * 1e3;
         spent += dt;
         if (n >= 3 && spent > o->max_s) break;
+    }
+    if (cuda_profile_on()) {
+        fprintf(stderr, "bench step %s, %lld tokens: ", json_string_value(json_object_get(c, "name")), (long long)T);
+        cuda_profile_print(stderr, n);
     }
     qsort(ms, (size_t)n, sizeof *ms, bench_step_cmp);
     double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);

@@ -4,6 +4,12 @@
  * the kernels of kernels/cuda (cuda_kernels.h). The initializer names every
  * entry, and a kernel whose signature drifts from the table fails to compile.
  *
+ * Two tables over one list of entries (CUDA_ENTRIES): `backend_cuda`, the
+ * kernels themselves, and `backend_cuda_profiled`, every entry wrapped in the
+ * opt-in timer of cuda_profile.h (RS_CUDA_PROFILE=1; cuda_backend_table()
+ * picks). The plain table has no wrapper and no check: profiling costs
+ * nothing when off.
+ *
  * Before the first call the process picks its GPU with
  * cuda_backend_init(local_rank) (cuda_backend.h); lib/train.c does.
  *
@@ -12,54 +18,130 @@
  * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu, cuda_rope.cu,
  * cuda_loss.cu (fused lm_head + CE), cuda_optim.cu (AdamW, sum of squares),
  * cuda_attention.cu, cuda_gdn.cu; cuda_backend.cu and cuda_stream.cu hold the
- * process-wide state.
+ * process-wide state; cuda_profile.cu the entry timer.
  */
 #include "backend.h"
 #include "cuda_kernels.h"
+#include "cuda_profile.h"
+
+/* every Backend entry, in the table's order; entry e is the kernel cuda_e (cuda_kernels.h) */
+#define CUDA_ENTRIES(X) \
+    X(alloc) \
+    X(free) \
+    X(memset_zero) \
+    X(copy) \
+    X(to_device) \
+    X(to_host) \
+    X(copy_2d) \
+    X(add_2d) \
+    X(add_f32) \
+    X(act_from_f32) \
+    X(act_to_f32) \
+    X(embedding_forward) \
+    X(embedding_backward) \
+    X(rmsnorm_forward) \
+    X(rmsnorm_backward) \
+    X(matmul_forward) \
+    X(matmul_backward) \
+    X(conv1d_silu_forward) \
+    X(conv1d_silu_backward) \
+    X(l2norm_forward) \
+    X(l2norm_backward) \
+    X(gdn_gates_forward) \
+    X(gdn_gates_backward) \
+    X(gdn_chunk_forward) \
+    X(gdn_chunk_backward) \
+    X(gdn_chunk_transition) \
+    X(gdn_chunk_dstate) \
+    X(gdn_state_affine) \
+    X(gated_rmsnorm_forward) \
+    X(gated_rmsnorm_backward) \
+    X(rope_forward) \
+    X(rope_backward) \
+    X(attention_forward) \
+    X(attention_backward) \
+    X(attention_merge) \
+    X(sigmoid_gate_forward) \
+    X(sigmoid_gate_backward) \
+    X(swiglu_forward) \
+    X(swiglu_backward) \
+    X(lm_head_loss) \
+    X(adamw_update) \
+    X(sum_squares)
+
+#define CUDA_PLAIN(e) .e = cuda_##e,
+#define CUDA_PROFILED(e) .e = prof_##e,
 
 const Backend backend_cuda = {
     .name = "cuda",
     .act_size = 2,
-    .alloc = cuda_alloc,
-    .free = cuda_free,
-    .memset_zero = cuda_memset_zero,
-    .copy = cuda_copy,
-    .to_device = cuda_to_device,
-    .to_host = cuda_to_host,
-    .copy_2d = cuda_copy_2d,
-    .add_2d = cuda_add_2d,
-    .add_f32 = cuda_add_f32,
-    .act_from_f32 = cuda_act_from_f32,
-    .act_to_f32 = cuda_act_to_f32,
-    .embedding_forward = cuda_embedding_forward,
-    .embedding_backward = cuda_embedding_backward,
-    .rmsnorm_forward = cuda_rmsnorm_forward,
-    .rmsnorm_backward = cuda_rmsnorm_backward,
-    .matmul_forward = cuda_matmul_forward,
-    .matmul_backward = cuda_matmul_backward,
-    .conv1d_silu_forward = cuda_conv1d_silu_forward,
-    .conv1d_silu_backward = cuda_conv1d_silu_backward,
-    .l2norm_forward = cuda_l2norm_forward,
-    .l2norm_backward = cuda_l2norm_backward,
-    .gdn_gates_forward = cuda_gdn_gates_forward,
-    .gdn_gates_backward = cuda_gdn_gates_backward,
-    .gdn_chunk_forward = cuda_gdn_chunk_forward,
-    .gdn_chunk_backward = cuda_gdn_chunk_backward,
-    .gdn_chunk_transition = cuda_gdn_chunk_transition,
-    .gdn_chunk_dstate = cuda_gdn_chunk_dstate,
-    .gdn_state_affine = cuda_gdn_state_affine,
-    .gated_rmsnorm_forward = cuda_gated_rmsnorm_forward,
-    .gated_rmsnorm_backward = cuda_gated_rmsnorm_backward,
-    .rope_forward = cuda_rope_forward,
-    .rope_backward = cuda_rope_backward,
-    .attention_forward = cuda_attention_forward,
-    .attention_backward = cuda_attention_backward,
-    .attention_merge = cuda_attention_merge,
-    .sigmoid_gate_forward = cuda_sigmoid_gate_forward,
-    .sigmoid_gate_backward = cuda_sigmoid_gate_backward,
-    .swiglu_forward = cuda_swiglu_forward,
-    .swiglu_backward = cuda_swiglu_backward,
-    .lm_head_loss = cuda_lm_head_loss,
-    .adamw_update = cuda_adamw_update,
-    .sum_squares = cuda_sum_squares,
+    CUDA_ENTRIES(CUDA_PLAIN)
 };
+
+/* ---- the profiled table: each wrapper times its kernel's call (cuda_profile.h) ---- */
+#define PROF_VOID(e, args)                                                                                   \
+    do {                                                                                                     \
+        int t_ = cuda_profile_begin(#e);                                                                     \
+        cuda_##e args;                                                                                       \
+        cuda_profile_end(t_);                                                                                \
+    } while (0)
+#define PROF_VALUE(type, e, args)                                                                            \
+    do {                                                                                                     \
+        int t_ = cuda_profile_begin(#e);                                                                     \
+        type r_ = cuda_##e args;                                                                             \
+        cuda_profile_end(t_);                                                                                \
+        return r_;                                                                                           \
+    } while (0)
+
+/* clang-format off */
+static void *prof_alloc(size_t bytes) { PROF_VALUE(void *, alloc, (bytes)); }
+static void prof_free(void *p) { PROF_VOID(free, (p)); }
+static void prof_memset_zero(void *p, size_t bytes) { PROF_VOID(memset_zero, (p, bytes)); }
+static void prof_copy(void *dst, const void *src, size_t bytes) { PROF_VOID(copy, (dst, src, bytes)); }
+static void prof_to_device(void *dst, const void *host, size_t bytes) { PROF_VOID(to_device, (dst, host, bytes)); }
+static void prof_to_host(void *host, const void *src, size_t bytes) { PROF_VOID(to_host, (host, src, bytes)); }
+static void prof_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) { PROF_VOID(copy_2d, (dst, src, rows, cols, ld_dst, ld_src)); }
+static void prof_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) { PROF_VOID(add_2d, (dst, src, rows, cols, ld_dst, ld_src)); }
+static void prof_add_f32(float *dst, const float *src, int64_t n) { PROF_VOID(add_f32, (dst, src, n)); }
+static void prof_act_from_f32(void *dst, const float *src, int64_t n) { PROF_VOID(act_from_f32, (dst, src, n)); }
+static void prof_act_to_f32(float *dst, const void *src, int64_t n) { PROF_VOID(act_to_f32, (dst, src, n)); }
+static void prof_embedding_forward(void *out, const int32_t *tokens, const void *wte, int64_t T, int C) { PROF_VOID(embedding_forward, (out, tokens, wte, T, C)); }
+static void prof_embedding_backward(float *dwte, const void *dout, const int32_t *tokens, int64_t T, int C) { PROF_VOID(embedding_backward, (dwte, dout, tokens, T, C)); }
+static void prof_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D, int ldi, int ldo, float eps, int zero_centred) { PROF_VOID(rmsnorm_forward, (out, rstd, inp, w, T, nh, D, ldi, ldo, eps, zero_centred)); }
+static void prof_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo, int zero_centred) { PROF_VOID(rmsnorm_backward, (dinp, dw, dout, inp, w, rstd, T, nh, D, ldi, ldo, zero_centred)); }
+static void prof_matmul_forward(void *out, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate) { PROF_VOID(matmul_forward, (out, inp, w, T, IC, OC, ldi, ldo, accumulate)); }
+static void prof_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate_dinp) { PROF_VOID(matmul_backward, (dinp, dw, dout, inp, w, T, IC, OC, ldi, ldo, accumulate_dinp)); }
+static void prof_conv1d_silu_forward(void *out, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) { PROF_VOID(conv1d_silu_forward, (out, inp, halo, w, doc_pos, T, C, Kc, ldi, ldo)); }
+static void prof_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, const void *dout, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) { PROF_VOID(conv1d_silu_backward, (dinp, dhalo, dw, dout, inp, halo, w, doc_pos, T, C, Kc, ldi, ldo)); }
+static void prof_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi, int ldo) { PROF_VOID(l2norm_forward, (out, rstd, inp, T, nh, D, ldi, ldo)); }
+static void prof_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo) { PROF_VOID(l2norm_backward, (dinp, dout, out, rstd, T, nh, D, ldi, ldo)); }
+static void prof_gdn_gates_forward(float *beta, float *g, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld) { PROF_VOID(gdn_gates_forward, (beta, g, b, a, A_log, dt_bias, T, nv, ld)); }
+static void prof_gdn_gates_backward(void *db, void *da, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld) { PROF_VOID(gdn_gates_backward, (db, da, dA_log, ddt_bias, dbeta, dg, b, a, A_log, dt_bias, T, nv, ld)); }
+static void prof_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) { PROF_VOID(gdn_chunk_forward, (o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo)); }
+static void prof_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) { PROF_VOID(gdn_chunk_backward, (dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo)); }
+static void prof_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv) { PROF_VOID(gdn_chunk_transition, (M, H, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv)); }
+static void prof_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo) { PROF_VOID(gdn_chunk_dstate, (dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo)); }
+static void prof_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v) { PROF_VOID(gdn_state_affine, (S_out, M, S_in, H, transpose_M, nv, dim_k, dim_v)); }
+static void prof_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv, int dv, int ldz, float eps) { PROF_VOID(gated_rmsnorm_forward, (out, rstd, x, z, w, T, nv, dv, ldz, eps)); }
+static void prof_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const void *dout, const void *x, const void *z, const void *w, const float *rstd, int64_t T, int nv, int dv, int ldz) { PROF_VOID(gated_rmsnorm_backward, (dx, dz, dw, dout, x, z, w, rstd, T, nv, dv, ldz)); }
+static void prof_rope_forward(void *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta) { PROF_VOID(rope_forward, (x, pos, T, nh, hd, rd, ld, theta)); }
+static void prof_rope_backward(void *dx, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta) { PROF_VOID(rope_backward, (dx, pos, T, nh, hd, rd, ld, theta)); }
+static void prof_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal) { PROF_VOID(attention_forward, (out, lse, q, k, v, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, causal)); }
+static void prof_attention_backward(float *dq, float *dk, float *dv, const void *dout, const void *out, const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal) { PROF_VOID(attention_backward, (dq, dk, dv, dout, out, lse, q, k, v, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, causal)); }
+static void prof_attention_merge(float *out, float *lse, const void *out_b, const float *lse_b, int64_t T, int nh, int hd, int ldb) { PROF_VOID(attention_merge, (out, lse, out_b, lse_b, T, nh, hd, ldb)); }
+static void prof_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg) { PROF_VOID(sigmoid_gate_forward, (out, x, gate, T, D, ldg)); }
+static void prof_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T, int D, int ldg) { PROF_VOID(sigmoid_gate_backward, (dx, dgate, dout, x, gate, T, D, ldg)); }
+static void prof_swiglu_forward(void *out, const void *gate_up, int64_t T, int inter) { PROF_VOID(swiglu_forward, (out, gate_up, T, inter)); }
+static void prof_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int inter) { PROF_VOID(swiglu_backward, (dgate_up, dout, gate_up, T, inter)); }
+static void prof_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V) { PROF_VOID(lm_head_loss, (losses, dx, dw, x, w, targets, grad_scale, workspace, rows, T, C, V)); }
+static void prof_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step) { PROF_VOID(adamw_update, (param, m, v, compute, grad, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step)); }
+static double prof_sum_squares(const float *x, int64_t n) { PROF_VALUE(double, sum_squares, (x, n)); }
+/* clang-format on */
+
+const Backend backend_cuda_profiled = {
+    .name = "cuda",
+    .act_size = 2,
+    CUDA_ENTRIES(CUDA_PROFILED)
+};
+
+const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }

@@ -26,6 +26,18 @@
  * lanes in order into its partials (kernel scratch), and cuda_partials_add
  * adds the blocks in order.
  *
+ * Kc = 4 (every config so far) takes the run kernels below instead: one
+ * thread owns 8 channels of a run of consecutive tokens and slides a window
+ * of the last Kc-1 input rows (and, backward, of the last Kc values of du)
+ * through registers, so each row is read once per run rather than Kc (Kc^2 in
+ * the gathered input gradient) times, and the weights sit in registers. The
+ * backward fuses the input and weight gradients in one pass: a thread adds
+ * du x into its register partials for the tokens it owns, the block sums its
+ * CONV_RUN_ROWS run rows in order into per-block partials (kernel scratch,
+ * at most CONV_PART_BYTES: the block count is a function of T, C and Kc
+ * only), and cuda_partials_add adds the blocks in order: deterministic, and
+ * the same sums in the same tap order as the general kernels.
+ *
  * A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the
  * token is skipped. Kc <= CONV_KC_MAX.
  *
@@ -38,6 +50,11 @@
 #define CONV_KC_MAX 16
 #define CONV_THREADS 256
 #define CONV_DW_ROWS 8 /* blockDim.y of the weight-gradient kernel */
+#define CONV_RUN_KC 4              /* the kernel width the run kernels are built for */
+#define CONV_RUN_LANES 32          /* blockDim.x of the run kernels: channel groups of 8 */
+#define CONV_RUN_ROWS 8            /* blockDim.y: runs of tokens per block */
+#define CONV_RUN_FWD 16            /* tokens per thread, forward */
+#define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
 
 static void conv_check_sizes(int64_t T, int C, int Kc, int ldi, int ldo) {
     RS_CHECK(T >= 0 && C > 0, "conv1d_silu: T = %lld, C = %d", (long long)T, C);
@@ -168,11 +185,190 @@ __global__ void __launch_bounds__(CUDA_WARP *CONV_DW_ROWS) conv_backward_weight_
     }
 }
 
+/* ---- Kc = CONV_RUN_KC: one thread = 8 channels x a run of tokens, sliding windows in registers ---- */
+
+/* row r (>= -(KC-1)) of the conv input at channels c..c+n: inp, the halo before row 0, or zeros */
+template <int KC>
+__device__ __forceinline__ void conv_row8(float x[CUDA_VEC], const bf16 *inp, const bf16 *halo, int64_t r, int c, int n,
+                                          int C, int ldi, bool vec) {
+    if (r >= 0) cuda_load8n(x, inp + r * ldi + c, n, vec);
+    else if (halo) cuda_load8n(x, halo + (KC - 1 + r) * (int64_t)C + c, n, vec);
+    else
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) x[i] = 0.0f;
+}
+
+/* u = sum over taps b = nb..0 (oldest first) of w[KC-1-b] x(t-b); xw[b] = x(t-b) */
+template <int KC>
+__device__ __forceinline__ void conv_run_preact(float u[CUDA_VEC], const float xw[KC][CUDA_VEC],
+                                                const float wr[CUDA_VEC][KC], int nb) {
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) u[i] = 0.0f;
+#pragma unroll
+    for (int b = KC - 1; b >= 0; b--)
+        if (b <= nb)
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) u[i] += wr[i][KC - 1 - b] * xw[b][i];
+}
+
+template <int KC>
+__device__ __forceinline__ void conv_run_weights(float wr[CUDA_VEC][KC], const bf16 *w, int c, int n) {
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++)
+#pragma unroll
+        for (int j = 0; j < KC; j++) wr[i][j] = i < n ? __bfloat162float(w[(int64_t)(c + i) * KC + j]) : 0.0f;
+}
+
+template <int KC>
+__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS) conv_run_forward_kernel(
+    bf16 *out /* (T,ldo) */, const bf16 *inp /* (T,ldi) */, const bf16 *halo /* (KC-1,C) or NULL */,
+    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int64_t T, int C, int ldi, int ldo, int *err,
+    bool vec) {
+    const int c = (blockIdx.x * CONV_RUN_LANES + threadIdx.x) * CUDA_VEC;
+    const int64_t t0 = ((int64_t)blockIdx.y * CONV_RUN_ROWS + threadIdx.y) * CONV_RUN_FWD;
+    if (c >= C || t0 >= T) return;
+    const int n = min(CUDA_VEC, C - c);
+    const int64_t t1 = min(T, t0 + CONV_RUN_FWD);
+    float wr[CUDA_VEC][KC], xw[KC][CUDA_VEC];
+    conv_run_weights<KC>(wr, w, c, n);
+#pragma unroll
+    for (int b = 1; b < KC; b++) conv_row8<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
+    for (int64_t t = t0; t < t1; t++) {
+        cuda_load8n(xw[0], inp + t * ldi + c, n, vec);
+        const int dp = doc_pos[t];
+        if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
+        else {
+            float u[CUDA_VEC];
+            conv_run_preact<KC>(u, xw, wr, min(KC - 1, dp));
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) u[i] = u[i] / (1.0f + expf(-u[i]));
+            cuda_store8n(out + t * ldo + c, u, n, vec);
+        }
+#pragma unroll
+        for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) xw[b][i] = xw[b - 1][i];
+    }
+}
+
+/* dinp (and dhalo) rows and per-block dw partials of the tokens [t0, t1) each thread owns; the thread
+ * walks t from t0 to t1 + KC - 2, computing du[t], and writes row s = t - (KC-1) once du[s..s+KC-1]
+ * are known (rows < t0 belong to the previous run, except the halo rows of the first run) */
+template <int KC>
+__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS) conv_run_backward_kernel(
+    bf16 *dinp /* (T,ldi) = */, bf16 *dhalo /* (KC-1,C) = or NULL */, float *part /* (gridDim.y, C*KC) */,
+    const bf16 *dout /* (T,ldo) */, const bf16 *inp /* (T,ldi) */, const bf16 *halo /* (KC-1,C) or NULL */,
+    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int64_t T, int64_t run, int C, int ldi, int ldo,
+    int *err, bool vec) {
+    __shared__ float sh[CONV_RUN_ROWS][CONV_RUN_LANES][CUDA_VEC * KC + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int c = (blockIdx.x * CONV_RUN_LANES + tx) * CUDA_VEC;
+    const int64_t t0 = ((int64_t)blockIdx.y * CONV_RUN_ROWS + ty) * run;
+    const int n = c < C ? min(CUDA_VEC, C - c) : 0;
+    float dw[CUDA_VEC][KC];
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++)
+#pragma unroll
+        for (int j = 0; j < KC; j++) dw[i][j] = 0.0f;
+    if (n > 0 && t0 < T) {
+        const int64_t t1 = min(T, t0 + run);
+        float wr[CUDA_VEC][KC], xw[KC][CUDA_VEC], duw[KC][CUDA_VEC]; /* duw[b] = du[s+b], s = t-(KC-1) */
+        int dpw[KC];                                                   /* doc_pos of those tokens; -1: none */
+        conv_run_weights<KC>(wr, w, c, n);
+#pragma unroll
+        for (int b = 1; b < KC; b++) conv_row8<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
+#pragma unroll
+        for (int b = 0; b < KC; b++) {
+            dpw[b] = -1;
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) duw[b][i] = 0.0f;
+        }
+        for (int64_t t = t0; t < t1 + KC - 1; t++) {
+            /* du[t] into duw[KC-1] */
+#pragma unroll
+            for (int b = 0; b < KC - 1; b++) {
+                dpw[b] = dpw[b + 1];
+#pragma unroll
+                for (int i = 0; i < CUDA_VEC; i++) duw[b][i] = duw[b + 1][i];
+            }
+            dpw[KC - 1] = -1;
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) duw[KC - 1][i] = 0.0f;
+            if (t < T) {
+                cuda_load8n(xw[0], inp + t * ldi + c, n, vec);
+                const int dp = doc_pos[t];
+                if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
+                else {
+                    const int nb = min(KC - 1, dp);
+                    float u[CUDA_VEC], dy[CUDA_VEC];
+                    conv_run_preact<KC>(u, xw, wr, nb);
+                    cuda_load8n(dy, dout + t * ldo + c, n, vec);
+#pragma unroll
+                    for (int i = 0; i < CUDA_VEC; i++) {
+                        const float sg = 1.0f / (1.0f + expf(-u[i]));
+                        duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
+                    }
+                    dpw[KC - 1] = dp;
+                    if (t < t1)
+#pragma unroll
+                        for (int b = 0; b < KC; b++)
+                            if (b <= nb)
+#pragma unroll
+                                for (int i = 0; i < CUDA_VEC; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
+                }
+#pragma unroll
+                for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+                    for (int i = 0; i < CUDA_VEC; i++) xw[b][i] = xw[b - 1][i];
+            }
+            /* row s: dinp[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
+            const int64_t s = t - (KC - 1);
+            const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
+            if (own) {
+                float acc[CUDA_VEC];
+#pragma unroll
+                for (int i = 0; i < CUDA_VEC; i++) acc[i] = 0.0f;
+#pragma unroll
+                for (int b = 0; b < KC; b++)
+                    if (dpw[b] >= b && s + b >= 0)
+#pragma unroll
+                        for (int i = 0; i < CUDA_VEC; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
+                if (s >= 0) cuda_store8n(dinp + s * ldi + c, acc, n, vec);
+                else cuda_store8n(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
+            }
+        }
+    }
+    /* the block's dw partials: its CONV_RUN_ROWS runs added in order */
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++)
+#pragma unroll
+        for (int j = 0; j < KC; j++) sh[ty][tx][i * KC + j] = dw[i][j];
+    __syncthreads();
+    const int cg0 = blockIdx.x * CONV_RUN_LANES * CUDA_VEC * KC; /* first partial index of the block's channels */
+    for (int e = ty * CONV_RUN_LANES + tx; e < CONV_RUN_LANES * CUDA_VEC * KC; e += CONV_RUN_LANES * CONV_RUN_ROWS) {
+        const int lane = e / (CUDA_VEC * KC), k = e % (CUDA_VEC * KC);
+        if ((blockIdx.x * CONV_RUN_LANES + lane) * CUDA_VEC + k / KC >= C) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CONV_RUN_ROWS; r++) sum += sh[r][lane][k];
+        part[(int64_t)blockIdx.y * C * KC + cg0 + e] = sum;
+    }
+}
+
 extern "C" void cuda_conv1d_silu_forward(void *out, const void *inp, const void *halo, const void *w,
                                          const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) {
     conv_check_sizes(T, C, Kc, ldi, ldo);
     if (!T) return;
     const bool vec = cuda_vec_ok(out, C, ldo) && cuda_vec_ok(inp, C, ldi) && cuda_vec_ok(halo, C, C);
+    if (Kc == CONV_RUN_KC) {
+        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CUDA_VEC), CONV_RUN_LANES),
+                        (unsigned)cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_FWD));
+        conv_run_forward_kernel<CONV_RUN_KC><<<grid, dim3(CONV_RUN_LANES, CONV_RUN_ROWS), 0, cuda_stream()>>>(
+            (bf16 *)out, (const bf16 *)inp, (const bf16 *)halo, (const bf16 *)w, doc_pos, T, C, ldi, ldo,
+            cuda_error_word(), vec);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     conv_forward_kernel<<<(unsigned)cuda_ceil_div(T * cuda_ceil_div(C, CUDA_VEC), CONV_THREADS), CONV_THREADS, 0,
                           cuda_stream()>>>((bf16 *)out, (const bf16 *)inp, (const bf16 *)halo, (const bf16 *)w, doc_pos,
                                            T, C, Kc, ldi, ldo, cuda_error_word(), vec);
@@ -188,6 +384,25 @@ extern "C" void cuda_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, co
     if (!rows) return;
     const bool vec = cuda_vec_ok(dinp, C, ldi) && cuda_vec_ok(dhalo, C, C) && cuda_vec_ok(dout, C, ldo) &&
                      cuda_vec_ok(inp, C, ldi) && cuda_vec_ok(halo, C, C);
+    if (Kc == CONV_RUN_KC && T > 0) {
+        /* blocks along T: as many as CONV_PART_BYTES of partials allow, at most CUDA_MAX_PARTIALS, at least
+         * 16 tokens per run; a function of T, C and Kc only */
+        const int64_t part_row = (int64_t)C * Kc * (int64_t)sizeof(float);
+        int64_t gy = (int64_t)CONV_PART_BYTES / part_row;
+        gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
+        const int64_t gy_min_run = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * 16);
+        if (gy > gy_min_run) gy = gy_min_run;
+        const int64_t run = cuda_ceil_div(T, gy * CONV_RUN_ROWS);
+        gy = cuda_ceil_div(T, run * CONV_RUN_ROWS);
+        float *part = (float *)cuda_scratch((size_t)(gy * part_row), "conv1d_silu_backward");
+        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CUDA_VEC), CONV_RUN_LANES), (unsigned)gy);
+        conv_run_backward_kernel<CONV_RUN_KC><<<grid, dim3(CONV_RUN_LANES, CONV_RUN_ROWS), 0, cuda_stream()>>>(
+            (bf16 *)dinp, (bf16 *)dhalo, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)halo,
+            (const bf16 *)w, doc_pos, T, run, C, ldi, ldo, cuda_error_word(), vec);
+        CUDA_LAUNCH_CHECK();
+        cuda_partials_add(dw, part, (int)gy, (int64_t)C * Kc);
+        return;
+    }
     conv_backward_input_kernel<<<(unsigned)cuda_ceil_div(rows * cuda_ceil_div(C, CUDA_VEC), CONV_THREADS),
                                  CONV_THREADS, 0, cuda_stream()>>>((bf16 *)dinp, (bf16 *)dhalo, (const bf16 *)dout,
                                                                    (const bf16 *)inp, (const bf16 *)halo,

@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_forward_kernel(bf16 *out
     cuda_load8n(gv, gate_up + t * 2 * I + c, n, vec);
     cuda_load8n(uv, gate_up + t * 2 * I + I + c, n, vec);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) gv[i] = cuda_siluf(gv[i]) * uv[i];
+    for (int i = 0; i < CUDA_VEC; i++) gv[i] = gv[i] * cuda_sigmoidf(gv[i]) * uv[i];
     cuda_store8n(out + t * I + c, gv, n, vec);
 }
 
@@ -316,9 +316,10 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dg
     cuda_load8n(uv, gate_up + t * 2 * I + I + c, n, vec);
     cuda_load8n(dy, dout + t * I + c, n, vec);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) {
-        dgv[i] = dy[i] * uv[i] * cuda_silu_gradf(gv[i]);
-        duv[i] = dy[i] * cuda_siluf(gv[i]);
+    for (int i = 0; i < CUDA_VEC; i++) { /* one sigmoid: silu = g s, silu' = s (1 + g (1 - s)) */
+        const float sg = cuda_sigmoidf(gv[i]);
+        dgv[i] = dy[i] * uv[i] * (sg * (1.0f + gv[i] * (1.0f - sg)));
+        duv[i] = dy[i] * (gv[i] * sg);
     }
     cuda_store8n(dgate_up + t * 2 * I + c, dgv, n, vec);
     cuda_store8n(dgate_up + t * 2 * I + I + c, duv, n, vec);

@@ -13,9 +13,10 @@
  * In-place bf16 dlogits: row r's fp32 logits occupy bytes [4Vr, 4V(r+1)) of
  * the workspace; its bf16 dlogits go to the first half of the same bytes,
  * [4Vr, 4Vr + 2V), i.e. a bf16 matrix of stride 2V, which the two GEMMs read
- * as it is. The block walks the row in steps of blockDim elements: it reads a
- * step's logits, waits at a barrier, then writes that step's bf16 values,
- * which overlap only logits of this step or earlier ones (already read).
+ * as it is. The block walks the row in steps of LOSS_UNROLL x blockDim
+ * elements: it reads a step's logits, waits at a barrier, then writes that
+ * step's bf16 values, which overlap only logits of this step or earlier ones
+ * (already read).
  *
  * Numerics: per thread an online max and sum of exp (fp32), combined across
  * the block in a fixed order; the target's dlogit is expm1(-loss) grad_scale
@@ -36,6 +37,7 @@
 #include "cuda_kernels.h"
 
 #define LOSS_THREADS 512
+#define LOSS_UNROLL 4 /* logits per thread between two barriers of the dlogits pass */
 
 __global__ void __launch_bounds__(LOSS_THREADS) loss_row_kernel(float *losses /* (n) */,
                                                                 float *logits /* (n, V) fp32; bf16 dlogits out */,
@@ -82,14 +84,23 @@ __global__ void __launch_bounds__(LOSS_THREADS) loss_row_kernel(float *losses /*
     const float loss = lse - sh_target_logit;
     if (threadIdx.x == 0) losses[r] = loss;
     if (!want_grad) return;
-    /* pass 2: bf16 dlogits over the first half of the row's bytes, a step at a time */
+    /* pass 2: bf16 dlogits over the first half of the row's bytes, a step of LOSS_UNROLL x blockDim
+     * elements at a time (the values of step [base, e) land in bytes [2 base, 2 e): logits < e, read) */
     bf16 *dl = reinterpret_cast<bf16 *>(lg);
     const float d_target = expm1f(-loss) * grad_scale;
-    for (int base = 0; base < V; base += blockDim.x) {
-        const int v = base + threadIdx.x;
-        const float l = v < V ? lg[v] : 0.0f;
+    for (int base = 0; base < V; base += LOSS_UNROLL * blockDim.x) {
+        float l[LOSS_UNROLL];
+#pragma unroll
+        for (int k = 0; k < LOSS_UNROLL; k++) {
+            const int v = base + k * blockDim.x + threadIdx.x;
+            l[k] = v < V ? lg[v] : 0.0f;
+        }
         __syncthreads(); /* every logit of this step is read before any of its bf16 values lands */
-        if (v < V) dl[v] = __float2bfloat16_rn(v == target ? d_target : expf(l - lse) * grad_scale);
+#pragma unroll
+        for (int k = 0; k < LOSS_UNROLL; k++) {
+            const int v = base + k * blockDim.x + threadIdx.x;
+            if (v < V) dl[v] = __float2bfloat16_rn(v == target ? d_target : expf(l[k] - lse) * grad_scale);
+        }
     }
 }
 

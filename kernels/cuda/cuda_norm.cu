@@ -22,6 +22,15 @@
  * scratch, and cuda_partials_add adds the blocks' partials to dw in block
  * order. No float atomics.
  *
+ * The L2 norm and the gated RMSNorm with D (dv) = 64, 128 or 256 on the 16-byte path (the GDN
+ * heads) takes group kernels instead: a row is one group of dv/8 lanes (so
+ * a warp holds 32*8/dv rows and no lane idles), each lane keeps its one
+ * 8-column vector of w and, backward, of the dw sums in registers across
+ * the rows it walks, and the block adds its groups' sums in group order
+ * into its partials: the same deterministic two stages, without a shared
+ * memory update per row (the L2 norm has no parameter: its group kernels
+ * are the row kernels without the idle half-warps).
+ *
  * Aliasing as on cpu: l2norm_backward may run with dinp == dout (same ld),
  * gated_rmsnorm_backward with dx == dout: a lane reads a column's inputs
  * before it writes that column, and the row's dot product is complete first.
@@ -54,6 +63,16 @@ template <typename K>
 static void norm_allow_smem(K kernel, size_t smem) {
     if (smem > NORM_SMEM_DEFAULT)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+
+#define NORM_GROUP_THREADS 512 /* threads per block of the group kernels (L2 norm, gated RMSNorm) */
+
+/* sum over the LPR lanes of a row's group (butterfly inside the group: fixed order) */
+template <int LPR>
+__device__ __forceinline__ float norm_group_sum(float v) {
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 /* ---- RMSNorm --------------------------------------------------------------------------------- */
@@ -245,6 +264,82 @@ __global__ void __launch_bounds__(256) norm_l2_backward_kernel(bf16 *dinp /* (T,
     }
 }
 
+/* ---- L2 norm, group kernels: one row = LPR lanes x 8 columns (D == 8 LPR, 16-byte path) ---- */
+
+template <int LPR>
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kernel(bf16 *out /* (T,ldo) */,
+                                                                                    float *rstd /* (T,nh) */,
+                                                                                    const bf16 *inp /* (T,ldi) */,
+                                                                                    int64_t rows, int nh, int ldi,
+                                                                                    int ldo) {
+    constexpr int D = LPR * CUDA_VEC;
+    const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
+    const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
+    const bool live = r < rows;
+    const int64_t rr = live ? r : 0, t = rr / nh;
+    const int h = (int)(rr % nh);
+    float f[CUDA_VEC];
+    cuda_load8(f, inp + t * ldi + (int64_t)h * D + c);
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
+    const float rs = 1.0f / sqrtf(norm_group_sum<LPR>(ss) + L2NORM_EPS);
+    if (!live) return;
+    if (l == 0) rstd[r] = rs;
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) f[i] *= rs;
+    cuda_store8(out + t * ldo + (int64_t)h * D + c, f);
+}
+
+template <int LPR>
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_backward_kernel(bf16 *dinp /* (T,ldi) = */,
+                                                                                     const bf16 *dout /* (T,ldo) */,
+                                                                                     const bf16 *out /* (T,ldo) */,
+                                                                                     const float *rstd /* (T,nh) */,
+                                                                                     int64_t rows, int nh, int ldi,
+                                                                                     int ldo) {
+    constexpr int D = LPR * CUDA_VEC;
+    const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
+    const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
+    const bool live = r < rows;
+    const int64_t rr = live ? r : 0, t = rr / nh;
+    const int h = (int)(rr % nh);
+    float g[CUDA_VEC], yv[CUDA_VEC];
+    cuda_load8(g, dout + t * ldo + (int64_t)h * D + c);
+    cuda_load8(yv, out + t * ldo + (int64_t)h * D + c);
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) dot += g[i] * yv[i];
+    dot = norm_group_sum<LPR>(dot);
+    if (!live) return;
+    const float rs = rstd[r];
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) g[i] = rs * (g[i] - dot * yv[i]);
+    cuda_store8(dinp + t * ldi + (int64_t)h * D + c, g);
+}
+
+/* launches the group kernel of LPR lanes for D (64, 128, 256); false when D has none */
+static bool norm_l2_group(bool backward, bf16 *y_or_dinp, float *rstd_out, const bf16 *x_or_dout, const bf16 *out,
+                          const float *rstd, int64_t rows, int nh, int D, int ldi, int ldo) {
+    const unsigned blocks = (unsigned)cuda_ceil_div(rows * D / CUDA_VEC, NORM_GROUP_THREADS);
+    const cudaStream_t st = cuda_stream();
+#define NORM_L2_LAUNCH(LPR)                                                                                        \
+    (backward ? norm_l2_group_backward_kernel<LPR><<<blocks, NORM_GROUP_THREADS, 0, st>>>(y_or_dinp, x_or_dout, out, \
+                                                                                          rstd, rows, nh, ldi, ldo)  \
+              : norm_l2_group_forward_kernel<LPR><<<blocks, NORM_GROUP_THREADS, 0, st>>>(y_or_dinp, rstd_out,        \
+                                                                                         x_or_dout, rows, nh, ldi,   \
+                                                                                         ldo))
+    switch (D) {
+    case 64: NORM_L2_LAUNCH(8); break;
+    case 128: NORM_L2_LAUNCH(16); break;
+    case 256: NORM_L2_LAUNCH(32); break;
+    default: return false;
+    }
+#undef NORM_L2_LAUNCH
+    CUDA_LAUNCH_CHECK();
+    return true;
+}
+
 extern "C" void cuda_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi,
                                     int ldo) {
     RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
@@ -252,6 +347,7 @@ extern "C" void cuda_l2norm_forward(void *out, float *rstd, const void *inp, int
     const int64_t rows = T * nh;
     if (!rows) return;
     const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(out, D, ldo);
+    if (vec && norm_l2_group(false, (bf16 *)out, rstd, (const bf16 *)inp, NULL, NULL, rows, nh, D, ldi, ldo)) return;
     norm_l2_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>((bf16 *)out, rstd, (const bf16 *)inp,
                                                                              rows, nh, D, ldi, ldo, vec);
     CUDA_LAUNCH_CHECK();
@@ -265,6 +361,9 @@ extern "C" void cuda_l2norm_backward(void *dinp, const void *dout, const void *o
     if (!rows) return;
     const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(dinp, D, ldi) && cuda_vec_ok(dout, D, ldo) &&
                      cuda_vec_ok(out, D, ldo);
+    if (vec && norm_l2_group(true, (bf16 *)dinp, NULL, (const bf16 *)dout, (const bf16 *)out, rstd, rows, nh, D, ldi,
+                             ldo))
+        return;
     norm_l2_backward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
         (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)out, rstd, rows, nh, D, ldi, ldo, vec);
     CUDA_LAUNCH_CHECK();
@@ -367,6 +466,120 @@ __global__ void __launch_bounds__(256) norm_gated_backward_kernel(bf16 *dxs /* (
     }
 }
 
+/* ---- gated RMSNorm, group kernels: one row = LPR lanes x 8 columns (dv == 8 LPR, 16-byte path) ---- */
+
+template <int LPR>
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_forward_kernel(
+    bf16 *out /* (T,nv*dv) */, float *rstd /* (T,nv) */, const bf16 *xs /* (T,nv*dv) */, const bf16 *zs /* (T,ldz) */,
+    const bf16 *w /* (dv) */, int64_t rows, int nv, int ldz, float eps) {
+    constexpr int dv = LPR * CUDA_VEC;
+    const int l = threadIdx.x % LPR;
+    const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
+    const bool live = r < rows; /* every lane takes part in the shuffles */
+    const int64_t rr = live ? r : 0, t = rr / nv;
+    const int h = (int)(rr % nv), c = l * CUDA_VEC;
+    float f[CUDA_VEC], zv[CUDA_VEC], wv[CUDA_VEC];
+    cuda_load8(f, xs + rr * dv + c);
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
+    const float rs = 1.0f / sqrtf(norm_group_sum<LPR>(ss) / dv + eps);
+    if (!live) return;
+    if (l == 0) rstd[r] = rs;
+    cuda_load8(zv, zs + t * ldz + (int64_t)h * dv + c);
+    cuda_load8(wv, w + c);
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) f[i] = wv[i] * (f[i] * rs) * cuda_siluf(zv[i]);
+    cuda_store8(out + r * dv + c, f);
+}
+
+/* the backward of norm_gated_backward_kernel, rows [r0, r1) of the block walked by its groups */
+template <int LPR>
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_kernel(
+    bf16 *dxs /* (T,nv*dv) = */, bf16 *dzs /* (T,ldz) = */, float *part /* (gridDim.x, dv) */,
+    const bf16 *dout /* (T,nv*dv) */, const bf16 *xs /* (T,nv*dv) */, const bf16 *zs /* (T,ldz) */,
+    const bf16 *w /* (dv) */, const float *rstd /* (T,nv) */, int64_t rows, int64_t rows_per_block, int nv, int ldz) {
+    constexpr int dv = LPR * CUDA_VEC, G = NORM_GROUP_THREADS / LPR;
+    __shared__ float sh[G][dv];
+    const int l = threadIdx.x % LPR, grp = threadIdx.x / LPR, c = l * CUDA_VEC;
+    float wv[CUDA_VEC], acc[CUDA_VEC];
+    cuda_load8(wv, w + c);
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) acc[i] = 0.0f;
+    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
+    const int64_t r1 = min(rows, r0 + rows_per_block);
+    /* the trip count is the same for every group of a warp (r1 - r0 rows, G groups): lanes of a warp
+     * leave together, so the shuffles always see the whole warp */
+    for (int64_t rb = r0; rb < r1; rb += G) {
+        const int64_t r = rb + grp;
+        const bool live = r < r1;
+        const int64_t rr = live ? r : r0, t = rr / nv;
+        const int h = (int)(rr % nv);
+        float xv[CUDA_VEC], zv[CUDA_VEC], g[CUDA_VEC];
+        cuda_load8(xv, xs + rr * dv + c);
+        cuda_load8(zv, zs + t * ldz + (int64_t)h * dv + c);
+        cuda_load8(g, dout + rr * dv + c);
+        const float rs = rstd[rr];
+        float dot = 0.0f, sz[CUDA_VEC];
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) {
+            sz[i] = cuda_siluf(zv[i]);
+            dot += (g[i] * wv[i] * sz[i]) * (xv[i] * rs);
+        }
+        const float mean_dot = norm_group_sum<LPR>(dot) / dv;
+        if (!live) continue;
+        float dxv[CUDA_VEC], dzv[CUDA_VEC];
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) {
+            const float nn = xv[i] * rs;
+            const float dn = g[i] * wv[i] * sz[i];
+            dzv[i] = g[i] * wv[i] * nn * cuda_silu_gradf(zv[i]);
+            dxv[i] = rs * (dn - nn * mean_dot);
+            acc[i] += g[i] * (nn * sz[i]);
+        }
+        cuda_store8(dzs + t * ldz + (int64_t)h * dv + c, dzv);
+        cuda_store8(dxs + r * dv + c, dxv);
+    }
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) sh[grp][c + i] = acc[i];
+    __syncthreads();
+    for (int k = threadIdx.x; k < dv; k += NORM_GROUP_THREADS) {
+        float s = 0.0f;
+        for (int q = 0; q < G; q++) s += sh[q][k];
+        part[(int64_t)blockIdx.x * dv + k] = s;
+    }
+}
+
+/* launches the group kernel of LPR lanes for dv (64, 128, 256); false when dv has none */
+static bool norm_gated_group_forward(bf16 *out, float *rstd, const bf16 *x, const bf16 *z, const bf16 *w, int64_t rows,
+                                     int nv, int dv, int ldz, float eps) {
+    const unsigned blocks = (unsigned)cuda_ceil_div(rows * dv / CUDA_VEC, NORM_GROUP_THREADS);
+    switch (dv) {
+    case 64: norm_gated_group_forward_kernel<8><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(out, rstd, x, z, w, rows, nv, ldz, eps); break;
+    case 128: norm_gated_group_forward_kernel<16><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(out, rstd, x, z, w, rows, nv, ldz, eps); break;
+    case 256: norm_gated_group_forward_kernel<32><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(out, rstd, x, z, w, rows, nv, ldz, eps); break;
+    default: return false;
+    }
+    CUDA_LAUNCH_CHECK();
+    return true;
+}
+
+static bool norm_gated_group_backward(bf16 *dx, bf16 *dz, float *dw, const bf16 *dout, const bf16 *x, const bf16 *z,
+                                      const bf16 *w, const float *rstd, int64_t rows, int nv, int dv, int ldz) {
+    if (dv != 64 && dv != 128 && dv != 256) return false;
+    const int blocks = cuda_partial_blocks(rows, 4 * (NORM_GROUP_THREADS * CUDA_VEC / dv));
+    const int64_t rpb = cuda_ceil_div(rows, blocks);
+    float *part = (float *)cuda_scratch((size_t)blocks * dv * sizeof(float), "gated_rmsnorm_backward");
+    switch (dv) {
+    case 64: norm_gated_group_backward_kernel<8><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
+    case 128: norm_gated_group_backward_kernel<16><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
+    default: norm_gated_group_backward_kernel<32><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
+    }
+    CUDA_LAUNCH_CHECK();
+    cuda_partials_add(dw, part, blocks, dv);
+    return true;
+}
+
 extern "C" void cuda_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w,
                                            int64_t T, int nv, int dv, int ldz, float eps) {
     RS_CHECK(T >= 0 && nv > 0 && dv > 0, "T %lld nv %d dv %d", (long long)T, nv, dv);
@@ -375,6 +588,9 @@ extern "C" void cuda_gated_rmsnorm_forward(void *out, float *rstd, const void *x
     if (!rows) return;
     const bool vec = dv % CUDA_VEC == 0 && cuda_vec_ok(out, dv, dv) && cuda_vec_ok(x, dv, dv) &&
                      cuda_vec_ok(z, dv, ldz) && cuda_vec_ok(w, dv, dv);
+    if (vec && norm_gated_group_forward((bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)z, (const bf16 *)w, rows, nv,
+                                        dv, ldz, eps))
+        return;
     norm_gated_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
         (bf16 *)out, rstd, (const bf16 *)x, (const bf16 *)z, (const bf16 *)w, rows, nv, dv, ldz, eps, vec);
     CUDA_LAUNCH_CHECK();
@@ -390,6 +606,9 @@ extern "C" void cuda_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const
     const bool vec = dv % CUDA_VEC == 0 && cuda_vec_ok(dx, dv, dv) && cuda_vec_ok(dz, dv, ldz) &&
                      cuda_vec_ok(dout, dv, dv) && cuda_vec_ok(x, dv, dv) && cuda_vec_ok(z, dv, ldz) &&
                      cuda_vec_ok(w, dv, dv);
+    if (vec && norm_gated_group_backward((bf16 *)dx, (bf16 *)dz, dw, (const bf16 *)dout, (const bf16 *)x,
+                                         (const bf16 *)z, (const bf16 *)w, rstd, rows, nv, dv, ldz))
+        return;
     size_t smem;
     const int nw = norm_bwd_warps(dv, &smem);
     const int blocks = cuda_partial_blocks(rows, 4 * nw);

@@ -7,22 +7,27 @@ What is configured, exactly:
   - Qwen3NextConfig(num_experts=0, mlp_only_layers=[0..L-1], layer_types from the request,
     rope_parameters={rope_type: default, rope_theta, partial_rotary_factor}, attention_bias=False,
     attn_implementation="sdpa"): every layer's MLP is Qwen3NextMLP (checked), no router, no MoE.
-  - FLA: transformers enables its fast path only when the `fla` package has install metadata (or,
-    in newer versions, when hub_kernels can load "fla"); a snapshot folder on PYTHONPATH has
-    neither, so before the model file is imported this script makes the availability check answer
-    True and hands the fla module to hub_kernels' module table. FLA's chunk_gated_delta_rule is
-    wrapped in a call counter, and after the first step the script stops unless it ran once per
-    linear-attention layer (no silent torch fallback); the note names the gated norm used. causal-conv1d is
-    not installed there: the short convolution is torch's F.conv1d (transformers' own fallback).
-    FLA's #640 guard (Triton < 3.7.1 on Hopper) is lifted for timing, as in gdn_fla.py.
+  - FLA: transformers 5.x resolves its fast kernels when its modeling file is imported (hub kernels,
+    else the `fla` package, else the torch reference functions) and calls module-level functions;
+    4.x binds instance attributes in __init__. After the model is built this script points both at
+    FLA: chunk_gated_delta_rule (behind an adapter that maps transformers' argument names onto FLA's,
+    drops keywords FLA does not take, and counts the calls), fused_recurrent_gated_delta_rule, and,
+    unless STEP_HF_CONV=torch, the short convolution through FLA's Triton causal_conv1d (causal-conv1d
+    is not installed there; STEP_HF_CONV=torch keeps transformers' F.conv1d fallback); a torch gated
+    norm is replaced by FLA's FusedRMSNormGated (same weight). After the first step the script stops
+    unless FLA's chunk rule ran once per linear-attention layer (no silent torch fallback); the notes
+    say how transformers called it, which norm and which conv ran. FLA's #640 guard (Triton < 3.7.1
+    on Hopper) is lifted for timing, as in gdn_fla.py.
   - Precision as ringscan trains: fp32 parameters, AdamW (torch, fused) state in fp32, forward and
     backward under torch.autocast(bfloat16).
   - Loss: the last hidden state through FLA's FusedLinearCrossEntropyLoss with lm_head's weight
     (chunked; the 32k x 152k logits never exist, as in ringscan's fused lm_head loss), next-token
     targets, the last token ignored; gradient clipping at the request's grad_clip.
-  - Activation checkpointing: off first; if the first step runs out of memory, it is turned on
-    (model.gradient_checkpointing_enable, non-reentrant) and the step retried. The note says which.
-Timing: warm-up steps, then timed steps (host clock around a synchronised step), the median.
+  - Memory: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless the caller set it.
+  - Activation checkpointing: off first; if a warm-up step (at least 2, so that AdamW's state
+    exists) runs out of memory, it is turned on (model.gradient_checkpointing_enable,
+    non-reentrant) and the warm-up retried. The note says which.
+Timing: the warm-up steps, then timed steps (host clock around a synchronised step), the median.
 Memory: torch.cuda.max_memory_allocated (peak_alloc_bytes) and max_memory_reserved
 (device_used_bytes) over the timed steps, weights and optimizer state included.
 
@@ -30,54 +35,125 @@ Run by `ringscan bench step --peer`; standalone:
   PYTHONPATH=.dev/peer python3 tests/peer/step_hf.py --request runs/bench/request_step.json --out /tmp/hf.json
 """
 import gc
+import inspect
+import os
 import statistics
 import time
 
-import torch
+# before torch allocates: PyTorch's expandable segments, the setting long-context training uses against
+# fragmentation (the caller's own PYTORCH_CUDA_ALLOC_CONF wins)
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-import peer_common as pc
+import torch  # noqa: E402
+
+import peer_common as pc  # noqa: E402
+
+QKV_NAMES = {"query": "q", "key": "k", "value": "v"}  # transformers' names -> FLA's
+
+
+def fla_adapter(fn, calls=None, seen=None):
+    """fn (an FLA function) called the way transformers calls its torch rule: query/key/value renamed
+    to q/k/v, keywords FLA does not take dropped (as transformers' own hub wrapper does)"""
+    params = set(inspect.signature(fn).parameters)
+
+    def call(*args, **kw):
+        if seen is not None and not seen:
+            seen.append(f"{len(args)} positional + keywords {sorted(kw)}")
+        kw = {QKV_NAMES.get(k, k): x for k, x in kw.items()}
+        kw = {k: x for k, x in kw.items() if k in params}
+        if calls is not None:
+            calls[0] += 1
+        return fn(*args, **kw)
+
+    return call
 
 
 def load_model_file(notes):
-    """Imports FLA and transformers' qwen3_next so that the model calls FLA's kernels; returns
-    (modeling module, FusedLinearCrossEntropyLoss, call counter of FLA's chunk_gated_delta_rule)."""
+    """Imports FLA and transformers' qwen3_next; returns (modeling module, the FLA handles, call counter
+    of FLA's chunk_gated_delta_rule)."""
     try:
-        import fla
         import fla.ops.common.chunk_o as chunk_o
-        import fla.ops.gated_delta_rule as fla_gdn
-        import fla.ops.gated_delta_rule.chunk as fla_gdn_chunk
-        from fla.modules import FusedLinearCrossEntropyLoss
+        from fla.modules import FusedLinearCrossEntropyLoss, FusedRMSNormGated
+        from fla.modules.conv.causal_conv1d import causal_conv1d
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError as e:
         pc.usage_exit(f"flash-linear-attention is not importable ({e}); put a snapshot's fla folder on PYTHONPATH")
     if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
         chunk_o.TRITON_ABOVE_3_7_1 = True
         notes.append("FLA's guard against Triton < 3.7.1 on Hopper (issue #640: wrong gated dqkwg gradients) "
                      "lifted in memory for timing only")
-    # count the calls of FLA's chunk_gated_delta_rule, whichever way transformers binds it
-    calls = [0]
-    orig = fla_gdn.chunk_gated_delta_rule
+    calls, seen = [0], []
 
-    def counted(*args, **kw):
-        calls[0] += 1
-        return orig(*args, **kw)
+    def fla_conv(hidden_states, weight, bias=None, activation=None, **kw):
+        """transformers' causal_conv1d_fn on (B, D, T) through FLA's Triton causal conv on (B, T, D): the
+        transposes are views of the (B, T, D) projection, no copies"""
+        y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight.to(hidden_states.dtype), bias,
+                             activation=activation)
+        return y.transpose(1, 2)
 
-    fla_gdn.chunk_gated_delta_rule = fla_gdn_chunk.chunk_gated_delta_rule = counted
-    # transformers' availability checks need install metadata, which a snapshot folder lacks
-    import transformers.utils.import_utils as iu
-    iu.is_flash_linear_attention_available = lambda: True
-    try:  # newer transformers resolve "fla" through hub_kernels.lazy_load_kernel: hand it the module
-        import transformers.integrations.hub_kernels as hk
-        for name in ("fla", "flash-linear-attention", "flash_linear_attention"):
-            hk._KERNEL_MODULE_MAPPING[name] = fla
-    except (ImportError, AttributeError):
-        pass
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
-    if getattr(mq, "chunk_gated_delta_rule", counted) is None:  # older layout: module-level names
-        from fla.modules import FusedRMSNormGated
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-        mq.chunk_gated_delta_rule, mq.fused_recurrent_gated_delta_rule = counted, fused_recurrent_gated_delta_rule
-        mq.FusedRMSNormGated = FusedRMSNormGated
-    return mq, FusedLinearCrossEntropyLoss, calls
+    fla_api = {"chunk": fla_adapter(chunk_gated_delta_rule, calls, seen),
+               "recurrent": fla_adapter(fused_recurrent_gated_delta_rule), "conv": fla_conv,
+               "norm": FusedRMSNormGated, "flce": FusedLinearCrossEntropyLoss, "seen": seen}
+    return mq, fla_api, calls
+
+
+def set_function(module, name, fn):
+    """module.name = fn as a plain instance attribute, also where the class bound a kernel module there"""
+    module._modules.pop(name, None)
+    object.__setattr__(module, name, fn)
+
+
+def bind_fla(mq, model, fla_api, notes):
+    """Points the model's chunk and recurrent rules (and, unless STEP_HF_CONV=torch, its causal conv) at
+    FLA's kernels and gives every linear-attention layer FLA's gated RMSNorm; returns the layers bound.
+    transformers 5.x calls module-level functions of modeling_qwen3_next (torch_chunk_gated_delta_rule,
+    ...; its hub wrapper would drop keywords it cannot see in a wrapper's signature), 4.x instance
+    attributes set in __init__: both are replaced here, after the model is built."""
+    conv = os.environ.get("STEP_HF_CONV", "fla")
+    if conv not in ("fla", "torch"):
+        pc.usage_exit(f"STEP_HF_CONV={conv}: fla or torch")
+    bound = []
+    if hasattr(mq, "torch_chunk_gated_delta_rule"):  # 5.x
+        mq.torch_chunk_gated_delta_rule = fla_api["chunk"]
+        mq.torch_recurrent_gated_delta_rule = fla_api["recurrent"]
+        bound.append("modeling_qwen3_next.torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule")
+        if conv == "fla":
+            mq.causal_conv1d_fn = fla_api["conv"]
+            bound.append("modeling_qwen3_next.causal_conv1d_fn = FLA's Triton causal_conv1d")
+    n = 0
+    norm_kinds = set()
+    for layer in model.model.layers:
+        la = getattr(layer, "linear_attn", None)
+        if la is None:
+            continue
+        if hasattr(la, "chunk_gated_delta_rule"):  # 4.x
+            set_function(la, "chunk_gated_delta_rule", fla_api["chunk"])
+            for name in ("recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+                if hasattr(la, name):
+                    set_function(la, name, fla_api["recurrent"])
+            if conv == "fla" and getattr(la, "causal_conv1d_fn", None) is None:
+                set_function(la, "causal_conv1d_fn", fla_api["conv"])
+            if not n:
+                bound.append("GatedDeltaNet.chunk_gated_delta_rule (instance attributes)")
+        elif not bound:
+            pc.usage_exit(f"{type(la).__name__}: no chunk rule to bind in this transformers "
+                          "(see its modeling_qwen3_next.py)")
+        if not isinstance(la.norm, fla_api["norm"]):
+            old = la.norm
+            new = fla_api["norm"](old.weight.numel(), eps=getattr(old, "variance_epsilon", getattr(old, "eps", 1e-6)),
+                                  activation="silu", device=old.weight.device, dtype=old.weight.dtype)
+            with torch.no_grad():
+                new.weight.copy_(old.weight)
+            norm_kinds.add(f"{type(old).__name__} replaced by FLA's FusedRMSNormGated")
+            la.norm = new
+        else:
+            norm_kinds.add("FLA's FusedRMSNormGated (transformers' own choice)")
+        n += 1
+    notes.append(f"FLA bound for {n} linear-attention layers: {'; '.join(bound)}; gated norm: "
+                 f"{', '.join(sorted(norm_kinds))}; short conv: "
+                 f"{'FLA causal_conv1d (Triton)' if conv == 'fla' else 'torch F.conv1d (STEP_HF_CONV=torch)'}")
+    return n
 
 
 def build(mq, c, notes):
@@ -114,7 +190,7 @@ def build(mq, c, notes):
     notes.append(f"Qwen3NextForCausalLM, {n:,} parameters, num_experts=0, mlp_only_layers=all {L} layers "
                  f"(dense Qwen3NextMLP), attention {model.config._attn_implementation}, rotary dims {rd}; "
                  "fp32 params + autocast bf16; "
-                 "AdamW(fused); short conv = torch F.conv1d (causal-conv1d absent)")
+                 "AdamW(fused)")
     return model, n
 
 
@@ -122,7 +198,7 @@ def main():
     a = pc.parse_args(__doc__.splitlines()[0])
     req = pc.load_request(a.request, "step")
     notes = []
-    mq, FLCE, calls = load_model_file(notes)
+    mq, fla_api, calls = load_model_file(notes)
     import transformers
     device, sw = pc.device_and_software(torch, {"transformers": transformers.__version__})
     results = []
@@ -132,7 +208,7 @@ def main():
                 pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
         row = {"case": c["name"], "impl": "hf-qwen3next+fla"}
         try:
-            row.update(run_case(mq, FLCE, calls, c, req, notes))
+            row.update(run_case(mq, fla_api, calls, c, req, notes))
         except (RuntimeError, torch.OutOfMemoryError) as e:
             row["error"] = pc.short_error(e)
         print(row, flush=True)
@@ -142,16 +218,17 @@ def main():
     pc.write_result(a.out, "step", device, sw, notes, results)
 
 
-def run_case(mq, FLCE, calls, c, req, notes):
+def run_case(mq, fla_api, calls, c, req, notes):
     T, tr = c["T"], c["train"]
     model, _ = build(mq, c, notes)
+    bind_fla(mq, model, fla_api, notes)
     opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"],
                             weight_decay=tr["weight_decay"], fused=True)
     gen = torch.Generator(device="cuda").manual_seed(req["seed"])
     ids = torch.randint(0, c["model"]["vocab_size"], (1, T), device="cuda", generator=gen)
     labels = torch.full_like(ids, -100)
     labels[:, :-1] = ids[:, 1:]
-    loss_fn = FLCE()
+    loss_fn = fla_api["flce"]()
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -164,8 +241,12 @@ def run_case(mq, FLCE, calls, c, req, notes):
         opt.step()
         return loss.item()
 
+    # the warm-up steps, at least 2: the second is the first with AdamW's state allocated (the step that
+    # ran out of memory at 32k without checkpointing on an 80 GB H100)
+    warm = max(req["warmup"], 2)
     try:
-        step()
+        for _ in range(warm):
+            step()
         ckpt = False
     except torch.OutOfMemoryError:
         ckpt = True  # retried below, outside this block, so the failed step's tensors are released
@@ -174,25 +255,24 @@ def run_case(mq, FLCE, calls, c, req, notes):
         gc.collect()
         torch.cuda.empty_cache()
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        step()
+        calls[0] = 0
+        for _ in range(warm):
+            step()
     torch.cuda.synchronize()
     n_lin = c["model"]["layer_types"].count("linear_attention")
-    if calls[0] < n_lin:
-        pc.usage_exit(f"FLA's chunk_gated_delta_rule ran {calls[0]} times in a step of {n_lin} linear-attention layers: "
+    if calls[0] < warm * n_lin:
+        pc.usage_exit(f"FLA's chunk_gated_delta_rule ran {calls[0]} times in {warm} steps of {n_lin} linear-attention layers: "
                       "transformers did not use FLA; refusing to time its torch fallback")
-    la = next(l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn"))
-    notes.append(f"FLA chunk_gated_delta_rule calls in the first step: {calls[0]} ({n_lin} linear-attention layers); "
-                 f"gated norm: {type(la.norm).__name__}")
+    notes.append(f"FLA chunk_gated_delta_rule calls in the {warm} warm-up steps: {calls[0]} ({n_lin} linear-attention layers); "
+                 f"transformers called it with {fla_api['seen'][0] if fla_api['seen'] else '?'}")
     torch.cuda.reset_peak_memory_stats()
     ms, spent, loss = [], 0.0, float("nan")
-    for i in range(max(req["warmup"] - 1, 0) + req["reps"]):
+    for i in range(req["reps"]):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = step()
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        if i < req["warmup"] - 1:
-            continue
         ms.append(dt * 1e3)
         spent += dt
         if len(ms) >= 3 and spent > req["max_s"]:

@@ -1,0 +1,51 @@
+/*
+ * cuda_profile.h — an opt-in timer of the cuda backend's entries, for finding
+ * where a training step's time goes. Information only: nothing reads its
+ * numbers but a person.
+ *
+ * On when the environment has RS_CUDA_PROFILE=1 at the first use. Then the
+ * table `backend_cuda_profiled` (backend_cuda.c) wraps every Backend entry in
+ * cuda_profile_begin/cuda_profile_end: two CUDA events on the compute stream
+ * (the entry's GPU time, launch gaps inside it included) and the host clock
+ * (the time the caller waited: large where an entry synchronises). Off, the
+ * plain table `backend_cuda` runs and nothing here is called.
+ *
+ * cuda_backend_table() picks the table; cuda_profile_reset() forgets what was
+ * counted so far (the bench calls it after its warm-up steps);
+ * cuda_profile_print(f, steps) prints a table sorted by GPU time, per step
+ * when steps > 0. When on, the table is also printed to stderr at exit unless
+ * cuda_profile_print ran after the last reset.
+ *
+ * Used by `ringscan bench step` (lib/bench_step.c); the trainer takes the
+ * plain table (lib/train.c) and is not profiled.
+ *
+ * Plain C types only, so lib/ can include it without CUDA headers.
+ */
+#ifndef RS_CUDA_PROFILE_H
+#define RS_CUDA_PROFILE_H
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct Backend;
+
+/* 1 when RS_CUDA_PROFILE=1 (read once) */
+int  cuda_profile_on(void);
+/* backend_cuda_profiled when the profile is on, else backend_cuda */
+const struct Backend *cuda_backend_table(void);
+/* starts timing entry `name` (a string literal: its address identifies the entry); returns a token for
+ * cuda_profile_end */
+int  cuda_profile_begin(const char *name);
+void cuda_profile_end(int token);
+void cuda_profile_reset(void);
+/* synchronises the compute stream, then prints: entry, calls, GPU ms, host ms, share of the GPU sum */
+void cuda_profile_print(FILE *f, int steps);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
