@@ -192,6 +192,13 @@ $(BUILD)/gen/sbatch_template.c: slurm/job.sbatch.in
 $(BUILD)/gen/sbatch_template.o: $(BUILD)/gen/sbatch_template.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# build_info.o carries the commit: rebuilt whenever HEAD moves (the stamp changes only then).
+$(BUILD)/git_sha.stamp: FORCE
+	@mkdir -p $(dir $@); echo '$(GIT_SHA)' | cmp -s - $@ || echo '$(GIT_SHA)' > $@
+$(BUILD)/lib/build_info.o: $(BUILD)/git_sha.stamp
+.PHONY: FORCE
+FORCE:
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@

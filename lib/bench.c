@@ -24,6 +24,7 @@
  * Callers: cmd/ringscan.c (bench_main).
  */
 #include "bench.h"
+#include "build_info.h"
 
 #include <errno.h>
 #include <math.h>
@@ -43,9 +44,6 @@
 #include "cuda_bench.h"
 #endif
 
-#ifndef RS_GIT_SHA
-#define RS_GIT_SHA "unknown"
-#endif
 
 const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
 
@@ -650,7 +648,7 @@ int bench_main(int argc, char **argv) {
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
     printf("ringscan bench | %s | %s, %d SMs, %.1f GiB | peak %.0f TFLOP/s (%s), %.2f TB/s (%s) | commit %s\n", date,
-           dev.name, dev.sms, dev.mem_gib, dev.peak_tflops, dev.peak_source, dev.hbm_tbps, dev.hbm_source, RS_GIT_SHA);
+           dev.name, dev.sms, dev.mem_gib, dev.peak_tflops, dev.peak_source, dev.hbm_tbps, dev.hbm_source, build_info_git_sha());
     printf("timing: CUDA events on the compute stream, %d warm-up run(s), median of up to %d runs (at least 3 once "
            "%.0f s are spent)\n", o.warmup, o.reps, o.max_s);
     fflush(stdout);
@@ -693,7 +691,7 @@ int bench_main(int argc, char **argv) {
     }
 #endif
 
-    json_t *all = json_pack("{ss ss ss si sf sf}", "schema", "ringscan-bench/1", "date", date, "commit", RS_GIT_SHA,
+    json_t *all = json_pack("{ss ss ss si sf sf}", "schema", "ringscan-bench/1", "date", date, "commit", build_info_git_sha(),
                             "sms", dev.sms, "peak_tflops", dev.peak_tflops, "hbm_tbps", dev.hbm_tbps);
     json_object_set_new(all, "device", json_string(dev.name));
     for (int k = 0; k < BENCH_KIND_COUNT; k++) {

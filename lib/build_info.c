@@ -17,6 +17,8 @@
 #define RS_GIT_SHA "unknown"
 #endif
 
+const char *build_info_git_sha(void) { return RS_GIT_SHA; }
+
 void build_info_print(FILE *f) {
     char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
     int n = 0;

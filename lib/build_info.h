@@ -11,4 +11,8 @@
 
 void build_info_print(FILE *f);
 
+/* The git commit this binary was built from (12 hex digits, "unknown" outside a checkout); the
+ * Makefile rebuilds build_info.o whenever HEAD moves, so this never names an older commit. */
+const char *build_info_git_sha(void);
+
 #endif
