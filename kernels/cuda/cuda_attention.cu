@@ -172,6 +172,8 @@ typedef struct {
     const uint32_t *q_live, *q_part;  /* (nq,nkw) bitmasks over key tiles, one row per query tile */
     const uint32_t *k_live, *k_part;  /* (nk,nqw) bitmasks over query tiles, one row per key tile */
     const float *lse2, *D;            /* (nh,Tq_pad) backward row statistics */
+    uint32_t *dq_sem;                 /* (nh,nq,2) v3: last key block (+1) that added to a dq tile half */
+    int dq_order;                     /* v3: 1 = dq adds in key-block order (reproducible), 0 = plain atomics */
     int Tq, Tk, Tq_pad;
     int nh, nkv, group;
     int ldq, ldk, ldo;
@@ -1141,6 +1143,325 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     }
 }
 
+/* ---- backward v3: dK, dV and dQ in one kernel ------------------------------------------------ */
+
+/* v3 layout: the v2 dk/dv block (own K, V; Q, dO streamed in 64-query tiles) plus two dS^T buffers
+ * (row = key, 64 query columns, 128-byte swizzle: the M-major A operand of dQ = dS K). Without SPLIT
+ * the two consumers' 64-key halves fill one buffer (double-buffered over tiles, one 256-thread barrier
+ * per tile); with SPLIT (hd 256) both consumers hold the same dS^T and each writes its own buffer. */
+template <int HD>
+struct AttnBwd3Cfg {
+    static constexpr bool SPLIT = HD == 256;
+    static constexpr int ROWS = SPLIT ? 64 : 128; /* keys per block */
+    static constexpr int OUTW = SPLIT ? 128 : HD; /* dK, dV columns per consumer */
+    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? 3 : 2;
+    static constexpr int PANELS = HD / 64;
+    static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
+    static constexpr int own_bytes = ROWS * HD * 2;
+    static constexpr int tile_bytes = ATTN_TILE * HD * 2;
+    static constexpr int ds_bytes = (SPLIT ? 64 : ROWS) * 128; /* one dS^T buffer (bf16, 64 query columns) */
+    static constexpr int meta_bytes = 4 * ATTN_TILE * 4;       /* lse2, D, pos, doc_pos of the streamed queries */
+    static constexpr int off_b = own_bytes;
+    static constexpr int off_x = 2 * own_bytes;
+    static constexpr int off_y = off_x + ST * tile_bytes;
+    static constexpr int off_ds = off_y + ST * tile_bytes;
+    static constexpr int off_meta = off_ds + 2 * ds_bytes;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST] */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST) + 1024;
+};
+
+/* the highest set bit below `before` in a bitmask row, or -1 */
+static __device__ __forceinline__ int attn_prev_live(const uint32_t *row, int before) {
+    if (before <= 0) return -1;
+    int w = (before - 1) >> 5;
+    const int b = before - 32 * w; /* 1..32 bits of word w count */
+    uint32_t m = __ldg(row + w) & (b == 32 ? 0xffffffffu : (1u << b) - 1u);
+    for (;;) {
+        if (m) return 32 * w + 31 - __clz(m);
+        if (--w < 0) return -1;
+        m = __ldg(row + w);
+    }
+}
+
+/* grid (nkv, key blocks of ROWS), in key-block order: block rb of kv head kvh streams, for each query
+ * head h of the group, the live 64-query tiles i and per tile adds dQ_i += scale dS_i K_rb to dq in
+ * key-block order. The order is kept by a semaphore per (h, i, consumer column half): p.dq_sem holds
+ * the number (block + 1) of the last key block that added, the block waits for the value written by the
+ * previous live key block of tile i (from the q_live row of i, the same bitmask that decides which
+ * blocks stream i) and writes rb + 1 after its adds. A waiter's predecessor has a lower block index, so
+ * it was dispatched first and is resident or finished (blocks are dispatched in index order); it never
+ * waits on a later block, so the chain always moves. p.dq_order = 0 drops the waits (plain fp32
+ * atomics, not reproducible: the measured comparison). */
+template <int HD>
+static __global__ void __launch_bounds__(AWG_THREADS, 1)
+    attn_bwd3_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do) {
+    typedef AttnBwd3Cfg<HD> C;
+    constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2, KT = ROWS / ATTN_TILE;
+    extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
+    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    unsigned char *meta_g = attn_smem + (base - raw) + C::off_meta; /* stage s: 4 arrays of 64 words */
+    const uint32_t sK = base, sV = base + C::off_b, sQ = base + C::off_x, sO = base + C::off_y, sDS = base + C::off_ds;
+    const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int kvh = blockIdx.x, rb = blockIdx.y; /* key block rb: the heaviest under causal first */
+    const int t0 = rb * KT;
+    const uint32_t *live_a = p.k_live + (int64_t)t0 * p.nqw;
+    const uint32_t *live_b = (!C::SPLIT && t0 + 1 < p.nk) ? p.k_live + (int64_t)(t0 + 1) * p.nqw : nullptr;
+    auto next_tile = [&](int from) -> int {
+        int a = attn_next_live(live_a, p.nqw, from);
+        if (live_b) {
+            const int b = attn_next_live(live_b, p.nqw, from);
+            if (b >= 0 && (a < 0 || b < a)) a = b;
+        }
+        return a;
+    };
+    const int first = next_tile(0);
+    if (first < 0) return; /* nothing visible: every gradient += 0, no dq semaphore is this block's */
+
+    if (tid == 0) {
+        attn_mbar_init(bar_own, 1);
+        for (int s = 0; s < ST; s++) {
+            attn_mbar_init(bar_full + 8 * s, 32);
+            attn_mbar_init(bar_empty + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int own_row = rb * ROWS;
+    if (wg == 0) { /* ---- producer: K, V once, then Q, dO and the query metadata per live tile ---- */
+        attn_setmaxnreg_dec<40>();
+        if (tid >= 32) return;
+        const int lane = tid;
+        if (lane == 0) {
+            attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
+#pragma unroll
+            for (int pn = 0; pn < C::PANELS; pn++) {
+                attn_tma_load_2d(sK + pn * ROWS * 128, &tm_k, kvh * HD + pn * 64, own_row, bar_own);
+                attn_tma_load_2d(sV + pn * ROWS * 128, &tm_v, kvh * HD + pn * 64, own_row, bar_own);
+            }
+        }
+        int it = 0;
+        for (int hh = 0; hh < p.group; hh++)
+            for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+                const int s = it % ST, h = kvh * p.group + hh;
+                if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+                const int r0 = idx * ATTN_TILE;
+                int *mi = reinterpret_cast<int *>(meta_g + s * C::meta_bytes);
+                float *mf = reinterpret_cast<float *>(mi);
+                for (int r = lane; r < ATTN_TILE; r += 32) {
+                    const bool ok = r0 + r < p.Tq;
+                    mf[r] = p.lse2[(int64_t)h * p.Tq_pad + r0 + r]; /* padded: +inf past Tq */
+                    mf[ATTN_TILE + r] = p.D[(int64_t)h * p.Tq_pad + r0 + r];
+                    mi[2 * ATTN_TILE + r] = ok ? __ldg(p.pos_q + r0 + r) : 0;
+                    mi[3 * ATTN_TILE + r] = ok ? __ldg(p.doc_pos_q + r0 + r) : 0;
+                }
+                if (lane == 0) {
+                    attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::tile_bytes);
+#pragma unroll
+                    for (int pn = 0; pn < C::PANELS; pn++) {
+                        attn_tma_load_2d(sQ + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_q, h * HD + pn * 64, r0,
+                                         bar_full + 8 * s);
+                        attn_tma_load_2d(sO + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_do, h * HD + pn * 64, r0,
+                                         bar_full + 8 * s);
+                    }
+                } else {
+                    attn_mbar_arrive(bar_full + 8 * s);
+                }
+            }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    attn_setmaxnreg_inc<232>();
+    const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
+    const bool has_dq = HD != 64 || cw == 0;
+    const bool lead = (tid & 127) == 0; /* waits on and bumps this consumer's dq semaphores */
+    const int mytile = t0 + (C::SPLIT ? 0 : cw);
+    const uint32_t *mylive = mytile < p.nk ? p.k_live + (int64_t)mytile * p.nqw : nullptr;
+    const uint32_t *mypart = mytile < p.nk ? p.k_part + (int64_t)mytile * p.nqw : nullptr;
+    int krow[2], kpos[2], kdoc[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        krow[rr] = own_row + rowoff + warp * 16 + g + 8 * rr;
+        kpos[rr] = krow[rr] < p.Tk ? p.pos_k[krow[rr]] : 0;
+        kdoc[rr] = krow[rr] < p.Tk ? kpos[rr] - p.doc_pos_k[krow[rr]] : 0;
+    }
+    float acc1[NO], acc2[NO]; /* dK, dV of this consumer's 64 keys (x OUTW columns) */
+#pragma unroll
+    for (int i = 0; i < NO; i++) acc1[i] = 0.0f, acc2[i] = 0.0f;
+    const float sl2 = p.scale_log2;
+    uint32_t *rel = nullptr; /* lead: a semaphore whose release waits until the next tile's products are issued */
+    uint32_t rel_val = 0;
+
+    attn_mbar_wait(bar_own, 0);
+    int it = 0;
+    for (int hh = 0; hh < p.group; hh++)
+        for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+            const int s = it % ST, h = kvh * p.group + hh;
+            const bool live = mylive && attn_bit(mylive, idx);
+            const bool part = live && attn_bit(mypart, idx);
+            const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
+            const uint32_t dsb = sDS + (C::SPLIT ? cw : (it & 1)) * C::ds_bytes; /* this tile's dS^T buffer */
+            attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+            if (live) {
+                float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
+                    attn_wgmma_ss_n64(c1, attn_gdesc(sK + ao, 16, 1024), attn_gdesc(qs + bo, 16, 1024), kk > 0);
+                    attn_wgmma_ss_n64(c2, attn_gdesc(sV + ao, 16, 1024), attn_gdesc(os + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]), attn_reg_fence(c2[i]);
+
+                /* P^T into c1, dS^T into c2; element (own key rr, streamed query c) */
+                const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
+                const float *mf = reinterpret_cast<const float *>(mi);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = nb * 8 + 2 * t + e;
+                        const float lc = mf[c], dc = mf[ATTN_TILE + c];
+                        const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) {
+                            const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
+                            const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+                            c1[4 * nb + 2 * rr + e] = pr;
+                            c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - dc);
+                        }
+                    }
+                uint32_t pa[4][4], da[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                    for (int q4 = 0; q4 < 4; q4++) {
+                        pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
+                        da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
+                    }
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) { /* dK += dS^T Q, dV += P^T dO */
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    if constexpr (OUTW == 64) {
+                        attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                        attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    } else {
+                        attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                        attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    }
+                }
+                attn_wg_commit();
+                /* dS^T (bf16, as rounded for dK) -> this consumer's 64 rows of the buffer, 128-byte swizzle:
+                 * row r, query chunk nb (8 columns) at r * 128 + 16 (nb ^ r % 8) + 4 t */
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int r = rowoff + warp * 16 + g + 8 * rr;
+#pragma unroll
+                    for (int nb = 0; nb < 8; nb++)
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dsb + r * 128 + ((nb ^ (r & 7)) << 4) + 4 * t),
+                                     "r"(da[nb >> 1][(nb & 1) * 2 + rr])
+                                     : "memory");
+                }
+            } else if (!C::SPLIT) { /* these keys see none of the tile's queries: their dS^T rows are 0 */
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int chunk = (tid & 127) + 128 * c; /* 512 16-byte chunks of 64 rows */
+                    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(dsb + rowoff * 128 + chunk * 16),
+                                 "r"(0)
+                                 : "memory");
+                }
+            }
+            if (lead && rel) { /* the previous tile's dq adds are issued: let the next key block add */
+                attn_st_release(rel, rel_val);
+                rel = nullptr;
+            }
+            __syncwarp();
+            attn_fence_proxy_async();
+            if (C::SPLIT) attn_bar_sync(2 + cw, 128);
+            else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
+
+            if (has_dq) {
+                uint32_t *sem = p.dq_sem + ((int64_t)h * p.nq + idx) * 2 + cw;
+#pragma unroll
+                for (int ch = 0; ch < C::DQC; ch++) {
+                    const int pn = cw * C::DQC + ch; /* the 64-column panel of dq and of K */
+                    float dqa[32];
+                    attn_wg_fence();
+#pragma unroll
+                    for (int kk = 0; kk < ROWS / 16; kk++)
+                        attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
+                                             attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+                    attn_wg_commit();
+                    if (ch == 0 && lead && p.dq_order) { /* wait for the previous live key block's adds */
+                        const int prev = attn_prev_live(p.q_live + (int64_t)idx * p.nkw, t0);
+                        const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                        while (attn_ld_acquire(sem) != want) {
+                        }
+                    }
+                    __syncwarp(); /* the lead's warp converged again before the .aligned wait */
+                    attn_wg_wait<0>();
+#pragma unroll
+                    for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+                    if (ch == 0) {
+#pragma unroll
+                        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                        attn_mbar_arrive(bar_empty + 8 * s);
+                        attn_bar_sync(2 + cw, 128); /* the lead's acquire before every thread's adds */
+                    }
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int qrow = idx * ATTN_TILE + warp * 16 + g + 8 * rr;
+                        if (qrow >= p.Tq) continue;
+                        float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 2 * t;
+#pragma unroll
+                        for (int ob = 0; ob < 8; ob++)
+                            attn_red_add2(d + 8 * ob, p.scale * dqa[4 * ob + 2 * rr], p.scale * dqa[4 * ob + 2 * rr + 1]);
+                    }
+                }
+                attn_bar_sync(2 + cw, 128); /* every add of this tile issued before the lead's release */
+                if (lead && p.dq_order) rel = sem, rel_val = (uint32_t)(rb + 1);
+            } else {
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+            }
+        }
+    if (lead && rel) attn_st_release(rel, rel_val);
+
+    /* += into the fp32 dk, dv; every element owned by one thread */
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        if (krow[rr] >= p.Tk) continue;
+        const int64_t off = (int64_t)krow[rr] * p.ldk + (int64_t)kvh * HD + col0;
+#pragma unroll
+        for (int ob = 0; ob < OUTW / 8; ob++) {
+            float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
+            float2 y = *x;
+            y.x += p.scale * acc1[4 * ob + 2 * rr];
+            y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
+            *x = y;
+            x = reinterpret_cast<float2 *>(p.dv + off + ob * 8 + 2 * t);
+            y = *x;
+            y.x += acc2[4 * ob + 2 * rr];
+            y.y += acc2[4 * ob + 2 * rr + 1];
+            *x = y;
+        }
+    }
+}
+
 /* ---- backward: dq ---------------------------------------------------------------------------- */
 
 template <int HD>
@@ -1536,7 +1857,10 @@ static float *attn_plan(AttnParams *p, int bwd) {
     const size_t b_ranges = attn_align((size_t)(p->nq + p->nk) * sizeof(int4));
     const size_t b_qmask = attn_align((size_t)p->nq * p->nkw * 4), b_kmask = attn_align((size_t)p->nk * p->nqw * 4);
     const size_t b_stats = bwd ? attn_align((size_t)p->nh * p->Tq_pad * 4) : 0;
-    unsigned char *ws = (unsigned char *)attn_workspace(b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats + 256);
+    const size_t b_sem = bwd ? attn_align((size_t)p->nh * p->nq * 2 * 4) : 0;
+    unsigned char *ws =
+        (unsigned char *)attn_workspace(b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats + b_sem + 256);
+    p->dq_sem = bwd ? (uint32_t *)(ws + b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats) : NULL;
     int4 *ranges = (int4 *)ws;
     uint32_t *q_live = (uint32_t *)(ws + b_ranges), *q_part = (uint32_t *)(ws + b_ranges + b_qmask);
     uint32_t *k_live = (uint32_t *)(ws + b_ranges + 2 * b_qmask);
@@ -1670,16 +1994,54 @@ static void attn_launch_backward_v2(const AttnParams &p) {
     CUDA_LAUNCH_CHECK();
 }
 
-#define ATTN_BWD_DEFAULT 2 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
+/* v3's dq order: 1 unless RS_ATTN_DQ=atomic (read once; plain fp32 atomics, not reproducible, kept only
+ * to measure what the ordering costs) */
+static int attn_dq_ord = -1;
+
+extern "C" int cuda_attention_dq_order(int v) {
+    if (attn_dq_ord < 0) {
+        const char *e = getenv("RS_ATTN_DQ");
+        RS_CHECK(!e || !strcmp(e, "ordered") || !strcmp(e, "atomic"), "RS_ATTN_DQ=%s (want ordered or atomic)", e);
+        attn_dq_ord = !(e && !strcmp(e, "atomic"));
+    }
+    const int old = attn_dq_ord;
+    RS_CHECK(v >= -1 && v <= 1, "cuda_attention_dq_order: %d (want -1, 0 or 1)", v);
+    if (v >= 0) attn_dq_ord = v;
+    return old;
+}
+
+/* v3: one kernel for dk, dv and dq */
+template <int HD>
+static void attn_launch_backward_v3(const AttnParams &p0) {
+    typedef AttnBwd3Cfg<HD> C;
+    static int done;
+    AttnParams p = p0;
+    p.dq_order = cuda_attention_dq_order(-1);
+    attn_smem_limit(attn_bwd3_kernel<HD>, C::bytes, &done);
+    CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, (size_t)p.nh * p.nq * 2 * 4, cuda_stream()));
+    CUtensorMap tk, tv, tq, tdo;
+    attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
+    attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
+    attn_bwd3_kernel<HD><<<dim3(p.nkv, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
+        p, tk, tv, tq, tdo);
+    CUDA_LAUNCH_CHECK();
+}
+
+#define ATTN_BWD_DEFAULT 3 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
 static int attn_bwd_ver;
 
 extern "C" int cuda_attention_bwd_version(int v) {
     if (!attn_bwd_ver) {
         const char *e = getenv("RS_ATTN_BWD");
-        attn_bwd_ver = e && !strcmp(e, "v2") ? 2 : e && !strcmp(e, "v1") ? 1 : ATTN_BWD_DEFAULT;
+        attn_bwd_ver = e && !strcmp(e, "v3")   ? 3
+                       : e && !strcmp(e, "v2") ? 2
+                       : e && !strcmp(e, "v1") ? 1
+                                               : ATTN_BWD_DEFAULT;
     }
     const int old = attn_bwd_ver;
-    RS_CHECK(v >= 0 && v <= 2, "cuda_attention_bwd_version: %d (want 0, 1 or 2)", v);
+    RS_CHECK(v >= 0 && v <= 3, "cuda_attention_bwd_version: %d (want 0, 1, 2 or 3)", v);
     if (v) attn_bwd_ver = v;
     return old;
 }
@@ -1750,7 +2112,16 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
     attn_bwd_prep_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, cuda_stream()>>>(lse2, D, p.dout, p.out, lse, p.Tq,
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
-    if (cuda_attention_bwd_version(0) == 2) {
+    const int bver = cuda_attention_bwd_version(0);
+    if (bver == 3) {
+        switch (hd) {
+        case 64: attn_launch_backward_v3<64>(p); break;
+        case 128: attn_launch_backward_v3<128>(p); break;
+        default: attn_launch_backward_v3<256>(p); break;
+        }
+        return;
+    }
+    if (bver == 2) {
         switch (hd) {
         case 64: attn_launch_backward_v2<64>(p); break;
         case 128: attn_launch_backward_v2<128>(p); break;
