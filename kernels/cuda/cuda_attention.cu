@@ -172,7 +172,8 @@ typedef struct {
     const uint32_t *q_live, *q_part;  /* (nq,nkw) bitmasks over key tiles, one row per query tile */
     const uint32_t *k_live, *k_part;  /* (nk,nqw) bitmasks over query tiles, one row per key tile */
     const float *lse2, *D;            /* (nh,Tq_pad) backward row statistics */
-    uint32_t *dq_sem;                 /* (nh,nq,2) v3: last key block (+1) that added to a dq tile half */
+    uint32_t *dq_sem;                 /* (nh,nq) v3: last key block (+1) that added to a dq tile */
+    uint32_t *kv_sem;                 /* (nkv,nk,2) v3 GQA: heads that added to a (key block, consumer) of dk, dv */
     int dq_order;                     /* v3: 1 = dq adds in key-block order (reproducible), 0 = plain atomics */
     int Tq, Tk, Tq_pad;
     int nh, nkv, group;
@@ -1145,6 +1146,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 
 /* ---- backward v3: dK, dV and dQ in one kernel ------------------------------------------------ */
 
+#ifndef ATTN_BWD3_OVL
+#define ATTN_BWD3_OVL 0 /* 1: leave each tile's dQ product in flight into the next tile (measured slower) */
+#endif
+#ifndef ATTN_BWD3_WARP_ARRIVE
+#define ATTN_BWD3_WARP_ARRIVE 0 /* 1: consumers arrive on the empty and done barriers once per warp (as fast, \
+                                   * and racecheck reports the producer's metadata writes as racing) */
+#endif
+
 /* v3 layout: the v2 dk/dv block (own K, V; Q, dO streamed in 64-query tiles) plus two dS^T buffers
  * (row = key, 64 query columns, 128-byte swizzle: the M-major A operand of dQ = dS K). Without SPLIT
  * the two consumers' 64-key halves fill one buffer (double-buffered over tiles, one 256-thread barrier
@@ -1166,8 +1175,13 @@ struct AttnBwd3Cfg {
     static constexpr int off_y = off_x + ST * tile_bytes;
     static constexpr int off_ds = off_y + ST * tile_bytes;
     static constexpr int off_meta = off_ds + 2 * ds_bytes;
-    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST] */
-    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST) + 1024;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST], go[2], done[2] */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 4) + 1024;
+    static constexpr int DQT = HD == 64 ? 128 : 256; /* consumer threads that add to dq */
+    /* OVL: a tile's dQ product stays in flight until the next tile's S^T is issued; its wait, the wait
+     * for the previous key block and the adds then run beside S^T (one dQ chunk per consumer only) */
+    static constexpr bool OVL = ATTN_BWD3_OVL && DQC == 1;
+    static constexpr int REG_C = 232, REG_P = 40; /* 128 REG_P + 256 REG_C <= 64512 */
 };
 
 /* the highest set bit below `before` in a bitmask row, or -1 */
@@ -1203,9 +1217,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     unsigned char *meta_g = attn_smem + (base - raw) + C::off_meta; /* stage s: 4 arrays of 64 words */
     const uint32_t sK = base, sV = base + C::off_b, sQ = base + C::off_x, sO = base + C::off_y, sDS = base + C::off_ds;
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
+    const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
 
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int kvh = blockIdx.x, rb = blockIdx.y; /* key block rb: the heaviest under causal first */
+    const int h0 = blockIdx.x, kvh = h0 / p.group, rb = blockIdx.y; /* query head h0, key block rb (heaviest first) */
     const int t0 = rb * KT;
     const uint32_t *live_a = p.k_live + (int64_t)t0 * p.nqw;
     const uint32_t *live_b = (!C::SPLIT && t0 + 1 < p.nk) ? p.k_live + (int64_t)(t0 + 1) * p.nqw : nullptr;
@@ -1224,16 +1239,52 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32);
-            attn_mbar_init(bar_empty + 8 * s, 256);
+            attn_mbar_init(bar_empty + 8 * s, ATTN_BWD3_WARP_ARRIVE ? 8 : 256);
+        }
+        for (int b = 0; b < 2; b++) {
+            attn_mbar_init(bar_go + 8 * b, 1);
+            attn_mbar_init(bar_done + 8 * b, ATTN_BWD3_WARP_ARRIVE ? C::DQT / 32 : C::DQT);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     const int own_row = rb * ROWS;
-    if (wg == 0) { /* ---- producer: K, V once, then Q, dO and the query metadata per live tile ---- */
-        attn_setmaxnreg_dec<40>();
-        if (tid >= 32) return;
+    if (wg == 0) attn_setmaxnreg_dec<C::REG_P>(); /* the whole producer warpgroup */
+    if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+        if (tid != 32) return;
+        /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
+         * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
+         * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
+         * before the consumers passed it; a release is never held up by the wait of a later tile. */
+        uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+        int ai = first, ri = first, na = 0, nr = 0;
+        uint32_t want = 0;
+        bool want_ok = false;
+        while (ri >= 0) {
+            bool moved = false;
+            if (ai >= 0 && na - nr < 2) {
+                if (p.dq_order && !want_ok) {
+                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                    want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                    want_ok = true;
+                }
+                if (!p.dq_order || attn_ld_acquire(sems + ai) == want) {
+                    attn_mbar_arrive(bar_go + 8 * (na & 1));
+                    na++, moved = true, want_ok = false;
+                    ai = next_tile(ai + 1);
+                }
+            }
+            if (nr < na && attn_mbar_test(bar_done + 8 * (nr & 1), (nr >> 1) & 1)) {
+                if (p.dq_order) attn_st_release(sems + ri, (uint32_t)(rb + 1));
+                nr++, moved = true;
+                ri = next_tile(ri + 1);
+            }
+            if (!moved) __nanosleep(32);
+        }
+        return;
+    }
+    if (wg == 0) { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
         const int lane = tid;
         if (lane == 0) {
             attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
@@ -1244,9 +1295,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             }
         }
         int it = 0;
-        for (int hh = 0; hh < p.group; hh++)
+        {
+            const int h = h0;
             for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
-                const int s = it % ST, h = kvh * p.group + hh;
+                const int s = it % ST;
                 if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
                 const int r0 = idx * ATTN_TILE;
                 int *mi = reinterpret_cast<int *>(meta_g + s * C::meta_bytes);
@@ -1271,15 +1323,15 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     attn_mbar_arrive(bar_full + 8 * s);
                 }
             }
+        }
         return;
     }
 
     /* ---- consumers ---- */
-    attn_setmaxnreg_inc<232>();
+    attn_setmaxnreg_inc<C::REG_C>();
     const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
     const bool has_dq = HD != 64 || cw == 0;
-    const bool lead = (tid & 127) == 0; /* waits on and bumps this consumer's dq semaphores */
     const int mytile = t0 + (C::SPLIT ? 0 : cw);
     const uint32_t *mylive = mytile < p.nk ? p.k_live + (int64_t)mytile * p.nqw : nullptr;
     const uint32_t *mypart = mytile < p.nk ? p.k_part + (int64_t)mytile * p.nqw : nullptr;
@@ -1294,35 +1346,87 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NO; i++) acc1[i] = 0.0f, acc2[i] = 0.0f;
     const float sl2 = p.scale_log2;
-    uint32_t *rel = nullptr; /* lead: a semaphore whose release waits until the next tile's products are issued */
-    uint32_t rel_val = 0;
+    /* an arrival on a consumer barrier: per warp (lane 0 after the warp's accesses, __syncwarp orders them)
+     * with ATTN_BWD3_WARP_ARRIVE, else per thread */
+    auto attn_consumer_arrive = [&](uint32_t bar) {
+        if (ATTN_BWD3_WARP_ARRIVE) {
+            __syncwarp();
+            if (lane == 0) attn_mbar_arrive(bar);
+        } else {
+            attn_mbar_arrive(bar);
+        }
+    };
+    /* adds scale dQ (64 queries x the 64 columns of panel pn) of query tile qi, head h to dq */
+    auto add_dq = [&](const float (&d32)[32], int qi, int h, int pn) {
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * rr;
+            if (qrow >= p.Tq) continue;
+            float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 2 * t;
+#pragma unroll
+            for (int ob = 0; ob < 8; ob++) attn_red_add2(d + 8 * ob, p.scale * d32[4 * ob + 2 * rr], p.scale * d32[4 * ob + 2 * rr + 1]);
+        }
+    };
+    float dqp[32]; /* (unused without OVL) OVL: the dQ product in flight, of tile pit (stage ps, query tile pidx, head ph) */
+    int pit = -1, ps = 0, pidx = 0, ph = 0;
+    auto finish_dq = [&]() { /* after a wait that covers the pending dQ product */
+        if constexpr (C::OVL) {
+#pragma unroll
+            for (int i = 0; i < 32; i++) attn_reg_fence(dqp[i]);
+#pragma unroll
+            for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+            attn_consumer_arrive(bar_empty + 8 * ps);
+            attn_mbar_wait(bar_go + 8 * (pit & 1), (pit >> 1) & 1); /* the previous key block has added */
+            add_dq(dqp, pidx, ph, cw);
+            attn_consumer_arrive(bar_done + 8 * (pit & 1));
+            pit = -1;
+        }
+    };
 
     attn_mbar_wait(bar_own, 0);
     int it = 0;
-    for (int hh = 0; hh < p.group; hh++)
+    {
+        const int h = h0;
         for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
-            const int s = it % ST, h = kvh * p.group + hh;
+            const int s = it % ST;
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);
             const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
             const uint32_t dsb = sDS + (C::SPLIT ? cw : (it & 1)) * C::ds_bytes; /* this tile's dS^T buffer */
             attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+            if (C::OVL && !live && pit >= 0) { /* nothing to issue: finish the previous tile's dQ now */
+                attn_wg_wait<0>();
+                finish_dq();
+            }
             if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
+                /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
+                 * dV += P^T dO (runs while dS is formed); dK += dS^T Q */
                 attn_wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++) {
                     const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
                     const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
                     attn_wgmma_ss_n64(c1, attn_gdesc(sK + ao, 16, 1024), attn_gdesc(qs + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+                if (C::OVL && pit >= 0) { /* the previous tile's dK, dV, dQ are done; S^T still runs */
+                    attn_wg_wait<1>();
+                    finish_dq();
+                    attn_wg_fence();
+                }
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
                     attn_wgmma_ss_n64(c2, attn_gdesc(sV + ao, 16, 1024), attn_gdesc(os + bo, 16, 1024), kk > 0);
                 }
                 attn_wg_commit();
-                attn_wg_wait<0>();
+                attn_wg_wait<1>(); /* S^T */
 #pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]), attn_reg_fence(c2[i]);
+                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]);
 
-                /* P^T into c1, dS^T into c2; element (own key rr, streamed query c) */
+                /* P^T into c1; element (own key rr, streamed query c) */
                 const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
                 const float *mf = reinterpret_cast<const float *>(mi);
 #pragma unroll
@@ -1330,37 +1434,52 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         const int c = nb * 8 + 2 * t + e;
-                        const float lc = mf[c], dc = mf[ATTN_TILE + c];
+                        const float lc = mf[c];
                         const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
 #pragma unroll
                         for (int rr = 0; rr < 2; rr++) {
                             const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
-                            const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
-                            c1[4 * nb + 2 * rr + e] = pr;
-                            c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - dc);
+                            c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
                         }
                     }
                 uint32_t pa[4][4], da[4][4];
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-                    for (int q4 = 0; q4 < 4; q4++) {
-                        pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
-                        da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
-                    }
+                    for (int q4 = 0; q4 < 4; q4++) pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc2[i]);
                 attn_wg_fence();
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) { /* dK += dS^T Q, dV += P^T dO */
+                for (int kk = 0; kk < 4; kk++) { /* dV += P^T dO */
                     const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    if constexpr (OUTW == 64) {
-                        attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
-                        attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
-                    } else {
-                        attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
-                        attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    else attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                }
+                attn_wg_commit();
+                attn_wg_wait<1>(); /* dP^T */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(c2[i]);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float dc = mf[ATTN_TILE + nb * 8 + 2 * t + e];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) c2[4 * nb + 2 * rr + e] = c1[4 * nb + 2 * rr + e] * (c2[4 * nb + 2 * rr + e] - dc);
                     }
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                    for (int q4 = 0; q4 < 4; q4++) da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) { /* dK += dS^T Q */
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                    else attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
                 }
                 attn_wg_commit();
                 /* dS^T (bf16, as rounded for dK) -> this consumer's 64 rows of the buffer, 128-byte swizzle:
@@ -1383,17 +1502,21 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                  : "memory");
                 }
             }
-            if (lead && rel) { /* the previous tile's dq adds are issued: let the next key block add */
-                attn_st_release(rel, rel_val);
-                rel = nullptr;
-            }
-            __syncwarp();
             attn_fence_proxy_async();
             if (C::SPLIT) attn_bar_sync(2 + cw, 128);
             else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
-            if (has_dq) {
-                uint32_t *sem = p.dq_sem + ((int64_t)h * p.nq + idx) * 2 + cw;
+            if (C::OVL && has_dq) { /* issue this tile's dQ and leave it in flight */
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < ROWS / 16; kk++)
+                    attn_wgmma_ss_tt_n64(dqp, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
+                                         attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+                attn_wg_commit();
+                pit = it, ps = s, pidx = idx, ph = h;
+            } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
+                                    * both in flight at once would need 32 more registers, and ptxas then
+                                    * serialises the wgmmas) */
 #pragma unroll
                 for (int ch = 0; ch < C::DQC; ch++) {
                     const int pn = cw * C::DQC + ch; /* the 64-column panel of dq and of K */
@@ -1404,44 +1527,44 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                         attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
                                              attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
                     attn_wg_commit();
-                    if (ch == 0 && lead && p.dq_order) { /* wait for the previous live key block's adds */
-                        const int prev = attn_prev_live(p.q_live + (int64_t)idx * p.nkw, t0);
-                        const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                        while (attn_ld_acquire(sem) != want) {
-                        }
-                    }
-                    __syncwarp(); /* the lead's warp converged again before the .aligned wait */
                     attn_wg_wait<0>();
 #pragma unroll
                     for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
                     if (ch == 0) {
 #pragma unroll
                         for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                        attn_mbar_arrive(bar_empty + 8 * s);
-                        attn_bar_sync(2 + cw, 128); /* the lead's acquire before every thread's adds */
+                        attn_consumer_arrive(bar_empty + 8 * s);
+                        attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
                     }
-#pragma unroll
-                    for (int rr = 0; rr < 2; rr++) {
-                        const int qrow = idx * ATTN_TILE + warp * 16 + g + 8 * rr;
-                        if (qrow >= p.Tq) continue;
-                        float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 2 * t;
-#pragma unroll
-                        for (int ob = 0; ob < 8; ob++)
-                            attn_red_add2(d + 8 * ob, p.scale * dqa[4 * ob + 2 * rr], p.scale * dqa[4 * ob + 2 * rr + 1]);
-                    }
+                    add_dq(dqa, idx, h, pn);
                 }
-                attn_bar_sync(2 + cw, 128); /* every add of this tile issued before the lead's release */
-                if (lead && p.dq_order) rel = sem, rel_val = (uint32_t)(rb + 1);
+                attn_consumer_arrive(bar_done + 8 * (it & 1)); /* this warp's adds of the tile are issued */
             } else {
                 attn_wg_wait<0>();
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                attn_mbar_arrive(bar_empty + 8 * s);
+                attn_consumer_arrive(bar_empty + 8 * s);
             }
         }
-    if (lead && rel) attn_st_release(rel, rel_val);
+    }
+    if (C::OVL && pit >= 0) {
+        attn_wg_wait<0>();
+        finish_dq();
+    }
 
-    /* += into the fp32 dk, dv; every element owned by one thread */
+    /* += into the fp32 dk, dv; every element owned by one thread. With GQA the blocks of the group's query
+     * heads add to the same rows, in head order: a semaphore per (kv head, key block, consumer) holds the
+     * number of heads that added; the block of head h0 % group waits for its own number. Those blocks are
+     * adjacent in the grid (blockIdx.x = head), started together, and equal in work, so the wait is short. */
+    const bool chain = p.group > 1;
+    uint32_t *ksem = p.kv_sem + ((int64_t)kvh * gridDim.y + rb) * 2 + cw;
+    if (chain) {
+        if ((tid & 127) == 0)
+            while (attn_ld_acquire(ksem) != (uint32_t)(h0 % p.group)) {
+            }
+        __syncwarp();
+        attn_bar_sync(2 + cw, 128);
+    }
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
         if (krow[rr] >= p.Tk) continue;
@@ -1459,6 +1582,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             y.y += acc2[4 * ob + 2 * rr + 1];
             *x = y;
         }
+    }
+    if (chain) {
+        attn_bar_sync(2 + cw, 128); /* every add of this consumer done before the release */
+        if ((tid & 127) == 0) attn_st_release(ksem, (uint32_t)(h0 % p.group + 1));
     }
 }
 
@@ -1857,10 +1984,12 @@ static float *attn_plan(AttnParams *p, int bwd) {
     const size_t b_ranges = attn_align((size_t)(p->nq + p->nk) * sizeof(int4));
     const size_t b_qmask = attn_align((size_t)p->nq * p->nkw * 4), b_kmask = attn_align((size_t)p->nk * p->nqw * 4);
     const size_t b_stats = bwd ? attn_align((size_t)p->nh * p->Tq_pad * 4) : 0;
-    const size_t b_sem = bwd ? attn_align((size_t)p->nh * p->nq * 2 * 4) : 0;
+    const size_t n_sem = bwd ? (size_t)p->nh * p->nq + (size_t)p->nkv * p->nk * 2 : 0; /* dq_sem, kv_sem */
+    const size_t b_sem = attn_align(n_sem * 4);
     unsigned char *ws =
         (unsigned char *)attn_workspace(b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats + b_sem + 256);
     p->dq_sem = bwd ? (uint32_t *)(ws + b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats) : NULL;
+    p->kv_sem = bwd ? p->dq_sem + (size_t)p->nh * p->nq : NULL;
     int4 *ranges = (int4 *)ws;
     uint32_t *q_live = (uint32_t *)(ws + b_ranges), *q_part = (uint32_t *)(ws + b_ranges + b_qmask);
     uint32_t *k_live = (uint32_t *)(ws + b_ranges + 2 * b_qmask);
@@ -2018,30 +2147,34 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     AttnParams p = p0;
     p.dq_order = cuda_attention_dq_order(-1);
     attn_smem_limit(attn_bwd3_kernel<HD>, C::bytes, &done);
-    CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, (size_t)p.nh * p.nq * 2 * 4, cuda_stream()));
+    CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, ((size_t)p.nh * p.nq + (size_t)p.nkv * p.nk * 2) * 4, cuda_stream()));
     CUtensorMap tk, tv, tq, tdo;
     attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
     attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
     attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
     attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
-    attn_bwd3_kernel<HD><<<dim3(p.nkv, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
+    attn_bwd3_kernel<HD><<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
         p, tk, tv, tq, tdo);
     CUDA_LAUNCH_CHECK();
 }
 
-#define ATTN_BWD_DEFAULT 3 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
+/* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise: ATTN_BWD_AUTO = v3 for
+ * hd 64 and 128, v2 for hd 256 (where v3 measured slower, see the header) */
+#define ATTN_BWD_DEFAULT ATTN_BWD_AUTO
 static int attn_bwd_ver;
 
 extern "C" int cuda_attention_bwd_version(int v) {
     if (!attn_bwd_ver) {
         const char *e = getenv("RS_ATTN_BWD");
+        RS_CHECK(!e || !strcmp(e, "v1") || !strcmp(e, "v2") || !strcmp(e, "v3") || !strcmp(e, "auto"),
+                 "RS_ATTN_BWD=%s (want v1, v2, v3 or auto)", e);
         attn_bwd_ver = e && !strcmp(e, "v3")   ? 3
                        : e && !strcmp(e, "v2") ? 2
                        : e && !strcmp(e, "v1") ? 1
                                                : ATTN_BWD_DEFAULT;
     }
     const int old = attn_bwd_ver;
-    RS_CHECK(v >= 0 && v <= 3, "cuda_attention_bwd_version: %d (want 0, 1, 2 or 3)", v);
+    RS_CHECK(v >= 0 && v <= ATTN_BWD_AUTO, "cuda_attention_bwd_version: %d (want 0..%d)", v, ATTN_BWD_AUTO);
     if (v) attn_bwd_ver = v;
     return old;
 }
@@ -2112,7 +2245,8 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
     attn_bwd_prep_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, cuda_stream()>>>(lse2, D, p.dout, p.out, lse, p.Tq,
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
-    const int bver = cuda_attention_bwd_version(0);
+    int bver = cuda_attention_bwd_version(0);
+    if (bver == ATTN_BWD_AUTO) bver = hd == 256 ? 2 : 3;
     if (bver == 3) {
         switch (hd) {
         case 64: attn_launch_backward_v3<64>(p); break;

@@ -178,6 +178,16 @@ static __device__ __forceinline__ void attn_mbar_wait(uint32_t bar, uint32_t par
     } while (!done);
 }
 
+/* non-blocking: has the phase with this parity completed? */
+static __device__ __forceinline__ bool attn_mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+
 /* a 2-d box of a tensor map (coordinates: c0 = column, c1 = row) -> shared memory, completing on bar */
 static __device__ __forceinline__ void attn_tma_load_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"

@@ -885,6 +885,7 @@ TEST(cuda_attention_timing) {
     }
     ca_time_one(32768, 16, 16, 128, 5);
     ca_time_one(32768, 16, 4, 128, 5);
+    ca_time_one(32768, 16, 2, 128, 5);
     ca_time_one(32768, 16, 2, 256, 5);
     ca_time_one(32768, 16, 16, 64, 5);
     ca_time_one(131072, 16, 16, 128, 3);
