@@ -90,7 +90,7 @@
  * fixed order by the dk/dv kernel (ordered fp32 adds per query tile) instead of recomputing S and
  * dP in a second kernel; the pair bitmasks cached across the layers of a step (same pos).
  *
- * ---- v2 (the default; cuda_attention_v2.h switches: RS_ATTN_FWD / RS_ATTN_BWD = v1 | v2) ----
+ * ---- v2 (forward default; backward default at hd 256; cuda_attention_v2.h switches: RS_ATTN_FWD / RS_ATTN_BWD) ----
  *
  * Both v2 kernels are warp-specialised: 384 threads = a producer warpgroup (one warp issues TMA
  * tile loads, cp.async.bulk.tensor with 128-byte swizzle, into an mbarrier ring and copies the
@@ -130,10 +130,66 @@
  * 4 KB per 131 kFLOP, which the 128 B/clock shared-memory port serves no faster than the tensor
  * cores compute it (plus the TMA writes), and each consumer waits for every product. An earlier build with one arrival per warp on the empty barriers and no dQ overlap ran
  * the backward 8% faster (46.6 ms) but racecheck reported its warp-elected release as a hazard.
- * Next: dQ inside the dK|dV kernel (dS^T to shared memory, dQ = dS K by wgmma, added to dq in
- * key-block order under a per-(head, query tile) semaphore: 5 products instead of 7), larger N
- * for the S/dP products, ping-pong scheduling of the two consumers (named barriers), and the
- * pair bitmasks cached across the layers of a step.
+ * Next (done in v3 below): dQ inside the dK|dV kernel; still open: larger N for the S/dP products,
+ * ping-pong scheduling of the two consumers, the pair bitmasks cached across the layers of a step.
+ *
+ * ---- v3 backward (default for hd 64 and 128; RS_ATTN_BWD = v1 | v2 | v3 | auto) ----
+ *
+ * attn_bwd3_kernel<HD>: one kernel for dK, dV and dQ, 5 tile products instead of 7. Grid (nh, key blocks
+ * of 128 keys; 64 at hd 256) in key-block order, the heaviest under causal first; one query head per
+ * block. Warp 0 of the producer warpgroup streams Q, dO (64-query tiles) and their metadata as in v2;
+ * each consumer owns 64 keys (hd 256: both share 64 keys and split the columns) and per live tile
+ * issues S^T and dP^T as two commit groups, forms P while dP^T runs, issues dV += P^T dO, forms dS while
+ * dV runs, issues dK += dS^T Q, writes dS^T (bf16) to a shared double buffer (the two consumers' 64-key
+ * halves: one 128-key x 64-query tile, 128-byte swizzle), and after one 256-thread named barrier
+ * computes dQ = dS K for its 64 columns of the tile (both operands from shared memory, A M-major) and
+ * adds scale dQ to the fp32 dq with red.global.add.v2.f32.
+ * Determinism: the adds to a (head, query tile) come in key-block order. dq_sem[h][i] holds rb + 1 of
+ * the last key block that added; thread 0 of warp 1 of the producer warpgroup (the sequencer) derives
+ * the previous live key block of each tile from the q_live row (the bitmask that decides which blocks
+ * stream the tile), spins with ld.acquire.gpu until dq_sem says it has added, opens an mbarrier "go"
+ * for the consumers, and after their "done" (every consumer thread's adds issued) writes rb + 1 with
+ * st.release.gpu. It runs two tiles ahead of its releases, so the consumers rarely wait and never
+ * issue a fence themselves. No deadlock: a block only waits on lower key blocks of its head, which were
+ * dispatched earlier (blocks start in index order) and are resident or done. With GQA the blocks of
+ * the group's heads add dK, dV in head order under a per-(kv head, key block, consumer) semaphore
+ * (adjacent in the grid, equal work: the wait is short). RS_ATTN_DQ=atomic drops the dq order (plain
+ * fp32 atomics, not reproducible) to measure what the order costs.
+ * Predicted before the first run (H100 hd 128 MHA 32k): the backward from 50.8 ms to ~36 ms (5/7 of
+ * the products, the ordered adds hidden behind the products), below SDPA flash's ~34 ms.
+ * Measured (H100 SXM, causal, one document, 16 query heads; test_cuda attention_timing, bwd medians):
+ *   first build (a consumer thread spun on the semaphore and released it itself): hd 128 MHA 32k 49.3 ms
+ *     ordered vs 37.6 ms with plain atomics: the acquire load and the release fence (which waits for
+ *     the reds to land) sat on the consumers' path every tile;
+ *   + sequencer thread, S/dP waited separately: hd 128 MHA 39.7 ms (atomics 38.8), GQA 16/4 42.8
+ *     (37.7), GQA 16/2 48.0 (38.5), hd 64 29.8, hd 256 114.8 (v2 109.8);
+ *   + one query head per block (the committed build, same call as v2 where noted): hd 128 MHA 32k
+ *     40.1 ms (v2 50.9), GQA 16/4 40.3 (v2 50.4), GQA 16/2 40.8 (v2 50.4), hd 64 29.7 (v2 42.7);
+ *     128k hd 128 MHA 615 ms (v2 801), 16/4 621 (v2 797); plain atomics instead of the order (one
+ *     call): MHA 38.8 vs 40.2, 16/4 39.3 vs 40.6, 16/2 40.2 vs 41.1; hd 256 GQA 16/2 159 ms (v2 110:
+ *     hd 256 stays on v2).
+ *   Tried and dropped: keeping each tile's dQ product in flight into the next tile (MHA 42.9 ms: the
+ *   wait then sits before P); one arrival per warp on the empty/done barriers (no faster; racecheck
+ *   reports the producer's metadata writes as racing); ATTN_BWD3_LAG=1 (each tile's dQ in the next
+ *   tile, the consumers joined by mbarriers with a tile of slack instead of the 256-thread barrier:
+ *   MHA 39.9 ms, but GQA 16/2 45.3, hd 64 31.6, 128k 678 ms; kept behind the switch, parity and
+ *   racecheck clean).
+ *   ncu (LAG build, T 8192, 8/2 heads, hd 128): 16.6% SM throughput, 13.7 cycles between issues per
+ *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
+ *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
+ *   producer warpgroup at 40 registers since one head per block).
+ * Why slower than predicted: the kernel runs at ~28% of the tensor peak, not the ~45% assumed; each
+ * consumer still serialises S -> P -> dS -> (barrier) -> dQ -> adds within a tile, and the barrier
+ * that joins the two dS halves keeps the consumers in step, so their elementwise work does not
+ * overlap each other's products (loosening it alone did not help, see LAG). The ordered-add chain
+ * costs ~3.5% (MHA); with a whole GQA group per block (the first form) the first wave's blocks of
+ * one kv head (66 at 16/2) ran in lock step behind the chain (each block's first query tile is its
+ * predecessor's third), which one head per block removed. hd 256: both consumers recompute S and dP
+ * for the same 64 keys and add dQ in two chunks; with one head per block it got slower (114.8 -> 159
+ * ms, not understood; ptxas spills 72 bytes there), so hd 256 stays on v2 by default.
+ * Next: S/dP as m64n128 (keys as N, P^T/dS^T through shared memory) or K/V fragments in registers,
+ * ping-pong of the consumers on the products, the producer's spill (metadata loads by TMA or by more
+ * warps), hd 256 without the recomputed S/dP.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1146,13 +1202,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 
 /* ---- backward v3: dK, dV and dQ in one kernel ------------------------------------------------ */
 
-#ifndef ATTN_BWD3_OVL
-#define ATTN_BWD3_OVL 0 /* 1: leave each tile's dQ product in flight into the next tile (measured slower) */
+#ifndef ATTN_BWD3_LAG
+#define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
 #endif
-#ifndef ATTN_BWD3_WARP_ARRIVE
-#define ATTN_BWD3_WARP_ARRIVE 0 /* 1: consumers arrive on the empty and done barriers once per warp (as fast, \
-                                   * and racecheck reports the producer's metadata writes as racing) */
-#endif
+
 
 /* v3 layout: the v2 dk/dv block (own K, V; Q, dO streamed in 64-query tiles) plus two dS^T buffers
  * (row = key, 64 query columns, 128-byte swizzle: the M-major A operand of dQ = dS K). Without SPLIT
@@ -1175,12 +1228,14 @@ struct AttnBwd3Cfg {
     static constexpr int off_y = off_x + ST * tile_bytes;
     static constexpr int off_ds = off_y + ST * tile_bytes;
     static constexpr int off_meta = off_ds + 2 * ds_bytes;
-    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST], go[2], done[2] */
-    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 4) + 1024;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST], go[2], done[2],
+                                                                * ds_full[2], ds_empty[2] */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 1024;
     static constexpr int DQT = HD == 64 ? 128 : 256; /* consumer threads that add to dq */
-    /* OVL: a tile's dQ product stays in flight until the next tile's S^T is issued; its wait, the wait
-     * for the previous key block and the adds then run beside S^T (one dQ chunk per consumer only) */
-    static constexpr bool OVL = ATTN_BWD3_OVL && DQC == 1;
+    /* LAG (not SPLIT): a tile's dQ is computed in the next tile, after that tile's dK is issued, so the two
+     * consumers meet on mbarriers with a tile of slack (ds_full: both halves of a dS^T buffer written;
+     * ds_empty: both consumers' dQ of it done) instead of a named barrier every tile */
+    static constexpr bool LAG = ATTN_BWD3_LAG && !SPLIT;
     static constexpr int REG_C = 232, REG_P = 40; /* 128 REG_P + 256 REG_C <= 64512 */
 };
 
@@ -1218,6 +1273,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const uint32_t sK = base, sV = base + C::off_b, sQ = base + C::off_x, sO = base + C::off_y, sDS = base + C::off_ds;
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
     const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
+    const uint32_t bar_dsf = bar_done + 16, bar_dse = bar_dsf + 16;      /* two each, by dS^T buffer */
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int h0 = blockIdx.x, kvh = h0 / p.group, rb = blockIdx.y; /* query head h0, key block rb (heaviest first) */
@@ -1239,11 +1295,13 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32);
-            attn_mbar_init(bar_empty + 8 * s, ATTN_BWD3_WARP_ARRIVE ? 8 : 256);
+            attn_mbar_init(bar_empty + 8 * s, 256);
         }
         for (int b = 0; b < 2; b++) {
             attn_mbar_init(bar_go + 8 * b, 1);
-            attn_mbar_init(bar_done + 8 * b, ATTN_BWD3_WARP_ARRIVE ? C::DQT / 32 : C::DQT);
+            attn_mbar_init(bar_done + 8 * b, C::DQT);
+            attn_mbar_init(bar_dsf + 8 * b, 256);
+            attn_mbar_init(bar_dse + 8 * b, C::DQT);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -1346,16 +1404,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NO; i++) acc1[i] = 0.0f, acc2[i] = 0.0f;
     const float sl2 = p.scale_log2;
-    /* an arrival on a consumer barrier: per warp (lane 0 after the warp's accesses, __syncwarp orders them)
-     * with ATTN_BWD3_WARP_ARRIVE, else per thread */
-    auto attn_consumer_arrive = [&](uint32_t bar) {
-        if (ATTN_BWD3_WARP_ARRIVE) {
-            __syncwarp();
-            if (lane == 0) attn_mbar_arrive(bar);
-        } else {
-            attn_mbar_arrive(bar);
-        }
-    };
     /* adds scale dQ (64 queries x the 64 columns of panel pn) of query tile qi, head h to dq */
     auto add_dq = [&](const float (&d32)[32], int qi, int h, int pn) {
 #pragma unroll
@@ -1367,20 +1415,27 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             for (int ob = 0; ob < 8; ob++) attn_red_add2(d + 8 * ob, p.scale * d32[4 * ob + 2 * rr], p.scale * d32[4 * ob + 2 * rr + 1]);
         }
     };
-    float dqp[32]; /* (unused without OVL) OVL: the dQ product in flight, of tile pit (stage ps, query tile pidx, head ph) */
-    int pit = -1, ps = 0, pidx = 0, ph = 0;
-    auto finish_dq = [&]() { /* after a wait that covers the pending dQ product */
-        if constexpr (C::OVL) {
+    int pit = -1, pidx = 0; /* LAG: the tile (sequence number, query tile) whose dQ is still to do */
+    /* LAG: dQ of tile qit (query tile qidx) from its complete dS^T buffer; waits for every issued product */
+    auto lagged_dq = [&](int qit, int qidx) {
+        const uint32_t b = qit & 1, db = sDS + b * C::ds_bytes;
+        attn_mbar_wait(bar_dsf + 8 * b, (qit >> 1) & 1); /* both halves written */
+        float dqa[32];
+        attn_wg_fence();
 #pragma unroll
-            for (int i = 0; i < 32; i++) attn_reg_fence(dqp[i]);
+        for (int kk = 0; kk < ROWS / 16; kk++)
+            attn_wgmma_ss_tt_n64(dqa, attn_gdesc(db + kk * 16 * 128, 64 * 128, 1024),
+                                 attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+        attn_wg_commit();
+        attn_wg_wait<0>();
 #pragma unroll
-            for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-            attn_consumer_arrive(bar_empty + 8 * ps);
-            attn_mbar_wait(bar_go + 8 * (pit & 1), (pit >> 1) & 1); /* the previous key block has added */
-            add_dq(dqp, pidx, ph, cw);
-            attn_consumer_arrive(bar_done + 8 * (pit & 1));
-            pit = -1;
-        }
+        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+        attn_mbar_arrive(bar_dse + 8 * b);                        /* this thread no longer reads buffer b */
+        attn_mbar_wait(bar_go + 8 * (qit & 1), (qit >> 1) & 1); /* the previous key block has added */
+        add_dq(dqa, qidx, h0, cw);
+        attn_mbar_arrive(bar_done + 8 * (qit & 1));
     };
 
     attn_mbar_wait(bar_own, 0);
@@ -1394,10 +1449,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
             const uint32_t dsb = sDS + (C::SPLIT ? cw : (it & 1)) * C::ds_bytes; /* this tile's dS^T buffer */
             attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
-            if (C::OVL && !live && pit >= 0) { /* nothing to issue: finish the previous tile's dQ now */
-                attn_wg_wait<0>();
-                finish_dq();
-            }
+            /* LAG: dS^T buffer it % 2 is free once both consumers' dQ of tile it - 2 is done */
+            auto ds_free = [&]() {
+                if (C::LAG && it >= 2) attn_mbar_wait(bar_dse + 8 * (it & 1), ((it >> 1) - 1) & 1);
+            };
             if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
                 /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
@@ -1410,11 +1465,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     attn_wgmma_ss_n64(c1, attn_gdesc(sK + ao, 16, 1024), attn_gdesc(qs + bo, 16, 1024), kk > 0);
                 }
                 attn_wg_commit();
-                if (C::OVL && pit >= 0) { /* the previous tile's dK, dV, dQ are done; S^T still runs */
-                    attn_wg_wait<1>();
-                    finish_dq();
-                    attn_wg_fence();
-                }
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++) {
                     const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
@@ -1484,6 +1534,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 attn_wg_commit();
                 /* dS^T (bf16, as rounded for dK) -> this consumer's 64 rows of the buffer, 128-byte swizzle:
                  * row r, query chunk nb (8 columns) at r * 128 + 16 (nb ^ r % 8) + 4 t */
+                ds_free();
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
                     const int r = rowoff + warp * 16 + g + 8 * rr;
@@ -1494,6 +1545,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                      : "memory");
                 }
             } else if (!C::SPLIT) { /* these keys see none of the tile's queries: their dS^T rows are 0 */
+                ds_free();
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     const int chunk = (tid & 127) + 128 * c; /* 512 16-byte chunks of 64 rows */
@@ -1503,18 +1555,20 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 }
             }
             attn_fence_proxy_async();
+            if (C::LAG) {
+                attn_mbar_arrive(bar_dsf + 8 * (it & 1)); /* this thread's part of dS^T written */
+                if (has_dq && pit >= 0) lagged_dq(pit, pidx); /* the previous tile's dQ; waits for this tile's dK, dV */
+                else attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+                pit = it, pidx = idx;
+                continue;
+            }
             if (C::SPLIT) attn_bar_sync(2 + cw, 128);
             else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
-            if (C::OVL && has_dq) { /* issue this tile's dQ and leave it in flight */
-                attn_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < ROWS / 16; kk++)
-                    attn_wgmma_ss_tt_n64(dqp, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
-                                         attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-                attn_wg_commit();
-                pit = it, ps = s, pidx = idx, ph = h;
-            } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
+            if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
                                     * both in flight at once would need 32 more registers, and ptxas then
                                     * serialises the wgmmas) */
 #pragma unroll
@@ -1533,24 +1587,21 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     if (ch == 0) {
 #pragma unroll
                         for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                        attn_consumer_arrive(bar_empty + 8 * s);
+                        attn_mbar_arrive(bar_empty + 8 * s);
                         attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
                     }
                     add_dq(dqa, idx, h, pn);
                 }
-                attn_consumer_arrive(bar_done + 8 * (it & 1)); /* this warp's adds of the tile are issued */
+                attn_mbar_arrive(bar_done + 8 * (it & 1)); /* this thread's adds of the tile are issued */
             } else {
                 attn_wg_wait<0>();
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                attn_consumer_arrive(bar_empty + 8 * s);
+                attn_mbar_arrive(bar_empty + 8 * s);
             }
         }
     }
-    if (C::OVL && pit >= 0) {
-        attn_wg_wait<0>();
-        finish_dq();
-    }
+    if (C::LAG && has_dq && pit >= 0) lagged_dq(pit, pidx);
 
     /* += into the fp32 dk, dv; every element owned by one thread. With GQA the blocks of the group's query
      * heads add to the same rows, in head order: a semaphore per (kv head, key block, consumer) holds the
