@@ -90,7 +90,7 @@
  * fixed order by the dk/dv kernel (ordered fp32 adds per query tile) instead of recomputing S and
  * dP in a second kernel; the pair bitmasks cached across the layers of a step (same pos).
  *
- * ---- v2 (the default; cuda_attention_v2.h switches: RS_ATTN_FWD / RS_ATTN_BWD = v1 | v2) ----
+ * ---- v2 (forward default; backward default at hd 256; cuda_attention_v2.h switches: RS_ATTN_FWD / RS_ATTN_BWD) ----
  *
  * Both v2 kernels are warp-specialised: 384 threads = a producer warpgroup (one warp issues TMA
  * tile loads, cp.async.bulk.tensor with 128-byte swizzle, into an mbarrier ring and copies the
@@ -130,10 +130,66 @@
  * 4 KB per 131 kFLOP, which the 128 B/clock shared-memory port serves no faster than the tensor
  * cores compute it (plus the TMA writes), and each consumer waits for every product. An earlier build with one arrival per warp on the empty barriers and no dQ overlap ran
  * the backward 8% faster (46.6 ms) but racecheck reported its warp-elected release as a hazard.
- * Next: dQ inside the dK|dV kernel (dS^T to shared memory, dQ = dS K by wgmma, added to dq in
- * key-block order under a per-(head, query tile) semaphore: 5 products instead of 7), larger N
- * for the S/dP products, ping-pong scheduling of the two consumers (named barriers), and the
- * pair bitmasks cached across the layers of a step.
+ * Next (done in v3 below): dQ inside the dK|dV kernel; still open: larger N for the S/dP products,
+ * ping-pong scheduling of the two consumers, the pair bitmasks cached across the layers of a step.
+ *
+ * ---- v3 backward (default for hd 64 and 128; RS_ATTN_BWD = v1 | v2 | v3 | auto) ----
+ *
+ * attn_bwd3_kernel<HD>: one kernel for dK, dV and dQ, 5 tile products instead of 7. Grid (nh, key blocks
+ * of 128 keys; 64 at hd 256) in key-block order, the heaviest under causal first; one query head per
+ * block. Warp 0 of the producer warpgroup streams Q, dO (64-query tiles) and their metadata as in v2;
+ * each consumer owns 64 keys (hd 256: both share 64 keys and split the columns) and per live tile
+ * issues S^T and dP^T as two commit groups, forms P while dP^T runs, issues dV += P^T dO, forms dS while
+ * dV runs, issues dK += dS^T Q, writes dS^T (bf16) to a shared double buffer (the two consumers' 64-key
+ * halves: one 128-key x 64-query tile, 128-byte swizzle), and after one 256-thread named barrier
+ * computes dQ = dS K for its 64 columns of the tile (both operands from shared memory, A M-major) and
+ * adds scale dQ to the fp32 dq with red.global.add.v2.f32.
+ * Determinism: the adds to a (head, query tile) come in key-block order. dq_sem[h][i] holds rb + 1 of
+ * the last key block that added; thread 0 of warp 1 of the producer warpgroup (the sequencer) derives
+ * the previous live key block of each tile from the q_live row (the bitmask that decides which blocks
+ * stream the tile), spins with ld.acquire.gpu until dq_sem says it has added, opens an mbarrier "go"
+ * for the consumers, and after their "done" (every consumer thread's adds issued) writes rb + 1 with
+ * st.release.gpu. It runs two tiles ahead of its releases, so the consumers rarely wait and never
+ * issue a fence themselves. No deadlock: a block only waits on lower key blocks of its head, which were
+ * dispatched earlier (blocks start in index order) and are resident or done. With GQA the blocks of
+ * the group's heads add dK, dV in head order under a per-(kv head, key block, consumer) semaphore
+ * (adjacent in the grid, equal work: the wait is short). RS_ATTN_DQ=atomic drops the dq order (plain
+ * fp32 atomics, not reproducible) to measure what the order costs.
+ * Predicted before the first run (H100 hd 128 MHA 32k): the backward from 50.8 ms to ~36 ms (5/7 of
+ * the products, the ordered adds hidden behind the products), below SDPA flash's ~34 ms.
+ * Measured (H100 SXM, causal, one document, 16 query heads; test_cuda attention_timing, bwd medians):
+ *   first build (a consumer thread spun on the semaphore and released it itself): hd 128 MHA 32k 49.3 ms
+ *     ordered vs 37.6 ms with plain atomics: the acquire load and the release fence (which waits for
+ *     the reds to land) sat on the consumers' path every tile;
+ *   + sequencer thread, S/dP waited separately: hd 128 MHA 39.7 ms (atomics 38.8), GQA 16/4 42.8
+ *     (37.7), GQA 16/2 48.0 (38.5), hd 64 29.8, hd 256 114.8 (v2 109.8);
+ *   + one query head per block (the committed build, same call as v2 where noted): hd 128 MHA 32k
+ *     40.1 ms (v2 50.9), GQA 16/4 40.3 (v2 50.4), GQA 16/2 40.8 (v2 50.4), hd 64 29.7 (v2 42.7);
+ *     128k hd 128 MHA 615 ms (v2 801), 16/4 621 (v2 797); plain atomics instead of the order (one
+ *     call): MHA 38.8 vs 40.2, 16/4 39.3 vs 40.6, 16/2 40.2 vs 41.1; hd 256 GQA 16/2 159 ms (v2 110:
+ *     hd 256 stays on v2).
+ *   Tried and dropped: keeping each tile's dQ product in flight into the next tile (MHA 42.9 ms: the
+ *   wait then sits before P); one arrival per warp on the empty/done barriers (no faster; racecheck
+ *   reports the producer's metadata writes as racing); ATTN_BWD3_LAG=1 (each tile's dQ in the next
+ *   tile, the consumers joined by mbarriers with a tile of slack instead of the 256-thread barrier:
+ *   MHA 39.9 ms, but GQA 16/2 45.3, hd 64 31.6, 128k 678 ms; kept behind the switch, parity and
+ *   racecheck clean).
+ *   ncu (LAG build, T 8192, 8/2 heads, hd 128): 16.6% SM throughput, 13.7 cycles between issues per
+ *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
+ *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
+ *   producer warpgroup at 40 registers since one head per block).
+ * Why slower than predicted: the kernel runs at ~28% of the tensor peak, not the ~45% assumed; each
+ * consumer still serialises S -> P -> dS -> (barrier) -> dQ -> adds within a tile, and the barrier
+ * that joins the two dS halves keeps the consumers in step, so their elementwise work does not
+ * overlap each other's products (loosening it alone did not help, see LAG). The ordered-add chain
+ * costs ~3.5% (MHA); with a whole GQA group per block (the first form) the first wave's blocks of
+ * one kv head (66 at 16/2) ran in lock step behind the chain (each block's first query tile is its
+ * predecessor's third), which one head per block removed. hd 256: both consumers recompute S and dP
+ * for the same 64 keys and add dQ in two chunks; with one head per block it got slower (114.8 -> 159
+ * ms, not understood; ptxas spills 72 bytes there), so hd 256 stays on v2 by default.
+ * Next: S/dP as m64n128 (keys as N, P^T/dS^T through shared memory) or K/V fragments in registers,
+ * ping-pong of the consumers on the products, the producer's spill (metadata loads by TMA or by more
+ * warps), hd 256 without the recomputed S/dP.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -172,6 +228,9 @@ typedef struct {
     const uint32_t *q_live, *q_part;  /* (nq,nkw) bitmasks over key tiles, one row per query tile */
     const uint32_t *k_live, *k_part;  /* (nk,nqw) bitmasks over query tiles, one row per key tile */
     const float *lse2, *D;            /* (nh,Tq_pad) backward row statistics */
+    uint32_t *dq_sem;                 /* (nh,nq) v3: last key block (+1) that added to a dq tile */
+    uint32_t *kv_sem;                 /* (nkv,nk,2) v3 GQA: heads that added to a (key block, consumer) of dk, dv */
+    int dq_order;                     /* v3: 1 = dq adds in key-block order (reproducible), 0 = plain atomics */
     int Tq, Tk, Tq_pad;
     int nh, nkv, group;
     int ldq, ldk, ldo;
@@ -1141,6 +1200,446 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     }
 }
 
+/* ---- backward v3: dK, dV and dQ in one kernel ------------------------------------------------ */
+
+#ifndef ATTN_BWD3_LAG
+#define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
+#endif
+
+
+/* v3 layout: the v2 dk/dv block (own K, V; Q, dO streamed in 64-query tiles) plus two dS^T buffers
+ * (row = key, 64 query columns, 128-byte swizzle: the M-major A operand of dQ = dS K). Without SPLIT
+ * the two consumers' 64-key halves fill one buffer (double-buffered over tiles, one 256-thread barrier
+ * per tile); with SPLIT (hd 256) both consumers hold the same dS^T and each writes its own buffer. */
+template <int HD>
+struct AttnBwd3Cfg {
+    static constexpr bool SPLIT = HD == 256;
+    static constexpr int ROWS = SPLIT ? 64 : 128; /* keys per block */
+    static constexpr int OUTW = SPLIT ? 128 : HD; /* dK, dV columns per consumer */
+    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? 3 : 2;
+    static constexpr int PANELS = HD / 64;
+    static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
+    static constexpr int own_bytes = ROWS * HD * 2;
+    static constexpr int tile_bytes = ATTN_TILE * HD * 2;
+    static constexpr int ds_bytes = (SPLIT ? 64 : ROWS) * 128; /* one dS^T buffer (bf16, 64 query columns) */
+    static constexpr int meta_bytes = 4 * ATTN_TILE * 4;       /* lse2, D, pos, doc_pos of the streamed queries */
+    static constexpr int off_b = own_bytes;
+    static constexpr int off_x = 2 * own_bytes;
+    static constexpr int off_y = off_x + ST * tile_bytes;
+    static constexpr int off_ds = off_y + ST * tile_bytes;
+    static constexpr int off_meta = off_ds + 2 * ds_bytes;
+    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST], go[2], done[2],
+                                                                * ds_full[2], ds_empty[2] */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 1024;
+    static constexpr int DQT = HD == 64 ? 128 : 256; /* consumer threads that add to dq */
+    /* LAG (not SPLIT): a tile's dQ is computed in the next tile, after that tile's dK is issued, so the two
+     * consumers meet on mbarriers with a tile of slack (ds_full: both halves of a dS^T buffer written;
+     * ds_empty: both consumers' dQ of it done) instead of a named barrier every tile */
+    static constexpr bool LAG = ATTN_BWD3_LAG && !SPLIT;
+    static constexpr int REG_C = 232, REG_P = 40; /* 128 REG_P + 256 REG_C <= 64512 */
+};
+
+/* the highest set bit below `before` in a bitmask row, or -1 */
+static __device__ __forceinline__ int attn_prev_live(const uint32_t *row, int before) {
+    if (before <= 0) return -1;
+    int w = (before - 1) >> 5;
+    const int b = before - 32 * w; /* 1..32 bits of word w count */
+    uint32_t m = __ldg(row + w) & (b == 32 ? 0xffffffffu : (1u << b) - 1u);
+    for (;;) {
+        if (m) return 32 * w + 31 - __clz(m);
+        if (--w < 0) return -1;
+        m = __ldg(row + w);
+    }
+}
+
+/* grid (nkv, key blocks of ROWS), in key-block order: block rb of kv head kvh streams, for each query
+ * head h of the group, the live 64-query tiles i and per tile adds dQ_i += scale dS_i K_rb to dq in
+ * key-block order. The order is kept by a semaphore per (h, i, consumer column half): p.dq_sem holds
+ * the number (block + 1) of the last key block that added, the block waits for the value written by the
+ * previous live key block of tile i (from the q_live row of i, the same bitmask that decides which
+ * blocks stream i) and writes rb + 1 after its adds. A waiter's predecessor has a lower block index, so
+ * it was dispatched first and is resident or finished (blocks are dispatched in index order); it never
+ * waits on a later block, so the chain always moves. p.dq_order = 0 drops the waits (plain fp32
+ * atomics, not reproducible: the measured comparison). */
+template <int HD>
+static __global__ void __launch_bounds__(AWG_THREADS, 1)
+    attn_bwd3_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do) {
+    typedef AttnBwd3Cfg<HD> C;
+    constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2, KT = ROWS / ATTN_TILE;
+    extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
+    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    unsigned char *meta_g = attn_smem + (base - raw) + C::off_meta; /* stage s: 4 arrays of 64 words */
+    const uint32_t sK = base, sV = base + C::off_b, sQ = base + C::off_x, sO = base + C::off_y, sDS = base + C::off_ds;
+    const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
+    const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
+    const uint32_t bar_dsf = bar_done + 16, bar_dse = bar_dsf + 16;      /* two each, by dS^T buffer */
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int h0 = blockIdx.x, kvh = h0 / p.group, rb = blockIdx.y; /* query head h0, key block rb (heaviest first) */
+    const int t0 = rb * KT;
+    const uint32_t *live_a = p.k_live + (int64_t)t0 * p.nqw;
+    const uint32_t *live_b = (!C::SPLIT && t0 + 1 < p.nk) ? p.k_live + (int64_t)(t0 + 1) * p.nqw : nullptr;
+    auto next_tile = [&](int from) -> int {
+        int a = attn_next_live(live_a, p.nqw, from);
+        if (live_b) {
+            const int b = attn_next_live(live_b, p.nqw, from);
+            if (b >= 0 && (a < 0 || b < a)) a = b;
+        }
+        return a;
+    };
+    const int first = next_tile(0);
+    if (first < 0) return; /* nothing visible: every gradient += 0, no dq semaphore is this block's */
+
+    if (tid == 0) {
+        attn_mbar_init(bar_own, 1);
+        for (int s = 0; s < ST; s++) {
+            attn_mbar_init(bar_full + 8 * s, 32);
+            attn_mbar_init(bar_empty + 8 * s, 256);
+        }
+        for (int b = 0; b < 2; b++) {
+            attn_mbar_init(bar_go + 8 * b, 1);
+            attn_mbar_init(bar_done + 8 * b, C::DQT);
+            attn_mbar_init(bar_dsf + 8 * b, 256);
+            attn_mbar_init(bar_dse + 8 * b, C::DQT);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int own_row = rb * ROWS;
+    if (wg == 0) attn_setmaxnreg_dec<C::REG_P>(); /* the whole producer warpgroup */
+    if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+        if (tid != 32) return;
+        /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
+         * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
+         * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
+         * before the consumers passed it; a release is never held up by the wait of a later tile. */
+        uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+        int ai = first, ri = first, na = 0, nr = 0;
+        uint32_t want = 0;
+        bool want_ok = false;
+        while (ri >= 0) {
+            bool moved = false;
+            if (ai >= 0 && na - nr < 2) {
+                if (p.dq_order && !want_ok) {
+                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                    want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                    want_ok = true;
+                }
+                if (!p.dq_order || attn_ld_acquire(sems + ai) == want) {
+                    attn_mbar_arrive(bar_go + 8 * (na & 1));
+                    na++, moved = true, want_ok = false;
+                    ai = next_tile(ai + 1);
+                }
+            }
+            if (nr < na && attn_mbar_test(bar_done + 8 * (nr & 1), (nr >> 1) & 1)) {
+                if (p.dq_order) attn_st_release(sems + ri, (uint32_t)(rb + 1));
+                nr++, moved = true;
+                ri = next_tile(ri + 1);
+            }
+            if (!moved) __nanosleep(32);
+        }
+        return;
+    }
+    if (wg == 0) { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
+        const int lane = tid;
+        if (lane == 0) {
+            attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
+#pragma unroll
+            for (int pn = 0; pn < C::PANELS; pn++) {
+                attn_tma_load_2d(sK + pn * ROWS * 128, &tm_k, kvh * HD + pn * 64, own_row, bar_own);
+                attn_tma_load_2d(sV + pn * ROWS * 128, &tm_v, kvh * HD + pn * 64, own_row, bar_own);
+            }
+        }
+        int it = 0;
+        {
+            const int h = h0;
+            for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+                const int s = it % ST;
+                if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+                const int r0 = idx * ATTN_TILE;
+                int *mi = reinterpret_cast<int *>(meta_g + s * C::meta_bytes);
+                float *mf = reinterpret_cast<float *>(mi);
+                for (int r = lane; r < ATTN_TILE; r += 32) {
+                    const bool ok = r0 + r < p.Tq;
+                    mf[r] = p.lse2[(int64_t)h * p.Tq_pad + r0 + r]; /* padded: +inf past Tq */
+                    mf[ATTN_TILE + r] = p.D[(int64_t)h * p.Tq_pad + r0 + r];
+                    mi[2 * ATTN_TILE + r] = ok ? __ldg(p.pos_q + r0 + r) : 0;
+                    mi[3 * ATTN_TILE + r] = ok ? __ldg(p.doc_pos_q + r0 + r) : 0;
+                }
+                if (lane == 0) {
+                    attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::tile_bytes);
+#pragma unroll
+                    for (int pn = 0; pn < C::PANELS; pn++) {
+                        attn_tma_load_2d(sQ + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_q, h * HD + pn * 64, r0,
+                                         bar_full + 8 * s);
+                        attn_tma_load_2d(sO + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_do, h * HD + pn * 64, r0,
+                                         bar_full + 8 * s);
+                    }
+                } else {
+                    attn_mbar_arrive(bar_full + 8 * s);
+                }
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers ---- */
+    attn_setmaxnreg_inc<C::REG_C>();
+    const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
+    const bool has_dq = HD != 64 || cw == 0;
+    const int mytile = t0 + (C::SPLIT ? 0 : cw);
+    const uint32_t *mylive = mytile < p.nk ? p.k_live + (int64_t)mytile * p.nqw : nullptr;
+    const uint32_t *mypart = mytile < p.nk ? p.k_part + (int64_t)mytile * p.nqw : nullptr;
+    int krow[2], kpos[2], kdoc[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        krow[rr] = own_row + rowoff + warp * 16 + g + 8 * rr;
+        kpos[rr] = krow[rr] < p.Tk ? p.pos_k[krow[rr]] : 0;
+        kdoc[rr] = krow[rr] < p.Tk ? kpos[rr] - p.doc_pos_k[krow[rr]] : 0;
+    }
+    float acc1[NO], acc2[NO]; /* dK, dV of this consumer's 64 keys (x OUTW columns) */
+#pragma unroll
+    for (int i = 0; i < NO; i++) acc1[i] = 0.0f, acc2[i] = 0.0f;
+    const float sl2 = p.scale_log2;
+    /* adds scale dQ (64 queries x the 64 columns of panel pn) of query tile qi, head h to dq */
+    auto add_dq = [&](const float (&d32)[32], int qi, int h, int pn) {
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * rr;
+            if (qrow >= p.Tq) continue;
+            float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 2 * t;
+#pragma unroll
+            for (int ob = 0; ob < 8; ob++) attn_red_add2(d + 8 * ob, p.scale * d32[4 * ob + 2 * rr], p.scale * d32[4 * ob + 2 * rr + 1]);
+        }
+    };
+    int pit = -1, pidx = 0; /* LAG: the tile (sequence number, query tile) whose dQ is still to do */
+    /* LAG: dQ of tile qit (query tile qidx) from its complete dS^T buffer; waits for every issued product */
+    auto lagged_dq = [&](int qit, int qidx) {
+        const uint32_t b = qit & 1, db = sDS + b * C::ds_bytes;
+        attn_mbar_wait(bar_dsf + 8 * b, (qit >> 1) & 1); /* both halves written */
+        float dqa[32];
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < ROWS / 16; kk++)
+            attn_wgmma_ss_tt_n64(dqa, attn_gdesc(db + kk * 16 * 128, 64 * 128, 1024),
+                                 attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+        attn_wg_commit();
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+        attn_mbar_arrive(bar_dse + 8 * b);                        /* this thread no longer reads buffer b */
+        attn_mbar_wait(bar_go + 8 * (qit & 1), (qit >> 1) & 1); /* the previous key block has added */
+        add_dq(dqa, qidx, h0, cw);
+        attn_mbar_arrive(bar_done + 8 * (qit & 1));
+    };
+
+    attn_mbar_wait(bar_own, 0);
+    int it = 0;
+    {
+        const int h = h0;
+        for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+            const int s = it % ST;
+            const bool live = mylive && attn_bit(mylive, idx);
+            const bool part = live && attn_bit(mypart, idx);
+            const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
+            const uint32_t dsb = sDS + (C::SPLIT ? cw : (it & 1)) * C::ds_bytes; /* this tile's dS^T buffer */
+            attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+            /* LAG: dS^T buffer it % 2 is free once both consumers' dQ of tile it - 2 is done */
+            auto ds_free = [&]() {
+                if (C::LAG && it >= 2) attn_mbar_wait(bar_dse + 8 * (it & 1), ((it >> 1) - 1) & 1);
+            };
+            if (live) {
+                float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
+                /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
+                 * dV += P^T dO (runs while dS is formed); dK += dS^T Q */
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
+                    attn_wgmma_ss_n64(c1, attn_gdesc(sK + ao, 16, 1024), attn_gdesc(qs + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
+                    attn_wgmma_ss_n64(c2, attn_gdesc(sV + ao, 16, 1024), attn_gdesc(os + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+                attn_wg_wait<1>(); /* S^T */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]);
+
+                /* P^T into c1; element (own key rr, streamed query c) */
+                const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
+                const float *mf = reinterpret_cast<const float *>(mi);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = nb * 8 + 2 * t + e;
+                        const float lc = mf[c];
+                        const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) {
+                            const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
+                            c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+                        }
+                    }
+                uint32_t pa[4][4], da[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                    for (int q4 = 0; q4 < 4; q4++) pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc2[i]);
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) { /* dV += P^T dO */
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    else attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                }
+                attn_wg_commit();
+                attn_wg_wait<1>(); /* dP^T */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(c2[i]);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float dc = mf[ATTN_TILE + nb * 8 + 2 * t + e];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) c2[4 * nb + 2 * rr + e] = c1[4 * nb + 2 * rr + e] * (c2[4 * nb + 2 * rr + e] - dc);
+                    }
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                    for (int q4 = 0; q4 < 4; q4++) da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) { /* dK += dS^T Q */
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                    else attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                }
+                attn_wg_commit();
+                /* dS^T (bf16, as rounded for dK) -> this consumer's 64 rows of the buffer, 128-byte swizzle:
+                 * row r, query chunk nb (8 columns) at r * 128 + 16 (nb ^ r % 8) + 4 t */
+                ds_free();
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int r = rowoff + warp * 16 + g + 8 * rr;
+#pragma unroll
+                    for (int nb = 0; nb < 8; nb++)
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dsb + r * 128 + ((nb ^ (r & 7)) << 4) + 4 * t),
+                                     "r"(da[nb >> 1][(nb & 1) * 2 + rr])
+                                     : "memory");
+                }
+            } else if (!C::SPLIT) { /* these keys see none of the tile's queries: their dS^T rows are 0 */
+                ds_free();
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int chunk = (tid & 127) + 128 * c; /* 512 16-byte chunks of 64 rows */
+                    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(dsb + rowoff * 128 + chunk * 16),
+                                 "r"(0)
+                                 : "memory");
+                }
+            }
+            attn_fence_proxy_async();
+            if (C::LAG) {
+                attn_mbar_arrive(bar_dsf + 8 * (it & 1)); /* this thread's part of dS^T written */
+                if (has_dq && pit >= 0) lagged_dq(pit, pidx); /* the previous tile's dQ; waits for this tile's dK, dV */
+                else attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+                pit = it, pidx = idx;
+                continue;
+            }
+            if (C::SPLIT) attn_bar_sync(2 + cw, 128);
+            else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
+
+            if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
+                                    * both in flight at once would need 32 more registers, and ptxas then
+                                    * serialises the wgmmas) */
+#pragma unroll
+                for (int ch = 0; ch < C::DQC; ch++) {
+                    const int pn = cw * C::DQC + ch; /* the 64-column panel of dq and of K */
+                    float dqa[32];
+                    attn_wg_fence();
+#pragma unroll
+                    for (int kk = 0; kk < ROWS / 16; kk++)
+                        attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
+                                             attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+                    attn_wg_commit();
+                    attn_wg_wait<0>();
+#pragma unroll
+                    for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+                    if (ch == 0) {
+#pragma unroll
+                        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                        attn_mbar_arrive(bar_empty + 8 * s);
+                        attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
+                    }
+                    add_dq(dqa, idx, h, pn);
+                }
+                attn_mbar_arrive(bar_done + 8 * (it & 1)); /* this thread's adds of the tile are issued */
+            } else {
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+            }
+        }
+    }
+    if (C::LAG && has_dq && pit >= 0) lagged_dq(pit, pidx);
+
+    /* += into the fp32 dk, dv; every element owned by one thread. With GQA the blocks of the group's query
+     * heads add to the same rows, in head order: a semaphore per (kv head, key block, consumer) holds the
+     * number of heads that added; the block of head h0 % group waits for its own number. Those blocks are
+     * adjacent in the grid (blockIdx.x = head), started together, and equal in work, so the wait is short. */
+    const bool chain = p.group > 1;
+    uint32_t *ksem = p.kv_sem + ((int64_t)kvh * gridDim.y + rb) * 2 + cw;
+    if (chain) {
+        if ((tid & 127) == 0)
+            while (attn_ld_acquire(ksem) != (uint32_t)(h0 % p.group)) {
+            }
+        __syncwarp();
+        attn_bar_sync(2 + cw, 128);
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        if (krow[rr] >= p.Tk) continue;
+        const int64_t off = (int64_t)krow[rr] * p.ldk + (int64_t)kvh * HD + col0;
+#pragma unroll
+        for (int ob = 0; ob < OUTW / 8; ob++) {
+            float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
+            float2 y = *x;
+            y.x += p.scale * acc1[4 * ob + 2 * rr];
+            y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
+            *x = y;
+            x = reinterpret_cast<float2 *>(p.dv + off + ob * 8 + 2 * t);
+            y = *x;
+            y.x += acc2[4 * ob + 2 * rr];
+            y.y += acc2[4 * ob + 2 * rr + 1];
+            *x = y;
+        }
+    }
+    if (chain) {
+        attn_bar_sync(2 + cw, 128); /* every add of this consumer done before the release */
+        if ((tid & 127) == 0) attn_st_release(ksem, (uint32_t)(h0 % p.group + 1));
+    }
+}
+
 /* ---- backward: dq ---------------------------------------------------------------------------- */
 
 template <int HD>
@@ -1536,7 +2035,12 @@ static float *attn_plan(AttnParams *p, int bwd) {
     const size_t b_ranges = attn_align((size_t)(p->nq + p->nk) * sizeof(int4));
     const size_t b_qmask = attn_align((size_t)p->nq * p->nkw * 4), b_kmask = attn_align((size_t)p->nk * p->nqw * 4);
     const size_t b_stats = bwd ? attn_align((size_t)p->nh * p->Tq_pad * 4) : 0;
-    unsigned char *ws = (unsigned char *)attn_workspace(b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats + 256);
+    const size_t n_sem = bwd ? (size_t)p->nh * p->nq + (size_t)p->nkv * p->nk * 2 : 0; /* dq_sem, kv_sem */
+    const size_t b_sem = attn_align(n_sem * 4);
+    unsigned char *ws =
+        (unsigned char *)attn_workspace(b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats + b_sem + 256);
+    p->dq_sem = bwd ? (uint32_t *)(ws + b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats) : NULL;
+    p->kv_sem = bwd ? p->dq_sem + (size_t)p->nh * p->nq : NULL;
     int4 *ranges = (int4 *)ws;
     uint32_t *q_live = (uint32_t *)(ws + b_ranges), *q_part = (uint32_t *)(ws + b_ranges + b_qmask);
     uint32_t *k_live = (uint32_t *)(ws + b_ranges + 2 * b_qmask);
@@ -1670,16 +2174,58 @@ static void attn_launch_backward_v2(const AttnParams &p) {
     CUDA_LAUNCH_CHECK();
 }
 
-#define ATTN_BWD_DEFAULT 2 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise */
+/* v3's dq order: 1 unless RS_ATTN_DQ=atomic (read once; plain fp32 atomics, not reproducible, kept only
+ * to measure what the ordering costs) */
+static int attn_dq_ord = -1;
+
+extern "C" int cuda_attention_dq_order(int v) {
+    if (attn_dq_ord < 0) {
+        const char *e = getenv("RS_ATTN_DQ");
+        RS_CHECK(!e || !strcmp(e, "ordered") || !strcmp(e, "atomic"), "RS_ATTN_DQ=%s (want ordered or atomic)", e);
+        attn_dq_ord = !(e && !strcmp(e, "atomic"));
+    }
+    const int old = attn_dq_ord;
+    RS_CHECK(v >= -1 && v <= 1, "cuda_attention_dq_order: %d (want -1, 0 or 1)", v);
+    if (v >= 0) attn_dq_ord = v;
+    return old;
+}
+
+/* v3: one kernel for dk, dv and dq */
+template <int HD>
+static void attn_launch_backward_v3(const AttnParams &p0) {
+    typedef AttnBwd3Cfg<HD> C;
+    static int done;
+    AttnParams p = p0;
+    p.dq_order = cuda_attention_dq_order(-1);
+    attn_smem_limit(attn_bwd3_kernel<HD>, C::bytes, &done);
+    CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, ((size_t)p.nh * p.nq + (size_t)p.nkv * p.nk * 2) * 4, cuda_stream()));
+    CUtensorMap tk, tv, tq, tdo;
+    attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
+    attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
+    attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
+    attn_bwd3_kernel<HD><<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
+        p, tk, tv, tq, tdo);
+    CUDA_LAUNCH_CHECK();
+}
+
+/* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise: ATTN_BWD_AUTO = v3 for
+ * hd 64 and 128, v2 for hd 256 (where v3 measured slower, see the header) */
+#define ATTN_BWD_DEFAULT ATTN_BWD_AUTO
 static int attn_bwd_ver;
 
 extern "C" int cuda_attention_bwd_version(int v) {
     if (!attn_bwd_ver) {
         const char *e = getenv("RS_ATTN_BWD");
-        attn_bwd_ver = e && !strcmp(e, "v2") ? 2 : e && !strcmp(e, "v1") ? 1 : ATTN_BWD_DEFAULT;
+        RS_CHECK(!e || !strcmp(e, "v1") || !strcmp(e, "v2") || !strcmp(e, "v3") || !strcmp(e, "auto"),
+                 "RS_ATTN_BWD=%s (want v1, v2, v3 or auto)", e);
+        attn_bwd_ver = e && !strcmp(e, "v3")   ? 3
+                       : e && !strcmp(e, "v2") ? 2
+                       : e && !strcmp(e, "v1") ? 1
+                                               : ATTN_BWD_DEFAULT;
     }
     const int old = attn_bwd_ver;
-    RS_CHECK(v >= 0 && v <= 2, "cuda_attention_bwd_version: %d (want 0, 1 or 2)", v);
+    RS_CHECK(v >= 0 && v <= ATTN_BWD_AUTO, "cuda_attention_bwd_version: %d (want 0..%d)", v, ATTN_BWD_AUTO);
     if (v) attn_bwd_ver = v;
     return old;
 }
@@ -1750,7 +2296,17 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
     attn_bwd_prep_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, cuda_stream()>>>(lse2, D, p.dout, p.out, lse, p.Tq,
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
-    if (cuda_attention_bwd_version(0) == 2) {
+    int bver = cuda_attention_bwd_version(0);
+    if (bver == ATTN_BWD_AUTO) bver = hd == 256 ? 2 : 3;
+    if (bver == 3) {
+        switch (hd) {
+        case 64: attn_launch_backward_v3<64>(p); break;
+        case 128: attn_launch_backward_v3<128>(p); break;
+        default: attn_launch_backward_v3<256>(p); break;
+        }
+        return;
+    }
+    if (bver == 2) {
         switch (hd) {
         case 64: attn_launch_backward_v2<64>(p); break;
         case 128: attn_launch_backward_v2<128>(p); break;

@@ -1,6 +1,6 @@
 /*
- * cuda_attention_wgmma.h - inline-PTX wrappers for the Hopper (sm_90a) instructions the v2 attention
- * forward uses: wgmma.mma_async (bf16 x bf16 -> fp32, operands in shared memory through matrix
+ * cuda_attention_wgmma.h - inline-PTX wrappers for the Hopper (sm_90a) instructions the v2/v3 attention
+ * kernels use: wgmma.mma_async (bf16 x bf16 -> fp32, operands in shared memory through matrix
  * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads and setmaxnreg.
  * Included by kernels/cuda/cuda_attention.cu only. The wgmma wrappers with their long operand lists
  * were written out by a throwaway script (one function per shape, not kept: edit them by hand);
@@ -68,6 +68,22 @@ static __device__ __forceinline__ void attn_wgmma_ss_n128(float (&d)[64], uint64
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* d (64 x 64) (+)= A (64 x 16, M-major (transposed), smem) * B (16 x 64, N-major (transposed), smem);
+ * scale_d = 0 overwrites d (the fused backward's dQ = dS K: dS^T and K both stored row = key) */
+static __device__ __forceinline__ void attn_wgmma_ss_tt_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
@@ -162,11 +178,42 @@ static __device__ __forceinline__ void attn_mbar_wait(uint32_t bar, uint32_t par
     } while (!done);
 }
 
+/* non-blocking: has the phase with this parity completed? */
+static __device__ __forceinline__ bool attn_mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+
 /* a 2-d box of a tensor map (coordinates: c0 = column, c1 = row) -> shared memory, completing on bar */
 static __device__ __forceinline__ void attn_tma_load_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
+}
+
+/* named barrier `id` (1..15) over `n` threads (a multiple of 32) */
+static __device__ __forceinline__ void attn_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+/* generic-proxy shared-memory writes -> visible to later wgmma (async proxy) reads */
+static __device__ __forceinline__ void attn_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* gpu-scope acquire load / release store of a global semaphore word */
+static __device__ __forceinline__ uint32_t attn_ld_acquire(const uint32_t *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void attn_st_release(uint32_t *p, uint32_t v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+/* fire-and-forget fp32 adds of two adjacent floats (8-byte aligned) in L2 */
+static __device__ __forceinline__ void attn_red_add2(float *p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
 template <int R>

@@ -34,9 +34,11 @@
  * A wrong mask, GQA mapping, scale or stride gives errors of 1e-1 and more; two
  * cases check that the bounds fail for a one-token mask error and a 1% error in
  * P. Backward calls are run twice from the same prefill and must agree bit for
- * bit (determinism). Every forward and backward case runs both kernel versions (cuda_attention_v2.h:
- * v1 mma.sync, v2 wgmma + TMA) against the same cpu result, each twice (bitwise equal). Set
- * RS_ATTN_TIMING=1 to print fwd/bwd times of both versions and TFLOP/s at T = 32k and 128k
+ * bit (determinism). Every forward and backward case runs every kernel version (cuda_attention_v2.h:
+ * v1 mma.sync, v2 wgmma + TMA, backward v3 fused dq) against the same cpu result, each twice (bitwise
+ * equal); cuda_attention_backward_reproducible reruns a 8k-token v3 backward, whose dq adds of many key
+ * blocks meet in L2, and shows that plain atomics would not pass it. Set
+ * RS_ATTN_TIMING=1 to print fwd/bwd times of every version and TFLOP/s at T = 32k and 128k
  * (information only: no test depends on a time).
  */
 #include <math.h>
@@ -54,8 +56,8 @@
 #define CA_LSE_BOUND  1e-5
 #define CA_GRAD_BOUND 5e-3
 
-/* which kernel versions the cases run: RS_ATTN_TEST_FWD / RS_ATTN_TEST_BWD list the digits ("12" when
- * unset), e.g. RS_ATTN_TEST_FWD=1 to leave a new forward out while it is being debugged */
+/* which kernel versions the cases run: RS_ATTN_TEST_FWD / RS_ATTN_TEST_BWD list the digits (all when
+ * unset: fwd 1, 2; bwd 1, 2, 3), e.g. RS_ATTN_TEST_FWD=1 to leave a new forward out while it is being debugged */
 static int ca_ver_on(int bwd, int ver) {
     const char *e = getenv(bwd ? "RS_ATTN_TEST_BWD" : "RS_ATTN_TEST_FWD");
     return !e || strchr(e, '0' + ver) != NULL;
@@ -531,7 +533,7 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
     const float *d_lse = (const float *)ca_upload(lse_dev, Tq * nh * 4);
     const int ver0 = cuda_attention_bwd_version(0);
     double least = INFINITY; /* over the versions, of each version's largest error (the must-fail case needs both large) */
-    for (int ver = 1; ver <= 2; ver++) { /* both backward kernels (cuda_attention_v2.h) on the same inputs */
+    for (int ver = 1; ver <= 3; ver++) { /* every backward kernel (cuda_attention_v2.h) on the same inputs */
         if (!ca_ver_on(1, ver)) continue;
         cuda_attention_bwd_version(ver);
         double worst = 0;
@@ -772,10 +774,10 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
     CUDA_CHECK(cudaEventCreate(&e1));
     const double fl = 4.0 * T * (double)T / 2 * hd * nh; /* causal counted as half */
     const int ver0 = cuda_attention_fwd_version(0), bver0 = cuda_attention_bwd_version(0);
-    float ms[4][16]; /* fwd v1, fwd v2, bwd v1, bwd v2 */
+    float ms[5][16]; /* fwd v1, fwd v2, bwd v1, bwd v2, bwd v3 */
     if (reps > 16) reps = 16;
-    for (int which = 0; which < 4; which++) {
-        if (!ca_ver_on(which >= 2, which % 2 + 1)) {
+    for (int which = 0; which < 5; which++) {
+        if (!ca_ver_on(which >= 2, which < 2 ? which + 1 : which - 1)) {
             for (int i = 0; i < reps; i++) ms[which][i] = NAN;
             continue;
         }
@@ -800,13 +802,80 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
     cuda_attention_fwd_version(ver0);
     cuda_attention_bwd_version(bver0);
     const float f1 = ms[0][reps / 2], f2 = ms[1][reps / 2], b1 = ms[2][reps / 2], b2 = ms[3][reps / 2];
+    const float b3 = ms[4][reps / 2];
     printf("timing T %d nh %d nkv %d hd %d causal, median of %d: fwd v1 %.3f ms (%.0f TFLOP/s), v2 %.3f ms (%.0f "
-           "TFLOP/s, %.2fx); bwd (TFLOP/s at 2.5x fwd flops) v1 %.3f ms (%.0f), v2 %.3f ms (%.0f, %.2fx)\n",
+           "TFLOP/s, %.2fx); bwd (TFLOP/s at 2.5x fwd flops) v1 %.3f ms (%.0f), v2 %.3f ms (%.0f, %.2fx), v3 %.3f ms "
+           "(%.0f, %.2fx v2)\n",
            T, nh, nkv, hd, reps, f1, fl / f1 * 1e-9, f2, fl / f2 * 1e-9, f1 / f2, b1, 2.5 * fl / b1 * 1e-9, b2,
-           2.5 * fl / b2 * 1e-9, b1 / b2);
+           2.5 * fl / b2 * 1e-9, b1 / b2, b3, 2.5 * fl / b3 * 1e-9, b2 / b3);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     ca_dev_free_all();
+}
+
+/* v3's dq is added by many key blocks per query tile; at 8k tokens (64 key blocks of 128 per head) their
+ * adds meet in L2. Three runs from zeroed gradients must agree bit for bit; the same with the ordering
+ * switched off (plain atomics) is printed, not checked, to show that the check can see a difference. */
+TEST(cuda_attention_backward_reproducible) {
+    const int T = 8192, nh = 8, nkv = 2;
+    for (int hd = 128; hd <= 256; hd *= 2) {
+        const int ldq = nh * hd, ldk = 2 * nkv * hd, ldo = nh * hd;
+        bf16 *q = (bf16 *)ca_dev_alloc((size_t)T * ldq * 2), *kv = (bf16 *)ca_dev_alloc((size_t)T * ldk * 2);
+        bf16 *out = (bf16 *)ca_dev_alloc((size_t)T * ldo * 2), *dout = (bf16 *)ca_dev_alloc((size_t)T * ldo * 2);
+        float *lse = (float *)ca_dev_alloc((size_t)T * nh * 4);
+        float *dq = (float *)ca_dev_alloc((size_t)T * ldq * 4), *dkv = (float *)ca_dev_alloc((size_t)T * ldk * 4);
+        int32_t *pos = (int32_t *)test_alloc((int64_t)T * 4), *dp = (int32_t *)test_alloc((int64_t)T * 4);
+        for (int i = 0; i < T; i++) pos[i] = i, dp[i] = i < 3000 ? i : i - 3000; /* two documents */
+        const int32_t *d_pos = (const int32_t *)ca_upload(pos, (size_t)T * 4);
+        const int32_t *d_dp = (const int32_t *)ca_upload(dp, (size_t)T * 4);
+        ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(q, (int64_t)T * ldq, 11);
+        ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(kv, (int64_t)T * ldk, 12);
+        ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(dout, (int64_t)T * ldo, 13);
+        const int fver = cuda_attention_fwd_version(2), bver = cuda_attention_bwd_version(3);
+        cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_dp, d_pos, d_dp, T, T, nh, nkv, hd, ldq, ldk,
+                               ldo, 1);
+        const size_t nq = (size_t)T * ldq, nk = (size_t)T * ldk;
+        float *got[2][3];
+        for (int ord = 1; ord >= 0; ord--) {
+            const int ord0 = cuda_attention_dq_order(ord);
+            int same_dq = 1, same_dkv = 1;
+            for (int run = 0; run < 3; run++) {
+                CUDA_CHECK(cudaMemsetAsync(dq, 0, nq * 4, cuda_stream()));
+                CUDA_CHECK(cudaMemsetAsync(dkv, 0, nk * 4, cuda_stream()));
+                cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pos, d_dp,
+                                        d_pos, d_dp, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
+                CUDA_LAUNCH_CHECK();
+                float **g = got[ord];
+                if (run == 0) {
+                    g[0] = (float *)test_alloc((int64_t)nq * 4);
+                    g[1] = (float *)test_alloc((int64_t)nk * 4);
+                    ca_download(g[0], dq, nq * 4);
+                    ca_download(g[1], dkv, nk * 4);
+                } else {
+                    float *x = (float *)test_alloc((int64_t)nq * 4), *y = (float *)test_alloc((int64_t)nk * 4);
+                    ca_download(x, dq, nq * 4);
+                    ca_download(y, dkv, nk * 4);
+                    same_dq &= memcmp(x, g[0], nq * 4) == 0;
+                    same_dkv &= memcmp(y, g[1], nk * 4) == 0;
+                }
+            }
+            cuda_attention_dq_order(ord0);
+            if (ord) {
+                EXPECT(same_dq && same_dkv, "bwd v3 hd %d T %d: three runs differ (dq %s, dk|dv %s)", hd, T,
+                       same_dq ? "equal" : "DIFFER", same_dkv ? "equal" : "DIFFER");
+                printf("bwd v3 hd %d T %d nh %d nkv %d, dq in key-block order: 3 runs dq %s, dk|dv %s\n", hd, T, nh,
+                       nkv, same_dq ? "bitwise equal" : "DIFFER", same_dkv ? "bitwise equal" : "DIFFER");
+            } else {
+                int64_t ndiff = 0;
+                for (size_t i = 0; i < nq; i++) ndiff += memcmp(&got[0][0][i], &got[1][0][i], 4) != 0;
+                printf("bwd v3 hd %d, dq by plain atomics (information): 3 runs dq %s; %lld of %zu dq elements "
+                       "differ from the ordered run\n", hd, same_dq ? "equal" : "differ", (long long)ndiff, nq);
+            }
+        }
+        cuda_attention_fwd_version(fver);
+        cuda_attention_bwd_version(bver);
+        ca_dev_free_all();
+    }
 }
 
 TEST(cuda_attention_timing) {
@@ -816,6 +885,7 @@ TEST(cuda_attention_timing) {
     }
     ca_time_one(32768, 16, 16, 128, 5);
     ca_time_one(32768, 16, 4, 128, 5);
+    ca_time_one(32768, 16, 2, 128, 5);
     ca_time_one(32768, 16, 2, 256, 5);
     ca_time_one(32768, 16, 16, 64, 5);
     ca_time_one(131072, 16, 16, 128, 3);
