@@ -69,7 +69,12 @@
  * and backward state passes cut at document starts on the device and run side by side, exact;
  * automatic: about 2 blocks per SM, so 2 at 16 heads, 1 at 64), dqkwg split over the two halves of dk
  * (dqs, default on: 112 KB, 2 blocks per SM), bulk copies in the state passes (bulk, default off:
- * measured 2-3x slower), workspace buffers on 256-byte boundaries.
+ * measured 2-3x slower), workspace buffers on 256-byte boundaries. GDN v3.1 (switch dual, default on):
+ * where the state passes' column block and segments are automatic, each pass is launched in both the
+ * automatic configuration and 32 columns x 8 document segments; gdn_index_cuts_kernel picks the second
+ * when its non-empty segments give 2 blocks per SM (many documents) and the other launch's blocks exit
+ * at once. Same bits either way. Measured (H100, fwd+bwd): 32k / 16 heads / 16 documents 6.50 -> 6.00 ms,
+ * 128k / 16 / 67 documents 25.5 -> 22.5; one document and 64 heads within +-1% (docs/benchmarks.md).
  *
  * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
  * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
