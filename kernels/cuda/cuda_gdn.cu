@@ -69,7 +69,12 @@
  * and backward state passes cut at document starts on the device and run side by side, exact;
  * automatic: about 2 blocks per SM, so 2 at 16 heads, 1 at 64), dqkwg split over the two halves of dk
  * (dqs, default on: 112 KB, 2 blocks per SM), bulk copies in the state passes (bulk, default off:
- * measured 2-3x slower), workspace buffers on 256-byte boundaries.
+ * measured 2-3x slower), workspace buffers on 256-byte boundaries. GDN v3.1 (switch dual, default on):
+ * where the state passes' column block and segments are automatic, each pass is launched in both the
+ * automatic configuration and 32 columns x 8 document segments; gdn_index_cuts_kernel picks the second
+ * when its non-empty segments give 2 blocks per SM (many documents) and the other launch's blocks exit
+ * at once. Same bits either way. Measured (H100, fwd+bwd): 32k / 16 heads / 16 documents 6.50 -> 6.00 ms,
+ * 128k / 16 / 67 documents 25.5 -> 22.5; one document and 64 heads within +-1% (docs/benchmarks.md).
  *
  * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
  * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
@@ -422,9 +427,11 @@ __global__ void gdn_index_info_kernel(int4 *info /* (T+1) */, const int32_t *sta
 /* cuts (Z + 1) of the document segments of the state passes (cuda_gdn_v2.h, gdn_doc_range) over all
  * chunks: cuts[0] = 0, cuts[Z] = nc, cuts[p] = the first chunk at or after p nc / Z that starts a
  * document (nc if none), so the cuts never decrease. One block; each thread keeps the first hit of its
- * strided walk, the block takes the smallest. */
+ * strided walk, the block takes the smallest. With pick (the dual launch, cuda_gdn_v2.h): *pick = 1
+ * when the non-empty segments times bps (state column blocks per segment) reach need, else 0. */
 __global__ void __launch_bounds__(1024) gdn_index_cuts_kernel(int32_t *cuts /* (Z+1) */, const int4 *info,
-                                                              const int32_t *meta, int Z) {
+                                                              const int32_t *meta, int Z, int32_t *pick, int bps,
+                                                              int64_t need) {
     __shared__ int s_min[32];
     const int nc = meta[GDN_META_NC];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -448,6 +455,11 @@ __global__ void __launch_bounds__(1024) gdn_index_cuts_kernel(int32_t *cuts /* (
     if (threadIdx.x == 0) {
         cuts[0] = 0;
         cuts[Z] = nc;
+        if (pick) {
+            int64_t used = 0;
+            for (int p = 0; p < Z; p++) used += cuts[p + 1] > cuts[p] ? 1 : 0;
+            *pick = used * bps >= need ? 1 : 0;
+        }
     }
 }
 
@@ -1521,6 +1533,11 @@ __global__ void __launch_bounds__(256)
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
+#define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
+#define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
+#define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
+#define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
+#define GDN_CUTS_PICK (2 * (GDN_DSEG_MAX + 1)) /* the device's choice in GdnBufs.cuts */
 
 static CudaGdnTune gdn_tune_user, gdn_tune_env;
 static int gdn_tune_user_set, gdn_tune_env_read;
@@ -1544,6 +1561,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.bulk = gdn_env_int("RS_GDN_BULK");
         gdn_tune_env.dseg = gdn_env_int("RS_GDN_DSEG");
         gdn_tune_env.dqs = gdn_env_int("RS_GDN_DQS");
+        gdn_tune_env.dual = gdn_env_int("RS_GDN_DUAL");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1619,7 +1637,9 @@ enum { GDN_WS_FORWARD, GDN_WS_BACKWARD, GDN_WS_TRANSITION, GDN_WS_DSTATE };
 typedef struct GdnBufs {
     int32_t *blk, *meta, *starts; /* index: (nb,3), (GDN_META_N), (T+1) */
     int4 *info;                   /* (T+1) per chunk: t0, L, flags (gdn_index_info_kernel) */
-    int32_t *cuts;                /* (GDN_DSEG_MAX+1) document segments of the state passes */
+    int32_t *cuts;                /* (2 (GDN_DSEG_MAX+1) + 1) document segments of the state passes: the
+                                     first configuration's, at GDN_CUTS_B the dual launch's second, then
+                                     the device's choice between them (GDN_CUTS_PICK) */
     float *G2;                    /* (T,nv) log2-unit chunk-local cumsum */
     bf16 *W;                      /* (T,nv,dk); the backward reuses it for dw */
     bf16 *U;                      /* (T,nv,dv); the backward reuses it for dv_loc */
@@ -1643,7 +1663,7 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
     b->meta = c.take<int32_t>(GDN_META_N);
     b->starts = c.take<int32_t>((size_t)T + 1);
     b->info = c.take<int4>((size_t)T + 1);
-    b->cuts = c.take<int32_t>(GDN_DSEG_MAX + 1);
+    b->cuts = c.take<int32_t>(GDN_CUTS_PICK + 1);
     b->G2 = c.take<float>(tv);
     b->W = c.take<bf16>(tv * dk);
     b->U = c.take<bf16>(tv * dv);
@@ -1679,7 +1699,11 @@ static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg
     return b;
 }
 
-static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T, int dseg = 1) {
+/* dual (> 0): also the dual launch's second cuts (GDN_DUAL_ZB segments, bps column blocks each) and the
+ * device's choice (need: blocks of the second configuration that make it the one to run); then the first
+ * configuration's cuts are written even for dseg == 1 */
+static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T, int dseg = 1, int dual = 0, int bps = 0,
+                      int64_t need = 0) {
     const int nb = (int)((T + 1023) / 1024);
     cudaStream_t st = cuda_stream();
     gdn_index_count_kernel<<<nb, 1024, 0, st>>>(b->blk, doc_pos, T);
@@ -1691,9 +1715,14 @@ static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T, int d
     gdn_index_info_kernel<<<(unsigned)((T + 255) / 256 < 1024 ? (T + 255) / 256 : 1024), 256, 0, st>>>(
         b->info, b->starts, b->meta, doc_pos, T);
     CUDA_LAUNCH_CHECK();
-    if (dseg > 1) {
+    if (dseg > 1 || dual) {
         RS_CHECK(dseg <= GDN_DSEG_MAX, "gdn: %d document segments (at most %d)", dseg, GDN_DSEG_MAX);
-        gdn_index_cuts_kernel<<<1, 1024, 0, st>>>(b->cuts, b->info, b->meta, dseg);
+        gdn_index_cuts_kernel<<<1, 1024, 0, st>>>(b->cuts, b->info, b->meta, dseg > 1 ? dseg : 1, NULL, 0, 0);
+        CUDA_LAUNCH_CHECK();
+    }
+    if (dual) {
+        gdn_index_cuts_kernel<<<1, 1024, 0, st>>>(b->cuts + GDN_CUTS_B, b->info, b->meta, GDN_DUAL_ZB,
+                                                  b->cuts + GDN_CUTS_PICK, bps, need);
         CUDA_LAUNCH_CHECK();
     }
 }
@@ -1895,6 +1924,9 @@ typedef struct GdnPlan {
     int bulk; /* state passes: bulk copies (implies ilp) */
     int dseg; /* forward / backward state passes: document segments (> 1: on, replaces nseg) */
     int dqs;  /* backward: dqkwg split over the halves of DK (two blocks per SM) */
+    int dual; /* state passes: dual launch (bv / dseg as above, and 32 columns in GDN_DUAL_ZB document
+                 segments), the device picks by the documents; 0: off */
+    int64_t dual_need; /* blocks of the second configuration that make the device pick it */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
 } GdnPlan;
 
@@ -1985,6 +2017,12 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     else if (t.split > 0 || pl.nseg_f > 1) pl.dseg = 1;
     else pl.dseg = gdn_auto_dseg(blocks, gdn_sm_count());
     if (pl.dseg > 1) pl.nseg_f = pl.nseg_b = 1;
+    /* dual launch: where column block and document segments are automatic and nothing is split */
+    const int dual = t.dual >= 1 && t.dual <= 4 ? (t.dual == 2 ? 0 : t.dual) : GDN_DUAL_DEFAULT;
+    if (dual && t.bv == 0 && t.dseg == 0 && t.split == 0 && pl.nseg_f == 1 && pl.nseg_b == 1 && dv % 32 == 0) {
+        pl.dual = dual;
+        pl.dual_need = dual == 3 ? 0 : dual == 4 ? INT64_MAX : (int64_t)GDN_DUAL_WAVES * gdn_sm_count();
+    }
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
@@ -2026,12 +2064,13 @@ static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg,
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *hs,
                              bf16 *vn, float *S_final, float *M_out, const float *S0, const bf16 *k, int mode, int nk,
-                             int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
+                             int nv, int dv, int ldq, cudaStream_t st, long long *tp, int want = -1) {
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     RS_CHECK(nseg == 1 || !M_out, "gdn: a segmented transition pass");
-    if (dseg > 1) { /* document segments side by side */
+    if (dseg > 1 || want >= 0) { /* document segments side by side (want >= 0: one half of a dual launch) */
         RS_CHECK(nseg == 1 && !M_out && mode == GDN_RANGE_ALL, "gdn: document segments with nseg or M");
-        const GdnSeg d = {S0, NULL, S_final, NULL, NULL, NULL, dseg, 0, -1, b->cuts};
+        const GdnSeg d = {S0,    NULL, S_final, NULL, NULL, NULL, dseg, 0, -1, b->cuts + (want == 1 ? GDN_CUTS_B : 0),
+                          want >= 0 ? b->cuts + GDN_CUTS_PICK : NULL, want};
         gdn_v2_fwd_launch<DK, BV, NST, ILP, BULK>(b, hs, vn, d, dseg, dv, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
@@ -2051,11 +2090,12 @@ template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *dhs,
                              bf16 *dv2, float *dS0, const float *dS_final, const bf16 *q, const bf16 *k,
                              const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv, int dv, int ldq,
-                             int ldo, float scale, cudaStream_t st, long long *tp) {
+                             int ldo, float scale, cudaStream_t st, long long *tp, int want = -1) {
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
-    if (dseg > 1) { /* document segments side by side */
+    if (dseg > 1 || want >= 0) { /* document segments side by side (want >= 0: one half of a dual launch) */
         RS_CHECK(nseg == 1 && mode == GDN_RANGE_ALL, "gdn: document segments with nseg");
-        const GdnSeg d = {dS_final, NULL, dS0, NULL, NULL, NULL, dseg, 0, -1, b->cuts};
+        const GdnSeg d = {dS_final, NULL, dS0, NULL, NULL, NULL, dseg, 0, -1, b->cuts + (want == 1 ? GDN_CUTS_B : 0),
+                          want >= 0 ? b->cuts + GDN_CUTS_PICK : NULL, want};
         gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, dhs, dv2, d, dseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq,
                                                   ldo, scale, st, tp);
         return;
@@ -2070,6 +2110,49 @@ static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *
     const GdnSeg c = {dS_final, segE, dS0, NULL, NULL, NULL, nseg, 0, -1, NULL};
     gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
                                         scale, st, tp);
+}
+
+/* The state passes of a forward / backward over all chunks, from the plan: one launch, or the dual
+ * launch (pl.dual: the plan's column block and document segments, then 32 columns in GDN_DUAL_ZB
+ * document segments; the blocks of the one the index did not pick exit at once). */
+template <int DK>
+static void gdn_v2_pass_fwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float *segH, float *segM, bf16 *hs,
+                            bf16 *vn, float *S_final, const float *S0, const bf16 *k, int nk, int nv, int dv, int ldq,
+                            cudaStream_t st, long long *tp) {
+    if (!pl.dual) {
+        GDN_V2_BVNST(pl, gdn_v2_state_fwd, b, segE, segH, segM, pl.nseg_f, pl.dseg, hs, vn, S_final, NULL, S0, k,
+                     GDN_RANGE_ALL, nk, nv, dv, ldq, st, tp);
+        return;
+    }
+    GdnPlan pb = pl;
+    pb.bv = 32;
+    GDN_V2_BVNST(pl, gdn_v2_state_fwd, b, NULL, NULL, NULL, 1, pl.dseg, hs, vn, S_final, NULL, S0, k, GDN_RANGE_ALL,
+                 nk, nv, dv, ldq, st, tp, 0);
+    GDN_V2_BVNST(pb, gdn_v2_state_fwd, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, hs, vn, S_final, NULL, S0, k,
+                 GDN_RANGE_ALL, nk, nv, dv, ldq, st, tp, 1);
+}
+
+template <int DK>
+static void gdn_v2_pass_bwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float *segH, float *segM, bf16 *dhs,
+                            bf16 *dv2, float *dS0, const float *dS_final, const bf16 *q, const bf16 *k,
+                            const bf16 *dvl, const bf16 *dout, int64_t T, int nk, int nv, int dv, int ldq, int ldo,
+                            float scale, cudaStream_t st, long long *tp) {
+    if (!pl.dual) {
+        GDN_V2_BVNST(pl, gdn_v2_state_bwd, b, segE, segH, segM, pl.nseg_b, pl.dseg, dhs, dv2, dS0, dS_final, q, k, dvl,
+                     dout, GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp);
+        return;
+    }
+    GdnPlan pb = pl;
+    pb.bv = 32;
+    GDN_V2_BVNST(pl, gdn_v2_state_bwd, b, NULL, NULL, NULL, 1, pl.dseg, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
+                 GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp, 0);
+    GDN_V2_BVNST(pb, gdn_v2_state_bwd, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
+                 GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp, 1);
+}
+
+/* the index of a forward / backward under the plan (the dual launch's cuts and choice with it) */
+static void gdn_index_plan(const GdnBufs *b, const GdnPlan &pl, const int32_t *doc_pos, int64_t T, int nv, int dv) {
+    gdn_index(b, doc_pos, T, pl.dseg, pl.dual, nv * dv / 32, pl.dual_need);
 }
 
 /* the second stream of the overlapped backward and its fork / join events */
@@ -2110,12 +2193,11 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     cudaStream_t st = cuda_stream();
     GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f);
     gdn_prof_start(pl.prof);
-    gdn_index(&b, doc_pos, T, pl.dseg);
+    gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, pl.dseg, b.hs, b.vn, S_final, NULL,
-                 S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
+    gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
     gdn_prof_mark("state_fwd");
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
@@ -2124,8 +2206,8 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("output");
     if (pl.prof)
-        printf("gdn v2 plan: nseg %d, dseg %d, bv %d, nst %d, ilp %d, bulk %d\n", pl.nseg_f, pl.dseg, pl.bv, pl.nst,
-               pl.ilp, pl.bulk);
+        printf("gdn v2 plan: nseg %d, dseg %d, bv %d, nst %d, ilp %d, bulk %d, dual %d\n", pl.nseg_f, pl.dseg, pl.bv,
+               pl.nst, pl.ilp, pl.bulk, pl.dual);
     gdn_prof_end("forward v2", T, nv);
     gdn_tp_print(pl, 0, T);
 }
@@ -2142,7 +2224,7 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
     GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg);
     bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv */
     gdn_prof_start(pl.prof);
-    gdn_index(&b, doc_pos, T, pl.dseg);
+    gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
@@ -2151,22 +2233,20 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         cudaStream_t aux = gdn_aux_stream(&fork, &join);
         CUDA_CHECK(cudaEventRecord(fork, st));
         CUDA_CHECK(cudaStreamWaitEvent(aux, fork, 0));
-        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, pl.dseg, b.hs, b.vn, NULL, NULL,
-                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, aux, pl.tp);
+        gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, aux, pl.tp);
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, pl.dseg, b.dhs, b.dv2, dS0,
-                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+        gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
+                            nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         CUDA_CHECK(cudaEventRecord(join, aux));
         CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
         gdn_prof_mark("state_fwd|dvlocal+state_bwd");
     } else {
-        GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, b.segE, b.segH, b.segM, pl.nseg_f, pl.dseg, b.hs, b.vn, NULL, NULL,
-                     S0, k, GDN_RANGE_ALL, nk, nv, DV, ldq, st, pl.tp);
+        gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
         gdn_prof_mark("state_fwd");
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
         gdn_prof_mark("dvlocal");
-        GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, b.segE2, b.segH2, b.segM2, pl.nseg_b, pl.dseg, b.dhs, b.dv2, dS0,
-                     dS_final, q, k, dvl, dout, GDN_RANGE_ALL, T, nk, nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+        gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
+                            nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         gdn_prof_mark("state_bwd");
     }
     const float *dgp2 = pl.dqs ? b.dgp + (size_t)T * nv : NULL;
@@ -2212,8 +2292,9 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         gdn_prof_mark("group_reduce");
     }
     if (pl.prof)
-        printf("gdn v2 plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d, bulk %d, dqs %d\n",
-               pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3, pl.bulk, pl.dqs);
+        printf("gdn v2 plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d, bulk %d, dqs %d, "
+               "dual %d\n",
+               pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3, pl.bulk, pl.dqs, pl.dual);
     gdn_prof_end("backward v2", T, nv);
     gdn_tp_print(pl, 1, T);
 }

@@ -3,7 +3,7 @@
  * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
- * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS); a call of
+ * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -31,6 +31,9 @@ typedef struct CudaGdnTune {
                     segments cut at document starts, 0 = automatic); exact: the same bits for every n */
     int dqs;     /* v2 backward: dqkwg split over the two halves of dk, two blocks per SM (1 = on, 2 = off,
                     0 = automatic) */
+    int dual;    /* v2 state passes, where bv, dseg and split are automatic: launch both the automatic
+                    configuration and 32 columns in 8 document segments, the device picks by the documents
+                    (1 = on, 2 = off, 3 / 4 = on with the pick forced to the second / first; 0 = automatic) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

@@ -28,6 +28,11 @@
  * host does not know the documents (no round trip), so it launches a fixed number of segments and
  * gdn_index_cuts_kernel places the cuts on the device; with one document all but one are empty.
  *
+ * Dual launch (switch dual, cuda_gdn.cu "GDN v3.1"): the host launches each state pass twice, in two
+ * configurations (the automatic column block and document segments, and 32 columns in 8 document
+ * segments); gdn_index_cuts_kernel writes which one the documents call for (sg.pick) and the blocks of
+ * the other exit before their first load. Both give the same bits (document segments are exact).
+ *
  * Bulk copies (GDN v3, switch bulk, off by default): the state passes' tiles in by cp.async.bulk, one
  * per row, counted on an mbarrier per stage, and h / vn / dh / dv2 out by bulk stores from shared
  * memory. Same bits as cp.async; measured 2-3x slower per chunk (the per-row bulk operations issue
@@ -54,6 +59,8 @@ struct GdnSeg {
     int pz0;               /* segment of blockIdx.z == 0 */
     int m_skip;            /* segment whose transition columns are not run (-1: none) */
     const int32_t *cuts;   /* document segments (nseg + 1 chunk indices, gdn_index_cuts_kernel), or NULL */
+    const int32_t *pick;   /* dual launch: the configuration the index chose on the device, or NULL */
+    int pick_want;         /* this launch's configuration: its blocks exit at once when *pick differs */
 };
 
 /* Document segments (sg.cuts): segment p is chunks [cuts[p], cuts[p+1]); every cut but cuts[0] is a
@@ -185,6 +192,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const bool is_M = col0 >= dv;
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
+    if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
     const int64_t ldw = (int64_t)nv * DK, ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     int lo, hi;
@@ -439,6 +447,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const bool is_M = col0 >= dv;
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
+    if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
     const int64_t ldw = (int64_t)nv * DK, ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     int lo, hi;
