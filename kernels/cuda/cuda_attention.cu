@@ -1205,6 +1205,18 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_LAG
 #define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
 #endif
+#ifndef ATTN_BWD3_ONEIF
+#define ATTN_BWD3_ONEIF 1 /* setmaxnreg.dec inside the producer warpgroup's branch (0: before it, the old form) */
+#endif
+#ifndef ATTN_BWD3_HOIST
+#define ATTN_BWD3_HOIST 0 /* 1: the consumers look up the next live tile at the top of the current one */
+#endif
+#ifndef ATTN_BWD3_REG_P
+#define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
+#endif
+#ifndef ATTN_BWD3_REG_C
+#define ATTN_BWD3_REG_C 224 /* consumer warpgroup registers per thread */
+#endif
 
 
 /* v3 layout: the v2 dk/dv block (own K, V; Q, dO streamed in 64-query tiles) plus two dS^T buffers
@@ -1236,7 +1248,9 @@ struct AttnBwd3Cfg {
      * consumers meet on mbarriers with a tile of slack (ds_full: both halves of a dS^T buffer written;
      * ds_empty: both consumers' dQ of it done) instead of a named barrier every tile */
     static constexpr bool LAG = ATTN_BWD3_LAG && !SPLIT;
-    static constexpr int REG_C = 232, REG_P = 40; /* 128 REG_P + 256 REG_C <= 64512 */
+    /* the register split (setmaxnreg): 128 REG_P + 256 REG_C <= 64512 (384 threads x 168), multiples of 8 */
+    static constexpr int REG_C = ATTN_BWD3_REG_C, REG_P = ATTN_BWD3_REG_P;
+    static_assert(128 * REG_P + 256 * REG_C <= 64512 && REG_P % 8 == 0 && REG_C % 8 == 0, "bwd3 register split");
 };
 
 /* the highest set bit below `before` in a bitmask row, or -1 */
@@ -1308,8 +1322,15 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     __syncthreads();
 
     const int own_row = rb * ROWS;
+#if ATTN_BWD3_ONEIF
+    if (wg == 0) { /* the producer warpgroup: setmaxnreg.dec inside its own branch, so the consumers' path
+                    * never meets a point where the 40-register limit might apply */
+    attn_setmaxnreg_dec<C::REG_P>();
+    if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+#else
     if (wg == 0) attn_setmaxnreg_dec<C::REG_P>(); /* the whole producer warpgroup */
     if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+#endif
         if (tid != 32) return;
         /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
          * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
@@ -1342,7 +1363,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
         return;
     }
-    if (wg == 0) { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
+#if !ATTN_BWD3_ONEIF
+    if (wg == 0)
+#endif
+    { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
         const int lane = tid;
         if (lane == 0) {
             attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
@@ -1384,6 +1408,9 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
         return;
     }
+#if ATTN_BWD3_ONEIF
+    }
+#endif
 
     /* ---- consumers ---- */
     attn_setmaxnreg_inc<C::REG_C>();
@@ -1442,7 +1469,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     int it = 0;
     {
         const int h = h0;
+#if ATTN_BWD3_HOIST
+        /* the next live tile is looked up (bitmask loads from global) at the top of this tile, so the loads
+         * overlap the products instead of sitting between the tiles */
+        for (int idx = first, nidx; idx >= 0; idx = nidx, it++) {
+            nidx = next_tile(idx + 1);
+#else
         for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+#endif
             const int s = it % ST;
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);
