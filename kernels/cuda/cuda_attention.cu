@@ -178,6 +178,13 @@
  *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
  *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
  *   producer warpgroup at 40 registers since one head per block).
+ *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; ATTN_BWD3_ONEIF = 1: the
+ *   setmaxnreg.dec inside the producer warpgroup's own branch): ptxas spill hd 128 64 -> 4 bytes, hd 64
+ *   64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
+ *   call, each build twice, interleaved, medians of 7): hd 128 MHA 32k 40.46 / 39.96 -> 38.81 / 39.07
+ *   ms (-3%), GQA 16/2 40.63 / 40.81 -> 40.05 / 40.08 (-1.6%), hd 64 29.6 -> 29.6; hd 256 v3 MHA 128.4
+ *   -> 135.8 (slower; v2, the default there, 107.3). ATTN_BWD3_HOIST = 1 (the consumers look up the next
+ *   live tile at the top of the current one) measured no faster (39.11 / 39.11, 39.89 / 40.12): off.
  * Why slower than predicted: the kernel runs at ~28% of the tensor peak, not the ~45% assumed; each
  * consumer still serialises S -> P -> dS -> (barrier) -> dQ -> adds within a tile, and the barrier
  * that joins the two dS halves keeps the consumers in step, so their elementwise work does not
@@ -188,8 +195,8 @@
  * for the same 64 keys and add dQ in two chunks; with one head per block it got slower (114.8 -> 159
  * ms, not understood; ptxas spills 72 bytes there), so hd 256 stays on v2 by default.
  * Next: S/dP as m64n128 (keys as N, P^T/dS^T through shared memory) or K/V fragments in registers,
- * ping-pong of the consumers on the products, the producer's spill (metadata loads by TMA or by more
- * warps), hd 256 without the recomputed S/dP.
+ * ping-pong of the consumers on the products (the producer's spill is gone: worth 3%, it was mostly off
+ * the consumers' path), hd 256 without the recomputed S/dP.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1209,7 +1216,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #define ATTN_BWD3_ONEIF 1 /* setmaxnreg.dec inside the producer warpgroup's branch (0: before it, the old form) */
 #endif
 #ifndef ATTN_BWD3_HOIST
-#define ATTN_BWD3_HOIST 0 /* 1: the consumers look up the next live tile at the top of the current one */
+#define ATTN_BWD3_HOIST 0 /* 1: the consumers look up the next live tile at the top of the current one (no faster) */
 #endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
