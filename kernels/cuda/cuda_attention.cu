@@ -178,6 +178,15 @@
  *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
  *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
  *   producer warpgroup at 40 registers since one head per block).
+ *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; ATTN_BWD3_ONEIF = 1: the
+ *   setmaxnreg.dec inside the producer warpgroup's own branch): ptxas spill hd 128 64 -> 4 bytes, hd 64
+ *   64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
+ *   call, each build twice, interleaved, medians of 7): hd 128 MHA 32k 40.46 / 39.96 -> 38.81 / 39.07
+ *   ms (-3%), GQA 16/2 40.63 / 40.81 -> 40.05 / 40.08 (-1.6%), hd 64 29.6 -> 29.6; hd 256 v3 MHA 128.4
+ *   -> 135.8 (slower; v2, the default there, 107.3). ATTN_BWD3_HOIST = 1 (the consumers look up the next
+ *   live tile at the top of the current one) measured no faster (39.11 / 39.11, 39.89 / 40.12): off.
+ *   ATTN_BWD3_RED4 = 1 (dQ added with red.v4, lane pairs swapping halves: half the red instructions)
+ *   measured slower (another call: MHA 39.28 / 39.45 -> 40.33 / 40.33 ms, GQA 16/2 40.4 -> 41.3): off.
  * Why slower than predicted: the kernel runs at ~28% of the tensor peak, not the ~45% assumed; each
  * consumer still serialises S -> P -> dS -> (barrier) -> dQ -> adds within a tile, and the barrier
  * that joins the two dS halves keeps the consumers in step, so their elementwise work does not
@@ -188,8 +197,8 @@
  * for the same 64 keys and add dQ in two chunks; with one head per block it got slower (114.8 -> 159
  * ms, not understood; ptxas spills 72 bytes there), so hd 256 stays on v2 by default.
  * Next: S/dP as m64n128 (keys as N, P^T/dS^T through shared memory) or K/V fragments in registers,
- * ping-pong of the consumers on the products, the producer's spill (metadata loads by TMA or by more
- * warps), hd 256 without the recomputed S/dP.
+ * ping-pong of the consumers on the products (the producer's spill is gone: worth 3%, it was mostly off
+ * the consumers' path), hd 256 without the recomputed S/dP.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1205,6 +1214,21 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_LAG
 #define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
 #endif
+#ifndef ATTN_BWD3_ONEIF
+#define ATTN_BWD3_ONEIF 1 /* setmaxnreg.dec inside the producer warpgroup's branch (0: before it, the old form) */
+#endif
+#ifndef ATTN_BWD3_HOIST
+#define ATTN_BWD3_HOIST 0 /* 1: the consumers look up the next live tile at the top of the current one (no faster) */
+#endif
+#ifndef ATTN_BWD3_RED4
+#define ATTN_BWD3_RED4 0 /* 1: dQ added with red.v4 (lane pairs swap halves) instead of red.v2 (measured slower) */
+#endif
+#ifndef ATTN_BWD3_REG_P
+#define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
+#endif
+#ifndef ATTN_BWD3_REG_C
+#define ATTN_BWD3_REG_C 224 /* consumer warpgroup registers per thread */
+#endif
 
 
 /* v3 layout: the v2 dk/dv block (own K, V; Q, dO streamed in 64-query tiles) plus two dS^T buffers
@@ -1236,7 +1260,9 @@ struct AttnBwd3Cfg {
      * consumers meet on mbarriers with a tile of slack (ds_full: both halves of a dS^T buffer written;
      * ds_empty: both consumers' dQ of it done) instead of a named barrier every tile */
     static constexpr bool LAG = ATTN_BWD3_LAG && !SPLIT;
-    static constexpr int REG_C = 232, REG_P = 40; /* 128 REG_P + 256 REG_C <= 64512 */
+    /* the register split (setmaxnreg): 128 REG_P + 256 REG_C <= 64512 (384 threads x 168), multiples of 8 */
+    static constexpr int REG_C = ATTN_BWD3_REG_C, REG_P = ATTN_BWD3_REG_P;
+    static_assert(128 * REG_P + 256 * REG_C <= 64512 && REG_P % 8 == 0 && REG_C % 8 == 0, "bwd3 register split");
 };
 
 /* the highest set bit below `before` in a bitmask row, or -1 */
@@ -1308,8 +1334,15 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     __syncthreads();
 
     const int own_row = rb * ROWS;
+#if ATTN_BWD3_ONEIF
+    if (wg == 0) { /* the producer warpgroup: setmaxnreg.dec inside its own branch, so the consumers' path
+                    * never meets a point where the 40-register limit might apply */
+    attn_setmaxnreg_dec<C::REG_P>();
+    if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+#else
     if (wg == 0) attn_setmaxnreg_dec<C::REG_P>(); /* the whole producer warpgroup */
     if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+#endif
         if (tid != 32) return;
         /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
          * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
@@ -1342,7 +1375,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
         return;
     }
-    if (wg == 0) { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
+#if !ATTN_BWD3_ONEIF
+    if (wg == 0)
+#endif
+    { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
         const int lane = tid;
         if (lane == 0) {
             attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
@@ -1384,6 +1420,9 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
         return;
     }
+#if ATTN_BWD3_ONEIF
+    }
+#endif
 
     /* ---- consumers ---- */
     attn_setmaxnreg_inc<C::REG_C>();
@@ -1406,6 +1445,21 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const float sl2 = p.scale_log2;
     /* adds scale dQ (64 queries x the 64 columns of panel pn) of query tile qi, head h to dq */
     auto add_dq = [&](const float (&d32)[32], int qi, int h, int pn) {
+#if ATTN_BWD3_RED4
+        /* lanes t and t ^ 1 swap halves so that each holds four adjacent columns of one row (even t: row g,
+         * odd t: row g + 8), one red.v4 per 8-column block: half the reds, the same adds in the same order */
+        const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * (t & 1);
+        float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 4 * (t >> 1);
+#pragma unroll
+        for (int ob = 0; ob < 8; ob++) {
+            const float ax = d32[4 * ob], ay = d32[4 * ob + 1], bx = d32[4 * ob + 2], by = d32[4 * ob + 3];
+            const float sx = (t & 1) ? ax : bx, sy = (t & 1) ? ay : by; /* what the partner needs */
+            const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
+            const float v0 = (t & 1) ? rx : ax, v1 = (t & 1) ? ry : ay, v2 = (t & 1) ? bx : rx, v3 = (t & 1) ? by : ry;
+            if (qrow < p.Tq) attn_red_add4(d + 8 * ob, p.scale * v0, p.scale * v1, p.scale * v2, p.scale * v3);
+        }
+        return;
+#endif
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * rr;
@@ -1442,7 +1496,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     int it = 0;
     {
         const int h = h0;
+#if ATTN_BWD3_HOIST
+        /* the next live tile is looked up (bitmask loads from global) at the top of this tile, so the loads
+         * overlap the products instead of sitting between the tiles */
+        for (int idx = first, nidx; idx >= 0; idx = nidx, it++) {
+            nidx = next_tile(idx + 1);
+#else
         for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
+#endif
             const int s = it % ST;
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);

@@ -215,6 +215,10 @@ static __device__ __forceinline__ void attn_st_release(uint32_t *p, uint32_t v) 
 static __device__ __forceinline__ void attn_red_add2(float *p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
+/* the same for four adjacent floats (16-byte aligned) */
+static __device__ __forceinline__ void attn_red_add4(float *p, float a, float b, float c, float d) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
 
 template <int R>
 static __device__ __forceinline__ void attn_setmaxnreg_inc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }

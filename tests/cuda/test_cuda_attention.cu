@@ -38,7 +38,8 @@
  * v1 mma.sync, v2 wgmma + TMA, backward v3 fused dq) against the same cpu result, each twice (bitwise
  * equal); cuda_attention_backward_reproducible reruns a 8k-token v3 backward, whose dq adds of many key
  * blocks meet in L2, and shows that plain atomics would not pass it. Set
- * RS_ATTN_TIMING=1 to print fwd/bwd times of every version and TFLOP/s at T = 32k and 128k
+ * RS_ATTN_TIMING=1 to print fwd/bwd times of every version and TFLOP/s at T = 32k and 128k (=2: only
+ * 32k hd 128 MHA, GQA 16/2 and hd 64; =3: only 32k hd 256 MHA and GQA 16/2)
  * (information only: no test depends on a time).
  */
 #include <math.h>
@@ -881,6 +882,17 @@ TEST(cuda_attention_backward_reproducible) {
 TEST(cuda_attention_timing) {
     if (!getenv("RS_ATTN_TIMING")) {
         printf("cuda_attention_timing: skipped (set RS_ATTN_TIMING=1)\n");
+        return;
+    }
+    if (!strcmp(getenv("RS_ATTN_TIMING"), "2")) { /* the short list: 32k hd 128 and 64, seven runs each */
+        ca_time_one(32768, 16, 16, 128, 7);
+        ca_time_one(32768, 16, 2, 128, 7);
+        ca_time_one(32768, 16, 16, 64, 7);
+        return;
+    }
+    if (!strcmp(getenv("RS_ATTN_TIMING"), "3")) { /* hd 256 only: 32k MHA and GQA 16/2, three runs each */
+        ca_time_one(32768, 16, 16, 256, 3);
+        ca_time_one(32768, 16, 2, 256, 3);
         return;
     }
     ca_time_one(32768, 16, 16, 128, 5);
