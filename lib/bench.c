@@ -44,7 +44,6 @@
 #include "cuda_bench.h"
 #endif
 
-
 const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
 
 static const char bench_usage[] =
