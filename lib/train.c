@@ -58,6 +58,7 @@
 #include "train_state.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_backend.h"
+#include "cuda_profile.h"
 #endif
 
 static volatile sig_atomic_t train_signal_seen = 0;
@@ -469,7 +470,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
             train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this machine has no usable GPU: %s; set "
                                           "device.kind: cpu", why);
         cuda_backend_init(comm->local_rank);
-        t.be = &backend_cuda;
+        t.be = cuda_backend_table(); /* backend_cuda; with RS_CUDA_PROFILE=1 the timed table, printed at exit */
 #else
         train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
                                       "(nvcc was not found at build time; `ringscan version` says what was built)");

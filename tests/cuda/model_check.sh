@@ -52,7 +52,7 @@ $PY "$HERE/compare_curves.py" "$C/grads_cpu.safetensors.curve.jsonl" "$C/grads_b
 echo "== ringscan train on cuda, $TRAIN_STEPS steps"
 "$B/ringscan" data synth "$O/recall.tok" --seed 1 > /dev/null || exit 1
 "$B/ringscan" train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.dp=1 --set parallel.cp=1 \
-    --set train.steps="$TRAIN_STEPS" --set data.path="$O/recall.tok" --set run.out_dir="$O/train_cuda" \
+    --set train.steps="$TRAIN_STEPS" --set train.warmup_steps=$((TRAIN_STEPS / 2)) --set data.path="$O/recall.tok" --set run.out_dir="$O/train_cuda" \
     --set checkpoint.every="$TRAIN_STEPS" > "$O/train_cuda.log" 2>&1 || { rc=1; echo "train failed:"; }
 grep -E "^memory|^step|error|rror" "$O/train_cuda.log" | tail -8
 echo "model_check: $([ $rc = 0 ] && echo ok || echo FAILED)"
