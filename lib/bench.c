@@ -411,17 +411,25 @@ static void bench_fmt(char *buf, size_t n, const char *fmt, double v) {
     else snprintf(buf, n, "-");
 }
 
+/* A row that carries "error" (a case that failed, ours or a peer's): printed and recorded as such, in
+ * columns of the table's widths; returns 1 when it was one. */
+static int bench_error_row(FILE *f, json_t *table, const char *cname, const char *impl, const json_t *r, int wcase,
+                           int wimpl) {
+    json_t *err = json_object_get(r, "error");
+    if (!err || !json_is_string(err)) return 0;
+    cname = cname ? cname : "?";
+    impl = impl ? impl : "?";
+    fprintf(f, "%-*s %-*s error: %s\n", wcase, cname, wimpl, impl, json_string_value(err));
+    json_array_append_new(table, json_pack("{ss ss sO}", "case", cname, "impl", impl, "error", err));
+    return 1;
+}
+
 /* One row of the kernel table; `ours` is the ringscan row of the case (NULL for ours). Adds the
  * computed numbers to `row` for bench.json. */
 static void bench_kernel_row(FILE *f, const char *cname, const json_t *r, const json_t *ours, const BenchWork *w,
                              const BenchDevice *d, json_t *table) {
     const char *impl = json_string_value(json_object_get(r, "impl"));
-    json_t *err = json_object_get(r, "error");
-    if (err && json_is_string(err)) {
-        fprintf(f, "%-28s %-16s error: %s\n", cname, impl ? impl : "?", json_string_value(err));
-        json_array_append_new(table, json_pack("{ss ss sO}", "case", cname, "impl", impl ? impl : "?", "error", err));
-        return;
-    }
+    if (bench_error_row(f, table, cname, impl, r, 28, 16)) return;
     double mf = bench_num(r, "ms_fwd"), mfb = bench_num(r, "ms_fwdbwd");
     double floor_fb = bench_floor_ms(w->flops_fb, w->bytes_fb, d);
     double tf = w->flops_fwd / (mf * 1e9), tfb = w->flops_fb / (mfb * 1e9);
@@ -500,13 +508,7 @@ static void bench_print_kernels(FILE *f, BenchKind kind, const json_t *req, cons
 static void bench_step_row(FILE *f, const json_t *r, const json_t *ours, double flops_tok, const BenchDevice *d,
                            json_t *table) {
     const char *cname = json_string_value(json_object_get(r, "case")), *impl = json_string_value(json_object_get(r, "impl"));
-    json_t *err = json_object_get(r, "error");
-    if (err && json_is_string(err)) {
-        fprintf(f, "%-30s %-18s error: %s\n", cname ? cname : "?", impl ? impl : "?", json_string_value(err));
-        json_array_append_new(table, json_pack("{ss ss sO}", "case", cname ? cname : "?", "impl", impl ? impl : "?",
-                                               "error", err));
-        return;
-    }
+    if (bench_error_row(f, table, cname, impl, r, 30, 18)) return;
     double ms = bench_num(r, "ms_step"), tok = bench_num(r, "tokens_per_s");
     double mfu = 100.0 * flops_tok * tok / (d->peak_tflops * 1e12);
     double peak = bench_num(r, "peak_alloc_bytes") / (1 << 30), used = bench_num(r, "device_used_bytes") / (1 << 30);
