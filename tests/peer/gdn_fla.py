@@ -32,24 +32,16 @@ import torch.nn.functional as F
 
 import peer_common as pc
 
-GUARD_NOTE = ("FLA's guard against Triton < 3.7.1 on Hopper (issue #640: the gated chunk_bwd_dqkwg gives wrong "
-              "gradients there) was lifted in memory for timing only; fwd+bwd numbers are speed, not a correct "
-              "backward")
-
-
 def import_fla():
     """Imports FLA, lifting the #640 guard when this Triton would trip it; returns (fn, notes, version)."""
     try:
         import fla
-        import fla.ops.common.chunk_o as chunk_o
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError as e:
         pc.usage_exit(f"flash-linear-attention is not importable ({e}); put a snapshot's fla folder on PYTHONPATH "
                       "(tests/peer/README.md)")
     notes = []
-    if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
-        chunk_o.TRITON_ABOVE_3_7_1 = True
-        notes.append(GUARD_NOTE)
+    pc.fla_lift_guard(notes)
     return chunk_gated_delta_rule, notes, getattr(fla, "__version__", "unknown")
 
 

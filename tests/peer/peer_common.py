@@ -1,7 +1,8 @@
 """peer_common.py — what the peer scripts of tests/peer share: reading the request and writing the
 result of the JSON contract (tests/peer/README.md), CUDA-event timing with the same rule as
 `ringscan bench` (warm-up runs, then timed runs, the median; stop repeating once the timed runs
-took max_s seconds and at least 3 were done), and the description of the device and software.
+took max_s seconds and at least 3 were done), the description of the device and software, and the
+lifting of FLA's #640 guard for timing (gdn_fla.py, step_hf.py).
 
 Called by attn_sdpa.py, gdn_fla.py and step_hf.py (which `ringscan bench --peer` runs as
 `python3 SCRIPT --request REQ.json --out RESULT.json`).
@@ -92,3 +93,17 @@ def write_result(path, kind, device, software, notes, results):
 def short_error(e):
     s = f"{type(e).__name__}: {e}".replace("\n", " ")
     return s if len(s) < 300 else s[:297] + "..."
+
+
+FLA_GUARD_NOTE = ("FLA's guard against Triton < 3.7.1 on Hopper (issue #640: the gated chunk_bwd_dqkwg gives wrong "
+                  "gradients there) was lifted in memory for timing only; fwd+bwd numbers are speed, not a correct "
+                  "backward")
+
+
+def fla_lift_guard(notes):
+    """FLA refuses its gated backward under Triton < 3.7.1 on Hopper (issue #640); for timing only, sets
+    fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 in memory (no file is changed) and says so in notes."""
+    import fla.ops.common.chunk_o as chunk_o
+    if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
+        chunk_o.TRITON_ABOVE_3_7_1 = True
+        notes.append(FLA_GUARD_NOTE)

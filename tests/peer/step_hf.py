@@ -72,16 +72,12 @@ def load_model_file(notes):
     """Imports FLA and transformers' qwen3_next; returns (modeling module, the FLA handles, call counter
     of FLA's chunk_gated_delta_rule)."""
     try:
-        import fla.ops.common.chunk_o as chunk_o
         from fla.modules import FusedLinearCrossEntropyLoss, FusedRMSNormGated
         from fla.modules.conv.causal_conv1d import causal_conv1d
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError as e:
         pc.usage_exit(f"flash-linear-attention is not importable ({e}); put a snapshot's fla folder on PYTHONPATH")
-    if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
-        chunk_o.TRITON_ABOVE_3_7_1 = True
-        notes.append("FLA's guard against Triton < 3.7.1 on Hopper (issue #640: wrong gated dqkwg gradients) "
-                     "lifted in memory for timing only")
+    pc.fla_lift_guard(notes)
     calls, seen = [0], []
 
     def fla_conv(hidden_states, weight, bias=None, activation=None, **kw):
