@@ -45,8 +45,9 @@ static inline int cuda_partial_blocks(int64_t rows, int64_t rows_per_block_min) 
 
 /* ---- vector access ---- */
 
-__device__ __forceinline__ void cuda_load8(float f[CUDA_VEC], const bf16 *p) {
-    uint4 u = *reinterpret_cast<const uint4 *>(p);
+/* the 8 bf16 of a 16-byte vector as fp32 (exact); kernels that load several vectors before using the
+ * first keep them packed and unpack at the use */
+__device__ __forceinline__ void cuda_unpack8(float f[CUDA_VEC], uint4 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -54,6 +55,10 @@ __device__ __forceinline__ void cuda_load8(float f[CUDA_VEC], const bf16 *p) {
         f[2 * i] = v.x;
         f[2 * i + 1] = v.y;
     }
+}
+
+__device__ __forceinline__ void cuda_load8(float f[CUDA_VEC], const bf16 *p) {
+    cuda_unpack8(f, *reinterpret_cast<const uint4 *>(p));
 }
 
 __device__ __forceinline__ void cuda_store8(bf16 *p, const float f[CUDA_VEC]) {

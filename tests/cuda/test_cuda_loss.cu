@@ -27,6 +27,7 @@ TEST(cuda_lm_head_loss) {
         {130, 64, 256, 256}, /* the tiny config's head */
         {333, 333, 64, 1000},
         {64, 17, 128, 5003}, /* odd V: dlogit rows of odd stride, 4-byte aligned */
+        {48, 20, 64, 151936}, /* the Qwen vocabulary: 74 KiB slices of a row per cluster block */
     };
     ct_begin();
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
