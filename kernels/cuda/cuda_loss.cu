@@ -25,8 +25,10 @@
  * they start after the cluster barrier that follows every slice's copy into
  * shared memory, and never leave the row.
  *
- * Numerics: per block the slice's max, then its sum of exp(l - max) (fp32,
- * a fixed-order block sum); the cluster sums S_k exp(M_k - M) in rank order;
+ * Numerics: per block the slice's max M_b, then e = exp(l - M_b) (kept in
+ * shared memory over l) and their sum S_b (fp32, a fixed-order block sum);
+ * the cluster sums S_b exp(M_b - M) in rank order; a dlogit is
+ * e exp(M_b - lse) grad_scale (one exp per logit);
  * the target's dlogit is expm1(-loss) grad_scale (p - 1 without
  * cancellation, as on cpu). dlogits are rounded to bf16 for
  * the tensor-core GEMMs (the cpu keeps fp32): dx and dw carry that rounding
@@ -63,7 +65,7 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     extern __shared__ float4 sl4[]; /* (S) fp32: this block's slice of the row */
     float *sl = reinterpret_cast<float *>(sl4);
     __shared__ float sh[CUDA_WARP];
-    __shared__ float sh_stat[2]; /* the slice's max and sum of exp(l - max): read by the whole cluster */
+    __shared__ float sh_stat[3]; /* the slice's max, sum of exp(l - max), target logit: read by the cluster */
     __shared__ float sh_res[2];  /* lse, loss */
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank();
@@ -115,9 +117,15 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     __syncthreads();
     float Mb = -INFINITY;
     for (int k = 0; k < (int)(blockDim.x / CUDA_WARP); k++) Mb = fmaxf(Mb, sh[k]);
+    if (threadIdx.x == 0 && target >= v0 && target < v0 + len) sh_stat[2] = sl[target - v0];
     __syncthreads();
+    /* e = exp(l - Mb) over the logits in shared memory: the dlogits below are e exp(Mb - lse) */
     float s = 0.0f;
-    for (int i = threadIdx.x; i < len; i += blockDim.x) s += expf(sl[i] - Mb);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const float e = expf(sl[i] - Mb);
+        sl[i] = e;
+        s += e;
+    }
     const float Sb = cuda_block_sum(s, sh);
     if (threadIdx.x == 0) {
         sh_stat[0] = Mb;
@@ -138,8 +146,7 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
 #pragma unroll
         for (int k = 0; k < LOSS_CLUSTER; k++)
             if (Mk[k] != -INFINITY) Ssum += Sk[k] * expf(Mk[k] - M);
-        const int owner = target / S;
-        const float tl = cluster.map_shared_rank(sl, owner)[target - owner * S];
+        const float tl = cluster.map_shared_rank(sh_stat, target / S)[2];
         const float lse = M + logf(Ssum);
         sh_res[0] = lse;
         sh_res[1] = lse - tl;
@@ -149,14 +156,13 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     if (rank == 0 && threadIdx.x == 0) losses[r] = loss;
     if (!want_grad) return;
     /* bf16 dlogits from the slice, over the first half of the row's bytes */
-    const float d_target = expm1f(-loss) * grad_scale;
+    const float d_target = expm1f(-loss) * grad_scale, sc = expf(Mb - lse) * grad_scale;
     if (vec) {
         const int n4 = len / 4;
         for (int i = threadIdx.x; i < n4; i += blockDim.x) {
             const float4 q = sl4[i];
             const int v = v0 + 4 * i;
-            float d[4] = {expf(q.x - lse) * grad_scale, expf(q.y - lse) * grad_scale, expf(q.z - lse) * grad_scale,
-                          expf(q.w - lse) * grad_scale};
+            float d[4] = {q.x * sc, q.y * sc, q.z * sc, q.w * sc};
             if (target >= v && target < v + 4) d[target - v] = d_target;
             uint2 u;
             __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
@@ -167,7 +173,7 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     } else {
         for (int i = threadIdx.x; i < len; i += blockDim.x) {
             const int v = v0 + i;
-            dl[v] = __float2bfloat16_rn(v == target ? d_target : expf(sl[i] - lse) * grad_scale);
+            dl[v] = __float2bfloat16_rn(v == target ? d_target : sl[i] * sc);
         }
     }
 }
@@ -182,6 +188,9 @@ extern "C" void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void
     RS_CHECK(slice_bytes <= LOSS_SLICE_MAX_BYTES, "lm_head_loss: V = %d needs %zu bytes of shared memory per block (%d)",
              V, slice_bytes, LOSS_SLICE_MAX_BYTES);
     CUDA_CHECK(cudaFuncSetAttribute(loss_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)slice_bytes));
+    /* all of the SM's 228 KiB to shared memory: three blocks of a 74 KiB slice fit, not two */
+    CUDA_CHECK(cudaFuncSetAttribute(loss_row_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
     const bool vec = V % 4 == 0 && cuda_ptr_align(workspace) >= 16;
     const bf16 *xb = (const bf16 *)x;
     const bool want_grad = dx || dw;

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(256) norm_rms_backward_kernel(bf16 *dinp /* (T
 /* The same backward for 16-byte rows of D <= NORM_BWD_VMAX * 256 (the hidden size 1536: 6 vectors a
  * lane): a lane loads all of its row's x, dout and dinp vectors before using the first (the loop above
  * keeps one load in flight and reads x and dout twice) and holds w in registers; the same sums in the
- * same order, so the same bits. */
+ * same order. */
 #define NORM_BWD_VMAX 6
 __global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /* (T,ldi) += */,
                                                                     float *part /* (gridDim.x, D) */,
@@ -601,17 +601,30 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_
     const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
     const int64_t r1 = min(rows, r0 + rows_per_block);
     /* the trip count is the same for every group of a warp (r1 - r0 rows, G groups): lanes of a warp
-     * leave together, so the shuffles always see the whole warp */
+     * leave together, so the shuffles always see the whole warp. The next row's x, z, dout and rstd
+     * are loaded before this row's math (one row's loads in flight left the kernel latency-bound). */
+    uint4 xn, zn, gn;
+    float rsn;
+    auto load_row = [&](int64_t rb) {
+        const int64_t r = rb + grp, rr = r < r1 ? r : r0, t = rr / nv;
+        const int h = (int)(rr % nv);
+        xn = *reinterpret_cast<const uint4 *>(xs + rr * dv + c);
+        zn = *reinterpret_cast<const uint4 *>(zs + t * ldz + (int64_t)h * dv + c);
+        gn = *reinterpret_cast<const uint4 *>(dout + rr * dv + c);
+        rsn = rstd[rr];
+    };
+    if (r0 < r1) load_row(r0);
     for (int64_t rb = r0; rb < r1; rb += G) {
         const int64_t r = rb + grp;
         const bool live = r < r1;
         const int64_t rr = live ? r : r0, t = rr / nv;
         const int h = (int)(rr % nv);
         float xv[CUDA_VEC], zv[CUDA_VEC], g[CUDA_VEC];
-        cuda_load8(xv, xs + rr * dv + c);
-        cuda_load8(zv, zs + t * ldz + (int64_t)h * dv + c);
-        cuda_load8(g, dout + rr * dv + c);
-        const float rs = rstd[rr];
+        cuda_unpack8(xv, xn);
+        cuda_unpack8(zv, zn);
+        cuda_unpack8(g, gn);
+        const float rs = rsn;
+        if (rb + G < r1) load_row(rb + G);
         float dot = 0.0f, sz[CUDA_VEC];
 #pragma unroll
         for (int i = 0; i < CUDA_VEC; i++) {
