@@ -42,6 +42,9 @@
  * registers, 8 warps an SM) and the forward latency-bound, ~4x and ~2.4x over
  * their byte floors.
  *
+ * The sigmoid of every kernel is conv_sigmoid: __expf and __fdividef (a few
+ * ulp in fp32, below the bf16 rounding of the outputs).
+ *
  * A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the
  * token is skipped. Kc <= CONV_KC_MAX.
  *
@@ -67,6 +70,11 @@ static void conv_check_sizes(int64_t T, int C, int Kc, int ldi, int ldo) {
     RS_CHECK(Kc >= 1 && Kc <= CONV_KC_MAX, "conv1d_silu: Kc = %d (the cuda kernel supports 1..%d)", Kc, CONV_KC_MAX);
     RS_CHECK(ldi >= C && ldo >= C, "conv1d_silu: ldi = %d, ldo = %d, need >= C = %d", ldi, ldo, C);
 }
+
+/* sigmoid(u) = 1 / (1 + exp(-u)) with the fast intrinsics (ex2.approx, rcp.approx: a few ulp in fp32,
+ * far below the bf16 rounding of every output): the IEEE expf and division were half of the
+ * kernels' instructions. exp(-u) = inf gives 0, as the IEEE form does. */
+__device__ __forceinline__ float conv_sigmoid(float u) { return __fdividef(1.0f, 1.0f + __expf(-u)); }
 
 /* u[t, c..c+n) into u[], oldest tap first; returns false when doc_pos[t] < 0 (recorded) */
 __device__ __forceinline__ bool conv_preact8(float u[CUDA_VEC], const bf16 *inp, const bf16 *halo, const bf16 *w,
@@ -107,7 +115,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_forward_kernel(bf16 *out /*
     float u[CUDA_VEC];
     if (!conv_preact8(u, inp, halo, w, doc_pos, t, c, n, C, Kc, ldi, vec, err)) return;
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) u[i] = u[i] / (1.0f + expf(-u[i]));
+    for (int i = 0; i < CUDA_VEC; i++) u[i] = u[i] * conv_sigmoid(u[i]);
     cuda_store8n(out + t * ldo + c, u, n, vec);
 }
 
@@ -135,7 +143,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_backward_input_kernel(
 #pragma unroll
         for (int i = 0; i < CUDA_VEC; i++) {
             if (i >= n) continue;
-            const float sg = 1.0f / (1.0f + expf(-u[i]));
+            const float sg = conv_sigmoid(u[i]);
             const float du = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
             acc[i] += __bfloat162float(w[(int64_t)(c + i) * Kc + Kc - 1 - b]) * du;
         }
@@ -172,7 +180,7 @@ __global__ void __launch_bounds__(CUDA_WARP *CONV_DW_ROWS) conv_backward_weight_
                 else continue;
                 u += __bfloat162float(w[(int64_t)c * Kc + Kc - 1 - b]) * xs[b];
             }
-            const float sg = 1.0f / (1.0f + expf(-u));
+            const float sg = conv_sigmoid(u);
             const float du = __bfloat162float(dout[t * ldo + c]) * sg * (1.0f + u * (1.0f - sg));
 #pragma unroll
             for (int b = 0; b < CONV_KC_MAX; b++)
@@ -271,7 +279,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_for
                 float u[CUDA_VEC];
                 conv_run_preact<KC>(u, xw, wr, min(KC - 1, dp));
 #pragma unroll
-                for (int i = 0; i < CUDA_VEC; i++) u[i] = u[i] / (1.0f + expf(-u[i]));
+                for (int i = 0; i < CUDA_VEC; i++) u[i] = u[i] * conv_sigmoid(u[i]);
                 cuda_store8n(out + t * ldo + c, u, n, vec);
             }
 #pragma unroll
@@ -350,7 +358,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS) conv_run_backwa
                         cuda_unpack8(dy, dr[g]);
 #pragma unroll
                         for (int i = 0; i < CUDA_VEC; i++) {
-                            const float sg = 1.0f / (1.0f + expf(-u[i]));
+                            const float sg = conv_sigmoid(u[i]);
                             duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
                         }
                         dpw[KC - 1] = dp;

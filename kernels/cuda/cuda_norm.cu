@@ -625,10 +625,11 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_
         cuda_unpack8(g, gn);
         const float rs = rsn;
         if (rb + G < r1) load_row(rb + G);
-        float dot = 0.0f, sz[CUDA_VEC];
+        float dot = 0.0f, sg[CUDA_VEC], sz[CUDA_VEC]; /* one sigmoid per element: silu' = s (1 + z (1 - s)) */
 #pragma unroll
         for (int i = 0; i < CUDA_VEC; i++) {
-            sz[i] = cuda_siluf(zv[i]);
+            sg[i] = cuda_sigmoidf(zv[i]);
+            sz[i] = zv[i] * sg[i];
             dot += (g[i] * wv[i] * sz[i]) * (xv[i] * rs);
         }
         const float mean_dot = norm_group_sum<LPR>(dot) / dv;
@@ -638,7 +639,7 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_
         for (int i = 0; i < CUDA_VEC; i++) {
             const float nn = xv[i] * rs;
             const float dn = g[i] * wv[i] * sz[i];
-            dzv[i] = g[i] * wv[i] * nn * cuda_silu_gradf(zv[i]);
+            dzv[i] = g[i] * wv[i] * nn * (sg[i] * (1.0f + zv[i] * (1.0f - sg[i])));
             dxv[i] = rs * (dn - nn * mean_dot);
             acc[i] += g[i] * (nn * sz[i]);
         }
