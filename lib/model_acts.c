@@ -34,7 +34,7 @@
  *   - the delta-rule backward recomputes its WY factors (T_inv, W, U), so
  *     they are not kept;
  *   - attention keeps no T x T matrix (flash-style blocks);
- *   - the loss works on row chunks of about 256 MiB of fp32 logits.
+ *   - the loss works on row chunks of at most LOSS_CHUNK_BYTES (2 GiB) of fp32 logits.
  *
  * The CP communication buffers (lib/cp.h: ring attention's K|V receive
  * buffers and fp32 accumulators, the GDN scan's gathered transitions, fold
@@ -50,9 +50,10 @@
 #include "error.h"
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
- * whole fp32 (V, C) gradient, so few large chunks: at 1 GiB and V = 151,936, 1,766 rows a chunk (19 at
- * T = 32k; 256 MiB made 75 chunks and their dw traffic ~40 ms of the 1B step on an H100). */
-#define LOSS_CHUNK_BYTES (1LL << 30)
+ * whole fp32 (V, C) gradient, so few large chunks: at 2 GiB and V = 151,936, 3,533 rows a chunk (10 at
+ * T = 32k). On an H100 the 1B step's lm_head took 142 ms with 256 MiB (75 chunks), 94 with 1 GiB (19),
+ * 82 with 2 GiB (docs/benchmarks.md, "Whole step v0.4"). */
+#define LOSS_CHUNK_BYTES (2LL << 30)
 
 typedef struct {
     ActTable *t;

@@ -45,8 +45,9 @@ static inline int cuda_partial_blocks(int64_t rows, int64_t rows_per_block_min) 
 
 /* ---- vector access ---- */
 
-__device__ __forceinline__ void cuda_load8(float f[CUDA_VEC], const bf16 *p) {
-    uint4 u = *reinterpret_cast<const uint4 *>(p);
+/* the 8 bf16 of a 16-byte vector as fp32 (exact); kernels that load several vectors before using the
+ * first keep them packed and unpack at the use */
+__device__ __forceinline__ void cuda_unpack8(float f[CUDA_VEC], uint4 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -54,6 +55,10 @@ __device__ __forceinline__ void cuda_load8(float f[CUDA_VEC], const bf16 *p) {
         f[2 * i] = v.x;
         f[2 * i + 1] = v.y;
     }
+}
+
+__device__ __forceinline__ void cuda_load8(float f[CUDA_VEC], const bf16 *p) {
+    cuda_unpack8(f, *reinterpret_cast<const uint4 *>(p));
 }
 
 __device__ __forceinline__ void cuda_store8(bf16 *p, const float f[CUDA_VEC]) {
@@ -126,14 +131,27 @@ __device__ F cuda_block_sum(F v, F *sh) {
     return t;
 }
 
-/* out[c] += sum_{b < nb} part[b * ncols + c], b in increasing order (stage 2 of a column reduction) */
+#define CUDA_PARTIALS_BATCH 16 /* partials a thread loads before adding them (in order) */
+
+/* out[c] += sum_{b < nb} part[b * ncols + c], b in increasing order (stage 2 of a column reduction).
+ * A thread loads CUDA_PARTIALS_BATCH rows before it adds them, in the same order: the same bits, with
+ * 16 loads in flight instead of the few the compiler hoisted (nb = 256 rows of a few hundred columns
+ * ran ~10 blocks of dependent loads). */
 static __global__ void __launch_bounds__(256) cuda_partials_add_kernel(float *out /* (ncols) += */,
                                                                 const float *part /* (nb,ncols) */, int nb,
                                                                 int64_t ncols) {
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ncols) return;
     float s = 0.0f;
-    for (int b = 0; b < nb; b++) s += part[(int64_t)b * ncols + c];
+    int b = 0;
+    for (; b + CUDA_PARTIALS_BATCH <= nb; b += CUDA_PARTIALS_BATCH) {
+        float v[CUDA_PARTIALS_BATCH];
+#pragma unroll
+        for (int k = 0; k < CUDA_PARTIALS_BATCH; k++) v[k] = part[(int64_t)(b + k) * ncols + c];
+#pragma unroll
+        for (int k = 0; k < CUDA_PARTIALS_BATCH; k++) s += v[k];
+    }
+    for (; b < nb; b++) s += part[(int64_t)b * ncols + c];
     out[c] += s;
 }
 

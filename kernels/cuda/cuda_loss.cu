@@ -3,24 +3,34 @@
  * (lib/backend.h: lm_head_loss; the oracle is kernels/cpu/cpu_loss.c). The T
  * rows of x go in chunks of `rows`; per chunk of n rows:
  *   logits  = x W^T               cuBLASLt, bf16 operands, fp32 into the workspace (n, V)
- *   loss_t  = logsumexp - logit[target]      one block per row, fp32 (0 where target < 0)
+ *   loss_t  = logsumexp - logit[target]      one cluster per row, fp32 (0 where target < 0)
  *   dlogits = (softmax - onehot) grad_scale  bf16, written over the row's own logits
  *   dx      = dlogits W           cuBLASLt, bf16 out (=)
  *   dw     += dlogits^T x         cuBLASLt, fp32 C, beta 1
  * so the full (T, V) logits never exist and no memory beyond the caller's
  * workspace is used.
  *
+ * The loss kernel reads each logit once: a row is split over a cluster of
+ * LOSS_CLUSTER blocks, each copies its slice of fp32 logits into shared memory
+ * (V = 151,936: 74 KiB a block) and takes the slice's max and sum of exp;
+ * after a cluster barrier every block combines the LOSS_CLUSTER (max, sum)
+ * pairs through distributed shared memory in rank order (the same lse in
+ * every block) and writes its slice's bf16 dlogits from shared memory. The
+ * old one-block-per-row kernel read the fp32 logits twice from HBM (a row,
+ * 0.6 MB, does not stay in L2 across the passes): 20 GB a step at 32k.
  * In-place bf16 dlogits: row r's fp32 logits occupy bytes [4Vr, 4V(r+1)) of
  * the workspace; its bf16 dlogits go to the first half of the same bytes,
  * [4Vr, 4Vr + 2V), i.e. a bf16 matrix of stride 2V, which the two GEMMs read
- * as it is. The block walks the row in steps of LOSS_UNROLL x blockDim
- * elements: it reads a step's logits, waits at a barrier, then writes that
- * step's bf16 values, which overlap only logits of this step or earlier ones
- * (already read).
+ * as it is. A block's writes land in other blocks' slices of the same row:
+ * they start after the cluster barrier that follows every slice's copy into
+ * shared memory, and never leave the row.
  *
- * Numerics: per thread an online max and sum of exp (fp32), combined across
- * the block in a fixed order; the target's dlogit is expm1(-loss) grad_scale
- * (p - 1 without cancellation, as on cpu). dlogits are rounded to bf16 for
+ * Numerics: per block the slice's max M_b, then e = exp(l - M_b) (kept in
+ * shared memory over l) and their sum S_b (fp32, a fixed-order block sum);
+ * the cluster sums S_b exp(M_b - M) in rank order; a dlogit is
+ * e exp(M_b - lse) grad_scale (one exp per logit);
+ * the target's dlogit is expm1(-loss) grad_scale (p - 1 without
+ * cancellation, as on cpu). dlogits are rounded to bf16 for
  * the tensor-core GEMMs (the cpu keeps fp32): dx and dw carry that rounding
  * (tests/cuda/README.md states the bound). A target >= V is recorded in the
  * device error word and its row is treated as ignored. dx or dw NULL skips
@@ -28,6 +38,7 @@
  *
  * Callers: through backend_cuda (lib/model_step.c), tests/cuda/test_cuda_loss.cu.
  */
+#include <cooperative_groups.h>
 #include <limits.h>
 #include <math.h>
 
@@ -36,70 +47,133 @@
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
 
-#define LOSS_THREADS 512
-#define LOSS_UNROLL 4 /* logits per thread between two barriers of the dlogits pass */
+namespace cg = cooperative_groups;
 
-__global__ void __launch_bounds__(LOSS_THREADS) loss_row_kernel(float *losses /* (n) */,
-                                                                float *logits /* (n, V) fp32; bf16 dlogits out */,
-                                                                const int32_t *targets /* (n) */, int64_t row0, int V,
-                                                                float grad_scale, bool want_grad, int *err) {
+#define LOSS_THREADS 512
+#define LOSS_CLUSTER 8                   /* blocks (one cluster) per row, each holding a slice of it */
+#define LOSS_SLICE_MAX_BYTES (200 << 10) /* a slice's fp32 logits in shared memory, at most */
+
+/* slice length of a row: ceil(V / LOSS_CLUSTER) rounded up to 4 (float4 reads, 8-byte bf16 writes) */
+static int loss_slice(int V) { return (int)cuda_ceil_div(cuda_ceil_div(V, LOSS_CLUSTER), 4) * 4; }
+
+/* One cluster per row r; block `rank` owns the logits [rank S, min(V, (rank+1) S)). `vec`: V % 4 == 0 and
+ * the workspace 16-byte aligned (every row and slice start is then 16-byte aligned). */
+__global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THREADS)
+    loss_row_kernel(float *losses /* (n) */, float *logits /* (n, V) fp32; bf16 dlogits out */,
+                    const int32_t *targets /* (n) */, int64_t row0, int V, int S, float grad_scale, bool want_grad,
+                    bool vec, int *err) {
+    extern __shared__ float4 sl4[]; /* (S) fp32: this block's slice of the row */
+    float *sl = reinterpret_cast<float *>(sl4);
     __shared__ float sh[CUDA_WARP];
-    __shared__ float sh_target_logit;
-    const int64_t r = blockIdx.x;
+    __shared__ float sh_stat[3]; /* the slice's max, sum of exp(l - max), target logit: read by the cluster */
+    __shared__ float sh_res[2];  /* lse, loss */
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank();
+    const int64_t r = blockIdx.x / LOSS_CLUSTER;
     float *lg = logits + r * (int64_t)V;
+    bf16 *dl = reinterpret_cast<bf16 *>(lg);
+    const int v0 = rank * S, len = max(0, min(V, v0 + S) - v0);
     int32_t target = targets[r];
     if (target >= V) {
-        if (threadIdx.x == 0) cuda_raise(err, CUDA_ERR_TARGET_ID, row0 + r, target);
+        if (rank == 0 && threadIdx.x == 0) cuda_raise(err, CUDA_ERR_TARGET_ID, row0 + r, target);
         target = -1;
     }
-    if (target < 0) {
-        if (threadIdx.x == 0) losses[r] = 0.0f;
-        if (want_grad) {
-            bf16 *dl = reinterpret_cast<bf16 *>(lg);
-            for (int v = threadIdx.x; v < V; v += blockDim.x) dl[v] = __float2bfloat16_rn(0.0f);
-        }
+    if (target < 0) { /* the same branch in every block of the cluster: none reads the row */
+        if (rank == 0 && threadIdx.x == 0) losses[r] = 0.0f;
+        if (want_grad)
+            for (int i = threadIdx.x; i < len; i += blockDim.x) dl[v0 + i] = __float2bfloat16_rn(0.0f);
         return;
     }
-    /* pass 1: max and sum of exp, online */
-    float m = -INFINITY, s = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        const float l = lg[v];
-        if (l > m) {
-            s = s * expf(m - l) + 1.0f;
-            m = l;
-        } else {
-            s += expf(l - m);
+    /* the slice into shared memory (read once from global), its max on the way */
+    float m = -INFINITY;
+    if (vec) {
+        const float4 *src = reinterpret_cast<const float4 *>(lg + v0);
+        const int n4 = len / 4;
+        for (int i = threadIdx.x; i < n4; i += 4 * blockDim.x) {
+            float4 q[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = i + k * blockDim.x;
+                if (j < n4) q[k] = __ldcs(src + j);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = i + k * blockDim.x;
+                if (j < n4) {
+                    sl4[j] = q[k];
+                    m = fmaxf(m, fmaxf(fmaxf(q[k].x, q[k].y), fmaxf(q[k].z, q[k].w)));
+                }
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < len; i += blockDim.x) {
+            const float l = lg[v0 + i];
+            sl[i] = l;
+            m = fmaxf(m, l);
         }
     }
-    if (threadIdx.x == 0) sh_target_logit = lg[target];
-    /* block max, then the sum rescaled to it */
-    float mw = cuda_warp_max(m);
+    const float mw = cuda_warp_max(m);
     if (threadIdx.x % CUDA_WARP == 0) sh[threadIdx.x / CUDA_WARP] = mw;
     __syncthreads();
-    float M = -INFINITY;
-    for (int k = 0; k < (int)(blockDim.x / CUDA_WARP); k++) M = fmaxf(M, sh[k]);
+    float Mb = -INFINITY;
+    for (int k = 0; k < (int)(blockDim.x / CUDA_WARP); k++) Mb = fmaxf(Mb, sh[k]);
+    if (threadIdx.x == 0 && target >= v0 && target < v0 + len) sh_stat[2] = sl[target - v0];
     __syncthreads();
-    const float S = cuda_block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh);
-    const float lse = M + logf(S);
-    const float loss = lse - sh_target_logit;
-    if (threadIdx.x == 0) losses[r] = loss;
-    if (!want_grad) return;
-    /* pass 2: bf16 dlogits over the first half of the row's bytes, a step of LOSS_UNROLL x blockDim
-     * elements at a time (the values of step [base, e) land in bytes [2 base, 2 e): logits < e, read) */
-    bf16 *dl = reinterpret_cast<bf16 *>(lg);
-    const float d_target = expm1f(-loss) * grad_scale;
-    for (int base = 0; base < V; base += LOSS_UNROLL * blockDim.x) {
-        float l[LOSS_UNROLL];
+    /* e = exp(l - Mb) over the logits in shared memory: the dlogits below are e exp(Mb - lse) */
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const float e = expf(sl[i] - Mb);
+        sl[i] = e;
+        s += e;
+    }
+    const float Sb = cuda_block_sum(s, sh);
+    if (threadIdx.x == 0) {
+        sh_stat[0] = Mb;
+        sh_stat[1] = Sb;
+    }
+    cluster.sync(); /* every slice is in shared memory (so the bf16 writes below may land anywhere in the row) */
+    if (threadIdx.x == 0) { /* the same sums, in rank order, in every block of the cluster */
+        float Mk[LOSS_CLUSTER], Sk[LOSS_CLUSTER];
 #pragma unroll
-        for (int k = 0; k < LOSS_UNROLL; k++) {
-            const int v = base + k * blockDim.x + threadIdx.x;
-            l[k] = v < V ? lg[v] : 0.0f;
+        for (int k = 0; k < LOSS_CLUSTER; k++) {
+            const float *st = cluster.map_shared_rank(sh_stat, k);
+            Mk[k] = st[0];
+            Sk[k] = st[1];
         }
-        __syncthreads(); /* every logit of this step is read before any of its bf16 values lands */
+        float M = -INFINITY, Ssum = 0.0f;
 #pragma unroll
-        for (int k = 0; k < LOSS_UNROLL; k++) {
-            const int v = base + k * blockDim.x + threadIdx.x;
-            if (v < V) dl[v] = __float2bfloat16_rn(v == target ? d_target : expf(l[k] - lse) * grad_scale);
+        for (int k = 0; k < LOSS_CLUSTER; k++) M = fmaxf(M, Mk[k]);
+#pragma unroll
+        for (int k = 0; k < LOSS_CLUSTER; k++)
+            if (Mk[k] != -INFINITY) Ssum += Sk[k] * expf(Mk[k] - M);
+        const float tl = cluster.map_shared_rank(sh_stat, target / S)[2];
+        const float lse = M + logf(Ssum);
+        sh_res[0] = lse;
+        sh_res[1] = lse - tl;
+    }
+    cluster.sync(); /* the remote reads are done (a block may exit), sh_res is visible */
+    const float lse = sh_res[0], loss = sh_res[1];
+    if (rank == 0 && threadIdx.x == 0) losses[r] = loss;
+    if (!want_grad) return;
+    /* bf16 dlogits from the slice, over the first half of the row's bytes */
+    const float d_target = expm1f(-loss) * grad_scale, sc = expf(Mb - lse) * grad_scale;
+    if (vec) {
+        const int n4 = len / 4;
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            const float4 q = sl4[i];
+            const int v = v0 + 4 * i;
+            float d[4] = {q.x * sc, q.y * sc, q.z * sc, q.w * sc};
+            if (target >= v && target < v + 4) d[target - v] = d_target;
+            uint2 u;
+            __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+            h[0] = __floats2bfloat162_rn(d[0], d[1]);
+            h[1] = __floats2bfloat162_rn(d[2], d[3]);
+            *reinterpret_cast<uint2 *>(dl + v) = u;
+        }
+    } else {
+        for (int i = threadIdx.x; i < len; i += blockDim.x) {
+            const int v = v0 + i;
+            dl[v] = __float2bfloat16_rn(v == target ? d_target : sl[i] * sc);
         }
     }
 }
@@ -108,14 +182,23 @@ extern "C" void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void
                                   const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T,
                                   int C, int V) {
     RS_CHECK(T >= 0 && C > 0 && V > 0, "T %lld C %d V %d", (long long)T, C, V);
-    RS_CHECK(rows > 0 && rows <= INT_MAX, "rows = %lld", (long long)rows);
+    RS_CHECK(rows > 0 && rows <= INT_MAX / LOSS_CLUSTER, "rows = %lld", (long long)rows);
+    const int S = loss_slice(V);
+    const size_t slice_bytes = (size_t)S * sizeof(float);
+    RS_CHECK(slice_bytes <= LOSS_SLICE_MAX_BYTES, "lm_head_loss: V = %d needs %zu bytes of shared memory per block (%d)",
+             V, slice_bytes, LOSS_SLICE_MAX_BYTES);
+    CUDA_CHECK(cudaFuncSetAttribute(loss_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)slice_bytes));
+    /* all of the SM's 228 KiB to shared memory: three blocks of a 74 KiB slice fit, not two */
+    CUDA_CHECK(cudaFuncSetAttribute(loss_row_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+    const bool vec = V % 4 == 0 && cuda_ptr_align(workspace) >= 16;
     const bf16 *xb = (const bf16 *)x;
     const bool want_grad = dx || dw;
     for (int64_t r0 = 0; r0 < T; r0 += rows) {
         const int64_t n = T - r0 < rows ? T - r0 : rows;
         cuda_gemm(workspace, 1, V, xb + r0 * C, C, 0, w, C, 1, n, V, C, 0);
-        loss_row_kernel<<<(unsigned)n, LOSS_THREADS, 0, cuda_stream()>>>(losses + r0, workspace, targets + r0, r0, V,
-                                                                        grad_scale, want_grad, cuda_error_word());
+        loss_row_kernel<<<(unsigned)(n * LOSS_CLUSTER), LOSS_THREADS, slice_bytes, cuda_stream()>>>(
+            losses + r0, workspace, targets + r0, r0, V, S, grad_scale, want_grad, vec, cuda_error_word());
         CUDA_LAUNCH_CHECK();
         const bf16 *dl = (const bf16 *)workspace; /* (n, 2V): the first V of each row */
         if (dx) cuda_gemm((bf16 *)dx + r0 * C, 0, C, dl, 2 * (int64_t)V, 0, w, C, 0, n, C, V, 0);

@@ -165,6 +165,91 @@ __global__ void __launch_bounds__(256) norm_rms_backward_kernel(bf16 *dinp /* (T
     }
 }
 
+/* The same backward for 16-byte rows of D <= NORM_BWD_VMAX * 256 (the hidden size 1536: 6 vectors a
+ * lane): a lane loads all of its row's x, dout and dinp vectors before using the first (the loop above
+ * keeps one load in flight and reads x and dout twice) and holds w in registers; the same sums in the
+ * same order. */
+#define NORM_BWD_VMAX 6
+__global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /* (T,ldi) += */,
+                                                                    float *part /* (gridDim.x, D) */,
+                                                                    const bf16 *dout /* (T,ldo) */,
+                                                                    const bf16 *inp /* (T,ldi) */,
+                                                                    const bf16 *w /* (D) */,
+                                                                    const float *rstd /* (T,nh) */, int64_t rows,
+                                                                    int64_t rows_per_block, int nh, int D, int ldi,
+                                                                    int ldo, int zc) {
+    extern __shared__ float norm_slices[]; /* (warps, D) */
+    const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
+    float *acc = norm_slices + (int64_t)warp * D;
+    uint4 wr[NORM_BWD_VMAX]; /* w of the lane's columns, packed */
+#pragma unroll
+    for (int k = 0; k < NORM_BWD_VMAX; k++) {
+        const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
+        if (c < D) {
+            wr[k] = *reinterpret_cast<const uint4 *>(w + c);
+#pragma unroll
+            for (int i = 0; i < CUDA_VEC; i++) acc[c + i] = 0.0f;
+        }
+    }
+    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
+    const int64_t r1 = min(rows, r0 + rows_per_block);
+    for (int64_t r = r0 + warp; r < r1; r += nw) {
+        const int64_t t = r / nh;
+        const int h = (int)(r % nh);
+        const bf16 *x = inp + t * ldi + (int64_t)h * D, *dy = dout + t * ldo + (int64_t)h * D;
+        bf16 *dx = dinp + t * ldi + (int64_t)h * D;
+        uint4 xr[NORM_BWD_VMAX], gr[NORM_BWD_VMAX], dr[NORM_BWD_VMAX];
+#pragma unroll
+        for (int k = 0; k < NORM_BWD_VMAX; k++) {
+            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
+            if (c < D) {
+                xr[k] = *reinterpret_cast<const uint4 *>(x + c);
+                gr[k] = *reinterpret_cast<const uint4 *>(dy + c);
+                dr[k] = *reinterpret_cast<const uint4 *>(dx + c);
+            }
+        }
+        const float rs = rstd[r];
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_BWD_VMAX; k++) {
+            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
+            if (c < D) {
+                float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC];
+                cuda_unpack8(xv, xr[k]);
+                cuda_unpack8(g, gr[k]);
+                cuda_unpack8(wv, wr[k]);
+#pragma unroll
+                for (int i = 0; i < CUDA_VEC; i++) dot += (g[i] * (zc ? 1.0f + wv[i] : wv[i])) * (xv[i] * rs);
+            }
+        }
+        const float mean_dot = cuda_warp_sum(dot) / D;
+#pragma unroll
+        for (int k = 0; k < NORM_BWD_VMAX; k++) {
+            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
+            if (c < D) {
+                float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC], d[CUDA_VEC];
+                cuda_unpack8(xv, xr[k]);
+                cuda_unpack8(g, gr[k]);
+                cuda_unpack8(wv, wr[k]);
+                cuda_unpack8(d, dr[k]);
+#pragma unroll
+                for (int i = 0; i < CUDA_VEC; i++) {
+                    const float sc = zc ? 1.0f + wv[i] : wv[i];
+                    d[i] += rs * (g[i] * sc - xv[i] * rs * mean_dot);
+                    acc[c + i] += g[i] * (xv[i] * rs);
+                }
+                cuda_store8(dx + c, d);
+            }
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int k = 0; k < nw; k++) sum += norm_slices[(int64_t)k * D + c];
+        part[(int64_t)blockIdx.x * D + c] = sum;
+    }
+}
+
 extern "C" void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D,
                                      int ldi, int ldo, float eps, int zero_centred) {
     RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
@@ -190,10 +275,17 @@ extern "C" void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, c
     const int blocks = cuda_partial_blocks(rows, 4 * nw);
     const int64_t rpb = cuda_ceil_div(rows, blocks);
     float *part = (float *)cuda_scratch((size_t)blocks * D * sizeof(float), "rmsnorm_backward");
-    norm_allow_smem(norm_rms_backward_kernel, smem);
-    norm_rms_backward_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
-        (bf16 *)dinp, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb, nh, D, ldi, ldo,
-        zero_centred, vec);
+    if (vec && D <= NORM_BWD_VMAX * CUDA_WARP * CUDA_VEC) {
+        norm_allow_smem(norm_rms_backward_reg_kernel, smem);
+        norm_rms_backward_reg_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
+            (bf16 *)dinp, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb, nh, D, ldi,
+            ldo, zero_centred);
+    } else {
+        norm_allow_smem(norm_rms_backward_kernel, smem);
+        norm_rms_backward_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
+            (bf16 *)dinp, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb, nh, D, ldi,
+            ldo, zero_centred, vec);
+    }
     CUDA_LAUNCH_CHECK();
     cuda_partials_add(dw, part, blocks, D);
 }
@@ -509,21 +601,35 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_
     const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
     const int64_t r1 = min(rows, r0 + rows_per_block);
     /* the trip count is the same for every group of a warp (r1 - r0 rows, G groups): lanes of a warp
-     * leave together, so the shuffles always see the whole warp */
+     * leave together, so the shuffles always see the whole warp. The next row's x, z, dout and rstd
+     * are loaded before this row's math (one row's loads in flight left the kernel latency-bound). */
+    uint4 xn, zn, gn;
+    float rsn;
+    auto load_row = [&](int64_t rb) {
+        const int64_t r = rb + grp, rr = r < r1 ? r : r0, t = rr / nv;
+        const int h = (int)(rr % nv);
+        xn = *reinterpret_cast<const uint4 *>(xs + rr * dv + c);
+        zn = *reinterpret_cast<const uint4 *>(zs + t * ldz + (int64_t)h * dv + c);
+        gn = *reinterpret_cast<const uint4 *>(dout + rr * dv + c);
+        rsn = rstd[rr];
+    };
+    if (r0 < r1) load_row(r0);
     for (int64_t rb = r0; rb < r1; rb += G) {
         const int64_t r = rb + grp;
         const bool live = r < r1;
         const int64_t rr = live ? r : r0, t = rr / nv;
         const int h = (int)(rr % nv);
         float xv[CUDA_VEC], zv[CUDA_VEC], g[CUDA_VEC];
-        cuda_load8(xv, xs + rr * dv + c);
-        cuda_load8(zv, zs + t * ldz + (int64_t)h * dv + c);
-        cuda_load8(g, dout + rr * dv + c);
-        const float rs = rstd[rr];
-        float dot = 0.0f, sz[CUDA_VEC];
+        cuda_unpack8(xv, xn);
+        cuda_unpack8(zv, zn);
+        cuda_unpack8(g, gn);
+        const float rs = rsn;
+        if (rb + G < r1) load_row(rb + G);
+        float dot = 0.0f, sg[CUDA_VEC], sz[CUDA_VEC]; /* one sigmoid per element: silu' = s (1 + z (1 - s)) */
 #pragma unroll
         for (int i = 0; i < CUDA_VEC; i++) {
-            sz[i] = cuda_siluf(zv[i]);
+            sg[i] = cuda_sigmoidf(zv[i]);
+            sz[i] = zv[i] * sg[i];
             dot += (g[i] * wv[i] * sz[i]) * (xv[i] * rs);
         }
         const float mean_dot = norm_group_sum<LPR>(dot) / dv;
@@ -533,7 +639,7 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_
         for (int i = 0; i < CUDA_VEC; i++) {
             const float nn = xv[i] * rs;
             const float dn = g[i] * wv[i] * sz[i];
-            dzv[i] = g[i] * wv[i] * nn * cuda_silu_gradf(zv[i]);
+            dzv[i] = g[i] * wv[i] * nn * (sg[i] * (1.0f + zv[i] * (1.0f - sg[i])));
             dxv[i] = rs * (dn - nn * mean_dot);
             acc[i] += g[i] * (nn * sz[i]);
         }
