@@ -1231,6 +1231,12 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_SOLO
 #define ATTN_BWD3_SOLO 0 /* 1: each consumer computes dQ from its own 64 keys, consumer 1 adds after consumer 0 (measured slower) */
 #endif
+#ifndef ATTN_BWD3_BULK
+#define ATTN_BWD3_BULK 1 /* 1 (hd 64 / 128): dQ staged in shared memory, added by one TMA reduce per tile (v4) */
+#endif
+#ifndef ATTN_BWD3_ST128
+#define ATTN_BWD3_ST128 0 /* Q/dO ring stages at hd 128; 0: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
+#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1248,7 +1254,13 @@ struct AttnBwd3Cfg {
     static constexpr bool SPLIT = HD == 256;
     static constexpr int ROWS = SPLIT ? 64 : 128; /* keys per block */
     static constexpr int OUTW = SPLIT ? 128 : HD; /* dK, dV columns per consumer */
-    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? 3 : 2;
+    /* BULK (v4, not SPLIT / SOLO / LAG): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
+     * to a staging buffer in 32-column boxes of 64 rows (128-byte swizzle) instead of red.global adds; the
+     * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
+     * and releases the semaphore once the reduce is complete */
+    static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_SOLO && !ATTN_BWD3_LAG;
+    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (ATTN_BWD3_ST128 ? ATTN_BWD3_ST128 : BULK ? 2 : 3) : 2;
+    static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
@@ -1260,9 +1272,11 @@ struct AttnBwd3Cfg {
     static constexpr int off_y = off_x + ST * tile_bytes;
     static constexpr int off_ds = off_y + ST * tile_bytes;
     static constexpr int off_meta = off_ds + 2 * ds_bytes;
-    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST], go[2], done[2],
-                                                                * ds_full[2], ds_empty[2] */
-    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 1024;
+    static constexpr int off_dqs = off_meta + ST * meta_bytes; /* BULK: the dQ staging buffer, DQB boxes */
+    static constexpr int off_bar = off_dqs + DQB * 8192; /* own, full[ST], empty[ST], go[2], done[2],
+                                                          * ds_full[2], ds_empty[2], staged, staging free */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 10) + 1024;
+    static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
     /* SOLO (not SPLIT, not LAG): each consumer computes its own partial dQ_c = dS_c K_c (64 queries x HD,
      * its 64 keys) from its own half of the dS^T buffer and adds all HD columns; consumer 1 adds after
      * consumer 0 (mbarrier c0done, in the ds_full slots), so no 256-thread barrier joins the consumers */
@@ -1302,7 +1316,8 @@ static __device__ __forceinline__ int attn_prev_live(const uint32_t *row, int be
 template <int HD>
 static __global__ void __launch_bounds__(AWG_THREADS, 1)
     attn_bwd3_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do) {
+                     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
+                     const __grid_constant__ CUtensorMap tm_dq) {
     typedef AttnBwd3Cfg<HD> C;
     constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2, KT = ROWS / ATTN_TILE;
     extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
@@ -1312,6 +1327,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
     const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
     const uint32_t bar_dsf = bar_done + 16, bar_dse = bar_dsf + 16;      /* two each, by dS^T buffer */
+    const uint32_t bar_stg = bar_dse + 16, bar_dqfree = bar_stg + 8;     /* BULK: staged, staging buffer free */
+    const uint32_t sDQ = base + C::off_dqs;
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int h0 = blockIdx.x, kvh = h0 / p.group, rb = blockIdx.y; /* query head h0, key block rb (heaviest first) */
@@ -1341,6 +1358,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             attn_mbar_init(bar_dsf + 8 * b, C::SOLO ? 128 : 256); /* SOLO: c0done, consumer 0's adds issued */
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
         }
+        attn_mbar_init(bar_stg, C::DQT);
+        attn_mbar_init(bar_dqfree, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -1356,6 +1375,34 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
 #endif
         if (tid != 32) return;
+        if constexpr (C::BULK) {
+            /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
+             * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
+             * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
+            uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+            int n = 0;
+            for (int ai = first; ai >= 0; ai = next_tile(ai + 1), n++) {
+                if (p.dq_order) {
+                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                    const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                    while (attn_ld_acquire(sems + ai) != want) __nanosleep(32);
+                    attn_fence_proxy_async_global();
+                }
+                attn_mbar_wait(bar_stg, n & 1);
+#pragma unroll
+                for (int b = 0; b < C::DQB; b++)
+                    attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE, sDQ + 8192 * b);
+                attn_bulk_commit();
+                attn_bulk_wait_read<0>();
+                attn_mbar_arrive(bar_dqfree);
+                attn_bulk_wait<0>();
+                if (p.dq_order) {
+                    attn_fence_proxy_async_global();
+                    attn_st_release(sems + ai, (uint32_t)(rb + 1));
+                }
+            }
+            return;
+        }
         /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
          * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
          * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
@@ -1686,7 +1733,38 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             if (C::SPLIT) attn_bar_sync(2 + cw, 128);
             else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
-            if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
+            if (C::BULK && has_dq) { /* dQ of this consumer's 64 columns -> the staging buffer (v4) */
+                float dqa[32];
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < ROWS / 16; kk++)
+                    attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
+                                         attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+                attn_wg_commit();
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+                if (it > 0) attn_mbar_wait(bar_dqfree, (it - 1) & 1); /* the previous tile's boxes read by the TMA */
+                /* element (row r, column 8 ob + 2 t) -> box 2 cw + ob / 4, 128-byte row r, 16-byte chunk
+                 * (2 (ob % 4) + t / 2) ^ (r % 8), byte 8 (t % 2): two wavefronts per warp store */
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int r = warp * 16 + g + 8 * rr;
+#pragma unroll
+                    for (int ob = 0; ob < 8; ob++) {
+                        const uint32_t a = sDQ + (2 * cw + (ob >> 2)) * 8192 + r * 128 +
+                                           (((2 * (ob & 3) + (t >> 1)) ^ (r & 7)) << 4) + 8 * (t & 1);
+                        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(p.scale * dqa[4 * ob + 2 * rr]),
+                                     "f"(p.scale * dqa[4 * ob + 2 * rr + 1])
+                                     : "memory");
+                    }
+                }
+                attn_fence_proxy_async();
+                attn_mbar_arrive(bar_stg);
+            } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
                                     * both in flight at once would need 32 more registers, and ptxas then
                                     * serialises the wgmmas) */
 #pragma unroll
@@ -2230,9 +2308,10 @@ typedef CUresult (*AttnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32
                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes of
- * 64 columns (128 bytes, 128-byte swizzle) by box_rows rows; rows past the end read as zeros */
-static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows) {
+/* a 2-d tensor map of bf16 (esize 2) or fp32 (esize 4) over `rows` rows of `cols` columns from `base` (row
+ * stride ld elements): boxes of 128 bytes of columns (128-byte swizzle) by box_rows rows; rows past the end
+ * read as zeros (and are dropped by a reduce) */
+static void attn_tmap_e(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows, int esize) {
     static AttnEncodeTiled encode;
     if (!encode) {
         cudaDriverEntryPointQueryResult q;
@@ -2240,13 +2319,18 @@ static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, 
                                                     cudaEnableDefault, &q));
         RS_CHECK(q == cudaDriverEntryPointSuccess && encode, "cuda attention: cuTensorMapEncodeTiled not found");
     }
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
-    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+    RS_CHECK(esize == 2 || esize == 4, "attn_tmap_e: element size %d", esize);
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * esize};
+    const cuuint32_t box[2] = {(cuuint32_t)(128 / esize), (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode(m, esize == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2,
+                              (void *)base, dims, strides, box, estr,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RS_CHECK(r == CUDA_SUCCESS, "cuda attention: cuTensorMapEncodeTiled failed (%d): rows %lld cols %d ld %d",
              (int)r, (long long)rows, cols, ld);
+}
+static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows) {
+    attn_tmap_e(m, base, rows, cols, ld, box_rows, 2);
 }
 
 template <int HD>
@@ -2317,13 +2401,15 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     p.dq_order = cuda_attention_dq_order(-1);
     attn_smem_limit(attn_bwd3_kernel<HD>, C::bytes, &done);
     CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, ((size_t)p.nh * p.nq + (size_t)p.nkv * p.nk * 2) * 4, cuda_stream()));
-    CUtensorMap tk, tv, tq, tdo;
+    CUtensorMap tk, tv, tq, tdo, tdq;
     attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
     attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
     attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
     attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
+    memset(&tdq, 0, sizeof tdq);
+    if (C::BULK) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
     attn_bwd3_kernel<HD><<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
-        p, tk, tv, tq, tdo);
+        p, tk, tv, tq, tdo, tdq);
     CUDA_LAUNCH_CHECK();
 }
 

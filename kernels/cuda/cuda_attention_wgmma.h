@@ -201,6 +201,22 @@ static __device__ __forceinline__ void attn_bar_sync(int id, int n) { asm volati
 /* generic-proxy shared-memory writes -> visible to later wgmma (async proxy) reads */
 static __device__ __forceinline__ void attn_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+/* a 2-d box of shared memory added (fp32 +=) into a tensor map's global tensor by the TMA unit, as one
+ * bulk async-group op of this thread (coordinates: c0 = column, c1 = row; rows past the end are dropped) */
+static __device__ __forceinline__ void attn_tma_reduce_add_2d(const void *tmap, int c0, int c1, uint32_t src) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
+                 ::"l"(tmap), "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void attn_bulk_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* this thread's bulk async-groups but N: their shared-memory sources read (.read) / their writes done */
+template <int N>
+static __device__ __forceinline__ void attn_bulk_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+static __device__ __forceinline__ void attn_bulk_wait(void) { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+/* orders this thread's generic-proxy global accesses with its async-proxy (TMA) ones */
+static __device__ __forceinline__ void attn_fence_proxy_async_global(void) { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 /* gpu-scope acquire load / release store of a global semaphore word */
 static __device__ __forceinline__ uint32_t attn_ld_acquire(const uint32_t *p) {
     uint32_t v;
