@@ -1237,6 +1237,9 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_ST128
 #define ATTN_BWD3_ST128 0 /* Q/dO ring stages at hd 128; 0: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
 #endif
+#ifndef ATTN_BWD3_DQS
+#define ATTN_BWD3_DQS 1 /* BULK: dQ staging buffers (2: the consumers run two tiles ahead of the reduces) */
+#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1261,6 +1264,7 @@ struct AttnBwd3Cfg {
     static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_SOLO && !ATTN_BWD3_LAG;
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (ATTN_BWD3_ST128 ? ATTN_BWD3_ST128 : BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
+    static constexpr int DQS = BULK ? ATTN_BWD3_DQS : 1;                /* staging buffers, by tile */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
@@ -1272,10 +1276,12 @@ struct AttnBwd3Cfg {
     static constexpr int off_y = off_x + ST * tile_bytes;
     static constexpr int off_ds = off_y + ST * tile_bytes;
     static constexpr int off_meta = off_ds + 2 * ds_bytes;
-    static constexpr int off_dqs = off_meta + ST * meta_bytes; /* BULK: the dQ staging buffer, DQB boxes */
-    static constexpr int off_bar = off_dqs + DQB * 8192; /* own, full[ST], empty[ST], go[2], done[2],
-                                                          * ds_full[2], ds_empty[2], staged, staging free */
-    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 10) + 1024;
+    static constexpr int off_dqs = off_meta + ST * meta_bytes; /* BULK: DQS dQ staging buffers of DQB boxes */
+    static constexpr int off_bar = off_dqs + DQS * DQB * 8192; /* own, full[ST], empty[ST], go[2], done[2],
+                                                                * ds_full[2], ds_empty[2]; BULK: staged[2],
+                                                                * staging free[2] in the go, done slots */
+    /* + 896: the base (128-byte aligned, checked in the kernel) rounded up to 1024 */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 896;
     static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
     /* SOLO (not SPLIT, not LAG): each consumer computes its own partial dQ_c = dS_c K_c (64 queries x HD,
      * its 64 keys) from its own half of the dS^T buffer and adds all HD columns; consumer 1 adds after
@@ -1327,7 +1333,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
     const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
     const uint32_t bar_dsf = bar_done + 16, bar_dse = bar_dsf + 16;      /* two each, by dS^T buffer */
-    const uint32_t bar_stg = bar_dse + 16, bar_dqfree = bar_stg + 8;     /* BULK: staged, staging buffer free */
+    const uint32_t bar_stg = bar_go, bar_dqfree = bar_done;              /* BULK: staged, staging free, by buffer */
     const uint32_t sDQ = base + C::off_dqs;
 
     const int tid = threadIdx.x, wg = tid >> 7;
@@ -1347,19 +1353,18 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     if (first < 0) return; /* nothing visible: every gradient += 0, no dq semaphore is this block's */
 
     if (tid == 0) {
+        if (raw & 127u) __trap(); /* C::bytes assumes a 128-byte aligned dynamic shared memory base */
         attn_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32);
             attn_mbar_init(bar_empty + 8 * s, 256);
         }
         for (int b = 0; b < 2; b++) {
-            attn_mbar_init(bar_go + 8 * b, 1);
-            attn_mbar_init(bar_done + 8 * b, C::DQT);
+            attn_mbar_init(bar_go + 8 * b, C::BULK ? C::DQT : 1); /* BULK: bar_stg */
+            attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
             attn_mbar_init(bar_dsf + 8 * b, C::SOLO ? 128 : 256); /* SOLO: c0done, consumer 0's adds issued */
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
         }
-        attn_mbar_init(bar_stg, C::DQT);
-        attn_mbar_init(bar_dqfree, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -1388,13 +1393,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     while (attn_ld_acquire(sems + ai) != want) __nanosleep(32);
                     attn_fence_proxy_async_global();
                 }
-                attn_mbar_wait(bar_stg, n & 1);
+                const int sb = n % C::DQS;
+                attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
 #pragma unroll
                 for (int b = 0; b < C::DQB; b++)
-                    attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE, sDQ + 8192 * b);
+                    attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE, sDQ + (sb * C::DQB + b) * 8192);
                 attn_bulk_commit();
                 attn_bulk_wait_read<0>();
-                attn_mbar_arrive(bar_dqfree);
+                attn_mbar_arrive(bar_dqfree + 8 * sb);
                 attn_bulk_wait<0>();
                 if (p.dq_order) {
                     attn_fence_proxy_async_global();
@@ -1747,7 +1753,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
                 attn_mbar_arrive(bar_empty + 8 * s);
-                if (it > 0) attn_mbar_wait(bar_dqfree, (it - 1) & 1); /* the previous tile's boxes read by the TMA */
+                const int sb = it % C::DQS; /* the staging buffer of this tile, free once tile it - DQS's boxes are read */
+                if (it >= C::DQS) attn_mbar_wait(bar_dqfree + 8 * sb, ((it / C::DQS) - 1) & 1);
                 /* element (row r, column 8 ob + 2 t) -> box 2 cw + ob / 4, 128-byte row r, 16-byte chunk
                  * (2 (ob % 4) + t / 2) ^ (r % 8), byte 8 (t % 2): two wavefronts per warp store */
 #pragma unroll
@@ -1755,7 +1762,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     const int r = warp * 16 + g + 8 * rr;
 #pragma unroll
                     for (int ob = 0; ob < 8; ob++) {
-                        const uint32_t a = sDQ + (2 * cw + (ob >> 2)) * 8192 + r * 128 +
+                        const uint32_t a = sDQ + (sb * C::DQB + 2 * cw + (ob >> 2)) * 8192 + r * 128 +
                                            (((2 * (ob & 3) + (t >> 1)) ^ (r & 7)) << 4) + 8 * (t & 1);
                         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(p.scale * dqa[4 * ob + 2 * rr]),
                                      "f"(p.scale * dqa[4 * ob + 2 * rr + 1])
@@ -1763,7 +1770,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     }
                 }
                 attn_fence_proxy_async();
-                attn_mbar_arrive(bar_stg);
+                attn_mbar_arrive(bar_stg + 8 * sb);
             } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
                                     * both in flight at once would need 32 more registers, and ptxas then
                                     * serialises the wgmmas) */
