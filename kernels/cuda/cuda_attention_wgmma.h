@@ -236,6 +236,13 @@ static __device__ __forceinline__ void attn_red_add4(float *p, float a, float b,
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 
+/* 2^x, flushing subnormal results to 0 (one MUFU.EX2) */
+static __device__ __forceinline__ float attn_ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 template <int R>
 static __device__ __forceinline__ void attn_setmaxnreg_inc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R>
