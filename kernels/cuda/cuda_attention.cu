@@ -205,6 +205,21 @@
  * ping-pong of the consumers on the products (the producer's spill is gone: worth 3%, it was mostly off
  * the consumers' path), hd 256 without the recomputed S/dP.
  *
+ * ---- v4 backward: dQ through shared memory (ATTN_BWD3_BULK = 1, default; hd 64 and 128) ----
+ *
+ * The same kernel, but the consumers no longer add dQ themselves: after the dQ = dS K product each
+ * consumer writes scale dQ (fp32, 64 queries x its 64 columns) into a staging buffer in shared memory,
+ * laid out as 32-column boxes of 64 rows with the 128-byte swizzle (two wavefronts per warp store),
+ * fences it for the async proxy and arrives on a "staged" mbarrier. The sequencer thread (the one that
+ * kept the key-block order in v3) waits for the previous live key block's release (acquire), then for
+ * "staged", adds the buffer to the fp32 dq with one cp.reduce.async.bulk.tensor (.add, fp32 tensor map
+ * over dq, 32 x 64 boxes) per box, frees the buffer once the TMA has read it, and after the bulk group is
+ * complete releases rb + 1. So the adds keep the key-block order (bitwise repeatable), the red.global
+ * instructions leave the consumers' issue slots, and the consumers never wait for the semaphore chain:
+ * they wait only for a free staging buffer (ATTN_BWD3_DQS buffers, by tile). At hd 128 the staging takes
+ * the third Q/dO ring stage (2 stages; 3 measured no faster in main's kernel). Rows past Tq are dropped
+ * by the TMA. hd 256 (v2 by default) keeps the v3 adds: its 64 x 256 fp32 tile does not fit beside the ring.
+ *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
  * cp.async); Tq, Tk <= 65535 * 64 (grid rows); out must not alias q/k/v.
@@ -660,6 +675,14 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_forward_kernel(const
 
 /* ---- forward v2: wgmma + TMA, warp-specialised (sm_90a) -------------------------------------- */
 
+#ifndef ATTN_FWD_EX2
+#define ATTN_FWD_EX2 0 /* 1: the v2 forward's exponentials by ex2.approx.ftz (subnormal P flushed to 0) */
+#endif
+#if ATTN_FWD_EX2
+#define ATTN_FWD_EXP2(x) attn_ex2_ftz(x)
+#else
+#define ATTN_FWD_EXP2(x) exp2f(x)
+#endif
 #define AWG_BM      128 /* query rows per block: two consumer warpgroups of 64 rows */
 #define AWG_THREADS 384 /* warpgroup 0: producer (one warp loads); warpgroups 1, 2: consumers */
 
@@ -852,14 +875,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             mx = attn_quad_max(mx);
             const float m_new = fmaxf(m[rr], mx * sl2);
             const float base_m = m_new == -INFINITY ? 0.0f : m_new; /* all masked so far: p = 0, no NaN */
-            const float alpha = exp2f(m[rr] - base_m);
+            const float alpha = ATTN_FWD_EXP2(m[rr] - base_m);
             m[rr] = m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const float pr = exp2f(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
+                    const float pr = ATTN_FWD_EXP2(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
                     sc[4 * nb + 2 * rr + e] = pr;
                     sum += pr;
                 }
@@ -1238,10 +1261,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #define ATTN_BWD3_ST128 0 /* Q/dO ring stages at hd 128; 0: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
 #endif
 #ifndef ATTN_BWD3_DQS
-#define ATTN_BWD3_DQS 1 /* BULK: dQ staging buffers (2: the consumers run two tiles ahead of the reduces) */
+#define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
 #ifndef ATTN_BWD3_EX2
-#define ATTN_BWD3_EX2 0 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch */
+#define ATTN_BWD3_EX2 1 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch (0: the v3 form) */
 #endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
