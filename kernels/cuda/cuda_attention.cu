@@ -219,6 +219,11 @@
  * they wait only for a free staging buffer (ATTN_BWD3_DQS buffers, by tile). At hd 128 the staging takes
  * the third Q/dO ring stage (2 stages; 3 measured no faster in main's kernel). Rows past Tq are dropped
  * by the TMA. hd 256 (v2 by default) keeps the v3 adds: its 64 x 256 fp32 tile does not fit beside the ring.
+ * Measured (H100, docs/benchmarks.md "attention v4 backward"): 32k hd 128 backward 39.2 -> 35.1 ms (MHA),
+ * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 655 -> 580 ms. ATTN_BWD3_EX2 = 1 (P by
+ * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: off.
+ * ATTN_FWD_EX2 = 1 (default): the v2 forward's exponentials by ex2.approx.ftz instead of exp2f (whose
+ * subnormal handling costs extra instructions per element): 32k hd 128 forward -3.5% (MHA), -5% (GQA).
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -676,7 +681,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_forward_kernel(const
 /* ---- forward v2: wgmma + TMA, warp-specialised (sm_90a) -------------------------------------- */
 
 #ifndef ATTN_FWD_EX2
-#define ATTN_FWD_EX2 0 /* 1: the v2 forward's exponentials by ex2.approx.ftz (subnormal P flushed to 0) */
+#define ATTN_FWD_EX2 1 /* 1: the v2 forward's exponentials by ex2.approx.ftz (subnormal P flushed to 0; 0: exp2f) */
 #endif
 #if ATTN_FWD_EX2
 #define ATTN_FWD_EXP2(x) attn_ex2_ftz(x)
@@ -1264,7 +1269,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
 #ifndef ATTN_BWD3_EX2
-#define ATTN_BWD3_EX2 1 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch (0: the v3 form) */
+#define ATTN_BWD3_EX2 0 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch (32k faster, 128k hd 128 12% slower: off) */
 #endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
