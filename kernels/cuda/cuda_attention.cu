@@ -223,7 +223,9 @@
  * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 655 -> 580 ms. ATTN_BWD3_EX2 = 1 (P by
  * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: off.
  * ATTN_FWD_EX2 = 1 (default): the v2 forward's exponentials by ex2.approx.ftz instead of exp2f (whose
- * subnormal handling costs extra instructions per element): 32k hd 128 forward -3.5% (MHA), -5% (GQA).
+ * subnormal handling costs extra instructions per element): forward -2 to -5% at 32k and 128k hd 128.
+ * ATTN_BWD3_SEQPIPE = 1 (the sequencer issues a tile's reduce before the previous one completes):
+ * 128k GQA -0.7%, 128k MHA +4-5%, 32k +0.5%: off. Open: 128k GQA 16/2 gains only 3-4% (MHA 12%).
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1269,7 +1271,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
 #ifndef ATTN_BWD3_SEQPIPE
-#define ATTN_BWD3_SEQPIPE 0 /* 1 (BULK): the sequencer releases a tile after issuing the next one's reduce */
+#define ATTN_BWD3_SEQPIPE 0 /* 1 (BULK): the sequencer releases a tile after issuing the next one's reduce (measured slower) */
 #endif
 #ifndef ATTN_BWD3_EX2
 #define ATTN_BWD3_EX2 0 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch (32k faster, 128k hd 128 12% slower: off) */
