@@ -220,7 +220,7 @@
  * the third Q/dO ring stage (2 stages; 3 measured no faster in main's kernel). Rows past Tq are dropped
  * by the TMA. hd 256 (v2 by default) keeps the v3 adds: its 64 x 256 fp32 tile does not fit beside the ring.
  * Measured (H100, docs/benchmarks.md "attention v4 backward"): 32k hd 128 backward 39.2 -> 35.1 ms (MHA),
- * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 655 -> 580 ms. ATTN_BWD3_EX2 = 1 (P by
+ * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 659 -> 577 ms. ATTN_BWD3_EX2 = 1 (P by
  * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: off.
  * ATTN_FWD_EX2 = 1 (default): the v2 forward's exponentials by ex2.approx.ftz instead of exp2f (whose
  * subnormal handling costs extra instructions per element): forward -2 to -5% at 32k and 128k hd 128.

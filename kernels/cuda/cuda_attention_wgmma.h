@@ -1,7 +1,8 @@
 /*
  * cuda_attention_wgmma.h - inline-PTX wrappers for the Hopper (sm_90a) instructions the v2/v3 attention
  * kernels use: wgmma.mma_async (bf16 x bf16 -> fp32, operands in shared memory through matrix
- * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads and setmaxnreg.
+ * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads, TMA reduce-adds
+ * (bulk async-groups), ex2.approx.ftz and setmaxnreg.
  * Included by kernels/cuda/cuda_attention.cu only. The wgmma wrappers with their long operand lists
  * were written out by a throwaway script (one function per shape, not kept: edit them by hand);
  * each accumulator is a named array element with a constant index, so the arrays stay in registers.
