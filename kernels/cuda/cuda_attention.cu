@@ -205,6 +205,28 @@
  * ping-pong of the consumers on the products (the producer's spill is gone: worth 3%, it was mostly off
  * the consumers' path), hd 256 without the recomputed S/dP.
  *
+ * ---- v4 backward: dQ through shared memory (ATTN_BWD3_BULK = 1, default; hd 64 and 128) ----
+ *
+ * The same kernel, but the consumers no longer add dQ themselves: after the dQ = dS K product each
+ * consumer writes scale dQ (fp32, 64 queries x its 64 columns) into a staging buffer in shared memory,
+ * laid out as 32-column boxes of 64 rows with the 128-byte swizzle (two wavefronts per warp store),
+ * fences it for the async proxy and arrives on a "staged" mbarrier. The sequencer thread (the one that
+ * kept the key-block order in v3) waits for the previous live key block's release (acquire), then for
+ * "staged", adds the buffer to the fp32 dq with one cp.reduce.async.bulk.tensor (.add, fp32 tensor map
+ * over dq, 32 x 64 boxes) per box, frees the buffer once the TMA has read it, and after the bulk group is
+ * complete releases rb + 1. So the adds keep the key-block order (bitwise repeatable), the red.global
+ * instructions leave the consumers' issue slots, and the consumers never wait for the semaphore chain:
+ * they wait only for a free staging buffer (ATTN_BWD3_DQS buffers, by tile). At hd 128 the staging takes
+ * the third Q/dO ring stage (2 stages; 3 measured no faster in main's kernel). Rows past Tq are dropped
+ * by the TMA. hd 256 (v2 by default) keeps the v3 adds: its 64 x 256 fp32 tile does not fit beside the ring.
+ * Measured (H100, docs/benchmarks.md "attention v4 backward"): 32k hd 128 backward 39.2 -> 35.1 ms (MHA),
+ * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 659 -> 577 ms. ATTN_BWD3_EX2 = 1 (P by
+ * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: off.
+ * ATTN_FWD_EX2 = 1 (default): the v2 forward's exponentials by ex2.approx.ftz instead of exp2f (whose
+ * subnormal handling costs extra instructions per element): forward -2 to -5% at 32k and 128k hd 128.
+ * ATTN_BWD3_SEQPIPE = 1 (the sequencer issues a tile's reduce before the previous one completes):
+ * 128k GQA -0.7%, 128k MHA +4-5%, 32k +0.5%: off. Open: 128k GQA 16/2 gains only 3-4% (MHA 12%).
+ *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
  * cp.async); Tq, Tk <= 65535 * 64 (grid rows); out must not alias q/k/v.
@@ -660,6 +682,14 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attn_forward_kernel(const
 
 /* ---- forward v2: wgmma + TMA, warp-specialised (sm_90a) -------------------------------------- */
 
+#ifndef ATTN_FWD_EX2
+#define ATTN_FWD_EX2 1 /* 1: the v2 forward's exponentials by ex2.approx.ftz (subnormal P flushed to 0; 0: exp2f) */
+#endif
+#if ATTN_FWD_EX2
+#define ATTN_FWD_EXP2(x) attn_ex2_ftz(x)
+#else
+#define ATTN_FWD_EXP2(x) exp2f(x)
+#endif
 #define AWG_BM      128 /* query rows per block: two consumer warpgroups of 64 rows */
 #define AWG_THREADS 384 /* warpgroup 0: producer (one warp loads); warpgroups 1, 2: consumers */
 
@@ -852,14 +882,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             mx = attn_quad_max(mx);
             const float m_new = fmaxf(m[rr], mx * sl2);
             const float base_m = m_new == -INFINITY ? 0.0f : m_new; /* all masked so far: p = 0, no NaN */
-            const float alpha = exp2f(m[rr] - base_m);
+            const float alpha = ATTN_FWD_EXP2(m[rr] - base_m);
             m[rr] = m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const float pr = exp2f(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
+                    const float pr = ATTN_FWD_EXP2(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
                     sc[4 * nb + 2 * rr + e] = pr;
                     sum += pr;
                 }
@@ -1231,6 +1261,21 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_SOLO
 #define ATTN_BWD3_SOLO 0 /* 1: each consumer computes dQ from its own 64 keys, consumer 1 adds after consumer 0 (measured slower) */
 #endif
+#ifndef ATTN_BWD3_BULK
+#define ATTN_BWD3_BULK 1 /* 1 (hd 64 / 128): dQ staged in shared memory, added by one TMA reduce per tile (v4) */
+#endif
+#ifndef ATTN_BWD3_ST128
+#define ATTN_BWD3_ST128 0 /* Q/dO ring stages at hd 128; 0: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
+#endif
+#ifndef ATTN_BWD3_DQS
+#define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
+#endif
+#ifndef ATTN_BWD3_SEQPIPE
+#define ATTN_BWD3_SEQPIPE 0 /* 1 (BULK): the sequencer releases a tile after issuing the next one's reduce (measured slower) */
+#endif
+#ifndef ATTN_BWD3_EX2
+#define ATTN_BWD3_EX2 0 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch (32k faster, 128k hd 128 12% slower: off) */
+#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1248,7 +1293,15 @@ struct AttnBwd3Cfg {
     static constexpr bool SPLIT = HD == 256;
     static constexpr int ROWS = SPLIT ? 64 : 128; /* keys per block */
     static constexpr int OUTW = SPLIT ? 128 : HD; /* dK, dV columns per consumer */
-    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? 3 : 2;
+    /* BULK (v4, not SPLIT / SOLO / LAG): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
+     * to a staging buffer in 32-column boxes of 64 rows (128-byte swizzle) instead of red.global adds; the
+     * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
+     * and releases the semaphore once the reduce is complete */
+    static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_SOLO && !ATTN_BWD3_LAG;
+    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (ATTN_BWD3_ST128 ? ATTN_BWD3_ST128 : BULK ? 2 : 3) : 2;
+    static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
+    static constexpr int DQS = BULK ? ATTN_BWD3_DQS : 1;                /* staging buffers, by tile */
+    static constexpr bool SEQPIPE = ATTN_BWD3_SEQPIPE; /* BULK: two reduces in flight in the sequencer */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
@@ -1260,9 +1313,13 @@ struct AttnBwd3Cfg {
     static constexpr int off_y = off_x + ST * tile_bytes;
     static constexpr int off_ds = off_y + ST * tile_bytes;
     static constexpr int off_meta = off_ds + 2 * ds_bytes;
-    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST], go[2], done[2],
-                                                                * ds_full[2], ds_empty[2] */
-    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 1024;
+    static constexpr int off_dqs = off_meta + ST * meta_bytes; /* BULK: DQS dQ staging buffers of DQB boxes */
+    static constexpr int off_bar = off_dqs + DQS * DQB * 8192; /* own, full[ST], empty[ST], go[2], done[2],
+                                                                * ds_full[2], ds_empty[2]; BULK: staged[2],
+                                                                * staging free[2] in the go, done slots */
+    /* + 896: the base (128-byte aligned, checked in the kernel) rounded up to 1024 */
+    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 896;
+    static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
     /* SOLO (not SPLIT, not LAG): each consumer computes its own partial dQ_c = dS_c K_c (64 queries x HD,
      * its 64 keys) from its own half of the dS^T buffer and adds all HD columns; consumer 1 adds after
      * consumer 0 (mbarrier c0done, in the ds_full slots), so no 256-thread barrier joins the consumers */
@@ -1302,7 +1359,8 @@ static __device__ __forceinline__ int attn_prev_live(const uint32_t *row, int be
 template <int HD>
 static __global__ void __launch_bounds__(AWG_THREADS, 1)
     attn_bwd3_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do) {
+                     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
+                     const __grid_constant__ CUtensorMap tm_dq) {
     typedef AttnBwd3Cfg<HD> C;
     constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2, KT = ROWS / ATTN_TILE;
     extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
@@ -1312,6 +1370,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
     const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
     const uint32_t bar_dsf = bar_done + 16, bar_dse = bar_dsf + 16;      /* two each, by dS^T buffer */
+    const uint32_t bar_stg = bar_go, bar_dqfree = bar_done;              /* BULK: staged, staging free, by buffer */
+    const uint32_t sDQ = base + C::off_dqs;
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int h0 = blockIdx.x, kvh = h0 / p.group, rb = blockIdx.y; /* query head h0, key block rb (heaviest first) */
@@ -1330,14 +1390,15 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     if (first < 0) return; /* nothing visible: every gradient += 0, no dq semaphore is this block's */
 
     if (tid == 0) {
+        if (raw & 127u) __trap(); /* C::bytes assumes a 128-byte aligned dynamic shared memory base */
         attn_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32);
             attn_mbar_init(bar_empty + 8 * s, 256);
         }
         for (int b = 0; b < 2; b++) {
-            attn_mbar_init(bar_go + 8 * b, 1);
-            attn_mbar_init(bar_done + 8 * b, C::DQT);
+            attn_mbar_init(bar_go + 8 * b, C::BULK ? C::DQT : 1); /* BULK: bar_stg */
+            attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
             attn_mbar_init(bar_dsf + 8 * b, C::SOLO ? 128 : 256); /* SOLO: c0done, consumer 0's adds issued */
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
         }
@@ -1356,6 +1417,60 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
 #endif
         if (tid != 32) return;
+        if constexpr (C::BULK) {
+            /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
+             * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
+             * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
+            uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+            /* SEQPIPE: the reduce of the previous tile (pend) may still be in flight while this tile's is
+             * issued; it is completed and released as soon as the sequencer would otherwise wait (for the
+             * semaphore or for the consumers), or right after this tile's reduce is issued */
+            int pend = -1;
+            auto finish = [&]() {
+                if (pend < 0) return;
+                attn_bulk_wait<0>();
+                if (p.dq_order) {
+                    attn_fence_proxy_async_global();
+                    attn_st_release(sems + pend, (uint32_t)(rb + 1));
+                }
+                pend = -1;
+            };
+            int n = 0;
+            for (int ai = first; ai >= 0; ai = next_tile(ai + 1), n++) {
+                if (p.dq_order) {
+                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                    const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                    while (attn_ld_acquire(sems + ai) != want) {
+                        if (C::SEQPIPE) finish();
+                        __nanosleep(32);
+                    }
+                    attn_fence_proxy_async_global();
+                }
+                const int sb = n % C::DQS;
+                if (C::SEQPIPE)
+                    while (!attn_mbar_test(bar_stg + 8 * sb, (n / C::DQS) & 1)) finish();
+                else
+                    attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
+#pragma unroll
+                for (int b = 0; b < C::DQB; b++)
+                    attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE, sDQ + (sb * C::DQB + b) * 8192);
+                attn_bulk_commit();
+                if (C::SEQPIPE && pend >= 0) { /* the previous tile's group done, this one's may still run */
+                    attn_bulk_wait<1>();
+                    if (p.dq_order) {
+                        attn_fence_proxy_async_global();
+                        attn_st_release(sems + pend, (uint32_t)(rb + 1));
+                    }
+                    pend = -1;
+                }
+                attn_bulk_wait_read<0>();
+                attn_mbar_arrive(bar_dqfree + 8 * sb);
+                pend = ai;
+                if (!C::SEQPIPE) finish();
+            }
+            finish();
+            return;
+        }
         /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
          * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
          * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
@@ -1563,7 +1678,13 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                         for (int rr = 0; rr < 2; rr++) {
                             const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
+#if ATTN_BWD3_EX2
+                            /* the exponent of every element, then a select (no branch); ftz: P below 2^-126 is 0 */
+                            const float ex = attn_ex2_ftz(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc));
+                            c1[4 * nb + 2 * rr + e] = vis ? ex : 0.0f;
+#else
                             c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+#endif
                         }
                     }
                 uint32_t pa[4][4], da[4][4];
@@ -1686,7 +1807,39 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             if (C::SPLIT) attn_bar_sync(2 + cw, 128);
             else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
-            if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
+            if (C::BULK && has_dq) { /* dQ of this consumer's 64 columns -> the staging buffer (v4) */
+                float dqa[32];
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < ROWS / 16; kk++)
+                    attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
+                                         attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+                attn_wg_commit();
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+                const int sb = it % C::DQS; /* the staging buffer of this tile, free once tile it - DQS's boxes are read */
+                if (it >= C::DQS) attn_mbar_wait(bar_dqfree + 8 * sb, ((it / C::DQS) - 1) & 1);
+                /* element (row r, column 8 ob + 2 t) -> box 2 cw + ob / 4, 128-byte row r, 16-byte chunk
+                 * (2 (ob % 4) + t / 2) ^ (r % 8), byte 8 (t % 2): two wavefronts per warp store */
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int r = warp * 16 + g + 8 * rr;
+#pragma unroll
+                    for (int ob = 0; ob < 8; ob++) {
+                        const uint32_t a = sDQ + (sb * C::DQB + 2 * cw + (ob >> 2)) * 8192 + r * 128 +
+                                           (((2 * (ob & 3) + (t >> 1)) ^ (r & 7)) << 4) + 8 * (t & 1);
+                        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(p.scale * dqa[4 * ob + 2 * rr]),
+                                     "f"(p.scale * dqa[4 * ob + 2 * rr + 1])
+                                     : "memory");
+                    }
+                }
+                attn_fence_proxy_async();
+                attn_mbar_arrive(bar_stg + 8 * sb);
+            } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
                                     * both in flight at once would need 32 more registers, and ptxas then
                                     * serialises the wgmmas) */
 #pragma unroll
@@ -2230,9 +2383,10 @@ typedef CUresult (*AttnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32
                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes of
- * 64 columns (128 bytes, 128-byte swizzle) by box_rows rows; rows past the end read as zeros */
-static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows) {
+/* a 2-d tensor map of bf16 (esize 2) or fp32 (esize 4) over `rows` rows of `cols` columns from `base` (row
+ * stride ld elements): boxes of 128 bytes of columns (128-byte swizzle) by box_rows rows; rows past the end
+ * read as zeros (and are dropped by a reduce) */
+static void attn_tmap_e(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows, int esize) {
     static AttnEncodeTiled encode;
     if (!encode) {
         cudaDriverEntryPointQueryResult q;
@@ -2240,13 +2394,18 @@ static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, 
                                                     cudaEnableDefault, &q));
         RS_CHECK(q == cudaDriverEntryPointSuccess && encode, "cuda attention: cuTensorMapEncodeTiled not found");
     }
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
-    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+    RS_CHECK(esize == 2 || esize == 4, "attn_tmap_e: element size %d", esize);
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * esize};
+    const cuuint32_t box[2] = {(cuuint32_t)(128 / esize), (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode(m, esize == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2,
+                              (void *)base, dims, strides, box, estr,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RS_CHECK(r == CUDA_SUCCESS, "cuda attention: cuTensorMapEncodeTiled failed (%d): rows %lld cols %d ld %d",
              (int)r, (long long)rows, cols, ld);
+}
+static void attn_tmap(CUtensorMap *m, const void *base, int64_t rows, int cols, int ld, int box_rows) {
+    attn_tmap_e(m, base, rows, cols, ld, box_rows, 2);
 }
 
 template <int HD>
@@ -2317,13 +2476,15 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     p.dq_order = cuda_attention_dq_order(-1);
     attn_smem_limit(attn_bwd3_kernel<HD>, C::bytes, &done);
     CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, ((size_t)p.nh * p.nq + (size_t)p.nkv * p.nk * 2) * 4, cuda_stream()));
-    CUtensorMap tk, tv, tq, tdo;
+    CUtensorMap tk, tv, tq, tdo, tdq;
     attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
     attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
     attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
     attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
+    memset(&tdq, 0, sizeof tdq);
+    if (C::BULK) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
     attn_bwd3_kernel<HD><<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
-        p, tk, tv, tq, tdo);
+        p, tk, tv, tq, tdo, tdq);
     CUDA_LAUNCH_CHECK();
 }
 

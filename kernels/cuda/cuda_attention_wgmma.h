@@ -1,7 +1,8 @@
 /*
  * cuda_attention_wgmma.h - inline-PTX wrappers for the Hopper (sm_90a) instructions the v2/v3 attention
  * kernels use: wgmma.mma_async (bf16 x bf16 -> fp32, operands in shared memory through matrix
- * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads and setmaxnreg.
+ * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads, TMA reduce-adds
+ * (bulk async-groups), ex2.approx.ftz and setmaxnreg.
  * Included by kernels/cuda/cuda_attention.cu only. The wgmma wrappers with their long operand lists
  * were written out by a throwaway script (one function per shape, not kept: edit them by hand);
  * each accumulator is a named array element with a constant index, so the arrays stay in registers.
@@ -201,6 +202,22 @@ static __device__ __forceinline__ void attn_bar_sync(int id, int n) { asm volati
 /* generic-proxy shared-memory writes -> visible to later wgmma (async proxy) reads */
 static __device__ __forceinline__ void attn_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+/* a 2-d box of shared memory added (fp32 +=) into a tensor map's global tensor by the TMA unit, as one
+ * bulk async-group op of this thread (coordinates: c0 = column, c1 = row; rows past the end are dropped) */
+static __device__ __forceinline__ void attn_tma_reduce_add_2d(const void *tmap, int c0, int c1, uint32_t src) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
+                 ::"l"(tmap), "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void attn_bulk_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* this thread's bulk async-groups but N: their shared-memory sources read (.read) / their writes done */
+template <int N>
+static __device__ __forceinline__ void attn_bulk_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+static __device__ __forceinline__ void attn_bulk_wait(void) { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+/* orders this thread's generic-proxy global accesses with its async-proxy (TMA) ones */
+static __device__ __forceinline__ void attn_fence_proxy_async_global(void) { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 /* gpu-scope acquire load / release store of a global semaphore word */
 static __device__ __forceinline__ uint32_t attn_ld_acquire(const uint32_t *p) {
     uint32_t v;
@@ -218,6 +235,13 @@ static __device__ __forceinline__ void attn_red_add2(float *p, float a, float b)
 /* the same for four adjacent floats (16-byte aligned) */
 static __device__ __forceinline__ void attn_red_add4(float *p, float a, float b, float c, float d) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+/* 2^x, flushing subnormal results to 0 (one MUFU.EX2) */
+static __device__ __forceinline__ float attn_ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 template <int R>

@@ -39,7 +39,7 @@
  * equal); cuda_attention_backward_reproducible reruns a 8k-token v3 backward, whose dq adds of many key
  * blocks meet in L2, and shows that plain atomics would not pass it. Set
  * RS_ATTN_TIMING=1 to print fwd/bwd times of every version and TFLOP/s at T = 32k and 128k (=2: only
- * 32k hd 128 MHA, GQA 16/2 and hd 64; =3: only 32k hd 256 MHA and GQA 16/2)
+ * 32k hd 128 MHA, GQA 16/2 and hd 64; =3: only 32k hd 256 MHA and GQA 16/2; =4: only 128k hd 128 MHA and 16/2)
  * (information only: no test depends on a time).
  */
 #include <math.h>
@@ -888,6 +888,11 @@ TEST(cuda_attention_timing) {
         ca_time_one(32768, 16, 16, 128, 7);
         ca_time_one(32768, 16, 2, 128, 7);
         ca_time_one(32768, 16, 16, 64, 7);
+        return;
+    }
+    if (!strcmp(getenv("RS_ATTN_TIMING"), "4")) { /* 128k hd 128: MHA and GQA 16/2, three runs each */
+        ca_time_one(131072, 16, 16, 128, 3);
+        ca_time_one(131072, 16, 2, 128, 3);
         return;
     }
     if (!strcmp(getenv("RS_ATTN_TIMING"), "3")) { /* hd 256 only: 32k MHA and GQA 16/2, three runs each */
