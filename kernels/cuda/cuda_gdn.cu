@@ -1536,6 +1536,8 @@ __global__ void __launch_bounds__(256)
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
+#define GDN_WIDE_DEFAULT 0    /* v2 state passes: 64-column blocks where they fill the SMs (GDN v4) */
+#define GDN_WIDE_BLOCKS 128   /* ... i.e. where nv dv / 64 reaches this many blocks (64 heads of 128) */
 #define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
 #define GDN_CUTS_PICK (2 * (GDN_DSEG_MAX + 1)) /* the device's choice in GdnBufs.cuts */
 
@@ -1562,6 +1564,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.dseg = gdn_env_int("RS_GDN_DSEG");
         gdn_tune_env.dqs = gdn_env_int("RS_GDN_DQS");
         gdn_tune_env.dual = gdn_env_int("RS_GDN_DUAL");
+        gdn_tune_env.wide = gdn_env_int("RS_GDN_WIDE");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1943,7 +1946,8 @@ static int gdn_sm_count(void) {
 /* the v2 state pass instantiation for a run-time (bv, nst) */
 #define GDN_V2_BVNST_(bv, nst, ilp, bulk, FN, ...)                                    \
     do {                                                                              \
-        if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp, bulk>(__VA_ARGS__);          \
+        if ((bv) == 64) FN<DK, 64, 2, ilp, bulk>(__VA_ARGS__);                       \
+        else if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp, bulk>(__VA_ARGS__);          \
         else if ((bv) == 32) FN<DK, 32, 2, ilp, bulk>(__VA_ARGS__);                  \
         else if ((nst) == 3) FN<DK, 16, 3, ilp, bulk>(__VA_ARGS__);                  \
         else FN<DK, 16, 2, ilp, bulk>(__VA_ARGS__);                                  \
@@ -2000,8 +2004,12 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.v2 = t.v2 == 1 ? 1 : t.v2 == 2 ? 0 : GDN_V2_DEFAULT;
     pl.prof = t.prof;
     if (!pl.v2) return pl;
-    pl.bv = t.bv == 16 || t.bv == 32 ? t.bv : gdn_state_bv(nv, dv);
-    pl.nst = t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT;
+    const int wide = t.wide >= 1 && t.wide <= 3 ? (t.wide == 2 ? 0 : t.wide) : GDN_WIDE_DEFAULT;
+    if (t.bv == 16 || t.bv == 32 || t.bv == 64) pl.bv = t.bv;
+    else if (wide && dv % 64 == 0 && (wide == 3 || (int64_t)nv * dv / 64 >= GDN_WIDE_BLOCKS)) pl.bv = 64;
+    else pl.bv = gdn_state_bv(nv, dv);
+    RS_CHECK(dv % pl.bv == 0, "gdn: %d state columns per block do not divide dim_v %d", pl.bv, dv);
+    pl.nst = pl.bv == 64 ? 2 : t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT; /* 64: smem for 2 stages */
     pl.overlap = t.overlap == 1 ? 1 : t.overlap == 2 ? 0 : GDN_OVERLAP_DEFAULT;
     pl.ilp = t.ilp == 1 ? 1 : t.ilp == 2 ? 0 : GDN_ILP_DEFAULT;
     pl.wy3 = t.wy == 1 ? 1 : t.wy == 2 ? 0 : GDN_WY3_DEFAULT;

@@ -325,9 +325,9 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d]", c->split,
-                 c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual);
-    else if (c->dual) snprintf(buf, n, " [default dual=%d]", c->dual);
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d]",
+                 c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide);
+    else if (c->dual || c->wide) snprintf(buf, n, " [default dual=%d wide=%d]", c->dual, c->wide);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -374,7 +374,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
-        char tag[320], cn[96];
+        char tag[320], cn[128];
         snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(cfgs ? &cfgs[ci] : NULL, cn, sizeof cn));
         if (cfgs) cuda_gdn_tune_set(&cfgs[ci]);
         cudaStream_t st = cuda_stream();
@@ -508,13 +508,18 @@ TEST(cuda_gdn_mma_layouts) {
  * state passes (1) and not (2, the default); document segments (dseg) automatic, 1, 3, 5; dqkwg split
  * over dk halves (dqs: 1, the default) and not (2); the dual launch of the state passes with the
  * device's pick forced to 32 columns in 8 document segments (dual 3) and to the automatic
- * configuration (dual 4, with the overlapped backward). */
+ * configuration (dual 4, with the overlapped backward); 64 state columns per block (bv 64, GDN v4:
+ * with the shorter chains, and without them overlapped in 3 document segments), and the automatic
+ * choice with 64 columns at every shape (wide 3) alone and in the dual launch picked either way. */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
     {1, 0, 0, 0, 0, 0, 1, 1},          {1, 3, 3, 32, 1, 0, 1, 1},         {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
     {1, 0, 3, 32, 0, 0, 1, 1, 1, 5, 1}, {1, 0, 2, 16, 0, 0, 2, 1, 2, 3, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4},
+    {1, 0, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 1, 0, 2, 1, 0, 3, 1},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
+    {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4, 3},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -571,7 +576,7 @@ TEST(cuda_gdn_forward_backward_edges) {
 static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NULL, bool must = true) {
     static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
     GdnProb p = gdn_prob(4000, 2, 4, 128, 128, 30, starts, 7, 1, 0.3, 500);
-    char cn[200], c1[96], c2[96];
+    char cn[280], c1[128], c2[128];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
     else snprintf(cn, sizeof cn, "%s", c1);
@@ -638,6 +643,12 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&du3, &b32);
     gdn_determinism(&du4, &b16);
     gdn_determinism(&du3, &du4, false);
+    /* 64 columns (GDN v4): alone; the automatic configuration with 64 columns picked in the dual launch
+     * gives the bits of 64 columns in one segment; against 32 columns, information only */
+    static const CudaGdnTune b64 = {1, 0, 0, 64, 0, 0, 1, 1, 0, 1, 0}, wd4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3};
+    gdn_determinism(&b64);
+    gdn_determinism(&wd4, &b64);
+    gdn_determinism(&b64, &b32, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -648,6 +659,8 @@ TEST(cuda_gdn_v2_segments) {
         {1, 7, 2, 32, 1, 0, 0, 0}, {1, 13, 3, 16, 2, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 4, 2, 16, 2, 0, 1, 1},
         {1, 0, 0, 0, 0, 0, 1, 1},          {1, 0, 2, 16, 0, 0, 1, 1, 1, 4},   {1, 0, 3, 32, 0, 0, 1, 1, 2, 13},
         {1, 0, 2, 32, 0, 0, 1, 1, 1, 64},   {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
+        {1, 3, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 0, 0, 2, 1, 1, 13},  {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
+        {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -692,7 +705,7 @@ static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
-    char tag[256], cn[96];
+    char tag[256], cn[128];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -749,7 +762,7 @@ static void gdn_transition_cases(void) {
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
 static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
-    char tag[256], cn[96];
+    char tag[256], cn[128];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -871,7 +884,9 @@ TEST(cuda_gdn_long) {
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
                                        {2, 0, 0, 0, 0, 0, 0, 0},
                                        {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
-                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1}};
+                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1},
+                                       {1, 0, 0, 64, 0, 0, 1, 1},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -987,7 +1002,7 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         qsort(tf, n, 4, gdn_bench_cmp);
         qsort(tb, n, 4, gdn_bench_cmp);
         qsort(ts, n, 4, gdn_bench_cmp);
-        char cn[96];
+        char cn[128];
         printf("bench T=%lld H=%d docs=%d%s: fwd %.3f ms, bwd %.3f ms, fwd+bwd %.3f ms (median of %d)\n",
                (long long)T, nh, ndocs, gdn_cfg_name(&cfgs[ci], cn, sizeof cn), tf[n / 2], tb[n / 2], ts[n / 2], n);
         if (ts[n / 2] < best) {
@@ -995,7 +1010,7 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
             bi = ci;
         }
     }
-    char cn[96];
+    char cn[128];
     printf("bench T=%lld H=%d docs=%d: fastest%s %.3f ms\n", (long long)T, nh, ndocs,
            gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
     for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: the first set, the default, the fastest (+ cycles) */
@@ -1026,6 +1041,21 @@ TEST(cuda_gdn_bench) {
         {1, 0, 0, 0, 1, 0, 1, 1},
     };
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
+    if (atoi(getenv("RS_GDN_BENCH")) == 5) {
+        /* GDN v4: the default, 64 columns where they fill the SMs (wide 1: at 64 heads), 64 columns at
+         * every shape, alone with and without the shorter chains, and in 8 document segments */
+        static const CudaGdnTune v4[] = {
+            {0, 0, 0, 0, 0, 0, 0, 0},           {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {1, 0, 0, 64, 0, 0, 1, 1},
+            {1, 0, 0, 64, 0, 0, 2, 1},          {1, 0, 0, 64, 0, 0, 1, 1, 0, 8},
+        };
+        const int n4 = (int)(sizeof v4 / sizeof v4[0]);
+        gdn_bench_shape(32768, 16, 0, v4, n4, 5);
+        gdn_bench_shape(32768, 16, 2048, v4, n4, 5);
+        gdn_bench_shape(32768, 64, 0, v4, n4, 3);
+        gdn_bench_shape(32768, 64, 2048, v4, n4, 3);
+        return;
+    }
     if (atoi(getenv("RS_GDN_BENCH")) == 4) {
         /* GDN v3.1: the default before the dual launch (dual off), the default (dual, the device picks),
          * the pick forced to 32 columns x 8 document segments, and to the automatic configuration */
