@@ -1565,6 +1565,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.dqs = gdn_env_int("RS_GDN_DQS");
         gdn_tune_env.dual = gdn_env_int("RS_GDN_DUAL");
         gdn_tune_env.wide = gdn_env_int("RS_GDN_WIDE");
+        gdn_tune_env.hilo = gdn_env_int("RS_GDN_HILO");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -2051,6 +2052,7 @@ static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, i
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_fwd_v2");
+    sg.hi_only = gdn_tune().hilo == 2;
     gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
     CUDA_LAUNCH_CHECK();
@@ -2062,6 +2064,7 @@ static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg,
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
     const size_t sm = GdnStateBwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_bwd_v2");
+    sg.hi_only = gdn_tune().hilo == 2;
     gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
     CUDA_LAUNCH_CHECK();

@@ -325,9 +325,11 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d]",
-                 c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide);
-    else if (c->dual || c->wide) snprintf(buf, n, " [default dual=%d wide=%d]", c->dual, c->wide);
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d%s]",
+                 c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide,
+                 c->hilo == 2 ? " hi-only" : "");
+    else if (c->dual || c->wide || c->hilo)
+        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d]", c->dual, c->wide, c->hilo);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -886,7 +888,8 @@ TEST(cuda_gdn_long) {
                                        {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
                                        {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1},
                                        {1, 0, 0, 64, 0, 0, 1, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}};
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -1041,6 +1044,20 @@ TEST(cuda_gdn_bench) {
         {1, 0, 0, 0, 1, 0, 1, 1},
     };
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
+    if (atoi(getenv("RS_GDN_BENCH")) == 6) {
+        /* GDN v4: what the state operand's lo term costs (hilo 2: hi only, FLA's precision), at the
+         * automatic configuration, at 32 and at 64 columns */
+        static const CudaGdnTune v4h[] = {
+            {0, 0, 0, 0, 0, 0, 0, 0},                {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
+            {1, 0, 0, 32, 0, 0, 1, 1, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 64, 0, 0, 1, 1, 0, 0, 0, 0, 0, 2},
+        };
+        const int n4 = (int)(sizeof v4h / sizeof v4h[0]);
+        gdn_bench_shape(32768, 16, 0, v4h, n4, 5);
+        gdn_bench_shape(32768, 16, 2048, v4h, n4, 5);
+        gdn_bench_shape(32768, 64, 0, v4h, n4, 3);
+        gdn_bench_shape(32768, 64, 2048, v4h, n4, 3);
+        return;
+    }
     if (atoi(getenv("RS_GDN_BENCH")) == 5) {
         /* GDN v4: the default, 64 columns where they fill the SMs (wide 1: at 64 heads), 64 columns at
          * every shape, alone with and without the shorter chains, and in 8 document segments */
