@@ -75,6 +75,10 @@
  * when its non-empty segments give 2 blocks per SM (many documents) and the other launch's blocks exit
  * at once. Same bits either way. Measured (H100, fwd+bwd): 32k / 16 heads / 16 documents 6.50 -> 6.00 ms,
  * 128k / 16 / 67 documents 25.5 -> 22.5; one document and 64 heads within +-1% (docs/benchmarks.md).
+ * GDN v4 (docs/benchmarks.md "GDN v4", FLA per kernel beside ours): 64 state columns per block (bv 64,
+ * two stages; switch wide, default off) measured slower (state_fwd 2.39 -> 3.01 ms at 32k / 64 heads:
+ * one block of four warps per SM cannot hide its MMA chains); switch hilo = 2 runs the state passes with
+ * the carried state's operand in one bf16 term as FLA does (measurement only; default hi + lo).
  *
  * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
  * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +

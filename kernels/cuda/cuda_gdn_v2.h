@@ -40,6 +40,10 @@
  *
  * dqkwg v2 (GDN v3): the dq / dk / dw kernel split over the two halves of dk (two blocks per SM).
  *
+ * GDN v4: the state passes also in 64-column blocks (BV = 64, two stages: 135 KB forward, 197 KB
+ * reverse, one block per SM; measured slower than 32 columns, off by default), and with sg.hi_only the
+ * carried state's MMA operand in one bf16 term (no lo split; tune.hilo == 2, measurement only).
+ *
  * wy_bwd: dk's two WY terms (beta gam Tinv^T dW and C K + C^T K) stay in registers; the fp32 dk of
  * dqkwg is read once, all loads of a 64-column half issued before its use (v1 did a read-modify-write
  * of global memory per fragment, each load behind the previous store), and the reverse cumsum of dg
