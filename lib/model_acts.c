@@ -11,7 +11,10 @@
  *   GDN mixer     proj [q|k|v|z|b|a] before the conv, conv (after conv+SiLU),
  *                 qk_norm + its rstd (L2-normalised q, k), beta, g (fp32),
  *                 core (delta-rule output), normed (gated RMSNorm output) +
- *                 its rstd; with cp > 1, per zigzag fragment (2 per sample),
+ *                 its rstd, Tinv = (I + A)^-1 of every chunk and value
+ *                 head (the WY solve, fp32 T x nv x 64: both backends'
+ *                 gdn_tinv_bytes; model.c checks), so the backward does
+ *                 not solve again; with cp > 1, per zigzag fragment (2 per sample),
  *                 the entry state [nv, dk, dv] fp32, the transition M
  *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
  *                 conv halo [Kc-1, Cc]
@@ -31,8 +34,8 @@
  *     buffers listed in model_acts_build; phases share one arena;
  *   - the GDN backward recomputes the per-chunk states and holds them and
  *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type;
- *   - the delta-rule backward recomputes its WY factors (T_inv, W, U), so
- *     they are not kept;
+ *   - the delta-rule backward recomputes its WY factors W, U from the kept
+ *     Tinv (under remat / full the recompute writes Tinv into the scratch);
  *   - attention keeps no T x T matrix (flash-style blocks);
  *   - the loss works on row chunks of about 256 MiB of fp32 logits.
  *
@@ -132,6 +135,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_tinv", T, nv * GDN_CHUNK, f, ACT_KEEP_NONE); /* backend.h gdn_tinv_bytes */
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
                 acts_add(&ab, l, "gdn_cp_M", frags, nv * dk * dk, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);

@@ -268,13 +268,13 @@ static void *gdn_cpu_head(void *arg) {
     const float *S0 = p->S0 ? p->S0 + h * ns : NULL;
     if (!j->backward) {
         cpu_gdn_chunk_forward(j->o + (int64_t)h * dv, j->Sf ? j->Sf + h * ns : NULL, q, k, p->v + (int64_t)h * dv, g,
-                              b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo);
+                              b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
     } else {
         float *dg = (float *)malloc((size_t)T * 4), *db = (float *)malloc((size_t)T * 4);
         cpu_gdn_chunk_backward(j->dqk + (int64_t)h * dk, j->dqk + (int64_t)p->nk * dk + (int64_t)h * dk,
                                j->dv + (int64_t)h * dv, dg, db, j->dS0 ? j->dS0 + h * ns : NULL,
                                j->dout + (int64_t)h * dv, j->dSf ? j->dSf + h * ns : NULL, q, k,
-                               p->v + (int64_t)h * dv, g, b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo);
+                               p->v + (int64_t)h * dv, g, b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
         for (int64_t t = 0; t < T; t++) {
             j->dg[t * nv + h] = dg[t];
             j->dbeta[t * nv + h] = db[t];
@@ -293,11 +293,11 @@ static void gdn_cpu_run(const GdnProb *p, int backward, int parallel, float *o, 
     if (!parallel) {
         if (!backward)
             cpu_gdn_chunk_forward(o, Sf, p->qk, p->qk + (int64_t)p->nk * p->dk, p->v, p->g, p->beta, p->S0,
-                                  p->doc_pos, p->T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                  p->doc_pos, p->T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         else
             cpu_gdn_chunk_backward(dqk, dqk + (int64_t)p->nk * p->dk, dv, dg, dbeta, dS0, dout, dSf, p->qk,
                                    p->qk + (int64_t)p->nk * p->dk, p->v, p->g, p->beta, p->S0, p->doc_pos, p->T, p->nk,
-                                   p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                   p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         return;
     }
     RS_CHECK(p->nk == p->nv, "parallel oracle: nk == nv only");
@@ -391,10 +391,10 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         /* forward */
         if (flags & GDN_TIME) /* warm-up (workspace growth, module load) */
             cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                                   p->dv, p->ldq, p->ldv, p->ldo);
+                                   p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[0], st));
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo);
+                               p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
@@ -409,10 +409,10 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         /* backward */
         if (flags & GDN_TIME)
             cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g,
-                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[2], st));
         cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta,
-                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[3], st));
         uint16_t *qkbits, *dvbits;
         float *dqk_got = gdn_down_bf16(dqk, T * p->ldq, &qkbits), *dv_got = gdn_down_bf16(ddv, T * p->ldv, &dvbits);
@@ -598,11 +598,11 @@ static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NU
         if (run == 1 && cfg2) cuda_gdn_tune_set(cfg2);
         for (int i = 0; i < 7; i++) out[run][i] = gdn_dev_alloc(sz[i]);
         cuda_gdn_chunk_forward(out[run][0], (float *)out[run][1], d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
-                               T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo);
+                               T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL);
         bf16 *dqk = (bf16 *)out[run][2];
         cuda_gdn_chunk_backward(dqk, dqk + wq, out[run][3], (float *)out[run][4], (float *)out[run][5],
                                 (float *)out[run][6], ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
-                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo);
+                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL);
     }
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
     static const char *names[7] = {"o", "S_final", "dq|dk", "dv", "dg", "dbeta", "dS0"};
@@ -687,7 +687,7 @@ TEST(cuda_gdn_check_can_fail) {
     const int wv = p.nv * p.dv, wq = p.nk * p.dk;
     bf16 *o = (bf16 *)gdn_dev_alloc((size_t)p.T * p.ldo * 2);
     cuda_gdn_chunk_forward(o, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv,
-                           p.ldq, p.ldv, p.ldo);
+                           p.ldq, p.ldv, p.ldo, NULL);
     float *got = gdn_down_bf16(o, p.T * p.ldo, NULL);
     float *ref = (float *)test_alloc(p.T * p.ldo * 4);
     gdn_cpu_run(&p, 0, 0, ref, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
@@ -788,13 +788,13 @@ static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
     float *ddg = (float *)gdn_dev_alloc((size_t)T * nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * nv * 4);
     float *dS0a = (float *)gdn_dev_alloc((size_t)nh * 4), *dS0b = (float *)gdn_dev_alloc((size_t)nh * 4);
     cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, dS0a, ddout, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, NULL,
-                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo);
+                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
     float *bw = gdn_down_f32(dS0a, nh);
     const int bitwise = memcmp(bw, dS_got, (size_t)nh * 4) == 0;
     gdn_check(tag, "dstate vs cuda backward dS0 (dS_final = 0)", dS_got, bw, nh, dv, 1e-6);
     printf("%s: dstate bitwise equal to the backward's dS0: %s\n", tag, bitwise ? "yes" : "no");
     cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, dS0b, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, NULL,
-                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo);
+                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
     float *M = (float *)gdn_dev_alloc((size_t)nm * 4), *H = (float *)gdn_dev_alloc((size_t)nh * 4);
     float *split = (float *)gdn_dev_alloc((size_t)nh * 4);
     cuda_gdn_chunk_transition(M, H, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv);
@@ -990,10 +990,10 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         float tf[16], tb[16], ts[16];
         for (int r = -1; r < reps && r < 16; r++) {
             CUDA_CHECK(cudaEventRecord(ev[0], st));
-            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
             CUDA_CHECK(cudaEventRecord(ev[1], st));
             cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta,
-                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
             CUDA_CHECK(cudaEventRecord(ev[2], st));
             CUDA_CHECK(cudaEventSynchronize(ev[2]));
             if (r < 0) continue; /* warm-up */
@@ -1021,9 +1021,9 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         c.prof = pass == 2 ? 2 : 1;
         cuda_gdn_tune_set(&c);
         printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
-        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
         cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta, NULL,
-                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
     }
     cuda_gdn_tune_set(NULL);
     for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));

@@ -103,7 +103,7 @@ static GdnProb gdn_prob_rows(const GdnProb *p, int64_t t0, int64_t T, float *S0)
 
 static void gdn_run_forward(float *o /* (T, ldo) */, float *S_final, const GdnProb *p) {
     cpu_gdn_chunk_forward(o, S_final, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, p->T, p->nk, p->nv,
-                          p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                          p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
 }
 
 /* Gradients in the kernel's layout: dqk like qk, dv like v. */
@@ -131,7 +131,7 @@ static GdnGrads gdn_run_backward(const GdnProb *p, const float *dout /* (T, ldo)
     for (int64_t i = 0; i < ns; i++) d.dS0[i] = 1e3f;
     cpu_gdn_chunk_backward(d.dqk, d.dqk + (int64_t)p->nk * p->dk, d.dv, d.dg, d.dbeta, d.dS0, dout, dS_final, gdn_q(p),
                            gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
-                           p->ldv, p->ldo);
+                           p->ldv, p->ldo, NULL);
     return d;
 }
 
