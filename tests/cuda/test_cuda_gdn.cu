@@ -35,6 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <vector>
+
 #include "cpu_kernels.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
@@ -334,6 +336,53 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     return buf;
 }
 
+/* The backward again with the forward's kept Tinv (tinv): every output must be bitwise the one of the
+ * backward that solved again (dqk, ddv, ddg, ddb, ddS0 hold it). With sabotage, the check is shown to
+ * catch a Tinv that is read: one chunk row of tinv zeroed must change the gradients. */
+static void gdn_check_tinv_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *tinv, const bf16 *dqk,
+                                const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
+                                const bf16 *ddout, const float *ddSf, int sabotage) {
+    const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
+    const int wq = p->nk * p->dk;
+    const size_t nq = (size_t)T * p->ldq * 2, nv_ = (size_t)T * p->ldv * 2, ng = (size_t)T * p->nv * 4;
+    cudaStream_t st = cuda_stream();
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    bf16 *dqk2, *ddv2;
+    float *ddg2, *ddb2, *ddS02 = NULL; /* freed here: the callers run this once per switch set */
+    CUDA_CHECK(cudaMalloc(&dqk2, nq));
+    CUDA_CHECK(cudaMalloc(&ddv2, nv_));
+    CUDA_CHECK(cudaMalloc(&ddg2, ng));
+    CUDA_CHECK(cudaMalloc(&ddb2, ng));
+    if (ddS0) CUDA_CHECK(cudaMalloc(&ddS02, (size_t)ns * 4));
+    CUDA_CHECK(cudaMemcpyAsync(dqk2, dqk, nq, cudaMemcpyDeviceToDevice, st)); /* the same pads */
+    CUDA_CHECK(cudaMemcpyAsync(ddv2, ddv, nv_, cudaMemcpyDeviceToDevice, st));
+    for (int run = 0; run < (sabotage ? 2 : 1); run++) {
+        if (run == 1) /* the row of token T/2 (every head): a chunk whose Tinv is read */
+            CUDA_CHECK(cudaMemsetAsync((char *)tinv + (size_t)(T / 2) * p->nv * 64 * 4, 0, (size_t)p->nv * 64 * 4, st));
+        cuda_gdn_chunk_backward(dqk2, dqk2 + wq, ddv2, ddg2, ddb2, ddS02, ddout, ddSf, d->qk, d->qk + wq, d->v, d->g,
+                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, tinv);
+        std::vector<unsigned char> a(nq + nv_ + 2 * ng + (ddS0 ? ns * 4 : 0)), b(a.size());
+        size_t o = 0;
+        const struct { const void *x, *y; size_t n; } c[] = {
+            {dqk, dqk2, nq}, {ddv, ddv2, nv_}, {ddg, ddg2, ng}, {ddb, ddb2, ng}, {ddS0, ddS02, ddS0 ? (size_t)ns * 4 : 0}};
+        for (const auto &e : c) {
+            if (!e.n) continue;
+            CUDA_CHECK(cudaMemcpyAsync(a.data() + o, e.x, e.n, cudaMemcpyDeviceToHost, st));
+            CUDA_CHECK(cudaMemcpyAsync(b.data() + o, e.y, e.n, cudaMemcpyDeviceToHost, st));
+            o += e.n;
+        }
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        const int same = !memcmp(a.data(), b.data(), o);
+        char name[400];
+        snprintf(name, sizeof name, "%s kept Tinv %s", tag, run ? "sabotaged (one row zeroed): differs" : "bitwise = recomputed");
+        EXPECT(run ? !same : same, "%s: failed", name);
+        printf("%s: %s\n", name, (run ? !same : same) ? "ok" : "FAILED");
+    }
+    void *bufs[] = {dqk2, ddv2, ddg2, ddb2, ddS02};
+    for (void *b : bufs)
+        if (b) CUDA_CHECK(cudaFree(b));
+}
+
 /* The oracle once; the cuda side once per switch set of cfgs (NULL: once, with the switches as they
  * are), every output poisoned again before each run. Returns the largest errors over the runs. */
 static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int flags, double bound,
@@ -374,6 +423,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
     float *ddg = (float *)gdn_dev_alloc((size_t)T * p->nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * p->nv * 4);
     float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
+    void *tinv = gdn_dev_alloc(cuda_gdn_tinv_bytes(T, p->nv)); /* the forward's kept Tinv */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
         char tag[320], cn[128];
@@ -393,8 +443,11 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
             cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
                                    p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[0], st));
+        CudaGdnTune tn;
+        cuda_gdn_tune_get(&tn);
+        const int keep = tn.v2 != 2 && tn.tinv != 2; /* the v1 kernels keep no Tinv */
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo, NULL);
+                               p->dv, p->ldq, p->ldv, p->ldo, keep ? tinv : NULL);
         CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
@@ -430,6 +483,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
 #undef GDN_MAXE
         gdn_check_pad(tag, "dq|dk", qkbits, T, 2 * wq, p->ldq);
         gdn_check_pad(tag, "dv", dvbits, T, wv, p->ldv);
+        if (keep && T > 0) gdn_check_tinv_kept(tag, p, &d, tinv, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0);
         if (flags & GDN_TIME) {
             float ms_f, ms_b;
             CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));
