@@ -144,21 +144,21 @@ typedef struct {
     void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     float *g, *beta, *dg, *dbeta;
     int32_t *doc_pos;
-    void *tinv; /* gdn_tinv_bytes(T, H): the forward keeps Tinv for the backward, as FLA keeps A (the
-                 * kernels' measurement switch RS_GDN_TINV=2 ignores it) */
+    void *kept; /* gdn_kept_bytes: what the forward keeps for the backward, as FLA keeps A (the kernels'
+                 * measurement switch RS_GDN_KEEP=2 ignores it) */
 } GdnCase;
 
 static void bench_gdn_fwd(void *p) {
     GdnCase *a = p;
     a->be->gdn_chunk_forward(a->o, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K,
-                             a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->tinv);
+                             a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept);
 }
 
 static void bench_gdn_bwd(void *p) {
     GdnCase *a = p;
     a->be->gdn_chunk_backward(a->dq, a->dk, a->dv, a->dg, a->dbeta, NULL, a->dout, NULL, a->q, a->k, a->v, a->g,
                               a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V,
-                              a->H * a->V, a->tinv);
+                              a->H * a->V, a->kept);
 }
 
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
@@ -185,7 +185,7 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     }
     a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
     free(doc_pos);
-    a.tinv = be->alloc(be->gdn_tinv_bytes(a.T, a.H));
+    a.kept = be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V));
 
     uint64_t s = o->seed * 1000003u + 77;
     void *raw = be->alloc((size_t)qn * 2);
@@ -202,7 +202,7 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     cuda_bench_fill_f32(a.beta, gn, s + 6, 0.05f, 0.95f);
 
     json_t *r = bench_time(json_string_value(json_object_get(c, "name")), bench_gdn_fwd, bench_gdn_bwd, &a, o);
-    be->free(a.tinv);
+    be->free(a.kept);
     void *bufs[] = {a.q, a.k, a.dq, a.dk, a.v, a.o, a.dout, a.dv, a.g, a.beta, a.dg, a.dbeta, a.doc_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     return r;

@@ -182,7 +182,7 @@ static int gdn_chunk_len(const int32_t *doc_pos, int64_t t0, int64_t T) {
 
 /* Gathers the L rows of the chunk starting at t0 for value head h / key head kh and builds its
  * factors: G, gam, dec, Gam, KK, QK, A, Tinv, W, U. q NULL: no QK; v NULL: no U (left zero).
- * The kept Tinv (cpu_gdn_tinv_bytes): fp32 (T, nv, 64), row i of the chunk at ((t0 + i) nv + h) 64,
+ * The kept Tinv (cpu_gdn_kept_bytes): fp32 (T, nv, 64), row i of the chunk at ((t0 + i) nv + h) 64,
  * its columns c <= i as the substitution gives them, 0 above. tinv_out gets it; tinv_in (when not
  * NULL) replaces the substitution by the copy: the same floats. */
 static void gdn_chunk_load(GdnWork *w, const float *q /* (T,ldq) or NULL */, const float *k /* (T,ldq) */,
@@ -282,7 +282,7 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
                            const void *v_ /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                            const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                            const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                           int ldv, int ldo, void *tinv /* cpu_gdn_tinv_bytes(T, nv) written, or NULL */) {
+                           int ldv, int ldo, void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v) written, or NULL */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     float *o = o_;
@@ -519,7 +519,8 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
     gdn_work_free(&w);
 }
 
-size_t cpu_gdn_tinv_bytes(int64_t T, int nv) { return (size_t)T * nv * GDN_C * sizeof(float); }
+/* the kept buffer of the cpu entries: Tinv, fp32 (T, nv, 64) (gdn_chunk_load's layout); dim_k, dim_v unused */
+size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v) { return (size_t)T * nv * GDN_C * sizeof(float); }
 
 void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
                               const void *k_ /* (T,ldq) nk heads of dim_k */, const void *v_ /* (T,ldv) */,

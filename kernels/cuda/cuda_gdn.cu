@@ -267,30 +267,6 @@ GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
     }
 }
 
-/* The kept Tinv (gdn_tinv_bytes; the forward writes it, the backward reads it instead of solving):
- * fp32, token-major (T, nv, 64): row r of the chunk at t0, value head h, at ((t0 + r) nv + h) 64, the
- * rows r < L as gdn_solve leaves them. Rows >= L are not kept: they are what gdn_solve gives for A's
- * zero rows (1 on the diagonal, -0 left of the diagonal 16-block, +0 elsewhere), rebuilt on the load,
- * so the kept path gives the recomputed path's bits. All threads; the caller synchronises. */
-GDN_DEV void gdn_tinv_store(float *tinv /* (T,nv,64) */, const float *sT, int64_t t0, int L, int h, int nv) {
-    for (int i = threadIdx.x; i < L * GDN_C; i += GDN_THREADS) {
-        const int r = i / GDN_C, j = i % GDN_C;
-        tinv[((t0 + r) * nv + h) * GDN_C + j] = sT[r * GDN_LDF + j];
-    }
-}
-
-GDN_DEV float gdn_tinv_entry(const float *tinv /* (T,nv,64) */, int64_t t0, int r, int j, int L, int h, int nv) {
-    if (r < L) return tinv[((t0 + r) * nv + h) * GDN_C + j];
-    return j == r ? 1.0f : ((j >> 4) < (r >> 4) ? -0.0f : 0.0f);
-}
-
-GDN_DEV void gdn_tinv_load(float *sT, const float *tinv /* (T,nv,64) */, int64_t t0, int L, int h, int nv) {
-    for (int i = threadIdx.x; i < GDN_C * GDN_C; i += GDN_THREADS) {
-        const int r = i / GDN_C, j = i % GDN_C;
-        sT[r * GDN_LDF + j] = gdn_tinv_entry(tinv, t0, r, j, L, h, nv);
-    }
-}
-
 /* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */
 template <class X> GDN_DEV X *gdn_pick(X *const (&a)[2], int b) { return b ? a[1] : a[0]; }
 
@@ -1594,7 +1570,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.dual = gdn_env_int("RS_GDN_DUAL");
         gdn_tune_env.wide = gdn_env_int("RS_GDN_WIDE");
         gdn_tune_env.hilo = gdn_env_int("RS_GDN_HILO");
-        gdn_tune_env.tinv = gdn_env_int("RS_GDN_TINV");
+        gdn_tune_env.keep = gdn_env_int("RS_GDN_KEEP");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1684,6 +1660,13 @@ typedef struct GdnBufs {
     float *segE2, *segH2, *segM2; /* the same for the backward's reverse pass (it may overlap the forward's) */
 } GdnBufs;
 
+/* What the forward keeps for the backward (gdn_chunk_forward's kept buffer, cuda_gdn_kept_bytes): the
+ * prep's outputs W (T,nv,dk) bf16, U (T,nv,dv) bf16 and G2 (T,nv) fp32, each on a 256-byte boundary (as
+ * the workspace's). With it the backward skips its prep (K K^T, the solve, the W and U products): the
+ * same kernel on the same inputs wrote these, so the results are the recompute's bits. b NULL: the size
+ * only. Returns the bytes, a multiple of 256 (fragments of one buffer stay aligned). */
+static size_t gdn_kept_carve(struct GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv);
+
 /* nseg: slots of the segmented state passes (0: none); a backward gets two sets */
 static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, int nv, int dk, int dv,
                         int nseg = 0) {
@@ -1723,6 +1706,19 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
         }
     }
     return c.off;
+}
+
+static size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv) {
+    const size_t tv = (size_t)T * nv;
+    GdnCarve c(kept, 256);
+    bf16 *W = c.take<bf16>(tv * dk), *U = c.take<bf16>(tv * dv);
+    float *G2 = c.take<float>(tv);
+    if (b) {
+        b->W = W;
+        b->U = U;
+        b->G2 = G2;
+    }
+    return (c.off + 255) / 256 * 256;
 }
 
 static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg = 0) {
@@ -1796,13 +1792,11 @@ static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const 
 
 template <int DK, int DV>
 static void gdn_launch_prep_v2(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
-                               const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv,
-                               float *tinv_out = NULL, const float *tinv_in = NULL) {
+                               const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
     const size_t sm = GdnPrepSmemV2<DK, DV>(NULL).bytes;
     gdn_smem_attr(gdn_prep_v2_kernel<DK, DV>, sm, "prep_v2");
     gdn_prep_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
-        b->W, with_U ? b->U : NULL, b->G2, tinv_out, tinv_in, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq,
-        ldv);
+        b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -2230,14 +2224,15 @@ static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
 template <int DK, int DV>
 static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                           int nk, int nv, int ldq, int ldv, int ldo, float *tinv) {
+                           int nk, int nv, int ldq, int ldv, int ldo, void *kept) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f);
+    if (kept) gdn_kept_carve(&b, kept, T, nv, DK, DV); /* prep writes W, U, G2 where the backward finds them */
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
-    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv, tinv, NULL);
+    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
     gdn_prof_mark("state_fwd");
@@ -2258,17 +2253,19 @@ template <int DK, int DV>
 static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0,
                             const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                            int nk, int nv, int ldq, int ldv, int ldo, const float *tinv) {
+                            int nk, int nv, int ldq, int ldv, int ldo, const void *kept) {
     static_assert(DV <= 2 * DK, "gdn: dv_loc (bf16, dv) lives in dqv (fp32, dk)");
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     const int nseg = pl.nseg_f > pl.nseg_b ? pl.nseg_f : pl.nseg_b;
     GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg);
     bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv */
+    bf16 *dw = b.W;            /* the workspace's W: dw once the state passes are done with W */
+    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV); /* the forward's W, U, G2: read only */
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
-    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv, NULL, tinv);
+    if (!kept) gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     if (pl.overlap) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
         cudaEvent_t fork, join;
@@ -2298,14 +2295,14 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         CUDA_CHECK(cudaFuncSetAttribute(gdn_dqkwg_v2_kernel<DK, DV>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         100));
         gdn_dqkwg_v2_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
+            b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
             b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
     } else {
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
         gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
+            b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
             doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
     }
@@ -2314,15 +2311,15 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         const size_t sm = GdnWySmemV3<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v3_kernel<DK, DV>, sm, "wy_bwd_v3");
         gdn_wy_bwd_v3_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
-            b.meta, tinv, nk, nv, ldq, ldv);
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
+            b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     } else {
         const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v2_kernel<DK, DV>, sm, "wy_bwd_v2");
         gdn_wy_bwd_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
-            b.meta, tinv, nk, nv, ldq, ldv);
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
+            b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     }
     gdn_prof_mark("wy_bwd");
@@ -2368,11 +2365,11 @@ static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const
 template <int DK, int DV>
 static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int ldq, int ldv, int ldo, float *tinv) {
+                             int ldq, int ldv, int ldo, void *kept) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
-    if (gdn_tune().tinv == 2) tinv = NULL; /* measurement switch: the forward before v4.1 */
-    RS_CHECK(pl.v2 || !tinv, "cuda_gdn_chunk_forward: a kept Tinv needs the v2 kernels (RS_GDN_V2=2 has none)");
-    if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, tinv);
+    if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the forward before v4.1 */
+    RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
+    if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
     else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
 }
 
@@ -2380,13 +2377,13 @@ template <int DK, int DV>
 static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
                               const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                               const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                              int ldq, int ldv, int ldo, const float *tinv) {
+                              int ldq, int ldv, int ldo, const void *kept) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
-    if (gdn_tune().tinv == 2) tinv = NULL; /* measurement switch: the backward solves again */
-    RS_CHECK(pl.v2 || !tinv, "cuda_gdn_chunk_backward: a kept Tinv needs the v2 kernels (RS_GDN_V2=2 has none)");
+    if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the backward runs its own prep */
+    RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
-                                nv, ldq, ldv, ldo, tinv);
+                                nv, ldq, ldv, ldo, kept);
     else
         gdn_backward_v1<DK, DV>(dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
                                 ldq, ldv, ldo);
@@ -2448,7 +2445,7 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                                        const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                                        const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
                                        int dim_v, int ldq, int ldv, int ldo,
-                                       void *tinv /* cuda_gdn_tinv_bytes(T, nv), written; or NULL */) {
+                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v), written; or NULL */) {
     gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
@@ -2457,7 +2454,7 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
         return;
     }
     GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
-                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, (float *)tinv);
+                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
 }
 
 extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
@@ -2467,7 +2464,7 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
                                         const void *k, const void *v, const float *g, const float *beta,
                                         const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
                                         int dim_v, int ldq, int ldv, int ldo,
-                                        const void *tinv /* the forward's, same inputs; or NULL */) {
+                                        const void *kept /* the forward's, same inputs; or NULL */) {
     gdn_check_args("cuda_gdn_chunk_backward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(dq) && gdn_aligned(dk) && gdn_aligned(dv) && gdn_aligned(dout) && gdn_aligned(q) &&
                  gdn_aligned(k) && gdn_aligned(v),
@@ -2478,11 +2475,12 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
     }
     GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dS0,
                  (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0, doc_pos,
-                 T, nk, nv, ldq, ldv, ldo, (const float *)tinv);
+                 T, nk, nv, ldq, ldv, ldo, kept);
 }
 
-/* bytes of the kept Tinv of a call of T tokens and nv value heads: fp32 (T, nv, 64), gdn_tinv_load's layout */
-extern "C" size_t cuda_gdn_tinv_bytes(int64_t T, int nv) { return (size_t)T * nv * GDN_C * sizeof(float); }
+extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
+    return gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v);
+}
 
 /* M = I, H = 0: the transition of an empty call */
 __global__ void gdn_identity_kernel(float *M /* (nv,dk,dk) */, int64_t n, int dk) {

@@ -3,7 +3,7 @@
  * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
- * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_TINV); a call of
+ * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -40,9 +40,9 @@ typedef struct CudaGdnTune {
     int hilo;    /* v2 state passes: the carried state's MMA operand as two bf16 terms, hi + lo (1 = on, the
                     built-in choice), or hi only (2: FLA's precision, half the state-operand MMAs; measurement
                     only, the error is larger) */
-    int tinv;    /* the kept Tinv of gdn_chunk_forward / _backward: 1 = used where the caller gives one (the
-                    built-in choice), 2 = ignored (the forward writes none, the backward solves again, as
-                    before GDN v4.1; measurement only: the same bits) */
+    int keep;    /* the kept buffer of gdn_chunk_forward / _backward (W, U, G2): 1 = used where the caller gives
+                    one (the built-in choice), 2 = ignored (the forward keeps nothing, the backward runs its
+                    own prep, as before GDN v4.1; measurement only: the same bits) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

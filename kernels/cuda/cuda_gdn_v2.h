@@ -702,31 +702,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
             }
 }
 
-/* gdn_solve_scaled's forward declaration: gdn_wy_tinv_bf16 below serves wy_bwd v2 and v3 */
-GDN_DEV void gdn_solve_scaled(float *sT, float *sX, const float *sK, const float *sB);
-
-/* wy_bwd's bf16 Tinv tile tb (stride GDN_LDP): from the kept fp32 Tinv (tinv, gdn_tinv_load's layout),
- * or solved here, from A (v2) or from kkg and beta (v3) into the fp32 tile sT; the same fp32 values
- * either way, one rounding. sT and sX are dead after this when tinv is given. Ends synchronised. */
-GDN_DEV void gdn_wy_tinv_bf16(bf16 *tb, float *sT, float *sX, const float *sA, const float *sKKG, const float *sB,
-                              const float *tinv, int64_t t0, int L, int h, int nv) {
-    if (tinv) {
-        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
-            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
-            gdn_store2(tb + r * GDN_LDP + j, gdn_tinv_entry(tinv, t0, r, j, L, h, nv),
-                       gdn_tinv_entry(tinv, t0, r, j + 1, L, h, nv));
-        }
-    } else {
-        if (sA) gdn_solve(sT, sX, sA);
-        else gdn_solve_scaled(sT, sX, sKKG, sB);
-        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
-            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
-            gdn_store2(tb + r * GDN_LDP + j, sT[r * GDN_LDF + j], sT[r * GDN_LDF + j + 1]);
-        }
-    }
-    __syncthreads();
-}
-
 /* ------------------------------------------------------------------------------------------------ */
 /* wy_bwd v2: the v1 algebra (gdn_wy_bwd_kernel's comment), dk kept in registers                       */
 
@@ -737,8 +712,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                          const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
                          const float *dgp /* (T,nv) */, const float *dgp2 /* (T,nv) second partial, or NULL */,
                          const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
-                         const float *G2, const float *beta, const int32_t *starts, const int32_t *meta,
-                         const float *tinv /* (T,nv,64) kept by the forward, or NULL: solved here */, int nk,
+                         const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk,
                          int nv, int ldq, int ldv) {
     constexpr int LDK = DK + 8, LDV = DV + 8, NB = DK / 64;
     extern __shared__ __align__(16) unsigned char gdn_smem[];
@@ -768,7 +742,12 @@ __global__ void __launch_bounds__(GDN_THREADS)
         __syncthreads();
         gdn_build_A<DK>(s.A, s.kkg, s.k, s.G, s.beta, L);
         __syncthreads();
-        gdn_wy_tinv_bf16(s.tb, s.T, s.tmp, s.A, NULL, NULL, tinv, t0, L, h, nv);
+        gdn_solve(s.T, s.tmp, s.A);
+        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
+            gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
+        }
+        __syncthreads();
         const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
         float dkr[NB][1][8][4];              /* dk of this warp's rows, both WY terms */
         /* dXw = Tinv^T dW: dk = beta gam dXw (rows < L) */
@@ -1061,8 +1040,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                          const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
                          const float *dgp /* (T,nv) */, const float *dgp2 /* (T,nv) second partial, or NULL */,
                          const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
-                         const float *G2, const float *beta, const int32_t *starts, const int32_t *meta,
-                         const float *tinv /* (T,nv,64) kept by the forward, or NULL: solved here */, int nk,
+                         const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk,
                          int nv, int ldq, int ldv) {
     constexpr int LDK = DK + 8, LDV = DV + 8, NB = DK / 64;
     extern __shared__ __align__(16) unsigned char gdn_smem[];
@@ -1092,7 +1070,12 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         __syncthreads();
         gdn_build_kkg<DK>(s.kkg, s.k, s.G, L);
         __syncthreads();
-        gdn_wy_tinv_bf16(s.tb, s.T, s.tmp, NULL, s.kkg, s.beta, tinv, t0, L, h, nv);
+        gdn_solve_scaled(s.T, s.tmp, s.kkg, s.beta);
+        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
+            gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
+        }
+        __syncthreads();
         const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
         float dkr[NB][1][8][4];              /* dk of this warp's rows, both WY terms */
         /* dXw = Tinv^T dW: dk = beta gam dXw (rows < L) */
@@ -1310,8 +1293,6 @@ static_assert(GDN_C * GDN_LDF * 4 <= 2 * GDN_C * GDN_LDP * 2, "prep v2: A must f
 template <int DK, int DV>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_prep_v2_kernel(bf16 *W /* (T,nv,DK) */, bf16 *U /* (T,nv,DV) or NULL */, float *G2 /* (T,nv) */,
-                       float *tinv_out /* (T,nv,64) written, or NULL */,
-                       const float *tinv_in /* (T,nv,64) kept: read instead of A and the solve, or NULL */,
                        const bf16 *k /* (T,ldq) nk heads */, const bf16 *v /* (T,ldv) nv heads, or NULL */,
                        const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *starts,
                        const int32_t *meta, int mode, int nk, int nv, int ldq, int ldv) {
@@ -1330,15 +1311,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
         gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
         gdn_cp_async_wait<0>();
         __syncthreads();
-        if (tinv_in) {
-            gdn_tinv_load(s.T, tinv_in, t0, L, h, nv);
-            __syncthreads();
-        } else {
-            gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
-            __syncthreads();
-            gdn_solve(s.T, s.tmp, s.A); /* ends synchronised: A is dead */
-            if (tinv_out) gdn_tinv_store(tinv_out, s.T, t0, L, h, nv); /* read only: no barrier needed */
-        }
+        gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
+        __syncthreads();
+        gdn_solve(s.T, s.tmp, s.A); /* ends synchronised: A is dead */
         /* W = (Tinv diag(beta gam)) K, then U = (Tinv diag(beta)) V, the factor split hi + lo bf16 */
 #pragma unroll 1
         for (int pass = 0; pass < (U ? 2 : 1); pass++) {

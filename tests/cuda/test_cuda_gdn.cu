@@ -336,10 +336,10 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     return buf;
 }
 
-/* The backward again with the forward's kept Tinv (tinv): every output must be bitwise the one of the
- * backward that solved again (dqk, ddv, ddg, ddb, ddS0 hold it). With sabotage, the check is shown to
- * catch a Tinv that is read: one chunk row of tinv zeroed must change the gradients. */
-static void gdn_check_tinv_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *tinv, const bf16 *dqk,
+/* The backward again with what the forward kept (kept: W, U, G2): every output must be bitwise the one of
+ * the backward that ran its own prep (dqk, ddv, ddg, ddb, ddS0 hold it). With sabotage, the check is shown
+ * to catch a kept buffer that is read: W's row of token T/2 (every head) zeroed must change the gradients. */
+static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *kept, const bf16 *dqk,
                                 const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
                                 const bf16 *ddout, const float *ddSf, int sabotage) {
     const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
@@ -358,9 +358,9 @@ static void gdn_check_tinv_kept(const char *tag, const GdnProb *p, const GdnDev 
     CUDA_CHECK(cudaMemcpyAsync(ddv2, ddv, nv_, cudaMemcpyDeviceToDevice, st));
     for (int run = 0; run < (sabotage ? 2 : 1); run++) {
         if (run == 1) /* the row of token T/2 (every head): a chunk whose Tinv is read */
-            CUDA_CHECK(cudaMemsetAsync((char *)tinv + (size_t)(T / 2) * p->nv * 64 * 4, 0, (size_t)p->nv * 64 * 4, st));
+            CUDA_CHECK(cudaMemsetAsync((char *)kept + (size_t)(T / 2) * p->nv * p->dk * 2, 0, (size_t)p->nv * p->dk * 2, st));
         cuda_gdn_chunk_backward(dqk2, dqk2 + wq, ddv2, ddg2, ddb2, ddS02, ddout, ddSf, d->qk, d->qk + wq, d->v, d->g,
-                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, tinv);
+                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, kept);
         std::vector<unsigned char> a(nq + nv_ + 2 * ng + (ddS0 ? ns * 4 : 0)), b(a.size());
         size_t o = 0;
         const struct { const void *x, *y; size_t n; } c[] = {
@@ -374,7 +374,7 @@ static void gdn_check_tinv_kept(const char *tag, const GdnProb *p, const GdnDev 
         CUDA_CHECK(cudaStreamSynchronize(st));
         const int same = !memcmp(a.data(), b.data(), o);
         char name[400];
-        snprintf(name, sizeof name, "%s kept Tinv %s", tag, run ? "sabotaged (one row zeroed): differs" : "bitwise = recomputed");
+        snprintf(name, sizeof name, "%s kept W, U %s", tag, run ? "sabotaged (one row zeroed): differs" : "bitwise = recomputed");
         EXPECT(run ? !same : same, "%s: failed", name);
         printf("%s: %s\n", name, (run ? !same : same) ? "ok" : "FAILED");
     }
@@ -423,7 +423,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
     float *ddg = (float *)gdn_dev_alloc((size_t)T * p->nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * p->nv * 4);
     float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
-    void *tinv = gdn_dev_alloc(cuda_gdn_tinv_bytes(T, p->nv)); /* the forward's kept Tinv */
+    void *kept = gdn_dev_alloc(cuda_gdn_kept_bytes(T, p->nv, p->dk, p->dv)); /* what the forward keeps */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
         char tag[320], cn[128];
@@ -445,9 +445,9 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         CUDA_CHECK(cudaEventRecord(ev[0], st));
         CudaGdnTune tn;
         cuda_gdn_tune_get(&tn);
-        const int keep = tn.v2 != 2 && tn.tinv != 2; /* the v1 kernels keep no Tinv */
+        const int keep = tn.v2 != 2 && tn.keep != 2; /* the v1 kernels keep nothing */
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo, keep ? tinv : NULL);
+                               p->dv, p->ldq, p->ldv, p->ldo, keep ? kept : NULL);
         CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
@@ -483,7 +483,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
 #undef GDN_MAXE
         gdn_check_pad(tag, "dq|dk", qkbits, T, 2 * wq, p->ldq);
         gdn_check_pad(tag, "dv", dvbits, T, wv, p->ldv);
-        if (keep && T > 0) gdn_check_tinv_kept(tag, p, &d, tinv, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0);
+        if (keep && T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0);
         if (flags & GDN_TIME) {
             float ms_f, ms_b;
             CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));

@@ -404,14 +404,14 @@ TEST(gdn_backward_fd_small) {
     gdn_check_backward("T=64 S0=NULL doc_pos[0]=9 weak", &p, GDN_BWD_BOUND);
 }
 
-/* ---- the kept Tinv (backend.h gdn_tinv_bytes): the backward that reads the forward's Tinv gives the
+/* ---- the kept Tinv (backend.h gdn_kept_bytes; the cpu backend keeps Tinv): the backward that reads the forward's Tinv gives the
  * bits of the backward that solves again, and writing it leaves the forward's bits alone ---- */
 
 static void gdn_check_tinv_kept(const char *tag, const GdnProb *p) {
     const int64_t T = p->T, no = T * p->ldo, ns = (int64_t)p->nv * p->dk * p->dv;
     float *o = test_alloc(no * (int64_t)sizeof(float)), *o2 = test_alloc(no * (int64_t)sizeof(float));
     float *Sf = test_alloc(ns * (int64_t)sizeof(float)), *Sf2 = test_alloc(ns * (int64_t)sizeof(float));
-    float *tinv = test_alloc((int64_t)cpu_gdn_tinv_bytes(T, p->nv));
+    float *tinv = test_alloc((int64_t)cpu_gdn_kept_bytes(T, p->nv, p->dk, p->dv));
     float *dout = test_alloc(no * (int64_t)sizeof(float)), *dSf = test_alloc(ns * (int64_t)sizeof(float));
     test_fill_normal(dout, no, 1.0);
     test_fill_normal(dSf, ns, 0.5);
