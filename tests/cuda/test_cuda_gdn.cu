@@ -338,7 +338,8 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
 
 /* The backward again with what the forward kept (kept: W, U, G2): every output must be bitwise the one of
  * the backward that ran its own prep (dqk, ddv, ddg, ddb, ddS0 hold it). With sabotage, the check is shown
- * to catch a kept buffer that is read: W's row of token T/2 (every head) zeroed must change the gradients. */
+ * to catch a kept buffer that is read: W's and U's rows of token T/2 (every head) zeroed must change the
+ * gradients (cuda_gdn_kept_bytes' layout: W, then U, each on 256 bytes). */
 static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *kept, const bf16 *dqk,
                                 const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
                                 const bf16 *ddout, const float *ddSf, int sabotage) {
@@ -357,8 +358,14 @@ static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, v
     CUDA_CHECK(cudaMemcpyAsync(dqk2, dqk, nq, cudaMemcpyDeviceToDevice, st)); /* the same pads */
     CUDA_CHECK(cudaMemcpyAsync(ddv2, ddv, nv_, cudaMemcpyDeviceToDevice, st));
     for (int run = 0; run < (sabotage ? 2 : 1); run++) {
-        if (run == 1) /* the row of token T/2 (every head): a chunk whose Tinv is read */
-            CUDA_CHECK(cudaMemsetAsync((char *)kept + (size_t)(T / 2) * p->nv * p->dk * 2, 0, (size_t)p->nv * p->dk * 2, st));
+        if (run == 1) { /* W's and U's rows of token T/2 (every head): U always reaches vn; W alone would not where T/2
+           * starts a document (its chunk starts from state 0: W multiplies zeros) */
+            const size_t tv = (size_t)T * p->nv, w_bytes = (tv * p->dk * 2 + 255) / 256 * 256;
+            CUDA_CHECK(cudaMemsetAsync((char *)kept + (size_t)(T / 2) * p->nv * p->dk * 2, 0,
+                                       (size_t)p->nv * p->dk * 2, st));
+            CUDA_CHECK(cudaMemsetAsync((char *)kept + w_bytes + (size_t)(T / 2) * p->nv * p->dv * 2, 0,
+                                       (size_t)p->nv * p->dv * 2, st));
+        }
         cuda_gdn_chunk_backward(dqk2, dqk2 + wq, ddv2, ddg2, ddb2, ddS02, ddout, ddSf, d->qk, d->qk + wq, d->v, d->g,
                                 d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, kept);
         std::vector<unsigned char> a(nq + nv_ + 2 * ng + (ddS0 ? ns * 4 : 0)), b(a.size());
