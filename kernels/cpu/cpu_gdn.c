@@ -57,6 +57,9 @@
  *     Anything else (e.g. two zigzag fragments passed as one call) is a fatal error, not a
  *     silent carry of the state across the jump.
  *   - T == 0 is allowed: S_final = S0 (or 0), dS0 = dS_final (or 0).
+ *   - The kept buffer (backend.h gdn_kept_bytes): this backend keeps Tinv (cpu_gdn_kept_bytes,
+ *     gdn_chunk_load); the backward that reads it gives the bits of the one that substitutes again
+ *     (tests/unit/test_gdn.c gdn_tinv_kept). The cuda backend keeps W, U instead: each its own format.
  */
 #include <math.h>
 #include <stdlib.h>

@@ -27,7 +27,7 @@
  *             (no dependent global load on the sequential path). Transition mode carries [S | M] from
  *             [0 | I] (research/gdn_cp.md §8.2): M comes out of the same pass.
  *   output    per chunk: o = scale (gam * (Q h) + (Q K^T * Gam * causal) vn)
- *   backward: prep, state_fwd (recompute h, vn), dvlocal (dv_loc = scale P^T dO),
+ *   backward: prep (skipped when the forward kept W, U, G2: GDN v4.1 below), state_fwd (recompute h, vn), dvlocal (dv_loc = scale P^T dO),
  *             state_bwd (reverse pass: dv2 = dv_loc + dec * (K D), D <- gam_L D +
  *             scale (Q*gam)^T dO - W^T dv2, dS_final in, dS0 out), dqkwg (dq, dk from
  *             the states, dw = -dv2 h^T, dG terms), wy_bwd (Tinv recomputed: dk, dv,
@@ -58,6 +58,9 @@
  * otherwise: no allocation in steady state. Per call (T tokens, nv value heads):
  * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
  * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
+ * The kept buffer (the entries' last argument, cuda_gdn_kept_bytes(T, nv, dk, dv) = T nv (2 dk + 2 dv + 4)
+ * bytes on 256-byte boundaries, the caller's): the forward's prep writes W, U, G2 there instead of the
+ * workspace, and a backward given it skips its prep (gdn_kept_carve).
  *
  * Kernel sets (cuda_gdn_tune.h; docs/benchmarks.md "GDN v1" and "GDN v2" have the measurements):
  * v2 is the default, v1 stays as the reference (RS_GDN_V2=2). v2 (cuda_gdn_v2.h) = prep in 74 KB
@@ -80,6 +83,12 @@
  * one block of four warps per SM cannot hide its MMA chains); switch hilo = 2 runs the state passes with
  * the carried state's operand in one bf16 term as FLA does (measurement only; default hi + lo).
  *
+ * GDN v4.1 (docs/benchmarks.md "GDN v4.1"): the forward keeps W, U and G2 for the backward (FLA keeps
+ * A), which then runs no prep: fwd+bwd at 32k 7.04 -> 6.49 ms (16 heads, one document), 23.0 -> 21.2
+ * (64 heads), the same bits (switch keep: RS_GDN_KEEP=2 ignores the buffer, measurement only). Keeping
+ * Tinv instead (fp32, 256 bytes per token and head, prep and wy_bwd reading it in place of their
+ * solves) was built first and measured no faster (23.02 against 22.78 ms at 64 heads: writing 512 MiB
+ * and reading it twice cost what the two solves did); the prep's time is the W and U products.
  * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
  * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
  * state_bwd 1.41 + dqkwg 1.14 + wy_bwd 2.45. v2 forward 1.87 = prep 0.54 + state_fwd 0.94 +
