@@ -13,6 +13,8 @@
  *   GDN        q, k uniform in [-1, 1) then L2-normalised per head; v, dO uniform in
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
  *              in [0.05, 0.95); documents from the case's cu_seqlens.
+ * GDN's forward keeps what the Backend keeps for the backward (gdn_kept_bytes; FLA keeps A from its
+ * forward too), so the forward+backward time is the training step's.
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *
@@ -144,19 +146,21 @@ typedef struct {
     void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     float *g, *beta, *dg, *dbeta;
     int32_t *doc_pos;
+    void *kept; /* gdn_kept_bytes: what the forward keeps for the backward, as FLA keeps A (the kernels'
+                 * measurement switch RS_GDN_KEEP=2 ignores it) */
 } GdnCase;
 
 static void bench_gdn_fwd(void *p) {
     GdnCase *a = p;
     a->be->gdn_chunk_forward(a->o, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K,
-                             a->V, a->H * a->K, a->H * a->V, a->H * a->V);
+                             a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept);
 }
 
 static void bench_gdn_bwd(void *p) {
     GdnCase *a = p;
     a->be->gdn_chunk_backward(a->dq, a->dk, a->dv, a->dg, a->dbeta, NULL, a->dout, NULL, a->q, a->k, a->v, a->g,
                               a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V,
-                              a->H * a->V);
+                              a->H * a->V, a->kept);
 }
 
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
@@ -183,6 +187,7 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     }
     a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
     free(doc_pos);
+    a.kept = be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V));
 
     uint64_t s = o->seed * 1000003u + 77;
     void *raw = be->alloc((size_t)qn * 2);
@@ -199,6 +204,7 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     cuda_bench_fill_f32(a.beta, gn, s + 6, 0.05f, 0.95f);
 
     json_t *r = bench_time(json_string_value(json_object_get(c, "name")), bench_gdn_fwd, bench_gdn_bwd, &a, o);
+    be->free(a.kept);
     void *bufs[] = {a.q, a.k, a.dq, a.dk, a.v, a.o, a.dout, a.dv, a.g, a.beta, a.dg, a.dbeta, a.doc_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     return r;

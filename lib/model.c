@@ -84,7 +84,7 @@ static void model_bind(LayerActs *a, const char *name, void *p) {
 #define F(n) {#n, offsetof(LayerActs, n)}
         F(x), F(ln1), F(rstd1), F(h), F(ln2), F(rstd2), F(gate_up), F(act),
         F(gdn_proj), F(gdn_conv), F(gdn_qk_norm), F(gdn_qk_rstd), F(gdn_beta), F(gdn_g), F(gdn_core),
-        F(gdn_normed), F(gdn_norm_rstd), F(gdn_cp_states), F(gdn_cp_M), F(gdn_conv_halo),
+        F(gdn_normed), F(gdn_norm_rstd), F(gdn_cp_states), F(gdn_cp_M), F(gdn_conv_halo), F(gdn_kept),
         F(attn_proj), F(attn_q), F(attn_kv), F(attn_qk_rstd), F(attn_out), F(attn_lse), F(attn_gated),
 #undef F
     };
@@ -145,6 +145,17 @@ static void model_alloc_activations(Model *m) {
                 sp += model_align(b->bytes);
             }
             if (l >= 0) {
+                if (!strcmp(b->name, "gdn_kept")) { /* the backend's format; model_acts.c counts it per fragment */
+                    const ModelConfig *mc = &cfg->model;
+                    const int64_t frags = cfg->data.micro_batch * (cfg->parallel.cp > 1 ? 2 : 1);
+                    const int64_t n = cfg->data.micro_batch * cfg->data.seq_len / cfg->parallel.cp / frags;
+                    const int64_t need = frags * (int64_t)be->gdn_kept_bytes(n, (int)mc->linear_num_value_heads,
+                                                                              (int)mc->linear_key_head_dim,
+                                                                              (int)mc->linear_value_head_dim);
+                    RS_CHECK(b->rows == frags && need <= b->bytes,
+                             "gdn_kept: the %s backend needs %lld bytes, model_acts.c counts %lld", be->name,
+                             (long long)need, (long long)b->bytes);
+                }
                 model_bind(&m->la[l], b->name, p);
             } else if (!strcmp(b->name, "final_in")) m->final_in = p;
             else if (!strcmp(b->name, "final_norm")) m->final_norm = p;

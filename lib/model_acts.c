@@ -11,7 +11,10 @@
  *   GDN mixer     proj [q|k|v|z|b|a] before the conv, conv (after conv+SiLU),
  *                 qk_norm + its rstd (L2-normalised q, k), beta, g (fp32),
  *                 core (delta-rule output), normed (gated RMSNorm output) +
- *                 its rstd; with cp > 1, per zigzag fragment (2 per sample),
+ *                 its rstd, kept (per fragment, what the delta-rule forward
+ *                 keeps for its backward: cuda W, U, gate cumsum; cpu
+ *                 Tinv; backend.h gdn_kept_bytes), so the backward skips
+ *                 that work; with cp > 1, per zigzag fragment (2 per sample),
  *                 the entry state [nv, dk, dv] fp32, the transition M
  *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
  *                 conv halo [Kc-1, Cc]
@@ -31,8 +34,8 @@
  *     buffers listed in model_acts_build; phases share one arena;
  *   - the GDN backward recomputes the per-chunk states and holds them and
  *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type;
- *   - the delta-rule backward recomputes its WY factors (T_inv, W, U), so
- *     they are not kept;
+ *   - the delta-rule backward reads its WY factors from "gdn_kept" (under
+ *     remat / full the recompute writes them into the scratch);
  *   - attention keeps no T x T matrix (flash-style blocks);
  *   - the loss works on row chunks of at most LOSS_CHUNK_BYTES (2 GiB) of fp32 logits.
  *
@@ -54,6 +57,15 @@
  * T = 32k). On an H100 the 1B step's lm_head took 142 ms with 256 MiB (75 chunks), 94 with 1 GiB (19),
  * 82 with 2 GiB (docs/benchmarks.md, "Whole step v0.4"). */
 #define LOSS_CHUNK_BYTES (2LL << 30)
+
+/* bytes one delta-rule call of n tokens keeps for its backward (backend.h gdn_kept_bytes; model.c
+ * checks the backend's figure against this): cuda W (n,nv,dk) and U (n,nv,dv) bf16 and the gate
+ * cumsum (n,nv) fp32, each on 256 bytes; cpu Tinv (n,nv,64) fp32 */
+static int64_t acts_gdn_kept_bytes(int cuda, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
+    if (!cuda) return n * nv * GDN_CHUNK * 4;
+    const int64_t tv = n * nv;
+    return (tv * dk * 2 + 255) / 256 * 256 + (tv * dv * 2 + 255) / 256 * 256 + (tv * 4 + 255) / 256 * 256;
+}
 
 typedef struct {
     ActTable *t;
@@ -133,6 +145,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_kept", frags, acts_gdn_kept_bytes(e == 2, T / frags, nv, dk, dv), 1,
+                     ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
                 acts_add(&ab, l, "gdn_cp_M", frags, nv * dk * dk, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);

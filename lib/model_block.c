@@ -89,6 +89,14 @@ static CpGdnDims block_gdn_cp_dims(const Dims *d) {
     return (CpGdnDims){.nk = d->nk, .nv = d->nv, .dk = d->dk, .dv = d->dv, .Cc = d->Cc, .Kc = d->Kc};
 }
 
+/* What fragment i's delta-rule forward keeps for the backward (backend.h gdn_kept_bytes, model_acts.c
+ * "gdn_kept"): written by the forward that the layer's backward follows (BLOCK_FORWARD under the none
+ * policy; the recompute under remat / full, into the shared scratch), read by the backward, which then
+ * skips that work. */
+static void *block_gdn_kept(const Model *m, const LayerActs *a, int64_t i, int64_t n, const Dims *d) {
+    return (char *)a->gdn_kept + i * (int64_t)m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv);
+}
+
 static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
@@ -101,6 +109,8 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const int64_t tail = (int64_t)(d.Kc - 1) * d.Cc, state = (int64_t)d.nv * d.dk * d.dv, n = L->frag_len;
     /* the remat recompute keeps what came from the CP group: no halo exchange, no scan */
     const int communicate = multi && mode != BLOCK_REMAT;
+    /* under remat / full the first forward's kept buffer would be overwritten before any backward reads it */
+    const int keep = mode != BLOCK_FORWARD || m->cfg->checkpoint.activations == ACT_POLICY_NONE;
     be->matmul_forward(a->gdn_proj, a->ln1, W(p->in_proj), d.T, d.H, d.Pg, d.H, d.Pg, 0);
     if (communicate) cp_gdn_halo_forward(cp, l, a->gdn_conv_halo, a->gdn_proj, d.Pg, &cd);
     for (int s = 0; s < b->samples; s++)
@@ -123,7 +133,7 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
                                   AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_conv, o * d.Cc + 2 * d.Kd),
                                   a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
                                   multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
-                                  d.dv, 2 * d.Kd, d.Cc, d.Vd);
+                                  d.dv, 2 * d.Kd, d.Cc, d.Vd, keep ? block_gdn_kept(m, a, i, n, &d) : NULL);
             cp->count.gdn_forwards[l]++;
         }
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, a->gdn_core, AT(a->gdn_proj, d.Cc), W(p->gdn_norm),
@@ -159,7 +169,7 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
                                    AT(a->gdn_qk_norm, o * 2 * d.Kd), AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd),
                                    AT(a->gdn_conv, o * d.Cc + 2 * d.Kd), a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
                                    multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
-                                   d.dv, 2 * d.Kd, d.Cc, d.Vd);
+                                   d.dv, 2 * d.Kd, d.Cc, d.Vd, block_gdn_kept(m, a, i, n, &d));
         }
     be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log), G(p->dt_bias),
                            m->d_beta, m->d_g, AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv),

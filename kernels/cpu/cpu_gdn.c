@@ -57,6 +57,9 @@
  *     Anything else (e.g. two zigzag fragments passed as one call) is a fatal error, not a
  *     silent carry of the state across the jump.
  *   - T == 0 is allowed: S_final = S0 (or 0), dS0 = dS_final (or 0).
+ *   - The kept buffer (backend.h gdn_kept_bytes): this backend keeps Tinv (cpu_gdn_kept_bytes,
+ *     gdn_chunk_load); the backward that reads it gives the bits of the one that substitutes again
+ *     (tests/unit/test_gdn.c gdn_tinv_kept). The cuda backend keeps W, U instead: each its own format.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -181,10 +184,14 @@ static int gdn_chunk_len(const int32_t *doc_pos, int64_t t0, int64_t T) {
 }
 
 /* Gathers the L rows of the chunk starting at t0 for value head h / key head kh and builds its
- * factors: G, gam, dec, Gam, KK, QK, A, Tinv, W, U. q NULL: no QK; v NULL: no U (left zero). */
+ * factors: G, gam, dec, Gam, KK, QK, A, Tinv, W, U. q NULL: no QK; v NULL: no U (left zero).
+ * The kept Tinv (cpu_gdn_kept_bytes): fp32 (T, nv, 64), row i of the chunk at ((t0 + i) nv + h) 64,
+ * its columns c <= i as the substitution gives them, 0 above. tinv_out gets it; tinv_in (when not
+ * NULL) replaces the substitution by the copy: the same floats. */
 static void gdn_chunk_load(GdnWork *w, const float *q /* (T,ldq) or NULL */, const float *k /* (T,ldq) */,
                            const float *v /* (T,ldv) */, const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
-                           int64_t t0, int L, int h, int kh, int nv, int ldq, int ldv) {
+                           int64_t t0, int L, int h, int kh, int nv, int ldq, int ldv,
+                           float *tinv_out /* (T,nv,64) or NULL */, const float *tinv_in /* (T,nv,64) or NULL */) {
     const int dk = w->dk, dv = w->dv;
     w->L = L;
     double G = 0.0;
@@ -216,8 +223,15 @@ static void gdn_chunk_load(GdnWork *w, const float *q /* (T,ldq) or NULL */, con
     /* Tinv = (I + A)^-1 by forward substitution: row i = e_i - sum_{j<i} A_ij (row j) */
     for (int i = 0; i < L; i++) {
         float *Ti = w->Tinv + (size_t)i * GDN_C;
+        const int64_t row = ((t0 + i) * nv + h) * GDN_C;
+        if (tinv_in) {
+            memcpy(Ti, tinv_in + row, (size_t)L * sizeof(float));
+            continue;
+        }
         for (int c = 0; c < L; c++) Ti[c] = c == i ? 1.0f : 0.0f;
         for (int j = 0; j < i; j++) gdn_axpy(Ti, -w->A[(size_t)i * GDN_C + j], w->Tinv + (size_t)j * GDN_C, j + 1);
+        if (tinv_out)
+            for (int c = 0; c < GDN_C; c++) tinv_out[row + c] = c <= i ? Ti[c] : 0.0f;
     }
     /* W = Tinv diag(beta gam) K, U = Tinv diag(beta) V */
     for (int i = 0; i < L; i++) {
@@ -271,7 +285,7 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
                            const void *v_ /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                            const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                            const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                           int ldv, int ldo) {
+                           int ldv, int ldo, void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v) written, or NULL */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     float *o = o_;
@@ -290,7 +304,7 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
         for (int64_t t0 = 0; t0 < T;) {
             const int L = gdn_chunk_len(doc_pos, t0, T);
             if (doc_pos[t0] == 0) memset(S, 0, state * sizeof(float)); /* a document starts: reset */
-            gdn_chunk_load(&w, q, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv);
+            gdn_chunk_load(&w, q, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, tinv, NULL);
             gdn_chunk_vnew(&w, S);
             gdn_chunk_output(o + t0 * ldo + (int64_t)h * dv, &w, S, scale, ldo, acc);
             gdn_chunk_state_update(S, &w);
@@ -428,9 +442,11 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
                             const void *q_ /* (T,ldq) */, const void *k_ /* (T,ldq) */, const void *v_ /* (T,ldv) */,
                             const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                             const float *S0 /* (nv,dim_k,dim_v) or NULL */, const int32_t *doc_pos /* (T) */,
-                            int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) {
+                            int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo,
+                            const void *tinv_ /* the forward's, or NULL */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
+    const float *tinv = tinv_;
     float *dq_out = dq_, *dk_out = dk_, *dv_out = dv_;
     const float *dout = dout_, *q = q_, *k = k_, *v = v_;
     const int dk = dim_k, dv = dim_v;
@@ -469,7 +485,7 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
             if (doc_pos[starts[c]] == 0) memset(S, 0, state * sizeof(float));
             if (c + 1 == nchunks) break;
             memcpy(S + state, S, state * sizeof(float));
-            gdn_chunk_load(&w, q, k, v, g, beta, starts[c], lens[c], h, kh, nv, ldq, ldv);
+            gdn_chunk_load(&w, q, k, v, g, beta, starts[c], lens[c], h, kh, nv, ldq, ldv, NULL, tinv);
             gdn_chunk_vnew(&w, S);
             gdn_chunk_state_update(S + state, &w);
         }
@@ -479,7 +495,7 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
         for (int64_t c = nchunks - 1; c >= 0; c--) {
             const int64_t t0 = starts[c];
             const int L = lens[c];
-            gdn_chunk_load(&w, q, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv);
+            gdn_chunk_load(&w, q, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, NULL, tinv);
             for (int r = 0; r < L; r++)
                 memcpy(w.dO + (size_t)r * dv, dout + (t0 + r) * ldo + (int64_t)h * dv, (size_t)dv * sizeof(float));
             gdn_chunk_backward(&w, states + c * state, D, scale);
@@ -506,6 +522,9 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
     gdn_work_free(&w);
 }
 
+/* the kept buffer of the cpu entries: Tinv, fp32 (T, nv, 64) (gdn_chunk_load's layout); dim_k, dim_v unused */
+size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v) { return (size_t)T * nv * GDN_C * sizeof(float); }
+
 void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
                               const void *k_ /* (T,ldq) nk heads of dim_k */, const void *v_ /* (T,ldv) */,
                               const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
@@ -531,7 +550,7 @@ void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,d
             for (int a = 0; a < dk; a++) X[(size_t)a * ncol + dv + a] = 1.0f;
         for (int64_t t0 = tstart; t0 < T;) {
             const int L = gdn_chunk_len(doc_pos, t0, T);
-            gdn_chunk_load(&w, NULL, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv);
+            gdn_chunk_load(&w, NULL, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, NULL, NULL);
             gdn_chunk_vnew(&w, X);
             gdn_chunk_state_update(X, &w);
             t0 += L;
@@ -578,7 +597,7 @@ void cpu_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout_ /
         for (int64_t c = nchunks - 1; c >= 0; c--) {
             const int64_t t0 = starts[c];
             const int L = lens[c];
-            gdn_chunk_load(&w, q, k, NULL, g, beta, t0, L, h, kh, nv, ldq, 0);
+            gdn_chunk_load(&w, q, k, NULL, g, beta, t0, L, h, kh, nv, ldq, 0, NULL, NULL);
             for (int r = 0; r < L; r++)
                 memcpy(w.dO + (size_t)r * dv, dout + (t0 + r) * ldo + (int64_t)h * dv, (size_t)dv * sizeof(float));
             /* dvn_j = sum_{r>=j} P_rj dO_r + dec_j D^T k_j (as in gdn_chunk_backward; no S needed) */

@@ -76,6 +76,7 @@ const Backend backend_cuda = {
     .name = "cuda",
     .act_size = 2,
     CUDA_ENTRIES(CUDA_PLAIN)
+    .gdn_kept_bytes = cuda_gdn_kept_bytes, /* a size, no GPU work: not profiled */
 };
 
 /* ---- the profiled table: each wrapper times its kernel's call (cuda_profile.h) ---- */
@@ -117,8 +118,8 @@ static void prof_l2norm_forward(void *out, float *rstd, const void *inp, int64_t
 static void prof_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo) { PROF_VOID(l2norm_backward, (dinp, dout, out, rstd, T, nh, D, ldi, ldo)); }
 static void prof_gdn_gates_forward(float *beta, float *g, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld) { PROF_VOID(gdn_gates_forward, (beta, g, b, a, A_log, dt_bias, T, nv, ld)); }
 static void prof_gdn_gates_backward(void *db, void *da, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld) { PROF_VOID(gdn_gates_backward, (db, da, dA_log, ddt_bias, dbeta, dg, b, a, A_log, dt_bias, T, nv, ld)); }
-static void prof_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) { PROF_VOID(gdn_chunk_forward, (o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo)); }
-static void prof_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo) { PROF_VOID(gdn_chunk_backward, (dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo)); }
+static void prof_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, void *kept) { PROF_VOID(gdn_chunk_forward, (o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept)); }
+static void prof_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept) { PROF_VOID(gdn_chunk_backward, (dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept)); }
 static void prof_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv) { PROF_VOID(gdn_chunk_transition, (M, H, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv)); }
 static void prof_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo) { PROF_VOID(gdn_chunk_dstate, (dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo)); }
 static void prof_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v) { PROF_VOID(gdn_state_affine, (S_out, M, S_in, H, transpose_M, nv, dim_k, dim_v)); }
@@ -142,6 +143,7 @@ const Backend backend_cuda_profiled = {
     .name = "cuda",
     .act_size = 2,
     CUDA_ENTRIES(CUDA_PROFILED)
+    .gdn_kept_bytes = cuda_gdn_kept_bytes,
 };
 
 const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }

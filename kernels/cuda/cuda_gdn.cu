@@ -27,7 +27,7 @@
  *             (no dependent global load on the sequential path). Transition mode carries [S | M] from
  *             [0 | I] (research/gdn_cp.md §8.2): M comes out of the same pass.
  *   output    per chunk: o = scale (gam * (Q h) + (Q K^T * Gam * causal) vn)
- *   backward: prep, state_fwd (recompute h, vn), dvlocal (dv_loc = scale P^T dO),
+ *   backward: prep (skipped when the forward kept W, U, G2: GDN v4.1 below), state_fwd (recompute h, vn), dvlocal (dv_loc = scale P^T dO),
  *             state_bwd (reverse pass: dv2 = dv_loc + dec * (K D), D <- gam_L D +
  *             scale (Q*gam)^T dO - W^T dv2, dS_final in, dS0 out), dqkwg (dq, dk from
  *             the states, dw = -dv2 h^T, dG terms), wy_bwd (Tinv recomputed: dk, dv,
@@ -58,6 +58,9 @@
  * otherwise: no allocation in steady state. Per call (T tokens, nv value heads):
  * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
  * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
+ * The kept buffer (the entries' last argument, cuda_gdn_kept_bytes(T, nv, dk, dv) = T nv (2 dk + 2 dv + 4)
+ * bytes on 256-byte boundaries, the caller's): the forward's prep writes W, U, G2 there instead of the
+ * workspace, and a backward given it skips its prep (gdn_kept_carve).
  *
  * Kernel sets (cuda_gdn_tune.h; docs/benchmarks.md "GDN v1" and "GDN v2" have the measurements):
  * v2 is the default, v1 stays as the reference (RS_GDN_V2=2). v2 (cuda_gdn_v2.h) = prep in 74 KB
@@ -75,7 +78,17 @@
  * when its non-empty segments give 2 blocks per SM (many documents) and the other launch's blocks exit
  * at once. Same bits either way. Measured (H100, fwd+bwd): 32k / 16 heads / 16 documents 6.50 -> 6.00 ms,
  * 128k / 16 / 67 documents 25.5 -> 22.5; one document and 64 heads within +-1% (docs/benchmarks.md).
+ * GDN v4 (docs/benchmarks.md "GDN v4", FLA per kernel beside ours): 64 state columns per block (bv 64,
+ * two stages; switch wide, default off) measured slower (state_fwd 2.39 -> 3.01 ms at 32k / 64 heads:
+ * one block of four warps per SM cannot hide its MMA chains); switch hilo = 2 runs the state passes with
+ * the carried state's operand in one bf16 term as FLA does (measurement only; default hi + lo).
  *
+ * GDN v4.1 (docs/benchmarks.md "GDN v4.1"): the forward keeps W, U and G2 for the backward (FLA keeps
+ * A), which then runs no prep: fwd+bwd at 32k 7.04 -> 6.49 ms (16 heads, one document), 23.0 -> 21.2
+ * (64 heads), the same bits (switch keep: RS_GDN_KEEP=2 ignores the buffer, measurement only). Keeping
+ * Tinv instead (fp32, 256 bytes per token and head, prep and wy_bwd reading it in place of their
+ * solves) was built first and measured no faster (23.02 against 22.78 ms at 64 heads: writing 512 MiB
+ * and reading it twice cost what the two solves did); the prep's time is the W and U products.
  * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
  * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
  * state_bwd 1.41 + dqkwg 1.14 + wy_bwd 2.45. v2 forward 1.87 = prep 0.54 + state_fwd 0.94 +
@@ -1536,6 +1549,8 @@ __global__ void __launch_bounds__(256)
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
+#define GDN_WIDE_DEFAULT 0    /* v2 state passes: 64-column blocks where they fill the SMs (GDN v4) */
+#define GDN_WIDE_BLOCKS 128   /* ... i.e. where nv dv / 64 reaches this many blocks (64 heads of 128) */
 #define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
 #define GDN_CUTS_PICK (2 * (GDN_DSEG_MAX + 1)) /* the device's choice in GdnBufs.cuts */
 
@@ -1562,6 +1577,9 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.dseg = gdn_env_int("RS_GDN_DSEG");
         gdn_tune_env.dqs = gdn_env_int("RS_GDN_DQS");
         gdn_tune_env.dual = gdn_env_int("RS_GDN_DUAL");
+        gdn_tune_env.wide = gdn_env_int("RS_GDN_WIDE");
+        gdn_tune_env.hilo = gdn_env_int("RS_GDN_HILO");
+        gdn_tune_env.keep = gdn_env_int("RS_GDN_KEEP");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1651,6 +1669,13 @@ typedef struct GdnBufs {
     float *segE2, *segH2, *segM2; /* the same for the backward's reverse pass (it may overlap the forward's) */
 } GdnBufs;
 
+/* What the forward keeps for the backward (gdn_chunk_forward's kept buffer, cuda_gdn_kept_bytes): the
+ * prep's outputs W (T,nv,dk) bf16, U (T,nv,dv) bf16 and G2 (T,nv) fp32, each on a 256-byte boundary (as
+ * the workspace's). With it the backward skips its prep (K K^T, the solve, the W and U products): the
+ * same kernel on the same inputs wrote these, so the results are the recompute's bits. b NULL: the size
+ * only. Returns the bytes, a multiple of 256 (fragments of one buffer stay aligned). */
+static size_t gdn_kept_carve(struct GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv);
+
 /* nseg: slots of the segmented state passes (0: none); a backward gets two sets */
 static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, int nv, int dk, int dv,
                         int nseg = 0) {
@@ -1690,6 +1715,19 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
         }
     }
     return c.off;
+}
+
+static size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv) {
+    const size_t tv = (size_t)T * nv;
+    GdnCarve c(kept, 256);
+    bf16 *W = c.take<bf16>(tv * dk), *U = c.take<bf16>(tv * dv);
+    float *G2 = c.take<float>(tv);
+    if (b) {
+        b->W = W;
+        b->U = U;
+        b->G2 = G2;
+    }
+    return (c.off + 255) / 256 * 256;
 }
 
 static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg = 0) {
@@ -1943,7 +1981,8 @@ static int gdn_sm_count(void) {
 /* the v2 state pass instantiation for a run-time (bv, nst) */
 #define GDN_V2_BVNST_(bv, nst, ilp, bulk, FN, ...)                                    \
     do {                                                                              \
-        if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp, bulk>(__VA_ARGS__);          \
+        if ((bv) == 64) FN<DK, 64, 2, ilp, bulk>(__VA_ARGS__);                       \
+        else if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp, bulk>(__VA_ARGS__);          \
         else if ((bv) == 32) FN<DK, 32, 2, ilp, bulk>(__VA_ARGS__);                  \
         else if ((nst) == 3) FN<DK, 16, 3, ilp, bulk>(__VA_ARGS__);                  \
         else FN<DK, 16, 2, ilp, bulk>(__VA_ARGS__);                                  \
@@ -2000,8 +2039,12 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.v2 = t.v2 == 1 ? 1 : t.v2 == 2 ? 0 : GDN_V2_DEFAULT;
     pl.prof = t.prof;
     if (!pl.v2) return pl;
-    pl.bv = t.bv == 16 || t.bv == 32 ? t.bv : gdn_state_bv(nv, dv);
-    pl.nst = t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT;
+    const int wide = t.wide >= 1 && t.wide <= 3 ? (t.wide == 2 ? 0 : t.wide) : GDN_WIDE_DEFAULT;
+    if (t.bv == 16 || t.bv == 32 || t.bv == 64) pl.bv = t.bv;
+    else if (wide && dv % 64 == 0 && (wide == 3 || (int64_t)nv * dv / 64 >= GDN_WIDE_BLOCKS)) pl.bv = 64;
+    else pl.bv = gdn_state_bv(nv, dv);
+    RS_CHECK(dv % pl.bv == 0, "gdn: %d state columns per block do not divide dim_v %d", pl.bv, dv);
+    pl.nst = pl.bv == 64 ? 2 : t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT; /* 64: smem for 2 stages */
     pl.overlap = t.overlap == 1 ? 1 : t.overlap == 2 ? 0 : GDN_OVERLAP_DEFAULT;
     pl.ilp = t.ilp == 1 ? 1 : t.ilp == 2 ? 0 : GDN_ILP_DEFAULT;
     pl.wy3 = t.wy == 1 ? 1 : t.wy == 2 ? 0 : GDN_WY3_DEFAULT;
@@ -2043,6 +2086,7 @@ static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, i
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_fwd_v2");
+    sg.hi_only = gdn_tune().hilo == 2;
     gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
     CUDA_LAUNCH_CHECK();
@@ -2054,6 +2098,7 @@ static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg,
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
     const size_t sm = GdnStateBwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_bwd_v2");
+    sg.hi_only = gdn_tune().hilo == 2;
     gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
     CUDA_LAUNCH_CHECK();
@@ -2188,10 +2233,11 @@ static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
 template <int DK, int DV>
 static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                           int nk, int nv, int ldq, int ldv, int ldo) {
+                           int nk, int nv, int ldq, int ldv, int ldo, void *kept) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f);
+    if (kept) gdn_kept_carve(&b, kept, T, nv, DK, DV); /* prep writes W, U, G2 where the backward finds them */
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
@@ -2216,17 +2262,19 @@ template <int DK, int DV>
 static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0,
                             const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                            int nk, int nv, int ldq, int ldv, int ldo) {
+                            int nk, int nv, int ldq, int ldv, int ldo, const void *kept) {
     static_assert(DV <= 2 * DK, "gdn: dv_loc (bf16, dv) lives in dqv (fp32, dk)");
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     const int nseg = pl.nseg_f > pl.nseg_b ? pl.nseg_f : pl.nseg_b;
     GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg);
     bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv */
+    bf16 *dw = b.W;            /* the workspace's W: dw once the state passes are done with W */
+    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV); /* the forward's W, U, G2: read only */
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
-    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    if (!kept) gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     if (pl.overlap) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
         cudaEvent_t fork, join;
@@ -2256,14 +2304,14 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         CUDA_CHECK(cudaFuncSetAttribute(gdn_dqkwg_v2_kernel<DK, DV>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         100));
         gdn_dqkwg_v2_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
+            b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
             b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
     } else {
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
         gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
+            b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
             doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
     }
@@ -2272,14 +2320,14 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         const size_t sm = GdnWySmemV3<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v3_kernel<DK, DV>, sm, "wy_bwd_v3");
         gdn_wy_bwd_v3_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
             b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     } else {
         const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v2_kernel<DK, DV>, sm, "wy_bwd_v2");
         gdn_wy_bwd_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
+            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
             b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
     }
@@ -2326,9 +2374,11 @@ static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const
 template <int DK, int DV>
 static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int ldq, int ldv, int ldo) {
+                             int ldq, int ldv, int ldo, void *kept) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
-    if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
+    if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the forward before v4.1 */
+    RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
+    if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
     else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
 }
 
@@ -2336,11 +2386,13 @@ template <int DK, int DV>
 static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
                               const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                               const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                              int ldq, int ldv, int ldo) {
+                              int ldq, int ldv, int ldo, const void *kept) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the backward runs its own prep */
+    RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
-                                nv, ldq, ldv, ldo);
+                                nv, ldq, ldv, ldo, kept);
     else
         gdn_backward_v1<DK, DV>(dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
                                 ldq, ldv, ldo);
@@ -2401,7 +2453,8 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                                        const void *v /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                                        const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                                        const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
-                                       int dim_v, int ldq, int ldv, int ldo) {
+                                       int dim_v, int ldq, int ldv, int ldo,
+                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v), written; or NULL */) {
     gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
@@ -2410,7 +2463,7 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
         return;
     }
     GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
-                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
+                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
 }
 
 extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
@@ -2419,7 +2472,8 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
                                         const float *dS_final /* (nv,dim_k,dim_v) or NULL */, const void *q,
                                         const void *k, const void *v, const float *g, const float *beta,
                                         const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
-                                        int dim_v, int ldq, int ldv, int ldo) {
+                                        int dim_v, int ldq, int ldv, int ldo,
+                                        const void *kept /* the forward's, same inputs; or NULL */) {
     gdn_check_args("cuda_gdn_chunk_backward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(dq) && gdn_aligned(dk) && gdn_aligned(dv) && gdn_aligned(dout) && gdn_aligned(q) &&
                  gdn_aligned(k) && gdn_aligned(v),
@@ -2430,7 +2484,11 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
     }
     GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dS0,
                  (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0, doc_pos,
-                 T, nk, nv, ldq, ldv, ldo);
+                 T, nk, nv, ldq, ldv, ldo, kept);
+}
+
+extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
+    return gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v);
 }
 
 /* M = I, H = 0: the transition of an empty call */

@@ -3,7 +3,7 @@
  * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
- * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL); a call of
+ * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -18,7 +18,7 @@ typedef struct CudaGdnTune {
                     2 = v1 (the first kernels), 0 = built-in default */
     int split;   /* v2: segments per sequence of the state passes (1 = none), 0 = automatic */
     int nst;     /* v2: pipeline stages of the state passes (2 or 3), 0 = automatic */
-    int bv;      /* v2: state columns per block of the state passes (16 or 32), 0 = automatic */
+    int bv;      /* v2: state columns per block of the state passes (16, 32 or 64; 64 runs 2 stages), 0 = automatic */
     int overlap; /* v2 backward: the forward recompute and the reverse state pass on two streams
                     (1 = on, 2 = off, 0 = automatic) */
     int prof;    /* 1: after each entry, synchronise and print the time of every kernel (stdout); 2: also the
@@ -34,6 +34,15 @@ typedef struct CudaGdnTune {
     int dual;    /* v2 state passes, where bv, dseg and split are automatic: launch both the automatic
                     configuration and 32 columns in 8 document segments, the device picks by the documents
                     (1 = on, 2 = off, 3 / 4 = on with the pick forced to the second / first; 0 = automatic) */
+    int wide;    /* v2 state passes, where bv is automatic: 64 columns per block when such blocks fill the SMs
+                    (many heads), one block per SM (1 = on, 2 = off, 3 = 64 columns at every shape (tests),
+                    0 = automatic) */
+    int hilo;    /* v2 state passes: the carried state's MMA operand as two bf16 terms, hi + lo (1 = on, the
+                    built-in choice), or hi only (2: FLA's precision, half the state-operand MMAs; measurement
+                    only, the error is larger) */
+    int keep;    /* the kept buffer of gdn_chunk_forward / _backward (W, U, G2): 1 = used where the caller gives
+                    one (the built-in choice), 2 = ignored (the forward keeps nothing, the backward runs its
+                    own prep, as before GDN v4.1; measurement only: the same bits) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

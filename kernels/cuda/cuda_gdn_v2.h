@@ -40,6 +40,10 @@
  *
  * dqkwg v2 (GDN v3): the dq / dk / dw kernel split over the two halves of dk (two blocks per SM).
  *
+ * GDN v4: the state passes also in 64-column blocks (BV = 64, two stages: 135 KB forward, 197 KB
+ * reverse, one block per SM; measured slower than 32 columns, off by default), and with sg.hi_only the
+ * carried state's MMA operand in one bf16 term (no lo split; tune.hilo == 2, measurement only).
+ *
  * wy_bwd: dk's two WY terms (beta gam Tinv^T dW and C K + C^T K) stay in registers; the fp32 dk of
  * dqkwg is read once, all loads of a 64-column half issued before its use (v1 did a read-modify-write
  * of global memory per fragment, each load behind the previous store), and the reverse cumsum of dg
@@ -61,6 +65,7 @@ struct GdnSeg {
     const int32_t *cuts;   /* document segments (nseg + 1 chunk indices, gdn_index_cuts_kernel), or NULL */
     const int32_t *pick;   /* dual launch: the configuration the index chose on the device, or NULL */
     int pick_want;         /* this launch's configuration: its blocks exit at once when *pick differs */
+    int hi_only;           /* the carried state's MMA operand bf16 hi only, no lo term (tune.hilo == 2) */
 };
 
 /* Document segments (sg.cuts): segment p is chunks [cuts[p], cuts[p+1]); every cut but cuts[0] is a
@@ -300,7 +305,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 for (int e = 0; e < 4; e += 2) {
                     if (reset) S[mi][ni][e] = S[mi][ni][e + 1] = 0.0f;
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
+                    if (sg.hi_only) gdn_store2(s.s_hi + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
+                    else gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
                     if (!BULK && hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
                 }
         if (BULK && hrow) gdn_fence_async_smem();
@@ -312,7 +318,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         const float *sG = s.G(buf);
         const float gL = sG[L - 1];
         float acc[1][NTS][4];
-        if (ILP) {
+        if (sg.hi_only) {
+            gdn_zero(acc);
+            gdn_warp_mma<1, NTS, false, false, DK>(acc, s.w(buf), LDK, s.s_hi, LDB, 16 * w, 0);
+        } else if (ILP) {
             gdn_warp_mma_hilo<NTS, DK>(acc, s.w(buf), LDK, s.s_hi, s.s_lo, LDB, 16 * w);
         } else {
             float acc2[1][NTS][4];
@@ -569,7 +578,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
+                    if (sg.hi_only) gdn_store2(s.d_hi + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
+                    else gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
                     if (!BULK && drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
                 }
         const float *sG = s.G(buf);
@@ -588,7 +598,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         GDN_TP(2);
         const float gL = sG[L - 1];
         float acc[1][NTS][4];
-        if (ILP) {
+        if (sg.hi_only) {
+            gdn_zero(acc);
+            gdn_warp_mma<1, NTS, false, false, DK>(acc, s.k(buf), LDK, s.d_hi, LDB, 16 * w, 0);
+        } else if (ILP) {
             gdn_warp_mma_hilo<NTS, DK>(acc, s.k(buf), LDK, s.d_hi, s.d_lo, LDB, 16 * w);
         } else {
             float acc2[1][NTS][4];

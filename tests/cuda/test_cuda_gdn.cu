@@ -35,6 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <vector>
+
 #include "cpu_kernels.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
@@ -268,13 +270,13 @@ static void *gdn_cpu_head(void *arg) {
     const float *S0 = p->S0 ? p->S0 + h * ns : NULL;
     if (!j->backward) {
         cpu_gdn_chunk_forward(j->o + (int64_t)h * dv, j->Sf ? j->Sf + h * ns : NULL, q, k, p->v + (int64_t)h * dv, g,
-                              b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo);
+                              b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
     } else {
         float *dg = (float *)malloc((size_t)T * 4), *db = (float *)malloc((size_t)T * 4);
         cpu_gdn_chunk_backward(j->dqk + (int64_t)h * dk, j->dqk + (int64_t)p->nk * dk + (int64_t)h * dk,
                                j->dv + (int64_t)h * dv, dg, db, j->dS0 ? j->dS0 + h * ns : NULL,
                                j->dout + (int64_t)h * dv, j->dSf ? j->dSf + h * ns : NULL, q, k,
-                               p->v + (int64_t)h * dv, g, b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo);
+                               p->v + (int64_t)h * dv, g, b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
         for (int64_t t = 0; t < T; t++) {
             j->dg[t * nv + h] = dg[t];
             j->dbeta[t * nv + h] = db[t];
@@ -293,11 +295,11 @@ static void gdn_cpu_run(const GdnProb *p, int backward, int parallel, float *o, 
     if (!parallel) {
         if (!backward)
             cpu_gdn_chunk_forward(o, Sf, p->qk, p->qk + (int64_t)p->nk * p->dk, p->v, p->g, p->beta, p->S0,
-                                  p->doc_pos, p->T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                  p->doc_pos, p->T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         else
             cpu_gdn_chunk_backward(dqk, dqk + (int64_t)p->nk * p->dk, dv, dg, dbeta, dS0, dout, dSf, p->qk,
                                    p->qk + (int64_t)p->nk * p->dk, p->v, p->g, p->beta, p->S0, p->doc_pos, p->T, p->nk,
-                                   p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                   p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         return;
     }
     RS_CHECK(p->nk == p->nv, "parallel oracle: nk == nv only");
@@ -325,11 +327,67 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d]", c->split,
-                 c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual);
-    else if (c->dual) snprintf(buf, n, " [default dual=%d]", c->dual);
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d%s]",
+                 c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide,
+                 c->hilo == 2 ? " hi-only" : "");
+    else if (c->dual || c->wide || c->hilo)
+        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d]", c->dual, c->wide, c->hilo);
     else snprintf(buf, n, " [default]");
     return buf;
+}
+
+/* The backward again with what the forward kept (kept: W, U, G2): every output must be bitwise the one of
+ * the backward that ran its own prep (dqk, ddv, ddg, ddb, ddS0 hold it). With sabotage, the check is shown
+ * to catch a kept buffer that is read: W's and U's rows of token T/2 (every head) zeroed must change the
+ * gradients (cuda_gdn_kept_bytes' layout: W, then U, each on 256 bytes). */
+static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *kept, const bf16 *dqk,
+                                const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
+                                const bf16 *ddout, const float *ddSf, int sabotage) {
+    const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
+    const int wq = p->nk * p->dk;
+    const size_t nq = (size_t)T * p->ldq * 2, nv_ = (size_t)T * p->ldv * 2, ng = (size_t)T * p->nv * 4;
+    cudaStream_t st = cuda_stream();
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    bf16 *dqk2, *ddv2;
+    float *ddg2, *ddb2, *ddS02 = NULL; /* freed here: the callers run this once per switch set */
+    CUDA_CHECK(cudaMalloc(&dqk2, nq));
+    CUDA_CHECK(cudaMalloc(&ddv2, nv_));
+    CUDA_CHECK(cudaMalloc(&ddg2, ng));
+    CUDA_CHECK(cudaMalloc(&ddb2, ng));
+    if (ddS0) CUDA_CHECK(cudaMalloc(&ddS02, (size_t)ns * 4));
+    CUDA_CHECK(cudaMemcpyAsync(dqk2, dqk, nq, cudaMemcpyDeviceToDevice, st)); /* the same pads */
+    CUDA_CHECK(cudaMemcpyAsync(ddv2, ddv, nv_, cudaMemcpyDeviceToDevice, st));
+    for (int run = 0; run < (sabotage ? 2 : 1); run++) {
+        if (run == 1) { /* W's and U's rows of token T/2 (every head): U always reaches vn; W alone would not where T/2
+           * starts a document (its chunk starts from state 0: W multiplies zeros) */
+            const size_t tv = (size_t)T * p->nv, w_bytes = (tv * p->dk * 2 + 255) / 256 * 256;
+            CUDA_CHECK(cudaMemsetAsync((char *)kept + (size_t)(T / 2) * p->nv * p->dk * 2, 0,
+                                       (size_t)p->nv * p->dk * 2, st));
+            CUDA_CHECK(cudaMemsetAsync((char *)kept + w_bytes + (size_t)(T / 2) * p->nv * p->dv * 2, 0,
+                                       (size_t)p->nv * p->dv * 2, st));
+        }
+        cuda_gdn_chunk_backward(dqk2, dqk2 + wq, ddv2, ddg2, ddb2, ddS02, ddout, ddSf, d->qk, d->qk + wq, d->v, d->g,
+                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, kept);
+        std::vector<unsigned char> a(nq + nv_ + 2 * ng + (ddS0 ? ns * 4 : 0)), b(a.size());
+        size_t o = 0;
+        const struct { const void *x, *y; size_t n; } c[] = {
+            {dqk, dqk2, nq}, {ddv, ddv2, nv_}, {ddg, ddg2, ng}, {ddb, ddb2, ng}, {ddS0, ddS02, ddS0 ? (size_t)ns * 4 : 0}};
+        for (const auto &e : c) {
+            if (!e.n) continue;
+            CUDA_CHECK(cudaMemcpyAsync(a.data() + o, e.x, e.n, cudaMemcpyDeviceToHost, st));
+            CUDA_CHECK(cudaMemcpyAsync(b.data() + o, e.y, e.n, cudaMemcpyDeviceToHost, st));
+            o += e.n;
+        }
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        const int same = !memcmp(a.data(), b.data(), o);
+        char name[400];
+        snprintf(name, sizeof name, "%s kept W, U %s", tag, run ? "sabotaged (one row zeroed): differs" : "bitwise = recomputed");
+        EXPECT(run ? !same : same, "%s: failed", name);
+        printf("%s: %s\n", name, (run ? !same : same) ? "ok" : "FAILED");
+    }
+    void *bufs[] = {dqk2, ddv2, ddg2, ddb2, ddS02};
+    for (void *b : bufs)
+        if (b) CUDA_CHECK(cudaFree(b));
 }
 
 /* The oracle once; the cuda side once per switch set of cfgs (NULL: once, with the switches as they
@@ -372,9 +430,10 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
     float *ddg = (float *)gdn_dev_alloc((size_t)T * p->nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * p->nv * 4);
     float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
+    void *kept = gdn_dev_alloc(cuda_gdn_kept_bytes(T, p->nv, p->dk, p->dv)); /* what the forward keeps */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
-        char tag[320], cn[96];
+        char tag[320], cn[128];
         snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(cfgs ? &cfgs[ci] : NULL, cn, sizeof cn));
         if (cfgs) cuda_gdn_tune_set(&cfgs[ci]);
         cudaStream_t st = cuda_stream();
@@ -389,10 +448,13 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         /* forward */
         if (flags & GDN_TIME) /* warm-up (workspace growth, module load) */
             cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                                   p->dv, p->ldq, p->ldv, p->ldo);
+                                   p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[0], st));
+        CudaGdnTune tn;
+        cuda_gdn_tune_get(&tn);
+        const int keep = tn.v2 != 2 && tn.keep != 2; /* the v1 kernels keep nothing */
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo);
+                               p->dv, p->ldq, p->ldv, p->ldo, keep ? kept : NULL);
         CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
@@ -407,10 +469,10 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         /* backward */
         if (flags & GDN_TIME)
             cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g,
-                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[2], st));
         cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta,
-                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
         CUDA_CHECK(cudaEventRecord(ev[3], st));
         uint16_t *qkbits, *dvbits;
         float *dqk_got = gdn_down_bf16(dqk, T * p->ldq, &qkbits), *dv_got = gdn_down_bf16(ddv, T * p->ldv, &dvbits);
@@ -428,6 +490,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
 #undef GDN_MAXE
         gdn_check_pad(tag, "dq|dk", qkbits, T, 2 * wq, p->ldq);
         gdn_check_pad(tag, "dv", dvbits, T, wv, p->ldv);
+        if (keep && T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0);
         if (flags & GDN_TIME) {
             float ms_f, ms_b;
             CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));
@@ -508,13 +571,18 @@ TEST(cuda_gdn_mma_layouts) {
  * state passes (1) and not (2, the default); document segments (dseg) automatic, 1, 3, 5; dqkwg split
  * over dk halves (dqs: 1, the default) and not (2); the dual launch of the state passes with the
  * device's pick forced to 32 columns in 8 document segments (dual 3) and to the automatic
- * configuration (dual 4, with the overlapped backward). */
+ * configuration (dual 4, with the overlapped backward); 64 state columns per block (bv 64, GDN v4:
+ * with the shorter chains, and without them overlapped in 3 document segments), and the automatic
+ * choice with 64 columns at every shape (wide 3) alone and in the dual launch picked either way. */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
     {1, 0, 0, 0, 0, 0, 1, 1},          {1, 3, 3, 32, 1, 0, 1, 1},         {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
     {1, 0, 3, 32, 0, 0, 1, 1, 1, 5, 1}, {1, 0, 2, 16, 0, 0, 2, 1, 2, 3, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4},
+    {1, 0, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 1, 0, 2, 1, 0, 3, 1},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
+    {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4, 3},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -571,7 +639,7 @@ TEST(cuda_gdn_forward_backward_edges) {
 static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NULL, bool must = true) {
     static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
     GdnProb p = gdn_prob(4000, 2, 4, 128, 128, 30, starts, 7, 1, 0.3, 500);
-    char cn[200], c1[96], c2[96];
+    char cn[280], c1[128], c2[128];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
     else snprintf(cn, sizeof cn, "%s", c1);
@@ -591,11 +659,11 @@ static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NU
         if (run == 1 && cfg2) cuda_gdn_tune_set(cfg2);
         for (int i = 0; i < 7; i++) out[run][i] = gdn_dev_alloc(sz[i]);
         cuda_gdn_chunk_forward(out[run][0], (float *)out[run][1], d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
-                               T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo);
+                               T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL);
         bf16 *dqk = (bf16 *)out[run][2];
         cuda_gdn_chunk_backward(dqk, dqk + wq, out[run][3], (float *)out[run][4], (float *)out[run][5],
                                 (float *)out[run][6], ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
-                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo);
+                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL);
     }
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
     static const char *names[7] = {"o", "S_final", "dq|dk", "dv", "dg", "dbeta", "dS0"};
@@ -638,6 +706,12 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&du3, &b32);
     gdn_determinism(&du4, &b16);
     gdn_determinism(&du3, &du4, false);
+    /* 64 columns (GDN v4): alone; the automatic configuration with 64 columns picked in the dual launch
+     * gives the bits of 64 columns in one segment; against 32 columns, information only */
+    static const CudaGdnTune b64 = {1, 0, 0, 64, 0, 0, 1, 1, 0, 1, 0}, wd4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3};
+    gdn_determinism(&b64);
+    gdn_determinism(&wd4, &b64);
+    gdn_determinism(&b64, &b32, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -648,6 +722,8 @@ TEST(cuda_gdn_v2_segments) {
         {1, 7, 2, 32, 1, 0, 0, 0}, {1, 13, 3, 16, 2, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 4, 2, 16, 2, 0, 1, 1},
         {1, 0, 0, 0, 0, 0, 1, 1},          {1, 0, 2, 16, 0, 0, 1, 1, 1, 4},   {1, 0, 3, 32, 0, 0, 1, 1, 2, 13},
         {1, 0, 2, 32, 0, 0, 1, 1, 1, 64},   {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
+        {1, 3, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 0, 0, 2, 1, 1, 13},  {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
+        {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3}, {1, 0, 0, 64, 0, 0, 1, 1, 1, 1, 1},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -672,7 +748,7 @@ TEST(cuda_gdn_check_can_fail) {
     const int wv = p.nv * p.dv, wq = p.nk * p.dk;
     bf16 *o = (bf16 *)gdn_dev_alloc((size_t)p.T * p.ldo * 2);
     cuda_gdn_chunk_forward(o, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv,
-                           p.ldq, p.ldv, p.ldo);
+                           p.ldq, p.ldv, p.ldo, NULL);
     float *got = gdn_down_bf16(o, p.T * p.ldo, NULL);
     float *ref = (float *)test_alloc(p.T * p.ldo * 4);
     gdn_cpu_run(&p, 0, 0, ref, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
@@ -692,7 +768,7 @@ static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
-    char tag[256], cn[96];
+    char tag[256], cn[128];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -749,7 +825,7 @@ static void gdn_transition_cases(void) {
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
 static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
-    char tag[256], cn[96];
+    char tag[256], cn[128];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -773,13 +849,13 @@ static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
     float *ddg = (float *)gdn_dev_alloc((size_t)T * nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * nv * 4);
     float *dS0a = (float *)gdn_dev_alloc((size_t)nh * 4), *dS0b = (float *)gdn_dev_alloc((size_t)nh * 4);
     cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, dS0a, ddout, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, NULL,
-                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo);
+                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
     float *bw = gdn_down_f32(dS0a, nh);
     const int bitwise = memcmp(bw, dS_got, (size_t)nh * 4) == 0;
     gdn_check(tag, "dstate vs cuda backward dS0 (dS_final = 0)", dS_got, bw, nh, dv, 1e-6);
     printf("%s: dstate bitwise equal to the backward's dS0: %s\n", tag, bitwise ? "yes" : "no");
     cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, dS0b, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, NULL,
-                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo);
+                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
     float *M = (float *)gdn_dev_alloc((size_t)nm * 4), *H = (float *)gdn_dev_alloc((size_t)nh * 4);
     float *split = (float *)gdn_dev_alloc((size_t)nh * 4);
     cuda_gdn_chunk_transition(M, H, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv);
@@ -871,7 +947,10 @@ TEST(cuda_gdn_long) {
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
                                        {2, 0, 0, 0, 0, 0, 0, 0},
                                        {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
-                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1}};
+                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1},
+                                       {1, 0, 0, 64, 0, 0, 1, 1},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -972,10 +1051,10 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         float tf[16], tb[16], ts[16];
         for (int r = -1; r < reps && r < 16; r++) {
             CUDA_CHECK(cudaEventRecord(ev[0], st));
-            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
             CUDA_CHECK(cudaEventRecord(ev[1], st));
             cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta,
-                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
             CUDA_CHECK(cudaEventRecord(ev[2], st));
             CUDA_CHECK(cudaEventSynchronize(ev[2]));
             if (r < 0) continue; /* warm-up */
@@ -987,7 +1066,7 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         qsort(tf, n, 4, gdn_bench_cmp);
         qsort(tb, n, 4, gdn_bench_cmp);
         qsort(ts, n, 4, gdn_bench_cmp);
-        char cn[96];
+        char cn[128];
         printf("bench T=%lld H=%d docs=%d%s: fwd %.3f ms, bwd %.3f ms, fwd+bwd %.3f ms (median of %d)\n",
                (long long)T, nh, ndocs, gdn_cfg_name(&cfgs[ci], cn, sizeof cn), tf[n / 2], tb[n / 2], ts[n / 2], n);
         if (ts[n / 2] < best) {
@@ -995,7 +1074,7 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
             bi = ci;
         }
     }
-    char cn[96];
+    char cn[128];
     printf("bench T=%lld H=%d docs=%d: fastest%s %.3f ms\n", (long long)T, nh, ndocs,
            gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
     for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: the first set, the default, the fastest (+ cycles) */
@@ -1003,9 +1082,9 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         c.prof = pass == 2 ? 2 : 1;
         cuda_gdn_tune_set(&c);
         printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
-        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
         cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta, NULL,
-                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv);
+                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
     }
     cuda_gdn_tune_set(NULL);
     for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
@@ -1026,6 +1105,35 @@ TEST(cuda_gdn_bench) {
         {1, 0, 0, 0, 1, 0, 1, 1},
     };
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
+    if (atoi(getenv("RS_GDN_BENCH")) == 6) {
+        /* GDN v4: what the state operand's lo term costs (hilo 2: hi only, FLA's precision), at the
+         * automatic configuration, at 32 and at 64 columns */
+        static const CudaGdnTune v4h[] = {
+            {0, 0, 0, 0, 0, 0, 0, 0},                {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
+            {1, 0, 0, 32, 0, 0, 1, 1, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 64, 0, 0, 1, 1, 0, 0, 0, 0, 0, 2},
+        };
+        const int n4 = (int)(sizeof v4h / sizeof v4h[0]);
+        gdn_bench_shape(32768, 16, 0, v4h, n4, 5);
+        gdn_bench_shape(32768, 16, 2048, v4h, n4, 5);
+        gdn_bench_shape(32768, 64, 0, v4h, n4, 3);
+        gdn_bench_shape(32768, 64, 2048, v4h, n4, 3);
+        return;
+    }
+    if (atoi(getenv("RS_GDN_BENCH")) == 5) {
+        /* GDN v4: the default, 64 columns where they fill the SMs (wide 1: at 64 heads), 64 columns at
+         * every shape, alone with and without the shorter chains, and in 8 document segments */
+        static const CudaGdnTune v4[] = {
+            {0, 0, 0, 0, 0, 0, 0, 0},           {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {1, 0, 0, 64, 0, 0, 1, 1},
+            {1, 0, 0, 64, 0, 0, 2, 1},          {1, 0, 0, 64, 0, 0, 1, 1, 0, 8},
+        };
+        const int n4 = (int)(sizeof v4 / sizeof v4[0]);
+        gdn_bench_shape(32768, 16, 0, v4, n4, 5);
+        gdn_bench_shape(32768, 16, 2048, v4, n4, 5);
+        gdn_bench_shape(32768, 64, 0, v4, n4, 3);
+        gdn_bench_shape(32768, 64, 2048, v4, n4, 3);
+        return;
+    }
     if (atoi(getenv("RS_GDN_BENCH")) == 4) {
         /* GDN v3.1: the default before the dual launch (dual off), the default (dual, the device picks),
          * the pick forced to 32 columns x 8 document segments, and to the automatic configuration */

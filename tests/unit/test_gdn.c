@@ -1,6 +1,7 @@
 /*
  * test_gdn.c — tests of the chunked gated delta rule on the cpu backend
- * (kernels/cpu/cpu_gdn.c): cpu_gdn_chunk_forward, cpu_gdn_chunk_backward and
+ * (kernels/cpu/cpu_gdn.c): cpu_gdn_chunk_forward, cpu_gdn_chunk_backward (with the kept
+ * Tinv: bitwise the recomputed one, gdn_tinv_kept) and
  * the context-parallel entries cpu_gdn_chunk_transition, cpu_gdn_chunk_dstate and
  * cpu_gdn_state_affine.
  *
@@ -103,7 +104,7 @@ static GdnProb gdn_prob_rows(const GdnProb *p, int64_t t0, int64_t T, float *S0)
 
 static void gdn_run_forward(float *o /* (T, ldo) */, float *S_final, const GdnProb *p) {
     cpu_gdn_chunk_forward(o, S_final, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, p->T, p->nk, p->nv,
-                          p->dk, p->dv, p->ldq, p->ldv, p->ldo);
+                          p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
 }
 
 /* Gradients in the kernel's layout: dqk like qk, dv like v. */
@@ -131,7 +132,7 @@ static GdnGrads gdn_run_backward(const GdnProb *p, const float *dout /* (T, ldo)
     for (int64_t i = 0; i < ns; i++) d.dS0[i] = 1e3f;
     cpu_gdn_chunk_backward(d.dqk, d.dqk + (int64_t)p->nk * p->dk, d.dv, d.dg, d.dbeta, d.dS0, dout, dS_final, gdn_q(p),
                            gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
-                           p->ldv, p->ldo);
+                           p->ldv, p->ldo, NULL);
     return d;
 }
 
@@ -401,6 +402,64 @@ TEST(gdn_backward_fd_small) {
     gdn_check_backward("T=65 doc at 64", &p, GDN_BWD_BOUND);
     p = gdn_prob_make(64, 1, 1, 16, 32, 9, NULL, 0, 0, 0.02); /* S0 = NULL: dS0 is taken at S0 = 0 */
     gdn_check_backward("T=64 S0=NULL doc_pos[0]=9 weak", &p, GDN_BWD_BOUND);
+}
+
+/* ---- the kept Tinv (backend.h gdn_kept_bytes; the cpu backend keeps Tinv): the backward that reads the forward's Tinv gives the
+ * bits of the backward that solves again, and writing it leaves the forward's bits alone ---- */
+
+static void gdn_check_tinv_kept(const char *tag, const GdnProb *p) {
+    const int64_t T = p->T, no = T * p->ldo, ns = (int64_t)p->nv * p->dk * p->dv;
+    float *o = test_alloc(no * (int64_t)sizeof(float)), *o2 = test_alloc(no * (int64_t)sizeof(float));
+    float *Sf = test_alloc(ns * (int64_t)sizeof(float)), *Sf2 = test_alloc(ns * (int64_t)sizeof(float));
+    float *tinv = test_alloc((int64_t)cpu_gdn_kept_bytes(T, p->nv, p->dk, p->dv));
+    float *dout = test_alloc(no * (int64_t)sizeof(float)), *dSf = test_alloc(ns * (int64_t)sizeof(float));
+    test_fill_normal(dout, no, 1.0);
+    test_fill_normal(dSf, ns, 0.5);
+    gdn_run_forward(o, Sf, p);
+    cpu_gdn_chunk_forward(o2, Sf2, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
+                          p->dv, p->ldq, p->ldv, p->ldo, tinv);
+    EXPECT(!memcmp(o, o2, (size_t)no * sizeof(float)) && !memcmp(Sf, Sf2, (size_t)ns * sizeof(float)),
+          "%s: the forward writing Tinv changed o or S_final", tag);
+    GdnGrads a = gdn_run_backward(p, dout, dSf);
+    GdnGrads b = a; /* the same garbage pre-fill, then the kept Tinv */
+    b.dqk = test_alloc(T * p->ldq * (int64_t)sizeof(float));
+    b.dv = test_alloc(T * p->ldv * (int64_t)sizeof(float));
+    b.dg = test_alloc(T * p->nv * (int64_t)sizeof(float));
+    b.dbeta = test_alloc(T * p->nv * (int64_t)sizeof(float));
+    b.dS0 = test_alloc(ns * (int64_t)sizeof(float));
+    for (int64_t i = 0; i < T * p->ldq; i++) b.dqk[i] = i % p->ldq < 2 * p->nk * p->dk ? 1e3f : GDN_PAD_SENTINEL;
+    for (int64_t i = 0; i < T * p->ldv; i++) b.dv[i] = i % p->ldv < p->nv * p->dv ? 1e3f : GDN_PAD_SENTINEL;
+    cpu_gdn_chunk_backward(b.dqk, b.dqk + (int64_t)p->nk * p->dk, b.dv, b.dg, b.dbeta, b.dS0, dout, dSf, gdn_q(p),
+                           gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                           p->ldv, p->ldo, tinv);
+    const struct { const char *name; const float *x, *y; int64_t n; } c[] = {
+        {"dq|dk", a.dqk, b.dqk, T * p->ldq}, {"dv", a.dv, b.dv, T * p->ldv}, {"dg", a.dg, b.dg, T * p->nv},
+        {"dbeta", a.dbeta, b.dbeta, T * p->nv}, {"dS0", a.dS0, b.dS0, ns}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        EXPECT(!memcmp(c[i].x, c[i].y, (size_t)c[i].n * sizeof(float)), "%s: %s with the kept Tinv differs from the "
+              "recomputed one", tag, c[i].name);
+    /* and the kept Tinv is read: one token's row zeroed (every head) changes the gradients */
+    memset(tinv + (T / 2) * p->nv * 64, 0, (size_t)p->nv * 64 * sizeof(float));
+    float *db2 = test_alloc(T * p->nv * (int64_t)sizeof(float));
+    memcpy(db2, b.dbeta, (size_t)(T * p->nv) * sizeof(float));
+    cpu_gdn_chunk_backward(b.dqk, b.dqk + (int64_t)p->nk * p->dk, b.dv, b.dg, b.dbeta, b.dS0, dout, dSf, gdn_q(p),
+                           gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                           p->ldv, p->ldo, tinv);
+    EXPECT(memcmp(db2, b.dbeta, (size_t)(T * p->nv) * sizeof(float)) != 0, "%s: a sabotaged kept Tinv went unseen", tag);
+}
+
+TEST(gdn_tinv_kept) {
+    static const int starts[] = {17, 64, 100, 101, 102, 199};
+    GdnProb p = gdn_prob_make(200, 1, 2, 32, 16, 5, starts, 6, 1, 0.3);
+    gdn_check_tinv_kept("T=200 docs, S0", &p);
+    p = gdn_prob_make(200, 2, 4, 16, 32, 0, starts, 6, 1, 2.0);
+    gdn_check_tinv_kept("T=200 docs, GQA, strong decay", &p);
+    static const int s3[] = {128, 150, 299};
+    p = gdn_prob_make(300, 1, 1, 64, 32, 40, s3, 3, 1, 0.02);
+    gdn_check_tinv_kept("T=300 docs, weak decay", &p);
+    static const int s4[] = {1, 2, 3};
+    p = gdn_prob_make(5, 1, 2, 16, 16, 2, s4, 3, 0, 0.3);
+    gdn_check_tinv_kept("T=5 1-token docs, S0 NULL", &p);
 }
 
 /* ---- split invariance: [0,T) == [0,T1) then [T1,T) with the state handed over ---- */
