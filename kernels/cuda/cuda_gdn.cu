@@ -108,6 +108,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cuda_attention_wgmma.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
 #include "cuda_gdn_tune.h"
@@ -1453,6 +1454,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
 
 /* the v2 kernels: segmented, pipelined state passes; wy_bwd with dk in registers */
 #include "cuda_gdn_v2.h"
+/* the forward state pass on wgmma (GDN v4.2, switch sfwd) */
+#include "cuda_gdn_wg.h"
 
 /* dq, dk per key head = the value heads of its group summed in head order (fp32), one bf16 rounding */
 __global__ void gdn_group_reduce_kernel(bf16 *dq /* (T,ldq) */, bf16 *dk /* (T,ldq) */,
@@ -1533,6 +1536,7 @@ __global__ void __launch_bounds__(256)
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
+#define GDN_SFWD_DEFAULT 0    /* v2 forward state pass on wgmma, 64 columns (GDN v4.2): 0 off, 2 / 3 stages */
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
@@ -1562,6 +1566,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.dseg = gdn_env_int("RS_GDN_DSEG");
         gdn_tune_env.dqs = gdn_env_int("RS_GDN_DQS");
         gdn_tune_env.dual = gdn_env_int("RS_GDN_DUAL");
+        gdn_tune_env.sfwd = gdn_env_int("RS_GDN_SFWD");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1928,7 +1933,11 @@ typedef struct GdnPlan {
                  segments), the device picks by the documents; 0: off */
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
+    int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
 } GdnPlan;
+
+/* the running entry's plan.sfwd, for gdn_v2_fwd_launch (set by gdn_plan; one compute stream) */
+static int gdn_sfwd_cur;
 
 static int gdn_sm_count(void) {
     static int n;
@@ -2023,6 +2032,10 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
         pl.dual = dual;
         pl.dual_need = dual == 3 ? 0 : dual == 4 ? INT64_MAX : (int64_t)GDN_DUAL_WAVES * gdn_sm_count();
     }
+    /* wgmma forward state pass: every v2 forward pass (segments, transition columns, document segments,
+     * dual launch) but the bulk-copy one, which the switch leaves as it is */
+    const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : GDN_SFWD_DEFAULT;
+    pl.sfwd = pl.bulk || dv % 64 != 0 ? 0 : sfwd;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
@@ -2041,6 +2054,21 @@ static void gdn_affine_launch(float *S_out, const float *M, const float *S_in, c
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
+    if (!BULK && gdn_sfwd_cur) { /* the wgmma pass: 64 columns per block */
+        RS_CHECK(ncol % 64 == 0, "gdn: state_fwd_wg needs columns in 64s, has %d", ncol);
+        const dim3 grid(ncol / 64, nv, nz);
+        if (gdn_sfwd_cur == 3) {
+            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 3>, GdnStateFwdSmemWg<DK, 3>::BYTES, "state_fwd_wg");
+            gdn_state_fwd_wg_kernel<DK, 3><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 3>::BYTES, st>>>(
+                hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq);
+        } else {
+            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 2>, GdnStateFwdSmemWg<DK, 2>::BYTES, "state_fwd_wg");
+            gdn_state_fwd_wg_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 2>::BYTES, st>>>(
+                hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq);
+        }
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_fwd_v2");
     gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
@@ -2198,7 +2226,7 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
-    gdn_prof_mark("state_fwd");
+    gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
     gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, st>>>(
@@ -2239,10 +2267,10 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
                             nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         CUDA_CHECK(cudaEventRecord(join, aux));
         CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
-        gdn_prof_mark("state_fwd|dvlocal+state_bwd");
+        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg|dvlocal+state_bwd" : "state_fwd|dvlocal+state_bwd");
     } else {
         gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
-        gdn_prof_mark("state_fwd");
+        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
         gdn_prof_mark("dvlocal");
         gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
@@ -2328,6 +2356,7 @@ static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
                              int ldq, int ldv, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
     else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
 }
@@ -2338,6 +2367,7 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
                               const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
                               int ldq, int ldv, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
                                 nv, ldq, ldv, ldo);
@@ -2350,6 +2380,7 @@ template <int DK, int DV>
 static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2) gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
     else gdn_transition_v1<DK, DV>(M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
 }
@@ -2358,6 +2389,7 @@ template <int DK, int DV>
 static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2) gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
     else gdn_dstate_v1<DK, DV>(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
 }
