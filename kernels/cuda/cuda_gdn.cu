@@ -107,6 +107,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
 
 #include "cuda_attention_wgmma.h"
 #include "cuda_common.h"
@@ -1640,6 +1643,7 @@ enum { GDN_WS_FORWARD, GDN_WS_BACKWARD, GDN_WS_TRANSITION, GDN_WS_DSTATE };
 
 /* the buffers of one call, carved from the workspace (NULL where the call needs none) */
 typedef struct GdnBufs {
+    int64_t T;                    /* tokens of the call */
     int32_t *blk, *meta, *starts; /* index: (nb,3), (GDN_META_N), (T+1) */
     int4 *info;                   /* (T+1) per chunk: t0, L, flags (gdn_index_info_kernel) */
     int32_t *cuts;                /* (2 (GDN_DSEG_MAX+1) + 1) document segments of the state passes: the
@@ -1701,6 +1705,7 @@ static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg
     GdnBufs b;
     const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv, nseg);
     gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv, nseg);
+    b.T = T;
     return b;
 }
 
@@ -2051,20 +2056,60 @@ static void gdn_affine_launch(float *S_out, const float *M, const float *S_in, c
     CUDA_LAUNCH_CHECK();
 }
 
+typedef CUresult (*GdnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes
+ * of 64 columns (128 bytes, 128-byte swizzle) by box_rows rows; rows past the end read as zeros and
+ * are not written. base NULL: a zeroed map, never used. */
+static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+    static GdnEncodeTiled encode;
+    memset(m, 0, sizeof *m);
+    if (!base) return;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000,
+                                                    cudaEnableDefault, &q));
+        RS_CHECK(q == cudaDriverEntryPointSuccess && encode, "gdn: cuTensorMapEncodeTiled not found");
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    RS_CHECK(r == CUDA_SUCCESS, "gdn: cuTensorMapEncodeTiled failed (%d): rows %lld cols %lld ld %lld", (int)r,
+             (long long)rows, (long long)cols, (long long)ld);
+}
+
+/* the tensor maps of the wgmma forward pass (cuda_gdn_wg.h) */
+template <int DK>
+static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k, int nk, int nv, int dv, int ldq) {
+    GdnWgMaps tm;
+    const int64_t T = b->T, ns = (T + GDN_C - 1) / GDN_C + 1;
+    gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
+    gdn_tmap(&tm.k, k, T, (int64_t)nk * DK, ldq, GDN_C);
+    gdn_tmap(&tm.u, b->U, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    gdn_tmap(&tm.h, hs, ns * nv * DK, dv, dv, DK);
+    gdn_tmap(&tm.vn, vn, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    return tm;
+}
+
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
     if (!BULK && gdn_sfwd_cur) { /* the wgmma pass: 64 columns per block */
         RS_CHECK(ncol % 64 == 0, "gdn: state_fwd_wg needs columns in 64s, has %d", ncol);
         const dim3 grid(ncol / 64, nv, nz);
+        const GdnWgMaps tm = gdn_wg_maps<DK>(b, hs, vn, k, nk, nv, dv, ldq);
         if (gdn_sfwd_cur == 3) {
             gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 3>, GdnStateFwdSmemWg<DK, 3>::BYTES, "state_fwd_wg");
             gdn_state_fwd_wg_kernel<DK, 3><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 3>::BYTES, st>>>(
-                hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq);
+                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
         } else {
             gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 2>, GdnStateFwdSmemWg<DK, 2>::BYTES, "state_fwd_wg");
             gdn_state_fwd_wg_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 2>::BYTES, st>>>(
-                hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq);
+                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
         }
         CUDA_LAUNCH_CHECK();
         return;

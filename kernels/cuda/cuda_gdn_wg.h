@@ -48,33 +48,37 @@ GDN_DEV void gdn_wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
 GDN_DEV uint32_t gdn_wg_off(int r, int j) { return r * 128 + ((((j >> 3) & 7) ^ (r & 7)) << 4) + (j & 7) * 2; }
 
-/* rows [0, ROWS) x WID bf16 of a strided global matrix into WID / 64 swizzled blocks of ROWS x 64
- * (block b at s + b ROWS 128) with cp.async; rows >= valid are zero-filled and not read */
-template <int ROWS, int WID>
-GDN_DEV void gdn_wg_load_tile(unsigned char *s, const bf16 *gsrc, int64_t ldg, int valid) {
-    constexpr int CPR = WID / 8;
-    for (int i = threadIdx.x; i < ROWS * CPR; i += GDN_THREADS) {
-        const int r = i / CPR, c = i % CPR;
-        const bool ok = r < valid;
-        gdn_cp_async16(s + (c >> 3) * (ROWS * 128) + gdn_wg_off(r, (c & 7) * 8), ok ? gsrc + (int64_t)r * ldg + c * 8 : gsrc,
-                       ok);
-    }
+/* a 2-d box of shared memory -> a tensor map's global tensor by the TMA unit (c0 = column, c1 = row; rows
+ * past the end are dropped), one bulk async-group op of this thread */
+GDN_DEV void gdn_tma_store_2d(const void *tmap, int c0, int c1, uint32_t src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(tmap), "r"(c0),
+                 "r"(c1), "r"(src)
+                 : "memory");
 }
 
-/* shared memory of the pass, every wgmma tile on a 1024-byte boundary (the base is rounded up) */
+/* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up) */
 template <int DK, int NST> struct GdnStateFwdSmemWg {
     static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * 64 * 2;
     static constexpr int OW = 0, OK = TK, OU = 2 * TK, OG = 2 * TK + TU, SB = OG + 1024; /* one stage, bytes */
-    static constexpr int OHI = NST * SB, OLO = OHI + DK * 128, OVN = OLO + DK * 128, BYTES = OVN + TU + 1024;
+    static constexpr int OHI = NST * SB, OLO = OHI + DK * 128, OVN = OLO + DK * 128, OVO = OVN + TU, OBAR = OVO + TU,
+                         BYTES = OBAR + 1024 + 1024;
     unsigned char *b;
     GDN_DEV explicit GdnStateFwdSmemWg(unsigned char *base) : b(base) {}
     GDN_DEV unsigned char *w(int i) const { return b + i * SB + OW; }
     GDN_DEV unsigned char *k(int i) const { return b + i * SB + OK; }
     GDN_DEV unsigned char *u(int i) const { return b + i * SB + OU; }
     GDN_DEV float *G(int i) const { return (float *)(b + i * SB + OG); }
-    GDN_DEV unsigned char *hi() const { return b + OHI; }
-    GDN_DEV unsigned char *lo() const { return b + OLO; }
-    GDN_DEV unsigned char *vn() const { return b + OVN; }
+    GDN_DEV unsigned char *hi() const { return b + OHI; }  /* state hi = bf16(S): the wgmma operand and the h store */
+    GDN_DEV unsigned char *lo() const { return b + OLO; }  /* state lo = bf16(S - hi) */
+    GDN_DEV unsigned char *vn() const { return b + OVN; }  /* dec * vn, the operand of K^T vn */
+    GDN_DEV unsigned char *vno() const { return b + OVO; } /* vn, the source of its TMA store */
+    GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
+};
+
+/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_maps): W, K, U tiles in (64 columns x 64 rows boxes),
+ * h out (64 columns x DK rows), vn out (64 x 64); 128-byte swizzle, rows past the end read as zeros */
+struct GdnWgMaps {
+    CUtensorMap w, k, u, h, vn;
 };
 
 /*
@@ -82,13 +86,20 @@ template <int DK, int NST> struct GdnStateFwdSmemWg {
  * 64) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
  * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
  * state tile mt, element 4 i + e at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
+ * Tiles in by TMA (thread 0; one mbarrier per stage, the gates by cp.async): the rows of a chunk past
+ * its L are the next tokens' (zeros past T). The W and U rows only reach vn rows >= L, which are
+ * dropped and replaced by 0 in dec * vn (a selection, so even a non-finite row cannot leak); the K
+ * rows meet those zeros, so they add exact zeros as long as k is finite (the inputs are), and the
+ * result is that of zero-filled rows.
+ * h out by one TMA store per chunk from the hi block (bf16(S), what the v2 pass stores), vn out by one
+ * TMA store of a full chunk (L = 64), by the threads otherwise.
  */
 template <int DK, int NST>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_fwd_wg_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
-                            const bf16 *W /* (T,nv,DK) */, const bf16 *U /* (T,nv,dv) */,
-                            const bf16 *k /* (T,ldq) */, const float *G2 /* (T,nv) */, const int4 *info,
-                            const int32_t *meta, int mode, int nk, int nv, int dv, int ldq) {
+                            const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
+                            const int32_t *meta, int mode, int nk, int nv, int dv,
+                            long long *tp /* (GDN_TP_N) cycles, or NULL */) {
     constexpr int BV = 64, MT = DK / 64, KS = DK / 16;
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
@@ -101,7 +112,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
-    const int64_t ldw = (int64_t)nv * DK, ldu = (int64_t)nv * dv;
+    const int64_t ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     int lo, hi;
     bool dlast = false;
@@ -122,11 +133,24 @@ __global__ void __launch_bounds__(GDN_THREADS)
             S[mt][x] = v;
         }
 
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);
+        gdn_mbar_init_fence();
+    }
+    __syncthreads();
+    const unsigned tx = 2 * GDN_C * DK * 2 + (is_M ? 0 : GDN_C * BV * 2); /* bytes of one stage's tiles */
     auto issue = [&](int4 ci, int buf) {
-        const int64_t t0 = ci.x;
-        gdn_wg_load_tile<GDN_C, DK>(s.w(buf), W + t0 * ldw + (int64_t)h * DK, ldw, ci.y);
-        gdn_wg_load_tile<GDN_C, DK>(s.k(buf), k + t0 * ldq + (int64_t)kh * DK, ldq, ci.y);
-        if (!is_M) gdn_wg_load_tile<GDN_C, BV>(s.u(buf), U + t0 * ldu + (int64_t)h * dv + col0, ldu, ci.y);
+        const int t0 = ci.x;
+        if (threadIdx.x == 0) {
+            const uint32_t bar = gdn_smem_addr(s.bar(buf));
+            attn_mbar_arrive_tx(bar, tx);
+#pragma unroll
+            for (int b = 0; b < MT; b++) {
+                attn_tma_load_2d(gdn_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
+                attn_tma_load_2d(gdn_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
+            }
+            if (!is_M) attn_tma_load_2d(gdn_smem_addr(s.u(buf)), &tm.u, h * dv + col0, t0, bar);
+        }
         gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
     };
     /* inf[i]: (t0, L, flags) of chunk c + i; chunk c's tiles are issued during chunk c - NST + 1 */
@@ -141,22 +165,29 @@ __global__ void __launch_bounds__(GDN_THREADS)
     }
     const uint32_t a_hi = gdn_smem_addr(s.hi()), a_lo = gdn_smem_addr(s.lo()), a_vn = gdn_smem_addr(s.vn());
     int buf = 0;
+    unsigned ph = 0; /* parity of each stage's next phase */
+    const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
+    long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = lo; c < hi; c++) {
         const int4 infN = c + NST < hi ? info[c + NST] : none;
+        if (threadIdx.x == 0) attn_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
         gdn_cp_async_wait<NST - 2>();
-        gdn_fence_async_smem(); /* this thread's cp.async tiles, seen by the wgmma (async proxy) */
-        __syncthreads();        /* chunk c's tiles are in; chunk c-1's products are done */
+        attn_mbar_wait(gdn_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
+        ph ^= 1u << buf;
+        __syncthreads(); /* chunk c's tiles are in; chunk c-1's products and stores are done with their tiles */
+        GDN_TP(0);
         {
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c-1 */
             if (c + NST - 1 < hi) issue(inf[NST - 1], nb);
         }
         gdn_cp_async_commit();
+        GDN_TP(1);
         const int4 cur = inf[0];
         const int64_t t0 = cur.x;
         const int L = cur.y;
         const bool reset = (cur.z & 1) != 0;
-        bf16 *hrow = (hs && !is_M && !reset) ? hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0 : NULL;
-        /* the state operand: hi + lo bf16 into the swizzled blocks; h = bf16(S) stored */
+        const bool hst = hs && !is_M && !reset;
+        /* the state operand: hi + lo bf16 into the swizzled blocks (hi = h, stored below) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -165,10 +196,14 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
                 const uint32_t o = gdn_wg_off(a, j);
                 gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), S[mt][x], S[mt][x + 1]);
-                if (hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mt][x], S[mt][x + 1]);
             }
         gdn_fence_async_smem();
         __syncthreads();
+        if (threadIdx.x == 0 && hst) {
+            gdn_tma_store_2d(&tm.h, col0, (int)(((t0 / GDN_C) * nv + h) * DK), a_hi);
+            attn_bulk_commit();
+        }
+        GDN_TP(2);
         /* vacc = W (S_hi + S_lo): tokens x 64 */
         float vacc[32];
         const uint32_t a_w = gdn_smem_addr(s.w(buf)), a_k = gdn_smem_addr(s.k(buf));
@@ -185,10 +220,12 @@ __global__ void __launch_bounds__(GDN_THREADS)
         attn_wg_wait<0>();
 #pragma unroll
         for (int x = 0; x < 32; x++) attn_reg_fence(vacc[x]);
-        /* vn = U - W S: stored, and dec * vn into the swizzled block */
+        GDN_TP(3);
+        /* vn = U - W S: into vno (stored by TMA when the chunk is full) or stored here; dec * vn into vn */
         const float *sG = s.G(buf);
         const float gL = sG[L - 1];
         const unsigned char *su = s.u(buf);
+        const bool vst = vn && !is_M, vfull = vst && L == GDN_C;
 #pragma unroll
         for (int x = 0; x < 32; x += 2) {
             const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
@@ -196,9 +233,12 @@ __global__ void __launch_bounds__(GDN_THREADS)
             float2 u = make_float2(0.0f, 0.0f);
             if (!is_M) u = gdn_load2((const bf16 *)(su + o));
             const float x0 = u.x - vacc[x], x1 = u.y - vacc[x + 1];
-            if (vn && !is_M && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
+            if (vfull) gdn_store2((bf16 *)(s.vno() + o), x0, x1);
+            else if (vst && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
+            /* rows >= L: 0 by selection (their W / U rows are another chunk's, or anything in a range's
+             * workspace, so never multiplied) */
             const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
-            gdn_store2((bf16 *)(s.vn() + o), x0 * dec, x1 * dec);
+            gdn_store2((bf16 *)(s.vn() + o), r < L ? x0 * dec : 0.0f, r < L ? x1 * dec : 0.0f);
         }
         const float gam = exp2f(gL);
 #pragma unroll
@@ -207,6 +247,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
             for (int x = 0; x < 32; x++) S[mt][x] *= gam;
         gdn_fence_async_smem();
         __syncthreads();
+        if (threadIdx.x == 0 && vfull) {
+            gdn_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, gdn_smem_addr(s.vno()));
+            attn_bulk_commit();
+        }
+        GDN_TP(4);
         /* S += K^T (dec * vn), per state tile */
         attn_wg_fence();
 #pragma unroll
@@ -221,11 +266,15 @@ __global__ void __launch_bounds__(GDN_THREADS)
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int x = 0; x < 32; x++) attn_reg_fence(S[mt][x]);
+        GDN_TP(5);
 #pragma unroll
         for (int i = 0; i < NST - 1; i++) inf[i] = inf[i + 1];
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
+    if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
+    if (tp_on)
+        for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
     float *Sd = is_M ? sg.M + p * nmz : sg.cuts ? (dlast ? sg.out_edge : NULL) : gdn_seg_out(sg, p, 0, sg.nseg - 1, nsz);
     if (!Sd) return;
 #pragma unroll
