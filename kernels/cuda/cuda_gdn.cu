@@ -2087,6 +2087,8 @@ template <int DK>
 static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k, int nk, int nv, int dv, int ldq) {
     GdnWgMaps tm;
     const int64_t T = b->T, ns = (T + GDN_C - 1) / GDN_C + 1;
+    RS_CHECK(ns * nv * DK < INT_MAX, "gdn: state_fwd_wg: %lld h rows exceed the TMA coordinates",
+             (long long)(ns * nv * DK));
     gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
     gdn_tmap(&tm.k, k, T, (int64_t)nk * DK, ldq, GDN_C);
     gdn_tmap(&tm.u, b->U, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
