@@ -1539,7 +1539,7 @@ __global__ void __launch_bounds__(256)
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
-#define GDN_SFWD_DEFAULT 0    /* v2 forward state pass on wgmma, 64 columns (GDN v4.2): 0 off, else tune.sfwd */
+#define GDN_SFWD_DEFAULT 0    /* v2 forward state pass on wgmma, 64 columns (GDN v4.2): 0 off, 2 / 3 stages */
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
@@ -1938,7 +1938,7 @@ typedef struct GdnPlan {
                  segments), the device picks by the documents; 0: off */
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
-    int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else tune.sfwd's form (1, 3, 4, 5) */
+    int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
 } GdnPlan;
 
 /* the running entry's plan.sfwd, for gdn_v2_fwd_launch (set by gdn_plan; one compute stream) */
@@ -2039,7 +2039,7 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     }
     /* wgmma forward state pass: every v2 forward pass (segments, transition columns, document segments,
      * dual launch) but the bulk-copy one, which the switch leaves as it is */
-    const int sfwd = t.sfwd == 1 || (t.sfwd >= 3 && t.sfwd <= 5) ? t.sfwd : t.sfwd == 2 ? 0 : GDN_SFWD_DEFAULT;
+    const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : GDN_SFWD_DEFAULT;
     pl.sfwd = pl.bulk || dv % 64 != 0 ? 0 : sfwd;
     if (pl.prof == 2) {
         static long long *tp;
@@ -2097,21 +2097,6 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
     return tm;
 }
 
-template <int DK, int WG>
-static void gdn_wg_launch(int nst, dim3 grid, const GdnWgMaps &tm, bf16 *hs, bf16 *vn, GdnSeg sg, const GdnBufs *b,
-                          int mode, int nk, int nv, int dv, cudaStream_t st, long long *tp) {
-    constexpr int W = DK == 128 ? WG : 1;
-    if (nst == 3) {
-        gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 3, W>, GdnStateFwdSmemWg<DK, 3>::BYTES, "state_fwd_wg");
-        gdn_state_fwd_wg_kernel<DK, 3, W><<<grid, GDN_THREADS * W, GdnStateFwdSmemWg<DK, 3>::BYTES, st>>>(
-            hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
-    } else {
-        gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 2, W>, GdnStateFwdSmemWg<DK, 2>::BYTES, "state_fwd_wg");
-        gdn_state_fwd_wg_kernel<DK, 2, W><<<grid, GDN_THREADS * W, GdnStateFwdSmemWg<DK, 2>::BYTES, st>>>(
-            hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
-    }
-}
-
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
@@ -2119,10 +2104,15 @@ static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, i
         RS_CHECK(ncol % 64 == 0, "gdn: state_fwd_wg needs columns in 64s, has %d", ncol);
         const dim3 grid(ncol / 64, nv, nz);
         const GdnWgMaps tm = gdn_wg_maps<DK>(b, hs, vn, k, nk, nv, dv, ldq);
-        const int m = gdn_sfwd_cur;
-        if (DK == 128 && m >= 4) /* two warpgroups */
-            gdn_wg_launch<DK, 2>(m == 5 ? 3 : 2, grid, tm, hs, vn, sg, b, mode, nk, nv, dv, st, tp);
-        else gdn_wg_launch<DK, 1>(m == 3 || m == 5 ? 3 : 2, grid, tm, hs, vn, sg, b, mode, nk, nv, dv, st, tp);
+        if (gdn_sfwd_cur == 3) {
+            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 3>, GdnStateFwdSmemWg<DK, 3>::BYTES, "state_fwd_wg");
+            gdn_state_fwd_wg_kernel<DK, 3><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 3>::BYTES, st>>>(
+                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
+        } else {
+            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 2>, GdnStateFwdSmemWg<DK, 2>::BYTES, "state_fwd_wg");
+            gdn_state_fwd_wg_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 2>::BYTES, st>>>(
+                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
+        }
         CUDA_LAUNCH_CHECK();
         return;
     }

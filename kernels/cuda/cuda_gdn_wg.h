@@ -82,13 +82,10 @@ struct GdnWgMaps {
 };
 
 /*
- * Grid (ncol / 64, nv, segments launched), WG warpgroups. Block (x, h, z) carries columns [64 x, 64 x +
+ * Grid (ncol / 64, nv, segments launched), 128 threads. Block (x, h, z) carries columns [64 x, 64 x +
  * 64) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
- * has the same contract; ncol = dv, or dv + DK when sg.M). Warpgroup wg holds state rows [m0, m0 + DK /
- * WG), m0 = DK wg / WG; its thread (warp w, lane 4 g + t) holds, in state tile mt, element 4 i + e at
- * row m0 + 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2. With two warpgroups (WG 2: the
- * scalar work of a chunk on twice the threads) both compute the whole W S (the wgmma work of that
- * product doubles) and each takes half of its columns through the epilogue.
+ * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
+ * state tile mt, element 4 i + e at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
  * Tiles in by TMA (thread 0; one mbarrier per stage, the gates by cp.async): the rows of a chunk past
  * its L are the next tokens' (zeros past T). The W and U rows only reach vn rows >= L, which are
  * dropped and replaced by 0 in dec * vn (a selection, so even a non-finite row cannot leak); the K
@@ -97,20 +94,18 @@ struct GdnWgMaps {
  * h out by one TMA store per chunk from the hi block (bf16(S), what the v2 pass stores), vn out by one
  * TMA store of a full chunk (L = 64), by the threads otherwise.
  */
-template <int DK, int NST, int WG>
-__global__ void __launch_bounds__(GDN_THREADS * WG)
+template <int DK, int NST>
+__global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_fwd_wg_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
                             const int32_t *meta, int mode, int nk, int nv, int dv,
                             long long *tp /* (GDN_TP_N) cycles, or NULL */) {
-    constexpr int BV = 64, MT = DK / 64 / WG, KS = DK / 16, XW = 32 / WG;
+    constexpr int BV = 64, MT = DK / 64, KS = DK / 16;
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
-    static_assert(MT >= 1 && MT * WG * 64 == DK, "state_fwd_wg: one state tile per warpgroup at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
     const uint32_t raw = gdn_smem_addr(gdn_wg_smem);
     const GdnStateFwdSmemWg<DK, NST> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
-    const int h = blockIdx.y, kh = h / (nv / nk), w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int wg = WG > 1 ? threadIdx.x >> 7 : 0, m0 = 64 * MT * wg; /* warpgroup, its first state row */
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g8 = lane >> 2, t4 = lane & 3;
     const int col0 = blockIdx.x * BV;
     const bool is_M = col0 >= dv;
@@ -131,7 +126,7 @@ __global__ void __launch_bounds__(GDN_THREADS * WG)
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int x = 0; x < 32; x++) {
-            const int a = m0 + 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
+            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
             float v = 0.0f;
             if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
             else if (S_in) v = S_in[((int64_t)h * DK + a) * dv + col0 + j];
@@ -198,7 +193,7 @@ __global__ void __launch_bounds__(GDN_THREADS * WG)
 #pragma unroll
             for (int x = 0; x < 32; x += 2) {
                 if (reset) S[mt][x] = S[mt][x + 1] = 0.0f;
-                const int a = m0 + 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
+                const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
                 const uint32_t o = gdn_wg_off(a, j);
                 gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), S[mt][x], S[mt][x + 1]);
             }
@@ -209,7 +204,7 @@ __global__ void __launch_bounds__(GDN_THREADS * WG)
             attn_bulk_commit();
         }
         GDN_TP(2);
-        /* vacc = W (S_hi + S_lo): tokens x 64 (every warpgroup the whole product) */
+        /* vacc = W (S_hi + S_lo): tokens x 64 */
         float vacc[32];
         const uint32_t a_w = gdn_smem_addr(s.w(buf)), a_k = gdn_smem_addr(s.k(buf));
         attn_wg_fence();
@@ -233,7 +228,6 @@ __global__ void __launch_bounds__(GDN_THREADS * WG)
         const bool vst = vn && !is_M, vfull = vst && L == GDN_C;
 #pragma unroll
         for (int x = 0; x < 32; x += 2) {
-            if (WG > 1 && x / XW != wg) continue; /* warpgroup wg: columns [64 wg / WG, 64 (wg + 1) / WG) */
             const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
             const uint32_t o = gdn_wg_off(r, j);
             float2 u = make_float2(0.0f, 0.0f);
@@ -264,7 +258,7 @@ __global__ void __launch_bounds__(GDN_THREADS * WG)
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                gdn_wgmma_n64<1, 1>(S[mt], attn_gdesc(a_k + (m0 / 64 + mt) * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                gdn_wgmma_n64<1, 1>(S[mt], attn_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
                                     attn_gdesc(a_vn + kk * 16 * 128, GDN_C * 128, 1024), 1);
         attn_wg_commit();
         attn_wg_wait<0>();
@@ -287,7 +281,7 @@ __global__ void __launch_bounds__(GDN_THREADS * WG)
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int x = 0; x < 32; x++) {
-            const int a = m0 + 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
+            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
             if (is_M) Sd[((int64_t)h * DK + a) * DK + col0 - dv + j] = S[mt][x];
             else Sd[((int64_t)h * DK + a) * dv + col0 + j] = S[mt][x];
         }

@@ -679,43 +679,6 @@ TEST(cuda_gdn_v2_segments) {
     gdn_check_fwd_bwd_cfgs("T=1999 nk=2 nv=4 d=64 docs 0,1000", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
 }
 
-/* The wgmma forward pass with two warpgroups (sfwd 4 / 5, dim_k 128; dim_k 64 runs the one-warpgroup
- * form), in a case of its own: the sets of the shared lists, the transition entry, two runs bitwise
- * equal, document segments exact. */
-static void gdn_transition_cases(void);
-
-TEST(cuda_gdn_wg2) {
-    static const CudaGdnTune cfgs[] = {
-        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},       {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 5},
-        {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 4},       {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 5},
-        {1, 0, 0, 0, 0, 0, 1, 1, 0, 13, 0, 2, 4},
-    };
-    const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
-    static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
-    GdnProb p = gdn_prob(4100, 2, 2, 128, 128, 17, starts, 9, 1, 0.1, 1100);
-    gdn_check_fwd_bwd_cfgs("T=4100 nk=nv=2 d=128 9 docs S0", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
-    p = gdn_prob(2000, 1, 2, 64, 128, 7, NULL, 0, 1, 0.02, 1101);
-    gdn_check_fwd_bwd_cfgs("T=2000 nk=1 nv=2 dk=64 dv=128 no docs S0 decay=0.02", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
-    static const int sg[] = {64, 333, 334, 700};
-    p = gdn_prob(1000, 2, 4, 128, 128, 30, sg, 4, 1, 0.3, 300);
-    gdn_check_fwd_bwd_cfgs("T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
-    p = gdn_prob(1, 1, 1, 128, 64, 4, NULL, 0, 1, 0.3, 402);
-    gdn_check_fwd_bwd_cfgs("T=1 dk=128 dv=64", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
-    static const int s40[] = {40};
-    p = gdn_prob(150, 1, 2, 128, 64, 0, s40, 1, 1, 0.3, 403);
-    gdn_check_fwd_bwd_cfgs("T=150 doc at 0 (S0 ignored) S_final/dS0 off", &p, GDN_DSFINAL, GDN_TEST_BOUND, cfgs, n);
-    p = gdn_prob(300, 2, 2, 128, 128, 9, NULL, 0, 1, 2.0, 201);
-    gdn_check_fwd_bwd_cfgs("T=300 nk=nv=2 d=128 no docs S0 decay=2", &p, GDN_ALL, GDN_TEST_BOUND, cfgs, n);
-    cuda_gdn_tune_set(&cfgs[0]);
-    gdn_transition_cases();
-    cuda_gdn_tune_set(NULL);
-    static const CudaGdnTune a = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 4}, b = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 5},
-                             c = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 1};
-    gdn_determinism(&a);
-    gdn_determinism(&a, &b);
-    gdn_determinism(&a, &c, false);
-}
-
 /* The check can fail: the cuda side runs without one document start the oracle has (a missed
  * reset); its o must miss the bound by far. */
 TEST(cuda_gdn_check_can_fail) {
@@ -1085,17 +1048,15 @@ TEST(cuda_gdn_bench) {
     };
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
     if (atoi(getenv("RS_GDN_BENCH")) == 5) {
-        /* GDN v4.2: the default, the forward state passes on wgmma (one warpgroup, 2 and 3 stages; two
-         * warpgroups, 2 and 3 stages), off */
+        /* GDN v4.2: the default, the forward state passes on wgmma (2 and 3 stages), off */
         static const CudaGdnTune v42[] = {
             {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
-            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
+            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
         };
-        gdn_bench_shape(32768, 16, 0, v42, 6, 5);
-        gdn_bench_shape(32768, 16, 2048, v42, 6, 5);
-        gdn_bench_shape(32768, 64, 0, v42, 6, 3);
-        gdn_bench_shape(32768, 64, 2048, v42, 6, 3);
+        gdn_bench_shape(32768, 16, 0, v42, 4, 5);
+        gdn_bench_shape(32768, 16, 2048, v42, 4, 5);
+        gdn_bench_shape(32768, 64, 0, v42, 4, 3);
+        gdn_bench_shape(32768, 64, 2048, v42, 4, 3);
         return;
     }
     if (atoi(getenv("RS_GDN_BENCH")) == 4) {
