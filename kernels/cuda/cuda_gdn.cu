@@ -96,6 +96,13 @@
  * forward pass at 32k / 16 heads / 16 documents, because the pass is bound by each SM's issue and L2
  * traffic (every column block reloads the head's W and K), not by the chain of chunks.
  *
+ * GDN v4.2 (switch sfwd, cuda_gdn_wg.h): the forward state pass on wgmma, one warpgroup per 64 state
+ * columns, the state in the wgmma accumulators, W / K / U tiles in and h / vn out by TMA. Automatic
+ * where the 64-column blocks are >= 128 (64 heads of 128): 32k / 64 heads state_fwd ~2.35 -> ~1.86 ms,
+ * fwd+bwd 22.58 -> 21.84 ms (1 document), 22.44 -> 21.49 (16 documents). At 16 heads (32 blocks) the
+ * pass is slower (fwd+bwd 6.92 -> 8.65 ms with one document; 5.84 -> 5.68 with 16): a chunk step takes
+ * ~3.6 us, latency-bound in one warpgroup, so few blocks do not fill the GPU (docs/benchmarks.md).
+ *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
  * shared memory a block can have, so it needs a column-split dqkwg first. Rows of
@@ -1539,7 +1546,9 @@ __global__ void __launch_bounds__(256)
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
-#define GDN_SFWD_DEFAULT 0    /* v2 forward state pass on wgmma, 64 columns (GDN v4.2): 0 off, 2 / 3 stages */
+#define GDN_SFWD_BLOCKS 128   /* v2 forward state pass on wgmma (GDN v4.2) where its 64-column blocks are at
+                                 least this many (64 heads of 128: -3 to -4% fwd+bwd; 16 heads: 32 blocks,
+                                 +25% with one document), 2 stages */
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
@@ -2039,7 +2048,7 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     }
     /* wgmma forward state pass: every v2 forward pass (segments, transition columns, document segments,
      * dual launch) but the bulk-copy one, which the switch leaves as it is */
-    const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : GDN_SFWD_DEFAULT;
+    const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SFWD_BLOCKS ? 2 : 0;
     pl.sfwd = pl.bulk || dv % 64 != 0 ? 0 : sfwd;
     if (pl.prof == 2) {
         static long long *tp;

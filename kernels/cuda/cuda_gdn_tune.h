@@ -36,7 +36,7 @@ typedef struct CudaGdnTune {
                     (1 = on, 2 = off, 3 / 4 = on with the pick forced to the second / first; 0 = automatic) */
     int sfwd;    /* v2 forward state passes on wgmma (cuda_gdn_wg.h: 64 columns per block, one warpgroup; every
                     forward pass but the bulk-copy one, bv ignored there): 1 = on (2 stages), 3 = on with 3
-                    stages, 2 = off, 0 = automatic */
+                    stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */
