@@ -109,6 +109,13 @@
  * forward pass at 32k / 16 heads / 16 documents, because the pass is bound by each SM's issue and L2
  * traffic (every column block reloads the head's W and K), not by the chain of chunks.
  *
+ * GDN v4.2 (switch sfwd, cuda_gdn_wg.h): the forward state pass on wgmma, one warpgroup per 64 state
+ * columns, the state in the wgmma accumulators, W / K / U tiles in and h / vn out by TMA. Automatic
+ * where the 64-column blocks are >= 128 (64 heads of 128): 32k / 64 heads state_fwd ~2.35 -> ~1.86 ms,
+ * fwd+bwd 22.58 -> 21.84 ms (1 document), 22.44 -> 21.49 (16 documents). At 16 heads (32 blocks) the
+ * pass is slower (fwd+bwd 6.92 -> 8.65 ms with one document; 5.84 -> 5.68 with 16): a chunk step takes
+ * ~3.6 us, latency-bound in one warpgroup, so few blocks do not fill the GPU (docs/benchmarks.md).
+ *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
  * shared memory a block can have, so it needs a column-split dqkwg first. Rows of
@@ -120,7 +127,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
+
+#include "cuda_attention_wgmma.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
 #include "cuda_gdn_tune.h"
@@ -1466,6 +1477,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
 
 /* the v2 kernels: segmented, pipelined state passes; wy_bwd with dk in registers */
 #include "cuda_gdn_v2.h"
+/* the forward state pass on wgmma (GDN v4.2, switch sfwd) */
+#include "cuda_gdn_wg.h"
 
 /* dq, dk per key head = the value heads of its group summed in head order (fp32), one bf16 rounding */
 __global__ void gdn_group_reduce_kernel(bf16 *dq /* (T,ldq) */, bf16 *dk /* (T,ldq) */,
@@ -1546,6 +1559,9 @@ __global__ void __launch_bounds__(256)
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
+#define GDN_SFWD_BLOCKS 128   /* v2 forward state pass on wgmma (GDN v4.2) where its 64-column blocks are at
+                                 least this many (64 heads of 128: -3 to -4% fwd+bwd; 16 heads: 32 blocks,
+                                 +25% with one document), 2 stages */
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
@@ -1580,6 +1596,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.wide = gdn_env_int("RS_GDN_WIDE");
         gdn_tune_env.hilo = gdn_env_int("RS_GDN_HILO");
         gdn_tune_env.keep = gdn_env_int("RS_GDN_KEEP");
+        gdn_tune_env.sfwd = gdn_env_int("RS_GDN_SFWD");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1653,6 +1670,7 @@ enum { GDN_WS_FORWARD, GDN_WS_BACKWARD, GDN_WS_TRANSITION, GDN_WS_DSTATE };
 
 /* the buffers of one call, carved from the workspace (NULL where the call needs none) */
 typedef struct GdnBufs {
+    int64_t T;                    /* tokens of the call */
     int32_t *blk, *meta, *starts; /* index: (nb,3), (GDN_META_N), (T+1) */
     int4 *info;                   /* (T+1) per chunk: t0, L, flags (gdn_index_info_kernel) */
     int32_t *cuts;                /* (2 (GDN_DSEG_MAX+1) + 1) document segments of the state passes: the
@@ -1734,6 +1752,7 @@ static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg
     GdnBufs b;
     const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv, nseg);
     gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv, nseg);
+    b.T = T;
     return b;
 }
 
@@ -1966,7 +1985,11 @@ typedef struct GdnPlan {
                  segments), the device picks by the documents; 0: off */
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
+    int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
 } GdnPlan;
+
+/* the running entry's plan.sfwd, for gdn_v2_fwd_launch (set by gdn_plan; one compute stream) */
+static int gdn_sfwd_cur;
 
 static int gdn_sm_count(void) {
     static int n;
@@ -2066,6 +2089,10 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
         pl.dual = dual;
         pl.dual_need = dual == 3 ? 0 : dual == 4 ? INT64_MAX : (int64_t)GDN_DUAL_WAVES * gdn_sm_count();
     }
+    /* wgmma forward state pass: every v2 forward pass (segments, transition columns, document segments,
+     * dual launch) but the bulk-copy one, which the switch leaves as it is */
+    const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SFWD_BLOCKS ? 2 : 0;
+    pl.sfwd = pl.bulk || dv % 64 != 0 ? 0 : sfwd;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
@@ -2081,9 +2108,66 @@ static void gdn_affine_launch(float *S_out, const float *M, const float *S_in, c
     CUDA_LAUNCH_CHECK();
 }
 
+typedef CUresult (*GdnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes
+ * of 64 columns (128 bytes, 128-byte swizzle) by box_rows rows; rows past the end read as zeros and
+ * are not written. base NULL: a zeroed map, never used. */
+static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+    static GdnEncodeTiled encode;
+    memset(m, 0, sizeof *m);
+    if (!base) return;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000,
+                                                    cudaEnableDefault, &q));
+        RS_CHECK(q == cudaDriverEntryPointSuccess && encode, "gdn: cuTensorMapEncodeTiled not found");
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    RS_CHECK(r == CUDA_SUCCESS, "gdn: cuTensorMapEncodeTiled failed (%d): rows %lld cols %lld ld %lld", (int)r,
+             (long long)rows, (long long)cols, (long long)ld);
+}
+
+/* the tensor maps of the wgmma forward pass (cuda_gdn_wg.h) */
+template <int DK>
+static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k, int nk, int nv, int dv, int ldq) {
+    GdnWgMaps tm;
+    const int64_t T = b->T, ns = (T + GDN_C - 1) / GDN_C + 1;
+    RS_CHECK(ns * nv * DK < INT_MAX, "gdn: state_fwd_wg: %lld h rows exceed the TMA coordinates",
+             (long long)(ns * nv * DK));
+    gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
+    gdn_tmap(&tm.k, k, T, (int64_t)nk * DK, ldq, GDN_C);
+    gdn_tmap(&tm.u, b->U, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    gdn_tmap(&tm.h, hs, ns * nv * DK, dv, dv, DK);
+    gdn_tmap(&tm.vn, vn, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    return tm;
+}
+
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
+    if (!BULK && gdn_sfwd_cur) { /* the wgmma pass: 64 columns per block */
+        RS_CHECK(ncol % 64 == 0, "gdn: state_fwd_wg needs columns in 64s, has %d", ncol);
+        const dim3 grid(ncol / 64, nv, nz);
+        const GdnWgMaps tm = gdn_wg_maps<DK>(b, hs, vn, k, nk, nv, dv, ldq);
+        if (gdn_sfwd_cur == 3) {
+            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 3>, GdnStateFwdSmemWg<DK, 3>::BYTES, "state_fwd_wg");
+            gdn_state_fwd_wg_kernel<DK, 3><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 3>::BYTES, st>>>(
+                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
+        } else {
+            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 2>, GdnStateFwdSmemWg<DK, 2>::BYTES, "state_fwd_wg");
+            gdn_state_fwd_wg_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 2>::BYTES, st>>>(
+                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
+        }
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_fwd_v2");
     sg.hi_only = gdn_tune().hilo == 2;
@@ -2244,7 +2328,7 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
-    gdn_prof_mark("state_fwd");
+    gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
     gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, st>>>(
@@ -2287,10 +2371,10 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
                             nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         CUDA_CHECK(cudaEventRecord(join, aux));
         CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
-        gdn_prof_mark("state_fwd|dvlocal+state_bwd");
+        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg|dvlocal+state_bwd" : "state_fwd|dvlocal+state_bwd");
     } else {
         gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
-        gdn_prof_mark("state_fwd");
+        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
         gdn_prof_mark("dvlocal");
         gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
@@ -2378,6 +2462,7 @@ static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the forward before v4.1 */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
     else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
 }
@@ -2390,6 +2475,7 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the backward runs its own prep */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
                                 nv, ldq, ldv, ldo, kept);
@@ -2402,6 +2488,7 @@ template <int DK, int DV>
 static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2) gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
     else gdn_transition_v1<DK, DV>(M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
 }
@@ -2410,6 +2497,7 @@ template <int DK, int DV>
 static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
+    gdn_sfwd_cur = pl.sfwd;
     if (pl.v2) gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
     else gdn_dstate_v1<DK, DV>(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
 }

@@ -3,7 +3,7 @@
  * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
- * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP); a call of
+ * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP, RS_GDN_SFWD); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -43,6 +43,9 @@ typedef struct CudaGdnTune {
     int keep;    /* the kept buffer of gdn_chunk_forward / _backward (W, U, G2): 1 = used where the caller gives
                     one (the built-in choice), 2 = ignored (the forward keeps nothing, the backward runs its
                     own prep, as before GDN v4.1; measurement only: the same bits) */
+    int sfwd;    /* v2 forward state passes on wgmma (cuda_gdn_wg.h: 64 columns per block, one warpgroup; every
+                    forward pass but the bulk-copy one, bv ignored there): 1 = on (2 stages), 3 = on with 3
+                    stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

@@ -27,6 +27,9 @@
  * GDN v3 (bulk copies, document segments, split dqkwg sets added; H100, 2026-11-23): 1333 checks, worst
  * 5.18e-3 (the same dg case), T = 32768 unchanged to 3 digits; document segments and bulk copies give
  * the same bits as without (cuda_gdn_determinism).
+ * GDN v4.2 (the wgmma forward state pass, sfwd sets in every fwd/bwd, segment and CP list; H100,
+ * 2026-11-23): 2026 checks (TMA form: 1985 without cuda_gdn_long, the same errors to 4 digits), worst of
+ * the sfwd sets 4.87e-3 (dg, T = 2000, weak decay), T = 32768 as the default to 3 digits.
  * fp32-only paths (state_affine) are bounded at 1e-6.
  */
 #include <math.h>
@@ -327,11 +330,11 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d%s]",
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d sfwd=%d%s]",
                  c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide,
-                 c->hilo == 2 ? " hi-only" : "");
-    else if (c->dual || c->wide || c->hilo)
-        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d]", c->dual, c->wide, c->hilo);
+                 c->sfwd, c->hilo == 2 ? " hi-only" : "");
+    else if (c->dual || c->wide || c->hilo || c->sfwd)
+        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d]", c->dual, c->wide, c->hilo, c->sfwd);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -573,7 +576,10 @@ TEST(cuda_gdn_mma_layouts) {
  * device's pick forced to 32 columns in 8 document segments (dual 3) and to the automatic
  * configuration (dual 4, with the overlapped backward); 64 state columns per block (bv 64, GDN v4:
  * with the shorter chains, and without them overlapped in 3 document segments), and the automatic
- * choice with 64 columns at every shape (wide 3) alone and in the dual launch picked either way. */
+ * choice with 64 columns at every shape (wide 3) alone and in the dual launch picked either way; the
+ * forward state passes on wgmma (sfwd, GDN v4.2): automatic otherwise (the dual launch on), 3 stages in
+ * 3 segments (transition columns and the fold), 3 document segments with the overlapped backward, the
+ * dual launch forced to its second form. */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
@@ -583,6 +589,8 @@ static const CudaGdnTune gdn_cfgs[] = {
     {1, 0, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 1, 0, 2, 1, 0, 3, 1},
     {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
     {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4, 3},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},       {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
+    {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1},       {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -712,6 +720,15 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&b64);
     gdn_determinism(&wd4, &b64);
     gdn_determinism(&b64, &b32, false);
+    /* the wgmma forward pass (GDN v4.2): two runs; document segments exact (1 vs 7); the dual launch's
+     * second form = 8 document segments; against the mma.sync pass, information only */
+    static const CudaGdnTune wg = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, wg1 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1},
+                             wg7 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3}, wgd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1},
+                             wg8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1};
+    gdn_determinism(&wg);
+    gdn_determinism(&wg1, &wg7);
+    gdn_determinism(&wgd, &wg8);
+    gdn_determinism(&wg, &v2d, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -724,6 +741,11 @@ TEST(cuda_gdn_v2_segments) {
         {1, 0, 2, 32, 0, 0, 1, 1, 1, 64},   {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
         {1, 3, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 0, 0, 2, 1, 1, 13},  {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
         {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3}, {1, 0, 0, 64, 0, 0, 1, 1, 1, 1, 1},
+        /* wgmma forward pass: one segment, 4 and 7 segments (3 stages), 13 document segments, bulk
+         * (sfwd does not apply: the bulk pass runs) */
+        {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
+        {1, 7, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 1},
+        {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 1},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -765,7 +787,8 @@ TEST(cuda_gdn_check_can_fail) {
 /* the CP entries run under the default, v1 and v2 (one segment; 3 stages of 32 columns; 2 stages of 16
  * with the shorter MMA chains) */
 static const CudaGdnTune gdn_cp_cfgs[] = {
-    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1}};
+    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1},
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
     char tag[256], cn[128];
@@ -950,7 +973,8 @@ TEST(cuda_gdn_long) {
                                        {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1},
                                        {1, 0, 0, 64, 0, 0, 1, 1},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}};
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -1132,6 +1156,18 @@ TEST(cuda_gdn_bench) {
         gdn_bench_shape(32768, 16, 2048, v4, n4, 5);
         gdn_bench_shape(32768, 64, 0, v4, n4, 3);
         gdn_bench_shape(32768, 64, 2048, v4, n4, 3);
+        return;
+    }
+    if (atoi(getenv("RS_GDN_BENCH")) == 7) {
+        /* GDN v4.2: the default, the forward state passes on wgmma (2 and 3 stages), off */
+        static const CudaGdnTune v42[] = {
+            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
+        };
+        gdn_bench_shape(32768, 16, 0, v42, 4, 5);
+        gdn_bench_shape(32768, 16, 2048, v42, 4, 5);
+        gdn_bench_shape(32768, 64, 0, v42, 4, 3);
+        gdn_bench_shape(32768, 64, 2048, v42, 4, 3);
         return;
     }
     if (atoi(getenv("RS_GDN_BENCH")) == 4) {

@@ -1,0 +1,288 @@
+/*
+ * cuda_gdn_wg.h — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
+ * GDN v4.2, switch sfwd (cuda_gdn_tune.h, RS_GDN_SFWD). Not a standalone header: included by
+ * kernels/cuda/cuda_gdn.cu after cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg, gdn_doc_range,
+ * gdn_seg_range, gdn_seg_in / out) it shares; cuda_gdn.cu's header has the algebra.
+ *
+ * The same pass as gdn_state_fwd_v2_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
+ * K^T (dec * vn)), with one warpgroup (128 threads) per 64 state columns and both products on wgmma:
+ *   state    S (DK x 64, fp32) lives in the wgmma accumulators of the warpgroup across chunks: DK / 64
+ *            m64n64 tiles (tile mt = state rows [64 mt, 64 mt + 64)), 32 registers each per thread
+ *   W h      m64n64k16 x DK / 16, twice (the state operand split hi + lo bf16, as the v2 pass): A = W
+ *            (tokens x DK, K-major), B = the state rows (DK x 64, N-major), both from shared memory;
+ *            one fp32 accumulator takes both terms
+ *   K^T vn   per state tile, m64n64k16 x 4: A = K^T (the K tile, M-major), B = dec * vn (64 tokens x
+ *            64, N-major); the accumulator is the state itself (scaled by gam_L first)
+ * Every wgmma operand tile is a 128-byte-swizzled block of 64 bf16 columns x rows (one 1024-byte
+ * aligned block per 64 columns; byte (r, j) at r 128 + ((j / 8) ^ (r % 8)) 16 + (j % 8) 2), the
+ * layouts and descriptors of the attention kernels (cuda_attention_wgmma.h): W, K, U arrive by
+ * cp.async (16 bytes, the swizzle applied to the address), NST stages; the state hi / lo and dec * vn
+ * are written from the accumulators by the threads that own them. The accumulator layout is the
+ * mma.sync C fragment repeated (cuda_attention_wgmma.h), so U, the stored h and vn are addressed as in
+ * the v2 pass.
+ *
+ * What the v2 pass has that this one does not: 16 / 32 column blocks (here 64 only), the bulk copies
+ * (sfwd does not apply with bulk), the cycle counters. Segments, transition columns, document
+ * segments and the dual launch are the v2 bookkeeping unchanged. The per-column arithmetic differs
+ * from v2 (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
+ * from the mma.sync pass, but are the same on every run and for every segmentation by documents.
+ */
+
+/* d (64 x 64) (+)= A (64 x 16) B (16 x 64) from shared-memory descriptors; TA / TB: operand stored
+ * transposed (A M-major, B N-major); scale_d = 0 overwrites d */
+template <int TA, int TB>
+GDN_DEV void gdn_wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+/* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
+GDN_DEV uint32_t gdn_wg_off(int r, int j) { return r * 128 + ((((j >> 3) & 7) ^ (r & 7)) << 4) + (j & 7) * 2; }
+
+/* a 2-d box of shared memory -> a tensor map's global tensor by the TMA unit (c0 = column, c1 = row; rows
+ * past the end are dropped), one bulk async-group op of this thread */
+GDN_DEV void gdn_tma_store_2d(const void *tmap, int c0, int c1, uint32_t src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(tmap), "r"(c0),
+                 "r"(c1), "r"(src)
+                 : "memory");
+}
+
+/* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up) */
+template <int DK, int NST> struct GdnStateFwdSmemWg {
+    static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * 64 * 2;
+    static constexpr int OW = 0, OK = TK, OU = 2 * TK, OG = 2 * TK + TU, SB = OG + 1024; /* one stage, bytes */
+    static constexpr int OHI = NST * SB, OLO = OHI + DK * 128, OVN = OLO + DK * 128, OVO = OVN + TU, OBAR = OVO + TU,
+                         BYTES = OBAR + 1024 + 1024;
+    unsigned char *b;
+    GDN_DEV explicit GdnStateFwdSmemWg(unsigned char *base) : b(base) {}
+    GDN_DEV unsigned char *w(int i) const { return b + i * SB + OW; }
+    GDN_DEV unsigned char *k(int i) const { return b + i * SB + OK; }
+    GDN_DEV unsigned char *u(int i) const { return b + i * SB + OU; }
+    GDN_DEV float *G(int i) const { return (float *)(b + i * SB + OG); }
+    GDN_DEV unsigned char *hi() const { return b + OHI; }  /* state hi = bf16(S): the wgmma operand and the h store */
+    GDN_DEV unsigned char *lo() const { return b + OLO; }  /* state lo = bf16(S - hi) */
+    GDN_DEV unsigned char *vn() const { return b + OVN; }  /* dec * vn, the operand of K^T vn */
+    GDN_DEV unsigned char *vno() const { return b + OVO; } /* vn, the source of its TMA store */
+    GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
+};
+
+/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_maps): W, K, U tiles in (64 columns x 64 rows boxes),
+ * h out (64 columns x DK rows), vn out (64 x 64); 128-byte swizzle, rows past the end read as zeros */
+struct GdnWgMaps {
+    CUtensorMap w, k, u, h, vn;
+};
+
+/*
+ * Grid (ncol / 64, nv, segments launched), 128 threads. Block (x, h, z) carries columns [64 x, 64 x +
+ * 64) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
+ * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
+ * state tile mt, element 4 i + e at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
+ * Tiles in by TMA (thread 0; one mbarrier per stage, the gates by cp.async): the rows of a chunk past
+ * its L are the next tokens' (zeros past T). The W and U rows only reach vn rows >= L, which are
+ * dropped and replaced by 0 in dec * vn (a selection, so even a non-finite row cannot leak); the K
+ * rows meet those zeros, so they add exact zeros as long as k is finite (the inputs are), and the
+ * result is that of zero-filled rows.
+ * h out by one TMA store per chunk from the hi block (bf16(S), what the v2 pass stores), vn out by one
+ * TMA store of a full chunk (L = 64), by the threads otherwise.
+ */
+template <int DK, int NST>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_state_fwd_wg_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
+                            const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
+                            const int32_t *meta, int mode, int nk, int nv, int dv,
+                            long long *tp /* (GDN_TP_N) cycles, or NULL */) {
+    constexpr int BV = 64, MT = DK / 64, KS = DK / 16;
+    static_assert(NST >= 2, "state_fwd_wg: two stages at least");
+    extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
+    const uint32_t raw = gdn_smem_addr(gdn_wg_smem);
+    const GdnStateFwdSmemWg<DK, NST> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const int col0 = blockIdx.x * BV;
+    const bool is_M = col0 >= dv;
+    const int p = (int)blockIdx.z + sg.pz0;
+    if (is_M && p == sg.m_skip) return; /* the whole block */
+    if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
+    const int64_t ldu = (int64_t)nv * dv;
+    const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
+    int lo, hi;
+    bool dlast = false;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
+    else gdn_seg_range(&lo, &hi, p, sg.nseg);
+    const float *S_in = is_M ? NULL : sg.cuts ? (p == 0 ? sg.in_edge : NULL) : gdn_seg_in(sg, p, 0, nsz);
+
+    float S[MT][32];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < 32; x++) {
+            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
+            float v = 0.0f;
+            if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
+            else if (S_in) v = S_in[((int64_t)h * DK + a) * dv + col0 + j];
+            S[mt][x] = v;
+        }
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);
+        gdn_mbar_init_fence();
+    }
+    __syncthreads();
+    const unsigned tx = 2 * GDN_C * DK * 2 + (is_M ? 0 : GDN_C * BV * 2); /* bytes of one stage's tiles */
+    auto issue = [&](int4 ci, int buf) {
+        const int t0 = ci.x;
+        if (threadIdx.x == 0) {
+            const uint32_t bar = gdn_smem_addr(s.bar(buf));
+            attn_mbar_arrive_tx(bar, tx);
+#pragma unroll
+            for (int b = 0; b < MT; b++) {
+                attn_tma_load_2d(gdn_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
+                attn_tma_load_2d(gdn_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
+            }
+            if (!is_M) attn_tma_load_2d(gdn_smem_addr(s.u(buf)), &tm.u, h * dv + col0, t0, bar);
+        }
+        gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
+    };
+    /* inf[i]: (t0, L, flags) of chunk c + i; chunk c's tiles are issued during chunk c - NST + 1 */
+    const int4 none = make_int4(0, 1, 0, 0);
+    int4 inf[NST];
+#pragma unroll
+    for (int i = 0; i < NST; i++) inf[i] = lo + i < hi ? info[lo + i] : none;
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) {
+        if (lo + i < hi) issue(inf[i], i);
+        gdn_cp_async_commit();
+    }
+    const uint32_t a_hi = gdn_smem_addr(s.hi()), a_lo = gdn_smem_addr(s.lo()), a_vn = gdn_smem_addr(s.vn());
+    int buf = 0;
+    unsigned ph = 0; /* parity of each stage's next phase */
+    const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
+    long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
+    for (int c = lo; c < hi; c++) {
+        const int4 infN = c + NST < hi ? info[c + NST] : none;
+        if (threadIdx.x == 0) attn_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
+        gdn_cp_async_wait<NST - 2>();
+        attn_mbar_wait(gdn_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
+        ph ^= 1u << buf;
+        __syncthreads(); /* chunk c's tiles are in; chunk c-1's products and stores are done with their tiles */
+        GDN_TP(0);
+        {
+            const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c-1 */
+            if (c + NST - 1 < hi) issue(inf[NST - 1], nb);
+        }
+        gdn_cp_async_commit();
+        GDN_TP(1);
+        const int4 cur = inf[0];
+        const int64_t t0 = cur.x;
+        const int L = cur.y;
+        const bool reset = (cur.z & 1) != 0;
+        const bool hst = hs && !is_M && !reset;
+        /* the state operand: hi + lo bf16 into the swizzled blocks (hi = h, stored below) */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int x = 0; x < 32; x += 2) {
+                if (reset) S[mt][x] = S[mt][x + 1] = 0.0f;
+                const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
+                const uint32_t o = gdn_wg_off(a, j);
+                gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), S[mt][x], S[mt][x + 1]);
+            }
+        gdn_fence_async_smem();
+        __syncthreads();
+        if (threadIdx.x == 0 && hst) {
+            gdn_tma_store_2d(&tm.h, col0, (int)(((t0 / GDN_C) * nv + h) * DK), a_hi);
+            attn_bulk_commit();
+        }
+        GDN_TP(2);
+        /* vacc = W (S_hi + S_lo): tokens x 64 */
+        float vacc[32];
+        const uint32_t a_w = gdn_smem_addr(s.w(buf)), a_k = gdn_smem_addr(s.k(buf));
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+            gdn_wgmma_n64<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                                attn_gdesc(a_hi + kk * 16 * 128, DK * 128, 1024), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+            gdn_wgmma_n64<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                                attn_gdesc(a_lo + kk * 16 * 128, DK * 128, 1024), 1);
+        attn_wg_commit();
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int x = 0; x < 32; x++) attn_reg_fence(vacc[x]);
+        GDN_TP(3);
+        /* vn = U - W S: into vno (stored by TMA when the chunk is full) or stored here; dec * vn into vn */
+        const float *sG = s.G(buf);
+        const float gL = sG[L - 1];
+        const unsigned char *su = s.u(buf);
+        const bool vst = vn && !is_M, vfull = vst && L == GDN_C;
+#pragma unroll
+        for (int x = 0; x < 32; x += 2) {
+            const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
+            const uint32_t o = gdn_wg_off(r, j);
+            float2 u = make_float2(0.0f, 0.0f);
+            if (!is_M) u = gdn_load2((const bf16 *)(su + o));
+            const float x0 = u.x - vacc[x], x1 = u.y - vacc[x + 1];
+            if (vfull) gdn_store2((bf16 *)(s.vno() + o), x0, x1);
+            else if (vst && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
+            /* rows >= L: 0 by selection (their W / U rows are another chunk's, or anything in a range's
+             * workspace, so never multiplied) */
+            const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
+            gdn_store2((bf16 *)(s.vn() + o), r < L ? x0 * dec : 0.0f, r < L ? x1 * dec : 0.0f);
+        }
+        const float gam = exp2f(gL);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int x = 0; x < 32; x++) S[mt][x] *= gam;
+        gdn_fence_async_smem();
+        __syncthreads();
+        if (threadIdx.x == 0 && vfull) {
+            gdn_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, gdn_smem_addr(s.vno()));
+            attn_bulk_commit();
+        }
+        GDN_TP(4);
+        /* S += K^T (dec * vn), per state tile */
+        attn_wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < GDN_C / 16; kk++)
+                gdn_wgmma_n64<1, 1>(S[mt], attn_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                    attn_gdesc(a_vn + kk * 16 * 128, GDN_C * 128, 1024), 1);
+        attn_wg_commit();
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int x = 0; x < 32; x++) attn_reg_fence(S[mt][x]);
+        GDN_TP(5);
+#pragma unroll
+        for (int i = 0; i < NST - 1; i++) inf[i] = inf[i + 1];
+        inf[NST - 1] = infN;
+        buf = buf + 1 == NST ? 0 : buf + 1;
+    }
+    if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
+    if (tp_on)
+        for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
+    float *Sd = is_M ? sg.M + p * nmz : sg.cuts ? (dlast ? sg.out_edge : NULL) : gdn_seg_out(sg, p, 0, sg.nseg - 1, nsz);
+    if (!Sd) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < 32; x++) {
+            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
+            if (is_M) Sd[((int64_t)h * DK + a) * DK + col0 - dv + j] = S[mt][x];
+            else Sd[((int64_t)h * DK + a) * dv + col0 + j] = S[mt][x];
+        }
+}
