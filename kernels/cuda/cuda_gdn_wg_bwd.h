@@ -23,7 +23,9 @@
  * selection; the Q rows meet those zeros (q is finite, so exact zeros); the W rows may be a range's
  * unwritten workspace (GDN_RANGE_BEFORE_FIRST_RESET), so a partial chunk's W rows >= L are zeroed in
  * shared memory before the product. Columns >= dv (sg.M) carry M^T from the identity with dO = dv_loc
- * = 0: no Q, dO, dv_loc tiles, nothing stored per chunk.
+ * = 0: no dO, dv_loc tiles, dos = 0 (the Q tile is loaded all the same, finite, so Q^T dos adds exact
+ * zeros and the product needs no branch: a branch there makes ptxas insert warpgroup.arrive), nothing
+ * stored per chunk.
  *
  * What the v2 pass has that this one does not: 16 / 32 column blocks, the bulk copies, hi-only (hilo
  * == 2), the ILP switch (one chain per product here). The bits differ from the mma.sync pass (wgmma's
@@ -109,8 +111,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
         gdn_mbar_init_fence();
     }
     __syncthreads();
-    /* bytes of one stage's tiles: K, W (and Q, dO, dv_loc for the state columns) */
-    const unsigned tx = 2 * GDN_C * DK * 2 + (is_M ? 0 : GDN_C * DK * 2 + 2 * GDN_C * BV * 2);
+    /* bytes of one stage's tiles: Q, K, W (and dO, dv_loc for the state columns) */
+    const unsigned tx = 3 * GDN_C * DK * 2 + (is_M ? 0 : 2 * GDN_C * BV * 2);
     auto issue = [&](int4 ci, int buf) {
         const int t0 = ci.x;
         if (threadIdx.x == 0) {
@@ -120,8 +122,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
             for (int b = 0; b < MT; b++) {
                 attn_tma_load_2d(gdn_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
                 attn_tma_load_2d(gdn_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
-                if (!is_M)
-                    attn_tma_load_2d(gdn_smem_addr(s.q(buf)) + b * (GDN_C * 128), &tm.q, kh * DK + 64 * b, t0, bar);
+                attn_tma_load_2d(gdn_smem_addr(s.q(buf)) + b * (GDN_C * 128), &tm.q, kh * DK + 64 * b, t0, bar);
             }
             if (!is_M) {
                 attn_tma_load_2d(gdn_smem_addr(s.dO(buf)), &tm.dO, h * dv + col0, t0, bar);
@@ -175,15 +176,17 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 const uint32_t o = gdn_wg_off(a, j);
                 gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), D[mt][x], D[mt][x + 1]);
             }
-        if (!is_M) /* dos = scale gam_r dO_r over the dO tile (rows >= L: 0 by selection) */
+        /* dos = scale gam_r dO_r over the dO tile (rows >= L, and every row of M^T columns: 0 by selection) */
 #pragma unroll
-            for (int x = 0; x < 32; x += 2) {
-                const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
-                bf16 *po = (bf16 *)(s.dO(buf) + gdn_wg_off(r, j));
-                const float f = r < L ? scale * exp2f(sG[r]) : 0.0f;
-                const float2 d = gdn_load2(po);
-                gdn_store2(po, r < L ? f * d.x : 0.0f, r < L ? f * d.y : 0.0f);
-            }
+        for (int x = 0; x < 32; x += 2) {
+            const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
+            bf16 *po = (bf16 *)(s.dO(buf) + gdn_wg_off(r, j));
+            const bool on = !is_M && r < L;
+            float2 d = make_float2(0.0f, 0.0f);
+            if (on) d = gdn_load2(po);
+            const float f = on ? scale * exp2f(sG[r]) : 0.0f;
+            gdn_store2(po, on ? f * d.x : 0.0f, on ? f * d.y : 0.0f);
+        }
         if (L < GDN_C) /* a partial chunk: W rows >= L to 0 (they may be unwritten workspace) */
             for (int i = threadIdx.x; i < MT * GDN_C * 8; i += GDN_THREADS) {
                 const int b = i / (GDN_C * 8), r = (i / 8) % GDN_C, u = i % 8;
@@ -244,26 +247,20 @@ __global__ void __launch_bounds__(GDN_THREADS)
         GDN_TP(4);
         /* D += Q^T dos + W^T (-dv2), per state tile */
         const uint32_t a_dos = gdn_smem_addr(s.dO(buf)), a_dv = gdn_smem_addr(s.dl(buf));
-        /* two straight-line forms (a branch inside one wgmma group makes ptxas insert warpgroup.arrive) */
-        auto wg_add = [&](uint32_t a_a, uint32_t a_b) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int kk = 0; kk < GDN_C / 16; kk++)
-                    gdn_wgmma_n64<1, 1>(D[mt], attn_gdesc(a_a + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
-                                        attn_gdesc(a_b + kk * 16 * 128, GDN_C * 128, 1024), 1);
-        };
         attn_wg_fence();
-        if (is_M) {
-            wg_add(a_w, a_dv);
-            attn_wg_commit();
-            attn_wg_wait<0>();
-        } else {
-            wg_add(a_q, a_dos);
-            wg_add(a_w, a_dv);
-            attn_wg_commit();
-            attn_wg_wait<0>();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int kk = 0; kk < GDN_C / 16; kk++)
+                gdn_wgmma_n64<1, 1>(D[mt], attn_gdesc(a_q + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                    attn_gdesc(a_dos + kk * 16 * 128, GDN_C * 128, 1024), 1);
+#pragma unroll
+            for (int kk = 0; kk < GDN_C / 16; kk++)
+                gdn_wgmma_n64<1, 1>(D[mt], attn_gdesc(a_w + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                    attn_gdesc(a_dv + kk * 16 * 128, GDN_C * 128, 1024), 1);
         }
+        attn_wg_commit();
+        attn_wg_wait<0>();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
