@@ -116,6 +116,12 @@
  * pass is slower (fwd+bwd 6.92 -> 8.65 ms with one document; 5.84 -> 5.68 with 16): a chunk step takes
  * ~3.6 us, latency-bound in one warpgroup, so few blocks do not fill the GPU (docs/benchmarks.md).
  *
+ * GDN v4.3 (switch sbwd, cuda_gdn_wg_bwd.h): the backward state pass the same way (dL/dS in the
+ * accumulators, K D / Q^T dos / W^T dv2 on wgmma, Q / K / W / dO / dv_loc tiles in and dh / dv2 out by
+ * TMA). Automatic at the same block count (GDN_SBWD_BLOCKS, 64 heads of 128): 32k / 64 heads state_bwd
+ * 4.74 -> 2.44 ms, fwd+bwd 19.92 -> 17.68 ms (1 document), 19.94 -> 17.72 (16 documents); 16 heads:
+ * 6.39 -> 7.46 (1 document), 5.38 -> 4.88 (16 documents), so off there (docs/benchmarks.md).
+ *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
  * shared memory a block can have, so it needs a column-split dqkwg first. Rows of
@@ -1561,8 +1567,9 @@ __global__ void __launch_bounds__(256)
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
-#define GDN_SBWD_BLOCKS INT_MAX /* v2 backward state pass on wgmma (GDN v4.3) where its 64-column blocks are
-                                  at least this many: off until measured */
+#define GDN_SBWD_BLOCKS 128   /* v2 backward state pass on wgmma (GDN v4.3) where its 64-column blocks are at
+                                 least this many (64 heads of 128: fwd+bwd -11%; 16 heads: 32 blocks, +17%
+                                 with one document, -9% with 16) */
 #define GDN_SFWD_BLOCKS 128   /* v2 forward state pass on wgmma (GDN v4.2) where its 64-column blocks are at
                                  least this many (64 heads of 128: -3 to -4% fwd+bwd; 16 heads: 32 blocks,
                                  +25% with one document), 2 stages */

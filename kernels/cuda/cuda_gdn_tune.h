@@ -49,7 +49,7 @@ typedef struct CudaGdnTune {
                     stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
     int sbwd;    /* v2 backward state passes on wgmma (cuda_gdn_wg_bwd.h: 64 columns per block, one warpgroup;
                     every backward pass but the bulk-copy one, bv ignored there): 1 = on, 2 = off, 0 = automatic
-                    (off: GDN_SBWD_BLOCKS) */
+                    (on where nv dim_v / 64 >= 128: 64 heads of 128) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

@@ -27,6 +27,8 @@
  * zeros and the product needs no branch: a branch there makes ptxas insert warpgroup.arrive), nothing
  * stored per chunk.
  *
+ * Automatic where the 64-column blocks number >= 128 (GDN_SBWD_BLOCKS, 64 heads of 128), as sfwd.
+ *
  * What the v2 pass has that this one does not: 16 / 32 column blocks, the bulk copies, hi-only (hilo
  * == 2), the ILP switch (one chain per product here). The bits differ from the mma.sync pass (wgmma's
  * accumulation order) but are the same on every run and for every segmentation by documents.
