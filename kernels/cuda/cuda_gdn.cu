@@ -116,6 +116,12 @@
  * pass is slower (fwd+bwd 6.92 -> 8.65 ms with one document; 5.84 -> 5.68 with 16): a chunk step takes
  * ~3.6 us, latency-bound in one warpgroup, so few blocks do not fill the GPU (docs/benchmarks.md).
  *
+ * GDN v4.3 (switch sbwd, cuda_gdn_wg_bwd.h): the backward state pass the same way (dL/dS in the
+ * accumulators, K D / Q^T dos / W^T dv2 on wgmma, Q / K / W / dO / dv_loc tiles in and dh / dv2 out by
+ * TMA). Automatic at the same block count (GDN_SBWD_BLOCKS, 64 heads of 128): 32k / 64 heads state_bwd
+ * 4.74 -> 2.44 ms, fwd+bwd 19.92 -> 17.68 ms (1 document), 19.94 -> 17.72 (16 documents); 16 heads:
+ * 6.39 -> 7.46 (1 document), 5.38 -> 4.88 (16 documents), so off there (docs/benchmarks.md).
+ *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
  * shared memory a block can have, so it needs a column-split dqkwg first. Rows of
@@ -1479,6 +1485,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #include "cuda_gdn_v2.h"
 /* the forward state pass on wgmma (GDN v4.2, switch sfwd) */
 #include "cuda_gdn_wg.h"
+/* the backward state pass on wgmma (GDN v4.3, switch sbwd) */
+#include "cuda_gdn_wg_bwd.h"
 
 /* dq, dk per key head = the value heads of its group summed in head order (fp32), one bf16 rounding */
 __global__ void gdn_group_reduce_kernel(bf16 *dq /* (T,ldq) */, bf16 *dk /* (T,ldq) */,
@@ -1559,6 +1567,9 @@ __global__ void __launch_bounds__(256)
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
+#define GDN_SBWD_BLOCKS 128   /* v2 backward state pass on wgmma (GDN v4.3) where its 64-column blocks are at
+                                 least this many (64 heads of 128: fwd+bwd -11%; 16 heads: 32 blocks, +17%
+                                 with one document, -9% with 16) */
 #define GDN_SFWD_BLOCKS 128   /* v2 forward state pass on wgmma (GDN v4.2) where its 64-column blocks are at
                                  least this many (64 heads of 128: -3 to -4% fwd+bwd; 16 heads: 32 blocks,
                                  +25% with one document), 2 stages */
@@ -1597,6 +1608,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.hilo = gdn_env_int("RS_GDN_HILO");
         gdn_tune_env.keep = gdn_env_int("RS_GDN_KEEP");
         gdn_tune_env.sfwd = gdn_env_int("RS_GDN_SFWD");
+        gdn_tune_env.sbwd = gdn_env_int("RS_GDN_SBWD");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -1986,10 +1998,12 @@ typedef struct GdnPlan {
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
     int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
+    int sbwd;      /* backward state passes on wgmma (cuda_gdn_wg_bwd.h): 0 off, 1 on */
 } GdnPlan;
 
-/* the running entry's plan.sfwd, for gdn_v2_fwd_launch (set by gdn_plan; one compute stream) */
-static int gdn_sfwd_cur;
+/* the running entry's plan.sfwd / plan.sbwd, for gdn_v2_fwd_launch / gdn_v2_bwd_launch (set with the
+ * plan; one compute stream) */
+static int gdn_sfwd_cur, gdn_sbwd_cur;
 
 static int gdn_sm_count(void) {
     static int n;
@@ -2093,6 +2107,9 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
      * dual launch) but the bulk-copy one, which the switch leaves as it is */
     const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SFWD_BLOCKS ? 2 : 0;
     pl.sfwd = pl.bulk || dv % 64 != 0 ? 0 : sfwd;
+    /* wgmma backward state pass: every v2 backward pass but the bulk-copy one (the same contract) */
+    const int sbwd = t.sbwd == 1 ? 1 : t.sbwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SBWD_BLOCKS ? 1 : 0;
+    pl.sbwd = pl.bulk || dv % 64 != 0 ? 0 : sbwd;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
@@ -2176,10 +2193,39 @@ static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, i
     CUDA_LAUNCH_CHECK();
 }
 
+/* the tensor maps of the wgmma backward pass (cuda_gdn_wg_bwd.h) */
+template <int DK>
+static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, const bf16 *q, const bf16 *k,
+                                    const bf16 *dvl, const bf16 *dout, int64_t T, int nk, int nv, int dv, int ldq,
+                                    int ldo) {
+    GdnWgBwdMaps tm;
+    const int64_t ns = (T + GDN_C - 1) / GDN_C + 1;
+    RS_CHECK(ns * nv * DK < INT_MAX, "gdn: state_bwd_wg: %lld dh rows exceed the TMA coordinates",
+             (long long)(ns * nv * DK));
+    gdn_tmap(&tm.q, q, T, (int64_t)nk * DK, ldq, GDN_C);
+    gdn_tmap(&tm.k, k, T, (int64_t)nk * DK, ldq, GDN_C);
+    gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
+    gdn_tmap(&tm.dO, dout, T, (int64_t)nv * dv, ldo, GDN_C);
+    gdn_tmap(&tm.dl, dvl, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    gdn_tmap(&tm.dh, dhs, ns * nv * DK, dv, dv, DK);
+    gdn_tmap(&tm.dv2, dv2, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    return tm;
+}
+
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
                               const bf16 *k, const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv,
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
+    if (!BULK && gdn_sbwd_cur) { /* the wgmma pass: 64 columns per block */
+        RS_CHECK(ncol % 64 == 0, "gdn: state_bwd_wg needs columns in 64s, has %d", ncol);
+        const dim3 grid(ncol / 64, nv, nz);
+        const GdnWgBwdMaps tm = gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
+        gdn_smem_attr(gdn_state_bwd_wg_kernel<DK, 2>, GdnStateBwdSmemWg<DK, 2>::BYTES, "state_bwd_wg");
+        gdn_state_bwd_wg_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateBwdSmemWg<DK, 2>::BYTES, st>>>(
+            dhs, dv2, sg, tm, b->G2, b->info, b->meta, mode, T, nk, nv, dv, scale, tp);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     const size_t sm = GdnStateBwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_bwd_v2");
     sg.hi_only = gdn_tune().hilo == 2;
@@ -2371,7 +2417,8 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
                             nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
         CUDA_CHECK(cudaEventRecord(join, aux));
         CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
-        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg|dvlocal+state_bwd" : "state_fwd|dvlocal+state_bwd");
+        gdn_prof_mark(gdn_sfwd_cur ? (gdn_sbwd_cur ? "state_fwd_wg|dvlocal+state_bwd_wg" : "state_fwd_wg|dvlocal+state_bwd")
+                                   : (gdn_sbwd_cur ? "state_fwd|dvlocal+state_bwd_wg" : "state_fwd|dvlocal+state_bwd"));
     } else {
         gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
         gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
@@ -2379,7 +2426,7 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         gdn_prof_mark("dvlocal");
         gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
                             nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
-        gdn_prof_mark("state_bwd");
+        gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
     }
     const float *dgp2 = pl.dqs ? b.dgp + (size_t)T * nv : NULL;
     if (pl.dqs) {
@@ -2463,6 +2510,7 @@ static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the forward before v4.1 */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sbwd_cur = pl.sbwd;
     if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
     else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
 }
@@ -2476,6 +2524,7 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the backward runs its own prep */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sbwd_cur = pl.sbwd;
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
                                 nv, ldq, ldv, ldo, kept);
@@ -2489,6 +2538,7 @@ static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sbwd_cur = pl.sbwd;
     if (pl.v2) gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
     else gdn_transition_v1<DK, DV>(M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
 }
@@ -2498,6 +2548,7 @@ static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const b
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sbwd_cur = pl.sbwd;
     if (pl.v2) gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
     else gdn_dstate_v1<DK, DV>(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
 }

@@ -3,7 +3,8 @@
  * tests/cuda/test_cuda_gdn.cu and for measurement. The Backend entries never need them: every field
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
- * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP, RS_GDN_SFWD); a call of
+ * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP, RS_GDN_SFWD,
+ * RS_GDN_SBWD); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -46,6 +47,9 @@ typedef struct CudaGdnTune {
     int sfwd;    /* v2 forward state passes on wgmma (cuda_gdn_wg.h: 64 columns per block, one warpgroup; every
                     forward pass but the bulk-copy one, bv ignored there): 1 = on (2 stages), 3 = on with 3
                     stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
+    int sbwd;    /* v2 backward state passes on wgmma (cuda_gdn_wg_bwd.h: 64 columns per block, one warpgroup;
+                    every backward pass but the bulk-copy one, bv ignored there): 1 = on, 2 = off, 0 = automatic
+                    (on where nv dim_v / 64 >= 128: 64 heads of 128) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

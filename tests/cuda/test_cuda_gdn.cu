@@ -30,6 +30,10 @@
  * GDN v4.2 (the wgmma forward state pass, sfwd sets in every fwd/bwd, segment and CP list; H100,
  * 2026-11-23): 2026 checks (TMA form: 1985 without cuda_gdn_long, the same errors to 4 digits), worst of
  * the sfwd sets 4.87e-3 (dg, T = 2000, weak decay), T = 32768 as the default to 3 digits.
+ * GDN v4.3 (the wgmma backward state pass, sbwd sets in the fwd/bwd, segment, CP and long lists; H100,
+ * 2026-11-23, every case but cuda_gdn_long): 3211 checks, 0 failures, worst of the sbwd sets 5.16e-3
+ * (dg, T = 2000, weak decay; the mma.sync sets 5.18e-3 there); dstate bitwise equal to the backward's
+ * dS0 with sbwd; cuda_gdn_long's sbwd set not run yet.
  * fp32-only paths (state_affine) are bounded at 1e-6.
  */
 #include <math.h>
@@ -330,11 +334,12 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d sfwd=%d%s]",
+        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d sfwd=%d sbwd=%d%s]",
                  c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide,
-                 c->sfwd, c->hilo == 2 ? " hi-only" : "");
-    else if (c->dual || c->wide || c->hilo || c->sfwd)
-        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d]", c->dual, c->wide, c->hilo, c->sfwd);
+                 c->sfwd, c->sbwd, c->hilo == 2 ? " hi-only" : "");
+    else if (c->dual || c->wide || c->hilo || c->sfwd || c->sbwd)
+        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d sbwd=%d]", c->dual, c->wide, c->hilo, c->sfwd,
+                 c->sbwd);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -579,7 +584,9 @@ TEST(cuda_gdn_mma_layouts) {
  * choice with 64 columns at every shape (wide 3) alone and in the dual launch picked either way; the
  * forward state passes on wgmma (sfwd, GDN v4.2): automatic otherwise (the dual launch on), 3 stages in
  * 3 segments (transition columns and the fold), 3 document segments with the overlapped backward, the
- * dual launch forced to its second form. */
+ * dual launch forced to its second form; the backward state passes on wgmma (sbwd, GDN v4.3): automatic
+ * otherwise, with sfwd in 3 document segments and the overlapped backward, and in the dual launch
+ * forced to its second form. */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
@@ -591,6 +598,8 @@ static const CudaGdnTune gdn_cfgs[] = {
     {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4, 3},
     {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},       {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
     {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1},       {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},    {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1, 1},
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -729,6 +738,20 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&wg1, &wg7);
     gdn_determinism(&wgd, &wg8);
     gdn_determinism(&wg, &v2d, false);
+    /* the wgmma backward pass (GDN v4.3): two runs, alone and with sfwd; document segments exact (1 vs
+     * 7, overlapped); the dual launch's second form = 8 document segments; against the mma.sync pass,
+     * information only */
+    static const CudaGdnTune sb = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+                             sbf = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+                             sb1 = {1, 0, 0, 0, 1, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 0, 1},
+                             sb7 = {1, 0, 0, 0, 1, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 0, 1},
+                             sbd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
+                             sb8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 0, 1};
+    gdn_determinism(&sb);
+    gdn_determinism(&sbf);
+    gdn_determinism(&sb1, &sb7);
+    gdn_determinism(&sbd, &sb8);
+    gdn_determinism(&sb, &v2d, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -746,6 +769,11 @@ TEST(cuda_gdn_v2_segments) {
         {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
         {1, 7, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 1},
         {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 1},
+        /* wgmma backward pass: one segment, 4 segments (transition columns M^T, the fold) with sfwd, 7
+         * segments, 13 document segments, bulk (sbwd does not apply: the bulk pass runs) */
+        {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+        {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 0, 1},
+        {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 0, 1},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -788,7 +816,8 @@ TEST(cuda_gdn_check_can_fail) {
  * with the shorter MMA chains) */
 static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3}};
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
     char tag[256], cn[128];
@@ -974,7 +1003,8 @@ TEST(cuda_gdn_long) {
                                        {1, 0, 0, 64, 0, 0, 1, 1},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}};
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,

@@ -1,0 +1,294 @@
+/*
+ * cuda_gdn_wg_bwd.h — the backward (reverse) state pass of the chunked gated delta rule on wgmma
+ * (Hopper, sm_90a): GDN v4.3, switch sbwd (cuda_gdn_tune.h, RS_GDN_SBWD). Not a standalone header:
+ * included by kernels/cuda/cuda_gdn.cu after cuda_gdn_wg.h, whose wgmma / TMA helpers (gdn_wgmma_n64,
+ * gdn_wg_off, gdn_tma_store_2d) it uses, and cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg,
+ * gdn_doc_range, gdn_seg_range, gdn_seg_in / out) it shares.
+ *
+ * The same pass as gdn_state_bwd_v2_kernel (per chunk c, last to first: store dh = D at the chunk's
+ * exit boundary, dv2 = dv_loc + dec (K D), store dv2, D <- gam_L D + scale (Q gam)^T dO - W^T dv2, D
+ * <- 0 when the chunk starts a document), with one warpgroup (128 threads) per 64 state columns and
+ * the three products on wgmma, the mirror of gdn_state_fwd_wg_kernel (cuda_gdn_wg.h):
+ *   D        (DK x 64, fp32) lives in the wgmma accumulators across chunks: DK / 64 m64n64 tiles
+ *   K D      m64n64k16 x DK / 16, twice (D split hi + lo bf16, as the v2 pass): A = K (tokens x DK,
+ *            K-major), B = D rows (DK x 64, N-major); one fp32 accumulator takes both terms
+ *   Q^T dos  per state tile, m64n64k16 x 4: A = Q^T (the Q tile, M-major), B = dos = scale gam_r dO_r
+ *            (64 tokens x 64, N-major, written over the dO tile in place); the accumulator is D
+ *   W^T dv2  the same with A = W^T and B = -dv2 (bf16, written over the dv_loc tile in place)
+ * Tiles Q, K, W, dO, dv_loc (64 rows x 64-column swizzled blocks) by TMA on one mbarrier per stage,
+ * the gates by cp.async; dh out by one TMA store per chunk from the hi block (bf16(D), what the v2
+ * pass stores), dv2 by one TMA store of a full chunk (L = 64), by the threads otherwise.
+ *
+ * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and -dv2 take 0 there by
+ * selection; the Q rows meet those zeros (q is finite, so exact zeros); the W rows may be a range's
+ * unwritten workspace (GDN_RANGE_BEFORE_FIRST_RESET), so a partial chunk's W rows >= L are zeroed in
+ * shared memory before the product. Columns >= dv (sg.M) carry M^T from the identity with dO = dv_loc
+ * = 0: no dO, dv_loc tiles, dos = 0 (the Q tile is loaded all the same, finite, so Q^T dos adds exact
+ * zeros and the product needs no branch: a branch there makes ptxas insert warpgroup.arrive), nothing
+ * stored per chunk.
+ *
+ * Automatic where the 64-column blocks number >= 128 (GDN_SBWD_BLOCKS, 64 heads of 128), as sfwd.
+ *
+ * What the v2 pass has that this one does not: 16 / 32 column blocks, the bulk copies, hi-only (hilo
+ * == 2), the ILP switch (one chain per product here). The bits differ from the mma.sync pass (wgmma's
+ * accumulation order) but are the same on every run and for every segmentation by documents.
+ */
+
+/* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up):
+ * DK = 128, 2 stages: 2 x 65 KB tiles + 40 KB (D hi, lo, dv2 store source) = 172 KB */
+template <int DK, int NST> struct GdnStateBwdSmemWg {
+    static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * 64 * 2;
+    static constexpr int OQ = 0, OK = TK, OW = 2 * TK, OD = 3 * TK, OL = 3 * TK + TU, OG = 3 * TK + 2 * TU,
+                         SB = OG + 1024; /* one stage, bytes */
+    static constexpr int OHI = NST * SB, OLO = OHI + DK * 128, OVO = OLO + DK * 128, OBAR = OVO + TU,
+                         BYTES = OBAR + 1024 + 1024;
+    unsigned char *b;
+    GDN_DEV explicit GdnStateBwdSmemWg(unsigned char *base) : b(base) {}
+    GDN_DEV unsigned char *q(int i) const { return b + i * SB + OQ; }
+    GDN_DEV unsigned char *k(int i) const { return b + i * SB + OK; }
+    GDN_DEV unsigned char *w(int i) const { return b + i * SB + OW; }
+    GDN_DEV unsigned char *dO(int i) const { return b + i * SB + OD; } /* dO in, dos after */
+    GDN_DEV unsigned char *dl(int i) const { return b + i * SB + OL; } /* dv_loc in, -dv2 after */
+    GDN_DEV float *G(int i) const { return (float *)(b + i * SB + OG); }
+    GDN_DEV unsigned char *hi() const { return b + OHI; }  /* D hi = bf16(D): the operand and the dh store */
+    GDN_DEV unsigned char *lo() const { return b + OLO; }  /* D lo = bf16(D - hi) */
+    GDN_DEV unsigned char *dvo() const { return b + OVO; } /* +dv2, the source of its TMA store */
+    GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
+};
+
+/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_bwd_maps): Q, K, W, dO, dv_loc tiles in (64 x 64
+ * boxes), dh out (64 columns x DK rows), dv2 out (64 x 64); rows past the end read as zeros */
+struct GdnWgBwdMaps {
+    CUtensorMap q, k, w, dO, dl, dh, dv2;
+};
+
+/*
+ * Grid (ncol / 64, nv, segments launched), 128 threads. Block (x, h, z) carries columns [64 x, 64 x +
+ * 64) of dL/dS of head h over segment p = z + sg.pz0, from its last chunk down (the contract of
+ * gdn_state_bwd_v2_kernel; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
+ * state tile mt, element 4 i + e at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
+ */
+template <int DK, int NST>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_state_bwd_wg_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
+                            const __grid_constant__ GdnWgBwdMaps tm, const float *G2 /* (T,nv) */,
+                            const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv,
+                            float scale, long long *tp /* (GDN_TP_N) cycles, or NULL */) {
+    constexpr int BV = 64, MT = DK / 64, KS = DK / 16;
+    static_assert(NST >= 2, "state_bwd_wg: two stages at least");
+    extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
+    const uint32_t raw = gdn_smem_addr(gdn_wg_smem);
+    const GdnStateBwdSmemWg<DK, NST> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g8 = lane >> 2, t4 = lane & 3;
+    const int col0 = blockIdx.x * BV;
+    const bool is_M = col0 >= dv;
+    const int p = (int)blockIdx.z + sg.pz0;
+    if (is_M && p == sg.m_skip) return; /* the whole block */
+    if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
+    const int64_t ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
+    const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
+    int lo, hi;
+    bool dlast = false;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
+    else gdn_seg_range(&lo, &hi, p, sg.nseg);
+    const int first = sg.nseg - 1;
+    const float *D_in = is_M ? NULL : sg.cuts ? (dlast ? sg.in_edge : NULL) : gdn_seg_in(sg, p, first, nsz);
+
+    float D[MT][32];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < 32; x++) {
+            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
+            float v = 0.0f;
+            if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
+            else if (D_in) v = D_in[((int64_t)h * DK + a) * dv + col0 + j];
+            D[mt][x] = v;
+        }
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);
+        gdn_mbar_init_fence();
+    }
+    __syncthreads();
+    /* bytes of one stage's tiles: Q, K, W (and dO, dv_loc for the state columns) */
+    const unsigned tx = 3 * GDN_C * DK * 2 + (is_M ? 0 : 2 * GDN_C * BV * 2);
+    auto issue = [&](int4 ci, int buf) {
+        const int t0 = ci.x;
+        if (threadIdx.x == 0) {
+            const uint32_t bar = gdn_smem_addr(s.bar(buf));
+            attn_mbar_arrive_tx(bar, tx);
+#pragma unroll
+            for (int b = 0; b < MT; b++) {
+                attn_tma_load_2d(gdn_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
+                attn_tma_load_2d(gdn_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
+                attn_tma_load_2d(gdn_smem_addr(s.q(buf)) + b * (GDN_C * 128), &tm.q, kh * DK + 64 * b, t0, bar);
+            }
+            if (!is_M) {
+                attn_tma_load_2d(gdn_smem_addr(s.dO(buf)), &tm.dO, h * dv + col0, t0, bar);
+                attn_tma_load_2d(gdn_smem_addr(s.dl(buf)), &tm.dl, h * dv + col0, t0, bar);
+            }
+        }
+        gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
+    };
+    /* inf[i]: (t0, L, flags) of chunk c - i; chunk c's tiles are issued during chunk c + NST - 1 */
+    const int4 none = make_int4(0, 1, 0, 0);
+    int4 inf[NST];
+#pragma unroll
+    for (int i = 0; i < NST; i++) inf[i] = hi - 1 - i >= lo ? info[hi - 1 - i] : none;
+#pragma unroll
+    for (int i = 0; i < NST - 1; i++) {
+        if (hi - 1 - i >= lo) issue(inf[i], i);
+        gdn_cp_async_commit();
+    }
+    const uint32_t a_hi = gdn_smem_addr(s.hi()), a_lo = gdn_smem_addr(s.lo());
+    int buf = 0;
+    unsigned ph = 0; /* parity of each stage's next phase */
+    const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
+    long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
+    for (int c = hi - 1; c >= lo; c--) {
+        const int4 infN = c - NST >= lo ? info[c - NST] : none;
+        if (threadIdx.x == 0) attn_bulk_wait_read<0>(); /* chunk c+1's dh and dv2 stores have read hi, dvo */
+        gdn_cp_async_wait<NST - 2>();
+        attn_mbar_wait(gdn_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
+        ph ^= 1u << buf;
+        __syncthreads(); /* chunk c's tiles are in; chunk c+1's products and stores are done with their tiles */
+        GDN_TP(0);
+        {
+            const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c+1 */
+            if (c - (NST - 1) >= lo) issue(inf[NST - 1], nb);
+        }
+        gdn_cp_async_commit();
+        GDN_TP(1);
+        const int4 cur = inf[0];
+        const int64_t t0 = cur.x, t1 = t0 + cur.y;
+        const int L = cur.y;
+        const bool reset = (cur.z & 1) != 0;
+        const bool exit_carries = (cur.z & 2) != 0;
+        const bool dst = dhs && !is_M && exit_carries;
+        const float *sG = s.G(buf);
+        /* D hi + lo bf16 into the swizzled blocks (hi = dh, stored below) */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int x = 0; x < 32; x += 2) {
+                const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
+                const uint32_t o = gdn_wg_off(a, j);
+                gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), D[mt][x], D[mt][x + 1]);
+            }
+        /* dos = scale gam_r dO_r over the dO tile (rows >= L, and every row of M^T columns: 0 by selection) */
+#pragma unroll
+        for (int x = 0; x < 32; x += 2) {
+            const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
+            bf16 *po = (bf16 *)(s.dO(buf) + gdn_wg_off(r, j));
+            const bool on = !is_M && r < L;
+            float2 d = make_float2(0.0f, 0.0f);
+            if (on) d = gdn_load2(po);
+            const float f = on ? scale * exp2f(sG[r]) : 0.0f;
+            gdn_store2(po, on ? f * d.x : 0.0f, on ? f * d.y : 0.0f);
+        }
+        if (L < GDN_C) /* a partial chunk: W rows >= L to 0 (they may be unwritten workspace) */
+            for (int i = threadIdx.x; i < MT * GDN_C * 8; i += GDN_THREADS) {
+                const int b = i / (GDN_C * 8), r = (i / 8) % GDN_C, u = i % 8;
+                if (r >= L) *(uint4 *)(s.w(buf) + b * (GDN_C * 128) + r * 128 + u * 16) = make_uint4(0, 0, 0, 0);
+            }
+        gdn_fence_async_smem();
+        __syncthreads();
+        if (threadIdx.x == 0 && dst) {
+            gdn_tma_store_2d(&tm.dh, col0, (int)(((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * DK), a_hi);
+            attn_bulk_commit();
+        }
+        GDN_TP(2);
+        /* acc = K (D_hi + D_lo): tokens x 64 */
+        float acc[32];
+        const uint32_t a_k = gdn_smem_addr(s.k(buf)), a_w = gdn_smem_addr(s.w(buf)), a_q = gdn_smem_addr(s.q(buf));
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+            gdn_wgmma_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                                attn_gdesc(a_hi + kk * 16 * 128, DK * 128, 1024), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++)
+            gdn_wgmma_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                                attn_gdesc(a_lo + kk * 16 * 128, DK * 128, 1024), 1);
+        attn_wg_commit();
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int x = 0; x < 32; x++) attn_reg_fence(acc[x]);
+        GDN_TP(3);
+        /* dv2 = bf16(dv_loc + dec acc): into dvo (stored by TMA when the chunk is full) or stored here;
+         * -dv2 over the dv_loc tile (rows >= L: 0 by selection) */
+        const float gL = sG[L - 1];
+        const bool vst = dv2 && !is_M, vfull = vst && L == GDN_C;
+#pragma unroll
+        for (int x = 0; x < 32; x += 2) {
+            const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
+            const uint32_t o = gdn_wg_off(r, j);
+            bf16 *pl = (bf16 *)(s.dl(buf) + o);
+            float2 l = make_float2(0.0f, 0.0f);
+            if (!is_M) l = gdn_load2(pl);
+            const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
+            const __nv_bfloat162 v2 = __floats2bfloat162_rn(l.x + dec * acc[x], l.y + dec * acc[x + 1]);
+            if (vfull) *(__nv_bfloat162 *)(s.dvo() + o) = v2;
+            else if (vst && r < L) *(__nv_bfloat162 *)(dv2 + (t0 + r) * ldx + (int64_t)h * dv + col0 + j) = v2;
+            *(__nv_bfloat162 *)pl = r < L ? __hneg2(v2) : __floats2bfloat162_rn(0.0f, 0.0f);
+        }
+        const float gam = exp2f(gL);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int x = 0; x < 32; x++) D[mt][x] *= gam;
+        gdn_fence_async_smem();
+        __syncthreads();
+        if (threadIdx.x == 0 && vfull) {
+            gdn_tma_store_2d(&tm.dv2, h * dv + col0, (int)t0, gdn_smem_addr(s.dvo()));
+            attn_bulk_commit();
+        }
+        GDN_TP(4);
+        /* D += Q^T dos + W^T (-dv2), per state tile */
+        const uint32_t a_dos = gdn_smem_addr(s.dO(buf)), a_dv = gdn_smem_addr(s.dl(buf));
+        attn_wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int kk = 0; kk < GDN_C / 16; kk++)
+                gdn_wgmma_n64<1, 1>(D[mt], attn_gdesc(a_q + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                    attn_gdesc(a_dos + kk * 16 * 128, GDN_C * 128, 1024), 1);
+#pragma unroll
+            for (int kk = 0; kk < GDN_C / 16; kk++)
+                gdn_wgmma_n64<1, 1>(D[mt], attn_gdesc(a_w + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                    attn_gdesc(a_dv + kk * 16 * 128, GDN_C * 128, 1024), 1);
+        }
+        attn_wg_commit();
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int x = 0; x < 32; x++) attn_reg_fence(D[mt][x]);
+        GDN_TP(5);
+        if (reset)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int x = 0; x < 32; x++) D[mt][x] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NST - 1; i++) inf[i] = inf[i + 1];
+        inf[NST - 1] = infN;
+        buf = buf + 1 == NST ? 0 : buf + 1;
+    }
+    if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
+    if (tp_on)
+        for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
+    float *Dd = is_M ? sg.M + p * nmz : sg.cuts ? (p == 0 ? sg.out_edge : NULL) : gdn_seg_out(sg, p, first, 0, nsz);
+    if (!Dd) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < 32; x++) {
+            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
+            if (is_M) Dd[((int64_t)h * DK + a) * DK + col0 - dv + j] = D[mt][x];
+            else Dd[((int64_t)h * DK + a) * dv + col0 + j] = D[mt][x];
+        }
+}
