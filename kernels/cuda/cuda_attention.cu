@@ -1273,9 +1273,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_SEQPIPE
 #define ATTN_BWD3_SEQPIPE 0 /* 1 (BULK): the sequencer releases a tile after issuing the next one's reduce (measured slower) */
 #endif
-#ifndef ATTN_BWD3_EX2
-#define ATTN_BWD3_EX2 0 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch (32k faster, 128k hd 128 12% slower: off) */
-#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1678,13 +1675,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                         for (int rr = 0; rr < 2; rr++) {
                             const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
-#if ATTN_BWD3_EX2
-                            /* the exponent of every element, then a select (no branch); ftz: P below 2^-126 is 0 */
-                            const float ex = attn_ex2_ftz(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc));
-                            c1[4 * nb + 2 * rr + e] = vis ? ex : 0.0f;
-#else
                             c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
-#endif
                         }
                     }
                 uint32_t pa[4][4], da[4][4];
