@@ -1252,9 +1252,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_ONEIF
 #define ATTN_BWD3_ONEIF 1 /* setmaxnreg.dec inside the producer warpgroup's branch (0: before it, the old form) */
 #endif
-#ifndef ATTN_BWD3_HOIST
-#define ATTN_BWD3_HOIST 0 /* 1: the consumers look up the next live tile at the top of the current one (no faster) */
-#endif
 #ifndef ATTN_BWD3_RED4
 #define ATTN_BWD3_RED4 0 /* 1: dQ added with red.v4 (lane pairs swap halves) instead of red.v2 (measured slower) */
 #endif
@@ -1620,14 +1617,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     int it = 0;
     {
         const int h = h0;
-#if ATTN_BWD3_HOIST
-        /* the next live tile is looked up (bitmask loads from global) at the top of this tile, so the loads
-         * overlap the products instead of sitting between the tiles */
-        for (int idx = first, nidx; idx >= 0; idx = nidx, it++) {
-            nidx = next_tile(idx + 1);
-#else
         for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
-#endif
             const int s = it % ST;
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);
