@@ -1252,9 +1252,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_ONEIF
 #define ATTN_BWD3_ONEIF 1 /* setmaxnreg.dec inside the producer warpgroup's branch (0: before it, the old form) */
 #endif
-#ifndef ATTN_BWD3_RED4
-#define ATTN_BWD3_RED4 0 /* 1: dQ added with red.v4 (lane pairs swap halves) instead of red.v2 (measured slower) */
-#endif
 #ifndef ATTN_BWD3_SOLO
 #define ATTN_BWD3_SOLO 0 /* 1: each consumer computes dQ from its own 64 keys, consumer 1 adds after consumer 0 (measured slower) */
 #endif
@@ -1566,21 +1563,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const float sl2 = p.scale_log2;
     /* adds scale dQ (64 queries x the 64 columns of panel pn) of query tile qi, head h to dq */
     auto add_dq = [&](const float (&d32)[32], int qi, int h, int pn) {
-#if ATTN_BWD3_RED4
-        /* lanes t and t ^ 1 swap halves so that each holds four adjacent columns of one row (even t: row g,
-         * odd t: row g + 8), one red.v4 per 8-column block: half the reds, the same adds in the same order */
-        const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * (t & 1);
-        float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 4 * (t >> 1);
-#pragma unroll
-        for (int ob = 0; ob < 8; ob++) {
-            const float ax = d32[4 * ob], ay = d32[4 * ob + 1], bx = d32[4 * ob + 2], by = d32[4 * ob + 3];
-            const float sx = (t & 1) ? ax : bx, sy = (t & 1) ? ay : by; /* what the partner needs */
-            const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-            const float v0 = (t & 1) ? rx : ax, v1 = (t & 1) ? ry : ay, v2 = (t & 1) ? bx : rx, v3 = (t & 1) ? by : ry;
-            if (qrow < p.Tq) attn_red_add4(d + 8 * ob, p.scale * v0, p.scale * v1, p.scale * v2, p.scale * v3);
-        }
-        return;
-#endif
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * rr;
