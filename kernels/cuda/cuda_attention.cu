@@ -1264,9 +1264,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_DQS
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
-#ifndef ATTN_BWD3_SEQPIPE
-#define ATTN_BWD3_SEQPIPE 0 /* 1 (BULK): the sequencer releases a tile after issuing the next one's reduce (measured slower) */
-#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1292,7 +1289,6 @@ struct AttnBwd3Cfg {
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (ATTN_BWD3_ST128 ? ATTN_BWD3_ST128 : BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
     static constexpr int DQS = BULK ? ATTN_BWD3_DQS : 1;                /* staging buffers, by tile */
-    static constexpr bool SEQPIPE = ATTN_BWD3_SEQPIPE; /* BULK: two reduces in flight in the sequencer */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
@@ -1413,9 +1409,9 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
              * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
              * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
             uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
-            /* SEQPIPE: the reduce of the previous tile (pend) may still be in flight while this tile's is
-             * issued; it is completed and released as soon as the sequencer would otherwise wait (for the
-             * semaphore or for the consumers), or right after this tile's reduce is issued */
+            /* finish: complete the reduce of tile pend and release it. The lambda and the no-op call after
+             * the loop are what the measured build compiled (its SEQPIPE switch, removed, had two reduces in
+             * flight); written out inline, ptxas emits different SASS, so they stay */
             int pend = -1;
             auto finish = [&]() {
                 if (pend < 0) return;
@@ -1431,33 +1427,19 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 if (p.dq_order) {
                     const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
                     const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                    while (attn_ld_acquire(sems + ai) != want) {
-                        if (C::SEQPIPE) finish();
-                        __nanosleep(32);
-                    }
+                    while (attn_ld_acquire(sems + ai) != want) __nanosleep(32);
                     attn_fence_proxy_async_global();
                 }
                 const int sb = n % C::DQS;
-                if (C::SEQPIPE)
-                    while (!attn_mbar_test(bar_stg + 8 * sb, (n / C::DQS) & 1)) finish();
-                else
-                    attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
+                attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
 #pragma unroll
                 for (int b = 0; b < C::DQB; b++)
                     attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE, sDQ + (sb * C::DQB + b) * 8192);
                 attn_bulk_commit();
-                if (C::SEQPIPE && pend >= 0) { /* the previous tile's group done, this one's may still run */
-                    attn_bulk_wait<1>();
-                    if (p.dq_order) {
-                        attn_fence_proxy_async_global();
-                        attn_st_release(sems + pend, (uint32_t)(rb + 1));
-                    }
-                    pend = -1;
-                }
                 attn_bulk_wait_read<0>();
                 attn_mbar_arrive(bar_dqfree + 8 * sb);
                 pend = ai;
-                if (!C::SEQPIPE) finish();
+                finish();
             }
             finish();
             return;
