@@ -1258,9 +1258,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_BULK
 #define ATTN_BWD3_BULK 1 /* 1 (hd 64 / 128): dQ staged in shared memory, added by one TMA reduce per tile (v4) */
 #endif
-#ifndef ATTN_BWD3_ST128
-#define ATTN_BWD3_ST128 0 /* Q/dO ring stages at hd 128; 0: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
-#endif
 #ifndef ATTN_BWD3_DQS
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
@@ -1286,7 +1283,8 @@ struct AttnBwd3Cfg {
      * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
      * and releases the semaphore once the reduce is complete */
     static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_SOLO && !ATTN_BWD3_LAG;
-    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (ATTN_BWD3_ST128 ? ATTN_BWD3_ST128 : BULK ? 2 : 3) : 2;
+    /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
+    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
     static constexpr int DQS = BULK ? ATTN_BWD3_DQS : 1;                /* staging buffers, by tile */
     static constexpr int PANELS = HD / 64;
