@@ -1249,9 +1249,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_LAG
 #define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
 #endif
-#ifndef ATTN_BWD3_ONEIF
-#define ATTN_BWD3_ONEIF 1 /* setmaxnreg.dec inside the producer warpgroup's branch (0: before it, the old form) */
-#endif
 #ifndef ATTN_BWD3_SOLO
 #define ATTN_BWD3_SOLO 0 /* 1: each consumer computes dQ from its own 64 keys, consumer 1 adds after consumer 0 (measured slower) */
 #endif
@@ -1392,91 +1389,84 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     __syncthreads();
 
     const int own_row = rb * ROWS;
-#if ATTN_BWD3_ONEIF
     if (wg == 0) { /* the producer warpgroup: setmaxnreg.dec inside its own branch, so the consumers' path
-                    * never meets a point where the 40-register limit might apply */
-    attn_setmaxnreg_dec<C::REG_P>();
-    if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
-#else
-    if (wg == 0) attn_setmaxnreg_dec<C::REG_P>(); /* the whole producer warpgroup */
-    if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
-#endif
-        if (tid != 32) return;
-        if constexpr (C::BULK) {
-            /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
-             * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
-             * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
-            uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
-            /* finish: complete the reduce of tile pend and release it. The lambda and the no-op call after
-             * the loop are what the measured build compiled (its SEQPIPE switch, removed, had two reduces in
-             * flight); written out inline, ptxas emits different SASS, so they stay */
-            int pend = -1;
-            auto finish = [&]() {
-                if (pend < 0) return;
-                attn_bulk_wait<0>();
-                if (p.dq_order) {
-                    attn_fence_proxy_async_global();
-                    attn_st_release(sems + pend, (uint32_t)(rb + 1));
-                }
-                pend = -1;
-            };
-            int n = 0;
-            for (int ai = first; ai >= 0; ai = next_tile(ai + 1), n++) {
-                if (p.dq_order) {
-                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
-                    const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                    while (attn_ld_acquire(sems + ai) != want) __nanosleep(32);
-                    attn_fence_proxy_async_global();
-                }
-                const int sb = n % C::DQS;
-                attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
+                    * never meets a point where the producer's register limit might apply */
+        attn_setmaxnreg_dec<C::REG_P>();
+        if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+            if (tid != 32) return;
+            if constexpr (C::BULK) {
+                /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
+                 * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
+                 * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
+                uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+                /* finish: complete the reduce of tile pend and release it. The lambda and the no-op call after
+                 * the loop are what the measured build compiled (its SEQPIPE switch, removed, had two reduces in
+                 * flight); written out inline, ptxas emits different SASS, so they stay */
+                int pend = -1;
+                auto finish = [&]() {
+                    if (pend < 0) return;
+                    attn_bulk_wait<0>();
+                    if (p.dq_order) {
+                        attn_fence_proxy_async_global();
+                        attn_st_release(sems + pend, (uint32_t)(rb + 1));
+                    }
+                    pend = -1;
+                };
+                int n = 0;
+                for (int ai = first; ai >= 0; ai = next_tile(ai + 1), n++) {
+                    if (p.dq_order) {
+                        const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                        const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                        while (attn_ld_acquire(sems + ai) != want) __nanosleep(32);
+                        attn_fence_proxy_async_global();
+                    }
+                    const int sb = n % C::DQS;
+                    attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
 #pragma unroll
-                for (int b = 0; b < C::DQB; b++)
-                    attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE, sDQ + (sb * C::DQB + b) * 8192);
-                attn_bulk_commit();
-                attn_bulk_wait_read<0>();
-                attn_mbar_arrive(bar_dqfree + 8 * sb);
-                pend = ai;
+                    for (int b = 0; b < C::DQB; b++)
+                        attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE,
+                                               sDQ + (sb * C::DQB + b) * 8192);
+                    attn_bulk_commit();
+                    attn_bulk_wait_read<0>();
+                    attn_mbar_arrive(bar_dqfree + 8 * sb);
+                    pend = ai;
+                    finish();
+                }
                 finish();
+                return;
             }
-            finish();
+            /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
+             * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
+             * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
+             * before the consumers passed it; a release is never held up by the wait of a later tile. */
+            uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+            int ai = first, ri = first, na = 0, nr = 0;
+            uint32_t want = 0;
+            bool want_ok = false;
+            while (ri >= 0) {
+                bool moved = false;
+                if (ai >= 0 && na - nr < 2) {
+                    if (p.dq_order && !want_ok) {
+                        const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                        want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                        want_ok = true;
+                    }
+                    if (!p.dq_order || attn_ld_acquire(sems + ai) == want) {
+                        attn_mbar_arrive(bar_go + 8 * (na & 1));
+                        na++, moved = true, want_ok = false;
+                        ai = next_tile(ai + 1);
+                    }
+                }
+                if (nr < na && attn_mbar_test(bar_done + 8 * (nr & 1), (nr >> 1) & 1)) {
+                    if (p.dq_order) attn_st_release(sems + ri, (uint32_t)(rb + 1));
+                    nr++, moved = true;
+                    ri = next_tile(ri + 1);
+                }
+                if (!moved) __nanosleep(32);
+            }
             return;
         }
-        /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
-         * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
-         * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
-         * before the consumers passed it; a release is never held up by the wait of a later tile. */
-        uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
-        int ai = first, ri = first, na = 0, nr = 0;
-        uint32_t want = 0;
-        bool want_ok = false;
-        while (ri >= 0) {
-            bool moved = false;
-            if (ai >= 0 && na - nr < 2) {
-                if (p.dq_order && !want_ok) {
-                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
-                    want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                    want_ok = true;
-                }
-                if (!p.dq_order || attn_ld_acquire(sems + ai) == want) {
-                    attn_mbar_arrive(bar_go + 8 * (na & 1));
-                    na++, moved = true, want_ok = false;
-                    ai = next_tile(ai + 1);
-                }
-            }
-            if (nr < na && attn_mbar_test(bar_done + 8 * (nr & 1), (nr >> 1) & 1)) {
-                if (p.dq_order) attn_st_release(sems + ri, (uint32_t)(rb + 1));
-                nr++, moved = true;
-                ri = next_tile(ri + 1);
-            }
-            if (!moved) __nanosleep(32);
-        }
-        return;
-    }
-#if !ATTN_BWD3_ONEIF
-    if (wg == 0)
-#endif
-    { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
+        /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
         const int lane = tid;
         if (lane == 0) {
             attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
@@ -1518,9 +1508,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
         return;
     }
-#if ATTN_BWD3_ONEIF
-    }
-#endif
 
     /* ---- consumers ---- */
     attn_setmaxnreg_inc<C::REG_C>();
