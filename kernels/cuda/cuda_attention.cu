@@ -1249,9 +1249,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_LAG
 #define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
 #endif
-#ifndef ATTN_BWD3_SOLO
-#define ATTN_BWD3_SOLO 0 /* 1: each consumer computes dQ from its own 64 keys, consumer 1 adds after consumer 0 (measured slower) */
-#endif
 #ifndef ATTN_BWD3_BULK
 #define ATTN_BWD3_BULK 1 /* 1 (hd 64 / 128): dQ staged in shared memory, added by one TMA reduce per tile (v4) */
 #endif
@@ -1275,11 +1272,11 @@ struct AttnBwd3Cfg {
     static constexpr bool SPLIT = HD == 256;
     static constexpr int ROWS = SPLIT ? 64 : 128; /* keys per block */
     static constexpr int OUTW = SPLIT ? 128 : HD; /* dK, dV columns per consumer */
-    /* BULK (v4, not SPLIT / SOLO / LAG): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
+    /* BULK (v4, not SPLIT / LAG): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
      * to a staging buffer in 32-column boxes of 64 rows (128-byte swizzle) instead of red.global adds; the
      * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
      * and releases the semaphore once the reduce is complete */
-    static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_SOLO && !ATTN_BWD3_LAG;
+    static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_LAG;
     /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
@@ -1302,11 +1299,7 @@ struct AttnBwd3Cfg {
     /* + 896: the base (128-byte aligned, checked in the kernel) rounded up to 1024 */
     static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 896;
     static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
-    /* SOLO (not SPLIT, not LAG): each consumer computes its own partial dQ_c = dS_c K_c (64 queries x HD,
-     * its 64 keys) from its own half of the dS^T buffer and adds all HD columns; consumer 1 adds after
-     * consumer 0 (mbarrier c0done, in the ds_full slots), so no 256-thread barrier joins the consumers */
-    static constexpr bool SOLO = ATTN_BWD3_SOLO && !SPLIT && !ATTN_BWD3_LAG;
-    static constexpr int DQT = (HD == 64 && !SOLO) ? 128 : 256; /* consumer threads that arrive on done */
+    static constexpr int DQT = HD == 64 ? 128 : 256; /* consumer threads that arrive on done */
     /* LAG (not SPLIT): a tile's dQ is computed in the next tile, after that tile's dK is issued, so the two
      * consumers meet on mbarriers with a tile of slack (ds_full: both halves of a dS^T buffer written;
      * ds_empty: both consumers' dQ of it done) instead of a named barrier every tile */
@@ -1381,7 +1374,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         for (int b = 0; b < 2; b++) {
             attn_mbar_init(bar_go + 8 * b, C::BULK ? C::DQT : 1); /* BULK: bar_stg */
             attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
-            attn_mbar_init(bar_dsf + 8 * b, C::SOLO ? 128 : 256); /* SOLO: c0done, consumer 0's adds issued */
+            attn_mbar_init(bar_dsf + 8 * b, 256);
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -1577,7 +1570,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             auto ds_free = [&]() {
                 if (C::LAG && it >= 2) attn_mbar_wait(bar_dse + 8 * (it & 1), ((it >> 1) - 1) & 1);
             };
-            float dqa[C::PANELS][32]; /* SOLO: dQ_c = dS_c K_c, 64 queries x HD */
             if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
                 /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
@@ -1669,33 +1661,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                      "r"(da[nb >> 1][(nb & 1) * 2 + rr])
                                      : "memory");
                 }
-                if constexpr (C::SOLO) {
-                    /* dQ_c = dS_c K_c over this consumer's 64 keys, 64 columns per group, after its 64 dS^T
-                     * rows are written (the buffer's previous tile's dQ was waited for two tiles ago). All groups
-                     * are waited for here, inside the branch: with a group in flight past it ptxas serialises
-                     * every wgmma of the kernel (C7518) */
-                    attn_fence_proxy_async();
-                    attn_bar_sync(2 + cw, 128);
-                    attn_wg_fence();
-#pragma unroll
-                    for (int pn = 0; pn < C::PANELS; pn++) {
-#pragma unroll
-                        for (int kk = 0; kk < 4; kk++)
-                            attn_wgmma_ss_tt_n64(dqa[pn], attn_gdesc(dsb + (rowoff + kk * 16) * 128, 64 * 128, 1024),
-                                                 attn_gdesc(sK + pn * ROWS * 128 + (rowoff + kk * 16) * 128, ROWS * 128, 1024),
-                                                 kk > 0);
-                    }
-                    attn_wg_commit();
-                    attn_wg_wait<0>();
-#pragma unroll
-                    for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-#pragma unroll
-                    for (int pn = 0; pn < C::PANELS; pn++)
-#pragma unroll
-                        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[pn][i]);
-                }
-            } else if constexpr (C::SOLO) {
-                attn_bar_sync(2 + cw, 128); /* keeps the warps of this consumer within a tile of each other */
             } else if (!C::SPLIT) { /* these keys see none of the tile's queries: their dS^T rows are 0 */
                 ds_free();
 #pragma unroll
@@ -1715,23 +1680,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
                 attn_mbar_arrive(bar_empty + 8 * s);
                 pit = it, pidx = idx;
-                continue;
-            }
-            if constexpr (C::SOLO) {
-                const uint32_t c0done = bar_dsf + 8 * (it & 1), ph = (it >> 1) & 1;
-                if (live) {
-                    attn_mbar_arrive(bar_empty + 8 * s);
-                    attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
-                    if (cw == 1) attn_mbar_wait(c0done, ph);              /* consumer 0 has added */
-#pragma unroll
-                    for (int pn = 0; pn < C::PANELS; pn++) add_dq(dqa[pn], idx, h, pn);
-                } else {
-                    attn_mbar_arrive(bar_empty + 8 * s);
-                    /* consumer 0 arrives on c0done only after go, so it never runs a phase ahead of consumer 1 */
-                    if (cw == 0) attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1);
-                }
-                if (cw == 0) attn_mbar_arrive(c0done);
-                attn_mbar_arrive(bar_done + 8 * (it & 1)); /* this thread's adds of the tile are issued */
                 continue;
             }
             if (C::SPLIT) attn_bar_sync(2 + cw, 128);
