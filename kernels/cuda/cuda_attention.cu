@@ -178,20 +178,20 @@
  *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
  *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
  *   producer warpgroup at 40 registers since one head per block).
- *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; ATTN_BWD3_ONEIF = 1: the
- *   setmaxnreg.dec inside the producer warpgroup's own branch): ptxas spill hd 128 64 -> 4 bytes, hd 64
+ *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; the setmaxnreg.dec
+ *   inside the producer warpgroup's own branch, the ATTN_BWD3_ONEIF form): ptxas spill hd 128 64 -> 4 bytes, hd 64
  *   64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
  *   call, each build twice, interleaved, medians of 7): hd 128 MHA 32k 40.46 / 39.96 -> 38.81 / 39.07
  *   ms (-3%), GQA 16/2 40.63 / 40.81 -> 40.05 / 40.08 (-1.6%), hd 64 29.6 -> 29.6; hd 256 v3 MHA 128.4
  *   -> 135.8 (slower; v2, the default there, 107.3). ATTN_BWD3_HOIST = 1 (the consumers look up the next
- *   live tile at the top of the current one) measured no faster (39.11 / 39.11, 39.89 / 40.12): off.
+ *   live tile at the top of the current one) measured no faster (39.11 / 39.11, 39.89 / 40.12): removed.
  *   ATTN_BWD3_RED4 = 1 (dQ added with red.v4, lane pairs swapping halves: half the red instructions)
- *   measured slower (another call: MHA 39.28 / 39.45 -> 40.33 / 40.33 ms, GQA 16/2 40.4 -> 41.3): off.
+ *   measured slower (another call: MHA 39.28 / 39.45 -> 40.33 / 40.33 ms, GQA 16/2 40.4 -> 41.3): removed.
  *   ATTN_BWD3_SOLO = 1 (hd 64 / 128: no barrier joins the consumers; each computes its own dQ_c = dS_c K_c,
  *   64 queries x HD over its 64 keys, and adds all HD columns, consumer 1 after consumer 0 through an
  *   mbarrier per tile parity; a consumer that sees none of the tile skips its dQ): parity and
  *   reproducibility pass, racecheck clean, but slower (one call: MHA 39.1 -> 49.5 ms, GQA 16/2 40.1 ->
- *   53.7, hd 64 29.6 -> 33.2): twice the dq reds, and the two consumers' add phases in series. Off.
+ *   53.7, hd 64 29.6 -> 33.2): twice the dq reds, and the two consumers' add phases in series. Removed.
  * Why slower than predicted: the kernel runs at ~28% of the tensor peak, not the ~45% assumed; each
  * consumer still serialises S -> P -> dS -> (barrier) -> dQ -> adds within a tile, and the barrier
  * that joins the two dS halves keeps the consumers in step, so their elementwise work does not
@@ -221,11 +221,15 @@
  * by the TMA. hd 256 (v2 by default) keeps the v3 adds: its 64 x 256 fp32 tile does not fit beside the ring.
  * Measured (H100, docs/benchmarks.md "attention v4 backward"): 32k hd 128 backward 39.2 -> 35.1 ms (MHA),
  * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 659 -> 577 ms. ATTN_BWD3_EX2 = 1 (P by
- * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: off.
+ * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: removed.
  * ATTN_FWD_EX2 = 1 (default): the v2 forward's exponentials by ex2.approx.ftz instead of exp2f (whose
  * subnormal handling costs extra instructions per element): forward -2 to -5% at 32k and 128k hd 128.
  * ATTN_BWD3_SEQPIPE = 1 (the sequencer issues a tile's reduce before the previous one completes):
- * 128k GQA -0.7%, 128k MHA +4-5%, 32k +0.5%: off. Open: 128k GQA 16/2 gains only 3-4% (MHA 12%).
+ * 128k GQA -0.7%, 128k MHA +4-5%, 32k +0.5%: removed. Open: 128k GQA 16/2 gains only 3-4% (MHA 12%).
+ * Removed switches (the git history keeps their code; every kernel's SASS of the default build is
+ * byte-identical before and after): ATTN_BWD3_EX2, HOIST, RED4, SEQPIPE, ST128, SOLO, and ONEIF (its
+ * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
+ * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C; ATTN_FWD_EX2.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1247,7 +1251,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 /* ---- backward v3: dK, dV and dQ in one kernel ------------------------------------------------ */
 
 #ifndef ATTN_BWD3_LAG
-#define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
+#define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower;
+                         * kept: without its dead branch ptxas emits different SASS for attn_bwd3_kernel<256>) */
 #endif
 #ifndef ATTN_BWD3_BULK
 #define ATTN_BWD3_BULK 1 /* 1 (hd 64 / 128): dQ staged in shared memory, added by one TMA reduce per tile (v4) */
