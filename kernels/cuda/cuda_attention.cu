@@ -178,9 +178,9 @@
  *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
  *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
  *   producer warpgroup at 40 registers since one head per block).
- *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; the setmaxnreg.dec
- *   inside the producer warpgroup's own branch, the ATTN_BWD3_ONEIF form): ptxas spill hd 128 64 -> 4 bytes, hd 64
- *   64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
+ *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; the setmaxnreg.dec inside
+ *   the producer warpgroup's own branch, the ATTN_BWD3_ONEIF form): ptxas spill hd 128 64 -> 4 bytes,
+ *   hd 64 64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
  *   call, each build twice, interleaved, medians of 7): hd 128 MHA 32k 40.46 / 39.96 -> 38.81 / 39.07
  *   ms (-3%), GQA 16/2 40.63 / 40.81 -> 40.05 / 40.08 (-1.6%), hd 64 29.6 -> 29.6; hd 256 v3 MHA 128.4
  *   -> 135.8 (slower; v2, the default there, 107.3). ATTN_BWD3_HOIST = 1 (the consumers look up the next
