@@ -178,20 +178,20 @@
  *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
  *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
  *   producer warpgroup at 40 registers since one head per block).
- *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; ATTN_BWD3_ONEIF = 1: the
- *   setmaxnreg.dec inside the producer warpgroup's own branch): ptxas spill hd 128 64 -> 4 bytes, hd 64
- *   64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
+ *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; the setmaxnreg.dec inside
+ *   the producer warpgroup's own branch, the ATTN_BWD3_ONEIF form): ptxas spill hd 128 64 -> 4 bytes,
+ *   hd 64 64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
  *   call, each build twice, interleaved, medians of 7): hd 128 MHA 32k 40.46 / 39.96 -> 38.81 / 39.07
  *   ms (-3%), GQA 16/2 40.63 / 40.81 -> 40.05 / 40.08 (-1.6%), hd 64 29.6 -> 29.6; hd 256 v3 MHA 128.4
  *   -> 135.8 (slower; v2, the default there, 107.3). ATTN_BWD3_HOIST = 1 (the consumers look up the next
- *   live tile at the top of the current one) measured no faster (39.11 / 39.11, 39.89 / 40.12): off.
+ *   live tile at the top of the current one) measured no faster (39.11 / 39.11, 39.89 / 40.12): removed.
  *   ATTN_BWD3_RED4 = 1 (dQ added with red.v4, lane pairs swapping halves: half the red instructions)
- *   measured slower (another call: MHA 39.28 / 39.45 -> 40.33 / 40.33 ms, GQA 16/2 40.4 -> 41.3): off.
+ *   measured slower (another call: MHA 39.28 / 39.45 -> 40.33 / 40.33 ms, GQA 16/2 40.4 -> 41.3): removed.
  *   ATTN_BWD3_SOLO = 1 (hd 64 / 128: no barrier joins the consumers; each computes its own dQ_c = dS_c K_c,
  *   64 queries x HD over its 64 keys, and adds all HD columns, consumer 1 after consumer 0 through an
  *   mbarrier per tile parity; a consumer that sees none of the tile skips its dQ): parity and
  *   reproducibility pass, racecheck clean, but slower (one call: MHA 39.1 -> 49.5 ms, GQA 16/2 40.1 ->
- *   53.7, hd 64 29.6 -> 33.2): twice the dq reds, and the two consumers' add phases in series. Off.
+ *   53.7, hd 64 29.6 -> 33.2): twice the dq reds, and the two consumers' add phases in series. Removed.
  * Why slower than predicted: the kernel runs at ~28% of the tensor peak, not the ~45% assumed; each
  * consumer still serialises S -> P -> dS -> (barrier) -> dQ -> adds within a tile, and the barrier
  * that joins the two dS halves keeps the consumers in step, so their elementwise work does not
@@ -221,11 +221,15 @@
  * by the TMA. hd 256 (v2 by default) keeps the v3 adds: its 64 x 256 fp32 tile does not fit beside the ring.
  * Measured (H100, docs/benchmarks.md "attention v4 backward"): 32k hd 128 backward 39.2 -> 35.1 ms (MHA),
  * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 659 -> 577 ms. ATTN_BWD3_EX2 = 1 (P by
- * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: off.
+ * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: removed.
  * ATTN_FWD_EX2 = 1 (default): the v2 forward's exponentials by ex2.approx.ftz instead of exp2f (whose
  * subnormal handling costs extra instructions per element): forward -2 to -5% at 32k and 128k hd 128.
  * ATTN_BWD3_SEQPIPE = 1 (the sequencer issues a tile's reduce before the previous one completes):
- * 128k GQA -0.7%, 128k MHA +4-5%, 32k +0.5%: off. Open: 128k GQA 16/2 gains only 3-4% (MHA 12%).
+ * 128k GQA -0.7%, 128k MHA +4-5%, 32k +0.5%: removed. Open: 128k GQA 16/2 gains only 3-4% (MHA 12%).
+ * Removed switches (the git history keeps their code; every kernel's SASS of the default build is
+ * byte-identical before and after): ATTN_BWD3_EX2, HOIST, RED4, SEQPIPE, ST128, SOLO, and ONEIF (its
+ * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
+ * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C; ATTN_FWD_EX2.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1247,34 +1251,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 /* ---- backward v3: dK, dV and dQ in one kernel ------------------------------------------------ */
 
 #ifndef ATTN_BWD3_LAG
-#define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower) */
-#endif
-#ifndef ATTN_BWD3_ONEIF
-#define ATTN_BWD3_ONEIF 1 /* setmaxnreg.dec inside the producer warpgroup's branch (0: before it, the old form) */
-#endif
-#ifndef ATTN_BWD3_HOIST
-#define ATTN_BWD3_HOIST 0 /* 1: the consumers look up the next live tile at the top of the current one (no faster) */
-#endif
-#ifndef ATTN_BWD3_RED4
-#define ATTN_BWD3_RED4 0 /* 1: dQ added with red.v4 (lane pairs swap halves) instead of red.v2 (measured slower) */
-#endif
-#ifndef ATTN_BWD3_SOLO
-#define ATTN_BWD3_SOLO 0 /* 1: each consumer computes dQ from its own 64 keys, consumer 1 adds after consumer 0 (measured slower) */
+#define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower;
+                         * kept: without its dead branch ptxas emits different SASS for attn_bwd3_kernel<256>) */
 #endif
 #ifndef ATTN_BWD3_BULK
 #define ATTN_BWD3_BULK 1 /* 1 (hd 64 / 128): dQ staged in shared memory, added by one TMA reduce per tile (v4) */
 #endif
-#ifndef ATTN_BWD3_ST128
-#define ATTN_BWD3_ST128 0 /* Q/dO ring stages at hd 128; 0: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
-#endif
 #ifndef ATTN_BWD3_DQS
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
-#endif
-#ifndef ATTN_BWD3_SEQPIPE
-#define ATTN_BWD3_SEQPIPE 0 /* 1 (BULK): the sequencer releases a tile after issuing the next one's reduce (measured slower) */
-#endif
-#ifndef ATTN_BWD3_EX2
-#define ATTN_BWD3_EX2 0 /* 1: P by ex2.approx.ftz and a select instead of exp2f under a branch (32k faster, 128k hd 128 12% slower: off) */
 #endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
@@ -1293,15 +1277,15 @@ struct AttnBwd3Cfg {
     static constexpr bool SPLIT = HD == 256;
     static constexpr int ROWS = SPLIT ? 64 : 128; /* keys per block */
     static constexpr int OUTW = SPLIT ? 128 : HD; /* dK, dV columns per consumer */
-    /* BULK (v4, not SPLIT / SOLO / LAG): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
+    /* BULK (v4, not SPLIT / LAG): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
      * to a staging buffer in 32-column boxes of 64 rows (128-byte swizzle) instead of red.global adds; the
      * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
      * and releases the semaphore once the reduce is complete */
-    static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_SOLO && !ATTN_BWD3_LAG;
-    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (ATTN_BWD3_ST128 ? ATTN_BWD3_ST128 : BULK ? 2 : 3) : 2;
+    static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_LAG;
+    /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
+    static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
     static constexpr int DQS = BULK ? ATTN_BWD3_DQS : 1;                /* staging buffers, by tile */
-    static constexpr bool SEQPIPE = ATTN_BWD3_SEQPIPE; /* BULK: two reduces in flight in the sequencer */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
@@ -1320,11 +1304,7 @@ struct AttnBwd3Cfg {
     /* + 896: the base (128-byte aligned, checked in the kernel) rounded up to 1024 */
     static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 896;
     static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
-    /* SOLO (not SPLIT, not LAG): each consumer computes its own partial dQ_c = dS_c K_c (64 queries x HD,
-     * its 64 keys) from its own half of the dS^T buffer and adds all HD columns; consumer 1 adds after
-     * consumer 0 (mbarrier c0done, in the ds_full slots), so no 256-thread barrier joins the consumers */
-    static constexpr bool SOLO = ATTN_BWD3_SOLO && !SPLIT && !ATTN_BWD3_LAG;
-    static constexpr int DQT = (HD == 64 && !SOLO) ? 128 : 256; /* consumer threads that arrive on done */
+    static constexpr int DQT = HD == 64 ? 128 : 256; /* consumer threads that arrive on done */
     /* LAG (not SPLIT): a tile's dQ is computed in the next tile, after that tile's dK is issued, so the two
      * consumers meet on mbarriers with a tile of slack (ds_full: both halves of a dS^T buffer written;
      * ds_empty: both consumers' dQ of it done) instead of a named barrier every tile */
@@ -1399,7 +1379,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         for (int b = 0; b < 2; b++) {
             attn_mbar_init(bar_go + 8 * b, C::BULK ? C::DQT : 1); /* BULK: bar_stg */
             attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
-            attn_mbar_init(bar_dsf + 8 * b, C::SOLO ? 128 : 256); /* SOLO: c0done, consumer 0's adds issued */
+            attn_mbar_init(bar_dsf + 8 * b, 256);
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -1407,105 +1387,84 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     __syncthreads();
 
     const int own_row = rb * ROWS;
-#if ATTN_BWD3_ONEIF
     if (wg == 0) { /* the producer warpgroup: setmaxnreg.dec inside its own branch, so the consumers' path
-                    * never meets a point where the 40-register limit might apply */
-    attn_setmaxnreg_dec<C::REG_P>();
-    if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
-#else
-    if (wg == 0) attn_setmaxnreg_dec<C::REG_P>(); /* the whole producer warpgroup */
-    if (wg == 0 && tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
-#endif
-        if (tid != 32) return;
-        if constexpr (C::BULK) {
-            /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
-             * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
-             * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
-            uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
-            /* SEQPIPE: the reduce of the previous tile (pend) may still be in flight while this tile's is
-             * issued; it is completed and released as soon as the sequencer would otherwise wait (for the
-             * semaphore or for the consumers), or right after this tile's reduce is issued */
-            int pend = -1;
-            auto finish = [&]() {
-                if (pend < 0) return;
-                attn_bulk_wait<0>();
-                if (p.dq_order) {
-                    attn_fence_proxy_async_global();
-                    attn_st_release(sems + pend, (uint32_t)(rb + 1));
-                }
-                pend = -1;
-            };
-            int n = 0;
-            for (int ai = first; ai >= 0; ai = next_tile(ai + 1), n++) {
-                if (p.dq_order) {
-                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
-                    const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                    while (attn_ld_acquire(sems + ai) != want) {
-                        if (C::SEQPIPE) finish();
-                        __nanosleep(32);
-                    }
-                    attn_fence_proxy_async_global();
-                }
-                const int sb = n % C::DQS;
-                if (C::SEQPIPE)
-                    while (!attn_mbar_test(bar_stg + 8 * sb, (n / C::DQS) & 1)) finish();
-                else
-                    attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
-#pragma unroll
-                for (int b = 0; b < C::DQB; b++)
-                    attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE, sDQ + (sb * C::DQB + b) * 8192);
-                attn_bulk_commit();
-                if (C::SEQPIPE && pend >= 0) { /* the previous tile's group done, this one's may still run */
-                    attn_bulk_wait<1>();
+                    * never meets a point where the producer's register limit might apply */
+        attn_setmaxnreg_dec<C::REG_P>();
+        if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
+            if (tid != 32) return;
+            if constexpr (C::BULK) {
+                /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
+                 * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
+                 * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
+                uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+                /* finish: complete the reduce of tile pend and release it. The lambda and the no-op call after
+                 * the loop are what the measured build compiled (its SEQPIPE switch, removed, had two reduces in
+                 * flight); written out inline, ptxas emits different SASS, so they stay */
+                int pend = -1;
+                auto finish = [&]() {
+                    if (pend < 0) return;
+                    attn_bulk_wait<0>();
                     if (p.dq_order) {
                         attn_fence_proxy_async_global();
                         attn_st_release(sems + pend, (uint32_t)(rb + 1));
                     }
                     pend = -1;
+                };
+                int n = 0;
+                for (int ai = first; ai >= 0; ai = next_tile(ai + 1), n++) {
+                    if (p.dq_order) {
+                        const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                        const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                        while (attn_ld_acquire(sems + ai) != want) __nanosleep(32);
+                        attn_fence_proxy_async_global();
+                    }
+                    const int sb = n % C::DQS;
+                    attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
+#pragma unroll
+                    for (int b = 0; b < C::DQB; b++)
+                        attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE,
+                                               sDQ + (sb * C::DQB + b) * 8192);
+                    attn_bulk_commit();
+                    attn_bulk_wait_read<0>();
+                    attn_mbar_arrive(bar_dqfree + 8 * sb);
+                    pend = ai;
+                    finish();
                 }
-                attn_bulk_wait_read<0>();
-                attn_mbar_arrive(bar_dqfree + 8 * sb);
-                pend = ai;
-                if (!C::SEQPIPE) finish();
+                finish();
+                return;
             }
-            finish();
+            /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
+             * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
+             * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
+             * before the consumers passed it; a release is never held up by the wait of a later tile. */
+            uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
+            int ai = first, ri = first, na = 0, nr = 0;
+            uint32_t want = 0;
+            bool want_ok = false;
+            while (ri >= 0) {
+                bool moved = false;
+                if (ai >= 0 && na - nr < 2) {
+                    if (p.dq_order && !want_ok) {
+                        const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
+                        want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
+                        want_ok = true;
+                    }
+                    if (!p.dq_order || attn_ld_acquire(sems + ai) == want) {
+                        attn_mbar_arrive(bar_go + 8 * (na & 1));
+                        na++, moved = true, want_ok = false;
+                        ai = next_tile(ai + 1);
+                    }
+                }
+                if (nr < na && attn_mbar_test(bar_done + 8 * (nr & 1), (nr >> 1) & 1)) {
+                    if (p.dq_order) attn_st_release(sems + ri, (uint32_t)(rb + 1));
+                    nr++, moved = true;
+                    ri = next_tile(ri + 1);
+                }
+                if (!moved) __nanosleep(32);
+            }
             return;
         }
-        /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
-         * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
-         * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
-         * before the consumers passed it; a release is never held up by the wait of a later tile. */
-        uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
-        int ai = first, ri = first, na = 0, nr = 0;
-        uint32_t want = 0;
-        bool want_ok = false;
-        while (ri >= 0) {
-            bool moved = false;
-            if (ai >= 0 && na - nr < 2) {
-                if (p.dq_order && !want_ok) {
-                    const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
-                    want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                    want_ok = true;
-                }
-                if (!p.dq_order || attn_ld_acquire(sems + ai) == want) {
-                    attn_mbar_arrive(bar_go + 8 * (na & 1));
-                    na++, moved = true, want_ok = false;
-                    ai = next_tile(ai + 1);
-                }
-            }
-            if (nr < na && attn_mbar_test(bar_done + 8 * (nr & 1), (nr >> 1) & 1)) {
-                if (p.dq_order) attn_st_release(sems + ri, (uint32_t)(rb + 1));
-                nr++, moved = true;
-                ri = next_tile(ri + 1);
-            }
-            if (!moved) __nanosleep(32);
-        }
-        return;
-    }
-#if !ATTN_BWD3_ONEIF
-    if (wg == 0)
-#endif
-    { /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
+        /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
         const int lane = tid;
         if (lane == 0) {
             attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
@@ -1547,9 +1506,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
         return;
     }
-#if ATTN_BWD3_ONEIF
-    }
-#endif
 
     /* ---- consumers ---- */
     attn_setmaxnreg_inc<C::REG_C>();
@@ -1572,21 +1528,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const float sl2 = p.scale_log2;
     /* adds scale dQ (64 queries x the 64 columns of panel pn) of query tile qi, head h to dq */
     auto add_dq = [&](const float (&d32)[32], int qi, int h, int pn) {
-#if ATTN_BWD3_RED4
-        /* lanes t and t ^ 1 swap halves so that each holds four adjacent columns of one row (even t: row g,
-         * odd t: row g + 8), one red.v4 per 8-column block: half the reds, the same adds in the same order */
-        const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * (t & 1);
-        float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 4 * (t >> 1);
-#pragma unroll
-        for (int ob = 0; ob < 8; ob++) {
-            const float ax = d32[4 * ob], ay = d32[4 * ob + 1], bx = d32[4 * ob + 2], by = d32[4 * ob + 3];
-            const float sx = (t & 1) ? ax : bx, sy = (t & 1) ? ay : by; /* what the partner needs */
-            const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-            const float v0 = (t & 1) ? rx : ax, v1 = (t & 1) ? ry : ay, v2 = (t & 1) ? bx : rx, v3 = (t & 1) ? by : ry;
-            if (qrow < p.Tq) attn_red_add4(d + 8 * ob, p.scale * v0, p.scale * v1, p.scale * v2, p.scale * v3);
-        }
-        return;
-#endif
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * rr;
@@ -1623,14 +1564,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     int it = 0;
     {
         const int h = h0;
-#if ATTN_BWD3_HOIST
-        /* the next live tile is looked up (bitmask loads from global) at the top of this tile, so the loads
-         * overlap the products instead of sitting between the tiles */
-        for (int idx = first, nidx; idx >= 0; idx = nidx, it++) {
-            nidx = next_tile(idx + 1);
-#else
         for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
-#endif
             const int s = it % ST;
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);
@@ -1641,7 +1575,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             auto ds_free = [&]() {
                 if (C::LAG && it >= 2) attn_mbar_wait(bar_dse + 8 * (it & 1), ((it >> 1) - 1) & 1);
             };
-            float dqa[C::PANELS][32]; /* SOLO: dQ_c = dS_c K_c, 64 queries x HD */
             if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
                 /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
@@ -1678,13 +1611,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                         for (int rr = 0; rr < 2; rr++) {
                             const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
-#if ATTN_BWD3_EX2
-                            /* the exponent of every element, then a select (no branch); ftz: P below 2^-126 is 0 */
-                            const float ex = attn_ex2_ftz(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc));
-                            c1[4 * nb + 2 * rr + e] = vis ? ex : 0.0f;
-#else
                             c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
-#endif
                         }
                     }
                 uint32_t pa[4][4], da[4][4];
@@ -1739,33 +1666,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                      "r"(da[nb >> 1][(nb & 1) * 2 + rr])
                                      : "memory");
                 }
-                if constexpr (C::SOLO) {
-                    /* dQ_c = dS_c K_c over this consumer's 64 keys, 64 columns per group, after its 64 dS^T
-                     * rows are written (the buffer's previous tile's dQ was waited for two tiles ago). All groups
-                     * are waited for here, inside the branch: with a group in flight past it ptxas serialises
-                     * every wgmma of the kernel (C7518) */
-                    attn_fence_proxy_async();
-                    attn_bar_sync(2 + cw, 128);
-                    attn_wg_fence();
-#pragma unroll
-                    for (int pn = 0; pn < C::PANELS; pn++) {
-#pragma unroll
-                        for (int kk = 0; kk < 4; kk++)
-                            attn_wgmma_ss_tt_n64(dqa[pn], attn_gdesc(dsb + (rowoff + kk * 16) * 128, 64 * 128, 1024),
-                                                 attn_gdesc(sK + pn * ROWS * 128 + (rowoff + kk * 16) * 128, ROWS * 128, 1024),
-                                                 kk > 0);
-                    }
-                    attn_wg_commit();
-                    attn_wg_wait<0>();
-#pragma unroll
-                    for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-#pragma unroll
-                    for (int pn = 0; pn < C::PANELS; pn++)
-#pragma unroll
-                        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[pn][i]);
-                }
-            } else if constexpr (C::SOLO) {
-                attn_bar_sync(2 + cw, 128); /* keeps the warps of this consumer within a tile of each other */
             } else if (!C::SPLIT) { /* these keys see none of the tile's queries: their dS^T rows are 0 */
                 ds_free();
 #pragma unroll
@@ -1785,23 +1685,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
                 attn_mbar_arrive(bar_empty + 8 * s);
                 pit = it, pidx = idx;
-                continue;
-            }
-            if constexpr (C::SOLO) {
-                const uint32_t c0done = bar_dsf + 8 * (it & 1), ph = (it >> 1) & 1;
-                if (live) {
-                    attn_mbar_arrive(bar_empty + 8 * s);
-                    attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
-                    if (cw == 1) attn_mbar_wait(c0done, ph);              /* consumer 0 has added */
-#pragma unroll
-                    for (int pn = 0; pn < C::PANELS; pn++) add_dq(dqa[pn], idx, h, pn);
-                } else {
-                    attn_mbar_arrive(bar_empty + 8 * s);
-                    /* consumer 0 arrives on c0done only after go, so it never runs a phase ahead of consumer 1 */
-                    if (cw == 0) attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1);
-                }
-                if (cw == 0) attn_mbar_arrive(c0done);
-                attn_mbar_arrive(bar_done + 8 * (it & 1)); /* this thread's adds of the tile are issued */
                 continue;
             }
             if (C::SPLIT) attn_bar_sync(2 + cw, 128);

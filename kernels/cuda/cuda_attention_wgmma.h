@@ -232,10 +232,6 @@ static __device__ __forceinline__ void attn_st_release(uint32_t *p, uint32_t v) 
 static __device__ __forceinline__ void attn_red_add2(float *p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
-/* the same for four adjacent floats (16-byte aligned) */
-static __device__ __forceinline__ void attn_red_add4(float *p, float a, float b, float c, float d) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
 
 /* 2^x, flushing subnormal results to 0 (one MUFU.EX2) */
 static __device__ __forceinline__ float attn_ex2_ftz(float x) {
