@@ -3,7 +3,8 @@
  * kernels use: wgmma.mma_async (bf16 x bf16 -> fp32, operands in shared memory through matrix
  * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads, TMA reduce-adds
  * (bulk async-groups), ex2.approx.ftz and setmaxnreg.
- * Included by kernels/cuda/cuda_attention.cu only. The wgmma wrappers with their long operand lists
+ * Included by kernels/cuda/cuda_attention.cu and by the GDN kernels that use wgmma / TMA (cuda_gdn.cu,
+ * cuda_gdn_wg.h). The wgmma wrappers with their long operand lists
  * were written out by a throwaway script (one function per shape, not kept: edit them by hand);
  * each accumulator is a named array element with a constant index, so the arrays stay in registers.
  *
