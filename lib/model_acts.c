@@ -145,7 +145,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
-            acts_add(&ab, l, "gdn_kept", frags, acts_gdn_kept_bytes(e == 2, T / frags, nv, dk, dv), 1,
+            acts_add(&ab, l, "gdn_kept", frags,
+                     acts_gdn_kept_bytes(cfg->device.kind == DEVICE_KIND_CUDA, T / frags, nv, dk, dv), 1,
                      ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
