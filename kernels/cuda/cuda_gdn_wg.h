@@ -94,6 +94,24 @@ struct GdnWgMaps {
  * h out by one TMA store per chunk from the hi block (bf16(S), what the v2 pass stores), vn out by one
  * TMA store of a full chunk (L = 64), by the threads otherwise.
  */
+/* The carried state's fp32 wgmma accumulators at a segment's start (both state passes): row a = 64 mt +
+ * 16 w + g8 (+8), column col0 + j of head h from S_in (nv, DK, dv), zero where S_in is NULL; a transition
+ * column block (is_M: col0 >= dv) starts from the identity on its columns. */
+template <int DK, int MT>
+__device__ __forceinline__ void gdn_wg_state_start(float (&S)[MT][32], const float *S_in /* (nv,DK,dv) or NULL */,
+                                                   bool is_M, int h, int col0, int dv, int w, int g8, int t4) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int x = 0; x < 32; x++) {
+            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
+            float v = 0.0f;
+            if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
+            else if (S_in) v = S_in[((int64_t)h * DK + a) * dv + col0 + j];
+            S[mt][x] = v;
+        }
+}
+
 template <int DK, int NST>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_fwd_wg_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
@@ -122,16 +140,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const float *S_in = is_M ? NULL : sg.cuts ? (p == 0 ? sg.in_edge : NULL) : gdn_seg_in(sg, p, 0, nsz);
 
     float S[MT][32];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int x = 0; x < 32; x++) {
-            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
-            float v = 0.0f;
-            if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
-            else if (S_in) v = S_in[((int64_t)h * DK + a) * dv + col0 + j];
-            S[mt][x] = v;
-        }
+    gdn_wg_state_start<DK, MT>(S, S_in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);

@@ -97,16 +97,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const float *D_in = is_M ? NULL : sg.cuts ? (dlast ? sg.in_edge : NULL) : gdn_seg_in(sg, p, first, nsz);
 
     float D[MT][32];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int x = 0; x < 32; x++) {
-            const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
-            float v = 0.0f;
-            if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
-            else if (D_in) v = D_in[((int64_t)h * DK + a) * dv + col0 + j];
-            D[mt][x] = v;
-        }
+    gdn_wg_state_start<DK, MT>(D, D_in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);
