@@ -129,20 +129,23 @@ typedef struct Backend {
                               const void *v /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                               const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                               const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
-                              int ldo, void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v) written, or NULL */);
+                              int ldo, void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states) written, or NULL */,
+                              int kept_states);
     /* dq, dk, dv, dg, dbeta =; dS0 = (skipped when NULL); dS_final is the gradient arriving at the
-     * final state (NULL = 0). Recomputes its own chunk states; its WY factors (or part of them) come
-     * from kept when not NULL (what gdn_chunk_forward wrote for the same k, v, g, beta, doc_pos, T,
-     * nk, nv, dims), else they are computed again; the results are the same bits either way. */
+     * final state (NULL = 0). Its WY factors (or part of them), and with kept_states its chunk states,
+     * come from kept when not NULL (what gdn_chunk_forward wrote for the same k, v, g, beta, S0,
+     * doc_pos, T, nk, nv, dims and kept_states), else they are computed again; the results are the
+     * same bits either way. */
     void (*gdn_chunk_backward)(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
                                float *dg /* (T,nv) */, float *dbeta /* (T,nv) */, float *dS0 /* or NULL */,
                                const void *dout /* (T,ldo) */, const float *dS_final /* or NULL */, const void *q,
                                const void *k, const void *v, const float *g, const float *beta, const float *S0,
                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
-                               int ldo, const void *kept /* the forward's, or NULL */);
+                               int ldo, const void *kept /* the forward's, or NULL */, int kept_states);
     /* bytes of what one gdn_chunk_forward call keeps for its backward (opaque, the backend's own format:
-     * cuda W, U and the gate cumsum, so the backward skips its prep; cpu Tinv = (I + A)^-1) */
-    size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
+     * cuda W, U and the gate cumsum, so the backward skips its prep, and with states (checkpoint.gdn_states)
+     * also the chunk states h and vn, so it skips their recompute; cpu Tinv = (I + A)^-1 either way) */
+    size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int states);
 
     /* ---- Gated DeltaNet context parallelism (research/gdn_cp.md §3-4; lib/cp_gdn.c) ----
      * The call's transition: its final state is S_final = M S0 + H for every initial state S0, per

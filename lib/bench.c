@@ -65,6 +65,9 @@ static const char bench_usage[] =
     "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256)\n"
     "  --heads LIST        gdn: heads H, key heads = value heads (default 16,64)\n"
     "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
+    "  --gdn-states B      gdn: the forward keeps its chunk states h, vn for the backward, as the model\n"
+    "                      does by default (checkpoint.gdn_states); false: the backward recomputes them\n"
+    "                      (default true)\n"
     "  --doc-len LIST      gdn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
     "                      0 = one document per sample (default 0,2048)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
@@ -158,6 +161,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->n_attn = 4;
     o->heads[0] = 16, o->heads[1] = 64, o->n_heads = 2;
     o->dim = 128;
+    o->gdn_states = 1;
     o->doc_len[0] = 0, o->doc_len[1] = 2048, o->n_doc_len = 2;
     o->config = "configs/hybrid-1b-256k-h200x4.yaml";
     o->tokens = 32768;
@@ -203,6 +207,11 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             const char *v = bench_value(argc, argv, &i);
             o->dim = (int)bench_parse_int(a, v, 64, 128);
             if (o->dim != 64 && o->dim != 128) bench_bad(a, v, "must be 64 or 128");
+        } else if (!strcmp(a, "--gdn-states")) {
+            const char *v = bench_value(argc, argv, &i);
+            if (!strcmp(v, "true")) o->gdn_states = 1;
+            else if (!strcmp(v, "false")) o->gdn_states = 0;
+            else bench_bad(a, v, "expected true or false");
         } else if (!strcmp(a, "--doc-len")) {
             const char *v = bench_value(argc, argv, &i);
             o->n_doc_len = bench_split(a, v, items);
@@ -474,14 +483,16 @@ static void bench_print_notes(FILE *f, const json_t *peer) {
     }
 }
 
-static void bench_print_kernels(FILE *f, BenchKind kind, const json_t *req, const json_t *ours, const json_t *peer,
+static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, const json_t *req, const json_t *ours, const json_t *peer,
                                 const BenchDevice *d, json_t *table) {
     if (kind == BENCH_ATTN)
         fprintf(f, "\nattention: causal, bf16, one document; FLOPs 4*T^2/2*hd*nh forward (causal = half the T x T "
                    "pairs,\n  2 per multiply-add), backward 2.5x forward (fwd+bwd 3.5x)\n");
     else
         fprintf(f, "\nGated DeltaNet chunked delta rule: H key = value heads, bf16 q/k/v, fp32 gates; FLOPs per chunk "
-                   "of 64\n  and head from plan (FLA's kernel split, research/gdn_cp.md §7), whole chunks per document\n");
+                   "of 64\n  and head from plan (FLA's kernel split, research/gdn_cp.md §7), whole chunks per document;\n"
+                   "  ringscan's forward keeps W, U, the gate cumsum%s for its backward (--gdn-states)\n",
+                o->gdn_states ? " and the chunk states h, vn" : "");
     fprintf(f, "  floor = max(FLOPs / %.0f TFLOP/s, minimum bytes / %.2f TB/s); ratio = peer ms / ringscan ms (> 1: "
                "ringscan faster)\n\n",
             d->peak_tflops, d->hbm_tbps);
@@ -699,9 +710,10 @@ int bench_main(int argc, char **argv) {
         if (!o.kinds[k]) continue;
         json_t *table = json_array();
         if (k == BENCH_STEP) bench_print_step(stdout, req[k], ours[k], peer[k], &plan, &dev, table);
-        else bench_print_kernels(stdout, (BenchKind)k, req[k], ours[k], peer[k], &dev, table);
+        else bench_print_kernels(stdout, &o, (BenchKind)k, req[k], ours[k], peer[k], &dev, table);
         json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
         if (peer[k]) json_object_set(part, "peer", peer[k]);
+        if (k == BENCH_GDN) json_object_set_new(part, "gdn_states", json_boolean(o.gdn_states));
         json_object_set_new(all, bench_kind_names[k], part);
     }
     char path[4200];

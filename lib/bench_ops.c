@@ -14,7 +14,8 @@
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
  *              in [0.05, 0.95); documents from the case's cu_seqlens.
  * GDN's forward keeps what the Backend keeps for the backward (gdn_kept_bytes; FLA keeps A from its
- * forward too), so the forward+backward time is the training step's.
+ * forward too), with the chunk states by --gdn-states (the model's checkpoint.gdn_states, default on;
+ * FLA recomputes its states), so the forward+backward time is the training step's.
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *
@@ -147,25 +148,26 @@ typedef struct {
     float *g, *beta, *dg, *dbeta;
     int32_t *doc_pos;
     void *kept; /* gdn_kept_bytes: what the forward keeps for the backward, as FLA keeps A (the kernels'
-                 * measurement switch RS_GDN_KEEP=2 ignores it) */
+                 * measurement switch RS_GDN_KEEP=2 ignores it, 3 keeps no states) */
+    int states; /* --gdn-states: the kept buffer holds the chunk states too */
 } GdnCase;
 
 static void bench_gdn_fwd(void *p) {
     GdnCase *a = p;
     a->be->gdn_chunk_forward(a->o, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K,
-                             a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept);
+                             a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept, a->states);
 }
 
 static void bench_gdn_bwd(void *p) {
     GdnCase *a = p;
     a->be->gdn_chunk_backward(a->dq, a->dk, a->dv, a->dg, a->dbeta, NULL, a->dout, NULL, a->q, a->k, a->v, a->g,
                               a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V,
-                              a->H * a->V, a->kept);
+                              a->H * a->V, a->kept, a->states);
 }
 
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     GdnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .H = (int)bench_int(c, "H"),
-                 .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V")};
+                 .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V"), .states = o->gdn_states};
     const Backend *be = a.be;
     int64_t qn = a.T * a.H * a.K, vn = a.T * a.H * a.V, gn = a.T * a.H;
     void **act[] = {&a.q, &a.k, &a.dq, &a.dk};
@@ -187,7 +189,7 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     }
     a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
     free(doc_pos);
-    a.kept = be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V));
+    a.kept = be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V, a.states));
 
     uint64_t s = o->seed * 1000003u + 77;
     void *raw = be->alloc((size_t)qn * 2);

@@ -119,6 +119,7 @@ typedef struct {
 
 typedef struct {
     int32_t activations; /* ActPolicy */
+    bool    gdn_states;  /* the delta rule's forward keeps its chunk states for the backward (cuda) */
     int64_t every;       /* steps between checkpoints; 0: only at the end and on stop */
     int64_t keep;        /* newest checkpoints kept */
 } CheckpointConfig;

@@ -151,7 +151,8 @@ static void model_alloc_activations(Model *m) {
                     const int64_t n = cfg->data.micro_batch * cfg->data.seq_len / cfg->parallel.cp / frags;
                     const int64_t need = frags * (int64_t)be->gdn_kept_bytes(n, (int)mc->linear_num_value_heads,
                                                                               (int)mc->linear_key_head_dim,
-                                                                              (int)mc->linear_value_head_dim);
+                                                                              (int)mc->linear_value_head_dim,
+                                                                              cfg->checkpoint.gdn_states);
                     RS_CHECK(b->rows == frags && need <= b->bytes,
                              "gdn_kept: the %s backend needs %lld bytes, model_acts.c counts %lld", be->name,
                              (long long)need, (long long)b->bytes);

@@ -12,9 +12,10 @@
  *                 qk_norm + its rstd (L2-normalised q, k), beta, g (fp32),
  *                 core (delta-rule output), normed (gated RMSNorm output) +
  *                 its rstd, kept (per fragment, what the delta-rule forward
- *                 keeps for its backward: cuda W, U, gate cumsum; cpu
- *                 Tinv; backend.h gdn_kept_bytes), so the backward skips
- *                 that work; with cp > 1, per zigzag fragment (2 per sample),
+ *                 keeps for its backward: cuda W, U, gate cumsum and with
+ *                 checkpoint.gdn_states the chunk states h, vn; cpu Tinv;
+ *                 backend.h gdn_kept_bytes), so the backward skips that
+ *                 work; with cp > 1, per zigzag fragment (2 per sample),
  *                 the entry state [nv, dk, dv] fp32, the transition M
  *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
  *                 conv halo [Kc-1, Cc]
@@ -33,7 +34,8 @@
  *     pass, and per phase (MLP, GDN mixer, attention mixer) the gradient
  *     buffers listed in model_acts_build; phases share one arena;
  *   - the GDN backward recomputes the per-chunk states and holds them and
- *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type;
+ *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type
+ *     (the gradients only where the states are kept: cuda, gdn_states);
  *   - the delta-rule backward reads its WY factors from "gdn_kept" (under
  *     remat / full the recompute writes them into the scratch);
  *   - attention keeps no T x T matrix (flash-style blocks);
@@ -60,11 +62,16 @@
 
 /* bytes one delta-rule call of n tokens keeps for its backward (backend.h gdn_kept_bytes; model.c
  * checks the backend's figure against this): cuda W (n,nv,dk) and U (n,nv,dv) bf16 and the gate
- * cumsum (n,nv) fp32, each on 256 bytes; cpu Tinv (n,nv,64) fp32 */
-static int64_t acts_gdn_kept_bytes(int cuda, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
+ * cumsum (n,nv) fp32, with states (checkpoint.gdn_states) also h (ceil(n/64)+1,nv,dk,dv) and vn
+ * (n,nv,dv) bf16, each on 256 bytes; cpu Tinv (n,nv,64) fp32 either way */
+static int64_t acts_gdn_kept_bytes(int cuda, int states, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
     if (!cuda) return n * nv * GDN_CHUNK * 4;
-    const int64_t tv = n * nv;
-    return (tv * dk * 2 + 255) / 256 * 256 + (tv * dv * 2 + 255) / 256 * 256 + (tv * 4 + 255) / 256 * 256;
+    const int64_t tv = n * nv, ns = (n + GDN_CHUNK - 1) / GDN_CHUNK + 1;
+#define ACTS_R256(x) (((x) + 255) / 256 * 256)
+    int64_t b = ACTS_R256(tv * dk * 2) + ACTS_R256(tv * dv * 2) + ACTS_R256(tv * 4);
+    if (states) b += ACTS_R256(ns * nv * dk * dv * 2) + ACTS_R256(tv * dv * 2);
+#undef ACTS_R256
+    return b;
 }
 
 typedef struct {
@@ -146,7 +153,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_kept", frags,
-                     acts_gdn_kept_bytes(cfg->device.kind == DEVICE_KIND_CUDA, T / frags, nv, dk, dv), 1,
+                     acts_gdn_kept_bytes(cfg->device.kind == DEVICE_KIND_CUDA, cfg->checkpoint.gdn_states,
+                                         T / frags, nv, dk, dv),
+                     1,
                      ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
@@ -155,7 +164,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
                          ACT_KEEP_NONE | ACT_KEEP_REMAT);
             }
             int64_t s = (T + GDN_CHUNK - 1) / GDN_CHUNK * nv * dk * dv * e;
-            if (2 * s > max_states) max_states = 2 * s;
+            const int kept_states = cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_states;
+            if ((kept_states ? 1 : 2) * s > max_states) max_states = (kept_states ? 1 : 2) * s;
         } else {
             acts_add(&ab, l, "attn_proj", T, 2 * nh * hd + 2 * nkv * hd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "attn_q", T, nh * hd, e, ACT_KEEP_NONE);

@@ -94,7 +94,7 @@ static CpGdnDims block_gdn_cp_dims(const Dims *d) {
  * policy; the recompute under remat / full, into the shared scratch), read by the backward, which then
  * skips that work. */
 static void *block_gdn_kept(const Model *m, const LayerActs *a, int64_t i, int64_t n, const Dims *d) {
-    return (char *)a->gdn_kept + i * (int64_t)m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv);
+    return (char *)a->gdn_kept + i * (int64_t)m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv, m->cfg->checkpoint.gdn_states);
 }
 
 static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
@@ -133,7 +133,8 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
                                   AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_conv, o * d.Cc + 2 * d.Kd),
                                   a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
                                   multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
-                                  d.dv, 2 * d.Kd, d.Cc, d.Vd, keep ? block_gdn_kept(m, a, i, n, &d) : NULL);
+                                  d.dv, 2 * d.Kd, d.Cc, d.Vd, keep ? block_gdn_kept(m, a, i, n, &d) : NULL,
+                                  m->cfg->checkpoint.gdn_states);
             cp->count.gdn_forwards[l]++;
         }
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, a->gdn_core, AT(a->gdn_proj, d.Cc), W(p->gdn_norm),
@@ -169,7 +170,8 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
                                    AT(a->gdn_qk_norm, o * 2 * d.Kd), AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd),
                                    AT(a->gdn_conv, o * d.Cc + 2 * d.Kd), a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
                                    multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
-                                   d.dv, 2 * d.Kd, d.Cc, d.Vd, block_gdn_kept(m, a, i, n, &d));
+                                   d.dv, 2 * d.Kd, d.Cc, d.Vd, block_gdn_kept(m, a, i, n, &d),
+                                   m->cfg->checkpoint.gdn_states);
         }
     be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log), G(p->dt_bias),
                            m->d_beta, m->d_g, AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv),

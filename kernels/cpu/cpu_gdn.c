@@ -59,7 +59,9 @@
  *   - T == 0 is allowed: S_final = S0 (or 0), dS0 = dS_final (or 0).
  *   - The kept buffer (backend.h gdn_kept_bytes): this backend keeps Tinv (cpu_gdn_kept_bytes,
  *     gdn_chunk_load); the backward that reads it gives the bits of the one that substitutes again
- *     (tests/unit/test_gdn.c gdn_tinv_kept). The cuda backend keeps W, U instead: each its own format.
+ *     (tests/unit/test_gdn.c gdn_tinv_kept). The cuda backend keeps W, U instead, and with kept_states
+ *     its chunk states too: each its own format. Here kept_states changes nothing (the oracle
+ *     recomputes its states: they are fp32 and cheap beside its own products).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -285,7 +287,9 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
                            const void *v_ /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                            const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                            const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                           int ldv, int ldo, void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v) written, or NULL */) {
+                           int ldv, int ldo, void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v, s) written, or NULL */,
+                           int kept_states /* unused: this backend keeps Tinv only */) {
+    (void)kept_states;
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     float *o = o_;
@@ -443,7 +447,8 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
                             const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                             const float *S0 /* (nv,dim_k,dim_v) or NULL */, const int32_t *doc_pos /* (T) */,
                             int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo,
-                            const void *tinv_ /* the forward's, or NULL */) {
+                            const void *tinv_ /* the forward's, or NULL */, int kept_states /* unused */) {
+    (void)kept_states;
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     const float *tinv = tinv_;
@@ -523,7 +528,10 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
 }
 
 /* the kept buffer of the cpu entries: Tinv, fp32 (T, nv, 64) (gdn_chunk_load's layout); dim_k, dim_v unused */
-size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v) { return (size_t)T * nv * GDN_C * sizeof(float); }
+size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
+    (void)states;
+    return (size_t)T * nv * GDN_C * sizeof(float);
+}
 
 void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
                               const void *k_ /* (T,ldq) nk heads of dim_k */, const void *v_ /* (T,ldv) */,

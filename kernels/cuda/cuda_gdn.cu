@@ -27,7 +27,8 @@
  *             (no dependent global load on the sequential path). Transition mode carries [S | M] from
  *             [0 | I] (research/gdn_cp.md §8.2): M comes out of the same pass.
  *   output    per chunk: o = scale (gam * (Q h) + (Q K^T * Gam * causal) vn)
- *   backward: prep (skipped when the forward kept W, U, G2: GDN v4.1 below), state_fwd (recompute h, vn), dvlocal (dv_loc = scale P^T dO),
+ *   backward: prep (skipped when the forward kept W, U, G2: GDN v4.1 below), state_fwd (recompute h, vn;
+ *             skipped when the forward kept them: GDN v4.4), dvlocal (dv_loc = scale P^T dO),
  *             state_bwd (reverse pass: dv2 = dv_loc + dec * (K D), D <- gam_L D +
  *             scale (Q*gam)^T dO - W^T dv2, dS_final in, dS0 out), dqkwg (dq, dk from
  *             the states, dw = -dv2 h^T, dG terms), wy_bwd (Tinv recomputed: dk, dv,
@@ -58,9 +59,11 @@
  * otherwise: no allocation in steady state. Per call (T tokens, nv value heads):
  * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
  * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
- * The kept buffer (the entries' last argument, cuda_gdn_kept_bytes(T, nv, dk, dv) = T nv (2 dk + 2 dv + 4)
- * bytes on 256-byte boundaries, the caller's): the forward's prep writes W, U, G2 there instead of the
- * workspace, and a backward given it skips its prep (gdn_kept_carve).
+ * The kept buffer (the entries' `kept`, cuda_gdn_kept_bytes(T, nv, dk, dv, states) = T nv (2 dk + 2 dv + 4)
+ * bytes, with states + 2 ns nv dk dv + 2 T nv dv, each part on 256 bytes; the caller's): the forward's prep
+ * writes W, U, G2 there instead of the workspace, and with kept_states its state pass h and vn (GDN v4.4);
+ * a backward given it skips its prep, and with kept_states its state_fwd recompute (gdn_kept_carve); the
+ * workspace then has no h, vn.
  *
  * Kernel sets (cuda_gdn_tune.h; docs/benchmarks.md "GDN v1" and "GDN v2" have the measurements):
  * v2 is the default, v1 stays as the reference (RS_GDN_V2=2). v2 (cuda_gdn_v2.h) = prep in 74 KB
@@ -1700,15 +1703,18 @@ typedef struct GdnBufs {
 } GdnBufs;
 
 /* What the forward keeps for the backward (gdn_chunk_forward's kept buffer, cuda_gdn_kept_bytes): the
- * prep's outputs W (T,nv,dk) bf16, U (T,nv,dv) bf16 and G2 (T,nv) fp32, each on a 256-byte boundary (as
- * the workspace's). With it the backward skips its prep (K K^T, the solve, the W and U products): the
- * same kernel on the same inputs wrote these, so the results are the recompute's bits. b NULL: the size
- * only. Returns the bytes, a multiple of 256 (fragments of one buffer stay aligned). */
-static size_t gdn_kept_carve(struct GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv);
+ * prep's outputs W (T,nv,dk) bf16, U (T,nv,dv) bf16 and G2 (T,nv) fp32, and with states the forward state
+ * pass's h (ns,nv,dk,dv) bf16 and vn (T,nv,dv) bf16, each on a 256-byte boundary (as the workspace's). With
+ * it the backward skips its prep (K K^T, the solve, the W and U products), and with states its state_fwd
+ * recompute too: the same kernels on the same inputs wrote these, so the results are the recompute's bits.
+ * The states come after W, U, G2, so a buffer kept with states serves a backward told states = 0 as well.
+ * b NULL: the size only. Returns the bytes, a multiple of 256 (fragments of one buffer stay aligned). */
+static size_t gdn_kept_carve(struct GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states);
 
-/* nseg: slots of the segmented state passes (0: none); a backward gets two sets */
+/* nseg: slots of the segmented state passes (0: none); a backward gets two sets. kept_states: h and vn
+ * live in the caller's kept buffer (gdn_kept_carve), so the workspace has none */
 static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, int nv, int dk, int dv,
-                        int nseg = 0) {
+                        int nseg = 0, int kept_states = 0) {
     const int64_t nb = (T + 1023) / 1024, ns = (T + GDN_C - 1) / GDN_C + 1;
     const size_t tv = (size_t)T * nv;
     GdnCarve c(base, 256); /* global buffers on 256-byte boundaries: whole sectors for every tile row
@@ -1722,7 +1728,7 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
     b->G2 = c.take<float>(tv);
     b->W = c.take<bf16>(tv * dk);
     b->U = c.take<bf16>(tv * dv);
-    if (what == GDN_WS_FORWARD || what == GDN_WS_BACKWARD) {
+    if ((what == GDN_WS_FORWARD || what == GDN_WS_BACKWARD) && !kept_states) {
         b->vn = c.take<bf16>(tv * dv);
         b->hs = c.take<bf16>((size_t)ns * nv * dk * dv);
     }
@@ -1747,23 +1753,28 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
     return c.off;
 }
 
-static size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv) {
-    const size_t tv = (size_t)T * nv;
+static size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states) {
+    const size_t tv = (size_t)T * nv, ns = (size_t)(T + GDN_C - 1) / GDN_C + 1;
     GdnCarve c(kept, 256);
     bf16 *W = c.take<bf16>(tv * dk), *U = c.take<bf16>(tv * dv);
     float *G2 = c.take<float>(tv);
+    bf16 *hs = states ? c.take<bf16>(ns * nv * dk * dv) : NULL, *vn = states ? c.take<bf16>(tv * dv) : NULL;
     if (b) {
         b->W = W;
         b->U = U;
         b->G2 = G2;
+        if (states) {
+            b->hs = hs;
+            b->vn = vn;
+        }
     }
     return (c.off + 255) / 256 * 256;
 }
 
-static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg = 0) {
+static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg = 0, int kept_states = 0) {
     GdnBufs b;
-    const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv, nseg);
-    gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv, nseg);
+    const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv, nseg, kept_states);
+    gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv, nseg, kept_states);
     b.T = T;
     return b;
 }
@@ -2363,11 +2374,12 @@ static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
 template <int DK, int DV>
 static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                           int nk, int nv, int ldq, int ldv, int ldo, void *kept) {
+                           int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_states) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
-    GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f);
-    if (kept) gdn_kept_carve(&b, kept, T, nv, DK, DV); /* prep writes W, U, G2 where the backward finds them */
+    GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f, kept && kept_states);
+    /* prep writes W, U, G2 (and the state pass h, vn) where the backward finds them */
+    if (kept) gdn_kept_carve(&b, kept, T, nv, DK, DV, kept_states);
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
@@ -2392,21 +2404,28 @@ template <int DK, int DV>
 static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0,
                             const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                            int nk, int nv, int ldq, int ldv, int ldo, const void *kept) {
+                            int nk, int nv, int ldq, int ldv, int ldo, const void *kept, int kept_states) {
     static_assert(DV <= 2 * DK, "gdn: dv_loc (bf16, dv) lives in dqv (fp32, dk)");
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     const int nseg = pl.nseg_f > pl.nseg_b ? pl.nseg_f : pl.nseg_b;
-    GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg);
+    const int states = kept && kept_states; /* h, vn from the forward: no state_fwd recompute */
+    GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg, states);
     bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv */
     bf16 *dw = b.W;            /* the workspace's W: dw once the state passes are done with W */
-    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV); /* the forward's W, U, G2: read only */
+    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV, kept_states); /* the forward's: read only */
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
     if (!kept) gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    if (pl.overlap) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
+    if (states) {
+        gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+        gdn_prof_mark("dvlocal");
+        gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
+                            nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+        gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
+    } else if (pl.overlap) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
         cudaEvent_t fork, join;
         cudaStream_t aux = gdn_aux_stream(&fork, &join);
         CUDA_CHECK(cudaEventRecord(fork, st));
@@ -2505,13 +2524,16 @@ static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const
 template <int DK, int DV>
 static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int ldq, int ldv, int ldo, void *kept) {
+                             int ldq, int ldv, int ldo, void *kept, int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the forward before v4.1 */
+    if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: W, U kept, the states recomputed */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_sfwd_cur = pl.sfwd;
     gdn_sbwd_cur = pl.sbwd;
-    if (pl.v2) gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
+    if (pl.v2)
+        gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept,
+                               kept_states);
     else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
 }
 
@@ -2519,15 +2541,16 @@ template <int DK, int DV>
 static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
                               const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                               const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                              int ldq, int ldv, int ldo, const void *kept) {
+                              int ldq, int ldv, int ldo, const void *kept, int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the backward runs its own prep */
+    if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: the backward recomputes h, vn */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_sfwd_cur = pl.sfwd;
     gdn_sbwd_cur = pl.sbwd;
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
-                                nv, ldq, ldv, ldo, kept);
+                                nv, ldq, ldv, ldo, kept, kept_states);
     else
         gdn_backward_v1<DK, DV>(dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
                                 ldq, ldv, ldo);
@@ -2593,7 +2616,8 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                                        const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                                        const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
                                        int dim_v, int ldq, int ldv, int ldo,
-                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v), written; or NULL */) {
+                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states), written; or NULL */,
+                                       int kept_states) {
     gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
@@ -2602,7 +2626,7 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
         return;
     }
     GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
-                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept);
+                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
 }
 
 extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
@@ -2612,7 +2636,8 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
                                         const void *k, const void *v, const float *g, const float *beta,
                                         const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
                                         int dim_v, int ldq, int ldv, int ldo,
-                                        const void *kept /* the forward's, same inputs; or NULL */) {
+                                        const void *kept /* the forward's, same inputs; or NULL */,
+                                        int kept_states /* the forward's */) {
     gdn_check_args("cuda_gdn_chunk_backward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(dq) && gdn_aligned(dk) && gdn_aligned(dv) && gdn_aligned(dout) && gdn_aligned(q) &&
                  gdn_aligned(k) && gdn_aligned(v),
@@ -2623,11 +2648,11 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
     }
     GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dS0,
                  (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0, doc_pos,
-                 T, nk, nv, ldq, ldv, ldo, kept);
+                 T, nk, nv, ldq, ldv, ldo, kept, kept_states);
 }
 
-extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
-    return gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v);
+extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
+    return gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v, states);
 }
 
 /* M = I, H = 0: the transition of an empty call */

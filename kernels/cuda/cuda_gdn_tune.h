@@ -41,9 +41,10 @@ typedef struct CudaGdnTune {
     int hilo;    /* v2 state passes: the carried state's MMA operand as two bf16 terms, hi + lo (1 = on, the
                     built-in choice), or hi only (2: FLA's precision, half the state-operand MMAs; measurement
                     only, the error is larger) */
-    int keep;    /* the kept buffer of gdn_chunk_forward / _backward (W, U, G2): 1 = used where the caller gives
-                    one (the built-in choice), 2 = ignored (the forward keeps nothing, the backward runs its
-                    own prep, as before GDN v4.1; measurement only: the same bits) */
+    int keep;    /* the kept buffer of gdn_chunk_forward / _backward (W, U, G2, and h, vn where the caller asks
+                    for the states): 1 = used as the caller gives it (the built-in choice), 2 = ignored (the
+                    forward keeps nothing, the backward runs its own prep, as before GDN v4.1), 3 = W, U, G2
+                    only (the states recomputed, as before GDN v4.4); measurement only: the same bits */
     int sfwd;    /* v2 forward state passes on wgmma (cuda_gdn_wg.h: 64 columns per block, one warpgroup; every
                     forward pass but the bulk-copy one, bv ignored there): 1 = on (2 stages), 3 = on with 3
                     stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */

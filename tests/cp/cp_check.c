@@ -170,10 +170,10 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     for (int64_t s = 0; s < S; s++) {
         int64_t r = s * T;
         be->gdn_chunk_forward(o + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * nv, beta + r * nv,
-                              NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL);
+                              NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL, 0);
         be->gdn_chunk_backward(dqk + r * ldq, dqk + r * ldq + Kd, dv_ + r * Vd, dg + r * nv, db + r * nv, NULL,
                                dO + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * nv,
-                               beta + r * nv, NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL);
+                               beta + r * nv, NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL, 0);
     }
 
     /* CP: this rank's fragments */
@@ -194,7 +194,7 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
             int64_t r = cp_frag_row(cp, (int)s, f), i = s * L->nlocal + f;
             be->gdn_chunk_forward(lo + r * Vd, NULL, lqk + r * ldq, lqk + r * ldq + Kd, lv + r * Vd, lg + r * nv,
                                   lb + r * nv, multi ? states + i * hh : NULL, c->ldoc + r, L->frag_len, nk, nv, dk,
-                                  dv, ldq, (int)Vd, (int)Vd, NULL);
+                                  dv, ldq, (int)Vd, (int)Vd, NULL, 0);
         }
     check_rows(c, "gdn o", lo, o, (int)Vd);
     if (multi) cp_gdn_scan_backward(cp, 0, cp->dstate, M, ldO, lqk, lqk + Kd, lg, lb, ldq, (int)Vd, &d);
@@ -205,7 +205,7 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
                                    ldO + r * Vd, multi ? cp->dstate + i * hh : NULL, lqk + r * ldq,
                                    lqk + r * ldq + Kd, lv + r * Vd, lg + r * nv, lb + r * nv,
                                    multi ? states + i * hh : NULL, c->ldoc + r, L->frag_len, nk, nv, dk, dv, ldq,
-                                   (int)Vd, (int)Vd, NULL);
+                                   (int)Vd, (int)Vd, NULL, 0);
         }
     check_rows(c, "gdn dq|dk", ldqk, dqk, ldq);
     check_rows(c, "gdn dv", ldv, dv_, (int)Vd);

@@ -277,13 +277,13 @@ static void *gdn_cpu_head(void *arg) {
     const float *S0 = p->S0 ? p->S0 + h * ns : NULL;
     if (!j->backward) {
         cpu_gdn_chunk_forward(j->o + (int64_t)h * dv, j->Sf ? j->Sf + h * ns : NULL, q, k, p->v + (int64_t)h * dv, g,
-                              b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
+                              b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL, 0);
     } else {
         float *dg = (float *)malloc((size_t)T * 4), *db = (float *)malloc((size_t)T * 4);
         cpu_gdn_chunk_backward(j->dqk + (int64_t)h * dk, j->dqk + (int64_t)p->nk * dk + (int64_t)h * dk,
                                j->dv + (int64_t)h * dv, dg, db, j->dS0 ? j->dS0 + h * ns : NULL,
                                j->dout + (int64_t)h * dv, j->dSf ? j->dSf + h * ns : NULL, q, k,
-                               p->v + (int64_t)h * dv, g, b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
+                               p->v + (int64_t)h * dv, g, b, S0, p->doc_pos, T, 1, 1, dk, dv, p->ldq, p->ldv, p->ldo, NULL, 0);
         for (int64_t t = 0; t < T; t++) {
             j->dg[t * nv + h] = dg[t];
             j->dbeta[t * nv + h] = db[t];
@@ -302,11 +302,11 @@ static void gdn_cpu_run(const GdnProb *p, int backward, int parallel, float *o, 
     if (!parallel) {
         if (!backward)
             cpu_gdn_chunk_forward(o, Sf, p->qk, p->qk + (int64_t)p->nk * p->dk, p->v, p->g, p->beta, p->S0,
-                                  p->doc_pos, p->T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
+                                  p->doc_pos, p->T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
         else
             cpu_gdn_chunk_backward(dqk, dqk + (int64_t)p->nk * p->dk, dv, dg, dbeta, dS0, dout, dSf, p->qk,
                                    p->qk + (int64_t)p->nk * p->dk, p->v, p->g, p->beta, p->S0, p->doc_pos, p->T, p->nk,
-                                   p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
+                                   p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
         return;
     }
     RS_CHECK(p->nk == p->nv, "parallel oracle: nk == nv only");
@@ -344,10 +344,14 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     return buf;
 }
 
-/* The backward again with what the forward kept (kept: W, U, G2): every output must be bitwise the one of
- * the backward that ran its own prep (dqk, ddv, ddg, ddb, ddS0 hold it). With sabotage, the check is shown
- * to catch a kept buffer that is read: W's and U's rows of token T/2 (every head) zeroed must change the
- * gradients (cuda_gdn_kept_bytes' layout: W, then U, each on 256 bytes). */
+/* The backward again with what the forward kept (kept: W, U, G2 and the chunk states h, vn): every output
+ * must be bitwise the one of the backward that ran its own prep and state recompute (dqk, ddv, ddg, ddb,
+ * ddS0 hold it), once reading the states (kept_states 1) and once only W, U, G2 (kept_states 0: the buffer
+ * kept with states serves that too). The forward wrote the kept buffer over 0xff bytes, so a slot of h the
+ * forward leaves unwritten but the backward reads would be NaN here. With sabotage, the check is shown to
+ * catch a kept buffer that is read: vn's row of token T/2 (every head) zeroed must change the gradients of
+ * the backward reading the states, W's and U's rows of token T/2 those of the one recomputing them
+ * (cuda_gdn_kept_bytes' layout: W, U, G2, h, vn, each on 256 bytes). */
 static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *kept, const bf16 *dqk,
                                 const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
                                 const bf16 *ddout, const float *ddSf, int sabotage) {
@@ -365,17 +369,25 @@ static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, v
     if (ddS0) CUDA_CHECK(cudaMalloc(&ddS02, (size_t)ns * 4));
     CUDA_CHECK(cudaMemcpyAsync(dqk2, dqk, nq, cudaMemcpyDeviceToDevice, st)); /* the same pads */
     CUDA_CHECK(cudaMemcpyAsync(ddv2, ddv, nv_, cudaMemcpyDeviceToDevice, st));
-    for (int run = 0; run < (sabotage ? 2 : 1); run++) {
-        if (run == 1) { /* W's and U's rows of token T/2 (every head): U always reaches vn; W alone would not where T/2
-           * starts a document (its chunk starts from state 0: W multiplies zeros) */
-            const size_t tv = (size_t)T * p->nv, w_bytes = (tv * p->dk * 2 + 255) / 256 * 256;
+    const size_t tv = (size_t)T * p->nv, nslot = (size_t)(T + 63) / 64 + 1;
+    const size_t w_bytes = (tv * p->dk * 2 + 255) / 256 * 256, u_bytes = (tv * p->dv * 2 + 255) / 256 * 256;
+    const size_t h_bytes = (nslot * p->nv * p->dk * p->dv * 2 + 255) / 256 * 256;
+    const size_t vn_at = w_bytes + u_bytes + (tv * 4 + 255) / 256 * 256 + h_bytes;
+    for (int run = 0; run < (sabotage ? 4 : 2); run++) {
+        const int states = run % 2 == 0;
+        if (run == 2) /* vn's row of token T/2 (every head): dq reads it through the intra-chunk term */
+            CUDA_CHECK(cudaMemsetAsync((char *)kept + vn_at + (size_t)(T / 2) * p->nv * p->dv * 2, 0,
+                                       (size_t)p->nv * p->dv * 2, st));
+        if (run == 3) { /* W's and U's rows of token T/2 (every head): U always reaches vn; W alone would not where
+                         * T/2 starts a document (its chunk starts from state 0: W multiplies zeros) */
             CUDA_CHECK(cudaMemsetAsync((char *)kept + (size_t)(T / 2) * p->nv * p->dk * 2, 0,
                                        (size_t)p->nv * p->dk * 2, st));
             CUDA_CHECK(cudaMemsetAsync((char *)kept + w_bytes + (size_t)(T / 2) * p->nv * p->dv * 2, 0,
                                        (size_t)p->nv * p->dv * 2, st));
         }
         cuda_gdn_chunk_backward(dqk2, dqk2 + wq, ddv2, ddg2, ddb2, ddS02, ddout, ddSf, d->qk, d->qk + wq, d->v, d->g,
-                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, kept);
+                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, kept,
+                                states);
         std::vector<unsigned char> a(nq + nv_ + 2 * ng + (ddS0 ? ns * 4 : 0)), b(a.size());
         size_t o = 0;
         const struct { const void *x, *y; size_t n; } c[] = {
@@ -387,11 +399,14 @@ static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, v
             o += e.n;
         }
         CUDA_CHECK(cudaStreamSynchronize(st));
-        const int same = !memcmp(a.data(), b.data(), o);
+        const int same = !memcmp(a.data(), b.data(), o), want = run < 2;
         char name[400];
-        snprintf(name, sizeof name, "%s kept W, U %s", tag, run ? "sabotaged (one row zeroed): differs" : "bitwise = recomputed");
-        EXPECT(run ? !same : same, "%s: failed", name);
-        printf("%s: %s\n", name, (run ? !same : same) ? "ok" : "FAILED");
+        snprintf(name, sizeof name, "%s kept %s %s", tag, states ? "W, U, h, vn" : "W, U (states recomputed)",
+                 run == 2   ? "sabotaged (vn row zeroed): differs"
+                 : run == 3 ? "sabotaged (W, U rows zeroed): differs"
+                            : "bitwise = recomputed");
+        EXPECT(want ? same : !same, "%s: failed", name);
+        printf("%s: %s\n", name, (want ? same : !same) ? "ok" : "FAILED");
     }
     void *bufs[] = {dqk2, ddv2, ddg2, ddb2, ddS02};
     for (void *b : bufs)
@@ -438,7 +453,8 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
     float *ddg = (float *)gdn_dev_alloc((size_t)T * p->nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * p->nv * 4);
     float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
-    void *kept = gdn_dev_alloc(cuda_gdn_kept_bytes(T, p->nv, p->dk, p->dv)); /* what the forward keeps */
+    const size_t kept_bytes = cuda_gdn_kept_bytes(T, p->nv, p->dk, p->dv, 1);
+    void *kept = gdn_dev_alloc(kept_bytes); /* what the forward keeps, the states included */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
         char tag[320], cn[128];
@@ -456,13 +472,14 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         /* forward */
         if (flags & GDN_TIME) /* warm-up (workspace growth, module load) */
             cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                                   p->dv, p->ldq, p->ldv, p->ldo, NULL);
+                                   p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
+        CUDA_CHECK(cudaMemsetAsync(kept, 0xff, kept_bytes, st)); /* unwritten slots read as NaN */
         CUDA_CHECK(cudaEventRecord(ev[0], st));
         CudaGdnTune tn;
         cuda_gdn_tune_get(&tn);
         const int keep = tn.v2 != 2 && tn.keep != 2; /* the v1 kernels keep nothing */
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo, keep ? kept : NULL);
+                               p->dv, p->ldq, p->ldv, p->ldo, keep ? kept : NULL, 1);
         CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
@@ -477,10 +494,11 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         /* backward */
         if (flags & GDN_TIME)
             cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g,
-                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
+                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL,
+                                    0);
         CUDA_CHECK(cudaEventRecord(ev[2], st));
         cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta,
-                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
+                                d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
         CUDA_CHECK(cudaEventRecord(ev[3], st));
         uint16_t *qkbits, *dvbits;
         float *dqk_got = gdn_down_bf16(dqk, T * p->ldq, &qkbits), *dv_got = gdn_down_bf16(ddv, T * p->ldv, &dvbits);
@@ -676,11 +694,11 @@ static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NU
         if (run == 1 && cfg2) cuda_gdn_tune_set(cfg2);
         for (int i = 0; i < 7; i++) out[run][i] = gdn_dev_alloc(sz[i]);
         cuda_gdn_chunk_forward(out[run][0], (float *)out[run][1], d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
-                               T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL);
+                               T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL, 0);
         bf16 *dqk = (bf16 *)out[run][2];
         cuda_gdn_chunk_backward(dqk, dqk + wq, out[run][3], (float *)out[run][4], (float *)out[run][5],
                                 (float *)out[run][6], ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos,
-                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL);
+                                T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo, NULL, 0);
     }
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
     static const char *names[7] = {"o", "S_final", "dq|dk", "dv", "dg", "dbeta", "dS0"};
@@ -798,7 +816,7 @@ TEST(cuda_gdn_check_can_fail) {
     const int wv = p.nv * p.dv, wq = p.nk * p.dk;
     bf16 *o = (bf16 *)gdn_dev_alloc((size_t)p.T * p.ldo * 2);
     cuda_gdn_chunk_forward(o, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv,
-                           p.ldq, p.ldv, p.ldo, NULL);
+                           p.ldq, p.ldv, p.ldo, NULL, 0);
     float *got = gdn_down_bf16(o, p.T * p.ldo, NULL);
     float *ref = (float *)test_alloc(p.T * p.ldo * 4);
     gdn_cpu_run(&p, 0, 0, ref, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
@@ -901,13 +919,13 @@ static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
     float *ddg = (float *)gdn_dev_alloc((size_t)T * nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * nv * 4);
     float *dS0a = (float *)gdn_dev_alloc((size_t)nh * 4), *dS0b = (float *)gdn_dev_alloc((size_t)nh * 4);
     cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, dS0a, ddout, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, NULL,
-                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
+                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL, 0);
     float *bw = gdn_down_f32(dS0a, nh);
     const int bitwise = memcmp(bw, dS_got, (size_t)nh * 4) == 0;
     gdn_check(tag, "dstate vs cuda backward dS0 (dS_final = 0)", dS_got, bw, nh, dv, 1e-6);
     printf("%s: dstate bitwise equal to the backward's dS0: %s\n", tag, bitwise ? "yes" : "no");
     cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, dS0b, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, NULL,
-                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL);
+                            d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL, 0);
     float *M = (float *)gdn_dev_alloc((size_t)nm * 4), *H = (float *)gdn_dev_alloc((size_t)nh * 4);
     float *split = (float *)gdn_dev_alloc((size_t)nh * 4);
     cuda_gdn_chunk_transition(M, H, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv);
@@ -1105,10 +1123,10 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         float tf[16], tb[16], ts[16];
         for (int r = -1; r < reps && r < 16; r++) {
             CUDA_CHECK(cudaEventRecord(ev[0], st));
-            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
+            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
             CUDA_CHECK(cudaEventRecord(ev[1], st));
             cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta,
-                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
+                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
             CUDA_CHECK(cudaEventRecord(ev[2], st));
             CUDA_CHECK(cudaEventSynchronize(ev[2]));
             if (r < 0) continue; /* warm-up */
@@ -1136,9 +1154,9 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         c.prof = pass == 2 ? 2 : 1;
         cuda_gdn_tune_set(&c);
         printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
-        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
+        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
         cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta, NULL,
-                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL);
+                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
     }
     cuda_gdn_tune_set(NULL);
     for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));

@@ -95,16 +95,16 @@ static void emu_gates_backward(void *db, void *da, float *dA, float *ddt, const 
 }
 static void emu_gdn_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g,
                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                            int dk, int dv, int ldq, int ldv, int ldo, void *kept) {
-    cpu_gdn_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept);
+                            int dk, int dv, int ldq, int ldv, int ldo, void *kept, int kept_states) {
+    cpu_gdn_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept, kept_states);
     emu_round(o, T, (int64_t)nv * dv, ldo);
 }
 static void emu_gdn_backward(void *dq, void *dk_, void *dv_, float *dg, float *dbeta, float *dS0, const void *dout,
                              const float *dS_final, const void *q, const void *k, const void *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int dk, int dv, int ldq, int ldv, int ldo, const void *kept) {
+                             int dk, int dv, int ldq, int ldv, int ldo, const void *kept, int kept_states) {
     cpu_gdn_chunk_backward(dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk,
-                           dv, ldq, ldv, ldo, kept);
+                           dv, ldq, ldv, ldo, kept, kept_states);
     emu_round(dq, T, (int64_t)nk * dk, ldq);
     emu_round(dk_, T, (int64_t)nk * dk, ldq);
     emu_round(dv_, T, (int64_t)nv * dv, ldv);

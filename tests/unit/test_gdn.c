@@ -104,7 +104,7 @@ static GdnProb gdn_prob_rows(const GdnProb *p, int64_t t0, int64_t T, float *S0)
 
 static void gdn_run_forward(float *o /* (T, ldo) */, float *S_final, const GdnProb *p) {
     cpu_gdn_chunk_forward(o, S_final, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, p->T, p->nk, p->nv,
-                          p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL);
+                          p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
 }
 
 /* Gradients in the kernel's layout: dqk like qk, dv like v. */
@@ -132,7 +132,7 @@ static GdnGrads gdn_run_backward(const GdnProb *p, const float *dout /* (T, ldo)
     for (int64_t i = 0; i < ns; i++) d.dS0[i] = 1e3f;
     cpu_gdn_chunk_backward(d.dqk, d.dqk + (int64_t)p->nk * p->dk, d.dv, d.dg, d.dbeta, d.dS0, dout, dS_final, gdn_q(p),
                            gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
-                           p->ldv, p->ldo, NULL);
+                           p->ldv, p->ldo, NULL, 0);
     return d;
 }
 
@@ -411,13 +411,13 @@ static void gdn_check_tinv_kept(const char *tag, const GdnProb *p) {
     const int64_t T = p->T, no = T * p->ldo, ns = (int64_t)p->nv * p->dk * p->dv;
     float *o = test_alloc(no * (int64_t)sizeof(float)), *o2 = test_alloc(no * (int64_t)sizeof(float));
     float *Sf = test_alloc(ns * (int64_t)sizeof(float)), *Sf2 = test_alloc(ns * (int64_t)sizeof(float));
-    float *tinv = test_alloc((int64_t)cpu_gdn_kept_bytes(T, p->nv, p->dk, p->dv));
+    float *tinv = test_alloc((int64_t)cpu_gdn_kept_bytes(T, p->nv, p->dk, p->dv, 0));
     float *dout = test_alloc(no * (int64_t)sizeof(float)), *dSf = test_alloc(ns * (int64_t)sizeof(float));
     test_fill_normal(dout, no, 1.0);
     test_fill_normal(dSf, ns, 0.5);
     gdn_run_forward(o, Sf, p);
     cpu_gdn_chunk_forward(o2, Sf2, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
-                          p->dv, p->ldq, p->ldv, p->ldo, tinv);
+                          p->dv, p->ldq, p->ldv, p->ldo, tinv, 0);
     EXPECT(!memcmp(o, o2, (size_t)no * sizeof(float)) && !memcmp(Sf, Sf2, (size_t)ns * sizeof(float)),
           "%s: the forward writing Tinv changed o or S_final", tag);
     GdnGrads a = gdn_run_backward(p, dout, dSf);
@@ -431,7 +431,7 @@ static void gdn_check_tinv_kept(const char *tag, const GdnProb *p) {
     for (int64_t i = 0; i < T * p->ldv; i++) b.dv[i] = i % p->ldv < p->nv * p->dv ? 1e3f : GDN_PAD_SENTINEL;
     cpu_gdn_chunk_backward(b.dqk, b.dqk + (int64_t)p->nk * p->dk, b.dv, b.dg, b.dbeta, b.dS0, dout, dSf, gdn_q(p),
                            gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
-                           p->ldv, p->ldo, tinv);
+                           p->ldv, p->ldo, tinv, 0);
     const struct { const char *name; const float *x, *y; int64_t n; } c[] = {
         {"dq|dk", a.dqk, b.dqk, T * p->ldq}, {"dv", a.dv, b.dv, T * p->ldv}, {"dg", a.dg, b.dg, T * p->nv},
         {"dbeta", a.dbeta, b.dbeta, T * p->nv}, {"dS0", a.dS0, b.dS0, ns}};
@@ -444,7 +444,7 @@ static void gdn_check_tinv_kept(const char *tag, const GdnProb *p) {
     memcpy(db2, b.dbeta, (size_t)(T * p->nv) * sizeof(float));
     cpu_gdn_chunk_backward(b.dqk, b.dqk + (int64_t)p->nk * p->dk, b.dv, b.dg, b.dbeta, b.dS0, dout, dSf, gdn_q(p),
                            gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
-                           p->ldv, p->ldo, tinv);
+                           p->ldv, p->ldo, tinv, 0);
     EXPECT(memcmp(db2, b.dbeta, (size_t)(T * p->nv) * sizeof(float)) != 0, "%s: a sabotaged kept Tinv went unseen", tag);
 }
 
