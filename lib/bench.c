@@ -65,9 +65,9 @@ static const char bench_usage[] =
     "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256)\n"
     "  --heads LIST        gdn: heads H, key heads = value heads (default 16,64)\n"
     "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
-    "  --gdn-states B      gdn: the forward keeps its chunk states h, vn for the backward, as the model\n"
-    "                      does by default (checkpoint.gdn_states); false: the backward recomputes them\n"
-    "                      (default true)\n"
+    "  --gdn-states B      gdn: true: the forward keeps its chunk states h, vn for the backward, as the\n"
+    "                      model does with checkpoint.gdn_states; false: the backward recomputes them\n"
+    "                      (default: the default of checkpoint.gdn_states, false)\n"
     "  --doc-len LIST      gdn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
     "                      0 = one document per sample (default 0,2048)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
@@ -161,7 +161,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->n_attn = 4;
     o->heads[0] = 16, o->heads[1] = 64, o->n_heads = 2;
     o->dim = 128;
-    o->gdn_states = 1;
+    o->gdn_states = 0; /* checkpoint.gdn_states' default */
     o->doc_len[0] = 0, o->doc_len[1] = 2048, o->n_doc_len = 2;
     o->config = "configs/hybrid-1b-256k-h200x4.yaml";
     o->tokens = 32768;

@@ -146,10 +146,10 @@ const ConfigKey config_schema[] = {
     ENUM(checkpoint.activations, "remat", act_policy_names, "model",
          "none: keep all; full: keep block inputs, recompute blocks; remat: also keep attention out+LSE "
          "and GDN CP states, so recompute runs no attention and no communication"),
-    BOOL(checkpoint.gdn_states, "true", "model",
+    BOOL(checkpoint.gdn_states, "false", "model",
          "the delta rule's forward keeps its chunk states (cuda: h and vn, T nv dv (dk / 32 + 2) bytes per GDN "
-         "layer, kept under none, in the recompute scratch otherwise) so its backward does not recompute them; "
-         "false saves that memory for one more state pass per layer"),
+         "layer, kept under none, in the recompute scratch otherwise) so its backward does not recompute them "
+         "(one state pass less per layer); false until its GPU parity has run (docs/benchmarks.md GDN v4.4)"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
 

@@ -1,0 +1,74 @@
+/*
+ * test_model_acts.c — the activation table's kept delta-rule buffer against the backends' own size
+ * (lib/model_acts.c "gdn_kept" against backend.h gdn_kept_bytes). Plan runs without a GPU, so
+ * model_acts.c counts each backend's kept format with its own formula; model.c checks the two when a
+ * model is built, which for the cuda backend needs a GPU. Here the cuda side is its host arithmetic
+ * (cuda_gdn_kept_bytes, no GPU work), so the check runs on any machine the cuda backend is built on:
+ * both backends, with and without checkpoint.gdn_states, at several lengths (partial last chunk,
+ * context parallelism's two fragments per sample), GQA and head dims 64 / 128.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+#include "config.h"
+#include "model_acts.h"
+#include "test_util.h"
+
+/* bytes of layer 0's "gdn_kept" in the table of cfg, or -1 */
+static int64_t acts_kept_of(const Config *cfg, int64_t *rows) {
+    ActTable t;
+    model_acts_build(&t, cfg);
+    int64_t bytes = -1;
+    for (int i = 0; i < t.n; i++)
+        if (t.b[i].layer == 0 && !strcmp(t.b[i].name, "gdn_kept")) {
+            bytes = t.b[i].bytes;
+            *rows = t.b[i].rows;
+        }
+    model_acts_free(&t);
+    return bytes;
+}
+
+static void acts_set(Config *cfg, const char *kv) {
+    ConfigErrors e = {0};
+    EXPECT(config_apply_set(cfg, kv, 0, &e) == 0, "--set %s refused", kv);
+    config_errors_free(&e);
+}
+
+static void acts_check_backend(const Backend *be, const char *kind) {
+    static const struct { int64_t T; int cp, nk, nv, dk, dv; } shapes[] = {
+        {4096, 1, 16, 32, 128, 128}, {4160, 1, 16, 16, 128, 128}, {8192, 2, 8, 16, 64, 128}, {1000, 1, 4, 8, 128, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int states = 0; states < 2; states++) {
+            Config cfg;
+            config_init_defaults(&cfg);
+            char kv[8][96];
+            snprintf(kv[0], sizeof kv[0], "device.kind=%s", kind);
+            snprintf(kv[1], sizeof kv[1], "data.seq_len=%lld", (long long)shapes[s].T);
+            snprintf(kv[2], sizeof kv[2], "parallel.cp=%d", shapes[s].cp);
+            snprintf(kv[3], sizeof kv[3], "model.linear_num_key_heads=%d", shapes[s].nk);
+            snprintf(kv[4], sizeof kv[4], "model.linear_num_value_heads=%d", shapes[s].nv);
+            snprintf(kv[5], sizeof kv[5], "model.linear_key_head_dim=%d", shapes[s].dk);
+            snprintf(kv[6], sizeof kv[6], "model.linear_value_head_dim=%d", shapes[s].dv);
+            snprintf(kv[7], sizeof kv[7], "checkpoint.gdn_states=%s", states ? "true" : "false");
+            for (int i = 0; i < 8; i++) acts_set(&cfg, kv[i]);
+            int64_t rows = 0;
+            const int64_t got = acts_kept_of(&cfg, &rows);
+            const int64_t frags = shapes[s].cp > 1 ? 2 : 1, n = shapes[s].T / shapes[s].cp / frags;
+            const int64_t want = frags * (int64_t)be->gdn_kept_bytes(n, shapes[s].nv, shapes[s].dk, shapes[s].dv, states);
+            EXPECT(got == want && rows == frags, "%s T=%lld cp=%d nv=%d dk=%d dv=%d states=%d: model_acts counts %lld "
+                   "bytes in %lld rows, the backend keeps %lld in %lld", kind, (long long)shapes[s].T, shapes[s].cp,
+                   shapes[s].nv, shapes[s].dk, shapes[s].dv, states, (long long)got, (long long)rows, (long long)want,
+                   (long long)frags);
+            config_free(&cfg);
+        }
+}
+
+TEST(model_acts_gdn_kept_matches_backends) {
+    acts_check_backend(&backend_cpu, "cpu");
+#ifdef RS_WITH_CUDA
+    acts_check_backend(&backend_cuda, "cuda");
+#else
+    printf("  (cuda backend not built: its kept size is checked where it is)\n");
+#endif
+}
