@@ -1,0 +1,96 @@
+#!/bin/bash
+# device_suite.sh — what a session runs on the lent GPU machine, in one call, from the repository root:
+#
+#   tests/cuda/device_suite.sh PART...        e.g.  tests/cuda/device_suite.sh parity gdn attn32k
+#
+# with the binaries already in build/ (built on the CPU machine and carried; CI only compiles them).
+# Every part writes its log under $OUT/logs and prints a summary line; the benchmark parts copy their
+# bench.json to $OUT/PART.json. Parts, in the order given:
+#   parity     every build/test_cuda case but timing / bench / sweep (one process), and beside it
+#              tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
+#   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
+#   gdn-states ringscan bench gdn --gdn-states true (ours only: the kept chunk states, GDN v4.4)
+#   attn       ringscan bench attn --peer (every shape, SDPA flash and cuDNN beside)
+#   attn32k    the same at T = 32768 only
+#   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
+#   remat      ringscan bench step, remat (ours only)
+# Environment:
+#   OUT       where logs and results go (default $OUT of the device tool, else runs/device)
+#   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
+#   MPI_LIB   a folder with libmpi.so.40 and its libraries, used when the machine has none (ringscan
+#             links Open MPI; the device machine may lack it)
+#   TRITON_CACHE_TAR  a .tar.xz of a Triton cache to unpack first (FLA's autotuning takes minutes cold)
+#   LIMIT_S   seconds after which no further part starts (default 560: the device tool's 600 s per call)
+# Exit status: 1 if any part failed (a failed check, a bench error row, a timeout), else 0.
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+OUT=${OUT:-runs/device}
+PEER=${PEER:-$PWD/.dev/peer}
+LIMIT_S=${LIMIT_S:-560}
+L=$OUT/logs
+mkdir -p "$L"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PEER${PYTHONPATH:+:$PYTHONPATH}
+if ! ldconfig -p 2>/dev/null | grep -q libmpi.so.40 && [ -n "${MPI_LIB:-}" ]; then
+    export LD_LIBRARY_PATH=$MPI_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+if [ -n "${TRITON_CACHE_TAR:-}" ]; then
+    export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+    mkdir -p "$TRITON_CACHE_DIR" && tar xJf "$TRITON_CACHE_TAR" -C "$TRITON_CACHE_DIR"
+fi
+nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader 2>&1 | head -2 || true
+build/ringscan --version 2>&1 | head -1
+status=0
+
+# the seconds a part may still take
+left() { echo $((LIMIT_S + 30 - SECONDS)); }
+
+suite_parity() {
+    STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build /tmp/device_suite_mc \
+        > "$L/model_check.log" 2>&1 &
+    local mc=$!
+    local cases
+    mapfile -t cases < <(build/test_cuda --list | grep -v -E "timing|bench|sweep")
+    timeout "$(left)" build/test_cuda "${cases[@]}" > "$L/parity.log" 2>&1
+    local rc=$?
+    echo "parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/parity.log") failed=$(grep -c FAIL "$L/parity.log")"
+    grep FAIL "$L/parity.log" | head -5
+    wait $mc
+    local mrc=$?
+    echo "model_check rc=$mrc"
+    grep -E "worst|curve|loss" "$L/model_check.log" | tail -4
+    [ $rc -eq 0 ] && [ $mrc -eq 0 ]
+}
+
+# suite_bench NAME ARGS...: ringscan bench ARGS, the table printed, bench.json kept
+suite_bench() {
+    local name=$1
+    shift
+    timeout "$(left)" build/ringscan bench "$@" --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc"
+    sed -n '/^case /,$p' "$L/$name.log" | head -60
+    cp "/tmp/device_suite_$name/bench.json" "$OUT/$name.json" 2>/dev/null
+    return $rc
+}
+
+for part in "$@"; do
+    if [ "$SECONDS" -ge "$LIMIT_S" ]; then
+        echo "== $part: not started (${SECONDS} s of LIMIT_S=$LIMIT_S gone)"
+        status=1
+        continue
+    fi
+    echo "== $part at ${SECONDS} s"
+    case $part in
+    parity) suite_parity ;;
+    gdn) suite_bench gdn gdn --peer --peer-timeout 200 ;;
+    gdn-nopeer) suite_bench gdn-nopeer gdn ;;
+    gdn-states) suite_bench gdn-states gdn --gdn-states true ;;
+    attn) suite_bench attn attn --peer --peer-timeout 200 ;;
+    attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
+    step) RS_CUDA_PROFILE=1 suite_bench step step --peer --peer-timeout 240 --set checkpoint.activations=none ;;
+    remat) RS_CUDA_PROFILE=1 suite_bench remat step ;;
+    *) echo "unknown part '$part' (parity gdn gdn-nopeer gdn-states attn attn32k step remat)"; false ;;
+    esac || status=1
+done
+echo "== done at ${SECONDS} s, status $status"
+exit $status
