@@ -14,6 +14,7 @@
 #   attn32k    the same at T = 32768 only
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
 #   remat      ringscan bench step, remat (ours only)
+#   step-states  ringscan bench step, none, checkpoint.gdn_states=true (ours only)
 # Environment:
 #   OUT       where logs and results go (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
@@ -89,7 +90,10 @@ for part in "$@"; do
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     step) RS_CUDA_PROFILE=1 suite_bench step step --peer --peer-timeout 240 --set checkpoint.activations=none ;;
     remat) RS_CUDA_PROFILE=1 suite_bench remat step ;;
-    *) echo "unknown part '$part' (parity gdn gdn-nopeer gdn-states attn attn32k step remat)"; false ;;
+    step-states)
+        RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_states=true
+        ;;
+    *) echo "unknown part '$part' (parity gdn gdn-nopeer gdn-states attn attn32k step remat step-states)"; false ;;
     esac || status=1
 done
 echo "== done at ${SECONDS} s, status $status"
