@@ -100,6 +100,38 @@ GDN_DEV float *gdn_seg_out(const GdnSeg &g, int p, int first, int last, int64_t 
     return g.out_rest ? g.out_rest + p * ns : NULL;
 }
 
+/* The span of one block of a state pass (v2 and wgmma, forward and backward; REV: the backward, which
+ * starts in segment nseg - 1 and walks its chunks last to first): chunks [lo, hi) of `mode`
+ * (gdn_chunk_range), cut to document segment p (sg.cuts, gdn_doc_range; dlast: p ends the range) or to
+ * segment p of sg.nseg (gdn_seg_range); in: the state (forward) or dL/dS (backward) entering it, (nv,
+ * DK, dv) fp32, NULL = 0 (transition columns, is_M, start from the identity instead). nsz = nv DK dv. */
+struct GdnSpan {
+    int lo, hi;
+    bool dlast;
+    const float *in;
+};
+template <bool REV>
+GDN_DEV GdnSpan gdn_span(const GdnSeg &sg, const int32_t *meta, int mode, int p, bool is_M, int64_t nsz) {
+    GdnSpan r;
+    r.dlast = false;
+    gdn_chunk_range(meta, mode, &r.lo, &r.hi);
+    if (sg.cuts) gdn_doc_range(sg, p, &r.lo, &r.hi, &r.dlast);
+    else gdn_seg_range(&r.lo, &r.hi, p, sg.nseg);
+    const bool at_in = REV ? r.dlast : p == 0; /* the document segment that reads the range's edge state */
+    r.in = is_M ? NULL : sg.cuts ? (at_in ? sg.in_edge : NULL) : gdn_seg_in(sg, p, REV ? sg.nseg - 1 : 0, nsz);
+    return r;
+}
+
+/* where the block of gdn_span writes the state (or dL/dS) leaving its span, NULL: nowhere: the
+ * transition columns at sg.M + p nm (nm = nv DK DK), the range's edge from the document segment that
+ * ends it (forward: dlast, backward: p == 0), else gdn_seg_out */
+template <bool REV>
+GDN_DEV float *gdn_span_out(const GdnSeg &sg, int p, bool dlast, bool is_M, int64_t nsz, int64_t nmz) {
+    if (is_M) return sg.M + p * nmz;
+    if (sg.cuts) return (REV ? p == 0 : dlast) ? sg.out_edge : NULL;
+    return REV ? gdn_seg_out(sg, p, sg.nseg - 1, 0, nsz) : gdn_seg_out(sg, p, 0, sg.nseg - 1, nsz);
+}
+
 /* acc = A (Bhi + Blo) for one warp: rows [m0, m0 + 16) x NT * 8 columns, A row-major (rows m, cols k),
  * Bhi / Blo row-major (rows k, cols n), k in [0, KD). One A fragment per k step serves both B terms;
  * four accumulator sets (hi / lo x even / odd k step) make the dependent MMA chain KD / 32 long
@@ -200,12 +232,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
     const int64_t ldw = (int64_t)nv * DK, ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
-    int lo, hi;
-    bool dlast = false;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
-    else gdn_seg_range(&lo, &hi, p, sg.nseg);
-    const float *S_in = is_M ? NULL : sg.cuts ? (p == 0 ? sg.in_edge : NULL) : gdn_seg_in(sg, p, 0, nsz);
+    const GdnSpan sp = gdn_span<false>(sg, meta, mode, p, is_M, nsz);
+    const int lo = sp.lo, hi = sp.hi;
+    const float *S_in = sp.in;
 
     float S[MTS][NTS][4];
 #pragma unroll
@@ -390,7 +419,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (BULK) gdn_bulk_wait_all<0>();
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-    float *Sd = is_M ? sg.M + p * nmz : sg.cuts ? (dlast ? sg.out_edge : NULL) : gdn_seg_out(sg, p, 0, sg.nseg - 1, nsz);
+    float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Sd) return;
 #pragma unroll
     for (int mi = 0; mi < MTS; mi++)
@@ -459,13 +488,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
     const int64_t ldw = (int64_t)nv * DK, ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
-    int lo, hi;
-    bool dlast = false;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
-    else gdn_seg_range(&lo, &hi, p, sg.nseg);
-    const int first = sg.nseg - 1;
-    const float *D_in = is_M ? NULL : sg.cuts ? (dlast ? sg.in_edge : NULL) : gdn_seg_in(sg, p, first, nsz);
+    const GdnSpan sp = gdn_span<true>(sg, meta, mode, p, is_M, nsz);
+    const int lo = sp.lo, hi = sp.hi;
+    const float *D_in = sp.in;
 
     float D[MTS][NTS][4];
 #pragma unroll
@@ -688,7 +713,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (BULK) gdn_bulk_wait_all<0>();
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-    float *Dd = is_M ? sg.M + p * nmz : sg.cuts ? (p == 0 ? sg.out_edge : NULL) : gdn_seg_out(sg, p, first, 0, nsz);
+    float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Dd) return;
 #pragma unroll
     for (int mi = 0; mi < MTS; mi++)

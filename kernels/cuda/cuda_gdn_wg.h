@@ -1,8 +1,8 @@
 /*
  * cuda_gdn_wg.h — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
  * GDN v4.2, switch sfwd (cuda_gdn_tune.h, RS_GDN_SFWD). Not a standalone header: included by
- * kernels/cuda/cuda_gdn.cu after cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg, gdn_doc_range,
- * gdn_seg_range, gdn_seg_in / out) it shares; cuda_gdn.cu's header has the algebra.
+ * kernels/cuda/cuda_gdn.cu after cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg, gdn_span,
+ * gdn_span_out) it shares; cuda_gdn.cu's header has the algebra.
  *
  * The same pass as gdn_state_fwd_v2_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
  * K^T (dec * vn)), with one warpgroup (128 threads) per 64 state columns and both products on wgmma:
@@ -132,12 +132,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
     const int64_t ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
-    int lo, hi;
-    bool dlast = false;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
-    else gdn_seg_range(&lo, &hi, p, sg.nseg);
-    const float *S_in = is_M ? NULL : sg.cuts ? (p == 0 ? sg.in_edge : NULL) : gdn_seg_in(sg, p, 0, nsz);
+    const GdnSpan sp = gdn_span<false>(sg, meta, mode, p, is_M, nsz);
+    const int lo = sp.lo, hi = sp.hi;
+    const float *S_in = sp.in;
 
     float S[MT][32];
     gdn_wg_state_start<DK, MT>(S, S_in, is_M, h, col0, dv, w, g8, t4);
@@ -284,7 +281,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-    float *Sd = is_M ? sg.M + p * nmz : sg.cuts ? (dlast ? sg.out_edge : NULL) : gdn_seg_out(sg, p, 0, sg.nseg - 1, nsz);
+    float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Sd) return;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)

@@ -3,7 +3,7 @@
  * (Hopper, sm_90a): GDN v4.3, switch sbwd (cuda_gdn_tune.h, RS_GDN_SBWD). Not a standalone header:
  * included by kernels/cuda/cuda_gdn.cu after cuda_gdn_wg.h, whose wgmma / TMA helpers (gdn_wgmma_n64,
  * gdn_wg_off, gdn_tma_store_2d) it uses, and cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg,
- * gdn_doc_range, gdn_seg_range, gdn_seg_in / out) it shares.
+ * gdn_span, gdn_span_out) it shares.
  *
  * The same pass as gdn_state_bwd_v2_kernel (per chunk c, last to first: store dh = D at the chunk's
  * exit boundary, dv2 = dv_loc + dec (K D), store dv2, D <- gam_L D + scale (Q gam)^T dO - W^T dv2, D
@@ -88,13 +88,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
     const int64_t ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
-    int lo, hi;
-    bool dlast = false;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-    if (sg.cuts) gdn_doc_range(sg, p, &lo, &hi, &dlast);
-    else gdn_seg_range(&lo, &hi, p, sg.nseg);
-    const int first = sg.nseg - 1;
-    const float *D_in = is_M ? NULL : sg.cuts ? (dlast ? sg.in_edge : NULL) : gdn_seg_in(sg, p, first, nsz);
+    const GdnSpan sp = gdn_span<true>(sg, meta, mode, p, is_M, nsz);
+    const int lo = sp.lo, hi = sp.hi;
+    const float *D_in = sp.in;
 
     float D[MT][32];
     gdn_wg_state_start<DK, MT>(D, D_in, is_M, h, col0, dv, w, g8, t4);
@@ -272,7 +268,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-    float *Dd = is_M ? sg.M + p * nmz : sg.cuts ? (p == 0 ? sg.out_edge : NULL) : gdn_seg_out(sg, p, first, 0, nsz);
+    float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Dd) return;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
