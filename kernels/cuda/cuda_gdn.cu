@@ -1579,6 +1579,7 @@ __global__ void __launch_bounds__(256)
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
+#define GDN_DWG_DEFAULT 1     /* dual launch: its second configuration on the wgmma state passes (GDN v4.4) */
 #define GDN_WIDE_DEFAULT 0    /* v2 state passes: 64-column blocks where they fill the SMs (GDN v4) */
 #define GDN_WIDE_BLOCKS 128   /* ... i.e. where nv dv / 64 reaches this many blocks (64 heads of 128) */
 #define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
@@ -1612,6 +1613,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.keep = gdn_env_int("RS_GDN_KEEP");
         gdn_tune_env.sfwd = gdn_env_int("RS_GDN_SFWD");
         gdn_tune_env.sbwd = gdn_env_int("RS_GDN_SBWD");
+        gdn_tune_env.dwg = gdn_env_int("RS_GDN_DWG");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -2010,6 +2012,7 @@ typedef struct GdnPlan {
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
     int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
     int sbwd;      /* backward state passes on wgmma (cuda_gdn_wg_bwd.h): 0 off, 1 on */
+    int dwg;       /* dual launch: its second configuration on wgmma (both passes, 64 columns, 2 stages) */
 } GdnPlan;
 
 /* the running entry's plan.sfwd / plan.sbwd, for gdn_v2_fwd_launch / gdn_v2_bwd_launch (set with the
@@ -2121,6 +2124,11 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     /* wgmma backward state pass: every v2 backward pass but the bulk-copy one (the same contract) */
     const int sbwd = t.sbwd == 1 ? 1 : t.sbwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SBWD_BLOCKS ? 1 : 0;
     pl.sbwd = pl.bulk || dv % 64 != 0 ? 0 : sbwd;
+    /* the dual launch's many-document configuration on wgmma (GDN v4.4): 64 columns in GDN_DUAL_ZB document
+     * segments. The device's pick is unchanged: (nv dv / 32) x non-empty segments >= 2 blocks per SM is
+     * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
+    const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
+    pl.dwg = pl.dual && !pl.bulk && dv % 64 == 0 ? dwg : 0;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
@@ -2300,7 +2308,19 @@ static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *
 
 /* The state passes of a forward / backward over all chunks, from the plan: one launch, or the dual
  * launch (pl.dual: the plan's column block and document segments, then 32 columns in GDN_DUAL_ZB
- * document segments; the blocks of the one the index did not pick exit at once). */
+ * document segments, on wgmma (64 columns) with pl.dwg; the blocks of the one the index did not pick
+ * exit at once). */
+
+/* the running entry's wgmma switch (gdn_sfwd_cur / gdn_sbwd_cur) set to `on` for one launch of the dual
+ * launch's second configuration, back to the entry's value when it goes out of scope */
+struct GdnWgScope {
+    int *cur, was;
+    GdnWgScope(int *c, int on) : cur(c), was(*c) {
+        if (on && !*c) *c = on;
+    }
+    ~GdnWgScope() { *cur = was; }
+};
+
 template <int DK>
 static void gdn_v2_pass_fwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float *segH, float *segM, bf16 *hs,
                             bf16 *vn, float *S_final, const float *S0, const bf16 *k, int nk, int nv, int dv, int ldq,
@@ -2314,6 +2334,7 @@ static void gdn_v2_pass_fwd(const GdnPlan &pl, const GdnBufs *b, float *segE, fl
     pb.bv = 32;
     GDN_V2_BVNST(pl, gdn_v2_state_fwd, b, NULL, NULL, NULL, 1, pl.dseg, hs, vn, S_final, NULL, S0, k, GDN_RANGE_ALL,
                  nk, nv, dv, ldq, st, tp, 0);
+    const GdnWgScope wg(&gdn_sfwd_cur, pl.dwg ? 2 : 0);
     GDN_V2_BVNST(pb, gdn_v2_state_fwd, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, hs, vn, S_final, NULL, S0, k,
                  GDN_RANGE_ALL, nk, nv, dv, ldq, st, tp, 1);
 }
@@ -2332,6 +2353,7 @@ static void gdn_v2_pass_bwd(const GdnPlan &pl, const GdnBufs *b, float *segE, fl
     pb.bv = 32;
     GDN_V2_BVNST(pl, gdn_v2_state_bwd, b, NULL, NULL, NULL, 1, pl.dseg, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
                  GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp, 0);
+    const GdnWgScope wg(&gdn_sbwd_cur, pl.dwg);
     GDN_V2_BVNST(pb, gdn_v2_state_bwd, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
                  GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp, 1);
 }

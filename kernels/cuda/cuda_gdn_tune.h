@@ -4,7 +4,7 @@
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
  * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP, RS_GDN_SFWD,
- * RS_GDN_SBWD); a call of
+ * RS_GDN_SBWD, RS_GDN_DWG); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -51,6 +51,10 @@ typedef struct CudaGdnTune {
     int sbwd;    /* v2 backward state passes on wgmma (cuda_gdn_wg_bwd.h: 64 columns per block, one warpgroup;
                     every backward pass but the bulk-copy one, bv ignored there): 1 = on, 2 = off, 0 = automatic
                     (on where nv dim_v / 64 >= 128: 64 heads of 128) */
+    int dwg;     /* dual launch (dual): its second, many-document configuration on the wgmma state passes (64
+                    columns in 8 document segments, forward and backward) where sfwd / sbwd leave the automatic
+                    configuration on mma.sync (16 heads of 128): 1 = on, 2 = off (32 columns on mma.sync, as
+                    GDN v3.1), 0 = automatic (on) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

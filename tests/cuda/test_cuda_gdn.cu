@@ -34,6 +34,8 @@
  * 2026-11-23, every case but cuda_gdn_long): 3211 checks, 0 failures, worst of the sbwd sets 5.16e-3
  * (dg, T = 2000, weak decay; the mma.sync sets 5.18e-3 there); dstate bitwise equal to the backward's
  * dS0 with sbwd; cuda_gdn_long's sbwd set not run yet.
+ * GDN v4.4 (the dual launch's second form on wgmma, dwg sets in the fwd/bwd, segment, determinism and long
+ * lists): docs/benchmarks.md "GDN v4.4" has the figures.
  * fp32-only paths (state_affine) are bounded at 1e-6.
  */
 #include <math.h>
@@ -334,12 +336,14 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (c->v2 == 2) snprintf(buf, n, " [v1]");
     else if (c->v2 == 1)
-        snprintf(buf, n, " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d sfwd=%d sbwd=%d%s]",
+        snprintf(buf, n,
+                 " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d sfwd=%d sbwd=%d "
+                 "dwg=%d%s]",
                  c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide,
-                 c->sfwd, c->sbwd, c->hilo == 2 ? " hi-only" : "");
-    else if (c->dual || c->wide || c->hilo || c->sfwd || c->sbwd)
-        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d sbwd=%d]", c->dual, c->wide, c->hilo, c->sfwd,
-                 c->sbwd);
+                 c->sfwd, c->sbwd, c->dwg, c->hilo == 2 ? " hi-only" : "");
+    else if (c->dual || c->wide || c->hilo || c->sfwd || c->sbwd || c->dwg)
+        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d sbwd=%d dwg=%d]", c->dual, c->wide, c->hilo,
+                 c->sfwd, c->sbwd, c->dwg);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -604,7 +608,9 @@ TEST(cuda_gdn_mma_layouts) {
  * 3 segments (transition columns and the fold), 3 document segments with the overlapped backward, the
  * dual launch forced to its second form; the backward state passes on wgmma (sbwd, GDN v4.3): automatic
  * otherwise, with sfwd in 3 document segments and the overlapped backward, and in the dual launch
- * forced to its second form. */
+ * forced to its second form; the dual launch's second form on wgmma (dwg, GDN v4.4, the built-in choice,
+ * so every dual 3 set above runs it) and on mma.sync (dwg 2), forced to it, overlapped, and forced to the
+ * first form beside it (dual 4). */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
@@ -618,6 +624,8 @@ static const CudaGdnTune gdn_cfgs[] = {
     {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1},       {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1},
     {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},    {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -735,8 +743,9 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&ds1, &ds7);
     gdn_determinism(&ds1, &nb1);
     /* the dual launch: the picked configuration gives the bits of its one-segment form (the other
-     * launch's blocks exit without a store); across the column blocks, information only */
-    static const CudaGdnTune du3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, du4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
+     * launch's blocks exit without a store); across the column blocks, information only (du3: the
+     * second form on mma.sync, dwg 2, as GDN v3.1) */
+    static const CudaGdnTune du3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 2}, du4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
                              b32 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 1, 0}, b16 = {1, 0, 0, 16, 0, 0, 1, 1, 0, 1, 0};
     gdn_determinism(&du3, &b32);
     gdn_determinism(&du4, &b16);
@@ -750,7 +759,7 @@ TEST(cuda_gdn_determinism) {
     /* the wgmma forward pass (GDN v4.2): two runs; document segments exact (1 vs 7); the dual launch's
      * second form = 8 document segments; against the mma.sync pass, information only */
     static const CudaGdnTune wg = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, wg1 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1},
-                             wg7 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3}, wgd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1},
+                             wg7 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3}, wgd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1, 0, 2},
                              wg8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1};
     gdn_determinism(&wg);
     gdn_determinism(&wg1, &wg7);
@@ -763,13 +772,26 @@ TEST(cuda_gdn_determinism) {
                              sbf = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
                              sb1 = {1, 0, 0, 0, 1, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 0, 1},
                              sb7 = {1, 0, 0, 0, 1, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 0, 1},
-                             sbd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
+                             sbd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1, 2},
                              sb8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 0, 1};
     gdn_determinism(&sb);
     gdn_determinism(&sbf);
     gdn_determinism(&sb1, &sb7);
     gdn_determinism(&sbd, &sb8);
     gdn_determinism(&sb, &v2d, false);
+    /* the dual launch's second form on wgmma (dwg, GDN v4.4; sfwd / sbwd automatic, so off at these 4
+     * heads): two runs; forced to it = both wgmma passes in 8 document segments (overlapped too); forced
+     * to the first form = the mma.sync default; against the second form on mma.sync, information only */
+    static const CudaGdnTune dw3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
+                             dw3o = {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
+                             dw4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
+                             dw8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1},
+                             dw8o = {1, 0, 0, 32, 1, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1};
+    gdn_determinism(&dw3);
+    gdn_determinism(&dw3, &dw8);
+    gdn_determinism(&dw3o, &dw8o);
+    gdn_determinism(&dw4, &b16);
+    gdn_determinism(&dw3, &du3, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -792,6 +814,8 @@ TEST(cuda_gdn_v2_segments) {
         {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
         {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 0, 1},
         {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 0, 1},
+        /* the dual launch's second form on mma.sync (dwg 2; the dual 3 sets above run it on wgmma) */
+        {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 2},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -1010,8 +1034,9 @@ TEST(cuda_gdn_state_affine) {
 }
 
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
- * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3.
- * Prints one timing of the forward and the backward per set, for information only. */
+ * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3; 32 and
+ * 64 columns, wide, hi-only, the wgmma forward / backward passes, and the dual launch forced to its
+ * second form (on wgmma, dwg: GDN v4.4). Prints one timing of the forward and the backward per set, for information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
@@ -1022,7 +1047,8 @@ TEST(cuda_gdn_long) {
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1}};
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
