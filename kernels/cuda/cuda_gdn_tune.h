@@ -54,7 +54,7 @@ typedef struct CudaGdnTune {
     int dwg;     /* dual launch (dual): its second, many-document configuration on the wgmma state passes (64
                     columns in 8 document segments, forward and backward) where sfwd / sbwd leave the automatic
                     configuration on mma.sync (16 heads of 128): 1 = on, 2 = off (32 columns on mma.sync, as
-                    GDN v3.1), 0 = automatic (on) */
+                    GDN v3.1), 0 = automatic (off until measured: GDN_DWG_DEFAULT) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

@@ -608,9 +608,8 @@ TEST(cuda_gdn_mma_layouts) {
  * 3 segments (transition columns and the fold), 3 document segments with the overlapped backward, the
  * dual launch forced to its second form; the backward state passes on wgmma (sbwd, GDN v4.3): automatic
  * otherwise, with sfwd in 3 document segments and the overlapped backward, and in the dual launch
- * forced to its second form; the dual launch's second form on wgmma (dwg, GDN v4.4, the built-in choice,
- * so every dual 3 set above runs it) and on mma.sync (dwg 2), forced to it, overlapped, and forced to the
- * first form beside it (dual 4). */
+ * forced to its second form; the dual launch's second form on wgmma (dwg 1, GDN v4.4): forced to it,
+ * overlapped, and forced to the first form beside it (dual 4). */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
@@ -624,7 +623,7 @@ static const CudaGdnTune gdn_cfgs[] = {
     {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1},       {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1},
     {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},    {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
@@ -814,8 +813,8 @@ TEST(cuda_gdn_v2_segments) {
         {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
         {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 0, 1},
         {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 0, 1},
-        /* the dual launch's second form on mma.sync (dwg 2; the dual 3 sets above run it on wgmma) */
-        {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 2},
+        /* the dual launch's second form on wgmma (dwg 1, GDN v4.4) */
+        {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -1036,7 +1035,8 @@ TEST(cuda_gdn_state_affine) {
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
  * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3; 32 and
  * 64 columns, wide, hi-only, the wgmma forward / backward passes, and the dual launch forced to its
- * second form (on wgmma, dwg: GDN v4.4). Prints one timing of the forward and the backward per set, for information only. */
+ * second form on wgmma (dwg 1: GDN v4.4). Prints one timing of the forward and the backward per set, for
+ * information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
