@@ -1579,6 +1579,7 @@ __global__ void __launch_bounds__(256)
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
+#define GDN_SFBV_DEFAULT 64   /* wgmma forward state pass: columns per block (32: GDN v4.4, not yet run) */
 #define GDN_DWG_DEFAULT 0     /* dual launch: its second configuration on the wgmma state passes (GDN v4.4;
                                  predicted faster from GDN v4.2 / v4.3's 16-head, 16-document rows, not yet run
                                  on a device: off until its parity and timing call) */
@@ -1616,6 +1617,7 @@ static CudaGdnTune gdn_tune(void) {
         gdn_tune_env.sfwd = gdn_env_int("RS_GDN_SFWD");
         gdn_tune_env.sbwd = gdn_env_int("RS_GDN_SBWD");
         gdn_tune_env.dwg = gdn_env_int("RS_GDN_DWG");
+        gdn_tune_env.sfbv = gdn_env_int("RS_GDN_SFBV");
         gdn_tune_env_read = 1;
     }
     return gdn_tune_env;
@@ -2014,12 +2016,14 @@ typedef struct GdnPlan {
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
     int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
     int sbwd;      /* backward state passes on wgmma (cuda_gdn_wg_bwd.h): 0 off, 1 on */
-    int dwg;       /* dual launch: its second configuration on wgmma (both passes, 64 columns, 2 stages) */
+    int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
+    int sfbv;      /* wgmma forward state pass: state columns per block, 64 or 32 (GDN v4.4) */
 } GdnPlan;
 
 /* the running entry's plan.sfwd / plan.sbwd, for gdn_v2_fwd_launch / gdn_v2_bwd_launch (set with the
  * plan; one compute stream) */
 static int gdn_sfwd_cur, gdn_sbwd_cur;
+static int gdn_sfbv_cur; /* the running entry's plan.sfbv: columns per block of the wgmma forward pass */
 
 static int gdn_sm_count(void) {
     static int n;
@@ -2131,6 +2135,9 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
      * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
     const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
     pl.dwg = pl.dual && !pl.bulk && dv % 64 == 0 ? dwg : 0;
+    /* the wgmma forward pass in 32-column blocks (GDN v4.4: two blocks per SM) */
+    RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64, "gdn: sfbv %d (0, 32 or 64 columns)", t.sfbv);
+    pl.sfbv = t.sfbv ? t.sfbv : GDN_SFBV_DEFAULT;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
@@ -2151,9 +2158,11 @@ typedef CUresult (*GdnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 /* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes
- * of 64 columns (128 bytes, 128-byte swizzle) by box_rows rows; rows past the end read as zeros and
- * are not written. base NULL: a zeroed map, never used. */
-static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+ * of box_cols columns (64: 128 bytes, 128-byte swizzle; 32: 64 bytes, 64-byte swizzle) by box_rows rows;
+ * rows past the end read as zeros and are not written. base NULL: a zeroed map, never used. */
+static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld, int box_rows,
+                     int box_cols = 64) {
+    RS_CHECK(box_cols == 64 || box_cols == 32, "gdn: tensor map boxes of %d columns (64 or 32)", box_cols);
     static GdnEncodeTiled encode;
     memset(m, 0, sizeof *m);
     if (!base) return;
@@ -2164,16 +2173,17 @@ static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t col
         RS_CHECK(q == cudaDriverEntryPointSuccess && encode, "gdn: cuTensorMapEncodeTiled not found");
     }
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, estr[2] = {1, 1};
     const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RS_CHECK(r == CUDA_SUCCESS, "gdn: cuTensorMapEncodeTiled failed (%d): rows %lld cols %lld ld %lld", (int)r,
              (long long)rows, (long long)cols, (long long)ld);
 }
 
-/* the tensor maps of the wgmma forward pass (cuda_gdn_wg.h) */
-template <int DK>
+/* the tensor maps of the wgmma forward pass (cuda_gdn_wg.h), BV state columns per block */
+template <int DK, int BV>
 static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k, int nk, int nv, int dv, int ldq) {
     GdnWgMaps tm;
     const int64_t T = b->T, ns = (T + GDN_C - 1) / GDN_C + 1;
@@ -2181,29 +2191,40 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
              (long long)(ns * nv * DK));
     gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
     gdn_tmap(&tm.k, k, T, (int64_t)nk * DK, ldq, GDN_C);
-    gdn_tmap(&tm.u, b->U, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
-    gdn_tmap(&tm.h, hs, ns * nv * DK, dv, dv, DK);
-    gdn_tmap(&tm.vn, vn, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    gdn_tmap(&tm.u, b->U, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, BV);
+    gdn_tmap(&tm.h, hs, ns * nv * DK, dv, dv, DK, BV);
+    gdn_tmap(&tm.vn, vn, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, BV);
     return tm;
+}
+
+/* one launch of the wgmma forward pass (NST stages, BV columns per block) */
+template <int DK, int NST, int BV>
+static void gdn_wg_fwd_run(dim3 grid, bf16 *hs, bf16 *vn, const GdnSeg &sg, const GdnWgMaps &tm, const GdnBufs *b,
+                           int mode, int nk, int nv, int dv, cudaStream_t st, long long *tp) {
+    constexpr int bytes = GdnStateFwdSmemWg<DK, NST, BV>::BYTES;
+    gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, NST, BV>, bytes, "state_fwd_wg");
+    gdn_state_fwd_wg_kernel<DK, NST, BV><<<grid, GDN_THREADS, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta,
+                                                                          mode, nk, nv, dv, tp);
+    CUDA_LAUNCH_CHECK();
 }
 
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    if (!BULK && gdn_sfwd_cur) { /* the wgmma pass: 64 columns per block */
+    if (!BULK && gdn_sfwd_cur) { /* the wgmma pass: 64 (or 32: gdn_sfbv_cur) columns per block */
+        if (gdn_sfbv_cur == 32) {
+            RS_CHECK(ncol % 32 == 0, "gdn: state_fwd_wg (32 columns) needs columns in 32s, has %d", ncol);
+            const dim3 grid(ncol / 32, nv, nz);
+            const GdnWgMaps tm = gdn_wg_maps<DK, 32>(b, hs, vn, k, nk, nv, dv, ldq);
+            if (gdn_sfwd_cur == 3) gdn_wg_fwd_run<DK, 3, 32>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
+            else gdn_wg_fwd_run<DK, 2, 32>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
+            return;
+        }
         RS_CHECK(ncol % 64 == 0, "gdn: state_fwd_wg needs columns in 64s, has %d", ncol);
         const dim3 grid(ncol / 64, nv, nz);
-        const GdnWgMaps tm = gdn_wg_maps<DK>(b, hs, vn, k, nk, nv, dv, ldq);
-        if (gdn_sfwd_cur == 3) {
-            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 3>, GdnStateFwdSmemWg<DK, 3>::BYTES, "state_fwd_wg");
-            gdn_state_fwd_wg_kernel<DK, 3><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 3>::BYTES, st>>>(
-                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
-        } else {
-            gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, 2>, GdnStateFwdSmemWg<DK, 2>::BYTES, "state_fwd_wg");
-            gdn_state_fwd_wg_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateFwdSmemWg<DK, 2>::BYTES, st>>>(
-                hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk, nv, dv, tp);
-        }
-        CUDA_LAUNCH_CHECK();
+        const GdnWgMaps tm = gdn_wg_maps<DK, 64>(b, hs, vn, k, nk, nv, dv, ldq);
+        if (gdn_sfwd_cur == 3) gdn_wg_fwd_run<DK, 3, 64>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
+        else gdn_wg_fwd_run<DK, 2, 64>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
         return;
     }
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
@@ -2554,6 +2575,7 @@ static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 
     if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: W, U kept, the states recomputed */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sfbv_cur = pl.sfbv;
     gdn_sbwd_cur = pl.sbwd;
     if (pl.v2)
         gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept,
@@ -2571,6 +2593,7 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
     if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: the backward recomputes h, vn */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sfbv_cur = pl.sfbv;
     gdn_sbwd_cur = pl.sbwd;
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
@@ -2585,6 +2608,7 @@ static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sfbv_cur = pl.sfbv;
     gdn_sbwd_cur = pl.sbwd;
     if (pl.v2) gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
     else gdn_transition_v1<DK, DV>(M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
@@ -2595,6 +2619,7 @@ static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const b
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_sfwd_cur = pl.sfwd;
+    gdn_sfbv_cur = pl.sfbv;
     gdn_sbwd_cur = pl.sbwd;
     if (pl.v2) gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
     else gdn_dstate_v1<DK, DV>(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);

@@ -4,7 +4,7 @@
  * at 0 means "the built-in choice". The environment can set the same fields for a whole process
  * (RS_GDN_V2, RS_GDN_SPLIT, RS_GDN_NST, RS_GDN_BV, RS_GDN_OVERLAP, RS_GDN_PROF, RS_GDN_ILP, RS_GDN_WY,
  * RS_GDN_BULK, RS_GDN_DSEG, RS_GDN_DQS, RS_GDN_DUAL, RS_GDN_WIDE, RS_GDN_HILO, RS_GDN_KEEP, RS_GDN_SFWD,
- * RS_GDN_SBWD, RS_GDN_DWG); a call of
+ * RS_GDN_SBWD, RS_GDN_DWG, RS_GDN_SFBV); a call of
  * cuda_gdn_tune_set overrides it. Not thread-safe (one compute stream, as the kernels).
  */
 #ifndef RS_CUDA_GDN_TUNE_H
@@ -55,6 +55,9 @@ typedef struct CudaGdnTune {
                     columns in 8 document segments, forward and backward) where sfwd / sbwd leave the automatic
                     configuration on mma.sync (16 heads of 128): 1 = on, 2 = off (32 columns on mma.sync, as
                     GDN v3.1), 0 = automatic (off until measured: GDN_DWG_DEFAULT) */
+    int sfbv;    /* wgmma forward state pass (sfwd, and the dual launch's second form with dwg): state columns per
+                    block, 64 or 32 (GDN v4.4: m64n32k16, ~100 KB of shared memory, two blocks per SM); 0 =
+                    automatic (64) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */

@@ -45,8 +45,47 @@ GDN_DEV void gdn_wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d
         : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
+/* the same for m64n32k16 (GDN v4.4, 32-column blocks) */
+template <int TA, int TB>
+GDN_DEV void gdn_wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+/* d (64 x BV) (+)= A (64 x 16) B (16 x BV), BV = 64 or 32 (d: BV / 2 registers per thread) */
+template <int TA, int TB, int NA>
+GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d) {
+    static_assert(NA == 32 || NA == 16, "gdn_wgmma_nb: 64 or 32 columns");
+    if constexpr (NA == 32) gdn_wgmma_n64<TA, TB>(d, da, db, scale_d);
+    else gdn_wgmma_n32<TA, TB>(d, da, db, scale_d);
+}
+
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
 GDN_DEV uint32_t gdn_wg_off(int r, int j) { return r * 128 + ((((j >> 3) & 7) ^ (r & 7)) << 4) + (j & 7) * 2; }
+
+/* byte offset of element (r, j), j < BV, in a block of BV columns: BV = 64 as gdn_wg_off; BV = 32: rows
+ * of 64 bytes, 64-byte swizzle (the 16-byte chunk index, bits 4-5, xor the address bits 7-8; blocks on
+ * 512-byte boundaries), the layout of TMA's CU_TENSOR_MAP_SWIZZLE_64B and of wgmma's 64-byte swizzle */
+template <int BV> GDN_DEV uint32_t gdn_wg_off_b(int r, int j) {
+    static_assert(BV == 64 || BV == 32, "gdn_wg_off_b: 64 or 32 columns");
+    if constexpr (BV == 64) return gdn_wg_off(r, j);
+    else return r * 64 + ((((j >> 3) & 3) ^ ((r >> 1) & 3)) << 4) + (j & 7) * 2;
+}
+
+/* descriptor of an N-major (transposed) B operand of BV columns from a block of gdn_wg_off_b rows,
+ * starting at row saddr's: BV = 64: 128-byte swizzle, 8-row groups 1024 bytes apart; BV = 32: 64-byte
+ * swizzle (layout type 2), 8-row groups 512 bytes apart. lbo: the next BV-column block (never reached:
+ * N = BV is one swizzle atom wide). */
+template <int BV> GDN_DEV uint64_t gdn_wg_bdesc(uint32_t saddr, uint32_t lbo) {
+    if constexpr (BV == 64) return attn_gdesc(saddr, lbo, 1024);
+    else return (attn_gdesc(saddr, lbo, 512) & ~(3ull << 62)) | (2ull << 62);
+}
 
 /* a 2-d box of shared memory -> a tensor map's global tensor by the TMA unit (c0 = column, c1 = row; rows
  * past the end are dropped), one bulk async-group op of this thread */
@@ -56,12 +95,15 @@ GDN_DEV void gdn_tma_store_2d(const void *tmap, int c0, int c1, uint32_t src) {
                  : "memory");
 }
 
-/* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up) */
-template <int DK, int NST> struct GdnStateFwdSmemWg {
-    static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * 64 * 2;
+/* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up);
+ * BV state columns per block (64, or 32: GDN v4.4). DK = 128, 2 stages: 135 KB at 64 columns, 100 KB at
+ * 32 (two blocks per SM) */
+template <int DK, int NST, int BV = 64> struct GdnStateFwdSmemWg {
+    static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * BV * 2;
     static constexpr int OW = 0, OK = TK, OU = 2 * TK, OG = 2 * TK + TU, SB = OG + 1024; /* one stage, bytes */
-    static constexpr int OHI = NST * SB, OLO = OHI + DK * 128, OVN = OLO + DK * 128, OVO = OVN + TU, OBAR = OVO + TU,
-                         BYTES = OBAR + 1024 + 1024;
+    static constexpr int OHI = NST * SB, OLO = OHI + DK * BV * 2, OVN = OLO + DK * BV * 2, OVO = OVN + TU,
+                         OBAR = OVO + TU, BYTES = OBAR + 1024 + 1024;
+    static_assert(TU % 1024 == 0 && (DK * BV * 2) % 1024 == 0, "state_fwd_wg: tiles on 1024-byte boundaries");
     unsigned char *b;
     GDN_DEV explicit GdnStateFwdSmemWg(unsigned char *base) : b(base) {}
     GDN_DEV unsigned char *w(int i) const { return b + i * SB + OW; }
@@ -75,17 +117,21 @@ template <int DK, int NST> struct GdnStateFwdSmemWg {
     GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
 };
 
-/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_maps): W, K, U tiles in (64 columns x 64 rows boxes),
- * h out (64 columns x DK rows), vn out (64 x 64); 128-byte swizzle, rows past the end read as zeros */
+/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_maps): W, K tiles in (64 columns x 64 rows boxes,
+ * 128-byte swizzle), U in (BV columns x 64 rows), h out (BV columns x DK rows), vn out (BV x 64), those in
+ * the BV-column layout of gdn_wg_off_b; rows past the end read as zeros */
 struct GdnWgMaps {
     CUtensorMap w, k, u, h, vn;
 };
 
 /*
- * Grid (ncol / 64, nv, segments launched), 128 threads. Block (x, h, z) carries columns [64 x, 64 x +
- * 64) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
+ * Grid (ncol / BV, nv, segments launched), 128 threads. Block (x, h, z) carries columns [BV x, BV x +
+ * BV) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
  * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
- * state tile mt, element 4 i + e at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
+ * state tile mt, element 4 i + e (i < BV / 8) at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
+ * BV = 64: m64n64k16, 128-byte swizzled state / U / vn blocks; BV = 32 (GDN v4.4): m64n32k16, 64-byte
+ * swizzled ones (gdn_wg_off_b), half the registers and about 100 KB of shared memory, so two blocks (two
+ * independent chunk chains) per SM; W and K tiles are the same in both.
  * Tiles in by TMA (thread 0; one mbarrier per stage, the gates by cp.async): the rows of a chunk past
  * its L are the next tokens' (zeros past T). The W and U rows only reach vn rows >= L, which are
  * dropped and replaced by 0 in dec * vn (a selection, so even a non-finite row cannot leak); the K
@@ -97,13 +143,13 @@ struct GdnWgMaps {
 /* The carried state's fp32 wgmma accumulators at a segment's start (both state passes): row a = 64 mt +
  * 16 w + g8 (+8), column col0 + j of head h from S_in (nv, DK, dv), zero where S_in is NULL; a transition
  * column block (is_M: col0 >= dv) starts from the identity on its columns. */
-template <int DK, int MT>
-__device__ __forceinline__ void gdn_wg_state_start(float (&S)[MT][32], const float *S_in /* (nv,DK,dv) or NULL */,
+template <int DK, int MT, int NA>
+__device__ __forceinline__ void gdn_wg_state_start(float (&S)[MT][NA], const float *S_in /* (nv,DK,dv) or NULL */,
                                                    bool is_M, int h, int col0, int dv, int w, int g8, int t4) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int x = 0; x < 32; x++) {
+        for (int x = 0; x < NA; x++) {
             const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
             float v = 0.0f;
             if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
@@ -112,17 +158,17 @@ __device__ __forceinline__ void gdn_wg_state_start(float (&S)[MT][32], const flo
         }
 }
 
-template <int DK, int NST>
+template <int DK, int NST, int BV>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_fwd_wg_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
                             const int32_t *meta, int mode, int nk, int nv, int dv,
                             long long *tp /* (GDN_TP_N) cycles, or NULL */) {
-    constexpr int BV = 64, MT = DK / 64, KS = DK / 16;
+    constexpr int MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
     const uint32_t raw = gdn_smem_addr(gdn_wg_smem);
-    const GdnStateFwdSmemWg<DK, NST> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
+    const GdnStateFwdSmemWg<DK, NST, BV> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g8 = lane >> 2, t4 = lane & 3;
     const int col0 = blockIdx.x * BV;
@@ -136,7 +182,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     const int lo = sp.lo, hi = sp.hi;
     const float *S_in = sp.in;
 
-    float S[MT][32];
+    float S[MT][NA];
     gdn_wg_state_start<DK, MT>(S, S_in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
@@ -197,10 +243,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int x = 0; x < 32; x += 2) {
+            for (int x = 0; x < NA; x += 2) {
                 if (reset) S[mt][x] = S[mt][x + 1] = 0.0f;
                 const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
-                const uint32_t o = gdn_wg_off(a, j);
+                const uint32_t o = gdn_wg_off_b<BV>(a, j);
                 gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), S[mt][x], S[mt][x + 1]);
             }
         gdn_fence_async_smem();
@@ -210,22 +256,22 @@ __global__ void __launch_bounds__(GDN_THREADS)
             attn_bulk_commit();
         }
         GDN_TP(2);
-        /* vacc = W (S_hi + S_lo): tokens x 64 */
-        float vacc[32];
+        /* vacc = W (S_hi + S_lo): tokens x BV */
+        float vacc[NA];
         const uint32_t a_w = gdn_smem_addr(s.w(buf)), a_k = gdn_smem_addr(s.k(buf));
         attn_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_n64<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
-                                attn_gdesc(a_hi + kk * 16 * 128, DK * 128, 1024), kk > 0);
+            gdn_wgmma_nb<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                               gdn_wg_bdesc<BV>(a_hi + kk * 16 * (2 * BV), DK * 2 * BV), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_n64<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
-                                attn_gdesc(a_lo + kk * 16 * 128, DK * 128, 1024), 1);
+            gdn_wgmma_nb<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                               gdn_wg_bdesc<BV>(a_lo + kk * 16 * (2 * BV), DK * 2 * BV), 1);
         attn_wg_commit();
         attn_wg_wait<0>();
 #pragma unroll
-        for (int x = 0; x < 32; x++) attn_reg_fence(vacc[x]);
+        for (int x = 0; x < NA; x++) attn_reg_fence(vacc[x]);
         GDN_TP(3);
         /* vn = U - W S: into vno (stored by TMA when the chunk is full) or stored here; dec * vn into vn */
         const float *sG = s.G(buf);
@@ -233,9 +279,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
         const unsigned char *su = s.u(buf);
         const bool vst = vn && !is_M, vfull = vst && L == GDN_C;
 #pragma unroll
-        for (int x = 0; x < 32; x += 2) {
+        for (int x = 0; x < NA; x += 2) {
             const int r = 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
-            const uint32_t o = gdn_wg_off(r, j);
+            const uint32_t o = gdn_wg_off_b<BV>(r, j);
             float2 u = make_float2(0.0f, 0.0f);
             if (!is_M) u = gdn_load2((const bf16 *)(su + o));
             const float x0 = u.x - vacc[x], x1 = u.y - vacc[x + 1];
@@ -250,7 +296,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int x = 0; x < 32; x++) S[mt][x] *= gam;
+            for (int x = 0; x < NA; x++) S[mt][x] *= gam;
         gdn_fence_async_smem();
         __syncthreads();
         if (threadIdx.x == 0 && vfull) {
@@ -264,14 +310,14 @@ __global__ void __launch_bounds__(GDN_THREADS)
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                gdn_wgmma_n64<1, 1>(S[mt], attn_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
-                                    attn_gdesc(a_vn + kk * 16 * 128, GDN_C * 128, 1024), 1);
+                gdn_wgmma_nb<1, 1>(S[mt], attn_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                   gdn_wg_bdesc<BV>(a_vn + kk * 16 * (2 * BV), GDN_C * 2 * BV), 1);
         attn_wg_commit();
         attn_wg_wait<0>();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int x = 0; x < 32; x++) attn_reg_fence(S[mt][x]);
+            for (int x = 0; x < NA; x++) attn_reg_fence(S[mt][x]);
         GDN_TP(5);
 #pragma unroll
         for (int i = 0; i < NST - 1; i++) inf[i] = inf[i + 1];
@@ -286,7 +332,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int x = 0; x < 32; x++) {
+        for (int x = 0; x < NA; x++) {
             const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4 + (x & 1);
             if (is_M) Sd[((int64_t)h * DK + a) * DK + col0 - dv + j] = S[mt][x];
             else Sd[((int64_t)h * DK + a) * dv + col0 + j] = S[mt][x];

@@ -338,12 +338,12 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     else if (c->v2 == 1)
         snprintf(buf, n,
                  " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d sfwd=%d sbwd=%d "
-                 "dwg=%d%s]",
+                 "dwg=%d sfbv=%d%s]",
                  c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide,
-                 c->sfwd, c->sbwd, c->dwg, c->hilo == 2 ? " hi-only" : "");
-    else if (c->dual || c->wide || c->hilo || c->sfwd || c->sbwd || c->dwg)
-        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d sbwd=%d dwg=%d]", c->dual, c->wide, c->hilo,
-                 c->sfwd, c->sbwd, c->dwg);
+                 c->sfwd, c->sbwd, c->dwg, c->sfbv, c->hilo == 2 ? " hi-only" : "");
+    else if (c->dual || c->wide || c->hilo || c->sfwd || c->sbwd || c->dwg || c->sfbv)
+        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d sbwd=%d dwg=%d sfbv=%d]", c->dual, c->wide,
+                 c->hilo, c->sfwd, c->sbwd, c->dwg, c->sfbv);
     else snprintf(buf, n, " [default]");
     return buf;
 }
@@ -609,7 +609,9 @@ TEST(cuda_gdn_mma_layouts) {
  * dual launch forced to its second form; the backward state passes on wgmma (sbwd, GDN v4.3): automatic
  * otherwise, with sfwd in 3 document segments and the overlapped backward, and in the dual launch
  * forced to its second form; the dual launch's second form on wgmma (dwg 1, GDN v4.4): forced to it,
- * overlapped, and forced to the first form beside it (dual 4). */
+ * overlapped, and forced to the first form beside it (dual 4); the wgmma forward pass in 32-column
+ * blocks (sfbv 32, GDN v4.4): alone, 3 stages in 3 segments (transition columns, the fold), and as the
+ * dual launch's second form (overlapped). */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
     {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
@@ -625,6 +627,8 @@ static const CudaGdnTune gdn_cfgs[] = {
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 32}, {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 32},
+    {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 32},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -791,6 +795,18 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&dw3o, &dw8o);
     gdn_determinism(&dw4, &b16);
     gdn_determinism(&dw3, &du3, false);
+    /* the wgmma forward pass in 32-column blocks (sfbv 32, GDN v4.4): two runs; document segments exact (1
+     * vs 7, 3 stages); the dual launch's second form (dwg) = 8 document segments; against 64 columns,
+     * information only */
+    static const CudaGdnTune f32 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 32},
+                             f321 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1, 0, 0, 32},
+                             f327 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3, 0, 0, 32},
+                             f32d = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 32},
+                             f328 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1, 0, 32};
+    gdn_determinism(&f32);
+    gdn_determinism(&f321, &f327);
+    gdn_determinism(&f32d, &f328);
+    gdn_determinism(&f32, &wg, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -813,8 +829,12 @@ TEST(cuda_gdn_v2_segments) {
         {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
         {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 0, 1},
         {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 0, 1},
-        /* the dual launch's second form on wgmma (dwg 1, GDN v4.4) */
+        /* the dual launch's second form on wgmma (dwg 1, GDN v4.4); the wgmma forward pass in 32-column
+         * blocks (sfbv 32): 4 segments (3 stages, transition columns, the fold), 7 segments with sbwd, 13
+         * document segments */
         {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
+        {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 32}, {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 32},
+        {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 1, 0, 0, 32},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -854,11 +874,11 @@ TEST(cuda_gdn_check_can_fail) {
 /* ---- the CP entries ---- */
 
 /* the CP entries run under the default, v1 and v2 (one segment; 3 stages of 32 columns; 2 stages of 16
- * with the shorter MMA chains) */
+ * with the shorter MMA chains), the wgmma passes (sfwd 2 and 3 stages, sbwd), sfwd in 32-column blocks */
 static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1}};
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 32}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
     char tag[256], cn[128];
@@ -1035,7 +1055,7 @@ TEST(cuda_gdn_state_affine) {
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
  * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3; 32 and
  * 64 columns, wide, hi-only, the wgmma forward / backward passes, and the dual launch forced to its
- * second form on wgmma (dwg 1: GDN v4.4). Prints one timing of the forward and the backward per set, for
+ * second form on wgmma (dwg 1: GDN v4.4), the wgmma forward pass in 32-column blocks (sfbv 32). Prints one timing of the forward and the backward per set, for
  * information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
@@ -1048,7 +1068,8 @@ TEST(cuda_gdn_long) {
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}};
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 32}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
