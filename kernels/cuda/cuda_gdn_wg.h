@@ -5,7 +5,8 @@
  * gdn_span_out) it shares; cuda_gdn.cu's header has the algebra.
  *
  * The same pass as gdn_state_fwd_v2_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
- * K^T (dec * vn)), with one warpgroup (128 threads) per 64 state columns and both products on wgmma:
+ * K^T (dec * vn)), with one warpgroup (128 threads) per 64 state columns (or 32, below) and both products
+ * on wgmma:
  *   state    S (DK x 64, fp32) lives in the wgmma accumulators of the warpgroup across chunks: DK / 64
  *            m64n64 tiles (tile mt = state rows [64 mt, 64 mt + 64)), 32 registers each per thread
  *   W h      m64n64k16 x DK / 16, twice (the state operand split hi + lo bf16, as the v2 pass): A = W
@@ -21,9 +22,18 @@
  * mma.sync C fragment repeated (cuda_attention_wgmma.h), so U, the stored h and vn are addressed as in
  * the v2 pass.
  *
- * What the v2 pass has that this one does not: 16 / 32 column blocks (here 64 only), the bulk copies
- * (sfwd does not apply with bulk), the cycle counters. Segments, transition columns, document
- * segments and the dual launch are the v2 bookkeeping unchanged. The per-column arithmetic differs
+ * 32-column blocks (GDN v4.4, switch sfbv, RS_GDN_SFBV=32): the same pass with m64n32k16, the state /
+ * U / vn / h blocks 32 columns wide with rows of 64 bytes and the 64-byte swizzle (byte (r, j) at r 64 +
+ * ((j / 8) ^ (r / 2 % 4)) 16 + (j % 8) 2, 512-byte atoms; TMA boxes of 32 columns with SWIZZLE_64B, wgmma
+ * descriptors of layout type 2, 8-row groups 512 bytes apart); W and K tiles as at 64 columns. Half the
+ * accumulator registers (135 at DK = 128) and 100 KB of shared memory (2 stages), so two blocks, two
+ * independent chunk chains, share an SM: the chain's latency (GDN v4.2: ~3.6 us per chunk, one
+ * warpgroup per SM) is what the second block hides; the cost is twice the W and K tile traffic per state
+ * column.
+ *
+ * What the v2 pass has that this one does not: 16-column blocks, the bulk copies (sfwd does not apply
+ * with bulk). Segments, transition columns, document segments and the dual launch are the v2 bookkeeping
+ * unchanged; so are the cycle counters (GDN_TP, RS_GDN_PROF=2). The per-column arithmetic differs
  * from v2 (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
  * from the mma.sync pass, but are the same on every run and for every segmentation by documents.
  */
