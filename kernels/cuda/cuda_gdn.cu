@@ -125,7 +125,7 @@
  * 4.74 -> 2.44 ms, fwd+bwd 19.92 -> 17.68 ms (1 document), 19.94 -> 17.72 (16 documents); 16 heads:
  * 6.39 -> 7.46 (1 document), 5.38 -> 4.88 (16 documents), so off there (docs/benchmarks.md).
  *
- * GDN v4.4 (docs/benchmarks.md "GDN v4.4"; built, not yet run on a device, both off by default): switch
+ * GDN v4.5 (docs/benchmarks.md "GDN v4.5"; built, not yet run on a device, both off by default): switch
  * dwg runs the dual launch's second (many-document) configuration on the wgmma passes (64 columns in
  * GDN_DUAL_ZB document segments, forward and backward) where sfwd / sbwd leave the automatic one on
  * mma.sync (16 heads): GDN v4.2 / v4.3 measured those passes 2.8% / 9.5% faster fwd+bwd at 32k / 16 heads
@@ -1586,8 +1586,8 @@ __global__ void __launch_bounds__(256)
 #define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
-#define GDN_SFBV_DEFAULT 64   /* wgmma forward state pass: columns per block (32: GDN v4.4, not yet run) */
-#define GDN_DWG_DEFAULT 0     /* dual launch: its second configuration on the wgmma state passes (GDN v4.4;
+#define GDN_SFBV_DEFAULT 64   /* wgmma forward state pass: columns per block (32: GDN v4.5, not yet run) */
+#define GDN_DWG_DEFAULT 0     /* dual launch: its second configuration on the wgmma state passes (GDN v4.5;
                                  predicted faster from GDN v4.2 / v4.3's 16-head, 16-document rows, not yet run
                                  on a device: off until its parity and timing call) */
 #define GDN_WIDE_DEFAULT 0    /* v2 state passes: 64-column blocks where they fill the SMs (GDN v4) */
@@ -2024,7 +2024,7 @@ typedef struct GdnPlan {
     int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
     int sbwd;      /* backward state passes on wgmma (cuda_gdn_wg_bwd.h): 0 off, 1 on */
     int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
-    int sfbv;      /* wgmma forward state pass: state columns per block, 64 or 32 (GDN v4.4) */
+    int sfbv;      /* wgmma forward state pass: state columns per block, 64 or 32 (GDN v4.5) */
 } GdnPlan;
 
 /* the running entry's plan.sfwd / plan.sbwd, for gdn_v2_fwd_launch / gdn_v2_bwd_launch (set with the
@@ -2137,12 +2137,12 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     /* wgmma backward state pass: every v2 backward pass but the bulk-copy one (the same contract) */
     const int sbwd = t.sbwd == 1 ? 1 : t.sbwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SBWD_BLOCKS ? 1 : 0;
     pl.sbwd = pl.bulk || dv % 64 != 0 ? 0 : sbwd;
-    /* the dual launch's many-document configuration on wgmma (GDN v4.4): 64 columns in GDN_DUAL_ZB document
+    /* the dual launch's many-document configuration on wgmma (GDN v4.5): 64 columns in GDN_DUAL_ZB document
      * segments. The device's pick is unchanged: (nv dv / 32) x non-empty segments >= 2 blocks per SM is
      * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
     const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
     pl.dwg = pl.dual && !pl.bulk && dv % 64 == 0 ? dwg : 0;
-    /* the wgmma forward pass in 32-column blocks (GDN v4.4: two blocks per SM) */
+    /* the wgmma forward pass in 32-column blocks (GDN v4.5: two blocks per SM) */
     RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64, "gdn: sfbv %d (0, 32 or 64 columns)", t.sfbv);
     pl.sfbv = t.sfbv ? t.sfbv : GDN_SFBV_DEFAULT;
     if (pl.prof == 2) {

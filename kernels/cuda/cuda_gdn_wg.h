@@ -22,7 +22,7 @@
  * mma.sync C fragment repeated (cuda_attention_wgmma.h), so U, the stored h and vn are addressed as in
  * the v2 pass.
  *
- * 32-column blocks (GDN v4.4, switch sfbv, RS_GDN_SFBV=32): the same pass with m64n32k16, the state /
+ * 32-column blocks (GDN v4.5, switch sfbv, RS_GDN_SFBV=32): the same pass with m64n32k16, the state /
  * U / vn / h blocks 32 columns wide with rows of 64 bytes and the 64-byte swizzle (byte (r, j) at r 64 +
  * ((j / 8) ^ (r / 2 % 4)) 16 + (j % 8) 2, 512-byte atoms; TMA boxes of 32 columns with SWIZZLE_64B, wgmma
  * descriptors of layout type 2, 8-row groups 512 bytes apart); W and K tiles as at 64 columns. Half the
@@ -55,7 +55,7 @@ GDN_DEV void gdn_wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d
         : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-/* the same for m64n32k16 (GDN v4.4, 32-column blocks) */
+/* the same for m64n32k16 (GDN v4.5, 32-column blocks) */
 template <int TA, int TB>
 GDN_DEV void gdn_wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
@@ -106,7 +106,7 @@ GDN_DEV void gdn_tma_store_2d(const void *tmap, int c0, int c1, uint32_t src) {
 }
 
 /* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up);
- * BV state columns per block (64, or 32: GDN v4.4). DK = 128, 2 stages: 135 KB at 64 columns, 100 KB at
+ * BV state columns per block (64, or 32: GDN v4.5). DK = 128, 2 stages: 135 KB at 64 columns, 100 KB at
  * 32 (two blocks per SM) */
 template <int DK, int NST, int BV = 64> struct GdnStateFwdSmemWg {
     static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * BV * 2;
@@ -139,7 +139,7 @@ struct GdnWgMaps {
  * BV) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
  * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
  * state tile mt, element 4 i + e (i < BV / 8) at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
- * BV = 64: m64n64k16, 128-byte swizzled state / U / vn blocks; BV = 32 (GDN v4.4): m64n32k16, 64-byte
+ * BV = 64: m64n64k16, 128-byte swizzled state / U / vn blocks; BV = 32 (GDN v4.5): m64n32k16, 64-byte
  * swizzled ones (gdn_wg_off_b), half the registers and about 100 KB of shared memory, so two blocks (two
  * independent chunk chains) per SM; W and K tiles are the same in both.
  * Tiles in by TMA (thread 0; one mbarrier per stage, the gates by cp.async): the rows of a chunk past

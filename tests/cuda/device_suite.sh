@@ -10,6 +10,13 @@
 #              tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
 #   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
 #   gdn-states ringscan bench gdn --gdn-states true (ours only: the kept chunk states, GDN v4.4)
+#   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
+#              same with RS_GDN_PROF=1 (the time of every kernel, in the log)
+#   gdn32k-dwg, gdn32k-sfbv32, gdn32k-dwg-sfbv32   gdn32k under RS_GDN_DWG=1 / RS_GDN_SFBV=32 / both
+#              (GDN v4.5: the dual launch's many-document form on wgmma; the wgmma forward pass in
+#              32-column blocks)
+#   gdn-cycles the state passes' cycles per phase (RS_GDN_PROF=2, block 0) at 32k, one document: the wgmma
+#              passes (RS_GDN_SFWD=1 RS_GDN_SBWD=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
 #   attn       ringscan bench attn --peer (every shape, SDPA flash and cuDNN beside)
 #   attn32k    the same at T = 32768 only
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
@@ -62,6 +69,41 @@ suite_parity() {
     [ $rc -eq 0 ] && [ $mrc -eq 0 ]
 }
 
+# suite_gdn32k NAME [VAR=VALUE...]: ringscan bench gdn at 32k under the given switches, then per kernel
+suite_gdn32k() {
+    local name=$1
+    shift
+    env "$@" timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 \
+        --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
+    local rc=$?
+    echo "$name ($*) rc=$rc"
+    sed -n '/^case /,$p' "$L/$name.log" | head -12
+    cp "/tmp/device_suite_$name/bench.json" "$OUT/$name.json" 2>/dev/null
+    env "$@" RS_GDN_PROF=1 timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 \
+        --reps 3 --out "/tmp/device_suite_$name-prof" > "$L/$name-prof.log" 2>&1
+    local prc=$?
+    echo "$name per kernel rc=$prc (log $name-prof.log)"
+    [ $rc -eq 0 ] && [ $prc -eq 0 ]
+}
+
+# the per-phase cycle counters of the state passes (RS_GDN_PROF=2), one line per pass and setting
+suite_gdn_cycles() {
+    local rc=0 bv h
+    for bv in 64 32; do
+        for h in 16 64; do
+            RS_GDN_SFWD=1 RS_GDN_SBWD=1 RS_GDN_SFBV=$bv RS_GDN_PROF=2 timeout "$(left)" build/ringscan bench gdn \
+                --T 32768 --heads $h --doc-len 0 --reps 1 --out /tmp/device_suite_cyc > "$L/cycles-wg$bv-h$h.log" 2>&1 || rc=1
+            echo "wgmma, $bv columns forward, $h heads:"
+            grep "gdn cycles" "$L/cycles-wg$bv-h$h.log" | tail -2
+        done
+    done
+    RS_GDN_SFWD=2 RS_GDN_SBWD=2 RS_GDN_PROF=2 timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16 \
+        --doc-len 0 --reps 1 --out /tmp/device_suite_cyc > "$L/cycles-mma-h16.log" 2>&1 || rc=1
+    echo "mma.sync, 16 heads:"
+    grep "gdn cycles" "$L/cycles-mma-h16.log" | tail -2
+    return $rc
+}
+
 # suite_bench NAME ARGS...: ringscan bench ARGS, the table printed, bench.json kept
 suite_bench() {
     local name=$1
@@ -86,6 +128,11 @@ for part in "$@"; do
     gdn) suite_bench gdn gdn --peer --peer-timeout 200 ;;
     gdn-nopeer) suite_bench gdn-nopeer gdn ;;
     gdn-states) suite_bench gdn-states gdn --gdn-states true ;;
+    gdn32k) suite_gdn32k gdn32k ;;
+    gdn32k-dwg) suite_gdn32k gdn32k-dwg RS_GDN_DWG=1 ;;
+    gdn32k-sfbv32) suite_gdn32k gdn32k-sfbv32 RS_GDN_SFBV=32 ;;
+    gdn32k-dwg-sfbv32) suite_gdn32k gdn32k-dwg-sfbv32 RS_GDN_DWG=1 RS_GDN_SFBV=32 ;;
+    gdn-cycles) suite_gdn_cycles ;;
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     step) RS_CUDA_PROFILE=1 suite_bench step step --peer --peer-timeout 240 --set checkpoint.activations=none ;;
@@ -93,7 +140,11 @@ for part in "$@"; do
     step-states)
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_states=true
         ;;
-    *) echo "unknown part '$part' (parity gdn gdn-nopeer gdn-states attn attn32k step remat step-states)"; false ;;
+    *)
+        echo "unknown part '$part' (parity gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32 gdn32k-dwg-sfbv32"
+        echo "  gdn-cycles attn attn32k step remat step-states)"
+        false
+        ;;
     esac || status=1
 done
 echo "== done at ${SECONDS} s, status $status"

@@ -34,8 +34,8 @@
  * 2026-11-23, every case but cuda_gdn_long): 3211 checks, 0 failures, worst of the sbwd sets 5.16e-3
  * (dg, T = 2000, weak decay; the mma.sync sets 5.18e-3 there); dstate bitwise equal to the backward's
  * dS0 with sbwd; cuda_gdn_long's sbwd set not run yet.
- * GDN v4.4 (the dual launch's second form on wgmma, dwg sets in the fwd/bwd, segment, determinism and long
- * lists): docs/benchmarks.md "GDN v4.4" has the figures.
+ * GDN v4.5 (the dual launch's second form on wgmma, dwg sets in the fwd/bwd, segment, determinism and long
+ * lists): docs/benchmarks.md "GDN v4.5" has the figures.
  * fp32-only paths (state_affine) are bounded at 1e-6.
  */
 #include <math.h>
@@ -608,9 +608,9 @@ TEST(cuda_gdn_mma_layouts) {
  * 3 segments (transition columns and the fold), 3 document segments with the overlapped backward, the
  * dual launch forced to its second form; the backward state passes on wgmma (sbwd, GDN v4.3): automatic
  * otherwise, with sfwd in 3 document segments and the overlapped backward, and in the dual launch
- * forced to its second form; the dual launch's second form on wgmma (dwg 1, GDN v4.4): forced to it,
+ * forced to its second form; the dual launch's second form on wgmma (dwg 1, GDN v4.5): forced to it,
  * overlapped, and forced to the first form beside it (dual 4); the wgmma forward pass in 32-column
- * blocks (sfbv 32, GDN v4.4): alone, 3 stages in 3 segments (transition columns, the fold), and as the
+ * blocks (sfbv 32, GDN v4.5): alone, 3 stages in 3 segments (transition columns, the fold), and as the
  * dual launch's second form (overlapped). */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
@@ -782,7 +782,7 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&sb1, &sb7);
     gdn_determinism(&sbd, &sb8);
     gdn_determinism(&sb, &v2d, false);
-    /* the dual launch's second form on wgmma (dwg, GDN v4.4; sfwd / sbwd automatic, so off at these 4
+    /* the dual launch's second form on wgmma (dwg, GDN v4.5; sfwd / sbwd automatic, so off at these 4
      * heads): two runs; forced to it = both wgmma passes in 8 document segments (overlapped too); forced
      * to the first form = the mma.sync default; against the second form on mma.sync, information only */
     static const CudaGdnTune dw3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
@@ -795,7 +795,7 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&dw3o, &dw8o);
     gdn_determinism(&dw4, &b16);
     gdn_determinism(&dw3, &du3, false);
-    /* the wgmma forward pass in 32-column blocks (sfbv 32, GDN v4.4): two runs; document segments exact (1
+    /* the wgmma forward pass in 32-column blocks (sfbv 32, GDN v4.5): two runs; document segments exact (1
      * vs 7, 3 stages); the dual launch's second form (dwg) = 8 document segments; against 64 columns,
      * information only */
     static const CudaGdnTune f32 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 32},
@@ -829,7 +829,7 @@ TEST(cuda_gdn_v2_segments) {
         {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
         {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 0, 1},
         {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 0, 1},
-        /* the dual launch's second form on wgmma (dwg 1, GDN v4.4); the wgmma forward pass in 32-column
+        /* the dual launch's second form on wgmma (dwg 1, GDN v4.5); the wgmma forward pass in 32-column
          * blocks (sfbv 32): 4 segments (3 stages, transition columns, the fold), 7 segments with sbwd, 13
          * document segments */
         {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
@@ -1055,8 +1055,8 @@ TEST(cuda_gdn_state_affine) {
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
  * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3; 32 and
  * 64 columns, wide, hi-only, the wgmma forward / backward passes, and the dual launch forced to its
- * second form on wgmma (dwg 1: GDN v4.4), the wgmma forward pass in 32-column blocks (sfbv 32). Prints one timing of the forward and the backward per set, for
- * information only. */
+ * second form on wgmma (dwg 1: GDN v4.5), the wgmma forward pass in 32-column blocks (sfbv 32). Prints
+ * one timing of the forward and the backward per set, for information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
