@@ -2204,34 +2204,28 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
     return tm;
 }
 
-/* one launch of the wgmma forward pass (NST stages, BV columns per block) */
-template <int DK, int NST, int BV>
-static void gdn_wg_fwd_run(dim3 grid, bf16 *hs, bf16 *vn, const GdnSeg &sg, const GdnWgMaps &tm, const GdnBufs *b,
-                           int mode, int nk, int nv, int dv, cudaStream_t st, long long *tp) {
-    constexpr int bytes = GdnStateFwdSmemWg<DK, NST, BV>::BYTES;
-    gdn_smem_attr(gdn_state_fwd_wg_kernel<DK, NST, BV>, bytes, "state_fwd_wg");
-    gdn_state_fwd_wg_kernel<DK, NST, BV><<<grid, GDN_THREADS, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta,
-                                                                          mode, nk, nv, dv, tp);
-    CUDA_LAUNCH_CHECK();
+/* the wgmma forward pass, WB columns per block (64, or 32: GDN v4.5), gdn_sfwd_cur's stages (2, 3) */
+template <int DK, int WB>
+static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg &sg, int nz, int ncol, const bf16 *k,
+                              int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
+    RS_CHECK(ncol % WB == 0, "gdn: state_fwd_wg (%d columns per block) needs columns in %ds, has %d", WB, WB, ncol);
+    const GdnWgMaps tm = gdn_wg_maps<DK, WB>(b, hs, vn, k, nk, nv, dv, ldq);
+    auto run = [&](auto kernel, int bytes) {
+        gdn_smem_attr(kernel, bytes, "state_fwd_wg");
+        kernel<<<dim3(ncol / WB, nv, nz), GDN_THREADS, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk,
+                                                                    nv, dv, tp);
+        CUDA_LAUNCH_CHECK();
+    };
+    if (gdn_sfwd_cur == 3) run(gdn_state_fwd_wg_kernel<DK, 3, WB>, GdnStateFwdSmemWg<DK, 3, WB>::BYTES);
+    else run(gdn_state_fwd_wg_kernel<DK, 2, WB>, GdnStateFwdSmemWg<DK, 2, WB>::BYTES);
 }
 
 template <int DK, int BV, int NST, bool ILP, bool BULK>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
     if (!BULK && gdn_sfwd_cur) { /* the wgmma pass: 64 (or 32: gdn_sfbv_cur) columns per block */
-        if (gdn_sfbv_cur == 32) {
-            RS_CHECK(ncol % 32 == 0, "gdn: state_fwd_wg (32 columns) needs columns in 32s, has %d", ncol);
-            const dim3 grid(ncol / 32, nv, nz);
-            const GdnWgMaps tm = gdn_wg_maps<DK, 32>(b, hs, vn, k, nk, nv, dv, ldq);
-            if (gdn_sfwd_cur == 3) gdn_wg_fwd_run<DK, 3, 32>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
-            else gdn_wg_fwd_run<DK, 2, 32>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
-            return;
-        }
-        RS_CHECK(ncol % 64 == 0, "gdn: state_fwd_wg needs columns in 64s, has %d", ncol);
-        const dim3 grid(ncol / 64, nv, nz);
-        const GdnWgMaps tm = gdn_wg_maps<DK, 64>(b, hs, vn, k, nk, nv, dv, ldq);
-        if (gdn_sfwd_cur == 3) gdn_wg_fwd_run<DK, 3, 64>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
-        else gdn_wg_fwd_run<DK, 2, 64>(grid, hs, vn, sg, tm, b, mode, nk, nv, dv, st, tp);
+        if (gdn_sfbv_cur == 32) gdn_wg_fwd_launch<DK, 32>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        else gdn_wg_fwd_launch<DK, 64>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
