@@ -1537,21 +1537,26 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             for (int ob = 0; ob < 8; ob++) attn_red_add2(d + 8 * ob, p.scale * d32[4 * ob + 2 * rr], p.scale * d32[4 * ob + 2 * rr + 1]);
         }
     };
+    /* dQ (64 queries x the 64 columns of panel pn) = dS K, dS^T from the buffer at ds, K from the block's own
+     * tile; waits for every product this consumer issued (so also for the tile's dK, dV) */
+    auto dq_product = [&](float (&dqa)[32], uint32_t ds, int pn) {
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < ROWS / 16; kk++)
+            attn_wgmma_ss_tt_n64(dqa, attn_gdesc(ds + kk * 16 * 128, 64 * 128, 1024),
+                                 attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+        attn_wg_commit();
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+    };
     int pit = -1, pidx = 0; /* LAG: the tile (sequence number, query tile) whose dQ is still to do */
     /* LAG: dQ of tile qit (query tile qidx) from its complete dS^T buffer; waits for every issued product */
     auto lagged_dq = [&](int qit, int qidx) {
         const uint32_t b = qit & 1, db = sDS + b * C::ds_bytes;
         attn_mbar_wait(bar_dsf + 8 * b, (qit >> 1) & 1); /* both halves written */
         float dqa[32];
-        attn_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < ROWS / 16; kk++)
-            attn_wgmma_ss_tt_n64(dqa, attn_gdesc(db + kk * 16 * 128, 64 * 128, 1024),
-                                 attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-        attn_wg_commit();
-        attn_wg_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+        dq_product(dqa, db, cw);
 #pragma unroll
         for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
         attn_mbar_arrive(bar_dse + 8 * b);                        /* this thread no longer reads buffer b */
@@ -1692,15 +1697,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 
             if (C::BULK && has_dq) { /* dQ of this consumer's 64 columns -> the staging buffer (v4) */
                 float dqa[32];
-                attn_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < ROWS / 16; kk++)
-                    attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
-                                         attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-                attn_wg_commit();
-                attn_wg_wait<0>();
-#pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+                dq_product(dqa, dsb, cw);
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
                 attn_mbar_arrive(bar_empty + 8 * s);
@@ -1729,15 +1726,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 for (int ch = 0; ch < C::DQC; ch++) {
                     const int pn = cw * C::DQC + ch; /* the 64-column panel of dq and of K */
                     float dqa[32];
-                    attn_wg_fence();
-#pragma unroll
-                    for (int kk = 0; kk < ROWS / 16; kk++)
-                        attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
-                                             attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-                    attn_wg_commit();
-                    attn_wg_wait<0>();
-#pragma unroll
-                    for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+                    dq_product(dqa, dsb, pn);
                     if (ch == 0) {
 #pragma unroll
                         for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
