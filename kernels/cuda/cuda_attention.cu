@@ -1260,6 +1260,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_DQS
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
+#ifndef ATTN_BWD3_QS
+#define ATTN_BWD3_QS 0 /* 1 (hd 256): S^T, dP^T split by queries between the consumers, P^T and dS^T through shared
+                        * memory, no recomputed products (v5 layout, header "v5 backward at hd 256") */
+#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1291,12 +1295,16 @@ struct AttnBwd3Cfg {
     static constexpr int own_bytes = ROWS * HD * 2;
     static constexpr int tile_bytes = ATTN_TILE * HD * 2;
     static constexpr int ds_bytes = (SPLIT ? 64 : ROWS) * 128; /* one dS^T buffer (bf16, 64 query columns) */
+    /* QS (hd 256): the consumers split the tile's 64 queries for S^T and dP^T (32 each, no product computed
+     * twice) and meet through four buffers of ds_bytes: P^T and dS^T, by tile parity */
+    static constexpr int QS = SPLIT ? ATTN_BWD3_QS : 0; /* 2: both dQ chunks in flight at once */
+    static constexpr int NDS = QS ? 4 : 2; /* buffers of ds_bytes */
     static constexpr int meta_bytes = 4 * ATTN_TILE * 4;       /* lse2, D, pos, doc_pos of the streamed queries */
     static constexpr int off_b = own_bytes;
     static constexpr int off_x = 2 * own_bytes;
     static constexpr int off_y = off_x + ST * tile_bytes;
     static constexpr int off_ds = off_y + ST * tile_bytes;
-    static constexpr int off_meta = off_ds + 2 * ds_bytes;
+    static constexpr int off_meta = off_ds + NDS * ds_bytes;
     static constexpr int off_dqs = off_meta + ST * meta_bytes; /* BULK: DQS dQ staging buffers of DQB boxes */
     static constexpr int off_bar = off_dqs + DQS * DQB * 8192; /* own, full[ST], empty[ST], go[2], done[2],
                                                                 * ds_full[2], ds_empty[2]; BULK: staged[2],
@@ -1538,14 +1546,18 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         }
     };
     /* dQ (64 queries x the 64 columns of panel pn) = dS K, dS^T from the buffer at ds, K from the block's own
-     * tile; waits for every product this consumer issued (so also for the tile's dK, dV) */
-    auto dq_product = [&](float (&dqa)[32], uint32_t ds, int pn) {
+     * tile, issued as one commit group; dq_product also waits for it and for every product this consumer
+     * issued before (so also for the tile's dK, dV) */
+    auto dq_issue = [&](float (&dqa)[32], uint32_t ds, int pn) {
         attn_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < ROWS / 16; kk++)
             attn_wgmma_ss_tt_n64(dqa, attn_gdesc(ds + kk * 16 * 128, 64 * 128, 1024),
                                  attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
         attn_wg_commit();
+    };
+    auto dq_product = [&](float (&dqa)[32], uint32_t ds, int pn) {
+        dq_issue(dqa, ds, pn);
         attn_wg_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
@@ -1574,13 +1586,94 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);
             const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
-            const uint32_t dsb = sDS + (C::SPLIT ? cw : (it & 1)) * C::ds_bytes; /* this tile's dS^T buffer */
+            /* this tile's dS^T buffer (QS: P^T sits in the buffer before it) */
+            const uint32_t dsb = sDS + (C::QS ? 2 * (it & 1) + 1 : C::SPLIT ? cw : (it & 1)) * C::ds_bytes;
             attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
             /* LAG: dS^T buffer it % 2 is free once both consumers' dQ of tile it - 2 is done */
             auto ds_free = [&]() {
                 if (C::LAG && it >= 2) attn_mbar_wait(bar_dse + 8 * (it & 1), ((it >> 1) - 1) & 1);
             };
-            if (live) {
+            if constexpr (C::QS) { /* always live (SPLIT: both consumers own the block's 64 keys, the tile walk is theirs) */
+                /* S^T, dP^T of the 64 keys x this consumer's 32 queries [32 cw, 32 cw + 32) as two commit groups */
+                float c1[16], c2[16];
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + cw * 32 * 128 + (kk & 3) * 32;
+                    attn_wgmma_ss_n32(c1, attn_gdesc(sK + ao, 16, 1024), attn_gdesc(qs + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
+                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + cw * 32 * 128 + (kk & 3) * 32;
+                    attn_wgmma_ss_n32(c2, attn_gdesc(sV + ao, 16, 1024), attn_gdesc(os + bo, 16, 1024), kk > 0);
+                }
+                attn_wg_commit();
+                attn_wg_wait<1>(); /* S^T */
+#pragma unroll
+                for (int i = 0; i < 16; i++) attn_reg_fence(c1[i]);
+                const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
+                const float *mf = reinterpret_cast<const float *>(mi);
+                /* P^T, dS^T (bf16) -> row r, query chunk 4 cw + nb of buffer b: r * 128 + 16 ((4 cw + nb) ^ r % 8) + 4 t */
+                auto put = [&](uint32_t b, const float (&c)[16]) {
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int r = warp * 16 + g + 8 * rr;
+#pragma unroll
+                        for (int nb = 0; nb < 4; nb++)
+                            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(b + r * 128 + (((4 * cw + nb) ^ (r & 7)) << 4) + 4 * t),
+                                         "r"(attn_pack(c[4 * nb + 2 * rr], c[4 * nb + 2 * rr + 1]))
+                                         : "memory");
+                    }
+                };
+#pragma unroll
+                for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = 32 * cw + nb * 8 + 2 * t + e;
+                        const float lc = mf[c];
+                        const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) {
+                            const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
+                            c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+                        }
+                    }
+                put(dsb - C::ds_bytes, c1);
+                attn_wg_wait<0>(); /* dP^T */
+#pragma unroll
+                for (int i = 0; i < 16; i++) attn_reg_fence(c2[i]);
+#pragma unroll
+                for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float dc = mf[ATTN_TILE + 32 * cw + nb * 8 + 2 * t + e];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) c2[4 * nb + 2 * rr + e] = c1[4 * nb + 2 * rr + e] * (c2[4 * nb + 2 * rr + e] - dc);
+                    }
+                put(dsb, c2);
+                attn_fence_proxy_async();
+                attn_bar_sync(1, 256); /* both query halves of P^T, dS^T written */
+                /* dV += P^T dO, dK += dS^T Q over the whole tile, this consumer's 128 columns (A and B from shared memory) */
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    attn_wgmma_ss_t_n128(acc2, attn_gdesc(dsb - C::ds_bytes + kk * 32, 16, 1024),
+                                         attn_gdesc(os + bo, ATTN_TILE * 128, 1024), 1);
+                }
+                attn_wg_commit();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                    attn_wgmma_ss_t_n128(acc1, attn_gdesc(dsb + kk * 32, 16, 1024), attn_gdesc(qs + bo, ATTN_TILE * 128, 1024), 1);
+                }
+                attn_wg_commit();
+            } else if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
                 /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
                  * dV += P^T dO (runs while dS is formed); dK += dS^T Q */
@@ -1681,7 +1774,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                  : "memory");
                 }
             }
-            attn_fence_proxy_async();
+            if (!C::QS) attn_fence_proxy_async();
             if (C::LAG) {
                 attn_mbar_arrive(bar_dsf + 8 * (it & 1)); /* this thread's part of dS^T written */
                 if (has_dq && pit >= 0) lagged_dq(pit, pidx); /* the previous tile's dQ; waits for this tile's dK, dV */
@@ -1692,8 +1785,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 pit = it, pidx = idx;
                 continue;
             }
-            if (C::SPLIT) attn_bar_sync(2 + cw, 128);
-            else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
+            if (C::SPLIT && !C::QS) attn_bar_sync(2 + cw, 128); /* QS met at its own barrier above */
+            else if (!C::SPLIT) attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
             if (C::BULK && has_dq) { /* dQ of this consumer's 64 columns -> the staging buffer (v4) */
                 float dqa[32];
@@ -1719,6 +1812,23 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 }
                 attn_fence_proxy_async();
                 attn_mbar_arrive(bar_stg + 8 * sb);
+            } else if (C::QS == 2) { /* hd 256: both 64-column chunks issued at once, chunk 0 added while 1 runs */
+                float dqa[32], dqb[32];
+                dq_issue(dqa, dsb, 2 * cw);
+                dq_issue(dqb, dsb, 2 * cw + 1);
+                attn_wg_wait<1>(); /* dV, dK and chunk 0 */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+                attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
+                add_dq(dqa, idx, h, 2 * cw);
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqb[i]);
+                add_dq(dqb, idx, h, 2 * cw + 1);
+                attn_mbar_arrive(bar_done + 8 * (it & 1));
             } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
                                     * both in flight at once would need 32 more registers, and ptxas then
                                     * serialises the wgmmas) */
@@ -2448,7 +2558,7 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
     int bver = cuda_attention_bwd_version(0);
-    if (bver == ATTN_BWD_AUTO) bver = hd == 256 ? 2 : 3;
+    if (bver == ATTN_BWD_AUTO) bver = hd == 256 && !ATTN_BWD3_QS ? 2 : 3; /* hd 256: v3 only in its QS layout */
     if (bver == 3) {
         switch (hd) {
         case 64: attn_launch_backward_v3<64>(p); break;
