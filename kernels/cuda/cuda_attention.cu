@@ -1286,18 +1286,23 @@ struct AttnBwd3Cfg {
      * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
      * and releases the semaphore once the reduce is complete */
     static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_LAG;
+    /* QS (hd 256): the consumers split the tile's 64 queries for S^T and dP^T (32 each, no product computed
+     * twice) and meet through four buffers of ds_bytes: P^T and dS^T, by tile parity */
+    static constexpr int QS = SPLIT ? ATTN_BWD3_QS : 0; /* 2: both dQ chunks in flight at once; 3: and staged */
+    /* QS 3: scale dQ (fp32, 64 queries x 256) staged in the tile's own ring stage once both consumers' products
+     * that read it are complete (consumer 0's 128 columns over Q, consumer 1's over dO: 4 boxes of 32 columns
+     * each), added by the sequencer's TMA reduces as in BULK; the sequencer, not the consumers, then frees the
+     * stage for the producer */
+    static constexpr bool QSTG = QS == 3;
     /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
-    static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
-    static constexpr int DQS = BULK ? ATTN_BWD3_DQS : 1;                /* staging buffers, by tile */
+    static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : QSTG ? 8 : 0; /* 32-column boxes of 8 KB staged per tile */
+    static constexpr int DQS = BULK ? ATTN_BWD3_DQS : QSTG ? ST : 1;            /* staging buffers, by tile */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
     static constexpr int tile_bytes = ATTN_TILE * HD * 2;
     static constexpr int ds_bytes = (SPLIT ? 64 : ROWS) * 128; /* one dS^T buffer (bf16, 64 query columns) */
-    /* QS (hd 256): the consumers split the tile's 64 queries for S^T and dP^T (32 each, no product computed
-     * twice) and meet through four buffers of ds_bytes: P^T and dS^T, by tile parity */
-    static constexpr int QS = SPLIT ? ATTN_BWD3_QS : 0; /* 2: both dQ chunks in flight at once */
     static constexpr int NDS = QS ? 4 : 2; /* buffers of ds_bytes */
     static constexpr int meta_bytes = 4 * ATTN_TILE * 4;       /* lse2, D, pos, doc_pos of the streamed queries */
     static constexpr int off_b = own_bytes;
@@ -1306,9 +1311,10 @@ struct AttnBwd3Cfg {
     static constexpr int off_ds = off_y + ST * tile_bytes;
     static constexpr int off_meta = off_ds + NDS * ds_bytes;
     static constexpr int off_dqs = off_meta + ST * meta_bytes; /* BULK: DQS dQ staging buffers of DQB boxes */
-    static constexpr int off_bar = off_dqs + DQS * DQB * 8192; /* own, full[ST], empty[ST], go[2], done[2],
-                                                                * ds_full[2], ds_empty[2]; BULK: staged[2],
-                                                                * staging free[2] in the go, done slots */
+    static constexpr int off_bar = off_dqs + (BULK ? DQS * DQB * 8192 : 0); /* own, full[ST], empty[ST], go[2],
+                                              * done[2], ds_full[2], ds_empty[2]; BULK: staged[2], staging free[2]
+                                              * in the go, done slots; QSTG: staged[ST] in go, stage read[ST] in
+                                              * ds_full, and empty[ST] is the sequencer's (count 1) */
     /* + 896: the base (128-byte aligned, checked in the kernel) rounded up to 1024 */
     static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 896;
     static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
@@ -1358,7 +1364,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
     const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
     const uint32_t bar_dsf = bar_done + 16, bar_dse = bar_dsf + 16;      /* two each, by dS^T buffer */
-    const uint32_t bar_stg = bar_go, bar_dqfree = bar_done;              /* BULK: staged, staging free, by buffer */
+    const uint32_t bar_stg = bar_go, bar_dqfree = C::QSTG ? bar_empty : bar_done; /* BULK, QSTG: staged, staging free */
+    const uint32_t bar_used = bar_dsf; /* QSTG: both consumers' products that read ring stage s complete */
     const uint32_t sDQ = base + C::off_dqs;
 
     const int tid = threadIdx.x, wg = tid >> 7;
@@ -1382,10 +1389,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32);
-            attn_mbar_init(bar_empty + 8 * s, 256);
+            attn_mbar_init(bar_empty + 8 * s, C::QSTG ? 1 : 256);
         }
         for (int b = 0; b < 2; b++) {
-            attn_mbar_init(bar_go + 8 * b, C::BULK ? C::DQT : 1); /* BULK: bar_stg */
+            attn_mbar_init(bar_go + 8 * b, C::BULK || C::QSTG ? C::DQT : 1); /* BULK, QSTG: bar_stg */
             attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
             attn_mbar_init(bar_dsf + 8 * b, 256);
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
@@ -1400,7 +1407,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_setmaxnreg_dec<C::REG_P>();
         if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
             if (tid != 32) return;
-            if constexpr (C::BULK) {
+            if constexpr (C::BULK || C::QSTG) {
                 /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
                  * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
                  * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
@@ -1431,7 +1438,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                     for (int b = 0; b < C::DQB; b++)
                         attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE,
-                                               sDQ + (sb * C::DQB + b) * 8192);
+                                               C::QSTG ? (b < 4 ? sQ : sO) + sb * C::tile_bytes + (b & 3) * 8192
+                                                       : sDQ + (sb * C::DQB + b) * 8192);
                     attn_bulk_commit();
                     attn_bulk_wait_read<0>();
                     attn_mbar_arrive(bar_dqfree + 8 * sb);
@@ -1812,6 +1820,42 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 }
                 attn_fence_proxy_async();
                 attn_mbar_arrive(bar_stg + 8 * sb);
+            } else if (C::QSTG) { /* hd 256: scale dQ staged in the ring stage the tile came in (QS 3) */
+                float dqa[32], dqb[32];
+                dq_issue(dqa, dsb, 2 * cw);
+                dq_issue(dqb, dsb, 2 * cw + 1);
+                attn_wg_wait<1>(); /* dV, dK and chunk 0: this consumer no longer reads stage s */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_used + 8 * s);
+                attn_mbar_wait(bar_used + 8 * s, (it / ST) & 1); /* nor does the other consumer */
+                /* element (row r, column 64 ch + 8 ob + 2 t) of this consumer's 128 -> box 2 ch + ob / 4 of its half
+                 * of the stage (consumer 0: the Q tile, 1: the dO tile), 128-byte row r, 16-byte chunk
+                 * (2 (ob % 4) + t / 2) ^ (r % 8), byte 8 (t % 2) */
+                const uint32_t stg = (cw ? sO : sQ) + s * C::tile_bytes;
+                auto stage = [&](const float (&d32)[32], int ch) {
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int r = warp * 16 + g + 8 * rr;
+#pragma unroll
+                        for (int ob = 0; ob < 8; ob++) {
+                            const uint32_t a = stg + (2 * ch + (ob >> 2)) * 8192 + r * 128 +
+                                               (((2 * (ob & 3) + (t >> 1)) ^ (r & 7)) << 4) + 8 * (t & 1);
+                            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(p.scale * d32[4 * ob + 2 * rr]),
+                                         "f"(p.scale * d32[4 * ob + 2 * rr + 1])
+                                         : "memory");
+                        }
+                    }
+                };
+                stage(dqa, 0);
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqb[i]);
+                stage(dqb, 1);
+                attn_fence_proxy_async();
+                attn_mbar_arrive(bar_stg + 8 * s);
             } else if (C::QS == 2) { /* hd 256: both 64-column chunks issued at once, chunk 0 added while 1 runs */
                 float dqa[32], dqb[32];
                 dq_issue(dqa, dsb, 2 * cw);
@@ -2464,7 +2508,7 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
     attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
     memset(&tdq, 0, sizeof tdq);
-    if (C::BULK) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
+    if (C::BULK || C::QSTG) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
     attn_bwd3_kernel<HD><<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
         p, tk, tv, tq, tdo, tdq);
     CUDA_LAUNCH_CHECK();
