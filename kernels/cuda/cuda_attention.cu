@@ -229,7 +229,33 @@
  * Removed switches (the git history keeps their code; every kernel's SASS of the default build is
  * byte-identical before and after): ATTN_BWD3_EX2, HOIST, RED4, SEQPIPE, ST128, SOLO, and ONEIF (its
  * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
- * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C; ATTN_FWD_EX2.
+ * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS (below); ATTN_FWD_EX2.
+ *
+ * ---- v5 backward at hd 256: ATTN_BWD3_QS = 1 | 2 | 3 (off by default: not yet measured) ----
+ *
+ * attn_bwd3_kernel<256> with the tile's queries, not its products, split between the consumers. The block
+ * owns 64 keys (K, V 64 x 256 resident, as SPLIT); per streamed 64-query tile consumer cw computes S^T and
+ * dP^T for the 64 keys x its 32 queries [32 cw, 32 cw + 32) (m64n32k16, K = 256: no product computed
+ * twice, half the elementwise work per consumer), forms P^T and dS^T and writes them (bf16) into its query
+ * half of two shared buffers (row = key, 64 query columns, 128-byte swizzle; four of 8 KB: P^T and dS^T by
+ * tile parity), then one 256-thread named barrier; each consumer then runs dV += P^T dO and dK += dS^T Q
+ * for its 128 output columns with both operands from shared memory (m64n128k16, A K-major) and dQ = dS K
+ * for its 128 columns in two 64-column chunks (the v3 SPLIT product). 5 tile products instead of SPLIT's 7
+ * (each consumer recomputed S and dP there); dK, dV stay 2 x 64 registers per thread. Shared memory:
+ * K, V 64 KB + Q/dO ring 2 x 64 KB + buffers 32 KB + metadata = 226.9 KB of the 227 KB.
+ *   QS = 1: dQ added as in v3 (red.global.add.v2, ordered by the go/done semaphore chain), chunk by chunk.
+ *   QS = 2: both chunks issued at once; chunk 0 added while chunk 1 runs.
+ *   QS = 3: the 64 x 256 fp32 scale dQ tile (64 KB) has no room of its own, so it is staged in the ring
+ *           stage the tile came in (consumer 0's 128 columns over the Q tile, consumer 1's over dO, eight
+ *           32-column boxes), once an mbarrier (count 256) says both consumers' products that read the stage
+ *           are complete; the sequencer adds it with TMA reduces in key-block order (v4's BULK path) and,
+ *           once the TMA has read it, frees the stage for the producer (the empty barrier is its, count 1).
+ *           So the producer's next load into the stage waits for the reduce; the consumers never add.
+ * With any QS the automatic choice runs v3 at hd 256 (v2 otherwise). The layout follows FA3's hd 256
+ * backward schedule in outline (64 x 64 tiles, two consumer warpgroups, P and dS through shared memory,
+ * dQ accumulated through shared memory and bulk reduce-adds; no code taken).
+ * Predicted (before any run, docs/benchmarks.md "attention v5 backward at hd 256"): 32k hd 256 MHA backward
+ * 107 ms (v2) -> ~80-90 ms, fwd+bwd ~1.05-1.1x SDPA flash. Measured: not yet (no device lent, 2026-11-23).
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
