@@ -1630,21 +1630,19 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             if constexpr (C::QS) { /* always live (SPLIT: both consumers own the block's 64 keys, the tile walk is theirs) */
                 /* S^T, dP^T of the 64 keys x this consumer's 32 queries [32 cw, 32 cw + 32) as two commit groups */
                 float c1[16], c2[16];
+                /* c = own (K or V, 64 keys x 256) times this consumer's 32 rows of the streamed tile (Q or dO)^T */
+                auto sdp_issue = [&](float (&c)[16], uint32_t own, uint32_t tile) {
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++) {
+                        const uint32_t ao = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
+                        const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + cw * 32 * 128 + (kk & 3) * 32;
+                        attn_wgmma_ss_n32(c, attn_gdesc(own + ao, 16, 1024), attn_gdesc(tile + bo, 16, 1024), kk > 0);
+                    }
+                    attn_wg_commit();
+                };
                 attn_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
-                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + cw * 32 * 128 + (kk & 3) * 32;
-                    attn_wgmma_ss_n32(c1, attn_gdesc(sK + ao, 16, 1024), attn_gdesc(qs + bo, 16, 1024), kk > 0);
-                }
-                attn_wg_commit();
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
-                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + cw * 32 * 128 + (kk & 3) * 32;
-                    attn_wgmma_ss_n32(c2, attn_gdesc(sV + ao, 16, 1024), attn_gdesc(os + bo, 16, 1024), kk > 0);
-                }
-                attn_wg_commit();
+                sdp_issue(c1, sK, qs);
+                sdp_issue(c2, sV, os);
                 attn_wg_wait<1>(); /* S^T */
 #pragma unroll
                 for (int i = 0; i < 16; i++) attn_reg_fence(c1[i]);
@@ -1693,20 +1691,18 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 /* dV += P^T dO, dK += dS^T Q over the whole tile, this consumer's 128 columns (A and B from shared memory) */
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                /* acc += (the 64 keys x 64 queries buffer at a) times the tile's 64 queries x this consumer's 128 columns */
+                auto kv_issue = [&](float (&acc)[NO], uint32_t a, uint32_t tile) {
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                        attn_wgmma_ss_t_n128(acc, attn_gdesc(a + kk * 32, 16, 1024), attn_gdesc(tile + bo, ATTN_TILE * 128, 1024), 1);
+                    }
+                    attn_wg_commit();
+                };
                 attn_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    attn_wgmma_ss_t_n128(acc2, attn_gdesc(dsb - C::ds_bytes + kk * 32, 16, 1024),
-                                         attn_gdesc(os + bo, ATTN_TILE * 128, 1024), 1);
-                }
-                attn_wg_commit();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    attn_wgmma_ss_t_n128(acc1, attn_gdesc(dsb + kk * 32, 16, 1024), attn_gdesc(qs + bo, ATTN_TILE * 128, 1024), 1);
-                }
-                attn_wg_commit();
+                kv_issue(acc2, dsb - C::ds_bytes, os); /* dV += P^T dO */
+                kv_issue(acc1, dsb, qs);              /* dK += dS^T Q */
             } else if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
                 /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
