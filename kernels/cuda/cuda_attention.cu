@@ -1290,6 +1290,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #define ATTN_BWD3_QS 0 /* 1 (hd 256): S^T, dP^T split by queries between the consumers, P^T and dS^T through shared
                         * memory, no recomputed products (v5 layout, header "v5 backward at hd 256") */
 #endif
+#ifndef ATTN_BWD3_KVRED
+#define ATTN_BWD3_KVRED 0 /* 1: the block's final dk, dv adds by red.global.add.v2 instead of load-add-store (whose
+                           * loads wait one by one: dk and dv may alias for the compiler); the GQA head order kept */
+#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1939,6 +1943,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     for (int rr = 0; rr < 2; rr++) {
         if (krow[rr] >= p.Tk) continue;
         const int64_t off = (int64_t)krow[rr] * p.ldk + (int64_t)kvh * HD + col0;
+        if constexpr (ATTN_BWD3_KVRED) { /* fire and forget; the release below orders them as the stores */
+#pragma unroll
+            for (int ob = 0; ob < OUTW / 8; ob++) {
+                attn_red_add2(p.dk + off + ob * 8 + 2 * t, p.scale * acc1[4 * ob + 2 * rr], p.scale * acc1[4 * ob + 2 * rr + 1]);
+                attn_red_add2(p.dv + off + ob * 8 + 2 * t, acc2[4 * ob + 2 * rr], acc2[4 * ob + 2 * rr + 1]);
+            }
+            continue;
+        }
 #pragma unroll
         for (int ob = 0; ob < OUTW / 8; ob++) {
             float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
