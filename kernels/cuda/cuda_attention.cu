@@ -229,7 +229,7 @@
  * Removed switches (the git history keeps their code; every kernel's SASS of the default build is
  * byte-identical before and after): ATTN_BWD3_EX2, HOIST, RED4, SEQPIPE, ST128, SOLO, and ONEIF (its
  * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
- * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS (below); ATTN_FWD_EX2.
+ * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS and KVRED (below); ATTN_FWD_EX2.
  *
  * ---- v5 backward at hd 256: ATTN_BWD3_QS = 1 | 2 | 3 (off by default: not yet measured) ----
  *
@@ -256,6 +256,11 @@
  * dQ accumulated through shared memory and bulk reduce-adds; no code taken).
  * Predicted (before any run, docs/benchmarks.md "attention v5 backward at hd 256"): 32k hd 256 MHA backward
  * 107 ms (v2) -> ~80-90 ms, fwd+bwd ~1.05-1.1x SDPA flash. Measured: not yet (no device lent, 2026-11-23).
+ * ATTN_BWD3_KVRED = 1 (off, any hd; not yet measured): the block's final dk, dv += by red.global.add.v2 instead
+ * of load-add-store. In the PTX of the default form every ld.global of dk / dv follows the st.global before it
+ * (dk and dv may alias for the compiler), so a thread's 2 x OUTW / 4 read-modify-writes (64 at hd 128) wait one
+ * round trip each, and with GQA the group's blocks do so one after the other under the head-order semaphore;
+ * the reds issue without waiting and the same bar.sync + st.release orders them. Suspect of the 128k GQA 16/2 gap.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
