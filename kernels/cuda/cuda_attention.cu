@@ -229,7 +229,38 @@
  * Removed switches (the git history keeps their code; every kernel's SASS of the default build is
  * byte-identical before and after): ATTN_BWD3_EX2, HOIST, RED4, SEQPIPE, ST128, SOLO, and ONEIF (its
  * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
- * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C; ATTN_FWD_EX2.
+ * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS and KVRED (below); ATTN_FWD_EX2.
+ *
+ * ---- v5 backward at hd 256: ATTN_BWD3_QS = 1 | 2 | 3 (off by default: not yet measured) ----
+ *
+ * attn_bwd3_kernel<256> with the tile's queries, not its products, split between the consumers. The block
+ * owns 64 keys (K, V 64 x 256 resident, as SPLIT); per streamed 64-query tile consumer cw computes S^T and
+ * dP^T for the 64 keys x its 32 queries [32 cw, 32 cw + 32) (m64n32k16, K = 256: no product computed
+ * twice, half the elementwise work per consumer), forms P^T and dS^T and writes them (bf16) into its query
+ * half of two shared buffers (row = key, 64 query columns, 128-byte swizzle; four of 8 KB: P^T and dS^T by
+ * tile parity), then one 256-thread named barrier; each consumer then runs dV += P^T dO and dK += dS^T Q
+ * for its 128 output columns with both operands from shared memory (m64n128k16, A K-major) and dQ = dS K
+ * for its 128 columns in two 64-column chunks (the v3 SPLIT product). 5 tile products instead of SPLIT's 7
+ * (each consumer recomputed S and dP there); dK, dV stay 2 x 64 registers per thread. Shared memory:
+ * K, V 64 KB + Q/dO ring 2 x 64 KB + buffers 32 KB + metadata = 226.9 KB of the 227 KB.
+ *   QS = 1: dQ added as in v3 (red.global.add.v2, ordered by the go/done semaphore chain), chunk by chunk.
+ *   QS = 2: both chunks issued at once; chunk 0 added while chunk 1 runs.
+ *   QS = 3: the 64 x 256 fp32 scale dQ tile (64 KB) has no room of its own, so it is staged in the ring
+ *           stage the tile came in (consumer 0's 128 columns over the Q tile, consumer 1's over dO, eight
+ *           32-column boxes), once an mbarrier (count 256) says both consumers' products that read the stage
+ *           are complete; the sequencer adds it with TMA reduces in key-block order (v4's BULK path) and,
+ *           once the TMA has read it, frees the stage for the producer (the empty barrier is its, count 1).
+ *           So the producer's next load into the stage waits for the reduce; the consumers never add.
+ * With any QS the automatic choice runs v3 at hd 256 (v2 otherwise). The layout follows FA3's hd 256
+ * backward schedule in outline (64 x 64 tiles, two consumer warpgroups, P and dS through shared memory,
+ * dQ accumulated through shared memory and bulk reduce-adds; no code taken).
+ * Predicted (before any run, docs/benchmarks.md "attention v5 backward at hd 256"): 32k hd 256 MHA backward
+ * 107 ms (v2) -> ~80-90 ms, fwd+bwd ~1.05-1.1x SDPA flash. Measured: not yet (no device lent, 2026-11-23).
+ * ATTN_BWD3_KVRED = 1 (off, any hd; not yet measured): the block's final dk, dv += by red.global.add.v2 instead
+ * of load-add-store. In the PTX of the default form every ld.global of dk / dv follows the st.global before it
+ * (dk and dv may alias for the compiler), so a thread's 2 x OUTW / 4 read-modify-writes (64 at hd 128) wait one
+ * round trip each, and with GQA the group's blocks do so one after the other under the head-order semaphore;
+ * the reds issue without waiting and the same bar.sync + st.release orders them. Suspect of the 128k GQA 16/2 gap.
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1260,6 +1291,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #ifndef ATTN_BWD3_DQS
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
+#ifndef ATTN_BWD3_QS
+#define ATTN_BWD3_QS 0 /* 1 (hd 256): S^T, dP^T split by queries between the consumers, P^T and dS^T through shared
+                        * memory, no recomputed products (v5 layout, header "v5 backward at hd 256") */
+#endif
+#ifndef ATTN_BWD3_KVRED
+#define ATTN_BWD3_KVRED 0 /* 1: the block's final dk, dv adds by red.global.add.v2 instead of load-add-store (whose
+                           * loads wait one by one: dk and dv may alias for the compiler); the GQA head order kept */
+#endif
 #ifndef ATTN_BWD3_REG_P
 #define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
 #endif
@@ -1282,25 +1321,35 @@ struct AttnBwd3Cfg {
      * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
      * and releases the semaphore once the reduce is complete */
     static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_LAG;
+    /* QS (hd 256): the consumers split the tile's 64 queries for S^T and dP^T (32 each, no product computed
+     * twice) and meet through four buffers of ds_bytes: P^T and dS^T, by tile parity */
+    static constexpr int QS = SPLIT ? ATTN_BWD3_QS : 0; /* 2: both dQ chunks in flight at once; 3: and staged */
+    /* QS 3: scale dQ (fp32, 64 queries x 256) staged in the tile's own ring stage once both consumers' products
+     * that read it are complete (consumer 0's 128 columns over Q, consumer 1's over dO: 4 boxes of 32 columns
+     * each), added by the sequencer's TMA reduces as in BULK; the sequencer, not the consumers, then frees the
+     * stage for the producer */
+    static constexpr bool QSTG = QS == 3;
     /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
-    static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : 0; /* 32-column boxes of 8 KB staged per tile */
-    static constexpr int DQS = BULK ? ATTN_BWD3_DQS : 1;                /* staging buffers, by tile */
+    static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : QSTG ? 8 : 0; /* 32-column boxes of 8 KB staged per tile */
+    static constexpr int DQS = BULK ? ATTN_BWD3_DQS : QSTG ? ST : 1;            /* staging buffers, by tile */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
     static constexpr int tile_bytes = ATTN_TILE * HD * 2;
     static constexpr int ds_bytes = (SPLIT ? 64 : ROWS) * 128; /* one dS^T buffer (bf16, 64 query columns) */
+    static constexpr int NDS = QS ? 4 : 2; /* buffers of ds_bytes */
     static constexpr int meta_bytes = 4 * ATTN_TILE * 4;       /* lse2, D, pos, doc_pos of the streamed queries */
     static constexpr int off_b = own_bytes;
     static constexpr int off_x = 2 * own_bytes;
     static constexpr int off_y = off_x + ST * tile_bytes;
     static constexpr int off_ds = off_y + ST * tile_bytes;
-    static constexpr int off_meta = off_ds + 2 * ds_bytes;
+    static constexpr int off_meta = off_ds + NDS * ds_bytes;
     static constexpr int off_dqs = off_meta + ST * meta_bytes; /* BULK: DQS dQ staging buffers of DQB boxes */
-    static constexpr int off_bar = off_dqs + DQS * DQB * 8192; /* own, full[ST], empty[ST], go[2], done[2],
-                                                                * ds_full[2], ds_empty[2]; BULK: staged[2],
-                                                                * staging free[2] in the go, done slots */
+    static constexpr int off_bar = off_dqs + (BULK ? DQS * DQB * 8192 : 0); /* own, full[ST], empty[ST], go[2],
+                                              * done[2], ds_full[2], ds_empty[2]; BULK: staged[2], staging free[2]
+                                              * in the go, done slots; QSTG: staged[ST] in go, stage read[ST] in
+                                              * ds_full, and empty[ST] is the sequencer's (count 1) */
     /* + 896: the base (128-byte aligned, checked in the kernel) rounded up to 1024 */
     static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 896;
     static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
@@ -1350,7 +1399,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
     const uint32_t bar_go = bar_empty + 8 * ST, bar_done = bar_go + 16; /* two each, by tile parity */
     const uint32_t bar_dsf = bar_done + 16, bar_dse = bar_dsf + 16;      /* two each, by dS^T buffer */
-    const uint32_t bar_stg = bar_go, bar_dqfree = bar_done;              /* BULK: staged, staging free, by buffer */
+    const uint32_t bar_stg = bar_go, bar_dqfree = C::QSTG ? bar_empty : bar_done; /* BULK, QSTG: staged, staging free */
+    const uint32_t bar_used = bar_dsf; /* QSTG: both consumers' products that read ring stage s complete */
     const uint32_t sDQ = base + C::off_dqs;
 
     const int tid = threadIdx.x, wg = tid >> 7;
@@ -1374,10 +1424,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
             attn_mbar_init(bar_full + 8 * s, 32);
-            attn_mbar_init(bar_empty + 8 * s, 256);
+            attn_mbar_init(bar_empty + 8 * s, C::QSTG ? 1 : 256);
         }
         for (int b = 0; b < 2; b++) {
-            attn_mbar_init(bar_go + 8 * b, C::BULK ? C::DQT : 1); /* BULK: bar_stg */
+            attn_mbar_init(bar_go + 8 * b, C::BULK || C::QSTG ? C::DQT : 1); /* BULK, QSTG: bar_stg */
             attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
             attn_mbar_init(bar_dsf + 8 * b, 256);
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
@@ -1392,7 +1442,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_setmaxnreg_dec<C::REG_P>();
         if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
             if (tid != 32) return;
-            if constexpr (C::BULK) {
+            if constexpr (C::BULK || C::QSTG) {
                 /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
                  * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
                  * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
@@ -1423,7 +1473,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                     for (int b = 0; b < C::DQB; b++)
                         attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE,
-                                               sDQ + (sb * C::DQB + b) * 8192);
+                                               C::QSTG ? (b < 4 ? sQ : sO) + sb * C::tile_bytes + (b & 3) * 8192
+                                                       : sDQ + (sb * C::DQB + b) * 8192);
                     attn_bulk_commit();
                     attn_bulk_wait_read<0>();
                     attn_mbar_arrive(bar_dqfree + 8 * sb);
@@ -1537,21 +1588,30 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             for (int ob = 0; ob < 8; ob++) attn_red_add2(d + 8 * ob, p.scale * d32[4 * ob + 2 * rr], p.scale * d32[4 * ob + 2 * rr + 1]);
         }
     };
+    /* dQ (64 queries x the 64 columns of panel pn) = dS K, dS^T from the buffer at ds, K from the block's own
+     * tile, issued as one commit group; dq_product also waits for it and for every product this consumer
+     * issued before (so also for the tile's dK, dV) */
+    auto dq_issue = [&](float (&dqa)[32], uint32_t ds, int pn) {
+        attn_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < ROWS / 16; kk++)
+            attn_wgmma_ss_tt_n64(dqa, attn_gdesc(ds + kk * 16 * 128, 64 * 128, 1024),
+                                 attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+        attn_wg_commit();
+    };
+    auto dq_product = [&](float (&dqa)[32], uint32_t ds, int pn) {
+        dq_issue(dqa, ds, pn);
+        attn_wg_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+    };
     int pit = -1, pidx = 0; /* LAG: the tile (sequence number, query tile) whose dQ is still to do */
     /* LAG: dQ of tile qit (query tile qidx) from its complete dS^T buffer; waits for every issued product */
     auto lagged_dq = [&](int qit, int qidx) {
         const uint32_t b = qit & 1, db = sDS + b * C::ds_bytes;
         attn_mbar_wait(bar_dsf + 8 * b, (qit >> 1) & 1); /* both halves written */
         float dqa[32];
-        attn_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < ROWS / 16; kk++)
-            attn_wgmma_ss_tt_n64(dqa, attn_gdesc(db + kk * 16 * 128, 64 * 128, 1024),
-                                 attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-        attn_wg_commit();
-        attn_wg_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+        dq_product(dqa, db, cw);
 #pragma unroll
         for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
         attn_mbar_arrive(bar_dse + 8 * b);                        /* this thread no longer reads buffer b */
@@ -1569,13 +1629,90 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);
             const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
-            const uint32_t dsb = sDS + (C::SPLIT ? cw : (it & 1)) * C::ds_bytes; /* this tile's dS^T buffer */
+            /* this tile's dS^T buffer (QS: P^T sits in the buffer before it) */
+            const uint32_t dsb = sDS + (C::QS ? 2 * (it & 1) + 1 : C::SPLIT ? cw : (it & 1)) * C::ds_bytes;
             attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
             /* LAG: dS^T buffer it % 2 is free once both consumers' dQ of tile it - 2 is done */
             auto ds_free = [&]() {
                 if (C::LAG && it >= 2) attn_mbar_wait(bar_dse + 8 * (it & 1), ((it >> 1) - 1) & 1);
             };
-            if (live) {
+            if constexpr (C::QS) { /* always live (SPLIT: both consumers own the block's 64 keys, the tile walk is theirs) */
+                /* S^T, dP^T of the 64 keys x this consumer's 32 queries [32 cw, 32 cw + 32) as two commit groups */
+                float c1[16], c2[16];
+                /* c = own (K or V, 64 keys x 256) times this consumer's 32 rows of the streamed tile (Q or dO)^T */
+                auto sdp_issue = [&](float (&c)[16], uint32_t own, uint32_t tile) {
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++) {
+                        const uint32_t ao = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
+                        const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + cw * 32 * 128 + (kk & 3) * 32;
+                        attn_wgmma_ss_n32(c, attn_gdesc(own + ao, 16, 1024), attn_gdesc(tile + bo, 16, 1024), kk > 0);
+                    }
+                    attn_wg_commit();
+                };
+                attn_wg_fence();
+                sdp_issue(c1, sK, qs);
+                sdp_issue(c2, sV, os);
+                attn_wg_wait<1>(); /* S^T */
+#pragma unroll
+                for (int i = 0; i < 16; i++) attn_reg_fence(c1[i]);
+                const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
+                const float *mf = reinterpret_cast<const float *>(mi);
+                /* P^T, dS^T (bf16) -> row r, query chunk 4 cw + nb of buffer b: r * 128 + 16 ((4 cw + nb) ^ r % 8) + 4 t */
+                auto put = [&](uint32_t b, const float (&c)[16]) {
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int r = warp * 16 + g + 8 * rr;
+#pragma unroll
+                        for (int nb = 0; nb < 4; nb++)
+                            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(b + r * 128 + (((4 * cw + nb) ^ (r & 7)) << 4) + 4 * t),
+                                         "r"(attn_pack(c[4 * nb + 2 * rr], c[4 * nb + 2 * rr + 1]))
+                                         : "memory");
+                    }
+                };
+#pragma unroll
+                for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = 32 * cw + nb * 8 + 2 * t + e;
+                        const float lc = mf[c];
+                        const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) {
+                            const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
+                            c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+                        }
+                    }
+                put(dsb - C::ds_bytes, c1);
+                attn_wg_wait<0>(); /* dP^T */
+#pragma unroll
+                for (int i = 0; i < 16; i++) attn_reg_fence(c2[i]);
+#pragma unroll
+                for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float dc = mf[ATTN_TILE + 32 * cw + nb * 8 + 2 * t + e];
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) c2[4 * nb + 2 * rr + e] = c1[4 * nb + 2 * rr + e] * (c2[4 * nb + 2 * rr + e] - dc);
+                    }
+                put(dsb, c2);
+                attn_fence_proxy_async();
+                attn_bar_sync(1, 256); /* both query halves of P^T, dS^T written */
+                /* dV += P^T dO, dK += dS^T Q over the whole tile, this consumer's 128 columns (A and B from shared memory) */
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                /* acc += (the 64 keys x 64 queries buffer at a) times the tile's 64 queries x this consumer's 128 columns */
+                auto kv_issue = [&](float (&acc)[NO], uint32_t a, uint32_t tile) {
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
+                        attn_wgmma_ss_t_n128(acc, attn_gdesc(a + kk * 32, 16, 1024), attn_gdesc(tile + bo, ATTN_TILE * 128, 1024), 1);
+                    }
+                    attn_wg_commit();
+                };
+                attn_wg_fence();
+                kv_issue(acc2, dsb - C::ds_bytes, os); /* dV += P^T dO */
+                kv_issue(acc1, dsb, qs);              /* dK += dS^T Q */
+            } else if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
                 /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
                  * dV += P^T dO (runs while dS is formed); dK += dS^T Q */
@@ -1676,7 +1813,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                  : "memory");
                 }
             }
-            attn_fence_proxy_async();
+            if (!C::QS) attn_fence_proxy_async();
             if (C::LAG) {
                 attn_mbar_arrive(bar_dsf + 8 * (it & 1)); /* this thread's part of dS^T written */
                 if (has_dq && pit >= 0) lagged_dq(pit, pidx); /* the previous tile's dQ; waits for this tile's dK, dV */
@@ -1687,20 +1824,12 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 pit = it, pidx = idx;
                 continue;
             }
-            if (C::SPLIT) attn_bar_sync(2 + cw, 128);
-            else attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
+            if (C::SPLIT && !C::QS) attn_bar_sync(2 + cw, 128); /* QS met at its own barrier above */
+            else if (!C::SPLIT) attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
             if (C::BULK && has_dq) { /* dQ of this consumer's 64 columns -> the staging buffer (v4) */
                 float dqa[32];
-                attn_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < ROWS / 16; kk++)
-                    attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
-                                         attn_gdesc(sK + cw * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-                attn_wg_commit();
-                attn_wg_wait<0>();
-#pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+                dq_product(dqa, dsb, cw);
 #pragma unroll
                 for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
                 attn_mbar_arrive(bar_empty + 8 * s);
@@ -1722,6 +1851,59 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 }
                 attn_fence_proxy_async();
                 attn_mbar_arrive(bar_stg + 8 * sb);
+            } else if (C::QSTG) { /* hd 256: scale dQ staged in the ring stage the tile came in (QS 3) */
+                float dqa[32], dqb[32];
+                dq_issue(dqa, dsb, 2 * cw);
+                dq_issue(dqb, dsb, 2 * cw + 1);
+                attn_wg_wait<1>(); /* dV, dK and chunk 0: this consumer no longer reads stage s */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_used + 8 * s);
+                attn_mbar_wait(bar_used + 8 * s, (it / ST) & 1); /* nor does the other consumer */
+                /* element (row r, column 64 ch + 8 ob + 2 t) of this consumer's 128 -> box 2 ch + ob / 4 of its half
+                 * of the stage (consumer 0: the Q tile, 1: the dO tile), 128-byte row r, 16-byte chunk
+                 * (2 (ob % 4) + t / 2) ^ (r % 8), byte 8 (t % 2) */
+                const uint32_t stg = (cw ? sO : sQ) + s * C::tile_bytes;
+                auto stage = [&](const float (&d32)[32], int ch) {
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int r = warp * 16 + g + 8 * rr;
+#pragma unroll
+                        for (int ob = 0; ob < 8; ob++) {
+                            const uint32_t a = stg + (2 * ch + (ob >> 2)) * 8192 + r * 128 +
+                                               (((2 * (ob & 3) + (t >> 1)) ^ (r & 7)) << 4) + 8 * (t & 1);
+                            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(p.scale * d32[4 * ob + 2 * rr]),
+                                         "f"(p.scale * d32[4 * ob + 2 * rr + 1])
+                                         : "memory");
+                        }
+                    }
+                };
+                stage(dqa, 0);
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqb[i]);
+                stage(dqb, 1);
+                attn_fence_proxy_async();
+                attn_mbar_arrive(bar_stg + 8 * s);
+            } else if (C::QS == 2) { /* hd 256: both 64-column chunks issued at once, chunk 0 added while 1 runs */
+                float dqa[32], dqb[32];
+                dq_issue(dqa, dsb, 2 * cw);
+                dq_issue(dqb, dsb, 2 * cw + 1);
+                attn_wg_wait<1>(); /* dV, dK and chunk 0 */
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+#pragma unroll
+                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                attn_mbar_arrive(bar_empty + 8 * s);
+                attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
+                add_dq(dqa, idx, h, 2 * cw);
+                attn_wg_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) attn_reg_fence(dqb[i]);
+                add_dq(dqb, idx, h, 2 * cw + 1);
+                attn_mbar_arrive(bar_done + 8 * (it & 1));
             } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
                                     * both in flight at once would need 32 more registers, and ptxas then
                                     * serialises the wgmmas) */
@@ -1729,15 +1911,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 for (int ch = 0; ch < C::DQC; ch++) {
                     const int pn = cw * C::DQC + ch; /* the 64-column panel of dq and of K */
                     float dqa[32];
-                    attn_wg_fence();
-#pragma unroll
-                    for (int kk = 0; kk < ROWS / 16; kk++)
-                        attn_wgmma_ss_tt_n64(dqa, attn_gdesc(dsb + kk * 16 * 128, 64 * 128, 1024),
-                                             attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-                    attn_wg_commit();
-                    attn_wg_wait<0>();
-#pragma unroll
-                    for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+                    dq_product(dqa, dsb, pn);
                     if (ch == 0) {
 #pragma unroll
                         for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
@@ -1774,6 +1948,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     for (int rr = 0; rr < 2; rr++) {
         if (krow[rr] >= p.Tk) continue;
         const int64_t off = (int64_t)krow[rr] * p.ldk + (int64_t)kvh * HD + col0;
+        if constexpr (ATTN_BWD3_KVRED) { /* fire and forget; the release below orders them as the stores */
+#pragma unroll
+            for (int ob = 0; ob < OUTW / 8; ob++) {
+                attn_red_add2(p.dk + off + ob * 8 + 2 * t, p.scale * acc1[4 * ob + 2 * rr], p.scale * acc1[4 * ob + 2 * rr + 1]);
+                attn_red_add2(p.dv + off + ob * 8 + 2 * t, acc2[4 * ob + 2 * rr], acc2[4 * ob + 2 * rr + 1]);
+            }
+            continue;
+        }
 #pragma unroll
         for (int ob = 0; ob < OUTW / 8; ob++) {
             float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
@@ -2365,7 +2547,7 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
     attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
     memset(&tdq, 0, sizeof tdq);
-    if (C::BULK) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
+    if (C::BULK || C::QSTG) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
     attn_bwd3_kernel<HD><<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
         p, tk, tv, tq, tdo, tdq);
     CUDA_LAUNCH_CHECK();
@@ -2459,7 +2641,7 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
     int bver = cuda_attention_bwd_version(0);
-    if (bver == ATTN_BWD_AUTO) bver = hd == 256 ? 2 : 3;
+    if (bver == ATTN_BWD_AUTO) bver = hd == 256 && !ATTN_BWD3_QS ? 2 : 3; /* hd 256: v3 only in its QS layout */
     if (bver == 3) {
         switch (hd) {
         case 64: attn_launch_backward_v3<64>(p); break;
