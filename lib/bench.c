@@ -483,8 +483,8 @@ static void bench_print_notes(FILE *f, const json_t *peer) {
     }
 }
 
-static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, const json_t *req, const json_t *ours, const json_t *peer,
-                                const BenchDevice *d, json_t *table) {
+static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, const json_t *req, const json_t *ours,
+                                const json_t *peer, const BenchDevice *d, json_t *table) {
     if (kind == BENCH_ATTN)
         fprintf(f, "\nattention: causal, bf16, one document; FLOPs 4*T^2/2*hd*nh forward (causal = half the T x T "
                    "pairs,\n  2 per multiply-add), backward 2.5x forward (fwd+bwd 3.5x)\n");

@@ -14,8 +14,8 @@
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
  *              in [0.05, 0.95); documents from the case's cu_seqlens.
  * GDN's forward keeps what the Backend keeps for the backward (gdn_kept_bytes; FLA keeps A from its
- * forward too), with the chunk states by --gdn-states (the model's checkpoint.gdn_states, default on;
- * FLA recomputes its states), so the forward+backward time is the training step's.
+ * forward too), with the chunk states by --gdn-states (the model's checkpoint.gdn_states, default off
+ * until its GPU parity has run; FLA recomputes its states), so the forward+backward time is the training step's.
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *

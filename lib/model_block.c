@@ -94,7 +94,8 @@ static CpGdnDims block_gdn_cp_dims(const Dims *d) {
  * policy; the recompute under remat / full, into the shared scratch), read by the backward, which then
  * skips that work. */
 static void *block_gdn_kept(const Model *m, const LayerActs *a, int64_t i, int64_t n, const Dims *d) {
-    return (char *)a->gdn_kept + i * (int64_t)m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv, m->cfg->checkpoint.gdn_states);
+    const size_t one = m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv, m->cfg->checkpoint.gdn_states);
+    return (char *)a->gdn_kept + i * (int64_t)one;
 }
 
 static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
