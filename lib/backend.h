@@ -143,7 +143,7 @@ typedef struct Backend {
                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
                                int ldo, const void *kept /* the forward's, or NULL */, int kept_states);
     /* bytes of what one gdn_chunk_forward call keeps for its backward (opaque, the backend's own format:
-     * cuda W, U and the gate cumsum, so the backward skips its prep, and with states (checkpoint.gdn_states)
+     * cuda W, U and the gate cumsum, so the backward skips its prep, and with states (checkpoint.gdn_keep: states)
      * also the chunk states h and vn, so it skips their recompute; cpu Tinv = (I + A)^-1 either way) */
     size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int states);
 

@@ -65,9 +65,8 @@ static const char bench_usage[] =
     "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256)\n"
     "  --heads LIST        gdn: heads H, key heads = value heads (default 16,64)\n"
     "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
-    "  --gdn-states B      gdn: true: the forward keeps its chunk states h, vn for the backward, as the\n"
-    "                      model does with checkpoint.gdn_states; false: the backward recomputes them\n"
-    "                      (default: the default of checkpoint.gdn_states, false)\n"
+    "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
+    "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default wy)\n"
     "  --doc-len LIST      gdn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
     "                      0 = one document per sample (default 0,2048)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
@@ -161,7 +160,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->n_attn = 4;
     o->heads[0] = 16, o->heads[1] = 64, o->n_heads = 2;
     o->dim = 128;
-    o->gdn_states = 0; /* checkpoint.gdn_states' default */
+    o->gdn_keep = GDN_KEEP_WY; /* checkpoint.gdn_keep's default */
     o->doc_len[0] = 0, o->doc_len[1] = 2048, o->n_doc_len = 2;
     o->config = "configs/hybrid-1b-256k-h200x4.yaml";
     o->tokens = 32768;
@@ -207,11 +206,12 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             const char *v = bench_value(argc, argv, &i);
             o->dim = (int)bench_parse_int(a, v, 64, 128);
             if (o->dim != 64 && o->dim != 128) bench_bad(a, v, "must be 64 or 128");
-        } else if (!strcmp(a, "--gdn-states")) {
+        } else if (!strcmp(a, "--gdn-keep")) {
             const char *v = bench_value(argc, argv, &i);
-            if (!strcmp(v, "true")) o->gdn_states = 1;
-            else if (!strcmp(v, "false")) o->gdn_states = 0;
-            else bench_bad(a, v, "expected true or false");
+            o->gdn_keep = -1;
+            for (int k = 0; k < GDN_KEEP_COUNT; k++)
+                if (!strcmp(v, gdn_keep_names[k])) o->gdn_keep = k;
+            if (o->gdn_keep < 0) bench_bad(a, v, "expected none, wy or states");
         } else if (!strcmp(a, "--doc-len")) {
             const char *v = bench_value(argc, argv, &i);
             o->n_doc_len = bench_split(a, v, items);
@@ -491,8 +491,11 @@ static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, 
     else
         fprintf(f, "\nGated DeltaNet chunked delta rule: H key = value heads, bf16 q/k/v, fp32 gates; FLOPs per chunk "
                    "of 64\n  and head from plan (FLA's kernel split, research/gdn_cp.md §7), whole chunks per document;\n"
-                   "  ringscan's forward keeps W, U, the gate cumsum%s for its backward (--gdn-states)\n",
-                o->gdn_states ? " and the chunk states h, vn" : "");
+                   "  ringscan's forward keeps %s for its backward (--gdn-keep %s)\n",
+                o->gdn_keep == GDN_KEEP_NONE ? "nothing"
+                : o->gdn_keep == GDN_KEEP_WY ? "W, U, the gate cumsum"
+                                             : "W, U, the gate cumsum and the chunk states h, vn",
+                gdn_keep_names[o->gdn_keep]);
     fprintf(f, "  floor = max(FLOPs / %.0f TFLOP/s, minimum bytes / %.2f TB/s); ratio = peer ms / ringscan ms (> 1: "
                "ringscan faster)\n\n",
             d->peak_tflops, d->hbm_tbps);
@@ -713,7 +716,7 @@ int bench_main(int argc, char **argv) {
         else bench_print_kernels(stdout, &o, (BenchKind)k, req[k], ours[k], peer[k], &dev, table);
         json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
         if (peer[k]) json_object_set(part, "peer", peer[k]);
-        if (k == BENCH_GDN) json_object_set_new(part, "gdn_states", json_boolean(o.gdn_states));
+        if (k == BENCH_GDN) json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o.gdn_keep]));
         json_object_set_new(all, bench_kind_names[k], part);
     }
     char path[4200];

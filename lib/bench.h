@@ -45,7 +45,7 @@ typedef struct {
     int     heads[BENCH_MAX_LIST];          /* gdn: H (key heads = value heads) */
     int     n_heads;
     int     dim;                            /* gdn: K = V */
-    int     gdn_states;                     /* gdn: the forward keeps its chunk states (checkpoint.gdn_states) */
+    int     gdn_keep;                       /* gdn: GdnKeep, what the forward keeps (checkpoint.gdn_keep) */
     int64_t doc_len[BENCH_MAX_LIST];        /* gdn: mean document length; 0 = one document */
     int     n_doc_len;
     const char *config;                     /* step */

@@ -13,9 +13,9 @@
  *   GDN        q, k uniform in [-1, 1) then L2-normalised per head; v, dO uniform in
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
  *              in [0.05, 0.95); documents from the case's cu_seqlens.
- * GDN's forward keeps what the Backend keeps for the backward (gdn_kept_bytes; FLA keeps A from its
- * forward too), with the chunk states by --gdn-states (the model's checkpoint.gdn_states, default off
- * until its GPU parity has run; FLA recomputes its states), so the forward+backward time is the training step's.
+ * GDN's forward keeps what the Backend keeps for the backward by --gdn-keep, as the model does by
+ * checkpoint.gdn_keep (gdn_kept_bytes; default wy, as FLA keeps A from its forward; states keeps the
+ * chunk states too, which FLA recomputes), so the forward+backward time is the training step's.
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *
@@ -149,7 +149,7 @@ typedef struct {
     int32_t *doc_pos;
     void *kept; /* gdn_kept_bytes: what the forward keeps for the backward, as FLA keeps A (the kernels'
                  * measurement switch RS_GDN_KEEP=2 ignores it, 3 keeps no states) */
-    int states; /* --gdn-states: the kept buffer holds the chunk states too */
+    int states; /* --gdn-keep states: the kept buffer holds the chunk states too */
 } GdnCase;
 
 static void bench_gdn_fwd(void *p) {
@@ -167,7 +167,8 @@ static void bench_gdn_bwd(void *p) {
 
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     GdnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .H = (int)bench_int(c, "H"),
-                 .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V"), .states = o->gdn_states};
+                 .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V"),
+                 .states = o->gdn_keep == GDN_KEEP_STATES};
     const Backend *be = a.be;
     int64_t qn = a.T * a.H * a.K, vn = a.T * a.H * a.V, gn = a.T * a.H;
     void **act[] = {&a.q, &a.k, &a.dq, &a.dk};
@@ -189,7 +190,7 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     }
     a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
     free(doc_pos);
-    a.kept = be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V, a.states));
+    a.kept = o->gdn_keep == GDN_KEEP_NONE ? NULL : be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V, a.states));
 
     uint64_t s = o->seed * 1000003u + 77;
     void *raw = be->alloc((size_t)qn * 2);

@@ -36,9 +36,11 @@ typedef enum { DATA_FORMAT_FLAT, DATA_FORMAT_MEGATRON, DATA_FORMAT_COUNT } DataF
 typedef enum { LAYER_KIND_LINEAR, LAYER_KIND_FULL, LAYER_KIND_COUNT } LayerKind;
 typedef enum { HIDDEN_ACT_SILU, HIDDEN_ACT_COUNT } HiddenAct;
 typedef enum { SLURM_LAUNCHER_SRUN, SLURM_LAUNCHER_MPIRUN, SLURM_LAUNCHER_COUNT } SlurmLauncher;
+typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } GdnKeep;
 
 extern const char *const device_kind_names[DEVICE_KIND_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
+extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
 extern const char *const lr_schedule_names[LR_SCHEDULE_COUNT + 1];
 extern const char *const data_format_names[DATA_FORMAT_COUNT + 1];
 extern const char *const layer_kind_names[LAYER_KIND_COUNT + 1];
@@ -119,7 +121,7 @@ typedef struct {
 
 typedef struct {
     int32_t activations; /* ActPolicy */
-    bool    gdn_states;  /* the delta rule's forward keeps its chunk states for the backward (cuda) */
+    int32_t gdn_keep;    /* GdnKeep: what the delta rule's forward keeps for its backward */
     int64_t every;       /* steps between checkpoints; 0: only at the end and on stop */
     int64_t keep;        /* newest checkpoints kept */
 } CheckpointConfig;

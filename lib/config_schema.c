@@ -21,6 +21,7 @@
 
 const char *const device_kind_names[] = {"cpu", "cuda", NULL};
 const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
+const char *const gdn_keep_names[]    = {"none", "wy", "states", NULL};
 const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
@@ -29,6 +30,7 @@ const char *const slurm_launcher_names[] = {"srun", "mpirun", NULL};
 
 _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KIND_COUNT + 1, "names");
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
+_Static_assert(sizeof gdn_keep_names / sizeof *gdn_keep_names == GDN_KEEP_COUNT + 1, "names");
 _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDULE_COUNT + 1, "names");
 _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
 _Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
@@ -146,10 +148,12 @@ const ConfigKey config_schema[] = {
     ENUM(checkpoint.activations, "remat", act_policy_names, "model",
          "none: keep all; full: keep block inputs, recompute blocks; remat: also keep attention out+LSE "
          "and GDN CP states, so recompute runs no attention and no communication"),
-    BOOL(checkpoint.gdn_states, "false", "model",
-         "the delta rule's forward keeps its chunk states (cuda: h and vn, T nv dv (dk / 32 + 2) bytes per GDN "
-         "layer, kept under none, in the recompute scratch otherwise) so its backward does not recompute them "
-         "(one state pass less per layer); false until its GPU parity has run (docs/benchmarks.md GDN v4.4)"),
+    ENUM(checkpoint.gdn_keep, "wy", gdn_keep_names, "model",
+         "what the delta rule's forward keeps for its backward, per GDN layer under none, in the recompute "
+         "scratch otherwise: none (the backward recomputes everything); wy: the WY factors (cuda W, U and the "
+         "gate cumsum, T nv (2 dk + 2 dv + 4) bytes; cpu Tinv), so the backward skips their solve; states: also "
+         "the chunk states (cuda h and vn, T nv dv (dk / 32 + 2) bytes more), one state pass less per layer, "
+         "not yet run on a GPU (docs/benchmarks.md GDN v4.4)"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
 

@@ -149,10 +149,10 @@ static void model_alloc_activations(Model *m) {
                     const ModelConfig *mc = &cfg->model;
                     const int64_t frags = cfg->data.micro_batch * (cfg->parallel.cp > 1 ? 2 : 1);
                     const int64_t n = cfg->data.micro_batch * cfg->data.seq_len / cfg->parallel.cp / frags;
+                    const int states = cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
                     const int64_t need = frags * (int64_t)be->gdn_kept_bytes(n, (int)mc->linear_num_value_heads,
                                                                               (int)mc->linear_key_head_dim,
-                                                                              (int)mc->linear_value_head_dim,
-                                                                              cfg->checkpoint.gdn_states);
+                                                                              (int)mc->linear_value_head_dim, states);
                     RS_CHECK(b->rows == frags && need <= b->bytes,
                              "gdn_kept: the %s backend needs %lld bytes, model_acts.c counts %lld", be->name,
                              (long long)need, (long long)b->bytes);

@@ -77,8 +77,9 @@ typedef struct {
     float *gdn_cp_states; /* (frags, nv, dk, dv) CP entry state of each local fragment, cp > 1 */
     float *gdn_cp_M;      /* (frags, nv, dk, dk) each local fragment's transition M, cp > 1 */
     void  *gdn_conv_halo; /* (frags, Kc-1, Cc) each local fragment's conv halo, cp > 1 */
-    void  *gdn_kept;      /* (frags) x be->gdn_kept_bytes(frag_len, nv, dk, dv, gdn_states): what each
-                           * fragment's delta-rule forward (or the recompute) keeps for the layer's backward */
+    void  *gdn_kept;      /* (frags) x be->gdn_kept_bytes(frag_len, nv, dk, dv, states): what each fragment's
+                           * delta-rule forward (or the recompute) keeps for the layer's backward
+                           * (checkpoint.gdn_keep; NULL under none) */
     /* softmax attention */
     void  *attn_proj;     /* (T, 2qd+2kvd) [q|gate|k|v] before the norms */
     void  *attn_q;        /* (T, qd) normed + rotated q */

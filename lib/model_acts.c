@@ -12,10 +12,10 @@
  *                 qk_norm + its rstd (L2-normalised q, k), beta, g (fp32),
  *                 core (delta-rule output), normed (gated RMSNorm output) +
  *                 its rstd, kept (per fragment, what the delta-rule forward
- *                 keeps for its backward: cuda W, U, gate cumsum and with
- *                 checkpoint.gdn_states the chunk states h, vn; cpu Tinv;
- *                 backend.h gdn_kept_bytes), so the backward skips that
- *                 work; with cp > 1, per zigzag fragment (2 per sample),
+ *                 keeps for its backward by checkpoint.gdn_keep: wy =
+ *                 cuda W, U, gate cumsum, cpu Tinv; states = also the
+ *                 chunk states h, vn (cuda); none = no buffer; backend.h
+ *                 gdn_kept_bytes), so the backward skips that work; with cp > 1, per zigzag fragment (2 per sample),
  *                 the entry state [nv, dk, dv] fp32, the transition M
  *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
  *                 conv halo [Kc-1, Cc]
@@ -35,7 +35,7 @@
  *     buffers listed in model_acts_build; phases share one arena;
  *   - the GDN backward recomputes the per-chunk states and holds them and
  *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type
- *     (the gradients only where the states are kept: cuda, gdn_states);
+ *     (the gradients only where the states are kept: cuda, gdn_keep states);
  *   - the delta-rule backward reads its WY factors from "gdn_kept" (under
  *     remat / full the recompute writes them into the scratch);
  *   - attention keeps no T x T matrix (flash-style blocks);
@@ -62,7 +62,7 @@
 
 /* bytes one delta-rule call of n tokens keeps for its backward (backend.h gdn_kept_bytes; model.c
  * checks the backend's figure against this): cuda W (n,nv,dk) and U (n,nv,dv) bf16 and the gate
- * cumsum (n,nv) fp32, with states (checkpoint.gdn_states) also h (ceil(n/64)+1,nv,dk,dv) and vn
+ * cumsum (n,nv) fp32, with states (checkpoint.gdn_keep: states) also h (ceil(n/64)+1,nv,dk,dv) and vn
  * (n,nv,dv) bf16, each on 256 bytes; cpu Tinv (n,nv,64) fp32 either way */
 static int64_t acts_gdn_kept_bytes(int cuda, int states, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
     if (!cuda) return n * nv * GDN_CHUNK * 4;
@@ -152,11 +152,11 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
-            acts_add(&ab, l, "gdn_kept", frags,
-                     acts_gdn_kept_bytes(cfg->device.kind == DEVICE_KIND_CUDA, cfg->checkpoint.gdn_states,
-                                         T / frags, nv, dk, dv),
-                     1,
-                     ACT_KEEP_NONE);
+            if (cfg->checkpoint.gdn_keep != GDN_KEEP_NONE)
+                acts_add(&ab, l, "gdn_kept", frags,
+                         acts_gdn_kept_bytes(cfg->device.kind == DEVICE_KIND_CUDA,
+                                             cfg->checkpoint.gdn_keep == GDN_KEEP_STATES, T / frags, nv, dk, dv),
+                         1, ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
                 acts_add(&ab, l, "gdn_cp_M", frags, nv * dk * dk, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
@@ -164,7 +164,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
                          ACT_KEEP_NONE | ACT_KEEP_REMAT);
             }
             int64_t s = (T + GDN_CHUNK - 1) / GDN_CHUNK * nv * dk * dv * e;
-            const int kept_states = cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_states;
+            const int kept_states =
+                cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
             if ((kept_states ? 1 : 2) * s > max_states) max_states = (kept_states ? 1 : 2) * s;
         } else {
             acts_add(&ab, l, "attn_proj", T, 2 * nh * hd + 2 * nkv * hd, e, ACT_KEEP_NONE);

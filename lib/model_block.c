@@ -89,12 +89,16 @@ static CpGdnDims block_gdn_cp_dims(const Dims *d) {
     return (CpGdnDims){.nk = d->nk, .nv = d->nv, .dk = d->dk, .dv = d->dv, .Cc = d->Cc, .Kc = d->Kc};
 }
 
-/* What fragment i's delta-rule forward keeps for the backward (backend.h gdn_kept_bytes, model_acts.c
- * "gdn_kept"): written by the forward that the layer's backward follows (BLOCK_FORWARD under the none
- * policy; the recompute under remat / full, into the shared scratch), read by the backward, which then
- * skips that work. */
+/* the kept buffer holds the chunk states too (checkpoint.gdn_keep: states) */
+static int block_gdn_kept_states(const Model *m) { return m->cfg->checkpoint.gdn_keep == GDN_KEEP_STATES; }
+
+/* What fragment i's delta-rule forward keeps for the backward (checkpoint.gdn_keep; backend.h
+ * gdn_kept_bytes, model_acts.c "gdn_kept"): written by the forward that the layer's backward follows
+ * (BLOCK_FORWARD under the none policy; the recompute under remat / full, into the shared scratch), read
+ * by the backward, which then skips that work. NULL under gdn_keep none (no buffer: both recompute). */
 static void *block_gdn_kept(const Model *m, const LayerActs *a, int64_t i, int64_t n, const Dims *d) {
-    const size_t one = m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv, m->cfg->checkpoint.gdn_states);
+    if (m->cfg->checkpoint.gdn_keep == GDN_KEEP_NONE) return NULL;
+    const size_t one = m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv, block_gdn_kept_states(m));
     return (char *)a->gdn_kept + i * (int64_t)one;
 }
 
@@ -135,7 +139,7 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
                                   a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
                                   multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
                                   d.dv, 2 * d.Kd, d.Cc, d.Vd, keep ? block_gdn_kept(m, a, i, n, &d) : NULL,
-                                  m->cfg->checkpoint.gdn_states);
+                                  block_gdn_kept_states(m));
             cp->count.gdn_forwards[l]++;
         }
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, a->gdn_core, AT(a->gdn_proj, d.Cc), W(p->gdn_norm),
@@ -172,7 +176,7 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
                                    AT(a->gdn_conv, o * d.Cc + 2 * d.Kd), a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
                                    multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
                                    d.dv, 2 * d.Kd, d.Cc, d.Vd, block_gdn_kept(m, a, i, n, &d),
-                                   m->cfg->checkpoint.gdn_states);
+                                   block_gdn_kept_states(m));
         }
     be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log), G(p->dt_bias),
                            m->d_beta, m->d_g, AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv),

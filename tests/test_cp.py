@@ -187,6 +187,29 @@ def test_policies_under_cp(cases, tmp_path, dp, cp):
     assert counts["full"]["activation_bytes_kept"] < counts["remat"]["activation_bytes_kept"]
 
 
+def test_gdn_keep_modes(cases, tmp_path):
+    """checkpoint.gdn_keep under CP (dp 1, cp 2) and the none and remat policies: the backward that
+    reads what the forward kept (the cpu backend keeps Tinv; `states` keeps nothing more there) gives
+    the bits of the one that recomputes it (`none`), and the activations kept follow the plan's table."""
+    d, dp, cp = cases["boundaries"], 1, 2
+    for policy in ("none", "remat"):
+        grads, counts = {}, {}
+        for keep in ("none", "wy", "states"):
+            grads[keep], counts[keep], _ = parity_step(d, dp, cp, tmp_path / f"{policy}-{keep}.safetensors",
+                                                       "--policy", policy, "--set", f"checkpoint.gdn_keep={keep}")
+        for keep in ("none", "states"):
+            for k in grads["wy"]:
+                assert np.array_equal(grads[keep][k], grads["wy"][k]), (policy, keep, k)
+        if policy == "none":
+            kept = {keep: counts[keep]["activation_bytes_kept"] for keep in counts}
+            assert kept["none"] < kept["wy"] == kept["states"], kept
+            for keep in ("none", "wy"):
+                planned = plan_json("--set", f"parallel.dp={dp}", "--set", f"parallel.cp={cp}", "--set",
+                                    f"data.seq_len={T}", "--set", f"data.micro_batch={2 // dp}", "--set",
+                                    f"checkpoint.gdn_keep={keep}")["memory"]["none"]["activations_kept"]
+                assert planned <= kept[keep] <= planned + 256 * 400, (keep, planned, kept[keep])
+
+
 # ---------------------------------------------------------------- 4. training
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@
 #   parity     every build/test_cuda case but timing / bench / sweep (one process), and beside it
 #              tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
 #   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
-#   gdn-states ringscan bench gdn --gdn-states true (ours only: the kept chunk states, GDN v4.4)
+#   gdn-states ringscan bench gdn --gdn-keep states (ours only: the kept chunk states, GDN v4.4)
 #   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
 #              same with RS_GDN_PROF=1 (the time of every kernel, in the log)
 #   gdn32k-dwg, gdn32k-sfbv32, gdn32k-dwg-sfbv32   gdn32k under RS_GDN_DWG=1 / RS_GDN_SFBV=32 / both
@@ -21,7 +21,7 @@
 #   attn32k    the same at T = 32768 only
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
 #   remat      ringscan bench step, remat (ours only)
-#   step-states  ringscan bench step, none, checkpoint.gdn_states=true (ours only)
+#   step-states  ringscan bench step, none, checkpoint.gdn_keep=states (ours only)
 # Environment:
 #   OUT       where logs and results go (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
@@ -127,7 +127,7 @@ for part in "$@"; do
     parity) suite_parity ;;
     gdn) suite_bench gdn gdn --peer --peer-timeout 200 ;;
     gdn-nopeer) suite_bench gdn-nopeer gdn ;;
-    gdn-states) suite_bench gdn-states gdn --gdn-states true ;;
+    gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
     gdn32k) suite_gdn32k gdn32k ;;
     gdn32k-dwg) suite_gdn32k gdn32k-dwg RS_GDN_DWG=1 ;;
     gdn32k-sfbv32) suite_gdn32k gdn32k-sfbv32 RS_GDN_SFBV=32 ;;
@@ -138,7 +138,7 @@ for part in "$@"; do
     step) RS_CUDA_PROFILE=1 suite_bench step step --peer --peer-timeout 240 --set checkpoint.activations=none ;;
     remat) RS_CUDA_PROFILE=1 suite_bench remat step ;;
     step-states)
-        RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_states=true
+        RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
     *)
         echo "unknown part '$part' (parity gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32 gdn32k-dwg-sfbv32"

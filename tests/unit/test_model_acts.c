@@ -4,8 +4,8 @@
  * model_acts.c counts each backend's kept format with its own formula; model.c checks the two when a
  * model is built, which for the cuda backend needs a GPU. Here the cuda side is its host arithmetic
  * (cuda_gdn_kept_bytes, no GPU work), so the check runs on any machine the cuda backend is built on:
- * both backends, with and without checkpoint.gdn_states, at several lengths (partial last chunk,
- * context parallelism's two fragments per sample), GQA and head dims 64 / 128.
+ * both backends, under every checkpoint.gdn_keep (none: no buffer at all), at several lengths
+ * (partial last chunk, context parallelism's two fragments per sample), GQA and head dims 64 / 128.
  */
 #include <stdio.h>
 #include <string.h>
@@ -39,7 +39,7 @@ static void acts_check_backend(const Backend *be, const char *kind) {
     static const struct { int64_t T; int cp, nk, nv, dk, dv; } shapes[] = {
         {4096, 1, 16, 32, 128, 128}, {4160, 1, 16, 16, 128, 128}, {8192, 2, 8, 16, 64, 128}, {1000, 1, 4, 8, 128, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int states = 0; states < 2; states++) {
+        for (int keep = 0; keep < GDN_KEEP_COUNT; keep++) {
             Config cfg;
             config_init_defaults(&cfg);
             char kv[8][96];
@@ -50,16 +50,20 @@ static void acts_check_backend(const Backend *be, const char *kind) {
             snprintf(kv[4], sizeof kv[4], "model.linear_num_value_heads=%d", shapes[s].nv);
             snprintf(kv[5], sizeof kv[5], "model.linear_key_head_dim=%d", shapes[s].dk);
             snprintf(kv[6], sizeof kv[6], "model.linear_value_head_dim=%d", shapes[s].dv);
-            snprintf(kv[7], sizeof kv[7], "checkpoint.gdn_states=%s", states ? "true" : "false");
+            snprintf(kv[7], sizeof kv[7], "checkpoint.gdn_keep=%s", gdn_keep_names[keep]);
             for (int i = 0; i < 8; i++) acts_set(&cfg, kv[i]);
             int64_t rows = 0;
             const int64_t got = acts_kept_of(&cfg, &rows);
             const int64_t frags = shapes[s].cp > 1 ? 2 : 1, n = shapes[s].T / shapes[s].cp / frags;
-            const int64_t want = frags * (int64_t)be->gdn_kept_bytes(n, shapes[s].nv, shapes[s].dk, shapes[s].dv, states);
-            EXPECT(got == want && rows == frags, "%s T=%lld cp=%d nv=%d dk=%d dv=%d states=%d: model_acts counts %lld "
-                   "bytes in %lld rows, the backend keeps %lld in %lld", kind, (long long)shapes[s].T, shapes[s].cp,
-                   shapes[s].nv, shapes[s].dk, shapes[s].dv, states, (long long)got, (long long)rows, (long long)want,
-                   (long long)frags);
+            const int states = keep == GDN_KEEP_STATES;
+            const int64_t want = keep == GDN_KEEP_NONE ? -1 /* no buffer */
+                                 : frags * (int64_t)be->gdn_kept_bytes(n, shapes[s].nv, shapes[s].dk,
+                                                                       shapes[s].dv, states);
+            const int64_t want_rows = keep == GDN_KEEP_NONE ? 0 : frags;
+            EXPECT(got == want && rows == want_rows, "%s T=%lld cp=%d nv=%d dk=%d dv=%d gdn_keep %s: model_acts counts "
+                   "%lld bytes in %lld rows, the backend keeps %lld in %lld", kind, (long long)shapes[s].T,
+                   shapes[s].cp, shapes[s].nv, shapes[s].dk, shapes[s].dv, gdn_keep_names[keep], (long long)got,
+                   (long long)rows, (long long)want, (long long)want_rows);
             config_free(&cfg);
         }
 }
