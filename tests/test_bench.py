@@ -19,7 +19,7 @@ def gpu_visible():
 def test_help(ringscan):
     r = run([ringscan, "bench", "--help"])
     assert r.returncode == 0
-    for s in ("attn|gdn|step|all", "--peer", "--attn-shapes", "--doc-len", "--tokens", "--peak-tflops",
+    for s in ("attn|gdn|step|all", "--peer", "--attn-shapes", "--doc-len", "--gdn-keep", "--tokens", "--peak-tflops",
               "backward 2.5x forward", "--write-requests"):
         assert s in r.stdout, s
 
@@ -35,6 +35,7 @@ def test_help(ringscan):
     (["bench", "gdn", "--heads", "0"], "--heads 0: out of range"),
     (["bench", "gdn", "--dim", "96"], "--dim 96"),
     (["bench", "gdn", "--doc-len", "1"], "--doc-len 1"),
+    (["bench", "gdn", "--gdn-keep", "all"], "--gdn-keep all: expected none, wy or states"),
     (["bench", "step", "--tokens", "100"], "--tokens 100"),
     (["bench", "step", "--set", "parallel.cp=2"], "--set parallel.cp=2: bench step fixes this key"),
     (["bench", "step", "--set", "nonsense"], "--set nonsense"),
