@@ -1595,7 +1595,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < ROWS / 16; kk++)
-            attn_wgmma_ss_tt_n64(dqa, attn_gdesc(ds + kk * 16 * 128, 64 * 128, 1024),
+            attn_wgmma_ss_n64<1, 1>(dqa, attn_gdesc(ds + kk * 16 * 128, 64 * 128, 1024),
                                  attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
         attn_wg_commit();
     };
@@ -1705,7 +1705,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
                         const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                        attn_wgmma_ss_t_n128(acc, attn_gdesc(a + kk * 32, 16, 1024), attn_gdesc(tile + bo, ATTN_TILE * 128, 1024), 1);
+                        attn_wgmma_ss_n128<0, 1>(acc, attn_gdesc(a + kk * 32, 16, 1024), attn_gdesc(tile + bo, ATTN_TILE * 128, 1024), 1);
                     }
                     attn_wg_commit();
                 };

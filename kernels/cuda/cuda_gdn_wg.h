@@ -38,42 +38,14 @@
  * from the mma.sync pass, but are the same on every run and for every segmentation by documents.
  */
 
-/* d (64 x 64) (+)= A (64 x 16) B (16 x 64) from shared-memory descriptors; TA / TB: operand stored
- * transposed (A M-major, B N-major); scale_d = 0 overwrites d */
-template <int TA, int TB>
-GDN_DEV void gdn_wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
-}
-
-/* the same for m64n32k16 (GDN v4.5, 32-column blocks) */
-template <int TA, int TB>
-GDN_DEV void gdn_wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, %16, %17, p, 1, 1, %19, %20;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
-}
-
-/* d (64 x BV) (+)= A (64 x 16) B (16 x BV), BV = 64 or 32 (d: BV / 2 registers per thread) */
+/* d (64 x BV) (+)= A (64 x 16) B (16 x BV), BV = 64 or 32 (d: BV / 2 registers per thread), from
+ * shared-memory descriptors (cuda_attention_wgmma.h attn_wgmma_ss_n64 / _n32; TA / TB: operand stored
+ * transposed, A M-major, B N-major); scale_d = 0 overwrites d */
 template <int TA, int TB, int NA>
 GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d) {
     static_assert(NA == 32 || NA == 16, "gdn_wgmma_nb: 64 or 32 columns");
-    if constexpr (NA == 32) gdn_wgmma_n64<TA, TB>(d, da, db, scale_d);
-    else gdn_wgmma_n32<TA, TB>(d, da, db, scale_d);
+    if constexpr (NA == 32) attn_wgmma_ss_n64<TA, TB>(d, da, db, scale_d);
+    else attn_wgmma_ss_n32<TA, TB>(d, da, db, scale_d);
 }
 
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */

@@ -1,8 +1,8 @@
 /*
  * cuda_gdn_wg_bwd.h — the backward (reverse) state pass of the chunked gated delta rule on wgmma
  * (Hopper, sm_90a): GDN v4.3, switch sbwd (cuda_gdn_tune.h, RS_GDN_SBWD). Not a standalone header:
- * included by kernels/cuda/cuda_gdn.cu after cuda_gdn_wg.h, whose wgmma / TMA helpers (gdn_wgmma_n64,
- * gdn_wg_off, gdn_tma_store_2d) it uses, and cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg,
+ * included by kernels/cuda/cuda_gdn.cu after cuda_gdn_wg.h, whose helpers (gdn_wg_off,
+ * gdn_tma_store_2d) it uses with cuda_attention_wgmma.h's (attn_wgmma_ss_n64, TMA, mbarriers), and cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg,
  * gdn_span, gdn_span_out) it shares.
  *
  * The same pass as gdn_state_bwd_v2_kernel (per chunk c, last to first: store dh = D at the chunk's
@@ -194,11 +194,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
         attn_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+            attn_wgmma_ss_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
                                 attn_gdesc(a_hi + kk * 16 * 128, DK * 128, 1024), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+            attn_wgmma_ss_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
                                 attn_gdesc(a_lo + kk * 16 * 128, DK * 128, 1024), 1);
         attn_wg_commit();
         attn_wg_wait<0>();
@@ -241,11 +241,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                gdn_wgmma_n64<1, 1>(D[mt], attn_gdesc(a_q + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                attn_wgmma_ss_n64<1, 1>(D[mt], attn_gdesc(a_q + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
                                     attn_gdesc(a_dos + kk * 16 * 128, GDN_C * 128, 1024), 1);
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                gdn_wgmma_n64<1, 1>(D[mt], attn_gdesc(a_w + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                attn_wgmma_ss_n64<1, 1>(D[mt], attn_gdesc(a_w + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
                                     attn_gdesc(a_dv + kk * 16 * 128, GDN_C * 128, 1024), 1);
         }
         attn_wg_commit();
