@@ -289,7 +289,6 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
                            const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
                            int ldv, int ldo, void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v, s) written, or NULL */,
                            int kept_states /* unused: this backend keeps Tinv only */) {
-    (void)kept_states;
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     float *o = o_;
@@ -448,7 +447,6 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
                             const float *S0 /* (nv,dim_k,dim_v) or NULL */, const int32_t *doc_pos /* (T) */,
                             int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo,
                             const void *tinv_ /* the forward's, or NULL */, int kept_states /* unused */) {
-    (void)kept_states;
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     const float *tinv = tinv_;
@@ -527,9 +525,9 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
     gdn_work_free(&w);
 }
 
-/* the kept buffer of the cpu entries: Tinv, fp32 (T, nv, 64) (gdn_chunk_load's layout); dim_k, dim_v unused */
+/* the kept buffer of the cpu entries: Tinv, fp32 (T, nv, 64) (gdn_chunk_load's layout); dim_k, dim_v and
+ * states unused (no chunk states are kept here) */
 size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
-    (void)states;
     return (size_t)T * nv * GDN_C * sizeof(float);
 }
 

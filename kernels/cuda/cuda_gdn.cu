@@ -2032,6 +2032,13 @@ typedef struct GdnPlan {
 static int gdn_sfwd_cur, gdn_sbwd_cur;
 static int gdn_sfbv_cur; /* the running entry's plan.sfbv: columns per block of the wgmma forward pass */
 
+/* the running entry's switches from its plan (every entry sets them before its launches) */
+static void gdn_cur_set(const GdnPlan &pl) {
+    gdn_sfwd_cur = pl.sfwd;
+    gdn_sfbv_cur = pl.sfbv;
+    gdn_sbwd_cur = pl.sbwd;
+}
+
 static int gdn_sm_count(void) {
     static int n;
     if (!n) {
@@ -2465,13 +2472,7 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
     gdn_prof_mark("index");
     if (!kept) gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    if (states) {
-        gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-        gdn_prof_mark("dvlocal");
-        gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
-                            nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
-        gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
-    } else if (pl.overlap) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
+    if (pl.overlap && !states) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
         cudaEvent_t fork, join;
         cudaStream_t aux = gdn_aux_stream(&fork, &join);
         CUDA_CHECK(cudaEventRecord(fork, st));
@@ -2485,8 +2486,10 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         gdn_prof_mark(gdn_sfwd_cur ? (gdn_sbwd_cur ? "state_fwd_wg|dvlocal+state_bwd_wg" : "state_fwd_wg|dvlocal+state_bwd")
                                    : (gdn_sbwd_cur ? "state_fwd|dvlocal+state_bwd_wg" : "state_fwd|dvlocal+state_bwd"));
     } else {
-        gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
-        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
+        if (!states) { /* the forward's h, vn again (kept: the forward's own) */
+            gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
+            gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
+        }
         gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
         gdn_prof_mark("dvlocal");
         gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
@@ -2575,9 +2578,7 @@ static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the forward before v4.1 */
     if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: W, U kept, the states recomputed */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
-    gdn_sfwd_cur = pl.sfwd;
-    gdn_sfbv_cur = pl.sfbv;
-    gdn_sbwd_cur = pl.sbwd;
+    gdn_cur_set(pl);
     if (pl.v2)
         gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept,
                                kept_states);
@@ -2593,9 +2594,7 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
     if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the backward runs its own prep */
     if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: the backward recomputes h, vn */
     RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
-    gdn_sfwd_cur = pl.sfwd;
-    gdn_sfbv_cur = pl.sfbv;
-    gdn_sbwd_cur = pl.sbwd;
+    gdn_cur_set(pl);
     if (pl.v2)
         gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
                                 nv, ldq, ldv, ldo, kept, kept_states);
@@ -2608,9 +2607,7 @@ template <int DK, int DV>
 static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
-    gdn_sfwd_cur = pl.sfwd;
-    gdn_sfbv_cur = pl.sfbv;
-    gdn_sbwd_cur = pl.sbwd;
+    gdn_cur_set(pl);
     if (pl.v2) gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
     else gdn_transition_v1<DK, DV>(M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
 }
@@ -2619,9 +2616,7 @@ template <int DK, int DV>
 static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
-    gdn_sfwd_cur = pl.sfwd;
-    gdn_sfbv_cur = pl.sfbv;
-    gdn_sbwd_cur = pl.sbwd;
+    gdn_cur_set(pl);
     if (pl.v2) gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
     else gdn_dstate_v1<DK, DV>(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
 }
