@@ -66,7 +66,7 @@ static const char bench_usage[] =
     "  --heads LIST        gdn: heads H, key heads = value heads (default 16,64)\n"
     "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
     "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
-    "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default wy)\n"
+    "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
     "  --doc-len LIST      gdn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
     "                      0 = one document per sample (default 0,2048)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
@@ -160,7 +160,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->n_attn = 4;
     o->heads[0] = 16, o->heads[1] = 64, o->n_heads = 2;
     o->dim = 128;
-    o->gdn_keep = GDN_KEEP_WY; /* checkpoint.gdn_keep's default */
+    o->gdn_keep = GDN_KEEP_STATES; /* checkpoint.gdn_keep's default */
     o->doc_len[0] = 0, o->doc_len[1] = 2048, o->n_doc_len = 2;
     o->config = "configs/hybrid-1b-256k-h200x4.yaml";
     o->tokens = 32768;

@@ -14,8 +14,9 @@
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
  *              in [0.05, 0.95); documents from the case's cu_seqlens.
  * GDN's forward keeps what the Backend keeps for the backward by --gdn-keep, as the model does by
- * checkpoint.gdn_keep (gdn_kept_bytes; default wy, as FLA keeps A from its forward; states keeps the
- * chunk states too, which FLA recomputes), so the forward+backward time is the training step's.
+ * checkpoint.gdn_keep (gdn_kept_bytes; default states: W, U, the gate cumsum and the chunk states, where
+ * FLA keeps A from its forward and recomputes the states; wy as FLA), so the forward+backward time is the
+ * training step's.
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *

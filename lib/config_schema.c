@@ -148,12 +148,12 @@ const ConfigKey config_schema[] = {
     ENUM(checkpoint.activations, "remat", act_policy_names, "model",
          "none: keep all; full: keep block inputs, recompute blocks; remat: also keep attention out+LSE "
          "and GDN CP states, so recompute runs no attention and no communication"),
-    ENUM(checkpoint.gdn_keep, "wy", gdn_keep_names, "model",
+    ENUM(checkpoint.gdn_keep, "states", gdn_keep_names, "model",
          "what the delta rule's forward keeps for its backward, per GDN layer under none, in the recompute "
-         "scratch otherwise: none (the backward recomputes everything); wy: the WY factors (cuda W, U and the "
-         "gate cumsum, T nv (2 dk + 2 dv + 4) bytes; cpu Tinv), so the backward skips their solve; states: also "
-         "the chunk states (cuda h and vn, T nv dv (dk / 32 + 2) bytes more), one state pass less per layer, "
-         "not yet run on a GPU (docs/benchmarks.md GDN v4.4)"),
+         "scratch otherwise: none (the backward recomputes everything: least memory); wy: the WY factors (cuda "
+         "W, U and the gate cumsum, T nv (2 dk + 2 dv + 4) bytes; cpu Tinv), so the backward skips their solve; "
+         "states: also the chunk states (cuda h and vn, T nv dv (dk / 32 + 2) bytes more), one state pass less "
+         "per layer (H100, 32k: delta rule fwd+bwd -12 to -14% against wy; docs/benchmarks.md GDN v4.4)"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
 

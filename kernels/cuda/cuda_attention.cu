@@ -231,7 +231,7 @@
  * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
  * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS and KVRED (below); ATTN_FWD_EX2.
  *
- * ---- v5 backward at hd 256: ATTN_BWD3_QS = 1 | 2 | 3 (off by default: not yet measured) ----
+ * ---- v5 backward at hd 256: ATTN_BWD3_QS = 1 | 2 | 3 (default 3; with KVRED default 1) ----
  *
  * attn_bwd3_kernel<256> with the tile's queries, not its products, split between the consumers. The block
  * owns 64 keys (K, V 64 x 256 resident, as SPLIT); per streamed 64-query tile consumer cw computes S^T and
@@ -255,12 +255,18 @@
  * backward schedule in outline (64 x 64 tiles, two consumer warpgroups, P and dS through shared memory,
  * dQ accumulated through shared memory and bulk reduce-adds; no code taken).
  * Predicted (before any run, docs/benchmarks.md "attention v5 backward at hd 256"): 32k hd 256 MHA backward
- * 107 ms (v2) -> ~80-90 ms, fwd+bwd ~1.05-1.1x SDPA flash. Measured: not yet (no device lent, 2026-11-23).
- * ATTN_BWD3_KVRED = 1 (off, any hd; not yet measured): the block's final dk, dv += by red.global.add.v2 instead
+ * 107 ms (v2) -> ~80-90 ms, fwd+bwd ~1.05-1.1x SDPA flash. Measured (H100, 2026-11-23, backward medians at 32k
+ * hd 256, MHA / GQA 16/2): v2 107.6 / 120.8 ms; QS 1 134 / 158, QS 2 138 / 158, QS 3 68 / 154, QS 3 with KVRED
+ * 67.3 / 67.1: the default. fwd+bwd beside SDPA flash 1.21x / 1.27x at 32k. At 128k keys QS 3 varied from call
+ * to call (1473 to 2768 ms fwd+bwd; v2 2042-2200; flash 1869), so above ATTN_BWD3_QS_MAX_TK the automatic
+ * choice keeps v2 there (suspect: a head's key blocks drift apart, since each waits only for its predecessor,
+ * and their Q / dO tiles then miss L2; RS_ATTN_DQ=atomic, no order at all, was slower still: 2984 ms).
+ * ATTN_BWD3_KVRED = 1 (default, any hd): the block's final dk, dv += by red.global.add.v2 instead
  * of load-add-store. In the PTX of the default form every ld.global of dk / dv follows the st.global before it
  * (dk and dv may alias for the compiler), so a thread's 2 x OUTW / 4 read-modify-writes (64 at hd 128) wait one
  * round trip each, and with GQA the group's blocks do so one after the other under the head-order semaphore;
- * the reds issue without waiting and the same bar.sync + st.release orders them. Suspect of the 128k GQA 16/2 gap.
+ * the reds issue without waiting and the same bar.sync + st.release orders them. Measured (H100, backward at hd
+ * 128): 32k 16/2 36.6 -> 35.3 ms, 128k MHA 600 -> 567, 128k GQA 16/2 651 -> 568 (the gap closed).
  *
  * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
  * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
@@ -1292,11 +1298,16 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
 #endif
 #ifndef ATTN_BWD3_QS
-#define ATTN_BWD3_QS 0 /* 1 (hd 256): S^T, dP^T split by queries between the consumers, P^T and dS^T through shared
+#define ATTN_BWD3_QS 3 /* 1 (hd 256): S^T, dP^T split by queries between the consumers, P^T and dS^T through shared
                         * memory, no recomputed products (v5 layout, header "v5 backward at hd 256") */
 #endif
+#ifndef ATTN_BWD3_QS_MAX_TK
+#define ATTN_BWD3_QS_MAX_TK 65536 /* hd 256: the automatic choice runs v3 (QS) up to this many keys, v2 above: at 128k
+                                   * keys v3 QS measured 1473 to 2768 ms fwd+bwd from call to call (v2 2042-2200; H100,
+                                   * 2026-11-23, docs/benchmarks.md "v0.5"), at 32k and 64k steady */
+#endif
 #ifndef ATTN_BWD3_KVRED
-#define ATTN_BWD3_KVRED 0 /* 1: the block's final dk, dv adds by red.global.add.v2 instead of load-add-store (whose
+#define ATTN_BWD3_KVRED 1 /* 1: the block's final dk, dv adds by red.global.add.v2 instead of load-add-store (whose
                            * loads wait one by one: dk and dv may alias for the compiler); the GQA head order kept */
 #endif
 #ifndef ATTN_BWD3_REG_P
@@ -2554,7 +2565,7 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
 }
 
 /* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise: ATTN_BWD_AUTO = v3 for
- * hd 64 and 128, v2 for hd 256 (where v3 measured slower, see the header) */
+ * hd 64 and 128, and for hd 256 in its QS layout up to ATTN_BWD3_QS_MAX_TK keys; v2 for hd 256 above that */
 #define ATTN_BWD_DEFAULT ATTN_BWD_AUTO
 static int attn_bwd_ver;
 
@@ -2641,7 +2652,8 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
     int bver = cuda_attention_bwd_version(0);
-    if (bver == ATTN_BWD_AUTO) bver = hd == 256 && !ATTN_BWD3_QS ? 2 : 3; /* hd 256: v3 only in its QS layout */
+    if (bver == ATTN_BWD_AUTO) /* hd 256: v3 only in its QS layout, and only up to ATTN_BWD3_QS_MAX_TK keys */
+        bver = hd == 256 && (!ATTN_BWD3_QS || Tk > ATTN_BWD3_QS_MAX_TK) ? 2 : 3;
     if (bver == 3) {
         switch (hd) {
         case 64: attn_launch_backward_v3<64>(p); break;

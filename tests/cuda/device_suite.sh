@@ -4,10 +4,12 @@
 #   tests/cuda/device_suite.sh PART...        e.g.  tests/cuda/device_suite.sh parity gdn attn32k
 #
 # with the binaries already in build/ (built on the CPU machine and carried; CI only compiles them).
-# Every part writes its log under $OUT/logs and prints a summary line; the benchmark parts copy their
-# bench.json to $OUT/PART.json. Parts, in the order given:
+# Every part writes its log under logs/ and prints a summary line; the benchmark parts keep their bench.json
+# as PART.json. All of it ends in one file, $OUT/device_suite.tgz (the device tool returns at most 8 files).
+# Parts, in the order given:
 #   parity     every build/test_cuda case but timing / bench / sweep (one process), and beside it
 #              tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
+#   parity-gdn the test_cuda cases of the delta rule alone (no model_check)
 #   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
 #   gdn-states ringscan bench gdn --gdn-keep states (ours only: the kept chunk states, GDN v4.4)
 #   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
@@ -23,7 +25,7 @@
 #   remat      ringscan bench step, remat (ours only)
 #   step-states  ringscan bench step, none, checkpoint.gdn_keep=states (ours only)
 # Environment:
-#   OUT       where logs and results go (default $OUT of the device tool, else runs/device)
+#   OUT       where device_suite.tgz goes (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
 #   MPI_LIB   a folder with libmpi.so.40 and its libraries, used when the machine has none (ringscan
 #             links Open MPI; the device machine may lack it)
@@ -35,8 +37,9 @@ cd "$(dirname "$0")/../.." || exit 2
 OUT=${OUT:-runs/device}
 PEER=${PEER:-$PWD/.dev/peer}
 LIMIT_S=${LIMIT_S:-560}
-L=$OUT/logs
-mkdir -p "$L"
+W=$(mktemp -d /tmp/device_suite.XXXXXX)
+L=$W/logs
+mkdir -p "$L" "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PEER${PYTHONPATH:+:$PYTHONPATH}
 if ! ldconfig -p 2>/dev/null | grep -q libmpi.so.40 && [ -n "${MPI_LIB:-}" ]; then
     export LD_LIBRARY_PATH=$MPI_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -52,20 +55,28 @@ status=0
 # the seconds a part may still take
 left() { echo $((LIMIT_S + 30 - SECONDS)); }
 
+# suite_parity [PATTERN]: the test_cuda cases matching PATTERN (every case but timing / bench / sweep if
+# none, and then model_check beside them); each distinct failed check is printed once
 suite_parity() {
-    STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build /tmp/device_suite_mc \
-        > "$L/model_check.log" 2>&1 &
-    local mc=$!
-    local cases
-    mapfile -t cases < <(build/test_cuda --list | grep -v -E "timing|bench|sweep")
-    timeout "$(left)" build/test_cuda "${cases[@]}" > "$L/parity.log" 2>&1
-    local rc=$?
-    echo "parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/parity.log") failed=$(grep -c FAIL "$L/parity.log")"
-    grep FAIL "$L/parity.log" | head -5
-    wait $mc
-    local mrc=$?
-    echo "model_check rc=$mrc"
-    grep -E "worst|curve|loss" "$L/model_check.log" | tail -4
+    local mc="" cases
+    if [ -z "${1:-}" ]; then
+        STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build /tmp/device_suite_mc \
+            > "$L/model_check.log" 2>&1 &
+        mc=$!
+    fi
+    mapfile -t cases < <(build/test_cuda --list | grep -v -E "timing|bench|sweep" | grep -E "${1:-.}")
+    timeout "$(left)" build/test_cuda "${cases[@]}" > "$L/parity${1:+-$1}.log" 2>&1
+    local rc=$? mrc=0
+    echo "parity${1:+ ($1)} rc=$rc cases=${#cases[@]} checks_ok=$(grep -c ' ok$' "$L/parity${1:+-$1}.log")" \
+        "failed=$(grep -c FAIL "$L/parity${1:+-$1}.log")"
+    grep FAIL "$L/parity${1:+-$1}.log" | sed 's/: [a-zA-Z_|]* differs between two runs/: ... differs/' | sort | uniq -c |
+        head -20
+    if [ -n "$mc" ]; then
+        wait "$mc"
+        mrc=$?
+        echo "model_check rc=$mrc"
+        grep -E "worst|curve|loss" "$L/model_check.log" | tail -4
+    fi
     [ $rc -eq 0 ] && [ $mrc -eq 0 ]
 }
 
@@ -78,7 +89,7 @@ suite_gdn32k() {
     local rc=$?
     echo "$name ($*) rc=$rc"
     sed -n '/^case /,$p' "$L/$name.log" | head -12
-    cp "/tmp/device_suite_$name/bench.json" "$OUT/$name.json" 2>/dev/null
+    cp "/tmp/device_suite_$name/bench.json" "$W/$name.json" 2>/dev/null
     env "$@" RS_GDN_PROF=1 timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 \
         --reps 3 --out "/tmp/device_suite_$name-prof" > "$L/$name-prof.log" 2>&1
     local prc=$?
@@ -112,7 +123,7 @@ suite_bench() {
     local rc=$?
     echo "$name rc=$rc"
     sed -n '/^case /,$p' "$L/$name.log" | head -60
-    cp "/tmp/device_suite_$name/bench.json" "$OUT/$name.json" 2>/dev/null
+    cp "/tmp/device_suite_$name/bench.json" "$W/$name.json" 2>/dev/null
     return $rc
 }
 
@@ -125,6 +136,7 @@ for part in "$@"; do
     echo "== $part at ${SECONDS} s"
     case $part in
     parity) suite_parity ;;
+    parity-gdn) suite_parity gdn ;;
     gdn) suite_bench gdn gdn --peer --peer-timeout 200 ;;
     gdn-nopeer) suite_bench gdn-nopeer gdn ;;
     gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
@@ -141,11 +153,12 @@ for part in "$@"; do
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
     *)
-        echo "unknown part '$part' (parity gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32 gdn32k-dwg-sfbv32"
+        echo "unknown part '$part' (parity parity-gdn gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32 gdn32k-dwg-sfbv32"
         echo "  gdn-cycles attn attn32k step remat step-states)"
         false
         ;;
     esac || status=1
 done
-echo "== done at ${SECONDS} s, status $status"
+tar czf "$OUT/device_suite.tgz" -C "$W" .
+echo "== done at ${SECONDS} s, status $status (logs: $OUT/device_suite.tgz)"
 exit $status

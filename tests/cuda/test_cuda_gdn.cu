@@ -609,8 +609,8 @@ TEST(cuda_gdn_mma_layouts) {
  * dual launch forced to its second form; the backward state passes on wgmma (sbwd, GDN v4.3): automatic
  * otherwise, with sfwd in 3 document segments and the overlapped backward, and in the dual launch
  * forced to its second form; the dual launch's second form on wgmma (dwg 1, GDN v4.5): forced to it,
- * overlapped, and forced to the first form beside it (dual 4); the wgmma forward pass in 32-column
- * blocks (sfbv 32, GDN v4.5): alone, 3 stages in 3 segments (transition columns, the fold), and as the
+ * overlapped, and forced to the first form beside it (dual 4); the wgmma forward pass in 64-column
+ * blocks (sfbv 64; 32, GDN v4.5, is the automatic choice): alone, 3 stages in 3 segments (transition columns, the fold), and as the
  * dual launch's second form (overlapped). */
 static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
@@ -627,8 +627,8 @@ static const CudaGdnTune gdn_cfgs[] = {
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 32}, {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 32},
-    {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 32},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 64}, {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 64},
+    {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 64},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -680,11 +680,15 @@ TEST(cuda_gdn_forward_backward_edges) {
     gdn_check_fwd_bwd_cfgs("T=192 S0=NULL dS_final=NULL", &p, GDN_SFINAL | GDN_DS0, GDN_TEST_BOUND, GDN_CFGS);
 }
 
-/* same inputs twice, the first run under cfg and the second under cfg2 (NULL: cfg; cfg NULL: the
- * switches as they are): every output bitwise equal */
-static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NULL, bool must = true) {
+/* what gdn_determinism asks of the two runs: every output bitwise equal; printed only; some output
+ * different (the two configurations run different arithmetic: proof that a switch took effect) */
+enum GdnDet { GDN_DET_EQUAL, GDN_DET_INFO, GDN_DET_DIFFER };
+
+/* same inputs twice (T 4000, 2 key heads, nv value heads), the first run under cfg and the second under
+ * cfg2 (NULL: cfg; cfg NULL: the switches as they are), outputs compared bitwise as `want` says */
+static void gdn_determinism_at(int nv, const CudaGdnTune *cfg, const CudaGdnTune *cfg2, GdnDet want) {
     static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
-    GdnProb p = gdn_prob(4000, 2, 4, 128, 128, 30, starts, 7, 1, 0.3, 500);
+    GdnProb p = gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
     char cn[280], c1[128], c2[128];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
@@ -720,13 +724,25 @@ static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NU
         CUDA_CHECK(cudaMemcpyAsync(b, out[1][i], sz[i], cudaMemcpyDeviceToHost, cuda_stream()));
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
         const int eq = memcmp(a, b, sz[i]) == 0;
-        if (must) EXPECT(eq, "determinism%s: %s differs between two runs", cn, names[i]);
+        if (want == GDN_DET_EQUAL) EXPECT(eq, "determinism%s: %s differs between two runs", cn, names[i]);
         same &= eq;
     }
-    printf("determinism%s: o, S_final, dq, dk, dv, dg, dbeta, dS0 bitwise equal over two runs: %s%s\n", cn,
-           same ? "ok" : "NO", must ? "" : " (information only)");
+    if (want == GDN_DET_DIFFER) EXPECT(!same, "determinism%s: every output bitwise equal, expected a difference", cn);
+    printf("determinism%s (%d heads): o, S_final, dq, dk, dv, dg, dbeta, dS0 bitwise equal over two runs: %s%s\n",
+           cn, nv, same ? "ok" : "NO",
+           want == GDN_DET_INFO ? " (information only)" : want == GDN_DET_DIFFER ? " (a difference expected)" : "");
     if (cfg || cfg2) cuda_gdn_tune_set(NULL);
     gdn_dev_free_all();
+}
+
+/* at 4 value heads, where the automatic plan runs segments (so no dual launch) */
+static void gdn_determinism(const CudaGdnTune *cfg, const CudaGdnTune *cfg2 = NULL, bool must = true) {
+    gdn_determinism_at(4, cfg, cfg2, must ? GDN_DET_EQUAL : GDN_DET_INFO);
+}
+
+/* at 16 value heads, where the automatic plan is one segment and the dual launch runs (dual != 2) */
+static void gdn_determinism_dual(const CudaGdnTune *cfg, const CudaGdnTune *cfg2, GdnDet want = GDN_DET_EQUAL) {
+    gdn_determinism_at(16, cfg, cfg2, want);
 }
 
 TEST(cuda_gdn_determinism) {
@@ -745,28 +761,32 @@ TEST(cuda_gdn_determinism) {
                              nb1 = {1, 0, 0, 0, 0, 0, 1, 1, 2, 1};
     gdn_determinism(&ds1, &ds7);
     gdn_determinism(&ds1, &nb1);
-    /* the dual launch: the picked configuration gives the bits of its one-segment form (the other
-     * launch's blocks exit without a store); across the column blocks, information only (du3: the
-     * second form on mma.sync, dwg 2, as GDN v3.1) */
+    /* the dual launch (at 16 heads: at 4 the automatic plan runs segments, and then no dual launch): the
+     * picked configuration gives the bits of its one-segment form (the other launch's blocks exit without
+     * a store): forced to the second = 32 columns in one segment, forced to the first = the automatic
+     * configuration without the dual launch; across the column blocks, information only (du3: the second
+     * form on mma.sync, dwg 2, as GDN v3.1) */
     static const CudaGdnTune du3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 2}, du4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
-                             b32 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 1, 0}, b16 = {1, 0, 0, 16, 0, 0, 1, 1, 0, 1, 0};
-    gdn_determinism(&du3, &b32);
-    gdn_determinism(&du4, &b16);
-    gdn_determinism(&du3, &du4, false);
+                             b32 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 1, 0},
+                             nod = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 2};
+    gdn_determinism_dual(&du3, &b32);
+    gdn_determinism_dual(&du4, &nod);
+    gdn_determinism_dual(&du3, &du4, GDN_DET_INFO);
     /* 64 columns (GDN v4): alone; the automatic configuration with 64 columns picked in the dual launch
      * gives the bits of 64 columns in one segment; against 32 columns, information only */
     static const CudaGdnTune b64 = {1, 0, 0, 64, 0, 0, 1, 1, 0, 1, 0}, wd4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3};
     gdn_determinism(&b64);
-    gdn_determinism(&wd4, &b64);
+    gdn_determinism_dual(&wd4, &b64);
     gdn_determinism(&b64, &b32, false);
-    /* the wgmma forward pass (GDN v4.2): two runs; document segments exact (1 vs 7); the dual launch's
-     * second form = 8 document segments; against the mma.sync pass, information only */
+    /* the wgmma forward pass (GDN v4.2; 32 columns, the automatic sfbv): two runs; document segments
+     * exact (1 vs 7); the dual launch's second form = 8 document segments; against the mma.sync pass,
+     * information only */
     static const CudaGdnTune wg = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, wg1 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1},
                              wg7 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3}, wgd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1, 0, 2},
                              wg8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1};
     gdn_determinism(&wg);
     gdn_determinism(&wg1, &wg7);
-    gdn_determinism(&wgd, &wg8);
+    gdn_determinism_dual(&wgd, &wg8);
     gdn_determinism(&wg, &v2d, false);
     /* the wgmma backward pass (GDN v4.3): two runs, alone and with sfwd; document segments exact (1 vs
      * 7, overlapped); the dual launch's second form = 8 document segments; against the mma.sync pass,
@@ -780,33 +800,34 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&sb);
     gdn_determinism(&sbf);
     gdn_determinism(&sb1, &sb7);
-    gdn_determinism(&sbd, &sb8);
+    gdn_determinism_dual(&sbd, &sb8);
     gdn_determinism(&sb, &v2d, false);
-    /* the dual launch's second form on wgmma (dwg, GDN v4.5; sfwd / sbwd automatic, so off at these 4
-     * heads): two runs; forced to it = both wgmma passes in 8 document segments (overlapped too); forced
-     * to the first form = the mma.sync default; against the second form on mma.sync, information only */
+    /* the dual launch's second form on wgmma (dwg, GDN v4.5; at 16 heads, where sfwd / sbwd automatic
+     * are off): two runs; forced to it = both wgmma passes in 8 document segments (overlapped too);
+     * forced to the first form = the mma.sync default without the dual launch; against the second form
+     * on mma.sync a difference (wgmma's sums in another order: the proof that dwg took effect) */
     static const CudaGdnTune dw3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
                              dw3o = {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
                              dw4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
                              dw8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1},
                              dw8o = {1, 0, 0, 32, 1, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1};
-    gdn_determinism(&dw3);
-    gdn_determinism(&dw3, &dw8);
-    gdn_determinism(&dw3o, &dw8o);
-    gdn_determinism(&dw4, &b16);
-    gdn_determinism(&dw3, &du3, false);
-    /* the wgmma forward pass in 32-column blocks (sfbv 32, GDN v4.5): two runs; document segments exact (1
-     * vs 7, 3 stages); the dual launch's second form (dwg) = 8 document segments; against 64 columns,
-     * information only */
-    static const CudaGdnTune f32 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 32},
-                             f321 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1, 0, 0, 32},
-                             f327 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3, 0, 0, 32},
-                             f32d = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 32},
-                             f328 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1, 0, 32};
-    gdn_determinism(&f32);
-    gdn_determinism(&f321, &f327);
-    gdn_determinism(&f32d, &f328);
-    gdn_determinism(&f32, &wg, false);
+    gdn_determinism_dual(&dw3, NULL);
+    gdn_determinism_dual(&dw3, &dw8);
+    gdn_determinism_dual(&dw3o, &dw8o);
+    gdn_determinism_dual(&dw4, &nod);
+    gdn_determinism_dual(&dw3, &du3, GDN_DET_DIFFER);
+    /* the wgmma forward pass in 64-column blocks (sfbv 64; 32, GDN v4.5, is the automatic choice): two
+     * runs; document segments exact (1 vs 7, 3 stages); the dual launch's second form (dwg) = 8 document
+     * segments; against 32 columns, information only */
+    static const CudaGdnTune f64 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 64},
+                             f641 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1, 0, 0, 64},
+                             f647 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3, 0, 0, 64},
+                             f64d = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 64},
+                             f648 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1, 0, 64};
+    gdn_determinism(&f64);
+    gdn_determinism(&f641, &f647);
+    gdn_determinism_dual(&f64d, &f648);
+    gdn_determinism(&f64, &wg, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -829,12 +850,12 @@ TEST(cuda_gdn_v2_segments) {
         {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
         {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 0, 1},
         {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 0, 1},
-        /* the dual launch's second form on wgmma (dwg 1, GDN v4.5); the wgmma forward pass in 32-column
-         * blocks (sfbv 32): 4 segments (3 stages, transition columns, the fold), 7 segments with sbwd, 13
+        /* the dual launch's second form on wgmma (dwg 1, GDN v4.5); the wgmma forward pass in 64-column
+         * blocks (sfbv 64; 32 is automatic): 4 segments (3 stages, transition columns, the fold), 7 segments with sbwd, 13
          * document segments */
         {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-        {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 32}, {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 32},
-        {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 1, 0, 0, 32},
+        {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 64}, {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 64},
+        {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 1, 0, 0, 64},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -874,11 +895,12 @@ TEST(cuda_gdn_check_can_fail) {
 /* ---- the CP entries ---- */
 
 /* the CP entries run under the default, v1 and v2 (one segment; 3 stages of 32 columns; 2 stages of 16
- * with the shorter MMA chains), the wgmma passes (sfwd 2 and 3 stages, sbwd), sfwd in 32-column blocks */
+ * with the shorter MMA chains), the wgmma passes (sfwd 2 and 3 stages, sbwd; 32-column blocks, the automatic
+ * sfbv), sfwd in 64-column blocks */
 static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1},
     {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 32}};
+    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 64}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
     char tag[256], cn[128];
@@ -1055,7 +1077,8 @@ TEST(cuda_gdn_state_affine) {
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
  * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3; 32 and
  * 64 columns, wide, hi-only, the wgmma forward / backward passes, and the dual launch forced to its
- * second form on wgmma (dwg 1: GDN v4.5), the wgmma forward pass in 32-column blocks (sfbv 32). Prints
+ * second form on wgmma (dwg 1: GDN v4.5), the wgmma forward pass in 64-column blocks (sfbv 64; 32 is the
+ * automatic choice). Prints
  * one timing of the forward and the backward per set, for information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
@@ -1069,7 +1092,7 @@ TEST(cuda_gdn_long) {
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
                                        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 32}};
+                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 64}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
