@@ -125,12 +125,14 @@
  * 4.74 -> 2.44 ms, fwd+bwd 19.92 -> 17.68 ms (1 document), 19.94 -> 17.72 (16 documents); 16 heads:
  * 6.39 -> 7.46 (1 document), 5.38 -> 4.88 (16 documents), so off there (docs/benchmarks.md).
  *
- * GDN v4.5 (docs/benchmarks.md "GDN v4.5"; built, not yet run on a device, both off by default): switch
- * dwg runs the dual launch's second (many-document) configuration on the wgmma passes (64 columns in
- * GDN_DUAL_ZB document segments, forward and backward) where sfwd / sbwd leave the automatic one on
+ * GDN v4.5 (docs/benchmarks.md "GDN v4.5" and "v0.5"; both on by default since v0.5): switch dwg runs
+ * the dual launch's second (many-document) configuration on the wgmma passes (64 columns in GDN_DUAL_ZB
+ * document segments, forward and backward) where sfwd / sbwd leave the automatic one on
  * mma.sync (16 heads): GDN v4.2 / v4.3 measured those passes 2.8% / 9.5% faster fwd+bwd at 32k / 16 heads
  * / 16 documents, the rows where the device picks that configuration. Switch sfbv = 32 runs the wgmma
- * forward pass in 32-column blocks (m64n32k16, 100 KB: two blocks, two chunk chains, per SM).
+ * forward pass in 32-column blocks (m64n32k16, 100 KB: two blocks, two chunk chains, per SM). H100,
+ * 32k: 16 heads / 16 documents fwd+bwd 5.41 -> 4.66 ms (dwg), 4.46 (and sfbv 32); 64 heads 17.86 -> 16.96
+ * (sfbv 32).
  *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of

@@ -54,10 +54,10 @@ typedef struct CudaGdnTune {
     int dwg;     /* dual launch (dual): its second, many-document configuration on the wgmma state passes (64
                     columns in 8 document segments, forward and backward) where sfwd / sbwd leave the automatic
                     configuration on mma.sync (16 heads of 128): 1 = on, 2 = off (32 columns on mma.sync, as
-                    GDN v3.1), 0 = automatic (off until measured: GDN_DWG_DEFAULT) */
+                    GDN v3.1), 0 = automatic (on: GDN_DWG_DEFAULT) */
     int sfbv;    /* wgmma forward state pass (sfwd, and the dual launch's second form with dwg): state columns per
                     block, 64 or 32 (GDN v4.5: m64n32k16, ~100 KB of shared memory, two blocks per SM); 0 =
-                    automatic (64) */
+                    automatic (32: GDN_SFBV_DEFAULT) */
 } CudaGdnTune;
 
 /* NULL: back to the environment / built-in choices */
