@@ -69,8 +69,8 @@ suite_parity() {
     local rc=$? mrc=0
     echo "parity${1:+ ($1)} rc=$rc cases=${#cases[@]} checks_ok=$(grep -c ' ok$' "$L/parity${1:+-$1}.log")" \
         "failed=$(grep -c FAIL "$L/parity${1:+-$1}.log")"
-    grep FAIL "$L/parity${1:+-$1}.log" | sed 's/: [a-zA-Z_|]* differs between two runs/: ... differs/' | sort | uniq -c |
-        head -20
+    grep FAIL "$L/parity${1:+-$1}.log" | sed 's/: [a-zA-Z_|]* differs between two runs/: ... differs/' |
+        sort | uniq -c | head -20
     if [ -n "$mc" ]; then
         wait "$mc"
         mrc=$?
@@ -153,8 +153,8 @@ for part in "$@"; do
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
     *)
-        echo "unknown part '$part' (parity parity-gdn gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32 gdn32k-dwg-sfbv32"
-        echo "  gdn-cycles attn attn32k step remat step-states)"
+        echo "unknown part '$part' (parity parity-gdn gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states)"
         false
         ;;
     esac || status=1
