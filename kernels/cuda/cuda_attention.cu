@@ -258,9 +258,11 @@
  * 107 ms (v2) -> ~80-90 ms, fwd+bwd ~1.05-1.1x SDPA flash. Measured (H100, 2026-11-23, backward medians at 32k
  * hd 256, MHA / GQA 16/2): v2 107.6 / 120.8 ms; QS 1 134 / 158, QS 2 138 / 158, QS 3 68 / 154, QS 3 with KVRED
  * 67.3 / 67.1: the default. fwd+bwd beside SDPA flash 1.21x / 1.27x at 32k. At 128k keys QS 3 varied from call
- * to call (1473 to 2768 ms fwd+bwd; v2 2042-2200; flash 1869), so above ATTN_BWD3_QS_MAX_TK the automatic
- * choice keeps v2 there (suspect: a head's key blocks drift apart, since each waits only for its predecessor,
- * and their Q / dO tiles then miss L2; RS_ATTN_DQ=atomic, no order at all, was slower still: 2984 ms).
+ * to call (1473 to 2768 ms fwd+bwd; v2 2042-2200; flash 1869): a head's key blocks drift apart, since each
+ * waits only for its predecessor, and their Q / dO tiles then miss L2 (RS_ATTN_DQ=atomic, no order at all, was
+ * slower still: 2984 ms). ATTN_BWD3_THROTTLE keeps them within W tiles (the producer waits for the next key
+ * block's add of tile i - W): W = 4 at 128k 1836-1852 / 1750 ms, 0.99x / 1.04x flash, steady; at 32k it costs
+ * 20%, so its kernel instance runs above ATTN_BWD3_THROTTLE_MIN_TK keys only (RS_ATTN_THROTTLE=1 forces it).
  * ATTN_BWD3_KVRED = 1 (default, any hd): the block's final dk, dv += by red.global.add.v2 instead
  * of load-add-store. In the PTX of the default form every ld.global of dk / dv follows the st.global before it
  * (dk and dv may alias for the compiler), so a thread's 2 x OUTW / 4 read-modify-writes (64 at hd 128) wait one
@@ -307,6 +309,7 @@ typedef struct {
     const float *lse2, *D;            /* (nh,Tq_pad) backward row statistics */
     uint32_t *dq_sem;                 /* (nh,nq) v3: last key block (+1) that added to a dq tile */
     uint32_t *kv_sem;                 /* (nkv,nk,2) v3 GQA: heads that added to a (key block, consumer) of dk, dv */
+    uint32_t *kb_started;             /* (nh,nk) v3 throttle: 1 once the block of (head, key block) has begun */
     int dq_order;                     /* v3: 1 = dq adds in key-block order (reproducible), 0 = plain atomics */
     int Tq, Tk, Tq_pad;
     int nh, nkv, group;
@@ -1301,10 +1304,16 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #define ATTN_BWD3_QS 3 /* 1 (hd 256): S^T, dP^T split by queries between the consumers, P^T and dS^T through shared
                         * memory, no recomputed products (v5 layout, header "v5 backward at hd 256") */
 #endif
-#ifndef ATTN_BWD3_QS_MAX_TK
-#define ATTN_BWD3_QS_MAX_TK 65536 /* hd 256: the automatic choice runs v3 (QS) up to this many keys, v2 above: at 128k
-                                   * keys v3 QS measured 1473 to 2768 ms fwd+bwd from call to call (v2 2042-2200; H100,
-                                   * 2026-11-23, docs/benchmarks.md "v0.5"), at 32k and 64k steady */
+#ifndef ATTN_BWD3_THROTTLE_MIN_TK
+#define ATTN_BWD3_THROTTLE_MIN_TK 65536 /* QS 3: above this many keys the backward runs with ATTN_BWD3_THROTTLE: at 128k
+                                         * keys unthrottled v3 measured 1473 to 2768 ms fwd+bwd from call to call, with
+                                         * W = 4 1836-1852 (MHA), 1750-1751 (GQA 16/2) in two rounds; at 32k W = 4 costs
+                                         * 20% (H100, 2026-11-23, docs/benchmarks.md "v0.5") */
+#endif
+#ifndef ATTN_BWD3_THROTTLE
+#define ATTN_BWD3_THROTTLE 4 /* W > ST (QS 3, above ATTN_BWD3_THROTTLE_MIN_TK keys): a block's producer loads query tile i only
+                              * once the next key block of its head, if started and live there, has added tile i - W,
+                              * so a head's key blocks stay within W tiles of each other and share Q, dO in L2 */
 #endif
 #ifndef ATTN_BWD3_KVRED
 #define ATTN_BWD3_KVRED 1 /* 1: the block's final dk, dv adds by red.global.add.v2 instead of load-add-store (whose
@@ -1396,7 +1405,7 @@ static __device__ __forceinline__ int attn_prev_live(const uint32_t *row, int be
  * it was dispatched first and is resident or finished (blocks are dispatched in index order); it never
  * waits on a later block, so the chain always moves. p.dq_order = 0 drops the waits (plain fp32
  * atomics, not reproducible: the measured comparison). */
-template <int HD>
+template <int HD, int TW_ = 0>
 static __global__ void __launch_bounds__(AWG_THREADS, 1)
     attn_bwd3_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                      const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
@@ -1539,9 +1548,27 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         int it = 0;
         {
             const int h = h0;
+            /* the throttle: the next key block of the head (KT = 1: SPLIT), its live tiles, its start flag */
+            constexpr int TW = C::QSTG ? TW_ : 0;
+            const bool throttle = TW > 0 && p.dq_order && rb + 1 < (int)gridDim.y;
+            const uint32_t *succ_live = throttle ? p.k_live + (int64_t)(t0 + KT) * p.nqw : nullptr;
+            const uint32_t *succ_started = throttle ? p.kb_started + (int64_t)h0 * p.nk + rb + 1 : nullptr;
+            if (TW > 0 && lane == 0) attn_st_release(p.kb_started + (int64_t)h0 * p.nk + rb, 1u);
             for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
                 const int s = it % ST;
                 if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+                if constexpr (TW > 0) {
+                    /* wait until the next key block, once started, has added tile idx - TW where it is live (its
+                     * value rb + 2, or a later block's); no deadlock: it needs this block's adds of tiles up to
+                     * idx - TW only, done once TW > ST */
+                    const int j = idx - TW;
+                    if (throttle && lane == 0 && j >= 0 && attn_ld_acquire(succ_started) &&
+                        attn_next_live(succ_live, p.nqw, j) == j) {
+                        const uint32_t *sj = p.dq_sem + (int64_t)h0 * p.nq + j;
+                        while (attn_ld_acquire(sj) < (uint32_t)(rb + 2)) __nanosleep(64);
+                    }
+                    __syncwarp();
+                }
                 const int r0 = idx * ATTN_TILE;
                 int *mi = reinterpret_cast<int *>(meta_g + s * C::meta_bytes);
                 float *mf = reinterpret_cast<float *>(mi);
@@ -2373,6 +2400,11 @@ static void attn_check_args(const char *who, int64_t Tq, int64_t Tk, int nh, int
 
 /* Fills the metadata part of p (tile counts, bitmasks; lse2/D space when `bwd`) and launches the
  * ranges and pairs kernels. Returns the workspace's lse2/D area (bwd) or NULL. */
+/* the backward's semaphore words: dq_sem (nh,nq), kv_sem (nkv,nk,2), kb_started (nh,nk) */
+static size_t attn_sem_count(const AttnParams *p) {
+    return (size_t)p->nh * p->nq + (size_t)p->nkv * p->nk * 2 + (size_t)p->nh * p->nk;
+}
+
 static float *attn_plan(AttnParams *p, int bwd) {
     p->nq = (p->Tq + ATTN_TILE - 1) / ATTN_TILE;
     p->nk = (p->Tk + ATTN_TILE - 1) / ATTN_TILE;
@@ -2382,12 +2414,13 @@ static float *attn_plan(AttnParams *p, int bwd) {
     const size_t b_ranges = attn_align((size_t)(p->nq + p->nk) * sizeof(int4));
     const size_t b_qmask = attn_align((size_t)p->nq * p->nkw * 4), b_kmask = attn_align((size_t)p->nk * p->nqw * 4);
     const size_t b_stats = bwd ? attn_align((size_t)p->nh * p->Tq_pad * 4) : 0;
-    const size_t n_sem = bwd ? (size_t)p->nh * p->nq + (size_t)p->nkv * p->nk * 2 : 0; /* dq_sem, kv_sem */
+    const size_t n_sem = bwd ? attn_sem_count(p) : 0; /* dq_sem, kv_sem, kb_started */
     const size_t b_sem = attn_align(n_sem * 4);
     unsigned char *ws =
         (unsigned char *)attn_workspace(b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats + b_sem + 256);
     p->dq_sem = bwd ? (uint32_t *)(ws + b_ranges + 2 * b_qmask + 2 * b_kmask + 2 * b_stats) : NULL;
     p->kv_sem = bwd ? p->dq_sem + (size_t)p->nh * p->nq : NULL;
+    p->kb_started = bwd ? p->kv_sem + (size_t)p->nkv * p->nk * 2 : NULL;
     int4 *ranges = (int4 *)ws;
     uint32_t *q_live = (uint32_t *)(ws + b_ranges), *q_part = (uint32_t *)(ws + b_ranges + b_qmask);
     uint32_t *k_live = (uint32_t *)(ws + b_ranges + 2 * b_qmask);
@@ -2543,6 +2576,22 @@ extern "C" int cuda_attention_dq_order(int v) {
     return old;
 }
 
+/* v3 at hd 256 (QS 3): the throttled instance at every size when 1 (RS_ATTN_THROTTLE=1), only above
+ * ATTN_BWD3_THROTTLE_MIN_TK keys when 0 (the default) */
+static int attn_thr_force = -1;
+
+extern "C" int cuda_attention_throttle(int v) {
+    if (attn_thr_force < 0) {
+        const char *e = getenv("RS_ATTN_THROTTLE");
+        RS_CHECK(!e || !*e || !strcmp(e, "0") || !strcmp(e, "1"), "RS_ATTN_THROTTLE=%s (want 0 or 1)", e);
+        attn_thr_force = e && !strcmp(e, "1");
+    }
+    const int old = attn_thr_force;
+    RS_CHECK(v >= -1 && v <= 1, "cuda_attention_throttle: %d (want -1, 0 or 1)", v);
+    if (v >= 0) attn_thr_force = v;
+    return old;
+}
+
 /* v3: one kernel for dk, dv and dq */
 template <int HD>
 static void attn_launch_backward_v3(const AttnParams &p0) {
@@ -2550,8 +2599,15 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     static int done;
     AttnParams p = p0;
     p.dq_order = cuda_attention_dq_order(-1);
-    attn_smem_limit(attn_bwd3_kernel<HD>, C::bytes, &done);
-    CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, ((size_t)p.nh * p.nq + (size_t)p.nkv * p.nk * 2) * 4, cuda_stream()));
+    /* hd 256 (QS 3) above ATTN_BWD3_THROTTLE_MIN_TK keys (or forced): the throttled instance */
+    const int force = cuda_attention_throttle(-1);
+    auto kernel = attn_bwd3_kernel<HD, 0>;
+    static int done_thr;
+    int *kdone = &done;
+    if constexpr (C::QSTG)
+        if (force || p.Tk > ATTN_BWD3_THROTTLE_MIN_TK) kernel = attn_bwd3_kernel<HD, ATTN_BWD3_THROTTLE>, kdone = &done_thr;
+    attn_smem_limit(kernel, C::bytes, kdone);
+    CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, attn_sem_count(&p) * 4, cuda_stream()));
     CUtensorMap tk, tv, tq, tdo, tdq;
     attn_tmap(&tk, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
     attn_tmap(&tv, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
@@ -2559,13 +2615,13 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
     memset(&tdq, 0, sizeof tdq);
     if (C::BULK || C::QSTG) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
-    attn_bwd3_kernel<HD><<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
-        p, tk, tv, tq, tdo, tdq);
+    kernel<<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(p, tk, tv, tq, tdo,
+                                                                                             tdq);
     CUDA_LAUNCH_CHECK();
 }
 
-/* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise: ATTN_BWD_AUTO = v3 for
- * hd 64 and 128, and for hd 256 in its QS layout up to ATTN_BWD3_QS_MAX_TK keys; v2 for hd 256 above that */
+/* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise: ATTN_BWD_AUTO = v3 (at hd
+ * 256 in its QS layout, throttled above ATTN_BWD3_THROTTLE_MIN_TK keys) */
 #define ATTN_BWD_DEFAULT ATTN_BWD_AUTO
 static int attn_bwd_ver;
 
@@ -2652,8 +2708,7 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
     int bver = cuda_attention_bwd_version(0);
-    if (bver == ATTN_BWD_AUTO) /* hd 256: v3 only in its QS layout, and only up to ATTN_BWD3_QS_MAX_TK keys */
-        bver = hd == 256 && (!ATTN_BWD3_QS || Tk > ATTN_BWD3_QS_MAX_TK) ? 2 : 3;
+    if (bver == ATTN_BWD_AUTO) bver = hd == 256 && !ATTN_BWD3_QS ? 2 : 3; /* hd 256: v3 only in its QS layout */
     if (bver == 3) {
         switch (hd) {
         case 64: attn_launch_backward_v3<64>(p); break;

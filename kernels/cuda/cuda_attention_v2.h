@@ -26,6 +26,11 @@ int cuda_attention_bwd_version(int v);
  * Returns the setting in force before the call. */
 int cuda_attention_dq_order(int v);
 
+/* backward v3 at hd 256: 1 = the throttled kernel (a head's key blocks kept within ATTN_BWD3_THROTTLE query
+ * tiles) at every size (RS_ATTN_THROTTLE=1), 0 = only above ATTN_BWD3_THROTTLE_MIN_TK keys (the default),
+ * -1 = no change. Returns the setting in force before the call. */
+int cuda_attention_throttle(int v);
+
 #ifdef __cplusplus
 }
 #endif
