@@ -229,7 +229,7 @@
  * Removed switches (the git history keeps their code; every kernel's SASS of the default build is
  * byte-identical before and after): ATTN_BWD3_EX2, HOIST, RED4, SEQPIPE, ST128, SOLO, and ONEIF (its
  * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
- * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS and KVRED (below); ATTN_FWD_EX2.
+ * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS, KVRED and THROTTLE (below); ATTN_FWD_EX2.
  *
  * ---- v5 backward at hd 256: ATTN_BWD3_QS = 1 | 2 | 3 (default 3; with KVRED default 1) ----
  *
