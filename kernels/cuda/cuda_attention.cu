@@ -1305,15 +1305,16 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                         * memory, no recomputed products (v5 layout, header "v5 backward at hd 256") */
 #endif
 #ifndef ATTN_BWD3_THROTTLE_MIN_TK
-#define ATTN_BWD3_THROTTLE_MIN_TK 65536 /* QS 3: above this many keys the backward runs with ATTN_BWD3_THROTTLE: at 128k
-                                         * keys unthrottled v3 measured 1473 to 2768 ms fwd+bwd from call to call, with
-                                         * W = 4 1836-1852 (MHA), 1750-1751 (GQA 16/2) in two rounds; at 32k W = 4 costs
-                                         * 20% (H100, 2026-11-23, docs/benchmarks.md "v0.5") */
+#define ATTN_BWD3_THROTTLE_MIN_TK 65536 /* QS 3: above this many keys the backward runs with ATTN_BWD3_THROTTLE: at
+                                         * 128k keys unthrottled v3 measured 1473 to 2768 ms fwd+bwd from call to call,
+                                         * with W = 4 1836-1852 (MHA), 1750-1751 (GQA 16/2) in two rounds; at 32k W = 4
+                                         * costs 20% (H100, 2026-11-23, docs/benchmarks.md "v0.5") */
 #endif
 #ifndef ATTN_BWD3_THROTTLE
-#define ATTN_BWD3_THROTTLE 4 /* W > ST (QS 3, above ATTN_BWD3_THROTTLE_MIN_TK keys): a block's producer loads query tile i only
-                              * once the next key block of its head, if started and live there, has added tile i - W,
-                              * so a head's key blocks stay within W tiles of each other and share Q, dO in L2 */
+#define ATTN_BWD3_THROTTLE 4 /* W > ST (QS 3, above ATTN_BWD3_THROTTLE_MIN_TK keys): a block's producer loads query
+                              * tile i only once the next key block of its head, if started and live there, has added
+                              * tile i - W, so a head's key blocks stay within W tiles of each other and share Q, dO
+                              * in L2 */
 #endif
 #ifndef ATTN_BWD3_KVRED
 #define ATTN_BWD3_KVRED 1 /* 1: the block's final dk, dv adds by red.global.add.v2 instead of load-add-store (whose
@@ -2604,8 +2605,12 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     auto kernel = attn_bwd3_kernel<HD, 0>;
     static int done_thr;
     int *kdone = &done;
+    static_assert(!C::QSTG || ATTN_BWD3_THROTTLE > C::ST, "ATTN_BWD3_THROTTLE must exceed the ring stages");
     if constexpr (C::QSTG)
-        if (force || p.Tk > ATTN_BWD3_THROTTLE_MIN_TK) kernel = attn_bwd3_kernel<HD, ATTN_BWD3_THROTTLE>, kdone = &done_thr;
+        if (force || p.Tk > ATTN_BWD3_THROTTLE_MIN_TK) {
+            kernel = attn_bwd3_kernel<HD, ATTN_BWD3_THROTTLE>;
+            kdone = &done_thr;
+        }
     attn_smem_limit(kernel, C::bytes, kdone);
     CUDA_CHECK(cudaMemsetAsync(p.dq_sem, 0, attn_sem_count(&p) * 4, cuda_stream()));
     CUtensorMap tk, tv, tq, tdo, tdq;
