@@ -1397,6 +1397,46 @@ static __device__ __forceinline__ int attn_prev_live(const uint32_t *row, int be
     }
 }
 
+/* v3's P^T in place, for this thread's NB x 8 streamed queries of a tile: c[4 nb + 2 rr + e] (own key rr: kpos,
+ * kdoc) from S^T to exp2(S^T scale_log2 - lse2) of query c0 + 8 nb + 2 t + e (the stage's metadata mi / mf), 0
+ * where the query cannot see the key (part: the tile is partly masked) */
+template <int NB>
+static __device__ __forceinline__ void attn_bwd3_p(float (&c)[4 * NB], const int *mi, const float *mf, int c0, int t,
+                                                   bool part, int causal, const int (&kpos)[2], const int (&kdoc)[2],
+                                                   float sl2) {
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int q = c0 + nb * 8 + 2 * t + e;
+            const float lc = mf[q];
+            const int qp = mi[2 * ATTN_TILE + q], qd = qp - mi[3 * ATTN_TILE + q];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const bool vis = !part || (kdoc[rr] == qd && (!causal || kpos[rr] <= qp));
+                c[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
+            }
+        }
+}
+
+/* v3's dS^T in place: dp[i] (dP^T) = pt[i] (P^T) (dP^T - D) for the same queries as attn_bwd3_p (D: the stage's
+ * row statistics, mf + ATTN_TILE) */
+template <int NB>
+static __device__ __forceinline__ void attn_bwd3_ds(float (&dp)[4 * NB], const float (&pt)[4 * NB], const float *D,
+                                                    int c0, int t) {
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float dc = D[c0 + nb * 8 + 2 * t + e];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int i = 4 * nb + 2 * rr + e;
+                dp[i] = pt[i] * (dp[i] - dc);
+            }
+        }
+}
+
 /* grid (nkv, key blocks of ROWS), in key-block order: block rb of kv head kvh streams, for each query
  * head h of the group, the live 64-query tiles i and per tile adds dQ_i += scale dS_i K_rb to dq in
  * key-block order. The order is kept by a semaphore per (h, i, consumer column half): p.dq_sem holds
@@ -1708,31 +1748,12 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                          : "memory");
                     }
                 };
-#pragma unroll
-                for (int nb = 0; nb < 4; nb++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int c = 32 * cw + nb * 8 + 2 * t + e;
-                        const float lc = mf[c];
-                        const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
-#pragma unroll
-                        for (int rr = 0; rr < 2; rr++) {
-                            const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
-                            c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
-                        }
-                    }
+                attn_bwd3_p<4>(c1, mi, mf, 32 * cw, t, part, p.causal, kpos, kdoc, sl2);
                 put(dsb - C::ds_bytes, c1);
                 attn_wg_wait<0>(); /* dP^T */
 #pragma unroll
                 for (int i = 0; i < 16; i++) attn_reg_fence(c2[i]);
-#pragma unroll
-                for (int nb = 0; nb < 4; nb++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float dc = mf[ATTN_TILE + 32 * cw + nb * 8 + 2 * t + e];
-#pragma unroll
-                        for (int rr = 0; rr < 2; rr++) c2[4 * nb + 2 * rr + e] = c1[4 * nb + 2 * rr + e] * (c2[4 * nb + 2 * rr + e] - dc);
-                    }
+                attn_bwd3_ds<4>(c2, c1, mf + ATTN_TILE, 32 * cw, t);
                 put(dsb, c2);
                 attn_fence_proxy_async();
                 attn_bar_sync(1, 256); /* both query halves of P^T, dS^T written */
@@ -1777,19 +1798,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 /* P^T into c1; element (own key rr, streamed query c) */
                 const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
                 const float *mf = reinterpret_cast<const float *>(mi);
-#pragma unroll
-                for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int c = nb * 8 + 2 * t + e;
-                        const float lc = mf[c];
-                        const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
-#pragma unroll
-                        for (int rr = 0; rr < 2; rr++) {
-                            const bool vis = !part || (kdoc[rr] == qd && (!p.causal || kpos[rr] <= qp));
-                            c1[4 * nb + 2 * rr + e] = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
-                        }
-                    }
+                attn_bwd3_p<8>(c1, mi, mf, 0, t, part, p.causal, kpos, kdoc, sl2);
                 uint32_t pa[4][4], da[4][4];
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
@@ -1808,14 +1817,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 attn_wg_wait<1>(); /* dP^T */
 #pragma unroll
                 for (int i = 0; i < 32; i++) attn_reg_fence(c2[i]);
-#pragma unroll
-                for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float dc = mf[ATTN_TILE + nb * 8 + 2 * t + e];
-#pragma unroll
-                        for (int rr = 0; rr < 2; rr++) c2[4 * nb + 2 * rr + e] = c1[4 * nb + 2 * rr + e] * (c2[4 * nb + 2 * rr + e] - dc);
-                    }
+                attn_bwd3_ds<8>(c2, c1, mf + ATTN_TILE, 0, t);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
 #pragma unroll
