@@ -208,9 +208,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             if (o->dim != 64 && o->dim != 128) bench_bad(a, v, "must be 64 or 128");
         } else if (!strcmp(a, "--gdn-keep")) {
             const char *v = bench_value(argc, argv, &i);
-            o->gdn_keep = -1;
-            for (int k = 0; k < GDN_KEEP_COUNT; k++)
-                if (!strcmp(v, gdn_keep_names[k])) o->gdn_keep = k;
+            o->gdn_keep = config_enum_index(gdn_keep_names, v);
             if (o->gdn_keep < 0) bench_bad(a, v, "expected none, wy or states");
         } else if (!strcmp(a, "--doc-len")) {
             const char *v = bench_value(argc, argv, &i);

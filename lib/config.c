@@ -148,7 +148,7 @@ static void config_list_names(const char *const *names, char *buf, size_t n) {
         k += (size_t)snprintf(buf + k, n - k, "%s%s", i ? " | " : "", names[i]);
 }
 
-static int config_enum_index(const char *const *names, const char *s) {
+int config_enum_index(const char *const *names, const char *s) {
     for (int i = 0; names[i]; i++)
         if (strcmp(names[i], s) == 0) return i;
     return -1;

@@ -41,6 +41,9 @@ typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } Gdn
 extern const char *const device_kind_names[DEVICE_KIND_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
 extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
+
+/* the index of s in a NULL-terminated name table (the *_names above), -1 if it is not there */
+int config_enum_index(const char *const *names, const char *s);
 extern const char *const lr_schedule_names[LR_SCHEDULE_COUNT + 1];
 extern const char *const data_format_names[DATA_FORMAT_COUNT + 1];
 extern const char *const layer_kind_names[LAYER_KIND_COUNT + 1];
