@@ -48,6 +48,14 @@ typedef struct Backend {
     void  (*copy)(void *dst, const void *src, size_t bytes);    /* device -> device */
     void  (*to_device)(void *dst, const void *host, size_t bytes);
     void  (*to_host)(void *host, const void *src, size_t bytes);
+    /* Host memory the backend reads asynchronously (page-locked on cuda; plain heap on cpu), zero-filled. */
+    void *(*host_alloc)(size_t bytes);
+    void  (*host_free)(void *p);
+    /* dst = host, queued behind the work already queued and returning at once (cuda: on the compute
+     * stream; cpu: a memcpy). `host` comes from host_alloc and must stay unchanged until that work and
+     * the copy are done: the trainer keeps a step's host rows untouched until the step's end, whose loss
+     * read (to_host) waits for everything. */
+    void  (*to_device_async)(void *dst, const void *host, size_t bytes);
     /* dst[r, 0:cols] = src[r, 0:cols] for r < rows (activation type; strided column blocks) */
     void  (*copy_2d)(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
     /* dst[r, 0:cols] += src[r, 0:cols] (activation type; the conv halo's gradient back at its owner) */

@@ -59,7 +59,8 @@ static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int s
     const Config *cfg = m->cfg;
     int64_t nparam = m->ptab.buffer_numel;
     be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
-    double loss = model_forward_backward(m, b, (float)(1.0 / (double)predicted), 0) / (double)predicted;
+    model_forward_backward(m, b, (float)(1.0 / (double)predicted), 0);
+    double loss = model_loss_sum(m, 1) / (double)predicted;
     double gnorm = sqrt(be->sum_squares(m->grads, nparam));
     float clip = cfg->train.grad_clip > 0 && gnorm > cfg->train.grad_clip ? (float)(cfg->train.grad_clip / gnorm)
                                                                            : 1.0f;
@@ -94,8 +95,7 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     }
     int32_t *dev = be->alloc((size_t)(4 * T) * sizeof(int32_t));
     be->to_device(dev, host, (size_t)(4 * T) * sizeof(int32_t));
-    free(host);
-    Batch b = {T, 1, T, dev, dev + T, dev + 2 * T, dev + 3 * T};
+    Batch b = {T, 1, T, dev, dev + T, dev + 2 * T, dev + 3 * T, host + 2 * T, host + 3 * T, 0};
 
     double *ms = RS_MALLOC((size_t)o->reps * sizeof(double));
     int n = 0, step = 0;
@@ -127,6 +127,7 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
                           (json_int_t)(st.peak_allocated + st.internal), "device_used_bytes",
                           (json_int_t)st.device_used, "reps", n, "loss", loss);
     free(ms);
+    free(host);
     be->free(dev);
     model_free(&m);
     return r;

@@ -1,5 +1,6 @@
 /*
- * comm.c — the MPI implementation of comm.h.
+ * comm.c — the MPI implementation of comm.h, and the dispatch of the
+ * non-blocking operations to NCCL (comm_nccl.c) once comm_cuda_init has run.
  *
  * Every MPI call is checked (MPI_CHECK below): on failure the message names
  * the call, file:line, rank and host, and every rank is aborted, since a
@@ -57,6 +58,7 @@ void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
              (long long)cp);
     c->dp = (int)dp;
     c->cp = (int)cp;
+    c->serial = 0;
     c->dp_rank = c->rank / c->cp;
     c->cp_rank = c->rank % c->cp;
     /* same dp_rank -> one CP group, ordered by cp_rank; same cp_rank -> one DP group */
@@ -67,6 +69,9 @@ void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
 }
 
 void comm_finalize(Comm *c) {
+#ifdef RS_WITH_CUDA
+    if (c->nccl) comm_nccl_free(c);
+#endif
     error_set_abort(NULL); /* past MPI_Finalize a fatal error is this process's alone */
     if (c->cp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->cp_comm);
     if (c->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->dp_comm);
@@ -140,46 +145,80 @@ static MPI_Request *comm_slot(CommHandle *h) {
     return &h->req[h->n++];
 }
 
-void comm_iallgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes, CommHandle *h) {
+static MPI_Comm comm_group_mpi(const Comm *c, CommGroup g) {
+    MPI_Comm m = g == COMM_CP ? c->cp_comm : g == COMM_DP ? c->dp_comm : c->world;
+    RS_CHECK(m != MPI_COMM_NULL, "communication group %d used before comm_setup_groups", (int)g);
+    return m;
+}
+
+void comm_allgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes) {
     (void)c;
     int count;
     MPI_Datatype type;
     comm_count_of(bytes, &count, &type);
-    MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm, comm_slot(h)));
+    MPI_CHECK(MPI_Allgather(send, count, type, recv, count, type, comm));
 }
 
-void comm_iallreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n, CommHandle *h) {
-    (void)c;
+/* Comm.serial (measurement): the operation just posted is waited at once. */
+static void comm_posted(Comm *c, CommHandle *h) {
+    if (c->serial) comm_wait(c, h);
+}
+
+void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
+#ifdef RS_WITH_CUDA
+    if (c->nccl) {
+        comm_nccl_iallgather(c, g, send, recv, bytes, h);
+        comm_posted(c, h);
+        return;
+    }
+#endif
+    int count;
+    MPI_Datatype type;
+    comm_count_of(bytes, &count, &type);
+    MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm_group_mpi(c, g), comm_slot(h)));
+    comm_posted(c, h);
+}
+
+void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
+#ifdef RS_WITH_CUDA
+    if (c->nccl) {
+        comm_nccl_iallreduce_sum_f32(c, g, buf, n, h);
+        comm_posted(c, h);
+        return;
+    }
+#endif
     for (int64_t off = 0; off < n; off += COMM_PIECE) {
         int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm, comm_slot(h)));
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g), comm_slot(h)));
     }
+    comm_posted(c, h);
 }
 
-void comm_isend(Comm *c, MPI_Comm comm, const void *send, int to, int64_t bytes, int tag, CommHandle *h) {
-    (void)c;
-    int count;
-    MPI_Datatype type;
-    comm_count_of(bytes, &count, &type);
-    MPI_CHECK(MPI_Isend(send, count, type, to, tag, comm, comm_slot(h)));
-}
-
-void comm_irecv(Comm *c, MPI_Comm comm, void *recv, int from, int64_t bytes, int tag, CommHandle *h) {
-    (void)c;
-    int count;
-    MPI_Datatype type;
-    comm_count_of(bytes, &count, &type);
-    MPI_CHECK(MPI_Irecv(recv, count, type, from, tag, comm, comm_slot(h)));
-}
-
-void comm_isendrecv(Comm *c, MPI_Comm comm, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
+void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
                     CommHandle *h) {
-    comm_irecv(c, comm, recv, from, bytes, tag, h);
-    comm_isend(c, comm, send, to, bytes, tag, h);
+#ifdef RS_WITH_CUDA
+    if (c->nccl) {
+        comm_nccl_isendrecv(c, g, send, to, recv, from, bytes, h);
+        comm_posted(c, h);
+        return;
+    }
+#endif
+    int count;
+    MPI_Datatype type;
+    comm_count_of(bytes, &count, &type);
+    MPI_Comm m = comm_group_mpi(c, g);
+    MPI_CHECK(MPI_Irecv(recv, count, type, from, tag, m, comm_slot(h)));
+    MPI_CHECK(MPI_Isend(send, count, type, to, tag, m, comm_slot(h)));
+    comm_posted(c, h);
 }
 
 void comm_wait(Comm *c, CommHandle *h) {
-    (void)c;
+#ifdef RS_WITH_CUDA
+    if (c->nccl) {
+        comm_nccl_wait(c, h);
+        return;
+    }
+#endif
     if (h->n == 0) return;
     MPI_CHECK(MPI_Waitall(h->n, h->req, MPI_STATUSES_IGNORE));
     h->n = 0;
@@ -187,7 +226,7 @@ void comm_wait(Comm *c, CommHandle *h) {
 
 void comm_progress(Comm *c, CommHandle *h) {
     (void)c;
-    if (h->n == 0) return;
+    if (h->n == 0) return; /* also every NCCL handle: its operations progress on their stream */
     int done = 0;
     MPI_CHECK(MPI_Testall(h->n, h->req, &done, MPI_STATUSES_IGNORE));
     if (done) h->n = 0;

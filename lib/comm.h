@@ -11,22 +11,29 @@
  * partial gradients of the same parameters), `cp` (ring attention, the GDN
  * scan all-gather, the conv halo) and `dp`.
  *
- * This is the MPI backend over host buffers (cpu). The cuda backend will
- * implement the same operations with NCCL on a communication stream; the
- * non-blocking handles (CommHandle) become CUDA events there: an operation is
- * "posted" when it is enqueued, and comm_wait orders what follows after it.
+ * Two kinds of operation:
+ *   - blocking collectives over host values (counts, the loss, a stop flag,
+ *     the micro-batch's token metadata): always MPI (comm.c);
+ *   - non-blocking operations over the backend's memory (the ones the CP
+ *     schedule and the gradient buckets overlap with compute), named by
+ *     CommGroup. On cpu they are MPI over host buffers (comm.c). On cuda,
+ *     once comm_cuda_init has run, they are NCCL over device buffers
+ *     (comm_nccl.c), each group on its own communicator and its own CUDA
+ *     stream: posting orders the operation after the work already queued on
+ *     the compute stream (an event), and comm_wait makes the compute stream
+ *     wait for it (an event); the host never waits.
  *
- * Non-blocking operations (the ones the CP schedule overlaps with compute):
- * each call appends its requests to a CommHandle; comm_wait completes every
- * request of the handle and empties it. Several calls into one handle form
- * one group (the ring step's send + receive, NCCL's ncclGroupStart/End).
- * Buffers must not be touched between posting and comm_wait, except that a
- * send buffer may be read. Every rank of the communicator posts the same
- * sequence of collectives (the CP schedule is derived from data every rank
- * holds).
+ * Each non-blocking call appends to a CommHandle; comm_wait completes the
+ * handle's operations and empties it. On NCCL one handle's operations share
+ * one group (one stream), and comm_isendrecv's send + receive are one
+ * ncclGroupStart/End. Buffers must not be touched between posting and
+ * comm_wait, except that a send buffer may be read. Every rank of a group
+ * posts the same sequence of operations (the CP schedule is derived from data
+ * every rank holds).
  *
  * Callers: lib/train.c, lib/model_step.c (bucketed gradient all-reduce),
- * lib/cp*.c (ring, scan all-gather, conv halo), tests/cp.
+ * lib/cp*.c (ring, scan all-gather, conv halo, batch metadata), lib/bench*.c,
+ * tests/cp, tests/parity.
  */
 #ifndef RS_COMM_H
 #define RS_COMM_H
@@ -36,11 +43,19 @@
 
 #include "config.h"
 
+/* The groups of the non-blocking operations. */
+typedef enum { COMM_WORLD, COMM_CP, COMM_DP, COMM_GROUPS } CommGroup;
+
+struct CommNccl; /* comm_nccl.c */
+
 typedef struct {
     int      world_size, rank, local_rank, local_size;
     int      dp, cp, dp_rank, cp_rank;
     MPI_Comm world, cp_comm, dp_comm;
     char     host[64];
+    struct CommNccl *nccl; /* NULL: non-blocking operations are MPI over host memory; else NCCL over device memory */
+    int      serial;       /* every non-blocking operation is waited as soon as it is posted, so nothing overlaps
+                            * (parallel.overlap_comm: false, for measurement; ringscan bench) */
 } Comm;
 
 /* MPI_Init and world/local ranks; sets the rank used in error messages. */
@@ -54,28 +69,48 @@ void comm_abort(Comm *c, int code);
 
 #define COMM_HANDLE_MAX 256
 
+/* A set of posted operations. Start it as {0}; comm_wait empties it. */
 typedef struct {
-    MPI_Request req[COMM_HANDLE_MAX];
+    MPI_Request req[COMM_HANDLE_MAX]; /* MPI */
     int         n;
+    int         event;                /* NCCL: 1 + the Comm's event recorded after the last operation; 0: none */
+    int         group;                /* NCCL: 1 + the CommGroup of the operations; 0: none yet */
 } CommHandle;
 
-/* recv (P x bytes, rank-major) = every rank's `send` (bytes each), over `comm`. */
-void comm_iallgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes, CommHandle *h);
-/* buf = sum over `comm` of buf (fp32, in place). */
-void comm_iallreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n, CommHandle *h);
+/* recv (P x bytes, rank-major) = every rank's `send` (bytes each), over group g. */
+void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
+/* buf = sum over group g of buf (fp32, in place). */
+void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
 /* Send `bytes` of `send` to rank `to` and receive `bytes` into `recv` from rank `from` (ranks of
- * `comm`); `tag` tells apart messages between the same pair (the ring's KV and dKV). */
-void comm_isendrecv(Comm *c, MPI_Comm comm, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
+ * group g), as one group; `tag` tells apart MPI messages between the same pair (the ring's KV and dKV). */
+void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
                     CommHandle *h);
-void comm_isend(Comm *c, MPI_Comm comm, const void *send, int to, int64_t bytes, int tag, CommHandle *h);
-void comm_irecv(Comm *c, MPI_Comm comm, void *recv, int from, int64_t bytes, int tag, CommHandle *h);
-/* Completes every request of h; h is empty afterwards (waiting on an empty handle is a no-op). */
+/* Completes every operation of h (NCCL: the compute stream waits for them; the host does not);
+ * h is empty afterwards (waiting on an empty handle is a no-op). */
 void comm_wait(Comm *c, CommHandle *h);
 /* Lets posted operations progress without waiting (MPI moves non-blocking collectives only
- * inside MPI calls); h stays valid for comm_wait. */
+ * inside MPI calls; NCCL needs nothing); h stays valid for comm_wait. */
 void comm_progress(Comm *c, CommHandle *h);
 
+#ifdef RS_WITH_CUDA
+/* comm_nccl.c (device.kind: cuda, after comm_setup_groups): binds this rank to its GPU and moves the
+ * non-blocking operations to NCCL. Refuses, with one message naming the ranks, hosts and GPUs and exit
+ * 2 on every rank, more ranks on a host than GPUs and two ranks on one GPU; an NCCL failure ends every
+ * rank naming the rank, host and GPU. With one rank no communicator is made. */
+void comm_cuda_init(Comm *c);
+/* The NCCL half of comm_finalize. */
+void comm_nccl_free(Comm *c);
+/* The NCCL half of the non-blocking operations (comm.c dispatches; h as above). */
+void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
+void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
+                         CommHandle *h);
+void comm_nccl_wait(Comm *c, CommHandle *h);
+#endif
+
 /* Blocking collectives over host buffers (element counts may exceed INT_MAX). */
+/* recv (P x bytes, rank-major) = every rank's `send` over `comm` */
+void   comm_allgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes);
 void   comm_allreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n);
 void   comm_allreduce_sum_f64(Comm *c, MPI_Comm comm, double *buf, int64_t n);
 double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v);

@@ -103,6 +103,7 @@ typedef struct {
 typedef struct {
     int64_t dp; /* data-parallel replicas */
     int64_t cp; /* context-parallel ranks per replica */
+    bool    overlap_comm; /* false: every non-blocking transfer is waited at once (Comm.serial) */
 } ParallelConfig;
 
 typedef struct {

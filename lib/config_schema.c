@@ -124,6 +124,8 @@ const ConfigKey config_schema[] = {
     /* ---- parallel ---- */
     INT(parallel.dp, "1", 1, 1 << 20, "ranks", "comm", "data-parallel replicas"),
     INT(parallel.cp, "1", 1, 1 << 16, "ranks", "cp", "context-parallel ranks per replica (zigzag layout)"),
+    BOOL(parallel.overlap_comm, "true", "comm",
+         "run communication beside compute; false: wait for each transfer at once (measurement, debugging)"),
 
     /* ---- train ---- */
     INT(train.steps, "1000", 1, BIG, "steps", "train", "optimizer steps of the whole run"),

@@ -65,11 +65,15 @@ void cp_layout_init(CpLayout *L, int64_t T, int P, int rank);
 /* The rank holding global fragment g, and (when f is not NULL) its local index there. */
 int cp_layout_owner(const CpLayout *L, int g, int *f);
 
-/* Every CP rank's token metadata of the current micro-batch, gathered. */
+/* Every CP rank's token metadata of the current micro-batch, gathered. Each micro-batch of a step
+ * has its own slot (host and backend memory), so its upload runs behind the work queued before it
+ * and nothing is overwritten before the step's end. */
 typedef struct {
     int32_t  samples;
     int64_t  rows;                    /* local rows of the micro-batch = samples x T_local */
-    int32_t *pos, *doc_pos;           /* (P, rows) host copies, rank-major */
+    int      slots;                   /* micro-batches per step (train.grad_accum) */
+    int32_t *host_all, *dev_all;      /* (slots, 2, P, rows) [pos | doc_pos]: host_alloc, alloc */
+    int32_t *pos, *doc_pos;           /* (P, rows) the current slot's host copies, rank-major */
     int32_t *pos_dev, *doc_pos_dev;   /* the same in backend memory (kernel arguments) */
     uint8_t *frag_resets;             /* (samples, nglobal): a document starts inside fragment g */
     uint8_t *frag_starts_doc;         /* (samples, nglobal): fragment g's first token starts a document */
@@ -127,9 +131,11 @@ void cp_counters_reset(Cp *cp);
 /* The counters as a JSON object {"attn_forwards": [per layer], ...}, one key per CpCounters
  * field (metrics.jsonl's "counters", parity_step's counters line); the caller owns it. */
 struct json_t *cp_counters_json(const Cp *cp);
-/* Gathers every CP rank's pos/doc_pos of this micro-batch (rows = samples x T_local; backend
- * memory) and derives the per-fragment document facts. Called once per micro-batch. */
-void cp_batch_begin(Cp *cp, const int32_t *pos, const int32_t *doc_pos);
+/* Gathers every CP rank's pos/doc_pos of micro-batch `micro` of the step (this rank's rows =
+ * samples x T_local, HOST memory; MPI, blocking), queues their upload into the micro-batch's slot
+ * (to_device_async: the host does not wait for the GPU) and derives the per-fragment document
+ * facts. Called once per micro-batch, before its forward. */
+void cp_batch_begin(Cp *cp, int micro, const int32_t *pos, const int32_t *doc_pos);
 /* First local row (within the micro-batch) of local fragment f of sample s. */
 static inline int64_t cp_frag_row(const Cp *cp, int s, int f) {
     return (int64_t)s * cp->L.T_local + (int64_t)f * cp->L.frag_len;

@@ -81,7 +81,7 @@ static void cp_scan_fold(Cp *cp, const CpScanSizes *z, float *out, int s, int se
 /* One all-gather of every rank's slots over the CP group. */
 static void cp_scan_allgather(Cp *cp, const CpScanSizes *z) {
     CommHandle h = {0};
-    comm_iallgather(cp->comm, cp->comm->cp_comm, cp->scan_send, cp->scan_recv, z->per_rank * (int64_t)sizeof(float),
+    comm_iallgather(cp->comm, COMM_CP, cp->scan_send, cp->scan_recv, z->per_rank * (int64_t)sizeof(float),
                     &h);
     comm_wait(cp->comm, &h);
 }
@@ -174,7 +174,7 @@ void cp_gdn_halo_forward(Cp *cp, int layer, void *halo, const void *proj, int ld
             be->copy_2d(CP_AT(cp->halo_send, i * tail), CP_AT(proj, last * ldp), w, d->Cc, d->Cc, ldp);
         }
     CommHandle h = {0};
-    comm_iallgather(cp->comm, cp->comm->cp_comm, cp->halo_send, cp->halo_recv, per_rank * es, &h);
+    comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv, per_rank * es, &h);
     comm_wait(cp->comm, &h);
     cp->count.halo_exchanges[layer]++;
     for (int s = 0; s < B->samples; s++)
@@ -199,7 +199,7 @@ void cp_gdn_halo_backward(Cp *cp, int layer, void *dproj, int ldp, const void *d
     const int64_t tail = (int64_t)w * d->Cc, per_rank = (int64_t)B->samples * L->nlocal * tail;
     if (dhalo != cp->halo_send) be->copy(cp->halo_send, dhalo, (size_t)(per_rank * es));
     CommHandle h = {0};
-    comm_iallgather(cp->comm, cp->comm->cp_comm, cp->halo_send, cp->halo_recv, per_rank * es, &h);
+    comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv, per_rank * es, &h);
     comm_wait(cp->comm, &h);
     cp->count.halo_exchanges[layer]++;
     for (int s = 0; s < B->samples; s++)

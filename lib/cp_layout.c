@@ -123,11 +123,10 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
     }
     B->samples = samples;
     B->rows = (int64_t)samples * cp->L.T_local;
-    size_t meta = (size_t)P * (size_t)B->rows * sizeof(int32_t);
-    B->pos = RS_MALLOC(meta);
-    B->doc_pos = RS_MALLOC(meta);
-    B->pos_dev = be->alloc(meta);
-    B->doc_pos_dev = be->alloc(meta);
+    B->slots = (int)cfg->train.grad_accum;
+    size_t meta = (size_t)B->slots * 2 * (size_t)P * (size_t)B->rows * sizeof(int32_t);
+    B->host_all = be->host_alloc(meta);
+    B->dev_all = be->alloc(meta);
     B->frag_resets = RS_CALLOC((size_t)samples * cp->L.nglobal, 1);
     B->frag_starts_doc = RS_CALLOC((size_t)samples * cp->L.nglobal, 1);
 
@@ -137,10 +136,8 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
 
 void cp_free(Cp *cp) {
     if (cp->arena) cp->be->free(cp->arena);
-    free(cp->batch.pos);
-    free(cp->batch.doc_pos);
-    cp->be->free(cp->batch.pos_dev);
-    cp->be->free(cp->batch.doc_pos_dev);
+    cp->be->host_free(cp->batch.host_all);
+    cp->be->free(cp->batch.dev_all);
     free(cp->batch.frag_resets);
     free(cp->batch.frag_starts_doc);
     int64_t **c = cp_counter_arrays(cp);
@@ -166,31 +163,32 @@ void cp_counters_reset(Cp *cp) {
 
 /* ---- the micro-batch's metadata --------------------------------------------------------- */
 
-void cp_batch_begin(Cp *cp, const int32_t *pos, const int32_t *doc_pos) {
+void cp_batch_begin(Cp *cp, int micro, const int32_t *pos, const int32_t *doc_pos) {
     const CpLayout *L = &cp->L;
     CpBatch *B = &cp->batch;
     const Backend *be = cp->be;
-    size_t local = (size_t)B->rows * sizeof(int32_t);
-    int32_t *mine = B->pos + (size_t)L->rank * B->rows, *mine_doc = B->doc_pos + (size_t)L->rank * B->rows;
-    be->to_host(mine, pos, local);
-    be->to_host(mine_doc, doc_pos, local);
+    RS_CHECK(micro >= 0 && micro < B->slots, "micro-batch %d of a step of %d", micro, B->slots);
+    const size_t local = (size_t)B->rows * sizeof(int32_t), n = (size_t)L->P * B->rows;
+    B->pos = B->host_all + (size_t)micro * 2 * n;
+    B->doc_pos = B->pos + n;
+    B->pos_dev = B->dev_all + (size_t)micro * 2 * n;
+    B->doc_pos_dev = B->pos_dev + n;
     if (L->P > 1) { /* one all-gather of [pos | doc_pos] per rank, unpacked rank-major */
-        CommHandle h = {0};
         int32_t *send = RS_MALLOC(2 * local), *recv = RS_MALLOC((size_t)L->P * 2 * local);
-        memcpy(send, mine, local);
-        memcpy(send + B->rows, mine_doc, local);
-        comm_iallgather(cp->comm, cp->comm->cp_comm, send, recv, (int64_t)(2 * local), &h);
-        comm_wait(cp->comm, &h);
+        memcpy(send, pos, local);
+        memcpy(send + B->rows, doc_pos, local);
+        comm_allgather(cp->comm, cp->comm->cp_comm, send, recv, (int64_t)(2 * local));
         for (int r = 0; r < L->P; r++) {
             memcpy(B->pos + (size_t)r * B->rows, recv + (size_t)r * 2 * B->rows, local);
             memcpy(B->doc_pos + (size_t)r * B->rows, recv + ((size_t)r * 2 + 1) * B->rows, local);
         }
         free(send);
         free(recv);
+    } else {
+        memcpy(B->pos, pos, local);
+        memcpy(B->doc_pos, doc_pos, local);
     }
-    size_t all = (size_t)L->P * local;
-    be->to_device(B->pos_dev, B->pos, all);
-    be->to_device(B->doc_pos_dev, B->doc_pos, all);
+    be->to_device_async(B->pos_dev, B->pos, 2 * n * sizeof(int32_t));
 
     /* per global fragment: does a document start inside it, and at its first token? */
     for (int s = 0; s < B->samples; s++)

@@ -102,7 +102,7 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
         int j = (r - t + P) % P;
         void *next = cp->kv_recv[(t + 1) % 2];
         if (t < P - 1)
-            comm_isendrecv(cp->comm, cp->comm->cp_comm, cur, (r + 1) % P, next, (r - 1 + P) % P,
+            comm_isendrecv(cp->comm, COMM_CP, cur, (r + 1) % P, next, (r - 1 + P) % P,
                            rows * ldk * es, CP_TAG_KV, &h);
         const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
         for (int s = 0; s < B->samples; s++) {
@@ -152,7 +152,7 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
         int j = (r - t + P) % P;
         void *next = cp->kv_recv[(t + 1) % 2];
         if (t < P - 1)
-            comm_isendrecv(cp->comm, cp->comm->cp_comm, cur, next_rank, next, prev_rank, nkv_el * es, CP_TAG_KV,
+            comm_isendrecv(cp->comm, COMM_CP, cur, next_rank, next, prev_rank, nkv_el * es, CP_TAG_KV,
                            &h_kv);
         be->memset_zero(cp->dkv_local, (size_t)nkv_el * sizeof(float));
         const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
@@ -179,10 +179,8 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
                 comm_wait(cp->comm, &h_dkv);
                 be->add_f32(part, cp->dkv_local, nkv_el);
             }
-            comm_isend(cp->comm, cp->comm->cp_comm, part, next_rank, nkv_el * (int64_t)sizeof(float), CP_TAG_DKV,
-                       &h_dkv);
-            comm_irecv(cp->comm, cp->comm->cp_comm, cp->dkv_buf[(t + 1) % 2], prev_rank,
-                       nkv_el * (int64_t)sizeof(float), CP_TAG_DKV, &h_dkv);
+            comm_isendrecv(cp->comm, COMM_CP, part, next_rank, cp->dkv_buf[(t + 1) % 2], prev_rank,
+                           nkv_el * (int64_t)sizeof(float), CP_TAG_DKV, &h_dkv);
         }
         if (t < P - 1) {
             comm_wait(cp->comm, &h_kv);

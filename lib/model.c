@@ -209,7 +209,7 @@ static void model_alloc_activations(Model *m) {
     RS_CHECK(m->d_proj == phase_base, "d_proj must open the mixer phases");
 
     m->loss_workspace = be->alloc((size_t)(t->loss_chunk_rows * cfg->model.vocab_size) * sizeof(float));
-    m->losses = be->alloc((size_t)t->tokens * sizeof(float));
+    m->losses = be->alloc((size_t)(cfg->train.grad_accum * t->tokens) * sizeof(float));
 }
 
 void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int64_t T) {

@@ -41,6 +41,9 @@ typedef struct {
     int32_t *targets; /* (T) next token, or -1: no prediction */
     int32_t *pos;     /* (T) global position in the sample */
     int32_t *doc_pos; /* (T) tokens of the same document before this one */
+    /* the same pos / doc_pos in host memory (== pos, doc_pos on cpu): the CP schedule is planned there */
+    const int32_t *pos_host, *doc_pos_host;
+    int      micro;   /* which micro-batch of the step, 0 .. train.grad_accum - 1 (its loss and metadata slot) */
 } Batch;
 
 /* Offsets (elements) of one layer's parameters in the flat buffers; -1 when
@@ -114,7 +117,8 @@ typedef struct {
     int64_t    T;           /* rows per micro-batch */
     LayerActs *la;          /* (L) */
     void      *final_in, *final_norm, *d_final;
-    float     *final_rstd, *loss_workspace, *losses;
+    float     *final_rstd, *loss_workspace;
+    float     *losses;      /* (train.grad_accum, T) per-token losses, one slot per micro-batch */
     void      *act_arena;   /* every per-layer (kept) buffer */
     void      *scratch;     /* buffers the policy does not keep, shared by layers */
     int64_t    bytes_kept, bytes_scratch, bytes_grads;
@@ -134,12 +138,18 @@ void model_free(Model *m);
 
 /* Forward and backward of one micro-batch. Adds the parameter gradients into
  * m->grads, scaled by grad_scale (1 / predicted tokens of the whole step), and
- * returns the sum of the per-token losses of this micro-batch on this rank.
- * With `sync_grads` (the step's last micro-batch, world > 1) the gradients
- * are summed over the world (dp x cp) in per-layer buckets, each posted as
- * soon as the backward has finished its layer and waited at the end, so the
- * all-reduce overlaps the rest of the backward. */
-double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads);
+ * leaves the per-token losses in the micro-batch's slot of m->losses. The
+ * host does not wait for the backend (cuda: the work is queued). With
+ * `sync_grads` (the step's last micro-batch, world > 1) the gradients are
+ * summed over the world (dp x cp) in per-layer buckets, each posted as soon
+ * as the backward has finished its layer and waited at the end (by the
+ * compute stream on cuda), so the all-reduce overlaps the rest of the
+ * backward. */
+void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads);
+
+/* The sum of the per-token losses of micro-batches 0 .. micro_batches-1 of the step on this
+ * rank, in token order: the step's one read of the backend (cuda: it waits for the queued work). */
+double model_loss_sum(Model *m, int micro_batches);
 
 /* The parameters in the weight-decay group `g` decay under this config? */
 int model_param_decays(const Config *cfg, ParamGroup g);

@@ -15,10 +15,15 @@
  * (model_params.c adds them layer by layer), so each layer is a bucket,
  * posted non-blocking over the world as soon as its backward is done; the
  * embedding, final norm and lm_head (before and after the layers) go last.
- * All are waited before returning. The lm_head's gradient is complete after
- * the forward, but it shares the last bucket so buckets stay in one order.
+ * All are waited before returning (on cuda the compute stream waits; the
+ * buckets run on the world group's NCCL stream beside the backward). The
+ * lm_head's gradient is complete after the forward, but it shares the last
+ * bucket so buckets stay in one order.
  *
- * Callers: lib/train.c, tests/parity/parity_step.c.
+ * Nothing here reads the backend back: the per-token losses stay in the
+ * micro-batch's slot until model_loss_sum, the step's one read.
+ *
+ * Callers: lib/train.c, lib/bench_step.c, tests/parity/parity_step.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -38,7 +43,7 @@ static void model_layer_range(const Model *m, int l, int64_t *a, int64_t *e) {
     *e = i < m->ptab.n ? m->ptab.t[i].offset : m->ptab.buffer_numel;
 }
 
-double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads) {
+void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads) {
     const Backend *be = m->be;
     const Config *cfg = m->cfg;
     int L = (int)cfg->model.num_hidden_layers;
@@ -52,21 +57,16 @@ double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sy
     Comm *comm = m->comm;
     const int reduce = sync_grads && comm && comm->world_size > 1;
     CommHandle buckets = {0};
-    cp_batch_begin(&m->cp, b->pos, b->doc_pos);
+    RS_CHECK(b->pos_host && b->doc_pos_host, "the batch's host metadata is not set");
+    cp_batch_begin(&m->cp, b->micro, b->pos_host, b->doc_pos_host);
 
     /* forward */
     be->embedding_forward(m->la[0].x, b->tokens, w + m->embed * es, T, H);
     for (int l = 0; l < L; l++)
         model_block_forward(m, l, b, l + 1 < L ? m->la[l + 1].x : m->final_in, BLOCK_FORWARD);
     be->rmsnorm_forward(m->final_norm, m->final_rstd, m->final_in, w + m->final_norm_w * es, T, 1, H, H, H, eps, 1);
-    be->lm_head_loss(m->losses, m->d_final, m->grads + m->lm_head, m->final_norm, w + m->lm_head * es, b->targets,
+    be->lm_head_loss(m->losses + b->micro * T, m->d_final, m->grads + m->lm_head, m->final_norm, w + m->lm_head * es, b->targets,
                      grad_scale, m->loss_workspace, m->acts.loss_chunk_rows, T, H, V);
-
-    float *losses = RS_MALLOC((size_t)T * sizeof(float));
-    be->to_host(losses, m->losses, (size_t)T * sizeof(float));
-    double loss_sum = 0;
-    for (int64_t t = 0; t < T; t++) loss_sum += losses[t];
-    free(losses);
 
     /* backward */
     be->memset_zero(m->d_resid, (size_t)(T * H * es));
@@ -79,7 +79,7 @@ double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sy
         if (reduce) {
             int64_t a, e;
             model_layer_range(m, l, &a, &e);
-            comm_iallreduce_sum_f32(comm, comm->world, m->grads + a, e - a, &buckets);
+            comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + a, e - a, &buckets);
             comm_progress(comm, &buckets);
         }
     }
@@ -88,9 +88,20 @@ double model_forward_backward(Model *m, const Batch *b, float grad_scale, int sy
         int64_t first, last_end, unused;
         model_layer_range(m, 0, &first, &unused);
         model_layer_range(m, L - 1, &unused, &last_end);
-        comm_iallreduce_sum_f32(comm, comm->world, m->grads, first, &buckets);
-        comm_iallreduce_sum_f32(comm, comm->world, m->grads + last_end, m->ptab.buffer_numel - last_end, &buckets);
+        comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads, first, &buckets);
+        comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + last_end, m->ptab.buffer_numel - last_end, &buckets);
         comm_wait(comm, &buckets);
     }
-    return loss_sum;
+}
+
+double model_loss_sum(Model *m, int micro_batches) {
+    RS_CHECK(micro_batches >= 1 && micro_batches <= m->cfg->train.grad_accum, "%d micro-batches of a step of %lld",
+             micro_batches, (long long)m->cfg->train.grad_accum);
+    int64_t n = micro_batches * m->T;
+    float *losses = RS_MALLOC((size_t)n * sizeof(float));
+    m->be->to_host(losses, m->losses, (size_t)n * sizeof(float));
+    double sum = 0;
+    for (int64_t t = 0; t < n; t++) sum += losses[t];
+    free(losses);
+    return sum;
 }

@@ -22,15 +22,21 @@
  * initialisation. On the cpu backend the resumed losses are bitwise those of
  * an uninterrupted run.
  *
- * On cuda (device.kind: cuda) the step's rows are read on the host as on cpu
- * (counting the predicted tokens there) and each micro-batch's metadata is
- * uploaded once into device memory before its forward (train_batch), since
- * the kernels read it there (backend.h). Until the NCCL communication layer
- * lands, the gradient all-reduce of a cuda run with more than one rank goes
- * through host memory after the last micro-batch (train_allreduce_staged),
- * and context parallelism (which moves device buffers between ranks) is
- * refused on cuda. Peak memory is reported after the first step beside the
- * plan's estimate, and in metrics.jsonl (peak_mem_bytes).
+ * On cuda (device.kind: cuda) each rank drives one GPU and the non-blocking
+ * communication (the ring, the scan and halo all-gathers, the gradient
+ * buckets) is NCCL on streams of its own (comm_cuda_init, lib/comm_nccl.c).
+ * The step's rows are read on the host as on cpu (counting the predicted
+ * tokens there) into page-locked buffers, and each micro-batch's metadata is
+ * queued for upload behind the work before it (train_batch), since the
+ * kernels read it there (backend.h).
+ *
+ * Host synchronisation: inside a step the host never waits for the GPU. It
+ * waits once, at the step's end, reading the loss (model_loss_sum); the
+ * gradient norm (sum_squares) is a second read right after it, which finds
+ * the GPU idle. A step's host rows are therefore untouched until the GPU has
+ * used them. Checkpoints read the weights back after the step. Peak memory is
+ * reported after the first step beside the plan's estimate, and in
+ * metrics.jsonl (peak_mem_bytes).
  */
 #include "train.h"
 
@@ -286,28 +292,19 @@ static void train_metrics_counters(Trainer *t, json_t *o) {
 }
 
 /* Micro-batch k's metadata where the backend's kernels read it: the step's host rows on cpu; on
- * cuda, one upload of its four arrays into t->batch_dev. */
+ * cuda, its slot of t->batch_dev, the upload queued behind the work before it (no host wait). */
 static Batch train_batch(Trainer *t, int64_t k) {
     int64_t mb = t->cfg->data.micro_batch, rows = mb * t->T_local;
-    Batch b = {rows, (int32_t)mb, t->T_local, t->tokens + k * rows, t->targets + k * rows, t->pos + k * rows,
-               t->doc_pos + k * rows};
+    int32_t *const host[4] = {t->tokens + k * rows, t->targets + k * rows, t->pos + k * rows, t->doc_pos + k * rows};
+    Batch b = {rows, (int32_t)mb, t->T_local, host[0], host[1], host[2], host[3], host[2], host[3], (int)k};
     if (!t->batch_dev) return b;
-    int32_t *const host[4] = {b.tokens, b.targets, b.pos, b.doc_pos};
-    for (int i = 0; i < 4; i++) t->be->to_device(t->batch_dev + i * rows, host[i], (size_t)rows * sizeof(int32_t));
-    b.tokens = t->batch_dev;
-    b.targets = t->batch_dev + rows;
-    b.pos = t->batch_dev + 2 * rows;
-    b.doc_pos = t->batch_dev + 3 * rows;
+    int32_t *dev = t->batch_dev + k * 4 * rows;
+    for (int i = 0; i < 4; i++) t->be->to_device_async(dev + i * rows, host[i], (size_t)rows * sizeof(int32_t));
+    b.tokens = dev;
+    b.targets = dev + rows;
+    b.pos = dev + 2 * rows;
+    b.doc_pos = dev + 3 * rows;
     return b;
-}
-
-/* The gradient all-reduce of a cuda run over MPI: device -> host, all-reduce, host -> device
- * (the NCCL layer will replace it with the bucketed, overlapped one model_step.c does on cpu). */
-static void train_allreduce_staged(Trainer *t) {
-    size_t bytes = (size_t)t->model.ptab.buffer_numel * sizeof(float);
-    t->be->to_host(t->grads_host, t->model.grads, bytes);
-    comm_allreduce_sum_f32(t->comm, t->comm->world, t->grads_host, t->model.ptab.buffer_numel);
-    t->be->to_device(t->model.grads, t->grads_host, bytes);
 }
 
 /* The most memory this rank's backend has held, in bytes; -1 where it is not measured (cpu). */
@@ -379,13 +376,12 @@ static int train_loop(Trainer *t) {
         if (n_global < 1) RS_FATAL("step %lld has no token with a next-token target", (long long)t->step);
         float grad_scale = (float)(1.0 / n_global);
 
-        double loss_sum = 0;
         for (int64_t k = 0; k < accum; k++) {
             Batch bt = train_batch(t, k);
-            loss_sum += model_forward_backward(m, &bt, grad_scale, k == accum - 1 && !t->grads_host);
+            model_forward_backward(m, &bt, grad_scale, k == accum - 1);
         }
-        if (t->grads_host) train_allreduce_staged(t);
-        double loss = comm_allreduce_sum_scalar(comm, comm->world, loss_sum) / n_global;
+        /* the step's host synchronisations: the loss read waits for the GPU, then the gradient norm */
+        double loss = comm_allreduce_sum_scalar(comm, comm->world, model_loss_sum(m, (int)accum)) / n_global;
         double gnorm = sqrt(be->sum_squares(m->grads, nparam));
         if (!isfinite(gnorm) || !isfinite(loss))
             RS_FATAL("non-finite loss %g or gradient norm %g at step %lld; the weights were not updated (the last "
@@ -459,17 +455,11 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     t.comm = comm;
     snprintf(t.run_dir, sizeof t.run_dir, "%s", resume_dir ? resume_dir : cfg->run.out_dir);
     t.be = &backend_cpu;
+    comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
+    comm->serial = !cfg->parallel.overlap_comm;
     if (cfg->device.kind == DEVICE_KIND_CUDA) {
 #ifdef RS_WITH_CUDA
-        if (cfg->parallel.cp > 1)
-            train_fail(&t, RS_EXIT_USAGE, "parallel.cp = %lld with device.kind = cuda: context parallelism on GPUs "
-                                          "needs the NCCL communication layer, not built yet; set parallel.cp: 1",
-                       (long long)cfg->parallel.cp);
-        char why[512];
-        if (cuda_backend_probe(why, sizeof why) == 0)
-            train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this machine has no usable GPU: %s; set "
-                                          "device.kind: cpu", why);
-        cuda_backend_init(comm->local_rank);
+        comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
         t.be = cuda_backend_table(); /* backend_cuda; with RS_CUDA_PROFILE=1 the timed table, printed at exit */
 #else
         train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
@@ -477,7 +467,6 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
 #endif
     }
     openblas_set_num_threads((int)cfg->device.threads);
-    comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
 
     /* everything that can be wrong with the input is checked before anything is written */
     char err[4096];
@@ -497,20 +486,17 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     t.T_local = cfg->data.seq_len / cfg->parallel.cp;
     t.samples_per_step = cfg->parallel.dp * cfg->data.micro_batch * cfg->train.grad_accum;
     t.tokens_per_step = t.samples_per_step * cfg->data.seq_len;
-    int64_t rows = cfg->train.grad_accum * cfg->data.micro_batch * t.T_local;
-    t.tokens = RS_MALLOC((size_t)rows * sizeof(int32_t));
-    t.targets = RS_MALLOC((size_t)rows * sizeof(int32_t));
-    t.pos = RS_MALLOC((size_t)rows * sizeof(int32_t));
-    t.doc_pos = RS_MALLOC((size_t)rows * sizeof(int32_t));
+    int64_t rows = cfg->train.grad_accum * cfg->data.micro_batch * t.T_local; /* the step's rows */
+    t.tokens = t.be->host_alloc((size_t)rows * sizeof(int32_t));
+    t.targets = t.be->host_alloc((size_t)rows * sizeof(int32_t));
+    t.pos = t.be->host_alloc((size_t)rows * sizeof(int32_t));
+    t.doc_pos = t.be->host_alloc((size_t)rows * sizeof(int32_t));
     for (int64_t s = cfg->train.steps; s > 0; s /= 10) t.step_width++;
-    if (cfg->device.kind == DEVICE_KIND_CUDA)
-        t.batch_dev = t.be->alloc((size_t)(4 * cfg->data.micro_batch * t.T_local) * sizeof(int32_t));
+    if (cfg->device.kind == DEVICE_KIND_CUDA) t.batch_dev = t.be->alloc((size_t)(4 * rows) * sizeof(int32_t));
 
     train_open_run_dir(&t, resume_dir != NULL);
     plan_build(&t.plan, cfg);
     model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
-    if (cfg->device.kind == DEVICE_KIND_CUDA && comm->world_size > 1)
-        t.grads_host = RS_MALLOC((size_t)t.model.ptab.buffer_numel * sizeof(float));
     if (resume_dir) {
         train_ckpt_restore(&t, &res);
         if (comm->rank == 0) train_trim_metrics(&t, t.step);
@@ -549,11 +535,10 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     model_free(&t.model);
     plan_free(&t.plan);
     data_close(t.data);
-    free(t.tokens);
-    free(t.targets);
-    free(t.pos);
-    free(t.doc_pos);
-    free(t.grads_host);
+    t.be->host_free(t.tokens);
+    t.be->host_free(t.targets);
+    t.be->host_free(t.pos);
+    t.be->host_free(t.doc_pos);
     if (t.batch_dev) t.be->free(t.batch_dev);
     return rc;
 }

@@ -33,9 +33,8 @@ typedef struct {
     int64_t        tokens_per_step;
     int64_t        T_local;              /* tokens of one sample on this rank: seq_len / cp */
     int            step_width;           /* digits of train.steps, for the log */
-    int32_t       *tokens, *targets, *pos, *doc_pos; /* (grad_accum x micro_batch x T_local) this step */
-    int32_t       *batch_dev;  /* cuda: (4, micro_batch x T_local) one micro-batch's rows on the device; else NULL */
-    float         *grads_host; /* cuda with world > 1: host staging of the gradient all-reduce; else NULL */
+    int32_t       *tokens, *targets, *pos, *doc_pos; /* (grad_accum x micro_batch x T_local) this step: host_alloc */
+    int32_t       *batch_dev; /* cuda: (grad_accum, 4, micro_batch x T_local) the step's rows on the device; else NULL */
 } Trainer;
 
 double train_lr(const Config *cfg, int64_t step);

@@ -29,6 +29,7 @@ void cpu_memset_zero(void *p, size_t bytes);
 void cpu_copy(void *dst, const void *src, size_t bytes);
 void cpu_to_device(void *dst, const void *host, size_t bytes);
 void cpu_to_host(void *host, const void *src, size_t bytes);
+void cpu_to_device_async(void *dst, const void *host, size_t bytes);
 void cpu_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
 void cpu_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
 void cpu_add_f32(float *dst, const float *src, int64_t n);

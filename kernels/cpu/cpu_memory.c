@@ -14,6 +14,7 @@ void  cpu_memset_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 void  cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 void  cpu_to_device(void *dst, const void *host, size_t bytes) { memmove(dst, host, bytes); }
 void  cpu_to_host(void *host, const void *src, size_t bytes) { memmove(host, src, bytes); }
+void  cpu_to_device_async(void *dst, const void *host, size_t bytes) { memmove(dst, host, bytes); }
 void  cpu_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) {
     for (int64_t r = 0; r < rows; r++)
         memmove((float *)dst + r * ld_dst, (const float *)src + r * ld_src, (size_t)cols * sizeof(float));

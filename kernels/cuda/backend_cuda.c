@@ -32,6 +32,7 @@
     X(copy) \
     X(to_device) \
     X(to_host) \
+    X(to_device_async) \
     X(copy_2d) \
     X(add_2d) \
     X(add_f32) \
@@ -77,6 +78,8 @@ const Backend backend_cuda = {
     .act_size = 2,
     CUDA_ENTRIES(CUDA_PLAIN)
     .gdn_kept_bytes = cuda_gdn_kept_bytes, /* a size, no GPU work: not profiled */
+    .host_alloc = cuda_host_alloc,          /* host memory: not profiled */
+    .host_free = cuda_host_free,
 };
 
 /* ---- the profiled table: each wrapper times its kernel's call (cuda_profile.h) ---- */
@@ -101,6 +104,7 @@ static void prof_memset_zero(void *p, size_t bytes) { PROF_VOID(memset_zero, (p,
 static void prof_copy(void *dst, const void *src, size_t bytes) { PROF_VOID(copy, (dst, src, bytes)); }
 static void prof_to_device(void *dst, const void *host, size_t bytes) { PROF_VOID(to_device, (dst, host, bytes)); }
 static void prof_to_host(void *host, const void *src, size_t bytes) { PROF_VOID(to_host, (host, src, bytes)); }
+static void prof_to_device_async(void *dst, const void *host, size_t bytes) { PROF_VOID(to_device_async, (dst, host, bytes)); }
 static void prof_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) { PROF_VOID(copy_2d, (dst, src, rows, cols, ld_dst, ld_src)); }
 static void prof_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src) { PROF_VOID(add_2d, (dst, src, rows, cols, ld_dst, ld_src)); }
 static void prof_add_f32(float *dst, const float *src, int64_t n) { PROF_VOID(add_f32, (dst, src, n)); }
@@ -144,6 +148,8 @@ const Backend backend_cuda_profiled = {
     .act_size = 2,
     CUDA_ENTRIES(CUDA_PROFILED)
     .gdn_kept_bytes = cuda_gdn_kept_bytes,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }

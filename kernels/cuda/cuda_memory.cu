@@ -1,6 +1,7 @@
 /*
  * cuda_memory.cu — the cuda backend's memory entries (lib/backend.h:
- * alloc, free, memset_zero, copy, to_device, to_host, copy_2d, add_2d,
+ * alloc, free, memset_zero, copy, to_device, to_host, host_alloc, host_free,
+ * to_device_async, copy_2d, add_2d,
  * add_f32, act_from_f32, act_to_f32) and the allocation accounting behind cuda_memory_stats.
  *
  * Ordering: everything runs on the compute stream. alloc zero-fills and waits
@@ -142,6 +143,23 @@ extern "C" void cuda_to_device(void *dst, const void *host, size_t bytes) {
     if (!bytes) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+}
+
+extern "C" void *cuda_host_alloc(size_t bytes) {
+    cuda_backend_ensure();
+    void *p = NULL;
+    CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
+    memset(p, 0, bytes);
+    return p;
+}
+
+extern "C" void cuda_host_free(void *p) {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
+/* page-locked `host` (host_alloc): a true asynchronous copy, the host does not wait */
+extern "C" void cuda_to_device_async(void *dst, const void *host, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));
 }
 
 extern "C" void cuda_to_host(void *host, const void *src, size_t bytes) {

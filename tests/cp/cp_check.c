@@ -356,7 +356,7 @@ int main(int argc, char **argv) {
             memcpy(c.lpos + o, c.pos + gsrc, (size_t)c.cp.L.frag_len * 4);
             memcpy(c.ldoc + o, c.doc_pos + gsrc, (size_t)c.cp.L.frag_len * 4);
         }
-    cp_batch_begin(&c.cp, c.lpos, c.ldoc);
+    cp_batch_begin(&c.cp, 0, c.lpos, c.ldoc);
     if (comm.rank == 0) printf("cp_check %s %s: cp %d, %lld samples of %lld tokens\n", what, docs, comm.world_size,
                                (long long)S, (long long)T);
     if (!strcmp(what, "gdn")) check_gdn(&c, 2, 4, 16, 8);

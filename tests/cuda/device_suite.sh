@@ -24,6 +24,11 @@
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
 #   remat      ringscan bench step, remat (ours only)
 #   step-states  ringscan bench step, none, checkpoint.gdn_keep=states (ours only)
+#   cp-parity  tests/cuda/cp_gpu_check.sh (two GPUs): cuda cp 2 / dp 2 against one GPU and the cpu oracle,
+#              50-step curves, remat counters, resume under cp 2
+#   cp-step    ringscan train of the 1B config, remat: 128k tokens on one GPU, then 256k at cp 2 on two GPUs
+#              with communication overlapped and forced serial (parallel.overlap_comm: false): ms/step,
+#              tokens/s, MFU, peak memory beside plan
 # Environment:
 #   OUT       where device_suite.tgz goes (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
@@ -127,6 +132,31 @@ suite_bench() {
     return $rc
 }
 
+# the 1B config's training step: one GPU at 128k, two GPUs at cp 2 and 256k (overlapped, serial)
+suite_cp_step() {
+    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0 d=/dev/shm/device_suite_step
+    rm -rf $d && mkdir -p $d
+    build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 3145728 --seed 1 > "$L/cp-step-data.log" 2>&1 || return 1
+    local common=(--set data.format=flat --set data.path=$d/synth.tok --set train.grad_accum=1 --set train.steps=${CP_STEPS:-6}
+        --set train.warmup_steps=2 --set device.kind=cuda --set device.peak_tflops=989 --set checkpoint.every=0)
+    timeout "$(left)" build/ringscan train $cfg "${common[@]}" --set parallel.cp=1 --set data.seq_len=131072 \
+        --set slurm.gpus_per_node=1 --set run.out_dir=$d/one > "$L/cp-step-1gpu.log" 2>&1 || rc=1
+    echo "one GPU, 128k tokens (rc $rc):"
+    grep -E "^memory|^step" "$L/cp-step-1gpu.log" | tail -3
+    local name overlap
+    for name in overlapped serial; do
+        overlap=$([ $name = overlapped ] && echo true || echo false)
+        timeout "$(left)" mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
+            build/ringscan train $cfg "${common[@]}" --set parallel.cp=2 --set data.seq_len=262144 \
+            --set slurm.gpus_per_node=2 --set parallel.overlap_comm=$overlap --set run.out_dir=$d/$name \
+            > "$L/cp-step-cp2-$name.log" 2>&1 || rc=1
+        echo "cp 2, 256k tokens, communication $name (rc $rc):"
+        grep -E "^memory|^step" "$L/cp-step-cp2-$name.log" | tail -3
+    done
+    rm -rf $d
+    return $rc
+}
+
 for part in "$@"; do
     if [ "$SECONDS" -ge "$LIMIT_S" ]; then
         echo "== $part: not started (${SECONDS} s of LIMIT_S=$LIMIT_S gone)"
@@ -149,12 +179,19 @@ for part in "$@"; do
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     step) RS_CUDA_PROFILE=1 suite_bench step step --peer --peer-timeout 240 --set checkpoint.activations=none ;;
     remat) RS_CUDA_PROFILE=1 suite_bench remat step ;;
+    cp-parity)
+        timeout "$(left)" tests/cuda/cp_gpu_check.sh build /tmp/device_suite_cp > "$L/cp-parity.log" 2>&1
+        r=$?
+        grep -E "^==|^--|FAIL|within|ok$|resume|counters|curve|worst|cp_gpu_check" "$L/cp-parity.log" | head -60
+        [ $r -eq 0 ]
+        ;;
+    cp-step) suite_cp_step ;;
     step-states)
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
     *)
         echo "unknown part '$part' (parity parity-gdn gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step)"
         false
         ;;
     esac || status=1

@@ -25,7 +25,8 @@
  * process without MPI at all, so it also runs where no MPI runtime is
  * installed (GPU machines).
  *
- * The cuda backend (--set device.kind=cuda; one process, GPU 0): weights,
+ * The cuda backend (--set device.kind=cuda; one process on GPU 0, or under
+ * mpirun one rank per GPU with NCCL, the trainer's comm_cuda_init): weights,
  * batch and gradients go through host buffers. --emulate-bf16 runs the cpu
  * kernels with every activation stored in bf16 and the GEMM/norm weights
  * rounded to bf16, as on cuda (backend_bf16emu.c): what bf16 storage alone
@@ -108,7 +109,8 @@ static void parity_train(Model *m, const Batch *b, int64_t n, double loss1, int 
         double loss = loss1;
         if (s > 1) {
             be->memset_zero(m->grads, (size_t)N * sizeof(float));
-            loss = model_forward_backward(m, b, (float)(1.0 / (double)n), 0) / (double)n;
+            model_forward_backward(m, b, (float)(1.0 / (double)n), 0);
+            loss = model_loss_sum(m, 1) / (double)n;
         }
         const double gnorm = sqrt(be->sum_squares(m->grads, N));
         const float clip = gnorm > 1.0 ? (float)(1.0 / gnorm) : 1.0f;
@@ -180,10 +182,9 @@ int main(int argc, char **argv) {
     const Backend *be = emulate ? &backend_cpu_bf16 : &backend_cpu;
     if (cuda) {
 #ifdef RS_WITH_CUDA
-        if (emulate || cfg.parallel.dp * cfg.parallel.cp > 1)
-            RS_USAGE(NULL, "device.kind = cuda runs one process without --emulate-bf16 (dp %lld, cp %lld)",
-                     (long long)cfg.parallel.dp, (long long)cfg.parallel.cp);
-        cuda_backend_init(0);
+        if (emulate) RS_USAGE(NULL, "device.kind = cuda runs without --emulate-bf16");
+        if (comm) comm_cuda_init(comm); /* GPU <local rank>, NCCL for dp x cp > 1 */
+        else cuda_backend_init(0);
         be = &backend_cuda;
 #else
         RS_USAGE(NULL, "device.kind = cuda: this build has no cuda backend (nvcc was not found at build time)");
@@ -236,7 +237,8 @@ int main(int argc, char **argv) {
         m.weights = wb;
     }
     int32_t *meta = RS_MALLOC((size_t)rows * 16), *meta_dev = NULL; /* tokens | targets | pos | doc_pos */
-    Batch b = {rows, (int32_t)mb, Tl, meta, meta + rows, meta + 2 * rows, meta + 3 * rows};
+    Batch b = {rows, (int32_t)mb, Tl, meta, meta + rows, meta + 2 * rows, meta + 3 * rows, meta + 2 * rows,
+               meta + 3 * rows, 0};
     for (int64_t j = 0; j < mb; j++) {
         int64_t o = j * Tl;
         cp_read_sample(&m.cp.L, parity_read_span, &pb, (comm ? comm->dp_rank : 0) * mb + j, b.tokens + o,
@@ -245,11 +247,13 @@ int main(int argc, char **argv) {
     if (cuda) { /* the kernels read the metadata in device memory (backend.h) */
         meta_dev = be->alloc((size_t)rows * 16);
         be->to_device(meta_dev, meta, (size_t)rows * 16);
-        b = (Batch){rows, (int32_t)mb, Tl, meta_dev, meta_dev + rows, meta_dev + 2 * rows, meta_dev + 3 * rows};
+        b = (Batch){rows, (int32_t)mb, Tl, meta_dev, meta_dev + rows, meta_dev + 2 * rows, meta_dev + 3 * rows,
+                    meta + 2 * rows, meta + 3 * rows, 0};
     }
 
     be->memset_zero(m.grads, pbytes);
-    double loss_local = model_forward_backward(&m, &b, (float)(1.0 / (double)n), 1);
+    model_forward_backward(&m, &b, (float)(1.0 / (double)n), 1);
+    double loss_local = model_loss_sum(&m, 1);
     double loss = (comm ? comm_allreduce_sum_scalar(comm, comm->world, loss_local) : loss_local) / (double)n;
     be->to_host(host, m.grads, pbytes);
     int64_t attn_calls = 0;

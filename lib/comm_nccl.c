@@ -1,0 +1,250 @@
+/*
+ * comm_nccl.c — the cuda half of comm.h: which GPU each rank drives, and the
+ * non-blocking operations over device memory through NCCL.
+ *
+ * comm_cuda_init (after comm_setup_groups):
+ *   1. every rank's GPU count and local rank are gathered (MPI), and the run
+ *      is refused, with one message from rank 0 and exit 2 on every rank,
+ *      when a rank sees no GPU or a host runs more ranks than it has GPUs
+ *      (unless each rank sees exactly one: Slurm's --gpus-per-task);
+ *   2. each rank binds GPU `local_rank` (or its only one) through
+ *      cuda_backend_init, and the ranks' (host, PCI bus id) pairs are
+ *      gathered: two ranks on one GPU are refused the same way;
+ *   3. with more than one rank, one NCCL communicator per group (world, cp,
+ *      dp), each from an id made by the group's first rank and broadcast over
+ *      the group's MPI communicator (MPI is the launcher and the bootstrap:
+ *      mpirun, or srun --mpi=pmix), and one stream per group, non-blocking
+ *      and of the highest priority, so a transfer's kernel is scheduled as
+ *      soon as SMs free up between compute blocks.
+ *
+ * An operation of group g: record `ready` on the compute stream, make g's
+ * stream wait for it (so the operation sees everything queued before it),
+ * enqueue the NCCL call, record the handle's event on g's stream. comm_wait
+ * makes the compute stream wait for that event. The host never waits here:
+ * inside a training step the only host synchronisations are the trainer's
+ * (lib/train.c says where). A handle takes one event from a pool of
+ * COMM_EVENTS at its first operation and returns it at comm_wait; every
+ * handle's operations are on one stream, so the event's last record covers
+ * all of them. `ready` is waited right after it is recorded, so one event
+ * serves every post.
+ *
+ * Errors: a CUDA or NCCL call that fails ends every rank (error.h's abort hook
+ * is MPI_Abort) with a message naming the call, the rank, the host, the GPU
+ * and NCCL's own last error.
+ *
+ * Callers: comm.c (the dispatch of comm_iallgather, comm_iallreduce_sum_f32,
+ * comm_isendrecv, comm_wait; comm_finalize), lib/train.c, lib/bench*.c,
+ * tests/parity/parity_step.c, tests/cp/cp_check.c (comm_cuda_init).
+ */
+#ifdef RS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "cuda_backend.h"
+#include "cuda_streams.h"
+#include "error.h"
+
+#define COMM_EVENTS 64
+
+typedef struct CommNccl {
+    ncclComm_t   nc[COMM_GROUPS];
+    cudaStream_t stream[COMM_GROUPS];
+    cudaEvent_t  ready;                  /* the compute stream's position at a post */
+    cudaEvent_t  event[COMM_EVENTS];     /* the handles' events */
+    int          free_event[COMM_EVENTS], nfree;
+    int          device;
+    char         bus[32];                /* PCI bus id of the GPU, for messages */
+} CommNccl;
+
+static const char *const comm_group_names[COMM_GROUPS] = {"world", "cp", "dp"};
+
+#define COMM_CUDA_CHECK(c, call)                                                                              \
+    do {                                                                                                      \
+        cudaError_t e_ = (call);                                                                              \
+        if (e_ != cudaSuccess)                                                                                \
+            error_exit(RS_EXIT_FAIL, __FILE__, __LINE__, NULL, "%s failed on GPU %d (%s): %s (%s)", #call,     \
+                       (c)->nccl ? (c)->nccl->device : cuda_backend_device(), (c)->nccl ? (c)->nccl->bus : "?", \
+                       cudaGetErrorString(e_), cudaGetErrorName(e_));                                          \
+    } while (0)
+
+#define COMM_NCCL_CHECK(c, call)                                                                              \
+    do {                                                                                                      \
+        ncclResult_t r_ = (call);                                                                             \
+        if (r_ != ncclSuccess)                                                                                \
+            error_exit(RS_EXIT_FAIL, __FILE__, __LINE__,                                                      \
+                       "hint: NCCL_DEBUG=WARN (or INFO) prints NCCL's own account; slurm/site.env holds the "  \
+                       "network settings a cluster may need",                                                 \
+                       "%s failed on GPU %d (%s): %s; NCCL says: %s", #call, (c)->nccl->device, (c)->nccl->bus, \
+                       ncclGetErrorString(r_), ncclGetLastError(NULL));                                        \
+    } while (0)
+
+/* A refusal every rank reaches together: rank 0 prints it once, every rank exits 2. */
+static void comm_refuse(Comm *c, const char *hint, const char *fmt, ...) {
+    if (c->rank == 0) {
+        char msg[4096];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        fflush(stdout);
+        fprintf(stderr, "ringscan: error [rank 0@%s]: %s\n  hint: %s\n", c->host, msg, hint);
+        fflush(stderr);
+    }
+    comm_finalize(c);
+    exit(RS_EXIT_USAGE);
+}
+
+typedef struct {
+    int  gpus, local_rank, local_size, device;
+    char host[64], bus[32], why[160];
+} CommGpuInfo;
+
+static void comm_check_gpu_counts(Comm *c, const CommGpuInfo *all) {
+    for (int r = 0; r < c->world_size; r++) {
+        const CommGpuInfo *a = &all[r];
+        if (a->gpus == 0)
+            comm_refuse(c, "run on GPU nodes, or set device.kind: cpu", "device.kind = cuda: rank %d on host %s sees no GPU (%s)",
+                        r, a->host, a->why);
+        if (a->gpus > 1 && a->local_rank >= a->gpus)
+            comm_refuse(c,
+                        "start one rank per GPU on each host (mpirun -np <GPUs> per node, srun --ntasks-per-node = "
+                        "GPUs per node), or give each task one GPU (srun --gpus-per-task=1)",
+                        "host %s runs %d ranks but has %d GPUs: rank %d (local rank %d) would have no GPU of its own",
+                        a->host, a->local_size, a->gpus, r, a->local_rank);
+    }
+}
+
+static void comm_check_gpu_sharing(Comm *c, const CommGpuInfo *all) {
+    for (int r = 0; r < c->world_size; r++)
+        for (int q = 0; q < r; q++)
+            if (!strcmp(all[q].host, all[r].host) && !strcmp(all[q].bus, all[r].bus))
+                comm_refuse(c,
+                            "one rank per GPU: each rank binds GPU <local rank>, or its only visible GPU; check "
+                            "CUDA_VISIBLE_DEVICES and the launcher's GPU binding",
+                            "ranks %d and %d on host %s both drive GPU %s (device %d of rank %d, %d of rank %d)", q, r,
+                            all[r].host, all[r].bus, all[q].device, q, all[r].device, r);
+}
+
+/* One communicator and one stream for group g. */
+static void comm_nccl_make_group(Comm *c, CommGroup g) {
+    CommNccl *n = c->nccl;
+    MPI_Comm m = g == COMM_CP ? c->cp_comm : g == COMM_DP ? c->dp_comm : c->world;
+    RS_CHECK(m != MPI_COMM_NULL, "NCCL group %s before comm_setup_groups", comm_group_names[g]);
+    int size = 0, rank = 0;
+    MPI_Comm_size(m, &size);
+    MPI_Comm_rank(m, &rank);
+    ncclUniqueId id;
+    if (rank == 0) COMM_NCCL_CHECK(c, ncclGetUniqueId(&id));
+    if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, m) != MPI_SUCCESS)
+        RS_FATAL("MPI_Bcast of the NCCL id of group %s failed", comm_group_names[g]);
+    COMM_NCCL_CHECK(c, ncclCommInitRank(&n->nc[g], size, id, rank));
+    int lo = 0, hi = 0;
+    COMM_CUDA_CHECK(c, cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    COMM_CUDA_CHECK(c, cudaStreamCreateWithPriority(&n->stream[g], cudaStreamNonBlocking, hi));
+}
+
+void comm_cuda_init(Comm *c) {
+    RS_CHECK(c->cp_comm != MPI_COMM_NULL, "comm_cuda_init before comm_setup_groups");
+    CommGpuInfo mine, *all = RS_CALLOC((size_t)c->world_size, sizeof *all);
+    memset(&mine, 0, sizeof mine);
+    mine.gpus = cuda_backend_probe(mine.why, sizeof mine.why);
+    mine.local_rank = c->local_rank;
+    mine.local_size = c->local_size;
+    snprintf(mine.host, sizeof mine.host, "%s", c->host);
+    comm_allgather(c, c->world, &mine, all, (int64_t)sizeof mine);
+    comm_check_gpu_counts(c, all);
+
+    cuda_backend_init(c->local_rank);
+    mine.device = cuda_backend_device();
+    if (cudaDeviceGetPCIBusId(mine.bus, (int)sizeof mine.bus, mine.device) != cudaSuccess)
+        snprintf(mine.bus, sizeof mine.bus, "device %d", mine.device);
+    comm_allgather(c, c->world, &mine, all, (int64_t)sizeof mine);
+    comm_check_gpu_sharing(c, all);
+    free(all);
+    if (c->world_size == 1) return; /* nothing to communicate */
+
+    CommNccl *n = RS_CALLOC(1, sizeof *n);
+    n->device = mine.device;
+    snprintf(n->bus, sizeof n->bus, "%s", mine.bus);
+    c->nccl = n;
+    for (int g = 0; g < COMM_GROUPS; g++) comm_nccl_make_group(c, (CommGroup)g);
+    COMM_CUDA_CHECK(c, cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming));
+    for (int i = 0; i < COMM_EVENTS; i++) {
+        COMM_CUDA_CHECK(c, cudaEventCreateWithFlags(&n->event[i], cudaEventDisableTiming));
+        n->free_event[n->nfree++] = COMM_EVENTS - 1 - i;
+    }
+}
+
+void comm_nccl_free(Comm *c) {
+    CommNccl *n = c->nccl;
+    for (int g = 0; g < COMM_GROUPS; g++) {
+        COMM_CUDA_CHECK(c, cudaStreamSynchronize(n->stream[g]));
+        COMM_NCCL_CHECK(c, ncclCommDestroy(n->nc[g]));
+        COMM_CUDA_CHECK(c, cudaStreamDestroy(n->stream[g]));
+    }
+    COMM_CUDA_CHECK(c, cudaEventDestroy(n->ready));
+    for (int i = 0; i < COMM_EVENTS; i++) COMM_CUDA_CHECK(c, cudaEventDestroy(n->event[i]));
+    free(n);
+    c->nccl = NULL;
+}
+
+/* Orders group g's stream after the compute stream's queued work; returns the stream. */
+static cudaStream_t comm_nccl_begin(Comm *c, CommGroup g, const CommHandle *h) {
+    CommNccl *n = c->nccl;
+    RS_CHECK(g >= 0 && g < COMM_GROUPS, "communication group %d", (int)g);
+    RS_CHECK(h->group == 0 || h->group == (int)g + 1,
+             "one CommHandle holds operations of groups %s and %s (a handle's operations share one stream)",
+             comm_group_names[h->group - 1], comm_group_names[g]);
+    COMM_CUDA_CHECK(c, cudaEventRecord(n->ready, cuda_stream()));
+    COMM_CUDA_CHECK(c, cudaStreamWaitEvent(n->stream[g], n->ready, 0));
+    return n->stream[g];
+}
+
+/* Marks the end of the handle's operations so far on group g's stream. */
+static void comm_nccl_end(Comm *c, CommGroup g, CommHandle *h) {
+    CommNccl *n = c->nccl;
+    if (!h->event) {
+        RS_CHECK(n->nfree > 0, "more than %d CommHandles in flight (a handle posted and never waited?)", COMM_EVENTS);
+        h->event = 1 + n->free_event[--n->nfree];
+        h->group = (int)g + 1;
+    }
+    COMM_CUDA_CHECK(c, cudaEventRecord(n->event[h->event - 1], n->stream[g]));
+}
+
+void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
+    cudaStream_t s = comm_nccl_begin(c, g, h);
+    COMM_NCCL_CHECK(c, ncclAllGather(send, recv, (size_t)bytes, ncclUint8, c->nccl->nc[g], s));
+    comm_nccl_end(c, g, h);
+}
+
+void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
+    cudaStream_t s = comm_nccl_begin(c, g, h);
+    COMM_NCCL_CHECK(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, c->nccl->nc[g], s));
+    comm_nccl_end(c, g, h);
+}
+
+void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
+                         CommHandle *h) {
+    cudaStream_t s = comm_nccl_begin(c, g, h);
+    ncclComm_t nc = c->nccl->nc[g];
+    COMM_NCCL_CHECK(c, ncclGroupStart());
+    COMM_NCCL_CHECK(c, ncclSend(send, (size_t)bytes, ncclUint8, to, nc, s));
+    COMM_NCCL_CHECK(c, ncclRecv(recv, (size_t)bytes, ncclUint8, from, nc, s));
+    COMM_NCCL_CHECK(c, ncclGroupEnd());
+    comm_nccl_end(c, g, h);
+}
+
+void comm_nccl_wait(Comm *c, CommHandle *h) {
+    if (!h->event) return;
+    CommNccl *n = c->nccl;
+    COMM_CUDA_CHECK(c, cudaStreamWaitEvent(cuda_stream(), n->event[h->event - 1], 0));
+    n->free_event[n->nfree++] = h->event - 1;
+    h->event = 0;
+    h->group = 0;
+}
+#endif
