@@ -24,7 +24,8 @@ def test_help(ringscan):
     r = run([ringscan, "bench", "--help"])
     assert r.returncode == 0
     for s in ("attn|gdn|step|all", "--peer", "--attn-shapes", "--doc-len", "--gdn-keep", "--tokens", "--peak-tflops",
-              "backward 2.5x forward", "--write-requests"):
+              "backward 2.5x forward", "--write-requests", "mpirun -np P ringscan bench cp", "--gdn-T", "--parts",
+              "--device D", "one-GPU ms / (P x CP ms)"):
         assert s in r.stdout, s
 
 
