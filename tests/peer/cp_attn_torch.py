@@ -143,10 +143,7 @@ def run_case(c, req, seed, mesh, context_parallel, dist, world):
 def main():
     a = pc.parse_args(__doc__.splitlines()[0])
     req = pc.load_request(a.request, "cp_attn")
-    for c in req["cases"]:
-        for key in ("name", "T", "nh", "nkv", "hd"):
-            if key not in c:
-                pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
+    pc.require_case_keys(req, a.request, ("name", "T", "nh", "nkv", "hd"))
     init_device_mesh, context_parallel, cpmod = import_cp()
     dist, rank, world = pc.init_dist(torch, a.request, req)
     mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("cp",))
@@ -164,10 +161,7 @@ def main():
     results = []
     for i, c in enumerate(req["cases"]):
         results += run_case(c, req, req["seed"] * 1000 + i, mesh, context_parallel, dist, world)
-    if rank == 0:
-        pc.write_result(a.out, "cp_attn", device, sw, notes, results)
-    dist.barrier()
-    dist.destroy_process_group()
+    pc.finish_dist(dist, rank, a.out, "cp_attn", device, sw, notes, results)
 
 
 if __name__ == "__main__":

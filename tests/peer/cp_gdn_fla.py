@@ -89,10 +89,8 @@ def run(c, W, T, seed, rank, req, dist, ctx, fns, slowest):
 def main():
     a = pc.parse_args(__doc__.splitlines()[0])
     req = pc.load_request(a.request, "cp_gdn")
+    pc.require_case_keys(req, a.request, ("name", "T", "H", "K", "V", "cu_seqlens"))
     for c in req["cases"]:
-        for key in ("name", "T", "H", "K", "V", "cu_seqlens"):
-            if key not in c:
-                pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
         if len(c["cu_seqlens"]) != 2:
             pc.usage_exit(f"--request {a.request}: case {c['name']}: one document expected (cu_seqlens [0, T])")
     if not isinstance(req.get("conv_kernel"), int):
@@ -129,10 +127,7 @@ def main():
                 print(f"{c['name']} {impl}: " + (f"fwd {row['ms_fwd']:.3f} ms, fwd+bwd {row['ms_fwdbwd']:.3f} ms"
                                                   if "ms_fwd" in row else row["error"]), flush=True)
             results.append(row)
-    if rank == 0:
-        pc.write_result(a.out, "cp_gdn", device, sw, notes, results)
-    dist.barrier()
-    dist.destroy_process_group()
+    pc.finish_dist(dist, rank, a.out, "cp_gdn", device, sw, notes, results)
 
 
 if __name__ == "__main__":

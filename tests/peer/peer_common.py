@@ -97,6 +97,22 @@ def time_fwd_bwd(torch, fwd, bwd, req, before=None, dist=None, slowest=True):
     return statistics.median(f), statistics.median(fb), len(fb)
 
 
+def require_case_keys(req, path, keys):
+    """Every case of the request has every key, else exit 2 naming the file and the key."""
+    for c in req["cases"]:
+        for key in keys:
+            if key not in c:
+                usage_exit(f"--request {path}: a case lacks key {key!r}")
+
+
+def finish_dist(dist, rank, path, kind, device, software, notes, results):
+    """The CP peers' end: rank 0 writes the result, then every rank leaves the process group."""
+    if rank == 0:
+        write_result(path, kind, device, software, notes, results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def init_dist(torch, path, req):
     """The CP peers under torchrun: NCCL process group, this rank's GPU (LOCAL_RANK); the world must be
     the request's P. Returns (dist, rank, world)."""
