@@ -1,7 +1,8 @@
 /*
- * bench.c — `ringscan bench attn|gdn|step|all [options]` (bench.h): the
+ * bench.c — `ringscan bench attn|gdn|step|all|cp [options]` (bench.h): the
  * options, the order of the work, the FLOP and byte counts, the floors, the
- * tables and OUT/bench.json.
+ * tables and OUT/bench.json. `bench cp` (ranks under mpirun) shares the
+ * options and the cases and runs in bench_cp.c.
  *
  * Order: options are parsed and checked first (a bad value names its option,
  * exit 2), then the device (no usable GPU: exit 2 naming the device), then,
@@ -48,6 +49,7 @@ const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
 
 static const char bench_usage[] =
     "usage: ringscan bench attn|gdn|step|all [options]\n"
+    "       mpirun -np P ringscan bench cp [options]\n"
     "\n"
     "Times our attention and Gated DeltaNet kernels (forward, forward+backward) and one training step on\n"
     "the GPU with CUDA events (warm-up, then the median of the repetitions), on random inputs, and prints\n"
@@ -59,11 +61,23 @@ static const char bench_usage[] =
     "  gdn:  K = V, bf16 q/k/v, fp32 gates; FLOPs per chunk of 64 from plan (research/gdn_cp.md §7).\n"
     "  step: one optimizer step of --config at --tokens tokens on one GPU (cp 1, dp 1, one sample):\n"
     "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory.\n"
+    "  cp:   context parallelism over the P ranks of mpirun (one per GPU), one document, with the CP code\n"
+    "        the model runs (lib/cp_ring.c, lib/cp_gdn.c): ring attention and the GDN layer (conv halo,\n"
+    "        conv, L2 norm, scan, chunk), fwd and fwd+bwd at the global T; the same shapes on one GPU\n"
+    "        (every rank at once, rank 0 reported) for CP efficiency = one-GPU ms / (P x CP ms); the ring\n"
+    "        with its exchanges waited at once (serial) beside the production overlap, per step compute\n"
+    "        and communication, each exchange alone; --peer: torch context_parallel (cuDNN SDPA) and\n"
+    "        flash-linear-attention's CP on the same P GPUs. `all` does not include cp.\n"
     "\n"
     "Options (LIST: comma-separated):\n"
-    "  --T LIST            attn, gdn: sequence lengths, multiples of 64 (default 32768,131072)\n"
-    "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256)\n"
-    "  --heads LIST        gdn: heads H, key heads = value heads (default 16,64)\n"
+    "  --T LIST            attn, gdn: sequence lengths, multiples of 64 (default 32768,131072);\n"
+    "                      cp: of the ring, multiples of 128 x P (default 131072,262144,524288)\n"
+    "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256;\n"
+    "                      cp: 16/16/128,16/2/128)\n"
+    "  --gdn-T LIST        cp: sequence lengths of the GDN layer, multiples of 128 x P (default 65536,131072)\n"
+    "  --parts LIST        cp: attn, gdn or both (default attn,gdn)\n"
+    "  --device D          cp: cuda or cpu (the cpu backend over MPI, for tests; default cuda when built with it)\n"
+    "  --heads LIST        gdn, cp: heads H, key heads = value heads (default 16,64)\n"
     "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
     "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
     "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
@@ -84,6 +98,7 @@ static const char bench_usage[] =
     "  --out DIR           requests, results, peer logs and bench.json (default runs/bench)\n"
     "  --seed N            seed of the random inputs (default 1)\n"
     "  --write-requests    only write OUT/request_KIND.json (the peers' input) and stop; needs no GPU\n"
+    "                      (cp: request_cp_attn.json, request_cp_gdn.json, for P = the number of ranks)\n"
     "  --help              this text\n"
     "\n"
     "Environment: RS_CUDA_PROFILE=1 times every cuda Backend entry of the step (CUDA events and the host\n"
@@ -91,7 +106,7 @@ static const char bench_usage[] =
 
 /* ---- options ------------------------------------------------------------------ */
 
-static noreturn void bench_bad(const char *opt, const char *val, const char *what) {
+noreturn void bench_bad(const char *opt, const char *val, const char *what) {
     fprintf(stderr, "ringscan bench: %s %s: %s\n  hint: `ringscan bench --help` shows the options\n", opt,
             val ? val : "", what);
     exit(RS_EXIT_USAGE);
@@ -152,6 +167,17 @@ static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",
                                                "data.micro_batch", "data.seq_len", "device.kind",
                                                "slurm.nodes",      "slurm.gpus_per_node", NULL};
 
+/* Options that only `bench cp` takes, and the ones it does not. */
+static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", NULL};
+static const char *const bench_cp_refused[] = {"--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
+                                               "--hbm-tbps", NULL};
+
+static int bench_listed(const char *const *list, const char *a) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], a)) return 1;
+    return 0;
+}
+
 static void bench_parse(BenchOptions *o, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->T[0] = 32768, o->T[1] = 131072, o->nT = 2;
@@ -168,25 +194,56 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->peer_dir = "tests/peer", o->python = "python3", o->out_dir = "runs/bench";
     o->peer_timeout = 300;
     o->seed = 1;
-    if (argc < 1) bench_bad("benchmark", NULL, "missing: attn, gdn, step or all");
+    o->gdn_T[0] = 65536, o->gdn_T[1] = 131072, o->n_gdn_T = 2;
+    o->cp_parts = BENCH_CP_ATTN | BENCH_CP_GDN;
+#ifdef RS_WITH_CUDA
+    o->cp_cpu = 0;
+#else
+    o->cp_cpu = 1;
+#endif
+    if (argc < 1) bench_bad("benchmark", NULL, "missing: attn, gdn, step, all or cp");
     const char *what = argv[0];
     if (!strcmp(what, "all")) for (int k = 0; k < BENCH_KIND_COUNT; k++) o->kinds[k] = 1;
-    else {
+    else if (!strcmp(what, "cp")) {
+        o->cp = 1;
+        static const int64_t cp_T[3] = {131072, 262144, 524288};
+        memcpy(o->T, cp_T, sizeof cp_T);
+        o->nT = 3;
+        o->n_attn = 2; /* 16/16/128, 16/2/128 */
+    } else {
         int found = 0;
         for (int k = 0; k < BENCH_KIND_COUNT; k++)
             if (!strcmp(what, bench_kind_names[k])) o->kinds[k] = found = 1;
-        if (!found) bench_bad("benchmark", what, "unknown (attn, gdn, step, all)");
+        if (!found) bench_bad("benchmark", what, "unknown (attn, gdn, step, all, cp)");
     }
     char items[BENCH_MAX_LIST][64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--T")) {
+        if (o->cp && bench_listed(bench_cp_refused, a)) bench_bad(a, NULL, "not an option of bench cp");
+        if (!o->cp && bench_listed(bench_cp_only, a)) bench_bad(a, NULL, "an option of bench cp only");
+        if (!strcmp(a, "--T") || !strcmp(a, "--gdn-T")) {
             const char *v = bench_value(argc, argv, &i);
-            o->nT = bench_split(a, v, items);
-            for (int j = 0; j < o->nT; j++) {
-                o->T[j] = bench_parse_int(a, items[j], 64, (int64_t)1 << 22);
-                if (o->T[j] % 64) bench_bad(a, items[j], "must be a multiple of 64");
+            int64_t *T = a[2] == 'T' ? o->T : o->gdn_T;
+            int n = bench_split(a, v, items);
+            for (int j = 0; j < n; j++) {
+                T[j] = bench_parse_int(a, items[j], 64, (int64_t)1 << 22);
+                if (T[j] % 64) bench_bad(a, items[j], "must be a multiple of 64");
             }
+            *(a[2] == 'T' ? &o->nT : &o->n_gdn_T) = n;
+        } else if (!strcmp(a, "--parts")) {
+            const char *v = bench_value(argc, argv, &i);
+            int n = bench_split(a, v, items);
+            o->cp_parts = 0;
+            for (int j = 0; j < n; j++) {
+                if (!strcmp(items[j], "attn")) o->cp_parts |= BENCH_CP_ATTN;
+                else if (!strcmp(items[j], "gdn")) o->cp_parts |= BENCH_CP_GDN;
+                else bench_bad(a, items[j], "expected attn or gdn");
+            }
+        } else if (!strcmp(a, "--device")) {
+            const char *v = bench_value(argc, argv, &i);
+            if (!strcmp(v, "cpu")) o->cp_cpu = 1;
+            else if (!strcmp(v, "cuda")) o->cp_cpu = 0;
+            else bench_bad(a, v, "expected cuda or cpu");
         } else if (!strcmp(a, "--attn-shapes")) {
             const char *v = bench_value(argc, argv, &i);
             o->n_attn = bench_split(a, v, items);
@@ -252,12 +309,12 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
 
 /* ---- the cases ---------------------------------------------------------------- */
 
-static json_t *bench_request(const BenchOptions *o, BenchKind kind) {
-    return json_pack("{ss ss si si sf sI s[]}", "schema", "ringscan-bench-request/1", "kind", bench_kind_names[kind],
+json_t *bench_request(const BenchOptions *o, const char *kind) {
+    return json_pack("{ss ss si si sf sI s[]}", "schema", "ringscan-bench-request/1", "kind", kind,
                      "warmup", o->warmup, "reps", o->reps, "max_s", o->max_s, "seed", (json_int_t)o->seed, "cases");
 }
 
-static void bench_attn_cases(const BenchOptions *o, json_t *cases) {
+void bench_attn_cases(const BenchOptions *o, json_t *cases) {
     for (int t = 0; t < o->nT; t++)
         for (int s = 0; s < o->n_attn; s++) {
             char name[96];
@@ -285,7 +342,7 @@ static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed) {
     return cu;
 }
 
-static void bench_gdn_cases(const BenchOptions *o, json_t *cases) {
+void bench_gdn_cases(const BenchOptions *o, json_t *cases) {
     for (int t = 0; t < o->nT; t++)
         for (int h = 0; h < o->n_heads; h++)
             for (int d = 0; d < o->n_doc_len; d++) {
@@ -355,11 +412,7 @@ static json_t *bench_step_request_case(const Config *cfg, const BenchOptions *o)
 
 /* ---- FLOPs, bytes, floors ------------------------------------------------------- */
 
-typedef struct {
-    double flops_fwd, flops_fb, bytes_fwd, bytes_fb;
-} BenchWork;
-
-static BenchWork bench_work(BenchKind kind, const json_t *c) {
+BenchWork bench_work(BenchKind kind, const json_t *c) {
     BenchWork w = {0};
     double T = (double)json_integer_value(json_object_get(c, "T"));
     if (kind == BENCH_ATTN) {
@@ -398,12 +451,12 @@ static double bench_floor_ms(double flops, double bytes, const BenchDevice *d) {
 
 /* ---- tables ---------------------------------------------------------------------- */
 
-static double bench_num(const json_t *r, const char *key) {
+double bench_num(const json_t *r, const char *key) {
     json_t *v = json_object_get(r, key);
     return v && json_is_number(v) ? json_number_value(v) : NAN;
 }
 
-static const json_t *bench_find(const json_t *results, const char *cname, const char *impl) {
+const json_t *bench_find(const json_t *results, const char *cname, const char *impl) {
     size_t i;
     json_t *r;
     json_array_foreach(results, i, r) {
@@ -413,14 +466,14 @@ static const json_t *bench_find(const json_t *results, const char *cname, const 
     return NULL;
 }
 
-static void bench_fmt(char *buf, size_t n, const char *fmt, double v) {
+void bench_fmt(char *buf, size_t n, const char *fmt, double v) {
     if (isfinite(v)) snprintf(buf, n, fmt, v);
     else snprintf(buf, n, "-");
 }
 
 /* A row that carries "error" (a case that failed, ours or a peer's): printed and recorded as such, in
  * columns of the table's widths; returns 1 when it was one. */
-static int bench_error_row(FILE *f, json_t *table, const char *cname, const char *impl, const json_t *r, int wcase,
+int bench_error_row(FILE *f, json_t *table, const char *cname, const char *impl, const json_t *r, int wcase,
                            int wimpl) {
     json_t *err = json_object_get(r, "error");
     if (!err || !json_is_string(err)) return 0;
@@ -464,7 +517,7 @@ static void bench_kernel_row(FILE *f, const char *cname, const json_t *r, const 
     json_array_append_new(table, row);
 }
 
-static void bench_print_notes(FILE *f, const json_t *peer) {
+void bench_print_notes(FILE *f, const json_t *peer) {
     if (!peer) return;
     json_t *err = json_object_get(peer, "error");
     if (err && json_is_string(err)) fprintf(f, "  peer failed: %s\n", json_string_value(err));
@@ -603,7 +656,7 @@ static void bench_device(BenchDevice *d, const BenchOptions *o) {
 
 /* ---- main ------------------------------------------------------------------------- */
 
-static double bench_clock(void) {
+double bench_clock(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -617,6 +670,7 @@ int bench_main(int argc, char **argv) {
         }
     BenchOptions o;
     bench_parse(&o, argc, argv);
+    if (o.cp) return bench_cp_main(&o);
     Config cfg;
     Plan plan;
     int have_cfg = o.kinds[BENCH_STEP];
@@ -634,7 +688,7 @@ int bench_main(int argc, char **argv) {
     json_t *req[BENCH_KIND_COUNT] = {0}, *peer[BENCH_KIND_COUNT] = {0}, *ours[BENCH_KIND_COUNT] = {0};
     for (int k = 0; k < BENCH_KIND_COUNT; k++) {
         if (!o.kinds[k]) continue;
-        req[k] = bench_request(&o, (BenchKind)k);
+        req[k] = bench_request(&o, bench_kind_names[k]);
         json_t *cases = json_object_get(req[k], "cases");
         if (k == BENCH_ATTN) bench_attn_cases(&o, cases);
         else if (k == BENCH_GDN) bench_gdn_cases(&o, cases);
@@ -670,11 +724,11 @@ int bench_main(int argc, char **argv) {
     if (o.peer)
         for (int k = 0; k < BENCH_KIND_COUNT; k++) {
             if (!o.kinds[k]) continue;
-            printf("peer %s: %s/%s ...\n", bench_kind_names[k], o.peer_dir,
-                   k == BENCH_ATTN ? "attn_sdpa.py" : k == BENCH_GDN ? "gdn_fla.py" : "step_hf.py");
+            static const char *const scripts[BENCH_KIND_COUNT] = {"attn_sdpa.py", "gdn_fla.py", "step_hf.py"};
+            printf("peer %s: %s/%s ...\n", bench_kind_names[k], o.peer_dir, scripts[k]);
             fflush(stdout);
             double t0 = bench_clock();
-            peer[k] = bench_peer_run(&o, (BenchKind)k, req[k]);
+            peer[k] = bench_peer_run(&o, bench_kind_names[k], scripts[k], 0, req[k]);
             printf("peer %s: %.1f s\n", bench_kind_names[k], bench_clock() - t0);
             if (json_object_get(peer[k], "error")) {
                 failed = 1;

@@ -2,7 +2,8 @@
  * bench.h — `ringscan bench attn|gdn|step|all`: our kernels and our training
  * step timed on the GPU, optionally beside the peers of tests/peer (PyTorch
  * SDPA, flash-linear-attention, transformers) run on the same GPU in the same
- * call, printed as one table with the ratios.
+ * call, printed as one table with the ratios; `ringscan bench cp` under
+ * mpirun: context parallelism over P GPUs, beside torch's and FLA's CP.
  *
  * The code lives in lib/ because it drives the Backend table and the model
  * exactly as lib/train.c does (scheduler/ decides how jobs run; it runs none).
@@ -13,8 +14,12 @@
  *                 events, warm-up then the median of the repetitions
  *   bench_step.c  one training step of a config on one GPU: tokens/s, MFU,
  *                 peak memory
- *   bench_peer.c  the request file, running a peer script under a time limit,
- *                 reading its result file (tests/peer/README.md: the contract)
+ *   bench_cp.c    `bench cp`: ring attention and the GDN layer through lib/cp*.c
+ *                 on P ranks, their one-GPU time, the serial schedule, per step
+ *                 compute and communication, the CP peers; its own table
+ *   bench_peer.c  the request file, running a peer script under a time limit
+ *                 (under torchrun for the CP peers), reading its result file
+ *                 (tests/peer/README.md: the contract)
  *
  * Every side, ours and each peer, reports the same JSON shape (a "result"
  * object: tests/peer/README.md); bench.c computes FLOPs, floors and ratios
@@ -27,6 +32,8 @@
 
 #include <jansson.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdnoreturn.h>
 
 #include "config.h"
 
@@ -36,9 +43,16 @@
 typedef enum { BENCH_ATTN, BENCH_GDN, BENCH_STEP, BENCH_KIND_COUNT } BenchKind;
 extern const char *const bench_kind_names[BENCH_KIND_COUNT];
 
+enum { BENCH_CP_ATTN = 1, BENCH_CP_GDN = 2 };
+
 typedef struct {
     int     kinds[BENCH_KIND_COUNT];        /* which benchmarks run (all: every one) */
-    int64_t T[BENCH_MAX_LIST];              /* attn, gdn: sequence lengths */
+    int     cp;                             /* `bench cp` (then no kind is set) */
+    int     cp_parts;                       /* cp: BENCH_CP_ATTN | BENCH_CP_GDN */
+    int     cp_cpu;                         /* cp: the cpu backend (--device cpu) */
+    int64_t gdn_T[BENCH_MAX_LIST];          /* cp: the GDN layer's sequence lengths */
+    int     n_gdn_T;
+    int64_t T[BENCH_MAX_LIST];              /* attn, gdn: sequence lengths; cp: the ring's */
     int     nT;
     int     attn[BENCH_MAX_LIST][3];        /* attn: nh, nkv, hd */
     int     n_attn;
@@ -73,6 +87,31 @@ typedef struct {
 } BenchDevice;
 
 int bench_main(int argc, char **argv);
+/* bench_cp.c: `bench cp` with the parsed options (MPI starts there); the exit status */
+int bench_cp_main(const BenchOptions *o);
+
+/* ---- shared by bench.c and bench_cp.c ---- */
+/* Prints "ringscan bench: OPT VAL: WHAT" and the hint, exit 2. */
+noreturn void bench_bad(const char *opt, const char *val, const char *what);
+/* {"schema", "kind", "warmup", "reps", "max_s", "seed", "cases": []} */
+json_t *bench_request(const BenchOptions *o, const char *kind);
+/* appends the attention cases (o->T x o->attn) / the GDN cases (o->T x o->heads x o->doc_len) */
+void    bench_attn_cases(const BenchOptions *o, json_t *cases);
+void    bench_gdn_cases(const BenchOptions *o, json_t *cases);
+typedef struct {
+    double flops_fwd, flops_fb, bytes_fwd, bytes_fb;
+} BenchWork;
+/* FLOPs and minimum bytes of a case of kind BENCH_ATTN or BENCH_GDN (bench.c's conventions) */
+BenchWork bench_work(BenchKind kind, const json_t *c);
+double  bench_num(const json_t *r, const char *key);     /* NAN when absent */
+/* the first row of `results` with this case and impl (impl NULL: any) */
+const json_t *bench_find(const json_t *results, const char *cname, const char *impl);
+void    bench_fmt(char *buf, size_t n, const char *fmt, double v); /* "-" when not finite */
+/* a row carrying "error": printed and appended to `table` as such; 1 when it was one */
+int     bench_error_row(FILE *f, json_t *table, const char *cname, const char *impl, const json_t *r, int wcase,
+                        int wimpl);
+void    bench_print_notes(FILE *f, const json_t *peer);
+double  bench_clock(void);                               /* CLOCK_MONOTONIC seconds */
 
 /* bench_ops.c: one case of the request (tests/peer/README.md) on our kernels; returns a result row
  * {"case", "impl": "ringscan", "ms_fwd", "ms_fwdbwd", "reps"}. */
@@ -84,10 +123,12 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o);
  * "reps", "loss"}. */
 json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o);
 
-/* bench_peer.c: writes `request` to OUT/request_KIND.json, runs PYTHON PEER_DIR/script --request
- * ... --out OUT/peer_KIND.json under peer_timeout (its output to OUT/peer_KIND.log) and returns
- * the parsed result object; on any failure a result object with "error" saying what happened. */
-json_t *bench_peer_run(const BenchOptions *o, BenchKind kind, const json_t *request);
+/* bench_peer.c: writes `request` to OUT/request_NAME.json, runs PYTHON PEER_DIR/SCRIPT --request
+ * ... --out OUT/peer_NAME.json under peer_timeout (its output to OUT/peer_NAME.log) and returns
+ * the parsed result object; on any failure a result object with "error" saying what happened.
+ * nproc > 0: under PYTHON -m torch.distributed.run --standalone --nproc_per_node NPROC. */
+json_t *bench_peer_run(const BenchOptions *o, const char *name, const char *script, int nproc,
+                       const json_t *request);
 /* writes `j` to `path` (pretty JSON); exits 1 naming the path when it cannot */
 void    bench_write_json(const json_t *j, const char *path);
 

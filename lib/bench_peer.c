@@ -3,12 +3,17 @@
  * --peer` (bench.h; the contract is tests/peer/README.md).
  *
  * The request (the cases, the repetition rule, the seed) goes to
- * OUT/request_KIND.json; the script runs as
- *   PYTHON PEER_DIR/SCRIPT --request OUT/request_KIND.json --out OUT/peer_KIND.json
- * with its stdout and stderr in OUT/peer_KIND.log, in its own process group,
+ * OUT/request_NAME.json (NAME: attn, gdn, step, cp_attn, cp_gdn); the script
+ * runs as
+ *   PYTHON PEER_DIR/SCRIPT --request OUT/request_NAME.json --out OUT/peer_NAME.json
+ * or, for the CP peers (one process per GPU),
+ *   PYTHON -m torch.distributed.run --standalone --nproc_per_node P PEER_DIR/SCRIPT ...
+ * with its stdout and stderr in OUT/peer_NAME.log, in its own process group,
  * killed (SIGTERM, then SIGKILL after 10 s) when it outlives --peer-timeout.
  * It is started by fork + execvp with an argument vector (no shell), so paths
- * with spaces or shell characters are passed as they are.
+ * with spaces or shell characters are passed as they are. Under mpirun (bench
+ * cp) the child drops the launcher's OMPI_* / PMIX_* variables first, so
+ * nothing in the peer mistakes itself for an MPI rank.
  *
  * A peer that fails, times out or writes no valid result is not fatal: the
  * returned object carries "error" with what happened and the log's path, and
@@ -30,7 +35,7 @@
 #include "bench.h"
 #include "error.h"
 
-static const char *const bench_peer_scripts[BENCH_KIND_COUNT] = {"attn_sdpa.py", "gdn_fla.py", "step_hf.py"};
+extern char **environ;
 
 void bench_write_json(const json_t *j, const char *path) {
     char tmp[4200];
@@ -53,13 +58,28 @@ static double bench_peer_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-json_t *bench_peer_run(const BenchOptions *o, BenchKind kind, const json_t *request) {
-    const char *kn = bench_kind_names[kind];
-    char req[4096], out[4096], log[4096], script[4096];
+/* Drops the MPI launcher's variables from this (child) process's environment. */
+static void bench_peer_drop_mpi_env(void) {
+    for (int i = 0; environ[i];) {
+        if (strncmp(environ[i], "OMPI_", 5) && strncmp(environ[i], "PMIX_", 5)) {
+            i++;
+            continue;
+        }
+        char name[256];
+        size_t n = strcspn(environ[i], "=");
+        snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), environ[i]);
+        if (unsetenv(name) != 0) i++; /* environ shifts down when it worked */
+    }
+}
+
+json_t *bench_peer_run(const BenchOptions *o, const char *kn, const char *script_name, int nproc,
+                       const json_t *request) {
+    char req[4096], out[4096], log[4096], script[4096], np[32];
     snprintf(req, sizeof req, "%s/request_%s.json", o->out_dir, kn);
     snprintf(out, sizeof out, "%s/peer_%s.json", o->out_dir, kn);
     snprintf(log, sizeof log, "%s/peer_%s.log", o->out_dir, kn);
-    snprintf(script, sizeof script, "%s/%s", o->peer_dir, bench_peer_scripts[kind]);
+    snprintf(script, sizeof script, "%s/%s", o->peer_dir, script_name);
+    snprintf(np, sizeof np, "%d", nproc);
     struct stat st;
     if (stat(script, &st) != 0)
         return bench_peer_error("peer script %s not found (--peer-dir %s)", script, o->peer_dir);
@@ -78,8 +98,11 @@ json_t *bench_peer_run(const BenchOptions *o, BenchKind kind, const json_t *requ
             dup2(fd, 2);
             close(fd);
         }
-        char *argv[] = {(char *)o->python, script, "--request", req, "--out", out, NULL};
-        execvp(o->python, argv);
+        bench_peer_drop_mpi_env();
+        char *one[] = {(char *)o->python, script, "--request", req, "--out", out, NULL};
+        char *dist[] = {(char *)o->python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", np,
+                        script, "--request", req, "--out", out, NULL};
+        execvp(o->python, nproc > 0 ? dist : one);
         fprintf(stderr, "cannot run %s: %s\n", o->python, strerror(errno));
         _exit(127);
     }

@@ -92,6 +92,14 @@ typedef struct {
     int64_t *gdn_forwards;        /* (L) chunked delta-rule forward calls */
 } CpCounters;
 
+/* The phases of one ring step that Cp.step_mark sees, in order: the step begins; its K|V exchange
+ * is posted (with Comm.serial: posted and completed); its attention calls are enqueued; its
+ * exchanges (K|V, and in the backward the dK|dV partial) are completed. pass 0 is the forward,
+ * 1 the backward; t the step. On cuda the callback runs on the host as the work is enqueued (it
+ * records an event on the compute stream); on cpu as the work is done. */
+enum { CP_MARK_BEGIN, CP_MARK_POSTED, CP_MARK_COMPUTED, CP_MARK_END, CP_MARK_COUNT };
+typedef void (*CpStepMark)(void *ctx, int pass, int t, int phase);
+
 /* The CP context the model runs with: comm, layout, the batch's metadata and the
  * communication buffers (sized by model_acts.c's CP table, so `plan` counts them). */
 typedef struct Cp {
@@ -119,6 +127,10 @@ typedef struct Cp {
     void  *halo_send;    /* (samples, nlocal, Kc-1, Cc) pre-conv tails, or their gradients */
     void  *halo_recv;    /* (P, samples, nlocal, Kc-1, Cc) */
     void  *arena;
+    /* Measurement only: `ringscan bench cp` (lib/bench_cp.c) sets these; the model never does and
+     * cp_init zeroes them, so training runs with no callback. */
+    CpStepMark step_mark; /* ring: called at each phase of each step (NULL: not called) */
+    void  *step_mark_ctx;
 } Cp;
 
 /* ---- cp_layout.c ---- */

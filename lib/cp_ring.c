@@ -22,7 +22,9 @@
  * exact mask inside each call.
  *
  * Forward: the next step's K|V exchange is posted (comm_isendrecv) before
- * this step's calls run, and waited after them. Each call writes a block
+ * this step's calls run, and waited after them (with Comm.serial, right
+ * after posting: the same results, no overlap; Cp.step_mark, set only by
+ * `ringscan bench cp`, sees each step's phases). Each call writes a block
  * output and LSE; attention_merge folds it into fp32 running (out, lse),
  * -inf ("no key") handled explicitly by the merge. At the end the running
  * output becomes the activation-type output.
@@ -46,6 +48,10 @@
 #define CP_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
 
 enum { CP_TAG_KV = 11, CP_TAG_DKV = 12 };
+
+static void cp_ring_mark(Cp *cp, int pass, int t, int phase) {
+    if (cp->step_mark) cp->step_mark(cp->step_mark_ctx, pass, t, phase);
+}
 
 /* One (query rows, key rows) call of a ring step: rows are local rows of the micro-batch on
  * this rank (queries) and on the owner (keys). */
@@ -101,9 +107,12 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
     for (int t = 0; t < P; t++) {
         int j = (r - t + P) % P;
         void *next = cp->kv_recv[(t + 1) % 2];
-        if (t < P - 1)
+        cp_ring_mark(cp, 0, t, CP_MARK_BEGIN);
+        if (t < P - 1) {
             comm_isendrecv(cp->comm, COMM_CP, cur, (r + 1) % P, next, (r - 1 + P) % P,
                            rows * ldk * es, CP_TAG_KV, &h);
+        }
+        cp_ring_mark(cp, 0, t, CP_MARK_POSTED);
         const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
         for (int s = 0; s < B->samples; s++) {
             CpPair pr[4];
@@ -121,11 +130,13 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
                 if (t < P - 1) comm_progress(cp->comm, &h); /* MPI moves large messages only inside calls */
             }
         }
+        cp_ring_mark(cp, 0, t, CP_MARK_COMPUTED);
         if (t < P - 1) {
             comm_wait(cp->comm, &h);
             cur = next;
             cp->count.ring_hops_fwd[layer]++;
         }
+        cp_ring_mark(cp, 0, t, CP_MARK_END);
     }
     be->act_from_f32(out, cp->run_out, rows * qd);
     be->copy(lse, cp->run_lse, (size_t)rows * d->nh * sizeof(float));
@@ -151,9 +162,12 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
     for (int t = 0; t < P; t++) {
         int j = (r - t + P) % P;
         void *next = cp->kv_recv[(t + 1) % 2];
-        if (t < P - 1)
+        cp_ring_mark(cp, 1, t, CP_MARK_BEGIN);
+        if (t < P - 1) {
             comm_isendrecv(cp->comm, COMM_CP, cur, next_rank, next, prev_rank, nkv_el * es, CP_TAG_KV,
                            &h_kv);
+        }
+        cp_ring_mark(cp, 1, t, CP_MARK_POSTED);
         be->memset_zero(cp->dkv_local, (size_t)nkv_el * sizeof(float));
         const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
         for (int s = 0; s < B->samples; s++) {
@@ -171,6 +185,7 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
                 if (P > 1) comm_progress(cp->comm, &h_dkv);
             }
         }
+        cp_ring_mark(cp, 1, t, CP_MARK_COMPUTED);
         if (P > 1) {
             /* the partial of block j: ours alone at t = 0, else the one that arrived plus ours */
             float *part = cp->dkv_buf[t % 2];
@@ -186,6 +201,7 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
             comm_wait(cp->comm, &h_kv);
             cur = next;
         }
+        cp_ring_mark(cp, 1, t, CP_MARK_END);
     }
     if (P > 1) {
         comm_wait(cp->comm, &h_dkv); /* our own block, complete, from the previous rank */

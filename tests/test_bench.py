@@ -1,10 +1,14 @@
 """test_bench.py — `ringscan bench` on a machine without a GPU (CI): the help, strict option
 checking (a bad value names its option, exit 2), the clear stop naming the device, and the request
-files the peers read (tests/peer/README.md), which need no GPU. The timings themselves run on the
-GPU machine (docs/benchmarks.md); no test asserts a time."""
+files the peers read (tests/peer/README.md), which need no GPU. `bench cp` runs whole on the cpu
+backend under mpirun -np 2 at a tiny size: its rows, the numbers derived from them, and the peer
+launch (a stand-in for torchrun that writes a result) are checked. The timings themselves run on
+the GPU machine (docs/benchmarks.md); no test asserts a time."""
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -20,7 +24,8 @@ def test_help(ringscan):
     r = run([ringscan, "bench", "--help"])
     assert r.returncode == 0
     for s in ("attn|gdn|step|all", "--peer", "--attn-shapes", "--doc-len", "--gdn-keep", "--tokens", "--peak-tflops",
-              "backward 2.5x forward", "--write-requests"):
+              "backward 2.5x forward", "--write-requests", "mpirun -np P ringscan bench cp", "--gdn-T", "--parts",
+              "--device D", "one-GPU ms / (P x CP ms)"):
         assert s in r.stdout, s
 
 
@@ -43,6 +48,13 @@ def test_help(ringscan):
     (["bench", "attn", "--reps", "0"], "--reps 0: out of range"),
     (["bench", "attn", "--max-s", "nan"], "--max-s nan"),
     (["bench", "attn", "--frobnicate"], "--frobnicate"),
+    (["bench", "cp", "--gdn-T", "100"], "--gdn-T 100: must be a multiple of 64"),
+    (["bench", "cp", "--parts", "attn,mlp"], "--parts mlp: expected attn or gdn"),
+    (["bench", "cp", "--device", "tpu"], "--device tpu: expected cuda or cpu"),
+    (["bench", "cp", "--tokens", "4096"], "--tokens : not an option of bench cp"),
+    (["bench", "cp", "--doc-len", "0"], "--doc-len : not an option of bench cp"),
+    (["bench", "attn", "--gdn-T", "1024"], "--gdn-T : an option of bench cp only"),
+    (["bench", "gdn", "--device", "cpu"], "--device : an option of bench cp only"),
 ])
 def test_bad_options_name_the_option(ringscan, args, names):
     r = run([ringscan] + args)
@@ -97,3 +109,128 @@ def test_requests_are_the_peers_contract(ringscan, tmp_path):
     assert m["num_hidden_layers"] == len(m["layer_types"]) == 16
     assert m["layer_types"].count("full_attention") == 4 and m["hidden_size"] == 1536
     assert c["train"]["grad_clip"] == 1.0
+
+
+# ---------------------------------------------------------------- bench cp (cpu backend, 2 ranks)
+
+CP_TINY = ["--device", "cpu", "--T", "1024", "--gdn-T", "512", "--attn-shapes", "2/2/64,2/1/64", "--heads", "2",
+           "--dim", "64", "--warmup", "0", "--reps", "3"]
+
+
+def mpirun2(*args, env=None):
+    return run(["mpirun", "-np", "2", "--oversubscribe", *args], env=env, timeout=300)
+
+
+def test_cp_shape_not_divisible_by_ranks(ringscan, tmp_path):
+    r = mpirun2(ringscan, "bench", "cp", "--device", "cpu", "--T", "192", "--out", tmp_path / "o")
+    assert r.returncode != 0
+    assert "ringscan bench: --T 192: must be a multiple of 128 x P = 256" in r.stderr
+    assert r.stderr.count("--T 192") == 1  # rank 0 alone says it
+    assert not (tmp_path / "o").exists()
+
+
+def test_cp_requests(ringscan, tmp_path):
+    r = mpirun2(ringscan, "bench", "cp", "--write-requests", "--out", tmp_path, "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    attn = json.loads((tmp_path / "request_cp_attn.json").read_text())
+    gdn = json.loads((tmp_path / "request_cp_gdn.json").read_text())
+    assert attn["kind"] == "cp_attn" and attn["P"] == 2 and attn["seed"] == 3
+    assert [c["name"] for c in attn["cases"]] == [f"T{t}_nh16_nkv{k}_hd128" for t in (131072, 262144, 524288)
+                                                  for k in (16, 2)]
+    assert gdn["kind"] == "cp_gdn" and gdn["P"] == 2 and gdn["conv_kernel"] == 4
+    assert [(c["T"], c["H"], c["K"], c["cu_seqlens"]) for c in gdn["cases"]] == [
+        (t, h, 128, [0, t]) for t in (65536, 131072) for h in (16, 64)]
+
+
+def cp_rows(part, impl):
+    return {r["case"]: r for r in part["ringscan"] if r["impl"] == impl}
+
+
+def test_cp_on_cpu_rows(ringscan, tmp_path):
+    r = mpirun2(ringscan, "bench", "cp", *CP_TINY, "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    b = json.loads((tmp_path / "bench.json").read_text())
+    assert b["P"] == 2 and b["backend"] == "cpu"
+    attn, gdn = b["cp_attn"], b["cp_gdn"]
+    names = [c["name"] for c in attn["request"]["cases"]]
+    assert names == ["T1024_nh2_nkv2_hd64", "T1024_nh2_nkv1_hd64"]
+    cp, ser, one = (cp_rows(attn, i) for i in ("ringscan-cp", "ringscan-cp-serial", "ringscan-1gpu"))
+    for name, nkv in zip(names, (2, 1)):
+        assert cp[name]["gpus"] == ser[name]["gpus"] == 2 and one[name]["gpus"] == 1
+        for row in (cp[name], ser[name], one[name]):
+            assert 0 < row["ms_fwd"] < row["ms_fwdbwd"] and row["reps"] == 3
+        # 2 forward and 2 backward steps; the last forward step exchanges nothing
+        for row, key in ((cp[name], "exposed_wait_ms"), (ser[name], "comm_ms")):
+            assert [(s["pass"], s["t"]) for s in row["steps"]] == [("fwd", 0), ("fwd", 1), ("bwd", 0), ("bwd", 1)]
+            assert all(s["compute_ms"] > 0 and s[key] >= 0 for s in row["steps"])
+        x = cp[name]["exchange_alone"]  # 512 local rows of [k|v], fp32 on the cpu backend, both ways
+        assert x["kv_bytes"] == x["dkv_bytes"] == 512 * 2 * nkv * 64 * 4 and x["kv_ms"] > 0
+    table = {(t["case"], t["impl"]): t for t in attn["table"]}
+    for name in names:
+        for impl in ("ringscan-cp", "ringscan-cp-serial"):
+            t = table[(name, impl)]
+            want = one[name]["ms_fwdbwd"] / (2 * t["ms_fwdbwd"])
+            assert abs(t["cp_efficiency_fwdbwd"] - want) <= 1e-6 * want
+        assert "cp_efficiency_fwd" not in table[(name, "ringscan-1gpu")]
+    (gname,) = [c["name"] for c in gdn["request"]["cases"]]
+    gcp, gone = cp_rows(gdn, "ringscan-cp")[gname], cp_rows(gdn, "ringscan-1gpu")[gname]
+    phases = ["halo_fwd", "conv_fwd", "scan_fwd", "chunk_fwd", "scan_bwd", "chunk_bwd", "conv_bwd", "halo_bwd"]
+    assert list(gcp["phases"]) == phases and all(gcp["phases"][p] > 0 for p in phases)
+    assert all(gcp["phases"][p] < gcp["ms_fwdbwd"] for p in phases)  # each the slowest rank's median
+    assert gone["phases"]["scan_fwd"] < 0.01 and gone["phases"]["halo_bwd"] < 0.01  # one rank: none of it runs
+    a = gcp["allgather_alone"]  # 2 fragments of [M | H]: 2 heads x 64 x (64 + 64) fp32; 3 halo rows of 2*128+128
+    assert a["scan_bytes_per_rank"] == 2 * 2 * 64 * 128 * 4 and a["halo_bytes_per_rank"] == 2 * 3 * 384 * 4
+    assert "ring attention over 2 ranks" in r.stdout and "exchange alone: K|V" in r.stdout
+    assert "phases ringscan-cp, ms:" in r.stdout
+
+
+FAKE_TORCHRUN = r"""#!/usr/bin/env python3
+# stands in for `python3 -m torch.distributed.run ... SCRIPT --request REQ --out OUT`: records how it was
+# called, then writes a result of the contract with fixed times
+import json, os, sys
+log = os.environ["FAKE_PEER_LOG"]
+with open(log, "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "mpi_env": sorted(k for k in os.environ
+                        if k.startswith(("OMPI_COMM_WORLD", "PMIX_RANK")))}) + "\n")
+a = sys.argv[1:]
+req = json.load(open(a[a.index("--request") + 1]))
+fam = "torch-cudnn" if req["kind"] == "cp_attn" else "fla"
+rows = []
+for c in req["cases"]:
+    rows.append({"case": c["name"], "impl": fam + "-cp", "family": fam, "gpus": req["P"], "ms_fwd": 3.0,
+                 "ms_fwdbwd": 10.0, "reps": 3})
+    rows.append({"case": c["name"], "impl": fam + "-1gpu", "family": fam, "gpus": 1, "ms_fwd": 5.0,
+                 "ms_fwdbwd": 16.0, "reps": 3})
+json.dump({"schema": "ringscan-bench-result/1", "kind": req["kind"], "device": "cpu", "software": {},
+           "notes": ["fake peer"], "results": rows}, open(a[a.index("--out") + 1], "w"))
+"""
+
+
+def test_cp_peers_started_once_by_rank0(ringscan, tmp_path):
+    fake = tmp_path / "fakepython"
+    fake.write_text(FAKE_TORCHRUN)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    env = dict(os.environ, FAKE_PEER_LOG=str(log))
+    out = tmp_path / "out"
+    r = mpirun2(ringscan, "bench", "cp", *CP_TINY, "--peer", "--python", fake, "--out", out, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = [json.loads(l) for l in log.read_text().splitlines()]
+    assert len(calls) == 2  # cp_attn, cp_gdn: once each, from rank 0 alone
+    for c, script, kind in zip(calls, ("cp_attn_torch.py", "cp_gdn_fla.py"), ("cp_attn", "cp_gdn")):
+        assert c["argv"][:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        assert c["argv"][5] == f"tests/peer/{script}" and c["argv"][6:] == [
+            "--request", f"{out}/request_{kind}.json", "--out", f"{out}/peer_{kind}.json"]
+        assert c["mpi_env"] == []  # the launcher's rank variables are dropped
+    b = json.loads((out / "bench.json").read_text())
+    for part, fam in (("cp_attn", "torch-cudnn"), ("cp_gdn", "fla")):
+        table = {(t["case"], t["impl"]): t for t in b[part]["table"]}
+        ours = cp_rows(b[part], "ringscan-cp")
+        for name, mine in ours.items():
+            t = table[(name, fam + "-cp")]
+            assert abs(t["cp_efficiency_fwdbwd"] - 16.0 / (2 * 10.0)) < 1e-9
+            assert abs(t["ratio_fwdbwd"] - 10.0 / mine["ms_fwdbwd"]) <= 1e-6 * t["ratio_fwdbwd"]
+            one = table[(name, fam + "-1gpu")]
+            want = 16.0 / cp_rows(b[part], "ringscan-1gpu")[name]["ms_fwdbwd"]
+            assert abs(one["ratio_fwdbwd"] - want) <= 1e-6 * want
+    assert "peer note: fake peer" in r.stdout

@@ -29,6 +29,10 @@
 #   cp-step    ringscan train of the 1B config, remat: 128k tokens on one GPU, then 256k at cp 2 on two GPUs
 #              with communication overlapped and forced serial (parallel.overlap_comm: false): ms/step,
 #              tokens/s, MFU, peak memory beside plan
+#   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
+#              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
+#              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
+#              compute and communication (issue 22)
 # Environment:
 #   OUT       where device_suite.tgz goes (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
@@ -120,6 +124,21 @@ suite_gdn_cycles() {
     return $rc
 }
 
+# suite_cp NAME NP ARGS...: mpirun -np NP ringscan bench cp ARGS, the tables printed, bench.json kept
+suite_cp() {
+    local name=$1 np=$2
+    shift 2
+    timeout "$(left)" mpirun -np "$np" --allow-run-as-root -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED \
+        ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} ${TRITON_CACHE_DIR:+-x TRITON_CACHE_DIR} \
+        build/ringscan bench cp "$@" --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc"
+    sed -n '/^case /,/^results/p' "$L/$name.log" | head -80
+    cp "/tmp/device_suite_$name/bench.json" "$W/$name.json" 2>/dev/null
+    cp /tmp/device_suite_"$name"/peer_cp_*.log "$L/" 2>/dev/null
+    return $rc
+}
+
 # suite_bench NAME ARGS...: ringscan bench ARGS, the table printed, bench.json kept
 suite_bench() {
     local name=$1
@@ -189,9 +208,10 @@ for part in "$@"; do
     step-states)
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
+    cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
     *)
         echo "unknown part '$part' (parity parity-gdn gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2)"
         false
         ;;
     esac || status=1

@@ -76,10 +76,8 @@ def main():
     device, sw = pc.device_and_software(torch, {"cudnn": str(torch.backends.cudnn.version())})
     gen = torch.Generator(device="cuda").manual_seed(req["seed"])
     results = []
+    pc.require_case_keys(req, a.request, ("name", "T", "nh", "nkv", "hd"))
     for c in req["cases"]:
-        for key in ("name", "T", "nh", "nkv", "hd"):
-            if key not in c:
-                pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
         results += run_case(c, req, gen)
     notes = ["layout (1, heads, T, hd) contiguous; is_causal=True; fwd+bwd = o.backward(dO) with fresh grads"]
     pc.write_result(a.out, "attn", device, sw, notes, results)

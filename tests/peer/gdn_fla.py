@@ -113,10 +113,7 @@ def main():
         return
     a = pc.parse_args(__doc__.splitlines()[0])
     req = pc.load_request(a.request, "gdn")
-    for c in req["cases"]:
-        for key in ("name", "T", "H", "K", "V", "cu_seqlens"):
-            if key not in c:
-                pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
+    pc.require_case_keys(req, a.request, ("name", "T", "H", "K", "V", "cu_seqlens"))
     fn, notes, fla_version = import_fla()
     device, sw = pc.device_and_software(torch, {"fla": fla_version})
     if os.environ.get("PEER_GDN_WARM", "1") != "0":

@@ -2,10 +2,12 @@
 result of the JSON contract (tests/peer/README.md), CUDA-event timing with the same rule as
 `ringscan bench` (warm-up runs, then timed runs, the median; stop repeating once the timed runs
 took max_s seconds and at least 3 were done), the description of the device and software, and the
-lifting of FLA's #640 guard for timing (gdn_fla.py, step_hf.py).
+lifting of FLA's #640 guard for timing (gdn_fla.py, step_hf.py, cp_gdn_fla.py), and for the CP
+peers the process group under torchrun and the timing across ranks.
 
 Called by attn_sdpa.py, gdn_fla.py and step_hf.py (which `ringscan bench --peer` runs as
-`python3 SCRIPT --request REQ.json --out RESULT.json`).
+`python3 SCRIPT --request REQ.json --out RESULT.json`) and by cp_attn_torch.py and cp_gdn_fla.py
+(which `ringscan bench cp --peer` runs under `python3 -m torch.distributed.run --nproc_per_node P`).
 """
 import argparse
 import json
@@ -57,13 +59,19 @@ def device_and_software(torch, extra=None):
     return torch.cuda.get_device_name(0), sw
 
 
-def time_fwd_bwd(torch, fwd, bwd, req, before=None):
-    """fwd() -> state; bwd(state). Events around each: (ms_fwd median, ms_fwdbwd median, runs)."""
+def time_fwd_bwd(torch, fwd, bwd, req, before=None, dist=None, slowest=True):
+    """fwd() -> state; bwd(state). Events around each: (ms_fwd median, ms_fwdbwd median, runs).
+    With dist (torch.distributed, the CP peers): every rank syncs and meets the others at a barrier
+    before each run, and a run's times are the slowest rank's (slowest) or rank 0's, the same on every
+    rank, so every rank applies the stop rule to the same numbers (as `ringscan bench cp` does)."""
     e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     f, fb, spent = [], [], 0.0
     for i in range(req["warmup"] + req["reps"]):
         if before:
             before()
+        if dist:
+            torch.cuda.synchronize()
+            dist.barrier()
         e0.record()
         st = fwd()
         e1.record()
@@ -71,14 +79,53 @@ def time_fwd_bwd(torch, fwd, bwd, req, before=None):
         e2.record()
         e2.synchronize()
         del st
+        t = [e0.elapsed_time(e1), e0.elapsed_time(e2)]
+        if dist:
+            tt = torch.tensor(t, dtype=torch.float64, device="cuda")
+            if slowest:
+                dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+            else:
+                dist.broadcast(tt, src=0)
+            t = tt.tolist()
         if i < req["warmup"]:
             continue
-        f.append(e0.elapsed_time(e1))
-        fb.append(e0.elapsed_time(e2))
+        f.append(t[0])
+        fb.append(t[1])
         spent += fb[-1] / 1e3
         if len(fb) >= 3 and spent > req["max_s"]:
             break
     return statistics.median(f), statistics.median(fb), len(fb)
+
+
+def require_case_keys(req, path, keys):
+    """Every case of the request has every key, else exit 2 naming the file and the key."""
+    for c in req["cases"]:
+        for key in keys:
+            if key not in c:
+                usage_exit(f"--request {path}: a case lacks key {key!r}")
+
+
+def finish_dist(dist, rank, path, kind, device, software, notes, results):
+    """The CP peers' end: rank 0 writes the result, then every rank leaves the process group."""
+    if rank == 0:
+        write_result(path, kind, device, software, notes, results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def init_dist(torch, path, req):
+    """The CP peers under torchrun: NCCL process group, this rank's GPU (LOCAL_RANK); the world must be
+    the request's P. Returns (dist, rank, world)."""
+    import torch.distributed as dist
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        if key not in os.environ:
+            usage_exit(f"{key} is not set: run under torchrun (python3 -m torch.distributed.run --nproc_per_node P)")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if not isinstance(req.get("P"), int) or req["P"] != world:
+        usage_exit(f"--request {path}: key 'P' is {req.get('P')!r}, but {world} processes run")
+    return dist, rank, world
 
 
 def write_result(path, kind, device, software, notes, results):

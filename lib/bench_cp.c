@@ -1,0 +1,900 @@
+/*
+ * bench_cp.c — `mpirun -np P ringscan bench cp [options]` (bench.h): context
+ * parallelism over the P ranks (one per GPU, P = the CP size) timed with the
+ * CP code the model runs, beside the CP of torch and of flash-linear-attention.
+ *
+ * Order: MPI, one CP group of all P ranks, the shapes checked against P; with
+ * --peer, rank 0 ALONE runs the two peer scripts (tests/peer/cp_attn_torch.py,
+ * cp_gdn_fla.py) under torchrun with P processes while the other ranks wait at
+ * a barrier, all before any rank has a CUDA context (the peers find the GPUs
+ * empty); then the backend (cuda: comm_cuda_init: GPU <local rank>, NCCL for
+ * the comm_i* operations; cpu: host memory over MPI) and the cases.
+ *
+ *   ring attention, per case (T, nh, nkv, hd), one causal document of T tokens:
+ *     ringscan-cp         cp_ring_forward + cp_ring_backward on P ranks, the production
+ *                         schedule (each K|V exchange posted before the step's calls)
+ *     ringscan-cp-serial  the same with Comm.serial: each exchange waited right after
+ *                         it is posted, nothing overlaps (training sets it only from
+ *                         parallel.overlap_comm: false)
+ *     ringscan-1gpu       the same code with P = 1 (one fragment, no communication) at
+ *                         the full T, on every rank's GPU at once; rank 0's time
+ *     steps               per ring step, from Cp.step_mark: in the serial run the step's
+ *                         compute and its communication (posting to completion of the
+ *                         K|V exchange, and in the backward of the dK|dV partial); in
+ *                         the overlapped run the compute and the exposed wait after it
+ *     exchange alone      one comm_isendrecv of the K|V block (activation type) and one
+ *                         of the dK|dV partial (fp32) to the next rank, no compute
+ *   the GDN layer, per case (T, H key = value heads, K = V, conv width 4), one
+ *   document, called exactly as lib/model_block.c calls it: cp_gdn_halo_forward,
+ *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_scan_forward,
+ *   gdn_chunk_forward per fragment (keeping what --gdn-keep says); backward
+ *   cp_gdn_scan_backward, gdn_chunk_backward per fragment, l2norm_backward,
+ *   conv1d_silu_backward per fragment, cp_gdn_halo_backward. The projections,
+ *   gates, norm and output of the layer are per token and left out (FLA's peer
+ *   times the same span: its CP conv and its CP chunk with the L2 norm inside).
+ *   Rows ringscan-cp and ringscan-1gpu, the time of each phase, and each
+ *   all-gather alone (the scan's [M | H] slots, the halo's tails).
+ *
+ * Inputs: random, never zeros (each rank its own seed): q, k, v, dO, the
+ * pre-conv projection uniform in [-1, 1); conv weights in [-0.5, 0.5); g in
+ * [-0.1, -0.001); beta in [0.05, 0.95).
+ *
+ * Timing: before each repetition every rank waits for its device and meets
+ * the others at a barrier; cuda: CUDA events on the compute stream; cpu: the
+ * host clock (the cpu backend computes as it is called). Every rank's times
+ * of a repetition are gathered (comm_allreduce_sum_f64 of one slot per
+ * rank); a CP repetition counts as its slowest rank's, a one-GPU one as rank
+ * 0's; the stop rule (warm-up, up to --reps, at least 3 once --max-s are
+ * spent) reads the gathered numbers, so every rank stops at the same
+ * repetition. Reported: the median of each number over the repetitions.
+ *
+ * Output (rank 0): one table per part (case, impl, GPUs, ms, TFLOP/s per GPU,
+ * CP efficiency = one-GPU ms / (P x CP ms) of the same family, ratio = peer
+ * ms / ringscan ms at the same GPU count), the step and phase lines, and
+ * OUT/bench.json ({"cp_attn": {"request", "ringscan", "peer", "table"},
+ * "cp_gdn": ...}).
+ *
+ * Callers: lib/bench.c (bench_main for `bench cp`).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "bench.h"
+#include "build_info.h"
+#include "comm.h"
+#include "cp.h"
+#include "error.h"
+#include "fsio.h"
+#include "rng.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_backend.h"
+#include "cuda_bench.h"
+#define BC_MARKS CUDA_BENCH_MARKS
+#else
+#define BC_MARKS 80
+#endif
+
+#define BC_CONV_KERNEL 4                  /* the GDN layer's conv width (Qwen3-Next's) */
+#define BC_STEP_MARK0 3                   /* ring: marks 0 start, 1 fwd done, 2 bwd done, then the steps' */
+#define BC_GDN_PHASES 8
+
+/* the GDN phases, in order, and the marks that end them (0 start, 1 fwd done, 2 bwd done) */
+static const char *const bc_gdn_phase_names[BC_GDN_PHASES] = {"halo_fwd", "conv_fwd", "scan_fwd", "chunk_fwd",
+                                                              "scan_bwd", "chunk_bwd", "conv_bwd", "halo_bwd"};
+static const int bc_gdn_phase_marks[BC_GDN_PHASES + 1] = {0, 3, 4, 5, 1, 6, 7, 8, 2};
+
+/* ---- the environment, marks, repetitions ----------------------------------------- */
+
+typedef struct {
+    Comm          *comm;
+    const Backend *be;
+    const BenchOptions *o;
+    int            P, rank, cpu;
+#ifdef RS_WITH_CUDA
+    CudaBenchTimer *tm;
+#endif
+    double         host[BC_MARKS]; /* cpu: the host clock at each mark */
+} BcEnv;
+
+static void bc_mark(BcEnv *e, int i) {
+    RS_CHECK(i >= 0 && i < BC_MARKS, "bench cp mark %d", i);
+#ifdef RS_WITH_CUDA
+    if (!e->cpu) {
+        cuda_bench_mark(e->tm, i);
+        return;
+    }
+#endif
+    e->host[i] = bench_clock();
+}
+
+/* ms from mark i to mark j (cuda: waits for mark j) */
+static double bc_ms(BcEnv *e, int i, int j) {
+#ifdef RS_WITH_CUDA
+    if (!e->cpu) return cuda_bench_elapsed_ms(e->tm, i, j);
+#endif
+    return 1e3 * (e->host[j] - e->host[i]);
+}
+
+static void bc_sync(BcEnv *e) {
+#ifdef RS_WITH_CUDA
+    if (!e->cpu) cuda_bench_sync();
+#endif
+    (void)e;
+}
+
+/* n repetitions of nv numbers from each of P ranks: all[(rep * P + rank) * nv + k] */
+typedef struct {
+    int     n, nv, P;
+    double *all;
+} BcTimes;
+
+enum { BC_SLOWEST, BC_RANK0 };
+
+static double bc_value(const BcTimes *t, int rep, int k, int how) {
+    const double *r = t->all + (size_t)rep * t->P * t->nv;
+    if (how == BC_RANK0) return r[k];
+    double m = r[k];
+    for (int p = 1; p < t->P; p++) m = fmax(m, r[(size_t)p * t->nv + k]);
+    return m;
+}
+
+static int bc_cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* the median over the repetitions of number k (the slowest rank's, or rank 0's) */
+static double bc_median(const BcTimes *t, int k, int how) {
+    double *v = RS_MALLOC((size_t)t->n * sizeof(double));
+    for (int i = 0; i < t->n; i++) v[i] = bc_value(t, i, k, how);
+    qsort(v, (size_t)t->n, sizeof *v, bc_cmp);
+    double m = t->n % 2 ? v[t->n / 2] : 0.5 * (v[t->n / 2 - 1] + v[t->n / 2]);
+    free(v);
+    return m;
+}
+
+typedef void (*BcRun)(BcEnv *e, void *ctx);                /* one repetition, marks included */
+typedef void (*BcRead)(BcEnv *e, void *ctx, double *v);    /* its nv numbers, after it ran */
+
+/* warm-up, then repetitions until --reps or the time rule; number `clock` (of the slowest rank, or
+ * rank 0's) is the repetition's time for the rule */
+static BcTimes bc_repeat(BcEnv *e, BcRun run, BcRead read, void *ctx, int nv, int clock, int how) {
+    const BenchOptions *o = e->o;
+    BcTimes t = {.nv = nv, .P = e->P, .all = RS_CALLOC((size_t)o->reps * e->P * nv, sizeof(double))};
+    double *slots = RS_MALLOC((size_t)e->P * nv * sizeof(double)), spent = 0;
+    for (int i = 0; i < o->warmup + o->reps; i++) {
+        bc_sync(e);
+        comm_barrier(e->comm, e->comm->world);
+        run(e, ctx);
+        memset(slots, 0, (size_t)e->P * nv * sizeof(double));
+        read(e, ctx, slots + (size_t)e->rank * nv);
+        comm_allreduce_sum_f64(e->comm, e->comm->world, slots, (int64_t)e->P * nv);
+        if (i < o->warmup) continue;
+        memcpy(t.all + (size_t)t.n * e->P * nv, slots, (size_t)e->P * nv * sizeof(double));
+        spent += bc_value(&t, t.n, clock, how) / 1e3;
+        t.n++;
+        if (t.n >= 3 && spent > o->max_s) break;
+    }
+    free(slots);
+    return t;
+}
+
+/* dst (n elements, activation type, or fp32 when f32) = uniform in [lo, hi), never all zero */
+static void bc_fill(BcEnv *e, void *dst, int64_t n, uint64_t seed, float lo, float hi, int f32) {
+#ifdef RS_WITH_CUDA
+    if (!e->cpu) {
+        if (f32) cuda_bench_fill_f32(dst, n, seed, lo, hi);
+        else cuda_bench_fill_bf16(dst, n, seed, lo, hi);
+        return;
+    }
+#endif
+    RS_CHECK(e->be->act_size == 4, "the cpu backend's activations are fp32");
+    float *h = RS_MALLOC((size_t)n * sizeof(float));
+    Rng r;
+    rng_init(&r, seed, (uint64_t)e->rank);
+    for (int64_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * (float)rng_uniform(&r);
+    e->be->to_device(dst, h, (size_t)n * sizeof(float));
+    free(h);
+    (void)f32;
+}
+
+/* a seed per (case, rank, buffer) */
+static uint64_t bc_seed(const BcEnv *e, int ci, int buf) {
+    return e->o->seed * 1000003u + (uint64_t)ci * 7919u + (uint64_t)e->rank * 104729u + (uint64_t)buf;
+}
+
+/* A one-layer config whose CP buffers (model_acts.c's CP table) fit the case; P ranks. */
+static void bc_config(Config *cfg, const BcEnv *e, int64_t T, int P) {
+    config_init_defaults(cfg);
+    cfg->data.seq_len = T;
+    cfg->data.micro_batch = 1;
+    cfg->parallel.cp = P;
+    cfg->parallel.dp = 1;
+    cfg->device.kind = e->cpu ? DEVICE_KIND_CPU : DEVICE_KIND_CUDA;
+    cfg->model.num_hidden_layers = 1;
+    cfg->model.layer_types.n = 0;
+}
+
+/* The CP context of P ranks (P = 1: one process's, no communication) with one document's metadata. */
+static void bc_cp_begin(Cp *cp, BcEnv *e, const Config *cfg, int P) {
+    cp_init(cp, P > 1 ? e->comm : NULL, e->be, cfg);
+    const CpLayout *L = &cp->L;
+    int32_t *pos = RS_MALLOC((size_t)L->T_local * sizeof(int32_t));
+    for (int f = 0; f < L->nlocal; f++)
+        for (int64_t i = 0; i < L->frag_len; i++)
+            pos[f * L->frag_len + i] = (int32_t)((int64_t)L->frag_global[f] * L->frag_len + i);
+    cp_batch_begin(cp, 0, pos, pos); /* one document: doc_pos = pos */
+    free(pos);
+}
+
+static void bc_free_all(const Backend *be, void **bufs, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (bufs[i]) be->free(bufs[i]);
+}
+
+static json_t *bc_row(const char *cname, const char *impl, int gpus, double ms_f, double ms_fb, int reps) {
+    return json_pack("{ss ss ss si sf sf si}", "case", cname, "impl", impl, "family", "ringscan", "gpus", gpus,
+                     "ms_fwd", ms_f, "ms_fwdbwd", ms_fb, "reps", reps);
+}
+
+/* ---- ring attention ----------------------------------------------------------------- */
+
+typedef struct {
+    Cp         cp;
+    CpAttnDims d;
+    int        P;
+    void      *q, *kv, *dout, *out, *dq, *dkv;
+    float     *lse;
+} BcRing;
+
+static void bc_ring_step_mark(void *ctx, int pass, int t, int phase) {
+    void **c = ctx; /* {env, ring} */
+    BcEnv *e = c[0];
+    BcRing *a = c[1];
+    bc_mark(e, BC_STEP_MARK0 + (pass * a->P + t) * CP_MARK_COUNT + phase);
+}
+
+static void bc_ring_run(BcEnv *e, void *ctx) {
+    BcRing *a = ctx;
+    bc_mark(e, 0);
+    cp_ring_forward(&a->cp, 0, a->out, a->lse, a->q, a->kv, &a->d);
+    bc_mark(e, 1);
+    cp_ring_backward(&a->cp, 0, a->dq, a->dkv, a->dout, a->out, a->lse, a->q, a->kv, &a->d);
+    bc_mark(e, 2);
+}
+
+/* v = [fwd, fwd+bwd, then, with the step marks on, per (pass, step): compute, communication or
+ * exposed wait] */
+static void bc_ring_read(BcEnv *e, void *ctx, double *v) {
+    BcRing *a = ctx;
+    v[0] = bc_ms(e, 0, 1);
+    v[1] = bc_ms(e, 0, 2);
+    if (!a->cp.step_mark) return; /* the one-GPU run: no step marks */
+    for (int s = 0; s < 2 * a->P; s++) {
+        int m = BC_STEP_MARK0 + s * CP_MARK_COUNT;
+        v[2 + 2 * s] = bc_ms(e, m + CP_MARK_POSTED, m + CP_MARK_COMPUTED);
+        v[3 + 2 * s] = bc_ms(e, m + CP_MARK_BEGIN, m + CP_MARK_POSTED) + bc_ms(e, m + CP_MARK_COMPUTED, m + CP_MARK_END);
+    }
+}
+
+static void bc_ring_setup(BcRing *a, BcEnv *e, const json_t *c, int ci, int P) {
+    memset(a, 0, sizeof *a);
+    const Backend *be = e->be;
+    int64_t T = json_integer_value(json_object_get(c, "T"));
+    a->d = (CpAttnDims){.nh = (int)json_integer_value(json_object_get(c, "nh")),
+                        .nkv = (int)json_integer_value(json_object_get(c, "nkv")),
+                        .hd = (int)json_integer_value(json_object_get(c, "hd"))};
+    a->P = P;
+    Config cfg;
+    bc_config(&cfg, e, T, P);
+    cfg.model.num_attention_heads = a->d.nh;
+    cfg.model.num_key_value_heads = a->d.nkv;
+    cfg.model.head_dim = a->d.hd;
+    cfg.model.full_attention_interval = 1;
+    bc_cp_begin(&a->cp, e, &cfg, P);
+    config_free(&cfg);
+    const int64_t rows = a->cp.L.T_local, qd = (int64_t)a->d.nh * a->d.hd, kv2 = 2 * (int64_t)a->d.nkv * a->d.hd;
+    const size_t es = (size_t)be->act_size;
+    a->q = be->alloc((size_t)(rows * qd) * es);
+    a->out = be->alloc((size_t)(rows * qd) * es);
+    a->dout = be->alloc((size_t)(rows * qd) * es);
+    a->dq = be->alloc((size_t)(rows * qd) * es);
+    a->kv = be->alloc((size_t)(rows * kv2) * es);
+    a->dkv = be->alloc((size_t)(rows * kv2) * es);
+    a->lse = be->alloc((size_t)(rows * a->d.nh) * sizeof(float));
+    bc_fill(e, a->q, rows * qd, bc_seed(e, ci, 1), -1, 1, 0);
+    bc_fill(e, a->kv, rows * kv2, bc_seed(e, ci, 2), -1, 1, 0);
+    bc_fill(e, a->dout, rows * qd, bc_seed(e, ci, 3), -1, 1, 0);
+}
+
+static void bc_ring_free(BcRing *a, const Backend *be) {
+    void *bufs[] = {a->q, a->out, a->dout, a->dq, a->kv, a->dkv, a->lse};
+    bc_free_all(be, bufs, sizeof bufs / sizeof bufs[0]);
+    cp_free(&a->cp);
+}
+
+/* the exchanges alone: the K|V block and the dK|dV partial to the next rank, from the ring's own buffers */
+static void bc_exchange_run(BcEnv *e, void *ctx) {
+    BcRing *a = ctx;
+    Cp *cp = &a->cp;
+    const int P = a->P, r = cp->L.rank;
+    const int64_t el = cp->L.T_local * 2 * (int64_t)a->d.nkv * a->d.hd;
+    CommHandle h = {0};
+    bc_mark(e, 0);
+    comm_isendrecv(cp->comm, COMM_CP, cp->kv_recv[0], (r + 1) % P, cp->kv_recv[1], (r - 1 + P) % P,
+                   el * e->be->act_size, 21, &h);
+    comm_wait(cp->comm, &h);
+    bc_mark(e, 1);
+    comm_isendrecv(cp->comm, COMM_CP, cp->dkv_buf[0], (r + 1) % P, cp->dkv_buf[1], (r - 1 + P) % P,
+                   el * (int64_t)sizeof(float), 22, &h);
+    comm_wait(cp->comm, &h);
+    bc_mark(e, 2);
+}
+
+static void bc_two_read(BcEnv *e, void *ctx, double *v) {
+    (void)ctx;
+    v[0] = bc_ms(e, 0, 1);
+    v[1] = bc_ms(e, 1, 2);
+}
+
+/* [{"pass", "t", "compute_ms", KEY}] from number 2 on of `t` (the slowest rank's medians) */
+static json_t *bc_steps_json(const BcTimes *t, int P, const char *key) {
+    json_t *a = json_array();
+    for (int s = 0; s < 2 * P; s++)
+        json_array_append_new(a, json_pack("{ss si sf sf}", "pass", s < P ? "fwd" : "bwd", "t", s % P, "compute_ms",
+                                           bc_median(t, 2 + 2 * s, BC_SLOWEST), key,
+                                           bc_median(t, 3 + 2 * s, BC_SLOWEST)));
+    return a;
+}
+
+static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
+    const char *cname = json_string_value(json_object_get(c, "name"));
+    const int P = e->P, nv = 2 + 4 * P;
+    BcRing a;
+    void *ctx[2] = {e, &a};
+    bc_ring_setup(&a, e, c, ci, P);
+    a.cp.step_mark = bc_ring_step_mark;
+    a.cp.step_mark_ctx = ctx;
+    BcTimes over = bc_repeat(e, bc_ring_run, bc_ring_read, &a, nv, 1, BC_SLOWEST);
+    e->comm->serial = 1; /* every exchange waited right after posting it */
+    BcTimes ser = bc_repeat(e, bc_ring_run, bc_ring_read, &a, nv, 1, BC_SLOWEST);
+    e->comm->serial = 0;
+    json_t *cp_row = bc_row(cname, "ringscan-cp", P, bc_median(&over, 0, BC_SLOWEST),
+                            bc_median(&over, 1, BC_SLOWEST), over.n);
+    json_object_set_new(cp_row, "steps", bc_steps_json(&over, P, "exposed_wait_ms"));
+    json_t *ser_row = bc_row(cname, "ringscan-cp-serial", P, bc_median(&ser, 0, BC_SLOWEST),
+                             bc_median(&ser, 1, BC_SLOWEST), ser.n);
+    json_object_set_new(ser_row, "steps", bc_steps_json(&ser, P, "comm_ms"));
+    if (P > 1) {
+        BcTimes x = bc_repeat(e, bc_exchange_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
+        int64_t el = a.cp.L.T_local * 2 * (int64_t)a.d.nkv * a.d.hd;
+        json_object_set_new(cp_row, "exchange_alone",
+                            json_pack("{sI sf sI sf}", "kv_bytes", (json_int_t)(el * e->be->act_size), "kv_ms",
+                                      bc_median(&x, 0, BC_SLOWEST), "dkv_bytes", (json_int_t)(el * 4), "dkv_ms",
+                                      bc_median(&x, 1, BC_SLOWEST)));
+        free(x.all);
+    }
+    free(over.all);
+    free(ser.all);
+    bc_ring_free(&a, e->be);
+
+    bc_ring_setup(&a, e, c, ci, 1);
+    BcTimes one = bc_repeat(e, bc_ring_run, bc_ring_read, &a, 2, 1, BC_RANK0);
+    json_t *one_row = bc_row(cname, "ringscan-1gpu", 1, bc_median(&one, 0, BC_RANK0), bc_median(&one, 1, BC_RANK0),
+                             one.n);
+    free(one.all);
+    bc_ring_free(&a, e->be);
+    json_array_append_new(rows, cp_row);
+    json_array_append_new(rows, ser_row);
+    json_array_append_new(rows, one_row);
+}
+
+/* ---- the GDN layer ------------------------------------------------------------------- */
+
+typedef struct {
+    Cp        cp;
+    CpGdnDims d;
+    int       multi, Kd, Vd, kept_states;
+    int64_t   rows, n;
+    size_t    kept_one;
+    void     *proj, *conv, *halo, *qk, *core, *w;                 /* activations, weights */
+    void     *dcore, *dqk, *dconv, *dproj;                        /* their gradients */
+    float    *rstd, *g, *beta, *states, *M, *dg, *dbeta, *dw;     /* fp32 */
+    void     *kept;
+    int32_t  *doc_pos;                                            /* local rows, backend memory */
+} BcGdn;
+
+#define BC_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
+
+static void bc_gdn_run(BcEnv *e, void *ctx) {
+    BcGdn *a = ctx;
+    const Backend *be = e->be;
+    const CpGdnDims *d = &a->d;
+    const int es = be->act_size, ld2 = 2 * a->Kd, nl = a->cp.L.nlocal;
+    const int64_t tail = (int64_t)(d->Kc - 1) * d->Cc, state = (int64_t)d->nv * d->dk * d->dv, n = a->n;
+    bc_mark(e, 0);
+    if (a->multi) cp_gdn_halo_forward(&a->cp, 0, a->halo, a->proj, d->Cc, d);
+    bc_mark(e, 3);
+    for (int f = 0; f < nl; f++)
+        be->conv1d_silu_forward(BC_AT(a->conv, f * n * d->Cc), BC_AT(a->proj, f * n * d->Cc),
+                                a->multi ? BC_AT(a->halo, f * tail) : NULL, a->w, a->doc_pos + f * n, n, d->Cc, d->Kc,
+                                d->Cc, d->Cc);
+    be->l2norm_forward(a->qk, a->rstd, a->conv, a->rows, 2 * d->nk, d->dk, d->Cc, ld2);
+    bc_mark(e, 4);
+    if (a->multi)
+        cp_gdn_scan_forward(&a->cp, 0, a->states, a->M, BC_AT(a->qk, a->Kd), BC_AT(a->conv, 2 * a->Kd), a->g, a->beta,
+                            ld2, d->Cc, d);
+    bc_mark(e, 5);
+    for (int f = 0; f < nl; f++) {
+        int64_t o = f * n;
+        be->gdn_chunk_forward(BC_AT(a->core, o * a->Vd), NULL, BC_AT(a->qk, o * ld2), BC_AT(a->qk, o * ld2 + a->Kd),
+                              BC_AT(a->conv, o * d->Cc + 2 * a->Kd), a->g + o * d->nv, a->beta + o * d->nv,
+                              a->multi ? a->states + f * state : NULL, a->doc_pos + o, n, d->nk, d->nv, d->dk, d->dv,
+                              ld2, d->Cc, a->Vd, a->kept ? (char *)a->kept + f * a->kept_one : NULL, a->kept_states);
+    }
+    bc_mark(e, 1);
+    if (a->multi)
+        cp_gdn_scan_backward(&a->cp, 0, a->cp.dstate, a->M, a->dcore, a->qk, BC_AT(a->qk, a->Kd), a->g, a->beta, ld2,
+                             a->Vd, d);
+    bc_mark(e, 6);
+    for (int f = 0; f < nl; f++) {
+        int64_t o = f * n;
+        be->gdn_chunk_backward(BC_AT(a->dqk, o * ld2), BC_AT(a->dqk, o * ld2 + a->Kd),
+                               BC_AT(a->dconv, o * d->Cc + 2 * a->Kd), a->dg + o * d->nv, a->dbeta + o * d->nv, NULL,
+                               BC_AT(a->dcore, o * a->Vd), a->multi ? a->cp.dstate + f * state : NULL,
+                               BC_AT(a->qk, o * ld2), BC_AT(a->qk, o * ld2 + a->Kd),
+                               BC_AT(a->conv, o * d->Cc + 2 * a->Kd), a->g + o * d->nv, a->beta + o * d->nv,
+                               a->multi ? a->states + f * state : NULL, a->doc_pos + o, n, d->nk, d->nv, d->dk, d->dv,
+                               ld2, d->Cc, a->Vd, a->kept ? (char *)a->kept + f * a->kept_one : NULL,
+                               a->kept_states);
+    }
+    bc_mark(e, 7);
+    be->l2norm_backward(a->dconv, a->dqk, a->qk, a->rstd, a->rows, 2 * d->nk, d->dk, d->Cc, ld2);
+    for (int f = 0; f < nl; f++)
+        be->conv1d_silu_backward(BC_AT(a->dproj, f * n * d->Cc), a->multi ? BC_AT(a->cp.halo_send, f * tail) : NULL,
+                                 a->dw, BC_AT(a->dconv, f * n * d->Cc), BC_AT(a->proj, f * n * d->Cc),
+                                 a->multi ? BC_AT(a->halo, f * tail) : NULL, a->w, a->doc_pos + f * n, n, d->Cc, d->Kc,
+                                 d->Cc, d->Cc);
+    bc_mark(e, 8);
+    if (a->multi) cp_gdn_halo_backward(&a->cp, 0, a->dproj, d->Cc, a->cp.halo_send, d);
+    bc_mark(e, 2);
+}
+
+/* v = [fwd, fwd+bwd, the BC_GDN_PHASES phases] */
+static void bc_gdn_read(BcEnv *e, void *ctx, double *v) {
+    (void)ctx;
+    v[0] = bc_ms(e, 0, 1);
+    v[1] = bc_ms(e, 0, 2);
+    for (int p = 0; p < BC_GDN_PHASES; p++) v[2 + p] = bc_ms(e, bc_gdn_phase_marks[p], bc_gdn_phase_marks[p + 1]);
+}
+
+static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
+    memset(a, 0, sizeof *a);
+    const Backend *be = e->be;
+    int64_t T = json_integer_value(json_object_get(c, "T"));
+    int H = (int)json_integer_value(json_object_get(c, "H")), K = (int)json_integer_value(json_object_get(c, "K"));
+    int V = (int)json_integer_value(json_object_get(c, "V"));
+    a->d = (CpGdnDims){.nk = H, .nv = H, .dk = K, .dv = V, .Cc = 2 * H * K + H * V, .Kc = BC_CONV_KERNEL};
+    a->Kd = H * K;
+    a->Vd = H * V;
+    Config cfg;
+    bc_config(&cfg, e, T, P);
+    ModelConfig *m = &cfg.model;
+    m->linear_num_key_heads = H;
+    m->linear_num_value_heads = H;
+    m->linear_key_head_dim = K;
+    m->linear_value_head_dim = V;
+    m->linear_conv_kernel_dim = BC_CONV_KERNEL;
+    m->full_attention_interval = 2; /* the one layer is a GDN layer */
+    bc_cp_begin(&a->cp, e, &cfg, P);
+    config_free(&cfg);
+    a->multi = P > 1;
+    a->rows = a->cp.L.T_local;
+    a->n = a->cp.L.frag_len;
+    const int nl = a->cp.L.nlocal;
+    const size_t es = (size_t)be->act_size, f4 = sizeof(float);
+    const int64_t rows = a->rows, Cc = a->d.Cc, state = (int64_t)H * K * V;
+    a->proj = be->alloc((size_t)(rows * Cc) * es);
+    a->conv = be->alloc((size_t)(rows * Cc) * es);
+    a->dproj = be->alloc((size_t)(rows * Cc) * es);
+    a->dconv = be->alloc((size_t)(rows * Cc) * es);
+    a->halo = be->alloc((size_t)(nl * (BC_CONV_KERNEL - 1) * Cc) * es);
+    a->w = be->alloc((size_t)(Cc * BC_CONV_KERNEL) * es);
+    a->dw = be->alloc((size_t)(Cc * BC_CONV_KERNEL) * f4);
+    a->qk = be->alloc((size_t)(rows * 2 * a->Kd) * es);
+    a->dqk = be->alloc((size_t)(rows * 2 * a->Kd) * es);
+    a->core = be->alloc((size_t)(rows * a->Vd) * es);
+    a->dcore = be->alloc((size_t)(rows * a->Vd) * es);
+    a->rstd = be->alloc((size_t)(rows * 2 * H) * f4);
+    float **f32[] = {&a->g, &a->beta, &a->dg, &a->dbeta};
+    for (int i = 0; i < 4; i++) *f32[i] = be->alloc((size_t)(rows * H) * f4);
+    a->states = be->alloc((size_t)(nl * state) * f4);
+    a->M = be->alloc((size_t)(nl * H * K * K) * f4);
+    a->kept_states = e->o->gdn_keep == GDN_KEEP_STATES;
+    if (e->o->gdn_keep != GDN_KEEP_NONE) {
+        a->kept_one = be->gdn_kept_bytes(a->n, H, K, V, a->kept_states);
+        a->kept = be->alloc(a->kept_one * (size_t)nl);
+    }
+    a->doc_pos = a->cp.batch.doc_pos_dev + (int64_t)a->cp.L.rank * a->cp.batch.rows;
+    bc_fill(e, a->proj, rows * Cc, bc_seed(e, ci, 11), -1, 1, 0);
+    bc_fill(e, a->w, Cc * BC_CONV_KERNEL, bc_seed(e, ci, 12), -0.5f, 0.5f, 0);
+    bc_fill(e, a->g, rows * H, bc_seed(e, ci, 13), -0.1f, -0.001f, 1);
+    bc_fill(e, a->beta, rows * H, bc_seed(e, ci, 14), 0.05f, 0.95f, 1);
+    bc_fill(e, a->dcore, rows * a->Vd, bc_seed(e, ci, 15), -1, 1, 0);
+}
+
+static void bc_gdn_free(BcGdn *a, const Backend *be) {
+    void *bufs[] = {a->proj, a->conv, a->dproj, a->dconv, a->halo, a->w, a->dw, a->qk, a->dqk, a->core, a->dcore,
+                    a->rstd, a->g, a->beta, a->dg, a->dbeta, a->states, a->M, a->kept};
+    bc_free_all(be, bufs, sizeof bufs / sizeof bufs[0]);
+    cp_free(&a->cp);
+}
+
+/* the all-gathers alone: the scan's slots and the halo's tails, from the CP context's own buffers */
+static void bc_allgather_run(BcEnv *e, void *ctx) {
+    BcGdn *a = ctx;
+    Cp *cp = &a->cp;
+    const int nl = cp->L.nlocal;
+    CommHandle h = {0};
+    bc_mark(e, 0);
+    comm_iallgather(cp->comm, COMM_CP, cp->scan_send, cp->scan_recv,
+                    (int64_t)nl * a->d.nv * a->d.dk * (a->d.dk + a->d.dv) * (int64_t)sizeof(float), &h);
+    comm_wait(cp->comm, &h);
+    bc_mark(e, 1);
+    comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv,
+                    (int64_t)nl * (a->d.Kc - 1) * a->d.Cc * e->be->act_size, &h);
+    comm_wait(cp->comm, &h);
+    bc_mark(e, 2);
+}
+
+static json_t *bc_phases_json(const BcTimes *t, int how) {
+    json_t *o = json_object();
+    for (int p = 0; p < BC_GDN_PHASES; p++)
+        json_object_set_new(o, bc_gdn_phase_names[p], json_real(bc_median(t, 2 + p, how)));
+    return o;
+}
+
+static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
+    const char *cname = json_string_value(json_object_get(c, "name"));
+    BcGdn a;
+    bc_gdn_setup(&a, e, c, ci, e->P);
+    BcTimes t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + BC_GDN_PHASES, 1, BC_SLOWEST);
+    json_t *cp_row = bc_row(cname, "ringscan-cp", e->P, bc_median(&t, 0, BC_SLOWEST), bc_median(&t, 1, BC_SLOWEST), t.n);
+    json_object_set_new(cp_row, "phases", bc_phases_json(&t, BC_SLOWEST));
+    free(t.all);
+    if (e->P > 1) {
+        BcTimes x = bc_repeat(e, bc_allgather_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
+        const int nl = a.cp.L.nlocal;
+        json_object_set_new(
+            cp_row, "allgather_alone",
+            json_pack("{sI sf sI sf}", "scan_bytes_per_rank",
+                      (json_int_t)((int64_t)nl * a.d.nv * a.d.dk * (a.d.dk + a.d.dv) * 4), "scan_ms",
+                      bc_median(&x, 0, BC_SLOWEST), "halo_bytes_per_rank",
+                      (json_int_t)((int64_t)nl * (a.d.Kc - 1) * a.d.Cc * e->be->act_size), "halo_ms",
+                      bc_median(&x, 1, BC_SLOWEST)));
+        free(x.all);
+    }
+    bc_gdn_free(&a, e->be);
+    bc_gdn_setup(&a, e, c, ci, 1);
+    t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + BC_GDN_PHASES, 1, BC_RANK0);
+    json_t *one_row = bc_row(cname, "ringscan-1gpu", 1, bc_median(&t, 0, BC_RANK0), bc_median(&t, 1, BC_RANK0), t.n);
+    json_object_set_new(one_row, "phases", bc_phases_json(&t, BC_RANK0));
+    free(t.all);
+    bc_gdn_free(&a, e->be);
+    json_array_append_new(rows, cp_row);
+    json_array_append_new(rows, one_row);
+}
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+/* the row of `rows` (ours then the peer's) for this case with this family and GPU count */
+static const json_t *bc_find_gpus(const json_t *ours, const json_t *peer, const char *cname, const char *family,
+                                  int gpus) {
+    const json_t *lists[2] = {ours, peer ? json_object_get(peer, "results") : NULL};
+    for (int l = 0; l < 2; l++) {
+        size_t i;
+        json_t *r;
+        json_array_foreach(lists[l], i, r) {
+            const char *c = json_string_value(json_object_get(r, "case"));
+            const char *f = json_string_value(json_object_get(r, "family"));
+            if (c && f && !strcmp(c, cname) && !strcmp(f, family) &&
+                json_integer_value(json_object_get(r, "gpus")) == gpus && !json_object_get(r, "error"))
+                return r;
+        }
+    }
+    return NULL;
+}
+
+static void bc_table_row(FILE *f, const char *cname, const json_t *r, const json_t *ours, const json_t *peer,
+                         const BenchWork *w, int P, json_t *table) {
+    const char *impl = json_string_value(json_object_get(r, "impl"));
+    if (bench_error_row(f, table, cname, impl, r, 28, 20)) return;
+    const char *family = json_string_value(json_object_get(r, "family"));
+    int gpus = (int)json_integer_value(json_object_get(r, "gpus"));
+    double mf = bench_num(r, "ms_fwd"), mfb = bench_num(r, "ms_fwdbwd");
+    double tf = w->flops_fwd / (mf * 1e9) / gpus, tfb = w->flops_fb / (mfb * 1e9) / gpus;
+    double ef = NAN, efb = NAN, rf = NAN, rfb = NAN;
+    const json_t *one = family && gpus > 1 ? bc_find_gpus(ours, peer, cname, family, 1) : NULL;
+    if (one) {
+        ef = bench_num(one, "ms_fwd") / (gpus * mf);
+        efb = bench_num(one, "ms_fwdbwd") / (gpus * mfb);
+    }
+    const json_t *mine = bench_find(ours, cname, gpus > 1 ? "ringscan-cp" : "ringscan-1gpu");
+    if (mine && family && strcmp(family, "ringscan")) {
+        rf = mf / bench_num(mine, "ms_fwd");
+        rfb = mfb / bench_num(mine, "ms_fwdbwd");
+    }
+    char s[8][32];
+    bench_fmt(s[0], 32, "%.3f", mf);
+    bench_fmt(s[1], 32, "%.3f", mfb);
+    bench_fmt(s[2], 32, "%.1f", tf);
+    bench_fmt(s[3], 32, "%.1f", tfb);
+    bench_fmt(s[4], 32, "%.1f%%", 100 * ef);
+    bench_fmt(s[5], 32, "%.1f%%", 100 * efb);
+    bench_fmt(s[6], 32, "%.2f", rf);
+    bench_fmt(s[7], 32, "%.2f", rfb);
+    fprintf(f, "%-28s %-20s %4d %10s %10s %8s %8s %7s %7s %7s %7s\n", cname, impl ? impl : "?", gpus, s[0], s[1], s[2],
+            s[3], s[4], s[5], s[6], s[7]);
+    json_t *row = json_pack("{ss ss si sf sf sf sf}", "case", cname, "impl", impl ? impl : "?", "gpus", gpus, "ms_fwd",
+                            mf, "ms_fwdbwd", mfb, "tflops_per_gpu_fwd", tf, "tflops_per_gpu_fwdbwd", tfb);
+    if (one) {
+        json_object_set_new(row, "cp_efficiency_fwd", json_real(ef));
+        json_object_set_new(row, "cp_efficiency_fwdbwd", json_real(efb));
+    }
+    if (isfinite(rf)) {
+        json_object_set_new(row, "ratio_fwd", json_real(rf));
+        json_object_set_new(row, "ratio_fwdbwd", json_real(rfb));
+    }
+    json_t *note = json_object_get(r, "note");
+    if (note && json_is_string(note)) json_object_set(row, "note", note);
+    (void)P;
+    json_array_append_new(table, row);
+}
+
+/* the lines under a case: the ring's steps and exchanges, or the GDN phases and all-gathers */
+static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) {
+    const json_t *cp = bench_find(ours, cname, "ringscan-cp");
+    if (!cp) return;
+    if (attn) {
+        const json_t *ser = bench_find(ours, cname, "ringscan-cp-serial");
+        fprintf(f, "  steps, ms: compute/comm (serial run) | compute/exposed wait (overlapped):");
+        size_t i;
+        json_t *s;
+        json_array_foreach(json_object_get(ser, "steps"), i, s) {
+            const json_t *o = json_array_get(json_object_get(cp, "steps"), i);
+            fprintf(f, " %s%lld %.3f/%.3f|%.3f/%.3f", json_string_value(json_object_get(s, "pass")),
+                    (long long)json_integer_value(json_object_get(s, "t")), bench_num(s, "compute_ms"),
+                    bench_num(s, "comm_ms"), bench_num(o, "compute_ms"), bench_num(o, "exposed_wait_ms"));
+        }
+        fprintf(f, "\n");
+        const json_t *x = json_object_get(cp, "exchange_alone");
+        if (x)
+            fprintf(f, "  exchange alone: K|V %.1f MB %.3f ms (%.1f GB/s), dK|dV %.1f MB %.3f ms (%.1f GB/s)\n",
+                    bench_num(x, "kv_bytes") / 1e6, bench_num(x, "kv_ms"),
+                    bench_num(x, "kv_bytes") / (bench_num(x, "kv_ms") * 1e6), bench_num(x, "dkv_bytes") / 1e6,
+                    bench_num(x, "dkv_ms"), bench_num(x, "dkv_bytes") / (bench_num(x, "dkv_ms") * 1e6));
+        return;
+    }
+    const char *impls[2] = {"ringscan-cp", "ringscan-1gpu"};
+    for (int k = 0; k < 2; k++) {
+        const json_t *r = bench_find(ours, cname, impls[k]), *ph = json_object_get(r, "phases");
+        if (!ph) continue;
+        fprintf(f, "  phases %s, ms:", impls[k]);
+        for (int p = 0; p < BC_GDN_PHASES; p++) fprintf(f, " %s %.3f", bc_gdn_phase_names[p], bench_num(ph, bc_gdn_phase_names[p]));
+        fprintf(f, "\n");
+    }
+    const json_t *x = json_object_get(cp, "allgather_alone");
+    if (x)
+        fprintf(f, "  all-gather alone: scan %.2f MB per rank %.3f ms, halo %.3f MB per rank %.3f ms\n",
+                bench_num(x, "scan_bytes_per_rank") / 1e6, bench_num(x, "scan_ms"),
+                bench_num(x, "halo_bytes_per_rank") / 1e6, bench_num(x, "halo_ms"));
+}
+
+static void bc_print(FILE *f, int attn, const json_t *req, const json_t *ours, const json_t *peer, int P,
+                     json_t *table) {
+    if (attn)
+        fprintf(f, "\nring attention over %d ranks: causal, one document, zigzag layout; FLOPs 4*T^2/2*hd*nh forward, "
+                   "backward 2.5x\n", P);
+    else
+        fprintf(f, "\nGated DeltaNet layer over %d ranks: conv halo + conv (width %d) + L2 norm + scan + chunk, one "
+                   "document;\n  FLOPs of the chunked delta rule (bench gdn's)\n", P, BC_CONV_KERNEL);
+    fprintf(f, "  TF/s per GPU; eff = one-GPU ms / (GPUs x ms) of the same family; ratio = peer ms / ringscan ms at "
+               "the same GPU count\n\n");
+    fprintf(f, "%-28s %-20s %4s %10s %10s %8s %8s %7s %7s %7s %7s\n", "case", "impl", "GPUs", "ms fwd", "ms f+b",
+            "TF/s fwd", "TF/s f+b", "eff f", "eff fb", "ratio f", "ratio fb");
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(req, "cases"), i, c) {
+        const char *cname = json_string_value(json_object_get(c, "name"));
+        BenchWork w = bench_work(attn ? BENCH_ATTN : BENCH_GDN, c);
+        size_t j;
+        json_t *r;
+        json_array_foreach(ours, j, r) if (!strcmp(json_string_value(json_object_get(r, "case")), cname))
+            bc_table_row(f, cname, r, ours, peer, &w, P, table);
+        if (peer) json_array_foreach(json_object_get(peer, "results"), j, r) {
+                const char *rc = json_string_value(json_object_get(r, "case"));
+                if (rc && !strcmp(rc, cname)) bc_table_row(f, cname, r, ours, peer, &w, P, table);
+            }
+        bc_detail(f, cname, ours, attn);
+    }
+    bench_print_notes(f, peer);
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+/* A bad value found once P is known: rank 0 says so, every rank leaves MPI, exit 2. */
+static noreturn void bc_bad(Comm *comm, const char *opt, const char *val, const char *what) {
+    if (comm->rank == 0)
+        fprintf(stderr, "ringscan bench: %s %s: %s\n  hint: `ringscan bench --help` shows the options\n", opt, val,
+                what);
+    comm_finalize(comm);
+    exit(RS_EXIT_USAGE);
+}
+
+static void bc_check_T(Comm *comm, const char *opt, const int64_t *T, int n, int P) {
+    for (int i = 0; i < n; i++)
+        if (T[i] % (128 * P)) {
+            char val[32], why[160];
+            snprintf(val, sizeof val, "%lld", (long long)T[i]);
+            snprintf(why, sizeof why, "must be a multiple of 128 x P = %d (zigzag fragments of whole 64-token "
+                     "chunks on %d ranks)", 128 * P, P);
+            bc_bad(comm, opt, val, why);
+        }
+}
+
+int bench_cp_main(const BenchOptions *o) {
+    Comm comm;
+    comm_init(&comm, NULL, NULL);
+    comm_setup_groups(&comm, 1, comm.world_size);
+    const int P = comm.world_size;
+    if (o->cp_parts & BENCH_CP_ATTN) bc_check_T(&comm, "--T", o->T, o->nT, P);
+    if (o->cp_parts & BENCH_CP_GDN) bc_check_T(&comm, "--gdn-T", o->gdn_T, o->n_gdn_T, P);
+    if (BC_STEP_MARK0 + 2 * P * CP_MARK_COUNT > BC_MARKS) {
+        char val[16];
+        snprintf(val, sizeof val, "%d", P);
+        bc_bad(&comm, "ranks", val, "bench cp times at most 9 ranks (its timing marks)");
+    }
+
+    /* the device, before any CUDA context */
+    char device[256] = "cpu";
+    if (!o->cp_cpu) {
+#ifdef RS_WITH_CUDA
+        char why[512];
+        int sms;
+        double mem;
+        if (cuda_backend_probe(why, sizeof why) == 0)
+            bc_bad(&comm, "--device", "cuda", "no usable GPU (--device cpu runs the cpu backend)");
+        if (cuda_bench_device(device, sizeof device, &sms, &mem) != 0)
+            bc_bad(&comm, "--device", "cuda", "cannot read device 0");
+#else
+        bc_bad(&comm, "--device", "cuda", "this ringscan was built without the cuda backend (--device cpu runs "
+               "the cpu backend)");
+#endif
+    }
+
+    json_t *req[2] = {bench_request(o, "cp_attn"), bench_request(o, "cp_gdn")};
+    const char *part_names[2] = {"cp_attn", "cp_gdn"};
+    const char *scripts[2] = {"cp_attn_torch.py", "cp_gdn_fla.py"};
+    const int parts[2] = {BENCH_CP_ATTN, BENCH_CP_GDN};
+    bench_attn_cases(o, json_object_get(req[0], "cases"));
+    BenchOptions g = *o; /* the GDN cases: --gdn-T, one document */
+    memcpy(g.T, o->gdn_T, sizeof g.T);
+    g.nT = o->n_gdn_T;
+    g.doc_len[0] = 0;
+    g.n_doc_len = 1;
+    bench_gdn_cases(&g, json_object_get(req[1], "cases"));
+    for (int k = 0; k < 2; k++) json_object_set_new(req[k], "P", json_integer(P));
+    json_object_set_new(req[1], "conv_kernel", json_integer(BC_CONV_KERNEL));
+
+    if (comm.rank == 0 && fsio_mkdirs(o->out_dir) != 0) {
+        fprintf(stderr, "ringscan bench: --out %s: cannot create: %s\n", o->out_dir, strerror(errno));
+        comm_abort(&comm, RS_EXIT_USAGE);
+    }
+    if (o->write_requests) {
+        for (int k = 0; k < 2 && comm.rank == 0; k++) {
+            if (!(o->cp_parts & parts[k])) continue;
+            char path[4200];
+            snprintf(path, sizeof path, "%s/request_%s.json", o->out_dir, part_names[k]);
+            bench_write_json(req[k], path);
+            printf("wrote %s (%zu cases, P = %d)\n", path, json_array_size(json_object_get(req[k], "cases")), P);
+        }
+        json_decref(req[0]);
+        json_decref(req[1]);
+        comm_finalize(&comm);
+        return RS_EXIT_OK;
+    }
+
+    time_t now = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
+    if (comm.rank == 0) {
+        printf("ringscan bench cp | %s | %d ranks, %s | commit %s\n", date, P, device, build_info_git_sha());
+        printf("timing: %s, a barrier before each repetition, %d warm-up run(s), median of up to %d runs (at least 3 "
+               "once %.0f s are spent); a CP run counts as its slowest rank's\n",
+               o->cp_cpu ? "the host clock (cpu backend)" : "CUDA events on the compute stream", o->warmup, o->reps,
+               o->max_s);
+        fflush(stdout);
+    }
+
+    /* the peers: rank 0 alone starts them (torchrun, P processes) while the others wait */
+    json_t *peer[2] = {NULL, NULL};
+    int failed = 0;
+    if (o->peer) {
+        for (int k = 0; k < 2 && comm.rank == 0; k++) {
+            if (!(o->cp_parts & parts[k])) continue;
+            printf("peer %s: %s/%s on %d processes ...\n", part_names[k], o->peer_dir, scripts[k], P);
+            fflush(stdout);
+            double t0 = bench_clock();
+            peer[k] = bench_peer_run(o, part_names[k], scripts[k], P, req[k]);
+            printf("peer %s: %.1f s\n", part_names[k], bench_clock() - t0);
+            if (json_object_get(peer[k], "error")) {
+                failed = 1;
+                printf("peer %s failed: %s\n", part_names[k], json_string_value(json_object_get(peer[k], "error")));
+            }
+        }
+        comm_barrier(&comm, comm.world);
+    }
+
+    BcEnv e = {.comm = &comm, .o = o, .P = P, .rank = comm.rank, .cpu = o->cp_cpu, .be = &backend_cpu};
+#ifdef RS_WITH_CUDA
+    if (!o->cp_cpu) {
+        comm_cuda_init(&comm); /* GPU <local rank>; from here on the comm_i* operations are NCCL on device buffers */
+        e.be = &backend_cuda;
+        e.tm = cuda_bench_timer_create();
+    }
+#endif
+
+    json_t *ours[2] = {json_array(), json_array()};
+    for (int k = 0; k < 2; k++) {
+        if (!(o->cp_parts & parts[k])) continue;
+        size_t i;
+        json_t *c;
+        json_array_foreach(json_object_get(req[k], "cases"), i, c) {
+            if (comm.rank == 0) {
+                printf("ringscan %s %s ...", part_names[k], json_string_value(json_object_get(c, "name")));
+                fflush(stdout);
+            }
+            double t0 = bench_clock();
+            if (k == 0) bc_ring_case(&e, c, (int)i, ours[k]);
+            else bc_gdn_case(&e, c, 100 + (int)i, ours[k]);
+            if (comm.rank == 0) printf(" %.1f s\n", bench_clock() - t0);
+        }
+    }
+#ifdef RS_WITH_CUDA
+    if (e.tm) cuda_bench_timer_free(e.tm);
+#endif
+
+    if (comm.rank == 0) {
+        json_t *all = json_pack("{ss ss ss ss si}", "schema", "ringscan-bench-cp/1", "date", date, "commit",
+                                build_info_git_sha(), "device", device, "P", P);
+        json_object_set_new(all, "backend", json_string(o->cp_cpu ? "cpu" : "cuda"));
+        for (int k = 0; k < 2; k++) {
+            if (!(o->cp_parts & parts[k])) continue;
+            json_t *table = json_array();
+            bc_print(stdout, k == 0, req[k], ours[k], peer[k], P, table);
+            json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
+            if (peer[k]) json_object_set(part, "peer", peer[k]);
+            if (k == 1) json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o->gdn_keep]));
+            json_object_set_new(all, part_names[k], part);
+        }
+        char path[4200];
+        snprintf(path, sizeof path, "%s/bench.json", o->out_dir);
+        bench_write_json(all, path);
+        printf("\nresults: %s\n", path);
+        json_decref(all);
+    }
+    for (int k = 0; k < 2; k++) {
+        json_decref(req[k]);
+        json_decref(ours[k]);
+        json_decref(peer[k]);
+    }
+    failed = comm_allreduce_max_int(&comm, comm.world, failed);
+    comm_finalize(&comm);
+    if (failed && comm.rank == 0) fprintf(stderr, "ringscan bench: a peer failed (its rows say why); exit 1\n");
+    return failed ? RS_EXIT_FAIL : RS_EXIT_OK;
+}
