@@ -530,6 +530,71 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
     assert r.returncode == 0 and "#SBATCH --signal" not in r.stdout
 
 
+GPU_JOB = ["configs/hybrid-1b-1m-h200x4.yaml", "--set", "parallel.cp=8", "--set", "slurm.nodes=2",
+           "--set", "slurm.gpus_per_node=4"]  # device.kind: cuda, 2 nodes x 4 GPUs
+
+
+def site_env_uncommented(path):
+    """slurm/site.env with every NCCL and UCX example line switched on, as a site would."""
+    text = (ROOT / "slurm" / "site.env").read_text()
+    lines = re.findall(r"^# (export (?:NCCL|UCX)_\w+=.*)$", text, re.M)
+    assert len(lines) >= 8, text
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_gpu_job_script_starts_one_rank_per_gpu(tmp_path, launcher):
+    """The rendered cuda script, run by bash with stand-ins for srun/mpirun that record how they were called:
+    4 tasks and 4 GPUs per node in the #SBATCH lines, the launch line with 4 ranks per node, and the site's
+    NCCL/UCX settings (defaults that the submitter's environment overrides) in the ranks' environment."""
+    rd, bin_dir, record = tmp_path / "job", tmp_path / "bin", tmp_path / "calls.txt"
+    site = site_env_uncommented(tmp_path / "site.env")
+    r = run([RINGSCAN, "submit", *GPU_JOB, "--set", f"run.out_dir={rd}", "--set", f"slurm.launcher={launcher}",
+             "--set", f"slurm.site_env={site}", "--dry-run"], env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    script = r.stdout
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "tasks_per_node=4", f"launcher='{launcher}'", f"site_env='{site}'"):
+        assert line + "\n" in script, line
+    assert "--cpus-per-task" not in script and "--gpus-per-task" not in script  # every rank sees its node's GPUs
+    assert not rd.exists()
+
+    bin_dir.mkdir()
+    for name in ("srun", "mpirun", "scontrol"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {record}\nenv | sort >> {record}\n')
+        (bin_dir / name).chmod(0o755)
+    (rd / "logs").mkdir(parents=True)
+    slurm_env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "g[1-2]", "SLURM_NTASKS": "8",
+                 "SLURM_TASKS_PER_NODE": "4(x2)"}
+    r = subprocess.run(["bash", "-c", script], env={"PATH": f"{bin_dir}:/usr/bin:/bin", **slurm_env,
+                                                    "NCCL_SOCKET_IFNAME": "eth9"},
+                       capture_output=True, text=True, timeout=60)
+    log = job_log(rd, 77, 0)
+    assert r.returncode == 0, r.stdout + r.stderr + log
+    calls = record.read_text()
+    want = {"srun": f"srun --mpi=pmix --ntasks-per-node=4 {RINGSCAN} train {rd}/config.submitted.yaml",
+            "mpirun": f"mpirun --map-by ppr:4:node {RINGSCAN} train {rd}/config.submitted.yaml"}[launcher]
+    assert calls.splitlines()[0] == want, calls
+    for var in ("NCCL_SOCKET_IFNAME=eth9", "NCCL_NVLS_ENABLE=0", "NCCL_IB_HCA=mlx5_0,mlx5_1", "UCX_TLS=rc,sm,self"):
+        assert var + "\n" in calls, var  # the ranks' environment
+        assert f"  env: {var}\n" in log, log  # and the job log
+    assert "on g[1-2], 8 tasks (4(x2) per node)" in log and "ringscan train exited with 0" in log, log
+    assert "scontrol" not in calls
+
+
+def test_gpu_job_needs_one_rank_per_gpu(tmp_path):
+    rd = tmp_path / "job"
+    r = run([RINGSCAN, "submit", *GPU_JOB, "--set", f"run.out_dir={rd}", "--set", "parallel.cp=4", "--dry-run"])
+    assert r.returncode == 2 and r.stdout == "" and not rd.exists(), r.stdout + r.stderr
+    assert re.search(r"slurm\.nodes = 2 .* x slurm\.gpus_per_node = 4 .* = 8 GPUs, but parallel\.dp = 1 .* x "
+                     r"parallel\.cp = 4 .* = 4 ranks: device\.kind = cuda runs one rank per GPU", r.stderr), r.stderr
+    r = run([RINGSCAN, "submit", *GPU_JOB, "--set", f"run.out_dir={rd}", "--set", "slurm.gpus_per_node=0",
+             "--set", "slurm.nodes=3", "--dry-run"])
+    assert r.returncode == 2 and "do not split evenly over slurm.nodes = 3" in r.stderr, r.stderr
+    assert "(GPUs per node, one rank each)" in r.stderr and not rd.exists(), r.stderr
+
+
 def readme_example():
     """The command and the rendered script that slurm/README.md shows for 2 nodes x 4 GPUs, cp 8."""
     text = (ROOT / "slurm" / "README.md").read_text()
