@@ -522,7 +522,8 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
                  "#SBATCH --requeue", f"#SBATCH --output={rd}/logs/slurm-%j.out", f"run_dir='{rd}'",
                  "launcher='mpirun'", "max_restarts=10"):
         assert line + "\n" in s, line
-    assert "--account" not in s and "--qos" not in s and "--gpus-per-node" not in s  # empty: left out
+    for option in ("--account", "--qos", "--gpus-per-node"):
+        assert f"#SBATCH {option}" not in s, option  # empty: left out
     assert "{{" not in s and "}}" not in s
     assert not rd.exists()
     r = run([RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"run.out_dir={rd}", "--set", "slurm.signal_s=0",
