@@ -1,9 +1,10 @@
-"""test_slurm.py — `ringscan submit` against a real Slurm cluster started here.
+"""test_slurm.py — `ringscan submit` against real Slurm clusters started here.
 
 The module starts munged, slurmctld and slurmd on localhost in a private temp
 directory (slurm/test-cluster.conf.in, recipe ../shared/slurm_local.md), with
 their own ports, munge socket and SLURM_CONF, so nothing under /etc or /run is
-touched. Every daemon is stopped by the PID it wrote, in a finalizer that runs
+touched: one cluster of one node, and for the two-node tests a second one whose
+nodes n1 and n2 are two slurmd on this host. Every daemon is stopped by the PID it wrote, in a finalizer that runs
 even when a test or the start-up fails. Missing Slurm binaries are a failure,
 not a skip: CI installs them with `make deps`.
 
@@ -14,10 +15,15 @@ What is checked, each with a real job of configs/tiny-cpu.yaml made small:
     --signal=B:USR1@N delivers): the ranks checkpoint, the job exits 75,
     requeues itself, resumes and finishes with losses bitwise equal to an
     uninterrupted run; slurm.max_restarts = 0 stops the loop (exit 75);
+  - two nodes: a cp 4 job over n1 and n2 is stopped by the warning signal,
+    then preempted (SIGTERM, SIGKILL 5 s later), resumes twice and ends with
+    the losses of an uninterrupted two-node mpirun job and a plain run;
   - injection attempts in every string that reaches the job script are
     refused (exit 2, the key named, nothing written, nothing submitted);
   - --dry-run prints the script and writes nothing; slurm/README.md's GPU
-    example is what the binary renders.
+    example is what the binary renders; a cuda job's script, run by bash with
+    stand-in launchers, starts one rank per GPU under srun and under mpirun,
+    with the site's NCCL/UCX settings; cuda refuses nodes x GPUs != dp x cp.
 """
 import json
 import os
