@@ -165,7 +165,8 @@ const ConfigKey config_schema[] = {
     STR(slurm.qos, "", NAME, "scheduler", "quality of service; empty: the default"),
     INT(slurm.nodes, "1", 1, 100000, "nodes", "scheduler", "nodes of the allocation"),
     INT(slurm.gpus_per_node, "0", 0, 1024, "tasks", "scheduler",
-        "tasks per node, one per GPU (cpu backend: ranks per node); 0: parallel.dp x parallel.cp / slurm.nodes"),
+        "GPUs and tasks per node, one rank per GPU (cpu backend: ranks per node); slurm.nodes x this must be "
+        "parallel.dp x parallel.cp; 0: parallel.dp x parallel.cp / slurm.nodes"),
     STR(slurm.time, "01:00:00", TIME, "scheduler",
         "time limit: [D-]HH:MM:SS, MM:SS or MM; 0: none (the partition's maximum)"),
     INT(slurm.signal_s, "120", 0, 65535, "s", "scheduler",
@@ -174,8 +175,8 @@ const ConfigKey config_schema[] = {
     INT(slurm.max_restarts, "10", 0, 100000, "restarts", "scheduler",
         "requeues after a checkpoint-and-stop (exit 75); the job fails with 75 once they are used up"),
     ENUM(slurm.launcher, "srun", slurm_launcher_names, "scheduler",
-         "how the job starts one rank per task: srun --mpi=<slurm.srun_mpi>, or Open MPI's mpirun inside "
-         "the allocation (where srun cannot start MPI programs)"),
+         "how the job starts one rank per task, on every node: srun --mpi=<slurm.srun_mpi>, or Open MPI's "
+         "mpirun inside the allocation (--map-by ppr:<tasks per node>:node; where srun cannot start MPI programs)"),
     STR(slurm.srun_mpi, "pmix", NAME, "scheduler",
         "srun's MPI plugin (srun --mpi=...); `srun --mpi=list` shows the cluster's; Open MPI needs pmix"),
     STR(slurm.site_env, "", PATH, "scheduler",

@@ -88,18 +88,21 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
                           (long long)((T / unit + 1) * unit));
     const SlurmConfig *s = &cfg->slurm;
     int64_t world = config_world(cfg);
+    bool cuda = cfg->device.kind == DEVICE_KIND_CUDA; /* a cuda job runs one task (rank) per GPU */
     if (s->gpus_per_node > 0 && s->nodes * s->gpus_per_node != world)
-        config_errors_add(err, "%s x %s = %lld tasks, but %s x %s = %lld ranks: the allocation must hold exactly one "
-                               "task per rank",
+        config_errors_add(err, "%s x %s = %lld %s, but %s x %s = %lld ranks: %s",
                           validate_quote(cfg, "slurm.nodes", a, sizeof a),
                           validate_quote(cfg, "slurm.gpus_per_node", b, sizeof b), (long long)(s->nodes * s->gpus_per_node),
-                          validate_quote(cfg, "parallel.dp", c, sizeof c),
-                          validate_quote(cfg, "parallel.cp", d, sizeof d), (long long)world);
+                          cuda ? "GPUs" : "tasks", validate_quote(cfg, "parallel.dp", c, sizeof c),
+                          validate_quote(cfg, "parallel.cp", d, sizeof d), (long long)world,
+                          cuda ? "device.kind = cuda runs one rank per GPU, so the two must be equal"
+                               : "the allocation must hold exactly one task per rank");
     if (s->gpus_per_node == 0 && world % s->nodes != 0)
-        config_errors_add(err, "%s x %s = %lld ranks do not split evenly over %s; set slurm.gpus_per_node",
+        config_errors_add(err, "%s x %s = %lld ranks do not split evenly over %s; set slurm.gpus_per_node%s",
                           validate_quote(cfg, "parallel.dp", a, sizeof a),
                           validate_quote(cfg, "parallel.cp", b, sizeof b), (long long)world,
-                          validate_quote(cfg, "slurm.nodes", c, sizeof c));
+                          validate_quote(cfg, "slurm.nodes", c, sizeof c),
+                          cuda ? " (GPUs per node, one rank each)" : "");
     return err->count - before;
 }
 

@@ -1,9 +1,10 @@
-"""test_slurm.py — `ringscan submit` against a real Slurm cluster started here.
+"""test_slurm.py — `ringscan submit` against real Slurm clusters started here.
 
 The module starts munged, slurmctld and slurmd on localhost in a private temp
 directory (slurm/test-cluster.conf.in, recipe ../shared/slurm_local.md), with
 their own ports, munge socket and SLURM_CONF, so nothing under /etc or /run is
-touched. Every daemon is stopped by the PID it wrote, in a finalizer that runs
+touched: one cluster of one node, and for the two-node tests a second one whose
+nodes n1 and n2 are two slurmd on this host. Every daemon is stopped by the PID it wrote, in a finalizer that runs
 even when a test or the start-up fails. Missing Slurm binaries are a failure,
 not a skip: CI installs them with `make deps`.
 
@@ -14,10 +15,15 @@ What is checked, each with a real job of configs/tiny-cpu.yaml made small:
     --signal=B:USR1@N delivers): the ranks checkpoint, the job exits 75,
     requeues itself, resumes and finishes with losses bitwise equal to an
     uninterrupted run; slurm.max_restarts = 0 stops the loop (exit 75);
+  - two nodes: a cp 4 job over n1 and n2 is stopped by the warning signal,
+    then preempted (SIGTERM, SIGKILL 5 s later), resumes twice and ends with
+    the losses of an uninterrupted two-node mpirun job and a plain run;
   - injection attempts in every string that reaches the job script are
     refused (exit 2, the key named, nothing written, nothing submitted);
   - --dry-run prints the script and writes nothing; slurm/README.md's GPU
-    example is what the binary renders.
+    example is what the binary renders; a cuda job's script, run by bash with
+    stand-in launchers, starts one rank per GPU under srun and under mpirun,
+    with the site's NCCL/UCX settings; cuda refuses nodes x GPUs != dp x cp.
 """
 import json
 import os
@@ -72,30 +78,32 @@ def free_port():
 
 
 class Cluster:
-    """One slurmctld + one slurmd (node `localhost`, 8 CPUs) + their munged."""
+    """One slurmctld + one munged + a slurmd per node (8 CPUs each). One node is `localhost`; two are n1 and n2,
+    two slurmd on this host (slurm_local.md §4), which Open MPI takes for two hosts."""
 
-    def __init__(self):
+    def __init__(self, nodes=1):
+        self.nodes = ["localhost"] if nodes == 1 else [f"n{i}" for i in range(1, nodes + 1)]
         self.dir = Path(tempfile.mkdtemp(prefix="ringscan-slurm-"))
         self.dir.chmod(0o755)  # munged wants every directory above its socket searchable
         self.conf = self.dir / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf), OMPI_ALLOW_RUN_AS_ROOT="1",
                         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        self.pids = {}  # daemon name -> pid, read from the pid file it wrote
+        self.pids = []  # (daemon name, pid read from the pid file it wrote), in start order
 
     def _daemon(self, name, args, pid_file):
         r = subprocess.run([find_binary(name), *args], env=self.env, cwd=self.dir, capture_output=True, text=True,
                            timeout=60)
-        assert r.returncode == 0, f"{name} did not start: {r.stdout}{r.stderr}\n{self.logs()}"
+        assert r.returncode == 0, f"{name} {args} did not start: {r.stdout}{r.stderr}\n{self.logs()}"
         for _ in range(100):
             if pid_file.exists() and pid_file.read_text().strip():
-                self.pids[name] = int(pid_file.read_text().split()[0])
+                self.pids.append((name, int(pid_file.read_text().split()[0])))
                 return
             time.sleep(0.05)
         raise AssertionError(f"{name} wrote no pid file {pid_file}\n{self.logs()}")
 
     def start(self):
         d = self.dir
-        for sub in ("munge", "state", "spool/localhost", "tmpfs", "log"):
+        for sub in ("munge", "state", "log", *(f"{p}/{n}" for p in ("spool", "tmpfs") for n in self.nodes)):
             (d / sub).mkdir(parents=True)
         (d / "munge").chmod(0o755)
         key = d / "munge" / "munge.key"
@@ -105,20 +113,23 @@ class Cluster:
         self._daemon("munged", [f"--socket={sock}", f"--key-file={key}", f"--log-file={d}/log/munged.log",
                                 f"--pid-file={d}/munge/munged.pid", f"--seed-file={d}/munge/munged.seed"],
                      d / "munge" / "munged.pid")
+        host = "" if self.nodes == ["localhost"] else " NodeHostname=localhost"
+        lines = [f"NodeName={n}{host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=8 RealMemory=8000"
+                 for n in self.nodes]
         conf = (ROOT / "slurm" / "test-cluster.conf.in").read_text()
-        for k, v in {"@DIR@": d, "@CTLD_PORT@": free_port(), "@SLURMD_PORT@": free_port(),
-                     "@MUNGE_SOCKET@": sock, "@CPUS@": 8}.items():
+        for k, v in {"@NODES@": "\n".join(lines), "@DIR@": d, "@CTLD_PORT@": free_port(), "@MUNGE_SOCKET@": sock}.items():
             conf = conf.replace(k, str(v))
         self.conf.write_text(conf)
         self._daemon("slurmctld", [], d / "slurmctld.pid")
-        self._daemon("slurmd", [], d / "slurmd-localhost.pid")
+        for n in self.nodes:
+            self._daemon("slurmd", [] if n == "localhost" else ["-N", n], d / f"slurmd-{n}.pid")
         deadline = time.time() + 60
         while time.time() < deadline:
-            r = self.cmd("sinfo", "-h", "-o", "%T", check=False)
-            if r.returncode == 0 and r.stdout.split() == ["idle"]:
+            r = self.cmd("sinfo", "-h", "-N", "-o", "%N %T", check=False)
+            if r.returncode == 0 and sorted(r.stdout.split("\n")[:-1]) == [f"{n} idle" for n in self.nodes]:
                 return
             time.sleep(0.3)
-        raise AssertionError(f"the node never became idle: {r.stdout}{r.stderr}\n{self.logs()}")
+        raise AssertionError(f"the nodes never became idle: {r.stdout}{r.stderr}\n{self.logs()}")
 
     def cmd(self, name, *args, check=True, timeout=60):
         r = subprocess.run([find_binary(name), *map(str, args)], env=self.env, capture_output=True, text=True,
@@ -154,7 +165,7 @@ class Cluster:
     def stop(self):
         """Cancels every job, then stops the daemons by PID (slurmd, slurmctld, munged) and removes the dir."""
         try:
-            if "slurmctld" in self.pids:
+            if "slurmctld" in dict(self.pids):
                 ids = self.jobs()
                 if ids:
                     self.cmd("scancel", *ids, check=False)
@@ -162,9 +173,8 @@ class Cluster:
                 while self.jobs() and time.time() < deadline:
                     time.sleep(0.5)
         finally:
-            for name in ("slurmd", "slurmctld", "munged"):
-                pid = self.pids.get(name)
-                if pid is None or not running(pid, name):
+            for name, pid in reversed(self.pids):  # the slurmd first, munged last
+                if not running(pid, name):
                     continue
                 os.kill(pid, signal.SIGTERM)
                 for _ in range(100):
@@ -180,7 +190,7 @@ class Cluster:
                 except OSError:
                     pass
             time.sleep(0.2)
-            alive = [n for n, pid in self.pids.items() if running(pid, n)]
+            alive = [n for n, pid in self.pids if running(pid, n)]
             if not os.environ.get("RINGSCAN_KEEP_SLURM"):
                 shutil.rmtree(self.dir, ignore_errors=True)
             assert not alive, f"daemons still running after the stop: {alive}"
@@ -189,6 +199,18 @@ class Cluster:
     def job_info(self, job):
         r = self.cmd("scontrol", "show", "job", "-o", job, check=False)
         return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
+
+    def wait_steps(self, job, run_dir, steps, restart=0, timeout=120):
+        """Waits until run `restart` of the job has started and metrics.jsonl holds `steps` steps."""
+        deadline = time.time() + timeout
+        metrics, log = run_dir / "metrics.jsonl", run_dir / "logs" / f"job-{job}.{restart}.log"
+        while time.time() < deadline:
+            if log.exists() and metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+                return
+            assert self.job_info(job).get("JobState") not in TERMINAL, job_logs(run_dir)
+            time.sleep(0.2)
+        raise AssertionError(f"run {restart} of job {job}: fewer than {steps} steps after {timeout} s\n"
+                             f"{job_logs(run_dir)}\n{self.logs()}")
 
     def wait(self, job, run_dir, timeout=240):
         """Waits for a terminal state; returns scontrol's fields of the job."""
@@ -202,15 +224,25 @@ class Cluster:
                              f"{job_logs(run_dir)}\n{self.logs()}")
 
 
-@pytest.fixture(scope="module")
-def cluster(request):
+def start_cluster(request, nodes):
     missing = [b for b in DAEMONS + CLIENTS if not find_binary(b)]
     if missing:
         pytest.fail(f"Slurm is not installed (missing {', '.join(missing)}): `make deps` installs slurm-wlm and munge")
-    c = Cluster()
+    c = Cluster(nodes)
     request.addfinalizer(c.stop)
     c.start()
     return c
+
+
+@pytest.fixture(scope="module")
+def cluster(request):
+    return start_cluster(request, 1)
+
+
+@pytest.fixture(scope="module")
+def cluster2(request):
+    """Two nodes, n1 and n2, on this host; started only for the tests that ask for it."""
+    return start_cluster(request, 2)
 
 
 @pytest.fixture(scope="module")
@@ -233,10 +265,10 @@ def submit(cluster, run_dir, data, steps, *extra):
     return r.stdout.strip()
 
 
-def reference(run_dir, data, steps):
-    """The same run with plain mpirun, outside Slurm (started in the background)."""
-    args = ["mpirun", "-np", str(WORLD), "--oversubscribe", RINGSCAN, "train", "configs/tiny-cpu.yaml",
-            *run_sets(run_dir, data, steps)]
+def reference(run_dir, data, steps, *extra, world=WORLD):
+    """The same run with plain mpirun on this host, outside Slurm (started in the background)."""
+    args = ["mpirun", "-np", str(world), "--oversubscribe", RINGSCAN, "train", "configs/tiny-cpu.yaml",
+            *run_sets(run_dir, data, steps, *extra)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -286,15 +318,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(cluster, data, 
     ref = reference(tmp_path / "ref", data, steps)
     rd = tmp_path / "job"
     job = submit(cluster, rd, data, steps)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # signal once training is under way (the handlers are up from the start)
-        m = rd / "metrics.jsonl"
-        if m.exists() and len(m.read_text().splitlines()) >= 2:
-            break
-        assert cluster.job_info(job).get("JobState") not in TERMINAL, job_logs(rd)
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"no training steps after 120 s\n{job_logs(rd)}\n{cluster.logs()}")
+    cluster.wait_steps(job, rd, 2)  # signal once training is under way (the handlers are up from the start)
     cluster.cmd("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@N delivers to the batch shell
     info = cluster.wait(job, rd, timeout=300)
     finish(ref)
@@ -323,9 +347,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(cluster, data, 
 def test_max_restarts_ends_the_requeue_loop(cluster, data, tmp_path):
     rd = tmp_path / "job"
     job = submit(cluster, rd, data, 60, "--set", "slurm.max_restarts=0", "--set", "slurm.launcher=mpirun")
-    deadline = time.time() + 120
-    while time.time() < deadline and not ((rd / "metrics.jsonl").exists() and (rd / "metrics.jsonl").read_text()):
-        time.sleep(0.2)
+    cluster.wait_steps(job, rd, 1)
     cluster.cmd("scancel", "--signal=USR1", "--batch", job)
     info = cluster.wait(job, rd)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0", (info, job_logs(rd))
@@ -333,6 +355,61 @@ def test_max_restarts_ends_the_requeue_loop(cluster, data, tmp_path):
     log = job_log(rd, job, 0)
     assert "not requeueing: 0 restarts, slurm.max_restarts = 0" in log, log
     assert (rd / "ckpt" / "LATEST").exists()
+
+
+# ---- two nodes ---------------------------------------------------------------------------------------------------
+
+# cp 4 on 2 nodes x 2 tasks: ranks 0-1 on n1, 2-3 on n2, so the ring crosses between the nodes twice per round
+TWO_NODES = ["--set", "slurm.nodes=2", "--set", "parallel.cp=4", "--set", "data.seq_len=512",
+             "--set", "slurm.site_env=slurm/test-cluster.env"]
+
+
+def test_two_node_job_is_preempted_twice_and_resumes_exactly(cluster2, data, tmp_path):
+    """One job (srun) is stopped by the warning signal, then preempted (`scontrol requeue`: SIGTERM to the batch
+    shell and every rank, SIGKILL KillWait = 5 s later); each time the ranks checkpoint and the job requeues and
+    resumes. Its losses equal, bitwise, those of an uninterrupted two-node job (mpirun, running beside it) and of
+    a plain mpirun run on this host."""
+    steps = 24
+    ref = reference(tmp_path / "ref", data, steps, *TWO_NODES, world=4)
+    rd, whole = tmp_path / "job", tmp_path / "whole"
+    job = submit(cluster2, rd, data, steps, *TWO_NODES)
+    job_whole = submit(cluster2, whole, data, steps, *TWO_NODES, "--set", "slurm.launcher=mpirun")
+
+    cluster2.wait_steps(job, rd, 2)
+    cluster2.cmd("scancel", "--signal=USR1", "--batch", job)  # the warning signal
+    cluster2.wait_steps(job, rd, 1, restart=1)
+    stop1 = re.search(r"stopped by signal 10 after step (\d+), checkpoint written; exit 75", job_log(rd, job, 0))
+    assert stop1, job_logs(rd)
+    cluster2.wait_steps(job, rd, int(stop1.group(1)) + 2, restart=1)
+    cluster2.cmd("scontrol", "requeue", job)  # preemption
+    info = cluster2.wait(job, rd, timeout=300)
+    info_whole = cluster2.wait(job_whole, whole)
+    finish(ref)
+
+    for i, d in ((info, rd), (info_whole, whole)):
+        assert i["JobState"] == "COMPLETED" and i["ExitCode"] == "0:0", (i, job_logs(d))
+        assert i["NodeList"] == "n[1-2]" and i["NumTasks"] == "4", i
+    assert info["Restarts"] == "2" and info_whole["Restarts"] == "0", (info, info_whole)
+    logs = [job_log(rd, job, r) for r in range(3)]
+    for log in logs + [job_log(whole, job_whole, 0)]:
+        assert "on n[1-2], 4 tasks (2(x2) per node)" in log, log
+        assert "env: OMPI_MCA_btl=self,tcp" in log, log  # slurm.site_env reached the job
+        assert "world 4 = dp 1 x cp 4" in log, log
+    # SIGTERM comes to the ranks from Slurm and SIGUSR1 from the batch shell: the first one stops them
+    stop2 = re.search(r"stopped by signal (?:10|15) after step (\d+), checkpoint written; exit 75", logs[1])
+    assert "SIGUSR1: the ranks checkpoint" in logs[0] and "ringscan train exited with 75" in logs[0], logs[0]
+    assert "SIGTERM: the ranks checkpoint" in logs[1] and stop2, logs[1]
+    k1, k2 = int(stop1.group(1)), int(stop2.group(1))
+    assert 2 <= k1 < k2 < steps, (k1, k2)
+    assert f"resumed from {rd}/ckpt/step_{k1:08d}" in logs[1], logs[1]
+    assert f"resumed from {rd}/ckpt/step_{k2:08d}" in logs[2] and "ringscan resume exited with 0" in logs[2], logs[2]
+    # every run of both jobs started ranks on n2 too (srun: the ranks' step; mpirun: its daemon's step)
+    n2 = (cluster2.dir / "log" / "slurmd-n2.log").read_text()
+    for j, runs in ((job, 3), (job_whole, 1)):
+        assert len(re.findall(rf"launch task StepId={j}\.0 ", n2)) == runs, n2
+
+    assert len(losses(rd)) == steps
+    assert losses(rd) == losses(whole) == losses(tmp_path / "ref")
 
 
 # ---- refusals: nothing written, nothing submitted ---------------------------------------------------------------
@@ -451,12 +528,78 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
                  "#SBATCH --requeue", f"#SBATCH --output={rd}/logs/slurm-%j.out", f"run_dir='{rd}'",
                  "launcher='mpirun'", "max_restarts=10"):
         assert line + "\n" in s, line
-    assert "--account" not in s and "--qos" not in s and "--gpus-per-node" not in s  # empty: left out
+    for option in ("--account", "--qos", "--gpus-per-node"):
+        assert f"#SBATCH {option}" not in s, option  # empty: left out
     assert "{{" not in s and "}}" not in s
     assert not rd.exists()
     r = run([RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"run.out_dir={rd}", "--set", "slurm.signal_s=0",
              "--dry-run"])
     assert r.returncode == 0 and "#SBATCH --signal" not in r.stdout
+
+
+GPU_JOB = ["configs/hybrid-1b-1m-h200x4.yaml", "--set", "parallel.cp=8", "--set", "slurm.nodes=2",
+           "--set", "slurm.gpus_per_node=4"]  # device.kind: cuda, 2 nodes x 4 GPUs
+
+
+def site_env_uncommented(path):
+    """slurm/site.env with every NCCL and UCX example line switched on, as a site would."""
+    text = (ROOT / "slurm" / "site.env").read_text()
+    lines = re.findall(r"^# (export (?:NCCL|UCX)_\w+=.*)$", text, re.M)
+    assert len(lines) >= 8, text
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_gpu_job_script_starts_one_rank_per_gpu(tmp_path, launcher):
+    """The rendered cuda script, run by bash with stand-ins for srun/mpirun that record how they were called:
+    4 tasks and 4 GPUs per node in the #SBATCH lines, the launch line with 4 ranks per node, and the site's
+    NCCL/UCX settings (defaults that the submitter's environment overrides) in the ranks' environment."""
+    rd, bin_dir, record = tmp_path / "job", tmp_path / "bin", tmp_path / "calls.txt"
+    site = site_env_uncommented(tmp_path / "site.env")
+    r = run([RINGSCAN, "submit", *GPU_JOB, "--set", f"run.out_dir={rd}", "--set", f"slurm.launcher={launcher}",
+             "--set", f"slurm.site_env={site}", "--dry-run"], env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    script = r.stdout
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "tasks_per_node=4", f"launcher='{launcher}'", f"site_env='{site}'"):
+        assert line + "\n" in script, line
+    assert "--cpus-per-task" not in script and "--gpus-per-task" not in script  # every rank sees its node's GPUs
+    assert not rd.exists()
+
+    bin_dir.mkdir()
+    for name in ("srun", "mpirun", "scontrol"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {record}\nenv | sort >> {record}\n')
+        (bin_dir / name).chmod(0o755)
+    (rd / "logs").mkdir(parents=True)
+    slurm_env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "g[1-2]", "SLURM_NTASKS": "8",
+                 "SLURM_TASKS_PER_NODE": "4(x2)"}
+    r = subprocess.run(["bash", "-c", script], env={"PATH": f"{bin_dir}:/usr/bin:/bin", **slurm_env,
+                                                    "NCCL_SOCKET_IFNAME": "eth9"},
+                       capture_output=True, text=True, timeout=60)
+    log = job_log(rd, 77, 0)
+    assert r.returncode == 0, r.stdout + r.stderr + log
+    calls = record.read_text()
+    want = {"srun": f"srun --mpi=pmix --ntasks-per-node=4 {RINGSCAN} train {rd}/config.submitted.yaml",
+            "mpirun": f"mpirun --map-by ppr:4:node {RINGSCAN} train {rd}/config.submitted.yaml"}[launcher]
+    assert calls.splitlines()[0] == want, calls
+    for var in ("NCCL_SOCKET_IFNAME=eth9", "NCCL_NVLS_ENABLE=0", "NCCL_IB_HCA=mlx5_0,mlx5_1", "UCX_TLS=rc,sm,self"):
+        assert var + "\n" in calls, var  # the ranks' environment
+        assert f"  env: {var}\n" in log, log  # and the job log
+    assert "on g[1-2], 8 tasks (4(x2) per node)" in log and "ringscan train exited with 0" in log, log
+    assert "scontrol" not in calls
+
+
+def test_gpu_job_needs_one_rank_per_gpu(tmp_path):
+    rd = tmp_path / "job"
+    r = run([RINGSCAN, "submit", *GPU_JOB, "--set", f"run.out_dir={rd}", "--set", "parallel.cp=4", "--dry-run"])
+    assert r.returncode == 2 and r.stdout == "" and not rd.exists(), r.stdout + r.stderr
+    assert re.search(r"slurm\.nodes = 2 .* x slurm\.gpus_per_node = 4 .* = 8 GPUs, but parallel\.dp = 1 .* x "
+                     r"parallel\.cp = 4 .* = 4 ranks: device\.kind = cuda runs one rank per GPU", r.stderr), r.stderr
+    r = run([RINGSCAN, "submit", *GPU_JOB, "--set", f"run.out_dir={rd}", "--set", "slurm.gpus_per_node=0",
+             "--set", "slurm.nodes=3", "--dry-run"])
+    assert r.returncode == 2 and "do not split evenly over slurm.nodes = 3" in r.stderr, r.stderr
+    assert "(GPUs per node, one rank each)" in r.stderr and not rd.exists(), r.stderr
 
 
 def readme_example():
