@@ -224,6 +224,15 @@ TEST(cuda_big_norm) {
     cpu_rmsnorm_forward(yc, rc, x, w, T, nh, D, W, W, 1e-6f, 1);
     big_check("big rmsnorm fwd out", y, yc, T * W, CT_BOUND_BF16_OUT);
     big_check("big rmsnorm fwd rstd", r, rc, T * nh, CT_BOUND_F32);
+    { /* the check can fail: the rows past 2^31 elements read 1000 rows too early, as a wrapped index would */
+        const int64_t cr = big_cross(ld);
+        float *bad = ct_clone(y, T * W);
+        memmove(bad + cr * W, bad + (cr - 1000) * W, (size_t)(T - cr) * W * sizeof(float));
+        const double e = test_rel_err_f(bad, yc, T * W);
+        printf("big can fail: rows past 2^31 elements shifted: rel err %.3e > %.0e %s\n", e, CT_BOUND_BF16_OUT,
+               e > CT_BOUND_BF16_OUT ? "ok" : "FAIL");
+        EXPECT(e > CT_BOUND_BF16_OUT, "shifted rows gave rel err %.3e: the check cannot fail", e);
+    }
 
     big_fill(dout, T, W, ld, 1.0f);
     big_fill(dinp, T, W, ld, 0.5f); /* += */
@@ -759,5 +768,149 @@ TEST(cuda_big_gdn) {
     }
     big_written("big gdn fwd o", o, 2, T, wv, ld);
     big_untouched("big gdn fwd: the columns before o", O, 2, T, 1024, ld);
+    big_end();
+}
+
+/* embedding, sigmoid output gate, SwiGLU, forward and backward, on windows: the (T, 2048) dense tensors
+ * (t C passes 2^31 in the last 64 tokens) and the gate in rows of 2560. The embedding backward's dout is
+ * 0 outside the windows, so dwte sums the windows only. Device, at most (the gate): 28 GB. */
+TEST(cuda_big_elementwise) {
+    ct_begin();
+    const int64_t T = BIG_T;
+    const int C = 2048, V = 1024, ldg = BIG_LD, I = 1024;
+    const BigWin win[4] = {{0, BIG_WIN}, {T / 2 + 5, BIG_WIN}, {big_cross(ldg) - BIG_WIN / 2, BIG_WIN},
+                           {T - BIG_WIN, BIG_WIN}};
+    char what[128];
+    int32_t *tok = (int32_t *)test_alloc(T * 4);
+    for (int64_t t = 0; t < T; t++) tok[t] = (int32_t)((t * 2654435761u) % V);
+    int32_t *d_tok = ct_up_i32(tok, T);
+    float *wte;
+    bf16 *d_wte = big_up_w(&wte, (int64_t)V * C, 1.0);
+    bf16 *out = (bf16 *)big_dev((size_t)T * C * 2), *dout = (bf16 *)big_dev((size_t)T * C * 2);
+    cuda_embedding_forward(out, d_tok, d_wte, T, C);
+    big_fill(dout, T, C, C, 1.0f);
+    int64_t t_prev = 0; /* dout = 0 between the windows */
+    for (int i = 0; i <= 4; i++) {
+        const int64_t t_next = i < 4 ? win[i].r0 : T;
+        if (t_next > t_prev) CUDA_CHECK(cudaMemsetAsync(dout + t_prev * C, 0, (size_t)(t_next - t_prev) * C * 2, cuda_stream()));
+        if (i < 4) t_prev = win[i].r0 + win[i].n;
+    }
+    float *dw0 = ct_host_normal((int64_t)V * C, 0.1), *dwc = ct_clone(dw0, (int64_t)V * C);
+    float *d_dw = ct_up_f32(dw0, (int64_t)V * C), *dw = ct_host((int64_t)V * C);
+    cuda_embedding_backward(d_dw, dout, d_tok, T, C);
+    for (int i = 0; i < 4; i++) {
+        const int64_t r0 = win[i].r0, k = win[i].n;
+        float *oc = ct_host_nan(k * C);
+        cpu_embedding_forward(oc, tok + r0, wte, k, C);
+        cpu_embedding_backward(dwc, big_rows(dout, r0, k, C, C), tok + r0, k, C);
+        snprintf(what, sizeof what, "big embedding rows [%lld, +%lld) fwd", (long long)r0, (long long)k);
+        big_check(what, big_rows(out, r0, k, C, C), oc, k * C, 0.0);
+    }
+    ct_down_f32(dw, d_dw, (int64_t)V * C);
+    big_check("big embedding bwd dwte += (the windows)", dw, dwc, (int64_t)V * C, CT_BOUND_F32);
+    big_written("big embedding out", out, 2, T, C, C);
+    big_free(out), big_free(dout);
+
+    /* sigmoid gate: out = x sigmoid(gate), x / out / dout / dx (T, 2048), gate / dgate in rows of 2560 */
+    bf16 *x = (bf16 *)big_dev((size_t)T * C * 2), *y = (bf16 *)big_dev((size_t)T * C * 2);
+    bf16 *gy = (bf16 *)big_dev((size_t)T * C * 2), *dx = (bf16 *)big_dev((size_t)T * C * 2);
+    bf16 *gate = (bf16 *)big_dev((size_t)T * ldg * 2), *dgate = (bf16 *)big_dev((size_t)T * ldg * 2);
+    big_fill(x, T, C, C, 1.0f);
+    big_fill(gate, T, C, ldg, 1.0f);
+    big_fill(gy, T, C, C, 1.0f);
+    cuda_sigmoid_gate_forward(y, x, gate, T, C, ldg);
+    cuda_sigmoid_gate_backward(dx, dgate, gy, x, gate, T, C, ldg);
+    for (int i = 0; i < 4; i++) {
+        const int64_t r0 = win[i].r0, k = win[i].n;
+        float *xh = big_rows(x, r0, k, C, C), *gh = big_rows(gate, r0, k, C, ldg), *dyh = big_rows(gy, r0, k, C, C);
+        float *yc = ct_host_nan(k * C), *dxc = ct_host_nan(k * C), *dgc = ct_host_nan(k * C);
+        cpu_sigmoid_gate_forward(yc, xh, gh, k, C, C);
+        cpu_sigmoid_gate_backward(dxc, dgc, dyh, xh, gh, k, C, C);
+        snprintf(what, sizeof what, "big sigmoid gate rows [%lld, +%lld) fwd", (long long)r0, (long long)k);
+        big_check(what, big_rows(y, r0, k, C, C), yc, k * C, CT_BOUND_BF16_OUT);
+        snprintf(what, sizeof what, "big sigmoid gate rows [%lld, +%lld) bwd dx", (long long)r0, (long long)k);
+        big_check(what, big_rows(dx, r0, k, C, C), dxc, k * C, CT_BOUND_BF16_OUT);
+        snprintf(what, sizeof what, "big sigmoid gate rows [%lld, +%lld) bwd dgate", (long long)r0, (long long)k);
+        big_check(what, big_rows(dgate, r0, k, C, ldg), dgc, k * C, CT_BOUND_BF16_OUT);
+    }
+    big_written("big sigmoid gate out", y, 2, T, C, C);
+    big_written("big sigmoid gate dx", dx, 2, T, C, C);
+    big_written("big sigmoid gate dgate", dgate, 2, T, C, ldg);
+    big_untouched("big sigmoid gate: dgate columns past D", dgate + C, 2, T, ldg - C, ldg);
+    big_free(x), big_free(y), big_free(gy), big_free(dx), big_free(gate), big_free(dgate);
+
+    /* SwiGLU: gate_up (T, 2I) = (T, 2048), out (T, I) */
+    bf16 *gu = (bf16 *)big_dev((size_t)T * 2 * I * 2), *so = (bf16 *)big_dev((size_t)T * I * 2);
+    bf16 *sdo = (bf16 *)big_dev((size_t)T * I * 2), *dgu = (bf16 *)big_dev((size_t)T * 2 * I * 2);
+    big_fill(gu, T, 2 * I, 2 * I, 1.0f);
+    big_fill(sdo, T, I, I, 1.0f);
+    cuda_swiglu_forward(so, gu, T, I);
+    cuda_swiglu_backward(dgu, sdo, gu, T, I);
+    for (int i = 0; i < 4; i++) {
+        const int64_t r0 = win[i].r0, k = win[i].n;
+        float *guh = big_rows(gu, r0, k, 2 * I, 2 * I), *doh = big_rows(sdo, r0, k, I, I);
+        float *oc = ct_host_nan(k * I), *dc = ct_host_nan(k * 2 * I);
+        cpu_swiglu_forward(oc, guh, k, I);
+        cpu_swiglu_backward(dc, doh, guh, k, I);
+        snprintf(what, sizeof what, "big swiglu rows [%lld, +%lld) fwd", (long long)r0, (long long)k);
+        big_check(what, big_rows(so, r0, k, I, I), oc, k * I, CT_BOUND_BF16_OUT);
+        snprintf(what, sizeof what, "big swiglu rows [%lld, +%lld) bwd", (long long)r0, (long long)k);
+        big_check(what, big_rows(dgu, r0, k, 2 * I, 2 * I), dc, k * 2 * I, CT_BOUND_BF16_OUT);
+    }
+    big_written("big swiglu out", so, 2, T, I, I);
+    big_written("big swiglu dgate_up", dgu, 2, T, 2 * I, 2 * I);
+    big_end();
+}
+
+/* AdamW and sum_squares over n = 2^31 + 4099 parameters: AdamW on windows (the first 2^20, 2^20 around
+ * 2^31, the last 2^20), sum_squares against a long double sum of all n on the host (read in 256 MiB
+ * pieces). Device: p, m, v, grad 8.6 GB each + the bf16 copy 4.3 GB = 39 GB. Bounds: CT_BOUND_F32,
+ * the bf16 copy CT_BOUND_BF16_OUT, sum_squares 1e-12 (test_cuda_optim.cu's). */
+TEST(cuda_big_optim) {
+    ct_begin();
+    const int64_t n = BIG_2G + 4099, m1 = (int64_t)1 << 20;
+    const BigWin win[3] = {{0, m1}, {BIG_2G - m1 / 2, m1}, {n - m1, m1}};
+    float *p = (float *)big_dev((size_t)n * 4), *m = (float *)big_dev((size_t)n * 4);
+    float *v = (float *)big_dev((size_t)n * 4), *g = (float *)big_dev((size_t)n * 4);
+    bf16 *c = (bf16 *)big_dev((size_t)n * 2);
+    big_fill_f32(p, n, 1, 1, -1.0f, 1.0f);
+    big_fill_f32(m, n, 1, 1, -0.1f, 0.1f);
+    big_fill_f32(v, n, 1, 1, 1e-4f, 1e-2f);
+    big_fill_f32(g, n, 1, 1, -1.0f, 1.0f);
+    float *h[3][4];
+    for (int i = 0; i < 3; i++) {
+        const float *src[4] = {p, m, v, g};
+        for (int j = 0; j < 4; j++) h[i][j] = big_rows_f32(src[j], win[i].r0, win[i].n, 1, 1);
+    }
+    cuda_adamw_update(p, m, v, c, g, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
+    for (int i = 0; i < 3; i++) {
+        char what[128];
+        const int64_t r0 = win[i].r0, k = win[i].n;
+        cpu_adamw_update(h[i][0], h[i][1], h[i][2], NULL, h[i][3], k, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
+        const float *got[3] = {big_rows_f32(p, r0, k, 1, 1), big_rows_f32(m, r0, k, 1, 1), big_rows_f32(v, r0, k, 1, 1)};
+        const char *names[3] = {"p", "m", "v"};
+        for (int j = 0; j < 3; j++) {
+            snprintf(what, sizeof what, "big adamw [%lld, +%lld) %s", (long long)r0, (long long)k, names[j]);
+            big_check(what, got[j], h[i][j], k, CT_BOUND_F32);
+        }
+        snprintf(what, sizeof what, "big adamw [%lld, +%lld) bf16 copy", (long long)r0, (long long)k);
+        big_check(what, big_rows(c, r0, k, 1, 1), h[i][0], k, CT_BOUND_BF16_OUT);
+    }
+    big_written("big adamw bf16 copy", c, 2, n, 1, 1);
+    big_free(p), big_free(m), big_free(v), big_free(c);
+
+    const double got = cuda_sum_squares(g, n);
+    const int64_t piece = (int64_t)1 << 26;
+    float *buf = ct_host(piece);
+    long double want = 0.0L;
+    for (int64_t i0 = 0; i0 < n; i0 += piece) {
+        const int64_t k = n - i0 < piece ? n - i0 : piece;
+        CUDA_CHECK(cudaMemcpy(buf, g + i0, (size_t)k * 4, cudaMemcpyDeviceToHost));
+        for (int64_t j = 0; j < k; j++) want += (long double)buf[j] * buf[j];
+    }
+    const double e = fabs(got - (double)want) / (double)want;
+    printf("big sum_squares n %lld: %.17g vs %.17Lg, rel err %.3e <= 1e-12 %s\n", (long long)n, got, want, e,
+           e <= 1e-12 ? "ok" : "FAIL");
+    EXPECT(e <= 1e-12, "sum_squares over %lld elements: rel err %.3e", (long long)n, e);
     big_end();
 }
