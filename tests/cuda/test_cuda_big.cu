@@ -430,9 +430,9 @@ TEST(cuda_big_memory) {
     big_written("big act_to_f32", back, 4, n, 1, 1);
     big_free(src), big_free(back), big_free(acc), big_free(act);
 
-    /* add_2d: dst (T, 2560) += src (T, 2560) on a 1000-column block that starts mid-vector */
+    /* add_2d: dst (T, 2560) += src (T, 2560) on a 1001-column block that starts mid-vector (the scalar path) */
     const int64_t T = BIG_T;
-    const int ld = BIG_LD, cols = 1000, c0 = ld - cols;
+    const int ld = BIG_LD, cols = 1001, c0 = ld - cols;
     bf16 *dst = (bf16 *)big_dev((size_t)T * ld * 2), *s2 = (bf16 *)big_dev((size_t)T * ld * 2);
     big_fill(dst + c0, T, cols, ld, 1.0f);
     big_fill(s2 + c0, T, cols, ld, 1.0f);
