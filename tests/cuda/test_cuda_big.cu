@@ -925,3 +925,25 @@ TEST(cuda_big_gdn) {
     big_untouched("big gdn fwd: the columns before o", OD, 2, T, ldo - wv, ldo);
     big_end();
 }
+
+/* Host side, no GPU work: the bytes of the GDN kept buffer at 1M tokens x 64 value heads of 128 (W, U,
+ * vn 17 GB each, h 34 GB: products of int sizes that pass 2^32) against the formula of cuda_gdn.cu's
+ * header, each part on 256 bytes. */
+static int64_t big_up256(int64_t b) { return (b + 255) / 256 * 256; }
+
+TEST(cuda_big_host_kept_bytes) {
+    const int64_t Ts[3] = {((int64_t)1 << 20) + 64, (int64_t)1 << 21, 3};
+    const int nvs[2] = {16, 64};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            for (int states = 0; states <= 1; states++) {
+                const int64_t T = Ts[i], nv = nvs[j], d = 128, ns = (T + 63) / 64 + 1;
+                int64_t want = big_up256(T * nv * d * 2) * 2 + big_up256(T * nv * 4);
+                if (states) want += big_up256(ns * nv * d * d * 2) + big_up256(T * nv * d * 2);
+                const int64_t got = (int64_t)cuda_gdn_kept_bytes(T, (int)nv, (int)d, (int)d, states);
+                printf("gdn kept bytes T %lld nv %lld states %d: %lld (formula %lld) %s\n", (long long)T,
+                       (long long)nv, states, (long long)got, (long long)want, got == want ? "ok" : "FAIL");
+                EXPECT(got == want, "cuda_gdn_kept_bytes(T %lld, nv %lld, states %d) = %lld, want %lld", (long long)T,
+                       (long long)nv, states, (long long)got, (long long)want);
+            }
+}
