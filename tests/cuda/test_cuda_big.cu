@@ -4,8 +4,9 @@
  * for attention) with row strides of 2560..5120 elements, so that row * ld, T * nh * hd and the
  * (T, nv, dk) workspaces of the GDN pass 2^31 elements in the last rows, and compares against the
  * cpu oracle. Cases are named cuda_big_* (`build/test_cuda cuda_big_norm ...`); each needs the
- * device memory its comment counts (an 80 GB H100 holds the largest, cuda_big_gdn, ~67 GiB), so run
- * them one process per case (cuda_big_gdn leaves the GDN workspace, ~48 GiB, allocated).
+ * device memory its comment counts (an 80 GB H100 holds the largest, cuda_big_gdn, ~72 GiB), so run
+ * them one process per case (cuda_big_gdn leaves the GDN workspace, 58 GB, allocated; it comes last).
+ * cuda_big_host_kept_bytes needs no GPU.
  *
  * How: inputs are drawn on the device (a counter-based hash, approximately N(0, scale), stored as
  * bf16 / fp32: the values the cpu gets are the ones the kernel read, downloaded). Outputs start
@@ -207,6 +208,20 @@ typedef struct {
     int64_t r0, n;
 } BigWin;
 
+/* the flat tensors of n = BIG_N elements (an odd tail): windows of 2^20 at the start, around 2^31, at the end */
+#define BIG_N (BIG_2G + 4099)
+static const BigWin big_flat_win[3] = {{0, 1 << 20}, {BIG_2G - (1 << 19), 1 << 20}, {BIG_N - (1 << 20), 1 << 20}};
+
+/* rows of a dense (T, cols) bf16 tensor outside the windows (in row order) set to 0 */
+static void big_zero_outside(bf16 *p, int64_t T, int cols, const BigWin *win, int nw) {
+    int64_t t = 0;
+    for (int i = 0; i <= nw; i++) {
+        const int64_t next = i < nw ? win[i].r0 : T;
+        if (next > t) CUDA_CHECK(cudaMemsetAsync(p + t * cols, 0, (size_t)((next - t) * cols) * 2, cuda_stream()));
+        if (i < nw) t = win[i].r0 + win[i].n;
+    }
+}
+
 /* ---- narrow blocks in (BIG_T, BIG_LD) rows: the whole block on the host ---- */
 
 /* RMSNorm (2 heads of 64, zero-centred) and L2 norm forward and backward. Device: one (T, 2560) bf16
@@ -399,8 +414,8 @@ TEST(cuda_big_gdn_gates) {
  * 4.3 GB bf16 = 30 GB, then 2 x 5.4 GB. */
 TEST(cuda_big_memory) {
     ct_begin();
-    const int64_t n = BIG_2G + 4099, m = (int64_t)1 << 20;
-    const BigWin win[3] = {{0, m}, {BIG_2G - m / 2, m}, {n - m, m}};
+    const int64_t n = BIG_N;
+    const BigWin *win = big_flat_win;
     float *src = (float *)big_dev((size_t)n * 4), *back = (float *)big_dev((size_t)n * 4);
     float *acc = (float *)big_dev((size_t)n * 4);
     bf16 *act = (bf16 *)big_dev((size_t)n * 2);
@@ -469,12 +484,7 @@ TEST(cuda_big_gated_rmsnorm) {
     big_fill(x, T, W, W, 1.0f);
     big_fill(z, T, W, ldz, 1.0f);
     big_fill(dout, T, W, W, 1.0f);
-    int64_t t_prev = 0; /* dout = 0 between the windows */
-    for (int i = 0; i <= 4; i++) {
-        const int64_t t_next = i < 4 ? win[i].r0 : T;
-        if (t_next > t_prev) CUDA_CHECK(cudaMemsetAsync(dout + t_prev * W, 0, (size_t)(t_next - t_prev) * W * 2, cuda_stream()));
-        if (i < 4) t_prev = win[i].r0 + win[i].n;
-    }
+    big_zero_outside(dout, T, W, win, 4);
     cuda_gated_rmsnorm_forward(out, rstd, x, z, d_w, T, nv, dv, ldz, 1e-6f);
     float *dw0 = ct_host_normal(dv, 0.1), *dwc = ct_clone(dw0, dv), *d_dw = ct_up_f32(dw0, dv), *dw = ct_host(dv);
     cuda_gated_rmsnorm_backward(dx, dz, d_dw, dout, x, z, d_w, rstd, T, nv, dv, ldz);
@@ -691,12 +701,7 @@ TEST(cuda_big_elementwise) {
     bf16 *out = (bf16 *)big_dev((size_t)T * C * 2), *dout = (bf16 *)big_dev((size_t)T * C * 2);
     cuda_embedding_forward(out, d_tok, d_wte, T, C);
     big_fill(dout, T, C, C, 1.0f);
-    int64_t t_prev = 0; /* dout = 0 between the windows */
-    for (int i = 0; i <= 4; i++) {
-        const int64_t t_next = i < 4 ? win[i].r0 : T;
-        if (t_next > t_prev) CUDA_CHECK(cudaMemsetAsync(dout + t_prev * C, 0, (size_t)(t_next - t_prev) * C * 2, cuda_stream()));
-        if (i < 4) t_prev = win[i].r0 + win[i].n;
-    }
+    big_zero_outside(dout, T, C, win, 4);
     float *dw0 = ct_host_normal((int64_t)V * C, 0.1), *dwc = ct_clone(dw0, (int64_t)V * C);
     float *d_dw = ct_up_f32(dw0, (int64_t)V * C), *dw = ct_host((int64_t)V * C);
     cuda_embedding_backward(d_dw, dout, d_tok, T, C);
@@ -770,8 +775,8 @@ TEST(cuda_big_elementwise) {
  * the bf16 copy CT_BOUND_BF16_OUT, sum_squares 1e-12 (test_cuda_optim.cu's). */
 TEST(cuda_big_optim) {
     ct_begin();
-    const int64_t n = BIG_2G + 4099, m1 = (int64_t)1 << 20;
-    const BigWin win[3] = {{0, m1}, {BIG_2G - m1 / 2, m1}, {n - m1, m1}};
+    const int64_t n = BIG_N;
+    const BigWin *win = big_flat_win;
     float *p = (float *)big_dev((size_t)n * 4), *m = (float *)big_dev((size_t)n * 4);
     float *v = (float *)big_dev((size_t)n * 4), *g = (float *)big_dev((size_t)n * 4);
     bf16 *c = (bf16 *)big_dev((size_t)n * 2);
