@@ -7,7 +7,7 @@
 # Every part writes its log under logs/ and prints a summary line; the benchmark parts keep their bench.json
 # as PART.json. All of it ends in one file, $OUT/device_suite.tgz (the device tool returns at most 8 files).
 # Parts, in the order given:
-#   parity     every build/test_cuda case but timing / bench / sweep (one process), and beside it
+#   parity     every build/test_cuda case but timing / bench / sweep / big (one process), and beside it
 #              tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
 #   parity-gdn the test_cuda cases of the delta rule alone (no model_check)
 #   big        the cuda_big_* cases (entries at sizes where offsets pass 2^31; tests/cuda/test_cuda_big.cu),

@@ -14,7 +14,8 @@
  *   - narrow blocks (norms, matmul, rope, conv, gates): the tensors are column blocks of 64..128
  *     columns inside rows of BIG_LD = 2560 (a projection row), so the whole (T, cols) block fits on
  *     the host and is compared in full, parameter gradients (sums over all 2^20 rows) included;
- *   - wide tensors (gated RMSNorm, attention, merge, lm_head, GDN, the fp32 copies): the rows of
+ *   - wide tensors (gated RMSNorm, attention, merge, lm_head, GDN, embedding, sigmoid gate, SwiGLU,
+ *     the flat copies and adds, AdamW; sum_squares is summed whole on the host): the rows of
  *     a few windows (the first rows, the rows where the offsets pass 2^31, the last rows) are
  *     compared, the cpu oracle running on each window alone (every such entry is row-local, or
  *     local to a document that the window holds whole); where a parameter gradient sums over all
@@ -23,6 +24,7 @@
  *     output to be written (no poison left anywhere, windows or not) and every column outside the
  *     blocks to keep its poison.
  * Bounds: those of cuda_test.h; parameter gradients summed over ~2^20 rows use BIG_BOUND_SUM.
+ * cuda_big_norm also shows the comparison fails when the rows past 2^31 elements come from other rows.
  */
 #include <math.h>
 #include <stdio.h>
