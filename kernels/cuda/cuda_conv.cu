@@ -415,8 +415,10 @@ extern "C" void cuda_conv1d_silu_forward(void *out, const void *inp, const void 
     if (!T) return;
     const bool vec = cuda_vec_ok(out, C, ldo) && cuda_vec_ok(inp, C, ldi) && cuda_vec_ok(halo, C, C);
     if (Kc == CONV_RUN_KC) {
-        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CUDA_VEC), CONV_RUN_LANES),
-                        (unsigned)cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_FWD));
+        const int64_t gy = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_FWD);
+        RS_CHECK(gy <= 65535, "conv1d_silu_forward: T = %lld exceeds the run kernel's grid (65535 blocks of %d rows)",
+                 (long long)T, CONV_RUN_ROWS * CONV_RUN_FWD);
+        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CUDA_VEC), CONV_RUN_LANES), (unsigned)gy);
         conv_run_forward_kernel<CONV_RUN_KC><<<grid, dim3(CONV_RUN_LANES, CONV_RUN_ROWS), 0, cuda_stream()>>>(
             (bf16 *)out, (const bf16 *)inp, (const bf16 *)halo, (const bf16 *)w, doc_pos, T, C, ldi, ldo,
             cuda_error_word(), vec);

@@ -7,9 +7,11 @@
 # Every part writes its log under logs/ and prints a summary line; the benchmark parts keep their bench.json
 # as PART.json. All of it ends in one file, $OUT/device_suite.tgz (the device tool returns at most 8 files).
 # Parts, in the order given:
-#   parity     every build/test_cuda case but timing / bench / sweep (one process), and beside it
+#   parity     every build/test_cuda case but timing / bench / sweep / big (one process), and beside it
 #              tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
 #   parity-gdn the test_cuda cases of the delta rule alone (no model_check)
+#   big        the cuda_big_* cases (entries at sizes where offsets pass 2^31; tests/cuda/test_cuda_big.cu),
+#              one process each (up to ~72 GiB of device memory; parity leaves them out)
 #   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
 #   gdn-states ringscan bench gdn --gdn-keep states (ours only: the kept chunk states, GDN v4.4)
 #   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
@@ -64,8 +66,8 @@ status=0
 # the seconds a part may still take
 left() { echo $((LIMIT_S + 30 - SECONDS)); }
 
-# suite_parity [PATTERN]: the test_cuda cases matching PATTERN (every case but timing / bench / sweep if
-# none, and then model_check beside them); each distinct failed check is printed once
+# suite_parity [PATTERN]: the test_cuda cases matching PATTERN (every case but timing / bench / sweep / the
+# cuda_big_* ones if none, and then model_check beside them); each distinct failed check is printed once
 suite_parity() {
     local mc="" cases
     if [ -z "${1:-}" ]; then
@@ -73,7 +75,7 @@ suite_parity() {
             > "$L/model_check.log" 2>&1 &
         mc=$!
     fi
-    mapfile -t cases < <(build/test_cuda --list | grep -v -E "timing|bench|sweep" | grep -E "${1:-.}")
+    mapfile -t cases < <(build/test_cuda --list | grep -v -E "timing|bench|sweep|_big_" | grep -E "${1:-.}")
     timeout "$(left)" build/test_cuda "${cases[@]}" > "$L/parity${1:+-$1}.log" 2>&1
     local rc=$? mrc=0
     echo "parity${1:+ ($1)} rc=$rc cases=${#cases[@]} checks_ok=$(grep -c ' ok$' "$L/parity${1:+-$1}.log")" \
@@ -87,6 +89,24 @@ suite_parity() {
         grep -E "worst|curve|loss" "$L/model_check.log" | tail -4
     fi
     [ $rc -eq 0 ] && [ $mrc -eq 0 ]
+}
+
+# the cuda_big_* cases, one process each (cuda_big_gdn keeps its ~58 GB workspace to the end)
+suite_big() {
+    local rc=0 c
+    for c in $(build/test_cuda --list | grep -E "^cuda_big_"); do
+        if [ "$(left)" -le 30 ]; then
+            echo "$c: not started (LIMIT_S)"
+            rc=1
+            continue
+        fi
+        timeout "$(left)" build/test_cuda "$c" > "$L/$c.log" 2>&1
+        local crc=$?
+        [ $crc -eq 0 ] || rc=1
+        echo "$c rc=$crc checks_ok=$(grep -c ' ok$' "$L/$c.log") failed=$(grep -c FAIL "$L/$c.log")"
+        grep -E "FAIL|big attention:|cudaMalloc" "$L/$c.log" | head -5
+    done
+    return $rc
 }
 
 # suite_gdn32k NAME [VAR=VALUE...]: ringscan bench gdn at 32k under the given switches, then per kernel
@@ -186,6 +206,7 @@ for part in "$@"; do
     case $part in
     parity) suite_parity ;;
     parity-gdn) suite_parity gdn ;;
+    big) suite_big ;;
     gdn) suite_bench gdn gdn --peer --peer-timeout 200 ;;
     gdn-nopeer) suite_bench gdn-nopeer gdn ;;
     gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
@@ -210,7 +231,7 @@ for part in "$@"; do
         ;;
     cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
     *)
-        echo "unknown part '$part' (parity parity-gdn gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
+        echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2)"
         false
         ;;
