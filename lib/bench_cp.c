@@ -760,9 +760,9 @@ int bench_cp_main(const BenchOptions *o) {
         bc_bad(&comm, "ranks", val, "bench cp times at most 9 ranks (its timing marks)");
     }
 
-    /* the device, before any CUDA context */
+    /* the device, before any CUDA context (request files need none) */
     char device[256] = "cpu";
-    if (!o->cp_cpu) {
+    if (!o->cp_cpu && !o->write_requests) {
 #ifdef RS_WITH_CUDA
         char why[512];
         int sms;

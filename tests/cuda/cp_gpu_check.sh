@@ -15,7 +15,8 @@
 #      one process and against cpu at cp 2, cuda dp 2 against cpu; and cuda cp 2 against cuda on
 #      one GPU, printed per tensor (the same bound);
 #   4. ringscan train of tiny-cpu on cuda, TRAIN_STEPS steps: one GPU, cp 2 and dp 2 on two GPUs
-#      (loss curves compared with compare_curves.py, tolerance CURVE_TOL of the first loss), the
+#      (loss curves compared with compare_curves.py, tolerance CURVE_TOL of the first loss: cp 2
+#      against one GPU, dp 2 against one GPU with train.grad_accum 2, the same global batch), the
 #      cp 2 run's work counters (remat: one attention forward, one forward ring pass, one scan
 #      all-gather per layer and micro-batch), and resume under cp 2: stopped at half the steps,
 #      resumed, its losses compared with the uninterrupted cp 2 run's (bitwise, or the largest
@@ -106,16 +107,18 @@ train() { # NAME [launcher...] -- --set ...
     grep -E "^memory|^step" "$O/$name.log" | tail -2
 }
 train train_1gpu -- --set parallel.dp=1 --set parallel.cp=1
+train train_1gpu_ga2 -- --set parallel.dp=1 --set parallel.cp=1 --set train.grad_accum=2
 train train_cp2 "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2
 train train_dp2 "${MPI2[@]}" -- --set parallel.dp=2 --set parallel.cp=1
 train train_cp2_cut "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2 --set run.stop_after_step=$((TRAIN_STEPS / 2))
 timeout 300 "${MPI2[@]}" "$B/ringscan" resume "$O/train_cp2_cut" > "$O/train_cp2_resume.log" 2>&1 ||
     { echo "resume under cp 2 FAILED:"; tail -5 "$O/train_cp2_resume.log"; rc=1; }
-for run in train_cp2 train_dp2; do
-    echo "-- curve $run vs one GPU"
-    $PY "$HERE/compare_curves.py" "$O/train_1gpu/metrics.jsonl" "$O/$run/metrics.jsonl" --tol "$CURVE_TOL" | tail -2 ||
-        rc=1
-done
+curve() { # REF GOT: the same global batch
+    echo "-- curve $2 vs $1"
+    $PY "$HERE/compare_curves.py" "$O/$1/metrics.jsonl" "$O/$2/metrics.jsonl" --tol "$CURVE_TOL" | tail -1 || rc=1
+}
+curve train_1gpu train_cp2
+curve train_1gpu_ga2 train_dp2  # dp 2 takes two samples a step: one GPU with two micro-batches
 echo "-- counters of the cp 2 run (remat: one of each per layer and micro-batch) and resume under cp 2"
 $PY - "$O" <<'EOF' || rc=1
 import json, sys

@@ -148,7 +148,7 @@ suite_gdn_cycles() {
 suite_cp() {
     local name=$1 np=$2
     shift 2
-    timeout "$(left)" mpirun -np "$np" --allow-run-as-root -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED \
+    timeout "$(left)" mpirun -np "$np" --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED \
         ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} ${TRITON_CACHE_DIR:+-x TRITON_CACHE_DIR} \
         build/ringscan bench cp "$@" --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
     local rc=$?
@@ -175,7 +175,9 @@ suite_bench() {
 suite_cp_step() {
     local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0 d=/dev/shm/device_suite_step
     rm -rf $d && mkdir -p $d
-    build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 3145728 --seed 1 > "$L/cp-step-data.log" 2>&1 || return 1
+    # documents longer than any sample: every sample is one causal document (attention's full cost)
+    build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 3145728 --min-doc 4194304 --max-doc 4194304 \
+        --seed 1 > "$L/cp-step-data.log" 2>&1 || return 1
     local common=(--set data.format=flat --set data.path=$d/synth.tok --set train.grad_accum=1 --set train.steps=${CP_STEPS:-6}
         --set train.warmup_steps=2 --set device.kind=cuda --set device.peak_tflops=989 --set checkpoint.every=0)
     timeout "$(left)" build/ringscan train $cfg "${common[@]}" --set parallel.cp=1 --set data.seq_len=131072 \
