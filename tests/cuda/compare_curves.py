@@ -41,7 +41,8 @@ def main(argv=None):
     print("step  loss_ref      loss_got      diff (/ %s)" % ("step's loss" if a.per_step else "first loss"))
     for s in sorted(ref):
         d = abs(got[s] - ref[s]) / (abs(ref[s]) if a.per_step else first)
-        worst = max(worst, (d, s))
+        if worst[1] is None or d > worst[0]:
+            worst = (d, s)
         print("%4d  %.6f  %.6f  %.2e%s" % (s, ref[s], got[s], d, "" if d <= a.tol else "  > tol"))
     ok = worst[0] <= a.tol
     print("compare_curves: worst step %s rel diff %.3e %s %.1e: %s" % (worst[1], worst[0], "<=" if ok else ">", a.tol,

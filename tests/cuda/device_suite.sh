@@ -31,6 +31,8 @@
 #   cp-step    ringscan train of the 1B config, remat: 128k tokens on one GPU, then 256k at cp 2 on two GPUs
 #              with communication overlapped and forced serial (parallel.overlap_comm: false): ms/step,
 #              tokens/s, MFU, peak memory beside plan
+#   cp2-attn   cp2's ring attention at 128k and 256k with torch's context_parallel beside it
+#   cp2-gdn    cp2's GDN layer, ours only (FLA's CP autotunes for more than 240 s cold)
 #   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
 #              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
@@ -232,9 +234,11 @@ for part in "$@"; do
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
     cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
+    cp2-attn) suite_cp cp2-attn 2 --parts attn --T 131072,262144 --peer --peer-timeout 150 ;;
+    cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn)"
         false
         ;;
     esac || status=1
