@@ -148,7 +148,7 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
         }
     }
 
-    /* the run directory must not hold a run or a job already */
+    /* the run directory must not hold a run or a job already; a dry run only warns (it writes nothing) */
     static const char *const taken[] = {"job.sbatch", "ckpt", "metrics.jsonl", NULL};
     for (int i = 0; taken[i]; i++)
         if (submit_exists(run_dir, taken[i])) {
@@ -156,9 +156,18 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
             if (i == 0) snprintf(hint, sizeof hint, "`sbatch %s/job.sbatch` runs its job again (it resumes from "
                                                     "ckpt/LATEST)", run_dir);
             else snprintf(hint, sizeof hint, "`ringscan resume %s` continues it", run_dir);
+            const char *what = i == 0 ? "submitted job" : "run";
+            if (dry_run) {
+                fflush(stdout);
+                fprintf(stderr, "ringscan submit: warning: run.out_dir = \"%s\": %s already holds a %s (%s exists); "
+                                "the script below is printed, but a submit without --dry-run refuses this "
+                                "directory\n  hint: %s, or set run.out_dir to a new directory\n",
+                        cfg_in->run.out_dir, run_dir, what, taken[i], hint);
+                break;
+            }
             submit_error("run.out_dir = \"%s\": %s already holds a %s (%s exists); nothing was written or "
                          "submitted\n  hint: %s, or set run.out_dir to a new directory",
-                         cfg_in->run.out_dir, run_dir, i == 0 ? "submitted job" : "run", taken[i], hint);
+                         cfg_in->run.out_dir, run_dir, what, taken[i], hint);
             return RS_EXIT_USAGE;
         }
     struct stat st_run;
