@@ -235,7 +235,7 @@ demo: $(BUILD)/ringscan
 	@awk -v min=$(DEMO_MIN_FALL) '{ s = $$0; sub(/.*"step":/, "", s); l = $$0; sub(/.*"loss":/, "", l); \
 	    if (NR == 1) { s0 = s + 0; l0 = l + 0 } s1 = s + 0; l1 = l + 0 } \
 	  END { if (NR == 0) { print "make demo: runs/tiny-cpu/metrics.jsonl has no step" > "/dev/stderr"; exit 1 } \
-	    printf "make demo: loss %.4f at step %d -> %.4f at step %d\n", l0, s0, l1, s1; \
+	    printf "make demo: loss %.4f at step %d -> %.4f at step %d\n", l0, s0, l1, s1; fflush(); \
 	    if (!(l1 <= l0 - min)) { printf "make demo: error: the loss fell by less than %s nats\n", min > "/dev/stderr"; \
 	      exit 1 } }' runs/tiny-cpu/metrics.jsonl
 
