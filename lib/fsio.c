@@ -301,6 +301,7 @@ int fsio_remove_tree(const char *path, char *err, size_t err_len) {
 static int fsio_mkdirs_walk(char *dir, const char *for_path, char *made, size_t made_cap, char *err,
                             size_t err_len) {
     if (made && made_cap) made[0] = 0;
+    int recorded = 0; /* the outermost new directory is in `made` ("" if it did not fit: nothing taken back) */
     size_t n = strlen(dir);
     for (size_t i = 1; i <= n; i++) {
         if ((dir[i] != '/' && dir[i] != 0) || dir[i - 1] == '/') continue;
@@ -322,7 +323,7 @@ static int fsio_mkdirs_walk(char *dir, const char *for_path, char *made, size_t 
                 rc = e == ENOSPC || e == EDQUOT || e == EIO ? RS_EXIT_FAIL : RS_EXIT_USAGE;
                 errno = e;
             } else if (made_here) {
-                if (made && made_cap && !made[0] && (size_t)snprintf(made, made_cap, "%s", dir) >= made_cap)
+                if (made && made_cap && !recorded++ && (size_t)snprintf(made, made_cap, "%s", dir) >= made_cap)
                     made[0] = 0;
                 char parent[PATH_MAX];
                 if (fsio_dirname(parent, sizeof parent, dir, err, err_len) != 0 ||

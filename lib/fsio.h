@@ -13,7 +13,9 @@
  * `err` that names the path and the failing call with strerror(errno).
  * Nothing here exits or prints.
  *
- * Callers: lib/safetensors.c, lib/ckpt.c, tests/tools/ckpt_stress.c.
+ * Callers: lib/safetensors.c, lib/ckpt.c, tests/tools/ckpt_stress.c; the
+ * directory steps also lib/data_flat.c, lib/train.c, lib/bench.c and
+ * scheduler/submit.c.
  */
 #ifndef RS_FSIO_H
 #define RS_FSIO_H

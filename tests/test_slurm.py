@@ -453,7 +453,7 @@ def test_dry_run_on_a_used_run_directory_warns_and_submit_refuses(tmp_path, take
     assert r.returncode == 0, r.stderr
     assert r.stdout == fresh.stdout and r.stdout.startswith("#!/bin/bash\n")
     assert r.stderr.startswith(f'ringscan submit: warning: run.out_dir = "{rd}": {rd} already holds a {what} '
-                               f"({taken} exists); the script below is printed, but a submit without --dry-run "
+                               f"({taken} exists); the script is printed anyway, but a submit without --dry-run "
                                "refuses this directory\n  hint: "), r.stderr
     assert r.stderr.count("\n") == 2, r.stderr
     assert sorted(p.name for p in rd.iterdir()) == [taken]
