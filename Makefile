@@ -6,6 +6,7 @@
 #                 package and the variable to set when something is missing
 #   make test     build and run the whole test suite (ends "N passed, N failed")
 #   make demo     the main job: a small hybrid model training on the cpu backend
+#                 (make demo DEMO_STEPS=20: its short form, as CI runs it)
 #   make deps     install the Debian packages ringscan needs (apt-get; idempotent)
 #   make clean    remove build/
 #
@@ -149,7 +150,7 @@ all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check 
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-	@echo "built $@ (cpu$(if $(CUDA_OBJ), + cuda sm_90a))"
+	@echo "built $@ (cpu$(if $(strip $(CUDA_OBJ)), + cuda sm_90a))"
 
 # The C side of the whole-model parity test against PyTorch (tests/parity/README.md).
 $(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(BUILD)/tests/parity/backend_bf16emu.o $(LIB_OBJ) $(CUDA_OBJ)
@@ -220,12 +221,23 @@ test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check
 # The main job: synthesise the recall data once, then train configs/tiny-cpu.yaml
 # from scratch over MPI ranks on the cpu backend (oversubscribed on small machines);
 # the number of ranks is the config's dp x cp, read from `plan --json`.
+# `make demo DEMO_STEPS=20` is the short form CI runs: the same ranks and config,
+# 20 steps instead of 150. Both end by printing the first and last loss of
+# metrics.jsonl and fail unless the loss fell by at least DEMO_MIN_FALL nats.
+DEMO_STEPS    ?=
+DEMO_MIN_FALL ?= 1
 demo: $(BUILD)/ringscan
 	@test -f runs/data/recall.tok || $(BUILD)/ringscan data synth runs/data/recall.tok --seed 1
 	rm -rf runs/tiny-cpu
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  mpirun -np $$($(BUILD)/ringscan plan configs/tiny-cpu.yaml --json | sed -n 's/.*"world": \([0-9]*\).*/\1/p') \
-	  --oversubscribe $(BUILD)/ringscan train configs/tiny-cpu.yaml
+	  --oversubscribe $(BUILD)/ringscan train configs/tiny-cpu.yaml $(if $(DEMO_STEPS),--set train.steps=$(DEMO_STEPS))
+	@awk -v min=$(DEMO_MIN_FALL) '{ s = $$0; sub(/.*"step":/, "", s); l = $$0; sub(/.*"loss":/, "", l); \
+	    if (NR == 1) { s0 = s + 0; l0 = l + 0 } s1 = s + 0; l1 = l + 0 } \
+	  END { if (NR == 0) { print "make demo: runs/tiny-cpu/metrics.jsonl has no step" > "/dev/stderr"; exit 1 } \
+	    printf "make demo: loss %.4f at step %d -> %.4f at step %d\n", l0, s0, l1, s1; fflush(); \
+	    if (!(l1 <= l0 - min)) { printf "make demo: error: the loss fell by less than %s nats\n", min > "/dev/stderr"; \
+	      exit 1 } }' runs/tiny-cpu/metrics.jsonl
 
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \

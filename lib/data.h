@@ -187,10 +187,12 @@ int data_error(char *err, size_t n, int code, const char *hint, const char *fmt,
 
 /* Writes PATH through PATH.tmp.PID: header and document offsets first (the
  * document lengths are known up front), then tokens in order, then fsync,
- * rename over PATH and fsync of the directory. On any failure, or on abort,
- * the temporary file is removed and PATH is untouched. */
+ * rename over PATH and fsync of the directory. Missing directories above PATH
+ * are created first. On any failure, or on abort, the temporary file and the
+ * directories this writer created are removed and PATH is untouched. */
 typedef struct {
     char    *path, *tmp;
+    char    *made_dir;    /* outermost directory created for PATH, or NULL */
     void    *file;        /* FILE* */
     int      token_bytes;
     int64_t  vocab_size;

@@ -7,7 +7,8 @@
  * data_bytes.c, data_source.c, data_pack.c) and prints a summary. Any bad
  * argument or file prints one message (plus hint lines) to stderr and
  * returns 2; outputs are written under a temporary name and renamed, so a
- * failure leaves no partial file and an existing OUT untouched.
+ * failure leaves no partial file and an existing OUT untouched. Missing
+ * directories above OUT are created by the flat writer (data_flat.c).
  *
  * Callers: cmd/ringscan.c (cmd_data passes the arguments after "data").
  */
@@ -432,7 +433,8 @@ static void data_cli_help(FILE *f) {
                "  check PATH [options]       validate a flat file or Megatron dataset and summarise it\n"
                "  inspect PATH --sample I --seq-len T [options]\n"
                "                             print packed samples: tokens, targets, doc_pos\n\n"
-               "Formats: docs/data-format.md. Exit codes: 0 ok, 1 system failure, 2 bad argument or file.\n");
+               "OUT's missing directories are created. Formats: docs/data-format.md.\n"
+               "Exit codes: 0 ok, 1 system failure, 2 bad argument or file.\n");
 }
 
 int data_cli_main(int argc, char **argv) {

@@ -23,9 +23,11 @@
  * version, width or non-zero reserved byte, so that a later version can
  * use them.
  *
- * The writer (data_flat_write_*) knows the document lengths up front, writes
- * the header and offsets, streams the tokens, and publishes the file
- * atomically (temporary name, fsync, rename, fsync of the directory).
+ * The writer (data_flat_write_*) creates the missing directories above the
+ * output (fsio_mkdirs_parent; removed again if the write fails), knows the
+ * document lengths up front, writes the header and offsets, streams the
+ * tokens, and publishes the file atomically (temporary name, fsync, rename,
+ * fsync of the directory).
  *
  * Callers: data_source.c (data_flat_open), data_synth.c and data_bytes.c
  * (the writer), tests.
@@ -41,6 +43,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "fsio.h"
 
 #define FLAT_MAGIC       "RSTOKENS"
 #define FLAT_VERSION     1u
@@ -185,6 +188,8 @@ static void flat_put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 void data_flat_write_abort(DataFlatWriter *w) {
     if (w->file) fclose((FILE *)w->file);
     if (w->tmp) unlink(w->tmp);
+    if (w->made_dir) fsio_rmdirs_made(w->path, w->made_dir);
+    free(w->made_dir);
     free(w->tmp);
     free(w->path);
     memset(w, 0, sizeof *w);
@@ -218,11 +223,20 @@ int data_flat_write_begin(DataFlatWriter *w, const char *path, int64_t vocab_siz
     w->vocab_size = vocab_size;
     w->n_tokens = total;
     w->n_docs = n_docs;
+    char made[4096], msg[4096 + 512];
+    int rc = fsio_mkdirs_parent(path, made, sizeof made, msg, sizeof msg);
+    if (rc) {
+        rc = data_error(err, n, rc, "each directory above the output must be a directory that exists or can be "
+                        "created", "%s", msg);
+        data_flat_write_abort(w);
+        return rc;
+    }
+    if (made[0]) w->made_dir = RS_STRDUP(made); /* taken back by data_flat_write_abort */
     int fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
-        int rc = data_error(err, n, RS_EXIT_USAGE, "the directory of the output must exist and be writable",
-                            "cannot create %s (the temporary name of %s): %s", w->tmp, path, strerror(e));
+        rc = data_error(err, n, RS_EXIT_USAGE, "the directory of the output must be writable",
+                        "cannot create %s (the temporary name of %s): %s", w->tmp, path, strerror(e));
         data_flat_write_abort(w);
         return rc;
     }
@@ -310,6 +324,7 @@ int data_flat_write_end(DataFlatWriter *w, char *err, size_t n) {
         fsync(dfd);
         close(dfd);
     }
+    free(w->made_dir);
     free(w->tmp);
     free(w->path);
     memset(w, 0, sizeof *w);

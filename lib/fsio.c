@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -293,17 +294,74 @@ int fsio_remove_tree(const char *path, char *err, size_t err_len) {
     return 0;
 }
 
+/* Creates `dir` and its missing parents, one component at a time; `for_path`
+ * (the file or directory they are made for) only goes into messages. The
+ * parent of each new directory is fsynced. `made` as in fsio_mkdirs_parent.
+ * On failure errno says why (ENOTDIR: a component is not a directory). */
+static int fsio_mkdirs_walk(char *dir, const char *for_path, char *made, size_t made_cap, char *err,
+                            size_t err_len) {
+    if (made && made_cap) made[0] = 0;
+    int recorded = 0; /* the outermost new directory is in `made` ("" if it did not fit: nothing taken back) */
+    size_t n = strlen(dir);
+    for (size_t i = 1; i <= n; i++) {
+        if ((dir[i] != '/' && dir[i] != 0) || dir[i - 1] == '/') continue;
+        char c = dir[i];
+        dir[i] = 0; /* dir is now the prefix up to this component */
+        struct stat st;
+        int rc = 0;
+        if (stat(dir, &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) {
+                fsio_errf(err, err_len, "%s is not a directory, so %s cannot be created under it", dir, for_path);
+                errno = ENOTDIR;
+                rc = RS_EXIT_USAGE;
+            }
+        } else {
+            int made_here = errno == ENOENT && mkdir(dir, 0755) == 0; /* EEXIST: made by someone else */
+            if (!made_here && errno != EEXIST) {
+                int e = errno;
+                fsio_errf(err, err_len, "cannot create the directory %s (for %s): %s", dir, for_path, strerror(e));
+                rc = e == ENOSPC || e == EDQUOT || e == EIO ? RS_EXIT_FAIL : RS_EXIT_USAGE;
+                errno = e;
+            } else if (made_here) {
+                if (made && made_cap && !recorded++ && (size_t)snprintf(made, made_cap, "%s", dir) >= made_cap)
+                    made[0] = 0;
+                char parent[PATH_MAX];
+                if (fsio_dirname(parent, sizeof parent, dir, err, err_len) != 0 ||
+                    fsio_fsync_dir(parent, err, err_len) != 0)
+                    rc = RS_EXIT_FAIL;
+            }
+        }
+        dir[i] = c;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int fsio_mkdirs_parent(const char *path, char *made, size_t made_cap, char *err, size_t err_len) {
+    char dir[PATH_MAX];
+    if (made && made_cap) made[0] = 0;
+    int rc = fsio_dirname(dir, sizeof dir, path, err, err_len);
+    return rc ? rc : fsio_mkdirs_walk(dir, path, made, made_cap, err, err_len);
+}
+
+void fsio_rmdirs_made(const char *path, const char *made) {
+    if (!made || !made[0]) return;
+    char dir[PATH_MAX];
+    if (fsio_dirname(dir, sizeof dir, path, NULL, 0) != 0) return;
+    size_t keep = strlen(made);
+    /* dir runs from the innermost directory out to `made`; rmdir fails on the first one not empty */
+    while (strlen(dir) >= keep && rmdir(dir) == 0 && strlen(dir) > keep) {
+        char *slash = strrchr(dir, '/');
+        if (!slash) break;
+        *slash = 0;
+    }
+}
+
 int fsio_mkdirs(const char *path) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
         errno = ENAMETOOLONG;
         return -1;
     }
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+    return fsio_mkdirs_walk(tmp, path, NULL, 0, NULL, 0) ? -1 : 0;
 }

@@ -13,7 +13,9 @@
  * `err` that names the path and the failing call with strerror(errno).
  * Nothing here exits or prints.
  *
- * Callers: lib/safetensors.c, lib/ckpt.c, tests/tools/ckpt_stress.c.
+ * Callers: lib/safetensors.c, lib/ckpt.c, tests/tools/ckpt_stress.c; the
+ * directory steps also lib/data_flat.c, lib/train.c, lib/bench.c and
+ * scheduler/submit.c.
  */
 #ifndef RS_FSIO_H
 #define RS_FSIO_H
@@ -62,7 +64,22 @@ int fsio_crc32_file(const char *path, int64_t *size, uint32_t *crc, char *err, s
 int fsio_remove_tree(const char *path, char *err, size_t err_len);
 
 /* mkdir -p: creates `path` and its missing parents (mode 0755); an existing
- * directory is success. Returns -1 with errno set on failure. */
+ * directory is success, an existing non-directory ENOTDIR. Returns -1 with
+ * errno set on failure. */
 int fsio_mkdirs(const char *path);
+
+/* mkdir -p of the directory that holds the file `path` (the writers of output
+ * files call it, so `OUT` may name a directory that does not exist yet). The
+ * parent of each new directory is fsynced. `made` (made_cap bytes) receives
+ * the outermost directory this call created, "" when none, for
+ * fsio_rmdirs_made after a later failure. A component that is not a directory
+ * or cannot be created: RS_EXIT_USAGE (RS_EXIT_FAIL for an I/O failure), err
+ * naming that component and `path`. */
+int fsio_mkdirs_parent(const char *path, char *made, size_t made_cap, char *err, size_t err_len);
+
+/* Takes back what fsio_mkdirs_parent(path) created: removes the directory of
+ * `path` and its parents up to and including `made`, stopping at the first
+ * one that is not empty. A no-op when made is "". */
+void fsio_rmdirs_made(const char *path, const char *made);
 
 #endif

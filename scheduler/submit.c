@@ -148,7 +148,7 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
         }
     }
 
-    /* the run directory must not hold a run or a job already */
+    /* the run directory must not hold a run or a job already; a dry run only warns (it writes nothing) */
     static const char *const taken[] = {"job.sbatch", "ckpt", "metrics.jsonl", NULL};
     for (int i = 0; taken[i]; i++)
         if (submit_exists(run_dir, taken[i])) {
@@ -156,9 +156,18 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
             if (i == 0) snprintf(hint, sizeof hint, "`sbatch %s/job.sbatch` runs its job again (it resumes from "
                                                     "ckpt/LATEST)", run_dir);
             else snprintf(hint, sizeof hint, "`ringscan resume %s` continues it", run_dir);
-            submit_error("run.out_dir = \"%s\": %s already holds a %s (%s exists); nothing was written or "
-                         "submitted\n  hint: %s, or set run.out_dir to a new directory",
-                         cfg_in->run.out_dir, run_dir, i == 0 ? "submitted job" : "run", taken[i], hint);
+            char used[2 * SUBMIT_PATH_MAX + 128];
+            snprintf(used, sizeof used, "run.out_dir = \"%s\": %s already holds a %s (%s exists)", cfg_in->run.out_dir,
+                     run_dir, i == 0 ? "submitted job" : "run", taken[i]);
+            if (dry_run) {
+                fflush(stdout);
+                fprintf(stderr, "ringscan submit: warning: %s; the script is printed anyway, but a submit without "
+                                "--dry-run refuses this directory\n  hint: %s, or set run.out_dir to a new directory\n",
+                        used, hint);
+                break;
+            }
+            submit_error("%s; nothing was written or submitted\n  hint: %s, or set run.out_dir to a new directory", used,
+                         hint);
             return RS_EXIT_USAGE;
         }
     struct stat st_run;

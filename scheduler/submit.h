@@ -7,7 +7,8 @@
  *   1. refuses a run that does not fit (plan's verdict: exit 1);
  *   2. resolves the paths the job needs (run directory, working directory,
  *      this binary, slurm.site_env) to absolute ones and refuses a run
- *      directory that already holds a run or a submitted job (exit 2);
+ *      directory that already holds a run or a submitted job (exit 2; a
+ *      dry run warns on stderr instead and goes on);
  *   3. renders the job script (sbatch.h), refusing any value outside the
  *      script's character set with a message naming its key (exit 2);
  *   4. --dry-run: prints the script and writes nothing; otherwise writes

@@ -10,8 +10,12 @@ tokens against the input text. Every malformed file must exit 2 with a
 message that names the file and says what was expected.
 """
 import math
+import os
 import re
+import shutil
 import struct
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -591,9 +595,6 @@ def test_synth_bad_arguments(ringscan, tmp_path, args, message):
     assert list(tmp_path.iterdir()) == [], "nothing may be written on bad arguments"
 
 
-def test_synth_into_missing_directory(ringscan, tmp_path):
-    r = run([ringscan, "data", "synth", tmp_path / "no" / "out.tok"])
-    assert r.returncode == 2 and "the directory of the output must exist" in r.stderr
 
 
 def test_bigram_model_learns_synth_in_150_steps(ringscan, tmp_path):
@@ -696,6 +697,112 @@ def test_bytes_failures_leave_output_untouched(ringscan, tmp_path):
     assert r.returncode == 2 and "expected OUT and at least one input file" in r.stderr
     assert out.read_bytes() == b"previous contents"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.tok", "e.txt"]
+
+
+# ---- where the writers write: missing directories, a file in the way, no permission ---------------------------
+
+def writer_args(kind, out, text):
+    """The command line of one data writer; `text` is the input file of `data bytes`."""
+    if kind == "synth":
+        return ["data", "synth", out, "--tokens", 30011, "--seed", 7]  # 60 KB of uint16 tokens
+    return ["data", "bytes", out, text]
+
+
+def listing(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture
+def text_file(tmp_path_factory):
+    """30 KB of text with blank-line documents, outside the directories the tests list."""
+    rng = np.random.default_rng(11)
+    path = tmp_path_factory.mktemp("input") / "in.txt"
+    lines = ["".join(chr(c) for c in rng.integers(97, 123, size=int(rng.integers(1, 80)))) for _ in range(800)]
+    path.write_text("\n".join(l if i % 9 else "" for i, l in enumerate(lines)) + "\n")
+    path.chmod(0o644)
+    path.parent.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["synth", "bytes"])
+def test_writers_create_missing_directories(ringscan, tmp_path, text_file, kind):
+    """`data synth out/x.tok` on a fresh checkout: the directories are made, the file equals one written into an
+    existing directory, and nothing but it is left there."""
+    (tmp_path / "here").mkdir()
+    r = run([ringscan, *writer_args(kind, tmp_path / "here" / "x.tok", text_file)])
+    assert r.returncode == 0, r.stderr
+    r = run([ringscan, *writer_args(kind, "out/a/b/x.tok", text_file)], cwd=tmp_path)  # relative, as the README
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("wrote out/a/b/x.tok: "), r.stdout
+    assert listing(tmp_path / "out") == ["a", "a/b", "a/b/x.tok"]
+    made = (tmp_path / "out" / "a" / "b" / "x.tok").read_bytes()
+    assert len(made) > 30000 and made == (tmp_path / "here" / "x.tok").read_bytes()
+    assert run([ringscan, "data", "check", tmp_path / "out" / "a" / "b" / "x.tok"]).returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["synth", "bytes"])
+def test_writers_refuse_a_file_in_the_way(ringscan, tmp_path, text_file, kind):
+    (tmp_path / "f").write_text("not a directory\n")
+    (tmp_path / "old.tok").write_bytes(b"previous contents")
+    before = listing(tmp_path)
+    for out, blocker in ((tmp_path / "f" / "x.tok", "f"), (tmp_path / "f" / "sub" / "x.tok", "f"),
+                         (tmp_path / "old.tok" / "x.tok", "old.tok")):
+        r = run([ringscan, *writer_args(kind, out, text_file)])
+        assert r.returncode == 2, r.stderr
+        assert f"ringscan data {kind}: error: {tmp_path}/{blocker} is not a directory, so {out} cannot be created " \
+               "under it" in r.stderr, r.stderr
+        assert "hint: each directory above the output must be a directory" in r.stderr and r.stdout == ""
+        assert listing(tmp_path) == before, "nothing may be written"
+    assert (tmp_path / "f").read_text() == "not a directory\n"
+    assert (tmp_path / "old.tok").read_bytes() == b"previous contents"
+
+
+def as_unprivileged(args):
+    """Runs as nobody when we are root (root writes through any mode bits); as ourselves otherwise."""
+    if os.geteuid() != 0:
+        return args
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to drop root for the permission tests"
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *args]
+
+
+@pytest.mark.parametrize("kind", ["synth", "bytes"])
+def test_writers_refuse_an_unwritable_directory(ringscan, text_file, kind):
+    root = Path(tempfile.mkdtemp(prefix="ringscan-ro-"))  # not under tmp_path: nobody must reach it
+    ro = root / "ro"
+    try:
+        root.chmod(0o755)
+        text = Path(shutil.copy(text_file, root / "in.txt"))  # where nobody can read it
+        ro.mkdir()
+        ro.chmod(0o555)
+        cases = ((ro / "sub" / "x.tok", f"cannot create the directory {ro}/sub (for {ro}/sub/x.tok): Permission denied",
+                  "each directory above the output"),
+                 (ro / "x.tok", f"cannot create {ro}/x.tok.tmp.", "the directory of the output must be writable"))
+        for out, message, hint in cases:
+            r = run(as_unprivileged([ringscan, *writer_args(kind, out, text)]))
+            assert r.returncode == 2, r.stderr
+            assert f"ringscan data {kind}: error: {message}" in r.stderr and f"hint: {hint}" in r.stderr, r.stderr
+            assert f"{out}" in r.stderr and r.stdout == ""
+            assert listing(root) == ["in.txt", "ro"]
+    finally:
+        if ro.exists():
+            ro.chmod(0o755)
+        shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("kind", ["synth", "bytes"])
+def test_writers_take_back_the_directories_they_made(ringscan, tmp_path, text_file, kind):
+    """A write that fails after the directories were made (here the file-size limit: 16 KiB of a 60 or 30 KB file)
+    removes its temporary file and the directories it created, not the one that was there."""
+    (tmp_path / "kept").mkdir()
+    out = tmp_path / "kept" / "new" / "deeper" / "x.tok"
+    limited = ["bash", "-c", 'trap "" XFSZ; ulimit -f 16; exec "$@"', "limited"]
+    r = run([*limited, ringscan, *writer_args(kind, out, text_file)])
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f"ringscan data {kind}: error: writing {out}: write of the tokens failed: File too large" in r.stderr, \
+        r.stderr
+    assert listing(tmp_path) == ["kept"]
+    assert run([ringscan, *writer_args(kind, out, text_file)]).returncode == 0  # the same command, no limit
 
 
 # ---- help and usage ------------------------------------------------------------------

@@ -20,8 +20,9 @@ What is checked, each with a real job of configs/tiny-cpu.yaml made small:
     the losses of an uninterrupted two-node mpirun job and a plain run;
   - injection attempts in every string that reaches the job script are
     refused (exit 2, the key named, nothing written, nothing submitted);
-  - --dry-run prints the script and writes nothing; slurm/README.md's GPU
-    example is what the binary renders; a cuda job's script, run by bash with
+  - --dry-run prints the script and writes nothing, and only warns about a
+    run directory that a real submit refuses; slurm/README.md's GPU example
+    is what the binary renders; a cuda job's script, run by bash with
     stand-in launchers, starts one rank per GPU under srun and under mpirun,
     with the site's NCCL/UCX settings; cuda refuses nodes x GPUs != dp x cp.
 """
@@ -513,6 +514,31 @@ def test_submit_refusals(cluster, data, tmp_path):
 
 
 # ---- the rendered script ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("taken,what", [("job.sbatch", "submitted job"), ("ckpt", "run"), ("metrics.jsonl", "run")])
+def test_dry_run_on_a_used_run_directory_warns_and_submit_refuses(tmp_path, taken, what):
+    """After `make demo`, `submit configs/tiny-cpu.yaml --dry-run` still shows the script (with a warning on
+    stderr); the real submit refuses before it writes anything or looks for sbatch."""
+    rd = tmp_path / "job"
+    cmd = [RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"run.out_dir={rd}"]
+    fresh = run([*cmd, "--dry-run"], env={"PATH": "/nonexistent"})
+    assert fresh.returncode == 0 and fresh.stderr == "", fresh.stderr
+    rd.mkdir()
+    (rd / taken).mkdir() if taken == "ckpt" else (rd / taken).write_text("from an earlier run\n")
+    r = run([*cmd, "--dry-run"], env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == fresh.stdout and r.stdout.startswith("#!/bin/bash\n")
+    assert r.stderr.startswith(f'ringscan submit: warning: run.out_dir = "{rd}": {rd} already holds a {what} '
+                               f"({taken} exists); the script is printed anyway, but a submit without --dry-run "
+                               "refuses this directory\n  hint: "), r.stderr
+    assert r.stderr.count("\n") == 2, r.stderr
+    assert sorted(p.name for p in rd.iterdir()) == [taken]
+    r = run(cmd, env={"PATH": "/nonexistent"})
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    assert f"ringscan submit: error: run.out_dir = \"{rd}\": {rd} already holds a {what} ({taken} exists); " \
+           "nothing was written or submitted" in r.stderr, r.stderr
+    assert sorted(p.name for p in rd.iterdir()) == [taken]
 
 
 def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):

@@ -205,6 +205,16 @@ def test_bad_data_writes_nothing(tmp_path, data):
         assert not rd.exists()
 
 
+def test_run_directory_blocked_by_a_file(tmp_path, data):
+    """run.out_dir that is a file, or lies under one: refused with the path named (fsio_mkdirs used to take
+    an existing file for the directory), and the file left as it was."""
+    (tmp_path / "f").write_text("a file\n")
+    for rd in (tmp_path / "f", tmp_path / "f" / "r"):
+        r = train(rd, data, steps=2, expect=1)
+        assert f"cannot create run directory {rd}: Not a directory" in r.stderr, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["f"] and (tmp_path / "f").read_text() == "a file\n"
+
+
 def test_token_ids_beyond_vocab(tmp_path, data):
     rd = tmp_path / "r"
     r = train(rd, data, "--set", "model.vocab_size=64", steps=2, expect=2)
