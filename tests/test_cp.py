@@ -245,6 +245,23 @@ def test_training_losses_match_one_process(tmp_path, data):
         assert c["attn_forwards"][3] == 1 and c["scan_allgathers_fwd"][:3] == ([1, 1, 1] if cp > 1 else [0, 0, 0])
 
 
+def test_serial_communication_gives_the_same_losses(tmp_path, data):
+    """parallel.overlap_comm: false waits for every transfer as soon as it is posted (Comm.serial):
+    the same operations in the same order, so cp 2 with two micro-batches a step (two metadata
+    slots) trains to bitwise the losses of the overlapped run."""
+    common = ["--set", f"data.path={data}", "--set", "data.seq_len=512", "--set", "parallel.dp=1",
+              "--set", "parallel.cp=2", "--set", "data.micro_batch=1", "--set", "train.grad_accum=2",
+              "--set", "train.steps=4", "--set", "train.warmup_steps=2"]
+    out = {}
+    for overlap in ("true", "false"):
+        d = tmp_path / overlap
+        r = mpirun(2, RINGSCAN, "train", "configs/tiny-cpu.yaml", *common, "--set", f"run.out_dir={d}",
+                   "--set", f"parallel.overlap_comm={overlap}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        out[overlap] = [json.loads(l)["loss"] for l in open(d / "metrics.jsonl")]
+    assert len(out["true"]) == 4 and out["true"] == out["false"], out
+
+
 def test_mismatched_launch_names_both(tmp_path, data):
     args = [RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={data}", "--set", "parallel.dp=1",
             "--set", "parallel.cp=2", "--set", f"run.out_dir={tmp_path / 'r'}"]

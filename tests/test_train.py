@@ -245,6 +245,18 @@ def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path, data):
     assert losses(rd) == losses(tmp_path / "straight")
 
 
+def test_cuda_ranks_without_a_gpu_are_one_clear_error(tmp_path, data):
+    # under mpirun with cp 2 on cuda and no GPU (CI): rank 0 alone says so (every rank knows: the GPU
+    # counts are gathered first), every rank exits 2, nothing is written
+    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0:
+        pytest.skip("a GPU is visible here: device.kind cuda trains")
+    r = train(tmp_path / "r", data, "--set", "device.kind=cuda", "--set", "parallel.cp=2", steps=2, expect=2,
+              mpirun=2)
+    assert r.stderr.count("device.kind = cuda") == 1, r.stderr
+    assert "rank 0" in r.stderr and ("sees no GPU" in r.stderr or "built without the cuda backend" in r.stderr)
+    assert not (tmp_path / "r").exists()
+
+
 def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, data):
     # on a machine with no usable GPU (CI), device.kind: cuda stops with a usage error naming the
     # key, before anything is written (a build without nvcc says so the same way)
