@@ -685,7 +685,8 @@ static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) 
         const json_t *r = bench_find(ours, cname, impls[k]), *ph = json_object_get(r, "phases");
         if (!ph) continue;
         fprintf(f, "  phases %s, ms:", impls[k]);
-        for (int p = 0; p < BC_GDN_PHASES; p++) fprintf(f, " %s %.3f", bc_gdn_phase_names[p], bench_num(ph, bc_gdn_phase_names[p]));
+        for (int p = 0; p < BC_GDN_PHASES; p++)
+            fprintf(f, " %s %.3f", bc_gdn_phase_names[p], bench_num(ph, bc_gdn_phase_names[p]));
         fprintf(f, "\n");
     }
     const json_t *x = json_object_get(cp, "allgather_alone");

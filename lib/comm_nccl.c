@@ -108,8 +108,8 @@ static void comm_check_gpu_counts(Comm *c, const CommGpuInfo *all) {
     for (int r = 0; r < c->world_size; r++) {
         const CommGpuInfo *a = &all[r];
         if (a->gpus == 0)
-            comm_refuse(c, "run on GPU nodes, or set device.kind: cpu", "device.kind = cuda: rank %d on host %s sees no GPU (%s)",
-                        r, a->host, a->why);
+            comm_refuse(c, "run on GPU nodes, or set device.kind: cpu",
+                        "device.kind = cuda: rank %d on host %s sees no GPU (%s)", r, a->host, a->why);
         if (a->gpus > 1 && a->local_rank >= a->gpus)
             comm_refuse(c,
                         "start one rank per GPU on each host (mpirun -np <GPUs> per node, srun --ntasks-per-node = "

@@ -65,8 +65,8 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
     for (int l = 0; l < L; l++)
         model_block_forward(m, l, b, l + 1 < L ? m->la[l + 1].x : m->final_in, BLOCK_FORWARD);
     be->rmsnorm_forward(m->final_norm, m->final_rstd, m->final_in, w + m->final_norm_w * es, T, 1, H, H, H, eps, 1);
-    be->lm_head_loss(m->losses + b->micro * T, m->d_final, m->grads + m->lm_head, m->final_norm, w + m->lm_head * es, b->targets,
-                     grad_scale, m->loss_workspace, m->acts.loss_chunk_rows, T, H, V);
+    be->lm_head_loss(m->losses + b->micro * T, m->d_final, m->grads + m->lm_head, m->final_norm, w + m->lm_head * es,
+                     b->targets, grad_scale, m->loss_workspace, m->acts.loss_chunk_rows, T, H, V);
 
     /* backward */
     be->memset_zero(m->d_resid, (size_t)(T * H * es));
