@@ -9,6 +9,7 @@
 #include "comm.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -115,6 +116,34 @@ int comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v) {
 void comm_barrier(Comm *c, MPI_Comm comm) {
     (void)c;
     MPI_CHECK(MPI_Barrier(comm));
+}
+
+int comm_gpu_layout_check(const CommGpuInfo *all, int n, char *msg, size_t nmsg, char *hint, size_t nhint) {
+    for (int r = 0; r < n; r++) {
+        const CommGpuInfo *a = &all[r];
+        if (a->gpus == 0) {
+            snprintf(msg, nmsg, "device.kind = cuda: rank %d on host %s sees no GPU (%s)", r, a->host, a->why);
+            snprintf(hint, nhint, "run on GPU nodes, or set device.kind: cpu");
+            return 1;
+        }
+        if (a->gpus > 1 && a->local_rank >= a->gpus) {
+            snprintf(msg, nmsg, "host %s runs %d ranks but has %d GPUs: rank %d (local rank %d) would have no GPU of "
+                     "its own", a->host, a->local_size, a->gpus, r, a->local_rank);
+            snprintf(hint, nhint, "start one rank per GPU on each host (mpirun -np <GPUs> per node, srun "
+                     "--ntasks-per-node = GPUs per node), or give each task one GPU (srun --gpus-per-task=1)");
+            return 1;
+        }
+    }
+    for (int r = 0; r < n; r++)
+        for (int q = 0; q < r; q++)
+            if (all[r].bus[0] && !strcmp(all[q].host, all[r].host) && !strcmp(all[q].bus, all[r].bus)) {
+                snprintf(msg, nmsg, "ranks %d and %d on host %s both drive GPU %s (device %d of rank %d, %d of rank "
+                         "%d)", q, r, all[r].host, all[r].bus, all[q].device, q, all[r].device, r);
+                snprintf(hint, nhint, "one rank per GPU: each rank binds GPU <local rank>, or its only visible GPU; "
+                         "check CUDA_VISIBLE_DEVICES and the launcher's GPU binding");
+                return 1;
+            }
+    return 0;
 }
 
 /* ---- non-blocking operations ---------------------------------------------------------- */

@@ -92,6 +92,21 @@ void comm_wait(Comm *c, CommHandle *h);
  * inside MPI calls; NCCL needs nothing); h stays valid for comm_wait. */
 void comm_progress(Comm *c, CommHandle *h);
 
+/* One rank's GPU facts, gathered over the world by comm_cuda_init and judged by comm_gpu_layout_check. */
+typedef struct {
+    int  gpus;                 /* GPUs this rank sees (0: none; `why` says the runtime's reason) */
+    int  local_rank, local_size, device;
+    char host[64], bus[32];    /* bus: PCI bus id of the bound GPU; "" before binding */
+    char why[160];
+} CommGpuInfo;
+
+/* Whether n ranks with these facts can each drive a GPU of their own (one rank per GPU: rank i binds
+ * GPU local_rank, or its only visible GPU). 0 when they can; else 1 with one message naming the ranks,
+ * hosts and GPUs in msg and what to do in hint. Ranks with bus "" are judged by their counts only. Pure:
+ * comm_cuda_init calls it on every rank with the same gathered facts, so every rank reaches the same
+ * verdict. */
+int comm_gpu_layout_check(const CommGpuInfo *all, int n, char *msg, size_t nmsg, char *hint, size_t nhint);
+
 #ifdef RS_WITH_CUDA
 /* comm_nccl.c (device.kind: cuda, after comm_setup_groups): binds this rank to its GPU and moves the
  * non-blocking operations to NCCL. Refuses, with one message naming the ranks, hosts and GPUs and exit

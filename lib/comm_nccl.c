@@ -39,7 +39,6 @@
 #ifdef RS_WITH_CUDA
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,51 +82,18 @@ static const char *const comm_group_names[COMM_GROUPS] = {"world", "cp", "dp"};
                        ncclGetErrorString(r_), ncclGetLastError(NULL));                                        \
     } while (0)
 
-/* A refusal every rank reaches together: rank 0 prints it once, every rank exits 2. */
-static void comm_refuse(Comm *c, const char *hint, const char *fmt, ...) {
+/* The gathered GPU facts, judged on every rank alike: on a refusal rank 0 prints it once and every
+ * rank exits 2 (nothing has been written yet). */
+static void comm_judge_gpus(Comm *c, const CommGpuInfo *all) {
+    char msg[1024], hint[512];
+    if (!comm_gpu_layout_check(all, c->world_size, msg, sizeof msg, hint, sizeof hint)) return;
     if (c->rank == 0) {
-        char msg[4096];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
         fflush(stdout);
         fprintf(stderr, "ringscan: error [rank 0@%s]: %s\n  hint: %s\n", c->host, msg, hint);
         fflush(stderr);
     }
     comm_finalize(c);
     exit(RS_EXIT_USAGE);
-}
-
-typedef struct {
-    int  gpus, local_rank, local_size, device;
-    char host[64], bus[32], why[160];
-} CommGpuInfo;
-
-static void comm_check_gpu_counts(Comm *c, const CommGpuInfo *all) {
-    for (int r = 0; r < c->world_size; r++) {
-        const CommGpuInfo *a = &all[r];
-        if (a->gpus == 0)
-            comm_refuse(c, "run on GPU nodes, or set device.kind: cpu",
-                        "device.kind = cuda: rank %d on host %s sees no GPU (%s)", r, a->host, a->why);
-        if (a->gpus > 1 && a->local_rank >= a->gpus)
-            comm_refuse(c,
-                        "start one rank per GPU on each host (mpirun -np <GPUs> per node, srun --ntasks-per-node = "
-                        "GPUs per node), or give each task one GPU (srun --gpus-per-task=1)",
-                        "host %s runs %d ranks but has %d GPUs: rank %d (local rank %d) would have no GPU of its own",
-                        a->host, a->local_size, a->gpus, r, a->local_rank);
-    }
-}
-
-static void comm_check_gpu_sharing(Comm *c, const CommGpuInfo *all) {
-    for (int r = 0; r < c->world_size; r++)
-        for (int q = 0; q < r; q++)
-            if (!strcmp(all[q].host, all[r].host) && !strcmp(all[q].bus, all[r].bus))
-                comm_refuse(c,
-                            "one rank per GPU: each rank binds GPU <local rank>, or its only visible GPU; check "
-                            "CUDA_VISIBLE_DEVICES and the launcher's GPU binding",
-                            "ranks %d and %d on host %s both drive GPU %s (device %d of rank %d, %d of rank %d)", q, r,
-                            all[r].host, all[r].bus, all[q].device, q, all[r].device, r);
 }
 
 /* One communicator and one stream for group g. */
@@ -157,14 +123,14 @@ void comm_cuda_init(Comm *c) {
     mine.local_size = c->local_size;
     snprintf(mine.host, sizeof mine.host, "%s", c->host);
     comm_allgather(c, c->world, &mine, all, (int64_t)sizeof mine);
-    comm_check_gpu_counts(c, all);
+    comm_judge_gpus(c, all); /* the counts: every bus id is still "" */
 
     cuda_backend_init(c->local_rank);
     mine.device = cuda_backend_device();
     if (cudaDeviceGetPCIBusId(mine.bus, (int)sizeof mine.bus, mine.device) != cudaSuccess)
         snprintf(mine.bus, sizeof mine.bus, "device %d", mine.device);
     comm_allgather(c, c->world, &mine, all, (int64_t)sizeof mine);
-    comm_check_gpu_sharing(c, all);
+    comm_judge_gpus(c, all); /* two ranks on one GPU */
     free(all);
     if (c->world_size == 1) return; /* nothing to communicate */
 
