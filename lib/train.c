@@ -205,15 +205,16 @@ static int train_is_tmp_name(const char *name) {
     return 0;
 }
 
-/* Whether RUN/.lock is a ringscan run lock (its first line). */
-static int train_has_marker(const char *dir) {
+/* What RUN/.lock is: 1 a ringscan run lock (its first line), 0 missing or
+ * empty (a ringscan that has just created it), -1 anything else. */
+static int train_marker(const char *dir) {
     char path[PATH_MAX + 16], head[sizeof train_lock_magic] = "";
     snprintf(path, sizeof path, "%s/.lock", dir);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
     size_t n = fread(head, 1, sizeof head - 1, f);
     fclose(f);
-    return n == sizeof head - 1 && !memcmp(head, train_lock_magic, n);
+    return n == 0 ? 0 : n == sizeof head - 1 && !memcmp(head, train_lock_magic, n) ? 1 : -1;
 }
 
 /* Adds `name` to the list of foreign entries in `list` (the first few; all are counted). */
@@ -244,6 +245,8 @@ static int train_check_run_dir(const char *dir, char *msg, size_t cap) {
         else if (!train_name_in(name, train_submit_names)) train_note_foreign(foreign, sizeof foreign, &n_foreign, "", name);
     }
     closedir(d);
+    int marker = train_marker(dir);
+    if (marker < 0) train_note_foreign(foreign, sizeof foreign, &n_foreign, "", ".lock (not a ringscan run lock)");
     /* ckpt/: the lock and LATEST of ckpt.h, complete and partial step_* directories */
     snprintf(path, sizeof path, "%s/ckpt", dir);
     if ((d = opendir(path)) != NULL) {
@@ -281,7 +284,7 @@ static int train_check_run_dir(const char *dir, char *msg, size_t cap) {
                  dir, has_latest ? "ckpt/LATEST" : "ckpt/step_*", dir);
         return RS_EXIT_USAGE;
     }
-    if (run_files && !train_has_marker(dir)) {
+    if (run_files && marker != 1) {
         snprintf(msg, cap,
                  "run.out_dir %s holds ringscan's file names (metrics.jsonl, config.resolved.yaml, log.txt or ckpt/) "
                  "but not the marker of a ringscan run (.lock): they were not written by a run of this ringscan, so "
@@ -315,73 +318,82 @@ int train_check_out_dir(const char *dir, char *msg, size_t cap) {
     return 0;
 }
 
+/* Opens RUN/.lock (creating it when `create`) and takes its flock without
+ * waiting: 0 with *fd (-1 when it does not exist and !create), or an exit
+ * code with the reason in msg (RS_EXIT_USAGE naming the holder when another
+ * process holds it). */
+static int train_lock_take(const char *run_dir, int create, int *fd, char *msg, size_t cap) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/.lock", run_dir);
+    *fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    if (*fd < 0 && (errno == ENOENT || errno == ENOTDIR) && !create) return 0; /* fsio_mkdirs says why */
+    if (*fd < 0) {
+        snprintf(msg, cap, "cannot open the run lock %s: %s", path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    int e = errno;
+    char holder[512] = "";
+    ssize_t n = pread(*fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = 0;
+    close(*fd);
+    *fd = -1;
+    char *line = strstr(holder, "holder: ");
+    if (line) line[strcspn(line, "\n")] = 0;
+    if (e != EWOULDBLOCK) {
+        snprintf(msg, cap, "cannot lock %s: flock failed: %s (ringscan needs flock on the run directory's file system "
+                           "to keep one trainer per run)", path, strerror(e));
+        return RS_EXIT_FAIL;
+    }
+    snprintf(msg, cap,
+             "run directory %s is in use: %s holds %s; a second `train` or `resume` would mix two runs in one "
+             "directory, so nothing was run or written\n"
+             "  hint: wait for it to end, or stop it (SIGTERM: it checkpoints and exits 75) and then `ringscan resume "
+             "%s`; to train separately, set run.out_dir to a new directory",
+             run_dir, line ? line + 8 : "a ringscan process (starting; it has not written its name yet)", path, run_dir);
+    return RS_EXIT_USAGE;
+}
+
 /* Takes RUN/.lock for the whole life of this process (rank 0; every rank
  * learns the verdict): a second `train` or `resume` into a directory whose run
  * is alive is refused naming the holder. The lock file stays as the run's
- * marker, holding its last holder. With dry_run the lock is only tested (and
- * nothing is created). On `train`, the directory is checked before (no write
- * on a refusal) and again under the lock. */
+ * marker, naming its last holder. With dry_run the lock is only tested, and
+ * nothing is created. On `train` the directory is checked under the lock; when
+ * it has no lock file yet, it is checked first (nothing is written on a
+ * refusal) and again once the new lock is held. */
 static void train_claim_run_dir(Trainer *t, int resuming, int dry_run) {
-    char msg[16384] = "", path[PATH_MAX + 16];
-    int code = 0;
+    char msg[16384] = "";
+    int code = 0, fd = -1;
     t->lock_fd = -1;
     t->restart = 0;
     if (t->comm->rank == 0) {
-        if (!resuming) code = train_check_run_dir(t->run_dir, msg, sizeof msg);
-        if (code == TRAIN_DIR_NEW || code == TRAIN_DIR_RESTART) code = 0;
-        if (!code && !resuming && fsio_mkdirs(t->run_dir) != 0) {
-            snprintf(msg, sizeof msg, "cannot create run directory %s: %s", t->run_dir, strerror(errno));
-            code = RS_EXIT_FAIL;
+        code = train_lock_take(t->run_dir, 0, &fd, msg, sizeof msg);
+        int verdict = !code && !resuming ? train_check_run_dir(t->run_dir, msg, sizeof msg) : TRAIN_DIR_NEW;
+        if (verdict != TRAIN_DIR_NEW && verdict != TRAIN_DIR_RESTART) code = verdict;
+        if (!code && fd < 0 && !dry_run) {
+            if (!resuming && fsio_mkdirs(t->run_dir) != 0) {
+                snprintf(msg, sizeof msg, "cannot create run directory %s: %s", t->run_dir, strerror(errno));
+                code = RS_EXIT_FAIL;
+            }
+            if (!code) code = train_lock_take(t->run_dir, 1, &fd, msg, sizeof msg);
+            verdict = !code && !resuming ? train_check_run_dir(t->run_dir, msg, sizeof msg) : TRAIN_DIR_NEW;
+            if (verdict != TRAIN_DIR_NEW && verdict != TRAIN_DIR_RESTART) code = verdict;
         }
-        snprintf(path, sizeof path, "%s/.lock", t->run_dir);
-        int fd = code ? -1 : open(path, dry_run ? O_RDWR | O_CLOEXEC : O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (!code && fd < 0 && !(dry_run && errno == ENOENT)) {
-            snprintf(msg, sizeof msg, "cannot open the run lock %s: %s", path, strerror(errno));
-            code = RS_EXIT_FAIL;
-        }
-        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
-            int e = errno;
-            char holder[512] = "";
-            ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
-            holder[n > 0 ? n : 0] = 0;
-            char *line = strstr(holder, "holder: ");
-            if (line) line[strcspn(line, "\n")] = 0;
-            if (e == EWOULDBLOCK)
-                snprintf(msg, sizeof msg,
-                         "run directory %s is in use: %s holds %s; a second `train` or `resume` would mix two runs "
-                         "in one directory, so nothing was run or written\n"
-                         "  hint: wait for it to end, or stop it (SIGTERM: it checkpoints and exits 75) and then "
-                         "`ringscan resume %s`; to train separately, set run.out_dir to a new directory",
-                         t->run_dir, line ? line + 8 : "a ringscan process (starting; it has not written its name yet)",
-                         path, t->run_dir);
-            else
-                snprintf(msg, sizeof msg,
-                         "cannot lock %s: flock failed: %s (ringscan needs flock on the run directory's file system "
-                         "to keep one trainer per run)",
-                         path, strerror(e));
-            code = e == EWOULDBLOCK ? RS_EXIT_USAGE : RS_EXIT_FAIL;
-            close(fd);
-            fd = -1;
-        }
-        if (fd >= 0 && dry_run) close(fd); /* only tested */
+        if (fd >= 0 && (code || dry_run)) close(fd); /* refused, or only tested */
         else if (fd >= 0) {
             t->lock_fd = fd; /* held until the process exits */
+            t->restart = verdict == TRAIN_DIR_RESTART;
             char text[1024], when[64];
             time_t now = time(NULL);
             strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
             int len = snprintf(text, sizeof text, "%s of %s\nholder: `ringscan %s` (pid %ld on host %s, since %s)\n",
                                train_lock_magic, t->run_dir, resuming ? "resume" : "train", (long)getpid(),
                                t->comm->host, when);
-            /* the magic first line is rewritten in place, never absent: a reader sees a marker */
+            /* the magic first line is rewritten in place, never absent: a reader always sees the marker */
             if (pwrite(fd, text, (size_t)len, 0) != len || ftruncate(fd, len) != 0 || fsync(fd) != 0) {
-                snprintf(msg, sizeof msg, "cannot write the run lock %s: %s", path, strerror(errno));
+                snprintf(msg, sizeof msg, "cannot write the run lock %s/.lock: %s", t->run_dir, strerror(errno));
                 code = RS_EXIT_FAIL;
             }
-        }
-        if (!code && !resuming && !dry_run) { /* again, under the lock: another run may have ended meanwhile */
-            code = train_check_run_dir(t->run_dir, msg, sizeof msg);
-            t->restart = code == TRAIN_DIR_RESTART;
-            if (code == TRAIN_DIR_NEW || code == TRAIN_DIR_RESTART) code = 0;
         }
     }
     code = comm_allreduce_max_int(t->comm, t->comm->world, code);

@@ -277,6 +277,7 @@ def test_train_refuses_what_it_did_not_write(tmp_path, data):
         "metrics": {"metrics.jsonl": b'{"step": 1, "loss": 9.0}\n'},
         "resolved": {"config.resolved.yaml": b"train: {lr: 1}\n"},
         "ckpt-foreign": {".lock": b"ringscan run lock of x\n", "ckpt/weights.bin": b"x"},
+        "lock-foreign": {".lock": b"pid 12\n"},
     }
     for name, files in cases.items():
         rd = tmp_path / name
@@ -286,7 +287,7 @@ def test_train_refuses_what_it_did_not_write(tmp_path, data):
         before = tree(rd)
         r = train(rd, data, steps=2, expect=2)
         assert f"run.out_dir {rd} holds" in r.stderr, (name, r.stderr)
-        if name in ("notes", "ckpt-foreign"):
+        if name in ("notes", "ckpt-foreign", "lock-foreign"):
             assert "that ringscan did not write" in r.stderr and list(files)[-1] in r.stderr, r.stderr
         else:
             assert "not the marker of a ringscan run" in r.stderr, r.stderr
