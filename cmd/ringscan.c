@@ -56,6 +56,7 @@ typedef struct {
     int         n_sets;
     int         json;
     int         dry_run;
+    int         allow_batch_change;
     int         help;
 } CliArgs;
 
@@ -65,7 +66,7 @@ static void cli_usage_error(const char *cmd, const char *msg, const char *arg) {
     exit(RS_EXIT_USAGE);
 }
 
-enum { CLI_JSON = 1, CLI_DRY_RUN = 2 }; /* options a subcommand accepts besides --set and --help */
+enum { CLI_JSON = 1, CLI_DRY_RUN = 2, CLI_BATCH_CHANGE = 4 }; /* options a subcommand accepts besides --set, --help */
 
 static void cli_parse(CliArgs *a, const char *cmd, int argc, char **argv, int allow) {
     memset(a, 0, sizeof *a);
@@ -81,6 +82,7 @@ static void cli_parse(CliArgs *a, const char *cmd, int argc, char **argv, int al
             a->sets[a->n_sets++] = s + 6;
         } else if ((allow & CLI_JSON) && !strcmp(s, "--json")) a->json = 1;
         else if ((allow & CLI_DRY_RUN) && !strcmp(s, "--dry-run")) a->dry_run = 1;
+        else if ((allow & CLI_BATCH_CHANGE) && !strcmp(s, "--allow-batch-change")) a->allow_batch_change = 1;
         else if (s[0] == '-' && s[1]) cli_usage_error(cmd, "unknown option", s);
         else if (!a->config) a->config = s;
         else cli_usage_error(cmd, "unexpected argument", s);
@@ -112,6 +114,8 @@ static void cli_load_config(Config *cfg, const CliArgs *a, const char *cmd) {
     config_load_file(cfg, a->config, &err);
     for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i, &err);
     if (err.count == 0) config_validate(cfg, &err);
+    char msg[1024];
+    if (train_check_out_dir(cfg->run.out_dir, msg, sizeof msg) != 0) config_errors_add(&err, "%s", msg);
     if (err.count && cli_launcher_rank() != 0) exit(RS_EXIT_USAGE);
     if (err.count) {
         fflush(stdout);
@@ -137,6 +141,9 @@ static void cli_print_command_help(const char *name, FILE *f, int with_keys) {
         if (with_keys) {
             fprintf(f, "\nOptions:\n  --set key.path=value   override one config key (repeatable; value is YAML)\n");
             if (strstr(c->args, "--dry-run")) fprintf(f, "  --dry-run              check and say what would happen; write nothing\n");
+            if (strstr(c->args, "--allow-batch-change"))
+                fprintf(f, "  --allow-batch-change   accept a changed global batch (parallel.dp x data.micro_batch x\n"
+                           "                         train.grad_accum samples per step) from the next step on\n");
             fprintf(f, "  --help                 this text\n\n");
             config_print_help(f);
         }
@@ -221,7 +228,7 @@ static int cmd_not_built(const char *name) {
     return RS_EXIT_USAGE;
 }
 /* Starts MPI, checks the world against dp x cp, and trains. */
-static int cli_run_training(Config *cfg, const char *resume_dir, int dry_run, const char *cmd) {
+static int cli_run_training(Config *cfg, const char *resume_dir, unsigned flags, const char *cmd) {
     train_catch_stop_signals();
     const char *launcher = cli_launcher_name(); /* before MPI_Init, which sets PMIX_* even in a singleton */
     Comm comm;
@@ -235,7 +242,7 @@ static int cli_run_training(Config *cfg, const char *resume_dir, int dry_run, co
         comm_finalize(&comm);
         return RS_EXIT_USAGE;
     }
-    int rc = train_run(cfg, &comm, resume_dir, dry_run);
+    int rc = train_run(cfg, &comm, resume_dir, flags);
     comm_finalize(&comm);
     config_free(cfg);
     return rc;
@@ -252,7 +259,7 @@ static int cmd_train(int argc, char **argv) {
 
 static int cmd_resume(int argc, char **argv) {
     CliArgs a;
-    cli_parse(&a, "resume", argc, argv, CLI_DRY_RUN);
+    cli_parse(&a, "resume", argc, argv, CLI_DRY_RUN | CLI_BATCH_CHANGE);
     if (a.help) { cli_print_command_help("resume", stdout, 1); return RS_EXIT_OK; }
     if (!a.config) cli_usage_error("resume", "missing the run directory", NULL);
     char run_dir[4096], path[4200];
@@ -274,7 +281,8 @@ static int cmd_resume(int argc, char **argv) {
      * resume runs on unless the command line asks again */
     int stop = config_find_key("run.stop_after_step");
     if (cfg.source[stop].origin != CONFIG_ORIGIN_SET) cfg.run.stop_after_step = 0;
-    return cli_run_training(&cfg, run_dir, a.dry_run, "resume");
+    return cli_run_training(&cfg, run_dir, (a.dry_run ? TRAIN_DRY_RUN : 0) | (a.allow_batch_change ? TRAIN_ALLOW_BATCH_CHANGE : 0),
+                            "resume");
 }
 static int cmd_submit(int argc, char **argv) {
     CliArgs a;
@@ -297,10 +305,12 @@ static const Command commands[] = {
      "Train a model in a new run directory (run.out_dir): `mpirun -np N build/ringscan train CONFIG`,\n"
      "N = parallel.dp x parallel.cp. Writes config.resolved.yaml, log.txt, metrics.jsonl and ckpt/.",
      cmd_train, NULL},
-    {"resume", "RUN_DIR [--set key.path=value]... [--dry-run]",
+    {"resume", "RUN_DIR [--set key.path=value]... [--dry-run] [--allow-batch-change]",
      "Continue a run from its newest valid checkpoint (a corrupt newest one is skipped with a warning).\n"
-     "Model and data keys must not change; others (train.steps, checkpoint.*, ...) may be overridden.\n"
-     "--dry-run loads and checks the checkpoint and says what would happen, writing nothing.",
+     "Model and data keys must not change, nor run.out_dir (the run stays in RUN_DIR), nor the global batch\n"
+     "(parallel.dp x data.micro_batch x train.grad_accum) unless --allow-batch-change; dp x cp may change\n"
+     "at the same global batch (another number of ranks); others (train.steps, checkpoint.*, ...) may be\n"
+     "overridden. --dry-run loads and checks the checkpoint and says what would happen, writing nothing.",
      cmd_resume, NULL},
     {"plan", "CONFIG [--set key.path=value]... [--json]",
      "Print the parallel layout, parameters, memory per GPU by category and checkpoint policy,\n"

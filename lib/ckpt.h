@@ -8,7 +8,9 @@
  *       model.safetensors ...       the caller's tensor files (safetensors.h)
  *       manifest.json               written last: see below
  *   RUN_DIR/ckpt/LATEST             "step_NNNNNNNN\n": the newest complete one
- *   RUN_DIR/ckpt/.lock              flock'd while a save runs
+ *   RUN_DIR/ckpt/.lock              flock'd while a save runs (the trainer holds
+ *                                   RUN_DIR/.lock for its whole life, lib/train.c;
+ *                                   this one also guards saves from outside it)
  *
  * manifest.json:
  *   {"format": "ringscan-ckpt", "version": 1, "step": N,

@@ -7,6 +7,8 @@
  */
 #include "error.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,9 @@
 
 static int error_rank_value = -1;
 static void (*error_abort_fn)(int code);
+static int error_log_fd = -1;
+static char error_backlog[16384]; /* messages for the log, printed before it opened */
+static size_t error_backlog_len;
 
 void error_set_rank(int rank) { error_rank_value = rank; }
 int  error_rank(void) { return error_rank_value; }
@@ -30,8 +35,27 @@ static void error_format_origin(char *buf, size_t n) {
         snprintf(buf, n, "rank ?@%s", host);
 }
 
-static void error_vprint(const char *kind, const char *file, int line, const char *hint,
-                         const char *fmt, va_list ap) {
+static void error_write_log(const char *msg, size_t len) {
+    while (len > 0) {
+        ssize_t w = write(error_log_fd, msg, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return; /* the log is lost (disk full): stderr has the message */
+        msg += w;
+        len -= (size_t)w;
+    }
+}
+
+int error_open_log(const char *path) {
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    if (error_log_fd >= 0) close(error_log_fd);
+    error_log_fd = fd;
+    error_write_log(error_backlog, error_backlog_len);
+    error_backlog_len = 0;
+    return 0;
+}
+
+void error_vreport(const char *kind, const char *file, int line, const char *hint, const char *fmt, va_list ap) {
     char origin[96], msg[4096];
     error_format_origin(origin, sizeof origin);
     int k = snprintf(msg, sizeof msg, "ringscan: %s [%s] %s:%d: ", kind, origin, file, line);
@@ -59,12 +83,20 @@ static void error_vprint(const char *kind, const char *file, int line, const cha
     fflush(stdout);
     fputs(msg, stderr);
     fflush(stderr);
+    if (error_rank_value > 0 && strcmp(kind, "error") != 0) return;
+    size_t len = strlen(msg);
+    if (error_log_fd >= 0) {
+        error_write_log(msg, len);
+    } else if (error_backlog_len + len <= sizeof error_backlog) {
+        memcpy(error_backlog + error_backlog_len, msg, len);
+        error_backlog_len += len;
+    }
 }
 
 void error_exit(int code, const char *file, int line, const char *hint, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    error_vprint("error", file, line, hint, fmt, ap);
+    error_vreport("error", file, line, hint, fmt, ap);
     va_end(ap);
     if (error_abort_fn) error_abort_fn(code);
     exit(code);
@@ -73,7 +105,7 @@ void error_exit(int code, const char *file, int line, const char *hint, const ch
 void error_warn(const char *file, int line, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    error_vprint("warning", file, line, NULL, fmt, ap);
+    error_vreport("warning", file, line, NULL, fmt, ap);
     va_end(ap);
 }
 

@@ -14,6 +14,14 @@
  *   75 RS_EXIT_PREEMPTED  stopped on SIGUSR1/SIGTERM after writing a checkpoint
  *                         (EX_TEMPFAIL: "try again later"; the job script requeues)
  *
+ * Where messages go: stderr, always; and, once the trainer has opened its run
+ * directory's log (error_open_log), log.txt too, so a dead run's log ends with
+ * the error that stopped it. Messages printed before the log opened (a
+ * checkpoint that failed verification while a resume loaded it) are kept in
+ * memory (the first 16 KiB) and written to the log when it opens. Rank 0
+ * logs errors and warnings; the other ranks log errors only (their warnings
+ * repeat rank 0's, on stderr).
+ *
  * Callers: everything. Library code that can fail on user input (the config
  * loader) returns errors instead of exiting, so it can be fuzzed and tested;
  * the command line decides the exit code.
@@ -21,6 +29,7 @@
 #ifndef RS_ERROR_H
 #define RS_ERROR_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #ifdef __cplusplus
 #define noreturn [[noreturn]]
@@ -48,6 +57,17 @@ int  error_rank(void);
  * rank (bad data in its sample, a failed allocation) ends every rank instead of
  * leaving the others waiting in a collective until the job's time limit. */
 void error_set_abort(void (*abort_fn)(int code));
+
+/* Appends every later message (and the ones kept since start) to `path`
+ * (O_APPEND, one write per message). Returns 0, or -1 with errno set. */
+int error_open_log(const char *path);
+
+/* Prints "ringscan: <kind> [rank R@host] file:line: <message>" (kind "error"
+ * or "warning") with its hint lines to stderr and the log, and returns: for
+ * a caller that ends the run its own way (every rank agreeing on a
+ * deterministic failure, lib/train.c's train_fail). */
+void error_vreport(const char *kind, const char *file, int line, const char *hint, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
 
 /* Prints "ringscan: error [rank R@host] file:line: <message>" and exits with
  * `code`. `hint` may be NULL or hold several lines separated by '\n'. */

@@ -1,12 +1,16 @@
 /*
  * train.h — the training loop: `ringscan train` and `ringscan resume`.
  *
- * A run is a directory (run.out_dir): config.resolved.yaml, log.txt,
- * metrics.jsonl and ckpt/. `train` starts a new run (and refuses a directory
- * that already holds one); `resume` continues one from its newest valid
- * checkpoint with the same model and data (a changed model or data key is
- * refused with the diff), reproducing the uninterrupted run's losses exactly
- * on the cpu backend.
+ * A run is a directory (run.out_dir): .lock, config.resolved.yaml, log.txt,
+ * metrics.jsonl and ckpt/ (README, "Run directories"). One process at a time
+ * trains in it: rank 0 holds RUN/.lock (flock) from start to exit, and a
+ * second `train` or `resume` is refused naming the holder. `train` starts a
+ * new run (and refuses a directory holding a checkpoint or files it did not
+ * write); `resume` continues one from its newest valid checkpoint with the
+ * same model and data (a changed model or data key is refused with the diff)
+ * and the same global batch (dp x micro_batch x grad_accum; dp x cp may
+ * change), reproducing the uninterrupted run's losses exactly on the cpu
+ * backend when the layout is the same.
  *
  * Exit codes (error.h): 0 done (or stopped by run.stop_after_step), 1 runtime
  * failure, 2 bad config/data/checkpoint, 75 stopped by SIGUSR1/SIGTERM after
@@ -17,15 +21,26 @@
 #ifndef RS_TRAIN_H
 #define RS_TRAIN_H
 
+#include <stddef.h>
+
 #include "comm.h"
 #include "config.h"
 
+enum {
+    TRAIN_DRY_RUN            = 1, /* resume: load and check, say what would happen, write nothing */
+    TRAIN_ALLOW_BATCH_CHANGE = 2, /* resume: accept a changed dp x micro_batch x grad_accum */
+};
+
 /* `cfg` is loaded and validated; MPI is up (comm_init). For a resume,
  * `resume_dir` is the run directory and cfg came from its resolved config
- * plus the command line's overrides; with `dry_run` the checkpoint is loaded
- * and checked, what would happen is printed, and nothing is written or run.
- * Returns the exit code. */
-int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run);
+ * plus the command line's overrides. `flags`: TRAIN_* above. Returns the exit
+ * code. */
+int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags);
+
+/* Whether run.out_dir can name a run directory: not empty, not the file
+ * system root. 0, or RS_EXIT_USAGE with one line in msg. The command line
+ * adds it to the config's validation. */
+int train_check_out_dir(const char *dir, char *msg, size_t cap);
 
 /* Starts catching SIGUSR1/SIGTERM (a stop request the loop answers with a
  * checkpoint and exit 75). Called before MPI starts, so a warning signal

@@ -5,6 +5,7 @@
  */
 #include "train_ckpt.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -105,12 +106,63 @@ void train_ckpt_save(Trainer *t) {
     }
     rc = comm_allreduce_max_int(t->comm, t->comm->world, rc);
     if (rc) {
-        if (t->comm->rank == 0) error_warn(__FILE__, __LINE__, "checkpoint of step %lld failed: %s", (long long)t->step, err);
-        comm_finalize(t->comm);
-        exit(rc);
+        char kept[PATH_MAX + 160];
+        if (t->last_ckpt >= 0)
+            snprintf(kept, sizeof kept, "the newest complete checkpoint, step %lld, is intact: `ringscan resume %s` "
+                                        "continues from it once the cause is fixed",
+                     (long long)t->last_ckpt, t->run_dir);
+        else
+            snprintf(kept, sizeof kept, "no checkpoint was written before: `ringscan train` starts the run over once "
+                                        "the cause is fixed");
+        train_fail(t, rc, "checkpoint of step %lld failed, so the run stops: %s\n  hint: %s", (long long)t->step, err,
+                   kept);
     }
+    t->last_ckpt = t->step;
     train_say(t, "checkpoint step_%08lld written (%.1f MiB, %.0f ms)\n", (long long)t->step,
               3.0 * (double)bytes / (1 << 20), (train_ckpt_now() - t0) * 1e3);
+}
+
+/* Whether two spellings name one directory: the same text without trailing '/', or the same real path. */
+static int train_ckpt_same_dir(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 1 && a[na - 1] == '/') na--;
+    while (nb > 1 && b[nb - 1] == '/') nb--;
+    if (na == nb && !strncmp(a, b, na)) return 1;
+    char ra[PATH_MAX], rb[PATH_MAX];
+    return realpath(a, ra) && realpath(b, rb) && !strcmp(ra, rb);
+}
+
+/* The options of a resume that it cannot honour as asked (train_ckpt.h): refused, exit 2. */
+static void train_ckpt_check_options(Trainer *t, const Config *stored, TrainResume *r) {
+    Config *cfg = t->cfg;
+    if (cfg->source[config_find_key("run.out_dir")].origin == CONFIG_ORIGIN_SET &&
+        !train_ckpt_same_dir(cfg->run.out_dir, t->run_dir))
+        train_fail(t, RS_EXIT_USAGE,
+                   "resume refuses run.out_dir = \"%s\": a resume continues the run in its own directory, %s (the "
+                   "command's argument)\n  hint: to continue the run elsewhere, copy %s there and resume the copy",
+                   cfg->run.out_dir, t->run_dir, t->run_dir);
+    free(cfg->run.out_dir);
+    cfg->run.out_dir = RS_STRDUP(t->run_dir); /* what config.resolved.yaml records: where the run is */
+
+    if (cfg->run.stop_after_step > 0 && cfg->run.stop_after_step <= r->step)
+        train_fail(t, RS_EXIT_USAGE,
+                   "resume refuses run.stop_after_step = %lld: checkpoint %s is at step %lld already, so the run "
+                   "would never stop there\n  hint: set it after step %lld, or leave it out to run to train.steps",
+                   (long long)cfg->run.stop_after_step, r->ck.dir, (long long)r->step, (long long)r->step);
+
+    const ParallelConfig *ps = &stored->parallel, *pn = &cfg->parallel;
+    int64_t before = ps->dp * stored->data.micro_batch * stored->train.grad_accum;
+    int64_t now = pn->dp * cfg->data.micro_batch * cfg->train.grad_accum;
+    r->batch_before = before;
+    if (before != now && !t->allow_batch_change)
+        train_fail(t, RS_EXIT_USAGE,
+                   "resume refuses to change the global batch: parallel.dp x data.micro_batch x train.grad_accum = "
+                   "%lld x %lld x %lld = %lld samples per step in checkpoint %s, %lld x %lld x %lld = %lld now\n"
+                   "  hint: keep the product to resume on another number of ranks (e.g. half the dp and twice "
+                   "train.grad_accum); or pass --allow-batch-change to train with the new batch from step %lld on",
+                   (long long)ps->dp, (long long)stored->data.micro_batch, (long long)stored->train.grad_accum,
+                   (long long)before, r->ck.dir, (long long)pn->dp, (long long)cfg->data.micro_batch,
+                   (long long)cfg->train.grad_accum, (long long)now, (long long)r->step + 1);
 }
 
 void train_ckpt_load(Trainer *t, TrainResume *r) {
@@ -145,6 +197,7 @@ void train_ckpt_load(Trainer *t, TrainResume *r) {
                    "  hint: these keys define the model and its data; start a new run to change them",
                    nd, nd == 1 ? "" : "s", r->ck.dir, diff);
     config_errors_free(&ce);
+    train_ckpt_check_options(t, &stored, r);
     config_free(&stored);
     if (r->step >= t->cfg->train.steps)
         train_fail(t, RS_EXIT_USAGE, "checkpoint %s is at step %lld, and train.steps = %lld: nothing left to run "
@@ -176,5 +229,6 @@ void train_ckpt_restore(Trainer *t, TrainResume *r) {
     if (m->weights != (void *)m->params) t->be->act_from_f32(m->weights, m->params, m->ptab.buffer_numel);
     t->step = r->step;
     t->samples = r->samples;
+    t->last_ckpt = r->step;
     ckpt_close(&r->ck);
 }
