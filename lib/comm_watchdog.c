@@ -371,10 +371,34 @@ static int watch_sorted_cmp(const void *a, const void *b) {
     return d ? d : x->rank - y->rank;
 }
 
-/* The report from every rank's record; ref = this rank's. */
-static void watch_report(CommWatch *w, const WatchRecord *all, const WatchRecord *ref, WatchText *t) {
+/* The collective the report is about: of those ranks wait in, the first (lowest rank) whose missing
+ * ranks wait in no other collective, i.e. the one a busy, frozen or dead rank holds up (ranks that
+ * wait elsewhere are held up further down the chain); `self` when there is none (a cycle). */
+static int watch_pick(const Comm *c, const WatchRecord *all, int self) {
+    const int n = c->world_size;
+    int *reps = RS_CALLOC((size_t)n, sizeof *reps), nrep = 0, pick = self;
+    for (int q = 0; q < n; q++) {
+        if (!watch_is_waiting(&all[q])) continue;
+        int seen = 0;
+        for (int i = 0; i < nrep && !seen; i++) seen = watch_same_collective(&all[q], &all[reps[i]]);
+        if (!seen) reps[nrep++] = q;
+    }
+    for (int i = 0; i < nrep && pick == self; i++) {
+        const WatchRecord *ref = &all[reps[i]];
+        int leaf = 1;
+        for (int q = 0; q < n && leaf; q++)
+            if (watch_in_group(c, q, ref) && watch_is_waiting(&all[q]) && !watch_same_collective(&all[q], ref)) leaf = 0;
+        if (leaf) pick = reps[i];
+    }
+    free(reps);
+    return pick;
+}
+
+/* The report from every rank's record, about the collective rank `at` waits in. */
+static void watch_report(CommWatch *w, const WatchRecord *all, int at, WatchText *t) {
     const Comm *c = w->c;
     const int n = c->world_size;
+    const WatchRecord *ref = &all[at];
     char where[160], desc[1024], group[32], list[1024] = "";
     watch_where(ref, where, sizeof where);
     watch_group_name(ref, group, sizeof group);
@@ -385,12 +409,12 @@ static void watch_report(CommWatch *w, const WatchRecord *all, const WatchRecord
         if (watch_in_group(c, q, ref)) ranks[nin++] = q;
     watch_ranges(ranks, nin, list, sizeof list);
     if (!strcmp(ref->state, "nccl"))
-        watch_add(t, "NCCL reported an error to rank %d (%s), waiting in %s over %s (ranks %s) %s: %s\n", c->rank, c->host,
+        watch_add(t, "NCCL reported an error to rank %d (%s), waiting in %s over %s (ranks %s) %s: %s\n", at, ref->host,
                   ref->op, group, list, where, ref->detail);
     else
         watch_add(t, "a wait for other ranks passed parallel.comm_timeout_s = %g s: rank %d (%s) has waited %.1f s in %s "
                      "over %s (ranks %s) %s%s%s\n",
-                  w->timeout, c->rank, c->host, ref->wait_s, ref->op, group, list, where, ref->detail[0] ? "; " : "",
+                  w->timeout, at, ref->host, ref->wait_s, ref->op, group, list, where, ref->detail[0] ? "; " : "",
                   ref->detail);
     for (int q = 0; q < n; q++)
         if (watch_in_group(c, q, ref) && !watch_same_collective(&all[q], ref)) ranks[nmiss++] = q;
@@ -465,18 +489,15 @@ static void watch_abort_hook(int code) {
 static noreturn void watch_abort(CommWatch *w, int report) {
     Comm *c = w->c;
     const int n = c->world_size;
-    WatchRecord ref, *all = RS_CALLOC((size_t)n, sizeof *all);
-    watch_record_now(w, &ref);
-    if (!w->dir[0]) all[c->rank] = ref;
-    else
+    WatchRecord now, *all = RS_CALLOC((size_t)n, sizeof *all);
+    if (w->dir[0])
         for (int q = 0; q < n; q++) watch_record_read(w, q, &all[q]);
-    if (!all[c->rank].have) all[c->rank] = ref;
-    if (!watch_is_waiting(&ref)) { /* the wait ended meanwhile: report it as it was when we tripped */
-        ref = all[c->rank];
-        if (!watch_is_waiting(&ref)) report = 0;
-    }
+    watch_record_now(w, &now);
+    /* a wait that ended meanwhile is reported as it was when this rank tripped (its record) */
+    if (watch_is_waiting(&now) || !all[c->rank].have) all[c->rank] = now;
+    if (!watch_is_waiting(&all[c->rank])) report = 0;
     WatchText t = {RS_CALLOC(1, 1 << 20), 0, 1 << 20};
-    if (report) watch_report(w, all, &ref, &t);
+    if (report) watch_report(w, all, watch_pick(c, all, c->rank), &t);
     else watch_add(&t, "rank %d: the watchdog's report (%s) did not end the run; ending it\n", c->rank,
                    w->dir[0] ? w->dir : "no run directory");
     if (w->dir[0]) {
