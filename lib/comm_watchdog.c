@@ -20,8 +20,8 @@
  *      layer, label, seconds waited; on cuda the earliest NCCL operation not
  *      complete) to <dir>/.watchdog/<attempt>/rank-<r> and tries to create
  *      TRIP there (O_EXCL): the rank that creates it is the reporter;
- *   2. every other rank's thread finds TRIP at its next tick (one stat() per
- *      tick is all a healthy rank pays) and writes its record too: waiting
+ *   2. every other rank's thread finds TRIP within grace / 3 (one stat() that
+ *      often is all a healthy rank pays) and writes its record too: waiting
  *      (where, how long) or busy, outside any wait (its last context and for
  *      how long). A rank stuck in compute still has a live watchdog; a dead
  *      or frozen process writes nothing;
@@ -96,6 +96,7 @@ typedef struct CommWatch {
     pthread_cond_t  cv;
     int             stop;
     /* the thread's own state */
+    double   looked_at; /* when this rank last looked for TRIP (every grace / 3, at least every tick) */
     double   alarm_at;  /* when this rank tripped or saw TRIP; 0: not yet */
     int      reporter;
     char     reason[480]; /* why this rank tripped ("": it only saw TRIP) */
@@ -285,9 +286,8 @@ static void watch_record_read(const CommWatch *w, int q, WatchRecord *r) {
 
 /* ---- the report ------------------------------------------------------------------------- */
 
-static int watch_is_waiting(const WatchRecord *r) {
-    return r->have && (!strcmp(r->state, "timeout") || !strcmp(r->state, "waiting") || !strcmp(r->state, "nccl"));
-}
+/* Waiting for other ranks when it wrote its record (a busy rank's operation is "-"). */
+static int watch_is_waiting(const WatchRecord *r) { return r->have && strcmp(r->op, "-") != 0; }
 
 /* Whether r waits in the same collective as ref (the same group instance, step, layer, label). */
 static int watch_same_collective(const WatchRecord *r, const WatchRecord *ref) {
@@ -394,21 +394,50 @@ static int watch_pick(const Comm *c, const WatchRecord *all, int self) {
     return pick;
 }
 
+/* The report's lines about ref's collective: the ranks of its group that had not arrived (ranks[0..nmiss),
+ * of nin) and those waiting in it. */
+static void watch_report_group(WatchText *t, const WatchRecord *all, const int *miss, int nmiss, int nin,
+                               const char *group, const Comm *c, const WatchRecord *ref) {
+    char desc[1024], list[1024] = "";
+    int *ranks = RS_CALLOC((size_t)c->world_size, sizeof *ranks), nw = 0;
+    double most = 0;
+    watch_ranges(miss, nmiss, list, sizeof list);
+    watch_add(t, "  not arrived: rank%s %s (%d of the %d ranks of %s)\n", nmiss == 1 ? "" : "s", nmiss ? list : "none",
+              nmiss, nin, group);
+    for (int i = 0; i < nmiss && i < WATCH_LIST_MAX; i++) {
+        watch_describe(&all[miss[i]], 1, desc, sizeof desc);
+        watch_add(t, "    rank %d (%s): %s\n", miss[i], all[miss[i]].have ? all[miss[i]].host : "?", desc);
+    }
+    if (nmiss > WATCH_LIST_MAX) watch_add(t, "    ... %d more\n", nmiss - WATCH_LIST_MAX);
+    for (int q = 0; q < c->world_size; q++)
+        if (watch_in_group(c, q, ref) && watch_same_collective(&all[q], ref)) {
+            ranks[nw++] = q;
+            if (all[q].wait_s > most) most = all[q].wait_s;
+        }
+    list[0] = 0;
+    watch_ranges(ranks, nw, list, sizeof list);
+    watch_add(t, "  arrived and waiting: rank%s %s (the longest for %.1f s)\n", nw == 1 ? "" : "s", list, most);
+    free(ranks);
+}
+
 /* The report from every rank's record, about the collective rank `at` waits in. */
 static void watch_report(CommWatch *w, const WatchRecord *all, int at, WatchText *t) {
     const Comm *c = w->c;
     const int n = c->world_size;
     const WatchRecord *ref = &all[at];
-    char where[160], desc[1024], group[32], list[1024] = "";
+    const int waiting = watch_is_waiting(ref);
+    char where[160], group[32], list[1024] = "";
     watch_where(ref, where, sizeof where);
     watch_group_name(ref, group, sizeof group);
     int *ranks = RS_CALLOC((size_t)n, sizeof *ranks);
-    int nin = 0, nmiss = 0, nw = 0;
-    double most = 0;
+    int nin = 0, nmiss = 0;
     for (int q = 0; q < n; q++)
         if (watch_in_group(c, q, ref)) ranks[nin++] = q;
     watch_ranges(ranks, nin, list, sizeof list);
-    if (!strcmp(ref->state, "nccl"))
+    if (!waiting) /* an NCCL error found while this rank was not waiting: every rank's state */
+        watch_add(t, "NCCL reported an error to rank %d (%s), busy %s: %s\n  the ranks:\n", at, ref->host, where,
+                  ref->detail);
+    else if (!strcmp(ref->state, "nccl"))
         watch_add(t, "NCCL reported an error to rank %d (%s), waiting in %s over %s (ranks %s) %s: %s\n", at, ref->host,
                   ref->op, group, list, where, ref->detail);
     else
@@ -418,34 +447,18 @@ static void watch_report(CommWatch *w, const WatchRecord *all, int at, WatchText
                   ref->detail);
     for (int q = 0; q < n; q++)
         if (watch_in_group(c, q, ref) && !watch_same_collective(&all[q], ref)) ranks[nmiss++] = q;
-    list[0] = 0;
-    watch_ranges(ranks, nmiss, list, sizeof list);
-    watch_add(t, "  not arrived: rank%s %s (%d of the %d ranks of %s)\n", nmiss == 1 ? "" : "s", nmiss ? list : "none",
-              nmiss, nin, group);
-    for (int i = 0; i < nmiss && i < WATCH_LIST_MAX; i++) {
-        watch_describe(&all[ranks[i]], 1, desc, sizeof desc);
-        watch_add(t, "    rank %d (%s): %s\n", ranks[i], all[ranks[i]].have ? all[ranks[i]].host : "?", desc);
-    }
-    if (nmiss > WATCH_LIST_MAX) watch_add(t, "    ... %d more\n", nmiss - WATCH_LIST_MAX);
-    for (int q = 0; q < n; q++)
-        if (watch_in_group(c, q, ref) && watch_same_collective(&all[q], ref)) {
-            ranks[nw++] = q;
-            if (all[q].wait_s > most) most = all[q].wait_s;
-        }
-    list[0] = 0;
-    watch_ranges(ranks, nw, list, sizeof list);
-    watch_add(t, "  arrived and waiting: rank%s %s (the longest for %.1f s)\n", nw == 1 ? "" : "s", list, most);
-    /* the ranks outside the group, by what they do */
+    if (waiting) watch_report_group(t, all, ranks, nmiss, nin, group, c, ref);
+    /* the ranks outside the group (all of them without one), by what they do */
     WatchSorted *s = RS_CALLOC((size_t)n, sizeof *s);
     char *descs = RS_CALLOC((size_t)n, 256);
     int ns = 0;
     for (int q = 0; q < n; q++)
-        if (!watch_in_group(c, q, ref)) {
+        if (!waiting || !watch_in_group(c, q, ref)) {
             watch_describe(&all[q], 0, descs + (size_t)q * 256, 256);
             s[ns++] = (WatchSorted){descs + (size_t)q * 256, q};
         }
     qsort(s, (size_t)ns, sizeof *s, watch_sorted_cmp);
-    if (ns) watch_add(t, "  the other ranks:\n");
+    if (ns && waiting) watch_add(t, "  the other ranks:\n");
     for (int i = 0; i < ns;) {
         int j = i, k = 0;
         while (j < ns && !strcmp(s[j].desc, s[i].desc)) ranks[k++] = s[j++].rank;
@@ -495,7 +508,7 @@ static noreturn void watch_abort(CommWatch *w, int report) {
     watch_record_now(w, &now);
     /* a wait that ended meanwhile is reported as it was when this rank tripped (its record) */
     if (watch_is_waiting(&now) || !all[c->rank].have) all[c->rank] = now;
-    if (!watch_is_waiting(&all[c->rank])) report = 0;
+    if (!watch_is_waiting(&all[c->rank]) && strcmp(all[c->rank].state, "nccl")) report = 0;
     WatchText t = {RS_CALLOC(1, 1 << 20), 0, 1 << 20};
     if (report) watch_report(w, all, watch_pick(c, all, c->rank), &t);
     else watch_add(&t, "rank %d: the watchdog's report (%s) did not end the run; ending it\n", c->rank,
@@ -567,7 +580,8 @@ static void watch_tick(CommWatch *w) {
             watch_trip(w, reason);
             return;
         }
-        if (!w->dir[0]) return;
+        if (!w->dir[0] || now - w->looked_at < w->grace / 3) return;
+        w->looked_at = now;
         char path[PATH_MAX + 32];
         struct stat st;
         watch_path(w, path, sizeof path, "TRIP");
