@@ -21,11 +21,8 @@ BASE = ["--set", "data.seq_len=256", "--set", "data.micro_batch=1", "--set", "tr
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, ringscan):
-    d = tmp_path_factory.mktemp("data")
-    r = run([ringscan, "data", "synth", d / "recall.tok", "--tokens", "300000", "--seed", "7"])
-    assert r.returncode == 0, r.stderr
-    return d / "recall.tok"
+def data(recall_tok):
+    return recall_tok
 
 
 def train_args(run_dir, data, dp, cp, steps, *sets):
