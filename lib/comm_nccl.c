@@ -304,8 +304,9 @@ int comm_nccl_watch_pending(Comm *c, char *msg, size_t len) {
         for (uint64_t i = first; i < n->posts[g]; i++) {
             if (cudaEventQuery(n->post_event[g][i % COMM_WATCH_LOG]) != cudaErrorNotReady) continue;
             const CommNcclPost *p = &n->post[g][i % COMM_WATCH_LOG];
-            int m = snprintf(msg + k, len - k, "%sNCCL %s over %s (post %llu%s) at step %lld, layer %d (%s) not complete",
-                             k ? "; " : "", p->op, comm_group_names[g], (unsigned long long)p->seq,
+            int m = snprintf(msg + k, len - k,
+                             "%sNCCL %s over %s (post %llu%s) at step %lld, layer %d (%s) not complete", k ? "; " : "",
+                             p->op, comm_group_names[g], (unsigned long long)p->seq,
                              i == first && first > 0 ? ", or an earlier one" : "", (long long)p->step, p->layer,
                              p->what ? p->what : "?");
             if (m > 0) k = k + (size_t)m < len ? k + (size_t)m : len - 1;

@@ -308,8 +308,10 @@ static void watch_where(const WatchRecord *r, char *buf, size_t n) {
 
 /* "cp group 0" */
 static void watch_group_name(const WatchRecord *r, char *buf, size_t n) {
-    if (r->group == COMM_CP || r->group == COMM_DP) snprintf(buf, n, "%s group %d", watch_group_names[r->group], r->gid);
-    else snprintf(buf, n, "%s", watch_group_names[r->group]);
+    if (r->group == COMM_CP || r->group == COMM_DP)
+        snprintf(buf, n, "%s group %d", watch_group_names[r->group], r->gid);
+    else
+        snprintf(buf, n, "%s", watch_group_names[r->group]);
 }
 
 /* What rank r is doing, with its durations or without them (to group equal states). */
@@ -387,7 +389,8 @@ static int watch_pick(const Comm *c, const WatchRecord *all, int self) {
         const WatchRecord *ref = &all[reps[i]];
         int leaf = 1;
         for (int q = 0; q < n && leaf; q++)
-            if (watch_in_group(c, q, ref) && watch_is_waiting(&all[q]) && !watch_same_collective(&all[q], ref)) leaf = 0;
+            if (watch_in_group(c, q, ref) && watch_is_waiting(&all[q]) && !watch_same_collective(&all[q], ref))
+                leaf = 0;
         if (leaf) pick = reps[i];
     }
     free(reps);
@@ -441,8 +444,9 @@ static void watch_report(CommWatch *w, const WatchRecord *all, int at, WatchText
         watch_add(t, "NCCL reported an error to rank %d (%s), waiting in %s over %s (ranks %s) %s: %s\n", at, ref->host,
                   ref->op, group, list, where, ref->detail);
     else
-        watch_add(t, "a wait for other ranks passed parallel.comm_timeout_s = %g s: rank %d (%s) has waited %.1f s in %s "
-                     "over %s (ranks %s) %s%s%s\n",
+        watch_add(t,
+                  "a wait for other ranks passed parallel.comm_timeout_s = %g s: rank %d (%s) has waited %.1f s in "
+                  "%s over %s (ranks %s) %s%s%s\n",
                   w->timeout, at, ref->host, ref->wait_s, ref->op, group, list, where, ref->detail[0] ? "; " : "",
                   ref->detail);
     for (int q = 0; q < n; q++)
@@ -543,13 +547,10 @@ static noreturn void watch_abort(CommWatch *w, int report) {
 
 /* ---- the thread ------------------------------------------------------------------------- */
 
-/* Makes <dir>/.watchdog/<attempt>; 0 on success. */
-static int watch_mkdir(CommWatch *w) { return fsio_mkdirs(w->dir); }
-
 static void watch_trip(CommWatch *w, const char *reason) {
     snprintf(w->reason, sizeof w->reason, "%s", reason);
     w->alarm_at = watch_now();
-    if (!w->dir[0] || watch_mkdir(w) != 0) {
+    if (!w->dir[0] || fsio_mkdirs(w->dir) != 0) { /* <run dir>/.watchdog/<attempt> */
         w->dir[0] = 0; /* nowhere to compare notes: report alone */
         watch_abort(w, 1);
     }
@@ -574,7 +575,8 @@ static void watch_tick(CommWatch *w) {
         if (since && now - 1e-9 * (double)since > w->timeout) snprintf(reason, sizeof reason, "timeout");
 #ifdef RS_WITH_CUDA
         char msg[400];
-        if (w->c->nccl && comm_nccl_watch_error(w->c, msg, sizeof msg)) snprintf(reason, sizeof reason, "NCCL: %s", msg);
+        if (w->c->nccl && comm_nccl_watch_error(w->c, msg, sizeof msg))
+            snprintf(reason, sizeof reason, "NCCL: %s", msg);
 #endif
         if (reason[0]) {
             watch_trip(w, reason);
