@@ -180,7 +180,10 @@ static int validate_debug(const Config *cfg, ConfigErrors *err) {
         config_errors_add(err, "%s with %s: nothing would end the stalled run",
                           validate_quote(cfg, "debug.stall_rank", a, sizeof a),
                           validate_quote(cfg, "parallel.comm_timeout_s", b, sizeof b));
-    if (cfg->debug.stall_rank >= config_world(cfg))
+    if (config_world(cfg) == 1)
+        config_errors_add(err, "%s in a world of one rank: it waits for no one, so no watchdog runs",
+                          validate_quote(cfg, "debug.stall_rank", a, sizeof a));
+    else if (cfg->debug.stall_rank >= config_world(cfg))
         config_errors_add(err, "%s is not a rank of the world of %lld",
                           validate_quote(cfg, "debug.stall_rank", a, sizeof a), (long long)config_world(cfg));
     if (cfg->debug.stall_layer >= cfg->model.num_hidden_layers)

@@ -128,6 +128,7 @@ def test_nothing_hangs_nothing_changes(tmp_path, data):
     (["parallel.comm_timeout_s=0", "debug.stall_rank=1"], "nothing would end the stalled run"),
     (["debug.stall_rank=2"], "debug.stall_rank = 2 (--set #2) is not a rank of the world of 2"),
     (["debug.stall_rank=1", "debug.stall_layer=4"], "is not a layer of the 4"),
+    (["parallel.cp=1", "debug.stall_rank=0"], "in a world of one rank"),
 ])
 def test_stall_needs_a_watchdog_and_a_real_place(tmp_path, sets, words):
     args = [RINGSCAN, "config", "check", "configs/tiny-cpu.yaml", "--set", "parallel.cp=2"]
