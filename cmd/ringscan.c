@@ -349,7 +349,8 @@ static void cli_print_help(FILE *f) {
                 c->built_by ? "  [not built yet]" : "");
     }
     fprintf(f, "\nConfigs are YAML; `ringscan config dump` lists every key. Exit codes: 0 ok, 1 failure or\n"
-               "does not fit, 2 bad usage or config, 75 stopped for preemption after a checkpoint.\n");
+               "does not fit, 2 bad usage or config, 75 stopped for preemption after a checkpoint, 76 a rank\n"
+               "waited for the others past parallel.comm_timeout_s (a hang; the report names where).\n");
 }
 
 int main(int argc, char **argv) {

@@ -5,6 +5,11 @@
  * Every MPI call is checked (MPI_CHECK below): on failure the message names
  * the call, file:line, rank and host, and every rank is aborted, since a
  * collective that failed on one rank would hang the others.
+ *
+ * Every host wait for other ranks (the blocking collectives, comm_wait over
+ * MPI) is bracketed by comm_watch_begin/end, so the watchdog
+ * (comm_watchdog.c) sees how long this rank has been waiting, in which
+ * operation and group.
  */
 #include "comm.h"
 
@@ -70,6 +75,7 @@ void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
 }
 
 void comm_finalize(Comm *c) {
+    comm_watchdog_stop(c);
 #ifdef RS_WITH_CUDA
     if (c->nccl) comm_nccl_free(c);
 #endif
@@ -86,20 +92,26 @@ void comm_abort(Comm *c, int code) {
     MPI_Abort(MPI_COMM_WORLD, code);
 }
 
-void comm_allreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n) {
-    (void)c;
+/* The CommGroup of an MPI communicator, for the watchdog's report (COMM_GROUPS: another one). */
+static CommGroup comm_group_of(const Comm *c, MPI_Comm comm) {
+    return comm == c->world ? COMM_WORLD : comm == c->cp_comm ? COMM_CP : comm == c->dp_comm ? COMM_DP : COMM_GROUPS;
+}
+
+static void comm_allreduce_sum(Comm *c, MPI_Comm comm, void *buf, int64_t n, MPI_Datatype type, size_t es) {
+    comm_watch_begin(c, "allreduce", comm_group_of(c, comm));
     for (int64_t off = 0; off < n; off += COMM_PIECE) {
         int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * (int64_t)es, k, type, MPI_SUM, comm));
     }
+    comm_watch_end(c);
+}
+
+void comm_allreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n) {
+    comm_allreduce_sum(c, comm, buf, n, MPI_FLOAT, sizeof *buf);
 }
 
 void comm_allreduce_sum_f64(Comm *c, MPI_Comm comm, double *buf, int64_t n) {
-    (void)c;
-    for (int64_t off = 0; off < n; off += COMM_PIECE) {
-        int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, k, MPI_DOUBLE, MPI_SUM, comm));
-    }
+    comm_allreduce_sum(c, comm, buf, n, MPI_DOUBLE, sizeof *buf);
 }
 
 double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v) {
@@ -108,14 +120,16 @@ double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v) {
 }
 
 int comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v) {
-    (void)c;
+    comm_watch_begin(c, "allreduce", comm_group_of(c, comm));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, comm));
+    comm_watch_end(c);
     return v;
 }
 
 void comm_barrier(Comm *c, MPI_Comm comm) {
-    (void)c;
+    comm_watch_begin(c, "barrier", comm_group_of(c, comm));
     MPI_CHECK(MPI_Barrier(comm));
+    comm_watch_end(c);
 }
 
 int comm_gpu_layout_check(const CommGpuInfo *all, int n, char *msg, size_t nmsg, char *hint, size_t nhint) {
@@ -169,6 +183,14 @@ static void comm_count_of(int64_t bytes, int *count, MPI_Datatype *type) {
     *type = block;
 }
 
+/* Names h's operations (group g, the last one's name) for comm_wait's watch; one group per handle. */
+static void comm_handle_note(CommHandle *h, CommGroup g, const char *op) {
+    RS_CHECK(h->group == 0 || h->group == (int)g + 1, "one CommHandle holds operations of groups %d and %d",
+             h->group - 1, (int)g);
+    h->group = (int)g + 1;
+    h->op = op;
+}
+
 static MPI_Request *comm_slot(CommHandle *h) {
     RS_CHECK(h->n < COMM_HANDLE_MAX, "a CommHandle holds at most %d requests", COMM_HANDLE_MAX);
     return &h->req[h->n++];
@@ -181,11 +203,12 @@ static MPI_Comm comm_group_mpi(const Comm *c, CommGroup g) {
 }
 
 void comm_allgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes) {
-    (void)c;
     int count;
     MPI_Datatype type;
     comm_count_of(bytes, &count, &type);
+    comm_watch_begin(c, "allgather", comm_group_of(c, comm));
     MPI_CHECK(MPI_Allgather(send, count, type, recv, count, type, comm));
+    comm_watch_end(c);
 }
 
 /* Comm.serial (measurement): the operation just posted is waited at once. */
@@ -197,6 +220,7 @@ void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t
 #ifdef RS_WITH_CUDA
     if (c->nccl) {
         comm_nccl_iallgather(c, g, send, recv, bytes, h);
+        comm_handle_note(h, g, "iallgather");
         comm_posted(c, h);
         return;
     }
@@ -205,6 +229,7 @@ void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t
     MPI_Datatype type;
     comm_count_of(bytes, &count, &type);
     MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm_group_mpi(c, g), comm_slot(h)));
+    comm_handle_note(h, g, "iallgather");
     comm_posted(c, h);
 }
 
@@ -212,6 +237,7 @@ void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHa
 #ifdef RS_WITH_CUDA
     if (c->nccl) {
         comm_nccl_iallreduce_sum_f32(c, g, buf, n, h);
+        comm_handle_note(h, g, "iallreduce");
         comm_posted(c, h);
         return;
     }
@@ -220,6 +246,7 @@ void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHa
         int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
         MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g), comm_slot(h)));
     }
+    comm_handle_note(h, g, "iallreduce");
     comm_posted(c, h);
 }
 
@@ -228,6 +255,7 @@ void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, 
 #ifdef RS_WITH_CUDA
     if (c->nccl) {
         comm_nccl_isendrecv(c, g, send, to, recv, from, bytes, h);
+        comm_handle_note(h, g, "isendrecv");
         comm_posted(c, h);
         return;
     }
@@ -238,6 +266,7 @@ void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, 
     MPI_Comm m = comm_group_mpi(c, g);
     MPI_CHECK(MPI_Irecv(recv, count, type, from, tag, m, comm_slot(h)));
     MPI_CHECK(MPI_Isend(send, count, type, to, tag, m, comm_slot(h)));
+    comm_handle_note(h, g, "isendrecv");
     comm_posted(c, h);
 }
 
@@ -249,8 +278,12 @@ void comm_wait(Comm *c, CommHandle *h) {
     }
 #endif
     if (h->n == 0) return;
+    comm_watch_begin(c, h->op, (CommGroup)(h->group - 1));
     MPI_CHECK(MPI_Waitall(h->n, h->req, MPI_STATUSES_IGNORE));
+    comm_watch_end(c);
     h->n = 0;
+    h->group = 0;
+    h->op = NULL;
 }
 
 void comm_progress(Comm *c, CommHandle *h) {
@@ -258,5 +291,9 @@ void comm_progress(Comm *c, CommHandle *h) {
     if (h->n == 0) return; /* also every NCCL handle: its operations progress on their stream */
     int done = 0;
     MPI_CHECK(MPI_Testall(h->n, h->req, &done, MPI_STATUSES_IGNORE));
-    if (done) h->n = 0;
+    if (done) {
+        h->n = 0;
+        h->group = 0;
+        h->op = NULL;
+    }
 }

@@ -31,6 +31,11 @@
  * posts the same sequence of operations (the CP schedule is derived from data
  * every rank holds).
  *
+ * Every wait for other ranks (comm_wait on MPI, the blocking collectives,
+ * and the host reads a caller brackets with comm_watch_begin/end) is timed
+ * by the watchdog of comm_watchdog.c once comm_watchdog_start has run; the
+ * model names where it is (comm_set_step, comm_set_context) for its report.
+ *
  * Callers: lib/train.c, lib/model_step.c (bucketed gradient all-reduce),
  * lib/cp*.c (ring, scan all-gather, conv halo, batch metadata), lib/bench*.c,
  * tests/cp, tests/parity.
@@ -46,7 +51,8 @@
 /* The groups of the non-blocking operations. */
 typedef enum { COMM_WORLD, COMM_CP, COMM_DP, COMM_GROUPS } CommGroup;
 
-struct CommNccl; /* comm_nccl.c */
+struct CommNccl;  /* comm_nccl.c */
+struct CommWatch; /* comm_watchdog.c */
 
 typedef struct {
     int      world_size, rank, local_rank, local_size;
@@ -56,6 +62,7 @@ typedef struct {
     struct CommNccl *nccl; /* NULL: non-blocking operations are MPI over host memory; else NCCL over device memory */
     int      serial;       /* every non-blocking operation is waited as soon as it is posted, so nothing overlaps
                             * (parallel.overlap_comm: false, for measurement; ringscan bench) */
+    struct CommWatch *watch; /* NULL: no watchdog */
 } Comm;
 
 /* MPI_Init and world/local ranks; sets the rank used in error messages. */
@@ -74,7 +81,8 @@ typedef struct {
     MPI_Request req[COMM_HANDLE_MAX]; /* MPI */
     int         n;
     int         event;                /* NCCL: 1 + the Comm's event recorded after the last operation; 0: none */
-    int         group;                /* NCCL: 1 + the CommGroup of the operations; 0: none yet */
+    int         group;                /* 1 + the CommGroup of the operations; 0: none yet */
+    const char *op;                   /* the last operation's name, for the watchdog ("isendrecv", ...) */
 } CommHandle;
 
 /* recv (P x bytes, rank-major) = every rank's `send` (bytes each), over group g. */
@@ -131,5 +139,42 @@ void   comm_allreduce_sum_f64(Comm *c, MPI_Comm comm, double *buf, int64_t n);
 double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v);
 int    comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v);
 void   comm_barrier(Comm *c, MPI_Comm comm);
+
+/* ---- the watchdog (comm_watchdog.c) -------------------------------------------------- */
+
+typedef struct {
+    double      timeout_s;   /* a wait longer than this ends every rank with RS_EXIT_HANG */
+    const char *dir;         /* the run directory: the ranks compare notes in <dir>/.watchdog/<attempt>/;
+                              * NULL: none (a rank that times out reports its own wait alone) */
+    int64_t     stall_rank;  /* tests (debug.stall_*): this world rank (-1: none) stops forever at the */
+    int64_t     stall_step;  /* first comm_set_context of stall_layer in stall_step */
+    int64_t     stall_layer;
+} CommWatchOptions;
+
+/* Starts this rank's watchdog thread (every rank calls it, after comm_setup_groups: with several
+ * ranks, rank 0 names the attempt over the world). timeout_s <= 0: nothing is started. */
+void comm_watchdog_start(Comm *c, const CommWatchOptions *o);
+/* Stops and joins it (comm_finalize calls it; a no-op without one). */
+void comm_watchdog_stop(Comm *c);
+/* Where this rank is, for the report: the step (the trainer), and the layer (-1: none) and a static
+ * label of the communication about to happen (the model: "ring attention forward", ...). A few
+ * stores; no formatting, no allocation. */
+void comm_set_step(Comm *c, int64_t step);
+void comm_set_context(Comm *c, int layer, const char *what);
+/* Brackets a wait the watchdog times (comm.c's own waits; the trainer's synchronising host reads on
+ * cuda, where a stuck NCCL operation shows up): op names it, g the ranks it waits for. */
+void comm_watch_begin(Comm *c, const char *op, CommGroup g);
+void comm_watch_end(Comm *c);
+
+#ifdef RS_WITH_CUDA
+/* The context comm_set_step/comm_set_context set last (c->watch must be set): comm_nccl.c's log. */
+void comm_watch_where(const Comm *c, int64_t *step, int *layer, const char **what);
+/* comm_nccl.c, for the watchdog thread: a communicator's asynchronous error (1, described in msg;
+ * else 0); the earliest NCCL operation not complete (1 with msg; else 0); ncclCommAbort of every
+ * communicator, so no kernel keeps spinning on a dead peer. */
+int  comm_nccl_watch_error(Comm *c, char *msg, size_t n);
+int  comm_nccl_watch_pending(Comm *c, char *msg, size_t n);
+void comm_nccl_watch_abort(Comm *c);
+#endif
 
 #endif

@@ -28,6 +28,13 @@
  * all of them. `ready` is waited right after it is recorded, so one event
  * serves every post.
  *
+ * The watchdog (comm_watchdog.c): while it runs, each post also records an
+ * event of its own in its group's log of the last COMM_WATCH_LOG posts (the
+ * operation, and the step, layer and label of the context), so that a rank
+ * waiting too long at the step's end can name the earliest operation not
+ * complete; its thread polls ncclCommGetAsyncError and, before the run ends,
+ * ncclCommAbort makes every communicator's kernels give up.
+ *
  * Errors: a CUDA or NCCL call that fails ends every rank (error.h's abort hook
  * is MPI_Abort) with a message naming the call, the rank, the host, the GPU
  * and NCCL's own last error.
@@ -49,6 +56,15 @@
 #include "error.h"
 
 #define COMM_EVENTS 64
+#define COMM_WATCH_LOG 256
+
+/* One post in a group's log, for the watchdog. */
+typedef struct {
+    uint64_t    seq;  /* 1 + the group's post number; 0: never used */
+    int64_t     step;
+    int         layer;
+    const char *op, *what;
+} CommNcclPost;
 
 typedef struct CommNccl {
     ncclComm_t   nc[COMM_GROUPS];
@@ -58,6 +74,9 @@ typedef struct CommNccl {
     int          free_event[COMM_EVENTS], nfree;
     int          device;
     char         bus[32];                /* PCI bus id of the GPU, for messages */
+    cudaEvent_t  post_event[COMM_GROUPS][COMM_WATCH_LOG]; /* the watchdog's log: the last posts of each group */
+    CommNcclPost post[COMM_GROUPS][COMM_WATCH_LOG];
+    uint64_t     posts[COMM_GROUPS];
 } CommNccl;
 
 static const char *const comm_group_names[COMM_GROUPS] = {"world", "cp", "dp"};
@@ -144,6 +163,9 @@ void comm_cuda_init(Comm *c) {
         COMM_CUDA_CHECK(c, cudaEventCreateWithFlags(&n->event[i], cudaEventDisableTiming));
         n->free_event[n->nfree++] = COMM_EVENTS - 1 - i;
     }
+    for (int g = 0; g < COMM_GROUPS; g++)
+        for (int i = 0; i < COMM_WATCH_LOG; i++)
+            COMM_CUDA_CHECK(c, cudaEventCreateWithFlags(&n->post_event[g][i], cudaEventDisableTiming));
 }
 
 void comm_nccl_free(Comm *c) {
@@ -155,6 +177,8 @@ void comm_nccl_free(Comm *c) {
     }
     COMM_CUDA_CHECK(c, cudaEventDestroy(n->ready));
     for (int i = 0; i < COMM_EVENTS; i++) COMM_CUDA_CHECK(c, cudaEventDestroy(n->event[i]));
+    for (int g = 0; g < COMM_GROUPS; g++)
+        for (int i = 0; i < COMM_WATCH_LOG; i++) COMM_CUDA_CHECK(c, cudaEventDestroy(n->post_event[g][i]));
     free(n);
     c->nccl = NULL;
 }
@@ -171,9 +195,17 @@ static cudaStream_t comm_nccl_begin(Comm *c, CommGroup g, const CommHandle *h) {
     return n->stream[g];
 }
 
-/* Marks the end of the handle's operations so far on group g's stream. */
-static void comm_nccl_end(Comm *c, CommGroup g, CommHandle *h) {
+/* Marks the end of the handle's operations so far on group g's stream (and, under the watchdog,
+ * logs operation `op`). */
+static void comm_nccl_end(Comm *c, CommGroup g, CommHandle *h, const char *op) {
     CommNccl *n = c->nccl;
+    if (c->watch) {
+        CommNcclPost *p = &n->post[g][n->posts[g] % COMM_WATCH_LOG];
+        COMM_CUDA_CHECK(c, cudaEventRecord(n->post_event[g][n->posts[g] % COMM_WATCH_LOG], n->stream[g]));
+        p->seq = ++n->posts[g];
+        p->op = op;
+        comm_watch_where(c, &p->step, &p->layer, &p->what);
+    }
     if (!h->event) {
         RS_CHECK(n->nfree > 0, "more than %d CommHandles in flight (a handle posted and never waited?)", COMM_EVENTS);
         h->event = 1 + n->free_event[--n->nfree];
@@ -185,13 +217,13 @@ static void comm_nccl_end(Comm *c, CommGroup g, CommHandle *h) {
 void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
     COMM_NCCL_CHECK(c, ncclAllGather(send, recv, (size_t)bytes, ncclUint8, c->nccl->nc[g], s));
-    comm_nccl_end(c, g, h);
+    comm_nccl_end(c, g, h, "all-gather");
 }
 
 void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
     COMM_NCCL_CHECK(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, c->nccl->nc[g], s));
-    comm_nccl_end(c, g, h);
+    comm_nccl_end(c, g, h, "all-reduce");
 }
 
 void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
@@ -202,7 +234,7 @@ void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *r
     COMM_NCCL_CHECK(c, ncclSend(send, (size_t)bytes, ncclUint8, to, nc, s));
     COMM_NCCL_CHECK(c, ncclRecv(recv, (size_t)bytes, ncclUint8, from, nc, s));
     COMM_NCCL_CHECK(c, ncclGroupEnd());
-    comm_nccl_end(c, g, h);
+    comm_nccl_end(c, g, h, "send/recv");
 }
 
 void comm_nccl_wait(Comm *c, CommHandle *h) {
@@ -212,5 +244,46 @@ void comm_nccl_wait(Comm *c, CommHandle *h) {
     n->free_event[n->nfree++] = h->event - 1;
     h->event = 0;
     h->group = 0;
+}
+
+/* ---- the watchdog thread's side --------------------------------------------------------- */
+
+int comm_nccl_watch_error(Comm *c, char *msg, size_t len) {
+    CommNccl *n = c->nccl;
+    for (int g = 0; g < COMM_GROUPS; g++) {
+        ncclResult_t r = ncclSuccess;
+        if (ncclCommGetAsyncError(n->nc[g], &r) != ncclSuccess || r == ncclSuccess || r == ncclInProgress) continue;
+        snprintf(msg, len, "group %s on GPU %d (%s): %s; NCCL says: %s", comm_group_names[g], n->device, n->bus,
+                 ncclGetErrorString(r), ncclGetLastError(n->nc[g]));
+        return 1;
+    }
+    return 0;
+}
+
+int comm_nccl_watch_pending(Comm *c, char *msg, size_t len) {
+    CommNccl *n = c->nccl;
+    size_t k = 0;
+    msg[0] = 0;
+    if (cudaSetDevice(n->device) != cudaSuccess) return 0; /* this thread's current device */
+    for (int g = 0; g < COMM_GROUPS; g++) {
+        uint64_t first = n->posts[g] > COMM_WATCH_LOG ? n->posts[g] - COMM_WATCH_LOG : 0;
+        for (uint64_t i = first; i < n->posts[g]; i++) {
+            if (cudaEventQuery(n->post_event[g][i % COMM_WATCH_LOG]) != cudaErrorNotReady) continue;
+            const CommNcclPost *p = &n->post[g][i % COMM_WATCH_LOG];
+            int m = snprintf(msg + k, len - k,
+                             "%sNCCL %s over %s (post %llu%s) at step %lld, layer %d (%s) not complete", k ? "; " : "",
+                             p->op, comm_group_names[g], (unsigned long long)p->seq,
+                             i == first && first > 0 ? ", or an earlier one" : "", (long long)p->step, p->layer,
+                             p->what ? p->what : "?");
+            if (m > 0) k = k + (size_t)m < len ? k + (size_t)m : len - 1;
+            break;
+        }
+    }
+    return k > 0;
+}
+
+void comm_nccl_watch_abort(Comm *c) {
+    CommNccl *n = c->nccl;
+    for (int g = 0; g < COMM_GROUPS; g++) ncclCommAbort(n->nc[g]); /* the run ends next: nothing to check */
 }
 #endif

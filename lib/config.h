@@ -104,6 +104,7 @@ typedef struct {
     int64_t dp; /* data-parallel replicas */
     int64_t cp; /* context-parallel ranks per replica */
     bool    overlap_comm; /* false: every non-blocking transfer is waited at once (Comm.serial) */
+    double  comm_timeout_s; /* a wait for other ranks longer than this ends the run (comm_watchdog.c); 0: off */
 } ParallelConfig;
 
 typedef struct {
@@ -151,6 +152,13 @@ typedef struct {
     int64_t threads;     /* cpu backend: BLAS threads per rank */
 } DeviceConfig;
 
+/* For tests only: one rank stops answering at a given point (comm_watchdog.c). */
+typedef struct {
+    int64_t stall_rank;  /* the world rank that stalls; -1: none */
+    int64_t stall_step;  /* at this step ... */
+    int64_t stall_layer; /* ... at this layer's first communication */
+} DebugConfig;
+
 /* Where a value came from, for messages and the resolved table. */
 typedef enum { CONFIG_ORIGIN_DEFAULT, CONFIG_ORIGIN_FILE, CONFIG_ORIGIN_SET } ConfigOrigin;
 typedef struct {
@@ -170,6 +178,7 @@ typedef struct {
     CheckpointConfig checkpoint;
     SlurmConfig      slurm;
     DeviceConfig     device;
+    DebugConfig      debug;
     /* provenance */
     char        *file;                 /* the YAML file, or NULL */
     ConfigSource source[CONFIG_MAX_KEYS]; /* indexed like the schema table */

@@ -38,7 +38,7 @@ _Static_assert(sizeof hidden_act_names / sizeof *hidden_act_names == HIDDEN_ACT_
 _Static_assert(sizeof slurm_launcher_names / sizeof *slurm_launcher_names == SLURM_LAUNCHER_COUNT + 1, "names");
 
 const char *const config_sections[] = {
-    "run", "model", "data", "parallel", "train", "checkpoint", "slurm", "device", NULL,
+    "run", "model", "data", "parallel", "train", "checkpoint", "slurm", "device", "debug", NULL,
 };
 const char *const config_section_docs[] = {
     "the run: where it writes, its seed, when it stops",
@@ -49,6 +49,7 @@ const char *const config_section_docs[] = {
     "checkpoint files and activation checkpointing",
     "the Slurm job `ringscan submit` renders",
     "the device the run uses",
+    "for tests only: make one rank stall, to exercise the communication watchdog",
     NULL,
 };
 
@@ -126,6 +127,11 @@ const ConfigKey config_schema[] = {
     INT(parallel.cp, "1", 1, 1 << 16, "ranks", "cp", "context-parallel ranks per replica (zigzag layout)"),
     BOOL(parallel.overlap_comm, "true", "comm",
          "run communication beside compute; false: wait for each transfer at once (measurement, debugging)"),
+    FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",
+        "a rank waiting longer than this for the others (a collective, a transfer; cuda: the step's end) ends the run "
+        "with exit 76 and a report naming the collective, step, layer and the ranks that had not arrived (written "
+        "to <run.out_dir>/.watchdog/); it must exceed the longest legitimate wait: a checkpoint write, a cuda step; "
+        "0: off"),
 
     /* ---- train ---- */
     INT(train.steps, "1000", 1, BIG, "steps", "train", "optimizer steps of the whole run"),
@@ -187,6 +193,14 @@ const ConfigKey config_schema[] = {
     FLT(device.memory_gib, "80", 0.01, 1e6, "GiB", "device", "memory per GPU (cpu: per rank) that plan checks against"),
     FLT(device.peak_tflops, "0", 0.0, 1e6, "TFLOP/s", "device", "dense bf16 peak for MFU; 0: from the device table"),
     INT(device.threads, "1", 1, 1024, "threads", "device", "cpu backend: BLAS threads per rank (fixed: deterministic)"),
+
+    /* ---- debug (tests only) ---- */
+    INT(debug.stall_rank, "-1", -1, BIG, "rank", "comm",
+        "tests only: this world rank stops forever before its first communication of debug.stall_layer at "
+        "debug.stall_step, so the watchdog must end the run; -1: never"),
+    INT(debug.stall_step, "1", 1, BIG, "steps", "comm", "tests only: the step debug.stall_rank stalls at"),
+    INT(debug.stall_layer, "0", 0, CONFIG_LIST_MAX, "layer", "comm",
+        "tests only: the layer debug.stall_rank stalls at"),
 };
 
 const int config_schema_count = (int)(sizeof config_schema / sizeof config_schema[0]);

@@ -171,9 +171,30 @@ static int validate_slurm(const Config *cfg, ConfigErrors *err) {
     return err->count - before;
 }
 
+/* debug.stall_*: a stall the watchdog cannot end would hang the run forever */
+static int validate_debug(const Config *cfg, ConfigErrors *err) {
+    char a[900], b[900];
+    int before = err->count;
+    if (cfg->debug.stall_rank < 0) return 0;
+    if (cfg->parallel.comm_timeout_s <= 0)
+        config_errors_add(err, "%s with %s: nothing would end the stalled run",
+                          validate_quote(cfg, "debug.stall_rank", a, sizeof a),
+                          validate_quote(cfg, "parallel.comm_timeout_s", b, sizeof b));
+    if (config_world(cfg) == 1)
+        config_errors_add(err, "%s in a world of one rank: it waits for no one, so no watchdog runs",
+                          validate_quote(cfg, "debug.stall_rank", a, sizeof a));
+    else if (cfg->debug.stall_rank >= config_world(cfg))
+        config_errors_add(err, "%s is not a rank of the world of %lld",
+                          validate_quote(cfg, "debug.stall_rank", a, sizeof a), (long long)config_world(cfg));
+    if (cfg->debug.stall_layer >= cfg->model.num_hidden_layers)
+        config_errors_add(err, "%s is not a layer of the %lld", validate_quote(cfg, "debug.stall_layer", a, sizeof a),
+                          (long long)cfg->model.num_hidden_layers);
+    return err->count - before;
+}
+
 int config_validate(const Config *cfg, ConfigErrors *err) {
     return validate_model(cfg, err) + validate_layout(cfg, err) + validate_train(cfg, err) +
-           validate_slurm(cfg, err);
+           validate_slurm(cfg, err) + validate_debug(cfg, err);
 }
 
 int config_validate_world(const Config *cfg, int64_t world, const char *launcher, ConfigErrors *err) {

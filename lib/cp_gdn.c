@@ -78,9 +78,10 @@ static void cp_scan_fold(Cp *cp, const CpScanSizes *z, float *out, int s, int se
     if (S != out) cp->be->copy(out, S, (size_t)z->hh * sizeof(float));
 }
 
-/* One all-gather of every rank's slots over the CP group. */
-static void cp_scan_allgather(Cp *cp, const CpScanSizes *z) {
+/* One all-gather of every rank's slots over the CP group (`what`: for the watchdog's report). */
+static void cp_scan_allgather(Cp *cp, int layer, const CpScanSizes *z, const char *what) {
     CommHandle h = {0};
+    comm_set_context(cp->comm, layer, what);
     comm_iallgather(cp->comm, COMM_CP, cp->scan_send, cp->scan_recv, z->per_rank * (int64_t)sizeof(float),
                     &h);
     comm_wait(cp->comm, &h);
@@ -104,7 +105,7 @@ void cp_gdn_scan_forward(Cp *cp, int layer, float *states, float *M_keep, const 
                                      ldv);
             be->copy(M_keep + i * z.mm, M, (size_t)z.mm * sizeof(float));
         }
-    cp_scan_allgather(cp, &z);
+    cp_scan_allgather(cp, layer, &z, "GDN scan all-gather forward");
     cp->count.scan_allgathers_fwd[layer]++;
 
     for (int s = 0; s < B->samples; s++)
@@ -140,7 +141,7 @@ void cp_gdn_scan_backward(Cp *cp, int layer, float *dS_final, const float *M_kee
                                  g + r0 * d->nv, beta + r0 * d->nv, doc_pos + r0, L->frag_len, d->nk, d->nv, d->dk,
                                  d->dv, ldq, ldo);
         }
-    cp_scan_allgather(cp, &z);
+    cp_scan_allgather(cp, layer, &z, "GDN scan all-gather backward");
     cp->count.scan_allgathers_bwd[layer]++;
 
     for (int s = 0; s < B->samples; s++)
@@ -174,6 +175,7 @@ void cp_gdn_halo_forward(Cp *cp, int layer, void *halo, const void *proj, int ld
             be->copy_2d(CP_AT(cp->halo_send, i * tail), CP_AT(proj, last * ldp), w, d->Cc, d->Cc, ldp);
         }
     CommHandle h = {0};
+    comm_set_context(cp->comm, layer, "conv halo forward");
     comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv, per_rank * es, &h);
     comm_wait(cp->comm, &h);
     cp->count.halo_exchanges[layer]++;
@@ -199,6 +201,7 @@ void cp_gdn_halo_backward(Cp *cp, int layer, void *dproj, int ldp, const void *d
     const int64_t tail = (int64_t)w * d->Cc, per_rank = (int64_t)B->samples * L->nlocal * tail;
     if (dhalo != cp->halo_send) be->copy(cp->halo_send, dhalo, (size_t)(per_rank * es));
     CommHandle h = {0};
+    comm_set_context(cp->comm, layer, "conv halo backward");
     comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv, per_rank * es, &h);
     comm_wait(cp->comm, &h);
     cp->count.halo_exchanges[layer]++;

@@ -104,6 +104,7 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
 
     const void *cur = kv;
     CommHandle h = {0};
+    comm_set_context(cp->comm, layer, "ring attention forward");
     for (int t = 0; t < P; t++) {
         int j = (r - t + P) % P;
         void *next = cp->kv_recv[(t + 1) % 2];
@@ -159,6 +160,7 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
     const void *cur = kv;
     const float *own = cp->dkv_local; /* P = 1: this step's contributions are the whole gradient */
     CommHandle h_kv = {0}, h_dkv = {0};
+    comm_set_context(cp->comm, layer, "ring attention backward");
     for (int t = 0; t < P; t++) {
         int j = (r - t + P) % P;
         void *next = cp->kv_recv[(t + 1) % 2];

@@ -13,6 +13,8 @@
  *   2  RS_EXIT_USAGE      bad command line, bad config, bad input file
  *   75 RS_EXIT_PREEMPTED  stopped on SIGUSR1/SIGTERM after writing a checkpoint
  *                         (EX_TEMPFAIL: "try again later"; the job script requeues)
+ *   76 RS_EXIT_HANG       a wait for other ranks passed parallel.comm_timeout_s, or NCCL
+ *                         reported an asynchronous error (comm_watchdog.c; not requeued)
  *
  * Where messages go: stderr, always; and, once the trainer has opened its run
  * directory's log (error_open_log), log.txt too, so a dead run's log ends with
@@ -46,6 +48,7 @@ enum {
     RS_EXIT_FAIL      = 1,
     RS_EXIT_USAGE     = 2,
     RS_EXIT_PREEMPTED = 75,
+    RS_EXIT_HANG      = 76,
 };
 
 /* Set once MPI (or Slurm's environment) has told us who we are; before that

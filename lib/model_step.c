@@ -58,6 +58,7 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
     const int reduce = sync_grads && comm && comm->world_size > 1;
     CommHandle buckets = {0};
     RS_CHECK(b->pos_host && b->doc_pos_host, "the batch's host metadata is not set");
+    comm_set_context(comm, -1, "batch metadata all-gather");
     cp_batch_begin(&m->cp, b->micro, b->pos_host, b->doc_pos_host);
 
     /* forward */
@@ -79,6 +80,7 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
         if (reduce) {
             int64_t a, e;
             model_layer_range(m, l, &a, &e);
+            comm_set_context(comm, l, "gradient all-reduce");
             comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + a, e - a, &buckets);
             comm_progress(comm, &buckets);
         }
@@ -88,6 +90,7 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
         int64_t first, last_end, unused;
         model_layer_range(m, 0, &first, &unused);
         model_layer_range(m, L - 1, &unused, &last_end);
+        comm_set_context(comm, -1, "gradient all-reduce");
         comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads, first, &buckets);
         comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + last_end, m->ptab.buffer_numel - last_end, &buckets);
         comm_wait(comm, &buckets);

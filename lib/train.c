@@ -559,6 +559,7 @@ static int train_loop(Trainer *t) {
     while (t->step < cfg->train.steps) {
         double t0 = train_now();
         t->step++;
+        comm_set_step(comm, t->step);
         double lr = train_lr(cfg, t->step);
         be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
         memset(&m->count, 0, sizeof m->count);
@@ -567,6 +568,7 @@ static int train_loop(Trainer *t) {
         int64_t predicted = 0;
         for (int64_t k = 0; k < accum; k++) train_read_micro(t, k);
         for (int64_t i = 0; i < accum * rows; i++) predicted += t->targets[i] >= 0;
+        comm_set_context(comm, -1, "token count");
         double n_global = comm_allreduce_sum_scalar(comm, comm->world, (double)predicted);
         if (n_global < 1) RS_FATAL("step %lld has no token with a next-token target", (long long)t->step);
         float grad_scale = (float)(1.0 / n_global);
@@ -575,8 +577,14 @@ static int train_loop(Trainer *t) {
             Batch bt = train_batch(t, k);
             model_forward_backward(m, &bt, grad_scale, k == accum - 1);
         }
-        /* the step's host synchronisations: the loss read waits for the GPU, then the gradient norm */
-        double loss = comm_allreduce_sum_scalar(comm, comm->world, model_loss_sum(m, (int)accum)) / n_global;
+        /* the step's host synchronisations: the loss read waits for the GPU, then the gradient norm; on
+         * cuda the watchdog times the first, where a stuck NCCL operation shows up */
+        comm_set_context(comm, -1, "step-end loss read");
+        comm_watch_begin(comm, "loss read", COMM_WORLD);
+        double local_loss = model_loss_sum(m, (int)accum);
+        comm_watch_end(comm);
+        comm_set_context(comm, -1, "loss all-reduce");
+        double loss = comm_allreduce_sum_scalar(comm, comm->world, local_loss) / n_global;
         double gnorm = sqrt(be->sum_squares(m->grads, nparam));
         if (!isfinite(gnorm) || !isfinite(loss))
             RS_FATAL("non-finite loss %g or gradient norm %g at step %lld; the weights were not updated (the last "
@@ -623,10 +631,12 @@ static int train_loop(Trainer *t) {
         train_write_metrics(t, o);
         json_decref(o);
 
+        comm_set_context(comm, -1, "stop-signal all-reduce");
         int stop_signal = comm_allreduce_max_int(comm, comm->world, (int)train_signal_seen);
         int at_end = t->step == cfg->train.steps;
         int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
         int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
+        comm_set_context(comm, -1, "checkpoint save (rank 0 writes)");
         if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
         if (stop_signal) {
             train_say(t, "stopped by signal %d after step %lld, checkpoint written; exit %d (requeue and resume)\n",
@@ -734,6 +744,9 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
         train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
 
     train_catch_stop_signals();
+    if (comm->world_size > 1) /* no wait for other ranks can hang a single rank */
+        comm_watchdog_start(comm, &(CommWatchOptions){cfg->parallel.comm_timeout_s, t.run_dir, cfg->debug.stall_rank,
+                                                      cfg->debug.stall_step, cfg->debug.stall_layer});
     int rc = train_loop(&t);
 
     if (t.metrics) fclose(t.metrics);

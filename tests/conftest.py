@@ -34,6 +34,15 @@ def ringscan():
     return RINGSCAN
 
 
+@pytest.fixture(scope="session")
+def recall_tok(tmp_path_factory, ringscan):
+    """The synthetic recall data most training tests use (300k tokens, seed 7), made once per session."""
+    d = tmp_path_factory.mktemp("recall")
+    r = run([ringscan, "data", "synth", d / "recall.tok", "--tokens", "300000", "--seed", "7"])
+    assert r.returncode == 0, r.stderr
+    return d / "recall.tok"
+
+
 def pytest_unconfigure(config):
     """Runs after pytest's own summary, so this is the last line printed."""
     tr = config.pluginmanager.get_plugin("terminalreporter")

@@ -1,0 +1,139 @@
+"""test_watchdog.py — the communication watchdog (lib/comm_watchdog.c) under mpirun on the cpu
+backend: one rank made to stall on purpose (debug.stall_*, a test-only config section) must end
+the run with exit 76 within the timeout plus a few seconds, and one report that names the
+collective, the step and layer, and the stalled rank; a run where nothing hangs is unaffected
+(bitwise the same losses as with the watchdog off, the thread there during the run, nothing
+written).
+"""
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RINGSCAN, ROOT, run
+
+TIMEOUT = 3  # parallel.comm_timeout_s of the stall runs: tick 1 s, grace 2 s
+BASE = ["--set", "data.seq_len=256", "--set", "data.micro_batch=1", "--set", "train.warmup_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def data(recall_tok):
+    return recall_tok
+
+
+def train_args(run_dir, data, dp, cp, steps, *sets):
+    return ["mpirun", "-np", str(dp * cp), "--oversubscribe", RINGSCAN, "train", "configs/tiny-cpu.yaml", *BASE,
+            "--set", f"parallel.dp={dp}", "--set", f"parallel.cp={cp}", "--set", f"data.path={data}",
+            "--set", f"run.out_dir={run_dir}", "--set", f"train.steps={steps}", *sets]
+
+
+def stall(run_dir, data, dp, cp, rank, step, layer):
+    t0 = time.time()
+    r = run(train_args(run_dir, data, dp, cp, 6, "--set", f"parallel.comm_timeout_s={TIMEOUT}",
+                       "--set", f"debug.stall_rank={rank}", "--set", f"debug.stall_step={step}",
+                       "--set", f"debug.stall_layer={layer}"), timeout=300)
+    return r, time.time() - t0
+
+
+def report_of(run_dir):
+    (attempt,) = list((run_dir / ".watchdog").iterdir())
+    return (attempt / "report.txt").read_text()
+
+
+def test_stalled_rank_is_named(tmp_path, data):
+    """cp 2: rank 1 stops before its conv halo all-gather of layer 1 (GDN) in step 2; rank 0 waits there."""
+    rd = tmp_path / "r"
+    r, elapsed = stall(rd, data, 1, 2, 1, 2, 1)
+    assert r.returncode == 76, r.stdout + r.stderr
+    err = r.stderr
+    head = re.search(r"rank 0 \(\S+\) has waited ([0-9.]+) s in iallgather over cp group 0 \(ranks 0-1\) at step 2, "
+                     r"layer 1 \(conv halo forward\)", err)
+    assert head, err
+    assert "not arrived: rank 1 (1 of the 2 ranks of cp group 0)" in err, err
+    busy = re.search(r"rank 1 \(\S+\): busy outside any wait at step 2, layer 1 \(conv halo forward\) for ([0-9.]+) s",
+                     err)
+    assert busy, err
+    assert "arrived and waiting: rank 0 " in err, err
+    assert err.count("has waited") == 1, err  # one report, from one rank
+    # time to abort: the waiting rank's wait and the stalled rank's stall when the report was made
+    # (records are refreshed every tick) lie between the timeout and timeout + tick + grace + slack
+    waited, stalled = float(head.group(1)), float(busy.group(1))
+    assert TIMEOUT <= waited <= TIMEOUT + 1 + 2 + 1.5, waited
+    assert TIMEOUT - 1 <= stalled <= TIMEOUT + 1 + 2 + 1.5, stalled
+    assert elapsed < 90, elapsed
+    rep = report_of(rd)
+    assert "not arrived: rank 1 " in rep and "conv halo forward" in rep
+    # the run stopped inside step 2: step 1's metrics only
+    assert [json.loads(l)["step"] for l in open(rd / "metrics.jsonl")] == [1]
+
+
+def test_report_follows_the_chain_to_the_stalled_rank(tmp_path, data):
+    """dp 2 x cp 2: rank 3 stops in the ring attention of layer 3 (step 2). Rank 2 waits for it in the
+    ring; ranks 0-1 finish their backward and wait for everyone in the gradient all-reduce. The report
+    is about the ring of cp group 1, whichever rank timed out first, and lists ranks 0-1 apart."""
+    rd = tmp_path / "r"
+    r, elapsed = stall(rd, data, 2, 2, 3, 2, 3)
+    assert r.returncode == 76, r.stdout + r.stderr
+    err = r.stderr
+    assert re.search(r"rank 2 \(\S+\) has waited [0-9.]+ s in isendrecv over cp group 1 \(ranks 2-3\) at step 2, "
+                     r"layer 3 \(ring attention forward\)", err), err
+    assert "not arrived: rank 3 (1 of the 2 ranks of cp group 1)" in err, err
+    assert re.search(r"rank 3 \(\S+\): busy outside any wait at step 2, layer 3 \(ring attention forward\)", err), err
+    assert "ranks 0-1: waiting in iallreduce over world at step 2 (gradient all-reduce)" in err, err
+    assert err.count("has waited") == 1, err
+    assert elapsed < 120, elapsed
+
+
+def watchdog_threads(run_dir):
+    """Threads named rs-watchdog in the processes whose command line names run_dir."""
+    n = 0
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(run_dir).encode() not in (p / "cmdline").read_bytes():
+                continue
+            n += sum((t / "comm").read_text().strip() == "rs-watchdog" for t in (p / "task").iterdir())
+        except OSError:
+            continue
+    return n
+
+
+def test_nothing_hangs_nothing_changes(tmp_path, data):
+    """The same cp 2 run with the watchdog on (a timeout no healthy wait reaches on a loaded machine)
+    and off: bitwise the same losses; with it on each rank runs the thread, with it off none does;
+    neither writes a .watchdog directory."""
+    seen = {}
+    for name, timeout in (("on", 60), ("off", 0)):
+        rd = tmp_path / name
+        args = [str(a) for a in train_args(rd, data, 1, 2, 5, "--set", f"parallel.comm_timeout_s={timeout}")]
+        p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+        most = 0
+        while p.poll() is None:
+            most = max(most, watchdog_threads(rd))
+            time.sleep(0.1)
+        out, err = p.communicate()
+        assert p.returncode == 0, out + err
+        seen[name] = most
+        assert not (rd / ".watchdog").exists()
+    assert seen == {"on": 2, "off": 0}, seen
+    losses = {n: [json.loads(l)["loss"] for l in open(tmp_path / n / "metrics.jsonl")] for n in ("on", "off")}
+    assert len(losses["on"]) == 5 and losses["on"] == losses["off"], losses
+
+
+@pytest.mark.parametrize("sets,words", [
+    (["parallel.comm_timeout_s=0", "debug.stall_rank=1"], "nothing would end the stalled run"),
+    (["debug.stall_rank=2"], "debug.stall_rank = 2 (--set #2) is not a rank of the world of 2"),
+    (["debug.stall_rank=1", "debug.stall_layer=4"], "is not a layer of the 4"),
+    (["parallel.cp=1", "debug.stall_rank=0"], "in a world of one rank"),
+])
+def test_stall_needs_a_watchdog_and_a_real_place(tmp_path, sets, words):
+    args = [RINGSCAN, "config", "check", "configs/tiny-cpu.yaml", "--set", "parallel.cp=2"]
+    for s in sets:
+        args += ["--set", s]
+    r = run(args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert words in r.stderr, r.stderr
