@@ -98,6 +98,7 @@ typedef struct {
     int64_t seq_len;     /* tokens per sample (the whole context, before CP) */
     int64_t micro_batch; /* samples per data-parallel rank per micro-step */
     bool    shuffle;
+    bool    accept_changed; /* resume, given with --set only: accept data whose fingerprint differs */
 } DataConfig;
 
 typedef struct {

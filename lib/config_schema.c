@@ -120,6 +120,9 @@ const ConfigKey config_schema[] = {
     INT(data.seq_len, "4096", 64, 1LL << 34, "tokens", "data", "tokens per sample, before CP splits it"),
     INT(data.micro_batch, "1", 1, 65536, "samples", "data", "samples per data-parallel replica per micro-step"),
     BOOL(data.shuffle, "true", "data", "shuffle sample order (deterministic from run.seed)"),
+    BOOL(data.accept_changed, "false", "data",
+         "resume only, and only as --set on its command line: continue although the data's fingerprint differs "
+         "from the checkpoint's (the data position then points into other data: the resume is no longer exact)"),
 
     /* ---- parallel ---- */
     INT(parallel.dp, "1", 1, 1 << 20, "ranks", "comm", "data-parallel replicas"),

@@ -7,14 +7,20 @@
  *   optim.safetensors   AdamW moments: "m.<name>" and "v.<name>", fp32
  *   manifest.json       ckpt.h's manifest; its state object holds
  *     step, samples_consumed, tokens_consumed (the data position: global,
- *     independent of dp/cp), seed, world {dp, cp}, identity_hash and
- *     config_yaml (the resolved config of the run when it was saved).
+ *     independent of dp/cp), seed, world {dp, cp}, identity_hash,
+ *     config_yaml (the resolved config of the run when it was saved) and
+ *     data {path, bytes, mtime_ns, n_tokens, n_docs, fingerprint, idx}: the
+ *     data file's fingerprint when the run opened it (data.h,
+ *     DataFingerprint).
  * The AdamW step counter is `step`; the weights' RNG is not needed after
  * initialisation, so no RNG state is stored beyond the seed.
  *
  * A resume refuses a checkpoint whose model or data differ from the config it
  * runs with (identity keys: model.*, data.format, data.path, data.seq_len,
- * data.shuffle, run.seed), printing the differing keys, and exits 2.
+ * data.shuffle, run.seed), printing the differing keys, and exits 2; and
+ * one whose data file has another fingerprint (a replaced or regenerated
+ * file at the same path), unless `--set data.accept_changed=true` is given
+ * on the resume's command line. Only an mtime that changed is a note.
  */
 #ifndef RS_TRAIN_CKPT_H
 #define RS_TRAIN_CKPT_H

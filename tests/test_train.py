@@ -253,3 +253,91 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, data):
     r = train(tmp_path / "r", data, "--set", "device.kind=cuda", steps=2, expect=2)
     assert "device.kind = cuda" in r.stderr
     assert not (tmp_path / "r").exists()
+
+
+# ---- data that changes underfoot (issue 17, item 2) -----------------------------------------------
+
+def start_train(rd, data, *sets, steps=400):
+    cmd = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
+           "--set", f"run.out_dir={rd}", "--set", f"train.steps={steps}", *sets]
+    return subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(p, rd, n, limit=120):
+    deadline = time.time() + limit
+    while time.time() < deadline and p.poll() is None:
+        if (rd / "metrics.jsonl").exists() and len(open(rd / "metrics.jsonl").readlines()) >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{rd}: fewer than {n} steps")
+
+
+@pytest.mark.parametrize("change", ["truncate", "overwrite"])
+def test_data_changed_during_a_run_stops_it_clearly(tmp_path, data, change):
+    """Truncating the data file during a run used to kill it with SIGBUS (a shared mapping) and an
+    overwrite in place gave garbage token ranges: now the next read names the file and what changed,
+    the run exits 2, and its last checkpoint is intact (resume on the restored file continues)."""
+    mine = tmp_path / "d.tok"
+    shutil.copy(data, mine)
+    rd = tmp_path / "r"
+    p = start_train(rd, mine, "--set", "checkpoint.every=2")
+    wait_for_steps(p, rd, 5)
+    size = mine.stat().st_size
+    if change == "truncate":
+        os.truncate(mine, size // 2)
+    else:
+        with open(mine, "r+b") as f:  # same size, other tokens (still valid ids: 0..255)
+            f.seek(size // 2)
+            f.write(bytes(random.Random(5).randrange(0, 256) if i % 2 == 0 else 0 for i in range(1 << 16)))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2, out + err
+    assert f"data file {mine} changed while the run was reading it" in err, err
+    assert ("truncated" if change == "truncate" else "overwritten") in err
+    assert "last checkpoint is intact" in err
+    assert "Bus error" not in err and "token range" not in err
+    done = len(losses(rd))
+    assert 5 <= done < 400
+    shutil.copy(data, mine)  # the original content back (another mtime: a note, not a refusal)
+    r = run([RINGSCAN, "resume", rd, "--dry-run"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "would continue from" in r.stdout and "another mtime" in r.stdout
+
+
+def test_resume_refuses_replaced_data_unless_accepted(tmp_path, ringscan, data):
+    """A different file at the same path (other seed, other size) no longer resumes silently: the
+    checkpoint's fingerprint differs. --set data.accept_changed=true on the resume's command line
+    accepts it; the same value read back from config.resolved.yaml does not accept the next change."""
+    mine = tmp_path / "d.tok"
+    shutil.copy(data, mine)
+    rd = tmp_path / "r"
+    train(rd, mine, steps=3)
+    state = json.loads((rd / "ckpt" / "step_00000003" / "manifest.json").read_text())["state"]
+    fp = state["data"]
+    assert fp["path"] == str(mine) and fp["bytes"] == mine.stat().st_size and len(fp["fingerprint"]) == 16
+    other = tmp_path / "other.tok"
+    r = run([ringscan, "data", "synth", other, "--tokens", "290000", "--seed", "8"])
+    assert r.returncode == 0, r.stderr
+    os.replace(other, mine)
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=5"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"resume refuses: data file {mine} is not the data of checkpoint" in r.stderr
+    assert "fingerprint: " + fp["fingerprint"] + " -> " in r.stderr and f"bytes: {fp['bytes']} -> " in r.stderr
+    assert "data.accept_changed=true" in r.stderr
+    assert len(losses(rd)) == 3  # nothing ran
+    # same size, same documents, other tokens in place: the sampled blocks see it
+    b = bytearray(data.read_bytes())
+    for i in range(len(b) - 4096, len(b), 2):
+        b[i] = (b[i] + 1) % 256
+    mine.write_bytes(bytes(b))
+    r = run([RINGSCAN, "resume", rd, "--dry-run", "--set", "train.steps=5"])
+    assert r.returncode == 2 and "fingerprint: " in r.stderr and "bytes:" not in r.stderr, r.stderr
+    # accepted when asked on the command line
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=5", "--set", "data.accept_changed=true"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "continuing on it as --set data.accept_changed=true asks" in r.stdout
+    assert [m["step"] for m in metrics(rd)] == [1, 2, 3, 4, 5]
+    assert "accept_changed: true" in (rd / "config.resolved.yaml").read_text()
+    # ... once: the resolved config's true is not a --set, so the next change is refused again
+    shutil.copy(data, mine)
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=6"])
+    assert r.returncode == 2 and "resume refuses: data file" in r.stderr, r.stdout + r.stderr
