@@ -24,10 +24,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "error.h"
@@ -545,9 +548,21 @@ int config_load_yaml(Config *cfg, const char *name, const char *text, size_t len
 }
 
 int config_load_file(Config *cfg, const char *path, ConfigErrors *err) {
-    FILE *f = fopen(path, "rb");
+    /* a regular file only, checked before opening: open() of a FIFO would wait for a writer forever
+     * (O_NONBLOCK covers a path that turns into one between the two) */
+    struct stat st;
+    int fd = -1;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        config_errors_add(err, "%s: the config file is not a regular file (it is %s)", path,
+                          S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory" : "a device or socket");
+        return 1;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    FILE *f = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
     if (!f) {
-        config_errors_add(err, "%s: cannot open the config file: %s", path, strerror(errno));
+        config_errors_add(err, "%s: cannot open the config file: %s", path,
+                          fd >= 0 ? "not a regular file" : strerror(errno));
+        if (fd >= 0) close(fd);
         return 1;
     }
     char *buf = RS_MALLOC(CONFIG_FILE_MAX + 1);

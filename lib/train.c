@@ -13,8 +13,10 @@
  *      weight-decay group;
  *   5. log line (rank 0) and one JSON object in metrics.jsonl;
  *   6. checkpoint when checkpoint.every says so, after the last step, after
- *      run.stop_after_step, or when SIGUSR1/SIGTERM arrived during the step
- *      (all ranks agree through an all-reduce, then exit 75).
+ *      run.stop_after_step, or when a stop signal arrived during the step
+ *      (all ranks agree through an all-reduce), then exit 75 for SIGUSR1 or
+ *      SIGTERM (preemption: the Slurm job requeues), 128 + signal for SIGINT
+ *      (130) or SIGHUP (129); a second SIGINT exits 130 at once.
  *
  * The data position is the number of global samples consumed, which does not
  * depend on dp, cp or the micro-batch split. Resume restores weights, AdamW
@@ -67,15 +69,40 @@
 #include "cuda_profile.h"
 #endif
 
+/* The stop request: the first signal caught (SIGUSR1, SIGTERM: preemption; SIGINT, SIGHUP: the user
+ * or the terminal), answered after the current step. A second SIGINT ends the process at once
+ * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic). */
 static volatile sig_atomic_t train_signal_seen = 0;
-static void train_on_signal(int sig) { train_signal_seen = sig; }
+static void train_on_signal(int sig) {
+    if (sig == SIGINT && train_signal_seen) {
+        static const char msg[] = "\nringscan: second interrupt: exiting now, without a checkpoint\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + SIGINT);
+    }
+    if (!train_signal_seen) train_signal_seen = sig;
+}
 
 void train_catch_stop_signals(void) {
+    static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = train_on_signal;
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
+    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
+}
+
+int train_stop_exit_code(int sig) {
+    return sig == SIGUSR1 || sig == SIGTERM ? RS_EXIT_PREEMPTED : 128 + sig;
+}
+
+/* The stop signal every rank agrees on (0: none), in one all-reduce: a preemption signal wins over an
+ * interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still requeued. */
+static int train_agreed_signal(Trainer *t) {
+    int s = train_signal_seen;
+    int v = comm_allreduce_max_int(t->comm, t->comm->world, s == SIGUSR1 || s == SIGTERM ? 256 + s : s);
+    return v & 255;
 }
 
 static double train_now(void) {
@@ -428,15 +455,17 @@ static int train_loop(Trainer *t) {
         train_write_metrics(t, o);
         json_decref(o);
 
-        int stop_signal = comm_allreduce_max_int(comm, comm->world, (int)train_signal_seen);
+        int stop_signal = train_agreed_signal(t);
         int at_end = t->step == cfg->train.steps;
         int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
         int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
         if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
         if (stop_signal) {
-            train_say(t, "stopped by signal %d after step %lld, checkpoint written; exit %d (requeue and resume)\n",
-                      stop_signal, (long long)t->step, RS_EXIT_PREEMPTED);
-            return RS_EXIT_PREEMPTED;
+            int code = train_stop_exit_code(stop_signal);
+            train_say(t, "stopped by signal %d (%s) after step %lld, checkpoint written; exit %d (%s)\n", stop_signal,
+                      strsignal(stop_signal), (long long)t->step, code,
+                      code == RS_EXIT_PREEMPTED ? "requeue and resume" : "continue with `ringscan resume`");
+            return code;
         }
         if (stop_asked && !at_end) {
             train_say(t, "stopped after step %lld as run.stop_after_step asked; continue with `ringscan resume %s`\n",
@@ -528,7 +557,16 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
         train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
 
     train_catch_stop_signals();
-    int rc = train_loop(&t);
+    /* a stop signal during the set-up: nothing was trained, so nothing new to checkpoint */
+    int early = train_agreed_signal(&t);
+    int rc;
+    if (early) {
+        rc = train_stop_exit_code(early);
+        train_say(&t, "stopped by signal %d (%s) before step %lld; nothing new to checkpoint; exit %d\n", early,
+                  strsignal(early), (long long)t.step + 1, rc);
+    } else {
+        rc = train_loop(&t);
+    }
 
     if (t.metrics) fclose(t.metrics);
     if (t.log) fclose(t.log);

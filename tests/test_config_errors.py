@@ -135,3 +135,12 @@ def test_anchor_cycle_is_an_error_not_a_hang(ringscan, tmp_path):
     r = run([ringscan, "config", "check", "cyc.yaml"], cwd=tmp_path, timeout=20)
     assert r.returncode == 2
     assert "unknown key" in r.stderr
+
+
+def test_fifo_config_is_refused_not_waited_on(ringscan, tmp_path):
+    """open() of a FIFO waits for a writer forever: the loader stats first and refuses it."""
+    import os
+    os.mkfifo(tmp_path / "pipe.yaml")
+    r = run([ringscan, "config", "check", "pipe.yaml"], cwd=tmp_path, timeout=20)
+    assert r.returncode == 2
+    assert "pipe.yaml: the config file is not a regular file (it is a FIFO)" in r.stderr

@@ -205,6 +205,16 @@ def test_bad_data_writes_nothing(tmp_path, data):
         assert not rd.exists()
 
 
+def test_fifo_as_data_is_refused_not_waited_on(tmp_path):
+    """open() of a FIFO as data.path blocked forever: it is refused from stat, and nothing is written."""
+    fifo = tmp_path / "pipe.tok"
+    os.mkfifo(fifo)
+    rd = tmp_path / "run-must-not-exist"
+    r = train(rd, fifo, steps=2, expect=2)
+    assert f"data file {fifo} is not a regular file: it is a FIFO" in r.stderr, r.stderr
+    assert not rd.exists()
+
+
 def test_run_directory_blocked_by_a_file(tmp_path, data):
     """run.out_dir that is a file, or lies under one: refused with the path named (fsio_mkdirs used to take
     an existing file for the directory), and the file left as it was."""
@@ -341,3 +351,66 @@ def test_resume_refuses_replaced_data_unless_accepted(tmp_path, ringscan, data):
     shutil.copy(data, mine)
     r = run([RINGSCAN, "resume", rd, "--set", "train.steps=6"])
     assert r.returncode == 2 and "resume refuses: data file" in r.stderr, r.stdout + r.stderr
+
+
+# ---- signals (issue 17, item 6) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_sigint_and_sighup_finish_the_step_checkpoint_and_exit_128_plus_signal(tmp_path, data, sig, code):
+    """Ctrl-C and a closed terminal used to kill the run with no checkpoint: now they stop it like
+    SIGTERM (finish the step, checkpoint), with exit 128 + signal, which the job script does not requeue."""
+    rd = tmp_path / "r"
+    p = start_train(rd, data, steps=200)
+    wait_for_steps(p, rd, 3)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == code, out + err
+    assert f"stopped by signal {int(sig)}" in out and f"exit {code}" in out
+    done = len(losses(rd))
+    assert 3 <= done < 200
+    assert (rd / "ckpt" / f"step_{done:08d}").is_dir()
+    r = run([RINGSCAN, "resume", rd, "--dry-run"])
+    assert r.returncode == 0 and f"step {done} of 200" in r.stdout, r.stdout + r.stderr
+
+
+def test_second_sigint_exits_at_once(tmp_path, data):
+    rd = tmp_path / "r"
+    # steps of 8 x 1024 tokens (about a second here), so the second Ctrl-C lands inside the step
+    p = start_train(rd, data, "--set", "checkpoint.every=1", "--set", "data.seq_len=1024", "--set",
+                    "data.micro_batch=8", steps=200)
+    wait_for_steps(p, rd, 2)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # two signals sent at once arrive as one
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, out + err
+    assert "second interrupt: exiting now, without a checkpoint" in err
+    assert "stopped by signal" not in out  # it did not wait for the step
+    r = run([RINGSCAN, "resume", rd, "--dry-run"])  # the checkpoints written before are intact
+    assert r.returncode == 0 and "would continue from" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("delay_ms", [10, 30, 60])
+def test_stop_signal_while_starting_is_kept_not_fatal(tmp_path, data, delay_ms):
+    """SIGUSR1 in the first ~80 ms (before the handlers were installed, after MPI_Init) killed the
+    process; now main installs them first, and a stop before the first step exits 75 with nothing
+    trained (or, if the step was reached, after its checkpoint). Still fatal: a signal while the
+    dynamic loader runs, before main (about 0.2 ms here; LD_DEBUG=statistics), which no code of
+    ours can cover."""
+    rd = tmp_path / "r"
+    p = start_train(rd, data, steps=50)
+    time.sleep(delay_ms / 1000)
+    p.send_signal(signal.SIGUSR1)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 75, f"exit {p.returncode}\n{out}{err}"
+    assert "stopped by signal 10" in out
+    if "before step 1" in out:
+        assert not (rd / "ckpt").exists() or not any((rd / "ckpt").iterdir())
+    # and a resume, too
+    if (rd / "ckpt" / "LATEST").exists():
+        p = subprocess.Popen([str(RINGSCAN), "resume", str(rd)], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(delay_ms / 1000)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 75, f"exit {p.returncode}\n{out}{err}"
