@@ -378,11 +378,56 @@ static bool config_store_node(Config *cfg, int key, yaml_document_t *doc, yaml_n
     return false;
 }
 
+/* ---- nesting depth, before libyaml sees the text -------------------------- */
+
+/* libyaml's scanner walks its stack of possible simple keys, one per open flow collection, at every
+ * token: text nested n levels deep costs O(n^2) (a 200 KB file of 100k nested '[' took 23 s to be
+ * refused). A config is three levels deep, so anything past CONFIG_DEPTH_MAX open '[' or '{' is
+ * refused here, in one pass, naming the place. Block nesting needs indentation: 1 MiB of it holds
+ * about 1400 levels, which libyaml reads in milliseconds. Quoted scalars and comments are skipped
+ * the way YAML reads them (a quote opens a scalar only where a token starts; '#' after a space or
+ * at a line's start opens a comment). Returns false, with an error added, when too deep. */
+#define CONFIG_DEPTH_MAX 64
+
+static bool config_check_depth(const char *name, const char *text, size_t len, ConfigErrors *err) {
+    int depth = 0, line = 1, col = 1;
+    char quote = 0;
+    bool comment = false;
+    for (size_t i = 0; i < len; i++, col++) {
+        char c = text[i], prev = i ? text[i - 1] : '\n';
+        if (c == '\n') {
+            line++;
+            col = 0;
+            comment = false;
+            continue;
+        }
+        if (comment) continue;
+        if (quote) {
+            if (quote == '"' && c == '\\') { i++; col++; } /* an escape: skip the next character */
+            else if (c == quote) quote = 0;                /* '' inside '...' reopens at once: same result */
+            continue;
+        }
+        bool token_start = prev == ' ' || prev == '\t' || prev == '\n' || prev == '[' || prev == '{' || prev == ',';
+        if ((c == '\'' || c == '"') && token_start) quote = c;
+        else if (c == '#' && (prev == ' ' || prev == '\t' || prev == '\n')) comment = true;
+        else if (c == '[' || c == '{') {
+            if (++depth > CONFIG_DEPTH_MAX) {
+                config_errors_add(err, "%s:%d:%d: more than %d nested '[' or '{': a config nests sections, keys "
+                                       "and one list (3 levels)",
+                                  name, line, col, CONFIG_DEPTH_MAX);
+                return false;
+            }
+        } else if ((c == ']' || c == '}') && depth > 0) depth--;
+    }
+    return true;
+}
+
 /* Parses `text` as one YAML document and stores its root into `key`. */
 static bool config_store_text(Config *cfg, int key, const char *text, const char *where, ConfigErrors *err) {
     yaml_parser_t parser;
     yaml_document_t doc;
     bool ok = false;
+    if (!config_check_depth(where, text, strlen(text), err)) return false;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
     if (!yaml_parser_load(&parser, &doc)) {
@@ -508,6 +553,7 @@ int config_load_yaml(Config *cfg, const char *name, const char *text, size_t len
     yaml_document_t doc;
     free(cfg->file);
     cfg->file = RS_STRDUP(name);
+    if (!config_check_depth(name, text, len, err)) return err->count - before;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     if (!yaml_parser_load(&parser, &doc)) {
