@@ -136,13 +136,15 @@ static const char *config_suggest(const char *path) {
     return best_score <= limit ? best : NULL;
 }
 
-/* Is `path` a proper prefix of some key, i.e. a section like "model"? */
-static bool config_is_section(const char *path) {
+/* The schema index of the first key under `path` when it is a section like "model", else -1. */
+static int config_section_first_key(const char *path) {
     size_t n = strlen(path);
     for (int i = 0; i < config_schema_count; i++)
-        if (strncmp(config_schema[i].path, path, n) == 0 && config_schema[i].path[n] == '.') return true;
-    return false;
+        if (strncmp(config_schema[i].path, path, n) == 0 && config_schema[i].path[n] == '.') return i;
+    return -1;
 }
+
+static bool config_is_section(const char *path) { return config_section_first_key(path) >= 0; }
 
 static void config_list_names(const char *const *names, char *buf, size_t n) {
     size_t k = 0;
@@ -207,7 +209,7 @@ static bool config_is_null_scalar(const yaml_node_t *n) {
 static bool config_charset_ok(ConfigCharset cs, const char *s, const char **why) {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         unsigned char c = *p;
-        if (c < 0x20 || c == 0x7f) { *why = "control characters"; return false; }
+        if (c < 0x20 || c == 0x7f) { *why = "no control characters"; return false; }
         bool name = isalnum(c) || c == '_' || c == '.' || c == '-';
         switch (cs) {
         case CONFIG_CHARSET_ANY: break;
@@ -647,6 +649,11 @@ int config_apply_set(Config *cfg, const char *assignment, int index, ConfigError
     memcpy(path, assignment, kn);
     path[kn] = 0;
     int key = config_find_key(path);
+    if (key < 0 && config_is_section(path)) {
+        config_errors_add(err, "--set %s: '%s' is a section, not a key: give a key under it, like %s.%s", q, path,
+                          path, config_leaf(config_schema[config_section_first_key(path)].path));
+        return 1;
+    }
     if (key < 0) {
         const char *hint = config_suggest(path);
         if (hint)

@@ -80,12 +80,16 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
     int before = err->count;
     int64_t cp = cfg->parallel.cp, T = cfg->data.seq_len;
     int64_t unit = 2 * cp * 64;
-    if (T % unit != 0)
+    if (T % unit != 0) {
+        char near[64];
+        int64_t lo = T / unit * unit, hi = lo + unit; /* lo = 0 is no length */
+        if (lo > 0) snprintf(near, sizeof near, "%lld or %lld", (long long)lo, (long long)hi);
+        else snprintf(near, sizeof near, "%lld", (long long)hi);
         config_errors_add(err, "%s is not divisible by 2 x parallel.cp x 64 = %lld (%s): the zigzag layout cuts each "
-                               "sample into 2 x cp segments of whole 64-token chunks; nearest valid: %lld or %lld",
+                               "sample into 2 x cp segments of whole 64-token chunks; nearest valid: %s",
                           validate_quote(cfg, "data.seq_len", a, sizeof a), (long long)unit,
-                          validate_quote(cfg, "parallel.cp", b, sizeof b), (long long)(T / unit * unit),
-                          (long long)((T / unit + 1) * unit));
+                          validate_quote(cfg, "parallel.cp", b, sizeof b), near);
+    }
     const SlurmConfig *s = &cfg->slurm;
     int64_t world = config_world(cfg);
     bool cuda = cfg->device.kind == DEVICE_KIND_CUDA; /* a cuda job runs one task (rank) per GPU */

@@ -194,6 +194,10 @@ void train_ckpt_load(Trainer *t, TrainResume *r) {
                    r->ck.dir);
     r->step = json_integer_value(js);
     r->samples = json_integer_value(jn);
+    if (r->step < 0 || r->samples < 0)
+        train_fail(t, RS_EXIT_USAGE, "%s/manifest.json: the state says step %lld, samples_consumed %lld; expected "
+                                     "both >= 0: not a checkpoint ringscan wrote",
+                   r->ck.dir, (long long)r->step, (long long)r->samples);
     snprintf(r->dir, sizeof r->dir, "%s", r->ck.dir);
 
     Config stored;

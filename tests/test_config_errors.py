@@ -44,7 +44,7 @@ CASES = [
     ("enum-list-bad-item", "model:\n  num_hidden_layers: 2\n  layer_types: [linear_attention, mamba]\n", [],
      ["bad.yaml:3:16", "item 1 is \"mamba\"", "linear_attention | full_attention"]),
     ("enum-list-not-list", "model:\n  layer_types: linear_attention\n", [], ["bad.yaml:2:16", "expected a list"]),
-    ("string-control-char", "run:\n  name: \"a\\x01b\"\n", [], ["bad.yaml:2:9", "control characters"]),
+    ("string-control-char", "run:\n  name: \"a\\x01b\"\n", [], ["bad.yaml:2:9", "expected no control characters"]),
     # --- ranges quote the value and the range
     ("range-layers-zero", "model:\n  num_hidden_layers: 0\n", [], ["bad.yaml:2:22", "= 0 is out of range [1, 1024]"]),
     ("range-beta2", "train:\n  beta2: 1.5\n", [], ["bad.yaml:2:10", "train.beta2 = 1.5 is out of range [0, 0.999999]"]),
@@ -53,6 +53,7 @@ CASES = [
     # --- cross-key rules quote both keys and values
     ("seq-not-divisible", "data:\n  seq_len: 1000\nparallel:\n  cp: 2\n", [],
      ["data.seq_len = 1000 (bad.yaml:2:3)", "parallel.cp = 2 (bad.yaml:4:3)", "= 256", "768 or 1024"]),
+    ("seq-below-one-unit", "data:\n  seq_len: 64\nparallel:\n  cp: 2\n", [], ["= 256", "nearest valid: 256\n"]),
     ("value-heads-multiple", "model:\n  linear_num_key_heads: 3\n  linear_num_value_heads: 4\n", [],
      ["model.linear_num_value_heads = 4", "model.linear_num_key_heads = 3", "multiple"]),
     ("gqa-groups", "model:\n  num_attention_heads: 6\n  num_key_value_heads: 4\n", [],
@@ -84,6 +85,8 @@ CASES = [
     ("set-unknown", "", ["--set", "model.hiden_size=3"], ["--set \"model.hiden_size=3\"", "did you mean 'model.hidden_size'"]),
     ("set-bad-int", "", ["--set", "model.hidden_size=abc"], ["--set \"model.hidden_size=abc\"", "expected an integer"]),
     ("set-no-equals", "", ["--set", "model.hidden_size"], ["expected key.path=value"]),
+    ("set-a-section", "", ["--set", "run=1"], ["--set \"run=1\": 'run' is a section, not a key: give a key under it, "
+                                              "like run.name\n"]),
     ("set-bad-yaml", "", ["--set", "model.layer_types=[linear_attention,"], ["not a YAML value"]),
     ("set-injection", "", ["--set", "slurm.account=a`id`"], ["slurm.account", "not allowed"]),
     ("set-cross", "", ["--set", "parallel.cp=3"], ["parallel.cp = 3 (--set #1)", "data.seq_len = 4096 (default)"]),

@@ -414,3 +414,34 @@ def test_stop_signal_while_starting_is_kept_not_fatal(tmp_path, data, delay_ms):
         p.send_signal(signal.SIGUSR1)
         out, err = p.communicate(timeout=120)
         assert p.returncode == 75, f"exit {p.returncode}\n{out}{err}"
+
+
+def rewrite_manifest(path, edit):
+    """Edits a checkpoint manifest and stores a matching crc32 (ckpt.c: crc32 of the compact,
+    key-sorted JSON without the crc32 field), so only the edited value is wrong."""
+    import zlib
+    m = json.loads(path.read_text())
+    edit(m)
+    m.pop("crc32", None)
+    text = json.dumps(m, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    m["crc32"] = zlib.crc32(text.encode())
+    path.write_text(json.dumps(m, indent=2))
+
+
+def test_edited_manifest_values_are_named(tmp_path, data):
+    """A step of 2^62 was reported as "manifest says step -1", and a negative samples_consumed
+    failed later in the data reader without naming the checkpoint."""
+    rd = tmp_path / "r"
+    train(rd, data, steps=2)
+    man = rd / "ckpt" / "step_00000002" / "manifest.json"
+    original = man.read_text()
+    rewrite_manifest(man, lambda m: m["state"].update(samples_consumed=-5))
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=4"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{rd}/ckpt/step_00000002/manifest.json: the state says step 2, samples_consumed -5" in r.stderr, r.stderr
+    man.write_text(original)
+    rewrite_manifest(man, lambda m: m.update(step=2 ** 62))
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=4"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "\"step\" is missing or outside 0..99999999 (the directory name says 2)" in r.stderr, r.stderr
+    assert "step -1" not in r.stderr
