@@ -119,7 +119,8 @@ typedef struct {
     double  beta1, beta2, eps;
     double  grad_clip;   /* 0: no clipping */
     bool    decay_embeddings;
-    bool    decay_norms;
+    bool    decay_norms;       /* zero-centred norms: decay toward scale 1 */
+    bool    decay_norm_scales; /* plain-scale norms (linear_attn.norm): decay toward scale 0 */
     bool    decay_gdn_gates;
     bool    decay_conv;
 } TrainConfig;

@@ -145,7 +145,12 @@ const ConfigKey config_schema[] = {
     FLT(train.eps, "1e-8", 1e-30, 1.0, "", "train", "AdamW epsilon"),
     FLT(train.grad_clip, "1.0", 0.0, 1e6, "", "train", "clip the global gradient norm to this (0: off)"),
     BOOL(train.decay_embeddings, "true", "train", "weight decay on embed_tokens and lm_head"),
-    BOOL(train.decay_norms, "true", "train", "weight decay on RMSNorm weights (Qwen3-Next decays them)"),
+    BOOL(train.decay_norms, "true", "train",
+         "weight decay on the zero-centred RMSNorm weights (scale 1 + w: decay pulls the scale toward 1, its init; "
+         "Qwen3-Next decays them)"),
+    BOOL(train.decay_norm_scales, "false", "train",
+         "weight decay on plain-scale norm weights, the GDN output norm linear_attn.norm (scale w, init 1): decay "
+         "would pull the scale toward 0, not toward its init, so it is off unless asked"),
     BOOL(train.decay_gdn_gates, "false", "train", "weight decay on A_log and dt_bias"),
     BOOL(train.decay_conv, "true", "train", "weight decay on the GDN conv1d weights"),
 

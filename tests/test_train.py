@@ -445,3 +445,42 @@ def test_edited_manifest_values_are_named(tmp_path, data):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "\"step\" is missing or outside 0..99999999 (the directory name says 2)" in r.stderr, r.stderr
     assert "step -1" not in r.stderr
+
+
+# ---- weight decay of the plain-scale GDN norm (issue 17, item 9) -----------------------------------
+
+def read_f32(path, name):
+    """One fp32 tensor of a safetensors file (header: u64 length, JSON; then the data)."""
+    import struct
+    import numpy as np
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    h = json.loads(raw[8:8 + n])[name]
+    a, b = h["data_offsets"]
+    return np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4")
+
+
+@pytest.mark.parametrize("decay", [False, True])
+def test_gdn_norm_scale_is_not_decayed_toward_zero_unless_asked(tmp_path, data, decay):
+    """linear_attn.norm is a plain scale initialised to 1: weight decay pulled it toward 0 (the
+    zero-centred norms decay toward scale 1, as meant). It is now its own group, norm_scale, decayed
+    only with train.decay_norm_scales. One AdamW step with lr 0.01 and weight_decay 10 moves each
+    element by at most lr from the update, and by lr x wd x 1 = 0.1 more when decayed."""
+    rd = tmp_path / "r"
+    train(rd, data, "--set", "train.warmup_steps=0", "--set", "train.lr=0.01", "--set", "train.min_lr=0.01",
+          "--set", "train.weight_decay=10", "--set", f"train.decay_norm_scales={str(decay).lower()}", steps=1)
+    w = read_f32(rd / "ckpt" / "step_00000001" / "model.safetensors", "model.layers.0.linear_attn.norm")
+    assert w.shape == (64,)
+    shift = 0.1 if decay else 0.0
+    dev = abs(w - (1.0 - shift))
+    assert dev.max() <= 0.0101, (decay, w.min(), w.max())
+    # the zero-centred norms still decay (toward 0 = scale 1), and matrices always
+    q = read_f32(rd / "ckpt" / "step_00000001" / "model.safetensors", "model.layers.3.self_attn.q_norm")
+    assert abs(q).max() <= 0.0101
+
+
+def test_plan_counts_the_norm_scale_group(ringscan):
+    r = run([ringscan, "plan", "configs/tiny-cpu.yaml", "--json"])
+    groups = json.loads(r.stdout)["parameters"]["groups"]
+    assert groups["norm_scale"] == 3 * 64  # three GDN layers, linear_value_head_dim 64
+    assert groups["norm"] == 4 * 2 * 256 + 256 + 2 * 64  # layer norms, final norm, q_norm and k_norm
