@@ -230,13 +230,20 @@ static bool config_charset_ok(ConfigCharset cs, const char *s, const char **why)
     }
     if (cs == CONFIG_CHARSET_TIME) {
         /* Slurm forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS */
-        int d, h, m, sec;
+        /* a field after another is 0..59 (seconds, and minutes after hours), hours after days 0..23;
+         * the leading field is unbounded (90 minutes, 48:00:00) */
+        int d = 0, h = 0, m = 0, sec = 0;
         char tail;
         bool ok = sscanf(s, "%d-%d:%d:%d%c", &d, &h, &m, &sec, &tail) == 4 ||
                   sscanf(s, "%d-%d:%d%c", &d, &h, &m, &tail) == 3 ||
                   sscanf(s, "%d-%d%c", &d, &h, &tail) == 2 ||
                   sscanf(s, "%d:%d:%d%c", &h, &m, &sec, &tail) == 3 ||
-                  sscanf(s, "%d:%d%c", &m, &sec, &tail) == 2 || sscanf(s, "%d%c", &m, &tail) == 1;
+                  (h = 0, sscanf(s, "%d:%d%c", &m, &sec, &tail) == 2) || (sec = 0, sscanf(s, "%d%c", &m, &tail) == 1);
+        bool has_h = strchr(s, '-') || strchr(s, ':') != strrchr(s, ':');
+        if (ok && (sec > 59 || (has_h && m > 59) || (strchr(s, '-') && h > 23))) {
+            *why = "a Slurm time with minutes and seconds 0..59 after the leading field (hours 0..23 after days)";
+            return false;
+        }
         /* digits, with each ':' and the one '-' between two digits (no signs) */
         for (const char *p = s; ok && *p; p++)
             if (!isdigit((unsigned char)*p) &&

@@ -477,6 +477,36 @@ static int train_loop(Trainer *t) {
     return RS_EXIT_OK;
 }
 
+/* plan's fit verdict, before anything is allocated or written (exit 2 with plan's numbers). The
+ * capacity is device.memory_gib per GPU on cuda; on cpu the ranks share the host's memory, so it is
+ * the smaller of device.memory_gib (per rank, as plan reads it) and this host's physical memory over
+ * the ranks on it. Builds t->plan. */
+static void train_check_fit(Trainer *t) {
+    const Config *cfg = t->cfg;
+    plan_build(&t->plan, cfg);
+    ActPolicy pol = (ActPolicy)cfg->checkpoint.activations;
+    const double G = (double)(1 << 30);
+    double need = (double)t->plan.total[pol] / G;
+    if (!plan_fits(&t->plan, pol))
+        train_fail(t, RS_EXIT_USAGE, "the run does not fit: plan needs %.2f GiB per %s with checkpoint.activations = "
+                                     "%s, device.memory_gib = %g; nothing was written\n"
+                                     "  hint: `ringscan plan` shows the memory by category and which policy fits",
+                   need, cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", act_policy_names[pol],
+                   cfg->device.memory_gib);
+    if (cfg->device.kind != DEVICE_KIND_CPU) return;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return;
+    double host = (double)pages * (double)page / G, share = host / (t->comm->local_size > 0 ? t->comm->local_size : 1);
+    if (need > share)
+        train_fail(t, RS_EXIT_USAGE, "the run does not fit this host: plan needs %.2f GiB per rank with "
+                                     "checkpoint.activations = %s, and %s has %.2f GiB of memory for %d rank%s "
+                                     "(%.2f GiB each); nothing was written\n"
+                                     "  hint: set device.memory_gib to the memory a rank may use, and `ringscan plan` "
+                                     "shows what fits",
+                   need, act_policy_names[pol], t->comm->host, host, t->comm->local_size,
+                   t->comm->local_size == 1 ? "" : "s", share);
+}
+
 int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     Trainer t;
     memset(&t, 0, sizeof t);
@@ -501,6 +531,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     char err[4096];
     if (data_open(&t.data, &cfg->data, cfg->model.vocab_size, (uint64_t)cfg->run.seed, err, sizeof err) != 0)
         train_fail(&t, RS_EXIT_USAGE, "%s", err);
+    train_check_fit(&t);
     TrainResume res;
     if (resume_dir) train_ckpt_load(&t, &res); /* exits 2 on a bad or mismatched checkpoint */
     if (dry_run) {
@@ -509,6 +540,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
                   t.run_dir, res.dir, (long long)res.step, (long long)cfg->train.steps, (long long)res.samples);
         ckpt_close(&res.ck);
         data_close(t.data);
+        plan_free(&t.plan);
         return RS_EXIT_OK;
     }
 
@@ -524,7 +556,6 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, int dry_run) {
     if (cfg->device.kind == DEVICE_KIND_CUDA) t.batch_dev = t.be->alloc((size_t)(4 * rows) * sizeof(int32_t));
 
     train_open_run_dir(&t, resume_dir != NULL);
-    plan_build(&t.plan, cfg);
     model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
     if (resume_dir) {
         train_ckpt_restore(&t, &res);

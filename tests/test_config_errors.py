@@ -66,6 +66,9 @@ CASES = [
      ["train.warmup_steps = 20", "train.steps = 10"]),
     ("rotary-odd", "model:\n  head_dim: 64\n  partial_rotary_factor: 0.3\n", [], ["= 19 rotary dims must be even"]),
     ("attention-bias", "model:\n  attention_bias: true\n", [], ["model.attention_bias = true (bad.yaml:2:3)"]),
+    ("cpu-head-dim", "model:\n  head_dim: 1024\n", [],
+     ["model.head_dim = 1024 (bad.yaml:2:3)", "device.kind = cpu (default)", "up to 512"]),
+    ("cpu-rows-int", "data:\n  seq_len: 2147483648\n", [], ["= 2147483648 rows per rank", "at most 2147483647"]),
     ("cuda-head-dim", "model:\n  head_dim: 96\ndevice:\n  kind: cuda\n", [],
      ["model.head_dim = 96", "device.kind = cuda"]),
     ("stop-after-last", "train:\n  steps: 10\n  warmup_steps: 1\nrun:\n  stop_after_step: 11\n", [],
@@ -79,6 +82,8 @@ CASES = [
     ("slurm-signal-after-limit", "slurm:\n  time: \"05:00\"\n  signal_s: 300\n", [],
      ["slurm.signal_s = 300 (bad.yaml:3:3)", "slurm.time = \"05:00\" (bad.yaml:2:3) = 300 s"]),
     ("slurm-signed-time", "slurm:\n  time: \"-5\"\n", [], ["bad.yaml:2:9", "slurm.time", "Slurm time"]),
+    ("slurm-time-61-minutes", "slurm:\n  time: \"00:61:00\"\n", [], ["bad.yaml:2:9", "slurm.time", "0..59"]),
+    ("slurm-time-24-hours-after-days", "slurm:\n  time: \"1-24:00\"\n", [], ["bad.yaml:2:9", "hours 0..23"]),
     ("slurm-launcher", "slurm:\n  launcher: mpiexec\n", [], ["bad.yaml:2:13", "slurm.launcher", "srun | mpirun"]),
     ("slurm-site-env-shell", "slurm:\n  site_env: \"site.env; id\"\n", [], ["bad.yaml:2:13", "slurm.site_env", "not allowed"]),
     # --- --set overrides name the override

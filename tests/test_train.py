@@ -484,3 +484,30 @@ def test_plan_counts_the_norm_scale_group(ringscan):
     groups = json.loads(r.stdout)["parameters"]["groups"]
     assert groups["norm_scale"] == 3 * 64  # three GDN layers, linear_value_head_dim 64
     assert groups["norm"] == 4 * 2 * 256 + 256 + 2 * 64  # layer norms, final norm, q_norm and k_norm
+
+
+# ---- a bad config exits 2 and writes nothing (issue 17, item 7) -----------------------------------
+
+def test_cpu_head_dim_limit_is_validated_and_real(tmp_path, data):
+    """head_dim 1024 passed validation and plan and then failed in the cpu attention kernel with a
+    run directory made; now validation names the key. 512, the kernel's limit, trains."""
+    r = train(tmp_path / "big", data, "--set", "model.head_dim=1024", steps=2, expect=2)
+    assert "model.head_dim = 1024 (--set" in r.stderr and "up to 512" in r.stderr, r.stderr
+    assert not (tmp_path / "big").exists()
+    train(tmp_path / "ok", data, "--set", "model.head_dim=512", steps=2)
+    assert len(losses(tmp_path / "ok")) == 2
+
+
+def test_train_applies_the_fit_verdict_before_allocating(tmp_path, data):
+    """`train` used to allocate whatever plan called too big (dying in calloc); now it refuses with
+    plan's numbers, exit 2, nothing written: against device.memory_gib, and on cpu against this
+    host's memory shared by its ranks."""
+    rd = tmp_path / "r"
+    r = train(rd, data, "--set", "device.memory_gib=0.01", steps=2, expect=2)
+    assert "the run does not fit: plan needs 0.0" in r.stderr and "device.memory_gib = 0.01" in r.stderr, r.stderr
+    assert not rd.exists()
+    # 16M-token vocabulary: ~130 GB of weights and AdamW state, more than this host has
+    t0 = time.time()
+    r = train(rd, data, "--set", "model.vocab_size=16000000", "--set", "device.memory_gib=100000", steps=2, expect=2)
+    assert "does not fit this host: plan needs" in r.stderr and "for 1 rank" in r.stderr, r.stderr
+    assert time.time() - t0 < 20 and not rd.exists()
