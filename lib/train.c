@@ -495,9 +495,10 @@ static void train_check_fit(Trainer *t) {
                    cfg->device.memory_gib);
     if (cfg->device.kind != DEVICE_KIND_CPU) return;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0) return;
-    double host = (double)pages * (double)page / G, share = host / (t->comm->local_size > 0 ? t->comm->local_size : 1);
-    if (need > share)
+    double host = pages > 0 && page > 0 ? (double)pages * (double)page / G : 1e30;
+    double share = host / (t->comm->local_size > 0 ? t->comm->local_size : 1);
+    /* hosts may differ: every rank learns whether any is short, so all leave together (rank 0 reports) */
+    if (comm_allreduce_max_int(t->comm, t->comm->world, need > share))
         train_fail(t, RS_EXIT_USAGE, "the run does not fit this host: plan needs %.2f GiB per rank with "
                                      "checkpoint.activations = %s, and %s has %.2f GiB of memory for %d rank%s "
                                      "(%.2f GiB each); nothing was written\n"
