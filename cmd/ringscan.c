@@ -349,8 +349,9 @@ static void cli_print_help(FILE *f) {
                 c->built_by ? "  [not built yet]" : "");
     }
     fprintf(f, "\nConfigs are YAML; `ringscan config dump` lists every key. Exit codes: 0 ok, 1 failure or\n"
-               "does not fit, 2 bad usage or config, 75 stopped for preemption after a checkpoint, 76 a rank\n"
-               "waited for the others past parallel.comm_timeout_s (a hang; the report names where).\n");
+               "does not fit, 2 bad usage or config, 75 stopped for preemption (SIGUSR1, SIGTERM) after a\n"
+               "checkpoint, 130/129 stopped by SIGINT/SIGHUP after a checkpoint (a second Ctrl-C: at once), 76 a\n"
+               "rank waited for the others past parallel.comm_timeout_s (a hang; the report names where).\n");
 }
 
 int main(int argc, char **argv) {
@@ -359,6 +360,8 @@ int main(int argc, char **argv) {
         return RS_EXIT_USAGE;
     }
     const char *sub = argv[1];
+    /* before anything else: a stop signal that arrives while a run starts is kept, not fatal */
+    if (!strcmp(sub, "train") || !strcmp(sub, "resume")) train_catch_stop_signals();
     if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {
         cli_print_help(stdout);
         return RS_EXIT_OK;

@@ -472,6 +472,9 @@ static int ckpt_open_dir(Ckpt *ck, const char *dir, int64_t step, char *err, siz
         fsio_errf(err, err_len, "%s: manifest checksum mismatch (crc32 stored %s0x%08llx, computed 0x%08x): the "
                   "manifest was modified or corrupted", p, mcrc < 0 ? "(missing) " : "",
                   (unsigned long long)(mcrc < 0 ? 0 : mcrc), crc);
+    } else if (mstep < 0) {
+        fsio_errf(err, err_len, "%s: \"step\" is missing or outside 0..%d (the directory name says %lld)", p,
+                  CKPT_MAX_STEP, (long long)step);
     } else if (mstep != step) {
         fsio_errf(err, err_len, "%s: manifest says step %lld, the directory name says %lld", p, (long long)mstep,
                   (long long)step);

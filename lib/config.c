@@ -24,10 +24,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "error.h"
@@ -133,13 +136,15 @@ static const char *config_suggest(const char *path) {
     return best_score <= limit ? best : NULL;
 }
 
-/* Is `path` a proper prefix of some key, i.e. a section like "model"? */
-static bool config_is_section(const char *path) {
+/* The schema index of the first key under `path` when it is a section like "model", else -1. */
+static int config_section_first_key(const char *path) {
     size_t n = strlen(path);
     for (int i = 0; i < config_schema_count; i++)
-        if (strncmp(config_schema[i].path, path, n) == 0 && config_schema[i].path[n] == '.') return true;
-    return false;
+        if (strncmp(config_schema[i].path, path, n) == 0 && config_schema[i].path[n] == '.') return i;
+    return -1;
 }
+
+static bool config_is_section(const char *path) { return config_section_first_key(path) >= 0; }
 
 static void config_list_names(const char *const *names, char *buf, size_t n) {
     size_t k = 0;
@@ -204,7 +209,7 @@ static bool config_is_null_scalar(const yaml_node_t *n) {
 static bool config_charset_ok(ConfigCharset cs, const char *s, const char **why) {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         unsigned char c = *p;
-        if (c < 0x20 || c == 0x7f) { *why = "control characters"; return false; }
+        if (c < 0x20 || c == 0x7f) { *why = "no control characters"; return false; }
         bool name = isalnum(c) || c == '_' || c == '.' || c == '-';
         switch (cs) {
         case CONFIG_CHARSET_ANY: break;
@@ -225,13 +230,20 @@ static bool config_charset_ok(ConfigCharset cs, const char *s, const char **why)
     }
     if (cs == CONFIG_CHARSET_TIME) {
         /* Slurm forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS */
-        int d, h, m, sec;
+        /* a field after another is 0..59 (seconds, and minutes after hours), hours after days 0..23;
+         * the leading field is unbounded (90 minutes, 48:00:00) */
+        int d = 0, h = 0, m = 0, sec = 0;
         char tail;
         bool ok = sscanf(s, "%d-%d:%d:%d%c", &d, &h, &m, &sec, &tail) == 4 ||
                   sscanf(s, "%d-%d:%d%c", &d, &h, &m, &tail) == 3 ||
                   sscanf(s, "%d-%d%c", &d, &h, &tail) == 2 ||
                   sscanf(s, "%d:%d:%d%c", &h, &m, &sec, &tail) == 3 ||
-                  sscanf(s, "%d:%d%c", &m, &sec, &tail) == 2 || sscanf(s, "%d%c", &m, &tail) == 1;
+                  (h = 0, sscanf(s, "%d:%d%c", &m, &sec, &tail) == 2) || (sec = 0, sscanf(s, "%d%c", &m, &tail) == 1);
+        bool has_h = strchr(s, '-') || strchr(s, ':') != strrchr(s, ':');
+        if (ok && (sec > 59 || (has_h && m > 59) || (strchr(s, '-') && h > 23))) {
+            *why = "a Slurm time with minutes and seconds 0..59 after the leading field (hours 0..23 after days)";
+            return false;
+        }
         /* digits, with each ':' and the one '-' between two digits (no signs) */
         for (const char *p = s; ok && *p; p++)
             if (!isdigit((unsigned char)*p) &&
@@ -375,11 +387,56 @@ static bool config_store_node(Config *cfg, int key, yaml_document_t *doc, yaml_n
     return false;
 }
 
+/* ---- nesting depth, before libyaml sees the text -------------------------- */
+
+/* libyaml's scanner walks its stack of possible simple keys, one per open flow collection, at every
+ * token: text nested n levels deep costs O(n^2) (a 200 KB file of 100k nested '[' took 23 s to be
+ * refused). A config is three levels deep, so anything past CONFIG_DEPTH_MAX open '[' or '{' is
+ * refused here, in one pass, naming the place. Block nesting needs indentation: 1 MiB of it holds
+ * about 1400 levels, which libyaml reads in milliseconds. Quoted scalars and comments are skipped
+ * the way YAML reads them (a quote opens a scalar only where a token starts; '#' after a space or
+ * at a line's start opens a comment). Returns false, with an error added, when too deep. */
+#define CONFIG_DEPTH_MAX 64
+
+static bool config_check_depth(const char *name, const char *text, size_t len, ConfigErrors *err) {
+    int depth = 0, line = 1, col = 1;
+    char quote = 0;
+    bool comment = false;
+    for (size_t i = 0; i < len; i++, col++) {
+        char c = text[i], prev = i ? text[i - 1] : '\n';
+        if (c == '\n') {
+            line++;
+            col = 0;
+            comment = false;
+            continue;
+        }
+        if (comment) continue;
+        if (quote) {
+            if (quote == '"' && c == '\\') { i++; col++; } /* an escape: skip the next character */
+            else if (c == quote) quote = 0;                /* '' inside '...' reopens at once: same result */
+            continue;
+        }
+        bool token_start = prev == ' ' || prev == '\t' || prev == '\n' || prev == '[' || prev == '{' || prev == ',';
+        if ((c == '\'' || c == '"') && token_start) quote = c;
+        else if (c == '#' && (prev == ' ' || prev == '\t' || prev == '\n')) comment = true;
+        else if (c == '[' || c == '{') {
+            if (++depth > CONFIG_DEPTH_MAX) {
+                config_errors_add(err, "%s:%d:%d: more than %d nested '[' or '{': a config nests sections, keys "
+                                       "and one list (3 levels)",
+                                  name, line, col, CONFIG_DEPTH_MAX);
+                return false;
+            }
+        } else if ((c == ']' || c == '}') && depth > 0) depth--;
+    }
+    return true;
+}
+
 /* Parses `text` as one YAML document and stores its root into `key`. */
 static bool config_store_text(Config *cfg, int key, const char *text, const char *where, ConfigErrors *err) {
     yaml_parser_t parser;
     yaml_document_t doc;
     bool ok = false;
+    if (!config_check_depth(where, text, strlen(text), err)) return false;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
     if (!yaml_parser_load(&parser, &doc)) {
@@ -505,6 +562,7 @@ int config_load_yaml(Config *cfg, const char *name, const char *text, size_t len
     yaml_document_t doc;
     free(cfg->file);
     cfg->file = RS_STRDUP(name);
+    if (!config_check_depth(name, text, len, err)) return err->count - before;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     if (!yaml_parser_load(&parser, &doc)) {
@@ -545,9 +603,21 @@ int config_load_yaml(Config *cfg, const char *name, const char *text, size_t len
 }
 
 int config_load_file(Config *cfg, const char *path, ConfigErrors *err) {
-    FILE *f = fopen(path, "rb");
+    /* a regular file only, checked before opening: open() of a FIFO would wait for a writer forever
+     * (O_NONBLOCK covers a path that turns into one between the two) */
+    struct stat st;
+    int fd = -1;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        config_errors_add(err, "%s: the config file is not a regular file (it is %s)", path,
+                          S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory" : "a device or socket");
+        return 1;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    FILE *f = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
     if (!f) {
-        config_errors_add(err, "%s: cannot open the config file: %s", path, strerror(errno));
+        config_errors_add(err, "%s: cannot open the config file: %s", path,
+                          fd >= 0 ? "not a regular file" : strerror(errno));
+        if (fd >= 0) close(fd);
         return 1;
     }
     char *buf = RS_MALLOC(CONFIG_FILE_MAX + 1);
@@ -586,6 +656,11 @@ int config_apply_set(Config *cfg, const char *assignment, int index, ConfigError
     memcpy(path, assignment, kn);
     path[kn] = 0;
     int key = config_find_key(path);
+    if (key < 0 && config_is_section(path)) {
+        config_errors_add(err, "--set %s: '%s' is a section, not a key: give a key under it, like %s.%s", q, path,
+                          path, config_leaf(config_schema[config_section_first_key(path)].path));
+        return 1;
+    }
     if (key < 0) {
         const char *hint = config_suggest(path);
         if (hint)

@@ -98,6 +98,7 @@ typedef struct {
     int64_t seq_len;     /* tokens per sample (the whole context, before CP) */
     int64_t micro_batch; /* samples per data-parallel rank per micro-step */
     bool    shuffle;
+    bool    accept_changed; /* resume, given with --set only: accept data whose fingerprint differs */
 } DataConfig;
 
 typedef struct {
@@ -119,7 +120,8 @@ typedef struct {
     double  beta1, beta2, eps;
     double  grad_clip;   /* 0: no clipping */
     bool    decay_embeddings;
-    bool    decay_norms;
+    bool    decay_norms;       /* zero-centred norms: decay toward scale 1 */
+    bool    decay_norm_scales; /* plain-scale norms (linear_attn.norm): decay toward scale 0 */
     bool    decay_gdn_gates;
     bool    decay_conv;
 } TrainConfig;

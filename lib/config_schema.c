@@ -121,6 +121,9 @@ const ConfigKey config_schema[] = {
     INT(data.seq_len, "4096", 64, 1LL << 34, "tokens", "data", "tokens per sample, before CP splits it"),
     INT(data.micro_batch, "1", 1, 65536, "samples", "data", "samples per data-parallel replica per micro-step"),
     BOOL(data.shuffle, "true", "data", "shuffle sample order (deterministic from run.seed)"),
+    BOOL(data.accept_changed, "false", "data",
+         "resume only, and only as --set on its command line: continue although the data's fingerprint differs "
+         "from the checkpoint's (the data position then points into other data: the resume is no longer exact)"),
 
     /* ---- parallel ---- */
     INT(parallel.dp, "1", 1, 1 << 20, "ranks", "comm", "data-parallel replicas"),
@@ -148,7 +151,12 @@ const ConfigKey config_schema[] = {
     FLT(train.eps, "1e-8", 1e-30, 1.0, "", "train", "AdamW epsilon"),
     FLT(train.grad_clip, "1.0", 0.0, 1e6, "", "train", "clip the global gradient norm to this (0: off)"),
     BOOL(train.decay_embeddings, "true", "train", "weight decay on embed_tokens and lm_head"),
-    BOOL(train.decay_norms, "true", "train", "weight decay on RMSNorm weights (Qwen3-Next decays them)"),
+    BOOL(train.decay_norms, "true", "train",
+         "weight decay on the zero-centred RMSNorm weights (scale 1 + w: decay pulls the scale toward 1, its init; "
+         "Qwen3-Next decays them)"),
+    BOOL(train.decay_norm_scales, "false", "train",
+         "weight decay on plain-scale norm weights, the GDN output norm linear_attn.norm (scale w, init 1): decay "
+         "would pull the scale toward 0, not toward its init, so it is off unless asked"),
     BOOL(train.decay_gdn_gates, "false", "train", "weight decay on A_log and dt_bias"),
     BOOL(train.decay_conv, "true", "train", "weight decay on the GDN conv1d weights"),
 

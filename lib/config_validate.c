@@ -14,8 +14,11 @@
  */
 #include "config.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define VALIDATE_CPU_HEAD_DIM_MAX 512 /* kernels/cpu/cpu_attention.c ATTN_HD_MAX */
 
 /* "key = value (source)" for a message. */
 static const char *validate_quote(const Config *cfg, const char *path, char *buf, size_t n) {
@@ -56,6 +59,22 @@ static int validate_model(const Config *cfg, ConfigErrors *err) {
         config_errors_add(err, "%s is smaller than %s: samples would run past the positions the model declares",
                           validate_quote(cfg, "model.max_position_embeddings", a, sizeof a),
                           validate_quote(cfg, "data.seq_len", b, sizeof b));
+    if (cfg->device.kind == DEVICE_KIND_CPU) {
+        /* the cpu kernels' own limits (each RS_CHECKs it): attention keeps a row of hd floats per query
+         * on the stack (cpu_attention.c, ATTN_HD_MAX); the conv's width is bounded by the schema; BLAS
+         * and the loss take a micro-batch's rows as an int (cpu_matmul.c, cpu_loss.c) */
+        if (m->head_dim > VALIDATE_CPU_HEAD_DIM_MAX)
+            config_errors_add(err, "%s with %s: the cpu attention kernel supports head_dim up to %d",
+                              validate_quote(cfg, "model.head_dim", a, sizeof a),
+                              validate_quote(cfg, "device.kind", b, sizeof b), VALIDATE_CPU_HEAD_DIM_MAX);
+        int64_t rows = cfg->data.micro_batch * (cfg->data.seq_len / cfg->parallel.cp);
+        if (rows > INT32_MAX)
+            config_errors_add(err, "%s x %s / %s = %lld rows per rank and micro-batch: the cpu backend's BLAS calls "
+                                   "take at most %d",
+                              validate_quote(cfg, "data.micro_batch", a, sizeof a),
+                              validate_quote(cfg, "data.seq_len", b, sizeof b),
+                              validate_quote(cfg, "parallel.cp", c, sizeof c), (long long)rows, INT32_MAX);
+    }
     if (cfg->device.kind == DEVICE_KIND_CUDA) {
         if (m->head_dim != 64 && m->head_dim != 128 && m->head_dim != 256)
             config_errors_add(err, "%s with %s: the cuda attention kernels are built for head_dim 64, 128 or 256",
@@ -80,12 +99,16 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
     int before = err->count;
     int64_t cp = cfg->parallel.cp, T = cfg->data.seq_len;
     int64_t unit = 2 * cp * 64;
-    if (T % unit != 0)
+    if (T % unit != 0) {
+        char near[64];
+        int64_t lo = T / unit * unit, hi = lo + unit; /* lo = 0 is no length */
+        if (lo > 0) snprintf(near, sizeof near, "%lld or %lld", (long long)lo, (long long)hi);
+        else snprintf(near, sizeof near, "%lld", (long long)hi);
         config_errors_add(err, "%s is not divisible by 2 x parallel.cp x 64 = %lld (%s): the zigzag layout cuts each "
-                               "sample into 2 x cp segments of whole 64-token chunks; nearest valid: %lld or %lld",
+                               "sample into 2 x cp segments of whole 64-token chunks; nearest valid: %s",
                           validate_quote(cfg, "data.seq_len", a, sizeof a), (long long)unit,
-                          validate_quote(cfg, "parallel.cp", b, sizeof b), (long long)(T / unit * unit),
-                          (long long)((T / unit + 1) * unit));
+                          validate_quote(cfg, "parallel.cp", b, sizeof b), near);
+    }
     const SlurmConfig *s = &cfg->slurm;
     int64_t world = config_world(cfg);
     bool cuda = cfg->device.kind == DEVICE_KIND_CUDA; /* a cuda job runs one task (rank) per GPU */

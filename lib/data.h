@@ -5,11 +5,13 @@
  * Three layers, one file each:
  *
  *   DataSource (data_source.c, data_flat.c, data_megatron.c)
- *     One memory-mapped token file with its document boundaries, either our
+ *     One token file with its document boundaries, either our
  *     flat format (spec in data_flat.c and docs/data-format.md) or a
  *     Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx (spec in
  *     data_megatron.c). Opening validates every header field and offset
- *     against the file sizes; nothing is trusted.
+ *     against the file sizes; nothing is trusted. Tokens are read with
+ *     pread into owned buffers (see DataSource), and the source carries a
+ *     fingerprint of its data for the checkpoint (DataFingerprint).
  *
  *   DataSet (data_pack.c)
  *     The packed stream the trainer reads. Epoch e puts the documents in an
@@ -48,6 +50,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdnoreturn.h>
+#include <sys/stat.h>
 
 #include "config.h"
 
@@ -73,7 +76,34 @@ int data_dtype_bytes(DataDtype dt);
  * be larger than this. */
 #define DATA_VOCAB_MAX INT64_C(2147483647)
 
-/* One opened token file. Fields are read-only for callers. */
+/* What identifies the data a run reads, stored in its checkpoints (resume
+ * compares it, train_ckpt.c). `hash` decides; sizes and times are for the
+ * message. The hash is FNV-1a (64-bit words) over token_bytes, n_tokens,
+ * n_docs, every document start, and DATA_FP_BLOCKS blocks of DATA_FP_BLOCK
+ * token bytes spread evenly over the tokens (first and last included; all of
+ * them when the tokens are smaller than that): about 0.3 ms plus 8 bytes per
+ * document at open, whatever the file size. A full hash would read the whole
+ * file (minutes for hundreds of GB, at every start and resume); the sampled
+ * one catches a replaced, regenerated, re-tokenized, truncated or extended
+ * file, and misses an edit of a few tokens between the sampled blocks that
+ * keeps the size and the documents (its changed mtime is reported). */
+#define DATA_FP_BLOCKS 64
+#define DATA_FP_BLOCK  4096
+typedef struct {
+    uint64_t hash;
+    int64_t  bytes, mtime_ns;         /* the token file (flat file or PREFIX.bin) when opened */
+    int64_t  idx_bytes, idx_mtime_ns; /* megatron: PREFIX.idx; flat: 0 */
+} DataFingerprint;
+
+/* One opened token file. Fields are read-only for callers.
+ *
+ * Tokens are read with pread(2) into the caller's buffers, never through a
+ * mapping: a file truncated while a run reads it is a short read (an error
+ * naming the file), not a SIGBUS, and every read checks afterwards that the
+ * file's size and mtime are those it had when opened, so a file overwritten
+ * in place stops the run before a step uses what was read from it. A file
+ * replaced by rename is not seen (the open descriptor keeps the old one);
+ * the fingerprint in the checkpoint catches it at resume. */
 typedef struct {
     DataFormat      format;
     char           *path;        /* the token file named in messages: the flat file, or PREFIX.bin */
@@ -86,13 +116,15 @@ typedef struct {
     int64_t         vocab_limit; /* token ids must lie in [0, vocab_limit): the model's vocab_size when
                                     given, else file_vocab, else DATA_VOCAB_MAX */
     bool            vocab_is_model; /* vocab_limit came from the model (for the hint of a bad id) */
-    const uint8_t  *tokens;      /* (n_tokens * token_bytes) little-endian, memory-mapped */
+    int             fd;          /* the token file, open read-only; -1 when not open */
+    int64_t         tok_off;     /* byte offset of token 0 in it */
     const uint64_t *doc_start;   /* (n_docs + 1) token offsets of document starts, non-decreasing;
-                                    [0] = 0, [n_docs] = n_tokens */
+                                    [0] = 0, [n_docs] = n_tokens (= doc_start_owned) */
+    DataFingerprint fp;          /* filled by data_source_open */
     /* owned resources */
-    void     *map[2];
-    size_t    map_len[2];
-    uint64_t *doc_start_owned;   /* megatron: built from the index; flat: NULL (doc_start is in the map) */
+    void     *map;               /* megatron: the index, mapped only while opening; else NULL */
+    size_t    map_len;
+    uint64_t *doc_start_owned;
 } DataSource;
 
 /* Opens and validates `path` (a flat file, or a Megatron prefix without
@@ -104,7 +136,8 @@ int  data_source_open(DataSource **out, DataFormat format, const char *path, int
                       size_t n);
 void data_source_close(DataSource *src);
 
-/* Token i of the file as stored (signed dtypes may be negative). No checks. */
+/* Token i of the file as stored (signed dtypes may be negative). No range
+ * check; a failed read ends the process (tools and tests only). */
 int64_t data_source_token(const DataSource *src, int64_t i);
 
 /* dst[k] = token (start + k) for k in [0, n), converted to int32 and checked
@@ -114,7 +147,7 @@ int data_source_copy(const DataSource *src, int64_t start, int64_t n, int32_t *d
 
 /* Whole-file scan for `ringscan data check`: the largest and smallest token
  * id, and the first token outside [0, vocab_limit) as an error. Reads every
- * token once (sequentially; about 1 GB/s from the page cache). */
+ * token once (sequentially, 1 MiB at a time). */
 int data_source_scan(const DataSource *src, int64_t *min_id, int64_t *max_id, char *err, size_t n);
 
 /* The document containing token i: the largest d with doc_start[d] <= i and a
@@ -124,10 +157,23 @@ int64_t data_source_doc_of(const DataSource *src, int64_t i);
 /* Implemented by data_flat.c / data_megatron.c; data_source_open dispatches. */
 int data_flat_open(DataSource *src, const char *path, char *err, size_t n);
 int data_megatron_open(DataSource *src, const char *prefix, char *err, size_t n);
-/* Maps a whole regular file read-only (*len = 0 and *ptr = NULL for an empty
- * file). `what` names the file's role in messages ("data file", "Megatron
- * index"). For the readers above and data_bytes.c. */
+
+/* Opens a regular file read-only into *fd (and *st). Anything else (a FIFO, a
+ * device, a directory) is refused from stat(2) before it is opened, and the
+ * open never blocks (O_NONBLOCK), so a FIFO named as data cannot hang a run.
+ * `what` names the file's role in messages ("data file", "Megatron index"). */
+int data_open_file(const char *path, const char *what, int *fd, struct stat *st, char *err, size_t n);
+/* data_open_file, then maps the whole file read-only (*len = 0 and *ptr =
+ * NULL for an empty file). For files read once while opening (the Megatron
+ * index, the text inputs of data_bytes.c). */
 int data_map_file(const char *path, const char *what, void **ptr, size_t *len, char *err, size_t n);
+/* Reads `len` bytes at byte offset `off` of the token file into buf; a short
+ * read (the file shrank) is an error saying the file changed. */
+int data_source_read(const DataSource *src, void *buf, size_t len, int64_t off, char *err, size_t n);
+/* 0 when the token file still has the size and mtime it had when opened; else
+ * an error naming the file, both sizes and both times (data_read_span calls
+ * it after every read). */
+int data_source_check(const DataSource *src, char *err, size_t n);
 
 /* ---- the packed, ordered stream (data_pack.c) ----------------------------- */
 

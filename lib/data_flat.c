@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -88,13 +89,14 @@ static const char *flat_magic_hint(const char *path, const uint8_t *p, size_t le
 
 int data_flat_open(DataSource *src, const char *path, char *err, size_t n) {
     src->path = RS_STRDUP(path);
-    void *map;
-    size_t size;
-    int rc = data_map_file(path, "data file", &map, &size, err, n);
+    struct stat st;
+    int rc = data_open_file(path, "data file", &src->fd, &st, err, n);
     if (rc) return rc;
-    src->map[0] = map;
-    src->map_len[0] = size;
-    const uint8_t *p = map;
+    size_t size = (size_t)st.st_size;
+    uint8_t p[FLAT_HEADER_SIZE] = {0};
+    src->fp.bytes = (int64_t)size; /* data_source_read's messages; data_source_open sets the rest */
+    rc = data_source_read(src, p, size < FLAT_HEADER_SIZE ? size : FLAT_HEADER_SIZE, 0, err, n);
+    if (rc) return rc;
     const char *check_hint = "the file is damaged or was not written completely; write it again";
 
     if (size >= 8 && memcmp(p, FLAT_MAGIC, 8) != 0) {
@@ -154,7 +156,10 @@ int data_flat_open(DataSource *src, const char *path, char *err, size_t n) {
                           "%llu, token_bytes %u) implies %llu bytes, found %zu",
                           path, (unsigned long long)((uint64_t)size - want), (unsigned long long)n_tokens,
                           (unsigned long long)n_docs, tb, (unsigned long long)want, size);
-    const uint64_t *ds = (const uint64_t *)(p + FLAT_HEADER_SIZE); /* 8-aligned in a page-aligned map */
+    uint64_t *ds = RS_MALLOC((size_t)(n_docs + 1) * sizeof *ds); /* bounded by the file size, checked above */
+    src->doc_start_owned = ds;
+    rc = data_source_read(src, ds, (size_t)(n_docs + 1) * sizeof *ds, FLAT_HEADER_SIZE, err, n);
+    if (rc) return rc;
     if (ds[0] != 0)
         return data_error(err, n, RS_EXIT_USAGE, check_hint,
                           "data file %s: doc_start[0] = %llu, expected 0", path, (unsigned long long)ds[0]);
@@ -176,7 +181,7 @@ int data_flat_open(DataSource *src, const char *path, char *err, size_t n) {
     src->n_docs = (int64_t)n_docs;
     src->file_vocab = (int64_t)vocab;
     src->doc_start = ds;
-    src->tokens = p + tok_off;
+    src->tok_off = (int64_t)tok_off;
     return 0;
 }
 

@@ -45,7 +45,8 @@
  * and no sequence_modes (multimodal data is not text tokens).
  *
  * We build one array of n_docs + 1 document start offsets, in tokens
- * (8 bytes per document); the tokens stay in the mapped .bin.
+ * (8 bytes per document); the index is mapped only while opening, and the
+ * tokens are read from the .bin with pread (data.h says why).
  *
  * Callers: data_source.c (data_megatron_open).
  */
@@ -54,6 +55,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -116,8 +119,8 @@ int data_megatron_open(DataSource *src, const char *prefix, char *err, size_t n)
     size_t size;
     int rc = data_map_file(idx, "Megatron index", &map, &size, err, n);
     if (rc) return rc;
-    src->map[0] = map;
-    src->map_len[0] = size;
+    src->map = map; /* released at the end: only doc_start is kept */
+    src->map_len = size;
     const uint8_t *p = map;
 
     if (size >= MEG_MAGIC_LEN && memcmp(p, MEG_MAGIC, MEG_MAGIC_LEN) != 0) {
@@ -219,15 +222,14 @@ int data_megatron_open(DataSource *src, const char *prefix, char *err, size_t n)
                           (long long)last, (unsigned long long)S);
 
     /* the tokens */
-    rc = data_map_file(bin, "Megatron data file", &map, &size, err, n);
+    struct stat st;
+    rc = data_open_file(bin, "Megatron data file", &src->fd, &st, err, n);
     if (rc) return rc;
-    src->map[1] = map;
-    src->map_len[1] = size;
-    if ((uint64_t)size != expect_ptr)
+    if ((uint64_t)st.st_size != expect_ptr)
         return data_error(err, n, RS_EXIT_USAGE,
                           "the .bin and .idx do not belong together, or the .bin was not written completely",
-                          "Megatron data file %s is %zu bytes; its index %s (%llu tokens of %s) implies %llu bytes",
-                          bin, size, idx, (unsigned long long)n_tokens, data_dtype_names[dt],
+                          "Megatron data file %s is %lld bytes; its index %s (%llu tokens of %s) implies %llu bytes",
+                          bin, (long long)st.st_size, idx, (unsigned long long)n_tokens, data_dtype_names[dt],
                           (unsigned long long)expect_ptr);
 
     uint64_t n_docs = D - 1;
@@ -243,6 +245,8 @@ int data_megatron_open(DataSource *src, const char *prefix, char *err, size_t n)
     src->n_tokens = (int64_t)n_tokens;
     src->n_docs = (int64_t)n_docs;
     src->file_vocab = 0;
-    src->tokens = map;
+    src->tok_off = 0;
+    munmap(src->map, src->map_len);
+    src->map = NULL;
     return 0;
 }

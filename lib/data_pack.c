@@ -153,6 +153,13 @@ int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tok
         else hi = mid;
     }
     int64_t k = lo;
+    /* unshuffled, the stream is the file: one read for the whole span (a shuffled stream reads each
+     * document's piece where it lies in the file) */
+    const bool whole = !ds->shuffle;
+    if (whole && len > 0) {
+        int rc = data_source_copy(src, a, len, tokens, err, n);
+        if (rc) return rc;
+    }
     for (int64_t p = a; p < end;) {
         while (cum[k + 1] <= (uint64_t)p) k++; /* past empty documents */
         const int64_t doc = ds->shuffle ? ds->order[k] : k;
@@ -160,7 +167,7 @@ int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tok
         const int64_t d0 = (int64_t)cum[k], d1 = (int64_t)cum[k + 1]; /* its stream range */
         const int64_t seg_end = d1 < end ? d1 : end;
         const int64_t m = seg_end - p, off = p - a;
-        int rc = data_source_copy(src, file0 + (p - d0), m, tokens + off, err, n);
+        int rc = whole ? 0 : data_source_copy(src, file0 + (p - d0), m, tokens + off, err, n);
         if (rc) return rc;
         const int64_t from = d0 > base ? d0 : base; /* where doc_pos counts from */
         for (int64_t j = 0; j < m; j++) {
@@ -178,7 +185,8 @@ int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tok
         }
         p = seg_end;
     }
-    return 0;
+    /* after the reads: a file overwritten in place before or while they ran is caught here */
+    return data_source_check(src, err, n);
 }
 
 int data_read_sample(DataSet *ds, int64_t g, int32_t *tokens, int32_t *targets, int32_t *pos, int32_t *doc_pos,

@@ -51,6 +51,7 @@ int model_param_decays(const Config *cfg, ParamGroup g) {
     case PARAM_GROUP_NORM: return cfg->train.decay_norms;
     case PARAM_GROUP_GDN_GATE: return cfg->train.decay_gdn_gates;
     case PARAM_GROUP_CONV: return cfg->train.decay_conv;
+    case PARAM_GROUP_NORM_SCALE: return cfg->train.decay_norm_scales;
     default: return 1;
     }
 }

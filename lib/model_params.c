@@ -12,7 +12,8 @@
 
 #include "error.h"
 
-const char *const param_group_names[PARAM_GROUP_COUNT] = {"matrix", "embedding", "norm", "gdn_gate", "conv"};
+const char *const param_group_names[PARAM_GROUP_COUNT] = {"matrix", "embedding", "norm", "gdn_gate", "conv",
+                                                           "norm_scale"};
 
 static void params_add(ParamTable *tab, int32_t *cap, int layer, const char *name, int64_t d0, int64_t d1,
                        ParamGroup group, ParamInit init) {
@@ -57,7 +58,7 @@ void model_params_build(ParamTable *tab, const Config *cfg) {
                        PARAM_INIT_NORMAL);
             params_add(tab, &cap, l, "linear_attn.dt_bias", nv, 0, PARAM_GROUP_GDN_GATE, PARAM_INIT_ONES);
             params_add(tab, &cap, l, "linear_attn.A_log", nv, 0, PARAM_GROUP_GDN_GATE, PARAM_INIT_A_LOG);
-            params_add(tab, &cap, l, "linear_attn.norm", m->linear_value_head_dim, 0, PARAM_GROUP_NORM,
+            params_add(tab, &cap, l, "linear_attn.norm", m->linear_value_head_dim, 0, PARAM_GROUP_NORM_SCALE,
                        PARAM_INIT_ONES);
             params_add(tab, &cap, l, "linear_attn.out_proj", H, Vd, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
         } else {

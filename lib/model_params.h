@@ -39,9 +39,11 @@
 typedef enum {
     PARAM_GROUP_MATRIX,    /* projections and MLP: always decayed */
     PARAM_GROUP_EMBEDDING, /* embed_tokens, lm_head */
-    PARAM_GROUP_NORM,      /* every RMSNorm weight */
+    PARAM_GROUP_NORM,      /* zero-centred RMSNorm weights (scale 1 + w, init 0): decay pulls the scale to 1 */
     PARAM_GROUP_GDN_GATE,  /* A_log, dt_bias */
     PARAM_GROUP_CONV,      /* GDN conv1d */
+    PARAM_GROUP_NORM_SCALE, /* plain-scale norms (scale w, init 1: the GDN gated norm linear_attn.norm):
+                               decay would pull the scale to 0, so train.decay_norm_scales is off by default */
     PARAM_GROUP_COUNT,
 } ParamGroup;
 

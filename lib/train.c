@@ -13,8 +13,10 @@
  *      weight-decay group;
  *   5. log line (rank 0) and one JSON object in metrics.jsonl;
  *   6. checkpoint when checkpoint.every says so, after the last step, after
- *      run.stop_after_step, or when SIGUSR1/SIGTERM arrived during the step
- *      (all ranks agree through an all-reduce, then exit 75).
+ *      run.stop_after_step, or when a stop signal arrived during the step
+ *      (all ranks agree through an all-reduce), then exit 75 for SIGUSR1 or
+ *      SIGTERM (preemption: the Slurm job requeues), 128 + signal for SIGINT
+ *      (130) or SIGHUP (129); a second SIGINT exits 130 at once.
  *
  * The data position is the number of global samples consumed, which does not
  * depend on dp, cp or the micro-batch split. Resume restores weights, AdamW
@@ -71,15 +73,40 @@
 #include "cuda_profile.h"
 #endif
 
+/* The stop request: the first signal caught (SIGUSR1, SIGTERM: preemption; SIGINT, SIGHUP: the user
+ * or the terminal), answered after the current step. A second SIGINT ends the process at once
+ * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic). */
 static volatile sig_atomic_t train_signal_seen = 0;
-static void train_on_signal(int sig) { train_signal_seen = sig; }
+static void train_on_signal(int sig) {
+    if (sig == SIGINT && train_signal_seen) {
+        static const char msg[] = "\nringscan: second interrupt: exiting now, without a checkpoint\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + SIGINT);
+    }
+    if (!train_signal_seen) train_signal_seen = sig;
+}
 
 void train_catch_stop_signals(void) {
+    static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = train_on_signal;
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
+    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
+}
+
+int train_stop_exit_code(int sig) {
+    return sig == SIGUSR1 || sig == SIGTERM ? RS_EXIT_PREEMPTED : 128 + sig;
+}
+
+/* The stop signal every rank agrees on (0: none), in one all-reduce: a preemption signal wins over an
+ * interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still requeued. */
+static int train_agreed_signal(Trainer *t) {
+    int s = train_signal_seen;
+    int v = comm_allreduce_max_int(t->comm, t->comm->world, s == SIGUSR1 || s == SIGTERM ? 256 + s : s);
+    return v & 255;
 }
 
 static double train_now(void) {
@@ -632,16 +659,18 @@ static int train_loop(Trainer *t) {
         json_decref(o);
 
         comm_set_context(comm, -1, "stop-signal all-reduce");
-        int stop_signal = comm_allreduce_max_int(comm, comm->world, (int)train_signal_seen);
+        int stop_signal = train_agreed_signal(t);
         int at_end = t->step == cfg->train.steps;
         int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
         int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
         comm_set_context(comm, -1, "checkpoint save (rank 0 writes)");
         if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
         if (stop_signal) {
-            train_say(t, "stopped by signal %d after step %lld, checkpoint written; exit %d (requeue and resume)\n",
-                      stop_signal, (long long)t->step, RS_EXIT_PREEMPTED);
-            return RS_EXIT_PREEMPTED;
+            int code = train_stop_exit_code(stop_signal);
+            train_say(t, "stopped by signal %d (%s) after step %lld, checkpoint written; exit %d (%s)\n", stop_signal,
+                      strsignal(stop_signal), (long long)t->step, code,
+                      code == RS_EXIT_PREEMPTED ? "requeue and resume" : "continue with `ringscan resume`");
+            return code;
         }
         if (stop_asked && !at_end) {
             train_say(t, "stopped after step %lld as run.stop_after_step asked; continue with `ringscan resume %s`\n",
@@ -651,6 +680,37 @@ static int train_loop(Trainer *t) {
     }
     train_say(t, "done: %lld steps\n", (long long)t->step);
     return RS_EXIT_OK;
+}
+
+/* plan's fit verdict, before anything is allocated or written (exit 2 with plan's numbers). The
+ * capacity is device.memory_gib per GPU on cuda; on cpu the ranks share the host's memory, so it is
+ * the smaller of device.memory_gib (per rank, as plan reads it) and this host's physical memory over
+ * the ranks on it. Builds t->plan. */
+static void train_check_fit(Trainer *t) {
+    const Config *cfg = t->cfg;
+    plan_build(&t->plan, cfg);
+    ActPolicy pol = (ActPolicy)cfg->checkpoint.activations;
+    const double G = (double)(1 << 30);
+    double need = (double)t->plan.total[pol] / G;
+    if (!plan_fits(&t->plan, pol))
+        train_fail(t, RS_EXIT_USAGE, "the run does not fit: plan needs %.2f GiB per %s with checkpoint.activations = "
+                                     "%s, device.memory_gib = %g; nothing was written\n"
+                                     "  hint: `ringscan plan` shows the memory by category and which policy fits",
+                   need, cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", act_policy_names[pol],
+                   cfg->device.memory_gib);
+    if (cfg->device.kind != DEVICE_KIND_CPU) return;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double host = pages > 0 && page > 0 ? (double)pages * (double)page / G : 1e30;
+    double share = host / (t->comm->local_size > 0 ? t->comm->local_size : 1);
+    /* hosts may differ: every rank learns whether any is short, so all leave together (rank 0 reports) */
+    if (comm_allreduce_max_int(t->comm, t->comm->world, need > share))
+        train_fail(t, RS_EXIT_USAGE, "the run does not fit this host: plan needs %.2f GiB per rank with "
+                                     "checkpoint.activations = %s, and %s has %.2f GiB of memory for %d rank%s "
+                                     "(%.2f GiB each); nothing was written\n"
+                                     "  hint: set device.memory_gib to the memory a rank may use, and `ringscan plan` "
+                                     "shows what fits",
+                   need, act_policy_names[pol], t->comm->host, host, t->comm->local_size,
+                   t->comm->local_size == 1 ? "" : "s", share);
 }
 
 int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
@@ -681,6 +741,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     char err[4096];
     if (data_open(&t.data, &cfg->data, cfg->model.vocab_size, (uint64_t)cfg->run.seed, err, sizeof err) != 0)
         train_fail(&t, RS_EXIT_USAGE, "%s", err);
+    train_check_fit(&t);
     train_claim_run_dir(&t, resume_dir != NULL, dry_run); /* exits 2 when another run holds it, or on train when
                                                             it holds what a new run must not overwrite */
     TrainResume res;
@@ -691,6 +752,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
                   t.run_dir, res.dir, (long long)res.step, (long long)cfg->train.steps, (long long)res.samples);
         ckpt_close(&res.ck);
         data_close(t.data);
+        plan_free(&t.plan);
         return RS_EXIT_OK;
     }
 
@@ -706,7 +768,6 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     if (cfg->device.kind == DEVICE_KIND_CUDA) t.batch_dev = t.be->alloc((size_t)(4 * rows) * sizeof(int32_t));
 
     train_open_run_dir(&t);
-    plan_build(&t.plan, cfg);
     model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
     if (resume_dir) {
         train_ckpt_restore(&t, &res);
@@ -747,7 +808,16 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     if (comm->world_size > 1) /* no wait for other ranks can hang a single rank */
         comm_watchdog_start(comm, &(CommWatchOptions){cfg->parallel.comm_timeout_s, t.run_dir, cfg->debug.stall_rank,
                                                       cfg->debug.stall_step, cfg->debug.stall_layer});
-    int rc = train_loop(&t);
+    /* a stop signal during the set-up: nothing was trained, so nothing new to checkpoint */
+    int early = train_agreed_signal(&t);
+    int rc;
+    if (early) {
+        rc = train_stop_exit_code(early);
+        train_say(&t, "stopped by signal %d (%s) before step %lld; nothing new to checkpoint; exit %d\n", early,
+                  strsignal(early), (long long)t.step + 1, rc);
+    } else {
+        rc = train_loop(&t);
+    }
 
     if (t.metrics) fclose(t.metrics);
     if (t.log) fclose(t.log);

@@ -14,7 +14,8 @@
  *
  * Exit codes (error.h): 0 done (or stopped by run.stop_after_step), 1 runtime
  * failure, 2 bad config/data/checkpoint, 75 stopped by SIGUSR1/SIGTERM after
- * writing a checkpoint (the Slurm job script requeues on it).
+ * writing a checkpoint (the Slurm job script requeues on it), 130 and 129
+ * stopped by SIGINT/SIGHUP after writing a checkpoint (not requeued).
  *
  * Callers: cmd/ringscan.c.
  */
@@ -42,10 +43,16 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags);
  * adds it to the config's validation. */
 int train_check_out_dir(const char *dir, char *msg, size_t cap);
 
-/* Starts catching SIGUSR1/SIGTERM (a stop request the loop answers with a
- * checkpoint and exit 75). Called before MPI starts, so a warning signal
- * that a Slurm job forwards while the ranks are still starting is kept, not
- * fatal; train_run calls it too. */
+/* Starts catching the stop signals: SIGUSR1 and SIGTERM (preemption: the
+ * loop finishes its step, checkpoints and exits 75) and SIGINT and SIGHUP
+ * (the same, exit 128 + signal: 130 and 129, which the job script does not
+ * requeue); a second SIGINT exits 130 at once, without a checkpoint. main()
+ * calls it first thing for `train` and `resume`, before the config is read
+ * and MPI starts, so a signal that arrives while the ranks start is kept,
+ * not fatal (a signal before the first step ends the run before it
+ * trains); train_run calls it again. */
 void train_catch_stop_signals(void);
+/* The exit code of a run stopped by `sig`. */
+int train_stop_exit_code(int sig);
 
 #endif

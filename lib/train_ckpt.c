@@ -43,6 +43,72 @@ static uint64_t train_identity_hash(const Config *cfg) {
     return h;
 }
 
+/* ---- the data fingerprint (data.h, DataFingerprint) --------------------------- */
+
+/* state.data: what identifies the data the run reads */
+static json_t *train_data_json(const DataSource *src) {
+    char hash[32];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)src->fp.hash);
+    json_t *o = json_pack("{ss sI sI sI sI ss}", "path", src->path, "bytes", (json_int_t)src->fp.bytes, "mtime_ns",
+                          (json_int_t)src->fp.mtime_ns, "n_tokens", (json_int_t)src->n_tokens, "n_docs",
+                          (json_int_t)src->n_docs, "fingerprint", hash);
+    if (src->idx_path)
+        json_object_set_new(o, "idx", json_pack("{ss sI sI}", "path", src->idx_path, "bytes",
+                                                (json_int_t)src->fp.idx_bytes, "mtime_ns",
+                                                (json_int_t)src->fp.idx_mtime_ns));
+    return o;
+}
+
+/* Compares the data the run opened with the checkpoint's state.data: a different fingerprint is
+ * refused (exit 2) unless data.accept_changed was given with --set on this command line. */
+static void train_data_check(Trainer *t, const json_t *saved, const char *ckdir) {
+    const DataSource *src = data_source(t->data);
+    if (!json_is_object(saved)) {
+        train_say(t, "note: checkpoint %s holds no data fingerprint (written before ringscan kept one); the data "
+                     "cannot be checked against it\n",
+                  ckdir);
+        return;
+    }
+    json_t *now = train_data_json(src);
+    const char *h0 = json_string_value(json_object_get(saved, "fingerprint"));
+    const char *h1 = json_string_value(json_object_get(now, "fingerprint"));
+    char diff[2048] = "";
+    size_t k = 0;
+    static const char *const keys[] = {"fingerprint", "bytes", "n_tokens", "n_docs", "mtime_ns", NULL};
+    for (int i = 0; keys[i] && k < sizeof diff; i++) {
+        json_t *a = json_object_get(saved, keys[i]), *b = json_object_get(now, keys[i]);
+        if (json_equal(a, b)) continue;
+        char va[64] = "?", vb[64];
+        if (json_is_string(a)) snprintf(va, sizeof va, "%s", json_string_value(a));
+        else if (json_is_integer(a)) snprintf(va, sizeof va, "%lld", (long long)json_integer_value(a));
+        if (json_is_string(b)) snprintf(vb, sizeof vb, "%s", json_string_value(b));
+        else snprintf(vb, sizeof vb, "%lld", (long long)json_integer_value(b));
+        k += (size_t)snprintf(diff + k, sizeof diff - k, "    %s: %s -> %s\n", keys[i], va, vb);
+    }
+    int same = h0 && h1 && !strcmp(h0, h1);
+    json_decref(now);
+    if (!diff[0]) return;
+    if (same) { /* only the time changed: a copy, or a touch; the content we sample is the same */
+        train_say(t, "note: data file %s has another mtime than at checkpoint %s, and the same size, documents and "
+                     "sampled content; continuing\n",
+                  src->path, ckdir);
+        return;
+    }
+    int key = config_find_key("data.accept_changed");
+    if (t->cfg->data.accept_changed && t->cfg->source[key].origin == CONFIG_ORIGIN_SET) {
+        train_say(t, "warning: data file %s is not the data of checkpoint %s (saved -> now):\n%s"
+                     "  continuing on it as --set data.accept_changed=true asks; the resume is not exact\n",
+                  src->path, ckdir, diff);
+        return;
+    }
+    train_fail(t, RS_EXIT_USAGE,
+               "resume refuses: data file %s is not the data of checkpoint %s (saved -> now):\n%s"
+               "  hint: the checkpoint's data position would point into other data, so the resume would not be "
+               "exact; put the original file back, or continue on this data with `ringscan resume %s --set "
+               "data.accept_changed=true`",
+               src->path, ckdir, diff, t->run_dir);
+}
+
 static double train_ckpt_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -92,6 +158,7 @@ void train_ckpt_save(Trainer *t) {
         json_object_set_new(state, "world", json_pack("{sI sI}", "dp", (json_int_t)cfg->parallel.dp, "cp",
                                                       (json_int_t)cfg->parallel.cp));
         json_object_set_new(state, "identity_hash", json_string(hash));
+        json_object_set_new(state, "data", train_data_json(data_source(t->data)));
         json_object_set_new(state, "config_yaml", json_string(yaml));
         CkptFile files[2] = {{"model.safetensors", tp, n, NULL}, {"optim.safetensors", to, 2 * n, NULL}};
         rc = ckpt_save(t->run_dir, t->step, files, 2, state, cfg->checkpoint.keep, err, sizeof err);
@@ -179,6 +246,10 @@ void train_ckpt_load(Trainer *t, TrainResume *r) {
                    r->ck.dir);
     r->step = json_integer_value(js);
     r->samples = json_integer_value(jn);
+    if (r->step < 0 || r->samples < 0)
+        train_fail(t, RS_EXIT_USAGE, "%s/manifest.json: the state says step %lld, samples_consumed %lld; expected "
+                                     "both >= 0: not a checkpoint ringscan wrote",
+                   r->ck.dir, (long long)r->step, (long long)r->samples);
     snprintf(r->dir, sizeof r->dir, "%s", r->ck.dir);
 
     Config stored;
@@ -199,6 +270,7 @@ void train_ckpt_load(Trainer *t, TrainResume *r) {
     config_errors_free(&ce);
     train_ckpt_check_options(t, &stored, r);
     config_free(&stored);
+    train_data_check(t, json_object_get(state, "data"), r->ck.dir);
     if (r->step >= t->cfg->train.steps)
         train_fail(t, RS_EXIT_USAGE, "checkpoint %s is at step %lld, and train.steps = %lld: nothing left to run "
                                      "(raise it with --set train.steps=N)",

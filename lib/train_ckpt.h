@@ -7,8 +7,11 @@
  *   optim.safetensors   AdamW moments: "m.<name>" and "v.<name>", fp32
  *   manifest.json       ckpt.h's manifest; its state object holds
  *     step, samples_consumed, tokens_consumed (the data position: global,
- *     independent of dp/cp), seed, world {dp, cp}, identity_hash and
- *     config_yaml (the resolved config of the run when it was saved).
+ *     independent of dp/cp), seed, world {dp, cp}, identity_hash,
+ *     config_yaml (the resolved config of the run when it was saved) and
+ *     data {path, bytes, mtime_ns, n_tokens, n_docs, fingerprint, idx}: the
+ *     data file's fingerprint when the run opened it (data.h,
+ *     DataFingerprint).
  * The AdamW step counter is `step`; the weights' RNG is not needed after
  * initialisation, so no RNG state is stored beyond the seed.
  *
@@ -20,7 +23,10 @@
  * run.stop_after_step at or before the checkpoint's step, and a global batch
  * (parallel.dp x data.micro_batch x train.grad_accum samples per step) other
  * than the checkpoint's unless --allow-batch-change. dp x cp may change when
- * the global batch stays (resume on another number of ranks).
+ * the global batch stays (resume on another number of ranks); and
+ * one whose data file has another fingerprint (a replaced or regenerated
+ * file at the same path), unless `--set data.accept_changed=true` is given
+ * on the resume's command line. Only an mtime that changed is a note.
  */
 #ifndef RS_TRAIN_CKPT_H
 #define RS_TRAIN_CKPT_H

@@ -103,7 +103,38 @@ static int submit_sbatch(const char *script, char *out, size_t cap) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* The data the job will read: data.path must be given, and on a real submit its file(s) must exist
+ * (from the working directory, where the job runs), or the job would fail only once it starts. A
+ * dry run only needs the value: it may render a job for data made later. */
+static int submit_check_data(const Config *cfg, int dry_run) {
+    const char *p = cfg->data.path;
+    if (!p[0]) {
+        submit_error("data.path is empty: the job would have no data; nothing was written or submitted\n"
+                     "  hint: set data.path to a flat token file or a Megatron prefix (`ringscan data` makes one)");
+        return RS_EXIT_USAGE;
+    }
+    if (dry_run) return 0;
+    int meg = cfg->data.format == DATA_FORMAT_MEGATRON;
+    const char *const want[3] = {meg ? ".bin" : "", meg ? ".idx" : NULL, NULL};
+    for (int k = 0; want[k]; k++) {
+        char f[SUBMIT_PATH_MAX + 8];
+        struct stat st;
+        snprintf(f, sizeof f, "%s%s", p, want[k]);
+        int e = stat(f, &st) != 0 ? errno : 0;
+        if (e || !S_ISREG(st.st_mode)) {
+            submit_error("data.path = \"%s\": %s is not a file here (%s); nothing was written or submitted\n"
+                         "  hint: the job reads it from the directory you submit from; give a path that exists "
+                         "(the nodes must see it too)",
+                         p, f, e ? strerror(e) : "not a regular file");
+            return RS_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
 int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
+    int drc = submit_check_data(cfg_in, dry_run);
+    if (drc) return drc;
     /* 1. does it fit? (the same verdict as `ringscan plan`) */
     Plan plan;
     plan_build(&plan, cfg_in);

@@ -22,6 +22,9 @@ CASES = [
     ("top-level-scalar", "hello\n", [], ["bad.yaml:1:1", "top level must be a mapping"]),
     ("section-not-mapping", "model: 5\n", [], ["bad.yaml:1:1", "model is a section"]),
     ("key-is-a-list", "? [a, b]\n: 1\n", [], ["bad.yaml:1:3", "keys must be plain names"]),
+    ("nesting-too-deep", "run:\n  name: x\nmodel: {a: " + "[" * 100 + "]" * 100 + "}\n", [],
+     ["bad.yaml:3:75", "more than 64 nested '[' or '{'"]),
+    ("nesting-in-quotes-is-text", "run:\n  name: \"" + "[" * 100 + "\"\n", [], ["bad.yaml:2:9", "run.name", "not allowed"]),
     # --- unknown keys, with a suggestion
     ("unknown-section", "modle:\n  hidden_size: 8\n", [], ["bad.yaml:1:1", "unknown key \"modle\"", "did you mean 'model'"]),
     ("unknown-key-typo", "model:\n  hiden_size: 64\n", [], ["bad.yaml:2:3", "did you mean 'model.hidden_size'"]),
@@ -41,7 +44,7 @@ CASES = [
     ("enum-list-bad-item", "model:\n  num_hidden_layers: 2\n  layer_types: [linear_attention, mamba]\n", [],
      ["bad.yaml:3:16", "item 1 is \"mamba\"", "linear_attention | full_attention"]),
     ("enum-list-not-list", "model:\n  layer_types: linear_attention\n", [], ["bad.yaml:2:16", "expected a list"]),
-    ("string-control-char", "run:\n  name: \"a\\x01b\"\n", [], ["bad.yaml:2:9", "control characters"]),
+    ("string-control-char", "run:\n  name: \"a\\x01b\"\n", [], ["bad.yaml:2:9", "expected no control characters"]),
     # --- ranges quote the value and the range
     ("range-layers-zero", "model:\n  num_hidden_layers: 0\n", [], ["bad.yaml:2:22", "= 0 is out of range [1, 1024]"]),
     ("range-beta2", "train:\n  beta2: 1.5\n", [], ["bad.yaml:2:10", "train.beta2 = 1.5 is out of range [0, 0.999999]"]),
@@ -50,6 +53,7 @@ CASES = [
     # --- cross-key rules quote both keys and values
     ("seq-not-divisible", "data:\n  seq_len: 1000\nparallel:\n  cp: 2\n", [],
      ["data.seq_len = 1000 (bad.yaml:2:3)", "parallel.cp = 2 (bad.yaml:4:3)", "= 256", "768 or 1024"]),
+    ("seq-below-one-unit", "data:\n  seq_len: 64\nparallel:\n  cp: 2\n", [], ["= 256", "nearest valid: 256\n"]),
     ("value-heads-multiple", "model:\n  linear_num_key_heads: 3\n  linear_num_value_heads: 4\n", [],
      ["model.linear_num_value_heads = 4", "model.linear_num_key_heads = 3", "multiple"]),
     ("gqa-groups", "model:\n  num_attention_heads: 6\n  num_key_value_heads: 4\n", [],
@@ -62,6 +66,9 @@ CASES = [
      ["train.warmup_steps = 20", "train.steps = 10"]),
     ("rotary-odd", "model:\n  head_dim: 64\n  partial_rotary_factor: 0.3\n", [], ["= 19 rotary dims must be even"]),
     ("attention-bias", "model:\n  attention_bias: true\n", [], ["model.attention_bias = true (bad.yaml:2:3)"]),
+    ("cpu-head-dim", "model:\n  head_dim: 1024\n", [],
+     ["model.head_dim = 1024 (bad.yaml:2:3)", "device.kind = cpu (default)", "up to 512"]),
+    ("cpu-rows-int", "data:\n  seq_len: 2147483648\n", [], ["= 2147483648 rows per rank", "at most 2147483647"]),
     ("cuda-head-dim", "model:\n  head_dim: 96\ndevice:\n  kind: cuda\n", [],
      ["model.head_dim = 96", "device.kind = cuda"]),
     ("stop-after-last", "train:\n  steps: 10\n  warmup_steps: 1\nrun:\n  stop_after_step: 11\n", [],
@@ -75,12 +82,16 @@ CASES = [
     ("slurm-signal-after-limit", "slurm:\n  time: \"05:00\"\n  signal_s: 300\n", [],
      ["slurm.signal_s = 300 (bad.yaml:3:3)", "slurm.time = \"05:00\" (bad.yaml:2:3) = 300 s"]),
     ("slurm-signed-time", "slurm:\n  time: \"-5\"\n", [], ["bad.yaml:2:9", "slurm.time", "Slurm time"]),
+    ("slurm-time-61-minutes", "slurm:\n  time: \"00:61:00\"\n", [], ["bad.yaml:2:9", "slurm.time", "0..59"]),
+    ("slurm-time-24-hours-after-days", "slurm:\n  time: \"1-24:00\"\n", [], ["bad.yaml:2:9", "hours 0..23"]),
     ("slurm-launcher", "slurm:\n  launcher: mpiexec\n", [], ["bad.yaml:2:13", "slurm.launcher", "srun | mpirun"]),
     ("slurm-site-env-shell", "slurm:\n  site_env: \"site.env; id\"\n", [], ["bad.yaml:2:13", "slurm.site_env", "not allowed"]),
     # --- --set overrides name the override
     ("set-unknown", "", ["--set", "model.hiden_size=3"], ["--set \"model.hiden_size=3\"", "did you mean 'model.hidden_size'"]),
     ("set-bad-int", "", ["--set", "model.hidden_size=abc"], ["--set \"model.hidden_size=abc\"", "expected an integer"]),
     ("set-no-equals", "", ["--set", "model.hidden_size"], ["expected key.path=value"]),
+    ("set-a-section", "", ["--set", "run=1"], ["--set \"run=1\": 'run' is a section, not a key: give a key under it, "
+                                              "like run.name\n"]),
     ("set-bad-yaml", "", ["--set", "model.layer_types=[linear_attention,"], ["not a YAML value"]),
     ("set-injection", "", ["--set", "slurm.account=a`id`"], ["slurm.account", "not allowed"]),
     ("set-cross", "", ["--set", "parallel.cp=3"], ["parallel.cp = 3 (--set #1)", "data.seq_len = 4096 (default)"]),
@@ -135,3 +146,25 @@ def test_anchor_cycle_is_an_error_not_a_hang(ringscan, tmp_path):
     r = run([ringscan, "config", "check", "cyc.yaml"], cwd=tmp_path, timeout=20)
     assert r.returncode == 2
     assert "unknown key" in r.stderr
+
+
+def test_fifo_config_is_refused_not_waited_on(ringscan, tmp_path):
+    """open() of a FIFO waits for a writer forever: the loader stats first and refuses it."""
+    import os
+    os.mkfifo(tmp_path / "pipe.yaml")
+    r = run([ringscan, "config", "check", "pipe.yaml"], cwd=tmp_path, timeout=20)
+    assert r.returncode == 2
+    assert "pipe.yaml: the config file is not a regular file (it is a FIFO)" in r.stderr
+
+
+def test_deep_nesting_is_refused_in_milliseconds(ringscan, tmp_path):
+    """libyaml is quadratic in flow nesting: 100k nested '[' (200 KB) took 23 s to be refused. The
+    loader caps the depth before libyaml sees the text."""
+    import time
+    (tmp_path / "deep.yaml").write_text("model: " + "[" * 100000 + "]" * 100000 + "\n")
+    t0 = time.time()
+    r = run([ringscan, "config", "check", "deep.yaml"], cwd=tmp_path, timeout=60)
+    took = time.time() - t0
+    assert r.returncode == 2
+    assert "deep.yaml:1:72: more than 64 nested '[' or '{'" in r.stderr, r.stderr
+    assert took < 2.0, f"{took:.1f} s"

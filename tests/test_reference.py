@@ -335,7 +335,7 @@ def test_internal_shapes_match_plan(ringscan, config, sets):
     numel = {k: int(np.prod(shape)) for k, (shape, _) in specs.items()}
     assert sum(numel.values()) == p["total"]
     assert ref_model.param_count(cfg) == p["hf_state_dict"]
-    for group in (layout.MATRIX, layout.NORM, layout.GDN_GATE, layout.CONV, "embedding"):
+    for group in (layout.MATRIX, layout.NORM, layout.GDN_GATE, layout.CONV, layout.NORM_SCALE, "embedding"):
         assert sum(n for k, n in numel.items() if specs[k][1] == group) == p["groups"][group], group
     # matmul: every 2-D tensor but conv1d, plus the head when it is tied
     matmul = sum(n for k, n in numel.items() if len(specs[k][0]) == 2 and specs[k][1] != layout.CONV
@@ -535,7 +535,7 @@ def test_make_case_files(tiny_case, ringscan):
         assert np.linalg.norm(ref[k]) > 0, f"gradient of {k} is zero: not exercised"
     # the norm and gate weights are random, not the spec's init
     for k in specs:
-        if specs[k][1] in (layout.NORM, layout.GDN_GATE):
+        if specs[k][1] in (layout.NORM, layout.NORM_SCALE, layout.GDN_GATE):
             assert np.std(w[k]) > 0.1, k
 
 

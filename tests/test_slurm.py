@@ -648,3 +648,16 @@ def test_readme_gpu_example_is_what_submit_renders():
     assert rendered == script, "slurm/README.md's example is stale: paste the --dry-run output again"
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4"):
         assert line + "\n" in script
+
+
+def test_submit_refuses_missing_data(tmp_path):
+    """An empty data.path was accepted (the job died at start, after its wait in the queue); a path that
+    does not exist is refused by a real submit (before sbatch), and an empty one by --dry-run too."""
+    rd = tmp_path / "job"
+    r = run([RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"run.out_dir={rd}", "--set", "data.path=",
+             "--dry-run"], env={"PATH": "/nonexistent"})
+    assert r.returncode == 2 and "data.path is empty" in r.stderr and r.stdout == "", r.stderr
+    r = run([RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"run.out_dir={rd}", "--set",
+             f"data.path={tmp_path}/none.tok"], env={"PATH": "/nonexistent"})
+    assert r.returncode == 2 and f"{tmp_path}/none.tok is not a file here" in r.stderr, r.stderr
+    assert "sbatch is not on PATH" not in r.stderr and not rd.exists()

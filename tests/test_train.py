@@ -414,6 +414,16 @@ def test_bad_data_writes_nothing(tmp_path, data):
         assert not rd.exists()
 
 
+def test_fifo_as_data_is_refused_not_waited_on(tmp_path):
+    """open() of a FIFO as data.path blocked forever: it is refused from stat, and nothing is written."""
+    fifo = tmp_path / "pipe.tok"
+    os.mkfifo(fifo)
+    rd = tmp_path / "run-must-not-exist"
+    r = train(rd, fifo, steps=2, expect=2)
+    assert f"data file {fifo} is not a regular file: it is a FIFO" in r.stderr, r.stderr
+    assert not rd.exists()
+
+
 def test_run_directory_blocked_by_a_file(tmp_path, data):
     """run.out_dir that is a file, or lies under one: refused with the path named (fsio_mkdirs used to take
     an existing file for the directory), and the file left as it was."""
@@ -474,3 +484,251 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, data):
     r = train(tmp_path / "r", data, "--set", "device.kind=cuda", steps=2, expect=2)
     assert "device.kind = cuda" in r.stderr
     assert not (tmp_path / "r").exists()
+
+
+# ---- data that changes underfoot (issue 17, item 2) -----------------------------------------------
+
+def start_train(rd, data, *sets, steps=400):
+    cmd = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
+           "--set", f"run.out_dir={rd}", "--set", f"train.steps={steps}", *sets]
+    return subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(p, rd, n, limit=120):
+    deadline = time.time() + limit
+    while time.time() < deadline and p.poll() is None:
+        if (rd / "metrics.jsonl").exists() and len(open(rd / "metrics.jsonl").readlines()) >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{rd}: fewer than {n} steps")
+
+
+@pytest.mark.parametrize("change", ["truncate", "overwrite"])
+def test_data_changed_during_a_run_stops_it_clearly(tmp_path, data, change):
+    """Truncating the data file during a run used to kill it with SIGBUS (a shared mapping) and an
+    overwrite in place gave garbage token ranges: now the next read names the file and what changed,
+    the run exits 2, and its last checkpoint is intact (resume on the restored file continues)."""
+    mine = tmp_path / "d.tok"
+    shutil.copy(data, mine)
+    rd = tmp_path / "r"
+    p = start_train(rd, mine, "--set", "checkpoint.every=2")
+    wait_for_steps(p, rd, 5)
+    size = mine.stat().st_size
+    if change == "truncate":
+        os.truncate(mine, size // 2)
+    else:
+        with open(mine, "r+b") as f:  # same size, other tokens (still valid ids: 0..255)
+            f.seek(size // 2)
+            f.write(bytes(random.Random(5).randrange(0, 256) if i % 2 == 0 else 0 for i in range(1 << 16)))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2, out + err
+    assert f"data file {mine} changed while the run was reading it" in err, err
+    assert ("truncated" if change == "truncate" else "overwritten") in err
+    assert "last checkpoint is intact" in err
+    assert "Bus error" not in err and "token range" not in err
+    done = len(losses(rd))
+    assert 5 <= done < 400
+    shutil.copy(data, mine)  # the original content back (another mtime: a note, not a refusal)
+    r = run([RINGSCAN, "resume", rd, "--dry-run"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "would continue from" in r.stdout and "another mtime" in r.stdout
+
+
+def test_resume_refuses_replaced_data_unless_accepted(tmp_path, ringscan, data):
+    """A different file at the same path (other seed, other size) no longer resumes silently: the
+    checkpoint's fingerprint differs. --set data.accept_changed=true on the resume's command line
+    accepts it; the same value read back from config.resolved.yaml does not accept the next change."""
+    mine = tmp_path / "d.tok"
+    shutil.copy(data, mine)
+    rd = tmp_path / "r"
+    train(rd, mine, steps=3)
+    state = json.loads((rd / "ckpt" / "step_00000003" / "manifest.json").read_text())["state"]
+    fp = state["data"]
+    assert fp["path"] == str(mine) and fp["bytes"] == mine.stat().st_size and len(fp["fingerprint"]) == 16
+    other = tmp_path / "other.tok"
+    r = run([ringscan, "data", "synth", other, "--tokens", "290000", "--seed", "8"])
+    assert r.returncode == 0, r.stderr
+    os.replace(other, mine)
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=5"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"resume refuses: data file {mine} is not the data of checkpoint" in r.stderr
+    assert "fingerprint: " + fp["fingerprint"] + " -> " in r.stderr and f"bytes: {fp['bytes']} -> " in r.stderr
+    assert "data.accept_changed=true" in r.stderr
+    assert len(losses(rd)) == 3  # nothing ran
+    # same size, same documents, other tokens in place: the sampled blocks see it
+    b = bytearray(data.read_bytes())
+    for i in range(len(b) - 4096, len(b), 2):
+        b[i] = (b[i] + 1) % 256
+    mine.write_bytes(bytes(b))
+    r = run([RINGSCAN, "resume", rd, "--dry-run", "--set", "train.steps=5"])
+    assert r.returncode == 2 and "fingerprint: " in r.stderr and "bytes:" not in r.stderr, r.stderr
+    # accepted when asked on the command line
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=5", "--set", "data.accept_changed=true"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "continuing on it as --set data.accept_changed=true asks" in r.stdout
+    assert [m["step"] for m in metrics(rd)] == [1, 2, 3, 4, 5]
+    assert "accept_changed: true" in (rd / "config.resolved.yaml").read_text()
+    # ... once: the resolved config's true is not a --set, so the next change is refused again
+    shutil.copy(data, mine)
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=6"])
+    assert r.returncode == 2 and "resume refuses: data file" in r.stderr, r.stdout + r.stderr
+
+
+# ---- signals (issue 17, item 6) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_sigint_and_sighup_finish_the_step_checkpoint_and_exit_128_plus_signal(tmp_path, data, sig, code):
+    """Ctrl-C and a closed terminal used to kill the run with no checkpoint: now they stop it like
+    SIGTERM (finish the step, checkpoint), with exit 128 + signal, which the job script does not requeue."""
+    rd = tmp_path / "r"
+    p = start_train(rd, data, steps=200)
+    wait_for_steps(p, rd, 3)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == code, out + err
+    assert f"stopped by signal {int(sig)}" in out and f"exit {code}" in out
+    done = len(losses(rd))
+    assert 3 <= done < 200
+    assert (rd / "ckpt" / f"step_{done:08d}").is_dir()
+    r = run([RINGSCAN, "resume", rd, "--dry-run"])
+    assert r.returncode == 0 and f"step {done} of 200" in r.stdout, r.stdout + r.stderr
+
+
+def test_second_sigint_exits_at_once(tmp_path, data):
+    rd = tmp_path / "r"
+    # steps of 8 x 1024 tokens (about a second here), so the second Ctrl-C lands inside the step
+    p = start_train(rd, data, "--set", "checkpoint.every=1", "--set", "data.seq_len=1024", "--set",
+                    "data.micro_batch=8", steps=200)
+    wait_for_steps(p, rd, 2)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # two signals sent at once arrive as one
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, out + err
+    assert "second interrupt: exiting now, without a checkpoint" in err
+    assert "stopped by signal" not in out  # it did not wait for the step
+    r = run([RINGSCAN, "resume", rd, "--dry-run"])  # the checkpoints written before are intact
+    assert r.returncode == 0 and "would continue from" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("delay_ms", [10, 30, 60])
+def test_stop_signal_while_starting_is_kept_not_fatal(tmp_path, data, delay_ms):
+    """SIGUSR1 in the first ~80 ms (before the handlers were installed, after MPI_Init) killed the
+    process; now main installs them first, and a stop before the first step exits 75 with nothing
+    trained (or, if the step was reached, after its checkpoint). Still fatal: a signal while the
+    dynamic loader runs, before main (about 0.2 ms here; LD_DEBUG=statistics), which no code of
+    ours can cover."""
+    rd = tmp_path / "r"
+    p = start_train(rd, data, steps=50)
+    time.sleep(delay_ms / 1000)
+    p.send_signal(signal.SIGUSR1)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 75, f"exit {p.returncode}\n{out}{err}"
+    assert "stopped by signal 10" in out
+    if "before step 1" in out:
+        assert not (rd / "ckpt").exists() or not any((rd / "ckpt").iterdir())
+    # and a resume, too
+    if (rd / "ckpt" / "LATEST").exists():
+        p = subprocess.Popen([str(RINGSCAN), "resume", str(rd)], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(delay_ms / 1000)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 75, f"exit {p.returncode}\n{out}{err}"
+
+
+def rewrite_manifest(path, edit):
+    """Edits a checkpoint manifest and stores a matching crc32 (ckpt.c: crc32 of the compact,
+    key-sorted JSON without the crc32 field), so only the edited value is wrong."""
+    import zlib
+    m = json.loads(path.read_text())
+    edit(m)
+    m.pop("crc32", None)
+    text = json.dumps(m, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    m["crc32"] = zlib.crc32(text.encode())
+    path.write_text(json.dumps(m, indent=2))
+
+
+def test_edited_manifest_values_are_named(tmp_path, data):
+    """A step of 2^62 was reported as "manifest says step -1", and a negative samples_consumed
+    failed later in the data reader without naming the checkpoint."""
+    rd = tmp_path / "r"
+    train(rd, data, steps=2)
+    man = rd / "ckpt" / "step_00000002" / "manifest.json"
+    original = man.read_text()
+    rewrite_manifest(man, lambda m: m["state"].update(samples_consumed=-5))
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=4"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{rd}/ckpt/step_00000002/manifest.json: the state says step 2, samples_consumed -5" in r.stderr, r.stderr
+    man.write_text(original)
+    rewrite_manifest(man, lambda m: m.update(step=2 ** 62))
+    r = run([RINGSCAN, "resume", rd, "--set", "train.steps=4"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "\"step\" is missing or outside 0..99999999 (the directory name says 2)" in r.stderr, r.stderr
+    assert "step -1" not in r.stderr
+
+
+# ---- weight decay of the plain-scale GDN norm (issue 17, item 9) -----------------------------------
+
+def read_f32(path, name):
+    """One fp32 tensor of a safetensors file (header: u64 length, JSON; then the data)."""
+    import struct
+    import numpy as np
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    h = json.loads(raw[8:8 + n])[name]
+    a, b = h["data_offsets"]
+    return np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4")
+
+
+@pytest.mark.parametrize("decay", [False, True])
+def test_gdn_norm_scale_is_not_decayed_toward_zero_unless_asked(tmp_path, data, decay):
+    """linear_attn.norm is a plain scale initialised to 1: weight decay pulled it toward 0 (the
+    zero-centred norms decay toward scale 1, as meant). It is now its own group, norm_scale, decayed
+    only with train.decay_norm_scales. One AdamW step with lr 0.01 and weight_decay 10 moves each
+    element by at most lr from the update, and by lr x wd x 1 = 0.1 more when decayed."""
+    rd = tmp_path / "r"
+    train(rd, data, "--set", "train.warmup_steps=0", "--set", "train.lr=0.01", "--set", "train.min_lr=0.01",
+          "--set", "train.weight_decay=10", "--set", f"train.decay_norm_scales={str(decay).lower()}", steps=1)
+    w = read_f32(rd / "ckpt" / "step_00000001" / "model.safetensors", "model.layers.0.linear_attn.norm")
+    assert w.shape == (64,)
+    shift = 0.1 if decay else 0.0
+    dev = abs(w - (1.0 - shift))
+    assert dev.max() <= 0.0101, (decay, w.min(), w.max())
+    # the zero-centred norms still decay (toward 0 = scale 1), and matrices always
+    q = read_f32(rd / "ckpt" / "step_00000001" / "model.safetensors", "model.layers.3.self_attn.q_norm")
+    assert abs(q).max() <= 0.0101
+
+
+def test_plan_counts_the_norm_scale_group(ringscan):
+    r = run([ringscan, "plan", "configs/tiny-cpu.yaml", "--json"])
+    groups = json.loads(r.stdout)["parameters"]["groups"]
+    assert groups["norm_scale"] == 3 * 64  # three GDN layers, linear_value_head_dim 64
+    assert groups["norm"] == 4 * 2 * 256 + 256 + 2 * 64  # layer norms, final norm, q_norm and k_norm
+
+
+# ---- a bad config exits 2 and writes nothing (issue 17, item 7) -----------------------------------
+
+def test_cpu_head_dim_limit_is_validated_and_real(tmp_path, data):
+    """head_dim 1024 passed validation and plan and then failed in the cpu attention kernel with a
+    run directory made; now validation names the key. 512, the kernel's limit, trains."""
+    r = train(tmp_path / "big", data, "--set", "model.head_dim=1024", steps=2, expect=2)
+    assert "model.head_dim = 1024 (--set" in r.stderr and "up to 512" in r.stderr, r.stderr
+    assert not (tmp_path / "big").exists()
+    train(tmp_path / "ok", data, "--set", "model.head_dim=512", steps=2)
+    assert len(losses(tmp_path / "ok")) == 2
+
+
+def test_train_applies_the_fit_verdict_before_allocating(tmp_path, data):
+    """`train` used to allocate whatever plan called too big (dying in calloc); now it refuses with
+    plan's numbers, exit 2, nothing written: against device.memory_gib, and on cpu against this
+    host's memory shared by its ranks."""
+    rd = tmp_path / "r"
+    r = train(rd, data, "--set", "device.memory_gib=0.01", steps=2, expect=2)
+    assert "the run does not fit: plan needs 0.0" in r.stderr and "device.memory_gib = 0.01" in r.stderr, r.stderr
+    assert not rd.exists()
+    # 16M-token vocabulary: ~130 GB of weights and AdamW state, more than this host has
+    t0 = time.time()
+    r = train(rd, data, "--set", "model.vocab_size=16000000", "--set", "device.memory_gib=100000", steps=2, expect=2)
+    assert "does not fit this host: plan needs" in r.stderr and "for 1 rank" in r.stderr, r.stderr
+    assert time.time() - t0 < 20 and not rd.exists()

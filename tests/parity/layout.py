@@ -28,6 +28,7 @@ from ref_model import LINEAR
 
 # weight-decay groups of lib/model_params.h (ParamGroup), named as `plan --json` names them
 MATRIX, EMBEDDING, NORM, GDN_GATE, CONV = "matrix", "embedding", "norm", "gdn_gate", "conv"
+NORM_SCALE = "norm_scale"  # plain-scale norms (linear_attn.norm): not decayed unless train.decay_norm_scales
 
 
 def internal_specs(cfg):
@@ -47,7 +48,7 @@ def internal_specs(cfg):
             s[p + "linear_attn.conv1d"] = ((Cc, cfg.linear_conv_kernel_dim), CONV)
             s[p + "linear_attn.dt_bias"] = ((nv,), GDN_GATE)
             s[p + "linear_attn.A_log"] = ((nv,), GDN_GATE)
-            s[p + "linear_attn.norm"] = ((dv,), NORM)
+            s[p + "linear_attn.norm"] = ((dv,), NORM_SCALE)
             s[p + "linear_attn.out_proj"] = ((H, Vd), MATRIX)
         else:
             s[p + "self_attn.in_proj"] = ((2 * qd + 2 * kvd, H), MATRIX)
