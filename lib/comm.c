@@ -211,63 +211,55 @@ void comm_allgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_
     comm_watch_end(c);
 }
 
-/* Comm.serial (measurement): the operation just posted is waited at once. */
-static void comm_posted(Comm *c, CommHandle *h) {
+/* After posting: the handle notes the operation (the watchdog's report), and with Comm.serial
+ * (parallel.overlap_comm: false) the operation is waited at once. */
+static void comm_posted(Comm *c, CommHandle *h, CommGroup g, const char *op) {
+    comm_handle_note(h, g, op);
     if (c->serial) comm_wait(c, h);
 }
 
 void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
 #ifdef RS_WITH_CUDA
-    if (c->nccl) {
-        comm_nccl_iallgather(c, g, send, recv, bytes, h);
-        comm_handle_note(h, g, "iallgather");
-        comm_posted(c, h);
-        return;
-    }
+    if (c->nccl) comm_nccl_iallgather(c, g, send, recv, bytes, h);
+    else
 #endif
-    int count;
-    MPI_Datatype type;
-    comm_count_of(bytes, &count, &type);
-    MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm_group_mpi(c, g), comm_slot(h)));
-    comm_handle_note(h, g, "iallgather");
-    comm_posted(c, h);
+    {
+        int count;
+        MPI_Datatype type;
+        comm_count_of(bytes, &count, &type);
+        MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm_group_mpi(c, g), comm_slot(h)));
+    }
+    comm_posted(c, h, g, "iallgather");
 }
 
 void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
 #ifdef RS_WITH_CUDA
-    if (c->nccl) {
-        comm_nccl_iallreduce_sum_f32(c, g, buf, n, h);
-        comm_handle_note(h, g, "iallreduce");
-        comm_posted(c, h);
-        return;
-    }
+    if (c->nccl) comm_nccl_iallreduce_sum_f32(c, g, buf, n, h);
+    else
 #endif
-    for (int64_t off = 0; off < n; off += COMM_PIECE) {
-        int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g), comm_slot(h)));
-    }
-    comm_handle_note(h, g, "iallreduce");
-    comm_posted(c, h);
+        for (int64_t off = 0; off < n; off += COMM_PIECE) {
+            int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g),
+                                     comm_slot(h)));
+        }
+    comm_posted(c, h, g, "iallreduce");
 }
 
 void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
                     CommHandle *h) {
 #ifdef RS_WITH_CUDA
-    if (c->nccl) {
-        comm_nccl_isendrecv(c, g, send, to, recv, from, bytes, h);
-        comm_handle_note(h, g, "isendrecv");
-        comm_posted(c, h);
-        return;
-    }
+    if (c->nccl) comm_nccl_isendrecv(c, g, send, to, recv, from, bytes, h);
+    else
 #endif
-    int count;
-    MPI_Datatype type;
-    comm_count_of(bytes, &count, &type);
-    MPI_Comm m = comm_group_mpi(c, g);
-    MPI_CHECK(MPI_Irecv(recv, count, type, from, tag, m, comm_slot(h)));
-    MPI_CHECK(MPI_Isend(send, count, type, to, tag, m, comm_slot(h)));
-    comm_handle_note(h, g, "isendrecv");
-    comm_posted(c, h);
+    {
+        int count;
+        MPI_Datatype type;
+        comm_count_of(bytes, &count, &type);
+        MPI_Comm m = comm_group_mpi(c, g);
+        MPI_CHECK(MPI_Irecv(recv, count, type, from, tag, m, comm_slot(h)));
+        MPI_CHECK(MPI_Isend(send, count, type, to, tag, m, comm_slot(h)));
+    }
+    comm_posted(c, h, g, "isendrecv");
 }
 
 void comm_wait(Comm *c, CommHandle *h) {
