@@ -132,6 +132,50 @@ int data_epoch_order(DataSet *ds, int64_t epoch, int64_t *order, char *err, size
 
 /* ---- samples --------------------------------------------------------------- */
 
+/* One document's piece of a span: `len` tokens at file token `file`, going to out[out..]; `next` is
+ * the file token after the piece when the span ends inside the document (its last target), else -1. */
+typedef struct {
+    int64_t file, len, out, next;
+} DataPiece;
+
+static int data_piece_cmp(const void *x, const void *y) {
+    int64_t a = ((const DataPiece *)x)->file, b = ((const DataPiece *)y)->file;
+    return a < b ? -1 : a > b;
+}
+
+/* Pieces closer than this many tokens in the file are read by one pread (reading the gap costs less
+ * than a call), up to DATA_RANGE_MAX tokens a read. */
+#define DATA_GAP_MAX   4096
+#define DATA_RANGE_MAX (1 << 20)
+
+/* out[piece.out ..] = the pieces' tokens: the pieces sorted by file position and read in ranges of
+ * nearby pieces, so many small shuffled documents cost a few large reads, not one call each (1M-token
+ * samples of 1..5-token documents: tests/unit/test_data.c). Sorts pc. */
+static int data_read_pieces(const DataSource *src, DataPiece *pc, int64_t np, int32_t *out, char *err, size_t n) {
+    qsort(pc, (size_t)np, sizeof *pc, data_piece_cmp);
+    int32_t *buf = NULL;
+    int64_t buf_cap = 0;
+    int rc = 0;
+    for (int64_t i = 0; i < np && !rc;) {
+        int64_t r0 = pc[i].file, r1 = pc[i].file + pc[i].len, e = i + 1;
+        while (e < np && pc[e].file - r1 <= DATA_GAP_MAX && pc[e].file + pc[e].len - r0 <= DATA_RANGE_MAX) {
+            if (pc[e].file + pc[e].len > r1) r1 = pc[e].file + pc[e].len;
+            e++;
+        }
+        if (e == i + 1) { /* alone: straight into place */
+            rc = data_source_copy(src, pc[i].file, pc[i].len, out + pc[i].out, err, n);
+            i = e;
+            continue;
+        }
+        if (r1 - r0 > buf_cap) buf = RS_REALLOC(buf, (size_t)(buf_cap = r1 - r0) * sizeof *buf);
+        rc = data_source_copy(src, r0, r1 - r0, buf, err, n);
+        for (; i < e && !rc; i++) memcpy(out + pc[i].out, buf + (pc[i].file - r0), (size_t)pc[i].len * sizeof *out);
+        i = e;
+    }
+    free(buf);
+    return rc;
+}
+
 int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
                    int32_t *pos, int32_t *doc_pos, char *err, size_t n) {
     const DataSource *src = ds->src;
@@ -153,13 +197,9 @@ int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tok
         else hi = mid;
     }
     int64_t k = lo;
-    /* unshuffled, the stream is the file: one read for the whole span (a shuffled stream reads each
-     * document's piece where it lies in the file) */
-    const bool whole = !ds->shuffle;
-    if (whole && len > 0) {
-        int rc = data_source_copy(src, a, len, tokens, err, n);
-        if (rc) return rc;
-    }
+    /* the span's pieces: one per document it touches, in stream order */
+    int64_t np = 0, cap = 16;
+    DataPiece *pc = RS_MALLOC((size_t)cap * sizeof *pc);
     for (int64_t p = a; p < end;) {
         while (cum[k + 1] <= (uint64_t)p) k++; /* past empty documents */
         const int64_t doc = ds->shuffle ? ds->order[k] : k;
@@ -167,24 +207,27 @@ int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tok
         const int64_t d0 = (int64_t)cum[k], d1 = (int64_t)cum[k + 1]; /* its stream range */
         const int64_t seg_end = d1 < end ? d1 : end;
         const int64_t m = seg_end - p, off = p - a;
-        int rc = whole ? 0 : data_source_copy(src, file0 + (p - d0), m, tokens + off, err, n);
-        if (rc) return rc;
+        if (np == cap) pc = RS_REALLOC(pc, (size_t)(cap *= 2) * sizeof *pc);
+        pc[np++] = (DataPiece){file0 + (p - d0), m, off, seg_end < d1 ? file0 + (seg_end - d0) : -1};
         const int64_t from = d0 > base ? d0 : base; /* where doc_pos counts from */
         for (int64_t j = 0; j < m; j++) {
             if (pos) pos[off + j] = (int32_t)(t0 + off + j);
             if (doc_pos) doc_pos[off + j] = (int32_t)(p + j - from);
         }
-        if (targets) {
-            for (int64_t j = 0; j + 1 < m; j++) targets[off + j] = tokens[off + j + 1];
-            int32_t last = -1;
-            if (seg_end < d1) { /* the span ends inside the document: its next token is the target */
-                rc = data_source_copy(src, file0 + (seg_end - d0), 1, &last, err, n);
-                if (rc) return rc;
-            }
-            targets[off + m - 1] = last;
-        }
         p = seg_end;
     }
+    /* unshuffled, the stream is the file: one read for the whole span; shuffled, the pieces in file order */
+    int rc = !ds->shuffle ? (len > 0 ? data_source_copy(src, a, len, tokens, err, n) : 0)
+                          : data_read_pieces(src, pc, np, tokens, err, n);
+    for (int64_t c = 0; c < np && targets && !rc; c++) {
+        const DataPiece *q = &pc[c];
+        for (int64_t j = 0; j + 1 < q->len; j++) targets[q->out + j] = tokens[q->out + j + 1];
+        int32_t last = -1; /* the document ends here; else the span ends inside it: its next token */
+        if (q->next >= 0) rc = data_source_copy(src, q->next, 1, &last, err, n);
+        targets[q->out + q->len - 1] = last;
+    }
+    free(pc);
+    if (rc) return rc;
     /* after the reads: a file overwritten in place before or while they ran is caught here */
     return data_source_check(src, err, n);
 }

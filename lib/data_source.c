@@ -16,8 +16,9 @@
  * data_pack.c) and 1.8 -> 5.7 us shuffled (one per document piece); a
  * 65536-token sample 45 -> 64 us and 93 -> 152 us; opening, with the
  * fingerprint, 0.04 -> 0.2 ms. Against a step of tens of ms at the least,
- * noise. The worst case is many tiny shuffled documents: 1M-token samples of
- * 1..5-token documents cost about 0.9 us per document (tests/unit/test_data.c).
+ * noise. Many tiny shuffled documents would cost one call each; data_pack.c
+ * reads a span's pieces in file order, nearby ones by one pread, so 1M-token
+ * samples of 1..5-token documents take ~85 ms (tests/unit/test_data.c).
  *
  * Byte order: both formats are little-endian on disk and we reinterpret
  * their bytes, so the host must be little-endian (every machine we target

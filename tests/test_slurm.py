@@ -328,7 +328,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes_exactly(cluster, data, 
 
     first, second = job_log(rd, job, 0), job_log(rd, job, 1)
     assert "SIGUSR1: the ranks checkpoint" in first, first
-    m = re.search(r"stopped by signal 10 after step (\d+), checkpoint written; exit 75", first)
+    m = re.search(r"stopped by signal 10 \([^)]*\) after step (\d+), checkpoint written; exit 75", first)
     assert m and 2 <= int(m.group(1)) < steps, first  # stopped mid-run
     assert "ringscan train exited with 75" in first and f"requeueing job {job}" in first, first
     assert f"ringscan resume {rd}" in second, second
@@ -379,7 +379,7 @@ def test_two_node_job_is_preempted_twice_and_resumes_exactly(cluster2, data, tmp
     cluster2.wait_steps(job, rd, 2)
     cluster2.cmd("scancel", "--signal=USR1", "--batch", job)  # the warning signal
     cluster2.wait_steps(job, rd, 1, restart=1)
-    stop1 = re.search(r"stopped by signal 10 after step (\d+), checkpoint written; exit 75", job_log(rd, job, 0))
+    stop1 = re.search(r"stopped by signal 10 \([^)]*\) after step (\d+), checkpoint written; exit 75", job_log(rd, job, 0))
     assert stop1, job_logs(rd)
     cluster2.wait_steps(job, rd, int(stop1.group(1)) + 2, restart=1)
     cluster2.cmd("scontrol", "requeue", job)  # preemption
@@ -397,7 +397,7 @@ def test_two_node_job_is_preempted_twice_and_resumes_exactly(cluster2, data, tmp
         assert "env: OMPI_MCA_btl=self,tcp" in log, log  # slurm.site_env reached the job
         assert "world 4 = dp 1 x cp 4" in log, log
     # SIGTERM comes to the ranks from Slurm and SIGUSR1 from the batch shell: the first one stops them
-    stop2 = re.search(r"stopped by signal (?:10|15) after step (\d+), checkpoint written; exit 75", logs[1])
+    stop2 = re.search(r"stopped by signal (?:10|15) \([^)]*\) after step (\d+), checkpoint written; exit 75", logs[1])
     assert "SIGUSR1: the ranks checkpoint" in logs[0] and "ringscan train exited with 75" in logs[0], logs[0]
     assert "SIGTERM: the ranks checkpoint" in logs[1] and stop2, logs[1]
     k1, k2 = int(stop1.group(1)), int(stop2.group(1))
@@ -468,13 +468,13 @@ def test_injection_from_a_yaml_file_is_refused(cluster, tmp_path):
     assert re.search(r"bad\.yaml:\d+:\d+: slurm\.partition", r.stderr), r.stderr
 
 
-def test_paths_derived_at_submit_are_checked_too(cluster, tmp_path):
+def test_paths_derived_at_submit_are_checked_too(cluster, data, tmp_path):
     """A relative run.out_dir under a working directory with a space: the absolute path is refused."""
     odd = tmp_path / "my runs"
     odd.mkdir()
     before = cluster.jobs()
-    r = run([RINGSCAN, "submit", ROOT / "configs" / "tiny-cpu.yaml", "--set", "run.out_dir=job"], cwd=odd,
-            env=cluster.env)
+    r = run([RINGSCAN, "submit", ROOT / "configs" / "tiny-cpu.yaml", "--set", f"data.path={data}",
+             "--set", "run.out_dir=job"], cwd=odd, env=cluster.env)
     assert_refused(r, "run.out_dir", odd / "job", cluster, before)
     assert "may not reach a job script" in r.stderr and "working directory" in r.stderr, r.stderr
 
