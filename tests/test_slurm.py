@@ -247,11 +247,8 @@ def cluster2(request):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, ringscan):
-    d = tmp_path_factory.mktemp("data")
-    r = run([ringscan, "data", "synth", d / "recall.tok", "--tokens", "300000", "--seed", "7"])
-    assert r.returncode == 0, r.stderr
-    return d / "recall.tok"
+def data(recall_tok):
+    return recall_tok  # conftest.py: 300k tokens of the recall task, seed 7, made once per session
 
 
 def run_sets(run_dir, data, steps, *extra):

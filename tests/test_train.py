@@ -24,11 +24,8 @@ SMALL = ["--set", "data.seq_len=256", "--set", "data.micro_batch=1", "--set", "p
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, ringscan):
-    d = tmp_path_factory.mktemp("data")
-    r = run([ringscan, "data", "synth", d / "recall.tok", "--tokens", "300000", "--seed", "7"])
-    assert r.returncode == 0, r.stderr
-    return d / "recall.tok"
+def data(recall_tok):
+    return recall_tok  # conftest.py: 300k tokens of the recall task, seed 7, made once per session
 
 
 def train(run_dir, data, *sets, steps=6, expect=0, mpirun=0):
