@@ -514,11 +514,12 @@ def test_submit_refusals(cluster, data, tmp_path):
 
 
 @pytest.mark.parametrize("taken,what", [("job.sbatch", "submitted job"), ("ckpt", "run"), ("metrics.jsonl", "run")])
-def test_dry_run_on_a_used_run_directory_warns_and_submit_refuses(tmp_path, taken, what):
+def test_dry_run_on_a_used_run_directory_warns_and_submit_refuses(tmp_path, data, taken, what):
     """After `make demo`, `submit configs/tiny-cpu.yaml --dry-run` still shows the script (with a warning on
-    stderr); the real submit refuses before it writes anything or looks for sbatch."""
+    stderr); the real submit refuses before it writes anything or looks for sbatch. (The data file is given:
+    a real submit refuses a missing one first, and a fresh clone has no runs/data before `make demo`.)"""
     rd = tmp_path / "job"
-    cmd = [RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"run.out_dir={rd}"]
+    cmd = [RINGSCAN, "submit", "configs/tiny-cpu.yaml", "--set", f"data.path={data}", "--set", f"run.out_dir={rd}"]
     fresh = run([*cmd, "--dry-run"], env={"PATH": "/nonexistent"})
     assert fresh.returncode == 0 and fresh.stderr == "", fresh.stderr
     rd.mkdir()
