@@ -20,7 +20,11 @@
 #      cp 2 run's work counters (remat: one attention forward, one forward ring pass, one scan
 #      all-gather per layer and micro-batch), and resume under cp 2: stopped at half the steps,
 #      resumed, its losses compared with the uninterrupted cp 2 run's (bitwise, or the largest
-#      difference printed).
+#      difference printed);
+#   5. bad GPU layouts on the real GPUs: one rank more than the machine has GPUs, two ranks on one GPU
+#      (CUDA_VISIBLE_DEVICES=0), an NCCL initialisation that cannot succeed (no such socket interface,
+#      P2P and SHM off): each must exit non-zero with a message naming the problem and write no run
+#      directory.
 #
 # Needs mpirun (Open MPI) and python3 with torch and numpy. Exit 0 when every check passed.
 set -u -o pipefail
@@ -139,5 +143,33 @@ print(f"resume under cp 2: steps {min(resumed)}..{max(resumed)}, {'bitwise equal
       f" to the uninterrupted run")
 sys.exit(0 if ok and same and diff <= 1e-3 else 1)
 EOF
+echo "== bad GPU layouts: each refused with one message naming rank, host and GPU, exit 2 (NCCL: non-zero), nothing written"
+refused() { # NAME PATTERN [VAR=VALUE...] -- MPIRUN_ARGS... -- TRAIN_ARGS...: must fail, print PATTERN, write no run dir
+    local name=$1 pat=$2 envs=() mpi=() args=()
+    shift 2
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    while [ "$1" != "--" ]; do mpi+=("$1"); shift; done
+    shift
+    args=("$@")
+    env "${envs[@]}" timeout 120 mpirun --allow-run-as-root --oversubscribe --bind-to none "${mpi[@]}" -x NCCL_NVLS_ENABLE=0 \
+        -x LD_LIBRARY_PATH "$B/ringscan" train configs/tiny-cpu.yaml --set device.kind=cuda --set train.steps=2 --set train.warmup_steps=1 \
+        --set data.path="$O/recall.tok" --set run.out_dir="$O/$name" "${args[@]}" > "$O/$name.log" 2>&1
+    local r=$? msg
+    msg=$(grep -m1 -E "error" "$O/$name.log")
+    if [ $r -ne 0 ] && [ $r -ne 124 ] && grep -q -E "$pat" "$O/$name.log" && [ ! -e "$O/$name" ]; then
+        echo "  $name: refused, exit $r, nothing written: $msg ok"
+    else
+        echo "  $name: FAIL (exit $r, run dir $([ -e "$O/$name" ] && echo written || echo absent)): $msg"
+        tail -3 "$O/$name.log"
+        rc=1
+    fi
+}
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+refused more_ranks_than_gpus "runs $((NGPU + 1)) ranks but has $NGPU GPUs" -- -np $((NGPU + 1)) -- \
+    --set parallel.dp=$((NGPU + 1)) --set parallel.cp=1 --set data.micro_batch=1
+refused two_ranks_one_gpu "both drive GPU" CUDA_VISIBLE_DEVICES=0 -- -np 2 -x CUDA_VISIBLE_DEVICES -- --set parallel.cp=2 --set parallel.dp=1
+refused nccl_init_fails "nccl|NCCL" NCCL_SOCKET_IFNAME=ringscan_no_such_if0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- \
+    -np 2 -x NCCL_SOCKET_IFNAME -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -- --set parallel.cp=2 --set parallel.dp=1
 echo "cp_gpu_check: $([ $rc = 0 ] && echo ok || echo FAILED)"
 exit $rc

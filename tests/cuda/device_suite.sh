@@ -33,6 +33,9 @@
 #              tokens/s, MFU, peak memory beside plan
 #   cp2-attn   cp2's ring attention at 128k and 256k with torch's context_parallel beside it
 #   cp2-gdn    cp2's GDN layer, ours only (FLA's CP autotunes for more than 240 s cold)
+#   cp2-gdn-peer  cp2's GDN layer with FLA's CP beside it, the peer given all but 200 s of the call
+#              (its Triton autotuning; TRITON_CACHE_SAVE keeps the cache for the next call)
+#   cp2-512k   cp2's ring attention at 512k (MHA and GQA, 2 timed runs) with torch's context_parallel
 #   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
 #              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
@@ -44,6 +47,7 @@
 #             links Open MPI; the device machine may lack it)
 #   TRITON_CACHE_TAR  a .tar.xz of a Triton cache to unpack first (FLA's autotuning takes minutes cold)
 #   LIMIT_S   seconds after which no further part starts (default 560: the device tool's 600 s per call)
+#   TRITON_CACHE_SAVE  a .tar.xz path to write the Triton cache (TRITON_CACHE_DIR) to at the end
 # Exit status: 1 if any part failed (a failed check, a bench error row, a timeout), else 0.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
@@ -57,8 +61,11 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PEER${PYTHONPATH:+:$PYT
 if ! ldconfig -p 2>/dev/null | grep -q libmpi.so.40 && [ -n "${MPI_LIB:-}" ]; then
     export LD_LIBRARY_PATH=$MPI_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
-if [ -n "${TRITON_CACHE_TAR:-}" ]; then
+if [ -n "${TRITON_CACHE_TAR:-}${TRITON_CACHE_SAVE:-}" ]; then
     export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+    mkdir -p "$TRITON_CACHE_DIR"
+fi
+if [ -n "${TRITON_CACHE_TAR:-}" ]; then
     mkdir -p "$TRITON_CACHE_DIR" && tar xJf "$TRITON_CACHE_TAR" -C "$TRITON_CACHE_DIR"
 fi
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader 2>&1 | head -2 || true
@@ -236,13 +243,17 @@ for part in "$@"; do
     cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
     cp2-attn) suite_cp cp2-attn 2 --parts attn --T 131072,262144 --peer --peer-timeout 150 ;;
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
+    cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn --peer --peer-timeout $(($(left) - 200)) ;;
+    cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn"
+        echo "  cp2-gdn-peer cp2-512k)"
         false
         ;;
     esac || status=1
 done
 tar czf "$OUT/device_suite.tgz" -C "$W" .
+[ -n "${TRITON_CACHE_SAVE:-}" ] && tar cJf "$TRITON_CACHE_SAVE" -C "$TRITON_CACHE_DIR" .
 echo "== done at ${SECONDS} s, status $status (logs: $OUT/device_suite.tgz)"
 exit $status
