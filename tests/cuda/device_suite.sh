@@ -34,7 +34,9 @@
 #   cp2-attn   cp2's ring attention at 128k and 256k with torch's context_parallel beside it
 #   cp2-gdn    cp2's GDN layer, ours only (FLA's CP autotunes for more than 240 s cold)
 #   cp2-gdn-peer  cp2's GDN layer with FLA's CP beside it, the peer given all but 200 s of the call
-#              (its Triton autotuning; TRITON_CACHE_SAVE keeps the cache for the next call)
+#              (its Triton autotuning, ~300 s per shape cold; TRITON_CACHE_SAVE keeps the cache for the next
+#              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
+#              GDN_OURS_S: the seconds kept for ours and the parts after it (default 200)
 #   cp2-512k   cp2's ring attention at 512k (MHA and GQA, 2 timed runs) with torch's context_parallel
 #   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
@@ -243,7 +245,7 @@ for part in "$@"; do
     cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
     cp2-attn) suite_cp cp2-attn 2 --parts attn --T 131072,262144 --peer --peer-timeout 150 ;;
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
-    cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn --peer --peer-timeout $(($(left) - 200)) ;;
+    cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"

@@ -197,9 +197,23 @@ static float *big_rows_f32(const float *d, int64_t r0, int64_t n, int cols, int6
                 (int)at.type, cudaGetErrorString(cudaGetLastError()));
         exit(2);
     }
-    if (ld == cols)
-        CUDA_CHECK(cudaMemcpyAsync(h, d + r0 * ld, (size_t)(n * cols) * 4, cudaMemcpyDeviceToHost, cuda_stream()));
-    else
+    if (ld == cols) {
+        const cudaError_t e = cudaMemcpyAsync(h, d + r0 * ld, (size_t)(n * cols) * 4, cudaMemcpyDeviceToHost,
+                                              cuda_stream());
+        if (e != cudaSuccess) { /* what the copy was, and whether smaller pieces of it go through */
+            fprintf(stderr, "big_rows_f32: copy of rows [%lld, +%lld) x %d (ld %lld) from %p (+%lld B) to %p: %s\n",
+                    (long long)r0, (long long)n, cols, (long long)ld, (const void *)d, (long long)(r0 * ld * 4),
+                    (void *)h, cudaGetErrorString(e));
+            for (int64_t piece = n * cols / 2; piece >= 1024; piece /= 4) {
+                const cudaError_t e2 = cudaMemcpy(h, d + r0 * ld, (size_t)piece * 4, cudaMemcpyDeviceToHost);
+                const cudaError_t e3 = cudaMemcpy(h, d + r0 * ld + n * cols - piece, (size_t)piece * 4,
+                                                  cudaMemcpyDeviceToHost);
+                fprintf(stderr, "  %lld floats: first %s, last %s\n", (long long)piece, cudaGetErrorString(e2),
+                        cudaGetErrorString(e3));
+            }
+            exit(2);
+        }
+    } else
         CUDA_CHECK(cudaMemcpy2DAsync(h, (size_t)cols * 4, d + r0 * ld, (size_t)ld * 4, (size_t)cols * 4, (size_t)n,
                                      cudaMemcpyDeviceToHost, cuda_stream()));
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
