@@ -49,7 +49,8 @@
 #             links Open MPI; the device machine may lack it)
 #   TRITON_CACHE_TAR  a .tar.xz of a Triton cache to unpack first (FLA's autotuning takes minutes cold)
 #   LIMIT_S   seconds after which no further part starts (default 560: the device tool's 600 s per call)
-#   TRITON_CACHE_SAVE  a .tar.xz path to write the Triton cache (TRITON_CACHE_DIR) to at the end
+#   TRITON_CACHE_SAVE  a .tar.xz path to write the Triton autotuners' choices to at the end
+#             (TRITON_CACHE_AUTOTUNING=1; give it back as TRITON_CACHE_TAR so FLA skips its autotuning)
 # Exit status: 1 if any part failed (a failed check, a bench error row, a timeout), else 0.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
@@ -65,6 +66,7 @@ if ! ldconfig -p 2>/dev/null | grep -q libmpi.so.40 && [ -n "${MPI_LIB:-}" ]; th
 fi
 if [ -n "${TRITON_CACHE_TAR:-}${TRITON_CACHE_SAVE:-}" ]; then
     export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+    export TRITON_CACHE_AUTOTUNING=1
     mkdir -p "$TRITON_CACHE_DIR"
 fi
 if [ -n "${TRITON_CACHE_TAR:-}" ]; then
@@ -160,7 +162,7 @@ suite_cp() {
     local name=$1 np=$2
     shift 2
     timeout "$(left)" mpirun -np "$np" --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED \
-        ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} ${TRITON_CACHE_DIR:+-x TRITON_CACHE_DIR} \
+        ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} ${TRITON_CACHE_DIR:+-x TRITON_CACHE_DIR -x TRITON_CACHE_AUTOTUNING} \
         build/ringscan bench cp "$@" --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
     local rc=$?
     echo "$name rc=$rc"
@@ -256,6 +258,8 @@ for part in "$@"; do
     esac || status=1
 done
 tar czf "$OUT/device_suite.tgz" -C "$W" .
-[ -n "${TRITON_CACHE_SAVE:-}" ] && tar cJf "$TRITON_CACHE_SAVE" -C "$TRITON_CACHE_DIR" .
+# the autotuners' choices only (TRITON_CACHE_AUTOTUNING=1 writes them as *.autotune.json): the compiled
+# kernels of every tried configuration made the whole cache too big to come back from the device tool
+[ -n "${TRITON_CACHE_SAVE:-}" ] && (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar cJf "$TRITON_CACHE_SAVE" -T -)
 echo "== done at ${SECONDS} s, status $status (logs: $OUT/device_suite.tgz)"
 exit $status

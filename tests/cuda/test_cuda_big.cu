@@ -200,17 +200,10 @@ static float *big_rows_f32(const float *d, int64_t r0, int64_t n, int cols, int6
     if (ld == cols) {
         const cudaError_t e = cudaMemcpyAsync(h, d + r0 * ld, (size_t)(n * cols) * 4, cudaMemcpyDeviceToHost,
                                               cuda_stream());
-        if (e != cudaSuccess) { /* what the copy was, and whether smaller pieces of it go through */
+        if (e != cudaSuccess) { /* say what the copy was (a window past the buffer reads as invalid argument) */
             fprintf(stderr, "big_rows_f32: copy of rows [%lld, +%lld) x %d (ld %lld) from %p (+%lld B) to %p: %s\n",
                     (long long)r0, (long long)n, cols, (long long)ld, (const void *)d, (long long)(r0 * ld * 4),
                     (void *)h, cudaGetErrorString(e));
-            for (int64_t piece = n * cols / 2; piece >= 1024; piece /= 4) {
-                const cudaError_t e2 = cudaMemcpy(h, d + r0 * ld, (size_t)piece * 4, cudaMemcpyDeviceToHost);
-                const cudaError_t e3 = cudaMemcpy(h, d + r0 * ld + n * cols - piece, (size_t)piece * 4,
-                                                  cudaMemcpyDeviceToHost);
-                fprintf(stderr, "  %lld floats: first %s, last %s\n", (long long)piece, cudaGetErrorString(e2),
-                        cudaGetErrorString(e3));
-            }
             exit(2);
         }
     } else
@@ -235,9 +228,11 @@ typedef struct {
     int64_t r0, n;
 } BigWin;
 
-/* the flat tensors of n = BIG_N elements (an odd tail): windows of 2^20 at the start, around 2^31, at the end */
+/* the flat tensors of n = BIG_N elements (an odd tail): windows at the start, across 2^31 (from 2^19 before it
+ * to the end: only 4099 elements lie past 2^31) and the last 2^20 */
 #define BIG_N (BIG_2G + 4099)
-static const BigWin big_flat_win[3] = {{0, 1 << 20}, {BIG_2G - (1 << 19), 1 << 20}, {BIG_N - (1 << 20), 1 << 20}};
+static const BigWin big_flat_win[3] = {
+    {0, 1 << 20}, {BIG_2G - (1 << 19), BIG_N - (BIG_2G - (1 << 19))}, {BIG_N - (1 << 20), 1 << 20}};
 
 /* rows of a dense (T, cols) bf16 tensor outside the windows (in row order) set to 0 */
 static void big_zero_outside(bf16 *p, int64_t T, int cols, const BigWin *win, int nw) {
