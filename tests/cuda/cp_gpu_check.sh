@@ -24,7 +24,10 @@
 #   5. bad GPU layouts on the real GPUs: one rank more than the machine has GPUs, two ranks on one GPU
 #      (CUDA_VISIBLE_DEVICES=0), an NCCL initialisation that cannot succeed (no such socket interface,
 #      P2P and SHM off): each must exit non-zero with a message naming the problem and write no run
-#      directory.
+#      directory;
+#   6. with 4 GPUs or more (issue 21): cuda cp 4 and dp 2 x cp 2 against the cpu oracle at cp 4 and at one
+#      process (parity_step, the bounds above), and the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
+#      with grad_accum 2 (the same global batch).
 #
 # Needs mpirun (Open MPI) and python3 with torch and numpy. Exit 0 when every check passed.
 set -u -o pipefail
@@ -171,5 +174,18 @@ refused more_ranks_than_gpus "runs $((NGPU + 1)) ranks but has $NGPU GPUs" -- -n
 refused two_ranks_one_gpu "both drive GPU" CUDA_VISIBLE_DEVICES=0 -- -np 2 -x CUDA_VISIBLE_DEVICES -- --set parallel.cp=2 --set parallel.dp=1
 refused nccl_init_fails "nccl|NCCL" NCCL_SOCKET_IFNAME=ringscan_no_such_if0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- \
     -np 2 -x NCCL_SOCKET_IFNAME -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -- --set parallel.cp=2 --set parallel.dp=1
+if [ "$NGPU" -ge 4 ]; then
+    echo "== four GPUs (issue 21): cuda cp 4 and dp 2 x cp 2 against the cpu oracle at cp 4, and their curves"
+    MPI4=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
+    step cpu_cp4 "${MPI4[@]}" -- --set parallel.cp=4 --set parallel.dp=1 --threads 2
+    step cuda_cp4 "${MPI4[@]}" -- --set device.kind=cuda --set parallel.cp=4 --set parallel.dp=1
+    step cuda_dp2cp2 "${MPI4[@]}" -- --set device.kind=cuda --set parallel.cp=2 --set parallel.dp=2 --set data.micro_batch=1
+    judge "cuda cp 4 vs cpu cp 4" cpu_cp4 cuda_cp4
+    judge "cuda cp 4 vs cpu" cpu cuda_cp4
+    judge "cuda dp 2 x cp 2 vs cpu" cpu cuda_dp2cp2
+    train train_cp4 "${MPI4[@]}" -- --set parallel.dp=1 --set parallel.cp=4 --set train.grad_accum=2
+    train train_dp2cp2 "${MPI4[@]}" -- --set parallel.dp=2 --set parallel.cp=2
+    curve train_cp4 train_dp2cp2  # the same global batch: two samples a step on both
+fi
 echo "cp_gpu_check: $([ $rc = 0 ] && echo ok || echo FAILED)"
 exit $rc

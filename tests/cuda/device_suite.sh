@@ -38,6 +38,11 @@
 #              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
 #              GDN_OURS_S: the seconds kept for ours and the parts after it (default 200)
 #   cp2-512k   cp2's ring attention at 512k (MHA and GQA, 2 timed runs) with torch's context_parallel
+#   cp4-attn   (4 GPUs, issue 21) ring attention at cp 4, 128k / 512k / 1M, 16 heads, hd 128, torch beside
+#   cp4-gdn    (4 GPUs) the GDN layer at cp 4, 128k, 64 heads, FLA's CP beside (give it a warm Triton cache)
+#   cp4-step   (4 GPUs) ringscan train: the 1M config at cp 4 (CP4_CONFIG, default the h200x4 one; CP_STEPS 4),
+#              and at 256k dp 1 x cp 4 (grad_accum 2) beside dp 2 x cp 2 overlapped and serial
+#              (cp-parity on 4 GPUs adds dp 2 x cp 2 and cp 4 against the cpu oracle and their curves)
 #   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
 #              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
@@ -184,30 +189,52 @@ suite_bench() {
     return $rc
 }
 
+# suite_train NAME NP CONFIG SEQ_LEN [--set k=v ...]: ringscan train of CONFIG on NP GPUs (mpirun when NP > 1),
+# remat, every sample one causal document (synthetic tokens, documents longer than any sample: attention's
+# full cost), CP_STEPS steps (default 6; the first is the warm-up): its memory and last step lines printed
+suite_train() {
+    local name=$1 np=$2 cfg=$3 seq=$4 d=/dev/shm/device_suite_step
+    shift 4
+    mkdir -p $d
+    if [ ! -s $d/synth.tok ]; then
+        build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 8388608 --min-doc 4194304 --max-doc 4194304 \
+            --seed 1 > "$L/train-data.log" 2>&1 || return 1
+    fi
+    local args=(train "$cfg" --set data.format=flat --set data.path=$d/synth.tok --set train.grad_accum=1
+        --set train.steps=${CP_STEPS:-6} --set train.warmup_steps=2 --set device.kind=cuda --set device.peak_tflops=989
+        --set checkpoint.every=0 --set data.seq_len="$seq" --set slurm.gpus_per_node="$np" --set run.out_dir=$d/$name "$@")
+    local rc=0
+    if [ "$np" -gt 1 ]; then
+        timeout "$(left)" mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
+            build/ringscan "${args[@]}" > "$L/$name.log" 2>&1 || rc=1
+    else
+        timeout "$(left)" build/ringscan "${args[@]}" > "$L/$name.log" 2>&1 || rc=1
+    fi
+    echo "$name: $np GPU(s), $seq tokens per sample, $* (rc $rc):"
+    grep -E "^plan|^memory|^step" "$L/$name.log" | tail -4
+    rm -rf "${d:?}/$name"
+    return $rc
+}
+
 # the 1B config's training step: one GPU at 128k, two GPUs at cp 2 and 256k (overlapped, serial)
 suite_cp_step() {
-    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0 d=/dev/shm/device_suite_step
-    rm -rf $d && mkdir -p $d
-    # documents longer than any sample: every sample is one causal document (attention's full cost)
-    build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 3145728 --min-doc 4194304 --max-doc 4194304 \
-        --seed 1 > "$L/cp-step-data.log" 2>&1 || return 1
-    local common=(--set data.format=flat --set data.path=$d/synth.tok --set train.grad_accum=1 --set train.steps=${CP_STEPS:-6}
-        --set train.warmup_steps=2 --set device.kind=cuda --set device.peak_tflops=989 --set checkpoint.every=0)
-    timeout "$(left)" build/ringscan train $cfg "${common[@]}" --set parallel.cp=1 --set data.seq_len=131072 \
-        --set slurm.gpus_per_node=1 --set run.out_dir=$d/one > "$L/cp-step-1gpu.log" 2>&1 || rc=1
-    echo "one GPU, 128k tokens (rc $rc):"
-    grep -E "^memory|^step" "$L/cp-step-1gpu.log" | tail -3
-    local name overlap
-    for name in overlapped serial; do
-        overlap=$([ $name = overlapped ] && echo true || echo false)
-        timeout "$(left)" mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
-            build/ringscan train $cfg "${common[@]}" --set parallel.cp=2 --set data.seq_len=262144 \
-            --set slurm.gpus_per_node=2 --set parallel.overlap_comm=$overlap --set run.out_dir=$d/$name \
-            > "$L/cp-step-cp2-$name.log" 2>&1 || rc=1
-        echo "cp 2, 256k tokens, communication $name (rc $rc):"
-        grep -E "^memory|^step" "$L/cp-step-cp2-$name.log" | tail -3
-    done
-    rm -rf $d
+    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0
+    suite_train cp-step-1gpu 1 $cfg 131072 --set parallel.cp=1 || rc=1
+    suite_train cp-step-cp2-overlapped 2 $cfg 262144 --set parallel.cp=2 --set parallel.overlap_comm=true || rc=1
+    suite_train cp-step-cp2-serial 2 $cfg 262144 --set parallel.cp=2 --set parallel.overlap_comm=false || rc=1
+    return $rc
+}
+
+# four GPUs (issue 21): the 1M config at cp 4, and dp 2 x cp 2 with communication overlapped and serial (the
+# gradient buckets' overlap) beside dp 1 x cp 4 at 256k
+suite_cp4_step() {
+    local rc=0 c256=configs/hybrid-1b-256k-h200x4.yaml
+    CP_STEPS=${CP_STEPS:-4} suite_train cp4-1m 4 "${CP4_CONFIG:-configs/hybrid-1b-1m-h200x4.yaml}" 1048576 \
+        --set parallel.cp=4 --set parallel.dp=1 || rc=1
+    suite_train cp4-256k 4 $c256 262144 --set parallel.cp=4 --set parallel.dp=1 --set train.grad_accum=2 || rc=1
+    suite_train dp2cp2-256k-overlapped 4 $c256 262144 --set parallel.cp=2 --set parallel.dp=2 || rc=1
+    suite_train dp2cp2-256k-serial 4 $c256 262144 --set parallel.cp=2 --set parallel.dp=2 \
+        --set parallel.overlap_comm=false || rc=1
     return $rc
 }
 
@@ -249,10 +276,14 @@ for part in "$@"; do
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
     cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
+    cp4-attn) suite_cp cp4-attn 4 --parts attn --T 131072,524288,1048576 --attn-shapes 16/16/128 --reps 2 --peer \
+        --peer-timeout 300 ;;
+    cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
+    cp4-step) suite_cp4_step ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn"
-        echo "  cp2-gdn-peer cp2-512k)"
+        echo "  cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step)"
         false
         ;;
     esac || status=1
