@@ -20,6 +20,7 @@
  *   submit.h     submit_run (`ringscan submit`: sbatch script, Slurm job)
  *   bench.h      bench_main (`ringscan bench attn|gdn|step|all`, with peers)
  *   hf.h         hf_export (`ringscan export`: a Hugging Face folder)
+ *   eval.h       eval_main (`ringscan eval`: held-out loss by context length)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 #include "config.h"
 #include "data.h"
 #include "error.h"
+#include "eval.h"
 #include "hf.h"
 #include "plan.h"
 #include "submit.h"
@@ -290,6 +292,7 @@ static int cmd_submit(int argc, char **argv) {
     return rc;
 }
 static int cmd_bench(int argc, char **argv) { return bench_main(argc, argv); }
+static int cmd_eval(int argc, char **argv) { return eval_main(argc, argv); }
 static int cmd_data(int argc, char **argv) {
     return data_cli_main(argc, argv);
 }
@@ -362,6 +365,11 @@ static const Command commands[] = {
      "directory (RUN_DIR/ckpt/step_N) or a Hugging Face folder. OUT_DIR must be new or empty; it is written\n"
      "as OUT_DIR.tmp.<pid> and renamed at the end, so it is never half written.",
      cmd_export, NULL},
+    {"eval", "RUN_DIR|CKPT_DIR --data PATH [--out FILE] [--tokens N] [--set key.path=value]...",
+     "The checkpoint's held-out loss on PATH, and its loss by context length (log-spaced buckets), on cpu or\n"
+     "cuda and under context parallelism (mpirun -np dp x cp), written to RUN_DIR/eval.json (or --out).\n"
+     "`ringscan eval --help` says more.",
+     cmd_eval, NULL},
     {"config", "dump | docs | show CONFIG | check CONFIG",
      "Print every key with its default and doc, the Markdown reference, or a resolved config.", cmd_config, NULL},
     {"version", "", "Print the version and what this binary was built with.", cmd_version, NULL},
