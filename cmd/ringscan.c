@@ -21,6 +21,7 @@
  *   bench.h      bench_main (`ringscan bench attn|gdn|step|all`, with peers)
  *   hf.h         hf_export (`ringscan export`: a Hugging Face folder)
  *   eval.h       eval_main (`ringscan eval`: held-out loss by context length)
+ *   plot.h       plot_main (`ringscan plot`: a PNG of a run, drawn by gnuplot)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@
 #include "eval.h"
 #include "hf.h"
 #include "plan.h"
+#include "plot.h"
 #include "submit.h"
 #include "train.h"
 
@@ -293,6 +295,7 @@ static int cmd_submit(int argc, char **argv) {
 }
 static int cmd_bench(int argc, char **argv) { return bench_main(argc, argv); }
 static int cmd_eval(int argc, char **argv) { return eval_main(argc, argv); }
+static int cmd_plot(int argc, char **argv) { return plot_main(argc, argv); }
 static int cmd_data(int argc, char **argv) {
     return data_cli_main(argc, argv);
 }
@@ -370,6 +373,10 @@ static const Command commands[] = {
      "cuda and under context parallelism (mpirun -np dp x cp), written to RUN_DIR/eval.json (or --out).\n"
      "`ringscan eval --help` says more.",
      cmd_eval, NULL},
+    {"plot", "RUN_DIR [--out FILE]",
+     "Draw RUN_DIR/plot.png (or FILE): loss, learning rate, gradient norm and tokens/s against step, and the\n"
+     "held-out loss by context length when RUN_DIR/eval.json exists. Needs gnuplot (`make deps`).",
+     cmd_plot, NULL},
     {"config", "dump | docs | show CONFIG | check CONFIG",
      "Print every key with its default and doc, the Markdown reference, or a resolved config.", cmd_config, NULL},
     {"version", "", "Print the version and what this binary was built with.", cmd_version, NULL},

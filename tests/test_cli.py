@@ -23,7 +23,7 @@ def schema_keys(ringscan):
 def test_help(ringscan):
     r = run([ringscan, "--help"])
     assert r.returncode == 0
-    for sub in ["train", "resume", "plan", "submit", "bench", "data", "export", "config", "version"]:
+    for sub in ["train", "resume", "plan", "submit", "bench", "data", "export", "eval", "plot", "config", "version"]:
         assert re.search(rf"^  {sub} ", r.stdout, re.M), sub
     assert run([ringscan]).returncode == 2
     r = run([ringscan, "frobnicate"])
