@@ -170,3 +170,65 @@ def test_export_refuses(ringscan, tiny_run, tmp_path):
     empty.mkdir()
     export(ringscan, tiny_run, empty)  # an empty directory is fine
     assert (empty / "model.safetensors").exists()
+
+
+FROZEN = ["--set", "train.lr=0", "--set", "train.min_lr=0"]  # AdamW with lr 0 leaves every weight as it was
+
+
+def latest_model(run_dir):
+    return run_dir / "ckpt" / (run_dir / "ckpt/LATEST").read_text().strip() / "model.safetensors"
+
+
+@pytest.mark.parametrize("opts", [[], ["--dtype", "bf16", "--shard-gib", "0.002"]])
+def test_export_import_export_bitwise(ringscan, recall_tok, tiny_run, tmp_path, opts):
+    """export -> model.init_from (a new run, one step at lr 0) -> export: the same safetensors bytes."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    export(ringscan, tiny_run, a, *opts)
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, *FROZEN, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}", "--set", f"model.init_from={a}"])
+    assert r.returncode == 0 and f"init: weights from {a}" in r.stdout, r.stdout[-1500:] + r.stderr
+    export(ringscan, tmp_path / "run", b, *opts)
+    files = sorted(p.name for p in a.glob("*.safetensors"))
+    assert files == sorted(p.name for p in b.glob("*.safetensors")) and files
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    if not opts:  # fp32: the imported run's own checkpoint holds the source run's weights exactly
+        src, got = st.load(latest_model(tiny_run)), st.load(latest_model(tmp_path / "run"))
+        assert set(src) == set(got) and all(np.array_equal(src[k], got[k]) for k in src)
+
+
+def test_init_from_ringscan_run(ringscan, recall_tok, tiny_run, tmp_path):
+    out = tmp_path / "run"
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, *FROZEN, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=1", "--set", f"run.out_dir={out}", "--set", f"model.init_from={tiny_run}"])
+    assert r.returncode == 0, r.stderr
+    src, got = st.load(latest_model(tiny_run)), st.load(latest_model(out))
+    assert all(np.array_equal(src[k], got[k]) for k in src)
+    # the optimizer starts fresh: its moments are one step's, not the source run's accumulated ones
+    opt = st.load(latest_model(out).with_name("optim.safetensors"))
+    src_opt = st.load(latest_model(tiny_run).with_name("optim.safetensors"))
+    assert not np.array_equal(opt["v.lm_head"], src_opt["v.lm_head"])
+
+
+def test_init_from_refuses_mismatch(ringscan, recall_tok, tiny_run, tmp_path):
+    hf = tmp_path / "hf"
+    export(ringscan, tiny_run, hf)
+    base = [ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+            "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}"]
+    cases = [  # (init_from, extra sets, what the message must name)
+        (hf, ["model.intermediate_size=384"],
+         ["model.layers.0.mlp.gate_proj.weight", "[512, 256]", "[384, 256]", "model.init_from"]),
+        (tiny_run, ["model.intermediate_size=384"], ["model.layers.0.mlp.gate_up", "[1024, 256]", "[768, 256]"]),
+        (hf, ["model.full_attention_interval=2"], ["model.layers.1.linear_attn", "not part of the model"]),
+        (tmp_path / "nowhere", [], ["no such directory"]),
+        (tmp_path, [], ["neither a Hugging Face model folder"]),
+    ]
+    for src, sets, words in cases:
+        cmd = base + ["--set", f"model.init_from={src}"]
+        for s in sets:
+            cmd += ["--set", s]
+        r = run(cmd)
+        assert r.returncode == 2, (src, sets, r.stdout[-1000:], r.stderr)
+        for w in words:
+            assert w in r.stderr, (w, r.stderr)
+        assert not (tmp_path / "run").exists(), "nothing may be written on a refused import"
