@@ -76,6 +76,9 @@ void    hf_layout_build(HfLayout *lay, const Config *cfg, const ParamTable *ptab
 void    hf_layout_free(HfLayout *lay);
 /* The row of internal parameter m->param that HF row r of m holds. */
 int64_t hf_layout_src_row(const HfLayout *lay, const HfMap *m, int64_t r);
+/* dst (HF tensor m, hf.numel floats) = its rows of the internal buffer (fp32, ptab layout); and back. */
+void    hf_layout_gather(float *dst, const HfLayout *lay, const HfMap *m, const float *params, const ParamTable *ptab);
+void    hf_layout_scatter(float *params, const HfLayout *lay, const HfMap *m, const float *src, const ParamTable *ptab);
 
 /* ---- a ringscan checkpoint's weights ---------------------------------------- */
 

@@ -164,12 +164,12 @@ static int hf_write_shard(const char *dir, int s, int shards, const int32_t *sha
     for (int i = 0; i < lay->n; i++) {
         if (shard_of[i] != s) continue;
         const HfMap *m = &lay->t[i];
-        const float *src = params + ptab->t[m->param].offset;
-        for (int64_t r = 0; r < m->rows; r++) {
-            const float *row = src + hf_layout_src_row(lay, m, r) * m->width;
-            if (dtype == ST_DTYPE_F32) memcpy(at + r * m->width * 4, row, (size_t)m->width * 4);
-            else
-                for (int64_t e = 0; e < m->width; e++) ((uint16_t *)at)[r * m->width + e] = hf_f32_to_bf16(row[e]);
+        if (dtype == ST_DTYPE_F32) hf_layout_gather((float *)(void *)at, lay, m, params, ptab);
+        else {
+            float *f32 = RS_MALLOC((size_t)m->hf.numel * sizeof(float) + 1);
+            hf_layout_gather(f32, lay, m, params, ptab);
+            for (int64_t e = 0; e < m->hf.numel; e++) ((uint16_t *)(void *)at)[e] = hf_f32_to_bf16(f32[e]);
+            free(f32);
         }
         StTensor *t = &ts[k++];
         t->name = m->hf.name;

@@ -285,9 +285,7 @@ static int hf_import_folder(float *params, const ParamTable *ptab, const Config 
         const HfMap *m = &lay.t[i];
         float *buf = RS_MALLOC((size_t)m->hf.numel * sizeof(float) + 1);
         rc = hf_folder_read(buf, &f, m, what, err, err_len);
-        float *dst = params + ptab->t[m->param].offset;
-        for (int64_t r = 0; !rc && r < m->rows; r++)
-            memcpy(dst + hf_layout_src_row(&lay, m, r) * m->width, buf + r * m->width, (size_t)m->width * 4);
+        if (!rc) hf_layout_scatter(params, &lay, m, buf, ptab);
         free(buf);
     }
     hf_layout_free(&lay);

@@ -109,3 +109,15 @@ int64_t hf_layout_src_row(const HfLayout *lay, const HfMap *m, int64_t r) {
     default: return m->base + r;
     }
 }
+
+void hf_layout_gather(float *dst, const HfLayout *lay, const HfMap *m, const float *params, const ParamTable *ptab) {
+    const float *p = params + ptab->t[m->param].offset;
+    for (int64_t r = 0; r < m->rows; r++)
+        memcpy(dst + r * m->width, p + hf_layout_src_row(lay, m, r) * m->width, (size_t)m->width * sizeof(float));
+}
+
+void hf_layout_scatter(float *params, const HfLayout *lay, const HfMap *m, const float *src, const ParamTable *ptab) {
+    float *p = params + ptab->t[m->param].offset;
+    for (int64_t r = 0; r < m->rows; r++)
+        memcpy(p + hf_layout_src_row(lay, m, r) * m->width, src + r * m->width, (size_t)m->width * sizeof(float));
+}

@@ -232,3 +232,18 @@ def test_init_from_refuses_mismatch(ringscan, recall_tok, tiny_run, tmp_path):
         for w in words:
             assert w in r.stderr, (w, r.stderr)
         assert not (tmp_path / "run").exists(), "nothing may be written on a refused import"
+
+
+def test_hf_check_against_the_reference(ringscan, tiny_run, recall_tok, tmp_path):
+    """tests/parity/hf_check.py end to end with ref_model.py standing in for transformers (the device suite's
+    part `hf` runs transformers): the export read back by ringscan's import and by a PyTorch model of the HF
+    layout gives the same loss and gradients, mixers x30, single and document-packed batches; and a wrong
+    GDN layout in the reference's copy fails the check."""
+    pytest.importorskip("torch")
+    check = [sys.executable, ROOT / "tests/parity/hf_check.py", tiny_run, recall_tok, tmp_path, "--impl", "ref",
+             "--seq-len", "128", "--scale", "30", "--top", "0"]
+    r = run(check)
+    assert r.returncode == 0 and "hf_check: PASS" in r.stdout, r.stdout + r.stderr
+    assert r.stdout.count(": ok") == 2 and "x30 packed" in r.stdout and "x30 single" in r.stdout
+    r = run(check + ["--break", "swap-v-heads"])
+    assert r.returncode == 1 and r.stdout.count("tensors: FAIL") == 2 and "hf_check: FAIL" in r.stdout, r.stdout + r.stderr
