@@ -89,7 +89,7 @@ static int plot_eval(const char *run_dir, FILE *dat, char *label, size_t label_l
                 json_number_value(json_object_get(x, "loss")),
                 (long long)json_integer_value(json_object_get(x, "tokens")));
     }
-    snprintf(label, label_len, "held-out loss by context (step %lld, loss %.4f)",
+    snprintf(label, label_len, "eval loss by context (step %lld, loss %.4f)",
              (long long)json_integer_value(json_object_get(o, "step")), json_number_value(json_object_get(o, "loss")));
     json_decref(o);
     return 1;

@@ -209,18 +209,17 @@ suite_hf() {
     local w=/tmp/device_suite_hf PY=${PYTHON:-python3} rc=0 b
     rm -rf "$w" && mkdir -p "$w"
     build/ringscan data synth "$w/recall.tok" --seed 1 > "$L/hf-train.log" 2>&1 &&
-        build/ringscan data synth "$w/held.tok" --seed 99 --tokens 100000 >> "$L/hf-train.log" 2>&1 &&
         timeout "$(left)" build/ringscan train configs/tiny-cpu.yaml --set parallel.cp=1 --set device.kind=cuda \
             --set train.steps=100 --set data.path="$w/recall.tok" --set run.out_dir="$w/run" >> "$L/hf-train.log" 2>&1
     if [ $? -ne 0 ]; then
         echo "hf: training the tiny run failed"; tail -5 "$L/hf-train.log"; return 1
     fi
     grep -E "^step +100/" "$L/hf-train.log"
-    env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/hf_check.py "$w/run" "$w/held.tok" "$w/check" \
+    env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/hf_check.py "$w/run" "$w/recall.tok" "$w/check" \
         > "$L/hf.log" 2>&1 || rc=1
     grep -E "single:|packed:|^hf_check" "$L/hf.log" | tail -6
     for b in swap-v-heads deinterleave; do
-        env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/hf_check.py "$w/run" "$w/held.tok" "$w/check" \
+        env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/hf_check.py "$w/run" "$w/recall.tok" "$w/check" \
             --break "$b" --scale 30 --top 1 > "$L/hf-break-$b.log" 2>&1
         local brc=$?
         grep -E "FAIL|PASS" "$L/hf-break-$b.log" | tail -3
