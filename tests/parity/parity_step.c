@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
     }
     if (argc < 2) {
         fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE] "
-                        "[--emulate-bf16] [--steps N] [--threads N]\n");
+                        "[--emulate-bf16] [--steps N] [--threads N] [--hf HF_DIR]\n");
         return RS_EXIT_USAGE;
     }
     const char *dir = argv[1], *out_path = NULL, *hf_dir = NULL;
