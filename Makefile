@@ -26,8 +26,9 @@ CUDA       ?= auto
 
 # Debian packages `make deps` installs (build, tests, fuzzer).
 # slurm-wlm + munge: the real local Slurm cluster of tests/test_slurm.py (slurm/README.md).
+# gnuplot-nox: `ringscan plot` draws with it.
 DEB_PACKAGES := build-essential pkg-config libyaml-dev libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin zlib1g-dev \
-                python3 python3-pytest python3-numpy python3-torch clang libclang-rt-dev slurm-wlm munge
+                python3 python3-pytest python3-numpy python3-torch clang libclang-rt-dev slurm-wlm munge gnuplot-nox
 
 # ---- what is there --------------------------------------------------------
 NO_DEPS_GOALS := deps clean help

@@ -19,6 +19,9 @@
  *   data.h       data_cli_main (`ringscan data synth|bytes|check|inspect`)
  *   submit.h     submit_run (`ringscan submit`: sbatch script, Slurm job)
  *   bench.h      bench_main (`ringscan bench attn|gdn|step|all`, with peers)
+ *   hf.h         hf_export (`ringscan export`: a Hugging Face folder)
+ *   eval.h       eval_main (`ringscan eval`: held-out loss by context length)
+ *   plot.h       plot_main (`ringscan plot`: a PNG of a run, drawn by gnuplot)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +33,10 @@
 #include "config.h"
 #include "data.h"
 #include "error.h"
+#include "eval.h"
+#include "hf.h"
 #include "plan.h"
+#include "plot.h"
 #include "submit.h"
 #include "train.h"
 
@@ -220,13 +226,6 @@ static int cmd_version(int argc, char **argv) {
     return RS_EXIT_OK;
 }
 
-/* Subcommands built by later issues: say so, do nothing, exit 2. */
-static int cmd_not_built(const char *name) {
-    for (const Command *c = cli_commands(); c->name; c++)
-        if (!strcmp(c->name, name))
-            fprintf(stderr, "ringscan %s: not built yet (%s); nothing was done\n", name, c->built_by);
-    return RS_EXIT_USAGE;
-}
 /* Starts MPI, checks the world against dp x cp, and trains. */
 static int cli_run_training(Config *cfg, const char *resume_dir, unsigned flags, const char *cmd) {
     train_catch_stop_signals();
@@ -295,10 +294,43 @@ static int cmd_submit(int argc, char **argv) {
     return rc;
 }
 static int cmd_bench(int argc, char **argv) { return bench_main(argc, argv); }
+static int cmd_eval(int argc, char **argv) { return eval_main(argc, argv); }
+static int cmd_plot(int argc, char **argv) { return plot_main(argc, argv); }
 static int cmd_data(int argc, char **argv) {
     return data_cli_main(argc, argv);
 }
-static int cmd_export(int argc, char **argv) { (void)argc; (void)argv; return cmd_not_built("export"); }
+/* `export SRC OUT [--dtype bf16|fp32] [--shard-gib N]` (hf.h) */
+static int cmd_export(int argc, char **argv) {
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0;
+    HfExportOptions o = {.dtype = ST_DTYPE_F32, .shard_gib = 5.0, .progress = stdout};
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            cli_print_command_help("export", stdout, 0);
+            return RS_EXIT_OK;
+        } else if (!strcmp(s, "--dtype")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o.dtype = ST_DTYPE_F32;
+            else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o.dtype = ST_DTYPE_BF16;
+            else cli_usage_error("export", "--dtype takes bf16 or fp32, not", v);
+        } else if (!strcmp(s, "--shard-gib")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            char *end;
+            o.shard_gib = strtod(v, &end);
+            if (!*v || *end || !(o.shard_gib > 0) || o.shard_gib > 1e6)
+                cli_usage_error("export", "--shard-gib takes a size in GiB > 0 (e.g. 5 or 0.5), not", v);
+        } else if (s[0] == '-' && s[1]) cli_usage_error("export", "unknown option", s);
+        else if (npos < 2) pos[npos++] = s;
+        else cli_usage_error("export", "unexpected argument", s);
+    }
+    if (npos < 2) cli_usage_error("export", "needs the source (RUN_DIR, RUN_DIR/ckpt/step_N or a Hugging Face folder) "
+                                            "and the output folder", NULL);
+    char err[8192];
+    int rc = hf_export(pos[0], pos[1], &o, err, sizeof err);
+    if (rc) fprintf(stderr, "ringscan export: error: %s\n", err);
+    return rc;
+}
 
 static const Command commands[] = {
     {"train", "CONFIG [--set key.path=value]...",
@@ -329,8 +361,22 @@ static const Command commands[] = {
      cmd_bench, NULL},
     {"data", "synth|bytes ...", "Make training data: synthetic recall tasks, byte-level tokens.", cmd_data,
      NULL},
-    {"export", "RUN_DIR OUT_DIR", "Export weights as a Hugging Face Qwen3NextForCausalLM checkpoint.", cmd_export,
-     "export is not scheduled yet"},
+    {"export", "RUN_DIR|CKPT_DIR|HF_DIR OUT_DIR [--dtype fp32|bf16] [--shard-gib N]",
+     "Export the weights as a Hugging Face Qwen3NextForCausalLM folder: config.json (every layer dense) and\n"
+     "model.safetensors, sharded above --shard-gib (default 5) with model.safetensors.index.json; fp32\n"
+     "(default) or bf16. The source is a run directory (its newest verified checkpoint), one checkpoint\n"
+     "directory (RUN_DIR/ckpt/step_N) or a Hugging Face folder. OUT_DIR must be new or empty; it is written\n"
+     "as OUT_DIR.tmp.<pid> and renamed at the end, so it is never half written.",
+     cmd_export, NULL},
+    {"eval", "RUN_DIR|CKPT_DIR --data PATH [--out FILE] [--tokens N] [--set key.path=value]...",
+     "The checkpoint's held-out loss on PATH, and its loss by context length (log-spaced buckets), on cpu or\n"
+     "cuda and under context parallelism (mpirun -np dp x cp), written to RUN_DIR/eval.json (or --out).\n"
+     "`ringscan eval --help` says more.",
+     cmd_eval, NULL},
+    {"plot", "RUN_DIR [--out FILE]",
+     "Draw RUN_DIR/plot.png (or FILE): loss, learning rate, gradient norm and tokens/s against step, and the\n"
+     "held-out loss by context length when RUN_DIR/eval.json exists. Needs gnuplot (`make deps`).",
+     cmd_plot, NULL},
     {"config", "dump | docs | show CONFIG | check CONFIG",
      "Print every key with its default and doc, the Markdown reference, or a resolved config.", cmd_config, NULL},
     {"version", "", "Print the version and what this binary was built with.", cmd_version, NULL},

@@ -90,6 +90,7 @@ typedef struct {
     bool    tie_word_embeddings;
     bool    attention_bias;
     int32_t hidden_act; /* HiddenAct */
+    char   *init_from;  /* "" or a Hugging Face folder / ringscan run or checkpoint directory (lib/hf.h) */
 } ModelConfig;
 
 typedef struct {

@@ -113,6 +113,9 @@ const ConfigKey config_schema[] = {
     BOOL(model.tie_word_embeddings, "false", "model", "lm_head shares embed_tokens"),
     BOOL(model.attention_bias, "false", "model", "q/k/v/o biases (ringscan supports false only)"),
     ENUM(model.hidden_act, "silu", hidden_act_names, "model", "activation of MLP, conv and gated norm"),
+    STR(model.init_from, "", PATH, "hf",
+        "initial weights of a new run: a Hugging Face folder (ringscan export) or a ringscan run or "
+        "checkpoint directory; shapes must match; the optimizer starts fresh. Empty: random init"),
 
     /* ---- data ---- */
     ENUM(data.format, "flat", data_format_names, "data",

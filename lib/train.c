@@ -64,6 +64,7 @@
 #include "data.h"
 #include "error.h"
 #include "fsio.h"
+#include "hf.h"
 #include "model.h"
 #include "plan.h"
 #include "train_ckpt.h"
@@ -742,6 +743,15 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     if (data_open(&t.data, &cfg->data, cfg->model.vocab_size, (uint64_t)cfg->run.seed, err, sizeof err) != 0)
         train_fail(&t, RS_EXIT_USAGE, "%s", err);
     train_check_fit(&t);
+    float *init = NULL; /* model.init_from's weights (lib/hf.h), read and checked before anything is written */
+    if (!resume_dir && cfg->model.init_from[0]) {
+        ParamTable tab;
+        model_params_build(&tab, cfg);
+        init = RS_CALLOC((size_t)tab.buffer_numel, sizeof(float));
+        int rc = hf_import(init, &tab, cfg, cfg->model.init_from, "model.init_from", err, sizeof err);
+        model_params_free(&tab);
+        if (rc) train_fail(&t, rc, "%s\n  hint: nothing was written", err);
+    }
     train_claim_run_dir(&t, resume_dir != NULL, dry_run); /* exits 2 when another run holds it, or on train when
                                                             it holds what a new run must not overwrite */
     TrainResume res;
@@ -769,6 +779,13 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
 
     train_open_run_dir(&t);
     model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
+    if (init) {
+        t.be->to_device(t.model.params, init, (size_t)t.model.ptab.buffer_numel * sizeof(float));
+        if (t.model.weights != (void *)t.model.params)
+            t.be->act_from_f32(t.model.weights, t.model.params, t.model.ptab.buffer_numel);
+        free(init);
+        train_say(&t, "init: weights from %s (model.init_from); optimizer state fresh\n", cfg->model.init_from);
+    }
     if (resume_dir) {
         train_ckpt_restore(&t, &res);
         if (comm->rank == 0) train_trim_metrics(&t, t.step);

@@ -1,14 +1,11 @@
-"""test_cli.py — the command line: help, version, subcommands that are not
-built yet (`submit` is tested against real Slurm in test_slurm.py), and the schema-generated outputs (dump, docs, --help) staying in
+"""test_cli.py — the command line: help, version (`submit` is tested against real Slurm in test_slurm.py,
+`export` in test_hf.py), and the schema-generated outputs (dump, docs, --help) staying in
 step with the schema and loading back."""
 import re
 
 import pytest
 
 from conftest import ROOT, run
-
-NOT_BUILT = ["export"]
-
 
 def schema_keys(ringscan):
     r = run([ringscan, "config", "dump"])
@@ -26,7 +23,7 @@ def schema_keys(ringscan):
 def test_help(ringscan):
     r = run([ringscan, "--help"])
     assert r.returncode == 0
-    for sub in ["train", "resume", "plan", "submit", "bench", "data", "export", "config", "version"]:
+    for sub in ["train", "resume", "plan", "submit", "bench", "data", "export", "eval", "plot", "config", "version"]:
         assert re.search(rf"^  {sub} ", r.stdout, re.M), sub
     assert run([ringscan]).returncode == 2
     r = run([ringscan, "frobnicate"])
@@ -38,16 +35,6 @@ def test_version(ringscan):
     assert r.returncode == 0
     for s in ("ringscan 0.", "libyaml", "jansson", "MPI", "backends   cpu"):
         assert s in r.stdout
-
-
-@pytest.mark.parametrize("sub", NOT_BUILT)
-def test_not_built_exits_2(ringscan, sub, tmp_path):
-    r = run([ringscan, sub, "configs/tiny-cpu.yaml"], cwd=ROOT)
-    assert r.returncode == 2
-    assert f"ringscan {sub}: not built yet" in r.stderr and "nothing was done" in r.stderr
-    assert r.stdout == ""
-    r = run([ringscan, sub, "--help"])
-    assert r.returncode == 0 and "Not built yet" in r.stdout
 
 
 def test_dump_has_every_section_and_loads_back(ringscan, tmp_path):

@@ -47,6 +47,10 @@
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
 #              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
 #              compute and communication (issue 22)
+#   hf         the Hugging Face export against transformers (tests/parity/hf_check.py, issue 20): a tiny-cpu
+#              run trained 100 steps on the GPU, exported; transformers' loss and every parameter gradient
+#              on fixed single-sequence and document-packed batches, mixers x1 and x30, against ringscan's
+#              (cpu, fp32); then the same with a wrong GDN layout in transformers' copy, which must FAIL
 # Environment:
 #   OUT       where device_suite.tgz goes (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
@@ -238,6 +242,31 @@ suite_cp4_step() {
     return $rc
 }
 
+# the export against transformers (torch path on CPU: fla off PYTHONPATH); the wrong layouts must fail
+suite_hf() {
+    local w=/tmp/device_suite_hf PY=${PYTHON:-python3} rc=0 b
+    rm -rf "$w" && mkdir -p "$w"
+    build/ringscan data synth "$w/recall.tok" --seed 1 > "$L/hf-train.log" 2>&1 &&
+        timeout "$(left)" build/ringscan train configs/tiny-cpu.yaml --set parallel.cp=1 --set device.kind=cuda \
+            --set train.steps=100 --set data.path="$w/recall.tok" --set run.out_dir="$w/run" >> "$L/hf-train.log" 2>&1
+    if [ $? -ne 0 ]; then
+        echo "hf: training the tiny run failed"; tail -5 "$L/hf-train.log"; return 1
+    fi
+    grep -E "^step +100/" "$L/hf-train.log"
+    env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/hf_check.py "$w/run" "$w/recall.tok" "$w/check" \
+        > "$L/hf.log" 2>&1 || rc=1
+    grep -E "single:|packed:|^hf_check" "$L/hf.log" | tail -6
+    for b in swap-v-heads deinterleave; do
+        env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/hf_check.py "$w/run" "$w/recall.tok" "$w/check" \
+            --break "$b" --scale 30 --top 1 > "$L/hf-break-$b.log" 2>&1
+        local brc=$?
+        grep -E "FAIL|PASS" "$L/hf-break-$b.log" | tail -3
+        [ $brc -eq 1 ] && grep -q "^hf_check: FAIL" "$L/hf-break-$b.log" ||
+            { echo "hf: --break $b did not fail its comparisons (rc $brc)"; tail -3 "$L/hf-break-$b.log"; rc=1; }
+    done
+    return $rc
+}
+
 for part in "$@"; do
     if [ "$SECONDS" -ge "$LIMIT_S" ]; then
         echo "== $part: not started (${SECONDS} s of LIMIT_S=$LIMIT_S gone)"
@@ -280,10 +309,11 @@ for part in "$@"; do
         --peer-timeout 300 ;;
     cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
     cp4-step) suite_cp4_step ;;
+    hf) suite_hf ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn"
-        echo "  cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step)"
+        echo "  cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf)"
         false
         ;;
     esac || status=1

@@ -3,6 +3,7 @@
  *
  *   [mpirun -np N] build/parity_step CASE_DIR [--policy none|full|remat] [--set key=value]...
  *                                    [--out FILE] [--emulate-bf16] [--steps N] [--threads N]
+ *                                    [--hf HF_DIR]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
@@ -36,7 +37,11 @@
  * ".curve.jsonl" appended: {"step", "loss", "grad_norm"} per step, a loss
  * curve that needs no data set. tests/cuda/model_check.sh compares cuda,
  * emulated bf16 and cpu this way. --threads sets OpenBLAS's threads
- * (default 1; results do not depend on it).
+ * (default 1; results do not depend on it). --hf HF_DIR takes the weights
+ * from a Hugging Face folder (`ringscan export`, read by the import of
+ * lib/hf.h) instead of weights.safetensors, and writes the gradients under
+ * the Hugging Face names and layouts (the export's row maps): what
+ * tests/parity/hf_check.py compares with transformers.
  *
  * It prints, on rank 0, one line with the loss and the step's work counters
  * (per layer, this rank) as JSON, which the tests parse:
@@ -56,6 +61,7 @@
 #include "config.h"
 #include "cp.h"
 #include "error.h"
+#include "hf.h"
 #include "model.h"
 #include "safetensors.h"
 #ifdef RS_WITH_CUDA
@@ -135,10 +141,10 @@ int main(int argc, char **argv) {
     }
     if (argc < 2) {
         fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE] "
-                        "[--emulate-bf16] [--steps N] [--threads N]\n");
+                        "[--emulate-bf16] [--steps N] [--threads N] [--hf HF_DIR]\n");
         return RS_EXIT_USAGE;
     }
-    const char *dir = argv[1], *out_path = NULL;
+    const char *dir = argv[1], *out_path = NULL, *hf_dir = NULL;
     char path[4096], err[4096];
     int emulate = 0, steps = 1, threads = 1;
 
@@ -167,8 +173,8 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--policy")) snprintf(set, sizeof set, "checkpoint.activations=%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--set")) snprintf(set, sizeof set, "%s", argv[i + 1]);
-        else if (!strcmp(argv[i], "--out")) {
-            out_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--out") || !strcmp(argv[i], "--hf")) {
+            *(!strcmp(argv[i], "--out") ? &out_path : &hf_dir) = argv[i + 1];
             continue;
         } else RS_USAGE("parity_step [--policy P] [--set k=v]... [--out FILE]", "unknown argument %s", argv[i]);
         config_apply_set(&cfg, set, nset++, &ce);
@@ -194,7 +200,7 @@ int main(int argc, char **argv) {
 
     SafetensorsFile wf, bf;
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
-    if (safetensors_open(&wf, path, err, sizeof err)) RS_FATAL("%s", err);
+    if (!hf_dir && safetensors_open(&wf, path, err, sizeof err)) RS_FATAL("%s", err);
     snprintf(path, sizeof path, "%s/batch.safetensors", dir);
     if (safetensors_open(&bf, path, err, sizeof err)) RS_FATAL("%s", err);
     ParityBatch pb = {.T = cfg.data.seq_len};
@@ -223,7 +229,8 @@ int main(int argc, char **argv) {
     model_init(&m, &cfg, be, comm, rows);
     const size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
     float *host = RS_CALLOC(1, pbytes); /* the weights, then the gradients (the backend's memory may be a GPU's) */
-    for (int i = 0; i < m.ptab.n; i++) {
+    if (hf_dir && hf_import(host, &m.ptab, &cfg, hf_dir, "--hf", err, sizeof err)) RS_USAGE(NULL, "%s", err);
+    for (int i = 0; !hf_dir && i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
         if (safetensors_read(&wf, p->name, ST_DTYPE_F32, p->ndim, shape, host + p->offset, err, sizeof err))
@@ -265,9 +272,21 @@ int main(int argc, char **argv) {
                (long long)cfg.parallel.cp, loss, (long long)n, (long long)attn_calls,
                (long long)m.count.block_recomputes);
         parity_print_counters(&m);
-        StTensor *out = RS_CALLOC((size_t)m.ptab.n + 1, sizeof *out);
+        HfLayout lay = {0};
+        if (hf_dir) hf_layout_build(&lay, &cfg, &m.ptab);
+        const int n_out = hf_dir ? lay.n : m.ptab.n;
+        StTensor *out = RS_CALLOC((size_t)n_out + 1, sizeof *out);
+        float *hf_grads = hf_dir ? RS_MALLOC((size_t)m.ptab.count * sizeof(float)) : NULL, *at = hf_grads;
         out[0] = (StTensor){.name = "loss", .dtype = ST_DTYPE_F64, .ndim = 0, .data = &loss};
-        for (int i = 0; i < m.ptab.n; i++) {
+        for (int i = 0; i < n_out; i++) {
+            if (hf_dir) { /* the gradient of an HF tensor is the HF-layout image of the internal gradient */
+                const HfMap *hm = &lay.t[i];
+                hf_layout_gather(at, &lay, hm, host, &m.ptab);
+                out[i + 1] = (StTensor){.name = hm->hf.name, .dtype = ST_DTYPE_F32, .ndim = hm->hf.ndim, .data = at};
+                for (int d = 0; d < hm->hf.ndim; d++) out[i + 1].shape[d] = hm->hf.shape[d];
+                at += hm->hf.numel;
+                continue;
+            }
             const ParamTensor *p = &m.ptab.t[i];
             out[i + 1] =
                 (StTensor){.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim, .data = host + p->offset};
@@ -276,8 +295,10 @@ int main(int argc, char **argv) {
         }
         if (!out_path) snprintf(path, sizeof path, "%s/grads.safetensors", dir);
         else snprintf(path, sizeof path, "%s", out_path);
-        if (safetensors_write_file(path, out, m.ptab.n + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
+        if (safetensors_write_file(path, out, n_out + 1, NULL, NULL, err, sizeof err)) RS_FATAL("%s", err);
         free(out);
+        free(hf_grads);
+        if (hf_dir) hf_layout_free(&lay);
         if (steps > 1) {
             char curve[4096 + 16];
             snprintf(curve, sizeof curve, "%s.curve.jsonl", path);
@@ -291,7 +312,7 @@ int main(int argc, char **argv) {
     free(pb.targets);
     free(pb.pos);
     free(pb.doc_pos);
-    safetensors_close(&wf);
+    if (!hf_dir) safetensors_close(&wf);
     safetensors_close(&bf);
     model_free(&m);
     config_free(&cfg);

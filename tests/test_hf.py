@@ -1,0 +1,249 @@
+"""test_hf.py — `ringscan export` (a Hugging Face Qwen3NextForCausalLM folder) and the import of such a
+folder or a ringscan checkpoint (model.init_from): the structure transformers needs, the interleaved
+layouts against tests/parity/layout.py, bf16 rounding, sharding, atomicity and refusals, and
+export -> import -> export bitwise. transformers itself is not needed here: the proof against it is
+tests/parity/hf_check.py (device_suite part `hf`)."""
+import json
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run
+
+sys.path.insert(0, str(ROOT / "tests" / "parity"))
+import safetensors_io as st  # noqa: E402
+
+TINY = ["--set", "parallel.cp=1", "--set", "data.seq_len=128", "--set", "data.micro_batch=2",
+        "--set", "train.warmup_steps=1", "--set", "checkpoint.every=0"]
+
+
+def train(ringscan, recall_tok, out, steps=2, extra=()):
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+             "--set", f"train.steps={steps}", "--set", f"run.out_dir={out}", *extra])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_run(ringscan, recall_tok, tmp_path_factory):
+    return train(ringscan, recall_tok, tmp_path_factory.mktemp("hf") / "run")
+
+
+def export(ringscan, src, out, *opts, ok=True):
+    r = run([ringscan, "export", src, out, *opts])
+    if ok:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def header(path):
+    """The safetensors header of a file: name -> {dtype, shape, data_offsets} (and __metadata__)."""
+    raw = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n])
+
+
+def tensors(folder):
+    """name -> (dtype, numpy array as float32) over every safetensors file of an export."""
+    out = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        h = header(f)
+        for name, a in st.load(f).items():
+            out[name] = (h[name]["dtype"], a)
+    return out
+
+
+def expected_shapes(cfg):
+    """The HF state dict of research/qwen3_next_spec.md §6 (names and shapes), from config.json."""
+    H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    nk, nv, dk, dv = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                       "linear_value_head_dim"))
+    nh, nkv, hd, Kc = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], \
+        cfg["linear_conv_kernel_dim"]
+    s = {"model.embed_tokens.weight": [V, H], "model.norm.weight": [H], "lm_head.weight": [V, H]}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        s.update({p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
+                  p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H],
+                  p + "mlp.down_proj.weight": [H, I]})
+        if cfg["layer_types"][i] == "linear_attention":
+            s.update({p + "linear_attn.in_proj_qkvz.weight": [2 * nk * dk + 2 * nv * dv, H],
+                      p + "linear_attn.in_proj_ba.weight": [2 * nv, H],
+                      p + "linear_attn.conv1d.weight": [2 * nk * dk + nv * dv, 1, Kc],
+                      p + "linear_attn.dt_bias": [nv], p + "linear_attn.A_log": [nv],
+                      p + "linear_attn.norm.weight": [dv], p + "linear_attn.out_proj.weight": [H, nv * dv]})
+        else:
+            s.update({p + "self_attn.q_proj.weight": [2 * nh * hd, H], p + "self_attn.k_proj.weight": [nkv * hd, H],
+                      p + "self_attn.v_proj.weight": [nkv * hd, H], p + "self_attn.o_proj.weight": [H, nh * hd],
+                      p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd]})
+    return s
+
+
+def test_export_structure(ringscan, tiny_run, tmp_path):
+    out = tmp_path / "hf"
+    r = export(ringscan, tiny_run, out)
+    assert "export: done" in r.stdout and "step 2" in r.stdout, r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3NextForCausalLM"] and cfg["model_type"] == "qwen3_next"
+    L = cfg["num_hidden_layers"]
+    assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] and L == 4
+    assert cfg["mlp_only_layers"] == list(range(L)) and cfg["decoder_sparse_step"] == 1
+    assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    assert cfg["rope_theta"] == 10000.0 and cfg["partial_rotary_factor"] == 0.25 and cfg["rms_norm_eps"] == 1e-6
+    assert cfg["linear_conv_kernel_dim"] == 4 and cfg["linear_num_value_heads"] == 4 and cfg["dtype"] == "float32"
+    assert cfg["tie_word_embeddings"] is False and cfg["attention_bias"] is False and cfg["hidden_act"] == "silu"
+    h = header(out / "model.safetensors")
+    assert h.pop("__metadata__") == {"format": "pt"}  # transformers refuses files without it
+    want = expected_shapes(cfg)
+    assert {k: v["shape"] for k, v in h.items()} == want
+    assert {v["dtype"] for v in h.values()} == {"F32"}
+    assert sum(int(np.prod(s)) for s in want.values()) == 2767448  # `ringscan plan configs/tiny-cpu.yaml`
+
+
+def test_export_layout_matches_the_reference(ringscan, tiny_run, tmp_path):
+    """The C permutation equals layout.py's (which the whole-model parity against PyTorch checks)."""
+    torch = pytest.importorskip("torch")  # noqa: F841 (layout.py runs on torch)
+    import layout
+    from ref_model import ModelConfig
+    out = tmp_path / "hf"
+    export(ringscan, tiny_run, out)
+    cfg = ModelConfig.from_mapping(json.loads((out / "config.json").read_text()))
+    step = (tiny_run / "ckpt/LATEST").read_text().strip()
+    want = layout.internal_to_hf(st.load(tiny_run / "ckpt" / step / "model.safetensors"), cfg)
+    got = st.load(out / "model.safetensors")
+    assert set(want) == set(got)
+    for k in want:
+        assert np.array_equal(want[k].numpy(), got[k]), k
+
+
+def bf16_round(a):
+    """fp32 -> bf16 (round to nearest even) -> fp32, in numpy."""
+    b = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16
+    return b.astype(np.uint32).view(np.float32)
+
+
+def test_export_bf16_sharded_and_round_trip(ringscan, tiny_run, tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    export(ringscan, tiny_run, a)
+    r = export(ringscan, tiny_run / "ckpt" / (tiny_run / "ckpt/LATEST").read_text().strip(), b, "--dtype", "bf16",
+               "--shard-gib", "0.002")
+    shards = sorted(p.name for p in b.glob("*.safetensors"))
+    assert len(shards) == 3 and shards[0] == "model-00001-of-00003.safetensors", shards
+    assert r.stdout.count("export: model-0000") == 3  # a progress line per file
+    idx = json.loads((b / "model.safetensors.index.json").read_text())
+    f32, b16 = tensors(a), tensors(b)
+    assert set(idx["weight_map"]) == set(b16) == set(f32)
+    for name, file in idx["weight_map"].items():
+        assert name in header(b / file)
+    assert idx["metadata"]["total_size"] == sum(2 * v.size for _, v in b16.values())
+    assert json.loads((b / "config.json").read_text())["dtype"] == "bfloat16"
+    for k, (dt, v) in b16.items():
+        assert dt == "BF16" and np.array_equal(v, bf16_round(f32[k][1])), k
+    # HF folder -> export again: the same bytes (the import scatters exactly what the export gathered)
+    export(ringscan, b, c, "--dtype", "bf16", "--shard-gib", "0.002")
+    for f in shards:
+        assert (b / f).read_bytes() == (c / f).read_bytes(), f
+    d = tmp_path / "d"
+    export(ringscan, a, d)
+    assert (a / "model.safetensors").read_bytes() == (d / "model.safetensors").read_bytes()
+
+
+def test_export_refuses(ringscan, tiny_run, tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("x")
+    r = export(ringscan, tiny_run, full, ok=False)
+    assert r.returncode == 2 and "is not empty" in r.stderr and "hint" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no temporary folder left
+    r = export(ringscan, tmp_path / "nothing", tmp_path / "out", ok=False)
+    assert r.returncode == 2 and "neither a ringscan run directory" in r.stderr, r.stderr
+    for bad in (["--dtype", "fp8"], ["--shard-gib", "0"], ["--bogus"]):
+        r = export(ringscan, tiny_run, tmp_path / "out", *bad, ok=False)
+        assert r.returncode == 2 and "ringscan export:" in r.stderr, (bad, r.stderr)
+    assert not (tmp_path / "out").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export(ringscan, tiny_run, empty)  # an empty directory is fine
+    assert (empty / "model.safetensors").exists()
+
+
+FROZEN = ["--set", "train.lr=0", "--set", "train.min_lr=0"]  # AdamW with lr 0 leaves every weight as it was
+
+
+def latest_model(run_dir):
+    return run_dir / "ckpt" / (run_dir / "ckpt/LATEST").read_text().strip() / "model.safetensors"
+
+
+@pytest.mark.parametrize("opts", [[], ["--dtype", "bf16", "--shard-gib", "0.002"]])
+def test_export_import_export_bitwise(ringscan, recall_tok, tiny_run, tmp_path, opts):
+    """export -> model.init_from (a new run, one step at lr 0) -> export: the same safetensors bytes."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    export(ringscan, tiny_run, a, *opts)
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, *FROZEN, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}", "--set", f"model.init_from={a}"])
+    assert r.returncode == 0 and f"init: weights from {a}" in r.stdout, r.stdout[-1500:] + r.stderr
+    export(ringscan, tmp_path / "run", b, *opts)
+    files = sorted(p.name for p in a.glob("*.safetensors"))
+    assert files == sorted(p.name for p in b.glob("*.safetensors")) and files
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    if not opts:  # fp32: the imported run's own checkpoint holds the source run's weights exactly
+        src, got = st.load(latest_model(tiny_run)), st.load(latest_model(tmp_path / "run"))
+        assert set(src) == set(got) and all(np.array_equal(src[k], got[k]) for k in src)
+
+
+def test_init_from_ringscan_run(ringscan, recall_tok, tiny_run, tmp_path):
+    out = tmp_path / "run"
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, *FROZEN, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=1", "--set", f"run.out_dir={out}", "--set", f"model.init_from={tiny_run}"])
+    assert r.returncode == 0, r.stderr
+    src, got = st.load(latest_model(tiny_run)), st.load(latest_model(out))
+    assert all(np.array_equal(src[k], got[k]) for k in src)
+    # the optimizer starts fresh: its moments are one step's, not the source run's accumulated ones
+    opt = st.load(latest_model(out).with_name("optim.safetensors"))
+    src_opt = st.load(latest_model(tiny_run).with_name("optim.safetensors"))
+    assert not np.array_equal(opt["v.lm_head"], src_opt["v.lm_head"])
+
+
+def test_init_from_refuses_mismatch(ringscan, recall_tok, tiny_run, tmp_path):
+    hf = tmp_path / "hf"
+    export(ringscan, tiny_run, hf)
+    base = [ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+            "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}"]
+    cases = [  # (init_from, extra sets, what the message must name)
+        (hf, ["model.intermediate_size=384"],
+         ["model.layers.0.mlp.gate_proj.weight", "[512, 256]", "[384, 256]", "model.init_from"]),
+        (tiny_run, ["model.intermediate_size=384"], ["model.layers.0.mlp.gate_up", "[1024, 256]", "[768, 256]"]),
+        (hf, ["model.full_attention_interval=2"], ["model.layers.1.linear_attn", "not part of the model"]),
+        (tmp_path / "nowhere", [], ["no such directory"]),
+        (tmp_path, [], ["neither a Hugging Face model folder"]),
+    ]
+    for src, sets, words in cases:
+        cmd = base + ["--set", f"model.init_from={src}"]
+        for s in sets:
+            cmd += ["--set", s]
+        r = run(cmd)
+        assert r.returncode == 2, (src, sets, r.stdout[-1000:], r.stderr)
+        for w in words:
+            assert w in r.stderr, (w, r.stderr)
+        assert not (tmp_path / "run").exists(), "nothing may be written on a refused import"
+
+
+def test_hf_check_against_the_reference(ringscan, tiny_run, recall_tok, tmp_path):
+    """tests/parity/hf_check.py end to end with ref_model.py standing in for transformers (the device suite's
+    part `hf` runs transformers): the export read back by ringscan's import and by a PyTorch model of the HF
+    layout gives the same loss and gradients, mixers x30, single and document-packed batches; and a wrong
+    GDN layout in the reference's copy fails the check."""
+    pytest.importorskip("torch")
+    check = [sys.executable, ROOT / "tests/parity/hf_check.py", tiny_run, recall_tok, tmp_path, "--impl", "ref",
+             "--seq-len", "128", "--scale", "30", "--top", "0"]
+    r = run(check)
+    assert r.returncode == 0 and "hf_check: PASS" in r.stdout, r.stdout + r.stderr
+    assert r.stdout.count(": ok") == 2 and "x30 packed" in r.stdout and "x30 single" in r.stdout
+    r = run(check + ["--break", "swap-v-heads"])
+    assert r.returncode == 1 and r.stdout.count("tensors: FAIL") == 2 and "hf_check: FAIL" in r.stdout, r.stdout + r.stderr
