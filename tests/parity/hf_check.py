@@ -28,8 +28,12 @@ Two batches per scale, B samples of T tokens each:
           sequence (position_ids = ringscan's pos, so RoPE angles are the same), its per-token
           cross-entropy summed and back-propagated; loss and gradients are divided by the batch's
           token count, as ringscan's step does.
-Bounds: loss |a - b| / |b| <= 1e-4; each gradient tensor ||a - b|| / ||b|| <= 1e-3 (fp32 against fp32:
-measured headroom is printed). Exit 0 when every comparison passes, 1 otherwise.
+Bounds: loss |a - b| / |b| <= 1e-4; each gradient tensor ||a - b|| / ||b|| <= max(1e-3, 2 x transformers'
+own error on that tensor), its own error measured against ref_model.py in float64 on the same folder
+(transformers runs the delta rule in fp32 whatever the weights' dtype, and the per-head A_log / dt_bias
+gradients, sums of many cancelling terms, carry ~1e-3 of it; on the GPU machine ringscan differed from
+transformers by 1.3e-3 to 2.1e-3 there and by < 1e-3 everywhere else). Exit 0 when every comparison
+passes, 1 otherwise.
 """
 import argparse
 import json
@@ -241,14 +245,22 @@ def check_one(args, label, rs_folder, hf_folder, batch, impl):
     hf_loss, hf_grads = hf_loss_and_grads(hf, name, tokens, targets, pos, doc_pos)
     if set(hf_grads) != set(got):
         raise SystemExit(f"hf_check: tensor names differ: {sorted(set(hf_grads) ^ set(got))[:6]}")
-    rows = sorted(((rel(got[k], hf_grads[k]), k) for k in got), reverse=True)
+    # transformers runs the delta rule in fp32 whatever the weights' dtype (torch_chunk_gated_delta_rule casts),
+    # and the per-head A_log / dt_bias gradients are sums of many cancelling terms: its own error there is
+    # ~1e-3. Each tensor's bound is max(--grad-tol, 2 x transformers' error against ref_model in float64 on
+    # the same folder): the same model whatever its layout, so a wrong layout is not absorbed.
+    allow = {k: args.grad_tol for k in got}
+    if impl is TransformersModel:
+        _, exact = hf_loss_and_grads(RefModel(hf_folder), name, tokens, targets, pos, doc_pos)
+        allow = {k: max(args.grad_tol, 2 * rel(hf_grads[k], exact[k])) for k in got}
+    rows = sorted(((rel(got[k], hf_grads[k]) / allow[k], rel(got[k], hf_grads[k]), k) for k in got), reverse=True)
     loss_err = abs(rs_loss - hf_loss) / abs(hf_loss)
-    ok = loss_err <= args.loss_tol and rows[0][0] <= args.grad_tol
+    ok = loss_err <= args.loss_tol and rows[0][0] <= 1.0
     print(f"{label:>10} {name:>6}: loss ringscan {rs_loss:.8f} {hf.version} {hf_loss:.8f} rel {loss_err:.2e} "
-          f"(bound {args.loss_tol:g}); worst gradient {rows[0][1]} rel {rows[0][0]:.2e} (bound {args.grad_tol:g}), "
-          f"median {rows[len(rows) // 2][0]:.2e} over {len(rows)} tensors: {'ok' if ok else 'FAIL'}")
-    for e, k in rows[:args.top]:
-        print(f"{'':>19}{e:.2e}  {k}")
+          f"(bound {args.loss_tol:g}); worst gradient {rows[0][2]} rel {rows[0][1]:.2e} (bound {allow[rows[0][2]]:.2e}), "
+          f"median {sorted(r[1] for r in rows)[len(rows) // 2]:.2e} over {len(rows)} tensors: {'ok' if ok else 'FAIL'}")
+    for f, e, k in rows[:args.top]:
+        print(f"{'':>19}{e:.2e}  {k} (bound {allow[k]:.2e})")
     return ok
 
 
