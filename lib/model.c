@@ -154,6 +154,7 @@ static void model_alloc_activations(Model *m) {
     m->act_arena = be->alloc((size_t)device_kept);
     m->scratch = scratch ? be->alloc((size_t)scratch) : NULL;
     m->bytes_kept = kept;
+    m->bytes_kept_device = device_kept;
     m->bytes_scratch = scratch;
 
     char *kp = m->act_arena, *slots = (char *)m->act_arena + t->head_kept[pol];
@@ -162,7 +163,7 @@ static void model_alloc_activations(Model *m) {
         char *sp = m->scratch; /* every layer of a kind carves the same offsets */
         if (l >= 0) {
             m->kept_at[l] = host_at;
-            host_at += m->kept_len[l];
+            if (l < L - 2) host_at += m->kept_len[l]; /* the last two layers never leave the device */
             if (offload) kp = slots + (l % 2) * slot;
         }
         char *layer_kept = kp;
@@ -205,8 +206,8 @@ static void model_alloc_activations(Model *m) {
     }
     RS_CHECK(offload || kp - (char *)m->act_arena == kept, "activation carving: %lld of %lld bytes",
              (long long)(kp - (char *)m->act_arena), (long long)kept);
-    RS_CHECK(host_at + t->head_kept[pol] == kept, "kept bytes: layers %lld + head %lld != %lld", (long long)host_at,
-             (long long)t->head_kept[pol], (long long)kept);
+    RS_CHECK(host_at == t->offload_host[pol], "offload: %lld host bytes, model_acts.c counts %lld", (long long)host_at,
+             (long long)t->offload_host[pol]);
     m->bytes_host = offload ? host_at : 0;
     m->host_arena = offload && host_at ? be->host_alloc((size_t)host_at) : NULL;
 
@@ -280,11 +281,13 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
              (long long)T, (long long)m->acts.tokens);
     m->T = T;
     model_alloc_activations(m);
+    model_offload_init(m);
     cp_init(&m->cp, comm, be, cfg);
 }
 
 void model_free(Model *m) {
     const Backend *be = m->be;
+    model_offload_free(m);
     if (m->weights != (void *)m->params) be->free(m->weights);
     be->free(m->params);
     be->free(m->grads);

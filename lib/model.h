@@ -105,6 +105,7 @@ typedef struct {
  * attention, ring and scan counters are Cp's). */
 typedef struct {
     int64_t block_recomputes; /* block forwards rerun in backward */
+    int64_t offload_bytes_to_host, offload_bytes_to_device; /* checkpoint.offload: kept bytes moved */
 } ModelCounters;
 
 typedef struct {
@@ -130,7 +131,9 @@ typedef struct {
     void      *act_arena;   /* every kept buffer (checkpoint.offload host: the head's and two layer slots) */
     void      *host_arena;  /* checkpoint.offload host: every layer's kept buffers, layer l at kept_at[l] */
     int64_t   *kept_at, *kept_len; /* (L) bytes: layer l's place in host_arena, its kept bytes */
-    int64_t    bytes_host;
+    void      *copyq;       /* checkpoint.offload host: the backend's copy queue (NULL: no offload) */
+    int64_t    bytes_host;         /* host_arena's bytes */
+    int64_t    bytes_kept_device;  /* act_arena's bytes (== bytes_kept without offload) */
     void      *scratch;     /* buffers the policy does not keep, shared by layers */
     int64_t    bytes_kept, bytes_scratch, bytes_grads;
     /* gradient scratch of one layer's backward: whole rows */
@@ -164,6 +167,17 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
 /* The sum of the per-token losses of micro-batches 0 .. micro_batches-1 of the step on this
  * rank, in token order: the step's one read of the backend (cuda: it waits for the queued work). */
 double model_loss_sum(Model *m, int micro_batches);
+
+/* checkpoint.offload: host (model_offload.c); each call does nothing without offload.
+ * stash: layer l's kept range to the host after its forward; claim: the compute waits until
+ * layer l's slot has gone to the host (before its first write); fetch: layer l's range back
+ * (after layer l+2's backward); ready: the compute waits for it (before layer l's recompute). */
+void model_offload_init(Model *m);
+void model_offload_free(Model *m);
+void model_offload_stash(Model *m, int layer);
+void model_offload_claim(Model *m, int layer);
+void model_offload_fetch(Model *m, int layer);
+void model_offload_ready(Model *m, int layer);
 
 /* The parameters in the weight-decay group `g` decay under this config? */
 int model_param_decays(const Config *cfg, ParamGroup g);

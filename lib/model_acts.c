@@ -107,14 +107,15 @@ static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPh
 
 static int64_t acts_align(int64_t n) { return (n + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN; }
 
-static void acts_add_cp(ActTable *t, const char *name, ActCpKind kind, int count, int64_t bytes) {
+static void acts_add_cp(ActTable *t, const char *name, ActCpKind kind, ActCpPhase phase, int count, int64_t bytes) {
     RS_CHECK(t->ncp < ACT_CP_MAX, "raise ACT_CP_MAX");
     ActCpBuffer *b = &t->cp[t->ncp++];
     snprintf(b->name, sizeof b->name, "%s", name);
     b->kind = kind;
+    b->phase = phase;
     b->count = count;
     b->bytes = bytes;
-    t->cp_bytes[kind] += count * bytes;
+    t->cp_phase[phase] += count * ((bytes + CP_ALIGN - 1) / CP_ALIGN * CP_ALIGN);
 }
 
 static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
@@ -236,6 +237,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             }
             if (missing > t->recompute[p]) t->recompute[p] = missing;
             if (kept > t->layer_kept_max[p]) t->layer_kept_max[p] = kept;
+            if (l < m->num_hidden_layers - 2) t->offload_host[p] += kept; /* the last two stay */
         }
     }
     /* the head: the last block's output, then the final norm, the fused lm_head + CE and the final norm's
@@ -286,7 +288,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->gdn_states = max_states;
     for (int p = 0; p < ACT_POLICY_COUNT; p++) {
         t->peak[p] = t->kept[p] + t->recompute[p] + t->grad_working + t->gdn_states;
-        /* offload: two layers' slots and the head on the device, every layer's kept bytes on the host */
+        /* offload: two layers' slots and the head on the device, the kept bytes of every layer but
+         * the last two (which never leave their slots) on the host */
         t->offload_device[p] = 2 * t->layer_kept_max[p] + t->head_kept[p];
         t->peak_offload[p] = t->offload_device[p] + t->recompute[p] + t->grad_working + t->gdn_states;
     }
@@ -296,25 +299,30 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     int n_full = 0;
     for (int l = 0; l < m->num_hidden_layers; l++) n_full += config_layer_kind(cfg, l) == LAYER_KIND_FULL;
     if (n_full > 0) {
-        if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, 2, T * kv * e);
-        acts_add_cp(t, "run_out", ACT_CP_RING, 1, T * qd * f);
-        acts_add_cp(t, "run_lse", ACT_CP_RING, 1, T * nh * f);
-        acts_add_cp(t, "lse_empty", ACT_CP_RING, 1, T * nh * f);
-        acts_add_cp(t, "blk_out", ACT_CP_RING, 1, T * qd * e);
-        acts_add_cp(t, "blk_lse", ACT_CP_RING, 1, T * nh * f);
-        acts_add_cp(t, "dq_acc", ACT_CP_RING, 1, T * qd * f);
-        acts_add_cp(t, "dkv_local", ACT_CP_RING, 1, T * kv * f);
-        if (cp > 1) acts_add_cp(t, "dkv_buf", ACT_CP_RING, 2, T * kv * f);
+        if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, ACT_CP_ALWAYS, 2, T * kv * e);
+        acts_add_cp(t, "run_out", ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * f);
+        acts_add_cp(t, "run_lse", ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
+        acts_add_cp(t, "lse_empty", ACT_CP_RING, ACT_CP_ALWAYS, 1, T * nh * f); /* written once, at cp_init */
+        acts_add_cp(t, "blk_out", ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * e);
+        acts_add_cp(t, "blk_lse", ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
+        acts_add_cp(t, "dq_acc", ACT_CP_RING, ACT_CP_BACKWARD, 1, T * qd * f);
+        acts_add_cp(t, "dkv_local", ACT_CP_RING, ACT_CP_BACKWARD, 1, T * kv * f);
+        if (cp > 1) acts_add_cp(t, "dkv_buf", ACT_CP_RING, ACT_CP_BACKWARD, 2, T * kv * f);
     }
+    int64_t ring_always = t->cp_phase[ACT_CP_ALWAYS];
     if (cp > 1 && n_full < m->num_hidden_layers) {
         int64_t pair = frags * nv * dk * (dk + dv) * f, tail = frags * (Kc - 1) * Cc * e;
-        acts_add_cp(t, "scan_send", ACT_CP_SCAN, 1, pair);
-        acts_add_cp(t, "scan_recv", ACT_CP_SCAN, 1, cp * pair);
-        acts_add_cp(t, "fold", ACT_CP_SCAN, 2, nv * dk * dv * f);
-        acts_add_cp(t, "dstate", ACT_CP_SCAN, 1, frags * nv * dk * dv * f);
-        acts_add_cp(t, "halo_send", ACT_CP_SCAN, 1, tail);
-        acts_add_cp(t, "halo_recv", ACT_CP_SCAN, 1, cp * tail);
+        acts_add_cp(t, "scan_send", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, pair);
+        acts_add_cp(t, "scan_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * pair);
+        acts_add_cp(t, "fold", ACT_CP_SCAN, ACT_CP_ALWAYS, 2, nv * dk * dv * f);
+        acts_add_cp(t, "dstate", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
+        acts_add_cp(t, "halo_send", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
+        acts_add_cp(t, "halo_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
     }
+    const int64_t fb = t->cp_phase[ACT_CP_FORWARD] > t->cp_phase[ACT_CP_BACKWARD] ? t->cp_phase[ACT_CP_FORWARD]
+                                                                                  : t->cp_phase[ACT_CP_BACKWARD];
+    t->cp_bytes[ACT_CP_RING] = ring_always + fb;
+    t->cp_bytes[ACT_CP_SCAN] = t->cp_phase[ACT_CP_ALWAYS] - ring_always;
 }
 
 void model_acts_free(ActTable *t) {

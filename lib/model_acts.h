@@ -72,10 +72,23 @@ typedef enum {
 } ActCpKind;
 
 #define ACT_CP_MAX 16
+#define CP_ALIGN   256 /* bytes; cp_init starts every CP buffer on this */
+
+/* When a CP buffer is alive: the ring forward's and the ring backward's own buffers are never
+ * alive together (one layer's ring pass ends before any other starts; on cuda the backward's
+ * NCCL operations wait for the compute queued before them, and the compute waits for them at
+ * the pass's end), so they share memory: cp_init lays both phases over the same bytes. */
+typedef enum {
+    ACT_CP_ALWAYS,   /* both passes */
+    ACT_CP_FORWARD,  /* the ring forward alone */
+    ACT_CP_BACKWARD, /* the ring backward alone */
+    ACT_CP_PHASES,
+} ActCpPhase;
 
 typedef struct {
     char    name[32];  /* cp.h's Cp field it becomes: "kv_recv", "scan_recv", ... */
     int32_t kind;      /* ActCpKind */
+    int32_t phase;     /* ActCpPhase */
     int32_t count;     /* buffers of this shape (2 for the ping-pong ones) */
     int64_t bytes;     /* of one buffer */
 } ActCpBuffer;
@@ -101,11 +114,14 @@ typedef struct {
     int64_t layer_kept_max[ACT_POLICY_COUNT]; /* the largest layer's kept bytes (aligned): an offload slot */
     int64_t head_kept[ACT_POLICY_COUNT];      /* the head's kept bytes (aligned): never offloaded */
     int64_t offload_device[ACT_POLICY_COUNT]; /* checkpoint.offload host: kept bytes on the device
-                                                 (2 slots + the head); kept - head goes to the host */
+                                                 (2 slots + the head) */
+    int64_t offload_host[ACT_POLICY_COUNT];   /* ... and on the host: layers 0 .. L-3 */
     int64_t peak_offload[ACT_POLICY_COUNT];   /* peak with offload: offload_device instead of kept */
     int32_t     ncp;
     ActCpBuffer cp[ACT_CP_MAX];          /* the CP buffers cp_init allocates, by name */
-    int64_t     cp_bytes[ACT_CP_KINDS];  /* their sum per kind (plan's "CP ring"/"CP scan" rows) */
+    int64_t     cp_phase[ACT_CP_PHASES]; /* the sum per phase (each buffer on CP_ALIGN bytes) */
+    int64_t     cp_bytes[ACT_CP_KINDS];  /* per kind, the forward and backward phases overlaid: plan's
+                                            "CP ring"/"CP scan" rows (the scan's are all ALWAYS) */
 } ActTable;
 
 void model_acts_build(ActTable *t, const Config *cfg);

@@ -460,6 +460,7 @@ void model_block_forward(Model *m, int l, const Batch *b, void *out, int mode) {
     else block_attention_forward(m, l, b, mode);
     if (mode != BLOCK_FORWARD) return; /* the backward recomputes the rest chunk by chunk */
     RS_CHECK(out, "the forward writes the block output");
+    if (l + 1 < (int)m->cfg->model.num_hidden_layers) model_offload_claim(m, l + 1); /* out is layer l+1's x */
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
         if (p->kind == LAYER_KIND_LINEAR) block_gdn_out_forward(m, l, &c, &d);

@@ -62,9 +62,12 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
     cp_batch_begin(&m->cp, b->micro, b->pos_host, b->doc_pos_host);
 
     /* forward */
+    model_offload_claim(m, 0);
     be->embedding_forward(m->la[0].x, b->tokens, w + m->embed * es, T, H);
-    for (int l = 0; l < L; l++)
+    for (int l = 0; l < L; l++) {
         model_block_forward(m, l, b, l + 1 < L ? m->la[l + 1].x : m->final_in, BLOCK_FORWARD);
+        model_offload_stash(m, l);
+    }
     /* the head, row chunk by row chunk: final norm, lm_head + CE (its gradient at once), and the final
      * norm's backward into d_resid, which the layers' backward then starts from */
     be->memset_zero(m->d_resid, (size_t)(T * H * es));
@@ -80,9 +83,11 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
 
     /* backward */
     for (int l = L - 1; l >= 0; l--) {
+        model_offload_ready(m, l);
         if (pol == ACT_POLICY_FULL) model_block_forward(m, l, b, NULL, BLOCK_RECOMPUTE);
         else if (pol == ACT_POLICY_REMAT) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
         model_block_backward(m, l, b);
+        model_offload_fetch(m, l - 2);
         if (reduce) {
             int64_t a, e;
             model_layer_range(m, l, &a, &e);
