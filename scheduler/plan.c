@@ -177,9 +177,14 @@ void plan_build(Plan *p, const Config *cfg) {
     double gdn_bwd = (double)nv * plan_gdn_bwd_chunk(C, (double)dk, (double)dv) / C;
     p->flops_gdn = (gdn_fwd + gdn_bwd) * p->n_linear;
     p->flops_model = p->flops_dense + p->flops_attn_causal + p->flops_gdn;
-    p->flops_recompute[ACT_POLICY_NONE] = 0;
-    p->flops_recompute[ACT_POLICY_FULL] = 2 * layer_mm + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
-    p->flops_recompute[ACT_POLICY_REMAT] = 2 * layer_mm + gdn_fwd * p->n_linear;
+    /* the row chunks (model_block.c): the backward reruns every chunk's per-token forward (the mixer's
+     * output projection, the MLP) and its in_proj under every policy; remat / full rerun the in_proj once
+     * more (and the rest of the mixer up to its core) in their recompute */
+    int64_t Pg = Cc + nv * dv + 2 * nv, Pa = 2 * nh * hd + 2 * nkv * hd;
+    double in_proj = (double)m->hidden_size * (double)(p->n_linear * Pg + p->n_full * Pa);
+    p->flops_recompute[ACT_POLICY_NONE] = 2 * layer_mm;
+    p->flops_recompute[ACT_POLICY_FULL] = 2 * (layer_mm + in_proj) + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
+    p->flops_recompute[ACT_POLICY_REMAT] = 2 * (layer_mm + in_proj) + gdn_fwd * p->n_linear;
 
     /* communication per step per rank */
     double micro = (double)cfg->train.grad_accum * (double)cfg->data.micro_batch; /* samples per step per rank */

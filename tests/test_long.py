@@ -157,3 +157,12 @@ def test_ring_forward_and_backward_share_memory():
     fwd = T * qd * 4 + T * nh * 4 + T * qd * 2 + T * nh * 4
     bwd = T * qd * 4 + T * kv * 4 + 2 * T * kv * 4
     assert d["memory"]["remat"]["CP ring buffers"] == always + max(fwd, bwd)
+
+
+def test_the_1m_two_gpu_config_fits(ringscan):
+    """configs/hybrid-1b-1m-h100x2.yaml: FITS at <= 75 GiB per GPU, host memory within its node."""
+    r = run([RINGSCAN, "plan", "configs/hybrid-1b-1m-h100x2.yaml", "--json"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = json.loads(r.stdout)["memory"]
+    assert m["offload"] == "host" and m["remat"]["fits"] and m["remat"]["host_fits"]
+    assert m["remat"]["total"] <= 75 * GIB, m["remat"]["total"] / GIB
