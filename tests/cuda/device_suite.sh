@@ -37,6 +37,19 @@
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
 #              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
 #              compute and communication (issue 22)
+#   long-parity  tests/cuda/long_gpu_check.sh (two GPUs): row chunks (100 and 7 rows) against the unchunked
+#              run and the cpu oracle (compare_bf16 bounds), offload against none (bitwise), one GPU and
+#              cp 2; and build/test_cuda cuda_copyq_order (the copy queue's ordering). ~1 min
+#   long-1m    ringscan train of configs/hybrid-1b-1m-h100x2.yaml, 3 optimizer steps of 1,048,576 tokens (one
+#              causal document) on two GPUs under mpirun (cp 2, chunked, offload host): s/step, tokens/s,
+#              MFU (attention causal), peak device memory (the backend's count and cudaMemGetInfo) and host
+#              memory in use (sampled every 2 s) beside plan. ~100 s a step from the FLOPs (attention
+#              51.5 GFLOP/token causal: 27 PFLOP per GPU a step at ~300 TFLOP/s = 90 s, the rest ~10 s)
+#              + ~40 s start: ~6 min; run it alone in a call
+#   long-256k  the same model at 262,144 tokens on two GPUs, 4 steps each: unchunked without offload
+#              (chunk_rows 65536 = the fragment), chunked (plan's 8,384 rows), chunked + offload; the cost
+#              of each as a ratio of ms/step, and the offloaded run's losses bitwise the chunked run's.
+#              ~7.5 s a step (attention 1.7 PFLOP per GPU a step), ~50 s a run: ~3 min
 # Environment:
 #   OUT       where device_suite.tgz goes (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
@@ -200,6 +213,70 @@ suite_cp_step() {
     return $rc
 }
 
+# suite_long_parity: tests/cuda/long_gpu_check.sh and the copy queue's test_cuda case
+suite_long_parity() {
+    local rc=0
+    timeout "$(left)" tests/cuda/long_gpu_check.sh build /tmp/device_suite_long > "$L/long_gpu_check.log" 2>&1 || rc=1
+    grep -E "^==|^-- |^  cuda|^parity_step|long_gpu_check:|FAIL" "$L/long_gpu_check.log" | tail -40
+    build/test_cuda cuda_copyq_order > "$L/test_cuda_copyq.log" 2>&1 || rc=1
+    tail -3 "$L/test_cuda_copyq.log"
+    return $rc
+}
+
+# suite_long_train NAME STEPS CONFIG [--set ...]: ringscan train on the 2 GPUs with one-document synthetic
+# data, host memory in use sampled beside it; prints its memory and step lines
+suite_long_train() {
+    local name=$1 steps=$2 cfg=$3 d=/dev/shm/device_suite_long rc=0
+    shift 3
+    mkdir -p $d
+    [ -f $d/synth.tok ] || build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 5242880 \
+        --min-doc 8388608 --max-doc 8388608 --seed 1 > "$L/long-data.log" 2>&1 || return 1
+    (while sleep 2; do free -b | awk '/^Mem:/ {print $3}'; done) > "$L/$name-host.log" &
+    local sampler=$!
+    timeout "$(left)" mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
+        build/ringscan train "$cfg" --set data.format=flat --set data.path=$d/synth.tok --set train.steps="$steps" \
+        --set train.warmup_steps=1 --set device.peak_tflops=989 --set checkpoint.every=0 \
+        --set run.out_dir=$d/$name "$@" > "$L/$name.log" 2>&1 || rc=1
+    kill $sampler 2> /dev/null
+    echo "$name (rc $rc):"
+    grep -E "^memory|^step" "$L/$name.log" | tail -$((steps + 1))
+    sort -n "$L/$name-host.log" | tail -1 | awk '{printf "  host memory in use, peak sampled every 2 s: %.2f GiB\n", $1 / 2^30}'
+    return $rc
+}
+
+suite_long_1m() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0
+    build/ringscan plan $cfg | grep -E "^  total|^  kept|^  \(kept|verdict"
+    free -g | head -2
+    suite_long_train long-1m 3 $cfg || rc=1
+    rm -rf /dev/shm/device_suite_long
+    return $rc
+}
+
+suite_long_256k() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 s=(--set data.seq_len=262144)
+    suite_long_train long-256k-whole 4 $cfg "${s[@]}" --set checkpoint.chunk_rows=65536 --set checkpoint.offload=none ||
+        rc=1
+    suite_long_train long-256k-chunked 4 $cfg "${s[@]}" --set checkpoint.offload=none || rc=1
+    suite_long_train long-256k-offload 4 $cfg "${s[@]}" || rc=1
+    python3 - /dev/shm/device_suite_long <<'EOF' || rc=1
+import json, sys
+d = sys.argv[1]
+runs = {n: [json.loads(l) for l in open(f"{d}/long-256k-{n}/metrics.jsonl")] for n in ("whole", "chunked", "offload")}
+# the steps after the first (warm-up: allocator, cuBLASLt plans, NCCL)
+ms = {n: sum(r["ms"] for r in rs[1:]) / max(len(rs) - 1, 1) for n, rs in runs.items()}
+print(f"256k, ms/step after step 1: whole {ms['whole']:.0f}, chunked {ms['chunked']:.0f} "
+      f"(x{ms['chunked'] / ms['whole']:.3f}), chunked + offload {ms['offload']:.0f} "
+      f"(x{ms['offload'] / ms['chunked']:.3f} of chunked, x{ms['offload'] / ms['whole']:.3f} of whole)")
+same = all(a["loss"] == b["loss"] for a, b in zip(runs["offload"], runs["chunked"]))
+close = max(abs(a["loss"] - b["loss"]) for a, b in zip(runs["chunked"], runs["whole"]))
+print(f"losses: offload vs chunked {'bitwise equal' if same else 'DIFFER'}; chunked vs whole max |diff| {close:.2e}")
+sys.exit(0 if same and close < 1e-2 else 1)
+EOF
+    rm -rf /dev/shm/device_suite_long
+    return $rc
+}
+
 for part in "$@"; do
     if [ "$SECONDS" -ge "$LIMIT_S" ]; then
         echo "== $part: not started (${SECONDS} s of LIMIT_S=$LIMIT_S gone)"
@@ -230,6 +307,9 @@ for part in "$@"; do
         [ $r -eq 0 ]
         ;;
     cp-step) suite_cp_step ;;
+    long-parity) suite_long_parity ;;
+    long-1m) suite_long_1m ;;
+    long-256k) suite_long_256k ;;
     step-states)
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
@@ -238,7 +318,8 @@ for part in "$@"; do
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn"
+        echo "  long-parity long-1m long-256k)"
         false
         ;;
     esac || status=1
