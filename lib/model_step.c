@@ -3,9 +3,15 @@
  * the final norm and the fused lm_head + cross-entropy, then the backward in
  * reverse with the checkpoint policy's recompute before each block.
  *
- * The fused loss produces dL/d(final norm output) during the forward (the
- * logits of a row chunk are used for the loss and their gradient at once), so
- * the backward starts from d_final.
+ * The head runs in loss row chunks during the forward: the final norm, the
+ * fused lm_head + loss (the logits of a row chunk are used for the loss and
+ * their gradient at once) and the final norm's backward, so the backward
+ * starts from d_resid and the head's buffers hold one row chunk.
+ *
+ * With checkpoint.offload: host each layer's kept buffers go to host memory
+ * after its forward and come back one layer ahead in the backward
+ * (model_offload.c: stash, fetch, ready; model_block.c claims a slot before
+ * writing into it).
  *
  * Before anything, the CP group's token metadata of the micro-batch is
  * gathered (cp_batch_begin), so every rank plans the same ring and scan.
