@@ -56,6 +56,16 @@ typedef struct Backend {
      * the copy are done: the trainer keeps a step's host rows untouched until the step's end, whose loss
      * read (to_host) waits for everything. */
     void  (*to_device_async)(void *dst, const void *host, size_t bytes);
+    /* A copy queue beside the compute (checkpoint.offload; lib/model_offload.c): copies between device
+     * memory and host_alloc memory that overlap the compute, each marking one of `slots` slots.
+     * cuda: its own stream; a copy starts after the compute queued before the call and the host does
+     * not wait; copyq_wait makes the compute queued after it wait for slot s's last copy (events).
+     * cpu: the copy is a memcpy done at once; copyq_wait does nothing. */
+    void *(*copyq_create)(int slots);
+    void  (*copyq_destroy)(void *q);
+    void  (*copyq_to_host)(void *q, int slot, void *host, const void *src, size_t bytes);
+    void  (*copyq_to_device)(void *q, int slot, void *dst, const void *host, size_t bytes);
+    void  (*copyq_wait)(void *q, int slot);
     /* dst[r, 0:cols] = src[r, 0:cols] for r < rows (activation type; strided column blocks) */
     void  (*copy_2d)(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
     /* dst[r, 0:cols] += src[r, 0:cols] (activation type; the conv halo's gradient back at its owner) */

@@ -37,10 +37,12 @@ typedef enum { LAYER_KIND_LINEAR, LAYER_KIND_FULL, LAYER_KIND_COUNT } LayerKind;
 typedef enum { HIDDEN_ACT_SILU, HIDDEN_ACT_COUNT } HiddenAct;
 typedef enum { SLURM_LAUNCHER_SRUN, SLURM_LAUNCHER_MPIRUN, SLURM_LAUNCHER_COUNT } SlurmLauncher;
 typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } GdnKeep;
+typedef enum { OFFLOAD_NONE, OFFLOAD_HOST, OFFLOAD_COUNT } Offload;
 
 extern const char *const device_kind_names[DEVICE_KIND_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
 extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
+extern const char *const offload_names[OFFLOAD_COUNT + 1];
 
 /* the index of s in a NULL-terminated name table (the *_names above), -1 if it is not there */
 int config_enum_index(const char *const *names, const char *s);
@@ -130,6 +132,8 @@ typedef struct {
 typedef struct {
     int32_t activations; /* ActPolicy */
     int32_t gdn_keep;    /* GdnKeep: what the delta rule's forward keeps for its backward */
+    int64_t chunk_rows;  /* rows per chunk of a layer's per-token work; 0: model_acts.c chooses */
+    int32_t offload;     /* Offload: where the kept activations wait for the backward */
     int64_t every;       /* steps between checkpoints; 0: only at the end and on stop */
     int64_t keep;        /* newest checkpoints kept */
 } CheckpointConfig;
@@ -151,6 +155,7 @@ typedef struct {
 typedef struct {
     int32_t kind;        /* DeviceKind */
     double  memory_gib;  /* usable memory per GPU (per rank on cpu) */
+    double  host_memory_gib; /* usable host memory per node; 0: plan reads the node it runs on */
     double  peak_tflops; /* dense bf16 peak for MFU; 0: look the device up */
     int64_t threads;     /* cpu backend: BLAS threads per rank */
 } DeviceConfig;

@@ -22,6 +22,7 @@
 const char *const device_kind_names[] = {"cpu", "cuda", NULL};
 const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
 const char *const gdn_keep_names[]    = {"none", "wy", "states", NULL};
+const char *const offload_names[]     = {"none", "host", NULL};
 const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
@@ -31,6 +32,7 @@ const char *const slurm_launcher_names[] = {"srun", "mpirun", NULL};
 _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KIND_COUNT + 1, "names");
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
 _Static_assert(sizeof gdn_keep_names / sizeof *gdn_keep_names == GDN_KEEP_COUNT + 1, "names");
+_Static_assert(sizeof offload_names / sizeof *offload_names == OFFLOAD_COUNT + 1, "names");
 _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDULE_COUNT + 1, "names");
 _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
 _Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
@@ -173,6 +175,15 @@ const ConfigKey config_schema[] = {
          "W, U and the gate cumsum, T nv (2 dk + 2 dv + 4) bytes; cpu Tinv), so the backward skips their solve; "
          "states: also the chunk states (cuda h and vn, T nv dv (dk / 32 + 2) bytes more), one state pass less "
          "per layer (H100, 32k: delta rule fwd+bwd -12 to -14% against wy; docs/benchmarks.md GDN v4.4)"),
+    INT(checkpoint.chunk_rows, "0", 0, BIG, "tokens", "model",
+        "a layer's per-token work (norms, projections, conv, gates, MLP and their backward) runs over each local "
+        "fragment in chunks of this many rows, so its scratch does not grow with tokens per GPU; the math is the "
+        "same; 0: the largest multiple of 64 whose chunk scratch (forward + gradients) fits 1 GiB, at most the "
+        "fragment (plan prints it); at least model.linear_conv_kernel_dim - 1 (the conv's halo)"),
+    ENUM(checkpoint.offload, "none", offload_names, "model",
+         "host: each layer's kept activations go to (page-locked) host memory right after its forward and come "
+         "back one layer ahead in the backward, on a copy stream beside the compute; the device holds two layers' "
+         "worth; plan counts host memory per node (device.host_memory_gib); results are bitwise those of none"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
 
@@ -202,6 +213,10 @@ const ConfigKey config_schema[] = {
     /* ---- device ---- */
     ENUM(device.kind, "cpu", device_kind_names, "device", "cpu: fp32 oracle backend over MPI; cuda: GPUs over NCCL"),
     FLT(device.memory_gib, "80", 0.01, 1e6, "GiB", "device", "memory per GPU (cpu: per rank) that plan checks against"),
+    FLT(device.host_memory_gib, "0", 0.0, 1e7, "GiB", "device",
+        "host memory per node that plan checks checkpoint.offload: host against (every rank of the node pins its "
+        "layers there); 0: what the machine running plan has (MemTotal of /proc/meminfo: set it where plan runs "
+        "on another machine than the job)"),
     FLT(device.peak_tflops, "0", 0.0, 1e6, "TFLOP/s", "device", "dense bf16 peak for MFU; 0: from the device table"),
     INT(device.threads, "1", 1, 1024, "threads", "device", "cpu backend: BLAS threads per rank (fixed: deterministic)"),
 

@@ -109,6 +109,13 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
                           validate_quote(cfg, "data.seq_len", a, sizeof a), (long long)unit,
                           validate_quote(cfg, "parallel.cp", b, sizeof b), near);
     }
+    const int64_t halo = cfg->model.linear_conv_kernel_dim - 1, rows = cfg->checkpoint.chunk_rows;
+    if (rows > 0 && rows < halo)
+        config_errors_add(err, "%s is shorter than the conv halo, %s - 1 = %lld rows: a chunk's conv reads the "
+                               "previous chunk's last rows; use 0 (plan chooses) or at least %lld",
+                          validate_quote(cfg, "checkpoint.chunk_rows", a, sizeof a),
+                          validate_quote(cfg, "model.linear_conv_kernel_dim", b, sizeof b), (long long)halo,
+                          (long long)halo);
     const SlurmConfig *s = &cfg->slurm;
     int64_t world = config_world(cfg);
     bool cuda = cfg->device.kind == DEVICE_KIND_CUDA; /* a cuda job runs one task (rank) per GPU */

@@ -167,12 +167,17 @@ typedef struct {
 } CpGdnDims;
 
 /* halo (samples x nlocal, Kc-1, Cc) = the last Kc-1 pre-conv rows of each local fragment's
- * predecessor (zeros for the sample's first fragment), from proj (rows, ldp) columns [0, Cc).
- * One all-gather of every fragment's tail. */
+ * predecessor (zeros for the sample's first fragment), from proj (rows, ldp) columns [0, Cc), or,
+ * with proj NULL, from halo_send, which the caller filled with its fragments' tails (the model's
+ * row chunks compute them on their own). One all-gather of every fragment's tail. */
 void cp_gdn_halo_forward(Cp *cp, int layer, void *halo, const void *proj, int ldp, const CpGdnDims *d);
 /* dproj's tail rows of each local fragment += the halo gradient its successor computed;
- * dhalo (samples x nlocal, Kc-1, Cc) holds this rank's fragments' halo gradients. */
+ * dhalo (samples x nlocal, Kc-1, Cc) holds this rank's fragments' halo gradients. With dproj
+ * NULL only the exchange: cp_gdn_halo_grad then gives each tail's gradient. */
 void cp_gdn_halo_backward(Cp *cp, int layer, void *dproj, int ldp, const void *dhalo, const CpGdnDims *d);
+/* After cp_gdn_halo_backward: the gradient (Kc-1, Cc) of local fragment f of sample s's last Kc-1
+ * pre-conv rows, from its successor; NULL for the sample's last fragment. */
+const void *cp_gdn_halo_grad(const Cp *cp, int s, int f, const CpGdnDims *d);
 /* The forward scan: each local fragment's transition, one all-gather, the fold in global order.
  * states (samples x nlocal, nv, dk, dv) = each fragment's entry state; M_keep (same rows, nv, dk,
  * dk) = each local fragment's M, kept for the backward. k, v, g, beta as gdn_chunk_forward. */

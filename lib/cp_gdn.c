@@ -169,7 +169,7 @@ void cp_gdn_halo_forward(Cp *cp, int layer, void *halo, const void *proj, int ld
     const int64_t tail = (int64_t)w * d->Cc, per_rank = (int64_t)B->samples * L->nlocal * tail;
     RS_CHECK(L->frag_len >= w, "fragments of %lld tokens are shorter than the conv halo (%d)", (long long)L->frag_len,
              w);
-    for (int s = 0; s < B->samples; s++)
+    for (int s = 0; proj && s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
             int64_t i = (int64_t)s * L->nlocal + f, last = cp_frag_row(cp, s, f) + L->frag_len - w;
             be->copy_2d(CP_AT(cp->halo_send, i * tail), CP_AT(proj, last * ldp), w, d->Cc, d->Cc, ldp);
@@ -205,14 +205,20 @@ void cp_gdn_halo_backward(Cp *cp, int layer, void *dproj, int ldp, const void *d
     comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv, per_rank * es, &h);
     comm_wait(cp->comm, &h);
     cp->count.halo_exchanges[layer]++;
-    for (int s = 0; s < B->samples; s++)
+    for (int s = 0; dproj && s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
-            int gi = L->frag_global[f];
-            if (gi == L->nglobal - 1) continue; /* the sample's last fragment: no successor read its tail */
-            int fn, r = cp_layout_owner(L, gi + 1, &fn);
+            const void *g = cp_gdn_halo_grad(cp, s, f, d);
+            if (!g) continue;
             int64_t last = cp_frag_row(cp, s, f) + L->frag_len - w;
-            be->add_2d(CP_AT(dproj, last * ldp),
-                       CP_AT(cp->halo_recv, r * per_rank + ((int64_t)s * L->nlocal + fn) * tail), w, d->Cc, ldp,
-                       d->Cc);
+            be->add_2d(CP_AT(dproj, last * ldp), g, w, d->Cc, ldp, d->Cc);
         }
+}
+
+const void *cp_gdn_halo_grad(const Cp *cp, int s, int f, const CpGdnDims *d) {
+    const CpLayout *L = &cp->L;
+    const int gi = L->frag_global[f];
+    if (gi == L->nglobal - 1) return NULL; /* the sample's last fragment: no successor read its tail */
+    const int64_t tail = (int64_t)(d->Kc - 1) * d->Cc, per_rank = (int64_t)cp->batch.samples * L->nlocal * tail;
+    int fn, r = cp_layout_owner(L, gi + 1, &fn);
+    return (const char *)cp->halo_recv + (r * per_rank + ((int64_t)s * L->nlocal + fn) * tail) * cp->be->act_size;
 }

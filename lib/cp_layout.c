@@ -55,7 +55,6 @@ int cp_read_sample(const CpLayout *L, CpReadSpan read, void *ctx, int64_t g, int
 
 /* ---- the context ---------------------------------------------------------------------- */
 
-#define CP_ALIGN 256
 
 /* CpCounters is a struct of per-layer arrays only: walk it as an array of them. */
 #define CP_COUNTERS (sizeof(CpCounters) / sizeof(int64_t *))
@@ -103,13 +102,18 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
 
     ActTable t;
     model_acts_build(&t, cfg);
-    int64_t total = 0;
-    for (int i = 0; i < t.ncp; i++) total += t.cp[i].count * cp_align(t.cp[i].bytes);
+    /* the ALWAYS buffers, then the ring forward's and backward's own over the same bytes (model_acts.h) */
+    const int64_t fwd = t.cp_phase[ACT_CP_FORWARD], bwd = t.cp_phase[ACT_CP_BACKWARD];
+    const int64_t total = t.cp_phase[ACT_CP_ALWAYS] + (fwd > bwd ? fwd : bwd);
+    RS_CHECK(total == t.cp_bytes[ACT_CP_RING] + t.cp_bytes[ACT_CP_SCAN], "CP buffers: %lld bytes, plan counts %lld",
+             (long long)total, (long long)(t.cp_bytes[ACT_CP_RING] + t.cp_bytes[ACT_CP_SCAN]));
     cp->arena = total ? be->alloc((size_t)total) : NULL;
-    char *p = cp->arena;
+    char *at[ACT_CP_PHASES];
+    at[ACT_CP_ALWAYS] = cp->arena;
+    at[ACT_CP_FORWARD] = at[ACT_CP_BACKWARD] = (char *)cp->arena + t.cp_phase[ACT_CP_ALWAYS];
     for (int i = 0; i < t.ncp; i++) {
-        cp_bind(cp, &t.cp[i], p);
-        p += t.cp[i].count * cp_align(t.cp[i].bytes);
+        cp_bind(cp, &t.cp[i], at[t.cp[i].phase]);
+        at[t.cp[i].phase] += t.cp[i].count * cp_align(t.cp[i].bytes);
     }
     model_acts_free(&t);
 

@@ -28,9 +28,7 @@
 #include "error.h"
 #include "rng.h"
 
-#define MODEL_ALIGN 256 /* bytes; every carved buffer starts aligned */
-
-static int64_t model_align(int64_t n) { return (n + MODEL_ALIGN - 1) / MODEL_ALIGN * MODEL_ALIGN; }
+static int64_t model_align(int64_t n) { return (n + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN; }
 
 static int64_t model_offset_of(const Model *m, int layer, const char *name, int required) {
     char full[PARAM_NAME_MAX];
@@ -84,9 +82,10 @@ static void model_bind(LayerActs *a, const char *name, void *p) {
     static const struct { const char *name; size_t off; } fields[] = {
 #define F(n) {#n, offsetof(LayerActs, n)}
         F(x), F(ln1), F(rstd1), F(h), F(ln2), F(rstd2), F(gate_up), F(act),
-        F(gdn_proj), F(gdn_conv), F(gdn_qk_norm), F(gdn_qk_rstd), F(gdn_beta), F(gdn_g), F(gdn_core),
-        F(gdn_normed), F(gdn_norm_rstd), F(gdn_cp_states), F(gdn_cp_M), F(gdn_conv_halo), F(gdn_kept),
-        F(attn_proj), F(attn_q), F(attn_kv), F(attn_qk_rstd), F(attn_out), F(attn_lse), F(attn_gated),
+        F(gdn_proj), F(gdn_conv), F(gdn_halo), F(gdn_normed), F(gdn_norm_rstd), F(gdn_qk_norm), F(gdn_qk_rstd),
+        F(gdn_v), F(gdn_z), F(gdn_beta), F(gdn_g), F(gdn_core), F(gdn_cp_states), F(gdn_cp_M), F(gdn_conv_halo),
+        F(gdn_kept), F(attn_proj), F(attn_gated), F(attn_q), F(attn_kv), F(attn_gate), F(attn_qk_rstd), F(attn_out),
+        F(attn_lse),
 #undef F
     };
     char key[48];
@@ -101,19 +100,41 @@ static void model_bind(LayerActs *a, const char *name, void *p) {
     RS_FATAL("activation buffer '%s' of model_acts.c has no field in LayerActs", name);
 }
 
+/* Points the Model gradient-scratch field called `name` at `p`. */
+static void model_bind_grad(Model *m, const char *name, void *p) {
+    static const struct { const char *name; size_t off; } fields[] = {
+#define F(n) {#n, offsetof(Model, n)}
+        F(d_resid), F(d_core), F(d_z), F(d_qk), F(d_v), F(d_beta), F(d_g), F(d_attn_out), F(d_gate), F(d_q),
+        F(d_kv), F(d_ln), F(d_act), F(d_gate_up), F(d_mix), F(d_proj), F(d_conv), F(d_halo),
+#undef F
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (!strcmp(fields[i].name, name)) {
+            *(void **)((char *)m + fields[i].off) = p;
+            return;
+        }
+    RS_FATAL("unknown gradient buffer '%s' in model_acts.c", name);
+}
+
 static void model_alloc_activations(Model *m) {
     const Config *cfg = m->cfg;
     const Backend *be = m->be;
     int pol = cfg->checkpoint.activations;
     int L = (int)cfg->model.num_hidden_layers;
+    const int offload = cfg->checkpoint.offload == OFFLOAD_HOST;
     ActTable *t = &m->acts;
     m->la = RS_CALLOC((size_t)L, sizeof *m->la);
+    m->kept_at = RS_CALLOC((size_t)L, sizeof *m->kept_at);
+    m->kept_len = RS_CALLOC((size_t)L, sizeof *m->kept_len);
 
-    /* sizes: kept buffers per layer, scratch per kind */
+    /* sizes: kept buffers per layer (and the head), scratch per kind */
     int64_t kept = 0, scratch_kind[LAYER_KIND_COUNT] = {0};
     for (int i = 0; i < t->n; i++) {
         const ActBuffer *b = &t->b[i];
-        if (b->keep & (1u << pol)) kept += model_align(b->bytes);
+        if (b->keep & (1u << pol)) {
+            kept += model_align(b->bytes);
+            if (b->layer >= 0) m->kept_len[b->layer] += model_align(b->bytes);
+        }
     }
     /* scratch offsets by name, taken from the first layer of each kind */
     for (int kind = 0; kind < LAYER_KIND_COUNT; kind++) {
@@ -126,14 +147,26 @@ static void model_alloc_activations(Model *m) {
                 scratch_kind[kind] += model_align(t->b[i].bytes);
     }
     int64_t scratch = scratch_kind[0] > scratch_kind[1] ? scratch_kind[0] : scratch_kind[1];
-    m->act_arena = be->alloc((size_t)kept);
+    /* checkpoint.offload host: the head plus two layer slots on the device (layer l in slot l % 2),
+     * every layer's kept bytes in host memory (model_offload.c moves them) */
+    int64_t slot = t->layer_kept_max[pol], device_kept = offload ? t->offload_device[pol] : kept;
+    RS_CHECK(!offload || device_kept == t->head_kept[pol] + 2 * slot, "offload: the head and two slots");
+    m->act_arena = be->alloc((size_t)device_kept);
     m->scratch = scratch ? be->alloc((size_t)scratch) : NULL;
     m->bytes_kept = kept;
+    m->bytes_kept_device = device_kept;
     m->bytes_scratch = scratch;
 
-    char *kp = m->act_arena;
+    char *kp = m->act_arena, *slots = (char *)m->act_arena + t->head_kept[pol];
+    int64_t host_at = 0;
     for (int l = -1; l < L; l++) {
         char *sp = m->scratch; /* every layer of a kind carves the same offsets */
+        if (l >= 0) {
+            m->kept_at[l] = host_at;
+            if (l < L - 2) host_at += m->kept_len[l]; /* the last two layers never leave the device */
+            if (offload) kp = slots + (l % 2) * slot;
+        }
+        char *layer_kept = kp;
         for (int i = 0; i < t->n; i++) {
             const ActBuffer *b = &t->b[i];
             if (b->layer != l) continue;
@@ -166,48 +199,38 @@ static void model_alloc_activations(Model *m) {
             else if (!strcmp(b->name, "tokens_targets")) { /* the batch's metadata lives with the caller */ }
             else RS_FATAL("unknown head buffer '%s' in model_acts.c", b->name);
         }
+        if (l >= 0) {
+            RS_CHECK(kp - layer_kept == m->kept_len[l], "layer %d kept carving", l);
+            m->la[l].kept = layer_kept;
+        }
     }
-    RS_CHECK(kp - (char *)m->act_arena == kept, "activation carving: %lld of %lld bytes",
+    RS_CHECK(offload || kp - (char *)m->act_arena == kept, "activation carving: %lld of %lld bytes",
              (long long)(kp - (char *)m->act_arena), (long long)kept);
+    RS_CHECK(host_at == t->offload_host[pol], "offload: %lld host bytes, model_acts.c counts %lld", (long long)host_at,
+             (long long)t->offload_host[pol]);
+    m->bytes_host = offload ? host_at : 0;
+    m->host_arena = offload && host_at ? be->host_alloc((size_t)host_at) : NULL;
 
-    /* gradient scratch: persistent buffers, then the phases over one arena */
+    /* gradient scratch: persistent buffers (the residual stream's, the chunk's), then the mixers'
+     * whole-rows phases over one arena */
     int64_t persistent = 0, phase_max = 0, phase[ACT_GRAD_PHASES] = {0};
     for (int i = 0; i < t->ng; i++) {
         if (t->g[i].phase == ACT_GRAD_PERSISTENT) persistent += model_align(t->g[i].bytes);
         else phase[t->g[i].phase] += model_align(t->g[i].bytes);
     }
-    for (int ph = ACT_GRAD_MLP; ph < ACT_GRAD_PHASES; ph++)
+    for (int ph = ACT_GRAD_PERSISTENT + 1; ph < ACT_GRAD_PHASES; ph++)
         if (phase[ph] > phase_max) phase_max = phase[ph];
     char *g = be->alloc((size_t)(persistent + phase_max));
     m->bytes_grads = persistent + phase_max;
-    char *phase_base = g + persistent, *cursor[ACT_GRAD_PHASES];
+    char *cursor[ACT_GRAD_PHASES];
     cursor[ACT_GRAD_PERSISTENT] = g;
-    for (int ph = ACT_GRAD_MLP; ph < ACT_GRAD_PHASES; ph++) cursor[ph] = phase_base;
+    for (int ph = ACT_GRAD_PERSISTENT + 1; ph < ACT_GRAD_PHASES; ph++) cursor[ph] = g + persistent;
     for (int i = 0; i < t->ng; i++) {
         const ActGradBuffer *b = &t->g[i];
-        void *p = cursor[b->phase];
+        model_bind_grad(m, b->name, cursor[b->phase]);
         cursor[b->phase] += model_align(b->bytes);
-        const char *n = b->name;
-        int attn = b->phase == ACT_GRAD_ATTN;
-        if (!strcmp(n, "d_resid")) m->d_resid = p;
-        else if (!strcmp(n, "d_ln")) m->d_ln = p;
-        else if (!strcmp(n, "d_act")) m->d_act = p;
-        else if (!strcmp(n, "d_gate_up")) m->d_gate_up = p;
-        else if (!strcmp(n, "d_proj")) { if (!attn) m->d_proj = p; /* both phases start at the arena base */ }
-        else if (!strcmp(n, "d_conv")) m->d_conv = p;
-        else if (!strcmp(n, "d_qk")) m->d_qk = p;
-        else if (!strcmp(n, "d_core")) m->d_core = p;
-        else if (!strcmp(n, "d_normed")) m->d_normed = p;
-        else if (!strcmp(n, "d_beta")) m->d_beta = p;
-        else if (!strcmp(n, "d_g")) m->d_g = p;
-        else if (!strcmp(n, "d_q")) m->d_q = p;
-        else if (!strcmp(n, "d_kv")) m->d_kv = p;
-        else if (!strcmp(n, "d_attn_out")) m->d_attn_out = p;
-        else if (!strcmp(n, "d_gated")) m->d_gated = p;
-        else RS_FATAL("unknown gradient buffer '%s' in model_acts.c", n);
     }
-    /* d_proj opens both mixer phases, so one pointer serves GDN and attention */
-    RS_CHECK(m->d_proj == phase_base, "d_proj must open the mixer phases");
+    RS_CHECK(m->d_resid == (void *)g, "d_resid must open the gradient arena (model_free frees it)");
 
     m->loss_workspace = be->alloc((size_t)(t->loss_chunk_rows * cfg->model.vocab_size) * sizeof(float));
     m->losses = be->alloc((size_t)(cfg->train.grad_accum * t->tokens) * sizeof(float));
@@ -258,11 +281,13 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
              (long long)T, (long long)m->acts.tokens);
     m->T = T;
     model_alloc_activations(m);
+    model_offload_init(m);
     cp_init(&m->cp, comm, be, cfg);
 }
 
 void model_free(Model *m) {
     const Backend *be = m->be;
+    model_offload_free(m);
     if (m->weights != (void *)m->params) be->free(m->weights);
     be->free(m->params);
     be->free(m->grads);
@@ -271,6 +296,9 @@ void model_free(Model *m) {
     be->free(m->act_arena);
     if (m->scratch) be->free(m->scratch);
     be->free(m->d_resid); /* the gradient arena starts at d_resid */
+    if (m->host_arena) be->host_free(m->host_arena);
+    free(m->kept_at);
+    free(m->kept_len);
     be->free(m->loss_workspace);
     be->free(m->losses);
     cp_free(&m->cp);

@@ -57,26 +57,32 @@ typedef struct {
 } LayerParams;
 
 /* One layer's activation buffers (see model_acts.c for what each holds).
- * Pointers of the other layer kind are NULL. */
+ * Whole-rows buffers (T rows) hold what the mixer's core reads; chunk buffers (R =
+ * acts.chunk_rows rows) hold one row chunk's per-token work and are shared by the
+ * layers of a kind. Pointers of the other layer kind are NULL. */
 typedef struct {
     void  *x;        /* (T,H) block input */
-    void  *ln1;      /* (T,H) */
-    float *rstd1;    /* (T) */
-    void  *h;        /* (T,H) residual after the mixer */
-    void  *ln2;      /* (T,H) */
-    float *rstd2;    /* (T) */
-    void  *gate_up;  /* (T,2I) */
-    void  *act;      /* (T,I) */
+    /* chunk buffers, (R, ...) */
+    void  *ln1;      /* (R,H) */
+    float *rstd1;    /* (R) */
+    void  *h;        /* (R,H) residual after the mixer */
+    void  *ln2;      /* (R,H) */
+    float *rstd2;    /* (R) */
+    void  *gate_up;  /* (R,2I) */
+    void  *act;      /* (R,I) */
     /* Gated DeltaNet */
-    void  *gdn_proj;      /* (T, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv */
-    void  *gdn_conv;      /* (T, Cc) after conv + SiLU */
+    void  *gdn_proj;      /* (R, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv (chunk) */
+    void  *gdn_conv;      /* (R, Cc) after conv + SiLU (chunk) */
+    void  *gdn_halo;      /* (Kc-1, Cc) the previous chunk's last pre-conv rows (chunk) */
+    void  *gdn_normed;    /* (R, Vd) gated RMSNorm output (chunk) */
+    float *gdn_norm_rstd; /* (R, nv) (chunk) */
     void  *gdn_qk_norm;   /* (T, 2Kd) L2-normalised [q|k] */
     float *gdn_qk_rstd;   /* (T, 2nk) */
+    void  *gdn_v;         /* (T, Vd) v after conv + SiLU */
+    void  *gdn_z;         /* (T, Vd) the output gate's input z */
     float *gdn_beta;      /* (T, nv) */
     float *gdn_g;         /* (T, nv) */
     void  *gdn_core;      /* (T, Vd) delta-rule output */
-    void  *gdn_normed;    /* (T, Vd) gated RMSNorm output */
-    float *gdn_norm_rstd; /* (T, nv) */
     float *gdn_cp_states; /* (frags, nv, dk, dv) CP entry state of each local fragment, cp > 1 */
     float *gdn_cp_M;      /* (frags, nv, dk, dk) each local fragment's transition M, cp > 1 */
     void  *gdn_conv_halo; /* (frags, Kc-1, Cc) each local fragment's conv halo, cp > 1 */
@@ -84,19 +90,22 @@ typedef struct {
                            * delta-rule forward (or the recompute) keeps for the layer's backward
                            * (checkpoint.gdn_keep; NULL under none) */
     /* softmax attention */
-    void  *attn_proj;     /* (T, 2qd+2kvd) [q|gate|k|v] before the norms */
+    void  *attn_proj;     /* (R, 2qd+2kvd) [q|gate|k|v] before the norms (chunk) */
+    void  *attn_gated;    /* (R, qd) (chunk) */
     void  *attn_q;        /* (T, qd) normed + rotated q */
     void  *attn_kv;       /* (T, 2kvd) normed + rotated k | v */
+    void  *attn_gate;     /* (T, qd) the output gate's input */
     float *attn_qk_rstd;  /* (T, nh+nkv): q rows then k rows */
     void  *attn_out;      /* (T, qd) */
     float *attn_lse;      /* (T, nh) */
-    void  *attn_gated;    /* (T, qd) */
+    void  *kept;          /* the first of the layer's kept buffers, which follow it (Model.kept_len bytes) */
 } LayerActs;
 
 /* Work counters of one step, for checking the checkpoint policies (the per-layer
  * attention, ring and scan counters are Cp's). */
 typedef struct {
     int64_t block_recomputes; /* block forwards rerun in backward */
+    int64_t offload_bytes_to_host, offload_bytes_to_device; /* checkpoint.offload: kept bytes moved */
 } ModelCounters;
 
 typedef struct {
@@ -119,13 +128,21 @@ typedef struct {
     void      *final_in, *final_norm, *d_final;
     float     *final_rstd, *loss_workspace;
     float     *losses;      /* (train.grad_accum, T) per-token losses, one slot per micro-batch */
-    void      *act_arena;   /* every per-layer (kept) buffer */
+    void      *act_arena;   /* every kept buffer (checkpoint.offload host: the head's and two layer slots) */
+    void      *host_arena;  /* checkpoint.offload host: every layer's kept buffers, layer l at kept_at[l] */
+    int64_t   *kept_at, *kept_len; /* (L) bytes: layer l's place in host_arena, its kept bytes */
+    void      *copyq;       /* checkpoint.offload host: the backend's copy queue (NULL: no offload) */
+    int64_t    bytes_host;         /* host_arena's bytes */
+    int64_t    bytes_kept_device;  /* act_arena's bytes (== bytes_kept without offload) */
     void      *scratch;     /* buffers the policy does not keep, shared by layers */
     int64_t    bytes_kept, bytes_scratch, bytes_grads;
-    /* gradient scratch of one layer's backward */
-    void  *d_resid, *d_ln, *d_proj, *d_conv, *d_qk, *d_core, *d_normed, *d_gate_up, *d_act;
-    void  *d_q, *d_kv, *d_attn_out, *d_gated;
-    float *d_beta, *d_g;
+    /* gradient scratch of one layer's backward: whole rows */
+    void  *d_resid;                      /* (T,H) the residual stream's */
+    void  *d_core, *d_z, *d_qk, *d_v;    /* GDN (T, Vd | Vd | 2Kd | Vd) */
+    float *d_beta, *d_g;                 /* GDN (T, nv) */
+    void  *d_attn_out, *d_gate, *d_q, *d_kv; /* attention (T, qd | qd | qd | 2kvd) */
+    /* ... and one chunk's (R rows) */
+    void  *d_ln, *d_act, *d_gate_up, *d_mix, *d_proj, *d_conv, *d_halo;
     ModelCounters count;
 } Model;
 
@@ -150,6 +167,17 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
 /* The sum of the per-token losses of micro-batches 0 .. micro_batches-1 of the step on this
  * rank, in token order: the step's one read of the backend (cuda: it waits for the queued work). */
 double model_loss_sum(Model *m, int micro_batches);
+
+/* checkpoint.offload: host (model_offload.c); each call does nothing without offload.
+ * stash: layer l's kept range to the host after its forward; claim: the compute waits until
+ * layer l's slot has gone to the host (before its first write); fetch: layer l's range back
+ * (after layer l+2's backward); ready: the compute waits for it (before layer l's recompute). */
+void model_offload_init(Model *m);
+void model_offload_free(Model *m);
+void model_offload_stash(Model *m, int layer);
+void model_offload_claim(Model *m, int layer);
+void model_offload_fetch(Model *m, int layer);
+void model_offload_ready(Model *m, int layer);
 
 /* The parameters in the weight-decay group `g` decay under this config? */
 int model_param_decays(const Config *cfg, ParamGroup g);

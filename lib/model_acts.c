@@ -3,36 +3,45 @@
  * and sums what each checkpoint policy keeps (see model_acts.h).
  *
  * The per-layer lists follow the forward of each block exactly; a buffer is
- * here because the backward reads it:
+ * here because the backward reads it. A layer's buffers are of two kinds
+ * (model_block.c): whole rows (T), what the mixer's core reads across tokens,
+ * and chunk rows (R = chunk_rows), one row chunk's per-token work, never kept
+ * (the backward recomputes each chunk) and shared by the layers of a kind:
  *
- *   every block   x (block input), ln1 + rstd1, h (residual after the mixer),
- *                 ln2 + rstd2, gate_up (pre-activation of the SwiGLU), act
- *                 (silu(gate)·up, the input of down_proj)
- *   GDN mixer     proj [q|k|v|z|b|a] before the conv, conv (after conv+SiLU),
- *                 qk_norm + its rstd (L2-normalised q, k), beta, g (fp32),
- *                 core (delta-rule output), normed (gated RMSNorm output) +
- *                 its rstd, kept (per fragment, what the delta-rule forward
- *                 keeps for its backward by checkpoint.gdn_keep: wy =
- *                 cuda W, U, gate cumsum, cpu Tinv; states = also the
- *                 chunk states h, vn (cuda); none = no buffer; backend.h
- *                 gdn_kept_bytes), so the backward skips that work; with cp > 1, per zigzag fragment (2 per sample),
+ *   every block   x (block input, whole); chunk: ln1 + rstd1, h (residual
+ *                 after the mixer), ln2 + rstd2, gate_up (pre-activation of
+ *                 the SwiGLU), act (silu(gate)·up, the input of down_proj)
+ *   GDN mixer     whole: qk_norm + its rstd (L2-normalised q, k), v (after
+ *                 conv + SiLU), z (the output gate's input), beta, g (fp32),
+ *                 core (delta-rule output), kept (per fragment, what the
+ *                 delta-rule forward keeps for its backward by
+ *                 checkpoint.gdn_keep: wy = cuda W, U, gate cumsum, cpu Tinv;
+ *                 states = also the chunk states h, vn (cuda); none = no
+ *                 buffer; backend.h gdn_kept_bytes), so the backward skips
+ *                 that work; with cp > 1, per zigzag fragment (2 per sample),
  *                 the entry state [nv, dk, dv] fp32, the transition M
  *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
- *                 conv halo [Kc-1, Cc]
- *   attention     proj [q|gate|k|v] before the norms, attn_q (normed +
- *                 rotated q), attn_kv (normed + rotated k | v, contiguous per
- *                 token: the buffer the ring sends), qk_rstd, attn_out +
- *                 attn_lse (fp32), gated (the input of o_proj)
- *   head          final_in (the last block's output), final_norm + rstd,
- *                 d_final (its gradient, written by the fused lm_head +
- *                 cross-entropy during the forward)
+ *                 conv halo [Kc-1, Cc]; chunk: proj [q|k|v|z|b|a] before the
+ *                 conv, conv (after conv+SiLU), halo (the previous chunk's
+ *                 last Kc-1 pre-conv rows), normed (gated RMSNorm output) +
+ *                 its rstd
+ *   attention     whole: attn_q (normed + rotated q), attn_kv (normed +
+ *                 rotated k | v, contiguous per token: the buffer the ring
+ *                 sends), gate, qk_rstd, attn_out + attn_lse (fp32); chunk:
+ *                 proj [q|gate|k|v] before the norms, gated (the input of
+ *                 o_proj)
+ *   head          final_in (the last block's output, whole); one loss row
+ *                 chunk of final_norm + rstd and d_final (its gradient,
+ *                 written by the fused lm_head + cross-entropy during the
+ *                 forward, whose final-norm backward follows at once)
  *
  * Assumptions of the transient terms (to be checked against measured peaks):
  *   - the recompute of layer l materialises that layer's buffers that the
  *     policy did not keep, and nothing of other layers;
- *   - the backward holds the residual-stream gradient [T, H] for the whole
- *     pass, and per phase (MLP, GDN mixer, attention mixer) the gradient
- *     buffers listed in model_acts_build; phases share one arena;
+ *   - the backward holds the residual-stream gradient [T, H] and one chunk's
+ *     gradients for the whole pass, and per mixer kind (GDN, attention) the
+ *     whole-rows gradients listed in model_acts_build; the kinds share one
+ *     arena;
  *   - the GDN backward recomputes the per-chunk states and holds them and
  *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type
  *     (the gradients only where the states are kept: cuda, gdn_keep states);
@@ -59,6 +68,10 @@
  * T = 32k). On an H100 the 1B step's lm_head took 142 ms with 256 MiB (75 chunks), 94 with 1 GiB (19),
  * 82 with 2 GiB (docs/benchmarks.md, "Whole step v0.4"). */
 #define LOSS_CHUNK_BYTES (2LL << 30)
+
+/* chunk scratch (forward buffers and gradients) when checkpoint.chunk_rows is 0: 1 GiB gives the 1B
+ * model (H 1536, I 4096) 8,192-row chunks on cuda, GEMMs of 8,192 x 1,536..8,224 */
+#define ACT_CHUNK_BYTES (1LL << 30)
 
 /* bytes one delta-rule call of n tokens keeps for its backward (backend.h gdn_kept_bytes; model.c
  * checks the backend's figure against this): cuda W (n,nv,dk) and U (n,nv,dv) bf16 and the gate
@@ -92,14 +105,17 @@ static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPh
     t->grad_phase[phase] += bytes;
 }
 
-static void acts_add_cp(ActTable *t, const char *name, ActCpKind kind, int count, int64_t bytes) {
+static int64_t acts_align(int64_t n) { return (n + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN; }
+
+static void acts_add_cp(ActTable *t, const char *name, ActCpKind kind, ActCpPhase phase, int count, int64_t bytes) {
     RS_CHECK(t->ncp < ACT_CP_MAX, "raise ACT_CP_MAX");
     ActCpBuffer *b = &t->cp[t->ncp++];
     snprintf(b->name, sizeof b->name, "%s", name);
     b->kind = kind;
+    b->phase = phase;
     b->count = count;
     b->bytes = bytes;
-    t->cp_bytes[kind] += count * bytes;
+    t->cp_phase[phase] += count * ((bytes + CP_ALIGN - 1) / CP_ALIGN * CP_ALIGN);
 }
 
 static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
@@ -119,6 +135,18 @@ static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, in
     b->keep = keep;
 }
 
+/* Rows per chunk of a layer's per-token work (checkpoint.chunk_rows, or the rule: the largest multiple
+ * of 64 whose chunk scratch, forward buffers plus gradients at `row_bytes` a row, fits ACT_CHUNK_BYTES;
+ * never more than a fragment, whose rows the chunks cut). */
+static int64_t acts_chunk_rows(const Config *cfg, int64_t frag_len, int64_t row_bytes) {
+    int64_t r = cfg->checkpoint.chunk_rows;
+    if (r == 0) {
+        r = ACT_CHUNK_BYTES / row_bytes / GDN_CHUNK * GDN_CHUNK;
+        if (r < GDN_CHUNK) r = GDN_CHUNK;
+    }
+    return r < frag_len ? r : frag_len;
+}
+
 void model_acts_build(ActTable *t, const Config *cfg) {
     const ModelConfig *m = &cfg->model;
     memset(t, 0, sizeof *t);
@@ -130,28 +158,35 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     int64_t H = m->hidden_size, I = m->intermediate_size;
     int64_t nk = m->linear_num_key_heads, nv = m->linear_num_value_heads;
     int64_t dk = m->linear_key_head_dim, dv = m->linear_value_head_dim;
-    int64_t Kd = nk * dk, Vd = nv * dv, Cc = 2 * Kd + Vd;
+    int64_t Kd = nk * dk, Vd = nv * dv, Cc = 2 * Kd + Vd, Kc = m->linear_conv_kernel_dim;
     int64_t nh = m->num_attention_heads, nkv = m->num_key_value_heads, hd = m->head_dim;
+    int64_t qd = nh * hd, kvd = nkv * hd;
+    int64_t Pg = Cc + Vd + 2 * nv, Pa = 2 * qd + 2 * kvd;
     t->tokens = T;
     t->elt = e;
 
     int64_t frags = cfg->data.micro_batch * (cp > 1 ? 2 : 1); /* zigzag fragments per micro-batch */
+    /* chunk scratch per row: the block's own buffers (the wider mixer's) and the gradients */
+    int64_t block_row = (3 * H + 3 * I) * e + 2 * f, gdn_row = (Pg + Cc + Vd) * e + nv * f, attn_row = (Pa + qd) * e;
+    int64_t mix = Vd > qd ? Vd : qd, pw = Pg > Pa ? Pg : Pa;
+    int64_t grad_row = (H + 3 * I + mix + pw + Cc) * e;
+    t->chunk_row_bytes = block_row + (gdn_row > attn_row ? gdn_row : attn_row) + grad_row;
+    const int64_t R = acts_chunk_rows(cfg, T / frags, t->chunk_row_bytes);
+    t->chunk_rows = R;
+
     int64_t max_states = 0;
     for (int l = 0; l < m->num_hidden_layers; l++) {
         int first = t->n;
         acts_add(&ab, l, "x", T, H, e, ACT_KEEP_ALL);
-        acts_add(&ab, l, "ln1", T, H, e, ACT_KEEP_NONE);
-        acts_add(&ab, l, "rstd1", T, 1, f, ACT_KEEP_NONE);
+        /* the layer's whole-rows buffers: what its mixer's core (the delta rule and its scan, the ring) reads */
         if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
-            acts_add(&ab, l, "gdn_proj", T, Cc + Vd + 2 * nv, e, ACT_KEEP_NONE);
-            acts_add(&ab, l, "gdn_conv", T, Cc, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_qk_norm", T, 2 * Kd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_qk_rstd", T, 2 * nk, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_v", T, Vd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_z", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_beta", T, nv, f, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_g", T, nv, f, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
-            acts_add(&ab, l, "gdn_normed", T, Vd, e, ACT_KEEP_NONE);
-            acts_add(&ab, l, "gdn_norm_rstd", T, nv, f, ACT_KEEP_NONE);
             if (cfg->checkpoint.gdn_keep != GDN_KEEP_NONE)
                 acts_add(&ab, l, "gdn_kept", frags,
                          acts_gdn_kept_bytes(cfg->device.kind == DEVICE_KIND_CUDA,
@@ -160,102 +195,134 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
                 acts_add(&ab, l, "gdn_cp_M", frags, nv * dk * dk, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
-                acts_add(&ab, l, "gdn_conv_halo", frags, (m->linear_conv_kernel_dim - 1) * Cc, e,
-                         ACT_KEEP_NONE | ACT_KEEP_REMAT);
+                acts_add(&ab, l, "gdn_conv_halo", frags, (Kc - 1) * Cc, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
             }
             int64_t s = (T + GDN_CHUNK - 1) / GDN_CHUNK * nv * dk * dv * e;
             const int kept_states =
                 cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
             if ((kept_states ? 1 : 2) * s > max_states) max_states = (kept_states ? 1 : 2) * s;
         } else {
-            acts_add(&ab, l, "attn_proj", T, 2 * nh * hd + 2 * nkv * hd, e, ACT_KEEP_NONE);
-            acts_add(&ab, l, "attn_q", T, nh * hd, e, ACT_KEEP_NONE);
-            acts_add(&ab, l, "attn_kv", T, 2 * nkv * hd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_q", T, qd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_kv", T, 2 * kvd, e, ACT_KEEP_NONE);
+            acts_add(&ab, l, "attn_gate", T, qd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "attn_qk_rstd", T, nh + nkv, f, ACT_KEEP_NONE);
-            acts_add(&ab, l, "attn_out", T, nh * hd, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
+            acts_add(&ab, l, "attn_out", T, qd, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
             acts_add(&ab, l, "attn_lse", T, nh, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
-            acts_add(&ab, l, "attn_gated", T, nh * hd, e, ACT_KEEP_NONE);
         }
-        acts_add(&ab, l, "h", T, H, e, ACT_KEEP_NONE);
-        acts_add(&ab, l, "ln2", T, H, e, ACT_KEEP_NONE);
-        acts_add(&ab, l, "rstd2", T, 1, f, ACT_KEEP_NONE);
-        acts_add(&ab, l, "mlp_gate_up", T, 2 * I, e, ACT_KEEP_NONE);
-        acts_add(&ab, l, "mlp_act", T, I, e, ACT_KEEP_NONE);
+        /* the chunk's buffers: per-token work, never kept (the backward recomputes them chunk by chunk) */
+        acts_add(&ab, l, "ln1", R, H, e, 0);
+        acts_add(&ab, l, "rstd1", R, 1, f, 0);
+        if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
+            acts_add(&ab, l, "gdn_proj", R, Pg, e, 0);
+            acts_add(&ab, l, "gdn_conv", R, Cc, e, 0);
+            acts_add(&ab, l, "gdn_halo", Kc - 1, Cc, e, 0);
+            acts_add(&ab, l, "gdn_normed", R, Vd, e, 0);
+            acts_add(&ab, l, "gdn_norm_rstd", R, nv, f, 0);
+        } else {
+            acts_add(&ab, l, "attn_proj", R, Pa, e, 0);
+            acts_add(&ab, l, "attn_gated", R, qd, e, 0);
+        }
+        acts_add(&ab, l, "h", R, H, e, 0);
+        acts_add(&ab, l, "ln2", R, H, e, 0);
+        acts_add(&ab, l, "rstd2", R, 1, f, 0);
+        acts_add(&ab, l, "mlp_gate_up", R, 2 * I, e, 0);
+        acts_add(&ab, l, "mlp_act", R, I, e, 0);
 
-        /* per-layer transients */
+        /* per-layer transients, and the largest layer's kept bytes (checkpoint.offload's device slot) */
         for (int p = 0; p < ACT_POLICY_COUNT; p++) {
-            int64_t missing = 0;
-            for (int i = first; i < t->n; i++)
+            int64_t missing = 0, kept = 0;
+            for (int i = first; i < t->n; i++) {
                 if (!(t->b[i].keep & (1u << p))) missing += t->b[i].bytes;
+                else kept += acts_align(t->b[i].bytes);
+            }
             if (missing > t->recompute[p]) t->recompute[p] = missing;
+            if (kept > t->layer_kept_max[p]) t->layer_kept_max[p] = kept;
+            if (l < m->num_hidden_layers - 2) t->offload_host[p] += kept; /* the last two stay */
         }
     }
-    acts_add(&ab, -1, "final_in", T, H, e, ACT_KEEP_ALL);
-    acts_add(&ab, -1, "final_norm", T, H, e, ACT_KEEP_ALL);
-    acts_add(&ab, -1, "final_rstd", T, 1, f, ACT_KEEP_ALL);
-    acts_add(&ab, -1, "d_final", T, H, e, ACT_KEEP_ALL);
-    acts_add(&ab, -1, "tokens_targets", T, 2, 4, ACT_KEEP_ALL);
-
-    for (int i = 0; i < t->n; i++)
-        for (int p = 0; p < ACT_POLICY_COUNT; p++)
-            if (t->b[i].keep & (1u << p)) t->kept[p] += t->b[i].bytes;
-
-    /* gradient scratch, by phase (activation type; gates fp32) */
-    int32_t gcap = 0;
-    int64_t Pg = Cc + Vd + 2 * nv, Pa = 2 * nh * hd + 2 * nkv * hd;
-    acts_add_grad(t, &gcap, "d_resid", ACT_GRAD_PERSISTENT, T * H * e);
-    acts_add_grad(t, &gcap, "d_ln", ACT_GRAD_PERSISTENT, T * H * e);
-    acts_add_grad(t, &gcap, "d_act", ACT_GRAD_MLP, T * I * e);
-    acts_add_grad(t, &gcap, "d_gate_up", ACT_GRAD_MLP, T * 2 * I * e);
-    acts_add_grad(t, &gcap, "d_proj", ACT_GRAD_GDN, T * Pg * e);
-    acts_add_grad(t, &gcap, "d_conv", ACT_GRAD_GDN, T * Cc * e);
-    acts_add_grad(t, &gcap, "d_qk", ACT_GRAD_GDN, T * 2 * Kd * e);
-    acts_add_grad(t, &gcap, "d_core", ACT_GRAD_GDN, T * Vd * e);
-    acts_add_grad(t, &gcap, "d_normed", ACT_GRAD_GDN, T * Vd * e);
-    acts_add_grad(t, &gcap, "d_beta", ACT_GRAD_GDN, T * nv * f);
-    acts_add_grad(t, &gcap, "d_g", ACT_GRAD_GDN, T * nv * f);
-    acts_add_grad(t, &gcap, "d_proj", ACT_GRAD_ATTN, T * Pa * e);
-    acts_add_grad(t, &gcap, "d_q", ACT_GRAD_ATTN, T * nh * hd * e);
-    acts_add_grad(t, &gcap, "d_kv", ACT_GRAD_ATTN, T * 2 * nkv * hd * e);
-    acts_add_grad(t, &gcap, "d_attn_out", ACT_GRAD_ATTN, T * nh * hd * e);
-    acts_add_grad(t, &gcap, "d_gated", ACT_GRAD_ATTN, T * nh * hd * e);
-    int64_t largest = 0;
-    for (int ph = ACT_GRAD_MLP; ph < ACT_GRAD_PHASES; ph++)
-        if (t->grad_phase[ph] > largest) largest = t->grad_phase[ph];
-    t->grad_working = t->grad_phase[ACT_GRAD_PERSISTENT] + largest;
-    t->gdn_states = max_states;
+    /* the head: the last block's output, then the final norm, the fused lm_head + CE and the final norm's
+     * backward row chunk by row chunk (model_step.c), so only final_in has every row */
     int64_t rows = LOSS_CHUNK_BYTES / (4 * m->vocab_size);
     if (rows < 64) rows = 64;
     if (rows > T) rows = T;
     t->loss_chunk_rows = rows;
     t->loss_workspace = rows * m->vocab_size * 4;
-    for (int p = 0; p < ACT_POLICY_COUNT; p++)
+    acts_add(&ab, -1, "final_in", T, H, e, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "final_norm", rows, H, e, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "final_rstd", rows, 1, f, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "d_final", rows, H, e, ACT_KEEP_ALL);
+    acts_add(&ab, -1, "tokens_targets", T, 2, 4, ACT_KEEP_ALL);
+
+    for (int i = 0; i < t->n; i++)
+        for (int p = 0; p < ACT_POLICY_COUNT; p++)
+            if (t->b[i].keep & (1u << p)) {
+                t->kept[p] += t->b[i].bytes;
+                if (t->b[i].layer < 0) t->head_kept[p] += acts_align(t->b[i].bytes);
+            }
+
+    /* gradient scratch: the residual stream's and the chunk's (persistent), the mixers' whole rows
+     * (activation type; gates fp32) */
+    int32_t gcap = 0;
+    acts_add_grad(t, &gcap, "d_resid", ACT_GRAD_PERSISTENT, T * H * e);
+    acts_add_grad(t, &gcap, "d_ln", ACT_GRAD_PERSISTENT, R * H * e);
+    acts_add_grad(t, &gcap, "d_act", ACT_GRAD_PERSISTENT, R * I * e);
+    acts_add_grad(t, &gcap, "d_gate_up", ACT_GRAD_PERSISTENT, R * 2 * I * e);
+    acts_add_grad(t, &gcap, "d_mix", ACT_GRAD_PERSISTENT, R * mix * e);
+    acts_add_grad(t, &gcap, "d_proj", ACT_GRAD_PERSISTENT, R * pw * e);
+    acts_add_grad(t, &gcap, "d_conv", ACT_GRAD_PERSISTENT, R * Cc * e);
+    acts_add_grad(t, &gcap, "d_halo", ACT_GRAD_PERSISTENT, (Kc - 1) * Cc * e);
+    acts_add_grad(t, &gcap, "d_core", ACT_GRAD_GDN, T * Vd * e);
+    acts_add_grad(t, &gcap, "d_z", ACT_GRAD_GDN, T * Vd * e);
+    acts_add_grad(t, &gcap, "d_qk", ACT_GRAD_GDN, T * 2 * Kd * e);
+    acts_add_grad(t, &gcap, "d_v", ACT_GRAD_GDN, T * Vd * e);
+    acts_add_grad(t, &gcap, "d_beta", ACT_GRAD_GDN, T * nv * f);
+    acts_add_grad(t, &gcap, "d_g", ACT_GRAD_GDN, T * nv * f);
+    acts_add_grad(t, &gcap, "d_attn_out", ACT_GRAD_ATTN, T * qd * e);
+    acts_add_grad(t, &gcap, "d_gate", ACT_GRAD_ATTN, T * qd * e);
+    acts_add_grad(t, &gcap, "d_q", ACT_GRAD_ATTN, T * qd * e);
+    acts_add_grad(t, &gcap, "d_kv", ACT_GRAD_ATTN, T * 2 * kvd * e);
+    int64_t largest = 0;
+    for (int ph = ACT_GRAD_PERSISTENT + 1; ph < ACT_GRAD_PHASES; ph++)
+        if (t->grad_phase[ph] > largest) largest = t->grad_phase[ph];
+    t->grad_working = t->grad_phase[ACT_GRAD_PERSISTENT] + largest;
+    t->gdn_states = max_states;
+    for (int p = 0; p < ACT_POLICY_COUNT; p++) {
         t->peak[p] = t->kept[p] + t->recompute[p] + t->grad_working + t->gdn_states;
+        /* offload: two layers' slots and the head on the device, the kept bytes of every layer but
+         * the last two (which never leave their slots) on the host */
+        t->offload_device[p] = 2 * t->layer_kept_max[p] + t->head_kept[p];
+        t->peak_offload[p] = t->offload_device[p] + t->recompute[p] + t->grad_working + t->gdn_states;
+    }
 
     /* CP communication buffers (lib/cp.h), allocated once and used by one layer at a time */
-    int64_t qd = nh * hd, kv = 2 * nkv * hd, Kc = m->linear_conv_kernel_dim;
+    int64_t kv = 2 * kvd;
     int n_full = 0;
     for (int l = 0; l < m->num_hidden_layers; l++) n_full += config_layer_kind(cfg, l) == LAYER_KIND_FULL;
     if (n_full > 0) {
-        if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, 2, T * kv * e);
-        acts_add_cp(t, "run_out", ACT_CP_RING, 1, T * qd * f);
-        acts_add_cp(t, "run_lse", ACT_CP_RING, 1, T * nh * f);
-        acts_add_cp(t, "lse_empty", ACT_CP_RING, 1, T * nh * f);
-        acts_add_cp(t, "blk_out", ACT_CP_RING, 1, T * qd * e);
-        acts_add_cp(t, "blk_lse", ACT_CP_RING, 1, T * nh * f);
-        acts_add_cp(t, "dq_acc", ACT_CP_RING, 1, T * qd * f);
-        acts_add_cp(t, "dkv_local", ACT_CP_RING, 1, T * kv * f);
-        if (cp > 1) acts_add_cp(t, "dkv_buf", ACT_CP_RING, 2, T * kv * f);
+        if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, ACT_CP_ALWAYS, 2, T * kv * e);
+        acts_add_cp(t, "run_out", ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * f);
+        acts_add_cp(t, "run_lse", ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
+        acts_add_cp(t, "lse_empty", ACT_CP_RING, ACT_CP_ALWAYS, 1, T * nh * f); /* written once, at cp_init */
+        acts_add_cp(t, "blk_out", ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * e);
+        acts_add_cp(t, "blk_lse", ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
+        acts_add_cp(t, "dq_acc", ACT_CP_RING, ACT_CP_BACKWARD, 1, T * qd * f);
+        acts_add_cp(t, "dkv_local", ACT_CP_RING, ACT_CP_BACKWARD, 1, T * kv * f);
+        if (cp > 1) acts_add_cp(t, "dkv_buf", ACT_CP_RING, ACT_CP_BACKWARD, 2, T * kv * f);
     }
+    int64_t ring_always = t->cp_phase[ACT_CP_ALWAYS];
     if (cp > 1 && n_full < m->num_hidden_layers) {
         int64_t pair = frags * nv * dk * (dk + dv) * f, tail = frags * (Kc - 1) * Cc * e;
-        acts_add_cp(t, "scan_send", ACT_CP_SCAN, 1, pair);
-        acts_add_cp(t, "scan_recv", ACT_CP_SCAN, 1, cp * pair);
-        acts_add_cp(t, "fold", ACT_CP_SCAN, 2, nv * dk * dv * f);
-        acts_add_cp(t, "dstate", ACT_CP_SCAN, 1, frags * nv * dk * dv * f);
-        acts_add_cp(t, "halo_send", ACT_CP_SCAN, 1, tail);
-        acts_add_cp(t, "halo_recv", ACT_CP_SCAN, 1, cp * tail);
+        acts_add_cp(t, "scan_send", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, pair);
+        acts_add_cp(t, "scan_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * pair);
+        acts_add_cp(t, "fold", ACT_CP_SCAN, ACT_CP_ALWAYS, 2, nv * dk * dv * f);
+        acts_add_cp(t, "dstate", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
+        acts_add_cp(t, "halo_send", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
+        acts_add_cp(t, "halo_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
     }
+    const int64_t fb = t->cp_phase[ACT_CP_FORWARD] > t->cp_phase[ACT_CP_BACKWARD] ? t->cp_phase[ACT_CP_FORWARD]
+                                                                                  : t->cp_phase[ACT_CP_BACKWARD];
+    t->cp_bytes[ACT_CP_RING] = ring_always + fb;
+    t->cp_bytes[ACT_CP_SCAN] = t->cp_phase[ACT_CP_ALWAYS] - ring_always;
 }
 
 void model_acts_free(ActTable *t) {

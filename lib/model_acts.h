@@ -10,7 +10,8 @@
  * them in model_acts.c.
  *
  * Policies (checkpoint.activations):
- *   none   keep every buffer of every layer;
+ *   none   keep every whole-rows buffer of every layer (the row chunks'
+ *          per-token work is recomputed in the backward under every policy);
  *   full   keep each block's input x; the backward recomputes the whole block,
  *          attention, ring passes and the GDN all-gather included;
  *   remat  keep x, plus attention's output and LSE (softmax layers) and the
@@ -35,6 +36,7 @@
 #define ACT_KEEP_ALL   (ACT_KEEP_NONE | ACT_KEEP_FULL | ACT_KEEP_REMAT)
 
 #define GDN_CHUNK 64 /* chunk length of the chunked gated delta rule */
+#define ACT_ALIGN 256 /* bytes; model.c starts every carved buffer on this */
 
 typedef struct {
     char    name[48];  /* "ln1", "attn_lse", ... */
@@ -46,14 +48,13 @@ typedef struct {
     uint32_t keep;     /* ACT_KEEP_* bits: kept until backward under that policy */
 } ActBuffer;
 
-/* Gradient scratch of one layer's backward. Buffers of different phases are
- * never alive together, so they share memory: the arena is the persistent
- * buffers plus the largest phase. */
+/* Gradient scratch of one layer's backward. The persistent buffers (the residual stream's gradient
+ * and the chunk's gradients) live through the whole backward; the mixers' whole-rows gradients
+ * (GDN, attention) are never alive together, so they share one arena: persistent + the larger. */
 typedef enum {
-    ACT_GRAD_PERSISTENT, /* the residual-stream gradient */
-    ACT_GRAD_MLP,        /* the MLP's backward */
-    ACT_GRAD_GDN,        /* a GDN mixer's backward */
-    ACT_GRAD_ATTN,       /* an attention mixer's backward */
+    ACT_GRAD_PERSISTENT, /* the residual-stream gradient and the chunk gradients */
+    ACT_GRAD_GDN,        /* a GDN mixer's whole-rows gradients */
+    ACT_GRAD_ATTN,       /* an attention mixer's whole-rows gradients */
     ACT_GRAD_PHASES,
 } ActGradPhase;
 
@@ -71,16 +72,31 @@ typedef enum {
 } ActCpKind;
 
 #define ACT_CP_MAX 16
+#define CP_ALIGN   256 /* bytes; cp_init starts every CP buffer on this */
+
+/* When a CP buffer is alive: the ring forward's and the ring backward's own buffers are never
+ * alive together (one layer's ring pass ends before any other starts; on cuda the backward's
+ * NCCL operations wait for the compute queued before them, and the compute waits for them at
+ * the pass's end), so they share memory: cp_init lays both phases over the same bytes. */
+typedef enum {
+    ACT_CP_ALWAYS,   /* both passes */
+    ACT_CP_FORWARD,  /* the ring forward alone */
+    ACT_CP_BACKWARD, /* the ring backward alone */
+    ACT_CP_PHASES,
+} ActCpPhase;
 
 typedef struct {
     char    name[32];  /* cp.h's Cp field it becomes: "kv_recv", "scan_recv", ... */
     int32_t kind;      /* ActCpKind */
+    int32_t phase;     /* ActCpPhase */
     int32_t count;     /* buffers of this shape (2 for the ping-pong ones) */
     int64_t bytes;     /* of one buffer */
 } ActCpBuffer;
 
 typedef struct {
     int64_t    tokens; /* local tokens per micro-batch */
+    int64_t    chunk_rows;      /* rows of a layer's per-token chunk (checkpoint.chunk_rows or the rule) */
+    int64_t    chunk_row_bytes; /* chunk scratch per row: forward buffers + gradients */
     int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */
     int32_t    n;
     ActBuffer *b;
@@ -95,9 +111,17 @@ typedef struct {
     int64_t loss_chunk_rows;
     int64_t peak[ACT_POLICY_COUNT];      /* kept + recompute + grad_working + gdn_states
                                             (the loss workspace is counted by plan as a workspace) */
+    int64_t layer_kept_max[ACT_POLICY_COUNT]; /* the largest layer's kept bytes (aligned): an offload slot */
+    int64_t head_kept[ACT_POLICY_COUNT];      /* the head's kept bytes (aligned): never offloaded */
+    int64_t offload_device[ACT_POLICY_COUNT]; /* checkpoint.offload host: kept bytes on the device
+                                                 (2 slots + the head) */
+    int64_t offload_host[ACT_POLICY_COUNT];   /* ... and on the host: layers 0 .. L-3 */
+    int64_t peak_offload[ACT_POLICY_COUNT];   /* peak with offload: offload_device instead of kept */
     int32_t     ncp;
     ActCpBuffer cp[ACT_CP_MAX];          /* the CP buffers cp_init allocates, by name */
-    int64_t     cp_bytes[ACT_CP_KINDS];  /* their sum per kind (plan's "CP ring"/"CP scan" rows) */
+    int64_t     cp_phase[ACT_CP_PHASES]; /* the sum per phase (each buffer on CP_ALIGN bytes) */
+    int64_t     cp_bytes[ACT_CP_KINDS];  /* per kind, the forward and backward phases overlaid: plan's
+                                            "CP ring"/"CP scan" rows (the scan's are all ALWAYS) */
 } ActTable;
 
 void model_acts_build(ActTable *t, const Config *cfg);

@@ -3,9 +3,15 @@
  * the final norm and the fused lm_head + cross-entropy, then the backward in
  * reverse with the checkpoint policy's recompute before each block.
  *
- * The fused loss produces dL/d(final norm output) during the forward (the
- * logits of a row chunk are used for the loss and their gradient at once), so
- * the backward starts from d_final.
+ * The head runs in loss row chunks during the forward: the final norm, the
+ * fused lm_head + loss (the logits of a row chunk are used for the loss and
+ * their gradient at once) and the final norm's backward, so the backward
+ * starts from d_resid and the head's buffers hold one row chunk.
+ *
+ * With checkpoint.offload: host each layer's kept buffers go to host memory
+ * after its forward and come back one layer ahead in the backward
+ * (model_offload.c: stash, fetch, ready; model_block.c claims a slot before
+ * writing into it).
  *
  * Before anything, the CP group's token metadata of the micro-batch is
  * gathered (cp_batch_begin), so every rank plans the same ring and scan.
@@ -62,21 +68,32 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
     cp_batch_begin(&m->cp, b->micro, b->pos_host, b->doc_pos_host);
 
     /* forward */
+    model_offload_claim(m, 0);
     be->embedding_forward(m->la[0].x, b->tokens, w + m->embed * es, T, H);
-    for (int l = 0; l < L; l++)
+    for (int l = 0; l < L; l++) {
         model_block_forward(m, l, b, l + 1 < L ? m->la[l + 1].x : m->final_in, BLOCK_FORWARD);
-    be->rmsnorm_forward(m->final_norm, m->final_rstd, m->final_in, w + m->final_norm_w * es, T, 1, H, H, H, eps, 1);
-    be->lm_head_loss(m->losses + b->micro * T, m->d_final, m->grads + m->lm_head, m->final_norm, w + m->lm_head * es,
-                     b->targets, grad_scale, m->loss_workspace, m->acts.loss_chunk_rows, T, H, V);
+        model_offload_stash(m, l);
+    }
+    /* the head, row chunk by row chunk: final norm, lm_head + CE (its gradient at once), and the final
+     * norm's backward into d_resid, which the layers' backward then starts from */
+    be->memset_zero(m->d_resid, (size_t)(T * H * es));
+    for (int64_t r0 = 0, R = m->acts.loss_chunk_rows; r0 < T; r0 += R) {
+        const int64_t n = T - r0 < R ? T - r0 : R;
+        const void *x = (const char *)m->final_in + r0 * H * es;
+        be->rmsnorm_forward(m->final_norm, m->final_rstd, x, w + m->final_norm_w * es, n, 1, H, H, H, eps, 1);
+        be->lm_head_loss(m->losses + b->micro * T + r0, m->d_final, m->grads + m->lm_head, m->final_norm,
+                         w + m->lm_head * es, b->targets + r0, grad_scale, m->loss_workspace, R, n, H, V);
+        be->rmsnorm_backward((char *)m->d_resid + r0 * H * es, m->grads + m->final_norm_w, m->d_final, x,
+                             w + m->final_norm_w * es, m->final_rstd, n, 1, H, H, H, 1);
+    }
 
     /* backward */
-    be->memset_zero(m->d_resid, (size_t)(T * H * es));
-    be->rmsnorm_backward(m->d_resid, m->grads + m->final_norm_w, m->d_final, m->final_in, w + m->final_norm_w * es,
-                         m->final_rstd, T, 1, H, H, H, 1);
     for (int l = L - 1; l >= 0; l--) {
+        model_offload_ready(m, l);
         if (pol == ACT_POLICY_FULL) model_block_forward(m, l, b, NULL, BLOCK_RECOMPUTE);
         else if (pol == ACT_POLICY_REMAT) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
         model_block_backward(m, l, b);
+        model_offload_fetch(m, l - 2);
         if (reduce) {
             int64_t a, e;
             model_layer_range(m, l, &a, &e);

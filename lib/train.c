@@ -511,6 +511,8 @@ static void train_metrics_counters(Trainer *t, json_t *o) {
     json_t *c = cp_counters_json(&t->model.cp);
     json_object_set_new(c, "micro_batches", json_integer(t->cfg->train.grad_accum));
     json_object_set_new(c, "block_recomputes", json_integer(t->model.count.block_recomputes));
+    json_object_set_new(c, "offload_bytes_to_host", json_integer(t->model.count.offload_bytes_to_host));
+    json_object_set_new(c, "offload_bytes_to_device", json_integer(t->model.count.offload_bytes_to_device));
     json_object_set_new(o, "counters", c);
 }
 

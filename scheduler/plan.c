@@ -10,7 +10,9 @@
  *   gradients (fp32)   4 bytes per parameter (accumulated over micro-batches,
  *                      all-reduced in fp32).
  *   AdamW (fp32)       m and v, 8 bytes per parameter (no ZeRO sharding yet).
- *   activations        model_acts.c's peak for the policy.
+ *   activations        model_acts.c's peak for the policy; with checkpoint.offload:
+ *                      host its kept term is the head's buffers and two layer
+ *                      slots (model_offload.c), the rest is host memory.
  *   CP ring            one softmax layer at a time (model_acts.c's CP table,
  *                      the buffers cp_init allocates): with cp > 1 two
  *                      receive buffers of K|V; the fp32 output and LSE
@@ -26,14 +28,26 @@
  *                      (kernels/cuda/cuda_backend.h).
  *   runtime            cuda: 1 GiB for the CUDA context, NCCL buffers and
  *                      allocator slack; cpu: none counted.
+ *
+ * Host memory per node (checked with checkpoint.offload: host): per rank the
+ * offloaded activations (page-locked on cuda), 2 GiB for the process (the CUDA
+ * context's host side, NCCL and MPI buffers, the data pipeline; cpu: the rank's
+ * whole memory above, which is host memory there), times the ranks per node
+ * (slurm.gpus_per_node), plus rank 0's checkpoint staging (master weights and
+ * AdamW m, v copied to host: 12 bytes per parameter). The capacity is
+ * device.host_memory_gib, or when 0 MemTotal of /proc/meminfo of the machine
+ * running plan (right when plan runs on the job's node: the trainer's start-up
+ * check, or a node like it).
  */
 #include "plan.h"
 
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
+#include "sbatch.h"
 
 const char *const plan_mem_names[PLAN_MEM_COUNT] = {
     "weights (bf16)", "master weights (fp32)", "gradients (fp32)", "AdamW m, v (fp32)", "activations",
@@ -62,6 +76,43 @@ static double plan_gdn_bwd_chunk(double C, double K, double V) {
 void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd) {
     *fwd = plan_gdn_fwd_chunk(C, K, V);
     *bwd = plan_gdn_bwd_chunk(C, K, V);
+}
+
+/* MemTotal of /proc/meminfo in bytes, or -1 */
+static int64_t plan_mem_total(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemTotal: %lld kB", &kib) == 1) break;
+    fclose(f);
+    return kib < 0 ? -1 : (int64_t)kib * 1024;
+}
+
+/* host memory per node and its capacity (see the header) */
+static void plan_host(Plan *p, const Config *cfg) {
+    const bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
+    p->tasks_per_node = sbatch_tasks_per_node(cfg);
+    p->host_runtime = cuda ? 2LL << 30 : 0;
+    p->host_staging = 12 * p->params.total;
+    for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
+        p->host_offload[pol] = p->offload ? p->acts.offload_host[pol] : 0;
+        p->host_rank_device[pol] = cuda ? 0 : p->total[pol];
+        p->host_node[pol] = p->tasks_per_node * (p->host_offload[pol] + p->host_runtime + p->host_rank_device[pol]) +
+                            p->host_staging;
+    }
+    if (cfg->device.host_memory_gib > 0) {
+        p->host_capacity = (int64_t)(cfg->device.host_memory_gib * GIB);
+        snprintf(p->host_source, sizeof p->host_source, "device.host_memory_gib");
+        return;
+    }
+    char host[64] = "?";
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = 0;
+    p->host_capacity = plan_mem_total();
+    snprintf(p->host_source, sizeof p->host_source, "MemTotal of /proc/meminfo on %s (device.host_memory_gib = 0)",
+             host);
 }
 
 void plan_build(Plan *p, const Config *cfg) {
@@ -96,6 +147,7 @@ void plan_build(Plan *p, const Config *cfg) {
     int64_t nh = m->num_attention_heads, nkv = m->num_key_value_heads, hd = m->head_dim;
     int64_t nv = m->linear_num_value_heads, dk = m->linear_key_head_dim, dv = m->linear_value_head_dim;
     int64_t Cc = 2 * m->linear_num_key_heads * dk + nv * dv;
+    p->offload = cfg->checkpoint.offload == OFFLOAD_HOST;
     /* the CP buffers cp_init allocates (model_acts.c lists them) */
     int64_t ring = p->acts.cp_bytes[ACT_CP_RING], scan = p->acts.cp_bytes[ACT_CP_SCAN];
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
@@ -104,7 +156,7 @@ void plan_build(Plan *p, const Config *cfg) {
         mem[PLAN_MEM_MASTER] = (int64_t)(4 * N);
         mem[PLAN_MEM_GRADS] = (int64_t)(4 * N);
         mem[PLAN_MEM_ADAMW] = (int64_t)(8 * N);
-        mem[PLAN_MEM_ACTIVATIONS] = p->acts.peak[pol];
+        mem[PLAN_MEM_ACTIVATIONS] = p->offload ? p->acts.peak_offload[pol] : p->acts.peak[pol];
         mem[PLAN_MEM_CP_RING] = ring;
         mem[PLAN_MEM_CP_SCAN] = scan;
         mem[PLAN_MEM_WORKSPACE] = p->acts.loss_workspace + (cuda ? (64LL << 20) : 0);
@@ -112,6 +164,7 @@ void plan_build(Plan *p, const Config *cfg) {
         for (int c = 0; c < PLAN_MEM_COUNT; c++) p->total[pol] += mem[c];
     }
     p->capacity = (int64_t)(cfg->device.memory_gib * GIB);
+    plan_host(p, cfg);
 
     /* FLOPs per token of training */
     double layer_mm = (double)(p->params.matmul - m->vocab_size * m->hidden_size); /* without the head */
@@ -124,9 +177,14 @@ void plan_build(Plan *p, const Config *cfg) {
     double gdn_bwd = (double)nv * plan_gdn_bwd_chunk(C, (double)dk, (double)dv) / C;
     p->flops_gdn = (gdn_fwd + gdn_bwd) * p->n_linear;
     p->flops_model = p->flops_dense + p->flops_attn_causal + p->flops_gdn;
-    p->flops_recompute[ACT_POLICY_NONE] = 0;
-    p->flops_recompute[ACT_POLICY_FULL] = 2 * layer_mm + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
-    p->flops_recompute[ACT_POLICY_REMAT] = 2 * layer_mm + gdn_fwd * p->n_linear;
+    /* the row chunks (model_block.c): the backward reruns every chunk's per-token forward (the mixer's
+     * output projection, the MLP) and its in_proj under every policy; remat / full rerun the in_proj once
+     * more (and the rest of the mixer up to its core) in their recompute */
+    int64_t Pg = Cc + nv * dv + 2 * nv, Pa = 2 * nh * hd + 2 * nkv * hd;
+    double in_proj = (double)m->hidden_size * (double)(p->n_linear * Pg + p->n_full * Pa);
+    p->flops_recompute[ACT_POLICY_NONE] = 2 * layer_mm;
+    p->flops_recompute[ACT_POLICY_FULL] = 2 * (layer_mm + in_proj) + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
+    p->flops_recompute[ACT_POLICY_REMAT] = 2 * (layer_mm + in_proj) + gdn_fwd * p->n_linear;
 
     /* communication per step per rank */
     double micro = (double)cfg->train.grad_accum * (double)cfg->data.micro_batch; /* samples per step per rank */
@@ -152,7 +210,13 @@ void plan_build(Plan *p, const Config *cfg) {
 
 void plan_free(Plan *p) { model_acts_free(&p->acts); }
 
-bool plan_fits(const Plan *p, ActPolicy policy) { return p->total[policy] <= p->capacity; }
+bool plan_host_fits(const Plan *p, ActPolicy policy) {
+    return !p->offload || (p->host_capacity >= 0 && p->host_node[policy] <= p->host_capacity);
+}
+
+bool plan_fits(const Plan *p, ActPolicy policy) {
+    return p->total[policy] <= p->capacity && plan_host_fits(p, policy);
+}
 
 /* ---- printing ----------------------------------------------------------- */
 
@@ -226,24 +290,62 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
         fprintf(f, "  %-34s %-16s %-16s %-16s\n", plan_mem_names[k], a, b, c);
     }
     const ActTable *t = &p->acts;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         static const char *names[] = {"  kept forward -> backward", "  recompute of one layer",
-                                      "  backward gradients", "  GDN chunk states (bwd)"};
+                                      "  backward gradients", "  GDN chunk states (bwd)", "  (kept in host memory)"};
+        const char *name = k == 0 && p->offload ? "  kept on device (head, 2 slots)" : names[k];
+        if (k == 4 && !p->offload) break;
         double v[3];
         for (int q = 0; q < 3; q++)
-            v[q] = k == 0 ? (double)t->kept[q] : k == 1 ? (double)t->recompute[q]
-                 : k == 2 ? (double)t->grad_working : (double)t->gdn_states;
+            v[q] = k == 0 ? (double)(p->offload ? t->offload_device[q] : t->kept[q])
+                 : k == 1 ? (double)t->recompute[q] : k == 2 ? (double)t->grad_working
+                 : k == 3 ? (double)t->gdn_states : (double)t->offload_host[q];
         plan_bytes(v[0], a, sizeof a);
         plan_bytes(v[1], b, sizeof b);
         plan_bytes(v[2], c, sizeof c);
-        fprintf(f, "  %-34s %-16s %-16s %-16s\n", names[k], a, b, c);
+        fprintf(f, "  %-34s %-16s %-16s %-16s\n", name, a, b, c);
     }
     plan_bytes((double)p->total[0], a, sizeof a);
     plan_bytes((double)p->total[1], b, sizeof b);
     plan_bytes((double)p->total[2], c, sizeof c);
     fprintf(f, "  %-34s %-16s %-16s %-16s\n", "total", a, b, c);
-    fprintf(f, "  %-34s %-16s %-16s %-16s\n", "fits device.memory_gib?", plan_fits(p, ACT_POLICY_NONE) ? "yes" : "no",
-            plan_fits(p, ACT_POLICY_FULL) ? "yes" : "no", plan_fits(p, ACT_POLICY_REMAT) ? "yes" : "no");
+    fprintf(f, "  %-34s %-16s %-16s %-16s\n", "fits device.memory_gib?", p->total[0] <= p->capacity ? "yes" : "no",
+            p->total[1] <= p->capacity ? "yes" : "no", p->total[2] <= p->capacity ? "yes" : "no");
+
+    plan_commas(t->chunk_rows, a, sizeof a);
+    plan_bytes((double)(t->chunk_rows * t->chunk_row_bytes), b, sizeof b);
+    fprintf(f, "\nrow chunks: %s rows (%s), %s of chunk scratch (forward + gradients)\n", a,
+            cfg->checkpoint.chunk_rows ? "checkpoint.chunk_rows"
+                                       : "checkpoint.chunk_rows 0: the largest multiple of 64 within 1 GiB, at most "
+                                         "a fragment",
+            b);
+    fprintf(f, "  every row, because the mixer's core reads across tokens: GDN q, k, v, z, beta, g, the delta rule's\n"
+               "  output and their gradients (its recurrence runs through the fragment); attention q, k|v, gate,\n"
+               "  output, LSE and their gradients (the ring passes whole K|V blocks); the residual stream's\n"
+               "  gradient (every layer's backward adds into it). CP ring: K|V receive buffers (the block in\n"
+               "  flight), fp32 dQ (every query sums over all ring steps), fp32 dK|dV partials (the message);\n"
+               "  the ring forward's buffers share memory with the backward's\n");
+    if (p->offload) {
+        fprintf(f, "\nhost memory per node (checkpoint.offload: host; %lld ranks per node)\n",
+                (long long)p->tasks_per_node);
+        for (int k = 0; k < 5; k++) {
+            static const char *names[] = {"offloaded activations per rank", "process per rank (cuda)",
+                                          "rank memory (cpu: host memory)", "checkpoint staging (rank 0)",
+                                          "total per node"};
+            double v[3];
+            for (int q = 0; q < 3; q++)
+                v[q] = k == 0 ? (double)p->host_offload[q] : k == 1 ? (double)p->host_runtime
+                     : k == 2 ? (double)p->host_rank_device[q] : k == 3 ? (double)p->host_staging
+                     : (double)p->host_node[q];
+            plan_bytes(v[0], a, sizeof a);
+            plan_bytes(v[1], b, sizeof b);
+            plan_bytes(v[2], c, sizeof c);
+            fprintf(f, "  %-34s %-16s %-16s %-16s\n", names[k], a, b, c);
+        }
+        if (p->host_capacity >= 0) plan_bytes((double)p->host_capacity, a, sizeof a);
+        else snprintf(a, sizeof a, "unknown");
+        fprintf(f, "  capacity %s (%s)\n", a, p->host_source);
+    }
 
     fprintf(f, "\ntraining FLOPs per token (2 per multiply-add; attention counted causal = half the pairs)\n");
     plan_flops(p->flops_dense, a, sizeof a);
@@ -270,15 +372,39 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     int64_t tot = p->total[pol];
     plan_bytes((double)tot, a, sizeof a);
     plan_bytes((double)p->capacity, b, sizeof b);
+    const char *per = cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank";
     if (plan_fits(p, pol)) {
         plan_bytes((double)(p->capacity - tot), c, sizeof c);
-        fprintf(f, "\nverdict: FITS with checkpoint.activations=%s: %s of %s per %s, %s free\n",
-                act_policy_names[pol], a, b, cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", c);
+        fprintf(f, "\nverdict: FITS with checkpoint.activations=%s: %s of %s per %s, %s free", act_policy_names[pol], a,
+                b, per, c);
+        if (p->offload) {
+            plan_bytes((double)p->host_node[pol], a, sizeof a);
+            plan_bytes((double)p->host_capacity, b, sizeof b);
+            fprintf(f, "; host %s of %s per node", a, b);
+        }
+        fprintf(f, "\n");
         return RS_EXIT_OK;
     }
-    plan_bytes((double)(tot - p->capacity), c, sizeof c);
-    fprintf(f, "\nverdict: DOES NOT FIT with checkpoint.activations=%s: needs %s, device.memory_gib gives %s, over by %s\n",
-            act_policy_names[pol], a, b, c);
+    if (tot > p->capacity) {
+        plan_bytes((double)(tot - p->capacity), c, sizeof c);
+        fprintf(f, "\nverdict: DOES NOT FIT with checkpoint.activations=%s: needs %s, device.memory_gib gives %s, over by "
+                   "%s\n",
+                act_policy_names[pol], a, b, c);
+    }
+    if (!plan_host_fits(p, (ActPolicy)pol)) {
+        plan_bytes((double)p->host_node[pol], a, sizeof a);
+        if (p->host_capacity < 0)
+            fprintf(f, "\nverdict: DOES NOT FIT with checkpoint.offload=host: the node's host memory is unknown (no "
+                       "/proc/meminfo here); set device.host_memory_gib (needs %s per node)\n",
+                    a);
+        else {
+            plan_bytes((double)p->host_capacity, b, sizeof b);
+            plan_bytes((double)(p->host_node[pol] - p->host_capacity), c, sizeof c);
+            fprintf(f, "\nverdict: DOES NOT FIT with checkpoint.offload=host: host memory per node needs %s, %s gives %s, "
+                       "over by %s (fewer ranks per node, or checkpoint.offload=none)\n",
+                    a, p->host_source, b, c);
+        }
+    }
     for (int q = 0; q < ACT_POLICY_COUNT; q++)
         if (q != pol && plan_fits(p, (ActPolicy)q))
             fprintf(f, "  hint: checkpoint.activations=%s fits\n", act_policy_names[q]);
@@ -307,10 +433,19 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
         for (int c = 0; c < PLAN_MEM_COUNT; c++) json_object_set_new(m, plan_mem_names[c], json_integer(p->mem[pol][c]));
         json_object_set_new(m, "total", json_integer(p->total[pol]));
         json_object_set_new(m, "activations_kept", json_integer(p->acts.kept[pol]));
+        json_object_set_new(m, "activations_kept_device",
+                            json_integer(p->offload ? p->acts.offload_device[pol] : p->acts.kept[pol]));
+        json_object_set_new(m, "activations_host", json_integer(p->host_offload[pol]));
+        json_object_set_new(m, "host_per_node", json_integer(p->host_node[pol]));
+        json_object_set_new(m, "host_fits", json_boolean(plan_host_fits(p, (ActPolicy)pol)));
         json_object_set_new(m, "fits", json_boolean(plan_fits(p, (ActPolicy)pol)));
         json_object_set_new(mem, act_policy_names[pol], m);
     }
     json_object_set_new(mem, "capacity", json_integer(p->capacity));
+    json_object_set_new(mem, "host_capacity", json_integer(p->host_capacity));
+    json_object_set_new(mem, "host_capacity_from", json_string(p->host_source));
+    json_object_set_new(mem, "offload", json_string(offload_names[cfg->checkpoint.offload]));
+    json_object_set_new(mem, "chunk_rows", json_integer(p->acts.chunk_rows));
     json_object_set_new(mem, "policy", json_string(act_policy_names[cfg->checkpoint.activations]));
     json_object_set_new(root, "memory", mem);
     json_t *fl = json_pack("{sf sf sf sf sf}", "dense", p->flops_dense, "attention_causal", p->flops_attn_causal,

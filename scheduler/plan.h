@@ -68,6 +68,16 @@ typedef struct {
     double flops_gdn;          /* chunked delta rule core, training */
     double flops_model;        /* dense + attn_causal + gdn */
     double flops_recompute[ACT_POLICY_COUNT]; /* extra hardware FLOPs of the recompute */
+    /* host memory (checkpoint.offload: host), bytes */
+    bool    offload;
+    int64_t tasks_per_node;
+    int64_t host_offload[ACT_POLICY_COUNT];  /* per rank: the offloaded kept activations (page-locked) */
+    int64_t host_runtime;                    /* per rank: the process (cuda context, NCCL, MPI, data) */
+    int64_t host_rank_device[ACT_POLICY_COUNT]; /* per rank, cpu only: its "device" memory is host memory */
+    int64_t host_staging;                    /* per node: rank 0's checkpoint staging (master, AdamW m, v) */
+    int64_t host_node[ACT_POLICY_COUNT];     /* tasks_per_node x per rank + staging */
+    int64_t host_capacity;                   /* device.host_memory_gib, or MemTotal here; -1: unknown */
+    char    host_source[160];                /* where host_capacity came from */
     /* communication, bytes sent per rank per step, per policy */
     double comm[ACT_POLICY_COUNT][PLAN_COMM_COUNT];
 } Plan;
@@ -78,7 +88,9 @@ void plan_build(Plan *p, const Config *cfg);
  * recompute of the WY factors and chunk states. Also used by `ringscan bench gdn`. */
 void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd);
 void plan_free(Plan *p);
+/* device memory fits, and with checkpoint.offload: host the node's host memory too */
 bool plan_fits(const Plan *p, ActPolicy policy);
+bool plan_host_fits(const Plan *p, ActPolicy policy);
 
 /* Human report; returns the exit code: 0 fits, 1 does not fit. */
 int  plan_print(const Plan *p, const Config *cfg, FILE *f);

@@ -30,6 +30,12 @@ void cpu_copy(void *dst, const void *src, size_t bytes);
 void cpu_to_device(void *dst, const void *host, size_t bytes);
 void cpu_to_host(void *host, const void *src, size_t bytes);
 void cpu_to_device_async(void *dst, const void *host, size_t bytes);
+/* cpu_copyq.c: the copy queue (backend.h copyq_*), memcpy at once */
+void *cpu_copyq_create(int slots);
+void  cpu_copyq_destroy(void *q);
+void  cpu_copyq_to_host(void *q, int slot, void *host, const void *src, size_t bytes);
+void  cpu_copyq_to_device(void *q, int slot, void *dst, const void *host, size_t bytes);
+void  cpu_copyq_wait(void *q, int slot);
 void cpu_copy_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
 void cpu_add_2d(void *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
 void cpu_add_f32(float *dst, const float *src, int64_t n);

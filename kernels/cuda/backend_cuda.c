@@ -21,6 +21,7 @@
  * process-wide state; cuda_profile.cu the entry timer.
  */
 #include "backend.h"
+#include "cuda_copyq.h"
 #include "cuda_kernels.h"
 #include "cuda_profile.h"
 
@@ -80,6 +81,11 @@ const Backend backend_cuda = {
     .gdn_kept_bytes = cuda_gdn_kept_bytes, /* a size, no GPU work: not profiled */
     .host_alloc = cuda_host_alloc,          /* host memory: not profiled */
     .host_free = cuda_host_free,
+    .copyq_create = cuda_copyq_create,      /* the copy queue: its own stream, not profiled */
+    .copyq_destroy = cuda_copyq_destroy,
+    .copyq_to_host = cuda_copyq_to_host,
+    .copyq_to_device = cuda_copyq_to_device,
+    .copyq_wait = cuda_copyq_wait,
 };
 
 /* ---- the profiled table: each wrapper times its kernel's call (cuda_profile.h) ---- */
@@ -150,6 +156,11 @@ const Backend backend_cuda_profiled = {
     .gdn_kept_bytes = cuda_gdn_kept_bytes,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .copyq_create = cuda_copyq_create,      /* the copy queue: its own stream, not profiled */
+    .copyq_destroy = cuda_copyq_destroy,
+    .copyq_to_host = cuda_copyq_to_host,
+    .copyq_to_device = cuda_copyq_to_device,
+    .copyq_wait = cuda_copyq_wait,
 };
 
 const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }

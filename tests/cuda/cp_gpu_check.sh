@@ -42,27 +42,10 @@ MPI2=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x NCCL_NV
 rc=0
 rm -rf "$O" && mkdir -p "$O" || exit 2
 
-echo "== case (2 x 1024 tokens, documents on the cp 2 boundaries)"
-DOCS='[{"lengths": [64, 1, 63, 1, 127, 1, 43, 84, 1, 127, 1, 187, 68, 1, 127, 64, 1, 63], "carry": 0},
-       {"lengths": [300, 5, 600, 119], "carry": 100}]'
-$PY tests/parity/make_case.py configs/tiny-cpu.yaml "$O/case" --seq-len 1024 --batch 2 --seed 3 --docs "$DOCS" \
-    --ringscan "$B/ringscan" 2>&1 | grep -v Warning || exit 1
-C="$O/case"
+. "$HERE/gpu_case.sh"
+gpu_case_make
 
 echo "== one forward + backward: cpu, cpu cp 2, cpu bf16, cuda, cuda cp 2, cuda dp 2"
-step() { # NAME [launcher...] -- parity_step args
-    local name=$1
-    shift
-    local pre=()
-    while [ "$1" != "--" ]; do pre+=("$1"); shift; done
-    shift
-    if ! timeout 300 "${pre[@]}" "$B/parity_step" "$C" --out "$C/$name.safetensors" "$@" > "$O/$name.log" 2>&1; then
-        echo "parity_step $name FAILED:"
-        tail -5 "$O/$name.log"
-        rc=1
-    fi
-    grep "^parity_step" "$O/$name.log"
-}
 step cpu -- --threads 8
 step cpu_bf16 -- --emulate-bf16 --threads 8
 step cpu_cp2 "${MPI2[@]}" -- --set parallel.cp=2 --threads 4
@@ -71,14 +54,6 @@ step cuda_cp2 "${MPI2[@]}" -- --set device.kind=cuda --set parallel.cp=2
 step cuda_dp2 "${MPI2[@]}" -- --set device.kind=cuda --set parallel.dp=2 --set data.micro_batch=1
 grep counters "$O/cuda_cp2.log" | head -1
 
-judge() { # TITLE REF GOT
-    echo "-- $1"
-    $PY "$HERE/compare_bf16.py" "$C/$2.safetensors" "$C/$3.safetensors" "$C/cpu_bf16.safetensors" > "$O/cmp-$3-$2.log" 2>&1
-    local r=$?
-    head -6 "$O/cmp-$3-$2.log"
-    tail -2 "$O/cmp-$3-$2.log"
-    [ $r -eq 0 ] || { echo "FAILED: $1"; rc=1; }
-}
 judge "cuda (one GPU) vs cpu" cpu cuda
 judge "cuda cp 2 vs cpu" cpu cuda_cp2
 judge "cuda cp 2 vs cpu cp 2" cpu_cp2 cuda_cp2

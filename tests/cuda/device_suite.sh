@@ -51,6 +51,19 @@
 #              run trained 100 steps on the GPU, exported; transformers' loss and every parameter gradient
 #              on fixed single-sequence and document-packed batches, mixers x1 and x30, against ringscan's
 #              (cpu, fp32); then the same with a wrong GDN layout in transformers' copy, which must FAIL
+#   long-parity  tests/cuda/long_gpu_check.sh (two GPUs): row chunks (100 and 7 rows) against the unchunked
+#              run and the cpu oracle (compare_bf16 bounds), offload against none (bitwise), one GPU and
+#              cp 2; and build/test_cuda cuda_copyq_order (the copy queue's ordering). ~1 min
+#   long-1m    ringscan train of configs/hybrid-1b-1m-h100x2.yaml, 3 optimizer steps of 1,048,576 tokens (one
+#              causal document) on two GPUs under mpirun (cp 2, chunked, offload host): s/step, tokens/s,
+#              MFU (attention causal), peak device memory (the backend's count and cudaMemGetInfo) and host
+#              memory in use (sampled every 2 s) beside plan. ~100 s a step from the FLOPs (attention
+#              51.5 GFLOP/token causal: 27 PFLOP per GPU a step at ~300 TFLOP/s = 90 s, the rest ~10 s)
+#              + ~40 s start: ~6 min; run it alone in a call
+#   long-256k  the same model at 262,144 tokens on two GPUs, 4 steps each: unchunked without offload
+#              (chunk_rows 65536 = the fragment), chunked (plan's 8,384 rows), chunked + offload; the cost
+#              of each as a ratio of ms/step, and the offloaded run's losses bitwise the chunked run's.
+#              ~7.5 s a step (attention 1.7 PFLOP per GPU a step), ~50 s a run: ~3 min
 # Environment:
 #   OUT       where device_suite.tgz goes (default $OUT of the device tool, else runs/device)
 #   PEER      the folder holding FLA's `fla` package (default .dev/peer; git-ignored, never committed)
@@ -193,52 +206,61 @@ suite_bench() {
     return $rc
 }
 
-# suite_train NAME NP CONFIG SEQ_LEN [--set k=v ...]: ringscan train of CONFIG on NP GPUs (mpirun when NP > 1),
-# remat, every sample one causal document (synthetic tokens, documents longer than any sample: attention's
-# full cost), CP_STEPS steps (default 6; the first is the warm-up): its memory and last step lines printed
+# suite_train NAME NP STEPS CONFIG [--set k=v ...]: ringscan train of CONFIG on NP GPUs (mpirun when NP > 1),
+# every sample one causal document (synthetic tokens, documents longer than any sample: attention's full
+# cost), STEPS steps (the first is the warm-up), the run left in $TRAIN_DIR/NAME (metrics.jsonl; callers
+# remove $TRAIN_DIR): its memory and step lines printed, and the host memory in use sampled every 2 s
+TRAIN_DIR=/dev/shm/device_suite_train
 suite_train() {
-    local name=$1 np=$2 cfg=$3 seq=$4 d=/dev/shm/device_suite_step
+    local name=$1 np=$2 steps=$3 cfg=$4 d=$TRAIN_DIR rc=0
     shift 4
     mkdir -p $d
     if [ ! -s $d/synth.tok ]; then
-        build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 8388608 --min-doc 4194304 --max-doc 4194304 \
+        build/ringscan data synth $d/synth.tok --vocab 151936 --tokens 8388608 --min-doc 8388608 --max-doc 8388608 \
             --seed 1 > "$L/train-data.log" 2>&1 || return 1
     fi
-    local args=(train "$cfg" --set data.format=flat --set data.path=$d/synth.tok --set train.grad_accum=1
-        --set train.steps=${CP_STEPS:-6} --set train.warmup_steps=2 --set device.kind=cuda --set device.peak_tflops=989
-        --set checkpoint.every=0 --set data.seq_len="$seq" --set slurm.gpus_per_node="$np" --set run.out_dir=$d/$name "$@")
-    local rc=0
+    local args=(train "$cfg" --set data.format=flat --set data.path=$d/synth.tok --set train.steps="$steps"
+        --set train.warmup_steps=1 --set device.kind=cuda --set device.peak_tflops=989 --set checkpoint.every=0
+        --set slurm.gpus_per_node="$np" --set run.out_dir=$d/$name "$@")
+    (while sleep 2; do free -b | awk '/^Mem:/ {print $3}'; done) > "$L/$name-host.log" &
+    local sampler=$!
     if [ "$np" -gt 1 ]; then
         timeout "$(left)" mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
             build/ringscan "${args[@]}" > "$L/$name.log" 2>&1 || rc=1
     else
         timeout "$(left)" build/ringscan "${args[@]}" > "$L/$name.log" 2>&1 || rc=1
     fi
-    echo "$name: $np GPU(s), $seq tokens per sample, $* (rc $rc):"
-    grep -E "^plan|^memory|^step" "$L/$name.log" | tail -4
-    rm -rf "${d:?}/$name"
+    kill $sampler 2> /dev/null
+    echo "$name: $np GPU(s), $* (rc $rc):"
+    grep -E "^memory|^step" "$L/$name.log" | tail -$((steps + 1))
+    sort -n "$L/$name-host.log" | tail -1 | awk '{printf "  host memory in use, peak sampled every 2 s: %.2f GiB\n", $1 / 2^30}'
     return $rc
 }
 
 # the 1B config's training step: one GPU at 128k, two GPUs at cp 2 and 256k (overlapped, serial)
 suite_cp_step() {
-    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0
-    suite_train cp-step-1gpu 1 $cfg 131072 --set parallel.cp=1 || rc=1
-    suite_train cp-step-cp2-overlapped 2 $cfg 262144 --set parallel.cp=2 --set parallel.overlap_comm=true || rc=1
-    suite_train cp-step-cp2-serial 2 $cfg 262144 --set parallel.cp=2 --set parallel.overlap_comm=false || rc=1
+    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0 n=${CP_STEPS:-6} c=(--set train.grad_accum=1)
+    suite_train cp-step-1gpu 1 $n $cfg "${c[@]}" --set data.seq_len=131072 --set parallel.cp=1 || rc=1
+    suite_train cp-step-cp2-overlapped 2 $n $cfg "${c[@]}" --set data.seq_len=262144 --set parallel.cp=2 \
+        --set parallel.overlap_comm=true || rc=1
+    suite_train cp-step-cp2-serial 2 $n $cfg "${c[@]}" --set data.seq_len=262144 --set parallel.cp=2 \
+        --set parallel.overlap_comm=false || rc=1
+    rm -rf $TRAIN_DIR
     return $rc
 }
 
 # four GPUs (issue 21): the 1M config at cp 4, and dp 2 x cp 2 with communication overlapped and serial (the
 # gradient buckets' overlap) beside dp 1 x cp 4 at 256k
 suite_cp4_step() {
-    local rc=0 c256=configs/hybrid-1b-256k-h200x4.yaml
-    CP_STEPS=${CP_STEPS:-4} suite_train cp4-1m 4 "${CP4_CONFIG:-configs/hybrid-1b-1m-h200x4.yaml}" 1048576 \
+    local rc=0 c256=configs/hybrid-1b-256k-h200x4.yaml n=${CP_STEPS:-4} s=(--set data.seq_len=262144)
+    suite_train cp4-1m 4 $n "${CP4_CONFIG:-configs/hybrid-1b-1m-h200x4.yaml}" --set train.grad_accum=1 \
         --set parallel.cp=4 --set parallel.dp=1 || rc=1
-    suite_train cp4-256k 4 $c256 262144 --set parallel.cp=4 --set parallel.dp=1 --set train.grad_accum=2 || rc=1
-    suite_train dp2cp2-256k-overlapped 4 $c256 262144 --set parallel.cp=2 --set parallel.dp=2 || rc=1
-    suite_train dp2cp2-256k-serial 4 $c256 262144 --set parallel.cp=2 --set parallel.dp=2 \
+    suite_train cp4-256k 4 $n $c256 "${s[@]}" --set parallel.cp=4 --set parallel.dp=1 --set train.grad_accum=2 || rc=1
+    suite_train dp2cp2-256k-overlapped 4 $n $c256 "${s[@]}" --set parallel.cp=2 --set parallel.dp=2 \
+        --set train.grad_accum=1 || rc=1
+    suite_train dp2cp2-256k-serial 4 $n $c256 "${s[@]}" --set parallel.cp=2 --set parallel.dp=2 --set train.grad_accum=1 \
         --set parallel.overlap_comm=false || rc=1
+    rm -rf $TRAIN_DIR
     return $rc
 }
 
@@ -264,6 +286,50 @@ suite_hf() {
         [ $brc -eq 1 ] && grep -q "^hf_check: FAIL" "$L/hf-break-$b.log" ||
             { echo "hf: --break $b did not fail its comparisons (rc $brc)"; tail -3 "$L/hf-break-$b.log"; rc=1; }
     done
+    return $rc
+}
+
+# suite_long_parity: tests/cuda/long_gpu_check.sh and the copy queue's test_cuda case
+suite_long_parity() {
+    local rc=0
+    timeout "$(left)" tests/cuda/long_gpu_check.sh build /tmp/device_suite_long > "$L/long_gpu_check.log" 2>&1 || rc=1
+    grep -E "^==|^-- |^  cuda|^parity_step|long_gpu_check:|FAIL" "$L/long_gpu_check.log" | tail -40
+    build/test_cuda cuda_copyq_order > "$L/test_cuda_copyq.log" 2>&1 || rc=1
+    tail -3 "$L/test_cuda_copyq.log"
+    return $rc
+}
+
+# the 1B at 1M tokens on two GPUs (issue 18): its plan, then 3 steps
+suite_long_1m() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0
+    build/ringscan plan $cfg | grep -E "^  total|^  kept|^  \(kept|verdict"
+    free -g | head -2
+    suite_train long-1m 2 3 $cfg || rc=1
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
+suite_long_256k() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 s=(--set data.seq_len=262144)
+    suite_train long-256k-whole 2 4 $cfg "${s[@]}" --set checkpoint.chunk_rows=65536 --set checkpoint.offload=none ||
+        rc=1
+    suite_train long-256k-chunked 2 4 $cfg "${s[@]}" --set checkpoint.offload=none || rc=1
+    suite_train long-256k-offload 2 4 $cfg "${s[@]}" || rc=1
+    python3 - $TRAIN_DIR <<'EOF' || rc=1
+import json, sys
+d = sys.argv[1]
+runs = {n: [json.loads(l) for l in open(f"{d}/long-256k-{n}/metrics.jsonl")] for n in ("whole", "chunked", "offload")}
+# the steps after the first (warm-up: allocator, cuBLASLt plans, NCCL)
+ms = {n: sum(r["ms"] for r in rs[1:]) / max(len(rs) - 1, 1) for n, rs in runs.items()}
+print(f"256k, ms/step after step 1: whole {ms['whole']:.0f}, chunked {ms['chunked']:.0f} "
+      f"(x{ms['chunked'] / ms['whole']:.3f}), chunked + offload {ms['offload']:.0f} "
+      f"(x{ms['offload'] / ms['chunked']:.3f} of chunked, x{ms['offload'] / ms['whole']:.3f} of whole)")
+same = all(a["loss"] == b["loss"] for a, b in zip(runs["offload"], runs["chunked"]))
+close = max(abs(a["loss"] - b["loss"]) for a, b in zip(runs["chunked"], runs["whole"]))
+print(f"losses: offload vs chunked {'bitwise equal' if same else 'DIFFER'}; chunked vs whole max |diff| {close:.2e}")
+sys.exit(0 if same and close < 1e-2 else 1)
+EOF
+    rm -rf $TRAIN_DIR
     return $rc
 }
 
@@ -297,6 +363,9 @@ for part in "$@"; do
         [ $r -eq 0 ]
         ;;
     cp-step) suite_cp_step ;;
+    long-parity) suite_long_parity ;;
+    long-1m) suite_long_1m ;;
+    long-256k) suite_long_256k ;;
     step-states)
         RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
@@ -313,7 +382,7 @@ for part in "$@"; do
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn"
-        echo "  cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf)"
+        echo "  cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-256k)"
         false
         ;;
     esac || status=1

@@ -99,6 +99,10 @@ static int parity_read_span(void *ctx, int64_t g, int64_t t0, int64_t len, int32
 static void parity_print_counters(const Model *m) {
     json_t *c = cp_counters_json(&m->cp);
     json_object_set_new(c, "activation_bytes_kept", json_integer(m->bytes_kept));
+    json_object_set_new(c, "activation_bytes_device", json_integer(m->bytes_kept_device));
+    json_object_set_new(c, "activation_bytes_host", json_integer(m->bytes_host));
+    json_object_set_new(c, "offload_bytes_to_host", json_integer(m->count.offload_bytes_to_host));
+    json_object_set_new(c, "offload_bytes_to_device", json_integer(m->count.offload_bytes_to_device));
     char *text = json_dumps(c, JSON_COMPACT);
     printf("counters %s\n", text);
     free(text);
