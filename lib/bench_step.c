@@ -11,7 +11,7 @@
  * loss and the norm on the host, so it is host-synchronous anyway); the
  * median is reported.
  *
- * With RS_CUDA_PROFILE=1 the step runs through the profiled backend table
+ * With --profile 1 the step runs through the profiled backend table
  * (kernels/cuda/cuda_profile.h) and, after the timed steps, prints to stderr
  * the GPU and host milliseconds per step of every Backend entry (the timer's
  * events and periodic drains make that run's step time a little longer:
@@ -77,7 +77,7 @@ static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int s
 }
 
 json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o) {
-    const Backend *be = cuda_backend_table(); /* backend_cuda unless RS_CUDA_PROFILE=1 */
+    const Backend *be = cuda_backend_table(); /* backend_cuda unless --profile 1 */
     int64_t T = cfg->data.seq_len;
     Model m;
     model_init(&m, cfg, be, NULL, T);

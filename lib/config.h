@@ -152,6 +152,7 @@ typedef struct {
     double  memory_gib;  /* usable memory per GPU (per rank on cpu) */
     double  peak_tflops; /* dense bf16 peak for MFU; 0: look the device up */
     int64_t threads;     /* cpu backend: BLAS threads per rank */
+    bool    profile;     /* cuda: every Backend entry timed, the table printed at exit */
 } DeviceConfig;
 
 /* For tests only: one rank stops answering at a given point (comm_watchdog.c). */

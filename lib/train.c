@@ -729,7 +729,8 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     if (cfg->device.kind == DEVICE_KIND_CUDA) {
 #ifdef RS_WITH_CUDA
         comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
-        t.be = cuda_backend_table(); /* backend_cuda; with RS_CUDA_PROFILE=1 the timed table, printed at exit */
+        cuda_profile_enable(cfg->device.profile);
+        t.be = cuda_backend_table(); /* backend_cuda; with device.profile the timed table, printed at exit */
 #else
         train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
                                       "(nvcc was not found at build time; `ringscan version` says what was built)");

@@ -6,7 +6,7 @@
  *
  * Two tables over one list of entries (CUDA_ENTRIES): `backend_cuda`, the
  * kernels themselves, and `backend_cuda_profiled`, every entry wrapped in the
- * opt-in timer of cuda_profile.h (RS_CUDA_PROFILE=1; cuda_backend_table()
+ * opt-in timer of cuda_profile.h (cuda_profile_enable; cuda_backend_table()
  * picks). The plain table has no wrapper and no check: profiling costs
  * nothing when off.
  *

@@ -281,7 +281,7 @@
 #include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
 #include <stdlib.h>
 
-#include "cuda_attention_v2.h"
+#include "cuda_attention_tune.h"
 #include "cuda_attention_wgmma.h"
 #include "cuda_common.h"
 #include "cuda_kernels.h"
@@ -541,199 +541,8 @@ static __global__ void attn_bwd_prep_kernel(float *lse2 /* (nh,Tq_pad) */, float
     }
 }
 
-/* ---- forward --------------------------------------------------------------------------------- */
-
-template <int HD>
-struct AttnFwdSmem {
-    static constexpr int q = ATTN_TILE * HD * 2;        /* Q tile */
-    static constexpr int kv = ATTN_TILE * HD * 2;       /* one K or V tile */
-    static constexpr int meta = ATTN_TILE * 4;          /* one pos or doc_pos array */
-    static constexpr int bytes = q + 4 * kv + 4 * meta; /* Q, K[2], V[2], pos[2], doc_pos[2] */
-};
-
-template <int HD>
-static __global__ void __launch_bounds__(ATTN_THREADS) attn_forward_kernel(const AttnParams p) {
-    constexpr int KS = HD == 256 ? 32 : 64; /* keys per softmax step (registers: O is 16 x HD fp32) */
-    constexpr int NB = KS / 8;              /* 8-key column blocks of S */
-    constexpr int DB = HD / 8;              /* 8-column blocks of O */
-    constexpr int KC = HD / 16;             /* 16-wide steps of the QK^T contraction */
-    constexpr bool QREG = HD <= 128;        /* Q fragments held in registers */
-    typedef AttnFwdSmem<HD> S_;
-    extern __shared__ __align__(128) unsigned char attn_smem[];
-    const uint32_t sQ = attn_smem_addr(attn_smem), sK = sQ + S_::q, sV = sK + 2 * S_::kv;
-    int *sKpos = reinterpret_cast<int *>(attn_smem + S_::q + 4 * S_::kv); /* [2][64] */
-    int *sKdp = sKpos + 2 * ATTN_TILE;                                      /* [2][64] */
-    const uint32_t sKpos_a = attn_smem_addr(sKpos), sKdp_a = attn_smem_addr(sKdp);
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int h = blockIdx.x, qt = gridDim.y - 1 - blockIdx.y, kvh = h / p.group;
-    const int q0 = qt * ATTN_TILE;
-    const bf16 *qg = p.q + (int64_t)h * HD, *kg = p.k + (int64_t)kvh * HD, *vg = p.v + (int64_t)kvh * HD;
-    const uint32_t *live = p.q_live + (int64_t)qt * p.nkw, *part = p.q_part + (int64_t)qt * p.nkw;
-
-    int row[2], qpos[2], qdoc[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        row[rr] = q0 + warp * 16 + g + 8 * rr;
-        qpos[rr] = row[rr] < p.Tq ? p.pos_q[row[rr]] : 0;
-        qdoc[rr] = row[rr] < p.Tq ? qpos[rr] - p.doc_pos_q[row[rr]] : 0;
-    }
-
-    float o[DB][4];
-#pragma unroll
-    for (int db = 0; db < DB; db++) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* running max (log2 domain), partial sums */
-    uint32_t qf[QREG ? KC : 1][4];
-
-    int j = attn_next_live(live, p.nkw, 0);
-    if (j >= 0) {
-        attn_load_tile<HD, ATTN_TILE>(sQ, qg, p.ldq, q0, p.Tq);
-        attn_load_tile<HD, ATTN_TILE>(sK, kg, p.ldk, j * ATTN_TILE, p.Tk);
-        attn_load_tile<HD, ATTN_TILE>(sV, vg, p.ldk, j * ATTN_TILE, p.Tk);
-        attn_load_meta(sKpos_a, sKdp_a, p.pos_k, p.doc_pos_k, j * ATTN_TILE, p.Tk);
-        attn_cp_commit();
-    }
-    int st = 0;
-    bool first = true;
-    while (j >= 0) {
-        const int jn = attn_next_live(live, p.nkw, j + 1);
-        if (jn >= 0) { /* prefetch the next live tile into the other stage */
-            const int ns = st ^ 1;
-            attn_load_tile<HD, ATTN_TILE>(sK + ns * S_::kv, kg, p.ldk, jn * ATTN_TILE, p.Tk);
-            attn_load_tile<HD, ATTN_TILE>(sV + ns * S_::kv, vg, p.ldk, jn * ATTN_TILE, p.Tk);
-            attn_load_meta(sKpos_a + ns * S_::meta, sKdp_a + ns * S_::meta, p.pos_k, p.doc_pos_k, jn * ATTN_TILE,
-                           p.Tk);
-            attn_cp_commit();
-            attn_cp_wait<1>();
-        } else {
-            attn_cp_wait<0>();
-        }
-        __syncthreads();
-        if (QREG && first) {
-#pragma unroll
-            for (int kc = 0; kc < (QREG ? KC : 1); kc++) attn_ldsm(qf[kc], attn_addr_a<HD>(sQ, warp * 16, kc, lane));
-            first = false;
-        }
-        const uint32_t kst = sK + st * S_::kv, vst = sV + st * S_::kv;
-        const bool partial = attn_bit(part, j);
-#pragma unroll 1
-        for (int sub = 0; sub < ATTN_TILE / KS; sub++) {
-            const int cb = sub * KS; /* first key column of this sub-tile */
-
-            /* S = Q K^T (16 rows x KS keys per warp) */
-            float s[NB][4];
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t a[4];
-                if (QREG) {
-                    a[0] = qf[QREG ? kc : 0][0], a[1] = qf[QREG ? kc : 0][1];
-                    a[2] = qf[QREG ? kc : 0][2], a[3] = qf[QREG ? kc : 0][3];
-                } else {
-                    attn_ldsm(a, attn_addr_a<HD>(sQ, warp * 16, kc, lane));
-                }
-#pragma unroll
-                for (int nb2 = 0; nb2 < NB / 2; nb2++) {
-                    uint32_t b[4];
-                    attn_ldsm(b, attn_addr_b<HD>(kst, cb + nb2 * 16, kc, lane));
-                    attn_mma(s[2 * nb2], a, b[0], b[1]);
-                    attn_mma(s[2 * nb2 + 1], a, b[2], b[3]);
-                }
-            }
-
-            /* scale to the log2 domain; mask per element unless the tile pair is full */
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[nb][e] *= p.scale_log2;
-            if (partial) {
-                const int *kp = sKpos + st * ATTN_TILE, *kd = sKdp + st * ATTN_TILE;
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int c = cb + nb * 8 + 2 * t + e;
-                        const int kpos = kp[c], kdoc = kpos - kd[c];
-                        const bool kin = j * ATTN_TILE + c < p.Tk;
-#pragma unroll
-                        for (int rr = 0; rr < 2; rr++)
-                            if (!(kin && kdoc == qdoc[rr] && (!p.causal || kpos <= qpos[rr])))
-                                s[nb][2 * rr + e] = -INFINITY;
-                    }
-            }
-
-            /* online softmax: new max, rescale, P = exp2(S - max) */
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * rr], s[nb][2 * rr + 1]));
-                mx = attn_quad_max(mx);
-                const float m_new = fmaxf(m[rr], mx);
-                const float base = m_new == -INFINITY ? 0.0f : m_new; /* all masked so far: p = 0, no NaN */
-                const float alpha = exp2f(m[rr] - base);
-                m[rr] = m_new;
-                float sum = 0.0f;
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++) {
-                    s[nb][2 * rr] = exp2f(s[nb][2 * rr] - base);
-                    s[nb][2 * rr + 1] = exp2f(s[nb][2 * rr + 1] - base);
-                    sum += s[nb][2 * rr] + s[nb][2 * rr + 1];
-                }
-                l[rr] = l[rr] * alpha + sum;
-#pragma unroll
-                for (int db = 0; db < DB; db++) o[db][2 * rr] *= alpha, o[db][2 * rr + 1] *= alpha;
-            }
-
-            /* O += P V: P from the S accumulators (C layout -> A layout), V through ldmatrix.trans */
-#pragma unroll
-            for (int kk = 0; kk < KS / 16; kk++) {
-                uint32_t a[4];
-                a[0] = attn_pack(s[2 * kk][0], s[2 * kk][1]);
-                a[1] = attn_pack(s[2 * kk][2], s[2 * kk][3]);
-                a[2] = attn_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                a[3] = attn_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-                for (int db2 = 0; db2 < DB / 2; db2++) {
-                    uint32_t b[4];
-                    attn_ldsm_t(b, attn_addr_a<HD>(vst, cb + kk * 16, db2, lane));
-                    attn_mma(o[2 * db2], a, b[0], b[1]);
-                    attn_mma(o[2 * db2 + 1], a, b[2], b[3]);
-                }
-            }
-        }
-        __syncthreads(); /* every warp is done with stage st before the next prefetch overwrites it */
-        st ^= 1;
-        j = jn;
-    }
-
-    /* out = O / l, lse = (m + log2 l) ln 2; a row that saw no key: out 0, lse -inf */
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const float lsum = attn_quad_sum(l[rr]);
-        if (row[rr] >= p.Tq) continue;
-        const bool empty = m[rr] == -INFINITY;
-        const float inv = empty ? 0.0f : 1.0f / lsum;
-        bf16 *orow = p.out_w + (int64_t)row[rr] * p.ldo + (int64_t)h * HD;
-#pragma unroll
-        for (int db = 0; db < DB; db++)
-            *reinterpret_cast<__nv_bfloat162 *>(orow + db * 8 + 2 * t) =
-                __floats2bfloat162_rn(o[db][2 * rr] * inv, o[db][2 * rr + 1] * inv);
-        if (t == 0) p.lse_w[(int64_t)row[rr] * p.nh + h] = empty ? -INFINITY : (m[rr] + log2f(lsum)) * ATTN_LN2;
-    }
-}
-
 /* ---- forward v2: wgmma + TMA, warp-specialised (sm_90a) -------------------------------------- */
 
-#ifndef ATTN_FWD_EX2
-#define ATTN_FWD_EX2 1 /* 1: the v2 forward's exponentials by ex2.approx.ftz (subnormal P flushed to 0; 0: exp2f) */
-#endif
-#if ATTN_FWD_EX2
-#define ATTN_FWD_EXP2(x) attn_ex2_ftz(x)
-#else
-#define ATTN_FWD_EXP2(x) exp2f(x)
-#endif
 #define AWG_BM      128 /* query rows per block: two consumer warpgroups of 64 rows */
 #define AWG_THREADS 384 /* warpgroup 0: producer (one warp loads); warpgroups 1, 2: consumers */
 
@@ -926,14 +735,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             mx = attn_quad_max(mx);
             const float m_new = fmaxf(m[rr], mx * sl2);
             const float base_m = m_new == -INFINITY ? 0.0f : m_new; /* all masked so far: p = 0, no NaN */
-            const float alpha = ATTN_FWD_EXP2(m[rr] - base_m);
+            const float alpha = attn_ex2_ftz(m[rr] - base_m);
             m[rr] = m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const float pr = ATTN_FWD_EXP2(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
+                    const float pr = attn_ex2_ftz(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
                     sc[4 * nb + 2 * rr + e] = pr;
                     sum += pr;
                 }
@@ -988,345 +797,16 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     }
 }
 
-/* ---- backward v2: wgmma + TMA, warp-specialised (sm_90a) ------------------------------------- */
-
-/* One kernel body for both backward kernels, each block owning ROWS rows of its own pair of tiles and
- * streaming 64-row tiles of the other side through a ring:
- *   DKDV = 1  own K, V (keys);      stream Q, dO of each query head of the group; dV += P^T dO, dK += dS^T Q
- *   DKDV = 0  own Q, dO (queries);  stream K, V;                                  dQ += dS K
- * Per streamed tile a consumer warpgroup computes C1 = own_1 X^T and C2 = own_2 Y^T (S and dP, or their
- * transposes: 64 x 64 each), P and dS elementwise, then the products with the streamed tile as a
- * transposed (N-major) operand. hd 256: the two warpgroups share the 64 rows and split the output
- * columns (128 each), recomputing C1 and C2; else each owns 64 rows and every column. */
-template <int HD>
-struct AttnBwdWgCfg {
-    static constexpr bool SPLIT = HD == 256;
-    static constexpr int ROWS = SPLIT ? 64 : 128;
-    static constexpr int OUTW = SPLIT ? 128 : HD;
-    static constexpr int ST = HD == 256 ? 2 : 4;
-    static constexpr int PANELS = HD / 64;
-    static constexpr int own_bytes = ROWS * HD * 2; /* one own tile */
-    static constexpr int tile_bytes = ATTN_TILE * HD * 2; /* one streamed tile */
-    static constexpr int meta_bytes = 4 * ATTN_TILE * 4;  /* lse2, D, pos, doc_pos (dk/dv) or pos, doc_pos (dq) */
-    static constexpr int off_b = own_bytes;
-    static constexpr int off_x = 2 * own_bytes;
-    static constexpr int off_y = off_x + ST * tile_bytes;
-    static constexpr int off_meta = off_y + ST * tile_bytes;
-    static constexpr int off_bar = off_meta + ST * meta_bytes; /* own, full[ST], empty[ST] */
-    static constexpr int bytes = off_bar + 8 * (1 + 2 * ST) + 1024;
-};
-
-template <int HD, int DKDV>
-static __global__ void __launch_bounds__(AWG_THREADS, 1)
-    attn_bwd_wg_kernel(const AttnParams p, const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
-                       const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_y) {
-    typedef AttnBwdWgCfg<HD> C;
-    constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2;
-    extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
-    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
-    unsigned char *meta_g = attn_smem + (base - raw) + C::off_meta; /* stage s: 4 arrays of 64 words */
-    const uint32_t sA = base, sB = base + C::off_b, sX = base + C::off_x, sY = base + C::off_y;
-    const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
-
-    const int tid = threadIdx.x, wg = tid >> 7;
-    /* blockIdx.x: kv head (dk/dv) or head (dq); blockIdx.y: row block (dk/dv: in order, the heaviest
-     * under causal first; dq: reversed, the heaviest first) */
-    const int hx = blockIdx.x, rb = DKDV ? (int)blockIdx.y : (int)(gridDim.y - 1 - blockIdx.y);
-    const int kvh = DKDV ? hx : hx / p.group;
-    const int nloop = DKDV ? p.group : 1; /* query heads streamed per own tile */
-    /* the own rows' 64-row tiles and their bitmask rows over the streamed tiles */
-    const int ntiles = DKDV ? p.nk : p.nq, nwords = DKDV ? p.nqw : p.nkw;
-    const uint32_t *lives = DKDV ? p.k_live : p.q_live, *parts = DKDV ? p.k_part : p.q_part;
-    const int t0 = rb * (ROWS / ATTN_TILE);
-    const uint32_t *live_a = lives + (int64_t)t0 * nwords;
-    const uint32_t *live_b = (!C::SPLIT && t0 + 1 < ntiles) ? lives + (int64_t)(t0 + 1) * nwords : nullptr;
-    auto next_tile = [&](int from) -> int {
-        int a = attn_next_live(live_a, nwords, from);
-        if (live_b) {
-            const int b = attn_next_live(live_b, nwords, from);
-            if (b >= 0 && (a < 0 || b < a)) a = b;
-        }
-        return a;
-    };
-    const int first = next_tile(0);
-    if (first < 0) return; /* nothing visible: every gradient += 0 */
-
-    if (tid == 0) {
-        attn_mbar_init(bar_own, 1);
-        for (int s = 0; s < ST; s++) {
-            attn_mbar_init(bar_full + 8 * s, 32);
-            attn_mbar_init(bar_empty + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    const int own_col = (DKDV ? kvh : hx) * HD, own_row = rb * ROWS;
-    if (wg == 0) { /* ---- producer ---- */
-        attn_setmaxnreg_dec<DKDV ? 40 : 56>(); /* dq: the producer needs more (a spill at 40) */
-        if (tid >= 32) return;
-        const int lane = tid;
-        if (lane == 0) {
-            attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
-#pragma unroll
-            for (int pn = 0; pn < C::PANELS; pn++) {
-                attn_tma_load_2d(sA + pn * ROWS * 128, &tm_a, own_col + pn * 64, own_row, bar_own);
-                attn_tma_load_2d(sB + pn * ROWS * 128, &tm_b, own_col + pn * 64, own_row, bar_own);
-            }
-        }
-        int it = 0;
-        for (int hh = 0; hh < nloop; hh++)
-            for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
-                const int s = it % ST;
-                if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
-                const int r0 = idx * ATTN_TILE;
-                int *mi = reinterpret_cast<int *>(meta_g + s * C::meta_bytes);
-                float *mf = reinterpret_cast<float *>(mi);
-                if (DKDV) {
-                    const int h = kvh * p.group + hh;
-                    for (int r = lane; r < ATTN_TILE; r += 32) {
-                        const bool ok = r0 + r < p.Tq;
-                        mf[r] = p.lse2[(int64_t)h * p.Tq_pad + r0 + r]; /* padded: +inf past Tq */
-                        mf[ATTN_TILE + r] = p.D[(int64_t)h * p.Tq_pad + r0 + r];
-                        mi[2 * ATTN_TILE + r] = ok ? __ldg(p.pos_q + r0 + r) : 0;
-                        mi[3 * ATTN_TILE + r] = ok ? __ldg(p.doc_pos_q + r0 + r) : 0;
-                    }
-                } else {
-                    for (int r = lane; r < ATTN_TILE; r += 32) {
-                        const bool ok = r0 + r < p.Tk;
-                        mi[r] = ok ? __ldg(p.pos_k + r0 + r) : 0;
-                        mi[ATTN_TILE + r] = ok ? __ldg(p.doc_pos_k + r0 + r) : 0;
-                    }
-                }
-                if (lane == 0) {
-                    const int col = (DKDV ? kvh * p.group + hh : kvh) * HD;
-                    attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::tile_bytes);
-#pragma unroll
-                    for (int pn = 0; pn < C::PANELS; pn++) {
-                        attn_tma_load_2d(sX + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_x, col + pn * 64, r0,
-                                         bar_full + 8 * s);
-                        attn_tma_load_2d(sY + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_y, col + pn * 64, r0,
-                                         bar_full + 8 * s);
-                    }
-                } else {
-                    attn_mbar_arrive(bar_full + 8 * s);
-                }
-            }
-        return;
-    }
-
-    /* ---- consumers ---- */
-    attn_setmaxnreg_inc<DKDV ? 232 : 224>(); /* 40 x 128 + 232 x 256 = 56 x 128 + 224 x 256 = 64512 */
-    const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
-    const int mytile = t0 + (C::SPLIT ? 0 : cw);
-    const uint32_t *mylive = mytile < ntiles ? lives + (int64_t)mytile * nwords : nullptr;
-    const uint32_t *mypart = mytile < ntiles ? parts + (int64_t)mytile * nwords : nullptr;
-    /* this thread's two own rows: pos, document start; dq also lse2 and D of the query head */
-    int row[2], rpos[2], rdoc[2];
-    float rl2[2] = {0.0f, 0.0f}, rD[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        row[rr] = own_row + rowoff + warp * 16 + g + 8 * rr;
-        const int T = DKDV ? p.Tk : p.Tq;
-        const int32_t *ps = DKDV ? p.pos_k : p.pos_q, *ds = DKDV ? p.doc_pos_k : p.doc_pos_q;
-        rpos[rr] = row[rr] < T ? ps[row[rr]] : 0;
-        rdoc[rr] = row[rr] < T ? rpos[rr] - ds[row[rr]] : 0;
-        if (!DKDV && mylive) { /* mytile < nq: the row lies inside the padded statistics */
-            rl2[rr] = p.lse2[(int64_t)hx * p.Tq_pad + row[rr]];
-            rD[rr] = p.D[(int64_t)hx * p.Tq_pad + row[rr]];
-        }
-    }
-    float acc1[NO], acc2[DKDV ? NO : 1]; /* dK and dV (dk/dv), or dQ */
-#pragma unroll
-    for (int i = 0; i < NO; i++) acc1[i] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < (DKDV ? NO : 1); i++) acc2[i] = 0.0f;
-    const float sl2 = p.scale_log2;
-
-    attn_mbar_wait(bar_own, 0);
-    constexpr bool OVL = !DKDV; /* dk/dv keeps no registers for a product in flight across tiles */
-    int it = 0, pend = -1;      /* pend: the stage an issued dS K product still reads */
-    for (int hh = 0; hh < nloop; hh++)
-        for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
-            const int s = it % ST;
-            const bool live = mylive && attn_bit(mylive, idx);
-            const bool part = live && attn_bit(mypart, idx);
-            attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
-            if (live) {
-                const uint32_t xs = sX + s * C::tile_bytes, ys = sY + s * C::tile_bytes;
-                float c1[32], c2[32];
-                attn_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++) {
-                    const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
-                    const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
-                    attn_wgmma_ss_n64(c1, attn_gdesc(sA + ao, 16, 1024), attn_gdesc(xs + bo, 16, 1024), kk > 0);
-                    attn_wgmma_ss_n64(c2, attn_gdesc(sB + ao, 16, 1024), attn_gdesc(ys + bo, 16, 1024), kk > 0);
-                }
-                attn_wg_commit();
-                attn_wg_wait<0>(); /* S, dP and (dq) the previous tile's dS K are done */
-#pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]), attn_reg_fence(c2[i]);
-                if (OVL && pend >= 0) {
-#pragma unroll
-                    for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
-                    attn_mbar_arrive(bar_empty + 8 * pend);
-                    pend = -1;
-                }
-
-                /* P (or P^T) into c1, dS (or dS^T) into c2; element (own row rr, streamed column c) */
-                const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
-                const float *mf = reinterpret_cast<const float *>(mi);
-#pragma unroll
-                for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int c = nb * 8 + 2 * t + e;
-                        if (DKDV) {
-                            const float lc = mf[c], dc = mf[ATTN_TILE + c];
-                            const int qp = mi[2 * ATTN_TILE + c], qd = qp - mi[3 * ATTN_TILE + c];
-#pragma unroll
-                            for (int rr = 0; rr < 2; rr++) {
-                                const bool vis = !part || (rdoc[rr] == qd && (!p.causal || rpos[rr] <= qp));
-                                const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -lc)) : 0.0f;
-                                c1[4 * nb + 2 * rr + e] = pr;
-                                c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - dc);
-                            }
-                        } else {
-                            const int kp = mi[c], kd = kp - mi[ATTN_TILE + c];
-                            const bool kin = idx * ATTN_TILE + c < p.Tk;
-#pragma unroll
-                            for (int rr = 0; rr < 2; rr++) {
-                                const bool vis = !part || (kin && kd == rdoc[rr] && (!p.causal || kp <= rpos[rr]));
-                                const float pr = vis ? exp2f(fmaf(c1[4 * nb + 2 * rr + e], sl2, -rl2[rr])) : 0.0f;
-                                c2[4 * nb + 2 * rr + e] = pr * (c2[4 * nb + 2 * rr + e] - rD[rr]);
-                            }
-                        }
-                    }
-                uint32_t pa[4][4], da[4][4];
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-#pragma unroll
-                    for (int q4 = 0; q4 < 4; q4++) {
-                        if (DKDV) pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
-                        da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
-#pragma unroll
-                for (int i = 0; i < (DKDV ? NO : 1); i++) attn_reg_fence(acc2[i]);
-                attn_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    /* dk/dv: acc1 = dK += dS^T Q (X = Q), acc2 = dV += P^T dO (Y = dO); dq: acc1 = dQ += dS K (X = K) */
-                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(xs + bo, ATTN_TILE * 128, 1024));
-                    else attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(xs + bo, ATTN_TILE * 128, 1024));
-                    if constexpr (DKDV) {
-                        if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(ys + bo, ATTN_TILE * 128, 1024));
-                        else attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(ys + bo, ATTN_TILE * 128, 1024));
-                    }
-                }
-                attn_wg_commit();
-                if constexpr (OVL) { /* dq: the dS K product runs on while the next tile's S and dP are issued */
-                    pend = s;
-                    continue;
-                }
-                attn_wg_wait<0>();
-#pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
-#pragma unroll
-                for (int i = 0; i < (DKDV ? NO : 1); i++) attn_reg_fence(acc2[i]);
-            } else if (OVL && pend >= 0) { /* nothing to compute here: finish the pending product first */
-                attn_wg_wait<0>();
-#pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
-                attn_mbar_arrive(bar_empty + 8 * pend);
-                pend = -1;
-            }
-            attn_mbar_arrive(bar_empty + 8 * s);
-        }
-    if (OVL && pend >= 0) {
-        attn_wg_wait<0>();
-#pragma unroll
-        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
-        attn_mbar_arrive(bar_empty + 8 * pend);
-    }
-
-    /* += into the fp32 gradients; every element owned by one thread */
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        if (row[rr] >= (DKDV ? p.Tk : p.Tq)) continue;
-        if (DKDV) {
-            const int64_t off = (int64_t)row[rr] * p.ldk + (int64_t)kvh * HD + col0;
-#pragma unroll
-            for (int ob = 0; ob < OUTW / 8; ob++) {
-                float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
-                float2 y = *x;
-                y.x += p.scale * acc1[4 * ob + 2 * rr];
-                y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
-                *x = y;
-                x = reinterpret_cast<float2 *>(p.dv + off + ob * 8 + 2 * t);
-                y = *x;
-                y.x += acc2[(DKDV ? 4 * ob + 2 * rr : 0)];
-                y.y += acc2[(DKDV ? 4 * ob + 2 * rr + 1 : 0)];
-                *x = y;
-            }
-        } else {
-            float *d = p.dq + (int64_t)row[rr] * p.ldq + (int64_t)hx * HD + col0;
-#pragma unroll
-            for (int ob = 0; ob < OUTW / 8; ob++) {
-                float2 *x = reinterpret_cast<float2 *>(d + ob * 8 + 2 * t);
-                float2 y = *x;
-                y.x += p.scale * acc1[4 * ob + 2 * rr];
-                y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
-                *x = y;
-            }
-        }
-    }
-}
-
 /* ---- backward v3: dK, dV and dQ in one kernel ------------------------------------------------ */
 
-#ifndef ATTN_BWD3_LAG
-#define ATTN_BWD3_LAG 0 /* 1: each tile's dQ in the next tile, the consumers joined by mbarriers (measured slower;
-                         * kept: without its dead branch ptxas emits different SASS for attn_bwd3_kernel<256>) */
-#endif
-#ifndef ATTN_BWD3_BULK
-#define ATTN_BWD3_BULK 1 /* 1 (hd 64 / 128): dQ staged in shared memory, added by one TMA reduce per tile (v4) */
-#endif
-#ifndef ATTN_BWD3_DQS
-#define ATTN_BWD3_DQS 2 /* BULK: dQ staging buffers (the consumers run up to DQS tiles ahead of the reduces; 1 measured 1-2% slower) */
-#endif
-#ifndef ATTN_BWD3_QS
-#define ATTN_BWD3_QS 3 /* 1 (hd 256): S^T, dP^T split by queries between the consumers, P^T and dS^T through shared
-                        * memory, no recomputed products (v5 layout, header "v5 backward at hd 256") */
-#endif
-#ifndef ATTN_BWD3_THROTTLE_MIN_TK
 #define ATTN_BWD3_THROTTLE_MIN_TK 65536 /* QS 3: above this many keys the backward runs with ATTN_BWD3_THROTTLE: at
                                          * 128k keys unthrottled v3 measured 1473 to 2768 ms fwd+bwd from call to call,
                                          * with W = 4 1836-1852 (MHA), 1750-1751 (GQA 16/2) in two rounds; at 32k W = 4
                                          * costs 20% (H100, 2026-11-23, docs/benchmarks.md "v0.5") */
-#endif
-#ifndef ATTN_BWD3_THROTTLE
 #define ATTN_BWD3_THROTTLE 4 /* W > ST (QS 3, above ATTN_BWD3_THROTTLE_MIN_TK keys): a block's producer loads query
                               * tile i only once the next key block of its head, if started and live there, has added
                               * tile i - W, so a head's key blocks stay within W tiles of each other and share Q, dO
                               * in L2 */
-#endif
-#ifndef ATTN_BWD3_KVRED
-#define ATTN_BWD3_KVRED 1 /* 1: the block's final dk, dv adds by red.global.add.v2 instead of load-add-store (whose
-                           * loads wait one by one: dk and dv may alias for the compiler); the GQA head order kept */
-#endif
-#ifndef ATTN_BWD3_REG_P
-#define ATTN_BWD3_REG_P 56 /* producer warpgroup registers per thread */
-#endif
-#ifndef ATTN_BWD3_REG_C
-#define ATTN_BWD3_REG_C 224 /* consumer warpgroup registers per thread */
-#endif
-
 
 /* v3 layout: the v2 dk/dv block (own K, V; Q, dO streamed in 64-query tiles) plus two dS^T buffers
  * (row = key, 64 query columns, 128-byte swizzle: the M-major A operand of dQ = dS K). Without SPLIT
@@ -1337,29 +817,27 @@ struct AttnBwd3Cfg {
     static constexpr bool SPLIT = HD == 256;
     static constexpr int ROWS = SPLIT ? 64 : 128; /* keys per block */
     static constexpr int OUTW = SPLIT ? 128 : HD; /* dK, dV columns per consumer */
-    /* BULK (v4, not SPLIT / LAG): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
+    /* BULK (hd 64 / 128): the consumers write scale dQ (fp32, 64 queries x their 64 columns)
      * to a staging buffer in 32-column boxes of 64 rows (128-byte swizzle) instead of red.global adds; the
      * sequencer thread waits for the previous key block, adds the buffer to dq with one TMA reduce per box
      * and releases the semaphore once the reduce is complete */
-    static constexpr bool BULK = ATTN_BWD3_BULK && !SPLIT && !ATTN_BWD3_LAG;
-    /* QS (hd 256): the consumers split the tile's 64 queries for S^T and dP^T (32 each, no product computed
-     * twice) and meet through four buffers of ds_bytes: P^T and dS^T, by tile parity */
-    static constexpr int QS = SPLIT ? ATTN_BWD3_QS : 0; /* 2: both dQ chunks in flight at once; 3: and staged */
-    /* QS 3: scale dQ (fp32, 64 queries x 256) staged in the tile's own ring stage once both consumers' products
+    static constexpr bool BULK = !SPLIT;
+    /* QSTG (hd 256): the consumers split the tile's 64 queries for S^T and dP^T (32 each, no product computed
+     * twice) and meet through four buffers of ds_bytes: P^T and dS^T, by tile parity; scale dQ (fp32, 64 queries x 256) staged in the tile's own ring stage once both consumers' products
      * that read it are complete (consumer 0's 128 columns over Q, consumer 1's over dO: 4 boxes of 32 columns
      * each), added by the sequencer's TMA reduces as in BULK; the sequencer, not the consumers, then frees the
      * stage for the producer */
-    static constexpr bool QSTG = QS == 3;
+    static constexpr bool QSTG = SPLIT;
     /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : QSTG ? 8 : 0; /* 32-column boxes of 8 KB staged per tile */
-    static constexpr int DQS = BULK ? ATTN_BWD3_DQS : QSTG ? ST : 1;            /* staging buffers, by tile */
+    static constexpr int DQS = BULK ? 2 : ST; /* staging buffers, by tile (BULK: 1 measured 1-2% slower) */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
     static constexpr int tile_bytes = ATTN_TILE * HD * 2;
     static constexpr int ds_bytes = (SPLIT ? 64 : ROWS) * 128; /* one dS^T buffer (bf16, 64 query columns) */
-    static constexpr int NDS = QS ? 4 : 2; /* buffers of ds_bytes */
+    static constexpr int NDS = QSTG ? 4 : 2; /* buffers of ds_bytes */
     static constexpr int meta_bytes = 4 * ATTN_TILE * 4;       /* lse2, D, pos, doc_pos of the streamed queries */
     static constexpr int off_b = own_bytes;
     static constexpr int off_x = 2 * own_bytes;
@@ -1375,12 +853,8 @@ struct AttnBwd3Cfg {
     static constexpr int bytes = off_bar + 8 * (1 + 2 * ST + 8) + 896;
     static_assert(off_dqs % 1024 == 0 && bytes <= 227 * 1024, "bwd3 shared memory");
     static constexpr int DQT = HD == 64 ? 128 : 256; /* consumer threads that arrive on done */
-    /* LAG (not SPLIT): a tile's dQ is computed in the next tile, after that tile's dK is issued, so the two
-     * consumers meet on mbarriers with a tile of slack (ds_full: both halves of a dS^T buffer written;
-     * ds_empty: both consumers' dQ of it done) instead of a named barrier every tile */
-    static constexpr bool LAG = ATTN_BWD3_LAG && !SPLIT;
     /* the register split (setmaxnreg): 128 REG_P + 256 REG_C <= 64512 (384 threads x 168), multiples of 8 */
-    static constexpr int REG_C = ATTN_BWD3_REG_C, REG_P = ATTN_BWD3_REG_P;
+    static constexpr int REG_C = 224, REG_P = 56;
     static_assert(128 * REG_P + 256 * REG_C <= 64512 && REG_P % 8 == 0 && REG_C % 8 == 0, "bwd3 register split");
 };
 
@@ -1488,7 +962,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             attn_mbar_init(bar_empty + 8 * s, C::QSTG ? 1 : 256);
         }
         for (int b = 0; b < 2; b++) {
-            attn_mbar_init(bar_go + 8 * b, C::BULK || C::QSTG ? C::DQT : 1); /* BULK, QSTG: bar_stg */
+            attn_mbar_init(bar_go + 8 * b, C::DQT); /* bar_stg */
             attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
             attn_mbar_init(bar_dsf + 8 * b, 256);
             attn_mbar_init(bar_dse + 8 * b, C::DQT);
@@ -1503,7 +977,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         attn_setmaxnreg_dec<C::REG_P>();
         if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
             if (tid != 32) return;
-            if constexpr (C::BULK || C::QSTG) {
+            {
                 /* tile n (query tile ai): wait until the previous live key block's reduce is complete (acquire),
                  * then until the consumers staged scale dQ, add the staging buffer to dq (TMA reduce, one per
                  * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
@@ -1545,36 +1019,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 finish();
                 return;
             }
-            /* tile n of the block's sequence (query tile ai): wait until the previous live key block has added
-             * (acquire), then open go[n % 2]; after done[n % 2] (every consumer's adds of tile n issued) write
-             * rb + 1 (release). At most two tiles open ahead of the releases, so a go phase is never reused
-             * before the consumers passed it; a release is never held up by the wait of a later tile. */
-            uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
-            int ai = first, ri = first, na = 0, nr = 0;
-            uint32_t want = 0;
-            bool want_ok = false;
-            while (ri >= 0) {
-                bool moved = false;
-                if (ai >= 0 && na - nr < 2) {
-                    if (p.dq_order && !want_ok) {
-                        const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
-                        want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                        want_ok = true;
-                    }
-                    if (!p.dq_order || attn_ld_acquire(sems + ai) == want) {
-                        attn_mbar_arrive(bar_go + 8 * (na & 1));
-                        na++, moved = true, want_ok = false;
-                        ai = next_tile(ai + 1);
-                    }
-                }
-                if (nr < na && attn_mbar_test(bar_done + 8 * (nr & 1), (nr >> 1) & 1)) {
-                    if (p.dq_order) attn_st_release(sems + ri, (uint32_t)(rb + 1));
-                    nr++, moved = true;
-                    ri = next_tile(ri + 1);
-                }
-                if (!moved) __nanosleep(32);
-            }
-            return;
         }
         /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
         const int lane = tid;
@@ -1656,17 +1100,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NO; i++) acc1[i] = 0.0f, acc2[i] = 0.0f;
     const float sl2 = p.scale_log2;
-    /* adds scale dQ (64 queries x the 64 columns of panel pn) of query tile qi, head h to dq */
-    auto add_dq = [&](const float (&d32)[32], int qi, int h, int pn) {
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int qrow = qi * ATTN_TILE + warp * 16 + g + 8 * rr;
-            if (qrow >= p.Tq) continue;
-            float *d = p.dq + (int64_t)qrow * p.ldq + (int64_t)h * HD + pn * 64 + 2 * t;
-#pragma unroll
-            for (int ob = 0; ob < 8; ob++) attn_red_add2(d + 8 * ob, p.scale * d32[4 * ob + 2 * rr], p.scale * d32[4 * ob + 2 * rr + 1]);
-        }
-    };
     /* dQ (64 queries x the 64 columns of panel pn) = dS K, dS^T from the buffer at ds, K from the block's own
      * tile, issued as one commit group; dq_product also waits for it and for every product this consumer
      * issued before (so also for the tile's dK, dV) */
@@ -1684,20 +1117,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
     };
-    int pit = -1, pidx = 0; /* LAG: the tile (sequence number, query tile) whose dQ is still to do */
-    /* LAG: dQ of tile qit (query tile qidx) from its complete dS^T buffer; waits for every issued product */
-    auto lagged_dq = [&](int qit, int qidx) {
-        const uint32_t b = qit & 1, db = sDS + b * C::ds_bytes;
-        attn_mbar_wait(bar_dsf + 8 * b, (qit >> 1) & 1); /* both halves written */
-        float dqa[32];
-        dq_product(dqa, db, cw);
-#pragma unroll
-        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-        attn_mbar_arrive(bar_dse + 8 * b);                        /* this thread no longer reads buffer b */
-        attn_mbar_wait(bar_go + 8 * (qit & 1), (qit >> 1) & 1); /* the previous key block has added */
-        add_dq(dqa, qidx, h0, cw);
-        attn_mbar_arrive(bar_done + 8 * (qit & 1));
-    };
 
     attn_mbar_wait(bar_own, 0);
     int it = 0;
@@ -1708,14 +1127,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             const bool live = mylive && attn_bit(mylive, idx);
             const bool part = live && attn_bit(mypart, idx);
             const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
-            /* this tile's dS^T buffer (QS: P^T sits in the buffer before it) */
-            const uint32_t dsb = sDS + (C::QS ? 2 * (it & 1) + 1 : C::SPLIT ? cw : (it & 1)) * C::ds_bytes;
+            /* this tile's dS^T buffer (QSTG: P^T sits in the buffer before it) */
+            const uint32_t dsb = sDS + (C::QSTG ? 2 * (it & 1) + 1 : (it & 1)) * C::ds_bytes;
             attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
-            /* LAG: dS^T buffer it % 2 is free once both consumers' dQ of tile it - 2 is done */
-            auto ds_free = [&]() {
-                if (C::LAG && it >= 2) attn_mbar_wait(bar_dse + 8 * (it & 1), ((it >> 1) - 1) & 1);
-            };
-            if constexpr (C::QS) { /* always live (SPLIT: both consumers own the block's 64 keys, the tile walk is theirs) */
+            if constexpr (C::QSTG) { /* always live (SPLIT: both consumers own the block's 64 keys, the tile walk is theirs) */
                 /* S^T, dP^T of the 64 keys x this consumer's 32 queries [32 cw, 32 cw + 32) as two commit groups */
                 float c1[16], c2[16];
                 /* c = own (K or V, 64 keys x 256) times this consumer's 32 rows of the streamed tile (Q or dO)^T */
@@ -1834,7 +1249,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 attn_wg_commit();
                 /* dS^T (bf16, as rounded for dK) -> this consumer's 64 rows of the buffer, 128-byte swizzle:
                  * row r, query chunk nb (8 columns) at r * 128 + 16 (nb ^ r % 8) + 4 t */
-                ds_free();
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
                     const int r = rowoff + warp * 16 + g + 8 * rr;
@@ -1845,7 +1259,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                      : "memory");
                 }
             } else if (!C::SPLIT) { /* these keys see none of the tile's queries: their dS^T rows are 0 */
-                ds_free();
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     const int chunk = (tid & 127) + 128 * c; /* 512 16-byte chunks of 64 rows */
@@ -1854,19 +1267,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                  : "memory");
                 }
             }
-            if (!C::QS) attn_fence_proxy_async();
-            if (C::LAG) {
-                attn_mbar_arrive(bar_dsf + 8 * (it & 1)); /* this thread's part of dS^T written */
-                if (has_dq && pit >= 0) lagged_dq(pit, pidx); /* the previous tile's dQ; waits for this tile's dK, dV */
-                else attn_wg_wait<0>();
-#pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                attn_mbar_arrive(bar_empty + 8 * s);
-                pit = it, pidx = idx;
-                continue;
-            }
-            if (C::SPLIT && !C::QS) attn_bar_sync(2 + cw, 128); /* QS met at its own barrier above */
-            else if (!C::SPLIT) attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
+            if (!C::QSTG) attn_fence_proxy_async();
+            if (!C::SPLIT) attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
             if (C::BULK && has_dq) { /* dQ of this consumer's 64 columns -> the staging buffer (v4) */
                 float dqa[32];
@@ -1928,40 +1330,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 stage(dqb, 1);
                 attn_fence_proxy_async();
                 attn_mbar_arrive(bar_stg + 8 * s);
-            } else if (C::QS == 2) { /* hd 256: both 64-column chunks issued at once, chunk 0 added while 1 runs */
-                float dqa[32], dqb[32];
-                dq_issue(dqa, dsb, 2 * cw);
-                dq_issue(dqb, dsb, 2 * cw + 1);
-                attn_wg_wait<1>(); /* dV, dK and chunk 0 */
-#pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
-#pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                attn_mbar_arrive(bar_empty + 8 * s);
-                attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
-                add_dq(dqa, idx, h, 2 * cw);
-                attn_wg_wait<0>();
-#pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(dqb[i]);
-                add_dq(dqb, idx, h, 2 * cw + 1);
-                attn_mbar_arrive(bar_done + 8 * (it & 1));
-            } else if (has_dq) { /* the 64-column chunks of this consumer's dQ one after the other (hd 256: two;
-                                    * both in flight at once would need 32 more registers, and ptxas then
-                                    * serialises the wgmmas) */
-#pragma unroll
-                for (int ch = 0; ch < C::DQC; ch++) {
-                    const int pn = cw * C::DQC + ch; /* the 64-column panel of dq and of K */
-                    float dqa[32];
-                    dq_product(dqa, dsb, pn);
-                    if (ch == 0) {
-#pragma unroll
-                        for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                        attn_mbar_arrive(bar_empty + 8 * s);
-                        attn_mbar_wait(bar_go + 8 * (it & 1), (it >> 1) & 1); /* the previous key block has added */
-                    }
-                    add_dq(dqa, idx, h, pn);
-                }
-                attn_mbar_arrive(bar_done + 8 * (it & 1)); /* this thread's adds of the tile are issued */
             } else {
                 attn_wg_wait<0>();
 #pragma unroll
@@ -1970,7 +1338,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             }
         }
     }
-    if (C::LAG && has_dq && pit >= 0) lagged_dq(pit, pidx);
 
     /* += into the fp32 dk, dv; every element owned by one thread. With GQA the blocks of the group's query
      * heads add to the same rows, in head order: a semaphore per (kv head, key block, consumer) holds the
@@ -1989,352 +1356,17 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     for (int rr = 0; rr < 2; rr++) {
         if (krow[rr] >= p.Tk) continue;
         const int64_t off = (int64_t)krow[rr] * p.ldk + (int64_t)kvh * HD + col0;
-        if constexpr (ATTN_BWD3_KVRED) { /* fire and forget; the release below orders them as the stores */
-#pragma unroll
-            for (int ob = 0; ob < OUTW / 8; ob++) {
-                attn_red_add2(p.dk + off + ob * 8 + 2 * t, p.scale * acc1[4 * ob + 2 * rr], p.scale * acc1[4 * ob + 2 * rr + 1]);
-                attn_red_add2(p.dv + off + ob * 8 + 2 * t, acc2[4 * ob + 2 * rr], acc2[4 * ob + 2 * rr + 1]);
-            }
-            continue;
-        }
+        /* red.global.add.v2, fire and forget (load-add-store waits load by load: dk and dv may alias for
+         * the compiler); the release below orders them as the stores */
 #pragma unroll
         for (int ob = 0; ob < OUTW / 8; ob++) {
-            float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
-            float2 y = *x;
-            y.x += p.scale * acc1[4 * ob + 2 * rr];
-            y.y += p.scale * acc1[4 * ob + 2 * rr + 1];
-            *x = y;
-            x = reinterpret_cast<float2 *>(p.dv + off + ob * 8 + 2 * t);
-            y = *x;
-            y.x += acc2[4 * ob + 2 * rr];
-            y.y += acc2[4 * ob + 2 * rr + 1];
-            *x = y;
+            attn_red_add2(p.dk + off + ob * 8 + 2 * t, p.scale * acc1[4 * ob + 2 * rr], p.scale * acc1[4 * ob + 2 * rr + 1]);
+            attn_red_add2(p.dv + off + ob * 8 + 2 * t, acc2[4 * ob + 2 * rr], acc2[4 * ob + 2 * rr + 1]);
         }
     }
     if (chain) {
         attn_bar_sync(2 + cw, 128); /* every add of this consumer done before the release */
         if ((tid & 127) == 0) attn_st_release(ksem, (uint32_t)(h0 % p.group + 1));
-    }
-}
-
-/* ---- backward: dq ---------------------------------------------------------------------------- */
-
-template <int HD>
-struct AttnDqSmem {
-    static constexpr int tile = ATTN_TILE * HD * 2;
-    static constexpr int meta = ATTN_TILE * 4;
-    static constexpr int bytes = 2 * tile + 4 * tile + 4 * meta; /* Q, dO, K[2], V[2], pos[2], doc_pos[2] */
-};
-
-/* OUTW = the dq columns a block owns (HD, or HD/2 for hd 256) */
-template <int HD, int OUTW>
-static __global__ void __launch_bounds__(ATTN_THREADS) attn_dq_kernel(const AttnParams p) {
-    constexpr int KS = HD == 256 ? 32 : 64; /* keys per step (registers) */
-    constexpr int NB = KS / 8, KC = HD / 16, OB = OUTW / 8, NSPLIT = HD / OUTW;
-    typedef AttnDqSmem<HD> S_;
-    extern __shared__ __align__(128) unsigned char attn_smem[];
-    const uint32_t sQ = attn_smem_addr(attn_smem), sdO = sQ + S_::tile, sK = sdO + S_::tile, sV = sK + 2 * S_::tile;
-    int *sKpos = reinterpret_cast<int *>(attn_smem + 6 * S_::tile);
-    int *sKdp = sKpos + 2 * ATTN_TILE;
-    const uint32_t sKpos_a = attn_smem_addr(sKpos), sKdp_a = attn_smem_addr(sKdp);
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int h = blockIdx.x / NSPLIT, col0 = (blockIdx.x % NSPLIT) * OUTW;
-    const int qt = gridDim.y - 1 - blockIdx.y, kvh = h / p.group, q0 = qt * ATTN_TILE;
-    const bf16 *kg = p.k + (int64_t)kvh * HD, *vg = p.v + (int64_t)kvh * HD;
-    const uint32_t *live = p.q_live + (int64_t)qt * p.nkw, *part = p.q_part + (int64_t)qt * p.nkw;
-
-    int j = attn_next_live(live, p.nkw, 0);
-    if (j < 0) return; /* no key tile is visible: dq += 0 */
-
-    int row[2], qpos[2], qdoc[2];
-    float lse2[2], Drow[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        row[rr] = q0 + warp * 16 + g + 8 * rr;
-        qpos[rr] = row[rr] < p.Tq ? p.pos_q[row[rr]] : 0;
-        qdoc[rr] = row[rr] < p.Tq ? qpos[rr] - p.doc_pos_q[row[rr]] : 0;
-        lse2[rr] = p.lse2[(int64_t)h * p.Tq_pad + row[rr]]; /* pad rows: +inf */
-        Drow[rr] = p.D[(int64_t)h * p.Tq_pad + row[rr]];
-    }
-    float acc[OB][4];
-#pragma unroll
-    for (int ob = 0; ob < OB; ob++) acc[ob][0] = acc[ob][1] = acc[ob][2] = acc[ob][3] = 0.0f;
-
-    attn_load_tile<HD, ATTN_TILE>(sQ, p.q + (int64_t)h * HD, p.ldq, q0, p.Tq);
-    attn_load_tile<HD, ATTN_TILE>(sdO, p.dout + (int64_t)h * HD, p.ldo, q0, p.Tq);
-    attn_load_tile<HD, ATTN_TILE>(sK, kg, p.ldk, j * ATTN_TILE, p.Tk);
-    attn_load_tile<HD, ATTN_TILE>(sV, vg, p.ldk, j * ATTN_TILE, p.Tk);
-    attn_load_meta(sKpos_a, sKdp_a, p.pos_k, p.doc_pos_k, j * ATTN_TILE, p.Tk);
-    attn_cp_commit();
-    int st = 0;
-    while (j >= 0) {
-        const int jn = attn_next_live(live, p.nkw, j + 1);
-        if (jn >= 0) {
-            const int ns = st ^ 1;
-            attn_load_tile<HD, ATTN_TILE>(sK + ns * S_::tile, kg, p.ldk, jn * ATTN_TILE, p.Tk);
-            attn_load_tile<HD, ATTN_TILE>(sV + ns * S_::tile, vg, p.ldk, jn * ATTN_TILE, p.Tk);
-            attn_load_meta(sKpos_a + ns * S_::meta, sKdp_a + ns * S_::meta, p.pos_k, p.doc_pos_k, jn * ATTN_TILE,
-                           p.Tk);
-            attn_cp_commit();
-            attn_cp_wait<1>();
-        } else {
-            attn_cp_wait<0>();
-        }
-        __syncthreads();
-        const uint32_t kst = sK + st * S_::tile, vst = sV + st * S_::tile;
-        const bool partial = attn_bit(part, j);
-        const int *kp = sKpos + st * ATTN_TILE, *kd = sKdp + st * ATTN_TILE;
-#pragma unroll 1
-        for (int sub = 0; sub < ATTN_TILE / KS; sub++) {
-            const int cb = sub * KS; /* first key column of this sub-tile */
-
-            /* S = Q K^T and dP = dO V^T (16 rows x KS keys per warp) */
-            float s[NB][4], dp[NB][4];
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[nb][e] = dp[nb][e] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t a[4], ad[4];
-                attn_ldsm(a, attn_addr_a<HD>(sQ, warp * 16, kc, lane));
-                attn_ldsm(ad, attn_addr_a<HD>(sdO, warp * 16, kc, lane));
-#pragma unroll
-                for (int nb2 = 0; nb2 < NB / 2; nb2++) {
-                    uint32_t b[4];
-                    attn_ldsm(b, attn_addr_b<HD>(kst, cb + nb2 * 16, kc, lane));
-                    attn_mma(s[2 * nb2], a, b[0], b[1]);
-                    attn_mma(s[2 * nb2 + 1], a, b[2], b[3]);
-                    attn_ldsm(b, attn_addr_b<HD>(vst, cb + nb2 * 16, kc, lane));
-                    attn_mma(dp[2 * nb2], ad, b[0], b[1]);
-                    attn_mma(dp[2 * nb2 + 1], ad, b[2], b[3]);
-                }
-            }
-
-            /* P = exp2(S scale log2e - lse2) (0 where masked), dS = P (dP - D), kept in s */
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int c = cb + nb * 8 + 2 * t + e;
-                    const int kpos = kp[c], kdoc = kpos - kd[c];
-                    const bool kin = j * ATTN_TILE + c < p.Tk;
-#pragma unroll
-                    for (int rr = 0; rr < 2; rr++) {
-                        const bool vis = !partial || (kin && kdoc == qdoc[rr] && (!p.causal || kpos <= qpos[rr]));
-                        const float pr = vis ? exp2f(s[nb][2 * rr + e] * p.scale_log2 - lse2[rr]) : 0.0f;
-                        s[nb][2 * rr + e] = pr * (dp[nb][2 * rr + e] - Drow[rr]);
-                    }
-                }
-
-            /* dQ += dS K (K through ldmatrix.trans: B[key][col]) */
-#pragma unroll
-            for (int kk = 0; kk < KS / 16; kk++) {
-                uint32_t a[4];
-                a[0] = attn_pack(s[2 * kk][0], s[2 * kk][1]);
-                a[1] = attn_pack(s[2 * kk][2], s[2 * kk][3]);
-                a[2] = attn_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                a[3] = attn_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-                for (int ob2 = 0; ob2 < OB / 2; ob2++) {
-                    uint32_t b[4];
-                    attn_ldsm_t(b, attn_addr_a<HD>(kst, cb + kk * 16, col0 / 16 + ob2, lane));
-                    attn_mma(acc[2 * ob2], a, b[0], b[1]);
-                    attn_mma(acc[2 * ob2 + 1], a, b[2], b[3]);
-                }
-            }
-        }
-        __syncthreads();
-        st ^= 1;
-        j = jn;
-    }
-
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        if (row[rr] >= p.Tq) continue;
-        float *d = p.dq + (int64_t)row[rr] * p.ldq + (int64_t)h * HD + col0;
-#pragma unroll
-        for (int ob = 0; ob < OB; ob++) {
-            float2 *x = reinterpret_cast<float2 *>(d + ob * 8 + 2 * t);
-            float2 y = *x;
-            y.x += p.scale * acc[ob][2 * rr];
-            y.y += p.scale * acc[ob][2 * rr + 1];
-            *x = y;
-        }
-    }
-}
-
-/* ---- backward: dk, dv ------------------------------------------------------------------------ */
-
-template <int HD>
-struct AttnDkvSmem {
-    static constexpr int tile = ATTN_TILE * HD * 2;
-    static constexpr int meta = ATTN_TILE * 4;
-    /* K, V, Q[2], dO[2], then per stage: lse2, D, pos, doc_pos */
-    static constexpr int bytes = 6 * tile + 2 * 4 * meta;
-};
-
-template <int HD, int OUTW>
-static __global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(const AttnParams p) {
-    constexpr int QS = HD >= 128 ? 32 : 64; /* queries per step (registers: dK, dV are 2 x 16 x OUTW fp32) */
-    constexpr int NB = QS / 8, KC = HD / 16, OB = OUTW / 8, NSPLIT = HD / OUTW;
-    typedef AttnDkvSmem<HD> S_;
-    extern __shared__ __align__(128) unsigned char attn_smem[];
-    const uint32_t sK = attn_smem_addr(attn_smem), sV = sK + S_::tile, sQ = sV + S_::tile, sdO = sQ + 2 * S_::tile;
-    /* per stage st: float lse2[64], float D[64], int pos[64], int doc_pos[64] at sMeta + st * 4 meta */
-    unsigned char *sMeta = attn_smem + 6 * S_::tile;
-    const uint32_t sMeta_a = attn_smem_addr(sMeta);
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int kvh = blockIdx.x / NSPLIT, col0 = (blockIdx.x % NSPLIT) * OUTW;
-    const int kt = blockIdx.y, k0 = kt * ATTN_TILE;
-    const uint32_t *live = p.k_live + (int64_t)kt * p.nqw, *part = p.k_part + (int64_t)kt * p.nqw;
-
-    const int first_i = attn_next_live(live, p.nqw, 0);
-    if (first_i < 0) return; /* no query sees these keys: dk, dv += 0 */
-
-    int key[2], kpos[2], kdoc[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        key[rr] = k0 + warp * 16 + g + 8 * rr;
-        kpos[rr] = key[rr] < p.Tk ? p.pos_k[key[rr]] : 0;
-        kdoc[rr] = key[rr] < p.Tk ? kpos[rr] - p.doc_pos_k[key[rr]] : 0;
-    }
-    float dk[OB][4], dv[OB][4];
-#pragma unroll
-    for (int ob = 0; ob < OB; ob++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dk[ob][e] = dv[ob][e] = 0.0f;
-
-    /* stage loader: Q, dO, lse2, D, pos, doc_pos of query tile i of head h into stage `ns` */
-    auto load_stage = [&](int ns, int h, int i) {
-        attn_load_tile<HD, ATTN_TILE>(sQ + ns * S_::tile, p.q + (int64_t)h * HD, p.ldq, i * ATTN_TILE, p.Tq);
-        attn_load_tile<HD, ATTN_TILE>(sdO + ns * S_::tile, p.dout + (int64_t)h * HD, p.ldo, i * ATTN_TILE, p.Tq);
-        const uint32_t m = sMeta_a + ns * 4 * S_::meta;
-        if (tid < 32) { /* lse2 and D: 16 chunks of 16 bytes each, always in range (padded) */
-            const float *src = (tid < 16 ? p.lse2 : p.D) + (int64_t)h * p.Tq_pad + i * ATTN_TILE + (tid & 15) * 4;
-            attn_cp16(m + (tid < 16 ? 0 : S_::meta) + (tid & 15) * 16, src, 16);
-        }
-        attn_load_meta(m + 2 * S_::meta, m + 3 * S_::meta, p.pos_q, p.doc_pos_q, i * ATTN_TILE, p.Tq);
-    };
-
-    attn_load_tile<HD, ATTN_TILE>(sK, p.k + (int64_t)kvh * HD, p.ldk, k0, p.Tk);
-    attn_load_tile<HD, ATTN_TILE>(sV, p.v + (int64_t)kvh * HD, p.ldk, k0, p.Tk);
-    load_stage(0, kvh * p.group, first_i);
-    attn_cp_commit();
-
-    int hh = 0, i = first_i, st = 0;
-    for (;;) {
-        int hn = hh, in = attn_next_live(live, p.nqw, i + 1);
-        if (in < 0) hn = hh + 1, in = first_i;
-        const bool more = hn < p.group;
-        if (more) {
-            load_stage(st ^ 1, kvh * p.group + hn, in);
-            attn_cp_commit();
-            attn_cp_wait<1>();
-        } else {
-            attn_cp_wait<0>();
-        }
-        __syncthreads();
-        const uint32_t qst = sQ + st * S_::tile, dost = sdO + st * S_::tile;
-        const float *l2 = reinterpret_cast<const float *>(sMeta + st * 4 * S_::meta);
-        const float *Dq = l2 + ATTN_TILE;
-        const int *qp = reinterpret_cast<const int *>(l2 + 2 * ATTN_TILE), *qd = qp + ATTN_TILE;
-
-        const bool partial = attn_bit(part, i);
-#pragma unroll 1
-        for (int sub = 0; sub < ATTN_TILE / QS; sub++) {
-            const int cb = sub * QS; /* first query column of this sub-tile */
-
-            /* S^T = K Q^T and dP^T = V dO^T (16 keys x QS queries per warp) */
-            float s[NB][4], dp[NB][4];
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[nb][e] = dp[nb][e] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t a[4], av[4];
-                attn_ldsm(a, attn_addr_a<HD>(sK, warp * 16, kc, lane));
-                attn_ldsm(av, attn_addr_a<HD>(sV, warp * 16, kc, lane));
-#pragma unroll
-                for (int nb2 = 0; nb2 < NB / 2; nb2++) {
-                    uint32_t b[4];
-                    attn_ldsm(b, attn_addr_b<HD>(qst, cb + nb2 * 16, kc, lane));
-                    attn_mma(s[2 * nb2], a, b[0], b[1]);
-                    attn_mma(s[2 * nb2 + 1], a, b[2], b[3]);
-                    attn_ldsm(b, attn_addr_b<HD>(dost, cb + nb2 * 16, kc, lane));
-                    attn_mma(dp[2 * nb2], av, b[0], b[1]);
-                    attn_mma(dp[2 * nb2 + 1], av, b[2], b[3]);
-                }
-            }
-
-            /* P^T (in s) and dS^T = P^T (dP^T - D) (in dp); element (key row rr, query column c) */
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int c = cb + nb * 8 + 2 * t + e;
-                    const float lc = l2[c], dc = Dq[c];
-                    const int qpos = qp[c], qdoc = qpos - qd[c];
-#pragma unroll
-                    for (int rr = 0; rr < 2; rr++) {
-                        const bool vis = !partial || (kdoc[rr] == qdoc && (!p.causal || kpos[rr] <= qpos));
-                        const float pr = vis ? exp2f(s[nb][2 * rr + e] * p.scale_log2 - lc) : 0.0f;
-                        s[nb][2 * rr + e] = pr;
-                        dp[nb][2 * rr + e] = pr * (dp[nb][2 * rr + e] - dc);
-                    }
-                }
-
-            /* dV += P^T dO and dK += dS^T Q (dO, Q through ldmatrix.trans) */
-#pragma unroll
-            for (int kk = 0; kk < QS / 16; kk++) {
-                uint32_t a[4], ad[4];
-                a[0] = attn_pack(s[2 * kk][0], s[2 * kk][1]);
-                a[1] = attn_pack(s[2 * kk][2], s[2 * kk][3]);
-                a[2] = attn_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                a[3] = attn_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                ad[0] = attn_pack(dp[2 * kk][0], dp[2 * kk][1]);
-                ad[1] = attn_pack(dp[2 * kk][2], dp[2 * kk][3]);
-                ad[2] = attn_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-                ad[3] = attn_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-#pragma unroll
-                for (int ob2 = 0; ob2 < OB / 2; ob2++) {
-                    uint32_t b[4];
-                    attn_ldsm_t(b, attn_addr_a<HD>(dost, cb + kk * 16, col0 / 16 + ob2, lane));
-                    attn_mma(dv[2 * ob2], a, b[0], b[1]);
-                    attn_mma(dv[2 * ob2 + 1], a, b[2], b[3]);
-                    attn_ldsm_t(b, attn_addr_a<HD>(qst, cb + kk * 16, col0 / 16 + ob2, lane));
-                    attn_mma(dk[2 * ob2], ad, b[0], b[1]);
-                    attn_mma(dk[2 * ob2 + 1], ad, b[2], b[3]);
-                }
-            }
-        }
-        __syncthreads();
-        if (!more) break;
-        hh = hn;
-        i = in;
-        st ^= 1;
-    }
-
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        if (key[rr] >= p.Tk) continue;
-        const int64_t off = (int64_t)key[rr] * p.ldk + (int64_t)kvh * HD + col0;
-#pragma unroll
-        for (int ob = 0; ob < OB; ob++) {
-            float2 *x = reinterpret_cast<float2 *>(p.dk + off + ob * 8 + 2 * t);
-            float2 y = *x;
-            y.x += p.scale * dk[ob][2 * rr];
-            y.y += p.scale * dk[ob][2 * rr + 1];
-            *x = y;
-            x = reinterpret_cast<float2 *>(p.dv + off + ob * 8 + 2 * t);
-            y = *x;
-            y.x += dv[ob][2 * rr];
-            y.y += dv[ob][2 * rr + 1];
-            *x = y;
-        }
     }
 }
 
@@ -2467,28 +1499,6 @@ static void attn_smem_limit(K kernel, int bytes, int *done) {
     }
 }
 
-template <int HD>
-static void attn_launch_forward(const AttnParams &p) {
-    static int done;
-    const int smem = AttnFwdSmem<HD>::bytes;
-    attn_smem_limit(attn_forward_kernel<HD>, smem, &done);
-    attn_forward_kernel<HD><<<dim3(p.nh, p.nq), ATTN_THREADS, smem, cuda_stream()>>>(p);
-    CUDA_LAUNCH_CHECK();
-}
-
-template <int HD>
-static void attn_launch_backward(const AttnParams &p) {
-    constexpr int OUTW = HD <= 128 ? HD : 128, NSPLIT = HD / OUTW;
-    static int done_dq, done_dkv;
-    const int smem_dq = AttnDqSmem<HD>::bytes, smem_dkv = AttnDkvSmem<HD>::bytes;
-    attn_smem_limit(attn_dq_kernel<HD, OUTW>, smem_dq, &done_dq);
-    attn_smem_limit(attn_dkdv_kernel<HD, OUTW>, smem_dkv, &done_dkv);
-    attn_dkdv_kernel<HD, OUTW><<<dim3(p.nkv * NSPLIT, p.nk), ATTN_THREADS, smem_dkv, cuda_stream()>>>(p);
-    CUDA_LAUNCH_CHECK();
-    attn_dq_kernel<HD, OUTW><<<dim3(p.nh * NSPLIT, p.nq), ATTN_THREADS, smem_dq, cuda_stream()>>>(p);
-    CUDA_LAUNCH_CHECK();
-}
-
 /* ---- forward v2: host side ---- */
 
 typedef CUresult (*AttnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -2538,61 +1548,14 @@ static void attn_launch_forward_v2(const AttnParams &p) {
     CUDA_LAUNCH_CHECK();
 }
 
-template <int HD>
-static void attn_launch_backward_v2(const AttnParams &p) {
-    typedef AttnBwdWgCfg<HD> C;
-    static int done_dkv, done_dq;
-    attn_smem_limit(attn_bwd_wg_kernel<HD, 1>, C::bytes, &done_dkv);
-    attn_smem_limit(attn_bwd_wg_kernel<HD, 0>, C::bytes, &done_dq);
-    CUtensorMap own1, own2, x, y;
-    /* dk/dv: own K, V (ROWS keys), stream Q, dO (64 queries) */
-    attn_tmap(&own1, p.k, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
-    attn_tmap(&own2, p.v, p.Tk, p.nkv * HD, p.ldk, C::ROWS);
-    attn_tmap(&x, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
-    attn_tmap(&y, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
-    attn_bwd_wg_kernel<HD, 1><<<dim3(p.nkv, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
-        p, own1, own2, x, y);
-    CUDA_LAUNCH_CHECK();
-    /* dq: own Q, dO (ROWS queries), stream K, V (64 keys) */
-    attn_tmap(&own1, p.q, p.Tq, p.nh * HD, p.ldq, C::ROWS);
-    attn_tmap(&own2, p.dout, p.Tq, p.nh * HD, p.ldo, C::ROWS);
-    attn_tmap(&x, p.k, p.Tk, p.nkv * HD, p.ldk, ATTN_TILE);
-    attn_tmap(&y, p.v, p.Tk, p.nkv * HD, p.ldk, ATTN_TILE);
-    attn_bwd_wg_kernel<HD, 0><<<dim3(p.nh, (p.Tq + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(
-        p, own1, own2, x, y);
-    CUDA_LAUNCH_CHECK();
-}
+/* the measurement choices of cuda_attention_tune.h, all 0 unless a test sets them */
+static CudaAttnTune attn_tune;
 
-/* v3's dq order: 1 unless RS_ATTN_DQ=atomic (read once; plain fp32 atomics, not reproducible, kept only
- * to measure what the ordering costs) */
-static int attn_dq_ord = -1;
-
-extern "C" int cuda_attention_dq_order(int v) {
-    if (attn_dq_ord < 0) {
-        const char *e = getenv("RS_ATTN_DQ");
-        RS_CHECK(!e || !strcmp(e, "ordered") || !strcmp(e, "atomic"), "RS_ATTN_DQ=%s (want ordered or atomic)", e);
-        attn_dq_ord = !(e && !strcmp(e, "atomic"));
-    }
-    const int old = attn_dq_ord;
-    RS_CHECK(v >= -1 && v <= 1, "cuda_attention_dq_order: %d (want -1, 0 or 1)", v);
-    if (v >= 0) attn_dq_ord = v;
-    return old;
-}
-
-/* v3 at hd 256 (QS 3): the throttled instance at every size when 1 (RS_ATTN_THROTTLE=1), only above
- * ATTN_BWD3_THROTTLE_MIN_TK keys when 0 (the default) */
-static int attn_thr_force = -1;
-
-extern "C" int cuda_attention_throttle(int v) {
-    if (attn_thr_force < 0) {
-        const char *e = getenv("RS_ATTN_THROTTLE");
-        RS_CHECK(!e || !*e || !strcmp(e, "0") || !strcmp(e, "1"), "RS_ATTN_THROTTLE=%s (want 0 or 1)", e);
-        attn_thr_force = e && !strcmp(e, "1");
-    }
-    const int old = attn_thr_force;
-    RS_CHECK(v >= -1 && v <= 1, "cuda_attention_throttle: %d (want -1, 0 or 1)", v);
-    if (v >= 0) attn_thr_force = v;
-    return old;
+extern "C" void cuda_attention_tune_set(const CudaAttnTune *t) {
+    RS_CHECK(!t || ((t->dq_atomic == 0 || t->dq_atomic == 1) && (t->throttle == 0 || t->throttle == 1)),
+             "cuda_attention_tune_set: dq_atomic %d, throttle %d (want 0 or 1)", t->dq_atomic, t->throttle);
+    if (t) attn_tune = *t;
+    else memset(&attn_tune, 0, sizeof attn_tune);
 }
 
 /* v3: one kernel for dk, dv and dq */
@@ -2601,9 +1564,9 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     typedef AttnBwd3Cfg<HD> C;
     static int done;
     AttnParams p = p0;
-    p.dq_order = cuda_attention_dq_order(-1);
-    /* hd 256 (QS 3) above ATTN_BWD3_THROTTLE_MIN_TK keys (or forced): the throttled instance */
-    const int force = cuda_attention_throttle(-1);
+    p.dq_order = !attn_tune.dq_atomic;
+    /* hd 256 above ATTN_BWD3_THROTTLE_MIN_TK keys (or forced): the throttled instance */
+    const int force = attn_tune.throttle;
     auto kernel = attn_bwd3_kernel<HD, 0>;
     static int done_thr;
     int *kdone = &done;
@@ -2621,45 +1584,10 @@ static void attn_launch_backward_v3(const AttnParams &p0) {
     attn_tmap(&tq, p.q, p.Tq, p.nh * HD, p.ldq, ATTN_TILE);
     attn_tmap(&tdo, p.dout, p.Tq, p.nh * HD, p.ldo, ATTN_TILE);
     memset(&tdq, 0, sizeof tdq);
-    if (C::BULK || C::QSTG) attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
+    attn_tmap_e(&tdq, p.dq, p.Tq, p.nh * HD, p.ldq, ATTN_TILE, 4); /* fp32 dq, 32-column boxes */
     kernel<<<dim3(p.nh, (p.Tk + C::ROWS - 1) / C::ROWS), AWG_THREADS, C::bytes, cuda_stream()>>>(p, tk, tv, tq, tdo,
                                                                                              tdq);
     CUDA_LAUNCH_CHECK();
-}
-
-/* the backward run unless RS_ATTN_BWD or cuda_attention_bwd_version says otherwise: ATTN_BWD_AUTO = v3 (at hd
- * 256 in its QS layout, throttled above ATTN_BWD3_THROTTLE_MIN_TK keys) */
-#define ATTN_BWD_DEFAULT ATTN_BWD_AUTO
-static int attn_bwd_ver;
-
-extern "C" int cuda_attention_bwd_version(int v) {
-    if (!attn_bwd_ver) {
-        const char *e = getenv("RS_ATTN_BWD");
-        RS_CHECK(!e || !strcmp(e, "v1") || !strcmp(e, "v2") || !strcmp(e, "v3") || !strcmp(e, "auto"),
-                 "RS_ATTN_BWD=%s (want v1, v2, v3 or auto)", e);
-        attn_bwd_ver = e && !strcmp(e, "v3")   ? 3
-                       : e && !strcmp(e, "v2") ? 2
-                       : e && !strcmp(e, "v1") ? 1
-                                               : ATTN_BWD_DEFAULT;
-    }
-    const int old = attn_bwd_ver;
-    RS_CHECK(v >= 0 && v <= ATTN_BWD_AUTO, "cuda_attention_bwd_version: %d (want 0..%d)", v, ATTN_BWD_AUTO);
-    if (v) attn_bwd_ver = v;
-    return old;
-}
-
-#define ATTN_FWD_DEFAULT 2 /* the forward run unless RS_ATTN_FWD or cuda_attention_fwd_version says otherwise */
-static int attn_fwd_ver;
-
-extern "C" int cuda_attention_fwd_version(int v) {
-    if (!attn_fwd_ver) {
-        const char *e = getenv("RS_ATTN_FWD");
-        attn_fwd_ver = e && !strcmp(e, "v2") ? 2 : e && !strcmp(e, "v1") ? 1 : ATTN_FWD_DEFAULT;
-    }
-    const int old = attn_fwd_ver;
-    RS_CHECK(v >= 0 && v <= 2, "cuda_attention_fwd_version: %d (want 0, 1 or 2)", v);
-    if (v) attn_fwd_ver = v;
-    return old;
 }
 
 extern "C" void cuda_attention_forward(void *out /* (Tq,ldo) nh heads of hd */, float *lse /* (Tq,nh) */,
@@ -2676,18 +1604,10 @@ extern "C" void cuda_attention_forward(void *out /* (Tq,ldo) nh heads of hd */, 
     p.out_w = (bf16 *)out;
     p.lse_w = lse;
     attn_plan(&p, 0); /* Tk = 0: no bitmask words, every block writes out 0 and lse -inf */
-    if (cuda_attention_fwd_version(0) == 2) {
-        switch (hd) {
-        case 64: attn_launch_forward_v2<64>(p); break;
-        case 128: attn_launch_forward_v2<128>(p); break;
-        default: attn_launch_forward_v2<256>(p); break;
-        }
-        return;
-    }
     switch (hd) {
-    case 64: attn_launch_forward<64>(p); break;
-    case 128: attn_launch_forward<128>(p); break;
-    default: attn_launch_forward<256>(p); break;
+    case 64: attn_launch_forward_v2<64>(p); break;
+    case 128: attn_launch_forward_v2<128>(p); break;
+    default: attn_launch_forward_v2<256>(p); break;
     }
 }
 
@@ -2714,28 +1634,10 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
     attn_bwd_prep_kernel<<<(unsigned)((warps + 7) / 8), 256, 0, cuda_stream()>>>(lse2, D, p.dout, p.out, lse, p.Tq,
                                                                                 p.Tq_pad, nh, hd, ldo);
     CUDA_LAUNCH_CHECK();
-    int bver = cuda_attention_bwd_version(0);
-    if (bver == ATTN_BWD_AUTO) bver = hd == 256 && !ATTN_BWD3_QS ? 2 : 3; /* hd 256: v3 only in its QS layout */
-    if (bver == 3) {
-        switch (hd) {
-        case 64: attn_launch_backward_v3<64>(p); break;
-        case 128: attn_launch_backward_v3<128>(p); break;
-        default: attn_launch_backward_v3<256>(p); break;
-        }
-        return;
-    }
-    if (bver == 2) {
-        switch (hd) {
-        case 64: attn_launch_backward_v2<64>(p); break;
-        case 128: attn_launch_backward_v2<128>(p); break;
-        default: attn_launch_backward_v2<256>(p); break;
-        }
-        return;
-    }
     switch (hd) {
-    case 64: attn_launch_backward<64>(p); break;
-    case 128: attn_launch_backward<128>(p); break;
-    default: attn_launch_backward<256>(p); break;
+    case 64: attn_launch_backward_v3<64>(p); break;
+    case 128: attn_launch_backward_v3<128>(p); break;
+    default: attn_launch_backward_v3<256>(p); break;
     }
 }
 

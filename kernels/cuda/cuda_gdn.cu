@@ -506,28 +506,7 @@ __global__ void __launch_bounds__(1024) gdn_index_cuts_kernel(int32_t *cuts /* (
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* prep: G, A, Tinv, W, U per (chunk, value head)                                                     */
-
-template <int DK, int DV> struct GdnPrepSmem {
-    bf16 *k, *v, *tw_hi, *tw_lo, *tu_hi, *tu_lo;
-    float *A, *T, *G, *beta, *tmp;
-    size_t bytes;
-    __host__ __device__ explicit GdnPrepSmem(void *b) {
-        GdnCarve c(b);
-        k = c.take<bf16>(GDN_C * (DK + 8));
-        v = c.take<bf16>(GDN_C * (DV + 8));
-        tw_hi = c.take<bf16>(GDN_C * GDN_LDP);
-        tw_lo = c.take<bf16>(GDN_C * GDN_LDP);
-        tu_hi = c.take<bf16>(GDN_C * GDN_LDP);
-        tu_lo = c.take<bf16>(GDN_C * GDN_LDP);
-        A = c.take<float>(GDN_C * GDN_LDF);
-        T = c.take<float>(GDN_C * GDN_LDF);
-        G = c.take<float>(GDN_C);
-        beta = c.take<float>(GDN_C);
-        tmp = c.take<float>(GDN_SOLVE_SCRATCH);
-        bytes = c.off;
-    }
-};
+/* prep helpers (gdn_prep_v2_kernel in cuda_gdn_v2.h: G, A, Tinv, W, U per chunk and value head)      */
 
 /* out rows r < L (row stride ldo) = (Thi + Tlo) X for X (64 x N, smem, stride ldx); bf16 out */
 template <int N>
@@ -548,190 +527,6 @@ GDN_DEV void gdn_tri_product_store(bf16 *out, int64_t ldo, const bf16 *Thi, cons
                 if (r < L) gdn_store2(out + r * ldo + col, acc[0][ni][e], acc[0][ni][e + 1]);
             }
     }
-}
-
-template <int DK, int DV>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_prep_kernel(bf16 *W /* (T,nv,DK) */, bf16 *U /* (T,nv,DV) or NULL */, float *G2 /* (T,nv) */,
-                    const bf16 *k /* (T,ldq) nk heads */, const bf16 *v /* (T,ldv) nv heads, or NULL */,
-                    const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *starts,
-                    const int32_t *meta, int mode, int nk, int nv, int ldq, int ldv) {
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnPrepSmem<DK, DV> s(gdn_smem);
-    const int h = blockIdx.y, kh = h / (nv / nk);
-    int lo, hi;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-    for (int c = lo + blockIdx.x; c < hi; c += gridDim.x) {
-        const int64_t t0 = starts[c];
-        const int L = starts[c + 1] - (int)t0;
-        __syncthreads(); /* the previous chunk is done with shared memory */
-        gdn_load_rows<GDN_C, DK>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        if (U) gdn_load_rows<GDN_C, DV>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
-        gdn_cp_async_commit();
-        gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
-        gdn_cp_async_wait<0>();
-        __syncthreads();
-        gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
-        __syncthreads();
-        gdn_solve(s.T, s.tmp, s.A);
-        /* Tinv diag(beta gam) and Tinv diag(beta), each as hi + lo bf16 */
-        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
-            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
-            const float t0v = s.T[r * GDN_LDF + j], t1v = s.T[r * GDN_LDF + j + 1];
-            const float b0 = s.beta[j], b1 = s.beta[j + 1];
-            const float bg0 = b0 * exp2f(s.G[j]), bg1 = b1 * exp2f(s.G[j + 1]);
-            gdn_split2(s.tw_hi + r * GDN_LDP + j, s.tw_lo + r * GDN_LDP + j, t0v * bg0, t1v * bg1);
-            gdn_split2(s.tu_hi + r * GDN_LDP + j, s.tu_lo + r * GDN_LDP + j, t0v * b0, t1v * b1);
-        }
-        __syncthreads();
-        gdn_tri_product_store<DK>(W + (t0 * nv + h) * DK, (int64_t)nv * DK, s.tw_hi, s.tw_lo, s.k, DK + 8, L);
-        if (U) gdn_tri_product_store<DV>(U + (t0 * nv + h) * DV, (int64_t)nv * DV, s.tu_hi, s.tu_lo, s.v, DV + 8, L);
-        if ((int)threadIdx.x < L) G2[(t0 + threadIdx.x) * nv + h] = s.G[threadIdx.x];
-    }
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* state_fwd: the sequential pass over chunks                                                          */
-
-template <int DK, int BV> struct GdnStateFwdSmem {
-    bf16 *w[2], *k[2], *u[2], *s_hi, *s_lo, *vn;
-    float *G[2];
-    size_t bytes;
-    __host__ __device__ explicit GdnStateFwdSmem(void *b) {
-        GdnCarve c(b);
-        for (int i = 0; i < 2; i++) {
-            w[i] = c.take<bf16>(GDN_C * (DK + 8));
-            k[i] = c.take<bf16>(GDN_C * (DK + 8));
-            u[i] = c.take<bf16>(GDN_C * (BV + 8));
-            G[i] = c.take<float>(GDN_C);
-        }
-        s_hi = c.take<bf16>(DK * (BV + 8));
-        s_lo = c.take<bf16>(DK * (BV + 8));
-        vn = c.take<bf16>(GDN_C * (BV + 8));
-        bytes = c.off;
-    }
-};
-
-/*
- * Grid (ncol / BV, nv). Block (x, h) carries columns [x BV, x BV + BV) of head h's state S (DK x ncol)
- * over the chunks of `mode`. ncol = dv, or dv + DK in transition mode (M_out != NULL): columns >= dv
- * are M, started from the identity with U = 0. Warp w holds state rows [w DK/4, (w+1) DK/4).
- */
-template <int DK, int BV>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_state_fwd_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */,
-                         float *S_out /* (nv,DK,dv) or NULL */, float *M_out /* (nv,DK,DK) or NULL */,
-                         const bf16 *W /* (T,nv,DK) */, const bf16 *U /* (T,nv,dv) */, const bf16 *k /* (T,ldq) */,
-                         const float *G2 /* (T,nv) */, const float *S0 /* (nv,DK,dv) or NULL */,
-                         const int4 *info, const int32_t *meta, int mode, int nk, int nv, int dv, int ldq) {
-    constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnStateFwdSmem<DK, BV> s(gdn_smem);
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
-    const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
-    const bool is_M = col0 >= dv;
-    const int64_t ldw = (int64_t)nv * DK, ldu = (int64_t)nv * dv;
-    int lo, hi;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-
-    float S[MTS][NTS][4];
-#pragma unroll
-    for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                float x = 0.0f;
-                if (is_M) x = (a == col0 - dv + j) ? 1.0f : 0.0f;
-                else if (S0) x = S0[((int64_t)h * DK + a) * dv + col0 + j];
-                S[mi][ni][e] = x;
-            }
-
-    auto issue = [&](int4 ci, int buf) {
-        const int64_t t0 = ci.x;
-        gdn_load_rows<GDN_C, DK>(gdn_pick(s.w, buf), LDK, W + t0 * ldw + (int64_t)h * DK, ldw, ci.y);
-        gdn_load_rows<GDN_C, DK>(gdn_pick(s.k, buf), LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, ci.y);
-        if (!is_M)
-            gdn_load_rows<GDN_C, BV>(gdn_pick(s.u, buf), LDB, U + t0 * ldu + (int64_t)h * dv + col0, ldu, ci.y);
-        gdn_load_G(gdn_pick(s.G, buf), G2, t0, ci.y, h, nv);
-    };
-    /* chunk c's tiles are copied during chunk c-1; its info is loaded two chunks ahead */
-    const int4 none = make_int4(0, 1, 0, 0);
-    int4 cur = lo < hi ? info[lo] : none, nxt = lo + 1 < hi ? info[lo + 1] : none;
-    if (lo < hi) issue(cur, 0);
-    gdn_cp_async_commit();
-    for (int c = lo, it = 0; c < hi; c++, it++) {
-        const int buf = it & 1;
-        const int4 nxt2 = c + 2 < hi ? info[c + 2] : none;
-        gdn_cp_async_wait<0>();
-        __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c-1 */
-        if (c + 1 < hi) issue(nxt, buf ^ 1);
-        gdn_cp_async_commit();
-        const int64_t t0 = cur.x;
-        const int L = cur.y;
-        const bool reset = (cur.z & 1) != 0;
-        /* the entering state: to shared memory (hi + lo) and, for a carried chunk, to h */
-        bf16 *hrow = (hs && !reset) ? hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0 : NULL;
-#pragma unroll
-        for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    if (reset) S[mi][ni][e] = S[mi][ni][e + 1] = 0.0f;
-                    const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
-                    if (hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
-                }
-        __syncthreads();
-        const float *sG = gdn_pick(s.G, buf);
-        const float gL = sG[L - 1];
-        /* vn = U - W S; rows >= L are 0 (W and U zero-filled) */
-        float acc[1][NTS][4], acc2[1][NTS][4]; /* two independent MMA chains on the sequential path */
-        gdn_zero(acc);
-        gdn_zero(acc2);
-        gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.w, buf), LDK, s.s_hi, LDB, 16 * w, 0);
-        gdn_warp_mma<1, NTS, false, false, DK>(acc2, gdn_pick(s.w, buf), LDK, s.s_lo, LDB, 16 * w, 0);
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e += 2) {
-                const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                float2 u = make_float2(0.0f, 0.0f);
-                if (!is_M) u = gdn_load2(gdn_pick(s.u, buf) + r * LDB + j);
-                const float x0 = u.x - acc[0][ni][e], x1 = u.y - acc[0][ni][e + 1];
-                if (vn && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
-                const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
-                gdn_store2(s.vn + r * LDB + j, x0 * dec, x1 * dec);
-            }
-        __syncthreads();
-        /* S = gam_L S + K^T (dec vn) */
-        const float gam = exp2f(gL);
-#pragma unroll
-        for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) S[mi][ni][e] *= gam;
-        gdn_warp_mma<MTS, NTS, true, false, GDN_C>(S, gdn_pick(s.k, buf), LDK, s.vn, LDB, srow0, 0);
-        cur = nxt;
-        nxt = nxt2;
-    }
-#pragma unroll
-    for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                if (is_M) M_out[((int64_t)h * DK + a) * DK + col0 - dv + j] = S[mi][ni][e];
-                else if (S_out) S_out[((int64_t)h * DK + a) * dv + col0 + j] = S[mi][ni][e];
-            }
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -869,630 +664,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
     }
 }
 
-/* ------------------------------------------------------------------------------------------------ */
-/* state_bwd: the reverse pass over chunks                                                             */
-
-template <int DK, int BV> struct GdnStateBwdSmem {
-    bf16 *q[2], *k[2], *w[2], *dO[2], *dl[2], *d_hi, *d_lo, *dv2n, *dos;
-    float *G[2];
-    size_t bytes;
-    __host__ __device__ explicit GdnStateBwdSmem(void *b) {
-        GdnCarve c(b);
-        for (int i = 0; i < 2; i++) {
-            q[i] = c.take<bf16>(GDN_C * (DK + 8));
-            k[i] = c.take<bf16>(GDN_C * (DK + 8));
-            w[i] = c.take<bf16>(GDN_C * (DK + 8));
-            dO[i] = c.take<bf16>(GDN_C * (BV + 8));
-            dl[i] = c.take<bf16>(GDN_C * (BV + 8));
-            G[i] = c.take<float>(GDN_C);
-        }
-        d_hi = c.take<bf16>(DK * (BV + 8));
-        d_lo = c.take<bf16>(DK * (BV + 8));
-        dv2n = c.take<bf16>(GDN_C * (BV + 8));
-        dos = c.take<bf16>(GDN_C * (BV + 8));
-        bytes = c.off;
-    }
-};
-
-/*
- * Grid (dv / BV, nv). D = dL/dS (DK x BV columns of head h) from the last chunk of `mode` down:
- * D starts at dS_final (NULL = 0); per chunk it is stored as dh at the chunk's exit boundary,
- * dv2 = dv_loc + dec (K D), D <- gam_L D + scale (Q gam)^T dO - W^T dv2, and cut to 0 when the
- * chunk starts a document. What is left is dS0.
- */
-template <int DK, int BV>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_state_bwd_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */,
-                         float *dS0 /* (nv,DK,dv) or NULL */, const float *dS_final /* (nv,DK,dv) or NULL */,
-                         const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */, const bf16 *W /* (T,nv,DK) */,
-                         const bf16 *dvl /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const float *G2,
-                         const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv, int ldq,
-                         int ldo, float scale) {
-    constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnStateBwdSmem<DK, BV> s(gdn_smem);
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
-    const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
-    const int64_t ldw = (int64_t)nv * DK, ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
-    int lo, hi;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-
-    float D[MTS][NTS][4];
-#pragma unroll
-    for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                D[mi][ni][e] = dS_final ? dS_final[((int64_t)h * DK + a) * dv + col0 + j] : 0.0f;
-            }
-
-    auto issue = [&](int4 ci, int buf) {
-        const int64_t t0 = ci.x;
-        const int L = ci.y;
-        gdn_load_rows<GDN_C, DK>(gdn_pick(s.q, buf), LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DK>(gdn_pick(s.k, buf), LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DK>(gdn_pick(s.w, buf), LDK, W + t0 * ldw + (int64_t)h * DK, ldw, L);
-        gdn_load_rows<GDN_C, BV>(gdn_pick(s.dO, buf), LDB, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
-        gdn_load_rows<GDN_C, BV>(gdn_pick(s.dl, buf), LDB, dvl + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
-        gdn_load_G(gdn_pick(s.G, buf), G2, t0, L, h, nv);
-    };
-    /* chunk c's tiles are copied during chunk c+1; its info is loaded two chunks ahead */
-    const int4 none = make_int4(0, 1, 0, 0);
-    int4 cur = lo < hi ? info[hi - 1] : none, nxt = hi - 2 >= lo ? info[hi - 2] : none;
-    if (lo < hi) issue(cur, 0);
-    gdn_cp_async_commit();
-    for (int c = hi - 1, it = 0; c >= lo; c--, it++) {
-        const int buf = it & 1;
-        const int4 nxt2 = c - 2 >= lo ? info[c - 2] : none;
-        gdn_cp_async_wait<0>();
-        __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c+1 */
-        if (c - 1 >= lo) issue(nxt, buf ^ 1);
-        gdn_cp_async_commit();
-        const int64_t t0 = cur.x, t1 = t0 + cur.y;
-        const int L = cur.y;
-        const bool reset = (cur.z & 1) != 0;
-        const bool exit_carries = (cur.z & 2) != 0;
-        bf16 *drow = (dhs && exit_carries) ? dhs + ((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * (int64_t)DK * dv + col0
-                                           : NULL;
-#pragma unroll
-        for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
-                    if (drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
-                }
-        const float *sG = gdn_pick(s.G, buf);
-        /* dos = scale gam_r dO_r */
-        for (int i = threadIdx.x; i < GDN_C * BV / 2; i += GDN_THREADS) {
-            const int r = i / (BV / 2), j = (i % (BV / 2)) * 2;
-            const float f = r < L ? scale * exp2f(sG[r]) : 0.0f;
-            const float2 d = gdn_load2(gdn_pick(s.dO, buf) + r * LDB + j);
-            gdn_store2(s.dos + r * LDB + j, f * d.x, f * d.y);
-        }
-        __syncthreads();
-        const float gL = sG[L - 1];
-        /* dv2 = dv_loc + dec (K D) */
-        float acc[1][NTS][4], acc2[1][NTS][4]; /* two independent MMA chains on the sequential path */
-        gdn_zero(acc);
-        gdn_zero(acc2);
-        gdn_warp_mma<1, NTS, false, false, DK>(acc, gdn_pick(s.k, buf), LDK, s.d_hi, LDB, 16 * w, 0);
-        gdn_warp_mma<1, NTS, false, false, DK>(acc2, gdn_pick(s.k, buf), LDK, s.d_lo, LDB, 16 * w, 0);
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e += 2) {
-                const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
-                const float2 l = gdn_load2(gdn_pick(s.dl, buf) + r * LDB + j);
-                const __nv_bfloat162 x =
-                    __floats2bfloat162_rn(l.x + dec * acc[0][ni][e], l.y + dec * acc[0][ni][e + 1]);
-                if (dv2 && r < L) *(__nv_bfloat162 *)(dv2 + (t0 + r) * ldx + (int64_t)h * dv + col0 + j) = x;
-                *(__nv_bfloat162 *)(s.dv2n + r * LDB + j) = __hneg2(x);
-            }
-        __syncthreads();
-        const float gam = exp2f(gL);
-#pragma unroll
-        for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) D[mi][ni][e] *= gam;
-        gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, gdn_pick(s.q, buf), LDK, s.dos, LDB, srow0, 0);
-        gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, gdn_pick(s.w, buf), LDK, s.dv2n, LDB, srow0, 0);
-        if (reset) {
-#pragma unroll
-            for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) D[mi][ni][e] = 0.0f;
-        }
-        cur = nxt;
-        nxt = nxt2;
-    }
-    if (dS0) {
-#pragma unroll
-        for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    dS0[((int64_t)h * DK + a) * dv + col0 + j] = D[mi][ni][e];
-                }
-    }
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* dqkwg: dq, dk (per value head, fp32), dw, the dG terms of the outputs and states                   */
-
-template <int DK, int DV> struct GdnDqkwgSmem {
-    bf16 *q, *k, *vn, *dO, *dv2, *h, *dh, *ds;
-    float *G, *rowa, *rowb, *red;
-    size_t bytes;
-    __host__ __device__ explicit GdnDqkwgSmem(void *b) {
-        GdnCarve c(b);
-        q = c.take<bf16>(GDN_C * (DK + 8));
-        k = c.take<bf16>(GDN_C * (DK + 8));
-        vn = c.take<bf16>(GDN_C * (DV + 8));
-        dO = c.take<bf16>(GDN_C * (DV + 8));
-        dv2 = c.take<bf16>(GDN_C * (DV + 8));
-        h = c.take<bf16>(DK * (DV + 8));
-        dh = c.take<bf16>(DK * (DV + 8));
-        ds = c.take<bf16>(GDN_C * GDN_LDP);
-        G = c.take<float>(GDN_C);
-        rowa = c.take<float>(GDN_C);
-        rowb = c.take<float>(GDN_C);
-        red = c.take<float>(GDN_THREADS / 32);
-        bytes = c.off;
-    }
-};
-
-/*
- * Per (chunk, value head), with h the entering state and dh the gradient at the exit:
- *   ds  = scale (dO vn^T) Gam causal
- *   dq  = scale gam (dO h^T) + ds K,     dk = dec (vn dh^T) + ds^T Q,     dw = -dv2 h^T
- *   dG_r = q_r.dq_r - k_r.dk_r, the last row also gam_L <h, dh> + sum_j k_j.dk^inter_j
- */
-template <int DK, int DV>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_dqkwg_kernel(float *dqv /* (T,nv,DK) */, bf16 *dq_out /* (T,ldq) when nv == nk, else NULL */,
-                     float *dkv /* (T,nv,DK) */, bf16 *dw /* (T,nv,DK) */,
-                     float *dgp /* (T,nv) */, const bf16 *q, const bf16 *k, const bf16 *vn /* (T,nv,DV) */,
-                     const bf16 *dout /* (T,ldo) */, const bf16 *dv2 /* (T,nv,DV) */,
-                     const bf16 *hs /* (ns,nv,DK,DV) */, const bf16 *dhs /* (ns,nv,DK,DV) */, const float *G2,
-                     const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int64_t T, int nk, int nv,
-                     int ldq, int ldo, float scale) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnDqkwgSmem<DK, DV> s(gdn_smem);
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV, ns = (T + GDN_C - 1) / GDN_C + 1;
-    const int nc = meta[GDN_META_NC];
-    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
-        const int64_t t0 = starts[c];
-        const int L = starts[c + 1] - (int)t0;
-        const int64_t t1 = t0 + L;
-        const bool reset = doc_pos[t0] == 0;
-        const bool exit_carries = t1 == T || doc_pos[t1] != 0;
-        const int64_t slot_out = t1 == T ? ns - 1 : t1 / GDN_C;
-        __syncthreads();
-        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DV>(s.vn, LDV, vn + t0 * ldx + (int64_t)h * DV, ldx, L);
-        gdn_load_rows<GDN_C, DV>(s.dO, LDV, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
-        gdn_load_rows<GDN_C, DV>(s.dv2, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
-        gdn_load_rows<DK, DV>(s.h, LDV, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * DV, DV, reset ? 0 : DK);
-        gdn_load_rows<DK, DV>(s.dh, LDV, dhs + (slot_out * nv + h) * (int64_t)DK * DV, DV, exit_carries ? DK : 0);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
-        gdn_cp_async_commit();
-        gdn_cp_async_wait<0>();
-        __syncthreads();
-        /* ds */
-        {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            gdn_warp_mma<1, 8, false, true, DV>(acc, s.dO, LDV, s.vn, LDV, 16 * w, 0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    const float d0 = (j <= r && r < L) ? scale * acc[0][ni][e] * exp2f(s.G[r] - s.G[j]) : 0.0f;
-                    const float d1 =
-                        (j + 1 <= r && r < L) ? scale * acc[0][ni][e + 1] * exp2f(s.G[r] - s.G[j + 1]) : 0.0f;
-                    gdn_store2(s.ds + r * GDN_LDP + j, d0, d1);
-                }
-        }
-        /* <h, dh> (zero unless both exist), fixed order */
-        {
-            float hd = 0.0f;
-            if (!reset && exit_carries)
-                for (int i = threadIdx.x; i < DK * DV / 2; i += GDN_THREADS) {
-                    const int a = i / (DV / 2), b = (i % (DV / 2)) * 2;
-                    const float2 x = gdn_load2(s.h + a * LDV + b), y = gdn_load2(s.dh + a * LDV + b);
-                    hd = fmaf(x.x, y.x, hd);
-                    hd = fmaf(x.y, y.y, hd);
-                }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) hd += __shfl_xor_sync(GDN_FULL, hd, o);
-            if (lane == 0) s.red[w] = hd;
-        }
-        __syncthreads();
-        float qdq[2] = {0.0f, 0.0f}, kdk[2] = {0.0f, 0.0f}, kdi[2] = {0.0f, 0.0f};
-        /* dq */
-#pragma unroll 1
-        for (int n0 = 0; n0 < DK; n0 += 64) {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            if (!reset) {
-                gdn_warp_mma<1, 8, false, true, DV>(acc, s.dO, LDV, s.h, LDV, 16 * w, n0);
-#pragma unroll
-                for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = 16 * w + gdn_frag_row(e);
-                        acc[0][ni][e] *= r < L ? scale * exp2f(s.G[r]) : 0.0f;
-                    }
-            }
-            gdn_warp_mma<1, 8, false, false, GDN_C>(acc, s.ds, GDN_LDP, s.k, LDK, 16 * w, n0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                    const float2 qq = gdn_load2(s.q + r * LDK + col);
-                    qdq[e >> 1] += qq.x * acc[0][ni][e] + qq.y * acc[0][ni][e + 1];
-                    if (r < L && dq_out) /* one value head per key head: the final dq */
-                        gdn_store2(dq_out + (t0 + r) * ldq + (int64_t)h * DK + col, acc[0][ni][e], acc[0][ni][e + 1]);
-                    else if (r < L)
-                        *(float2 *)(dqv + (t0 + r) * ldk + (int64_t)h * DK + col) =
-                            make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
-                }
-        }
-        /* dk */
-#pragma unroll 1
-        for (int n0 = 0; n0 < DK; n0 += 64) {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            if (exit_carries) {
-                gdn_warp_mma<1, 8, false, true, DV>(acc, s.vn, LDV, s.dh, LDV, 16 * w, n0);
-                const float gL = s.G[L - 1];
-#pragma unroll
-                for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e += 2) {
-                        const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                        const float dec = r < L ? exp2f(gL - s.G[r]) : 0.0f;
-                        acc[0][ni][e] *= dec;
-                        acc[0][ni][e + 1] *= dec;
-                        const float2 kk = gdn_load2(s.k + r * LDK + col);
-                        kdi[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
-                    }
-            }
-            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.ds, GDN_LDP, s.q, LDK, 16 * w, n0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                    const float2 kk = gdn_load2(s.k + r * LDK + col);
-                    kdk[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
-                    if (r < L)
-                        *(float2 *)(dkv + (t0 + r) * ldk + (int64_t)h * DK + col) =
-                            make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
-                }
-        }
-        /* dw = -dv2 h^T */
-#pragma unroll 1
-        for (int n0 = 0; n0 < DK; n0 += 64) {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            if (!reset) gdn_warp_mma<1, 8, false, true, DV>(acc, s.dv2, LDV, s.h, LDV, 16 * w, n0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                    if (r < L)
-                        gdn_store2(dw + (t0 + r) * ldk + (int64_t)h * DK + col, -acc[0][ni][e], -acc[0][ni][e + 1]);
-                }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            qdq[i] = gdn_quad_sum(qdq[i]);
-            kdk[i] = gdn_quad_sum(kdk[i]);
-            kdi[i] = gdn_quad_sum(kdi[i]);
-        }
-        if ((lane & 3) == 0) {
-            const int r = 16 * w + (lane >> 2);
-            s.rowa[r] = qdq[0] - kdk[0];
-            s.rowa[r + 8] = qdq[1] - kdk[1];
-            s.rowb[r] = kdi[0];
-            s.rowb[r + 8] = kdi[1];
-        }
-        __syncthreads();
-        const int r = threadIdx.x;
-        if (r < L) {
-            float d = s.rowa[r];
-            if (r == L - 1) {
-                float sk = 0.0f;
-                for (int j = 0; j < L; j++) sk += s.rowb[j];
-                const float hdh = (s.red[0] + s.red[1]) + (s.red[2] + s.red[3]);
-                d += exp2f(s.G[L - 1]) * hdh + sk;
-            }
-            dgp[(t0 + r) * nv + h] = d;
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* wy_bwd: gradients through W = Tinv diag(beta gam) K and U = Tinv diag(beta) V                       */
-
-template <int DK, int DV> struct GdnWySmem {
-    bf16 *k, *v, *dw, *du, *tb, *dt, *m1, *cc;
-    float *A, *kkg, *T, *G, *beta, *dbeta, *dG, *tmp;
-    size_t bytes;
-    __host__ __device__ explicit GdnWySmem(void *b) {
-        GdnCarve c(b);
-        k = c.take<bf16>(GDN_C * (DK + 8));
-        v = c.take<bf16>(GDN_C * (DV + 8));
-        dw = c.take<bf16>(GDN_C * (DK + 8));
-        du = c.take<bf16>(GDN_C * (DV + 8));
-        tb = c.take<bf16>(GDN_C * GDN_LDP);
-        dt = c.take<bf16>(GDN_C * GDN_LDP);
-        m1 = c.take<bf16>(GDN_C * GDN_LDP);
-        cc = c.take<bf16>(GDN_C * GDN_LDP);
-        A = c.take<float>(GDN_C * GDN_LDF);
-        kkg = c.take<float>(GDN_C * GDN_LDF);
-        T = c.take<float>(GDN_C * GDN_LDF);
-        G = c.take<float>(GDN_C);
-        beta = c.take<float>(GDN_C);
-        dbeta = c.take<float>(GDN_C);
-        dG = c.take<float>(GDN_C);
-        tmp = c.take<float>(GDN_SOLVE_SCRATCH);
-        bytes = c.off;
-    }
-};
-
-/*
- * Per (chunk, value head), dW = dw, dU = dv2:
- *   dXw = Tinv^T dW: dk += beta gam dXw, dbeta += gam k.dXw, dG += beta gam k.dXw
- *   dXu = Tinv^T dU: dv = beta dXu, dbeta += v.dXu
- *   dT = (dW K^T) diag(beta gam) + (dU V^T) diag(beta), strictly lower; dA = -(Tinv^T dT Tinv^T) strictly lower
- *   dk_i += sum_j C_ij k_j, dk_j += sum_i C_ij k_i (C = dA beta_i Gam), dbeta_i += sum_j dA_ij kkg_ij,
- *   dG_i += sum_j dA_ij A_ij, dG_j -= sum_i dA_ij A_ij
- * then dg = reverse cumsum over the chunk of (dG of dqkwg + these). dk accumulates in fp32 (dkv).
- */
-template <int DK, int DV>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_wy_bwd_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
-                      bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */,
-                      float *dbeta_out /* (T,nv) */, const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
-                      const float *dgp /* (T,nv) */, const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
-                      const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk, int nv,
-                      int ldq, int ldv) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnWySmem<DK, DV> s(gdn_smem);
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV;
-    const int nc = meta[GDN_META_NC];
-    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
-        const int64_t t0 = starts[c];
-        const int L = starts[c + 1] - (int)t0;
-        __syncthreads();
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
-        gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
-        gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
-        gdn_cp_async_commit();
-        if (threadIdx.x < GDN_C) {
-            const int r = threadIdx.x;
-            s.beta[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
-            s.dbeta[r] = 0.0f;
-            s.dG[r] = 0.0f;
-        }
-        gdn_cp_async_wait<0>();
-        __syncthreads();
-        gdn_build_A<DK>(s.A, s.kkg, s.k, s.G, s.beta, L);
-        __syncthreads();
-        gdn_solve(s.T, s.tmp, s.A);
-        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
-            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
-            gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
-        }
-        __syncthreads();
-        const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
-        /* dXw = Tinv^T dW */
-        {
-            float kx[2] = {0.0f, 0.0f};
-#pragma unroll 1
-            for (int n0 = 0; n0 < DK; n0 += 64) {
-                float acc[1][8][4];
-                gdn_zero(acc);
-                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dw, LDK, 16 * w, n0);
-#pragma unroll
-                for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e += 2) {
-                        const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                        const float2 kk = gdn_load2(s.k + j * LDK + col);
-                        kx[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
-                        if (j < L) {
-                            const float bg = s.beta[j] * exp2f(s.G[j]);
-                            float2 *p = (float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col);
-                            float2 x = *p;
-                            x.x += bg * acc[0][ni][e];
-                            x.y += bg * acc[0][ni][e + 1];
-                            *p = x;
-                        }
-                    }
-            }
-            kx[0] = gdn_quad_sum(kx[0]);
-            kx[1] = gdn_quad_sum(kx[1]);
-            if ((lane & 3) == 0)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int j = rA + 8 * i;
-                    const float gm = j < L ? exp2f(s.G[j]) : 0.0f;
-                    s.dbeta[j] += gm * kx[i];
-                    s.dG[j] += s.beta[j] * gm * kx[i];
-                }
-        }
-        /* dXu = Tinv^T dU -> dv */
-        {
-            float vx[2] = {0.0f, 0.0f};
-#pragma unroll 1
-            for (int n0 = 0; n0 < DV; n0 += 64) {
-                float acc[1][8][4];
-                gdn_zero(acc);
-                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.du, LDV, 16 * w, n0);
-#pragma unroll
-                for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e += 2) {
-                        const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                        const float2 vv = gdn_load2(s.v + j * LDV + col);
-                        vx[e >> 1] += vv.x * acc[0][ni][e] + vv.y * acc[0][ni][e + 1];
-                        if (j < L)
-                            gdn_store2(dv_out + (t0 + j) * ldv + (int64_t)h * DV + col, s.beta[j] * acc[0][ni][e],
-                                       s.beta[j] * acc[0][ni][e + 1]);
-                    }
-            }
-            vx[0] = gdn_quad_sum(vx[0]);
-            vx[1] = gdn_quad_sum(vx[1]);
-            if ((lane & 3) == 0) {
-                s.dbeta[rA] += vx[0];
-                s.dbeta[rA + 8] += vx[1];
-            }
-        }
-        /* dT */
-        {
-            float a1[1][8][4], a2[1][8][4];
-            gdn_zero(a1);
-            gdn_zero(a2);
-            gdn_warp_mma<1, 8, false, true, DK>(a1, s.dw, LDK, s.k, LDK, 16 * w, 0);
-            gdn_warp_mma<1, 8, false, true, DV>(a2, s.du, LDV, s.v, LDV, 16 * w, 0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    float x[2];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int jj = j + u;
-                        x[u] = (jj < i && i < L) ? s.beta[jj] * (exp2f(s.G[jj]) * a1[0][ni][e + u] + a2[0][ni][e + u])
-                                                 : 0.0f;
-                    }
-                    gdn_store2(s.dt + i * GDN_LDP + j, x[0], x[1]);
-                }
-        }
-        __syncthreads();
-        /* M1 = Tinv^T dT */
-        {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dt, GDN_LDP, 16 * w, 0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    gdn_store2(s.m1 + i * GDN_LDP + j, acc[0][ni][e], acc[0][ni][e + 1]);
-                }
-        }
-        __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower: C, E = dA A (in place of A), dbeta */
-        {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            gdn_warp_mma<1, 8, false, true, GDN_C>(acc, s.m1, GDN_LDP, s.tb, GDN_LDP, 16 * w, 0);
-            float db[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    float cv[2];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int jj = j + u;
-                        const bool in = jj < i && i < L;
-                        const float da = in ? -acc[0][ni][e + u] : 0.0f;
-                        cv[u] = in ? da * s.beta[i] * exp2f(s.G[i] - s.G[jj]) : 0.0f;
-                        db[e >> 1] += da * s.kkg[i * GDN_LDF + jj];
-                        s.A[i * GDN_LDF + jj] = da * s.A[i * GDN_LDF + jj];
-                    }
-                    gdn_store2(s.cc + i * GDN_LDP + j, cv[0], cv[1]);
-                }
-            db[0] = gdn_quad_sum(db[0]);
-            db[1] = gdn_quad_sum(db[1]);
-            if ((lane & 3) == 0) {
-                s.dbeta[rA] += db[0];
-                s.dbeta[rA + 8] += db[1];
-            }
-        }
-        __syncthreads();
-        /* dk += C K + C^T K */
-#pragma unroll 1
-        for (int n0 = 0; n0 < DK; n0 += 64) {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            gdn_warp_mma<1, 8, false, false, GDN_C>(acc, s.cc, GDN_LDP, s.k, LDK, 16 * w, n0);
-            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.cc, GDN_LDP, s.k, LDK, 16 * w, n0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                    if (j < L) {
-                        float2 *p = (float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col);
-                        float2 x = *p;
-                        x.x += acc[0][ni][e];
-                        x.y += acc[0][ni][e + 1];
-                        if (dk_out) gdn_store2(dk_out + (t0 + j) * ldq + (int64_t)h * DK + col, x.x, x.y); /* final dk */
-                        else *p = x;
-                    }
-                }
-        }
-        /* dG of the A entries: row sums minus column sums of E */
-        if (threadIdx.x < GDN_C) {
-            const int r = threadIdx.x;
-            float rs = 0.0f, cs = 0.0f;
-            for (int j = 0; j < GDN_C; j++) {
-                rs += s.A[r * GDN_LDF + j];
-                cs += s.A[j * GDN_LDF + r];
-            }
-            s.tmp[r] = r < L ? dgp[(t0 + r) * nv + h] + s.dG[r] + (rs - cs) : 0.0f;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) { /* dg = reverse cumsum inside the chunk */
-            float acc = 0.0f;
-            for (int r = L - 1; r >= 0; r--) {
-                acc += s.tmp[r];
-                s.tmp[r] = acc;
-            }
-        }
-        __syncthreads();
-        if ((int)threadIdx.x < L) {
-            dg_out[(t0 + threadIdx.x) * nv + h] = s.tmp[threadIdx.x];
-            dbeta_out[(t0 + threadIdx.x) * nv + h] = s.dbeta[threadIdx.x];
-        }
-    }
-}
-
 /* the v2 kernels: segmented, pipelined state passes; wy_bwd with dk in registers */
 #include "cuda_gdn_v2.h"
 /* the forward state pass on wgmma (GDN v4.2, switch sfwd) */
@@ -1570,14 +741,8 @@ __global__ void __launch_bounds__(256)
 /* switches (cuda_gdn_tune.h), per-kernel profile                                                     */
 
 /* built-in choices (GDN v2 in docs/benchmarks.md has the measurements behind them) */
-#define GDN_V2_DEFAULT 1      /* 1: the v2 kernels */
 #define GDN_NST_DEFAULT 2     /* v2 state passes: pipeline stages */
-#define GDN_OVERLAP_DEFAULT 0 /* v2 backward: forward recompute beside the reverse pass */
-#define GDN_ILP_DEFAULT 1     /* v2 state passes: two MMA chains per product */
-#define GDN_WY3_DEFAULT 1     /* v2 backward: wy_bwd v3 (two blocks per SM) */
-#define GDN_BULK_DEFAULT 0    /* v2 state passes: bulk copies in and out (measured slower: GDN v3) */
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
-#define GDN_DQS_DEFAULT 1     /* v2 backward: dqkwg split over the halves of DK (GDN v3: -23% at 16 heads) */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
 #define GDN_SBWD_BLOCKS 128   /* v2 backward state pass on wgmma (GDN v4.3) where its 64-column blocks are at
                                  least this many (64 heads of 128: fwd+bwd -11%; 16 heads: 32 blocks, +17%
@@ -1592,54 +757,27 @@ __global__ void __launch_bounds__(256)
                                  heads fwd+bwd 17.86 -> 16.96 ms, 16 heads / 16 documents with dwg 4.66 -> 4.46) */
 #define GDN_DWG_DEFAULT 1     /* dual launch: its second configuration on the wgmma state passes (GDN v4.5, H100
                                  2026-11-23: 32k / 16 heads / 16 documents fwd+bwd 5.41 -> 4.66 ms) */
-#define GDN_WIDE_DEFAULT 0    /* v2 state passes: 64-column blocks where they fill the SMs (GDN v4) */
-#define GDN_WIDE_BLOCKS 128   /* ... i.e. where nv dv / 64 reaches this many blocks (64 heads of 128) */
 #define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
 #define GDN_CUTS_PICK (2 * (GDN_DSEG_MAX + 1)) /* the device's choice in GdnBufs.cuts */
 
-static CudaGdnTune gdn_tune_user, gdn_tune_env;
-static int gdn_tune_user_set, gdn_tune_env_read;
+static CudaGdnTune gdn_tune_set; /* all 0 (the built-in choices) unless a test or a benchmark set them */
+static int gdn_prof_level;       /* cuda_gdn_profile */
 
-static int gdn_env_int(const char *name) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : 0;
-}
-
-static CudaGdnTune gdn_tune(void) {
-    if (gdn_tune_user_set) return gdn_tune_user;
-    if (!gdn_tune_env_read) {
-        gdn_tune_env.v2 = gdn_env_int("RS_GDN_V2");
-        gdn_tune_env.split = gdn_env_int("RS_GDN_SPLIT");
-        gdn_tune_env.nst = gdn_env_int("RS_GDN_NST");
-        gdn_tune_env.bv = gdn_env_int("RS_GDN_BV");
-        gdn_tune_env.overlap = gdn_env_int("RS_GDN_OVERLAP");
-        gdn_tune_env.prof = gdn_env_int("RS_GDN_PROF");
-        gdn_tune_env.ilp = gdn_env_int("RS_GDN_ILP");
-        gdn_tune_env.wy = gdn_env_int("RS_GDN_WY");
-        gdn_tune_env.bulk = gdn_env_int("RS_GDN_BULK");
-        gdn_tune_env.dseg = gdn_env_int("RS_GDN_DSEG");
-        gdn_tune_env.dqs = gdn_env_int("RS_GDN_DQS");
-        gdn_tune_env.dual = gdn_env_int("RS_GDN_DUAL");
-        gdn_tune_env.wide = gdn_env_int("RS_GDN_WIDE");
-        gdn_tune_env.hilo = gdn_env_int("RS_GDN_HILO");
-        gdn_tune_env.keep = gdn_env_int("RS_GDN_KEEP");
-        gdn_tune_env.sfwd = gdn_env_int("RS_GDN_SFWD");
-        gdn_tune_env.sbwd = gdn_env_int("RS_GDN_SBWD");
-        gdn_tune_env.dwg = gdn_env_int("RS_GDN_DWG");
-        gdn_tune_env.sfbv = gdn_env_int("RS_GDN_SFBV");
-        gdn_tune_env_read = 1;
-    }
-    return gdn_tune_env;
-}
+static CudaGdnTune gdn_tune(void) { return gdn_tune_set; }
 
 extern "C" void cuda_gdn_tune_set(const CudaGdnTune *t) {
-    gdn_tune_user_set = t != NULL;
-    if (t) gdn_tune_user = *t;
+    if (t) gdn_tune_set = *t;
+    else memset(&gdn_tune_set, 0, sizeof gdn_tune_set);
 }
 
-extern "C" void cuda_gdn_tune_get(CudaGdnTune *t) { *t = gdn_tune(); }
+extern "C" void cuda_gdn_tune_get(CudaGdnTune *t) { *t = gdn_tune_set; }
 
-/* per-kernel times of one entry (tune.prof): events on the compute stream between the launches */
+extern "C" void cuda_gdn_profile(int level) {
+    RS_CHECK(level >= 0 && level <= 2, "cuda_gdn_profile: level %d (want 0, 1 or 2)", level);
+    gdn_prof_level = level;
+}
+
+/* per-kernel times of one entry (cuda_gdn_profile): events on the compute stream between the launches */
 #define GDN_PROF_MAX 40
 static struct {
     cudaEvent_t ev[GDN_PROF_MAX];
@@ -1847,16 +985,6 @@ static int gdn_chunk_grid(int64_t T) { return (int)((T + GDN_C - 1) / GDN_C > 0 
 static int gdn_state_bv(int nv, int dv) { return (int64_t)nv * dv / 32 >= 128 ? 32 : 16; }
 
 template <int DK, int DV>
-static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
-                            const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
-    const size_t sm = GdnPrepSmem<DK, DV>(NULL).bytes;
-    gdn_smem_attr(gdn_prep_kernel<DK, DV>, sm, "prep");
-    gdn_prep_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
-        b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
-    CUDA_LAUNCH_CHECK();
-}
-
-template <int DK, int DV>
 static void gdn_launch_prep_v2(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
                                const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
     const size_t sm = GdnPrepSmemV2<DK, DV>(NULL).bytes;
@@ -1866,50 +994,7 @@ static void gdn_launch_prep_v2(const GdnBufs *b, bool with_U, const bf16 *k, con
     CUDA_LAUNCH_CHECK();
 }
 
-template <int DK, int BV>
-static void gdn_launch_state_fwd_bv(const GdnBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const bf16 *k,
-                                    const float *S0, const int32_t *doc_pos, int mode, int nk, int nv, int dv,
-                                    int ldq) {
-    const size_t sm = GdnStateFwdSmem<DK, BV>(NULL).bytes;
-    gdn_smem_attr(gdn_state_fwd_kernel<DK, BV>, sm, "state_fwd");
-    const int ncol = dv + (M_out ? DK : 0);
-    gdn_state_fwd_kernel<DK, BV><<<dim3(ncol / BV, nv), GDN_THREADS, sm, cuda_stream()>>>(
-        hs, vn, S_out, M_out, b->W, b->U, k, b->G2, S0, b->info, b->meta, mode, nk, nv, dv, ldq);
-    CUDA_LAUNCH_CHECK();
-}
-
-template <int DK>
-static void gdn_launch_state_fwd(const GdnBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const bf16 *k,
-                                 const float *S0, const int32_t *doc_pos, int mode, int nk, int nv, int dv, int ldq) {
-    if (gdn_state_bv(nv, dv) == 32)
-        gdn_launch_state_fwd_bv<DK, 32>(b, hs, vn, S_out, M_out, k, S0, doc_pos, mode, nk, nv, dv, ldq);
-    else gdn_launch_state_fwd_bv<DK, 16>(b, hs, vn, S_out, M_out, k, S0, doc_pos, mode, nk, nv, dv, ldq);
-}
-
-template <int DK, int BV>
-static void gdn_launch_state_bwd_bv(const GdnBufs *b, bf16 *dhs, bf16 *dv2, float *dS0, const float *dS_final,
-                                    const bf16 *q, const bf16 *k, const bf16 *dout, const int32_t *doc_pos, int mode,
-                                    int64_t T, int nk, int nv, int dv, int ldq, int ldo, float scale) {
-    const size_t sm = GdnStateBwdSmem<DK, BV>(NULL).bytes;
-    gdn_smem_attr(gdn_state_bwd_kernel<DK, BV>, sm, "state_bwd");
-    gdn_state_bwd_kernel<DK, BV><<<dim3(dv / BV, nv), GDN_THREADS, sm, cuda_stream()>>>(
-        dhs, dv2, dS0, dS_final, q, k, b->W, b->U, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo,
-        scale);
-    CUDA_LAUNCH_CHECK();
-}
-
-template <int DK>
-static void gdn_launch_state_bwd(const GdnBufs *b, bf16 *dhs, bf16 *dv2, float *dS0, const float *dS_final,
-                                 const bf16 *q, const bf16 *k, const bf16 *dout, const int32_t *doc_pos, int mode,
-                                 int64_t T, int nk, int nv, int dv, int ldq, int ldo, float scale) {
-    if (gdn_state_bv(nv, dv) == 32)
-        gdn_launch_state_bwd_bv<DK, 32>(b, dhs, dv2, dS0, dS_final, q, k, dout, doc_pos, mode, T, nk, nv, dv, ldq, ldo,
-                                        scale);
-    else gdn_launch_state_bwd_bv<DK, 16>(b, dhs, dv2, dS0, dS_final, q, k, dout, doc_pos, mode, T, nk, nv, dv, ldq,
-                                         ldo, scale);
-}
-
-/* dv_loc into dst (v1: b->U, which the backward no longer needs once h and vn are recomputed) */
+/* dv_loc into dst */
 template <int DK, int DV>
 static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const bf16 *k, const bf16 *dout, int mode,
                                int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
@@ -1920,105 +1005,12 @@ static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const
     CUDA_LAUNCH_CHECK();
 }
 
-template <int DK, int DV>
-static void gdn_forward_v1(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
-                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int ldq, int ldv, int ldo) {
-    const float scale = (float)(1.0 / sqrt((double)DK));
-    GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV);
-    gdn_prof_start(gdn_tune().prof);
-    gdn_index(&b, doc_pos, T);
-    gdn_prof_mark("index");
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
-    gdn_prof_mark("prep");
-    gdn_launch_state_fwd<DK>(&b, b.hs, b.vn, S_final, NULL, k, S0, doc_pos, GDN_RANGE_ALL, nk, nv, DV, ldq);
-    gdn_prof_mark("state_fwd");
-    const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
-    gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
-    gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, cuda_stream()>>>(
-        o, q, k, b.vn, b.hs, b.G2, doc_pos, b.starts, b.meta, nk, nv, DV, ldq, ldo, scale);
-    CUDA_LAUNCH_CHECK();
-    gdn_prof_mark("output");
-    gdn_prof_end("forward v1", T, nv);
-}
-
-template <int DK, int DV>
-static void gdn_backward_v1(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
-                              const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
-                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                              int ldq, int ldv, int ldo) {
-    const float scale = (float)(1.0 / sqrt((double)DK));
-    cudaStream_t st = cuda_stream();
-    GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV);
-    gdn_prof_start(gdn_tune().prof);
-    gdn_index(&b, doc_pos, T);
-    gdn_prof_mark("index");
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
-    gdn_prof_mark("prep");
-    gdn_launch_state_fwd<DK>(&b, b.hs, b.vn, NULL, NULL, k, S0, doc_pos, GDN_RANGE_ALL, nk, nv, DV, ldq);
-    gdn_prof_mark("state_fwd");
-    gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-    gdn_prof_mark("dvlocal");
-    gdn_launch_state_bwd<DK>(&b, b.dhs, b.dv2, dS0, dS_final, q, k, dout, doc_pos, GDN_RANGE_ALL, T, nk, nv, DV, ldq,
-                             ldo, scale);
-    gdn_prof_mark("state_bwd");
-    {
-        const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
-        gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
-        gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dqv, nv == nk ? dq : NULL, b.dkv, b.W /* dw */, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
-            doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
-        CUDA_LAUNCH_CHECK();
-    }
-    gdn_prof_mark("dqkwg");
-    {
-        const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
-        gdn_smem_attr(gdn_wy_bwd_kernel<DK, DV>, sm, "wy_bwd");
-        gdn_wy_bwd_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, b.W /* dw */, b.dv2, b.dgp, k, v, b.G2, beta, b.starts, b.meta,
-            nk, nv, ldq, ldv);
-        CUDA_LAUNCH_CHECK();
-    }
-    gdn_prof_mark("wy_bwd");
-    if (nv != nk) { /* GVA: the value heads of each group summed in head order */
-        const int64_t n = T * nk * (DK / 2);
-        gdn_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dq, dk, b.dqv, b.dkv, T, nk, nv, DK,
-                                                                             ldq);
-        CUDA_LAUNCH_CHECK();
-        gdn_prof_mark("group_reduce");
-    }
-    gdn_prof_end("backward v1", T, nv);
-}
-
-template <int DK, int DV>
-static void gdn_transition_v1(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-                                const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
-    GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
-    gdn_index(&b, doc_pos, T);
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
-    gdn_launch_state_fwd<DK>(&b, NULL, NULL, H, M, k, NULL, doc_pos, GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq);
-}
-
-template <int DK, int DV>
-static void gdn_dstate_v1(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
-                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
-    const float scale = (float)(1.0 / sqrt((double)DK));
-    GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
-    gdn_index(&b, doc_pos, T);
-    gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
-    gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
-    gdn_launch_state_bwd<DK>(&b, NULL, NULL, dS0, NULL, q, k, dout, doc_pos, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv,
-                             DV, ldq, ldo, scale);
-}
-
 /* ------------------------------------------------------------------------------------------------ */
 /* v2 host side: plan (segments, stages, column block), segmented passes                              */
 
 typedef struct GdnPlan {
-    int v2, nst, bv, nseg_f, nseg_b, overlap, prof, ilp, wy3;
-    int bulk; /* state passes: bulk copies (implies ilp) */
+    int nst, bv, nseg_f, nseg_b, prof;
     int dseg; /* forward / backward state passes: document segments (> 1: on, replaces nseg) */
-    int dqs;  /* backward: dqkwg split over the halves of DK (two blocks per SM) */
     int dual; /* state passes: dual launch (bv / dseg as above, and 32 columns in GDN_DUAL_ZB document
                  segments), the device picks by the documents; 0: off */
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
@@ -2062,9 +1054,7 @@ static int gdn_sm_count(void) {
     } while (0)
 #define GDN_V2_BVNST(pl, FN, ...)                                                             \
     do {                                                                                      \
-        if ((pl).bulk) GDN_V2_BVNST_((pl).bv, (pl).nst, true, true, FN, __VA_ARGS__);         \
-        else if ((pl).ilp) GDN_V2_BVNST_((pl).bv, (pl).nst, true, false, FN, __VA_ARGS__);    \
-        else GDN_V2_BVNST_((pl).bv, (pl).nst, false, false, FN, __VA_ARGS__);                 \
+        GDN_V2_BVNST_((pl).bv, (pl).nst, true, false, FN, __VA_ARGS__);                       \
     } while (0)
 
 /*
@@ -2109,21 +1099,11 @@ static int gdn_auto_dseg(int64_t blocks, int sms) {
 template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     const CudaGdnTune t = gdn_tune();
     GdnPlan pl = {};
-    pl.v2 = t.v2 == 1 ? 1 : t.v2 == 2 ? 0 : GDN_V2_DEFAULT;
-    pl.prof = t.prof;
-    if (!pl.v2) return pl;
-    const int wide = t.wide >= 1 && t.wide <= 3 ? (t.wide == 2 ? 0 : t.wide) : GDN_WIDE_DEFAULT;
-    if (t.bv == 16 || t.bv == 32 || t.bv == 64) pl.bv = t.bv;
-    else if (wide && dv % 64 == 0 && (wide == 3 || (int64_t)nv * dv / 64 >= GDN_WIDE_BLOCKS)) pl.bv = 64;
-    else pl.bv = gdn_state_bv(nv, dv);
+    pl.prof = gdn_prof_level;
+    RS_CHECK(t.bv == 0 || t.bv == 16 || t.bv == 32 || t.bv == 64, "gdn: bv %d (0, 16, 32 or 64 columns)", t.bv);
+    pl.bv = t.bv ? t.bv : gdn_state_bv(nv, dv);
     RS_CHECK(dv % pl.bv == 0, "gdn: %d state columns per block do not divide dim_v %d", pl.bv, dv);
     pl.nst = pl.bv == 64 ? 2 : t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT; /* 64: smem for 2 stages */
-    pl.overlap = t.overlap == 1 ? 1 : t.overlap == 2 ? 0 : GDN_OVERLAP_DEFAULT;
-    pl.ilp = t.ilp == 1 ? 1 : t.ilp == 2 ? 0 : GDN_ILP_DEFAULT;
-    pl.wy3 = t.wy == 1 ? 1 : t.wy == 2 ? 0 : GDN_WY3_DEFAULT;
-    pl.bulk = t.bulk == 1 ? 1 : t.bulk == 2 ? 0 : GDN_BULK_DEFAULT;
-    if (pl.bulk) pl.ilp = 1;
-    pl.dqs = t.dqs == 1 ? 1 : t.dqs == 2 ? 0 : GDN_DQS_DEFAULT;
     const int64_t nc = (T + GDN_C - 1) / GDN_C;
     if (t.split > 0) pl.nseg_f = pl.nseg_b = t.split < 64 ? t.split : 64;
     else gdn_v2_plan_nseg<DK>(&pl, nc, nv, dv);
@@ -2139,18 +1119,18 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
         pl.dual = dual;
         pl.dual_need = dual == 3 ? 0 : dual == 4 ? INT64_MAX : (int64_t)GDN_DUAL_WAVES * gdn_sm_count();
     }
-    /* wgmma forward state pass: every v2 forward pass (segments, transition columns, document segments,
-     * dual launch) but the bulk-copy one, which the switch leaves as it is */
+    /* wgmma forward state pass: every forward pass (segments, transition columns, document segments,
+     * dual launch) */
     const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SFWD_BLOCKS ? 2 : 0;
-    pl.sfwd = pl.bulk || dv % 64 != 0 ? 0 : sfwd;
-    /* wgmma backward state pass: every v2 backward pass but the bulk-copy one (the same contract) */
+    pl.sfwd = dv % 64 != 0 ? 0 : sfwd;
+    /* wgmma backward state pass: every backward pass (the same contract) */
     const int sbwd = t.sbwd == 1 ? 1 : t.sbwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SBWD_BLOCKS ? 1 : 0;
-    pl.sbwd = pl.bulk || dv % 64 != 0 ? 0 : sbwd;
+    pl.sbwd = dv % 64 != 0 ? 0 : sbwd;
     /* the dual launch's many-document configuration on wgmma (GDN v4.5): 64 columns in GDN_DUAL_ZB document
      * segments. The device's pick is unchanged: (nv dv / 32) x non-empty segments >= 2 blocks per SM is
      * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
     const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
-    pl.dwg = pl.dual && !pl.bulk && dv % 64 == 0 ? dwg : 0;
+    pl.dwg = pl.dual && dv % 64 == 0 ? dwg : 0;
     /* the wgmma forward pass in 32-column blocks (GDN v4.5: two blocks per SM) */
     RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64, "gdn: sfbv %d (0, 32 or 64 columns)", t.sfbv);
     pl.sfbv = t.sfbv ? t.sfbv : GDN_SFBV_DEFAULT;
@@ -2239,7 +1219,6 @@ static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, i
     }
     const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_fwd_v2");
-    sg.hi_only = gdn_tune().hilo == 2;
     gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
     CUDA_LAUNCH_CHECK();
@@ -2280,7 +1259,6 @@ static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg,
     }
     const size_t sm = GdnStateBwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
     gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_bwd_v2");
-    sg.hi_only = gdn_tune().hilo == 2;
     gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
     CUDA_LAUNCH_CHECK();
@@ -2396,20 +1374,6 @@ static void gdn_index_plan(const GdnBufs *b, const GdnPlan &pl, const int32_t *d
     gdn_index(b, doc_pos, T, pl.dseg, pl.dual, nv * dv / 32, pl.dual_need);
 }
 
-/* the second stream of the overlapped backward and its fork / join events */
-static cudaStream_t gdn_aux_stream(cudaEvent_t *fork, cudaEvent_t *join) {
-    static cudaStream_t s;
-    static cudaEvent_t f, j;
-    if (!s) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
-    }
-    *fork = f;
-    *join = j;
-    return s;
-}
-
 /* prof == 2: the per-phase cycles of the state passes (block 0, warp 0; chunks = its chunk count) */
 static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
     if (pl.prof != 2 || !pl.tp) return;
@@ -2449,8 +1413,7 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("output");
     if (pl.prof)
-        printf("gdn v2 plan: nseg %d, dseg %d, bv %d, nst %d, ilp %d, bulk %d, dual %d\n", pl.nseg_f, pl.dseg, pl.bv,
-               pl.nst, pl.ilp, pl.bulk, pl.dual);
+        printf("gdn plan: nseg %d, dseg %d, bv %d, nst %d, dual %d\n", pl.nseg_f, pl.dseg, pl.bv, pl.nst, pl.dual);
     gdn_prof_end("forward v2", T, nv);
     gdn_tp_print(pl, 0, T);
 }
@@ -2474,32 +1437,17 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
     gdn_prof_mark("index");
     if (!kept) gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    if (pl.overlap && !states) { /* forward recompute on the second stream beside dv_loc and the reverse pass */
-        cudaEvent_t fork, join;
-        cudaStream_t aux = gdn_aux_stream(&fork, &join);
-        CUDA_CHECK(cudaEventRecord(fork, st));
-        CUDA_CHECK(cudaStreamWaitEvent(aux, fork, 0));
-        gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, aux, pl.tp);
-        gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-        gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
-                            nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
-        CUDA_CHECK(cudaEventRecord(join, aux));
-        CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
-        gdn_prof_mark(gdn_sfwd_cur ? (gdn_sbwd_cur ? "state_fwd_wg|dvlocal+state_bwd_wg" : "state_fwd_wg|dvlocal+state_bwd")
-                                   : (gdn_sbwd_cur ? "state_fwd|dvlocal+state_bwd_wg" : "state_fwd|dvlocal+state_bwd"));
-    } else {
-        if (!states) { /* the forward's h, vn again (kept: the forward's own) */
-            gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
-            gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
-        }
-        gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-        gdn_prof_mark("dvlocal");
-        gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
-                            nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
-        gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
+    if (!states) { /* the forward's h, vn again (kept: the forward's own) */
+        gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
+        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
     }
-    const float *dgp2 = pl.dqs ? b.dgp + (size_t)T * nv : NULL;
-    if (pl.dqs) {
+    gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+    gdn_prof_mark("dvlocal");
+    gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
+                        nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+    gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
+    const float *dgp2 = b.dgp + (size_t)T * nv;
+    {
         const size_t sm = GdnDqkwgSmemV2<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_v2_kernel<DK, DV>, sm, "dqkwg_v2");
         CUDA_CHECK(cudaFuncSetAttribute(gdn_dqkwg_v2_kernel<DK, DV>, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -2508,26 +1456,12 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
             b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
             b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
-    } else {
-        const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
-        gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
-        gdn_dqkwg_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, q, k, b.vn, dout, b.dv2, b.hs, b.dhs, b.G2,
-            doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
-        CUDA_LAUNCH_CHECK();
     }
     gdn_prof_mark("dqkwg");
-    if (pl.wy3) {
+    {
         const size_t sm = GdnWySmemV3<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_bwd_v3_kernel<DK, DV>, sm, "wy_bwd_v3");
         gdn_wy_bwd_v3_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
-            b.meta, nk, nv, ldq, ldv);
-        CUDA_LAUNCH_CHECK();
-    } else {
-        const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
-        gdn_smem_attr(gdn_wy_bwd_v2_kernel<DK, DV>, sm, "wy_bwd_v2");
-        gdn_wy_bwd_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
             b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
             b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
@@ -2541,9 +1475,8 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
         gdn_prof_mark("group_reduce");
     }
     if (pl.prof)
-        printf("gdn v2 plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, overlap %d, ilp %d, wy3 %d, bulk %d, dqs %d, "
-               "dual %d\n",
-               pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv, pl.nst, pl.overlap, pl.ilp, pl.wy3, pl.bulk, pl.dqs, pl.dual);
+        printf("gdn plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, dual %d\n", pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv,
+               pl.nst, pl.dual);
     gdn_prof_end("backward v2", T, nv);
     gdn_tp_print(pl, 1, T);
 }
@@ -2571,20 +1504,14 @@ static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const
                  GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
 }
 
-/* v1 or v2 by the plan */
+/* the entries under the plan */
 template <int DK, int DV>
 static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
                              int ldq, int ldv, int ldo, void *kept, int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
-    if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the forward before v4.1 */
-    if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: W, U kept, the states recomputed */
-    RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_forward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_cur_set(pl);
-    if (pl.v2)
-        gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept,
-                               kept_states);
-    else gdn_forward_v1<DK, DV>(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo);
+    gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
 }
 
 template <int DK, int DV>
@@ -2593,16 +1520,9 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
                               const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
                               int ldq, int ldv, int ldo, const void *kept, int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
-    if (gdn_tune().keep == 2) kept = NULL; /* measurement switch: the backward runs its own prep */
-    if (gdn_tune().keep == 3) kept_states = 0; /* measurement switch: the backward recomputes h, vn */
-    RS_CHECK(pl.v2 || !kept, "cuda_gdn_chunk_backward: keeping W, U needs the v2 kernels (RS_GDN_V2=2 has none)");
     gdn_cur_set(pl);
-    if (pl.v2)
-        gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk,
-                                nv, ldq, ldv, ldo, kept, kept_states);
-    else
-        gdn_backward_v1<DK, DV>(dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
-                                ldq, ldv, ldo);
+    gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
+                            ldq, ldv, ldo, kept, kept_states);
 }
 
 template <int DK, int DV>
@@ -2610,8 +1530,7 @@ static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    if (pl.v2) gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
-    else gdn_transition_v1<DK, DV>(M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
 }
 
 template <int DK, int DV>
@@ -2619,8 +1538,7 @@ static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const b
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    if (pl.v2) gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
-    else gdn_dstate_v1<DK, DV>(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
+    gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
 }
 
 /* ------------------------------------------------------------------------------------------------ */

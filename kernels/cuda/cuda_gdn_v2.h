@@ -728,240 +728,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* wy_bwd v2: the v1 algebra (gdn_wy_bwd_kernel's comment), dk kept in registers                       */
-
-template <int DK, int DV>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_wy_bwd_v2_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
-                         bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */, float *dbeta_out /* (T,nv) */,
-                         const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
-                         const float *dgp /* (T,nv) */, const float *dgp2 /* (T,nv) second partial, or NULL */,
-                         const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
-                         const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk,
-                         int nv, int ldq, int ldv) {
-    constexpr int LDK = DK + 8, LDV = DV + 8, NB = DK / 64;
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnWySmem<DK, DV> s(gdn_smem);
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV;
-    const int nc = meta[GDN_META_NC];
-    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
-        const int64_t t0 = starts[c];
-        const int L = starts[c + 1] - (int)t0;
-        __syncthreads();
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
-        gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
-        gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
-        gdn_cp_async_commit();
-        float dgp_r = 0.0f; /* row threadIdx.x's dG of dqkwg, read early */
-        if (threadIdx.x < GDN_C) {
-            const int r = threadIdx.x;
-            s.beta[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
-            s.dbeta[r] = 0.0f;
-            s.dG[r] = 0.0f;
-            if (r < L) dgp_r = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
-        }
-        gdn_cp_async_wait<0>();
-        __syncthreads();
-        gdn_build_A<DK>(s.A, s.kkg, s.k, s.G, s.beta, L);
-        __syncthreads();
-        gdn_solve(s.T, s.tmp, s.A);
-        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
-            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
-            gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
-        }
-        __syncthreads();
-        const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
-        float dkr[NB][1][8][4];              /* dk of this warp's rows, both WY terms */
-        /* dXw = Tinv^T dW: dk = beta gam dXw (rows < L) */
-        {
-            float kx[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
-                float acc[1][8][4];
-                gdn_zero(acc);
-                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dw, LDK, 16 * w, 64 * nb);
-#pragma unroll
-                for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e += 2) {
-                        const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
-                        const float2 kk = gdn_load2(s.k + j * LDK + col);
-                        kx[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
-                        const float bg = j < L ? s.beta[j] * exp2f(s.G[j]) : 0.0f;
-                        dkr[nb][0][ni][e] = bg * acc[0][ni][e];
-                        dkr[nb][0][ni][e + 1] = bg * acc[0][ni][e + 1];
-                    }
-            }
-            kx[0] = gdn_quad_sum(kx[0]);
-            kx[1] = gdn_quad_sum(kx[1]);
-            if ((lane & 3) == 0)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int j = rA + 8 * i;
-                    const float gm = j < L ? exp2f(s.G[j]) : 0.0f;
-                    s.dbeta[j] += gm * kx[i];
-                    s.dG[j] += s.beta[j] * gm * kx[i];
-                }
-        }
-        /* dXu = Tinv^T dU -> dv */
-        {
-            float vx[2] = {0.0f, 0.0f};
-#pragma unroll 1
-            for (int n0 = 0; n0 < DV; n0 += 64) {
-                float acc[1][8][4];
-                gdn_zero(acc);
-                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.du, LDV, 16 * w, n0);
-#pragma unroll
-                for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e += 2) {
-                        const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                        const float2 vv = gdn_load2(s.v + j * LDV + col);
-                        vx[e >> 1] += vv.x * acc[0][ni][e] + vv.y * acc[0][ni][e + 1];
-                        if (j < L)
-                            gdn_store2(dv_out + (t0 + j) * ldv + (int64_t)h * DV + col, s.beta[j] * acc[0][ni][e],
-                                       s.beta[j] * acc[0][ni][e + 1]);
-                    }
-            }
-            vx[0] = gdn_quad_sum(vx[0]);
-            vx[1] = gdn_quad_sum(vx[1]);
-            if ((lane & 3) == 0) {
-                s.dbeta[rA] += vx[0];
-                s.dbeta[rA + 8] += vx[1];
-            }
-        }
-        /* dT */
-        {
-            float a1[1][8][4], a2[1][8][4];
-            gdn_zero(a1);
-            gdn_zero(a2);
-            gdn_warp_mma<1, 8, false, true, DK>(a1, s.dw, LDK, s.k, LDK, 16 * w, 0);
-            gdn_warp_mma<1, 8, false, true, DV>(a2, s.du, LDV, s.v, LDV, 16 * w, 0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    float x[2];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int jj = j + u;
-                        x[u] = (jj < i && i < L) ? s.beta[jj] * (exp2f(s.G[jj]) * a1[0][ni][e + u] + a2[0][ni][e + u])
-                                                 : 0.0f;
-                    }
-                    gdn_store2(s.dt + i * GDN_LDP + j, x[0], x[1]);
-                }
-        }
-        __syncthreads();
-        /* M1 = Tinv^T dT */
-        {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dt, GDN_LDP, 16 * w, 0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    gdn_store2(s.m1 + i * GDN_LDP + j, acc[0][ni][e], acc[0][ni][e + 1]);
-                }
-        }
-        __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower: C, E = dA A (in place of A), dbeta */
-        {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            gdn_warp_mma<1, 8, false, true, GDN_C>(acc, s.m1, GDN_LDP, s.tb, GDN_LDP, 16 * w, 0);
-            float db[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    float cv[2];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int jj = j + u;
-                        const bool in = jj < i && i < L;
-                        const float da = in ? -acc[0][ni][e + u] : 0.0f;
-                        cv[u] = in ? da * s.beta[i] * exp2f(s.G[i] - s.G[jj]) : 0.0f;
-                        db[e >> 1] += da * s.kkg[i * GDN_LDF + jj];
-                        s.A[i * GDN_LDF + jj] = da * s.A[i * GDN_LDF + jj];
-                    }
-                    gdn_store2(s.cc + i * GDN_LDP + j, cv[0], cv[1]);
-                }
-            db[0] = gdn_quad_sum(db[0]);
-            db[1] = gdn_quad_sum(db[1]);
-            if ((lane & 3) == 0) {
-                s.dbeta[rA] += db[0];
-                s.dbeta[rA + 8] += db[1];
-            }
-        }
-        __syncthreads();
-        /* dk = dk of dqkwg + (the dXw term + C K + C^T K): every load of a half issued first */
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            float2 old[8][2];
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
-                    old[ni][e >> 1] = j < L ? *(const float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col)
-                                            : make_float2(0.0f, 0.0f);
-                }
-            gdn_warp_mma<1, 8, false, false, GDN_C>(dkr[nb], s.cc, GDN_LDP, s.k, LDK, 16 * w, 64 * nb);
-            gdn_warp_mma<1, 8, true, false, GDN_C>(dkr[nb], s.cc, GDN_LDP, s.k, LDK, 16 * w, 64 * nb);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
-                    if (j < L) {
-                        const float2 o = old[ni][e >> 1];
-                        const float x0 = o.x + dkr[nb][0][ni][e], x1 = o.y + dkr[nb][0][ni][e + 1];
-                        if (dk_out) gdn_store2(dk_out + (t0 + j) * ldq + (int64_t)h * DK + col, x0, x1); /* final dk */
-                        else *(float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col) = make_float2(x0, x1);
-                    }
-                }
-        }
-        /* dG of the A entries: row sums minus column sums of E */
-        if (threadIdx.x < GDN_C) {
-            const int r = threadIdx.x;
-            float rs = 0.0f, cs = 0.0f;
-            for (int j = 0; j < GDN_C; j++) {
-                rs += s.A[r * GDN_LDF + j];
-                cs += s.A[j * GDN_LDF + r];
-            }
-            s.tmp[r] = r < L ? dgp_r + s.dG[r] + (rs - cs) : 0.0f;
-        }
-        __syncthreads();
-        /* dg = reverse cumsum inside the chunk: rows 0..63 on warps 0 and 1 */
-        {
-            float x = 0.0f;
-            if (threadIdx.x < GDN_C) {
-                x = s.tmp[threadIdx.x];
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const float y = __shfl_down_sync(GDN_FULL, x, o);
-                    if (lane + o < 32) x += y;
-                }
-                if (threadIdx.x == 32) s.dG[0] = x; /* the sum of rows 32..63 */
-            }
-            __syncthreads();
-            if (threadIdx.x < 32) x += s.dG[0];
-            if ((int)threadIdx.x < L) {
-                dg_out[(t0 + threadIdx.x) * nv + h] = x;
-                dbeta_out[(t0 + threadIdx.x) * nv + h] = s.dbeta[threadIdx.x];
-            }
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------------------------------ */
 /* wy_bwd v3 helpers                                                                                  */
 
 /* kkg_ij = (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF): gdn_build_A's kkg */
@@ -1058,6 +824,15 @@ static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * (64 + 8) * 2, "wy v3: m1 and C must
 /* m1 in dW's and C in dU's once they are dead, the solve scratch in the bf16 Tinv tile: every      */
 /* product and rounding is v2's, so the results are bitwise v2's                                    */
 
+/*
+ * Per (chunk, value head), dW = dw, dU = dv2:
+ *   dXw = Tinv^T dW: dk += beta gam dXw, dbeta += gam k.dXw, dG += beta gam k.dXw
+ *   dXu = Tinv^T dU: dv = beta dXu, dbeta += v.dXu
+ *   dT = (dW K^T) diag(beta gam) + (dU V^T) diag(beta), strictly lower; dA = -(Tinv^T dT Tinv^T) strictly lower
+ *   dk_i += sum_j C_ij k_j, dk_j += sum_i C_ij k_i (C = dA beta_i Gam), dbeta_i += sum_j dA_ij kkg_ij,
+ *   dG_i += sum_j dA_ij A_ij, dG_j -= sum_i dA_ij A_ij
+ * then dg = reverse cumsum over the chunk of (dG of dqkwg + these). dk accumulates in fp32 (dkv).
+ */
 template <int DK, int DV>
 __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_wy_bwd_v3_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
@@ -1397,6 +1172,12 @@ template <int DK, int DV> struct GdnDqkwgSmemV2 {
     }
 };
 
+/*
+ * Per (chunk, value head), with h the entering state and dh the gradient at the exit:
+ *   ds  = scale (dO vn^T) Gam causal
+ *   dq  = scale gam (dO h^T) + ds K,     dk = dec (vn dh^T) + ds^T Q,     dw = -dv2 h^T
+ *   dG_r = q_r.dq_r - k_r.dk_r, the last row also gam_L <h, dh> + sum_j k_j.dk^inter_j
+ */
 template <int DK, int DV>
 __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_dqkwg_v2_kernel(float *dqv /* (T,nv,DK) */, bf16 *dq_out /* (T,ldq) when nv == nk, else NULL */,
