@@ -1,278 +1,30 @@
 /*
- * cuda_attention.cu — block softmax attention on the tensor cores (forward,
- * backward) and the fp32 LSE merge: the primitives the softmax layer and the
- * ring schedule (lib/cp*.c) are built on, cuda backend (bf16 activations,
- * fp32 accumulation and statistics).
+ * cuda_attention.cu — block softmax attention on the tensor cores for the cuda backend (sm_90a): the
+ * forward, the backward and the fp32 LSE merge, the primitives of the softmax layer and of the ring
+ * schedule (lib/cp_ring.c). bf16 activations, fp32 accumulation and statistics.
  *
- * Called through the cuda backend table (lib/backend.h: attention_forward,
- * attention_backward, attention_merge; prototypes in cuda_kernels.h) and by
- * tests/cuda/test_cuda_attention.cu, which checks every entry against the cpu
- * oracle kernels/cpu/cpu_attention.c.
+ * Entries (cuda_kernels.h; Backend attention_forward, attention_backward, attention_merge): q (Tq,ldq)
+ * with nh heads of hd in {64, 128, 256}, k and v (Tk,ldk) with nkv heads (GQA: query head h reads kv
+ * head h / (nh / nkv)), out (Tq,ldo) bf16, lse (Tq,nh) fp32; the backward adds into fp32 dq (Tq,ldq),
+ * dk, dv (Tk,ldk). Mask: query i sees key j iff both lie in one document (pos - doc_pos equal) and, when
+ * causal, pos_k[j] <= pos_q[i]; nothing is assumed about the order of pos (zigzag ring blocks and
+ * packed documents follow the same rule); a row that sees no key gets out 0 and lse -inf. Callers: the
+ * Backend table (backend_cuda.c), tests/cuda/test_cuda_attention.cu (parity with the cpu oracle
+ * kernels/cpu/cpu_attention.c).
  *
- * The mask (lib/backend.h): query i sees key j iff they lie in the same
- * document (pos - doc_pos, the document's start position, is equal) and, when
- * `causal`, pos_k[j] <= pos_q[i]. Nothing is assumed about the order of pos
- * inside a block: zigzag blocks [seg r | seg 2P-1-r] and packed documents are
- * handled by the same rule. Scale hd^-1/2; query head h reads kv head
- * h / (nh / nkv). A row that sees no key gets out = 0 and lse = -inf.
- *
- * Work decomposition. Queries and keys are cut into tiles of ATTN_TILE = 64
- * rows. Every call first runs two tiny kernels on the metadata only:
- *   attn_ranges_kernel  per tile: [min, max] of pos and of the document start;
- *   attn_pairs_kernel   per (query tile, key tile): skip, partial or full, as
- *                       two bitmasks stored twice (rows = query tiles for the
- *                       forward and dq kernels, rows = key tiles for dk/dv).
- * A pair is skipped when the two document-start ranges do not overlap or, with
- * `causal`, min pos_k > max pos_q (the rule of the cpu kernel, at 64x64). It is
- * full (no per-element test) when both tiles lie in one single document, every
- * key precedes every query (or !causal) and the key tile is complete; any other
- * live pair is tested element by element. Blocks walk the set bits of their
- * bitmask row, so skipped tiles cost one bit test, not a load.
- *
- * v1 forward (attn_forward_kernel<HD>): one block of 4 warps per (head, query
- * tile), grid (nh, Tq/64) with the heads of one query tile adjacent (GQA heads
- * share K/V in L2) and the heaviest (last, under causal) query tiles first.
- * Each warp owns 16 query rows. Q (64 x HD) is loaded once; K and V tiles
- * (64 x HD each) stream through a 2-stage cp.async pipeline (the next live
- * tile loads while the current one is computed). S = Q K^T and O += P V are
- * mma.sync m16n8k16 bf16 with fp32 accumulators, operands fetched with
- * ldmatrix (transposed for V) from shared memory whose 16-byte chunks are
- * XOR-swizzled by row (no bank conflicts); Q fragments stay in registers for
- * HD <= 128. The softmax is online in fp32 in the log2 domain (scores scaled
- * by log2(e)/sqrt(hd), exp2), rows kept per quad of lanes. Out-of-range K/V
- * rows are zero-filled by cp.async so masked keys multiply finite values.
- * Shared memory: 64 HD 2 (Q) + 4 * 64 HD 2 (K, V, two stages) + 1 KB
- * metadata = 41 KB (hd 64), 81 KB (hd 128), 161 KB (hd 256).
- *
- * v1 backward, deterministic (no atomics, every output element owned by one
- * thread, fixed summation order), given the FINAL out and lse:
- *   attn_bwd_prep_kernel   D = rowsum(dout * out) in fp32 and lse2 = lse log2(e)
- *                          per (head, row) into the workspace, padded to whole
- *                          tiles; a row with lse = -inf (and a pad row) gets
- *                          lse2 = +inf, D = 0, so its P = exp2(s - lse2) = 0 and
- *                          it contributes nothing;
- *   attn_dkdv_kernel<HD>   one block per (kv head, column half for hd 256, key
- *                          tile); each warp owns 16 keys and walks, for each
- *                          query head of the group, the live query tiles
- *                          (Q, dO, lse2, D double-buffered): S^T = K Q^T,
- *                          P^T, dV += P^T dO, dP^T = V dO^T,
- *                          dS^T = P^T (dP^T - D), dK += dS^T Q; finally
- *                          dk += scale dK, dv += dV in place;
- *   attn_dq_kernel<HD>     one block per (head, column half, query tile),
- *                          warps own 16 rows, walks the live key tiles:
- *                          S, P, dP = dO V^T, dS, dQ += dS K; dq += scale dQ.
- * S and dP are computed in both kernels (7 tile products instead of FA2's 5,
- * the price of determinism without atomics). For hd 256 a block owns half the
- * output columns (accumulators of 2 x 16 x 128 fp32 per warp fit in registers)
- * and the two halves recompute S and dP.
- *
- * Merge (attn_merge_kernel): one warp per (row, head), the cpu kernel's rule
- * with its explicit -inf branches: lse_b = -inf keeps (out, lse) and does not
- * read out_b; lse = -inf takes (out_b, lse_b) without reading out; otherwise
- * e = exp(-|lse - lse_b|), weights 1/(1+e) and e/(1+e), lse' = max + log1p(e).
- *
- * Workspace: one device buffer owned by this file (tile ranges, bitmasks,
- * lse2/D), grown stream-ordered with cudaMallocAsync on cuda_stream(); every
- * call runs on that stream, so consecutive calls reuse it safely. The first
- * call at the largest size allocates (do it before any graph capture).
- *
- * v1 registers (ptxas, sm_90a): fwd 144/219/255 for hd 64/128/256 (hd 256 takes its 64-key tiles in
- * two 32-key softmax steps and still spills ~100 bytes), dq 168/244/255, dk/dv 224/255/255 (32-query
- * steps for hd >= 128; ~50 bytes spilled at hd 256).
- *
- * v1 measured (H100 SXM, 2026-11-23, T = 32k, 16 heads, causal, one document, FLOPs counting causal as
- * half): hd 128 fwd 16.6 ms = 265 TFLOP/s, bwd 67 ms (dk/dv 35.8 ms + dq 32.7 ms + metadata and
- * prep 0.15 ms) = 163 TFLOP/s at 2.5x the forward's FLOPs; hd 256 (2 kv heads) fwd 73 ms, bwd 304 ms.
- * By my count (not profiled) shared memory is the limit: each 16x8x16 mma.sync needs 256 bytes of
- * ldmatrix'd K or V fragments, re-read for every 16-row slice, against 128 bytes per clock per SM,
- * so this design tops out near half the mma.sync rate. Next: wgmma (operands straight from
- * shared memory, 64-row warpgroup tiles) fed by TMA into an mbarrier ring; a dq accumulated in a
- * fixed order by the dk/dv kernel (ordered fp32 adds per query tile) instead of recomputing S and
- * dP in a second kernel; the pair bitmasks cached across the layers of a step (same pos).
- *
- * ---- v2 (forward default; backward default at hd 256; cuda_attention_v2.h switches: RS_ATTN_FWD / RS_ATTN_BWD) ----
- *
- * Both v2 kernels are warp-specialised: 384 threads = a producer warpgroup (one warp issues TMA
- * tile loads, cp.async.bulk.tensor with 128-byte swizzle, into an mbarrier ring and copies the
- * metadata of each tile; setmaxnreg.dec) and two consumer warpgroups (setmaxnreg.inc) that run
- * wgmma.mma_async m64nNk16 (fp32 accumulators): operands from shared memory through matrix
- * descriptors (K-major, or N-major for V, dO, Q, K as the second factor of P V, P^T dO, dS^T Q,
- * dS K), P and dS from registers (the accumulator layout of S is the A-fragment layout). The
- * consumers release a stage by an arrival of every thread on its "empty" barrier. Tensor maps are
- * encoded per call on the host (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion);
- * rows past Tq / Tk load as zeros. The 64x64 skip/partial/full bitmasks are shared with v1.
- *   attn_fwd_wg_kernel<HD>   block = 128 query rows (64 per consumer) of one head, key tiles of
- *       128 (64 at hd 256), 2 stages (4 at hd 64). A 128-key tile is live when either 64-key half
- *       is, element-tested when either half is partial or only one is live. The P V product of a
- *       tile stays in flight while the next tile's S = Q K^T is issued; the two consumers overlap
- *       each other's softmax. O is 64 x HD fp32 per consumer (128 registers at hd 256, no spill).
- *   attn_bwd_wg_kernel<HD,1> dK|dV: block = 128 keys (K, V resident), streaming Q, dO tiles of 64
- *       queries for each head of the GQA group; per tile S^T, dP^T (m64n64), then dV += P^T dO,
- *       dK += dS^T Q.
- *   attn_bwd_wg_kernel<HD,0> dQ: block = 128 queries (Q, dO resident), streaming K, V tiles of 64
- *       keys; S, dP, then dQ += dS K (kept in flight across tiles).
- *   hd 256 (both backward kernels): the two consumers share 64 rows and split the 256 output
- *       columns, each recomputing S and dP (1.5x the products) so dK, dV stay at 128 registers.
- * Still 7 products in the backward (S and dP in both kernels), deterministic: no atomics, every
- * gradient element accumulated by one thread in a fixed order.
- *
- * Predicted before the first run (H100, ~4096 dense bf16 FLOP/clock/SM): forward ~500 TFLOP/s at
- * hd 128 and 256 (products of one consumer overlap the other's softmax), backward ~280 TFLOP/s
- * (counted at 2.5x the forward; no pipelining inside a consumer, 7/5 of the FLOPs).
- * Measured (H100 SXM, 2026-11-23, causal, one document, 16 query heads, v2 as committed):
- *   T = 32k  hd 128 MHA fwd 9.6 ms (456 TFLOP/s; v1 17.0), GQA 4 kv heads 8.9 ms (492);
- *            hd 256 (2 kv) 20.3 ms (434; v1 73.7); hd 64 7.0 ms (313; v1 10.0);
- *            bwd hd 128 50.8 ms (217; v1 67.9), hd 256 110 ms (199; v1 308), hd 64 42.5 ms (130).
- *   T = 128k hd 128 fwd 160 ms (439; v1 292), bwd 795 ms (221; v1 1080); hd 256 fwd 346 ms, bwd 1.74 s.
- * The forward is near its prediction at hd 128 (the v2 S-product chain and the softmax of one
- * consumer serialise; no ping-pong scheduling of the two consumers yet). The backward is below it:
- * by my count (not profiled) its S/dP products, m64n64 with both operands in shared memory, read
- * 4 KB per 131 kFLOP, which the 128 B/clock shared-memory port serves no faster than the tensor
- * cores compute it (plus the TMA writes), and each consumer waits for every product. An earlier build with one arrival per warp on the empty barriers and no dQ overlap ran
- * the backward 8% faster (46.6 ms) but racecheck reported its warp-elected release as a hazard.
- * Next (done in v3 below): dQ inside the dK|dV kernel; still open: larger N for the S/dP products,
- * ping-pong scheduling of the two consumers, the pair bitmasks cached across the layers of a step.
- *
- * ---- v3 backward (default for hd 64 and 128; RS_ATTN_BWD = v1 | v2 | v3 | auto) ----
- *
- * attn_bwd3_kernel<HD>: one kernel for dK, dV and dQ, 5 tile products instead of 7. Grid (nh, key blocks
- * of 128 keys; 64 at hd 256) in key-block order, the heaviest under causal first; one query head per
- * block. Warp 0 of the producer warpgroup streams Q, dO (64-query tiles) and their metadata as in v2;
- * each consumer owns 64 keys (hd 256: both share 64 keys and split the columns) and per live tile
- * issues S^T and dP^T as two commit groups, forms P while dP^T runs, issues dV += P^T dO, forms dS while
- * dV runs, issues dK += dS^T Q, writes dS^T (bf16) to a shared double buffer (the two consumers' 64-key
- * halves: one 128-key x 64-query tile, 128-byte swizzle), and after one 256-thread named barrier
- * computes dQ = dS K for its 64 columns of the tile (both operands from shared memory, A M-major) and
- * adds scale dQ to the fp32 dq with red.global.add.v2.f32.
- * Determinism: the adds to a (head, query tile) come in key-block order. dq_sem[h][i] holds rb + 1 of
- * the last key block that added; thread 0 of warp 1 of the producer warpgroup (the sequencer) derives
- * the previous live key block of each tile from the q_live row (the bitmask that decides which blocks
- * stream the tile), spins with ld.acquire.gpu until dq_sem says it has added, opens an mbarrier "go"
- * for the consumers, and after their "done" (every consumer thread's adds issued) writes rb + 1 with
- * st.release.gpu. It runs two tiles ahead of its releases, so the consumers rarely wait and never
- * issue a fence themselves. No deadlock: a block only waits on lower key blocks of its head, which were
- * dispatched earlier (blocks start in index order) and are resident or done. With GQA the blocks of
- * the group's heads add dK, dV in head order under a per-(kv head, key block, consumer) semaphore
- * (adjacent in the grid, equal work: the wait is short). RS_ATTN_DQ=atomic drops the dq order (plain
- * fp32 atomics, not reproducible) to measure what the order costs.
- * Predicted before the first run (H100 hd 128 MHA 32k): the backward from 50.8 ms to ~36 ms (5/7 of
- * the products, the ordered adds hidden behind the products), below SDPA flash's ~34 ms.
- * Measured (H100 SXM, causal, one document, 16 query heads; test_cuda attention_timing, bwd medians):
- *   first build (a consumer thread spun on the semaphore and released it itself): hd 128 MHA 32k 49.3 ms
- *     ordered vs 37.6 ms with plain atomics: the acquire load and the release fence (which waits for
- *     the reds to land) sat on the consumers' path every tile;
- *   + sequencer thread, S/dP waited separately: hd 128 MHA 39.7 ms (atomics 38.8), GQA 16/4 42.8
- *     (37.7), GQA 16/2 48.0 (38.5), hd 64 29.8, hd 256 114.8 (v2 109.8);
- *   + one query head per block (the committed build, same call as v2 where noted): hd 128 MHA 32k
- *     40.1 ms (v2 50.9), GQA 16/4 40.3 (v2 50.4), GQA 16/2 40.8 (v2 50.4), hd 64 29.7 (v2 42.7);
- *     128k hd 128 MHA 615 ms (v2 801), 16/4 621 (v2 797); plain atomics instead of the order (one
- *     call): MHA 38.8 vs 40.2, 16/4 39.3 vs 40.6, 16/2 40.2 vs 41.1; hd 256 GQA 16/2 159 ms (v2 110:
- *     hd 256 stays on v2).
- *   Tried and dropped: keeping each tile's dQ product in flight into the next tile (MHA 42.9 ms: the
- *   wait then sits before P); one arrival per warp on the empty/done barriers (no faster; racecheck
- *   reports the producer's metadata writes as racing); ATTN_BWD3_LAG=1 (each tile's dQ in the next
- *   tile, the consumers joined by mbarriers with a tile of slack instead of the 256-thread barrier:
- *   MHA 39.9 ms, but GQA 16/2 45.3, hd 64 31.6, 128k 678 ms; kept behind the switch, parity and
- *   racecheck clean).
- *   ncu (LAG build, T 8192, 8/2 heads, hd 128): 16.6% SM throughput, 13.7 cycles between issues per
- *   warp, 48% of them waiting on L1TEX data (the producer's metadata loads and the sequencer's
- *   polling among them, and ~110k local-memory spill requests: ptxas spills ~64 bytes in the
- *   producer warpgroup at 40 registers since one head per block).
- *   Register split (ATTN_BWD3_REG_P / REG_C, default 56 / 224, was 40 / 232; the setmaxnreg.dec inside
- *   the producer warpgroup's own branch, the ATTN_BWD3_ONEIF form): ptxas spill hd 128 64 -> 4 bytes,
- *   hd 64 64 -> 0, hd 256 72 -> 0 (56 / 224 with the dec before the branch: 16 and 56 bytes). Measured (one
- *   call, each build twice, interleaved, medians of 7): hd 128 MHA 32k 40.46 / 39.96 -> 38.81 / 39.07
- *   ms (-3%), GQA 16/2 40.63 / 40.81 -> 40.05 / 40.08 (-1.6%), hd 64 29.6 -> 29.6; hd 256 v3 MHA 128.4
- *   -> 135.8 (slower; v2, the default there, 107.3). ATTN_BWD3_HOIST = 1 (the consumers look up the next
- *   live tile at the top of the current one) measured no faster (39.11 / 39.11, 39.89 / 40.12): removed.
- *   ATTN_BWD3_RED4 = 1 (dQ added with red.v4, lane pairs swapping halves: half the red instructions)
- *   measured slower (another call: MHA 39.28 / 39.45 -> 40.33 / 40.33 ms, GQA 16/2 40.4 -> 41.3): removed.
- *   ATTN_BWD3_SOLO = 1 (hd 64 / 128: no barrier joins the consumers; each computes its own dQ_c = dS_c K_c,
- *   64 queries x HD over its 64 keys, and adds all HD columns, consumer 1 after consumer 0 through an
- *   mbarrier per tile parity; a consumer that sees none of the tile skips its dQ): parity and
- *   reproducibility pass, racecheck clean, but slower (one call: MHA 39.1 -> 49.5 ms, GQA 16/2 40.1 ->
- *   53.7, hd 64 29.6 -> 33.2): twice the dq reds, and the two consumers' add phases in series. Removed.
- * Why slower than predicted: the kernel runs at ~28% of the tensor peak, not the ~45% assumed; each
- * consumer still serialises S -> P -> dS -> (barrier) -> dQ -> adds within a tile, and the barrier
- * that joins the two dS halves keeps the consumers in step, so their elementwise work does not
- * overlap each other's products (loosening it alone did not help, see LAG). The ordered-add chain
- * costs ~3.5% (MHA); with a whole GQA group per block (the first form) the first wave's blocks of
- * one kv head (66 at 16/2) ran in lock step behind the chain (each block's first query tile is its
- * predecessor's third), which one head per block removed. hd 256: both consumers recompute S and dP
- * for the same 64 keys and add dQ in two chunks; with one head per block it got slower (114.8 -> 159
- * ms, not understood; ptxas spills 72 bytes there), so hd 256 stays on v2 by default.
- * Next: S/dP as m64n128 (keys as N, P^T/dS^T through shared memory) or K/V fragments in registers,
- * ping-pong of the consumers on the products (the producer's spill is gone: worth 3%, it was mostly off
- * the consumers' path), hd 256 without the recomputed S/dP.
- *
- * ---- v4 backward: dQ through shared memory (ATTN_BWD3_BULK = 1, default; hd 64 and 128) ----
- *
- * The same kernel, but the consumers no longer add dQ themselves: after the dQ = dS K product each
- * consumer writes scale dQ (fp32, 64 queries x its 64 columns) into a staging buffer in shared memory,
- * laid out as 32-column boxes of 64 rows with the 128-byte swizzle (two wavefronts per warp store),
- * fences it for the async proxy and arrives on a "staged" mbarrier. The sequencer thread (the one that
- * kept the key-block order in v3) waits for the previous live key block's release (acquire), then for
- * "staged", adds the buffer to the fp32 dq with one cp.reduce.async.bulk.tensor (.add, fp32 tensor map
- * over dq, 32 x 64 boxes) per box, frees the buffer once the TMA has read it, and after the bulk group is
- * complete releases rb + 1. So the adds keep the key-block order (bitwise repeatable), the red.global
- * instructions leave the consumers' issue slots, and the consumers never wait for the semaphore chain:
- * they wait only for a free staging buffer (ATTN_BWD3_DQS buffers, by tile). At hd 128 the staging takes
- * the third Q/dO ring stage (2 stages; 3 measured no faster in main's kernel). Rows past Tq are dropped
- * by the TMA. hd 256 (v2 by default) keeps the v3 adds: its 64 x 256 fp32 tile does not fit beside the ring.
- * Measured (H100, docs/benchmarks.md "attention v4 backward"): 32k hd 128 backward 39.2 -> 35.1 ms (MHA),
- * 40.2 -> 36.2 (GQA 16/2), hd 64 29.7 -> 27.7; 128k hd 128 MHA 659 -> 577 ms. ATTN_BWD3_EX2 = 1 (P by
- * ex2.approx.ftz and a select, no branch): 32k MHA -1.5%, hd 64 -19%, but 128k hd 128 MHA +12%: removed.
- * ATTN_FWD_EX2 = 1 (default): the v2 forward's exponentials by ex2.approx.ftz instead of exp2f (whose
- * subnormal handling costs extra instructions per element): forward -2 to -5% at 32k and 128k hd 128.
- * ATTN_BWD3_SEQPIPE = 1 (the sequencer issues a tile's reduce before the previous one completes):
- * 128k GQA -0.7%, 128k MHA +4-5%, 32k +0.5%: removed. Open: 128k GQA 16/2 gains only 3-4% (MHA 12%).
- * Removed switches (the git history keeps their code; every kernel's SASS of the default build is
- * byte-identical before and after): ATTN_BWD3_EX2, HOIST, RED4, SEQPIPE, ST128, SOLO, and ONEIF (its
- * default form kept). ATTN_BWD3_LAG stays: dropping its dead branch changes attn_bwd3_kernel<256>'s SASS.
- * Compile-time switches left: ATTN_BWD3_LAG, BULK, DQS, REG_P, REG_C, QS, KVRED and THROTTLE (below); ATTN_FWD_EX2.
- *
- * ---- v5 backward at hd 256: ATTN_BWD3_QS = 1 | 2 | 3 (default 3; with KVRED default 1) ----
- *
- * attn_bwd3_kernel<256> with the tile's queries, not its products, split between the consumers. The block
- * owns 64 keys (K, V 64 x 256 resident, as SPLIT); per streamed 64-query tile consumer cw computes S^T and
- * dP^T for the 64 keys x its 32 queries [32 cw, 32 cw + 32) (m64n32k16, K = 256: no product computed
- * twice, half the elementwise work per consumer), forms P^T and dS^T and writes them (bf16) into its query
- * half of two shared buffers (row = key, 64 query columns, 128-byte swizzle; four of 8 KB: P^T and dS^T by
- * tile parity), then one 256-thread named barrier; each consumer then runs dV += P^T dO and dK += dS^T Q
- * for its 128 output columns with both operands from shared memory (m64n128k16, A K-major) and dQ = dS K
- * for its 128 columns in two 64-column chunks (the v3 SPLIT product). 5 tile products instead of SPLIT's 7
- * (each consumer recomputed S and dP there); dK, dV stay 2 x 64 registers per thread. Shared memory:
- * K, V 64 KB + Q/dO ring 2 x 64 KB + buffers 32 KB + metadata = 226.9 KB of the 227 KB.
- *   QS = 1: dQ added as in v3 (red.global.add.v2, ordered by the go/done semaphore chain), chunk by chunk.
- *   QS = 2: both chunks issued at once; chunk 0 added while chunk 1 runs.
- *   QS = 3: the 64 x 256 fp32 scale dQ tile (64 KB) has no room of its own, so it is staged in the ring
- *           stage the tile came in (consumer 0's 128 columns over the Q tile, consumer 1's over dO, eight
- *           32-column boxes), once an mbarrier (count 256) says both consumers' products that read the stage
- *           are complete; the sequencer adds it with TMA reduces in key-block order (v4's BULK path) and,
- *           once the TMA has read it, frees the stage for the producer (the empty barrier is its, count 1).
- *           So the producer's next load into the stage waits for the reduce; the consumers never add.
- * With any QS the automatic choice runs v3 at hd 256 (v2 otherwise). The layout follows FA3's hd 256
- * backward schedule in outline (64 x 64 tiles, two consumer warpgroups, P and dS through shared memory,
- * dQ accumulated through shared memory and bulk reduce-adds; no code taken).
- * Predicted (before any run, docs/benchmarks.md "attention v5 backward at hd 256"): 32k hd 256 MHA backward
- * 107 ms (v2) -> ~80-90 ms, fwd+bwd ~1.05-1.1x SDPA flash. Measured (H100, 2026-11-23, backward medians at 32k
- * hd 256, MHA / GQA 16/2): v2 107.6 / 120.8 ms; QS 1 134 / 158, QS 2 138 / 158, QS 3 68 / 154, QS 3 with KVRED
- * 67.3 / 67.1: the default. fwd+bwd beside SDPA flash 1.21x / 1.27x at 32k. At 128k keys QS 3 varied from call
- * to call (1473 to 2768 ms fwd+bwd; v2 2042-2200; flash 1869): a head's key blocks drift apart, since each
- * waits only for its predecessor, and their Q / dO tiles then miss L2 (RS_ATTN_DQ=atomic, no order at all, was
- * slower still: 2984 ms). ATTN_BWD3_THROTTLE keeps them within W tiles (the producer waits for the next key
- * block's add of tile i - W): W = 4 at 128k 1836-1852 / 1750 ms, 0.99x / 1.04x flash, steady; at 32k it costs
- * 20%, so its kernel instance runs above ATTN_BWD3_THROTTLE_MIN_TK keys only (RS_ATTN_THROTTLE=1 forces it).
- * ATTN_BWD3_KVRED = 1 (default, any hd): the block's final dk, dv += by red.global.add.v2 instead
- * of load-add-store. In the PTX of the default form every ld.global of dk / dv follows the st.global before it
- * (dk and dv may alias for the compiler), so a thread's 2 x OUTW / 4 read-modify-writes (64 at hd 128) wait one
- * round trip each, and with GQA the group's blocks do so one after the other under the head-order semaphore;
- * the reds issue without waiting and the same bar.sync + st.release orders them. Measured (H100, backward at hd
- * 128): 32k 16/2 36.6 -> 35.3 ms, 128k MHA 600 -> 567, 128k GQA 16/2 651 -> 568 (the gap closed).
- *
- * Limits (checked): hd in {64, 128, 256}; q, k, v, out, dout, dq, dk, dv
- * 16-byte aligned and ldq, ldk, ldo multiples of 8 elements (16-byte rows for
- * cp.async); Tq, Tk <= 65535 * 64 (grid rows); out must not alias q/k/v.
+ * Design. Two metadata kernels classify every pair of 64-query and 64-key tiles as skipped, partial or
+ * full (bitmasks, one row per query tile and one per key tile), so a block walks only its live tiles
+ * and tests the mask element by element only on partial ones. Forward (attn_fwd_wg_kernel): one block
+ * of three warpgroups per (head, 128 queries); one producer warp loads K / V tiles by TMA into a ring,
+ * two consumer warpgroups compute S = Q K^T and O += P V with wgmma and an online softmax (exponentials
+ * by ex2.approx). Backward (attn_bwd3_kernel): one block per (query head, key block) accumulates dK, dV
+ * of its keys in registers while the live query tiles stream through; each tile's dQ = dS K is staged
+ * in shared memory and added to dq by TMA reduce-adds in key-block order (a semaphore per query tile:
+ * the same bits on every run); at hd 256 the consumers split the tile's queries and stage dQ in the
+ * tile's own ring stage, and above 64k keys the throttled instance keeps a head's key blocks within 4
+ * tiles of each other (they share Q and dO in L2). The measurements and the history of every choice
+ * are in docs/benchmarks.md (attention v2 to v5, v0.5); cuda_attention_tune.h has the two
+ * measurement choices the tests set.
  */
 #include <math.h>
 #include <stdint.h>

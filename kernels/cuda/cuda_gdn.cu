@@ -65,74 +65,15 @@
  * a backward given it skips its prep, and with kept_states its state_fwd recompute (gdn_kept_carve); the
  * workspace then has no h, vn.
  *
- * Kernel sets (cuda_gdn_tune.h; docs/benchmarks.md "GDN v1" and "GDN v2" have the measurements):
- * v2 is the default, v1 stays as the reference (RS_GDN_V2=2). v2 (cuda_gdn_v2.h) = prep in 74 KB
- * (3 blocks per SM), state passes that can run in segments folded like the CP scan (intracard CP;
- * automatic only for few heads: at 16 and 64 heads every split measured slower) with an NST-stage
- * pipeline and two MMA chains per product, wy_bwd with dk in registers in 110 KB (2 blocks per SM,
- * bitwise equal to the 157 KB form), dv_loc kept in dqv's space; output, dv_local, dqkwg are v1's.
- * GDN v3 (docs/benchmarks.md "GDN v3") adds, as switches of v2: document segments (dseg: the forward
- * and backward state passes cut at document starts on the device and run side by side, exact;
- * automatic: about 2 blocks per SM, so 2 at 16 heads, 1 at 64), dqkwg split over the two halves of dk
- * (dqs, default on: 112 KB, 2 blocks per SM), bulk copies in the state passes (bulk, default off:
- * measured 2-3x slower), workspace buffers on 256-byte boundaries. GDN v3.1 (switch dual, default on):
- * where the state passes' column block and segments are automatic, each pass is launched in both the
- * automatic configuration and 32 columns x 8 document segments; gdn_index_cuts_kernel picks the second
- * when its non-empty segments give 2 blocks per SM (many documents) and the other launch's blocks exit
- * at once. Same bits either way. Measured (H100, fwd+bwd): 32k / 16 heads / 16 documents 6.50 -> 6.00 ms,
- * 128k / 16 / 67 documents 25.5 -> 22.5; one document and 64 heads within +-1% (docs/benchmarks.md).
- * GDN v4 (docs/benchmarks.md "GDN v4", FLA per kernel beside ours): 64 state columns per block (bv 64,
- * two stages; switch wide, default off) measured slower (state_fwd 2.39 -> 3.01 ms at 32k / 64 heads:
- * one block of four warps per SM cannot hide its MMA chains); switch hilo = 2 runs the state passes with
- * the carried state's operand in one bf16 term as FLA does (measurement only; default hi + lo).
- *
- * GDN v4.1 (docs/benchmarks.md "GDN v4.1"): the forward keeps W, U and G2 for the backward (FLA keeps
- * A), which then runs no prep: fwd+bwd at 32k 7.04 -> 6.49 ms (16 heads, one document), 23.0 -> 21.2
- * (64 heads), the same bits (switch keep: RS_GDN_KEEP=2 ignores the buffer, measurement only). Keeping
- * Tinv instead (fp32, 256 bytes per token and head, prep and wy_bwd reading it in place of their
- * solves) was built first and measured no faster (23.02 against 22.78 ms at 64 heads: writing 512 MiB
- * and reading it twice cost what the two solves did); the prep's time is the W and U products.
- * Speed (H100, T = 32768, 16 heads of 128, events per kernel): v1 forward 2.05 ms = prep 0.65 +
- * state_fwd 1.02 + output 0.35; backward 6.94 = prep 0.65 + state_fwd 1.02 + dvlocal 0.24 +
- * state_bwd 1.41 + dqkwg 1.14 + wy_bwd 2.45. v2 forward 1.87 = prep 0.54 + state_fwd 0.94 +
- * output 0.35; backward 5.17 = prep 0.54 + state_fwd 0.94 + dvlocal 0.24 + state_bwd 1.37 +
- * dqkwg 1.14 + wy_bwd 0.93. FLA on an H200: 1.43 / 5.32 ms fwd / fwd+bwd (research/gdn_cp.md §7).
- * A state-pass chunk step is ~3400 cycles (forward) and ~4800 (reverse) for one block per SM, and
- * the largest part is issuing the next chunk's cp.async copies (~1200 / 1700 cycles).
- * GDN v3, same H100 call as FLA (32k, 16 heads): v2 with the aligned workspace fwd 1.87 = prep 0.52 +
- * state_fwd 0.95 + output 0.35; backward 5.21 = prep 0.52 + state_fwd 0.94 + dvlocal 0.23 + state_bwd
- * 1.39 + dqkwg 1.13 + wy_bwd 0.95; the split dqkwg 0.87 (backward 4.90, fwd+bwd 6.86 ms against FLA's
- * 5.65 in the same call: 0.82). At 64 heads: fwd 5.73 = prep 2.00 + state_fwd 2.35 + output 1.36,
- * backward 17.6 = prep 2.00 + state_fwd 2.35 + dvlocal 0.90 + state_bwd 4.20 + dqkwg 4.45 (split 3.52)
- * + wy_bwd 3.69; fwd+bwd 22.5 against FLA's 16.5 (0.74). Predicted: one bulk copy per tile row would
- * cut the 1200-cycle issue of the state passes to ~200; measured ~4000 and fwd+bwd 7.14 -> 12.23 ms
- * (the copy engine takes the 192 row copies and 192 row stores of a chunk one by one), so a tensor-map
- * copy (one per tile, swizzled shared layout) is the open route. Document segments: predicted up to the document count on
- * many-document calls; measured 0.98 -> 0.77 ms (2 segments) and 0.64 (8 segments, 32 columns) for the
- * forward pass at 32k / 16 heads / 16 documents, because the pass is bound by each SM's issue and L2
- * traffic (every column block reloads the head's W and K), not by the chain of chunks.
- *
- * GDN v4.2 (switch sfwd, cuda_gdn_wg.h): the forward state pass on wgmma, one warpgroup per 64 state
- * columns, the state in the wgmma accumulators, W / K / U tiles in and h / vn out by TMA. Automatic
- * where the 64-column blocks are >= 128 (64 heads of 128): 32k / 64 heads state_fwd ~2.35 -> ~1.86 ms,
- * fwd+bwd 22.58 -> 21.84 ms (1 document), 22.44 -> 21.49 (16 documents). At 16 heads (32 blocks) the
- * pass is slower (fwd+bwd 6.92 -> 8.65 ms with one document; 5.84 -> 5.68 with 16): a chunk step takes
- * ~3.6 us, latency-bound in one warpgroup, so few blocks do not fill the GPU (docs/benchmarks.md).
- *
- * GDN v4.3 (switch sbwd, cuda_gdn_wg_bwd.h): the backward state pass the same way (dL/dS in the
- * accumulators, K D / Q^T dos / W^T dv2 on wgmma, Q / K / W / dO / dv_loc tiles in and dh / dv2 out by
- * TMA). Automatic at the same block count (GDN_SBWD_BLOCKS, 64 heads of 128): 32k / 64 heads state_bwd
- * 4.74 -> 2.44 ms, fwd+bwd 19.92 -> 17.68 ms (1 document), 19.94 -> 17.72 (16 documents); 16 heads:
- * 6.39 -> 7.46 (1 document), 5.38 -> 4.88 (16 documents), so off there (docs/benchmarks.md).
- *
- * GDN v4.5 (docs/benchmarks.md "GDN v4.5" and "v0.5"; both on by default since v0.5): switch dwg runs
- * the dual launch's second (many-document) configuration on the wgmma passes (64 columns in GDN_DUAL_ZB
- * document segments, forward and backward) where sfwd / sbwd leave the automatic one on
- * mma.sync (16 heads): GDN v4.2 / v4.3 measured those passes 2.8% / 9.5% faster fwd+bwd at 32k / 16 heads
- * / 16 documents, the rows where the device picks that configuration. Switch sfbv = 32 runs the wgmma
- * forward pass in 32-column blocks (m64n32k16, 100 KB: two blocks, two chunk chains, per SM). H100,
- * 32k: 16 heads / 16 documents fwd+bwd 5.41 -> 4.66 ms (dwg), 4.46 (and sfbv 32); 64 heads 17.86 -> 16.96
- * (sfbv 32).
+ * Configurations (cuda_gdn_tune.h; every one gives the same bits): the mma.sync state passes
+ * (cuda_gdn_v2.h) run in 16 or 32 columns per block (by the head count), two pipeline stages, in
+ * segments folded like the CP scan where the heads are few, or in document segments side by side; the
+ * dual launch starts both the automatic configuration and a many-document one (32 columns in 8
+ * document segments, on wgmma) and the device picks by the documents. From 128 blocks of 64 columns
+ * (64 heads of 128) both passes run on wgmma (cuda_gdn_wg.h, cuda_gdn_wg_bwd.h). dqkwg runs split
+ * over the two halves of dk (two blocks per SM), wy_bwd keeps dk in registers (two blocks per SM).
+ * The forward keeps W, U, G2 and, asked, the chunk states for the backward (the `kept` buffer).
+ * Measurements and the history of each choice: docs/benchmarks.md (GDN v1 .. v4.5, v0.5).
  *
  * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
  * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
@@ -1044,17 +985,13 @@ static int gdn_sm_count(void) {
 }
 
 /* the v2 state pass instantiation for a run-time (bv, nst) */
-#define GDN_V2_BVNST_(bv, nst, ilp, bulk, FN, ...)                                    \
+#define GDN_V2_BVNST(pl, FN, ...)                                                     \
     do {                                                                              \
-        if ((bv) == 64) FN<DK, 64, 2, ilp, bulk>(__VA_ARGS__);                       \
-        else if ((bv) == 32 && (nst) == 3) FN<DK, 32, 3, ilp, bulk>(__VA_ARGS__);          \
-        else if ((bv) == 32) FN<DK, 32, 2, ilp, bulk>(__VA_ARGS__);                  \
-        else if ((nst) == 3) FN<DK, 16, 3, ilp, bulk>(__VA_ARGS__);                  \
-        else FN<DK, 16, 2, ilp, bulk>(__VA_ARGS__);                                  \
-    } while (0)
-#define GDN_V2_BVNST(pl, FN, ...)                                                             \
-    do {                                                                                      \
-        GDN_V2_BVNST_((pl).bv, (pl).nst, true, false, FN, __VA_ARGS__);                       \
+        if ((pl).bv == 64) FN<DK, 64, 2>(__VA_ARGS__);                                \
+        else if ((pl).bv == 32 && (pl).nst == 3) FN<DK, 32, 3>(__VA_ARGS__);          \
+        else if ((pl).bv == 32) FN<DK, 32, 2>(__VA_ARGS__);                           \
+        else if ((pl).nst == 3) FN<DK, 16, 3>(__VA_ARGS__);                           \
+        else FN<DK, 16, 2>(__VA_ARGS__);                                              \
     } while (0)
 
 /*
@@ -1209,17 +1146,17 @@ static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
     else run(gdn_state_fwd_wg_kernel<DK, 2, WB>, GdnStateFwdSmemWg<DK, 2, WB>::BYTES);
 }
 
-template <int DK, int BV, int NST, bool ILP, bool BULK>
+template <int DK, int BV, int NST>
 static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    if (!BULK && gdn_sfwd_cur) { /* the wgmma pass: 64 (or 32: gdn_sfbv_cur) columns per block */
+    if (gdn_sfwd_cur) { /* the wgmma pass: 64 (or 32: gdn_sfbv_cur) columns per block */
         if (gdn_sfbv_cur == 32) gdn_wg_fwd_launch<DK, 32>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else gdn_wg_fwd_launch<DK, 64>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
-    const size_t sm = GdnStateFwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
-    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_fwd_v2");
-    gdn_state_fwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+    const size_t sm = GdnStateFwdSmemV2<DK, BV, NST>(NULL).bytes;
+    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST>, sm, "state_fwd_v2");
+    gdn_state_fwd_v2_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
     CUDA_LAUNCH_CHECK();
 }
@@ -1243,11 +1180,11 @@ static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, cons
     return tm;
 }
 
-template <int DK, int BV, int NST, bool ILP, bool BULK>
+template <int DK, int BV, int NST>
 static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
                               const bf16 *k, const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv,
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
-    if (!BULK && gdn_sbwd_cur) { /* the wgmma pass: 64 columns per block */
+    if (gdn_sbwd_cur) { /* the wgmma pass: 64 columns per block */
         RS_CHECK(ncol % 64 == 0, "gdn: state_bwd_wg needs columns in 64s, has %d", ncol);
         const dim3 grid(ncol / 64, nv, nz);
         const GdnWgBwdMaps tm = gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
@@ -1257,16 +1194,16 @@ static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg,
         CUDA_LAUNCH_CHECK();
         return;
     }
-    const size_t sm = GdnStateBwdSmemV2<DK, BV, NST, BULK>(NULL).bytes;
-    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK>, sm, "state_bwd_v2");
-    gdn_state_bwd_v2_kernel<DK, BV, NST, ILP, BULK><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+    const size_t sm = GdnStateBwdSmemV2<DK, BV, NST>(NULL).bytes;
+    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST>, sm, "state_bwd_v2");
+    gdn_state_bwd_v2_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
     CUDA_LAUNCH_CHECK();
 }
 
 /* the forward state pass over the chunks of `mode` from S0 in nseg segments: h, vn (NULL: not
  * stored), S_final (NULL: not written); with M_out (nseg == 1 only) the transition columns too */
-template <int DK, int BV, int NST, bool ILP, bool BULK>
+template <int DK, int BV, int NST>
 static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *hs,
                              bf16 *vn, float *S_final, float *M_out, const float *S0, const bf16 *k, int mode, int nk,
                              int nv, int dv, int ldq, cudaStream_t st, long long *tp, int want = -1) {
@@ -1276,22 +1213,22 @@ static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *
         RS_CHECK(nseg == 1 && !M_out && mode == GDN_RANGE_ALL, "gdn: document segments with nseg or M");
         const GdnSeg d = {S0,    NULL, S_final, NULL, NULL, NULL, dseg, 0, -1, b->cuts + (want == 1 ? GDN_CUTS_B : 0),
                           want >= 0 ? b->cuts + GDN_CUTS_PICK : NULL, want};
-        gdn_v2_fwd_launch<DK, BV, NST, ILP, BULK>(b, hs, vn, d, dseg, dv, k, mode, nk, nv, dv, ldq, st, tp);
+        gdn_v2_fwd_launch<DK, BV, NST>(b, hs, vn, d, dseg, dv, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
     if (nseg > 1) { /* phase A, then the fold */
         const GdnSeg a = {S0, NULL, NULL, segE + nsz, segH, segM, nseg, 0, 0, NULL};
-        gdn_v2_fwd_launch<DK, BV, NST, ILP, BULK>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
+        gdn_v2_fwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
         for (int p = 1; p <= nseg - 2; p++)
             gdn_affine_launch(segE + (p + 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
     const GdnSeg c = {S0, segE, S_final, NULL, NULL, M_out, nseg, 0, -1, NULL};
-    gdn_v2_fwd_launch<DK, BV, NST, ILP, BULK>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
+    gdn_v2_fwd_launch<DK, BV, NST>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
 }
 
 /* the reverse state pass over the chunks of `mode` from dS_final in nseg segments: dh, dv2 (NULL:
  * not stored), dS0 (NULL: not written) */
-template <int DK, int BV, int NST, bool ILP, bool BULK>
+template <int DK, int BV, int NST>
 static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *dhs,
                              bf16 *dv2, float *dS0, const float *dS_final, const bf16 *q, const bf16 *k,
                              const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv, int dv, int ldq,
@@ -1301,19 +1238,19 @@ static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *
         RS_CHECK(nseg == 1 && mode == GDN_RANGE_ALL, "gdn: document segments with nseg");
         const GdnSeg d = {dS_final, NULL, dS0, NULL, NULL, NULL, dseg, 0, -1, b->cuts + (want == 1 ? GDN_CUTS_B : 0),
                           want >= 0 ? b->cuts + GDN_CUTS_PICK : NULL, want};
-        gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, dhs, dv2, d, dseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq,
+        gdn_v2_bwd_launch<DK, BV, NST>(b, dhs, dv2, d, dseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq,
                                                   ldo, scale, st, tp);
         return;
     }
     if (nseg > 1) { /* phase A on segments nseg-1 .. 1, then the fold */
         const GdnSeg a = {dS_final, NULL, NULL, segE + (nseg - 2) * nsz, segH, segM, nseg, 1, nseg - 1, NULL};
-        gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
+        gdn_v2_bwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
                                             ldq, ldo, scale, st, NULL);
         for (int p = nseg - 2; p >= 1; p--)
             gdn_affine_launch(segE + (p - 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
     const GdnSeg c = {dS_final, segE, dS0, NULL, NULL, NULL, nseg, 0, -1, NULL};
-    gdn_v2_bwd_launch<DK, BV, NST, ILP, BULK>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
+    gdn_v2_bwd_launch<DK, BV, NST>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
                                         scale, st, tp);
 }
 

@@ -1,7 +1,7 @@
 /*
- * cuda_gdn_v2.h — the v2 kernels of the chunked gated delta rule. Not a standalone header: included
- * by kernels/cuda/cuda_gdn.cu after its device helpers (gdn_load_rows, gdn_split2, GdnCarve, ...),
- * whose header has the algebra and the buffer layouts. What changes against v1:
+ * cuda_gdn_v2.h — the mma.sync state passes, prep, dqkwg and wy_bwd of the chunked gated delta rule.
+ * Not a standalone header: included by kernels/cuda/cuda_gdn.cu after its device helpers
+ * (gdn_load_rows, gdn_split2, GdnCarve, ...), whose header has the algebra and the buffer layouts.
  *
  * Segmented state passes (research/gdn_cp.md §3 "intracard CP", §8.2). The chunk range of a pass is
  * cut into nseg segments of consecutive chunks (segment p: chunks [lo + n p / nseg, lo + n (p+1) /
@@ -11,7 +11,7 @@
  *            H_p, M_p with E_{p+1} = M_p E_p + H_p
  *   fold     E_{p+1} = M_p E_p + H_p for p = 1 .. nseg-2, in order (gdn_state_affine_kernel: fp32,
  *            fixed order; the same link the CP scan uses)
- *   phase C  every segment in parallel from its E_p: the v1 pass (h, vn stored, S_final from the last)
+ *   phase C  every segment in parallel from its E_p: the plain pass (h, vn stored, S_final from the last)
  * Backward, the mirror image: phase A on segments nseg-1 .. 1 (segment nseg-1 from dS_final gives
  * Dx_{nseg-2}, the gradient leaving segment nseg-2 at its end; segment p runs [D | M_p^T] from
  * [0 | I] with dO = dv_loc = 0 in the M^T columns), fold Dx_{p-1} = M_p^T Dx_p + dH_p, phase C from
@@ -19,7 +19,7 @@
  * reset), so documents crossing segment edges need nothing special. With nseg fixed by the shape,
  * the result has the same bits on every run.
  *
- * Pipelined state passes: NST stages of cp.async tiles (v1: 2), so the next NST-1 chunks' tiles are
+ * Pipelined state passes: NST stages of cp.async tiles (2 or 3), so the next NST-1 chunks' tiles are
  * in flight while a chunk is computed; the per-chunk (t0, L, flags) is loaded one chunk before its
  * tiles are issued.
  *
@@ -33,20 +33,8 @@
  * segments); gdn_index_cuts_kernel writes which one the documents call for (sg.pick) and the blocks of
  * the other exit before their first load. Both give the same bits (document segments are exact).
  *
- * Bulk copies (GDN v3, switch bulk, off by default): the state passes' tiles in by cp.async.bulk, one
- * per row, counted on an mbarrier per stage, and h / vn / dh / dv2 out by bulk stores from shared
- * memory. Same bits as cp.async; measured 2-3x slower per chunk (the per-row bulk operations issue
- * slowly: ~4000 cycles per chunk for 192 rows); kept as a tested switch for a tensor-map version.
- *
- * dqkwg v2 (GDN v3): the dq / dk / dw kernel split over the two halves of dk (two blocks per SM).
- *
- * GDN v4: the state passes also in 64-column blocks (BV = 64, two stages: 135 KB forward, 197 KB
- * reverse, one block per SM; measured slower than 32 columns, off by default), and with sg.hi_only the
- * carried state's MMA operand in one bf16 term (no lo split; tune.hilo == 2, measurement only).
- *
  * wy_bwd: dk's two WY terms (beta gam Tinv^T dW and C K + C^T K) stay in registers; the fp32 dk of
- * dqkwg is read once, all loads of a 64-column half issued before its use (v1 did a read-modify-write
- * of global memory per fragment, each load behind the previous store), and the reverse cumsum of dg
+ * dqkwg is read once, all loads of a 64-column half issued before its use, and the reverse cumsum of dg
  * runs on two warps with shuffles instead of one thread.
  */
 
@@ -65,7 +53,7 @@ struct GdnSeg {
     const int32_t *cuts;   /* document segments (nseg + 1 chunk indices, gdn_index_cuts_kernel), or NULL */
     const int32_t *pick;   /* dual launch: the configuration the index chose on the device, or NULL */
     int pick_want;         /* this launch's configuration: its blocks exit at once when *pick differs */
-    int hi_only;           /* the carried state's MMA operand bf16 hi only, no lo term (tune.hilo == 2) */
+    int hi_only;           /* the carried state's MMA operand bf16 hi only, no lo term (never set: its branch goes next) */
 };
 
 /* Document segments (sg.cuts): segment p is chunks [cuts[p], cuts[p+1]); every cut but cuts[0] is a
@@ -183,13 +171,11 @@ GDN_DEV void gdn_warp_mma_hilo(float (&acc)[1][NT][4], const bf16 *sA, int lda, 
 /* ------------------------------------------------------------------------------------------------ */
 /* state_fwd v2                                                                                       */
 
-template <int DK, int BV, int NST, bool BULK = false> struct GdnStateFwdSmemV2 {
+template <int DK, int BV, int NST> struct GdnStateFwdSmemV2 {
     static constexpr int OW = 0, OK = OW + GDN_C * (DK + 8) * 2, OU = OK + GDN_C * (DK + 8) * 2,
                          OG = OU + GDN_C * (BV + 8) * 2, SB = OG + GDN_C * 4; /* one stage, bytes */
     unsigned char *st;
     bf16 *s_hi, *s_lo, *vn;
-    bf16 *vno;     /* BULK: vn rows (not decayed) for the bulk store */
-    uint64_t *bar; /* BULK: one mbarrier per stage */
     size_t bytes;
     __host__ __device__ explicit GdnStateFwdSmemV2(void *b) {
         GdnCarve c(b);
@@ -197,8 +183,6 @@ template <int DK, int BV, int NST, bool BULK = false> struct GdnStateFwdSmemV2 {
         s_hi = c.take<bf16>(DK * (BV + 8));
         s_lo = c.take<bf16>(DK * (BV + 8));
         vn = c.take<bf16>(GDN_C * (BV + 8));
-        vno = BULK ? c.take<bf16>(GDN_C * (BV + 8)) : NULL;
-        bar = BULK ? c.take<uint64_t>(NST) : NULL;
         bytes = c.off;
     }
     GDN_DEV bf16 *w(int i) const { return (bf16 *)(st + i * SB + OW); }
@@ -213,7 +197,7 @@ template <int DK, int BV, int NST, bool BULK = false> struct GdnStateFwdSmemV2 {
  * columns >= dv are M, started from the identity with U = 0. Warp w holds state rows
  * [w DK/4, (w+1) DK/4).
  */
-template <int DK, int BV, int NST, bool ILP, bool BULK>
+template <int DK, int BV, int NST>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_fwd_v2_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const bf16 *W /* (T,nv,DK) */, const bf16 *U /* (T,nv,dv) */,
@@ -223,7 +207,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     static_assert(NST >= 2, "state_fwd_v2: two stages at least");
     extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnStateFwdSmemV2<DK, BV, NST, BULK> s(gdn_smem);
+    GdnStateFwdSmemV2<DK, BV, NST> s(gdn_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
     const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
     const bool is_M = col0 >= dv;
@@ -257,35 +241,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
         if (!is_M) gdn_load_rows<GDN_C, BV>(s.u(buf), LDB, U + t0 * ldu + (int64_t)h * dv + col0, ldu, ci.y);
         gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
     };
-    /* BULK: one bulk copy per tile row (threads 0-63: W and U rows, 64-127: K rows), counted on the
-     * stage's mbarrier; rows >= L zeroed by the thread that owns them */
-    auto issue_bulk = [&](int4 ci, int buf) {
-        const int64_t t0 = ci.x;
-        const int L = ci.y, r = threadIdx.x & (GDN_C - 1);
-        const bool upper = threadIdx.x >= GDN_C;
-        uint64_t *bar = s.bar + buf;
-        if (threadIdx.x == 0) gdn_mbar_expect_tx(bar, (unsigned)L * (2 * DK + (is_M ? 0 : BV)) * 2);
-        bf16 *d = (upper ? s.k(buf) : s.w(buf)) + r * LDK;
-        if (r < L)
-            gdn_bulk_load(d, upper ? k + (t0 + r) * ldq + (int64_t)kh * DK : W + (t0 + r) * ldw + (int64_t)h * DK,
-                          DK * 2, bar);
-        else gdn_zero_row<DK>(d);
-        if (!upper && !is_M) {
-            bf16 *du = s.u(buf) + r * LDB;
-            if (r < L) gdn_bulk_load(du, U + (t0 + r) * ldu + (int64_t)h * dv + col0, BV * 2, bar);
-            else gdn_zero_row<BV>(du);
-        }
-        if (r >= L) gdn_fence_async_smem();
-        gdn_load_G(s.G(buf), G2, t0, L, h, nv);
-    };
-    unsigned ph = 0; /* BULK: parity of each stage's next phase */
-    if (BULK) {
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar + i, 1);
-            gdn_mbar_init_fence();
-        }
-        __syncthreads();
-    }
     /* inf[i]: (t0, L, flags) of chunk c + i; chunk c's tiles are issued during chunk c - NST + 1 */
     const int4 none = make_int4(0, 1, 0, 0);
     int4 inf[NST];
@@ -294,8 +249,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
         if (lo + i < hi) {
-            if (BULK) issue_bulk(inf[i], i);
-            else issue(inf[i], i);
+            issue(inf[i], i);
         }
         gdn_cp_async_commit();
     }
@@ -304,19 +258,13 @@ __global__ void __launch_bounds__(GDN_THREADS)
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = lo; c < hi; c++) {
         const int4 infN = c + NST < hi ? info[c + NST] : none;
-        if (BULK) gdn_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read s_hi and vno */
         gdn_cp_async_wait<NST - 2>();
-        if (BULK) {
-            gdn_mbar_wait(s.bar + buf, (ph >> buf) & 1u);
-            ph ^= 1u << buf;
-        }
         __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c-1 */
         GDN_TP(0);
         {
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c-1 */
             if (c + NST - 1 < hi) {
-                if (BULK) issue_bulk(inf[NST - 1], nb);
-                else issue(inf[NST - 1], nb);
+                issue(inf[NST - 1], nb);
             }
         }
         gdn_cp_async_commit();
@@ -336,13 +284,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
                     if (sg.hi_only) gdn_store2(s.s_hi + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
                     else gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
-                    if (!BULK && hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
+                    if (hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
                 }
-        if (BULK && hrow) gdn_fence_async_smem();
         __syncthreads();
-        /* BULK: h = bf16(S) is s_hi; one row per thread */
-        if (BULK && hrow && threadIdx.x < DK)
-            gdn_bulk_store(hrow + (int64_t)threadIdx.x * dv, s.s_hi + threadIdx.x * LDB, BV * 2);
         GDN_TP(2);
         const float *sG = s.G(buf);
         const float gL = sG[L - 1];
@@ -350,18 +294,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
         if (sg.hi_only) {
             gdn_zero(acc);
             gdn_warp_mma<1, NTS, false, false, DK>(acc, s.w(buf), LDK, s.s_hi, LDB, 16 * w, 0);
-        } else if (ILP) {
-            gdn_warp_mma_hilo<NTS, DK>(acc, s.w(buf), LDK, s.s_hi, s.s_lo, LDB, 16 * w);
         } else {
-            float acc2[1][NTS][4];
-            gdn_zero(acc);
-            gdn_zero(acc2);
-            gdn_warp_mma<1, NTS, false, false, DK>(acc, s.w(buf), LDK, s.s_hi, LDB, 16 * w, 0);
-            gdn_warp_mma<1, NTS, false, false, DK>(acc2, s.w(buf), LDK, s.s_lo, LDB, 16 * w, 0);
-#pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
+            gdn_warp_mma_hilo<NTS, DK>(acc, s.w(buf), LDK, s.s_hi, s.s_lo, LDB, 16 * w);
         }
         GDN_TP(3);
 #pragma unroll
@@ -372,21 +306,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 float2 u = make_float2(0.0f, 0.0f);
                 if (!is_M) u = gdn_load2(s.u(buf) + r * LDB + j);
                 const float x0 = u.x - acc[0][ni][e], x1 = u.y - acc[0][ni][e + 1];
-                if (vn && !is_M && r < L) {
-                    if (BULK) gdn_store2(s.vno + r * LDB + j, x0, x1);
-                    else gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
-                }
+                if (vn && !is_M && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
                 const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
                 gdn_store2(s.vn + r * LDB + j, x0 * dec, x1 * dec);
             }
-        if (BULK && vn && !is_M) gdn_fence_async_smem();
         __syncthreads();
-        if (BULK) {
-            if (vn && !is_M && (int)threadIdx.x < L)
-                gdn_bulk_store(vn + (t0 + threadIdx.x) * ldu + (int64_t)h * dv + col0, s.vno + threadIdx.x * LDB,
-                               BV * 2);
-            gdn_bulk_commit();
-        }
         GDN_TP(4);
         const float gam = exp2f(gL);
 #pragma unroll
@@ -395,7 +319,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
             for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) S[mi][ni][e] *= gam;
-        if (ILP) { /* two k halves, two chains */
+        { /* two k halves, two chains */
             float t2[MTS][NTS][4];
             gdn_zero(t2);
             gdn_warp_mma<MTS, NTS, true, false, GDN_C / 2>(t2, s.k(buf) + (GDN_C / 2) * LDK, LDK,
@@ -407,8 +331,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) S[mi][ni][e] += t2[mi][ni][e];
-        } else {
-            gdn_warp_mma<MTS, NTS, true, false, GDN_C>(S, s.k(buf), LDK, s.vn, LDB, srow0, 0);
         }
         GDN_TP(5);
 #pragma unroll
@@ -416,7 +338,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (BULK) gdn_bulk_wait_all<0>();
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
@@ -436,13 +357,12 @@ __global__ void __launch_bounds__(GDN_THREADS)
 /* ------------------------------------------------------------------------------------------------ */
 /* state_bwd v2                                                                                       */
 
-template <int DK, int BV, int NST, bool BULK = false> struct GdnStateBwdSmemV2 {
+template <int DK, int BV, int NST> struct GdnStateBwdSmemV2 {
     static constexpr int TK = GDN_C * (DK + 8) * 2, TB = GDN_C * (BV + 8) * 2;
     static constexpr int OQ = 0, OK = TK, OW = 2 * TK, OD = 3 * TK, OL = 3 * TK + TB, OG = 3 * TK + 2 * TB,
                          SB = OG + GDN_C * 4;
     unsigned char *st;
-    bf16 *d_hi, *d_lo, *dv2n, *dos; /* dv2n: -dv2, or BULK: +dv2 (the bulk store's source) */
-    uint64_t *bar;                  /* BULK: one mbarrier per stage */
+    bf16 *d_hi, *d_lo, *dv2n, *dos; /* dv2n: -dv2 */
     size_t bytes;
     __host__ __device__ explicit GdnStateBwdSmemV2(void *b) {
         GdnCarve c(b);
@@ -451,7 +371,6 @@ template <int DK, int BV, int NST, bool BULK = false> struct GdnStateBwdSmemV2 {
         d_lo = c.take<bf16>(DK * (BV + 8));
         dv2n = c.take<bf16>(GDN_C * (BV + 8));
         dos = c.take<bf16>(GDN_C * (BV + 8));
-        bar = BULK ? c.take<uint64_t>(NST) : NULL;
         bytes = c.off;
     }
     GDN_DEV bf16 *q(int i) const { return (bf16 *)(st + i * SB + OQ); }
@@ -469,7 +388,7 @@ template <int DK, int BV, int NST, bool BULK = false> struct GdnStateBwdSmemV2 {
  * gam)^T dO - W^T dv2, and cut to 0 when the chunk starts a document. Columns >= dv (sg.M) carry
  * M^T from the identity with dO = dv_loc = 0 (nothing stored per chunk).
  */
-template <int DK, int BV, int NST, bool ILP, bool BULK>
+template <int DK, int BV, int NST>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_state_bwd_v2_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */, const bf16 *W /* (T,nv,DK) */,
@@ -479,7 +398,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     static_assert(NST >= 2, "state_bwd_v2: two stages at least");
     extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnStateBwdSmemV2<DK, BV, NST, BULK> s(gdn_smem);
+    GdnStateBwdSmemV2<DK, BV, NST> s(gdn_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5;
     const int col0 = blockIdx.x * BV, srow0 = w * (DK / 4);
     const bool is_M = col0 >= dv;
@@ -518,41 +437,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
         }
         gdn_load_G(s.G(buf), G2, t0, L, h, nv);
     };
-    /* BULK: one bulk copy per tile row (threads 0-63: W, Q, dO rows, 64-127: K, dv_loc rows), counted
-     * on the stage's mbarrier; rows >= L zeroed by the thread that owns them */
-    auto issue_bulk = [&](int4 ci, int buf) {
-        const int64_t t0 = ci.x;
-        const int L = ci.y, r = threadIdx.x & (GDN_C - 1);
-        const bool upper = threadIdx.x >= GDN_C, ok = r < L;
-        uint64_t *bar = s.bar + buf;
-        if (threadIdx.x == 0) gdn_mbar_expect_tx(bar, (unsigned)L * (2 * DK + (is_M ? 0 : DK + 2 * BV)) * 2);
-        const int64_t t = t0 + r;
-        bf16 *d = (upper ? s.k(buf) : s.w(buf)) + r * LDK;
-        if (ok) gdn_bulk_load(d, upper ? k + t * ldq + (int64_t)kh * DK : W + t * ldw + (int64_t)h * DK, DK * 2, bar);
-        else gdn_zero_row<DK>(d);
-        if (!is_M) {
-            if (!upper) {
-                bf16 *dq_ = s.q(buf) + r * LDK;
-                if (ok) gdn_bulk_load(dq_, q + t * ldq + (int64_t)kh * DK, DK * 2, bar);
-                else gdn_zero_row<DK>(dq_);
-            }
-            bf16 *db = (upper ? s.dl(buf) : s.dO(buf)) + r * LDB;
-            if (ok)
-                gdn_bulk_load(db, upper ? dvl + t * ldx + (int64_t)h * dv + col0 : dout + t * ldo + (int64_t)h * dv + col0,
-                              BV * 2, bar);
-            else gdn_zero_row<BV>(db);
-        }
-        if (!ok) gdn_fence_async_smem();
-        gdn_load_G(s.G(buf), G2, t0, L, h, nv);
-    };
-    unsigned ph = 0; /* BULK: parity of each stage's next phase */
-    if (BULK) {
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar + i, 1);
-            gdn_mbar_init_fence();
-        }
-        __syncthreads();
-    }
     /* inf[i]: (t0, L, flags) of chunk c - i; chunk c's tiles are issued during chunk c + NST - 1 */
     const int4 none = make_int4(0, 1, 0, 0);
     int4 inf[NST];
@@ -561,8 +445,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
         if (hi - 1 - i >= lo) {
-            if (BULK) issue_bulk(inf[i], i);
-            else issue(inf[i], i);
+            issue(inf[i], i);
         }
         gdn_cp_async_commit();
     }
@@ -571,19 +454,13 @@ __global__ void __launch_bounds__(GDN_THREADS)
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = hi - 1; c >= lo; c--) {
         const int4 infN = c - NST >= lo ? info[c - NST] : none;
-        if (BULK) gdn_bulk_wait_read<0>(); /* chunk c+1's dh and dv2 stores have read d_hi and dv2n */
         gdn_cp_async_wait<NST - 2>();
-        if (BULK) {
-            gdn_mbar_wait(s.bar + buf, (ph >> buf) & 1u);
-            ph ^= 1u << buf;
-        }
         __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c+1 */
         GDN_TP(0);
         {
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1;
             if (c - (NST - 1) >= lo) {
-                if (BULK) issue_bulk(inf[NST - 1], nb);
-                else issue(inf[NST - 1], nb);
+                issue(inf[NST - 1], nb);
             }
         }
         gdn_cp_async_commit();
@@ -605,7 +482,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
                     if (sg.hi_only) gdn_store2(s.d_hi + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
                     else gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
-                    if (!BULK && drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
+                    if (drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
                 }
         const float *sG = s.G(buf);
         if (!is_M) /* dos = scale gam_r dO_r */
@@ -615,29 +492,15 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 const float2 d = gdn_load2(s.dO(buf) + r * LDB + j);
                 gdn_store2(s.dos + r * LDB + j, f * d.x, f * d.y);
             }
-        if (BULK && drow) gdn_fence_async_smem();
         __syncthreads();
-        /* BULK: dh = bf16(D) is d_hi; one row per thread */
-        if (BULK && drow && threadIdx.x < DK)
-            gdn_bulk_store(drow + (int64_t)threadIdx.x * dv, s.d_hi + threadIdx.x * LDB, BV * 2);
         GDN_TP(2);
         const float gL = sG[L - 1];
         float acc[1][NTS][4];
         if (sg.hi_only) {
             gdn_zero(acc);
             gdn_warp_mma<1, NTS, false, false, DK>(acc, s.k(buf), LDK, s.d_hi, LDB, 16 * w, 0);
-        } else if (ILP) {
-            gdn_warp_mma_hilo<NTS, DK>(acc, s.k(buf), LDK, s.d_hi, s.d_lo, LDB, 16 * w);
         } else {
-            float acc2[1][NTS][4];
-            gdn_zero(acc);
-            gdn_zero(acc2);
-            gdn_warp_mma<1, NTS, false, false, DK>(acc, s.k(buf), LDK, s.d_hi, LDB, 16 * w, 0);
-            gdn_warp_mma<1, NTS, false, false, DK>(acc2, s.k(buf), LDK, s.d_lo, LDB, 16 * w, 0);
-#pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[0][ni][e] += acc2[0][ni][e];
+            gdn_warp_mma_hilo<NTS, DK>(acc, s.k(buf), LDK, s.d_hi, s.d_lo, LDB, 16 * w);
         }
         GDN_TP(3);
 #pragma unroll
@@ -650,18 +513,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 if (!is_M) l = gdn_load2(s.dl(buf) + r * LDB + j);
                 const __nv_bfloat162 x =
                     __floats2bfloat162_rn(l.x + dec * acc[0][ni][e], l.y + dec * acc[0][ni][e + 1]);
-                if (!BULK && dv2 && !is_M && r < L)
-                    *(__nv_bfloat162 *)(dv2 + (t0 + r) * ldx + (int64_t)h * dv + col0 + j) = x;
-                *(__nv_bfloat162 *)(s.dv2n + r * LDB + j) = BULK ? x : __hneg2(x);
+                if (dv2 && !is_M && r < L) *(__nv_bfloat162 *)(dv2 + (t0 + r) * ldx + (int64_t)h * dv + col0 + j) = x;
+                *(__nv_bfloat162 *)(s.dv2n + r * LDB + j) = __hneg2(x);
             }
-        if (BULK && dv2 && !is_M) gdn_fence_async_smem();
         __syncthreads();
-        if (BULK) {
-            if (dv2 && !is_M && (int)threadIdx.x < L)
-                gdn_bulk_store(dv2 + (t0 + threadIdx.x) * ldx + (int64_t)h * dv + col0, s.dv2n + threadIdx.x * LDB,
-                               BV * 2);
-            gdn_bulk_commit();
-        }
         GDN_TP(4);
         const float gam = exp2f(gL);
 #pragma unroll
@@ -670,18 +525,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
             for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) D[mi][ni][e] *= gam;
-        if (BULK) { /* dv2n holds +dv2: D = gam D + scale (Q gam)^T dO - W^T dv2, two chains */
-            float t2[MTS][NTS][4];
-            gdn_zero(t2);
-            gdn_warp_mma<MTS, NTS, true, false, GDN_C>(t2, s.w(buf), LDK, s.dv2n, LDB, srow0, 0);
-            if (!is_M) gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, s.q(buf), LDK, s.dos, LDB, srow0, 0);
-#pragma unroll
-            for (int mi = 0; mi < MTS; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) D[mi][ni][e] -= t2[mi][ni][e];
-        } else if (ILP && !is_M) { /* the two products on two chains */
+        if (!is_M) { /* the two products on two chains */
             float t2[MTS][NTS][4];
             gdn_zero(t2);
             gdn_warp_mma<MTS, NTS, true, false, GDN_C>(t2, s.w(buf), LDK, s.dv2n, LDB, srow0, 0);
@@ -710,7 +554,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (BULK) gdn_bulk_wait_all<0>();
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
     float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);
@@ -1066,7 +909,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* prep v2: the v1 algebra (gdn_prep_kernel) in 74 KB of shared memory instead of 104 (3 blocks per   */
+/* prep v2: G, A, Tinv, W, U per (chunk, value head) in 74 KB of shared memory (3 blocks per          */
 /* SM instead of 2): A lives where the bf16 Tinv factors go once the solve is done, and one pair of    */
 /* factor tiles serves W, then U                                                                      */
 
@@ -1139,7 +982,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* dqkwg v2: v1's algebra (gdn_dqkwg_kernel) split over the two halves of DK                          */
+/* dqkwg v2: dq, dk, dw and the dG terms (the algebra below) split over the two halves of DK          */
 /*                                                                                                    */
 /* Block (2 c + half, h) computes columns [half DK/2, half DK/2 + DK/2) of dq, dk, dw of chunk c: it   */
 /* needs only that half of q, k (as columns) and of h, dh (as rows), so its tiles take 112 KB instead  */

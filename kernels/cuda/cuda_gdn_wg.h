@@ -1,6 +1,6 @@
 /*
  * cuda_gdn_wg.h — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
- * GDN v4.2, switch sfwd (cuda_gdn_tune.h, RS_GDN_SFWD). Not a standalone header: included by
+ * GDN v4.2, choice sfwd (cuda_gdn_tune.h). Not a standalone header: included by
  * kernels/cuda/cuda_gdn.cu after cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg, gdn_span,
  * gdn_span_out) it shares; cuda_gdn.cu's header has the algebra.
  *
@@ -22,7 +22,7 @@
  * mma.sync C fragment repeated (cuda_attention_wgmma.h), so U, the stored h and vn are addressed as in
  * the v2 pass.
  *
- * 32-column blocks (GDN v4.5, switch sfbv, RS_GDN_SFBV=32): the same pass with m64n32k16, the state /
+ * 32-column blocks (GDN v4.5, choice sfbv = 32, the automatic one): the same pass with m64n32k16, the state /
  * U / vn / h blocks 32 columns wide with rows of 64 bytes and the 64-byte swizzle (byte (r, j) at r 64 +
  * ((j / 8) ^ (r / 2 % 4)) 16 + (j % 8) 2, 512-byte atoms; TMA boxes of 32 columns with SWIZZLE_64B, wgmma
  * descriptors of layout type 2, 8-row groups 512 bytes apart); W and K tiles as at 64 columns. Half the
@@ -31,9 +31,8 @@
  * warpgroup per SM) is what the second block hides; the cost is twice the W and K tile traffic per state
  * column.
  *
- * What the v2 pass has that this one does not: 16-column blocks, the bulk copies (sfwd does not apply
- * with bulk). Segments, transition columns, document segments and the dual launch are the v2 bookkeeping
- * unchanged; so are the cycle counters (GDN_TP, RS_GDN_PROF=2). The per-column arithmetic differs
+ * What the mma.sync pass has that this one does not: 16-column blocks. Segments, transition columns, document segments and the dual launch are the v2 bookkeeping
+ * unchanged; so are the cycle counters (GDN_TP, `ringscan bench gdn --profile 2`). The per-column arithmetic differs
  * from v2 (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
  * from the mma.sync pass, but are the same on every run and for every segmentation by documents.
  */

@@ -1,6 +1,6 @@
 /*
  * cuda_gdn_wg_bwd.h — the backward (reverse) state pass of the chunked gated delta rule on wgmma
- * (Hopper, sm_90a): GDN v4.3, switch sbwd (cuda_gdn_tune.h, RS_GDN_SBWD). Not a standalone header:
+ * (Hopper, sm_90a): GDN v4.3, choice sbwd (cuda_gdn_tune.h). Not a standalone header:
  * included by kernels/cuda/cuda_gdn.cu after cuda_gdn_wg.h, whose helpers (gdn_wg_off,
  * gdn_tma_store_2d) it uses with cuda_attention_wgmma.h's (attn_wgmma_ss_n64, TMA, mbarriers), and cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg,
  * gdn_span, gdn_span_out) it shares.
@@ -29,8 +29,8 @@
  *
  * Automatic where the 64-column blocks number >= 128 (GDN_SBWD_BLOCKS, 64 heads of 128), as sfwd.
  *
- * What the v2 pass has that this one does not: 16 / 32 column blocks, the bulk copies, hi-only (hilo
- * == 2), the ILP switch (one chain per product here). The bits differ from the mma.sync pass (wgmma's
+ * What the mma.sync pass has that this one does not: 16 / 32 column blocks, two chains per product
+ * (one chain per product here). The bits differ from the mma.sync pass (wgmma's
  * accumulation order) but are the same on every run and for every segmentation by documents.
  */
 

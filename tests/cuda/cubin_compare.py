@@ -13,12 +13,13 @@ registers, frame and stack sizes, parameter layout, exit offsets), and the sizes
 a function that only moved between files, or whose file grew other functions, compares equal.
 
 Names are compared demangled (c++filt) and with `static` internal-linkage marks dropped; the renames
-file (lines `OLD NEW`, `#` comments) maps base names onto new names by substring, for kernels that were
-renamed on purpose. Prints one line per function that is not identical, then the counts; the exit
+file (lines `OLD NEW`: substrings, or `s|PATTERN|REPLACEMENT|`: a Python regular expression; `#`
+comments) maps base names onto new names, for kernels renamed on purpose. Prints one line per function that is not identical, then the counts; the exit
 status is 0 when every base function is identical in NEW or listed as removed, 1 when any changed.
 No cuobjdump is needed: the toolkit on the development machine ships only nvcc and ptxas.
 """
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -128,14 +129,17 @@ def load(folder):
 
 def main():
     args = sys.argv[1:]
-    renames = []
+    renames = []  # (old, new) substrings, or (compiled pattern, replacement) for `s|PATTERN|REPLACEMENT|` lines
     if "--renames" in args:
         i = args.index("--renames")
         with open(args[i + 1]) as f:
             for line in f:
-                line = line.split("#", 1)[0].split()
-                if len(line) == 2:
-                    renames.append(tuple(line))
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("s|"):
+                    _, pat, repl, _ = line.split("|")
+                    renames.append((re.compile(pat), repl))
+                elif len(line.split()) == 2:
+                    renames.append(tuple(line.split()))
         del args[i:i + 2]
     if len(args) != 2:
         print(__doc__.strip().split("\n\n")[0], file=sys.stderr)
@@ -143,7 +147,7 @@ def main():
 
     def rename(n):
         for old, new in renames:
-            n = n.replace(old, new)
+            n = old.sub(new, n) if isinstance(old, re.Pattern) else n.replace(old, new)
         return n
 
     base, new = load(args[0]), load(args[1])
