@@ -53,7 +53,6 @@ struct GdnSeg {
     const int32_t *cuts;   /* document segments (nseg + 1 chunk indices, gdn_index_cuts_kernel), or NULL */
     const int32_t *pick;   /* dual launch: the configuration the index chose on the device, or NULL */
     int pick_want;         /* this launch's configuration: its blocks exit at once when *pick differs */
-    int hi_only;           /* the carried state's MMA operand bf16 hi only, no lo term (never set: its branch goes next) */
 };
 
 /* Document segments (sg.cuts): segment p is chunks [cuts[p], cuts[p+1]); every cut but cuts[0] is a
@@ -282,8 +281,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 for (int e = 0; e < 4; e += 2) {
                     if (reset) S[mi][ni][e] = S[mi][ni][e + 1] = 0.0f;
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    if (sg.hi_only) gdn_store2(s.s_hi + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
-                    else gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
+                    gdn_split2(s.s_hi + a * LDB + j, s.s_lo + a * LDB + j, S[mi][ni][e], S[mi][ni][e + 1]);
                     if (hrow) gdn_store2(hrow + (int64_t)a * dv + j, S[mi][ni][e], S[mi][ni][e + 1]);
                 }
         __syncthreads();
@@ -291,12 +289,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         const float *sG = s.G(buf);
         const float gL = sG[L - 1];
         float acc[1][NTS][4];
-        if (sg.hi_only) {
-            gdn_zero(acc);
-            gdn_warp_mma<1, NTS, false, false, DK>(acc, s.w(buf), LDK, s.s_hi, LDB, 16 * w, 0);
-        } else {
-            gdn_warp_mma_hilo<NTS, DK>(acc, s.w(buf), LDK, s.s_hi, s.s_lo, LDB, 16 * w);
-        }
+        gdn_warp_mma_hilo<NTS, DK>(acc, s.w(buf), LDK, s.s_hi, s.s_lo, LDB, 16 * w);
         GDN_TP(3);
 #pragma unroll
         for (int ni = 0; ni < NTS; ni++)
@@ -480,8 +473,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
                     const int a = srow0 + mi * 16 + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-                    if (sg.hi_only) gdn_store2(s.d_hi + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
-                    else gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
+                    gdn_split2(s.d_hi + a * LDB + j, s.d_lo + a * LDB + j, D[mi][ni][e], D[mi][ni][e + 1]);
                     if (drow) gdn_store2(drow + (int64_t)a * dv + j, D[mi][ni][e], D[mi][ni][e + 1]);
                 }
         const float *sG = s.G(buf);
@@ -496,12 +488,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         GDN_TP(2);
         const float gL = sG[L - 1];
         float acc[1][NTS][4];
-        if (sg.hi_only) {
-            gdn_zero(acc);
-            gdn_warp_mma<1, NTS, false, false, DK>(acc, s.k(buf), LDK, s.d_hi, LDB, 16 * w, 0);
-        } else {
-            gdn_warp_mma_hilo<NTS, DK>(acc, s.k(buf), LDK, s.d_hi, s.d_lo, LDB, 16 * w);
-        }
+        gdn_warp_mma_hilo<NTS, DK>(acc, s.k(buf), LDK, s.d_hi, s.d_lo, LDB, 16 * w);
         GDN_TP(3);
 #pragma unroll
         for (int ni = 0; ni < NTS; ni++)
@@ -537,7 +524,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
                     for (int e = 0; e < 4; e++) D[mi][ni][e] += t2[mi][ni][e];
         } else {
-            if (!is_M) gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, s.q(buf), LDK, s.dos, LDB, srow0, 0);
             gdn_warp_mma<MTS, NTS, true, false, GDN_C>(D, s.w(buf), LDK, s.dv2n, LDB, srow0, 0);
         }
         GDN_TP(5);
