@@ -34,7 +34,7 @@
 #include <stdlib.h>
 
 #include "cuda_attention_tune.h"
-#include "cuda_attention_wgmma.h"
+#include "cuda_ptx.h"
 #include "cuda_common.h"
 #include "cuda_kernels.h"
 
@@ -70,103 +70,6 @@ typedef struct {
     int causal;
     float scale, scale_log2; /* hd^-1/2 and hd^-1/2 log2(e) */
 } AttnParams;
-
-/* ---- PTX wrappers ---------------------------------------------------------------------------- */
-
-static __device__ __forceinline__ uint32_t attn_smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared, asynchronously; src_bytes = 0 writes 16 zero bytes and reads nothing */
-static __device__ __forceinline__ void attn_cp16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-static __device__ __forceinline__ void attn_cp4(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-static __device__ __forceinline__ void attn_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-static __device__ __forceinline__ void attn_cp_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* four 8x8 b16 matrices; lane l addresses row l%8 of matrix l/8; register i holds matrix i */
-static __device__ __forceinline__ void attn_ldsm(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-static __device__ __forceinline__ void attn_ldsm_t(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* c (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col) */
-static __device__ __forceinline__ void attn_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* two floats -> one bf16x2 register, `lo` in the low half (the lower column of a fragment) */
-static __device__ __forceinline__ uint32_t attn_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-/* ---- shared-memory tiles --------------------------------------------------------------------- */
-
-/* Byte offset of 16-byte chunk `chunk` of row `row` in a (rows x HD) bf16 tile: rows are HD*2
- * bytes, chunks XOR-swizzled by row % 8 so that 8 consecutive rows of one chunk column (what one
- * ldmatrix matrix reads) fall in 8 different bank groups. */
-template <int HD>
-static __device__ __forceinline__ uint32_t attn_swz(int row, int chunk) {
-    return (uint32_t)(row * (HD * 2) + ((chunk ^ (row & 7)) << 4));
-}
-
-/* ldmatrix lane addresses for a 16x16 piece at (row r0, 16-column step kc):
- *   A operand or transposed B operand (rows r0 + l%16, chunk 2 kc + l/16):
- *     registers = a0..a3 of an A fragment, or {b0, b1} of column block 2kc and of 2kc+1 (trans)
- *   B operand from row-major [n][k] storage (rows r0 + l%8 + 8 (l/16), chunk 2 kc + (l/8)%2):
- *     registers = {b0, b1} of n block r0/8 and {b0, b1} of n block r0/8 + 1 */
-template <int HD>
-static __device__ __forceinline__ uint32_t attn_addr_a(uint32_t base, int r0, int kc, int lane) {
-    return base + attn_swz<HD>(r0 + (lane & 15), 2 * kc + (lane >> 4));
-}
-template <int HD>
-static __device__ __forceinline__ uint32_t attn_addr_b(uint32_t base, int r0, int kc, int lane) {
-    return base + attn_swz<HD>(r0 + (lane & 7) + ((lane >> 4) << 3), 2 * kc + ((lane >> 3) & 1));
-}
-
-/* rows [row0, row0 + ROWS) of g (a head's columns, leading dimension ld) -> a swizzled tile;
- * rows >= T are zero-filled */
-template <int HD, int ROWS>
-static __device__ __forceinline__ void attn_load_tile(uint32_t dst, const bf16 *g, int ld, int row0, int T) {
-    constexpr int CPR = HD / 8; /* 16-byte chunks per row */
-#pragma unroll
-    for (int it = 0; it < ROWS * CPR / ATTN_THREADS; it++) {
-        const int idx = it * ATTN_THREADS + (int)threadIdx.x;
-        const int r = idx / CPR, c = idx % CPR;
-        const bool ok = row0 + r < T;
-        const bf16 *src = ok ? g + (int64_t)(row0 + r) * ld + c * 8 : g;
-        attn_cp16(dst + attn_swz<HD>(r, c), src, ok ? 16 : 0);
-    }
-}
-
-/* pos and doc_pos of rows [row0, row0 + 64) -> two int arrays of shared memory (0 beyond T) */
-static __device__ __forceinline__ void attn_load_meta(uint32_t dst_pos, uint32_t dst_dp, const int32_t *pos,
-                                                      const int32_t *doc_pos, int row0, int T) {
-    const int tid = (int)threadIdx.x, r = tid & (ATTN_TILE - 1);
-    const bool ok = row0 + r < T;
-    const int32_t *src = tid < ATTN_TILE ? pos : doc_pos;
-    attn_cp4((tid < ATTN_TILE ? dst_pos : dst_dp) + 4 * r, ok ? src + row0 + r : src, ok ? 4 : 0);
-}
 
 /* the first set bit >= `from` of a bitmask row of `nwords` words, or -1; uniform over the block */
 static __device__ __forceinline__ int attn_next_live(const uint32_t *row, int nwords, int from) {
@@ -324,7 +227,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     constexpr int BN = C::BN, ST = C::ST, R = BN / ATTN_TILE; /* 64-key tiles of the bitmasks per key tile */
     constexpr int NS = BN / 2, NO = HD / 2;                   /* accumulator registers of S and O per thread */
     extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
-    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    const uint32_t raw = ptx_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
     int *sMeta = reinterpret_cast<int *>(attn_smem + (base - raw) + C::off_meta); /* stage s: pos[BN], doc_pos[BN] */
     const uint32_t sQ = base, sK = base + C::off_k, sV = base + C::off_v;
     const uint32_t bar_q = base + C::off_bar, bar_full = bar_q + 8, bar_empty = bar_full + 8 * ST;
@@ -345,29 +248,29 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     };
 
     if (tid == 0) {
-        attn_mbar_init(bar_q, 1);
+        ptx_mbar_init(bar_q, 1);
         for (int s = 0; s < ST; s++) {
-            attn_mbar_init(bar_full + 8 * s, 32); /* the producer warp's lanes (lane 0 with the TMA bytes) */
-            attn_mbar_init(bar_empty + 8 * s, 256); /* every consumer thread, after its last read of the stage */
+            ptx_mbar_init(bar_full + 8 * s, 32); /* the producer warp's lanes (lane 0 with the TMA bytes) */
+            ptx_mbar_init(bar_empty + 8 * s, 256); /* every consumer thread, after its last read of the stage */
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        ptx_mbar_init_fence();
     }
     __syncthreads();
 
     if (wg == 0) { /* ---- producer ---- */
-        attn_setmaxnreg_dec<40>();
+        ptx_setmaxnreg_dec<40>();
         if (tid >= 32) return;
         const int lane = tid;
         int j = next_tile(0);
         if (j < 0) return;
         if (lane == 0) {
-            attn_mbar_arrive_tx(bar_q, C::q_bytes);
+            ptx_mbar_arrive_tx(bar_q, C::q_bytes);
 #pragma unroll
-            for (int pn = 0; pn < C::PANELS; pn++) attn_tma_load_2d(sQ + pn * AWG_BM * 128, &tm_q, h * HD + pn * 64, q0, bar_q);
+            for (int pn = 0; pn < C::PANELS; pn++) ptx_tma_load_2d(sQ + pn * AWG_BM * 128, &tm_q, h * HD + pn * 64, q0, bar_q);
         }
         for (int it = 0; j >= 0; it++, j = next_tile(j + 1)) {
             const int s = it % ST;
-            if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+            if (it >= ST) ptx_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
             int *mp = sMeta + s * 2 * BN;
             for (int r = lane; r < BN; r += 32) {
                 const int key = j * BN + r;
@@ -376,23 +279,23 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 mp[BN + r] = ok ? __ldg(p.doc_pos_k + key) : 0;
             }
             if (lane == 0) {
-                attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::kv_bytes);
+                ptx_mbar_arrive_tx(bar_full + 8 * s, 2 * C::kv_bytes);
 #pragma unroll
                 for (int pn = 0; pn < C::PANELS; pn++) {
-                    attn_tma_load_2d(sK + s * C::kv_bytes + pn * BN * 128, &tm_k, kvh * HD + pn * 64, j * BN,
+                    ptx_tma_load_2d(sK + s * C::kv_bytes + pn * BN * 128, &tm_k, kvh * HD + pn * 64, j * BN,
                                      bar_full + 8 * s);
-                    attn_tma_load_2d(sV + s * C::kv_bytes + pn * BN * 128, &tm_v, kvh * HD + pn * 64, j * BN,
+                    ptx_tma_load_2d(sV + s * C::kv_bytes + pn * BN * 128, &tm_v, kvh * HD + pn * 64, j * BN,
                                      bar_full + 8 * s);
                 }
             } else {
-                attn_mbar_arrive(bar_full + 8 * s);
+                ptx_mbar_arrive(bar_full + 8 * s);
             }
         }
         return;
     }
 
     /* ---- consumers: warpgroup cw owns query rows q0 + 64 cw .. + 63 ---- */
-    attn_setmaxnreg_inc<232>();
+    ptx_setmaxnreg_inc<232>();
     const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int mytile = 2 * qb + cw;
     const uint32_t *mylive = mytile < p.nq ? p.q_live + (int64_t)mytile * p.nkw : nullptr;
@@ -412,7 +315,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     const uint32_t qa = sQ + cw * 64 * 128; /* this warpgroup's 64 rows inside each Q panel */
 
     int j = next_tile(0);
-    if (j >= 0) attn_mbar_wait(bar_q, 0);
+    if (j >= 0) ptx_mbar_wait(bar_q, 0);
     int pend = -1; /* the stage an issued P V product still reads (released after its wait) */
     for (int it = 0; j >= 0; it++) {
         const int s = it % ST, jn = next_tile(j + 1);
@@ -428,38 +331,38 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 part = l0 != l1 || attn_bit(mypart, j0) || (j1 < p.nk && attn_bit(mypart, j1));
             }
         }
-        attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+        ptx_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
         if (!live) { /* this warpgroup's rows see none of these keys */
             if (pend >= 0) { /* finish the pending P V now: the producer may need its stage before our next live tile */
-                attn_wg_wait<0>();
+                ptx_wg_wait<0>();
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
-                attn_mbar_arrive(bar_empty + 8 * pend);
+                for (int i = 0; i < NO; i++) ptx_reg_fence(o[i]);
+                ptx_mbar_arrive(bar_empty + 8 * pend);
                 pend = -1;
             }
-            attn_mbar_arrive(bar_empty + 8 * s);
+            ptx_mbar_arrive(bar_empty + 8 * s);
             j = jn;
             continue;
         }
 
         /* S = Q K^T (64 x BN per warpgroup), operands straight from shared memory */
         float sc[NS];
-        attn_wg_fence();
+        ptx_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            const uint64_t da = attn_gdesc(qa + (kk >> 2) * (AWG_BM * 128) + (kk & 3) * 32, 16, 1024);
-            const uint64_t db = attn_gdesc(sK + s * C::kv_bytes + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
-            if constexpr (BN == 128) attn_wgmma_ss_n128(sc, da, db, kk > 0);
-            else attn_wgmma_ss_n64(sc, da, db, kk > 0);
+            const uint64_t da = ptx_gdesc(qa + (kk >> 2) * (AWG_BM * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t db = ptx_gdesc(sK + s * C::kv_bytes + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+            if constexpr (BN == 128) ptx_wgmma_ss_n128(sc, da, db, kk > 0);
+            else ptx_wgmma_ss_n64(sc, da, db, kk > 0);
         }
-        attn_wg_commit();
-        attn_wg_wait<0>(); /* this S and the previous tile's P V are done */
+        ptx_wg_commit();
+        ptx_wg_wait<0>(); /* this S and the previous tile's P V are done */
 #pragma unroll
-        for (int i = 0; i < NS; i++) attn_reg_fence(sc[i]);
+        for (int i = 0; i < NS; i++) ptx_reg_fence(sc[i]);
 #pragma unroll
-        for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+        for (int i = 0; i < NO; i++) ptx_reg_fence(o[i]);
         if (pend >= 0) {
-            attn_mbar_arrive(bar_empty + 8 * pend);
+            ptx_mbar_arrive(bar_empty + 8 * pend);
             pend = -1;
         }
 
@@ -487,14 +390,14 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             mx = attn_quad_max(mx);
             const float m_new = fmaxf(m[rr], mx * sl2);
             const float base_m = m_new == -INFINITY ? 0.0f : m_new; /* all masked so far: p = 0, no NaN */
-            const float alpha = attn_ex2_ftz(m[rr] - base_m);
+            const float alpha = ptx_ex2_ftz(m[rr] - base_m);
             m[rr] = m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const float pr = attn_ex2_ftz(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
+                    const float pr = ptx_ex2_ftz(fmaf(sc[4 * nb + 2 * rr + e], sl2, -base_m));
                     sc[4 * nb + 2 * rr + e] = pr;
                     sum += pr;
                 }
@@ -507,30 +410,30 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = attn_pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-            pa[kk][1] = attn_pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-            pa[kk][2] = attn_pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-            pa[kk][3] = attn_pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+            pa[kk][0] = ptx_pack_bf16x2(sc[8 * kk + 0], sc[8 * kk + 1]);
+            pa[kk][1] = ptx_pack_bf16x2(sc[8 * kk + 2], sc[8 * kk + 3]);
+            pa[kk][2] = ptx_pack_bf16x2(sc[8 * kk + 4], sc[8 * kk + 5]);
+            pa[kk][3] = ptx_pack_bf16x2(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
 #pragma unroll
-        for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
-        attn_wg_fence();
+        for (int i = 0; i < NO; i++) ptx_reg_fence(o[i]);
+        ptx_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            const uint64_t db = attn_gdesc(sV + s * C::kv_bytes + kk * 16 * 128, BN * 128, 1024);
-            if constexpr (HD == 64) attn_wgmma_rs_t_n64(o, pa[kk], db);
-            else if constexpr (HD == 128) attn_wgmma_rs_t_n128(o, pa[kk], db);
-            else attn_wgmma_rs_t_n256(o, pa[kk], db);
+            const uint64_t db = ptx_gdesc(sV + s * C::kv_bytes + kk * 16 * 128, BN * 128, 1024);
+            if constexpr (HD == 64) ptx_wgmma_rs_t_n64(o, pa[kk], db);
+            else if constexpr (HD == 128) ptx_wgmma_rs_t_n128(o, pa[kk], db);
+            else ptx_wgmma_rs_t_n256(o, pa[kk], db);
         }
-        attn_wg_commit();
+        ptx_wg_commit();
         pend = s;
         j = jn;
     }
-    attn_wg_wait<0>();
+    ptx_wg_wait<0>();
 #pragma unroll
-    for (int i = 0; i < NO; i++) attn_reg_fence(o[i]);
+    for (int i = 0; i < NO; i++) ptx_reg_fence(o[i]);
     if (pend >= 0) {
-        attn_mbar_arrive(bar_empty + 8 * pend);
+        ptx_mbar_arrive(bar_empty + 8 * pend);
     }
 
     /* out = O / l, lse = (m + log2 l) ln 2; a row that saw no key: out 0, lse -inf */
@@ -680,7 +583,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     typedef AttnBwd3Cfg<HD> C;
     constexpr int ROWS = C::ROWS, ST = C::ST, OUTW = C::OUTW, NO = OUTW / 2, KT = ROWS / ATTN_TILE;
     extern __shared__ __align__(128) unsigned char attn_smem[]; /* the base is rounded up to 1024 below */
-    const uint32_t raw = attn_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
+    const uint32_t raw = ptx_smem_addr(attn_smem), base = (raw + 1023u) & ~1023u;
     unsigned char *meta_g = attn_smem + (base - raw) + C::off_meta; /* stage s: 4 arrays of 64 words */
     const uint32_t sK = base, sV = base + C::off_b, sQ = base + C::off_x, sO = base + C::off_y, sDS = base + C::off_ds;
     const uint32_t bar_own = base + C::off_bar, bar_full = bar_own + 8, bar_empty = bar_full + 8 * ST;
@@ -708,25 +611,25 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 
     if (tid == 0) {
         if (raw & 127u) __trap(); /* C::bytes assumes a 128-byte aligned dynamic shared memory base */
-        attn_mbar_init(bar_own, 1);
+        ptx_mbar_init(bar_own, 1);
         for (int s = 0; s < ST; s++) {
-            attn_mbar_init(bar_full + 8 * s, 32);
-            attn_mbar_init(bar_empty + 8 * s, C::QSTG ? 1 : 256);
+            ptx_mbar_init(bar_full + 8 * s, 32);
+            ptx_mbar_init(bar_empty + 8 * s, C::QSTG ? 1 : 256);
         }
         for (int b = 0; b < 2; b++) {
-            attn_mbar_init(bar_go + 8 * b, C::DQT); /* bar_stg */
-            attn_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
-            attn_mbar_init(bar_dsf + 8 * b, 256);
-            attn_mbar_init(bar_dse + 8 * b, C::DQT);
+            ptx_mbar_init(bar_go + 8 * b, C::DQT); /* bar_stg */
+            ptx_mbar_init(bar_done + 8 * b, C::BULK ? 1 : C::DQT); /* BULK: bar_dqfree */
+            ptx_mbar_init(bar_dsf + 8 * b, 256);
+            ptx_mbar_init(bar_dse + 8 * b, C::DQT);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        ptx_mbar_init_fence();
     }
     __syncthreads();
 
     const int own_row = rb * ROWS;
     if (wg == 0) { /* the producer warpgroup: setmaxnreg.dec inside its own branch, so the consumers' path
                     * never meets a point where the producer's register limit might apply */
-        attn_setmaxnreg_dec<C::REG_P>();
+        ptx_setmaxnreg_dec<C::REG_P>();
         if (tid >= 32) { /* ---- dq sequencer (one thread): the semaphores, off the consumers' path ---- */
             if (tid != 32) return;
             {
@@ -740,10 +643,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                 int pend = -1;
                 auto finish = [&]() {
                     if (pend < 0) return;
-                    attn_bulk_wait<0>();
+                    ptx_bulk_wait<0>();
                     if (p.dq_order) {
-                        attn_fence_proxy_async_global();
-                        attn_st_release(sems + pend, (uint32_t)(rb + 1));
+                        ptx_fence_proxy_async_global();
+                        ptx_st_release(sems + pend, (uint32_t)(rb + 1));
                     }
                     pend = -1;
                 };
@@ -752,19 +655,19 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     if (p.dq_order) {
                         const int prev = attn_prev_live(p.q_live + (int64_t)ai * p.nkw, t0);
                         const uint32_t want = prev < 0 ? 0u : (uint32_t)(prev / KT + 1);
-                        while (attn_ld_acquire(sems + ai) != want) __nanosleep(32);
-                        attn_fence_proxy_async_global();
+                        while (ptx_ld_acquire(sems + ai) != want) __nanosleep(32);
+                        ptx_fence_proxy_async_global();
                     }
                     const int sb = n % C::DQS;
-                    attn_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
+                    ptx_mbar_wait(bar_stg + 8 * sb, (n / C::DQS) & 1);
 #pragma unroll
                     for (int b = 0; b < C::DQB; b++)
-                        attn_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE,
+                        ptx_tma_reduce_add_2d(&tm_dq, h0 * HD + 32 * b, ai * ATTN_TILE,
                                                C::QSTG ? (b < 4 ? sQ : sO) + sb * C::tile_bytes + (b & 3) * 8192
                                                        : sDQ + (sb * C::DQB + b) * 8192);
-                    attn_bulk_commit();
-                    attn_bulk_wait_read<0>();
-                    attn_mbar_arrive(bar_dqfree + 8 * sb);
+                    ptx_bulk_commit();
+                    ptx_bulk_wait_read<0>();
+                    ptx_mbar_arrive(bar_dqfree + 8 * sb);
                     pend = ai;
                     finish();
                 }
@@ -775,11 +678,11 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
         /* ---- producer (warp 0): K, V once, then Q, dO and the query metadata per live tile ---- */
         const int lane = tid;
         if (lane == 0) {
-            attn_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
+            ptx_mbar_arrive_tx(bar_own, 2 * C::own_bytes);
 #pragma unroll
             for (int pn = 0; pn < C::PANELS; pn++) {
-                attn_tma_load_2d(sK + pn * ROWS * 128, &tm_k, kvh * HD + pn * 64, own_row, bar_own);
-                attn_tma_load_2d(sV + pn * ROWS * 128, &tm_v, kvh * HD + pn * 64, own_row, bar_own);
+                ptx_tma_load_2d(sK + pn * ROWS * 128, &tm_k, kvh * HD + pn * 64, own_row, bar_own);
+                ptx_tma_load_2d(sV + pn * ROWS * 128, &tm_v, kvh * HD + pn * 64, own_row, bar_own);
             }
         }
         int it = 0;
@@ -790,19 +693,19 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             const bool throttle = TW > 0 && p.dq_order && rb + 1 < (int)gridDim.y;
             const uint32_t *succ_live = throttle ? p.k_live + (int64_t)(t0 + KT) * p.nqw : nullptr;
             const uint32_t *succ_started = throttle ? p.kb_started + (int64_t)h0 * p.nk + rb + 1 : nullptr;
-            if (TW > 0 && lane == 0) attn_st_release(p.kb_started + (int64_t)h0 * p.nk + rb, 1u);
+            if (TW > 0 && lane == 0) ptx_st_release(p.kb_started + (int64_t)h0 * p.nk + rb, 1u);
             for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
                 const int s = it % ST;
-                if (it >= ST) attn_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
+                if (it >= ST) ptx_mbar_wait(bar_empty + 8 * s, ((it / ST) - 1) & 1);
                 if constexpr (TW > 0) {
                     /* wait until the next key block, once started, has added tile idx - TW where it is live (its
                      * value rb + 2, or a later block's); no deadlock: it needs this block's adds of tiles up to
                      * idx - TW only, done once TW > ST */
                     const int j = idx - TW;
-                    if (throttle && lane == 0 && j >= 0 && attn_ld_acquire(succ_started) &&
+                    if (throttle && lane == 0 && j >= 0 && ptx_ld_acquire(succ_started) &&
                         attn_next_live(succ_live, p.nqw, j) == j) {
                         const uint32_t *sj = p.dq_sem + (int64_t)h0 * p.nq + j;
-                        while (attn_ld_acquire(sj) < (uint32_t)(rb + 2)) __nanosleep(64);
+                        while (ptx_ld_acquire(sj) < (uint32_t)(rb + 2)) __nanosleep(64);
                     }
                     __syncwarp();
                 }
@@ -817,16 +720,16 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     mi[3 * ATTN_TILE + r] = ok ? __ldg(p.doc_pos_q + r0 + r) : 0;
                 }
                 if (lane == 0) {
-                    attn_mbar_arrive_tx(bar_full + 8 * s, 2 * C::tile_bytes);
+                    ptx_mbar_arrive_tx(bar_full + 8 * s, 2 * C::tile_bytes);
 #pragma unroll
                     for (int pn = 0; pn < C::PANELS; pn++) {
-                        attn_tma_load_2d(sQ + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_q, h * HD + pn * 64, r0,
+                        ptx_tma_load_2d(sQ + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_q, h * HD + pn * 64, r0,
                                          bar_full + 8 * s);
-                        attn_tma_load_2d(sO + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_do, h * HD + pn * 64, r0,
+                        ptx_tma_load_2d(sO + s * C::tile_bytes + pn * ATTN_TILE * 128, &tm_do, h * HD + pn * 64, r0,
                                          bar_full + 8 * s);
                     }
                 } else {
-                    attn_mbar_arrive(bar_full + 8 * s);
+                    ptx_mbar_arrive(bar_full + 8 * s);
                 }
             }
         }
@@ -834,7 +737,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     }
 
     /* ---- consumers ---- */
-    attn_setmaxnreg_inc<C::REG_C>();
+    ptx_setmaxnreg_inc<C::REG_C>();
     const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int rowoff = C::SPLIT ? 0 : 64 * cw, col0 = C::SPLIT ? 128 * cw : 0;
     const bool has_dq = HD != 64 || cw == 0;
@@ -856,21 +759,21 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
      * tile, issued as one commit group; dq_product also waits for it and for every product this consumer
      * issued before (so also for the tile's dK, dV) */
     auto dq_issue = [&](float (&dqa)[32], uint32_t ds, int pn) {
-        attn_wg_fence();
+        ptx_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < ROWS / 16; kk++)
-            attn_wgmma_ss_n64<1, 1>(dqa, attn_gdesc(ds + kk * 16 * 128, 64 * 128, 1024),
-                                 attn_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
-        attn_wg_commit();
+            ptx_wgmma_ss_n64<1, 1>(dqa, ptx_gdesc(ds + kk * 16 * 128, 64 * 128, 1024),
+                                 ptx_gdesc(sK + pn * ROWS * 128 + kk * 16 * 128, ROWS * 128, 1024), kk > 0);
+        ptx_wg_commit();
     };
     auto dq_product = [&](float (&dqa)[32], uint32_t ds, int pn) {
         dq_issue(dqa, ds, pn);
-        attn_wg_wait<0>();
+        ptx_wg_wait<0>();
 #pragma unroll
-        for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+        for (int i = 0; i < 32; i++) ptx_reg_fence(dqa[i]);
     };
 
-    attn_mbar_wait(bar_own, 0);
+    ptx_mbar_wait(bar_own, 0);
     int it = 0;
     {
         const int h = h0;
@@ -881,7 +784,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
             const uint32_t qs = sQ + s * C::tile_bytes, os = sO + s * C::tile_bytes;
             /* this tile's dS^T buffer (QSTG: P^T sits in the buffer before it) */
             const uint32_t dsb = sDS + (C::QSTG ? 2 * (it & 1) + 1 : (it & 1)) * C::ds_bytes;
-            attn_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
+            ptx_mbar_wait(bar_full + 8 * s, (it / ST) & 1);
             if constexpr (C::QSTG) { /* always live (SPLIT: both consumers own the block's 64 keys, the tile walk is theirs) */
                 /* S^T, dP^T of the 64 keys x this consumer's 32 queries [32 cw, 32 cw + 32) as two commit groups */
                 float c1[16], c2[16];
@@ -891,16 +794,16 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     for (int kk = 0; kk < HD / 16; kk++) {
                         const uint32_t ao = (kk >> 2) * (ROWS * 128) + (kk & 3) * 32;
                         const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + cw * 32 * 128 + (kk & 3) * 32;
-                        attn_wgmma_ss_n32(c, attn_gdesc(own + ao, 16, 1024), attn_gdesc(tile + bo, 16, 1024), kk > 0);
+                        ptx_wgmma_ss_n32(c, ptx_gdesc(own + ao, 16, 1024), ptx_gdesc(tile + bo, 16, 1024), kk > 0);
                     }
-                    attn_wg_commit();
+                    ptx_wg_commit();
                 };
-                attn_wg_fence();
+                ptx_wg_fence();
                 sdp_issue(c1, sK, qs);
                 sdp_issue(c2, sV, os);
-                attn_wg_wait<1>(); /* S^T */
+                ptx_wg_wait<1>(); /* S^T */
 #pragma unroll
-                for (int i = 0; i < 16; i++) attn_reg_fence(c1[i]);
+                for (int i = 0; i < 16; i++) ptx_reg_fence(c1[i]);
                 const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
                 const float *mf = reinterpret_cast<const float *>(mi);
                 /* P^T, dS^T (bf16) -> row r, query chunk 4 cw + nb of buffer b: r * 128 + 16 ((4 cw + nb) ^ r % 8) + 4 t */
@@ -911,56 +814,56 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                         for (int nb = 0; nb < 4; nb++)
                             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(b + r * 128 + (((4 * cw + nb) ^ (r & 7)) << 4) + 4 * t),
-                                         "r"(attn_pack(c[4 * nb + 2 * rr], c[4 * nb + 2 * rr + 1]))
+                                         "r"(ptx_pack_bf16x2(c[4 * nb + 2 * rr], c[4 * nb + 2 * rr + 1]))
                                          : "memory");
                     }
                 };
                 attn_bwd3_p<4>(c1, mi, mf, 32 * cw, t, part, p.causal, kpos, kdoc, sl2);
                 put(dsb - C::ds_bytes, c1);
-                attn_wg_wait<0>(); /* dP^T */
+                ptx_wg_wait<0>(); /* dP^T */
 #pragma unroll
-                for (int i = 0; i < 16; i++) attn_reg_fence(c2[i]);
+                for (int i = 0; i < 16; i++) ptx_reg_fence(c2[i]);
                 attn_bwd3_ds<4>(c2, c1, mf + ATTN_TILE, 32 * cw, t);
                 put(dsb, c2);
-                attn_fence_proxy_async();
-                attn_bar_sync(1, 256); /* both query halves of P^T, dS^T written */
+                ptx_fence_proxy_async();
+                ptx_bar_sync(1, 256); /* both query halves of P^T, dS^T written */
                 /* dV += P^T dO, dK += dS^T Q over the whole tile, this consumer's 128 columns (A and B from shared memory) */
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
+                for (int i = 0; i < NO; i++) ptx_reg_fence(acc1[i]), ptx_reg_fence(acc2[i]);
                 /* acc += (the 64 keys x 64 queries buffer at a) times the tile's 64 queries x this consumer's 128 columns */
                 auto kv_issue = [&](float (&acc)[NO], uint32_t a, uint32_t tile) {
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
                         const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                        attn_wgmma_ss_n128<0, 1>(acc, attn_gdesc(a + kk * 32, 16, 1024), attn_gdesc(tile + bo, ATTN_TILE * 128, 1024), 1);
+                        ptx_wgmma_ss_n128<0, 1>(acc, ptx_gdesc(a + kk * 32, 16, 1024), ptx_gdesc(tile + bo, ATTN_TILE * 128, 1024), 1);
                     }
-                    attn_wg_commit();
+                    ptx_wg_commit();
                 };
-                attn_wg_fence();
+                ptx_wg_fence();
                 kv_issue(acc2, dsb - C::ds_bytes, os); /* dV += P^T dO */
                 kv_issue(acc1, dsb, qs);              /* dK += dS^T Q */
             } else if (live) {
                 float c1[32], c2[32]; /* S^T, dP^T (64 keys x 64 queries) */
                 /* four commit groups, each waited for only when needed: S^T; dP^T (runs while P is formed);
                  * dV += P^T dO (runs while dS is formed); dK += dS^T Q */
-                attn_wg_fence();
+                ptx_wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++) {
                     const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
                     const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
-                    attn_wgmma_ss_n64(c1, attn_gdesc(sK + ao, 16, 1024), attn_gdesc(qs + bo, 16, 1024), kk > 0);
+                    ptx_wgmma_ss_n64(c1, ptx_gdesc(sK + ao, 16, 1024), ptx_gdesc(qs + bo, 16, 1024), kk > 0);
                 }
-                attn_wg_commit();
+                ptx_wg_commit();
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++) {
                     const uint32_t ao = (kk >> 2) * (ROWS * 128) + rowoff * 128 + (kk & 3) * 32;
                     const uint32_t bo = (kk >> 2) * (ATTN_TILE * 128) + (kk & 3) * 32;
-                    attn_wgmma_ss_n64(c2, attn_gdesc(sV + ao, 16, 1024), attn_gdesc(os + bo, 16, 1024), kk > 0);
+                    ptx_wgmma_ss_n64(c2, ptx_gdesc(sV + ao, 16, 1024), ptx_gdesc(os + bo, 16, 1024), kk > 0);
                 }
-                attn_wg_commit();
-                attn_wg_wait<1>(); /* S^T */
+                ptx_wg_commit();
+                ptx_wg_wait<1>(); /* S^T */
 #pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(c1[i]);
+                for (int i = 0; i < 32; i++) ptx_reg_fence(c1[i]);
 
                 /* P^T into c1; element (own key rr, streamed query c) */
                 const int *mi = reinterpret_cast<const int *>(meta_g + s * C::meta_bytes);
@@ -970,35 +873,35 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-                    for (int q4 = 0; q4 < 4; q4++) pa[kk][q4] = attn_pack(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
+                    for (int q4 = 0; q4 < 4; q4++) pa[kk][q4] = ptx_pack_bf16x2(c1[8 * kk + 2 * q4], c1[8 * kk + 2 * q4 + 1]);
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc2[i]);
-                attn_wg_fence();
+                for (int i = 0; i < NO; i++) ptx_reg_fence(acc2[i]);
+                ptx_wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) { /* dV += P^T dO */
                     const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
-                    else attn_wgmma_rs_t_n128(acc2, pa[kk], attn_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    if constexpr (OUTW == 64) ptx_wgmma_rs_t_n64(acc2, pa[kk], ptx_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    else ptx_wgmma_rs_t_n128(acc2, pa[kk], ptx_gdesc(os + bo, ATTN_TILE * 128, 1024));
                 }
-                attn_wg_commit();
-                attn_wg_wait<1>(); /* dP^T */
+                ptx_wg_commit();
+                ptx_wg_wait<1>(); /* dP^T */
 #pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(c2[i]);
+                for (int i = 0; i < 32; i++) ptx_reg_fence(c2[i]);
                 attn_bwd3_ds<8>(c2, c1, mf + ATTN_TILE, 0, t);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-                    for (int q4 = 0; q4 < 4; q4++) da[kk][q4] = attn_pack(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
+                    for (int q4 = 0; q4 < 4; q4++) da[kk][q4] = ptx_pack_bf16x2(c2[8 * kk + 2 * q4], c2[8 * kk + 2 * q4 + 1]);
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]);
-                attn_wg_fence();
+                for (int i = 0; i < NO; i++) ptx_reg_fence(acc1[i]);
+                ptx_wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) { /* dK += dS^T Q */
                     const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    if constexpr (OUTW == 64) attn_wgmma_rs_t_n64(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
-                    else attn_wgmma_rs_t_n128(acc1, da[kk], attn_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                    if constexpr (OUTW == 64) ptx_wgmma_rs_t_n64(acc1, da[kk], ptx_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                    else ptx_wgmma_rs_t_n128(acc1, da[kk], ptx_gdesc(qs + bo, ATTN_TILE * 128, 1024));
                 }
-                attn_wg_commit();
+                ptx_wg_commit();
                 /* dS^T (bf16, as rounded for dK) -> this consumer's 64 rows of the buffer, 128-byte swizzle:
                  * row r, query chunk nb (8 columns) at r * 128 + 16 (nb ^ r % 8) + 4 t */
 #pragma unroll
@@ -1019,17 +922,17 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                  : "memory");
                 }
             }
-            if (!C::QSTG) attn_fence_proxy_async();
-            if (!C::SPLIT) attn_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
+            if (!C::QSTG) ptx_fence_proxy_async();
+            if (!C::SPLIT) ptx_bar_sync(1, 256); /* both halves of dS^T written; the other buffer no longer read */
 
             if (C::BULK && has_dq) { /* dQ of this consumer's 64 columns -> the staging buffer (v4) */
                 float dqa[32];
                 dq_product(dqa, dsb, cw);
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                attn_mbar_arrive(bar_empty + 8 * s);
+                for (int i = 0; i < NO; i++) ptx_reg_fence(acc1[i]), ptx_reg_fence(acc2[i]);
+                ptx_mbar_arrive(bar_empty + 8 * s);
                 const int sb = it % C::DQS; /* the staging buffer of this tile, free once tile it - DQS's boxes are read */
-                if (it >= C::DQS) attn_mbar_wait(bar_dqfree + 8 * sb, ((it / C::DQS) - 1) & 1);
+                if (it >= C::DQS) ptx_mbar_wait(bar_dqfree + 8 * sb, ((it / C::DQS) - 1) & 1);
                 /* element (row r, column 8 ob + 2 t) -> box 2 cw + ob / 4, 128-byte row r, 16-byte chunk
                  * (2 (ob % 4) + t / 2) ^ (r % 8), byte 8 (t % 2): two wavefronts per warp store */
 #pragma unroll
@@ -1044,19 +947,19 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                                      : "memory");
                     }
                 }
-                attn_fence_proxy_async();
-                attn_mbar_arrive(bar_stg + 8 * sb);
+                ptx_fence_proxy_async();
+                ptx_mbar_arrive(bar_stg + 8 * sb);
             } else if (C::QSTG) { /* hd 256: scale dQ staged in the ring stage the tile came in (QS 3) */
                 float dqa[32], dqb[32];
                 dq_issue(dqa, dsb, 2 * cw);
                 dq_issue(dqb, dsb, 2 * cw + 1);
-                attn_wg_wait<1>(); /* dV, dK and chunk 0: this consumer no longer reads stage s */
+                ptx_wg_wait<1>(); /* dV, dK and chunk 0: this consumer no longer reads stage s */
 #pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(dqa[i]);
+                for (int i = 0; i < 32; i++) ptx_reg_fence(dqa[i]);
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                attn_mbar_arrive(bar_used + 8 * s);
-                attn_mbar_wait(bar_used + 8 * s, (it / ST) & 1); /* nor does the other consumer */
+                for (int i = 0; i < NO; i++) ptx_reg_fence(acc1[i]), ptx_reg_fence(acc2[i]);
+                ptx_mbar_arrive(bar_used + 8 * s);
+                ptx_mbar_wait(bar_used + 8 * s, (it / ST) & 1); /* nor does the other consumer */
                 /* element (row r, column 64 ch + 8 ob + 2 t) of this consumer's 128 -> box 2 ch + ob / 4 of its half
                  * of the stage (consumer 0: the Q tile, 1: the dO tile), 128-byte row r, 16-byte chunk
                  * (2 (ob % 4) + t / 2) ^ (r % 8), byte 8 (t % 2) */
@@ -1076,17 +979,17 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                     }
                 };
                 stage(dqa, 0);
-                attn_wg_wait<0>();
+                ptx_wg_wait<0>();
 #pragma unroll
-                for (int i = 0; i < 32; i++) attn_reg_fence(dqb[i]);
+                for (int i = 0; i < 32; i++) ptx_reg_fence(dqb[i]);
                 stage(dqb, 1);
-                attn_fence_proxy_async();
-                attn_mbar_arrive(bar_stg + 8 * s);
+                ptx_fence_proxy_async();
+                ptx_mbar_arrive(bar_stg + 8 * s);
             } else {
-                attn_wg_wait<0>();
+                ptx_wg_wait<0>();
 #pragma unroll
-                for (int i = 0; i < NO; i++) attn_reg_fence(acc1[i]), attn_reg_fence(acc2[i]);
-                attn_mbar_arrive(bar_empty + 8 * s);
+                for (int i = 0; i < NO; i++) ptx_reg_fence(acc1[i]), ptx_reg_fence(acc2[i]);
+                ptx_mbar_arrive(bar_empty + 8 * s);
             }
         }
     }
@@ -1099,10 +1002,10 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     uint32_t *ksem = p.kv_sem + ((int64_t)kvh * gridDim.y + rb) * 2 + cw;
     if (chain) {
         if ((tid & 127) == 0)
-            while (attn_ld_acquire(ksem) != (uint32_t)(h0 % p.group)) {
+            while (ptx_ld_acquire(ksem) != (uint32_t)(h0 % p.group)) {
             }
         __syncwarp();
-        attn_bar_sync(2 + cw, 128);
+        ptx_bar_sync(2 + cw, 128);
     }
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
@@ -1112,13 +1015,13 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
          * the compiler); the release below orders them as the stores */
 #pragma unroll
         for (int ob = 0; ob < OUTW / 8; ob++) {
-            attn_red_add2(p.dk + off + ob * 8 + 2 * t, p.scale * acc1[4 * ob + 2 * rr], p.scale * acc1[4 * ob + 2 * rr + 1]);
-            attn_red_add2(p.dv + off + ob * 8 + 2 * t, acc2[4 * ob + 2 * rr], acc2[4 * ob + 2 * rr + 1]);
+            ptx_red_add2(p.dk + off + ob * 8 + 2 * t, p.scale * acc1[4 * ob + 2 * rr], p.scale * acc1[4 * ob + 2 * rr + 1]);
+            ptx_red_add2(p.dv + off + ob * 8 + 2 * t, acc2[4 * ob + 2 * rr], acc2[4 * ob + 2 * rr + 1]);
         }
     }
     if (chain) {
-        attn_bar_sync(2 + cw, 128); /* every add of this consumer done before the release */
-        if ((tid & 127) == 0) attn_st_release(ksem, (uint32_t)(h0 % p.group + 1));
+        ptx_bar_sync(2 + cw, 128); /* every add of this consumer done before the release */
+        if ((tid & 127) == 0) ptx_st_release(ksem, (uint32_t)(h0 % p.group + 1));
     }
 }
 

@@ -90,7 +90,7 @@
 
 #include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
 
-#include "cuda_attention_wgmma.h"
+#include "cuda_ptx.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
 #include "cuda_gdn_tune.h"
@@ -142,14 +142,14 @@ GDN_DEV void gdn_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg, int 
     for (int i = threadIdx.x; i < ROWS * CPR; i += GDN_THREADS) {
         const int r = i / CPR, c = (i % CPR) * 8;
         const bool ok = r < valid;
-        gdn_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
+        ptx_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
     }
 }
 
 /* the chunk's stored gate cumsum G2 (T,nv) rows into sG with cp.async; rows >= L read 0 */
 GDN_DEV void gdn_load_G(float *sG, const float *G2, int64_t t0, int L, int h, int nv) {
     const int r = threadIdx.x;
-    if (r < GDN_C) gdn_cp_async4(sG + r, r < L ? G2 + (t0 + r) * nv + h : G2, r < L);
+    if (r < GDN_C) ptx_cp_async4(sG + r, r < L ? G2 + (t0 + r) * nv + h : G2, r < L);
 }
 
 /* gates of one chunk from g, beta: sG[r] = log2(e) sum_{i<=r} g_i (rows >= L repeat G[L-1]),
@@ -528,8 +528,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
         gdn_load_rows<GDN_C, BVO>(s.x, LDX, vn + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
         if (!reset) gdn_load_rows<DK, BVO>(s.h, LDX, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0, dv, DK);
         gdn_load_G(s.G, G2, t0, L, h, nv);
-        gdn_cp_async_commit();
-        gdn_cp_async_wait<0>();
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<0>();
         __syncthreads();
         gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
         __syncthreads();
@@ -582,8 +582,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
         gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         gdn_load_rows<GDN_C, BVO>(s.x, LDX, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
         gdn_load_G(s.G, G2, t0, L, h, nv);
-        gdn_cp_async_commit();
-        gdn_cp_async_wait<0>();
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<0>();
         __syncthreads();
         gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
         __syncthreads();

@@ -138,16 +138,16 @@ GDN_DEV void gdn_warp_mma_hilo(float (&acc)[1][NT][4], const bf16 *sA, int lda, 
     for (int k0 = 0; k0 < KD; k0 += 16) {
         const int sx = (k0 >> 4) & 1;
         uint32_t a[4];
-        gdn_ldsm_x4(a, sA + (m0 + r8 + i1 * 8) * lda + k0 + i2 * 8);
+        ptx_ldmatrix_x4(a, sA + (m0 + r8 + i1 * 8) * lda + k0 + i2 * 8);
 #pragma unroll
         for (int nj = 0; nj < NT; nj += 2) {
             uint32_t bh[4], bl[4];
-            gdn_ldsm_x4_t(bh, sBh + (k0 + r8 + i1 * 8) * ldb + nj * 8 + i2 * 8);
-            gdn_ldsm_x4_t(bl, sBl + (k0 + r8 + i1 * 8) * ldb + nj * 8 + i2 * 8);
-            gdn_mma(c[sx][nj], a, bh[0], bh[1]);
-            gdn_mma(c[sx][nj + 1], a, bh[2], bh[3]);
-            gdn_mma(c[2 + sx][nj], a, bl[0], bl[1]);
-            gdn_mma(c[2 + sx][nj + 1], a, bl[2], bl[3]);
+            ptx_ldmatrix_x4_trans(bh, sBh + (k0 + r8 + i1 * 8) * ldb + nj * 8 + i2 * 8);
+            ptx_ldmatrix_x4_trans(bl, sBl + (k0 + r8 + i1 * 8) * ldb + nj * 8 + i2 * 8);
+            ptx_mma_bf16_16816(c[sx][nj], a, bh[0], bh[1]);
+            ptx_mma_bf16_16816(c[sx][nj + 1], a, bh[2], bh[3]);
+            ptx_mma_bf16_16816(c[2 + sx][nj], a, bl[0], bl[1]);
+            ptx_mma_bf16_16816(c[2 + sx][nj + 1], a, bl[2], bl[3]);
         }
     }
 #pragma unroll
@@ -250,14 +250,14 @@ __global__ void __launch_bounds__(GDN_THREADS)
         if (lo + i < hi) {
             issue(inf[i], i);
         }
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
     }
     int buf = 0;
     const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = lo; c < hi; c++) {
         const int4 infN = c + NST < hi ? info[c + NST] : none;
-        gdn_cp_async_wait<NST - 2>();
+        ptx_cp_async_wait<NST - 2>();
         __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c-1 */
         GDN_TP(0);
         {
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 issue(inf[NST - 1], nb);
             }
         }
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         GDN_TP(1);
         const int4 cur = inf[0];
         const int64_t t0 = cur.x;
@@ -440,14 +440,14 @@ __global__ void __launch_bounds__(GDN_THREADS)
         if (hi - 1 - i >= lo) {
             issue(inf[i], i);
         }
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
     }
     int buf = 0;
     const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = hi - 1; c >= lo; c--) {
         const int4 infN = c - NST >= lo ? info[c - NST] : none;
-        gdn_cp_async_wait<NST - 2>();
+        ptx_cp_async_wait<NST - 2>();
         __syncthreads(); /* chunk c's tiles are in; every warp is done with chunk c+1 */
         GDN_TP(0);
         {
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 issue(inf[NST - 1], nb);
             }
         }
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         GDN_TP(1);
         const int4 cur = inf[0];
         const int64_t t0 = cur.x, t1 = t0 + cur.y;
@@ -686,7 +686,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
         gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
         gdn_load_G(s.G, G2, t0, L, h, nv);
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         float dgp_r = 0.0f; /* row threadIdx.x's dG of dqkwg, read early */
         if (threadIdx.x < GDN_C) {
             const int r = threadIdx.x;
@@ -695,7 +695,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
             s.dG[r] = 0.0f;
             if (r < L) dgp_r = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
         }
-        gdn_cp_async_wait<0>();
+        ptx_cp_async_wait<0>();
         __syncthreads();
         gdn_build_kkg<DK>(s.kkg, s.k, s.G, L);
         __syncthreads();
@@ -936,9 +936,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
         __syncthreads(); /* the previous chunk is done with shared memory */
         gdn_load_rows<GDN_C, DK>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         if (U) gdn_load_rows<GDN_C, DV>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
-        gdn_cp_async_wait<0>();
+        ptx_cp_async_wait<0>();
         __syncthreads();
         gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
         __syncthreads();
@@ -1037,7 +1037,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         gdn_load_rows<GDN_C, DV>(s.dO, LDV, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
         gdn_load_rows<GDN_C, DV>(s.vn, LDV, vn + t0 * ldx + (int64_t)h * DV, ldx, L);
         gdn_load_G(s.G, G2, t0, L, h, nv);
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         gdn_load_rows<GDN_C, KH>(s.q, LDH, q + t0 * ldq + (int64_t)kh * DK + cb, ldq, L);
         gdn_load_rows<GDN_C, KH>(s.k, LDH, k + t0 * ldq + (int64_t)kh * DK + cb, ldq, L);
         gdn_load_rows<GDN_C, DV>(s.dv2, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
@@ -1045,8 +1045,8 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                               reset ? 0 : KH);
         gdn_load_rows<KH, DV>(s.dh, LDV, dhs + (slot_out * nv + h) * (int64_t)DK * DV + (int64_t)cb * DV, DV,
                               exit_carries ? KH : 0);
-        gdn_cp_async_commit();
-        gdn_cp_async_wait<1>();
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<1>();
         __syncthreads();
         /* ds */
         {
@@ -1064,7 +1064,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                     gdn_store2(s.ds + r * GDN_LDP + j, d0, d1);
                 }
         }
-        gdn_cp_async_wait<0>();
+        ptx_cp_async_wait<0>();
         __syncthreads();
         /* this half's share of <h, dh> (zero unless both exist), fixed order */
         {

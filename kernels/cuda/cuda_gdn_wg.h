@@ -16,10 +16,10 @@
  *            64, N-major); the accumulator is the state itself (scaled by gam_L first)
  * Every wgmma operand tile is a 128-byte-swizzled block of 64 bf16 columns x rows (one 1024-byte
  * aligned block per 64 columns; byte (r, j) at r 128 + ((j / 8) ^ (r % 8)) 16 + (j % 8) 2), the
- * layouts and descriptors of the attention kernels (cuda_attention_wgmma.h): W, K, U arrive by
+ * layouts and descriptors of the attention kernels (cuda_ptx.h): W, K, U arrive by
  * cp.async (16 bytes, the swizzle applied to the address), NST stages; the state hi / lo and dec * vn
  * are written from the accumulators by the threads that own them. The accumulator layout is the
- * mma.sync C fragment repeated (cuda_attention_wgmma.h), so U, the stored h and vn are addressed as in
+ * mma.sync C fragment repeated (cuda_ptx.h), so U, the stored h and vn are addressed as in
  * the v2 pass.
  *
  * 32-column blocks (GDN v4.5, choice sfbv = 32, the automatic one): the same pass with m64n32k16, the state /
@@ -38,13 +38,13 @@
  */
 
 /* d (64 x BV) (+)= A (64 x 16) B (16 x BV), BV = 64 or 32 (d: BV / 2 registers per thread), from
- * shared-memory descriptors (cuda_attention_wgmma.h attn_wgmma_ss_n64 / _n32; TA / TB: operand stored
+ * shared-memory descriptors (cuda_ptx.h ptx_wgmma_ss_n64 / _n32; TA / TB: operand stored
  * transposed, A M-major, B N-major); scale_d = 0 overwrites d */
 template <int TA, int TB, int NA>
 GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d) {
     static_assert(NA == 32 || NA == 16, "gdn_wgmma_nb: 64 or 32 columns");
-    if constexpr (NA == 32) attn_wgmma_ss_n64<TA, TB>(d, da, db, scale_d);
-    else attn_wgmma_ss_n32<TA, TB>(d, da, db, scale_d);
+    if constexpr (NA == 32) ptx_wgmma_ss_n64<TA, TB>(d, da, db, scale_d);
+    else ptx_wgmma_ss_n32<TA, TB>(d, da, db, scale_d);
 }
 
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
@@ -64,16 +64,8 @@ template <int BV> GDN_DEV uint32_t gdn_wg_off_b(int r, int j) {
  * swizzle (layout type 2), 8-row groups 512 bytes apart. lbo: the next BV-column block (never reached:
  * N = BV is one swizzle atom wide). */
 template <int BV> GDN_DEV uint64_t gdn_wg_bdesc(uint32_t saddr, uint32_t lbo) {
-    if constexpr (BV == 64) return attn_gdesc(saddr, lbo, 1024);
-    else return (attn_gdesc(saddr, lbo, 512) & ~(3ull << 62)) | (2ull << 62);
-}
-
-/* a 2-d box of shared memory -> a tensor map's global tensor by the TMA unit (c0 = column, c1 = row; rows
- * past the end are dropped), one bulk async-group op of this thread */
-GDN_DEV void gdn_tma_store_2d(const void *tmap, int c0, int c1, uint32_t src) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(tmap), "r"(c0),
-                 "r"(c1), "r"(src)
-                 : "memory");
+    if constexpr (BV == 64) return ptx_gdesc(saddr, lbo, 1024);
+    else return (ptx_gdesc(saddr, lbo, 512) & ~(3ull << 62)) | (2ull << 62);
 }
 
 /* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up);
@@ -148,7 +140,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     constexpr int MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
-    const uint32_t raw = gdn_smem_addr(gdn_wg_smem);
+    const uint32_t raw = ptx_smem_addr(gdn_wg_smem);
     const GdnStateFwdSmemWg<DK, NST, BV> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -167,22 +159,22 @@ __global__ void __launch_bounds__(GDN_THREADS)
     gdn_wg_state_start<DK, MT>(S, S_in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
-        for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);
-        gdn_mbar_init_fence();
+        for (int i = 0; i < NST; i++) ptx_mbar_init(ptx_smem_addr(s.bar(i)), 1);
+        ptx_mbar_init_fence();
     }
     __syncthreads();
     const unsigned tx = 2 * GDN_C * DK * 2 + (is_M ? 0 : GDN_C * BV * 2); /* bytes of one stage's tiles */
     auto issue = [&](int4 ci, int buf) {
         const int t0 = ci.x;
         if (threadIdx.x == 0) {
-            const uint32_t bar = gdn_smem_addr(s.bar(buf));
-            attn_mbar_arrive_tx(bar, tx);
+            const uint32_t bar = ptx_smem_addr(s.bar(buf));
+            ptx_mbar_arrive_tx(bar, tx);
 #pragma unroll
             for (int b = 0; b < MT; b++) {
-                attn_tma_load_2d(gdn_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
-                attn_tma_load_2d(gdn_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
             }
-            if (!is_M) attn_tma_load_2d(gdn_smem_addr(s.u(buf)), &tm.u, h * dv + col0, t0, bar);
+            if (!is_M) ptx_tma_load_2d(ptx_smem_addr(s.u(buf)), &tm.u, h * dv + col0, t0, bar);
         }
         gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
     };
@@ -194,18 +186,18 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
         if (lo + i < hi) issue(inf[i], i);
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
     }
-    const uint32_t a_hi = gdn_smem_addr(s.hi()), a_lo = gdn_smem_addr(s.lo()), a_vn = gdn_smem_addr(s.vn());
+    const uint32_t a_hi = ptx_smem_addr(s.hi()), a_lo = ptx_smem_addr(s.lo()), a_vn = ptx_smem_addr(s.vn());
     int buf = 0;
     unsigned ph = 0; /* parity of each stage's next phase */
     const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = lo; c < hi; c++) {
         const int4 infN = c + NST < hi ? info[c + NST] : none;
-        if (threadIdx.x == 0) attn_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
-        gdn_cp_async_wait<NST - 2>();
-        attn_mbar_wait(gdn_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
+        if (threadIdx.x == 0) ptx_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
+        ptx_cp_async_wait<NST - 2>();
+        ptx_mbar_wait(ptx_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
         ph ^= 1u << buf;
         __syncthreads(); /* chunk c's tiles are in; chunk c-1's products and stores are done with their tiles */
         GDN_TP(0);
@@ -213,7 +205,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c-1 */
             if (c + NST - 1 < hi) issue(inf[NST - 1], nb);
         }
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         GDN_TP(1);
         const int4 cur = inf[0];
         const int64_t t0 = cur.x;
@@ -230,29 +222,29 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 const uint32_t o = gdn_wg_off_b<BV>(a, j);
                 gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), S[mt][x], S[mt][x + 1]);
             }
-        gdn_fence_async_smem();
+        ptx_fence_proxy_async();
         __syncthreads();
         if (threadIdx.x == 0 && hst) {
-            gdn_tma_store_2d(&tm.h, col0, (int)(((t0 / GDN_C) * nv + h) * DK), a_hi);
-            attn_bulk_commit();
+            ptx_tma_store_2d(&tm.h, col0, (int)(((t0 / GDN_C) * nv + h) * DK), a_hi);
+            ptx_bulk_commit();
         }
         GDN_TP(2);
         /* vacc = W (S_hi + S_lo): tokens x BV */
         float vacc[NA];
-        const uint32_t a_w = gdn_smem_addr(s.w(buf)), a_k = gdn_smem_addr(s.k(buf));
-        attn_wg_fence();
+        const uint32_t a_w = ptx_smem_addr(s.w(buf)), a_k = ptx_smem_addr(s.k(buf));
+        ptx_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_nb<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+            gdn_wgmma_nb<0, 1>(vacc, ptx_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
                                gdn_wg_bdesc<BV>(a_hi + kk * 16 * (2 * BV), DK * 2 * BV), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_nb<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+            gdn_wgmma_nb<0, 1>(vacc, ptx_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
                                gdn_wg_bdesc<BV>(a_lo + kk * 16 * (2 * BV), DK * 2 * BV), 1);
-        attn_wg_commit();
-        attn_wg_wait<0>();
+        ptx_wg_commit();
+        ptx_wg_wait<0>();
 #pragma unroll
-        for (int x = 0; x < NA; x++) attn_reg_fence(vacc[x]);
+        for (int x = 0; x < NA; x++) ptx_reg_fence(vacc[x]);
         GDN_TP(3);
         /* vn = U - W S: into vno (stored by TMA when the chunk is full) or stored here; dec * vn into vn */
         const float *sG = s.G(buf);
@@ -278,34 +270,34 @@ __global__ void __launch_bounds__(GDN_THREADS)
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int x = 0; x < NA; x++) S[mt][x] *= gam;
-        gdn_fence_async_smem();
+        ptx_fence_proxy_async();
         __syncthreads();
         if (threadIdx.x == 0 && vfull) {
-            gdn_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, gdn_smem_addr(s.vno()));
-            attn_bulk_commit();
+            ptx_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, ptx_smem_addr(s.vno()));
+            ptx_bulk_commit();
         }
         GDN_TP(4);
         /* S += K^T (dec * vn), per state tile */
-        attn_wg_fence();
+        ptx_wg_fence();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                gdn_wgmma_nb<1, 1>(S[mt], attn_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                gdn_wgmma_nb<1, 1>(S[mt], ptx_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
                                    gdn_wg_bdesc<BV>(a_vn + kk * 16 * (2 * BV), GDN_C * 2 * BV), 1);
-        attn_wg_commit();
-        attn_wg_wait<0>();
+        ptx_wg_commit();
+        ptx_wg_wait<0>();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int x = 0; x < NA; x++) attn_reg_fence(S[mt][x]);
+            for (int x = 0; x < NA; x++) ptx_reg_fence(S[mt][x]);
         GDN_TP(5);
 #pragma unroll
         for (int i = 0; i < NST - 1; i++) inf[i] = inf[i + 1];
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
+    if (threadIdx.x == 0) ptx_bulk_wait<0>(); /* the last stores complete */
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
