@@ -17,7 +17,7 @@
  * cuda_norm.cu (RMSNorm, L2 norm, gated RMSNorm), cuda_elementwise.cu
  * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu, cuda_rope.cu,
  * cuda_loss.cu (fused lm_head + CE), cuda_optim.cu (AdamW, sum of squares),
- * cuda_attention.cu, cuda_gdn.cu; cuda_backend.cu and cuda_stream.cu hold the
+ * attention/, gdn/; cuda_backend.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.
  */
 #include "backend.h"

@@ -1,6 +1,6 @@
 /*
  * cuda_attention_tune.h — the measurement choices of the cuda attention backward
- * (kernels/cuda/cuda_attention.cu), for tests/cuda/test_cuda_attention.cu. The Backend
+ * (kernels/cuda/attention/backward.cu), for tests/cuda/test_cuda_attention.cu. The Backend
  * entries never set them: every field at 0 is the built-in choice, and nothing reads the
  * environment. Not thread-safe (one compute stream, as the kernels).
  */

@@ -1,6 +1,6 @@
 /*
  * cuda_gdn_mma.h — the warp-level tensor-core pieces the Gated DeltaNet kernels
- * (cuda_gdn.cu) are built from, over the PTX wrappers of cuda_ptx.h (ldmatrix,
+ * (gdn/gdn.cu) are built from, over the PTX wrappers of cuda_ptx.h (ldmatrix,
  * mma.sync m16n8k16 bf16 -> fp32, cp.async with zero fill): the accumulator
  * coordinates, zeroing, and one warp GEMM that multiplies tiles held in shared memory in any of the
  * four transpose combinations the chunked delta rule needs (K K^T, T^T dW,

@@ -1,5 +1,5 @@
 /*
- * cuda_gdn_tune.h — the configuration choices of the Gated DeltaNet state passes (kernels/cuda/cuda_gdn.cu)
+ * cuda_gdn_tune.h — the configuration choices of the Gated DeltaNet state passes (kernels/cuda/gdn/gdn.cu)
  * that the built-in planner makes by shape, for tests/cuda/test_cuda_gdn.cu (to reach every configuration
  * at small shapes) and for `ringscan bench gdn --gdn-tune` (to measure them). The Backend entries never set
  * them: every field at 0 is the built-in choice, and nothing reads the environment. Every configuration
@@ -22,9 +22,9 @@ typedef struct CudaGdnTune {
     int dual;  /* where bv, dseg and split are automatic: launch both the automatic configuration and 32
                   columns in 8 document segments, the device picks by the documents (1 = on, 2 = off, 3 / 4
                   = on with the pick forced to the second / first; 0 = automatic: on) */
-    int sfwd;  /* forward state passes on wgmma (cuda_gdn_wg.h): 1 = on (2 stages), 3 = on with 3 stages,
+    int sfwd;  /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 1 = on (2 stages), 3 = on with 3 stages,
                   2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
-    int sbwd;  /* backward state passes on wgmma (cuda_gdn_wg_bwd.h): 1 = on, 2 = off, 0 = automatic (as sfwd) */
+    int sbwd;  /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 1 = on, 2 = off, 0 = automatic (as sfwd) */
     int dwg;   /* the dual launch's second configuration on the wgmma passes (64 columns in 8 document
                   segments) where sfwd / sbwd leave the first on mma.sync: 1 = on, 2 = off (32 columns on
                   mma.sync), 0 = automatic (on) */

@@ -5,7 +5,7 @@
  * commit / wait (the attention kernels, the GDN wgmma state passes), mbarriers, TMA tile loads, stores
  * and reduce-adds with their bulk async-groups, proxy fences, acquire / release semaphores, ex2.approx
  * and setmaxnreg. Each wrapper is one instruction (or one spin loop); names say the instruction.
- * Included by kernels/cuda/cuda_attention.cu, cuda_gdn.cu (and the headers it includes), cuda_gdn_mma.h.
+ * Included by kernels/cuda/attention/attention.cuh, gdn/gdn.cu (for its .cuh files) and cuda_gdn_mma.h.
  *
  * The wgmma wrappers with their long operand lists were written out by a throwaway script (one function
  * per shape, not kept: edit them by hand); each accumulator is a named array element with a constant
@@ -98,7 +98,7 @@ static __device__ __forceinline__ void ptx_reg_fence(float &x) { asm volatile(""
  * TB = 0: B stored K-major (row = n, i.e. the product is A B^T of the stored tile), 1: N-major
  * (transposed: row = k). Uses: attention S = Q K^T and dP = dO V^T (0, 0); the fused backward's dQ = dS K
  * (1, 1: dS^T and K both stored row = key); the hd 256 QS backward's dV, dK (0, 1); the GDN wgmma state
- * passes (cuda_gdn_wg.h, cuda_gdn_wg_bwd.h: W h (0, 1), K^T vn (1, 1)). */
+ * passes (gdn/state_forward_wgmma.cuh, gdn/state_backward_wgmma.cuh: W h (0, 1), K^T vn (1, 1)). */
 template <int TA = 0, int TB = 0>
 static __device__ __forceinline__ void ptx_wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(

@@ -151,7 +151,12 @@ def main():
         return n
 
     base, new = load(args[0]), load(args[1])
-    base = {rename(k): v for k, v in base.items()}
+    # a base function whose name a rename gives to another one (a deleted kernel whose name the renamed
+    # production kernel takes over) is kept apart, as removed
+    renamed = {k: rename(k) for k in base}
+    taken = {n for k, n in renamed.items() if n != k}
+    base = {(n if n != k or n not in taken else n + "  [deleted; its name went to a renamed kernel]"): base[k]
+            for k, n in renamed.items()}
     allsyms = sorted(set(base) | set(new))
     ident, changed, removed, added = [], [], [], []
     for n in allsyms:

@@ -1,6 +1,6 @@
 /*
  * test_cuda_attention.cu — parity of the cuda block attention and LSE merge
- * (kernels/cuda/cuda_attention.cu) with the cpu oracle
+ * (kernels/cuda/attention/) with the cpu oracle
  * (kernels/cpu/cpu_attention.c, itself tested against float64 in
  * tests/unit/test_attention.c). Cases of build/test_cuda (run on a GPU
  * machine: `build/test_cuda $(build/test_cuda --list | grep attention)`).

@@ -1,5 +1,5 @@
 /*
- * test_cuda_gdn.cu — the cuda chunked gated delta rule (kernels/cuda/cuda_gdn.cu) against the cpu
+ * test_cuda_gdn.cu — the cuda chunked gated delta rule (kernels/cuda/gdn/gdn.cu) against the cpu
  * oracle (kernels/cpu/cpu_gdn.c): cuda_gdn_chunk_forward, _backward, _transition, _dstate and
  * cuda_gdn_state_affine, plus the tensor-core fragment layouts (cuda_gdn_mma.h) on their own.
  * Cases of build/test_cuda (tests/cuda/test_cuda_memory.cu says how it runs); names start cuda_gdn_.

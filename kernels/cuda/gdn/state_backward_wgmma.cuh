@@ -1,22 +1,22 @@
 /*
- * cuda_gdn_wg_bwd.h — the backward (reverse) state pass of the chunked gated delta rule on wgmma
+ * state_backward_wgmma.cuh — the backward (reverse) state pass of the chunked gated delta rule on wgmma
  * (Hopper, sm_90a): GDN v4.3, choice sbwd (cuda_gdn_tune.h). Not a standalone header:
- * included by kernels/cuda/cuda_gdn.cu after cuda_gdn_wg.h, whose helpers (gdn_wg_off,
- * ptx_tma_store_2d) it uses with cuda_ptx.h's (ptx_wgmma_ss_n64, TMA, mbarriers), and cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg,
+ * included by kernels/cuda/gdn/gdn.cu after gdn/state_forward_wgmma.cuh, whose helpers (gdn_wg_off,
+ * ptx_tma_store_2d) it uses with cuda_ptx.h's (ptx_wgmma_ss_n64, TMA, mbarriers), and gdn/state_pass.cuh, whose segment bookkeeping (GdnSeg,
  * gdn_span, gdn_span_out) it shares.
  *
- * The same pass as gdn_state_bwd_v2_kernel (per chunk c, last to first: store dh = D at the chunk's
+ * The same pass as gdn_state_backward_kernel (per chunk c, last to first: store dh = D at the chunk's
  * exit boundary, dv2 = dv_loc + dec (K D), store dv2, D <- gam_L D + scale (Q gam)^T dO - W^T dv2, D
  * <- 0 when the chunk starts a document), with one warpgroup (128 threads) per 64 state columns and
- * the three products on wgmma, the mirror of gdn_state_fwd_wg_kernel (cuda_gdn_wg.h):
+ * the three products on wgmma, the mirror of gdn_state_forward_wgmma_kernel (gdn/state_forward_wgmma.cuh):
  *   D        (DK x 64, fp32) lives in the wgmma accumulators across chunks: DK / 64 m64n64 tiles
- *   K D      m64n64k16 x DK / 16, twice (D split hi + lo bf16, as the v2 pass): A = K (tokens x DK,
+ *   K D      m64n64k16 x DK / 16, twice (D split hi + lo bf16, as the mma.sync pass): A = K (tokens x DK,
  *            K-major), B = D rows (DK x 64, N-major); one fp32 accumulator takes both terms
  *   Q^T dos  per state tile, m64n64k16 x 4: A = Q^T (the Q tile, M-major), B = dos = scale gam_r dO_r
  *            (64 tokens x 64, N-major, written over the dO tile in place); the accumulator is D
  *   W^T dv2  the same with A = W^T and B = -dv2 (bf16, written over the dv_loc tile in place)
  * Tiles Q, K, W, dO, dv_loc (64 rows x 64-column swizzled blocks) by TMA on one mbarrier per stage,
- * the gates by cp.async; dh out by one TMA store per chunk from the hi block (bf16(D), what the v2
+ * the gates by cp.async; dh out by one TMA store per chunk from the hi block (bf16(D), what the mma.sync
  * pass stores), dv2 by one TMA store of a full chunk (L = 64), by the threads otherwise.
  *
  * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and -dv2 take 0 there by
@@ -56,7 +56,7 @@ template <int DK, int NST> struct GdnStateBwdSmemWg {
     GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
 };
 
-/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_bwd_maps): Q, K, W, dO, dv_loc tiles in (64 x 64
+/* the tensor maps of one pass (gdn/gdn.cu gdn_wg_bwd_maps): Q, K, W, dO, dv_loc tiles in (64 x 64
  * boxes), dh out (64 columns x DK rows), dv2 out (64 x 64); rows past the end read as zeros */
 struct GdnWgBwdMaps {
     CUtensorMap q, k, w, dO, dl, dh, dv2;
@@ -65,12 +65,12 @@ struct GdnWgBwdMaps {
 /*
  * Grid (ncol / 64, nv, segments launched), 128 threads. Block (x, h, z) carries columns [64 x, 64 x +
  * 64) of dL/dS of head h over segment p = z + sg.pz0, from its last chunk down (the contract of
- * gdn_state_bwd_v2_kernel; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
+ * gdn_state_backward_kernel; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
  * state tile mt, element 4 i + e at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
  */
 template <int DK, int NST>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_state_bwd_wg_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
+    gdn_state_backward_wgmma_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgBwdMaps tm, const float *G2 /* (T,nv) */,
                             const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv,
                             float scale, long long *tp /* (GDN_TP_N) cycles, or NULL */) {

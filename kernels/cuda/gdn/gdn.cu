@@ -1,5 +1,5 @@
 /*
- * cuda_gdn.cu — the chunked gated delta rule on the GPU: the Backend entries
+ * gdn.cu — the chunked gated delta rule on the GPU (the host side; the kernels are the .cuh files beside): the Backend entries
  * gdn_chunk_forward, gdn_chunk_backward and the context-parallel entries
  * gdn_chunk_transition, gdn_chunk_dstate, gdn_state_affine (lib/backend.h has
  * the contract; kernels/cpu/cpu_gdn.c is the fp32 oracle, its header has the
@@ -66,11 +66,11 @@
  * workspace then has no h, vn.
  *
  * Configurations (cuda_gdn_tune.h; every one gives the same bits): the mma.sync state passes
- * (cuda_gdn_v2.h) run in 16 or 32 columns per block (by the head count), two pipeline stages, in
+ * (gdn/state_pass.cuh) run in 16 or 32 columns per block (by the head count), two pipeline stages, in
  * segments folded like the CP scan where the heads are few, or in document segments side by side; the
  * dual launch starts both the automatic configuration and a many-document one (32 columns in 8
  * document segments, on wgmma) and the device picks by the documents. From 128 blocks of 64 columns
- * (64 heads of 128) both passes run on wgmma (cuda_gdn_wg.h, cuda_gdn_wg_bwd.h). dqkwg runs split
+ * (64 heads of 128) both passes run on wgmma (gdn/state_forward_wgmma.cuh, gdn/state_backward_wgmma.cuh). dqkwg runs split
  * over the two halves of dk (two blocks per SM), wy_bwd keeps dk in registers (two blocks per SM).
  * The forward keeps W, U, G2 and, asked, the chunk states for the backward (the `kept` buffer).
  * Measurements and the history of each choice: docs/benchmarks.md (GDN v1 .. v4.5, v0.5).
@@ -96,593 +96,26 @@
 #include "cuda_gdn_tune.h"
 #include "cuda_kernels.h"
 
-#define GDN_C 64          /* chunk size */
-#define GDN_THREADS 128   /* every per-chunk and state kernel: 4 warps */
-#define GDN_LDP (GDN_C + 8) /* row stride of the 64x64 bf16 tiles */
-#define GDN_LDF (GDN_C + 1) /* row stride of the 64x64 fp32 tiles */
-#define GDN_LOG2E 1.4426950408889634f
-#define GDN_FULL 0xffffffffu
+/* the kernels, one stage per file (one translation unit: the host code below instantiates them) */
+#include "common.cuh"
+#include "index.cuh"
+#include "output.cuh"
+#include "state_pass.cuh"
+#include "state_forward.cuh"
+#include "state_backward.cuh"
+#include "wy_backward.cuh"
+#include "prep.cuh"
+#include "dqkwg.cuh"
+#include "state_forward_wgmma.cuh"
+#include "state_backward_wgmma.cuh"
+#include "reduce.cuh"
 
-/* which chunks a per-chunk kernel visits */
-enum { GDN_RANGE_ALL = 0, GDN_RANGE_FROM_LAST_RESET = 1, GDN_RANGE_BEFORE_FIRST_RESET = 2 };
-/* meta (int32) written by the index kernels */
-enum { GDN_META_NC = 0, GDN_META_FIRST_RESET = 1, GDN_META_LAST_RESET = 2, GDN_META_FIRST_TOK = 3,
-       GDN_META_LAST_TOK = 4, GDN_META_N = 8 };
-
-/* ------------------------------------------------------------------------------------------------ */
-/* shared-memory carving, the same code on host (sizes) and device (pointers)                        */
-
-struct GdnCarve {
-    unsigned char *base;
-    size_t off, align; /* every piece starts at a multiple of align (a power of 2, >= 16) */
-    __host__ __device__ explicit GdnCarve(void *b, size_t a = 16) : base((unsigned char *)b), off(0), align(a) {}
-    template <class X> __host__ __device__ X *take(size_t n) {
-        X *r = (X *)(base + off);
-        off += (n * sizeof(X) + align - 1) & ~(align - 1);
-        return r;
-    }
-};
-
-/* ------------------------------------------------------------------------------------------------ */
-/* device helpers                                                                                     */
-
-/* [lo, hi) of the chunks a kernel in `mode` visits */
-GDN_DEV void gdn_chunk_range(const int32_t *meta, int mode, int *lo, int *hi) {
-    *lo = 0;
-    *hi = meta[GDN_META_NC];
-    if (mode == GDN_RANGE_FROM_LAST_RESET) *lo = meta[GDN_META_LAST_RESET];
-    else if (mode == GDN_RANGE_BEFORE_FIRST_RESET) *hi = meta[GDN_META_FIRST_RESET];
-}
-
-/* rows [0, ROWS) x WID bf16 of a strided global matrix into shared memory (row stride lds) with
- * cp.async; rows >= valid are zero-filled and not read */
-template <int ROWS, int WID>
-GDN_DEV void gdn_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg, int valid) {
-    constexpr int CPR = WID / 8;
-    for (int i = threadIdx.x; i < ROWS * CPR; i += GDN_THREADS) {
-        const int r = i / CPR, c = (i % CPR) * 8;
-        const bool ok = r < valid;
-        ptx_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
-    }
-}
-
-/* the chunk's stored gate cumsum G2 (T,nv) rows into sG with cp.async; rows >= L read 0 */
-GDN_DEV void gdn_load_G(float *sG, const float *G2, int64_t t0, int L, int h, int nv) {
-    const int r = threadIdx.x;
-    if (r < GDN_C) ptx_cp_async4(sG + r, r < L ? G2 + (t0 + r) * nv + h : G2, r < L);
-}
-
-/* gates of one chunk from g, beta: sG[r] = log2(e) sum_{i<=r} g_i (rows >= L repeat G[L-1]),
- * sBeta[r] (0 for rows >= L). All threads; ends synchronised. */
-GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float *g, const float *beta, int64_t t0,
-                              int L, int h, int nv) {
-    const int tid = threadIdx.x, lane = tid & 31;
-    float x = 0.0f;
-    if (tid < GDN_C) {
-        x = tid < L ? g[(t0 + tid) * nv + h] * GDN_LOG2E : 0.0f;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float y = __shfl_up_sync(GDN_FULL, x, o);
-            if (lane >= o) x += y;
-        }
-        if (tid == 31) sTmp[0] = x;
-    }
-    __syncthreads();
-    if (tid < GDN_C) {
-        if (tid >= 32) x += sTmp[0];
-        sG[tid] = x;
-        sBeta[tid] = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
-    }
-    __syncthreads();
-}
-
-/* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF); sKKG (when not
- * NULL) gets (k_i.k_j) e^{G_i - G_j} on the same entries. K K^T on the tensor cores. All threads. */
-template <int DK>
-GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG, const float *sBeta, int L) {
-    const int w = threadIdx.x >> 5;
-    float acc[1][8][4];
-    gdn_zero(acc);
-    gdn_warp_mma<1, 8, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, 16 * w, 0);
-#pragma unroll
-    for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-            float kkg = 0.0f;
-            if (j < i && i < L) kkg = acc[0][ni][e] * exp2f(sG[i] - sG[j]); /* exponent <= 0 */
-            sA[i * GDN_LDF + j] = sBeta[i] * kkg;
-            if (sKKG) sKKG[i * GDN_LDF + j] = kkg;
-        }
-}
-
-/* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (stride GDN_LDF), blocked by 16:
- * the four diagonal blocks by forward substitution (thread = block, column: [i == c] - sum_{j<i}
- * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
- * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). All threads; ends synchronised. */
-#define GDN_SOLVE_SCRATCH (3 * 16 * 17)
-GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
-    const int tid = threadIdx.x;
-    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
-    __syncthreads();
-    if (tid < GDN_C) {
-        const int o = 16 * (tid >> 4), c = tid & 15;
-        float tc[16];
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float s = (i == c) ? 1.0f : 0.0f;
-#pragma unroll
-            for (int j = 0; j < i; j++) s = fmaf(-sA[(o + i) * GDN_LDF + o + j], tc[j], s);
-            tc[i] = s;
-            sT[(o + i) * GDN_LDF + o + c] = s;
-        }
-    }
-    __syncthreads();
-#pragma unroll 1
-    for (int d = 1; d < 4; d++) {
-        const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
-        for (int e = tid; e < n; e += GDN_THREADS) {
-            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
-            const float *arow = sA + (16 * bi + r) * GDN_LDF;
-            float x = 0.0f; /* k = 16 bj .. 16 bi - 1 in order, 16 at a time (the loads of a block issued together) */
-#pragma unroll 1
-            for (int kb = bj; kb < bi; kb++) {
-                const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
-#pragma unroll
-                for (int m = 0; m < 16; m++) x = fmaf(ak[m], tk[m * GDN_LDF], x);
-            }
-            sX[(e >> 8) * 272 + r * 17 + cc] = x;
-        }
-        __syncthreads();
-        for (int e = tid; e < n; e += GDN_THREADS) {
-            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
-            const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
-            float t = 0.0f;
-#pragma unroll
-            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
-            sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
-        }
-        __syncthreads();
-    }
-}
-
-/* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */
-template <class X> GDN_DEV X *gdn_pick(X *const (&a)[2], int b) { return b ? a[1] : a[0]; }
-
-GDN_DEV void gdn_split2(bf16 *hi, bf16 *lo, float x0, float x1) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    const float2 hf = __bfloat1622float2(h);
-    *(__nv_bfloat162 *)hi = h;
-    *(__nv_bfloat162 *)lo = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
-}
-
-GDN_DEV void gdn_store2(bf16 *p, float x0, float x1) { *(__nv_bfloat162 *)p = __floats2bfloat162_rn(x0, x1); }
-
-GDN_DEV float2 gdn_load2(const bf16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
-
-/* sum over the 4 lanes of a quad (the threads that share an accumulator row) */
-GDN_DEV float gdn_quad_sum(float x) {
-    x += __shfl_xor_sync(GDN_FULL, x, 1);
-    x += __shfl_xor_sync(GDN_FULL, x, 2);
-    return x;
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* index: chunk starts from doc_pos                                                                   */
-
-GDN_DEV bool gdn_is_chunk_start(const int32_t *doc_pos, int64_t t) {
-    int64_t base = t - (int64_t)doc_pos[t]; /* the document's first token, or before the call */
-    if (base < 0) base = 0;
-    return ((t - base) & (GDN_C - 1)) == 0;
-}
-
-/* per block of 1024 tokens: number of chunk starts, first and last document start token */
-__global__ void __launch_bounds__(1024) gdn_index_count_kernel(int32_t *blk /* (nb,3) */,
-                                                               const int32_t *doc_pos /* (T) */, int64_t T) {
-    __shared__ int s_cnt[32], s_first[32], s_last[32];
-    const int64_t t = (int64_t)blockIdx.x * 1024 + threadIdx.x;
-    const bool in = t < T;
-    const int flag = in && gdn_is_chunk_start(doc_pos, t);
-    const bool rs = in && doc_pos[t] == 0;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int cnt = __reduce_add_sync(GDN_FULL, flag);
-    int first = __reduce_min_sync(GDN_FULL, rs ? (int)t : INT_MAX);
-    int last = __reduce_max_sync(GDN_FULL, rs ? (int)t : -1);
-    if (lane == 0) {
-        s_cnt[w] = cnt;
-        s_first[w] = first;
-        s_last[w] = last;
-    }
-    __syncthreads();
-    if (w == 0) {
-        cnt = __reduce_add_sync(GDN_FULL, s_cnt[lane]);
-        first = __reduce_min_sync(GDN_FULL, s_first[lane]);
-        last = __reduce_max_sync(GDN_FULL, s_last[lane]);
-        if (lane == 0) {
-            blk[3 * blockIdx.x] = cnt;
-            blk[3 * blockIdx.x + 1] = first;
-            blk[3 * blockIdx.x + 2] = last;
-        }
-    }
-}
-
-/* one block: blk counts -> exclusive offsets (in place); meta; starts[NC] = T */
-__global__ void __launch_bounds__(1024) gdn_index_scan_kernel(int32_t *blk /* (nb,3) */, int32_t *meta,
-                                                              int32_t *starts /* (T+1) */, int nb, int64_t T) {
-    __shared__ int s_w[32], s_first[32], s_last[32];
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int running = 0, first = INT_MAX, last = -1;
-    for (int base = 0; base < nb; base += 1024) {
-        const int b = base + threadIdx.x;
-        const int v = b < nb ? blk[3 * b] : 0;
-        if (b < nb) {
-            first = min(first, blk[3 * b + 1]);
-            last = max(last, blk[3 * b + 2]);
-        }
-        int x = v;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(GDN_FULL, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) s_w[w] = x;
-        __syncthreads();
-        if (w == 0) {
-            int y = s_w[lane];
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int z = __shfl_up_sync(GDN_FULL, y, o);
-                if (lane >= o) y += z;
-            }
-            s_w[lane] = y;
-        }
-        __syncthreads();
-        const int excl = running + (w > 0 ? s_w[w - 1] : 0) + x - v;
-        const int total = s_w[31];
-        __syncthreads();
-        if (b < nb) blk[3 * b] = excl;
-        running += total;
-    }
-    first = __reduce_min_sync(GDN_FULL, first);
-    last = __reduce_max_sync(GDN_FULL, last);
-    if (lane == 0) {
-        s_first[w] = first;
-        s_last[w] = last;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < 32; i++) {
-            first = min(first, s_first[i]);
-            last = max(last, s_last[i]);
-        }
-        meta[GDN_META_NC] = running;
-        meta[GDN_META_FIRST_RESET] = running; /* none: every chunk is before the first reset */
-        meta[GDN_META_LAST_RESET] = 0;        /* none: the transition starts at chunk 0 */
-        meta[GDN_META_FIRST_TOK] = first == INT_MAX ? -1 : first;
-        meta[GDN_META_LAST_TOK] = last;
-        starts[running] = (int32_t)T;
-    }
-}
-
-/* starts[idx] = t for every chunk start t; the chunk indices of the first and last document start */
-__global__ void __launch_bounds__(1024) gdn_index_write_kernel(int32_t *starts, int32_t *meta,
-                                                               const int32_t *blk /* (nb,3) */,
-                                                               const int32_t *doc_pos, int64_t T) {
-    __shared__ int s_w[32];
-    const int64_t t = (int64_t)blockIdx.x * 1024 + threadIdx.x;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool flag = t < T && gdn_is_chunk_start(doc_pos, t);
-    const unsigned bal = __ballot_sync(GDN_FULL, flag);
-    if (lane == 0) s_w[w] = __popc(bal);
-    __syncthreads();
-    if (w == 0) {
-        const int v = s_w[lane];
-        int x = v;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(GDN_FULL, x, o);
-            if (lane >= o) x += y;
-        }
-        s_w[lane] = x - v;
-    }
-    __syncthreads();
-    if (flag) {
-        const int idx = blk[3 * blockIdx.x] + s_w[w] + __popc(bal & ((1u << lane) - 1u));
-        starts[idx] = (int32_t)t;
-        if (t == meta[GDN_META_FIRST_TOK]) meta[GDN_META_FIRST_RESET] = idx;
-        if (t == meta[GDN_META_LAST_TOK]) meta[GDN_META_LAST_RESET] = idx;
-    }
-}
-
-/* info[c] = (t0, L, flags) per chunk, for the state passes (one load per chunk, prefetched):
- * flags bit 0: the chunk starts a document (its state starts at 0); bit 1: a state leaves it
- * (the call ends with it, or the next chunk continues its document) */
-__global__ void gdn_index_info_kernel(int4 *info /* (T+1) */, const int32_t *starts, const int32_t *meta,
-                                      const int32_t *doc_pos, int64_t T) {
-    const int nc = meta[GDN_META_NC];
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < nc; c += gridDim.x * blockDim.x) {
-        const int t0 = starts[c], t1 = starts[c + 1];
-        const int flags = (doc_pos[t0] == 0 ? 1 : 0) | ((t1 == T || doc_pos[t1] != 0) ? 2 : 0);
-        info[c] = make_int4(t0, t1 - t0, flags, 0);
-    }
-}
-
-/* cuts (Z + 1) of the document segments of the state passes (cuda_gdn_v2.h, gdn_doc_range) over all
- * chunks: cuts[0] = 0, cuts[Z] = nc, cuts[p] = the first chunk at or after p nc / Z that starts a
- * document (nc if none), so the cuts never decrease. One block; each thread keeps the first hit of its
- * strided walk, the block takes the smallest. With pick (the dual launch, cuda_gdn_v2.h): *pick = 1
- * when the non-empty segments times bps (state column blocks per segment) reach need, else 0. */
-__global__ void __launch_bounds__(1024) gdn_index_cuts_kernel(int32_t *cuts /* (Z+1) */, const int4 *info,
-                                                              const int32_t *meta, int Z, int32_t *pick, int bps,
-                                                              int64_t need) {
-    __shared__ int s_min[32];
-    const int nc = meta[GDN_META_NC];
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int p = 1; p < Z; p++) {
-        const int target = (int)((int64_t)nc * p / Z);
-        int best = nc;
-        for (int c = target + (int)threadIdx.x; c < nc; c += blockDim.x)
-            if (info[c].z & 1) {
-                best = c;
-                break;
-            }
-        best = __reduce_min_sync(GDN_FULL, best);
-        if (lane == 0) s_min[w] = best;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int i = 1; i < nw; i++) best = min(best, s_min[i]);
-            cuts[p] = min(best, s_min[0]);
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        cuts[0] = 0;
-        cuts[Z] = nc;
-        if (pick) {
-            int64_t used = 0;
-            for (int p = 0; p < Z; p++) used += cuts[p + 1] > cuts[p] ? 1 : 0;
-            *pick = used * bps >= need ? 1 : 0;
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* prep helpers (gdn_prep_v2_kernel in cuda_gdn_v2.h: G, A, Tinv, W, U per chunk and value head)      */
-
-/* out rows r < L (row stride ldo) = (Thi + Tlo) X for X (64 x N, smem, stride ldx); bf16 out */
-template <int N>
-GDN_DEV void gdn_tri_product_store(bf16 *out, int64_t ldo, const bf16 *Thi, const bf16 *Tlo, const bf16 *X, int ldx,
-                                   int L) {
-    const int w = threadIdx.x >> 5;
-#pragma unroll 1
-    for (int n0 = 0; n0 < N; n0 += 64) {
-        float acc[1][8][4];
-        gdn_zero(acc);
-        gdn_warp_mma<1, 8, false, false, GDN_C>(acc, Thi, GDN_LDP, X, ldx, 16 * w, n0);
-        gdn_warp_mma<1, 8, false, false, GDN_C>(acc, Tlo, GDN_LDP, X, ldx, 16 * w, n0);
-#pragma unroll
-        for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e += 2) {
-                const int r = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
-                if (r < L) gdn_store2(out + r * ldo + col, acc[0][ni][e], acc[0][ni][e + 1]);
-            }
-    }
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* output and dv_local: per (chunk, value head, column block of BVO)                                  */
-
-template <int DK, int BVO> struct GdnOutSmem {
-    bf16 *q, *k, *x, *h, *p; /* x: vn (output) or dO (dv_local) */
-    float *G;
-    size_t bytes;
-    __host__ __device__ GdnOutSmem(void *b, bool with_h) {
-        GdnCarve c(b);
-        q = c.take<bf16>(GDN_C * (DK + 8));
-        k = c.take<bf16>(GDN_C * (DK + 8));
-        x = c.take<bf16>(GDN_C * (BVO + 8));
-        p = c.take<bf16>(GDN_C * GDN_LDP);
-        G = c.take<float>(GDN_C);
-        h = with_h ? c.take<bf16>(DK * (BVO + 8)) : NULL;
-        bytes = c.off;
-    }
-};
-
-/* sP = (Q K^T)_rj e^{G_r - G_j} for j <= r < L, else 0 (bf16, unscaled). All threads. */
-template <int DK> GDN_DEV void gdn_build_P(bf16 *sP, const bf16 *sQ, const bf16 *sK, const float *sG, int L) {
-    const int w = threadIdx.x >> 5;
-    float acc[1][8][4];
-    gdn_zero(acc);
-    gdn_warp_mma<1, 8, false, true, DK>(acc, sQ, DK + 8, sK, DK + 8, 16 * w, 0);
-#pragma unroll
-    for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-            const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
-            const float p0 = (j <= r && r < L) ? acc[0][ni][e] * exp2f(sG[r] - sG[j]) : 0.0f;
-            const float p1 = (j + 1 <= r && r < L) ? acc[0][ni][e + 1] * exp2f(sG[r] - sG[j + 1]) : 0.0f;
-            gdn_store2(sP + r * GDN_LDP + j, p0, p1);
-        }
-}
-
-template <int DK, int BVO>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */,
-                      const bf16 *vn /* (T,nv,dv) */, const bf16 *hs /* (ns,nv,DK,dv) */, const float *G2,
-                      const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int nk, int nv, int dv,
-                      int ldq, int ldo, float scale) {
-    constexpr int LDK = DK + 8, LDX = BVO + 8;
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnOutSmem<DK, BVO> s(gdn_smem, true);
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, col0 = blockIdx.z * BVO;
-    const int64_t ldx = (int64_t)nv * dv;
-    const int nc = meta[GDN_META_NC];
-    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
-        const int64_t t0 = starts[c];
-        const int L = starts[c + 1] - (int)t0;
-        const bool reset = doc_pos[t0] == 0;
-        __syncthreads();
-        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, BVO>(s.x, LDX, vn + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
-        if (!reset) gdn_load_rows<DK, BVO>(s.h, LDX, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0, dv, DK);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
-        ptx_cp_async_commit();
-        ptx_cp_async_wait<0>();
-        __syncthreads();
-        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
-        __syncthreads();
-#pragma unroll 1
-        for (int n0 = 0; n0 < BVO; n0 += 64) {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            if (!reset) {
-                gdn_warp_mma<1, 8, false, false, DK>(acc, s.q, LDK, s.h, LDX, 16 * w, n0);
-#pragma unroll
-                for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = 16 * w + gdn_frag_row(e);
-                        acc[0][ni][e] *= r < L ? exp2f(s.G[r]) : 0.0f;
-                    }
-            }
-            gdn_warp_mma<1, 8, false, false, GDN_C>(acc, s.p, GDN_LDP, s.x, LDX, 16 * w, n0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int r = 16 * w + gdn_frag_row(e), j = n0 + ni * 8 + gdn_frag_col(e);
-                    if (r < L)
-                        gdn_store2(o + (t0 + r) * ldo + (int64_t)h * dv + col0 + j, scale * acc[0][ni][e],
-                                   scale * acc[0][ni][e + 1]);
-                }
-        }
-    }
-}
-
-/* dv_loc rows j = scale sum_{r >= j} P_rj dO_r (bf16, (T,nv,dv)) over the chunks of `mode` */
-template <int DK, int BVO>
-__global__ void __launch_bounds__(GDN_THREADS)
-    gdn_dvlocal_kernel(bf16 *dvl /* (T,nv,dv) */, const bf16 *q, const bf16 *k, const bf16 *dout /* (T,ldo) */,
-                       const float *G2, const int32_t *starts, const int32_t *meta, int mode, int nk, int nv, int dv,
-                       int ldq, int ldo, float scale) {
-    constexpr int LDK = DK + 8, LDX = BVO + 8;
-    extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnOutSmem<DK, BVO> s(gdn_smem, false);
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, col0 = blockIdx.z * BVO;
-    const int64_t ldx = (int64_t)nv * dv;
-    int lo, hi;
-    gdn_chunk_range(meta, mode, &lo, &hi);
-    for (int c = lo + blockIdx.x; c < hi; c += gridDim.x) {
-        const int64_t t0 = starts[c];
-        const int L = starts[c + 1] - (int)t0;
-        __syncthreads();
-        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, BVO>(s.x, LDX, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
-        ptx_cp_async_commit();
-        ptx_cp_async_wait<0>();
-        __syncthreads();
-        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
-        __syncthreads();
-#pragma unroll 1
-        for (int n0 = 0; n0 < BVO; n0 += 64) {
-            float acc[1][8][4];
-            gdn_zero(acc);
-            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.p, GDN_LDP, s.x, LDX, 16 * w, n0);
-#pragma unroll
-            for (int ni = 0; ni < 8; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e += 2) {
-                    const int r = 16 * w + gdn_frag_row(e), j = n0 + ni * 8 + gdn_frag_col(e);
-                    if (r < L)
-                        gdn_store2(dvl + (t0 + r) * ldx + (int64_t)h * dv + col0 + j, scale * acc[0][ni][e],
-                                   scale * acc[0][ni][e + 1]);
-                }
-        }
-    }
-}
-
-/* the v2 kernels: segmented, pipelined state passes; wy_bwd with dk in registers */
-#include "cuda_gdn_v2.h"
-/* the forward state pass on wgmma (GDN v4.2, switch sfwd) */
-#include "cuda_gdn_wg.h"
-/* the backward state pass on wgmma (GDN v4.3, switch sbwd) */
-#include "cuda_gdn_wg_bwd.h"
-
-/* dq, dk per key head = the value heads of its group summed in head order (fp32), one bf16 rounding */
-__global__ void gdn_group_reduce_kernel(bf16 *dq /* (T,ldq) */, bf16 *dk /* (T,ldq) */,
-                                        const float *dqv /* (T,nv,DK) */, const float *dkv /* (T,nv,DK) */,
-                                        int64_t T, int nk, int nv, int DK, int ldq) {
-    const int half = DK / 2;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = T * nk * half;
-    if (i >= n) return;
-    const int64_t t = i / (nk * half);
-    const int rem = (int)(i % (nk * half)), kh = rem / half, a = (rem % half) * 2, grp = nv / nk;
-    float2 sq = make_float2(0.0f, 0.0f), sk = make_float2(0.0f, 0.0f);
-    for (int gi = 0; gi < grp; gi++) {
-        const int64_t off = (t * nv + kh * grp + gi) * DK + a;
-        const float2 x = *(const float2 *)(dqv + off), y = *(const float2 *)(dkv + off);
-        sq.x += x.x;
-        sq.y += x.y;
-        sk.x += y.x;
-        sk.y += y.y;
-    }
-    gdn_store2(dq + t * ldq + (int64_t)kh * DK + a, sq.x, sq.y);
-    gdn_store2(dk + t * ldq + (int64_t)kh * DK + a, sk.x, sk.y);
-}
-
-/* S_out = op(M) S_in + H, fp32 fmaf in ascending b, per head; 32x32 output tiles, 4 rows per thread */
-__global__ void __launch_bounds__(256)
-    gdn_state_affine_kernel(float *S_out /* (nv,dk,dv) */, const float *M /* (nv,dk,dk) */,
-                            const float *S_in /* (nv,dk,dv) or NULL */, const float *H /* (nv,dk,dv) */,
-                            int transpose_M, int dk, int dv) {
-    __shared__ float sM[32][33], sS[32][33];
-    const int h = blockIdx.z, a0 = blockIdx.y * 32, c0 = blockIdx.x * 32, tx = threadIdx.x, ty = threadIdx.y;
-    const float *Mh = M + (int64_t)h * dk * dk;
-    const int64_t so = (int64_t)h * dk * dv;
-    float acc[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int a = a0 + ty + 8 * i, cc = c0 + tx;
-        acc[i] = (a < dk && cc < dv) ? H[so + (int64_t)a * dv + cc] : 0.0f;
-    }
-    if (S_in) {
-        for (int b0 = 0; b0 < dk; b0 += 32) {
-            for (int r = ty; r < 32; r += 8) {
-                /* sM[x][y] = op(M)[a0 + x][b0 + y] */
-                if (!transpose_M) {
-                    const int a = a0 + r, b = b0 + tx;
-                    sM[r][tx] = (a < dk && b < dk) ? Mh[(int64_t)a * dk + b] : 0.0f;
-                } else {
-                    const int b = b0 + r, a = a0 + tx;
-                    sM[tx][r] = (a < dk && b < dk) ? Mh[(int64_t)b * dk + a] : 0.0f;
-                }
-                const int b = b0 + r, cc = c0 + tx;
-                sS[r][tx] = (b < dk && cc < dv) ? S_in[so + (int64_t)b * dv + cc] : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll 8
-            for (int bb = 0; bb < 32; bb++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[i] = fmaf(sM[ty + 8 * i][bb], sS[bb][tx], acc[i]);
-            __syncthreads();
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int a = a0 + ty + 8 * i, cc = c0 + tx;
-        if (a < dk && cc < dv) S_out[so + (int64_t)a * dv + cc] = acc[i];
-    }
-}
 
 /* ------------------------------------------------------------------------------------------------ */
 /* switches (cuda_gdn_tune.h), per-kernel profile                                                     */
 
 /* built-in choices (GDN v2 in docs/benchmarks.md has the measurements behind them) */
-#define GDN_NST_DEFAULT 2     /* v2 state passes: pipeline stages */
+#define GDN_NST_DEFAULT 2     /* mma.sync state passes: pipeline stages */
 #define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
 #define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
 #define GDN_SBWD_BLOCKS 128   /* v2 backward state pass on wgmma (GDN v4.3) where its 64-column blocks are at
@@ -792,7 +225,7 @@ typedef struct GdnBufs {
     bf16 *hs, *dhs;               /* (ns,nv,dk,dv) */
     bf16 *dv2;                    /* (T,nv,dv) */
     float *dqv, *dkv, *dgp;       /* (T,nv,dk), (T,nv,dk), (2,T,nv) */
-    float *segE, *segH, *segM;    /* v2 segmented passes: (nseg,nv,dk,dv) x 2, (nseg,nv,dk,dk) */
+    float *segE, *segH, *segM;    /* segmented state passes: (nseg,nv,dk,dv) x 2, (nseg,nv,dk,dk) */
     float *segE2, *segH2, *segM2; /* the same for the backward's reverse pass (it may overlap the forward's) */
 } GdnBufs;
 
@@ -926,11 +359,11 @@ static int gdn_chunk_grid(int64_t T) { return (int)((T + GDN_C - 1) / GDN_C > 0 
 static int gdn_state_bv(int nv, int dv) { return (int64_t)nv * dv / 32 >= 128 ? 32 : 16; }
 
 template <int DK, int DV>
-static void gdn_launch_prep_v2(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
+static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
                                const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
-    const size_t sm = GdnPrepSmemV2<DK, DV>(NULL).bytes;
-    gdn_smem_attr(gdn_prep_v2_kernel<DK, DV>, sm, "prep_v2");
-    gdn_prep_v2_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
+    const size_t sm = GdnPrepSmem<DK, DV>(NULL).bytes;
+    gdn_smem_attr(gdn_prep_kernel<DK, DV>, sm, "prep");
+    gdn_prep_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
         b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
 }
@@ -947,7 +380,7 @@ static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* v2 host side: plan (segments, stages, column block), segmented passes                              */
+/* host side: plan (segments, stages, column block), segmented passes                                 */
 
 typedef struct GdnPlan {
     int nst, bv, nseg_f, nseg_b, prof;
@@ -956,13 +389,13 @@ typedef struct GdnPlan {
                  segments), the device picks by the documents; 0: off */
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
     long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
-    int sfwd;      /* forward state passes on wgmma (cuda_gdn_wg.h): 0 off, else its pipeline stages (2, 3) */
-    int sbwd;      /* backward state passes on wgmma (cuda_gdn_wg_bwd.h): 0 off, 1 on */
+    int sfwd;      /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 0 off, else its pipeline stages (2, 3) */
+    int sbwd;      /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 0 off, 1 on */
     int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
     int sfbv;      /* wgmma forward state pass: state columns per block, 64 or 32 (GDN v4.5) */
 } GdnPlan;
 
-/* the running entry's plan.sfwd / plan.sbwd, for gdn_v2_fwd_launch / gdn_v2_bwd_launch (set with the
+/* the running entry's plan.sfwd / plan.sbwd, for gdn_state_fwd_launch / gdn_state_bwd_launch (set with the
  * plan; one compute stream) */
 static int gdn_sfwd_cur, gdn_sbwd_cur;
 static int gdn_sfbv_cur; /* the running entry's plan.sfbv: columns per block of the wgmma forward pass */
@@ -984,8 +417,8 @@ static int gdn_sm_count(void) {
     return n;
 }
 
-/* the v2 state pass instantiation for a run-time (bv, nst) */
-#define GDN_V2_BVNST(pl, FN, ...)                                                     \
+/* the mma.sync state pass instantiation for a run-time (bv, nst) */
+#define GDN_STATE_BVNST(pl, FN, ...)                                                     \
     do {                                                                              \
         if ((pl).bv == 64) FN<DK, 64, 2>(__VA_ARGS__);                                \
         else if ((pl).bv == 32 && (pl).nst == 3) FN<DK, 32, 3>(__VA_ARGS__);          \
@@ -995,7 +428,7 @@ static int gdn_sm_count(void) {
     } while (0)
 
 /*
- * Segments of a state pass (cuda_gdn_v2.h): nc chunks, `blocks` state column blocks (nv dv / BV),
+ * Segments of a state pass (gdn/state_pass.cuh): nc chunks, `blocks` state column blocks (nv dv / BV),
  * `mblocks` transition column blocks per segment (nv DK / BV), `slots` blocks the device holds at
  * once. Cost in chunk steps: (waves of phase A + waves of phase C) x ceil(nc / nseg), plus 2 per
  * fold link; one segment costs waves(blocks) x nc. A larger nseg must win by 5%; at least 16 chunks
@@ -1021,7 +454,7 @@ static int gdn_pick_nseg(int64_t nc, int64_t blocks, int64_t mblocks, int64_t sl
  * at 128 and 256 column blocks (16 and 64 heads of 128) every split measured slower (GDN v2 in
  * docs/benchmarks.md: a block's chunk step is bound by its own issue and store work, and a second
  * resident block runs at about half speed), so there one segment. Slots = one block per SM. */
-template <int DK> static void gdn_v2_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
+template <int DK> static void gdn_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
     const int64_t blocks = (int64_t)nv * dv / pl->bv, mblocks = (int64_t)nv * DK / pl->bv;
     pl->nseg_f = pl->nseg_b = 4 * blocks <= gdn_sm_count() ? gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count()) : 1;
 }
@@ -1043,7 +476,7 @@ template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.nst = pl.bv == 64 ? 2 : t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT; /* 64: smem for 2 stages */
     const int64_t nc = (T + GDN_C - 1) / GDN_C;
     if (t.split > 0) pl.nseg_f = pl.nseg_b = t.split < 64 ? t.split : 64;
-    else gdn_v2_plan_nseg<DK>(&pl, nc, nv, dv);
+    else gdn_plan_nseg<DK>(&pl, nc, nv, dv);
     /* document segments: explicit, or automatic where no explicit / automatic split was chosen */
     const int64_t blocks = (int64_t)nv * dv / pl.bv;
     if (t.dseg > 0) pl.dseg = t.dseg < GDN_DSEG_MAX ? t.dseg : GDN_DSEG_MAX;
@@ -1115,7 +548,7 @@ static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t col
              (long long)rows, (long long)cols, (long long)ld);
 }
 
-/* the tensor maps of the wgmma forward pass (cuda_gdn_wg.h), BV state columns per block */
+/* the tensor maps of the wgmma forward pass (gdn/state_forward_wgmma.cuh), BV state columns per block */
 template <int DK, int BV>
 static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k, int nk, int nv, int dv, int ldq) {
     GdnWgMaps tm;
@@ -1142,26 +575,26 @@ static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
                                                                     nv, dv, tp);
         CUDA_LAUNCH_CHECK();
     };
-    if (gdn_sfwd_cur == 3) run(gdn_state_fwd_wg_kernel<DK, 3, WB>, GdnStateFwdSmemWg<DK, 3, WB>::BYTES);
-    else run(gdn_state_fwd_wg_kernel<DK, 2, WB>, GdnStateFwdSmemWg<DK, 2, WB>::BYTES);
+    if (gdn_sfwd_cur == 3) run(gdn_state_forward_wgmma_kernel<DK, 3, WB>, GdnStateFwdSmemWg<DK, 3, WB>::BYTES);
+    else run(gdn_state_forward_wgmma_kernel<DK, 2, WB>, GdnStateFwdSmemWg<DK, 2, WB>::BYTES);
 }
 
 template <int DK, int BV, int NST>
-static void gdn_v2_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
+static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
     if (gdn_sfwd_cur) { /* the wgmma pass: 64 (or 32: gdn_sfbv_cur) columns per block */
         if (gdn_sfbv_cur == 32) gdn_wg_fwd_launch<DK, 32>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else gdn_wg_fwd_launch<DK, 64>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
-    const size_t sm = GdnStateFwdSmemV2<DK, BV, NST>(NULL).bytes;
-    gdn_smem_attr(gdn_state_fwd_v2_kernel<DK, BV, NST>, sm, "state_fwd_v2");
-    gdn_state_fwd_v2_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+    const size_t sm = GdnStateFwdSmem<DK, BV, NST>(NULL).bytes;
+    gdn_smem_attr(gdn_state_forward_kernel<DK, BV, NST>, sm, "state_fwd");
+    gdn_state_forward_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         hs, vn, sg, b->W, b->U, k, b->G2, b->info, b->meta, mode, nk, nv, dv, ldq, tp);
     CUDA_LAUNCH_CHECK();
 }
 
-/* the tensor maps of the wgmma backward pass (cuda_gdn_wg_bwd.h) */
+/* the tensor maps of the wgmma backward pass (gdn/state_backward_wgmma.cuh) */
 template <int DK>
 static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, const bf16 *q, const bf16 *k,
                                     const bf16 *dvl, const bf16 *dout, int64_t T, int nk, int nv, int dv, int ldq,
@@ -1181,22 +614,22 @@ static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, cons
 }
 
 template <int DK, int BV, int NST>
-static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
+static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
                               const bf16 *k, const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv,
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
     if (gdn_sbwd_cur) { /* the wgmma pass: 64 columns per block */
         RS_CHECK(ncol % 64 == 0, "gdn: state_bwd_wg needs columns in 64s, has %d", ncol);
         const dim3 grid(ncol / 64, nv, nz);
         const GdnWgBwdMaps tm = gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
-        gdn_smem_attr(gdn_state_bwd_wg_kernel<DK, 2>, GdnStateBwdSmemWg<DK, 2>::BYTES, "state_bwd_wg");
-        gdn_state_bwd_wg_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateBwdSmemWg<DK, 2>::BYTES, st>>>(
+        gdn_smem_attr(gdn_state_backward_wgmma_kernel<DK, 2>, GdnStateBwdSmemWg<DK, 2>::BYTES, "state_bwd_wg");
+        gdn_state_backward_wgmma_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateBwdSmemWg<DK, 2>::BYTES, st>>>(
             dhs, dv2, sg, tm, b->G2, b->info, b->meta, mode, T, nk, nv, dv, scale, tp);
         CUDA_LAUNCH_CHECK();
         return;
     }
-    const size_t sm = GdnStateBwdSmemV2<DK, BV, NST>(NULL).bytes;
-    gdn_smem_attr(gdn_state_bwd_v2_kernel<DK, BV, NST>, sm, "state_bwd_v2");
-    gdn_state_bwd_v2_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
+    const size_t sm = GdnStateBwdSmem<DK, BV, NST>(NULL).bytes;
+    gdn_smem_attr(gdn_state_backward_kernel<DK, BV, NST>, sm, "state_bwd");
+    gdn_state_backward_kernel<DK, BV, NST><<<dim3(ncol / BV, nv, nz), GDN_THREADS, sm, st>>>(
         dhs, dv2, sg, q, k, b->W, dvl, dout, b->G2, b->info, b->meta, mode, T, nk, nv, dv, ldq, ldo, scale, tp);
     CUDA_LAUNCH_CHECK();
 }
@@ -1204,7 +637,7 @@ static void gdn_v2_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg,
 /* the forward state pass over the chunks of `mode` from S0 in nseg segments: h, vn (NULL: not
  * stored), S_final (NULL: not written); with M_out (nseg == 1 only) the transition columns too */
 template <int DK, int BV, int NST>
-static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *hs,
+static void gdn_state_fwd_pass(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *hs,
                              bf16 *vn, float *S_final, float *M_out, const float *S0, const bf16 *k, int mode, int nk,
                              int nv, int dv, int ldq, cudaStream_t st, long long *tp, int want = -1) {
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
@@ -1213,23 +646,23 @@ static void gdn_v2_state_fwd(const GdnBufs *b, float *segE, float *segH, float *
         RS_CHECK(nseg == 1 && !M_out && mode == GDN_RANGE_ALL, "gdn: document segments with nseg or M");
         const GdnSeg d = {S0,    NULL, S_final, NULL, NULL, NULL, dseg, 0, -1, b->cuts + (want == 1 ? GDN_CUTS_B : 0),
                           want >= 0 ? b->cuts + GDN_CUTS_PICK : NULL, want};
-        gdn_v2_fwd_launch<DK, BV, NST>(b, hs, vn, d, dseg, dv, k, mode, nk, nv, dv, ldq, st, tp);
+        gdn_state_fwd_launch<DK, BV, NST>(b, hs, vn, d, dseg, dv, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
     if (nseg > 1) { /* phase A, then the fold */
         const GdnSeg a = {S0, NULL, NULL, segE + nsz, segH, segM, nseg, 0, 0, NULL};
-        gdn_v2_fwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
+        gdn_state_fwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, k, mode, nk, nv, dv, ldq, st, NULL);
         for (int p = 1; p <= nseg - 2; p++)
             gdn_affine_launch(segE + (p + 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
     const GdnSeg c = {S0, segE, S_final, NULL, NULL, M_out, nseg, 0, -1, NULL};
-    gdn_v2_fwd_launch<DK, BV, NST>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
+    gdn_state_fwd_launch<DK, BV, NST>(b, hs, vn, c, nseg, dv + (M_out ? DK : 0), k, mode, nk, nv, dv, ldq, st, tp);
 }
 
 /* the reverse state pass over the chunks of `mode` from dS_final in nseg segments: dh, dv2 (NULL:
  * not stored), dS0 (NULL: not written) */
 template <int DK, int BV, int NST>
-static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *dhs,
+static void gdn_state_bwd_pass(const GdnBufs *b, float *segE, float *segH, float *segM, int nseg, int dseg, bf16 *dhs,
                              bf16 *dv2, float *dS0, const float *dS_final, const bf16 *q, const bf16 *k,
                              const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv, int dv, int ldq,
                              int ldo, float scale, cudaStream_t st, long long *tp, int want = -1) {
@@ -1238,19 +671,19 @@ static void gdn_v2_state_bwd(const GdnBufs *b, float *segE, float *segH, float *
         RS_CHECK(nseg == 1 && mode == GDN_RANGE_ALL, "gdn: document segments with nseg");
         const GdnSeg d = {dS_final, NULL, dS0, NULL, NULL, NULL, dseg, 0, -1, b->cuts + (want == 1 ? GDN_CUTS_B : 0),
                           want >= 0 ? b->cuts + GDN_CUTS_PICK : NULL, want};
-        gdn_v2_bwd_launch<DK, BV, NST>(b, dhs, dv2, d, dseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq,
+        gdn_state_bwd_launch<DK, BV, NST>(b, dhs, dv2, d, dseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq,
                                                   ldo, scale, st, tp);
         return;
     }
     if (nseg > 1) { /* phase A on segments nseg-1 .. 1, then the fold */
         const GdnSeg a = {dS_final, NULL, NULL, segE + (nseg - 2) * nsz, segH, segM, nseg, 1, nseg - 1, NULL};
-        gdn_v2_bwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
+        gdn_state_bwd_launch<DK, BV, NST>(b, NULL, NULL, a, nseg - 1, dv + DK, q, k, dvl, dout, mode, T, nk, nv, dv,
                                             ldq, ldo, scale, st, NULL);
         for (int p = nseg - 2; p >= 1; p--)
             gdn_affine_launch(segE + (p - 1) * nsz, segM + p * nmz, segE + p * nsz, segH + p * nsz, nv, DK, dv, st);
     }
     const GdnSeg c = {dS_final, segE, dS0, NULL, NULL, NULL, nseg, 0, -1, NULL};
-    gdn_v2_bwd_launch<DK, BV, NST>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
+    gdn_state_bwd_launch<DK, BV, NST>(b, dhs, dv2, c, nseg, dv, q, k, dvl, dout, mode, T, nk, nv, dv, ldq, ldo,
                                         scale, st, tp);
 }
 
@@ -1270,39 +703,39 @@ struct GdnWgScope {
 };
 
 template <int DK>
-static void gdn_v2_pass_fwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float *segH, float *segM, bf16 *hs,
+static void gdn_pass_fwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float *segH, float *segM, bf16 *hs,
                             bf16 *vn, float *S_final, const float *S0, const bf16 *k, int nk, int nv, int dv, int ldq,
                             cudaStream_t st, long long *tp) {
     if (!pl.dual) {
-        GDN_V2_BVNST(pl, gdn_v2_state_fwd, b, segE, segH, segM, pl.nseg_f, pl.dseg, hs, vn, S_final, NULL, S0, k,
+        GDN_STATE_BVNST(pl, gdn_state_fwd_pass, b, segE, segH, segM, pl.nseg_f, pl.dseg, hs, vn, S_final, NULL, S0, k,
                      GDN_RANGE_ALL, nk, nv, dv, ldq, st, tp);
         return;
     }
     GdnPlan pb = pl;
     pb.bv = 32;
-    GDN_V2_BVNST(pl, gdn_v2_state_fwd, b, NULL, NULL, NULL, 1, pl.dseg, hs, vn, S_final, NULL, S0, k, GDN_RANGE_ALL,
+    GDN_STATE_BVNST(pl, gdn_state_fwd_pass, b, NULL, NULL, NULL, 1, pl.dseg, hs, vn, S_final, NULL, S0, k, GDN_RANGE_ALL,
                  nk, nv, dv, ldq, st, tp, 0);
     const GdnWgScope wg(&gdn_sfwd_cur, pl.dwg ? 2 : 0);
-    GDN_V2_BVNST(pb, gdn_v2_state_fwd, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, hs, vn, S_final, NULL, S0, k,
+    GDN_STATE_BVNST(pb, gdn_state_fwd_pass, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, hs, vn, S_final, NULL, S0, k,
                  GDN_RANGE_ALL, nk, nv, dv, ldq, st, tp, 1);
 }
 
 template <int DK>
-static void gdn_v2_pass_bwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float *segH, float *segM, bf16 *dhs,
+static void gdn_pass_bwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float *segH, float *segM, bf16 *dhs,
                             bf16 *dv2, float *dS0, const float *dS_final, const bf16 *q, const bf16 *k,
                             const bf16 *dvl, const bf16 *dout, int64_t T, int nk, int nv, int dv, int ldq, int ldo,
                             float scale, cudaStream_t st, long long *tp) {
     if (!pl.dual) {
-        GDN_V2_BVNST(pl, gdn_v2_state_bwd, b, segE, segH, segM, pl.nseg_b, pl.dseg, dhs, dv2, dS0, dS_final, q, k, dvl,
+        GDN_STATE_BVNST(pl, gdn_state_bwd_pass, b, segE, segH, segM, pl.nseg_b, pl.dseg, dhs, dv2, dS0, dS_final, q, k, dvl,
                      dout, GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp);
         return;
     }
     GdnPlan pb = pl;
     pb.bv = 32;
-    GDN_V2_BVNST(pl, gdn_v2_state_bwd, b, NULL, NULL, NULL, 1, pl.dseg, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
+    GDN_STATE_BVNST(pl, gdn_state_bwd_pass, b, NULL, NULL, NULL, 1, pl.dseg, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
                  GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp, 0);
     const GdnWgScope wg(&gdn_sbwd_cur, pl.dwg);
-    GDN_V2_BVNST(pb, gdn_v2_state_bwd, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
+    GDN_STATE_BVNST(pb, gdn_state_bwd_pass, b, NULL, NULL, NULL, 1, GDN_DUAL_ZB, dhs, dv2, dS0, dS_final, q, k, dvl, dout,
                  GDN_RANGE_ALL, T, nk, nv, dv, ldq, ldo, scale, st, tp, 1);
 }
 
@@ -1328,7 +761,7 @@ static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
 }
 
 template <int DK, int DV>
-static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
+static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
                            int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_states) {
     const float scale = (float)(1.0 / sqrt((double)DK));
@@ -1339,9 +772,9 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
-    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
+    gdn_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
     gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
@@ -1351,12 +784,12 @@ static void gdn_forward_v2(const GdnPlan &pl, bf16 *o, float *S_final, const bf1
     gdn_prof_mark("output");
     if (pl.prof)
         printf("gdn plan: nseg %d, dseg %d, bv %d, nst %d, dual %d\n", pl.nseg_f, pl.dseg, pl.bv, pl.nst, pl.dual);
-    gdn_prof_end("forward v2", T, nv);
+    gdn_prof_end("forward", T, nv);
     gdn_tp_print(pl, 0, T);
 }
 
 template <int DK, int DV>
-static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0,
+static void gdn_backward_run(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0,
                             const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
                             int nk, int nv, int ldq, int ldv, int ldo, const void *kept, int kept_states) {
@@ -1372,33 +805,33 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
-    if (!kept) gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    if (!kept) gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     if (!states) { /* the forward's h, vn again (kept: the forward's own) */
-        gdn_v2_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
+        gdn_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
         gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
     }
     gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
     gdn_prof_mark("dvlocal");
-    gdn_v2_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
+    gdn_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
                         nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
     gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
     const float *dgp2 = b.dgp + (size_t)T * nv;
     {
-        const size_t sm = GdnDqkwgSmemV2<DK, DV>(NULL).bytes;
-        gdn_smem_attr(gdn_dqkwg_v2_kernel<DK, DV>, sm, "dqkwg_v2");
-        CUDA_CHECK(cudaFuncSetAttribute(gdn_dqkwg_v2_kernel<DK, DV>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
+        CUDA_CHECK(cudaFuncSetAttribute(gdn_dqkwg_kernel<DK, DV>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         100));
-        gdn_dqkwg_v2_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+        gdn_dqkwg_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
             b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
             b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
     }
     gdn_prof_mark("dqkwg");
     {
-        const size_t sm = GdnWySmemV3<DK, DV>(NULL).bytes;
-        gdn_smem_attr(gdn_wy_bwd_v3_kernel<DK, DV>, sm, "wy_bwd_v3");
-        gdn_wy_bwd_v3_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+        const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
+        gdn_smem_attr(gdn_wy_backward_kernel<DK, DV>, sm, "wy_bwd");
+        gdn_wy_backward_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
             b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
             b.meta, nk, nv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
@@ -1414,30 +847,30 @@ static void gdn_backward_v2(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, flo
     if (pl.prof)
         printf("gdn plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, dual %d\n", pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv,
                pl.nst, pl.dual);
-    gdn_prof_end("backward v2", T, nv);
+    gdn_prof_end("backward", T, nv);
     gdn_tp_print(pl, 1, T);
 }
 
 template <int DK, int DV>
-static void gdn_transition_v2(const GdnPlan &pl, float *M, float *H, const bf16 *k, const bf16 *v, const float *g,
+static void gdn_transition_run(const GdnPlan &pl, float *M, float *H, const bf16 *k, const bf16 *v, const float *g,
                               const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
-    gdn_launch_prep_v2<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
-    GDN_V2_BVNST(pl, gdn_v2_state_fwd, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, H, M, NULL, k,
+    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
+    GDN_STATE_BVNST(pl, gdn_state_fwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, H, M, NULL, k,
                  GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream(), pl.tp);
 }
 
 template <int DK, int DV>
-static void gdn_dstate_v2(const GdnPlan &pl, float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k,
+static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k,
                           const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv,
                           int ldq, int ldo) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
-    gdn_launch_prep_v2<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
+    gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
-    GDN_V2_BVNST(pl, gdn_v2_state_bwd, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
+    GDN_STATE_BVNST(pl, gdn_state_bwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
                  GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
 }
 
@@ -1448,7 +881,7 @@ static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 
                              int ldq, int ldv, int ldo, void *kept, int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_forward_v2<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+    gdn_forward_run<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
 }
 
 template <int DK, int DV>
@@ -1458,7 +891,7 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
                               int ldq, int ldv, int ldo, const void *kept, int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_backward_v2<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
+    gdn_backward_run<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
                             ldq, ldv, ldo, kept, kept_states);
 }
 
@@ -1467,7 +900,7 @@ static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_transition_v2<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    gdn_transition_run<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
 }
 
 template <int DK, int DV>
@@ -1475,7 +908,7 @@ static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const b
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_dstate_v2<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
+    gdn_dstate_run<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
 }
 
 /* ------------------------------------------------------------------------------------------------ */

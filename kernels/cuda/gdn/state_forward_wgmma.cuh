@@ -1,15 +1,15 @@
 /*
- * cuda_gdn_wg.h — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
+ * state_forward_wgmma.cuh — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
  * GDN v4.2, choice sfwd (cuda_gdn_tune.h). Not a standalone header: included by
- * kernels/cuda/cuda_gdn.cu after cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg, gdn_span,
- * gdn_span_out) it shares; cuda_gdn.cu's header has the algebra.
+ * kernels/cuda/gdn/gdn.cu after gdn/state_pass.cuh, whose segment bookkeeping (GdnSeg, gdn_span,
+ * gdn_span_out) it shares; gdn/gdn.cu's header has the algebra.
  *
- * The same pass as gdn_state_fwd_v2_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
+ * The same pass as gdn_state_forward_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
  * K^T (dec * vn)), with one warpgroup (128 threads) per 64 state columns (or 32, below) and both products
  * on wgmma:
  *   state    S (DK x 64, fp32) lives in the wgmma accumulators of the warpgroup across chunks: DK / 64
  *            m64n64 tiles (tile mt = state rows [64 mt, 64 mt + 64)), 32 registers each per thread
- *   W h      m64n64k16 x DK / 16, twice (the state operand split hi + lo bf16, as the v2 pass): A = W
+ *   W h      m64n64k16 x DK / 16, twice (the state operand split hi + lo bf16, as the mma.sync pass): A = W
  *            (tokens x DK, K-major), B = the state rows (DK x 64, N-major), both from shared memory;
  *            one fp32 accumulator takes both terms
  *   K^T vn   per state tile, m64n64k16 x 4: A = K^T (the K tile, M-major), B = dec * vn (64 tokens x
@@ -20,7 +20,7 @@
  * cp.async (16 bytes, the swizzle applied to the address), NST stages; the state hi / lo and dec * vn
  * are written from the accumulators by the threads that own them. The accumulator layout is the
  * mma.sync C fragment repeated (cuda_ptx.h), so U, the stored h and vn are addressed as in
- * the v2 pass.
+ * the mma.sync pass.
  *
  * 32-column blocks (GDN v4.5, choice sfbv = 32, the automatic one): the same pass with m64n32k16, the state /
  * U / vn / h blocks 32 columns wide with rows of 64 bytes and the 64-byte swizzle (byte (r, j) at r 64 +
@@ -33,7 +33,7 @@
  *
  * What the mma.sync pass has that this one does not: 16-column blocks. Segments, transition columns, document segments and the dual launch are the v2 bookkeeping
  * unchanged; so are the cycle counters (GDN_TP, `ringscan bench gdn --profile 2`). The per-column arithmetic differs
- * from v2 (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
+ * from the mma.sync pass (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
  * from the mma.sync pass, but are the same on every run and for every segmentation by documents.
  */
 
@@ -90,7 +90,7 @@ template <int DK, int NST, int BV = 64> struct GdnStateFwdSmemWg {
     GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
 };
 
-/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_maps): W, K tiles in (64 columns x 64 rows boxes,
+/* the tensor maps of one pass (gdn/gdn.cu gdn_wg_maps): W, K tiles in (64 columns x 64 rows boxes,
  * 128-byte swizzle), U in (BV columns x 64 rows), h out (BV columns x DK rows), vn out (BV x 64), those in
  * the BV-column layout of gdn_wg_off_b; rows past the end read as zeros */
 struct GdnWgMaps {
@@ -99,7 +99,7 @@ struct GdnWgMaps {
 
 /*
  * Grid (ncol / BV, nv, segments launched), 128 threads. Block (x, h, z) carries columns [BV x, BV x +
- * BV) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
+ * BV) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_forward_kernel
  * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
  * state tile mt, element 4 i + e (i < BV / 8) at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
  * BV = 64: m64n64k16, 128-byte swizzled state / U / vn blocks; BV = 32 (GDN v4.5): m64n32k16, 64-byte
@@ -110,7 +110,7 @@ struct GdnWgMaps {
  * dropped and replaced by 0 in dec * vn (a selection, so even a non-finite row cannot leak); the K
  * rows meet those zeros, so they add exact zeros as long as k is finite (the inputs are), and the
  * result is that of zero-filled rows.
- * h out by one TMA store per chunk from the hi block (bf16(S), what the v2 pass stores), vn out by one
+ * h out by one TMA store per chunk from the hi block (bf16(S), what the mma.sync pass stores), vn out by one
  * TMA store of a full chunk (L = 64), by the threads otherwise.
  */
 /* The carried state's fp32 wgmma accumulators at a segment's start (both state passes): row a = 64 mt +
@@ -133,7 +133,7 @@ __device__ __forceinline__ void gdn_wg_state_start(float (&S)[MT][NA], const flo
 
 template <int DK, int NST, int BV>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_state_fwd_wg_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
+    gdn_state_forward_wgmma_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
                             const int32_t *meta, int mode, int nk, int nv, int dv,
                             long long *tp /* (GDN_TP_N) cycles, or NULL */) {
