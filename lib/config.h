@@ -15,7 +15,7 @@
  * fuzzer can drive the loader.
  *
  * Callers: cmd/ringscan.c (every subcommand that takes a config),
- * scheduler/plan.c, and later the trainer; tests/fuzz/fuzz_config.c.
+ * lib/plan.c, the trainer; tests/fuzz/fuzz_config.c.
  */
 #ifndef RS_CONFIG_H
 #define RS_CONFIG_H
@@ -172,7 +172,7 @@ typedef struct {
 
 #define CONFIG_MAX_KEYS 128
 
-typedef struct {
+typedef struct Config {
     RunConfig        run;
     ModelConfig      model;
     DataConfig       data;

@@ -21,6 +21,7 @@
  * process-wide state; cuda_profile.cu the entry timer.
  */
 #include "backend.h"
+#include "cuda_backend.h"
 #include "cuda_kernels.h"
 #include "cuda_profile.h"
 
@@ -80,6 +81,7 @@ const Backend backend_cuda = {
     .gdn_kept_bytes = cuda_gdn_kept_bytes, /* a size, no GPU work: not profiled */
     .host_alloc = cuda_host_alloc,          /* host memory: not profiled */
     .host_free = cuda_host_free,
+    .memory_stats = cuda_memory_stats,      /* a reading, no GPU work: not profiled */
 };
 
 /* ---- the profiled table: each wrapper times its kernel's call (cuda_profile.h) ---- */
@@ -150,6 +152,7 @@ const Backend backend_cuda_profiled = {
     .gdn_kept_bytes = cuda_gdn_kept_bytes,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .memory_stats = cuda_memory_stats,      /* a reading, no GPU work: not profiled */
 };
 
 const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }

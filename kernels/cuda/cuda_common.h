@@ -8,7 +8,7 @@
  *
  * Streams: every kernel of the Backend table runs on cuda_stream() (the
  * compute stream, cuda_streams.h); communication (NCCL) runs on the streams
- * of lib/comm_nccl.c, one per group, ordered against it with events. A
+ * of kernels/cuda/comm_nccl.c, one per group, ordered against it with events. A
  * Backend entry never synchronises the device except where its contract
  * returns a host value (to_host, sum_squares).
  *

@@ -9,7 +9,7 @@
  * never does. Entries are identified by the address of their name literal
  * (backend_cuda.c passes one literal per entry).
  *
- * Callers: backend_cuda.c (the profiled table), lib/bench_step.c (reset,
+ * Callers: backend_cuda.c (the profiled table), bench/bench_step.c (reset,
  * print), the exit handler registered at the first profiled call.
  */
 #include <stdlib.h>

@@ -17,7 +17,7 @@
  * when steps > 0. When on, the table is also printed to stderr at exit unless
  * cuda_profile_print ran after the last reset.
  *
- * Used by `ringscan bench step` (lib/bench_step.c: per step, after the
+ * Used by `ringscan bench step` (bench/bench_step.c: per step, after the
  * warm-up) and `ringscan train` (lib/train.c: the whole run, printed at exit).
  *
  * Plain C types only, so lib/ can include it without CUDA headers.

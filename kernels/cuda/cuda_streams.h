@@ -1,6 +1,6 @@
 /*
  * cuda_streams.h — the cuda backend's compute stream, C-callable for lib/ (the NCCL layer,
- * lib/comm_nccl.c, orders its own streams, one per communicator group, against it with events).
+ * kernels/cuda/comm_nccl.c, orders its own streams, one per communicator group, against it with events).
  *
  * One stream, non-blocking with respect to the legacy default stream, created by cuda_backend_init
  * (or at the first request, on device 0, by a test or tool that did not call it): every Backend

@@ -20,7 +20,7 @@
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *
- * Callers: lib/bench.c.
+ * Callers: bench/bench.c.
  */
 #include <stdlib.h>
 #include <string.h>

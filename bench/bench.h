@@ -5,8 +5,10 @@
  * call, printed as one table with the ratios; `ringscan bench cp` under
  * mpirun: context parallelism over P GPUs, beside torch's and FLA's CP.
  *
- * The code lives in lib/ because it drives the Backend table and the model
- * exactly as lib/train.c does (scheduler/ decides how jobs run; it runs none).
+ * The code lives in bench/, a tool beside cmd/ above lib/ and kernels/: it
+ * drives the Backend table and the model exactly as lib/train.c does, and it
+ * also times the cuda kernels directly (kernels/cuda/cuda_bench.h, the tune and
+ * profile switches), which lib/ never includes.
  * Files, one topic each:
  *   bench.c       options (strict: a bad value names the option, exit 2), the
  *                 order of the work, FLOPs and floors, the tables, bench.json

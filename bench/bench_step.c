@@ -22,7 +22,7 @@
  * the device's used memory (cudaMemGetInfo: the CUDA context and the kernels'
  * stream-ordered workspaces included), read after the timed steps.
  *
- * Callers: lib/bench.c.
+ * Callers: bench/bench.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -120,8 +120,8 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     }
     qsort(ms, (size_t)n, sizeof *ms, bench_step_cmp);
     double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-    CudaMemStats st;
-    cuda_memory_stats(&st);
+    BackendMemStats st;
+    be->memory_stats(&st);
     json_t *r = json_pack("{ss ss sf sf sI sI si sf}", "case", json_string_value(json_object_get(c, "name")), "impl",
                           "ringscan", "ms_step", med, "tokens_per_s", (double)T / (med / 1e3), "peak_alloc_bytes",
                           (json_int_t)(st.peak_allocated + st.internal), "device_used_bytes",
