@@ -120,7 +120,7 @@ $(info $(INDENT)NCCL       $(if $(NVCC),$(NCCL_LIBDIR)/libnccl.so,-))
 endif
 
 # ---- flags -----------------------------------------------------------------
-CPPFLAGS := -Ilib -Ischeduler -Ikernels/cpu -Ikernels/cuda -I$(OPENBLAS_INC) -D_GNU_SOURCE \
+CPPFLAGS := -Ilib -Ibench -Ischeduler -Ikernels/cpu -Ikernels/cuda -I$(OPENBLAS_INC) -D_GNU_SOURCE \
             -DRS_VERSION='"$(VERSION)"' -DRS_GIT_SHA='"$(GIT_SHA)"'
 CFLAGS   := -std=c11 -O3 -g -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror=incompatible-pointer-types -Werror=implicit-function-declaration -MMD -MP $(MPI_CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS   := $(YAML_A) $(JANSSON_A) $(ZLIB_A) $(OPENBLAS_A) $(MPI_LIBS) -lm -lpthread
@@ -134,8 +134,8 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -lcublasLt -lcublas -lcudart -
 endif
 
 # ---- sources ---------------------------------------------------------------
-LIB_SRC   := $(wildcard lib/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/cpu/*.c)
-CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu))
+LIB_SRC   := $(wildcard lib/*.c) $(wildcard bench/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
+CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu kernels/cuda/*/*.cu))
 CUDA_CSRC := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.c))
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(BUILD)/gen/sbatch_template.o
 CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC)) $(patsubst %.c,$(BUILD)/%.o,$(CUDA_CSRC))
@@ -170,7 +170,7 @@ $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 # only what its cases use (the kernels, lib/error.o, the unit driver): no MPI, no NCCL, so it runs
 # where the CUDA runtime and cuBLASLt are the only libraries of the GPU machine it needs.
 TEST_CUDA_LINK := $(BUILD)/lib/error.o $(filter $(BUILD)/kernels/%,$(LIB_OBJ)) \
-                  $(filter-out $(BUILD)/kernels/cuda/cuda_info.o,$(CUDA_OBJ))
+                  $(filter-out $(BUILD)/kernels/cuda/cuda_info.o $(BUILD)/kernels/cuda/comm_nccl.o,$(CUDA_OBJ))
 $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
 	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
 	  -Wl,-rpath,$(CUDA_HOME)/lib64

@@ -29,6 +29,9 @@
 
 #include "bench.h"
 #include "build_info.h"
+#ifdef RS_WITH_CUDA
+#include "cuda_info.h"
+#endif
 #include "comm.h"
 #include "config.h"
 #include "data.h"
@@ -223,6 +226,9 @@ static int cmd_version(int argc, char **argv) {
         cli_usage_error("version", "unexpected argument", argv[0]);
     printf("ringscan %s\n", RS_VERSION);
     build_info_print(stdout);
+#ifdef RS_WITH_CUDA
+    cuda_info_print(stdout); /* CUDA runtime, driver, cuBLASLt, NCCL */
+#endif
     return RS_EXIT_OK;
 }
 

@@ -37,6 +37,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* What a backend's memory holds (Backend.memory_stats), in bytes. cuda: the device; cpu: nothing is
+ * tracked, every field 0. */
+typedef struct BackendMemStats {
+    int64_t allocated;      /* live bytes of the backend's alloc */
+    int64_t peak_allocated; /* the most `allocated` has been */
+    int64_t internal;       /* the backend's own buffers (cuda: cuBLASLt workspace, kernel scratch, error word) */
+    int64_t device_used;    /* cuda: total - free of the device, every process and the context included */
+    int64_t device_total;
+} BackendMemStats;
+
 typedef struct Backend {
     const char *name;   /* "cpu" or "cuda" */
     int         act_size; /* bytes per activation element: 4 (cpu) or 2 (cuda) */
@@ -51,6 +61,8 @@ typedef struct Backend {
     /* Host memory the backend reads asynchronously (page-locked on cuda; plain heap on cpu), zero-filled. */
     void *(*host_alloc)(size_t bytes);
     void  (*host_free)(void *p);
+    /* what the backend's memory holds now (no GPU work; cpu: zeros) */
+    void  (*memory_stats)(BackendMemStats *s);
     /* dst = host, queued behind the work already queued and returning at once (cuda: on the compute
      * stream; cpu: a memcpy). `host` comes from host_alloc and must stay unchanged until that work and
      * the copy are done: the trainer keeps a step's host rows untouched until the step's end, whose loss
@@ -265,5 +277,11 @@ extern const Backend backend_cpu;
 /* kernels/cuda/backend_cuda.c; the process picks its GPU first with cuda_backend_init (cuda_backend.h) */
 extern const Backend backend_cuda;
 #endif
+
+struct Config;
+/* The table of cfg's device.kind (kernels/backend_select.c): backend_cpu, or for cuda the cuda table,
+ * timed entry by entry when device.profile is set (the process picks its GPU first); NULL when this
+ * ringscan was built without the backend the config asks for. */
+const Backend *backend_select(const struct Config *cfg);
 
 #endif

@@ -1,17 +1,13 @@
 /*
- * build_info.c — see build_info.h. The CUDA half lives in
- * kernels/cuda/cuda_info.cu and is linked only when nvcc was found
- * (RS_WITH_CUDA); without it we say so rather than pretend.
+ * build_info.c — see build_info.h. The CUDA half is kernels/cuda/cuda_info.cu,
+ * linked only when nvcc was found (RS_WITH_CUDA) and printed after this one
+ * by `ringscan version` (cmd/ringscan.c); without it we say so rather than pretend.
  */
 #include "build_info.h"
 
 #include <jansson.h>
 #include <mpi.h>
 #include <yaml.h>
-
-#ifdef RS_WITH_CUDA
-#include "cuda_info.h"
-#endif
 
 #ifndef RS_GIT_SHA
 #define RS_GIT_SHA "unknown"
@@ -41,7 +37,4 @@ void build_info_print(FILE *f) {
             "; cuda not built (nvcc was not found at build time)"
 #endif
     );
-#ifdef RS_WITH_CUDA
-    cuda_info_print(f);
-#endif
 }

@@ -18,7 +18,7 @@
  *     schedule and the gradient buckets overlap with compute), named by
  *     CommGroup. On cpu they are MPI over host buffers (comm.c). On cuda,
  *     once comm_cuda_init has run, they are NCCL over device buffers
- *     (comm_nccl.c), each group on its own communicator and its own CUDA
+ *     (kernels/cuda/comm_nccl.c), each group on its own communicator and its own CUDA
  *     stream: posting orders the operation after the work already queued on
  *     the compute stream (an event), and comm_wait makes the compute stream
  *     wait for it (an event); the host never waits.
@@ -37,7 +37,7 @@
  * model names where it is (comm_set_step, comm_set_context) for its report.
  *
  * Callers: lib/train.c, lib/model_step.c (bucketed gradient all-reduce),
- * lib/cp*.c (ring, scan all-gather, conv halo, batch metadata), lib/bench*.c,
+ * lib/cp*.c (ring, scan all-gather, conv halo, batch metadata), bench/bench*.c,
  * tests/cp, tests/parity.
  */
 #ifndef RS_COMM_H

@@ -15,7 +15,7 @@
  * fuzzer can drive the loader.
  *
  * Callers: cmd/ringscan.c (every subcommand that takes a config),
- * scheduler/plan.c, and later the trainer; tests/fuzz/fuzz_config.c.
+ * lib/plan.c, the trainer; tests/fuzz/fuzz_config.c.
  */
 #ifndef RS_CONFIG_H
 #define RS_CONFIG_H
@@ -158,6 +158,7 @@ typedef struct {
     double  host_memory_gib; /* usable host memory per node; 0: plan reads the node it runs on */
     double  peak_tflops; /* dense bf16 peak for MFU; 0: look the device up */
     int64_t threads;     /* cpu backend: BLAS threads per rank */
+    bool    profile;     /* cuda: every Backend entry timed, the table printed at exit */
 } DeviceConfig;
 
 /* For tests only: one rank stops answering at a given point (comm_watchdog.c). */
@@ -177,7 +178,7 @@ typedef struct {
 
 #define CONFIG_MAX_KEYS 128
 
-typedef struct {
+typedef struct Config {
     RunConfig        run;
     ModelConfig      model;
     DataConfig       data;

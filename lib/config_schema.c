@@ -219,6 +219,9 @@ const ConfigKey config_schema[] = {
         "on another machine than the job)"),
     FLT(device.peak_tflops, "0", 0.0, 1e6, "TFLOP/s", "device", "dense bf16 peak for MFU; 0: from the device table"),
     INT(device.threads, "1", 1, 1024, "threads", "device", "cpu backend: BLAS threads per rank (fixed: deterministic)"),
+    BOOL(device.profile, "false", "device",
+         "cuda backend: time every Backend entry (CUDA events and the host clock) and print the GPU and host ms "
+         "of each, sorted, to stderr at exit (information only: the run is slightly slower)"),
 
     /* ---- debug (tests only) ---- */
     INT(debug.stall_rank, "-1", -1, BIG, "rank", "comm",

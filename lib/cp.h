@@ -127,7 +127,7 @@ typedef struct Cp {
     void  *halo_send;    /* (samples, nlocal, Kc-1, Cc) pre-conv tails, or their gradients */
     void  *halo_recv;    /* (P, samples, nlocal, Kc-1, Cc) */
     void  *arena;
-    /* Measurement only: `ringscan bench cp` (lib/bench_cp.c) sets these; the model never does and
+    /* Measurement only: `ringscan bench cp` (bench/bench_cp.c) sets these; the model never does and
      * cp_init zeroes them, so training runs with no callback. */
     CpStepMark step_mark; /* ring: called at each phase of each step (NULL: not called) */
     void  *step_mark_ctx;

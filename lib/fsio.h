@@ -14,7 +14,7 @@
  * Nothing here exits or prints.
  *
  * Callers: lib/safetensors.c, lib/ckpt.c, tests/tools/ckpt_stress.c; the
- * directory steps also lib/data_flat.c, lib/train.c, lib/bench.c and
+ * directory steps also lib/data_flat.c, lib/train.c, bench/bench.c and
  * scheduler/submit.c.
  */
 #ifndef RS_FSIO_H

@@ -26,7 +26,7 @@
  *   global      embed_tokens [V, H], norm [H] (zero-centred), lm_head [V, H] (untied)
  * with Kd = nk·dk, Vd = nv·dv, Cc = 2·Kd + Vd.
  *
- * Callers: scheduler/plan.c (counts), the model and checkpoint code (later).
+ * Callers: lib/plan.c (counts), the model and checkpoint code (later).
  */
 #ifndef RS_MODEL_PARAMS_H
 #define RS_MODEL_PARAMS_H

@@ -26,7 +26,7 @@
  *
  * On cuda (device.kind: cuda) each rank drives one GPU and the non-blocking
  * communication (the ring, the scan and halo all-gathers, the gradient
- * buckets) is NCCL on streams of its own (comm_cuda_init, lib/comm_nccl.c).
+ * buckets) is NCCL on streams of its own (comm_cuda_init, kernels/cuda/comm_nccl.c).
  * The step's rows are read on the host as on cpu (counting the predicted
  * tokens there) into page-locked buffers, and each micro-batch's metadata is
  * queued for upload behind the work before it (train_batch), since the
@@ -50,7 +50,6 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,10 +68,6 @@
 #include "plan.h"
 #include "train_ckpt.h"
 #include "train_state.h"
-#ifdef RS_WITH_CUDA
-#include "cuda_backend.h"
-#include "cuda_profile.h"
-#endif
 
 /* The stop request: the first signal caught (SIGUSR1, SIGTERM: preemption; SIGINT, SIGHUP: the user
  * or the terminal), answered after the current step. A second SIGINT ends the process at once
@@ -114,32 +109,6 @@ static double train_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-void train_say(Trainer *t, const char *fmt, ...) {
-    if (t->comm->rank != 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    char line[4096];
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fputs(line, stdout);
-    fflush(stdout);
-    if (t->log) {
-        fputs(line, t->log);
-        fflush(t->log);
-    }
-}
-
-noreturn void train_fail_at(Trainer *t, int code, const char *file, int line, const char *fmt, ...) {
-    if (t->comm->rank == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        error_vreport("error", file, line, NULL, fmt, ap);
-        va_end(ap);
-    }
-    comm_finalize(t->comm);
-    exit(code);
 }
 
 double train_lr(const Config *cfg, int64_t step) {
@@ -534,22 +503,16 @@ static Batch train_batch(Trainer *t, int64_t k) {
 
 /* The most memory this rank's backend has held, in bytes; -1 where it is not measured (cpu). */
 static int64_t train_peak_bytes(const Trainer *t) {
-#ifdef RS_WITH_CUDA
-    if (t->cfg->device.kind == DEVICE_KIND_CUDA) {
-        CudaMemStats s;
-        cuda_memory_stats(&s);
-        return s.peak_allocated + s.internal;
-    }
-#endif
-    (void)t;
-    return -1;
+    if (t->cfg->device.kind != DEVICE_KIND_CUDA) return -1; /* the cpu backend tracks nothing */
+    BackendMemStats s;
+    t->be->memory_stats(&s);
+    return s.peak_allocated + s.internal;
 }
 
 static void train_report_memory(Trainer *t) {
-#ifdef RS_WITH_CUDA
     if (t->cfg->device.kind != DEVICE_KIND_CUDA) return;
-    CudaMemStats s;
-    cuda_memory_stats(&s);
+    BackendMemStats s;
+    t->be->memory_stats(&s);
     const double G = (double)(1 << 30);
     train_say(t, "memory (rank 0, step %lld): peak %.2f GiB = %.2f GiB allocated + %.2f GiB cuBLASLt workspace and "
                  "kernel scratch; device %.2f of %.2f GiB in use (CUDA context included) | plan %.2f GiB "
@@ -557,9 +520,6 @@ static void train_report_memory(Trainer *t) {
               (long long)t->step, (double)(s.peak_allocated + s.internal) / G, (double)s.peak_allocated / G,
               (double)s.internal / G, (double)s.device_used / G, (double)s.device_total / G,
               (double)t->plan.total[t->cfg->checkpoint.activations] / G);
-#else
-    (void)t;
-#endif
 }
 
 static void train_optimizer_step(Trainer *t, double lr, float clip_scale) {
@@ -732,11 +692,11 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     if (cfg->device.kind == DEVICE_KIND_CUDA) {
 #ifdef RS_WITH_CUDA
         comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
-        t.be = cuda_backend_table(); /* backend_cuda; with RS_CUDA_PROFILE=1 the timed table, printed at exit */
-#else
-        train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
-                                      "(nvcc was not found at build time; `ringscan version` says what was built)");
 #endif
+        t.be = backend_select(cfg); /* backend_cuda; with device.profile the timed table, printed at exit */
+        if (!t.be)
+            train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
+                                          "(nvcc was not found at build time; `ringscan version` says what was built)");
     }
     openblas_set_num_threads((int)cfg->device.threads);
 

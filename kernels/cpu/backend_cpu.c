@@ -17,6 +17,7 @@ const Backend backend_cpu = {
     .to_host = cpu_to_host,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
+    .memory_stats = cpu_memory_stats,
     .to_device_async = cpu_to_device_async,
     .copyq_create = cpu_copyq_create,
     .copyq_destroy = cpu_copyq_destroy,

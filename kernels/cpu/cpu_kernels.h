@@ -19,12 +19,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
+/* Backend.memory_stats: the cpu backend tracks nothing (every field 0) */
+void cpu_memory_stats(BackendMemStats *s);
 void cpu_memset_zero(void *p, size_t bytes);
 void cpu_copy(void *dst, const void *src, size_t bytes);
 void cpu_to_device(void *dst, const void *host, size_t bytes);

@@ -10,6 +10,7 @@
 
 void *cpu_alloc(size_t bytes) { return RS_CALLOC(1, bytes); }
 void  cpu_free(void *p) { free(p); }
+void  cpu_memory_stats(BackendMemStats *s) { memset(s, 0, sizeof *s); }
 void  cpu_memset_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 void  cpu_copy(void *dst, const void *src, size_t bytes) { memmove(dst, src, bytes); }
 void  cpu_to_device(void *dst, const void *host, size_t bytes) { memmove(dst, host, bytes); }

@@ -6,7 +6,7 @@
  *
  * Two tables over one list of entries (CUDA_ENTRIES): `backend_cuda`, the
  * kernels themselves, and `backend_cuda_profiled`, every entry wrapped in the
- * opt-in timer of cuda_profile.h (RS_CUDA_PROFILE=1; cuda_backend_table()
+ * opt-in timer of cuda_profile.h (cuda_profile_enable; cuda_backend_table()
  * picks). The plain table has no wrapper and no check: profiling costs
  * nothing when off.
  *
@@ -17,11 +17,12 @@
  * cuda_norm.cu (RMSNorm, L2 norm, gated RMSNorm), cuda_elementwise.cu
  * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu, cuda_rope.cu,
  * cuda_loss.cu (fused lm_head + CE), cuda_optim.cu (AdamW, sum of squares),
- * cuda_attention.cu, cuda_gdn.cu; cuda_backend.cu and cuda_stream.cu hold the
+ * attention/, gdn/; cuda_backend.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.
  */
 #include "backend.h"
 #include "cuda_copyq.h"
+#include "cuda_backend.h"
 #include "cuda_kernels.h"
 #include "cuda_profile.h"
 
@@ -86,6 +87,7 @@ const Backend backend_cuda = {
     .copyq_to_host = cuda_copyq_to_host,
     .copyq_to_device = cuda_copyq_to_device,
     .copyq_wait = cuda_copyq_wait,
+    .memory_stats = cuda_memory_stats,      /* a reading, no GPU work: not profiled */
 };
 
 /* ---- the profiled table: each wrapper times its kernel's call (cuda_profile.h) ---- */
@@ -161,6 +163,7 @@ const Backend backend_cuda_profiled = {
     .copyq_to_host = cuda_copyq_to_host,
     .copyq_to_device = cuda_copyq_to_device,
     .copyq_wait = cuda_copyq_wait,
+    .memory_stats = cuda_memory_stats,      /* a reading, no GPU work: not profiled */
 };
 
 const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }

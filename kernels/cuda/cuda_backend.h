@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
+
 #define CUDA_LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace (plan.c counts it) */
 #define CUDA_SCRATCH_BYTES      ((size_t)32 << 20) /* kernel scratch at start (plan.c counts it) */
 
@@ -42,14 +44,8 @@ void cuda_backend_init(int local_rank);
 int  cuda_backend_device(void); /* the device in use; -1 before init */
 void cuda_scratch_reserve(size_t bytes);
 
-typedef struct {
-    int64_t allocated;      /* live bytes of cuda_alloc (the Backend's alloc) */
-    int64_t peak_allocated; /* the most `allocated` has been */
-    int64_t internal;       /* the backend's own buffers: cuBLASLt workspace, scratch, error word */
-    int64_t device_used;    /* total - free of cudaMemGetInfo, every process and the context included */
-    int64_t device_total;
-} CudaMemStats;
-void cuda_memory_stats(CudaMemStats *s);
+/* Backend.memory_stats of the cuda table (lib/backend.h BackendMemStats) */
+void cuda_memory_stats(BackendMemStats *s);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /*
- * cuda_bench.h — what `ringscan bench` (lib/bench*.c) needs from the GPU
+ * cuda_bench.h — what `ringscan bench` (bench/bench*.c) needs from the GPU
  * beyond the Backend table: CUDA-event timing on the compute stream, random
  * fills of device buffers (benchmarks never run on zeros), and the device's
  * name. Plain C types only, so lib/ includes it without CUDA headers.
@@ -8,7 +8,7 @@
  * region, so the time is the device's, not the host's; the caller warms up
  * first and takes the median of repetitions.
  *
- * Callers: lib/bench_ops.c, lib/bench_step.c, lib/bench.c.
+ * Callers: bench/bench_ops.c, bench/bench_step.c, bench/bench.c.
  */
 #ifndef RS_CUDA_BENCH_H
 #define RS_CUDA_BENCH_H
@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define CUDA_BENCH_MARKS 80 /* bench cp: 3 + 8 per rank (lib/bench_cp.c) */
+#define CUDA_BENCH_MARKS 80 /* bench cp: 3 + 8 per rank (bench/bench_cp.c) */
 
 typedef struct CudaBenchTimer CudaBenchTimer;
 

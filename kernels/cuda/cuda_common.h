@@ -7,8 +7,8 @@
  * (cuda_backend.h, cuda_backend.cu).
  *
  * Streams: every kernel of the Backend table runs on cuda_stream() (the
- * compute stream, created once by cuda_backend_init); communication (NCCL)
- * runs on its own stream owned by lib/comm and is ordered with events. A
+ * compute stream, cuda_streams.h); communication (NCCL) runs on the streams
+ * of kernels/cuda/comm_nccl.c, one per group, ordered against it with events. A
  * Backend entry never synchronises the device except where its contract
  * returns a host value (to_host, sum_squares).
  *
@@ -49,8 +49,7 @@ typedef __nv_bfloat16 bf16; /* the activation type of the cuda backend (Backend.
 extern "C" {
 #endif
 
-/* The compute stream every Backend entry of the cuda backend uses (cuda_streams.h has the comm
- * stream and the events). */
+/* The compute stream every Backend entry of the cuda backend uses (cuda_streams.h). */
 cudaStream_t cuda_stream(void);
 
 /* ---- process-wide state (cuda_backend.cu); each getter initialises the backend on device 0 when

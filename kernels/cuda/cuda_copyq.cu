@@ -17,6 +17,13 @@
 #include "cuda_copyq.h"
 #include "cuda_streams.h"
 
+/* an event without timing (only ordering) */
+static cudaEvent_t copyq_event(void) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+}
+
 typedef struct {
     cudaStream_t stream;
     cudaEvent_t  after;  /* the compute queued before a copy */
@@ -26,12 +33,13 @@ typedef struct {
 
 extern "C" void *cuda_copyq_create(int slots) {
     RS_CHECK(slots > 0, "a copy queue of %d slots", slots);
+    cuda_backend_ensure();
     CudaCopyq *q = (CudaCopyq *)RS_CALLOC(1, sizeof *q);
     q->slots = slots;
     CUDA_CHECK(cudaStreamCreateWithFlags(&q->stream, cudaStreamNonBlocking));
-    q->after = cuda_event_create();
+    q->after = copyq_event();
     q->done = (cudaEvent_t *)RS_CALLOC((size_t)slots, sizeof *q->done);
-    for (int s = 0; s < slots; s++) q->done[s] = cuda_event_create();
+    for (int s = 0; s < slots; s++) q->done[s] = copyq_event();
     return q;
 }
 
@@ -39,8 +47,8 @@ extern "C" void cuda_copyq_destroy(void *qv) {
     CudaCopyq *q = (CudaCopyq *)qv;
     if (!q) return;
     CUDA_CHECK(cudaStreamSynchronize(q->stream));
-    for (int s = 0; s < q->slots; s++) cuda_event_destroy(q->done[s]);
-    cuda_event_destroy(q->after);
+    for (int s = 0; s < q->slots; s++) CUDA_CHECK(cudaEventDestroy(q->done[s]));
+    CUDA_CHECK(cudaEventDestroy(q->after));
     CUDA_CHECK(cudaStreamDestroy(q->stream));
     free(q->done);
     free(q);
@@ -48,10 +56,10 @@ extern "C" void cuda_copyq_destroy(void *qv) {
 
 static void cuda_copyq_copy(CudaCopyq *q, int slot, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     RS_CHECK(slot >= 0 && slot < q->slots, "copy queue slot %d of %d", slot, q->slots);
-    cuda_event_record(q->after, cuda_stream());
-    cuda_stream_wait_event(q->stream, q->after);
+    CUDA_CHECK(cudaEventRecord(q->after, cuda_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(q->stream, q->after, 0));
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, q->stream));
-    cuda_event_record(q->done[slot], q->stream);
+    CUDA_CHECK(cudaEventRecord(q->done[slot], q->stream));
 }
 
 extern "C" void cuda_copyq_to_host(void *q, int slot, void *host, const void *src, size_t bytes) {
@@ -65,5 +73,5 @@ extern "C" void cuda_copyq_to_device(void *q, int slot, void *dst, const void *h
 extern "C" void cuda_copyq_wait(void *qv, int slot) {
     CudaCopyq *q = (CudaCopyq *)qv;
     RS_CHECK(slot >= 0 && slot < q->slots, "copy queue slot %d of %d", slot, q->slots);
-    cuda_stream_wait_event(cuda_stream(), q->done[slot]);
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), q->done[slot], 0));
 }

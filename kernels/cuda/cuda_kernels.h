@@ -5,10 +5,10 @@
  * here, `float *` fp32). Every kernel runs on cuda_stream() (cuda_common.h)
  * and is checked against the cpu kernel of the same name by build/test_cuda.
  *
- * Files: cuda_attention.cu (block attention forward/backward, LSE merge),
- * cuda_gdn.cu (chunked gated delta rule, its CP transition, state gradient
- * and fold link); the rest of the entries live in the files the backend
- * table (backend_cuda.c) names.
+ * Files: attention/ (block attention: forward.cu, backward.cu, merge.cu, the
+ * tile plan tiles.cu), gdn/ (chunked gated delta rule, its CP transition,
+ * state gradient and fold link: gdn.cu and its per-stage .cuh files); the rest
+ * of the entries live in the files the backend table (backend_cuda.c) names.
  */
 #ifndef RS_CUDA_KERNELS_H
 #define RS_CUDA_KERNELS_H
@@ -64,7 +64,7 @@ void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const 
 void cuda_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 double cuda_sum_squares(const float *x, int64_t n);
 
-/* Gated DeltaNet context parallelism (cuda_gdn.cu) */
+/* Gated DeltaNet context parallelism (gdn/gdn.cu) */
 void cuda_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv);
 void cuda_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo);
 void cuda_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v);

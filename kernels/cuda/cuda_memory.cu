@@ -84,7 +84,7 @@ static size_t mem_remove(void *p) {
     RS_FATAL("cuda_free(%p): not a live allocation of cuda_alloc", p);
 }
 
-extern "C" void cuda_memory_stats(CudaMemStats *s) {
+extern "C" void cuda_memory_stats(BackendMemStats *s) {
     cuda_backend_ensure();
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));

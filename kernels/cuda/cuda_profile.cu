@@ -9,7 +9,7 @@
  * never does. Entries are identified by the address of their name literal
  * (backend_cuda.c passes one literal per entry).
  *
- * Callers: backend_cuda.c (the profiled table), lib/bench_step.c (reset,
+ * Callers: backend_cuda.c (the profiled table), bench/bench_step.c (reset,
  * print), the exit handler registered at the first profiled call.
  */
 #include <stdlib.h>
@@ -33,7 +33,7 @@ typedef struct {
     double t0; /* host clock at begin, s */
 } ProfPending;
 
-static int         prof_state = -1; /* -1 unread, 0 off, 1 on */
+static int         prof_state; /* 0 off, 1 on (cuda_profile_enable) */
 static ProfEntry   prof_entries[PROF_ENTRIES];
 static int         prof_n_entries;
 static cudaEvent_t prof_ev[2 * PROF_PAIRS]; /* start, stop per pair; created at first use */
@@ -51,13 +51,9 @@ static void prof_at_exit(void) {
     if (!prof_printed) cuda_profile_print(stderr, 0);
 }
 
-extern "C" int cuda_profile_on(void) {
-    if (prof_state < 0) {
-        const char *e = getenv("RS_CUDA_PROFILE");
-        prof_state = e && !strcmp(e, "1");
-    }
-    return prof_state;
-}
+extern "C" void cuda_profile_enable(int on) { prof_state = on != 0; }
+
+extern "C" int cuda_profile_on(void) { return prof_state; }
 
 static int prof_entry_of(const char *name) {
     for (int i = 0; i < prof_n_entries; i++)
@@ -121,7 +117,7 @@ extern "C" void cuda_profile_print(FILE *f, int steps) {
     if (!n) return;
     qsort(e, (size_t)n, sizeof *e, prof_cmp);
     double d = steps > 0 ? steps : 1;
-    fprintf(f, "cuda profile (RS_CUDA_PROFILE=1): Backend entries by GPU time%s\n",
+    fprintf(f, "cuda profile: Backend entries by GPU time%s\n",
             steps > 0 ? ", per step (mean over the timed steps)" : ", whole run");
     fprintf(f, "%-26s %10s %12s %12s %7s\n", "entry", "calls", "GPU ms", "host ms", "GPU %");
     for (int i = 0; i < n; i++)

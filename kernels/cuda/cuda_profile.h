@@ -3,7 +3,8 @@
  * where a training step's time goes. Information only: nothing reads its
  * numbers but a person.
  *
- * On when the environment has RS_CUDA_PROFILE=1 at the first use. Then the
+ * Off unless cuda_profile_enable(1) ran before the first use (`ringscan bench
+ * --profile 1`, `ringscan train` with train.cuda_profile: true). Then the
  * table `backend_cuda_profiled` (backend_cuda.c) wraps every Backend entry in
  * cuda_profile_begin/cuda_profile_end: two CUDA events on the compute stream
  * (the entry's GPU time, launch gaps inside it included) and the host clock
@@ -16,7 +17,7 @@
  * when steps > 0. When on, the table is also printed to stderr at exit unless
  * cuda_profile_print ran after the last reset.
  *
- * Used by `ringscan bench step` (lib/bench_step.c: per step, after the
+ * Used by `ringscan bench step` (bench/bench_step.c: per step, after the
  * warm-up) and `ringscan train` (lib/train.c: the whole run, printed at exit).
  *
  * Plain C types only, so lib/ can include it without CUDA headers.
@@ -32,7 +33,9 @@ extern "C" {
 
 struct Backend;
 
-/* 1 when RS_CUDA_PROFILE=1 (read once) */
+/* on (1) or off (0, the built-in state); call before the first cuda_backend_table() */
+void cuda_profile_enable(int on);
+/* 1 when enabled */
 int  cuda_profile_on(void);
 /* backend_cuda_profiled when the profile is on, else backend_cuda */
 const struct Backend *cuda_backend_table(void);

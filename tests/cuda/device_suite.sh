@@ -15,12 +15,12 @@
 #   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
 #   gdn-states ringscan bench gdn --gdn-keep states (ours only: the kept chunk states, GDN v4.4)
 #   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
-#              same with RS_GDN_PROF=1 (the time of every kernel, in the log)
-#   gdn32k-dwg, gdn32k-sfbv32, gdn32k-dwg-sfbv32   gdn32k under RS_GDN_DWG=1 / RS_GDN_SFBV=32 / both
+#              same with --profile 1 (the time of every kernel, in the log)
+#   gdn32k-dwg, gdn32k-sfbv32, gdn32k-dwg-sfbv32   gdn32k with --gdn-tune dwg=1 / sfbv=32 / both
 #              (GDN v4.5: the dual launch's many-document form on wgmma; the wgmma forward pass in
 #              32-column blocks)
-#   gdn-cycles the state passes' cycles per phase (RS_GDN_PROF=2, block 0) at 32k, one document: the wgmma
-#              passes (RS_GDN_SFWD=1 RS_GDN_SBWD=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
+#   gdn-cycles the state passes' cycles per phase (--profile 2, block 0) at 32k, one document: the wgmma
+#              passes (--gdn-tune sfwd=1,sbwd=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
 #   attn       ringscan bench attn --peer (every shape, SDPA flash and cuDNN beside)
 #   attn32k    the same at T = 32768 only
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
@@ -144,35 +144,35 @@ suite_big() {
     return $rc
 }
 
-# suite_gdn32k NAME [VAR=VALUE...]: ringscan bench gdn at 32k under the given switches, then per kernel
+# suite_gdn32k NAME [BENCH OPTION...]: ringscan bench gdn at 32k with the given options, then per kernel
 suite_gdn32k() {
     local name=$1
     shift
-    env "$@" timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 \
+    timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 "$@" \
         --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
     local rc=$?
     echo "$name ($*) rc=$rc"
     sed -n '/^case /,$p' "$L/$name.log" | head -12
     cp "/tmp/device_suite_$name/bench.json" "$W/$name.json" 2>/dev/null
-    env "$@" RS_GDN_PROF=1 timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 \
+    timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 "$@" --profile 1 \
         --reps 3 --out "/tmp/device_suite_$name-prof" > "$L/$name-prof.log" 2>&1
     local prc=$?
     echo "$name per kernel rc=$prc (log $name-prof.log)"
     [ $rc -eq 0 ] && [ $prc -eq 0 ]
 }
 
-# the per-phase cycle counters of the state passes (RS_GDN_PROF=2), one line per pass and setting
+# the per-phase cycle counters of the state passes (--profile 2), one line per pass and setting
 suite_gdn_cycles() {
     local rc=0 bv h
     for bv in 64 32; do
         for h in 16 64; do
-            RS_GDN_SFWD=1 RS_GDN_SBWD=1 RS_GDN_SFBV=$bv RS_GDN_PROF=2 timeout "$(left)" build/ringscan bench gdn \
+            timeout "$(left)" build/ringscan bench gdn --gdn-tune sfwd=1,sbwd=1,sfbv=$bv --profile 2 \
                 --T 32768 --heads $h --doc-len 0 --reps 1 --out /tmp/device_suite_cyc > "$L/cycles-wg$bv-h$h.log" 2>&1 || rc=1
             echo "wgmma, $bv columns forward, $h heads:"
             grep "gdn cycles" "$L/cycles-wg$bv-h$h.log" | tail -2
         done
     done
-    RS_GDN_SFWD=2 RS_GDN_SBWD=2 RS_GDN_PROF=2 timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16 \
+    timeout "$(left)" build/ringscan bench gdn --gdn-tune sfwd=2,sbwd=2 --profile 2 --T 32768 --heads 16 \
         --doc-len 0 --reps 1 --out /tmp/device_suite_cyc > "$L/cycles-mma-h16.log" 2>&1 || rc=1
     echo "mma.sync, 16 heads:"
     grep "gdn cycles" "$L/cycles-mma-h16.log" | tail -2
@@ -348,14 +348,14 @@ for part in "$@"; do
     gdn-nopeer) suite_bench gdn-nopeer gdn ;;
     gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
     gdn32k) suite_gdn32k gdn32k ;;
-    gdn32k-dwg) suite_gdn32k gdn32k-dwg RS_GDN_DWG=1 ;;
-    gdn32k-sfbv32) suite_gdn32k gdn32k-sfbv32 RS_GDN_SFBV=32 ;;
-    gdn32k-dwg-sfbv32) suite_gdn32k gdn32k-dwg-sfbv32 RS_GDN_DWG=1 RS_GDN_SFBV=32 ;;
+    gdn32k-dwg) suite_gdn32k gdn32k-dwg --gdn-tune dwg=1 ;;
+    gdn32k-sfbv32) suite_gdn32k gdn32k-sfbv32 --gdn-tune sfbv=32 ;;
+    gdn32k-dwg-sfbv32) suite_gdn32k gdn32k-dwg-sfbv32 --gdn-tune dwg=1,sfbv=32 ;;
     gdn-cycles) suite_gdn_cycles ;;
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
-    step) RS_CUDA_PROFILE=1 suite_bench step step --peer --peer-timeout 240 --set checkpoint.activations=none ;;
-    remat) RS_CUDA_PROFILE=1 suite_bench remat step ;;
+    step) suite_bench step step --profile 1 --peer --peer-timeout 240 --set checkpoint.activations=none ;;
+    remat) suite_bench remat step --profile 1 ;;
     cp-parity)
         timeout "$(left)" tests/cuda/cp_gpu_check.sh build /tmp/device_suite_cp > "$L/cp-parity.log" 2>&1
         r=$?
@@ -367,7 +367,7 @@ for part in "$@"; do
     long-1m) suite_long_1m ;;
     long-256k) suite_long_256k ;;
     step-states)
-        RS_CUDA_PROFILE=1 suite_bench step-states step --set checkpoint.activations=none --set checkpoint.gdn_keep=states
+        suite_bench step-states step --profile 1 --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
     cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
     cp2-attn) suite_cp cp2-attn 2 --parts attn --T 131072,262144 --peer --peer-timeout 150 ;;

@@ -17,7 +17,7 @@
 #   4. `ringscan train` of the config on cuda, one rank, TRAIN_STEPS steps on synthetic data: the
 #      trainer's cuda wiring (device metadata, memory report); it needs an MPI runtime (MPI_Init).
 #
-# Needs the attention and GDN kernels (kernels/cuda/cuda_attention.cu, cuda_gdn.cu). Exit 0 when
+# Needs the attention and GDN kernels (kernels/cuda/attention/, gdn/gdn.cu). Exit 0 when
 # every check passed. tests/cuda/README.md records what the device runs measured.
 set -u -o pipefail
 B=${1:-build}

@@ -1,6 +1,6 @@
 /*
  * test_cuda_attention.cu — parity of the cuda block attention and LSE merge
- * (kernels/cuda/cuda_attention.cu) with the cpu oracle
+ * (kernels/cuda/attention/) with the cpu oracle
  * (kernels/cpu/cpu_attention.c, itself tested against float64 in
  * tests/unit/test_attention.c). Cases of build/test_cuda (run on a GPU
  * machine: `build/test_cuda $(build/test_cuda --list | grep attention)`).
@@ -21,8 +21,8 @@
  * got - prefill is compared with the cpu kernel's increment.
  *
  * Bounds (relative L2 over all elements; -inf lse entries must match exactly), with
- * the largest error measured on an H100 (2026-11-23) in brackets (v1; v2 on the same inputs:
- * out 2.1e-3, lse 1.2e-7, dq/dk/dv 1.8e-3):
+ * the largest error measured on an H100 (2026-11-23) in brackets (the first mma.sync kernels; the
+ * wgmma kernels of today on the same inputs: out 2.1e-3, lse 1.2e-7, dq/dk/dv 1.8e-3):
  *   out (bf16)              5e-3 [2.0e-3]  P is rounded to bf16 before the PV product and out to
  *                                          bf16 (2^-9 relative each, RMS ~1e-3 per element)
  *   lse (fp32)              1e-5 [1.2e-7]  fp32 scores of identical bf16 inputs; only the summation
@@ -34,11 +34,11 @@
  * A wrong mask, GQA mapping, scale or stride gives errors of 1e-1 and more; two
  * cases check that the bounds fail for a one-token mask error and a 1% error in
  * P. Backward calls are run twice from the same prefill and must agree bit for
- * bit (determinism). Every forward and backward case runs every kernel version (cuda_attention_v2.h:
- * v1 mma.sync, v2 wgmma + TMA, backward v3 fused dq) against the same cpu result, each twice (bitwise
- * equal); cuda_attention_backward_reproducible reruns a 8k-token v3 backward, whose dq adds of many key
- * blocks meet in L2, and shows that plain atomics would not pass it. Set
- * RS_ATTN_TIMING=1 to print fwd/bwd times of every version and TFLOP/s at T = 32k and 128k (=2: only
+ * bit (determinism); at hd 256 the backward runs twice more with its throttled kernel instance forced
+ * (cuda_attention_tune.h; built in above 64k keys only). cuda_attention_backward_reproducible reruns an
+ * 8k-token backward, whose dq adds of many key blocks meet in L2, and shows that plain atomics
+ * (cuda_attention_tune.h) would not pass it. Set
+ * RS_ATTN_TIMING=1 to print fwd/bwd times and TFLOP/s at T = 32k and 128k (=2: only
  * 32k hd 128 MHA, GQA 16/2 and hd 64; =3: only 32k hd 256 MHA and GQA 16/2; =4: only 128k hd 128 MHA and 16/2)
  * (information only: no test depends on a time).
  */
@@ -48,7 +48,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "cuda_attention_v2.h"
+#include "cuda_attention_tune.h"
 #include "cuda_common.h"
 #include "cuda_kernels.h"
 #include "test_util.h"
@@ -56,13 +56,6 @@
 #define CA_OUT_BOUND  5e-3 /* the bounds of the header */
 #define CA_LSE_BOUND  1e-5
 #define CA_GRAD_BOUND 5e-3
-
-/* which kernel versions the cases run: RS_ATTN_TEST_FWD / RS_ATTN_TEST_BWD list the digits (all when
- * unset: fwd 1, 2; bwd 1, 2, 3), e.g. RS_ATTN_TEST_FWD=1 to leave a new forward out while it is being debugged */
-static int ca_ver_on(int bwd, int ver) {
-    const char *e = getenv(bwd ? "RS_ATTN_TEST_BWD" : "RS_ATTN_TEST_FWD");
-    return !e || strchr(e, '0' + ver) != NULL;
-}
 
 /* ---- bf16 on the host ------------------------------------------------------------------------ */
 
@@ -320,40 +313,35 @@ static float *ca_out_dense(const CaFwd *f, const CaData *a) {
     return y;
 }
 
-/* forward parity of both forward kernels (v1 mma.sync, v2 wgmma; cuda_attention_v2.h) on the same inputs;
- * each is run twice and the two results must be bitwise equal. Returns the larger out error. */
+/* forward parity; run twice, the two results must be bitwise equal. Returns the out error. */
 static double ca_test_forward(const CaCase *c, uint64_t seed) {
     CaData a;
     ca_setup(&a, c, seed);
     CaFwd f;
     ca_cpu_forward(&f, &a);
-    const int ver0 = cuda_attention_fwd_version(0);
     double worst = 0;
-    for (int ver = 1; ver <= 2; ver++) {
-        if (!ca_ver_on(0, ver)) continue;
-        cuda_attention_fwd_version(ver);
+    {
         CaFwd f2 = f;
         ca_cuda_forward(&f, &a, a.d_pos_q, a.d_doc_pos_q);
         ca_cuda_forward(&f2, &a, a.d_pos_q, a.d_doc_pos_q);
         char what[200];
-        snprintf(what, sizeof what, "%s fwd v%d out (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, ver,
+        snprintf(what, sizeof what, "%s fwd out (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name,
                  (long long)a.Tq, (long long)a.Tk, c->nh, c->nkv, c->hd, c->causal ? "causal" : "full",
                  c->strided ? " strided" : "");
         float *got = ca_out_dense(&f, &a), *want = ca_gather(f.out_ref, a.Tq, a.wq, a.ldo);
         test_check_rel_f(what, got, want, a.Tq * a.wq, CA_OUT_BOUND);
         const double err = test_rel_err_f(got, want, a.Tq * a.wq);
         if (err > worst || err != err) worst = err;
-        snprintf(what, sizeof what, "%s fwd v%d lse", c->name, ver);
+        snprintf(what, sizeof what, "%s fwd lse", c->name);
         ca_check_lse(what, f.lse, f.lse_ref, a.Tq * c->nh, CA_LSE_BOUND);
         int64_t written = 0;
         for (int64_t t = 0; t < a.Tq; t++)
             for (int i = a.wq; i < a.ldo; i++) written += !isnan(ca_bf16_float(f.out[t * a.ldo + i]));
-        EXPECT(written == 0, "%s v%d: %lld pad elements of out were written", c->name, ver, (long long)written);
+        EXPECT(written == 0, "%s: %lld pad elements of out were written", c->name, (long long)written);
         const int same = memcmp(f.out, f2.out, (size_t)a.Tq * a.ldo * 2) == 0 &&
                          memcmp(f.lse, f2.lse, (size_t)a.Tq * c->nh * 4) == 0;
-        EXPECT(same, "%s fwd v%d: two runs differ (not deterministic)", c->name, ver);
+        EXPECT(same, "%s fwd: two runs differ (not deterministic)", c->name);
     }
-    cuda_attention_fwd_version(ver0);
     ca_dev_free_all();
     return worst;
 }
@@ -448,18 +436,14 @@ TEST(cuda_attention_forward_must_fail) {
     CaFwd f;
     ca_cpu_forward(&f, &a);
     const int32_t *d_pq = (const int32_t *)ca_upload(pq, a.Tq * 4), *d_dq = (const int32_t *)ca_upload(dq, a.Tq * 4);
-    const int ver0 = cuda_attention_fwd_version(0);
-    for (int ver = 1; ver <= 2; ver++) {
-        if (!ca_ver_on(0, ver)) continue;
-        cuda_attention_fwd_version(ver);
+    {
         ca_cuda_forward(&f, &a, d_pq, d_dq);
         const double err = test_rel_err_f(ca_out_dense(&f, &a), ca_gather(f.out_ref, a.Tq, a.wq, a.ldo), a.Tq * a.wq);
-        printf("must_fail_diagonal v%d: out rel err %.3e, must exceed the bound %.0e: %s\n", ver, err, CA_OUT_BOUND,
+        printf("must_fail_diagonal: out rel err %.3e, must exceed the bound %.0e: %s\n", err, CA_OUT_BOUND,
                err > CA_OUT_BOUND ? "ok" : "NO");
-        EXPECT(err > CA_OUT_BOUND, "v%d: a one-token mask error gave out rel err %.3e <= %.0e: the check cannot fail",
-               ver, err, CA_OUT_BOUND);
+        EXPECT(err > CA_OUT_BOUND, "a one-token mask error gave out rel err %.3e <= %.0e: the check cannot fail",
+               err, CA_OUT_BOUND);
     }
-    cuda_attention_fwd_version(ver0);
     ca_dev_free_all();
 }
 
@@ -532,15 +516,13 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
 
     const bf16 *d_out = ca_upload_bf16(out, Tq * a.ldo), *d_dout = ca_upload_bf16(dout, Tq * a.ldo);
     const float *d_lse = (const float *)ca_upload(lse_dev, Tq * nh * 4);
-    const int ver0 = cuda_attention_bwd_version(0);
-    double least = INFINITY; /* over the versions, of each version's largest error (the must-fail case needs both large) */
-    /* every backward kernel (cuda_attention_v2.h) on the same inputs; pass 4: v3's throttled instance (hd 256,
-     * which runs on its own above 64k keys) forced at this size */
-    for (int pass = 1; pass <= 4; pass++) {
-        const int ver = pass == 4 ? 3 : pass;
-        if (!ca_ver_on(1, ver) || (pass == 4 && c->hd != 256)) continue;
-        cuda_attention_bwd_version(ver);
-        const int thr0 = cuda_attention_throttle(pass == 4);
+    double least = INFINITY; /* over the passes, of each pass's largest error (the must-fail case needs both large) */
+    /* pass 1: the built-in kernel; pass 2 (hd 256): its throttled instance (which runs on its own above 64k
+     * keys) forced at this size (cuda_attention_tune.h) */
+    for (int pass = 1; pass <= 2; pass++) {
+        if (pass == 2 && c->hd != 256) continue;
+        const CudaAttnTune tune = {0, pass == 2};
+        cuda_attention_tune_set(&tune);
         double worst = 0;
         float *got[2][3];
         for (int run = 0; run < 2; run++) { /* twice from the same prefill: the bits must agree */
@@ -565,24 +547,23 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
         for (int w = 0; w < 3; w++) {
             float *gi = ca_increment(got[0][w], pre[w], rows[w], lds[w], offs[w], ws[w]);
             float *ri = ca_increment(ref[w], pre[w], rows[w], lds[w], offs[w], ws[w]);
-            snprintf(what, sizeof what, "%s bwd v%d%s %s (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name, ver,
-                     pass == 4 ? " throttled" : "", names[w],
+            snprintf(what, sizeof what, "%s bwd%s %s (Tq %lld Tk %lld nh %d nkv %d hd %d %s%s)", c->name,
+                     pass == 2 ? " throttled" : "", names[w],
                      (long long)Tq, (long long)Tk, nh, c->nkv, c->hd, c->causal ? "causal" : "full",
                      c->strided ? " strided" : "");
             const double err = test_rel_err_f(gi, ri, rows[w] * ws[w]);
             if (lse_shift == 0.0f) test_check_rel_f(what, gi, ri, rows[w] * ws[w], CA_GRAD_BOUND);
             if (!(err <= worst)) worst = err; /* NaN too */
-            snprintf(what, sizeof what, "%s bwd v%d%s %s", c->name, ver, pass == 4 ? " throttled" : "", names[w]);
+            snprintf(what, sizeof what, "%s bwd%s %s", c->name, pass == 2 ? " throttled" : "", names[w]);
             ca_check_sentinels(what, got[0][w], pre[w], rows[w] * lds[w]);
             const int64_t n = rows[w] * lds[w];
             const int same = memcmp(got[0][w], got[1][w], (size_t)n * 4) == 0;
             EXPECT(same, "%s: two backward runs differ (not deterministic)", what);
             if (same && lse_shift == 0.0f) printf("%s: two runs bitwise equal\n", what);
         }
-        cuda_attention_throttle(thr0);
+        cuda_attention_tune_set(NULL);
         if (worst < least) least = worst;
     }
-    cuda_attention_bwd_version(ver0);
     ca_dev_free_all();
     return least;
 }
@@ -738,16 +719,11 @@ TEST(cuda_attention_merge_ring) {
     const CaCase diag = {"ring_zigzag_diag", 4, 2, 256, 1, 0, ONE_DOC, R2(0, 128, 384, 512), R2(0, 128, 384, 512)};
     const int64_t zig3[4] = {0, 37, 128, 256}, diag2[3] = {0, 128, 256};
     const int up3[3] = {0, 1, 2}, mix3[3] = {2, 0, 1}, down2[2] = {1, 0};
-    const int ver0 = cuda_attention_fwd_version(0);
-    for (int ver = 1; ver <= 2; ver++) {
-        if (!ca_ver_on(0, ver)) continue;
-        cuda_attention_fwd_version(ver);
-        printf("forward v%d:\n", ver);
+    {
         ca_test_ring(&zig, zig3, 3, up3, 1300);
         ca_test_ring(&zig, zig3, 3, mix3, 1300);
         ca_test_ring(&diag, diag2, 2, down2, 1301);
     }
-    cuda_attention_fwd_version(ver0);
 }
 
 /* ---- timing (information only) --------------------------------------------------------------- */
@@ -760,8 +736,8 @@ static __global__ void ca_fill_kernel(bf16 *x, int64_t n, uint32_t seed) {
     }
 }
 
-/* median of `reps` timed calls (after one warm-up) of the forward (each version in vers) and of the
- * backward, causal over one document of T tokens */
+/* median of `reps` timed calls (after one warm-up) of the forward and of the backward, causal over one
+ * document of T tokens */
 static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
     const int ldq = nh * hd, ldk = 2 * nkv * hd, ldo = nh * hd;
     bf16 *q = (bf16 *)ca_dev_alloc((size_t)T * ldq * 2), *kv = (bf16 *)ca_dev_alloc((size_t)T * ldk * 2);
@@ -780,19 +756,12 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     const double fl = 4.0 * T * (double)T / 2 * hd * nh; /* causal counted as half */
-    const int ver0 = cuda_attention_fwd_version(0), bver0 = cuda_attention_bwd_version(0);
-    float ms[5][16]; /* fwd v1, fwd v2, bwd v1, bwd v2, bwd v3 */
+    float ms[2][16]; /* fwd, bwd */
     if (reps > 16) reps = 16;
-    for (int which = 0; which < 5; which++) {
-        if (!ca_ver_on(which >= 2, which < 2 ? which + 1 : which - 1)) {
-            for (int i = 0; i < reps; i++) ms[which][i] = NAN;
-            continue;
-        }
-        if (which < 2) cuda_attention_fwd_version(which + 1);
-        else cuda_attention_bwd_version(which - 1);
+    for (int which = 0; which < 2; which++) {
         for (int it = -1; it < reps; it++) { /* it = -1: warm-up */
             CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-            if (which < 2)
+            if (which == 0)
                 cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos, d_pos, T, T, nh, nkv, hd,
                                        ldq, ldk, ldo, 1);
             else
@@ -806,21 +775,16 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
             for (int j = i + 1; j < reps; j++)
                 if (ms[which][j] < ms[which][i]) { float x = ms[which][i]; ms[which][i] = ms[which][j]; ms[which][j] = x; }
     }
-    cuda_attention_fwd_version(ver0);
-    cuda_attention_bwd_version(bver0);
-    const float f1 = ms[0][reps / 2], f2 = ms[1][reps / 2], b1 = ms[2][reps / 2], b2 = ms[3][reps / 2];
-    const float b3 = ms[4][reps / 2];
-    printf("timing T %d nh %d nkv %d hd %d causal, median of %d: fwd v1 %.3f ms (%.0f TFLOP/s), v2 %.3f ms (%.0f "
-           "TFLOP/s, %.2fx); bwd (TFLOP/s at 2.5x fwd flops) v1 %.3f ms (%.0f), v2 %.3f ms (%.0f, %.2fx), v3 %.3f ms "
-           "(%.0f, %.2fx v2)\n",
-           T, nh, nkv, hd, reps, f1, fl / f1 * 1e-9, f2, fl / f2 * 1e-9, f1 / f2, b1, 2.5 * fl / b1 * 1e-9, b2,
-           2.5 * fl / b2 * 1e-9, b1 / b2, b3, 2.5 * fl / b3 * 1e-9, b2 / b3);
+    const float f = ms[0][reps / 2], b = ms[1][reps / 2];
+    printf("timing T %d nh %d nkv %d hd %d causal, median of %d: fwd %.3f ms (%.0f TFLOP/s); bwd %.3f ms (%.0f "
+           "TFLOP/s at 2.5x fwd flops)\n",
+           T, nh, nkv, hd, reps, f, fl / f * 1e-9, b, 2.5 * fl / b * 1e-9);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     ca_dev_free_all();
 }
 
-/* v3's dq is added by many key blocks per query tile; at 8k tokens (64 key blocks of 128 per head) their
+/* the backward's dq is added by many key blocks per query tile; at 8k tokens (64 key blocks of 128 per head) their
  * adds meet in L2. Three runs from zeroed gradients must agree bit for bit; the same with the ordering
  * switched off (plain atomics) is printed, not checked, to show that the check can see a difference. */
 TEST(cuda_attention_backward_reproducible) {
@@ -838,13 +802,13 @@ TEST(cuda_attention_backward_reproducible) {
         ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(q, (int64_t)T * ldq, 11);
         ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(kv, (int64_t)T * ldk, 12);
         ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(dout, (int64_t)T * ldo, 13);
-        const int fver = cuda_attention_fwd_version(2), bver = cuda_attention_bwd_version(3);
         cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_dp, d_pos, d_dp, T, T, nh, nkv, hd, ldq, ldk,
                                ldo, 1);
         const size_t nq = (size_t)T * ldq, nk = (size_t)T * ldk;
         float *got[2][3];
         for (int ord = 1; ord >= 0; ord--) {
-            const int ord0 = cuda_attention_dq_order(ord);
+            const CudaAttnTune tune = {!ord, 0};
+            cuda_attention_tune_set(&tune);
             int same_dq = 1, same_dkv = 1;
             for (int run = 0; run < 3; run++) {
                 CUDA_CHECK(cudaMemsetAsync(dq, 0, nq * 4, cuda_stream()));
@@ -866,21 +830,19 @@ TEST(cuda_attention_backward_reproducible) {
                     same_dkv &= memcmp(y, g[1], nk * 4) == 0;
                 }
             }
-            cuda_attention_dq_order(ord0);
+            cuda_attention_tune_set(NULL);
             if (ord) {
-                EXPECT(same_dq && same_dkv, "bwd v3 hd %d T %d: three runs differ (dq %s, dk|dv %s)", hd, T,
+                EXPECT(same_dq && same_dkv, "bwd hd %d T %d: three runs differ (dq %s, dk|dv %s)", hd, T,
                        same_dq ? "equal" : "DIFFER", same_dkv ? "equal" : "DIFFER");
-                printf("bwd v3 hd %d T %d nh %d nkv %d, dq in key-block order: 3 runs dq %s, dk|dv %s\n", hd, T, nh,
+                printf("bwd hd %d T %d nh %d nkv %d, dq in key-block order: 3 runs dq %s, dk|dv %s\n", hd, T, nh,
                        nkv, same_dq ? "bitwise equal" : "DIFFER", same_dkv ? "bitwise equal" : "DIFFER");
             } else {
                 int64_t ndiff = 0;
                 for (size_t i = 0; i < nq; i++) ndiff += memcmp(&got[0][0][i], &got[1][0][i], 4) != 0;
-                printf("bwd v3 hd %d, dq by plain atomics (information): 3 runs dq %s; %lld of %zu dq elements "
+                printf("bwd hd %d, dq by plain atomics (information): 3 runs dq %s; %lld of %zu dq elements "
                        "differ from the ordered run\n", hd, same_dq ? "equal" : "differ", (long long)ndiff, nq);
             }
         }
-        cuda_attention_fwd_version(fver);
-        cuda_attention_bwd_version(bver);
         ca_dev_free_all();
     }
 }

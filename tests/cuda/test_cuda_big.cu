@@ -968,7 +968,7 @@ TEST(cuda_big_gdn) {
 }
 
 /* Host side, no GPU work: the bytes of the GDN kept buffer at 1M tokens x 64 value heads of 128 (W, U,
- * vn 17 GB each, h 34 GB: products of int sizes that pass 2^32) against the formula of cuda_gdn.cu's
+ * vn 17 GB each, h 34 GB: products of int sizes that pass 2^32) against the formula of gdn/gdn.cu's
  * header, each part on 256 bytes. */
 static int64_t big_up256(int64_t b) { return (b + 255) / 256 * 256; }
 

@@ -1,5 +1,5 @@
 /*
- * test_cuda_gdn.cu — the cuda chunked gated delta rule (kernels/cuda/cuda_gdn.cu) against the cpu
+ * test_cuda_gdn.cu — the cuda chunked gated delta rule (kernels/cuda/gdn/gdn.cu) against the cpu
  * oracle (kernels/cpu/cpu_gdn.c): cuda_gdn_chunk_forward, _backward, _transition, _dstate and
  * cuda_gdn_state_affine, plus the tensor-core fragment layouts (cuda_gdn_mma.h) on their own.
  * Cases of build/test_cuda (tests/cuda/test_cuda_memory.cu says how it runs); names start cuda_gdn_.
@@ -21,7 +21,7 @@
  * tensor, T = 32768 included
  * (o 3.3e-3, dk 3.5e-3), so the bound leaves a margin of 2.5x or more; a missed document reset
  * gives 0.38 (cuda_gdn_check_can_fail). The measured margin is printed by every check.
- * GDN v2 (cuda_gdn_tune.h switch sets, every parity case run under v1 and v2 sets, same oracle):
+ * GDN v2 (cuda_gdn_tune.h sets, every parity case run under the first kernel set and the v2 sets, same oracle):
  * worst 5.2e-3 (dg, T = 2000, weak decay, v1 5.1e-3 on the same case), T = 32768 the same as v1 to
  * 3 digits (o 3.3e-3, dk 3.5e-3).
  * GDN v3 (bulk copies, document segments, split dqkwg sets added; H100, 2026-11-23): 1333 checks, worst
@@ -334,20 +334,14 @@ typedef struct GdnErrs {
     double o, Sf, dq, dk, dv, dg, dbeta, dS0;
 } GdnErrs;
 
-/* a switch set of cuda_gdn_tune.h, for the tags */
+/* a choice set of cuda_gdn_tune.h, for the tags */
 static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
+    static const CudaGdnTune none = {};
     if (!c) snprintf(buf, n, "%s", "");
-    else if (c->v2 == 2) snprintf(buf, n, " [v1]");
-    else if (c->v2 == 1)
-        snprintf(buf, n,
-                 " [v2 split=%d nst=%d bv=%d overlap=%d ilp=%d wy=%d bulk=%d dseg=%d dqs=%d dual=%d wide=%d sfwd=%d sbwd=%d "
-                 "dwg=%d sfbv=%d%s]",
-                 c->split, c->nst, c->bv, c->overlap, c->ilp, c->wy, c->bulk, c->dseg, c->dqs, c->dual, c->wide,
-                 c->sfwd, c->sbwd, c->dwg, c->sfbv, c->hilo == 2 ? " hi-only" : "");
-    else if (c->dual || c->wide || c->hilo || c->sfwd || c->sbwd || c->dwg || c->sfbv)
-        snprintf(buf, n, " [default dual=%d wide=%d hilo=%d sfwd=%d sbwd=%d dwg=%d sfbv=%d]", c->dual, c->wide,
-                 c->hilo, c->sfwd, c->sbwd, c->dwg, c->sfbv);
-    else snprintf(buf, n, " [default]");
+    else if (!memcmp(c, &none, sizeof none)) snprintf(buf, n, " [default]");
+    else
+        snprintf(buf, n, " [split=%d nst=%d bv=%d dseg=%d dual=%d sfwd=%d sbwd=%d dwg=%d sfbv=%d]", c->split, c->nst,
+                 c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv);
     return buf;
 }
 
@@ -482,11 +476,8 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
                                    p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
         CUDA_CHECK(cudaMemsetAsync(kept, 0xff, kept_bytes, st)); /* unwritten slots read as NaN */
         CUDA_CHECK(cudaEventRecord(ev[0], st));
-        CudaGdnTune tn;
-        cuda_gdn_tune_get(&tn);
-        const int keep = tn.v2 != 2 && tn.keep != 2; /* the v1 kernels keep nothing */
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo, keep ? kept : NULL, 1);
+                               p->dv, p->ldq, p->ldv, p->ldo, kept, 1);
         CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
@@ -523,7 +514,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
 #undef GDN_MAXE
         gdn_check_pad(tag, "dq|dk", qkbits, T, 2 * wq, p->ldq);
         gdn_check_pad(tag, "dv", dvbits, T, wv, p->ldv);
-        if (keep && T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0);
+        if (T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0);
         if (flags & GDN_TIME) {
             float ms_f, ms_b;
             CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));
@@ -596,42 +587,34 @@ TEST(cuda_gdn_mma_layouts) {
 
 /* ---- cases ---- */
 
-/* The switch sets (cuda_gdn_tune.h: v2, split, nst, bv, overlap, prof) the parity cases run the cuda
- * side under, against one oracle run: the built-in default, v1, and v2 with one segment and with
- * 3, 5 and 8 segments (more segments than chunks in the short cases: empty segments), 2 and 3
- * pipeline stages, 16 and 32 state columns per block, the backward's two passes overlapped or not,
- * and with the shorter MMA chains (ilp) and the two-blocks-per-SM wy_bwd (wy); bulk copies in the
- * state passes (1) and not (2, the default); document segments (dseg) automatic, 1, 3, 5; dqkwg split
- * over dk halves (dqs: 1, the default) and not (2); the dual launch of the state passes with the
- * device's pick forced to 32 columns in 8 document segments (dual 3) and to the automatic
- * configuration (dual 4, with the overlapped backward); 64 state columns per block (bv 64, GDN v4:
- * with the shorter chains, and without them overlapped in 3 document segments), and the automatic
- * choice with 64 columns at every shape (wide 3) alone and in the dual launch picked either way; the
- * forward state passes on wgmma (sfwd, GDN v4.2): automatic otherwise (the dual launch on), 3 stages in
- * 3 segments (transition columns and the fold), 3 document segments with the overlapped backward, the
- * dual launch forced to its second form; the backward state passes on wgmma (sbwd, GDN v4.3): automatic
- * otherwise, with sfwd in 3 document segments and the overlapped backward, and in the dual launch
- * forced to its second form; the dual launch's second form on wgmma (dwg 1, GDN v4.5): forced to it,
- * overlapped, and forced to the first form beside it (dual 4); the wgmma forward pass in 64-column
- * blocks (sfbv 64; 32, GDN v4.5, is the automatic choice): alone, 3 stages in 3 segments (transition
- * columns, the fold), and as the dual launch's second form (overlapped). */
+/* The choice sets (cuda_gdn_tune.h) the parity cases run the cuda side under, against one oracle run:
+ * the built-in default; 1, 3, 5 and 8 segments (more segments than chunks in the short cases: empty
+ * segments), 2 and 3 pipeline stages, 16 and 32 state columns per block; document segments (dseg) 1, 3,
+ * 5; the dual launch with the device's pick forced to 32 columns in 8 document segments (dual 3) and to
+ * the automatic configuration (dual 4); 64 state columns per block (bv 64), alone and in 3 document
+ * segments; the forward state passes on wgmma (sfwd): automatic otherwise (the dual launch on), 3 stages
+ * in 3 segments (transition columns and the fold), 3 document segments, the dual launch forced to its
+ * second form; the backward state passes on wgmma (sbwd): automatic otherwise, with sfwd in 3 document
+ * segments, and in the dual launch forced to its second form; the dual launch's second form on wgmma
+ * (dwg 1): forced to it and forced to the first form beside it (dual 4); the wgmma forward pass in
+ * 64-column blocks (sfbv 64; 32 is the automatic choice): alone, 3 stages in 3 segments, and as the dual
+ * launch's second form. (Until issue 16 the sets also ran the first kernel set, bulk copies, the
+ * overlapped backward, the unsplit dqkwg, the older wy_bwd and the hi-only state operand: deleted, with
+ * their kernels.) */
 static const CudaGdnTune gdn_cfgs[] = {
-    {0, 0, 0, 0, 0, 0, 0, 0},          {2, 0, 0, 0, 0, 0, 0, 0},          {1, 1, 2, 16, 2, 0, 0, 0},
-    {1, 3, 3, 32, 1, 0, 0, 0},         {1, 5, 2, 32, 2, 0, 0, 0},         {1, 8, 3, 16, 1, 0, 0, 0},
-    {1, 0, 0, 0, 0, 0, 1, 1},          {1, 3, 3, 32, 1, 0, 1, 1},         {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
-    {1, 0, 3, 32, 0, 0, 1, 1, 1, 5, 1}, {1, 0, 2, 16, 0, 0, 2, 1, 2, 3, 1},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4},
-    {1, 0, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 1, 0, 2, 1, 0, 3, 1},
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
-    {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 4, 3},
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},       {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
-    {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1},       {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1},
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},    {1, 0, 0, 0, 1, 0, 1, 1, 0, 3, 0, 2, 0, 0, 0, 1, 1},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 64}, {1, 3, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 64},
-    {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 64},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0},          {1, 2, 16, 0, 0, 0, 0, 0, 0},
+    {3, 3, 32, 0, 0, 0, 0, 0, 0},         {5, 2, 32, 0, 0, 0, 0, 0, 0},         {8, 3, 16, 0, 0, 0, 0, 0, 0},
+    {0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {0, 3, 32, 5, 0, 0, 0, 0, 0}, {0, 2, 16, 3, 0, 0, 0, 0, 0},
+    {0, 0, 0, 0, 3, 0, 0, 0, 0}, {0, 0, 0, 0, 4, 0, 0, 0, 0},
+    {0, 0, 64, 0, 0, 0, 0, 0, 0},          {0, 0, 64, 3, 0, 0, 0, 0, 0},
+    {0, 0, 0, 0, 0, 1, 0, 0, 0},       {3, 0, 0, 0, 0, 3, 0, 0, 0},
+    {0, 0, 0, 3, 2, 1, 0, 0, 0},       {0, 0, 0, 0, 3, 1, 0, 0, 0},
+    {0, 0, 0, 0, 0, 0, 1, 0, 0},    {0, 0, 0, 3, 2, 1, 1, 0, 0},
+    {0, 0, 0, 0, 3, 0, 1, 0, 0},
+    {0, 0, 0, 0, 3, 0, 0, 1, 0}, {0, 0, 0, 0, 4, 0, 0, 1, 0},
+    {0, 0, 0, 0, 0, 1, 0, 0, 64}, {3, 0, 0, 0, 0, 3, 0, 0, 64},
+    {0, 0, 0, 0, 3, 0, 0, 1, 64},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -750,83 +733,72 @@ static void gdn_determinism_dual(const CudaGdnTune *cfg, const CudaGdnTune *cfg2
 
 TEST(cuda_gdn_determinism) {
     gdn_determinism(NULL);
-    static const CudaGdnTune v2a = {1, 3, 3, 32, 1, 0, 0, 0}, v2b = {1, 7, 2, 16, 2, 0, 0, 0},
-                             v2c = {1, 0, 0, 0, 0, 0, 0, 0}, v2d = {1, 0, 0, 0, 0, 0, 1, 1},
-                             wy2 = {1, 0, 0, 0, 0, 0, 2, 2}, wy3 = {1, 0, 0, 0, 0, 0, 2, 1};
+    static const CudaGdnTune v2a = {3, 3, 32, 0, 0, 0, 0, 0, 0}, v2b = {7, 2, 16, 0, 0, 0, 0, 0, 0},
+                             v2d = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     gdn_determinism(&v2a);
     gdn_determinism(&v2b);
-    gdn_determinism(&v2c);
     gdn_determinism(&v2d);
-    gdn_determinism(&wy2, &wy3); /* wy_bwd v3 is v2 with less shared memory: the same bits */
-    /* document segments cut only at document starts: the same bits for every count; bulk copies move
-     * the same values (dv2's sign taken after the product instead of before: exact) */
-    static const CudaGdnTune ds1 = {1, 0, 0, 0, 0, 0, 1, 1, 1, 1}, ds7 = {1, 0, 0, 0, 0, 0, 1, 1, 1, 7},
-                             nb1 = {1, 0, 0, 0, 0, 0, 1, 1, 2, 1};
+    /* document segments cut only at document starts: the same bits for every count */
+    static const CudaGdnTune ds1 = {0, 0, 0, 1, 0, 0, 0, 0, 0}, ds7 = {0, 0, 0, 7, 0, 0, 0, 0, 0};
     gdn_determinism(&ds1, &ds7);
-    gdn_determinism(&ds1, &nb1);
     /* the dual launch (at 16 heads: at 4 the automatic plan runs segments, and then no dual launch): the
      * picked configuration gives the bits of its one-segment form (the other launch's blocks exit without
      * a store): forced to the second = 32 columns in one segment, forced to the first = the automatic
      * configuration without the dual launch; across the column blocks, information only (du3: the second
      * form on mma.sync, dwg 2, as GDN v3.1) */
-    static const CudaGdnTune du3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 2}, du4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
-                             b32 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 1, 0},
-                             nod = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 2};
+    static const CudaGdnTune du3 = {0, 0, 0, 0, 3, 0, 0, 2, 0}, du4 = {0, 0, 0, 0, 4, 0, 0, 0, 0},
+                             b32 = {0, 0, 32, 1, 0, 0, 0, 0, 0},
+                             nod = {0, 0, 0, 0, 2, 0, 0, 0, 0};
     gdn_determinism_dual(&du3, &b32);
     gdn_determinism_dual(&du4, &nod);
     gdn_determinism_dual(&du3, &du4, GDN_DET_INFO);
-    /* 64 columns (GDN v4): alone; the automatic configuration with 64 columns picked in the dual launch
-     * gives the bits of 64 columns in one segment; against 32 columns, information only */
-    static const CudaGdnTune b64 = {1, 0, 0, 64, 0, 0, 1, 1, 0, 1, 0}, wd4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3};
+    /* 64 columns (GDN v4): alone; against 32 columns, information only */
+    static const CudaGdnTune b64 = {0, 0, 64, 1, 0, 0, 0, 0, 0};
     gdn_determinism(&b64);
-    gdn_determinism_dual(&wd4, &b64);
     gdn_determinism(&b64, &b32, false);
     /* the wgmma forward pass (GDN v4.2; 32 columns, the automatic sfbv): two runs; document segments
      * exact (1 vs 7); the dual launch's second form = 8 document segments; against the mma.sync pass,
      * information only */
-    static const CudaGdnTune wg = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, wg1 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1},
-                             wg7 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3}, wgd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 1, 0, 2},
-                             wg8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1};
+    static const CudaGdnTune wg = {0, 0, 0, 0, 0, 1, 0, 0, 0}, wg1 = {0, 0, 0, 1, 2, 1, 0, 0, 0},
+                             wg7 = {0, 0, 0, 7, 2, 3, 0, 0, 0}, wgd = {0, 0, 0, 0, 3, 1, 0, 2, 0},
+                             wg8 = {0, 0, 32, 8, 2, 1, 0, 0, 0};
     gdn_determinism(&wg);
     gdn_determinism(&wg1, &wg7);
     gdn_determinism_dual(&wgd, &wg8);
     gdn_determinism(&wg, &v2d, false);
     /* the wgmma backward pass (GDN v4.3): two runs, alone and with sfwd; document segments exact (1 vs
-     * 7, overlapped); the dual launch's second form = 8 document segments; against the mma.sync pass,
+     * 7); the dual launch's second form = 8 document segments; against the mma.sync pass,
      * information only */
-    static const CudaGdnTune sb = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-                             sbf = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
-                             sb1 = {1, 0, 0, 0, 1, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 0, 1},
-                             sb7 = {1, 0, 0, 0, 1, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 0, 1},
-                             sbd = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 1, 2},
-                             sb8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 0, 1};
+    static const CudaGdnTune sb = {0, 0, 0, 0, 0, 0, 1, 0, 0},
+                             sbf = {0, 0, 0, 0, 0, 1, 1, 0, 0},
+                             sb1 = {0, 0, 0, 1, 2, 0, 1, 0, 0},
+                             sb7 = {0, 0, 0, 7, 2, 0, 1, 0, 0},
+                             sbd = {0, 0, 0, 0, 3, 0, 1, 2, 0},
+                             sb8 = {0, 0, 32, 8, 2, 0, 1, 0, 0};
     gdn_determinism(&sb);
     gdn_determinism(&sbf);
     gdn_determinism(&sb1, &sb7);
     gdn_determinism_dual(&sbd, &sb8);
     gdn_determinism(&sb, &v2d, false);
     /* the dual launch's second form on wgmma (dwg, GDN v4.5; at 16 heads, where sfwd / sbwd automatic
-     * are off): two runs; forced to it = both wgmma passes in 8 document segments (overlapped too);
+     * are off): two runs; forced to it = both wgmma passes in 8 document segments;
      * forced to the first form = the mma.sync default without the dual launch; against the second form
      * on mma.sync a difference (wgmma's sums in another order: the proof that dwg took effect) */
-    static const CudaGdnTune dw3 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-                             dw3o = {1, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-                             dw4 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 1},
-                             dw8 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1},
-                             dw8o = {1, 0, 0, 32, 1, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1};
+    static const CudaGdnTune dw3 = {0, 0, 0, 0, 3, 0, 0, 1, 0},
+                             dw4 = {0, 0, 0, 0, 4, 0, 0, 1, 0},
+                             dw8 = {0, 0, 32, 8, 2, 1, 1, 0, 0};
     gdn_determinism_dual(&dw3, NULL);
     gdn_determinism_dual(&dw3, &dw8);
-    gdn_determinism_dual(&dw3o, &dw8o);
     gdn_determinism_dual(&dw4, &nod);
     gdn_determinism_dual(&dw3, &du3, GDN_DET_DIFFER);
     /* the wgmma forward pass in 64-column blocks (sfbv 64; 32, GDN v4.5, is the automatic choice): two
      * runs; document segments exact (1 vs 7, 3 stages); the dual launch's second form (dwg) = 8 document
      * segments; against 32 columns, information only */
-    static const CudaGdnTune f64 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 64},
-                             f641 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 2, 0, 0, 0, 1, 0, 0, 64},
-                             f647 = {1, 0, 0, 0, 0, 0, 1, 1, 0, 7, 0, 2, 0, 0, 0, 3, 0, 0, 64},
-                             f64d = {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1, 64},
-                             f648 = {1, 0, 0, 32, 0, 0, 1, 1, 0, 8, 0, 2, 0, 0, 0, 1, 1, 0, 64};
+    static const CudaGdnTune f64 = {0, 0, 0, 0, 0, 1, 0, 0, 64},
+                             f641 = {0, 0, 0, 1, 2, 1, 0, 0, 64},
+                             f647 = {0, 0, 0, 7, 2, 3, 0, 0, 64},
+                             f64d = {0, 0, 0, 0, 3, 0, 0, 1, 64},
+                             f648 = {0, 0, 32, 8, 2, 1, 1, 0, 64};
     gdn_determinism(&f64);
     gdn_determinism(&f641, &f647);
     gdn_determinism_dual(&f64d, &f648);
@@ -837,28 +809,26 @@ TEST(cuda_gdn_determinism) {
  * edges, T not a multiple of the segments (nor of 64), weak decay (a long memory through the fold) */
 TEST(cuda_gdn_v2_segments) {
     static const CudaGdnTune cfgs[] = {
-        {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 3, 32, 1, 0, 0, 0}, {1, 3, 2, 16, 2, 0, 0, 0}, {1, 4, 3, 32, 1, 0, 0, 0},
-        {1, 7, 2, 32, 1, 0, 0, 0}, {1, 13, 3, 16, 2, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 4, 2, 16, 2, 0, 1, 1},
-        {1, 0, 0, 0, 0, 0, 1, 1},          {1, 0, 2, 16, 0, 0, 1, 1, 1, 4},   {1, 0, 3, 32, 0, 0, 1, 1, 2, 13},
-        {1, 0, 2, 32, 0, 0, 1, 1, 1, 64},   {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4},
-        {1, 3, 0, 64, 0, 0, 1, 1},          {1, 0, 0, 64, 0, 0, 2, 1, 1, 13},  {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 3},
-        {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 4, 3}, {1, 0, 0, 64, 0, 0, 1, 1, 1, 1, 1},
-        /* wgmma forward pass: one segment, 4 and 7 segments (3 stages), 13 document segments, bulk
-         * (sfwd does not apply: the bulk pass runs) */
-        {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
-        {1, 7, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 1},
-        {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 1},
+        {1, 3, 32, 0, 0, 0, 0, 0, 0}, {3, 2, 16, 0, 0, 0, 0, 0, 0}, {4, 3, 32, 0, 0, 0, 0, 0, 0},
+        {7, 2, 32, 0, 0, 0, 0, 0, 0}, {13, 3, 16, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0}, {4, 2, 16, 0, 0, 0, 0, 0, 0},
+        {0, 2, 16, 4, 0, 0, 0, 0, 0},   {0, 3, 32, 13, 0, 0, 0, 0, 0},
+        {0, 2, 32, 64, 0, 0, 0, 0, 0},   {0, 0, 0, 0, 3, 0, 0, 0, 0}, {0, 0, 0, 0, 4, 0, 0, 0, 0},
+        {3, 0, 64, 0, 0, 0, 0, 0, 0},          {0, 0, 64, 13, 0, 0, 0, 0, 0},  {0, 0, 64, 1, 0, 0, 0, 0, 0},
+        /* wgmma forward pass: one segment, 4 and 7 segments (3 stages), 13 and 1 document segments */
+        {1, 0, 0, 0, 0, 1, 0, 0, 0}, {4, 0, 0, 0, 0, 3, 0, 0, 0},
+        {7, 0, 0, 0, 0, 1, 0, 0, 0}, {0, 0, 0, 13, 2, 1, 0, 0, 0},
+        {0, 0, 0, 1, 2, 1, 0, 0, 0},
         /* wgmma backward pass: one segment, 4 segments (transition columns M^T, the fold) with sfwd, 7
-         * segments, 13 document segments, bulk (sbwd does not apply: the bulk pass runs) */
-        {1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1},
-        {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 0, 1},
-        {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 0, 0, 0, 0, 1},
+         * segments, 13 and 1 document segments */
+        {1, 0, 0, 0, 0, 0, 1, 0, 0}, {4, 0, 0, 0, 0, 1, 1, 0, 0},
+        {7, 0, 0, 0, 0, 0, 1, 0, 0}, {0, 0, 0, 13, 2, 0, 1, 0, 0},
+        {0, 0, 0, 1, 2, 0, 1, 0, 0},
         /* the dual launch's second form on wgmma (dwg 1, GDN v4.5); the wgmma forward pass in 64-column
          * blocks (sfbv 64; 32 is automatic): 4 segments (3 stages, transition columns, the fold), 7
          * segments with sbwd, 13 document segments */
-        {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-        {1, 4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 64}, {1, 7, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 64},
-        {1, 0, 0, 0, 0, 0, 1, 1, 2, 13, 0, 2, 0, 0, 0, 1, 0, 0, 64},
+        {0, 0, 0, 0, 3, 0, 0, 1, 0},
+        {4, 0, 0, 0, 0, 3, 0, 0, 64}, {7, 0, 0, 0, 0, 1, 1, 0, 64},
+        {0, 0, 0, 13, 2, 1, 0, 0, 64},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -897,13 +867,12 @@ TEST(cuda_gdn_check_can_fail) {
 
 /* ---- the CP entries ---- */
 
-/* the CP entries run under the default, v1 and v2 (one segment; 3 stages of 32 columns; 2 stages of 16
- * with the shorter MMA chains), the wgmma passes (sfwd 2 and 3 stages, sbwd; 32-column blocks, the automatic
+/* the CP entries run under the default, 3 stages of 32 columns, 2 stages of 16, the wgmma passes (sfwd 2 and 3 stages, sbwd; 32-column blocks, the automatic
  * sfbv), sfwd in 64-column blocks */
 static const CudaGdnTune gdn_cp_cfgs[] = {
-    {0, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 3, 32, 0, 0, 0, 0}, {1, 0, 2, 16, 0, 0, 1, 1},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 3},
-    {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1}, {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 64}};
+    {0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 3, 32, 0, 0, 0, 0, 0, 0}, {0, 2, 16, 0, 0, 0, 0, 0, 0},
+    {0, 0, 0, 0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 0, 3, 0, 0, 0},
+    {0, 0, 0, 0, 0, 1, 1, 0, 0}, {0, 0, 0, 0, 0, 1, 1, 0, 64}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
     char tag[256], cn[128];
@@ -1078,24 +1047,21 @@ TEST(cuda_gdn_state_affine) {
 }
 
 /* The error at length: T = 32768, 16 heads of 128, a few documents, against the oracle (one cpu
- * thread per head), under the default (v2), v1, and v2 with the shorter MMA chains and wy_bwd v3; 32 and
- * 64 columns, wide, hi-only, the wgmma forward / backward passes, and the dual launch forced to its
+ * thread per head), under the default; one document segment; 32 columns in 4 document segments; 64
+ * columns; the wgmma forward / backward passes, and the dual launch forced to its
  * second form on wgmma (dwg 1: GDN v4.5), the wgmma forward pass in 64-column blocks (sfbv 64; 32 is the
  * automatic choice). Prints
  * one timing of the forward and the backward per set, for information only. */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
-    static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0},
-                                       {2, 0, 0, 0, 0, 0, 0, 0},
-                                       {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2},
-                                       {1, 0, 0, 32, 0, 0, 1, 1, 1, 4, 1},
-                                       {1, 0, 0, 64, 0, 0, 1, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-                                       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 64}};
+    static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0, 0},
+                                       {0, 0, 0, 1, 0, 0, 0, 0, 0},
+                                       {0, 0, 32, 4, 0, 0, 0, 0, 0},
+                                       {0, 0, 64, 0, 0, 0, 0, 0, 0},
+                                       {0, 0, 0, 0, 0, 1, 0, 0, 0},
+                                       {0, 0, 0, 0, 0, 1, 1, 0, 0},
+                                       {0, 0, 0, 0, 3, 0, 0, 1, 0},
+                                       {0, 0, 0, 0, 0, 1, 0, 0, 64}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
                            GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
@@ -1156,7 +1122,7 @@ static int gdn_bench_cmp(const void *a, const void *b) {
 }
 
 /* T tokens, nh heads of 128 (nk = nv), documents of mean length doc_mean (0: one document); the
- * median of `reps` runs per switch set; then the per-kernel profile of v1 and of the fastest set */
+ * median of `reps` runs per switch set; then the per-kernel profile of the first set, the default and the fastest */
 static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *cfgs, int ncfg, int reps) {
     const int dk = 128, dv = 128, ldq = 2 * nh * dk, ldv = nh * dv;
     cudaStream_t st = cuda_stream();
@@ -1224,13 +1190,14 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
            gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
     for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: the first set, the default, the fastest (+ cycles) */
         CudaGdnTune c = pass == 0 ? cfgs[0] : pass == 1 ? CudaGdnTune{} : cfgs[bi];
-        c.prof = pass == 2 ? 2 : 1;
         cuda_gdn_tune_set(&c);
+        cuda_gdn_profile(pass == 2 ? 2 : 1);
         printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
         cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
         cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta, NULL,
                                 pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
     }
+    cuda_gdn_profile(0);
     cuda_gdn_tune_set(NULL);
     for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
     gdn_dev_free_all();
@@ -1241,86 +1208,14 @@ TEST(cuda_gdn_bench) {
         printf("cuda_gdn_bench: skipped (set RS_GDN_BENCH=1)\n");
         return;
     }
-    /* v1, the default (v2), v2 with the shorter chains, with wy_bwd v3, with both; then wider sets at
-     * T = 32k, H = 16 (RS_GDN_BENCH=2) */
+    /* the default, 3 pipeline stages, 32 columns (one segment, 2 and 3 segments), the wgmma state passes
+     * forced on and off; RS_GDN_BENCH=2: every set at T = 32k, H = 16, else the first 5 */
     static const CudaGdnTune few[] = {
-        {2, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 1, 2},
-        {1, 0, 0, 0, 0, 0, 2, 1}, {1, 0, 0, 0, 0, 0, 1, 1},
-        {1, 0, 3, 0, 0, 0, 1, 1}, {1, 2, 0, 32, 0, 0, 1, 1}, {1, 3, 0, 32, 0, 0, 1, 1}, {1, 0, 0, 32, 0, 0, 1, 1},
-        {1, 0, 0, 0, 1, 0, 1, 1},
+        {0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 3, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 32, 0, 0, 0, 0, 0, 0},
+        {3, 0, 32, 0, 0, 0, 0, 0, 0}, {0, 0, 32, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 1, 1, 0, 0},
+        {0, 0, 0, 0, 0, 2, 2, 0, 0},
     };
     const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
-    if (atoi(getenv("RS_GDN_BENCH")) == 6) {
-        /* GDN v4: what the state operand's lo term costs (hilo 2: hi only, FLA's precision), at the
-         * automatic configuration, at 32 and at 64 columns */
-        static const CudaGdnTune v4h[] = {
-            {0, 0, 0, 0, 0, 0, 0, 0},                {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
-            {1, 0, 0, 32, 0, 0, 1, 1, 0, 0, 0, 0, 0, 2}, {1, 0, 0, 64, 0, 0, 1, 1, 0, 0, 0, 0, 0, 2},
-        };
-        const int n4 = (int)(sizeof v4h / sizeof v4h[0]);
-        gdn_bench_shape(32768, 16, 0, v4h, n4, 5);
-        gdn_bench_shape(32768, 16, 2048, v4h, n4, 5);
-        gdn_bench_shape(32768, 64, 0, v4h, n4, 3);
-        gdn_bench_shape(32768, 64, 2048, v4h, n4, 3);
-        return;
-    }
-    if (atoi(getenv("RS_GDN_BENCH")) == 5) {
-        /* GDN v4: the default, 64 columns where they fill the SMs (wide 1: at 64 heads), 64 columns at
-         * every shape, alone with and without the shorter chains, and in 8 document segments */
-        static const CudaGdnTune v4[] = {
-            {0, 0, 0, 0, 0, 0, 0, 0},           {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {1, 0, 0, 64, 0, 0, 1, 1},
-            {1, 0, 0, 64, 0, 0, 2, 1},          {1, 0, 0, 64, 0, 0, 1, 1, 0, 8},
-        };
-        const int n4 = (int)(sizeof v4 / sizeof v4[0]);
-        gdn_bench_shape(32768, 16, 0, v4, n4, 5);
-        gdn_bench_shape(32768, 16, 2048, v4, n4, 5);
-        gdn_bench_shape(32768, 64, 0, v4, n4, 3);
-        gdn_bench_shape(32768, 64, 2048, v4, n4, 3);
-        return;
-    }
-    if (atoi(getenv("RS_GDN_BENCH")) == 7) {
-        /* GDN v4.2: the default, the forward state passes on wgmma (2 and 3 stages), off */
-        static const CudaGdnTune v42[] = {
-            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2},
-        };
-        gdn_bench_shape(32768, 16, 0, v42, 4, 5);
-        gdn_bench_shape(32768, 16, 2048, v42, 4, 5);
-        gdn_bench_shape(32768, 64, 0, v42, 4, 3);
-        gdn_bench_shape(32768, 64, 2048, v42, 4, 3);
-        return;
-    }
-    if (atoi(getenv("RS_GDN_BENCH")) == 4) {
-        /* GDN v3.1: the default before the dual launch (dual off), the default (dual, the device picks),
-         * the pick forced to 32 columns x 8 document segments, and to the automatic configuration */
-        static const CudaGdnTune v31[] = {
-            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-            {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4},
-        };
-        gdn_bench_shape(32768, 16, 0, v31, 4, 5);
-        gdn_bench_shape(32768, 16, 2048, v31, 4, 5);
-        gdn_bench_shape(32768, 64, 0, v31, 4, 3);
-        gdn_bench_shape(32768, 64, 2048, v31, 4, 3);
-        gdn_bench_shape(131072, 16, 2048, v31, 4, 3);
-        return;
-    }
-    if (atoi(getenv("RS_GDN_BENCH")) == 3) {
-        /* GDN v3 sweep: v2 as merged (cp.async state passes, one segment, dqkwg whole), the default,
-         * the split dqkwg, 32 columns with 4 / 8 document segments, 2 document segments, bulk copies */
-        static const CudaGdnTune v3[] = {
-            {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 2}, {0, 0, 0, 0, 0, 0, 0, 0},          {1, 0, 0, 0, 0, 0, 1, 1, 2, 1, 1},
-            {1, 0, 0, 32, 0, 0, 1, 1, 2, 4, 2}, {1, 0, 0, 32, 0, 0, 1, 1, 2, 8, 2}, {1, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2},
-            {1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2},
-        };
-        const int n3 = (int)(sizeof v3 / sizeof v3[0]);
-        gdn_bench_shape(32768, 16, 0, v3, n3, 5);
-        gdn_bench_shape(32768, 16, 2048, v3, n3, 5);
-        gdn_bench_shape(32768, 64, 0, v3, n3, 3);
-        gdn_bench_shape(32768, 64, 2048, v3, n3, 3);
-        gdn_bench_shape(131072, 16, 2048, v3, 5, 3);
-        return;
-    }
     gdn_bench_shape(32768, 16, 0, few, wide ? nf : 5, 5);
     gdn_bench_shape(32768, 16, 1000, few, 5, 5);
     gdn_bench_shape(32768, 64, 0, few, 5, 3);

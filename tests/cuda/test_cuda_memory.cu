@@ -29,7 +29,7 @@ TEST(cuda_memory_round_trip) {
 
 TEST(cuda_memory_entries) {
     ct_begin();
-    CudaMemStats s0, s1, s2;
+    BackendMemStats s0, s1, s2;
     cuda_memory_stats(&s0);
     const int64_t n = 3 * 1000 + 7;
     float *d = (float *)cuda_alloc(n * 4), *h = ct_host(n);

@@ -180,6 +180,7 @@ const Backend backend_cpu_bf16 = {
     .copyq_wait = cpu_copyq_wait,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
+    .memory_stats = cpu_memory_stats,
     .to_device_async = cpu_to_device_async,
     .copy_2d = cpu_copy_2d,
     .add_2d = emu_add_2d,

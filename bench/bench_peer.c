@@ -19,7 +19,7 @@
  * returned object carries "error" with what happened and the log's path, and
  * the table says so in place of the numbers.
  *
- * Callers: lib/bench.c.
+ * Callers: bench/bench.c.
  */
 #include <errno.h>
 #include <fcntl.h>

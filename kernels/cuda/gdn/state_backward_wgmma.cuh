@@ -1,22 +1,22 @@
 /*
- * cuda_gdn_wg_bwd.h — the backward (reverse) state pass of the chunked gated delta rule on wgmma
- * (Hopper, sm_90a): GDN v4.3, switch sbwd (cuda_gdn_tune.h, RS_GDN_SBWD). Not a standalone header:
- * included by kernels/cuda/cuda_gdn.cu after cuda_gdn_wg.h, whose helpers (gdn_wg_off,
- * gdn_tma_store_2d) it uses with cuda_attention_wgmma.h's (attn_wgmma_ss_n64, TMA, mbarriers), and cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg,
+ * state_backward_wgmma.cuh — the backward (reverse) state pass of the chunked gated delta rule on wgmma
+ * (Hopper, sm_90a): GDN v4.3, choice sbwd (cuda_gdn_tune.h). Not a standalone header:
+ * included by kernels/cuda/gdn/gdn.cu after gdn/state_forward_wgmma.cuh, whose helpers (gdn_wg_off,
+ * ptx_tma_store_2d) it uses with cuda_ptx.h's (ptx_wgmma_ss_n64, TMA, mbarriers), and gdn/state_pass.cuh, whose segment bookkeeping (GdnSeg,
  * gdn_span, gdn_span_out) it shares.
  *
- * The same pass as gdn_state_bwd_v2_kernel (per chunk c, last to first: store dh = D at the chunk's
+ * The same pass as gdn_state_backward_kernel (per chunk c, last to first: store dh = D at the chunk's
  * exit boundary, dv2 = dv_loc + dec (K D), store dv2, D <- gam_L D + scale (Q gam)^T dO - W^T dv2, D
  * <- 0 when the chunk starts a document), with one warpgroup (128 threads) per 64 state columns and
- * the three products on wgmma, the mirror of gdn_state_fwd_wg_kernel (cuda_gdn_wg.h):
+ * the three products on wgmma, the mirror of gdn_state_forward_wgmma_kernel (gdn/state_forward_wgmma.cuh):
  *   D        (DK x 64, fp32) lives in the wgmma accumulators across chunks: DK / 64 m64n64 tiles
- *   K D      m64n64k16 x DK / 16, twice (D split hi + lo bf16, as the v2 pass): A = K (tokens x DK,
+ *   K D      m64n64k16 x DK / 16, twice (D split hi + lo bf16, as the mma.sync pass): A = K (tokens x DK,
  *            K-major), B = D rows (DK x 64, N-major); one fp32 accumulator takes both terms
  *   Q^T dos  per state tile, m64n64k16 x 4: A = Q^T (the Q tile, M-major), B = dos = scale gam_r dO_r
  *            (64 tokens x 64, N-major, written over the dO tile in place); the accumulator is D
  *   W^T dv2  the same with A = W^T and B = -dv2 (bf16, written over the dv_loc tile in place)
  * Tiles Q, K, W, dO, dv_loc (64 rows x 64-column swizzled blocks) by TMA on one mbarrier per stage,
- * the gates by cp.async; dh out by one TMA store per chunk from the hi block (bf16(D), what the v2
+ * the gates by cp.async; dh out by one TMA store per chunk from the hi block (bf16(D), what the mma.sync
  * pass stores), dv2 by one TMA store of a full chunk (L = 64), by the threads otherwise.
  *
  * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and -dv2 take 0 there by
@@ -29,8 +29,8 @@
  *
  * Automatic where the 64-column blocks number >= 128 (GDN_SBWD_BLOCKS, 64 heads of 128), as sfwd.
  *
- * What the v2 pass has that this one does not: 16 / 32 column blocks, the bulk copies, hi-only (hilo
- * == 2), the ILP switch (one chain per product here). The bits differ from the mma.sync pass (wgmma's
+ * What the mma.sync pass has that this one does not: 16 / 32 column blocks, two chains per product
+ * (one chain per product here). The bits differ from the mma.sync pass (wgmma's
  * accumulation order) but are the same on every run and for every segmentation by documents.
  */
 
@@ -56,7 +56,7 @@ template <int DK, int NST> struct GdnStateBwdSmemWg {
     GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
 };
 
-/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_bwd_maps): Q, K, W, dO, dv_loc tiles in (64 x 64
+/* the tensor maps of one pass (gdn/gdn.cu gdn_wg_bwd_maps): Q, K, W, dO, dv_loc tiles in (64 x 64
  * boxes), dh out (64 columns x DK rows), dv2 out (64 x 64); rows past the end read as zeros */
 struct GdnWgBwdMaps {
     CUtensorMap q, k, w, dO, dl, dh, dv2;
@@ -65,19 +65,19 @@ struct GdnWgBwdMaps {
 /*
  * Grid (ncol / 64, nv, segments launched), 128 threads. Block (x, h, z) carries columns [64 x, 64 x +
  * 64) of dL/dS of head h over segment p = z + sg.pz0, from its last chunk down (the contract of
- * gdn_state_bwd_v2_kernel; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
+ * gdn_state_backward_kernel; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
  * state tile mt, element 4 i + e at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
  */
 template <int DK, int NST>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_state_bwd_wg_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
+    gdn_state_backward_wgmma_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgBwdMaps tm, const float *G2 /* (T,nv) */,
                             const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv,
                             float scale, long long *tp /* (GDN_TP_N) cycles, or NULL */) {
     constexpr int BV = 64, MT = DK / 64, KS = DK / 16;
     static_assert(NST >= 2, "state_bwd_wg: two stages at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
-    const uint32_t raw = gdn_smem_addr(gdn_wg_smem);
+    const uint32_t raw = ptx_smem_addr(gdn_wg_smem);
     const GdnStateBwdSmemWg<DK, NST> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
     gdn_wg_state_start<DK, MT>(D, D_in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
-        for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);
-        gdn_mbar_init_fence();
+        for (int i = 0; i < NST; i++) ptx_mbar_init(ptx_smem_addr(s.bar(i)), 1);
+        ptx_mbar_init_fence();
     }
     __syncthreads();
     /* bytes of one stage's tiles: Q, K, W (and dO, dv_loc for the state columns) */
@@ -105,17 +105,17 @@ __global__ void __launch_bounds__(GDN_THREADS)
     auto issue = [&](int4 ci, int buf) {
         const int t0 = ci.x;
         if (threadIdx.x == 0) {
-            const uint32_t bar = gdn_smem_addr(s.bar(buf));
-            attn_mbar_arrive_tx(bar, tx);
+            const uint32_t bar = ptx_smem_addr(s.bar(buf));
+            ptx_mbar_arrive_tx(bar, tx);
 #pragma unroll
             for (int b = 0; b < MT; b++) {
-                attn_tma_load_2d(gdn_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
-                attn_tma_load_2d(gdn_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
-                attn_tma_load_2d(gdn_smem_addr(s.q(buf)) + b * (GDN_C * 128), &tm.q, kh * DK + 64 * b, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.q(buf)) + b * (GDN_C * 128), &tm.q, kh * DK + 64 * b, t0, bar);
             }
             if (!is_M) {
-                attn_tma_load_2d(gdn_smem_addr(s.dO(buf)), &tm.dO, h * dv + col0, t0, bar);
-                attn_tma_load_2d(gdn_smem_addr(s.dl(buf)), &tm.dl, h * dv + col0, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.dO(buf)), &tm.dO, h * dv + col0, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.dl(buf)), &tm.dl, h * dv + col0, t0, bar);
             }
         }
         gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
@@ -128,18 +128,18 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
         if (hi - 1 - i >= lo) issue(inf[i], i);
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
     }
-    const uint32_t a_hi = gdn_smem_addr(s.hi()), a_lo = gdn_smem_addr(s.lo());
+    const uint32_t a_hi = ptx_smem_addr(s.hi()), a_lo = ptx_smem_addr(s.lo());
     int buf = 0;
     unsigned ph = 0; /* parity of each stage's next phase */
     const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = hi - 1; c >= lo; c--) {
         const int4 infN = c - NST >= lo ? info[c - NST] : none;
-        if (threadIdx.x == 0) attn_bulk_wait_read<0>(); /* chunk c+1's dh and dv2 stores have read hi, dvo */
-        gdn_cp_async_wait<NST - 2>();
-        attn_mbar_wait(gdn_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
+        if (threadIdx.x == 0) ptx_bulk_wait_read<0>(); /* chunk c+1's dh and dv2 stores have read hi, dvo */
+        ptx_cp_async_wait<NST - 2>();
+        ptx_mbar_wait(ptx_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
         ph ^= 1u << buf;
         __syncthreads(); /* chunk c's tiles are in; chunk c+1's products and stores are done with their tiles */
         GDN_TP(0);
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c+1 */
             if (c - (NST - 1) >= lo) issue(inf[NST - 1], nb);
         }
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         GDN_TP(1);
         const int4 cur = inf[0];
         const int64_t t0 = cur.x, t1 = t0 + cur.y;
@@ -181,29 +181,29 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 const int b = i / (GDN_C * 8), r = (i / 8) % GDN_C, u = i % 8;
                 if (r >= L) *(uint4 *)(s.w(buf) + b * (GDN_C * 128) + r * 128 + u * 16) = make_uint4(0, 0, 0, 0);
             }
-        gdn_fence_async_smem();
+        ptx_fence_proxy_async();
         __syncthreads();
         if (threadIdx.x == 0 && dst) {
-            gdn_tma_store_2d(&tm.dh, col0, (int)(((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * DK), a_hi);
-            attn_bulk_commit();
+            ptx_tma_store_2d(&tm.dh, col0, (int)(((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * DK), a_hi);
+            ptx_bulk_commit();
         }
         GDN_TP(2);
         /* acc = K (D_hi + D_lo): tokens x 64 */
         float acc[32];
-        const uint32_t a_k = gdn_smem_addr(s.k(buf)), a_w = gdn_smem_addr(s.w(buf)), a_q = gdn_smem_addr(s.q(buf));
-        attn_wg_fence();
+        const uint32_t a_k = ptx_smem_addr(s.k(buf)), a_w = ptx_smem_addr(s.w(buf)), a_q = ptx_smem_addr(s.q(buf));
+        ptx_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            attn_wgmma_ss_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
-                                attn_gdesc(a_hi + kk * 16 * 128, DK * 128, 1024), kk > 0);
+            ptx_wgmma_ss_n64<0, 1>(acc, ptx_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                                ptx_gdesc(a_hi + kk * 16 * 128, DK * 128, 1024), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            attn_wgmma_ss_n64<0, 1>(acc, attn_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
-                                attn_gdesc(a_lo + kk * 16 * 128, DK * 128, 1024), 1);
-        attn_wg_commit();
-        attn_wg_wait<0>();
+            ptx_wgmma_ss_n64<0, 1>(acc, ptx_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+                                ptx_gdesc(a_lo + kk * 16 * 128, DK * 128, 1024), 1);
+        ptx_wg_commit();
+        ptx_wg_wait<0>();
 #pragma unroll
-        for (int x = 0; x < 32; x++) attn_reg_fence(acc[x]);
+        for (int x = 0; x < 32; x++) ptx_reg_fence(acc[x]);
         GDN_TP(3);
         /* dv2 = bf16(dv_loc + dec acc): into dvo (stored by TMA when the chunk is full) or stored here;
          * -dv2 over the dv_loc tile (rows >= L: 0 by selection) */
@@ -227,33 +227,33 @@ __global__ void __launch_bounds__(GDN_THREADS)
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int x = 0; x < 32; x++) D[mt][x] *= gam;
-        gdn_fence_async_smem();
+        ptx_fence_proxy_async();
         __syncthreads();
         if (threadIdx.x == 0 && vfull) {
-            gdn_tma_store_2d(&tm.dv2, h * dv + col0, (int)t0, gdn_smem_addr(s.dvo()));
-            attn_bulk_commit();
+            ptx_tma_store_2d(&tm.dv2, h * dv + col0, (int)t0, ptx_smem_addr(s.dvo()));
+            ptx_bulk_commit();
         }
         GDN_TP(4);
         /* D += Q^T dos + W^T (-dv2), per state tile */
-        const uint32_t a_dos = gdn_smem_addr(s.dO(buf)), a_dv = gdn_smem_addr(s.dl(buf));
-        attn_wg_fence();
+        const uint32_t a_dos = ptx_smem_addr(s.dO(buf)), a_dv = ptx_smem_addr(s.dl(buf));
+        ptx_wg_fence();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                attn_wgmma_ss_n64<1, 1>(D[mt], attn_gdesc(a_q + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
-                                    attn_gdesc(a_dos + kk * 16 * 128, GDN_C * 128, 1024), 1);
+                ptx_wgmma_ss_n64<1, 1>(D[mt], ptx_gdesc(a_q + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                    ptx_gdesc(a_dos + kk * 16 * 128, GDN_C * 128, 1024), 1);
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                attn_wgmma_ss_n64<1, 1>(D[mt], attn_gdesc(a_w + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
-                                    attn_gdesc(a_dv + kk * 16 * 128, GDN_C * 128, 1024), 1);
+                ptx_wgmma_ss_n64<1, 1>(D[mt], ptx_gdesc(a_w + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                                    ptx_gdesc(a_dv + kk * 16 * 128, GDN_C * 128, 1024), 1);
         }
-        attn_wg_commit();
-        attn_wg_wait<0>();
+        ptx_wg_commit();
+        ptx_wg_wait<0>();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int x = 0; x < 32; x++) attn_reg_fence(D[mt][x]);
+            for (int x = 0; x < 32; x++) ptx_reg_fence(D[mt][x]);
         GDN_TP(5);
         if (reset)
 #pragma unroll
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
+    if (threadIdx.x == 0) ptx_bulk_wait<0>(); /* the last stores complete */
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
     float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);

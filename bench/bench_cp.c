@@ -54,7 +54,7 @@
  * OUT/bench.json ({"cp_attn": {"request", "ringscan", "peer", "table"},
  * "cp_gdn": ...}).
  *
- * Callers: lib/bench.c (bench_main for `bench cp`).
+ * Callers: bench/bench.c (bench_main for `bench cp`).
  */
 #include <errno.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /*
  * plan.c — memory, FLOPs and communication of a run, and the fit verdict
- * (see plan.h for the conventions). Called by `ringscan plan` and, later,
- * by `submit` and the trainer's start-up check.
+ * (see plan.h for the conventions). Called by `ringscan plan`, `submit`
+ * (scheduler/submit.c), the trainer's start-up check and `ringscan bench`.
  *
  * Memory categories and their assumptions:
  *   weights (bf16)     cuda only: the bf16 copy the GEMMs read; the cpu

@@ -1,12 +1,15 @@
 /*
- * cuda_attention_wgmma.h - inline-PTX wrappers for the Hopper (sm_90a) instructions the v2/v3 attention
- * kernels use: wgmma.mma_async (bf16 x bf16 -> fp32, operands in shared memory through matrix
- * descriptors, or A in registers), its fence/commit/wait, mbarriers, TMA tile loads, TMA reduce-adds
- * (bulk async-groups), ex2.approx.ftz and setmaxnreg.
- * Included by kernels/cuda/cuda_attention.cu and by the GDN kernels that use wgmma / TMA (cuda_gdn.cu,
- * cuda_gdn_wg.h). The wgmma wrappers with their long operand lists
- * were written out by a throwaway script (one function per shape, not kept: edit them by hand);
- * each accumulator is a named array element with a constant index, so the arrays stay in registers.
+ * cuda_ptx.h — the one set of inline-PTX wrappers of the cuda kernels (sm_90a), for the attention and
+ * the Gated DeltaNet families alike: mma.sync m16n8k16 with ldmatrix and cp.async (the GDN per-chunk
+ * kernels and mma.sync state passes), wgmma.mma_async with its shared-memory descriptors, fence /
+ * commit / wait (the attention kernels, the GDN wgmma state passes), mbarriers, TMA tile loads, stores
+ * and reduce-adds with their bulk async-groups, proxy fences, acquire / release semaphores, ex2.approx
+ * and setmaxnreg. Each wrapper is one instruction (or one spin loop); names say the instruction.
+ * Included by kernels/cuda/attention/attention.cuh, gdn/gdn.cu (for its .cuh files) and cuda_gdn_mma.h.
+ *
+ * The wgmma wrappers with their long operand lists were written out by a throwaway script (one function
+ * per shape, not kept: edit them by hand); each accumulator is a named array element with a constant
+ * index, so the arrays stay in registers.
  *
  * Accumulator layout of wgmma m64nNk16 (fp32): warp w of the warpgroup owns rows 16w..16w+15; in it,
  * lane l = 4g + t holds, for each 8-column block i, d[4i+0], d[4i+1] at (row g, cols 8i+2t, 8i+2t+1)
@@ -15,12 +18,65 @@
  * so an S accumulator becomes the A operand of the next product by packing pairs (no shuffles).
  */
 #pragma once
+#include <cuda_bf16.h>
 #include <stdint.h>
+
+/* ---- mma.sync, ldmatrix, cp.async ---- */
+
+static __device__ __forceinline__ uint32_t ptx_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i */
+static __device__ __forceinline__ void ptx_ldmatrix_x4(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ptx_smem_addr(p)));
+}
+
+/* the same, each 8x8 matrix transposed on the way */
+static __device__ __forceinline__ void ptx_ldmatrix_x4_trans(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ptx_smem_addr(p)));
+}
+
+/* c += a b: bf16 operands, fp32 accumulation */
+static __device__ __forceinline__ void ptx_mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16 bytes global -> shared, asynchronously; valid == false writes 16 zero bytes (src is not read) */
+static __device__ __forceinline__ void ptx_cp_async16(void *smem, const void *gmem, bool valid) {
+    const unsigned n = valid ? 16u : 0u;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ptx_smem_addr(smem)), "l"(gmem), "r"(n));
+}
+
+/* 4 bytes global -> shared, asynchronously; valid == false writes zero */
+static __device__ __forceinline__ void ptx_cp_async4(void *smem, const void *gmem, bool valid) {
+    const unsigned n = valid ? 4u : 0u;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ptx_smem_addr(smem)), "l"(gmem), "r"(n));
+}
+
+static __device__ __forceinline__ void ptx_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+
+/* wait until at most N of this thread's committed groups are still in flight */
+template <int N> static __device__ __forceinline__ void ptx_cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* two floats -> one bf16x2 register, `lo` in the low half (the lower column of a fragment) */
+static __device__ __forceinline__ uint32_t ptx_pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* ---- wgmma ---- */
+
 
 /* shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units),
  * swizzle mode 1 = 128-byte swizzle (the tile must sit at a 1024-byte aligned address; an offset of
  * 32 * k bytes inside the first 128-byte row selects the k-th 16-element slice of a K-major tile) */
-static __device__ __forceinline__ uint64_t attn_gdesc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+static __device__ __forceinline__ uint64_t ptx_gdesc(uint32_t saddr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
     uint64_t d = 0;
     d |= (uint64_t)((saddr & 0x3FFFF) >> 4);
     d |= (uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16;
@@ -29,22 +85,22 @@ static __device__ __forceinline__ uint64_t attn_gdesc(uint32_t saddr, uint32_t l
     return d;
 }
 
-static __device__ __forceinline__ void attn_wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void attn_wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void ptx_wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void ptx_wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
-static __device__ __forceinline__ void attn_wg_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+static __device__ __forceinline__ void ptx_wg_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
 /* keeps the compiler from moving accesses of an accumulator across the async wgmma region */
-static __device__ __forceinline__ void attn_reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+static __device__ __forceinline__ void ptx_reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 
 /* d (64 x N) (+)= A (64 x 16) * B (16 x N), both from shared-memory descriptors, for N = 64, 128, 32;
  * scale_d = 0 overwrites d. TA = 0: A stored K-major (row = m), 1: M-major (transposed: row = k);
  * TB = 0: B stored K-major (row = n, i.e. the product is A B^T of the stored tile), 1: N-major
  * (transposed: row = k). Uses: attention S = Q K^T and dP = dO V^T (0, 0); the fused backward's dQ = dS K
  * (1, 1: dS^T and K both stored row = key); the hd 256 QS backward's dV, dK (0, 1); the GDN wgmma state
- * passes (cuda_gdn_wg.h, cuda_gdn_wg_bwd.h: W h (0, 1), K^T vn (1, 1)). */
+ * passes (gdn/state_forward_wgmma.cuh, gdn/state_backward_wgmma.cuh: W h (0, 1), K^T vn (1, 1)). */
 template <int TA = 0, int TB = 0>
-static __device__ __forceinline__ void attn_wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+static __device__ __forceinline__ void ptx_wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
@@ -59,7 +115,7 @@ static __device__ __forceinline__ void attn_wgmma_ss_n64(float (&d)[32], uint64_
 }
 
 template <int TA = 0, int TB = 0>
-static __device__ __forceinline__ void attn_wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+static __device__ __forceinline__ void ptx_wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -80,7 +136,7 @@ static __device__ __forceinline__ void attn_wgmma_ss_n128(float (&d)[64], uint64
 }
 
 template <int TA = 0, int TB = 0>
-static __device__ __forceinline__ void attn_wgmma_ss_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+static __device__ __forceinline__ void ptx_wgmma_ss_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
@@ -92,7 +148,7 @@ static __device__ __forceinline__ void attn_wgmma_ss_n32(float (&d)[16], uint64_
 }
 
 /* d (64 x 64) += A (64 x 16, registers) * B (16 x 64, N-major (transposed), smem) */
-static __device__ __forceinline__ void attn_wgmma_rs_t_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+static __device__ __forceinline__ void ptx_wgmma_rs_t_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
@@ -107,7 +163,7 @@ static __device__ __forceinline__ void attn_wgmma_rs_t_n64(float (&d)[32], const
 }
 
 /* d (64 x 128) += A (64 x 16, registers) * B (16 x 128, N-major (transposed), smem) */
-static __device__ __forceinline__ void attn_wgmma_rs_t_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+static __device__ __forceinline__ void ptx_wgmma_rs_t_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -128,7 +184,7 @@ static __device__ __forceinline__ void attn_wgmma_rs_t_n128(float (&d)[64], cons
 }
 
 /* d (64 x 256) += A (64 x 16, registers) * B (16 x 256, N-major (transposed), smem) */
-static __device__ __forceinline__ void attn_wgmma_rs_t_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+static __device__ __forceinline__ void ptx_wgmma_rs_t_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
@@ -162,17 +218,22 @@ static __device__ __forceinline__ void attn_wgmma_rs_t_n256(float (&d)[128], con
 
 /* ---- mbarriers, TMA, register reallocation ---- */
 
-static __device__ __forceinline__ void attn_mbar_init(uint32_t bar, uint32_t count) {
+/* make the initialised mbarriers visible to the async proxy (one thread, after ptx_mbar_init) */
+static __device__ __forceinline__ void ptx_mbar_init_fence(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void ptx_mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-static __device__ __forceinline__ void attn_mbar_arrive(uint32_t bar) {
+static __device__ __forceinline__ void ptx_mbar_arrive(uint32_t bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
-static __device__ __forceinline__ void attn_mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+static __device__ __forceinline__ void ptx_mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
-static __device__ __forceinline__ void attn_mbar_wait(uint32_t bar, uint32_t parity) {
+static __device__ __forceinline__ void ptx_mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;
     do {
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
@@ -183,7 +244,7 @@ static __device__ __forceinline__ void attn_mbar_wait(uint32_t bar, uint32_t par
 }
 
 /* non-blocking: has the phase with this parity completed? */
-static __device__ __forceinline__ bool attn_mbar_test(uint32_t bar, uint32_t parity) {
+static __device__ __forceinline__ bool ptx_mbar_test(uint32_t bar, uint32_t parity) {
     uint32_t done;
     asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
@@ -193,57 +254,64 @@ static __device__ __forceinline__ bool attn_mbar_test(uint32_t bar, uint32_t par
 }
 
 /* a 2-d box of a tensor map (coordinates: c0 = column, c1 = row) -> shared memory, completing on bar */
-static __device__ __forceinline__ void attn_tma_load_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
+static __device__ __forceinline__ void ptx_tma_load_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
 
 /* named barrier `id` (1..15) over `n` threads (a multiple of 32) */
-static __device__ __forceinline__ void attn_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+static __device__ __forceinline__ void ptx_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 /* generic-proxy shared-memory writes -> visible to later wgmma (async proxy) reads */
-static __device__ __forceinline__ void attn_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+static __device__ __forceinline__ void ptx_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* a 2-d box of shared memory added (fp32 +=) into a tensor map's global tensor by the TMA unit, as one
  * bulk async-group op of this thread (coordinates: c0 = column, c1 = row; rows past the end are dropped) */
-static __device__ __forceinline__ void attn_tma_reduce_add_2d(const void *tmap, int c0, int c1, uint32_t src) {
+static __device__ __forceinline__ void ptx_tma_reduce_add_2d(const void *tmap, int c0, int c1, uint32_t src) {
     asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
                  ::"l"(tmap), "r"(c0), "r"(c1), "r"(src)
                  : "memory");
 }
-static __device__ __forceinline__ void attn_bulk_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* a 2-d box of shared memory -> a tensor map's global tensor by the TMA unit (c0 = column, c1 = row; rows
+ * past the end are dropped), one bulk async-group op of this thread */
+static __device__ __forceinline__ void ptx_tma_store_2d(const void *tmap, int c0, int c1, uint32_t src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(tmap), "r"(c0),
+                 "r"(c1), "r"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void ptx_bulk_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* this thread's bulk async-groups but N: their shared-memory sources read (.read) / their writes done */
 template <int N>
-static __device__ __forceinline__ void attn_bulk_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+static __device__ __forceinline__ void ptx_bulk_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
 template <int N>
-static __device__ __forceinline__ void attn_bulk_wait(void) { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+static __device__ __forceinline__ void ptx_bulk_wait(void) { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 /* orders this thread's generic-proxy global accesses with its async-proxy (TMA) ones */
-static __device__ __forceinline__ void attn_fence_proxy_async_global(void) { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+static __device__ __forceinline__ void ptx_fence_proxy_async_global(void) { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 /* gpu-scope acquire load / release store of a global semaphore word */
-static __device__ __forceinline__ uint32_t attn_ld_acquire(const uint32_t *p) {
+static __device__ __forceinline__ uint32_t ptx_ld_acquire(const uint32_t *p) {
     uint32_t v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-static __device__ __forceinline__ void attn_st_release(uint32_t *p, uint32_t v) {
+static __device__ __forceinline__ void ptx_st_release(uint32_t *p, uint32_t v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 /* fire-and-forget fp32 adds of two adjacent floats (8-byte aligned) in L2 */
-static __device__ __forceinline__ void attn_red_add2(float *p, float a, float b) {
+static __device__ __forceinline__ void ptx_red_add2(float *p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
 
 /* 2^x, flushing subnormal results to 0 (one MUFU.EX2) */
-static __device__ __forceinline__ float attn_ex2_ftz(float x) {
+static __device__ __forceinline__ float ptx_ex2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
 template <int R>
-static __device__ __forceinline__ void attn_setmaxnreg_inc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+static __device__ __forceinline__ void ptx_setmaxnreg_inc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R>
-static __device__ __forceinline__ void attn_setmaxnreg_dec(void) { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+static __device__ __forceinline__ void ptx_setmaxnreg_dec(void) { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }

@@ -43,9 +43,15 @@
 #ifdef RS_WITH_CUDA
 #include "cuda_backend.h"
 #include "cuda_bench.h"
+#include "cuda_gdn_tune.h"
+#include "cuda_profile.h"
 #endif
 
 const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
+/* the fields of CudaGdnTune (kernels/cuda/cuda_gdn_tune.h), in its order, with what each takes */
+const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {"split", "nst",  "bv",  "dseg", "dual",
+                                                            "sfwd",  "sbwd", "dwg", "sfbv"};
+static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64};
 
 static const char bench_usage[] =
     "usage: ringscan bench attn|gdn|step|all [options]\n"
@@ -81,6 +87,12 @@ static const char bench_usage[] =
     "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
     "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
     "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
+    "  --gdn-tune LIST     gdn: the state passes' configuration instead of the built-in choice, KEY=N items of\n"
+    "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv), e.g.\n"
+    "                      sfwd=1,sbwd=1 (default: every choice built in; the same bits either way)\n"
+    "  --profile N         1: step: the GPU and host ms per step of every Backend entry (after the timed steps);\n"
+    "                      gdn: the time of every kernel of each entry; 2: gdn also the state passes' cycles per\n"
+    "                      phase (block 0); information only: the timed rows are slower (default 0)\n"
     "  --doc-len LIST      gdn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
     "                      0 = one document per sample (default 0,2048)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
@@ -99,10 +111,7 @@ static const char bench_usage[] =
     "  --seed N            seed of the random inputs (default 1)\n"
     "  --write-requests    only write OUT/request_KIND.json (the peers' input) and stop; needs no GPU\n"
     "                      (cp: request_cp_attn.json, request_cp_gdn.json, for P = the number of ranks)\n"
-    "  --help              this text\n"
-    "\n"
-    "Environment: RS_CUDA_PROFILE=1 times every cuda Backend entry of the step (CUDA events and the host\n"
-    "clock) and prints the milliseconds per step, sorted, after the timed steps (information only).\n";
+    "  --help              this text\n";
 
 /* ---- options ------------------------------------------------------------------ */
 
@@ -267,6 +276,21 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             const char *v = bench_value(argc, argv, &i);
             o->gdn_keep = config_enum_index(gdn_keep_names, v);
             if (o->gdn_keep < 0) bench_bad(a, v, "expected none, wy or states");
+        } else if (!strcmp(a, "--gdn-tune")) {
+            const char *v = bench_value(argc, argv, &i);
+            int n = bench_split(a, v, items);
+            for (int j = 0; j < n; j++) {
+                char *eq = strchr(items[j], '=');
+                if (!eq) bench_bad(a, items[j], "expected KEY=N");
+                *eq = 0;
+                int f = 0;
+                while (f < BENCH_GDN_TUNE_N && strcmp(items[j], bench_gdn_tune_names[f])) f++;
+                if (f == BENCH_GDN_TUNE_N)
+                    bench_bad(a, items[j], "unknown key (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv)");
+                o->gdn_tune[f] = (int)bench_parse_int(a, eq + 1, 0, bench_gdn_tune_max[f]);
+            }
+        } else if (!strcmp(a, "--profile")) {
+            o->profile = (int)bench_parse_int(a, bench_value(argc, argv, &i), 0, 2);
         } else if (!strcmp(a, "--doc-len")) {
             const char *v = bench_value(argc, argv, &i);
             o->n_doc_len = bench_split(a, v, items);
@@ -739,6 +763,10 @@ int bench_main(int argc, char **argv) {
 
 #ifdef RS_WITH_CUDA
     cuda_backend_init(0);
+    cuda_profile_enable(o.profile > 0); /* the step's entries (bench_step.c) */
+    const CudaGdnTune gt = {o.gdn_tune[0], o.gdn_tune[1], o.gdn_tune[2], o.gdn_tune[3], o.gdn_tune[4],
+                            o.gdn_tune[5], o.gdn_tune[6], o.gdn_tune[7], o.gdn_tune[8]};
+    cuda_gdn_tune_set(&gt);
     static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN};
     for (int oi = 0; oi < BENCH_KIND_COUNT; oi++) {
         int k = order[oi];
@@ -749,6 +777,7 @@ int bench_main(int argc, char **argv) {
             printf("ringscan %s %s ...", bench_kind_names[k], json_string_value(json_object_get(c, "name")));
             fflush(stdout);
             double t0 = bench_clock();
+            cuda_gdn_profile(k == BENCH_GDN ? o.profile : 0);
             json_t *r = k == BENCH_ATTN ? bench_attn_case(c, &o)
                       : k == BENCH_GDN  ? bench_gdn_case(c, &o)
                                         : bench_step_case(c, &cfg, &o);
@@ -768,7 +797,13 @@ int bench_main(int argc, char **argv) {
         else bench_print_kernels(stdout, &o, (BenchKind)k, req[k], ours[k], peer[k], &dev, table);
         json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
         if (peer[k]) json_object_set(part, "peer", peer[k]);
-        if (k == BENCH_GDN) json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o.gdn_keep]));
+        if (k == BENCH_GDN) {
+            json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o.gdn_keep]));
+            json_t *tune = json_object(); /* --gdn-tune as set (0: the built-in choice) */
+            for (int f = 0; f < BENCH_GDN_TUNE_N; f++)
+                json_object_set_new(tune, bench_gdn_tune_names[f], json_integer(o.gdn_tune[f]));
+            json_object_set_new(part, "gdn_tune", tune);
+        }
         json_object_set_new(all, bench_kind_names[k], part);
     }
     char path[4200];

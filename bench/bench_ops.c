@@ -20,7 +20,7 @@
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *
- * Callers: lib/bench.c.
+ * Callers: bench/bench.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -149,7 +149,7 @@ typedef struct {
     float *g, *beta, *dg, *dbeta;
     int32_t *doc_pos;
     void *kept; /* gdn_kept_bytes: what the forward keeps for the backward, as FLA keeps A (the kernels'
-                 * measurement switch RS_GDN_KEEP=2 ignores it, 3 keeps no states) */
+                 * states) */
     int states; /* --gdn-keep states: the kept buffer holds the chunk states too */
 } GdnCase;
 

@@ -1,28 +1,28 @@
 /*
- * cuda_gdn_wg.h — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
- * GDN v4.2, switch sfwd (cuda_gdn_tune.h, RS_GDN_SFWD). Not a standalone header: included by
- * kernels/cuda/cuda_gdn.cu after cuda_gdn_v2.h, whose segment bookkeeping (GdnSeg, gdn_span,
- * gdn_span_out) it shares; cuda_gdn.cu's header has the algebra.
+ * state_forward_wgmma.cuh — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
+ * GDN v4.2, choice sfwd (cuda_gdn_tune.h). Not a standalone header: included by
+ * kernels/cuda/gdn/gdn.cu after gdn/state_pass.cuh, whose segment bookkeeping (GdnSeg, gdn_span,
+ * gdn_span_out) it shares; gdn/gdn.cu's header has the algebra.
  *
- * The same pass as gdn_state_fwd_v2_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
+ * The same pass as gdn_state_forward_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
  * K^T (dec * vn)), with one warpgroup (128 threads) per 64 state columns (or 32, below) and both products
  * on wgmma:
  *   state    S (DK x 64, fp32) lives in the wgmma accumulators of the warpgroup across chunks: DK / 64
  *            m64n64 tiles (tile mt = state rows [64 mt, 64 mt + 64)), 32 registers each per thread
- *   W h      m64n64k16 x DK / 16, twice (the state operand split hi + lo bf16, as the v2 pass): A = W
+ *   W h      m64n64k16 x DK / 16, twice (the state operand split hi + lo bf16, as the mma.sync pass): A = W
  *            (tokens x DK, K-major), B = the state rows (DK x 64, N-major), both from shared memory;
  *            one fp32 accumulator takes both terms
  *   K^T vn   per state tile, m64n64k16 x 4: A = K^T (the K tile, M-major), B = dec * vn (64 tokens x
  *            64, N-major); the accumulator is the state itself (scaled by gam_L first)
  * Every wgmma operand tile is a 128-byte-swizzled block of 64 bf16 columns x rows (one 1024-byte
  * aligned block per 64 columns; byte (r, j) at r 128 + ((j / 8) ^ (r % 8)) 16 + (j % 8) 2), the
- * layouts and descriptors of the attention kernels (cuda_attention_wgmma.h): W, K, U arrive by
+ * layouts and descriptors of the attention kernels (cuda_ptx.h): W, K, U arrive by
  * cp.async (16 bytes, the swizzle applied to the address), NST stages; the state hi / lo and dec * vn
  * are written from the accumulators by the threads that own them. The accumulator layout is the
- * mma.sync C fragment repeated (cuda_attention_wgmma.h), so U, the stored h and vn are addressed as in
- * the v2 pass.
+ * mma.sync C fragment repeated (cuda_ptx.h), so U, the stored h and vn are addressed as in
+ * the mma.sync pass.
  *
- * 32-column blocks (GDN v4.5, switch sfbv, RS_GDN_SFBV=32): the same pass with m64n32k16, the state /
+ * 32-column blocks (GDN v4.5, choice sfbv = 32, the automatic one): the same pass with m64n32k16, the state /
  * U / vn / h blocks 32 columns wide with rows of 64 bytes and the 64-byte swizzle (byte (r, j) at r 64 +
  * ((j / 8) ^ (r / 2 % 4)) 16 + (j % 8) 2, 512-byte atoms; TMA boxes of 32 columns with SWIZZLE_64B, wgmma
  * descriptors of layout type 2, 8-row groups 512 bytes apart); W and K tiles as at 64 columns. Half the
@@ -31,21 +31,20 @@
  * warpgroup per SM) is what the second block hides; the cost is twice the W and K tile traffic per state
  * column.
  *
- * What the v2 pass has that this one does not: 16-column blocks, the bulk copies (sfwd does not apply
- * with bulk). Segments, transition columns, document segments and the dual launch are the v2 bookkeeping
- * unchanged; so are the cycle counters (GDN_TP, RS_GDN_PROF=2). The per-column arithmetic differs
- * from v2 (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
+ * What the mma.sync pass has that this one does not: 16-column blocks. Segments, transition columns, document segments and the dual launch are the v2 bookkeeping
+ * unchanged; so are the cycle counters (GDN_TP, `ringscan bench gdn --profile 2`). The per-column arithmetic differs
+ * from the mma.sync pass (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
  * from the mma.sync pass, but are the same on every run and for every segmentation by documents.
  */
 
 /* d (64 x BV) (+)= A (64 x 16) B (16 x BV), BV = 64 or 32 (d: BV / 2 registers per thread), from
- * shared-memory descriptors (cuda_attention_wgmma.h attn_wgmma_ss_n64 / _n32; TA / TB: operand stored
+ * shared-memory descriptors (cuda_ptx.h ptx_wgmma_ss_n64 / _n32; TA / TB: operand stored
  * transposed, A M-major, B N-major); scale_d = 0 overwrites d */
 template <int TA, int TB, int NA>
 GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d) {
     static_assert(NA == 32 || NA == 16, "gdn_wgmma_nb: 64 or 32 columns");
-    if constexpr (NA == 32) attn_wgmma_ss_n64<TA, TB>(d, da, db, scale_d);
-    else attn_wgmma_ss_n32<TA, TB>(d, da, db, scale_d);
+    if constexpr (NA == 32) ptx_wgmma_ss_n64<TA, TB>(d, da, db, scale_d);
+    else ptx_wgmma_ss_n32<TA, TB>(d, da, db, scale_d);
 }
 
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
@@ -65,16 +64,8 @@ template <int BV> GDN_DEV uint32_t gdn_wg_off_b(int r, int j) {
  * swizzle (layout type 2), 8-row groups 512 bytes apart. lbo: the next BV-column block (never reached:
  * N = BV is one swizzle atom wide). */
 template <int BV> GDN_DEV uint64_t gdn_wg_bdesc(uint32_t saddr, uint32_t lbo) {
-    if constexpr (BV == 64) return attn_gdesc(saddr, lbo, 1024);
-    else return (attn_gdesc(saddr, lbo, 512) & ~(3ull << 62)) | (2ull << 62);
-}
-
-/* a 2-d box of shared memory -> a tensor map's global tensor by the TMA unit (c0 = column, c1 = row; rows
- * past the end are dropped), one bulk async-group op of this thread */
-GDN_DEV void gdn_tma_store_2d(const void *tmap, int c0, int c1, uint32_t src) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(tmap), "r"(c0),
-                 "r"(c1), "r"(src)
-                 : "memory");
+    if constexpr (BV == 64) return ptx_gdesc(saddr, lbo, 1024);
+    else return (ptx_gdesc(saddr, lbo, 512) & ~(3ull << 62)) | (2ull << 62);
 }
 
 /* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up);
@@ -99,7 +90,7 @@ template <int DK, int NST, int BV = 64> struct GdnStateFwdSmemWg {
     GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
 };
 
-/* the tensor maps of one pass (cuda_gdn.cu gdn_wg_maps): W, K tiles in (64 columns x 64 rows boxes,
+/* the tensor maps of one pass (gdn/gdn.cu gdn_wg_maps): W, K tiles in (64 columns x 64 rows boxes,
  * 128-byte swizzle), U in (BV columns x 64 rows), h out (BV columns x DK rows), vn out (BV x 64), those in
  * the BV-column layout of gdn_wg_off_b; rows past the end read as zeros */
 struct GdnWgMaps {
@@ -108,7 +99,7 @@ struct GdnWgMaps {
 
 /*
  * Grid (ncol / BV, nv, segments launched), 128 threads. Block (x, h, z) carries columns [BV x, BV x +
- * BV) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_fwd_v2_kernel
+ * BV) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_forward_kernel
  * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
  * state tile mt, element 4 i + e (i < BV / 8) at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
  * BV = 64: m64n64k16, 128-byte swizzled state / U / vn blocks; BV = 32 (GDN v4.5): m64n32k16, 64-byte
@@ -119,7 +110,7 @@ struct GdnWgMaps {
  * dropped and replaced by 0 in dec * vn (a selection, so even a non-finite row cannot leak); the K
  * rows meet those zeros, so they add exact zeros as long as k is finite (the inputs are), and the
  * result is that of zero-filled rows.
- * h out by one TMA store per chunk from the hi block (bf16(S), what the v2 pass stores), vn out by one
+ * h out by one TMA store per chunk from the hi block (bf16(S), what the mma.sync pass stores), vn out by one
  * TMA store of a full chunk (L = 64), by the threads otherwise.
  */
 /* The carried state's fp32 wgmma accumulators at a segment's start (both state passes): row a = 64 mt +
@@ -142,14 +133,14 @@ __device__ __forceinline__ void gdn_wg_state_start(float (&S)[MT][NA], const flo
 
 template <int DK, int NST, int BV>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_state_fwd_wg_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
+    gdn_state_forward_wgmma_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
                             const int32_t *meta, int mode, int nk, int nv, int dv,
                             long long *tp /* (GDN_TP_N) cycles, or NULL */) {
     constexpr int MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
-    const uint32_t raw = gdn_smem_addr(gdn_wg_smem);
+    const uint32_t raw = ptx_smem_addr(gdn_wg_smem);
     const GdnStateFwdSmemWg<DK, NST, BV> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g8 = lane >> 2, t4 = lane & 3;
@@ -168,22 +159,22 @@ __global__ void __launch_bounds__(GDN_THREADS)
     gdn_wg_state_start<DK, MT>(S, S_in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
-        for (int i = 0; i < NST; i++) gdn_mbar_init(s.bar(i), 1);
-        gdn_mbar_init_fence();
+        for (int i = 0; i < NST; i++) ptx_mbar_init(ptx_smem_addr(s.bar(i)), 1);
+        ptx_mbar_init_fence();
     }
     __syncthreads();
     const unsigned tx = 2 * GDN_C * DK * 2 + (is_M ? 0 : GDN_C * BV * 2); /* bytes of one stage's tiles */
     auto issue = [&](int4 ci, int buf) {
         const int t0 = ci.x;
         if (threadIdx.x == 0) {
-            const uint32_t bar = gdn_smem_addr(s.bar(buf));
-            attn_mbar_arrive_tx(bar, tx);
+            const uint32_t bar = ptx_smem_addr(s.bar(buf));
+            ptx_mbar_arrive_tx(bar, tx);
 #pragma unroll
             for (int b = 0; b < MT; b++) {
-                attn_tma_load_2d(gdn_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
-                attn_tma_load_2d(gdn_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
+                ptx_tma_load_2d(ptx_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
             }
-            if (!is_M) attn_tma_load_2d(gdn_smem_addr(s.u(buf)), &tm.u, h * dv + col0, t0, bar);
+            if (!is_M) ptx_tma_load_2d(ptx_smem_addr(s.u(buf)), &tm.u, h * dv + col0, t0, bar);
         }
         gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
     };
@@ -195,18 +186,18 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
     for (int i = 0; i < NST - 1; i++) {
         if (lo + i < hi) issue(inf[i], i);
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
     }
-    const uint32_t a_hi = gdn_smem_addr(s.hi()), a_lo = gdn_smem_addr(s.lo()), a_vn = gdn_smem_addr(s.vn());
+    const uint32_t a_hi = ptx_smem_addr(s.hi()), a_lo = ptx_smem_addr(s.lo()), a_vn = ptx_smem_addr(s.vn());
     int buf = 0;
     unsigned ph = 0; /* parity of each stage's next phase */
     const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = lo; c < hi; c++) {
         const int4 infN = c + NST < hi ? info[c + NST] : none;
-        if (threadIdx.x == 0) attn_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
-        gdn_cp_async_wait<NST - 2>();
-        attn_mbar_wait(gdn_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
+        if (threadIdx.x == 0) ptx_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
+        ptx_cp_async_wait<NST - 2>();
+        ptx_mbar_wait(ptx_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
         ph ^= 1u << buf;
         __syncthreads(); /* chunk c's tiles are in; chunk c-1's products and stores are done with their tiles */
         GDN_TP(0);
@@ -214,7 +205,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
             const int nb = buf + NST - 1 >= NST ? buf - 1 : buf + NST - 1; /* the stage of chunk c-1 */
             if (c + NST - 1 < hi) issue(inf[NST - 1], nb);
         }
-        gdn_cp_async_commit();
+        ptx_cp_async_commit();
         GDN_TP(1);
         const int4 cur = inf[0];
         const int64_t t0 = cur.x;
@@ -231,29 +222,29 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 const uint32_t o = gdn_wg_off_b<BV>(a, j);
                 gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), S[mt][x], S[mt][x + 1]);
             }
-        gdn_fence_async_smem();
+        ptx_fence_proxy_async();
         __syncthreads();
         if (threadIdx.x == 0 && hst) {
-            gdn_tma_store_2d(&tm.h, col0, (int)(((t0 / GDN_C) * nv + h) * DK), a_hi);
-            attn_bulk_commit();
+            ptx_tma_store_2d(&tm.h, col0, (int)(((t0 / GDN_C) * nv + h) * DK), a_hi);
+            ptx_bulk_commit();
         }
         GDN_TP(2);
         /* vacc = W (S_hi + S_lo): tokens x BV */
         float vacc[NA];
-        const uint32_t a_w = gdn_smem_addr(s.w(buf)), a_k = gdn_smem_addr(s.k(buf));
-        attn_wg_fence();
+        const uint32_t a_w = ptx_smem_addr(s.w(buf)), a_k = ptx_smem_addr(s.k(buf));
+        ptx_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_nb<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+            gdn_wgmma_nb<0, 1>(vacc, ptx_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
                                gdn_wg_bdesc<BV>(a_hi + kk * 16 * (2 * BV), DK * 2 * BV), kk > 0);
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
-            gdn_wgmma_nb<0, 1>(vacc, attn_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
+            gdn_wgmma_nb<0, 1>(vacc, ptx_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024),
                                gdn_wg_bdesc<BV>(a_lo + kk * 16 * (2 * BV), DK * 2 * BV), 1);
-        attn_wg_commit();
-        attn_wg_wait<0>();
+        ptx_wg_commit();
+        ptx_wg_wait<0>();
 #pragma unroll
-        for (int x = 0; x < NA; x++) attn_reg_fence(vacc[x]);
+        for (int x = 0; x < NA; x++) ptx_reg_fence(vacc[x]);
         GDN_TP(3);
         /* vn = U - W S: into vno (stored by TMA when the chunk is full) or stored here; dec * vn into vn */
         const float *sG = s.G(buf);
@@ -279,34 +270,34 @@ __global__ void __launch_bounds__(GDN_THREADS)
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int x = 0; x < NA; x++) S[mt][x] *= gam;
-        gdn_fence_async_smem();
+        ptx_fence_proxy_async();
         __syncthreads();
         if (threadIdx.x == 0 && vfull) {
-            gdn_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, gdn_smem_addr(s.vno()));
-            attn_bulk_commit();
+            ptx_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, ptx_smem_addr(s.vno()));
+            ptx_bulk_commit();
         }
         GDN_TP(4);
         /* S += K^T (dec * vn), per state tile */
-        attn_wg_fence();
+        ptx_wg_fence();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int kk = 0; kk < GDN_C / 16; kk++)
-                gdn_wgmma_nb<1, 1>(S[mt], attn_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
+                gdn_wgmma_nb<1, 1>(S[mt], ptx_gdesc(a_k + mt * (GDN_C * 128) + kk * 16 * 128, GDN_C * 128, 1024),
                                    gdn_wg_bdesc<BV>(a_vn + kk * 16 * (2 * BV), GDN_C * 2 * BV), 1);
-        attn_wg_commit();
-        attn_wg_wait<0>();
+        ptx_wg_commit();
+        ptx_wg_wait<0>();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int x = 0; x < NA; x++) attn_reg_fence(S[mt][x]);
+            for (int x = 0; x < NA; x++) ptx_reg_fence(S[mt][x]);
         GDN_TP(5);
 #pragma unroll
         for (int i = 0; i < NST - 1; i++) inf[i] = inf[i + 1];
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (threadIdx.x == 0) attn_bulk_wait<0>(); /* the last stores complete */
+    if (threadIdx.x == 0) ptx_bulk_wait<0>(); /* the last stores complete */
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);

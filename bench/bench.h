@@ -5,8 +5,10 @@
  * call, printed as one table with the ratios; `ringscan bench cp` under
  * mpirun: context parallelism over P GPUs, beside torch's and FLA's CP.
  *
- * The code lives in lib/ because it drives the Backend table and the model
- * exactly as lib/train.c does (scheduler/ decides how jobs run; it runs none).
+ * The code lives in bench/, a tool beside cmd/ above lib/ and kernels/: it
+ * drives the Backend table and the model exactly as lib/train.c does, and it
+ * also times the cuda kernels directly (kernels/cuda/cuda_bench.h, the tune and
+ * profile switches), which lib/ never includes.
  * Files, one topic each:
  *   bench.c       options (strict: a bad value names the option, exit 2), the
  *                 order of the work, FLOPs and floors, the tables, bench.json
@@ -39,9 +41,11 @@
 
 #define BENCH_MAX_LIST 16
 #define BENCH_MAX_SETS 64
+#define BENCH_GDN_TUNE_N 9 /* the fields of kernels/cuda/cuda_gdn_tune.h's CudaGdnTune */
 
 typedef enum { BENCH_ATTN, BENCH_GDN, BENCH_STEP, BENCH_KIND_COUNT } BenchKind;
 extern const char *const bench_kind_names[BENCH_KIND_COUNT];
+extern const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N];
 
 enum { BENCH_CP_ATTN = 1, BENCH_CP_GDN = 2 };
 
@@ -60,6 +64,10 @@ typedef struct {
     int     n_heads;
     int     dim;                            /* gdn: K = V */
     int     gdn_keep;                       /* gdn: GdnKeep, what the forward keeps (checkpoint.gdn_keep) */
+    int     gdn_tune[BENCH_GDN_TUNE_N];     /* gdn: --gdn-tune, the fields of CudaGdnTune in bench_gdn_tune_names'
+                                               order (0: the built-in choice) */
+    int     profile;                        /* --profile: 0 off; 1 step: every Backend entry timed, gdn: every
+                                               kernel of each entry timed; 2: gdn also the cycles per phase */
     int64_t doc_len[BENCH_MAX_LIST];        /* gdn: mean document length; 0 = one document */
     int     n_doc_len;
     const char *config;                     /* step */

@@ -1,6 +1,7 @@
 /*
  * comm_nccl.c — the cuda half of comm.h: which GPU each rank drives, and the
- * non-blocking operations over device memory through NCCL.
+ * non-blocking operations over device memory through NCCL. It lives in
+ * kernels/cuda, with the rest of the cuda side, so that lib/ includes no cuda header.
  *
  * comm_cuda_init (after comm_setup_groups):
  *   1. every rank's GPU count and local rank are gathered (MPI), and the run
@@ -40,7 +41,7 @@
  * and NCCL's own last error.
  *
  * Callers: comm.c (the dispatch of comm_iallgather, comm_iallreduce_sum_f32,
- * comm_isendrecv, comm_wait; comm_finalize), lib/train.c, lib/bench*.c,
+ * comm_isendrecv, comm_wait; comm_finalize), lib/train.c, bench/bench*.c,
  * tests/parity/parity_step.c, tests/cp/cp_check.c (comm_cuda_init).
  */
 #ifdef RS_WITH_CUDA

@@ -11,7 +11,7 @@
  * loss and the norm on the host, so it is host-synchronous anyway); the
  * median is reported.
  *
- * With RS_CUDA_PROFILE=1 the step runs through the profiled backend table
+ * With --profile 1 the step runs through the profiled backend table
  * (kernels/cuda/cuda_profile.h) and, after the timed steps, prints to stderr
  * the GPU and host milliseconds per step of every Backend entry (the timer's
  * events and periodic drains make that run's step time a little longer:
@@ -22,7 +22,7 @@
  * the device's used memory (cudaMemGetInfo: the CUDA context and the kernels'
  * stream-ordered workspaces included), read after the timed steps.
  *
- * Callers: lib/bench.c.
+ * Callers: bench/bench.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -77,7 +77,7 @@ static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int s
 }
 
 json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o) {
-    const Backend *be = cuda_backend_table(); /* backend_cuda unless RS_CUDA_PROFILE=1 */
+    const Backend *be = cuda_backend_table(); /* backend_cuda unless --profile 1 */
     int64_t T = cfg->data.seq_len;
     Model m;
     model_init(&m, cfg, be, NULL, T);
@@ -120,8 +120,8 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     }
     qsort(ms, (size_t)n, sizeof *ms, bench_step_cmp);
     double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-    CudaMemStats st;
-    cuda_memory_stats(&st);
+    BackendMemStats st;
+    be->memory_stats(&st);
     json_t *r = json_pack("{ss ss sf sf sI sI si sf}", "case", json_string_value(json_object_get(c, "name")), "impl",
                           "ringscan", "ms_step", med, "tokens_per_s", (double)T / (med / 1e3), "peak_alloc_bytes",
                           (json_int_t)(st.peak_allocated + st.internal), "device_used_bytes",

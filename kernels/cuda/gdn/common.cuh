@@ -1,0 +1,179 @@
+/*
+ * common.cuh — what every GDN kernel shares (kernels/cuda/gdn/): the chunk size and block shape, the
+ * chunk-range and index-metadata enums, GdnCarve (shared-memory carving, the same code on host and
+ * device) and the device helpers of the per-chunk kernels (tile loads, gate cumsums, A and its
+ * triangular solve, the hi + lo bf16 split). Part of the one translation unit gdn.cu; not standalone.
+ */
+#pragma once
+
+#define GDN_C 64          /* chunk size */
+#define GDN_THREADS 128   /* every per-chunk and state kernel: 4 warps */
+#define GDN_LDP (GDN_C + 8) /* row stride of the 64x64 bf16 tiles */
+#define GDN_LDF (GDN_C + 1) /* row stride of the 64x64 fp32 tiles */
+#define GDN_LOG2E 1.4426950408889634f
+#define GDN_FULL 0xffffffffu
+
+/* which chunks a per-chunk kernel visits */
+enum { GDN_RANGE_ALL = 0, GDN_RANGE_FROM_LAST_RESET = 1, GDN_RANGE_BEFORE_FIRST_RESET = 2 };
+/* meta (int32) written by the index kernels */
+enum { GDN_META_NC = 0, GDN_META_FIRST_RESET = 1, GDN_META_LAST_RESET = 2, GDN_META_FIRST_TOK = 3,
+       GDN_META_LAST_TOK = 4, GDN_META_N = 8 };
+
+/* ------------------------------------------------------------------------------------------------ */
+/* shared-memory carving, the same code on host (sizes) and device (pointers)                        */
+
+struct GdnCarve {
+    unsigned char *base;
+    size_t off, align; /* every piece starts at a multiple of align (a power of 2, >= 16) */
+    __host__ __device__ explicit GdnCarve(void *b, size_t a = 16) : base((unsigned char *)b), off(0), align(a) {}
+    template <class X> __host__ __device__ X *take(size_t n) {
+        X *r = (X *)(base + off);
+        off += (n * sizeof(X) + align - 1) & ~(align - 1);
+        return r;
+    }
+};
+
+/* ------------------------------------------------------------------------------------------------ */
+/* device helpers                                                                                     */
+
+/* [lo, hi) of the chunks a kernel in `mode` visits */
+GDN_DEV void gdn_chunk_range(const int32_t *meta, int mode, int *lo, int *hi) {
+    *lo = 0;
+    *hi = meta[GDN_META_NC];
+    if (mode == GDN_RANGE_FROM_LAST_RESET) *lo = meta[GDN_META_LAST_RESET];
+    else if (mode == GDN_RANGE_BEFORE_FIRST_RESET) *hi = meta[GDN_META_FIRST_RESET];
+}
+
+/* rows [0, ROWS) x WID bf16 of a strided global matrix into shared memory (row stride lds) with
+ * cp.async; rows >= valid are zero-filled and not read */
+template <int ROWS, int WID>
+GDN_DEV void gdn_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg, int valid) {
+    constexpr int CPR = WID / 8;
+    for (int i = threadIdx.x; i < ROWS * CPR; i += GDN_THREADS) {
+        const int r = i / CPR, c = (i % CPR) * 8;
+        const bool ok = r < valid;
+        ptx_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
+    }
+}
+
+/* the chunk's stored gate cumsum G2 (T,nv) rows into sG with cp.async; rows >= L read 0 */
+GDN_DEV void gdn_load_G(float *sG, const float *G2, int64_t t0, int L, int h, int nv) {
+    const int r = threadIdx.x;
+    if (r < GDN_C) ptx_cp_async4(sG + r, r < L ? G2 + (t0 + r) * nv + h : G2, r < L);
+}
+
+/* gates of one chunk from g, beta: sG[r] = log2(e) sum_{i<=r} g_i (rows >= L repeat G[L-1]),
+ * sBeta[r] (0 for rows >= L). All threads; ends synchronised. */
+GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float *g, const float *beta, int64_t t0,
+                              int L, int h, int nv) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    float x = 0.0f;
+    if (tid < GDN_C) {
+        x = tid < L ? g[(t0 + tid) * nv + h] * GDN_LOG2E : 0.0f;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(GDN_FULL, x, o);
+            if (lane >= o) x += y;
+        }
+        if (tid == 31) sTmp[0] = x;
+    }
+    __syncthreads();
+    if (tid < GDN_C) {
+        if (tid >= 32) x += sTmp[0];
+        sG[tid] = x;
+        sBeta[tid] = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
+    }
+    __syncthreads();
+}
+
+/* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF); sKKG (when not
+ * NULL) gets (k_i.k_j) e^{G_i - G_j} on the same entries. K K^T on the tensor cores. All threads. */
+template <int DK>
+GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG, const float *sBeta, int L) {
+    const int w = threadIdx.x >> 5;
+    float acc[1][8][4];
+    gdn_zero(acc);
+    gdn_warp_mma<1, 8, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, 16 * w, 0);
+#pragma unroll
+    for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+            float kkg = 0.0f;
+            if (j < i && i < L) kkg = acc[0][ni][e] * exp2f(sG[i] - sG[j]); /* exponent <= 0 */
+            sA[i * GDN_LDF + j] = sBeta[i] * kkg;
+            if (sKKG) sKKG[i * GDN_LDF + j] = kkg;
+        }
+}
+
+/* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (stride GDN_LDF), blocked by 16:
+ * the four diagonal blocks by forward substitution (thread = block, column: [i == c] - sum_{j<i}
+ * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
+ * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). All threads; ends synchronised. */
+#define GDN_SOLVE_SCRATCH (3 * 16 * 17)
+GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
+    __syncthreads();
+    if (tid < GDN_C) {
+        const int o = 16 * (tid >> 4), c = tid & 15;
+        float tc[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float s = (i == c) ? 1.0f : 0.0f;
+#pragma unroll
+            for (int j = 0; j < i; j++) s = fmaf(-sA[(o + i) * GDN_LDF + o + j], tc[j], s);
+            tc[i] = s;
+            sT[(o + i) * GDN_LDF + o + c] = s;
+        }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int d = 1; d < 4; d++) {
+        const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *arow = sA + (16 * bi + r) * GDN_LDF;
+            float x = 0.0f; /* k = 16 bj .. 16 bi - 1 in order, 16 at a time (the loads of a block issued together) */
+#pragma unroll 1
+            for (int kb = bj; kb < bi; kb++) {
+                const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
+#pragma unroll
+                for (int m = 0; m < 16; m++) x = fmaf(ak[m], tk[m * GDN_LDF], x);
+            }
+            sX[(e >> 8) * 272 + r * 17 + cc] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
+            float t = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
+        }
+        __syncthreads();
+    }
+}
+
+/* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */
+template <class X> GDN_DEV X *gdn_pick(X *const (&a)[2], int b) { return b ? a[1] : a[0]; }
+
+GDN_DEV void gdn_split2(bf16 *hi, bf16 *lo, float x0, float x1) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    *(__nv_bfloat162 *)hi = h;
+    *(__nv_bfloat162 *)lo = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+}
+
+GDN_DEV void gdn_store2(bf16 *p, float x0, float x1) { *(__nv_bfloat162 *)p = __floats2bfloat162_rn(x0, x1); }
+
+GDN_DEV float2 gdn_load2(const bf16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
+
+/* sum over the 4 lanes of a quad (the threads that share an accumulator row) */
+GDN_DEV float gdn_quad_sum(float x) {
+    x += __shfl_xor_sync(GDN_FULL, x, 1);
+    x += __shfl_xor_sync(GDN_FULL, x, 2);
+    return x;
+}
+

@@ -1,0 +1,225 @@
+/*
+ * dqkwg.cuh — dq, dk (fp32 per value head), dw = -dv2 h^T and the dG terms of the outputs and states,
+ * from the chunk states h, dh; split over the two halves of DK (2 blocks per SM). Callers: gdn.cu's
+ * backward.
+ */
+#pragma once
+
+/* ------------------------------------------------------------------------------------------------ */
+/* dqkwg: dq, dk, dw and the dG terms (the algebra below) split over the two halves of DK          */
+/*                                                                                                    */
+/* Block (2 c + half, h) computes columns [half DK/2, half DK/2 + DK/2) of dq, dk, dw of chunk c: it   */
+/* needs only that half of q, k (as columns) and of h, dh (as rows), so its tiles take 112 KB instead  */
+/* of 165 and two blocks share an SM (one block's loads under the other's products). ds = dO vn^T is   */
+/* computed by both halves (1 of the 6 products). dG comes out as two partials (the half's q.dq - k.dk */
+/* over its columns, and on the last row its share of gam <h, dh> + sum k.dk_inter), dgp (half 0) and */
+/* dgp2 (half 1), summed in that order by wy_bwd. The two halves of a chunk are neighbours in the grid */
+/* (blockIdx.x = 2 c + half), so the tiles both read (dO, vn) come from L2 the second time.            */
+
+template <int DK, int DV> struct GdnDqkwgSmem {
+    static constexpr int KH = DK / 2;
+    bf16 *q, *k, *vn, *dO, *dv2, *h, *dh, *ds;
+    float *G, *rowa, *rowb, *red;
+    size_t bytes;
+    __host__ __device__ explicit GdnDqkwgSmem(void *b) {
+        GdnCarve c(b);
+        q = c.take<bf16>(GDN_C * (KH + 8));
+        k = c.take<bf16>(GDN_C * (KH + 8));
+        vn = c.take<bf16>(GDN_C * (DV + 8));
+        dO = c.take<bf16>(GDN_C * (DV + 8));
+        dv2 = c.take<bf16>(GDN_C * (DV + 8));
+        h = c.take<bf16>(KH * (DV + 8));
+        dh = c.take<bf16>(KH * (DV + 8));
+        ds = c.take<bf16>(GDN_C * GDN_LDP);
+        G = c.take<float>(GDN_C);
+        rowa = c.take<float>(GDN_C);
+        rowb = c.take<float>(GDN_C);
+        red = c.take<float>(GDN_THREADS / 32);
+        bytes = c.off;
+    }
+};
+
+/*
+ * Per (chunk, value head), with h the entering state and dh the gradient at the exit:
+ *   ds  = scale (dO vn^T) Gam causal
+ *   dq  = scale gam (dO h^T) + ds K,     dk = dec (vn dh^T) + ds^T Q,     dw = -dv2 h^T
+ *   dG_r = q_r.dq_r - k_r.dk_r, the last row also gam_L <h, dh> + sum_j k_j.dk^inter_j
+ */
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_THREADS, 2)
+    gdn_dqkwg_kernel(float *dqv /* (T,nv,DK) */, bf16 *dq_out /* (T,ldq) when nv == nk, else NULL */,
+                        float *dkv /* (T,nv,DK) */, bf16 *dw /* (T,nv,DK) */, float *dgp /* (T,nv) half 0 */,
+                        float *dgp2 /* (T,nv) half 1 */, const bf16 *q, const bf16 *k,
+                        const bf16 *vn /* (T,nv,DV) */, const bf16 *dout /* (T,ldo) */, const bf16 *dv2 /* (T,nv,DV) */,
+                        const bf16 *hs /* (ns,nv,DK,DV) */, const bf16 *dhs /* (ns,nv,DK,DV) */, const float *G2,
+                        const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int64_t T, int nk, int nv,
+                        int ldq, int ldo, float scale) {
+    constexpr int KH = DK / 2, LDH = KH + 8, LDV = DV + 8, NTH = KH / 8;
+    static_assert(NTH % 2 == 0, "dqkwg: an even number of 8-column tiles per half");
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnDqkwgSmem<DK, DV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int half = blockIdx.x & 1, cb = half * KH; /* this block's DK columns start at cb */
+    const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV, ns = (T + GDN_C - 1) / GDN_C + 1;
+    const int nc = meta[GDN_META_NC];
+    float *dgo = half ? dgp2 : dgp;
+    for (int c = blockIdx.x >> 1; c < nc; c += gridDim.x >> 1) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        const int64_t t1 = t0 + L;
+        const bool reset = doc_pos[t0] == 0;
+        const bool exit_carries = t1 == T || doc_pos[t1] != 0;
+        const int64_t slot_out = t1 == T ? ns - 1 : t1 / GDN_C;
+        __syncthreads();
+        /* two groups: what ds needs first, the rest under the ds product */
+        gdn_load_rows<GDN_C, DV>(s.dO, LDV, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
+        gdn_load_rows<GDN_C, DV>(s.vn, LDV, vn + t0 * ldx + (int64_t)h * DV, ldx, L);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        ptx_cp_async_commit();
+        gdn_load_rows<GDN_C, KH>(s.q, LDH, q + t0 * ldq + (int64_t)kh * DK + cb, ldq, L);
+        gdn_load_rows<GDN_C, KH>(s.k, LDH, k + t0 * ldq + (int64_t)kh * DK + cb, ldq, L);
+        gdn_load_rows<GDN_C, DV>(s.dv2, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
+        gdn_load_rows<KH, DV>(s.h, LDV, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * DV + (int64_t)cb * DV, DV,
+                              reset ? 0 : KH);
+        gdn_load_rows<KH, DV>(s.dh, LDV, dhs + (slot_out * nv + h) * (int64_t)DK * DV + (int64_t)cb * DV, DV,
+                              exit_carries ? KH : 0);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<1>();
+        __syncthreads();
+        /* ds */
+        {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, false, true, DV>(acc, s.dO, LDV, s.vn, LDV, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    const float d0 = (j <= r && r < L) ? scale * acc[0][ni][e] * exp2f(s.G[r] - s.G[j]) : 0.0f;
+                    const float d1 =
+                        (j + 1 <= r && r < L) ? scale * acc[0][ni][e + 1] * exp2f(s.G[r] - s.G[j + 1]) : 0.0f;
+                    gdn_store2(s.ds + r * GDN_LDP + j, d0, d1);
+                }
+        }
+        ptx_cp_async_wait<0>();
+        __syncthreads();
+        /* this half's share of <h, dh> (zero unless both exist), fixed order */
+        {
+            float hd = 0.0f;
+            if (!reset && exit_carries)
+                for (int i = threadIdx.x; i < KH * DV / 2; i += GDN_THREADS) {
+                    const int a = i / (DV / 2), b = (i % (DV / 2)) * 2;
+                    const float2 x = gdn_load2(s.h + a * LDV + b), y = gdn_load2(s.dh + a * LDV + b);
+                    hd = fmaf(x.x, y.x, hd);
+                    hd = fmaf(x.y, y.y, hd);
+                }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) hd += __shfl_xor_sync(GDN_FULL, hd, o);
+            if (lane == 0) s.red[w] = hd;
+        }
+        float qdq[2] = {0.0f, 0.0f}, kdk[2] = {0.0f, 0.0f}, kdi[2] = {0.0f, 0.0f};
+        /* dq (this half's columns) */
+        {
+            float acc[1][NTH][4];
+            gdn_zero(acc);
+            if (!reset) {
+                gdn_warp_mma<1, NTH, false, true, DV>(acc, s.dO, LDV, s.h, LDV, 16 * w, 0);
+#pragma unroll
+                for (int ni = 0; ni < NTH; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = 16 * w + gdn_frag_row(e);
+                        acc[0][ni][e] *= r < L ? scale * exp2f(s.G[r]) : 0.0f;
+                    }
+            }
+            gdn_warp_mma<1, NTH, false, false, GDN_C>(acc, s.ds, GDN_LDP, s.k, LDH, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < NTH; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), col = ni * 8 + gdn_frag_col(e);
+                    const float2 qq = gdn_load2(s.q + r * LDH + col);
+                    qdq[e >> 1] += qq.x * acc[0][ni][e] + qq.y * acc[0][ni][e + 1];
+                    if (r < L && dq_out) /* one value head per key head: the final dq */
+                        gdn_store2(dq_out + (t0 + r) * ldq + (int64_t)h * DK + cb + col, acc[0][ni][e],
+                                   acc[0][ni][e + 1]);
+                    else if (r < L)
+                        *(float2 *)(dqv + (t0 + r) * ldk + (int64_t)h * DK + cb + col) =
+                            make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
+                }
+        }
+        /* dk (this half's columns) */
+        {
+            float acc[1][NTH][4];
+            gdn_zero(acc);
+            if (exit_carries) {
+                gdn_warp_mma<1, NTH, false, true, DV>(acc, s.vn, LDV, s.dh, LDV, 16 * w, 0);
+                const float gL = s.G[L - 1];
+#pragma unroll
+                for (int ni = 0; ni < NTH; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        const int r = 16 * w + gdn_frag_row(e), col = ni * 8 + gdn_frag_col(e);
+                        const float dec = r < L ? exp2f(gL - s.G[r]) : 0.0f;
+                        acc[0][ni][e] *= dec;
+                        acc[0][ni][e + 1] *= dec;
+                        const float2 kk = gdn_load2(s.k + r * LDH + col);
+                        kdi[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
+                    }
+            }
+            gdn_warp_mma<1, NTH, true, false, GDN_C>(acc, s.ds, GDN_LDP, s.q, LDH, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < NTH; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), col = ni * 8 + gdn_frag_col(e);
+                    const float2 kk = gdn_load2(s.k + r * LDH + col);
+                    kdk[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
+                    if (r < L)
+                        *(float2 *)(dkv + (t0 + r) * ldk + (int64_t)h * DK + cb + col) =
+                            make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
+                }
+        }
+        /* dw = -dv2 h^T (this half's columns) */
+        {
+            float acc[1][NTH][4];
+            gdn_zero(acc);
+            if (!reset) gdn_warp_mma<1, NTH, false, true, DV>(acc, s.dv2, LDV, s.h, LDV, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < NTH; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), col = ni * 8 + gdn_frag_col(e);
+                    if (r < L)
+                        gdn_store2(dw + (t0 + r) * ldk + (int64_t)h * DK + cb + col, -acc[0][ni][e],
+                                   -acc[0][ni][e + 1]);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            qdq[i] = gdn_quad_sum(qdq[i]);
+            kdk[i] = gdn_quad_sum(kdk[i]);
+            kdi[i] = gdn_quad_sum(kdi[i]);
+        }
+        if ((lane & 3) == 0) {
+            const int r = 16 * w + (lane >> 2);
+            s.rowa[r] = qdq[0] - kdk[0];
+            s.rowa[r + 8] = qdq[1] - kdk[1];
+            s.rowb[r] = kdi[0];
+            s.rowb[r + 8] = kdi[1];
+        }
+        __syncthreads();
+        const int r = threadIdx.x;
+        if (r < L) {
+            float d = s.rowa[r];
+            if (r == L - 1) {
+                float sk = 0.0f;
+                for (int j = 0; j < L; j++) sk += s.rowb[j];
+                const float hdh = (s.red[0] + s.red[1]) + (s.red[2] + s.red[3]);
+                d += exp2f(s.G[L - 1]) * hdh + sk;
+            }
+            dgo[(t0 + r) * nv + h] = d;
+        }
+    }
+}

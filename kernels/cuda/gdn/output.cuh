@@ -1,0 +1,142 @@
+/*
+ * output.cuh — the per-chunk outputs of the chunk states: o = scale (gam (Q h) + (Q K^T Gam causal) vn)
+ * (gdn_output_kernel, the forward) and dv_loc = scale P^T dO (gdn_dvlocal_kernel, the backward and
+ * dstate). One block per (chunk, value head). Part of gdn.cu.
+ */
+#pragma once
+
+/* ------------------------------------------------------------------------------------------------ */
+/* output and dv_local: per (chunk, value head, column block of BVO)                                  */
+
+template <int DK, int BVO> struct GdnOutSmem {
+    bf16 *q, *k, *x, *h, *p; /* x: vn (output) or dO (dv_local) */
+    float *G;
+    size_t bytes;
+    __host__ __device__ GdnOutSmem(void *b, bool with_h) {
+        GdnCarve c(b);
+        q = c.take<bf16>(GDN_C * (DK + 8));
+        k = c.take<bf16>(GDN_C * (DK + 8));
+        x = c.take<bf16>(GDN_C * (BVO + 8));
+        p = c.take<bf16>(GDN_C * GDN_LDP);
+        G = c.take<float>(GDN_C);
+        h = with_h ? c.take<bf16>(DK * (BVO + 8)) : NULL;
+        bytes = c.off;
+    }
+};
+
+/* sP = (Q K^T)_rj e^{G_r - G_j} for j <= r < L, else 0 (bf16, unscaled). All threads. */
+template <int DK> GDN_DEV void gdn_build_P(bf16 *sP, const bf16 *sQ, const bf16 *sK, const float *sG, int L) {
+    const int w = threadIdx.x >> 5;
+    float acc[1][8][4];
+    gdn_zero(acc);
+    gdn_warp_mma<1, 8, false, true, DK>(acc, sQ, DK + 8, sK, DK + 8, 16 * w, 0);
+#pragma unroll
+    for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const int r = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+            const float p0 = (j <= r && r < L) ? acc[0][ni][e] * exp2f(sG[r] - sG[j]) : 0.0f;
+            const float p1 = (j + 1 <= r && r < L) ? acc[0][ni][e + 1] * exp2f(sG[r] - sG[j + 1]) : 0.0f;
+            gdn_store2(sP + r * GDN_LDP + j, p0, p1);
+        }
+}
+
+template <int DK, int BVO>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */,
+                      const bf16 *vn /* (T,nv,dv) */, const bf16 *hs /* (ns,nv,DK,dv) */, const float *G2,
+                      const int32_t *doc_pos, const int32_t *starts, const int32_t *meta, int nk, int nv, int dv,
+                      int ldq, int ldo, float scale) {
+    constexpr int LDK = DK + 8, LDX = BVO + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnOutSmem<DK, BVO> s(gdn_smem, true);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, col0 = blockIdx.z * BVO;
+    const int64_t ldx = (int64_t)nv * dv;
+    const int nc = meta[GDN_META_NC];
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        const bool reset = doc_pos[t0] == 0;
+        __syncthreads();
+        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, BVO>(s.x, LDX, vn + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
+        if (!reset) gdn_load_rows<DK, BVO>(s.h, LDX, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0, dv, DK);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
+        __syncthreads();
+#pragma unroll 1
+        for (int n0 = 0; n0 < BVO; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            if (!reset) {
+                gdn_warp_mma<1, 8, false, false, DK>(acc, s.q, LDK, s.h, LDX, 16 * w, n0);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = 16 * w + gdn_frag_row(e);
+                        acc[0][ni][e] *= r < L ? exp2f(s.G[r]) : 0.0f;
+                    }
+            }
+            gdn_warp_mma<1, 8, false, false, GDN_C>(acc, s.p, GDN_LDP, s.x, LDX, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), j = n0 + ni * 8 + gdn_frag_col(e);
+                    if (r < L)
+                        gdn_store2(o + (t0 + r) * ldo + (int64_t)h * dv + col0 + j, scale * acc[0][ni][e],
+                                   scale * acc[0][ni][e + 1]);
+                }
+        }
+    }
+}
+
+/* dv_loc rows j = scale sum_{r >= j} P_rj dO_r (bf16, (T,nv,dv)) over the chunks of `mode` */
+template <int DK, int BVO>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_dvlocal_kernel(bf16 *dvl /* (T,nv,dv) */, const bf16 *q, const bf16 *k, const bf16 *dout /* (T,ldo) */,
+                       const float *G2, const int32_t *starts, const int32_t *meta, int mode, int nk, int nv, int dv,
+                       int ldq, int ldo, float scale) {
+    constexpr int LDK = DK + 8, LDX = BVO + 8;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnOutSmem<DK, BVO> s(gdn_smem, false);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, col0 = blockIdx.z * BVO;
+    const int64_t ldx = (int64_t)nv * dv;
+    int lo, hi;
+    gdn_chunk_range(meta, mode, &lo, &hi);
+    for (int c = lo + blockIdx.x; c < hi; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        __syncthreads();
+        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, BVO>(s.x, LDX, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
+        __syncthreads();
+#pragma unroll 1
+        for (int n0 = 0; n0 < BVO; n0 += 64) {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.p, GDN_LDP, s.x, LDX, 16 * w, n0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * w + gdn_frag_row(e), j = n0 + ni * 8 + gdn_frag_col(e);
+                    if (r < L)
+                        gdn_store2(dvl + (t0 + r) * ldx + (int64_t)h * dv + col0 + j, scale * acc[0][ni][e],
+                                   scale * acc[0][ni][e + 1]);
+                }
+        }
+    }
+}
+

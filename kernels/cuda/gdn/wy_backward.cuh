@@ -1,0 +1,345 @@
+/*
+ * wy_backward.cuh — the gradients through the WY factors W = Tinv diag(beta gam) K, U = Tinv diag(beta) V
+ * (Tinv recomputed): dk, dv, dbeta, the dG terms and the reverse cumsum dg; dk's two WY terms stay in
+ * registers, 110 KB of shared memory (2 blocks per SM). Callers: gdn.cu's backward.
+ */
+#pragma once
+
+/* ------------------------------------------------------------------------------------------------ */
+/* wy_bwd helpers                                                                                     */
+
+/* kkg_ij = (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF): gdn_build_A's kkg */
+template <int DK> GDN_DEV void gdn_build_kkg(float *sKKG, const bf16 *sK, const float *sG, int L) {
+    const int w = threadIdx.x >> 5;
+    float acc[1][8][4];
+    gdn_zero(acc);
+    gdn_warp_mma<1, 8, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, 16 * w, 0);
+#pragma unroll
+    for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+            float kkg = 0.0f;
+            if (j < i && i < L) kkg = acc[0][ni][e] * exp2f(sG[i] - sG[j]);
+            sKKG[i * GDN_LDF + j] = kkg;
+        }
+}
+
+/* gdn_solve with A_ij = beta_i kkg_ij formed on the fly (the value gdn_build_A stores) */
+GDN_DEV void gdn_solve_scaled(float *sT, float *sX, const float *sK, const float *sB) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
+    __syncthreads();
+    if (tid < GDN_C) {
+        const int o = 16 * (tid >> 4), c = tid & 15;
+        float tc[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float s = (i == c) ? 1.0f : 0.0f;
+            const float bi = sB[o + i];
+#pragma unroll
+            for (int j = 0; j < i; j++) s = fmaf(-(bi * sK[(o + i) * GDN_LDF + o + j]), tc[j], s);
+            tc[i] = s;
+            sT[(o + i) * GDN_LDF + o + c] = s;
+        }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int d = 1; d < 4; d++) {
+        const int n = (4 - d) * 256;
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *arow = sK + (16 * bi + r) * GDN_LDF;
+            const float brow = sB[16 * bi + r];
+            float x = 0.0f;
+            for (int k = 16 * bj; k < 16 * bi; k++) x = fmaf(brow * arow[k], sT[k * GDN_LDF + 16 * bj + cc], x);
+            sX[(e >> 8) * 272 + r * 17 + cc] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < n; e += GDN_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
+            float t = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
+        }
+        __syncthreads();
+    }
+}
+
+template <int DK, int DV> struct GdnWySmem {
+    bf16 *k, *v, *dw, *du, *tb, *dt, *m1, *cc;
+    float *kkg, *T, *G, *beta, *dbeta, *dG, *tmp;
+    size_t bytes;
+    __host__ __device__ explicit GdnWySmem(void *b) {
+        GdnCarve c(b);
+        k = c.take<bf16>(GDN_C * (DK + 8));
+        v = c.take<bf16>(GDN_C * (DV + 8));
+        dw = c.take<bf16>(GDN_C * (DK + 8));
+        du = c.take<bf16>(GDN_C * (DV + 8));
+        tb = c.take<bf16>(GDN_C * GDN_LDP);
+        tmp = (float *)tb; /* the solve's scratch (before tb exists) and the row sums (after tb is dead) */
+        T = c.take<float>(GDN_C * GDN_LDF);
+        dt = (bf16 *)T;  /* dT once Tinv is in tb */
+        m1 = dw;         /* once dW is dead (after dT) */
+        cc = du;         /* once dU is dead */
+        kkg = c.take<float>(GDN_C * GDN_LDF);
+        G = c.take<float>(GDN_C);
+        beta = c.take<float>(GDN_C);
+        dbeta = c.take<float>(GDN_C);
+        dG = c.take<float>(GDN_C);
+        bytes = c.off;
+    }
+};
+static_assert(GDN_SOLVE_SCRATCH * 4 <= GDN_C * GDN_LDP * 2, "wy_bwd: the solve scratch must fit in tb");
+static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * GDN_LDF * 4, "wy_bwd: dt must fit in T");
+static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * (64 + 8) * 2, "wy_bwd: m1 and C must fit in dW and dU");
+
+/* ------------------------------------------------------------------------------------------------ */
+/* wy_bwd in 110 KB of shared memory (2 blocks per SM; the first form took 157). A is not            */
+/* stored (A_ij = beta_i kkg_ij is recomputed, the same fp32 value); dt lives in the fp32 Tinv tile, */
+/* m1 in dW's and C in dU's once they are dead, the solve scratch in the bf16 Tinv tile: every      */
+/* product and rounding is the 157 KB form's, so the results are bitwise its results                */
+
+/*
+ * Per (chunk, value head), dW = dw, dU = dv2:
+ *   dXw = Tinv^T dW: dk += beta gam dXw, dbeta += gam k.dXw, dG += beta gam k.dXw
+ *   dXu = Tinv^T dU: dv = beta dXu, dbeta += v.dXu
+ *   dT = (dW K^T) diag(beta gam) + (dU V^T) diag(beta), strictly lower; dA = -(Tinv^T dT Tinv^T) strictly lower
+ *   dk_i += sum_j C_ij k_j, dk_j += sum_i C_ij k_i (C = dA beta_i Gam), dbeta_i += sum_j dA_ij kkg_ij,
+ *   dG_i += sum_j dA_ij A_ij, dG_j -= sum_i dA_ij A_ij
+ * then dg = reverse cumsum over the chunk of (dG of dqkwg + these). dk accumulates in fp32 (dkv).
+ */
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_THREADS, 2)
+    gdn_wy_backward_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
+                         bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */, float *dbeta_out /* (T,nv) */,
+                         const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
+                         const float *dgp /* (T,nv) */, const float *dgp2 /* (T,nv) second partial, or NULL */,
+                         const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
+                         const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk,
+                         int nv, int ldq, int ldv) {
+    constexpr int LDK = DK + 8, LDV = DV + 8, NB = DK / 64;
+    extern __shared__ __align__(16) unsigned char gdn_smem[];
+    GdnWySmem<DK, DV> s(gdn_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV;
+    const int nc = meta[GDN_META_NC];
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const int64_t t0 = starts[c];
+        const int L = starts[c + 1] - (int)t0;
+        __syncthreads();
+        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
+        gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
+        gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        ptx_cp_async_commit();
+        float dgp_r = 0.0f; /* row threadIdx.x's dG of dqkwg, read early */
+        if (threadIdx.x < GDN_C) {
+            const int r = threadIdx.x;
+            s.beta[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
+            s.dbeta[r] = 0.0f;
+            s.dG[r] = 0.0f;
+            if (r < L) dgp_r = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
+        }
+        ptx_cp_async_wait<0>();
+        __syncthreads();
+        gdn_build_kkg<DK>(s.kkg, s.k, s.G, L);
+        __syncthreads();
+        gdn_solve_scaled(s.T, s.tmp, s.kkg, s.beta);
+        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
+            gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
+        }
+        __syncthreads();
+        const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
+        float dkr[NB][1][8][4];              /* dk of this warp's rows, both WY terms */
+        /* dXw = Tinv^T dW: dk = beta gam dXw (rows < L) */
+        {
+            float kx[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                float acc[1][8][4];
+                gdn_zero(acc);
+                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dw, LDK, 16 * w, 64 * nb);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
+                        const float2 kk = gdn_load2(s.k + j * LDK + col);
+                        kx[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
+                        const float bg = j < L ? s.beta[j] * exp2f(s.G[j]) : 0.0f;
+                        dkr[nb][0][ni][e] = bg * acc[0][ni][e];
+                        dkr[nb][0][ni][e + 1] = bg * acc[0][ni][e + 1];
+                    }
+            }
+            kx[0] = gdn_quad_sum(kx[0]);
+            kx[1] = gdn_quad_sum(kx[1]);
+            if ((lane & 3) == 0)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int j = rA + 8 * i;
+                    const float gm = j < L ? exp2f(s.G[j]) : 0.0f;
+                    s.dbeta[j] += gm * kx[i];
+                    s.dG[j] += s.beta[j] * gm * kx[i];
+                }
+        }
+        /* dXu = Tinv^T dU -> dv */
+        {
+            float vx[2] = {0.0f, 0.0f};
+#pragma unroll 1
+            for (int n0 = 0; n0 < DV; n0 += 64) {
+                float acc[1][8][4];
+                gdn_zero(acc);
+                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.du, LDV, 16 * w, n0);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e += 2) {
+                        const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                        const float2 vv = gdn_load2(s.v + j * LDV + col);
+                        vx[e >> 1] += vv.x * acc[0][ni][e] + vv.y * acc[0][ni][e + 1];
+                        if (j < L)
+                            gdn_store2(dv_out + (t0 + j) * ldv + (int64_t)h * DV + col, s.beta[j] * acc[0][ni][e],
+                                       s.beta[j] * acc[0][ni][e + 1]);
+                    }
+            }
+            vx[0] = gdn_quad_sum(vx[0]);
+            vx[1] = gdn_quad_sum(vx[1]);
+            if ((lane & 3) == 0) {
+                s.dbeta[rA] += vx[0];
+                s.dbeta[rA + 8] += vx[1];
+            }
+        }
+        /* dT */
+        {
+            float a1[1][8][4], a2[1][8][4];
+            gdn_zero(a1);
+            gdn_zero(a2);
+            gdn_warp_mma<1, 8, false, true, DK>(a1, s.dw, LDK, s.k, LDK, 16 * w, 0);
+            gdn_warp_mma<1, 8, false, true, DV>(a2, s.du, LDV, s.v, LDV, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    float x[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int jj = j + u;
+                        x[u] = (jj < i && i < L) ? s.beta[jj] * (exp2f(s.G[jj]) * a1[0][ni][e + u] + a2[0][ni][e + u])
+                                                 : 0.0f;
+                    }
+                    gdn_store2(s.dt + i * GDN_LDP + j, x[0], x[1]);
+                }
+        }
+        __syncthreads();
+        /* M1 = Tinv^T dT */
+        {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dt, GDN_LDP, 16 * w, 0);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    gdn_store2(s.m1 + i * GDN_LDP + j, acc[0][ni][e], acc[0][ni][e + 1]);
+                }
+        }
+        __syncthreads();
+        /* dA = -(M1 Tinv^T), strictly lower: C, E = dA A (in place of A), dbeta */
+        {
+            float acc[1][8][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 8, false, true, GDN_C>(acc, s.m1, GDN_LDP, s.tb, GDN_LDP, 16 * w, 0);
+            float db[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    float cv[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int jj = j + u;
+                        const bool in = jj < i && i < L;
+                        const float da = in ? -acc[0][ni][e + u] : 0.0f;
+                        cv[u] = in ? da * s.beta[i] * exp2f(s.G[i] - s.G[jj]) : 0.0f;
+                        const float kg = s.kkg[i * GDN_LDF + jj];
+                        db[e >> 1] += da * kg;
+                        s.kkg[i * GDN_LDF + jj] = da * (s.beta[i] * kg); /* E = dA A */
+                    }
+                    gdn_store2(s.cc + i * GDN_LDP + j, cv[0], cv[1]);
+                }
+            db[0] = gdn_quad_sum(db[0]);
+            db[1] = gdn_quad_sum(db[1]);
+            if ((lane & 3) == 0) {
+                s.dbeta[rA] += db[0];
+                s.dbeta[rA + 8] += db[1];
+            }
+        }
+        __syncthreads();
+        /* dk = dk of dqkwg + (the dXw term + C K + C^T K): every load of a half issued first */
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            float2 old[8][2];
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
+                    old[ni][e >> 1] = j < L ? *(const float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col)
+                                            : make_float2(0.0f, 0.0f);
+                }
+            gdn_warp_mma<1, 8, false, false, GDN_C>(dkr[nb], s.cc, GDN_LDP, s.k, LDK, 16 * w, 64 * nb);
+            gdn_warp_mma<1, 8, true, false, GDN_C>(dkr[nb], s.cc, GDN_LDP, s.k, LDK, 16 * w, 64 * nb);
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
+                    if (j < L) {
+                        const float2 o = old[ni][e >> 1];
+                        const float x0 = o.x + dkr[nb][0][ni][e], x1 = o.y + dkr[nb][0][ni][e + 1];
+                        if (dk_out) gdn_store2(dk_out + (t0 + j) * ldq + (int64_t)h * DK + col, x0, x1); /* final dk */
+                        else *(float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col) = make_float2(x0, x1);
+                    }
+                }
+        }
+        /* dG of the A entries: row sums minus column sums of E */
+        if (threadIdx.x < GDN_C) {
+            const int r = threadIdx.x;
+            float rs = 0.0f, cs = 0.0f;
+            for (int j = 0; j < GDN_C; j++) {
+                rs += s.kkg[r * GDN_LDF + j];
+                cs += s.kkg[j * GDN_LDF + r];
+            }
+            s.tmp[r] = r < L ? dgp_r + s.dG[r] + (rs - cs) : 0.0f;
+        }
+        __syncthreads();
+        /* dg = reverse cumsum inside the chunk: rows 0..63 on warps 0 and 1 */
+        {
+            float x = 0.0f;
+            if (threadIdx.x < GDN_C) {
+                x = s.tmp[threadIdx.x];
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float y = __shfl_down_sync(GDN_FULL, x, o);
+                    if (lane + o < 32) x += y;
+                }
+                if (threadIdx.x == 32) s.dG[0] = x; /* the sum of rows 32..63 */
+            }
+            __syncthreads();
+            if (threadIdx.x < 32) x += s.dG[0];
+            if ((int)threadIdx.x < L) {
+                dg_out[(t0 + threadIdx.x) * nv + h] = x;
+                dbeta_out[(t0 + threadIdx.x) * nv + h] = s.dbeta[threadIdx.x];
+            }
+        }
+    }
+}
+
