@@ -5,7 +5,7 @@
  * kernels/cuda, not in lib/, so that lib/ never includes a cuda header. The caller has picked the
  * process's GPU first (comm_cuda_init -> cuda_backend_init).
  *
- * Callers: lib/train.c.
+ * Callers: lib/train.c, lib/eval.c.
  */
 #include "backend.h"
 #include "config.h"

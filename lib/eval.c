@@ -27,9 +27,6 @@
 #include "fsio.h"
 #include "hf.h"
 #include "model.h"
-#ifdef RS_WITH_CUDA
-#include "cuda_profile.h"
-#endif
 
 #define EVAL_BUCKETS 48 /* [0,1), [1,2), [2,4), ..., up to 2^46 tokens of context */
 #define EVAL_USAGE "ringscan eval RUN_DIR|CKPT_DIR --data PATH [--out FILE] [--tokens N] [--set key=value]..."
@@ -195,11 +192,11 @@ int eval_main(int argc, char **argv) {
     const Backend *be = &backend_cpu;
     if (cfg->device.kind == DEVICE_KIND_CUDA) {
 #ifdef RS_WITH_CUDA
-        comm_cuda_init(&comm);
-        be = cuda_backend_table();
-#else
-        eval_fail(&comm, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend");
+        comm_cuda_init(&comm); /* this rank's GPU; refuses bad GPU layouts (exit 2) */
 #endif
+        be = backend_select(cfg);
+        if (!be)
+            eval_fail(&comm, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend");
     }
     openblas_set_num_threads((int)cfg->device.threads);
     DataSet *ds;
