@@ -3,8 +3,8 @@
  * data, overall and by log-spaced context buckets, on any backend and layout.
  *
  * Per step of dp x micro_batch samples: each rank reads its samples' CP
- * fragments (cp_read_sample, as the trainer does), runs one forward +
- * backward with gradient scale 0, reads the per-token losses back and adds
+ * fragments (cp_read_sample, as the trainer does), runs the forward alone
+ * (model_forward: no backward, no gradient), reads the per-token losses back and adds
  * them (double) into its buckets by context = min(pos, doc_pos). At the end
  * one all-reduce of the bucket sums and counts over the world.
  */
@@ -236,7 +236,7 @@ int eval_main(int argc, char **argv) {
                                meta + rows + j * Tl, meta + 2 * rows + j * Tl, meta + 3 * rows + j * Tl))
                 data_fail(rd.err);
         if (meta_dev) be->to_device(meta_dev, meta, (size_t)rows * 16);
-        model_forward_backward(&m, &b, 0.0f, 0);
+        model_forward(&m, &b);
         model_loss_sum(&m, 1); /* waits for the queued work */
         be->to_host(losses, m.losses, (size_t)rows * sizeof(float));
         for (int64_t t = 0; t < rows; t++) {

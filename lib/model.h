@@ -163,6 +163,9 @@ void model_free(Model *m);
  * compute stream on cuda), so the all-reduce overlaps the rest of the
  * backward. */
 void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads);
+/* the forward alone: the micro-batch's per-token losses into its slot of m->losses (read them with
+ * model_loss_sum or to_host), no gradient, no backward state kept for later (ringscan eval) */
+void model_forward(Model *m, const Batch *b);
 
 /* The sum of the per-token losses of micro-batches 0 .. micro_batches-1 of the step on this
  * rank, in token order: the step's one read of the backend (cuda: it waits for the queued work). */

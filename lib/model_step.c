@@ -29,7 +29,10 @@
  * Nothing here reads the backend back: the per-token losses stay in the
  * micro-batch's slot until model_loss_sum, the step's one read.
  *
- * Callers: lib/train.c, lib/bench_step.c, tests/parity/parity_step.c.
+ * model_forward is the forward alone (the losses, no gradient, nothing sent to
+ * the host): `ringscan eval`.
+ *
+ * Callers: lib/train.c, bench/bench_step.c, tests/parity/parity_step.c, lib/eval.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -49,43 +52,59 @@ static void model_layer_range(const Model *m, int l, int64_t *a, int64_t *e) {
     *e = i < m->ptab.n ? m->ptab.t[i].offset : m->ptab.buffer_numel;
 }
 
-void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads) {
+/* The forward of one micro-batch: the CP metadata, the embedding, the blocks, and the head in loss row
+ * chunks. With `backward` the lm_head's gradient (scaled by grad_scale) and the final norm's backward into
+ * d_resid are made as the loss is, ready for the layers' backward; without, only the losses (the
+ * lm_head's outputs with grad_scale 0). */
+static void model_forward_part(Model *m, const Batch *b, float grad_scale, int backward) {
     const Backend *be = m->be;
     const Config *cfg = m->cfg;
     int L = (int)cfg->model.num_hidden_layers;
     int64_t T = b->T;
     int H = (int)cfg->model.hidden_size, V = (int)cfg->model.vocab_size;
     int es = be->act_size;
-    int pol = cfg->checkpoint.activations;
     float eps = (float)cfg->model.rms_norm_eps;
     const char *w = m->weights;
     RS_CHECK(T == m->T, "micro-batch of %lld rows, model built for %lld", (long long)T, (long long)m->T);
-    Comm *comm = m->comm;
-    const int reduce = sync_grads && comm && comm->world_size > 1;
-    CommHandle buckets = {0};
     RS_CHECK(b->pos_host && b->doc_pos_host, "the batch's host metadata is not set");
-    comm_set_context(comm, -1, "batch metadata all-gather");
+    comm_set_context(m->comm, -1, "batch metadata all-gather");
     cp_batch_begin(&m->cp, b->micro, b->pos_host, b->doc_pos_host);
 
-    /* forward */
     model_offload_claim(m, 0);
     be->embedding_forward(m->la[0].x, b->tokens, w + m->embed * es, T, H);
     for (int l = 0; l < L; l++) {
         model_block_forward(m, l, b, l + 1 < L ? m->la[l + 1].x : m->final_in, BLOCK_FORWARD);
-        model_offload_stash(m, l);
+        if (backward) model_offload_stash(m, l); /* no backward will read it back */
     }
     /* the head, row chunk by row chunk: final norm, lm_head + CE (its gradient at once), and the final
      * norm's backward into d_resid, which the layers' backward then starts from */
-    be->memset_zero(m->d_resid, (size_t)(T * H * es));
+    if (backward) be->memset_zero(m->d_resid, (size_t)(T * H * es));
     for (int64_t r0 = 0, R = m->acts.loss_chunk_rows; r0 < T; r0 += R) {
         const int64_t n = T - r0 < R ? T - r0 : R;
         const void *x = (const char *)m->final_in + r0 * H * es;
         be->rmsnorm_forward(m->final_norm, m->final_rstd, x, w + m->final_norm_w * es, n, 1, H, H, H, eps, 1);
         be->lm_head_loss(m->losses + b->micro * T + r0, m->d_final, m->grads + m->lm_head, m->final_norm,
-                         w + m->lm_head * es, b->targets + r0, grad_scale, m->loss_workspace, R, n, H, V);
-        be->rmsnorm_backward((char *)m->d_resid + r0 * H * es, m->grads + m->final_norm_w, m->d_final, x,
-                             w + m->final_norm_w * es, m->final_rstd, n, 1, H, H, H, 1);
+                         w + m->lm_head * es, b->targets + r0, backward ? grad_scale : 0.0f, m->loss_workspace, R,
+                         n, H, V);
+        if (backward)
+            be->rmsnorm_backward((char *)m->d_resid + r0 * H * es, m->grads + m->final_norm_w, m->d_final, x,
+                                 w + m->final_norm_w * es, m->final_rstd, n, 1, H, H, H, 1);
     }
+}
+
+void model_forward(Model *m, const Batch *b) { model_forward_part(m, b, 0.0f, 0); }
+
+void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync_grads) {
+    const Backend *be = m->be;
+    const Config *cfg = m->cfg;
+    int L = (int)cfg->model.num_hidden_layers;
+    int64_t T = b->T;
+    int H = (int)cfg->model.hidden_size;
+    int pol = cfg->checkpoint.activations;
+    Comm *comm = m->comm;
+    const int reduce = sync_grads && comm && comm->world_size > 1;
+    CommHandle buckets = {0};
+    model_forward_part(m, b, grad_scale, 1);
 
     /* backward */
     for (int l = L - 1; l >= 0; l--) {

@@ -50,7 +50,8 @@
 #   hf         the Hugging Face export against transformers (tests/parity/hf_check.py, issue 20): a tiny-cpu
 #              run trained 100 steps on the GPU, exported; transformers' loss and every parameter gradient
 #              on fixed single-sequence and document-packed batches, mixers x1 and x30, against ringscan's
-#              (cpu, fp32); then the same with a wrong GDN layout in transformers' copy, which must FAIL
+#              (cpu, fp32); then the same with a wrong GDN layout in transformers' copy, which must FAIL;
+#              and `ringscan eval` of the run on cuda (one GPU, cp 2 on two) against the cpu oracle
 #   long-parity  tests/cuda/long_gpu_check.sh (two GPUs): row chunks (100 and 7 rows) against the unchunked
 #              run and the cpu oracle (compare_bf16 bounds), offload against none (bitwise), one GPU and
 #              cp 2; and build/test_cuda cuda_copyq_order (the copy queue's ordering). ~1 min
@@ -275,6 +276,31 @@ suite_hf() {
         echo "hf: training the tiny run failed"; tail -5 "$L/hf-train.log"; return 1
     fi
     grep -E "^step +100/" "$L/hf-train.log"
+    # ringscan eval of the same run on cuda (one GPU, and cp 2 when there are two) against the cpu oracle:
+    # the overall loss and every context bucket's within 1e-2 relative (bf16 activations against fp32)
+    local ev=(build/ringscan eval "$w/run" --data "$w/recall.tok" --tokens 32768)
+    timeout "$(left)" "${ev[@]}" --out "$w/eval-cpu.json" --set device.kind=cpu > "$L/hf-eval.log" 2>&1 &&
+        timeout "$(left)" "${ev[@]}" --out "$w/eval-cuda.json" --set device.kind=cuda >> "$L/hf-eval.log" 2>&1 || rc=1
+    if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+        timeout "$(left)" mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
+            "${ev[@]}" --out "$w/eval-cuda-cp2.json" --set device.kind=cuda --set parallel.cp=2 --set parallel.dp=1 \
+            >> "$L/hf-eval.log" 2>&1 || rc=1
+    fi
+    "$PY" - "$w" <<'EOF' || rc=1
+import glob, json, sys
+w = sys.argv[1]
+ref = json.load(open(f"{w}/eval-cpu.json"))
+ok = True
+for f in sorted(glob.glob(f"{w}/eval-cuda*.json")):
+    got = json.load(open(f))
+    worst = max([abs(got["loss"] - ref["loss"]) / ref["loss"]] +
+                [abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(got["buckets"], ref["buckets"])])
+    same = [(a["from"], a["tokens"]) for a in got["buckets"]] == [(b["from"], b["tokens"]) for b in ref["buckets"]]
+    ok &= same and worst <= 1e-2
+    print(f"eval {f.split('/')[-1]}: loss {got['loss']:.6f} vs cpu {ref['loss']:.6f}, worst bucket rel {worst:.2e} "
+          f"(bound 1e-2), buckets {'the same' if same else 'DIFFER'}: {'ok' if same and worst <= 1e-2 else 'FAIL'}")
+sys.exit(0 if ok else 1)
+EOF
     env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/hf_check.py "$w/run" "$w/recall.tok" "$w/check" \
         > "$L/hf.log" 2>&1 || rc=1
     grep -E "single:|packed:|^hf_check" "$L/hf.log" | tail -6
