@@ -51,6 +51,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- the cuDNN 9 ABI values the graph uses (cudnn_graph.h; the unit test compares them with the header
  * wherever it is installed). Written out so that ringscan builds without cuDNN's headers. ---- */
 enum {
@@ -133,10 +137,20 @@ void cdg_meta_host(CdgMeta *m, const int32_t *pos_q, const int32_t *doc_pos_q, i
 /* cuDNN dense, cuDNN top-left causal, or ours (why: a short reason, for the counters' log) */
 CdgRoute cdg_route(const CdgMeta *m, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why);
 
-/* ---- the LSE layouts: cuDNN's Stats (nh, Tq) and our lse (Tq, nh) hold the same values ---- */
-static inline int64_t cdg_stats_at(int64_t t, int h, int64_t Tq) { return (int64_t)h * Tq + t; }
-static inline int64_t cdg_lse_at(int64_t t, int h, int nh) { return t * nh + h; }
+/* ---- the LSE layouts: cuDNN's Stats (nh, Tq) and our lse (Tq, nh) hold the same values (also used by the
+ * transposes of kernels/cuda/cuda_attention_cudnn_glue.cu, hence host and device) ---- */
+#ifdef __CUDACC__
+#define CDG_HOST_DEVICE __host__ __device__
+#else
+#define CDG_HOST_DEVICE
+#endif
+static inline CDG_HOST_DEVICE int64_t cdg_stats_at(int64_t t, int h, int64_t Tq) { return (int64_t)h * Tq + t; }
+static inline CDG_HOST_DEVICE int64_t cdg_lse_at(int64_t t, int h, int nh) { return t * nh + h; }
 void cdg_stats_to_lse_host(float *lse /* (Tq,nh) */, const float *stats /* (nh,Tq) */, int64_t Tq, int nh);
 void cdg_lse_to_stats_host(float *stats /* (nh,Tq) */, const float *lse /* (Tq,nh) */, int64_t Tq, int nh);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
