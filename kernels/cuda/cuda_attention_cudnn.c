@@ -16,6 +16,7 @@
 
 #include <dlfcn.h>
 #include <glob.h>
+#include <stdlib.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -357,6 +358,23 @@ static void cd_build(CdPlan *p) {
                  "nondeterministic)\n  graph: %s\n  last status: %s%s%s",
                  tried, skipped_nondet, cd_ctx, last_st ? cd.GetErrorString(last_st) : "-",
                  last_msg[0] ? "\n  cuDNN says: " : "", last_msg);
+}
+
+void cuda_attention_cudnn_lower_only(const void *key) {
+    const CdgKey *k = key;
+    RS_CHECK(cd_lib, "cuda_attention_cudnn_lower_only: cuDNN is not loaded");
+    CdgGraph g;
+    cdg_build(&g, k);
+    char err[256];
+    RS_CHECK(cdg_check(&g, err, sizeof err) == 0, "cuDNN attention graph: %s", err);
+    CdPlan *p = RS_CALLOC(1, sizeof *p);
+    snprintf(cd_ctx, sizeof cd_ctx, "lowering only: %s%s, %d/%d/%d", k->bwd ? "backward" : "forward",
+             k->causal ? " causal" : "", k->nh, k->nkv, k->hd);
+    void *tens[CDG_MAX_TENSORS];
+    for (int i = 0; i < g.nt; i++) tens[i] = cd_lower_tensor(p, &g.t[i]);
+    for (int i = 0; i < g.nop; i++) cd_lower_op(p, &g.op[i], tens);
+    for (int i = p->ndesc - 1; i >= 0; i--) cd.BackendDestroyDescriptor(p->descs[i]);
+    free(p);
 }
 
 static CdPlan *cd_plan(const CdgKey *k) {

@@ -68,6 +68,10 @@ void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *
                                    const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
                                    int ldk, int ldo, int causal);
 
+/* every tensor and operation descriptor of key k's graph created and finalized, then destroyed: no GPU, no
+ * cuDNN handle (the operation graph and plan need both); stops with cuDNN's message on a refusal. For tests. */
+void cuda_attention_cudnn_lower_only(const void *key /* const CdgKey * */);
+
 /* calls so far: [0] forward to cuDNN, [1] forward to ours, [2] backward to cuDNN, [3] backward to ours */
 void cuda_attention_cudnn_counts(int64_t counts[4]);
 

@@ -349,3 +349,28 @@ TEST(attn_cudnn_lse_convention) {
     EXPECT(!memcmp(stats2, stats, sizeof stats), "lse -> Stats does not invert Stats -> lse");
     EXPECT(want_max > 0.5, "degenerate scores (max |lse| %g)", want_max);
 }
+
+#ifdef RS_WITH_CUDA
+#include "cuda_attention_cudnn.h"
+/* cuDNN itself (no GPU needed) creates and finalizes every tensor and operation descriptor of every graph:
+ * data types, dims, strides, modes, axes and attribute types it accepts. The operation graph, heuristics
+ * and plans need a GPU (tests/cuda/test_cuda_attention_cudnn.cu). Skipped where cuDNN 9 cannot be loaded. */
+TEST(attn_cudnn_lower_cpu) {
+    char err[4096];
+    if (cuda_attention_cudnn_load("", err, sizeof err)) {
+        printf("attn_cudnn_lower_cpu: skipped: %s\n", err);
+        return;
+    }
+    printf("%s\n", cuda_attention_cudnn_describe());
+    int n = 0;
+    for (int mode = 0; mode < 12; mode++) {
+        const int gqa = (mode >> 3) & 1 ? 0 : mode & 4;
+        CdgKey k = {.Tq = 1000, .Tk = gqa ? 777 : 1000, .nh = 16, .nkv = gqa ? 2 : 16, .hd = mode >= 8 ? 256 : 128,
+                    .causal = mode & 1, .bwd = (mode >> 1) & 1, .deterministic = mode >= 10};
+        k.ldq = k.nh * k.hd, k.ldk = 2 * k.nkv * k.hd, k.ldo = k.nh * k.hd;
+        cuda_attention_cudnn_lower_only(&k); /* exits with cuDNN's message on a refusal */
+        n++;
+    }
+    printf("attn_cudnn_lower_cpu: %d graphs: every descriptor finalized by cuDNN\n", n);
+}
+#endif
