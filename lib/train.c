@@ -70,6 +70,7 @@
 #include "train_ckpt.h"
 #include "train_state.h"
 #ifdef RS_WITH_CUDA
+#include "cuda_attention_cudnn.h"
 #include "cuda_backend.h"
 #include "cuda_profile.h"
 #endif
@@ -731,6 +732,16 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
 #ifdef RS_WITH_CUDA
         comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
         t.be = cuda_backend_table(); /* backend_cuda; with RS_CUDA_PROFILE=1 the timed table, printed at exit */
+        if (cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN) { /* issue 19: cuDNN where it can take a call */
+            char cerr[4096];
+            if (cuda_attention_cudnn_load(cfg->device.cudnn_library, cerr, sizeof cerr))
+                train_fail(&t, RS_EXIT_USAGE, "device.attention_kernel = %s: %s",
+                           attn_kernel_names[cfg->device.attention_kernel], cerr);
+            cuda_attention_cudnn_set_deterministic(cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET);
+            t.be = cuda_backend_with_cudnn_attention(t.be);
+            train_say(&t, "attention: %s where it can take the call, ours elsewhere",
+                      cuda_attention_cudnn_describe());
+        }
 #else
         train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
                                       "(nvcc was not found at build time; `ringscan version` says what was built)");
