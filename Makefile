@@ -171,6 +171,8 @@ $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 # where the CUDA runtime and cuBLASLt are the only libraries of the GPU machine it needs.
 TEST_CUDA_LINK := $(BUILD)/lib/error.o $(filter $(BUILD)/kernels/%,$(LIB_OBJ)) \
                   $(filter-out $(BUILD)/kernels/cuda/cuda_info.o $(BUILD)/kernels/cuda/comm_nccl.o,$(CUDA_OBJ))
+# the cuDNN attention route's graph tables (lib/attn_cudnn_graph.c, issue 19; pure C, no MPI)
+TEST_CUDA_LINK += $(BUILD)/lib/attn_cudnn_graph.o
 $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
 	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
 	  -Wl,-rpath,$(CUDA_HOME)/lib64

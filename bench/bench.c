@@ -80,6 +80,10 @@ static const char bench_usage[] =
     "                      cp: of the ring, multiples of 128 x P (default 131072,262144,524288)\n"
     "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256;\n"
     "                      cp: 16/16/128,16/2/128)\n"
+    "  --attn-impl K       attn: ringscan (ours), cudnn or cudnn_det: cuDNN's fused attention where it takes the\n"
+    "                      call, as device.attention_kernel (rows keep impl ringscan, with attn_impl and the\n"
+    "                      calls routed to each side; default ringscan)\n"
+    "  --cudnn-lib PATH    attn: libcudnn.so.9 for --attn-impl cudnn* (default: search, as device.cudnn_library)\n"
     "  --gdn-T LIST        cp: sequence lengths of the GDN layer, multiples of 128 x P (default 65536,131072)\n"
     "  --parts LIST        cp: attn, gdn or both (default attn,gdn)\n"
     "  --device D          cp: cuda or cpu (the cpu backend over MPI, for tests; default cuda when built with it)\n"
@@ -178,7 +182,7 @@ static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",
 
 /* Options that only `bench cp` takes, and the ones it does not. */
 static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", NULL};
-static const char *const bench_cp_refused[] = {"--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
+static const char *const bench_cp_refused[] = {"--attn-impl", "--cudnn-lib", "--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
                                                "--hbm-tbps", NULL};
 
 static int bench_listed(const char *const *list, const char *a) {
@@ -203,6 +207,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->peer_dir = "tests/peer", o->python = "python3", o->out_dir = "runs/bench";
     o->peer_timeout = 300;
     o->seed = 1;
+    o->cudnn_lib = "";
     o->gdn_T[0] = 65536, o->gdn_T[1] = 131072, o->n_gdn_T = 2;
     o->cp_parts = BENCH_CP_ATTN | BENCH_CP_GDN;
 #ifdef RS_WITH_CUDA
@@ -264,6 +269,12 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
                 if (hd != 64 && hd != 128 && hd != 256) bench_bad(a, items[j], "HD must be 64, 128 or 256");
                 o->attn[j][0] = nh, o->attn[j][1] = nkv, o->attn[j][2] = hd;
             }
+        } else if (!strcmp(a, "--attn-impl")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->attn_impl = config_enum_index(attn_kernel_names, v);
+            if (o->attn_impl < 0) bench_bad(a, v, "expected ringscan, cudnn or cudnn_det");
+        } else if (!strcmp(a, "--cudnn-lib")) {
+            o->cudnn_lib = bench_value(argc, argv, &i);
         } else if (!strcmp(a, "--heads")) {
             const char *v = bench_value(argc, argv, &i);
             o->n_heads = bench_split(a, v, items);

@@ -82,6 +82,8 @@ typedef struct {
     const char *peer_dir, *python, *out_dir;
     double  peer_timeout;
     uint64_t seed;
+    int     attn_impl;                      /* attn: AttnKernel (--attn-impl; issue 19) */
+    const char *cudnn_lib;                  /* attn: --cudnn-lib, path of libcudnn.so.9 ("" search) */
 } BenchOptions;
 
 /* What a measurement needs from the machine (filled by bench.c before any case runs). */

@@ -29,6 +29,7 @@
 #include "bench.h"
 #include "error.h"
 #ifdef RS_WITH_CUDA
+#include "cuda_attention_cudnn.h"
 #include "cuda_bench.h"
 #endif
 
@@ -110,8 +111,27 @@ static int32_t *bench_upload_i32(const Backend *be, const int32_t *h, int64_t n)
     return d;
 }
 
+/* the table the attention cases run on: ours, or with --attn-impl cudnn* cuDNN where it takes the call
+ * (loaded on the first case; stops when it cannot load) */
+static const Backend *bench_attn_backend(const BenchOptions *o) {
+    if (o->attn_impl == ATTN_KERNEL_RINGSCAN) return &backend_cuda;
+    static const Backend *be;
+    if (!be) {
+        char err[4096];
+        if (cuda_attention_cudnn_load(o->cudnn_lib, err, sizeof err))
+            RS_USAGE(NULL, "bench attn --attn-impl %s: %s", attn_kernel_names[o->attn_impl], err);
+        cuda_attention_cudnn_set_deterministic(o->attn_impl == ATTN_KERNEL_CUDNN_DET);
+        be = cuda_backend_with_cudnn_attention(&backend_cuda);
+        printf("\nattention kernel: %s (--attn-impl %s)\n", cuda_attention_cudnn_describe(),
+               attn_kernel_names[o->attn_impl]);
+    }
+    return be;
+}
+
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
-    AttnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .nh = (int)bench_int(c, "nh"),
+    int64_t before[4] = {0}, after[4] = {0};
+    if (o->attn_impl != ATTN_KERNEL_RINGSCAN) cuda_attention_cudnn_counts(before);
+    AttnCase a = {.be = bench_attn_backend(o), .T = bench_int(c, "T"), .nh = (int)bench_int(c, "nh"),
                   .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
     const Backend *be = a.be;
     int64_t qn = a.T * a.nh * a.hd, kn = a.T * a.nkv * a.hd;
@@ -134,6 +154,16 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     cuda_bench_fill_bf16(a.v, kn, s + 3, -1, 1);
     cuda_bench_fill_bf16(a.dout, qn, s + 4, -1, 1);
     json_t *r = bench_time(json_string_value(json_object_get(c, "name")), bench_attn_fwd, bench_attn_bwd, &a, o);
+    json_object_set_new(r, "attn_impl", json_string(attn_kernel_names[o->attn_impl]));
+    if (o->attn_impl != ATTN_KERNEL_RINGSCAN) {
+        cuda_attention_cudnn_counts(after);
+        json_object_set_new(r, "routed", json_pack("{sI sI sI sI}", "fwd_cudnn", (json_int_t)(after[0] - before[0]),
+                                                   "fwd_ours", (json_int_t)(after[1] - before[1]), "bwd_cudnn",
+                                                   (json_int_t)(after[2] - before[2]), "bwd_ours",
+                                                   (json_int_t)(after[3] - before[3])));
+        printf(" [routed fwd cudnn %lld ours %lld, bwd cudnn %lld ours %lld]", (long long)(after[0] - before[0]),
+               (long long)(after[1] - before[1]), (long long)(after[2] - before[2]), (long long)(after[3] - before[3]));
+    }
     void *bufs[] = {a.q, a.o, a.dout, a.k, a.v, a.lse, a.dq, a.dk, a.dv, a.pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     return r;

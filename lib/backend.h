@@ -280,8 +280,10 @@ extern const Backend backend_cuda;
 
 struct Config;
 /* The table of cfg's device.kind (kernels/backend_select.c): backend_cpu, or for cuda the cuda table,
- * timed entry by entry when device.profile is set (the process picks its GPU first); NULL when this
- * ringscan was built without the backend the config asks for. */
-const Backend *backend_select(const struct Config *cfg);
+ * timed entry by entry when device.profile is set, with cuDNN's attention where device.attention_kernel
+ * asks for it (the process picks its GPU first). NULL, with msg saying why, when this ringscan was built
+ * without the backend the config asks for or cuDNN cannot be loaded; otherwise msg holds a line to print
+ * (or is empty). */
+const Backend *backend_select(const struct Config *cfg, char *msg, size_t nmsg);
 
 #endif

@@ -30,6 +30,8 @@
 /* ---- enums, each with its names table (index = value) ------------------- */
 
 typedef enum { DEVICE_KIND_CPU, DEVICE_KIND_CUDA, DEVICE_KIND_COUNT } DeviceKind;
+/* device.attention_kernel: the block attention of the cuda backend (issue 19; cuda_attention_cudnn.h) */
+typedef enum { ATTN_KERNEL_RINGSCAN, ATTN_KERNEL_CUDNN, ATTN_KERNEL_CUDNN_DET, ATTN_KERNEL_COUNT } AttnKernel;
 typedef enum { ACT_POLICY_NONE, ACT_POLICY_FULL, ACT_POLICY_REMAT, ACT_POLICY_COUNT } ActPolicy;
 typedef enum { LR_SCHEDULE_COSINE, LR_SCHEDULE_WSD, LR_SCHEDULE_CONSTANT, LR_SCHEDULE_COUNT } LrSchedule;
 typedef enum { DATA_FORMAT_FLAT, DATA_FORMAT_MEGATRON, DATA_FORMAT_COUNT } DataFormat;
@@ -40,6 +42,7 @@ typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } Gdn
 typedef enum { OFFLOAD_NONE, OFFLOAD_HOST, OFFLOAD_COUNT } Offload;
 
 extern const char *const device_kind_names[DEVICE_KIND_COUNT + 1];
+extern const char *const attn_kernel_names[ATTN_KERNEL_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
 extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
 extern const char *const offload_names[OFFLOAD_COUNT + 1];
@@ -159,6 +162,8 @@ typedef struct {
     double  peak_tflops; /* dense bf16 peak for MFU; 0: look the device up */
     int64_t threads;     /* cpu backend: BLAS threads per rank */
     bool    profile;     /* cuda: every Backend entry timed, the table printed at exit */
+    int32_t attention_kernel; /* AttnKernel: ours, or cuDNN where it can take the call */
+    char   *cudnn_library;    /* path of libcudnn.so.9 for attention_kernel cudnn*; "" search */
 } DeviceConfig;
 
 /* For tests only: one rank stops answering at a given point (comm_watchdog.c). */

@@ -28,6 +28,7 @@ const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
 const char *const hidden_act_names[]  = {"silu", NULL};
 const char *const slurm_launcher_names[] = {"srun", "mpirun", NULL};
+const char *const attn_kernel_names[] = {"ringscan", "cudnn", "cudnn_det", NULL};
 
 _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KIND_COUNT + 1, "names");
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
@@ -38,6 +39,7 @@ _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORM
 _Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
 _Static_assert(sizeof hidden_act_names / sizeof *hidden_act_names == HIDDEN_ACT_COUNT + 1, "names");
 _Static_assert(sizeof slurm_launcher_names / sizeof *slurm_launcher_names == SLURM_LAUNCHER_COUNT + 1, "names");
+_Static_assert(sizeof attn_kernel_names / sizeof *attn_kernel_names == ATTN_KERNEL_COUNT + 1, "names");
 
 const char *const config_sections[] = {
     "run", "model", "data", "parallel", "train", "checkpoint", "slurm", "device", "debug", NULL,
@@ -222,6 +224,10 @@ const ConfigKey config_schema[] = {
     BOOL(device.profile, "false", "device",
          "cuda backend: time every Backend entry (CUDA events and the host clock) and print the GPU and host ms "
          "of each, sorted, to stderr at exit (information only: the run is slightly slower)"),
+    ENUM(device.attention_kernel, "ringscan", attn_kernel_names, "device",
+         "cuda: the block attention kernel. ringscan: ours. cudnn: cuDNN's fused attention (loaded at start, device.cudnn_library) for the calls it can take (one document: the ring's dense rectangles and causal diagonals, one-GPU causal), ours for document-masked calls; its backward adds key blocks into dQ in any order (not bitwise reproducible). cudnn_det: the same with cuDNN's deterministic backward (its workspace may grow with T^2). Untested on a GPU so far (issue 19)"),
+    STR(device.cudnn_library, "", PATH, "device",
+        "path of libcudnn.so.9 for attention_kernel cudnn or cudnn_det; empty: the default loader path, then PyTorch's nvidia/cudnn/lib in the usual virtual-environment places and /usr/local/cuda/lib64"),
 
     /* ---- debug (tests only) ---- */
     INT(debug.stall_rank, "-1", -1, BIG, "rank", "comm",

@@ -75,6 +75,15 @@ static int validate_model(const Config *cfg, ConfigErrors *err) {
                               validate_quote(cfg, "data.seq_len", b, sizeof b),
                               validate_quote(cfg, "parallel.cp", c, sizeof c), (long long)rows, INT32_MAX);
     }
+    if (cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN && cfg->device.kind != DEVICE_KIND_CUDA)
+        config_errors_add(err, "%s with %s: cuDNN's attention runs on the cuda backend only (device.kind: cuda)",
+                          validate_quote(cfg, "device.attention_kernel", a, sizeof a),
+                          validate_quote(cfg, "device.kind", b, sizeof b));
+    if (cfg->device.cudnn_library[0] && cfg->device.attention_kernel == ATTN_KERNEL_RINGSCAN)
+        config_errors_add(err, "%s is set but %s: nothing would load it (set attention_kernel to cudnn or cudnn_det, "
+                               "or leave the path empty)",
+                          validate_quote(cfg, "device.cudnn_library", a, sizeof a),
+                          validate_quote(cfg, "device.attention_kernel", b, sizeof b));
     if (cfg->device.kind == DEVICE_KIND_CUDA) {
         if (m->head_dim != 64 && m->head_dim != 128 && m->head_dim != 256)
             config_errors_add(err, "%s with %s: the cuda attention kernels are built for head_dim 64, 128 or 256",

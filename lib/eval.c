@@ -194,9 +194,10 @@ int eval_main(int argc, char **argv) {
 #ifdef RS_WITH_CUDA
         comm_cuda_init(&comm); /* this rank's GPU; refuses bad GPU layouts (exit 2) */
 #endif
-        be = backend_select(cfg);
-        if (!be)
-            eval_fail(&comm, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend");
+        char why[4096];
+        be = backend_select(cfg, why, sizeof why);
+        if (!be) eval_fail(&comm, RS_EXIT_USAGE, "%s", why);
+        if (why[0] && comm.rank == 0) printf("%s\n", why);
     }
     openblas_set_num_threads((int)cfg->device.threads);
     DataSet *ds;

@@ -693,10 +693,10 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
 #ifdef RS_WITH_CUDA
         comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
 #endif
-        t.be = backend_select(cfg); /* backend_cuda; with device.profile the timed table, printed at exit */
-        if (!t.be)
-            train_fail(&t, RS_EXIT_USAGE, "device.kind = cuda, but this ringscan was built without the cuda backend "
-                                          "(nvcc was not found at build time; `ringscan version` says what was built)");
+        char why[4096];
+        t.be = backend_select(cfg, why, sizeof why); /* with device.profile the timed table, printed at exit */
+        if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", why);
+        if (why[0]) train_say(&t, "%s", why);
     }
     openblas_set_num_threads((int)cfg->device.threads);
 

@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "cuda_copyq.h"
 #include "cuda_backend.h"
+#include "cuda_attention_cudnn.h"
 #include "cuda_kernels.h"
 #include "cuda_profile.h"
 
@@ -167,3 +168,13 @@ const Backend backend_cuda_profiled = {
 };
 
 const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }
+
+/* ---- cuDNN attention (device.attention_kernel: cudnn | cudnn_det; cuda_attention_cudnn.h): the given table
+ * with its two attention entries routed per call between cuDNN and our kernel ---- */
+const Backend *cuda_backend_with_cudnn_attention(const Backend *base) {
+    static Backend t;
+    t = *base;
+    t.attention_forward = cuda_attention_cudnn_forward;
+    t.attention_backward = cuda_attention_cudnn_backward;
+    return &t;
+}

@@ -23,6 +23,11 @@
 #              passes (--gdn-tune sfwd=1,sbwd=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
 #   attn       ringscan bench attn --peer (every shape, SDPA flash and cuDNN beside)
 #   attn32k    the same at T = 32768 only
+#   attn-cudnn (issue 19) the cuDNN attention route: the cuda_attention_cudnn_* cases with RS_CUDNN_REQUIRED=1
+#              (parity against the cpu oracle, the route, a ring's pieces, determinism), then ringscan bench attn
+#              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
+#              then ours alone on the same shapes (attn-cudnn-ours.json)
+#   attn-cudnn-det  bench attn --attn-impl cudnn_det at 32k (cuDNN's deterministic backward; its workspace)
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
 #   remat      ringscan bench step, remat (ours only)
 #   step-states  ringscan bench step, none, checkpoint.gdn_keep=states (ours only)
@@ -207,6 +212,21 @@ suite_bench() {
     return $rc
 }
 
+# the cuDNN attention route (issue 19): parity cases (cuDNN required), then the benchmark beside ours and SDPA
+suite_attn_cudnn() {
+    local rc=0
+    RS_CUDNN_REQUIRED=1 timeout "$(left)" build/test_cuda $(build/test_cuda --list | grep -E "^cuda_attention_cudnn_") \
+        > "$L/attn-cudnn-parity.log" 2>&1 || rc=1
+    echo "attn-cudnn parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/attn-cudnn-parity.log")" \
+        "failed=$(grep -c FAIL "$L/attn-cudnn-parity.log")"
+    grep -E "FAIL|error|cuDNN|SKIP|calls on|bitwise|DIFFER" "$L/attn-cudnn-parity.log" | head -40
+    local shapes="--T 32768,131072 --attn-shapes 16/16/128,16/2/128"
+    suite_bench attn-cudnn attn $shapes --attn-impl cudnn --peer --peer-timeout 150 || rc=1
+    grep -E "attention kernel|cuDNN attention plan|routed" "$L/attn-cudnn.log" | head -12
+    suite_bench attn-cudnn-ours attn $shapes || rc=1
+    return $rc
+}
+
 # suite_train NAME NP STEPS CONFIG [--set k=v ...]: ringscan train of CONFIG on NP GPUs (mpirun when NP > 1),
 # every sample one causal document (synthetic tokens, documents longer than any sample: attention's full
 # cost), STEPS steps (the first is the warm-up), the run left in $TRAIN_DIR/NAME (metrics.jsonl; callers
@@ -380,6 +400,8 @@ for part in "$@"; do
     gdn-cycles) suite_gdn_cycles ;;
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
+    attn-cudnn) suite_attn_cudnn ;;
+    attn-cudnn-det) suite_bench attn-cudnn-det attn --T 32768 --attn-shapes 16/16/128,16/2/128 --attn-impl cudnn_det ;;
     step) suite_bench step step --profile 1 --peer --peer-timeout 240 --set checkpoint.activations=none ;;
     remat) suite_bench remat step --profile 1 ;;
     cp-parity)
@@ -407,8 +429,8 @@ for part in "$@"; do
     hf) suite_hf ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k step remat step-states cp-parity cp-step cp2 cp2-attn cp2-gdn"
-        echo "  cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-256k)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k attn-cudnn attn-cudnn-det step remat step-states cp-parity"
+        echo "  cp-step cp2 cp2-attn cp2-gdn cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-256k)"
         false
         ;;
     esac || status=1

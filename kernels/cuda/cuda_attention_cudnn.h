@@ -1,0 +1,96 @@
+/*
+ * cuda_attention_cudnn.h — the block attention entries (lib/backend.h:
+ * attention_forward, attention_backward) through cuDNN's fused attention,
+ * chosen per call, for device.attention_kernel: cudnn | cudnn_det (issue 19,
+ * route 2). Off by default: with device.attention_kernel: ringscan (the
+ * default) nothing here runs and cuDNN is never loaded.
+ *
+ * cuDNN is loaded at run time (dlopen), never linked: cuda_attention_cudnn_load
+ * tries the configured path (device.cudnn_library, `bench attn --cudnn-lib`)
+ * alone when one is given, else libcudnn.so.9 through the default loader path,
+ * then PyTorch's copy in the usual virtual-environment places and the CUDA
+ * toolkit's lib64; it reports every path it tried when none loads, and the
+ * caller stops (no silent fallback to our kernel).
+ *
+ * Per call (same contract as cuda_attention_forward/backward): a small kernel
+ * summarises pos/doc_pos (one document? consecutive positions?) and the host
+ * reads the summary back (one stream synchronisation per call, ~10-30 us);
+ * lib/attn_cudnn_graph.h's route sends the call to cuDNN (every key visible:
+ * the ring's dense rectangles; top-left causal: the causal diagonal, one-GPU
+ * causal) or to our kernel (document-masked pairs, shifted diagonals, shapes
+ * cuDNN refuses). The forward converts cuDNN's Stats (nh, Tq) into our lse
+ * (Tq, nh) (same values: rowmax + natural log of the row sum); the backward
+ * transposes our final lse back, runs cuDNN's backward into bf16 dq/dk/dv
+ * scratch and adds them into our fp32 accumulators (+=): one bf16 rounding
+ * per partial (2^-9 relative, the same as the activation-type gradient the
+ * layer returns) and one extra pass over dq, dk, dv (~0.15% of the backward at
+ * 128k). Graphs and execution plans are built once per (shape, strides,
+ * causal, direction) and kept with their workspace (the plan cache).
+ *
+ * Memory beyond ours, per call, from one growing buffer: the plan's workspace,
+ * Stats and softmax_sum (4 Tq nh bytes each), the bf16 dq, dk, dv scratch (2
+ * Tq nh hd + 4 Tk nkv hd bytes) and, for cudnn (not cudnn_det), cuDNN's fp32
+ * dq accumulator (4 Tq nh hd bytes): ~2.5 GiB at 128k tokens, 16/16/128
+ * (`ringscan plan` does not count it yet).
+ *
+ * Callers: kernels/cuda/backend_cuda.c (cuda_backend_with_cudnn_attention),
+ * lib/train.c, lib/bench_ops.c, tests/cuda/test_cuda_attention_cudnn.cu.
+ */
+#ifndef RS_CUDA_ATTENTION_CUDNN_H
+#define RS_CUDA_ATTENTION_CUDNN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Loads cuDNN 9 (see the header for the search order; path "" or NULL: search). 0 on success (again: no-op),
+ * else -1 with a message naming every path tried and why each failed. */
+int  cuda_attention_cudnn_load(const char *path, char *err, size_t n);
+/* "cuDNN 9.19.0 (/path/libcudnn.so.9)" once loaded, else "cuDNN not loaded" */
+const char *cuda_attention_cudnn_describe(void);
+/* backward form: 1 deterministic (cudnn_det: dQ from one product per query block), 0 cuDNN's fp32 dQ
+ * accumulator (cudnn: faster, not bitwise reproducible) */
+void cuda_attention_cudnn_set_deterministic(int on);
+
+/* The Backend entries (lib/backend.h's contracts; cuDNN must be loaded) */
+void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const void *k, const void *v,
+                                  const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
+                                  const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
+                                  int ldk, int ldo, int causal);
+void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *dout, const void *out,
+                                   const float *lse, const void *q, const void *k, const void *v,
+                                   const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
+                                   const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
+                                   int ldk, int ldo, int causal);
+
+/* every tensor and operation descriptor of key k's graph created and finalized, then destroyed: no GPU, no
+ * cuDNN handle (the operation graph and plan need both); stops with cuDNN's message on a refusal. For tests. */
+void cuda_attention_cudnn_lower_only(const void *key /* const CdgKey * */);
+
+/* calls so far: [0] forward to cuDNN, [1] forward to ours, [2] backward to cuDNN, [3] backward to ours */
+void cuda_attention_cudnn_counts(int64_t counts[4]);
+
+/* backend_cuda.c: base with attention_forward/backward replaced by the two entries above (a static copy;
+ * cuDNN must be loaded first) */
+const Backend *cuda_backend_with_cudnn_attention(const Backend *base);
+
+/* ---- cuda_attention_cudnn_glue.cu: the small kernels around cuDNN's calls (compute stream) ---- */
+/* the route's summary of a call's metadata (lib/attn_cudnn_graph.h CdgMeta, 8 int32 in its order), read back
+ * to the host: waits for the stream */
+void cuda_cudnn_meta(int32_t host_meta[8], const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq,
+                     const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tk);
+void cuda_cudnn_stats_to_lse(float *lse /* (Tq,nh) */, const float *stats /* (nh,Tq) */, int64_t Tq, int nh);
+void cuda_cudnn_lse_to_stats(float *stats /* (nh,Tq) */, const float *lse /* (Tq,nh) */, int64_t Tq, int nh);
+/* dst[r, 0:cols] += src[r, 0:cols] (fp32 += bf16), row strides ld_dst, ld_src */
+void cuda_cudnn_add_bf16(float *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

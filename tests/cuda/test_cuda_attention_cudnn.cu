@@ -1,0 +1,338 @@
+/*
+ * test_cuda_attention_cudnn.cu — parity of the cuDNN attention route
+ * (kernels/cuda/cuda_attention_cudnn.c, device.attention_kernel: cudnn |
+ * cudnn_det; issue 19) with the cpu oracle (kernels/cpu/cpu_attention.c),
+ * with the bounds of test_cuda_attention.cu: out 5e-3, lse 1e-5, dq/dk/dv
+ * increments 5e-3 (relative L2). Cases of build/test_cuda; they need cuDNN 9
+ * (cuda_attention_cudnn_load's search, or RS_CUDNN_LIBRARY=path): where it
+ * cannot be loaded they print SKIP and pass, unless RS_CUDNN_REQUIRED=1
+ * (device_suite's attn-cudnn part sets it), then they fail.
+ *
+ * Inputs: q ~ N(0, 1.5^2), k, v, dO ~ N(0, 1), rounded to bf16 (the cpu kernel
+ * gets the same values as fp32); k and v interleaved in one [k | v] row as the
+ * ring keeps them (ldk = 2 nkv hd). Positions of a contiguous global range
+ * for the queries and one for the keys, one document or a document start
+ * inside. Gradients are prefilled with random values (the += contract); the
+ * increment is compared with the cpu kernel's. Each case also checks the route:
+ * the calls it expects on cuDNN went there (cuda_attention_cudnn_counts), the
+ * document-masked ones to our kernel.
+ *
+ *   cuda_attention_cudnn_causal        one-GPU causal, MHA 8/8/128, T = 1000 (not a tile multiple)
+ *   cuda_attention_cudnn_gqa           causal GQA 16/2, hd 128 and hd 256
+ *   cuda_attention_cudnn_dense         the ring's dense rectangle (every key earlier, causal flag on),
+ *                                      GQA 16/2 hd 128, and a non-causal call
+ *   cuda_attention_cudnn_documents     a document start inside: routed to ours, same bounds
+ *   cuda_attention_cudnn_ring          a zigzag ring of P = 2 seen from rank 0 (queries = fragments 0
+ *                                      and 3 of 4): its causal diagonals and dense rectangles through
+ *                                      the entries, merged (cuda_attention_merge), against one cpu call
+ *                                      over all keys; the backward of the same pieces with the final
+ *                                      out and lse, accumulated, against the cpu backward
+ *   cuda_attention_cudnn_deterministic cudnn_det: two backward runs from the same prefill bitwise equal;
+ *                                      cudnn (its dq accumulator): prints whether they are (no check)
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_cudnn_graph.h"
+#include "cpu_kernels.h"
+#include "cuda_attention_cudnn.h"
+#include "cuda_common.h"
+#include "cuda_kernels.h"
+#include "cuda_test.h"
+
+#define CC_OUT_BOUND  5e-3
+#define CC_LSE_BOUND  1e-5
+#define CC_GRAD_BOUND 5e-3
+
+/* 1 when cuDNN is loaded; 0 (and SKIP printed, or a failure under RS_CUDNN_REQUIRED=1) when not */
+static int cc_ready(int deterministic) {
+    char err[4096];
+    const char *path = getenv("RS_CUDNN_LIBRARY");
+    if (cuda_attention_cudnn_load(path ? path : "", err, sizeof err)) {
+        const char *req = getenv("RS_CUDNN_REQUIRED");
+        if (req && req[0] == '1') EXPECT(0, "cuDNN required (RS_CUDNN_REQUIRED=1) but not loadable:\n%s", err);
+        else printf("SKIP: cuDNN not loadable here:\n%s\n", err);
+        return 0;
+    }
+    cuda_attention_cudnn_set_deterministic(deterministic);
+    printf("%s, %s backward\n", cuda_attention_cudnn_describe(), deterministic ? "deterministic" : "dq-accumulator");
+    return 1;
+}
+
+typedef struct {
+    int nh, nkv, hd, causal;
+    int64_t q0, nq, k0, nk; /* global positions [q0, q0 + nq) and [k0, k0 + nk) */
+    int64_t doc_cut;        /* > 0: a document starts at this global position */
+} CcCase;
+
+static void cc_meta(int32_t *pos, int32_t *doc_pos, int64_t p0, int64_t n, int64_t cut) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t p = p0 + i;
+        pos[i] = (int32_t)p;
+        doc_pos[i] = (int32_t)(cut > 0 && p >= cut ? p - cut : p);
+    }
+}
+
+typedef struct {
+    int64_t nq, nk;
+    int qd, kvd, ldk;
+    float *q, *kv, *dout;             /* host, bf16-rounded: (nq, qd), (nk, 2 kvd), (nq, qd) */
+    int32_t *pq, *dq_, *pk, *dk_;     /* metadata */
+    bf16 *d_q, *d_kv, *d_dout;
+    int32_t *d_pq, *d_dpq, *d_pk, *d_dpk;
+} CcData;
+
+static void cc_setup(CcData *a, const CcCase *c, uint64_t seed) {
+    memset(a, 0, sizeof *a);
+    a->nq = c->nq, a->nk = c->nk, a->qd = c->nh * c->hd, a->kvd = c->nkv * c->hd, a->ldk = 2 * a->kvd;
+    test_rng_seed(seed);
+    a->q = ct_host_normal(a->nq * a->qd, 1.5);
+    a->kv = ct_host_normal(a->nk * a->ldk, 1.0);
+    a->dout = ct_host_normal(a->nq * a->qd, 1.0);
+    ct_round_bf16(a->q, a->nq * a->qd);
+    ct_round_bf16(a->kv, a->nk * a->ldk);
+    ct_round_bf16(a->dout, a->nq * a->qd);
+    a->pq = (int32_t *)test_alloc(a->nq * 4 + 4), a->dq_ = (int32_t *)test_alloc(a->nq * 4 + 4);
+    a->pk = (int32_t *)test_alloc(a->nk * 4 + 4), a->dk_ = (int32_t *)test_alloc(a->nk * 4 + 4);
+    cc_meta(a->pq, a->dq_, c->q0, c->nq, c->doc_cut);
+    cc_meta(a->pk, a->dk_, c->k0, c->nk, c->doc_cut);
+    a->d_q = ct_up_bf16(a->q, a->nq * a->qd);
+    a->d_kv = ct_up_bf16(a->kv, a->nk * a->ldk);
+    a->d_dout = ct_up_bf16(a->dout, a->nq * a->qd);
+    a->d_pq = ct_up_i32(a->pq, a->nq), a->d_dpq = ct_up_i32(a->dq_, a->nq);
+    a->d_pk = ct_up_i32(a->pk, a->nk), a->d_dpk = ct_up_i32(a->dk_, a->nk);
+}
+
+/* relative L2 over the finite entries; -inf entries must match exactly */
+static void cc_check_lse(const char *what, const float *got, const float *want, int64_t n) {
+    float *g = ct_host(n), *w = ct_host(n);
+    int64_t m = 0, bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (want[i] == -INFINITY) bad += got[i] != -INFINITY;
+        else g[m] = got[i], w[m++] = want[i];
+    }
+    EXPECT(!bad, "%s: %lld rows that see no key differ", what, (long long)bad);
+    if (m) test_check_rel_f(what, g, w, m, CC_LSE_BOUND);
+}
+
+/* forward and backward of one case against the cpu; expect_cudnn: the calls must go to cuDNN (else to ours) */
+static void cc_run(const char *name, const CcCase *c, int expect_cudnn, uint64_t seed) {
+    CcData a;
+    cc_setup(&a, c, seed);
+    const int64_t nq = a.nq, nk = a.nk;
+    int64_t c0[4], c1[4];
+    cuda_attention_cudnn_counts(c0);
+
+    /* forward */
+    float *out_ref = ct_host(nq * a.qd), *lse_ref = ct_host(nq * c->nh);
+    cpu_attention_forward(out_ref, lse_ref, a.q, a.kv, a.kv + a.kvd, a.pq, a.dq_, a.pk, a.dk_, nq, nk, c->nh, c->nkv,
+                          c->hd, a.qd, a.ldk, a.qd, c->causal);
+    bf16 *d_out = (bf16 *)ct_dev((size_t)nq * a.qd * 2);
+    float *d_lse = (float *)ct_dev((size_t)nq * c->nh * 4);
+    cuda_attention_cudnn_forward(d_out, d_lse, a.d_q, a.d_kv, a.d_kv + a.kvd, a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, nq, nk,
+                                 c->nh, c->nkv, c->hd, a.qd, a.ldk, a.qd, c->causal);
+    float *out = ct_host(nq * a.qd), *lse = ct_host(nq * c->nh);
+    ct_down_bf16(out, d_out, nq * a.qd);
+    ct_down_f32(lse, d_lse, nq * c->nh);
+    char what[160];
+    snprintf(what, sizeof what, "%s out", name);
+    test_check_rel_f(what, out, out_ref, nq * a.qd, CC_OUT_BOUND);
+    snprintf(what, sizeof what, "%s lse", name);
+    cc_check_lse(what, lse, lse_ref, nq * c->nh);
+
+    /* backward with the cpu's final out (bf16) and lse */
+    float *out_b = ct_clone(out_ref, nq * a.qd);
+    ct_round_bf16(out_b, nq * a.qd);
+    bf16 *d_outb = ct_up_bf16(out_b, nq * a.qd);
+    float *d_lse_ref = ct_up_f32(lse_ref, nq * c->nh);
+    float *gq_ref = ct_host(nq * a.qd), *gkv_ref = ct_host(nk * a.ldk);
+    memset(gq_ref, 0, (size_t)nq * a.qd * 4);
+    memset(gkv_ref, 0, (size_t)nk * a.ldk * 4);
+    cpu_attention_backward(gq_ref, gkv_ref, gkv_ref + a.kvd, a.dout, out_b, lse_ref, a.q, a.kv, a.kv + a.kvd, a.pq,
+                           a.dq_, a.pk, a.dk_, nq, nk, c->nh, c->nkv, c->hd, a.qd, a.ldk, a.qd, c->causal);
+    float *pre_q = ct_host_normal(nq * a.qd, 1.0), *pre_kv = ct_host_normal(nk * a.ldk, 1.0);
+    float *d_gq = ct_up_f32(pre_q, nq * a.qd), *d_gkv = ct_up_f32(pre_kv, nk * a.ldk);
+    cuda_attention_cudnn_backward(d_gq, d_gkv, d_gkv + a.kvd, a.d_dout, d_outb, d_lse_ref, a.d_q, a.d_kv,
+                                  a.d_kv + a.kvd, a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, nq, nk, c->nh, c->nkv, c->hd, a.qd,
+                                  a.ldk, a.qd, c->causal);
+    float *gq = ct_host(nq * a.qd), *gkv = ct_host(nk * a.ldk);
+    ct_down_f32(gq, d_gq, nq * a.qd);
+    ct_down_f32(gkv, d_gkv, nk * a.ldk);
+    for (int64_t i = 0; i < nq * a.qd; i++) gq[i] -= pre_q[i];
+    for (int64_t i = 0; i < nk * a.ldk; i++) gkv[i] -= pre_kv[i];
+    float *gk = ct_host(nk * a.kvd), *gv = ct_host(nk * a.kvd), *gk_ref = ct_host(nk * a.kvd), *gv_ref = ct_host(nk * a.kvd);
+    for (int64_t t = 0; t < nk; t++)
+        for (int i = 0; i < a.kvd; i++) {
+            gk[t * a.kvd + i] = gkv[t * a.ldk + i], gv[t * a.kvd + i] = gkv[t * a.ldk + a.kvd + i];
+            gk_ref[t * a.kvd + i] = gkv_ref[t * a.ldk + i], gv_ref[t * a.kvd + i] = gkv_ref[t * a.ldk + a.kvd + i];
+        }
+    snprintf(what, sizeof what, "%s dq", name);
+    test_check_rel_f(what, gq, gq_ref, nq * a.qd, CC_GRAD_BOUND);
+    snprintf(what, sizeof what, "%s dk", name);
+    test_check_rel_f(what, gk, gk_ref, nk * a.kvd, CC_GRAD_BOUND);
+    snprintf(what, sizeof what, "%s dv", name);
+    test_check_rel_f(what, gv, gv_ref, nk * a.kvd, CC_GRAD_BOUND);
+
+    cuda_attention_cudnn_counts(c1);
+    const int64_t on_cudnn = (c1[0] - c0[0]) + (c1[2] - c0[2]), on_ours = (c1[1] - c0[1]) + (c1[3] - c0[3]);
+    printf("%s: calls on cuDNN %lld, on ours %lld\n", name, (long long)on_cudnn, (long long)on_ours);
+    EXPECT(expect_cudnn ? on_cudnn == 2 && on_ours == 0 : on_cudnn == 0 && on_ours == 2,
+           "%s: routed cuDNN %lld / ours %lld, want both calls on %s", name, (long long)on_cudnn, (long long)on_ours,
+           expect_cudnn ? "cuDNN" : "ours");
+}
+
+TEST(cuda_attention_cudnn_causal) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    CcCase c = {8, 8, 128, 1, 0, 1000, 0, 1000, 0};
+    cc_run("causal 8/8/128 T 1000", &c, 1, 1901);
+}
+
+TEST(cuda_attention_cudnn_gqa) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    CcCase c = {16, 2, 128, 1, 0, 768, 0, 768, 0};
+    cc_run("causal GQA 16/2/128 T 768", &c, 1, 1902);
+    CcCase c2 = {16, 2, 256, 1, 0, 520, 0, 520, 0};
+    cc_run("causal GQA 16/2/256 T 520", &c2, 1, 1903);
+}
+
+TEST(cuda_attention_cudnn_dense) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    CcCase c = {16, 2, 128, 1, 1536, 512, 0, 512, 0}; /* every key earlier: the ring's dense rectangle */
+    cc_run("dense rectangle 16/2/128", &c, 1, 1904);
+    CcCase c2 = {8, 8, 256, 0, 0, 300, 300, 450, 0}; /* not causal */
+    cc_run("non-causal 8/8/256", &c2, 1, 1905);
+}
+
+TEST(cuda_attention_cudnn_documents) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    CcCase c = {8, 2, 128, 1, 0, 640, 0, 640, 200}; /* a document starts at 200: ours */
+    cc_run("diagonal with a document start", &c, 0, 1906);
+    CcCase c2 = {8, 2, 128, 1, 1024, 256, 0, 512, 300}; /* earlier keys of another document: ours */
+    cc_run("rectangle across documents", &c2, 0, 1907);
+}
+
+/* ---- a ring step sequence ---- */
+
+TEST(cuda_attention_cudnn_ring) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    enum { N = 384 };                         /* fragment length; 4 fragments, rank 0 of P = 2 holds 0 and 3 */
+    const int nh = 16, nkv = 2, hd = 128, qd = nh * hd, kvd = nkv * hd, ldk = 2 * kvd;
+    CcCase all = {nh, nkv, hd, 1, 0, 4 * N, 0, 4 * N, 0};
+    CcData a;
+    cc_setup(&a, &all, 1908); /* every token of the sample; q rows of fragments 0 and 3 are rank 0's */
+    /* rank 0's queries: global rows [0, N) and [3N, 4N), packed */
+    float *q0 = ct_host(2 * N * qd), *dout0 = ct_host(2 * N * qd);
+    int32_t pq[2 * N], dpq[2 * N];
+    for (int64_t i = 0; i < 2 * N; i++) {
+        int64_t g = i < N ? i : 2 * N + i;
+        memcpy(q0 + i * qd, a.q + g * qd, (size_t)qd * 4);
+        memcpy(dout0 + i * qd, a.dout + g * qd, (size_t)qd * 4);
+        pq[i] = dpq[i] = (int32_t)g;
+    }
+    /* the cpu: one call of rank 0's queries against every key */
+    float *out_ref = ct_host(2 * N * qd), *lse_ref = ct_host(2 * N * nh);
+    cpu_attention_forward(out_ref, lse_ref, q0, a.kv, a.kv + kvd, pq, dpq, a.pk, a.dk_, 2 * N, 4 * N, nh, nkv, hd, qd,
+                          ldk, qd, 1);
+    /* the pieces of cp_ring's zigzag schedule: (query fragment, key fragment, causal) */
+    const int pieces[5][3] = {{0, 0, 1}, {3, 3, 1}, {3, 0, 0}, {3, 1, 0}, {3, 2, 0}};
+    bf16 *d_q0 = ct_up_bf16(q0, 2 * N * qd), *d_dout0 = ct_up_bf16(dout0, 2 * N * qd);
+    int32_t *d_pq = ct_up_i32(pq, 2 * N);
+    float *d_run_out = (float *)ct_dev((size_t)2 * N * qd * 4), *d_run_lse = (float *)ct_dev((size_t)2 * N * nh * 4);
+    float *neg = ct_host(2 * N * nh);
+    for (int64_t i = 0; i < 2 * N * nh; i++) neg[i] = -INFINITY;
+    CUDA_CHECK(cudaMemset(d_run_out, 0, (size_t)2 * N * qd * 4));
+    CUDA_CHECK(cudaMemcpy(d_run_lse, neg, (size_t)2 * N * nh * 4, cudaMemcpyHostToDevice));
+    bf16 *d_blk = (bf16 *)ct_dev((size_t)N * qd * 2);
+    float *d_blk_lse = (float *)ct_dev((size_t)N * nh * 4);
+    int64_t c0[4], c1[4];
+    cuda_attention_cudnn_counts(c0);
+    for (int p = 0; p < 5; p++) {
+        const int64_t qr = pieces[p][0] == 0 ? 0 : N, kr = (int64_t)pieces[p][1] * N;
+        cuda_attention_cudnn_forward(d_blk, d_blk_lse, d_q0 + qr * qd, a.d_kv + kr * ldk, a.d_kv + kr * ldk + kvd,
+                                     d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, N, N, nh, nkv, hd, qd, ldk, qd,
+                                     pieces[p][2]);
+        cuda_attention_merge(d_run_out + qr * qd, d_run_lse + qr * nh, d_blk, d_blk_lse, N, nh, hd, qd);
+    }
+    float *out = ct_host(2 * N * qd), *lse = ct_host(2 * N * nh);
+    ct_down_f32(out, d_run_out, 2 * N * qd);
+    ct_down_f32(lse, d_run_lse, 2 * N * nh);
+    test_check_rel_f("ring pieces out", out, out_ref, 2 * N * qd, CC_OUT_BOUND);
+    cc_check_lse("ring pieces lse", lse, lse_ref, 2 * N * nh);
+
+    /* backward: the same pieces with the final out (bf16) and lse, dq and dk|dv accumulated */
+    float *out_b = ct_clone(out_ref, 2 * N * qd);
+    ct_round_bf16(out_b, 2 * N * qd);
+    bf16 *d_outb = ct_up_bf16(out_b, 2 * N * qd);
+    float *d_lse_ref = ct_up_f32(lse_ref, 2 * N * nh);
+    float *gq_ref = ct_host(2 * N * qd), *gkv_ref = ct_host(4 * N * ldk);
+    memset(gq_ref, 0, (size_t)2 * N * qd * 4);
+    memset(gkv_ref, 0, (size_t)4 * N * ldk * 4);
+    cpu_attention_backward(gq_ref, gkv_ref, gkv_ref + kvd, dout0, out_b, lse_ref, q0, a.kv, a.kv + kvd, pq, dpq, a.pk,
+                           a.dk_, 2 * N, 4 * N, nh, nkv, hd, qd, ldk, qd, 1);
+    float *d_gq = (float *)ct_dev((size_t)2 * N * qd * 4), *d_gkv = (float *)ct_dev((size_t)4 * N * ldk * 4);
+    CUDA_CHECK(cudaMemset(d_gq, 0, (size_t)2 * N * qd * 4));
+    CUDA_CHECK(cudaMemset(d_gkv, 0, (size_t)4 * N * ldk * 4));
+    for (int p = 0; p < 5; p++) {
+        const int64_t qr = pieces[p][0] == 0 ? 0 : N, kr = (int64_t)pieces[p][1] * N;
+        cuda_attention_cudnn_backward(d_gq + qr * qd, d_gkv + kr * ldk, d_gkv + kr * ldk + kvd, d_dout0 + qr * qd,
+                                      d_outb + qr * qd, d_lse_ref + qr * nh, d_q0 + qr * qd, a.d_kv + kr * ldk,
+                                      a.d_kv + kr * ldk + kvd, d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, N, N,
+                                      nh, nkv, hd, qd, ldk, qd, pieces[p][2]);
+    }
+    float *gq = ct_host(2 * N * qd), *gkv = ct_host(4 * N * ldk);
+    ct_down_f32(gq, d_gq, 2 * N * qd);
+    ct_down_f32(gkv, d_gkv, 4 * N * ldk);
+    test_check_rel_f("ring pieces dq", gq, gq_ref, 2 * N * qd, CC_GRAD_BOUND);
+    test_check_rel_f("ring pieces dk|dv", gkv, gkv_ref, 4 * N * ldk, CC_GRAD_BOUND);
+    cuda_attention_cudnn_counts(c1);
+    EXPECT(c1[0] - c0[0] == 5 && c1[2] - c0[2] == 5 && c1[1] == c0[1] && c1[3] == c0[3],
+           "ring pieces: want all 5 forward and 5 backward calls on cuDNN, got %lld/%lld on cuDNN, %lld/%lld on ours",
+           (long long)(c1[0] - c0[0]), (long long)(c1[2] - c0[2]), (long long)(c1[1] - c0[1]),
+           (long long)(c1[3] - c0[3]));
+}
+
+/* ---- determinism ---- */
+
+static void cc_backward_twice(const char *name, int must_equal) {
+    CcCase c = {16, 2, 128, 1, 0, 2048, 0, 2048, 0};
+    CcData a;
+    cc_setup(&a, &c, 1909);
+    const int64_t T = a.nq;
+    float *out = ct_host(T * a.qd), *lse = ct_host(T * c.nh);
+    cpu_attention_forward(out, lse, a.q, a.kv, a.kv + a.kvd, a.pq, a.dq_, a.pk, a.dk_, T, T, c.nh, c.nkv, c.hd, a.qd,
+                          a.ldk, a.qd, 1);
+    ct_round_bf16(out, T * a.qd);
+    bf16 *d_out = ct_up_bf16(out, T * a.qd);
+    float *d_lse = ct_up_f32(lse, T * c.nh);
+    float *pre_q = ct_host_normal(T * a.qd, 1.0), *pre_kv = ct_host_normal(T * a.ldk, 1.0);
+    float *res[2][2];
+    for (int r = 0; r < 2; r++) {
+        float *d_gq = ct_up_f32(pre_q, T * a.qd), *d_gkv = ct_up_f32(pre_kv, T * a.ldk);
+        cuda_attention_cudnn_backward(d_gq, d_gkv, d_gkv + a.kvd, a.d_dout, d_out, d_lse, a.d_q, a.d_kv, a.d_kv + a.kvd,
+                                      a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, T, T, c.nh, c.nkv, c.hd, a.qd, a.ldk, a.qd, 1);
+        res[r][0] = ct_host(T * a.qd), res[r][1] = ct_host(T * a.ldk);
+        ct_down_f32(res[r][0], d_gq, T * a.qd);
+        ct_down_f32(res[r][1], d_gkv, T * a.ldk);
+    }
+    int eq = !memcmp(res[0][0], res[1][0], (size_t)T * a.qd * 4) && !memcmp(res[0][1], res[1][1], (size_t)T * a.ldk * 4);
+    printf("%s: two backward runs %s\n", name, eq ? "bitwise equal" : "DIFFER");
+    if (must_equal) {
+        ct_bitwise_equal("cudnn_det dq", res[0][0], res[1][0], T * a.qd);
+        ct_bitwise_equal("cudnn_det dk|dv", res[0][1], res[1][1], T * a.ldk);
+    }
+}
+
+TEST(cuda_attention_cudnn_deterministic) {
+    ct_begin();
+    if (!cc_ready(1)) return;
+    cc_backward_twice("cudnn_det (2k causal 16/2/128)", 1);
+    cuda_attention_cudnn_set_deterministic(0);
+    cc_backward_twice("cudnn (dq accumulator, information only)", 0);
+}

@@ -1,0 +1,376 @@
+/*
+ * test_attn_cudnn_graph.c — the cpu-testable half of the cuDNN attention route
+ * (lib/attn_cudnn_graph.c, issue 19): run by build/test_ops under pytest, no
+ * GPU and no cuDNN needed.
+ *
+ *   attn_cudnn_abi_values     the ABI numbers written out in attn_cudnn_graph.h and
+ *                             kernels/cuda/cuda_cudnn_abi.h equal cuDNN's own
+ *                             (cudnn_graph.h), wherever that header is installed (skipped where not)
+ *   attn_cudnn_graph_layouts  every graph (forward/backward, MHA/GQA, causal or not, both backward
+ *                             forms, dense and strided rows, T not a multiple of any tile) passes the
+ *                             consistency check, and each bound tensor's (b, h, row, col) element lies
+ *                             where our row layout keeps it: element (t, h, d) at t*ld + h*hd + d
+ *   attn_cudnn_graph_must_fail  the check catches an operation moved before its producer, a
+ *                             mismatched product and a shared uid
+ *   attn_cudnn_route          on ring-shaped metadata (zigzag fragments, random document cuts), every
+ *                             call routed to cuDNN has exactly our mask (same document, causal by pos)
+ *                             under cuDNN's (all keys, or top-left causal), and the ring's plain steps
+ *                             (the causal diagonal, the dense rectangle) do go to cuDNN
+ *   attn_cudnn_lse_convention cuDNN's Stats (rowmax + natural log of the row sum of exp, in (nh, Tq)),
+ *                             computed in float64 from the definition, mapped by cdg_stats_to_lse_host,
+ *                             equals the cpu oracle's lse within 1e-6; the two maps invert each other
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "attn_cudnn_graph.h"
+#include "cpu_kernels.h"
+#include "cuda_cudnn_abi.h"
+#include "test_util.h"
+
+#if defined(__has_include)
+#if __has_include(<cudnn_graph.h>)
+#include <cudnn_graph.h>
+#define TEST_HAVE_CUDNN_HEADER 1
+#endif
+#endif
+
+TEST(attn_cudnn_abi_values) {
+#ifdef TEST_HAVE_CUDNN_HEADER
+    struct {
+        const char *name;
+        long ours, theirs;
+    } v[] = {
+        {"DATA_FLOAT", CDA_DATA_FLOAT, CUDNN_DATA_FLOAT},
+        {"DATA_INT32", CDA_DATA_INT32, CUDNN_DATA_INT32},
+        {"DATA_BFLOAT16", CDA_DATA_BFLOAT16, CUDNN_DATA_BFLOAT16},
+        {"DATA_BOOLEAN", CDA_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN},
+        {"POINTWISE_ADD", CDA_POINTWISE_ADD, CUDNN_POINTWISE_ADD},
+        {"POINTWISE_MUL", CDA_POINTWISE_MUL, CUDNN_POINTWISE_MUL},
+        {"POINTWISE_DIV", CDA_POINTWISE_DIV, CUDNN_POINTWISE_DIV},
+        {"POINTWISE_SUB", CDA_POINTWISE_SUB, CUDNN_POINTWISE_SUB},
+        {"POINTWISE_EXP", CDA_POINTWISE_EXP, CUDNN_POINTWISE_EXP},
+        {"POINTWISE_LOG", CDA_POINTWISE_LOG, CUDNN_POINTWISE_LOG},
+        {"POINTWISE_IDENTITY", CDA_POINTWISE_IDENTITY, CUDNN_POINTWISE_IDENTITY},
+        {"POINTWISE_CMP_GE", CDA_POINTWISE_CMP_GE, CUDNN_POINTWISE_CMP_GE},
+        {"POINTWISE_GEN_INDEX", CDA_POINTWISE_GEN_INDEX, CUDNN_POINTWISE_GEN_INDEX},
+        {"POINTWISE_BINARY_SELECT", CDA_POINTWISE_BINARY_SELECT, CUDNN_POINTWISE_BINARY_SELECT},
+        {"REDUCE_TENSOR_ADD", CDA_REDUCE_TENSOR_ADD, CUDNN_REDUCE_TENSOR_ADD},
+        {"REDUCE_TENSOR_MAX", CDA_REDUCE_TENSOR_MAX, CUDNN_REDUCE_TENSOR_MAX},
+        {"STATUS_SUCCESS", CDA_STATUS_SUCCESS, CUDNN_STATUS_SUCCESS},
+        {"BACKEND_POINTWISE_DESCRIPTOR", CDA_BACKEND_POINTWISE_DESCRIPTOR, CUDNN_BACKEND_POINTWISE_DESCRIPTOR},
+        {"BACKEND_ENGINE_DESCRIPTOR", CDA_BACKEND_ENGINE_DESCRIPTOR, CUDNN_BACKEND_ENGINE_DESCRIPTOR},
+        {"BACKEND_ENGINECFG_DESCRIPTOR", CDA_BACKEND_ENGINECFG_DESCRIPTOR, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR},
+        {"BACKEND_ENGINEHEUR_DESCRIPTOR", CDA_BACKEND_ENGINEHEUR_DESCRIPTOR, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR},
+        {"BACKEND_EXECUTION_PLAN_DESCRIPTOR", CDA_BACKEND_EXECUTION_PLAN_DESCRIPTOR, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR},
+        {"BACKEND_OPERATION_POINTWISE_DESCRIPTOR", CDA_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR},
+        {"BACKEND_OPERATIONGRAPH_DESCRIPTOR", CDA_BACKEND_OPERATIONGRAPH_DESCRIPTOR, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR},
+        {"BACKEND_VARIANT_PACK_DESCRIPTOR", CDA_BACKEND_VARIANT_PACK_DESCRIPTOR, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR},
+        {"BACKEND_TENSOR_DESCRIPTOR", CDA_BACKEND_TENSOR_DESCRIPTOR, CUDNN_BACKEND_TENSOR_DESCRIPTOR},
+        {"BACKEND_MATMUL_DESCRIPTOR", CDA_BACKEND_MATMUL_DESCRIPTOR, CUDNN_BACKEND_MATMUL_DESCRIPTOR},
+        {"BACKEND_OPERATION_MATMUL_DESCRIPTOR", CDA_BACKEND_OPERATION_MATMUL_DESCRIPTOR, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR},
+        {"BACKEND_REDUCTION_DESCRIPTOR", CDA_BACKEND_REDUCTION_DESCRIPTOR, CUDNN_BACKEND_REDUCTION_DESCRIPTOR},
+        {"BACKEND_OPERATION_REDUCTION_DESCRIPTOR", CDA_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR},
+        {"BACKEND_OPERATION_RESHAPE_DESCRIPTOR", CDA_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR},
+        {"TYPE_HANDLE", CDA_TYPE_HANDLE, CUDNN_TYPE_HANDLE},
+        {"TYPE_DATA_TYPE", CDA_TYPE_DATA_TYPE, CUDNN_TYPE_DATA_TYPE},
+        {"TYPE_BOOLEAN", CDA_TYPE_BOOLEAN, CUDNN_TYPE_BOOLEAN},
+        {"TYPE_INT64", CDA_TYPE_INT64, CUDNN_TYPE_INT64},
+        {"TYPE_FLOAT", CDA_TYPE_FLOAT, CUDNN_TYPE_FLOAT},
+        {"TYPE_VOID_PTR", CDA_TYPE_VOID_PTR, CUDNN_TYPE_VOID_PTR},
+        {"TYPE_HEUR_MODE", CDA_TYPE_HEUR_MODE, CUDNN_TYPE_HEUR_MODE},
+        {"TYPE_NUMERICAL_NOTE", CDA_TYPE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE},
+        {"TYPE_POINTWISE_MODE", CDA_TYPE_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE},
+        {"TYPE_BACKEND_DESCRIPTOR", CDA_TYPE_BACKEND_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR},
+        {"TYPE_REDUCTION_OPERATOR_TYPE", CDA_TYPE_REDUCTION_OPERATOR_TYPE, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE},
+        {"ATTR_POINTWISE_MODE", CDA_ATTR_POINTWISE_MODE, CUDNN_ATTR_POINTWISE_MODE},
+        {"ATTR_POINTWISE_MATH_PREC", CDA_ATTR_POINTWISE_MATH_PREC, CUDNN_ATTR_POINTWISE_MATH_PREC},
+        {"ATTR_POINTWISE_AXIS", CDA_ATTR_POINTWISE_AXIS, CUDNN_ATTR_POINTWISE_AXIS},
+        {"ATTR_ENGINEHEUR_MODE", CDA_ATTR_ENGINEHEUR_MODE, CUDNN_ATTR_ENGINEHEUR_MODE},
+        {"ATTR_ENGINEHEUR_OPERATION_GRAPH", CDA_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH},
+        {"ATTR_ENGINEHEUR_RESULTS", CDA_ATTR_ENGINEHEUR_RESULTS, CUDNN_ATTR_ENGINEHEUR_RESULTS},
+        {"ATTR_ENGINECFG_ENGINE", CDA_ATTR_ENGINECFG_ENGINE, CUDNN_ATTR_ENGINECFG_ENGINE},
+        {"ATTR_EXECUTION_PLAN_HANDLE", CDA_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_ATTR_EXECUTION_PLAN_HANDLE},
+        {"ATTR_EXECUTION_PLAN_ENGINE_CONFIG", CDA_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG},
+        {"ATTR_EXECUTION_PLAN_WORKSPACE_SIZE", CDA_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE},
+        {"ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR", CDA_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR},
+        {"ATTR_OPERATION_POINTWISE_XDESC", CDA_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_ATTR_OPERATION_POINTWISE_XDESC},
+        {"ATTR_OPERATION_POINTWISE_BDESC", CDA_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_ATTR_OPERATION_POINTWISE_BDESC},
+        {"ATTR_OPERATION_POINTWISE_YDESC", CDA_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_ATTR_OPERATION_POINTWISE_YDESC},
+        {"ATTR_OPERATION_POINTWISE_TDESC", CDA_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_ATTR_OPERATION_POINTWISE_TDESC},
+        {"ATTR_OPERATIONGRAPH_HANDLE", CDA_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_ATTR_OPERATIONGRAPH_HANDLE},
+        {"ATTR_OPERATIONGRAPH_OPS", CDA_ATTR_OPERATIONGRAPH_OPS, CUDNN_ATTR_OPERATIONGRAPH_OPS},
+        {"ATTR_TENSOR_BYTE_ALIGNMENT", CDA_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT},
+        {"ATTR_TENSOR_DATA_TYPE", CDA_ATTR_TENSOR_DATA_TYPE, CUDNN_ATTR_TENSOR_DATA_TYPE},
+        {"ATTR_TENSOR_DIMENSIONS", CDA_ATTR_TENSOR_DIMENSIONS, CUDNN_ATTR_TENSOR_DIMENSIONS},
+        {"ATTR_TENSOR_STRIDES", CDA_ATTR_TENSOR_STRIDES, CUDNN_ATTR_TENSOR_STRIDES},
+        {"ATTR_TENSOR_UNIQUE_ID", CDA_ATTR_TENSOR_UNIQUE_ID, CUDNN_ATTR_TENSOR_UNIQUE_ID},
+        {"ATTR_TENSOR_IS_VIRTUAL", CDA_ATTR_TENSOR_IS_VIRTUAL, CUDNN_ATTR_TENSOR_IS_VIRTUAL},
+        {"ATTR_TENSOR_IS_BY_VALUE", CDA_ATTR_TENSOR_IS_BY_VALUE, CUDNN_ATTR_TENSOR_IS_BY_VALUE},
+        {"ATTR_VARIANT_PACK_UNIQUE_IDS", CDA_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS},
+        {"ATTR_VARIANT_PACK_DATA_POINTERS", CDA_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS},
+        {"ATTR_VARIANT_PACK_WORKSPACE", CDA_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_ATTR_VARIANT_PACK_WORKSPACE},
+        {"ATTR_ENGINE_NUMERICAL_NOTE", CDA_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE},
+        {"ATTR_MATMUL_COMP_TYPE", CDA_ATTR_MATMUL_COMP_TYPE, CUDNN_ATTR_MATMUL_COMP_TYPE},
+        {"ATTR_OPERATION_MATMUL_ADESC", CDA_ATTR_OPERATION_MATMUL_ADESC, CUDNN_ATTR_OPERATION_MATMUL_ADESC},
+        {"ATTR_OPERATION_MATMUL_BDESC", CDA_ATTR_OPERATION_MATMUL_BDESC, CUDNN_ATTR_OPERATION_MATMUL_BDESC},
+        {"ATTR_OPERATION_MATMUL_CDESC", CDA_ATTR_OPERATION_MATMUL_CDESC, CUDNN_ATTR_OPERATION_MATMUL_CDESC},
+        {"ATTR_OPERATION_MATMUL_DESC", CDA_ATTR_OPERATION_MATMUL_DESC, CUDNN_ATTR_OPERATION_MATMUL_DESC},
+        {"ATTR_REDUCTION_OPERATOR", CDA_ATTR_REDUCTION_OPERATOR, CUDNN_ATTR_REDUCTION_OPERATOR},
+        {"ATTR_REDUCTION_COMP_TYPE", CDA_ATTR_REDUCTION_COMP_TYPE, CUDNN_ATTR_REDUCTION_COMP_TYPE},
+        {"ATTR_OPERATION_REDUCTION_XDESC", CDA_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_ATTR_OPERATION_REDUCTION_XDESC},
+        {"ATTR_OPERATION_REDUCTION_YDESC", CDA_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_ATTR_OPERATION_REDUCTION_YDESC},
+        {"ATTR_OPERATION_REDUCTION_DESC", CDA_ATTR_OPERATION_REDUCTION_DESC, CUDNN_ATTR_OPERATION_REDUCTION_DESC},
+        {"ATTR_OPERATION_RESHAPE_XDESC", CDA_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_ATTR_OPERATION_RESHAPE_XDESC},
+        {"ATTR_OPERATION_RESHAPE_YDESC", CDA_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_ATTR_OPERATION_RESHAPE_YDESC},
+        {"HEUR_MODE_FALLBACK", CDA_HEUR_MODE_FALLBACK, CUDNN_HEUR_MODE_FALLBACK},
+        {"HEUR_MODE_A", CDA_HEUR_MODE_A, CUDNN_HEUR_MODE_A},
+        {"NUMERICAL_NOTE_NONDETERMINISTIC", CDA_NUMERICAL_NOTE_NONDETERMINISTIC, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        EXPECT(v[i].ours == v[i].theirs, "CUDNN_%s: ours %ld, cudnn_graph.h %ld", v[i].name, v[i].ours, v[i].theirs);
+    printf("attn_cudnn_abi_values: %zu values equal cudnn_graph.h (cuDNN %d.%d.%d)\n", sizeof v / sizeof v[0],
+           CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL);
+#else
+    printf("attn_cudnn_abi_values: cudnn_graph.h not installed here: skipped\n");
+#endif
+}
+
+/* the offset of element idx of tensor t */
+static int64_t tg_offset(const CdgTensor *t, const int64_t idx[4]) {
+    int64_t off = 0;
+    for (int i = 0; i < 4; i++) off += idx[i] * t->stride[i];
+    return off;
+}
+
+static const CdgTensor *tg_bound(const CdgGraph *g, int64_t uid) {
+    int i = cdg_find(g, uid);
+    EXPECT(i >= 0, "bound tensor uid %lld missing", (long long)uid);
+    return i >= 0 ? &g->t[i] : NULL;
+}
+
+/* every (h, t, d) of a (T, heads x hd) tensor laid as {1, heads, T, hd} (or, transposed, {1, heads, hd, T}) */
+static void tg_check_rows(const CdgTensor *t, const char *what, int64_t T, int heads, int hd, int ld, int transposed) {
+    if (!t) return;
+    int64_t bad = 0;
+    EXPECT(t->dim[0] == 1 && t->dim[1] == heads && t->dim[transposed ? 3 : 2] == T && t->dim[transposed ? 2 : 3] == hd,
+           "%s: dims (%lld,%lld,%lld,%lld)", what, (long long)t->dim[0], (long long)t->dim[1], (long long)t->dim[2],
+           (long long)t->dim[3]);
+    for (int h = 0; h < heads; h++)
+        for (int64_t r = 0; r < T; r += (T > 70 ? 7 : 1))
+            for (int d = 0; d < hd; d += 3) {
+                int64_t idx[4] = {0, h, transposed ? d : r, transposed ? r : d};
+                if (tg_offset(t, idx) != r * ld + (int64_t)h * hd + d) bad++;
+            }
+    EXPECT(!bad, "%s: %lld elements away from t*ld + h*hd + d", what, (long long)bad);
+}
+
+static void tg_one(const CdgKey *k) {
+    CdgGraph g;
+    cdg_build(&g, k);
+    char err[256];
+    int rc = cdg_check(&g, err, sizeof err);
+    EXPECT(rc == 0, "graph (bwd %d, causal %d, det %d, %d/%d/%d): %s", k->bwd, k->causal, k->deterministic, k->nh,
+           k->nkv, k->hd, err);
+    tg_check_rows(tg_bound(&g, CDG_UID_Q), "Q", k->Tq, k->nh, k->hd, k->ldq, 0);
+    tg_check_rows(tg_bound(&g, CDG_UID_K), "K^T", k->Tk, k->nkv, k->hd, k->ldk, 1);
+    tg_check_rows(tg_bound(&g, CDG_UID_V), k->bwd ? "V^T" : "V", k->Tk, k->nkv, k->hd, k->ldk, k->bwd);
+    tg_check_rows(tg_bound(&g, CDG_UID_O), "O", k->Tq, k->nh, k->hd, k->ldo, 0);
+    const CdgTensor *st = tg_bound(&g, CDG_UID_STATS);
+    if (st) {
+        int64_t bad = 0;
+        for (int h = 0; h < k->nh; h++)
+            for (int64_t t = 0; t < k->Tq; t++) {
+                int64_t idx[4] = {0, h, t, 0};
+                bad += tg_offset(st, idx) != cdg_stats_at(t, h, k->Tq);
+            }
+        EXPECT(!bad, "Stats: %lld entries away from (nh, Tq)", (long long)bad);
+    }
+    int causal_ops = 0, nondet = cdg_find(&g, CDG_UID_DQ_ACCUM) >= 0;
+    for (int i = 0; i < g.nop; i++) causal_ops += g.op[i].mode == CDA_POINTWISE_BINARY_SELECT && g.op[i].kind == CDG_POINTWISE;
+    EXPECT(causal_ops == (k->causal ? 1 : 0), "causal selects: %d", causal_ops);
+    if (k->bwd) {
+        tg_check_rows(tg_bound(&g, CDG_UID_DO), "dO", k->Tq, k->nh, k->hd, k->ldo, 0);
+        tg_check_rows(tg_bound(&g, CDG_UID_DQ), "dQ", k->Tq, k->nh, k->hd, k->nh * k->hd, 0);
+        tg_check_rows(tg_bound(&g, CDG_UID_DK), "dK", k->Tk, k->nkv, k->hd, k->nkv * k->hd, 0);
+        tg_check_rows(tg_bound(&g, CDG_UID_DV), "dV", k->Tk, k->nkv, k->hd, k->nkv * k->hd, 0);
+        EXPECT(nondet == !k->deterministic, "dq_accum present %d, deterministic %d", nondet, k->deterministic);
+    }
+}
+
+TEST(attn_cudnn_graph_layouts) {
+    const int shapes[][3] = {{4, 4, 128}, {16, 2, 128}, {4, 1, 256}, {8, 2, 64}};
+    int n = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int strided = 0; strided < 2; strided++)
+            for (int mode = 0; mode < 6; mode++) {
+                const int nh = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2];
+                CdgKey k = {.Tq = 333, .Tk = mode & 1 ? 333 : 197, .nh = nh, .nkv = nkv, .hd = hd,
+                            .ldq = nh * hd + (strided ? 8 + nh * hd : 0), .ldk = 2 * nkv * hd + (strided ? 8 : 0),
+                            .ldo = nh * hd + (strided ? 16 : 0), .causal = mode & 1, .bwd = mode >= 2,
+                            .deterministic = mode >= 4};
+                tg_one(&k);
+                n++;
+            }
+    printf("attn_cudnn_graph_layouts: %d graphs checked\n", n);
+}
+
+TEST(attn_cudnn_graph_must_fail) {
+    CdgKey k = {.Tq = 256, .Tk = 256, .nh = 16, .nkv = 2, .hd = 128, .ldq = 2048, .ldk = 512, .ldo = 2048,
+                .causal = 1, .bwd = 1};
+    CdgGraph g;
+    char err[256];
+    cdg_build(&g, &k);
+    EXPECT(cdg_check(&g, err, sizeof err) == 0, "the unmodified graph: %s", err);
+    CdgOp first = g.op[0];
+    memmove(&g.op[0], &g.op[1], sizeof(CdgOp) * (size_t)(g.nop - 1));
+    g.op[g.nop - 1] = first; /* D's product now runs after its readers */
+    int rc = cdg_check(&g, err, sizeof err);
+    EXPECT(rc != 0, "an operation after its readers passed");
+    printf("moved producer: %s\n", err);
+    cdg_build(&g, &k);
+    g.t[cdg_find(&g, CDG_UID_Q)].dim[3] = 64; /* Q K^T with mismatched inner sizes */
+    rc = cdg_check(&g, err, sizeof err);
+    EXPECT(rc != 0, "a mismatched product passed");
+    printf("mismatched product: %s\n", err);
+    cdg_build(&g, &k);
+    g.t[cdg_find(&g, CDG_UID_DK)].uid = CDG_UID_DV;
+    rc = cdg_check(&g, err, sizeof err);
+    EXPECT(rc != 0, "a shared uid passed");
+    printf("shared uid: %s\n", err);
+}
+
+/* ---- route ---- */
+
+/* positions of global tokens [lo, hi) of a sample cut into documents at the given starts */
+static void tr_meta(int32_t *pos, int32_t *doc_pos, int64_t lo, int64_t hi, const int64_t *starts, int ns) {
+    for (int64_t g = lo; g < hi; g++) {
+        int64_t s0 = 0;
+        for (int i = 0; i < ns; i++)
+            if (starts[i] <= g) s0 = starts[i];
+        pos[g - lo] = (int32_t)g;
+        doc_pos[g - lo] = (int32_t)(g - s0);
+    }
+}
+
+/* our mask (same document, causal by pos) against cuDNN's for the route; returns mismatching pairs */
+static int64_t tr_mask_mismatch(CdgRoute r, const int32_t *pq, const int32_t *dq, int64_t Tq, const int32_t *pk,
+                                const int32_t *dk, int64_t Tk, int causal) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < Tq; i++)
+        for (int64_t j = 0; j < Tk; j++) {
+            int ours = pq[i] - dq[i] == pk[j] - dk[j] && (!causal || pk[j] <= pq[i]);
+            int theirs = r == CDG_ROUTE_DENSE ? 1 : j <= i;
+            bad += ours != theirs;
+        }
+    return bad;
+}
+
+TEST(attn_cudnn_route) {
+    enum { N = 48 }; /* fragment length; P = 2: fragments 0..3, rank 0 holds 0 and 3 */
+    int32_t pq[N], dq[N], pk[N], dk[N];
+    int64_t n_cudnn = 0, n_ours = 0, bad = 0;
+    const char *why;
+    test_rng_seed(19);
+    for (int trial = 0; trial < 400; trial++) {
+        int64_t starts[4];
+        int ns = trial % 4; /* 0: one document */
+        for (int i = 0; i < ns; i++) starts[i] = 1 + (int64_t)(test_uniform() * (4 * N - 1));
+        int a = (int)(test_uniform() * 4), b = (int)(test_uniform() * 4), causal = trial % 5 != 4;
+        if (a < b) { int t = a; a = b; b = t; }
+        tr_meta(pq, dq, (int64_t)a * N, (int64_t)(a + 1) * N, starts, ns);
+        tr_meta(pk, dk, (int64_t)b * N, (int64_t)(b + 1) * N, starts, ns);
+        CdgMeta m;
+        cdg_meta_host(&m, pq, dq, N, pk, dk, N);
+        CdgRoute r = cdg_route(&m, N, N, 16, 2, 128, causal, &why);
+        if (r == CDG_ROUTE_OURS) { n_ours++; continue; }
+        n_cudnn++;
+        int64_t mm = tr_mask_mismatch(r, pq, dq, N, pk, dk, N, causal);
+        if (mm && bad++ < 3) EXPECT(0, "trial %d (q frag %d, k frag %d, %d docs, causal %d) -> %s: %lld pairs differ",
+                                    trial, a, b, ns + 1, causal, why, (long long)mm);
+    }
+    printf("attn_cudnn_route: %lld calls to cuDNN, %lld to ours, masks equal on every cuDNN call\n",
+           (long long)n_cudnn, (long long)n_ours);
+    EXPECT(n_cudnn > 100 && n_ours > 50, "too few of one route: cuDNN %lld, ours %lld", (long long)n_cudnn,
+           (long long)n_ours);
+
+    /* the ring's plain steps must go to cuDNN; a diagonal with a document start inside to ours */
+    CdgMeta m;
+    tr_meta(pq, dq, 0, N, NULL, 0);
+    cdg_meta_host(&m, pq, dq, N, pq, dq, N);
+    EXPECT(cdg_route(&m, N, N, 16, 16, 128, 1, &why) == CDG_ROUTE_CAUSAL, "one-document diagonal: %s", why);
+    tr_meta(pq, dq, 3 * N, 4 * N, NULL, 0);
+    tr_meta(pk, dk, 0, N, NULL, 0);
+    cdg_meta_host(&m, pq, dq, N, pk, dk, N);
+    EXPECT(cdg_route(&m, N, N, 16, 2, 256, 1, &why) == CDG_ROUTE_DENSE, "dense rectangle: %s", why);
+    int64_t cut[1] = {N / 2};
+    tr_meta(pq, dq, 0, N, cut, 1);
+    cdg_meta_host(&m, pq, dq, N, pq, dq, N);
+    EXPECT(cdg_route(&m, N, N, 16, 2, 128, 1, &why) == CDG_ROUTE_OURS, "diagonal with a document start: %s", why);
+    tr_meta(pq, dq, 0, N, NULL, 0);
+    cdg_meta_host(&m, pq, dq, N, pq, dq, N);
+    EXPECT(cdg_route(&m, N, N, 16, 2, 100, 1, &why) == CDG_ROUTE_OURS, "hd 100: %s", why);
+    EXPECT(cdg_route(&m, 1, 1, 16, 2, 128, 1, &why) == CDG_ROUTE_OURS, "1 x 1: %s", why);
+}
+
+/* ---- LSE convention ---- */
+
+TEST(attn_cudnn_lse_convention) {
+    enum { T = 37, NH = 4, NKV = 2, HD = 16 };
+    static float q[T * NH * HD], k[T * NKV * HD], v[T * NKV * HD], out[T * NH * HD], lse[T * NH];
+    static float stats[NH * T], back[T * NH], stats2[NH * T];
+    int32_t pos[T], dp[T];
+    for (int t = 0; t < T; t++) pos[t] = dp[t] = t;
+    test_rng_seed(7);
+    test_fill_normal(q, T * NH * HD, 1.5);
+    test_fill_normal(k, T * NKV * HD, 1.0);
+    test_fill_normal(v, T * NKV * HD, 1.0);
+    cpu_attention_forward(out, lse, q, k, v, pos, dp, pos, dp, T, T, NH, NKV, HD, NH * HD, NKV * HD, NH * HD, 1);
+    /* cuDNN's Stats from its graph's definition: max + log(sum exp(S * scale - max)), causal top-left */
+    double want_max = 0;
+    for (int h = 0; h < NH; h++)
+        for (int i = 0; i < T; i++) {
+            double s[T], mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= i; j++) {
+                double acc = 0;
+                for (int d = 0; d < HD; d++)
+                    acc += (double)q[i * NH * HD + h * HD + d] * k[j * NKV * HD + (h / (NH / NKV)) * HD + d];
+                s[j] = acc / sqrt((double)HD);
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int j = 0; j <= i; j++) sum += exp(s[j] - mx);
+            stats[cdg_stats_at(i, h, T)] = (float)(mx + log(sum));
+            if (fabs(stats[cdg_stats_at(i, h, T)]) > want_max) want_max = fabs(stats[cdg_stats_at(i, h, T)]);
+        }
+    cdg_stats_to_lse_host(back, stats, T, NH);
+    test_check_rel_f("cuDNN Stats as our lse", back, lse, T * NH, 1e-6);
+    cdg_lse_to_stats_host(stats2, back, T, NH);
+    EXPECT(!memcmp(stats2, stats, sizeof stats), "lse -> Stats does not invert Stats -> lse");
+    EXPECT(want_max > 0.5, "degenerate scores (max |lse| %g)", want_max);
+}
+
+#ifdef RS_WITH_CUDA
+#include "cuda_attention_cudnn.h"
+/* cuDNN itself (no GPU needed) creates and finalizes every tensor and operation descriptor of every graph:
+ * data types, dims, strides, modes, axes and attribute types it accepts. The operation graph, heuristics
+ * and plans need a GPU (tests/cuda/test_cuda_attention_cudnn.cu). Skipped where cuDNN 9 cannot be loaded. */
+TEST(attn_cudnn_lower_cpu) {
+    char err[4096];
+    if (cuda_attention_cudnn_load("", err, sizeof err)) {
+        printf("attn_cudnn_lower_cpu: skipped: %s\n", err);
+        return;
+    }
+    printf("%s\n", cuda_attention_cudnn_describe());
+    int n = 0;
+    for (int mode = 0; mode < 12; mode++) {
+        const int gqa = (mode >> 3) & 1 ? 0 : mode & 4;
+        CdgKey k = {.Tq = 1000, .Tk = gqa ? 777 : 1000, .nh = 16, .nkv = gqa ? 2 : 16, .hd = mode >= 8 ? 256 : 128,
+                    .causal = mode & 1, .bwd = (mode >> 1) & 1, .deterministic = mode >= 10};
+        k.ldq = k.nh * k.hd, k.ldk = 2 * k.nkv * k.hd, k.ldo = k.nh * k.hd;
+        cuda_attention_cudnn_lower_only(&k); /* exits with cuDNN's message on a refusal */
+        n++;
+    }
+    printf("attn_cudnn_lower_cpu: %d graphs: every descriptor finalized by cuDNN\n", n);
+}
+#endif
