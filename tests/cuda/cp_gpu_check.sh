@@ -33,16 +33,10 @@
 set -u -o pipefail
 B=${1:-build}
 O=${2:-runs/cp_gpu_check}
-PY=${PYTHON:-python3}
 TRAIN_STEPS=${TRAIN_STEPS:-50}
 CURVE_TOL=${CURVE_TOL:-2e-2}
-HERE=$(dirname "$0")
-export NCCL_NVLS_ENABLE=0
-MPI2=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
-rc=0
-rm -rf "$O" && mkdir -p "$O" || exit 2
 
-. "$HERE/gpu_case.sh"
+. "$(dirname "$0")/gpu_case.sh"
 gpu_case_make
 
 echo "== one forward + backward: cpu, cpu cp 2, cpu bf16, cuda, cuda cp 2, cuda dp 2"

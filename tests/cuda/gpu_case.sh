@@ -1,7 +1,13 @@
 # gpu_case.sh — sourced by tests/cuda/cp_gpu_check.sh and tests/cuda/long_gpu_check.sh: their shared
-# parity case and the two helpers that run and judge build/parity_step on it. Reads the callers'
-# B (build dir), O (output dir), PY (python3), HERE (tests/cuda); sets C (the case dir); a failure
-# sets rc=1.
+# set-up, parity case and the two helpers that run and judge build/parity_step on it. Reads the callers'
+# B (build dir), O (output dir); sets PY (python3), HERE (tests/cuda), MPI2 (mpirun on 2 GPUs), rc = 0,
+# an empty O, and C (the case dir, gpu_case_make); a failure sets rc=1.
+PY=${PYTHON:-python3}
+HERE=$(dirname "${BASH_SOURCE[0]}")
+export NCCL_NVLS_ENABLE=0
+MPI2=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
+rc=0
+rm -rf "$O" && mkdir -p "$O" || exit 2
 
 # gpu_case_make: the parity case of configs/tiny-cpu.yaml, 2 x 1024 tokens, documents starting on the
 # rank boundaries of cp 2 (256, 512, 768), one token after them, inside fragments, and a sample that

@@ -24,14 +24,8 @@
 set -u -o pipefail
 B=${1:-build}
 O=${2:-runs/long_gpu_check}
-PY=${PYTHON:-python3}
-HERE=$(dirname "$0")
-export NCCL_NVLS_ENABLE=0
-MPI2=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
-rc=0
-rm -rf "$O" && mkdir -p "$O" || exit 2
 
-. "$HERE/gpu_case.sh"
+. "$(dirname "$0")/gpu_case.sh"
 gpu_case_make
 
 echo "== one forward + backward: cpu, cpu bf16; cuda on one GPU and cp 2, whole / chunked / chunked + offload"
