@@ -74,7 +74,7 @@ static void model_forward_part(Model *m, const Batch *b, float grad_scale, int b
     be->embedding_forward(m->la[0].x, b->tokens, w + m->embed * es, T, H);
     for (int l = 0; l < L; l++) {
         model_block_forward(m, l, b, l + 1 < L ? m->la[l + 1].x : m->final_in, BLOCK_FORWARD);
-        if (backward) model_offload_stash(m, l); /* no backward will read it back */
+        if (backward) model_offload_stash(m, l); /* (the forward alone: nothing will read it back) */
     }
     /* the head, row chunk by row chunk: final norm, lm_head + CE (its gradient at once), and the final
      * norm's backward into d_resid, which the layers' backward then starts from */
