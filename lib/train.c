@@ -555,11 +555,18 @@ static int train_loop(Trainer *t) {
         memset(&m->count, 0, sizeof m->count);
         cp_counters_reset(&m->cp);
 
-        int64_t predicted = 0;
+        /* [0] the tokens with a next-token target (the loss's mean), [1] the (query, key) pairs attention
+         * computes under the causal and document masks: min(pos, doc_pos) + 1 keys per token (for MFU, so
+         * that packed short documents are not counted as full causal attention) */
+        double counts[2] = {0, 0};
         for (int64_t k = 0; k < accum; k++) train_read_micro(t, k);
-        for (int64_t i = 0; i < accum * rows; i++) predicted += t->targets[i] >= 0;
+        for (int64_t i = 0; i < accum * rows; i++) {
+            counts[0] += t->targets[i] >= 0;
+            counts[1] += (double)(t->pos[i] < t->doc_pos[i] ? t->pos[i] : t->doc_pos[i]) + 1;
+        }
         comm_set_context(comm, -1, "token count");
-        double n_global = comm_allreduce_sum_scalar(comm, comm->world, (double)predicted);
+        comm_allreduce_sum_f64(comm, comm->world, counts, 2);
+        const double n_global = counts[0], attn_pairs = counts[1];
         if (n_global < 1) RS_FATAL("step %lld has no token with a next-token target", (long long)t->step);
         float grad_scale = (float)(1.0 / n_global);
 
@@ -595,9 +602,13 @@ static int train_loop(Trainer *t) {
         train_fmt_count(tok_s / comm->world_size, b, sizeof b);
         train_fmt_duration((double)(cfg->train.steps - t->step) * (ema_n ? ema_step : dt), c, sizeof c);
         char mfu[48] = "";
-        if (cfg->device.peak_tflops > 0)
+        if (cfg->device.peak_tflops > 0) { /* plan's FLOPs per token, attention by the pairs the masks keep */
+            const Plan *p = &t->plan;
+            const double flops = (p->flops_model - p->flops_attn_causal) * (double)t->tokens_per_step +
+                                 p->flops_attn_full / (double)cfg->data.seq_len * attn_pairs;
             snprintf(mfu, sizeof mfu, " | MFU %.1f%%",
-                     100.0 * t->plan.flops_model * tok_s / (comm->world_size * cfg->device.peak_tflops * 1e12));
+                     100.0 * flops / dt / (comm->world_size * cfg->device.peak_tflops * 1e12));
+        }
         if (t->step % cfg->run.log_every == 0 || t->step == cfg->train.steps || t->step == t->start_step + 1)
             train_say(t, "step %*lld/%lld | loss %.6f | lr %.3e | gnorm %.4f | %.0f ms | %s tok/s (%s/rank)%s | ETA %s\n",
                       t->step_width, (long long)t->step, (long long)cfg->train.steps, loss, lr, gnorm, dt * 1e3, a,
