@@ -152,7 +152,7 @@ void cp_batch_begin(Cp *cp, int micro, const int32_t *pos, const int32_t *doc_po
 static inline int64_t cp_frag_row(const Cp *cp, int s, int f) {
     return (int64_t)s * cp->L.T_local + (int64_t)f * cp->L.frag_len;
 }
-/* Reads this rank's rows of global sample g through `read` (data_read_span or a test's
+/* Reads this rank's rows of global sample g through `read` (data_span_read or a test's
  * reader): fragment by fragment, into rows laid out as cp_frag_row says. */
 typedef int (*CpReadSpan)(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
                           int32_t *pos, int32_t *doc_pos);

@@ -210,6 +210,14 @@ int data_read_sample(DataSet *ds, int64_t g, int32_t *tokens, int32_t *targets, 
  * segment): out[k] is what data_read_sample gives at t = t0 + k. */
 int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
                    int32_t *pos, int32_t *doc_pos, char *err, size_t n);
+/* data_read_span in the shape of cp.h's CpReadSpan (cp_read_sample's reader): ctx is a
+ * DataSpanReader, whose err holds the message of a failed read (train.c, eval.c). */
+typedef struct {
+    DataSet *data;
+    char     err[2048];
+} DataSpanReader;
+int data_span_read(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets, int32_t *pos,
+                   int32_t *doc_pos);
 
 /* order[k] = the file's document index at place k of the stream of `epoch`
  * (n_docs values). Identity when not shuffled. */

@@ -232,6 +232,12 @@ int data_read_span(DataSet *ds, int64_t g, int64_t t0, int64_t len, int32_t *tok
     return data_source_check(src, err, n);
 }
 
+int data_span_read(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets, int32_t *pos,
+                   int32_t *doc_pos) {
+    DataSpanReader *r = ctx;
+    return data_read_span(r->data, g, t0, len, tokens, targets, pos, doc_pos, r->err, sizeof r->err);
+}
+
 int data_read_sample(DataSet *ds, int64_t g, int32_t *tokens, int32_t *targets, int32_t *pos, int32_t *doc_pos,
                      char *err, size_t n) {
     return data_read_span(ds, g, 0, ds->T, tokens, targets, pos, doc_pos, err, n);

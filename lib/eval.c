@@ -59,18 +59,6 @@ static int eval_bucket(int64_t ctx) {
     return b; /* 0 for ctx 0; b for 2^(b-1) <= ctx < 2^b */
 }
 
-/* cp_read_sample's reader over the data set */
-typedef struct {
-    DataSet *data;
-    char     err[2048];
-} EvalReader;
-
-static int eval_read_span(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
-                          int32_t *pos, int32_t *doc_pos) {
-    EvalReader *r = ctx;
-    return data_read_span(r->data, g, t0, len, tokens, targets, pos, doc_pos, r->err, sizeof r->err);
-}
-
 typedef struct {
     const char *src, *data, *out;
     int64_t     tokens;
@@ -230,10 +218,10 @@ int eval_main(int argc, char **argv) {
     int32_t *md = meta_dev ? meta_dev : meta;
     Batch b = {rows, (int32_t)mb, Tl, md, md + rows, md + 2 * rows, md + 3 * rows, meta + 2 * rows, meta + 3 * rows, 0};
     double sum[2 * EVAL_BUCKETS] = {0}, *cnt = sum + EVAL_BUCKETS;
-    EvalReader rd = {.data = ds};
+    DataSpanReader rd = {.data = ds};
     for (int64_t s = 0; s < steps; s++) {
         for (int64_t j = 0; j < mb; j++)
-            if (cp_read_sample(&m.cp.L, eval_read_span, &rd, s * per_step + comm.dp_rank * mb + j, meta + j * Tl,
+            if (cp_read_sample(&m.cp.L, data_span_read, &rd, s * per_step + comm.dp_rank * mb + j, meta + j * Tl,
                                meta + rows + j * Tl, meta + 2 * rows + j * Tl, meta + 3 * rows + j * Tl))
                 data_fail(rd.err);
         if (meta_dev) be->to_device(meta_dev, meta, (size_t)rows * 16);

@@ -150,28 +150,16 @@ static void train_fmt_count(double v, char *buf, size_t n) {
 
 /* ---- the step's samples ---------------------------------------------------- */
 
-/* cp_read_sample's reader: a span of a sample from the data set (errors end the run). */
-typedef struct {
-    DataSet *data;
-    char     err[2048];
-} TrainSpanReader;
-
-static int train_read_span(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t *tokens, int32_t *targets,
-                           int32_t *pos, int32_t *doc_pos) {
-    TrainSpanReader *r = ctx;
-    return data_read_span(r->data, g, t0, len, tokens, targets, pos, doc_pos, r->err, sizeof r->err);
-}
-
 /* Reads micro-step `a`'s samples of this rank into the step buffers: each sample's fragments of
  * the CP layout (cp.h), so a rank reads only its own tokens. */
 static void train_read_micro(Trainer *t, int64_t a) {
     const Config *cfg = t->cfg;
     int64_t mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
-    TrainSpanReader r = {.data = t->data};
+    DataSpanReader r = {.data = t->data};
     for (int64_t j = 0; j < mb; j++) {
         int64_t g = t->samples + (a * t->comm->dp + t->comm->dp_rank) * mb + j;
         int64_t o = a * rows + j * Tl;
-        if (cp_read_sample(&t->model.cp.L, train_read_span, &r, g, t->tokens + o, t->targets + o, t->pos + o,
+        if (cp_read_sample(&t->model.cp.L, data_span_read, &r, g, t->tokens + o, t->targets + o, t->pos + o,
                            t->doc_pos + o) != 0)
             data_fail(r.err);
     }
