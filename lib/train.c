@@ -589,14 +589,12 @@ static int train_loop(Trainer *t) {
         train_fmt_count(tok_s, a, sizeof a);
         train_fmt_count(tok_s / comm->world_size, b, sizeof b);
         train_fmt_duration((double)(cfg->train.steps - t->step) * (ema_n ? ema_step : dt), c, sizeof c);
+        /* the step's model FLOPs: plan's per token, attention by the pairs the masks keep */
+        const double step_flops = (t->plan.flops_model - t->plan.flops_attn_causal) * (double)t->tokens_per_step +
+                                  t->plan.flops_attn_full / (double)cfg->data.seq_len * attn_pairs;
+        const double mfu_frac = step_flops / dt / (comm->world_size * cfg->device.peak_tflops * 1e12);
         char mfu[48] = "";
-        if (cfg->device.peak_tflops > 0) { /* plan's FLOPs per token, attention by the pairs the masks keep */
-            const Plan *p = &t->plan;
-            const double flops = (p->flops_model - p->flops_attn_causal) * (double)t->tokens_per_step +
-                                 p->flops_attn_full / (double)cfg->data.seq_len * attn_pairs;
-            snprintf(mfu, sizeof mfu, " | MFU %.1f%%",
-                     100.0 * flops / dt / (comm->world_size * cfg->device.peak_tflops * 1e12));
-        }
+        if (cfg->device.peak_tflops > 0) snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * mfu_frac);
         if (t->step % cfg->run.log_every == 0 || t->step == cfg->train.steps || t->step == t->start_step + 1)
             train_say(t, "step %*lld/%lld | loss %.6f | lr %.3e | gnorm %.4f | %.0f ms | %s tok/s (%s/rank)%s | ETA %s\n",
                       t->step_width, (long long)t->step, (long long)cfg->train.steps, loss, lr, gnorm, dt * 1e3, a,
@@ -612,6 +610,9 @@ static int train_loop(Trainer *t) {
         json_object_set_new(o, "tokens_per_s", json_real(tok_s));
         json_object_set_new(o, "ms", json_real(dt * 1e3));
         json_object_set_new(o, "predicted_tokens", json_integer((json_int_t)n_global));
+        json_object_set_new(o, "attention_pairs", json_integer((json_int_t)attn_pairs));
+        json_object_set_new(o, "model_flops", json_real(step_flops));
+        if (cfg->device.peak_tflops > 0) json_object_set_new(o, "mfu", json_real(mfu_frac));
         train_metrics_counters(t, o);
         json_object_set_new(o, "activation_bytes_kept", json_integer(m->bytes_kept));
         if (train_peak_bytes(t) >= 0) json_object_set_new(o, "peak_mem_bytes", json_integer(train_peak_bytes(t)));

@@ -742,3 +742,29 @@ def test_train_applies_the_fit_verdict_before_allocating(tmp_path, data):
     r = train(rd, data, "--set", "model.vocab_size=16000000", "--set", "device.memory_gib=100000", steps=2, expect=2)
     assert "does not fit this host: plan needs" in r.stderr and "for 1 rank" in r.stderr, r.stderr
     assert time.time() - t0 < 20 and not rd.exists()
+
+
+def test_attention_pairs_model_flops_and_mfu(tmp_path, data):
+    """metrics.jsonl counts the (query, key) pairs attention computes under the causal and document masks,
+    and the step's model FLOPs and MFU from them: a sample inside one document has T(T+1)/2 pairs, packed
+    short documents fewer, cp 2 the same as cp 1; model_flops = plan's FLOPs per token without attention x
+    tokens + plan's non-causal attention FLOPs per key x pairs."""
+    T = 256
+    one = tmp_path / "one.tok"
+    r = run([RINGSCAN, "data", "synth", one, "--tokens", "20000", "--min-doc", "100000", "--max-doc", "100000"])
+    assert r.returncode == 0, r.stderr
+    train(tmp_path / "one", one, "--set", "device.peak_tflops=0.001", steps=3)
+    train(tmp_path / "docs", data, steps=3)
+    train(tmp_path / "docs_cp2", data, "--set", "parallel.cp=2", steps=3, mpirun=2)
+    plan = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", *SMALL, "--json"])
+    fl = json.loads(plan.stdout)["flops_per_token"]
+    for m in metrics(tmp_path / "one"):
+        assert m["attention_pairs"] == T * (T + 1) // 2, m
+        want = (fl["model"] - fl["attention_causal"]) * T + fl["attention_noncausal"] / T * m["attention_pairs"]
+        assert abs(m["model_flops"] - want) <= 1e-9 * want, (m["model_flops"], want)
+        assert abs(m["mfu"] - m["model_flops"] / (m["ms"] / 1e3) / 1e9) <= 1e-3 * m["mfu"], m
+    docs, cp2 = metrics(tmp_path / "docs"), metrics(tmp_path / "docs_cp2")
+    assert all(T <= m["attention_pairs"] <= T * (T + 1) // 2 for m in docs)
+    assert any(m["attention_pairs"] < T * (T + 1) // 2 * 0.9 for m in docs), [m["attention_pairs"] for m in docs]
+    assert [m["attention_pairs"] for m in docs] == [m["attention_pairs"] for m in cp2]
+    assert "mfu" not in docs[0]  # device.peak_tflops unset: no MFU
