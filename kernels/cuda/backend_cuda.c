@@ -73,6 +73,19 @@
     X(adamw_update) \
     X(sum_squares)
 
+/* the entries both tables share, never timed: a size (no GPU work), host memory, the copy queue (its own
+ * stream) and a memory reading */
+#define CUDA_UNTIMED_ENTRIES                    \
+    .gdn_kept_bytes = cuda_gdn_kept_bytes,      \
+    .host_alloc = cuda_host_alloc,              \
+    .host_free = cuda_host_free,                \
+    .copyq_create = cuda_copyq_create,          \
+    .copyq_destroy = cuda_copyq_destroy,        \
+    .copyq_to_host = cuda_copyq_to_host,        \
+    .copyq_to_device = cuda_copyq_to_device,    \
+    .copyq_wait = cuda_copyq_wait,              \
+    .memory_stats = cuda_memory_stats,
+
 #define CUDA_PLAIN(e) .e = cuda_##e,
 #define CUDA_PROFILED(e) .e = prof_##e,
 
@@ -80,15 +93,7 @@ const Backend backend_cuda = {
     .name = "cuda",
     .act_size = 2,
     CUDA_ENTRIES(CUDA_PLAIN)
-    .gdn_kept_bytes = cuda_gdn_kept_bytes, /* a size, no GPU work: not profiled */
-    .host_alloc = cuda_host_alloc,          /* host memory: not profiled */
-    .host_free = cuda_host_free,
-    .copyq_create = cuda_copyq_create,      /* the copy queue: its own stream, not profiled */
-    .copyq_destroy = cuda_copyq_destroy,
-    .copyq_to_host = cuda_copyq_to_host,
-    .copyq_to_device = cuda_copyq_to_device,
-    .copyq_wait = cuda_copyq_wait,
-    .memory_stats = cuda_memory_stats,      /* a reading, no GPU work: not profiled */
+    CUDA_UNTIMED_ENTRIES
 };
 
 /* ---- the profiled table: each wrapper times its kernel's call (cuda_profile.h) ---- */
@@ -156,15 +161,7 @@ const Backend backend_cuda_profiled = {
     .name = "cuda",
     .act_size = 2,
     CUDA_ENTRIES(CUDA_PROFILED)
-    .gdn_kept_bytes = cuda_gdn_kept_bytes,
-    .host_alloc = cuda_host_alloc,
-    .host_free = cuda_host_free,
-    .copyq_create = cuda_copyq_create,      /* the copy queue: its own stream, not profiled */
-    .copyq_destroy = cuda_copyq_destroy,
-    .copyq_to_host = cuda_copyq_to_host,
-    .copyq_to_device = cuda_copyq_to_device,
-    .copyq_wait = cuda_copyq_wait,
-    .memory_stats = cuda_memory_stats,      /* a reading, no GPU work: not profiled */
+    CUDA_UNTIMED_ENTRIES
 };
 
 const Backend *cuda_backend_table(void) { return cuda_profile_on() ? &backend_cuda_profiled : &backend_cuda; }
