@@ -50,8 +50,8 @@
 const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
 /* the fields of CudaGdnTune (kernels/cuda/cuda_gdn_tune.h), in its order, with what each takes */
 const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {"split", "nst",  "bv",  "dseg", "dual",
-                                                            "sfwd",  "sbwd", "dwg", "sfbv"};
-static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64};
+                                                            "sfwd",  "sbwd", "dwg", "sfbv", "piece"};
+static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64, 1 << 24};
 
 static const char bench_usage[] =
     "usage: ringscan bench attn|gdn|step|all [options]\n"
@@ -92,8 +92,9 @@ static const char bench_usage[] =
     "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
     "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
     "  --gdn-tune LIST     gdn: the state passes' configuration instead of the built-in choice, KEY=N items of\n"
-    "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv), e.g.\n"
-    "                      sfwd=1,sbwd=1 (default: every choice built in; the same bits either way)\n"
+    "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv; the\n"
+    "                      same bits either way) or piece (rows per piece of a call, backend.h GDN_PIECE_ROWS),\n"
+    "                      e.g. sfwd=1,sbwd=1 (default: every choice built in)\n"
     "  --profile N         1: step: the GPU and host ms per step of every Backend entry (after the timed steps);\n"
     "                      gdn: the time of every kernel of each entry; 2: gdn also the state passes' cycles per\n"
     "                      phase (block 0); information only: the timed rows are slower (default 0)\n"
@@ -297,7 +298,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
                 int f = 0;
                 while (f < BENCH_GDN_TUNE_N && strcmp(items[j], bench_gdn_tune_names[f])) f++;
                 if (f == BENCH_GDN_TUNE_N)
-                    bench_bad(a, items[j], "unknown key (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv)");
+                    bench_bad(a, items[j], "unknown key (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv, piece)");
                 o->gdn_tune[f] = (int)bench_parse_int(a, eq + 1, 0, bench_gdn_tune_max[f]);
             }
         } else if (!strcmp(a, "--profile")) {
@@ -776,7 +777,7 @@ int bench_main(int argc, char **argv) {
     cuda_backend_init(0);
     cuda_profile_enable(o.profile > 0); /* the step's entries (bench_step.c) */
     const CudaGdnTune gt = {o.gdn_tune[0], o.gdn_tune[1], o.gdn_tune[2], o.gdn_tune[3], o.gdn_tune[4],
-                            o.gdn_tune[5], o.gdn_tune[6], o.gdn_tune[7], o.gdn_tune[8]};
+                            o.gdn_tune[5], o.gdn_tune[6], o.gdn_tune[7], o.gdn_tune[8], o.gdn_tune[9]};
     cuda_gdn_tune_set(&gt);
     static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN};
     for (int oi = 0; oi < BENCH_KIND_COUNT; oi++) {

@@ -41,7 +41,7 @@
 
 #define BENCH_MAX_LIST 16
 #define BENCH_MAX_SETS 64
-#define BENCH_GDN_TUNE_N 9 /* the fields of kernels/cuda/cuda_gdn_tune.h's CudaGdnTune */
+#define BENCH_GDN_TUNE_N 10 /* the fields of kernels/cuda/cuda_gdn_tune.h's CudaGdnTune */
 
 typedef enum { BENCH_ATTN, BENCH_GDN, BENCH_STEP, BENCH_KIND_COUNT } BenchKind;
 extern const char *const bench_kind_names[BENCH_KIND_COUNT];

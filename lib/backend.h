@@ -37,12 +37,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The cuda backend runs a delta-rule call (gdn_chunk_forward / gdn_chunk_backward) of more than this many
+ * tokens as consecutive calls of at most this many, the state passed between them in fp32: its workspace is
+ * then that of one piece (the backward's ~35 bytes per token per value head of 128) whatever T. The kept
+ * buffer holds every piece's part and the states entering pieces 1.. (gdn_kept_bytes counts them; plan
+ * mirrors it in model_acts.c). A multiple of 64 (the chunk). */
+#define GDN_PIECE_ROWS 65536
+
 /* What a backend's memory holds (Backend.memory_stats), in bytes. cuda: the device; cpu: nothing is
  * tracked, every field 0. */
 typedef struct BackendMemStats {
     int64_t allocated;      /* live bytes of the backend's alloc */
     int64_t peak_allocated; /* the most `allocated` has been */
-    int64_t internal;       /* the backend's own buffers (cuda: cuBLASLt workspace, kernel scratch, error word) */
+    int64_t internal;       /* the backend's own buffers (cuda: cuBLASLt workspace, kernel scratch, the attention and
+                               delta-rule workspaces, error word) */
     int64_t device_used;    /* cuda: total - free of the device, every process and the context included */
     int64_t device_total;
 } BackendMemStats;

@@ -42,9 +42,10 @@
  *     gradients for the whole pass, and per mixer kind (GDN, attention) the
  *     whole-rows gradients listed in model_acts_build; the kinds share one
  *     arena;
- *   - the GDN backward recomputes the per-chunk states and holds them and
- *     their gradients, ceil(T/64) x nv x dk x dv each, in the activation type
- *     (the gradients only where the states are kept: cuda, gdn_keep states);
+ *   - cuda: the delta rule's workspace (acts_gdn_workspace_bytes: one piece's
+ *     backward, GDN_PIECE_ROWS tokens at most, or with cp > 1 a fragment's
+ *     transition); cpu: the backward's per-chunk states and their gradients,
+ *     ceil(T/64) x nv x dk x dv each;
  *   - the delta-rule backward reads its WY factors from "gdn_kept" (under
  *     remat / full the recompute writes them into the scratch);
  *   - attention keeps no T x T matrix (flash-style blocks);
@@ -61,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "error.h"
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
@@ -77,15 +79,45 @@
  * checks the backend's figure against this): cuda W (n,nv,dk) and U (n,nv,dv) bf16 and the gate
  * cumsum (n,nv) fp32, with states (checkpoint.gdn_keep: states) also h (ceil(n/64)+1,nv,dk,dv) and vn
  * (n,nv,dv) bf16, each on 256 bytes; cpu Tinv (n,nv,64) fp32 either way */
-static int64_t acts_gdn_kept_bytes(int cuda, int states, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
-    if (!cuda) return n * nv * GDN_CHUNK * 4;
-    const int64_t tv = n * nv, ns = (n + GDN_CHUNK - 1) / GDN_CHUNK + 1;
 #define ACTS_R256(x) (((x) + 255) / 256 * 256)
+static int64_t acts_gdn_kept_piece(int states, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
+    const int64_t tv = n * nv, ns = (n + GDN_CHUNK - 1) / GDN_CHUNK + 1;
     int64_t b = ACTS_R256(tv * dk * 2) + ACTS_R256(tv * dv * 2) + ACTS_R256(tv * 4);
     if (states) b += ACTS_R256(ns * nv * dk * dv * 2) + ACTS_R256(tv * dv * 2);
-#undef ACTS_R256
     return b;
 }
+
+/* cuda runs a call of more than GDN_PIECE_ROWS tokens in pieces (backend.h): each piece's part, then the
+ * fp32 states entering pieces 1.. */
+static int64_t acts_gdn_kept_bytes(int cuda, int states, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
+    if (!cuda) return n * nv * GDN_CHUNK * 4;
+    int64_t b = 0, np = 0;
+    for (int64_t r0 = 0; r0 < n || np == 0; r0 += GDN_PIECE_ROWS, np++)
+        b += acts_gdn_kept_piece(states, n - r0 < GDN_PIECE_ROWS ? n - r0 : GDN_PIECE_ROWS, nv, dk, dv);
+    return b + (np - 1) * nv * dk * dv * 4;
+}
+
+/* The cuda delta rule's workspace (kernels/cuda/gdn/gdn.cu gdn_carve, grown to its largest call and kept):
+ * the backward of one piece (n = min(fragment, GDN_PIECE_ROWS) tokens) or, with cp > 1, the transition /
+ * dstate of a whole fragment (the scan's), with its 1/8 headroom on 2 MiB. Segmented state passes (few
+ * heads: fewer than 132 / 4 blocks of 32 columns) get an allowance of 64 segments. */
+static int64_t acts_gdn_workspace_bytes(int kept_states, int64_t frag, int cp, int64_t nv, int64_t dk, int64_t dv) {
+    const int64_t n = frag < GDN_PIECE_ROWS ? frag : GDN_PIECE_ROWS;
+    int64_t common[2], t[2] = {n, frag};
+    for (int i = 0; i < 2; i++) {
+        const int64_t T = t[i], tv = T * nv;
+        common[i] = ACTS_R256(3 * 4 * ((T + 1023) / 1024)) + ACTS_R256(8 * 4) + ACTS_R256((T + 1) * 4) +
+                    ACTS_R256((T + 1) * 16) + ACTS_R256((2 * 65 + 1) * 4) + ACTS_R256(tv * 4) + ACTS_R256(tv * dk * 2) +
+                    ACTS_R256(tv * dv * 2);
+    }
+    const int64_t tv = n * nv, ns = (n + GDN_CHUNK - 1) / GDN_CHUNK + 1, hs = ACTS_R256(ns * nv * dk * dv * 2);
+    int64_t bwd = common[0] + (kept_states ? 0 : ACTS_R256(tv * dv * 2) + hs) + hs + ACTS_R256(tv * dv * 2) +
+                  2 * ACTS_R256(tv * dk * 4) + ACTS_R256(2 * tv * 4);
+    if (4 * nv * dv / 32 <= 132) bwd += 2 * (2 * ACTS_R256(64 * nv * dk * dv * 4) + ACTS_R256(64 * nv * dk * dk * 4));
+    const int64_t most = cp > 1 && common[1] > bwd ? common[1] : bwd;
+    return (most + most / 8 + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+}
+#undef ACTS_R256
 
 typedef struct {
     ActTable *t;
@@ -197,10 +229,13 @@ void model_acts_build(ActTable *t, const Config *cfg) {
                 acts_add(&ab, l, "gdn_cp_M", frags, nv * dk * dk, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
                 acts_add(&ab, l, "gdn_conv_halo", frags, (Kc - 1) * Cc, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
             }
-            int64_t s = (T + GDN_CHUNK - 1) / GDN_CHUNK * nv * dk * dv * e;
             const int kept_states =
                 cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
-            if ((kept_states ? 1 : 2) * s > max_states) max_states = (kept_states ? 1 : 2) * s;
+            /* cuda: the delta rule's workspace; cpu: its backward's per-chunk states and their gradients */
+            int64_t s = cfg->device.kind == DEVICE_KIND_CUDA
+                            ? acts_gdn_workspace_bytes(kept_states, T / frags, cp, nv, dk, dv)
+                            : 2 * ((T + GDN_CHUNK - 1) / GDN_CHUNK) * nv * dk * dv * e;
+            if (s > max_states) max_states = s;
         } else {
             acts_add(&ab, l, "attn_q", T, qd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "attn_kv", T, 2 * kvd, e, ACT_KEEP_NONE);

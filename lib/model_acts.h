@@ -106,7 +106,8 @@ typedef struct {
     ActGradBuffer *g;                    /* gradient scratch buffers */
     int64_t grad_phase[ACT_GRAD_PHASES]; /* bytes per phase */
     int64_t grad_working;                /* persistent + largest phase: the gradient arena */
-    int64_t gdn_states;                  /* per-chunk GDN states, transient in one layer's backward */
+    int64_t gdn_states;                  /* cuda: the delta rule's workspace; cpu: the per-chunk GDN states of one
+                                            layer's backward and their gradients */
     int64_t loss_workspace;              /* logits of one row chunk of the fused lm_head + CE */
     int64_t loss_chunk_rows;
     int64_t peak[ACT_POLICY_COUNT];      /* kept + recompute + grad_working + gdn_states

@@ -24,8 +24,10 @@
  *                      local ones, the fold's two states, the folded state
  *                      gradients, and the conv halo tails (local + gathered).
  *   workspaces         the loss row chunk of fp32 logits; on cuda 32 MiB of
- *                      cuBLASLt workspace and 32 MiB of kernel scratch
- *                      (kernels/cuda/cuda_backend.h).
+ *                      cuBLASLt workspace, 32 MiB of kernel scratch
+ *                      (kernels/cuda/cuda_backend.h) and the attention
+ *                      backward's row statistics (the delta rule's workspace
+ *                      is in activations, model_acts.c).
  *   runtime            cuda: 1 GiB for the CUDA context, NCCL buffers and
  *                      allocator slack; cpu: none counted.
  *
@@ -150,6 +152,9 @@ void plan_build(Plan *p, const Config *cfg) {
     p->offload = cfg->checkpoint.offload == OFFLOAD_HOST;
     /* the CP buffers cp_init allocates (model_acts.c lists them) */
     int64_t ring = p->acts.cp_bytes[ACT_CP_RING], scan = p->acts.cp_bytes[ACT_CP_SCAN];
+    /* the cuda attention backward's workspace (kernels/cuda/attention/tiles.cu attn_plan): two fp32 row
+     * statistics per head and query row, with its 1/4 headroom; the tile masks and semaphores are small */
+    int64_t attn_ws = 2 * nh * p->tokens_per_rank * 4 * 5 / 4 + (4LL << 20);
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         int64_t *mem = p->mem[pol];
         mem[PLAN_MEM_WEIGHTS_BF16] = cuda ? (int64_t)(2 * N) : 0;
@@ -159,7 +164,7 @@ void plan_build(Plan *p, const Config *cfg) {
         mem[PLAN_MEM_ACTIVATIONS] = p->offload ? p->acts.peak_offload[pol] : p->acts.peak[pol];
         mem[PLAN_MEM_CP_RING] = ring;
         mem[PLAN_MEM_CP_SCAN] = scan;
-        mem[PLAN_MEM_WORKSPACE] = p->acts.loss_workspace + (cuda ? (64LL << 20) : 0);
+        mem[PLAN_MEM_WORKSPACE] = p->acts.loss_workspace + (cuda ? (64LL << 20) + attn_ws : 0);
         mem[PLAN_MEM_RUNTIME] = cuda ? (1LL << 30) : 0;
         for (int c = 0; c < PLAN_MEM_COUNT; c++) p->total[pol] += mem[c];
     }
@@ -292,7 +297,7 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     const ActTable *t = &p->acts;
     for (int k = 0; k < 5; k++) {
         static const char *names[] = {"  kept forward -> backward", "  recompute of one layer",
-                                      "  backward gradients", "  GDN chunk states (bwd)", "  (kept in host memory)"};
+                                      "  backward gradients", "  delta-rule workspace", "  (kept in host memory)"};
         const char *name = k == 0 && p->offload ? "  kept on device (head, 2 slots)" : names[k];
         if (k == 4 && !p->offload) break;
         double v[3];

@@ -29,6 +29,9 @@ typedef struct CudaGdnTune {
                   segments) where sfwd / sbwd leave the first on mma.sync: 1 = on, 2 = off (32 columns on
                   mma.sync), 0 = automatic (on) */
     int sfbv;  /* wgmma forward state pass: state columns per block, 64 or 32; 0 = automatic (32) */
+    int piece; /* rows per piece of a call (a multiple of 64), 0 = GDN_PIECE_ROWS (backend.h); tests set it
+                  small to reach the pieced path. It changes the kept buffer's size (cuda_gdn_kept_bytes):
+                  set it before sizing one, and keep it until that buffer's backward has run */
 } CudaGdnTune;
 
 /* NULL: every choice back to the built-in one */

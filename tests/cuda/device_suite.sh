@@ -13,6 +13,8 @@
 #   big        the cuda_big_* cases (entries at sizes where offsets pass 2^31; tests/cuda/test_cuda_big.cu),
 #              one process each (up to ~72 GiB of device memory; parity leaves them out)
 #   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
+#   gdn-base   ringscan bench gdn at 32k and 128k (16 and 64 heads, 1 and many documents) of GDN_BASE_BIN (a binary
+#              built at an earlier commit) and of build/ringscan, alternated twice on the same GPU
 #   gdn-states ringscan bench gdn --gdn-keep states (ours only: the kept chunk states, GDN v4.4)
 #   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
 #              same with --profile 1 (the time of every kernel, in the log)
@@ -65,7 +67,9 @@
 #              MFU (attention causal), peak device memory (the backend's count and cudaMemGetInfo) and host
 #              memory in use (sampled every 2 s) beside plan. ~100 s a step from the FLOPs (attention
 #              51.5 GFLOP/token causal: 27 PFLOP per GPU a step at ~300 TFLOP/s = 90 s, the rest ~10 s)
-#              + ~40 s start: ~6 min; run it alone in a call
+#              + ~40 s start: ~6 min; then torch context_parallel + cuDNN alone, one attention layer (16 heads,
+#              hd 128) fwd+bwd at 1M on the same two GPUs and on one (~2 min; LONG_1M_PEER=0 skips it); run it
+#              alone in a call
 #   long-256k  the same model at 262,144 tokens on two GPUs, 4 steps each: unchunked without offload
 #              (chunk_rows 65536 = the fragment), chunked (plan's 8,384 rows), chunked + offload; the cost
 #              of each as a ratio of ms/step, and the offloaded run's losses bitwise the chunked run's.
@@ -151,6 +155,22 @@ suite_big() {
 }
 
 # suite_gdn32k NAME [BENCH OPTION...]: ringscan bench gdn at 32k with the given options, then per kernel
+# the GDN layer of a baseline binary (GDN_BASE_BIN, e.g. one built at an earlier commit) and of build/ringscan on
+# the same GPU, alternated twice (base, ours, base, ours): a kernel change measured against what it replaced
+suite_gdn_base() {
+    local rc=0 r b
+    [ -x "${GDN_BASE_BIN:-}" ] || { echo "gdn-base: GDN_BASE_BIN '${GDN_BASE_BIN:-}' is not an executable"; return 1; }
+    for r in 1 2; do
+        for b in "$GDN_BASE_BIN" build/ringscan; do
+            timeout "$(left)" "$b" bench gdn --T 32768,131072 --heads 16,64 --doc-len 0,2048 \
+                --out "/tmp/device_suite_gdn-base" > "$L/gdn-base-$r-$(basename "$(dirname "$b")").log" 2>&1 || rc=1
+            echo "gdn-base round $r: $b ($("$b" --version | sed -n 2p | tr -s ' '))"
+            sed -n '/^case /,/^$/p' "$L/gdn-base-$r-$(basename "$(dirname "$b")").log" | head -10
+        done
+    done
+    return $rc
+}
+
 suite_gdn32k() {
     local name=$1
     shift
@@ -231,7 +251,8 @@ suite_attn_cudnn() {
 # every sample one causal document (synthetic tokens, documents longer than any sample: attention's full
 # cost), STEPS steps (the first is the warm-up), the run left in $TRAIN_DIR/NAME (metrics.jsonl; callers
 # remove $TRAIN_DIR): its memory and step lines printed, and the host memory in use sampled every 2 s
-TRAIN_DIR=/dev/shm/device_suite_train
+# on disk, not /dev/shm: tmpfs pages count as host memory in use, and the sampler of suite_train reads that
+TRAIN_DIR=/tmp/device_suite_train
 suite_train() {
     local name=$1 np=$2 steps=$3 cfg=$4 d=$TRAIN_DIR rc=0
     shift 4
@@ -352,6 +373,15 @@ suite_long_1m() {
     free -g | head -2
     suite_train long-1m 2 3 $cfg || rc=1
     rm -rf $TRAIN_DIR
+    # the peer beside it: torch context_parallel + cuDNN, one attention layer (16 heads, hd 128) fwd+bwd at 1M
+    [ "${LONG_1M_PEER:-1}" = 0 ] && return $rc
+    local d=/tmp/device_suite_long-1m-torch
+    mpirun -np 2 --allow-run-as-root build/ringscan bench cp --parts attn --T 1048576 --attn-shapes 16/16/128 \
+        --warmup 1 --reps 1 --write-requests --out $d > "$L/long-1m-torch.log" 2>&1 || rc=1
+    timeout "$(left)" python3 -m torch.distributed.run --standalone --nproc_per_node 2 tests/peer/cp_attn_torch.py \
+        --request $d/request_cp_attn.json --out "$W/long-1m-torch.json" >> "$L/long-1m-torch.log" 2>&1 || rc=1
+    python3 -c "import json,sys; [print('  torch 1M:', r) for r in json.load(open(sys.argv[1]))['results']]" \
+        "$W/long-1m-torch.json" || rc=1
     return $rc
 }
 
@@ -394,6 +424,7 @@ for part in "$@"; do
     gdn-nopeer) suite_bench gdn-nopeer gdn ;;
     gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
     gdn32k) suite_gdn32k gdn32k ;;
+    gdn-base) suite_gdn_base ;;
     gdn32k-dwg) suite_gdn32k gdn32k-dwg --gdn-tune dwg=1 ;;
     gdn32k-sfbv32) suite_gdn32k gdn32k-sfbv32 --gdn-tune sfbv=32 ;;
     gdn32k-dwg-sfbv32) suite_gdn32k gdn32k-dwg-sfbv32 --gdn-tune dwg=1,sfbv=32 ;;
@@ -429,7 +460,7 @@ for part in "$@"; do
     hf) suite_hf ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles attn attn32k attn-cudnn attn-cudnn-det step remat step-states cp-parity"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det step remat step-states cp-parity"
         echo "  cp-step cp2 cp2-attn cp2-gdn cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-256k)"
         false
         ;;

@@ -31,7 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cpu_kernels.h"
+#include "cuda_gdn_tune.h"
 #include "cuda_kernels.h"
 #include "cuda_test.h"
 
@@ -969,21 +971,37 @@ TEST(cuda_big_gdn) {
 
 /* Host side, no GPU work: the bytes of the GDN kept buffer at 1M tokens x 64 value heads of 128 (W, U,
  * vn 17 GB each, h 34 GB: products of int sizes that pass 2^32) against the formula of gdn/gdn.cu's
- * header, each part on 256 bytes. */
+ * header, each part on 256 bytes: in one piece (the tune's piece set above T) and in the default pieces
+ * (backend.h GDN_PIECE_ROWS: each piece's parts, then the fp32 states entering pieces 1..). */
 static int64_t big_up256(int64_t b) { return (b + 255) / 256 * 256; }
+
+static int64_t big_kept_one(int64_t T, int64_t nv, int64_t d, int states) {
+    const int64_t ns = (T + 63) / 64 + 1;
+    int64_t b = big_up256(T * nv * d * 2) * 2 + big_up256(T * nv * 4);
+    if (states) b += big_up256(ns * nv * d * d * 2) + big_up256(T * nv * d * 2);
+    return b;
+}
 
 TEST(cuda_big_host_kept_bytes) {
     const int64_t Ts[3] = {((int64_t)1 << 20) + 64, (int64_t)1 << 21, 3};
     const int nvs[2] = {16, 64};
+    CudaGdnTune one;
+    memset(&one, 0, sizeof one);
+    one.piece = 1 << 22;
+    for (int pieced = 0; pieced <= 1; pieced++)
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 2; j++)
             for (int states = 0; states <= 1; states++) {
-                const int64_t T = Ts[i], nv = nvs[j], d = 128, ns = (T + 63) / 64 + 1;
-                int64_t want = big_up256(T * nv * d * 2) * 2 + big_up256(T * nv * 4);
-                if (states) want += big_up256(ns * nv * d * d * 2) + big_up256(T * nv * d * 2);
+                const int64_t T = Ts[i], nv = nvs[j], d = 128, R = pieced ? GDN_PIECE_ROWS : T;
+                int64_t want = 0, np = 0;
+                for (int64_t r0 = 0; r0 < T; r0 += R, np++) want += big_kept_one(T - r0 < R ? T - r0 : R, nv, d, states);
+                want += (np - 1) * nv * d * d * 4;
+                cuda_gdn_tune_set(pieced ? NULL : &one);
                 const int64_t got = (int64_t)cuda_gdn_kept_bytes(T, (int)nv, (int)d, (int)d, states);
-                printf("gdn kept bytes T %lld nv %lld states %d: %lld (formula %lld) %s\n", (long long)T,
-                       (long long)nv, states, (long long)got, (long long)want, got == want ? "ok" : "FAIL");
+                cuda_gdn_tune_set(NULL);
+                printf("gdn kept bytes T %lld nv %lld states %d, %lld piece(s): %lld (formula %lld) %s\n",
+                       (long long)T, (long long)nv, states, (long long)np, (long long)got, (long long)want,
+                       got == want ? "ok" : "FAIL");
                 EXPECT(got == want, "cuda_gdn_kept_bytes(T %lld, nv %lld, states %d) = %lld, want %lld", (long long)T,
                        (long long)nv, states, (long long)got, (long long)want);
             }

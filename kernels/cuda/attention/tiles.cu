@@ -83,17 +83,19 @@ static __global__ void attn_pairs_kernel(uint32_t *q_live, uint32_t *q_part /* (
 }
 
 
-/* the file's workspace: grown stream-ordered on cuda_stream(), never shrunk */
+/* the file's workspace: grown through cuda_internal_alloc (counted in memory_stats), never shrunk; the
+ * old one is freed once the device is idle (a host synchronisation on growth only, the first calls) */
 static void *attn_ws;
 static size_t attn_ws_bytes;
 
 void *attn_workspace(size_t bytes) {
     if (bytes > attn_ws_bytes) {
-        cudaStream_t s = cuda_stream();
-        if (attn_ws) CUDA_CHECK(cudaFreeAsync(attn_ws, s));
-        attn_ws = NULL;
+        if (attn_ws) {
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+            cuda_internal_free(attn_ws, attn_ws_bytes);
+        }
         bytes += bytes / 4; /* headroom for slightly larger calls */
-        CUDA_CHECK(cudaMallocAsync(&attn_ws, bytes, s));
+        attn_ws = cuda_internal_alloc(bytes);
         attn_ws_bytes = bytes;
     }
     return attn_ws;

@@ -54,9 +54,14 @@
  * its own slot ceil(T/64) (dh of the last chunk). ns = ceil(T/64) + 1 slots.
  *
  * Workspace: backend.h gives these entries none, so this file owns one device
- * buffer (gdn_ws) that grows, stream-ordered (cudaFreeAsync + cudaMallocAsync on
- * cuda_stream()), when a call needs more than it holds and is reused as is
- * otherwise: no allocation in steady state. Per call (T tokens, nv value heads):
+ * buffer (gdn_ws, counted in memory_stats' internal bytes) that grows when a call
+ * needs more than it holds and is reused as is otherwise: no allocation in steady
+ * state. Pieces: a forward or backward of more than GDN_PIECE_ROWS tokens (backend.h; the tune's piece
+ * in tests) runs as consecutive calls of at most that many, the state entering each piece passed in fp32
+ * (the backward's state gradient the other way), so T below is at most a piece for these two; the
+ * transition and dstate run whole. The kept buffer of a pieced call is each piece's, in order, then the
+ * states entering pieces 1.. (fp32); without a kept buffer the backward runs the pieces' forward again for
+ * those states (the same bits, as the backend.h contract asks). Per call (T tokens, nv value heads):
  * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
  * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
  * The kept buffer (the entries' `kept`, cuda_gdn_kept_bytes(T, nv, dk, dv, states) = T nv (2 dk + 2 dv + 4)
@@ -90,6 +95,7 @@
 
 #include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
 
+#include "backend.h" /* GDN_PIECE_ROWS */
 #include "cuda_ptx.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
@@ -196,13 +202,18 @@ static void gdn_prof_end(const char *who, int64_t T, int nv) {
 static void *gdn_ws;        /* the device workspace (see the header) */
 static size_t gdn_ws_bytes; /* its size */
 
+/* Grows (never shrinks) through cuda_internal_alloc, so memory_stats counts it: the old buffer is freed
+ * after the device is idle (a host synchronisation, on growth only: the first step's first call of each
+ * size; a stream-ordered free would leave the old block reserved in the pool, uncounted) */
 static unsigned char *gdn_workspace(size_t bytes) {
     if (bytes > gdn_ws_bytes) {
         size_t want = bytes + bytes / 8;
         want = (want + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
-        if (gdn_ws) CUDA_CHECK(cudaFreeAsync(gdn_ws, cuda_stream()));
-        gdn_ws = NULL;
-        CUDA_CHECK(cudaMallocAsync(&gdn_ws, want, cuda_stream()));
+        if (gdn_ws) {
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+            cuda_internal_free(gdn_ws, gdn_ws_bytes);
+        }
+        gdn_ws = cuda_internal_alloc(want);
         gdn_ws_bytes = want;
     }
     return (unsigned char *)gdn_ws;
@@ -944,6 +955,44 @@ static void gdn_copy_or_zero(float *dst, const float *src, size_t n) {
     else CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), cuda_stream()));
 }
 
+/* ---- pieces (see the header) ---- */
+
+static int64_t gdn_piece_rows(void) {
+    const int piece = gdn_tune().piece;
+    RS_CHECK(piece >= 0 && piece % GDN_C == 0, "cuda_gdn tune: piece = %d (a multiple of %d, or 0)", piece, GDN_C);
+    return piece ? piece : GDN_PIECE_ROWS;
+}
+
+/* the kept bytes of a call of T tokens in pieces of R; at[p] (when not NULL, np + 1 entries) the offset of
+ * piece p's part, at[np] that of the entry states */
+static size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at) {
+    size_t off = 0;
+    int64_t p = 0;
+    for (int64_t r0 = 0; r0 < T; r0 += R, p++) {
+        if (at) at[p] = off;
+        off += gdn_kept_carve(NULL, NULL, T - r0 < R ? T - r0 : R, nv, dk, dv, states);
+    }
+    if (at) at[p] = off;
+    return off + (size_t)(p - 1) * nv * dk * dv * sizeof(float);
+}
+
+/* the pieces' own device scratch (fp32): grown through cuda_internal_alloc like the workspace */
+static float *gdn_piece_scratch(size_t floats) {
+    static float *buf;
+    static size_t have;
+    if (floats > have) {
+        if (buf) {
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+            cuda_internal_free(buf, have * sizeof(float));
+        }
+        buf = (float *)cuda_internal_alloc(floats * sizeof(float));
+        have = floats;
+    }
+    return buf;
+}
+
+#define GDN_PIECE_MAX 4096 /* pieces of one call (2^28 tokens at the default piece) */
+
 extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                                        float *S_final /* (nv,dim_k,dim_v) or NULL */,
                                        const void *q /* (T,ldq) nk heads of dim_k */, const void *k /* (T,ldq) */,
@@ -960,8 +1009,29 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
         if (S_final) gdn_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
         return;
     }
-    GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
-                 (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+    const int64_t R = gdn_piece_rows();
+    if (T <= R) {
+        GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
+                     (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+        return;
+    }
+    const int64_t np = (T + R - 1) / R;
+    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_forward: T = %lld is %lld pieces of %lld (at most %d)",
+             (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
+    const size_t sn = (size_t)nv * dim_k * dim_v;
+    static size_t at[GDN_PIECE_MAX + 1];
+    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    /* the states entering pieces 1..np-1: kept for the backward, or two scratch states taken in turn */
+    float *entry = kept ? (float *)((char *)kept + at[np]) : gdn_piece_scratch(2 * sn);
+#define GDN_ENTRY(p) (kept ? entry + (size_t)((p) - 1) * sn : entry + (size_t)((p) % 2) * sn)
+    for (int64_t p = 0; p < np; p++) {
+        const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
+        GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o + r0 * ldo, p == np - 1 ? S_final : GDN_ENTRY(p + 1),
+                     (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv,
+                     beta + r0 * nv, p == 0 ? S0 : GDN_ENTRY(p), doc_pos + r0, n, nk, nv, ldq, ldv, ldo,
+                     kept ? (char *)kept + at[p] : NULL, kept_states);
+    }
+#undef GDN_ENTRY
 }
 
 extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
@@ -981,13 +1051,50 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
         if (dS0) gdn_copy_or_zero(dS0, dS_final, (size_t)nv * dim_k * dim_v);
         return;
     }
-    GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dS0,
-                 (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0, doc_pos,
-                 T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+    const int64_t R = gdn_piece_rows();
+    if (T <= R) {
+        GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dS0,
+                     (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0,
+                     doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+        return;
+    }
+    const int64_t np = (T + R - 1) / R;
+    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_backward: T = %lld is %lld pieces of %lld (at most %d)",
+             (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
+    const size_t sn = (size_t)nv * dim_k * dim_v;
+    static size_t at[GDN_PIECE_MAX + 1];
+    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    /* scratch: two state gradients taken in turn; without kept, the entry states */
+    float *scr = gdn_piece_scratch(2 * sn + (kept ? 0 : (size_t)(np - 1) * sn));
+    float *dcarry = scr;
+    const float *entry = kept ? (const float *)((const char *)kept + at[np]) : scr + 2 * sn;
+    if (!kept) /* the forward of pieces 0..np-2 again for the states leaving them (the forward's bits), each
+                  piece's output into its rows of dv (the shape of o; the piece's backward overwrites them) */
+        for (int64_t p = 0; p + 1 < np; p++) {
+            const int64_t r0 = p * R;
+            GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)dv + r0 * ldv, (float *)entry + (size_t)p * sn,
+                         (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv,
+                         g + r0 * nv, beta + r0 * nv, p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, R, nk,
+                         nv, ldq, ldv, ldv, NULL, 0);
+        }
+    /* the last piece first; piece p's dS0 is piece p-1's dS_final */
+    for (int64_t p = np - 1; p >= 0; p--) {
+        const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
+        float *d_entry = dcarry + (size_t)(p % 2) * sn;             /* written: dL/d(state entering p) */
+        float *d_exit = dcarry + (size_t)((p + 1) % 2) * sn;         /* read: piece p+1's d_entry */
+        GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq + r0 * ldq, (bf16 *)dk + r0 * ldq,
+                     (bf16 *)dv + r0 * ldv, dg + r0 * nv, dbeta + r0 * nv, p == 0 ? dS0 : d_entry,
+                     (const bf16 *)dout + r0 * ldo, p == np - 1 ? dS_final : d_exit, (const bf16 *)q + r0 * ldq,
+                     (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv,
+                     p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, n, nk, nv, ldq, ldv, ldo,
+                     kept ? (const char *)kept + at[p] : NULL, kept_states);
+    }
 }
 
 extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
-    return gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v, states);
+    const int64_t R = gdn_piece_rows();
+    return T <= R ? gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v, states)
+                  : gdn_kept_pieces(T, R, nv, dim_k, dim_v, states, NULL);
 }
 
 /* M = I, H = 0: the transition of an empty call */
