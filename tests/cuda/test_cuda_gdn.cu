@@ -349,14 +349,14 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
 /* The backward again with what the forward kept (kept: W, U, G2 and the chunk states h, vn): every output
  * must be bitwise the one of the backward that ran its own prep and state recompute (dqk, ddv, ddg, ddb,
  * ddS0 hold it), once reading the states (kept_states 1) and once only W, U, G2 (kept_states 0: the buffer
- * kept with states serves that too). The forward wrote the kept buffer over 0xff bytes, so a slot of h the
+ * kept with states serves that too, in one piece; a pieced call gets the first only). The forward wrote the kept buffer over 0xff bytes, so a slot of h the
  * forward leaves unwritten but the backward reads would be NaN here. With sabotage, the check is shown to
  * catch a kept buffer that is read: vn's row of token T/2 (every head) zeroed must change the gradients of
  * the backward reading the states, W's and U's rows of token T/2 those of the one recomputing them
  * (cuda_gdn_kept_bytes' layout: W, U, G2, h, vn, each on 256 bytes). */
 static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *kept, const bf16 *dqk,
                                 const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
-                                const bf16 *ddout, const float *ddSf, int sabotage) {
+                                const bf16 *ddout, const float *ddSf, int sabotage, int pieced) {
     const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
     const int wq = p->nk * p->dk;
     const size_t nq = (size_t)T * p->ldq * 2, nv_ = (size_t)T * p->ldv * 2, ng = (size_t)T * p->nv * 4;
@@ -377,6 +377,9 @@ static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, v
     const size_t vn_at = w_bytes + u_bytes + (tv * 4 + 255) / 256 * 256 + h_bytes;
     for (int run = 0; run < (sabotage ? 4 : 2); run++) {
         const int states = run % 2 == 0;
+        /* a pieced buffer kept with states serves only a backward told states (backend.h: the forward's
+         * kept_states; the pieces' parts lie at offsets that depend on it) */
+        if (pieced && !states) continue;
         if (run == 2) /* vn's row of token T/2 (every head): dq reads it through the intra-chunk term */
             CUDA_CHECK(cudaMemsetAsync((char *)kept + vn_at + (size_t)(T / 2) * p->nv * p->dv * 2, 0,
                                        (size_t)p->nv * p->dv * 2, st));
@@ -519,7 +522,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         CudaGdnTune now;
         cuda_gdn_tune_get(&now);
         const int pieced = T > (now.piece ? now.piece : GDN_PIECE_ROWS);
-        if (T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0 && !pieced);
+        if (T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0 && !pieced, pieced);
         if (flags & GDN_TIME) {
             float ms_f, ms_b;
             CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));

@@ -245,7 +245,8 @@ typedef struct GdnBufs {
  * pass's h (ns,nv,dk,dv) bf16 and vn (T,nv,dv) bf16, each on a 256-byte boundary (as the workspace's). With
  * it the backward skips its prep (K K^T, the solve, the W and U products), and with states its state_fwd
  * recompute too: the same kernels on the same inputs wrote these, so the results are the recompute's bits.
- * The states come after W, U, G2, so a buffer kept with states serves a backward told states = 0 as well.
+ * The states come after W, U, G2, so a buffer kept with states serves a backward told states = 0 as well
+ * (in one piece; a pieced call's backward must be told the forward's kept_states, as backend.h asks).
  * b NULL: the size only. Returns the bytes, a multiple of 256 (fragments of one buffer stay aligned). */
 static size_t gdn_kept_carve(struct GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states);
 
