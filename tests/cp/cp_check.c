@@ -28,10 +28,12 @@
  * ring shifts the gathered positions of the other ranks' rows (a wrong
  * mask for every received block). Each must fail.
  *
- * DOCS names a document layout (cp_check_docs below): "many" (documents of
+ * DOCS names a document layout (check_docs below): "many" (documents of
  * 1..200 tokens), "aligned" (starts exactly on and one after fragment
  * boundaries), "one" (one document over everything, and a sample that starts
- * inside a document), "long" (documents longer than a fragment).
+ * inside a document), "long" (documents longer than a fragment), "edges"
+ * (each cp 2 fragment boundary starting a document in some sample, a reset
+ * inside cp 2's fragment 2; meant for --samples 4).
  */
 #include <math.h>
 #include <stdio.h>
@@ -60,11 +62,31 @@ typedef struct {
 
 /* ---- inputs ------------------------------------------------------------------------- */
 
+/* "edges": with q = T/4 (a cp 2 fragment, several of cp 4 and 8), sample s % 4 has documents starting at
+ * q and inside the third quarter (2q + 10: a reset inside cp 2's fragment 2, M = 0); at 2q; at 3q; at
+ * q, 2q and 3q: each cp 2 fragment boundary starts a document in some sample */
+static int check_edge_starts(int64_t s, int64_t t, int64_t T) {
+    const int64_t q = T / 4;
+    switch (s % 4) {
+    case 0: return t == q || t == 2 * q + 10;
+    case 1: return t == 2 * q;
+    case 2: return t == 3 * q;
+    default: return t == q || t == 2 * q || t == 3 * q;
+    }
+}
+
 static void check_docs(Check *c, const char *name) {
     for (int64_t s = 0; s < c->S; s++) {
         int32_t *pos = c->pos + s * c->T, *dp = c->doc_pos + s * c->T;
         int64_t frag = c->cp.L.frag_len;
         int32_t carry = s % 2 ? 37 : 0; /* odd samples start inside a document */
+        if (!strcmp(name, "edges")) {
+            for (int64_t t = 0; t < c->T; t++) {
+                pos[t] = (int32_t)t;
+                dp[t] = t == 0 ? carry : check_edge_starts(s, t, c->T) ? 0 : dp[t - 1] + 1;
+            }
+            continue;
+        }
         int64_t next = 0;               /* where the next document starts */
         /* "aligned": starts on a fragment boundary (3f, 4f, 5f, 8f) and one after it (f+1, 4f+1),
          * documents of 1 token, shorter than, equal to and spanning several fragments */
@@ -80,7 +102,7 @@ static void check_docs(Check *c, const char *name) {
                 else if (!strcmp(name, "aligned")) len = pattern[k++ % 6];
                 else if (!strcmp(name, "one")) len = c->T;
                 else if (!strcmp(name, "long")) len = frag + 1 + (int64_t)(rng_uniform(&c->rng) * 2 * frag);
-                else RS_USAGE("DOCS is many | aligned | one | long", "unknown document layout '%s'", name);
+                else RS_USAGE("DOCS is many | aligned | one | long | edges", "unknown document layout '%s'", name);
                 next = t + len;
             }
             dp[t] = starts && t > 0 ? 0 : (t == 0 ? carry : dp[t - 1] + 1);
