@@ -464,27 +464,26 @@ static void bc_gdn_run(BcEnv *e, void *ctx) {
     a->cp.step_mark = NULL; /* mark_ctx is this call's */
 }
 
+/* Appends phase `name``sfx`, ending at mark `end`. */
+static void bc_gdn_phase(BcGdn *a, const char *name, const char *sfx, int end) {
+    snprintf(a->phase_name[a->phases], sizeof a->phase_name[a->phases], "%s%s", name, sfx);
+    a->phase_mark[++a->phases] = end;
+}
+
 /* The phases' names and bounding marks for the core's steps at this layout. */
 static void bc_gdn_phases(BcGdn *a) {
     const char *const *steps = cp_gdn_steps(&a->cp.L, &a->steps);
     RS_CHECK(a->steps <= BC_GDN_STEPS, "the GDN core has %d steps, bench cp knows %d", a->steps, BC_GDN_STEPS);
-    int p = 0;
+    a->phases = 0;
     a->phase_mark[0] = 0;
-#define BC_PHASE(name, sfx, end)                                                              \
-    do {                                                                                      \
-        snprintf(a->phase_name[p], sizeof a->phase_name[p], "%s%s", name, sfx);               \
-        a->phase_mark[++p] = (end);                                                           \
-    } while (0)
-    BC_PHASE("halo", "_fwd", 3);
-    BC_PHASE("conv", "_fwd", 4);
+    bc_gdn_phase(a, "halo", "_fwd", 3);
+    bc_gdn_phase(a, "conv", "_fwd", 4);
     for (int t = 0; t < a->steps; t++)
-        BC_PHASE(steps[t], "_fwd", t + 1 < a->steps ? bc_gdn_step_mark_index(a, 0, t + 1) : 1);
+        bc_gdn_phase(a, steps[t], "_fwd", t + 1 < a->steps ? bc_gdn_step_mark_index(a, 0, t + 1) : 1);
     for (int t = 0; t < a->steps; t++)
-        BC_PHASE(steps[t], "_bwd", t + 1 < a->steps ? bc_gdn_step_mark_index(a, 1, t + 1) : 4 + 2 * a->steps);
-    BC_PHASE("conv", "_bwd", 5 + 2 * a->steps);
-    BC_PHASE("halo", "_bwd", 2);
-#undef BC_PHASE
-    a->phases = p;
+        bc_gdn_phase(a, steps[t], "_bwd", t + 1 < a->steps ? bc_gdn_step_mark_index(a, 1, t + 1) : 4 + 2 * a->steps);
+    bc_gdn_phase(a, "conv", "_bwd", 5 + 2 * a->steps);
+    bc_gdn_phase(a, "halo", "_bwd", 2);
 }
 
 /* v = [fwd, fwd+bwd, the phases] */
@@ -588,7 +587,8 @@ static void bc_state_alone_run(BcEnv *e, void *ctx) {
 
 static json_t *bc_phases_json(const BcGdn *a, const BcTimes *t, int how) {
     json_t *o = json_object();
-    for (int p = 0; p < a->phases; p++) json_object_set_new(o, a->phase_name[p], json_real(bc_median(t, 2 + p, how)));
+    for (int p = 0; p < a->phases; p++)
+        json_object_set_new(o, a->phase_name[p], json_real(bc_median(t, 2 + p, how)));
     return o;
 }
 
@@ -602,11 +602,11 @@ static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     free(t.all);
     if (e->P > 1) {
         BcTimes x = bc_repeat(e, bc_state_alone_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
-        json_object_set_new(cp_row, "exchange_alone",
-                            json_pack("{ss sI sf sI sf}", "state_op", e->P == 2 ? "send/recv" : "all-gather",
-                                      "state_bytes_per_rank", (json_int_t)bc_state_bytes(&a), "state_ms",
-                                      bc_median(&x, 0, BC_SLOWEST), "halo_bytes_per_rank",
-                                      (json_int_t)bc_halo_bytes(&a, e->be), "halo_ms", bc_median(&x, 1, BC_SLOWEST)));
+        json_t *alone = json_pack("{ss sI sf sI sf}", "state_op", e->P == 2 ? "send/recv" : "all-gather",
+                                  "state_bytes_per_rank", (json_int_t)bc_state_bytes(&a), "state_ms",
+                                  bc_median(&x, 0, BC_SLOWEST), "halo_bytes_per_rank",
+                                  (json_int_t)bc_halo_bytes(&a, e->be), "halo_ms", bc_median(&x, 1, BC_SLOWEST));
+        json_object_set_new(cp_row, "exchange_alone", alone);
         free(x.all);
     }
     bc_gdn_free(&a, e->be);
@@ -722,7 +722,7 @@ static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) 
     }
     const json_t *x = json_object_get(cp, "exchange_alone");
     if (x)
-        fprintf(f, "  exchange alone: states (%s) %.3f MB per rank %.3f ms, halo (all-gather) %.3f MB per rank %.3f ms\n",
+        fprintf(f, "  exchange alone: states (%s) %.3f MB per rank %.3f ms, halo (all-gather) %.3f MB %.3f ms\n",
                 json_string_value(json_object_get(x, "state_op")), bench_num(x, "state_bytes_per_rank") / 1e6,
                 bench_num(x, "state_ms"), bench_num(x, "halo_bytes_per_rank") / 1e6, bench_num(x, "halo_ms"));
 }
@@ -733,8 +733,8 @@ static void bc_print(FILE *f, int attn, const json_t *req, const json_t *ours, c
         fprintf(f, "\nring attention over %d ranks: causal, one document, zigzag layout; FLOPs 4*T^2/2*hd*nh forward, "
                    "backward 2.5x\n", P);
     else
-        fprintf(f, "\nGated DeltaNet layer over %d ranks: conv halo + conv (width %d) + L2 norm + entry states + chunk, one "
-                   "document;\n  FLOPs of the chunked delta rule (bench gdn's)\n", P, BC_CONV_KERNEL);
+        fprintf(f, "\nGated DeltaNet layer over %d ranks: conv halo + conv (width %d) + L2 norm + entry states + chunk, "
+                   "one document;\n  FLOPs of the chunked delta rule (bench gdn's)\n", P, BC_CONV_KERNEL);
     fprintf(f, "  TF/s per GPU; eff = one-GPU ms / (GPUs x ms) of the same family; ratio = peer ms / ringscan ms at "
                "the same GPU count\n\n");
     fprintf(f, "%-28s %-20s %4s %10s %10s %8s %8s %7s %7s %7s %7s\n", "case", "impl", "GPUs", "ms fwd", "ms f+b",

@@ -146,8 +146,8 @@ static void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCo
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
     be->gdn_chunk_transition(M, H, CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv,
-                             c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq,
-                             c->ldv);
+                             c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv,
+                             c->ldq, c->ldv);
 }
 
 /* Its own state gradient dL (gdn_chunk_dstate: through its outputs alone, from dout) */
@@ -158,8 +158,8 @@ static void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, cons
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
     be->gdn_chunk_dstate(dL, CP_AT(gr->dout, r0 * c->ldo), CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
-                         c->g + r0 * d->nv, c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk,
-                         d->dv, c->ldq, c->ldo);
+                         c->g + r0 * d->nv, c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv,
+                         d->dk, d->dv, c->ldq, c->ldo);
 }
 
 /* ---- the scan (P > 2) ----------------------------------------------------------------------- */

@@ -308,9 +308,10 @@ static void block_gdn_out_backward(Model *m, int l, const Chunk *c, const Dims *
 
 /* After the chunks' out_proj backward (d_core, d_z hold every row): the delta rule's backward with
  * the CP group's state gradients (cp_gdn_backward; whole rows), then per chunk the gates', L2
- * norm's, conv's and in_proj's backward. A chunk's conv also gives the gradient of the halo it read: the previous chunk's rows (their in_proj
- * backward is then run again for those Kc-1 rows alone: the backward is linear in dproj) or, for a
- * fragment's first chunk, the CP predecessor's, which the halo exchange returns to it. */
+ * norm's, conv's and in_proj's backward. A chunk's conv also gives the gradient of the halo it
+ * read: the previous chunk's rows (their in_proj backward is then run again for those Kc-1 rows
+ * alone: the backward is linear in dproj) or, for a fragment's first chunk, the CP predecessor's,
+ * which the halo exchange returns to it. */
 static void block_gdn_backward(Model *m, int l, const Batch *b) {
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
