@@ -26,14 +26,17 @@
  *                         of the dK|dV partial (fp32) to the next rank, no compute
  *   the GDN layer, per case (T, H key = value heads, K = V, conv width 4), one
  *   document, called exactly as lib/model_block.c calls it: cp_gdn_halo_forward,
- *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_scan_forward,
- *   gdn_chunk_forward per fragment (keeping what --gdn-keep says); backward
- *   cp_gdn_scan_backward, gdn_chunk_backward per fragment, l2norm_backward,
+ *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_forward (the delta
+ *   rule of every fragment from the entry states the CP group passes, keeping
+ *   what --gdn-keep says); backward cp_gdn_backward, l2norm_backward,
  *   conv1d_silu_backward per fragment, cp_gdn_halo_backward. The projections,
  *   gates, norm and output of the layer are per token and left out (FLA's peer
  *   times the same span: its CP conv and its CP chunk with the L2 norm inside).
- *   Rows ringscan-cp and ringscan-1gpu, the time of each phase, and each
- *   all-gather alone (the scan's [M | H] slots, the halo's tails).
+ *   Rows ringscan-cp and ringscan-1gpu, the time of each phase (halo_fwd,
+ *   conv_fwd, the core's steps as cp_gdn_steps names them with _fwd, then with
+ *   _bwd, conv_bwd, halo_bwd: at P = 2 the chain's head, relay and tail, else
+ *   scan and chunk), and the state exchange alone (P = 2: one hand-off of the
+ *   chain, else the scan's all-gather of [M | H] slots) and the halo's.
  *
  * Inputs: random, never zeros (each rank its own seed): q, k, v, dO, the
  * pre-conv projection uniform in [-1, 1); conv weights in [-0.5, 0.5); g in
@@ -81,12 +84,8 @@
 
 #define BC_CONV_KERNEL 4                  /* the GDN layer's conv width (Qwen3-Next's) */
 #define BC_STEP_MARK0 3                   /* ring: marks 0 start, 1 fwd done, 2 bwd done, then the steps' */
-#define BC_GDN_PHASES 8
-
-/* the GDN phases, in order, and the marks that end them (0 start, 1 fwd done, 2 bwd done) */
-static const char *const bc_gdn_phase_names[BC_GDN_PHASES] = {"halo_fwd", "conv_fwd", "scan_fwd", "chunk_fwd",
-                                                              "scan_bwd", "chunk_bwd", "conv_bwd", "halo_bwd"};
-static const int bc_gdn_phase_marks[BC_GDN_PHASES + 1] = {0, 3, 4, 5, 1, 6, 7, 8, 2};
+#define BC_GDN_STEPS 3                    /* the most steps of the GDN core (cp_gdn_steps) */
+#define BC_GDN_PHASES (4 + 2 * BC_GDN_STEPS)
 
 /* ---- the environment, marks, repetitions ----------------------------------------- */
 
@@ -400,6 +399,9 @@ typedef struct {
     Cp        cp;
     CpGdnDims d;
     int       multi, Kd, Vd, kept_states;
+    int       steps, phases;                                      /* the core's steps (cp_gdn_steps), phases */
+    char      phase_name[BC_GDN_PHASES][24];
+    int       phase_mark[BC_GDN_PHASES + 1];                      /* the marks that bound each phase */
     int64_t   rows, n;
     size_t    kept_one;
     void     *proj, *conv, *halo, *qk, *core, *w;                 /* activations, weights */
@@ -411,12 +413,32 @@ typedef struct {
 
 #define BC_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
 
+/* Marks: 0 start, 1 forward done, 2 backward done, 3 halo_fwd done, 4 conv_fwd done (the core's
+ * forward begins), then the core's later steps (Cp.step_mark), 4 + 2 steps after its backward, 5 + 2
+ * steps after conv_bwd. */
+static int bc_gdn_step_mark_index(const BcGdn *a, int pass, int t) { return 4 + pass * (a->steps - 1) + t; }
+
+static void bc_gdn_step_mark(void *ctx, int pass, int t, int phase) {
+    void **c = ctx; /* {env, layer} */
+    (void)phase;
+    if (t > 0) bc_mark(c[0], bc_gdn_step_mark_index(c[1], pass, t)); /* step 0 begins where the phase before ends */
+}
+
 static void bc_gdn_run(BcEnv *e, void *ctx) {
     BcGdn *a = ctx;
     const Backend *be = e->be;
     const CpGdnDims *d = &a->d;
     const int es = be->act_size, ld2 = 2 * a->Kd, nl = a->cp.L.nlocal;
-    const int64_t tail = (int64_t)(d->Kc - 1) * d->Cc, state = (int64_t)d->nv * d->dk * d->dv, n = a->n;
+    const int64_t tail = (int64_t)(d->Kc - 1) * d->Cc, n = a->n;
+    void *mark_ctx[2] = {e, a};
+    a->cp.step_mark = bc_gdn_step_mark;
+    a->cp.step_mark_ctx = mark_ctx;
+    const CpGdnCore core = {.q = a->qk, .k = BC_AT(a->qk, a->Kd), .v = BC_AT(a->conv, 2 * a->Kd), .g = a->g,
+                            .beta = a->beta, .ldq = ld2, .ldv = d->Cc, .ldo = a->Vd,
+                            .states = a->multi ? a->states : NULL, .M = a->M, .kept = a->kept,
+                            .kept_bytes = a->kept_one, .kept_states = a->kept_states};
+    const CpGdnGrads grads = {.dq = a->dqk, .dk = BC_AT(a->dqk, a->Kd), .dv = BC_AT(a->dconv, 2 * a->Kd),
+                              .dg = a->dg, .dbeta = a->dbeta, .dout = a->dcore};
     bc_mark(e, 0);
     if (a->multi) cp_gdn_halo_forward(&a->cp, 0, a->halo, a->proj, d->Cc, d);
     bc_mark(e, 3);
@@ -426,51 +448,50 @@ static void bc_gdn_run(BcEnv *e, void *ctx) {
                                 d->Cc, d->Cc);
     be->l2norm_forward(a->qk, a->rstd, a->conv, a->rows, 2 * d->nk, d->dk, d->Cc, ld2);
     bc_mark(e, 4);
-    if (a->multi)
-        cp_gdn_scan_forward(&a->cp, 0, a->states, a->M, BC_AT(a->qk, a->Kd), BC_AT(a->conv, 2 * a->Kd), a->g, a->beta,
-                            ld2, d->Cc, d);
-    bc_mark(e, 5);
-    for (int f = 0; f < nl; f++) {
-        int64_t o = f * n;
-        be->gdn_chunk_forward(BC_AT(a->core, o * a->Vd), NULL, BC_AT(a->qk, o * ld2), BC_AT(a->qk, o * ld2 + a->Kd),
-                              BC_AT(a->conv, o * d->Cc + 2 * a->Kd), a->g + o * d->nv, a->beta + o * d->nv,
-                              a->multi ? a->states + f * state : NULL, a->doc_pos + o, n, d->nk, d->nv, d->dk, d->dv,
-                              ld2, d->Cc, a->Vd, a->kept ? (char *)a->kept + f * a->kept_one : NULL, a->kept_states);
-    }
+    cp_gdn_forward(&a->cp, 0, a->core, &core, 1, d);
     bc_mark(e, 1);
-    if (a->multi)
-        cp_gdn_scan_backward(&a->cp, 0, a->cp.dstate, a->M, a->dcore, a->qk, BC_AT(a->qk, a->Kd), a->g, a->beta, ld2,
-                             a->Vd, d);
-    bc_mark(e, 6);
-    for (int f = 0; f < nl; f++) {
-        int64_t o = f * n;
-        be->gdn_chunk_backward(BC_AT(a->dqk, o * ld2), BC_AT(a->dqk, o * ld2 + a->Kd),
-                               BC_AT(a->dconv, o * d->Cc + 2 * a->Kd), a->dg + o * d->nv, a->dbeta + o * d->nv, NULL,
-                               BC_AT(a->dcore, o * a->Vd), a->multi ? a->cp.dstate + f * state : NULL,
-                               BC_AT(a->qk, o * ld2), BC_AT(a->qk, o * ld2 + a->Kd),
-                               BC_AT(a->conv, o * d->Cc + 2 * a->Kd), a->g + o * d->nv, a->beta + o * d->nv,
-                               a->multi ? a->states + f * state : NULL, a->doc_pos + o, n, d->nk, d->nv, d->dk, d->dv,
-                               ld2, d->Cc, a->Vd, a->kept ? (char *)a->kept + f * a->kept_one : NULL,
-                               a->kept_states);
-    }
-    bc_mark(e, 7);
+    cp_gdn_backward(&a->cp, 0, &grads, &core, d);
+    bc_mark(e, 4 + 2 * a->steps);
     be->l2norm_backward(a->dconv, a->dqk, a->qk, a->rstd, a->rows, 2 * d->nk, d->dk, d->Cc, ld2);
     for (int f = 0; f < nl; f++)
         be->conv1d_silu_backward(BC_AT(a->dproj, f * n * d->Cc), a->multi ? BC_AT(a->cp.halo_send, f * tail) : NULL,
                                  a->dw, BC_AT(a->dconv, f * n * d->Cc), BC_AT(a->proj, f * n * d->Cc),
                                  a->multi ? BC_AT(a->halo, f * tail) : NULL, a->w, a->doc_pos + f * n, n, d->Cc, d->Kc,
                                  d->Cc, d->Cc);
-    bc_mark(e, 8);
+    bc_mark(e, 5 + 2 * a->steps);
     if (a->multi) cp_gdn_halo_backward(&a->cp, 0, a->dproj, d->Cc, a->cp.halo_send, d);
     bc_mark(e, 2);
+    a->cp.step_mark = NULL; /* mark_ctx is this call's */
 }
 
-/* v = [fwd, fwd+bwd, the BC_GDN_PHASES phases] */
+/* Appends phase `name``sfx`, ending at mark `end`. */
+static void bc_gdn_phase(BcGdn *a, const char *name, const char *sfx, int end) {
+    snprintf(a->phase_name[a->phases], sizeof a->phase_name[a->phases], "%s%s", name, sfx);
+    a->phase_mark[++a->phases] = end;
+}
+
+/* The phases' names and bounding marks for the core's steps at this layout. */
+static void bc_gdn_phases(BcGdn *a) {
+    const char *const *steps = cp_gdn_steps(&a->cp.L, &a->steps);
+    RS_CHECK(a->steps <= BC_GDN_STEPS, "the GDN core has %d steps, bench cp knows %d", a->steps, BC_GDN_STEPS);
+    a->phases = 0;
+    a->phase_mark[0] = 0;
+    bc_gdn_phase(a, "halo", "_fwd", 3);
+    bc_gdn_phase(a, "conv", "_fwd", 4);
+    for (int t = 0; t < a->steps; t++)
+        bc_gdn_phase(a, steps[t], "_fwd", t + 1 < a->steps ? bc_gdn_step_mark_index(a, 0, t + 1) : 1);
+    for (int t = 0; t < a->steps; t++)
+        bc_gdn_phase(a, steps[t], "_bwd", t + 1 < a->steps ? bc_gdn_step_mark_index(a, 1, t + 1) : 4 + 2 * a->steps);
+    bc_gdn_phase(a, "conv", "_bwd", 5 + 2 * a->steps);
+    bc_gdn_phase(a, "halo", "_bwd", 2);
+}
+
+/* v = [fwd, fwd+bwd, the phases] */
 static void bc_gdn_read(BcEnv *e, void *ctx, double *v) {
-    (void)ctx;
+    const BcGdn *a = ctx;
     v[0] = bc_ms(e, 0, 1);
     v[1] = bc_ms(e, 0, 2);
-    for (int p = 0; p < BC_GDN_PHASES; p++) v[2 + p] = bc_ms(e, bc_gdn_phase_marks[p], bc_gdn_phase_marks[p + 1]);
+    for (int p = 0; p < a->phases; p++) v[2 + p] = bc_ms(e, a->phase_mark[p], a->phase_mark[p + 1]);
 }
 
 static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
@@ -493,6 +514,7 @@ static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
     m->full_attention_interval = 2; /* the one layer is a GDN layer */
     bc_cp_begin(&a->cp, e, &cfg, P);
     config_free(&cfg);
+    bc_gdn_phases(a);
     a->multi = P > 1;
     a->rows = a->cp.L.T_local;
     a->n = a->cp.L.frag_len;
@@ -535,27 +557,38 @@ static void bc_gdn_free(BcGdn *a, const Backend *be) {
     cp_free(&a->cp);
 }
 
-/* the all-gathers alone: the scan's slots and the halo's tails, from the CP context's own buffers */
-static void bc_allgather_run(BcEnv *e, void *ctx) {
+/* The exchanges alone, from the CP context's own buffers: the entry states' (P = 2: one hand-off of
+ * the chain, every sample's state; else the scan's all-gather of the [M | H] slots) and the halo's
+ * tails. Their bytes per rank. */
+static int64_t bc_state_bytes(const BcGdn *a) {
+    const int64_t hh = (int64_t)a->d.nv * a->d.dk * a->d.dv, mm = (int64_t)a->d.nv * a->d.dk * a->d.dk;
+    return (a->cp.L.P == 2 ? hh : a->cp.L.nlocal * (mm + hh)) * a->cp.batch.samples * (int64_t)sizeof(float);
+}
+static int64_t bc_halo_bytes(const BcGdn *a, const Backend *be) {
+    return (int64_t)a->cp.batch.samples * a->cp.L.nlocal * (a->d.Kc - 1) * a->d.Cc * be->act_size;
+}
+
+static void bc_state_alone_run(BcEnv *e, void *ctx) {
     BcGdn *a = ctx;
     Cp *cp = &a->cp;
-    const int nl = cp->L.nlocal;
     CommHandle h = {0};
     bc_mark(e, 0);
-    comm_iallgather(cp->comm, COMM_CP, cp->scan_send, cp->scan_recv,
-                    (int64_t)nl * a->d.nv * a->d.dk * (a->d.dk + a->d.dv) * (int64_t)sizeof(float), &h);
+    if (cp->L.P == 2) {
+        const int peer = 1 - cp->L.rank;
+        comm_isendrecv(cp->comm, COMM_CP, cp->scan_send, peer, cp->scan_recv, peer, bc_state_bytes(a), 41, &h);
+    } else
+        comm_iallgather(cp->comm, COMM_CP, cp->scan_send, cp->scan_recv, bc_state_bytes(a), &h);
     comm_wait(cp->comm, &h);
     bc_mark(e, 1);
-    comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv,
-                    (int64_t)nl * (a->d.Kc - 1) * a->d.Cc * e->be->act_size, &h);
+    comm_iallgather(cp->comm, COMM_CP, cp->halo_send, cp->halo_recv, bc_halo_bytes(a, e->be), &h);
     comm_wait(cp->comm, &h);
     bc_mark(e, 2);
 }
 
-static json_t *bc_phases_json(const BcTimes *t, int how) {
+static json_t *bc_phases_json(const BcGdn *a, const BcTimes *t, int how) {
     json_t *o = json_object();
-    for (int p = 0; p < BC_GDN_PHASES; p++)
-        json_object_set_new(o, bc_gdn_phase_names[p], json_real(bc_median(t, 2 + p, how)));
+    for (int p = 0; p < a->phases; p++)
+        json_object_set_new(o, a->phase_name[p], json_real(bc_median(t, 2 + p, how)));
     return o;
 }
 
@@ -563,27 +596,24 @@ static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     const char *cname = json_string_value(json_object_get(c, "name"));
     BcGdn a;
     bc_gdn_setup(&a, e, c, ci, e->P);
-    BcTimes t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + BC_GDN_PHASES, 1, BC_SLOWEST);
+    BcTimes t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + a.phases, 1, BC_SLOWEST);
     json_t *cp_row = bc_row(cname, "ringscan-cp", e->P, bc_median(&t, 0, BC_SLOWEST), bc_median(&t, 1, BC_SLOWEST), t.n);
-    json_object_set_new(cp_row, "phases", bc_phases_json(&t, BC_SLOWEST));
+    json_object_set_new(cp_row, "phases", bc_phases_json(&a, &t, BC_SLOWEST));
     free(t.all);
     if (e->P > 1) {
-        BcTimes x = bc_repeat(e, bc_allgather_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
-        const int nl = a.cp.L.nlocal;
-        json_object_set_new(
-            cp_row, "allgather_alone",
-            json_pack("{sI sf sI sf}", "scan_bytes_per_rank",
-                      (json_int_t)((int64_t)nl * a.d.nv * a.d.dk * (a.d.dk + a.d.dv) * 4), "scan_ms",
-                      bc_median(&x, 0, BC_SLOWEST), "halo_bytes_per_rank",
-                      (json_int_t)((int64_t)nl * (a.d.Kc - 1) * a.d.Cc * e->be->act_size), "halo_ms",
-                      bc_median(&x, 1, BC_SLOWEST)));
+        BcTimes x = bc_repeat(e, bc_state_alone_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
+        json_t *alone = json_pack("{ss sI sf sI sf}", "state_op", e->P == 2 ? "send/recv" : "all-gather",
+                                  "state_bytes_per_rank", (json_int_t)bc_state_bytes(&a), "state_ms",
+                                  bc_median(&x, 0, BC_SLOWEST), "halo_bytes_per_rank",
+                                  (json_int_t)bc_halo_bytes(&a, e->be), "halo_ms", bc_median(&x, 1, BC_SLOWEST));
+        json_object_set_new(cp_row, "exchange_alone", alone);
         free(x.all);
     }
     bc_gdn_free(&a, e->be);
     bc_gdn_setup(&a, e, c, ci, 1);
-    t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + BC_GDN_PHASES, 1, BC_RANK0);
+    t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + a.phases, 1, BC_RANK0);
     json_t *one_row = bc_row(cname, "ringscan-1gpu", 1, bc_median(&t, 0, BC_RANK0), bc_median(&t, 1, BC_RANK0), t.n);
-    json_object_set_new(one_row, "phases", bc_phases_json(&t, BC_RANK0));
+    json_object_set_new(one_row, "phases", bc_phases_json(&a, &t, BC_RANK0));
     free(t.all);
     bc_gdn_free(&a, e->be);
     json_array_append_new(rows, cp_row);
@@ -685,15 +715,16 @@ static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) 
         const json_t *r = bench_find(ours, cname, impls[k]), *ph = json_object_get(r, "phases");
         if (!ph) continue;
         fprintf(f, "  phases %s, ms:", impls[k]);
-        for (int p = 0; p < BC_GDN_PHASES; p++)
-            fprintf(f, " %s %.3f", bc_gdn_phase_names[p], bench_num(ph, bc_gdn_phase_names[p]));
+        const char *name;
+        json_t *v;
+        json_object_foreach((json_t *)ph, name, v) fprintf(f, " %s %.3f", name, json_number_value(v));
         fprintf(f, "\n");
     }
-    const json_t *x = json_object_get(cp, "allgather_alone");
+    const json_t *x = json_object_get(cp, "exchange_alone");
     if (x)
-        fprintf(f, "  all-gather alone: scan %.2f MB per rank %.3f ms, halo %.3f MB per rank %.3f ms\n",
-                bench_num(x, "scan_bytes_per_rank") / 1e6, bench_num(x, "scan_ms"),
-                bench_num(x, "halo_bytes_per_rank") / 1e6, bench_num(x, "halo_ms"));
+        fprintf(f, "  exchange alone: states (%s) %.3f MB per rank %.3f ms, halo (all-gather) %.3f MB %.3f ms\n",
+                json_string_value(json_object_get(x, "state_op")), bench_num(x, "state_bytes_per_rank") / 1e6,
+                bench_num(x, "state_ms"), bench_num(x, "halo_bytes_per_rank") / 1e6, bench_num(x, "halo_ms"));
 }
 
 static void bc_print(FILE *f, int attn, const json_t *req, const json_t *ours, const json_t *peer, int P,
@@ -702,8 +733,8 @@ static void bc_print(FILE *f, int attn, const json_t *req, const json_t *ours, c
         fprintf(f, "\nring attention over %d ranks: causal, one document, zigzag layout; FLOPs 4*T^2/2*hd*nh forward, "
                    "backward 2.5x\n", P);
     else
-        fprintf(f, "\nGated DeltaNet layer over %d ranks: conv halo + conv (width %d) + L2 norm + scan + chunk, one "
-                   "document;\n  FLOPs of the chunked delta rule (bench gdn's)\n", P, BC_CONV_KERNEL);
+        fprintf(f, "\nGated DeltaNet layer over %d ranks: conv halo + conv (width %d) + L2 norm + entry states + chunk, "
+                   "one document;\n  FLOPs of the chunked delta rule (bench gdn's)\n", P, BC_CONV_KERNEL);
     fprintf(f, "  TF/s per GPU; eff = one-GPU ms / (GPUs x ms) of the same family; ratio = peer ms / ringscan ms at "
                "the same GPU count\n\n");
     fprintf(f, "%-28s %-20s %4s %10s %10s %8s %8s %7s %7s %7s %7s\n", "case", "impl", "GPUs", "ms fwd", "ms f+b",

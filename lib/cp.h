@@ -20,13 +20,19 @@
  * schedule is decided from local data alone, so every rank posts the same
  * sequence of messages.
  *
- * Gated DeltaNet (cp_gdn.c, research/gdn_cp.md §3-4): per local fragment the
- * transition (M, H) from a zero state, one all-gather of every fragment's
- * pair, a fold in global fragment order for each fragment's entry state; the
- * backward mirrors it with each fragment's own state gradient and M^T. The
- * conv's halo (the last Kc-1 pre-conv rows of the previous fragment) comes
- * by an all-gather of every fragment's tail; its gradient goes back the same
- * way and is added at the owner.
+ * Gated DeltaNet (cp_gdn.c, research/gdn_cp.md §3-4): each fragment's entry
+ * state is the previous fragment's exit. At P = 2 the chain: rank 0 runs
+ * fragment 0 while rank 1 computes fragment 2's transition (M, H); fragment
+ * 0's exit goes to rank 1, which runs fragment 1 and sends fragment 3's
+ * entry (one affine step from fragment 1's exit) straight back; then
+ * fragments 3 and 2 run side by side. The backward mirrors it with the
+ * state gradients and M^T. At P > 2 the scan: per local fragment the
+ * transition from a zero state, one all-gather of every fragment's pair, a
+ * fold in global fragment order for each fragment's entry state, then the
+ * fragments; the backward mirrors it with each fragment's own state
+ * gradient. The conv's halo (the last Kc-1 pre-conv rows of the previous
+ * fragment) comes by an all-gather of every fragment's tail; its gradient
+ * goes back the same way and is added at the owner.
  *
  * Softmax attention (cp_ring.c, research/ring_attention.md §1): P ring steps;
  * at step t rank r holds the K|V block of rank (r - t) mod P, and every
@@ -38,7 +44,7 @@
  * backward carries fp32 dK|dV partials around the ring, one step behind K|V.
  * The next step's K|V exchange is posted before the current step computes.
  *
- * Callers: lib/model_block.c (through Model.cp), lib/train.c and
+ * Callers: lib/model_block.c (through Model.cp), bench/bench_cp.c, lib/train.c and
  * tests/parity/parity_step.c (layout, reading a rank's rows), tests/cp.
  */
 #ifndef RS_CP_H
@@ -86,8 +92,9 @@ typedef struct {
     int64_t *ring_hops_fwd;       /* (L) K|V exchanges of forward rings */
     int64_t *ring_passes_fwd;     /* (L) forward ring passes with communication (P > 1) */
     int64_t *ring_passes_bwd;     /* (L) backward ring passes with communication (P > 1) */
-    int64_t *scan_allgathers_fwd; /* (L) GDN transition all-gathers (forward scans) */
-    int64_t *scan_allgathers_bwd; /* (L) GDN state-gradient all-gathers */
+    int64_t *scan_allgathers_fwd; /* (L) GDN entry-state passes over the CP group, forward: the scan's all-gather
+                                   * (P > 2), or the chain's two hand-offs (P = 2); one per communicating forward */
+    int64_t *scan_allgathers_bwd; /* (L) the same for the state gradients (one per backward with P > 1) */
     int64_t *halo_exchanges;      /* (L) conv halo all-gathers, forward and backward */
     int64_t *gdn_forwards;        /* (L) chunked delta-rule forward calls */
 } CpCounters;
@@ -95,8 +102,10 @@ typedef struct {
 /* The phases of one ring step that Cp.step_mark sees, in order: the step begins; its K|V exchange
  * is posted (with Comm.serial: posted and completed); its attention calls are enqueued; its
  * exchanges (K|V, and in the backward the dK|dV partial) are completed. pass 0 is the forward,
- * 1 the backward; t the step. On cuda the callback runs on the host as the work is enqueued (it
- * records an event on the compute stream); on cpu as the work is done. */
+ * 1 the backward; t the step. The GDN core (cp_gdn_forward / cp_gdn_backward) calls it with
+ * CP_MARK_BEGIN only, at the start of each of its steps (cp_gdn_steps names them). On cuda the
+ * callback runs on the host as the work is enqueued (it records an event on the compute stream);
+ * on cpu as the work is done. */
 enum { CP_MARK_BEGIN, CP_MARK_POSTED, CP_MARK_COMPUTED, CP_MARK_END, CP_MARK_COUNT };
 typedef void (*CpStepMark)(void *ctx, int pass, int t, int phase);
 
@@ -120,10 +129,11 @@ typedef struct Cp {
     float *dkv_local;    /* (rows, 2 kvd) fp32 this step's dK|dV contributions */
     float *dkv_buf[2];   /* (rows, 2 kvd) fp32 partials travelling the ring */
     /* scan buffers */
-    float *scan_send;    /* (samples, nlocal, nv, dk, dk + dv) fp32 [M | H] or [M | dE] */
-    float *scan_recv;    /* (P, samples, nlocal, nv, dk, dk + dv) */
+    float *scan_send;    /* (samples, nlocal, nv, dk, dk + dv) fp32 [M | H] or [M | dE]; P = 2: the chain's
+                          * (samples, nv, dk, dv) hand-over, then rank 1's own H_2 or dL_2 */
+    float *scan_recv;    /* (P, samples, nlocal, nv, dk, dk + dv); P = 2: what the chain's two hand-offs bring */
     float *fold[2];      /* (nv, dk, dv) fp32 ping-pong of the fold */
-    float *dstate;       /* (samples, nlocal, nv, dk, dv) fp32 folded gradients at the fragments' ends */
+    float *dstate;       /* (samples, nlocal, nv, dk, dv) fp32 the gradients arriving at the fragments' ends */
     void  *halo_send;    /* (samples, nlocal, Kc-1, Cc) pre-conv tails, or their gradients */
     void  *halo_recv;    /* (P, samples, nlocal, Kc-1, Cc) */
     void  *arena;
@@ -159,7 +169,7 @@ typedef int (*CpReadSpan)(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t
 int cp_read_sample(const CpLayout *L, CpReadSpan read, void *ctx, int64_t g, int32_t *tokens, int32_t *targets,
                    int32_t *pos, int32_t *doc_pos);
 
-/* ---- cp_gdn.c (P > 1) ---- */
+/* ---- cp_gdn.c (the core at every P, the halo at P > 1) ---- */
 /* Dims of a GDN layer as the scan needs them. */
 typedef struct {
     int nk, nv, dk, dv; /* key/value heads and head dims */
@@ -178,16 +188,40 @@ void cp_gdn_halo_backward(Cp *cp, int layer, void *dproj, int ldp, const void *d
 /* After cp_gdn_halo_backward: the gradient (Kc-1, Cc) of local fragment f of sample s's last Kc-1
  * pre-conv rows, from its successor; NULL for the sample's last fragment. */
 const void *cp_gdn_halo_grad(const Cp *cp, int s, int f, const CpGdnDims *d);
-/* The forward scan: each local fragment's transition, one all-gather, the fold in global order.
- * states (samples x nlocal, nv, dk, dv) = each fragment's entry state; M_keep (same rows, nv, dk,
- * dk) = each local fragment's M, kept for the backward. k, v, g, beta as gdn_chunk_forward. */
-void cp_gdn_scan_forward(Cp *cp, int layer, float *states, float *M_keep, const void *k, const void *v,
-                         const float *g, const float *beta, int ldq, int ldv, const CpGdnDims *d);
-/* The backward scan: each local fragment's own state gradient (dout only), one all-gather of
- * [M | dE], the reverse fold with M^T. dS_final (samples x nlocal, nv, dk, dv) = the gradient
- * arriving at each local fragment's final state. */
-void cp_gdn_scan_backward(Cp *cp, int layer, float *dS_final, const float *M_keep, const void *dout, const void *q,
-                          const void *k, const float *g, const float *beta, int ldq, int ldo, const CpGdnDims *d);
+/* One GDN layer's delta-rule core over this rank's rows, as gdn_chunk_forward / gdn_chunk_backward
+ * take it (backend.h): local fragment i = s x nlocal + f starts at row cp_frag_row(s, f) of every
+ * row pointer; doc_pos is the CP batch's. */
+typedef struct {
+    const void  *q, *k;          /* (rows, ldq) nk heads of dk */
+    const void  *v;              /* (rows, ldv) nv heads of dv */
+    const float *g, *beta;       /* (rows, nv) */
+    int          ldq, ldv, ldo;  /* ldo: the output's and its gradient's */
+    float       *states;         /* (samples x nlocal, nv, dk, dv) fp32 each fragment's entry state; NULL when P = 1 */
+    float       *M;              /* (samples x nlocal, nv, dk, dk) fp32 the transitions the backward reads (P > 1) */
+    void        *kept;           /* fragment i's gdn_chunk_forward keep at kept + i x kept_bytes; NULL: none */
+    size_t       kept_bytes;
+    int          kept_states;
+} CpGdnCore;
+
+/* The core's gradients (rows as CpGdnCore's): written dq, dk (rows, ldq), dv (rows, ldv), dg, dbeta
+ * (rows, nv); read dout (rows, ldo). */
+typedef struct {
+    void        *dq, *dk, *dv;
+    float       *dg, *dbeta;
+    const void  *dout;
+} CpGdnGrads;
+
+/* o (rows, ldo) = the chunked delta rule over each local fragment from its entry state (counted in
+ * gdn_forwards). With communicate and P > 1 the entry states come from the CP group into c->states
+ * (and c->M what the backward needs): at P = 2 by the chain, else by the scan; without it (the
+ * remat recompute) c->states are read as the communicating forward left them; P = 1 has none. */
+void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communicate, const CpGdnDims *d);
+/* gr's gradients = the core's backward, c as the forward left it; with P > 1 the state gradients
+ * pass through the CP group (the chain at P = 2, else the scan; cp->dstate is its buffer). */
+void cp_gdn_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c, const CpGdnDims *d);
+/* The names of the steps of cp_gdn_forward / cp_gdn_backward with this layout (Cp.step_mark sees
+ * each step's start): "head", "relay", "tail" at P = 2, else "scan" (nothing at P = 1), "chunk". */
+const char *const *cp_gdn_steps(const CpLayout *L, int *n);
 
 /* ---- cp_ring.c (every P) ---- */
 typedef struct {

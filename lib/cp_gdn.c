@@ -1,37 +1,66 @@
 /*
- * cp_gdn.c — Gated DeltaNet across the CP group: the prefix scan of the
- * fragments' state transitions and the conv halo (see cp.h; the math is
- * research/gdn_cp.md §3-4 and our derivation below).
+ * cp_gdn.c — Gated DeltaNet across the CP group: each local fragment's
+ * delta-rule core from its entry state (the zigzag chain at P = 2, the prefix
+ * scan at P > 2), and the conv halo (see cp.h; the math is research/gdn_cp.md
+ * §3-4 and our derivation below).
  *
  * Per value head, a fragment g maps the state entering it to the state
  * leaving it affinely: X_g = M_g E_g + H_g, where (M_g, H_g) is the chunked
  * delta rule run over the fragment from the state [0 | I] (M_g = 0 when a
  * document starts inside: the state is reset, so nothing passes through).
- * The entry state of fragment g is the exit state of g-1 in the same sample,
- * so
- *     E_g = F_{g-1}( ... F_{j+1}(H_j) ... ),  F_i(S) = M_i S + H_i,
- * starting at the last fragment j < g that resets (or at fragment 0, whose
- * entry is 0: a sample has nothing before it). A fragment whose first token
- * starts a document needs no entry state at all.
+ * The entry state of fragment g is the exit state of g-1 in the same sample:
+ *     E_g = X_{g-1},  E_0 = 0 (a sample has nothing before it),
+ * and a fragment whose first token starts a document needs no entry (0).
  *
  * Backward. Let dE_g be the gradient of the loss with respect to E_g. The
  * fragment's outputs depend on E_g affinely, and so does its exit state:
- *     dE_g = dL_g + M_g^T dE_{g+1},
+ *     dE_g = dL_g + M_g^T dE_{g+1},  dE_{last + 1} = 0,
  * where dL_g is the gradient through the fragment's own outputs
- * (gdn_chunk_dstate: the backward's state pass alone, no S needed). The
- * gradient arriving at the exit of fragment g is dE_{g+1}, folded from the
- * next resetting fragment (whose dE is its own dL: M = 0) down to g+1. Then
- * the one full backward per fragment (gdn_chunk_backward) runs with that
- * dS_final, so nothing of the chunked backward is computed twice.
+ * (gdn_chunk_dstate: the backward's state pass alone, no S needed), and the
+ * gradient arriving at the exit of fragment g is dE_{g+1}.
+ * gdn_chunk_backward run with dS_final = dE_{g+1} returns dE_g as its dS0.
  *
- * Communication: one all-gather per scan of fixed-size slots [M | H] (forward)
- * or [M | dL] (backward) per local fragment, fp32; every rank folds, in
- * global order with the same code, the fragments it needs (IEEE fp32, no
- * reassociation). The conv halo is one all-gather of every fragment's last
- * Kc-1 pre-conv rows; its gradient goes back by a second one and is added
- * into the owner's rows.
+ * The chain (P = 2). Rank 0 holds fragments 0 and 3, rank 1 fragments 1 and
+ * 2; every sample of the micro-batch moves through each step together.
+ *   forward   head   rank 0: fragment 0 from 0, its exit X_0 = E_1 kept to send;
+ *                    rank 1: fragment 2's transition (M_2, H_2)
+ *             relay  E_1 goes to rank 1, which runs fragment 1 from it (its
+ *                    exit is E_2) and sends E_3 = M_2 E_2 + H_2 (one affine
+ *                    step) back at once; rank 0 waits for it
+ *             tail   rank 0: fragment 3 from E_3; rank 1: fragment 2 from E_2
+ *   backward  head   rank 0: dE_3 = dL_3 (gdn_chunk_dstate: fragment 3 is the
+ *                    last); rank 1: dL_2
+ *             relay  dE_3 goes to rank 1: dE_2 = dL_2 + M_2^T dE_3 (one affine
+ *                    step), then fragment 1's backward with dS_final = dE_2,
+ *                    whose dS0 is dE_1, sent back at once; rank 0 meanwhile
+ *                    runs fragment 3's backward (dS_final = 0)
+ *             tail   rank 0: fragment 0's backward with dS_final = dE_1;
+ *                    rank 1: fragment 2's with dE_3
+ * Forward: three fragment passes deep (the transition beside fragment 0,
+ * fragment 1, fragments 2 | 3) against the scan's two transitions and two
+ * forwards; backward: one dstate and two backwards on each rank, against two
+ * of each. Rank 0 gets dE_3 from gdn_chunk_dstate rather than from fragment
+ * 3's backward so that rank 1 starts fragment 1's backward after a dstate
+ * pass, not a full backward. Each hand-off is one comm_isendrecv between the
+ * two ranks (the comm layer's exchange is symmetric: the direction nobody
+ * reads carries the sender's buffer, unread), fp32, every sample at once.
+ * Only the order of fp32 operations differs from the scan's.
  *
- * Callers: lib/model_block.c (GDN layers, cp > 1), tests/cp.
+ * The scan (P > 2). One all-gather per pass of fixed-size slots [M | H]
+ * (forward) or [M | dL] (backward) per local fragment, fp32; every rank
+ * folds, in global order with the same code, the fragments it needs:
+ *     E_g = F_{g-1}( ... F_{j+1}(H_j) ... ),  F_i(S) = M_i S + H_i,
+ * from the last fragment j < g that resets (or fragment 0), and the mirror
+ * with M^T from the first fragment after g that resets (or the last); then
+ * one full forward (backward) per fragment.
+ *
+ * Without communication (P = 1, or the remat recompute, which keeps the entry
+ * states the forward received) each fragment runs from the states as they are.
+ *
+ * The conv halo is one all-gather of every fragment's last Kc-1 pre-conv rows;
+ * its gradient goes back by a second one and is added into the owner's rows.
+ *
+ * Callers: lib/model_block.c (GDN layers), bench/bench_cp.c, tests/cp.
  */
 #include <string.h>
 
@@ -39,6 +68,20 @@
 #include "error.h"
 
 #define CP_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
+
+enum { CP_TAG_CHAIN_FWD0 = 31, CP_TAG_CHAIN_FWD1 = 32, CP_TAG_CHAIN_BWD0 = 33, CP_TAG_CHAIN_BWD1 = 34 };
+
+static const char *const cp_gdn_chain_steps[] = {"head", "relay", "tail"};
+static const char *const cp_gdn_scan_steps[] = {"scan", "chunk"};
+
+const char *const *cp_gdn_steps(const CpLayout *L, int *n) {
+    *n = L->P == 2 ? 3 : 2;
+    return L->P == 2 ? cp_gdn_chain_steps : cp_gdn_scan_steps;
+}
+
+static void cp_gdn_mark(Cp *cp, int pass, int t) {
+    if (cp->step_mark) cp->step_mark(cp->step_mark_ctx, pass, t, CP_MARK_BEGIN);
+}
 
 /* Sizes of the scan's slots: per local fragment [M (nv,dk,dk) | H or dL (nv,dk,dv)], fp32. */
 typedef struct {
@@ -53,6 +96,73 @@ static CpScanSizes cp_scan_sizes(const Cp *cp, const CpGdnDims *d) {
     z.per_rank = (int64_t)cp->batch.samples * cp->L.nlocal * z.slot;
     return z;
 }
+
+/* ---- one fragment's delta rule ---------------------------------------------------------- */
+
+/* The first local row of local fragment i (= s x nlocal + f), and its doc_pos rows (backend memory) */
+static int64_t cp_gdn_row(const Cp *cp, int64_t i) {
+    return cp_frag_row(cp, (int)(i / cp->L.nlocal), (int)(i % cp->L.nlocal));
+}
+static const int32_t *cp_gdn_doc_pos(const Cp *cp, int64_t r0) {
+    return cp->batch.doc_pos_dev + (int64_t)cp->L.rank * cp->batch.rows + r0;
+}
+
+/* Local fragment i (= s x nlocal + f) of the core: o's rows =, from S0 (NULL: 0); S_final = its exit
+ * state when not NULL. Keeps what c->kept says. */
+static void cp_gdn_fragment_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int64_t i, const float *S0,
+                                    float *S_final, const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const int es = be->act_size;
+    const int64_t r0 = cp_gdn_row(cp, i);
+    be->gdn_chunk_forward(CP_AT(o, r0 * c->ldo), S_final, CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
+                          CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv, c->beta + r0 * d->nv, S0, cp_gdn_doc_pos(cp, r0),
+                          L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
+                          c->kept ? (char *)c->kept + i * (int64_t)c->kept_bytes : NULL, c->kept_states);
+    cp->count.gdn_forwards[layer]++;
+}
+
+/* Its backward: the gradients' rows =, with dS_final (NULL: 0) arriving at its exit; dS0 = the gradient of
+ * its entry state when not NULL. */
+static void cp_gdn_fragment_backward(Cp *cp, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
+                                     const float *dS_final, float *dS0, const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const int es = be->act_size;
+    const int64_t r0 = cp_gdn_row(cp, i), hh = (int64_t)d->nv * d->dk * d->dv;
+    be->gdn_chunk_backward(CP_AT(gr->dq, r0 * c->ldq), CP_AT(gr->dk, r0 * c->ldq), CP_AT(gr->dv, r0 * c->ldv),
+                           gr->dg + r0 * d->nv, gr->dbeta + r0 * d->nv, dS0, CP_AT(gr->dout, r0 * c->ldo), dS_final,
+                           CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv),
+                           c->g + r0 * d->nv, c->beta + r0 * d->nv, c->states ? c->states + i * hh : NULL,
+                           cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
+                           c->kept ? (char *)c->kept + i * (int64_t)c->kept_bytes : NULL, c->kept_states);
+}
+
+/* Its transition: exit = M entry + H */
+static void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i,
+                                       const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const int es = be->act_size;
+    const int64_t r0 = cp_gdn_row(cp, i);
+    be->gdn_chunk_transition(M, H, CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv,
+                             c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv,
+                             c->ldq, c->ldv);
+}
+
+/* Its own state gradient dL (gdn_chunk_dstate: through its outputs alone, from dout) */
+static void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
+                                   const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const int es = be->act_size;
+    const int64_t r0 = cp_gdn_row(cp, i);
+    be->gdn_chunk_dstate(dL, CP_AT(gr->dout, r0 * c->ldo), CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
+                         c->g + r0 * d->nv, c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv,
+                         d->dk, d->dv, c->ldq, c->ldo);
+}
+
+/* ---- the scan (P > 2) ----------------------------------------------------------------------- */
 
 /* The gathered slot of (sample s, global fragment g): its M, and its H or dL at + mm. */
 static const float *cp_scan_slot(const Cp *cp, const CpScanSizes *z, int s, int g) {
@@ -87,31 +197,25 @@ static void cp_scan_allgather(Cp *cp, int layer, const CpScanSizes *z, const cha
     comm_wait(cp->comm, &h);
 }
 
-void cp_gdn_scan_forward(Cp *cp, int layer, float *states, float *M_keep, const void *k, const void *v,
-                         const float *g, const float *beta, int ldq, int ldv, const CpGdnDims *d) {
+/* c->states = each local fragment's entry state, c->M = its M: each fragment's transition, one
+ * all-gather, the fold in global order. */
+static void cp_scan_forward(Cp *cp, int layer, const CpGdnCore *c, const CpGdnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
     const CpBatch *B = &cp->batch;
-    const int es = be->act_size;
     const CpScanSizes z = cp_scan_sizes(cp, d);
-    const int32_t *doc_pos = B->doc_pos_dev + (int64_t)L->rank * B->rows;
-
-    for (int s = 0; s < B->samples; s++)
-        for (int f = 0; f < L->nlocal; f++) {
-            int64_t i = (int64_t)s * L->nlocal + f, r0 = cp_frag_row(cp, s, f);
-            float *M = cp->scan_send + i * z.slot;
-            be->gdn_chunk_transition(M, M + z.mm, CP_AT(k, r0 * ldq), CP_AT(v, r0 * ldv), g + r0 * d->nv,
-                                     beta + r0 * d->nv, doc_pos + r0, L->frag_len, d->nk, d->nv, d->dk, d->dv, ldq,
-                                     ldv);
-            be->copy(M_keep + i * z.mm, M, (size_t)z.mm * sizeof(float));
-        }
+    for (int64_t i = 0; i < (int64_t)B->samples * L->nlocal; i++) {
+        float *M = cp->scan_send + i * z.slot;
+        cp_gdn_fragment_transition(cp, M, M + z.mm, c, i, d);
+        be->copy(c->M + i * z.mm, M, (size_t)z.mm * sizeof(float));
+    }
     cp_scan_allgather(cp, layer, &z, "GDN scan all-gather forward");
     cp->count.scan_allgathers_fwd[layer]++;
 
     for (int s = 0; s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
             int gi = L->frag_global[f];
-            float *E = states + ((int64_t)s * L->nlocal + f) * z.hh;
+            float *E = c->states + ((int64_t)s * L->nlocal + f) * z.hh;
             const uint8_t *resets = B->frag_resets + (int64_t)s * L->nglobal;
             if (gi == 0 || B->frag_starts_doc[(int64_t)s * L->nglobal + gi]) {
                 be->memset_zero(E, (size_t)z.hh * sizeof(float)); /* nothing before, or reset at once */
@@ -123,31 +227,25 @@ void cp_gdn_scan_forward(Cp *cp, int layer, float *states, float *M_keep, const 
         }
 }
 
-void cp_gdn_scan_backward(Cp *cp, int layer, float *dS_final, const float *M_keep, const void *dout, const void *q,
-                          const void *k, const float *g, const float *beta, int ldq, int ldo, const CpGdnDims *d) {
+/* cp->dstate = the gradient arriving at each local fragment's exit: each fragment's own state
+ * gradient, one all-gather of [M | dL], the reverse fold with M^T. */
+static void cp_scan_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c, const CpGdnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
     const CpBatch *B = &cp->batch;
-    const int es = be->act_size;
     const CpScanSizes z = cp_scan_sizes(cp, d);
-    const int32_t *doc_pos = B->doc_pos_dev + (int64_t)L->rank * B->rows;
-
-    for (int s = 0; s < B->samples; s++)
-        for (int f = 0; f < L->nlocal; f++) {
-            int64_t i = (int64_t)s * L->nlocal + f, r0 = cp_frag_row(cp, s, f);
-            float *M = cp->scan_send + i * z.slot;
-            be->copy(M, M_keep + i * z.mm, (size_t)z.mm * sizeof(float));
-            be->gdn_chunk_dstate(M + z.mm, CP_AT(dout, r0 * ldo), CP_AT(q, r0 * ldq), CP_AT(k, r0 * ldq),
-                                 g + r0 * d->nv, beta + r0 * d->nv, doc_pos + r0, L->frag_len, d->nk, d->nv, d->dk,
-                                 d->dv, ldq, ldo);
-        }
+    for (int64_t i = 0; i < (int64_t)B->samples * L->nlocal; i++) {
+        float *M = cp->scan_send + i * z.slot;
+        be->copy(M, c->M + i * z.mm, (size_t)z.mm * sizeof(float));
+        cp_gdn_fragment_dstate(cp, M + z.mm, gr, c, i, d);
+    }
     cp_scan_allgather(cp, layer, &z, "GDN scan all-gather backward");
     cp->count.scan_allgathers_bwd[layer]++;
 
     for (int s = 0; s < B->samples; s++)
         for (int f = 0; f < L->nlocal; f++) {
             int gi = L->frag_global[f];
-            float *D = dS_final + ((int64_t)s * L->nlocal + f) * z.hh;
+            float *D = cp->dstate + ((int64_t)s * L->nlocal + f) * z.hh;
             const uint8_t *resets = B->frag_resets + (int64_t)s * L->nglobal;
             if (gi == L->nglobal - 1) { /* the sample's last fragment: nothing after it */
                 be->memset_zero(D, (size_t)z.hh * sizeof(float));
@@ -157,6 +255,172 @@ void cp_gdn_scan_backward(Cp *cp, int layer, float *dS_final, const float *M_kee
             while (j1 < L->nglobal - 1 && !resets[j1]) j1++;
             cp_scan_fold(cp, &z, D, s, j1, gi, 1, d);
         }
+}
+
+/* ---- the chain (P = 2) ---------------------------------------------------------------------- */
+
+/* One hand-off of the chain: `bytes` of send to the other rank, as many of its into recv. */
+static void cp_chain_handoff(Cp *cp, int layer, const void *send, void *recv, int64_t bytes, int tag,
+                             const char *what, CommHandle *h) {
+    const int peer = 1 - cp->L.rank;
+    comm_set_context(cp->comm, layer, what);
+    comm_isendrecv(cp->comm, COMM_CP, send, peer, recv, peer, bytes, tag, h);
+}
+
+/* dst (nv, dk, dv) = src, or 0 where global fragment g of sample s starts a document (no entry state, or
+ * no gradient for one) */
+static void cp_chain_take(Cp *cp, float *dst, const float *src, int s, int g, int64_t hh) {
+    if (cp->batch.frag_starts_doc[(int64_t)s * cp->L.nglobal + g]) cp->be->memset_zero(dst, (size_t)hh * sizeof(float));
+    else if (dst != src) cp->be->copy(dst, src, (size_t)hh * sizeof(float));
+}
+
+/* The chain's buffers: out (samples, hh) what this rank hands over; own (samples, hh) rank 1's H_2 or dL_2;
+ * in[2] (samples, hh) what each of the two hand-offs brings. */
+typedef struct {
+    float  *out, *own, *in[2];
+    int64_t hh, mm, bytes;
+} CpChain;
+
+static CpChain cp_chain_buffers(const Cp *cp, const CpGdnDims *d) {
+    CpChain ch;
+    const int64_t S = cp->batch.samples;
+    ch.hh = (int64_t)d->nv * d->dk * d->dv;
+    ch.mm = (int64_t)d->nv * d->dk * d->dk;
+    ch.bytes = S * ch.hh * (int64_t)sizeof(float);
+    ch.out = cp->scan_send; /* scan_send holds samples x 2 slots of [M | H], scan_recv P times that */
+    ch.own = cp->scan_send + S * ch.hh;
+    ch.in[0] = cp->scan_recv;
+    ch.in[1] = cp->scan_recv + S * ch.hh;
+    return ch;
+}
+
+/* o = the core over this rank's fragments, c->states their entry states, c->M rank 1's M_2 (the header says the
+ * order). Local fragment f = 0 of sample s is i = 2s, f = 1 is 2s + 1. */
+static void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const int S = cp->batch.samples, first = cp->L.rank == 0;
+    const CpChain ch = cp_chain_buffers(cp, d);
+    float *E = c->states;
+    CommHandle h[2];
+    memset(h, 0, sizeof h);
+
+    cp_gdn_mark(cp, 0, 0); /* head */
+    for (int s = 0; s < S; s++) {
+        if (first) { /* fragment 0 from nothing; its exit is fragment 1's entry */
+            be->memset_zero(E + 2 * s * ch.hh, (size_t)ch.hh * sizeof(float));
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E + 2 * s * ch.hh, ch.out + s * ch.hh, d);
+        } else /* fragment 2's transition, for the relay's affine step */
+            cp_gdn_fragment_transition(cp, c->M + (2 * s + 1) * ch.mm, ch.own + s * ch.hh, c, 2 * s + 1, d);
+    }
+    cp_chain_handoff(cp, layer, ch.out, ch.in[0], ch.bytes, CP_TAG_CHAIN_FWD0, "GDN chain forward: fragment 0's exit",
+                     &h[0]);
+
+    cp_gdn_mark(cp, 0, 1); /* relay */
+    if (first) {
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_FWD1,
+                         "GDN chain forward: fragment 2's exit", &h[1]);
+        comm_wait(cp->comm, &h[0]);
+        comm_wait(cp->comm, &h[1]);
+    } else {
+        comm_wait(cp->comm, &h[0]);
+        for (int s = 0; s < S; s++) { /* fragment 1 from E_1; its exit E_2; E_3 = M_2 E_2 + H_2 to rank 0 */
+            float *E1 = E + 2 * s * ch.hh, *E2 = E1 + ch.hh;
+            cp_chain_take(cp, E1, ch.in[0] + s * ch.hh, s, 1, ch.hh);
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E1, E2, d);
+            be->gdn_state_affine(ch.out + s * ch.hh, c->M + (2 * s + 1) * ch.mm, E2, ch.own + s * ch.hh, 0, d->nv,
+                                 d->dk, d->dv);
+            cp_chain_take(cp, E2, E2, s, 2, ch.hh);
+        }
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_FWD1,
+                         "GDN chain forward: fragment 2's exit", &h[1]);
+    }
+
+    cp_gdn_mark(cp, 0, 2); /* tail */
+    for (int s = 0; s < S; s++) {
+        float *Ef = E + (2 * s + 1) * ch.hh; /* fragment 3's entry (rank 0) or fragment 2's (rank 1) */
+        if (first) cp_chain_take(cp, Ef, ch.in[1] + s * ch.hh, s, 3, ch.hh);
+        cp_gdn_fragment_forward(cp, layer, o, c, 2 * s + 1, Ef, NULL, d);
+    }
+    comm_wait(cp->comm, &h[1]);
+    cp->count.scan_allgathers_fwd[layer]++;
+}
+
+/* The backward of cp_chain_forward (the header says the order). */
+static void cp_chain_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c, const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const int S = cp->batch.samples, first = cp->L.rank == 0;
+    const CpChain ch = cp_chain_buffers(cp, d);
+    float *D = cp->dstate; /* rank 1: the gradients arriving at fragments 1 and 2's exits */
+    CommHandle h[2];
+    memset(h, 0, sizeof h);
+
+    cp_gdn_mark(cp, 1, 0); /* head */
+    for (int s = 0; s < S; s++) /* rank 0: dE_3 = dL_3 (fragment 3 is the sample's last); rank 1: dL_2 */
+        cp_gdn_fragment_dstate(cp, (first ? ch.out : ch.own) + s * ch.hh, gr, c, 2 * s + 1, d);
+    cp_chain_handoff(cp, layer, ch.out, ch.in[0], ch.bytes, CP_TAG_CHAIN_BWD0,
+                     "GDN chain backward: fragment 3's entry gradient", &h[0]);
+
+    cp_gdn_mark(cp, 1, 1); /* relay */
+    if (first) {
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_BWD1,
+                         "GDN chain backward: fragment 1's entry gradient", &h[1]);
+        for (int s = 0; s < S; s++) cp_gdn_fragment_backward(cp, gr, c, 2 * s + 1, NULL, NULL, d);
+    } else {
+        comm_wait(cp->comm, &h[0]);
+        for (int s = 0; s < S; s++) { /* dE_2 = dL_2 + M_2^T dE_3; fragment 1's backward gives dE_1 */
+            float *D1 = D + 2 * s * ch.hh, *D2 = D1 + ch.hh;
+            cp_chain_take(cp, D2, ch.in[0] + s * ch.hh, s, 3, ch.hh);
+            be->gdn_state_affine(D1, c->M + (2 * s + 1) * ch.mm, D2, ch.own + s * ch.hh, 1, d->nv, d->dk, d->dv);
+            cp_chain_take(cp, D1, D1, s, 2, ch.hh);
+            cp_gdn_fragment_backward(cp, gr, c, 2 * s, D1, ch.out + s * ch.hh, d);
+        }
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_BWD1,
+                         "GDN chain backward: fragment 1's entry gradient", &h[1]);
+    }
+
+    cp_gdn_mark(cp, 1, 2); /* tail */
+    if (first) {
+        comm_wait(cp->comm, &h[0]);
+        comm_wait(cp->comm, &h[1]);
+    }
+    for (int s = 0; s < S; s++) {
+        float *Dx = first ? ch.in[1] + s * ch.hh : D + (2 * s + 1) * ch.hh; /* dE_1 (rank 0) or dE_3 (rank 1) */
+        if (first) cp_chain_take(cp, Dx, Dx, s, 1, ch.hh);
+        cp_gdn_fragment_backward(cp, gr, c, first ? 2 * s : 2 * s + 1, Dx, NULL, d);
+    }
+    comm_wait(cp->comm, &h[1]);
+    cp->count.scan_allgathers_bwd[layer]++;
+}
+
+/* ---- the core ------------------------------------------------------------------------------- */
+
+void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communicate, const CpGdnDims *d) {
+    const CpLayout *L = &cp->L;
+    const int64_t hh = (int64_t)d->nv * d->dk * d->dv, n = (int64_t)cp->batch.samples * L->nlocal;
+    RS_CHECK(L->P == 1 || c->states, "GDN core with cp = %d without entry states", L->P);
+    if (communicate && L->P == 2) {
+        cp_chain_forward(cp, layer, o, c, d);
+        return;
+    }
+    cp_gdn_mark(cp, 0, 0); /* scan */
+    if (communicate && L->P > 1) cp_scan_forward(cp, layer, c, d);
+    cp_gdn_mark(cp, 0, 1); /* chunk */
+    for (int64_t i = 0; i < n; i++)
+        cp_gdn_fragment_forward(cp, layer, o, c, i, L->P > 1 ? c->states + i * hh : NULL, NULL, d);
+}
+
+void cp_gdn_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c, const CpGdnDims *d) {
+    const CpLayout *L = &cp->L;
+    const int64_t hh = (int64_t)d->nv * d->dk * d->dv, n = (int64_t)cp->batch.samples * L->nlocal;
+    if (L->P == 2) {
+        cp_chain_backward(cp, layer, gr, c, d);
+        return;
+    }
+    cp_gdn_mark(cp, 1, 0); /* scan */
+    if (L->P > 1) cp_scan_backward(cp, layer, gr, c, d);
+    cp_gdn_mark(cp, 1, 1); /* chunk */
+    for (int64_t i = 0; i < n; i++)
+        cp_gdn_fragment_backward(cp, gr, c, i, L->P > 1 ? cp->dstate + i * hh : NULL, NULL, d);
 }
 
 /* ---- conv halo -------------------------------------------------------------------------- */

@@ -14,7 +14,8 @@
  *     sigmoid(gate) output gate; o_proj.
  *
  * Context parallelism (cp.h) enters in three places only: the GDN conv's
- * halo, the GDN entry states (the prefix scan) and the attention ring.
+ * halo, the GDN entry states (the chain at cp = 2, else the prefix scan) and
+ * the attention ring.
  *
  * Row chunks (checkpoint.chunk_rows, model_acts.c's rule when 0). Every op
  * that works token by token (the norms, the projections, the conv, the gates,
@@ -188,14 +189,24 @@ static CpGdnDims block_gdn_cp_dims(const Dims *d) {
 /* the kept buffer holds the chunk states too (checkpoint.gdn_keep: states) */
 static int block_gdn_kept_states(const Model *m) { return m->cfg->checkpoint.gdn_keep == GDN_KEEP_STATES; }
 
-/* What fragment i's delta-rule forward keeps for the backward (checkpoint.gdn_keep; backend.h
- * gdn_kept_bytes, model_acts.c "gdn_kept"): written by the forward that the layer's backward follows
- * (BLOCK_FORWARD under the none policy; the recompute under remat / full, into the shared scratch), read
- * by the backward, which then skips that work. NULL under gdn_keep none (no buffer: both recompute). */
-static void *block_gdn_kept(const Model *m, const LayerActs *a, int64_t i, int64_t n, const Dims *d) {
-    if (m->cfg->checkpoint.gdn_keep == GDN_KEEP_NONE) return NULL;
-    const size_t one = m->be->gdn_kept_bytes(n, d->nv, d->dk, d->dv, block_gdn_kept_states(m));
-    return (char *)a->gdn_kept + i * (int64_t)one;
+/* The layer's delta-rule core as cp_gdn.c runs it (cp.h CpGdnCore): the whole-rows buffers, the CP
+ * entry states and transitions (cp > 1), and what each fragment's forward keeps for the backward
+ * (checkpoint.gdn_keep; backend.h gdn_kept_bytes, model_acts.c "gdn_kept"): written by the forward
+ * that the layer's backward follows (BLOCK_FORWARD under the none policy; the recompute under remat /
+ * full, into the shared scratch), read by the backward, which then skips that work; keep 0, or
+ * gdn_keep none (no buffer: both recompute), keeps nothing. */
+static CpGdnCore block_gdn_core(const Model *m, const LayerActs *a, int keep, const Dims *dd) {
+    const Dims d = *dd;
+    const int multi = m->cp.L.P > 1;
+    CpGdnCore c = {.q = a->gdn_qk_norm, .k = AT(a->gdn_qk_norm, d.Kd), .v = a->gdn_v, .g = a->gdn_g,
+                   .beta = a->gdn_beta, .ldq = 2 * d.Kd, .ldv = d.Vd, .ldo = d.Vd,
+                   .states = multi ? a->gdn_cp_states : NULL, .M = multi ? a->gdn_cp_M : NULL,
+                   .kept_states = block_gdn_kept_states(m)};
+    if (keep && m->cfg->checkpoint.gdn_keep != GDN_KEEP_NONE) {
+        c.kept = a->gdn_kept;
+        c.kept_bytes = m->be->gdn_kept_bytes(m->cp.L.frag_len, d.nv, d.dk, d.dv, c.kept_states);
+    }
+    return c;
 }
 
 /* ln1 and proj (chunk buffers) of a chunk's rows */
@@ -234,7 +245,8 @@ static void block_gdn_tails(Model *m, int l, const Batch *b, const Dims *dd) {
 }
 
 /* The mixer up to its whole-rows buffers: per chunk ln1, proj, conv + SiLU, L2 norm, gates (into
- * qk_norm, v, z, beta, g); then the scan (cp > 1) and the delta rule per fragment (core). */
+ * qk_norm, v, z, beta, g); then the delta rule per fragment (core), with cp > 1 from the entry
+ * states the CP group passes (cp_gdn_forward: the chain at cp = 2, the scan above). */
 static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
@@ -244,8 +256,7 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const CpLayout *L = &cp->L;
     const int multi = L->P > 1;
     const CpGdnDims cd = block_gdn_cp_dims(&d);
-    const int64_t state = (int64_t)d.nv * d.dk * d.dv, n = L->frag_len;
-    /* the remat recompute keeps what came from the CP group: no halo exchange, no scan */
+    /* the remat recompute keeps what came from the CP group: no halo exchange, no entry states */
     const int communicate = multi && mode != BLOCK_REMAT;
     /* under remat / full the first forward's kept buffer would be overwritten before any backward reads it */
     const int keep = mode != BLOCK_FORWARD || m->cfg->checkpoint.activations == ACT_POLICY_NONE;
@@ -266,19 +277,8 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
         be->gdn_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.nv, AT(a->gdn_proj, d.Cc + d.Vd),
                               AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log), P32(p->dt_bias), c.n, d.nv, d.Pg);
     }
-    if (communicate)
-        cp_gdn_scan_forward(cp, l, a->gdn_cp_states, a->gdn_cp_M, AT(a->gdn_qk_norm, d.Kd), a->gdn_v, a->gdn_g,
-                            a->gdn_beta, 2 * d.Kd, d.Vd, &cd);
-    for (int s = 0; s < b->samples; s++)
-        for (int f = 0; f < L->nlocal; f++) {
-            int64_t o = cp_frag_row(cp, s, f), i = (int64_t)s * L->nlocal + f;
-            be->gdn_chunk_forward(AT(a->gdn_core, o * d.Vd), NULL, AT(a->gdn_qk_norm, o * 2 * d.Kd),
-                                  AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_v, o * d.Vd), a->gdn_g + o * d.nv,
-                                  a->gdn_beta + o * d.nv, multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o,
-                                  n, d.nk, d.nv, d.dk, d.dv, 2 * d.Kd, d.Vd, d.Vd,
-                                  keep ? block_gdn_kept(m, a, i, n, &d) : NULL, block_gdn_kept_states(m));
-            cp->count.gdn_forwards[l]++;
-        }
+    const CpGdnCore core = block_gdn_core(m, a, keep, &d);
+    cp_gdn_forward(cp, l, a->gdn_core, &core, communicate, &cd);
 }
 
 /* h (chunk) = x + out_proj(gated RMSNorm(core, z)) of a chunk's rows */
@@ -306,11 +306,12 @@ static void block_gdn_out_backward(Model *m, int l, const Chunk *c, const Dims *
                                a->gdn_norm_rstd, c->n, d.nv, d.dv, d.Vd);
 }
 
-/* After the chunks' out_proj backward (d_core, d_z hold every row): the scan and the delta rule's
- * backward (whole rows), then per chunk the gates', L2 norm's, conv's and in_proj's backward. A
- * chunk's conv also gives the gradient of the halo it read: the previous chunk's rows (their in_proj
- * backward is then run again for those Kc-1 rows alone: the backward is linear in dproj) or, for a
- * fragment's first chunk, the CP predecessor's, which the halo exchange returns to it. */
+/* After the chunks' out_proj backward (d_core, d_z hold every row): the delta rule's backward with
+ * the CP group's state gradients (cp_gdn_backward; whole rows), then per chunk the gates', L2
+ * norm's, conv's and in_proj's backward. A chunk's conv also gives the gradient of the halo it
+ * read: the previous chunk's rows (their in_proj backward is then run again for those Kc-1 rows
+ * alone: the backward is linear in dproj) or, for a fragment's first chunk, the CP predecessor's,
+ * which the halo exchange returns to it. */
 static void block_gdn_backward(Model *m, int l, const Batch *b) {
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
@@ -320,22 +321,11 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
     const CpLayout *L = &cp->L;
     const int multi = L->P > 1;
     const CpGdnDims cd = block_gdn_cp_dims(&d);
-    const int64_t tail = (int64_t)(d.Kc - 1) * d.Cc, state = (int64_t)d.nv * d.dk * d.dv, n = L->frag_len;
-    if (multi) /* the gradient arriving at each fragment's final state, from the fragments after it */
-        cp_gdn_scan_backward(cp, l, cp->dstate, a->gdn_cp_M, m->d_core, a->gdn_qk_norm, AT(a->gdn_qk_norm, d.Kd),
-                             a->gdn_g, a->gdn_beta, 2 * d.Kd, d.Vd, &cd);
-    for (int s = 0; s < b->samples; s++)
-        for (int f = 0; f < L->nlocal; f++) {
-            int64_t o = cp_frag_row(cp, s, f), i = (int64_t)s * L->nlocal + f;
-            be->gdn_chunk_backward(AT(m->d_qk, o * 2 * d.Kd), AT(m->d_qk, o * 2 * d.Kd + d.Kd), AT(m->d_v, o * d.Vd),
-                                   m->d_g + o * d.nv, m->d_beta + o * d.nv, NULL, AT(m->d_core, o * d.Vd),
-                                   multi ? cp->dstate + i * state : NULL, AT(a->gdn_qk_norm, o * 2 * d.Kd),
-                                   AT(a->gdn_qk_norm, o * 2 * d.Kd + d.Kd), AT(a->gdn_v, o * d.Vd),
-                                   a->gdn_g + o * d.nv, a->gdn_beta + o * d.nv,
-                                   multi ? a->gdn_cp_states + i * state : NULL, b->doc_pos + o, n, d.nk, d.nv, d.dk,
-                                   d.dv, 2 * d.Kd, d.Vd, d.Vd, block_gdn_kept(m, a, i, n, &d),
-                                   block_gdn_kept_states(m));
-        }
+    const int64_t tail = (int64_t)(d.Kc - 1) * d.Cc, n = L->frag_len;
+    const CpGdnCore core = block_gdn_core(m, a, 1, &d);
+    const CpGdnGrads grads = {.dq = m->d_qk, .dk = AT(m->d_qk, d.Kd), .dv = m->d_v, .dg = m->d_g,
+                              .dbeta = m->d_beta, .dout = m->d_core};
+    cp_gdn_backward(cp, l, &grads, &core, &cd); /* with cp > 1 the state gradients pass through the CP group */
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
         block_gdn_proj(m, l, c.row, c.n, &d);

@@ -174,13 +174,20 @@ def test_cp_on_cpu_rows(ringscan, tmp_path):
         assert "cp_efficiency_fwd" not in table[(name, "ringscan-1gpu")]
     (gname,) = [c["name"] for c in gdn["request"]["cases"]]
     gcp, gone = cp_rows(gdn, "ringscan-cp")[gname], cp_rows(gdn, "ringscan-1gpu")[gname]
-    phases = ["halo_fwd", "conv_fwd", "scan_fwd", "chunk_fwd", "scan_bwd", "chunk_bwd", "conv_bwd", "halo_bwd"]
+    # cp 2: the chain's steps (cp_gdn.c); one GPU: the scan's, whose scan does nothing there
+    chain = ["head", "relay", "tail"]
+    phases = ["halo_fwd", "conv_fwd"] + [f"{p}_fwd" for p in chain] + [f"{p}_bwd" for p in chain] + ["conv_bwd",
+                                                                                                    "halo_bwd"]
     assert list(gcp["phases"]) == phases and all(gcp["phases"][p] > 0 for p in phases)
     assert all(gcp["phases"][p] < gcp["ms_fwdbwd"] for p in phases)  # each the slowest rank's median
+    assert list(gone["phases"]) == ["halo_fwd", "conv_fwd", "scan_fwd", "chunk_fwd", "scan_bwd", "chunk_bwd",
+                                    "conv_bwd", "halo_bwd"]
     assert gone["phases"]["scan_fwd"] < 0.01 and gone["phases"]["halo_bwd"] < 0.01  # one rank: none of it runs
-    a = gcp["allgather_alone"]  # 2 fragments of [M | H]: 2 heads x 64 x (64 + 64) fp32; 3 halo rows of 2*128+128
-    assert a["scan_bytes_per_rank"] == 2 * 2 * 64 * 128 * 4 and a["halo_bytes_per_rank"] == 2 * 3 * 384 * 4
+    a = gcp["exchange_alone"]  # one chain hand-off: 2 heads x 64 x 64 fp32; 3 halo rows of 2*128+128, 2 fragments
+    assert a["state_op"] == "send/recv" and a["state_bytes_per_rank"] == 2 * 64 * 64 * 4 and a["state_ms"] > 0
+    assert a["halo_bytes_per_rank"] == 2 * 3 * 384 * 4
     assert "ring attention over 2 ranks" in r.stdout and "exchange alone: K|V" in r.stdout
+    assert "exchange alone: states (send/recv)" in r.stdout
     assert "phases ringscan-cp, ms:" in r.stdout
 
 

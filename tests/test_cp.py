@@ -2,11 +2,13 @@
 
 Four layers of evidence, each able to fail:
 
-1. The CP algorithms alone (build/cp_check under mpirun -np P): the GDN prefix
-   scan, the conv halo and the ring attention against one whole-sample kernel
-   call, forward and backward, for P in 1, 2, 4, 8 and four document layouts;
-   bound 1e-5 relative. With --sabotage (the scan's states zeroed, the halo
-   zeroed, wrong positions for received blocks) the same checks must fail.
+1. The CP algorithms alone (build/cp_check under mpirun -np P): the GDN core
+   (the chain at P = 2, the prefix scan at P > 2, and its remat recompute from
+   the kept states), the conv halo and the ring attention against one
+   whole-sample kernel call, forward and backward, for P in 1, 2, 4, 8 and six
+   document layouts; bound 1e-5 relative. With --sabotage (each rank's two
+   fragments' states swapped before the core's last step, the halo zeroed,
+   wrong positions for received blocks) the same checks must fail.
 2. The whole model (build/parity_step under mpirun): for (dp, cp) in (1,1),
    (1,2), (1,4), (2,2), (1,8) on batches with many documents, documents that
    start exactly on and one after segment boundaries, documents longer than a
@@ -18,8 +20,9 @@ Four layers of evidence, each able to fail:
    PyTorch reference within 1e-4.
 3. The checkpoint policies under CP: none, full and remat give the same
    gradients (1e-6), and the per-layer counters show one attention forward,
-   one ring pass and one scan all-gather per layer for none/remat and two for
-   full; the activation bytes kept equal what `ringscan plan` says.
+   one ring pass and one GDN state pass (the scan's all-gather or the chain's
+   hand-offs) per layer for none/remat and two for full; the activation bytes
+   kept equal what `ringscan plan` says.
 4. Training: 10 steps of `ringscan train` with each layout give the same
    losses as one process within 1e-5; a launch with world != dp x cp fails at
    start naming both.
@@ -46,16 +49,28 @@ def mpirun(n, *args, timeout=600):
 
 # ---------------------------------------------------------------- 1. the algorithms alone
 
-@pytest.mark.parametrize("np_, docs", [(1, "many")] + [(p, d) for p in (2, 4, 8)
-                                                       for d in ("many", "aligned", "one", "long")])
-def test_cp_algorithms_match_one_rank(np_, docs):
+# "edges" with 4 samples: each cp 2 fragment boundary starts a document in some sample, and a reset inside
+# cp 2's fragment 2; "one" at 128 tokens: fragments short enough that a fragment's transition M is far
+# from 0, so passing a state through one (M, or M^T backward) is checked too
+ALGO_CASES = ([(1, "many", ())] + [(p, d, ()) for p in (2, 4, 8) for d in ("many", "aligned", "one", "long")]
+              + [(p, "edges", ("--samples", "4")) for p in (2, 4, 8)]
+              + [(p, "one", ("--seq-len", "128")) for p in (2, 4, 8)])
+
+
+@pytest.mark.parametrize("np_, docs, extra", ALGO_CASES)
+def test_cp_algorithms_match_one_rank(np_, docs, extra):
     for what in ("gdn", "conv", "ring"):
-        r = mpirun(np_, BUILD / "cp_check", what, docs)
+        r = mpirun(np_, BUILD / "cp_check", what, docs, *extra)
         print(r.stdout)
         assert r.returncode == 0, r.stdout + r.stderr
         lines = [l for l in r.stdout.splitlines() if "rel err" in l]
-        assert len(lines) == {"gdn": 5, "conv": 3, "ring": 4}[what], r.stdout
+        assert len(lines) == {"gdn": 6, "conv": 3, "ring": 4}[what], r.stdout
         assert all(l.endswith(" ok") for l in lines), r.stdout
+        if what == "gdn":  # one state pass each way (none at P = 1), none in the remat recompute
+            (passes,) = [l for l in r.stdout.splitlines() if l.startswith("gdn passes:")]
+            want = 1 if np_ > 1 else 0
+            assert passes.startswith(f"gdn passes: forward {want}, after the recompute {want}, backward {want}")
+            assert passes.endswith(" ok"), passes
 
 
 @pytest.mark.parametrize("what", ["gdn", "conv", "ring"])
@@ -151,7 +166,7 @@ def plan_json(*sets):
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("dp, cp", [(1, 4), (2, 2)])
+@pytest.mark.parametrize("dp, cp", [(1, 4), (2, 2), (1, 2)])
 def test_policies_under_cp(cases, tmp_path, dp, cp):
     d = cases["boundaries"]
     grads, counts = {}, {}

@@ -15,21 +15,25 @@
  * first. Rank 0 prints one line per tensor ("gdn o: rel err 3.1e-07 <= 1e-05
  * ok") and the exit code is 1 when any check fails.
  *
- *   gdn    cp_gdn_scan_forward + gdn_chunk_forward per fragment; cp_gdn_scan_backward +
- *          gdn_chunk_backward: o, dq, dk, dv, dg, dbeta
+ *   gdn    cp_gdn_forward (the chain at P = 2, the scan at P > 2), its remat recompute
+ *          (no communication), cp_gdn_backward: o twice, dq|dk, dv, dg, dbeta, and the
+ *          counters (one state pass each way, none in the recompute)
  *   conv   cp_gdn_halo_forward + conv1d per fragment; conv backward + cp_gdn_halo_backward:
  *          y, dx, dw
  *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv
  *
- * --sabotage breaks what CP delivers, to prove the checks can fail: gdn zeroes
- * the folded entry states (a missing scan), conv zeroes the received halo,
+ * --sabotage breaks what CP delivers, to prove the checks can fail: gdn swaps
+ * each rank's two fragments' entry states and exit gradients before the
+ * core's last step (a wrong schedule), conv zeroes the received halo,
  * ring shifts the gathered positions of the other ranks' rows (a wrong
  * mask for every received block). Each must fail.
  *
- * DOCS names a document layout (cp_check_docs below): "many" (documents of
+ * DOCS names a document layout (check_docs below): "many" (documents of
  * 1..200 tokens), "aligned" (starts exactly on and one after fragment
  * boundaries), "one" (one document over everything, and a sample that starts
- * inside a document), "long" (documents longer than a fragment).
+ * inside a document), "long" (documents longer than a fragment), "edges"
+ * (each cp 2 fragment boundary starting a document in some sample, a reset
+ * inside cp 2's fragment 2; meant for --samples 4).
  */
 #include <math.h>
 #include <stdio.h>
@@ -58,11 +62,31 @@ typedef struct {
 
 /* ---- inputs ------------------------------------------------------------------------- */
 
+/* "edges": with q = T/4 (a cp 2 fragment, several of cp 4 and 8), sample s % 4 has documents starting at
+ * q and inside the third quarter (2q + 10: a reset inside cp 2's fragment 2, M = 0); at 2q; at 3q; at
+ * q, 2q and 3q: each cp 2 fragment boundary starts a document in some sample */
+static int check_edge_starts(int64_t s, int64_t t, int64_t T) {
+    const int64_t q = T / 4;
+    switch (s % 4) {
+    case 0: return t == q || t == 2 * q + 10;
+    case 1: return t == 2 * q;
+    case 2: return t == 3 * q;
+    default: return t == q || t == 2 * q || t == 3 * q;
+    }
+}
+
 static void check_docs(Check *c, const char *name) {
     for (int64_t s = 0; s < c->S; s++) {
         int32_t *pos = c->pos + s * c->T, *dp = c->doc_pos + s * c->T;
         int64_t frag = c->cp.L.frag_len;
         int32_t carry = s % 2 ? 37 : 0; /* odd samples start inside a document */
+        if (!strcmp(name, "edges")) {
+            for (int64_t t = 0; t < c->T; t++) {
+                pos[t] = (int32_t)t;
+                dp[t] = t == 0 ? carry : check_edge_starts(s, t, c->T) ? 0 : dp[t - 1] + 1;
+            }
+            continue;
+        }
         int64_t next = 0;               /* where the next document starts */
         /* "aligned": starts on a fragment boundary (3f, 4f, 5f, 8f) and one after it (f+1, 4f+1),
          * documents of 1 token, shorter than, equal to and spanning several fragments */
@@ -78,7 +102,7 @@ static void check_docs(Check *c, const char *name) {
                 else if (!strcmp(name, "aligned")) len = pattern[k++ % 6];
                 else if (!strcmp(name, "one")) len = c->T;
                 else if (!strcmp(name, "long")) len = frag + 1 + (int64_t)(rng_uniform(&c->rng) * 2 * frag);
-                else RS_USAGE("DOCS is many | aligned | one | long", "unknown document layout '%s'", name);
+                else RS_USAGE("DOCS is many | aligned | one | long | edges", "unknown document layout '%s'", name);
                 next = t + len;
             }
             dp[t] = starts && t > 0 ? 0 : (t == 0 ? carry : dp[t - 1] + 1);
@@ -139,7 +163,30 @@ static void check_whole(Check *c, const char *what, const float *got, const floa
         printf("%s: rel err %.3e <= %.0e %s\n", what, e, CHECK_BOUND, e <= CHECK_BOUND ? "ok" : "FAIL");
 }
 
-/* ---- Gated DeltaNet scan ------------------------------------------------------------------ */
+/* ---- Gated DeltaNet core ------------------------------------------------------------------ */
+
+/* --sabotage for gdn: at the start of the core's last step (the chain's tail, the scan's chunk
+ * pass), each sample's two local fragments trade their entry states (forward) or the gradients
+ * arriving at their exits (backward): what a schedule that mixes up its states computes. */
+typedef struct {
+    float  *states, *dstate;
+    int64_t n, hh;
+    int     last; /* the core's last step */
+} CheckSpoil;
+
+static void check_spoil_mark(void *ctx, int pass, int t, int phase) {
+    CheckSpoil *sp = ctx;
+    float *x = pass == 0 ? sp->states : sp->dstate;
+    (void)phase;
+    if (t != sp->last) return;
+    for (int64_t i = 0; i + 2 * sp->hh <= sp->n; i += 2 * sp->hh)
+        for (int64_t j = 0; j < sp->hh; j++) {
+            float tmp = x[i + j];
+            x[i + j] = x[i + sp->hh + j];
+            x[i + sp->hh + j] = tmp;
+        }
+}
+
 
 static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     const Backend *be = &backend_cpu;
@@ -187,30 +234,38 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     CpGdnDims d = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .Cc = 0, .Kc = 0};
     Cp *cp = &c->cp;
     const int multi = L->P > 1;
-    if (multi) cp_gdn_scan_forward(cp, 0, states, M, lqk + Kd, lv, lg, lb, ldq, (int)Vd, &d);
-    if (c->sabotage) memset(states, 0, (size_t)(S * L->nlocal * hh) * 4);
-    for (int64_t s = 0; s < S; s++)
-        for (int f = 0; f < L->nlocal; f++) {
-            int64_t r = cp_frag_row(cp, (int)s, f), i = s * L->nlocal + f;
-            be->gdn_chunk_forward(lo + r * Vd, NULL, lqk + r * ldq, lqk + r * ldq + Kd, lv + r * Vd, lg + r * nv,
-                                  lb + r * nv, multi ? states + i * hh : NULL, c->ldoc + r, L->frag_len, nk, nv, dk,
-                                  dv, ldq, (int)Vd, (int)Vd, NULL, 0);
-        }
+    CpGdnCore core = {.q = lqk, .k = lqk + Kd, .v = lv, .g = lg, .beta = lb, .ldq = ldq, .ldv = (int)Vd,
+                      .ldo = (int)Vd, .states = multi ? states : NULL, .M = M};
+    CpGdnGrads grads = {.dq = ldqk, .dk = ldqk + Kd, .dv = ldv, .dg = ldg, .dbeta = ldb, .dout = ldO};
+    CheckSpoil spoil = {.states = states, .dstate = cp->dstate, .n = S * L->nlocal * hh, .hh = hh};
+    cp_gdn_steps(L, &spoil.last);
+    spoil.last--;
+    if (c->sabotage) { /* a wrong schedule: each rank's two fragments trade what the CP group passed them */
+        cp->step_mark = check_spoil_mark;
+        cp->step_mark_ctx = &spoil;
+    }
+    cp_gdn_forward(cp, 0, lo, &core, 1, &d);
     check_rows(c, "gdn o", lo, o, (int)Vd);
-    if (multi) cp_gdn_scan_backward(cp, 0, cp->dstate, M, ldO, lqk, lqk + Kd, lg, lb, ldq, (int)Vd, &d);
-    for (int64_t s = 0; s < S; s++)
-        for (int f = 0; f < L->nlocal; f++) {
-            int64_t r = cp_frag_row(cp, (int)s, f), i = s * L->nlocal + f;
-            be->gdn_chunk_backward(ldqk + r * ldq, ldqk + r * ldq + Kd, ldv + r * Vd, ldg + r * nv, ldb + r * nv, NULL,
-                                   ldO + r * Vd, multi ? cp->dstate + i * hh : NULL, lqk + r * ldq,
-                                   lqk + r * ldq + Kd, lv + r * Vd, lg + r * nv, lb + r * nv,
-                                   multi ? states + i * hh : NULL, c->ldoc + r, L->frag_len, nk, nv, dk, dv, ldq,
-                                   (int)Vd, (int)Vd, NULL, 0);
-        }
+    /* the remat recompute: from the entry states the forward kept, nothing communicated */
+    float *again = RS_MALLOC((size_t)(rows * Vd) * 4);
+    const int64_t passes = cp->count.scan_allgathers_fwd[0];
+    cp_gdn_forward(cp, 0, again, &core, 0, &d);
+    check_rows(c, "gdn o, recomputed", again, o, (int)Vd);
+    free(again);
+    cp_gdn_backward(cp, 0, &grads, &core, &d);
     check_rows(c, "gdn dq|dk", ldqk, dqk, ldq);
     check_rows(c, "gdn dv", ldv, dv_, (int)Vd);
     check_rows(c, "gdn dg", ldg, dg, nv);
     check_rows(c, "gdn dbeta", ldb, db, nv);
+    /* one state pass each way with P > 1, none in the recompute; every fragment's forward counted */
+    const int64_t fwd = cp->count.scan_allgathers_fwd[0], bwd = cp->count.scan_allgathers_bwd[0];
+    const int64_t runs = cp->count.gdn_forwards[0], want = multi ? 1 : 0;
+    const int ok = passes == want && fwd == want && bwd == want && runs == 2 * S * L->nlocal;
+    if (!ok) c->failed++;
+    if (c->comm->rank == 0)
+        printf("gdn passes: forward %lld, after the recompute %lld, backward %lld (want %lld); fragment forwards "
+               "%lld (want %lld) %s\n", (long long)passes, (long long)fwd, (long long)bwd, (long long)want,
+               (long long)runs, (long long)(2 * S * L->nlocal), ok ? "ok" : "FAIL");
     float *bufs[] = {qk, v, g, beta, dO, o, dqk, dv_, dg, db, lqk, lv, lg, lb, ldO, states, M, lo, ldqk, ldv, ldg, ldb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
