@@ -112,8 +112,8 @@ typedef struct {
  * attention, ring and scan counters are Cp's). */
 typedef struct {
     int64_t block_recomputes; /* block forwards rerun in backward */
-    int64_t chunk_recomputes; /* per-token forwards of a row chunk rerun in a layer's backward (each of: ln1 +
-                               * in_proj, ln1 of the conv halo's rows, h + the MLP); 0 under none */
+    int64_t chunk_recomputes; /* per-token forwards run again in a layer's backward, one per chunk and kind:
+                               * ln1 (+ in_proj; also of conv halo rows), h, the MLP; 0 under none */
     int64_t offload_bytes_to_host, offload_bytes_to_device; /* checkpoint.offload: kept bytes moved */
 } ModelCounters;
 

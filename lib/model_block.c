@@ -130,8 +130,8 @@ static Chunk block_chunk(const Model *m, int64_t k) {
 
 /* Points layer l's token buffers (model.h) at the rows from `row` on, and says whether their forward must
  * run there now: always outside the layer's backward; in it only where the policy keeps no token rows
- * (full, remat: a chunk recompute, counted). Under none the pointers are cursors into the layer's whole
- * buffers, which hold the forward's rows in the backward; elsewhere they stay on the chunk buffers. */
+ * (full, remat). Under none the pointers are cursors into the layer's whole buffers, which hold the
+ * forward's rows in the backward; elsewhere they stay on the chunk buffers. */
 static int block_rows_at(Model *m, int l, int64_t row, const Dims *dd) {
     const Dims d = *dd;
     LayerActs *a = &m->la[l];
@@ -155,15 +155,19 @@ static int block_rows_at(Model *m, int l, int64_t row, const Dims *dd) {
         }
         a->at = row;
     }
-    if (!a->backward) return 1;
-    if (kept) return 0;
-    m->count.chunk_recomputes++;
-    return 1;
+    return !a->backward || !kept;
+}
+
+/* Each per-token forward (ln1 with the in_proj after it, h, the MLP) counts here when it runs inside
+ * its layer's backward: a recompute, whatever made it run (none: never). */
+static void block_rows_count(Model *m, int l) {
+    if (m->la[l].backward) m->count.chunk_recomputes++;
 }
 
 static void block_ln1_compute(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
     const Dims d = *dd;
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     m->be->rmsnorm_forward(a->ln1, a->rstd1, AT(a->x, row * d.H), W(m->lp[l].in_ln), n, 1, d.H, d.H, d.H, d.eps, 1);
 }
 
@@ -195,6 +199,7 @@ static void block_mlp_forward(Model *m, int l, const Chunk *c, void *out, const 
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     be->rmsnorm_forward(a->ln2, a->rstd2, a->h, W(p->post_ln), c->n, 1, d.H, d.H, d.H, d.eps, 1);
     be->matmul_forward(a->gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H, 2 * d.I, 0);
     be->swiglu_forward(a->act, a->gate_up, c->n, d.I);
@@ -333,6 +338,7 @@ static void block_gdn_out_forward(Model *m, int l, const Chunk *c, const Dims *d
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd),
                               AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv, d.dv, d.Vd, d.eps);
     be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
@@ -459,6 +465,7 @@ static void block_attention_out_forward(Model *m, int l, const Chunk *c, const D
     const Dims d = *dd;
     const Backend *be = m->be;
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     be->sigmoid_gate_forward(a->attn_gated, AT(a->attn_out, c->row * d.qd), AT(a->attn_gate, c->row * d.qd), c->n,
                              d.qd, d.qd);
     be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
