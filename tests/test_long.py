@@ -120,6 +120,28 @@ def test_none_recomputes_nothing_and_matches_remat_and_full(case, tmp_path, cp):
             assert counts[policy]["chunk_recomputes"] == rerun_chunks(cp, rows), (policy, counts[policy])
 
 
+def test_training_under_none_reruns_nothing(tmp_path, recall_tok):
+    """`ringscan train`, 3 steps of 2 x 512 tokens with 100-row chunks under none and under remat: the same
+    losses (bitwise: the backward reads the bits the recompute would make), and metrics.jsonl's counters
+    say none reran no block and no per-token forward in any step, remat all of them (3 per chunk and
+    layer at least)."""
+    out = {}
+    for policy in ("none", "remat"):
+        d = tmp_path / policy
+        r = run([RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", "--set",
+                 "data.seq_len=512", "--set", "data.micro_batch=2", "--set", "parallel.dp=1", "--set",
+                 "parallel.cp=1", "--set", "train.steps=3", "--set", "train.warmup_steps=1", "--set",
+                 f"checkpoint.activations={policy}", "--set", "checkpoint.chunk_rows=100", "--set",
+                 f"run.out_dir={d}"], timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out[policy] = [json.loads(line) for line in open(d / "metrics.jsonl")]
+    assert [m["loss"] for m in out["none"]] == [m["loss"] for m in out["remat"]]
+    for m in out["none"]:
+        assert m["counters"]["block_recomputes"] == 0 and m["counters"]["chunk_recomputes"] == 0, m["counters"]
+    for m in out["remat"]:  # 2 samples x 6 chunks of each of the 4 layers
+        assert m["counters"]["block_recomputes"] == 4 and m["counters"]["chunk_recomputes"] >= 3 * 12 * 4, m
+
+
 def test_chunk_rows_shorter_than_the_halo_is_refused(ringscan):
     r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", "checkpoint.chunk_rows=2"])
     assert r.returncode != 0
