@@ -322,9 +322,10 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
                                        : "checkpoint.chunk_rows 0: the largest multiple of 64 within 1 GiB under "
                                          "full / remat, at most a fragment",
             b, pol == ACT_POLICY_NONE ? "the conv output + gradients" : "forward + gradients");
-    fprintf(f, "  %s\n", pol == ACT_POLICY_NONE ? "none: the per-token tensors the backward reads are kept whole per layer; "
-                                                "nothing is recomputed"
-                                              : "the backward recomputes each chunk's per-token forward before its own");
+    fprintf(f, "  %s\n", pol == ACT_POLICY_NONE
+                             ? "none: the per-token tensors the backward reads are kept whole per layer; nothing is "
+                               "recomputed"
+                             : "the backward recomputes each chunk's per-token forward before its own");
     fprintf(f, "  every row, because the mixer's core reads across tokens: GDN q, k, v, z, beta, g, the delta rule's\n"
                "  output and their gradients (its recurrence runs through the fragment); attention q, k|v, gate,\n"
                "  output, LSE and their gradients (the ring passes whole K|V blocks); the residual stream's\n"
