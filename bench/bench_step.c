@@ -17,6 +17,9 @@
  * events and periodic drains make that run's step time a little longer:
  * time the step without it).
  *
+ * The row also carries the last step's work counters (block_recomputes, chunk_recomputes:
+ * what the checkpoint policy reran; both 0 under none).
+ *
  * Memory: the cuda backend's peak of live allocations plus its own buffers
  * (cuBLASLt workspace, kernel scratch), as `ringscan train` reports it, and
  * the device's used memory (cudaMemGetInfo: the CUDA context and the kernels'
@@ -58,6 +61,7 @@ static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int s
     const Backend *be = m->be;
     const Config *cfg = m->cfg;
     int64_t nparam = m->ptab.buffer_numel;
+    memset(&m->count, 0, sizeof m->count); /* the row reports the last step's */
     be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
     model_forward_backward(m, b, (float)(1.0 / (double)predicted), 0);
     double loss = model_loss_sum(m, 1) / (double)predicted;
@@ -126,6 +130,9 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
                           "ringscan", "ms_step", med, "tokens_per_s", (double)T / (med / 1e3), "peak_alloc_bytes",
                           (json_int_t)(st.peak_allocated + st.internal), "device_used_bytes",
                           (json_int_t)st.device_used, "reps", n, "loss", loss);
+    /* what the checkpoint policy reran in a step (model.h ModelCounters; none: 0 and 0) */
+    json_object_set_new(r, "block_recomputes", json_integer(m.count.block_recomputes));
+    json_object_set_new(r, "chunk_recomputes", json_integer(m.count.chunk_recomputes));
     free(ms);
     free(host);
     be->free(dev);

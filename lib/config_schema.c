@@ -169,8 +169,8 @@ const ConfigKey config_schema[] = {
 
     /* ---- checkpoint ---- */
     ENUM(checkpoint.activations, "remat", act_policy_names, "model",
-         "none: keep all; full: keep block inputs, recompute blocks; remat: also keep attention out+LSE "
-         "and GDN CP states, so recompute runs no attention and no communication"),
+         "none: keep all, recompute nothing; full: keep block inputs, recompute blocks; remat: also keep "
+         "attention out+LSE and GDN CP states, so recompute runs no attention and no communication"),
     ENUM(checkpoint.gdn_keep, "states", gdn_keep_names, "model",
          "what the delta rule's forward keeps for its backward, per GDN layer under none, in the recompute "
          "scratch otherwise: none (the backward recomputes everything: least memory); wy: the WY factors (cuda "
@@ -181,7 +181,9 @@ const ConfigKey config_schema[] = {
         "a layer's per-token work (norms, projections, conv, gates, MLP and their backward) runs over each local "
         "fragment in chunks of this many rows, so its scratch does not grow with tokens per GPU; the math is the "
         "same; 0: the largest multiple of 64 whose chunk scratch (forward + gradients) fits 1 GiB, at most the "
-        "fragment (plan prints it); at least model.linear_conv_kernel_dim - 1 (the conv's halo)"),
+        "fragment (plan prints it); at least model.linear_conv_kernel_dim - 1 (the conv's halo). Under "
+        "checkpoint.activations none the per-token tensors the backward reads are kept whole per layer (nothing "
+        "is recomputed); the chunks then bound each kernel call and the scratch (conv output, gradients)"),
     ENUM(checkpoint.offload, "none", offload_names, "model",
          "host: each layer's kept activations go to (page-locked) host memory right after its forward and come "
          "back one layer ahead in the backward, on a copy stream beside the compute; the device holds two layers' "

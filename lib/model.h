@@ -58,11 +58,16 @@ typedef struct {
 
 /* One layer's activation buffers (see model_acts.c for what each holds).
  * Whole-rows buffers (T rows) hold what the mixer's core reads; chunk buffers (R =
- * acts.chunk_rows rows) hold one row chunk's per-token work and are shared by the
- * layers of a kind. Pointers of the other layer kind are NULL. */
+ * acts.chunk_rows rows) hold one row chunk's scratch and are shared by the layers of
+ * a kind. The per-token buffers ("token", what the backward reads of a chunk's
+ * per-token work) are chunk buffers under full and remat; under none they are the
+ * layer's own, whole, and their pointers are cursors: they address the rows from
+ * `at` on, moved chunk by chunk (model_block.c block_rows_at), so the code that
+ * works on a chunk reads them the same way under every policy. Pointers of the other
+ * layer kind are NULL. */
 typedef struct {
     void  *x;        /* (T,H) block input */
-    /* chunk buffers, (R, ...) */
+    /* token buffers, (R, ...) from row `at` */
     void  *ln1;      /* (R,H) */
     float *rstd1;    /* (R) */
     void  *h;        /* (R,H) residual after the mixer */
@@ -71,11 +76,11 @@ typedef struct {
     void  *gate_up;  /* (R,2I) */
     void  *act;      /* (R,I) */
     /* Gated DeltaNet */
-    void  *gdn_proj;      /* (R, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv (chunk) */
+    void  *gdn_proj;      /* (R, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv (token) */
     void  *gdn_conv;      /* (R, Cc) after conv + SiLU (chunk) */
     void  *gdn_halo;      /* (Kc-1, Cc) the previous chunk's last pre-conv rows (chunk) */
-    void  *gdn_normed;    /* (R, Vd) gated RMSNorm output (chunk) */
-    float *gdn_norm_rstd; /* (R, nv) (chunk) */
+    void  *gdn_normed;    /* (R, Vd) gated RMSNorm output (token) */
+    float *gdn_norm_rstd; /* (R, nv) (token) */
     void  *gdn_qk_norm;   /* (T, 2Kd) L2-normalised [q|k] */
     float *gdn_qk_rstd;   /* (T, 2nk) */
     void  *gdn_v;         /* (T, Vd) v after conv + SiLU */
@@ -90,8 +95,8 @@ typedef struct {
                            * delta-rule forward (or the recompute) keeps for the layer's backward
                            * (checkpoint.gdn_keep; NULL under none) */
     /* softmax attention */
-    void  *attn_proj;     /* (R, 2qd+2kvd) [q|gate|k|v] before the norms (chunk) */
-    void  *attn_gated;    /* (R, qd) (chunk) */
+    void  *attn_proj;     /* (R, 2qd+2kvd) [q|gate|k|v] before the norms (token) */
+    void  *attn_gated;    /* (R, qd) (token) */
     void  *attn_q;        /* (T, qd) normed + rotated q */
     void  *attn_kv;       /* (T, 2kvd) normed + rotated k | v */
     void  *attn_gate;     /* (T, qd) the output gate's input */
@@ -99,12 +104,16 @@ typedef struct {
     void  *attn_out;      /* (T, qd) */
     float *attn_lse;      /* (T, nh) */
     void  *kept;          /* the first of the layer's kept buffers, which follow it (Model.kept_len bytes) */
+    int64_t at;           /* the first row the token pointers address (0 but under none) */
+    int     backward;     /* model_block_backward runs on this layer: a token row computed now is a recompute */
 } LayerActs;
 
 /* Work counters of one step, for checking the checkpoint policies (the per-layer
  * attention, ring and scan counters are Cp's). */
 typedef struct {
     int64_t block_recomputes; /* block forwards rerun in backward */
+    int64_t chunk_recomputes; /* per-token forwards run again in a layer's backward, one per chunk and kind:
+                               * ln1 (+ in_proj; also of conv halo rows), h, the MLP; 0 under none */
     int64_t offload_bytes_to_host, offload_bytes_to_device; /* checkpoint.offload: kept bytes moved */
 } ModelCounters;
 

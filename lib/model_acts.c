@@ -3,12 +3,15 @@
  * and sums what each checkpoint policy keeps (see model_acts.h).
  *
  * The per-layer lists follow the forward of each block exactly; a buffer is
- * here because the backward reads it. A layer's buffers are of two kinds
- * (model_block.c): whole rows (T), what the mixer's core reads across tokens,
- * and chunk rows (R = chunk_rows), one row chunk's per-token work, never kept
- * (the backward recomputes each chunk) and shared by the layers of a kind:
+ * here because the backward reads it. A layer's buffers are of three kinds
+ * (model_block.c): whole rows (T), what the mixer's core reads across tokens;
+ * per-token ("token:" below), one row's work that the backward reads: kept
+ * whole (T rows, each layer its own) under none, so the backward reruns
+ * nothing, and one chunk (R = chunk_rows rows) shared by the layers of a kind
+ * under full and remat, whose backward recomputes each chunk; and chunk
+ * scratch ("chunk:"), R rows under every policy, never kept:
  *
- *   every block   x (block input, whole); chunk: ln1 + rstd1, h (residual
+ *   every block   x (block input, whole); token: ln1 + rstd1, h (residual
  *                 after the mixer), ln2 + rstd2, gate_up (pre-activation of
  *                 the SwiGLU), act (silu(gate)·up, the input of down_proj)
  *   GDN mixer     whole: qk_norm + its rstd (L2-normalised q, k), v (after
@@ -21,13 +24,13 @@
  *                 that work; with cp > 1, per zigzag fragment (2 per sample),
  *                 the entry state [nv, dk, dv] fp32, the transition M
  *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
- *                 conv halo [Kc-1, Cc]; chunk: proj [q|k|v|z|b|a] before the
- *                 conv, conv (after conv+SiLU), halo (the previous chunk's
- *                 last Kc-1 pre-conv rows), normed (gated RMSNorm output) +
- *                 its rstd
+ *                 conv halo [Kc-1, Cc]; token: proj [q|k|v|z|b|a] before
+ *                 the conv, normed (gated RMSNorm output) + its rstd; chunk:
+ *                 conv (after conv+SiLU), halo (the previous chunk's last
+ *                 Kc-1 pre-conv rows)
  *   attention     whole: attn_q (normed + rotated q), attn_kv (normed +
  *                 rotated k | v, contiguous per token: the buffer the ring
- *                 sends), gate, qk_rstd, attn_out + attn_lse (fp32); chunk:
+ *                 sends), gate, qk_rstd, attn_out + attn_lse (fp32); token:
  *                 proj [q|gate|k|v] before the norms, gated (the input of
  *                 o_proj)
  *   head          final_in (the last block's output, whole); one loss row
@@ -122,6 +125,8 @@ static int64_t acts_gdn_workspace_bytes(int kept_states, int64_t frag, int cp, i
 typedef struct {
     ActTable *t;
     int32_t   cap;
+    int       policy;  /* the config's checkpoint.activations: the sizes model.c allocates */
+    int64_t   T, R;    /* rows of a whole buffer and of a chunk */
 } ActBuild;
 
 static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPhase phase, int64_t bytes) {
@@ -150,7 +155,10 @@ static void acts_add_cp(ActTable *t, const char *name, ActCpKind kind, ActCpPhas
     t->cp_phase[phase] += count * ((bytes + CP_ALIGN - 1) / CP_ALIGN * CP_ALIGN);
 }
 
-static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
+/* A buffer of `rows` under the policies in `keep` and `other_rows` under the rest (the config's policy
+ * picks rows / bytes). */
+static ActBuffer *acts_add_sized(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t other_rows,
+                                 int64_t cols, int elt, uint32_t keep) {
     ActTable *t = ab->t;
     if (t->n == ab->cap) {
         ab->cap = ab->cap ? ab->cap * 2 : 64;
@@ -160,16 +168,35 @@ static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, in
     memset(b, 0, sizeof *b);
     snprintf(b->name, sizeof b->name, "%s", name);
     b->layer = layer;
-    b->rows = rows;
     b->cols = cols;
     b->elt = elt;
-    b->bytes = rows * cols * elt;
     b->keep = keep;
+    for (int p = 0; p < ACT_POLICY_COUNT; p++) b->policy_bytes[p] = (keep & (1u << p) ? rows : other_rows) * cols * elt;
+    b->rows = keep & (1u << ab->policy) ? rows : other_rows;
+    b->bytes = b->policy_bytes[ab->policy];
+    return b;
+}
+
+/* one size under every policy */
+static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
+    acts_add_sized(ab, layer, name, rows, rows, cols, elt, keep);
+}
+
+/* a per-token buffer: whole and kept under none, one chunk (never kept) under full and remat */
+static void acts_add_token(ActBuild *ab, int layer, const char *name, int64_t cols, int elt) {
+    acts_add_sized(ab, layer, name, ab->T, ab->R, cols, elt, ACT_KEEP_NONE)->chunk = 1;
+}
+
+/* chunk scratch: `rows` (R, or the conv halo's) under every policy, never kept */
+static void acts_add_chunk(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt) {
+    acts_add_sized(ab, layer, name, rows, rows, cols, elt, 0)->chunk = 1;
 }
 
 /* Rows per chunk of a layer's per-token work (checkpoint.chunk_rows, or the rule: the largest multiple
- * of 64 whose chunk scratch, forward buffers plus gradients at `row_bytes` a row, fits ACT_CHUNK_BYTES;
- * never more than a fragment, whose rows the chunks cut). */
+ * of 64 whose chunk scratch under full / remat, forward buffers plus gradients at `row_bytes` a row, fits
+ * ACT_CHUNK_BYTES; never more than a fragment, whose rows the chunks cut). The same rows under none, where
+ * the forward buffers are kept whole: there R sets the rows of each per-token kernel call and of the
+ * scratch that stays (the conv output, the gradients). */
 static int64_t acts_chunk_rows(const Config *cfg, int64_t frag_len, int64_t row_bytes) {
     int64_t r = cfg->checkpoint.chunk_rows;
     if (r == 0) {
@@ -182,7 +209,7 @@ static int64_t acts_chunk_rows(const Config *cfg, int64_t frag_len, int64_t row_
 void model_acts_build(ActTable *t, const Config *cfg) {
     const ModelConfig *m = &cfg->model;
     memset(t, 0, sizeof *t);
-    ActBuild ab = {t, 0};
+    ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0};
     int64_t cp = cfg->parallel.cp;
     int64_t T = cfg->data.micro_batch * cfg->data.seq_len / cp;
     int e = cfg->device.kind == DEVICE_KIND_CUDA ? 2 : 4; /* activation element */
@@ -205,6 +232,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->chunk_row_bytes = block_row + (gdn_row > attn_row ? gdn_row : attn_row) + grad_row;
     const int64_t R = acts_chunk_rows(cfg, T / frags, t->chunk_row_bytes);
     t->chunk_rows = R;
+    ab.T = T;
+    ab.R = R;
 
     int64_t max_states = 0;
     for (int l = 0; l < m->num_hidden_layers; l++) {
@@ -244,33 +273,41 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "attn_out", T, qd, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
             acts_add(&ab, l, "attn_lse", T, nh, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
         }
-        /* the chunk's buffers: per-token work, never kept (the backward recomputes them chunk by chunk) */
-        acts_add(&ab, l, "ln1", R, H, e, 0);
-        acts_add(&ab, l, "rstd1", R, 1, f, 0);
+        /* the per-token buffers the backward reads (whole under none, a chunk's under full / remat) and
+         * the chunk scratch */
+        acts_add_token(&ab, l, "ln1", H, e);
+        acts_add_token(&ab, l, "rstd1", 1, f);
         if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
-            acts_add(&ab, l, "gdn_proj", R, Pg, e, 0);
-            acts_add(&ab, l, "gdn_conv", R, Cc, e, 0);
-            acts_add(&ab, l, "gdn_halo", Kc - 1, Cc, e, 0);
-            acts_add(&ab, l, "gdn_normed", R, Vd, e, 0);
-            acts_add(&ab, l, "gdn_norm_rstd", R, nv, f, 0);
+            acts_add_token(&ab, l, "gdn_proj", Pg, e);
+            acts_add_chunk(&ab, l, "gdn_conv", R, Cc, e);
+            acts_add_chunk(&ab, l, "gdn_halo", Kc - 1, Cc, e);
+            acts_add_token(&ab, l, "gdn_normed", Vd, e);
+            acts_add_token(&ab, l, "gdn_norm_rstd", nv, f);
         } else {
-            acts_add(&ab, l, "attn_proj", R, Pa, e, 0);
-            acts_add(&ab, l, "attn_gated", R, qd, e, 0);
+            acts_add_token(&ab, l, "attn_proj", Pa, e);
+            acts_add_token(&ab, l, "attn_gated", qd, e);
         }
-        acts_add(&ab, l, "h", R, H, e, 0);
-        acts_add(&ab, l, "ln2", R, H, e, 0);
-        acts_add(&ab, l, "rstd2", R, 1, f, 0);
-        acts_add(&ab, l, "mlp_gate_up", R, 2 * I, e, 0);
-        acts_add(&ab, l, "mlp_act", R, I, e, 0);
+        acts_add_token(&ab, l, "h", H, e);
+        acts_add_token(&ab, l, "ln2", H, e);
+        acts_add_token(&ab, l, "rstd2", 1, f);
+        acts_add_token(&ab, l, "mlp_gate_up", 2 * I, e);
+        acts_add_token(&ab, l, "mlp_act", I, e);
 
-        /* per-layer transients, and the largest layer's kept bytes (checkpoint.offload's device slot) */
+        /* per-layer transients (and the chunk scratch among them), and the largest layer's kept bytes
+         * (checkpoint.offload's device slot) */
         for (int p = 0; p < ACT_POLICY_COUNT; p++) {
-            int64_t missing = 0, kept = 0;
+            int64_t missing = 0, chunk = 0, kept = 0;
             for (int i = first; i < t->n; i++) {
-                if (!(t->b[i].keep & (1u << p))) missing += t->b[i].bytes;
-                else kept += acts_align(t->b[i].bytes);
+                const ActBuffer *b = &t->b[i];
+                if (b->keep & (1u << p)) {
+                    kept += acts_align(b->policy_bytes[p]);
+                    continue;
+                }
+                missing += b->policy_bytes[p];
+                if (b->chunk) chunk += b->policy_bytes[p];
             }
             if (missing > t->recompute[p]) t->recompute[p] = missing;
+            if (chunk > t->chunk_scratch[p]) t->chunk_scratch[p] = chunk;
             if (kept > t->layer_kept_max[p]) t->layer_kept_max[p] = kept;
             if (l < m->num_hidden_layers - 2) t->offload_host[p] += kept; /* the last two stay */
         }
@@ -291,8 +328,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     for (int i = 0; i < t->n; i++)
         for (int p = 0; p < ACT_POLICY_COUNT; p++)
             if (t->b[i].keep & (1u << p)) {
-                t->kept[p] += t->b[i].bytes;
-                if (t->b[i].layer < 0) t->head_kept[p] += acts_align(t->b[i].bytes);
+                t->kept[p] += t->b[i].policy_bytes[p];
+                if (t->b[i].layer < 0) t->head_kept[p] += acts_align(t->b[i].policy_bytes[p]);
             }
 
     /* gradient scratch: the residual stream's and the chunk's (persistent), the mixers' whole rows
@@ -320,6 +357,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     for (int ph = ACT_GRAD_PERSISTENT + 1; ph < ACT_GRAD_PHASES; ph++)
         if (t->grad_phase[ph] > largest) largest = t->grad_phase[ph];
     t->grad_working = t->grad_phase[ACT_GRAD_PERSISTENT] + largest;
+    for (int p = 0; p < ACT_POLICY_COUNT; p++) /* the chunk's gradients: the persistent ones but d_resid */
+        t->chunk_scratch[p] += t->grad_phase[ACT_GRAD_PERSISTENT] - T * H * e;
     t->gdn_states = max_states;
     for (int p = 0; p < ACT_POLICY_COUNT; p++) {
         t->peak[p] = t->kept[p] + t->recompute[p] + t->grad_working + t->gdn_states;

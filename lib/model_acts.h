@@ -10,14 +10,24 @@
  * them in model_acts.c.
  *
  * Policies (checkpoint.activations):
- *   none   keep every whole-rows buffer of every layer (the row chunks'
- *          per-token work is recomputed in the backward under every policy);
+ *   none   keep everything the backward reads, every layer, every row: the
+ *          whole-rows buffers and the per-token ones (ln1, the projections
+ *          before the conv / the norms, the mixer's output, h, the MLP's),
+ *          so the backward recomputes nothing; the row chunks only bound the
+ *          per-token scratch (the conv output, its halo, the gradients) and
+ *          the size of each kernel call;
  *   full   keep each block's input x; the backward recomputes the whole block,
- *          attention, ring passes and the GDN all-gather included;
+ *          attention, ring passes and the GDN all-gather included, and each
+ *          row chunk's per-token work once more right before its backward;
  *   remat  keep x, plus attention's output and LSE (softmax layers) and the
  *          CP entry states and conv halo (GDN layers): what came out of
  *          communication or attention. The recompute reruns only local,
- *          linear-cost work.
+ *          linear-cost work, and the per-token work per chunk as under full.
+ *
+ * A per-token buffer therefore has T rows under none and R (one chunk) under
+ * full and remat: ActBuffer.policy_bytes holds its size under each policy,
+ * ActBuffer.rows / bytes the size under the config's own policy (what
+ * model.c allocates); every sum below is per policy.
  *
  * Sizes are for one rank: tokens = data.micro_batch × data.seq_len / cp;
  * activations are fp32 on cpu and bf16 on cuda, statistics (RMSNorm rstd,
@@ -41,11 +51,14 @@
 typedef struct {
     char    name[48];  /* "ln1", "attn_lse", ... */
     int32_t layer;     /* -1 for the head (final norm, loss) */
-    int64_t rows;      /* tokens (or 2 segments for CP states) */
+    int64_t rows;      /* under the config's policy: tokens, one chunk's, or fragments (CP states) */
     int64_t cols;      /* elements per row */
     int32_t elt;       /* bytes per element */
-    int64_t bytes;
+    int64_t bytes;     /* under the config's policy: what model.c allocates */
     uint32_t keep;     /* ACT_KEEP_* bits: kept until backward under that policy */
+    int64_t policy_bytes[ACT_POLICY_COUNT]; /* bytes under each policy (a per-token buffer: T rows where
+                                               kept, one chunk elsewhere) */
+    uint8_t chunk;     /* a row chunk's scratch wherever the policy does not keep it */
 } ActBuffer;
 
 /* Gradient scratch of one layer's backward. The persistent buffers (the residual stream's gradient
@@ -96,7 +109,9 @@ typedef struct {
 typedef struct {
     int64_t    tokens; /* local tokens per micro-batch */
     int64_t    chunk_rows;      /* rows of a layer's per-token chunk (checkpoint.chunk_rows or the rule) */
-    int64_t    chunk_row_bytes; /* chunk scratch per row: forward buffers + gradients */
+    int64_t    chunk_row_bytes; /* chunk scratch per row under full / remat: forward buffers + gradients */
+    int64_t    chunk_scratch[ACT_POLICY_COUNT]; /* the chunk scratch: the per-token buffers a policy does not
+                                                   keep (the larger layer kind's) + the chunk gradients */
     int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */
     int32_t    n;
     ActBuffer *b;

@@ -20,20 +20,27 @@
  * Row chunks (checkpoint.chunk_rows, model_acts.c's rule when 0). Every op
  * that works token by token (the norms, the projections, the conv, the gates,
  * the output gate, the MLP and their backward) runs over each local fragment
- * in chunks of R rows into R-row buffers that every layer of a kind shares, so
- * a layer's transient memory does not grow with the tokens per GPU. Only what
- * the mixer's core reads across tokens has every row: GDN q, k (normed), v, z,
- * beta, g and the delta rule's output; attention q, k|v, the gate, the output
- * and LSE; and the gradients of those. The conv reads the Kc-1 rows before a
- * chunk (the previous chunk's, kept in gdn_halo; for a fragment's first chunk
- * the CP halo); its halo gradient goes back to those rows through their
- * in_proj backward run again for them alone (linear in dproj), and the CP
- * halo's tails are computed from x on their own before the chunks. The
- * forward writes the block output chunk by chunk; a recompute stops at the
- * whole-rows buffers, and the backward recomputes each chunk's per-token
- * forward (the mixer's output projection, h, the MLP) right before its
- * backward, under every policy. Chunks change only the order of fp32 sums
- * (tests/test_long.py).
+ * in chunks of R rows, so no kernel call and no scratch buffer grows with the
+ * tokens per GPU. Only what the mixer's core reads across tokens has every
+ * row under every policy: GDN q, k (normed), v, z, beta, g and the delta
+ * rule's output; attention q, k|v, the gate, the output and LSE; and the
+ * gradients of those. The conv reads the Kc-1 rows before a chunk (the
+ * previous chunk's, copied to gdn_halo; for a fragment's first chunk the CP
+ * halo); its halo gradient goes back to those rows through their in_proj
+ * backward run again for them alone (linear in dproj), and the CP halo's
+ * tails are computed from x on their own before the chunks. The forward
+ * writes the block output chunk by chunk. Chunks change only the order of
+ * fp32 sums (tests/test_long.py).
+ *
+ * The per-token buffers the backward reads (model.h "token": ln1, the
+ * projections before the conv / the norms, the mixer's output, h, the MLP's)
+ * depend on the policy. Under none they are kept whole per layer, each
+ * layer's own, and the backward reads the forward's rows: nothing is
+ * recomputed (block_rows_at moves the buffers' pointers to each chunk's rows
+ * and says so). Under full and remat they are one chunk's, shared by the
+ * layers of a kind: a recompute stops at the whole-rows buffers, and the
+ * backward reruns each chunk's per-token forward right before its backward
+ * (counted in chunk_recomputes).
  *
  * Recompute modes (the checkpoint policy, model_step.c decides):
  *   BLOCK_FORWARD      the normal forward, writing the block output;
@@ -122,11 +129,52 @@ static Chunk block_chunk(const Model *m, int64_t k) {
     return c;
 }
 
-/* ln1 (chunk) = input RMSNorm of x's rows [row, row + n) */
-static void block_ln1(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
+/* Points layer l's token buffers (model.h) at the rows from `row` on, and says whether their forward must
+ * run there now: always outside the layer's backward; in it only where the policy keeps no token rows
+ * (full, remat). Under none the pointers are cursors into the layer's whole buffers, which hold the
+ * forward's rows in the backward; elsewhere they stay on the chunk buffers. */
+static int block_rows_at(Model *m, int l, int64_t row, const Dims *dd) {
     const Dims d = *dd;
     LayerActs *a = &m->la[l];
+    const int kept = m->cfg->checkpoint.activations == ACT_POLICY_NONE;
+    if (kept && row != a->at) {
+        const int64_t r = row - a->at;
+        a->ln1 = AT(a->ln1, r * d.H);
+        a->rstd1 += r;
+        a->h = AT(a->h, r * d.H);
+        a->ln2 = AT(a->ln2, r * d.H);
+        a->rstd2 += r;
+        a->gate_up = AT(a->gate_up, r * 2 * d.I);
+        a->act = AT(a->act, r * d.I);
+        if (m->lp[l].kind == LAYER_KIND_LINEAR) {
+            a->gdn_proj = AT(a->gdn_proj, r * d.Pg);
+            a->gdn_normed = AT(a->gdn_normed, r * d.Vd);
+            a->gdn_norm_rstd += r * d.nv;
+        } else {
+            a->attn_proj = AT(a->attn_proj, r * d.Pa);
+            a->attn_gated = AT(a->attn_gated, r * d.qd);
+        }
+        a->at = row;
+    }
+    return !a->backward || !kept;
+}
+
+/* Each per-token forward (ln1 with the in_proj after it, h, the MLP) counts here when it runs inside
+ * its layer's backward: a recompute, whatever made it run (none: never). */
+static void block_rows_count(Model *m, int l) {
+    if (m->la[l].backward) m->count.chunk_recomputes++;
+}
+
+static void block_ln1_compute(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
+    const Dims d = *dd;
+    LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     m->be->rmsnorm_forward(a->ln1, a->rstd1, AT(a->x, row * d.H), W(m->lp[l].in_ln), n, 1, d.H, d.H, d.H, d.eps, 1);
+}
+
+/* ln1 (token) = input RMSNorm of x's rows [row, row + n) (block_rows_at: not again under none) */
+static void block_ln1(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
+    if (block_rows_at(m, l, row, dd)) block_ln1_compute(m, l, row, n, dd);
 }
 
 /* backward of ln1 -> in_proj for one chunk's rows: dW_in += dproj^T ln1, and dx (the residual
@@ -138,18 +186,21 @@ static void block_in_proj_backward(Model *m, int l, int64_t row, int64_t n, cons
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
+    RS_CHECK(m->cfg->checkpoint.activations != ACT_POLICY_NONE || a->at == row, "layer %d: ln1 at row %lld, not %lld",
+             l, (long long)a->at, (long long)row);
     be->matmul_backward(m->d_ln, G(p->in_proj), dproj, a->ln1, W(p->in_proj), n, d.H, OC, d.H, ldp, 0);
     be->rmsnorm_backward(AT(m->d_resid, row * d.H), G(p->in_ln), m->d_ln, AT(a->x, row * d.H), W(p->in_ln), a->rstd1,
                          n, 1, d.H, d.H, d.H, 1);
 }
 
-/* ---- the MLP, one chunk: its input h (R,H) is in the chunk buffer ---------- */
+/* ---- the MLP, one chunk: its input h (R,H) is in the token buffer --------- */
 
 static void block_mlp_forward(Model *m, int l, const Chunk *c, void *out, const Dims *dd) {
     const Dims d = *dd;
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     be->rmsnorm_forward(a->ln2, a->rstd2, a->h, W(p->post_ln), c->n, 1, d.H, d.H, d.H, d.eps, 1);
     be->matmul_forward(a->gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H, 2 * d.I, 0);
     be->swiglu_forward(a->act, a->gate_up, c->n, d.I);
@@ -159,14 +210,13 @@ static void block_mlp_forward(Model *m, int l, const Chunk *c, void *out, const 
     }
 }
 
-/* d_resid's rows: dL/d(block output) in, dL/dh out (the MLP's forward is recomputed first) */
+/* d_resid's rows: dL/d(block output) in, dL/dh out (the MLP's forward of the chunk in the token buffers) */
 static void block_mlp_backward(Model *m, int l, const Chunk *c, const Dims *dd) {
     const Dims d = *dd;
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
     void *dres = AT(m->d_resid, c->row * d.H);
-    block_mlp_forward(m, l, c, NULL, dd);
     be->matmul_backward(m->d_act, G(p->down), dres, a->act, W(p->down), c->n, d.I, d.H, d.I, d.H, 0);
     be->swiglu_backward(m->d_gate_up, m->d_act, a->gate_up, c->n, d.I);
     be->matmul_backward(m->d_ln, G(p->gate_up), m->d_gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H,
@@ -209,10 +259,11 @@ static CpGdnCore block_gdn_core(const Model *m, const LayerActs *a, int keep, co
     return c;
 }
 
-/* ln1 and proj (chunk buffers) of a chunk's rows */
+/* ln1 and proj (token buffers) of a chunk's rows (block_rows_at: not again under none) */
 static void block_gdn_proj(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
     const Dims d = *dd;
-    block_ln1(m, l, row, n, dd);
+    if (!block_rows_at(m, l, row, dd)) return;
+    block_ln1_compute(m, l, row, n, dd);
     m->be->matmul_forward(m->la[l].gdn_proj, m->la[l].ln1, W(m->lp[l].in_proj), n, d.H, d.Pg, d.H, d.Pg, 0);
 }
 
@@ -287,6 +338,7 @@ static void block_gdn_out_forward(Model *m, int l, const Chunk *c, const Dims *d
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd),
                               AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv, d.dv, d.Vd, d.eps);
     be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
@@ -363,6 +415,14 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
 
 /* ---- softmax attention mixer ------------------------------------------- */
 
+/* ln1 and proj [q|gate|k|v] (token buffers) of a chunk's rows (block_rows_at: not again under none) */
+static void block_attention_proj(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
+    const Dims d = *dd;
+    if (!block_rows_at(m, l, row, dd)) return;
+    block_ln1_compute(m, l, row, n, dd);
+    m->be->matmul_forward(m->la[l].attn_proj, m->la[l].ln1, W(m->lp[l].in_proj), n, d.H, d.Pa, d.H, d.Pa, 0);
+}
+
 /* Per chunk ln1, proj, q_norm, k_norm, v beside k, RoPE (into attn_q, attn_kv, attn_gate: whole rows);
  * then the ring (cp_ring.c; with cp = 1 one step, no communication). */
 static void block_attention_forward(Model *m, int l, const Batch *b, int mode) {
@@ -373,8 +433,7 @@ static void block_attention_forward(Model *m, int l, const Batch *b, int mode) {
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
         void *q = AT(a->attn_q, c.row * d.qd), *kv = AT(a->attn_kv, c.row * 2 * d.kvd);
-        block_ln1(m, l, c.row, c.n, &d);
-        be->matmul_forward(a->attn_proj, a->ln1, W(p->in_proj), c.n, d.H, d.Pa, d.H, d.Pa, 0);
+        block_attention_proj(m, l, c.row, c.n, &d);
         be->rmsnorm_forward(q, a->attn_qk_rstd + c.row * d.nh, a->attn_proj, W(p->q_norm), c.n, d.nh, d.hd, d.Pa,
                             d.qd, d.eps, 1);
         be->rmsnorm_forward(kv, a->attn_qk_rstd + d.T * d.nh + c.row * d.nkv, AT(a->attn_proj, 2 * d.qd),
@@ -396,6 +455,7 @@ static void block_attention_out_forward(Model *m, int l, const Chunk *c, const D
     const Dims d = *dd;
     const Backend *be = m->be;
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     be->sigmoid_gate_forward(a->attn_gated, AT(a->attn_out, c->row * d.qd), AT(a->attn_gate, c->row * d.qd), c->n,
                              d.qd, d.qd);
     be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
@@ -426,8 +486,7 @@ static void block_attention_backward(Model *m, int l, const Batch *b) {
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
         const void *dkv = AT(m->d_kv, c.row * 2 * d.kvd);
-        block_ln1(m, l, c.row, c.n, &d);
-        be->matmul_forward(a->attn_proj, a->ln1, W(p->in_proj), c.n, d.H, d.Pa, d.H, d.Pa, 0);
+        block_attention_proj(m, l, c.row, c.n, &d);
         be->memset_zero(m->d_proj, (size_t)(c.n * d.Pa * d.es));
         be->rmsnorm_backward(m->d_proj, G(p->q_norm), AT(m->d_q, c.row * d.qd), a->attn_proj, W(p->q_norm),
                              a->attn_qk_rstd + c.row * d.nh, c.n, d.nh, d.hd, d.Pa, d.qd, 1);
@@ -442,9 +501,19 @@ static void block_attention_backward(Model *m, int l, const Batch *b) {
 
 /* ---- the block ----------------------------------------------------------- */
 
+/* A chunk's h and MLP (token buffers): in the forward with `out`, the block output's rows too; in the
+ * backward (out NULL) the recompute, which under none finds them kept and does nothing. */
+static void block_chunk_forward(Model *m, int l, const Chunk *c, void *out, const Dims *d) {
+    if (!block_rows_at(m, l, c->row, d)) return;
+    if (m->lp[l].kind == LAYER_KIND_LINEAR) block_gdn_out_forward(m, l, c, d);
+    else block_attention_out_forward(m, l, c, d);
+    block_mlp_forward(m, l, c, out, d);
+}
+
 void model_block_forward(Model *m, int l, const Batch *b, void *out, int mode) {
     const LayerParams *p = &m->lp[l];
     Dims d = block_dims(m, b->T);
+    RS_CHECK(!m->la[l].backward, "layer %d: a forward inside its backward", l);
     if (mode != BLOCK_FORWARD) m->count.block_recomputes++;
     if (p->kind == LAYER_KIND_LINEAR) block_gdn_forward(m, l, b, mode);
     else block_attention_forward(m, l, b, mode);
@@ -453,20 +522,19 @@ void model_block_forward(Model *m, int l, const Batch *b, void *out, int mode) {
     if (l + 1 < (int)m->cfg->model.num_hidden_layers) model_offload_claim(m, l + 1); /* out is layer l+1's x */
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
-        if (p->kind == LAYER_KIND_LINEAR) block_gdn_out_forward(m, l, &c, &d);
-        else block_attention_out_forward(m, l, &c, &d);
-        block_mlp_forward(m, l, &c, out, &d);
+        block_chunk_forward(m, l, &c, out, &d);
     }
 }
 
 void model_block_backward(Model *m, int l, const Batch *b) {
     const LayerParams *p = &m->lp[l];
     Dims d = block_dims(m, b->T);
-    /* per chunk: h again, then the MLP's backward (d_resid: dL/d(out) -> dL/dh) and the mixer output's */
+    m->la[l].backward = 1;
+    /* per chunk: h and the MLP's forward (again, but under none), then the MLP's backward (d_resid:
+     * dL/d(out) -> dL/dh) and the mixer output's */
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
-        if (p->kind == LAYER_KIND_LINEAR) block_gdn_out_forward(m, l, &c, &d);
-        else block_attention_out_forward(m, l, &c, &d);
+        block_chunk_forward(m, l, &c, NULL, &d);
         block_mlp_backward(m, l, &c, &d);
         if (p->kind == LAYER_KIND_LINEAR) block_gdn_out_backward(m, l, &c, &d);
         else block_attention_out_backward(m, l, &c, &d);
@@ -474,4 +542,5 @@ void model_block_backward(Model *m, int l, const Batch *b) {
     /* the mixer's core and input side: d_resid += the input norm's backward (dL/dh -> dL/dx) */
     if (p->kind == LAYER_KIND_LINEAR) block_gdn_backward(m, l, b);
     else block_attention_backward(m, l, b);
+    m->la[l].backward = 0;
 }

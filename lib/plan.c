@@ -182,14 +182,17 @@ void plan_build(Plan *p, const Config *cfg) {
     double gdn_bwd = (double)nv * plan_gdn_bwd_chunk(C, (double)dk, (double)dv) / C;
     p->flops_gdn = (gdn_fwd + gdn_bwd) * p->n_linear;
     p->flops_model = p->flops_dense + p->flops_attn_causal + p->flops_gdn;
-    /* the row chunks (model_block.c): the backward reruns every chunk's per-token forward (the mixer's
-     * output projection, the MLP) and its in_proj under every policy; remat / full rerun the in_proj once
-     * more (and the rest of the mixer up to its core) in their recompute */
+    /* the row chunks (model_block.c): under full and remat the backward reruns every chunk's per-token
+     * forward, its in_proj, the mixer's output projection and the MLP's gate/up (not down: nothing reads its
+     * output again), and the block's recompute before it reruns the in_proj once more (and the rest of the
+     * mixer up to its core; full: attention too). Under none nothing reruns (but the CP halo's Kc-1 tail
+     * rows per fragment, which the forward projects twice: not counted) */
     int64_t Pg = Cc + nv * dv + 2 * nv, Pa = 2 * nh * hd + 2 * nkv * hd;
     double in_proj = (double)m->hidden_size * (double)(p->n_linear * Pg + p->n_full * Pa);
-    p->flops_recompute[ACT_POLICY_NONE] = 2 * layer_mm;
-    p->flops_recompute[ACT_POLICY_FULL] = 2 * (layer_mm + in_proj) + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
-    p->flops_recompute[ACT_POLICY_REMAT] = 2 * (layer_mm + in_proj) + gdn_fwd * p->n_linear;
+    double per_chunk = layer_mm - (double)m->num_hidden_layers * (double)m->intermediate_size * (double)m->hidden_size;
+    p->flops_recompute[ACT_POLICY_NONE] = 0;
+    p->flops_recompute[ACT_POLICY_FULL] = 2 * (per_chunk + in_proj) + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
+    p->flops_recompute[ACT_POLICY_REMAT] = 2 * (per_chunk + in_proj) + gdn_fwd * p->n_linear;
 
     /* communication per step per rank */
     double micro = (double)cfg->train.grad_accum * (double)cfg->data.micro_batch; /* samples per step per rank */
@@ -318,12 +321,16 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
             p->total[1] <= p->capacity ? "yes" : "no", p->total[2] <= p->capacity ? "yes" : "no");
 
     plan_commas(t->chunk_rows, a, sizeof a);
-    plan_bytes((double)(t->chunk_rows * t->chunk_row_bytes), b, sizeof b);
-    fprintf(f, "\nrow chunks: %s rows (%s), %s of chunk scratch (forward + gradients)\n", a,
+    plan_bytes((double)t->chunk_scratch[pol], b, sizeof b);
+    fprintf(f, "\nrow chunks: %s rows (%s), %s of chunk scratch (%s)\n", a,
             cfg->checkpoint.chunk_rows ? "checkpoint.chunk_rows"
-                                       : "checkpoint.chunk_rows 0: the largest multiple of 64 within 1 GiB, at most "
-                                         "a fragment",
-            b);
+                                       : "checkpoint.chunk_rows 0: the largest multiple of 64 within 1 GiB under "
+                                         "full / remat, at most a fragment",
+            b, pol == ACT_POLICY_NONE ? "the conv output + gradients" : "forward + gradients");
+    fprintf(f, "  %s\n", pol == ACT_POLICY_NONE
+                             ? "none: the per-token tensors the backward reads are kept whole per layer; nothing is "
+                               "recomputed"
+                             : "the backward recomputes each chunk's per-token forward before its own");
     fprintf(f, "  every row, because the mixer's core reads across tokens: GDN q, k, v, z, beta, g, the delta rule's\n"
                "  output and their gradients (its recurrence runs through the fragment); attention q, k|v, gate,\n"
                "  output, LSE and their gradients (the ring passes whole K|V blocks); the residual stream's\n"

@@ -463,11 +463,13 @@ static void train_write_metrics(Trainer *t, json_t *o) {
 /* The step's work counters in metrics.jsonl: per layer (arrays of num_hidden_layers), summed
  * over the step's micro-batches (`micro_batches` of them), so the checkpoint policies can be
  * checked: remat runs attention, the ring and the scan all-gather once per layer and
- * micro-batch, full twice, and neither reruns a halo exchange beyond its own. */
+ * micro-batch, full twice, and neither reruns a halo exchange beyond its own; none reruns
+ * no block and no row chunk (block_recomputes, chunk_recomputes 0). */
 static void train_metrics_counters(Trainer *t, json_t *o) {
     json_t *c = cp_counters_json(&t->model.cp);
     json_object_set_new(c, "micro_batches", json_integer(t->cfg->train.grad_accum));
     json_object_set_new(c, "block_recomputes", json_integer(t->model.count.block_recomputes));
+    json_object_set_new(c, "chunk_recomputes", json_integer(t->model.count.chunk_recomputes));
     json_object_set_new(c, "offload_bytes_to_host", json_integer(t->model.count.offload_bytes_to_host));
     json_object_set_new(c, "offload_bytes_to_device", json_integer(t->model.count.offload_bytes_to_device));
     json_object_set_new(o, "counters", c);

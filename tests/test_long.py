@@ -13,7 +13,15 @@ on the cpu oracle, one process and cp 2 under mpirun.
 2. Offload moves bytes and nothing else: the gradients and loss are bitwise those without it, for
    one process and cp 2, chunked or not, under none and remat; the model keeps the head and two
    layers' slots on the device and the other layers in host memory, as plan says.
-3. Plan: at 1M tokens on two 79 GiB GPUs the 1B fits with offload (<= 75 GiB) and not without; host
+3. checkpoint.activations none keeps the per-token tensors the backward reads (ln1, the projections,
+   h, the MLP's) whole per layer and recomputes nothing: with row chunks (100, 7), one process and
+   cp 2, its gradients and loss equal remat's and full's within POLICY_BOUND (measured bitwise: the
+   backward reads what the same kernels wrote in the forward), and its counters say no block and no
+   per-token forward ran again, while remat and full rerun each chunk's ln1 + in_proj, h and MLP and
+   the conv halo rows' ln1 exactly as often as the chunk layout says. The counter counts where the
+   work runs, not where it is decided: a none that recomputed anyway was measured to fail it (324
+   reruns), one whose backward read another chunk's MLP rows to fail the gradients (1.4 relative).
+4. Plan: at 1M tokens on two 79 GiB GPUs the 1B fits with offload (<= 75 GiB) and not without; host
    memory per node is counted by hand and a node too small is refused with the numbers; the ring
    forward's and backward's buffers share memory.
 """
@@ -71,6 +79,67 @@ def test_chunked_equals_unchunked(case, tmp_path, cp, policy):
         assert worst[0] <= CHUNK_BOUND, (cp, policy, rows, worst)
         # not bitwise: the chunks really ran (a chunk size that was ignored would give the same bits)
         assert any(not np.array_equal(got[k], ref[k]) for k in ref), rows
+
+
+POLICY_BOUND = 1e-6
+
+
+def rerun_chunks(cp, rows):
+    """chunk recomputes (model.h chunk_recomputes) of one remat / full step on rank 0 of this case: tiny-cpu's
+    GDN layers 0-2 and attention layer 3, 2 samples of T rows, fragments of T / 2cp rows under CP. Per
+    chunk of every layer its ln1 + in_proj, its h and its MLP; per GDN chunk but a fragment's first, the ln1
+    of the conv halo rows before it; under CP per sample and GDN layer one tail ln1 (rank 0 holds
+    segments 0 and 2cp-1: segment 0's tail takes its halo gradient back from segment 1)."""
+    frags = 2 * (2 if cp > 1 else 1)
+    chunks = frags * -(-(2 * T // cp // frags) // rows)
+    tails = 2 if cp > 1 else 0
+    return 3 * (3 * chunks + (chunks - frags) + tails) + 3 * chunks
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_none_recomputes_nothing_and_matches_remat_and_full(case, tmp_path, cp):
+    for rows in (100, 7):
+        got, counts = {}, {}
+        for policy in ("none", "remat", "full"):
+            got[policy], counts[policy] = step(case, tmp_path / f"{policy}{rows}.safetensors", cp,
+                                               f"checkpoint.chunk_rows={rows}", policy=policy)
+        for policy in ("remat", "full"):
+            worst = max((rel(got["none"][k], got[policy][k]), k) for k in got[policy])
+            bitwise = all(np.array_equal(got["none"][k], got[policy][k]) for k in got[policy])
+            print(f"cp {cp} chunk_rows {rows}: none vs {policy} worst gradient rel err {worst[0]:.2e} ({worst[1]})"
+                  f"{', bitwise' if bitwise else ''}; chunk recomputes {counts[policy]['chunk_recomputes']}")
+            assert rel(got["none"]["loss"], got[policy]["loss"]) <= POLICY_BOUND, (cp, rows, policy)
+            assert worst[0] <= POLICY_BOUND, (cp, rows, policy, worst)
+        c = counts["none"]
+        assert c["block_recomputes"] == 0 and c["chunk_recomputes"] == 0, c
+        # the memory it keeps for that is the plan's: every layer's per-token tensors, whole
+        m = plan_memory(cp, f"checkpoint.chunk_rows={rows}")
+        assert m["none"]["activations_kept"] <= c["activation_bytes_kept"] <= m["none"]["activations_kept"] + 256 * 400
+        for policy in ("remat", "full"):
+            assert counts[policy]["block_recomputes"] == 4, counts[policy]
+            assert counts[policy]["chunk_recomputes"] == rerun_chunks(cp, rows), (policy, counts[policy])
+
+
+def test_training_under_none_reruns_nothing(tmp_path, recall_tok):
+    """`ringscan train`, 3 steps of 2 x 512 tokens with 100-row chunks under none and under remat: the same
+    losses (bitwise: the backward reads the bits the recompute would make), and metrics.jsonl's counters
+    say none reran no block and no per-token forward in any step, remat all of them (3 per chunk and
+    layer at least)."""
+    out = {}
+    for policy in ("none", "remat"):
+        d = tmp_path / policy
+        r = run([RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", "--set",
+                 "data.seq_len=512", "--set", "data.micro_batch=2", "--set", "parallel.dp=1", "--set",
+                 "parallel.cp=1", "--set", "train.steps=3", "--set", "train.warmup_steps=1", "--set",
+                 f"checkpoint.activations={policy}", "--set", "checkpoint.chunk_rows=100", "--set",
+                 f"run.out_dir={d}"], timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out[policy] = [json.loads(line) for line in open(d / "metrics.jsonl")]
+    assert [m["loss"] for m in out["none"]] == [m["loss"] for m in out["remat"]]
+    for m in out["none"]:
+        assert m["counters"]["block_recomputes"] == 0 and m["counters"]["chunk_recomputes"] == 0, m["counters"]
+    for m in out["remat"]:  # 2 samples x 6 chunks of each of the 4 layers
+        assert m["counters"]["block_recomputes"] == 4 and m["counters"]["chunk_recomputes"] >= 3 * 12 * 4, m
 
 
 def test_chunk_rows_shorter_than_the_halo_is_refused(ringscan):

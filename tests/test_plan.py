@@ -110,6 +110,53 @@ def test_activation_kept_by_hand(ringscan):
     assert d["memory"]["remat"]["activations_kept"] == L * T * H * 2 + head + extra
 
 
+def test_none_keeps_the_per_token_tensors_by_hand(ringscan):
+    """Under none every layer keeps, for all T = 262,144 rows of the rank, beyond what remat keeps: the
+    whole-rows buffers its mixer's core reads and the per-token tensors its backward reads (so it
+    recomputes nothing); bf16 activations, fp32 statistics; gdn_keep none leaves out the delta rule's
+    kept factors. A plan that counted the per-token tensors as one chunk's (as under remat) misses by
+    ~205 GiB (their whole rows)."""
+    T, H, I, e = 262_144, 1536, 4096, 2
+    Kd = Vd = qd = 2048
+    nk = nv = nh = 16
+    kvd, nkv = 256, 2
+    Pg, Pa = 2 * Kd + Vd + Vd + 2 * nv, 2 * qd + 2 * kvd
+    token = (3 * H + 3 * I) * e + 2 * 4          # ln1, h, ln2, gate_up (2I), act (I); rstd1, rstd2
+    gdn = (2 * Kd + 3 * Vd) * e + (2 * nk + 2 * nv) * 4 + token + (Pg + Vd) * e + nv * 4   # + proj, normed, rstd
+    attn = (qd + 2 * kvd + qd) * e + (nh + nkv) * 4 + token + (Pa + qd) * e                # + proj, gated
+    d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "checkpoint.gdn_keep=none")
+    m = d["memory"]
+    assert m["none"]["activations_kept"] - m["remat"]["activations_kept"] == T * (12 * gdn + 4 * attn)
+    # the chunk size changes the scratch, not what none keeps
+    small = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "checkpoint.gdn_keep=none",
+                      "checkpoint.chunk_rows=1024")["memory"]
+    assert small["none"]["activations_kept"] == m["none"]["activations_kept"]
+    assert small["remat"]["activations_kept"] == m["remat"]["activations_kept"]
+    assert small["none"]["activations"] < m["none"]["activations"]
+
+
+def test_recompute_flops_by_hand(ringscan):
+    """Hardware FLOPs the policy reruns, per token: none nothing; remat each layer's in_proj twice (its
+    recompute, then per row chunk before the backward), its out_proj and gate/up once (not down: nothing
+    reads its output again) and the delta rule's forward; full also attention's forward."""
+    V, H, I, L = 151_936, 1536, 4096, 16
+    in_proj = H * (12 * (2 * 2048 + 2048 + 2048 + 32) + 4 * (2 * 2048 + 2 * 256))
+    C, K = 64, 128
+    gdn_fwd = 16 * (1.25 * C * C * K + 0.61 * C ** 3 + 2 * C * C * 2 * K + 4 * C * K * K
+                    + 2 * C * K * K + 4 * C * C * K) / C
+    f = {}
+    for policy in ("none", "remat", "full"):
+        d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", f"checkpoint.activations={policy}",
+                      rc=0 if policy != "none" else 1)
+        f[policy] = d["flops_per_token"]
+    per_chunk = f["none"]["dense"] / 6 - V * H - L * I * H   # layers' GEMM parameters but down_proj
+    assert f["none"]["recompute"] == 0
+    remat = 2 * (per_chunk + in_proj) + 12 * gdn_fwd
+    assert abs(f["remat"]["recompute"] - remat) <= 1e-9 * remat, (f["remat"]["recompute"], remat)
+    full = remat + f["full"]["attention_causal"] / 3
+    assert abs(f["full"]["recompute"] - full) <= 1e-9 * full, (f["full"]["recompute"], full)
+
+
 def test_flops_by_hand(ringscan):
     d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
     f = d["flops_per_token"]

@@ -30,7 +30,8 @@
 #              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
 #              then ours alone on the same shapes (attn-cudnn-ours.json)
 #   attn-cudnn-det  bench attn --attn-impl cudnn_det at 32k (cuDNN's deterministic backward; its workspace)
-#   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside)
+#   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside); fails unless
+#              our row's block_recomputes and chunk_recomputes are 0 (none reruns nothing)
 #   remat      ringscan bench step, remat (ours only)
 #   step-states  ringscan bench step, none, checkpoint.gdn_keep=states (ours only)
 #   cp-parity  tests/cuda/cp_gpu_check.sh (two GPUs): cuda cp 2 / dp 2 against one GPU and the cpu oracle,
@@ -229,6 +230,22 @@ suite_bench() {
     echo "$name rc=$rc"
     sed -n '/^case /,$p' "$L/$name.log" | head -60
     cp "/tmp/device_suite_$name/bench.json" "$W/$name.json" 2>/dev/null
+    return $rc
+}
+
+# the 1B step under none beside transformers+FLA; our row must say the step reran nothing (issue 18: none
+# keeps every per-token tensor its backward reads, so no block and no row chunk runs again)
+suite_step_none() {
+    local rc=0
+    suite_bench step step --profile 1 --peer --peer-timeout 240 --set checkpoint.activations=none || rc=1
+    python3 - "$W/step.json" <<'EOF' || rc=1
+import json, sys
+for r in json.load(open(sys.argv[1]))["step"]["ringscan"]:
+    got = (r.get("block_recomputes"), r.get("chunk_recomputes"))
+    print(f"step {r.get('case')}: none reran {got[0]} blocks, {got[1]} per-token forwards (want 0, 0)")
+    if got != (0, 0):
+        sys.exit("step: checkpoint.activations none recomputed")
+EOF
     return $rc
 }
 
@@ -433,7 +450,7 @@ for part in "$@"; do
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     attn-cudnn) suite_attn_cudnn ;;
     attn-cudnn-det) suite_bench attn-cudnn-det attn --T 32768 --attn-shapes 16/16/128,16/2/128 --attn-impl cudnn_det ;;
-    step) suite_bench step step --profile 1 --peer --peer-timeout 240 --set checkpoint.activations=none ;;
+    step) suite_step_none ;;
     remat) suite_bench remat step --profile 1 ;;
     cp-parity)
         timeout "$(left)" tests/cuda/cp_gpu_check.sh build /tmp/device_suite_cp > "$L/cp-parity.log" 2>&1

@@ -103,6 +103,8 @@ static void parity_print_counters(const Model *m) {
     json_object_set_new(c, "activation_bytes_host", json_integer(m->bytes_host));
     json_object_set_new(c, "offload_bytes_to_host", json_integer(m->count.offload_bytes_to_host));
     json_object_set_new(c, "offload_bytes_to_device", json_integer(m->count.offload_bytes_to_device));
+    json_object_set_new(c, "block_recomputes", json_integer(m->count.block_recomputes));
+    json_object_set_new(c, "chunk_recomputes", json_integer(m->count.chunk_recomputes));
     char *text = json_dumps(c, JSON_COMPACT);
     printf("counters %s\n", text);
     free(text);
