@@ -71,6 +71,8 @@
 #              + ~40 s start: ~6 min; then torch context_parallel + cuDNN alone, one attention layer (16 heads,
 #              hd 128) fwd+bwd at 1M on the same two GPUs and on one (~2 min; LONG_1M_PEER=0 skips it); run it
 #              alone in a call
+#   long-1gpu  (issue 18) the same model on ONE GPU at the longest sample plan fits in 79 GiB (LONG_1GPU_T, default
+#              589,824 tokens), 2 optimizer steps: s/step, memory beside plan. ~2.5 min
 #   long-256k  the same model at 262,144 tokens on two GPUs, 4 steps each: unchunked without offload
 #              (chunk_rows 65536 = the fragment), chunked (plan's 8,384 rows), chunked + offload; the cost
 #              of each as a ratio of ms/step, and the offloaded run's losses bitwise the chunked run's.
@@ -402,6 +404,16 @@ suite_long_1m() {
     return $rc
 }
 
+# the longest sample plan fits on one 80 GB GPU (LONG_1GPU_T, default 589,824 tokens: 75.65 GiB of 79 under
+# remat, offload host, main bada883), 2 optimizer steps on GPU 0
+suite_long_1gpu() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 s=(--set parallel.cp=1 --set data.seq_len=${LONG_1GPU_T:-589824})
+    build/ringscan plan $cfg "${s[@]}" --set slurm.gpus_per_node=1 | grep -E "^  total  |verdict"
+    suite_train long-1gpu 1 2 $cfg "${s[@]}" || rc=1
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
 suite_long_256k() {
     local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 s=(--set data.seq_len=262144)
     suite_train long-256k-whole 2 4 $cfg "${s[@]}" --set checkpoint.chunk_rows=65536 --set checkpoint.offload=none ||
@@ -462,6 +474,7 @@ for part in "$@"; do
     long-parity) suite_long_parity ;;
     long-1m) suite_long_1m ;;
     long-256k) suite_long_256k ;;
+    long-1gpu) suite_long_1gpu ;;
     step-states)
         suite_bench step-states step --profile 1 --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
@@ -478,7 +491,7 @@ for part in "$@"; do
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det step remat step-states cp-parity"
-        echo "  cp-step cp2 cp2-attn cp2-gdn cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-256k)"
+        echo "  cp-step cp2 cp2-attn cp2-gdn cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-256k long-1gpu)"
         false
         ;;
     esac || status=1
