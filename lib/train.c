@@ -171,8 +171,9 @@ static void train_read_micro(Trainer *t, int64_t a) {
  * writes there. `train` refuses a directory holding anything else, and a
  * ringscan name without the run's marker (RUN/.lock, written by the run that
  * created the directory), since then no ringscan run wrote it. */
-static const char *const train_run_names[] = {".lock", "config.resolved.yaml", "log.txt", "metrics.jsonl", "ckpt",
-                                              NULL};
+/* what ringscan writes into a run directory: train, and `eval` / `plot` of the run (eval.json, plot.png) */
+static const char *const train_run_names[] = {".lock",  "config.resolved.yaml", "log.txt", "metrics.jsonl", "ckpt",
+                                              "eval.json", "plot.png",          NULL};
 static const char *const train_submit_names[] = {"job.sbatch", "config.submitted.yaml", "logs", NULL};
 static const char train_lock_magic[] = "ringscan run lock";
 
@@ -182,9 +183,10 @@ static int train_name_in(const char *name, const char *const *names) {
     return 0;
 }
 
-/* A temporary file of train_write_resolved / train_trim_metrics ("<name>.tmp.<pid>"). */
+/* A temporary file of train_write_resolved / train_trim_metrics, eval or plot ("<name>.tmp.<pid>"). */
 static int train_is_tmp_name(const char *name) {
-    static const char *const bases[] = {"config.resolved.yaml.tmp.", "metrics.jsonl.tmp.", NULL};
+    static const char *const bases[] = {"config.resolved.yaml.tmp.", "metrics.jsonl.tmp.", "eval.json.tmp.",
+                                        "plot.png.tmp.", NULL};
     for (int i = 0; bases[i]; i++)
         if (!strncmp(name, bases[i], strlen(bases[i]))) return 1;
     return 0;

@@ -5,7 +5,7 @@ import struct
 import zlib
 
 from conftest import run
-from test_hf import train
+from test_hf import ROOT, TINY, train
 
 
 def png_pixels(path):
@@ -55,3 +55,23 @@ def test_plot_errors(ringscan, tmp_path):
     r = run([ringscan, "plot", tmp_path])
     assert r.returncode == 2 and "metrics.jsonl:2" in r.stderr
     assert not (tmp_path / "plot.png").exists()
+
+
+def test_plot_and_eval_leave_the_run_resumable(ringscan, recall_tok, tmp_path):
+    """eval.json and plot.png are ringscan's own names in a run directory: a run plotted and evaluated
+    mid-way (after a checkpoint) resumes; `train` into it points to `resume` (not to files "ringscan did not
+    write"); a file ringscan does not write is still named."""
+    run_dir = train(ringscan, recall_tok, tmp_path / "run", steps=4, extra=("--set", "checkpoint.every=2"))
+    assert run([ringscan, "plot", run_dir]).returncode == 0
+    r = run([ringscan, "eval", run_dir, "--data", recall_tok, "--tokens", "512"])
+    assert r.returncode == 0 and (run_dir / "eval.json").exists(), r.stdout + r.stderr
+    r = run([ringscan, "resume", run_dir, "--set", "train.steps=6"])
+    assert r.returncode == 0 and "done: 6 steps" in r.stdout, r.stdout[-2000:] + r.stderr
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=8", "--set", f"run.out_dir={run_dir}"])
+    assert r.returncode == 2 and "ringscan resume" in r.stderr and "did not write" not in r.stderr, r.stderr
+    (run_dir / "notes.txt").write_text("mine")
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=8", "--set", f"run.out_dir={run_dir}"])
+    assert r.returncode == 2 and "did not write (notes.txt)" in r.stderr, r.stderr
+
