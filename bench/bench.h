@@ -130,10 +130,11 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o);
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o);
 #ifdef RS_WITH_CUDA
 struct Backend;
-/* bench_ops.c: the cuda table the attention runs on: ours, or with --attn-impl cudnn* the one routing calls to
- * cuDNN (kernels/cuda/cuda_attention_cudnn.h; loaded on the first call, exit 2 when it cannot load). bench attn
- * and bench cp's ring. */
-const struct Backend *bench_attn_backend(const BenchOptions *o);
+/* bench_ops.c: base, or for impl (AttnKernel) cudnn | cudnn_det base with its attention entries routing each call
+ * to cuDNN or ours (kernels/cuda/cuda_attention_cudnn.h; cuDNN loaded from lib, "" = search, on the first call;
+ * exit 2 when it cannot load). bench attn (--attn-impl), bench cp's ring (--attn-impl), bench step
+ * (device.attention_kernel). */
+const struct Backend *bench_attn_backend(const struct Backend *base, int impl, const char *lib);
 #endif
 
 /* bench_step.c: the training step of `cfg` (already validated, cp = dp = 1, device cuda); returns

@@ -886,7 +886,8 @@ int bench_cp_main(const BenchOptions *o) {
 #ifdef RS_WITH_CUDA
     if (!o->cp_cpu) {
         comm_cuda_init(&comm); /* GPU <local rank>; from here on the comm_i* operations are NCCL on device buffers */
-        e.be = bench_attn_backend(o); /* ours, or --attn-impl cudnn*: the ring's calls routed per call */
+        /* ours, or --attn-impl cudnn*: the ring's calls routed per call */
+        e.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib);
         e.tm = cuda_bench_timer_create();
     }
 #endif

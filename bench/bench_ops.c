@@ -128,27 +128,22 @@ static void bench_case_doc_pos(int32_t *doc_pos, const json_t *c, int64_t T) {
     }
 }
 
-/* the table the attention cases run on: ours, or with --attn-impl cudnn* cuDNN where it takes the call
- * (loaded on the first call; stops when it cannot load) */
-const Backend *bench_attn_backend(const BenchOptions *o) {
-    if (o->attn_impl == ATTN_KERNEL_RINGSCAN) return &backend_cuda;
-    static const Backend *be;
-    if (!be) {
-        char err[4096];
-        if (cuda_attention_cudnn_load(o->cudnn_lib, err, sizeof err))
-            RS_USAGE(NULL, "bench attn --attn-impl %s: %s", attn_kernel_names[o->attn_impl], err);
-        cuda_attention_cudnn_set_deterministic(o->attn_impl == ATTN_KERNEL_CUDNN_DET);
-        be = cuda_backend_with_cudnn_attention(&backend_cuda);
-        printf("\nattention kernel: %s (--attn-impl %s)\n", cuda_attention_cudnn_describe(),
-               attn_kernel_names[o->attn_impl]);
-    }
-    return be;
+const Backend *bench_attn_backend(const Backend *base, int impl, const char *lib) {
+    if (impl == ATTN_KERNEL_RINGSCAN) return base;
+    char err[4096];
+    if (cuda_attention_cudnn_load(lib, err, sizeof err))
+        RS_USAGE(NULL, "bench: attention kernel %s (--attn-impl, device.attention_kernel): %s", attn_kernel_names[impl],
+                 err);
+    cuda_attention_cudnn_set_deterministic(impl == ATTN_KERNEL_CUDNN_DET);
+    static int told;
+    if (!told++) printf("\nattention kernel: %s (%s)\n", cuda_attention_cudnn_describe(), attn_kernel_names[impl]);
+    return cuda_backend_with_cudnn_attention(base);
 }
 
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     int64_t before[4] = {0}, after[4] = {0};
     if (o->attn_impl != ATTN_KERNEL_RINGSCAN) cuda_attention_cudnn_counts(before);
-    AttnCase a = {.be = bench_attn_backend(o), .T = bench_int(c, "T"), .nh = (int)bench_int(c, "nh"),
+    AttnCase a = {.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib), .T = bench_int(c, "T"), .nh = (int)bench_int(c, "nh"),
                   .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
     const Backend *be = a.be;
     int64_t qn = a.T * a.nh * a.hd, kn = a.T * a.nkv * a.hd;
