@@ -143,8 +143,8 @@ const Backend *bench_attn_backend(const Backend *base, int impl, const char *lib
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     int64_t before[4] = {0}, after[4] = {0};
     if (o->attn_impl != ATTN_KERNEL_RINGSCAN) cuda_attention_cudnn_counts(before);
-    AttnCase a = {.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib), .T = bench_int(c, "T"), .nh = (int)bench_int(c, "nh"),
-                  .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
+    AttnCase a = {.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib), .T = bench_int(c, "T"),
+                  .nh = (int)bench_int(c, "nh"), .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
     const Backend *be = a.be;
     int64_t qn = a.T * a.nh * a.hd, kn = a.T * a.nkv * a.hd;
     a.q = be->alloc((size_t)qn * 2);

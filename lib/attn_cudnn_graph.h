@@ -45,7 +45,8 @@
  * reads the caller's host summary of the rows (AttnHint, lib/attn_hint.h), so
  * choosing never waits for the GPU.
  *
- * Callers: kernels/cuda/cuda_attention_cudnn.c, tests/unit/test_attn_cudnn_graph.c.
+ * Callers: kernels/cuda/cuda_attention_cudnn.c, lib/plan.c (cdg_workspace), tests/unit/test_attn_cudnn_graph.c,
+ * tests/unit/test_attn_hint.c.
  */
 #ifndef RS_ATTN_CUDNN_GRAPH_H
 #define RS_ATTN_CUDNN_GRAPH_H
@@ -132,7 +133,7 @@ typedef enum { CDG_ROUTE_OURS, CDG_ROUTE_DENSE, CDG_ROUTE_CAUSAL } CdgRoute;
 CdgRoute cdg_route(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why);
 
 /* ---- the workspace of one call beyond cuDNN's own plan workspace (kernels/cuda/cuda_attention_cudnn.c
- * carves it; lib/model_acts.c counts it for plan): byte offsets from the end of cuDNN's part, each region on
+ * carves it; lib/plan.c counts it): byte offsets from the end of cuDNN's part, each region on
  * 256 bytes. Forward: Stats (4 Tq nh). Backward: Stats and softmax_sum (4 Tq nh each), cudnn (not
  * deterministic) the fp32 dq accumulator (4 Tq nh hd), the bf16 dq (2 Tq nh hd), dk and dv (2 Tk nkv hd
  * each). ---- */

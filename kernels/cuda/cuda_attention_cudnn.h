@@ -45,7 +45,8 @@
  * for 16/2/128 at 256k rows per call (1M tokens at cp 2).
  *
  * Callers: kernels/cuda/backend_cuda.c (cuda_backend_with_cudnn_attention),
- * lib/train.c, lib/bench_ops.c, tests/cuda/test_cuda_attention_cudnn.cu.
+ * kernels/backend_select.c, bench/bench_ops.c (bench attn, cp, step),
+ * tests/cuda/test_cuda_attention_cudnn.cu.
  */
 #ifndef RS_CUDA_ATTENTION_CUDNN_H
 #define RS_CUDA_ATTENTION_CUDNN_H
@@ -78,7 +79,6 @@ void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *
                                    const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
                                    const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
                                    int nkv, int hd, int ldq, int ldk, int ldo, int causal);
-
 
 /* every tensor and operation descriptor of key k's graph created and finalized, then destroyed: no GPU, no
  * cuDNN handle (the operation graph and plan need both); stops with cuDNN's message on a refusal. For tests. */

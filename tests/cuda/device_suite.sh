@@ -543,9 +543,9 @@ for part in "$@"; do
     hf) suite_hf ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step remat"
-        echo "  step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-512k cp4-attn"
-        echo "  cp4-gdn cp4-step hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
+        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer"
+        echo "  cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
     esac || status=1

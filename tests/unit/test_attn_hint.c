@@ -5,11 +5,11 @@
  *
  *   attn_hint_fold       on ring-shaped calls of random document layouts (zigzag fragments at P = 2 and 4,
  *                        documents crossing fragments, dense rectangles cut at a document start, empty and
- *                        one-row sides, a rank's two segments in one call), three summaries agree field by field: attn_hint_rows (what
- *                        lib/cp_ring.c passes), the device's reduction (cuda_attention_cudnn_glue.cu: blocks
- *                        of threads each folding a strided share, joined in a shuffled order, as the atomics
- *                        may) and a reference written from the definitions; and cdg_route decides the same
- *                        from each
+ *                        one-row sides, a rank's two segments in one call), three summaries agree field by
+ *                        field: attn_hint_rows (what lib/cp_ring.c passes), the device's reduction
+ *                        (cuda_attention_cudnn_glue.cu: blocks of threads each folding a strided share,
+ *                        joined in a shuffled order, as the atomics may) and a reference written from the
+ *                        definitions; and cdg_route decides the same from each
  *   attn_hint_must_fail  a hint of other rows (one document start moved by one token, one position
  *                        shifted) differs from the rows', and cpu_attention_forward given it exits non-zero
  *                        (in a child process) while the right hint passes
