@@ -14,7 +14,8 @@
  *
  * Conventions (printed above each table):
  *   attention  forward FLOPs 4 * T^2/2 * hd * nh (causal: half the T x T pairs, 2 FLOPs
- *              per multiply-add); backward 2.5x the forward; fwd+bwd 3.5x.
+ *              per multiply-add; with documents, --doc-len, the sum over documents of
+ *              L^2/2 in place of T^2/2); backward 2.5x the forward; fwd+bwd 3.5x.
  *   GDN        plan_gdn_chunk_flops per chunk of 64 and head (FLA's kernel split,
  *              research/gdn_cp.md §7), chunks counted whole per document.
  *   floors     max(FLOPs / peak, minimum bytes / bandwidth): every input read once, every
@@ -63,7 +64,8 @@ static const char bench_usage[] =
     "same GPU first (PyTorch SDPA flash and cuDNN, flash-linear-attention, transformers Qwen3Next) and\n"
     "adds their rows and the ratio peer time / ringscan time (> 1: ringscan faster). Needs a GPU.\n"
     "\n"
-    "  attn: causal, bf16, one document; FLOPs 4*T^2/2*hd*nh forward, backward 2.5x forward.\n"
+    "  attn: causal, bf16, one document (--doc-len: several); FLOPs 4*sum(L^2)/2*hd*nh forward over the\n"
+    "        documents' lengths L, backward 2.5x forward.\n"
     "  gdn:  K = V, bf16 q/k/v, fp32 gates; FLOPs per chunk of 64 from plan (research/gdn_cp.md §7).\n"
     "  step: one optimizer step of --config at --tokens tokens on one GPU (cp 1, dp 1, one sample):\n"
     "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory.\n"
@@ -80,10 +82,11 @@ static const char bench_usage[] =
     "                      cp: of the ring, multiples of 128 x P (default 131072,262144,524288)\n"
     "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256;\n"
     "                      cp: 16/16/128,16/2/128)\n"
-    "  --attn-impl K       attn: ringscan (ours), cudnn or cudnn_det: cuDNN's fused attention where it takes the\n"
-    "                      call, as device.attention_kernel (rows keep impl ringscan, with attn_impl and the\n"
-    "                      calls routed to each side; default ringscan)\n"
-    "  --cudnn-lib PATH    attn: libcudnn.so.9 for --attn-impl cudnn* (default: search, as device.cudnn_library)\n"
+    "  --attn-impl K       attn, cp: ringscan (ours), cudnn or cudnn_det: cuDNN's fused attention where it takes\n"
+    "                      the call, as device.attention_kernel (rows keep impl ringscan, with attn_impl and the\n"
+    "                      calls routed to each side; cp: the ring's calls; default ringscan)\n"
+    "  --cudnn-lib PATH    attn, cp: libcudnn.so.9 for --attn-impl cudnn* (default: search, as\n"
+    "                      device.cudnn_library)\n"
     "  --gdn-T LIST        cp: sequence lengths of the GDN layer, multiples of 128 x P (default 65536,131072)\n"
     "  --parts LIST        cp: attn, gdn or both (default attn,gdn)\n"
     "  --device D          cp: cuda or cpu (the cpu backend over MPI, for tests; default cuda when built with it)\n"
@@ -98,8 +101,9 @@ static const char bench_usage[] =
     "  --profile N         1: step: the GPU and host ms per step of every Backend entry (after the timed steps);\n"
     "                      gdn: the time of every kernel of each entry; 2: gdn also the state passes' cycles per\n"
     "                      phase (block 0); information only: the timed rows are slower (default 0)\n"
-    "  --doc-len LIST      gdn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
-    "                      0 = one document per sample (default 0,2048)\n"
+    "  --doc-len LIST      gdn, attn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
+    "                      0 = one document per sample (default gdn 0,2048; attn one document, no list;\n"
+    "                      attn with it: each case per length, causal within documents, FLOPs per document)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
     "  --set key=value     step: config override (repeatable; the keys bench fixes are refused)\n"
     "  --tokens N          step: tokens of the one sample (default 32768)\n"
@@ -183,7 +187,7 @@ static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",
 
 /* Options that only `bench cp` takes, and the ones it does not. */
 static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", NULL};
-static const char *const bench_cp_refused[] = {"--attn-impl", "--cudnn-lib", "--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
+static const char *const bench_cp_refused[] = {"--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
                                                "--hbm-tbps", NULL};
 
 static int bench_listed(const char *const *list, const char *a) {
@@ -305,6 +309,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             o->profile = (int)bench_parse_int(a, bench_value(argc, argv, &i), 0, 2);
         } else if (!strcmp(a, "--doc-len")) {
             const char *v = bench_value(argc, argv, &i);
+            o->attn_docs = 1;
             o->n_doc_len = bench_split(a, v, items);
             for (int j = 0; j < o->n_doc_len; j++) {
                 o->doc_len[j] = bench_parse_int(a, items[j], 0, (int64_t)1 << 22);
@@ -350,16 +355,27 @@ json_t *bench_request(const BenchOptions *o, const char *kind) {
                      "warmup", o->warmup, "reps", o->reps, "max_s", o->max_s, "seed", (json_int_t)o->seed, "cases");
 }
 
+static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed);
+
+/* with --doc-len (attn_docs), each case per mean document length, named _docsN and carrying cu_seqlens;
+ * without, one document per case (no cu_seqlens) */
 void bench_attn_cases(const BenchOptions *o, json_t *cases) {
     for (int t = 0; t < o->nT; t++)
-        for (int s = 0; s < o->n_attn; s++) {
-            char name[96];
-            snprintf(name, sizeof name, "T%lld_nh%d_nkv%d_hd%d", (long long)o->T[t], o->attn[s][0], o->attn[s][1],
-                     o->attn[s][2]);
-            json_array_append_new(cases, json_pack("{ss sI si si si sb}", "name", name, "T", (json_int_t)o->T[t], "nh",
-                                                   o->attn[s][0], "nkv", o->attn[s][1], "hd", o->attn[s][2], "causal",
-                                                   1));
-        }
+        for (int s = 0; s < o->n_attn; s++)
+            for (int d = 0; d < (o->attn_docs ? o->n_doc_len : 1); d++) {
+                char name[96];
+                int n = snprintf(name, sizeof name, "T%lld_nh%d_nkv%d_hd%d", (long long)o->T[t], o->attn[s][0],
+                                 o->attn[s][1], o->attn[s][2]);
+                json_t *c = json_pack("{ss sI si si si sb}", "name", name, "T", (json_int_t)o->T[t], "nh",
+                                      o->attn[s][0], "nkv", o->attn[s][1], "hd", o->attn[s][2], "causal", 1);
+                if (o->attn_docs) {
+                    json_t *cu = bench_cu_seqlens(o->T[t], o->doc_len[d], o->seed);
+                    snprintf(name + n, sizeof name - (size_t)n, "_docs%zu", json_array_size(cu) - 1);
+                    json_object_set_new(c, "name", json_string(name));
+                    json_object_set_new(c, "cu_seqlens", cu);
+                }
+                json_array_append_new(cases, c);
+            }
 }
 
 /* Document boundaries of a sample of T tokens with mean length L (0: one document): lengths
@@ -455,7 +471,15 @@ BenchWork bench_work(BenchKind kind, const json_t *c) {
         double nh = (double)json_integer_value(json_object_get(c, "nh"));
         double nkv = (double)json_integer_value(json_object_get(c, "nkv"));
         double hd = (double)json_integer_value(json_object_get(c, "hd"));
-        w.flops_fwd = 4.0 * T * T / 2 * hd * nh;
+        /* causal within each document (cu_seqlens; absent: one) */
+        json_t *cu = json_object_get(c, "cu_seqlens");
+        double pairs = cu ? 0 : T * T / 2;
+        for (size_t d = 0; cu && d + 1 < json_array_size(cu); d++) {
+            double len = (double)(json_integer_value(json_array_get(cu, d + 1)) -
+                                  json_integer_value(json_array_get(cu, d)));
+            pairs += len * len / 2;
+        }
+        w.flops_fwd = 4.0 * pairs * hd * nh;
         w.flops_fb = 3.5 * w.flops_fwd;
         w.bytes_fwd = 2 * (2 * T * nh * hd + 2 * T * nkv * hd) + 4 * T * nh;          /* q,o; k,v; lse */
         w.bytes_fb = w.bytes_fwd + 2 * (4 * T * nh * hd + 4 * T * nkv * hd) + 4 * T * nh; /* + q,o,dO,dq; k,v,dk,dv; lse */
@@ -573,8 +597,9 @@ void bench_print_notes(FILE *f, const json_t *peer) {
 static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, const json_t *req, const json_t *ours,
                                 const json_t *peer, const BenchDevice *d, json_t *table) {
     if (kind == BENCH_ATTN)
-        fprintf(f, "\nattention: causal, bf16, one document; FLOPs 4*T^2/2*hd*nh forward (causal = half the T x T "
-                   "pairs,\n  2 per multiply-add), backward 2.5x forward (fwd+bwd 3.5x)\n");
+        fprintf(f, "\nattention: causal, bf16, %s; FLOPs 4*T^2/2*hd*nh forward (causal = half the T x T "
+                   "pairs,\n  2 per multiply-add; per document with documents), backward 2.5x forward (fwd+bwd "
+                   "3.5x)\n", o->attn_docs ? "documents of --doc-len (cases _docsN)" : "one document");
     else
         fprintf(f, "\nGated DeltaNet chunked delta rule: H key = value heads, bf16 q/k/v, fp32 gates; FLOPs per chunk "
                    "of 64\n  and head from plan (FLA's kernel split, research/gdn_cp.md §7), whole chunks per document;\n"

@@ -68,8 +68,9 @@ typedef struct {
                                                order (0: the built-in choice) */
     int     profile;                        /* --profile: 0 off; 1 step: every Backend entry timed, gdn: every
                                                kernel of each entry timed; 2: gdn also the cycles per phase */
-    int64_t doc_len[BENCH_MAX_LIST];        /* gdn: mean document length; 0 = one document */
+    int64_t doc_len[BENCH_MAX_LIST];        /* gdn, attn: mean document length; 0 = one document */
     int     n_doc_len;
+    int     attn_docs;                      /* attn: --doc-len given (else one document per case) */
     const char *config;                     /* step */
     const char *sets[BENCH_MAX_SETS];
     int     n_sets;
@@ -127,6 +128,14 @@ double  bench_clock(void);                               /* CLOCK_MONOTONIC seco
  * {"case", "impl": "ringscan", "ms_fwd", "ms_fwdbwd", "reps"}. */
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o);
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o);
+#ifdef RS_WITH_CUDA
+struct Backend;
+/* bench_ops.c: base, or for impl (AttnKernel) cudnn | cudnn_det base with its attention entries routing each call
+ * to cuDNN or ours (kernels/cuda/cuda_attention_cudnn.h; cuDNN loaded from lib, "" = search, on the first call;
+ * exit 2 when it cannot load). bench attn (--attn-impl), bench cp's ring (--attn-impl), bench step
+ * (device.attention_kernel). */
+const struct Backend *bench_attn_backend(const struct Backend *base, int impl, const char *lib);
+#endif
 
 /* bench_step.c: the training step of `cfg` (already validated, cp = dp = 1, device cuda); returns
  * {"case", "impl": "ringscan", "ms_step", "tokens_per_s", "peak_alloc_bytes", "device_used_bytes",

@@ -24,6 +24,10 @@
  *                         the overlapped run the compute and the exposed wait after it
  *     exchange alone      one comm_isendrecv of the K|V block (activation type) and one
  *                         of the dK|dV partial (fp32) to the next rank, no compute
+ *   --attn-impl cudnn | cudnn_det runs every row's block attention calls through the
+ *   cuDNN route (kernels/cuda/cuda_attention_cudnn.h, as device.attention_kernel):
+ *   the diagonals and dense rectangles on cuDNN, by the ring's host hints; the rows
+ *   carry "attn_impl" (the one-GPU row too, so CP efficiency compares like with like)
  *   the GDN layer, per case (T, H key = value heads, K = V, conv width 4), one
  *   document, called exactly as lib/model_block.c calls it: cp_gdn_halo_forward,
  *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_forward (the delta
@@ -388,9 +392,11 @@ static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
                              one.n);
     free(one.all);
     bc_ring_free(&a, e->be);
-    json_array_append_new(rows, cp_row);
-    json_array_append_new(rows, ser_row);
-    json_array_append_new(rows, one_row);
+    json_t *made[3] = {cp_row, ser_row, one_row};
+    for (int i = 0; i < 3; i++) {
+        json_object_set_new(made[i], "attn_impl", json_string(attn_kernel_names[e->o->attn_impl]));
+        json_array_append_new(rows, made[i]);
+    }
 }
 
 /* ---- the GDN layer ------------------------------------------------------------------- */
@@ -792,6 +798,9 @@ int bench_cp_main(const BenchOptions *o) {
         bc_bad(&comm, "ranks", val, "bench cp times at most 9 ranks (its timing marks)");
     }
 
+    if (o->cp_cpu && o->attn_impl != ATTN_KERNEL_RINGSCAN)
+        bc_bad(&comm, "--attn-impl", attn_kernel_names[o->attn_impl], "cuDNN's attention needs --device cuda");
+
     /* the device, before any CUDA context (request files need none) */
     char device[256] = "cpu";
     if (!o->cp_cpu && !o->write_requests) {
@@ -845,7 +854,8 @@ int bench_cp_main(const BenchOptions *o) {
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
     if (comm.rank == 0) {
-        printf("ringscan bench cp | %s | %d ranks, %s | commit %s\n", date, P, device, build_info_git_sha());
+        printf("ringscan bench cp | %s | %d ranks, %s | commit %s | attention kernel %s\n", date, P, device,
+               build_info_git_sha(), attn_kernel_names[o->attn_impl]);
         printf("timing: %s, a barrier before each repetition, %d warm-up run(s), median of up to %d runs (at least 3 "
                "once %.0f s are spent); a CP run counts as its slowest rank's\n",
                o->cp_cpu ? "the host clock (cpu backend)" : "CUDA events on the compute stream", o->warmup, o->reps,
@@ -876,7 +886,8 @@ int bench_cp_main(const BenchOptions *o) {
 #ifdef RS_WITH_CUDA
     if (!o->cp_cpu) {
         comm_cuda_init(&comm); /* GPU <local rank>; from here on the comm_i* operations are NCCL on device buffers */
-        e.be = &backend_cuda;
+        /* ours, or --attn-impl cudnn*: the ring's calls routed per call */
+        e.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib);
         e.tm = cuda_bench_timer_create();
     }
 #endif
@@ -905,6 +916,7 @@ int bench_cp_main(const BenchOptions *o) {
         json_t *all = json_pack("{ss ss ss ss si}", "schema", "ringscan-bench-cp/1", "date", date, "commit",
                                 build_info_git_sha(), "device", device, "P", P);
         json_object_set_new(all, "backend", json_string(o->cp_cpu ? "cpu" : "cuda"));
+        json_object_set_new(all, "attn_impl", json_string(attn_kernel_names[o->attn_impl]));
         for (int k = 0; k < 2; k++) {
             if (!(o->cp_parts & parts[k])) continue;
             json_t *table = json_array();

@@ -89,20 +89,21 @@ typedef struct {
     int nh, nkv, hd;
     void *q, *k, *v, *o, *dout;
     float *lse, *dq, *dk, *dv;
-    int32_t *pos; /* one document: doc_pos == pos */
+    int32_t *pos, *doc_pos; /* the case's documents (cu_seqlens; one when absent) */
+    AttnHint hint;          /* the rows' summary (lib/attn_hint.h), from the host copies */
 } AttnCase;
 
 static void bench_attn_fwd(void *p) {
     AttnCase *a = p;
-    a->be->attention_forward(a->o, a->lse, a->q, a->k, a->v, a->pos, a->pos, a->pos, a->pos, a->T, a->T, a->nh, a->nkv,
-                             a->hd, a->nh * a->hd, a->nkv * a->hd, a->nh * a->hd, 1);
+    a->be->attention_forward(a->o, a->lse, a->q, a->k, a->v, a->pos, a->doc_pos, a->pos, a->doc_pos, &a->hint, a->T,
+                             a->T, a->nh, a->nkv, a->hd, a->nh * a->hd, a->nkv * a->hd, a->nh * a->hd, 1);
 }
 
 static void bench_attn_bwd(void *p) {
     AttnCase *a = p;
-    a->be->attention_backward(a->dq, a->dk, a->dv, a->dout, a->o, a->lse, a->q, a->k, a->v, a->pos, a->pos, a->pos,
-                              a->pos, a->T, a->T, a->nh, a->nkv, a->hd, a->nh * a->hd, a->nkv * a->hd,
-                              a->nh * a->hd, 1);
+    a->be->attention_backward(a->dq, a->dk, a->dv, a->dout, a->o, a->lse, a->q, a->k, a->v, a->pos, a->doc_pos,
+                              a->pos, a->doc_pos, &a->hint, a->T, a->T, a->nh, a->nkv, a->hd, a->nh * a->hd,
+                              a->nkv * a->hd, a->nh * a->hd, 1);
 }
 
 static int32_t *bench_upload_i32(const Backend *be, const int32_t *h, int64_t n) {
@@ -111,28 +112,39 @@ static int32_t *bench_upload_i32(const Backend *be, const int32_t *h, int64_t n)
     return d;
 }
 
-/* the table the attention cases run on: ours, or with --attn-impl cudnn* cuDNN where it takes the call
- * (loaded on the first case; stops when it cannot load) */
-static const Backend *bench_attn_backend(const BenchOptions *o) {
-    if (o->attn_impl == ATTN_KERNEL_RINGSCAN) return &backend_cuda;
-    static const Backend *be;
-    if (!be) {
-        char err[4096];
-        if (cuda_attention_cudnn_load(o->cudnn_lib, err, sizeof err))
-            RS_USAGE(NULL, "bench attn --attn-impl %s: %s", attn_kernel_names[o->attn_impl], err);
-        cuda_attention_cudnn_set_deterministic(o->attn_impl == ATTN_KERNEL_CUDNN_DET);
-        be = cuda_backend_with_cudnn_attention(&backend_cuda);
-        printf("\nattention kernel: %s (--attn-impl %s)\n", cuda_attention_cudnn_describe(),
-               attn_kernel_names[o->attn_impl]);
+/* doc_pos (T) of a case's document boundaries (its cu_seqlens; absent: one document) */
+static void bench_case_doc_pos(int32_t *doc_pos, const json_t *c, int64_t T) {
+    json_t *cu = json_object_get(c, "cu_seqlens");
+    if (!cu) {
+        for (int64_t t = 0; t < T; t++) doc_pos[t] = (int32_t)t;
+        return;
     }
-    return be;
+    RS_CHECK(json_is_array(cu) && json_array_size(cu) >= 2, "bench case: cu_seqlens is not a list of boundaries");
+    for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
+        int64_t b = json_integer_value(json_array_get(cu, d)), e = json_integer_value(json_array_get(cu, d + 1));
+        RS_CHECK(0 <= b && b < e && e <= T, "cu_seqlens[%zu..%zu] = %lld..%lld", d, d + 1, (long long)b,
+                 (long long)e);
+        for (int64_t t = b; t < e; t++) doc_pos[t] = (int32_t)(t - b);
+    }
+}
+
+const Backend *bench_attn_backend(const Backend *base, int impl, const char *lib) {
+    if (impl == ATTN_KERNEL_RINGSCAN) return base;
+    char err[4096];
+    if (cuda_attention_cudnn_load(lib, err, sizeof err))
+        RS_USAGE(NULL, "bench: attention kernel %s (--attn-impl, device.attention_kernel): %s", attn_kernel_names[impl],
+                 err);
+    cuda_attention_cudnn_set_deterministic(impl == ATTN_KERNEL_CUDNN_DET);
+    static int told;
+    if (!told++) printf("\nattention kernel: %s (%s)\n", cuda_attention_cudnn_describe(), attn_kernel_names[impl]);
+    return cuda_backend_with_cudnn_attention(base);
 }
 
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     int64_t before[4] = {0}, after[4] = {0};
     if (o->attn_impl != ATTN_KERNEL_RINGSCAN) cuda_attention_cudnn_counts(before);
-    AttnCase a = {.be = bench_attn_backend(o), .T = bench_int(c, "T"), .nh = (int)bench_int(c, "nh"),
-                  .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
+    AttnCase a = {.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib), .T = bench_int(c, "T"),
+                  .nh = (int)bench_int(c, "nh"), .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
     const Backend *be = a.be;
     int64_t qn = a.T * a.nh * a.hd, kn = a.T * a.nkv * a.hd;
     a.q = be->alloc((size_t)qn * 2);
@@ -144,10 +156,14 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     a.dq = be->alloc((size_t)qn * 4);
     a.dk = be->alloc((size_t)kn * 4);
     a.dv = be->alloc((size_t)kn * 4);
-    int32_t *pos = RS_MALLOC((size_t)a.T * sizeof(int32_t));
+    int32_t *pos = RS_MALLOC((size_t)a.T * sizeof(int32_t)), *doc_pos = RS_MALLOC((size_t)a.T * sizeof(int32_t));
     for (int64_t t = 0; t < a.T; t++) pos[t] = (int32_t)t;
+    bench_case_doc_pos(doc_pos, c, a.T);
     a.pos = bench_upload_i32(be, pos, a.T);
+    a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
+    a.hint = attn_hint_rows(pos, doc_pos, a.T, pos, doc_pos, a.T);
     free(pos);
+    free(doc_pos);
     uint64_t s = o->seed * 1000003u;
     cuda_bench_fill_bf16(a.q, qn, s + 1, -1, 1);
     cuda_bench_fill_bf16(a.k, kn, s + 2, -1, 1);
@@ -164,7 +180,7 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
         printf(" [routed fwd cudnn %lld ours %lld, bwd cudnn %lld ours %lld]", (long long)(after[0] - before[0]),
                (long long)(after[1] - before[1]), (long long)(after[2] - before[2]), (long long)(after[3] - before[3]));
     }
-    void *bufs[] = {a.q, a.o, a.dout, a.k, a.v, a.lse, a.dq, a.dk, a.dv, a.pos};
+    void *bufs[] = {a.q, a.o, a.dout, a.k, a.v, a.lse, a.dq, a.dk, a.dv, a.pos, a.doc_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     return r;
 }
@@ -210,15 +226,9 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     for (int i = 0; i < 4; i++) *f32[i] = be->alloc((size_t)gn * 4);
 
     /* doc_pos from the case's document boundaries */
-    json_t *cu = json_object_get(c, "cu_seqlens");
-    RS_CHECK(json_is_array(cu) && json_array_size(cu) >= 2, "bench gdn case lacks cu_seqlens");
+    RS_CHECK(json_is_array(json_object_get(c, "cu_seqlens")), "bench gdn case lacks cu_seqlens");
     int32_t *doc_pos = RS_MALLOC((size_t)a.T * sizeof(int32_t));
-    for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
-        int64_t b = json_integer_value(json_array_get(cu, d)), e = json_integer_value(json_array_get(cu, d + 1));
-        RS_CHECK(0 <= b && b < e && e <= a.T, "cu_seqlens[%zu..%zu] = %lld..%lld", d, d + 1, (long long)b,
-                 (long long)e);
-        for (int64_t t = b; t < e; t++) doc_pos[t] = (int32_t)(t - b);
-    }
+    bench_case_doc_pos(doc_pos, c, a.T);
     a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
     free(doc_pos);
     a.kept = o->gdn_keep == GDN_KEEP_NONE ? NULL : be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V, a.states));

@@ -81,7 +81,10 @@ static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int s
 }
 
 json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o) {
-    const Backend *be = cuda_backend_table(); /* backend_cuda unless --profile 1 */
+    /* backend_cuda unless --profile 1; with device.attention_kernel cudnn* the cuDNN route in its attention
+     * entries, as training has it */
+    const Backend *be = bench_attn_backend(cuda_backend_table(), cfg->device.attention_kernel,
+                                           cfg->device.cudnn_library);
     int64_t T = cfg->data.seq_len;
     Model m;
     model_init(&m, cfg, be, NULL, T);
@@ -133,6 +136,7 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     /* what the checkpoint policy reran in a step (model.h ModelCounters; none: 0 and 0) */
     json_object_set_new(r, "block_recomputes", json_integer(m.count.block_recomputes));
     json_object_set_new(r, "chunk_recomputes", json_integer(m.count.chunk_recomputes));
+    json_object_set_new(r, "attn_impl", json_string(attn_kernel_names[cfg->device.attention_kernel]));
     free(ms);
     free(host);
     be->free(dev);

@@ -281,26 +281,7 @@ int cdg_check(const CdgGraph *g, char *err, size_t n) {
 
 /* ---- route ---- */
 
-void cdg_meta_host(CdgMeta *m, const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq, const int32_t *pos_k,
-                   const int32_t *doc_pos_k, int64_t Tk) {
-    *m = (CdgMeta){.doc_min = INT32_MAX, .doc_max = INT32_MIN, .q_consec = 1, .k_consec = 1,
-                   .pos_q0 = Tq ? pos_q[0] : 0, .pos_k0 = Tk ? pos_k[0] : 0, .pos_q_min = INT32_MAX,
-                   .pos_k_max = INT32_MIN};
-    for (int side = 0; side < 2; side++) {
-        const int32_t *pos = side ? pos_k : pos_q, *dp = side ? doc_pos_k : doc_pos_q;
-        int64_t T = side ? Tk : Tq;
-        for (int64_t i = 0; i < T; i++) {
-            int32_t d = pos[i] - dp[i];
-            if (d < m->doc_min) m->doc_min = d;
-            if (d > m->doc_max) m->doc_max = d;
-            if ((int64_t)pos[i] != (int64_t)pos[0] + i) *(side ? &m->k_consec : &m->q_consec) = 0;
-            if (side && pos[i] > m->pos_k_max) m->pos_k_max = pos[i];
-            if (!side && pos[i] < m->pos_q_min) m->pos_q_min = pos[i];
-        }
-    }
-}
-
-CdgRoute cdg_route(const CdgMeta *m, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why) {
+CdgRoute cdg_route(const AttnHint *m, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why) {
     const char *w_ = "";
     CdgRoute r = CDG_ROUTE_OURS;
     if (Tq < 1 || Tk < 1) w_ = "no rows";
@@ -312,6 +293,29 @@ CdgRoute cdg_route(const CdgMeta *m, int64_t Tq, int64_t Tk, int nh, int nkv, in
     else w_ = "causal with shifted or gapped positions";
     if (why) *why = w_;
     return r;
+}
+
+/* ---- workspace ---- */
+
+static int64_t cdg_region(int64_t *end, int64_t bytes) {
+    const int64_t at = *end;
+    *end += (bytes + 255) / 256 * 256;
+    return at;
+}
+
+void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic) {
+    const int64_t qe = Tq * nh * hd, kve = Tk * nkv * hd;
+    int64_t end = 0;
+    *w = (CdgWorkspace){.stats = -1, .softmax_sum = -1, .dq_accum = -1, .dq = -1, .dk = -1, .dv = -1};
+    w->stats = cdg_region(&end, Tq * nh * 4);
+    if (bwd) {
+        w->softmax_sum = cdg_region(&end, Tq * nh * 4);
+        if (!deterministic) w->dq_accum = cdg_region(&end, qe * 4);
+        w->dq = cdg_region(&end, qe * 2);
+        w->dk = cdg_region(&end, kve * 2);
+        w->dv = cdg_region(&end, kve * 2);
+    }
+    w->bytes = end;
 }
 
 /* ---- LSE layouts ---- */

@@ -41,15 +41,20 @@
  * position <= every query position (causal reduces to all keys: the ring's
  * dense rectangles), or q and k positions consecutive from the same start
  * (the causal diagonal, one-GPU causal). Every other call (document-masked
- * pairs, shifted diagonals, shapes cuDNN refuses) runs our kernel.
+ * pairs, shifted diagonals, shapes cuDNN refuses) runs our kernel. The route
+ * reads the caller's host summary of the rows (AttnHint, lib/attn_hint.h), so
+ * choosing never waits for the GPU.
  *
- * Callers: kernels/cuda/cuda_attention_cudnn.c, tests/unit/test_attn_cudnn_graph.c.
+ * Callers: kernels/cuda/cuda_attention_cudnn.c, lib/plan.c (cdg_workspace), tests/unit/test_attn_cudnn_graph.c,
+ * tests/unit/test_attn_hint.c.
  */
 #ifndef RS_ATTN_CUDNN_GRAPH_H
 #define RS_ATTN_CUDNN_GRAPH_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "attn_hint.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -121,21 +126,23 @@ int  cdg_check(const CdgGraph *g, char *err, size_t n);
 int  cdg_find(const CdgGraph *g, int64_t uid);
 
 /* ---- the route ---- */
-/* What the route needs from a call's metadata (computed on the device by cuda_attention_cudnn.c, on the host
- * by cdg_meta_host): doc = pos - doc_pos (the document's start position). */
-typedef struct {
-    int32_t doc_min, doc_max;     /* over the q and the k rows */
-    int32_t q_consec, k_consec;   /* 1 when pos[i] == pos[0] + i for every row */
-    int32_t pos_q0, pos_k0;       /* first positions */
-    int32_t pos_q_min, pos_k_max;
-} CdgMeta;
-
 typedef enum { CDG_ROUTE_OURS, CDG_ROUTE_DENSE, CDG_ROUTE_CAUSAL } CdgRoute;
 
-void cdg_meta_host(CdgMeta *m, const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq, const int32_t *pos_k,
-                   const int32_t *doc_pos_k, int64_t Tk);
-/* cuDNN dense, cuDNN top-left causal, or ours (why: a short reason, for the counters' log) */
-CdgRoute cdg_route(const CdgMeta *m, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why);
+/* cuDNN dense, cuDNN top-left causal, or ours, from the caller's summary of the call's rows (lib/attn_hint.h;
+ * computed on the host: no read-back); why: a short reason, for messages */
+CdgRoute cdg_route(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why);
+
+/* ---- the workspace of one call beyond cuDNN's own plan workspace (kernels/cuda/cuda_attention_cudnn.c
+ * carves it; lib/plan.c counts it): byte offsets from the end of cuDNN's part, each region on
+ * 256 bytes. Forward: Stats (4 Tq nh). Backward: Stats and softmax_sum (4 Tq nh each), cudnn (not
+ * deterministic) the fp32 dq accumulator (4 Tq nh hd), the bf16 dq (2 Tq nh hd), dk and dv (2 Tk nkv hd
+ * each). ---- */
+typedef struct {
+    int64_t stats, softmax_sum, dq_accum, dq, dk, dv; /* offsets; -1 where the call has no such region */
+    int64_t bytes;                                    /* the end of the last region */
+} CdgWorkspace;
+
+void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic);
 
 /* ---- the LSE layouts: cuDNN's Stats (nh, Tq) and our lse (Tq, nh) hold the same values (also used by the
  * transposes of kernels/cuda/cuda_attention_cudnn_glue.cu, hence host and device) ---- */

@@ -37,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attn_hint.h"
+
 /* The cuda backend runs a delta-rule call (gdn_chunk_forward / gdn_chunk_backward) of more than this many
  * tokens as consecutive calls of at most this many, the state passed between them in fp32: its workspace is
  * then that of one piece (the backward's ~35 bytes per token per value head of 128) whatever T. The kept
@@ -227,21 +229,26 @@ typedef struct Backend {
     /* ---- block attention: queries of one block against keys/values of another ----
      * Softmax attention, scale hd^-1/2, GQA (query head h uses kv head h / (nh/nkv)), the mask of the
      * conventions above (documents; causal by pos when `causal`). Writes the normalised output and the
-     * natural-log LSE per (row, head) in fp32; a row that sees no key gets out = 0 and lse = -inf. */
+     * natural-log LSE per (row, head) in fp32; a row that sees no key gets out = 0 and lse = -inf.
+     * hint: the caller's host summary of this call's pos/doc_pos rows (lib/attn_hint.h attn_hint_rows), so a
+     * backend can pick its kernel by the mask's shape without reading device memory back; it must match the
+     * rows (cpu compares them on every call, cuda's cuDNN route on the GPU: a difference stops the run).
+     * cpu and cuda without cuDNN take NULL too; cuda with device.attention_kernel cudnn* refuses NULL. */
     void (*attention_forward)(void *out /* (Tq,ldo) nh heads of hd */, float *lse /* (Tq,nh) */,
                               const void *q /* (Tq,ldq) */, const void *k /* (Tk,ldk) nkv heads */,
                               const void *v /* (Tk,ldk) */, const int32_t *pos_q, const int32_t *doc_pos_q,
-                              const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh,
-                              int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+                              const int32_t *pos_k, const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq,
+                              int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
     /* dq +=, dk +=, dv += in fp32 on every backend (ring steps add partials; the dK/dV partials that
      * travel the ring stay fp32), laid out like q (ldq) and k/v (ldk). `out` and `lse` are the FINAL
      * (merged) ones, so P = exp(S - lse) are the global probabilities; D = rowsum(dout * out) is
-     * computed inside. */
+     * computed inside. hint as in attention_forward. */
     void (*attention_backward)(float *dq /* (Tq,ldq) += */, float *dk /* (Tk,ldk) += */,
                                float *dv /* (Tk,ldk) += */, const void *dout /* (Tq,ldo) */, const void *out,
                                const float *lse, const void *q, const void *k, const void *v, const int32_t *pos_q,
-                               const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq,
-                               int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal);
+                               const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k,
+                               const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
+                               int ldk, int ldo, int causal);
     /* Online merge of a partial result into the running one, in fp32:
      * L = logaddexp(L, L_b), O = e^(L_old - L) O + e^(L_b - L) O_b; -inf entries are "no keys" and are
      * handled explicitly (both -inf stays -inf with O = 0). */

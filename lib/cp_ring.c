@@ -19,7 +19,10 @@
  * steps > r: the second query fragment × all keys), so each rank does the same
  * work at every step. Every decision reads the gathered metadata (CpBatch),
  * so all ranks agree without communication; the kernels still apply the
- * exact mask inside each call.
+ * exact mask inside each call. Each call carries its AttnHint (lib/attn_hint.h,
+ * the summary of its rows from the batch's host copies), so a backend that
+ * picks its kernel by the mask's shape (cuDNN's route) never reads metadata
+ * back from the device.
  *
  * Forward: the next step's K|V exchange is posted (comm_isendrecv) before
  * this step's calls run, and waited after them (with Comm.serial, right
@@ -54,10 +57,12 @@ static void cp_ring_mark(Cp *cp, int pass, int t, int phase) {
 }
 
 /* One (query rows, key rows) call of a ring step: rows are local rows of the micro-batch on
- * this rank (queries) and on the owner (keys). */
+ * this rank (queries) and on the owner (keys); hint summarises their pos/doc_pos, from the batch's
+ * host copies, for the backend's choice of kernel (lib/attn_hint.h: no read-back from the device). */
 typedef struct {
-    int64_t q0, nq, k0, nk;
-    int     causal;
+    int64_t  q0, nq, k0, nk;
+    int      causal;
+    AttnHint hint;
 } CpPair;
 
 /* The calls of step t (owner j) for sample s: at most nlocal x nlocal. Returns how many. */
@@ -66,6 +71,7 @@ static int cp_ring_pairs(const Cp *cp, int j, int s, CpPair *out) {
     const CpBatch *B = &cp->batch;
     const int64_t n = L->frag_len;
     const int32_t *pos_q = B->pos + (int64_t)L->rank * B->rows, *doc_q = B->doc_pos + (int64_t)L->rank * B->rows;
+    const int32_t *pos_k = B->pos + (int64_t)j * B->rows, *doc_k = B->doc_pos + (int64_t)j * B->rows;
     int np = 0;
     for (int qf = 0; qf < L->nlocal; qf++)
         for (int kf = 0; kf < L->nlocal; kf++) {
@@ -74,7 +80,7 @@ static int cp_ring_pairs(const Cp *cp, int j, int s, CpPair *out) {
             int64_t q0 = cp_frag_row(cp, s, qf), k0 = cp_frag_row(cp, s, kf);
             if (a < b) continue;
             if (a == b) {
-                out[np++] = (CpPair){q0, n, k0, n, 1};
+                out[np++] = (CpPair){q0, n, k0, n, 1, {0}};
                 continue;
             }
             /* the first query's document began at global position d; the key fragment covers
@@ -84,8 +90,12 @@ static int cp_ring_pairs(const Cp *cp, int j, int s, CpPair *out) {
             int64_t skip = d > (int64_t)b * n ? d - (int64_t)b * n : 0;
             int64_t nq = 1;
             while (nq < n && doc_q[q0 + nq] != 0) nq++;
-            out[np++] = (CpPair){q0, nq, k0 + skip, n - skip, 0};
+            out[np++] = (CpPair){q0, nq, k0 + skip, n - skip, 0, {0}};
         }
+    for (int i = 0; i < np; i++) {
+        CpPair *p = &out[i];
+        p->hint = attn_hint_rows(pos_q + p->q0, doc_q + p->q0, p->nq, pos_k + p->k0, doc_k + p->k0, p->nk);
+    }
     return np;
 }
 
@@ -122,8 +132,8 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
                 const CpPair *p = &pr[i];
                 be->attention_forward(CP_AT(cp->blk_out, p->q0 * qd), cp->blk_lse + p->q0 * d->nh,
                                       CP_AT(q, p->q0 * qd), CP_AT(cur, p->k0 * ldk), CP_AT(cur, p->k0 * ldk + kvd),
-                                      pos_q + p->q0, doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, p->nq, p->nk,
-                                      d->nh, d->nkv, d->hd, qd, ldk, qd, p->causal);
+                                      pos_q + p->q0, doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, &p->hint, p->nq,
+                                      p->nk, d->nh, d->nkv, d->hd, qd, ldk, qd, p->causal);
                 be->attention_merge(cp->run_out + p->q0 * qd, cp->run_lse + p->q0 * d->nh,
                                     CP_AT(cp->blk_out, p->q0 * qd), cp->blk_lse + p->q0 * d->nh, p->nq, d->nh, d->hd,
                                     qd);
@@ -181,8 +191,8 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
                                        cp->dkv_local + p->k0 * ldk + kvd, CP_AT(dout, p->q0 * qd),
                                        CP_AT(out, p->q0 * qd), lse + p->q0 * d->nh, CP_AT(q, p->q0 * qd),
                                        CP_AT(cur, p->k0 * ldk), CP_AT(cur, p->k0 * ldk + kvd), pos_q + p->q0,
-                                       doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, p->nq, p->nk, d->nh, d->nkv,
-                                       d->hd, qd, ldk, qd, p->causal);
+                                       doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, &p->hint, p->nq, p->nk, d->nh,
+                                       d->nkv, d->hd, qd, ldk, qd, p->causal);
                 if (t < P - 1) comm_progress(cp->comm, &h_kv);
                 if (P > 1) comm_progress(cp->comm, &h_dkv);
             }

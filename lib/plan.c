@@ -27,7 +27,13 @@
  *                      cuBLASLt workspace, 32 MiB of kernel scratch
  *                      (kernels/cuda/cuda_backend.h) and the attention
  *                      backward's row statistics (the delta rule's workspace
- *                      is in activations, model_acts.c).
+ *                      is in activations, model_acts.c); with
+ *                      device.attention_kernel cudnn*, also the cuDNN route's
+ *                      Stats, softmax_sum, dq accumulator (cudnn only) and
+ *                      bf16 dq, dk, dv of one ring call's backward (Tq = Tk =
+ *                      seq_len / 2cp, or seq_len at cp 1): 8 Tq nh + (4) Tq nh
+ *                      hd + 2 Tq nh hd + 4 Tk nkv hd bytes, cuDNN's own plan
+ *                      workspace not counted (unknown before its plan).
  *   runtime            cuda: 1 GiB for the CUDA context, NCCL buffers and
  *                      allocator slack; cpu: none counted.
  *
@@ -48,6 +54,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "attn_cudnn_graph.h"
 #include "error.h"
 #include "sbatch.h"
 
@@ -155,6 +162,18 @@ void plan_build(Plan *p, const Config *cfg) {
     /* the cuda attention backward's workspace (kernels/cuda/attention/tiles.cu attn_plan): two fp32 row
      * statistics per head and query row, with its 1/4 headroom; the tile masks and semaphores are small */
     int64_t attn_ws = 2 * nh * p->tokens_per_rank * 4 * 5 / 4 + (4LL << 20);
+    /* device.attention_kernel cudnn | cudnn_det: the cuDNN route's workspace beside ours (lib/attn_cudnn_graph.h
+     * cdg_workspace), grown to the largest call, a backward with Tq = Tk = one ring call's rows: a fragment
+     * (seq_len / 2cp) at cp > 1, a sample (seq_len) at cp 1. cuDNN's own plan workspace is known only once
+     * its plan is built (printed then) and is not counted. */
+    if (cuda && cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN && p->n_full) {
+        CdgWorkspace w;
+        const int64_t call = P > 1 ? T / (2 * P) : T;
+        cdg_workspace(&w, call, call, (int)nh, (int)nkv, (int)hd, 1,
+                      cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET);
+        p->cudnn_workspace = w.bytes;
+        attn_ws += w.bytes;
+    }
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         int64_t *mem = p->mem[pol];
         mem[PLAN_MEM_WEIGHTS_BF16] = cuda ? (int64_t)(2 * N) : 0;
@@ -313,6 +332,12 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
         plan_bytes(v[2], c, sizeof c);
         fprintf(f, "  %-34s %-16s %-16s %-16s\n", name, a, b, c);
     }
+    if (p->cudnn_workspace) {
+        plan_bytes((double)p->cudnn_workspace, a, sizeof a);
+        fprintf(f, "  %-34s %-16s %-16s %-16s   (in workspaces; %s, one ring call of %lld rows)\n",
+                "  cuDNN attention workspace", a, a, a, attn_kernel_names[cfg->device.attention_kernel],
+                (long long)(p->cp > 1 ? p->segment_tokens : cfg->data.seq_len));
+    }
     plan_bytes((double)p->total[0], a, sizeof a);
     plan_bytes((double)p->total[1], b, sizeof b);
     plan_bytes((double)p->total[2], c, sizeof c);
@@ -444,6 +469,7 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
         json_t *m = json_object();
         for (int c = 0; c < PLAN_MEM_COUNT; c++) json_object_set_new(m, plan_mem_names[c], json_integer(p->mem[pol][c]));
         json_object_set_new(m, "total", json_integer(p->total[pol]));
+        json_object_set_new(m, "cudnn_workspace", json_integer(p->cudnn_workspace));
         json_object_set_new(m, "activations_kept", json_integer(p->acts.kept[pol]));
         json_object_set_new(m, "activations_kept_device",
                             json_integer(p->offload ? p->acts.offload_device[pol] : p->acts.kept[pol]));

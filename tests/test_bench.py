@@ -53,6 +53,7 @@ def test_help(ringscan):
     (["bench", "cp", "--device", "tpu"], "--device tpu: expected cuda or cpu"),
     (["bench", "cp", "--tokens", "4096"], "--tokens : not an option of bench cp"),
     (["bench", "cp", "--doc-len", "0"], "--doc-len : not an option of bench cp"),
+    (["bench", "cp", "--attn-impl", "flash"], "--attn-impl flash: expected ringscan, cudnn or cudnn_det"),
     (["bench", "attn", "--gdn-T", "1024"], "--gdn-T : an option of bench cp only"),
     (["bench", "gdn", "--device", "cpu"], "--device : an option of bench cp only"),
 ])
@@ -88,10 +89,20 @@ def test_requests_are_the_peers_contract(ringscan, tmp_path):
     attn = json.loads((tmp_path / "request_attn.json").read_text())
     assert attn["schema"] == "ringscan-bench-request/1" and attn["kind"] == "attn"
     assert attn["seed"] == 7 and attn["warmup"] == 1 and attn["reps"] == 5
-    assert [c["name"] for c in attn["cases"]][:2] == ["T4096_nh16_nkv16_hd128", "T4096_nh16_nkv2_hd128"]
-    assert len(attn["cases"]) == 8 and all(c["causal"] for c in attn["cases"])
+    # --doc-len: each attention case per mean length, with the same boundaries as the GDN cases
+    assert [c["name"] for c in attn["cases"]][:2] == ["T4096_nh16_nkv16_hd128_docs1", "T4096_nh16_nkv16_hd128_docs9"]
+    assert len(attn["cases"]) == 16 and all(c["causal"] for c in attn["cases"])
     gdn = json.loads((tmp_path / "request_gdn.json").read_text())
     assert len(gdn["cases"]) == 4
+    gdn_cu = {(c["T"], len(c["cu_seqlens"])): c["cu_seqlens"] for c in gdn["cases"]}
+    for c in attn["cases"]:
+        assert c["name"].endswith(f"docs{len(c['cu_seqlens']) - 1}")
+        assert c["cu_seqlens"] == gdn_cu[(c["T"], len(c["cu_seqlens"]))]
+    # without --doc-len: one document per attention case, no boundaries
+    r = run([ringscan, "bench", "attn", "--write-requests", "--out", tmp_path / "one", "--T", "4096"])
+    one = json.loads((tmp_path / "one" / "request_attn.json").read_text())["cases"]
+    assert [c["name"] for c in one][:2] == ["T4096_nh16_nkv16_hd128", "T4096_nh16_nkv2_hd128"]
+    assert len(one) == 4 and not any("cu_seqlens" in c for c in one)
     for c in gdn["cases"]:
         cu = c["cu_seqlens"]
         assert cu[0] == 0 and cu[-1] == c["T"] and all(a < b for a, b in zip(cu, cu[1:]))
@@ -126,6 +137,13 @@ def test_cp_shape_not_divisible_by_ranks(ringscan, tmp_path):
     assert r.returncode != 0
     assert "ringscan bench: --T 192: must be a multiple of 128 x P = 256" in r.stderr
     assert r.stderr.count("--T 192") == 1  # rank 0 alone says it
+    assert not (tmp_path / "o").exists()
+
+
+def test_cp_cudnn_needs_cuda(ringscan, tmp_path):
+    r = mpirun2(ringscan, "bench", "cp", "--device", "cpu", "--attn-impl", "cudnn", "--out", tmp_path / "o")
+    assert r.returncode == 2, r.stderr
+    assert "--attn-impl cudnn: cuDNN's attention needs --device cuda" in r.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -225,3 +225,34 @@ def test_config_header_numbers_are_current(ringscan):
         total = d["memory"][d["memory"]["policy"]]["total"] / 2**30
         assert f"{d['parameters']['total']:,} parameters" in text, name
         assert f"{total:.2f} GiB" in text, (name, total)
+
+
+def test_cudnn_attention_workspace_by_hand(ringscan):
+    """device.attention_kernel cudnn | cudnn_det adds the cuDNN route's workspace (lib/attn_cudnn_graph.h
+    cdg_workspace) of one ring call's backward to workspaces: Tq = Tk = a fragment, seq_len / 2cp."""
+    cfg = "configs/hybrid-1b-1m-h100x2.yaml"  # cp 2: fragments of 1,048,576 / 4 = 262,144 rows, 16/2/128
+
+    def r256(x):
+        return (x + 255) // 256 * 256
+
+    n, nh, nkv, hd = 262_144, 16, 2, 128
+    det = r256(4 * n * nh) * 2 + r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd)
+    full = det + r256(4 * n * nh * hd)  # cudnn: cuDNN's fp32 dq accumulator too
+    base = plan_json(ringscan, cfg)
+    for kernel, want in (("cudnn", full), ("cudnn_det", det)):
+        d = plan_json(ringscan, cfg, f"device.attention_kernel={kernel}")
+        for pol in ("none", "full", "remat"):
+            m, b = d["memory"][pol], base["memory"][pol]
+            assert m["cudnn_workspace"] == want, (kernel, pol, m["cudnn_workspace"], want)
+            assert b["cudnn_workspace"] == 0
+            assert m["workspaces"] - b["workspaces"] == want
+            assert m["total"] - b["total"] == want
+    one = plan_json(ringscan, cfg, "device.attention_kernel=cudnn", "parallel.cp=1", "data.seq_len=65536",
+                    "slurm.gpus_per_node=1")  # cp 1: the call is the whole sample
+    n = 65_536
+    assert one["memory"]["remat"]["cudnn_workspace"] == (r256(4 * n * nh) * 2 + r256(4 * n * nh * hd) +
+                                                         r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd))
+    r = run([ringscan, "plan", cfg, "--set", "device.attention_kernel=cudnn"])
+    assert r.returncode == 0, r.stderr
+    assert "cuDNN attention workspace" in r.stdout
+    assert "one ring call of 262144 rows" in r.stdout

@@ -53,6 +53,10 @@
  * activations upstream) propagates; +inf is not a legal lse (no kernel writes
  * it) and is not special-cased.
  *
+ * The hint (lib/attn_hint.h), when given, is compared with the rows (fatal on
+ * a difference): the cpu picks no kernel by it, but so every hint the ring
+ * computes is checked wherever the ring runs on the cpu.
+ *
  * Limits: hd <= ATTN_HD_MAX (stack scratch), checked. out must not alias q.
  */
 #include <math.h>
@@ -111,13 +115,28 @@ static void attention_check_sizes(int64_t Tq, int64_t Tk, int nh, int nkv, int h
              "attention: ldq = %d, ldo = %d (need >= %d), ldk = %d (need >= %d)", ldq, ldo, nh * hd, ldk, nkv * hd);
 }
 
+/* A given hint must be the summary of the call's rows (lib/attn_hint.h): nothing here routes by it, but the
+ * cpu runs of the ring (tests, cp_check) thereby check every hint lib/cp_ring.c computes. NULL: nothing to
+ * check. */
+static void attention_check_hint(const char *entry, const AttnHint *hint, const int32_t *pos_q,
+                                 const int32_t *doc_pos_q, int64_t Tq, const int32_t *pos_k, const int32_t *doc_pos_k,
+                                 int64_t Tk) {
+    if (!hint) return;
+    const AttnHint rows = attn_hint_rows(pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
+    const int f = attn_hint_differs(hint, &rows);
+    RS_CHECK(f < 0, "%s: the caller's hint says %s = %d, the rows (Tq %lld, Tk %lld) give %d", entry,
+             attn_hint_field_name(f), attn_hint_field(hint, f), (long long)Tq, (long long)Tk,
+             attn_hint_field(&rows, f));
+}
+
 void cpu_attention_forward(void *out_ /* (Tq,ldo) nh heads of hd */, float *lse /* (Tq,nh) */,
                            const void *q_ /* (Tq,ldq) nh heads */, const void *k_ /* (Tk,ldk) nkv heads */,
                            const void *v_ /* (Tk,ldk) nkv heads */, const int32_t *pos_q /* (Tq) */,
                            const int32_t *doc_pos_q /* (Tq) */, const int32_t *pos_k /* (Tk) */,
-                           const int32_t *doc_pos_k /* (Tk) */, int64_t Tq, int64_t Tk, int nh, int nkv, int hd,
-                           int ldq, int ldk, int ldo, int causal) {
+                           const int32_t *doc_pos_k /* (Tk) */, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
+                           int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
     attention_check_sizes(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo);
+    attention_check_hint("attention_forward", hint, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
     float *out = out_;
     const float *q = q_, *k = k_, *v = v_;
     const float scale = (float)(1.0 / sqrt((double)hd));
@@ -189,9 +208,11 @@ void cpu_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /* (Tk,ldk) +
                             const float *lse /* (Tq,nh) final */, const void *q_ /* (Tq,ldq) */,
                             const void *k_ /* (Tk,ldk) */, const void *v_ /* (Tk,ldk) */,
                             const int32_t *pos_q /* (Tq) */, const int32_t *doc_pos_q /* (Tq) */,
-                            const int32_t *pos_k /* (Tk) */, const int32_t *doc_pos_k /* (Tk) */, int64_t Tq,
-                            int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
+                            const int32_t *pos_k /* (Tk) */, const int32_t *doc_pos_k /* (Tk) */,
+                            const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk,
+                            int ldo, int causal) {
     attention_check_sizes(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo);
+    attention_check_hint("attention_backward", hint, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
     const float *dout = dout_, *out = out_, *q = q_, *k = k_, *v = v_;
     const float scale = (float)(1.0 / sqrt((double)hd));
     const int group = nh / nkv;

@@ -390,18 +390,6 @@ static CdPlan *cd_plan(const CdgKey *k) {
 
 /* ---- execution ---- */
 
-static void *cd_ws;
-static size_t cd_ws_bytes;
-
-static char *cd_workspace(size_t bytes) {
-    if (bytes > cd_ws_bytes) {
-        if (cd_ws) cuda_free(cd_ws);
-        cd_ws = cuda_alloc(bytes);
-        cd_ws_bytes = bytes;
-    }
-    return cd_ws;
-}
-
 static size_t cd_align(size_t n) { return (n + 255) & ~(size_t)255; }
 
 static void cd_execute(const CdPlan *p, int n, int64_t *uids, void **ptrs, void *ws) {
@@ -419,15 +407,17 @@ static void cd_execute(const CdPlan *p, int n, int64_t *uids, void **ptrs, void 
 
 static int cd_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* the route of this call (reads the metadata summary back: waits for the stream) */
-static CdgRoute cd_route(const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
-                         const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal) {
+/* the route of this call, from the caller's hint (lib/attn_hint.h; never read back from the device); the
+ * hint's check against the rows is queued on the GPU (a difference stops the run where the host next waits) */
+static CdgRoute cd_route(const char *entry, const AttnHint *hint, const int32_t *pos_q, const int32_t *doc_pos_q,
+                         const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv,
+                         int hd, int causal) {
     RS_CHECK(cd_lib, "cuDNN attention called but cuDNN is not loaded (cuda_attention_cudnn_load)");
+    RS_CHECK(hint, "%s through cuDNN needs the caller's AttnHint (lib/attn_hint.h attn_hint_rows over the call's "
+                   "host pos/doc_pos): the route is never read back from the device", entry);
     if (Tq < 1 || Tk < 1) return CDG_ROUTE_OURS;
-    int32_t v[8];
-    cuda_cudnn_meta(v, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
-    CdgMeta m = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
-    return cdg_route(&m, Tq, Tk, nh, nkv, hd, causal, NULL);
+    cuda_cudnn_hint_check(hint, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
+    return cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL);
 }
 
 static CdgKey cd_key(int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal, int bwd) {
@@ -443,20 +433,22 @@ static CdgKey cd_key(int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, i
 
 void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                   const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
-                                  const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
-                                  int ldk, int ldo, int causal) {
-    CdgRoute r = cd_route(pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
+                                  const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
+                                  int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
+    CdgRoute r = cd_route("attention_forward", hint, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
     if (r == CDG_ROUTE_OURS || !cd_aligned16(out) || !cd_aligned16(q) || !cd_aligned16(k) || !cd_aligned16(v)) {
         cd_counts[1]++;
-        cuda_attention_forward(out, lse, q, k, v, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, ldq, ldk,
-                               ldo, causal);
+        cuda_attention_forward(out, lse, q, k, v, pos_q, doc_pos_q, pos_k, doc_pos_k, hint, Tq, Tk, nh, nkv, hd, ldq,
+                               ldk, ldo, causal);
         return;
     }
     CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 0);
     CdPlan *p = cd_plan(&key);
-    const size_t o_stats = cd_align((size_t)p->ws);
-    char *ws = cd_workspace(o_stats + cd_align((size_t)Tq * nh * 4));
-    float *stats = (float *)(ws + o_stats);
+    CdgWorkspace w;
+    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 0, 0);
+    const size_t base = cd_align((size_t)p->ws); /* cuDNN's part first, then ours */
+    char *ws = cuda_cudnn_workspace(base + (size_t)w.bytes), *own = ws + base;
+    float *stats = (float *)(own + w.stats);
     float scale = 1.0f / sqrtf((float)hd), neg_inf = -INFINITY;
     int64_t uids[7] = {CDG_UID_Q, CDG_UID_K, CDG_UID_V, CDG_UID_O, CDG_UID_STATS, CDG_UID_SCALE, CDG_UID_NEG_INF};
     void *ptrs[7] = {(void *)q, (void *)k, (void *)v, out, stats, &scale, &neg_inf};
@@ -468,45 +460,36 @@ void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const vo
 void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *dout, const void *out,
                                    const float *lse, const void *q, const void *k, const void *v,
                                    const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
-                                   const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
-                                   int ldk, int ldo, int causal) {
-    CdgRoute r = cd_route(pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
+                                   const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
+                                   int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
+    CdgRoute r =
+        cd_route("attention_backward", hint, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
     if (r == CDG_ROUTE_OURS || !cd_aligned16(dout) || !cd_aligned16(out) || !cd_aligned16(q) || !cd_aligned16(k) ||
         !cd_aligned16(v)) {
         cd_counts[3]++;
-        cuda_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh,
-                                nkv, hd, ldq, ldk, ldo, causal);
+        cuda_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, pos_q, doc_pos_q, pos_k, doc_pos_k, hint, Tq, Tk,
+                                nh, nkv, hd, ldq, ldk, ldo, causal);
         return;
     }
     CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 1);
     CdPlan *p = cd_plan(&key);
     const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
-    size_t off = cd_align((size_t)p->ws);
-    const size_t o_stats = off;
-    off += cd_align((size_t)Tq * nh * 4);
-    const size_t o_sum = off;
-    off += cd_align((size_t)Tq * nh * 4);
-    const size_t o_acc = off;
-    if (!key.deterministic) off += cd_align((size_t)(Tq * qd) * 4);
-    const size_t o_dq = off;
-    off += cd_align((size_t)(Tq * qd) * 2);
-    const size_t o_dk = off;
-    off += cd_align((size_t)(Tk * kvd) * 2);
-    const size_t o_dv = off;
-    off += cd_align((size_t)(Tk * kvd) * 2);
-    char *ws = cd_workspace(off);
-    cuda_cudnn_lse_to_stats((float *)(ws + o_stats), lse, Tq, nh);
+    CdgWorkspace w;
+    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 1, key.deterministic);
+    const size_t base = cd_align((size_t)p->ws); /* cuDNN's part first, then ours */
+    char *ws = cuda_cudnn_workspace(base + (size_t)w.bytes), *own = ws + base;
+    cuda_cudnn_lse_to_stats((float *)(own + w.stats), lse, Tq, nh);
     float scale = 1.0f / sqrtf((float)hd), one = 1.0f, neg_inf = -INFINITY;
     int64_t uids[14] = {CDG_UID_Q, CDG_UID_K, CDG_UID_V, CDG_UID_O, CDG_UID_DO, CDG_UID_STATS, CDG_UID_DQ,
                         CDG_UID_DK, CDG_UID_DV, CDG_UID_SCALE, CDG_UID_ONE, CDG_UID_SOFTMAX_SUM};
-    void *ptrs[14] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, ws + o_stats, ws + o_dq,
-                      ws + o_dk, ws + o_dv, &scale, &one, ws + o_sum};
+    void *ptrs[14] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, own + w.stats, own + w.dq,
+                      own + w.dk, own + w.dv, &scale, &one, own + w.softmax_sum};
     int n = 12;
-    if (!key.deterministic) uids[n] = CDG_UID_DQ_ACCUM, ptrs[n++] = ws + o_acc;
+    if (!key.deterministic) uids[n] = CDG_UID_DQ_ACCUM, ptrs[n++] = own + w.dq_accum;
     if (key.causal) uids[n] = CDG_UID_NEG_INF, ptrs[n++] = &neg_inf;
     cd_execute(p, n, uids, ptrs, ws);
-    cuda_cudnn_add_bf16(dq, ws + o_dq, Tq, (int)qd, ldq, (int)qd);
-    cuda_cudnn_add_bf16(dk, ws + o_dk, Tk, (int)kvd, ldk, (int)kvd);
-    cuda_cudnn_add_bf16(dv, ws + o_dv, Tk, (int)kvd, ldk, (int)kvd);
+    cuda_cudnn_add_bf16(dq, own + w.dq, Tq, (int)qd, ldq, (int)qd);
+    cuda_cudnn_add_bf16(dk, own + w.dk, Tk, (int)kvd, ldk, (int)kvd);
+    cuda_cudnn_add_bf16(dv, own + w.dv, Tk, (int)kvd, ldk, (int)kvd);
     cd_counts[2]++;
 }

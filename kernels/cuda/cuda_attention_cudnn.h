@@ -12,13 +12,18 @@
  * toolkit's lib64; it reports every path it tried when none loads, and the
  * caller stops (no silent fallback to our kernel).
  *
- * Per call (same contract as cuda_attention_forward/backward): a small kernel
- * summarises pos/doc_pos (one document? consecutive positions?) and the host
- * reads the summary back (one stream synchronisation per call, ~10-30 us);
- * lib/attn_cudnn_graph.h's route sends the call to cuDNN (every key visible:
- * the ring's dense rectangles; top-left causal: the causal diagonal, one-GPU
- * causal) or to our kernel (document-masked pairs, shifted diagonals, shapes
- * cuDNN refuses). The forward converts cuDNN's Stats (nh, Tq) into our lse
+ * Per call (same contract as cuda_attention_forward/backward): the route
+ * (lib/attn_cudnn_graph.h cdg_route) is decided on the host from the caller's
+ * AttnHint (lib/attn_hint.h: the summary of the call's pos/doc_pos rows that
+ * lib/cp_ring.c computes from its host copies), so nothing waits for the GPU;
+ * a NULL hint stops the process (no read-back, no silent fallback). Every
+ * call also queues a check of the hint against the rows on the GPU (two small
+ * kernels, ~10 us; a difference is recorded in the device error word, which
+ * the host reads where it waits anyway: the step's loss and gradient norm).
+ * The route sends the call to cuDNN (every key visible: the ring's dense
+ * rectangles; top-left causal: the causal diagonal, one-GPU causal) or to
+ * our kernel (document-masked pairs, shifted diagonals, shapes cuDNN
+ * refuses). The forward converts cuDNN's Stats (nh, Tq) into our lse
  * (Tq, nh) (same values: rowmax + natural log of the row sum); the backward
  * transposes our final lse back, runs cuDNN's backward into bf16 dq/dk/dv
  * scratch and adds them into our fp32 accumulators (+=): one bf16 rounding
@@ -27,14 +32,21 @@
  * 128k). Graphs and execution plans are built once per (shape, strides,
  * causal, direction) and kept with their workspace (the plan cache).
  *
- * Memory beyond ours, per call, from one growing buffer: the plan's workspace,
- * Stats and softmax_sum (4 Tq nh bytes each), the bf16 dq, dk, dv scratch (2
- * Tq nh hd + 4 Tk nkv hd bytes) and, for cudnn (not cudnn_det), cuDNN's fp32
- * dq accumulator (4 Tq nh hd bytes): ~2.5 GiB at 128k tokens, 16/16/128
- * (`ringscan plan` does not count it yet).
+ * Memory beyond ours: one workspace, grown to the largest call through
+ * cuda_internal_alloc (counted in memory_stats as the backend's own; the old
+ * one freed after a stream synchronisation, on growth only) and never shrunk:
+ * cuDNN's plan workspace, then for the forward Stats (4 Tq nh bytes), for the
+ * backward Stats and softmax_sum (4 Tq nh each), for cudnn (not cudnn_det)
+ * cuDNN's fp32 dq accumulator (4 Tq nh hd), and the bf16 dq, dk, dv scratch
+ * (2 Tq nh hd + 4 Tk nkv hd), each on 256 bytes (lib/attn_cudnn_graph.h
+ * cdg_workspace: the layout, which `ringscan plan` counts too, with Tq = Tk =
+ * the largest ring call: a fragment at cp > 1, a sample at cp 1; cuDNN's own
+ * part is known only once its plan is built and is printed then). ~3.3 GiB
+ * for 16/2/128 at 256k rows per call (1M tokens at cp 2).
  *
  * Callers: kernels/cuda/backend_cuda.c (cuda_backend_with_cudnn_attention),
- * lib/train.c, lib/bench_ops.c, tests/cuda/test_cuda_attention_cudnn.cu.
+ * kernels/backend_select.c, bench/bench_ops.c (bench attn, cp, step),
+ * tests/cuda/test_cuda_attention_cudnn.cu.
  */
 #ifndef RS_CUDA_ATTENTION_CUDNN_H
 #define RS_CUDA_ATTENTION_CUDNN_H
@@ -57,16 +69,16 @@ const char *cuda_attention_cudnn_describe(void);
  * accumulator (cudnn: faster, not bitwise reproducible) */
 void cuda_attention_cudnn_set_deterministic(int on);
 
-/* The Backend entries (lib/backend.h's contracts; cuDNN must be loaded) */
+/* The Backend entries (lib/backend.h's contracts; cuDNN must be loaded; hint must not be NULL) */
 void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                   const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
-                                  const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
-                                  int ldk, int ldo, int causal);
+                                  const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
+                                  int nkv, int hd, int ldq, int ldk, int ldo, int causal);
 void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *dout, const void *out,
                                    const float *lse, const void *q, const void *k, const void *v,
                                    const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
-                                   const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
-                                   int ldk, int ldo, int causal);
+                                   const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
+                                   int nkv, int hd, int ldq, int ldk, int ldo, int causal);
 
 /* every tensor and operation descriptor of key k's graph created and finalized, then destroyed: no GPU, no
  * cuDNN handle (the operation graph and plan need both); stops with cuDNN's message on a refusal. For tests. */
@@ -80,10 +92,13 @@ void cuda_attention_cudnn_counts(int64_t counts[4]);
 const Backend *cuda_backend_with_cudnn_attention(const Backend *base);
 
 /* ---- cuda_attention_cudnn_glue.cu: the small kernels around cuDNN's calls (compute stream) ---- */
-/* the route's summary of a call's metadata (lib/attn_cudnn_graph.h CdgMeta, 8 int32 in its order), read back
- * to the host: waits for the stream */
-void cuda_cudnn_meta(int32_t host_meta[8], const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq,
-                     const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tk);
+/* queues the check of hint against the call's rows on the GPU; a difference goes to the device error word
+ * (CUDA_ERR_ATTN_HINT, cuda_common.h; the host is not waited for) */
+void cuda_cudnn_hint_check(const AttnHint *hint, const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq,
+                           const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tk);
+/* the route's workspace (see the header), at least `bytes`: grown through cuda_internal_alloc, never shrunk;
+ * the old one freed after a stream synchronisation (on growth only: the first calls of a shape) */
+void *cuda_cudnn_workspace(size_t bytes);
 void cuda_cudnn_stats_to_lse(float *lse /* (Tq,nh) */, const float *stats /* (nh,Tq) */, int64_t Tq, int nh);
 void cuda_cudnn_lse_to_stats(float *stats /* (nh,Tq) */, const float *lse /* (Tq,nh) */, int64_t Tq, int nh);
 /* dst[r, 0:cols] += src[r, 0:cols] (fp32 += bf16), row strides ld_dst, ld_src */

@@ -1,9 +1,12 @@
 /*
  * cuda_attention_cudnn_glue.cu — the small kernels around cuDNN's attention
- * calls (cuda_attention_cudnn.h): the route's metadata summary (read back to
- * the host), the LSE layout transposes between cuDNN's Stats (nh, Tq) and our
- * lse (Tq, nh) (lib/attn_cudnn_graph.h's index maps), and the fp32 += bf16
- * add of cuDNN's dq/dk/dv into our accumulators. All on the compute stream.
+ * calls (cuda_attention_cudnn.h): the check of the caller's hint against the
+ * rows (lib/attn_hint.h's fold on the GPU, a difference recorded in the
+ * device error word: nothing is read back), the route's workspace (grown
+ * through cuda_internal_alloc, counted), the LSE layout transposes between
+ * cuDNN's Stats (nh, Tq) and our lse (Tq, nh) (lib/attn_cudnn_graph.h's index
+ * maps), and the fp32 += bf16 add of cuDNN's dq/dk/dv into our accumulators.
+ * All on the compute stream.
  *
  * Callers: kernels/cuda/cuda_attention_cudnn.c.
  */
@@ -13,47 +16,79 @@
 #include "attn_cudnn_graph.h"
 #include "cuda_attention_cudnn.h"
 #include "cuda_common.h"
+#include "cuda_device.cuh"
 
-/* out[0..7] = CdgMeta: doc_min, doc_max, q_consec, k_consec, pos_q0, pos_k0, pos_q_min, pos_k_max; one block */
-static __global__ void cudnn_meta_kernel(int32_t *out, const int32_t *pos_q, const int32_t *doc_q, int64_t Tq,
-                                         const int32_t *pos_k, const int32_t *doc_k, int64_t Tk) {
-    __shared__ int32_t s[6];
-    if (threadIdx.x == 0) s[0] = INT32_MAX, s[1] = INT32_MIN, s[2] = 1, s[3] = 1, s[4] = INT32_MAX, s[5] = INT32_MIN;
-    __syncthreads();
-    int32_t dmin = INT32_MAX, dmax = INT32_MIN, qc = 1, kc = 1, qmin = INT32_MAX, kmax = INT32_MIN;
+/* The device's own summary of a call's rows, by lib/attn_hint.h's fold: each thread folds a strided share of
+ * the Tq + Tk rows, each block joins its threads' in shared memory and then into the call's summary `acc` in
+ * global memory (atomics: the join is min / max / and, so the order does not matter). */
+static __global__ void cudnn_hint_rows_kernel(AttnHint *acc, const int32_t *pos_q, const int32_t *doc_q, int64_t Tq,
+                                              const int32_t *pos_k, const int32_t *doc_k, int64_t Tk) {
+    __shared__ AttnHint s;
     const int32_t q0 = Tq ? pos_q[0] : 0, k0 = Tk ? pos_k[0] : 0;
-    for (int64_t i = threadIdx.x; i < Tq + Tk; i += blockDim.x) {
-        const bool isk = i >= Tq;
-        const int64_t r = isk ? i - Tq : i;
-        const int32_t p = isk ? pos_k[r] : pos_q[r], d = p - (isk ? doc_k[r] : doc_q[r]);
-        dmin = min(dmin, d), dmax = max(dmax, d);
-        if ((int64_t)p != (int64_t)(isk ? k0 : q0) + r) (isk ? kc : qc) = 0;
-        if (isk) kmax = max(kmax, p);
-        else qmin = min(qmin, p);
+    if (threadIdx.x == 0) s = attn_hint_begin(q0, k0);
+    __syncthreads();
+    AttnHint h = attn_hint_begin(q0, k0);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < Tq + Tk; i += stride) {
+        const int is_k = i >= Tq;
+        const int64_t r = is_k ? i - Tq : i;
+        attn_hint_add(&h, is_k, r, is_k ? pos_k[r] : pos_q[r], is_k ? doc_k[r] : doc_q[r]);
     }
-    atomicMin(&s[0], dmin), atomicMax(&s[1], dmax), atomicMin(&s[2], qc), atomicMin(&s[3], kc);
-    atomicMin(&s[4], qmin), atomicMax(&s[5], kmax);
+    atomicMin(&s.doc_min, h.doc_min), atomicMax(&s.doc_max, h.doc_max);
+    atomicAnd(&s.q_consec, h.q_consec), atomicAnd(&s.k_consec, h.k_consec);
+    atomicMin(&s.pos_q_min, h.pos_q_min), atomicMax(&s.pos_k_max, h.pos_k_max);
     __syncthreads();
     if (threadIdx.x == 0) {
-        out[0] = s[0], out[1] = s[1], out[2] = s[2], out[3] = s[3], out[4] = q0, out[5] = k0, out[6] = s[4];
-        out[7] = s[5];
+        atomicMin(&acc->doc_min, s.doc_min), atomicMax(&acc->doc_max, s.doc_max);
+        atomicAnd(&acc->q_consec, s.q_consec), atomicAnd(&acc->k_consec, s.k_consec);
+        atomicMin(&acc->pos_q_min, s.pos_q_min), atomicMax(&acc->pos_k_max, s.pos_k_max);
     }
 }
 
-static int32_t *cudnn_meta_dev, *cudnn_meta_host;
+/* compares the device's summary with the caller's hint (passed by value), records the first field that
+ * differs in the error word, and leaves `acc` empty for the next call */
+static __global__ void cudnn_hint_compare_kernel(AttnHint *acc, AttnHint hint, const int32_t *pos_q, int64_t Tq,
+                                                 const int32_t *pos_k, int64_t Tk, int *err) {
+    AttnHint rows = *acc;
+    rows.pos_q0 = Tq ? pos_q[0] : 0, rows.pos_k0 = Tk ? pos_k[0] : 0;
+    const int f = attn_hint_differs(&hint, &rows);
+    if (f >= 0) cuda_raise(err, CUDA_ERR_ATTN_HINT, f, attn_hint_field(&rows, f));
+    *acc = attn_hint_begin(0, 0);
+}
 
-extern "C" void cuda_cudnn_meta(int32_t host_meta[8], const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq,
-                                const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tk) {
-    if (!cudnn_meta_dev) {
-        CUDA_CHECK(cudaMalloc(&cudnn_meta_dev, 8 * sizeof(int32_t)));
-        CUDA_CHECK(cudaMallocHost(&cudnn_meta_host, 8 * sizeof(int32_t)));
+static AttnHint *cudnn_hint_acc;
+
+extern "C" void cuda_cudnn_hint_check(const AttnHint *hint, const int32_t *pos_q, const int32_t *doc_pos_q,
+                                      int64_t Tq, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tk) {
+    if (!cudnn_hint_acc) {
+        const AttnHint empty = attn_hint_begin(0, 0);
+        cudnn_hint_acc = (AttnHint *)cuda_internal_alloc(sizeof(AttnHint));
+        CUDA_CHECK(cudaMemcpy(cudnn_hint_acc, &empty, sizeof empty, cudaMemcpyHostToDevice)); /* once */
     }
-    cudnn_meta_kernel<<<1, 1024, 0, cuda_stream()>>>(cudnn_meta_dev, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
+    const int64_t n = Tq + Tk;
+    const int threads = 256;
+    const unsigned blocks = (unsigned)(n / (threads * 16) + 1 < 264 ? n / (threads * 16) + 1 : 264);
+    cudnn_hint_rows_kernel<<<blocks, threads, 0, cuda_stream()>>>(cudnn_hint_acc, pos_q, doc_pos_q, Tq, pos_k,
+                                                                 doc_pos_k, Tk);
     CUDA_LAUNCH_CHECK();
-    CUDA_CHECK(cudaMemcpyAsync(cudnn_meta_host, cudnn_meta_dev, 8 * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                               cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-    for (int i = 0; i < 8; i++) host_meta[i] = cudnn_meta_host[i];
+    cudnn_hint_compare_kernel<<<1, 1, 0, cuda_stream()>>>(cudnn_hint_acc, *hint, pos_q, Tq, pos_k, Tk,
+                                                          cuda_error_word());
+    CUDA_LAUNCH_CHECK();
+}
+
+static void *cudnn_ws;
+static size_t cudnn_ws_bytes;
+
+extern "C" void *cuda_cudnn_workspace(size_t bytes) {
+    if (bytes > cudnn_ws_bytes) {
+        if (cudnn_ws) {
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); /* growth only: the old one may be in use */
+            cuda_internal_free(cudnn_ws, cudnn_ws_bytes);
+        }
+        cudnn_ws = cuda_internal_alloc(bytes);
+        cudnn_ws_bytes = bytes;
+    }
+    return cudnn_ws;
 }
 
 static __global__ void cudnn_transpose_kernel(float *dst, const float *src, int64_t Tq, int nh, int to_lse) {

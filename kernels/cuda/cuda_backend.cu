@@ -10,6 +10,7 @@
  */
 #include <stdio.h>
 
+#include "attn_hint.h"
 #include "cuda_backend.h"
 #include "cuda_common.h"
 #include "cuda_streams.h"
@@ -133,6 +134,10 @@ extern "C" void cuda_error_check(void) {
     case CUDA_ERR_TOKEN_ID: RS_FATAL("embedding (cuda): token %lld has id %d < 0", i, w[3]);
     case CUDA_ERR_TARGET_ID: RS_FATAL("lm_head_loss (cuda): target %d of token %lld is >= the vocab size", w[3], i);
     case CUDA_ERR_DOC_POS: RS_FATAL("conv1d_silu (cuda): doc_pos[%lld] = %d < 0", i, w[3]);
+    case CUDA_ERR_ATTN_HINT:
+        RS_FATAL("attention (cuda, cuDNN route): a call's AttnHint says something else than its pos/doc_pos rows: "
+                 "%s is %d in the rows (the caller's summary is wrong: lib/attn_hint.h)", attn_hint_field_name((int)i),
+                 w[3]);
     default: RS_FATAL("a cuda kernel recorded error code %d (index %lld, value %d)", w[0], i, w[3]);
     }
 }

@@ -72,6 +72,7 @@ enum {
     CUDA_ERR_TOKEN_ID,  /* embedding: token id < 0 */
     CUDA_ERR_TARGET_ID, /* lm_head_loss: target >= V */
     CUDA_ERR_DOC_POS,   /* conv1d_silu: doc_pos < 0 */
+    CUDA_ERR_ATTN_HINT, /* attention through cuDNN: the caller's AttnHint is not the rows' (index: the field) */
 };
 int *cuda_error_word(void);
 /* Waits for the compute stream; fatal if a kernel recorded an error. */

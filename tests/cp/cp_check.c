@@ -332,10 +332,10 @@ static void check_ring(Check *c, int nh, int nkv, int hd) {
     for (int64_t s = 0; s < S; s++) {
         int64_t r = s * T;
         be->attention_forward(out + r * qd, lse + r * nh, q + r * qd, kv + r * ldk, kv + r * ldk + kvd, c->pos + r,
-                              c->doc_pos + r, c->pos + r, c->doc_pos + r, T, T, nh, nkv, hd, qd, ldk, qd, 1);
+                              c->doc_pos + r, c->pos + r, c->doc_pos + r, NULL, T, T, nh, nkv, hd, qd, ldk, qd, 1);
         be->attention_backward(dq + r * qd, dkv + r * ldk, dkv + r * ldk + kvd, dout + r * qd, out + r * qd,
                                lse + r * nh, q + r * qd, kv + r * ldk, kv + r * ldk + kvd, c->pos + r, c->doc_pos + r,
-                               c->pos + r, c->doc_pos + r, T, T, nh, nkv, hd, qd, ldk, qd, 1);
+                               c->pos + r, c->doc_pos + r, NULL, T, T, nh, nkv, hd, qd, ldk, qd, 1);
     }
     float *lq = check_local(c, q, qd), *lkv = check_local(c, kv, ldk), *ldout = check_local(c, dout, qd);
     float *lout = RS_MALLOC((size_t)(rows * qd) * 4), *llse = RS_MALLOC((size_t)(rows * nh) * 4);

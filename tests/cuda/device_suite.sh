@@ -30,6 +30,12 @@
 #              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
 #              then ours alone on the same shapes (attn-cudnn-ours.json)
 #   attn-cudnn-det  bench attn --attn-impl cudnn_det at 32k (cuDNN's deterministic backward; its workspace)
+#   attn-cudnn-wide  the cuDNN route where attn-cudnn did not look: bench attn --attn-impl cudnn at hd 256
+#              (16/16/256, 16/2/256) and at hd 128 with documents (--doc-len 2048: document-masked calls go
+#              to our kernel by design, the routed counts say so), 32k and 128k, SDPA flash and cuDNN beside
+#              (per document with documents). ~5 min
+#   step-cudnn the 1B step (bench step, 32k tokens, ours only) under none and under remat, each with our
+#              attention kernel and with device.attention_kernel=cudnn, side by side. ~2 min
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside); fails unless
 #              our row's block_recomputes and chunk_recomputes are 0 (none reruns nothing)
 #   remat      ringscan bench step, remat (ours only)
@@ -46,6 +52,10 @@
 #              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
 #              GDN_OURS_S: the seconds kept for ours and the parts after it (default 200)
 #   cp2-512k   cp2's ring attention at 512k (MHA and GQA, 2 timed runs) with torch's context_parallel
+#   cp2-attn-cudnn  cp2's ring attention through the cuDNN route (bench cp --attn-impl cudnn: the causal
+#              diagonals and dense rectangles on cuDNN, by the ring's host hints, no read-back) at 128k, 256k and
+#              512k, MHA and GQA, 3 timed runs, with torch's context_parallel (cuDNN) beside and the route's
+#              own one-GPU rows for CP efficiency. ~7 min: run it alone in a call
 #   cp4-attn   (4 GPUs, issue 21) ring attention at cp 4, 128k / 512k / 1M, 16 heads, hd 128, torch beside
 #   cp4-gdn    (4 GPUs) the GDN layer at cp 4, 128k, 64 heads, FLA's CP beside (give it a warm Triton cache)
 #   cp4-step   (4 GPUs) ringscan train: the 1M config at cp 4 (CP4_CONFIG, default the h200x4 one; CP_STEPS 4),
@@ -71,6 +81,10 @@
 #              + ~40 s start: ~6 min; then torch context_parallel + cuDNN alone, one attention layer (16 heads,
 #              hd 128) fwd+bwd at 1M on the same two GPUs and on one (~2 min; LONG_1M_PEER=0 skips it); run it
 #              alone in a call
+#   long-1m-cudnn  long-1m's training (3 steps, two GPUs, cp 2) with device.attention_kernel=cudnn: s/step,
+#              MFU, memory beside plan (which counts the route's 3.28 GiB workspace; cuDNN's own plan workspace
+#              is printed in the log). ~70 s a step if the attention runs at v0.7's 1.6x: ~5 min; run it alone
+#              in a call (on 80 GB H100s plan is 75.1 GiB of 79.2 before cuDNN's own workspace)
 #   long-1gpu  (issue 18) the same model on ONE GPU at the longest sample plan fits in 79 GiB (LONG_1GPU_T, default
 #              589,824 tokens), 2 optimizer steps: s/step, memory beside plan. ~2.5 min
 #   long-256k  the same model at 262,144 tokens on two GPUs, 4 steps each: unchunked without offload
@@ -263,6 +277,40 @@ suite_attn_cudnn() {
     suite_bench attn-cudnn attn $shapes --attn-impl cudnn --peer --peer-timeout 150 || rc=1
     grep -E "attention kernel|cuDNN attention plan|routed" "$L/attn-cudnn.log" | head -12
     suite_bench attn-cudnn-ours attn $shapes || rc=1
+    return $rc
+}
+
+# the cuDNN route at hd 256 and with documents, SDPA beside
+suite_attn_cudnn_wide() {
+    local rc=0 T="--T 32768,131072"
+    suite_bench attn-cudnn-hd256 attn $T --attn-shapes 16/16/256,16/2/256 --attn-impl cudnn --peer \
+        --peer-timeout 150 || rc=1
+    grep -E "routed|cuDNN attention plan" "$L/attn-cudnn-hd256.log" | head -8
+    suite_bench attn-cudnn-docs attn $T --attn-shapes 16/16/128,16/2/128 --doc-len 2048 --attn-impl cudnn --peer \
+        --peer-timeout 150 || rc=1
+    grep -E "routed" "$L/attn-cudnn-docs.log" | head -4
+    return $rc
+}
+
+# the 1B step with our attention kernel and with the cuDNN route, under none and remat
+suite_step_cudnn() {
+    local rc=0 pol k
+    for pol in none remat; do
+        for k in ringscan cudnn; do
+            suite_bench "step-$pol-$k" step --profile 1 --set checkpoint.activations=$pol \
+                --set device.attention_kernel=$k || rc=1
+        done
+    done
+    return $rc
+}
+
+# long-1m's training with the cuDNN route
+suite_long_1m_cudnn() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 k=(--set device.attention_kernel=cudnn)
+    build/ringscan plan $cfg "${k[@]}" | grep -E "^  total|cuDNN attention workspace|verdict"
+    suite_train long-1m-cudnn 2 3 $cfg "${k[@]}" || rc=1
+    grep -E "cuDNN attention plan|^attention:" "$L/long-1m-cudnn.log" | sort | uniq -c | head -10
+    rm -rf $TRAIN_DIR
     return $rc
 }
 
@@ -462,6 +510,8 @@ for part in "$@"; do
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     attn-cudnn) suite_attn_cudnn ;;
     attn-cudnn-det) suite_bench attn-cudnn-det attn --T 32768 --attn-shapes 16/16/128,16/2/128 --attn-impl cudnn_det ;;
+    attn-cudnn-wide) suite_attn_cudnn_wide ;;
+    step-cudnn) suite_step_cudnn ;;
     step) suite_step_none ;;
     remat) suite_bench remat step --profile 1 ;;
     cp-parity)
@@ -475,6 +525,7 @@ for part in "$@"; do
     long-1m) suite_long_1m ;;
     long-256k) suite_long_256k ;;
     long-1gpu) suite_long_1gpu ;;
+    long-1m-cudnn) suite_long_1m_cudnn ;;
     step-states)
         suite_bench step-states step --profile 1 --set checkpoint.activations=none --set checkpoint.gdn_keep=states
         ;;
@@ -483,6 +534,8 @@ for part in "$@"; do
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
     cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
+    cp2-attn-cudnn) suite_cp cp2-attn-cudnn 2 --parts attn --attn-impl cudnn --T 131072,262144,524288 --reps 3 --peer \
+        --peer-timeout 240 ;;
     cp4-attn) suite_cp cp4-attn 4 --parts attn --T 131072,524288,1048576 --attn-shapes 16/16/128 --reps 2 --peer \
         --peer-timeout 300 ;;
     cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
@@ -490,8 +543,9 @@ for part in "$@"; do
     hf) suite_hf ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
-        echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det step remat step-states cp-parity"
-        echo "  cp-step cp2 cp2-attn cp2-gdn cp2-gdn-peer cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-256k long-1gpu)"
+        echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
+        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer"
+        echo "  cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
     esac || status=1

@@ -286,7 +286,7 @@ static void ca_cpu_forward(CaFwd *f, const CaData *a) {
     f->out_ref = ca_nan_f32(a->Tq * a->ldo);
     f->lse_ref = ca_nan_f32(a->Tq * c->nh);
     cpu_attention_forward(f->out_ref, f->lse_ref, a->qf, a->kf, a->vf, a->pos_q, a->doc_pos_q, a->pos_k,
-                          a->doc_pos_k, a->Tq, a->Tk, c->nh, c->nkv, c->hd, a->ldq, a->ldk, a->ldo, c->causal);
+                          a->doc_pos_k, NULL, a->Tq, a->Tk, c->nh, c->nkv, c->hd, a->ldq, a->ldk, a->ldo, c->causal);
 }
 
 /* the cuda forward into NaN-poisoned buffers; pos_q/doc_pos_q may be replaced (the must-fail case) */
@@ -297,7 +297,7 @@ static void ca_cuda_forward(CaFwd *f, const CaData *a, const int32_t *d_pos_q, c
     CUDA_CHECK(cudaMemsetAsync(f->d_out, 0xff, (size_t)a->Tq * a->ldo * 2, cuda_stream()));
     CUDA_CHECK(cudaMemsetAsync(f->d_lse, 0xff, (size_t)a->Tq * c->nh * 4, cuda_stream()));
     cuda_attention_forward(f->d_out, f->d_lse, a->d_q, a->d_k, a->d_v, d_pos_q, d_doc_pos_q, a->d_pos_k,
-                           a->d_doc_pos_k, a->Tq, a->Tk, c->nh, c->nkv, c->hd, a->ldq, a->ldk, a->ldo, c->causal);
+                           a->d_doc_pos_k, NULL, a->Tq, a->Tk, c->nh, c->nkv, c->hd, a->ldq, a->ldk, a->ldo, c->causal);
     CUDA_LAUNCH_CHECK();
     f->out = (uint16_t *)test_alloc(a->Tq * a->ldo * 2 + 16);
     f->lse = (float *)test_alloc(a->Tq * c->nh * 4 + 16);
@@ -511,8 +511,8 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
     memcpy(dk_ref, dk_pre, (size_t)nk * 4);
     if (!c->strided) memcpy(dv_ref, dv_pre, (size_t)nk * 4);
     cpu_attention_backward(dq_ref + a.qoff, dk_ref, dv_ref + dv_off, dout, out, f.lse_ref, a.qf, a.kf, a.vf, a.pos_q,
-                           a.doc_pos_q, a.pos_k, a.doc_pos_k, Tq, Tk, nh, c->nkv, c->hd, a.ldq, a.ldk, a.ldo,
-                           c->causal);
+                           a.doc_pos_q, a.pos_k, a.doc_pos_k, NULL, Tq, Tk, nh, c->nkv, c->hd, a.ldq, a.ldk,
+                           a.ldo, c->causal);
 
     const bf16 *d_out = ca_upload_bf16(out, Tq * a.ldo), *d_dout = ca_upload_bf16(dout, Tq * a.ldo);
     const float *d_lse = (const float *)ca_upload(lse_dev, Tq * nh * 4);
@@ -529,8 +529,8 @@ static double ca_test_backward(const CaCase *c, uint64_t seed, float lse_shift) 
             float *d_dq = (float *)ca_upload(dq_pre, nq * 4), *d_dk = (float *)ca_upload(dk_pre, nk * 4);
             float *d_dv = c->strided ? d_dk : (float *)ca_upload(dv_pre, nk * 4);
             cuda_attention_backward(d_dq + a.qoff, d_dk, d_dv + dv_off, d_dout, d_out, d_lse, a.d_q, a.d_k, a.d_v,
-                                    a.d_pos_q, a.d_doc_pos_q, a.d_pos_k, a.d_doc_pos_k, Tq, Tk, nh, c->nkv, c->hd, a.ldq,
-                                    a.ldk, a.ldo, c->causal);
+                                    a.d_pos_q, a.d_doc_pos_q, a.d_pos_k, a.d_doc_pos_k, NULL, Tq, Tk, nh, c->nkv,
+                                    c->hd, a.ldq, a.ldk, a.ldo, c->causal);
             CUDA_LAUNCH_CHECK();
             for (int w = 0; w < 3; w++) got[run][w] = (float *)test_alloc((w ? nk : nq) * 4 + 16);
             ca_download(got[run][0], d_dq, nq * 4);
@@ -696,8 +696,8 @@ static void ca_test_ring(const CaCase *c, const int64_t *cuts, int npieces, cons
         const int64_t lo = cuts[order[i]], hi = cuts[order[i] + 1];
         CUDA_CHECK(cudaMemsetAsync(d_pout, 0xff, Tq * a.ldo * 2, cuda_stream()));
         cuda_attention_forward(d_pout, d_plse, a.d_q, a.d_k + lo * a.ldk, a.d_v + lo * a.ldk, a.d_pos_q,
-                               a.d_doc_pos_q, a.d_pos_k + lo, a.d_doc_pos_k + lo, Tq, hi - lo, nh, c->nkv, hd, a.ldq,
-                               a.ldk, a.ldo, c->causal);
+                               a.d_doc_pos_q, a.d_pos_k + lo, a.d_doc_pos_k + lo, NULL, Tq, hi - lo, nh, c->nkv,
+                               hd, a.ldq, a.ldk, a.ldo, c->causal);
         cuda_attention_merge(d_run, d_run_lse, d_pout, d_plse, Tq, nh, hd, a.ldo);
         CUDA_LAUNCH_CHECK();
     }
@@ -762,11 +762,11 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
         for (int it = -1; it < reps; it++) { /* it = -1: warm-up */
             CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
             if (which == 0)
-                cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos, d_pos, T, T, nh, nkv, hd,
-                                       ldq, ldk, ldo, 1);
+                cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_pos, d_pos, d_pos, NULL, T, T, nh,
+                                       nkv, hd, ldq, ldk, ldo, 1);
             else
                 cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pos, d_pos,
-                                        d_pos, d_pos, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
+                                        d_pos, d_pos, NULL, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
             CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
             CUDA_CHECK(cudaEventSynchronize(e1));
             if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms[which][it], e0, e1));
@@ -802,8 +802,8 @@ TEST(cuda_attention_backward_reproducible) {
         ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(q, (int64_t)T * ldq, 11);
         ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(kv, (int64_t)T * ldk, 12);
         ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(dout, (int64_t)T * ldo, 13);
-        cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_dp, d_pos, d_dp, T, T, nh, nkv, hd, ldq, ldk,
-                               ldo, 1);
+        cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pos, d_dp, d_pos, d_dp, NULL, T, T, nh, nkv, hd, ldq,
+                               ldk, ldo, 1);
         const size_t nq = (size_t)T * ldq, nk = (size_t)T * ldk;
         float *got[2][3];
         for (int ord = 1; ord >= 0; ord--) {
@@ -814,7 +814,7 @@ TEST(cuda_attention_backward_reproducible) {
                 CUDA_CHECK(cudaMemsetAsync(dq, 0, nq * 4, cuda_stream()));
                 CUDA_CHECK(cudaMemsetAsync(dkv, 0, nk * 4, cuda_stream()));
                 cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pos, d_dp,
-                                        d_pos, d_dp, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
+                                        d_pos, d_dp, NULL, T, T, nh, nkv, hd, ldq, ldk, ldo, 1);
                 CUDA_LAUNCH_CHECK();
                 float **g = got[ord];
                 if (run == 0) {

@@ -29,6 +29,15 @@
  *                                      out and lse, accumulated, against the cpu backward
  *   cuda_attention_cudnn_deterministic cudnn_det: two backward runs from the same prefill bitwise equal;
  *                                      cudnn (its dq accumulator): prints whether they are (no check)
+ *   cuda_attention_cudnn_hint          the route follows the caller's hint (lib/attn_hint.h), never the
+ *                                      device: right hints send a one-document diagonal to cuDNN and a
+ *                                      document-masked one to ours with nothing in the error word; a wrong
+ *                                      hint either way (one document claimed for masked rows, which would
+ *                                      run the wrong mask, and a document start claimed for plain rows) is
+ *                                      recorded as CUDA_ERR_ATTN_HINT naming the field, with the route the
+ *                                      hint asked for
+ *
+ * Every call passes the hint of its rows, computed on the host (the cpu oracle checks it too).
  */
 #include <math.h>
 #include <stdio.h>
@@ -127,12 +136,13 @@ static void cc_run(const char *name, const CcCase *c, int expect_cudnn, uint64_t
 
     /* forward */
     float *out_ref = ct_host(nq * a.qd), *lse_ref = ct_host(nq * c->nh);
-    cpu_attention_forward(out_ref, lse_ref, a.q, a.kv, a.kv + a.kvd, a.pq, a.dq_, a.pk, a.dk_, nq, nk, c->nh, c->nkv,
-                          c->hd, a.qd, a.ldk, a.qd, c->causal);
+    const AttnHint h = attn_hint_rows(a.pq, a.dq_, nq, a.pk, a.dk_, nk);
+    cpu_attention_forward(out_ref, lse_ref, a.q, a.kv, a.kv + a.kvd, a.pq, a.dq_, a.pk, a.dk_, &h, nq, nk, c->nh,
+                          c->nkv, c->hd, a.qd, a.ldk, a.qd, c->causal);
     bf16 *d_out = (bf16 *)ct_dev((size_t)nq * a.qd * 2);
     float *d_lse = (float *)ct_dev((size_t)nq * c->nh * 4);
-    cuda_attention_cudnn_forward(d_out, d_lse, a.d_q, a.d_kv, a.d_kv + a.kvd, a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, nq, nk,
-                                 c->nh, c->nkv, c->hd, a.qd, a.ldk, a.qd, c->causal);
+    cuda_attention_cudnn_forward(d_out, d_lse, a.d_q, a.d_kv, a.d_kv + a.kvd, a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, &h,
+                                 nq, nk, c->nh, c->nkv, c->hd, a.qd, a.ldk, a.qd, c->causal);
     float *out = ct_host(nq * a.qd), *lse = ct_host(nq * c->nh);
     ct_down_bf16(out, d_out, nq * a.qd);
     ct_down_f32(lse, d_lse, nq * c->nh);
@@ -151,12 +161,12 @@ static void cc_run(const char *name, const CcCase *c, int expect_cudnn, uint64_t
     memset(gq_ref, 0, (size_t)nq * a.qd * 4);
     memset(gkv_ref, 0, (size_t)nk * a.ldk * 4);
     cpu_attention_backward(gq_ref, gkv_ref, gkv_ref + a.kvd, a.dout, out_b, lse_ref, a.q, a.kv, a.kv + a.kvd, a.pq,
-                           a.dq_, a.pk, a.dk_, nq, nk, c->nh, c->nkv, c->hd, a.qd, a.ldk, a.qd, c->causal);
+                           a.dq_, a.pk, a.dk_, &h, nq, nk, c->nh, c->nkv, c->hd, a.qd, a.ldk, a.qd, c->causal);
     float *pre_q = ct_host_normal(nq * a.qd, 1.0), *pre_kv = ct_host_normal(nk * a.ldk, 1.0);
     float *d_gq = ct_up_f32(pre_q, nq * a.qd), *d_gkv = ct_up_f32(pre_kv, nk * a.ldk);
     cuda_attention_cudnn_backward(d_gq, d_gkv, d_gkv + a.kvd, a.d_dout, d_outb, d_lse_ref, a.d_q, a.d_kv,
-                                  a.d_kv + a.kvd, a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, nq, nk, c->nh, c->nkv, c->hd, a.qd,
-                                  a.ldk, a.qd, c->causal);
+                                  a.d_kv + a.kvd, a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, &h, nq, nk, c->nh, c->nkv, c->hd,
+                                  a.qd, a.ldk, a.qd, c->causal);
     float *gq = ct_host(nq * a.qd), *gkv = ct_host(nk * a.ldk);
     ct_down_f32(gq, d_gq, nq * a.qd);
     ct_down_f32(gkv, d_gkv, nk * a.ldk);
@@ -238,8 +248,8 @@ TEST(cuda_attention_cudnn_ring) {
     }
     /* the cpu: one call of rank 0's queries against every key */
     float *out_ref = ct_host(2 * N * qd), *lse_ref = ct_host(2 * N * nh);
-    cpu_attention_forward(out_ref, lse_ref, q0, a.kv, a.kv + kvd, pq, dpq, a.pk, a.dk_, 2 * N, 4 * N, nh, nkv, hd, qd,
-                          ldk, qd, 1);
+    cpu_attention_forward(out_ref, lse_ref, q0, a.kv, a.kv + kvd, pq, dpq, a.pk, a.dk_, NULL, 2 * N, 4 * N, nh, nkv,
+                          hd, qd, ldk, qd, 1);
     /* the pieces of cp_ring's zigzag schedule: (query fragment, key fragment, causal) */
     const int pieces[5][3] = {{0, 0, 1}, {3, 3, 1}, {3, 0, 0}, {3, 1, 0}, {3, 2, 0}};
     bf16 *d_q0 = ct_up_bf16(q0, 2 * N * qd), *d_dout0 = ct_up_bf16(dout0, 2 * N * qd);
@@ -255,9 +265,10 @@ TEST(cuda_attention_cudnn_ring) {
     cuda_attention_cudnn_counts(c0);
     for (int p = 0; p < 5; p++) {
         const int64_t qr = pieces[p][0] == 0 ? 0 : N, kr = (int64_t)pieces[p][1] * N;
+        const AttnHint h = attn_hint_rows(pq + qr, dpq + qr, N, a.pk + kr, a.dk_ + kr, N);
         cuda_attention_cudnn_forward(d_blk, d_blk_lse, d_q0 + qr * qd, a.d_kv + kr * ldk, a.d_kv + kr * ldk + kvd,
-                                     d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, N, N, nh, nkv, hd, qd, ldk, qd,
-                                     pieces[p][2]);
+                                     d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, &h, N, N, nh, nkv, hd, qd, ldk,
+                                     qd, pieces[p][2]);
         cuda_attention_merge(d_run_out + qr * qd, d_run_lse + qr * nh, d_blk, d_blk_lse, N, nh, hd, qd);
     }
     float *out = ct_host(2 * N * qd), *lse = ct_host(2 * N * nh);
@@ -275,16 +286,17 @@ TEST(cuda_attention_cudnn_ring) {
     memset(gq_ref, 0, (size_t)2 * N * qd * 4);
     memset(gkv_ref, 0, (size_t)4 * N * ldk * 4);
     cpu_attention_backward(gq_ref, gkv_ref, gkv_ref + kvd, dout0, out_b, lse_ref, q0, a.kv, a.kv + kvd, pq, dpq, a.pk,
-                           a.dk_, 2 * N, 4 * N, nh, nkv, hd, qd, ldk, qd, 1);
+                           a.dk_, NULL, 2 * N, 4 * N, nh, nkv, hd, qd, ldk, qd, 1);
     float *d_gq = (float *)ct_dev((size_t)2 * N * qd * 4), *d_gkv = (float *)ct_dev((size_t)4 * N * ldk * 4);
     CUDA_CHECK(cudaMemset(d_gq, 0, (size_t)2 * N * qd * 4));
     CUDA_CHECK(cudaMemset(d_gkv, 0, (size_t)4 * N * ldk * 4));
     for (int p = 0; p < 5; p++) {
         const int64_t qr = pieces[p][0] == 0 ? 0 : N, kr = (int64_t)pieces[p][1] * N;
+        const AttnHint h = attn_hint_rows(pq + qr, dpq + qr, N, a.pk + kr, a.dk_ + kr, N);
         cuda_attention_cudnn_backward(d_gq + qr * qd, d_gkv + kr * ldk, d_gkv + kr * ldk + kvd, d_dout0 + qr * qd,
                                       d_outb + qr * qd, d_lse_ref + qr * nh, d_q0 + qr * qd, a.d_kv + kr * ldk,
-                                      a.d_kv + kr * ldk + kvd, d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, N, N,
-                                      nh, nkv, hd, qd, ldk, qd, pieces[p][2]);
+                                      a.d_kv + kr * ldk + kvd, d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, &h, N,
+                                      N, nh, nkv, hd, qd, ldk, qd, pieces[p][2]);
     }
     float *gq = ct_host(2 * N * qd), *gkv = ct_host(4 * N * ldk);
     ct_down_f32(gq, d_gq, 2 * N * qd);
@@ -306,8 +318,9 @@ static void cc_backward_twice(const char *name, int must_equal) {
     cc_setup(&a, &c, 1909);
     const int64_t T = a.nq;
     float *out = ct_host(T * a.qd), *lse = ct_host(T * c.nh);
-    cpu_attention_forward(out, lse, a.q, a.kv, a.kv + a.kvd, a.pq, a.dq_, a.pk, a.dk_, T, T, c.nh, c.nkv, c.hd, a.qd,
-                          a.ldk, a.qd, 1);
+    const AttnHint h = attn_hint_rows(a.pq, a.dq_, T, a.pk, a.dk_, T);
+    cpu_attention_forward(out, lse, a.q, a.kv, a.kv + a.kvd, a.pq, a.dq_, a.pk, a.dk_, &h, T, T, c.nh, c.nkv, c.hd,
+                          a.qd, a.ldk, a.qd, 1);
     ct_round_bf16(out, T * a.qd);
     bf16 *d_out = ct_up_bf16(out, T * a.qd);
     float *d_lse = ct_up_f32(lse, T * c.nh);
@@ -316,7 +329,8 @@ static void cc_backward_twice(const char *name, int must_equal) {
     for (int r = 0; r < 2; r++) {
         float *d_gq = ct_up_f32(pre_q, T * a.qd), *d_gkv = ct_up_f32(pre_kv, T * a.ldk);
         cuda_attention_cudnn_backward(d_gq, d_gkv, d_gkv + a.kvd, a.d_dout, d_out, d_lse, a.d_q, a.d_kv, a.d_kv + a.kvd,
-                                      a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, T, T, c.nh, c.nkv, c.hd, a.qd, a.ldk, a.qd, 1);
+                                      a.d_pq, a.d_dpq, a.d_pk, a.d_dpk, &h, T, T, c.nh, c.nkv, c.hd, a.qd, a.ldk, a.qd,
+                                      1);
         res[r][0] = ct_host(T * a.qd), res[r][1] = ct_host(T * a.ldk);
         ct_down_f32(res[r][0], d_gq, T * a.qd);
         ct_down_f32(res[r][1], d_gkv, T * a.ldk);
@@ -335,4 +349,51 @@ TEST(cuda_attention_cudnn_deterministic) {
     cc_backward_twice("cudnn_det (2k causal 16/2/128)", 1);
     cuda_attention_cudnn_set_deterministic(0);
     cc_backward_twice("cudnn (dq accumulator, information only)", 0);
+}
+
+/* ---- the hint ---- */
+
+/* one forward of rows (pq, dq_) x (pk, dk_) with hint h; returns the error word's code (cleared) and the field
+ * it names; *to_cudnn: whether the call went to cuDNN */
+static int cc_forward_with(const CcData *a, const CcCase *c, const AttnHint *h, int *to_cudnn, long long *field) {
+    bf16 *d_out = (bf16 *)ct_dev((size_t)a->nq * a->qd * 2);
+    float *d_lse = (float *)ct_dev((size_t)a->nq * c->nh * 4);
+    int64_t c0[4], c1[4];
+    cuda_attention_cudnn_counts(c0);
+    cuda_attention_cudnn_forward(d_out, d_lse, a->d_q, a->d_kv, a->d_kv + a->kvd, a->d_pq, a->d_dpq, a->d_pk,
+                                 a->d_dpk, h, a->nq, a->nk, c->nh, c->nkv, c->hd, a->qd, a->ldk, a->qd, c->causal);
+    cuda_attention_cudnn_counts(c1);
+    *to_cudnn = c1[0] > c0[0];
+    int value = 0;
+    *field = -1;
+    return cuda_error_take(field, &value);
+}
+
+TEST(cuda_attention_cudnn_hint) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    CcCase plain = {8, 2, 128, 1, 0, 512, 0, 512, 0}, cut = {8, 2, 128, 1, 0, 512, 0, 512, 200};
+    CcData a, b;
+    cc_setup(&a, &plain, 1910);
+    cc_setup(&b, &cut, 1911);
+    const AttnHint ha = attn_hint_rows(a.pq, a.dq_, a.nq, a.pk, a.dk_, a.nk);
+    const AttnHint hb = attn_hint_rows(b.pq, b.dq_, b.nq, b.pk, b.dk_, b.nk);
+    int to_cudnn;
+    long long field;
+    int code = cc_forward_with(&a, &plain, &ha, &to_cudnn, &field);
+    printf("right hint, one document: %s, error code %d\n", to_cudnn ? "cuDNN" : "ours", code);
+    EXPECT(to_cudnn && code == CUDA_ERR_NONE, "one-document diagonal: cuDNN %d, error %d", to_cudnn, code);
+    code = cc_forward_with(&b, &cut, &hb, &to_cudnn, &field);
+    printf("right hint, a document start: %s, error code %d\n", to_cudnn ? "cuDNN" : "ours", code);
+    EXPECT(!to_cudnn && code == CUDA_ERR_NONE, "document-masked diagonal: cuDNN %d, error %d", to_cudnn, code);
+    code = cc_forward_with(&b, &cut, &ha, &to_cudnn, &field); /* masked rows, one document claimed */
+    printf("wrong hint (one document claimed): %s, error code %d, field %s\n", to_cudnn ? "cuDNN" : "ours", code,
+           attn_hint_field_name((int)field));
+    EXPECT(to_cudnn && code == CUDA_ERR_ATTN_HINT && (field == 0 || field == 1),
+           "a hint claiming one document for masked rows: cuDNN %d, error %d, field %lld", to_cudnn, code, field);
+    code = cc_forward_with(&a, &plain, &hb, &to_cudnn, &field); /* plain rows, a document start claimed */
+    printf("wrong hint (a document start claimed): %s, error code %d, field %s\n", to_cudnn ? "cuDNN" : "ours", code,
+           attn_hint_field_name((int)field));
+    EXPECT(!to_cudnn && code == CUDA_ERR_ATTN_HINT, "a hint claiming a document start: cuDNN %d, error %d", to_cudnn,
+           code);
 }

@@ -674,12 +674,12 @@ TEST(cuda_big_attention) {
     CUDA_CHECK(cudaEventCreate(&e2));
     for (int run = 0; run < 2; run++) { /* the second run timed (the first sizes the workspace) */
         CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-        cuda_attention_forward(OD + co, lse, QKV + cq, QKV + ck, QKV + cv, d_pos, d_dp, d_pos, d_dp, T, T, nh, nkv, hd,
-                               ld, ld, ld, 1);
+        cuda_attention_forward(OD + co, lse, QKV + cq, QKV + ck, QKV + cv, d_pos, d_dp, d_pos, d_dp, NULL, T, T, nh,
+                               nkv, hd, ld, ld, ld, 1);
         CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
     }
     cuda_attention_backward(G + cq, G + ck, G + cv, OD + cdo, OD + co, lse, QKV + cq, QKV + ck, QKV + cv, d_pos, d_dp,
-                            d_pos, d_dp, T, T, nh, nkv, hd, ld, ld, ld, 1);
+                            d_pos, d_dp, NULL, T, T, nh, nkv, hd, ld, ld, ld, 1);
     CUDA_CHECK(cudaEventRecord(e2, cuda_stream()));
     CUDA_CHECK(cudaEventSynchronize(e2));
     float ms_f = 0.0f, ms_b = 0.0f;
@@ -696,13 +696,14 @@ TEST(cuda_big_attention) {
         float *v = big_rows(QKV + cv, r0, n, wk, ld), *o = big_rows(OD + co, r0, n, wq, ld);
         float *go = big_rows(OD + cdo, r0, n, wq, ld), *l = big_rows_f32(lse, r0, n, nh, nh);
         float *oc = ct_host_nan(n * wq), *lc = ct_host_nan(n * nh);
-        cpu_attention_forward(oc, lc, q, k, v, pos + r0, dp + r0, pos + r0, dp + r0, n, n, nh, nkv, hd, wq, wk, wq, 1);
+        cpu_attention_forward(oc, lc, q, k, v, pos + r0, dp + r0, pos + r0, dp + r0, NULL, n, n, nh, nkv, hd, wq, wk,
+                              wq, 1);
         snprintf(what, sizeof what, "big attention rows [%lld, +%lld) fwd out", (long long)r0, (long long)n);
         test_check_rel_f(what, o, oc, n * wq, BIG_ATT_OUT_BOUND);
         snprintf(what, sizeof what, "big attention rows [%lld, +%lld) fwd lse", (long long)r0, (long long)n);
         test_check_rel_f(what, l, lc, n * nh, BIG_ATT_LSE_BOUND);
-        cpu_attention_backward(g0[i][0], g0[i][1], g0[i][2], go, o, l, q, k, v, pos + r0, dp + r0, pos + r0, dp + r0, n,
-                               n, nh, nkv, hd, wq, wk, wq, 1);
+        cpu_attention_backward(g0[i][0], g0[i][1], g0[i][2], go, o, l, q, k, v, pos + r0, dp + r0, pos + r0, dp + r0,
+                               NULL, n, n, nh, nkv, hd, wq, wk, wq, 1);
         snprintf(what, sizeof what, "big attention rows [%lld, +%lld) bwd dq +=", (long long)r0, (long long)n);
         test_check_rel_f(what, big_rows_f32(G + cq, r0, n, wq, ld), g0[i][0], n * wq, BIG_ATT_GRAD_BOUND);
         snprintf(what, sizeof what, "big attention rows [%lld, +%lld) bwd dk +=", (long long)r0, (long long)n);

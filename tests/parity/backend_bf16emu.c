@@ -130,9 +130,10 @@ static void emu_rope_backward(void *dx, const int32_t *pos, int64_t T, int nh, i
 }
 static void emu_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                   const int32_t *pos_q, const int32_t *doc_q, const int32_t *pos_k,
-                                  const int32_t *doc_k, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq,
-                                  int ldk, int ldo, int causal) {
-    cpu_attention_forward(out, lse, q, k, v, pos_q, doc_q, pos_k, doc_k, Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, causal);
+                                  const int32_t *doc_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
+                                  int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
+    cpu_attention_forward(out, lse, q, k, v, pos_q, doc_q, pos_k, doc_k, hint, Tq, Tk, nh, nkv, hd, ldq, ldk, ldo,
+                          causal);
     emu_round(out, Tq, (int64_t)nh * hd, ldo);
 }
 static void emu_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg) {

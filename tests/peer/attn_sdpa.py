@@ -3,7 +3,10 @@ torch.nn.functional.scaled_dot_product_attention, once with the flash backend an
 cuDNN backend forced (torch.nn.attention.sdpa_kernel), causal, bf16, forward and forward+backward,
 at the cases of the request (T, nh, nkv, hd). Inputs as ringscan draws them: q, k, v, dO uniform
 in [-1, 1), layout (1, heads, T, hd). GQA through enable_gqa=True; a backend that refuses it gets
-k and v expanded to nh heads before the timed region, and the row's note says so.
+k and v expanded to nh heads before the timed region, and the row's note says so. A case with
+documents (cu_seqlens of more than one document, `bench attn --doc-len`) runs one causal SDPA call per
+document on its slice of the rows (SDPA has no document mask on these backends), the outputs
+concatenated; the row's note says so.
 
 Run by `ringscan bench attn --peer` (tests/peer/README.md); standalone:
   python3 tests/peer/attn_sdpa.py --request runs/bench/request_attn.json --out /tmp/sdpa.json
@@ -26,9 +29,13 @@ def run_case(c, req, gen):
     k = torch.empty(1, nkv, T, hd, **opts).uniform_(-1, 1, generator=gen).requires_grad_()
     v = torch.empty(1, nkv, T, hd, **opts).uniform_(-1, 1, generator=gen).requires_grad_()
     dout = torch.empty(1, nh, T, hd, **opts).uniform_(-1, 1, generator=gen)
+    cu = c.get("cu_seqlens") or [0, T]
+    docs = list(zip(cu[:-1], cu[1:])) if len(cu) > 2 else None
     rows = []
     for impl, backend in BACKENDS:
         row = {"case": c["name"], "impl": impl}
+        if docs:
+            row["note"] = f"{len(docs)} documents: one causal SDPA call per document, outputs concatenated"
         for expand in ((False, True) if nkv != nh else (False,)):
             kk, vv = k, v
             if expand:
@@ -36,8 +43,13 @@ def run_case(c, req, gen):
                 vv = v.detach().repeat_interleave(nh // nkv, dim=1).requires_grad_()
 
             def fwd():
+                gqa = kk.shape[1] != nh
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=(kk.shape[1] != nh))
+                    if not docs:
+                        return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa)
+                    return torch.cat([F.scaled_dot_product_attention(q[:, :, a:b], kk[:, :, a:b], vv[:, :, a:b],
+                                                                     is_causal=True, enable_gqa=gqa)
+                                      for a, b in docs], dim=2)
 
             def bwd(o):
                 o.backward(dout)
@@ -51,8 +63,9 @@ def run_case(c, req, gen):
                 row.update(ms_fwd=ms_f, ms_fwdbwd=ms_fb, reps=n)
                 row.pop("error", None)
                 if expand:
-                    row["note"] = ("backend refused enable_gqa: k, v expanded to nh heads before the timed region "
-                                   f"(first error: {row.pop('first_error')})")
+                    note = ("backend refused enable_gqa: k, v expanded to nh heads before the timed region "
+                            f"(first error: {row.pop('first_error')})")
+                    row["note"] = row["note"] + "; " + note if "note" in row else note
                 break
             except RuntimeError as e:
                 row["error"] = pc.short_error(e)

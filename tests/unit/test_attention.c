@@ -221,7 +221,8 @@ static void attn_kernel_forward(float **out, float **lse, const AttnData *a) {
     const AttnCase *c = a->c;
     *out = attn_alloc_poisoned(a->Tq, a->ldo);
     *lse = attn_alloc_poisoned(a->Tq, c->nh);
-    cpu_attention_forward(*out, *lse, a->qf, a->kf, a->vf, a->pos_q, a->doc_pos_q, a->pos_k, a->doc_pos_k, a->Tq,
+    const AttnHint h = attn_hint_rows(a->pos_q, a->doc_pos_q, a->Tq, a->pos_k, a->doc_pos_k, a->Tk);
+    cpu_attention_forward(*out, *lse, a->qf, a->kf, a->vf, a->pos_q, a->doc_pos_q, a->pos_k, a->doc_pos_k, &h, a->Tq,
                           a->Tk, c->nh, c->nkv, c->hd, a->ldq, a->ldk, a->ldo, c->causal);
 }
 
@@ -360,8 +361,9 @@ static void attn_test_split_forward(const AttnCase *c, const int64_t *cuts, int 
     for (int i = 0; i < npieces; i++) {
         const int p = order[i];
         const int64_t lo = cuts[p], hi = cuts[p + 1];
+        const AttnHint h = attn_hint_rows(a.pos_q, a.doc_pos_q, Tq, a.pos_k + lo, a.doc_pos_k + lo, hi - lo);
         cpu_attention_forward(pout, plse, a.qf, a.kf + lo * a.ldk, a.vf + lo * a.ldk, a.pos_q, a.doc_pos_q,
-                              a.pos_k + lo, a.doc_pos_k + lo, Tq, hi - lo, nh, c->nkv, hd, a.ldq, a.ldk, a.ldo,
+                              a.pos_k + lo, a.doc_pos_k + lo, &h, Tq, hi - lo, nh, c->nkv, hd, a.ldq, a.ldk, a.ldo,
                               c->causal);
         int64_t empty = 0;
         for (int64_t e = 0; e < Tq * nh; e++) empty += plse[e] == -INFINITY;
@@ -448,8 +450,10 @@ static void attn_kernel_backward(float *dq, float *dk, float *dv, const float *d
                                  const float *lse, const AttnData *a, int64_t k_lo, int64_t k_hi) {
     const AttnCase *c = a->c;
     const int64_t off = k_lo * a->ldk;
+    const AttnHint h =
+        attn_hint_rows(a->pos_q, a->doc_pos_q, a->Tq, a->pos_k + k_lo, a->doc_pos_k + k_lo, k_hi - k_lo);
     cpu_attention_backward(dq, dk + off, dv + off, dout, out, lse, a->qf, a->kf + off, a->vf + off, a->pos_q,
-                           a->doc_pos_q, a->pos_k + k_lo, a->doc_pos_k + k_lo, a->Tq, k_hi - k_lo, c->nh, c->nkv,
+                           a->doc_pos_q, a->pos_k + k_lo, a->doc_pos_k + k_lo, &h, a->Tq, k_hi - k_lo, c->nh, c->nkv,
                            c->hd, a->ldq, a->ldk, a->ldo, c->causal);
 }
 

@@ -281,8 +281,7 @@ TEST(attn_cudnn_route) {
         if (a < b) { int t = a; a = b; b = t; }
         tr_meta(pq, dq, (int64_t)a * N, (int64_t)(a + 1) * N, starts, ns);
         tr_meta(pk, dk, (int64_t)b * N, (int64_t)(b + 1) * N, starts, ns);
-        CdgMeta m;
-        cdg_meta_host(&m, pq, dq, N, pk, dk, N);
+        const AttnHint m = attn_hint_rows(pq, dq, N, pk, dk, N);
         CdgRoute r = cdg_route(&m, N, N, 16, 2, 128, causal, &why);
         if (r == CDG_ROUTE_OURS) { n_ours++; continue; }
         n_cudnn++;
@@ -296,20 +295,19 @@ TEST(attn_cudnn_route) {
            (long long)n_ours);
 
     /* the ring's plain steps must go to cuDNN; a diagonal with a document start inside to ours */
-    CdgMeta m;
     tr_meta(pq, dq, 0, N, NULL, 0);
-    cdg_meta_host(&m, pq, dq, N, pq, dq, N);
+    AttnHint m = attn_hint_rows(pq, dq, N, pq, dq, N);
     EXPECT(cdg_route(&m, N, N, 16, 16, 128, 1, &why) == CDG_ROUTE_CAUSAL, "one-document diagonal: %s", why);
     tr_meta(pq, dq, 3 * N, 4 * N, NULL, 0);
     tr_meta(pk, dk, 0, N, NULL, 0);
-    cdg_meta_host(&m, pq, dq, N, pk, dk, N);
+    m = attn_hint_rows(pq, dq, N, pk, dk, N);
     EXPECT(cdg_route(&m, N, N, 16, 2, 256, 1, &why) == CDG_ROUTE_DENSE, "dense rectangle: %s", why);
     int64_t cut[1] = {N / 2};
     tr_meta(pq, dq, 0, N, cut, 1);
-    cdg_meta_host(&m, pq, dq, N, pq, dq, N);
+    m = attn_hint_rows(pq, dq, N, pq, dq, N);
     EXPECT(cdg_route(&m, N, N, 16, 2, 128, 1, &why) == CDG_ROUTE_OURS, "diagonal with a document start: %s", why);
     tr_meta(pq, dq, 0, N, NULL, 0);
-    cdg_meta_host(&m, pq, dq, N, pq, dq, N);
+    m = attn_hint_rows(pq, dq, N, pq, dq, N);
     EXPECT(cdg_route(&m, N, N, 16, 2, 100, 1, &why) == CDG_ROUTE_OURS, "hd 100: %s", why);
     EXPECT(cdg_route(&m, 1, 1, 16, 2, 128, 1, &why) == CDG_ROUTE_OURS, "1 x 1: %s", why);
 }
@@ -326,7 +324,7 @@ TEST(attn_cudnn_lse_convention) {
     test_fill_normal(q, T * NH * HD, 1.5);
     test_fill_normal(k, T * NKV * HD, 1.0);
     test_fill_normal(v, T * NKV * HD, 1.0);
-    cpu_attention_forward(out, lse, q, k, v, pos, dp, pos, dp, T, T, NH, NKV, HD, NH * HD, NKV * HD, NH * HD, 1);
+    cpu_attention_forward(out, lse, q, k, v, pos, dp, pos, dp, NULL, T, T, NH, NKV, HD, NH * HD, NKV * HD, NH * HD, 1);
     /* cuDNN's Stats from its graph's definition: max + log(sum exp(S * scale - max)), causal top-left */
     double want_max = 0;
     for (int h = 0; h < NH; h++)

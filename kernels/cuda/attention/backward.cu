@@ -653,8 +653,9 @@ extern "C" void cuda_attention_backward(float *dq /* (Tq,ldq) += */, float *dk /
                                         const void *q /* (Tq,ldq) */, const void *k /* (Tk,ldk) */,
                                         const void *v /* (Tk,ldk) */, const int32_t *pos_q /* (Tq) */,
                                         const int32_t *doc_pos_q /* (Tq) */, const int32_t *pos_k /* (Tk) */,
-                                        const int32_t *doc_pos_k /* (Tk) */, int64_t Tq, int64_t Tk, int nh, int nkv,
-                                        int hd, int ldq, int ldk, int ldo, int causal) {
+                                        const int32_t *doc_pos_k /* (Tk) */, const AttnHint *hint /* unused */,
+                                        int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo,
+                                        int causal) {
     attn_check_args("cuda_attention_backward", Tq, Tk, nh, nkv, hd, ldq, ldk, ldo);
     if (Tq == 0 || Tk == 0) return; /* nothing is visible: every gradient += 0 */
     RS_CHECK(attn_aligned16(dq) && attn_aligned16(dk) && attn_aligned16(dv) && attn_aligned16(dout) &&

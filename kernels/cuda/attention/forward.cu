@@ -288,8 +288,9 @@ extern "C" void cuda_attention_forward(void *out /* (Tq,ldo) nh heads of hd */, 
                                        const void *q /* (Tq,ldq) */, const void *k /* (Tk,ldk) nkv heads */,
                                        const void *v /* (Tk,ldk) */, const int32_t *pos_q /* (Tq) */,
                                        const int32_t *doc_pos_q /* (Tq) */, const int32_t *pos_k /* (Tk) */,
-                                       const int32_t *doc_pos_k /* (Tk) */, int64_t Tq, int64_t Tk, int nh, int nkv,
-                                       int hd, int ldq, int ldk, int ldo, int causal) {
+                                       const int32_t *doc_pos_k /* (Tk) */, const AttnHint *hint /* unused */,
+                                       int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo,
+                                       int causal) {
     attn_check_args("cuda_attention_forward", Tq, Tk, nh, nkv, hd, ldq, ldk, ldo);
     if (Tq == 0) return;
     RS_CHECK(attn_aligned16(out) && attn_aligned16(q) && (Tk == 0 || (attn_aligned16(k) && attn_aligned16(v))),

@@ -1,0 +1,112 @@
+/*
+ * attn_hint.h — the caller's host-side summary of one block attention call's
+ * metadata (AttnHint; lib/backend.h's attention entries take it): over the
+ * call's q and k rows, the range of document starts (pos - doc_pos) and, per
+ * side, whether the positions are consecutive, with the first, least query
+ * and greatest key positions. That is all the mask's shape depends on: one
+ * document or several, every key visible, a causal diagonal.
+ *
+ * Why: a backend may pick its kernel by the mask's shape (cuda with
+ * device.attention_kernel: cudnn sends one-document dense rectangles and
+ * causal diagonals to cuDNN, lib/attn_cudnn_graph.h cdg_route), but its pos
+ * and doc_pos live in device memory, and reading them back would wait for
+ * the GPU on every call (issue 22: no host synchronisation inside a step).
+ * The caller has the rows on the host (lib/cp_ring.c: CpBatch's copies) and
+ * passes their summary, computed by attn_hint_rows (O(Tq + Tk) host work per
+ * call, against the call's O(Tq Tk hd)).
+ *
+ * A wrong hint is caught on both backends, never trusted silently: the cpu
+ * backend compares a given hint with its rows on every call (fatal, naming
+ * the field); the cuda cuDNN route summarises the same rows on the GPU with
+ * this file's fold (kernels/cuda/cuda_attention_cudnn_glue.cu, thread-strided,
+ * joined) and records a difference in the device error word, which the host
+ * reads where it waits anyway (the step's loss and gradient norm), so the
+ * run stops before the optimizer applies the step.
+ *
+ * The fold is plain C usable on host and device: attn_hint_begin (the
+ * empty summary of a call, given its first positions), attn_hint_add (one
+ * row), attn_hint_join (two partial summaries of the same call).
+ *
+ * Callers: lib/cp_ring.c, lib/attn_cudnn_graph.c, kernels/cpu/cpu_attention.c,
+ * kernels/cuda/cuda_attention_cudnn*, bench/bench_ops.c, tests.
+ */
+#ifndef RS_ATTN_HINT_H
+#define RS_ATTN_HINT_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define ATTN_HINT_HD __host__ __device__
+#else
+#define ATTN_HINT_HD
+#endif
+
+typedef struct AttnHint {
+    int32_t doc_min, doc_max;     /* least and greatest pos - doc_pos over the q and the k rows */
+    int32_t q_consec, k_consec;   /* 1 when pos[i] == pos[0] + i for every row of that side */
+    int32_t pos_q0, pos_k0;       /* first positions (0 for a side without rows) */
+    int32_t pos_q_min, pos_k_max; /* least query, greatest key position */
+} AttnHint;
+
+enum { ATTN_HINT_FIELDS = 8 };
+
+/* the summary of no rows of a call whose first positions are pos_q0, pos_k0 */
+static inline ATTN_HINT_HD AttnHint attn_hint_begin(int32_t pos_q0, int32_t pos_k0) {
+    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, pos_q0, pos_k0, INT32_MAX, INT32_MIN};
+    return h;
+}
+
+/* adds row i of the keys (is_k) or of the queries */
+static inline ATTN_HINT_HD void attn_hint_add(AttnHint *h, int is_k, int64_t i, int32_t pos, int32_t doc_pos) {
+    const int32_t d = pos - doc_pos;
+    if (d < h->doc_min) h->doc_min = d;
+    if (d > h->doc_max) h->doc_max = d;
+    if (is_k) {
+        if ((int64_t)pos != (int64_t)h->pos_k0 + i) h->k_consec = 0;
+        if (pos > h->pos_k_max) h->pos_k_max = pos;
+    } else {
+        if ((int64_t)pos != (int64_t)h->pos_q0 + i) h->q_consec = 0;
+        if (pos < h->pos_q_min) h->pos_q_min = pos;
+    }
+}
+
+/* a = the summary of a's rows and b's (partial summaries of the same call) */
+static inline ATTN_HINT_HD void attn_hint_join(AttnHint *a, const AttnHint *b) {
+    if (b->doc_min < a->doc_min) a->doc_min = b->doc_min;
+    if (b->doc_max > a->doc_max) a->doc_max = b->doc_max;
+    a->q_consec &= b->q_consec;
+    a->k_consec &= b->k_consec;
+    if (b->pos_q_min < a->pos_q_min) a->pos_q_min = b->pos_q_min;
+    if (b->pos_k_max > a->pos_k_max) a->pos_k_max = b->pos_k_max;
+}
+
+/* field i of h in declaration order (messages, device comparison) */
+static inline ATTN_HINT_HD int32_t attn_hint_field(const AttnHint *h, int i) {
+    const int32_t v[ATTN_HINT_FIELDS] = {h->doc_min, h->doc_max,  h->q_consec,  h->k_consec,
+                                         h->pos_q0,  h->pos_k0,   h->pos_q_min, h->pos_k_max};
+    return v[i];
+}
+
+/* the first field where a and b differ, -1 when they agree */
+static inline ATTN_HINT_HD int attn_hint_differs(const AttnHint *a, const AttnHint *b) {
+    for (int i = 0; i < ATTN_HINT_FIELDS; i++)
+        if (attn_hint_field(a, i) != attn_hint_field(b, i)) return i;
+    return -1;
+}
+
+static inline const char *attn_hint_field_name(int i) {
+    static const char *const names[ATTN_HINT_FIELDS] = {"doc_min", "doc_max", "q_consec",  "k_consec",
+                                                        "pos_q0",  "pos_k0",  "pos_q_min", "pos_k_max"};
+    return i >= 0 && i < ATTN_HINT_FIELDS ? names[i] : "?";
+}
+
+/* the summary of a call's rows, from host memory (the caller's copies of pos and doc_pos) */
+static inline AttnHint attn_hint_rows(const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq,
+                                      const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tk) {
+    AttnHint h = attn_hint_begin(Tq ? pos_q[0] : 0, Tk ? pos_k[0] : 0);
+    for (int64_t i = 0; i < Tq; i++) attn_hint_add(&h, 0, i, pos_q[i], doc_pos_q[i]);
+    for (int64_t i = 0; i < Tk; i++) attn_hint_add(&h, 1, i, pos_k[i], doc_pos_k[i]);
+    return h;
+}
+
+#endif
