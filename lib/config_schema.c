@@ -227,7 +227,7 @@ const ConfigKey config_schema[] = {
          "cuda backend: time every Backend entry (CUDA events and the host clock) and print the GPU and host ms "
          "of each, sorted, to stderr at exit (information only: the run is slightly slower)"),
     ENUM(device.attention_kernel, "ringscan", attn_kernel_names, "device",
-         "cuda: the block attention kernel. ringscan: ours. cudnn: cuDNN's fused attention (loaded at start, device.cudnn_library) for the calls it can take (one document: the ring's dense rectangles and causal diagonals, one-GPU causal), ours for document-masked calls; its backward adds key blocks into dQ in any order (not bitwise reproducible). cudnn_det: the same with cuDNN's deterministic backward (its workspace may grow with T^2). Untested on a GPU so far (issue 19)"),
+         "cuda: the block attention kernel. ringscan: ours. cudnn: cuDNN's fused attention (loaded at start, device.cudnn_library) for the calls it can take (one document: the ring's dense rectangles and causal diagonals, one-GPU causal), ours for document-masked calls; its backward adds key blocks into dQ in any order (not bitwise reproducible). cudnn_det: the same with cuDNN's deterministic backward (its workspace may grow with T^2). On two H200s the cudnn route ran one-document attention at 0.97-1.02x SDPA cuDNN, 1.6x ours (docs/benchmarks.md v0.7); not yet measured in the ring or a training step (issue 19)"),
     STR(device.cudnn_library, "", PATH, "device",
         "path of libcudnn.so.9 for attention_kernel cudnn or cudnn_det; empty: the default loader path, then PyTorch's nvidia/cudnn/lib in the usual virtual-environment places and /usr/local/cuda/lib64"),
 
