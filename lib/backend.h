@@ -193,8 +193,8 @@ typedef struct Backend {
     size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int states);
     /* kept's prep part = what gdn_chunk_forward writes there before its state pass (cuda W, U and the gate
      * cumsum of every piece; cpu Tinv), the same bytes; the rest of kept is left as it is. Then
-     * gdn_chunk_forward with GDN_KEPT_PREP_IN and gdn_chunk_transition given kept skip their prep
-     * (lib/cp_gdn.c: a fragment's prep computed once, where its rank would otherwise idle). */
+     * gdn_chunk_forward with GDN_KEPT_PREP_IN, gdn_chunk_transition and gdn_chunk_dstate given kept skip
+     * their prep (lib/cp_gdn.c: a fragment's prep computed once, where its rank would otherwise idle). */
     void (*gdn_chunk_prep)(void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states) */,
                            const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
                            const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *doc_pos,
@@ -213,11 +213,14 @@ typedef struct Backend {
                                  int ldv, const void *kept /* its prep, or NULL */, int kept_states);
     /* dS0 = dL/dS0 of the call's own outputs with no gradient arriving at its final state (the
      * backward's state pass alone; v is not needed: the outputs are affine in S0). The CP backward
-     * folds these, then gdn_chunk_backward runs once with the folded dS_final. 0 when doc_pos[0] == 0. */
+     * folds these, then gdn_chunk_backward runs once with the folded dS_final. 0 when doc_pos[0] == 0.
+     * The prep comes from kept when not NULL (the forward's or gdn_chunk_prep's for the same call and
+     * kept_states), the same bits as computing it. */
     void (*gdn_chunk_dstate)(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
                              const void *q /* (T,ldq) */, const void *k /* (T,ldq) */, const float *g /* (T,nv) */,
                              const float *beta /* (T,nv) */, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int dim_k, int dim_v, int ldq, int ldo);
+                             int dim_k, int dim_v, int ldq, int ldo, const void *kept /* its prep, or NULL */,
+                             int kept_states);
     /* S_out = op(M) S_in + H per value head, op(M) = M or M^T (transpose_M), fp32; S_in NULL = 0.
      * One link of the CP fold (forward: M, states; backward: M^T, state gradients). No aliasing. */
     void (*gdn_state_affine)(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,

@@ -180,7 +180,8 @@ static void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCo
                              c->ldq, c->ldv, cp_gdn_kept(c, i), c->kept_states);
 }
 
-/* Its own state gradient dL (gdn_chunk_dstate: through its outputs alone, from dout) */
+/* Its own state gradient dL (gdn_chunk_dstate: through its outputs alone, from dout; the prep from its
+ * kept buffer, which its forward filled) */
 static void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
                                    const CpGdnDims *d) {
     const Backend *be = cp->be;
@@ -189,7 +190,7 @@ static void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, cons
     const int64_t r0 = cp_gdn_row(cp, i);
     be->gdn_chunk_dstate(dL, CP_AT(gr->dout, r0 * c->ldo), CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
                          c->g + r0 * d->nv, c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv,
-                         d->dk, d->dv, c->ldq, c->ldo);
+                         d->dk, d->dv, c->ldq, c->ldo, cp_gdn_kept(c, i), c->kept_states);
 }
 
 /* ---- the scan (P > 2) ----------------------------------------------------------------------- */

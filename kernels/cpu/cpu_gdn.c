@@ -598,7 +598,9 @@ void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,d
 void cpu_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout_ /* (T,ldo) */,
                           const void *q_ /* (T,ldq) */, const void *k_ /* (T,ldq) */, const float *g /* (T,nv) */,
                           const float *beta /* (T,nv) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
-                          int nv, int dim_k, int dim_v, int ldq, int ldo) {
+                          int nv, int dim_k, int dim_v, int ldq, int ldo,
+                          const void *tinv /* its Tinv (the forward's, cpu_gdn_chunk_prep's), or NULL */,
+                          int kept_states /* unused */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, nv * dim_v);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     const float *dout = dout_, *q = q_, *k = k_;
@@ -626,7 +628,7 @@ void cpu_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout_ /
         for (int64_t c = nchunks - 1; c >= 0; c--) {
             const int64_t t0 = starts[c];
             const int L = lens[c];
-            gdn_chunk_load(&w, q, k, NULL, g, beta, t0, L, h, kh, nv, ldq, 0, NULL, NULL);
+            gdn_chunk_load(&w, q, k, NULL, g, beta, t0, L, h, kh, nv, ldq, 0, NULL, tinv);
             for (int r = 0; r < L; r++)
                 memcpy(w.dO + (size_t)r * dv, dout + (t0 + r) * ldo + (int64_t)h * dv, (size_t)dv * sizeof(float));
             /* dvn_j = sum_{r>=j} P_rj dO_r + dec_j D^T k_j (as in gdn_chunk_backward; no S needed) */

@@ -1,8 +1,8 @@
 /*
  * test_gdn.c — tests of the chunked gated delta rule on the cpu backend
  * (kernels/cpu/cpu_gdn.c): cpu_gdn_chunk_forward, cpu_gdn_chunk_backward (with the kept
- * Tinv: bitwise the recomputed one, gdn_tinv_kept), cpu_gdn_chunk_prep (the forward and the
- * transition reading its Tinv: bitwise, gdn_prep_kept) and
+ * Tinv: bitwise the recomputed one, gdn_tinv_kept), cpu_gdn_chunk_prep (the forward, the
+ * transition and the dstate reading its Tinv: bitwise, gdn_prep_kept) and
  * the context-parallel entries cpu_gdn_chunk_transition, cpu_gdn_chunk_dstate and
  * cpu_gdn_state_affine.
  *
@@ -660,7 +660,7 @@ static void gdn_check_dstate(const char *tag, const GdnProb *p, double bound) {
     float *dS = test_alloc(nh * (int64_t)sizeof(float));
     for (int64_t i = 0; i < nh; i++) dS[i] = 1e3f; /* written, not accumulated */
     cpu_gdn_chunk_dstate(dS, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq,
-                         p->ldo);
+                         p->ldo, NULL, 0);
     GdnGrads d0 = gdn_run_backward(p, dout, NULL);
     char name[160];
     double *want = test_alloc(nh * (int64_t)sizeof(double));
@@ -704,15 +704,28 @@ static void gdn_check_prep_kept(const char *tag, const GdnProb *p) {
                              p->ldv, prep, 0);
     EXPECT(!memcmp(M, M2, (size_t)nm * 4) && !memcmp(H, H2, (size_t)ns * 4),
            "%s: the transition from the prep differs from the one computing it", tag);
-    /* and both read it: the last token's Tinv row scaled changes the forward's output and the transition's H */
-    float *row = prep + ((T - 1) * p->nv) * 64;
-    for (int i = 0; i < p->nv * 64; i++) row[i] *= 1.5f;
+    float *dout = test_alloc(no * 4), *dS = test_alloc(ns * 4), *dS2 = test_alloc(ns * 4);
+    test_fill_normal(dout, no, 1.0);
+    cpu_gdn_chunk_dstate(dS, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                         p->ldo, NULL, 0);
+    cpu_gdn_chunk_dstate(dS2, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv,
+                         p->ldq, p->ldo, prep, 0);
+    EXPECT(!memcmp(dS, dS2, (size_t)ns * 4), "%s: the dstate from the prep differs from the one computing it", tag);
+    /* and each reads it: the first and last tokens' Tinv rows scaled change the forward's output, the
+     * transition's H (the last token follows the last document start) and, where the state enters, the dstate
+     * (the first token precedes the first document start) */
+    for (int64_t t = 0; t < T; t += T - 1)
+        for (int i = 0; i < p->nv * 64; i++) prep[(t * p->nv) * 64 + i] *= 1.5f;
     cpu_gdn_chunk_forward(o2, Sf2, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
                           p->dv, p->ldq, p->ldv, p->ldo, prep, GDN_KEPT_PREP_IN);
     cpu_gdn_chunk_transition(M2, H2, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
                              p->ldv, prep, 0);
     EXPECT(memcmp(o, o2, (size_t)no * 4) != 0, "%s: a sabotaged prep went unseen by the forward", tag);
     EXPECT(memcmp(H, H2, (size_t)ns * 4) != 0, "%s: a sabotaged prep went unseen by the transition", tag);
+    cpu_gdn_chunk_dstate(dS2, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv,
+                         p->ldq, p->ldo, prep, 0);
+    EXPECT(p->doc_pos[0] == 0 || memcmp(dS, dS2, (size_t)ns * 4) != 0, "%s: a sabotaged prep went unseen by the dstate",
+           tag);
 }
 
 TEST(gdn_prep_kept) {
@@ -757,7 +770,7 @@ TEST(gdn_dstate) {
     test_fill_normal(dout, p.T * p.ldo, 1.0);
     for (int64_t i = 0; i < nh; i++) dS[i] = 1e3f;
     cpu_gdn_chunk_dstate(dS, dout, gdn_q(&p), gdn_k(&p), p.g, p.beta, p.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv, p.ldq,
-                         p.ldo);
+                         p.ldo, NULL, 0);
     int nonzero = 0;
     for (int64_t i = 0; i < nh; i++) nonzero += dS[i] != 0.0f;
     EXPECT(nonzero == 0, "doc at 0: dstate has %d nonzero entries", nonzero);

@@ -60,7 +60,7 @@
  * in tests) runs as consecutive calls of at most that many, the state entering each piece passed in fp32
  * (the backward's state gradient the other way), so T below is at most a piece for these two; the
  * transition runs the same pieces, each piece's (M, H) composed in fp32 (cuda_gdn_chunk_transition), and
- * dstate runs whole. The kept buffer of a pieced call is each piece's, in order, then the
+ * dstate runs whole (given a pieced kept buffer it copies the pieces' W, G2 together). The kept buffer of a pieced call is each piece's, in order, then the
  * states entering pieces 1.. (fp32); without a kept buffer the backward runs the pieces' forward again for
  * those states (the same bits, as the backend.h contract asks). Per call (T tokens, nv value heads):
  * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
@@ -70,8 +70,8 @@
  * writes W, U, G2 there instead of the workspace, and with kept_states its state pass h and vn (GDN v4.4);
  * a backward given it skips its prep, and with kept_states its state_fwd recompute (gdn_kept_carve); the
  * workspace then has no h, vn. cuda_gdn_chunk_prep writes the W, U, G2 alone (the same launch on the same
- * index), so a forward told GDN_KEPT_PREP_IN and a transition given kept skip their prep (lib/cp_gdn.c's
- * chain computes a fragment's prep once, off its critical path).
+ * index), so a forward told GDN_KEPT_PREP_IN, a transition and a dstate given kept skip their prep
+ * (lib/cp_gdn.c's chain computes a fragment's prep once, off its critical path).
  *
  * Configurations (cuda_gdn_tune.h; every one gives the same bits): the mma.sync state passes
  * (gdn/state_pass.cuh) run in 16 or 32 columns per block (by the head count), two pipeline stages, in
@@ -891,14 +891,33 @@ static void gdn_transition_run(const GdnPlan &pl, float *M, float *H, const bf16
                  GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream(), pl.tp);
 }
 
+/* kept (not NULL): W and G2 from it (the forward's or gdn_prep_run's; U stays the workspace's: dvlocal writes
+ * there). A pieced kept buffer (R: the piece rows, T > R) has each piece's W, G2 apart: they are copied into
+ * the workspace's, where they are the bytes the prep below would write for every chunk before the first
+ * document start (those chunks start at multiples of 64 from token 0, as each piece's do) */
 template <int DK, int DV>
 static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k,
                           const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                          int ldq, int ldo) {
+                          int ldq, int ldo, const void *kept, int kept_states, int64_t R, const size_t *at) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
-    gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
+    for (int64_t r0 = 0, p = 0; kept && r0 < T; r0 += R, p++) {
+        GdnBufs kb = GdnBufs{};
+        const int64_t n = T - r0 < R ? T - r0 : R;
+        gdn_kept_carve(&kb, (char *)kept + (T > R ? at[p] : 0), n, nv, DK, DV, kept_states);
+        if (T <= R) {
+            b.W = kb.W;
+            b.G2 = kb.G2;
+            break;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(b.W + r0 * nv * DK, kb.W, (size_t)n * nv * DK * sizeof(bf16),
+                                   cudaMemcpyDeviceToDevice, cuda_stream()));
+        CUDA_CHECK(cudaMemcpyAsync(b.G2 + r0 * nv, kb.G2, (size_t)n * nv * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   cuda_stream()));
+    }
+    if (!kept)
+        gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
     GDN_STATE_BVNST(pl, gdn_state_bwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
                  GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
@@ -937,10 +956,11 @@ static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v
 
 template <int DK, int DV>
 static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
-                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo,
+                            const void *kept, int kept_states, int64_t R, const size_t *at) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_dstate_run<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
+    gdn_dstate_run<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1200,7 +1220,9 @@ extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
                                       const void *q /* (T,ldq) */, const void *k /* (T,ldq) */,
                                       const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                                       const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
-                                      int dim_v, int ldq, int ldo) {
+                                      int dim_v, int ldq, int ldo,
+                                      const void *kept /* its prep (the forward's, cuda_gdn_chunk_prep's), or NULL */,
+                                      int kept_states) {
     gdn_check_args("cuda_gdn_chunk_dstate", T, nk, nv, dim_k, dim_v, ldq, 0, ldo);
     RS_CHECK(gdn_aligned(dout) && gdn_aligned(q) && gdn_aligned(k),
              "cuda_gdn_chunk_dstate: dout, q, k must be 16-byte aligned");
@@ -1208,8 +1230,13 @@ extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
         gdn_copy_or_zero(dS0, NULL, (size_t)nv * dim_k * dim_v);
         return;
     }
+    const int64_t R = gdn_piece_rows(), np = (T + R - 1) / R;
+    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_dstate: T = %lld is %lld pieces of %lld (at most %d)", (long long)T,
+             (long long)np, (long long)R, GDN_PIECE_MAX);
+    static size_t at[GDN_PIECE_MAX + 1];
+    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
     GDN_DISPATCH(dim_k, dim_v, gdn_dstate_impl, dS0, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, g, beta,
-                 doc_pos, T, nk, nv, ldq, ldo);
+                 doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
 }
 
 extern "C" void cuda_gdn_state_affine(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,
