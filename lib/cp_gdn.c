@@ -37,7 +37,8 @@
  *   checkpoint.gdn_keep none there is no kept buffer and no sharing: the
  *   transition and both tails compute their own prep, as before.)
  *   backward  head   rank 0: dE_3 = dL_3 (gdn_chunk_dstate: fragment 3 is the
- *                    last); rank 1: dL_2
+ *                    last); rank 1: dL_2 (both from the prep the forward
+ *                    kept, as the backwards below)
  *             relay  dE_3 goes to rank 1: dE_2 = dL_2 + M_2^T dE_3 (one affine
  *                    step), then fragment 1's backward with dS_final = dE_2,
  *                    whose dS0 is dE_1, sent back at once; rank 0 meanwhile
@@ -45,9 +46,10 @@
  *             tail   rank 0: fragment 0's backward with dS_final = dE_1;
  *                    rank 1: fragment 2's with dE_3
  * Forward: three fragment passes deep (the transition beside fragment 0,
- * fragment 1, fragments 2 | 3, the last two without prep given kept buffers)
- * against the scan's two transitions and two forwards; backward: one dstate and two backwards on each rank, against two
- * of each. Rank 0 gets dE_3 from gdn_chunk_dstate rather than from fragment
+ * fragment 1, fragments 2 | 3, the last two without prep given kept
+ * buffers) against the scan's two transitions and two forwards; backward:
+ * one dstate (reading the prep its forward kept) and two backwards on each
+ * rank, against two of each. Rank 0 gets dE_3 from gdn_chunk_dstate rather than from fragment
  * 3's backward so that rank 1 starts fragment 1's backward after a dstate
  * pass, not a full backward. Each hand-off is one comm_isendrecv between the
  * two ranks (the comm layer's exchange is symmetric: the direction nobody

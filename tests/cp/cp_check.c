@@ -198,7 +198,7 @@ static void check_spoil_mark(void *ctx, int pass, int t, int phase) {
 /* The kept run's backend: backend_cpu with the prep, the forward and the transition counted (and, with
  * --sabotage-prep, each prep spoiled) */
 static struct {
-    double preps, prep_in, trans_kept; /* calls: gdn_chunk_prep, forwards told GDN_KEPT_PREP_IN, transitions given kept */
+    double preps, prep_in, trans_kept; /* calls: gdn_chunk_prep, forwards told PREP_IN, transitions given kept */
     int    spoil;
 } check_prep;
 

@@ -690,7 +690,8 @@ static void gdn_check_prep_kept(const char *tag, const GdnProb *p) {
     test_fill_normal(prep, (int64_t)(kb / sizeof(float)), 1.0); /* every byte is written */
     cpu_gdn_chunk_forward(o, Sf, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
                           p->dv, p->ldq, p->ldv, p->ldo, fwd_kept, 0);
-    cpu_gdn_chunk_prep(prep, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, 0);
+    cpu_gdn_chunk_prep(prep, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv,
+                       0);
     EXPECT(!memcmp(fwd_kept, prep, kb), "%s: the prep's Tinv differs from the forward's", tag);
     cpu_gdn_chunk_forward(o2, Sf2, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
                           p->dv, p->ldq, p->ldv, p->ldo, prep, GDN_KEPT_PREP_IN);
@@ -750,7 +751,8 @@ TEST(gdn_prep_kept) {
         waitpid(pid, &st, 0);
         EXPECT(WIFEXITED(st) && WEXITSTATUS(st) != 0, "%s was not refused",
                bad ? "kept_flags 4" : "GDN_KEPT_PREP_IN without kept");
-        printf("%s refused: %s\n", bad ? "kept_flags 4" : "PREP_IN without kept", WIFEXITED(st) && WEXITSTATUS(st) ? "ok" : "NO");
+        printf("%s refused: %s\n", bad ? "kept_flags 4" : "PREP_IN without kept",
+               WIFEXITED(st) && WEXITSTATUS(st) ? "ok" : "NO");
     }
 }
 

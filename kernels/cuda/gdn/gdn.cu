@@ -60,11 +60,11 @@
  * in tests) runs as consecutive calls of at most that many, the state entering each piece passed in fp32
  * (the backward's state gradient the other way), so T below is at most a piece for these two; the
  * transition runs the same pieces, each piece's (M, H) composed in fp32 (cuda_gdn_chunk_transition), and
- * dstate runs whole (given a pieced kept buffer it copies the pieces' W, G2 together). The kept buffer of a pieced call is each piece's, in order, then the
- * states entering pieces 1.. (fp32); without a kept buffer the backward runs the pieces' forward again for
- * those states (the same bits, as the backend.h contract asks). Per call (T tokens, nv value heads):
- * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
- * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
+ * dstate runs whole (given a pieced kept buffer it copies the pieces' W, G2 together). The kept buffer of a
+ * pieced call is each piece's, in order, then the states entering pieces 1.. (fp32); without a kept buffer
+ * the backward runs the pieces' forward again for those states (the same bits, as the backend.h contract
+ * asks). Per call (T tokens, nv value heads): forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small;
+ * backward adds 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
  * The kept buffer (the entries' `kept`, cuda_gdn_kept_bytes(T, nv, dk, dv, states) = T nv (2 dk + 2 dv + 4)
  * bytes, with states + 2 ns nv dk dv + 2 T nv dv, each part on 256 bytes; the caller's): the forward's prep
  * writes W, U, G2 there instead of the workspace, and with kept_states its state pass h and vn (GDN v4.4);
@@ -1041,15 +1041,16 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                                        const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                                        const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
                                        int dim_v, int ldq, int ldv, int ldo,
-                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v, kept_flags & GDN_KEPT_STATES),
-                                                     written; or NULL */,
+                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v,
+                                                     kept_flags & GDN_KEPT_STATES), written; or NULL */,
                                        int kept_flags /* GDN_KEPT_STATES | GDN_KEPT_PREP_IN (backend.h) */) {
     gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
     RS_CHECK((kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN)) == 0, "cuda_gdn_chunk_forward: kept_flags = %d",
              kept_flags);
-    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || kept, "cuda_gdn_chunk_forward: GDN_KEPT_PREP_IN without a kept buffer");
+    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || kept,
+             "cuda_gdn_chunk_forward: GDN_KEPT_PREP_IN without a kept buffer");
     const int kept_states = (kept_flags & GDN_KEPT_STATES) != 0, prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0;
     if (T == 0) {
         if (S_final) gdn_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
