@@ -451,14 +451,19 @@ static void gdn_check_tinv_kept(const char *tag, const GdnProb *p) {
     EXPECT(memcmp(db2, b.dbeta, (size_t)(T * p->nv) * sizeof(float)) != 0, "%s: a sabotaged kept Tinv went unseen", tag);
 }
 
-TEST(gdn_tinv_kept) {
+/* two problems for the kept buffer: documents (1-token ones, one at the last token), S0; GQA, strong decay */
+static void gdn_kept_doc_cases(void (*check)(const char *tag, const GdnProb *p)) {
     static const int starts[] = {17, 64, 100, 101, 102, 199};
     GdnProb p = gdn_prob_make(200, 1, 2, 32, 16, 5, starts, 6, 1, 0.3);
-    gdn_check_tinv_kept("T=200 docs, S0", &p);
+    check("T=200 docs, S0", &p);
     p = gdn_prob_make(200, 2, 4, 16, 32, 0, starts, 6, 1, 2.0);
-    gdn_check_tinv_kept("T=200 docs, GQA, strong decay", &p);
+    check("T=200 docs, GQA, strong decay", &p);
+}
+
+TEST(gdn_tinv_kept) {
+    gdn_kept_doc_cases(gdn_check_tinv_kept);
     static const int s3[] = {128, 150, 299};
-    p = gdn_prob_make(300, 1, 1, 64, 32, 40, s3, 3, 1, 0.02);
+    GdnProb p = gdn_prob_make(300, 1, 1, 64, 32, 40, s3, 3, 1, 0.02);
     gdn_check_tinv_kept("T=300 docs, weak decay", &p);
     static const int s4[] = {1, 2, 3};
     p = gdn_prob_make(5, 1, 2, 16, 16, 2, s4, 3, 0, 0.3);
@@ -730,12 +735,8 @@ static void gdn_check_prep_kept(const char *tag, const GdnProb *p) {
 }
 
 TEST(gdn_prep_kept) {
-    static const int starts[] = {17, 64, 100, 101, 102, 199};
-    GdnProb p = gdn_prob_make(200, 1, 2, 32, 16, 5, starts, 6, 1, 0.3);
-    gdn_check_prep_kept("T=200 docs, S0", &p);
-    p = gdn_prob_make(200, 2, 4, 16, 32, 0, starts, 6, 1, 2.0);
-    gdn_check_prep_kept("T=200 docs, GQA, strong decay", &p);
-    p = gdn_prob_make(150, 1, 1, 64, 32, 40, NULL, 0, 1, 0.02);
+    gdn_kept_doc_cases(gdn_check_prep_kept);
+    GdnProb p = gdn_prob_make(150, 1, 1, 64, 32, 40, NULL, 0, 1, 0.02);
     gdn_check_prep_kept("T=150 no docs, weak decay", &p);
     /* GDN_KEPT_PREP_IN without a kept buffer, or an unknown flag: refused (a fatal error), never recomputed */
     for (int bad = 0; bad < 2; bad++) {
