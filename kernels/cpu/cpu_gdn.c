@@ -59,7 +59,9 @@
  *   - T == 0 is allowed: S_final = S0 (or 0), dS0 = dS_final (or 0).
  *   - The kept buffer (backend.h gdn_kept_bytes): this backend keeps Tinv (cpu_gdn_kept_bytes,
  *     gdn_chunk_load); the backward that reads it gives the bits of the one that substitutes again
- *     (tests/unit/test_gdn.c gdn_tinv_kept). The cuda backend keeps W, U instead, and with kept_states
+ *     (tests/unit/test_gdn.c gdn_tinv_kept). cpu_gdn_chunk_prep writes that Tinv alone; the forward told
+ *     GDN_KEPT_PREP_IN, the transition and the dstate given it copy it instead of substituting: the same
+ *     floats (gdn_prep_kept). The cuda backend keeps W, U instead, and with kept_states
  *     its chunk states too: each its own format. Here kept_states changes nothing (the oracle
  *     recomputes its states: they are fp32 and cheap beside its own products).
  */

@@ -1231,11 +1231,13 @@ extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
         gdn_copy_or_zero(dS0, NULL, (size_t)nv * dim_k * dim_v);
         return;
     }
-    const int64_t R = gdn_piece_rows(), np = (T + R - 1) / R;
-    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_dstate: T = %lld is %lld pieces of %lld (at most %d)", (long long)T,
-             (long long)np, (long long)R, GDN_PIECE_MAX);
+    const int64_t R = gdn_piece_rows(), np = (T + R - 1) / R; /* the pieces of the forward that kept kept */
     static size_t at[GDN_PIECE_MAX + 1];
-    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    if (kept) {
+        RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_dstate: T = %lld is %lld pieces of %lld (at most %d)",
+                 (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
+        gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    }
     GDN_DISPATCH(dim_k, dim_v, gdn_dstate_impl, dS0, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, g, beta,
                  doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
 }
