@@ -40,7 +40,11 @@
  *   conv_fwd, the core's steps as cp_gdn_steps names them with _fwd, then with
  *   _bwd, conv_bwd, halo_bwd: at P = 2 the chain's head, relay and tail, else
  *   scan and chunk), and the state exchange alone (P = 2: one hand-off of the
- *   chain, else the scan's all-gather of [M | H] slots) and the halo's.
+ *   chain, else the scan's all-gather of [M | H] slots) and the halo's. With
+ *   --gdn-keep other than none each fragment's prep is computed once
+ *   (lib/cp_gdn.c): at P = 2 rank 1's head preps fragment 2 for its transition
+ *   and its tail, rank 0's relay preps fragment 3 while it waits, so both tails
+ *   run without prep; under none nothing is shared (the v0.7 schedule).
  *
  * Inputs: random, never zeros (each rank its own seed): q, k, v, dO, the
  * pre-conv projection uniform in [-1, 1); conv weights in [-0.5, 0.5); g in

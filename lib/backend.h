@@ -46,6 +46,12 @@
  * mirrors it in model_acts.c). A multiple of 64 (the chunk). */
 #define GDN_PIECE_ROWS 65536
 
+/* gdn_chunk_forward's kept_flags: GDN_KEPT_STATES keeps the chunk states too (checkpoint.gdn_keep: states;
+ * the backward, gdn_kept_bytes and gdn_chunk_prep take it as their kept_states); GDN_KEPT_PREP_IN says kept
+ * already holds this call's prep (gdn_chunk_prep on the same k, v, g, beta, doc_pos, sizes and kept_states),
+ * which the forward then reads instead of computing it: the same bits. PREP_IN without kept is refused. */
+enum { GDN_KEPT_STATES = 1, GDN_KEPT_PREP_IN = 2 };
+
 /* What a backend's memory holds (Backend.memory_stats), in bytes. cuda: the device; cpu: nothing is
  * tracked, every field 0. */
 typedef struct BackendMemStats {
@@ -169,8 +175,9 @@ typedef struct Backend {
                               const void *v /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                               const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                               const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
-                              int ldo, void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states) written, or NULL */,
-                              int kept_states);
+                              int ldo, void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_flags & GDN_KEPT_STATES)
+                                                     written, or NULL */,
+                              int kept_flags /* GDN_KEPT_STATES | GDN_KEPT_PREP_IN, or 0 */);
     /* dq, dk, dv, dg, dbeta =; dS0 = (skipped when NULL); dS_final is the gradient arriving at the
      * final state (NULL = 0). Its WY factors (or part of them), and with kept_states its chunk states,
      * come from kept when not NULL (what gdn_chunk_forward wrote for the same k, v, g, beta, S0,
@@ -186,23 +193,36 @@ typedef struct Backend {
      * cuda W, U and the gate cumsum, so the backward skips its prep, and with states (checkpoint.gdn_keep: states)
      * also the chunk states h and vn, so it skips their recompute; cpu Tinv = (I + A)^-1 either way) */
     size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int states);
+    /* kept's prep part = what gdn_chunk_forward writes there before its state pass (cuda W, U and the gate
+     * cumsum of every piece; cpu Tinv), the same bytes; the rest of kept is left as it is. Then
+     * gdn_chunk_forward with GDN_KEPT_PREP_IN, gdn_chunk_transition and gdn_chunk_dstate given kept skip
+     * their prep (lib/cp_gdn.c: a fragment's prep computed once, where its rank would otherwise idle). */
+    void (*gdn_chunk_prep)(void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states) */,
+                           const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
+                           const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *doc_pos,
+                           int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states);
 
     /* ---- Gated DeltaNet context parallelism (research/gdn_cp.md §3-4; lib/cp_gdn.c) ----
      * The call's transition: its final state is S_final = M S0 + H for every initial state S0, per
      * value head. M = 0 when any token has doc_pos == 0 (the state is reset); H is then the state
-     * after the last document start from 0. */
+     * after the last document start from 0. The prep comes from kept when not NULL (gdn_chunk_prep's or
+     * gdn_chunk_forward's for the same call and kept_states), the same bits as computing it. The cuda
+     * backend runs a call longer than GDN_PIECE_ROWS as pieces (as the forward's), composed in fp32. */
     void (*gdn_chunk_transition)(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
                                  const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
                                  const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                                  const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                                 int ldv);
+                                 int ldv, const void *kept /* its prep, or NULL */, int kept_states);
     /* dS0 = dL/dS0 of the call's own outputs with no gradient arriving at its final state (the
      * backward's state pass alone; v is not needed: the outputs are affine in S0). The CP backward
-     * folds these, then gdn_chunk_backward runs once with the folded dS_final. 0 when doc_pos[0] == 0. */
+     * folds these, then gdn_chunk_backward runs once with the folded dS_final. 0 when doc_pos[0] == 0.
+     * The prep comes from kept when not NULL (the forward's or gdn_chunk_prep's for the same call and
+     * kept_states), the same bits as computing it. */
     void (*gdn_chunk_dstate)(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
                              const void *q /* (T,ldq) */, const void *k /* (T,ldq) */, const float *g /* (T,nv) */,
                              const float *beta /* (T,nv) */, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int dim_k, int dim_v, int ldq, int ldo);
+                             int dim_k, int dim_v, int ldq, int ldo, const void *kept /* its prep, or NULL */,
+                             int kept_states);
     /* S_out = op(M) S_in + H per value head, op(M) = M or M^T (transpose_M), fp32; S_in NULL = 0.
      * One link of the CP fold (forward: M, states; backward: M^T, state gradients). No aliasing. */
     void (*gdn_state_affine)(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,

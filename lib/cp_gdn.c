@@ -23,13 +23,22 @@
  * The chain (P = 2). Rank 0 holds fragments 0 and 3, rank 1 fragments 1 and
  * 2; every sample of the micro-batch moves through each step together.
  *   forward   head   rank 0: fragment 0 from 0, its exit X_0 = E_1 kept to send;
- *                    rank 1: fragment 2's transition (M_2, H_2)
+ *                    rank 1: fragment 2's prep, then its transition (M_2, H_2)
  *             relay  E_1 goes to rank 1, which runs fragment 1 from it (its
  *                    exit is E_2) and sends E_3 = M_2 E_2 + H_2 (one affine
- *                    step) back at once; rank 0 waits for it
- *             tail   rank 0: fragment 3 from E_3; rank 1: fragment 2 from E_2
+ *                    step) back at once; rank 0 computes fragment 3's prep
+ *                    meanwhile, then waits for it
+ *             tail   rank 0: fragment 3 from E_3; rank 1: fragment 2 from E_2,
+ *                    both without prep
+ *   (The prep, the WY factors and gate cumsums of every chunk: ~40% of a
+ *   forward pass. It goes into the fragment's kept buffer (gdn_chunk_prep),
+ *   which the transition and the forward read (GDN_KEPT_PREP_IN), so it is
+ *   computed once per fragment and neither tail computes it. Under
+ *   checkpoint.gdn_keep none there is no kept buffer and no sharing: the
+ *   transition and both tails compute their own prep, as before.)
  *   backward  head   rank 0: dE_3 = dL_3 (gdn_chunk_dstate: fragment 3 is the
- *                    last); rank 1: dL_2
+ *                    last); rank 1: dL_2 (both from the prep the forward
+ *                    kept, as the backwards below)
  *             relay  dE_3 goes to rank 1: dE_2 = dL_2 + M_2^T dE_3 (one affine
  *                    step), then fragment 1's backward with dS_final = dE_2,
  *                    whose dS0 is dE_1, sent back at once; rank 0 meanwhile
@@ -37,9 +46,10 @@
  *             tail   rank 0: fragment 0's backward with dS_final = dE_1;
  *                    rank 1: fragment 2's with dE_3
  * Forward: three fragment passes deep (the transition beside fragment 0,
- * fragment 1, fragments 2 | 3) against the scan's two transitions and two
- * forwards; backward: one dstate and two backwards on each rank, against two
- * of each. Rank 0 gets dE_3 from gdn_chunk_dstate rather than from fragment
+ * fragment 1, fragments 2 | 3, the last two without prep given kept
+ * buffers) against the scan's two transitions and two forwards; backward:
+ * one dstate (reading the prep its forward kept) and two backwards on each
+ * rank, against two of each. Rank 0 gets dE_3 from gdn_chunk_dstate rather than from fragment
  * 3's backward so that rank 1 starts fragment 1's backward after a dstate
  * pass, not a full backward. Each hand-off is one comm_isendrecv between the
  * two ranks (the comm layer's exchange is symmetric: the direction nobody
@@ -52,7 +62,9 @@
  *     E_g = F_{g-1}( ... F_{j+1}(H_j) ... ),  F_i(S) = M_i S + H_i,
  * from the last fragment j < g that resets (or fragment 0), and the mirror
  * with M^T from the first fragment after g that resets (or the last); then
- * one full forward (backward) per fragment.
+ * one full forward (backward) per fragment. Given kept buffers, each
+ * fragment's prep is computed once, before its transition, and its forward
+ * reads it.
  *
  * Without communication (P = 1, or the remat recompute, which keeps the entry
  * states the forward received) each fragment runs from the states as they are.
@@ -107,19 +119,37 @@ static const int32_t *cp_gdn_doc_pos(const Cp *cp, int64_t r0) {
     return cp->batch.doc_pos_dev + (int64_t)cp->L.rank * cp->batch.rows + r0;
 }
 
+/* Local fragment i's kept buffer, or NULL */
+static void *cp_gdn_kept(const CpGdnCore *c, int64_t i) {
+    return c->kept ? (char *)c->kept + i * (int64_t)c->kept_bytes : NULL;
+}
+
 /* Local fragment i (= s x nlocal + f) of the core: o's rows =, from S0 (NULL: 0); S_final = its exit
- * state when not NULL. Keeps what c->kept says. */
+ * state when not NULL. Keeps what c->kept says; prep_in: its kept buffer holds its prep already
+ * (cp_gdn_fragment_prep). */
 static void cp_gdn_fragment_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int64_t i, const float *S0,
-                                    float *S_final, const CpGdnDims *d) {
+                                    float *S_final, int prep_in, const CpGdnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
     be->gdn_chunk_forward(CP_AT(o, r0 * c->ldo), S_final, CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
                           CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv, c->beta + r0 * d->nv, S0, cp_gdn_doc_pos(cp, r0),
-                          L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
-                          c->kept ? (char *)c->kept + i * (int64_t)c->kept_bytes : NULL, c->kept_states);
+                          L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo, cp_gdn_kept(c, i),
+                          (c->kept_states ? GDN_KEPT_STATES : 0) | (prep_in ? GDN_KEPT_PREP_IN : 0));
     cp->count.gdn_forwards[layer]++;
+}
+
+/* Its prep (the WY factors and gate cumsums) into its kept buffer, for the transition and the forward
+ * after it (c->kept only) */
+static void cp_gdn_fragment_prep(Cp *cp, const CpGdnCore *c, int64_t i, const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const int es = be->act_size;
+    const int64_t r0 = cp_gdn_row(cp, i);
+    be->gdn_chunk_prep(cp_gdn_kept(c, i), CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv,
+                       c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq,
+                       c->ldv, c->kept_states);
 }
 
 /* Its backward: the gradients' rows =, with dS_final (NULL: 0) arriving at its exit; dS0 = the gradient of
@@ -135,22 +165,25 @@ static void cp_gdn_fragment_backward(Cp *cp, const CpGdnGrads *gr, const CpGdnCo
                            CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv),
                            c->g + r0 * d->nv, c->beta + r0 * d->nv, c->states ? c->states + i * hh : NULL,
                            cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
-                           c->kept ? (char *)c->kept + i * (int64_t)c->kept_bytes : NULL, c->kept_states);
+                           cp_gdn_kept(c, i), c->kept_states);
 }
 
-/* Its transition: exit = M entry + H */
+/* Its transition: exit = M entry + H; with c->kept its prep first, into its kept buffer, which the
+ * transition reads (and the fragment's forward after it: prep_in) */
 static void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i,
                                        const CpGdnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
+    if (c->kept) cp_gdn_fragment_prep(cp, c, i, d);
     be->gdn_chunk_transition(M, H, CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv,
                              c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv,
-                             c->ldq, c->ldv);
+                             c->ldq, c->ldv, cp_gdn_kept(c, i), c->kept_states);
 }
 
-/* Its own state gradient dL (gdn_chunk_dstate: through its outputs alone, from dout) */
+/* Its own state gradient dL (gdn_chunk_dstate: through its outputs alone, from dout; the prep from its
+ * kept buffer, which its forward filled) */
 static void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
                                    const CpGdnDims *d) {
     const Backend *be = cp->be;
@@ -159,7 +192,7 @@ static void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, cons
     const int64_t r0 = cp_gdn_row(cp, i);
     be->gdn_chunk_dstate(dL, CP_AT(gr->dout, r0 * c->ldo), CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
                          c->g + r0 * d->nv, c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv,
-                         d->dk, d->dv, c->ldq, c->ldo);
+                         d->dk, d->dv, c->ldq, c->ldo, cp_gdn_kept(c, i), c->kept_states);
 }
 
 /* ---- the scan (P > 2) ----------------------------------------------------------------------- */
@@ -308,7 +341,7 @@ static void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, con
     for (int s = 0; s < S; s++) {
         if (first) { /* fragment 0 from nothing; its exit is fragment 1's entry */
             be->memset_zero(E + 2 * s * ch.hh, (size_t)ch.hh * sizeof(float));
-            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E + 2 * s * ch.hh, ch.out + s * ch.hh, d);
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E + 2 * s * ch.hh, ch.out + s * ch.hh, 0, d);
         } else /* fragment 2's transition, for the relay's affine step */
             cp_gdn_fragment_transition(cp, c->M + (2 * s + 1) * ch.mm, ch.own + s * ch.hh, c, 2 * s + 1, d);
     }
@@ -319,6 +352,7 @@ static void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, con
     if (first) {
         cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_FWD1,
                          "GDN chain forward: fragment 2's exit", &h[1]);
+        for (int s = 0; c->kept && s < S; s++) cp_gdn_fragment_prep(cp, c, 2 * s + 1, d); /* fragment 3's, idle */
         comm_wait(cp->comm, &h[0]);
         comm_wait(cp->comm, &h[1]);
     } else {
@@ -326,7 +360,7 @@ static void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, con
         for (int s = 0; s < S; s++) { /* fragment 1 from E_1; its exit E_2; E_3 = M_2 E_2 + H_2 to rank 0 */
             float *E1 = E + 2 * s * ch.hh, *E2 = E1 + ch.hh;
             cp_chain_take(cp, E1, ch.in[0] + s * ch.hh, s, 1, ch.hh);
-            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E1, E2, d);
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E1, E2, 0, d);
             be->gdn_state_affine(ch.out + s * ch.hh, c->M + (2 * s + 1) * ch.mm, E2, ch.own + s * ch.hh, 0, d->nv,
                                  d->dk, d->dv);
             cp_chain_take(cp, E2, E2, s, 2, ch.hh);
@@ -339,7 +373,7 @@ static void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, con
     for (int s = 0; s < S; s++) {
         float *Ef = E + (2 * s + 1) * ch.hh; /* fragment 3's entry (rank 0) or fragment 2's (rank 1) */
         if (first) cp_chain_take(cp, Ef, ch.in[1] + s * ch.hh, s, 3, ch.hh);
-        cp_gdn_fragment_forward(cp, layer, o, c, 2 * s + 1, Ef, NULL, d);
+        cp_gdn_fragment_forward(cp, layer, o, c, 2 * s + 1, Ef, NULL, c->kept != NULL, d);
     }
     comm_wait(cp->comm, &h[1]);
     cp->count.scan_allgathers_fwd[layer]++;
@@ -405,8 +439,9 @@ void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communic
     cp_gdn_mark(cp, 0, 0); /* scan */
     if (communicate && L->P > 1) cp_scan_forward(cp, layer, c, d);
     cp_gdn_mark(cp, 0, 1); /* chunk */
+    const int prep_in = communicate && L->P > 1 && c->kept; /* the scan's transitions left each prep in kept */
     for (int64_t i = 0; i < n; i++)
-        cp_gdn_fragment_forward(cp, layer, o, c, i, L->P > 1 ? c->states + i * hh : NULL, NULL, d);
+        cp_gdn_fragment_forward(cp, layer, o, c, i, L->P > 1 ? c->states + i * hh : NULL, NULL, prep_in, d);
 }
 
 void cp_gdn_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c, const CpGdnDims *d) {

@@ -8,7 +8,9 @@ Four layers of evidence, each able to fail:
    whole-sample kernel call, forward and backward, for P in 1, 2, 4, 8 and six
    document layouts; bound 1e-5 relative. With --sabotage (each rank's two
    fragments' states swapped before the core's last step, the halo zeroed,
-   wrong positions for received blocks) the same checks must fail.
+   wrong positions for received blocks) the same checks must fail. The GDN core runs
+   again with kept buffers, each fragment's prep computed once and shared
+   (gdn_chunk_prep): bitwise the run without; with --sabotage-prep it must differ.
 2. The whole model (build/parity_step under mpirun): for (dp, cp) in (1,1),
    (1,2), (1,4), (2,2), (1,8) on batches with many documents, documents that
    start exactly on and one after segment boundaries, documents longer than a
@@ -71,13 +73,20 @@ def test_cp_algorithms_match_one_rank(np_, docs, extra):
             want = 1 if np_ > 1 else 0
             assert passes.startswith(f"gdn passes: forward {want}, after the recompute {want}, backward {want}")
             assert passes.endswith(" ok"), passes
+            # with kept buffers: each fragment's prep computed once and read (gdn_chunk_prep), the same bits
+            kept = [l for l in r.stdout.splitlines() if l.startswith(("gdn with kept buffers:", "gdn prep:"))]
+            assert len(kept) == 2 and all(l.endswith(" ok") for l in kept), r.stdout
 
 
-@pytest.mark.parametrize("what", ["gdn", "conv", "ring"])
+@pytest.mark.parametrize("what", ["gdn", "conv", "ring", "gdn --sabotage-prep"])
 def test_cp_checks_can_fail(what):
-    r = mpirun(2, BUILD / "cp_check", what, "many", "--sabotage")
+    what, *how = what.split()
+    r = mpirun(2, BUILD / "cp_check", what, "many", *(how or ["--sabotage"]))
     assert r.returncode != 0, r.stdout
     assert "FAIL" in r.stdout, r.stdout
+    if how:  # only the kept run reads the spoiled prep
+        assert "gdn with kept buffers: o, o recomputed, dq|dk, dv, dg, dbeta bitwise the run without: FAIL" in r.stdout
+        assert all(l.endswith(" ok") for l in r.stdout.splitlines() if "rel err" in l), r.stdout
 
 
 # ---------------------------------------------------------------- 2. the whole model

@@ -44,6 +44,7 @@ const Backend backend_cpu = {
     .gdn_chunk_forward = cpu_gdn_chunk_forward,
     .gdn_chunk_backward = cpu_gdn_chunk_backward,
     .gdn_kept_bytes = cpu_gdn_kept_bytes,
+    .gdn_chunk_prep = cpu_gdn_chunk_prep,
     .gdn_chunk_transition = cpu_gdn_chunk_transition,
     .gdn_chunk_dstate = cpu_gdn_chunk_dstate,
     .gdn_state_affine = cpu_gdn_state_affine,

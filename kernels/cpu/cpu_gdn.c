@@ -59,7 +59,9 @@
  *   - T == 0 is allowed: S_final = S0 (or 0), dS0 = dS_final (or 0).
  *   - The kept buffer (backend.h gdn_kept_bytes): this backend keeps Tinv (cpu_gdn_kept_bytes,
  *     gdn_chunk_load); the backward that reads it gives the bits of the one that substitutes again
- *     (tests/unit/test_gdn.c gdn_tinv_kept). The cuda backend keeps W, U instead, and with kept_states
+ *     (tests/unit/test_gdn.c gdn_tinv_kept). cpu_gdn_chunk_prep writes that Tinv alone; the forward told
+ *     GDN_KEPT_PREP_IN, the transition and the dstate given it copy it instead of substituting: the same
+ *     floats (gdn_prep_kept). The cuda backend keeps W, U instead, and with kept_states
  *     its chunk states too: each its own format. Here kept_states changes nothing (the oracle
  *     recomputes its states: they are fp32 and cheap beside its own products).
  */
@@ -288,9 +290,12 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
                            const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                            const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
                            int ldv, int ldo, void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v, s) written, or NULL */,
-                           int kept_states /* unused: this backend keeps Tinv only */) {
+                           int kept_flags /* GDN_KEPT_PREP_IN: Tinv read from tinv; GDN_KEPT_STATES unused here */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
+    RS_CHECK((kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN)) == 0, "gdn: kept_flags = %d", kept_flags);
+    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || tinv, "gdn: GDN_KEPT_PREP_IN without a kept buffer");
+    const int prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0;
     float *o = o_;
     const float *q = q_, *k = k_, *v = v_;
     const int dk = dim_k, dv = dim_v;
@@ -307,7 +312,8 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
         for (int64_t t0 = 0; t0 < T;) {
             const int L = gdn_chunk_len(doc_pos, t0, T);
             if (doc_pos[t0] == 0) memset(S, 0, state * sizeof(float)); /* a document starts: reset */
-            gdn_chunk_load(&w, q, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, tinv, NULL);
+            gdn_chunk_load(&w, q, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, prep_in ? NULL : tinv,
+                           prep_in ? tinv : NULL);
             gdn_chunk_vnew(&w, S);
             gdn_chunk_output(o + t0 * ldo + (int64_t)h * dv, &w, S, scale, ldo, acc);
             gdn_chunk_state_update(S, &w);
@@ -531,11 +537,30 @@ size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
     return (size_t)T * nv * GDN_C * sizeof(float);
 }
 
+/* Tinv of every chunk into tinv (gdn_chunk_load's layout): the bytes cpu_gdn_chunk_forward writes there */
+void cpu_gdn_chunk_prep(void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v, s) */, const void *k_ /* (T,ldq) */,
+                        const void *v_ /* (T,ldv) */, const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
+                        const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
+                        int ldv, int kept_states /* unused */) {
+    gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
+    RS_CHECK(tinv || T == 0, "gdn: cpu_gdn_chunk_prep without a kept buffer");
+    GdnWork w;
+    gdn_work_init(&w, dim_k, dim_v, dim_v, 0);
+    for (int h = 0; h < nv; h++)
+        for (int64_t t0 = 0; t0 < T;) {
+            const int L = gdn_chunk_len(doc_pos, t0, T);
+            gdn_chunk_load(&w, NULL, k_, NULL, g, beta, t0, L, h, h / (nv / nk), nv, ldq, ldv, tinv, NULL);
+            t0 += L;
+        }
+    gdn_work_free(&w);
+}
+
 void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
                               const void *k_ /* (T,ldq) nk heads of dim_k */, const void *v_ /* (T,ldv) */,
                               const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                               const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v,
-                              int ldq, int ldv) {
+                              int ldq, int ldv, const void *tinv /* its Tinv (cpu_gdn_chunk_prep), or NULL */,
+                              int kept_states /* unused */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     const float *k = k_, *v = v_;
     const int dk = dim_k, dv = dim_v;
@@ -556,7 +581,7 @@ void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,d
             for (int a = 0; a < dk; a++) X[(size_t)a * ncol + dv + a] = 1.0f;
         for (int64_t t0 = tstart; t0 < T;) {
             const int L = gdn_chunk_len(doc_pos, t0, T);
-            gdn_chunk_load(&w, NULL, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, NULL, NULL);
+            gdn_chunk_load(&w, NULL, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, NULL, tinv);
             gdn_chunk_vnew(&w, X);
             gdn_chunk_state_update(X, &w);
             t0 += L;
@@ -575,7 +600,9 @@ void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,d
 void cpu_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout_ /* (T,ldo) */,
                           const void *q_ /* (T,ldq) */, const void *k_ /* (T,ldq) */, const float *g /* (T,nv) */,
                           const float *beta /* (T,nv) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
-                          int nv, int dim_k, int dim_v, int ldq, int ldo) {
+                          int nv, int dim_k, int dim_v, int ldq, int ldo,
+                          const void *tinv /* its Tinv (the forward's, cpu_gdn_chunk_prep's), or NULL */,
+                          int kept_states /* unused */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, nv * dim_v);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     const float *dout = dout_, *q = q_, *k = k_;
@@ -603,7 +630,7 @@ void cpu_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout_ /
         for (int64_t c = nchunks - 1; c >= 0; c--) {
             const int64_t t0 = starts[c];
             const int L = lens[c];
-            gdn_chunk_load(&w, q, k, NULL, g, beta, t0, L, h, kh, nv, ldq, 0, NULL, NULL);
+            gdn_chunk_load(&w, q, k, NULL, g, beta, t0, L, h, kh, nv, ldq, 0, NULL, tinv);
             for (int r = 0; r < L; r++)
                 memcpy(w.dO + (size_t)r * dv, dout + (t0 + r) * ldo + (int64_t)h * dv, (size_t)dv * sizeof(float));
             /* dvn_j = sum_{r>=j} P_rj dO_r + dec_j D^T k_j (as in gdn_chunk_backward; no S needed) */

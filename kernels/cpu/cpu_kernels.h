@@ -57,7 +57,7 @@ void cpu_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int 
 void cpu_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo);
 void cpu_gdn_gates_forward(float *beta, float *g, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
 void cpu_gdn_gates_backward(void *db, void *da, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
-void cpu_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, void *tinv, int kept_states);
+void cpu_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, void *tinv, int kept_flags);
 void cpu_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *tinv, int kept_states);
 size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states);
 void cpu_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv, int dv, int ldz, float eps);
@@ -76,8 +76,9 @@ void cpu_adamw_update(float *param, float *m, float *v, void *compute, const flo
 double cpu_sum_squares(const float *x, int64_t n);
 
 /* ---- Gated DeltaNet context parallelism (cpu_gdn.c; lib/backend.h documents them) ---- */
-void cpu_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv);
-void cpu_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo);
+void cpu_gdn_chunk_prep(void *tinv, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states);
+void cpu_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *tinv, int kept_states);
+void cpu_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo, const void *tinv, int kept_states);
 void cpu_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v);
 
 #ifdef __cplusplus

@@ -17,10 +17,17 @@
  *
  *   gdn    cp_gdn_forward (the chain at P = 2, the scan at P > 2), its remat recompute
  *          (no communication), cp_gdn_backward: o twice, dq|dk, dv, dg, dbeta, and the
- *          counters (one state pass each way, none in the recompute)
+ *          counters (one state pass each way, none in the recompute); then the same with
+ *          kept buffers (checkpoint.gdn_keep), where each fragment's prep is computed once
+ *          (gdn_chunk_prep) and read by its transition and forward: every output bitwise the
+ *          run without, and the prep calls counted (the chain: one per fragment 2 | 3, read
+ *          by its forward, fragment 2's by its transition too; the scan: every fragment's)
  *   conv   cp_gdn_halo_forward + conv1d per fragment; conv backward + cp_gdn_halo_backward:
  *          y, dx, dw
  *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv
+ *
+ * --sabotage-prep (gdn) spoils each prep the kept run computes (the last token's Tinv row scaled):
+ * the kept run must then differ from the run without, proving the prep is read.
  *
  * --sabotage breaks what CP delivers, to prove the checks can fail: gdn swaps
  * each rank's two fragments' entry states and exit gradients before the
@@ -188,6 +195,42 @@ static void check_spoil_mark(void *ctx, int pass, int t, int phase) {
 }
 
 
+/* The kept run's backend: backend_cpu with the prep, the forward and the transition counted (and, with
+ * --sabotage-prep, each prep spoiled) */
+static struct {
+    double preps, prep_in, trans_kept; /* calls: gdn_chunk_prep, forwards told PREP_IN, transitions given kept */
+    int    spoil;
+} check_prep;
+
+static void check_be_prep(void *kept, const void *k, const void *v, const float *g, const float *beta,
+                          const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
+                          int kept_states) {
+    backend_cpu.gdn_chunk_prep(kept, k, v, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldv, kept_states);
+    check_prep.preps++;
+    float *row = (float *)kept + (T - 1) * nv * 64; /* cpu_gdn_kept_bytes' Tinv (T, nv, 64): the last token's */
+    for (int i = 0; check_prep.spoil && i < nv * 64; i++) row[i] *= 1.5f;
+}
+
+static void check_be_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g,
+                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                             int dk, int dv, int ldq, int ldv, int ldo, void *kept, int kept_flags) {
+    check_prep.prep_in += (kept_flags & GDN_KEPT_PREP_IN) != 0;
+    backend_cpu.gdn_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept,
+                                  kept_flags);
+}
+
+static void check_be_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta,
+                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
+                                const void *kept, int kept_states) {
+    check_prep.trans_kept += kept != NULL;
+    backend_cpu.gdn_chunk_transition(M, H, k, v, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldv, kept, kept_states);
+}
+
+/* 1 when any rank's n floats at a and b differ in a bit */
+static int check_differs(Check *c, const float *a, const float *b, int64_t n) {
+    return comm_allreduce_max_int(c->comm, c->comm->world, memcmp(a, b, (size_t)n * sizeof(float)) != 0);
+}
+
 static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     const Backend *be = &backend_cpu;
     const CpLayout *L = &c->cp.L;
@@ -240,7 +283,7 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     CheckSpoil spoil = {.states = states, .dstate = cp->dstate, .n = S * L->nlocal * hh, .hh = hh};
     cp_gdn_steps(L, &spoil.last);
     spoil.last--;
-    if (c->sabotage) { /* a wrong schedule: each rank's two fragments trade what the CP group passed them */
+    if (c->sabotage == 1) { /* a wrong schedule: each rank's two fragments trade what the CP group passed them */
         cp->step_mark = check_spoil_mark;
         cp->step_mark_ctx = &spoil;
     }
@@ -266,7 +309,48 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
         printf("gdn passes: forward %lld, after the recompute %lld, backward %lld (want %lld); fragment forwards "
                "%lld (want %lld) %s\n", (long long)passes, (long long)fwd, (long long)bwd, (long long)want,
                (long long)runs, (long long)(2 * S * L->nlocal), ok ? "ok" : "FAIL");
-    float *bufs[] = {qk, v, g, beta, dO, o, dqk, dv_, dg, db, lqk, lv, lg, lb, ldO, states, M, lo, ldqk, ldv, ldg, ldb};
+
+    /* again with kept buffers (cpu: Tinv), through the counting backend: the prep shared, the same bits */
+    Backend counted = backend_cpu;
+    counted.gdn_chunk_prep = check_be_prep;
+    counted.gdn_chunk_forward = check_be_forward;
+    counted.gdn_chunk_transition = check_be_transition;
+    check_prep.spoil = c->sabotage == 2;
+    const size_t kb = backend_cpu.gdn_kept_bytes(L->frag_len, nv, dk, dv, 0);
+    float *ko = RS_MALLOC((size_t)(rows * Vd) * 4), *kagain = RS_MALLOC((size_t)(rows * Vd) * 4);
+    float *kdqk = RS_MALLOC((size_t)(rows * ldq) * 4), *kdv = RS_MALLOC((size_t)(rows * Vd) * 4);
+    float *kdg = RS_MALLOC((size_t)(rows * nv) * 4), *kdb = RS_MALLOC((size_t)(rows * nv) * 4);
+    float *again0 = RS_MALLOC((size_t)(rows * Vd) * 4);
+    CpGdnCore kcore = core;
+    kcore.kept = RS_CALLOC((size_t)(S * L->nlocal), kb);
+    kcore.kept_bytes = kb;
+    CpGdnGrads kgrads = {.dq = kdqk, .dk = kdqk + Kd, .dv = kdv, .dg = kdg, .dbeta = kdb, .dout = ldO};
+    cp->be = &counted;
+    cp_gdn_forward(cp, 0, ko, &kcore, 1, &d);
+    cp_gdn_forward(cp, 0, kagain, &kcore, 0, &d);
+    cp_gdn_backward(cp, 0, &kgrads, &kcore, &d);
+    cp->be = &backend_cpu;
+    cp_gdn_forward(cp, 0, again0, &core, 0, &d); /* the run without kept's recompute, from the same states */
+    const int differs = check_differs(c, ko, lo, rows * Vd) | check_differs(c, kagain, again0, rows * Vd) |
+                        check_differs(c, kdqk, ldqk, rows * ldq) | check_differs(c, kdv, ldv, rows * Vd) |
+                        check_differs(c, kdg, ldg, rows * nv) | check_differs(c, kdb, ldb, rows * nv);
+    if (differs) c->failed++;
+    double calls[3] = {check_prep.preps, check_prep.prep_in, check_prep.trans_kept};
+    comm_allreduce_sum_f64(c->comm, c->comm->world, calls, 3);
+    /* the chain: fragments 2 and 3 of each sample, fragment 2's transition; the scan: every fragment; P = 1: none */
+    const double frags = (double)S * L->nglobal, want_prep = L->P == 2 ? 2.0 * S : L->P > 2 ? frags : 0;
+    const double want_trans = L->P == 2 ? (double)S : L->P > 2 ? frags : 0;
+    const int calls_ok = calls[0] == want_prep && calls[1] == want_prep && calls[2] == want_trans;
+    if (!calls_ok) c->failed++;
+    if (c->comm->rank == 0) {
+        printf("gdn with kept buffers: o, o recomputed, dq|dk, dv, dg, dbeta bitwise the run without: %s\n",
+               differs ? "FAIL" : "ok");
+        printf("gdn prep: computed %.0f, read by forwards %.0f, by transitions %.0f (want %.0f, %.0f, %.0f) %s\n",
+               calls[0], calls[1], calls[2], want_prep, want_prep, want_trans, calls_ok ? "ok" : "FAIL");
+    }
+    free(kcore.kept);
+    float *bufs[] = {qk, v,   g,    beta, dO,  o,   dqk,   dv_,    dg,   db,   lqk,  lv,  lg,  lb,    ldO,   states,
+                     M,  lo,  ldqk, ldv,  ldg, ldb, ko, kagain, kdqk, kdv, kdg, kdb, again0};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
@@ -361,17 +445,19 @@ int main(int argc, char **argv) {
     Comm comm;
     comm_init(&comm, &argc, &argv);
     if (argc < 3)
-        RS_USAGE(NULL, "usage: cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage]");
+        RS_USAGE(NULL, "usage: cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage] "
+                       "[--sabotage-prep]");
     const char *what = argv[1], *docs = argv[2];
     int64_t S = 2, T = 1024, seed = 7;
     int sabotage = 0;
     for (int i = 3; i < argc; i += 2) {
-        if (i + 1 == argc && strcmp(argv[i], "--sabotage")) RS_USAGE(NULL, "%s needs a value", argv[i]);
+        if (i + 1 == argc && strcmp(argv[i], "--sabotage") && strcmp(argv[i], "--sabotage-prep"))
+            RS_USAGE(NULL, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--samples")) S = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq-len")) T = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seed")) seed = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--sabotage")) {
-            sabotage = 1;
+        else if (!strcmp(argv[i], "--sabotage") || !strcmp(argv[i], "--sabotage-prep")) {
+            sabotage = strcmp(argv[i], "--sabotage") ? 2 : 1;
             i--;
         }
         else RS_USAGE(NULL, "unknown argument %s", argv[i]);

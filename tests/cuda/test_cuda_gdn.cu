@@ -944,11 +944,12 @@ static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_
     const int64_t nm = (int64_t)nv * dk * dk, nh = (int64_t)nv * dk * dv;
     GdnDev d = gdn_dev(p);
     float *M = (float *)gdn_dev_alloc((size_t)nm * 4), *H = (float *)gdn_dev_alloc((size_t)nh * 4);
-    cuda_gdn_chunk_transition(M, H, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, p->T, p->nk, nv, dk, dv, p->ldq, p->ldv);
+    cuda_gdn_chunk_transition(M, H, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, p->T, p->nk, nv, dk, dv, p->ldq, p->ldv,
+                              NULL, 0);
     float *Mg = gdn_down_f32(M, nm), *Hg = gdn_down_f32(H, nh);
     float *Mr = (float *)test_alloc(nm * 4), *Hr = (float *)test_alloc(nh * 4);
     cpu_gdn_chunk_transition(Mr, Hr, p->qk + wq, p->v, p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq,
-                             p->ldv);
+                             p->ldv, NULL, 0);
     gdn_check(tag, "H", Hg, Hr, nh, dv, bound);
     if (expect_reset) {
         int64_t nonzero = 0;
@@ -989,6 +990,114 @@ static void gdn_transition_cases(void) {
     gdn_check_transition("transition T=130 doc at the last token", &p, 1, GDN_TEST_BOUND);
 }
 
+/* ---- the prep written alone (cuda_gdn_chunk_prep; backend.h gdn_chunk_prep, lib/cp_gdn.c shares it) ---- */
+
+/* 1 when n bytes at device a and b are the same */
+static int gdn_same_bytes(const void *a, const void *b, size_t n) {
+    unsigned char *ha = (unsigned char *)test_alloc((int64_t)n), *hb = (unsigned char *)test_alloc((int64_t)n);
+    CUDA_CHECK(cudaMemcpyAsync(ha, a, n, cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaMemcpyAsync(hb, b, n, cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    return memcmp(ha, hb, n) == 0;
+}
+
+/* Under the tune's piece: the prep into a fresh buffer, then the forward told GDN_KEPT_PREP_IN, give the o,
+ * S_final and the whole kept buffer (every piece's W, U, G2, with states h and vn, the pieces' entry states) of
+ * the forward computing its prep, bitwise; the transition given that prep gives the transition computing it,
+ * bitwise, and the cpu oracle's M, H within the bound (pieced: each piece's composed in fp32); the dstate given it
+ * gives the dstate computing it, bitwise (pieced: the pieces' W, G2 copied together); a spoiled prep (piece 0's
+ * U row of token 0, head 0, zeroed) changes the forward's o: the prep is read, not recomputed. */
+static void gdn_check_prep(const char *tag0, const GdnProb *p, int states, double bound) {
+    char tag[256];
+    CudaGdnTune cur;
+    cuda_gdn_tune_get(&cur);
+    snprintf(tag, sizeof tag, "%s, kept states %d, piece %d", tag0, states, cur.piece);
+    const int nv = p->nv, dk = p->dk, dv = p->dv, wq = p->nk * p->dk, flags = states ? GDN_KEPT_STATES : 0;
+    const int64_t T = p->T, no = T * p->ldo, nh = (int64_t)nv * dk * dv, nm = (int64_t)nv * dk * dk;
+    const size_t kb = cuda_gdn_kept_bytes(T, nv, dk, dv, states);
+    GdnDev d = gdn_dev(p);
+    bf16 *o1 = (bf16 *)gdn_dev_alloc((size_t)no * 2), *o2 = (bf16 *)gdn_dev_alloc((size_t)no * 2);
+    float *S1 = (float *)gdn_dev_alloc((size_t)nh * 4), *S2 = (float *)gdn_dev_alloc((size_t)nh * 4);
+    void *k1 = gdn_dev_alloc(kb), *k2 = gdn_dev_alloc(kb); /* the same poison in both: gaps compare equal */
+    cuda_gdn_chunk_forward(o1, S1, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
+                           p->ldv, p->ldo, k1, flags);
+    cuda_gdn_chunk_prep(k2, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, states);
+    cuda_gdn_chunk_forward(o2, S2, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
+                           p->ldv, p->ldo, k2, flags | GDN_KEPT_PREP_IN);
+    const int same_o = gdn_same_bytes(o1, o2, (size_t)no * 2), same_S = gdn_same_bytes(S1, S2, (size_t)nh * 4);
+    const int same_k = gdn_same_bytes(k1, k2, kb);
+    EXPECT(same_o && same_S && same_k, "%s: the forward from the prep differs from the one computing it (o %s, "
+           "S_final %s, kept buffer %s)", tag, same_o ? "same" : "DIFFERS", same_S ? "same" : "DIFFERS",
+           same_k ? "same" : "DIFFERS");
+    printf("%s: prep + forward(PREP_IN) bitwise the forward (o, S_final, %zu kept bytes): %s\n", tag, kb,
+           same_o && same_S && same_k ? "ok" : "NO");
+    float *M1 = (float *)gdn_dev_alloc((size_t)nm * 4), *H1 = (float *)gdn_dev_alloc((size_t)nh * 4);
+    float *M2 = (float *)gdn_dev_alloc((size_t)nm * 4), *H2 = (float *)gdn_dev_alloc((size_t)nh * 4);
+    cuda_gdn_chunk_transition(M1, H1, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv,
+                              NULL, 0);
+    cuda_gdn_chunk_transition(M2, H2, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv,
+                              k2, states);
+    const int same_t = gdn_same_bytes(M1, M2, (size_t)nm * 4) && gdn_same_bytes(H1, H2, (size_t)nh * 4);
+    EXPECT(same_t, "%s: the transition from the prep differs from the one computing it", tag);
+    printf("%s: transition(kept) bitwise transition(NULL): %s\n", tag, same_t ? "ok" : "NO");
+    float *Mr = (float *)test_alloc(nm * 4), *Hr = (float *)test_alloc(nh * 4);
+    cpu_gdn_chunk_transition(Mr, Hr, p->qk + wq, p->v, p->g, p->beta, p->doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv,
+                             NULL, 0);
+    gdn_check(tag, "transition(kept) H", gdn_down_f32(H2, nh), Hr, nh, dv, bound);
+    gdn_check(tag, "transition(kept) M", gdn_down_f32(M2, nm), Mr, nm, dk, bound);
+    float *dout = (float *)test_alloc(no * 4);
+    test_fill_normal(dout, no, 1.0);
+    bf16 *ddout = gdn_up_bf16(dout, no);
+    float *dS1 = (float *)gdn_dev_alloc((size_t)nh * 4), *dS2 = (float *)gdn_dev_alloc((size_t)nh * 4);
+    cuda_gdn_chunk_dstate(dS1, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldo,
+                          NULL, 0);
+    cuda_gdn_chunk_dstate(dS2, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldo,
+                          k2, states);
+    const int same_d = gdn_same_bytes(dS1, dS2, (size_t)nh * 4);
+    EXPECT(same_d, "%s: the dstate from the prep differs from the one computing it", tag);
+    printf("%s: dstate(kept) bitwise dstate(NULL): %s\n", tag, same_d ? "ok" : "NO");
+    /* can fail: piece 0's U (after its W, on 256 bytes) row 0, head 0 zeroed; the forward must read it */
+    const int64_t R = cur.piece ? cur.piece : GDN_PIECE_ROWS, T0 = T < R ? T : R;
+    const size_t u_at = ((size_t)T0 * nv * dk * 2 + 255) / 256 * 256;
+    CUDA_CHECK(cudaMemsetAsync((char *)k2 + u_at, 0, (size_t)dv * 2, cuda_stream()));
+    cuda_gdn_chunk_forward(o2, S2, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
+                           p->ldv, p->ldo, k2, flags | GDN_KEPT_PREP_IN);
+    const int seen = !gdn_same_bytes(o1, o2, (size_t)no * 2);
+    EXPECT(seen, "%s: a spoiled prep went unseen by the forward told GDN_KEPT_PREP_IN", tag);
+    printf("%s: a spoiled prep changes o: %s\n", tag, seen ? "ok" : "NO");
+    if (p->doc_pos[0] != 0) { /* and the dstate reads W: token 0's row of head 0 zeroed (S0 reaches token 0) */
+        CUDA_CHECK(cudaMemsetAsync(k2, 0, (size_t)dk * 2, cuda_stream()));
+        cuda_gdn_chunk_dstate(dS2, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
+                              p->ldo, k2, states);
+        const int dseen = !gdn_same_bytes(dS1, dS2, (size_t)nh * 4);
+        EXPECT(dseen, "%s: a spoiled prep went unseen by the dstate given it", tag);
+        printf("%s: a spoiled prep changes dstate: %s\n", tag, dseen ? "ok" : "NO");
+    }
+    gdn_dev_free_all();
+}
+
+/* whole and in pieces (documents crossing piece boundaries, one starting on one, T not a multiple of the piece,
+ * M far from 0 where no document starts), with and without the kept states */
+TEST(cuda_gdn_prep_kept) {
+    static const int starts[] = {64, 333, 334, 700};
+    static const int pieces[] = {0, 64, 192, 1024};
+    CudaGdnTune t;
+    memset(&t, 0, sizeof t);
+    for (int i = 0; i < 4; i++) {
+        t.piece = pieces[i];
+        cuda_gdn_tune_set(&t);
+        for (int states = 0; states < 2; states++) {
+            GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 1400 + i);
+            gdn_check_prep("prep: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, states, GDN_TEST_BOUND);
+            p = gdn_prob(700, 1, 2, 64, 64, 5, NULL, 0, 1, 0.02, 1410 + i);
+            gdn_check_prep("prep: T=700 nk=1 nv=2 d=64 no docs S0 decay=0.02", &p, states, GDN_TEST_BOUND);
+            p = gdn_prob(450, 2, 2, 128, 64, 0, NULL, 0, 0, 0.1, 1420 + i);
+            gdn_check_prep("prep: T=450 nk=nv=2 dk=128 dv=64 doc at 0", &p, states, GDN_TEST_BOUND);
+        }
+    }
+    cuda_gdn_tune_set(NULL);
+}
+
 /* dstate against the cpu dstate, against the cuda backward's dS0 (dS_final = 0; the same chunk
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
@@ -1007,10 +1116,11 @@ static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
     bf16 *ddout = gdn_up_bf16(dout, T * p->ldo);
     float *ddSf = gdn_up_f32(dSf, nh);
     float *dS = (float *)gdn_dev_alloc((size_t)nh * 4);
-    cuda_gdn_chunk_dstate(dS, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldo);
+    cuda_gdn_chunk_dstate(dS, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldo,
+                          NULL, 0);
     float *dS_got = gdn_down_f32(dS, nh), *dS_ref = (float *)test_alloc(nh * 4);
     cpu_gdn_chunk_dstate(dS_ref, dout, p->qk, p->qk + wq, p->g, p->beta, p->doc_pos, T, p->nk, nv, dk, dv, p->ldq,
-                         p->ldo);
+                         p->ldo, NULL, 0);
     gdn_check(tag, "dstate vs cpu", dS_got, dS_ref, nh, dv, bound);
     /* the cuda backward's own dS0 */
     bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
@@ -1026,7 +1136,8 @@ static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
                             d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, NULL, 0);
     float *M = (float *)gdn_dev_alloc((size_t)nm * 4), *H = (float *)gdn_dev_alloc((size_t)nh * 4);
     float *split = (float *)gdn_dev_alloc((size_t)nh * 4);
-    cuda_gdn_chunk_transition(M, H, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv);
+    cuda_gdn_chunk_transition(M, H, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, NULL,
+                              0);
     cuda_gdn_state_affine(split, M, ddSf, dS, 1, nv, dk, dv);
     gdn_check(tag, "dstate + M^T dS_final vs cuda backward dS0", gdn_down_f32(split, nh), gdn_down_f32(dS0b, nh), nh,
               dv, bound);
@@ -1059,7 +1170,7 @@ static void gdn_dstate_cases(void) {
     bf16 *ddout = gdn_up_bf16(dout, p.T * p.ldo);
     float *dS = (float *)gdn_dev_alloc((size_t)nh * 4);
     cuda_gdn_chunk_dstate(dS, ddout, d.qk, d.qk + p.nk * p.dk, d.g, d.beta, d.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv,
-                          p.ldq, p.ldo);
+                          p.ldq, p.ldo, NULL, 0);
     float *got = gdn_down_f32(dS, nh);
     int64_t nonzero = 0;
     for (int64_t i = 0; i < nh; i++) nonzero += got[i] != 0.0f;

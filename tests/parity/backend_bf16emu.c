@@ -203,6 +203,7 @@ const Backend backend_cpu_bf16 = {
     .gdn_chunk_forward = emu_gdn_forward,
     .gdn_chunk_backward = emu_gdn_backward,
     .gdn_kept_bytes = cpu_gdn_kept_bytes,
+    .gdn_chunk_prep = cpu_gdn_chunk_prep,
     .gdn_chunk_transition = cpu_gdn_chunk_transition,
     .gdn_chunk_dstate = cpu_gdn_chunk_dstate,
     .gdn_state_affine = cpu_gdn_state_affine,

@@ -1,7 +1,8 @@
 /*
  * test_gdn.c — tests of the chunked gated delta rule on the cpu backend
  * (kernels/cpu/cpu_gdn.c): cpu_gdn_chunk_forward, cpu_gdn_chunk_backward (with the kept
- * Tinv: bitwise the recomputed one, gdn_tinv_kept) and
+ * Tinv: bitwise the recomputed one, gdn_tinv_kept), cpu_gdn_chunk_prep (the forward, the
+ * transition and the dstate reading its Tinv: bitwise, gdn_prep_kept) and
  * the context-parallel entries cpu_gdn_chunk_transition, cpu_gdn_chunk_dstate and
  * cpu_gdn_state_affine.
  *
@@ -22,6 +23,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cpu_kernels.h"
 #include "test_util.h"
@@ -448,14 +451,19 @@ static void gdn_check_tinv_kept(const char *tag, const GdnProb *p) {
     EXPECT(memcmp(db2, b.dbeta, (size_t)(T * p->nv) * sizeof(float)) != 0, "%s: a sabotaged kept Tinv went unseen", tag);
 }
 
-TEST(gdn_tinv_kept) {
+/* two problems for the kept buffer: documents (1-token ones, one at the last token), S0; GQA, strong decay */
+static void gdn_kept_doc_cases(void (*check)(const char *tag, const GdnProb *p)) {
     static const int starts[] = {17, 64, 100, 101, 102, 199};
     GdnProb p = gdn_prob_make(200, 1, 2, 32, 16, 5, starts, 6, 1, 0.3);
-    gdn_check_tinv_kept("T=200 docs, S0", &p);
+    check("T=200 docs, S0", &p);
     p = gdn_prob_make(200, 2, 4, 16, 32, 0, starts, 6, 1, 2.0);
-    gdn_check_tinv_kept("T=200 docs, GQA, strong decay", &p);
+    check("T=200 docs, GQA, strong decay", &p);
+}
+
+TEST(gdn_tinv_kept) {
+    gdn_kept_doc_cases(gdn_check_tinv_kept);
     static const int s3[] = {128, 150, 299};
-    p = gdn_prob_make(300, 1, 1, 64, 32, 40, s3, 3, 1, 0.02);
+    GdnProb p = gdn_prob_make(300, 1, 1, 64, 32, 40, s3, 3, 1, 0.02);
     gdn_check_tinv_kept("T=300 docs, weak decay", &p);
     static const int s4[] = {1, 2, 3};
     p = gdn_prob_make(5, 1, 2, 16, 16, 2, s4, 3, 0, 0.3);
@@ -571,7 +579,8 @@ static void gdn_check_transition(const char *tag, const GdnProb *p, int expect_r
     const int64_t nm = (int64_t)nv * dk * dk, nh = (int64_t)nv * dk * dv;
     float *M = test_alloc(nm * (int64_t)sizeof(float)), *H = test_alloc(nh * (int64_t)sizeof(float));
     for (int64_t i = 0; i < nm; i++) M[i] = 1e3f; /* written, not accumulated */
-    cpu_gdn_chunk_transition(M, H, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq, p->ldv);
+    cpu_gdn_chunk_transition(M, H, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq, p->ldv,
+                             NULL, 0);
     double *Mr = test_alloc(nm * (int64_t)sizeof(double)), *Hr = test_alloc(nh * (int64_t)sizeof(double));
     gdn_ref_transition(Mr, Hr, p);
     char name[160];
@@ -656,7 +665,7 @@ static void gdn_check_dstate(const char *tag, const GdnProb *p, double bound) {
     float *dS = test_alloc(nh * (int64_t)sizeof(float));
     for (int64_t i = 0; i < nh; i++) dS[i] = 1e3f; /* written, not accumulated */
     cpu_gdn_chunk_dstate(dS, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq,
-                         p->ldo);
+                         p->ldo, NULL, 0);
     GdnGrads d0 = gdn_run_backward(p, dout, NULL);
     char name[160];
     double *want = test_alloc(nh * (int64_t)sizeof(double));
@@ -664,13 +673,88 @@ static void gdn_check_dstate(const char *tag, const GdnProb *p, double bound) {
     snprintf(name, sizeof(name), "%s dstate vs backward dS0 (dS_final = 0)", tag);
     test_check_rel(name, dS, want, nh, bound);
     float *M = test_alloc(nm * (int64_t)sizeof(float)), *H = test_alloc(nh * (int64_t)sizeof(float));
-    cpu_gdn_chunk_transition(M, H, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq, p->ldv);
+    cpu_gdn_chunk_transition(M, H, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, p->T, p->nk, nv, dk, dv, p->ldq, p->ldv,
+                             NULL, 0);
     GdnGrads d1 = gdn_run_backward(p, dout, dSf);
     float *split = test_alloc(nh * (int64_t)sizeof(float));
     cpu_gdn_state_affine(split, M, dSf, dS, 1, nv, dk, dv);
     test_to_double(want, d1.dS0, nh);
     snprintf(name, sizeof(name), "%s dstate + M^T dS_final vs backward dS0", tag);
     test_check_rel(name, split, want, nh, bound);
+}
+
+/* ---- the prep written alone (cpu_gdn_chunk_prep, backend.h gdn_chunk_prep): the Tinv the forward would
+ * write, and the forward told GDN_KEPT_PREP_IN and the transition given it read it: the bits of computing
+ * it inside ---- */
+
+static void gdn_check_prep_kept(const char *tag, const GdnProb *p) {
+    const int64_t T = p->T, no = T * p->ldo, ns = (int64_t)p->nv * p->dk * p->dv, nm = (int64_t)p->nv * p->dk * p->dk;
+    const size_t kb = cpu_gdn_kept_bytes(T, p->nv, p->dk, p->dv, 0);
+    float *o = test_alloc(no * 4), *o2 = test_alloc(no * 4), *Sf = test_alloc(ns * 4), *Sf2 = test_alloc(ns * 4);
+    float *fwd_kept = test_alloc((int64_t)kb), *prep = test_alloc((int64_t)kb);
+    test_fill_normal(prep, (int64_t)(kb / sizeof(float)), 1.0); /* every byte is written */
+    cpu_gdn_chunk_forward(o, Sf, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
+                          p->dv, p->ldq, p->ldv, p->ldo, fwd_kept, 0);
+    cpu_gdn_chunk_prep(prep, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv,
+                       0);
+    EXPECT(!memcmp(fwd_kept, prep, kb), "%s: the prep's Tinv differs from the forward's", tag);
+    cpu_gdn_chunk_forward(o2, Sf2, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
+                          p->dv, p->ldq, p->ldv, p->ldo, prep, GDN_KEPT_PREP_IN);
+    EXPECT(!memcmp(o, o2, (size_t)no * 4) && !memcmp(Sf, Sf2, (size_t)ns * 4),
+           "%s: the forward from the prep differs from the forward computing it", tag);
+    EXPECT(!memcmp(fwd_kept, prep, kb), "%s: the forward told PREP_IN wrote its kept buffer", tag);
+    float *M = test_alloc(nm * 4), *H = test_alloc(ns * 4), *M2 = test_alloc(nm * 4), *H2 = test_alloc(ns * 4);
+    cpu_gdn_chunk_transition(M, H, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                             p->ldv, NULL, 0);
+    cpu_gdn_chunk_transition(M2, H2, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                             p->ldv, prep, 0);
+    EXPECT(!memcmp(M, M2, (size_t)nm * 4) && !memcmp(H, H2, (size_t)ns * 4),
+           "%s: the transition from the prep differs from the one computing it", tag);
+    float *dout = test_alloc(no * 4), *dS = test_alloc(ns * 4), *dS2 = test_alloc(ns * 4);
+    test_fill_normal(dout, no, 1.0);
+    cpu_gdn_chunk_dstate(dS, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                         p->ldo, NULL, 0);
+    cpu_gdn_chunk_dstate(dS2, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv,
+                         p->ldq, p->ldo, prep, 0);
+    EXPECT(!memcmp(dS, dS2, (size_t)ns * 4), "%s: the dstate from the prep differs from the one computing it", tag);
+    /* and each reads it: the first and last tokens' Tinv rows scaled change the forward's output, the
+     * transition's H (the last token follows the last document start) and, where the state enters, the dstate
+     * (the first token precedes the first document start) */
+    for (int64_t t = 0; t < T; t += T - 1)
+        for (int i = 0; i < p->nv * 64; i++) prep[(t * p->nv) * 64 + i] *= 1.5f;
+    cpu_gdn_chunk_forward(o2, Sf2, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
+                          p->dv, p->ldq, p->ldv, p->ldo, prep, GDN_KEPT_PREP_IN);
+    cpu_gdn_chunk_transition(M2, H2, gdn_k(p), p->v, p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                             p->ldv, prep, 0);
+    EXPECT(memcmp(o, o2, (size_t)no * 4) != 0, "%s: a sabotaged prep went unseen by the forward", tag);
+    EXPECT(memcmp(H, H2, (size_t)ns * 4) != 0, "%s: a sabotaged prep went unseen by the transition", tag);
+    cpu_gdn_chunk_dstate(dS2, dout, gdn_q(p), gdn_k(p), p->g, p->beta, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv,
+                         p->ldq, p->ldo, prep, 0);
+    EXPECT(p->doc_pos[0] == 0 || memcmp(dS, dS2, (size_t)ns * 4) != 0, "%s: a sabotaged prep went unseen by the dstate",
+           tag);
+}
+
+TEST(gdn_prep_kept) {
+    gdn_kept_doc_cases(gdn_check_prep_kept);
+    GdnProb p = gdn_prob_make(150, 1, 1, 64, 32, 40, NULL, 0, 1, 0.02);
+    gdn_check_prep_kept("T=150 no docs, weak decay", &p);
+    /* GDN_KEPT_PREP_IN without a kept buffer, or an unknown flag: refused (a fatal error), never recomputed */
+    for (int bad = 0; bad < 2; bad++) {
+        fflush(stdout);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            float *o = test_alloc(p.T * p.ldo * 4);
+            cpu_gdn_chunk_forward(o, NULL, gdn_q(&p), gdn_k(&p), p.v, p.g, p.beta, p.S0, p.doc_pos, p.T, p.nk, p.nv,
+                                  p.dk, p.dv, p.ldq, p.ldv, p.ldo, bad ? o : NULL, bad ? 4 : GDN_KEPT_PREP_IN);
+            _exit(0);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        EXPECT(WIFEXITED(st) && WEXITSTATUS(st) != 0, "%s was not refused",
+               bad ? "kept_flags 4" : "GDN_KEPT_PREP_IN without kept");
+        printf("%s refused: %s\n", bad ? "kept_flags 4" : "PREP_IN without kept",
+               WIFEXITED(st) && WEXITSTATUS(st) ? "ok" : "NO");
+    }
 }
 
 /* fp32 both sides, different summation orders: measured <= 1e-6; bound 1e-5. */
@@ -689,7 +773,7 @@ TEST(gdn_dstate) {
     test_fill_normal(dout, p.T * p.ldo, 1.0);
     for (int64_t i = 0; i < nh; i++) dS[i] = 1e3f;
     cpu_gdn_chunk_dstate(dS, dout, gdn_q(&p), gdn_k(&p), p.g, p.beta, p.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv, p.ldq,
-                         p.ldo);
+                         p.ldo, NULL, 0);
     int nonzero = 0;
     for (int64_t i = 0; i < nh; i++) nonzero += dS[i] != 0.0f;
     EXPECT(nonzero == 0, "doc at 0: dstate has %d nonzero entries", nonzero);

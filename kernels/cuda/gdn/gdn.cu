@@ -59,16 +59,19 @@
  * state. Pieces: a forward or backward of more than GDN_PIECE_ROWS tokens (backend.h; the tune's piece
  * in tests) runs as consecutive calls of at most that many, the state entering each piece passed in fp32
  * (the backward's state gradient the other way), so T below is at most a piece for these two; the
- * transition and dstate run whole. The kept buffer of a pieced call is each piece's, in order, then the
- * states entering pieces 1.. (fp32); without a kept buffer the backward runs the pieces' forward again for
- * those states (the same bits, as the backend.h contract asks). Per call (T tokens, nv value heads):
- * forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small; backward adds
- * 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
+ * transition runs the same pieces, each piece's (M, H) composed in fp32 (cuda_gdn_chunk_transition), and
+ * dstate runs whole (given a pieced kept buffer it copies the pieces' W, G2 together). The kept buffer of a
+ * pieced call is each piece's, in order, then the states entering pieces 1.. (fp32); without a kept buffer
+ * the backward runs the pieces' forward again for those states (the same bits, as the backend.h contract
+ * asks). Per call (T tokens, nv value heads): forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small;
+ * backward adds 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
  * The kept buffer (the entries' `kept`, cuda_gdn_kept_bytes(T, nv, dk, dv, states) = T nv (2 dk + 2 dv + 4)
  * bytes, with states + 2 ns nv dk dv + 2 T nv dv, each part on 256 bytes; the caller's): the forward's prep
  * writes W, U, G2 there instead of the workspace, and with kept_states its state pass h and vn (GDN v4.4);
  * a backward given it skips its prep, and with kept_states its state_fwd recompute (gdn_kept_carve); the
- * workspace then has no h, vn.
+ * workspace then has no h, vn. cuda_gdn_chunk_prep writes the W, U, G2 alone (the same launch on the same
+ * index), so a forward told GDN_KEPT_PREP_IN, a transition and a dstate given kept skip their prep
+ * (lib/cp_gdn.c's chain computes a fragment's prep once, off its critical path).
  *
  * Configurations (cuda_gdn_tune.h; every one gives the same bits): the mma.sync state passes
  * (gdn/state_pass.cuh) run in 16 or 32 columns per block (by the head count), two pipeline stages, in
@@ -775,16 +778,17 @@ static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
 template <int DK, int DV>
 static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                           int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_states) {
+                           int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f, kept && kept_states);
-    /* prep writes W, U, G2 (and the state pass h, vn) where the backward finds them */
+    /* prep writes W, U, G2 (and the state pass h, vn) where the backward finds them; prep_in: gdn_prep_run
+       wrote W, U, G2 there already */
     if (kept) gdn_kept_carve(&b, kept, T, nv, DK, DV, kept_states);
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    if (!prep_in) gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
     gdn_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
     gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
@@ -863,24 +867,57 @@ static void gdn_backward_run(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, fl
     gdn_tp_print(pl, 1, T);
 }
 
+/* kept's W, U, G2 (gdn_kept_carve) = the prep of every chunk: the bytes gdn_forward_run writes there */
+template <int DK, int DV>
+static void gdn_prep_run(void *kept, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                         const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, int kept_states) {
+    GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV); /* the index; W, U, G2 go to kept */
+    gdn_kept_carve(&b, kept, T, nv, DK, DV, kept_states);
+    gdn_index(&b, doc_pos, T);
+    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+}
+
+/* kept (not NULL): W, U, G2 from it (gdn_prep_run's or the forward's), the chunks from the last reset read
+ * as the prep below would write them */
 template <int DK, int DV>
 static void gdn_transition_run(const GdnPlan &pl, float *M, float *H, const bf16 *k, const bf16 *v, const float *g,
-                              const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+                              const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv,
+                              const void *kept, int kept_states) {
     GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
+    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV, kept_states); /* read only */
     gdn_index(&b, doc_pos, T);
-    gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
+    if (!kept) gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
     GDN_STATE_BVNST(pl, gdn_state_fwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, H, M, NULL, k,
                  GDN_RANGE_FROM_LAST_RESET, nk, nv, DV, ldq, cuda_stream(), pl.tp);
 }
 
+/* kept (not NULL): W and G2 from it (the forward's or gdn_prep_run's; U stays the workspace's: dvlocal writes
+ * there). A pieced kept buffer (R: the piece rows, T > R) has each piece's W, G2 apart: they are copied into
+ * the workspace's, where they are the bytes the prep below would write for every chunk before the first
+ * document start (those chunks start at multiples of 64 from token 0, as each piece's do) */
 template <int DK, int DV>
 static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k,
                           const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                          int ldq, int ldo) {
+                          int ldq, int ldo, const void *kept, int kept_states, int64_t R, const size_t *at) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
-    gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
+    for (int64_t r0 = 0, p = 0; kept && r0 < T; r0 += R, p++) {
+        GdnBufs kb = GdnBufs{};
+        const int64_t n = T - r0 < R ? T - r0 : R;
+        gdn_kept_carve(&kb, (char *)kept + (T > R ? at[p] : 0), n, nv, DK, DV, kept_states);
+        if (T <= R) {
+            b.W = kb.W;
+            b.G2 = kb.G2;
+            break;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(b.W + r0 * nv * DK, kb.W, (size_t)n * nv * DK * sizeof(bf16),
+                                   cudaMemcpyDeviceToDevice, cuda_stream()));
+        CUDA_CHECK(cudaMemcpyAsync(b.G2 + r0 * nv, kb.G2, (size_t)n * nv * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   cuda_stream()));
+    }
+    if (!kept)
+        gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
     GDN_STATE_BVNST(pl, gdn_state_bwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
                  GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
@@ -890,10 +927,11 @@ static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, cons
 template <int DK, int DV>
 static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int ldq, int ldv, int ldo, void *kept, int kept_states) {
+                             int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_forward_run<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+    gdn_forward_run<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states,
+                            prep_in);
 }
 
 template <int DK, int DV>
@@ -909,18 +947,20 @@ static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *db
 
 template <int DK, int DV>
 static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-                                const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+                                const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, const void *kept,
+                                int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_transition_run<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    gdn_transition_run<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv, kept, kept_states);
 }
 
 template <int DK, int DV>
 static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
-                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo,
+                            const void *kept, int kept_states, int64_t R, const size_t *at) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_dstate_run<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo);
+    gdn_dstate_run<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1001,11 +1041,17 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                                        const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                                        const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
                                        int dim_v, int ldq, int ldv, int ldo,
-                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states), written; or NULL */,
-                                       int kept_states) {
+                                       void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v,
+                                                     kept_flags & GDN_KEPT_STATES), written; or NULL */,
+                                       int kept_flags /* GDN_KEPT_STATES | GDN_KEPT_PREP_IN (backend.h) */) {
     gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
+    RS_CHECK((kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN)) == 0, "cuda_gdn_chunk_forward: kept_flags = %d",
+             kept_flags);
+    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || kept,
+             "cuda_gdn_chunk_forward: GDN_KEPT_PREP_IN without a kept buffer");
+    const int kept_states = (kept_flags & GDN_KEPT_STATES) != 0, prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0;
     if (T == 0) {
         if (S_final) gdn_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
         return;
@@ -1013,7 +1059,7 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
     const int64_t R = gdn_piece_rows();
     if (T <= R) {
         GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
-                     (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+                     (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states, prep_in);
         return;
     }
     const int64_t np = (T + R - 1) / R;
@@ -1030,7 +1076,7 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
         GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o + r0 * ldo, p == np - 1 ? S_final : GDN_ENTRY(p + 1),
                      (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv,
                      beta + r0 * nv, p == 0 ? S0 : GDN_ENTRY(p), doc_pos + r0, n, nk, nv, ldq, ldv, ldo,
-                     kept ? (char *)kept + at[p] : NULL, kept_states);
+                     kept ? (char *)kept + at[p] : NULL, kept_states, prep_in);
     }
 #undef GDN_ENTRY
 }
@@ -1076,7 +1122,7 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
             GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)dv + r0 * ldv, (float *)entry + (size_t)p * sn,
                          (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv,
                          g + r0 * nv, beta + r0 * nv, p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, R, nk,
-                         nv, ldq, ldv, ldv, NULL, 0);
+                         nv, ldq, ldv, ldv, NULL, 0, 0);
         }
     /* the last piece first; piece p's dS0 is piece p-1's dS_final */
     for (int64_t p = np - 1; p >= 0; p--) {
@@ -1098,6 +1144,27 @@ extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, i
                   : gdn_kept_pieces(T, R, nv, dim_k, dim_v, states, NULL);
 }
 
+extern "C" void cuda_gdn_chunk_prep(void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states) */,
+                                    const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
+                                    const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
+                                    const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v,
+                                    int ldq, int ldv, int kept_states) {
+    gdn_check_args("cuda_gdn_chunk_prep", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
+    RS_CHECK(gdn_aligned(k) && gdn_aligned(v), "cuda_gdn_chunk_prep: k, v must be 16-byte aligned");
+    RS_CHECK(kept || T == 0, "cuda_gdn_chunk_prep: no kept buffer");
+    const int64_t R = gdn_piece_rows(), np = (T + R - 1) / R;
+    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_prep: T = %lld is %lld pieces of %lld (at most %d)", (long long)T,
+             (long long)np, (long long)R, GDN_PIECE_MAX);
+    static size_t at[GDN_PIECE_MAX + 1];
+    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    for (int64_t p = 0; p < np; p++) { /* piece by piece, as the forward (one piece: at[0] = 0) */
+        const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
+        GDN_DISPATCH(dim_k, dim_v, gdn_prep_run, (char *)kept + at[p], (const bf16 *)k + r0 * ldq,
+                     (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv, doc_pos + r0, n, nk, nv, ldq, ldv,
+                     kept_states);
+    }
+}
+
 /* M = I, H = 0: the transition of an empty call */
 __global__ void gdn_identity_kernel(float *M /* (nv,dk,dk) */, int64_t n, int dk) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1108,7 +1175,9 @@ extern "C" void cuda_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float
                                           const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
                                           const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                                           const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
-                                          int dim_v, int ldq, int ldv) {
+                                          int dim_v, int ldq, int ldv,
+                                          const void *kept /* its prep (cuda_gdn_chunk_prep, the forward's), or NULL */,
+                                          int kept_states) {
     gdn_check_args("cuda_gdn_chunk_transition", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
     RS_CHECK(gdn_aligned(k) && gdn_aligned(v), "cuda_gdn_chunk_transition: k, v must be 16-byte aligned");
     if (T == 0) {
@@ -1118,15 +1187,43 @@ extern "C" void cuda_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float
         gdn_copy_or_zero(H, NULL, (size_t)nv * dim_k * dim_v);
         return;
     }
-    GDN_DISPATCH(dim_k, dim_v, gdn_transition_impl, M, H, (const bf16 *)k, (const bf16 *)v, g, beta, doc_pos, T, nk,
-                 nv, ldq, ldv);
+    const int64_t R = gdn_piece_rows();
+    if (T <= R) {
+        GDN_DISPATCH(dim_k, dim_v, gdn_transition_impl, M, H, (const bf16 *)k, (const bf16 *)v, g, beta, doc_pos, T,
+                     nk, nv, ldq, ldv, kept, kept_states);
+        return;
+    }
+    /* pieces, as the forward's (so a pieced kept buffer serves): (M, H) = piece 0's, then for each next piece
+     * (Mp, Hp): H = Mp H + Hp, M = Mp M (+ 0), fp32 in this order (a reset in piece p zeroes Mp: nothing
+     * before it passes) */
+    const int64_t np = (T + R - 1) / R;
+    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_transition: T = %lld is %lld pieces of %lld (at most %d)",
+             (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
+    static size_t at[GDN_PIECE_MAX + 1];
+    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    const size_t mm = (size_t)nv * dim_k * dim_k, hh = (size_t)nv * dim_k * dim_v;
+    float *Mp = gdn_piece_scratch(3 * mm + 2 * hh), *Mt = Mp + mm, *zero = Mt + mm, *Hp = zero + mm, *Ht = Hp + hh;
+    gdn_copy_or_zero(zero, NULL, mm);
+    for (int64_t p = 0; p < np; p++) {
+        const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
+        GDN_DISPATCH(dim_k, dim_v, gdn_transition_impl, p ? Mp : M, p ? Hp : H, (const bf16 *)k + r0 * ldq,
+                     (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv, doc_pos + r0, n, nk, nv, ldq, ldv,
+                     kept ? (const char *)kept + at[p] : NULL, kept_states);
+        if (!p) continue;
+        cuda_gdn_state_affine(Ht, Mp, H, Hp, 0, nv, dim_k, dim_v);
+        cuda_gdn_state_affine(Mt, Mp, M, zero, 0, nv, dim_k, dim_k);
+        gdn_copy_or_zero(H, Ht, hh);
+        gdn_copy_or_zero(M, Mt, mm);
+    }
 }
 
 extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
                                       const void *q /* (T,ldq) */, const void *k /* (T,ldq) */,
                                       const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                                       const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
-                                      int dim_v, int ldq, int ldo) {
+                                      int dim_v, int ldq, int ldo,
+                                      const void *kept /* its prep (the forward's, cuda_gdn_chunk_prep's), or NULL */,
+                                      int kept_states) {
     gdn_check_args("cuda_gdn_chunk_dstate", T, nk, nv, dim_k, dim_v, ldq, 0, ldo);
     RS_CHECK(gdn_aligned(dout) && gdn_aligned(q) && gdn_aligned(k),
              "cuda_gdn_chunk_dstate: dout, q, k must be 16-byte aligned");
@@ -1134,8 +1231,15 @@ extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
         gdn_copy_or_zero(dS0, NULL, (size_t)nv * dim_k * dim_v);
         return;
     }
+    const int64_t R = gdn_piece_rows(), np = (T + R - 1) / R; /* the pieces of the forward that kept kept */
+    static size_t at[GDN_PIECE_MAX + 1];
+    if (kept) {
+        RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_dstate: T = %lld is %lld pieces of %lld (at most %d)",
+                 (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
+        gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    }
     GDN_DISPATCH(dim_k, dim_v, gdn_dstate_impl, dS0, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, g, beta,
-                 doc_pos, T, nk, nv, ldq, ldo);
+                 doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
 }
 
 extern "C" void cuda_gdn_state_affine(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,
