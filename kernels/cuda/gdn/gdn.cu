@@ -1017,6 +1017,18 @@ static size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int 
     return off + (size_t)(p - 1) * nv * dk * dv * sizeof(float);
 }
 
+#define GDN_PIECE_MAX 4096 /* pieces of one call (2^28 tokens at the default piece) */
+
+/* the pieces of a call of T tokens in pieces of R, at most GDN_PIECE_MAX (`who` names the entry), with the kept
+ * offsets at[] of gdn_kept_pieces */
+static int64_t gdn_pieces(const char *who, int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at) {
+    const int64_t np = (T + R - 1) / R;
+    RS_CHECK(np <= GDN_PIECE_MAX, "%s: T = %lld is %lld pieces of %lld (at most %d)", who, (long long)T,
+             (long long)np, (long long)R, GDN_PIECE_MAX);
+    gdn_kept_pieces(T, R, nv, dk, dv, states, at);
+    return np;
+}
+
 /* the pieces' own device scratch (fp32): grown through cuda_internal_alloc like the workspace */
 static float *gdn_piece_scratch(size_t floats) {
     static float *buf;
@@ -1032,7 +1044,6 @@ static float *gdn_piece_scratch(size_t floats) {
     return buf;
 }
 
-#define GDN_PIECE_MAX 4096 /* pieces of one call (2^28 tokens at the default piece) */
 
 extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                                        float *S_final /* (nv,dim_k,dim_v) or NULL */,
@@ -1062,12 +1073,9 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                      (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states, prep_in);
         return;
     }
-    const int64_t np = (T + R - 1) / R;
-    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_forward: T = %lld is %lld pieces of %lld (at most %d)",
-             (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
-    const size_t sn = (size_t)nv * dim_k * dim_v;
     static size_t at[GDN_PIECE_MAX + 1];
-    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces("cuda_gdn_chunk_forward", T, R, nv, dim_k, dim_v, kept_states, at);
+    const size_t sn = (size_t)nv * dim_k * dim_v;
     /* the states entering pieces 1..np-1: kept for the backward, or two scratch states taken in turn */
     float *entry = kept ? (float *)((char *)kept + at[np]) : gdn_piece_scratch(2 * sn);
 #define GDN_ENTRY(p) (kept ? entry + (size_t)((p) - 1) * sn : entry + (size_t)((p) % 2) * sn)
@@ -1105,12 +1113,9 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
                      doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
         return;
     }
-    const int64_t np = (T + R - 1) / R;
-    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_backward: T = %lld is %lld pieces of %lld (at most %d)",
-             (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
-    const size_t sn = (size_t)nv * dim_k * dim_v;
     static size_t at[GDN_PIECE_MAX + 1];
-    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces("cuda_gdn_chunk_backward", T, R, nv, dim_k, dim_v, kept_states, at);
+    const size_t sn = (size_t)nv * dim_k * dim_v;
     /* scratch: two state gradients taken in turn; without kept, the entry states */
     float *scr = gdn_piece_scratch(2 * sn + (kept ? 0 : (size_t)(np - 1) * sn));
     float *dcarry = scr;
@@ -1152,11 +1157,9 @@ extern "C" void cuda_gdn_chunk_prep(void *kept /* cuda_gdn_kept_bytes(T, nv, dim
     gdn_check_args("cuda_gdn_chunk_prep", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
     RS_CHECK(gdn_aligned(k) && gdn_aligned(v), "cuda_gdn_chunk_prep: k, v must be 16-byte aligned");
     RS_CHECK(kept || T == 0, "cuda_gdn_chunk_prep: no kept buffer");
-    const int64_t R = gdn_piece_rows(), np = (T + R - 1) / R;
-    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_prep: T = %lld is %lld pieces of %lld (at most %d)", (long long)T,
-             (long long)np, (long long)R, GDN_PIECE_MAX);
     static size_t at[GDN_PIECE_MAX + 1];
-    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t R = gdn_piece_rows();
+    const int64_t np = gdn_pieces("cuda_gdn_chunk_prep", T, R, nv, dim_k, dim_v, kept_states, at);
     for (int64_t p = 0; p < np; p++) { /* piece by piece, as the forward (one piece: at[0] = 0) */
         const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
         GDN_DISPATCH(dim_k, dim_v, gdn_prep_run, (char *)kept + at[p], (const bf16 *)k + r0 * ldq,
@@ -1196,11 +1199,8 @@ extern "C" void cuda_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float
     /* pieces, as the forward's (so a pieced kept buffer serves): (M, H) = piece 0's, then for each next piece
      * (Mp, Hp): H = Mp H + Hp, M = Mp M (+ 0), fp32 in this order (a reset in piece p zeroes Mp: nothing
      * before it passes) */
-    const int64_t np = (T + R - 1) / R;
-    RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_transition: T = %lld is %lld pieces of %lld (at most %d)",
-             (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
     static size_t at[GDN_PIECE_MAX + 1];
-    gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces("cuda_gdn_chunk_transition", T, R, nv, dim_k, dim_v, kept_states, at);
     const size_t mm = (size_t)nv * dim_k * dim_k, hh = (size_t)nv * dim_k * dim_v;
     float *Mp = gdn_piece_scratch(3 * mm + 2 * hh), *Mt = Mp + mm, *zero = Mt + mm, *Hp = zero + mm, *Ht = Hp + hh;
     gdn_copy_or_zero(zero, NULL, mm);
@@ -1231,13 +1231,9 @@ extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
         gdn_copy_or_zero(dS0, NULL, (size_t)nv * dim_k * dim_v);
         return;
     }
-    const int64_t R = gdn_piece_rows(), np = (T + R - 1) / R; /* the pieces of the forward that kept kept */
+    const int64_t R = gdn_piece_rows(); /* the pieces of the forward that kept `kept` */
     static size_t at[GDN_PIECE_MAX + 1];
-    if (kept) {
-        RS_CHECK(np <= GDN_PIECE_MAX, "cuda_gdn_chunk_dstate: T = %lld is %lld pieces of %lld (at most %d)",
-                 (long long)T, (long long)np, (long long)R, GDN_PIECE_MAX);
-        gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_states, at);
-    }
+    if (kept) gdn_pieces("cuda_gdn_chunk_dstate", T, R, nv, dim_k, dim_v, kept_states, at);
     GDN_DISPATCH(dim_k, dim_v, gdn_dstate_impl, dS0, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, g, beta,
                  doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
 }
