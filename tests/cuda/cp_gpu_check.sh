@@ -27,7 +27,8 @@
 #      directory;
 #   6. with 4 GPUs or more (issue 21): cuda cp 4 and dp 2 x cp 2 against the cpu oracle at cp 4 and at one
 #      process (parity_step, the bounds above), and the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
-#      with grad_accum 2 (the same global batch).
+#      with grad_accum 2 (the same global batch). FOUR_ONLY=1 runs the cpu oracle at one process and this
+#      part alone.
 #
 # Needs mpirun (Open MPI) and python3 with torch and numpy. Exit 0 when every check passed.
 set -u -o pipefail
@@ -38,7 +39,29 @@ CURVE_TOL=${CURVE_TOL:-2e-2}
 
 . "$(dirname "$0")/gpu_case.sh"
 gpu_case_make
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+"$B/ringscan" data synth "$O/recall.tok" --seed 1 > /dev/null || exit 1
+train() { # NAME [launcher...] -- --set ...
+    local name=$1
+    shift
+    local pre=()
+    while [ "$1" != "--" ]; do pre+=("$1"); shift; done
+    shift
+    timeout 300 "${pre[@]}" "$B/ringscan" train configs/tiny-cpu.yaml --set device.kind=cuda \
+        --set train.steps="$TRAIN_STEPS" --set train.warmup_steps=$((TRAIN_STEPS / 2)) --set data.path="$O/recall.tok" \
+        --set run.out_dir="$O/$name" --set checkpoint.every=$((TRAIN_STEPS / 2)) "$@" > "$O/$name.log" 2>&1 ||
+        { echo "train $name FAILED:"; tail -5 "$O/$name.log"; rc=1; }
+    grep -E "^memory|^step" "$O/$name.log" | tail -2
+}
+curve() { # REF GOT: the same global batch
+    echo "-- curve $2 vs $1"
+    $PY "$HERE/compare_curves.py" "$O/$1/metrics.jsonl" "$O/$2/metrics.jsonl" --tol "$CURVE_TOL" | tail -1 || rc=1
+}
 
+if [ "${FOUR_ONLY:-0}" = 1 ]; then  # part 6 alone (device_suite's cp4-parity): the oracle at one process, then 6
+    step cpu -- --threads 8
+    step cpu_bf16 -- --emulate-bf16 --threads 8
+else
 echo "== one forward + backward: cpu, cpu cp 2, cpu bf16, cuda, cuda cp 2, cuda dp 2"
 step cpu -- --threads 8
 step cpu_bf16 -- --emulate-bf16 --threads 8
@@ -69,19 +92,6 @@ sys.exit(1 if bad or abs(float(a["loss"]) - float(b["loss"])) > 1e-2 else 0)
 EOF
 
 echo "== ringscan train on cuda, $TRAIN_STEPS steps: one GPU, cp 2, dp 2; resume under cp 2"
-"$B/ringscan" data synth "$O/recall.tok" --seed 1 > /dev/null || exit 1
-train() { # NAME [launcher...] -- --set ...
-    local name=$1
-    shift
-    local pre=()
-    while [ "$1" != "--" ]; do pre+=("$1"); shift; done
-    shift
-    timeout 300 "${pre[@]}" "$B/ringscan" train configs/tiny-cpu.yaml --set device.kind=cuda \
-        --set train.steps="$TRAIN_STEPS" --set train.warmup_steps=$((TRAIN_STEPS / 2)) --set data.path="$O/recall.tok" \
-        --set run.out_dir="$O/$name" --set checkpoint.every=$((TRAIN_STEPS / 2)) "$@" > "$O/$name.log" 2>&1 ||
-        { echo "train $name FAILED:"; tail -5 "$O/$name.log"; rc=1; }
-    grep -E "^memory|^step" "$O/$name.log" | tail -2
-}
 train train_1gpu -- --set parallel.dp=1 --set parallel.cp=1
 train train_1gpu_ga2 -- --set parallel.dp=1 --set parallel.cp=1 --set train.grad_accum=2
 train train_cp2 "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2
@@ -89,10 +99,6 @@ train train_dp2 "${MPI2[@]}" -- --set parallel.dp=2 --set parallel.cp=1
 train train_cp2_cut "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2 --set run.stop_after_step=$((TRAIN_STEPS / 2))
 timeout 300 "${MPI2[@]}" "$B/ringscan" resume "$O/train_cp2_cut" > "$O/train_cp2_resume.log" 2>&1 ||
     { echo "resume under cp 2 FAILED:"; tail -5 "$O/train_cp2_resume.log"; rc=1; }
-curve() { # REF GOT: the same global batch
-    echo "-- curve $2 vs $1"
-    $PY "$HERE/compare_curves.py" "$O/$1/metrics.jsonl" "$O/$2/metrics.jsonl" --tol "$CURVE_TOL" | tail -1 || rc=1
-}
 curve train_1gpu train_cp2
 curve train_1gpu_ga2 train_dp2  # dp 2 takes two samples a step: one GPU with two micro-batches
 echo "-- counters of the cp 2 run (remat: one of each per layer and micro-batch) and resume under cp 2"
@@ -137,12 +143,12 @@ refused() { # NAME PATTERN [VAR=VALUE...] -- MPIRUN_ARGS... -- TRAIN_ARGS...: mu
         rc=1
     fi
 }
-NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 refused more_ranks_than_gpus "runs $((NGPU + 1)) ranks but has $NGPU GPUs" -- -np $((NGPU + 1)) -- \
     --set parallel.dp=$((NGPU + 1)) --set parallel.cp=1 --set data.micro_batch=1
 refused two_ranks_one_gpu "both drive GPU" CUDA_VISIBLE_DEVICES=0 -- -np 2 -x CUDA_VISIBLE_DEVICES -- --set parallel.cp=2 --set parallel.dp=1
 refused nccl_init_fails "nccl|NCCL" NCCL_SOCKET_IFNAME=ringscan_no_such_if0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- \
     -np 2 -x NCCL_SOCKET_IFNAME -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -- --set parallel.cp=2 --set parallel.dp=1
+fi
 if [ "$NGPU" -ge 4 ]; then
     echo "== four GPUs (issue 21): cuda cp 4 and dp 2 x cp 2 against the cpu oracle at cp 4, and their curves"
     MPI4=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)

@@ -57,7 +57,11 @@
 #              512k, MHA and GQA, 3 timed runs, with torch's context_parallel (cuDNN) beside and the route's
 #              own one-GPU rows for CP efficiency. ~7 min: run it alone in a call
 #   cp4-attn   (4 GPUs, issue 21) ring attention at cp 4, 128k / 512k / 1M, 16 heads, hd 128, torch beside
+#              (CP4_REPS timed runs, default 2; CP4_PEER_S the peer's seconds, default 300)
 #   cp4-gdn    (4 GPUs) the GDN layer at cp 4, 128k, 64 heads, FLA's CP beside (give it a warm Triton cache)
+#   cp4-gdn-nopeer  the same, ours only
+#   cp4-parity (4 GPUs) cp_gpu_check.sh's part 6 alone (FOUR_ONLY=1): cuda cp 4 and dp 2 x cp 2 against the cpu
+#              oracle, the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
 #   cp4-step   (4 GPUs) ringscan train: the 1M config at cp 4 (CP4_CONFIG, default the h200x4 one; CP_STEPS 4),
 #              and at 256k dp 1 x cp 4 (grad_accum 2) beside dp 2 x cp 2 overlapped and serial
 #              (cp-parity on 4 GPUs adds dp 2 x cp 2 and cp 4 against the cpu oracle and their curves)
@@ -520,6 +524,12 @@ for part in "$@"; do
         grep -E "^==|^--|FAIL|within|ok$|resume|counters|curve|worst|cp_gpu_check" "$L/cp-parity.log" | head -60
         [ $r -eq 0 ]
         ;;
+    cp4-parity)
+        FOUR_ONLY=1 timeout "$(left)" tests/cuda/cp_gpu_check.sh build /tmp/device_suite_cp4 > "$L/cp4-parity.log" 2>&1
+        r=$?
+        grep -E "^==|^--|FAIL|within|ok$|curve|worst|cp_gpu_check" "$L/cp4-parity.log" | grep -v "^model" | head -60
+        [ $r -eq 0 ]
+        ;;
     cp-step) suite_cp_step ;;
     long-parity) suite_long_parity ;;
     long-1m) suite_long_1m ;;
@@ -536,19 +546,21 @@ for part in "$@"; do
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
     cp2-attn-cudnn) suite_cp cp2-attn-cudnn 2 --parts attn --attn-impl cudnn --T 131072,262144,524288 --reps 3 --peer \
         --peer-timeout 240 ;;
-    cp4-attn) suite_cp cp4-attn 4 --parts attn --T 131072,524288,1048576 --attn-shapes 16/16/128 --reps 2 --peer \
-        --peer-timeout 300 ;;
+    cp4-attn) suite_cp cp4-attn 4 --parts attn --T 131072,524288,1048576 --attn-shapes 16/16/128 --reps "${CP4_REPS:-2}" \
+        --peer --peer-timeout "${CP4_PEER_S:-300}" ;;
     cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
+    cp4-gdn-nopeer) suite_cp cp4-gdn-nopeer 4 --parts gdn --gdn-T 131072 --heads 64 ;;
     cp4-step) suite_cp4_step ;;
     hf) suite_hf ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
         echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer"
-        echo "  cp2-512k cp4-attn cp4-gdn cp4-step hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
+        echo "  cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
     esac || status=1
+    tar czf "$OUT/device_suite.tgz" -C "$W" .  # after every part: a call cut off still brings back the logs so far
 done
 tar czf "$OUT/device_suite.tgz" -C "$W" .
 # the autotuners' choices only (TRITON_CACHE_AUTOTUNING=1 writes them as *.autotune.json): the compiled
