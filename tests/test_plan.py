@@ -219,7 +219,7 @@ def test_human_report_has_every_section(ringscan):
 def test_config_header_numbers_are_current(ringscan):
     """The shipped configs quote plan's numbers in their header; keep them true."""
     for name in ("tiny-cpu.yaml", "hybrid-1b-256k-h200x4.yaml", "hybrid-1b-1m-h200x4.yaml",
-                 "hybrid-1b-1m-h100x2.yaml"):
+                 "hybrid-1b-1m-h100x2.yaml", "hybrid-1b-1m-h100x4.yaml"):
         d = plan_json(ringscan, f"configs/{name}")
         text = (ROOT / "configs" / name).read_text()
         total = d["memory"][d["memory"]["policy"]]["total"] / 2**30

@@ -62,7 +62,8 @@
 #   cp4-gdn-nopeer  the same, ours only
 #   cp4-parity (4 GPUs) cp_gpu_check.sh's part 6 alone (FOUR_ONLY=1): cuda cp 4 and dp 2 x cp 2 against the cpu
 #              oracle, the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
-#   cp4-step   (4 GPUs) ringscan train: the 1M config at cp 4 (CP4_CONFIG, default the h200x4 one; CP_STEPS 4),
+#   cp4-step   (4 GPUs) ringscan train: the 1M config at cp 4 (CP4_CONFIG, default the h200x4 one, the h100x4
+#              one on H100s; CP_STEPS 4),
 #              and at 256k dp 1 x cp 4 (grad_accum 2) beside dp 2 x cp 2 overlapped and serial
 #              (cp-parity on 4 GPUs adds dp 2 x cp 2 and cp 4 against the cpu oracle and their curves)
 #   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
@@ -142,10 +143,11 @@ suite_parity() {
         mc=$!
     fi
     mapfile -t cases < <(build/test_cuda --list | grep -v -E "timing|bench|sweep|_big_" | grep -E "${1:-.}")
-    timeout "$(left)" build/test_cuda "${cases[@]}" > "$L/parity${1:+-$1}.log" 2>&1
+    # the GPU machine has cuDNN: its cases must run there, not print SKIP and pass
+    RS_CUDNN_REQUIRED=${RS_CUDNN_REQUIRED:-1} timeout "$(left)" build/test_cuda "${cases[@]}" > "$L/parity${1:+-$1}.log" 2>&1
     local rc=$? mrc=0
     echo "parity${1:+ ($1)} rc=$rc cases=${#cases[@]} checks_ok=$(grep -c ' ok$' "$L/parity${1:+-$1}.log")" \
-        "failed=$(grep -c FAIL "$L/parity${1:+-$1}.log")"
+        "failed=$(grep -c FAIL "$L/parity${1:+-$1}.log") skipped=$(grep -c SKIP "$L/parity${1:+-$1}.log")"
     grep FAIL "$L/parity${1:+-$1}.log" | sed 's/: [a-zA-Z_|]* differs between two runs/: ... differs/' |
         sort | uniq -c | head -20
     if [ -n "$mc" ]; then
@@ -366,7 +368,9 @@ suite_cp_step() {
 # gradient buckets' overlap) beside dp 1 x cp 4 at 256k
 suite_cp4_step() {
     local rc=0 c256=configs/hybrid-1b-256k-h200x4.yaml n=${CP_STEPS:-4} s=(--set data.seq_len=262144)
-    suite_train cp4-1m 4 $n "${CP4_CONFIG:-configs/hybrid-1b-1m-h200x4.yaml}" --set train.grad_accum=1 \
+    local c1m=configs/hybrid-1b-1m-h200x4.yaml
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && c1m=configs/hybrid-1b-1m-h100x4.yaml
+    suite_train cp4-1m 4 $n "${CP4_CONFIG:-$c1m}" --set train.grad_accum=1 \
         --set parallel.cp=4 --set parallel.dp=1 || rc=1
     suite_train cp4-256k 4 $n $c256 "${s[@]}" --set parallel.cp=4 --set parallel.dp=1 --set train.grad_accum=2 || rc=1
     suite_train dp2cp2-256k-overlapped 4 $n $c256 "${s[@]}" --set parallel.cp=2 --set parallel.dp=2 \
