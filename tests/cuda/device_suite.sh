@@ -136,20 +136,31 @@ left() { echo $((LIMIT_S + 30 - SECONDS)); }
 # suite_parity [PATTERN]: the test_cuda cases matching PATTERN (every case but timing / bench / sweep / the
 # cuda_big_* ones if none, and then model_check beside them); each distinct failed check is printed once
 suite_parity() {
-    local mc="" cases
-    if [ -z "${1:-}" ]; then
-        STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build /tmp/device_suite_mc \
-            > "$L/model_check.log" 2>&1 &
+    local mc="" cases ngpu g log=$L/parity${1:+-$1}.log pids=() rc=0 mrc=0
+    ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+    [ "$ngpu" -ge 1 ] || ngpu=1
+    if [ -z "${1:-}" ]; then  # on the last GPU, beside the cases
+        CUDA_VISIBLE_DEVICES=$((ngpu - 1)) STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build \
+            /tmp/device_suite_mc > "$L/model_check.log" 2>&1 &
         mc=$!
     fi
     mapfile -t cases < <(build/test_cuda --list | grep -v -E "timing|bench|sweep|_big_" | grep -E "${1:-.}")
-    # the GPU machine has cuDNN: its cases must run there, not print SKIP and pass
-    RS_CUDNN_REQUIRED=${RS_CUDNN_REQUIRED:-1} timeout "$(left)" build/test_cuda "${cases[@]}" > "$L/parity${1:+-$1}.log" 2>&1
-    local rc=$? mrc=0
-    echo "parity${1:+ ($1)} rc=$rc cases=${#cases[@]} checks_ok=$(grep -c ' ok$' "$L/parity${1:+-$1}.log")" \
-        "failed=$(grep -c FAIL "$L/parity${1:+-$1}.log") skipped=$(grep -c SKIP "$L/parity${1:+-$1}.log")"
-    grep FAIL "$L/parity${1:+-$1}.log" | sed 's/: [a-zA-Z_|]* differs between two runs/: ... differs/' |
-        sort | uniq -c | head -20
+    # the cases dealt round-robin over the machine's GPUs, one test_cuda process each; the GPU machine has
+    # cuDNN: its cases must run there, not print SKIP and pass
+    for ((g = 0; g < ngpu; g++)); do
+        local mine=()
+        for ((i = g; i < ${#cases[@]}; i += ngpu)); do mine+=("${cases[i]}"); done
+        [ ${#mine[@]} -gt 0 ] || continue
+        CUDA_VISIBLE_DEVICES=$g RS_CUDNN_REQUIRED=${RS_CUDNN_REQUIRED:-1} timeout "$(left)" build/test_cuda "${mine[@]}" \
+            > "$log.$g" 2>&1 &
+        pids+=($!)
+    done
+    for g in "${pids[@]}"; do wait "$g" || rc=1; done
+    cat "$log".* > "$log" && rm -f "$log".*
+    echo "parity${1:+ ($1)} rc=$rc cases=${#cases[@]} on $ngpu GPU(s) checks_ok=$(grep -c ' ok$' "$log")" \
+        "failed=$(grep -c FAIL "$log") skipped=$(grep -c SKIP "$log");" \
+        "slowest: $(grep -E '^== .*: (ok|FAILED) \(' "$log" | sort -t'(' -k2 -g -r | head -3 | sed 's/^== //' | tr '\n' ' ')"
+    grep FAIL "$log" | sed 's/: [a-zA-Z_|]* differs between two runs/: ... differs/' | sort | uniq -c | head -20
     if [ -n "$mc" ]; then
         wait "$mc"
         mrc=$?

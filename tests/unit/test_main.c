@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "test_util.h"
 
@@ -142,9 +143,13 @@ static int test_run(int i) {
     printf("== %s\n", test_cases[i].name);
     fflush(stdout);
     test_rng_seed(0x5EED);  /* every case starts from the same seed, whatever runs before it */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     test_cases[i].fn();
     test_free_all();
-    printf("== %s: %s\n", test_cases[i].name, test_failed == before ? "ok" : "FAILED");
+    clock_gettime(CLOCK_MONOTONIC, &t1);  /* printed to plan device calls by; no case judges a time */
+    printf("== %s: %s (%.1f s)\n", test_cases[i].name, test_failed == before ? "ok" : "FAILED",
+           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     return test_failed == before;
 }
 
