@@ -103,6 +103,8 @@
 #             links Open MPI; the device machine may lack it)
 #   TRITON_CACHE_TAR  a .tar.xz of a Triton cache to unpack first (FLA's autotuning takes minutes cold)
 #   LIMIT_S   seconds after which no further part starts (default 560: the device tool's 600 s per call)
+#   AS_H100   1: every GPU keeps only an 80 GB H100's memory free for the call (tests/cuda/as_h100.py holds the
+#             rest), so an H200 machine proves what fits an H100; "in use" figures then include the ballast
 #   TRITON_CACHE_SAVE  a .tar.xz path to write the Triton autotuners' choices to at the end
 #             (TRITON_CACHE_AUTOTUNING=1; give it back as TRITON_CACHE_TAR so FLA skips its autotuning)
 # Exit status: 1 if any part failed (a failed check, a bench error row, a timeout), else 0.
@@ -127,6 +129,14 @@ if [ -n "${TRITON_CACHE_TAR:-}" ]; then
     mkdir -p "$TRITON_CACHE_DIR" && tar xJf "$TRITON_CACHE_TAR" -C "$TRITON_CACHE_DIR"
 fi
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader 2>&1 | head -2 || true
+if [ "${AS_H100:-0}" = 1 ]; then  # every GPU left with an 80 GB H100's memory for the whole call (as_h100.py)
+    ${PYTHON:-python3} tests/cuda/as_h100.py "$W/as_h100.txt" &
+    ballast=$!
+    trap 'kill $ballast 2> /dev/null' EXIT
+    for _ in $(seq 120); do [ -s "$W/as_h100.txt" ] && break; sleep 0.5; done
+    [ -s "$W/as_h100.txt" ] || { echo "as_h100.py did not get ready"; exit 2; }
+    sed 's/^/AS_H100: /' "$W/as_h100.txt" | tee "$L/as_h100.log"
+fi
 build/ringscan --version 2>&1 | head -1
 status=0
 
