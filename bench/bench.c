@@ -277,7 +277,8 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
         } else if (!strcmp(a, "--attn-impl")) {
             const char *v = bench_value(argc, argv, &i);
             o->attn_impl = config_enum_index(attn_kernel_names, v);
-            if (o->attn_impl < 0) bench_bad(a, v, "expected ringscan, cudnn or cudnn_det");
+            if (o->attn_impl < 0 || o->attn_impl == ATTN_KERNEL_AUTO)  /* a bench names the kernel it times */
+                bench_bad(a, v, "expected ringscan, cudnn or cudnn_det");
         } else if (!strcmp(a, "--cudnn-lib")) {
             o->cudnn_lib = bench_value(argc, argv, &i);
         } else if (!strcmp(a, "--heads")) {

@@ -81,10 +81,12 @@ static double bench_step_once(Model *m, const Batch *b, int64_t predicted, int s
 }
 
 json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o) {
-    /* backend_cuda unless --profile 1; with device.attention_kernel cudnn* the cuDNN route in its attention
-     * entries, as training has it */
-    const Backend *be = bench_attn_backend(cuda_backend_table(), cfg->device.attention_kernel,
-                                           cfg->device.cudnn_library);
+    /* backend_cuda unless --profile 1; with device.attention_kernel cudnn* (or auto where cuDNN loads) the cuDNN
+     * route in its attention entries, as training has it */
+    char why[4096];
+    const int impl = backend_attention_resolve(cfg->device.attention_kernel, cfg->device.cudnn_library, why, sizeof why);
+    if (why[0]) printf("attention: ours, not cuDNN's (device.attention_kernel = auto): %s\n", why);
+    const Backend *be = bench_attn_backend(cuda_backend_table(), impl, cfg->device.cudnn_library);
     int64_t T = cfg->data.seq_len;
     Model m;
     model_init(&m, cfg, be, NULL, T);
@@ -136,7 +138,7 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     /* what the checkpoint policy reran in a step (model.h ModelCounters; none: 0 and 0) */
     json_object_set_new(r, "block_recomputes", json_integer(m.count.block_recomputes));
     json_object_set_new(r, "chunk_recomputes", json_integer(m.count.chunk_recomputes));
-    json_object_set_new(r, "attn_impl", json_string(attn_kernel_names[cfg->device.attention_kernel]));
+    json_object_set_new(r, "attn_impl", json_string(attn_kernel_names[impl]));
     free(ms);
     free(host);
     be->free(dev);

@@ -3,11 +3,13 @@
  * backend_select): device.kind cpu -> backend_cpu; cuda -> the cuda table (kernels/cuda/backend_cuda.c),
  * its entry timer on when device.profile is set (cuda_profile.h), and with device.attention_kernel
  * cudnn / cudnn_det cuDNN's fused attention loaded (dlopen) and put in the attention entries for the
- * calls it can take (cuda_attention_cudnn.h, issue 19). It sits beside kernels/cpu and kernels/cuda,
+ * calls it can take (cuda_attention_cudnn.h, issue 19); with auto cudnn_det where cuDNN loads, our kernel
+ * where it does not, said in the line the run prints (backend_attention_resolve, which `ringscan bench step`
+ * shares). It sits beside kernels/cpu and kernels/cuda,
  * not in lib/, so that lib/ never includes a cuda header. The caller has picked the process's GPU
  * first (comm_cuda_init -> cuda_backend_init).
  *
- * Callers: lib/train.c, lib/eval.c.
+ * Callers: lib/train.c, lib/eval.c; bench/bench_step.c (backend_attention_resolve).
  */
 #include <stdio.h>
 
@@ -19,23 +21,36 @@
 #include "cuda_profile.h"
 #endif
 
+#ifdef RS_WITH_CUDA
+int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, size_t nwhy) {
+    if (nwhy) why[0] = '\0';
+    if (kernel != ATTN_KERNEL_AUTO) return kernel;
+    /* the deterministic backward until issue 19 has measured what it costs against cuDNN's other one */
+    return cuda_attention_cudnn_load(cudnn_library, why, nwhy) ? ATTN_KERNEL_RINGSCAN : ATTN_KERNEL_CUDNN_DET;
+}
+#endif
+
 const Backend *backend_select(const Config *cfg, char *msg, size_t nmsg) {
     if (nmsg) msg[0] = '\0';
     if (cfg->device.kind != DEVICE_KIND_CUDA) return &backend_cpu;
 #ifdef RS_WITH_CUDA
     cuda_profile_enable(cfg->device.profile);
     const Backend *be = cuda_backend_table();
-    if (cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN) {
-        char err[4096];
+    const int asked = cfg->device.attention_kernel;
+    char err[4096];
+    const int k = backend_attention_resolve(asked, cfg->device.cudnn_library, err, sizeof err);
+    if (k == ATTN_KERNEL_RINGSCAN && asked == ATTN_KERNEL_AUTO) {
+        snprintf(msg, nmsg, "attention: ours, not cuDNN's (device.attention_kernel = auto): %s", err);
+    } else if (k != ATTN_KERNEL_RINGSCAN) {
         if (cuda_attention_cudnn_load(cfg->device.cudnn_library, err, sizeof err)) {
-            snprintf(msg, nmsg, "device.attention_kernel = %s: %s", attn_kernel_names[cfg->device.attention_kernel],
-                     err);
+            snprintf(msg, nmsg, "device.attention_kernel = %s: %s", attn_kernel_names[asked], err);
             return NULL;
         }
-        cuda_attention_cudnn_set_deterministic(cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET);
+        cuda_attention_cudnn_set_deterministic(k == ATTN_KERNEL_CUDNN_DET);
         be = cuda_backend_with_cudnn_attention(be);
-        snprintf(msg, nmsg, "attention: %s where it can take the call, ours elsewhere",
-                 cuda_attention_cudnn_describe());
+        snprintf(msg, nmsg, "attention: %s where it can take the call, ours elsewhere (device.attention_kernel = %s%s)",
+                 cuda_attention_cudnn_describe(), attn_kernel_names[asked],
+                 asked == ATTN_KERNEL_AUTO ? ": cudnn_det, cuDNN loaded" : "");
     }
     return be;
 #else

@@ -30,8 +30,11 @@
 /* ---- enums, each with its names table (index = value) ------------------- */
 
 typedef enum { DEVICE_KIND_CPU, DEVICE_KIND_CUDA, DEVICE_KIND_COUNT } DeviceKind;
-/* device.attention_kernel: the block attention of the cuda backend (issue 19; cuda_attention_cudnn.h) */
-typedef enum { ATTN_KERNEL_RINGSCAN, ATTN_KERNEL_CUDNN, ATTN_KERNEL_CUDNN_DET, ATTN_KERNEL_COUNT } AttnKernel;
+/* device.attention_kernel: the block attention of the cuda backend (issue 19; cuda_attention_cudnn.h); auto:
+ * cudnn_det where cuDNN loads, ringscan where it does not (kernels/backend_select.c backend_attention_resolve) */
+typedef enum {
+    ATTN_KERNEL_RINGSCAN, ATTN_KERNEL_CUDNN, ATTN_KERNEL_CUDNN_DET, ATTN_KERNEL_AUTO, ATTN_KERNEL_COUNT
+} AttnKernel;
 typedef enum { ACT_POLICY_NONE, ACT_POLICY_FULL, ACT_POLICY_REMAT, ACT_POLICY_COUNT } ActPolicy;
 typedef enum { LR_SCHEDULE_COSINE, LR_SCHEDULE_WSD, LR_SCHEDULE_CONSTANT, LR_SCHEDULE_COUNT } LrSchedule;
 typedef enum { DATA_FORMAT_FLAT, DATA_FORMAT_MEGATRON, DATA_FORMAT_COUNT } DataFormat;

@@ -28,7 +28,7 @@ const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
 const char *const hidden_act_names[]  = {"silu", NULL};
 const char *const slurm_launcher_names[] = {"srun", "mpirun", NULL};
-const char *const attn_kernel_names[] = {"ringscan", "cudnn", "cudnn_det", NULL};
+const char *const attn_kernel_names[] = {"ringscan", "cudnn", "cudnn_det", "auto", NULL};
 
 _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KIND_COUNT + 1, "names");
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
@@ -227,9 +227,9 @@ const ConfigKey config_schema[] = {
          "cuda backend: time every Backend entry (CUDA events and the host clock) and print the GPU and host ms "
          "of each, sorted, to stderr at exit (information only: the run is slightly slower)"),
     ENUM(device.attention_kernel, "ringscan", attn_kernel_names, "device",
-         "cuda: the block attention kernel. ringscan: ours. cudnn: cuDNN's fused attention (loaded at start, device.cudnn_library) for the calls it can take (one document: the ring's dense rectangles and causal diagonals, one-GPU causal), ours for document-masked calls; its backward adds key blocks into dQ in any order (not bitwise reproducible). cudnn_det: the same with cuDNN's deterministic backward (its workspace may grow with T^2). On two H200s the cudnn route ran one-document attention at 0.97-1.02x SDPA cuDNN, 1.6x ours (docs/benchmarks.md v0.7); not yet measured in the ring or a training step (issue 19)"),
+         "cuda: the block attention kernel. ringscan: ours. cudnn: cuDNN's fused attention (loaded at start, device.cudnn_library) for the calls it can take (one document: the ring's dense rectangles and causal diagonals, one-GPU causal), ours for document-masked calls; its backward adds key blocks into dQ in any order (not bitwise reproducible). cudnn_det: the same with cuDNN's deterministic backward (its workspace may grow with T^2). auto: cudnn_det where cuDNN can be loaded, ours where it cannot (the start of the run says which and why); on the cpu backend ours. On two H200s the cudnn route ran one-document attention at 0.97-1.02x SDPA cuDNN, 1.6x ours (docs/benchmarks.md v0.7); not yet measured in the ring or a training step (issue 19)"),
     STR(device.cudnn_library, "", PATH, "device",
-        "path of libcudnn.so.9 for attention_kernel cudnn or cudnn_det; empty: the default loader path, then PyTorch's nvidia/cudnn/lib in the usual virtual-environment places and /usr/local/cuda/lib64"),
+        "path of libcudnn.so.9 for attention_kernel cudnn, cudnn_det or auto; empty: the default loader path, then PyTorch's nvidia/cudnn/lib in the usual virtual-environment places and /usr/local/cuda/lib64"),
 
     /* ---- debug (tests only) ---- */
     INT(debug.stall_rank, "-1", -1, BIG, "rank", "comm",

@@ -75,12 +75,13 @@ static int validate_model(const Config *cfg, ConfigErrors *err) {
                               validate_quote(cfg, "data.seq_len", b, sizeof b),
                               validate_quote(cfg, "parallel.cp", c, sizeof c), (long long)rows, INT32_MAX);
     }
-    if (cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN && cfg->device.kind != DEVICE_KIND_CUDA)
+    if ((cfg->device.attention_kernel == ATTN_KERNEL_CUDNN || cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET) &&
+        cfg->device.kind != DEVICE_KIND_CUDA)
         config_errors_add(err, "%s with %s: cuDNN's attention runs on the cuda backend only (device.kind: cuda)",
                           validate_quote(cfg, "device.attention_kernel", a, sizeof a),
                           validate_quote(cfg, "device.kind", b, sizeof b));
     if (cfg->device.cudnn_library[0] && cfg->device.attention_kernel == ATTN_KERNEL_RINGSCAN)
-        config_errors_add(err, "%s is set but %s: nothing would load it (set attention_kernel to cudnn or cudnn_det, "
+        config_errors_add(err, "%s is set but %s: nothing would load it (set attention_kernel to cudnn, cudnn_det or auto, "
                                "or leave the path empty)",
                           validate_quote(cfg, "device.cudnn_library", a, sizeof a),
                           validate_quote(cfg, "device.attention_kernel", b, sizeof b));

@@ -165,12 +165,13 @@ void plan_build(Plan *p, const Config *cfg) {
     /* device.attention_kernel cudnn | cudnn_det: the cuDNN route's workspace beside ours (lib/attn_cudnn_graph.h
      * cdg_workspace), grown to the largest call, a backward with Tq = Tk = one ring call's rows: a fragment
      * (seq_len / 2cp) at cp > 1, a sample (seq_len) at cp 1. cuDNN's own plan workspace is known only once
-     * its plan is built (printed then) and is not counted. */
+     * its plan is built (printed then) and is not counted. auto counts cudnn_det's: what it runs where cuDNN
+     * loads, which plan cannot know of the machine that will run the job. */
     if (cuda && cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN && p->n_full) {
         CdgWorkspace w;
         const int64_t call = P > 1 ? T / (2 * P) : T;
         cdg_workspace(&w, call, call, (int)nh, (int)nkv, (int)hd, 1,
-                      cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET);
+                      cfg->device.attention_kernel != ATTN_KERNEL_CUDNN);
         p->cudnn_workspace = w.bytes;
         attn_ws += w.bytes;
     }

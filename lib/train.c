@@ -700,7 +700,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
         char why[4096];
         t.be = backend_select(cfg, why, sizeof why); /* with device.profile the timed table, printed at exit */
         if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", why);
-        if (why[0]) train_say(&t, "%s", why);
+        if (why[0]) train_say(&t, "%s\n", why);
     }
     openblas_set_num_threads((int)cfg->device.threads);
 

@@ -54,6 +54,7 @@ def test_help(ringscan):
     (["bench", "cp", "--tokens", "4096"], "--tokens : not an option of bench cp"),
     (["bench", "cp", "--doc-len", "0"], "--doc-len : not an option of bench cp"),
     (["bench", "cp", "--attn-impl", "flash"], "--attn-impl flash: expected ringscan, cudnn or cudnn_det"),
+    (["bench", "attn", "--attn-impl", "auto"], "--attn-impl auto: expected ringscan, cudnn or cudnn_det"),
     (["bench", "attn", "--gdn-T", "1024"], "--gdn-T : an option of bench cp only"),
     (["bench", "gdn", "--device", "cpu"], "--device : an option of bench cp only"),
 ])

@@ -239,7 +239,8 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     det = r256(4 * n * nh) * 2 + r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd)
     full = det + r256(4 * n * nh * hd)  # cudnn: cuDNN's fp32 dq accumulator too
     base = plan_json(ringscan, cfg)
-    for kernel, want in (("cudnn", full), ("cudnn_det", det)):
+    # auto counts cudnn_det's: what it runs where cuDNN loads (plan cannot know the job's machine)
+    for kernel, want in (("cudnn", full), ("cudnn_det", det), ("auto", det)):
         d = plan_json(ringscan, cfg, f"device.attention_kernel={kernel}")
         for pol in ("none", "full", "remat"):
             m, b = d["memory"][pol], base["memory"][pol]
@@ -256,3 +257,8 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     assert r.returncode == 0, r.stderr
     assert "cuDNN attention workspace" in r.stdout
     assert "one ring call of 262144 rows" in r.stdout
+    # auto is valid on the cpu backend (ours there; nothing counted), cudnn is not
+    cpu = plan_json(ringscan, "configs/tiny-cpu.yaml", "device.attention_kernel=auto")
+    assert cpu["memory"]["remat"]["cudnn_workspace"] == 0
+    r = run([ringscan, "plan", "configs/tiny-cpu.yaml", "--set", "device.attention_kernel=cudnn"])
+    assert r.returncode == 2 and "runs on the cuda backend only" in r.stderr, r.stderr

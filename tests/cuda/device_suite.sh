@@ -28,7 +28,8 @@
 #   attn-cudnn (issue 19) the cuDNN attention route: the cuda_attention_cudnn_* cases with RS_CUDNN_REQUIRED=1
 #              (parity against the cpu oracle, the route, a ring's pieces, determinism), then ringscan bench attn
 #              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
-#              then ours alone on the same shapes (attn-cudnn-ours.json)
+#              then ours alone on the same shapes (attn-cudnn-ours.json); and device.attention_kernel auto
+#              trains 2 steps with cuDNN (cudnn_det) and, given a wrong cudnn_library, with ours, saying which
 #   attn-cudnn-det  bench attn --attn-impl cudnn_det at 32k (cuDNN's deterministic backward; its workspace)
 #   attn-cudnn-wide  the cuDNN route where attn-cudnn did not look: bench attn --attn-impl cudnn at hd 256
 #              (16/16/256, 16/2/256) and at hd 128 with documents (--doc-len 2048: document-masked calls go
@@ -300,6 +301,22 @@ suite_attn_cudnn() {
     echo "attn-cudnn parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/attn-cudnn-parity.log")" \
         "failed=$(grep -c FAIL "$L/attn-cudnn-parity.log")"
     grep -E "FAIL|error|cuDNN|SKIP|calls on|bitwise|DIFFER" "$L/attn-cudnn-parity.log" | head -40
+    # device.attention_kernel auto: cudnn_det here (cuDNN loads), ours where it cannot load (a wrong path), said
+    local w=/tmp/device_suite_auto lib
+    rm -rf $w && mkdir -p $w && build/ringscan data synth $w/d.tok --seed 1 > /dev/null || rc=1
+    for lib in "" /nonexistent/libcudnn.so.9; do
+        timeout "$(left)" build/ringscan train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.cp=1 \
+            --set device.attention_kernel=auto ${lib:+--set device.cudnn_library=$lib} --set train.steps=2 \
+            --set data.path=$w/d.tok --set run.out_dir=$w/run${lib:+-nolib} > "$L/attn-auto${lib:+-nolib}.log" 2>&1 || rc=1
+        local want="cudnn_det, cuDNN loaded"
+        [ -n "$lib" ] && want="attention: ours, not cuDNN's"
+        if grep -q "$want" "$L/attn-auto${lib:+-nolib}.log" && grep -q "^step *2/2" "$L/attn-auto${lib:+-nolib}.log"; then
+            echo "auto${lib:+ with cudnn_library $lib}: '$want', 2 steps: ok"
+        else
+            echo "auto${lib:+ with cudnn_library $lib}: FAIL (no '$want' or no step 2)"; rc=1
+            tail -3 "$L/attn-auto${lib:+-nolib}.log"
+        fi
+    done
     local shapes="--T 32768,131072 --attn-shapes 16/16/128,16/2/128"
     suite_bench attn-cudnn attn $shapes --attn-impl cudnn --peer --peer-timeout 150 || rc=1
     grep -E "attention kernel|cuDNN attention plan|routed" "$L/attn-cudnn.log" | head -12
