@@ -693,14 +693,14 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     t.be = &backend_cpu;
     comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
     comm->serial = !cfg->parallel.overlap_comm;
+    char backend_line[4096] = ""; /* which attention the cuda backend runs: said once log.txt is open */
     if (cfg->device.kind == DEVICE_KIND_CUDA) {
 #ifdef RS_WITH_CUDA
         comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
 #endif
-        char why[4096];
-        t.be = backend_select(cfg, why, sizeof why); /* with device.profile the timed table, printed at exit */
-        if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", why);
-        if (why[0]) train_say(&t, "%s\n", why);
+        /* with device.profile the timed table, printed at exit */
+        t.be = backend_select(cfg, backend_line, sizeof backend_line);
+        if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", backend_line);
     }
     openblas_set_num_threads((int)cfg->device.threads);
 
@@ -766,6 +766,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     }
     train_say(&t, "ringscan %s | run %s -> %s | backend %s | world %d = dp %d x cp %d | %s\n", RS_VERSION,
               cfg->run.name, t.run_dir, t.be->name, comm->world_size, comm->dp, comm->cp, comm->host);
+    if (backend_line[0]) train_say(&t, "%s\n", backend_line);
     snprintf(a, sizeof a, "%.2f GiB", (double)t.plan.total[cfg->checkpoint.activations] / (1 << 30));
     train_say(&t, "model: %lld parameters, %d linear_attention + %d full_attention layers | plan: %s per rank "
                   "(activations kept %.1f MiB, allocated %.1f MiB)\n",
