@@ -85,7 +85,7 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
      * route in its attention entries, as training has it */
     char why[4096];
     const int impl = backend_attention_resolve(cfg->device.attention_kernel, cfg->device.cudnn_library, why, sizeof why);
-    if (why[0]) printf("attention: ours, not cuDNN's (device.attention_kernel = auto): %s\n", why);
+    if (why[0]) printf("%s\n", why);
     const Backend *be = bench_attn_backend(cuda_backend_table(), impl, cfg->device.cudnn_library);
     int64_t T = cfg->data.seq_len;
     Model m;

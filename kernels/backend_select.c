@@ -25,8 +25,11 @@
 int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, size_t nwhy) {
     if (nwhy) why[0] = '\0';
     if (kernel != ATTN_KERNEL_AUTO) return kernel;
+    char err[4096];
     /* the deterministic backward until issue 19 has measured what it costs against cuDNN's other one */
-    return cuda_attention_cudnn_load(cudnn_library, why, nwhy) ? ATTN_KERNEL_RINGSCAN : ATTN_KERNEL_CUDNN_DET;
+    if (cuda_attention_cudnn_load(cudnn_library, err, sizeof err) == 0) return ATTN_KERNEL_CUDNN_DET;
+    snprintf(why, nwhy, "attention: ours, not cuDNN's (device.attention_kernel = auto): %s", err);
+    return ATTN_KERNEL_RINGSCAN;
 }
 #endif
 
@@ -37,11 +40,9 @@ const Backend *backend_select(const Config *cfg, char *msg, size_t nmsg) {
     cuda_profile_enable(cfg->device.profile);
     const Backend *be = cuda_backend_table();
     const int asked = cfg->device.attention_kernel;
-    char err[4096];
-    const int k = backend_attention_resolve(asked, cfg->device.cudnn_library, err, sizeof err);
-    if (k == ATTN_KERNEL_RINGSCAN && asked == ATTN_KERNEL_AUTO) {
-        snprintf(msg, nmsg, "attention: ours, not cuDNN's (device.attention_kernel = auto): %s", err);
-    } else if (k != ATTN_KERNEL_RINGSCAN) {
+    const int k = backend_attention_resolve(asked, cfg->device.cudnn_library, msg, nmsg); /* auto: why not */
+    if (k != ATTN_KERNEL_RINGSCAN) {
+        char err[4096];
         if (cuda_attention_cudnn_load(cfg->device.cudnn_library, err, sizeof err)) {
             snprintf(msg, nmsg, "device.attention_kernel = %s: %s", attn_kernel_names[asked], err);
             return NULL;

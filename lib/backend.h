@@ -322,7 +322,8 @@ struct Config;
 const Backend *backend_select(const struct Config *cfg, char *msg, size_t nmsg);
 /* The block attention device.attention_kernel `kernel` (an AttnKernel) stands for on the cuda backend: itself,
  * or for auto cudnn_det where cuDNN loads (from cudnn_library, or the search) and ringscan where it does not,
- * with why (cuDNN's loader's message) then. Built with the cuda backend only. */
+ * with why then the line to print (it quotes cuDNN's loader); otherwise why is empty. Built with the cuda
+ * backend only. */
 int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, size_t nwhy);
 
 #endif
