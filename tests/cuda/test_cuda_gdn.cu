@@ -856,15 +856,20 @@ TEST(cuda_gdn_v2_segments) {
  * multiple of the piece; and the kept / recomputed backwards bitwise equal (gdn_check_kept: without a kept
  * buffer the backward runs the pieces' forward again). A piece boundary that dropped the carried state
  * (S0 = 0 at each piece) misses the bound on o by far: the last case checks that. */
+/* the built-in configuration with calls longer than `piece` rows run in pieces (0: GDN_PIECE_ROWS) */
+static void gdn_tune_pieces(int piece) {
+    CudaGdnTune t;
+    memset(&t, 0, sizeof t);
+    t.piece = piece;
+    cuda_gdn_tune_set(&t);
+}
+
 TEST(cuda_gdn_pieces) {
     static const int starts[] = {64, 333, 334, 700};
     static const int s2[] = {150, 151, 900, 1024, 1500, 2047, 2048, 2049, 3000, 3900};
     static const int pieces[] = {64, 128, 192, 1024};
-    CudaGdnTune t;
-    memset(&t, 0, sizeof t);
     for (int i = 0; i < 4; i++) {
-        t.piece = pieces[i];
-        cuda_gdn_tune_set(&t);
+        gdn_tune_pieces(pieces[i]);
         char tag[160];
         GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 1300 + i);
         snprintf(tag, sizeof tag, "pieces of %d: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", pieces[i]);
@@ -883,8 +888,7 @@ TEST(cuda_gdn_pieces) {
     for (int i = 0; i < 7; i++) every128[i] = 128 * (i + 1);
     GdnProb p = gdn_prob(1000, 2, 2, 64, 64, 9, NULL, 0, 0, 0.02, 1330);
     GdnProb wrong = gdn_prob(1000, 2, 2, 64, 64, 9, every128, 7, 0, 0.02, 1330);
-    t.piece = 128;
-    cuda_gdn_tune_set(&t);
+    gdn_tune_pieces(128);
     GdnDev d = gdn_dev(&p);
     const int wv = p.nv * p.dv, wq = p.nk * p.dk;
     bf16 *o = (bf16 *)gdn_dev_alloc((size_t)p.T * p.ldo * 2);
@@ -1081,11 +1085,8 @@ static void gdn_check_prep(const char *tag0, const GdnProb *p, int states, doubl
 TEST(cuda_gdn_prep_kept) {
     static const int starts[] = {64, 333, 334, 700};
     static const int pieces[] = {0, 64, 192, 1024};
-    CudaGdnTune t;
-    memset(&t, 0, sizeof t);
     for (int i = 0; i < 4; i++) {
-        t.piece = pieces[i];
-        cuda_gdn_tune_set(&t);
+        gdn_tune_pieces(pieces[i]);
         for (int states = 0; states < 2; states++) {
             GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 1400 + i);
             gdn_check_prep("prep: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, states, GDN_TEST_BOUND);
