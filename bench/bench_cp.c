@@ -140,11 +140,12 @@ typedef struct {
     double *all;
 } BcTimes;
 
+/* whose number a median is of: the slowest rank's, rank 0's, or (BC_RANK0 + p) rank p's */
 enum { BC_SLOWEST, BC_RANK0 };
 
 static double bc_value(const BcTimes *t, int rep, int k, int how) {
     const double *r = t->all + (size_t)rep * t->P * t->nv;
-    if (how == BC_RANK0) return r[k];
+    if (how >= BC_RANK0) return r[(size_t)(how - BC_RANK0) * t->nv + k];
     double m = r[k];
     for (int p = 1; p < t->P; p++) m = fmax(m, r[(size_t)p * t->nv + k]);
     return m;
@@ -155,7 +156,7 @@ static int bc_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* the median over the repetitions of number k (the slowest rank's, or rank 0's) */
+/* the median over the repetitions of number k (the slowest rank's, or one rank's) */
 static double bc_median(const BcTimes *t, int k, int how) {
     double *v = RS_MALLOC((size_t)t->n * sizeof(double));
     for (int i = 0; i < t->n; i++) v[i] = bc_value(t, i, k, how);
@@ -602,6 +603,13 @@ static json_t *bc_phases_json(const BcGdn *a, const BcTimes *t, int how) {
     return o;
 }
 
+/* every rank's own phases (the slowest-rank medians hide which rank waits): [{name: ms}] x P */
+static json_t *bc_phases_by_rank_json(const BcGdn *a, const BcTimes *t) {
+    json_t *arr = json_array();
+    for (int r = 0; r < t->P; r++) json_array_append_new(arr, bc_phases_json(a, t, BC_RANK0 + r));
+    return arr;
+}
+
 static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     const char *cname = json_string_value(json_object_get(c, "name"));
     BcGdn a;
@@ -609,6 +617,7 @@ static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     BcTimes t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + a.phases, 1, BC_SLOWEST);
     json_t *cp_row = bc_row(cname, "ringscan-cp", e->P, bc_median(&t, 0, BC_SLOWEST), bc_median(&t, 1, BC_SLOWEST), t.n);
     json_object_set_new(cp_row, "phases", bc_phases_json(&a, &t, BC_SLOWEST));
+    json_object_set_new(cp_row, "phases_by_rank", bc_phases_by_rank_json(&a, &t));
     free(t.all);
     if (e->P > 1) {
         BcTimes x = bc_repeat(e, bc_state_alone_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
@@ -729,6 +738,13 @@ static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) 
         json_t *v;
         json_object_foreach((json_t *)ph, name, v) fprintf(f, " %s %.3f", name, json_number_value(v));
         fprintf(f, "\n");
+        size_t rk;
+        json_t *rph;
+        json_array_foreach(json_object_get(r, "phases_by_rank"), rk, rph) {
+            fprintf(f, "    rank %zu:", rk);
+            json_object_foreach(rph, name, v) fprintf(f, " %s %.3f", name, json_number_value(v));
+            fprintf(f, "\n");
+        }
     }
     const json_t *x = json_object_get(cp, "exchange_alone");
     if (x)

@@ -53,7 +53,10 @@
  * 3's backward so that rank 1 starts fragment 1's backward after a dstate
  * pass, not a full backward. Each hand-off is one comm_isendrecv between the
  * two ranks (the comm layer's exchange is symmetric: the direction nobody
- * reads carries the sender's buffer, unread), fp32, every sample at once.
+ * reads carries the sender's buffer, unread), fp32, every sample at once,
+ * each rank posting its side when it has the data or is done with the work
+ * the exchange would run beside (a post that waits long for the other side
+ * occupies the GPU: NCCL waits in a kernel).
  * Only the order of fp32 operations differs from the scan's.
  *
  * The scan (P > 2). One all-gather per pass of fixed-size slots [M | H]
@@ -349,10 +352,11 @@ static void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, con
                      &h[0]);
 
     cp_gdn_mark(cp, 0, 1); /* relay */
-    if (first) {
+    if (first) { /* fragment 3's prep while rank 1 runs fragment 1, then its side of the hand-off (posted after
+                    the prep: see cp_chain_backward's relay) */
+        for (int s = 0; c->kept && s < S; s++) cp_gdn_fragment_prep(cp, c, 2 * s + 1, d);
         cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_FWD1,
                          "GDN chain forward: fragment 2's exit", &h[1]);
-        for (int s = 0; c->kept && s < S; s++) cp_gdn_fragment_prep(cp, c, 2 * s + 1, d); /* fragment 3's, idle */
         comm_wait(cp->comm, &h[0]);
         comm_wait(cp->comm, &h[1]);
     } else {
@@ -396,9 +400,13 @@ static void cp_chain_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpG
 
     cp_gdn_mark(cp, 1, 1); /* relay */
     if (first) {
+        /* Fragment 3's backward first, then this rank's side of the hand-off: posted before it, the exchange
+           would wait for rank 1's side (posted when fragment 1's backward ends) on the communication stream
+           for the whole pass, and on cuda NCCL waits inside a kernel that holds SMs the backward's kernels
+           need. Both sides are posted about together now, when each rank's pass is done. */
+        for (int s = 0; s < S; s++) cp_gdn_fragment_backward(cp, gr, c, 2 * s + 1, NULL, NULL, d);
         cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_BWD1,
                          "GDN chain backward: fragment 1's entry gradient", &h[1]);
-        for (int s = 0; s < S; s++) cp_gdn_fragment_backward(cp, gr, c, 2 * s + 1, NULL, NULL, d);
     } else {
         comm_wait(cp->comm, &h[0]);
         for (int s = 0; s < S; s++) { /* dE_2 = dL_2 + M_2^T dE_3; fragment 1's backward gives dE_1 */

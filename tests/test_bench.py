@@ -199,6 +199,10 @@ def test_cp_on_cpu_rows(ringscan, tmp_path):
                                                                                                     "halo_bwd"]
     assert list(gcp["phases"]) == phases and all(gcp["phases"][p] > 0 for p in phases)
     assert all(gcp["phases"][p] < gcp["ms_fwdbwd"] for p in phases)  # each the slowest rank's median
+    by_rank = gcp["phases_by_rank"]  # every rank's own: the slowest-rank medians hide which rank waits
+    assert len(by_rank) == 2 and all(list(ph) == phases for ph in by_rank)
+    assert all(max(ph[p] for ph in by_rank) <= gcp["phases"][p] * (1 + 1e-9) for p in phases)
+    assert "phases_by_rank" not in gone
     assert list(gone["phases"]) == ["halo_fwd", "conv_fwd", "scan_fwd", "chunk_fwd", "scan_bwd", "chunk_bwd",
                                     "conv_bwd", "halo_bwd"]
     assert gone["phases"]["scan_fwd"] < 0.01 and gone["phases"]["halo_bwd"] < 0.01  # one rank: none of it runs
@@ -207,7 +211,7 @@ def test_cp_on_cpu_rows(ringscan, tmp_path):
     assert a["halo_bytes_per_rank"] == 2 * 3 * 384 * 4
     assert "ring attention over 2 ranks" in r.stdout and "exchange alone: K|V" in r.stdout
     assert "exchange alone: states (send/recv)" in r.stdout
-    assert "phases ringscan-cp, ms:" in r.stdout
+    assert "phases ringscan-cp, ms:" in r.stdout and "    rank 1: halo_fwd" in r.stdout
 
 
 FAKE_TORCHRUN = r"""#!/usr/bin/env python3
