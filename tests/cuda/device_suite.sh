@@ -30,13 +30,15 @@
 #              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
 #              then ours alone on the same shapes (attn-cudnn-ours.json); and device.attention_kernel auto
 #              trains 2 steps with cuDNN (cudnn_det) and, given a wrong cudnn_library, with ours, saying which
-#   attn-cudnn-det  bench attn --attn-impl cudnn_det at 32k (cuDNN's deterministic backward; its workspace)
+#   attn-cudnn-det  what determinism costs (issue 19's default: cudnn_det unless it costs > 10%): bench attn at 32k
+#              and 128k, 16/16/128 and 16/2/128, with cuDNN's backward (cudnn), its deterministic one (cudnn_det)
+#              and ours, alternated twice; a table of f+b ms and cudnn_det / cudnn. ~3 min
 #   attn-cudnn-wide  the cuDNN route where attn-cudnn did not look: bench attn --attn-impl cudnn at hd 256
 #              (16/16/256, 16/2/256) and at hd 128 with documents (--doc-len 2048: document-masked calls go
 #              to our kernel by design, the routed counts say so), 32k and 128k, SDPA flash and cuDNN beside
 #              (per document with documents). ~5 min
 #   step-cudnn the 1B step (bench step, 32k tokens, ours only) under none and under remat, each with our
-#              attention kernel and with device.attention_kernel=cudnn, side by side. ~2 min
+#              attention kernel and with device.attention_kernel=cudnn and cudnn_det, side by side. ~5 min
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside); fails unless
 #              our row's block_recomputes and chunk_recomputes are 0 (none reruns nothing)
 #   remat      ringscan bench step, remat (ours only)
@@ -338,11 +340,38 @@ suite_attn_cudnn_wide() {
     return $rc
 }
 
-# the 1B step with our attention kernel and with the cuDNN route, under none and remat
+# cuDNN's two backwards and ours on the same shapes, alternated twice, one table (issue 19's default)
+suite_attn_cudnn_det() {
+    local rc=0 k i
+    for i in 1 2; do
+        for k in cudnn cudnn_det ringscan; do
+            suite_bench "attn-det-$k-$i" attn --T 32768,131072 --attn-shapes 16/16/128,16/2/128 --attn-impl $k \
+                > /dev/null || rc=1
+        done
+    done
+    grep -hE "cuDNN attention plan: backward" "$L"/attn-det-cudnn*-1.log | sort -u | head -8
+    python3 - "$W" <<'PYEOF' || rc=1
+import json, sys, glob, os
+rows = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "attn-det-*.json"))):
+    k, i = os.path.basename(f)[len("attn-det-"):-len(".json")].rsplit("-", 1)
+    for r in json.load(open(f))["attn"]["ringscan"]:
+        rows.setdefault(r["case"], {}).setdefault(k, []).append(r["ms_fwdbwd"])
+print(f"{'case':28s} {'cudnn f+b ms':>18s} {'cudnn_det':>18s} {'ours':>18s} {'det/cudnn':>9s} {'ours/det':>8s}")
+for c, m in rows.items():
+    best = {k: min(v) for k, v in m.items()}
+    cell = lambda k: ", ".join(f"{x:.2f}" for x in m.get(k, []))
+    print(f"{c:28s} {cell('cudnn'):>18s} {cell('cudnn_det'):>18s} {cell('ringscan'):>18s} "
+          f"{best['cudnn_det'] / best['cudnn']:9.3f} {best['ringscan'] / best['cudnn_det']:8.3f}")
+PYEOF
+    return $rc
+}
+
+# the 1B step with our attention kernel and with the cuDNN route (both backwards), under none and remat
 suite_step_cudnn() {
     local rc=0 pol k
     for pol in none remat; do
-        for k in ringscan cudnn; do
+        for k in ringscan cudnn cudnn_det; do
             suite_bench "step-$pol-$k" step --profile 1 --set checkpoint.activations=$pol \
                 --set device.attention_kernel=$k || rc=1
         done
@@ -558,7 +587,7 @@ for part in "$@"; do
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     attn-cudnn) suite_attn_cudnn ;;
-    attn-cudnn-det) suite_bench attn-cudnn-det attn --T 32768 --attn-shapes 16/16/128,16/2/128 --attn-impl cudnn_det ;;
+    attn-cudnn-det) suite_attn_cudnn_det ;;
     attn-cudnn-wide) suite_attn_cudnn_wide ;;
     step-cudnn) suite_step_cudnn ;;
     step) suite_step_none ;;
