@@ -85,6 +85,9 @@ static const char bench_usage[] =
     "  --attn-impl K       attn, cp: ringscan (ours), cudnn or cudnn_det: cuDNN's fused attention where it takes\n"
     "                      the call, as device.attention_kernel (rows keep impl ringscan, with attn_impl and the\n"
     "                      calls routed to each side; cp: the ring's calls; default ringscan)\n"
+    "  --ring-calls C      cp: pairs (the zigzag rule's diagonals and rectangles, one call each) or steps (one\n"
+    "                      call per ring step and sample; lib/cp_ring.c); default: steps with our kernel, pairs\n"
+    "                      with cuDNN's\n"
     "  --cudnn-lib PATH    attn, cp: libcudnn.so.9 for --attn-impl cudnn* (default: search, as\n"
     "                      device.cudnn_library)\n"
     "  --gdn-T LIST        cp: sequence lengths of the GDN layer, multiples of 128 x P (default 65536,131072)\n"
@@ -186,7 +189,7 @@ static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",
                                                "slurm.nodes",      "slurm.gpus_per_node", NULL};
 
 /* Options that only `bench cp` takes, and the ones it does not. */
-static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", NULL};
+static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", "--ring-calls", NULL};
 static const char *const bench_cp_refused[] = {"--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
                                                "--hbm-tbps", NULL};
 
@@ -212,6 +215,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->peer_dir = "tests/peer", o->python = "python3", o->out_dir = "runs/bench";
     o->peer_timeout = 300;
     o->seed = 1;
+    o->ring_calls = -1;
     o->cudnn_lib = "";
     o->gdn_T[0] = 65536, o->gdn_T[1] = 131072, o->n_gdn_T = 2;
     o->cp_parts = BENCH_CP_ATTN | BENCH_CP_GDN;
@@ -279,6 +283,10 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             o->attn_impl = config_enum_index(attn_kernel_names, v);
             if (o->attn_impl < 0 || o->attn_impl == ATTN_KERNEL_AUTO)  /* a bench names the kernel it times */
                 bench_bad(a, v, "expected ringscan, cudnn or cudnn_det");
+        } else if (!strcmp(a, "--ring-calls")) {
+            const char *v = bench_value(argc, argv, &i);
+            if (strcmp(v, "pairs") && strcmp(v, "steps")) bench_bad(a, v, "expected pairs or steps");
+            o->ring_calls = !strcmp(v, "steps");
         } else if (!strcmp(a, "--cudnn-lib")) {
             o->cudnn_lib = bench_value(argc, argv, &i);
         } else if (!strcmp(a, "--heads")) {

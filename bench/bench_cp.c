@@ -28,6 +28,9 @@
  *   cuDNN route (kernels/cuda/cuda_attention_cudnn.h, as device.attention_kernel):
  *   the diagonals and dense rectangles on cuDNN, by the ring's host hints; the rows
  *   carry "attn_impl" (the one-GPU row too, so CP efficiency compares like with like)
+ *   and "ring_calls": steps (one block-attention call per ring step and sample, what
+ *   our kernel runs) or pairs (the zigzag rule's calls one by one, the cuDNN route's);
+ *   --ring-calls picks either for a comparison
  *   the GDN layer, per case (T, H key = value heads, K = V, conv width 4), one
  *   document, called exactly as lib/model_block.c calls it: cp_gdn_halo_forward,
  *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_forward (the delta
@@ -231,6 +234,7 @@ static void bc_config(Config *cfg, const BcEnv *e, int64_t T, int P) {
 /* The CP context of P ranks (P = 1: one process's, no communication) with one document's metadata. */
 static void bc_cp_begin(Cp *cp, BcEnv *e, const Config *cfg, int P) {
     cp_init(cp, P > 1 ? e->comm : NULL, e->be, cfg);
+    if (e->o->ring_calls >= 0) cp->ring_whole_steps = e->o->ring_calls; /* --ring-calls */
     const CpLayout *L = &cp->L;
     int32_t *pos = RS_MALLOC((size_t)L->T_local * sizeof(int32_t));
     for (int f = 0; f < L->nlocal; f++)
@@ -389,6 +393,7 @@ static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     }
     free(over.all);
     free(ser.all);
+    const int whole = a.cp.ring_whole_steps;
     bc_ring_free(&a, e->be);
 
     bc_ring_setup(&a, e, c, ci, 1);
@@ -400,6 +405,7 @@ static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     json_t *made[3] = {cp_row, ser_row, one_row};
     for (int i = 0; i < 3; i++) {
         json_object_set_new(made[i], "attn_impl", json_string(attn_kernel_names[e->o->attn_impl]));
+        json_object_set_new(made[i], "ring_calls", json_string(whole ? "steps" : "pairs"));
         json_array_append_new(rows, made[i]);
     }
 }

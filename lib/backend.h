@@ -66,6 +66,11 @@ typedef struct BackendMemStats {
 typedef struct Backend {
     const char *name;   /* "cpu" or "cuda" */
     int         act_size; /* bytes per activation element: 4 (cpu) or 2 (cuda) */
+    /* 1: the attention entries take any rows and mask at the cost of the mask's live tiles (they skip the
+     * fully masked ones), so lib/cp_ring.c makes one call per ring step and sample; 0: a route that runs
+     * only some shapes fast (cuDNN's: causal diagonals and dense rectangles of consecutive positions), so the
+     * ring calls the zigzag rule's diagonals and trimmed rectangles one by one */
+    int         attention_any_mask;
 
     /* ---- memory (device memory on cuda; plain heap on cpu) ---- */
     void *(*alloc)(size_t bytes);                               /* zero-filled */

@@ -117,6 +117,8 @@ typedef struct Cp {
     CpLayout       L;
     CpBatch        batch;
     int            layers;
+    int            ring_whole_steps; /* 1: one attention call per ring step and sample (cp_ring.c); cp_init
+                                        sets the backend's attention_any_mask, tests and bench may change it */
     CpCounters     count;
     /* ring buffers (activation type unless fp32 is said) */
     void  *kv_recv[2];   /* (rows, 2 kvd) the K|V blocks arriving */

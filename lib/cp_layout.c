@@ -97,6 +97,7 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
     RS_CHECK(comm || P == 1, "parallel.cp = %d needs MPI ranks", P);
     cp->comm = comm;
     cp->be = be;
+    cp->ring_whole_steps = be->attention_any_mask;
     cp_layout_init(&cp->L, cfg->data.seq_len, P, comm ? comm->cp_rank : 0);
     cp->layers = (int)cfg->model.num_hidden_layers;
 

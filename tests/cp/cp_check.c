@@ -24,7 +24,9 @@
  *          by its forward, fragment 2's by its transition too; the scan: every fragment's)
  *   conv   cp_gdn_halo_forward + conv1d per fragment; conv backward + cp_gdn_halo_backward:
  *          y, dx, dw
- *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv
+ *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv, twice: the zigzag rule's
+ *          calls one by one (the cuDNN route's way) and one call per step and sample
+ *          (Cp.ring_whole_steps, ours); the second makes fewer calls (counted)
  *
  * --sabotage-prep (gdn) spoils each prep the kept run computes (the last token's Tinv row scaled):
  * the kept run must then differ from the run without, proving the prep is read.
@@ -431,12 +433,31 @@ static void check_ring(Check *c, int nh, int nkv, int hd) {
                 c->cp.batch.pos[(int64_t)r * rows + i]++;
                 c->cp.batch.pos_dev[(int64_t)r * rows + i]++; /* host memory on the cpu backend */
             }
-    cp_ring_forward(&c->cp, 0, lout, llse, lq, lkv, &d);
-    check_rows(c, "ring out", lout, out, qd);
-    check_rows(c, "ring lse", llse, lse, nh);
-    cp_ring_backward(&c->cp, 0, ldq, ldkv, ldout, lout, llse, lq, lkv, &d);
-    check_rows(c, "ring dq", ldq, dq, qd);
-    check_rows(c, "ring dk|dv", ldkv, dkv, ldk);
+    /* the zigzag rule's calls one by one (what the cuDNN route runs), then one call per step and sample
+       (ours): both against the reference, and the second must make fewer calls (at most one per step and
+       sample) where there is more than one rank */
+    int calls[2], most[2];
+    for (int whole = 0; whole < 2; whole++) {
+        c->cp.ring_whole_steps = whole;
+        const int64_t calls0 = c->cp.count.attn_kernel_calls[0];
+        cp_ring_forward(&c->cp, 0, lout, llse, lq, lkv, &d);
+        calls[whole] = (int)comm_allreduce_sum_scalar(c->comm, c->comm->world,
+                                                      (double)(c->cp.count.attn_kernel_calls[0] - calls0));
+        most[whole] = comm_allreduce_max_int(c->comm, c->comm->world,
+                                             (int)(c->cp.count.attn_kernel_calls[0] - calls0));
+        check_rows(c, whole ? "ring out (whole steps)" : "ring out (pairs)", lout, out, qd);
+        check_rows(c, whole ? "ring lse (whole steps)" : "ring lse (pairs)", llse, lse, nh);
+        memset(ldq, 0, (size_t)(rows * qd) * 4);
+        memset(ldkv, 0, (size_t)(rows * ldk) * 4);
+        cp_ring_backward(&c->cp, 0, ldq, ldkv, ldout, lout, llse, lq, lkv, &d);
+        check_rows(c, whole ? "ring dq (whole steps)" : "ring dq (pairs)", ldq, dq, qd);
+        check_rows(c, whole ? "ring dk|dv (whole steps)" : "ring dk|dv (pairs)", ldkv, dkv, ldk);
+    }
+    const int calls_ok = most[1] <= S * L->P && (L->P == 1 || calls[1] < calls[0]);
+    if (c->comm->rank == 0)
+        printf("ring forward calls over the ranks: pairs %d, whole steps %d (at most %d on a rank, bound %lld) %s\n",
+               calls[0], calls[1], most[1], (long long)(S * L->P), calls_ok ? "ok" : "FAIL");
+    if (!calls_ok) c->failed++;
     float *bufs[] = {q, kv, dout, out, lse, dq, dkv, lq, lkv, ldout, lout, llse, ldq, ldkv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }

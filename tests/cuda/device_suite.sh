@@ -50,6 +50,9 @@
 #              tokens/s, MFU, peak memory beside plan
 #   cp2-attn   cp2's ring attention at 128k and 256k with torch's context_parallel beside it
 #   cp2-gdn    cp2's GDN layer, ours only (FLA's CP autotunes for more than 240 s cold)
+#   cp2-ring-calls  cp2's ring attention at 128k and 256k (MHA, GQA), ours only, with the zigzag rule's calls one by
+#              one (--ring-calls pairs) and one call per step (steps, the default with our kernel), alternated
+#              twice: what one launch per step buys. ~4 min
 #   cp2-gdn-peer  cp2's GDN layer with FLA's CP beside it, the peer given all but 200 s of the call
 #              (its Triton autotuning, ~300 s per shape cold; TRITON_CACHE_SAVE keeps the cache for the next
 #              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
@@ -616,6 +619,12 @@ for part in "$@"; do
     cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
     cp2-attn) suite_cp cp2-attn 2 --parts attn --T 131072,262144 --peer --peer-timeout 150 ;;
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
+    cp2-ring-calls)
+        for i in 1 2; do
+            for rc in pairs steps; do
+                suite_cp "cp2-ring-$rc-$i" 2 --parts attn --T 131072,262144 --ring-calls $rc || status=1
+            done
+        done ;;
     cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
     cp2-attn-cudnn) suite_cp cp2-attn-cudnn 2 --parts attn --attn-impl cudnn --T 131072,262144,524288 --reps 3 --peer \
@@ -629,7 +638,7 @@ for part in "$@"; do
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
-        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer"
+        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-ring-calls"
         echo "  cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
