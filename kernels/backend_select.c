@@ -5,16 +5,21 @@
  * cudnn / cudnn_det cuDNN's fused attention loaded (dlopen) and put in the attention entries for the
  * calls it can take (cuda_attention_cudnn.h, issue 19); with auto cudnn_det where cuDNN loads, our kernel
  * where it does not, said in the line the run prints (backend_attention_resolve, which `ringscan bench step`
- * shares). It sits beside kernels/cpu and kernels/cuda,
+ * shares), and the same on every rank: where cuDNN loads on some ranks only, ours everywhere, said with
+ * the first lacking rank's reason (backend_attention_agree; one run, one kernel, one line that speaks for
+ * all). It sits beside kernels/cpu and kernels/cuda,
  * not in lib/, so that lib/ never includes a cuda header. The caller has picked the process's GPU
  * first (comm_cuda_init -> cuda_backend_init).
  *
  * Callers: lib/train.c, lib/eval.c; bench/bench_step.c (backend_attention_resolve).
  */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "backend.h"
+#include "comm.h"
 #include "config.h"
+#include "error.h"
 
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"
@@ -33,14 +38,42 @@ int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, 
 }
 #endif
 
-const Backend *backend_select(const Config *cfg, char *msg, size_t nmsg) {
+#ifdef RS_WITH_CUDA
+/* device.attention_kernel auto across the ranks of comm: k, this rank's resolution, becomes ringscan on every
+ * rank when some rank could not load cuDNN (one all-gather of each rank's choice, host and reason), msg then
+ * naming how many and the first; otherwise k stays and msg is untouched. */
+static int backend_attention_agree(Comm *comm, int k, char *msg, size_t nmsg) {
+    typedef struct {
+        int32_t ours;
+        char    host[64], why[440];
+    } Said;
+    Said mine = {k == ATTN_KERNEL_RINGSCAN, "", ""}, *all = RS_MALLOC((size_t)comm->world_size * sizeof(Said));
+    snprintf(mine.host, sizeof mine.host, "%s", comm->host);
+    if (mine.ours) snprintf(mine.why, sizeof mine.why, "%s", msg);
+    comm_allgather(comm, comm->world, &mine, all, (int64_t)sizeof(Said));
+    int ours = 0, first = -1;
+    for (int r = 0; r < comm->world_size; r++)
+        if (all[r].ours && ours++ == 0) first = r;
+    if (ours > 0 && ours < comm->world_size) {
+        snprintf(msg, nmsg, "attention: ours on every rank (device.attention_kernel = auto: one kernel for the "
+                 "run), cuDNN did not load on %d of %d ranks; rank %d on %s says: %s", ours, comm->world_size,
+                 first, all[first].host, all[first].why);
+        k = ATTN_KERNEL_RINGSCAN;
+    }
+    free(all);
+    return k;
+}
+#endif
+
+const Backend *backend_select(const Config *cfg, Comm *comm, char *msg, size_t nmsg) {
     if (nmsg) msg[0] = '\0';
     if (cfg->device.kind != DEVICE_KIND_CUDA) return &backend_cpu;
 #ifdef RS_WITH_CUDA
     cuda_profile_enable(cfg->device.profile);
     const Backend *be = cuda_backend_table();
     const int asked = cfg->device.attention_kernel;
-    const int k = backend_attention_resolve(asked, cfg->device.cudnn_library, msg, nmsg); /* auto: why not */
+    int k = backend_attention_resolve(asked, cfg->device.cudnn_library, msg, nmsg); /* auto: why not */
+    if (asked == ATTN_KERNEL_AUTO && comm && comm->world_size > 1) k = backend_attention_agree(comm, k, msg, nmsg);
     if (k != ATTN_KERNEL_RINGSCAN) {
         char err[4096];
         if (cuda_attention_cudnn_load(cfg->device.cudnn_library, err, sizeof err)) {
@@ -55,6 +88,7 @@ const Backend *backend_select(const Config *cfg, char *msg, size_t nmsg) {
     }
     return be;
 #else
+    (void)comm;
     snprintf(msg, nmsg, "device.kind = cuda, but this ringscan was built without the cuda backend (nvcc was not "
                         "found at build time; `ringscan version` says what was built)");
     return NULL;

@@ -54,7 +54,7 @@ typedef enum { COMM_WORLD, COMM_CP, COMM_DP, COMM_GROUPS } CommGroup;
 struct CommNccl;  /* comm_nccl.c */
 struct CommWatch; /* comm_watchdog.c */
 
-typedef struct {
+typedef struct Comm {
     int      world_size, rank, local_rank, local_size;
     int      dp, cp, dp_rank, cp_rank;
     MPI_Comm world, cp_comm, dp_comm;

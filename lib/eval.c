@@ -183,7 +183,7 @@ int eval_main(int argc, char **argv) {
         comm_cuda_init(&comm); /* this rank's GPU; refuses bad GPU layouts (exit 2) */
 #endif
         char why[4096];
-        be = backend_select(cfg, why, sizeof why);
+        be = backend_select(cfg, &comm, why, sizeof why);
         if (!be) eval_fail(&comm, RS_EXIT_USAGE, "%s", why);
         if (why[0] && comm.rank == 0) printf("%s\n", why);
     }

@@ -699,7 +699,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
         comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
 #endif
         /* with device.profile the timed table, printed at exit */
-        t.be = backend_select(cfg, backend_line, sizeof backend_line);
+        t.be = backend_select(cfg, comm, backend_line, sizeof backend_line);
         if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", backend_line);
     }
     openblas_set_num_threads((int)cfg->device.threads);

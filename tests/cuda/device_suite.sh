@@ -29,7 +29,8 @@
 #              (parity against the cpu oracle, the route, a ring's pieces, determinism), then ringscan bench attn
 #              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
 #              then ours alone on the same shapes (attn-cudnn-ours.json); and device.attention_kernel auto
-#              trains 2 steps with cuDNN (cudnn_det) and, given a wrong cudnn_library, with ours, saying which
+#              trains 2 steps with cuDNN (cudnn_det) and, given a wrong cudnn_library, with ours, saying which;
+#              on a two-GPU machine also dp 2 with the wrong library on rank 1 only: ours on both ranks, said
 #   attn-cudnn-det  what determinism costs (issue 19's default: cudnn_det unless it costs > 10%): bench attn at 32k
 #              and 128k, 16/16/128 and 16/2/128, with cuDNN's backward (cudnn), its deterministic one (cudnn_det)
 #              and ours, alternated twice; a table of f+b ms and cudnn_det / cudnn. ~3 min
@@ -324,6 +325,22 @@ suite_attn_cudnn() {
             tail -3 "$L/attn-auto${lib:+-nolib}.log"
         fi
     done
+    # two ranks (two GPUs), cuDNN loadable on rank 0 only: auto agrees on ours for both, rank 1 named
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+        local a=(train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.cp=1 --set parallel.dp=2
+            --set slurm.gpus_per_node=2 --set device.attention_kernel=auto --set train.steps=2 --set data.path=$w/d.tok
+            --set run.out_dir=$w/run-ranks)
+        timeout "$(left)" mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+            -np 1 build/ringscan "${a[@]}" : -np 1 build/ringscan "${a[@]}" \
+            --set device.cudnn_library=/nonexistent/libcudnn.so.9 > "$L/attn-auto-ranks.log" 2>&1 || rc=1
+        if grep -q "ours on every rank .*cuDNN did not load on 1 of 2 ranks; rank 1 on" "$L/attn-auto-ranks.log" &&
+            grep -q "^step *2/2" "$L/attn-auto-ranks.log"; then
+            echo "auto over 2 ranks, cuDNN on rank 0 only: ours on both, rank 1 named, 2 steps: ok"
+        else
+            echo "auto over 2 ranks, cuDNN on rank 0 only: FAIL"; rc=1
+            grep -E "attention|error" "$L/attn-auto-ranks.log" | head -5
+        fi
+    fi
     local shapes="--T 32768,131072 --attn-shapes 16/16/128,16/2/128"
     suite_bench attn-cudnn attn $shapes --attn-impl cudnn --peer --peer-timeout 150 || rc=1
     grep -E "attention kernel|cuDNN attention plan|routed" "$L/attn-cudnn.log" | head -12
