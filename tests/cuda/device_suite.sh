@@ -47,7 +47,8 @@
 #   cp-parity  tests/cuda/cp_gpu_check.sh (two GPUs): cuda cp 2 / dp 2 against one GPU and the cpu oracle,
 #              50-step curves, remat counters, resume under cp 2
 #   cp-step    ringscan train of the 1B config, remat: 128k tokens on one GPU, then 256k at cp 2 on two GPUs
-#              with communication overlapped and forced serial (parallel.overlap_comm: false): ms/step,
+#              with communication overlapped and forced serial (parallel.overlap_comm: false) (CP_STEP_SET: more
+#              --set options for all three, e.g. "--set device.attention_kernel=cudnn"): ms/step,
 #              tokens/s, MFU, peak memory beside plan
 #   cp2-attn   cp2's ring attention at 128k and 256k with torch's context_parallel beside it
 #   cp2-gdn    cp2's GDN layer, ours only (FLA's CP autotunes for more than 240 s cold)
@@ -443,7 +444,7 @@ suite_train() {
 
 # the 1B config's training step: one GPU at 128k, two GPUs at cp 2 and 256k (overlapped, serial)
 suite_cp_step() {
-    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0 n=${CP_STEPS:-6} c=(--set train.grad_accum=1)
+    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0 n=${CP_STEPS:-6} c=(--set train.grad_accum=1 ${CP_STEP_SET:-})
     suite_train cp-step-1gpu 1 $n $cfg "${c[@]}" --set data.seq_len=131072 --set parallel.cp=1 || rc=1
     suite_train cp-step-cp2-overlapped 2 $n $cfg "${c[@]}" --set data.seq_len=262144 --set parallel.cp=2 \
         --set parallel.overlap_comm=true || rc=1
