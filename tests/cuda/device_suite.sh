@@ -376,14 +376,16 @@ import json, sys, glob, os
 rows = {}
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "attn-det-*.json"))):
     k, i = os.path.basename(f)[len("attn-det-"):-len(".json")].rsplit("-", 1)
-    for r in json.load(open(f))["attn"]["ringscan"]:
-        rows.setdefault(r["case"], {}).setdefault(k, []).append(r["ms_fwdbwd"])
+    for r in json.load(open(f))["attn"]["ringscan"]:  # a failed case has no time: left out, shown as "-"
+        if "ms_fwdbwd" in r:
+            rows.setdefault(r["case"], {}).setdefault(k, []).append(r["ms_fwdbwd"])
 print(f"{'case':28s} {'cudnn f+b ms':>18s} {'cudnn_det':>18s} {'ours':>18s} {'det/cudnn':>9s} {'ours/det':>8s}")
 for c, m in rows.items():
     best = {k: min(v) for k, v in m.items()}
-    cell = lambda k: ", ".join(f"{x:.2f}" for x in m.get(k, []))
+    cell = lambda k: ", ".join(f"{x:.2f}" for x in m.get(k, [])) or "-"
+    ratio = lambda a, b: f"{best[a] / best[b]:.3f}" if a in best and b in best else "-"
     print(f"{c:28s} {cell('cudnn'):>18s} {cell('cudnn_det'):>18s} {cell('ringscan'):>18s} "
-          f"{best['cudnn_det'] / best['cudnn']:9.3f} {best['ringscan'] / best['cudnn_det']:8.3f}")
+          f"{ratio('cudnn_det', 'cudnn'):>9s} {ratio('ringscan', 'cudnn_det'):>8s}")
 PYEOF
     return $rc
 }
@@ -639,8 +641,8 @@ for part in "$@"; do
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
     cp2-ring-calls)
         for i in 1 2; do
-            for rc in pairs steps; do
-                suite_cp "cp2-ring-$rc-$i" 2 --parts attn --T 131072,262144 --ring-calls $rc || status=1
+            for how in pairs steps; do
+                suite_cp "cp2-ring-$how-$i" 2 --parts attn --T 131072,262144 --ring-calls $how || status=1
             done
         done ;;
     cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
