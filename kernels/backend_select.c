@@ -3,7 +3,7 @@
  * backend_select): device.kind cpu -> backend_cpu; cuda -> the cuda table (kernels/cuda/backend_cuda.c),
  * its entry timer on when device.profile is set (cuda_profile.h), and with device.attention_kernel
  * cudnn / cudnn_det cuDNN's fused attention loaded (dlopen) and put in the attention entries for the
- * calls it can take (cuda_attention_cudnn.h, issue 19); with auto cudnn_det where cuDNN loads, our kernel
+ * calls it can take (cuda_attention_cudnn.h, issue 19); with auto cudnn where cuDNN loads, our kernel
  * where it does not, said in the line the run prints (backend_attention_resolve, which `ringscan bench step`
  * shares), and the same on every rank: where cuDNN loads on some ranks only, ours everywhere, said with
  * the first lacking rank's reason (backend_attention_agree; one run, one kernel, one line that speaks for
@@ -31,8 +31,9 @@ int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, 
     if (nwhy) why[0] = '\0';
     if (kernel != ATTN_KERNEL_AUTO) return kernel;
     char err[4096];
-    /* the deterministic backward until issue 19 has measured what it costs against cuDNN's other one */
-    if (cuda_attention_cudnn_load(cudnn_library, err, sizeof err) == 0) return ATTN_KERNEL_CUDNN_DET;
+    /* cuDNN's nondeterministic backward: its deterministic one keeps a rows x rows x heads matrix (32 GiB at 32k
+     * rows, 16 heads; docs/benchmarks.md v0.10), so it fits short calls only; ours is the deterministic choice */
+    if (cuda_attention_cudnn_load(cudnn_library, err, sizeof err) == 0) return ATTN_KERNEL_CUDNN;
     snprintf(why, nwhy, "attention: ours, not cuDNN's (device.attention_kernel = auto): %s", err);
     return ATTN_KERNEL_RINGSCAN;
 }
@@ -84,7 +85,7 @@ const Backend *backend_select(const Config *cfg, Comm *comm, char *msg, size_t n
         be = cuda_backend_with_cudnn_attention(be);
         snprintf(msg, nmsg, "attention: %s where it can take the call, ours elsewhere (device.attention_kernel = %s%s)",
                  cuda_attention_cudnn_describe(), attn_kernel_names[asked],
-                 asked == ATTN_KERNEL_AUTO ? ": cudnn_det, cuDNN loaded" : "");
+                 asked == ATTN_KERNEL_AUTO ? ": cudnn, cuDNN loaded" : "");
     }
     return be;
 #else

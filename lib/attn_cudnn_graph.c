@@ -318,6 +318,8 @@ void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int
     w->bytes = end;
 }
 
+int64_t cdg_det_plan_bytes(int64_t Tq, int64_t Tk, int nh) { return Tq * Tk * nh * 2; }
+
 /* ---- LSE layouts ---- */
 
 void cdg_stats_to_lse_host(float *lse, const float *stats, int64_t Tq, int nh) {

@@ -329,7 +329,7 @@ struct Comm;
  * our kernel on every rank, and msg says which ranks lacked it. */
 const Backend *backend_select(const struct Config *cfg, struct Comm *comm, char *msg, size_t nmsg);
 /* The block attention device.attention_kernel `kernel` (an AttnKernel) stands for on the cuda backend: itself,
- * or for auto cudnn_det where cuDNN loads (from cudnn_library, or the search) and ringscan where it does not,
+ * or for auto cudnn where cuDNN loads (from cudnn_library, or the search) and ringscan where it does not,
  * with why then the line to print (it quotes cuDNN's loader); otherwise why is empty. Built with the cuda
  * backend only. */
 int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, size_t nwhy);

@@ -165,15 +165,17 @@ void plan_build(Plan *p, const Config *cfg) {
     /* device.attention_kernel cudnn | cudnn_det: the cuDNN route's workspace beside ours (lib/attn_cudnn_graph.h
      * cdg_workspace), grown to the largest call, a backward with Tq = Tk = one ring call's rows: a fragment
      * (seq_len / 2cp) at cp > 1, a sample (seq_len) at cp 1. cuDNN's own plan workspace is known only once
-     * its plan is built (printed then) and is not counted. auto counts cudnn_det's: what it runs where cuDNN
-     * loads, which plan cannot know of the machine that will run the job. */
+     * its plan is built (printed then); it is small but for cudnn_det, whose deterministic engines keep a
+     * Tq x Tk x heads matrix (cdg_det_plan_bytes, counted here: it is what makes cudnn_det fit short calls
+     * only). auto counts cudnn's: what it runs where cuDNN loads, which plan cannot know of the machine that
+     * will run the job. */
     if (cuda && cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN && p->n_full) {
         CdgWorkspace w;
         const int64_t call = P > 1 ? T / (2 * P) : T;
-        cdg_workspace(&w, call, call, (int)nh, (int)nkv, (int)hd, 1,
-                      cfg->device.attention_kernel != ATTN_KERNEL_CUDNN);
-        p->cudnn_workspace = w.bytes;
-        attn_ws += w.bytes;
+        const int det = cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET;
+        cdg_workspace(&w, call, call, (int)nh, (int)nkv, (int)hd, 1, det);
+        p->cudnn_workspace = w.bytes + (det ? cdg_det_plan_bytes(call, call, (int)nh) : 0);
+        attn_ws += p->cudnn_workspace;
     }
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         int64_t *mem = p->mem[pol];
@@ -446,6 +448,12 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     for (int q = 0; q < ACT_POLICY_COUNT; q++)
         if (q != pol && plan_fits(p, (ActPolicy)q))
             fprintf(f, "  hint: checkpoint.activations=%s fits\n", act_policy_names[q]);
+    if (cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET && tot > p->capacity) {
+        plan_bytes((double)p->cudnn_workspace, c, sizeof c);
+        fprintf(f, "  hint: %s of it is device.attention_kernel=cudnn_det's workspace (cuDNN's deterministic "
+                   "backward keeps a rows x rows x heads matrix); ringscan (ours, deterministic) or cudnn does not\n",
+                c);
+    }
     return RS_EXIT_FAIL;
 }
 

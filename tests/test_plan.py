@@ -239,9 +239,12 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     det = r256(4 * n * nh) * 2 + r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd)
     full = det + r256(4 * n * nh * hd)  # cudnn: cuDNN's fp32 dq accumulator too
     base = plan_json(ringscan, cfg)
-    # auto counts cudnn_det's: what it runs where cuDNN loads (plan cannot know the job's machine)
-    for kernel, want in (("cudnn", full), ("cudnn_det", det), ("auto", det)):
-        d = plan_json(ringscan, cfg, f"device.attention_kernel={kernel}")
+    # cudnn_det also counts cuDNN's own plan workspace, a rows x rows x heads bf16 matrix (cdg_det_plan_bytes);
+    # auto counts cudnn's: what it runs where cuDNN loads (plan cannot know the job's machine)
+    det += n * n * nh * 2
+    for kernel, want in (("cudnn", full), ("cudnn_det", det), ("auto", full)):
+        # cudnn_det's 2 TiB does not fit: plan says so (rc 1)
+        d = plan_json(ringscan, cfg, f"device.attention_kernel={kernel}", rc=int(kernel == "cudnn_det"))
         for pol in ("none", "full", "remat"):
             m, b = d["memory"][pol], base["memory"][pol]
             assert m["cudnn_workspace"] == want, (kernel, pol, m["cudnn_workspace"], want)
@@ -257,6 +260,9 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     assert r.returncode == 0, r.stderr
     assert "cuDNN attention workspace" in r.stdout
     assert "one ring call of 262144 rows" in r.stdout
+    r = run([ringscan, "plan", cfg, "--set", "device.attention_kernel=cudnn_det"])
+    assert r.returncode == 1 and "verdict: DOES NOT FIT" in r.stdout, (r.returncode, r.stdout[-600:])
+    assert "of it is device.attention_kernel=cudnn_det's workspace" in r.stdout, r.stdout[-600:]
     # auto is valid on the cpu backend (ours there; nothing counted), cudnn is not
     cpu = plan_json(ringscan, "configs/tiny-cpu.yaml", "device.attention_kernel=auto")
     assert cpu["memory"]["remat"]["cudnn_workspace"] == 0

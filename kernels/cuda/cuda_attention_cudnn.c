@@ -305,7 +305,12 @@ static void cd_build(CdPlan *p) {
     cd_set(graph, CDA_ATTR_OPERATIONGRAPH_OPS, CDA_TYPE_BACKEND_DESCRIPTOR, g.nop, ops, "operation graph ops");
     CD(cd.BackendFinalize(graph), "operation graph (cuDNN found no fusion pattern for it)");
 
-    int tried = 0, skipped_nondet = 0, last_st = 0;
+    /* a deterministic backward's engines may ask a workspace of Tq Tk nh 2 bytes (lib/attn_cudnn_graph.h
+     * cdg_det_plan_bytes): a plan whose workspace cannot be allocated now is passed over, and if none is left the
+     * message names the smallest one asked against the room there is */
+    const int64_t room = p->key.bwd && p->key.deterministic ? (int64_t)cuda_cudnn_workspace_room() : -1;
+    int64_t smallest_ws = -1;
+    int tried = 0, skipped_nondet = 0, skipped_ws = 0, last_st = 0;
     char last_msg[1024] = "";
     static const int32_t modes[2] = {CDA_HEUR_MODE_A, CDA_HEUR_MODE_FALLBACK};
     for (int m = 0; m < 2 && !p->plan; m++) {
@@ -341,9 +346,16 @@ static void cd_build(CdPlan *p) {
                 cd.BackendDestroyDescriptor(plan);
                 continue;
             }
-            int64_t n = 0;
-            CD(cd.BackendGetAttribute(plan, CDA_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CDA_TYPE_INT64, 1, &n, &p->ws),
+            int64_t n = 0, ws = 0;
+            CD(cd.BackendGetAttribute(plan, CDA_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CDA_TYPE_INT64, 1, &n, &ws),
                "plan workspace size");
+            if (room >= 0 && ws > room) {
+                if (smallest_ws < 0 || ws < smallest_ws) smallest_ws = ws;
+                skipped_ws++;
+                cd.BackendDestroyDescriptor(plan);
+                continue;
+            }
+            p->ws = ws;
             RS_CHECK(p->ndesc < CD_MAX_DESCS, "cuDNN plan: too many descriptors");
             p->descs[p->ndesc++] = plan;
             p->plan = plan;
@@ -353,6 +365,14 @@ static void cd_build(CdPlan *p) {
                    nondet < 0 ? "unknown" : nondet ? "yes" : "no");
         }
     }
+    if (!p->plan && skipped_ws)
+        RS_FATAL("cuDNN's deterministic attention backward (device.attention_kernel = cudnn_det) does not fit this GPU: "
+                 "its %d finalized engine configuration(s) ask a workspace of at least %.0f MiB, %.0f MiB could be "
+                 "allocated (cuDNN keeps a rows x rows x heads matrix: %lld x %lld x %d here)\n  graph: %s\n  use "
+                 "device.attention_kernel: ringscan (ours, deterministic) or cudnn (cuDNN's faster, nondeterministic "
+                 "backward); `ringscan plan` counts cudnn_det's workspace",
+                 skipped_ws, smallest_ws / 1048576.0, room / 1048576.0, (long long)p->key.Tq, (long long)p->key.Tk,
+                 p->key.nh, cd_ctx);
     if (!p->plan)
         RS_FATAL("cuDNN: no engine configuration of the attention graph finalized (%d tried, %d skipped as "
                  "nondeterministic)\n  graph: %s\n  last status: %s%s%s",

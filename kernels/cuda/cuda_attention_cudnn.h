@@ -99,6 +99,8 @@ void cuda_cudnn_hint_check(const AttnHint *hint, const int32_t *pos_q, const int
 /* the route's workspace (see the header), at least `bytes`: grown through cuda_internal_alloc, never shrunk;
  * the old one freed after a stream synchronisation (on growth only: the first calls of a shape) */
 void *cuda_cudnn_workspace(size_t bytes);
+/* the most the workspace could grow to now: the device's free bytes plus the workspace's own (freed on growth) */
+size_t cuda_cudnn_workspace_room(void);
 void cuda_cudnn_stats_to_lse(float *lse /* (Tq,nh) */, const float *stats /* (nh,Tq) */, int64_t Tq, int nh);
 void cuda_cudnn_lse_to_stats(float *stats /* (nh,Tq) */, const float *lse /* (Tq,nh) */, int64_t Tq, int nh);
 /* dst[r, 0:cols] += src[r, 0:cols] (fp32 += bf16), row strides ld_dst, ld_src */

@@ -91,6 +91,12 @@ extern "C" void *cuda_cudnn_workspace(size_t bytes) {
     return cudnn_ws;
 }
 
+extern "C" size_t cuda_cudnn_workspace_room(void) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b + cudnn_ws_bytes;
+}
+
 static __global__ void cudnn_transpose_kernel(float *dst, const float *src, int64_t Tq, int nh, int to_lse) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= Tq * nh) return;

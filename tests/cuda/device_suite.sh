@@ -29,17 +29,19 @@
 #              (parity against the cpu oracle, the route, a ring's pieces, determinism), then ringscan bench attn
 #              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
 #              then ours alone on the same shapes (attn-cudnn-ours.json); and device.attention_kernel auto
-#              trains 2 steps with cuDNN (cudnn_det) and, given a wrong cudnn_library, with ours, saying which;
+#              trains 2 steps with cuDNN (cudnn) and, given a wrong cudnn_library, with ours, saying which;
 #              on a two-GPU machine also dp 2 with the wrong library on rank 1 only: ours on both ranks, said
-#   attn-cudnn-det  what determinism costs (issue 19's default: cudnn_det unless it costs > 10%): bench attn at 32k
-#              and 128k, 16/16/128 and 16/2/128, with cuDNN's backward (cudnn), its deterministic one (cudnn_det)
-#              and ours, alternated twice; a table of f+b ms and cudnn_det / cudnn. ~3 min
+#   attn-cudnn-det  what determinism costs: bench attn at 8k and 16k (cudnn_det's workspace, Tq Tk nh 2 bytes,
+#              fits there only), 16/16/128 and 16/2/128, with cuDNN's backward (cudnn), its deterministic one
+#              (cudnn_det) and ours, alternated twice; a table of f+b ms and cudnn_det / cudnn; then cudnn_det at
+#              128k must stop naming its workspace. ~2 min
 #   attn-cudnn-wide  the cuDNN route where attn-cudnn did not look: bench attn --attn-impl cudnn at hd 256
 #              (16/16/256, 16/2/256) and at hd 128 with documents (--doc-len 2048: document-masked calls go
 #              to our kernel by design, the routed counts say so), 32k and 128k, SDPA flash and cuDNN beside
 #              (per document with documents). ~5 min
 #   step-cudnn the 1B step (bench step, 32k tokens, ours only) under none and under remat, each with our
-#              attention kernel and with device.attention_kernel=cudnn and cudnn_det, side by side. ~5 min
+#              attention kernel and with device.attention_kernel=cudnn, side by side (cudnn_det's workspace
+#              does not fit at 32k beside the step). ~4 min
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside); fails unless
 #              our row's block_recomputes and chunk_recomputes are 0 (none reruns nothing)
 #   remat      ringscan bench step, remat (ours only)
@@ -72,7 +74,8 @@
 #              oracle, the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
 #   cp4-step   (4 GPUs) ringscan train: the 1M config at cp 4 (CP4_CONFIG, default the h200x4 one, the h100x4
 #              one on H100s; CP_STEPS 4),
-#              and at 256k dp 1 x cp 4 (grad_accum 2) beside dp 2 x cp 2 overlapped and serial
+#              and at 256k dp 1 x cp 4 (grad_accum 2) beside dp 2 x cp 2 overlapped and serial (cp4-1m: the 1M
+#              run alone)
 #              (cp-parity on 4 GPUs adds dp 2 x cp 2 and cp 4 against the cpu oracle and their curves)
 #   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
@@ -310,14 +313,14 @@ suite_attn_cudnn() {
     echo "attn-cudnn parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/attn-cudnn-parity.log")" \
         "failed=$(grep -c FAIL "$L/attn-cudnn-parity.log")"
     grep -E "FAIL|error|cuDNN|SKIP|calls on|bitwise|DIFFER" "$L/attn-cudnn-parity.log" | head -40
-    # device.attention_kernel auto: cudnn_det here (cuDNN loads), ours where it cannot load (a wrong path), said
+    # device.attention_kernel auto: cudnn here (cuDNN loads), ours where it cannot load (a wrong path), said
     local w=/tmp/device_suite_auto lib
     rm -rf $w && mkdir -p $w && build/ringscan data synth $w/d.tok --seed 1 > /dev/null || rc=1
     for lib in "" /nonexistent/libcudnn.so.9; do
         timeout "$(left)" build/ringscan train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.cp=1 \
             --set device.attention_kernel=auto ${lib:+--set device.cudnn_library=$lib} --set train.steps=2 \
             --set data.path=$w/d.tok --set run.out_dir=$w/run${lib:+-nolib} > "$L/attn-auto${lib:+-nolib}.log" 2>&1 || rc=1
-        local want="cudnn_det, cuDNN loaded"
+        local want="cudnn, cuDNN loaded"
         [ -n "$lib" ] && want="attention: ours, not cuDNN's"
         if grep -q "$want" "$L/attn-auto${lib:+-nolib}.log" && grep -q "^step *2/2" "$L/attn-auto${lib:+-nolib}.log"; then
             echo "auto${lib:+ with cudnn_library $lib}: '$want', 2 steps: ok"
@@ -366,11 +369,21 @@ suite_attn_cudnn_det() {
     local rc=0 k i
     for i in 1 2; do
         for k in cudnn cudnn_det ringscan; do
-            suite_bench "attn-det-$k-$i" attn --T 32768,131072 --attn-shapes 16/16/128,16/2/128 --attn-impl $k \
+            suite_bench "attn-det-$k-$i" attn --T 8192,16384 --attn-shapes 16/16/128,16/2/128 --attn-impl $k \
                 > /dev/null || rc=1
         done
     done
     grep -hE "cuDNN attention plan: backward" "$L"/attn-det-cudnn*-1.log | sort -u | head -8
+    # at 128k cudnn_det's workspace (Tq Tk nh 2 bytes: 512 GiB) cannot be allocated: the run stops saying so
+    if suite_bench "attn-cudnn-det-refused" attn --T 131072 --attn-shapes 16/16/128 --attn-impl cudnn_det > /dev/null; then
+        echo "attn-cudnn-det: FAIL: cudnn_det ran at 128k (its workspace was expected not to fit)"; rc=1
+    elif grep -q "does not fit this GPU" "$L/attn-cudnn-det-refused.log"; then
+        echo "attn-cudnn-det: 128k refused: $(grep -m1 -o 'ask a workspace of at least [0-9]* MiB, [0-9]* MiB could' \
+            "$L/attn-cudnn-det-refused.log")"
+    else
+        echo "attn-cudnn-det: FAIL: cudnn_det at 128k failed without naming its workspace"; rc=1
+        tail -3 "$L/attn-cudnn-det-refused.log"
+    fi
     python3 - "$W" <<'PYEOF' || rc=1
 import json, sys, glob, os
 rows = {}
@@ -390,11 +403,11 @@ PYEOF
     return $rc
 }
 
-# the 1B step with our attention kernel and with the cuDNN route (both backwards), under none and remat
+# the 1B step with our attention kernel and with the cuDNN route, under none and remat
 suite_step_cudnn() {
     local rc=0 pol k
     for pol in none remat; do
-        for k in ringscan cudnn cudnn_det; do
+        for k in ringscan cudnn; do
             suite_bench "step-$pol-$k" step --profile 1 --set checkpoint.activations=$pol \
                 --set device.attention_kernel=$k || rc=1
         done
@@ -458,12 +471,16 @@ suite_cp_step() {
 
 # four GPUs (issue 21): the 1M config at cp 4, and dp 2 x cp 2 with communication overlapped and serial (the
 # gradient buckets' overlap) beside dp 1 x cp 4 at 256k
-suite_cp4_step() {
-    local rc=0 c256=configs/hybrid-1b-256k-h200x4.yaml n=${CP_STEPS:-4} s=(--set data.seq_len=262144)
+suite_cp4_1m() {
     local c1m=configs/hybrid-1b-1m-h200x4.yaml
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && c1m=configs/hybrid-1b-1m-h100x4.yaml
-    suite_train cp4-1m 4 $n "${CP4_CONFIG:-$c1m}" --set train.grad_accum=1 \
-        --set parallel.cp=4 --set parallel.dp=1 || rc=1
+    suite_train cp4-1m 4 ${CP_STEPS:-4} "${CP4_CONFIG:-$c1m}" --set train.grad_accum=1 \
+        --set parallel.cp=4 --set parallel.dp=1
+}
+
+suite_cp4_step() {
+    local rc=0 c256=configs/hybrid-1b-256k-h200x4.yaml n=${CP_STEPS:-4} s=(--set data.seq_len=262144)
+    suite_cp4_1m || rc=1
     suite_train cp4-256k 4 $n $c256 "${s[@]}" --set parallel.cp=4 --set parallel.dp=1 --set train.grad_accum=2 || rc=1
     suite_train dp2cp2-256k-overlapped 4 $n $c256 "${s[@]}" --set parallel.cp=2 --set parallel.dp=2 \
         --set train.grad_accum=1 || rc=1
@@ -654,12 +671,13 @@ for part in "$@"; do
     cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
     cp4-gdn-nopeer) suite_cp cp4-gdn-nopeer 4 --parts gdn --gdn-T 131072 --heads 64 ;;
     cp4-step) suite_cp4_step ;;
+    cp4-1m) suite_cp4_1m ;;
     hf) suite_hf ;;
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
         echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-ring-calls"
-        echo "  cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
+        echo "  cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step cp4-1m hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
     esac || status=1
