@@ -44,6 +44,7 @@
 #ifdef RS_WITH_CUDA
 #include "cuda_backend.h"
 #include "cuda_bench.h"
+#include "cuda_attention_tune.h"
 #include "cuda_gdn_tune.h"
 #include "cuda_profile.h"
 #endif
@@ -53,6 +54,9 @@ const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
 const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {"split", "nst",  "bv",  "dseg", "dual",
                                                             "sfwd",  "sbwd", "dwg", "sfbv", "piece"};
 static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64, 1 << 24};
+/* the fields of CudaAttnTune (kernels/cuda/cuda_attention_tune.h), in its order; each 0 or 1 */
+const char *const bench_attn_tune_names[BENCH_ATTN_TUNE_N] = {"dq_atomic", "throttle"};
+static const int bench_attn_tune_max[BENCH_ATTN_TUNE_N] = {1, 1};
 
 static const char bench_usage[] =
     "usage: ringscan bench attn|gdn|step|all [options]\n"
@@ -101,6 +105,10 @@ static const char bench_usage[] =
     "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv; the\n"
     "                      same bits either way) or piece (rows per piece of a call, backend.h GDN_PIECE_ROWS),\n"
     "                      e.g. sfwd=1,sbwd=1 (default: every choice built in)\n"
+    "  --attn-tune LIST    attn, cp (cuda): our attention backward's measurement choices instead of the built-in\n"
+    "                      ones, KEY=0|1 items of kernels/cuda/cuda_attention_tune.h: dq_atomic (dQ added by plain\n"
+    "                      atomics, not in key-block order: not reproducible), throttle (hd 256's throttled\n"
+    "                      instance at every size) (default: the built-in choices, what training runs)\n"
     "  --profile N         1: step: the GPU and host ms per step of every Backend entry (after the timed steps);\n"
     "                      gdn: the time of every kernel of each entry; 2: gdn also the state passes' cycles per\n"
     "                      phase (block 0); information only: the timed rows are slower (default 0)\n"
@@ -176,6 +184,32 @@ static int bench_split(const char *opt, const char *s, char items[BENCH_MAX_LIST
         p = c + 1;
     }
     return n;
+}
+
+json_t *bench_attn_tune_json(const BenchOptions *o) {
+    json_t *t = json_object(); /* --attn-tune as set (0: the built-in choice) */
+    for (int f = 0; f < BENCH_ATTN_TUNE_N; f++) json_object_set_new(t, bench_attn_tune_names[f], json_integer(o->attn_tune[f]));
+    return t;
+}
+
+/* --gdn-tune / --attn-tune: KEY=N items of a tune struct's fields (names[n], each in [0, max[f]]) into out[n] */
+static void bench_parse_tune(const char *opt, const char *v, const char *const *names, const int *max, int n,
+                             const char *keys, int *out) {
+    char items[BENCH_MAX_LIST][64];
+    const int m = bench_split(opt, v, items);
+    for (int j = 0; j < m; j++) {
+        char *eq = strchr(items[j], '=');
+        if (!eq) bench_bad(opt, items[j], "expected KEY=N");
+        *eq = 0;
+        int f = 0;
+        while (f < n && strcmp(items[j], names[f])) f++;
+        if (f == n) {
+            char why[160];
+            snprintf(why, sizeof why, "unknown key (%s)", keys);
+            bench_bad(opt, items[j], why);
+        }
+        out[f] = (int)bench_parse_int(opt, eq + 1, 0, max[f]);
+    }
 }
 
 static const char *bench_value(int argc, char **argv, int *i) {
@@ -302,18 +336,11 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             o->gdn_keep = config_enum_index(gdn_keep_names, v);
             if (o->gdn_keep < 0) bench_bad(a, v, "expected none, wy or states");
         } else if (!strcmp(a, "--gdn-tune")) {
-            const char *v = bench_value(argc, argv, &i);
-            int n = bench_split(a, v, items);
-            for (int j = 0; j < n; j++) {
-                char *eq = strchr(items[j], '=');
-                if (!eq) bench_bad(a, items[j], "expected KEY=N");
-                *eq = 0;
-                int f = 0;
-                while (f < BENCH_GDN_TUNE_N && strcmp(items[j], bench_gdn_tune_names[f])) f++;
-                if (f == BENCH_GDN_TUNE_N)
-                    bench_bad(a, items[j], "unknown key (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv, piece)");
-                o->gdn_tune[f] = (int)bench_parse_int(a, eq + 1, 0, bench_gdn_tune_max[f]);
-            }
+            bench_parse_tune(a, bench_value(argc, argv, &i), bench_gdn_tune_names, bench_gdn_tune_max,
+                             BENCH_GDN_TUNE_N, "split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv, piece", o->gdn_tune);
+        } else if (!strcmp(a, "--attn-tune")) {
+            bench_parse_tune(a, bench_value(argc, argv, &i), bench_attn_tune_names, bench_attn_tune_max,
+                             BENCH_ATTN_TUNE_N, "dq_atomic, throttle", o->attn_tune);
         } else if (!strcmp(a, "--profile")) {
             o->profile = (int)bench_parse_int(a, bench_value(argc, argv, &i), 0, 2);
         } else if (!strcmp(a, "--doc-len")) {
@@ -813,6 +840,8 @@ int bench_main(int argc, char **argv) {
     const CudaGdnTune gt = {o.gdn_tune[0], o.gdn_tune[1], o.gdn_tune[2], o.gdn_tune[3], o.gdn_tune[4],
                             o.gdn_tune[5], o.gdn_tune[6], o.gdn_tune[7], o.gdn_tune[8], o.gdn_tune[9]};
     cuda_gdn_tune_set(&gt);
+    const CudaAttnTune at = {o.attn_tune[0], o.attn_tune[1]};
+    cuda_attention_tune_set(&at);
     static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN};
     for (int oi = 0; oi < BENCH_KIND_COUNT; oi++) {
         int k = order[oi];
@@ -843,6 +872,7 @@ int bench_main(int argc, char **argv) {
         else bench_print_kernels(stdout, &o, (BenchKind)k, req[k], ours[k], peer[k], &dev, table);
         json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
         if (peer[k]) json_object_set(part, "peer", peer[k]);
+        if (k == BENCH_ATTN) json_object_set_new(part, "attn_tune", bench_attn_tune_json(&o));
         if (k == BENCH_GDN) {
             json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o.gdn_keep]));
             json_t *tune = json_object(); /* --gdn-tune as set (0: the built-in choice) */

@@ -42,10 +42,12 @@
 #define BENCH_MAX_LIST 16
 #define BENCH_MAX_SETS 64
 #define BENCH_GDN_TUNE_N 10 /* the fields of kernels/cuda/cuda_gdn_tune.h's CudaGdnTune */
+#define BENCH_ATTN_TUNE_N 2 /* the fields of kernels/cuda/cuda_attention_tune.h's CudaAttnTune */
 
 typedef enum { BENCH_ATTN, BENCH_GDN, BENCH_STEP, BENCH_KIND_COUNT } BenchKind;
 extern const char *const bench_kind_names[BENCH_KIND_COUNT];
 extern const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N];
+extern const char *const bench_attn_tune_names[BENCH_ATTN_TUNE_N];
 
 enum { BENCH_CP_ATTN = 1, BENCH_CP_GDN = 2 };
 
@@ -64,6 +66,8 @@ typedef struct {
     int     n_heads;
     int     dim;                            /* gdn: K = V */
     int     gdn_keep;                       /* gdn: GdnKeep, what the forward keeps (checkpoint.gdn_keep) */
+    int     attn_tune[BENCH_ATTN_TUNE_N];   /* attn, cp: --attn-tune, the fields of CudaAttnTune in
+                                               bench_attn_tune_names' order (0: the built-in choice) */
     int     gdn_tune[BENCH_GDN_TUNE_N];     /* gdn: --gdn-tune, the fields of CudaGdnTune in bench_gdn_tune_names'
                                                order (0: the built-in choice) */
     int     profile;                        /* --profile: 0 off; 1 step: every Backend entry timed, gdn: every
@@ -106,6 +110,8 @@ int bench_cp_main(const BenchOptions *o);
 /* ---- shared by bench.c and bench_cp.c ---- */
 /* Prints "ringscan bench: OPT VAL: WHAT" and the hint, exit 2. */
 noreturn void bench_bad(const char *opt, const char *val, const char *what);
+/* {"dq_atomic": 0|1, "throttle": 0|1}: --attn-tune as set (0: the built-in choice) */
+json_t *bench_attn_tune_json(const BenchOptions *o);
 /* {"schema", "kind", "warmup", "reps", "max_s", "seed", "cases": []} */
 json_t *bench_request(const BenchOptions *o, const char *kind);
 /* appends the attention cases (o->T x o->attn) / the GDN cases (o->T x o->heads x o->doc_len) */

@@ -41,6 +41,10 @@ def test_help(ringscan):
     (["bench", "gdn", "--dim", "96"], "--dim 96"),
     (["bench", "gdn", "--doc-len", "1"], "--doc-len 1"),
     (["bench", "gdn", "--gdn-keep", "all"], "--gdn-keep all: expected none, wy or states"),
+    (["bench", "gdn", "--gdn-tune", "sfwd=9"], "--gdn-tune 9: out of range [0, 3]"),
+    (["bench", "attn", "--attn-tune", "dq_atomic=2"], "--attn-tune 2: out of range [0, 1]"),
+    (["bench", "cp", "--attn-tune", "fast=1"], "--attn-tune fast: unknown key (dq_atomic, throttle)"),
+    (["bench", "attn", "--attn-tune", "dq_atomic"], "--attn-tune dq_atomic: expected KEY=N"),
     (["bench", "step", "--tokens", "100"], "--tokens 100"),
     (["bench", "step", "--set", "parallel.cp=2"], "--set parallel.cp=2: bench step fixes this key"),
     (["bench", "step", "--set", "nonsense"], "--set nonsense"),
@@ -172,6 +176,7 @@ def test_cp_on_cpu_rows(ringscan, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     b = json.loads((tmp_path / "bench.json").read_text())
     assert b["P"] == 2 and b["backend"] == "cpu"
+    assert b["attn_tune"] == {"dq_atomic": 0, "throttle": 0}  # --attn-tune: the built-in choices
     attn, gdn = b["cp_attn"], b["cp_gdn"]
     names = [c["name"] for c in attn["request"]["cases"]]
     assert names == ["T1024_nh2_nkv2_hd64", "T1024_nh2_nkv1_hd64"]

@@ -57,6 +57,9 @@
 #   cp2-ring-calls  cp2's ring attention at 128k (MHA, GQA; where v0.6 missed 99%), ours only, with the zigzag
 #              rule's calls one by one (--ring-calls pairs) and one call per step (steps, the default with our
 #              kernel), alternated twice: what one launch per step buys. ~2 min
+#   cp2-ring-dq  the same 128k ring (steps) with our backward's dQ in key-block order (the built-in, deterministic)
+#              and by plain atomics (--attn-tune dq_atomic=1), alternated twice: whether the ordered dQ is what
+#              slows the dense-rectangle step's backward (v0.10: ~158 ms against ~140 for the causal step). ~2 min
 #   cp2-gdn-peer  cp2's GDN layer with FLA's CP beside it, the peer given all but 200 s of the call
 #              (its Triton autotuning, ~300 s per shape cold; TRITON_CACHE_SAVE keeps the cache for the next
 #              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
@@ -662,6 +665,12 @@ for part in "$@"; do
                 suite_cp "cp2-ring-$how-$i" 2 --parts attn --T 131072 --ring-calls $how || status=1
             done
         done ;;
+    cp2-ring-dq)
+        for i in 1 2; do
+            for dq in 0 1; do
+                suite_cp "cp2-ring-dq$dq-$i" 2 --parts attn --T 131072 --attn-tune dq_atomic=$dq || status=1
+            done
+        done ;;
     cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
     cp2-attn-cudnn) suite_cp cp2-attn-cudnn 2 --parts attn --attn-impl cudnn --T 131072,262144,524288 --reps 3 --peer \
@@ -676,7 +685,7 @@ for part in "$@"; do
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
-        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-ring-calls"
+        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-ring-calls cp2-ring-dq"
         echo "  cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step cp4-1m hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
