@@ -42,9 +42,9 @@
 #include "plan.h"
 #include "rng.h"
 #ifdef RS_WITH_CUDA
+#include "cuda_attention_tune.h"
 #include "cuda_backend.h"
 #include "cuda_bench.h"
-#include "cuda_attention_tune.h"
 #include "cuda_gdn_tune.h"
 #include "cuda_profile.h"
 #endif
@@ -188,7 +188,8 @@ static int bench_split(const char *opt, const char *s, char items[BENCH_MAX_LIST
 
 json_t *bench_attn_tune_json(const BenchOptions *o) {
     json_t *t = json_object(); /* --attn-tune as set (0: the built-in choice) */
-    for (int f = 0; f < BENCH_ATTN_TUNE_N; f++) json_object_set_new(t, bench_attn_tune_names[f], json_integer(o->attn_tune[f]));
+    for (int f = 0; f < BENCH_ATTN_TUNE_N; f++)
+        json_object_set_new(t, bench_attn_tune_names[f], json_integer(o->attn_tune[f]));
     return t;
 }
 
