@@ -1,9 +1,9 @@
 /*
  * cuda_attention_tune.h — the measurement choices of the cuda attention backward
- * (kernels/cuda/attention/backward.cu), for tests/cuda/test_cuda_attention.cu and `ringscan bench attn|cp
- * --attn-tune` (bench/bench.c). The Backend
- * entries never set them: every field at 0 is the built-in choice, and nothing reads the
- * environment. Not thread-safe (one compute stream, as the kernels).
+ * (kernels/cuda/attention/backward.cu), for tests/cuda/test_cuda_attention.cu and `ringscan bench
+ * attn|cp --attn-tune` (bench/bench.c). The Backend entries never set them: every field at 0 is the
+ * built-in choice, and nothing reads the environment. Not thread-safe (one compute stream, as the
+ * kernels).
  */
 #ifndef RS_CUDA_ATTENTION_TUNE_H
 #define RS_CUDA_ATTENTION_TUNE_H
