@@ -34,7 +34,7 @@
 #   attn-cudnn-det  what determinism costs: bench attn at 8k and 16k (cudnn_det's workspace, Tq Tk nh 2 bytes,
 #              fits there only), 16/16/128 and 16/2/128, with cuDNN's backward (cudnn), its deterministic one
 #              (cudnn_det) and ours, alternated twice; a table of f+b ms and cudnn_det / cudnn; then cudnn_det at
-#              128k must stop naming its workspace. ~2 min
+#              128k: it stops naming the workspace asked, or runs on an engine whose workspace fits (said). ~2 min
 #   attn-cudnn-wide  the cuDNN route where attn-cudnn did not look: bench attn --attn-impl cudnn at hd 256
 #              (16/16/256, 16/2/256) and at hd 128 with documents (--doc-len 2048: document-masked calls go
 #              to our kernel by design, the routed counts say so), 32k and 128k, SDPA flash and cuDNN beside
@@ -377,9 +377,11 @@ suite_attn_cudnn_det() {
         done
     done
     grep -hE "cuDNN attention plan: backward" "$L"/attn-det-cudnn*-1.log | sort -u | head -8
-    # at 128k cudnn_det's workspace (Tq Tk nh 2 bytes: 512 GiB) cannot be allocated: the run stops saying so
+    # at 128k the deterministic engine v0.10 met asks 512 GiB (Tq Tk nh 2 bytes): passed over, the run stops saying
+    # so, unless cuDNN offers another deterministic engine whose workspace fits (then it runs: its plan line says)
     if suite_bench "attn-cudnn-det-refused" attn --T 131072 --attn-shapes 16/16/128 --attn-impl cudnn_det > /dev/null; then
-        echo "attn-cudnn-det: FAIL: cudnn_det ran at 128k (its workspace was expected not to fit)"; rc=1
+        echo "attn-cudnn-det: 128k ran with another deterministic engine:"
+        grep -m2 "cuDNN attention plan: backward" "$L/attn-cudnn-det-refused.log"
     elif grep -q "does not fit this GPU" "$L/attn-cudnn-det-refused.log"; then
         echo "attn-cudnn-det: 128k refused: $(grep -m1 -o 'ask a workspace of at least [0-9]* MiB, [0-9]* MiB could' \
             "$L/attn-cudnn-det-refused.log")"
