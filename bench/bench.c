@@ -186,12 +186,18 @@ static int bench_split(const char *opt, const char *s, char items[BENCH_MAX_LIST
     return n;
 }
 
-json_t *bench_attn_tune_json(const BenchOptions *o) {
-    json_t *t = json_object(); /* --attn-tune as set (0: the built-in choice) */
-    for (int f = 0; f < BENCH_ATTN_TUNE_N; f++)
-        json_object_set_new(t, bench_attn_tune_names[f], json_integer(o->attn_tune[f]));
+json_t *bench_tune_json(const char *const *names, const int *vals, int n) {
+    json_t *t = json_object();
+    for (int f = 0; f < n; f++) json_object_set_new(t, names[f], json_integer(vals[f]));
     return t;
 }
+
+#ifdef RS_WITH_CUDA
+void bench_attn_tune_apply(const BenchOptions *o) {
+    const CudaAttnTune t = {o->attn_tune[0], o->attn_tune[1]}; /* bench_attn_tune_names' order */
+    cuda_attention_tune_set(&t);
+}
+#endif
 
 /* --gdn-tune / --attn-tune: KEY=N items of a tune struct's fields (names[n], each in [0, max[f]]) into out[n] */
 static void bench_parse_tune(const char *opt, const char *v, const char *const *names, const int *max, int n,
@@ -841,8 +847,7 @@ int bench_main(int argc, char **argv) {
     const CudaGdnTune gt = {o.gdn_tune[0], o.gdn_tune[1], o.gdn_tune[2], o.gdn_tune[3], o.gdn_tune[4],
                             o.gdn_tune[5], o.gdn_tune[6], o.gdn_tune[7], o.gdn_tune[8], o.gdn_tune[9]};
     cuda_gdn_tune_set(&gt);
-    const CudaAttnTune at = {o.attn_tune[0], o.attn_tune[1]};
-    cuda_attention_tune_set(&at);
+    bench_attn_tune_apply(&o);
     static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN};
     for (int oi = 0; oi < BENCH_KIND_COUNT; oi++) {
         int k = order[oi];
@@ -873,13 +878,12 @@ int bench_main(int argc, char **argv) {
         else bench_print_kernels(stdout, &o, (BenchKind)k, req[k], ours[k], peer[k], &dev, table);
         json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
         if (peer[k]) json_object_set(part, "peer", peer[k]);
-        if (k == BENCH_ATTN) json_object_set_new(part, "attn_tune", bench_attn_tune_json(&o));
+        if (k == BENCH_ATTN)
+            json_object_set_new(part, "attn_tune",
+                                bench_tune_json(bench_attn_tune_names, o.attn_tune, BENCH_ATTN_TUNE_N));
         if (k == BENCH_GDN) {
             json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o.gdn_keep]));
-            json_t *tune = json_object(); /* --gdn-tune as set (0: the built-in choice) */
-            for (int f = 0; f < BENCH_GDN_TUNE_N; f++)
-                json_object_set_new(tune, bench_gdn_tune_names[f], json_integer(o.gdn_tune[f]));
-            json_object_set_new(part, "gdn_tune", tune);
+            json_object_set_new(part, "gdn_tune", bench_tune_json(bench_gdn_tune_names, o.gdn_tune, BENCH_GDN_TUNE_N));
         }
         json_object_set_new(all, bench_kind_names[k], part);
     }

@@ -110,8 +110,12 @@ int bench_cp_main(const BenchOptions *o);
 /* ---- shared by bench.c and bench_cp.c ---- */
 /* Prints "ringscan bench: OPT VAL: WHAT" and the hint, exit 2. */
 noreturn void bench_bad(const char *opt, const char *val, const char *what);
-/* {"dq_atomic": 0|1, "throttle": 0|1}: --attn-tune as set (0: the built-in choice) */
-json_t *bench_attn_tune_json(const BenchOptions *o);
+/* {names[f]: vals[f]}: --gdn-tune / --attn-tune as set (0: the built-in choice) */
+json_t *bench_tune_json(const char *const *names, const int *vals, int n);
+#ifdef RS_WITH_CUDA
+/* --attn-tune into our attention backward (kernels/cuda/cuda_attention_tune.h) */
+void bench_attn_tune_apply(const BenchOptions *o);
+#endif
 /* {"schema", "kind", "warmup", "reps", "max_s", "seed", "cases": []} */
 json_t *bench_request(const BenchOptions *o, const char *kind);
 /* appends the attention cases (o->T x o->attn) / the GDN cases (o->T x o->heads x o->doc_len) */

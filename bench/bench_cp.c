@@ -86,7 +86,6 @@
 #include "fsio.h"
 #include "rng.h"
 #ifdef RS_WITH_CUDA
-#include "cuda_attention_tune.h"
 #include "cuda_backend.h"
 #include "cuda_bench.h"
 #define BC_MARKS CUDA_BENCH_MARKS
@@ -915,8 +914,7 @@ int bench_cp_main(const BenchOptions *o) {
         comm_cuda_init(&comm); /* GPU <local rank>; from here on the comm_i* operations are NCCL on device buffers */
         /* ours, or --attn-impl cudnn*: the ring's calls routed per call */
         e.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib);
-        const CudaAttnTune at = {o->attn_tune[0], o->attn_tune[1]}; /* --attn-tune: our kernel's backward */
-        cuda_attention_tune_set(&at);
+        bench_attn_tune_apply(o); /* --attn-tune: our kernel's backward */
         e.tm = cuda_bench_timer_create();
     }
 #endif
@@ -946,7 +944,7 @@ int bench_cp_main(const BenchOptions *o) {
                                 build_info_git_sha(), "device", device, "P", P);
         json_object_set_new(all, "backend", json_string(o->cp_cpu ? "cpu" : "cuda"));
         json_object_set_new(all, "attn_impl", json_string(attn_kernel_names[o->attn_impl]));
-        json_object_set_new(all, "attn_tune", bench_attn_tune_json(o));
+        json_object_set_new(all, "attn_tune", bench_tune_json(bench_attn_tune_names, o->attn_tune, BENCH_ATTN_TUNE_N));
         for (int k = 0; k < 2; k++) {
             if (!(o->cp_parts & parts[k])) continue;
             json_t *table = json_array();
