@@ -238,7 +238,8 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     n, nh, nkv, hd = 262_144, 16, 2, 128
     det = r256(4 * n * nh) * 2 + r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd)
     full = det + r256(4 * n * nh * hd)  # cudnn: cuDNN's fp32 dq accumulator too
-    base = plan_json(ringscan, cfg)
+    base = plan_json(ringscan, cfg, "device.attention_kernel=ringscan")
+    default = plan_json(ringscan, cfg)  # auto, the default: cuDNN's workspace counted
     # cudnn_det also counts cuDNN's own plan workspace, a rows x rows x heads bf16 matrix (cdg_det_plan_bytes);
     # auto counts cudnn's: what it runs where cuDNN loads (plan cannot know the job's machine)
     det += n * n * nh * 2
@@ -251,6 +252,8 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
             assert b["cudnn_workspace"] == 0
             assert m["workspaces"] - b["workspaces"] == want
             assert m["total"] - b["total"] == want
+            if kernel == "auto":
+                assert default["memory"][pol] == m, pol
     one = plan_json(ringscan, cfg, "device.attention_kernel=cudnn", "parallel.cp=1", "data.seq_len=65536",
                     "slurm.gpus_per_node=1")  # cp 1: the call is the whole sample
     n = 65_536

@@ -2,8 +2,8 @@
  * cuda_attention_cudnn.h — the block attention entries (lib/backend.h:
  * attention_forward, attention_backward) through cuDNN's fused attention,
  * chosen per call, for device.attention_kernel: cudnn | cudnn_det (issue 19,
- * route 2). Off by default: with device.attention_kernel: ringscan (the
- * default) nothing here runs and cuDNN is never loaded.
+ * route 2), and for auto (the default) where cuDNN loads. With
+ * device.attention_kernel: ringscan nothing here runs and cuDNN is never loaded.
  *
  * cuDNN is loaded at run time (dlopen), never linked: cuda_attention_cudnn_load
  * tries the configured path (device.cudnn_library, `bench attn --cudnn-lib`)

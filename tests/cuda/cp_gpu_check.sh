@@ -19,8 +19,9 @@
 #      against one GPU, dp 2 against one GPU with train.grad_accum 2, the same global batch), the
 #      cp 2 run's work counters (remat: one attention forward, one forward ring pass, one scan
 #      all-gather per layer and micro-batch), and resume under cp 2: stopped at half the steps,
-#      resumed, its losses compared with the uninterrupted cp 2 run's (bitwise, or the largest
-#      difference printed);
+#      resumed, its losses compared with the uninterrupted cp 2 run's: with attention_kernel ringscan
+#      (ours, deterministic) bitwise, with the default (auto: cuDNN's backward where it loads) within
+#      1e-3, the largest difference printed;
 #   5. bad GPU layouts on the real GPUs: one rank more than the machine has GPUs, two ranks on one GPU
 #      (CUDA_VISIBLE_DEVICES=0), an NCCL initialisation that cannot succeed (no such socket interface,
 #      P2P and SHM off): each must exit non-zero with a message naming the problem and write no run
@@ -96,9 +97,18 @@ train train_1gpu -- --set parallel.dp=1 --set parallel.cp=1
 train train_1gpu_ga2 -- --set parallel.dp=1 --set parallel.cp=1 --set train.grad_accum=2
 train train_cp2 "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2
 train train_dp2 "${MPI2[@]}" -- --set parallel.dp=2 --set parallel.cp=1
-train train_cp2_cut "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2 --set run.stop_after_step=$((TRAIN_STEPS / 2))
-timeout 300 "${MPI2[@]}" "$B/ringscan" resume "$O/train_cp2_cut" > "$O/train_cp2_resume.log" 2>&1 ||
-    { echo "resume under cp 2 FAILED:"; tail -5 "$O/train_cp2_resume.log"; rc=1; }
+# resume under cp 2 with ours (deterministic: must be bitwise) and with the default kernel (auto: cuDNN's
+# backward where it loads, which adds into dQ in any order: equal to rounding)
+DET=(--set device.attention_kernel=ringscan)
+train train_cp2_det "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2 "${DET[@]}"
+for cut in train_cp2_cut_det train_cp2_cut; do
+    kern=(); [ $cut = train_cp2_cut_det ] && kern=("${DET[@]}")
+    train $cut "${MPI2[@]}" -- --set parallel.dp=1 --set parallel.cp=2 --set run.stop_after_step=$((TRAIN_STEPS / 2)) \
+        "${kern[@]}"
+    timeout 300 "${MPI2[@]}" "$B/ringscan" resume "$O/$cut" > "$O/${cut}_resume.log" 2>&1 ||
+        { echo "resume of $cut FAILED:"; tail -5 "$O/${cut}_resume.log"; rc=1; }
+    grep -m1 "^attention" "$O/${cut}_resume.log"
+done
 curve train_1gpu train_cp2
 curve train_1gpu_ga2 train_dp2  # dp 2 takes two samples a step: one GPU with two micro-batches
 echo "-- counters of the cp 2 run (remat: one of each per layer and micro-batch) and resume under cp 2"
@@ -113,13 +123,19 @@ gdn = [i for i, n in enumerate(c["scan_allgathers_fwd"]) if n]
 ok &= bool(full) and bool(gdn) and all(c["scan_allgathers_fwd"][i] == 1 and c["scan_allgathers_bwd"][i] == 1 for i in gdn)
 print("counters", json.dumps({k: c[k] for k in ("attn_forwards", "ring_passes_fwd", "scan_allgathers_fwd",
       "halo_exchanges", "block_recomputes")}), "ok" if ok else "FAIL")
-straight = {r["step"]: r["loss"] for r in rows}
-resumed = {r["step"]: r["loss"] for r in (json.loads(l) for l in open(f"{o}/train_cp2_cut/metrics.jsonl"))}
-same = sorted(straight) == sorted(resumed)
-diff = max((abs(straight[s] - resumed[s]) for s in straight if s in resumed), default=float("inf"))
-print(f"resume under cp 2: steps {min(resumed)}..{max(resumed)}, {'bitwise equal' if diff == 0 else f'max |diff| {diff:.3e}'}"
-      f" to the uninterrupted run")
-sys.exit(0 if ok and same and diff <= 1e-3 else 1)
+def resumed(ref, cut, kernel, bound):  # the cut run's losses (before and after its resume) against ref's
+    straight = {r["step"]: r["loss"] for r in (json.loads(l) for l in open(f"{o}/{ref}/metrics.jsonl"))}
+    got = {r["step"]: r["loss"] for r in (json.loads(l) for l in open(f"{o}/{cut}/metrics.jsonl"))}
+    same = sorted(straight) == sorted(got)
+    diff = max((abs(straight[s] - got[s]) for s in straight if s in got), default=float("inf"))
+    good = same and diff <= bound
+    print(f"resume under cp 2, {kernel}: steps {min(got)}..{max(got)}, "
+          f"{'bitwise equal' if diff == 0 else f'max |diff| {diff:.3e}'} to the uninterrupted run (bound {bound:g})"
+          f" {'ok' if good else 'FAIL'}")
+    return good
+ok &= resumed("train_cp2_det", "train_cp2_cut_det", "attention_kernel ringscan (deterministic)", 0.0)
+ok &= resumed("train_cp2", "train_cp2_cut", "attention_kernel auto (the default)", 1e-3)
+sys.exit(0 if ok else 1)
 EOF
 echo "== bad GPU layouts: each refused with one message naming rank, host and GPU, exit 2 (NCCL: non-zero), nothing written"
 refused() { # NAME PATTERN [VAR=VALUE...] -- MPIRUN_ARGS... -- TRAIN_ARGS...: must fail, print PATTERN, write no run dir

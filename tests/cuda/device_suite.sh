@@ -28,9 +28,10 @@
 #   attn-cudnn (issue 19) the cuDNN attention route: the cuda_attention_cudnn_* cases with RS_CUDNN_REQUIRED=1
 #              (parity against the cpu oracle, the route, a ring's pieces, determinism), then ringscan bench attn
 #              at 32k and 128k, 16/16/128 and 16/2/128: --attn-impl cudnn with SDPA flash and cuDNN beside (--peer),
-#              then ours alone on the same shapes (attn-cudnn-ours.json); and device.attention_kernel auto
-#              trains 2 steps with cuDNN (cudnn) and, given a wrong cudnn_library, with ours, saying which;
-#              on a two-GPU machine also dp 2 with the wrong library on rank 1 only: ours on both ranks, said
+#              then ours alone on the same shapes (attn-cudnn-ours.json); and attn-auto's checks
+#   attn-auto  device.attention_kernel auto, the default: train (no attention_kernel set) 2 steps with cuDNN
+#              (cudnn) and, given a wrong cudnn_library, with ours, saying which; on a two-GPU machine also
+#              dp 2 with the wrong library on rank 1 only: ours on both ranks, said. ~30 s
 #   attn-cudnn-det  what determinism costs: bench attn at 8k and 16k (cudnn_det's workspace, Tq Tk nh 2 bytes,
 #              fits there only), 16/16/128 and 16/2/128, with cuDNN's backward (cudnn), its deterministic one
 #              (cudnn_det) and ours, alternated twice; a table of f+b ms and cudnn_det / cudnn; then cudnn_det at
@@ -309,19 +310,14 @@ EOF
 }
 
 # the cuDNN attention route (issue 19): parity cases (cuDNN required), then the benchmark beside ours and SDPA
-suite_attn_cudnn() {
+suite_attn_auto() { # device.attention_kernel auto (the default): cudnn where cuDNN loads, ours where not, one for all ranks
     local rc=0
-    RS_CUDNN_REQUIRED=1 timeout "$(left)" build/test_cuda $(build/test_cuda --list | grep -E "^cuda_attention_cudnn_") \
-        > "$L/attn-cudnn-parity.log" 2>&1 || rc=1
-    echo "attn-cudnn parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/attn-cudnn-parity.log")" \
-        "failed=$(grep -c FAIL "$L/attn-cudnn-parity.log")"
-    grep -E "FAIL|error|cuDNN|SKIP|calls on|bitwise|DIFFER" "$L/attn-cudnn-parity.log" | head -40
-    # device.attention_kernel auto: cudnn here (cuDNN loads), ours where it cannot load (a wrong path), said
+    # the default (no attention_kernel set): cudnn here (cuDNN loads), ours where it cannot load (a wrong path), said
     local w=/tmp/device_suite_auto lib
     rm -rf $w && mkdir -p $w && build/ringscan data synth $w/d.tok --seed 1 > /dev/null || rc=1
     for lib in "" /nonexistent/libcudnn.so.9; do
         timeout "$(left)" build/ringscan train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.cp=1 \
-            --set device.attention_kernel=auto ${lib:+--set device.cudnn_library=$lib} --set train.steps=2 \
+            ${lib:+--set device.cudnn_library=$lib} --set train.steps=2 --set train.warmup_steps=1 \
             --set data.path=$w/d.tok --set run.out_dir=$w/run${lib:+-nolib} > "$L/attn-auto${lib:+-nolib}.log" 2>&1 || rc=1
         local want="cudnn, cuDNN loaded"
         [ -n "$lib" ] && want="attention: ours, not cuDNN's"
@@ -335,7 +331,7 @@ suite_attn_cudnn() {
     # two ranks (two GPUs), cuDNN loadable on rank 0 only: auto agrees on ours for both, rank 1 named
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
         local a=(train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.cp=1 --set parallel.dp=2
-            --set slurm.gpus_per_node=2 --set device.attention_kernel=auto --set train.steps=2 --set data.path=$w/d.tok
+            --set slurm.gpus_per_node=2 --set device.attention_kernel=auto --set train.steps=2 --set train.warmup_steps=1 --set data.path=$w/d.tok
             --set run.out_dir=$w/run-ranks)
         timeout "$(left)" mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
             -np 1 build/ringscan "${a[@]}" : -np 1 build/ringscan "${a[@]}" \
@@ -348,6 +344,16 @@ suite_attn_cudnn() {
             grep -E "attention|error" "$L/attn-auto-ranks.log" | head -5
         fi
     fi
+    return $rc
+}
+suite_attn_cudnn() {
+    local rc=0
+    RS_CUDNN_REQUIRED=1 timeout "$(left)" build/test_cuda $(build/test_cuda --list | grep -E "^cuda_attention_cudnn_") \
+        > "$L/attn-cudnn-parity.log" 2>&1 || rc=1
+    echo "attn-cudnn parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/attn-cudnn-parity.log")" \
+        "failed=$(grep -c FAIL "$L/attn-cudnn-parity.log")"
+    grep -E "FAIL|error|cuDNN|SKIP|calls on|bitwise|DIFFER" "$L/attn-cudnn-parity.log" | head -40
+    suite_attn_auto || rc=1
     local shapes="--T 32768,131072 --attn-shapes 16/16/128,16/2/128"
     suite_bench attn-cudnn attn $shapes --attn-impl cudnn --peer --peer-timeout 150 || rc=1
     grep -E "attention kernel|cuDNN attention plan|routed" "$L/attn-cudnn.log" | head -12
@@ -632,6 +638,7 @@ for part in "$@"; do
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     attn-cudnn) suite_attn_cudnn ;;
+    attn-auto) suite_attn_auto ;;
     attn-cudnn-det) suite_attn_cudnn_det ;;
     attn-cudnn-wide) suite_attn_cudnn_wide ;;
     step-cudnn) suite_step_cudnn ;;
