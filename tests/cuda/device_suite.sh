@@ -58,6 +58,8 @@
 #   cp2-ring-calls  cp2's ring attention at 128k (MHA, GQA; where v0.6 missed 99%), ours only, with the zigzag
 #              rule's calls one by one (--ring-calls pairs) and one call per step (steps, the default with our
 #              kernel), alternated twice: what one launch per step buys. ~2 min
+#   cp2-ring-ab  the same 128k ring (MHA, GQA) through cuDNN and through ours, this build against
+#              RING_BASE_BIN (another ringscan: a schedule change's A/B), alternated RING_ROUNDS (2) times. ~3 min
 #   cp2-ring-dq  the same 128k ring (steps) with our backward's dQ in key-block order (the built-in, deterministic)
 #              and by plain atomics (--attn-tune dq_atomic=1), alternated twice: whether the ordered dQ is what
 #              slows the dense-rectangle step's backward (v0.10: ~158 ms against ~140 for the causal step). ~2 min
@@ -272,7 +274,7 @@ suite_cp() {
     shift 2
     timeout "$(left)" mpirun -np "$np" --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED \
         ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} ${TRITON_CACHE_DIR:+-x TRITON_CACHE_DIR -x TRITON_CACHE_AUTOTUNING} \
-        build/ringscan bench cp "$@" --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
+        "${RS_BIN:-build/ringscan}" bench cp "$@" --out "/tmp/device_suite_$name" > "$L/$name.log" 2>&1
     local rc=$?
     echo "$name rc=$rc"
     sed -n '/^case /,/^results/p' "$L/$name.log" | head -80
@@ -680,6 +682,17 @@ for part in "$@"; do
                 suite_cp "cp2-ring-dq$dq-$i" 2 --parts attn --T 131072 --attn-tune dq_atomic=$dq || status=1
             done
         done ;;
+    cp2-ring-ab)  # this build against RING_BASE_BIN, both kernels, alternated
+        [ -x "${RING_BASE_BIN:-}" ] || { echo "cp2-ring-ab: RING_BASE_BIN (a ringscan to compare with) not set"; status=1; }
+        for i in $(seq "${RING_ROUNDS:-2}"); do
+            for k in cudnn ringscan; do
+                for bin in base new; do
+                    [ $bin = base ] && [ ! -x "${RING_BASE_BIN:-}" ] && continue
+                    RS_BIN=$([ $bin = base ] && echo "$RING_BASE_BIN" || echo build/ringscan) \
+                        suite_cp "cp2-ring-$k-$bin-$i" 2 --parts attn --T 131072 --attn-impl $k || status=1
+                done
+            done
+        done ;;
     cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
     cp2-attn-cudnn) suite_cp cp2-attn-cudnn 2 --parts attn --attn-impl cudnn --T 131072,262144,524288 --reps 3 --peer \
@@ -694,7 +707,7 @@ for part in "$@"; do
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
-        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-ring-calls cp2-ring-dq"
+        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-ring-calls cp2-ring-dq cp2-ring-ab"
         echo "  cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step cp4-1m hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
