@@ -64,7 +64,9 @@ static void ck_write_bytes(const char *path, const void *buf, int64_t n) {
     fclose(f);
 }
 
-static char *ck_read_bytes(const char *path, int64_t *n) {
+/* not inlined: inlined, gcc 12 takes the returned buffer for the local `buf` whose address fsio_read_file
+ * got, and warns of a dangling pointer where the caller writes into it */
+__attribute__((noinline)) static char *ck_read_bytes(const char *path, int64_t *n) {
     char *buf = NULL, err[1024];
     if (fsio_read_file(path, (int64_t)1 << 30, &buf, n, NULL, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
