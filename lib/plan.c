@@ -34,8 +34,13 @@
  *                      seq_len / 2cp, or seq_len at cp 1): 8 Tq nh + (4) Tq nh
  *                      hd + 2 Tq nh hd + 4 Tk nkv hd bytes, cuDNN's own plan
  *                      workspace not counted (unknown before its plan).
- *   runtime            cuda: 1 GiB for the CUDA context, NCCL buffers and
- *                      allocator slack; cpu: none counted.
+ *   runtime            cuda: what the device holds beyond the backend's
+ *                      allocations, as measured (device memory in use less
+ *                      the backend's peak, docs/benchmarks.md v0.11): 0.55 GiB
+ *                      for the CUDA context and its modules (0.54 on one GPU),
+ *                      and 1.1 GiB per NCCL communicator of two or more ranks
+ *                      (world, cp, dp: 2.67-2.73 GiB with two of them at cp 2
+ *                      and cp 4; NVLink, NCCL 2.28); cpu: none counted.
  *
  * Host memory per node (checked with checkpoint.offload: host): per rank the
  * offloaded activations (page-locked on cuda), 2 GiB for the process (the CUDA
@@ -124,6 +129,14 @@ static void plan_host(Plan *p, const Config *cfg) {
              host);
 }
 
+/* The cuda runtime's device memory for dp x cp ranks (the header's measured figures): the context, and one
+ * NCCL communicator per group of two or more ranks (comm_nccl.c makes world, cp and dp). */
+static int64_t plan_cuda_runtime(int dp, int cp) {
+    const int64_t context = 550LL << 20, per_comm = 1100LL << 20;
+    int comms = (dp * cp > 1) + (cp > 1) + (dp > 1);
+    return context + comms * per_comm;
+}
+
 void plan_build(Plan *p, const Config *cfg) {
     const ModelConfig *m = &cfg->model;
     memset(p, 0, sizeof *p);
@@ -187,7 +200,7 @@ void plan_build(Plan *p, const Config *cfg) {
         mem[PLAN_MEM_CP_RING] = ring;
         mem[PLAN_MEM_CP_SCAN] = scan;
         mem[PLAN_MEM_WORKSPACE] = p->acts.loss_workspace + (cuda ? (64LL << 20) + attn_ws : 0);
-        mem[PLAN_MEM_RUNTIME] = cuda ? (1LL << 30) : 0;
+        mem[PLAN_MEM_RUNTIME] = cuda ? plan_cuda_runtime(p->dp, p->cp) : 0;
         for (int c = 0; c < PLAN_MEM_COUNT; c++) p->total[pol] += mem[c];
     }
     p->capacity = (int64_t)(cfg->device.memory_gib * GIB);
