@@ -227,6 +227,16 @@ def test_config_header_numbers_are_current(ringscan):
         assert f"{total:.2f} GiB" in text, (name, total)
 
 
+def test_cuda_runtime_by_hand(ringscan):
+    """runtime on cuda: 550 MiB for the context and 1100 MiB per NCCL communicator of two or more ranks (world,
+    cp, dp), the measured figures of lib/plan.c's header; none on cpu."""
+    cfg = "configs/hybrid-1b-256k-h200x4.yaml"
+    for dp, cp, comms in ((1, 1, 0), (1, 2, 2), (2, 1, 2), (1, 4, 2), (2, 2, 3)):
+        d = plan_json(ringscan, cfg, f"parallel.dp={dp}", f"parallel.cp={cp}", f"slurm.gpus_per_node={dp * cp}")
+        assert d["memory"]["remat"]["runtime (context, NCCL)"] == (550 + 1100 * comms) << 20, (dp, cp)
+    assert plan_json(ringscan, "configs/tiny-cpu.yaml")["memory"]["remat"]["runtime (context, NCCL)"] == 0
+
+
 def test_cudnn_attention_workspace_by_hand(ringscan):
     """device.attention_kernel cudnn | cudnn_det adds the cuDNN route's workspace (lib/attn_cudnn_graph.h
     cdg_workspace) of one ring call's backward to workspaces: Tq = Tk = a fragment, seq_len / 2cp."""

@@ -311,10 +311,10 @@ EOF
     return $rc
 }
 
-# the cuDNN attention route (issue 19): parity cases (cuDNN required), then the benchmark beside ours and SDPA
-suite_attn_auto() { # device.attention_kernel auto (the default): cudnn where cuDNN loads, ours where not, one for all ranks
+# device.attention_kernel auto (the default): cudnn where cuDNN loads, ours where not, one kernel for all ranks
+suite_attn_auto() {
     local rc=0
-    # the default (no attention_kernel set): cudnn here (cuDNN loads), ours where it cannot load (a wrong path), said
+    # no attention_kernel set: cudnn here (cuDNN loads), ours where it cannot load (a wrong path), said
     local w=/tmp/device_suite_auto lib
     rm -rf $w && mkdir -p $w && build/ringscan data synth $w/d.tok --seed 1 > /dev/null || rc=1
     for lib in "" /nonexistent/libcudnn.so.9; do
@@ -333,8 +333,8 @@ suite_attn_auto() { # device.attention_kernel auto (the default): cudnn where cu
     # two ranks (two GPUs), cuDNN loadable on rank 0 only: auto agrees on ours for both, rank 1 named
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
         local a=(train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.cp=1 --set parallel.dp=2
-            --set slurm.gpus_per_node=2 --set device.attention_kernel=auto --set train.steps=2 --set train.warmup_steps=1 --set data.path=$w/d.tok
-            --set run.out_dir=$w/run-ranks)
+            --set slurm.gpus_per_node=2 --set device.attention_kernel=auto --set train.steps=2
+            --set train.warmup_steps=1 --set data.path=$w/d.tok --set run.out_dir=$w/run-ranks)
         timeout "$(left)" mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
             -np 1 build/ringscan "${a[@]}" : -np 1 build/ringscan "${a[@]}" \
             --set device.cudnn_library=/nonexistent/libcudnn.so.9 > "$L/attn-auto-ranks.log" 2>&1 || rc=1
@@ -348,6 +348,7 @@ suite_attn_auto() { # device.attention_kernel auto (the default): cudnn where cu
     fi
     return $rc
 }
+# the cuDNN attention route (issue 19): parity cases (cuDNN required), then the benchmark beside ours and SDPA
 suite_attn_cudnn() {
     local rc=0
     RS_CUDNN_REQUIRED=1 timeout "$(left)" build/test_cuda $(build/test_cuda --list | grep -E "^cuda_attention_cudnn_") \
