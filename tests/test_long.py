@@ -22,7 +22,7 @@ on the cpu oracle, one process and cp 2 under mpirun.
    the conv halo rows' ln1 exactly as often as the chunk layout says. The counter counts where the
    work runs, not where it is decided: a none that recomputed anyway was measured to fail it (324
    reruns), one whose backward read another chunk's MLP rows to fail the gradients (1.4 relative).
-4. Plan: at 1M tokens on two 79 GiB GPUs the 1B fits with offload (<= 75 GiB) and not without; host
+4. Plan: at 1M tokens on two 79 GiB GPUs the 1B fits with offload (leaving 2 GiB, PLAN_1M_MAX) and not without; host
    memory per node is counted by hand and a node too small is refused with the numbers; the ring
    forward's and backward's buffers share memory.
 """
@@ -179,6 +179,11 @@ def test_offload_is_bitwise(case, tmp_path, cp, policy):
 
 
 GIB = 2**30
+# The 1M cp 2 plan must leave 2 GiB of the 79 for what plan does not count: on two H200s held to an H100's
+# memory the backend's peak ran 1.66 GiB over plan's terms (docs/benchmarks.md v0.11: 75.74 GiB against
+# 74.08; in use 78.5 of 79.65). It was 75 GiB while plan counted neither cuDNN's workspace (3.28 GiB, the
+# default attention since v0.11) nor the measured CUDA context and NCCL memory (2.69 GiB; 1 GiB before).
+PLAN_1M_MAX = (79 - 2) * GIB
 ONE_M = ["configs/hybrid-1b-1m-h200x4.yaml", "--set", "parallel.cp=2", "--set", "slurm.gpus_per_node=2",
          "--set", "device.memory_gib=79"]
 
@@ -206,7 +211,7 @@ def test_plan_counts_offload_and_host_memory():
     assert abs(o["activations_host"] - host) <= 256 * 64, (o["activations_host"], host)
     assert o["activations_kept_device"] < k["activations_kept_device"] - 24 * GIB
     assert o["host_per_node"] == 2 * (o["activations_host"] + 2 * GIB) + 12 * off["parameters"]["total"]
-    assert rc == 0 and o["fits"] and o["total"] <= 75 * GIB, o["total"] / GIB
+    assert rc == 0 and o["fits"] and o["total"] <= PLAN_1M_MAX, o["total"] / GIB
     assert not k["fits"]  # without offload the same run does not fit 79 GiB
 
 
@@ -230,9 +235,9 @@ def test_ring_forward_and_backward_share_memory():
 
 
 def test_the_1m_two_gpu_config_fits(ringscan):
-    """configs/hybrid-1b-1m-h100x2.yaml: FITS at <= 75 GiB per GPU, host memory within its node."""
+    """configs/hybrid-1b-1m-h100x2.yaml: FITS with PLAN_1M_MAX per GPU, host memory within its node."""
     r = run([RINGSCAN, "plan", "configs/hybrid-1b-1m-h100x2.yaml", "--json"])
     assert r.returncode == 0, r.stdout + r.stderr
     m = json.loads(r.stdout)["memory"]
     assert m["offload"] == "host" and m["remat"]["fits"] and m["remat"]["host_fits"]
-    assert m["remat"]["total"] <= 75 * GIB, m["remat"]["total"] / GIB
+    assert m["remat"]["total"] <= PLAN_1M_MAX, m["remat"]["total"] / GIB
