@@ -201,7 +201,7 @@ void bench_attn_tune_apply(const BenchOptions *o) {
 
 /* --gdn-tune / --attn-tune: KEY=N items of a tune struct's fields (names[n], each in [0, max[f]]) into out[n] */
 static void bench_parse_tune(const char *opt, const char *v, const char *const *names, const int *max, int n,
-                             const char *keys, int *out) {
+                             int *out) {
     char items[BENCH_MAX_LIST][64];
     const int m = bench_split(opt, v, items);
     for (int j = 0; j < m; j++) {
@@ -210,9 +210,12 @@ static void bench_parse_tune(const char *opt, const char *v, const char *const *
         *eq = 0;
         int f = 0;
         while (f < n && strcmp(items[j], names[f])) f++;
-        if (f == n) {
-            char why[160];
-            snprintf(why, sizeof why, "unknown key (%s)", keys);
+        if (f == n) { /* "unknown key (name, name, ...)" */
+            char why[256];
+            size_t w = (size_t)snprintf(why, sizeof why, "unknown key (");
+            for (int k = 0; k < n && w < sizeof why; k++)
+                w += (size_t)snprintf(why + w, sizeof why - w, "%s%s", k ? ", " : "", names[k]);
+            if (w < sizeof why) snprintf(why + w, sizeof why - w, ")");
             bench_bad(opt, items[j], why);
         }
         out[f] = (int)bench_parse_int(opt, eq + 1, 0, max[f]);
@@ -344,10 +347,10 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             if (o->gdn_keep < 0) bench_bad(a, v, "expected none, wy or states");
         } else if (!strcmp(a, "--gdn-tune")) {
             bench_parse_tune(a, bench_value(argc, argv, &i), bench_gdn_tune_names, bench_gdn_tune_max,
-                             BENCH_GDN_TUNE_N, "split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv, piece", o->gdn_tune);
+                             BENCH_GDN_TUNE_N, o->gdn_tune);
         } else if (!strcmp(a, "--attn-tune")) {
             bench_parse_tune(a, bench_value(argc, argv, &i), bench_attn_tune_names, bench_attn_tune_max,
-                             BENCH_ATTN_TUNE_N, "dq_atomic, throttle", o->attn_tune);
+                             BENCH_ATTN_TUNE_N, o->attn_tune);
         } else if (!strcmp(a, "--profile")) {
             o->profile = (int)bench_parse_int(a, bench_value(argc, argv, &i), 0, 2);
         } else if (!strcmp(a, "--doc-len")) {
