@@ -22,9 +22,9 @@ on the cpu oracle, one process and cp 2 under mpirun.
    the conv halo rows' ln1 exactly as often as the chunk layout says. The counter counts where the
    work runs, not where it is decided: a none that recomputed anyway was measured to fail it (324
    reruns), one whose backward read another chunk's MLP rows to fail the gradients (1.4 relative).
-4. Plan: at 1M tokens on two 79 GiB GPUs the 1B fits with offload (leaving 2 GiB, PLAN_1M_MAX) and not without; host
-   memory per node is counted by hand and a node too small is refused with the numbers; the ring
-   forward's and backward's buffers share memory.
+4. Plan: at 1M tokens on two 79 GiB GPUs the 1B fits with offload (leaving 2 GiB: PLAN_1M_MAX) and
+   not without; host memory per node is counted by hand and a node too small is refused with the
+   numbers; the ring forward's and backward's buffers share memory.
 """
 import json
 import sys
