@@ -49,8 +49,19 @@
 /* gdn_chunk_forward's kept_flags: GDN_KEPT_STATES keeps the chunk states too (checkpoint.gdn_keep: states;
  * the backward, gdn_kept_bytes and gdn_chunk_prep take it as their kept_states); GDN_KEPT_PREP_IN says kept
  * already holds this call's prep (gdn_chunk_prep on the same k, v, g, beta, doc_pos, sizes and kept_states),
- * which the forward then reads instead of computing it: the same bits. PREP_IN without kept is refused. */
-enum { GDN_KEPT_STATES = 1, GDN_KEPT_PREP_IN = 2 };
+ * which the forward then reads instead of computing it: the same bits. PREP_IN without kept is refused.
+ * The forward in two calls (lib/cp_gdn.c's staged chain: the state leaves a rank after the state pass, the
+ * outputs come after): o = NULL with GDN_KEPT_STATES runs the state pass alone (kept = its prep and chunk
+ * states, S_final); then GDN_KEPT_STATES | GDN_KEPT_STATES_IN on the same inputs and S0, S_final NULL, writes
+ * only o from what kept holds. The two give the bits of one call. o = NULL without GDN_KEPT_STATES or kept,
+ * STATES_IN without them, with o NULL or with S_final, is refused. */
+enum { GDN_KEPT_STATES = 1, GDN_KEPT_PREP_IN = 2, GDN_KEPT_STATES_IN = 4 };
+
+/* gdn_chunk_backward_stage's stages (the backward in three calls on the same arguments, in this order: the
+ * bits of one gdn_chunk_backward). DOUT: what needs dout alone (cuda the intra-chunk dv, cpu nothing), so a
+ * rank waiting for a state gradient has work; STATE: the state-gradient pass from dS_final, dS0 (when not
+ * NULL) and the per-chunk state gradients into dkept; GRADS: dq, dk, dv, dg, dbeta from dkept. */
+enum { GDN_BWD_DOUT = 1, GDN_BWD_STATE = 2, GDN_BWD_GRADS = 3 };
 
 /* What a backend's memory holds (Backend.memory_stats), in bytes. cuda: the device; cpu: nothing is
  * tracked, every field 0. */
@@ -175,14 +186,14 @@ typedef struct Backend {
      * token with doc_pos == 0; so S0 only reaches tokens before the first document start. Chunks
      * restart at each document start (each document is chunked from its own first token). The state
      * after the last token goes to S_final (skipped when NULL). */
-    void (*gdn_chunk_forward)(void *o /* (T,ldo) nv heads of dim_v */, float *S_final /* (nv,dim_k,dim_v) or NULL */,
+    void (*gdn_chunk_forward)(void *o /* (T,ldo) nv heads of dim_v; NULL: the state pass alone */, float *S_final /* (nv,dim_k,dim_v) or NULL */,
                               const void *q /* (T,ldq) nk heads of dim_k */, const void *k /* (T,ldq) */,
                               const void *v /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                               const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                               const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
                               int ldo, void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_flags & GDN_KEPT_STATES)
                                                      written, or NULL */,
-                              int kept_flags /* GDN_KEPT_STATES | GDN_KEPT_PREP_IN, or 0 */);
+                              int kept_flags /* GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN, or 0 */);
     /* dq, dk, dv, dg, dbeta =; dS0 = (skipped when NULL); dS_final is the gradient arriving at the
      * final state (NULL = 0). Its WY factors (or part of them), and with kept_states its chunk states,
      * come from kept when not NULL (what gdn_chunk_forward wrote for the same k, v, g, beta, S0,
@@ -194,6 +205,20 @@ typedef struct Backend {
                                const void *k, const void *v, const float *g, const float *beta, const float *S0,
                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
                                int ldo, const void *kept /* the forward's, or NULL */, int kept_states);
+    /* gdn_chunk_backward in stages (GDN_BWD_*; each call with the same arguments as the whole backward's, kept
+     * the forward's with kept_states 1): the state pass apart from the gradients, so that lib/cp_gdn.c's chain
+     * hands the state gradient on after a state pass rather than a whole backward. dkept (gdn_dkept_bytes)
+     * carries the stages' results from one call to the next (opaque; cuda the intra-chunk dv, the chunk state
+     * gradients and dv2; cpu dS_final). DOUT and STATE write nothing else; GRADS only the gradients. */
+    void (*gdn_chunk_backward_stage)(int stage, void *dkept /* gdn_dkept_bytes(T, nv, dim_k, dim_v) */,
+                                     void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
+                                     float *dg /* (T,nv) */, float *dbeta /* (T,nv) */, float *dS0 /* or NULL */,
+                                     const void *dout /* (T,ldo) */, const float *dS_final /* or NULL */,
+                                     const void *q, const void *k, const void *v, const float *g,
+                                     const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk,
+                                     int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo,
+                                     const void *kept /* the forward's, kept_states 1 */);
+    size_t (*gdn_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
     /* bytes of what one gdn_chunk_forward call keeps for its backward (opaque, the backend's own format:
      * cuda W, U and the gate cumsum, so the backward skips its prep, and with states (checkpoint.gdn_keep: states)
      * also the chunk states h and vn, so it skips their recompute; cpu Tinv = (I + A)^-1 either way) */

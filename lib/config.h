@@ -113,6 +113,7 @@ typedef struct {
 typedef struct {
     int64_t dp; /* data-parallel replicas */
     int64_t cp; /* context-parallel ranks per replica */
+    bool    gdn_chain_staged; /* cp 2: the GDN chain's state passes apart from the outputs / gradients (cp_gdn.c) */
     bool    overlap_comm; /* false: every non-blocking transfer is waited at once (Comm.serial) */
     double  comm_timeout_s; /* a wait for other ranks longer than this ends the run (comm_watchdog.c); 0: off */
 } ParallelConfig;

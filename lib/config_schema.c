@@ -135,6 +135,13 @@ const ConfigKey config_schema[] = {
     /* ---- parallel ---- */
     INT(parallel.dp, "1", 1, 1 << 20, "ranks", "comm", "data-parallel replicas"),
     INT(parallel.cp, "1", 1, 1 << 16, "ranks", "cp", "context-parallel ranks per replica (zigzag layout)"),
+    BOOL(parallel.gdn_chain_staged, "true", "cp",
+         "cp 2 only, with checkpoint.gdn_keep: states: the GDN layers' chain between the two ranks hands each state "
+         "on after a state pass, not after a fragment's whole forward or backward (the outputs and the gradients "
+         "come after, from what the passes kept); its backward keeps the chunk state gradients of the rank's two "
+         "fragments per sample between the passes (cuda T nv dv (2 dk / 64 + 4) bytes per local token, plan "
+         "counts them: cp gdn_dkept); false, or another gdn_keep: each fragment's pass runs whole, with one state "
+         "pass more per rank each way (docs/benchmarks.md v0.12)"),
     BOOL(parallel.overlap_comm, "true", "comm",
          "run communication beside compute; false: wait for each transfer at once (measurement, debugging)"),
     FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",

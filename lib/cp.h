@@ -136,6 +136,9 @@ typedef struct Cp {
     float *scan_recv;    /* (P, samples, nlocal, nv, dk, dk + dv); P = 2: what the chain's two hand-offs bring */
     float *fold[2];      /* (nv, dk, dv) fp32 ping-pong of the fold */
     float *dstate;       /* (samples, nlocal, nv, dk, dv) fp32 the gradients arriving at the fragments' ends */
+    void  *gdn_dkept;    /* (samples x nlocal) x gdn_dkept_one bytes: the staged chain's backward stages (P = 2,
+                          * parallel.gdn_chain_staged, checkpoint.gdn_keep states; else NULL: the chain runs whole) */
+    size_t gdn_dkept_one; /* backend.h gdn_dkept_bytes of one fragment */
     void  *halo_send;    /* (samples, nlocal, Kc-1, Cc) pre-conv tails, or their gradients */
     void  *halo_recv;    /* (P, samples, nlocal, Kc-1, Cc) */
     void  *arena;

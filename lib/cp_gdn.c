@@ -128,19 +128,20 @@ static void *cp_gdn_kept(const CpGdnCore *c, int64_t i) {
 }
 
 /* Local fragment i (= s x nlocal + f) of the core: o's rows =, from S0 (NULL: 0); S_final = its exit
- * state when not NULL. Keeps what c->kept says; prep_in: its kept buffer holds its prep already
- * (cp_gdn_fragment_prep). */
+ * state when not NULL. Keeps what c->kept says; `in` (backend.h kept_flags): GDN_KEPT_PREP_IN, its kept
+ * buffer holds its prep already (cp_gdn_fragment_prep); GDN_KEPT_STATES_IN, its state pass too (the staged
+ * chain: o NULL runs that pass alone). A call that writes o counts as one forward. */
 static void cp_gdn_fragment_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int64_t i, const float *S0,
-                                    float *S_final, int prep_in, const CpGdnDims *d) {
+                                    float *S_final, int in, const CpGdnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
-    be->gdn_chunk_forward(CP_AT(o, r0 * c->ldo), S_final, CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
-                          CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv, c->beta + r0 * d->nv, S0, cp_gdn_doc_pos(cp, r0),
-                          L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo, cp_gdn_kept(c, i),
-                          (c->kept_states ? GDN_KEPT_STATES : 0) | (prep_in ? GDN_KEPT_PREP_IN : 0));
-    cp->count.gdn_forwards[layer]++;
+    be->gdn_chunk_forward(o ? CP_AT(o, r0 * c->ldo) : NULL, S_final, CP_AT(c->q, r0 * c->ldq),
+                          CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv, c->beta + r0 * d->nv,
+                          S0, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
+                          cp_gdn_kept(c, i), (c->kept_states ? GDN_KEPT_STATES : 0) | in);
+    if (o) cp->count.gdn_forwards[layer]++;
 }
 
 /* Its prep (the WY factors and gate cumsums) into its kept buffer, for the transition and the forward
@@ -169,6 +170,24 @@ static void cp_gdn_fragment_backward(Cp *cp, const CpGdnGrads *gr, const CpGdnCo
                            c->g + r0 * d->nv, c->beta + r0 * d->nv, c->states ? c->states + i * hh : NULL,
                            cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
                            cp_gdn_kept(c, i), c->kept_states);
+}
+
+/* One stage (backend.h GDN_BWD_*) of its backward, carried in its part of cp->gdn_dkept: DOUT; STATE with
+ * dS_final (NULL: 0) arriving at its exit, dS0 = the gradient of its entry state when not NULL; GRADS */
+static void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
+                                  const float *dS_final, float *dS0, const CpGdnDims *d) {
+    const Backend *be = cp->be;
+    const CpLayout *L = &cp->L;
+    const int es = be->act_size;
+    const int64_t r0 = cp_gdn_row(cp, i);
+    be->gdn_chunk_backward_stage(stage, (char *)cp->gdn_dkept + i * (int64_t)cp->gdn_dkept_one,
+                                 CP_AT(gr->dq, r0 * c->ldq), CP_AT(gr->dk, r0 * c->ldq), CP_AT(gr->dv, r0 * c->ldv),
+                                 gr->dg + r0 * d->nv, gr->dbeta + r0 * d->nv, dS0, CP_AT(gr->dout, r0 * c->ldo),
+                                 dS_final, CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
+                                 CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv, c->beta + r0 * d->nv,
+                                 c->states ? c->states + i * (int64_t)d->nv * d->dk * d->dv : NULL,
+                                 cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv,
+                                 c->ldo, cp_gdn_kept(c, i));
 }
 
 /* Its transition: exit = M entry + H; with c->kept its prep first, into its kept buffer, which the
@@ -377,7 +396,7 @@ static void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, con
     for (int s = 0; s < S; s++) {
         float *Ef = E + (2 * s + 1) * ch.hh; /* fragment 3's entry (rank 0) or fragment 2's (rank 1) */
         if (first) cp_chain_take(cp, Ef, ch.in[1] + s * ch.hh, s, 3, ch.hh);
-        cp_gdn_fragment_forward(cp, layer, o, c, 2 * s + 1, Ef, NULL, c->kept != NULL, d);
+        cp_gdn_fragment_forward(cp, layer, o, c, 2 * s + 1, Ef, NULL, c->kept ? GDN_KEPT_PREP_IN : 0, d);
     }
     comm_wait(cp->comm, &h[1]);
     cp->count.scan_allgathers_fwd[layer]++;
@@ -434,6 +453,133 @@ static void cp_chain_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpG
     cp->count.scan_allgathers_bwd[layer]++;
 }
 
+/* The staged chain (cp->gdn_dkept, c->kept with its states; the header says the order): cp_chain_forward's
+ * results with each hand-off after state passes alone. */
+static void cp_chain_forward_staged(Cp *cp, int layer, void *o, const CpGdnCore *c, const CpGdnDims *d) {
+    const int S = cp->batch.samples, first = cp->L.rank == 0;
+    const CpChain ch = cp_chain_buffers(cp, d);
+    float *E = c->states;
+    CommHandle h[2];
+    memset(h, 0, sizeof h);
+
+    cp_gdn_mark(cp, 0, 0); /* head */
+    for (int s = 0; s < S; s++) {
+        if (first) { /* fragment 0's state pass from nothing: its exit is fragment 1's entry */
+            cp->be->memset_zero(E + 2 * s * ch.hh, (size_t)ch.hh * sizeof(float));
+            cp_gdn_fragment_forward(cp, layer, NULL, c, 2 * s, E + 2 * s * ch.hh, ch.out + s * ch.hh, 0, d);
+        } else { /* the preps of fragments 1 and 2 */
+            cp_gdn_fragment_prep(cp, c, 2 * s, d);
+            cp_gdn_fragment_prep(cp, c, 2 * s + 1, d);
+        }
+    }
+    cp_chain_handoff(cp, layer, ch.out, ch.in[0], ch.bytes, CP_TAG_CHAIN_FWD0, "GDN chain forward: fragment 0's exit",
+                     &h[0]);
+
+    cp_gdn_mark(cp, 0, 1); /* relay */
+    if (first) { /* fragment 0's outputs and fragment 3's prep while rank 1 runs its state passes */
+        for (int s = 0; s < S; s++) {
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E + 2 * s * ch.hh, NULL, GDN_KEPT_STATES_IN, d);
+            cp_gdn_fragment_prep(cp, c, 2 * s + 1, d);
+        }
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_FWD1,
+                         "GDN chain forward: fragment 2's exit", &h[1]);
+        comm_wait(cp->comm, &h[0]);
+        comm_wait(cp->comm, &h[1]);
+    } else {
+        comm_wait(cp->comm, &h[0]);
+        for (int s = 0; s < S; s++) { /* E_1 -> fragment 1's state pass -> E_2 -> fragment 2's -> E_3 to rank 0 */
+            float *E1 = E + 2 * s * ch.hh, *E2 = E1 + ch.hh;
+            cp_chain_take(cp, E1, ch.in[0] + s * ch.hh, s, 1, ch.hh);
+            cp_gdn_fragment_forward(cp, layer, NULL, c, 2 * s, E1, E2, GDN_KEPT_PREP_IN, d);
+            cp_chain_take(cp, E2, E2, s, 2, ch.hh);
+            cp_gdn_fragment_forward(cp, layer, NULL, c, 2 * s + 1, E2, ch.out + s * ch.hh, GDN_KEPT_PREP_IN, d);
+        }
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_FWD1,
+                         "GDN chain forward: fragment 2's exit", &h[1]);
+    }
+
+    cp_gdn_mark(cp, 0, 2); /* tail: rank 0 fragment 3 from E_3, whole; rank 1 the outputs of fragments 1 and 2 */
+    for (int s = 0; s < S; s++) {
+        float *Ef = E + (2 * s + 1) * ch.hh;
+        if (first) {
+            cp_chain_take(cp, Ef, ch.in[1] + s * ch.hh, s, 3, ch.hh);
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s + 1, Ef, NULL, GDN_KEPT_PREP_IN, d);
+        } else {
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, Ef - ch.hh, NULL, GDN_KEPT_STATES_IN, d);
+            cp_gdn_fragment_forward(cp, layer, o, c, 2 * s + 1, Ef, NULL, GDN_KEPT_STATES_IN, d);
+        }
+    }
+    comm_wait(cp->comm, &h[1]);
+    cp->count.scan_allgathers_fwd[layer]++;
+}
+
+static void cp_chain_backward_staged(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c,
+                                     const CpGdnDims *d) {
+    const int S = cp->batch.samples, first = cp->L.rank == 0;
+    const CpChain ch = cp_chain_buffers(cp, d);
+    float *D = cp->dstate; /* rank 1: the gradients arriving at fragments 1 and 2's exits */
+    CommHandle h[2];
+    memset(h, 0, sizeof h);
+
+    cp_gdn_mark(cp, 1, 0); /* head: rank 0 fragment 3's state-gradient pass (dE_3); rank 1 its dout stages */
+    for (int s = 0; s < S; s++) {
+        if (first) {
+            cp_gdn_fragment_stage(cp, GDN_BWD_DOUT, gr, c, 2 * s + 1, NULL, NULL, d);
+            cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, 2 * s + 1, NULL, ch.out + s * ch.hh, d);
+        } else {
+            cp_gdn_fragment_stage(cp, GDN_BWD_DOUT, gr, c, 2 * s, NULL, NULL, d);
+            cp_gdn_fragment_stage(cp, GDN_BWD_DOUT, gr, c, 2 * s + 1, NULL, NULL, d);
+        }
+    }
+    cp_chain_handoff(cp, layer, ch.out, ch.in[0], ch.bytes, CP_TAG_CHAIN_BWD0,
+                     "GDN chain backward: fragment 3's entry gradient", &h[0]);
+
+    cp_gdn_mark(cp, 1, 1); /* relay */
+    if (first) {
+        /* This rank's side of the second hand-off before fragment 3's gradients: rank 1 (two state passes,
+           then its gradients: the longer path) then finds it posted, and the NCCL kernel that waits for
+           rank 1's side runs beside this rank's work, which has the slack. */
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_BWD1,
+                         "GDN chain backward: fragment 1's entry gradient", &h[1]);
+        for (int s = 0; s < S; s++) cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, NULL, NULL, d);
+    } else {
+        comm_wait(cp->comm, &h[0]);
+        for (int s = 0; s < S; s++) { /* dE_3 -> fragment 2's state-gradient pass -> dE_2 -> fragment 1's -> dE_1 */
+            float *D1 = D + 2 * s * ch.hh, *D2 = D1 + ch.hh;
+            cp_chain_take(cp, D2, ch.in[0] + s * ch.hh, s, 3, ch.hh);
+            cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, 2 * s + 1, D2, D1, d);
+            cp_chain_take(cp, D1, D1, s, 2, ch.hh);
+            cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, 2 * s, D1, ch.out + s * ch.hh, d);
+        }
+        cp_chain_handoff(cp, layer, ch.out, ch.in[1], ch.bytes, CP_TAG_CHAIN_BWD1,
+                         "GDN chain backward: fragment 1's entry gradient", &h[1]);
+    }
+
+    cp_gdn_mark(cp, 1, 2); /* tail: rank 0 fragment 0's backward from dE_1; rank 1 the gradients of 1 and 2 */
+    if (first) {
+        comm_wait(cp->comm, &h[0]);
+        comm_wait(cp->comm, &h[1]);
+    }
+    for (int s = 0; s < S; s++) {
+        if (first) {
+            float *D1 = ch.in[1] + s * ch.hh;
+            cp_chain_take(cp, D1, D1, s, 1, ch.hh);
+            cp_gdn_fragment_backward(cp, gr, c, 2 * s, D1, NULL, d);
+        } else {
+            float *D1 = D + 2 * s * ch.hh;
+            cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s, D1, NULL, d);
+            cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, D1 + ch.hh, NULL, d);
+        }
+    }
+    comm_wait(cp->comm, &h[1]);
+    cp->count.scan_allgathers_bwd[layer]++;
+}
+
+/* the staged chain where its buffers are (cp_init gave gdn_dkept, the forward keeps its chunk states) */
+static int cp_chain_staged(const Cp *cp, const CpGdnCore *c) {
+    return cp->gdn_dkept && c->kept && c->kept_states;
+}
+
 /* ---- the core ------------------------------------------------------------------------------- */
 
 void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communicate, const CpGdnDims *d) {
@@ -441,7 +587,8 @@ void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communic
     const int64_t hh = (int64_t)d->nv * d->dk * d->dv, n = (int64_t)cp->batch.samples * L->nlocal;
     RS_CHECK(L->P == 1 || c->states, "GDN core with cp = %d without entry states", L->P);
     if (communicate && L->P == 2) {
-        cp_chain_forward(cp, layer, o, c, d);
+        if (cp_chain_staged(cp, c)) cp_chain_forward_staged(cp, layer, o, c, d);
+        else cp_chain_forward(cp, layer, o, c, d);
         return;
     }
     cp_gdn_mark(cp, 0, 0); /* scan */
@@ -449,14 +596,16 @@ void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communic
     cp_gdn_mark(cp, 0, 1); /* chunk */
     const int prep_in = communicate && L->P > 1 && c->kept; /* the scan's transitions left each prep in kept */
     for (int64_t i = 0; i < n; i++)
-        cp_gdn_fragment_forward(cp, layer, o, c, i, L->P > 1 ? c->states + i * hh : NULL, NULL, prep_in, d);
+        cp_gdn_fragment_forward(cp, layer, o, c, i, L->P > 1 ? c->states + i * hh : NULL, NULL,
+                                prep_in ? GDN_KEPT_PREP_IN : 0, d);
 }
 
 void cp_gdn_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c, const CpGdnDims *d) {
     const CpLayout *L = &cp->L;
     const int64_t hh = (int64_t)d->nv * d->dk * d->dv, n = (int64_t)cp->batch.samples * L->nlocal;
     if (L->P == 2) {
-        cp_chain_backward(cp, layer, gr, c, d);
+        if (cp_chain_staged(cp, c)) cp_chain_backward_staged(cp, layer, gr, c, d);
+        else cp_chain_backward(cp, layer, gr, c, d);
         return;
     }
     cp_gdn_mark(cp, 1, 0); /* scan */

@@ -76,7 +76,7 @@ static void cp_bind(Cp *cp, const ActCpBuffer *b, char *p) {
 #define F(n, c) {#n, offsetof(Cp, n), c}
         F(kv_recv, 2), F(run_out, 1), F(run_lse, 1), F(lse_empty, 1), F(blk_out, 1), F(blk_lse, 1), F(dq_acc, 1),
         F(dkv_local, 1), F(dkv_buf, 2), F(scan_send, 1), F(scan_recv, 1), F(fold, 2), F(dstate, 1),
-        F(halo_send, 1), F(halo_recv, 1),
+        F(gdn_dkept, 1), F(halo_send, 1), F(halo_recv, 1),
 #undef F
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
@@ -115,6 +115,14 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
     for (int i = 0; i < t.ncp; i++) {
         cp_bind(cp, &t.cp[i], at[t.cp[i].phase]);
         at[t.cp[i].phase] += t.cp[i].count * cp_align(t.cp[i].bytes);
+        if (!strcmp(t.cp[i].name, "gdn_dkept")) { /* the backend's format; model_acts.c counts it per fragment */
+            const ModelConfig *mc = &cfg->model;
+            cp->gdn_dkept_one = be->gdn_dkept_bytes(cp->L.frag_len, (int)mc->linear_num_value_heads,
+                                                    (int)mc->linear_key_head_dim, (int)mc->linear_value_head_dim);
+            const int64_t need = (int64_t)samples * cp->L.nlocal * (int64_t)cp->gdn_dkept_one;
+            RS_CHECK(need <= t.cp[i].bytes, "gdn_dkept: the %s backend needs %lld bytes, model_acts.c counts %lld",
+                     be->name, (long long)need, (long long)t.cp[i].bytes);
+        }
     }
     model_acts_free(&t);
 

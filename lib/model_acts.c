@@ -100,6 +100,20 @@ static int64_t acts_gdn_kept_bytes(int cuda, int states, int64_t n, int64_t nv, 
     return b + (np - 1) * nv * dk * dv * 4;
 }
 
+/* bytes the staged backward of one delta-rule call of n tokens carries between its stages (backend.h
+ * gdn_dkept_bytes; cp_init checks the backend's figure against this): cuda per piece dv_loc and dv2 (n,nv,dv)
+ * and the chunk state gradients (ceil(n/64)+1,nv,dk,dv), bf16, each on 256 bytes; cpu dS_final (nv,dk,dv) fp32 */
+int64_t acts_gdn_dkept_bytes(int cuda, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
+    if (!cuda) return nv * dk * dv * 4;
+    int64_t b = 0;
+    for (int64_t r0 = 0; r0 < n; r0 += GDN_PIECE_ROWS) {
+        const int64_t m = n - r0 < GDN_PIECE_ROWS ? n - r0 : GDN_PIECE_ROWS, tv = m * nv;
+        const int64_t ns = (m + GDN_CHUNK - 1) / GDN_CHUNK + 1;
+        b += 2 * ACTS_R256(tv * dv * 2) + ACTS_R256(ns * nv * dk * dv * 2);
+    }
+    return b;
+}
+
 /* The cuda delta rule's workspace (kernels/cuda/gdn/gdn.cu gdn_carve, grown to its largest call and kept):
  * the backward of one piece (n = min(fragment, GDN_PIECE_ROWS) tokens) or, with cp > 1, the transition /
  * dstate of a whole fragment (the scan's), with its 1/8 headroom on 2 MiB. Segmented state passes (few
@@ -390,6 +404,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add_cp(t, "scan_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * pair);
         acts_add_cp(t, "fold", ACT_CP_SCAN, ACT_CP_ALWAYS, 2, nv * dk * dv * f);
         acts_add_cp(t, "dstate", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
+        if (cp == 2 && cfg->parallel.gdn_chain_staged && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES)
+            acts_add_cp(t, "gdn_dkept", ACT_CP_SCAN, ACT_CP_ALWAYS, 1,
+                        frags * acts_gdn_dkept_bytes(cfg->device.kind == DEVICE_KIND_CUDA, T / frags, nv, dk, dv));
         acts_add_cp(t, "halo_send", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
         acts_add_cp(t, "halo_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
     }

@@ -284,18 +284,30 @@ static void gdn_chunk_output(float *o /* (T,ldo), already offset to row t0 and h
     }
 }
 
+/* backend.h's rules for gdn_chunk_forward's kept_flags (the cuda entry applies the same) */
+static void gdn_check_kept_flags(const void *o, const float *S_final, const void *kept, int kept_flags) {
+    const int known = GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN;
+    const int states = (kept_flags & GDN_KEPT_STATES) != 0, states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
+    RS_CHECK((kept_flags & ~known) == 0, "gdn: kept_flags = %d", kept_flags);
+    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || kept, "gdn: GDN_KEPT_PREP_IN without a kept buffer");
+    RS_CHECK(o || (states && kept && !states_in), "gdn: o = NULL (the state pass alone) needs GDN_KEPT_STATES and "
+                                                  "a kept buffer");
+    RS_CHECK(!states_in || (states && kept && o && !S_final),
+             "gdn: GDN_KEPT_STATES_IN needs GDN_KEPT_STATES, a kept buffer and o, and writes no S_final");
+}
+
 void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_final /* (nv,dim_k,dim_v) or NULL */,
                            const void *q_ /* (T,ldq) nk heads of dim_k */, const void *k_ /* (T,ldq) */,
                            const void *v_ /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                            const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
                            const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
                            int ldv, int ldo, void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v, s) written, or NULL */,
-                           int kept_flags /* GDN_KEPT_PREP_IN: Tinv read from tinv; GDN_KEPT_STATES unused here */) {
+                           int kept_flags /* GDN_KEPT_PREP_IN, GDN_KEPT_STATES_IN: Tinv read from tinv (the states
+                                             are recomputed from S0: none are kept here); GDN_KEPT_STATES checked */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
-    RS_CHECK((kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN)) == 0, "gdn: kept_flags = %d", kept_flags);
-    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || tinv, "gdn: GDN_KEPT_PREP_IN without a kept buffer");
-    const int prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0;
+    gdn_check_kept_flags(o_, S_final, tinv, kept_flags);
+    const int prep_in = (kept_flags & (GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN)) != 0;
     float *o = o_;
     const float *q = q_, *k = k_, *v = v_;
     const int dk = dim_k, dv = dim_v;
@@ -315,7 +327,7 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
             gdn_chunk_load(&w, q, k, v, g, beta, t0, L, h, kh, nv, ldq, ldv, prep_in ? NULL : tinv,
                            prep_in ? tinv : NULL);
             gdn_chunk_vnew(&w, S);
-            gdn_chunk_output(o + t0 * ldo + (int64_t)h * dv, &w, S, scale, ldo, acc);
+            if (o) gdn_chunk_output(o + t0 * ldo + (int64_t)h * dv, &w, S, scale, ldo, acc);
             gdn_chunk_state_update(S, &w);
             t0 += L;
         }
@@ -529,6 +541,56 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
     free(starts);
     free(lens);
     gdn_work_free(&w);
+}
+
+/* backend.h gdn_chunk_backward_stage on a cpu backend, from its whole backward `whole`: dkept holds the
+ * stage's dS_final (NULL: 0), (nv, dk, dv) fp32. DOUT does nothing; STATE runs the whole backward into its
+ * own scratch for dS0 and keeps dS_final; GRADS runs it again from the kept dS_final. The stages give the
+ * bits of one call because they are that call (the oracle's cost does not matter; the cuda entry splits the
+ * work). */
+void cpu_gdn_backward_stage_of(CpuGdnBackward *whole, int stage, void *dkept, void *dq, void *dk, void *dv, float *dg,
+                               float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q,
+                               const void *k, const void *v, const float *g, const float *beta, const float *S0,
+                               const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
+                               int ldv, int ldo, const void *kept) {
+    RS_CHECK(stage == GDN_BWD_DOUT || stage == GDN_BWD_STATE || stage == GDN_BWD_GRADS,
+             "gdn: backward stage %d (GDN_BWD_DOUT, _STATE or _GRADS)", stage);
+    RS_CHECK(dkept && kept, "gdn: the staged backward needs dkept and the forward's kept buffer");
+    gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
+    const size_t state = (size_t)nv * dim_k * dim_v;
+    float *D = dkept;
+    if (stage == GDN_BWD_DOUT) return;
+    if (stage == GDN_BWD_GRADS) {
+        whole(dq, dk, dv, dg, dbeta, NULL, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv,
+              ldo, kept, 1);
+        return;
+    }
+    if (dS_final) memcpy(D, dS_final, state * sizeof(float));
+    else memset(D, 0, state * sizeof(float));
+    if (!dS0) return;
+    float *sq = RS_MALLOC((size_t)(T > 0 ? T : 1) * ldq * sizeof(float)), *sk = RS_MALLOC((size_t)(T > 0 ? T : 1) * ldq * sizeof(float));
+    float *sv = RS_MALLOC((size_t)(T > 0 ? T : 1) * ldv * sizeof(float));
+    float *sgb = RS_MALLOC((size_t)(T > 0 ? T : 1) * nv * 2 * sizeof(float));
+    whole(sq, sk, sv, sgb, sgb + T * nv, dS0, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv,
+          ldo, kept, 1);
+    free(sq);
+    free(sk);
+    free(sv);
+    free(sgb);
+}
+
+void cpu_gdn_chunk_backward_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta,
+                                  float *dS0, const void *dout, const float *dS_final, const void *q, const void *k,
+                                  const void *v, const float *g, const float *beta, const float *S0,
+                                  const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
+                                  int ldv, int ldo, const void *kept) {
+    cpu_gdn_backward_stage_of(cpu_gdn_chunk_backward, stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k,
+                              v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept);
+}
+
+size_t cpu_gdn_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
+    (void)T;
+    return (size_t)nv * dim_k * dim_v * sizeof(float);
 }
 
 /* the kept buffer of the cpu entries: Tinv, fp32 (T, nv, 64) (gdn_chunk_load's layout); dim_k, dim_v and

@@ -55,6 +55,7 @@
     X(gdn_gates_backward) \
     X(gdn_chunk_forward) \
     X(gdn_chunk_backward) \
+    X(gdn_chunk_backward_stage) \
     X(gdn_chunk_prep) \
     X(gdn_chunk_transition) \
     X(gdn_chunk_dstate) \
@@ -78,6 +79,7 @@
  * stream) and a memory reading */
 #define CUDA_UNTIMED_ENTRIES                    \
     .gdn_kept_bytes = cuda_gdn_kept_bytes,      \
+    .gdn_dkept_bytes = cuda_gdn_dkept_bytes,    \
     .host_alloc = cuda_host_alloc,              \
     .host_free = cuda_host_free,                \
     .copyq_create = cuda_copyq_create,          \
@@ -140,6 +142,7 @@ static void prof_gdn_gates_forward(float *beta, float *g, const void *b, const v
 static void prof_gdn_gates_backward(void *db, void *da, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld) { PROF_VOID(gdn_gates_backward, (db, da, dA_log, ddt_bias, dbeta, dg, b, a, A_log, dt_bias, T, nv, ld)); }
 static void prof_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, void *kept, int kept_flags) { PROF_VOID(gdn_chunk_forward, (o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_flags)); }
 static void prof_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept, int kept_states) { PROF_VOID(gdn_chunk_backward, (dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_states)); }
+static void prof_gdn_chunk_backward_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept) { PROF_VOID(gdn_chunk_backward_stage, (stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept)); }
 static void prof_gdn_chunk_prep(void *kept, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states) { PROF_VOID(gdn_chunk_prep, (kept, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, kept_states)); }
 static void prof_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *kept, int kept_states) { PROF_VOID(gdn_chunk_transition, (M, H, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, kept, kept_states)); }
 static void prof_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo, const void *kept, int kept_states) { PROF_VOID(gdn_chunk_dstate, (dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo, kept, kept_states)); }

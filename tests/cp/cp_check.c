@@ -201,8 +201,18 @@ static void check_spoil_mark(void *ctx, int pass, int t, int phase) {
  * --sabotage-prep, each prep spoiled) */
 static struct {
     double preps, prep_in, trans_kept; /* calls: gdn_chunk_prep, forwards told PREP_IN, transitions given kept */
+    double stages;                     /* calls: gdn_chunk_backward_stage */
     int    spoil;
 } check_prep;
+
+static void check_be_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0,
+                           const void *dout, const float *dS_final, const void *q, const void *k, const void *v,
+                           const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
+                           int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept) {
+    check_prep.stages++;
+    backend_cpu.gdn_chunk_backward_stage(stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta,
+                                         S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept);
+}
 
 static void check_be_prep(void *kept, const void *k, const void *v, const float *g, const float *beta,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
@@ -351,6 +361,44 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
                calls[0], calls[1], calls[2], want_prep, want_prep, want_trans, calls_ok ? "ok" : "FAIL");
     }
     free(kcore.kept);
+
+    /* the staged chain (P = 2 with cp->gdn_dkept: parallel.gdn_chain_staged; kept with its chunk states,
+       checkpoint.gdn_keep: states): each hand-off after state passes alone; against the reference (another
+       fp32 order than the chain's affine steps), its calls counted */
+    RS_CHECK(L->P != 2 || cp->gdn_dkept, "cp_check: cp_init gave the cp 2 chain no gdn_dkept");
+    Backend staged = counted;
+    staged.gdn_chunk_backward_stage = check_be_stage;
+    memset(&check_prep, 0, sizeof check_prep);
+    check_prep.spoil = c->sabotage == 2;
+    const size_t kbs = backend_cpu.gdn_kept_bytes(L->frag_len, nv, dk, dv, 1);
+    CpGdnCore score = core;
+    score.kept = RS_CALLOC((size_t)(S * L->nlocal), kbs);
+    score.kept_bytes = kbs;
+    score.kept_states = 1;
+    cp->be = &staged;
+    cp_gdn_forward(cp, 0, ko, &score, 1, &d);
+    check_rows(c, "gdn o (staged chain)", ko, o, (int)Vd);
+    cp_gdn_forward(cp, 0, kagain, &score, 0, &d);
+    check_rows(c, "gdn o, recomputed (staged chain)", kagain, o, (int)Vd);
+    cp_gdn_backward(cp, 0, &kgrads, &score, &d);
+    cp->be = &backend_cpu;
+    check_rows(c, "gdn dq|dk (staged chain)", kdqk, dqk, ldq);
+    check_rows(c, "gdn dv (staged chain)", kdv, dv_, (int)Vd);
+    check_rows(c, "gdn dg (staged chain)", kdg, dg, nv);
+    check_rows(c, "gdn dbeta (staged chain)", kdb, db, nv);
+    double scalls[4] = {check_prep.preps, check_prep.prep_in, check_prep.trans_kept, check_prep.stages};
+    comm_allreduce_sum_f64(c->comm, c->comm->world, scalls, 4);
+    /* the chain: the preps of fragments 1 | 2 (rank 1) and 3 (rank 0), read by the state passes of 1 and 2 and by
+       fragment 3's forward; no transition; three stages for each of fragments 1, 2, 3; the scan as before */
+    const double swant[4] = {L->P == 2 ? 3.0 * S : want_prep, L->P == 2 ? 3.0 * S : want_prep,
+                             L->P == 2 ? 0 : want_trans, L->P == 2 ? 9.0 * S : 0};
+    const int scalls_ok = !memcmp(scalls, swant, sizeof scalls);
+    if (!scalls_ok) c->failed++;
+    if (c->comm->rank == 0)
+        printf("gdn staged chain: prep computed %.0f, read by forwards %.0f, transitions %.0f, backward stages %.0f "
+               "(want %.0f, %.0f, %.0f, %.0f) %s\n", scalls[0], scalls[1], scalls[2], scalls[3], swant[0], swant[1],
+               swant[2], swant[3], scalls_ok ? "ok" : "FAIL");
+    free(score.kept);
     float *bufs[] = {qk, v,   g,    beta, dO,  o,   dqk,   dv_,    dg,   db,   lqk,  lv,  lg,  lb,    ldO,   states,
                      M,  lo,  ldqk, ldv,  ldg, ldb, ko, kagain, kdqk, kdv, kdg, kdb, again0};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);

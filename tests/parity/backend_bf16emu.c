@@ -97,7 +97,7 @@ static void emu_gdn_forward(void *o, float *S_final, const void *q, const void *
                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
                             int dk, int dv, int ldq, int ldv, int ldo, void *kept, int kept_states) {
     cpu_gdn_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept, kept_states);
-    emu_round(o, T, (int64_t)nv * dv, ldo);
+    if (o) emu_round(o, T, (int64_t)nv * dv, ldo);
 }
 static void emu_gdn_backward(void *dq, void *dk_, void *dv_, float *dg, float *dbeta, float *dS0, const void *dout,
                              const float *dS_final, const void *q, const void *k, const void *v, const float *g,
@@ -108,6 +108,14 @@ static void emu_gdn_backward(void *dq, void *dk_, void *dv_, float *dg, float *d
     emu_round(dq, T, (int64_t)nk * dk, ldq);
     emu_round(dk_, T, (int64_t)nk * dk, ldq);
     emu_round(dv_, T, (int64_t)nv * dv, ldv);
+}
+static void emu_gdn_backward_stage(int stage, void *dkept, void *dq, void *dk_, void *dv_, float *dg, float *dbeta,
+                                   float *dS0, const void *dout, const float *dS_final, const void *q, const void *k,
+                                   const void *v, const float *g, const float *beta, const float *S0,
+                                   const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
+                                   int ldo, const void *kept) {
+    cpu_gdn_backward_stage_of(emu_gdn_backward, stage, dkept, dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
+                              beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept);
 }
 static void emu_gated_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv,
                               int dv, int ldz, float eps) {
@@ -203,6 +211,8 @@ const Backend backend_cpu_bf16 = {
     .gdn_gates_backward = emu_gates_backward,
     .gdn_chunk_forward = emu_gdn_forward,
     .gdn_chunk_backward = emu_gdn_backward,
+    .gdn_chunk_backward_stage = emu_gdn_backward_stage,
+    .gdn_dkept_bytes = cpu_gdn_dkept_bytes,
     .gdn_kept_bytes = cpu_gdn_kept_bytes,
     .gdn_chunk_prep = cpu_gdn_chunk_prep,
     .gdn_chunk_transition = cpu_gdn_chunk_transition,

@@ -738,23 +738,90 @@ TEST(gdn_prep_kept) {
     gdn_kept_doc_cases(gdn_check_prep_kept);
     GdnProb p = gdn_prob_make(150, 1, 1, 64, 32, 40, NULL, 0, 1, 0.02);
     gdn_check_prep_kept("T=150 no docs, weak decay", &p);
-    /* GDN_KEPT_PREP_IN without a kept buffer, or an unknown flag: refused (a fatal error), never recomputed */
-    for (int bad = 0; bad < 2; bad++) {
+    /* kept_flags against backend.h's rules: refused (a fatal error), never recomputed or half done */
+    static const struct {
+        const char *what;
+        int         o, kept, S_final, flags;
+    } bad[] = {
+        {"GDN_KEPT_PREP_IN without kept", 1, 0, 0, GDN_KEPT_PREP_IN},
+        {"kept_flags 8 (unknown)", 1, 1, 0, 8},
+        {"o NULL without GDN_KEPT_STATES", 0, 1, 1, 0},
+        {"o NULL without kept", 0, 0, 1, GDN_KEPT_STATES},
+        {"GDN_KEPT_STATES_IN without GDN_KEPT_STATES", 1, 1, 0, GDN_KEPT_STATES_IN},
+        {"GDN_KEPT_STATES_IN with S_final", 1, 1, 1, GDN_KEPT_STATES | GDN_KEPT_STATES_IN},
+        {"GDN_KEPT_STATES_IN with o NULL", 0, 1, 0, GDN_KEPT_STATES | GDN_KEPT_STATES_IN},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fflush(stdout);
         const pid_t pid = fork();
         if (pid == 0) {
-            float *o = test_alloc(p.T * p.ldo * 4);
-            cpu_gdn_chunk_forward(o, NULL, gdn_q(&p), gdn_k(&p), p.v, p.g, p.beta, p.S0, p.doc_pos, p.T, p.nk, p.nv,
-                                  p.dk, p.dv, p.ldq, p.ldv, p.ldo, bad ? o : NULL, bad ? 4 : GDN_KEPT_PREP_IN);
+            float *o = test_alloc(p.T * p.ldo * 4), *Sf = test_alloc((int64_t)p.nv * p.dk * p.dv * 4);
+            float *kept = test_alloc((int64_t)cpu_gdn_kept_bytes(p.T, p.nv, p.dk, p.dv, 1));
+            cpu_gdn_chunk_forward(bad[i].o ? o : NULL, bad[i].S_final ? Sf : NULL, gdn_q(&p), gdn_k(&p), p.v, p.g,
+                                  p.beta, p.S0, p.doc_pos, p.T, p.nk, p.nv, p.dk, p.dv, p.ldq, p.ldv, p.ldo,
+                                  bad[i].kept ? kept : NULL, bad[i].flags);
             _exit(0);
         }
         int st = 0;
         waitpid(pid, &st, 0);
-        EXPECT(WIFEXITED(st) && WEXITSTATUS(st) != 0, "%s was not refused",
-               bad ? "kept_flags 4" : "GDN_KEPT_PREP_IN without kept");
-        printf("%s refused: %s\n", bad ? "kept_flags 4" : "PREP_IN without kept",
-               WIFEXITED(st) && WEXITSTATUS(st) ? "ok" : "NO");
+        EXPECT(WIFEXITED(st) && WEXITSTATUS(st) != 0, "%s was not refused", bad[i].what);
+        printf("%s refused: %s\n", bad[i].what, WIFEXITED(st) && WEXITSTATUS(st) ? "ok" : "NO");
     }
+}
+
+/* ---- the forward and the backward in stages (backend.h: o NULL then GDN_KEPT_STATES_IN;
+ * gdn_chunk_backward_stage): the bits of one call each, and every stage's part needed ---- */
+
+static void gdn_check_staged(const char *tag, const GdnProb *p) {
+    const int64_t T = p->T, no = T * p->ldo, ns = (int64_t)p->nv * p->dk * p->dv, nq = T * p->ldq;
+    const int64_t nvv = T * p->ldv, ng = T * p->nv;
+    const size_t kb = cpu_gdn_kept_bytes(T, p->nv, p->dk, p->dv, 1), db = cpu_gdn_dkept_bytes(T, p->nv, p->dk, p->dv);
+    float *o = test_alloc(no * 4), *o2 = test_alloc(no * 4), *Sf = test_alloc(ns * 4), *Sf2 = test_alloc(ns * 4);
+    float *kept = test_alloc((int64_t)kb), *kept2 = test_alloc((int64_t)kb), *dkept = test_alloc((int64_t)db);
+    test_fill_normal(o, no, 1.0); /* the same bytes where neither writes (ldo is wider) */
+    memcpy(o2, o, (size_t)no * 4);
+    cpu_gdn_chunk_forward(o, Sf, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
+                          p->dv, p->ldq, p->ldv, p->ldo, kept, GDN_KEPT_STATES);
+    cpu_gdn_chunk_forward(NULL, Sf2, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
+                          p->dv, p->ldq, p->ldv, p->ldo, kept2, GDN_KEPT_STATES);
+    EXPECT(!memcmp(Sf, Sf2, (size_t)ns * 4) && !memcmp(kept, kept2, kb),
+           "%s: the state pass alone differs from the whole forward (S_final or kept)", tag);
+    cpu_gdn_chunk_forward(o2, NULL, gdn_q(p), gdn_k(p), p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk,
+                          p->dv, p->ldq, p->ldv, p->ldo, kept2, GDN_KEPT_STATES | GDN_KEPT_STATES_IN);
+    EXPECT(!memcmp(o, o2, (size_t)no * 4), "%s: the outputs from the state pass differ from the whole forward's", tag);
+
+    float *dout = test_alloc(no * 4), *dSf = test_alloc(ns * 4);
+    test_fill_normal(dout, no, 1.0);
+    test_fill_normal(dSf, ns, 1.0);
+    float *g1[5], *g2[5]; /* dq, dk, dv, dg, dbeta of the whole backward and of the stages */
+    const int64_t n[5] = {nq, nq, nvv, ng, ng};
+    for (int i = 0; i < 5; i++) {
+        g1[i] = test_alloc(n[i] * 4);
+        g2[i] = test_alloc(n[i] * 4);
+        test_fill_normal(g1[i], n[i], 1.0); /* the same bytes where neither writes */
+        memcpy(g2[i], g1[i], (size_t)n[i] * 4);
+    }
+    float *dS0 = test_alloc(ns * 4), *dS02 = test_alloc(ns * 4);
+    cpu_gdn_chunk_backward(g1[0], g1[1], g1[2], g1[3], g1[4], dS0, dout, dSf, gdn_q(p), gdn_k(p), p->v, p->g, p->beta,
+                           p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, kept, 1);
+    for (int stage = GDN_BWD_DOUT; stage <= GDN_BWD_GRADS; stage++) {
+        cpu_gdn_chunk_backward_stage(stage, dkept, g2[0], g2[1], g2[2], g2[3], g2[4], dS02, dout, dSf, gdn_q(p), gdn_k(p),
+                                     p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
+                                     p->ldv, p->ldo, kept2);
+        if (stage == GDN_BWD_STATE) /* the state-gradient pass gives dS0 and carries the rest: spoil dS_final */
+            test_fill_normal(dSf, ns, 1.0);
+    }
+    static const char *names[5] = {"dq", "dk", "dv", "dg", "dbeta"};
+    for (int i = 0; i < 5; i++)
+        EXPECT(!memcmp(g1[i], g2[i], (size_t)n[i] * 4), "%s: the staged backward's %s differs from the whole one's",
+               tag, names[i]);
+    EXPECT(!memcmp(dS0, dS02, (size_t)ns * 4), "%s: the staged backward's dS0 differs from the whole one's", tag);
+}
+
+TEST(gdn_staged) {
+    gdn_kept_doc_cases(gdn_check_staged);
+    GdnProb p = gdn_prob_make(150, 1, 1, 64, 32, 40, NULL, 0, 1, 0.02);
+    gdn_check_staged("T=150 no docs, weak decay", &p);
 }
 
 /* fp32 both sides, different summation orders: measured <= 1e-6; bound 1e-5. */

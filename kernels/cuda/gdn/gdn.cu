@@ -775,10 +775,13 @@ static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
     CUDA_CHECK(cudaMemset(pl.tp, 0, sizeof h));
 }
 
+/* o NULL: the state pass alone (kept with states: its h, vn stay there); states_in: the output alone, from
+ * the prep and states in kept (a forward with o NULL on the same inputs wrote them) */
 template <int DK, int DV>
 static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                           int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in) {
+                           int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in,
+                           int states_in) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f, kept && kept_states);
@@ -788,10 +791,16 @@ static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
-    if (!prep_in) gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
+    if (!prep_in && !states_in) gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
     gdn_prof_mark("prep");
-    gdn_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
-    gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
+    if (!states_in) {
+        gdn_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, S_final, S0, k, nk, nv, DV, ldq, st, pl.tp);
+        gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
+    }
+    if (!o) {
+        gdn_prof_end("forward state pass", T, nv);
+        return;
+    }
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
     gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, st>>>(
@@ -804,20 +813,39 @@ static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf
     gdn_tp_print(pl, 0, T);
 }
 
+/* What the staged backward carries between its stages (backend.h gdn_chunk_backward_stage; one piece's part of
+ * dkept): dv_loc (T,nv,dv), the chunk state gradients dh (ns,nv,dk,dv) and dv2 (T,nv,dv), bf16, each on 256
+ * bytes. b NULL: the size only. Returns the bytes, a multiple of 256. */
+static size_t gdn_dkept_carve(GdnBufs *b, bf16 **dvl, void *dkept, int64_t T, int nv, int dk, int dv) {
+    const size_t tv = (size_t)T * nv, ns = (size_t)(T + GDN_C - 1) / GDN_C + 1;
+    GdnCarve c(dkept, 256);
+    bf16 *l = c.take<bf16>(tv * dv), *dhs = c.take<bf16>(ns * nv * dk * dv), *dv2 = c.take<bf16>(tv * dv);
+    if (b) {
+        *dvl = l;
+        b->dhs = dhs;
+        b->dv2 = dv2;
+    }
+    return (c.off + 255) / 256 * 256;
+}
+
+/* stage 0: the whole backward; GDN_BWD_DOUT / _STATE / _GRADS: that stage alone, what it carries in dkept
+ * (gdn_dkept_carve; kept with states required) */
 template <int DK, int DV>
-static void gdn_backward_run(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0,
-                            const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v,
-                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                            int nk, int nv, int ldq, int ldv, int ldo, const void *kept, int kept_states) {
+static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq, bf16 *dk, bf16 *dv, float *dg,
+                            float *dbeta, float *dS0, const bf16 *dout, const float *dS_final, const bf16 *q,
+                            const bf16 *k, const bf16 *v, const float *g, const float *beta, const float *S0,
+                            const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, int ldo,
+                            const void *kept, int kept_states) {
     static_assert(DV <= 2 * DK, "gdn: dv_loc (bf16, dv) lives in dqv (fp32, dk)");
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     const int nseg = pl.nseg_f > pl.nseg_b ? pl.nseg_f : pl.nseg_b;
     const int states = kept && kept_states; /* h, vn from the forward: no state_fwd recompute */
     GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg, states);
-    bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv */
+    bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv (the whole backward) */
     bf16 *dw = b.W;            /* the workspace's W: dw once the state passes are done with W */
     if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV, kept_states); /* the forward's: read only */
+    if (stage) gdn_dkept_carve(&b, &dvl, dkept, T, nv, DK, DV);                  /* dv_loc, dh, dv2 */
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
@@ -827,11 +855,19 @@ static void gdn_backward_run(const GdnPlan &pl, bf16 *dq, bf16 *dk, bf16 *dv, fl
         gdn_pass_fwd<DK>(pl, &b, b.segE, b.segH, b.segM, b.hs, b.vn, NULL, S0, k, nk, nv, DV, ldq, st, pl.tp);
         gdn_prof_mark(gdn_sfwd_cur ? "state_fwd_wg" : "state_fwd");
     }
-    gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
-    gdn_prof_mark("dvlocal");
-    gdn_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk,
-                        nv, DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
-    gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
+    if (!stage || stage == GDN_BWD_DOUT) {
+        gdn_launch_dvlocal<DK, DV>(&b, dvl, q, k, dout, GDN_RANGE_ALL, T, nk, nv, ldq, ldo, scale);
+        gdn_prof_mark("dvlocal");
+    }
+    if (!stage || stage == GDN_BWD_STATE) {
+        gdn_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk, nv,
+                         DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+        gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
+    }
+    if (stage && stage != GDN_BWD_GRADS) {
+        gdn_prof_end(stage == GDN_BWD_DOUT ? "backward dout stage" : "backward state stage", T, nv);
+        return;
+    }
     const float *dgp2 = b.dgp + (size_t)T * nv;
     {
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
@@ -927,22 +963,23 @@ static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, cons
 template <int DK, int DV>
 static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in) {
+                             int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in, int states_in) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
     gdn_forward_run<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states,
-                            prep_in);
+                            prep_in, states_in);
 }
 
 template <int DK, int DV>
-static void gdn_backward_impl(bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta, float *dS0, const bf16 *dout,
-                              const float *dS_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
-                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                              int ldq, int ldv, int ldo, const void *kept, int kept_states) {
+static void gdn_backward_impl(int stage, void *dkept, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta,
+                              float *dS0, const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k,
+                              const bf16 *v, const float *g, const float *beta, const float *S0,
+                              const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, int ldo,
+                              const void *kept, int kept_states) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_backward_run<DK, DV>(pl, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv,
-                            ldq, ldv, ldo, kept, kept_states);
+    gdn_backward_run<DK, DV>(pl, stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0,
+                             doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
 }
 
 template <int DK, int DV>
@@ -1058,11 +1095,17 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
     gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
-    RS_CHECK((kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN)) == 0, "cuda_gdn_chunk_forward: kept_flags = %d",
-             kept_flags);
+    const int known = GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN;
+    RS_CHECK((kept_flags & ~known) == 0, "cuda_gdn_chunk_forward: kept_flags = %d", kept_flags);
     RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || kept,
              "cuda_gdn_chunk_forward: GDN_KEPT_PREP_IN without a kept buffer");
     const int kept_states = (kept_flags & GDN_KEPT_STATES) != 0, prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0;
+    const int states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
+    RS_CHECK(o || (kept_states && kept && !states_in),
+             "cuda_gdn_chunk_forward: o = NULL (the state pass alone) needs GDN_KEPT_STATES and a kept buffer");
+    RS_CHECK(!states_in || (kept_states && kept && o && !S_final),
+             "cuda_gdn_chunk_forward: GDN_KEPT_STATES_IN needs GDN_KEPT_STATES, a kept buffer and o, and writes no "
+             "S_final");
     if (T == 0) {
         if (S_final) gdn_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
         return;
@@ -1070,7 +1113,8 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
     const int64_t R = gdn_piece_rows();
     if (T <= R) {
         GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
-                     (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states, prep_in);
+                     (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states, prep_in,
+                     states_in);
         return;
     }
     static size_t at[GDN_PIECE_MAX + 1];
@@ -1081,40 +1125,40 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
 #define GDN_ENTRY(p) (kept ? entry + (size_t)((p) - 1) * sn : entry + (size_t)((p) % 2) * sn)
     for (int64_t p = 0; p < np; p++) {
         const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
-        GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o + r0 * ldo, p == np - 1 ? S_final : GDN_ENTRY(p + 1),
-                     (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv,
-                     beta + r0 * nv, p == 0 ? S0 : GDN_ENTRY(p), doc_pos + r0, n, nk, nv, ldq, ldv, ldo,
-                     kept ? (char *)kept + at[p] : NULL, kept_states, prep_in);
+        GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, o ? (bf16 *)o + r0 * ldo : NULL,
+                     p == np - 1 || states_in ? S_final : GDN_ENTRY(p + 1), (const bf16 *)q + r0 * ldq,
+                     (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv,
+                     p == 0 ? S0 : GDN_ENTRY(p), doc_pos + r0, n, nk, nv, ldq, ldv, ldo,
+                     kept ? (char *)kept + at[p] : NULL, kept_states, prep_in, states_in);
     }
 #undef GDN_ENTRY
 }
 
-extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
-                                        float *dg /* (T,nv) */, float *dbeta /* (T,nv) */,
-                                        float *dS0 /* (nv,dim_k,dim_v) or NULL */, const void *dout /* (T,ldo) */,
-                                        const float *dS_final /* (nv,dim_k,dim_v) or NULL */, const void *q,
-                                        const void *k, const void *v, const float *g, const float *beta,
-                                        const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
-                                        int dim_v, int ldq, int ldv, int ldo,
-                                        const void *kept /* the forward's, same inputs; or NULL */,
-                                        int kept_states /* the forward's */) {
-    gdn_check_args("cuda_gdn_chunk_backward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
+/* The backward's pieces (see the header), whole (stage 0) or one stage of backend.h's staged backward (dkept:
+ * each piece's gdn_dkept_carve part in order); `who` names the entry */
+static void gdn_backward_pieces(const char *who, int stage, void *dkept, void *dq, void *dk, void *dv, float *dg,
+                                float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q,
+                                const void *k, const void *v, const float *g, const float *beta, const float *S0,
+                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
+                                int ldv, int ldo, const void *kept, int kept_states) {
+    gdn_check_args(who, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(dq) && gdn_aligned(dk) && gdn_aligned(dv) && gdn_aligned(dout) && gdn_aligned(q) &&
                  gdn_aligned(k) && gdn_aligned(v),
-             "cuda_gdn_chunk_backward: dq, dk, dv, dout, q, k, v must be 16-byte aligned");
+             "%s: dq, dk, dv, dout, q, k, v must be 16-byte aligned", who);
     if (T == 0) {
-        if (dS0) gdn_copy_or_zero(dS0, dS_final, (size_t)nv * dim_k * dim_v);
+        if (dS0 && stage != GDN_BWD_DOUT && stage != GDN_BWD_GRADS)
+            gdn_copy_or_zero(dS0, dS_final, (size_t)nv * dim_k * dim_v);
         return;
     }
     const int64_t R = gdn_piece_rows();
     if (T <= R) {
-        GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dS0,
-                     (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0,
+        GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, stage, dkept, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta,
+                     dS0, (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0,
                      doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
         return;
     }
     static size_t at[GDN_PIECE_MAX + 1];
-    const int64_t np = gdn_pieces("cuda_gdn_chunk_backward", T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces(who, T, R, nv, dim_k, dim_v, kept_states, at);
     const size_t sn = (size_t)nv * dim_k * dim_v;
     /* scratch: two state gradients taken in turn; without kept, the entry states */
     float *scr = gdn_piece_scratch(2 * sn + (kept ? 0 : (size_t)(np - 1) * sn));
@@ -1127,20 +1171,59 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
             GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)dv + r0 * ldv, (float *)entry + (size_t)p * sn,
                          (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv,
                          g + r0 * nv, beta + r0 * nv, p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, R, nk,
-                         nv, ldq, ldv, ldv, NULL, 0, 0);
+                         nv, ldq, ldv, ldv, NULL, 0, 0, 0);
         }
     /* the last piece first; piece p's dS0 is piece p-1's dS_final */
+    size_t dat = 0;
+    for (int64_t p = 0; stage && p + 1 < np; p++) dat += gdn_dkept_carve(NULL, NULL, NULL, R, nv, dim_k, dim_v);
     for (int64_t p = np - 1; p >= 0; p--) {
         const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
-        float *d_entry = dcarry + (size_t)(p % 2) * sn;             /* written: dL/d(state entering p) */
-        float *d_exit = dcarry + (size_t)((p + 1) % 2) * sn;         /* read: piece p+1's d_entry */
-        GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, (bf16 *)dq + r0 * ldq, (bf16 *)dk + r0 * ldq,
-                     (bf16 *)dv + r0 * ldv, dg + r0 * nv, dbeta + r0 * nv, p == 0 ? dS0 : d_entry,
-                     (const bf16 *)dout + r0 * ldo, p == np - 1 ? dS_final : d_exit, (const bf16 *)q + r0 * ldq,
-                     (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv,
-                     p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, n, nk, nv, ldq, ldv, ldo,
-                     kept ? (const char *)kept + at[p] : NULL, kept_states);
+        float *d_entry = dcarry + (size_t)(p % 2) * sn;     /* written: dL/d(state entering p) */
+        float *d_exit = dcarry + (size_t)((p + 1) % 2) * sn; /* read: piece p+1's d_entry */
+        GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, stage, stage ? (char *)dkept + dat : NULL, (bf16 *)dq + r0 * ldq,
+                     (bf16 *)dk + r0 * ldq, (bf16 *)dv + r0 * ldv, dg + r0 * nv, dbeta + r0 * nv,
+                     p == 0 ? dS0 : d_entry, (const bf16 *)dout + r0 * ldo, p == np - 1 ? dS_final : d_exit,
+                     (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv,
+                     beta + r0 * nv, p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, n, nk, nv, ldq, ldv,
+                     ldo, kept ? (const char *)kept + at[p] : NULL, kept_states);
+        if (p) dat -= gdn_dkept_carve(NULL, NULL, NULL, R, nv, dim_k, dim_v);
     }
+}
+
+extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
+                                        float *dg /* (T,nv) */, float *dbeta /* (T,nv) */,
+                                        float *dS0 /* (nv,dim_k,dim_v) or NULL */, const void *dout /* (T,ldo) */,
+                                        const float *dS_final /* (nv,dim_k,dim_v) or NULL */, const void *q,
+                                        const void *k, const void *v, const float *g, const float *beta,
+                                        const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
+                                        int dim_v, int ldq, int ldv, int ldo,
+                                        const void *kept /* the forward's, same inputs; or NULL */,
+                                        int kept_states /* the forward's */) {
+    gdn_backward_pieces("cuda_gdn_chunk_backward", 0, NULL, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
+                        beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_states);
+}
+
+extern "C" void cuda_gdn_chunk_backward_stage(int stage /* GDN_BWD_DOUT, _STATE, _GRADS (backend.h) */,
+                                              void *dkept /* cuda_gdn_dkept_bytes(T, nv, dim_k, dim_v) */, void *dq,
+                                              void *dk, void *dv, float *dg, float *dbeta, float *dS0,
+                                              const void *dout, const float *dS_final, const void *q, const void *k,
+                                              const void *v, const float *g, const float *beta, const float *S0,
+                                              const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
+                                              int dim_v, int ldq, int ldv, int ldo,
+                                              const void *kept /* the forward's, kept_states 1 */) {
+    RS_CHECK(stage == GDN_BWD_DOUT || stage == GDN_BWD_STATE || stage == GDN_BWD_GRADS,
+             "cuda_gdn_chunk_backward_stage: stage %d (GDN_BWD_DOUT, _STATE or _GRADS)", stage);
+    RS_CHECK(dkept && kept, "cuda_gdn_chunk_backward_stage: the staged backward needs dkept and the forward's kept "
+                            "buffer (kept with its chunk states)");
+    gdn_backward_pieces("cuda_gdn_chunk_backward_stage", stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k,
+                        v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, 1);
+}
+
+extern "C" size_t cuda_gdn_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
+    const int64_t R = gdn_piece_rows();
+    size_t b = 0;
+    for (int64_t r0 = 0; r0 < T; r0 += R) b += gdn_dkept_carve(NULL, NULL, NULL, T - r0 < R ? T - r0 : R, nv, dim_k, dim_v);
+    return b;
 }
 
 extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
