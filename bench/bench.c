@@ -92,6 +92,9 @@ static const char bench_usage[] =
     "  --ring-calls C      cp: pairs (the zigzag rule's diagonals and rectangles, one call each) or steps (one\n"
     "                      call per ring step and sample; lib/cp_ring.c); default: steps with our kernel, pairs\n"
     "                      with cuDNN's\n"
+    "  --gdn-chain C       cp: staged (the cp 2 chain's hand-offs after state passes alone) or whole (each\n"
+    "                      fragment's pass whole), as parallel.gdn_chain_staged (staged needs --gdn-keep states);\n"
+    "                      default staged\n"
     "  --cudnn-lib PATH    attn, cp: libcudnn.so.9 for --attn-impl cudnn* (default: search, as\n"
     "                      device.cudnn_library)\n"
     "  --gdn-T LIST        cp: sequence lengths of the GDN layer, multiples of 128 x P (default 65536,131072)\n"
@@ -233,7 +236,7 @@ static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",
                                                "slurm.nodes",      "slurm.gpus_per_node", NULL};
 
 /* Options that only `bench cp` takes, and the ones it does not. */
-static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", "--ring-calls", NULL};
+static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", "--ring-calls", "--gdn-chain", NULL};
 static const char *const bench_cp_refused[] = {"--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
                                                "--hbm-tbps", NULL};
 
@@ -260,6 +263,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->peer_timeout = 300;
     o->seed = 1;
     o->ring_calls = -1;
+    o->gdn_chain_staged = 1; /* parallel.gdn_chain_staged's default */
     o->cudnn_lib = "";
     o->gdn_T[0] = 65536, o->gdn_T[1] = 131072, o->n_gdn_T = 2;
     o->cp_parts = BENCH_CP_ATTN | BENCH_CP_GDN;
@@ -331,6 +335,10 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             const char *v = bench_value(argc, argv, &i);
             if (strcmp(v, "pairs") && strcmp(v, "steps")) bench_bad(a, v, "expected pairs or steps");
             o->ring_calls = !strcmp(v, "steps");
+        } else if (!strcmp(a, "--gdn-chain")) {
+            const char *v = bench_value(argc, argv, &i);
+            if (strcmp(v, "staged") && strcmp(v, "whole")) bench_bad(a, v, "expected staged or whole");
+            o->gdn_chain_staged = !strcmp(v, "staged");
         } else if (!strcmp(a, "--cudnn-lib")) {
             o->cudnn_lib = bench_value(argc, argv, &i);
         } else if (!strcmp(a, "--heads")) {

@@ -89,6 +89,7 @@ typedef struct {
     uint64_t seed;
     int     attn_impl;                      /* attn: AttnKernel (--attn-impl; issue 19) */
     const char *cudnn_lib;                  /* attn: --cudnn-lib, path of libcudnn.so.9 ("" search) */
+    int     gdn_chain_staged;               /* cp: parallel.gdn_chain_staged (--gdn-chain) */
     int     ring_calls;                     /* cp: -1 the backend's (Backend attention_any_mask), 0 the zigzag
                                                rule's calls one by one, 1 one per step (--ring-calls) */
 } BenchOptions;

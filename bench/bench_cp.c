@@ -229,6 +229,8 @@ static void bc_config(Config *cfg, const BcEnv *e, int64_t T, int P) {
     cfg->device.kind = e->cpu ? DEVICE_KIND_CPU : DEVICE_KIND_CUDA;
     cfg->model.num_hidden_layers = 1;
     cfg->model.layer_types.n = 0;
+    cfg->parallel.gdn_chain_staged = e->o->gdn_chain_staged;
+    cfg->checkpoint.gdn_keep = e->o->gdn_keep;
 }
 
 /* The CP context of P ranks (P = 1: one process's, no communication) with one document's metadata. */
@@ -952,6 +954,9 @@ int bench_cp_main(const BenchOptions *o) {
             json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
             if (peer[k]) json_object_set(part, "peer", peer[k]);
             if (k == 1) json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o->gdn_keep]));
+            if (k == 1 && P == 2)
+                json_object_set_new(part, "gdn_chain", json_string(o->gdn_chain_staged && o->gdn_keep == GDN_KEEP_STATES
+                                                                       ? "staged" : "whole"));
             json_object_set_new(all, part_names[k], part);
         }
         char path[4200];

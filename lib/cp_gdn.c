@@ -59,6 +59,27 @@
  * occupies the GPU: NCCL waits in a kernel).
  * Only the order of fp32 operations differs from the scan's.
  *
+ * The staged chain (P = 2 with cp->gdn_dkept: parallel.gdn_chain_staged, and c->kept with its chunk
+ * states: checkpoint.gdn_keep states). The backend runs a fragment's forward as its state pass (o NULL)
+ * and then its outputs (GDN_KEPT_STATES_IN), and its backward in three stages (gdn_chunk_backward_stage:
+ * dout, state gradient, gradients), so each hand-off leaves after state passes alone and no transition
+ * or dL pass is needed:
+ *   forward   head   rank 0: fragment 0's state pass (exit E_1); rank 1: the preps of fragments 1, 2
+ *             relay  rank 1: E_1 -> fragment 1's state pass -> E_2 -> fragment 2's -> E_3 to rank 0;
+ *                    rank 0 meanwhile fragment 0's outputs and fragment 3's prep
+ *             tail   rank 0: fragment 3 from E_3, whole; rank 1: the outputs of fragments 1 and 2
+ *   backward  head   rank 0: fragment 3's dout and state-gradient stages (dE_3); rank 1: the dout stages
+ *                    of fragments 1 and 2 (all it can do before dE_3)
+ *             relay  rank 1: dE_3 -> fragment 2's state-gradient stage -> dE_2 -> fragment 1's -> dE_1 to
+ *                    rank 0; rank 0 meanwhile fragment 3's gradients stage
+ *             tail   rank 0: fragment 0's backward from dE_1, whole; rank 1: the gradients stages of
+ *                    fragments 1 and 2
+ * Per rank that is the work of one GPU's two fragments plus nothing but waiting (rank 1 in the forward's
+ * head and the backward's, for a state pass), against one transition (prep + [M | H] pass) and one dL
+ * pass more per rank in the chain above. The price: the backward's stages of rank 1's two fragments live
+ * at once in cp->gdn_dkept (model_acts.c counts it). Against the chain above only fp32 orders differ
+ * (E_3 from E_2 through fragment 2's pass rather than M_2 E_2 + H_2).
+ *
  * The scan (P > 2). One all-gather per pass of fixed-size slots [M | H]
  * (forward) or [M | dL] (backward) per local fragment, fp32; every rank
  * folds, in global order with the same code, the fragments it needs:

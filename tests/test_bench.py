@@ -54,6 +54,7 @@ def test_help(ringscan):
     (["bench", "attn", "--frobnicate"], "--frobnicate"),
     (["bench", "cp", "--gdn-T", "100"], "--gdn-T 100: must be a multiple of 64"),
     (["bench", "cp", "--parts", "attn,mlp"], "--parts mlp: expected attn or gdn"),
+    (["bench", "cp", "--gdn-chain", "fast"], "--gdn-chain fast: expected staged or whole"),
     (["bench", "cp", "--device", "tpu"], "--device tpu: expected cuda or cpu"),
     (["bench", "cp", "--tokens", "4096"], "--tokens : not an option of bench cp"),
     (["bench", "cp", "--doc-len", "0"], "--doc-len : not an option of bench cp"),
@@ -199,6 +200,7 @@ def test_cp_on_cpu_rows(ringscan, tmp_path):
             want = one[name]["ms_fwdbwd"] / (2 * t["ms_fwdbwd"])
             assert abs(t["cp_efficiency_fwdbwd"] - want) <= 1e-6 * want
         assert "cp_efficiency_fwd" not in table[(name, "ringscan-1gpu")]
+    assert gdn["gdn_keep"] == "states" and gdn["gdn_chain"] == "staged"  # the defaults
     (gname,) = [c["name"] for c in gdn["request"]["cases"]]
     gcp, gone = cp_rows(gdn, "ringscan-cp")[gname], cp_rows(gdn, "ringscan-1gpu")[gname]
     # cp 2: the chain's steps (cp_gdn.c); one GPU: the scan's, whose scan does nothing there
@@ -220,6 +222,14 @@ def test_cp_on_cpu_rows(ringscan, tmp_path):
     assert "ring attention over 2 ranks" in r.stdout and "exchange alone: K|V" in r.stdout
     assert "exchange alone: states (send/recv)" in r.stdout
     assert "phases ringscan-cp, ms:" in r.stdout and "    rank 1: halo_fwd" in r.stdout
+
+
+def test_cp_gdn_chain_whole(ringscan, tmp_path):
+    # the cp 2 chain with each fragment's pass whole (parallel.gdn_chain_staged false): said in the json
+    r = mpirun2(ringscan, "bench", "cp", *CP_TINY, "--parts", "gdn", "--gdn-chain", "whole", "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    gdn = json.loads((tmp_path / "bench.json").read_text())["cp_gdn"]
+    assert gdn["gdn_chain"] == "whole"
 
 
 FAKE_TORCHRUN = r"""#!/usr/bin/env python3

@@ -63,6 +63,9 @@
 #   cp2-ring-dq  the same 128k ring (steps) with our backward's dQ in key-block order (the built-in, deterministic)
 #              and by plain atomics (--attn-tune dq_atomic=1), alternated twice: whether the ordered dQ is what
 #              slows the dense-rectangle step's backward (v0.10: ~158 ms against ~140 for the causal step). ~2 min
+#   cp2-gdn-chain  cp2's GDN layer (GDN_CASES, default 64k and 128k at 64 heads), ours only, with the staged
+#              chain (parallel.gdn_chain_staged, the default) and each fragment's pass whole (--gdn-chain whole),
+#              alternated CHAIN_ROUNDS (2) times: what the staged chain buys. ~1 min a run
 #   cp2-gdn-peer  cp2's GDN layer with FLA's CP beside it, the peer given all but 200 s of the call
 #              (its Triton autotuning, ~300 s per shape cold; TRITON_CACHE_SAVE keeps the cache for the next
 #              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
@@ -694,6 +697,13 @@ for part in "$@"; do
                 done
             done
         done ;;
+    cp2-gdn-chain)
+        for i in $(seq "${CHAIN_ROUNDS:-2}"); do
+            for how in staged whole; do
+                suite_cp "cp2-gdn-$how-$i" 2 --parts gdn ${GDN_CASES:---gdn-T 65536,131072 --heads 64} --gdn-chain $how \
+                    || status=1
+            done
+        done ;;
     cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
     cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
     cp2-attn-cudnn) suite_cp cp2-attn-cudnn 2 --parts attn --attn-impl cudnn --T 131072,262144,524288 --reps 3 --peer \
@@ -708,8 +718,8 @@ for part in "$@"; do
     *)
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
-        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-peer cp2-ring-calls cp2-ring-dq cp2-ring-ab"
-        echo "  cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step cp4-1m hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
+        echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls"
+        echo "  cp2-ring-dq cp2-ring-ab cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step cp4-1m hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
     esac || status=1

@@ -1099,6 +1099,105 @@ TEST(cuda_gdn_prep_kept) {
     cuda_gdn_tune_set(NULL);
 }
 
+/* ---- the forward and the backward in stages (backend.h: o NULL then GDN_KEPT_STATES_IN;
+ * cuda_gdn_chunk_backward_stage; lib/cp_gdn.c's staged chain) ---- */
+
+/* Under the tune's piece: the state pass alone (o NULL) then the outputs (GDN_KEPT_STATES_IN) give the whole
+ * forward's o, S_final and kept buffer, bitwise; the backward's three stages give the whole backward's dq, dk,
+ * dv, dg, dbeta and dS0, bitwise (the whole one is checked against the cpu oracle elsewhere); a spoiled dv_loc in
+ * dkept (between the dout and state stages) changes dv: the stages read what they carry. */
+static void gdn_check_staged(const char *tag0, const GdnProb *p) {
+    char tag[256];
+    CudaGdnTune cur;
+    cuda_gdn_tune_get(&cur);
+    snprintf(tag, sizeof tag, "%s, piece %d", tag0, cur.piece);
+    const int nv = p->nv, dk = p->dk, dv = p->dv, wq = p->nk * p->dk;
+    const int64_t T = p->T, no = T * p->ldo, nh = (int64_t)nv * dk * dv;
+    const size_t kb = cuda_gdn_kept_bytes(T, nv, dk, dv, 1), db = cuda_gdn_dkept_bytes(T, nv, dk, dv);
+    GdnDev d = gdn_dev(p);
+    bf16 *o1 = (bf16 *)gdn_dev_alloc((size_t)no * 2), *o2 = (bf16 *)gdn_dev_alloc((size_t)no * 2);
+    float *S1 = (float *)gdn_dev_alloc((size_t)nh * 4), *S2 = (float *)gdn_dev_alloc((size_t)nh * 4);
+    void *k1 = gdn_dev_alloc(kb), *k2 = gdn_dev_alloc(kb), *dkept = gdn_dev_alloc(db);
+    cuda_gdn_chunk_forward(o1, S1, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
+                           p->ldv, p->ldo, k1, GDN_KEPT_STATES);
+    cuda_gdn_chunk_forward(NULL, S2, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
+                           p->ldv, p->ldo, k2, GDN_KEPT_STATES);
+    cuda_gdn_chunk_forward(o2, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
+                           p->ldv, p->ldo, k2, GDN_KEPT_STATES | GDN_KEPT_STATES_IN);
+    const int same_o = gdn_same_bytes(o1, o2, (size_t)no * 2), same_S = gdn_same_bytes(S1, S2, (size_t)nh * 4);
+    const int same_k = gdn_same_bytes(k1, k2, kb);
+    EXPECT(same_o && same_S && same_k, "%s: the forward in two calls differs from the whole one (o %s, S_final %s, "
+           "kept %s)", tag, same_o ? "same" : "DIFFERS", same_S ? "same" : "DIFFERS", same_k ? "same" : "DIFFERS");
+    printf("%s: state pass + outputs bitwise the forward (o, S_final, %zu kept bytes): %s\n", tag, kb,
+           same_o && same_S && same_k ? "ok" : "NO");
+
+    const size_t nq = (size_t)T * p->ldq, nvv = (size_t)T * p->ldv, ng = (size_t)T * nv;
+    float *dout = (float *)test_alloc(no * 4), *dSf = (float *)test_alloc(nh * 4);
+    test_fill_normal(dout, no, 1.0);
+    test_fill_normal(dSf, nh, 1.0);
+    bf16 *ddout = gdn_up_bf16(dout, no);
+    float *ddSf = gdn_up_f32(dSf, nh);
+    bf16 *dqk[2], *ddv[2];
+    float *ddg[2], *ddb[2], *ddS0[2];
+    for (int r = 0; r < 2; r++) {
+        dqk[r] = (bf16 *)gdn_dev_alloc(nq * 2);
+        ddv[r] = (bf16 *)gdn_dev_alloc(nvv * 2);
+        ddg[r] = (float *)gdn_dev_alloc(ng * 4);
+        ddb[r] = (float *)gdn_dev_alloc(ng * 4);
+        ddS0[r] = (float *)gdn_dev_alloc((size_t)nh * 4);
+    }
+    cuda_gdn_chunk_backward(dqk[0], dqk[0] + wq, ddv[0], ddg[0], ddb[0], ddS0[0], ddout, ddSf, d.qk, d.qk + wq, d.v,
+                            d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, k1, 1);
+    for (int stage = GDN_BWD_DOUT; stage <= GDN_BWD_GRADS; stage++)
+        cuda_gdn_chunk_backward_stage(stage, dkept, dqk[1], dqk[1] + wq, ddv[1], ddg[1], ddb[1], ddS0[1], ddout, ddSf,
+                                      d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv,
+                                      p->ldq, p->ldv, p->ldo, k2);
+    const int same[5] = {gdn_same_bytes(dqk[0], dqk[1], nq * 2), gdn_same_bytes(ddv[0], ddv[1], nvv * 2),
+                         gdn_same_bytes(ddg[0], ddg[1], ng * 4), gdn_same_bytes(ddb[0], ddb[1], ng * 4),
+                         gdn_same_bytes(ddS0[0], ddS0[1], (size_t)nh * 4)};
+    static const char *names[5] = {"dq|dk", "dv", "dg", "dbeta", "dS0"};
+    int all = 1;
+    for (int i = 0; i < 5; i++) {
+        EXPECT(same[i], "%s: the staged backward's %s differs from the whole one's", tag, names[i]);
+        all &= same[i];
+    }
+    printf("%s: three stages bitwise the backward (dq|dk, dv, dg, dbeta, dS0; %zu dkept bytes): %s\n", tag, db,
+           all ? "ok" : "NO");
+    /* can fail: dv_loc (dkept's first part) of token 0, head 0 zeroed between the dout and the state stages */
+    cuda_gdn_chunk_backward_stage(GDN_BWD_DOUT, dkept, dqk[1], dqk[1] + wq, ddv[1], ddg[1], ddb[1], ddS0[1], ddout,
+                                  ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv,
+                                  p->ldq, p->ldv, p->ldo, k2);
+    CUDA_CHECK(cudaMemsetAsync(dkept, 0, (size_t)dv * 2, cuda_stream()));
+    for (int stage = GDN_BWD_STATE; stage <= GDN_BWD_GRADS; stage++)
+        cuda_gdn_chunk_backward_stage(stage, dkept, dqk[1], dqk[1] + wq, ddv[1], ddg[1], ddb[1], ddS0[1], ddout, ddSf,
+                                      d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv,
+                                      p->ldq, p->ldv, p->ldo, k2);
+    const int seen = !gdn_same_bytes(ddv[0], ddv[1], nvv * 2);
+    EXPECT(seen, "%s: a spoiled dv_loc in dkept went unseen by the later stages", tag);
+    printf("%s: a spoiled dkept changes dv: %s\n", tag, seen ? "ok" : "NO");
+    gdn_dev_free_all();
+}
+
+/* whole and in pieces (documents crossing piece boundaries, one starting on one, T not a multiple of the piece),
+ * GVA and not, S0 and dS_final in */
+TEST(cuda_gdn_staged) {
+    static const int starts[] = {64, 333, 334, 700};
+    static const int pieces[] = {0, 64, 192, 1024};
+    for (int i = 0; i < 4; i++) {
+        gdn_tune_pieces(pieces[i]);
+        GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 1500 + i);
+        gdn_check_staged("staged: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p);
+        p = gdn_prob(700, 1, 2, 64, 64, 5, NULL, 0, 1, 0.02, 1510 + i);
+        gdn_check_staged("staged: T=700 nk=1 nv=2 d=64 no docs S0 decay=0.02", &p);
+        p = gdn_prob(450, 2, 2, 128, 64, 0, NULL, 0, 0, 0.1, 1520 + i);
+        gdn_check_staged("staged: T=450 nk=nv=2 dk=128 dv=64 doc at 0", &p);
+    }
+    cuda_gdn_tune_set(NULL);
+    /* 64 heads of 128 (the wgmma state passes: 128 blocks of 64 columns) */
+    GdnProb p = gdn_prob(4096, 16, 64, 128, 128, 9, NULL, 0, 1, 0.05, 1530);
+    gdn_check_staged("staged: T=4096 nk=16 nv=64 d=128 no docs S0", &p);
+}
+
 /* dstate against the cpu dstate, against the cuda backward's dS0 (dS_final = 0; the same chunk
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
