@@ -139,9 +139,10 @@ const ConfigKey config_schema[] = {
          "cp 2 only, with checkpoint.gdn_keep: states: the GDN layers' chain between the two ranks hands each state "
          "on after a state pass, not after a fragment's whole forward or backward (the outputs and the gradients "
          "come after, from what the passes kept); its backward keeps the chunk state gradients of the rank's two "
-         "fragments per sample between the passes (cuda T nv dv (2 dk / 64 + 4) bytes per local token, plan "
-         "counts them: cp gdn_dkept); false, or another gdn_keep: each fragment's pass runs whole, with one state "
-         "pass more per rank each way (docs/benchmarks.md v0.12)"),
+         "fragments per sample between the passes (cuda about nv dv (2 dk / 64 + 4) bytes per local token, in "
+         "plan's CP scan buffers: 2 GiB per GPU for the 1B model at 256k); false, or another gdn_keep: each "
+         "fragment's pass runs whole, with one state pass more per rank each way (GDN layer fwd+bwd at 64k-128k, "
+         "64 heads: CP efficiency 84-86% whole, 92-94% staged; docs/benchmarks.md v0.12)"),
     BOOL(parallel.overlap_comm, "true", "comm",
          "run communication beside compute; false: wait for each transfer at once (measurement, debugging)"),
     FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",
