@@ -103,7 +103,7 @@ static int64_t acts_gdn_kept_bytes(int cuda, int states, int64_t n, int64_t nv, 
 /* bytes the staged backward of one delta-rule call of n tokens carries between its stages (backend.h
  * gdn_dkept_bytes; cp_init checks the backend's figure against this): cuda per piece dv_loc and dv2 (n,nv,dv)
  * and the chunk state gradients (ceil(n/64)+1,nv,dk,dv), bf16, each on 256 bytes; cpu dS_final (nv,dk,dv) fp32 */
-int64_t acts_gdn_dkept_bytes(int cuda, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
+static int64_t acts_gdn_dkept_bytes(int cuda, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
     if (!cuda) return nv * dk * dv * 4;
     int64_t b = 0;
     for (int64_t r0 = 0; r0 < n; r0 += GDN_PIECE_ROWS) {

@@ -67,7 +67,7 @@ def test_cp_algorithms_match_one_rank(np_, docs, extra):
         print(r.stdout)
         assert r.returncode == 0, r.stdout + r.stderr
         lines = [l for l in r.stdout.splitlines() if "rel err" in l]
-        assert len(lines) == {"gdn": 6, "conv": 3, "ring": 8}[what], r.stdout
+        assert len(lines) == {"gdn": 12, "conv": 3, "ring": 8}[what], r.stdout
         assert all(l.endswith(" ok") for l in lines), r.stdout
         if what == "ring":  # the rule's calls one by one and one call per step: both checked, fewer calls
             (calls,) = [l for l in r.stdout.splitlines() if l.startswith("ring forward calls")]
@@ -80,6 +80,11 @@ def test_cp_algorithms_match_one_rank(np_, docs, extra):
             # with kept buffers: each fragment's prep computed once and read (gdn_chunk_prep), the same bits
             kept = [l for l in r.stdout.splitlines() if l.startswith(("gdn with kept buffers:", "gdn prep:"))]
             assert len(kept) == 2 and all(l.endswith(" ok") for l in kept), r.stdout
+            # the staged chain (kept chunk states; at P = 2 each hand-off after state passes alone): its six
+            # tensors against the reference (above) and its calls: no transition, three stages per fragment
+            (staged,) = [l for l in r.stdout.splitlines() if l.startswith("gdn staged chain:")]
+            assert staged.endswith(" ok"), staged
+            assert sum("(staged chain)" in l for l in lines) == 6, r.stdout
 
 
 @pytest.mark.parametrize("what", ["gdn", "conv", "ring", "gdn --sabotage-prep"])
@@ -88,9 +93,11 @@ def test_cp_checks_can_fail(what):
     r = mpirun(2, BUILD / "cp_check", what, "many", *(how or ["--sabotage"]))
     assert r.returncode != 0, r.stdout
     assert "FAIL" in r.stdout, r.stdout
-    if how:  # only the kept run reads the spoiled prep
+    if how:  # only the kept runs read the spoiled prep (the staged chain's too: its rows must fail)
         assert "gdn with kept buffers: o, o recomputed, dq|dk, dv, dg, dbeta bitwise the run without: FAIL" in r.stdout
-        assert all(l.endswith(" ok") for l in r.stdout.splitlines() if "rel err" in l), r.stdout
+        rel = [l for l in r.stdout.splitlines() if "rel err" in l]
+        assert all(l.endswith(" ok") for l in rel if "(staged chain)" not in l), r.stdout
+        assert any(l.endswith(" FAIL") for l in rel if "(staged chain)" in l), r.stdout
 
 
 # ---------------------------------------------------------------- 2. the whole model
@@ -222,12 +229,19 @@ def test_gdn_keep_modes(cases, tmp_path):
     d, dp, cp = cases["boundaries"], 1, 2
     for policy in ("none", "remat"):
         grads, counts = {}, {}
-        for keep in ("none", "wy", "states"):
+        for keep in ("none", "wy", "states"):  # the cp 2 chain run whole, as under none and wy
             grads[keep], counts[keep], _ = parity_step(d, dp, cp, tmp_path / f"{policy}-{keep}.safetensors",
-                                                       "--policy", policy, "--set", f"checkpoint.gdn_keep={keep}")
+                                                       "--policy", policy, "--set", f"checkpoint.gdn_keep={keep}",
+                                                       "--set", "parallel.gdn_chain_staged=false")
         for keep in ("none", "states"):
             for k in grads["wy"]:
                 assert np.array_equal(grads[keep][k], grads["wy"][k]), (policy, keep, k)
+        # states with the staged chain (the default): another fp32 order of the chain, the same gradients
+        staged, _, _ = parity_step(d, dp, cp, tmp_path / f"{policy}-staged.safetensors", "--policy", policy)
+        worst = max((rel(staged[k], grads["wy"][k]), k) for k in grads["wy"])
+        print(policy, "staged vs whole chain, worst", worst)
+        assert worst[0] <= GRAD_BOUND, (policy, worst)
+        assert not all(np.array_equal(staged[k], grads["wy"][k]) for k in grads["wy"]), policy  # it ran
         if policy == "none":
             kept = {keep: counts[keep]["activation_bytes_kept"] for keep in counts}
             assert kept["none"] < kept["wy"] == kept["states"], kept

@@ -568,11 +568,11 @@ void cpu_gdn_backward_stage_of(CpuGdnBackward *whole, int stage, void *dkept, vo
     if (dS_final) memcpy(D, dS_final, state * sizeof(float));
     else memset(D, 0, state * sizeof(float));
     if (!dS0) return;
-    float *sq = RS_MALLOC((size_t)(T > 0 ? T : 1) * ldq * sizeof(float)), *sk = RS_MALLOC((size_t)(T > 0 ? T : 1) * ldq * sizeof(float));
-    float *sv = RS_MALLOC((size_t)(T > 0 ? T : 1) * ldv * sizeof(float));
-    float *sgb = RS_MALLOC((size_t)(T > 0 ? T : 1) * nv * 2 * sizeof(float));
-    whole(sq, sk, sv, sgb, sgb + T * nv, dS0, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv,
-          ldo, kept, 1);
+    const size_t rows = (size_t)(T > 0 ? T : 1); /* the gradients this stage does not write, into scratch */
+    float *sq = RS_MALLOC(rows * ldq * sizeof(float)), *sk = RS_MALLOC(rows * ldq * sizeof(float));
+    float *sv = RS_MALLOC(rows * ldv * sizeof(float)), *sgb = RS_MALLOC(rows * nv * 2 * sizeof(float));
+    whole(sq, sk, sv, sgb, sgb + rows * nv, dS0, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
+          ldv, ldo, kept, 1);
     free(sq);
     free(sk);
     free(sv);
