@@ -37,6 +37,11 @@
  *             of the group summed in head order, one bf16 rounding); without GVA
  *             dqkwg and wy_bwd write the final bf16 dq and dk themselves.
  *   dstate    = prep, dvlocal, state_bwd on the chunks before the first document start.
+ *   staged (lib/cp_gdn.c's cp 2 chain; the bits of the whole calls): the forward with o NULL = index, prep,
+ *             state_fwd (h, vn into kept), then with GDN_KEPT_STATES_IN = index, output; the backward's
+ *             stages (cuda_gdn_chunk_backward_stage, kept with states) DOUT = dvlocal, STATE = state_bwd,
+ *             GRADS = dqkwg, wy_bwd (group_reduce), each with its index, dv_loc, dh and dv2 carried in the
+ *             caller's dkept (gdn_dkept_carve, per piece) instead of the workspace.
  *   state_affine: fp32 IEEE (no TF32) tiled S_out = op(M) S_in + H.
  *
  * Numerics: states, gate cumsums, dg, dbeta and the dq/dk partials are fp32; gate
