@@ -1178,7 +1178,8 @@ static void gdn_backward_pieces(const char *who, int stage, void *dkept, void *d
                          g + r0 * nv, beta + r0 * nv, p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, R, nk,
                          nv, ldq, ldv, ldv, NULL, 0, 0, 0);
         }
-    /* the last piece first; piece p's dS0 is piece p-1's dS_final */
+    /* the last piece first; piece p's dS0 is piece p-1's dS_final; dat: the piece's part of dkept (every piece
+       before the last has R rows) */
     size_t dat = 0;
     for (int64_t p = 0; stage && p + 1 < np; p++) dat += gdn_dkept_carve(NULL, NULL, NULL, R, nv, dim_k, dim_v);
     for (int64_t p = np - 1; p >= 0; p--) {
