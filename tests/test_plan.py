@@ -281,3 +281,34 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     assert cpu["memory"]["remat"]["cudnn_workspace"] == 0
     r = run([ringscan, "plan", "configs/tiny-cpu.yaml", "--set", "device.attention_kernel=cudnn"])
     assert r.returncode == 2 and "runs on the cuda backend only" in r.stderr, r.stderr
+
+
+def test_staged_gdn_chain_buffers_by_hand(ringscan):
+    """The staged GDN chain (cp 2, parallel.gdn_chain_staged, checkpoint.gdn_keep states) adds to the CP scan
+    buffers what its backward stages carry for each local fragment (backend.h gdn_dkept_bytes; cp_init checks
+    the backend's figure against plan's): per piece of at most 65,536 rows dv_loc and dv2 (rows, nv, dv) and the
+    chunk state gradients (ceil(rows / 64) + 1, nv, dk, dv), bf16, each on 256 bytes; nothing at cp 4, without
+    gdn_keep states, or turned off."""
+    cfg = "configs/hybrid-1b-256k-h200x4.yaml"  # nv 16, dk = dv = 128
+
+    def r256(x):
+        return (x + 255) // 256 * 256
+
+    def dkept(rows, nv=16, dk=128, dv=128):
+        b = 0
+        for r0 in range(0, rows, 65_536):
+            m = min(rows - r0, 65_536)
+            b += 2 * r256(m * nv * dv * 2) + r256(((m + 63) // 64 + 1) * nv * dk * dv * 2)
+        return b
+
+    def scan(*sets, gpus=2):
+        d = plan_json(ringscan, cfg, "parallel.dp=1", f"slurm.gpus_per_node={gpus}", *sets)
+        return d["memory"]["remat"]["CP scan buffers"]
+
+    for seq, frag in ((262_144, 65_536), (1_048_576, 262_144)):  # one piece; four pieces
+        sets = ("parallel.cp=2", f"data.seq_len={seq}")
+        whole = scan(*sets, "parallel.gdn_chain_staged=false")
+        assert scan(*sets) - whole == 2 * dkept(frag), seq  # two local fragments per sample
+        assert scan(*sets, "checkpoint.gdn_keep=wy") == whole
+    assert scan("parallel.cp=4", "data.seq_len=262144", gpus=4) == scan(
+        "parallel.cp=4", "data.seq_len=262144", "parallel.gdn_chain_staged=false", gpus=4)
