@@ -218,7 +218,8 @@ typedef struct {
 
 /* o (rows, ldo) = the chunked delta rule over each local fragment from its entry state (counted in
  * gdn_forwards). With communicate and P > 1 the entry states come from the CP group into c->states
- * (and c->M what the backward needs): at P = 2 by the chain, else by the scan; without it (the
+ * (and c->M what the backward needs; the staged chain needs none): at P = 2 by the chain (staged where
+ * cp->gdn_dkept and c->kept with its states are, cp_gdn.c), else by the scan; without it (the
  * remat recompute) c->states are read as the communicating forward left them; P = 1 has none. */
 void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communicate, const CpGdnDims *d);
 /* gr's gradients = the core's backward, c as the forward left it; with P > 1 the state gradients
