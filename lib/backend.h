@@ -186,7 +186,8 @@ typedef struct Backend {
      * token with doc_pos == 0; so S0 only reaches tokens before the first document start. Chunks
      * restart at each document start (each document is chunked from its own first token). The state
      * after the last token goes to S_final (skipped when NULL). */
-    void (*gdn_chunk_forward)(void *o /* (T,ldo) nv heads of dim_v; NULL: the state pass alone */, float *S_final /* (nv,dim_k,dim_v) or NULL */,
+    void (*gdn_chunk_forward)(void *o /* (T,ldo) nv heads of dim_v; NULL: the state pass alone */,
+                              float *S_final /* (nv,dim_k,dim_v) or NULL */,
                               const void *q /* (T,ldq) nk heads of dim_k */, const void *k /* (T,ldq) */,
                               const void *v /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
                               const float *beta /* (T,nv) */, const float *S0 /* (nv,dim_k,dim_v) or NULL */,
