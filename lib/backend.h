@@ -57,6 +57,19 @@
  * STATES_IN without them, with o NULL or with S_final, is refused. */
 enum { GDN_KEPT_STATES = 1, GDN_KEPT_PREP_IN = 2, GDN_KEPT_STATES_IN = 4 };
 
+/* NULL when gdn_chunk_forward's o, S_final, kept and kept_flags keep the rules above, else which one they break
+ * (both backends refuse the call with it) */
+static inline const char *gdn_kept_flags_fault(const void *o, const float *S_final, const void *kept, int kept_flags) {
+    const int states = (kept_flags & GDN_KEPT_STATES) != 0, states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
+    if (kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN)) return "unknown kept_flags bits";
+    if ((kept_flags & GDN_KEPT_PREP_IN) && !kept) return "GDN_KEPT_PREP_IN without a kept buffer";
+    if (!o && !(states && kept && !states_in))
+        return "o = NULL (the state pass alone) needs GDN_KEPT_STATES and a kept buffer";
+    if (states_in && !(states && kept && o && !S_final))
+        return "GDN_KEPT_STATES_IN needs GDN_KEPT_STATES, a kept buffer and o, and writes no S_final";
+    return NULL;
+}
+
 /* gdn_chunk_backward_stage's stages (the backward in three calls on the same arguments, in this order: the
  * bits of one gdn_chunk_backward). DOUT: what needs dout alone (cuda the intra-chunk dv, cpu nothing), so a
  * rank waiting for a state gradient has work; STATE: the state-gradient pass from dS_final, dS0 (when not

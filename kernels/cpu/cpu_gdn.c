@@ -284,18 +284,6 @@ static void gdn_chunk_output(float *o /* (T,ldo), already offset to row t0 and h
     }
 }
 
-/* backend.h's rules for gdn_chunk_forward's kept_flags (the cuda entry applies the same) */
-static void gdn_check_kept_flags(const void *o, const float *S_final, const void *kept, int kept_flags) {
-    const int known = GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN;
-    const int states = (kept_flags & GDN_KEPT_STATES) != 0, states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
-    RS_CHECK((kept_flags & ~known) == 0, "gdn: kept_flags = %d", kept_flags);
-    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || kept, "gdn: GDN_KEPT_PREP_IN without a kept buffer");
-    RS_CHECK(o || (states && kept && !states_in), "gdn: o = NULL (the state pass alone) needs GDN_KEPT_STATES and "
-                                                  "a kept buffer");
-    RS_CHECK(!states_in || (states && kept && o && !S_final),
-             "gdn: GDN_KEPT_STATES_IN needs GDN_KEPT_STATES, a kept buffer and o, and writes no S_final");
-}
-
 void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_final /* (nv,dim_k,dim_v) or NULL */,
                            const void *q_ /* (T,ldq) nk heads of dim_k */, const void *k_ /* (T,ldq) */,
                            const void *v_ /* (T,ldv) nv heads of dim_v */, const float *g /* (T,nv) */,
@@ -306,7 +294,8 @@ void cpu_gdn_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v */, float *S_fi
                                              are recomputed from S0: none are kept here); GDN_KEPT_STATES checked */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
-    gdn_check_kept_flags(o_, S_final, tinv, kept_flags);
+    const char *fault = gdn_kept_flags_fault(o_, S_final, tinv, kept_flags);
+    RS_CHECK(!fault, "gdn: %s (kept_flags = %d)", fault ? fault : "", kept_flags);
     const int prep_in = (kept_flags & (GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN)) != 0;
     float *o = o_;
     const float *q = q_, *k = k_, *v = v_;

@@ -1100,17 +1100,10 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
     gdn_check_args("cuda_gdn_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(o) && gdn_aligned(q) && gdn_aligned(k) && gdn_aligned(v),
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
-    const int known = GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN;
-    RS_CHECK((kept_flags & ~known) == 0, "cuda_gdn_chunk_forward: kept_flags = %d", kept_flags);
-    RS_CHECK(!(kept_flags & GDN_KEPT_PREP_IN) || kept,
-             "cuda_gdn_chunk_forward: GDN_KEPT_PREP_IN without a kept buffer");
+    const char *fault = gdn_kept_flags_fault(o, S_final, kept, kept_flags);
+    RS_CHECK(!fault, "cuda_gdn_chunk_forward: %s (kept_flags = %d)", fault ? fault : "", kept_flags);
     const int kept_states = (kept_flags & GDN_KEPT_STATES) != 0, prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0;
     const int states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
-    RS_CHECK(o || (kept_states && kept && !states_in),
-             "cuda_gdn_chunk_forward: o = NULL (the state pass alone) needs GDN_KEPT_STATES and a kept buffer");
-    RS_CHECK(!states_in || (kept_states && kept && o && !S_final),
-             "cuda_gdn_chunk_forward: GDN_KEPT_STATES_IN needs GDN_KEPT_STATES, a kept buffer and o, and writes no "
-             "S_final");
     if (T == 0) {
         if (S_final) gdn_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
         return;
