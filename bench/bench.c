@@ -89,9 +89,12 @@ static const char bench_usage[] =
     "  --attn-impl K       attn, cp: ringscan (ours), cudnn or cudnn_det: cuDNN's fused attention where it takes\n"
     "                      the call, as device.attention_kernel (rows keep impl ringscan, with attn_impl and the\n"
     "                      calls routed to each side; cp: the ring's calls; default ringscan)\n"
-    "  --ring-calls C      cp: pairs (the zigzag rule's diagonals and rectangles, one call each) or steps (one\n"
-    "                      call per ring step and sample; lib/cp_ring.c); default: steps with our kernel, pairs\n"
-    "                      with cuDNN's\n"
+    "  --ring-calls C      cp: pairs (the zigzag rule's diagonals and rectangles, one call each), steps (one call\n"
+    "                      per ring step and sample) or auto (steps where the kernel runs a step's call fast or\n"
+    "                      none of the pairs: what training runs; lib/cp_ring.c) (default auto)\n"
+    "  --ring-kv K         cp: kept (at cp 2 the forward keeps the received K|V for the backward, which exchanges\n"
+    "                      none and sends its dK|dV home during its own block) or passed (the backward passes K|V\n"
+    "                      again), as parallel.ring_keep_kv (default kept)\n"
     "  --gdn-chain C       cp: staged (the cp 2 chain's hand-offs after state passes alone) or whole (each\n"
     "                      fragment's pass whole), as parallel.gdn_chain_staged (staged needs --gdn-keep states);\n"
     "                      default staged\n"
@@ -236,7 +239,8 @@ static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",
                                                "slurm.nodes",      "slurm.gpus_per_node", NULL};
 
 /* Options that only `bench cp` takes, and the ones it does not. */
-static const char *const bench_cp_only[] = {"--gdn-T", "--parts", "--device", "--ring-calls", "--gdn-chain", NULL};
+static const char *const bench_cp_only[] = {"--gdn-T",     "--parts",     "--device", "--ring-calls",
+                                             "--ring-kv",   "--gdn-chain", NULL};
 static const char *const bench_cp_refused[] = {"--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
                                                "--hbm-tbps", NULL};
 
@@ -262,7 +266,8 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->peer_dir = "tests/peer", o->python = "python3", o->out_dir = "runs/bench";
     o->peer_timeout = 300;
     o->seed = 1;
-    o->ring_calls = -1;
+    o->ring_calls = RING_CALLS_AUTO; /* parallel.ring_calls' default */
+    o->ring_keep_kv = 1;             /* parallel.ring_keep_kv's */
     o->gdn_chain_staged = 1; /* parallel.gdn_chain_staged's default */
     o->cudnn_lib = "";
     o->gdn_T[0] = 65536, o->gdn_T[1] = 131072, o->n_gdn_T = 2;
@@ -333,8 +338,12 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
                 bench_bad(a, v, "expected ringscan, cudnn or cudnn_det");
         } else if (!strcmp(a, "--ring-calls")) {
             const char *v = bench_value(argc, argv, &i);
-            if (strcmp(v, "pairs") && strcmp(v, "steps")) bench_bad(a, v, "expected pairs or steps");
-            o->ring_calls = !strcmp(v, "steps");
+            o->ring_calls = config_enum_index(ring_calls_names, v);
+            if (o->ring_calls < 0) bench_bad(a, v, "expected auto, pairs or steps");
+        } else if (!strcmp(a, "--ring-kv")) {
+            const char *v = bench_value(argc, argv, &i);
+            if (strcmp(v, "kept") && strcmp(v, "passed")) bench_bad(a, v, "expected kept or passed");
+            o->ring_keep_kv = !strcmp(v, "kept");
         } else if (!strcmp(a, "--gdn-chain")) {
             const char *v = bench_value(argc, argv, &i);
             if (strcmp(v, "staged") && strcmp(v, "whole")) bench_bad(a, v, "expected staged or whole");

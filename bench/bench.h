@@ -90,8 +90,8 @@ typedef struct {
     int     attn_impl;                      /* attn: AttnKernel (--attn-impl; issue 19) */
     const char *cudnn_lib;                  /* attn: --cudnn-lib, path of libcudnn.so.9 ("" search) */
     int     gdn_chain_staged;               /* cp: parallel.gdn_chain_staged (--gdn-chain) */
-    int     ring_calls;                     /* cp: -1 the backend's (Backend attention_any_mask), 0 the zigzag
-                                               rule's calls one by one, 1 one per step (--ring-calls) */
+    int     ring_calls;                     /* cp: RingCalls, as parallel.ring_calls (--ring-calls) */
+    int     ring_keep_kv;                   /* cp: parallel.ring_keep_kv (--ring-kv kept | passed) */
 } BenchOptions;
 
 /* What a measurement needs from the machine (filled by bench.c before any case runs). */

@@ -28,9 +28,12 @@
  *   cuDNN route (kernels/cuda/cuda_attention_cudnn.h, as device.attention_kernel):
  *   the diagonals and dense rectangles on cuDNN, by the ring's host hints; the rows
  *   carry "attn_impl" (the one-GPU row too, so CP efficiency compares like with like)
- *   and "ring_calls": steps (one block-attention call per ring step and sample, what
- *   our kernel runs) or pairs (the zigzag rule's calls one by one, the cuDNN route's);
- *   --ring-calls picks either for a comparison
+ *   and "ring_calls": auto (what training runs: one block-attention call per ring
+ *   step and sample where the kernel runs it fast, lib/cp_ring.c), steps or pairs
+ *   (the zigzag rule's calls one by one), as --ring-calls picks for a comparison,
+ *   and "ring_kv": kept (cp 2: the backward reads the K|V its forward received and
+ *   sends its dK|dV home during its own block) or passed (ring-flash-attention's
+ *   order, the last hop waited alone), as --ring-kv picks
  *   the GDN layer, per case (T, H key = value heads, K = V, conv width 4), one
  *   document, called exactly as lib/model_block.c calls it: cp_gdn_halo_forward,
  *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_forward (the delta
@@ -86,6 +89,7 @@
 #include "fsio.h"
 #include "rng.h"
 #ifdef RS_WITH_CUDA
+#include "cuda_attention_cudnn.h"
 #include "cuda_backend.h"
 #include "cuda_bench.h"
 #define BC_MARKS CUDA_BENCH_MARKS
@@ -230,13 +234,14 @@ static void bc_config(Config *cfg, const BcEnv *e, int64_t T, int P) {
     cfg->model.num_hidden_layers = 1;
     cfg->model.layer_types.n = 0;
     cfg->parallel.gdn_chain_staged = e->o->gdn_chain_staged;
+    cfg->parallel.ring_calls = e->o->ring_calls;
+    cfg->parallel.ring_keep_kv = e->o->ring_keep_kv;
     cfg->checkpoint.gdn_keep = e->o->gdn_keep;
 }
 
 /* The CP context of P ranks (P = 1: one process's, no communication) with one document's metadata. */
 static void bc_cp_begin(Cp *cp, BcEnv *e, const Config *cfg, int P) {
     cp_init(cp, P > 1 ? e->comm : NULL, e->be, cfg);
-    if (e->o->ring_calls >= 0) cp->ring_whole_steps = e->o->ring_calls; /* --ring-calls */
     const CpLayout *L = &cp->L;
     int32_t *pos = RS_MALLOC((size_t)L->T_local * sizeof(int32_t));
     for (int f = 0; f < L->nlocal; f++)
@@ -340,8 +345,8 @@ static void bc_exchange_run(BcEnv *e, void *ctx) {
     const int64_t el = cp->L.T_local * 2 * (int64_t)a->d.nkv * a->d.hd;
     CommHandle h = {0};
     bc_mark(e, 0);
-    comm_isendrecv(cp->comm, COMM_CP, cp->kv_recv[0], (r + 1) % P, cp->kv_recv[1], (r - 1 + P) % P,
-                   el * e->be->act_size, 21, &h);
+    comm_isendrecv(cp->comm, COMM_CP, a->kv, (r + 1) % P, cp->ring_keep_kv ? cp->kv_kept : cp->kv_recv[1],
+                   (r - 1 + P) % P, el * e->be->act_size, 21, &h);
     comm_wait(cp->comm, &h);
     bc_mark(e, 1);
     comm_isendrecv(cp->comm, COMM_CP, cp->dkv_buf[0], (r + 1) % P, cp->dkv_buf[1], (r - 1 + P) % P,
@@ -366,6 +371,15 @@ static json_t *bc_steps_json(const BcTimes *t, int P, const char *key) {
     return a;
 }
 
+/* the cuDNN route's calls so far (cuda_attention_cudnn_counts: fwd cuDNN, fwd ours, bwd cuDNN, bwd ours); zeros
+ * where the ring runs ours alone */
+static void bc_routed(const BcEnv *e, int64_t n[4]) {
+    memset(n, 0, 4 * sizeof *n);
+#ifdef RS_WITH_CUDA
+    if (!e->cpu && e->o->attn_impl != ATTN_KERNEL_RINGSCAN) cuda_attention_cudnn_counts(n);
+#endif
+}
+
 static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     const char *cname = json_string_value(json_object_get(c, "name"));
     const int P = e->P, nv = 2 + 4 * P;
@@ -374,13 +388,25 @@ static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     bc_ring_setup(&a, e, c, ci, P);
     a.cp.step_mark = bc_ring_step_mark;
     a.cp.step_mark_ctx = ctx;
+    const int64_t calls0 = a.cp.count.attn_kernel_calls[0];
+    int64_t routed[2][4];
+    bc_routed(e, routed[0]);
     BcTimes over = bc_repeat(e, bc_ring_run, bc_ring_read, &a, nv, 1, BC_SLOWEST);
+    bc_routed(e, routed[1]);
+    const int runs = e->o->warmup + over.n; /* each run one forward and one backward */
+    const int fwd_calls = comm_allreduce_max_int(e->comm, e->comm->world,
+                                                 (int)((a.cp.count.attn_kernel_calls[0] - calls0) / runs));
     e->comm->serial = 1; /* every exchange waited right after posting it */
     BcTimes ser = bc_repeat(e, bc_ring_run, bc_ring_read, &a, nv, 1, BC_SLOWEST);
     e->comm->serial = 0;
     json_t *cp_row = bc_row(cname, "ringscan-cp", P, bc_median(&over, 0, BC_SLOWEST),
                             bc_median(&over, 1, BC_SLOWEST), over.n);
     json_object_set_new(cp_row, "steps", bc_steps_json(&over, P, "exposed_wait_ms"));
+    json_object_set_new(cp_row, "fwd_calls", json_integer(fwd_calls)); /* per forward, the most on a rank */
+    json_int_t per_run[4]; /* rank 0's calls through cuDNN and ours, per run */
+    for (int i = 0; i < 4; i++) per_run[i] = (json_int_t)((routed[1][i] - routed[0][i]) / runs);
+    json_object_set_new(cp_row, "routed", json_pack("{sI sI sI sI}", "fwd_cudnn", per_run[0], "fwd_ours", per_run[1],
+                                                    "bwd_cudnn", per_run[2], "bwd_ours", per_run[3]));
     json_t *ser_row = bc_row(cname, "ringscan-cp-serial", P, bc_median(&ser, 0, BC_SLOWEST),
                              bc_median(&ser, 1, BC_SLOWEST), ser.n);
     json_object_set_new(ser_row, "steps", bc_steps_json(&ser, P, "comm_ms"));
@@ -395,7 +421,8 @@ static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     }
     free(over.all);
     free(ser.all);
-    const int whole = a.cp.ring_whole_steps;
+    const RingCalls how = a.cp.ring_calls;
+    const int kept = a.cp.ring_keep_kv;
     bc_ring_free(&a, e->be);
 
     bc_ring_setup(&a, e, c, ci, 1);
@@ -407,7 +434,8 @@ static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     json_t *made[3] = {cp_row, ser_row, one_row};
     for (int i = 0; i < 3; i++) {
         json_object_set_new(made[i], "attn_impl", json_string(attn_kernel_names[e->o->attn_impl]));
-        json_object_set_new(made[i], "ring_calls", json_string(whole ? "steps" : "pairs"));
+        json_object_set_new(made[i], "ring_calls", json_string(ring_calls_names[how]));
+        json_object_set_new(made[i], "ring_kv", json_string(kept ? "kept" : "passed"));
         json_array_append_new(rows, made[i]);
     }
 }
@@ -728,6 +756,14 @@ static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) 
                     (long long)json_integer_value(json_object_get(s, "t")), bench_num(s, "compute_ms"),
                     bench_num(s, "comm_ms"), bench_num(o, "compute_ms"), bench_num(o, "exposed_wait_ms"));
         }
+        fprintf(f, "\n");
+        const json_t *rt = json_object_get(cp, "routed");
+        long long n[4], any = 0;
+        const char *const keys[4] = {"fwd_cudnn", "bwd_cudnn", "fwd_ours", "bwd_ours"};
+        for (int k = 0; k < 4; k++) any += n[k] = (long long)json_integer_value(json_object_get(rt, keys[k]));
+        fprintf(f, "  calls (%s): %lld per forward on the busiest rank", json_string_value(json_object_get(cp, "ring_calls")),
+                (long long)json_integer_value(json_object_get(cp, "fwd_calls")));
+        if (any) fprintf(f, "; per run on rank 0 cuDNN fwd %lld bwd %lld, ours fwd %lld bwd %lld", n[0], n[1], n[2], n[3]);
         fprintf(f, "\n");
         const json_t *x = json_object_get(cp, "exchange_alone");
         if (x)

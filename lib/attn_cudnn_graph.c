@@ -290,6 +290,7 @@ CdgRoute cdg_route(const AttnHint *m, int64_t Tq, int64_t Tk, int nh, int nkv, i
     else if (m->doc_min != m->doc_max) w_ = "document-masked";
     else if (!causal || m->pos_k_max <= m->pos_q_min) r = CDG_ROUTE_DENSE, w_ = "every key visible";
     else if (m->q_consec && m->k_consec && m->pos_q0 == m->pos_k0) r = CDG_ROUTE_CAUSAL, w_ = "causal diagonal";
+    else if (m->same_pos && m->rising) r = CDG_ROUTE_CAUSAL, w_ = "causal over the keys' own rows, positions rising";
     else w_ = "causal with shifted or gapped positions";
     if (why) *why = w_;
     return r;

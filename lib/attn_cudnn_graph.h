@@ -40,7 +40,10 @@
  * one document over all q and k rows, and either not causal, or every key
  * position <= every query position (causal reduces to all keys: the ring's
  * dense rectangles), or q and k positions consecutive from the same start
- * (the causal diagonal, one-GPU causal). Every other call (document-masked
+ * (the causal diagonal, one-GPU causal), or the query rows' positions the key
+ * rows' and rising (a ring rank's own block, its zigzag fragments in one
+ * call: key row j <= query row i exactly when pos_k[j] <= pos_q[i], so
+ * top-left causal by index is causal by pos). Every other call (document-masked
  * pairs, shifted diagonals, shapes cuDNN refuses) runs our kernel. The route
  * reads the caller's host summary of the rows (AttnHint, lib/attn_hint.h), so
  * choosing never waits for the GPU.

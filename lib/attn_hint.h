@@ -3,8 +3,11 @@
  * metadata (AttnHint; lib/backend.h's attention entries take it): over the
  * call's q and k rows, the range of document starts (pos - doc_pos) and, per
  * side, whether the positions are consecutive, with the first, least query
- * and greatest key positions. That is all the mask's shape depends on: one
- * document or several, every key visible, a causal diagonal.
+ * and greatest key positions; whether positions rise row by row on both
+ * sides, and whether the query rows' positions are the key rows' (a ring
+ * rank's own block: its zigzag fragments, positions rising with a gap). That
+ * is all the mask's shape depends on: one document or several, every key
+ * visible, a causal diagonal, causal by row index.
  *
  * Why: a backend may pick its kernel by the mask's shape (cuda with
  * device.attention_kernel: cudnn sends one-document dense rectangles and
@@ -25,7 +28,9 @@
  *
  * The fold is plain C usable on host and device: attn_hint_begin (the
  * empty summary of a call, given its first positions), attn_hint_add (one
- * row), attn_hint_join (two partial summaries of the same call).
+ * row, read from the call's rows with the row before it and, for a query,
+ * the key row of the same index), attn_hint_join (two partial summaries of
+ * the same call).
  *
  * Callers: lib/cp_ring.c, lib/attn_cudnn_graph.c, kernels/cpu/cpu_attention.c,
  * kernels/cuda/cuda_attention_cudnn*, bench/bench_ops.c, tests.
@@ -46,27 +51,35 @@ typedef struct AttnHint {
     int32_t q_consec, k_consec;   /* 1 when pos[i] == pos[0] + i for every row of that side */
     int32_t pos_q0, pos_k0;       /* first positions (0 for a side without rows) */
     int32_t pos_q_min, pos_k_max; /* least query, greatest key position */
+    int32_t rising;               /* 1 when pos[i] > pos[i - 1] for every row of both sides */
+    int32_t same_pos;             /* 1 when Tq == Tk and pos_q[i] == pos_k[i] for every row */
 } AttnHint;
 
-enum { ATTN_HINT_FIELDS = 8 };
+enum { ATTN_HINT_FIELDS = 10 };
 
 /* the summary of no rows of a call whose first positions are pos_q0, pos_k0 */
 static inline ATTN_HINT_HD AttnHint attn_hint_begin(int32_t pos_q0, int32_t pos_k0) {
-    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, pos_q0, pos_k0, INT32_MAX, INT32_MIN};
+    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, pos_q0, pos_k0, INT32_MAX, INT32_MIN, 1, 1};
     return h;
 }
 
-/* adds row i of the keys (is_k) or of the queries */
-static inline ATTN_HINT_HD void attn_hint_add(AttnHint *h, int is_k, int64_t i, int32_t pos, int32_t doc_pos) {
-    const int32_t d = pos - doc_pos;
+/* adds row i of the keys (is_k) or of the queries of a call over pos_q, doc_q (Tq rows) and pos_k, doc_k (Tk
+ * rows); reads that row, the row before it on its side and, for a query row, the key row of the same index */
+static inline ATTN_HINT_HD void attn_hint_add(AttnHint *h, int is_k, int64_t i, const int32_t *pos_q,
+                                              const int32_t *doc_q, int64_t Tq, const int32_t *pos_k,
+                                              const int32_t *doc_k, int64_t Tk) {
+    const int32_t *pos = is_k ? pos_k : pos_q;
+    const int32_t p = pos[i], d = p - (is_k ? doc_k : doc_q)[i];
     if (d < h->doc_min) h->doc_min = d;
     if (d > h->doc_max) h->doc_max = d;
+    if (i > 0 && p <= pos[i - 1]) h->rising = 0;
+    if (Tq != Tk || (!is_k && p != pos_k[i])) h->same_pos = 0;
     if (is_k) {
-        if ((int64_t)pos != (int64_t)h->pos_k0 + i) h->k_consec = 0;
-        if (pos > h->pos_k_max) h->pos_k_max = pos;
+        if ((int64_t)p != (int64_t)h->pos_k0 + i) h->k_consec = 0;
+        if (p > h->pos_k_max) h->pos_k_max = p;
     } else {
-        if ((int64_t)pos != (int64_t)h->pos_q0 + i) h->q_consec = 0;
-        if (pos < h->pos_q_min) h->pos_q_min = pos;
+        if ((int64_t)p != (int64_t)h->pos_q0 + i) h->q_consec = 0;
+        if (p < h->pos_q_min) h->pos_q_min = p;
     }
 }
 
@@ -78,12 +91,14 @@ static inline ATTN_HINT_HD void attn_hint_join(AttnHint *a, const AttnHint *b) {
     a->k_consec &= b->k_consec;
     if (b->pos_q_min < a->pos_q_min) a->pos_q_min = b->pos_q_min;
     if (b->pos_k_max > a->pos_k_max) a->pos_k_max = b->pos_k_max;
+    a->rising &= b->rising;
+    a->same_pos &= b->same_pos;
 }
 
 /* field i of h in declaration order (messages, device comparison) */
 static inline ATTN_HINT_HD int32_t attn_hint_field(const AttnHint *h, int i) {
-    const int32_t v[ATTN_HINT_FIELDS] = {h->doc_min, h->doc_max,  h->q_consec,  h->k_consec,
-                                         h->pos_q0,  h->pos_k0,   h->pos_q_min, h->pos_k_max};
+    const int32_t v[ATTN_HINT_FIELDS] = {h->doc_min, h->doc_max,   h->q_consec, h->k_consec, h->pos_q0,
+                                         h->pos_k0,  h->pos_q_min, h->pos_k_max, h->rising,  h->same_pos};
     return v[i];
 }
 
@@ -95,8 +110,9 @@ static inline ATTN_HINT_HD int attn_hint_differs(const AttnHint *a, const AttnHi
 }
 
 static inline const char *attn_hint_field_name(int i) {
-    static const char *const names[ATTN_HINT_FIELDS] = {"doc_min", "doc_max", "q_consec",  "k_consec",
-                                                        "pos_q0",  "pos_k0",  "pos_q_min", "pos_k_max"};
+    static const char *const names[ATTN_HINT_FIELDS] = {"doc_min",  "doc_max",   "q_consec",  "k_consec",
+                                                        "pos_q0",   "pos_k0",    "pos_q_min", "pos_k_max",
+                                                        "rising",   "same_pos"};
     return i >= 0 && i < ATTN_HINT_FIELDS ? names[i] : "?";
 }
 
@@ -104,8 +120,8 @@ static inline const char *attn_hint_field_name(int i) {
 static inline AttnHint attn_hint_rows(const int32_t *pos_q, const int32_t *doc_pos_q, int64_t Tq,
                                       const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tk) {
     AttnHint h = attn_hint_begin(Tq ? pos_q[0] : 0, Tk ? pos_k[0] : 0);
-    for (int64_t i = 0; i < Tq; i++) attn_hint_add(&h, 0, i, pos_q[i], doc_pos_q[i]);
-    for (int64_t i = 0; i < Tk; i++) attn_hint_add(&h, 1, i, pos_k[i], doc_pos_k[i]);
+    for (int64_t i = 0; i < Tq; i++) attn_hint_add(&h, 0, i, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
+    for (int64_t i = 0; i < Tk; i++) attn_hint_add(&h, 1, i, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
     return h;
 }
 

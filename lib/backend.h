@@ -90,11 +90,14 @@ typedef struct BackendMemStats {
 typedef struct Backend {
     const char *name;   /* "cpu" or "cuda" */
     int         act_size; /* bytes per activation element: 4 (cpu) or 2 (cuda) */
-    /* 1: the attention entries take any rows and mask at the cost of the mask's live tiles (they skip the
-     * fully masked ones), so lib/cp_ring.c makes one call per ring step and sample; 0: a route that runs
-     * only some shapes fast (cuDNN's: causal diagonals and dense rectangles of consecutive positions), so the
-     * ring calls the zigzag rule's diagonals and trimmed rectangles one by one */
-    int         attention_any_mask;
+    /* Which attention calls run the backend's fast kernel, for lib/cp_ring.c's choice between one call per
+     * ring step and the zigzag rule's calls (Cp.ring_calls). NULL: every call (the attention entries take any
+     * rows and mask at the cost of the mask's live tiles, skipping the fully masked ones: ours on cpu and
+     * cuda). Else a route that runs some masks fast and the rest with a slower kernel (cuda's cuDNN route,
+     * lib/attn_cudnn_graph.h cdg_route: one document, causal diagonals, a ring rank's own block, dense
+     * rectangles): 1 when a call of this summary (lib/attn_hint.h) and shape would take the fast one. Host
+     * work only. */
+    int (*attention_fast)(const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal);
 
     /* ---- memory (device memory on cuda; plain heap on cpu) ---- */
     void *(*alloc)(size_t bytes);                               /* zero-filled */

@@ -43,12 +43,21 @@ typedef enum { HIDDEN_ACT_SILU, HIDDEN_ACT_COUNT } HiddenAct;
 typedef enum { SLURM_LAUNCHER_SRUN, SLURM_LAUNCHER_MPIRUN, SLURM_LAUNCHER_COUNT } SlurmLauncher;
 typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } GdnKeep;
 typedef enum { OFFLOAD_NONE, OFFLOAD_HOST, OFFLOAD_COUNT } Offload;
+/* parallel.ring_calls: how lib/cp_ring.c calls a ring step's attention (its header says why) */
+typedef enum {
+    RING_CALLS_AUTO,  /* one call over the step's bounding box where the backend runs it fast (Backend
+                         attention_fast) or runs less than half of the rule's calls' work fast; else the rule's */
+    RING_CALLS_PAIRS, /* the zigzag rule's diagonals and trimmed rectangles, one call each */
+    RING_CALLS_STEPS, /* one call over the bounding box, whatever the backend runs fast */
+    RING_CALLS_COUNT
+} RingCalls;
 
 extern const char *const device_kind_names[DEVICE_KIND_COUNT + 1];
 extern const char *const attn_kernel_names[ATTN_KERNEL_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
 extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
 extern const char *const offload_names[OFFLOAD_COUNT + 1];
+extern const char *const ring_calls_names[RING_CALLS_COUNT + 1];
 
 /* the index of s in a NULL-terminated name table (the *_names above), -1 if it is not there */
 int config_enum_index(const char *const *names, const char *s);
@@ -114,6 +123,8 @@ typedef struct {
     int64_t dp; /* data-parallel replicas */
     int64_t cp; /* context-parallel ranks per replica */
     bool    gdn_chain_staged; /* cp 2: the GDN chain's state passes apart from the outputs / gradients (cp_gdn.c) */
+    int32_t ring_calls;   /* RingCalls */
+    bool    ring_keep_kv; /* cp 2: the ring forward keeps the other rank's K|V for the backward (cp_ring.c) */
     bool    overlap_comm; /* false: every non-blocking transfer is waited at once (Comm.serial) */
     double  comm_timeout_s; /* a wait for other ranks longer than this ends the run (comm_watchdog.c); 0: off */
 } ParallelConfig;

@@ -23,6 +23,7 @@ const char *const device_kind_names[] = {"cpu", "cuda", NULL};
 const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
 const char *const gdn_keep_names[]    = {"none", "wy", "states", NULL};
 const char *const offload_names[]     = {"none", "host", NULL};
+const char *const ring_calls_names[]  = {"auto", "pairs", "steps", NULL};
 const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
@@ -34,6 +35,7 @@ _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KI
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
 _Static_assert(sizeof gdn_keep_names / sizeof *gdn_keep_names == GDN_KEEP_COUNT + 1, "names");
 _Static_assert(sizeof offload_names / sizeof *offload_names == OFFLOAD_COUNT + 1, "names");
+_Static_assert(sizeof ring_calls_names / sizeof *ring_calls_names == RING_CALLS_COUNT + 1, "names");
 _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDULE_COUNT + 1, "names");
 _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
 _Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
@@ -143,6 +145,20 @@ const ConfigKey config_schema[] = {
          "plan's CP scan buffers: 2 GiB per GPU for the 1B model at 256k); false, or another gdn_keep: each "
          "fragment's pass runs whole, with one state pass more per rank each way (GDN layer fwd+bwd at 64k-128k, "
          "64 heads: CP efficiency 84-86% whole, 92-94% staged; docs/benchmarks.md v0.12)"),
+    ENUM(parallel.ring_calls, "auto", ring_calls_names, "cp",
+         "how ring attention calls the kernel per ring step and sample. auto: one call over the step's rows (the "
+         "zigzag rule's diagonals and rectangles together) where the kernel runs it fast: always with ours (it skips "
+         "masked tiles), with cuDNN for one document (a rank's own block causal by row index, the rest dense); with "
+         "documents, the rule's calls where cuDNN takes most of their work (documents longer than a fragment). "
+         "pairs: the rule's calls one by one (cuDNN's workspace then grows to a fragment's rows, not a rank's: the "
+         "1M-token config at 80 GB); steps: one call always. Through cuDNN at 128k on two H200s auto is 1.0% faster "
+         "than pairs (docs/benchmarks.md v0.13)"),
+    BOOL(parallel.ring_keep_kv, "true", "cp",
+         "cp 2 only: the ring forward keeps the K|V block it received (the other rank's) for every softmax layer "
+         "until the backward (local rows x 2 kv heads x head_dim x 2 bytes per layer, in plan's CP ring buffers; "
+         "no K|V receive buffers are then needed), so the backward exchanges no K|V, runs the other rank's block "
+         "first and sends its dK|dV home while its own block runs; false: the backward passes K|V again and its last "
+         "dK|dV hop (fp32) waits alone (128k MHA: 3 ms of 233)"),
     BOOL(parallel.overlap_comm, "true", "comm",
          "run communication beside compute; false: wait for each transfer at once (measurement, debugging)"),
     FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",

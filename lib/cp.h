@@ -117,11 +117,16 @@ typedef struct Cp {
     CpLayout       L;
     CpBatch        batch;
     int            layers;
-    int            ring_whole_steps; /* 1: one attention call per ring step and sample (cp_ring.c); cp_init
-                                        sets the backend's attention_any_mask, tests and bench may change it */
+    RingCalls      ring_calls; /* how cp_ring.c calls a ring step's attention: parallel.ring_calls (cp_init);
+                                  tests and bench may change it */
+    int            ring_keep_kv; /* P = 2 with parallel.ring_keep_kv: the forward keeps the received K|V per
+                                    softmax layer (kv_kept) for the backward */
+    int           *kv_slot;      /* (layers) the layer's slot in kv_kept, -1 for a GDN layer */
+    uint8_t       *kv_kept_ok;   /* (layers) 1 from a forward's keeping to the backward that reads it */
     CpCounters     count;
     /* ring buffers (activation type unless fp32 is said) */
-    void  *kv_recv[2];   /* (rows, 2 kvd) the K|V blocks arriving */
+    void  *kv_recv[2];   /* (rows, 2 kvd) the K|V blocks arriving (NULL with ring_keep_kv) */
+    void  *kv_kept;      /* (softmax layers, rows, 2 kvd) with ring_keep_kv: each layer's received block */
     float *run_out;      /* (rows, qd) fp32 running output */
     float *run_lse;      /* (rows, nh) fp32 running LSE */
     float *lse_empty;    /* (rows, nh) fp32 all -inf: "no key seen yet", the running LSE's start */

@@ -74,7 +74,7 @@ static int64_t cp_align(int64_t n) { return (n + CP_ALIGN - 1) / CP_ALIGN * CP_A
 static void cp_bind(Cp *cp, const ActCpBuffer *b, char *p) {
     static const struct { const char *name; size_t off; int count; } fields[] = {
 #define F(n, c) {#n, offsetof(Cp, n), c}
-        F(kv_recv, 2), F(run_out, 1), F(run_lse, 1), F(lse_empty, 1), F(blk_out, 1), F(blk_lse, 1), F(dq_acc, 1),
+        F(kv_recv, 2), F(kv_kept, 1), F(run_out, 1), F(run_lse, 1), F(lse_empty, 1), F(blk_out, 1), F(blk_lse, 1), F(dq_acc, 1),
         F(dkv_local, 1), F(dkv_buf, 2), F(scan_send, 1), F(scan_recv, 1), F(fold, 2), F(dstate, 1),
         F(gdn_dkept, 1), F(halo_send, 1), F(halo_recv, 1),
 #undef F
@@ -97,9 +97,14 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
     RS_CHECK(comm || P == 1, "parallel.cp = %d needs MPI ranks", P);
     cp->comm = comm;
     cp->be = be;
-    cp->ring_whole_steps = be->attention_any_mask;
+    cp->ring_calls = (RingCalls)cfg->parallel.ring_calls;
     cp_layout_init(&cp->L, cfg->data.seq_len, P, comm ? comm->cp_rank : 0);
     cp->layers = (int)cfg->model.num_hidden_layers;
+    cp->kv_slot = RS_MALLOC((size_t)cp->layers * sizeof(int));
+    cp->kv_kept_ok = RS_CALLOC((size_t)cp->layers, 1);
+    int n_full = 0;
+    for (int l = 0; l < cp->layers; l++) cp->kv_slot[l] = config_layer_kind(cfg, l) == LAYER_KIND_FULL ? n_full++ : -1;
+    cp->ring_keep_kv = P == 2 && cfg->parallel.ring_keep_kv && n_full > 0; /* model_acts.c lists kv_kept then */
 
     ActTable t;
     model_acts_build(&t, cfg);
@@ -153,6 +158,8 @@ void cp_free(Cp *cp) {
     cp->be->free(cp->batch.dev_all);
     free(cp->batch.frag_resets);
     free(cp->batch.frag_starts_doc);
+    free(cp->kv_slot);
+    free(cp->kv_kept_ok);
     int64_t **c = cp_counter_arrays(cp);
     for (size_t i = 0; i < CP_COUNTERS; i++) free(c[i]);
     memset(cp, 0, sizeof *cp);

@@ -23,13 +23,19 @@
  * leaves out (a < b, the other documents, the rows before a document's
  * start) is masked anyway, a step's calls of one sample can be ONE call over
  * their bounding box, causal by pos (a rectangle's keys all precede its
- * queries, so causal changes nothing there): Cp.ring_whole_steps, set where
- * the backend's attention skips fully masked tiles (Backend
- * attention_any_mask: ours on cpu and cuda). One launch and one merge per
+ * queries, so causal changes nothing there). One launch and one merge per
  * step instead of up to three, all of a step's tiles in one wave schedule
  * (v0.6: the rule's 32k-row calls at 128k cost 4-6% over the one-GPU
- * kernel). The cuDNN route keeps the rule's calls: it runs causal diagonals
- * and dense rectangles of consecutive positions, not the whole step.
+ * kernel). Cp.ring_calls chooses (RING_CALLS_AUTO, the default): the box where
+ * the backend runs it fast (Backend attention_fast; NULL: ours, which skips
+ * fully masked tiles, runs every call fast), or where it runs less than half
+ * of the rule's calls' work (their areas, half for a diagonal) fast; else the
+ * rule's calls. With the cuDNN route and one document every box is cuDNN's:
+ * step 0's is the rank's own block, causal by row index (its fragments'
+ * positions rise), the others dense rectangles; with documents shorter than
+ * a fragment the boxes run ours (the rule's one-document calls are the small
+ * rectangles of the documents crossing a fragment's start), with longer ones
+ * the rule's calls mostly lie in one document and keep cuDNN.
  * Each call carries its AttnHint (lib/attn_hint.h,
  * the summary of its rows from the batch's host copies), so a backend that
  * picks its kernel by the mask's shape (cuDNN's route) never reads metadata
@@ -59,7 +65,8 @@
 #include "cp.h"
 #include "error.h"
 
-#define CP_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
+#define CP_AT_ES(p, off, es) ((void *)((char *)(p) + (int64_t)(off) * (es)))
+#define CP_AT(p, off) CP_AT_ES(p, off, es)
 
 enum { CP_TAG_KV = 11, CP_TAG_DKV = 12 };
 
@@ -76,8 +83,13 @@ typedef struct {
     AttnHint hint;
 } CpPair;
 
-/* The calls of step t (owner j) for sample s: at most nlocal x nlocal. Returns how many. */
-static int cp_ring_pairs(const Cp *cp, int j, int s, CpPair *out) {
+static int cp_ring_fast(const Cp *cp, const CpPair *p, const CpAttnDims *d) {
+    return !cp->be->attention_fast || cp->be->attention_fast(&p->hint, p->nq, p->nk, d->nh, d->nkv, d->hd, p->causal);
+}
+
+/* The calls of step t (owner j) for sample s: the rule's, at most nlocal x nlocal, or their bounding box
+ * (Cp.ring_calls; the header says when). Returns how many. */
+static int cp_ring_pairs(const Cp *cp, int j, int s, const CpAttnDims *d, CpPair *out) {
     const CpLayout *L = &cp->L;
     const CpBatch *B = &cp->batch;
     const int64_t n = L->frag_len;
@@ -94,16 +106,20 @@ static int cp_ring_pairs(const Cp *cp, int j, int s, CpPair *out) {
                 out[np++] = (CpPair){q0, n, k0, n, 1, {0}};
                 continue;
             }
-            /* the first query's document began at global position d; the key fragment covers
+            /* the first query's document began at global position d0; the key fragment covers
              * [b n, (b+1) n) */
-            int64_t d = (int64_t)pos_q[q0] - doc_q[q0];
-            if (d >= (int64_t)(b + 1) * n) continue;
-            int64_t skip = d > (int64_t)b * n ? d - (int64_t)b * n : 0;
+            int64_t d0 = (int64_t)pos_q[q0] - doc_q[q0];
+            if (d0 >= (int64_t)(b + 1) * n) continue;
+            int64_t skip = d0 > (int64_t)b * n ? d0 - (int64_t)b * n : 0;
             int64_t nq = 1;
             while (nq < n && doc_q[q0 + nq] != 0) nq++;
             out[np++] = (CpPair){q0, nq, k0 + skip, n - skip, 0, {0}};
         }
-    if (cp->ring_whole_steps && np > 1) { /* one call over the pairs' bounding box (the header says why) */
+    for (int i = 0; i < np; i++) {
+        CpPair *p = &out[i];
+        p->hint = attn_hint_rows(pos_q + p->q0, doc_q + p->q0, p->nq, pos_k + p->k0, doc_k + p->k0, p->nk);
+    }
+    if (cp->ring_calls != RING_CALLS_PAIRS && np > 1) { /* the pairs' bounding box, causal by pos */
         int64_t q1 = out[0].q0 + out[0].nq, k1 = out[0].k0 + out[0].nk;
         CpPair w = {out[0].q0, 0, out[0].k0, 0, 1, {0}};
         for (int i = 1; i < np; i++) {
@@ -115,14 +131,22 @@ static int cp_ring_pairs(const Cp *cp, int j, int s, CpPair *out) {
         }
         w.nq = q1 - w.q0;
         w.nk = k1 - w.k0;
-        out[0] = w;
-        np = 1;
-    }
-    for (int i = 0; i < np; i++) {
-        CpPair *p = &out[i];
-        p->hint = attn_hint_rows(pos_q + p->q0, doc_q + p->q0, p->nq, pos_k + p->k0, doc_k + p->k0, p->nk);
+        w.hint = attn_hint_rows(pos_q + w.q0, doc_q + w.q0, w.nq, pos_k + w.k0, doc_k + w.k0, w.nk);
+        double all = 0, fast = 0; /* the pairs' areas (half of a causal one's): their work, about */
+        for (int i = 0; i < np; i++) {
+            const double area = (double)out[i].nq * out[i].nk * (out[i].causal ? 0.5 : 1.0);
+            all += area;
+            if (cp_ring_fast(cp, &out[i], d)) fast += area;
+        }
+        if (cp->ring_calls == RING_CALLS_STEPS || cp_ring_fast(cp, &w, d) || 2 * fast < all) out[0] = w, np = 1;
     }
     return np;
+}
+
+/* the K|V block layer `layer`'s forward keeps for its backward (ring_keep_kv: P = 2, the other rank's) */
+static void *cp_ring_kept(const Cp *cp, int layer, const CpAttnDims *d) {
+    RS_CHECK(cp->kv_slot[layer] >= 0, "layer %d has no softmax attention (no kept K|V slot)", layer);
+    return CP_AT_ES(cp->kv_kept, (int64_t)cp->kv_slot[layer] * cp->batch.rows * 2 * d->nkv * d->hd, cp->be->act_size);
 }
 
 void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, const void *kv, const CpAttnDims *d) {
@@ -143,7 +167,7 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
     comm_set_context(cp->comm, layer, "ring attention forward");
     for (int t = 0; t < P; t++) {
         int j = (r - t + P) % P;
-        void *next = cp->kv_recv[(t + 1) % 2];
+        void *next = cp->ring_keep_kv ? cp_ring_kept(cp, layer, d) : cp->kv_recv[(t + 1) % 2];
         cp_ring_mark(cp, 0, t, CP_MARK_BEGIN);
         if (t < P - 1) {
             comm_isendrecv(cp->comm, COMM_CP, cur, (r + 1) % P, next, (r - 1 + P) % P,
@@ -153,7 +177,7 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
         const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
         for (int s = 0; s < B->samples; s++) {
             CpPair pr[4];
-            int np = cp_ring_pairs(cp, j, s, pr);
+            int np = cp_ring_pairs(cp, j, s, d, pr);
             for (int i = 0; i < np; i++) {
                 const CpPair *p = &pr[i];
                 be->attention_forward(CP_AT(cp->blk_out, p->q0 * qd), cp->blk_lse + p->q0 * d->nh,
@@ -177,52 +201,98 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
     }
     be->act_from_f32(out, cp->run_out, rows * qd);
     be->copy(lse, cp->run_lse, (size_t)rows * d->nh * sizeof(float));
+    if (cp->ring_keep_kv) cp->kv_kept_ok[layer] = 1;
     cp->count.attn_forwards[layer]++;
     if (P > 1) cp->count.ring_passes_fwd[layer]++;
+}
+
+/* The backward's calls of one owner's block (owner j, its K|V block kvb): dq_acc += their dQ, dkv = their dK|dV
+ * contributions to the block (zeroed first). */
+static void cp_ring_backward_block(Cp *cp, int layer, int j, float *dkv, const void *kvb, const void *dout,
+                                   const void *out, const float *lse, const void *q, const CpAttnDims *d,
+                                   CommHandle *h_kv, CommHandle *h_dkv) {
+    const Backend *be = cp->be;
+    const CpBatch *B = &cp->batch;
+    const int es = be->act_size, r = cp->L.rank;
+    const int qd = d->nh * d->hd, kvd = d->nkv * d->hd, ldk = 2 * kvd;
+    const int64_t rows = B->rows;
+    const int32_t *pos_q = B->pos_dev + (int64_t)r * rows, *doc_q = B->doc_pos_dev + (int64_t)r * rows;
+    const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
+    be->memset_zero(dkv, (size_t)(rows * ldk) * sizeof(float));
+    for (int s = 0; s < B->samples; s++) {
+        CpPair pr[4];
+        int np = cp_ring_pairs(cp, j, s, d, pr);
+        for (int i = 0; i < np; i++) {
+            const CpPair *p = &pr[i];
+            be->attention_backward(cp->dq_acc + p->q0 * qd, dkv + p->k0 * ldk, dkv + p->k0 * ldk + kvd,
+                                   CP_AT(dout, p->q0 * qd), CP_AT(out, p->q0 * qd), lse + p->q0 * d->nh,
+                                   CP_AT(q, p->q0 * qd), CP_AT(kvb, p->k0 * ldk), CP_AT(kvb, p->k0 * ldk + kvd),
+                                   pos_q + p->q0, doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, &p->hint, p->nq, p->nk,
+                                   d->nh, d->nkv, d->hd, qd, ldk, qd, p->causal);
+            if (h_kv) comm_progress(cp->comm, h_kv); /* MPI moves large messages only inside calls */
+            if (h_dkv) comm_progress(cp->comm, h_dkv);
+        }
+    }
+}
+
+/* P = 2 with the K|V the forward kept (ring_keep_kv): the other rank's block first, its dK|dV contributions sent
+ * home while the own block runs, then added to the own block's (the header says why) */
+static void cp_ring_backward_kept(Cp *cp, int layer, void *dkv, const void *dout, const void *out, const float *lse,
+                                  const void *q, const void *kv, const CpAttnDims *d) {
+    const Backend *be = cp->be;
+    const int r = cp->L.rank, other = 1 - r;
+    const int64_t nkv_el = cp->batch.rows * 2 * d->nkv * d->hd;
+    RS_CHECK(cp->kv_kept_ok[layer], "ring attention backward of layer %d: no forward kept its K|V since the last "
+             "backward (parallel.ring_keep_kv: each backward reads its own forward's)", layer);
+    cp->kv_kept_ok[layer] = 0;
+    CommHandle h = {0};
+    cp_ring_mark(cp, 1, 0, CP_MARK_BEGIN);
+    cp_ring_mark(cp, 1, 0, CP_MARK_POSTED);
+    cp_ring_backward_block(cp, layer, other, cp->dkv_local, cp_ring_kept(cp, layer, d), dout, out, lse, q, d, NULL,
+                           NULL);
+    cp_ring_mark(cp, 1, 0, CP_MARK_COMPUTED);
+    comm_isendrecv(cp->comm, COMM_CP, cp->dkv_local, other, cp->dkv_buf[0], other,
+                   nkv_el * (int64_t)sizeof(float), CP_TAG_DKV, &h);
+    cp_ring_mark(cp, 1, 0, CP_MARK_END);
+    cp_ring_mark(cp, 1, 1, CP_MARK_BEGIN);
+    cp_ring_mark(cp, 1, 1, CP_MARK_POSTED);
+    cp_ring_backward_block(cp, layer, r, cp->dkv_buf[1], kv, dout, out, lse, q, d, NULL, &h);
+    cp_ring_mark(cp, 1, 1, CP_MARK_COMPUTED);
+    comm_wait(cp->comm, &h); /* the other rank's contributions to our block */
+    be->add_f32(cp->dkv_buf[1], cp->dkv_buf[0], nkv_el);
+    cp_ring_mark(cp, 1, 1, CP_MARK_END);
+    be->act_from_f32(dkv, cp->dkv_buf[1], nkv_el);
+    cp->count.ring_passes_bwd[layer]++;
 }
 
 void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, const void *out, const float *lse,
                       const void *q, const void *kv, const CpAttnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
-    const CpBatch *B = &cp->batch;
     const int es = be->act_size, P = L->P, r = L->rank;
-    const int qd = d->nh * d->hd, kvd = d->nkv * d->hd, ldk = 2 * kvd;
-    const int64_t rows = B->rows, nkv_el = rows * ldk;
-    const int32_t *pos_q = B->pos_dev + (int64_t)r * rows, *doc_q = B->doc_pos_dev + (int64_t)r * rows;
+    const int qd = d->nh * d->hd;
+    const int64_t rows = cp->batch.rows, nkv_el = rows * 2 * d->nkv * d->hd;
     const int next_rank = (r + 1) % P, prev_rank = (r - 1 + P) % P;
 
     be->memset_zero(cp->dq_acc, (size_t)rows * qd * sizeof(float));
+    comm_set_context(cp->comm, layer, "ring attention backward");
+    if (cp->ring_keep_kv) {
+        cp_ring_backward_kept(cp, layer, dkv, dout, out, lse, q, kv, d);
+        be->act_from_f32(dq, cp->dq_acc, rows * qd);
+        return;
+    }
     const void *cur = kv;
     const float *own = cp->dkv_local; /* P = 1: this step's contributions are the whole gradient */
     CommHandle h_kv = {0}, h_dkv = {0};
-    comm_set_context(cp->comm, layer, "ring attention backward");
     for (int t = 0; t < P; t++) {
         int j = (r - t + P) % P;
         void *next = cp->kv_recv[(t + 1) % 2];
         cp_ring_mark(cp, 1, t, CP_MARK_BEGIN);
-        if (t < P - 1) {
-            comm_isendrecv(cp->comm, COMM_CP, cur, next_rank, next, prev_rank, nkv_el * es, CP_TAG_KV,
-                           &h_kv);
-        }
+        if (t < P - 1)
+            comm_isendrecv(cp->comm, COMM_CP, cur, next_rank, next, prev_rank, nkv_el * es, CP_TAG_KV, &h_kv);
         cp_ring_mark(cp, 1, t, CP_MARK_POSTED);
-        be->memset_zero(cp->dkv_local, (size_t)nkv_el * sizeof(float));
-        const int32_t *pos_k = B->pos_dev + (int64_t)j * rows, *doc_k = B->doc_pos_dev + (int64_t)j * rows;
-        for (int s = 0; s < B->samples; s++) {
-            CpPair pr[4];
-            int np = cp_ring_pairs(cp, j, s, pr);
-            for (int i = 0; i < np; i++) {
-                const CpPair *p = &pr[i];
-                be->attention_backward(cp->dq_acc + p->q0 * qd, cp->dkv_local + p->k0 * ldk,
-                                       cp->dkv_local + p->k0 * ldk + kvd, CP_AT(dout, p->q0 * qd),
-                                       CP_AT(out, p->q0 * qd), lse + p->q0 * d->nh, CP_AT(q, p->q0 * qd),
-                                       CP_AT(cur, p->k0 * ldk), CP_AT(cur, p->k0 * ldk + kvd), pos_q + p->q0,
-                                       doc_q + p->q0, pos_k + p->k0, doc_k + p->k0, &p->hint, p->nq, p->nk, d->nh,
-                                       d->nkv, d->hd, qd, ldk, qd, p->causal);
-                if (t < P - 1) comm_progress(cp->comm, &h_kv);
-                if (P > 1) comm_progress(cp->comm, &h_dkv);
-            }
-        }
+        cp_ring_backward_block(cp, layer, j, cp->dkv_local, cur, dout, out, lse, q, d, t < P - 1 ? &h_kv : NULL,
+                               P > 1 ? &h_dkv : NULL);
         cp_ring_mark(cp, 1, t, CP_MARK_COMPUTED);
         if (P > 1) {
             /* the partial of block j: ours alone at t = 0, else the one that arrived plus ours */

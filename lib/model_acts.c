@@ -387,7 +387,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     int n_full = 0;
     for (int l = 0; l < m->num_hidden_layers; l++) n_full += config_layer_kind(cfg, l) == LAYER_KIND_FULL;
     if (n_full > 0) {
-        if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, ACT_CP_ALWAYS, 2, T * kv * e);
+        if (cp == 2 && cfg->parallel.ring_keep_kv) /* each layer's received block, kept to its backward */
+            acts_add_cp(t, "kv_kept", ACT_CP_RING, ACT_CP_ALWAYS, 1, n_full * T * kv * e);
+        else if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, ACT_CP_ALWAYS, 2, T * kv * e);
         acts_add_cp(t, "run_out", ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * f);
         acts_add_cp(t, "run_lse", ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
         acts_add_cp(t, "lse_empty", ACT_CP_RING, ACT_CP_ALWAYS, 1, T * nh * f); /* written once, at cp_init */

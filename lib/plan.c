@@ -176,15 +176,17 @@ void plan_build(Plan *p, const Config *cfg) {
      * statistics per head and query row, with its 1/4 headroom; the tile masks and semaphores are small */
     int64_t attn_ws = 2 * nh * p->tokens_per_rank * 4 * 5 / 4 + (4LL << 20);
     /* device.attention_kernel cudnn | cudnn_det: the cuDNN route's workspace beside ours (lib/attn_cudnn_graph.h
-     * cdg_workspace), grown to the largest call, a backward with Tq = Tk = one ring call's rows: a fragment
-     * (seq_len / 2cp) at cp > 1, a sample (seq_len) at cp 1. cuDNN's own plan workspace is known only once
+     * cdg_workspace), grown to the largest call, a backward with Tq = Tk = one ring call's rows: at cp > 1 a
+     * rank's (seq_len / cp: parallel.ring_calls auto or steps, a step's one call over the rank's own block) or a
+     * fragment's (seq_len / 2cp: pairs), a sample (seq_len) at cp 1. cuDNN's own plan workspace is known only once
      * its plan is built (printed then); it is small but for cudnn_det, whose deterministic engines keep a
      * Tq x Tk x heads matrix (cdg_det_plan_bytes, counted here: it is what makes cudnn_det fit short calls
      * only). auto counts cudnn's: what it runs where cuDNN loads, which plan cannot know of the machine that
      * will run the job. */
     if (cuda && cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN && p->n_full) {
         CdgWorkspace w;
-        const int64_t call = P > 1 ? T / (2 * P) : T;
+        const int64_t call = P == 1 ? T : cfg->parallel.ring_calls == RING_CALLS_PAIRS ? T / (2 * P) : T / P;
+        p->cudnn_call_rows = call;
         const int det = cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET;
         cdg_workspace(&w, call, call, (int)nh, (int)nkv, (int)hd, 1, det);
         p->cudnn_workspace = w.bytes + (det ? cdg_det_plan_bytes(call, call, (int)nh) : 0);
@@ -352,7 +354,7 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
         plan_bytes((double)p->cudnn_workspace, a, sizeof a);
         fprintf(f, "  %-34s %-16s %-16s %-16s   (in workspaces; %s, one ring call of %lld rows)\n",
                 "  cuDNN attention workspace", a, a, a, attn_kernel_names[cfg->device.attention_kernel],
-                (long long)(p->cp > 1 ? p->segment_tokens : cfg->data.seq_len));
+                (long long)p->cudnn_call_rows);
     }
     plan_bytes((double)p->total[0], a, sizeof a);
     plan_bytes((double)p->total[1], b, sizeof b);
@@ -376,7 +378,8 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
                "  output and their gradients (its recurrence runs through the fragment); attention q, k|v, gate,\n"
                "  output, LSE and their gradients (the ring passes whole K|V blocks); the residual stream's\n"
                "  gradient (every layer's backward adds into it). CP ring: K|V receive buffers (the block in\n"
-               "  flight), fp32 dQ (every query sums over all ring steps), fp32 dK|dV partials (the message);\n"
+               "  flight; at cp 2 with parallel.ring_keep_kv each softmax layer's received block, kept for its\n"
+               "  backward), fp32 dQ (every query sums over all ring steps), fp32 dK|dV partials (the message);\n"
                "  the ring forward's buffers share memory with the backward's\n");
     if (p->offload) {
         fprintf(f, "\nhost memory per node (checkpoint.offload: host; %lld ranks per node)\n",

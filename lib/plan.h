@@ -61,6 +61,7 @@ typedef struct {
     int64_t total[ACT_POLICY_COUNT];
     int64_t capacity;          /* device.memory_gib */
     int64_t cudnn_workspace;   /* of it in workspaces: the cuDNN route's (device.attention_kernel cudnn*), else 0 */
+    int64_t cudnn_call_rows;   /* the rows of the largest call it is sized for */
     ActTable acts;
     /* FLOPs per token */
     double flops_dense;        /* 6 N_matmul */

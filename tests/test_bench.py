@@ -59,7 +59,7 @@ def test_help(ringscan):
     (["bench", "cp", "--tokens", "4096"], "--tokens : not an option of bench cp"),
     (["bench", "cp", "--doc-len", "0"], "--doc-len : not an option of bench cp"),
     (["bench", "cp", "--attn-impl", "flash"], "--attn-impl flash: expected ringscan, cudnn or cudnn_det"),
-    (["bench", "cp", "--ring-calls", "all"], "--ring-calls all: expected pairs or steps"),
+    (["bench", "cp", "--ring-calls", "all"], "--ring-calls all: expected auto, pairs or steps"),
     (["bench", "attn", "--attn-impl", "auto"], "--attn-impl auto: expected ringscan, cudnn or cudnn_det"),
     (["bench", "attn", "--gdn-T", "1024"], "--gdn-T : an option of bench cp only"),
     (["bench", "attn", "--ring-calls", "steps"], "--ring-calls : an option of bench cp only"),
@@ -186,7 +186,7 @@ def test_cp_on_cpu_rows(ringscan, tmp_path):
         assert cp[name]["gpus"] == ser[name]["gpus"] == 2 and one[name]["gpus"] == 1
         for row in (cp[name], ser[name], one[name]):
             assert 0 < row["ms_fwd"] < row["ms_fwdbwd"] and row["reps"] == 3
-            assert row["ring_calls"] == "steps"  # our kernel (cpu's too) skips masked tiles: one call per step
+            assert row["ring_calls"] == "auto"  # our kernel (cpu's too) skips masked tiles: one call per step
         # 2 forward and 2 backward steps; the last forward step exchanges nothing
         for row, key in ((cp[name], "exposed_wait_ms"), (ser[name], "comm_ms")):
             assert [(s["pass"], s["t"]) for s in row["steps"]] == [("fwd", 0), ("fwd", 1), ("bwd", 0), ("bwd", 1)]

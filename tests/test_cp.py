@@ -65,11 +65,21 @@ def test_cp_algorithms_match_one_rank(np_, docs, extra):
     for what in ("gdn", "conv", "ring"):
         r = mpirun(np_, BUILD / "cp_check", what, docs, *extra)
         print(r.stdout)
+        if what == "ring" and np_ == 2:  # the backward from the K|V the forward kept (the default), then passed
+            kept = r
+            r = mpirun(np_, BUILD / "cp_check", what, docs, *extra, "--ring-kv", "passed")
+            print(r.stdout)
+            for run, how in ((kept, "kept from the forward"), (r, "passed")):
+                assert run.returncode == 0, run.stdout + run.stderr
+                assert f"the backward's K|V {how} ok" in run.stdout, run.stdout
+                assert sum(l.endswith(" ok") for l in run.stdout.splitlines() if "rel err" in l) == 12, run.stdout
         assert r.returncode == 0, r.stdout + r.stderr
         lines = [l for l in r.stdout.splitlines() if "rel err" in l]
-        assert len(lines) == {"gdn": 12, "conv": 3, "ring": 8}[what], r.stdout
+        assert len(lines) == {"gdn": 12, "conv": 3, "ring": 12}[what], r.stdout
         assert all(l.endswith(" ok") for l in lines), r.stdout
-        if what == "ring":  # the rule's calls one by one and one call per step: both checked, fewer calls
+        if what == "ring":  # the rule's calls one by one, one call per step and auto with cuDNN's route: each
+            # checked; fewer calls per step, auto between (as few with one document)
+            assert [sum(f"({how})" in l for l in lines) for how in ("pairs", "steps", "auto")] == [4, 4, 4]
             (calls,) = [l for l in r.stdout.splitlines() if l.startswith("ring forward calls")]
             assert calls.endswith(" ok"), calls
         if what == "gdn":  # one state pass each way (none at P = 1), none in the remat recompute

@@ -273,6 +273,16 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     assert r.returncode == 0, r.stderr
     assert "cuDNN attention workspace" in r.stdout
     assert "one ring call of 262144 rows" in r.stdout
+    # the config's parallel.ring_calls is pairs; auto (the default) or steps makes one call per ring step, whose
+    # largest is a rank's own block: Tq = Tk = seq_len / cp (at 80 GB that no longer fits: plan says so)
+    m = 524_288
+    step = r256(4 * m * nh) * 2 + r256(4 * m * nh * hd) + r256(2 * m * nh * hd) + 2 * r256(2 * m * nkv * hd)
+    for how in ("auto", "steps"):
+        d = plan_json(ringscan, cfg, f"parallel.ring_calls={how}", rc=1)
+        assert d["memory"]["remat"]["cudnn_workspace"] == step, how
+        r = run([ringscan, "plan", cfg, "--set", f"parallel.ring_calls={how}"])
+        assert r.returncode == 1 and "one ring call of 524288 rows" in r.stdout, how
+        assert "verdict: DOES NOT FIT" in r.stdout, how
     r = run([ringscan, "plan", cfg, "--set", "device.attention_kernel=cudnn_det"])
     assert r.returncode == 1 and "verdict: DOES NOT FIT" in r.stdout, (r.returncode, r.stdout[-600:])
     assert "of it is device.attention_kernel=cudnn_det's workspace" in r.stdout, r.stdout[-600:]
@@ -281,6 +291,34 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     assert cpu["memory"]["remat"]["cudnn_workspace"] == 0
     r = run([ringscan, "plan", "configs/tiny-cpu.yaml", "--set", "device.attention_kernel=cudnn"])
     assert r.returncode == 2 and "runs on the cuda backend only" in r.stderr, r.stderr
+
+
+def test_ring_kept_kv_buffers_by_hand(ringscan):
+    """parallel.ring_keep_kv (cp 2): the CP ring buffers hold each softmax layer's received K|V block (local
+    rows x 2 kv heads x head_dim, bf16 on cuda, fp32 on cpu) for its backward, one buffer on 256 bytes, in place
+    of the two K|V receive buffers; nothing changes at cp 4."""
+    cfg = "configs/hybrid-1b-256k-h200x4.yaml"  # 4 softmax layers, 2 kv heads of 128
+
+    def r256(x):
+        return (x + 255) // 256 * 256
+
+    def ring(*sets, gpus=2):
+        d = plan_json(ringscan, cfg, "parallel.dp=1", f"slurm.gpus_per_node={gpus}", *sets)
+        return d["memory"]["remat"]["CP ring buffers"]
+
+    for seq in (262_144, 1_048_576):
+        rows = seq // 2
+        block = rows * 2 * 2 * 128 * 2
+        sets = ("parallel.cp=2", f"data.seq_len={seq}")
+        assert ring(*sets) - ring(*sets, "parallel.ring_keep_kv=false") == r256(4 * block) - 2 * r256(block), seq
+    sets = ("parallel.cp=4", "data.seq_len=262144")
+    assert ring(*sets, gpus=4) == ring(*sets, "parallel.ring_keep_kv=false", gpus=4)
+    # the cpu backend keeps fp32 (tiny-cpu: one softmax layer of 2 kv heads of 64, 4 samples of 512 tokens at
+    # cp 2): one kept block in place of two receive buffers
+    def tiny(*sets):
+        d = plan_json(ringscan, "configs/tiny-cpu.yaml", "parallel.cp=2", "slurm.gpus_per_node=0", *sets)
+        return d["memory"]["remat"]["CP ring buffers"]
+    assert tiny("parallel.ring_keep_kv=false") - tiny() == r256(4 * 256 * 2 * 2 * 64 * 4)
 
 
 def test_staged_gdn_chain_buffers_by_hand(ringscan):

@@ -9,7 +9,6 @@
 const Backend backend_cpu = {
     .name = "cpu",
     .act_size = 4,
-    .attention_any_mask = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .memset_zero = cpu_memset_zero,

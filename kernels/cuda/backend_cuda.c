@@ -95,7 +95,6 @@
 const Backend backend_cuda = {
     .name = "cuda",
     .act_size = 2,
-    .attention_any_mask = 1,
     CUDA_ENTRIES(CUDA_PLAIN)
     CUDA_UNTIMED_ENTRIES
 };
@@ -166,7 +165,6 @@ static double prof_sum_squares(const float *x, int64_t n) { PROF_VALUE(double, s
 const Backend backend_cuda_profiled = {
     .name = "cuda",
     .act_size = 2,
-    .attention_any_mask = 1,
     CUDA_ENTRIES(CUDA_PROFILED)
     CUDA_UNTIMED_ENTRIES
 };
@@ -180,6 +178,6 @@ const Backend *cuda_backend_with_cudnn_attention(const Backend *base) {
     t = *base;
     t.attention_forward = cuda_attention_cudnn_forward;
     t.attention_backward = cuda_attention_cudnn_backward;
-    t.attention_any_mask = 0; /* cuDNN takes the ring's diagonals and rectangles, not a whole step */
+    t.attention_fast = cuda_attention_cudnn_fast; /* which calls cuDNN takes (the rest run ours) */
     return &t;
 }

@@ -32,16 +32,18 @@ static __global__ void cudnn_hint_rows_kernel(AttnHint *acc, const int32_t *pos_
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < Tq + Tk; i += stride) {
         const int is_k = i >= Tq;
         const int64_t r = is_k ? i - Tq : i;
-        attn_hint_add(&h, is_k, r, is_k ? pos_k[r] : pos_q[r], is_k ? doc_k[r] : doc_q[r]);
+        attn_hint_add(&h, is_k, r, pos_q, doc_q, Tq, pos_k, doc_k, Tk);
     }
     atomicMin(&s.doc_min, h.doc_min), atomicMax(&s.doc_max, h.doc_max);
     atomicAnd(&s.q_consec, h.q_consec), atomicAnd(&s.k_consec, h.k_consec);
     atomicMin(&s.pos_q_min, h.pos_q_min), atomicMax(&s.pos_k_max, h.pos_k_max);
+    atomicAnd(&s.rising, h.rising), atomicAnd(&s.same_pos, h.same_pos);
     __syncthreads();
     if (threadIdx.x == 0) {
         atomicMin(&acc->doc_min, s.doc_min), atomicMax(&acc->doc_max, s.doc_max);
         atomicAnd(&acc->q_consec, s.q_consec), atomicAnd(&acc->k_consec, s.k_consec);
         atomicMin(&acc->pos_q_min, s.pos_q_min), atomicMax(&acc->pos_k_max, s.pos_k_max);
+        atomicAnd(&acc->rising, s.rising), atomicAnd(&acc->same_pos, s.same_pos);
     }
 }
 

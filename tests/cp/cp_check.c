@@ -24,9 +24,12 @@
  *          by its forward, fragment 2's by its transition too; the scan: every fragment's)
  *   conv   cp_gdn_halo_forward + conv1d per fragment; conv backward + cp_gdn_halo_backward:
  *          y, dx, dw
- *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv, twice: the zigzag rule's
- *          calls one by one (the cuDNN route's way) and one call per step and sample
- *          (Cp.ring_whole_steps, ours); the second makes fewer calls (counted)
+ *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv, three times (Cp.ring_calls):
+ *          the zigzag rule's calls one by one, one call per step and sample (ours), and auto with
+ *          the cuDNN route's choice of fast calls; whole steps make fewer calls than pairs, auto
+ *          between the two and as few as whole steps with one document (counted). At cp 2
+ *          the backward reads the K|V its forward kept (parallel.ring_keep_kv), or with
+ *          --ring-kv passed exchanges it again (ring-flash-attention's order)
  *
  * --sabotage-prep (gdn) spoils each prep the kept run computes (the last token's Tinv row scaled):
  * the kept run must then differ from the run without, proving the prep is read.
@@ -49,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_cudnn_graph.h"
 #include "backend.h"
 #include "comm.h"
 #include "config.h"
@@ -67,6 +71,7 @@ typedef struct {
     Rng       rng;
     int       failed;
     int       sabotage;
+    const char *docs;             /* the layout's name (check_docs) */
 } Check;
 
 /* ---- inputs ------------------------------------------------------------------------- */
@@ -454,6 +459,12 @@ static void check_conv(Check *c, int C, int Kc) {
 
 /* ---- ring attention ------------------------------------------------------------------------- */
 
+/* Backend attention_fast of cuda's cuDNN route (lib/attn_cudnn_graph.h cdg_route), on the cpu: which calls
+ * cp_ring.c's auto choice would see run fast */
+static int cp_check_route(const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal) {
+    return cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL) != CDG_ROUTE_OURS;
+}
+
 static void check_ring(Check *c, int nh, int nkv, int hd) {
     const Backend *be = &backend_cpu;
     const CpLayout *L = &c->cp.L;
@@ -481,30 +492,42 @@ static void check_ring(Check *c, int nh, int nkv, int hd) {
                 c->cp.batch.pos[(int64_t)r * rows + i]++;
                 c->cp.batch.pos_dev[(int64_t)r * rows + i]++; /* host memory on the cpu backend */
             }
-    /* the zigzag rule's calls one by one (what the cuDNN route runs), then one call per step and sample
-       (ours): both against the reference, and the second must make fewer calls (at most one per step and
-       sample) where there is more than one rank */
-    int calls[2], most[2];
-    for (int whole = 0; whole < 2; whole++) {
-        c->cp.ring_whole_steps = whole;
-        const int64_t calls0 = c->cp.count.attn_kernel_calls[0];
-        cp_ring_forward(&c->cp, 0, lout, llse, lq, lkv, &d);
-        calls[whole] = (int)comm_allreduce_sum_scalar(c->comm, c->comm->world,
-                                                      (double)(c->cp.count.attn_kernel_calls[0] - calls0));
-        most[whole] = comm_allreduce_max_int(c->comm, c->comm->world,
-                                             (int)(c->cp.count.attn_kernel_calls[0] - calls0));
-        check_rows(c, whole ? "ring out (whole steps)" : "ring out (pairs)", lout, out, qd);
-        check_rows(c, whole ? "ring lse (whole steps)" : "ring lse (pairs)", llse, lse, nh);
+    /* the zigzag rule's calls one by one, one call per step and sample (ours), and auto with the cuDNN
+       route's choice of fast calls (cp_check_route below): each against the reference; whole steps must make
+       fewer calls (at most one per step and sample) where there is more than one rank, auto as many as whole
+       steps with one document, and never fewer nor more than the two */
+    static const RingCalls how[3] = {RING_CALLS_PAIRS, RING_CALLS_STEPS, RING_CALLS_AUTO};
+    Backend routed = backend_cpu;
+    routed.attention_fast = cp_check_route;
+    int calls[3], most[3];
+    for (int m = 0; m < 3; m++) {
+        char name[64];
+        c->cp.ring_calls = how[m];
+        c->cp.be = how[m] == RING_CALLS_AUTO ? &routed : be;
+        const int64_t calls0 = c->cp.count.attn_kernel_calls[1];
+        cp_ring_forward(&c->cp, 1, lout, llse, lq, lkv, &d);
+        calls[m] = (int)comm_allreduce_sum_scalar(c->comm, c->comm->world,
+                                                  (double)(c->cp.count.attn_kernel_calls[1] - calls0));
+        most[m] = comm_allreduce_max_int(c->comm, c->comm->world, (int)(c->cp.count.attn_kernel_calls[1] - calls0));
+        const char *what[4] = {"out", "lse", "dq", "dk|dv"};
+#define RING_NAME(i) (snprintf(name, sizeof name, "ring %s (%s)", what[i], ring_calls_names[how[m]]), name)
+        check_rows(c, RING_NAME(0), lout, out, qd);
+        check_rows(c, RING_NAME(1), llse, lse, nh);
         memset(ldq, 0, (size_t)(rows * qd) * 4);
         memset(ldkv, 0, (size_t)(rows * ldk) * 4);
-        cp_ring_backward(&c->cp, 0, ldq, ldkv, ldout, lout, llse, lq, lkv, &d);
-        check_rows(c, whole ? "ring dq (whole steps)" : "ring dq (pairs)", ldq, dq, qd);
-        check_rows(c, whole ? "ring dk|dv (whole steps)" : "ring dk|dv (pairs)", ldkv, dkv, ldk);
+        cp_ring_backward(&c->cp, 1, ldq, ldkv, ldout, lout, llse, lq, lkv, &d);
+        check_rows(c, RING_NAME(2), ldq, dq, qd);
+        check_rows(c, RING_NAME(3), ldkv, dkv, ldk);
+#undef RING_NAME
     }
-    const int calls_ok = most[1] <= S * L->P && (L->P == 1 || calls[1] < calls[0]);
+    c->cp.be = be;
+    const int calls_ok = most[1] <= S * L->P && (L->P == 1 || calls[1] < calls[0]) && calls[1] <= calls[2] &&
+                         calls[2] <= calls[0] && (strcmp(c->docs, "one") || calls[2] == calls[1]);
     if (c->comm->rank == 0)
-        printf("ring forward calls over the ranks: pairs %d, whole steps %d (at most %d on a rank, bound %lld) %s\n",
-               calls[0], calls[1], most[1], (long long)(S * L->P), calls_ok ? "ok" : "FAIL");
+        printf("ring forward calls over the ranks: pairs %d, whole steps %d (at most %d on a rank, bound %lld), "
+               "auto with cuDNN's route %d; the backward's K|V %s %s\n",
+               calls[0], calls[1], most[1], (long long)(S * L->P), calls[2],
+               c->cp.ring_keep_kv ? "kept from the forward" : "passed", calls_ok ? "ok" : "FAIL");
     if (!calls_ok) c->failed++;
     float *bufs[] = {q, kv, dout, out, lse, dq, dkv, lq, lkv, ldout, lout, llse, ldq, ldkv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -515,16 +538,18 @@ int main(int argc, char **argv) {
     comm_init(&comm, &argc, &argv);
     if (argc < 3)
         RS_USAGE(NULL, "usage: cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage] "
-                       "[--sabotage-prep]");
+                       "[--sabotage-prep] [--ring-kv kept|passed]");
     const char *what = argv[1], *docs = argv[2];
     int64_t S = 2, T = 1024, seed = 7;
-    int sabotage = 0;
+    int sabotage = 0, keep_kv = 1;
     for (int i = 3; i < argc; i += 2) {
         if (i + 1 == argc && strcmp(argv[i], "--sabotage") && strcmp(argv[i], "--sabotage-prep"))
             RS_USAGE(NULL, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--samples")) S = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq-len")) T = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seed")) seed = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ring-kv") && (!strcmp(argv[i + 1], "kept") || !strcmp(argv[i + 1], "passed")))
+            keep_kv = !strcmp(argv[i + 1], "kept");
         else if (!strcmp(argv[i], "--sabotage") || !strcmp(argv[i], "--sabotage-prep")) {
             sabotage = strcmp(argv[i], "--sabotage") ? 2 : 1;
             i--;
@@ -550,9 +575,10 @@ int main(int argc, char **argv) {
     cfg.data.micro_batch = S;
     cfg.parallel.cp = comm.world_size;
     cfg.parallel.dp = 1;
+    cfg.parallel.ring_keep_kv = keep_kv;
     comm_setup_groups(&comm, 1, comm.world_size);
 
-    Check c = {.comm = &comm, .T = T, .S = S, .sabotage = sabotage};
+    Check c = {.comm = &comm, .T = T, .S = S, .sabotage = sabotage, .docs = docs};
     rng_init(&c.rng, (uint64_t)seed, 0);
     cp_init(&c.cp, &comm, &backend_cpu, &cfg);
     c.pos = RS_MALLOC((size_t)(S * T) * 4);

@@ -56,8 +56,13 @@
 #   cp2-attn   cp2's ring attention at 128k and 256k with torch's context_parallel beside it
 #   cp2-gdn    cp2's GDN layer, ours only (FLA's CP autotunes for more than 240 s cold)
 #   cp2-ring-calls  cp2's ring attention at 128k (MHA, GQA; where v0.6 missed 99%), ours only, with the zigzag
-#              rule's calls one by one (--ring-calls pairs) and one call per step (steps, the default with our
-#              kernel), alternated twice: what one launch per step buys. ~2 min
+#              rule's calls one by one (--ring-calls pairs) and auto (one call per step with our kernel),
+#              alternated RING_ROUNDS (2) times: what one launch per step buys. ~2 min
+#   cp2-ring-calls-cudnn  the same through cuDNN (auto: one call per step, every one cuDNN's). ~4 min
+#   attn-cudnn-parity  the cuDNN route's parity cases of test_cuda alone (part of attn-cudnn). ~1 min
+#   cp2-ring-kv  cp2's ring attention at 128k (MHA, GQA) with the backward reading the K|V its forward kept
+#              (--ring-kv kept, the default) against passing it again (passed), through cuDNN then ours,
+#              alternated RING_ROUNDS (2) times. ~4 min
 #   cp2-ring-ab  the same 128k ring (MHA, GQA) through cuDNN and through ours, this build against
 #              RING_BASE_BIN (another ringscan: a schedule change's A/B), alternated RING_ROUNDS (2) times. ~3 min
 #   cp2-ring-dq  the same 128k ring (steps) with our backward's dQ in key-block order (the built-in, deterministic)
@@ -352,13 +357,20 @@ suite_attn_auto() {
     return $rc
 }
 # the cuDNN attention route (issue 19): parity cases (cuDNN required), then the benchmark beside ours and SDPA
-suite_attn_cudnn() {
+# the cuDNN route's parity cases of test_cuda (cuDNN required)
+suite_attn_cudnn_parity() {
     local rc=0
     RS_CUDNN_REQUIRED=1 timeout "$(left)" build/test_cuda $(build/test_cuda --list | grep -E "^cuda_attention_cudnn_") \
         > "$L/attn-cudnn-parity.log" 2>&1 || rc=1
     echo "attn-cudnn parity rc=$rc checks_ok=$(grep -c ' ok$' "$L/attn-cudnn-parity.log")" \
         "failed=$(grep -c FAIL "$L/attn-cudnn-parity.log")"
-    grep -E "FAIL|error|cuDNN|SKIP|calls on|bitwise|DIFFER" "$L/attn-cudnn-parity.log" | head -40
+    grep -E "FAIL|error|cuDNN|SKIP|calls on|calls each way|bitwise|DIFFER|hint" "$L/attn-cudnn-parity.log" | head -40
+    return $rc
+}
+
+suite_attn_cudnn() {
+    local rc=0
+    suite_attn_cudnn_parity || rc=1
     suite_attn_auto || rc=1
     local shapes="--T 32768,131072 --attn-shapes 16/16/128,16/2/128"
     suite_bench attn-cudnn attn $shapes --attn-impl cudnn --peer --peer-timeout 150 || rc=1
@@ -674,10 +686,21 @@ for part in "$@"; do
     cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
     cp2-attn) suite_cp cp2-attn 2 --parts attn --T 131072,262144 --peer --peer-timeout 150 ;;
     cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
-    cp2-ring-calls)
-        for i in 1 2; do
-            for how in pairs steps; do
-                suite_cp "cp2-ring-$how-$i" 2 --parts attn --T 131072 --ring-calls $how || status=1
+    cp2-ring-calls|cp2-ring-calls-cudnn)
+        impl=ringscan
+        [ "$part" = cp2-ring-calls-cudnn ] && impl=cudnn
+        for i in $(seq "${RING_ROUNDS:-2}"); do
+            for how in pairs auto; do
+                suite_cp "cp2-ring-$impl-$how-$i" 2 --parts attn --T 131072 --attn-impl $impl --ring-calls $how || status=1
+            done
+        done ;;
+    attn-cudnn-parity) suite_attn_cudnn_parity || status=1 ;;
+    cp2-ring-kv)  # the backward from the forward's K|V (kept) against passing it again, cuDNN then ours
+        for impl in cudnn ringscan; do
+            for i in $(seq "${RING_ROUNDS:-2}"); do
+                for kv in passed kept; do
+                    suite_cp "cp2-ring-$impl-$kv-$i" 2 --parts attn --T 131072 --attn-impl $impl --ring-kv $kv || status=1
+                done
             done
         done ;;
     cp2-ring-dq)
@@ -719,6 +742,7 @@ for part in "$@"; do
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
         echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls"
+        echo "  cp2-ring-calls-cudnn cp2-ring-kv attn-cudnn-parity"
         echo "  cp2-ring-dq cp2-ring-ab cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step cp4-1m hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;

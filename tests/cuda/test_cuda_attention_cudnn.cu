@@ -23,10 +23,12 @@
  *                                      GQA 16/2 hd 128, and a non-causal call
  *   cuda_attention_cudnn_documents     a document start inside: routed to ours, same bounds
  *   cuda_attention_cudnn_ring          a zigzag ring of P = 2 seen from rank 0 (queries = fragments 0
- *                                      and 3 of 4): its causal diagonals and dense rectangles through
- *                                      the entries, merged (cuda_attention_merge), against one cpu call
- *                                      over all keys; the backward of the same pieces with the final
- *                                      out and lse, accumulated, against the cpu backward
+ *                                      and 3 of 4), twice: the rule's causal diagonals and dense
+ *                                      rectangles, and one call per step (the own block [0 | 3] causal by
+ *                                      row index, then 3 x [1, 2] dense), through the entries, merged
+ *                                      (cuda_attention_merge), against one cpu call over all keys; the
+ *                                      backward of the same calls with the final out and lse,
+ *                                      accumulated, against the cpu backward; every call on cuDNN
  *   cuda_attention_cudnn_deterministic cudnn_det: two backward runs from the same prefill bitwise equal;
  *                                      cudnn (its dq accumulator): prints whether they are (no check)
  *   cuda_attention_cudnn_hint          the route follows the caller's hint (lib/attn_hint.h), never the
@@ -35,7 +37,9 @@
  *                                      hint either way (one document claimed for masked rows, which would
  *                                      run the wrong mask, and a document start claimed for plain rows) is
  *                                      recorded as CUDA_ERR_ATTN_HINT naming the field, with the route the
- *                                      hint asked for
+ *                                      hint asked for; a rank's own block with its fragments the other way
+ *                                      round runs ours, and a hint claiming its positions rise (cuDNN's
+ *                                      causal, the wrong mask) is recorded naming `rising`
  *
  * Every call passes the hint of its rows, computed on the host (the cpu oracle checks it too).
  */
@@ -229,55 +233,72 @@ TEST(cuda_attention_cudnn_documents) {
 
 /* ---- a ring step sequence ---- */
 
-TEST(cuda_attention_cudnn_ring) {
-    ct_begin();
-    if (!cc_ready(0)) return;
+/* One call of a ring schedule seen from rank 0 of P = 2: query rows [qr, qr + nq) of the rank's 2N, keys from
+ * the rank's own block (own: rows [kr, kr + nk) of its packed fragments 0 and 3) or from the sample's keys
+ * (global rows [kr, kr + nk)). */
+typedef struct {
+    int64_t qr, nq;
+    int     own;
+    int64_t kr, nk;
+    int     causal;
+} CcPiece;
+
+/* rank 0's queries (fragments 0 and 3 of 4) through the pieces, forward merged and backward accumulated,
+ * against one cpu call of its queries over every key; every call must go to cuDNN */
+static void cc_ring_schedule(const char *name, const CcPiece *pc, int npc) {
     enum { N = 384 };                         /* fragment length; 4 fragments, rank 0 of P = 2 holds 0 and 3 */
     const int nh = 16, nkv = 2, hd = 128, qd = nh * hd, kvd = nkv * hd, ldk = 2 * kvd;
     CcCase all = {nh, nkv, hd, 1, 0, 4 * N, 0, 4 * N, 0};
     CcData a;
     cc_setup(&a, &all, 1908); /* every token of the sample; q rows of fragments 0 and 3 are rank 0's */
-    /* rank 0's queries: global rows [0, N) and [3N, 4N), packed */
-    float *q0 = ct_host(2 * N * qd), *dout0 = ct_host(2 * N * qd);
+    /* rank 0's rows: global rows [0, N) and [3N, 4N), packed (queries, and its own block's keys) */
+    float *q0 = ct_host(2 * N * qd), *dout0 = ct_host(2 * N * qd), *kv0 = ct_host(2 * N * ldk);
     int32_t pq[2 * N], dpq[2 * N];
     for (int64_t i = 0; i < 2 * N; i++) {
         int64_t g = i < N ? i : 2 * N + i;
         memcpy(q0 + i * qd, a.q + g * qd, (size_t)qd * 4);
         memcpy(dout0 + i * qd, a.dout + g * qd, (size_t)qd * 4);
+        memcpy(kv0 + i * ldk, a.kv + g * ldk, (size_t)ldk * 4);
         pq[i] = dpq[i] = (int32_t)g;
     }
     /* the cpu: one call of rank 0's queries against every key */
     float *out_ref = ct_host(2 * N * qd), *lse_ref = ct_host(2 * N * nh);
     cpu_attention_forward(out_ref, lse_ref, q0, a.kv, a.kv + kvd, pq, dpq, a.pk, a.dk_, NULL, 2 * N, 4 * N, nh, nkv,
                           hd, qd, ldk, qd, 1);
-    /* the pieces of cp_ring's zigzag schedule: (query fragment, key fragment, causal) */
-    const int pieces[5][3] = {{0, 0, 1}, {3, 3, 1}, {3, 0, 0}, {3, 1, 0}, {3, 2, 0}};
     bf16 *d_q0 = ct_up_bf16(q0, 2 * N * qd), *d_dout0 = ct_up_bf16(dout0, 2 * N * qd);
+    bf16 *d_kv0 = ct_up_bf16(kv0, 2 * N * ldk);
     int32_t *d_pq = ct_up_i32(pq, 2 * N);
     float *d_run_out = (float *)ct_dev((size_t)2 * N * qd * 4), *d_run_lse = (float *)ct_dev((size_t)2 * N * nh * 4);
     float *neg = ct_host(2 * N * nh);
     for (int64_t i = 0; i < 2 * N * nh; i++) neg[i] = -INFINITY;
     CUDA_CHECK(cudaMemset(d_run_out, 0, (size_t)2 * N * qd * 4));
     CUDA_CHECK(cudaMemcpy(d_run_lse, neg, (size_t)2 * N * nh * 4, cudaMemcpyHostToDevice));
-    bf16 *d_blk = (bf16 *)ct_dev((size_t)N * qd * 2);
-    float *d_blk_lse = (float *)ct_dev((size_t)N * nh * 4);
+    bf16 *d_blk = (bf16 *)ct_dev((size_t)2 * N * qd * 2);
+    float *d_blk_lse = (float *)ct_dev((size_t)2 * N * nh * 4);
     int64_t c0[4], c1[4];
     cuda_attention_cudnn_counts(c0);
-    for (int p = 0; p < 5; p++) {
-        const int64_t qr = pieces[p][0] == 0 ? 0 : N, kr = (int64_t)pieces[p][1] * N;
-        const AttnHint h = attn_hint_rows(pq + qr, dpq + qr, N, a.pk + kr, a.dk_ + kr, N);
-        cuda_attention_cudnn_forward(d_blk, d_blk_lse, d_q0 + qr * qd, a.d_kv + kr * ldk, a.d_kv + kr * ldk + kvd,
-                                     d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, &h, N, N, nh, nkv, hd, qd, ldk,
-                                     qd, pieces[p][2]);
-        cuda_attention_merge(d_run_out + qr * qd, d_run_lse + qr * nh, d_blk, d_blk_lse, N, nh, hd, qd);
+#define CC_KEYS(p, base_own, base_all) ((p)->own ? (base_own) : (base_all))
+    for (int i = 0; i < npc; i++) {
+        const CcPiece *p = &pc[i];
+        const int32_t *pk = CC_KEYS(p, pq, a.pk) + p->kr, *dk = CC_KEYS(p, dpq, a.dk_) + p->kr;
+        const int32_t *d_pk = CC_KEYS(p, d_pq, a.d_pk) + p->kr, *d_dk = CC_KEYS(p, d_pq, a.d_dpk) + p->kr;
+        const bf16 *d_kv = CC_KEYS(p, d_kv0, a.d_kv) + p->kr * ldk;
+        const AttnHint h = attn_hint_rows(pq + p->qr, dpq + p->qr, p->nq, pk, dk, p->nk);
+        cuda_attention_cudnn_forward(d_blk, d_blk_lse, d_q0 + p->qr * qd, d_kv, d_kv + kvd, d_pq + p->qr,
+                                     d_pq + p->qr, d_pk, d_dk, &h, p->nq, p->nk, nh, nkv, hd, qd, ldk, qd, p->causal);
+        cuda_attention_merge(d_run_out + p->qr * qd, d_run_lse + p->qr * nh, d_blk, d_blk_lse, p->nq, nh, hd, qd);
     }
     float *out = ct_host(2 * N * qd), *lse = ct_host(2 * N * nh);
     ct_down_f32(out, d_run_out, 2 * N * qd);
     ct_down_f32(lse, d_run_lse, 2 * N * nh);
-    test_check_rel_f("ring pieces out", out, out_ref, 2 * N * qd, CC_OUT_BOUND);
-    cc_check_lse("ring pieces lse", lse, lse_ref, 2 * N * nh);
+    char what[160];
+    snprintf(what, sizeof what, "%s out", name);
+    test_check_rel_f(what, out, out_ref, 2 * N * qd, CC_OUT_BOUND);
+    snprintf(what, sizeof what, "%s lse", name);
+    cc_check_lse(what, lse, lse_ref, 2 * N * nh);
 
-    /* backward: the same pieces with the final out (bf16) and lse, dq and dk|dv accumulated */
+    /* backward: the same pieces with the final out (bf16) and lse, dq and dk|dv accumulated (the own block's
+     * dk|dv in its packed rows, added to the sample's rows after) */
     float *out_b = ct_clone(out_ref, 2 * N * qd);
     ct_round_bf16(out_b, 2 * N * qd);
     bf16 *d_outb = ct_up_bf16(out_b, 2 * N * qd);
@@ -288,26 +309,56 @@ TEST(cuda_attention_cudnn_ring) {
     cpu_attention_backward(gq_ref, gkv_ref, gkv_ref + kvd, dout0, out_b, lse_ref, q0, a.kv, a.kv + kvd, pq, dpq, a.pk,
                            a.dk_, NULL, 2 * N, 4 * N, nh, nkv, hd, qd, ldk, qd, 1);
     float *d_gq = (float *)ct_dev((size_t)2 * N * qd * 4), *d_gkv = (float *)ct_dev((size_t)4 * N * ldk * 4);
+    float *d_gkv0 = (float *)ct_dev((size_t)2 * N * ldk * 4);
     CUDA_CHECK(cudaMemset(d_gq, 0, (size_t)2 * N * qd * 4));
     CUDA_CHECK(cudaMemset(d_gkv, 0, (size_t)4 * N * ldk * 4));
-    for (int p = 0; p < 5; p++) {
-        const int64_t qr = pieces[p][0] == 0 ? 0 : N, kr = (int64_t)pieces[p][1] * N;
-        const AttnHint h = attn_hint_rows(pq + qr, dpq + qr, N, a.pk + kr, a.dk_ + kr, N);
-        cuda_attention_cudnn_backward(d_gq + qr * qd, d_gkv + kr * ldk, d_gkv + kr * ldk + kvd, d_dout0 + qr * qd,
-                                      d_outb + qr * qd, d_lse_ref + qr * nh, d_q0 + qr * qd, a.d_kv + kr * ldk,
-                                      a.d_kv + kr * ldk + kvd, d_pq + qr, d_pq + qr, a.d_pk + kr, a.d_dpk + kr, &h, N,
-                                      N, nh, nkv, hd, qd, ldk, qd, pieces[p][2]);
+    CUDA_CHECK(cudaMemset(d_gkv0, 0, (size_t)2 * N * ldk * 4));
+    for (int i = 0; i < npc; i++) {
+        const CcPiece *p = &pc[i];
+        const int32_t *pk = CC_KEYS(p, pq, a.pk) + p->kr, *dk = CC_KEYS(p, dpq, a.dk_) + p->kr;
+        const int32_t *d_pk = CC_KEYS(p, d_pq, a.d_pk) + p->kr, *d_dk = CC_KEYS(p, d_pq, a.d_dpk) + p->kr;
+        const bf16 *d_kv = CC_KEYS(p, d_kv0, a.d_kv) + p->kr * ldk;
+        float *d_g = CC_KEYS(p, d_gkv0, d_gkv) + p->kr * ldk;
+        const AttnHint h = attn_hint_rows(pq + p->qr, dpq + p->qr, p->nq, pk, dk, p->nk);
+        cuda_attention_cudnn_backward(d_gq + p->qr * qd, d_g, d_g + kvd, d_dout0 + p->qr * qd, d_outb + p->qr * qd,
+                                      d_lse_ref + p->qr * nh, d_q0 + p->qr * qd, d_kv, d_kv + kvd, d_pq + p->qr,
+                                      d_pq + p->qr, d_pk, d_dk, &h, p->nq, p->nk, nh, nkv, hd, qd, ldk, qd, p->causal);
     }
-    float *gq = ct_host(2 * N * qd), *gkv = ct_host(4 * N * ldk);
+#undef CC_KEYS
+    float *gq = ct_host(2 * N * qd), *gkv = ct_host(4 * N * ldk), *gkv0 = ct_host(2 * N * ldk);
     ct_down_f32(gq, d_gq, 2 * N * qd);
     ct_down_f32(gkv, d_gkv, 4 * N * ldk);
-    test_check_rel_f("ring pieces dq", gq, gq_ref, 2 * N * qd, CC_GRAD_BOUND);
-    test_check_rel_f("ring pieces dk|dv", gkv, gkv_ref, 4 * N * ldk, CC_GRAD_BOUND);
+    ct_down_f32(gkv0, d_gkv0, 2 * N * ldk);
+    for (int64_t i = 0; i < 2 * N; i++)
+        for (int c = 0; c < ldk; c++) gkv[(i < N ? i : 2 * N + i) * ldk + c] += gkv0[i * ldk + c];
+    snprintf(what, sizeof what, "%s dq", name);
+    test_check_rel_f(what, gq, gq_ref, 2 * N * qd, CC_GRAD_BOUND);
+    snprintf(what, sizeof what, "%s dk|dv", name);
+    test_check_rel_f(what, gkv, gkv_ref, 4 * N * ldk, CC_GRAD_BOUND);
     cuda_attention_cudnn_counts(c1);
-    EXPECT(c1[0] - c0[0] == 5 && c1[2] - c0[2] == 5 && c1[1] == c0[1] && c1[3] == c0[3],
-           "ring pieces: want all 5 forward and 5 backward calls on cuDNN, got %lld/%lld on cuDNN, %lld/%lld on ours",
+    printf("%s: %d calls each way, on cuDNN %lld / %lld, on ours %lld / %lld\n", name, npc,
            (long long)(c1[0] - c0[0]), (long long)(c1[2] - c0[2]), (long long)(c1[1] - c0[1]),
            (long long)(c1[3] - c0[3]));
+    EXPECT(c1[0] - c0[0] == npc && c1[2] - c0[2] == npc && c1[1] == c0[1] && c1[3] == c0[3],
+           "%s: want all %d forward and backward calls on cuDNN", name, npc);
+    long long field = -1;
+    int value = 0, code = cuda_error_take(&field, &value);
+    EXPECT(code == CUDA_ERR_NONE, "%s: the device error word holds %d (field %lld)", name, code, field);
+}
+
+TEST(cuda_attention_cudnn_ring) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    enum { N = 384 };
+    /* the zigzag rule's calls: the diagonals of fragments 0 and 3, the rectangle 3 x 0 (step 0, the own block),
+     * then 3 x 1 and 3 x 2 (step 1) */
+    const CcPiece pairs[5] = {{0, N, 1, 0, N, 1}, {N, N, 1, N, N, 1}, {N, N, 1, 0, N, 0},
+                              {N, N, 0, N, N, 0}, {N, N, 0, 2 * N, N, 0}};
+    cc_ring_schedule("ring pieces", pairs, 5);
+    /* one call per step (lib/cp_ring.c's bounding boxes): the own block causal by row index (its positions rise
+     * with a gap), then fragment 3 x fragments 1 and 2 dense */
+    const CcPiece steps[2] = {{0, 2 * N, 1, 0, 2 * N, 1}, {N, N, 0, N, 2 * N, 1}};
+    cc_ring_schedule("ring steps", steps, 2);
 }
 
 /* ---- determinism ---- */
@@ -396,4 +447,23 @@ TEST(cuda_attention_cudnn_hint) {
            attn_hint_field_name((int)field));
     EXPECT(!to_cudnn && code == CUDA_ERR_ATTN_HINT, "a hint claiming a document start: cuDNN %d, error %d", to_cudnn,
            code);
+    /* a rank's own block with its fragments the other way round ([3 | 0]: positions fall once): ours by its
+     * hint; a hint claiming they rise would send it to cuDNN's causal by row index, the wrong mask */
+    CcData f;
+    cc_setup(&f, &plain, 1912);
+    for (int64_t i = 0; i < f.nq; i++) f.pq[i] = f.dq_[i] = f.pk[i] = f.dk_[i] = (int32_t)(i < 256 ? 256 + i : i - 256);
+    f.d_pq = ct_up_i32(f.pq, f.nq), f.d_dpq = ct_up_i32(f.dq_, f.nq);
+    f.d_pk = ct_up_i32(f.pk, f.nk), f.d_dpk = ct_up_i32(f.dk_, f.nk);
+    const AttnHint hf = attn_hint_rows(f.pq, f.dq_, f.nq, f.pk, f.dk_, f.nk);
+    code = cc_forward_with(&f, &plain, &hf, &to_cudnn, &field);
+    printf("right hint, own block falling once: %s, error code %d\n", to_cudnn ? "cuDNN" : "ours", code);
+    EXPECT(hf.same_pos && !hf.rising && !to_cudnn && code == CUDA_ERR_NONE,
+           "own block [3 | 0]: same_pos %d rising %d, cuDNN %d, error %d", hf.same_pos, hf.rising, to_cudnn, code);
+    AttnHint lie = hf;
+    lie.rising = 1;
+    code = cc_forward_with(&f, &plain, &lie, &to_cudnn, &field);
+    printf("wrong hint (rising claimed): %s, error code %d, field %s\n", to_cudnn ? "cuDNN" : "ours", code,
+           attn_hint_field_name((int)field));
+    EXPECT(to_cudnn && code == CUDA_ERR_ATTN_HINT && !strcmp(attn_hint_field_name((int)field), "rising"),
+           "a hint claiming rising positions: cuDNN %d, error %d, field %lld", to_cudnn, code, field);
 }

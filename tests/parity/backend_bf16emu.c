@@ -176,7 +176,6 @@ static void emu_adamw_update(float *param, float *m, float *v, void *compute, co
 const Backend backend_cpu_bf16 = {
     .name = "cpu-bf16",
     .act_size = 4,
-    .attention_any_mask = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .memset_zero = cpu_memset_zero,

@@ -9,7 +9,10 @@
  *                        field: attn_hint_rows (what lib/cp_ring.c passes), the device's reduction
  *                        (cuda_attention_cudnn_glue.cu: blocks of threads each folding a strided share,
  *                        joined in a shuffled order, as the atomics may) and a reference written from the
- *                        definitions; and cdg_route decides the same from each
+ *                        definitions; and cdg_route decides the same from each. Also a rank's own block at
+ *                        step 0 (both sides its two fragments, positions rising with a gap; and the other
+ *                        way round). Wherever the route is cuDNN's, its mask (every key, or top-left causal
+ *                        by row index) equals ours (documents, causal by pos) on every (query, key) pair
  *   attn_hint_must_fail  a hint of other rows (one document start moved by one token, one position
  *                        shifted) differs from the rows', and cpu_attention_forward given it exits non-zero
  *                        (in a child process) while the right hint passes
@@ -42,14 +45,17 @@ static void th_rows(int32_t *pos, int32_t *doc_pos, int64_t lo, int64_t hi, cons
 /* the summary from its definition, written apart from the fold */
 static AttnHint th_reference(const int32_t *pq, const int32_t *dq, int64_t Tq, const int32_t *pk, const int32_t *dk,
                              int64_t Tk) {
-    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, Tq ? pq[0] : 0, Tk ? pk[0] : 0, INT32_MAX, INT32_MIN};
+    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, Tq ? pq[0] : 0, Tk ? pk[0] : 0, INT32_MAX, INT32_MIN, 1, Tq == Tk};
     for (int64_t i = 0; i < Tq; i++) {
+        if (i && pq[i] <= pq[i - 1]) h.rising = 0;
+        if (i < Tk && pq[i] != pk[i]) h.same_pos = 0;
         h.doc_min = pq[i] - dq[i] < h.doc_min ? pq[i] - dq[i] : h.doc_min;
         h.doc_max = pq[i] - dq[i] > h.doc_max ? pq[i] - dq[i] : h.doc_max;
         h.pos_q_min = pq[i] < h.pos_q_min ? pq[i] : h.pos_q_min;
         if (i && pq[i] != pq[i - 1] + 1) h.q_consec = 0;
     }
     for (int64_t j = 0; j < Tk; j++) {
+        if (j && pk[j] <= pk[j - 1]) h.rising = 0;
         h.doc_min = pk[j] - dk[j] < h.doc_min ? pk[j] - dk[j] : h.doc_min;
         h.doc_max = pk[j] - dk[j] > h.doc_max ? pk[j] - dk[j] : h.doc_max;
         h.pos_k_max = pk[j] > h.pos_k_max ? pk[j] : h.pos_k_max;
@@ -69,7 +75,7 @@ static AttnHint th_strided(const int32_t *pq, const int32_t *dq, int64_t Tq, con
         for (int64_t i = t; i < Tq + Tk; i += nthreads) {
             const int is_k = i >= Tq;
             const int64_t r = is_k ? i - Tq : i;
-            attn_hint_add(&part[t], is_k, r, is_k ? pk[r] : pq[r], is_k ? dk[r] : dq[r]);
+            attn_hint_add(&part[t], is_k, r, pq, dq, Tq, pk, dk, Tk);
         }
     }
     for (int t = nthreads - 1; t > 0; t--) { /* shuffle */
@@ -85,12 +91,12 @@ static AttnHint th_strided(const int32_t *pq, const int32_t *dq, int64_t Tq, con
 TEST(attn_hint_fold) {
     enum { N = 40, MAXP = 4 };
     static int32_t pq[N], dq[N], pk[N], dk[N];
-    int64_t calls = 0, bad = 0, routed[3] = {0};
+    int64_t calls = 0, bad = 0, routed[3] = {0}, own_causal = 0;
     test_rng_seed(22);
     for (int trial = 0; trial < 600; trial++) {
         const int P = trial % 2 ? 2 : MAXP, nseg = 2 * P;
         int64_t starts[6];
-        const int ns = trial % 7 == 0 ? 0 : 1 + (int)(test_uniform() * 5);
+        const int ns = trial % 7 == 0 || trial % 12 == 5 ? 0 : 1 + (int)(test_uniform() * 5);
         for (int i = 0; i < ns; i++) starts[i] = 1 + (int64_t)(test_uniform() * (nseg * N - 1));
         int a = (int)(test_uniform() * nseg), b = (int)(test_uniform() * nseg);
         if (a < b) { int t = a; a = b; b = t; }
@@ -101,6 +107,17 @@ TEST(attn_hint_fold) {
             const int g = trial % 2 ? a : b, other = nseg - 1 - g;
             th_rows(pos, dp, (int64_t)g * N, (int64_t)g * N + N / 2, starts, ns);
             th_rows(pos + N / 2, dp + N / 2, (int64_t)other * N, (int64_t)other * N + N / 2, starts, ns);
+        }
+        if (trial % 6 == 5) { /* a rank's own block at ring step 0: q rows = k rows = [seg a | seg 2P-1-a] */
+            th_rows(pq, dq, (int64_t)a * N, (int64_t)a * N + N / 2, starts, ns);
+            th_rows(pq + N / 2, dq + N / 2, (int64_t)(nseg - 1 - a) * N, (int64_t)(nseg - 1 - a) * N + N / 2, starts,
+                    ns);
+            if (trial % 4 == 1) { /* its fragments the other way round: positions fall once */
+                memcpy(pk, pq + N / 2, N / 2 * sizeof *pq), memcpy(pk + N / 2, pq, N / 2 * sizeof *pq);
+                memcpy(pq, pk, sizeof pq), memcpy(dk, dq + N / 2, N / 2 * sizeof *dq);
+                memcpy(dk + N / 2, dq, N / 2 * sizeof *dq), memcpy(dq, dk, sizeof dq);
+            }
+            memcpy(pk, pq, sizeof pk), memcpy(dk, dq, sizeof dk);
         }
         /* the ring's shapes: the whole pair, a rectangle (queries up to a document start x keys from one on),
          * and odd sizes: empty and one-row sides */
@@ -126,13 +143,27 @@ TEST(attn_hint_fold) {
                    attn_hint_field_name(f1), f1 >= 0 ? attn_hint_field(&rows, f1) : 0, attn_hint_field_name(f2),
                    f2 >= 0 ? attn_hint_field(&dev, f2) : 0, f1 >= 0 ? attn_hint_field(&ref, f1) : 0,
                    f2 >= 0 ? attn_hint_field(&ref, f2) : 0, route_differs);
+        /* the mask cuDNN applies on its route (every key, or key row j <= query row i) is ours exactly */
+        int64_t wrong = 0;
+        for (int64_t i = 0; r != CDG_ROUTE_OURS && i < nq; i++)
+            for (int64_t j = 0; j < nk; j++) {
+                const int ours = pq[q0 + i] - dq[q0 + i] == pk[k0 + j] - dk[k0 + j] &&
+                                 (!causal || pk[k0 + j] <= pq[q0 + i]);
+                wrong += ours != (r == CDG_ROUTE_DENSE || j <= i);
+            }
+        if (wrong && bad++ < 3)
+            EXPECT(0, "trial %d: route %d masks %lld (query, key) pairs differently from ours", trial, (int)r,
+                   (long long)wrong);
         calls++;
         routed[r]++;
+        own_causal += trial % 6 == 5 && r == CDG_ROUTE_CAUSAL;
     }
-    printf("attn_hint_fold: %lld calls, summaries equal on %lld; routes ours %lld, cuDNN dense %lld, causal %lld\n",
+    printf("attn_hint_fold: %lld calls, summaries and masks equal on %lld; routes ours %lld, cuDNN dense %lld, "
+           "causal %lld (a rank's own block: %lld)\n",
            (long long)calls, (long long)(calls - bad), (long long)routed[CDG_ROUTE_OURS],
-           (long long)routed[CDG_ROUTE_DENSE], (long long)routed[CDG_ROUTE_CAUSAL]);
+           (long long)routed[CDG_ROUTE_DENSE], (long long)routed[CDG_ROUTE_CAUSAL], (long long)own_causal);
     EXPECT(bad == 0, "%lld calls with differing summaries or routes", (long long)bad);
+    EXPECT(own_causal >= 3, "only %lld of a rank's own blocks went to cuDNN causal", (long long)own_causal);
     EXPECT(routed[CDG_ROUTE_OURS] > 50 && routed[CDG_ROUTE_DENSE] > 20 && routed[CDG_ROUTE_CAUSAL] > 5,
            "too few calls of one route: %lld / %lld / %lld", (long long)routed[0], (long long)routed[1],
            (long long)routed[2]);
