@@ -58,6 +58,16 @@
  * to its owner, complete. The backward uses the final (merged) out and lse,
  * so each block's probabilities are the global ones.
  *
+ * Backward at P = 2 with Cp.ring_keep_kv (parallel.ring_keep_kv): in that
+ * order the last hop (the complete fp32 dK|dV partial, twice the K|V's bytes
+ * at bf16) has nothing left to overlap (128k MHA: 3 ms of 233). So the
+ * forward receives the other rank's block into a per-layer buffer (kv_kept)
+ * and the backward reads it: no K|V exchange, the other rank's block first,
+ * its dK|dV contributions posted home at once and carried while the own
+ * block runs, then added to the own block's. A per-layer flag set by the
+ * forward and cleared by the backward refuses a backward without its
+ * forward (the kept block would be another step's).
+ *
  * Callers: lib/model_block.c (every softmax layer, every P), tests/cp.
  */
 #include <string.h>

@@ -185,7 +185,8 @@ GIB = 2**30
 # default attention since v0.11) nor the measured CUDA context and NCCL memory (2.69 GiB; 1 GiB before).
 PLAN_1M_MAX = (79 - 2) * GIB
 ONE_M = ["configs/hybrid-1b-1m-h200x4.yaml", "--set", "parallel.cp=2", "--set", "slurm.gpus_per_node=2",
-         "--set", "device.memory_gib=79", "--set", "parallel.gdn_chain_staged=false"]  # as the h100x2 config
+         "--set", "device.memory_gib=79", "--set", "parallel.gdn_chain_staged=false",  # as the h100x2 config
+         "--set", "parallel.ring_calls=pairs", "--set", "parallel.ring_keep_kv=false"]
 
 
 def plan_1m(*sets):
