@@ -761,9 +761,11 @@ static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) 
         long long n[4], any = 0;
         const char *const keys[4] = {"fwd_cudnn", "bwd_cudnn", "fwd_ours", "bwd_ours"};
         for (int k = 0; k < 4; k++) any += n[k] = (long long)json_integer_value(json_object_get(rt, keys[k]));
-        fprintf(f, "  calls (%s): %lld per forward on the busiest rank", json_string_value(json_object_get(cp, "ring_calls")),
+        fprintf(f, "  calls (%s): %lld per forward on the busiest rank",
+                json_string_value(json_object_get(cp, "ring_calls")),
                 (long long)json_integer_value(json_object_get(cp, "fwd_calls")));
-        if (any) fprintf(f, "; per run on rank 0 cuDNN fwd %lld bwd %lld, ours fwd %lld bwd %lld", n[0], n[1], n[2], n[3]);
+        if (any)
+            fprintf(f, "; per run on rank 0 cuDNN fwd %lld bwd %lld, ours fwd %lld bwd %lld", n[0], n[1], n[2], n[3]);
         fprintf(f, "\n");
         const json_t *x = json_object_get(cp, "exchange_alone");
         if (x)

@@ -150,13 +150,13 @@ const ConfigKey config_schema[] = {
          "zigzag rule's diagonals and rectangles together) where the kernel runs it fast: always with ours (it skips "
          "masked tiles), with cuDNN for one document (a rank's own block causal by row index, the rest dense); with "
          "documents, the rule's calls where cuDNN takes most of their work (documents longer than a fragment). "
-         "pairs: the rule's calls one by one (cuDNN's workspace then grows to a fragment's rows, not a rank's: the "
-         "1M-token config at 80 GB); steps: one call always. Through cuDNN at 128k on two H200s auto is 1.0% faster "
+         "pairs: the rule's calls one by one (cuDNN's workspace then grows to a fragment's rows only, not a rank's: "
+         "the 1M-token config at 80 GB); steps: one call always. Through cuDNN at 128k on two H200s auto is 1.0% faster "
          "than pairs (docs/benchmarks.md v0.13)"),
     BOOL(parallel.ring_keep_kv, "true", "cp",
          "cp 2 only: the ring forward keeps the K|V block it received (the other rank's) for every softmax layer "
-         "until the backward (local rows x 2 kv heads x head_dim x 2 bytes per layer, in plan's CP ring buffers; "
-         "no K|V receive buffers are then needed), so the backward exchanges no K|V, runs the other rank's block "
+         "until the backward (local rows x 2 (K, V) x kv heads x head_dim x 2 bytes per layer, in plan's CP ring "
+         "buffers; no K|V receive buffers are then needed), so the backward exchanges no K|V, runs the other rank's block "
          "first and sends its dK|dV home while its own block runs; false: the backward passes K|V again and its last "
          "dK|dV hop (fp32) waits alone (128k MHA: 3 ms of 233)"),
     BOOL(parallel.overlap_comm, "true", "comm",

@@ -74,8 +74,8 @@ static int64_t cp_align(int64_t n) { return (n + CP_ALIGN - 1) / CP_ALIGN * CP_A
 static void cp_bind(Cp *cp, const ActCpBuffer *b, char *p) {
     static const struct { const char *name; size_t off; int count; } fields[] = {
 #define F(n, c) {#n, offsetof(Cp, n), c}
-        F(kv_recv, 2), F(kv_kept, 1), F(run_out, 1), F(run_lse, 1), F(lse_empty, 1), F(blk_out, 1), F(blk_lse, 1), F(dq_acc, 1),
-        F(dkv_local, 1), F(dkv_buf, 2), F(scan_send, 1), F(scan_recv, 1), F(fold, 2), F(dstate, 1),
+        F(kv_recv, 2), F(kv_kept, 1), F(run_out, 1), F(run_lse, 1), F(lse_empty, 1), F(blk_out, 1), F(blk_lse, 1),
+        F(dq_acc, 1), F(dkv_local, 1), F(dkv_buf, 2), F(scan_send, 1), F(scan_recv, 1), F(fold, 2), F(dstate, 1),
         F(gdn_dkept, 1), F(halo_send, 1), F(halo_recv, 1),
 #undef F
     };

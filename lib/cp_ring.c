@@ -218,7 +218,7 @@ void cp_ring_forward(Cp *cp, int layer, void *out, float *lse, const void *q, co
 
 /* The backward's calls of one owner's block (owner j, its K|V block kvb): dq_acc += their dQ, dkv = their dK|dV
  * contributions to the block (zeroed first). */
-static void cp_ring_backward_block(Cp *cp, int layer, int j, float *dkv, const void *kvb, const void *dout,
+static void cp_ring_backward_block(Cp *cp, int j, float *dkv, const void *kvb, const void *dout,
                                    const void *out, const float *lse, const void *q, const CpAttnDims *d,
                                    CommHandle *h_kv, CommHandle *h_dkv) {
     const Backend *be = cp->be;
@@ -258,7 +258,7 @@ static void cp_ring_backward_kept(Cp *cp, int layer, void *dkv, const void *dout
     CommHandle h = {0};
     cp_ring_mark(cp, 1, 0, CP_MARK_BEGIN);
     cp_ring_mark(cp, 1, 0, CP_MARK_POSTED);
-    cp_ring_backward_block(cp, layer, other, cp->dkv_local, cp_ring_kept(cp, layer, d), dout, out, lse, q, d, NULL,
+    cp_ring_backward_block(cp, other, cp->dkv_local, cp_ring_kept(cp, layer, d), dout, out, lse, q, d, NULL,
                            NULL);
     cp_ring_mark(cp, 1, 0, CP_MARK_COMPUTED);
     comm_isendrecv(cp->comm, COMM_CP, cp->dkv_local, other, cp->dkv_buf[0], other,
@@ -266,7 +266,7 @@ static void cp_ring_backward_kept(Cp *cp, int layer, void *dkv, const void *dout
     cp_ring_mark(cp, 1, 0, CP_MARK_END);
     cp_ring_mark(cp, 1, 1, CP_MARK_BEGIN);
     cp_ring_mark(cp, 1, 1, CP_MARK_POSTED);
-    cp_ring_backward_block(cp, layer, r, cp->dkv_buf[1], kv, dout, out, lse, q, d, NULL, &h);
+    cp_ring_backward_block(cp, r, cp->dkv_buf[1], kv, dout, out, lse, q, d, NULL, &h);
     cp_ring_mark(cp, 1, 1, CP_MARK_COMPUTED);
     comm_wait(cp->comm, &h); /* the other rank's contributions to our block */
     be->add_f32(cp->dkv_buf[1], cp->dkv_buf[0], nkv_el);
@@ -301,7 +301,7 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
         if (t < P - 1)
             comm_isendrecv(cp->comm, COMM_CP, cur, next_rank, next, prev_rank, nkv_el * es, CP_TAG_KV, &h_kv);
         cp_ring_mark(cp, 1, t, CP_MARK_POSTED);
-        cp_ring_backward_block(cp, layer, j, cp->dkv_local, cur, dout, out, lse, q, d, t < P - 1 ? &h_kv : NULL,
+        cp_ring_backward_block(cp, j, cp->dkv_local, cur, dout, out, lse, q, d, t < P - 1 ? &h_kv : NULL,
                                P > 1 ? &h_dkv : NULL);
         cp_ring_mark(cp, 1, t, CP_MARK_COMPUTED);
         if (P > 1) {
