@@ -97,6 +97,14 @@ def test_cp_algorithms_match_one_rank(np_, docs, extra):
             assert sum("(staged chain)" in l for l in lines) == 6, r.stdout
 
 
+def test_ring_backward_without_its_forward_is_refused():
+    # cp 2 with the kept K|V (parallel.ring_keep_kv): a backward that no forward kept a block for stops the run
+    r = mpirun(2, BUILD / "cp_check", "ring", "one", "--ring-kv", "kept-twice")
+    assert r.returncode != 0, r.stdout
+    assert "ring backward again without its forward" in r.stdout and "ran, FAIL" not in r.stdout, r.stdout
+    assert "no forward kept its K|V since the last backward" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("what", ["gdn", "conv", "ring", "gdn --sabotage-prep"])
 def test_cp_checks_can_fail(what):
     what, *how = what.split()

@@ -29,7 +29,8 @@
  *          the cuDNN route's choice of fast calls; whole steps make fewer calls than pairs, auto
  *          between the two and as few as whole steps with one document (counted). At cp 2
  *          the backward reads the K|V its forward kept (parallel.ring_keep_kv), or with
- *          --ring-kv passed exchanges it again (ring-flash-attention's order)
+ *          --ring-kv passed exchanges it again (ring-flash-attention's order); kept-twice ends
+ *          with one more backward without its forward, which must be refused (exit non-zero)
  *
  * --sabotage-prep (gdn) spoils each prep the kept run computes (the last token's Tinv row scaled):
  * the kept run must then differ from the run without, proving the prep is read.
@@ -72,6 +73,7 @@ typedef struct {
     int       failed;
     int       sabotage;
     const char *docs;             /* the layout's name (check_docs) */
+    int       backward_twice;     /* --ring-kv kept-twice: one more ring backward without its forward at the end */
 } Check;
 
 /* ---- inputs ------------------------------------------------------------------------- */
@@ -529,6 +531,13 @@ static void check_ring(Check *c, int nh, int nkv, int hd) {
                calls[0], calls[1], most[1], (long long)(S * L->P), calls[2],
                c->cp.ring_keep_kv ? "kept from the forward" : "passed", calls_ok ? "ok" : "FAIL");
     if (!calls_ok) c->failed++;
+    if (c->backward_twice) { /* the kept K|V was read: a second backward must be refused, not run on it */
+        if (c->comm->rank == 0) printf("ring backward again without its forward (must be refused)\n");
+        fflush(stdout);
+        cp_ring_backward(&c->cp, 1, ldq, ldkv, ldout, lout, llse, lq, lkv, &d);
+        if (c->comm->rank == 0) printf("ring backward again: ran, FAIL\n");
+        c->failed++;
+    }
     float *bufs[] = {q, kv, dout, out, lse, dq, dkv, lq, lkv, ldout, lout, llse, ldq, ldkv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
@@ -538,18 +547,21 @@ int main(int argc, char **argv) {
     comm_init(&comm, &argc, &argv);
     if (argc < 3)
         RS_USAGE(NULL, "usage: cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage] "
-                       "[--sabotage-prep] [--ring-kv kept|passed]");
+                       "[--sabotage-prep] [--ring-kv kept|passed|kept-twice]");
     const char *what = argv[1], *docs = argv[2];
     int64_t S = 2, T = 1024, seed = 7;
-    int sabotage = 0, keep_kv = 1;
+    int sabotage = 0, keep_kv = 1, twice = 0;
     for (int i = 3; i < argc; i += 2) {
         if (i + 1 == argc && strcmp(argv[i], "--sabotage") && strcmp(argv[i], "--sabotage-prep"))
             RS_USAGE(NULL, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--samples")) S = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq-len")) T = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seed")) seed = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--ring-kv") && (!strcmp(argv[i + 1], "kept") || !strcmp(argv[i + 1], "passed")))
-            keep_kv = !strcmp(argv[i + 1], "kept");
+        else if (!strcmp(argv[i], "--ring-kv") && (!strcmp(argv[i + 1], "kept") || !strcmp(argv[i + 1], "passed") ||
+                                                   !strcmp(argv[i + 1], "kept-twice"))) {
+            keep_kv = strcmp(argv[i + 1], "passed") != 0;
+            twice = !strcmp(argv[i + 1], "kept-twice");
+        }
         else if (!strcmp(argv[i], "--sabotage") || !strcmp(argv[i], "--sabotage-prep")) {
             sabotage = strcmp(argv[i], "--sabotage") ? 2 : 1;
             i--;
@@ -578,7 +590,7 @@ int main(int argc, char **argv) {
     cfg.parallel.ring_keep_kv = keep_kv;
     comm_setup_groups(&comm, 1, comm.world_size);
 
-    Check c = {.comm = &comm, .T = T, .S = S, .sabotage = sabotage, .docs = docs};
+    Check c = {.comm = &comm, .T = T, .S = S, .sabotage = sabotage, .docs = docs, .backward_twice = twice};
     rng_init(&c.rng, (uint64_t)seed, 0);
     cp_init(&c.cp, &comm, &backend_cpu, &cfg);
     c.pos = RS_MALLOC((size_t)(S * T) * 4);
