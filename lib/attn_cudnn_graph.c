@@ -296,6 +296,10 @@ CdgRoute cdg_route(const AttnHint *m, int64_t Tq, int64_t Tk, int nh, int nkv, i
     return r;
 }
 
+int cdg_route_fast(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal) {
+    return cdg_route(h, Tq, Tk, nh, nkv, hd, causal, NULL) != CDG_ROUTE_OURS;
+}
+
 /* ---- workspace ---- */
 
 static int64_t cdg_region(int64_t *end, int64_t bytes) {

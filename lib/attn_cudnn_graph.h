@@ -48,8 +48,8 @@
  * reads the caller's host summary of the rows (AttnHint, lib/attn_hint.h), so
  * choosing never waits for the GPU.
  *
- * Callers: kernels/cuda/cuda_attention_cudnn.c, lib/plan.c (cdg_workspace), tests/unit/test_attn_cudnn_graph.c,
- * tests/unit/test_attn_hint.c.
+ * Callers: kernels/cuda/cuda_attention_cudnn.c, kernels/cuda/backend_cuda.c (cdg_route_fast), lib/plan.c
+ * (cdg_workspace), tests/unit/test_attn_cudnn_graph.c, tests/unit/test_attn_hint.c, tests/cp/cp_check.c.
  */
 #ifndef RS_ATTN_CUDNN_GRAPH_H
 #define RS_ATTN_CUDNN_GRAPH_H
@@ -134,6 +134,9 @@ typedef enum { CDG_ROUTE_OURS, CDG_ROUTE_DENSE, CDG_ROUTE_CAUSAL } CdgRoute;
 /* cuDNN dense, cuDNN top-left causal, or ours, from the caller's summary of the call's rows (lib/attn_hint.h;
  * computed on the host: no read-back); why: a short reason, for messages */
 CdgRoute cdg_route(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why);
+/* 1 when cdg_route sends the call to cuDNN: the route's Backend attention_fast (kernels/cuda/backend_cuda.c; on
+ * the cpu, tests/cp/cp_check.c's ring check of lib/cp_ring.c's auto choice) */
+int      cdg_route_fast(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal);
 
 /* ---- the workspace of one call beyond cuDNN's own plan workspace (kernels/cuda/cuda_attention_cudnn.c
  * carves it; lib/plan.c counts it): byte offsets from the end of cuDNN's part, each region on

@@ -93,6 +93,12 @@ typedef struct {
     AttnHint hint;
 } CpPair;
 
+/* p's hint, from the host copies of the query rank's and the owner's rows */
+static void cp_ring_hint(CpPair *p, const int32_t *pos_q, const int32_t *doc_q, const int32_t *pos_k,
+                         const int32_t *doc_k) {
+    p->hint = attn_hint_rows(pos_q + p->q0, doc_q + p->q0, p->nq, pos_k + p->k0, doc_k + p->k0, p->nk);
+}
+
 static int cp_ring_fast(const Cp *cp, const CpPair *p, const CpAttnDims *d) {
     return !cp->be->attention_fast || cp->be->attention_fast(&p->hint, p->nq, p->nk, d->nh, d->nkv, d->hd, p->causal);
 }
@@ -125,10 +131,7 @@ static int cp_ring_pairs(const Cp *cp, int j, int s, const CpAttnDims *d, CpPair
             while (nq < n && doc_q[q0 + nq] != 0) nq++;
             out[np++] = (CpPair){q0, nq, k0 + skip, n - skip, 0, {0}};
         }
-    for (int i = 0; i < np; i++) {
-        CpPair *p = &out[i];
-        p->hint = attn_hint_rows(pos_q + p->q0, doc_q + p->q0, p->nq, pos_k + p->k0, doc_k + p->k0, p->nk);
-    }
+    int hinted = 0; /* the pairs' hints are computed only where the choice or the calls read them */
     if (cp->ring_calls != RING_CALLS_PAIRS && np > 1) { /* the pairs' bounding box, causal by pos */
         int64_t q1 = out[0].q0 + out[0].nq, k1 = out[0].k0 + out[0].nk;
         CpPair w = {out[0].q0, 0, out[0].k0, 0, 1, {0}};
@@ -141,15 +144,23 @@ static int cp_ring_pairs(const Cp *cp, int j, int s, const CpAttnDims *d, CpPair
         }
         w.nq = q1 - w.q0;
         w.nk = k1 - w.k0;
-        w.hint = attn_hint_rows(pos_q + w.q0, doc_q + w.q0, w.nq, pos_k + w.k0, doc_k + w.k0, w.nk);
-        double all = 0, fast = 0; /* the pairs' areas (half of a causal one's): their work, about */
-        for (int i = 0; i < np; i++) {
-            const double area = (double)out[i].nq * out[i].nk * (out[i].causal ? 0.5 : 1.0);
-            all += area;
-            if (cp_ring_fast(cp, &out[i], d)) fast += area;
+        cp_ring_hint(&w, pos_q, doc_q, pos_k, doc_k);
+        int whole = cp->ring_calls == RING_CALLS_STEPS || cp_ring_fast(cp, &w, d);
+        if (!whole) { /* auto, the box slow: still the box unless the kernel runs half the rule's work fast */
+            double all = 0, fast = 0; /* the pairs' areas (half of a causal one's): their work, about */
+            for (int i = 0; i < np; i++) {
+                CpPair *p = &out[i];
+                cp_ring_hint(p, pos_q, doc_q, pos_k, doc_k);
+                const double area = (double)p->nq * p->nk * (p->causal ? 0.5 : 1.0);
+                all += area;
+                if (cp_ring_fast(cp, p, d)) fast += area;
+            }
+            hinted = 1;
+            whole = 2 * fast < all;
         }
-        if (cp->ring_calls == RING_CALLS_STEPS || cp_ring_fast(cp, &w, d) || 2 * fast < all) out[0] = w, np = 1;
+        if (whole) out[0] = w, np = 1, hinted = 1;
     }
+    for (int i = 0; !hinted && i < np; i++) cp_ring_hint(&out[i], pos_q, doc_q, pos_k, doc_k);
     return np;
 }
 

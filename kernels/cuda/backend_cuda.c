@@ -20,6 +20,7 @@
  * attention/, gdn/; cuda_backend.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.
  */
+#include "attn_cudnn_graph.h"
 #include "backend.h"
 #include "cuda_copyq.h"
 #include "cuda_backend.h"
@@ -178,6 +179,6 @@ const Backend *cuda_backend_with_cudnn_attention(const Backend *base) {
     t = *base;
     t.attention_forward = cuda_attention_cudnn_forward;
     t.attention_backward = cuda_attention_cudnn_backward;
-    t.attention_fast = cuda_attention_cudnn_fast; /* which calls cuDNN takes (the rest run ours) */
+    t.attention_fast = cdg_route_fast; /* which calls cuDNN takes (the rest run ours) */
     return &t;
 }

@@ -440,10 +440,6 @@ static CdgRoute cd_route(const char *entry, const AttnHint *hint, const int32_t 
     return cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL);
 }
 
-int cuda_attention_cudnn_fast(const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal) {
-    return cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL) != CDG_ROUTE_OURS;
-}
-
 static CdgKey cd_key(int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal, int bwd) {
     CdgKey k;
     memset(&k, 0, sizeof k); /* the key is compared with memcmp, padding included */

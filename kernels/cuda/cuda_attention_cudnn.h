@@ -79,8 +79,6 @@ void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *
                                    const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
                                    const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
                                    int nkv, int hd, int ldq, int ldk, int ldo, int causal);
-/* Backend attention_fast: 1 when cdg_route sends a call of this summary and shape to cuDNN (host only) */
-int  cuda_attention_cudnn_fast(const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal);
 
 /* every tensor and operation descriptor of key k's graph created and finalized, then destroyed: no GPU, no
  * cuDNN handle (the operation graph and plan need both); stops with cuDNN's message on a refusal. For tests. */

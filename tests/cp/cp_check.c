@@ -461,12 +461,6 @@ static void check_conv(Check *c, int C, int Kc) {
 
 /* ---- ring attention ------------------------------------------------------------------------- */
 
-/* Backend attention_fast of cuda's cuDNN route (lib/attn_cudnn_graph.h cdg_route), on the cpu: which calls
- * cp_ring.c's auto choice would see run fast */
-static int cp_check_route(const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal) {
-    return cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL) != CDG_ROUTE_OURS;
-}
-
 static void check_ring(Check *c, int nh, int nkv, int hd) {
     const Backend *be = &backend_cpu;
     const CpLayout *L = &c->cp.L;
@@ -495,12 +489,12 @@ static void check_ring(Check *c, int nh, int nkv, int hd) {
                 c->cp.batch.pos_dev[(int64_t)r * rows + i]++; /* host memory on the cpu backend */
             }
     /* the zigzag rule's calls one by one, one call per step and sample (ours), and auto with the cuDNN
-       route's choice of fast calls (cp_check_route below): each against the reference; whole steps must make
-       fewer calls (at most one per step and sample) where there is more than one rank, auto as many as whole
-       steps with one document, and never fewer nor more than the two */
+       route's choice of fast calls (cdg_route_fast, the cuda route's attention_fast): each against the
+       reference; whole steps must make fewer calls (at most one per step and sample) where there is more than
+       one rank, auto as many as whole steps with one document, and never fewer nor more than the two */
     static const RingCalls how[3] = {RING_CALLS_PAIRS, RING_CALLS_STEPS, RING_CALLS_AUTO};
     Backend routed = backend_cpu;
-    routed.attention_fast = cp_check_route;
+    routed.attention_fast = cdg_route_fast;
     int calls[3], most[3];
     for (int m = 0; m < 3; m++) {
         char name[64];
