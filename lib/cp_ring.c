@@ -257,9 +257,10 @@ static void cp_ring_backward_block(Cp *cp, int j, float *dkv, const void *kvb, c
 }
 
 /* P = 2 with the K|V the forward kept (ring_keep_kv): the other rank's block first, its dK|dV contributions sent
- * home while the own block runs, then added to the own block's (the header says why) */
-static void cp_ring_backward_kept(Cp *cp, int layer, void *dkv, const void *dout, const void *out, const float *lse,
-                                  const void *q, const void *kv, const CpAttnDims *d) {
+ * home while the own block runs, then added to the own block's (the header says why). Returns the own block's
+ * complete fp32 dK|dV. */
+static const float *cp_ring_backward_kept(Cp *cp, int layer, const void *dout, const void *out, const float *lse,
+                                          const void *q, const void *kv, const CpAttnDims *d) {
     const Backend *be = cp->be;
     const int r = cp->L.rank, other = 1 - r;
     const int64_t nkv_el = cp->batch.rows * 2 * d->nkv * d->hd;
@@ -282,26 +283,18 @@ static void cp_ring_backward_kept(Cp *cp, int layer, void *dkv, const void *dout
     comm_wait(cp->comm, &h); /* the other rank's contributions to our block */
     be->add_f32(cp->dkv_buf[1], cp->dkv_buf[0], nkv_el);
     cp_ring_mark(cp, 1, 1, CP_MARK_END);
-    be->act_from_f32(dkv, cp->dkv_buf[1], nkv_el);
     cp->count.ring_passes_bwd[layer]++;
+    return cp->dkv_buf[1];
 }
 
-void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, const void *out, const float *lse,
-                      const void *q, const void *kv, const CpAttnDims *d) {
+/* ring-flash-attention's order, any P: K|V travels the ring again, each block's dK|dV partial one step behind it
+ * (the header says how). Returns the own block's complete fp32 dK|dV. */
+static const float *cp_ring_backward_passed(Cp *cp, int layer, const void *dout, const void *out, const float *lse,
+                                            const void *q, const void *kv, const CpAttnDims *d) {
     const Backend *be = cp->be;
-    const CpLayout *L = &cp->L;
-    const int es = be->act_size, P = L->P, r = L->rank;
-    const int qd = d->nh * d->hd;
-    const int64_t rows = cp->batch.rows, nkv_el = rows * 2 * d->nkv * d->hd;
+    const int es = be->act_size, P = cp->L.P, r = cp->L.rank;
+    const int64_t nkv_el = cp->batch.rows * 2 * d->nkv * d->hd;
     const int next_rank = (r + 1) % P, prev_rank = (r - 1 + P) % P;
-
-    be->memset_zero(cp->dq_acc, (size_t)rows * qd * sizeof(float));
-    comm_set_context(cp->comm, layer, "ring attention backward");
-    if (cp->ring_keep_kv) {
-        cp_ring_backward_kept(cp, layer, dkv, dout, out, lse, q, kv, d);
-        be->act_from_f32(dq, cp->dq_acc, rows * qd);
-        return;
-    }
     const void *cur = kv;
     const float *own = cp->dkv_local; /* P = 1: this step's contributions are the whole gradient */
     CommHandle h_kv = {0}, h_dkv = {0};
@@ -337,6 +330,17 @@ void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, 
         own = cp->dkv_buf[P % 2];
         cp->count.ring_passes_bwd[layer]++;
     }
+    return own;
+}
+
+void cp_ring_backward(Cp *cp, int layer, void *dq, void *dkv, const void *dout, const void *out, const float *lse,
+                      const void *q, const void *kv, const CpAttnDims *d) {
+    const Backend *be = cp->be;
+    const int64_t rows = cp->batch.rows, qd = (int64_t)d->nh * d->hd, nkv_el = rows * 2 * d->nkv * d->hd;
+    be->memset_zero(cp->dq_acc, (size_t)(rows * qd) * sizeof(float));
+    comm_set_context(cp->comm, layer, "ring attention backward");
+    const float *own = cp->ring_keep_kv ? cp_ring_backward_kept(cp, layer, dout, out, lse, q, kv, d)
+                                        : cp_ring_backward_passed(cp, layer, dout, out, lse, q, kv, d);
     be->act_from_f32(dq, cp->dq_acc, rows * qd);
     be->act_from_f32(dkv, own, nkv_el);
 }

@@ -60,6 +60,9 @@
 #              alternated RING_ROUNDS (2) times: what one launch per step buys. ~2 min
 #   cp2-ring-calls-cudnn  the same through cuDNN (auto: one call per step, every one cuDNN's). ~4 min
 #   attn-cudnn-parity  the cuDNN route's parity cases of test_cuda alone (part of attn-cudnn). ~1 min
+#   ring2-calls  one GPU: our kernel's calls of the cp 2 ring at 128k (MHA, GQA 16/2) one by one, each rank's own
+#              block and dense rectangle beside the one-GPU call (RS_ATTN_TIMING=5 test_cuda attention_timing):
+#              the ring's CP efficiency from the kernel calls alone, without communication. ~1 min
 #   cp2-ring-kv  cp2's ring attention at 128k (MHA, GQA) with the backward reading the K|V its forward kept
 #              (--ring-kv kept, the default) against passing it again (passed), through cuDNN then ours,
 #              alternated RING_ROUNDS (2) times. ~4 min
@@ -695,6 +698,12 @@ for part in "$@"; do
             done
         done ;;
     attn-cudnn-parity) suite_attn_cudnn_parity || status=1 ;;
+    ring2-calls)
+        RS_ATTN_TIMING=5 timeout "$(left)" build/test_cuda cuda_attention_timing > "$L/ring2-calls.log" 2>&1
+        r=$?
+        grep -E "^ring2|ok|FAIL" "$L/ring2-calls.log"
+        [ $r -eq 0 ]
+        ;;
     cp2-ring-kv)  # the backward from the forward's K|V (kept) against passing it again, cuDNN then ours
         for impl in cudnn ringscan; do
             for i in $(seq "${RING_ROUNDS:-2}"); do
@@ -742,7 +751,7 @@ for part in "$@"; do
         echo "unknown part '$part' (parity parity-gdn big gdn gdn-nopeer gdn-states gdn32k gdn32k-dwg gdn32k-sfbv32"
         echo "  gdn32k-dwg-sfbv32 gdn-cycles gdn-base attn attn32k attn-cudnn attn-cudnn-det attn-cudnn-wide step"
         echo "  remat step-states step-cudnn cp-parity cp-step cp2 cp2-attn cp2-attn-cudnn cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls"
-        echo "  cp2-ring-calls-cudnn cp2-ring-kv attn-cudnn-parity"
+        echo "  cp2-ring-calls-cudnn cp2-ring-kv attn-cudnn-parity ring2-calls"
         echo "  cp2-ring-dq cp2-ring-ab cp2-512k cp4-parity cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step cp4-1m hf long-parity long-1m long-1m-cudnn long-256k long-1gpu)"
         false
         ;;
