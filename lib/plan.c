@@ -292,6 +292,49 @@ static void plan_flops(double v, char *buf, size_t n) {
     else snprintf(buf, n, "%.0f FLOP", v);
 }
 
+/* A run over its device memory whose ring attention trades memory for speed (lib/cp_ring.c): whether the cheaper
+ * choices fit with the same checkpoint.activations. At cp 2 the kept K|V holds every softmax layer's received
+ * block to its backward; with the cuDNN route one call per ring step sizes cuDNN's workspace for a rank's rows,
+ * the rule's calls for a fragment's (half). The fewest changes that fit are named, each with its plan total. */
+static void plan_print_ring_hints(const Config *cfg, ActPolicy pol, FILE *f) {
+    const int keep = cfg->parallel.cp == 2 && cfg->parallel.ring_keep_kv;
+    const int calls = cfg->parallel.cp > 1 && cfg->device.kind == DEVICE_KIND_CUDA &&
+                      cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN &&
+                      cfg->parallel.ring_calls != RING_CALLS_PAIRS;
+    int64_t need[3] = {-1, -1, -1}; /* keep off; pairs; both */
+    int fits[3] = {0, 0, 0};
+    for (int v = 0; v < 3; v++) {
+        if ((v != 1 && !keep) || (v != 0 && !calls)) continue;
+        Config c = *cfg; /* plan_build reads the copy only; its strings are the original's */
+        if (v != 1) c.parallel.ring_keep_kv = false;
+        if (v != 0) c.parallel.ring_calls = RING_CALLS_PAIRS;
+        Plan q;
+        plan_build(&q, &c);
+        if (q.n_full == 0) { /* no softmax layer: the ring buffers are not the question */
+            plan_free(&q);
+            return;
+        }
+        need[v] = q.total[pol];
+        fits[v] = plan_fits(&q, pol);
+        plan_free(&q);
+    }
+    static const char *const key[2] = {"parallel.ring_keep_kv=false", "parallel.ring_calls=pairs"};
+    static const char *const why[2] = {
+        "the cp 2 backward passes K|V again instead of keeping each softmax layer's received block, and its last "
+        "dK|dV hop waits exposed",
+        "the zigzag rule's calls one by one, cuDNN's workspace sized for a fragment's rows, not a rank's"};
+    char a[32];
+    for (int v = 0; v < 2; v++)
+        if (fits[v]) {
+            plan_bytes((double)need[v], a, sizeof a);
+            fprintf(f, "  hint: %s fits (%s): %s\n", key[v], a, why[v]);
+        }
+    if (!fits[0] && !fits[1] && fits[2]) {
+        plan_bytes((double)need[2], a, sizeof a);
+        fprintf(f, "  hint: %s and %s together fit (%s): %s; %s\n", key[0], key[1], a, why[0], why[1]);
+    }
+}
+
 int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     char a[64], b[64], c[64];
     int pol = cfg->checkpoint.activations;
@@ -464,6 +507,7 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     for (int q = 0; q < ACT_POLICY_COUNT; q++)
         if (q != pol && plan_fits(p, (ActPolicy)q))
             fprintf(f, "  hint: checkpoint.activations=%s fits\n", act_policy_names[q]);
+    if (tot > p->capacity) plan_print_ring_hints(cfg, pol, f);
     if (cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET && tot > p->capacity) {
         plan_bytes((double)p->cudnn_workspace, c, sizeof c);
         fprintf(f, "  hint: %s of it is device.attention_kernel=cudnn_det's workspace (cuDNN's deterministic "

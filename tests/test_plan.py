@@ -40,7 +40,7 @@ def plan_json(ringscan, config, *sets, rc=0):
     for s in sets:
         args += ["--set", s]
     r = run(args)
-    assert r.returncode == rc, r.stderr
+    assert rc is None or r.returncode == rc, r.stderr
     return json.loads(r.stdout)
 
 
@@ -203,6 +203,39 @@ def test_does_not_fit_exits_1(ringscan):
     assert "hint: checkpoint.activations=remat fits" in r.stdout
     d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "device.memory_gib=40", rc=1)
     assert d["fits"] is False
+
+
+def test_does_not_fit_names_the_ring_settings_that_fit(ringscan):
+    """Over budget at cp 2 with the kept K|V and one ring call per step (the defaults), plan names the cheaper
+    ring settings that fit with the same checkpoint.activations, each with its total: only the fewest needed."""
+    cfg = "configs/hybrid-1b-1m-h100x2.yaml"  # 79 GiB; its pairs + passed: 76.77 GiB (the header says)
+
+    def verdict(*sets):
+        args = [ringscan, "plan", cfg]
+        for s in sets:
+            args += ["--set", s]
+        r = run(args)
+        return r.returncode, r.stdout[r.stdout.index("\nverdict"):]
+
+    def total(*sets):
+        d = plan_json(ringscan, cfg, *sets, rc=None)
+        return f"{d['memory']['remat']['total'] / 2**30:.2f} GiB"
+
+    defaults = ("parallel.ring_calls=auto", "parallel.ring_keep_kv=true")
+    rc, out = verdict(*defaults)  # 81.05 GiB: pairs alone fits, the kept K|V alone does not
+    assert rc == 1 and "DOES NOT FIT" in out, out
+    assert f"hint: parallel.ring_calls=pairs fits ({total('parallel.ring_keep_kv=true')})" in out, out
+    assert "ring_keep_kv=false" not in out, out
+    rc, out = verdict(*defaults, "device.memory_gib=77")  # only both together
+    assert rc == 1, out
+    assert f"hint: parallel.ring_keep_kv=false and parallel.ring_calls=pairs together fit ({total()})" in out, out
+    rc, out = verdict("parallel.ring_keep_kv=true", "device.memory_gib=77.5")  # pairs already: the kept K|V
+    assert rc == 1 and f"hint: parallel.ring_keep_kv=false fits ({total()})" in out, out
+    assert "ring_calls=pairs fits" not in out, out
+    rc, out = verdict(*defaults, "device.memory_gib=60")  # nothing of the ring is enough: no ring hint
+    assert rc == 1 and "parallel.ring" not in out, out
+    rc, out = verdict(*defaults, "device.attention_kernel=ringscan", "device.memory_gib=74")  # no cuDNN workspace
+    assert rc == 1 and "ring_calls=pairs" not in out and "parallel.ring_keep_kv=false fits" in out, out
 
 
 def test_human_report_has_every_section(ringscan):
