@@ -793,11 +793,13 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
            T, nh, nkv, hd, reps, f, fl / f * 1e-9, b, 2.5 * fl / b * 1e-9);
 }
 
-/* The calls of the cp 2 ring at T tokens (lib/cp_ring.c, one call per step, one document) on this one GPU: rank
- * r holds fragments r and 3 - r of T/4 tokens; step 0 is its own block (causal by position), step 1 its rows
- * against the other rank's (the dense rectangle: fragment 3 against 1 and 2 on rank 0, 1 and 2 against 0 on rank
- * 1). The ranks wait for each other at every step, so the ring's time is the slower rank's per step; beside
- * the one-GPU call, its CP efficiency without communication: one GPU / (2 x the ring). */
+/* The calls of the cp 2 ring at T tokens (lib/cp_ring.c, one call per step: the box around the zigzag rule's
+ * calls; one document) on this one GPU: rank r holds fragments r and 3 - r of T/4 tokens; step 0 is its own block
+ * (causal by position), step 1 the dense rectangle against the other rank's rows: fragment 3 against 1 and 2 on
+ * rank 0 (T/4 x T/2), fragments 1 and 2 against 0 on rank 1 (T/2 x T/4). With a wait at every step (the passed
+ * K|V order) the ring's time is the slower rank's per step; with the kept K|V (cp 2's default) nothing waits
+ * between a rank's steps and the slower rank's whole pass counts. Beside the one-GPU call, its CP efficiency
+ * without communication: one GPU / (2 x the ring). */
 static void ca_time_ring2(int T, int nh, int nkv, int hd, int reps) {
     const int n = T / 4, R = 2 * n;
     int32_t *pos[2];
@@ -809,10 +811,9 @@ static void ca_time_ring2(int T, int nh, int nkv, int hd, int reps) {
     int32_t *all = (int32_t *)test_alloc((int64_t)T * 4);
     for (int i = 0; i < T; i++) all[i] = i;
     ca_time_call(&one_f, &one_b, T, T, all, all, nh, nkv, hd, reps);
-    for (int r = 0; r < 2; r++) {
-        ca_time_call(&f[0][r], &b[0][r], R, R, pos[r], pos[r], nh, nkv, hd, reps);
-        ca_time_call(&f[1][r], &b[1][r], R, R, pos[r], pos[1 - r], nh, nkv, hd, reps);
-    }
+    for (int r = 0; r < 2; r++) ca_time_call(&f[0][r], &b[0][r], R, R, pos[r], pos[r], nh, nkv, hd, reps);
+    ca_time_call(&f[1][0], &b[1][0], n, R, pos[0] + n, pos[1], nh, nkv, hd, reps); /* fragment 3 x (1, 2) */
+    ca_time_call(&f[1][1], &b[1][1], R, n, pos[1], pos[0], nh, nkv, hd, reps);     /* (1, 2) x fragment 0 */
     const float rf = fmaxf(f[0][0], f[0][1]) + fmaxf(f[1][0], f[1][1]);
     const float rb = fmaxf(b[0][0], b[0][1]) + fmaxf(b[1][0], b[1][1]);
     /* at cp 2 with the kept K|V no step waits for the other rank's step: the slower rank's whole pass counts */
@@ -906,9 +907,9 @@ TEST(cuda_attention_timing) {
         ca_time_one(131072, 16, 2, 128, 3);
         return;
     }
-    if (!strcmp(getenv("RS_ATTN_TIMING"), "5")) { /* the cp 2 ring's calls at 128k, hd 128, MHA and GQA 16/2 */
-        ca_time_ring2(131072, 16, 16, 128, 3);
-        ca_time_ring2(131072, 16, 2, 128, 3);
+    if (!strcmp(getenv("RS_ATTN_TIMING"), "5")) { /* the cp 2 ring's calls at 128k, hd 128, MHA and GQA 16/2, 5 runs */
+        ca_time_ring2(131072, 16, 16, 128, 5);
+        ca_time_ring2(131072, 16, 2, 128, 5);
         return;
     }
     if (!strcmp(getenv("RS_ATTN_TIMING"), "3")) { /* hd 256 only: 32k MHA and GQA 16/2, three runs each */
