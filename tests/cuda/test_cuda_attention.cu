@@ -40,7 +40,8 @@
  * (cuda_attention_tune.h) would not pass it. Set
  * RS_ATTN_TIMING=1 to print fwd/bwd times and TFLOP/s at T = 32k and 128k (=2: only
  * 32k hd 128 MHA, GQA 16/2 and hd 64; =3: only 32k hd 256 MHA and GQA 16/2; =4: only 128k hd 128 MHA and 16/2;
- * =5: the cp 2 ring's calls at 128k, hd 128, MHA and 16/2, one GPU standing in for both ranks)
+ * =5: the cp 2 ring's calls at 128k, hd 128, MHA and 16/2, one GPU standing in for both ranks; =6: dense
+ * rectangles of the ring's sizes with 31.03 waves of CTAs and with whole waves)
  * (information only: no test depends on a time).
  */
 #include <math.h>
@@ -828,6 +829,21 @@ static void ca_time_ring2(int T, int nh, int nkv, int hd, int reps) {
            100 * (fmaxf(f[1][0], f[1][1]) + fmaxf(b[1][0], b[1][1])) / ((one_f + one_b) / 4) - 100);
 }
 
+/* dense rectangles (every key before every query, one document) of Tq x Tk at sizes around the cp 2 ring's, the
+ * time per query-key pair: whether a launch's last partial wave (1 CTA per SM; the forward has nh x Tq/128 CTAs,
+ * the backward nh x Tk/128) shows */
+static void ca_time_dense(int Tq, int Tk, int nh, int nkv, int hd, int reps) {
+    int32_t *pq = (int32_t *)test_alloc((int64_t)Tq * 4), *pk = (int32_t *)test_alloc((int64_t)Tk * 4);
+    for (int i = 0; i < Tk; i++) pk[i] = i;
+    for (int i = 0; i < Tq; i++) pq[i] = Tk + i;
+    float f, b;
+    ca_time_call(&f, &b, Tq, Tk, pq, pk, nh, nkv, hd, reps);
+    const double pairs = (double)Tq * Tk;
+    printf("dense Tq %d Tk %d nh %d nkv %d hd %d, median of %d: fwd %.3f ms (%d CTAs, %.3f ps per pair); bwd %.3f ms "
+           "(%d CTAs, %.3f ps per pair)\n", Tq, Tk, nh, nkv, hd, reps, f, nh * ((Tq + 127) / 128), f / pairs * 1e9, b,
+           nh * ((Tk + 127) / 128), b / pairs * 1e9);
+}
+
 /* the backward's dq is added by many key blocks per query tile; at 8k tokens (64 key blocks of 128 per head) their
  * adds meet in L2. Three runs from zeroed gradients must agree bit for bit; the same with the ordering
  * switched off (plain atomics) is printed, not checked, to show that the check can see a difference. */
@@ -910,6 +926,12 @@ TEST(cuda_attention_timing) {
     if (!strcmp(getenv("RS_ATTN_TIMING"), "5")) { /* the cp 2 ring's calls at 128k, hd 128, MHA and GQA 16/2, 5 runs */
         ca_time_ring2(131072, 16, 16, 128, 5);
         ca_time_ring2(131072, 16, 2, 128, 5);
+        return;
+    }
+    if (!strcmp(getenv("RS_ATTN_TIMING"), "6")) { /* dense rectangles: 31.03 against whole waves on 132 SMs */
+        const int sizes[][2] = {{32768, 65536}, {33792, 65536}, {32768, 67584}, {65536, 32768}, {65536, 33792},
+                                {32768, 65536}, {65536, 32768}};
+        for (int i = 0; i < 7; i++) ca_time_dense(sizes[i][0], sizes[i][1], 16, 2, 128, 5);
         return;
     }
     if (!strcmp(getenv("RS_ATTN_TIMING"), "3")) { /* hd 256 only: 32k MHA and GQA 16/2, three runs each */
