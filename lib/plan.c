@@ -295,25 +295,17 @@ static void plan_flops(double v, char *buf, size_t n) {
 /* A run over its device memory whose ring attention trades memory for speed (lib/cp_ring.c): whether the cheaper
  * choices fit with the same checkpoint.activations. At cp 2 the kept K|V holds every softmax layer's received
  * block to its backward; with the cuDNN route one call per ring step sizes cuDNN's workspace for a rank's rows,
- * the rule's calls for a fragment's (half). The fewest changes that fit are named, each with its plan total. */
+ * the rule's calls for a fragment's (half). The fewest changes that fit are named, each with its plan total; a
+ * change that saves nothing here (cp 1, no softmax layer, our kernel, already set) plans the same and is not. */
 static void plan_print_ring_hints(const Config *cfg, ActPolicy pol, FILE *f) {
-    const int keep = cfg->parallel.cp == 2 && cfg->parallel.ring_keep_kv;
-    const int calls = cfg->parallel.cp > 1 && cfg->device.kind == DEVICE_KIND_CUDA &&
-                      cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN &&
-                      cfg->parallel.ring_calls != RING_CALLS_PAIRS;
-    int64_t need[3] = {-1, -1, -1}; /* keep off; pairs; both */
-    int fits[3] = {0, 0, 0};
+    int64_t need[3]; /* keep off; pairs; both */
+    int fits[3];
     for (int v = 0; v < 3; v++) {
-        if ((v != 1 && !keep) || (v != 0 && !calls)) continue;
         Config c = *cfg; /* plan_build reads the copy only; its strings are the original's */
         if (v != 1) c.parallel.ring_keep_kv = false;
         if (v != 0) c.parallel.ring_calls = RING_CALLS_PAIRS;
         Plan q;
         plan_build(&q, &c);
-        if (q.n_full == 0) { /* no softmax layer: the ring buffers are not the question */
-            plan_free(&q);
-            return;
-        }
         need[v] = q.total[pol];
         fits[v] = plan_fits(&q, pol);
         plan_free(&q);

@@ -662,7 +662,8 @@ static void train_check_fit(Trainer *t) {
     if (!plan_fits(&t->plan, pol))
         train_fail(t, RS_EXIT_USAGE, "the run does not fit: plan needs %.2f GiB per %s with checkpoint.activations = "
                                      "%s, device.memory_gib = %g; nothing was written\n"
-                                     "  hint: `ringscan plan` shows the memory by category and which policy (and ring settings) fit",
+                                     "  hint: `ringscan plan` shows the memory by category and which policy (and "
+                                     "ring settings) fit",
                    need, cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", act_policy_names[pol],
                    cfg->device.memory_gib);
     if (cfg->device.kind != DEVICE_KIND_CPU) return;

@@ -142,7 +142,8 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
     if (!plan_fits(&plan, policy)) {
         submit_error("the run does not fit: %.2f GiB per %s with checkpoint.activations = %s, but device.memory_gib = "
                      "%g; nothing was written or submitted\n"
-                     "  hint: `ringscan plan %s` shows the memory by category, and which policy (and ring settings) fit",
+                     "  hint: `ringscan plan %s` shows the memory by category, and which policy (and ring "
+                     "settings) fit",
                      (double)plan.total[policy] / (1 << 30), cfg_in->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank",
                      act_policy_names[policy], cfg_in->device.memory_gib, config_path);
         plan_free(&plan);
