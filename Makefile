@@ -134,7 +134,7 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -lcublasLt -lcublas -lcudart -
 endif
 
 # ---- sources ---------------------------------------------------------------
-LIB_SRC   := $(wildcard lib/*.c) $(wildcard bench/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
+LIB_SRC   := $(wildcard lib/*/*.c) $(wildcard bench/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
 CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu kernels/cuda/*/*.cu))
 CUDA_CSRC := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.c))
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(BUILD)/gen/sbatch_template.o
@@ -169,10 +169,10 @@ $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 # wherever nvcc is (CI compiles it); run on a GPU machine: `build/test_cuda [NAME...]`. It links
 # only what its cases use (the kernels, lib/error.o, the unit driver): no MPI, no NCCL, so it runs
 # where the CUDA runtime and cuBLASLt are the only libraries of the GPU machine it needs.
-TEST_CUDA_LINK := $(BUILD)/lib/error.o $(filter-out $(BUILD)/kernels/backend_select.o,$(filter $(BUILD)/kernels/%,$(LIB_OBJ))) \
+TEST_CUDA_LINK := $(BUILD)/lib/core/error.o $(filter-out $(BUILD)/kernels/backend_select.o,$(filter $(BUILD)/kernels/%,$(LIB_OBJ))) \
                   $(filter-out $(BUILD)/kernels/cuda/cuda_info.o $(BUILD)/kernels/cuda/comm_nccl.o,$(CUDA_OBJ))
-# the cuDNN attention route's graph tables (lib/attn_cudnn_graph.c, issue 19; pure C, no MPI)
-TEST_CUDA_LINK += $(BUILD)/lib/attn_cudnn_graph.o
+# the cuDNN attention route's graph tables (lib/cp/attn_cudnn_graph.c, issue 19; pure C, no MPI)
+TEST_CUDA_LINK += $(BUILD)/lib/cp/attn_cudnn_graph.o
 $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
 	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
 	  -Wl,-rpath,$(CUDA_HOME)/lib64
@@ -181,8 +181,8 @@ $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
 # `verify RUN_DIR` loads through the real path and checks every byte.
 # Linked with only what it uses, so it starts in milliseconds and the kill -9
 # test lands its kills inside saves rather than in library start-up.
-$(BUILD)/ckpt_stress: $(BUILD)/tests/tools/ckpt_stress.o $(BUILD)/lib/ckpt.o $(BUILD)/lib/safetensors.o \
-                      $(BUILD)/lib/fsio.o $(BUILD)/lib/error.o
+$(BUILD)/ckpt_stress: $(BUILD)/tests/tools/ckpt_stress.o $(BUILD)/lib/io/ckpt.o $(BUILD)/lib/io/safetensors.o \
+                      $(BUILD)/lib/io/fsio.o $(BUILD)/lib/core/error.o
 	$(CC) $(CFLAGS) -o $@ $^ $(JANSSON_A) $(ZLIB_A)
 
 # slurm/job.sbatch.in compiled into the binary as the array sbatch_template[]
@@ -199,7 +199,7 @@ $(BUILD)/gen/sbatch_template.o: $(BUILD)/gen/sbatch_template.c
 # build_info.o carries the commit: rebuilt whenever HEAD moves (the stamp changes only then).
 $(BUILD)/git_sha.stamp: FORCE
 	@mkdir -p $(dir $@); echo '$(GIT_SHA)' | cmp -s - $@ || echo '$(GIT_SHA)' > $@
-$(BUILD)/lib/build_info.o: $(BUILD)/git_sha.stamp
+$(BUILD)/lib/core/build_info.o: $(BUILD)/git_sha.stamp
 .PHONY: FORCE
 FORCE:
 
@@ -212,8 +212,8 @@ $(BUILD)/%.o: %.cu
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # The config loader under libFuzzer + AddressSanitizer (clang).
-FUZZ_SRC := tests/fuzz/fuzz_config.c lib/config.c lib/config_schema.c lib/config_validate.c lib/error.c
-$(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*.h)
+FUZZ_SRC := tests/fuzz/fuzz_config.c lib/config/config.c lib/config/config_schema.c lib/config/config_validate.c lib/core/error.c
+$(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*/*.h)
 	@mkdir -p $(dir $@)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config

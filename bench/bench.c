@@ -26,7 +26,7 @@
  * Callers: cmd/ringscan.c (bench_main).
  */
 #include "bench.h"
-#include "build_info.h"
+#include "core/build_info.h"
 
 #include <errno.h>
 #include <math.h>
@@ -36,11 +36,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "error.h"
-#include "fsio.h"
-#include "model_acts.h"
-#include "plan.h"
-#include "rng.h"
+#include "core/error.h"
+#include "io/fsio.h"
+#include "model/model_acts.h"
+#include "plan/plan.h"
+#include "core/rng.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_tune.h"
 #include "cuda_backend.h"
@@ -74,7 +74,7 @@ static const char bench_usage[] =
     "  step: one optimizer step of --config at --tokens tokens on one GPU (cp 1, dp 1, one sample):\n"
     "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory.\n"
     "  cp:   context parallelism over the P ranks of mpirun (one per GPU), one document, with the CP code\n"
-    "        the model runs (lib/cp_ring.c, lib/cp_gdn.c): ring attention and the GDN layer (conv halo,\n"
+    "        the model runs (lib/cp/cp_ring.c, lib/cp/cp_gdn.c): ring attention and the GDN layer (conv halo,\n"
     "        conv, L2 norm, scan, chunk), fwd and fwd+bwd at the global T; the same shapes on one GPU\n"
     "        (every rank at once, rank 0 reported) for CP efficiency = one-GPU ms / (P x CP ms); the ring\n"
     "        with its exchanges waited at once (serial) beside the production overlap, per step compute\n"
@@ -91,7 +91,7 @@ static const char bench_usage[] =
     "                      calls routed to each side; cp: the ring's calls; default ringscan)\n"
     "  --ring-calls C      cp: pairs (the zigzag rule's diagonals and rectangles, one call each), steps (one call\n"
     "                      per ring step and sample) or auto (steps where the kernel runs a step's call fast or\n"
-    "                      none of the pairs: what training runs; lib/cp_ring.c) (default auto)\n"
+    "                      none of the pairs: what training runs; lib/cp/cp_ring.c) (default auto)\n"
     "  --ring-kv K         cp: kept (at cp 2 the forward keeps the received K|V for the backward, which exchanges\n"
     "                      none and sends its dK|dV home during its own block) or passed (the backward passes K|V\n"
     "                      again), as parallel.ring_keep_kv (default kept)\n"

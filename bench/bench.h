@@ -6,7 +6,7 @@
  * mpirun: context parallelism over P GPUs, beside torch's and FLA's CP.
  *
  * The code lives in bench/, a tool beside cmd/ above lib/ and kernels/: it
- * drives the Backend table and the model exactly as lib/train.c does, and it
+ * drives the Backend table and the model exactly as lib/run/train.c does, and it
  * also times the cuda kernels directly (kernels/cuda/cuda_bench.h, the tune and
  * profile switches), which lib/ never includes.
  * Files, one topic each:
@@ -37,7 +37,7 @@
 #include <stdio.h>
 #include <stdnoreturn.h>
 
-#include "config.h"
+#include "config/config.h"
 
 #define BENCH_MAX_LIST 16
 #define BENCH_MAX_SETS 64

@@ -29,13 +29,13 @@
  *   the diagonals and dense rectangles on cuDNN, by the ring's host hints; the rows
  *   carry "attn_impl" (the one-GPU row too, so CP efficiency compares like with like)
  *   and "ring_calls": auto (what training runs: one block-attention call per ring
- *   step and sample where the kernel runs it fast, lib/cp_ring.c), steps or pairs
+ *   step and sample where the kernel runs it fast, lib/cp/cp_ring.c), steps or pairs
  *   (the zigzag rule's calls one by one), as --ring-calls picks for a comparison,
  *   and "ring_kv": kept (cp 2: the backward reads the K|V its forward received and
  *   sends its dK|dV home during its own block) or passed (ring-flash-attention's
  *   order, the last hop waited alone), as --ring-kv picks
  *   the GDN layer, per case (T, H key = value heads, K = V, conv width 4), one
- *   document, called exactly as lib/model_block.c calls it: cp_gdn_halo_forward,
+ *   document, called exactly as lib/model/model_block.c calls it: cp_gdn_halo_forward,
  *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_forward (the delta
  *   rule of every fragment from the entry states the CP group passes, keeping
  *   what --gdn-keep says); backward cp_gdn_backward, l2norm_backward,
@@ -48,7 +48,7 @@
  *   scan and chunk), and the state exchange alone (P = 2: one hand-off of the
  *   chain, else the scan's all-gather of [M | H] slots) and the halo's. With
  *   --gdn-keep other than none each fragment's prep is computed once
- *   (lib/cp_gdn.c): at P = 2 rank 1's head preps fragment 2 for its transition
+ *   (lib/cp/cp_gdn.c): at P = 2 rank 1's head preps fragment 2 for its transition
  *   and its tail, rank 0's relay preps fragment 3 while it waits, so both tails
  *   run without prep; under none nothing is shared (the v0.7 schedule).
  *
@@ -80,14 +80,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "bench.h"
-#include "build_info.h"
-#include "comm.h"
-#include "cp.h"
-#include "error.h"
-#include "fsio.h"
-#include "rng.h"
+#include "core/build_info.h"
+#include "comm/comm.h"
+#include "cp/cp.h"
+#include "core/error.h"
+#include "io/fsio.h"
+#include "core/rng.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"
 #include "cuda_backend.h"

@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "bench.h"
-#include "error.h"
+#include "core/error.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"
 #include "cuda_bench.h"
@@ -90,7 +90,7 @@ typedef struct {
     void *q, *k, *v, *o, *dout;
     float *lse, *dq, *dk, *dv;
     int32_t *pos, *doc_pos; /* the case's documents (cu_seqlens; one when absent) */
-    AttnHint hint;          /* the rows' summary (lib/attn_hint.h), from the host copies */
+    AttnHint hint;          /* the rows' summary (lib/backend/attn_hint.h), from the host copies */
 } AttnCase;
 
 static void bench_attn_fwd(void *p) {

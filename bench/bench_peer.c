@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "error.h"
+#include "core/error.h"
 
 extern char **environ;
 

@@ -2,7 +2,7 @@
  * bench_step.c — one training step of a config on one GPU, timed, for
  * `ringscan bench step` (bench.h).
  *
- * The step is the trainer's (lib/train.c train_loop) without data loading and
+ * The step is the trainer's (lib/run/train.c train_loop) without data loading and
  * logging: zero the gradients, model_forward_backward on one sample, the
  * global gradient norm, the clipping factor, AdamW on every tensor. The
  * sample is random token ids (one document of the whole length), uploaded
@@ -32,11 +32,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "bench.h"
-#include "error.h"
-#include "model.h"
-#include "rng.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "core/rng.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_backend.h"
 #include "cuda_bench.h"

@@ -28,20 +28,20 @@
 #include <string.h>
 
 #include "bench.h"
-#include "build_info.h"
+#include "core/build_info.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_info.h"
 #endif
-#include "comm.h"
-#include "config.h"
-#include "data.h"
-#include "error.h"
-#include "eval.h"
-#include "hf.h"
-#include "plan.h"
-#include "plot.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "core/error.h"
+#include "run/eval.h"
+#include "io/hf.h"
+#include "plan/plan.h"
+#include "run/plot.h"
 #include "submit.h"
-#include "train.h"
+#include "run/train.h"
 
 #ifndef RS_VERSION
 #define RS_VERSION "0.0.0"

@@ -1,5 +1,5 @@
 /*
- * backend_select.c — the one place that picks a Backend table for a config (lib/backend.h
+ * backend_select.c — the one place that picks a Backend table for a config (lib/backend/backend.h
  * backend_select): device.kind cpu -> backend_cpu; cuda -> the cuda table (kernels/cuda/backend_cuda.c),
  * its entry timer on when device.profile is set (cuda_profile.h), and with device.attention_kernel
  * cudnn / cudnn_det cuDNN's fused attention loaded (dlopen) and put in the attention entries for the
@@ -11,15 +11,15 @@
  * not in lib/, so that lib/ never includes a cuda header. The caller has picked the process's GPU
  * first (comm_cuda_init -> cuda_backend_init).
  *
- * Callers: lib/train.c, lib/eval.c; bench/bench_step.c (backend_attention_resolve).
+ * Callers: lib/run/train.c, lib/run/eval.c; bench/bench_step.c (backend_attention_resolve).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend.h"
-#include "comm.h"
-#include "config.h"
-#include "error.h"
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/error.h"
 
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 
 int64_t sbatch_tasks_per_node(const Config *cfg) {
     if (cfg->slurm.gpus_per_node > 0) return cfg->slurm.gpus_per_node;

@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "config.h"
+#include "config/config.h"
 
 /* Absolute paths the script uses (validated like every other value). */
 typedef struct {

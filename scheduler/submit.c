@@ -19,9 +19,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "fsio.h"
-#include "plan.h"
+#include "core/error.h"
+#include "io/fsio.h"
+#include "plan/plan.h"
 #include "sbatch.h"
 
 extern char **environ;

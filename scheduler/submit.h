@@ -22,7 +22,7 @@
 #ifndef RS_SUBMIT_H
 #define RS_SUBMIT_H
 
-#include "config.h"
+#include "config/config.h"
 
 /* Returns the exit code (RS_EXIT_*). `config_path` is for messages. */
 int submit_run(const Config *cfg, const char *config_path, int dry_run);

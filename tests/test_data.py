@@ -1,7 +1,7 @@
 """test_data.py — `ringscan data synth|bytes|check|inspect` on real files.
 
 Files are written here from Python following docs/data-format.md (flat) and
-the Megatron-LM layout verified in lib/data_megatron.c, then read back by the
+the Megatron-LM layout verified in lib/data/data_megatron.c, then read back by the
 binary; what it prints is compared with what numpy computes independently:
 packed samples against a naive concatenation of the documents (in the order a
 Python copy of the documented SplitMix64 shuffle gives), the synthetic task's
@@ -75,7 +75,7 @@ def write_megatron(prefix, docs, dtype=np.uint16, code=None):
             f.write(c.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
 
 
-# ---- the documented generator (lib/rng.h), in Python ---------------------
+# ---- the documented generator (lib/core/rng.h), in Python ---------------------
 
 def mix(z):
     z ^= z >> 30

@@ -262,7 +262,7 @@ def test_config_header_numbers_are_current(ringscan):
 
 def test_cuda_runtime_by_hand(ringscan):
     """runtime on cuda: 550 MiB for the context and 1100 MiB per NCCL communicator of two or more ranks (world,
-    cp, dp), the measured figures of lib/plan.c's header; none on cpu."""
+    cp, dp), the measured figures of lib/plan/plan.c's header; none on cpu."""
     cfg = "configs/hybrid-1b-256k-h200x4.yaml"
     for dp, cp, comms in ((1, 1, 0), (1, 2, 2), (2, 1, 2), (1, 4, 2), (2, 2, 3)):
         d = plan_json(ringscan, cfg, f"parallel.dp={dp}", f"parallel.cp={cp}", f"slurm.gpus_per_node={dp * cp}")
@@ -271,7 +271,7 @@ def test_cuda_runtime_by_hand(ringscan):
 
 
 def test_cudnn_attention_workspace_by_hand(ringscan):
-    """device.attention_kernel cudnn | cudnn_det adds the cuDNN route's workspace (lib/attn_cudnn_graph.h
+    """device.attention_kernel cudnn | cudnn_det adds the cuDNN route's workspace (lib/cp/attn_cudnn_graph.h
     cdg_workspace) of one ring call's backward to workspaces: Tq = Tk = a fragment, seq_len / 2cp."""
     cfg = "configs/hybrid-1b-1m-h100x2.yaml"  # cp 2: fragments of 1,048,576 / 4 = 262,144 rows, 16/2/128
 

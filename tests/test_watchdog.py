@@ -1,4 +1,4 @@
-"""test_watchdog.py — the communication watchdog (lib/comm_watchdog.c) under mpirun on the cpu
+"""test_watchdog.py — the communication watchdog (lib/comm/comm_watchdog.c) under mpirun on the cpu
 backend: one rank made to stall on purpose (debug.stall_*, a test-only config section) must end
 the run with exit 76 within the timeout plus a few seconds, and one report that names the
 collective, the step and layer, and the stalled rank; a run where nothing hangs is unaffected

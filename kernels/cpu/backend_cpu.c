@@ -1,9 +1,9 @@
 /*
- * backend_cpu.c — the cpu backend's Backend table (lib/backend.h): fp32
+ * backend_cpu.c — the cpu backend's Backend table (lib/backend/backend.h): fp32
  * activations, the kernels of kernels/cpu. The initializer names every entry,
  * and a kernel whose signature drifts from the table fails to compile.
  */
-#include "backend.h"
+#include "backend/backend.h"
 #include "cpu_kernels.h"
 
 const Backend backend_cpu = {

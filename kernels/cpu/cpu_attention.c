@@ -2,7 +2,7 @@
  * cpu_attention.c — block softmax attention and the LSE merge, the primitives
  * ring attention is built on (cpu backend: fp32, plain loops, deterministic).
  *
- * Called through backend_cpu (lib/backend.h: attention_forward,
+ * Called through backend_cpu (lib/backend/backend.h: attention_forward,
  * attention_backward, attention_merge) by the softmax layer and the ring
  * schedule (lib/cp*.c), and by tests/unit/test_attention.c.
  *
@@ -53,7 +53,7 @@
  * activations upstream) propagates; +inf is not a legal lse (no kernel writes
  * it) and is not special-cased.
  *
- * The hint (lib/attn_hint.h), when given, is compared with the rows (fatal on
+ * The hint (lib/backend/attn_hint.h), when given, is compared with the rows (fatal on
  * a difference): the cpu picks no kernel by it, but so every hint the ring
  * computes is checked wherever the ring runs on the cpu.
  *
@@ -64,7 +64,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 #define ATTN_ROWS   16  /* query rows per tile */
 #define ATTN_KEYS   64  /* keys per tile */
@@ -115,8 +115,8 @@ static void attention_check_sizes(int64_t Tq, int64_t Tk, int nh, int nkv, int h
              "attention: ldq = %d, ldo = %d (need >= %d), ldk = %d (need >= %d)", ldq, ldo, nh * hd, ldk, nkv * hd);
 }
 
-/* A given hint must be the summary of the call's rows (lib/attn_hint.h): nothing here routes by it, but the
- * cpu runs of the ring (tests, cp_check) thereby check every hint lib/cp_ring.c computes. NULL: nothing to
+/* A given hint must be the summary of the call's rows (lib/backend/attn_hint.h): nothing here routes by it, but the
+ * cpu runs of the ring (tests, cp_check) thereby check every hint lib/cp/cp_ring.c computes. NULL: nothing to
  * check. */
 static void attention_check_hint(const char *entry, const AttnHint *hint, const int32_t *pos_q,
                                  const int32_t *doc_pos_q, int64_t Tq, const int32_t *pos_k, const int32_t *doc_pos_k,

@@ -3,7 +3,7 @@
  * layer (research/qwen3_next_spec.md §2.6), cpu backend: fp32, plain loops,
  * deterministic.
  *
- * Called through backend_cpu (lib/backend.h: conv1d_silu_forward,
+ * Called through backend_cpu (lib/backend/backend.h: conv1d_silu_forward,
  * conv1d_silu_backward) by the GDN layer over its [q|k|v] channels, and by
  * tests/unit/test_conv.c.
  *
@@ -41,7 +41,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 #define CONV_KC_MAX 16
 

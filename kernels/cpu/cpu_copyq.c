@@ -4,13 +4,13 @@
  * is a memcpy that is complete when the call returns, and waiting on a slot is nothing.
  * The queue counts its slots only to refuse a slot it does not have.
  *
- * Callers: lib/model_offload.c (checkpoint.offload: host), through backend_cpu.
+ * Callers: lib/model/model_offload.c (checkpoint.offload: host), through backend_cpu.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 typedef struct {
     int slots;

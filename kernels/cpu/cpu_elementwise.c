@@ -3,7 +3,7 @@
  * row: the token embedding, the Gated DeltaNet gates (beta, g), the sigmoid output gate of the
  * softmax attention, and the SwiGLU of the MLP. Forward and backward of each.
  *
- * Implements the Backend entries of the same names (lib/backend.h); reached through backend_cpu
+ * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
  * by the model code and called directly by tests/unit/test_elementwise.c.
  *
  * Numerics: fp32, with a sigmoid that never overflows and softplus linear above 20 (torch's
@@ -23,7 +23,7 @@
 
 #include "cpu_dense_math.h"
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 #define GATES_HEAD_BLOCK 64 /* heads whose parameter gradients are summed at once, on the stack */
 

@@ -1,6 +1,6 @@
 /*
  * cpu_gdn.c — the chunked gated delta rule on the cpu backend: the Backend
- * entries gdn_chunk_forward / gdn_chunk_backward (lib/backend.h, "chunked
+ * entries gdn_chunk_forward / gdn_chunk_backward (lib/backend/backend.h, "chunked
  * gated delta rule") and the context-parallel transition
  * cpu_gdn_chunk_transition (cpu_kernels.h). This is the oracle the cuda
  * kernels are checked against, so it is plain loops in a fixed order, no
@@ -70,7 +70,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 #define GDN_C 64 /* chunk size */
 

@@ -2,7 +2,7 @@
  * cpu_kernels.h — the cpu backend's kernels: fp32, plain loops (CBLAS for the
  * GEMMs), deterministic. The oracle every cuda kernel is checked against.
  *
- * Each function implements the Backend entry of the same name (lib/backend.h,
+ * Each function implements the Backend entry of the same name (lib/backend/backend.h,
  * which documents shapes and semantics); backend_cpu.c puts them in the table,
  * and its initializer fails to compile if a signature drifts.
  *
@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -79,7 +79,7 @@ void cpu_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const v
 void cpu_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 double cpu_sum_squares(const float *x, int64_t n);
 
-/* ---- Gated DeltaNet context parallelism (cpu_gdn.c; lib/backend.h documents them) ---- */
+/* ---- Gated DeltaNet context parallelism (cpu_gdn.c; lib/backend/backend.h documents them) ---- */
 void cpu_gdn_chunk_prep(void *tinv, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states);
 void cpu_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *tinv, int kept_states);
 void cpu_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo, const void *tinv, int kept_states);

@@ -9,7 +9,7 @@
  *   dw      += dlogits^T x
  * so the full (T, V) logits never exist. The GEMMs are OpenBLAS cblas_sgemm.
  *
- * Implements the Backend entry lm_head_loss (lib/backend.h); reached through backend_cpu by the
+ * Implements the Backend entry lm_head_loss (lib/backend/backend.h); reached through backend_cpu by the
  * model's loss step and called directly by tests/unit/test_loss.c.
  *
  * Numerics: the log-sum-exp subtracts the row max before exponentiating (no overflow at any
@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 void cpu_lm_head_loss(float *losses /* (T) */, void *dx_ /* (T,C) = , or NULL */, float *dw /* (V,C) +=, or NULL */,
                       const void *x_ /* (T,C) */, const void *w_ /* (V,C) */, const int32_t *targets /* (T) */,

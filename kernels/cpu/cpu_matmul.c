@@ -4,7 +4,7 @@
  * the model (q/k/v/z/b/a, gate/up/down, o_proj, out_proj) goes through these two entries; the
  * lm_head does not (it is fused with the loss in cpu_loss.c).
  *
- * Implements the Backend entries of the same names (lib/backend.h); reached through backend_cpu
+ * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
  * by the model code and called directly by tests/unit/test_matmul.c.
  *
  * The ld arguments go straight to the GEMM as its leading dimensions, so a call reads or writes a
@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 static void matmul_check_sizes(int64_t T, int IC, int OC, int ldi, int ldo) {
     RS_CHECK(T >= 0 && T <= INT_MAX, "T = %lld does not fit a CBLAS int", (long long)T);

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 void *cpu_alloc(size_t bytes) { return RS_CALLOC(1, bytes); }
 void  cpu_free(void *p) { free(p); }

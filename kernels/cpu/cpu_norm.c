@@ -8,7 +8,7 @@
  *                  per head of the GDN q and k.
  *   gated RMSNorm  y = w * (x * rstd) * silu(z), rstd over dv per (token, value head), plain w
  *                  shared by the heads (the GDN output norm, spec §2.11).
- * Implements the Backend entries of the same names (lib/backend.h); reached through backend_cpu
+ * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
  * by the model code and called directly by tests/unit/test_norm.c.
  *
  * Numerics: fp32 in and out. Row reductions (sums of squares, the dot products of the backward)
@@ -30,7 +30,7 @@
 
 #include "cpu_dense_math.h"
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 #define NORM_DW_BLOCK 64  /* dw columns accumulated at once, in double, on the stack */
 #define L2NORM_EPS 1e-6   /* fixed by the model (spec §2.10), added to the sum of squares */

@@ -2,7 +2,7 @@
  * cpu_optim.c — the cpu backend's optimizer step and the sum of squares behind the gradient
  * norm.
  *   adamw_update: AdamW on fp32 master weights, bias-corrected, decoupled weight decay, exactly
- *     the formula of lib/backend.h:
+ *     the formula of lib/backend/backend.h:
  *       g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  *       p -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + wd * p)
  *     (the decay term uses p before this step). The bias corrections 1 - b^step are computed once
@@ -10,14 +10,14 @@
  *     copy the GEMMs read) gets a copy of the updated p when it is not NULL and not p itself.
  *   sum_squares: sum of x^2 in double, in index order (deterministic; fp32 squares would lose
  *     the small gradients of a large model).
- * Implements the Backend entries of the same names (lib/backend.h); reached through backend_cpu
- * by lib/train.c and called directly by tests/unit/test_optim.c.
+ * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
+ * by lib/run/train.c and called directly by tests/unit/test_optim.c.
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 void cpu_adamw_update(float *param /* (n) */, float *m /* (n) */, float *v /* (n) */, void *compute_ /* (n) or NULL */,
                       const float *grad /* (n) */, int64_t n, float lr, float beta1, float beta2, float eps,

@@ -5,7 +5,7 @@
  *   x_i' = x_i cos - x_{i+rd/2} sin,   x_{i+rd/2}' = x_{i+rd/2} cos + x_i sin;
  * dims [rd, hd) pass through. The backward is the inverse (transposed) rotation of the gradient.
  *
- * Implements the Backend entries rope_forward/rope_backward (lib/backend.h); reached through
+ * Implements the Backend entries rope_forward/rope_backward (lib/backend/backend.h); reached through
  * backend_cpu by the model code and called directly by tests/unit/test_rope.c.
  *
  * Long context: at pos ~ 1e6 an fp32 angle is off by up to ~0.03 rad (half an ulp of 1e6 in fp32
@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
-#include "error.h"
+#include "core/error.h"
 
 /* dir = +1: the forward rotation; dir = -1: its inverse */
 static void rope_rotate(float *x /* (T,ld) nh heads of hd */, const int32_t *pos /* (T) */, int64_t T, int nh,

@@ -1,5 +1,5 @@
 /*
- * backend_cuda.c — the cuda backend's Backend table (lib/backend.h): bf16
+ * backend_cuda.c — the cuda backend's Backend table (lib/backend/backend.h): bf16
  * activations (act_size 2), fp32 statistics, states and parameter gradients,
  * the kernels of kernels/cuda (cuda_kernels.h). The initializer names every
  * entry, and a kernel whose signature drifts from the table fails to compile.
@@ -11,7 +11,7 @@
  * nothing when off.
  *
  * Before the first call the process picks its GPU with
- * cuda_backend_init(local_rank) (cuda_backend.h); lib/train.c does.
+ * cuda_backend_init(local_rank) (cuda_backend.h); lib/run/train.c does.
  *
  * Files: cuda_memory.cu (memory), cuda_matmul.cu (cuBLASLt GEMMs),
  * cuda_norm.cu (RMSNorm, L2 norm, gated RMSNorm), cuda_elementwise.cu
@@ -20,8 +20,8 @@
  * attention/, gdn/; cuda_backend.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.
  */
-#include "attn_cudnn_graph.h"
-#include "backend.h"
+#include "cp/attn_cudnn_graph.h"
+#include "backend/backend.h"
 #include "cuda_copyq.h"
 #include "cuda_backend.h"
 #include "cuda_attention_cudnn.h"

@@ -23,7 +23,7 @@
  * enqueue the NCCL call, record the handle's event on g's stream. comm_wait
  * makes the compute stream wait for that event. The host never waits here:
  * inside a training step the only host synchronisations are the trainer's
- * (lib/train.c says where). A handle takes one event from a pool of
+ * (lib/run/train.c says where). A handle takes one event from a pool of
  * COMM_EVENTS at its first operation and returns it at comm_wait; every
  * handle's operations are on one stream, so the event's last record covers
  * all of them. `ready` is waited right after it is recorded, so one event
@@ -41,7 +41,7 @@
  * and NCCL's own last error.
  *
  * Callers: comm.c (the dispatch of comm_iallgather, comm_iallreduce_sum_f32,
- * comm_isendrecv, comm_wait; comm_finalize), lib/train.c, bench/bench*.c,
+ * comm_isendrecv, comm_wait; comm_finalize), lib/run/train.c, bench/bench*.c,
  * tests/parity/parity_step.c, tests/cp/cp_check.c (comm_cuda_init).
  */
 #ifdef RS_WITH_CUDA
@@ -51,10 +51,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "cuda_backend.h"
 #include "cuda_streams.h"
-#include "error.h"
+#include "core/error.h"
 
 #define COMM_EVENTS 64
 #define COMM_WATCH_LOG 256

@@ -1,7 +1,7 @@
 /*
  * cuda_attention_cudnn.c — the block attention entries through cuDNN's fused
  * attention (cuda_attention_cudnn.h says when and at what cost): cuDNN loaded
- * with dlopen, lib/attn_cudnn_graph.c's graphs lowered into cuDNN backend
+ * with dlopen, lib/cp/attn_cudnn_graph.c's graphs lowered into cuDNN backend
  * descriptors (one tensor descriptor per graph tensor, one operation per graph
  * operation, an operation graph, heuristics, the first engine configuration
  * that finalizes), the execution plans kept per graph key, and the per-call
@@ -22,11 +22,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "attn_cudnn_graph.h"
+#include "cp/attn_cudnn_graph.h"
 #include "cuda_cudnn_abi.h"
 #include "cuda_kernels.h"
 #include "cuda_streams.h"
-#include "error.h"
+#include "core/error.h"
 
 static CudnnApi cd;
 static void *cd_lib, *cd_handle;
@@ -305,7 +305,7 @@ static void cd_build(CdPlan *p) {
     cd_set(graph, CDA_ATTR_OPERATIONGRAPH_OPS, CDA_TYPE_BACKEND_DESCRIPTOR, g.nop, ops, "operation graph ops");
     CD(cd.BackendFinalize(graph), "operation graph (cuDNN found no fusion pattern for it)");
 
-    /* a deterministic backward's engines may ask a workspace of Tq Tk nh 2 bytes (lib/attn_cudnn_graph.h
+    /* a deterministic backward's engines may ask a workspace of Tq Tk nh 2 bytes (lib/cp/attn_cudnn_graph.h
      * cdg_det_plan_bytes): a plan whose workspace cannot be allocated now is passed over, and if none is left the
      * message names the smallest one asked against the room there is */
     const int64_t room = p->key.bwd && p->key.deterministic ? (int64_t)cuda_cudnn_workspace_room() : -1;
@@ -427,13 +427,13 @@ static void cd_execute(const CdPlan *p, int n, int64_t *uids, void **ptrs, void 
 
 static int cd_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* the route of this call, from the caller's hint (lib/attn_hint.h; never read back from the device); the
+/* the route of this call, from the caller's hint (lib/backend/attn_hint.h; never read back from the device); the
  * hint's check against the rows is queued on the GPU (a difference stops the run where the host next waits) */
 static CdgRoute cd_route(const char *entry, const AttnHint *hint, const int32_t *pos_q, const int32_t *doc_pos_q,
                          const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv,
                          int hd, int causal) {
     RS_CHECK(cd_lib, "cuDNN attention called but cuDNN is not loaded (cuda_attention_cudnn_load)");
-    RS_CHECK(hint, "%s through cuDNN needs the caller's AttnHint (lib/attn_hint.h attn_hint_rows over the call's "
+    RS_CHECK(hint, "%s through cuDNN needs the caller's AttnHint (lib/backend/attn_hint.h attn_hint_rows over the call's "
                    "host pos/doc_pos): the route is never read back from the device", entry);
     if (Tq < 1 || Tk < 1) return CDG_ROUTE_OURS;
     cuda_cudnn_hint_check(hint, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);

@@ -1,5 +1,5 @@
 /*
- * cuda_attention_cudnn.h — the block attention entries (lib/backend.h:
+ * cuda_attention_cudnn.h — the block attention entries (lib/backend/backend.h:
  * attention_forward, attention_backward) through cuDNN's fused attention,
  * chosen per call, for device.attention_kernel: cudnn | cudnn_det (issue 19,
  * route 2), and for auto (the default) where cuDNN loads. With
@@ -13,9 +13,9 @@
  * caller stops (no silent fallback to our kernel).
  *
  * Per call (same contract as cuda_attention_forward/backward): the route
- * (lib/attn_cudnn_graph.h cdg_route) is decided on the host from the caller's
- * AttnHint (lib/attn_hint.h: the summary of the call's pos/doc_pos rows that
- * lib/cp_ring.c computes from its host copies), so nothing waits for the GPU;
+ * (lib/cp/attn_cudnn_graph.h cdg_route) is decided on the host from the caller's
+ * AttnHint (lib/backend/attn_hint.h: the summary of the call's pos/doc_pos rows that
+ * lib/cp/cp_ring.c computes from its host copies), so nothing waits for the GPU;
  * a NULL hint stops the process (no read-back, no silent fallback). Every
  * call also queues a check of the hint against the rows on the GPU (two small
  * kernels, ~10 us; a difference is recorded in the device error word, which
@@ -38,7 +38,7 @@
  * cuDNN's plan workspace, then for the forward Stats (4 Tq nh bytes), for the
  * backward Stats and softmax_sum (4 Tq nh each), for cudnn (not cudnn_det)
  * cuDNN's fp32 dq accumulator (4 Tq nh hd), and the bf16 dq, dk, dv scratch
- * (2 Tq nh hd + 4 Tk nkv hd), each on 256 bytes (lib/attn_cudnn_graph.h
+ * (2 Tq nh hd + 4 Tk nkv hd), each on 256 bytes (lib/cp/attn_cudnn_graph.h
  * cdg_workspace: the layout, which `ringscan plan` counts too, with Tq = Tk =
  * the largest ring call: a fragment at cp > 1, a sample at cp 1; cuDNN's own
  * part is known only once its plan is built and is printed then). ~3.3 GiB
@@ -54,7 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,7 +69,7 @@ const char *cuda_attention_cudnn_describe(void);
  * accumulator (cudnn: faster, not bitwise reproducible) */
 void cuda_attention_cudnn_set_deterministic(int on);
 
-/* The Backend entries (lib/backend.h's contracts; cuDNN must be loaded; hint must not be NULL) */
+/* The Backend entries (lib/backend/backend.h's contracts; cuDNN must be loaded; hint must not be NULL) */
 void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                   const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
                                   const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,

@@ -1,10 +1,10 @@
 /*
  * cuda_attention_cudnn_glue.cu — the small kernels around cuDNN's attention
  * calls (cuda_attention_cudnn.h): the check of the caller's hint against the
- * rows (lib/attn_hint.h's fold on the GPU, a difference recorded in the
+ * rows (lib/backend/attn_hint.h's fold on the GPU, a difference recorded in the
  * device error word: nothing is read back), the route's workspace (grown
  * through cuda_internal_alloc, counted), the LSE layout transposes between
- * cuDNN's Stats (nh, Tq) and our lse (Tq, nh) (lib/attn_cudnn_graph.h's index
+ * cuDNN's Stats (nh, Tq) and our lse (Tq, nh) (lib/cp/attn_cudnn_graph.h's index
  * maps), and the fp32 += bf16 add of cuDNN's dq/dk/dv into our accumulators.
  * All on the compute stream.
  *
@@ -13,12 +13,12 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "attn_cudnn_graph.h"
+#include "cp/attn_cudnn_graph.h"
 #include "cuda_attention_cudnn.h"
 #include "cuda_common.h"
 #include "cuda_device.cuh"
 
-/* The device's own summary of a call's rows, by lib/attn_hint.h's fold: each thread folds a strided share of
+/* The device's own summary of a call's rows, by lib/backend/attn_hint.h's fold: each thread folds a strided share of
  * the Tq + Tk rows, each block joins its threads' in shared memory and then into the call's summary `acc` in
  * global memory (atomics: the join is min / max / and, so the order does not matter). */
 static __global__ void cudnn_hint_rows_kernel(AttnHint *acc, const int32_t *pos_q, const int32_t *doc_q, int64_t Tq,

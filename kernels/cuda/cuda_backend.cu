@@ -5,12 +5,12 @@
  * once, by cuda_backend_init, and lives until the process ends (the driver
  * frees it at exit).
  *
- * Callers: lib/train.c and the parity tools (cuda_backend_init,
+ * Callers: lib/run/train.c and the parity tools (cuda_backend_init,
  * cuda_scratch_reserve); every kernel file (the getters).
  */
 #include <stdio.h>
 
-#include "attn_hint.h"
+#include "backend/attn_hint.h"
 #include "cuda_backend.h"
 #include "cuda_common.h"
 #include "cuda_streams.h"
@@ -136,7 +136,7 @@ extern "C" void cuda_error_check(void) {
     case CUDA_ERR_DOC_POS: RS_FATAL("conv1d_silu (cuda): doc_pos[%lld] = %d < 0", i, w[3]);
     case CUDA_ERR_ATTN_HINT:
         RS_FATAL("attention (cuda, cuDNN route): a call's AttnHint says something else than its pos/doc_pos rows: "
-                 "%s is %d in the rows (the caller's summary is wrong: lib/attn_hint.h)", attn_hint_field_name((int)i),
+                 "%s is %d in the rows (the caller's summary is wrong: lib/backend/attn_hint.h)", attn_hint_field_name((int)i),
                  w[3]);
     default: RS_FATAL("a cuda kernel recorded error code %d (index %lld, value %d)", w[0], i, w[3]);
     }

@@ -1,14 +1,14 @@
 /*
  * cuda_backend.h — C-callable set-up and accounting of the cuda backend, for
- * the trainer (lib/train.c), the parity tools and the GPU tests. The Backend
- * table itself (`backend_cuda`, lib/backend.h) is kernels/cuda/backend_cuda.c.
+ * the trainer (lib/run/train.c), the parity tools and the GPU tests. The Backend
+ * table itself (`backend_cuda`, lib/backend/backend.h) is kernels/cuda/backend_cuda.c.
  *
  *   cuda_backend_init(local_rank)  picks the GPU of this process and creates,
  *                                  once, the compute and comm streams, the
  *                                  cuBLASLt handle and its workspace, the
  *                                  kernel scratch and the device error word.
  *                                  GPU choice: the local rank (MPI's
- *                                  shared-memory split, lib/comm.c) when that
+ *                                  shared-memory split, lib/comm/comm.c) when that
  *                                  many GPUs are visible; device 0 when exactly
  *                                  one is visible (one GPU per task, as Slurm's
  *                                  --gpus-per-task gives); otherwise fatal.
@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 
 #define CUDA_LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace (plan.c counts it) */
 #define CUDA_SCRATCH_BYTES      ((size_t)32 << 20) /* kernel scratch at start (plan.c counts it) */
@@ -44,7 +44,7 @@ void cuda_backend_init(int local_rank);
 int  cuda_backend_device(void); /* the device in use; -1 before init */
 void cuda_scratch_reserve(size_t bytes);
 
-/* Backend.memory_stats of the cuda table (lib/backend.h BackendMemStats) */
+/* Backend.memory_stats of the cuda table (lib/backend/backend.h BackendMemStats) */
 void cuda_memory_stats(BackendMemStats *s);
 
 #ifdef __cplusplus

@@ -1,6 +1,6 @@
 /*
  * cuda_common.h — what every file of the cuda backend shares: checked calls
- * that report file:line, rank and host (through lib/error.h), the bf16
+ * that report file:line, rank and host (through lib/core/error.h), the bf16
  * activation type, the backend's one compute stream, and the process-wide
  * state the kernels use (cuBLASLt handle and workspace, the kernel scratch,
  * the device error word), all created once by cuda_backend_init
@@ -22,7 +22,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "error.h"
+#include "core/error.h"
 
 typedef __nv_bfloat16 bf16; /* the activation type of the cuda backend (Backend.act_size == 2) */
 

@@ -1,6 +1,6 @@
 /*
  * cuda_conv.cu — the causal depthwise conv1d + SiLU of the Gated DeltaNet
- * layer on the cuda backend (lib/backend.h: conv1d_silu_forward/backward;
+ * layer on the cuda backend (lib/backend/backend.h: conv1d_silu_forward/backward;
  * the oracle and the exact definition, halo and document masks included, are
  * in kernels/cpu/cpu_conv.c).
  *
@@ -48,7 +48,7 @@
  * A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the
  * token is skipped. Kc <= CONV_KC_MAX.
  *
- * Callers: through backend_cuda (lib/model_block.c), tests/cuda/test_cuda_conv.cu.
+ * Callers: through backend_cuda (lib/model/model_block.c), tests/cuda/test_cuda_conv.cu.
  */
 #include "cuda_common.h"
 #include "cuda_device.cuh"

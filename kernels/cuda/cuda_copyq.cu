@@ -9,7 +9,7 @@
  * wait for that event. Nothing here synchronises the host. Events are created without
  * timing; re-recording one is safe because a wait captures the event's state when queued.
  *
- * Callers: lib/model_offload.c through the Backend table.
+ * Callers: lib/model/model_offload.c through the Backend table.
  */
 #include <stdlib.h>
 

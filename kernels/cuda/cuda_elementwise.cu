@@ -1,6 +1,6 @@
 /*
  * cuda_elementwise.cu — the cuda backend's per-element and per-row ops without
- * row reductions (lib/backend.h; the oracle is kernels/cpu/cpu_elementwise.c):
+ * row reductions (lib/backend/backend.h; the oracle is kernels/cpu/cpu_elementwise.c):
  * the token embedding, the Gated DeltaNet gates (beta, g), the sigmoid output
  * gate of the softmax attention, and the SwiGLU of the MLP, forward and
  * backward.

@@ -1,7 +1,7 @@
 /*
  * cuda_kernels.h — the cuda backend's kernels: bf16 activations and GEMM
  * operands, fp32 accumulation, fp32 statistics, recurrent states and
- * parameter gradients (lib/backend.h documents every entry; `void *` is bf16
+ * parameter gradients (lib/backend/backend.h documents every entry; `void *` is bf16
  * here, `float *` fp32). Every kernel runs on cuda_stream() (cuda_common.h)
  * and is checked against the cpu kernel of the same name by build/test_cuda.
  *
@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attn_hint.h"
+#include "backend/attn_hint.h"
 
 #ifdef __cplusplus
 extern "C" {

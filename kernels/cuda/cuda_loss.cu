@@ -1,6 +1,6 @@
 /*
  * cuda_loss.cu — the fused lm_head + cross-entropy of the cuda backend
- * (lib/backend.h: lm_head_loss; the oracle is kernels/cpu/cpu_loss.c). The T
+ * (lib/backend/backend.h: lm_head_loss; the oracle is kernels/cpu/cpu_loss.c). The T
  * rows of x go in chunks of `rows`; per chunk of n rows:
  *   logits  = x W^T               cuBLASLt, bf16 operands, fp32 into the workspace (n, V)
  *   loss_t  = logsumexp - logit[target]      one cluster per row, fp32 (0 where target < 0)
@@ -36,7 +36,7 @@
  * device error word and its row is treated as ignored. dx or dw NULL skips
  * that gradient, both NULL skip the dlogits.
  *
- * Callers: through backend_cuda (lib/model_step.c), tests/cuda/test_cuda_loss.cu.
+ * Callers: through backend_cuda (lib/model/model_step.c), tests/cuda/test_cuda_loss.cu.
  */
 #include <cooperative_groups.h>
 #include <limits.h>

@@ -1,6 +1,6 @@
 /*
  * cuda_matmul.cu — cuBLASLt GEMMs (cuda_gemm.h) and the dense layer y = x W^T
- * of the cuda backend (lib/backend.h: matmul_forward, matmul_backward; W is
+ * of the cuda backend (lib/backend/backend.h: matmul_forward, matmul_backward; W is
  * (OC, IC) row-major, the nn.Linear layout).
  *
  *   forward   out (T,ldo) = inp (T,ldi) @ W^T; `accumulate` adds into out
@@ -20,7 +20,7 @@
  * shapes). The heuristic is deterministic, so a key always gets the same
  * algorithm, and the results are the same run to run.
  *
- * Callers: through backend_cuda (lib/model_block.c), cuda_loss.cu, tests/cuda.
+ * Callers: through backend_cuda (lib/model/model_block.c), cuda_loss.cu, tests/cuda.
  */
 #include <limits.h>
 #include <string.h>

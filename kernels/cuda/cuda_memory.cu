@@ -1,5 +1,5 @@
 /*
- * cuda_memory.cu — the cuda backend's memory entries (lib/backend.h:
+ * cuda_memory.cu — the cuda backend's memory entries (lib/backend/backend.h:
  * alloc, free, memset_zero, copy, to_device, to_host, host_alloc, host_free,
  * to_device_async, copy_2d, add_2d,
  * add_f32, act_from_f32, act_to_f32) and the allocation accounting behind cuda_memory_stats.

@@ -1,6 +1,6 @@
 /*
  * cuda_norm.cu — the cuda backend's normalisations, forward and backward
- * (lib/backend.h: rmsnorm_*, l2norm_*, gated_rmsnorm_*; the math and the
+ * (lib/backend/backend.h: rmsnorm_*, l2norm_*, gated_rmsnorm_*; the math and the
  * layouts are those of kernels/cpu/cpu_norm.c, the oracle):
  *   RMSNorm        y = x rstd (zero_centred ? 1 + w : w), rstd = 1/sqrt(mean(x^2) + eps),
  *                  rows of D, nh rows per token inside strided rows (ldi, ldo)
@@ -35,7 +35,7 @@
  * gated_rmsnorm_backward with dx == dout: a lane reads a column's inputs
  * before it writes that column, and the row's dot product is complete first.
  *
- * Callers: through backend_cuda (lib/model_block.c, lib/model_step.c), tests/cuda/test_cuda_norm.cu.
+ * Callers: through backend_cuda (lib/model/model_block.c, lib/model/model_step.c), tests/cuda/test_cuda_norm.cu.
  */
 #include "cuda_common.h"
 #include "cuda_device.cuh"

@@ -1,6 +1,6 @@
 /*
  * cuda_optim.cu — the optimizer step and the sum of squares behind the
- * gradient norm, on the cuda backend (lib/backend.h: adamw_update,
+ * gradient norm, on the cuda backend (lib/backend/backend.h: adamw_update,
  * sum_squares; the oracle is kernels/cpu/cpu_optim.c).
  *
  *   adamw_update  AdamW on the fp32 master weights, bias-corrected, decoupled
@@ -17,7 +17,7 @@
  *                 value (the contract returns it), and the device error word is
  *                 checked at that point.
  *
- * Callers: through backend_cuda (lib/train.c), tests/cuda/test_cuda_optim.cu.
+ * Callers: through backend_cuda (lib/run/train.c), tests/cuda/test_cuda_optim.cu.
  */
 #include <math.h>
 

@@ -18,7 +18,7 @@
  * cuda_profile_print ran after the last reset.
  *
  * Used by `ringscan bench step` (bench/bench_step.c: per step, after the
- * warm-up) and `ringscan train` (lib/train.c: the whole run, printed at exit).
+ * warm-up) and `ringscan train` (lib/run/train.c: the whole run, printed at exit).
  *
  * Plain C types only, so lib/ can include it without CUDA headers.
  */

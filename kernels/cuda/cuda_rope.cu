@@ -1,6 +1,6 @@
 /*
  * cuda_rope.cu — partial rotary position embedding on the cuda backend
- * (lib/backend.h: rope_forward, rope_backward; the oracle is
+ * (lib/backend/backend.h: rope_forward, rope_backward; the oracle is
  * kernels/cpu/cpu_rope.c): in place, rotate-half pairing inside the first rd
  * dims of every head, dims [rd, hd) untouched; backward is the inverse
  * rotation of the gradient.
@@ -21,7 +21,7 @@
  * Layout: one thread per (token, pair i), looping over the heads with its
  * (cos, sin) computed once; a warp touches consecutive i of one token.
  *
- * Callers: through backend_cuda (lib/model_block.c), tests/cuda/test_cuda_rope.cu.
+ * Callers: through backend_cuda (lib/model/model_block.c), tests/cuda/test_cuda_rope.cu.
  */
 #include <math.h>
 

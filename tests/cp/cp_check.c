@@ -53,13 +53,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_cudnn_graph.h"
-#include "backend.h"
-#include "comm.h"
-#include "config.h"
-#include "cp.h"
-#include "error.h"
-#include "rng.h"
+#include "cp/attn_cudnn_graph.h"
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "cp/cp.h"
+#include "core/error.h"
+#include "core/rng.h"
 
 #define CHECK_BOUND 1e-5
 

@@ -794,7 +794,7 @@ static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
            T, nh, nkv, hd, reps, f, fl / f * 1e-9, b, 2.5 * fl / b * 1e-9);
 }
 
-/* The calls of the cp 2 ring at T tokens (lib/cp_ring.c, one call per step: the box around the zigzag rule's
+/* The calls of the cp 2 ring at T tokens (lib/cp/cp_ring.c, one call per step: the box around the zigzag rule's
  * calls; one document) on this one GPU: rank r holds fragments r and 3 - r of T/4 tokens; step 0 is its own block
  * (causal by position), step 1 the dense rectangle against the other rank's rows: fragment 3 against 1 and 2 on
  * rank 0 (T/4 x T/2), fragments 1 and 2 against 0 on rank 1 (T/2 x T/4). With a wait at every step (the passed

@@ -31,7 +31,7 @@
  *                                      accumulated, against the cpu backward; every call on cuDNN
  *   cuda_attention_cudnn_deterministic cudnn_det: two backward runs from the same prefill bitwise equal;
  *                                      cudnn (its dq accumulator): prints whether they are (no check)
- *   cuda_attention_cudnn_hint          the route follows the caller's hint (lib/attn_hint.h), never the
+ *   cuda_attention_cudnn_hint          the route follows the caller's hint (lib/backend/attn_hint.h), never the
  *                                      device: right hints send a one-document diagonal to cuDNN and a
  *                                      document-masked one to ours with nothing in the error word; a wrong
  *                                      hint either way (one document claimed for masked rows, which would
@@ -48,7 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_cudnn_graph.h"
+#include "cp/attn_cudnn_graph.h"
 #include "cpu_kernels.h"
 #include "cuda_attention_cudnn.h"
 #include "cuda_common.h"
@@ -355,7 +355,7 @@ TEST(cuda_attention_cudnn_ring) {
     const CcPiece pairs[5] = {{0, N, 1, 0, N, 1}, {N, N, 1, N, N, 1}, {N, N, 1, 0, N, 0},
                               {N, N, 0, N, N, 0}, {N, N, 0, 2 * N, N, 0}};
     cc_ring_schedule("ring pieces", pairs, 5);
-    /* one call per step (lib/cp_ring.c's bounding boxes): the own block causal by row index (its positions rise
+    /* one call per step (lib/cp/cp_ring.c's bounding boxes): the own block causal by row index (its positions rise
      * with a gap), then fragment 3 x fragments 1 and 2 dense */
     const CcPiece steps[2] = {{0, 2 * N, 1, 0, 2 * N, 1}, {N, N, 0, N, 2 * N, 1}};
     cc_ring_schedule("ring steps", steps, 2);

@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "cpu_kernels.h"
 #include "cuda_gdn_tune.h"
 #include "cuda_kernels.h"

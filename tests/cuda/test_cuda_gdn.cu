@@ -49,7 +49,7 @@
 
 #include <vector>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "cpu_kernels.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
@@ -994,7 +994,7 @@ static void gdn_transition_cases(void) {
     gdn_check_transition("transition T=130 doc at the last token", &p, 1, GDN_TEST_BOUND);
 }
 
-/* ---- the prep written alone (cuda_gdn_chunk_prep; backend.h gdn_chunk_prep, lib/cp_gdn.c shares it) ---- */
+/* ---- the prep written alone (cuda_gdn_chunk_prep; backend.h gdn_chunk_prep, lib/cp/cp_gdn.c shares it) ---- */
 
 /* 1 when n bytes at device a and b are the same */
 static int gdn_same_bytes(const void *a, const void *b, size_t n) {
@@ -1100,7 +1100,7 @@ TEST(cuda_gdn_prep_kept) {
 }
 
 /* ---- the forward and the backward in stages (backend.h: o NULL then GDN_KEPT_STATES_IN;
- * cuda_gdn_chunk_backward_stage; lib/cp_gdn.c's staged chain) ---- */
+ * cuda_gdn_chunk_backward_stage; lib/cp/cp_gdn.c's staged chain) ---- */
 
 /* Under the tune's piece: the state pass alone (o NULL) then the outputs (GDN_KEPT_STATES_IN) give the whole
  * forward's o, S_final and kept buffer, bitwise; the backward's three stages give the whole backward's dq, dk,

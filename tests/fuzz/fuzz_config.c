@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "config/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static FILE *sink;

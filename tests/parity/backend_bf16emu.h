@@ -5,7 +5,7 @@
 #ifndef RS_BACKEND_BF16EMU_H
 #define RS_BACKEND_BF16EMU_H
 
-#include "backend.h"
+#include "backend/backend.h"
 
 extern const Backend backend_cpu_bf16;
 /* x rounded to the nearest bf16 value (ties to even), returned as fp32 */

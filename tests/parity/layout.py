@@ -1,7 +1,7 @@
 """layout.py — conversion between the Hugging Face state dict of the model
 (names and shapes of research/qwen3_next_spec.md §6) and ringscan's internal
-parameter tensors (lib/model_params.h, built by model_params_build in
-lib/model_params.c), in both directions.
+parameter tensors (lib/model/model_params.h, built by model_params_build in
+lib/model/model_params.c), in both directions.
 
 Every conversion is a concatenation and row permutation (plus a reshape of
 conv1d), so the same functions map gradients too: the gradient of an internal
@@ -26,7 +26,7 @@ import torch
 
 from ref_model import LINEAR
 
-# weight-decay groups of lib/model_params.h (ParamGroup), named as `plan --json` names them
+# weight-decay groups of lib/model/model_params.h (ParamGroup), named as `plan --json` names them
 MATRIX, EMBEDDING, NORM, GDN_GATE, CONV = "matrix", "embedding", "norm", "gdn_gate", "conv"
 NORM_SCALE = "norm_scale"  # plain-scale norms (linear_attn.norm): not decayed unless train.decay_norm_scales
 

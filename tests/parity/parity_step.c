@@ -39,7 +39,7 @@
  * emulated bf16 and cpu this way. --threads sets OpenBLAS's threads
  * (default 1; results do not depend on it). --hf HF_DIR takes the weights
  * from a Hugging Face folder (`ringscan export`, read by the import of
- * lib/hf.h) instead of weights.safetensors, and writes the gradients under
+ * lib/io/hf.h) instead of weights.safetensors, and writes the gradients under
  * the Hugging Face names and layouts (the export's row maps): what
  * tests/parity/hf_check.py compares with transformers.
  *
@@ -55,15 +55,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "backend_bf16emu.h"
-#include "comm.h"
-#include "config.h"
-#include "cp.h"
-#include "error.h"
-#include "hf.h"
-#include "model.h"
-#include "safetensors.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "cp/cp.h"
+#include "core/error.h"
+#include "io/hf.h"
+#include "model/model.h"
+#include "io/safetensors.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_backend.h"
 #endif

@@ -9,7 +9,7 @@ in_proj_qkvz / in_proj_ba, the per-head [q, gate] interleaved q_proj, conv1d
 [Cc, 1, Kc]), the gated delta rule token by token, attention with an explicit
 [T, T] mask. Run it in torch.float64; autograd gives every gradient.
 
-Inputs per sample follow lib/backend.h: tokens, targets (-1 = no prediction,
+Inputs per sample follow lib/backend/backend.h: tokens, targets (-1 = no prediction,
 otherwise the token this position predicts; no shift is applied here), pos
 (position of the token in its sample: RoPE angle and causal order) and doc_pos
 (tokens of the same document before it; 0 at a document start). Two tokens are

@@ -27,8 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "error.h"
+#include "io/ckpt.h"
+#include "core/error.h"
 
 /* ---- the data a step must contain ----------------------------------------- */
 

@@ -1,6 +1,6 @@
 /*
  * test_attn_cudnn_graph.c — the cpu-testable half of the cuDNN attention route
- * (lib/attn_cudnn_graph.c, issue 19): run by build/test_ops under pytest, no
+ * (lib/cp/attn_cudnn_graph.c, issue 19): run by build/test_ops under pytest, no
  * GPU and no cuDNN needed.
  *
  *   attn_cudnn_abi_values     the ABI numbers written out in attn_cudnn_graph.h and
@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "attn_cudnn_graph.h"
+#include "cp/attn_cudnn_graph.h"
 #include "cpu_kernels.h"
 #include "cuda_cudnn_abi.h"
 #include "test_util.h"

@@ -1,12 +1,12 @@
 /*
  * test_attn_hint.c — the host summary of a block attention call's rows
- * (lib/attn_hint.h) and the cuDNN route's workspace layout
- * (lib/attn_cudnn_graph.h cdg_workspace); run by build/test_ops, no GPU.
+ * (lib/backend/attn_hint.h) and the cuDNN route's workspace layout
+ * (lib/cp/attn_cudnn_graph.h cdg_workspace); run by build/test_ops, no GPU.
  *
  *   attn_hint_fold       on ring-shaped calls of random document layouts (zigzag fragments at P = 2 and 4,
  *                        documents crossing fragments, dense rectangles cut at a document start, empty and
  *                        one-row sides, a rank's two segments in one call), three summaries agree field by
- *                        field: attn_hint_rows (what lib/cp_ring.c passes), the device's reduction
+ *                        field: attn_hint_rows (what lib/cp/cp_ring.c passes), the device's reduction
  *                        (cuda_attention_cudnn_glue.cu: blocks of threads each folding a strided share,
  *                        joined in a shuffled order, as the atomics may) and a reference written from the
  *                        definitions; and cdg_route decides the same from each. Also a rank's own block at
@@ -26,8 +26,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "attn_cudnn_graph.h"
-#include "attn_hint.h"
+#include "cp/attn_cudnn_graph.h"
+#include "backend/attn_hint.h"
 #include "cpu_kernels.h"
 #include "test_util.h"
 

@@ -1,6 +1,6 @@
 /*
  * test_ckpt.c — cases of build/test_ops for the tensor files
- * (lib/safetensors.c) and checkpoints (lib/ckpt.c), on real files in a
+ * (lib/io/safetensors.c) and checkpoints (lib/io/ckpt.c), on real files in a
  * fresh directory under /tmp per case:
  *   st_*    round trip of every dtype (scalar and empty shapes included),
  *           dtype/shape checks on read, writer argument checks, every
@@ -22,9 +22,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "error.h"
-#include "fsio.h"
+#include "io/ckpt.h"
+#include "core/error.h"
+#include "io/fsio.h"
 #include "test_util.h"
 
 /* ---- helpers -------------------------------------------------------------- */

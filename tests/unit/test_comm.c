@@ -1,12 +1,12 @@
 /*
- * test_comm.c — the GPU layout verdict of comm_cuda_init (lib/comm.c comm_gpu_layout_check): which
+ * test_comm.c — the GPU layout verdict of comm_cuda_init (lib/comm/comm.c comm_gpu_layout_check): which
  * launches give every rank a GPU of its own. The facts are made up here, as comm_cuda_init would
  * gather them, so the refusals are tested on machines without GPUs.
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "test_util.h"
 
 static CommGpuInfo gpu_rank(const char *host, int gpus, int local_rank, int local_size, int device, const char *bus) {

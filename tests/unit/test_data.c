@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "rng.h"
-#include "error.h"
+#include "data/data.h"
+#include "core/rng.h"
+#include "core/error.h"
 #include "test_util.h"
 
 static char data_test_dir[256];

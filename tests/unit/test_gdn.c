@@ -6,7 +6,7 @@
  * the context-parallel entries cpu_gdn_chunk_transition, cpu_gdn_chunk_dstate and
  * cpu_gdn_state_affine.
  *
- * The reference is the per-token recurrence of lib/backend.h, written here in
+ * The reference is the per-token recurrence of lib/backend/backend.h, written here in
  * float64 independently of the chunked WY form the kernel uses:
  *   reset S at doc_pos == 0;  S = e^g S;  u = S^T k;  S += k (beta (v - u))^T;  o = S^T q / sqrt(dk)
  * Forward outputs are compared with it, every gradient with float64 central

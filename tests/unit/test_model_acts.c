@@ -1,6 +1,6 @@
 /*
  * test_model_acts.c — the activation table's kept delta-rule buffer against the backends' own size
- * (lib/model_acts.c "gdn_kept" against backend.h gdn_kept_bytes). Plan runs without a GPU, so
+ * (lib/model/model_acts.c "gdn_kept" against backend.h gdn_kept_bytes). Plan runs without a GPU, so
  * model_acts.c counts each backend's kept format with its own formula; model.c checks the two when a
  * model is built, which for the cuda backend needs a GPU. Here the cuda side is its host arithmetic
  * (cuda_gdn_kept_bytes, no GPU work), so the check runs on any machine the cuda backend is built on:
@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend.h"
-#include "config.h"
-#include "model_acts.h"
+#include "backend/backend.h"
+#include "config/config.h"
+#include "model/model_acts.h"
 #include "test_util.h"
 
 /* bytes of layer 0's "gdn_kept" in the table of cfg, or -1 */

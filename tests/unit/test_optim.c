@@ -2,7 +2,7 @@
  * test_optim.c — per-op tests of kernels/cpu/cpu_optim.c: the AdamW step and the double sum of
  * squares.
  *
- * AdamW: three steps against a float64 reference of the formula in lib/backend.h, with weight
+ * AdamW: three steps against a float64 reference of the formula in lib/backend/backend.h, with weight
  * decay, grad_scale != 1, and gradients whose sizes span 1e-4..1 so that eps (1e-6 here) matters
  * for the small ones (eps inside the sqrt, or a missing bias correction, is off by far more than
  * the bounds). Checked after every step: p, m, v, and the update p - p_before on its own (it is

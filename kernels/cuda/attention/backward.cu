@@ -9,7 +9,7 @@
  * At hd 256 the two consumers split the tile's queries for S^T and dP^T and stage dQ in the tile's own
  * ring stage; above ATTN_BWD_THROTTLE_MIN_TK keys the throttled instance keeps a head's key blocks within
  * ATTN_BWD_THROTTLE tiles of each other. GQA heads add to dk, dv in head order (a semaphore per key block).
- * Callers: the Backend table, lib/cp_ring.c, tests/cuda/test_cuda_attention.cu.
+ * Callers: the Backend table, lib/cp/cp_ring.c, tests/cuda/test_cuda_attention.cu.
  */
 #include "attention.cuh"
 #include "cuda_attention_tune.h"

@@ -6,7 +6,7 @@
  * rows each compute S = Q K^T and O += P V with wgmma (128-byte swizzled tiles read through matrix
  * descriptors) and an online softmax in exp2 (ex2.approx, subnormal P flushed to 0); only live key tiles
  * (tiles.cu) are loaded, partial ones masked element by element. Callers: the Backend table,
- * lib/cp_ring.c (the ring's pieces, merged by merge.cu), tests/cuda/test_cuda_attention.cu.
+ * lib/cp/cp_ring.c (the ring's pieces, merged by merge.cu), tests/cuda/test_cuda_attention.cu.
  */
 #include "attention.cuh"
 #include "cuda_kernels.h"

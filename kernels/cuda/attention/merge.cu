@@ -2,7 +2,7 @@
  * merge.cu — the fp32 LSE merge of two attention partials (Backend attention_merge, cuda_attention_merge):
  * the running (out (T,nh*hd) fp32, lse (T,nh)) and a partial (out_b (T,ldb) bf16, lse_b (T,nh)) become
  * their softmax-weighted combination, as if one call had seen both key sets; a partial row that saw no
- * key (lse -inf) leaves the running row as it is. One warp per (row, head). Callers: lib/cp_ring.c (the
+ * key (lse -inf) leaves the running row as it is. One warp per (row, head). Callers: lib/cp/cp_ring.c (the
  * ring attention's pieces), tests/cuda/test_cuda_attention.cu.
  */
 #include "attention.cuh"

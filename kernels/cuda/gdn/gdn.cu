@@ -1,7 +1,7 @@
 /*
  * gdn.cu — the chunked gated delta rule on the GPU (the host side; the kernels are the .cuh files beside): the Backend entries
  * gdn_chunk_forward, gdn_chunk_backward and the context-parallel entries
- * gdn_chunk_transition, gdn_chunk_dstate, gdn_state_affine (lib/backend.h has
+ * gdn_chunk_transition, gdn_chunk_dstate, gdn_state_affine (lib/backend/backend.h has
  * the contract; kernels/cpu/cpu_gdn.c is the fp32 oracle, its header has the
  * algebra). Callers: the cuda backend table (model forward/backward, lib/cp*),
  * tests/cuda/test_cuda_gdn.cu.
@@ -37,7 +37,7 @@
  *             of the group summed in head order, one bf16 rounding); without GVA
  *             dqkwg and wy_bwd write the final bf16 dq and dk themselves.
  *   dstate    = prep, dvlocal, state_bwd on the chunks before the first document start.
- *   staged (lib/cp_gdn.c's cp 2 chain; the bits of the whole calls): the forward with o NULL = index, prep,
+ *   staged (lib/cp/cp_gdn.c's cp 2 chain; the bits of the whole calls): the forward with o NULL = index, prep,
  *             state_fwd (h, vn into kept), then with GDN_KEPT_STATES_IN = index, output; the backward's
  *             stages (cuda_gdn_chunk_backward_stage, kept with states) DOUT = dvlocal, STATE = state_bwd,
  *             GRADS = dqkwg, wy_bwd (group_reduce), each with its index, dv_loc, dh and dv2 carried in the
@@ -76,7 +76,7 @@
  * a backward given it skips its prep, and with kept_states its state_fwd recompute (gdn_kept_carve); the
  * workspace then has no h, vn. cuda_gdn_chunk_prep writes the W, U, G2 alone (the same launch on the same
  * index), so a forward told GDN_KEPT_PREP_IN, a transition and a dstate given kept skip their prep
- * (lib/cp_gdn.c's chain computes a fragment's prep once, off its critical path).
+ * (lib/cp/cp_gdn.c's chain computes a fragment's prep once, off its critical path).
  *
  * Configurations (cuda_gdn_tune.h; every one gives the same bits): the mma.sync state passes
  * (gdn/state_pass.cuh) run in 16 or 32 columns per block (by the head count), two pipeline stages, in
@@ -103,7 +103,7 @@
 
 #include <cuda.h> /* CUtensorMap and its enums (the encoder is fetched through the runtime) */
 
-#include "backend.h" /* GDN_PIECE_ROWS */
+#include "backend/backend.h" /* GDN_PIECE_ROWS */
 #include "cuda_ptx.h"
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"

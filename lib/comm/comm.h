@@ -1,0 +1,180 @@
+/*
+ * comm.h — processes and their communication: world = dp x cp.
+ *
+ * Ranks come from MPI (launched by `mpirun`, or `srun --mpi=pmix` in Slurm);
+ * the local rank (which GPU on a node) comes from MPI_Comm_split_type(SHARED),
+ * never from rank % gpus_per_node. World rank r is (dp_rank, cp_rank) with
+ * r = dp_rank * cp + cp_rank, so the ranks of one CP group are adjacent (on
+ * one node when they fit: the ring and the scan stay on NVLink).
+ *
+ * Communicators: `world` (gradient all-reduce over dp x cp: CP ranks hold
+ * partial gradients of the same parameters), `cp` (ring attention, the GDN
+ * scan all-gather, the conv halo) and `dp`.
+ *
+ * Two kinds of operation:
+ *   - blocking collectives over host values (counts, the loss, a stop flag,
+ *     the micro-batch's token metadata): always MPI (comm.c);
+ *   - non-blocking operations over the backend's memory (the ones the CP
+ *     schedule and the gradient buckets overlap with compute), named by
+ *     CommGroup. On cpu they are MPI over host buffers (comm.c). On cuda,
+ *     once comm_cuda_init has run, they are NCCL over device buffers
+ *     (kernels/cuda/comm_nccl.c), each group on its own communicator and its own CUDA
+ *     stream: posting orders the operation after the work already queued on
+ *     the compute stream (an event), and comm_wait makes the compute stream
+ *     wait for it (an event); the host never waits.
+ *
+ * Each non-blocking call appends to a CommHandle; comm_wait completes the
+ * handle's operations and empties it. On NCCL one handle's operations share
+ * one group (one stream), and comm_isendrecv's send + receive are one
+ * ncclGroupStart/End. Buffers must not be touched between posting and
+ * comm_wait, except that a send buffer may be read. Every rank of a group
+ * posts the same sequence of operations (the CP schedule is derived from data
+ * every rank holds).
+ *
+ * Every wait for other ranks (comm_wait on MPI, the blocking collectives,
+ * and the host reads a caller brackets with comm_watch_begin/end) is timed
+ * by the watchdog of comm_watchdog.c once comm_watchdog_start has run; the
+ * model names where it is (comm_set_step, comm_set_context) for its report.
+ *
+ * Callers: lib/run/train.c, lib/model/model_step.c (bucketed gradient all-reduce),
+ * lib/cp*.c (ring, scan all-gather, conv halo, batch metadata), bench/bench*.c,
+ * tests/cp, tests/parity.
+ */
+#ifndef RS_COMM_H
+#define RS_COMM_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "config/config.h"
+
+/* The groups of the non-blocking operations. */
+typedef enum { COMM_WORLD, COMM_CP, COMM_DP, COMM_GROUPS } CommGroup;
+
+struct CommNccl;  /* comm_nccl.c */
+struct CommWatch; /* comm_watchdog.c */
+
+typedef struct Comm {
+    int      world_size, rank, local_rank, local_size;
+    int      dp, cp, dp_rank, cp_rank;
+    MPI_Comm world, cp_comm, dp_comm;
+    char     host[64];
+    struct CommNccl *nccl; /* NULL: non-blocking operations are MPI over host memory; else NCCL over device memory */
+    int      serial;       /* every non-blocking operation is waited as soon as it is posted, so nothing overlaps
+                            * (parallel.overlap_comm: false, for measurement; ringscan bench) */
+    struct CommWatch *watch; /* NULL: no watchdog */
+} Comm;
+
+/* MPI_Init and world/local ranks; sets the rank used in error messages. */
+void comm_init(Comm *c, int *argc, char ***argv);
+/* Splits the world into dp and cp groups. The caller has checked that
+ * world_size == dp x cp (config_validate_world). */
+void comm_setup_groups(Comm *c, int64_t dp, int64_t cp);
+void comm_finalize(Comm *c);
+/* Ends every rank (MPI_Abort) with `code`: for errors found on one rank only. */
+void comm_abort(Comm *c, int code);
+
+#define COMM_HANDLE_MAX 256
+
+/* A set of posted operations. Start it as {0}; comm_wait empties it. */
+typedef struct {
+    MPI_Request req[COMM_HANDLE_MAX]; /* MPI */
+    int         n;
+    int         event;                /* NCCL: 1 + the Comm's event recorded after the last operation; 0: none */
+    int         group;                /* 1 + the CommGroup of the operations; 0: none yet */
+    const char *op;                   /* the last operation's name, for the watchdog ("isendrecv", ...) */
+} CommHandle;
+
+/* recv (P x bytes, rank-major) = every rank's `send` (bytes each), over group g. */
+void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
+/* buf = sum over group g of buf (fp32, in place). */
+void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+/* Send `bytes` of `send` to rank `to` and receive `bytes` into `recv` from rank `from` (ranks of
+ * group g), as one group; `tag` tells apart MPI messages between the same pair (the ring's KV and dKV). */
+void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
+                    CommHandle *h);
+/* Completes every operation of h (NCCL: the compute stream waits for them; the host does not);
+ * h is empty afterwards (waiting on an empty handle is a no-op). */
+void comm_wait(Comm *c, CommHandle *h);
+/* Lets posted operations progress without waiting (MPI moves non-blocking collectives only
+ * inside MPI calls; NCCL needs nothing); h stays valid for comm_wait. */
+void comm_progress(Comm *c, CommHandle *h);
+
+/* One rank's GPU facts, gathered over the world by comm_cuda_init and judged by comm_gpu_layout_check. */
+typedef struct {
+    int  gpus;                 /* GPUs this rank sees (0: none; `why` says the runtime's reason) */
+    int  local_rank, local_size, device;
+    char host[64], bus[32];    /* bus: PCI bus id of the bound GPU; "" before binding */
+    char why[160];
+} CommGpuInfo;
+
+/* Whether n ranks with these facts can each drive a GPU of their own (one rank per GPU: rank i binds
+ * GPU local_rank, or its only visible GPU). 0 when they can; else 1 with one message naming the ranks,
+ * hosts and GPUs in msg and what to do in hint. Ranks with bus "" are judged by their counts only. Pure:
+ * comm_cuda_init calls it on every rank with the same gathered facts, so every rank reaches the same
+ * verdict. */
+int comm_gpu_layout_check(const CommGpuInfo *all, int n, char *msg, size_t nmsg, char *hint, size_t nhint);
+
+#ifdef RS_WITH_CUDA
+/* comm_nccl.c (device.kind: cuda, after comm_setup_groups): binds this rank to its GPU and moves the
+ * non-blocking operations to NCCL. Refuses, with one message naming the ranks, hosts and GPUs and exit
+ * 2 on every rank, more ranks on a host than GPUs and two ranks on one GPU; an NCCL failure ends every
+ * rank naming the rank, host and GPU. With one rank no communicator is made. */
+void comm_cuda_init(Comm *c);
+/* The NCCL half of comm_finalize. */
+void comm_nccl_free(Comm *c);
+/* The NCCL half of the non-blocking operations (comm.c dispatches; h as above). */
+void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
+void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
+                         CommHandle *h);
+void comm_nccl_wait(Comm *c, CommHandle *h);
+#endif
+
+/* Blocking collectives over host buffers (element counts may exceed INT_MAX). */
+/* recv (P x bytes, rank-major) = every rank's `send` over `comm` */
+void   comm_allgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_t bytes);
+void   comm_allreduce_sum_f32(Comm *c, MPI_Comm comm, float *buf, int64_t n);
+void   comm_allreduce_sum_f64(Comm *c, MPI_Comm comm, double *buf, int64_t n);
+double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v);
+int    comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v);
+void   comm_barrier(Comm *c, MPI_Comm comm);
+
+/* ---- the watchdog (comm_watchdog.c) -------------------------------------------------- */
+
+typedef struct {
+    double      timeout_s;   /* a wait longer than this ends every rank with RS_EXIT_HANG */
+    const char *dir;         /* the run directory: the ranks compare notes in <dir>/.watchdog/<attempt>/;
+                              * NULL: none (a rank that times out reports its own wait alone) */
+    int64_t     stall_rank;  /* tests (debug.stall_*): this world rank (-1: none) stops forever at the */
+    int64_t     stall_step;  /* first comm_set_context of stall_layer in stall_step */
+    int64_t     stall_layer;
+} CommWatchOptions;
+
+/* Starts this rank's watchdog thread (every rank calls it, after comm_setup_groups: with several
+ * ranks, rank 0 names the attempt over the world). timeout_s <= 0: nothing is started. */
+void comm_watchdog_start(Comm *c, const CommWatchOptions *o);
+/* Stops and joins it (comm_finalize calls it; a no-op without one). */
+void comm_watchdog_stop(Comm *c);
+/* Where this rank is, for the report: the step (the trainer), and the layer (-1: none) and a static
+ * label of the communication about to happen (the model: "ring attention forward", ...). A few
+ * stores; no formatting, no allocation. */
+void comm_set_step(Comm *c, int64_t step);
+void comm_set_context(Comm *c, int layer, const char *what);
+/* Brackets a wait the watchdog times (comm.c's own waits; the trainer's synchronising host reads on
+ * cuda, where a stuck NCCL operation shows up): op names it, g the ranks it waits for. */
+void comm_watch_begin(Comm *c, const char *op, CommGroup g);
+void comm_watch_end(Comm *c);
+
+#ifdef RS_WITH_CUDA
+/* The context comm_set_step/comm_set_context set last (c->watch must be set): comm_nccl.c's log. */
+void comm_watch_where(const Comm *c, int64_t *step, int *layer, const char **what);
+/* comm_nccl.c, for the watchdog thread: a communicator's asynchronous error (1, described in msg;
+ * else 0); the earliest NCCL operation not complete (1 with msg; else 0); ncclCommAbort of every
+ * communicator, so no kernel keeps spinning on a dead peer. */
+int  comm_nccl_watch_error(Comm *c, char *msg, size_t n);
+int  comm_nccl_watch_pending(Comm *c, char *msg, size_t n);
+void comm_nccl_watch_abort(Comm *c);
+#endif
+
+#endif

@@ -1,0 +1,367 @@
+/*
+ * fsio.c — durable file-system steps (see fsio.h): full writes and reads,
+ * fsync of files and directories, write-to-temporary-then-rename, file crc32
+ * (zlib), and removal of a directory tree through directory descriptors (so a
+ * symlink inside a checkpoint directory is removed, never followed).
+ */
+#include "fsio.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "core/error.h"
+
+#define FSIO_CHUNK ((int64_t)1 << 22) /* 4 MiB per read/write call */
+
+void fsio_errf(char *err, size_t err_len, const char *fmt, ...) {
+    if (!err || err_len == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+int fsio_path(char *dst, size_t cap, char *err, size_t err_len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(dst, cap, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap) {
+        fsio_errf(err, err_len, "path too long (more than %zu bytes): %.200s...", cap - 1, dst);
+        return RS_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int fsio_write_all(int fd, const void *buf, int64_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        size_t want = (size_t)(n < FSIO_CHUNK ? n : FSIO_CHUNK);
+        ssize_t w = write(fd, p, want);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (w == 0) return EIO;
+        p += w;
+        n -= w;
+    }
+    return 0;
+}
+
+int fsio_pread_all(int fd, void *buf, int64_t n, int64_t offset, int64_t *got) {
+    char *p = buf;
+    int64_t done = 0;
+    while (done < n) {
+        int64_t left = n - done;
+        size_t want = (size_t)(left < FSIO_CHUNK ? left : FSIO_CHUNK);
+        ssize_t r = pread(fd, p + done, want, (off_t)(offset + done));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (got) *got = done;
+            return errno;
+        }
+        if (r == 0) {
+            if (got) *got = done;
+            return -1;
+        }
+        done += r;
+    }
+    if (got) *got = done;
+    return 0;
+}
+
+int fsio_fsync_dir(const char *dir, char *err, size_t err_len) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        fsio_errf(err, err_len, "%s: open of the directory for fsync failed: %s", dir, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    int rc = 0;
+    if (fsync(fd) != 0 && errno != EINVAL) {
+        fsio_errf(err, err_len, "%s: fsync of the directory failed: %s", dir, strerror(errno));
+        rc = RS_EXIT_FAIL;
+    }
+    close(fd);
+    return rc;
+}
+
+int fsio_dirname(char *dst, size_t cap, const char *path, char *err, size_t err_len) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return fsio_path(dst, cap, err, err_len, ".");
+    if (slash == path) return fsio_path(dst, cap, err, err_len, "/");
+    return fsio_path(dst, cap, err, err_len, "%.*s", (int)(slash - path), path);
+}
+
+int fsio_write_file_durable(const char *path, const void *buf, int64_t n, char *err, size_t err_len) {
+    char tmp[4096];
+    int rc = fsio_path(tmp, sizeof tmp, err, err_len, "%s.tmp.%ld", path, (long)getpid());
+    if (rc) return rc;
+    return fsio_write_file_via(tmp, path, buf, n, err, err_len);
+}
+
+int fsio_write_file_via(const char *tmp, const char *path, const void *buf, int64_t n, char *err, size_t err_len) {
+    char dir[4096];
+    int rc = fsio_dirname(dir, sizeof dir, path, err, err_len);
+    if (rc) return rc;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fsio_errf(err, err_len, "%s: cannot create: %s", tmp, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    int e = fsio_write_all(fd, buf, n);
+    if (e) {
+        fsio_errf(err, err_len, "%s: write of %lld bytes failed: %s", tmp, (long long)n, strerror(e));
+    } else if (fsync(fd) != 0) {
+        e = errno;
+        fsio_errf(err, err_len, "%s: fsync failed: %s", tmp, strerror(e));
+    }
+    if (close(fd) != 0 && !e) {
+        e = errno;
+        fsio_errf(err, err_len, "%s: close failed: %s", tmp, strerror(e));
+    }
+    if (!e && rename(tmp, path) != 0) {
+        e = errno;
+        fsio_errf(err, err_len, "rename %s -> %s failed: %s", tmp, path, strerror(e));
+    }
+    if (e) {
+        unlink(tmp);
+        return RS_EXIT_FAIL;
+    }
+    return fsio_fsync_dir(dir, err, err_len);
+}
+
+int fsio_read_file(const char *path, int64_t max_bytes, char **out, int64_t *out_len, int *missing, char *err,
+                   size_t err_len) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    if (missing) *missing = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (missing && e == ENOENT) *missing = 1;
+        fsio_errf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT || e == ENOTDIR ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        fsio_errf(err, err_len, "%s: fstat failed: %s", path, strerror(errno));
+        close(fd);
+        return RS_EXIT_FAIL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fsio_errf(err, err_len, "%s: expected a regular file", path);
+        close(fd);
+        return RS_EXIT_USAGE;
+    }
+    if ((int64_t)st.st_size > max_bytes) {
+        fsio_errf(err, err_len, "%s: %lld bytes, expected at most %lld", path, (long long)st.st_size,
+                  (long long)max_bytes);
+        close(fd);
+        return RS_EXIT_USAGE;
+    }
+    int64_t n = (int64_t)st.st_size, got = 0;
+    char *buf = RS_MALLOC((size_t)n + 1);
+    int e = fsio_pread_all(fd, buf, n, 0, &got);
+    close(fd);
+    if (e) {
+        if (e == -1)
+            fsio_errf(err, err_len, "%s: file shrank while reading (%lld of %lld bytes)", path, (long long)got,
+                      (long long)n);
+        else
+            fsio_errf(err, err_len, "%s: read failed: %s", path, strerror(e));
+        free(buf);
+        return RS_EXIT_FAIL;
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (out_len) *out_len = n;
+    return 0;
+}
+
+int fsio_crc32_file(const char *path, int64_t *size, uint32_t *crc, char *err, size_t err_len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        fsio_errf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+    }
+    char *buf = RS_MALLOC((size_t)FSIO_CHUNK);
+    uLong c = crc32_z(0L, Z_NULL, 0);
+    int64_t total = 0;
+    int rc = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, (size_t)FSIO_CHUNK);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            fsio_errf(err, err_len, "%s: read failed at byte %lld: %s", path, (long long)total, strerror(errno));
+            rc = RS_EXIT_FAIL;
+            break;
+        }
+        if (r == 0) break;
+        c = crc32_z(c, (const Bytef *)buf, (z_size_t)r);
+        total += r;
+    }
+    free(buf);
+    close(fd);
+    if (rc) return rc;
+    *size = total;
+    *crc = (uint32_t)c;
+    return 0;
+}
+
+/* Empties the directory open as `fd` (closed here), then the caller removes it. */
+static int fsio_empty_dir(int fd, const char *path, char *err, size_t err_len) {
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        fsio_errf(err, err_len, "%s: fdopendir failed: %s", path, strerror(errno));
+        close(fd);
+        return RS_EXIT_FAIL;
+    }
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (errno = 0, de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        struct stat st;
+        if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno == ENOENT) continue;
+            fsio_errf(err, err_len, "%s/%s: stat failed: %s", path, de->d_name, strerror(errno));
+            rc = RS_EXIT_FAIL;
+            break;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            char sub[4096];
+            rc = fsio_path(sub, sizeof sub, err, err_len, "%s/%s", path, de->d_name);
+            if (rc) break;
+            int cfd = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (cfd < 0) {
+                fsio_errf(err, err_len, "%s: open failed: %s", sub, strerror(errno));
+                rc = RS_EXIT_FAIL;
+                break;
+            }
+            rc = fsio_empty_dir(cfd, sub, err, err_len);
+            if (rc == 0 && unlinkat(fd, de->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+                fsio_errf(err, err_len, "%s: rmdir failed: %s", sub, strerror(errno));
+                rc = RS_EXIT_FAIL;
+            }
+        } else if (unlinkat(fd, de->d_name, 0) != 0 && errno != ENOENT) {
+            fsio_errf(err, err_len, "%s/%s: unlink failed: %s", path, de->d_name, strerror(errno));
+            rc = RS_EXIT_FAIL;
+        }
+    }
+    if (rc == 0 && errno != 0) {
+        fsio_errf(err, err_len, "%s: readdir failed: %s", path, strerror(errno));
+        rc = RS_EXIT_FAIL;
+    }
+    closedir(d);
+    return rc;
+}
+
+int fsio_remove_tree(const char *path, char *err, size_t err_len) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        fsio_errf(err, err_len, "%s: stat failed: %s", path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        if (unlink(path) != 0 && errno != ENOENT) {
+            fsio_errf(err, err_len, "%s: unlink failed: %s", path, strerror(errno));
+            return RS_EXIT_FAIL;
+        }
+        return 0;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        fsio_errf(err, err_len, "%s: open failed: %s", path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    int rc = fsio_empty_dir(fd, path, err, err_len);
+    if (rc) return rc;
+    if (rmdir(path) != 0 && errno != ENOENT) {
+        fsio_errf(err, err_len, "%s: rmdir failed: %s", path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* Creates `dir` and its missing parents, one component at a time; `for_path`
+ * (the file or directory they are made for) only goes into messages. The
+ * parent of each new directory is fsynced. `made` as in fsio_mkdirs_parent.
+ * On failure errno says why (ENOTDIR: a component is not a directory). */
+static int fsio_mkdirs_walk(char *dir, const char *for_path, char *made, size_t made_cap, char *err,
+                            size_t err_len) {
+    if (made && made_cap) made[0] = 0;
+    int recorded = 0; /* the outermost new directory is in `made` ("" if it did not fit: nothing taken back) */
+    size_t n = strlen(dir);
+    for (size_t i = 1; i <= n; i++) {
+        if ((dir[i] != '/' && dir[i] != 0) || dir[i - 1] == '/') continue;
+        char c = dir[i];
+        dir[i] = 0; /* dir is now the prefix up to this component */
+        struct stat st;
+        int rc = 0;
+        if (stat(dir, &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) {
+                fsio_errf(err, err_len, "%s is not a directory, so %s cannot be created under it", dir, for_path);
+                errno = ENOTDIR;
+                rc = RS_EXIT_USAGE;
+            }
+        } else {
+            int made_here = errno == ENOENT && mkdir(dir, 0755) == 0; /* EEXIST: made by someone else */
+            if (!made_here && errno != EEXIST) {
+                int e = errno;
+                fsio_errf(err, err_len, "cannot create the directory %s (for %s): %s", dir, for_path, strerror(e));
+                rc = e == ENOSPC || e == EDQUOT || e == EIO ? RS_EXIT_FAIL : RS_EXIT_USAGE;
+                errno = e;
+            } else if (made_here) {
+                if (made && made_cap && !recorded++ && (size_t)snprintf(made, made_cap, "%s", dir) >= made_cap)
+                    made[0] = 0;
+                char parent[PATH_MAX];
+                if (fsio_dirname(parent, sizeof parent, dir, err, err_len) != 0 ||
+                    fsio_fsync_dir(parent, err, err_len) != 0)
+                    rc = RS_EXIT_FAIL;
+            }
+        }
+        dir[i] = c;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int fsio_mkdirs_parent(const char *path, char *made, size_t made_cap, char *err, size_t err_len) {
+    char dir[PATH_MAX];
+    if (made && made_cap) made[0] = 0;
+    int rc = fsio_dirname(dir, sizeof dir, path, err, err_len);
+    return rc ? rc : fsio_mkdirs_walk(dir, path, made, made_cap, err, err_len);
+}
+
+void fsio_rmdirs_made(const char *path, const char *made) {
+    if (!made || !made[0]) return;
+    char dir[PATH_MAX];
+    if (fsio_dirname(dir, sizeof dir, path, NULL, 0) != 0) return;
+    size_t keep = strlen(made);
+    /* dir runs from the innermost directory out to `made`; rmdir fails on the first one not empty */
+    while (strlen(dir) >= keep && rmdir(dir) == 0 && strlen(dir) > keep) {
+        char *slash = strrchr(dir, '/');
+        if (!slash) break;
+        *slash = 0;
+    }
+}
+
+int fsio_mkdirs(const char *path) {
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return fsio_mkdirs_walk(tmp, path, NULL, 0, NULL, 0) ? -1 : 0;
+}

@@ -1,0 +1,131 @@
+/*
+ * hf.h — Hugging Face export and import of the model's weights, and opening
+ * a ringscan checkpoint for its weights alone.
+ *
+ * The layout (hf_layout.c). Every Hugging Face tensor of the state dict
+ * (model_params_build_hf, research/qwen3_next_spec.md §6) is a set of rows of
+ * one internal parameter (model_params.h), all of one width: HF row r of
+ * `in_proj_qkvz` / `in_proj_ba` is row hf_layout_src_row(r) of the internal
+ * linear_attn.in_proj [q | k | v | z | b | a] (group-interleaved per key
+ * head, spec §2.3/§2.4); `q_proj` rows interleave [q_h | gate_h] per head
+ * into self_attn.in_proj [q | gate | k | v] (§3), `k_proj` and `v_proj` are
+ * its last two blocks; `gate_proj` / `up_proj` the halves of mlp.gate_up;
+ * `conv1d.weight` [Cc, 1, Kc] is conv1d [Cc, Kc] row for row; 1-D tensors
+ * are rows of width 1. Export gathers these rows, import scatters them back,
+ * so export -> import -> export is bitwise (fp32; bf16 too, since bf16 ->
+ * fp32 -> bf16 is exact).
+ *
+ * Export (hf_export.c): a folder `transformers` loads as Qwen3NextForCausalLM:
+ *   config.json                     every dim, layer_types, rope and linear-attention keys,
+ *                                   mlp_only_layers = [0..L-1] (every layer dense)
+ *   model.safetensors               one file up to the shard size, else
+ *   model-0000i-of-0000n.safetensors + model.safetensors.index.json
+ *                                   ({"metadata": {"total_size"}, "weight_map": {name: file}})
+ * written into OUT.tmp.<pid> beside OUT and renamed to OUT at the end, so OUT
+ * is never half written; OUT must be missing or an empty directory.
+ *
+ * Import (hf_import.c): the weights of a run's start (model.init_from) from a
+ * Hugging Face folder like the above (F32, BF16 or F16 tensors; sharded or
+ * not), a ringscan run directory (its newest verified checkpoint) or one
+ * checkpoint directory (RUN/ckpt/step_N). Every tensor the config needs must
+ * be there with the config's shape (else one error naming the tensor, the
+ * file and both shapes); a tensor the config does not know is an error too
+ * (except `mtp.*`, the multi-token-prediction head transformers ignores).
+ *
+ * Return values: 0, RS_EXIT_USAGE (bad input: nothing written) or
+ * RS_EXIT_FAIL (an I/O failure), with one message in `err`.
+ *
+ * Callers: cmd/ringscan.c (`export`), lib/run/train.c (model.init_from),
+ * lib/run/eval.c (the weights of `eval`), tests/parity/parity_step.c (--hf).
+ */
+#ifndef RS_HF_H
+#define RS_HF_H
+
+#include <limits.h>
+#include <stdio.h>
+
+#include "ckpt.h"
+#include "config/config.h"
+#include "model/model_params.h"
+#include "safetensors.h"
+
+/* ---- layout ---------------------------------------------------------------- */
+
+typedef enum {
+    HF_ROWS_RANGE,    /* internal row = base + r */
+    HF_ROWS_GDN_QKVZ, /* spec §2.3 */
+    HF_ROWS_GDN_BA,   /* spec §2.4 */
+    HF_ROWS_ATTN_Q,   /* spec §3: per head [q | gate] */
+} HfRows;
+
+typedef struct {
+    HfTensor hf;    /* name and HF shape */
+    int32_t  param; /* index in the ParamTable */
+    int64_t  rows, width; /* rows x width = hf.numel */
+    HfRows   kind;
+    int64_t  base;  /* HF_ROWS_RANGE */
+} HfMap;
+
+typedef struct {
+    int32_t n;
+    HfMap  *t;     /* in model_params_build_hf order */
+    int64_t nk, nv, dk, dv, nh, hd; /* the dims the row maps need */
+} HfLayout;
+
+void    hf_layout_build(HfLayout *lay, const Config *cfg, const ParamTable *ptab);
+void    hf_layout_free(HfLayout *lay);
+/* The row of internal parameter m->param that HF row r of m holds. */
+int64_t hf_layout_src_row(const HfLayout *lay, const HfMap *m, int64_t r);
+/* dst (HF tensor m, hf.numel floats) = its rows of the internal buffer (fp32, ptab layout); and back. */
+void    hf_layout_gather(float *dst, const HfLayout *lay, const HfMap *m, const float *params, const ParamTable *ptab);
+void    hf_layout_scatter(float *params, const HfLayout *lay, const HfMap *m, const float *src, const ParamTable *ptab);
+
+/* ---- a ringscan checkpoint's weights ---------------------------------------- */
+
+typedef struct {
+    char     dir[PATH_MAX]; /* RUN/ckpt/step_NNNNNNNN */
+    int64_t  step;
+    Config   cfg;           /* the config saved with it (state.config_yaml) */
+    Ckpt     ck;            /* given a run directory: the loaded checkpoint */
+    int      have_ck;
+    json_t  *manifest;      /* given a step directory: its verified manifest */
+    SafetensorsFile own;    /* given a step directory: its model.safetensors */
+    const SafetensorsFile *model; /* model.safetensors of either */
+} HfCkpt;
+
+/* Whether `path` is a ringscan run directory (has ckpt/) or checkpoint directory (has manifest.json). */
+int  hf_is_ringscan(const char *path);
+/* Opens the newest verified checkpoint of a run directory, or one step directory, and its config. */
+int  hf_ckpt_open(HfCkpt *c, const char *path, char *err, size_t err_len);
+void hf_ckpt_close(HfCkpt *c);
+/* Reads every parameter (fp32, internal layout) into params (ptab->buffer_numel floats). */
+int  hf_ckpt_read_params(float *params, const ParamTable *ptab, const HfCkpt *c, char *err, size_t err_len);
+
+/* ---- export ------------------------------------------------------------------- */
+
+typedef struct {
+    StDtype dtype;     /* ST_DTYPE_F32 or ST_DTYPE_BF16 */
+    double  shard_gib; /* largest file before sharding, > 0 */
+    FILE   *progress;  /* progress lines, or NULL */
+} HfExportOptions;
+
+/* Exports fp32 internal-layout params of the model `cfg` to out_dir. `source` names where they came
+ * from (config.json's "ringscan_source"). */
+int hf_export_params(const float *params, const ParamTable *ptab, const Config *cfg, const char *source,
+                     const char *out_dir, const HfExportOptions *o, char *err, size_t err_len);
+/* `ringscan export SRC OUT`: SRC a run directory, a checkpoint directory or a Hugging Face folder. */
+int hf_export(const char *src, const char *out_dir, const HfExportOptions *o, char *err, size_t err_len);
+
+/* ---- import ------------------------------------------------------------------- */
+
+/* Reads the weights of a Hugging Face folder, a run directory or a checkpoint directory into params
+ * (fp32, internal layout, ptab->buffer_numel floats) for the model `cfg`. `what` names the source in
+ * messages (e.g. "model.init_from"). */
+int hf_import(float *params, const ParamTable *ptab, const Config *cfg, const char *src, const char *what,
+              char *err, size_t err_len);
+
+/* Reads a Hugging Face folder's config.json into cfg's model keys (the other keys keep their
+ * values), so that a folder can be exported or checked without a ringscan config. */
+int hf_read_config(Config *cfg, const char *dir, char *err, size_t err_len);
+
+#endif

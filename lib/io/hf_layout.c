@@ -1,0 +1,123 @@
+/*
+ * hf_layout.c — which internal parameter rows every Hugging Face tensor
+ * holds (hf.h, "The layout"). Export gathers by it, import scatters by it.
+ *
+ * Internal rows (model_params.h), with Kd = nk·dk, Vd = nv·dv, Cc = 2Kd + Vd,
+ * r = nv / nk, qd = nh·hd:
+ *   linear_attn.in_proj  [q 0..Kd | k Kd.. | v 2Kd.. | z Cc.. | b Cc+Vd.. | a Cc+Vd+nv..]
+ *   self_attn.in_proj    [q 0..qd | gate qd.. | k 2qd.. | v 2qd+kvd..]
+ *   mlp.gate_up          [gate 0..I | up I..2I]
+ * HF rows:
+ *   in_proj_qkvz  nk groups of w = 2dk + 2r·dv: [q_g | k_g | v of heads g·r..g·r+r-1 | z of the same]
+ *   in_proj_ba    nk groups of 2r: [b of heads g·r.. | a of the same]
+ *   q_proj        nh groups of 2hd: [q_h | gate_h]
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "hf.h"
+
+/* The internal tensor and rows behind HF tensor `hf` (names of model_params_build_hf). */
+static void hf_layout_map(HfMap *m, const HfLayout *lay, const Config *cfg, const ParamTable *ptab) {
+    const ModelConfig *mc = &cfg->model;
+    const char *name = m->hf.name;
+    char internal[PARAM_NAME_MAX];
+    snprintf(internal, sizeof internal, "%s", name);
+    char *dot = strrchr(internal, '.');
+    if (dot && !strcmp(dot, ".weight")) *dot = 0;
+    m->kind = HF_ROWS_RANGE;
+    m->base = 0;
+    m->width = m->hf.ndim == 1 ? 1 : m->hf.shape[m->hf.ndim - 1];
+    m->rows = m->hf.numel / m->width;
+    int64_t qd = lay->nh * lay->hd, kvd = mc->num_key_value_heads * mc->head_dim;
+    char *leaf = strrchr(internal, '.');
+    leaf = leaf ? leaf + 1 : internal;
+    if (!strcmp(leaf, "in_proj_qkvz") || !strcmp(leaf, "in_proj_ba")) {
+        m->kind = leaf[8] == 'q' ? HF_ROWS_GDN_QKVZ : HF_ROWS_GDN_BA;
+        strcpy(leaf, "in_proj");
+    } else if (!strcmp(leaf, "q_proj") || !strcmp(leaf, "k_proj") || !strcmp(leaf, "v_proj")) {
+        m->kind = leaf[0] == 'q' ? HF_ROWS_ATTN_Q : HF_ROWS_RANGE;
+        m->base = leaf[0] == 'k' ? 2 * qd : leaf[0] == 'v' ? 2 * qd + kvd : 0;
+        strcpy(leaf, "in_proj");
+    } else if (!strcmp(leaf, "gate_proj") || !strcmp(leaf, "up_proj")) {
+        m->base = leaf[0] == 'u' ? mc->intermediate_size : 0;
+        strcpy(leaf, "gate_up");
+    }
+    m->param = model_params_find(ptab, internal);
+    RS_CHECK(m->param >= 0, "HF tensor %s has no internal parameter %s", name, internal);
+}
+
+void hf_layout_build(HfLayout *lay, const Config *cfg, const ParamTable *ptab) {
+    const ModelConfig *mc = &cfg->model;
+    memset(lay, 0, sizeof *lay);
+    lay->nk = mc->linear_num_key_heads;
+    lay->nv = mc->linear_num_value_heads;
+    lay->dk = mc->linear_key_head_dim;
+    lay->dv = mc->linear_value_head_dim;
+    lay->nh = mc->num_attention_heads;
+    lay->hd = mc->head_dim;
+    HfTable hf;
+    model_params_build_hf(&hf, cfg);
+    lay->n = hf.n;
+    lay->t = RS_CALLOC((size_t)hf.n, sizeof *lay->t);
+    int64_t *covered = RS_CALLOC((size_t)ptab->n, sizeof *covered);
+    for (int i = 0; i < hf.n; i++) {
+        HfMap *m = &lay->t[i];
+        m->hf = hf.t[i];
+        hf_layout_map(m, lay, cfg, ptab);
+        const ParamTensor *p = &ptab->t[m->param];
+        int64_t pw = p->ndim == 1 ? 1 : p->shape[1];
+        RS_CHECK(pw == m->width, "%s: row width %lld, internal %s %lld", m->hf.name, (long long)m->width, p->name,
+                 (long long)pw);
+        covered[m->param] += m->rows * m->width;
+    }
+    /* every internal element is some HF element (the maps are permutations; tests check the rows) */
+    for (int i = 0; i < ptab->n; i++)
+        RS_CHECK(covered[i] == ptab->t[i].numel, "internal %s: HF tensors cover %lld of %lld elements",
+                 ptab->t[i].name, (long long)covered[i], (long long)ptab->t[i].numel);
+    free(covered);
+    model_params_free_hf(&hf);
+}
+
+void hf_layout_free(HfLayout *lay) {
+    free(lay->t);
+    memset(lay, 0, sizeof *lay);
+}
+
+int64_t hf_layout_src_row(const HfLayout *lay, const HfMap *m, int64_t r) {
+    const int64_t nk = lay->nk, nv = lay->nv, dk = lay->dk, dv = lay->dv, hd = lay->hd;
+    const int64_t rep = nv / nk, Kd = nk * dk, Vd = nv * dv, Cc = 2 * Kd + Vd;
+    switch (m->kind) {
+    case HF_ROWS_GDN_QKVZ: {
+        const int64_t w = 2 * dk + 2 * rep * dv, g = r / w, o = r % w;
+        if (o < dk) return g * dk + o;                       /* q of key head g */
+        if (o < 2 * dk) return Kd + g * dk + (o - dk);       /* k of key head g */
+        const int64_t u = o - 2 * dk, z = u >= rep * dv;     /* v or z of value head g·rep + j */
+        const int64_t j = (u - z * rep * dv) / dv, e = (u - z * rep * dv) % dv;
+        return (z ? Cc : 2 * Kd) + (g * rep + j) * dv + e;
+    }
+    case HF_ROWS_GDN_BA: {
+        const int64_t g = r / (2 * rep), o = r % (2 * rep);
+        return Cc + Vd + (o < rep ? g * rep + o : nv + g * rep + (o - rep));
+    }
+    case HF_ROWS_ATTN_Q: {
+        const int64_t h = r / (2 * hd), o = r % (2 * hd);
+        return o < hd ? h * hd + o : lay->nh * hd + h * hd + (o - hd);
+    }
+    case HF_ROWS_RANGE:
+    default: return m->base + r;
+    }
+}
+
+void hf_layout_gather(float *dst, const HfLayout *lay, const HfMap *m, const float *params, const ParamTable *ptab) {
+    const float *p = params + ptab->t[m->param].offset;
+    for (int64_t r = 0; r < m->rows; r++)
+        memcpy(dst + r * m->width, p + hf_layout_src_row(lay, m, r) * m->width, (size_t)m->width * sizeof(float));
+}
+
+void hf_layout_scatter(float *params, const HfLayout *lay, const HfMap *m, const float *src, const ParamTable *ptab) {
+    float *p = params + ptab->t[m->param].offset;
+    for (int64_t r = 0; r < m->rows; r++)
+        memcpy(p + hf_layout_src_row(lay, m, r) * m->width, src + r * m->width, (size_t)m->width * sizeof(float));
+}

@@ -1,0 +1,310 @@
+/*
+ * model.c — allocation, initialisation and the micro-batch step of the model
+ * (see model.h). The per-block math is in model_block.c.
+ *
+ * Allocation follows the size tables exactly:
+ *   - parameters, gradients, AdamW m and v: one flat fp32 buffer each, laid
+ *     out by the parameter table (aligned tensor offsets);
+ *   - activations kept by the checkpoint policy: one arena, carved in table
+ *     order, each layer its own buffers;
+ *   - activations not kept: one scratch arena shared by all layers; buffers
+ *     are carved per layer kind (GDN, attention), so its size is the largest
+ *     kind's total, model_acts.c's `recompute` term;
+ *   - gradient scratch: persistent buffers plus one arena shared by the MLP,
+ *     GDN and attention backward phases (model_acts.c's `grad_working`).
+ *
+ * Initialisation (research/qwen3_next_spec.md §7): matrices, conv weights,
+ * embeddings and the head ~ N(0, initializer_range); zero-centred RMSNorm
+ * weights 0; the GDN gated-norm weight and dt_bias 1; A_log = log U(0, 16).
+ * Every tensor draws from its own stream (run.seed, tensor index), so the
+ * weights do not depend on the number of ranks.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+static int64_t model_align(int64_t n) { return (n + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN; }
+
+static int64_t model_offset_of(const Model *m, int layer, const char *name, int required) {
+    char full[PARAM_NAME_MAX];
+    if (layer >= 0) snprintf(full, sizeof full, "model.layers.%d.%s", layer, name);
+    else snprintf(full, sizeof full, "%s", name);
+    int i = model_params_find(&m->ptab, full);
+    if (i < 0) {
+        RS_CHECK(!required, "parameter %s missing from the table", full);
+        return -1;
+    }
+    return m->ptab.t[i].offset;
+}
+
+int model_param_decays(const Config *cfg, ParamGroup g) {
+    switch (g) {
+    case PARAM_GROUP_MATRIX: return 1;
+    case PARAM_GROUP_EMBEDDING: return cfg->train.decay_embeddings;
+    case PARAM_GROUP_NORM: return cfg->train.decay_norms;
+    case PARAM_GROUP_GDN_GATE: return cfg->train.decay_gdn_gates;
+    case PARAM_GROUP_CONV: return cfg->train.decay_conv;
+    case PARAM_GROUP_NORM_SCALE: return cfg->train.decay_norm_scales;
+    default: return 1;
+    }
+}
+
+static void model_init_weights(Model *m) {
+    const Config *cfg = m->cfg;
+    int64_t n = m->ptab.buffer_numel;
+    float *host = RS_CALLOC((size_t)n, sizeof(float));
+    for (int i = 0; i < m->ptab.n; i++) {
+        const ParamTensor *p = &m->ptab.t[i];
+        Rng r;
+        rng_init(&r, (uint64_t)cfg->run.seed, (uint64_t)i);
+        float *w = host + p->offset;
+        for (int64_t j = 0; j < p->numel; j++) {
+            switch (p->init) {
+            case PARAM_INIT_NORMAL: w[j] = (float)(cfg->model.initializer_range * rng_normal(&r)); break;
+            case PARAM_INIT_ZEROS: w[j] = 0.0f; break;
+            case PARAM_INIT_ONES: w[j] = 1.0f; break;
+            case PARAM_INIT_A_LOG: w[j] = (float)log(16.0 * rng_uniform(&r)); break;
+            }
+        }
+    }
+    m->be->to_device(m->params, host, (size_t)n * sizeof(float));
+    if (m->weights != (void *)m->params) m->be->act_from_f32(m->weights, m->params, n);
+    free(host);
+}
+
+/* Points the LayerActs field called `name` at `p`. */
+static void model_bind(LayerActs *a, const char *name, void *p) {
+    static const struct { const char *name; size_t off; } fields[] = {
+#define F(n) {#n, offsetof(LayerActs, n)}
+        F(x), F(ln1), F(rstd1), F(h), F(ln2), F(rstd2), F(gate_up), F(act),
+        F(gdn_proj), F(gdn_conv), F(gdn_halo), F(gdn_normed), F(gdn_norm_rstd), F(gdn_qk_norm), F(gdn_qk_rstd),
+        F(gdn_v), F(gdn_z), F(gdn_beta), F(gdn_g), F(gdn_core), F(gdn_cp_states), F(gdn_cp_M), F(gdn_conv_halo),
+        F(gdn_kept), F(attn_proj), F(attn_gated), F(attn_q), F(attn_kv), F(attn_gate), F(attn_qk_rstd), F(attn_out),
+        F(attn_lse),
+#undef F
+    };
+    char key[48];
+    snprintf(key, sizeof key, "%s", name);
+    /* the table says "mlp_gate_up"/"mlp_act"; the struct drops the prefix */
+    if (!strncmp(key, "mlp_", 4)) memmove(key, key + 4, strlen(key + 4) + 1);
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (!strcmp(fields[i].name, key)) {
+            *(void **)((char *)a + fields[i].off) = p;
+            return;
+        }
+    RS_FATAL("activation buffer '%s' of model_acts.c has no field in LayerActs", name);
+}
+
+/* Points the Model gradient-scratch field called `name` at `p`. */
+static void model_bind_grad(Model *m, const char *name, void *p) {
+    static const struct { const char *name; size_t off; } fields[] = {
+#define F(n) {#n, offsetof(Model, n)}
+        F(d_resid), F(d_core), F(d_z), F(d_qk), F(d_v), F(d_beta), F(d_g), F(d_attn_out), F(d_gate), F(d_q),
+        F(d_kv), F(d_ln), F(d_act), F(d_gate_up), F(d_mix), F(d_proj), F(d_conv), F(d_halo),
+#undef F
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (!strcmp(fields[i].name, name)) {
+            *(void **)((char *)m + fields[i].off) = p;
+            return;
+        }
+    RS_FATAL("unknown gradient buffer '%s' in model_acts.c", name);
+}
+
+static void model_alloc_activations(Model *m) {
+    const Config *cfg = m->cfg;
+    const Backend *be = m->be;
+    int pol = cfg->checkpoint.activations;
+    int L = (int)cfg->model.num_hidden_layers;
+    const int offload = cfg->checkpoint.offload == OFFLOAD_HOST;
+    ActTable *t = &m->acts;
+    m->la = RS_CALLOC((size_t)L, sizeof *m->la);
+    m->kept_at = RS_CALLOC((size_t)L, sizeof *m->kept_at);
+    m->kept_len = RS_CALLOC((size_t)L, sizeof *m->kept_len);
+
+    /* sizes: kept buffers per layer (and the head), scratch per kind */
+    int64_t kept = 0, scratch_kind[LAYER_KIND_COUNT] = {0};
+    for (int i = 0; i < t->n; i++) {
+        const ActBuffer *b = &t->b[i];
+        if (b->keep & (1u << pol)) {
+            kept += model_align(b->bytes);
+            if (b->layer >= 0) m->kept_len[b->layer] += model_align(b->bytes);
+        }
+    }
+    /* scratch offsets by name, taken from the first layer of each kind */
+    for (int kind = 0; kind < LAYER_KIND_COUNT; kind++) {
+        int first = -1;
+        for (int l = 0; l < L && first < 0; l++)
+            if (config_layer_kind(cfg, l) == (LayerKind)kind) first = l;
+        if (first < 0) continue;
+        for (int i = 0; i < t->n; i++)
+            if (t->b[i].layer == first && !(t->b[i].keep & (1u << pol)))
+                scratch_kind[kind] += model_align(t->b[i].bytes);
+    }
+    int64_t scratch = scratch_kind[0] > scratch_kind[1] ? scratch_kind[0] : scratch_kind[1];
+    /* checkpoint.offload host: the head plus two layer slots on the device (layer l in slot l % 2),
+     * every layer's kept bytes in host memory (model_offload.c moves them) */
+    int64_t slot = t->layer_kept_max[pol], device_kept = offload ? t->offload_device[pol] : kept;
+    RS_CHECK(!offload || device_kept == t->head_kept[pol] + 2 * slot, "offload: the head and two slots");
+    m->act_arena = be->alloc((size_t)device_kept);
+    m->scratch = scratch ? be->alloc((size_t)scratch) : NULL;
+    m->bytes_kept = kept;
+    m->bytes_kept_device = device_kept;
+    m->bytes_scratch = scratch;
+
+    char *kp = m->act_arena, *slots = (char *)m->act_arena + t->head_kept[pol];
+    int64_t host_at = 0;
+    for (int l = -1; l < L; l++) {
+        char *sp = m->scratch; /* every layer of a kind carves the same offsets */
+        if (l >= 0) {
+            m->kept_at[l] = host_at;
+            if (l < L - 2) host_at += m->kept_len[l]; /* the last two layers never leave the device */
+            if (offload) kp = slots + (l % 2) * slot;
+        }
+        char *layer_kept = kp;
+        for (int i = 0; i < t->n; i++) {
+            const ActBuffer *b = &t->b[i];
+            if (b->layer != l) continue;
+            void *p;
+            if (b->keep & (1u << pol)) {
+                p = kp;
+                kp += model_align(b->bytes);
+            } else {
+                p = sp;
+                sp += model_align(b->bytes);
+            }
+            if (l >= 0) {
+                if (!strcmp(b->name, "gdn_kept")) { /* the backend's format; model_acts.c counts it per fragment */
+                    const ModelConfig *mc = &cfg->model;
+                    const int64_t frags = cfg->data.micro_batch * (cfg->parallel.cp > 1 ? 2 : 1);
+                    const int64_t n = cfg->data.micro_batch * cfg->data.seq_len / cfg->parallel.cp / frags;
+                    const int states = cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
+                    const int64_t need = frags * (int64_t)be->gdn_kept_bytes(n, (int)mc->linear_num_value_heads,
+                                                                              (int)mc->linear_key_head_dim,
+                                                                              (int)mc->linear_value_head_dim, states);
+                    RS_CHECK(b->rows == frags && need <= b->bytes,
+                             "gdn_kept: the %s backend needs %lld bytes, model_acts.c counts %lld", be->name,
+                             (long long)need, (long long)b->bytes);
+                }
+                model_bind(&m->la[l], b->name, p);
+            } else if (!strcmp(b->name, "final_in")) m->final_in = p;
+            else if (!strcmp(b->name, "final_norm")) m->final_norm = p;
+            else if (!strcmp(b->name, "final_rstd")) m->final_rstd = p;
+            else if (!strcmp(b->name, "d_final")) m->d_final = p;
+            else if (!strcmp(b->name, "tokens_targets")) { /* the batch's metadata lives with the caller */ }
+            else RS_FATAL("unknown head buffer '%s' in model_acts.c", b->name);
+        }
+        if (l >= 0) {
+            RS_CHECK(kp - layer_kept == m->kept_len[l], "layer %d kept carving", l);
+            m->la[l].kept = layer_kept;
+        }
+    }
+    RS_CHECK(offload || kp - (char *)m->act_arena == kept, "activation carving: %lld of %lld bytes",
+             (long long)(kp - (char *)m->act_arena), (long long)kept);
+    RS_CHECK(host_at == t->offload_host[pol], "offload: %lld host bytes, model_acts.c counts %lld", (long long)host_at,
+             (long long)t->offload_host[pol]);
+    m->bytes_host = offload ? host_at : 0;
+    m->host_arena = offload && host_at ? be->host_alloc((size_t)host_at) : NULL;
+
+    /* gradient scratch: persistent buffers (the residual stream's, the chunk's), then the mixers'
+     * whole-rows phases over one arena */
+    int64_t persistent = 0, phase_max = 0, phase[ACT_GRAD_PHASES] = {0};
+    for (int i = 0; i < t->ng; i++) {
+        if (t->g[i].phase == ACT_GRAD_PERSISTENT) persistent += model_align(t->g[i].bytes);
+        else phase[t->g[i].phase] += model_align(t->g[i].bytes);
+    }
+    for (int ph = ACT_GRAD_PERSISTENT + 1; ph < ACT_GRAD_PHASES; ph++)
+        if (phase[ph] > phase_max) phase_max = phase[ph];
+    char *g = be->alloc((size_t)(persistent + phase_max));
+    m->bytes_grads = persistent + phase_max;
+    char *cursor[ACT_GRAD_PHASES];
+    cursor[ACT_GRAD_PERSISTENT] = g;
+    for (int ph = ACT_GRAD_PERSISTENT + 1; ph < ACT_GRAD_PHASES; ph++) cursor[ph] = g + persistent;
+    for (int i = 0; i < t->ng; i++) {
+        const ActGradBuffer *b = &t->g[i];
+        model_bind_grad(m, b->name, cursor[b->phase]);
+        cursor[b->phase] += model_align(b->bytes);
+    }
+    RS_CHECK(m->d_resid == (void *)g, "d_resid must open the gradient arena (model_free frees it)");
+
+    m->loss_workspace = be->alloc((size_t)(t->loss_chunk_rows * cfg->model.vocab_size) * sizeof(float));
+    m->losses = be->alloc((size_t)(cfg->train.grad_accum * t->tokens) * sizeof(float));
+}
+
+void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int64_t T) {
+    memset(m, 0, sizeof *m);
+    m->cfg = cfg;
+    m->be = be;
+    m->comm = comm;
+    RS_CHECK(comm || (cfg->parallel.dp == 1 && cfg->parallel.cp == 1), "dp %lld x cp %lld needs MPI ranks",
+             (long long)cfg->parallel.dp, (long long)cfg->parallel.cp);
+    model_params_build(&m->ptab, cfg);
+    int L = (int)cfg->model.num_hidden_layers;
+    m->lp = RS_CALLOC((size_t)L, sizeof *m->lp);
+    for (int l = 0; l < L; l++) {
+        LayerParams *p = &m->lp[l];
+        p->kind = config_layer_kind(cfg, l);
+        p->in_ln = model_offset_of(m, l, "input_layernorm", 1);
+        p->post_ln = model_offset_of(m, l, "post_attention_layernorm", 1);
+        p->gate_up = model_offset_of(m, l, "mlp.gate_up", 1);
+        p->down = model_offset_of(m, l, "mlp.down_proj", 1);
+        int gdn = p->kind == LAYER_KIND_LINEAR;
+        p->in_proj = model_offset_of(m, l, gdn ? "linear_attn.in_proj" : "self_attn.in_proj", 1);
+        p->out_proj = model_offset_of(m, l, gdn ? "linear_attn.out_proj" : "self_attn.o_proj", 1);
+        p->conv = model_offset_of(m, l, "linear_attn.conv1d", gdn);
+        p->dt_bias = model_offset_of(m, l, "linear_attn.dt_bias", gdn);
+        p->A_log = model_offset_of(m, l, "linear_attn.A_log", gdn);
+        p->gdn_norm = model_offset_of(m, l, "linear_attn.norm", gdn);
+        p->q_norm = model_offset_of(m, l, "self_attn.q_norm", !gdn);
+        p->k_norm = model_offset_of(m, l, "self_attn.k_norm", !gdn);
+    }
+    m->embed = model_offset_of(m, -1, "model.embed_tokens", 1);
+    m->final_norm_w = model_offset_of(m, -1, "model.norm", 1);
+    m->lm_head = cfg->model.tie_word_embeddings ? m->embed : model_offset_of(m, -1, "lm_head", 1);
+
+    size_t pbytes = (size_t)m->ptab.buffer_numel * sizeof(float);
+    m->params = be->alloc(pbytes);
+    m->grads = be->alloc(pbytes);
+    m->adam_m = be->alloc(pbytes);
+    m->adam_v = be->alloc(pbytes);
+    m->weights = be->act_size == (int)sizeof(float) ? (void *)m->params
+                                                     : be->alloc((size_t)m->ptab.buffer_numel * (size_t)be->act_size);
+    model_init_weights(m);
+
+    model_acts_build(&m->acts, cfg);
+    RS_CHECK(m->acts.tokens == T, "micro-batch of %lld rows, but the activation table is for %lld",
+             (long long)T, (long long)m->acts.tokens);
+    m->T = T;
+    model_alloc_activations(m);
+    model_offload_init(m);
+    cp_init(&m->cp, comm, be, cfg);
+}
+
+void model_free(Model *m) {
+    const Backend *be = m->be;
+    model_offload_free(m);
+    if (m->weights != (void *)m->params) be->free(m->weights);
+    be->free(m->params);
+    be->free(m->grads);
+    be->free(m->adam_m);
+    be->free(m->adam_v);
+    be->free(m->act_arena);
+    if (m->scratch) be->free(m->scratch);
+    be->free(m->d_resid); /* the gradient arena starts at d_resid */
+    if (m->host_arena) be->host_free(m->host_arena);
+    free(m->kept_at);
+    free(m->kept_len);
+    be->free(m->loss_workspace);
+    be->free(m->losses);
+    cp_free(&m->cp);
+    free(m->la);
+    free(m->lp);
+    model_acts_free(&m->acts);
+    model_params_free(&m->ptab);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,818 @@
+/*
+ * train.c — the training loop (see train.h).
+ *
+ * One optimizer step:
+ *   1. read this rank's samples of every micro-batch of the step (global
+ *      sample g = consumed + (micro_step x dp + dp_rank) x micro_batch + j),
+ *      count the predicted tokens and all-reduce the count over the world, so
+ *      every gradient is scaled by 1 / (predicted tokens of the whole step):
+ *      the loss is the global mean whatever the layout;
+ *   2. forward + backward of each micro-batch, gradients adding up;
+ *   3. all-reduce the gradients over the world (dp x cp);
+ *   4. global gradient norm, clipping factor, AdamW per tensor with its
+ *      weight-decay group;
+ *   5. log line (rank 0) and one JSON object in metrics.jsonl;
+ *   6. checkpoint when checkpoint.every says so, after the last step, after
+ *      run.stop_after_step, or when a stop signal arrived during the step
+ *      (all ranks agree through an all-reduce), then exit 75 for SIGUSR1 or
+ *      SIGTERM (preemption: the Slurm job requeues), 128 + signal for SIGINT
+ *      (130) or SIGHUP (129); a second SIGINT exits 130 at once.
+ *
+ * The data position is the number of global samples consumed, which does not
+ * depend on dp, cp or the micro-batch split. Resume restores weights, AdamW
+ * state, the step and the data position; the weights' RNG is only used at
+ * initialisation. On the cpu backend the resumed losses are bitwise those of
+ * an uninterrupted run.
+ *
+ * On cuda (device.kind: cuda) each rank drives one GPU and the non-blocking
+ * communication (the ring, the scan and halo all-gathers, the gradient
+ * buckets) is NCCL on streams of its own (comm_cuda_init, kernels/cuda/comm_nccl.c).
+ * The step's rows are read on the host as on cpu (counting the predicted
+ * tokens there) into page-locked buffers, and each micro-batch's metadata is
+ * queued for upload behind the work before it (train_batch), since the
+ * kernels read it there (backend.h).
+ *
+ * Host synchronisation: inside a step the host never waits for the GPU. It
+ * waits once, at the step's end, reading the loss (model_loss_sum); the
+ * gradient norm (sum_squares) is a second read right after it, which finds
+ * the GPU idle. A step's host rows are therefore untouched until the GPU has
+ * used them. Checkpoints read the weights back after the step. Peak memory is
+ * reported after the first step beside the plan's estimate, and in
+ * metrics.jsonl (peak_mem_bytes).
+ */
+#include "train.h"
+
+#include <cblas.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "io/ckpt.h"
+#include "data/data.h"
+#include "core/error.h"
+#include "io/fsio.h"
+#include "io/hf.h"
+#include "model/model.h"
+#include "plan/plan.h"
+#include "train_ckpt.h"
+#include "train_state.h"
+
+/* The stop request: the first signal caught (SIGUSR1, SIGTERM: preemption; SIGINT, SIGHUP: the user
+ * or the terminal), answered after the current step. A second SIGINT ends the process at once
+ * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic). */
+static volatile sig_atomic_t train_signal_seen = 0;
+static void train_on_signal(int sig) {
+    if (sig == SIGINT && train_signal_seen) {
+        static const char msg[] = "\nringscan: second interrupt: exiting now, without a checkpoint\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + SIGINT);
+    }
+    if (!train_signal_seen) train_signal_seen = sig;
+}
+
+void train_catch_stop_signals(void) {
+    static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = train_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
+    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
+}
+
+int train_stop_exit_code(int sig) {
+    return sig == SIGUSR1 || sig == SIGTERM ? RS_EXIT_PREEMPTED : 128 + sig;
+}
+
+/* The stop signal every rank agrees on (0: none), in one all-reduce: a preemption signal wins over an
+ * interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still requeued. */
+static int train_agreed_signal(Trainer *t) {
+    int s = train_signal_seen;
+    int v = comm_allreduce_max_int(t->comm, t->comm->world, s == SIGUSR1 || s == SIGTERM ? 256 + s : s);
+    return v & 255;
+}
+
+static double train_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double train_lr(const Config *cfg, int64_t step) {
+    const TrainConfig *tc = &cfg->train;
+    if (tc->warmup_steps > 0 && step <= tc->warmup_steps) return tc->lr * (double)step / (double)tc->warmup_steps;
+    switch (tc->schedule) {
+    case LR_SCHEDULE_CONSTANT: return tc->lr;
+    case LR_SCHEDULE_WSD: {
+        int64_t decay = tc->decay_steps > 0 ? tc->decay_steps : tc->steps / 5;
+        int64_t start = tc->steps - decay;
+        if (step <= start || decay == 0) return tc->lr;
+        double f = (double)(step - start) / (double)decay;
+        return tc->lr + (tc->min_lr - tc->lr) * f;
+    }
+    case LR_SCHEDULE_COSINE:
+    default: {
+        int64_t span = tc->steps - tc->warmup_steps;
+        double f = span > 0 ? (double)(step - tc->warmup_steps) / (double)span : 1.0;
+        if (f > 1) f = 1;
+        return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * f));
+    }
+    }
+}
+
+static void train_fmt_duration(double s, char *buf, size_t n) {
+    if (s < 0 || !isfinite(s)) snprintf(buf, n, "?");
+    else if (s < 60) snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else if (s < 86400) snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else snprintf(buf, n, "%dd%02dh", (int)(s / 86400), (int)(s / 3600) % 24);
+}
+
+static void train_fmt_count(double v, char *buf, size_t n) {
+    if (v >= 1e9) snprintf(buf, n, "%.2fG", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, n, "%.2fM", v / 1e6);
+    else if (v >= 1e4) snprintf(buf, n, "%.1fk", v / 1e3);
+    else snprintf(buf, n, "%.0f", v);
+}
+
+/* ---- the step's samples ---------------------------------------------------- */
+
+/* Reads micro-step `a`'s samples of this rank into the step buffers: each sample's fragments of
+ * the CP layout (cp.h), so a rank reads only its own tokens. */
+static void train_read_micro(Trainer *t, int64_t a) {
+    const Config *cfg = t->cfg;
+    int64_t mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
+    DataSpanReader r = {.data = t->data};
+    for (int64_t j = 0; j < mb; j++) {
+        int64_t g = t->samples + (a * t->comm->dp + t->comm->dp_rank) * mb + j;
+        int64_t o = a * rows + j * Tl;
+        if (cp_read_sample(&t->model.cp.L, data_span_read, &r, g, t->tokens + o, t->targets + o, t->pos + o,
+                           t->doc_pos + o) != 0)
+            data_fail(r.err);
+    }
+}
+
+/* ---- run directory ----------------------------------------------------------- */
+
+/* What a run directory may hold (README, "Run directories"): the names ringscan
+ * writes there. `train` refuses a directory holding anything else, and a
+ * ringscan name without the run's marker (RUN/.lock, written by the run that
+ * created the directory), since then no ringscan run wrote it. */
+/* what ringscan writes into a run directory: train, and `eval` / `plot` of the run (eval.json, plot.png) */
+static const char *const train_run_names[] = {".lock",  "config.resolved.yaml", "log.txt", "metrics.jsonl", "ckpt",
+                                              "eval.json", "plot.png",          NULL};
+static const char *const train_submit_names[] = {"job.sbatch", "config.submitted.yaml", "logs", NULL};
+static const char train_lock_magic[] = "ringscan run lock";
+
+static int train_name_in(const char *name, const char *const *names) {
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(name, names[i])) return 1;
+    return 0;
+}
+
+/* A temporary file of train_write_resolved / train_trim_metrics, eval or plot ("<name>.tmp.<pid>"). */
+static int train_is_tmp_name(const char *name) {
+    static const char *const bases[] = {"config.resolved.yaml.tmp.", "metrics.jsonl.tmp.", "eval.json.tmp.",
+                                        "plot.png.tmp.", NULL};
+    for (int i = 0; bases[i]; i++)
+        if (!strncmp(name, bases[i], strlen(bases[i]))) return 1;
+    return 0;
+}
+
+/* What RUN/.lock is: 1 a ringscan run lock (its first line), 0 missing or
+ * empty (a ringscan that has just created it), -1 anything else. */
+static int train_marker(const char *dir) {
+    char path[PATH_MAX + 16], head[sizeof train_lock_magic] = "";
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    return n == 0 ? 0 : n == sizeof head - 1 && !memcmp(head, train_lock_magic, n) ? 1 : -1;
+}
+
+/* Adds `name` to the list of foreign entries in `list` (the first few; all are counted). */
+static void train_note_foreign(char *list, size_t cap, int *n, const char *prefix, const char *name) {
+    if ((*n)++ < 4) {
+        size_t k = strlen(list);
+        snprintf(list + k, cap - k, "%s%s%s", k ? ", " : "", prefix, name);
+    }
+}
+
+enum { TRAIN_DIR_NEW, TRAIN_DIR_RESTART }; /* train_check_run_dir's verdicts besides a refusal */
+
+/* Decides whether `train` may write into `dir` (rank 0, before and again after
+ * taking the run lock): TRAIN_DIR_NEW (missing, empty, or only what `submit`
+ * wrote), TRAIN_DIR_RESTART (a ringscan attempt with no checkpoint: its
+ * metrics.jsonl and config.resolved.yaml are replaced), or RS_EXIT_USAGE with
+ * the reason and hint in msg. Reads only. */
+static int train_check_run_dir(const char *dir, char *msg, size_t cap) {
+    DIR *d = opendir(dir);
+    if (!d) return TRAIN_DIR_NEW; /* missing, or not a directory: fsio_mkdirs says which */
+    char foreign[1024] = "", path[PATH_MAX + 64];
+    int n_foreign = 0, run_files = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
+        if (train_name_in(name, train_run_names) || train_is_tmp_name(name)) run_files += strcmp(name, ".lock") != 0;
+        else if (!train_name_in(name, train_submit_names)) train_note_foreign(foreign, sizeof foreign, &n_foreign, "", name);
+    }
+    closedir(d);
+    int marker = train_marker(dir);
+    if (marker < 0) train_note_foreign(foreign, sizeof foreign, &n_foreign, "", ".lock (not a ringscan run lock)");
+    /* ckpt/: the lock and LATEST of ckpt.h, complete and partial step_* directories */
+    snprintf(path, sizeof path, "%s/ckpt", dir);
+    if ((d = opendir(path)) != NULL) {
+        while ((de = readdir(d)) != NULL) {
+            const char *name = de->d_name;
+            if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, ".lock") || !strncmp(name, "LATEST", 6) ||
+                !strncmp(name, "step_", 5))
+                continue;
+            train_note_foreign(foreign, sizeof foreign, &n_foreign, "ckpt/", name);
+        }
+        closedir(d);
+    }
+    if (n_foreign) {
+        snprintf(msg, cap,
+                 "run.out_dir %s holds %d entr%s that ringscan did not write (%s%s); `train` writes only into a new "
+                 "or empty directory, or one holding a ringscan attempt that stopped before its first checkpoint\n"
+                 "  hint: set run.out_dir to a new directory",
+                 dir, n_foreign, n_foreign == 1 ? "y" : "ies", foreign, n_foreign > 4 ? ", ..." : "");
+        return RS_EXIT_USAGE;
+    }
+    int64_t *steps = NULL, n_steps = 0;
+    char err[1024];
+    snprintf(path, sizeof path, "%s/ckpt/LATEST", dir);
+    struct stat st;
+    int has_latest = stat(path, &st) == 0;
+    if (ckpt_list_steps(dir, &steps, &n_steps, err, sizeof err) != 0) {
+        snprintf(msg, cap, "cannot check run.out_dir %s for checkpoints: %s", dir, err);
+        return RS_EXIT_USAGE;
+    }
+    free(steps);
+    if (has_latest || n_steps > 0) {
+        snprintf(msg, cap,
+                 "run directory %s already holds a run with a checkpoint (%s)\n"
+                 "  hint: continue it with `ringscan resume %s`, or set run.out_dir to a new directory",
+                 dir, has_latest ? "ckpt/LATEST" : "ckpt/step_*", dir);
+        return RS_EXIT_USAGE;
+    }
+    if (run_files && marker != 1) {
+        snprintf(msg, cap,
+                 "run.out_dir %s holds ringscan's file names (metrics.jsonl, config.resolved.yaml, log.txt or ckpt/) "
+                 "but not the marker of a ringscan run (.lock): they were not written by a run of this ringscan, so "
+                 "`train` does not replace them\n"
+                 "  hint: set run.out_dir to a new directory, or move those files away",
+                 dir);
+        return RS_EXIT_USAGE;
+    }
+    return run_files ? TRAIN_DIR_RESTART : TRAIN_DIR_NEW;
+}
+
+int train_check_out_dir(const char *dir, char *msg, size_t cap) {
+    if (!dir[0]) {
+        snprintf(msg, cap, "run.out_dir is empty: it must name the run directory (e.g. runs/my-run)");
+        return RS_EXIT_USAGE;
+    }
+    /* "/", "//", "/./..": an absolute path made only of empty, "." and ".." components */
+    int root = dir[0] == '/';
+    for (const char *p = dir; root && *p;) {
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n && strncmp(p, ".", n) && strncmp(p, "..", n < 2 ? 2 : n)) root = 0;
+        p += n + (e != NULL);
+    }
+    char real[PATH_MAX];
+    if (root || (realpath(dir, real) && !strcmp(real, "/"))) {
+        snprintf(msg, cap, "run.out_dir = \"%s\" is the file system root: a run directory must be a directory of "
+                           "its own (e.g. runs/my-run)", dir);
+        return RS_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* Opens RUN/.lock (creating it when `create`) and takes its flock without
+ * waiting: 0 with *fd (-1 when it does not exist and !create), or an exit
+ * code with the reason in msg (RS_EXIT_USAGE naming the holder when another
+ * process holds it). */
+static int train_lock_take(const char *run_dir, int create, int *fd, char *msg, size_t cap) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/.lock", run_dir);
+    *fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    if (*fd < 0 && (errno == ENOENT || errno == ENOTDIR) && !create) return 0; /* fsio_mkdirs says why */
+    if (*fd < 0) {
+        snprintf(msg, cap, "cannot open the run lock %s: %s", path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    int e = errno;
+    char holder[512] = "";
+    ssize_t n = pread(*fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = 0;
+    close(*fd);
+    *fd = -1;
+    char *line = strstr(holder, "holder: ");
+    if (line) line[strcspn(line, "\n")] = 0;
+    if (e != EWOULDBLOCK) {
+        snprintf(msg, cap, "cannot lock %s: flock failed: %s (ringscan needs flock on the run directory's file system "
+                           "to keep one trainer per run)", path, strerror(e));
+        return RS_EXIT_FAIL;
+    }
+    snprintf(msg, cap,
+             "run directory %s is in use: %s holds %s; a second `train` or `resume` would mix two runs in one "
+             "directory, so nothing was run or written\n"
+             "  hint: wait for it to end, or stop it (SIGTERM: it checkpoints and exits 75) and then `ringscan resume "
+             "%s`; to train separately, set run.out_dir to a new directory",
+             run_dir, line ? line + 8 : "a ringscan process (starting; it has not written its name yet)", path, run_dir);
+    return RS_EXIT_USAGE;
+}
+
+/* Takes RUN/.lock for the whole life of this process (rank 0; every rank
+ * learns the verdict): a second `train` or `resume` into a directory whose run
+ * is alive is refused naming the holder. The lock file stays as the run's
+ * marker, naming its last holder. With dry_run the lock is only tested, and
+ * nothing is created. On `train` the directory is checked under the lock; when
+ * it has no lock file yet, it is checked first (nothing is written on a
+ * refusal) and again once the new lock is held. */
+static void train_claim_run_dir(Trainer *t, int resuming, int dry_run) {
+    char msg[16384] = "";
+    int code = 0, fd = -1;
+    t->lock_fd = -1;
+    t->restart = 0;
+    if (t->comm->rank == 0) {
+        code = train_lock_take(t->run_dir, 0, &fd, msg, sizeof msg);
+        int verdict = !code && !resuming ? train_check_run_dir(t->run_dir, msg, sizeof msg) : TRAIN_DIR_NEW;
+        if (verdict != TRAIN_DIR_NEW && verdict != TRAIN_DIR_RESTART) code = verdict;
+        if (!code && fd < 0 && !dry_run) {
+            if (!resuming && fsio_mkdirs(t->run_dir) != 0) {
+                snprintf(msg, sizeof msg, "cannot create run directory %s: %s", t->run_dir, strerror(errno));
+                code = RS_EXIT_FAIL;
+            }
+            if (!code) code = train_lock_take(t->run_dir, 1, &fd, msg, sizeof msg);
+            verdict = !code && !resuming ? train_check_run_dir(t->run_dir, msg, sizeof msg) : TRAIN_DIR_NEW;
+            if (verdict != TRAIN_DIR_NEW && verdict != TRAIN_DIR_RESTART) code = verdict;
+        }
+        if (fd >= 0 && (code || dry_run)) close(fd); /* refused, or only tested */
+        else if (fd >= 0) {
+            t->lock_fd = fd; /* held until the process exits */
+            t->restart = verdict == TRAIN_DIR_RESTART;
+            char text[1024], when[64];
+            time_t now = time(NULL);
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
+            int len = snprintf(text, sizeof text, "%s of %s\nholder: `ringscan %s` (pid %ld on host %s, since %s)\n",
+                               train_lock_magic, t->run_dir, resuming ? "resume" : "train", (long)getpid(),
+                               t->comm->host, when);
+            /* the magic first line is rewritten in place, never absent: a reader always sees the marker */
+            if (pwrite(fd, text, (size_t)len, 0) != len || ftruncate(fd, len) != 0 || fsync(fd) != 0) {
+                snprintf(msg, sizeof msg, "cannot write the run lock %s/.lock: %s", t->run_dir, strerror(errno));
+                code = RS_EXIT_FAIL;
+            }
+        }
+    }
+    code = comm_allreduce_max_int(t->comm, t->comm->world, code);
+    if (code) train_fail(t, code, "%s", msg);
+}
+
+/* Writes config.resolved.yaml through a temporary file and rename. */
+static void train_write_resolved(Trainer *t) {
+    char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
+    snprintf(path, sizeof path, "%s/config.resolved.yaml", t->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    fprintf(f, "# ringscan resolved config of run %s (written by `ringscan train`/`resume`; read by `resume`)\n",
+            t->cfg->run.name);
+    config_write_yaml(t->cfg, f, 0);
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+}
+
+/* Keeps the metrics of steps <= `step` (a resume replays the steps after it). */
+static void train_trim_metrics(Trainer *t, int64_t step) {
+    char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
+    FILE *in = fopen(path, "r");
+    if (!in) return;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *out = fopen(tmp, "w");
+    if (!out) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, in)) > 0) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        json_t *s = o ? json_object_get(o, "step") : NULL;
+        if (s && json_is_integer(s) && json_integer_value(s) <= step) fputs(line, out);
+        json_decref(o);
+    }
+    free(line);
+    fclose(in);
+    if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) RS_FATAL("cannot write %s", tmp);
+    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s: %s", tmp, strerror(errno));
+}
+
+/* Writes config.resolved.yaml, drops the lines of a failed attempt, and opens
+ * log.txt: for train_say (rank 0) and for error.h's messages (every rank). */
+static void train_open_run_dir(Trainer *t) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/log.txt", t->run_dir);
+    if (t->comm->rank == 0) {
+        if (t->restart) train_trim_metrics(t, 0);
+        train_write_resolved(t);
+        t->log = fopen(path, "a");
+        if (!t->log) RS_FATAL("cannot open %s: %s", path, strerror(errno));
+    }
+    if (error_open_log(path) != 0) RS_FATAL("cannot open %s: %s", path, strerror(errno));
+    if (t->restart)
+        train_say(t, "run directory %s holds an attempt that stopped before its first checkpoint; starting the "
+                     "run over (its metrics.jsonl lines are dropped)\n",
+                  t->run_dir);
+}
+
+static void train_open_metrics(Trainer *t) {
+    if (t->comm->rank != 0) return;
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
+    t->metrics = fopen(path, "a");
+    if (!t->metrics) RS_FATAL("cannot open %s: %s", path, strerror(errno));
+}
+
+static void train_write_metrics(Trainer *t, json_t *o) {
+    if (!t->metrics) return;
+    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    fprintf(t->metrics, "%s\n", s);
+    fflush(t->metrics);
+    free(s);
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+/* The step's work counters in metrics.jsonl: per layer (arrays of num_hidden_layers), summed
+ * over the step's micro-batches (`micro_batches` of them), so the checkpoint policies can be
+ * checked: remat runs attention, the ring and the scan all-gather once per layer and
+ * micro-batch, full twice, and neither reruns a halo exchange beyond its own; none reruns
+ * no block and no row chunk (block_recomputes, chunk_recomputes 0). */
+static void train_metrics_counters(Trainer *t, json_t *o) {
+    json_t *c = cp_counters_json(&t->model.cp);
+    json_object_set_new(c, "micro_batches", json_integer(t->cfg->train.grad_accum));
+    json_object_set_new(c, "block_recomputes", json_integer(t->model.count.block_recomputes));
+    json_object_set_new(c, "chunk_recomputes", json_integer(t->model.count.chunk_recomputes));
+    json_object_set_new(c, "offload_bytes_to_host", json_integer(t->model.count.offload_bytes_to_host));
+    json_object_set_new(c, "offload_bytes_to_device", json_integer(t->model.count.offload_bytes_to_device));
+    json_object_set_new(o, "counters", c);
+}
+
+/* Micro-batch k's metadata where the backend's kernels read it: the step's host rows on cpu; on
+ * cuda, its slot of t->batch_dev, the upload queued behind the work before it (no host wait). */
+static Batch train_batch(Trainer *t, int64_t k) {
+    int64_t mb = t->cfg->data.micro_batch, rows = mb * t->T_local;
+    int32_t *const host[4] = {t->tokens + k * rows, t->targets + k * rows, t->pos + k * rows, t->doc_pos + k * rows};
+    Batch b = {rows, (int32_t)mb, t->T_local, host[0], host[1], host[2], host[3], host[2], host[3], (int)k};
+    if (!t->batch_dev) return b;
+    int32_t *dev = t->batch_dev + k * 4 * rows;
+    for (int i = 0; i < 4; i++) t->be->to_device_async(dev + i * rows, host[i], (size_t)rows * sizeof(int32_t));
+    b.tokens = dev;
+    b.targets = dev + rows;
+    b.pos = dev + 2 * rows;
+    b.doc_pos = dev + 3 * rows;
+    return b;
+}
+
+/* The most memory this rank's backend has held, in bytes; -1 where it is not measured (cpu). */
+static int64_t train_peak_bytes(const Trainer *t) {
+    if (t->cfg->device.kind != DEVICE_KIND_CUDA) return -1; /* the cpu backend tracks nothing */
+    BackendMemStats s;
+    t->be->memory_stats(&s);
+    return s.peak_allocated + s.internal;
+}
+
+static void train_report_memory(Trainer *t) {
+    if (t->cfg->device.kind != DEVICE_KIND_CUDA) return;
+    BackendMemStats s;
+    t->be->memory_stats(&s);
+    const double G = (double)(1 << 30);
+    train_say(t, "memory (rank 0, step %lld): peak %.2f GiB = %.2f GiB allocated + %.2f GiB cuBLASLt workspace and "
+                 "kernel scratch; device %.2f of %.2f GiB in use (CUDA context included) | plan %.2f GiB "
+                 "(context and slack included)\n",
+              (long long)t->step, (double)(s.peak_allocated + s.internal) / G, (double)s.peak_allocated / G,
+              (double)s.internal / G, (double)s.device_used / G, (double)s.device_total / G,
+              (double)t->plan.total[t->cfg->checkpoint.activations] / G);
+}
+
+static void train_optimizer_step(Trainer *t, double lr, float clip_scale) {
+    const Config *cfg = t->cfg;
+    Model *m = &t->model;
+    for (int i = 0; i < m->ptab.n; i++) {
+        const ParamTensor *p = &m->ptab.t[i];
+        float wd = model_param_decays(cfg, (ParamGroup)p->group) ? (float)cfg->train.weight_decay : 0.0f;
+        void *compute = m->weights == (void *)m->params ? NULL : (char *)m->weights + p->offset * t->be->act_size;
+        t->be->adamw_update(m->params + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, compute,
+                            m->grads + p->offset, p->numel, (float)lr, (float)cfg->train.beta1,
+                            (float)cfg->train.beta2, (float)cfg->train.eps, wd, clip_scale, (int)t->step);
+    }
+}
+
+static int train_loop(Trainer *t) {
+    Config *cfg = t->cfg;
+    Comm *comm = t->comm;
+    Model *m = &t->model;
+    const Backend *be = t->be;
+    int64_t accum = cfg->train.grad_accum, mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
+    int64_t nparam = m->ptab.buffer_numel;
+    double ema_step = 0;
+    int ema_n = 0;
+    char a[32], b[32], c[32];
+
+    while (t->step < cfg->train.steps) {
+        double t0 = train_now();
+        t->step++;
+        comm_set_step(comm, t->step);
+        double lr = train_lr(cfg, t->step);
+        be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
+        memset(&m->count, 0, sizeof m->count);
+        cp_counters_reset(&m->cp);
+
+        /* [0] the tokens with a next-token target (the loss's mean), [1] the (query, key) pairs attention
+         * computes under the causal and document masks: min(pos, doc_pos) + 1 keys per token (for MFU, so
+         * that packed short documents are not counted as full causal attention) */
+        double counts[2] = {0, 0};
+        for (int64_t k = 0; k < accum; k++) train_read_micro(t, k);
+        for (int64_t i = 0; i < accum * rows; i++) {
+            counts[0] += t->targets[i] >= 0;
+            counts[1] += (double)(t->pos[i] < t->doc_pos[i] ? t->pos[i] : t->doc_pos[i]) + 1;
+        }
+        comm_set_context(comm, -1, "token count");
+        comm_allreduce_sum_f64(comm, comm->world, counts, 2);
+        const double n_global = counts[0], attn_pairs = counts[1];
+        if (n_global < 1) RS_FATAL("step %lld has no token with a next-token target", (long long)t->step);
+        float grad_scale = (float)(1.0 / n_global);
+
+        for (int64_t k = 0; k < accum; k++) {
+            Batch bt = train_batch(t, k);
+            model_forward_backward(m, &bt, grad_scale, k == accum - 1);
+        }
+        /* the step's host synchronisations: the loss read waits for the GPU, then the gradient norm; on
+         * cuda the watchdog times the first, where a stuck NCCL operation shows up */
+        comm_set_context(comm, -1, "step-end loss read");
+        comm_watch_begin(comm, "loss read", COMM_WORLD);
+        double local_loss = model_loss_sum(m, (int)accum);
+        comm_watch_end(comm);
+        comm_set_context(comm, -1, "loss all-reduce");
+        double loss = comm_allreduce_sum_scalar(comm, comm->world, local_loss) / n_global;
+        double gnorm = sqrt(be->sum_squares(m->grads, nparam));
+        if (!isfinite(gnorm) || !isfinite(loss))
+            RS_FATAL("non-finite loss %g or gradient norm %g at step %lld; the weights were not updated (the last "
+                     "checkpoint is intact)",
+                     loss, gnorm, (long long)t->step);
+        float clip = cfg->train.grad_clip > 0 && gnorm > cfg->train.grad_clip ? (float)(cfg->train.grad_clip / gnorm)
+                                                                                 : 1.0f;
+        train_optimizer_step(t, lr, clip);
+        t->samples += t->samples_per_step;
+
+        double dt = train_now() - t0;
+        double tok_s = (double)t->tokens_per_step / dt;
+        if (t->step > t->start_step + 1) {
+            ema_step = ema_n ? 0.9 * ema_step + 0.1 * dt : dt;
+            ema_n++;
+        }
+        train_fmt_count(tok_s, a, sizeof a);
+        train_fmt_count(tok_s / comm->world_size, b, sizeof b);
+        train_fmt_duration((double)(cfg->train.steps - t->step) * (ema_n ? ema_step : dt), c, sizeof c);
+        /* the step's model FLOPs: plan's per token, attention by the pairs the masks keep */
+        const double step_flops = (t->plan.flops_model - t->plan.flops_attn_causal) * (double)t->tokens_per_step +
+                                  t->plan.flops_attn_full / (double)cfg->data.seq_len * attn_pairs;
+        const double mfu_frac = step_flops / dt / (comm->world_size * cfg->device.peak_tflops * 1e12);
+        char mfu[48] = "";
+        if (cfg->device.peak_tflops > 0) snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100.0 * mfu_frac);
+        if (t->step % cfg->run.log_every == 0 || t->step == cfg->train.steps || t->step == t->start_step + 1)
+            train_say(t, "step %*lld/%lld | loss %.6f | lr %.3e | gnorm %.4f | %.0f ms | %s tok/s (%s/rank)%s | ETA %s\n",
+                      t->step_width, (long long)t->step, (long long)cfg->train.steps, loss, lr, gnorm, dt * 1e3, a,
+                      b, mfu, c);
+        if (t->step == t->start_step + 1) train_report_memory(t);
+
+        json_t *o = json_object();
+        json_object_set_new(o, "step", json_integer(t->step));
+        json_object_set_new(o, "loss", json_real(loss));
+        json_object_set_new(o, "lr", json_real(lr));
+        json_object_set_new(o, "grad_norm", json_real(gnorm));
+        json_object_set_new(o, "tokens", json_integer(t->samples * cfg->data.seq_len));
+        json_object_set_new(o, "tokens_per_s", json_real(tok_s));
+        json_object_set_new(o, "ms", json_real(dt * 1e3));
+        json_object_set_new(o, "predicted_tokens", json_integer((json_int_t)n_global));
+        json_object_set_new(o, "attention_pairs", json_integer((json_int_t)attn_pairs));
+        json_object_set_new(o, "model_flops", json_real(step_flops));
+        if (cfg->device.peak_tflops > 0) json_object_set_new(o, "mfu", json_real(mfu_frac));
+        train_metrics_counters(t, o);
+        json_object_set_new(o, "activation_bytes_kept", json_integer(m->bytes_kept));
+        if (train_peak_bytes(t) >= 0) json_object_set_new(o, "peak_mem_bytes", json_integer(train_peak_bytes(t)));
+        json_object_set_new(o, "activation_bytes_planned",
+                            json_integer(t->plan.acts.kept[cfg->checkpoint.activations]));
+        train_write_metrics(t, o);
+        json_decref(o);
+
+        comm_set_context(comm, -1, "stop-signal all-reduce");
+        int stop_signal = train_agreed_signal(t);
+        int at_end = t->step == cfg->train.steps;
+        int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
+        int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
+        comm_set_context(comm, -1, "checkpoint save (rank 0 writes)");
+        if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
+        if (stop_signal) {
+            int code = train_stop_exit_code(stop_signal);
+            train_say(t, "stopped by signal %d (%s) after step %lld, checkpoint written; exit %d (%s)\n", stop_signal,
+                      strsignal(stop_signal), (long long)t->step, code,
+                      code == RS_EXIT_PREEMPTED ? "requeue and resume" : "continue with `ringscan resume`");
+            return code;
+        }
+        if (stop_asked && !at_end) {
+            train_say(t, "stopped after step %lld as run.stop_after_step asked; continue with `ringscan resume %s`\n",
+                      (long long)t->step, t->run_dir);
+            return RS_EXIT_OK;
+        }
+    }
+    train_say(t, "done: %lld steps\n", (long long)t->step);
+    return RS_EXIT_OK;
+}
+
+/* plan's fit verdict, before anything is allocated or written (exit 2 with plan's numbers). The
+ * capacity is device.memory_gib per GPU on cuda; on cpu the ranks share the host's memory, so it is
+ * the smaller of device.memory_gib (per rank, as plan reads it) and this host's physical memory over
+ * the ranks on it. Builds t->plan. */
+static void train_check_fit(Trainer *t) {
+    const Config *cfg = t->cfg;
+    plan_build(&t->plan, cfg);
+    ActPolicy pol = (ActPolicy)cfg->checkpoint.activations;
+    const double G = (double)(1 << 30);
+    double need = (double)t->plan.total[pol] / G;
+    if (!plan_fits(&t->plan, pol))
+        train_fail(t, RS_EXIT_USAGE, "the run does not fit: plan needs %.2f GiB per %s with checkpoint.activations = "
+                                     "%s, device.memory_gib = %g; nothing was written\n"
+                                     "  hint: `ringscan plan` shows the memory by category and which policy (and "
+                                     "ring settings) fit",
+                   need, cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", act_policy_names[pol],
+                   cfg->device.memory_gib);
+    if (cfg->device.kind != DEVICE_KIND_CPU) return;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double host = pages > 0 && page > 0 ? (double)pages * (double)page / G : 1e30;
+    double share = host / (t->comm->local_size > 0 ? t->comm->local_size : 1);
+    /* hosts may differ: every rank learns whether any is short, so all leave together (rank 0 reports) */
+    if (comm_allreduce_max_int(t->comm, t->comm->world, need > share))
+        train_fail(t, RS_EXIT_USAGE, "the run does not fit this host: plan needs %.2f GiB per rank with "
+                                     "checkpoint.activations = %s, and %s has %.2f GiB of memory for %d rank%s "
+                                     "(%.2f GiB each); nothing was written\n"
+                                     "  hint: set device.memory_gib to the memory a rank may use, and `ringscan plan` "
+                                     "shows what fits",
+                   need, act_policy_names[pol], t->comm->host, host, t->comm->local_size,
+                   t->comm->local_size == 1 ? "" : "s", share);
+}
+
+int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
+    Trainer t;
+    memset(&t, 0, sizeof t);
+    t.cfg = cfg;
+    t.comm = comm;
+    t.lock_fd = -1;
+    t.last_ckpt = -1;
+    t.allow_batch_change = (flags & TRAIN_ALLOW_BATCH_CHANGE) != 0;
+    int dry_run = (flags & TRAIN_DRY_RUN) != 0;
+    snprintf(t.run_dir, sizeof t.run_dir, "%s", resume_dir ? resume_dir : cfg->run.out_dir);
+    t.be = &backend_cpu;
+    comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
+    comm->serial = !cfg->parallel.overlap_comm;
+    char backend_line[4096] = ""; /* which attention the cuda backend runs: said once log.txt is open */
+    if (cfg->device.kind == DEVICE_KIND_CUDA) {
+#ifdef RS_WITH_CUDA
+        comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
+#endif
+        /* with device.profile the timed table, printed at exit */
+        t.be = backend_select(cfg, comm, backend_line, sizeof backend_line);
+        if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", backend_line);
+    }
+    openblas_set_num_threads((int)cfg->device.threads);
+
+    /* everything that can be wrong with the input is checked before anything is written */
+    char err[4096];
+    if (data_open(&t.data, &cfg->data, cfg->model.vocab_size, (uint64_t)cfg->run.seed, err, sizeof err) != 0)
+        train_fail(&t, RS_EXIT_USAGE, "%s", err);
+    train_check_fit(&t);
+    float *init = NULL; /* model.init_from's weights (lib/io/hf.h), read and checked before anything is written */
+    if (!resume_dir && cfg->model.init_from[0]) {
+        ParamTable tab;
+        model_params_build(&tab, cfg);
+        init = RS_CALLOC((size_t)tab.buffer_numel, sizeof(float));
+        int rc = hf_import(init, &tab, cfg, cfg->model.init_from, "model.init_from", err, sizeof err);
+        model_params_free(&tab);
+        if (rc) train_fail(&t, rc, "%s\n  hint: nothing was written", err);
+    }
+    train_claim_run_dir(&t, resume_dir != NULL, dry_run); /* exits 2 when another run holds it, or on train when
+                                                            it holds what a new run must not overwrite */
+    TrainResume res;
+    if (resume_dir) train_ckpt_load(&t, &res); /* exits 2 on a bad or mismatched checkpoint or option */
+    if (dry_run) {
+        train_say(&t, "resume %s: would continue from %s (step %lld of %lld, %lld samples consumed); nothing was "
+                      "run or written\n",
+                  t.run_dir, res.dir, (long long)res.step, (long long)cfg->train.steps, (long long)res.samples);
+        ckpt_close(&res.ck);
+        data_close(t.data);
+        plan_free(&t.plan);
+        return RS_EXIT_OK;
+    }
+
+    t.T_local = cfg->data.seq_len / cfg->parallel.cp;
+    t.samples_per_step = cfg->parallel.dp * cfg->data.micro_batch * cfg->train.grad_accum;
+    t.tokens_per_step = t.samples_per_step * cfg->data.seq_len;
+    int64_t rows = cfg->train.grad_accum * cfg->data.micro_batch * t.T_local; /* the step's rows */
+    t.tokens = t.be->host_alloc((size_t)rows * sizeof(int32_t));
+    t.targets = t.be->host_alloc((size_t)rows * sizeof(int32_t));
+    t.pos = t.be->host_alloc((size_t)rows * sizeof(int32_t));
+    t.doc_pos = t.be->host_alloc((size_t)rows * sizeof(int32_t));
+    for (int64_t s = cfg->train.steps; s > 0; s /= 10) t.step_width++;
+    if (cfg->device.kind == DEVICE_KIND_CUDA) t.batch_dev = t.be->alloc((size_t)(4 * rows) * sizeof(int32_t));
+
+    train_open_run_dir(&t);
+    model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
+    if (init) {
+        t.be->to_device(t.model.params, init, (size_t)t.model.ptab.buffer_numel * sizeof(float));
+        if (t.model.weights != (void *)t.model.params)
+            t.be->act_from_f32(t.model.weights, t.model.params, t.model.ptab.buffer_numel);
+        free(init);
+        train_say(&t, "init: weights from %s (model.init_from); optimizer state fresh\n", cfg->model.init_from);
+    }
+    if (resume_dir) {
+        train_ckpt_restore(&t, &res);
+        if (comm->rank == 0) train_trim_metrics(&t, t.step);
+    }
+    t.start_step = t.step;
+    train_open_metrics(&t);
+
+    char a[64];
+    if (comm->rank == 0) {
+        config_print_table(cfg, stdout);
+        if (t.log) config_print_table(cfg, t.log);
+    }
+    train_say(&t, "ringscan %s | run %s -> %s | backend %s | world %d = dp %d x cp %d | %s\n", RS_VERSION,
+              cfg->run.name, t.run_dir, t.be->name, comm->world_size, comm->dp, comm->cp, comm->host);
+    if (backend_line[0]) train_say(&t, "%s\n", backend_line);
+    snprintf(a, sizeof a, "%.2f GiB", (double)t.plan.total[cfg->checkpoint.activations] / (1 << 30));
+    train_say(&t, "model: %lld parameters, %d linear_attention + %d full_attention layers | plan: %s per rank "
+                  "(activations kept %.1f MiB, allocated %.1f MiB)\n",
+              (long long)t.model.ptab.count, t.plan.n_linear, t.plan.n_full, a,
+              (double)t.plan.acts.kept[cfg->checkpoint.activations] / (1 << 20), (double)t.model.bytes_kept / (1 << 20));
+    const DataSource *src = data_source(t.data);
+    train_say(&t, "data: %s: %lld tokens, %lld documents, %lld samples of %lld tokens per epoch | %lld tokens per "
+                  "step\n",
+              src->path, (long long)src->n_tokens, (long long)src->n_docs, (long long)data_samples_per_epoch(t.data),
+              (long long)cfg->data.seq_len, (long long)t.tokens_per_step);
+    if (resume_dir)
+        train_say(&t, "resumed from %s: step %lld, %lld samples consumed\n", res.dir, (long long)t.step,
+                  (long long)t.samples);
+    if (resume_dir && res.batch_before != t.samples_per_step)
+        train_say(&t, "global batch: %lld samples per step up to step %lld, %lld from step %lld on "
+                      "(--allow-batch-change)\n",
+                  (long long)res.batch_before, (long long)t.step, (long long)t.samples_per_step,
+                  (long long)t.step + 1);
+    if (cfg->device.peak_tflops <= 0)
+        train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
+
+    train_catch_stop_signals();
+    if (comm->world_size > 1) /* no wait for other ranks can hang a single rank */
+        comm_watchdog_start(comm, &(CommWatchOptions){cfg->parallel.comm_timeout_s, t.run_dir, cfg->debug.stall_rank,
+                                                      cfg->debug.stall_step, cfg->debug.stall_layer});
+    /* a stop signal during the set-up: nothing was trained, so nothing new to checkpoint */
+    int early = train_agreed_signal(&t);
+    int rc;
+    if (early) {
+        rc = train_stop_exit_code(early);
+        train_say(&t, "stopped by signal %d (%s) before step %lld; nothing new to checkpoint; exit %d\n", early,
+                  strsignal(early), (long long)t.step + 1, rc);
+    } else {
+        rc = train_loop(&t);
+    }
+
+    if (t.metrics) fclose(t.metrics);
+    if (t.log) fclose(t.log);
+    model_free(&t.model);
+    plan_free(&t.plan);
+    data_close(t.data);
+    t.be->host_free(t.tokens);
+    t.be->host_free(t.targets);
+    t.be->host_free(t.pos);
+    t.be->host_free(t.doc_pos);
+    if (t.batch_dev) t.be->free(t.batch_dev);
+    return rc;
+}

@@ -1,0 +1,54 @@
+/*
+ * train_state.h — the state of a training run, shared by the loop (train.c)
+ * and the checkpoint glue (train_ckpt.c). Not for other callers: they use
+ * train.h.
+ */
+#ifndef RS_TRAIN_STATE_H
+#define RS_TRAIN_STATE_H
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdnoreturn.h>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "model/model.h"
+#include "plan/plan.h"
+
+typedef struct {
+    Config        *cfg;
+    Comm          *comm;
+    const Backend *be;
+    Model          model;
+    DataSet       *data;
+    Plan           plan;
+    char           run_dir[PATH_MAX];
+    int            lock_fd;              /* rank 0: RUN/.lock, flock'd for the process's life; else -1 */
+    int            restart;              /* train: the directory holds an attempt with no checkpoint */
+    int            allow_batch_change;   /* resume: --allow-batch-change */
+    FILE          *log, *metrics;        /* rank 0 only */
+    int64_t        step;                 /* completed optimizer steps */
+    int64_t        start_step;           /* step at start (0, or the resumed checkpoint's) */
+    int64_t        last_ckpt;            /* step of the newest checkpoint written or resumed; -1: none */
+    int64_t        samples;              /* global samples consumed: the data position */
+    int64_t        samples_per_step;     /* dp x micro_batch x grad_accum */
+    int64_t        tokens_per_step;
+    int64_t        T_local;              /* tokens of one sample on this rank: seq_len / cp */
+    int            step_width;           /* digits of train.steps, for the log */
+    int32_t       *tokens, *targets, *pos, *doc_pos; /* (grad_accum x micro_batch x T_local) this step: host_alloc */
+    int32_t       *batch_dev; /* cuda: (grad_accum, 4, micro_batch x T_local) the step's rows on the device; else NULL */
+} Trainer;
+
+double train_lr(const Config *cfg, int64_t step);
+/* Rank 0 prints to stdout and appends to log.txt. */
+void train_say(Trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Every rank calls it at the same point (a deterministic failure, such as a
+ * bad checkpoint): rank 0 prints the message as an error (error.h: stderr and,
+ * once open, log.txt), every rank leaves MPI and exits with `code`. */
+#define train_fail(t, code, ...) train_fail_at((t), (code), __FILE__, __LINE__, __VA_ARGS__)
+noreturn void train_fail_at(Trainer *t, int code, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+#endif
