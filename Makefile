@@ -169,8 +169,8 @@ $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 # wherever nvcc is (CI compiles it); run on a GPU machine: `build/test_cuda [NAME...]`. It links
 # only what its cases use (the kernels, lib/error.o, the unit driver): no MPI, no NCCL, so it runs
 # where the CUDA runtime and cuBLASLt are the only libraries of the GPU machine it needs.
-TEST_CUDA_LINK := $(BUILD)/lib/core/error.o $(filter-out $(BUILD)/kernels/backend_select.o,$(filter $(BUILD)/kernels/%,$(LIB_OBJ))) \
-                  $(filter-out $(BUILD)/kernels/cuda/cuda_info.o $(BUILD)/kernels/cuda/comm_nccl.o,$(CUDA_OBJ))
+TEST_CUDA_LINK := $(BUILD)/lib/core/error.o $(filter $(BUILD)/kernels/%,$(LIB_OBJ)) \
+                  $(filter-out $(BUILD)/kernels/cuda/cuda_info.o $(BUILD)/kernels/cuda/comm_nccl.o $(BUILD)/kernels/cuda/runtime_cuda.o,$(CUDA_OBJ))
 # the cuDNN attention route's graph tables (lib/cp/attn_cudnn_graph.c, issue 19; pure C, no MPI)
 TEST_CUDA_LINK += $(BUILD)/lib/cp/attn_cudnn_graph.o
 $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)

@@ -81,6 +81,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "backend/runtime.h"
 #include "bench.h"
 #include "core/build_info.h"
 #include "comm/comm.h"
@@ -854,7 +855,6 @@ static void bc_check_T(Comm *comm, const char *opt, const int64_t *T, int n, int
 int bench_cp_main(const BenchOptions *o) {
     Comm comm;
     comm_init(&comm, NULL, NULL);
-    comm_setup_groups(&comm, 1, comm.world_size);
     const int P = comm.world_size;
     if (o->cp_parts & BENCH_CP_ATTN) bc_check_T(&comm, "--T", o->T, o->nT, P);
     if (o->cp_parts & BENCH_CP_GDN) bc_check_T(&comm, "--gdn-T", o->gdn_T, o->n_gdn_T, P);
@@ -948,12 +948,23 @@ int bench_cp_main(const BenchOptions *o) {
         comm_barrier(&comm, comm.world);
     }
 
-    BcEnv e = {.comm = &comm, .o = o, .P = P, .rank = comm.rank, .cpu = o->cp_cpu, .be = &backend_cpu};
+    /* the run's start as training's (lib/backend/runtime.h): one CP group of P ranks; on cuda GPU <local rank>,
+     * from here on the comm_i* operations NCCL on device buffers, and ours or --attn-impl cudnn*: the ring's
+     * calls routed per call */
+    Config rc;
+    config_init_defaults(&rc);
+    rc.parallel.dp = 1;
+    rc.parallel.cp = P;
+    rc.device.kind = o->cp_cpu ? DEVICE_KIND_CPU : DEVICE_KIND_CUDA;
+    rc.device.attention_kernel = o->attn_impl;
+    rc.device.cudnn_library = (char *)(o->cudnn_lib ? o->cudnn_lib : "");
+    char why[4096];
+    BcEnv e = {.comm = &comm, .o = o, .P = P, .rank = comm.rank, .cpu = o->cp_cpu,
+               .be = runtime_open(&rc, &comm, why, sizeof why)};
+    if (!e.be) bc_bad(&comm, "--attn-impl", attn_kernel_names[o->attn_impl], why);
+    if (why[0] && comm.rank == 0) printf("%s\n", why);
 #ifdef RS_WITH_CUDA
     if (!o->cp_cpu) {
-        comm_cuda_init(&comm); /* GPU <local rank>; from here on the comm_i* operations are NCCL on device buffers */
-        /* ours, or --attn-impl cudnn*: the ring's calls routed per call */
-        e.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib);
         bench_attn_tune_apply(o); /* --attn-tune: our kernel's backward */
         e.tm = cuda_bench_timer_create();
     }

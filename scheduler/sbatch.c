@@ -21,11 +21,6 @@
 
 #include "core/error.h"
 
-int64_t sbatch_tasks_per_node(const Config *cfg) {
-    if (cfg->slurm.gpus_per_node > 0) return cfg->slurm.gpus_per_node;
-    return config_world(cfg) / cfg->slurm.nodes; /* config_validate checked that it divides */
-}
-
 typedef struct {
     const char *name;  /* placeholder in the template */
     const char *what;  /* for messages: the config key, or what the path is */
@@ -137,7 +132,7 @@ static void sbatch_render_line(SbatchText *t, const SbatchValues *vs, const char
 char *sbatch_render(const Config *cfg, const SbatchPaths *paths, ConfigErrors *err) {
     const SlurmConfig *s = &cfg->slurm;
     bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
-    int64_t tasks = sbatch_tasks_per_node(cfg);
+    int64_t tasks = config_tasks_per_node(cfg);
     SbatchValues *vs = RS_CALLOC(1, sizeof *vs);
     sbatch_set(vs, "job_name", "run.name", false, "%s", cfg->run.name);
     sbatch_set(vs, "nodes", "slurm.nodes", false, "%lld", (long long)s->nodes);

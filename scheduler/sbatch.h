@@ -31,9 +31,6 @@ typedef struct {
     const char *site_env; /* slurm.site_env made absolute, or "" */
 } SbatchPaths;
 
-/* Tasks (ranks) per node: slurm.gpus_per_node, or dp x cp / nodes when it is 0. */
-int64_t sbatch_tasks_per_node(const Config *cfg);
-
 /* The rendered script (malloc'd), or NULL after appending one message per
  * refused value to `err`, each naming its key. */
 char *sbatch_render(const Config *cfg, const SbatchPaths *paths, ConfigErrors *err);

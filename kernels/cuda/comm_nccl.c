@@ -1,7 +1,8 @@
 /*
  * comm_nccl.c — the cuda half of comm.h: which GPU each rank drives, and the
- * non-blocking operations over device memory through NCCL. It lives in
- * kernels/cuda, with the rest of the cuda side, so that lib/ includes no cuda header.
+ * non-blocking operations over device memory through NCCL, as the Comm's
+ * CommDeviceOps table. It lives in kernels/cuda, with the rest of the cuda
+ * side, so that lib/ includes no cuda header and names no NCCL function.
  *
  * comm_cuda_init (after comm_setup_groups):
  *   1. every rank's GPU count and local rank are gathered (MPI), and the run
@@ -40,9 +41,10 @@
  * is MPI_Abort) with a message naming the call, the rank, the host, the GPU
  * and NCCL's own last error.
  *
- * Callers: comm.c (the dispatch of comm_iallgather, comm_iallreduce_sum_f32,
- * comm_isendrecv, comm_wait; comm_finalize), lib/run/train.c, bench/bench*.c,
- * tests/parity/parity_step.c, tests/cp/cp_check.c (comm_cuda_init).
+ * Callers: lib/comm/comm.c through the CommDeviceOps table this file sets on
+ * the Comm (comm_iallgather, comm_iallreduce_sum_f32, comm_isendrecv,
+ * comm_wait, comm_finalize, the watchdog); comm_cuda_init from the cuda
+ * device runtime (kernels/cuda/runtime_cuda.c), which lib/backend/runtime.c opens.
  */
 #ifdef RS_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -52,6 +54,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "comm_nccl.h"
 #include "cuda_backend.h"
 #include "cuda_streams.h"
 #include "core/error.h"
@@ -82,12 +85,15 @@ typedef struct CommNccl {
 
 static const char *const comm_group_names[COMM_GROUPS] = {"world", "cp", "dp"};
 
+/* This rank's NCCL state (NULL before comm_cuda_init made it). */
+static CommNccl *nccl_of(const Comm *c) { return (CommNccl *)c->dev_state; }
+
 #define COMM_CUDA_CHECK(c, call)                                                                              \
     do {                                                                                                      \
         cudaError_t e_ = (call);                                                                              \
         if (e_ != cudaSuccess)                                                                                \
             error_exit(RS_EXIT_FAIL, __FILE__, __LINE__, NULL, "%s failed on GPU %d (%s): %s (%s)", #call,     \
-                       (c)->nccl ? (c)->nccl->device : cuda_backend_device(), (c)->nccl ? (c)->nccl->bus : "?", \
+                       nccl_of(c) ? nccl_of(c)->device : cuda_backend_device(), nccl_of(c) ? nccl_of(c)->bus : "?", \
                        cudaGetErrorString(e_), cudaGetErrorName(e_));                                          \
     } while (0)
 
@@ -98,7 +104,7 @@ static const char *const comm_group_names[COMM_GROUPS] = {"world", "cp", "dp"};
             error_exit(RS_EXIT_FAIL, __FILE__, __LINE__,                                                      \
                        "hint: NCCL_DEBUG=WARN (or INFO) prints NCCL's own account; slurm/site.env holds the "  \
                        "network settings a cluster may need",                                                 \
-                       "%s failed on GPU %d (%s): %s; NCCL says: %s", #call, (c)->nccl->device, (c)->nccl->bus, \
+                       "%s failed on GPU %d (%s): %s; NCCL says: %s", #call, nccl_of(c)->device, nccl_of(c)->bus, \
                        ncclGetErrorString(r_), ncclGetLastError(NULL));                                        \
     } while (0)
 
@@ -118,7 +124,7 @@ static void comm_judge_gpus(Comm *c, const CommGpuInfo *all) {
 
 /* One communicator and one stream for group g. */
 static void comm_nccl_make_group(Comm *c, CommGroup g) {
-    CommNccl *n = c->nccl;
+    CommNccl *n = nccl_of(c);
     MPI_Comm m = g == COMM_CP ? c->cp_comm : g == COMM_DP ? c->dp_comm : c->world;
     RS_CHECK(m != MPI_COMM_NULL, "NCCL group %s before comm_setup_groups", comm_group_names[g]);
     int size = 0, rank = 0;
@@ -133,6 +139,8 @@ static void comm_nccl_make_group(Comm *c, CommGroup g) {
     COMM_CUDA_CHECK(c, cudaDeviceGetStreamPriorityRange(&lo, &hi));
     COMM_CUDA_CHECK(c, cudaStreamCreateWithPriority(&n->stream[g], cudaStreamNonBlocking, hi));
 }
+
+static const CommDeviceOps comm_nccl_ops;
 
 void comm_cuda_init(Comm *c) {
     RS_CHECK(c->cp_comm != MPI_COMM_NULL, "comm_cuda_init before comm_setup_groups");
@@ -157,7 +165,8 @@ void comm_cuda_init(Comm *c) {
     CommNccl *n = RS_CALLOC(1, sizeof *n);
     n->device = mine.device;
     snprintf(n->bus, sizeof n->bus, "%s", mine.bus);
-    c->nccl = n;
+    c->dev_state = n;
+    c->dev = &comm_nccl_ops;
     for (int g = 0; g < COMM_GROUPS; g++) comm_nccl_make_group(c, (CommGroup)g);
     COMM_CUDA_CHECK(c, cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming));
     for (int i = 0; i < COMM_EVENTS; i++) {
@@ -169,8 +178,8 @@ void comm_cuda_init(Comm *c) {
             COMM_CUDA_CHECK(c, cudaEventCreateWithFlags(&n->post_event[g][i], cudaEventDisableTiming));
 }
 
-void comm_nccl_free(Comm *c) {
-    CommNccl *n = c->nccl;
+static void comm_nccl_free(Comm *c) {
+    CommNccl *n = nccl_of(c);
     for (int g = 0; g < COMM_GROUPS; g++) {
         COMM_CUDA_CHECK(c, cudaStreamSynchronize(n->stream[g]));
         COMM_NCCL_CHECK(c, ncclCommDestroy(n->nc[g]));
@@ -181,12 +190,13 @@ void comm_nccl_free(Comm *c) {
     for (int g = 0; g < COMM_GROUPS; g++)
         for (int i = 0; i < COMM_WATCH_LOG; i++) COMM_CUDA_CHECK(c, cudaEventDestroy(n->post_event[g][i]));
     free(n);
-    c->nccl = NULL;
+    c->dev_state = NULL;
+    c->dev = NULL;
 }
 
 /* Orders group g's stream after the compute stream's queued work; returns the stream. */
 static cudaStream_t comm_nccl_begin(Comm *c, CommGroup g, const CommHandle *h) {
-    CommNccl *n = c->nccl;
+    CommNccl *n = nccl_of(c);
     RS_CHECK(g >= 0 && g < COMM_GROUPS, "communication group %d", (int)g);
     RS_CHECK(h->group == 0 || h->group == (int)g + 1,
              "one CommHandle holds operations of groups %s and %s (a handle's operations share one stream)",
@@ -199,7 +209,7 @@ static cudaStream_t comm_nccl_begin(Comm *c, CommGroup g, const CommHandle *h) {
 /* Marks the end of the handle's operations so far on group g's stream (and, under the watchdog,
  * logs operation `op`). */
 static void comm_nccl_end(Comm *c, CommGroup g, CommHandle *h, const char *op) {
-    CommNccl *n = c->nccl;
+    CommNccl *n = nccl_of(c);
     if (c->watch) {
         CommNcclPost *p = &n->post[g][n->posts[g] % COMM_WATCH_LOG];
         COMM_CUDA_CHECK(c, cudaEventRecord(n->post_event[g][n->posts[g] % COMM_WATCH_LOG], n->stream[g]));
@@ -215,22 +225,22 @@ static void comm_nccl_end(Comm *c, CommGroup g, CommHandle *h, const char *op) {
     COMM_CUDA_CHECK(c, cudaEventRecord(n->event[h->event - 1], n->stream[g]));
 }
 
-void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
+static void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
-    COMM_NCCL_CHECK(c, ncclAllGather(send, recv, (size_t)bytes, ncclUint8, c->nccl->nc[g], s));
+    COMM_NCCL_CHECK(c, ncclAllGather(send, recv, (size_t)bytes, ncclUint8, nccl_of(c)->nc[g], s));
     comm_nccl_end(c, g, h, "all-gather");
 }
 
-void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
+static void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
-    COMM_NCCL_CHECK(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, c->nccl->nc[g], s));
+    COMM_NCCL_CHECK(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, nccl_of(c)->nc[g], s));
     comm_nccl_end(c, g, h, "all-reduce");
 }
 
-void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
-                         CommHandle *h) {
+static void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from,
+                                int64_t bytes, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
-    ncclComm_t nc = c->nccl->nc[g];
+    ncclComm_t nc = nccl_of(c)->nc[g];
     COMM_NCCL_CHECK(c, ncclGroupStart());
     COMM_NCCL_CHECK(c, ncclSend(send, (size_t)bytes, ncclUint8, to, nc, s));
     COMM_NCCL_CHECK(c, ncclRecv(recv, (size_t)bytes, ncclUint8, from, nc, s));
@@ -238,9 +248,9 @@ void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *r
     comm_nccl_end(c, g, h, "send/recv");
 }
 
-void comm_nccl_wait(Comm *c, CommHandle *h) {
+static void comm_nccl_wait(Comm *c, CommHandle *h) {
     if (!h->event) return;
-    CommNccl *n = c->nccl;
+    CommNccl *n = nccl_of(c);
     COMM_CUDA_CHECK(c, cudaStreamWaitEvent(cuda_stream(), n->event[h->event - 1], 0));
     n->free_event[n->nfree++] = h->event - 1;
     h->event = 0;
@@ -249,8 +259,8 @@ void comm_nccl_wait(Comm *c, CommHandle *h) {
 
 /* ---- the watchdog thread's side --------------------------------------------------------- */
 
-int comm_nccl_watch_error(Comm *c, char *msg, size_t len) {
-    CommNccl *n = c->nccl;
+static int comm_nccl_watch_error(Comm *c, char *msg, size_t len) {
+    CommNccl *n = nccl_of(c);
     for (int g = 0; g < COMM_GROUPS; g++) {
         ncclResult_t r = ncclSuccess;
         if (ncclCommGetAsyncError(n->nc[g], &r) != ncclSuccess || r == ncclSuccess || r == ncclInProgress) continue;
@@ -261,8 +271,8 @@ int comm_nccl_watch_error(Comm *c, char *msg, size_t len) {
     return 0;
 }
 
-int comm_nccl_watch_pending(Comm *c, char *msg, size_t len) {
-    CommNccl *n = c->nccl;
+static int comm_nccl_watch_pending(Comm *c, char *msg, size_t len) {
+    CommNccl *n = nccl_of(c);
     size_t k = 0;
     msg[0] = 0;
     if (cudaSetDevice(n->device) != cudaSuccess) return 0; /* this thread's current device */
@@ -283,8 +293,19 @@ int comm_nccl_watch_pending(Comm *c, char *msg, size_t len) {
     return k > 0;
 }
 
-void comm_nccl_watch_abort(Comm *c) {
-    CommNccl *n = c->nccl;
+static void comm_nccl_watch_abort(Comm *c) {
+    CommNccl *n = nccl_of(c);
     for (int g = 0; g < COMM_GROUPS; g++) ncclCommAbort(n->nc[g]); /* the run ends next: nothing to check */
 }
+static const CommDeviceOps comm_nccl_ops = {
+    .name               = "NCCL",
+    .iallgather         = comm_nccl_iallgather,
+    .iallreduce_sum_f32 = comm_nccl_iallreduce_sum_f32,
+    .isendrecv          = comm_nccl_isendrecv,
+    .wait               = comm_nccl_wait,
+    .free               = comm_nccl_free,
+    .watch_error        = comm_nccl_watch_error,
+    .watch_pending      = comm_nccl_watch_pending,
+    .watch_abort        = comm_nccl_watch_abort,
+};
 #endif

@@ -1,32 +1,29 @@
 /*
- * backend_select.c — the one place that picks a Backend table for a config (lib/backend/backend.h
- * backend_select): device.kind cpu -> backend_cpu; cuda -> the cuda table (kernels/cuda/backend_cuda.c),
- * its entry timer on when device.profile is set (cuda_profile.h), and with device.attention_kernel
- * cudnn / cudnn_det cuDNN's fused attention loaded (dlopen) and put in the attention entries for the
- * calls it can take (cuda_attention_cudnn.h, issue 19); with auto cudnn where cuDNN loads, our kernel
- * where it does not, said in the line the run prints (backend_attention_resolve, which `ringscan bench step`
- * shares), and the same on every rank: where cuDNN loads on some ranks only, ours everywhere, said with
- * the first lacking rank's reason (backend_attention_agree; one run, one kernel, one line that speaks for
- * all). It sits beside kernels/cpu and kernels/cuda,
- * not in lib/, so that lib/ never includes a cuda header. The caller has picked the process's GPU
- * first (comm_cuda_init -> cuda_backend_init).
+ * runtime_cuda.c — the cuda device runtime (lib/backend/runtime.h DeviceRuntime), registered before main
+ * in every binary built with the cuda backend: open binds the rank's GPU and NCCL (comm_cuda_init,
+ * comm_nccl.c); backend picks the Backend table for a config: the cuda table (backend_cuda.c), its
+ * entry timer on with device.profile (cuda_profile.h), and with device.attention_kernel cudnn /
+ * cudnn_det cuDNN's fused attention loaded (dlopen) and put in the attention entries for the calls it
+ * can take (cuda_attention_cudnn.h). With auto: cuDNN where it loads, our kernel where it does not,
+ * said in the line the run prints (backend_attention_resolve, which `ringscan bench step` shares), and
+ * the same on every rank: where cuDNN loads on some ranks only, ours everywhere, said with the first
+ * lacking rank's reason (one run, one kernel, one line that speaks for all).
  *
- * Callers: lib/run/train.c, lib/run/eval.c; bench/bench_step.c (backend_attention_resolve).
+ * Callers: lib/backend/runtime.c (through the table); bench/bench_step.c (backend_attention_resolve).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "backend/backend.h"
+#include "backend/runtime.h"
 #include "comm/comm.h"
+#include "comm_nccl.h"
 #include "config/config.h"
 #include "core/error.h"
-
-#ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"
+#include "cuda_backend.h"
 #include "cuda_profile.h"
-#endif
 
-#ifdef RS_WITH_CUDA
 int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, size_t nwhy) {
     if (nwhy) why[0] = '\0';
     if (kernel != ATTN_KERNEL_AUTO) return kernel;
@@ -37,9 +34,7 @@ int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, 
     snprintf(why, nwhy, "attention: ours, not cuDNN's (device.attention_kernel = auto): %s", err);
     return ATTN_KERNEL_RINGSCAN;
 }
-#endif
 
-#ifdef RS_WITH_CUDA
 /* device.attention_kernel auto across the ranks of comm: k, this rank's resolution, becomes ringscan on every
  * rank when some rank could not load cuDNN (one all-gather of each rank's choice, host and reason), msg then
  * naming how many and the first; otherwise k stays and msg is untouched. */
@@ -64,12 +59,9 @@ static int backend_attention_agree(Comm *comm, int k, char *msg, size_t nmsg) {
     free(all);
     return k;
 }
-#endif
 
-const Backend *backend_select(const Config *cfg, Comm *comm, char *msg, size_t nmsg) {
+static const Backend *runtime_cuda_backend(const Config *cfg, Comm *comm, char *msg, size_t nmsg) {
     if (nmsg) msg[0] = '\0';
-    if (cfg->device.kind != DEVICE_KIND_CUDA) return &backend_cpu;
-#ifdef RS_WITH_CUDA
     cuda_profile_enable(cfg->device.profile);
     const Backend *be = cuda_backend_table();
     const int asked = cfg->device.attention_kernel;
@@ -88,10 +80,13 @@ const Backend *backend_select(const Config *cfg, Comm *comm, char *msg, size_t n
                  asked == ATTN_KERNEL_AUTO ? ": cudnn, cuDNN loaded" : "");
     }
     return be;
-#else
-    (void)comm;
-    snprintf(msg, nmsg, "device.kind = cuda, but this ringscan was built without the cuda backend (nvcc was not "
-                        "found at build time; `ringscan version` says what was built)");
-    return NULL;
-#endif
 }
+
+static void runtime_cuda_open(Comm *comm) {
+    if (comm) comm_cuda_init(comm);
+    else cuda_backend_init(0);
+}
+
+static const DeviceRuntime runtime_cuda = {.name = "cuda", .open = runtime_cuda_open, .backend = runtime_cuda_backend};
+
+__attribute__((constructor)) static void runtime_cuda_register(void) { runtime_register_device(&runtime_cuda); }

@@ -355,25 +355,14 @@ typedef struct Backend {
 } Backend;
 
 extern const Backend backend_cpu;
-#ifdef RS_WITH_CUDA
-/* kernels/cuda/backend_cuda.c; the process picks its GPU first with cuda_backend_init (cuda_backend.h) */
+/* kernels/cuda/backend_cuda.c, in a binary built with the cuda backend (runtime_device() is then set); the
+ * process picks its GPU first (lib/backend/runtime.h). A program reaches it through runtime_open. */
 extern const Backend backend_cuda;
-#endif
 
-struct Config;
-struct Comm;
-/* The table of cfg's device.kind (kernels/backend_select.c): backend_cpu, or for cuda the cuda table,
- * timed entry by entry when device.profile is set, with cuDNN's attention where device.attention_kernel
- * asks for it (the process picks its GPU first). NULL, with msg saying why, when this ringscan was built
- * without the backend the config asks for or cuDNN cannot be loaded; otherwise msg holds a line to print
- * (or is empty). Every rank of comm calls it (NULL: this process alone): with device.attention_kernel
- * auto the ranks agree (one all-gather), so a run where cuDNN loads on some nodes and not on others runs
- * our kernel on every rank, and msg says which ranks lacked it. */
-const Backend *backend_select(const struct Config *cfg, struct Comm *comm, char *msg, size_t nmsg);
 /* The block attention device.attention_kernel `kernel` (an AttnKernel) stands for on the cuda backend: itself,
  * or for auto cudnn where cuDNN loads (from cudnn_library, or the search) and ringscan where it does not,
  * with why then the line to print (it quotes cuDNN's loader); otherwise why is empty. Built with the cuda
- * backend only. */
+ * backend only (kernels/cuda/runtime_cuda.c). */
 int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, size_t nwhy);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * comm.c — the MPI implementation of comm.h, and the dispatch of the
- * non-blocking operations to NCCL (comm_nccl.c) once comm_cuda_init has run.
+ * non-blocking operations to the device's table (CommDeviceOps: NCCL) once the device runtime has opened.
  *
  * Every MPI call is checked (MPI_CHECK below): on failure the message names
  * the call, file:line, rank and host, and every rank is aborted, since a
@@ -76,9 +76,7 @@ void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
 
 void comm_finalize(Comm *c) {
     comm_watchdog_stop(c);
-#ifdef RS_WITH_CUDA
-    if (c->nccl) comm_nccl_free(c);
-#endif
+    if (c->dev) c->dev->free(c);
     error_set_abort(NULL); /* past MPI_Finalize a fatal error is this process's alone */
     if (c->cp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->cp_comm);
     if (c->dp_comm != MPI_COMM_NULL) MPI_Comm_free(&c->dp_comm);
@@ -219,11 +217,8 @@ static void comm_posted(Comm *c, CommHandle *h, CommGroup g, const char *op) {
 }
 
 void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
-#ifdef RS_WITH_CUDA
-    if (c->nccl) comm_nccl_iallgather(c, g, send, recv, bytes, h);
-    else
-#endif
-    {
+    if (c->dev) c->dev->iallgather(c, g, send, recv, bytes, h);
+    else {
         int count;
         MPI_Datatype type;
         comm_count_of(bytes, &count, &type);
@@ -233,10 +228,8 @@ void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t
 }
 
 void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
-#ifdef RS_WITH_CUDA
-    if (c->nccl) comm_nccl_iallreduce_sum_f32(c, g, buf, n, h);
+    if (c->dev) c->dev->iallreduce_sum_f32(c, g, buf, n, h);
     else
-#endif
         for (int64_t off = 0; off < n; off += COMM_PIECE) {
             int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
             MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g),
@@ -247,11 +240,8 @@ void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHa
 
 void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
                     CommHandle *h) {
-#ifdef RS_WITH_CUDA
-    if (c->nccl) comm_nccl_isendrecv(c, g, send, to, recv, from, bytes, h);
-    else
-#endif
-    {
+    if (c->dev) c->dev->isendrecv(c, g, send, to, recv, from, bytes, h);
+    else {
         int count;
         MPI_Datatype type;
         comm_count_of(bytes, &count, &type);
@@ -263,12 +253,10 @@ void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, 
 }
 
 void comm_wait(Comm *c, CommHandle *h) {
-#ifdef RS_WITH_CUDA
-    if (c->nccl) {
-        comm_nccl_wait(c, h);
+    if (c->dev) {
+        c->dev->wait(c, h);
         return;
     }
-#endif
     if (h->n == 0) return;
     comm_watch_begin(c, h->op, (CommGroup)(h->group - 1));
     MPI_CHECK(MPI_Waitall(h->n, h->req, MPI_STATUSES_IGNORE));

@@ -17,8 +17,9 @@
  *   - non-blocking operations over the backend's memory (the ones the CP
  *     schedule and the gradient buckets overlap with compute), named by
  *     CommGroup. On cpu they are MPI over host buffers (comm.c). On cuda,
- *     once comm_cuda_init has run, they are NCCL over device buffers
- *     (kernels/cuda/comm_nccl.c), each group on its own communicator and its own CUDA
+ *     once the device runtime has opened (lib/backend/runtime.h), they are
+ *     NCCL over device buffers: kernels/cuda/comm_nccl.c sets the Comm's
+ *     CommDeviceOps table (below), each group on its own communicator and its own CUDA
  *     stream: posting orders the operation after the work already queued on
  *     the compute stream (an event), and comm_wait makes the compute stream
  *     wait for it (an event); the host never waits.
@@ -51,15 +52,17 @@
 /* The groups of the non-blocking operations. */
 typedef enum { COMM_WORLD, COMM_CP, COMM_DP, COMM_GROUPS } CommGroup;
 
-struct CommNccl;  /* comm_nccl.c */
-struct CommWatch; /* comm_watchdog.c */
+struct CommWatch;         /* comm_watchdog.c */
+struct CommDeviceOps;     /* below */
 
 typedef struct Comm {
     int      world_size, rank, local_rank, local_size;
     int      dp, cp, dp_rank, cp_rank;
     MPI_Comm world, cp_comm, dp_comm;
     char     host[64];
-    struct CommNccl *nccl; /* NULL: non-blocking operations are MPI over host memory; else NCCL over device memory */
+    const struct CommDeviceOps *dev; /* NULL: non-blocking operations are MPI over host memory; else the device's
+                                      * (NCCL over device memory), with its own state in dev_state */
+    void    *dev_state;
     int      serial;       /* every non-blocking operation is waited as soon as it is posted, so nothing overlaps
                             * (parallel.overlap_comm: false, for measurement; ringscan bench) */
     struct CommWatch *watch; /* NULL: no watchdog */
@@ -115,21 +118,25 @@ typedef struct {
  * verdict. */
 int comm_gpu_layout_check(const CommGpuInfo *all, int n, char *msg, size_t nmsg, char *hint, size_t nhint);
 
-#ifdef RS_WITH_CUDA
-/* comm_nccl.c (device.kind: cuda, after comm_setup_groups): binds this rank to its GPU and moves the
- * non-blocking operations to NCCL. Refuses, with one message naming the ranks, hosts and GPUs and exit
- * 2 on every rank, more ranks on a host than GPUs and two ranks on one GPU; an NCCL failure ends every
- * rank naming the rank, host and GPU. With one rank no communicator is made. */
-void comm_cuda_init(Comm *c);
-/* The NCCL half of comm_finalize. */
-void comm_nccl_free(Comm *c);
-/* The NCCL half of the non-blocking operations (comm.c dispatches; h as above). */
-void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
-void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
-void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
-                         CommHandle *h);
-void comm_nccl_wait(Comm *c, CommHandle *h);
-#endif
+/* The non-blocking operations over device memory, as a table the device side fills (NCCL:
+ * kernels/cuda/comm_nccl.c, when the device runtime opens; lib/backend/runtime.h): comm.c dispatches
+ * to it whenever c->dev is set, the watchdog asks it about stuck operations. Arguments as the comm_i*
+ * calls above. */
+typedef struct CommDeviceOps {
+    const char *name; /* "NCCL" */
+    void (*iallgather)(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
+    void (*iallreduce_sum_f32)(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+    void (*isendrecv)(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
+                      CommHandle *h);
+    void (*wait)(Comm *c, CommHandle *h);
+    void (*free)(Comm *c); /* comm_finalize: the communicators and streams; clears c->dev */
+    /* for the watchdog thread: an asynchronous error of a communicator (1, described in msg; else 0); the
+     * earliest operation not complete (1 with msg; else 0); abort every communicator, so no kernel keeps
+     * spinning on a dead peer */
+    int  (*watch_error)(Comm *c, char *msg, size_t n);
+    int  (*watch_pending)(Comm *c, char *msg, size_t n);
+    void (*watch_abort)(Comm *c);
+} CommDeviceOps;
 
 /* Blocking collectives over host buffers (element counts may exceed INT_MAX). */
 /* recv (P x bytes, rank-major) = every rank's `send` over `comm` */
@@ -166,15 +173,7 @@ void comm_set_context(Comm *c, int layer, const char *what);
 void comm_watch_begin(Comm *c, const char *op, CommGroup g);
 void comm_watch_end(Comm *c);
 
-#ifdef RS_WITH_CUDA
-/* The context comm_set_step/comm_set_context set last (c->watch must be set): comm_nccl.c's log. */
+/* The context comm_set_step/comm_set_context set last (c->watch must be set): the device side's log. */
 void comm_watch_where(const Comm *c, int64_t *step, int *layer, const char **what);
-/* comm_nccl.c, for the watchdog thread: a communicator's asynchronous error (1, described in msg;
- * else 0); the earliest NCCL operation not complete (1 with msg; else 0); ncclCommAbort of every
- * communicator, so no kernel keeps spinning on a dead peer. */
-int  comm_nccl_watch_error(Comm *c, char *msg, size_t n);
-int  comm_nccl_watch_pending(Comm *c, char *msg, size_t n);
-void comm_nccl_watch_abort(Comm *c);
-#endif
 
 #endif

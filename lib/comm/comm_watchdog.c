@@ -211,10 +211,8 @@ static void watch_record_now(CommWatch *w, WatchRecord *r) {
         snprintf(r->state, sizeof r->state, "%s", r->wait_s > w->timeout ? "timeout" : "waiting");
         watch_clean(r->op, sizeof r->op, op ? op : "?");
         r->gid = watch_gid(c, c->rank, r->group);
-#ifdef RS_WITH_CUDA
         /* only while the main thread waits: it posts nothing meanwhile */
-        if (c->nccl) comm_nccl_watch_pending(c, r->detail, sizeof r->detail);
-#endif
+        if (c->dev) c->dev->watch_pending(c, r->detail, sizeof r->detail);
     } else {
         snprintf(r->state, sizeof r->state, "busy");
         snprintf(r->op, sizeof r->op, "-");
@@ -482,23 +480,19 @@ static CommWatch *watch_ending;
 
 static int watch_code;
 
-#ifdef RS_WITH_CUDA
 static void *watch_deadline(void *arg) {
     sleep(10);
     MPI_Abort(MPI_COMM_WORLD, watch_code);
     return NULL;
 }
-#endif
 
 static void watch_abort_hook(int code) {
     watch_code = code;
-#ifdef RS_WITH_CUDA
-    if (watch_ending && watch_ending->c->nccl) {
+    if (watch_ending && watch_ending->c->dev) {
         pthread_t t;
         if (pthread_create(&t, NULL, watch_deadline, NULL) == 0) pthread_detach(t);
-        comm_nccl_watch_abort(watch_ending->c);
+        watch_ending->c->dev->watch_abort(watch_ending->c);
     }
-#endif
     MPI_Abort(MPI_COMM_WORLD, code);
 }
 
@@ -573,11 +567,9 @@ static void watch_tick(CommWatch *w) {
         char reason[480] = "";
         int64_t since = atomic_load_explicit(&w->wait_ns, memory_order_acquire);
         if (since && now - 1e-9 * (double)since > w->timeout) snprintf(reason, sizeof reason, "timeout");
-#ifdef RS_WITH_CUDA
         char msg[400];
-        if (w->c->nccl && comm_nccl_watch_error(w->c, msg, sizeof msg))
-            snprintf(reason, sizeof reason, "NCCL: %s", msg);
-#endif
+        if (w->c->dev && w->c->dev->watch_error(w->c, msg, sizeof msg))
+            snprintf(reason, sizeof reason, "%s: %s", w->c->dev->name, msg);
         if (reason[0]) {
             watch_trip(w, reason);
             return;

@@ -871,3 +871,8 @@ int64_t config_rotary_dim(const Config *cfg) {
 }
 
 int64_t config_world(const Config *cfg) { return cfg->parallel.dp * cfg->parallel.cp; }
+
+int64_t config_tasks_per_node(const Config *cfg) {
+    if (cfg->slurm.gpus_per_node > 0) return cfg->slurm.gpus_per_node;
+    return config_world(cfg) / cfg->slurm.nodes; /* config_validate checked that it divides */
+}

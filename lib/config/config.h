@@ -307,5 +307,8 @@ int config_diff(const Config *a, const Config *b, const char *const *prefixes, c
 LayerKind config_layer_kind(const Config *cfg, int layer);
 int64_t   config_rotary_dim(const Config *cfg);
 int64_t   config_world(const Config *cfg);
+/* Ranks per node of the Slurm job: slurm.gpus_per_node, or dp x cp / slurm.nodes when it is 0 (plan and the
+ * job script both read it). */
+int64_t   config_tasks_per_node(const Config *cfg);
 
 #endif

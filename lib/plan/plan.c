@@ -61,7 +61,6 @@
 
 #include "cp/attn_cudnn_graph.h"
 #include "core/error.h"
-#include "sbatch.h"
 
 const char *const plan_mem_names[PLAN_MEM_COUNT] = {
     "weights (bf16)", "master weights (fp32)", "gradients (fp32)", "AdamW m, v (fp32)", "activations",
@@ -107,7 +106,7 @@ static int64_t plan_mem_total(void) {
 /* host memory per node and its capacity (see the header) */
 static void plan_host(Plan *p, const Config *cfg) {
     const bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
-    p->tasks_per_node = sbatch_tasks_per_node(cfg);
+    p->tasks_per_node = config_tasks_per_node(cfg);
     p->host_runtime = cuda ? 2LL << 30 : 0;
     p->host_staging = 12 * p->params.total;
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {

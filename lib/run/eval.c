@@ -10,7 +10,6 @@
  */
 #include "eval.h"
 
-#include <cblas.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -21,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "backend/runtime.h"
 #include "comm/comm.h"
 #include "data/data.h"
 #include "core/error.h"
@@ -176,18 +176,10 @@ int eval_main(int argc, char **argv) {
     if (hf_ckpt_open(&c, a.src, err, sizeof err)) eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
     Config *cfg = &c.cfg;
     eval_config(cfg, &a, &comm);
-    comm_setup_groups(&comm, cfg->parallel.dp, cfg->parallel.cp);
-    const Backend *be = &backend_cpu;
-    if (cfg->device.kind == DEVICE_KIND_CUDA) {
-#ifdef RS_WITH_CUDA
-        comm_cuda_init(&comm); /* this rank's GPU; refuses bad GPU layouts (exit 2) */
-#endif
-        char why[4096];
-        be = backend_select(cfg, &comm, why, sizeof why);
-        if (!be) eval_fail(&comm, RS_EXIT_USAGE, "%s", why);
-        if (why[0] && comm.rank == 0) printf("%s\n", why);
-    }
-    openblas_set_num_threads((int)cfg->device.threads);
+    char why[4096];
+    const Backend *be = runtime_open(cfg, &comm, why, sizeof why); /* groups, GPU + NCCL, backend, threads */
+    if (!be) eval_fail(&comm, RS_EXIT_USAGE, "%s", why);
+    if (why[0] && comm.rank == 0) printf("%s\n", why);
     DataSet *ds;
     if (data_open(&ds, &cfg->data, cfg->model.vocab_size, (uint64_t)cfg->run.seed, err, sizeof err))
         eval_fail(&comm, RS_EXIT_USAGE, "%s", err);

@@ -42,7 +42,6 @@
  */
 #include "train.h"
 
-#include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +58,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/runtime.h"
 #include "io/ckpt.h"
 #include "data/data.h"
 #include "core/error.h"
@@ -691,19 +691,9 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     t.allow_batch_change = (flags & TRAIN_ALLOW_BATCH_CHANGE) != 0;
     int dry_run = (flags & TRAIN_DRY_RUN) != 0;
     snprintf(t.run_dir, sizeof t.run_dir, "%s", resume_dir ? resume_dir : cfg->run.out_dir);
-    t.be = &backend_cpu;
-    comm_setup_groups(comm, cfg->parallel.dp, cfg->parallel.cp);
-    comm->serial = !cfg->parallel.overlap_comm;
     char backend_line[4096] = ""; /* which attention the cuda backend runs: said once log.txt is open */
-    if (cfg->device.kind == DEVICE_KIND_CUDA) {
-#ifdef RS_WITH_CUDA
-        comm_cuda_init(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */
-#endif
-        /* with device.profile the timed table, printed at exit */
-        t.be = backend_select(cfg, comm, backend_line, sizeof backend_line);
-        if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", backend_line);
-    }
-    openblas_set_num_threads((int)cfg->device.threads);
+    t.be = runtime_open(cfg, comm, backend_line, sizeof backend_line); /* groups, GPU + NCCL, backend, threads */
+    if (!t.be) train_fail(&t, RS_EXIT_USAGE, "%s", backend_line);
 
     /* everything that can be wrong with the input is checked before anything is written */
     char err[4096];

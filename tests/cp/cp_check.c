@@ -55,6 +55,7 @@
 
 #include "cp/attn_cudnn_graph.h"
 #include "backend/backend.h"
+#include "backend/runtime.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "cp/cp.h"
@@ -582,7 +583,8 @@ int main(int argc, char **argv) {
     cfg.parallel.cp = comm.world_size;
     cfg.parallel.dp = 1;
     cfg.parallel.ring_keep_kv = keep_kv;
-    comm_setup_groups(&comm, 1, comm.world_size);
+    char why[4096];
+    if (!runtime_open(&cfg, &comm, why, sizeof why)) RS_USAGE(NULL, "%s", why); /* cpu: the groups, BLAS threads */
 
     Check c = {.comm = &comm, .T = T, .S = S, .sabotage = sabotage, .docs = docs, .backward_twice = twice};
     rng_init(&c.rng, (uint64_t)seed, 0);

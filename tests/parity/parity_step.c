@@ -48,7 +48,6 @@
  *   parity_step DIR: policy P, dp D, cp C, loss L over N tokens; attention forward calls A, block recomputes R
  *   counters {"attn_forwards": [...], ...}
  */
-#include <cblas.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +55,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/runtime.h"
 #include "backend_bf16emu.h"
 #include "comm/comm.h"
 #include "config/config.h"
@@ -64,9 +64,6 @@
 #include "io/hf.h"
 #include "model/model.h"
 #include "io/safetensors.h"
-#ifdef RS_WITH_CUDA
-#include "cuda_backend.h"
-#endif
 
 #define PARITY_TRAIN_LR 2e-4f /* slow enough that 50 steps on one batch do not memorise it */
 
@@ -162,7 +159,9 @@ int main(int argc, char **argv) {
     /* one process unless --set asks for a layout: the case's config describes the model and batch */
     config_apply_set(&cfg, "parallel.dp=1", 0, &ce);
     config_apply_set(&cfg, "parallel.cp=1", 1, &ce);
-    int nset = 2;
+    /* on cuda our attention kernel unless --set says otherwise: the parity is of our kernels */
+    config_apply_set(&cfg, "device.attention_kernel=ringscan", 2, &ce);
+    int nset = 3;
     for (int i = 2; i < argc && ce.count == 0; i += 2) {
         char set[512];
         if (!strcmp(argv[i], "--emulate-bf16")) {
@@ -188,20 +187,13 @@ int main(int argc, char **argv) {
     if (ce.count == 0) config_validate(&cfg, &ce);
     if (ce.count == 0) config_validate_world(&cfg, comm ? comm->world_size : 1, "mpirun", &ce);
     if (ce.count) RS_USAGE(NULL, "%s", ce.text);
-    if (comm) comm_setup_groups(comm, cfg.parallel.dp, cfg.parallel.cp);
-    openblas_set_num_threads(threads);
     const int cuda = cfg.device.kind == DEVICE_KIND_CUDA;
-    const Backend *be = emulate ? &backend_cpu_bf16 : &backend_cpu;
-    if (cuda) {
-#ifdef RS_WITH_CUDA
-        if (emulate) RS_USAGE(NULL, "device.kind = cuda runs without --emulate-bf16");
-        if (comm) comm_cuda_init(comm); /* GPU <local rank>, NCCL for dp x cp > 1 */
-        else cuda_backend_init(0);
-        be = &backend_cuda;
-#else
-        RS_USAGE(NULL, "device.kind = cuda: this build has no cuda backend (nvcc was not found at build time)");
-#endif
-    }
+    if (cuda && emulate) RS_USAGE(NULL, "device.kind = cuda runs without --emulate-bf16");
+    cfg.device.threads = threads;
+    char why[4096];
+    const Backend *be = runtime_open(&cfg, comm, why, sizeof why); /* groups, GPU + NCCL, backend, threads */
+    if (!be) RS_USAGE(NULL, "%s", why);
+    if (emulate) be = &backend_cpu_bf16;
     if (steps > 1 && comm && comm->world_size > 1) RS_USAGE(NULL, "--steps runs one process");
 
     SafetensorsFile wf, bf;
