@@ -43,7 +43,7 @@
 #include "core/rng.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_tune.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_bench.h"
 #include "cuda_gdn_tune.h"
 #include "cuda_profile.h"

@@ -90,7 +90,7 @@
 #include "core/rng.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_bench.h"
 #define BC_MARKS CUDA_BENCH_MARKS
 #else

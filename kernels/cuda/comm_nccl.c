@@ -52,8 +52,8 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "cuda_backend.h"
-#include "cuda_streams.h"
+#include "cuda_setup.h"
+#include "cuda_stream.h"
 #include "core/error.h"
 
 #define COMM_EVENTS 64

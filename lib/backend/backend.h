@@ -356,7 +356,7 @@ typedef struct Backend {
 
 extern const Backend backend_cpu;
 #ifdef RS_WITH_CUDA
-/* kernels/cuda/backend_cuda.c; the process picks its GPU first with cuda_backend_init (cuda_backend.h) */
+/* kernels/cuda/cuda_backend_table.c; the process picks its GPU first with cuda_backend_init (cuda_setup.h) */
 extern const Backend backend_cuda;
 #endif
 

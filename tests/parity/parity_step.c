@@ -65,7 +65,7 @@
 #include "model/model.h"
 #include "io/safetensors.h"
 #ifdef RS_WITH_CUDA
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #endif
 
 #define PARITY_TRAIN_LR 2e-4f /* slow enough that 50 steps on one batch do not memorise it */
