@@ -64,7 +64,7 @@ static const char bench_usage[] =
     "\n"
     "Times our attention and Gated DeltaNet kernels (forward, forward+backward) and one training step on\n"
     "the GPU with CUDA events (warm-up, then the median of the repetitions), on random inputs, and prints\n"
-    "shape, ms, TFLOP/s and time over the floor; with --peer, runs the peer scripts of tests/peer on the\n"
+    "shape, ms, TFLOP/s and time over the floor; with --peer, runs the peer scripts of bench/peer on the\n"
     "same GPU first (PyTorch SDPA flash and cuDNN, flash-linear-attention, transformers Qwen3Next) and\n"
     "adds their rows and the ratio peer time / ringscan time (> 1: ringscan faster). Needs a GPU.\n"
     "\n"
@@ -129,8 +129,8 @@ static const char bench_usage[] =
     "  --max-s S           stop repeating a case after 3 timed runs once they took S seconds (default 8)\n"
     "  --peak-tflops X     dense bf16 peak for MFU and floors (default: 989 for H100 SXM and H200)\n"
     "  --hbm-tbps X        memory bandwidth for the floors (default: 3.35 for H100 SXM, 4.8 for H200)\n"
-    "  --peer              run the peer scripts too (tests/peer/README.md: requirements, JSON contract)\n"
-    "  --peer-dir DIR      where the peer scripts are (default tests/peer)\n"
+    "  --peer              run the peer scripts too (bench/peer/README.md: requirements, JSON contract)\n"
+    "  --peer-dir DIR      where the peer scripts are (default bench/peer)\n"
     "  --python EXE        the Python that runs them (default python3)\n"
     "  --peer-timeout S    seconds each peer script may run (default 300)\n"
     "  --out DIR           requests, results, peer logs and bench.json (default runs/bench)\n"
@@ -263,7 +263,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->config = "configs/hybrid-1b-256k-h200x4.yaml";
     o->tokens = 32768;
     o->warmup = 1, o->reps = 5, o->max_s = 8;
-    o->peer_dir = "tests/peer", o->python = "python3", o->out_dir = "runs/bench";
+    o->peer_dir = "bench/peer", o->python = "python3", o->out_dir = "runs/bench";
     o->peer_timeout = 300;
     o->seed = 1;
     o->ring_calls = RING_CALLS_AUTO; /* parallel.ring_calls' default */

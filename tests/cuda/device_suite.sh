@@ -594,7 +594,7 @@ suite_long_1m() {
     local d=/tmp/device_suite_long-1m-torch
     mpirun -np 2 --allow-run-as-root build/ringscan bench cp --parts attn --T 1048576 --attn-shapes 16/16/128 \
         --warmup 1 --reps 1 --write-requests --out $d > "$L/long-1m-torch.log" 2>&1 || rc=1
-    timeout "$(left)" python3 -m torch.distributed.run --standalone --nproc_per_node 2 tests/peer/cp_attn_torch.py \
+    timeout "$(left)" python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer/cp_attn_torch.py \
         --request $d/request_cp_attn.json --out "$W/long-1m-torch.json" >> "$L/long-1m-torch.log" 2>&1 || rc=1
     python3 -c "import json,sys; [print('  torch 1M:', r) for r in json.load(open(sys.argv[1]))['results']]" \
         "$W/long-1m-torch.json" || rc=1
