@@ -51,8 +51,9 @@
 
 const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
 /* the fields of CudaGdnTune (kernels/cuda/cuda_gdn_tune.h), in its order, with what each takes */
-const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {"split", "nst",  "bv",  "dseg", "dual",
-                                                            "sfwd",  "sbwd", "dwg", "sfbv", "piece"};
+const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {
+    "split", "nst", "bv", "dseg", "dual", "state_fwd_wgmma", "state_bwd_wgmma", "dual_wgmma", "state_fwd_wgmma_cols",
+    "piece"};
 static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64, 1 << 24};
 /* the fields of CudaAttnTune (kernels/cuda/cuda_attention_tune.h), in its order; each 0 or 1 */
 const char *const bench_attn_tune_names[BENCH_ATTN_TUNE_N] = {"dq_atomic", "throttle"};
@@ -108,9 +109,10 @@ static const char bench_usage[] =
     "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
     "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
     "  --gdn-tune LIST     gdn: the state passes' configuration instead of the built-in choice, KEY=N items of\n"
-    "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv; the\n"
-    "                      same bits either way) or piece (rows per piece of a call, backend.h GDN_PIECE_ROWS),\n"
-    "                      e.g. sfwd=1,sbwd=1 (default: every choice built in)\n"
+    "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, state_fwd_wgmma,\n"
+    "                      state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols; the same bits either way) or piece\n"
+    "                      (rows per piece of a call, backend.h GDN_PIECE_ROWS), e.g.\n"
+    "                      state_fwd_wgmma=1,state_bwd_wgmma=1 (default: every choice built in)\n"
     "  --attn-tune LIST    attn, cp (cuda): our attention backward's measurement choices instead of the built-in\n"
     "                      ones, KEY=0|1 items of kernels/cuda/cuda_attention_tune.h: dq_atomic (dQ added by plain\n"
     "                      atomics, not in key-block order: not reproducible), throttle (hd 256's throttled\n"

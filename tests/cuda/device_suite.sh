@@ -18,11 +18,11 @@
 #   gdn-states ringscan bench gdn --gdn-keep states (ours only: the kept chunk states, GDN v4.4)
 #   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
 #              same with --profile 1 (the time of every kernel, in the log)
-#   gdn32k-dwg, gdn32k-sfbv32, gdn32k-dwg-sfbv32   gdn32k with --gdn-tune dwg=1 / sfbv=32 / both
+#   gdn32k-dwg, gdn32k-sfbv32, gdn32k-dwg-sfbv32   gdn32k with --gdn-tune dual_wgmma=1 / state_fwd_wgmma_cols=32 / both
 #              (GDN v4.5: the dual launch's many-document form on wgmma; the wgmma forward pass in
 #              32-column blocks)
 #   gdn-cycles the state passes' cycles per phase (--profile 2, block 0) at 32k, one document: the wgmma
-#              passes (--gdn-tune sfwd=1,sbwd=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
+#              passes (--gdn-tune state_fwd_wgmma=1,state_bwd_wgmma=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
 #   attn       ringscan bench attn --peer (every shape, SDPA flash and cuDNN beside)
 #   attn32k    the same at T = 32768 only
 #   attn-cudnn (issue 19) the cuDNN attention route: the cuda_attention_cudnn_* cases with RS_CUDNN_REQUIRED=1
@@ -266,13 +266,13 @@ suite_gdn_cycles() {
     local rc=0 bv h
     for bv in 64 32; do
         for h in 16 64; do
-            timeout "$(left)" build/ringscan bench gdn --gdn-tune sfwd=1,sbwd=1,sfbv=$bv --profile 2 \
+            timeout "$(left)" build/ringscan bench gdn --gdn-tune state_fwd_wgmma=1,state_bwd_wgmma=1,state_fwd_wgmma_cols=$bv --profile 2 \
                 --T 32768 --heads $h --doc-len 0 --reps 1 --out /tmp/device_suite_cyc > "$L/cycles-wg$bv-h$h.log" 2>&1 || rc=1
             echo "wgmma, $bv columns forward, $h heads:"
             grep "gdn cycles" "$L/cycles-wg$bv-h$h.log" | tail -2
         done
     done
-    timeout "$(left)" build/ringscan bench gdn --gdn-tune sfwd=2,sbwd=2 --profile 2 --T 32768 --heads 16 \
+    timeout "$(left)" build/ringscan bench gdn --gdn-tune state_fwd_wgmma=2,state_bwd_wgmma=2 --profile 2 --T 32768 --heads 16 \
         --doc-len 0 --reps 1 --out /tmp/device_suite_cyc > "$L/cycles-mma-h16.log" 2>&1 || rc=1
     echo "mma.sync, 16 heads:"
     grep "gdn cycles" "$L/cycles-mma-h16.log" | tail -2
@@ -652,9 +652,9 @@ for part in "$@"; do
     gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
     gdn32k) suite_gdn32k gdn32k ;;
     gdn-base) suite_gdn_base ;;
-    gdn32k-dwg) suite_gdn32k gdn32k-dwg --gdn-tune dwg=1 ;;
-    gdn32k-sfbv32) suite_gdn32k gdn32k-sfbv32 --gdn-tune sfbv=32 ;;
-    gdn32k-dwg-sfbv32) suite_gdn32k gdn32k-dwg-sfbv32 --gdn-tune dwg=1,sfbv=32 ;;
+    gdn32k-dwg) suite_gdn32k gdn32k-dwg --gdn-tune dual_wgmma=1 ;;
+    gdn32k-sfbv32) suite_gdn32k gdn32k-sfbv32 --gdn-tune state_fwd_wgmma_cols=32 ;;
+    gdn32k-dwg-sfbv32) suite_gdn32k gdn32k-dwg-sfbv32 --gdn-tune dual_wgmma=1,state_fwd_wgmma_cols=32 ;;
     gdn-cycles) suite_gdn_cycles ;;
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;

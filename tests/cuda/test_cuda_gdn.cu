@@ -341,8 +341,10 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (!memcmp(c, &none, sizeof none)) snprintf(buf, n, " [default]");
     else
-        snprintf(buf, n, " [split=%d nst=%d bv=%d dseg=%d dual=%d sfwd=%d sbwd=%d dwg=%d sfbv=%d]", c->split, c->nst,
-                 c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv);
+        snprintf(buf, n,
+                 " [split=%d nst=%d bv=%d dseg=%d dual=%d state_fwd_wgmma=%d state_bwd_wgmma=%d dual_wgmma=%d "
+                 "state_fwd_wgmma_cols=%d]",
+                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv);
     return buf;
 }
 
@@ -462,7 +464,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     void *kept = gdn_dev_alloc(kept_bytes); /* what the forward keeps, the states included */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
-        char tag[320], cn[128];
+        char tag[320], cn[160];
         snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(cfgs ? &cfgs[ci] : NULL, cn, sizeof cn));
         if (cfgs) cuda_gdn_tune_set(&cfgs[ci]);
         cudaStream_t st = cuda_stream();
@@ -683,7 +685,7 @@ enum GdnDet { GDN_DET_EQUAL, GDN_DET_INFO, GDN_DET_DIFFER };
 static void gdn_determinism_at(int nv, const CudaGdnTune *cfg, const CudaGdnTune *cfg2, GdnDet want) {
     static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
     GdnProb p = gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
-    char cn[280], c1[128], c2[128];
+    char cn[336], c1[160], c2[160];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
     else snprintf(cn, sizeof cn, "%s", c1);
@@ -940,7 +942,7 @@ static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 1, 1, 0, 0}, {0, 0, 0, 0, 0, 1, 1, 0, 64}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
-    char tag[256], cn[128];
+    char tag[320], cn[160];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -1202,7 +1204,7 @@ TEST(cuda_gdn_staged) {
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
 static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
-    char tag[256], cn[128];
+    char tag[320], cn[160];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -1449,7 +1451,7 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
         qsort(tf, n, 4, gdn_bench_cmp);
         qsort(tb, n, 4, gdn_bench_cmp);
         qsort(ts, n, 4, gdn_bench_cmp);
-        char cn[128];
+        char cn[160];
         printf("bench T=%lld H=%d docs=%d%s: fwd %.3f ms, bwd %.3f ms, fwd+bwd %.3f ms (median of %d)\n",
                (long long)T, nh, ndocs, gdn_cfg_name(&cfgs[ci], cn, sizeof cn), tf[n / 2], tb[n / 2], ts[n / 2], n);
         if (ts[n / 2] < best) {
@@ -1457,7 +1459,7 @@ static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *
             bi = ci;
         }
     }
-    char cn[128];
+    char cn[160];
     printf("bench T=%lld H=%d docs=%d: fastest%s %.3f ms\n", (long long)T, nh, ndocs,
            gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
     for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: the first set, the default, the fastest (+ cycles) */
