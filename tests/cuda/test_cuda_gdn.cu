@@ -329,7 +329,7 @@ static void gdn_cpu_run(const GdnProb *p, int backward, int parallel, float *o, 
 
 /* ---- forward + backward against the oracle ---- */
 
-enum { GDN_SFINAL = 1, GDN_DSFINAL = 2, GDN_DS0 = 4, GDN_ALL = 7, GDN_PARALLEL_ORACLE = 8, GDN_TIME = 16 };
+enum { GDN_SFINAL = 1, GDN_DSFINAL = 2, GDN_DS0 = 4, GDN_ALL = 7, GDN_PARALLEL_ORACLE = 8 };
 
 typedef struct GdnErrs {
     double o, Sf, dq, dk, dv, dg, dbeta, dS0;
@@ -429,8 +429,6 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
     const int wq = p->nk * p->dk, wv = p->nv * p->dv, par = (flags & GDN_PARALLEL_ORACLE) != 0;
     GdnDev d = gdn_dev(p);
-    cudaEvent_t ev[4]; /* forward start, end; backward start, end */
-    for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
 
     /* the backward's inputs */
     float *dout = (float *)test_alloc(T * p->ldo * 4);
@@ -477,14 +475,9 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         if (ddS0) CUDA_CHECK(cudaMemsetAsync(ddS0, 0xff, (size_t)ns * 4, st));
 
         /* forward */
-        if (flags & GDN_TIME) /* warm-up (workspace growth, module load) */
-            cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                                   p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
         CUDA_CHECK(cudaMemsetAsync(kept, 0xff, kept_bytes, st)); /* unwritten slots read as NaN */
-        CUDA_CHECK(cudaEventRecord(ev[0], st));
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
                                p->dv, p->ldq, p->ldv, p->ldo, kept, 1);
-        CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
         double e = gdn_check(tag, "o", gdn_cols(o_got, T, 0, wv, p->ldo), o_rc, T * wv, p->dv, bound);
@@ -496,14 +489,8 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         }
 
         /* backward */
-        if (flags & GDN_TIME)
-            cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g,
-                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL,
-                                    0);
-        CUDA_CHECK(cudaEventRecord(ev[2], st));
         cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta,
                                 d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
-        CUDA_CHECK(cudaEventRecord(ev[3], st));
         uint16_t *qkbits, *dvbits;
         float *dqk_got = gdn_down_bf16(dqk, T * p->ldq, &qkbits), *dv_got = gdn_down_bf16(ddv, T * p->ldv, &dvbits);
 #define GDN_MAXE(field, expr) \
@@ -525,16 +512,8 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         cuda_gdn_tune_get(&now);
         const int pieced = T > (now.piece ? now.piece : GDN_PIECE_ROWS);
         if (T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0 && !pieced, pieced);
-        if (flags & GDN_TIME) {
-            float ms_f, ms_b;
-            CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));
-            CUDA_CHECK(cudaEventElapsedTime(&ms_b, ev[2], ev[3]));
-            printf("%s: timing (information only, one run after a warm-up): forward %.3f ms, backward %.3f ms\n",
-                   tag, ms_f, ms_b);
-        }
     }
     if (cfgs) cuda_gdn_tune_set(NULL);
-    for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
     gdn_dev_free_all();
     return E;
 }
@@ -1324,8 +1303,7 @@ TEST(cuda_gdn_state_affine) {
  * thread per head), under the default; one document segment; 32 columns in 4 document segments; 64
  * columns; the wgmma forward / backward passes, and the dual launch forced to its
  * second form on wgmma (dwg 1: GDN v4.5), the wgmma forward pass in 64-column blocks (sfbv 64; 32 is the
- * automatic choice). Prints
- * one timing of the forward and the backward per set, for information only. */
+ * automatic choice). */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0, 0},
@@ -1338,6 +1316,6 @@ TEST(cuda_gdn_long) {
                                        {0, 0, 0, 0, 0, 1, 0, 0, 64}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
-                           GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
+                           GDN_ALL | GDN_PARALLEL_ORACLE, GDN_TEST_BOUND, cfgs,
                            (int)(sizeof cfgs / sizeof cfgs[0]));
 }
