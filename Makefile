@@ -145,9 +145,13 @@ UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
 # the GPU parity harness (tests/cuda): its cases, and the driver + rng + checks of tests/unit
 CUDA_TEST_SRC := $(if $(strip $(NVCC)),$(wildcard tests/cuda/*.cu))
 CUDA_TEST_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_TEST_SRC)) $(if $(CUDA_TEST_SRC),$(BUILD)/tests/unit/test_main.o)
+# the one-GPU kernel timings of experiments (bench/cuda): build/bench_kernels
+BENCH_CUDA_SRC := $(if $(strip $(NVCC)),$(wildcard bench/cuda/*.cu))
+BENCH_CUDA_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(BENCH_CUDA_SRC))
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check $(BUILD)/ckpt_stress $(if $(CUDA_TEST_SRC),$(BUILD)/test_cuda)
+all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check $(BUILD)/ckpt_stress $(if $(CUDA_TEST_SRC),$(BUILD)/test_cuda) \
+     $(if $(BENCH_CUDA_SRC),$(BUILD)/bench_kernels)
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -174,6 +178,12 @@ TEST_CUDA_LINK := $(BUILD)/lib/core/error.o $(filter $(BUILD)/kernels/%,$(LIB_OB
 # the cuDNN attention route's graph tables (lib/cp/attn_cudnn_graph.c, issue 19; pure C, no MPI)
 TEST_CUDA_LINK += $(BUILD)/lib/cp/attn_cudnn_graph.o
 $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
+	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
+	  -Wl,-rpath,$(CUDA_HOME)/lib64
+
+# One-GPU timings of single cuda kernels for experiments (bench/cuda/bench_kernels.cu):
+# `build/bench_kernels attn MODE`, `build/bench_kernels gdn`. Linked as build/test_cuda is.
+$(BUILD)/bench_kernels: $(BENCH_CUDA_OBJ) $(TEST_CUDA_LINK)
 	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
 	  -Wl,-rpath,$(CUDA_HOME)/lib64
 

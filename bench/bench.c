@@ -43,7 +43,7 @@
 #include "core/rng.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_tune.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_bench.h"
 #include "cuda_gdn_tune.h"
 #include "cuda_profile.h"
@@ -51,8 +51,9 @@
 
 const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
 /* the fields of CudaGdnTune (kernels/cuda/cuda_gdn_tune.h), in its order, with what each takes */
-const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {"split", "nst",  "bv",  "dseg", "dual",
-                                                            "sfwd",  "sbwd", "dwg", "sfbv", "piece"};
+const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {
+    "split", "nst", "bv", "dseg", "dual", "state_fwd_wgmma", "state_bwd_wgmma", "dual_wgmma", "state_fwd_wgmma_cols",
+    "piece"};
 static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64, 1 << 24};
 /* the fields of CudaAttnTune (kernels/cuda/cuda_attention_tune.h), in its order; each 0 or 1 */
 const char *const bench_attn_tune_names[BENCH_ATTN_TUNE_N] = {"dq_atomic", "throttle"};
@@ -64,7 +65,7 @@ static const char bench_usage[] =
     "\n"
     "Times our attention and Gated DeltaNet kernels (forward, forward+backward) and one training step on\n"
     "the GPU with CUDA events (warm-up, then the median of the repetitions), on random inputs, and prints\n"
-    "shape, ms, TFLOP/s and time over the floor; with --peer, runs the peer scripts of tests/peer on the\n"
+    "shape, ms, TFLOP/s and time over the floor; with --peer, runs the peer scripts of bench/peer on the\n"
     "same GPU first (PyTorch SDPA flash and cuDNN, flash-linear-attention, transformers Qwen3Next) and\n"
     "adds their rows and the ratio peer time / ringscan time (> 1: ringscan faster). Needs a GPU.\n"
     "\n"
@@ -108,9 +109,10 @@ static const char bench_usage[] =
     "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
     "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
     "  --gdn-tune LIST     gdn: the state passes' configuration instead of the built-in choice, KEY=N items of\n"
-    "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, sfwd, sbwd, dwg, sfbv; the\n"
-    "                      same bits either way) or piece (rows per piece of a call, backend.h GDN_PIECE_ROWS),\n"
-    "                      e.g. sfwd=1,sbwd=1 (default: every choice built in)\n"
+    "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, state_fwd_wgmma,\n"
+    "                      state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols; the same bits either way) or piece\n"
+    "                      (rows per piece of a call, backend.h GDN_PIECE_ROWS), e.g.\n"
+    "                      state_fwd_wgmma=1,state_bwd_wgmma=1 (default: every choice built in)\n"
     "  --attn-tune LIST    attn, cp (cuda): our attention backward's measurement choices instead of the built-in\n"
     "                      ones, KEY=0|1 items of kernels/cuda/cuda_attention_tune.h: dq_atomic (dQ added by plain\n"
     "                      atomics, not in key-block order: not reproducible), throttle (hd 256's throttled\n"
@@ -129,8 +131,8 @@ static const char bench_usage[] =
     "  --max-s S           stop repeating a case after 3 timed runs once they took S seconds (default 8)\n"
     "  --peak-tflops X     dense bf16 peak for MFU and floors (default: 989 for H100 SXM and H200)\n"
     "  --hbm-tbps X        memory bandwidth for the floors (default: 3.35 for H100 SXM, 4.8 for H200)\n"
-    "  --peer              run the peer scripts too (tests/peer/README.md: requirements, JSON contract)\n"
-    "  --peer-dir DIR      where the peer scripts are (default tests/peer)\n"
+    "  --peer              run the peer scripts too (bench/peer/README.md: requirements, JSON contract)\n"
+    "  --peer-dir DIR      where the peer scripts are (default bench/peer)\n"
     "  --python EXE        the Python that runs them (default python3)\n"
     "  --peer-timeout S    seconds each peer script may run (default 300)\n"
     "  --out DIR           requests, results, peer logs and bench.json (default runs/bench)\n"
@@ -263,7 +265,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->config = "configs/hybrid-1b-256k-h200x4.yaml";
     o->tokens = 32768;
     o->warmup = 1, o->reps = 5, o->max_s = 8;
-    o->peer_dir = "tests/peer", o->python = "python3", o->out_dir = "runs/bench";
+    o->peer_dir = "bench/peer", o->python = "python3", o->out_dir = "runs/bench";
     o->peer_timeout = 300;
     o->seed = 1;
     o->ring_calls = RING_CALLS_AUTO; /* parallel.ring_calls' default */

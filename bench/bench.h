@@ -1,6 +1,6 @@
 /*
  * bench.h — `ringscan bench attn|gdn|step|all`: our kernels and our training
- * step timed on the GPU, optionally beside the peers of tests/peer (PyTorch
+ * step timed on the GPU, optionally beside the peers of bench/peer (PyTorch
  * SDPA, flash-linear-attention, transformers) run on the same GPU in the same
  * call, printed as one table with the ratios; `ringscan bench cp` under
  * mpirun: context parallelism over P GPUs, beside torch's and FLA's CP.
@@ -21,10 +21,10 @@
  *                 compute and communication, the CP peers; its own table
  *   bench_peer.c  the request file, running a peer script under a time limit
  *                 (under torchrun for the CP peers), reading its result file
- *                 (tests/peer/README.md: the contract)
+ *                 (bench/peer/README.md: the contract)
  *
  * Every side, ours and each peer, reports the same JSON shape (a "result"
- * object: tests/peer/README.md); bench.c computes FLOPs, floors and ratios
+ * object: bench/peer/README.md); bench.c computes FLOPs, floors and ratios
  * from the case definitions, never from what a peer says.
  *
  * Callers: cmd/ringscan.c (bench_main).
@@ -137,7 +137,7 @@ int     bench_error_row(FILE *f, json_t *table, const char *cname, const char *i
 void    bench_print_notes(FILE *f, const json_t *peer);
 double  bench_clock(void);                               /* CLOCK_MONOTONIC seconds */
 
-/* bench_ops.c: one case of the request (tests/peer/README.md) on our kernels; returns a result row
+/* bench_ops.c: one case of the request (bench/peer/README.md) on our kernels; returns a result row
  * {"case", "impl": "ringscan", "ms_fwd", "ms_fwdbwd", "reps"}. */
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o);
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o);

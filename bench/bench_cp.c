@@ -4,7 +4,7 @@
  * CP code the model runs, beside the CP of torch and of flash-linear-attention.
  *
  * Order: MPI, one CP group of all P ranks, the shapes checked against P; with
- * --peer, rank 0 ALONE runs the two peer scripts (tests/peer/cp_attn_torch.py,
+ * --peer, rank 0 ALONE runs the two peer scripts (bench/peer/cp_attn_torch.py,
  * cp_gdn_fla.py) under torchrun with P processes while the other ranks wait at
  * a barrier, all before any rank has a CUDA context (the peers find the GPUs
  * empty); then the backend (cuda: comm_cuda_init: GPU <local rank>, NCCL for
@@ -91,7 +91,7 @@
 #include "core/rng.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_bench.h"
 #define BC_MARKS CUDA_BENCH_MARKS
 #else

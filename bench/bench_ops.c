@@ -8,7 +8,7 @@
  * timed runs is reported; repeating stops early once the timed runs of the
  * case took max_s seconds and at least 3 were done.
  *
- * Inputs (the peers draw theirs from the same distributions, tests/peer/README.md):
+ * Inputs (the peers draw theirs from the same distributions, bench/peer/README.md):
  *   attention  q, k, v, dO uniform in [-1, 1); one document, causal.
  *   GDN        q, k uniform in [-1, 1) then L2-normalised per head; v, dO uniform in
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform

@@ -1,6 +1,6 @@
 /*
- * bench_peer.c — running one peer script of tests/peer for `ringscan bench
- * --peer` (bench.h; the contract is tests/peer/README.md).
+ * bench_peer.c — running one peer script of bench/peer for `ringscan bench
+ * --peer` (bench.h; the contract is bench/peer/README.md).
  *
  * The request (the cases, the repetition rule, the seed) goes to
  * OUT/request_NAME.json (NAME: attn, gdn, step, cp_attn, cp_gdn); the script

@@ -38,7 +38,7 @@
 #include "model/model.h"
 #include "core/rng.h"
 #ifdef RS_WITH_CUDA
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_bench.h"
 #include "cuda_profile.h"
 #endif

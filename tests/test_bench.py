@@ -1,6 +1,6 @@
 """test_bench.py — `ringscan bench` on a machine without a GPU (CI): the help, strict option
 checking (a bad value names its option, exit 2), the clear stop naming the device, and the request
-files the peers read (tests/peer/README.md), which need no GPU. `bench cp` runs whole on the cpu
+files the peers read (bench/peer/README.md), which need no GPU. `bench cp` runs whole on the cpu
 backend under mpirun -np 2 at a tiny size: its rows, the numbers derived from them, and the peer
 launch (a stand-in for torchrun that writes a result) are checked. The timings themselves run on
 the GPU machine (docs/benchmarks.md); no test asserts a time."""
@@ -41,7 +41,8 @@ def test_help(ringscan):
     (["bench", "gdn", "--dim", "96"], "--dim 96"),
     (["bench", "gdn", "--doc-len", "1"], "--doc-len 1"),
     (["bench", "gdn", "--gdn-keep", "all"], "--gdn-keep all: expected none, wy or states"),
-    (["bench", "gdn", "--gdn-tune", "sfwd=9"], "--gdn-tune 9: out of range [0, 3]"),
+    (["bench", "gdn", "--gdn-tune", "state_fwd_wgmma=9"], "--gdn-tune 9: out of range [0, 3]"),
+    (["bench", "gdn", "--gdn-tune", "sfwd=1"], "--gdn-tune sfwd: unknown key (split, nst, bv, dseg, dual, state_fwd_wgmma"),
     (["bench", "attn", "--attn-tune", "dq_atomic=2"], "--attn-tune 2: out of range [0, 1]"),
     (["bench", "cp", "--attn-tune", "fast=1"], "--attn-tune fast: unknown key (dq_atomic, throttle)"),
     (["bench", "attn", "--attn-tune", "dq_atomic"], "--attn-tune dq_atomic: expected KEY=N"),
@@ -267,7 +268,7 @@ def test_cp_peers_started_once_by_rank0(ringscan, tmp_path):
     assert len(calls) == 2  # cp_attn, cp_gdn: once each, from rank 0 alone
     for c, script, kind in zip(calls, ("cp_attn_torch.py", "cp_gdn_fla.py"), ("cp_attn", "cp_gdn")):
         assert c["argv"][:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        assert c["argv"][5] == f"tests/peer/{script}" and c["argv"][6:] == [
+        assert c["argv"][5] == f"bench/peer/{script}" and c["argv"][6:] == [
             "--request", f"{out}/request_{kind}.json", "--out", f"{out}/peer_{kind}.json"]
         assert c["mpi_env"] == []  # the launcher's rank variables are dropped
     b = json.loads((out / "bench.json").read_text())

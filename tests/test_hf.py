@@ -2,7 +2,7 @@
 folder or a ringscan checkpoint (model.init_from): the structure transformers needs, the interleaved
 layouts against tests/parity/layout.py, bf16 rounding, sharding, atomicity and refusals, and
 export -> import -> export bitwise. transformers itself is not needed here: the proof against it is
-tests/parity/hf_check.py (device_suite part `hf`)."""
+tests/parity/hf_check.py (tests/cuda/gpu_regress.sh part `hf`)."""
 import json
 import struct
 import sys

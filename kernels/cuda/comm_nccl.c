@@ -55,8 +55,8 @@
 
 #include "comm/comm.h"
 #include "comm_nccl.h"
-#include "cuda_backend.h"
-#include "cuda_streams.h"
+#include "cuda_setup.h"
+#include "cuda_stream.h"
 #include "core/error.h"
 
 #define COMM_EVENTS 64

@@ -25,7 +25,7 @@
 #include "cp/attn_cudnn_graph.h"
 #include "cuda_cudnn_abi.h"
 #include "cuda_kernels.h"
-#include "cuda_streams.h"
+#include "cuda_stream.h"
 #include "core/error.h"
 
 static CudnnApi cd;

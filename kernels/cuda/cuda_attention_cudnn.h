@@ -44,8 +44,8 @@
  * part is known only once its plan is built and is printed then). ~3.3 GiB
  * for 16/2/128 at 256k rows per call (1M tokens at cp 2).
  *
- * Callers: kernels/cuda/backend_cuda.c (cuda_backend_with_cudnn_attention),
- * kernels/backend_select.c, bench/bench_ops.c (bench attn, cp, step),
+ * Callers: kernels/cuda/cuda_backend_table.c (cuda_backend_with_cudnn_attention),
+ * kernels/cuda/runtime_cuda.c, bench/bench_ops.c (bench attn, cp, step),
  * tests/cuda/test_cuda_attention_cudnn.cu.
  */
 #ifndef RS_CUDA_ATTENTION_CUDNN_H
@@ -87,7 +87,7 @@ void cuda_attention_cudnn_lower_only(const void *key /* const CdgKey * */);
 /* calls so far: [0] forward to cuDNN, [1] forward to ours, [2] backward to cuDNN, [3] backward to ours */
 void cuda_attention_cudnn_counts(int64_t counts[4]);
 
-/* backend_cuda.c: base with attention_forward/backward replaced by the two entries above (a static copy;
+/* cuda_backend_table.c: base with attention_forward/backward replaced by the two entries above (a static copy;
  * cuDNN must be loaded first) */
 const Backend *cuda_backend_with_cudnn_attention(const Backend *base);
 

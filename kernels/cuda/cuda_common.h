@@ -4,10 +4,10 @@
  * activation type, the backend's one compute stream, and the process-wide
  * state the kernels use (cuBLASLt handle and workspace, the kernel scratch,
  * the device error word), all created once by cuda_backend_init
- * (cuda_backend.h, cuda_backend.cu).
+ * (cuda_setup.h, cuda_setup.cu).
  *
  * Streams: every kernel of the Backend table runs on cuda_stream() (the
- * compute stream, cuda_streams.h); communication (NCCL) runs on the streams
+ * compute stream, cuda_stream.h); communication (NCCL) runs on the streams
  * of kernels/cuda/comm_nccl.c, one per group, ordered against it with events. A
  * Backend entry never synchronises the device except where its contract
  * returns a host value (to_host, sum_squares).
@@ -49,17 +49,17 @@ typedef __nv_bfloat16 bf16; /* the activation type of the cuda backend (Backend.
 extern "C" {
 #endif
 
-/* The compute stream every Backend entry of the cuda backend uses (cuda_streams.h). */
+/* The compute stream every Backend entry of the cuda backend uses (cuda_stream.h). */
 cudaStream_t cuda_stream(void);
 
-/* ---- process-wide state (cuda_backend.cu); each getter initialises the backend on device 0 when
+/* ---- process-wide state (cuda_setup.cu); each getter initialises the backend on device 0 when
  * cuda_backend_init has not run (tests, tools), so the trainer calls cuda_backend_init first ---- */
 cublasLtHandle_t cuda_lt_handle(void);
 /* the cuBLASLt workspace (CUDA_LT_WORKSPACE_BYTES), used by GEMMs on the compute stream */
 void *cuda_lt_workspace(size_t *bytes);
 /* The kernels' scratch: partial sums of the deterministic reductions, sort buffers. One buffer of
  * the compute stream; what a kernel puts there is dead once the entry that asked returns. Fatal
- * (naming `what` and the size) when `bytes` exceeds it; cuda_scratch_reserve (cuda_backend.h)
+ * (naming `what` and the size) when `bytes` exceeds it; cuda_scratch_reserve (cuda_setup.h)
  * raises it before training. */
 void *cuda_scratch(size_t bytes, const char *what);
 

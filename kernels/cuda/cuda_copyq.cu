@@ -1,6 +1,6 @@
 /*
  * cuda_copyq.cu — the copy queue (cuda_copyq.h, backend.h copyq_*): one non-blocking
- * stream for host <-> device copies beside the compute stream (cuda_streams.h).
+ * stream for host <-> device copies beside the compute stream (cuda_stream.h).
  *
  * A copy first makes the copy stream wait for an event recorded on the compute stream at
  * the call (so it reads or overwrites device memory only after the compute queued before
@@ -15,7 +15,7 @@
 
 #include "cuda_common.h"
 #include "cuda_copyq.h"
-#include "cuda_streams.h"
+#include "cuda_stream.h"
 
 /* an event without timing (only ordering) */
 static cudaEvent_t copyq_event(void) {

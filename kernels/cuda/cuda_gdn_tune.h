@@ -22,13 +22,17 @@ typedef struct CudaGdnTune {
     int dual;  /* where bv, dseg and split are automatic: launch both the automatic configuration and 32
                   columns in 8 document segments, the device picks by the documents (1 = on, 2 = off, 3 / 4
                   = on with the pick forced to the second / first; 0 = automatic: on) */
-    int sfwd;  /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 1 = on (2 stages), 3 = on with 3 stages,
-                  2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
-    int sbwd;  /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 1 = on, 2 = off, 0 = automatic (as sfwd) */
-    int dwg;   /* the dual launch's second configuration on the wgmma passes (64 columns in 8 document
-                  segments) where sfwd / sbwd leave the first on mma.sync: 1 = on, 2 = off (32 columns on
-                  mma.sync), 0 = automatic (on) */
-    int sfbv;  /* wgmma forward state pass: state columns per block, 64 or 32; 0 = automatic (32) */
+    /* the four wgmma switches; their `ringscan bench gdn --gdn-tune` keys (bench/bench.c) say what each
+     * chooses: state_fwd_wgmma, state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols */
+    int sfwd;  /* state_fwd_wgmma: forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 1 = on (2 stages),
+                  3 = on with 3 stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
+    int sbwd;  /* state_bwd_wgmma: backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 1 = on, 2 = off,
+                  0 = automatic (as state_fwd_wgmma) */
+    int dwg;   /* dual_wgmma: the dual launch's second configuration on the wgmma passes (64 columns in 8 document
+                  segments) where state_fwd_wgmma / state_bwd_wgmma leave the first on mma.sync: 1 = on, 2 = off
+                  (32 columns on mma.sync), 0 = automatic (on) */
+    int sfbv;  /* state_fwd_wgmma_cols: wgmma forward state pass: state columns per block, 64 or 32; 0 = automatic
+                  (32) */
     int piece; /* rows per piece of a call (a multiple of 64), 0 = GDN_PIECE_ROWS (backend.h); tests set it
                   small to reach the pieced path. It changes the kept buffer's size (cuda_gdn_kept_bytes):
                   set it before sizing one, and keep it until that buffer's backward has run */

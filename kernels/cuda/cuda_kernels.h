@@ -8,7 +8,7 @@
  * Files: attention/ (block attention: forward.cu, backward.cu, merge.cu, the
  * tile plan tiles.cu), gdn/ (chunked gated delta rule, its CP transition,
  * state gradient and fold link: gdn.cu and its per-stage .cuh files); the rest
- * of the entries live in the files the backend table (backend_cuda.c) names.
+ * of the entries live in the files the backend table (cuda_backend_table.c) names.
  */
 #ifndef RS_CUDA_KERNELS_H
 #define RS_CUDA_KERNELS_H

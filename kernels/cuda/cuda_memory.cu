@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_common.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"

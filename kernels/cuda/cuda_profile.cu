@@ -7,9 +7,9 @@
  * synchronised and every pending pair's elapsed time is added to its entry:
  * a profiled run synchronises once per PROF_PAIRS calls, which a plain run
  * never does. Entries are identified by the address of their name literal
- * (backend_cuda.c passes one literal per entry).
+ * (cuda_backend_table.c passes one literal per entry).
  *
- * Callers: backend_cuda.c (the profiled table), bench/bench_step.c (reset,
+ * Callers: cuda_backend_table.c (the profiled table), bench/bench_step.c (reset,
  * print), the exit handler registered at the first profiled call.
  */
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  *
  * Off unless cuda_profile_enable(1) ran before the first use (`ringscan bench
  * --profile 1`, `ringscan train` with train.cuda_profile: true). Then the
- * table `backend_cuda_profiled` (backend_cuda.c) wraps every Backend entry in
+ * table `backend_cuda_profiled` (cuda_backend_table.c) wraps every Backend entry in
  * cuda_profile_begin/cuda_profile_end: two CUDA events on the compute stream
  * (the entry's GPU time, launch gaps inside it included) and the host clock
  * (the time the caller waited: large where an entry synchronises). Off, the

@@ -1,10 +1,10 @@
 /*
- * cuda_stream.cu — the cuda backend's compute stream (cuda_streams.h),
+ * cuda_stream.cu — the cuda backend's compute stream (cuda_stream.h),
  * created by cuda_backend_init (on the process's GPU); asking for it before
  * that initialises the backend on device 0 (tests and tools).
  */
 #include "cuda_common.h"
-#include "cuda_streams.h"
+#include "cuda_stream.h"
 
 static cudaStream_t cuda_compute_stream;
 

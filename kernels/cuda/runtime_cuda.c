@@ -1,7 +1,7 @@
 /*
  * runtime_cuda.c — the cuda device runtime (lib/backend/runtime.h DeviceRuntime), registered before main
  * in every binary built with the cuda backend: open binds the rank's GPU and NCCL (comm_cuda_init,
- * comm_nccl.c); backend picks the Backend table for a config: the cuda table (backend_cuda.c), its
+ * comm_nccl.c); backend picks the Backend table for a config: the cuda table (cuda_backend_table.c), its
  * entry timer on with device.profile (cuda_profile.h), and with device.attention_kernel cudnn /
  * cudnn_det cuDNN's fused attention loaded (dlopen) and put in the attention entries for the calls it
  * can take (cuda_attention_cudnn.h). With auto: cuDNN where it loads, our kernel where it does not,
@@ -21,7 +21,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "cuda_attention_cudnn.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_profile.h"
 
 int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, size_t nwhy) {

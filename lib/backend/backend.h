@@ -355,7 +355,7 @@ typedef struct Backend {
 } Backend;
 
 extern const Backend backend_cpu;
-/* kernels/cuda/backend_cuda.c, in a binary built with the cuda backend (runtime_device() is then set); the
+/* kernels/cuda/cuda_backend_table.c, in a binary built with the cuda backend (runtime_device() is then set); the
  * process picks its GPU first (lib/backend/runtime.h). A program reaches it through runtime_open. */
 extern const Backend backend_cuda;
 

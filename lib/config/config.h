@@ -31,7 +31,7 @@
 
 typedef enum { DEVICE_KIND_CPU, DEVICE_KIND_CUDA, DEVICE_KIND_COUNT } DeviceKind;
 /* device.attention_kernel: the block attention of the cuda backend (issue 19; cuda_attention_cudnn.h); auto:
- * cudnn where cuDNN loads, ringscan where it does not (kernels/backend_select.c backend_attention_resolve) */
+ * cudnn where cuDNN loads, ringscan where it does not (kernels/cuda/runtime_cuda.c backend_attention_resolve) */
 typedef enum {
     ATTN_KERNEL_RINGSCAN, ATTN_KERNEL_CUDNN, ATTN_KERNEL_CUDNN_DET, ATTN_KERNEL_AUTO, ATTN_KERNEL_COUNT
 } AttnKernel;

@@ -48,7 +48,7 @@
  * reads the caller's host summary of the rows (AttnHint, lib/backend/attn_hint.h), so
  * choosing never waits for the GPU.
  *
- * Callers: kernels/cuda/cuda_attention_cudnn.c, kernels/cuda/backend_cuda.c (cdg_route_fast), lib/plan/plan.c
+ * Callers: kernels/cuda/cuda_attention_cudnn.c, kernels/cuda/cuda_backend_table.c (cdg_route_fast), lib/plan/plan.c
  * (cdg_workspace), tests/unit/test_attn_cudnn_graph.c, tests/unit/test_attn_hint.c, tests/cp/cp_check.c.
  */
 #ifndef RS_ATTN_CUDNN_GRAPH_H
@@ -134,7 +134,7 @@ typedef enum { CDG_ROUTE_OURS, CDG_ROUTE_DENSE, CDG_ROUTE_CAUSAL } CdgRoute;
 /* cuDNN dense, cuDNN top-left causal, or ours, from the caller's summary of the call's rows (lib/backend/attn_hint.h;
  * computed on the host: no read-back); why: a short reason, for messages */
 CdgRoute cdg_route(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal, const char **why);
-/* 1 when cdg_route sends the call to cuDNN: the route's Backend attention_fast (kernels/cuda/backend_cuda.c; on
+/* 1 when cdg_route sends the call to cuDNN: the route's Backend attention_fast (kernels/cuda/cuda_backend_table.c; on
  * the cpu, tests/cp/cp_check.c's ring check of lib/cp/cp_ring.c's auto choice) */
 int      cdg_route_fast(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal);
 

@@ -25,7 +25,7 @@
  *                      gradients, and the conv halo tails (local + gathered).
  *   workspaces         the loss row chunk of fp32 logits; on cuda 32 MiB of
  *                      cuBLASLt workspace, 32 MiB of kernel scratch
- *                      (kernels/cuda/cuda_backend.h) and the attention
+ *                      (kernels/cuda/cuda_setup.h) and the attention
  *                      backward's row statistics (the delta rule's workspace
  *                      is in activations, model_acts.c); with
  *                      device.attention_kernel cudnn*, also the cuDNN route's

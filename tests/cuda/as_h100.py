@@ -2,7 +2,7 @@
 """as_h100.py — make each H200 of the GPU machine hold no more than an 80 GB H100 would, for runs whose point
 is that they fit an H100 (issue 18: 1M tokens on two H100s; the lent two-GPU kind has come as H200s).
 
-    python3 tests/cuda/as_h100.py READY_FILE &      (device_suite.sh AS_H100=1 starts and stops it)
+    python3 tests/cuda/as_h100.py READY_FILE &      (gpu_env.sh, AS_H100=1, starts and stops it)
 
 On every visible GPU it allocates a ballast of (the GPU's total - an H100 80GB HBM3's 81,559 MiB), less its
 own CUDA context, so the memory left free for other processes is what the same machine would leave on an

@@ -59,7 +59,7 @@ curve() { # REF GOT: the same global batch
     $PY "$HERE/compare_curves.py" "$O/$1/metrics.jsonl" "$O/$2/metrics.jsonl" --tol "$CURVE_TOL" | tail -1 || rc=1
 }
 
-if [ "${FOUR_ONLY:-0}" = 1 ]; then  # part 6 alone (device_suite's cp4-parity): the oracle at one process, then 6
+if [ "${FOUR_ONLY:-0}" = 1 ]; then  # part 6 alone (gpu_regress.sh's cp4-parity): the oracle at one process, then 6
     step cpu -- --threads 8
     step cpu_bf16 -- --emulate-bf16 --threads 8
 else

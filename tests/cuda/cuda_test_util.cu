@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_test.h"
 
 #define CT_MAX_BUFFERS 1024

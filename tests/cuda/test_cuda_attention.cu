@@ -37,12 +37,8 @@
  * bit (determinism); at hd 256 the backward runs twice more with its throttled kernel instance forced
  * (cuda_attention_tune.h; built in above 64k keys only). cuda_attention_backward_reproducible reruns an
  * 8k-token backward, whose dq adds of many key blocks meet in L2, and shows that plain atomics
- * (cuda_attention_tune.h) would not pass it. Set
- * RS_ATTN_TIMING=1 to print fwd/bwd times and TFLOP/s at T = 32k and 128k (=2: only
- * 32k hd 128 MHA, GQA 16/2 and hd 64; =3: only 32k hd 256 MHA and GQA 16/2; =4: only 128k hd 128 MHA and 16/2;
- * =5: the cp 2 ring's calls at 128k, hd 128, MHA and 16/2, one GPU standing in for both ranks; =6: dense
- * rectangles of the ring's sizes with 31.03 waves of CTAs and with whole waves)
- * (information only: no test depends on a time).
+ * (cuda_attention_tune.h) would not pass it. The kernels' timings are build/bench_kernels attn
+ * (bench/cuda/attention_timing.cu).
  */
 #include <math.h>
 #include <stdio.h>
@@ -728,7 +724,7 @@ TEST(cuda_attention_merge_ring) {
     }
 }
 
-/* ---- timing (information only) --------------------------------------------------------------- */
+/* ---- reproducibility of the backward at 8k ----------------------------------------------------- */
 
 static __global__ void ca_fill_kernel(bf16 *x, int64_t n, uint32_t seed) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -736,112 +732,6 @@ static __global__ void ca_fill_kernel(bf16 *x, int64_t n, uint32_t seed) {
         h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
         x[i] = __float2bfloat16(((float)(h & 0xffff) + 0.5f) / 32768.0f - 1.0f); /* (-1, 1), never 0 */
     }
-}
-
-/* median of `reps` timed calls (after one warm-up) of the forward and of the backward of one call: Tq queries at
- * positions pos_q against Tk keys at pos_k (host arrays), causal by position, one document; *f, *b in ms */
-static void ca_time_call(float *f, float *b, int Tq, int Tk, const int32_t *pos_q, const int32_t *pos_k, int nh,
-                         int nkv, int hd, int reps) {
-    const int ldq = nh * hd, ldk = 2 * nkv * hd, ldo = nh * hd;
-    bf16 *q = (bf16 *)ca_dev_alloc((size_t)Tq * ldq * 2), *kv = (bf16 *)ca_dev_alloc((size_t)Tk * ldk * 2);
-    bf16 *out = (bf16 *)ca_dev_alloc((size_t)Tq * ldo * 2), *dout = (bf16 *)ca_dev_alloc((size_t)Tq * ldo * 2);
-    float *lse = (float *)ca_dev_alloc((size_t)Tq * nh * 4);
-    float *dq = (float *)ca_dev_alloc((size_t)Tq * ldq * 4), *dkv = (float *)ca_dev_alloc((size_t)Tk * ldk * 4);
-    const int32_t *d_pq = (const int32_t *)ca_upload(pos_q, (size_t)Tq * 4);
-    const int32_t *d_pk = (const int32_t *)ca_upload(pos_k, (size_t)Tk * 4);
-    ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(q, (int64_t)Tq * ldq, 1);
-    ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(kv, (int64_t)Tk * ldk, 2);
-    ca_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(dout, (int64_t)Tq * ldo, 3);
-    CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)Tq * ldq * 4, cuda_stream()));
-    CUDA_CHECK(cudaMemsetAsync(dkv, 0, (size_t)Tk * ldk * 4, cuda_stream()));
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    float ms[2][16]; /* fwd, bwd */
-    if (reps > 16) reps = 16;
-    for (int which = 0; which < 2; which++) {
-        for (int it = -1; it < reps; it++) { /* it = -1: warm-up */
-            CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-            if (which == 0) /* doc_pos = pos: one document starting at position 0 */
-                cuda_attention_forward(out, lse, q, kv, kv + nkv * hd, d_pq, d_pq, d_pk, d_pk, NULL, Tq, Tk, nh, nkv,
-                                       hd, ldq, ldk, ldo, 1);
-            else
-                cuda_attention_backward(dq, dkv, dkv + nkv * hd, dout, out, lse, q, kv, kv + nkv * hd, d_pq, d_pq,
-                                        d_pk, d_pk, NULL, Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, 1);
-            CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
-            CUDA_CHECK(cudaEventSynchronize(e1));
-            if (it >= 0) CUDA_CHECK(cudaEventElapsedTime(&ms[which][it], e0, e1));
-        }
-        for (int i = 0; i < reps; i++)
-            for (int j = i + 1; j < reps; j++)
-                if (ms[which][j] < ms[which][i]) { float x = ms[which][i]; ms[which][i] = ms[which][j]; ms[which][j] = x; }
-    }
-    *f = ms[0][reps / 2], *b = ms[1][reps / 2];
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
-    ca_dev_free_all();
-}
-
-/* the forward and backward of a causal call over one document of T tokens */
-static void ca_time_one(int T, int nh, int nkv, int hd, int reps) {
-    int32_t *pos = (int32_t *)test_alloc((int64_t)T * 4);
-    for (int i = 0; i < T; i++) pos[i] = i;
-    float f, b;
-    ca_time_call(&f, &b, T, T, pos, pos, nh, nkv, hd, reps);
-    const double fl = 4.0 * T * (double)T / 2 * hd * nh; /* causal counted as half */
-    printf("timing T %d nh %d nkv %d hd %d causal, median of %d: fwd %.3f ms (%.0f TFLOP/s); bwd %.3f ms (%.0f "
-           "TFLOP/s at 2.5x fwd flops)\n",
-           T, nh, nkv, hd, reps, f, fl / f * 1e-9, b, 2.5 * fl / b * 1e-9);
-}
-
-/* The calls of the cp 2 ring at T tokens (lib/cp/cp_ring.c, one call per step: the box around the zigzag rule's
- * calls; one document) on this one GPU: rank r holds fragments r and 3 - r of T/4 tokens; step 0 is its own block
- * (causal by position), step 1 the dense rectangle against the other rank's rows: fragment 3 against 1 and 2 on
- * rank 0 (T/4 x T/2), fragments 1 and 2 against 0 on rank 1 (T/2 x T/4). With a wait at every step (the passed
- * K|V order) the ring's time is the slower rank's per step; with the kept K|V (cp 2's default) nothing waits
- * between a rank's steps and the slower rank's whole pass counts. Beside the one-GPU call, its CP efficiency
- * without communication: one GPU / (2 x the ring). */
-static void ca_time_ring2(int T, int nh, int nkv, int hd, int reps) {
-    const int n = T / 4, R = 2 * n;
-    int32_t *pos[2];
-    for (int r = 0; r < 2; r++) {
-        pos[r] = (int32_t *)test_alloc((int64_t)R * 4);
-        for (int i = 0; i < n; i++) pos[r][i] = r * n + i, pos[r][n + i] = (3 - r) * n + i;
-    }
-    float one_f, one_b, f[2][2], b[2][2]; /* [step][rank] */
-    int32_t *all = (int32_t *)test_alloc((int64_t)T * 4);
-    for (int i = 0; i < T; i++) all[i] = i;
-    ca_time_call(&one_f, &one_b, T, T, all, all, nh, nkv, hd, reps);
-    for (int r = 0; r < 2; r++) ca_time_call(&f[0][r], &b[0][r], R, R, pos[r], pos[r], nh, nkv, hd, reps);
-    ca_time_call(&f[1][0], &b[1][0], n, R, pos[0] + n, pos[1], nh, nkv, hd, reps); /* fragment 3 x (1, 2) */
-    ca_time_call(&f[1][1], &b[1][1], R, n, pos[1], pos[0], nh, nkv, hd, reps);     /* (1, 2) x fragment 0 */
-    const float rf = fmaxf(f[0][0], f[0][1]) + fmaxf(f[1][0], f[1][1]);
-    const float rb = fmaxf(b[0][0], b[0][1]) + fmaxf(b[1][0], b[1][1]);
-    /* at cp 2 with the kept K|V no step waits for the other rank's step: the slower rank's whole pass counts */
-    const float rank_fb = fmaxf(f[0][0] + f[1][0] + b[0][0] + b[1][0], f[0][1] + f[1][1] + b[0][1] + b[1][1]);
-    printf("ring2 T %d nh %d nkv %d hd %d, median of %d, ms fwd / bwd: one GPU %.3f / %.3f; own block rank 0 %.3f / "
-           "%.3f, rank 1 %.3f / %.3f; rectangle rank 0 %.3f / %.3f, rank 1 %.3f / %.3f; ring %.3f / %.3f: efficiency "
-           "fwd %.2f%%, bwd %.2f%%, f+b %.2f%% with a wait at every step, %.2f%% without (rectangle f+b over a "
-           "quarter of one GPU's: %.2f%%)\n",
-           T, nh, nkv, hd, reps, one_f, one_b, f[0][0], b[0][0], f[0][1], b[0][1], f[1][0], b[1][0], f[1][1], b[1][1],
-           rf, rb, 100 * one_f / (2 * rf), 100 * one_b / (2 * rb), 100 * (one_f + one_b) / (2 * (rf + rb)),
-           100 * (one_f + one_b) / (2 * rank_fb),
-           100 * (fmaxf(f[1][0], f[1][1]) + fmaxf(b[1][0], b[1][1])) / ((one_f + one_b) / 4) - 100);
-}
-
-/* dense rectangles (every key before every query, one document) of Tq x Tk at sizes around the cp 2 ring's, the
- * time per query-key pair: whether a launch's last partial wave (1 CTA per SM; the forward has nh x Tq/128 CTAs,
- * the backward nh x Tk/128) shows */
-static void ca_time_dense(int Tq, int Tk, int nh, int nkv, int hd, int reps) {
-    int32_t *pq = (int32_t *)test_alloc((int64_t)Tq * 4), *pk = (int32_t *)test_alloc((int64_t)Tk * 4);
-    for (int i = 0; i < Tk; i++) pk[i] = i;
-    for (int i = 0; i < Tq; i++) pq[i] = Tk + i;
-    float f, b;
-    ca_time_call(&f, &b, Tq, Tk, pq, pk, nh, nkv, hd, reps);
-    const double pairs = (double)Tq * Tk;
-    printf("dense Tq %d Tk %d nh %d nkv %d hd %d, median of %d: fwd %.3f ms (%d CTAs, %.3f ps per pair); bwd %.3f ms "
-           "(%d CTAs, %.3f ps per pair)\n", Tq, Tk, nh, nkv, hd, reps, f, nh * ((Tq + 127) / 128), f / pairs * 1e9, b,
-           nh * ((Tk + 127) / 128), b / pairs * 1e9);
 }
 
 /* the backward's dq is added by many key blocks per query tile; at 8k tokens (64 key blocks of 128 per head) their
@@ -905,46 +795,4 @@ TEST(cuda_attention_backward_reproducible) {
         }
         ca_dev_free_all();
     }
-}
-
-TEST(cuda_attention_timing) {
-    if (!getenv("RS_ATTN_TIMING")) {
-        printf("cuda_attention_timing: skipped (set RS_ATTN_TIMING=1)\n");
-        return;
-    }
-    if (!strcmp(getenv("RS_ATTN_TIMING"), "2")) { /* the short list: 32k hd 128 and 64, seven runs each */
-        ca_time_one(32768, 16, 16, 128, 7);
-        ca_time_one(32768, 16, 2, 128, 7);
-        ca_time_one(32768, 16, 16, 64, 7);
-        return;
-    }
-    if (!strcmp(getenv("RS_ATTN_TIMING"), "4")) { /* 128k hd 128: MHA and GQA 16/2, three runs each */
-        ca_time_one(131072, 16, 16, 128, 3);
-        ca_time_one(131072, 16, 2, 128, 3);
-        return;
-    }
-    if (!strcmp(getenv("RS_ATTN_TIMING"), "5")) { /* the cp 2 ring's calls at 128k, hd 128, MHA and GQA 16/2, 5 runs */
-        ca_time_ring2(131072, 16, 16, 128, 5);
-        ca_time_ring2(131072, 16, 2, 128, 5);
-        return;
-    }
-    if (!strcmp(getenv("RS_ATTN_TIMING"), "6")) { /* dense rectangles: 31.03 against whole waves on 132 SMs */
-        const int sizes[][2] = {{32768, 65536}, {33792, 65536}, {32768, 67584}, {65536, 32768}, {65536, 33792},
-                                {32768, 65536}, {65536, 32768}};
-        for (int i = 0; i < 7; i++) ca_time_dense(sizes[i][0], sizes[i][1], 16, 2, 128, 5);
-        return;
-    }
-    if (!strcmp(getenv("RS_ATTN_TIMING"), "3")) { /* hd 256 only: 32k MHA and GQA 16/2, three runs each */
-        ca_time_one(32768, 16, 16, 256, 3);
-        ca_time_one(32768, 16, 2, 256, 3);
-        return;
-    }
-    ca_time_one(32768, 16, 16, 128, 5);
-    ca_time_one(32768, 16, 4, 128, 5);
-    ca_time_one(32768, 16, 2, 128, 5);
-    ca_time_one(32768, 16, 2, 256, 5);
-    ca_time_one(32768, 16, 16, 64, 5);
-    ca_time_one(131072, 16, 16, 128, 3);
-    ca_time_one(131072, 16, 4, 128, 3);
-    ca_time_one(131072, 16, 2, 256, 3);
 }

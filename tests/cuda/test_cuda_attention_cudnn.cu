@@ -6,7 +6,7 @@
  * increments 5e-3 (relative L2). Cases of build/test_cuda; they need cuDNN 9
  * (cuda_attention_cudnn_load's search, or RS_CUDNN_LIBRARY=path): where it
  * cannot be loaded they print SKIP and pass, unless RS_CUDNN_REQUIRED=1
- * (device_suite's attn-cudnn part sets it), then they fail.
+ * (gpu_regress.sh's parts set it), then they fail.
  *
  * Inputs: q ~ N(0, 1.5^2), k, v, dO ~ N(0, 1), rounded to bf16 (the cpu kernel
  * gets the same values as fp32); k and v interleaved in one [k | v] row as the

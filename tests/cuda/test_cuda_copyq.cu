@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_copyq.h"
 #include "cuda_kernels.h"
 #include "cuda_test.h"

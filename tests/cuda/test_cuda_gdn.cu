@@ -329,7 +329,7 @@ static void gdn_cpu_run(const GdnProb *p, int backward, int parallel, float *o, 
 
 /* ---- forward + backward against the oracle ---- */
 
-enum { GDN_SFINAL = 1, GDN_DSFINAL = 2, GDN_DS0 = 4, GDN_ALL = 7, GDN_PARALLEL_ORACLE = 8, GDN_TIME = 16 };
+enum { GDN_SFINAL = 1, GDN_DSFINAL = 2, GDN_DS0 = 4, GDN_ALL = 7, GDN_PARALLEL_ORACLE = 8 };
 
 typedef struct GdnErrs {
     double o, Sf, dq, dk, dv, dg, dbeta, dS0;
@@ -341,8 +341,10 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     if (!c) snprintf(buf, n, "%s", "");
     else if (!memcmp(c, &none, sizeof none)) snprintf(buf, n, " [default]");
     else
-        snprintf(buf, n, " [split=%d nst=%d bv=%d dseg=%d dual=%d sfwd=%d sbwd=%d dwg=%d sfbv=%d]", c->split, c->nst,
-                 c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv);
+        snprintf(buf, n,
+                 " [split=%d nst=%d bv=%d dseg=%d dual=%d state_fwd_wgmma=%d state_bwd_wgmma=%d dual_wgmma=%d "
+                 "state_fwd_wgmma_cols=%d]",
+                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv);
     return buf;
 }
 
@@ -427,8 +429,6 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
     const int wq = p->nk * p->dk, wv = p->nv * p->dv, par = (flags & GDN_PARALLEL_ORACLE) != 0;
     GdnDev d = gdn_dev(p);
-    cudaEvent_t ev[4]; /* forward start, end; backward start, end */
-    for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
 
     /* the backward's inputs */
     float *dout = (float *)test_alloc(T * p->ldo * 4);
@@ -462,7 +462,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     void *kept = gdn_dev_alloc(kept_bytes); /* what the forward keeps, the states included */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
-        char tag[320], cn[128];
+        char tag[320], cn[160];
         snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(cfgs ? &cfgs[ci] : NULL, cn, sizeof cn));
         if (cfgs) cuda_gdn_tune_set(&cfgs[ci]);
         cudaStream_t st = cuda_stream();
@@ -475,14 +475,9 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         if (ddS0) CUDA_CHECK(cudaMemsetAsync(ddS0, 0xff, (size_t)ns * 4, st));
 
         /* forward */
-        if (flags & GDN_TIME) /* warm-up (workspace growth, module load) */
-            cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                                   p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
         CUDA_CHECK(cudaMemsetAsync(kept, 0xff, kept_bytes, st)); /* unwritten slots read as NaN */
-        CUDA_CHECK(cudaEventRecord(ev[0], st));
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
                                p->dv, p->ldq, p->ldv, p->ldo, kept, 1);
-        CUDA_CHECK(cudaEventRecord(ev[1], st));
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
         double e = gdn_check(tag, "o", gdn_cols(o_got, T, 0, wv, p->ldo), o_rc, T * wv, p->dv, bound);
@@ -494,14 +489,8 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         }
 
         /* backward */
-        if (flags & GDN_TIME)
-            cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g,
-                                    d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL,
-                                    0);
-        CUDA_CHECK(cudaEventRecord(ev[2], st));
         cuda_gdn_chunk_backward(dqk, dqk + wq, ddv, ddg, ddb, ddS0, ddout, ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta,
                                 d.S0, d.doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, NULL, 0);
-        CUDA_CHECK(cudaEventRecord(ev[3], st));
         uint16_t *qkbits, *dvbits;
         float *dqk_got = gdn_down_bf16(dqk, T * p->ldq, &qkbits), *dv_got = gdn_down_bf16(ddv, T * p->ldv, &dvbits);
 #define GDN_MAXE(field, expr) \
@@ -523,16 +512,8 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         cuda_gdn_tune_get(&now);
         const int pieced = T > (now.piece ? now.piece : GDN_PIECE_ROWS);
         if (T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0 && !pieced, pieced);
-        if (flags & GDN_TIME) {
-            float ms_f, ms_b;
-            CUDA_CHECK(cudaEventElapsedTime(&ms_f, ev[0], ev[1]));
-            CUDA_CHECK(cudaEventElapsedTime(&ms_b, ev[2], ev[3]));
-            printf("%s: timing (information only, one run after a warm-up): forward %.3f ms, backward %.3f ms\n",
-                   tag, ms_f, ms_b);
-        }
     }
     if (cfgs) cuda_gdn_tune_set(NULL);
-    for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
     gdn_dev_free_all();
     return E;
 }
@@ -683,7 +664,7 @@ enum GdnDet { GDN_DET_EQUAL, GDN_DET_INFO, GDN_DET_DIFFER };
 static void gdn_determinism_at(int nv, const CudaGdnTune *cfg, const CudaGdnTune *cfg2, GdnDet want) {
     static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
     GdnProb p = gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
-    char cn[280], c1[128], c2[128];
+    char cn[336], c1[160], c2[160];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
     else snprintf(cn, sizeof cn, "%s", c1);
@@ -940,7 +921,7 @@ static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 1, 1, 0, 0}, {0, 0, 0, 0, 0, 1, 1, 0, 64}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
-    char tag[256], cn[128];
+    char tag[320], cn[160];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -1202,7 +1183,7 @@ TEST(cuda_gdn_staged) {
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
 static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
-    char tag[256], cn[128];
+    char tag[320], cn[160];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -1322,8 +1303,7 @@ TEST(cuda_gdn_state_affine) {
  * thread per head), under the default; one document segment; 32 columns in 4 document segments; 64
  * columns; the wgmma forward / backward passes, and the dual launch forced to its
  * second form on wgmma (dwg 1: GDN v4.5), the wgmma forward pass in 64-column blocks (sfbv 64; 32 is the
- * automatic choice). Prints
- * one timing of the forward and the backward per set, for information only. */
+ * automatic choice). */
 TEST(cuda_gdn_long) {
     static const int starts[] = {5000, 20000, 20001, 31000};
     static const CudaGdnTune cfgs[] = {{0, 0, 0, 0, 0, 0, 0, 0, 0},
@@ -1336,164 +1316,6 @@ TEST(cuda_gdn_long) {
                                        {0, 0, 0, 0, 0, 1, 0, 0, 64}};
     GdnProb p = gdn_prob(32768, 16, 16, 128, 128, 100, starts, 4, 1, 0.05, 1000);
     gdn_check_fwd_bwd_cfgs("T=32768 nk=nv=16 d=128 docs 5000,20000,20001,31000 S0", &p,
-                           GDN_ALL | GDN_PARALLEL_ORACLE | GDN_TIME, GDN_TEST_BOUND, cfgs,
+                           GDN_ALL | GDN_PARALLEL_ORACLE, GDN_TEST_BOUND, cfgs,
                            (int)(sizeof cfgs / sizeof cfgs[0]));
-}
-
-/* ---- timing (information only; RS_GDN_BENCH=1): inputs made on the device ---- */
-
-__device__ static uint32_t gdn_bench_hash(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return (uint32_t)x;
-}
-
-__device__ static float gdn_bench_u(uint64_t i, uint32_t seed) { /* in (0, 1) */
-    return ((float)(gdn_bench_hash(i * 0x9E3779B97F4A7C15ULL + seed) >> 8) + 0.5f) * (1.0f / 16777216.0f);
-}
-
-/* q and k rows (T, nh2 heads of dk <= 128): uniform, then L2-normalised; one warp per row */
-__global__ void gdn_bench_qk_kernel(bf16 *qk, int64_t T, int nh2, int dk, int ldq, uint32_t seed) {
-    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
-    if (row >= T * nh2) return;
-    const int64_t t = row / nh2;
-    const int hh = (int)(row % nh2);
-    float x[4], ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        x[i] = i < dk / 32 ? gdn_bench_u(row * dk + lane + 32 * i, seed) - 0.5f : 0.0f;
-        ss += x[i] * x[i];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float r = rsqrtf(ss);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        if (i < dk / 32) qk[t * ldq + (int64_t)hh * dk + lane + 32 * i] = __float2bfloat16(x[i] * r);
-}
-
-__global__ void gdn_bench_fill_kernel(bf16 *x, int64_t n, uint32_t seed) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        x[i] = __float2bfloat16(2.0f * gdn_bench_u(i, seed) - 1.0f);
-}
-
-__global__ void gdn_bench_gates_kernel(float *g, float *beta, int64_t n, uint32_t seed) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        g[i] = -0.3f * gdn_bench_u(i, seed);
-        beta[i] = 0.2f + 0.6f * gdn_bench_u(i, seed + 1);
-    }
-}
-
-static int gdn_bench_cmp(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* T tokens, nh heads of 128 (nk = nv), documents of mean length doc_mean (0: one document); the
- * median of `reps` runs per switch set; then the per-kernel profile of the first set, the default and the fastest */
-static void gdn_bench_shape(int64_t T, int nh, int doc_mean, const CudaGdnTune *cfgs, int ncfg, int reps) {
-    const int dk = 128, dv = 128, ldq = 2 * nh * dk, ldv = nh * dv;
-    cudaStream_t st = cuda_stream();
-    bf16 *qk = (bf16 *)gdn_dev_alloc((size_t)T * ldq * 2), *v = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2);
-    bf16 *o = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2), *dout = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2);
-    bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * ldq * 2), *dvv = (bf16 *)gdn_dev_alloc((size_t)T * ldv * 2);
-    float *g = (float *)gdn_dev_alloc((size_t)T * nh * 4), *beta = (float *)gdn_dev_alloc((size_t)T * nh * 4);
-    float *dg = (float *)gdn_dev_alloc((size_t)T * nh * 4), *db = (float *)gdn_dev_alloc((size_t)T * nh * 4);
-    int32_t *hpos = (int32_t *)test_alloc(T * 4);
-    int ndocs = 1;
-    uint64_t lcg = 12345;
-    int64_t next = T;
-    if (doc_mean > 0) {
-        lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
-        next = doc_mean / 4 + (int64_t)((lcg >> 33) % (uint64_t)(3 * doc_mean / 2));
-    }
-    for (int64_t t = 0; t < T; t++) {
-        if (t == next) {
-            ndocs++;
-            lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
-            next = t + doc_mean / 4 + (int64_t)((lcg >> 33) % (uint64_t)(3 * doc_mean / 2));
-            hpos[t] = 0;
-        } else hpos[t] = t == 0 ? 0 : hpos[t - 1] + 1;
-    }
-    int32_t *pos = gdn_up_i32(hpos, T);
-    gdn_bench_qk_kernel<<<(unsigned)((T * 2 * nh + 7) / 8), 256, 0, st>>>(qk, T, 2 * nh, dk, ldq, 1);
-    gdn_bench_fill_kernel<<<2048, 256, 0, st>>>(v, T * ldv, 2);
-    gdn_bench_fill_kernel<<<2048, 256, 0, st>>>(dout, T * ldv, 3);
-    gdn_bench_gates_kernel<<<1024, 256, 0, st>>>(g, beta, T * nh, 4);
-    CUDA_LAUNCH_CHECK();
-    cudaEvent_t ev[3];
-    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
-    float best = 1e30f;
-    int bi = 0;
-    for (int ci = 0; ci < ncfg; ci++) {
-        cuda_gdn_tune_set(&cfgs[ci]);
-        float tf[16], tb[16], ts[16];
-        for (int r = -1; r < reps && r < 16; r++) {
-            CUDA_CHECK(cudaEventRecord(ev[0], st));
-            cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
-            CUDA_CHECK(cudaEventRecord(ev[1], st));
-            cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta,
-                                    NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
-            CUDA_CHECK(cudaEventRecord(ev[2], st));
-            CUDA_CHECK(cudaEventSynchronize(ev[2]));
-            if (r < 0) continue; /* warm-up */
-            CUDA_CHECK(cudaEventElapsedTime(&tf[r], ev[0], ev[1]));
-            CUDA_CHECK(cudaEventElapsedTime(&tb[r], ev[1], ev[2]));
-            ts[r] = tf[r] + tb[r];
-        }
-        const int n = reps < 16 ? reps : 16;
-        qsort(tf, n, 4, gdn_bench_cmp);
-        qsort(tb, n, 4, gdn_bench_cmp);
-        qsort(ts, n, 4, gdn_bench_cmp);
-        char cn[128];
-        printf("bench T=%lld H=%d docs=%d%s: fwd %.3f ms, bwd %.3f ms, fwd+bwd %.3f ms (median of %d)\n",
-               (long long)T, nh, ndocs, gdn_cfg_name(&cfgs[ci], cn, sizeof cn), tf[n / 2], tb[n / 2], ts[n / 2], n);
-        if (ts[n / 2] < best) {
-            best = ts[n / 2];
-            bi = ci;
-        }
-    }
-    char cn[128];
-    printf("bench T=%lld H=%d docs=%d: fastest%s %.3f ms\n", (long long)T, nh, ndocs,
-           gdn_cfg_name(&cfgs[bi], cn, sizeof cn), best);
-    for (int pass = 0; pass < 3; pass++) { /* per-kernel profiles: the first set, the default, the fastest (+ cycles) */
-        CudaGdnTune c = pass == 0 ? cfgs[0] : pass == 1 ? CudaGdnTune{} : cfgs[bi];
-        cuda_gdn_tune_set(&c);
-        cuda_gdn_profile(pass == 2 ? 2 : 1);
-        printf("profile%s:\n", gdn_cfg_name(&c, cn, sizeof cn));
-        cuda_gdn_chunk_forward(o, NULL, qk, qk + nh * dk, v, g, beta, NULL, pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
-        cuda_gdn_chunk_backward(dqk, dqk + nh * dk, dvv, dg, db, NULL, dout, NULL, qk, qk + nh * dk, v, g, beta, NULL,
-                                pos, T, nh, nh, dk, dv, ldq, ldv, ldv, NULL, 0);
-    }
-    cuda_gdn_profile(0);
-    cuda_gdn_tune_set(NULL);
-    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
-    gdn_dev_free_all();
-}
-
-TEST(cuda_gdn_bench) {
-    if (!getenv("RS_GDN_BENCH")) {
-        printf("cuda_gdn_bench: skipped (set RS_GDN_BENCH=1)\n");
-        return;
-    }
-    /* the default, 3 pipeline stages, 32 columns (one segment, 2 and 3 segments), the wgmma state passes
-     * forced on and off; RS_GDN_BENCH=2: every set at T = 32k, H = 16, else the first 5 */
-    static const CudaGdnTune few[] = {
-        {0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 3, 0, 0, 0, 0, 0, 0, 0}, {2, 0, 32, 0, 0, 0, 0, 0, 0},
-        {3, 0, 32, 0, 0, 0, 0, 0, 0}, {0, 0, 32, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 1, 1, 0, 0},
-        {0, 0, 0, 0, 0, 2, 2, 0, 0},
-    };
-    const int nf = (int)(sizeof few / sizeof few[0]), wide = atoi(getenv("RS_GDN_BENCH")) >= 2;
-    gdn_bench_shape(32768, 16, 0, few, wide ? nf : 5, 5);
-    gdn_bench_shape(32768, 16, 1000, few, 5, 5);
-    gdn_bench_shape(32768, 64, 0, few, 5, 3);
-    gdn_bench_shape(32768, 64, 1000, few, 5, 3);
-    gdn_bench_shape(131072, 16, 0, few, 5, 3);
-    gdn_bench_shape(131072, 16, 1000, few, 5, 3);
-    gdn_bench_shape(131072, 64, 0, few, 5, 3);
-    gdn_bench_shape(131072, 64, 1000, few, 5, 3);
 }

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_kernels.h"
 #include "cuda_test.h"
 

@@ -1,5 +1,5 @@
 /*
- * cuda_backend.cu — the cuda backend's process-wide state (cuda_backend.h,
+ * cuda_setup.cu — the cuda backend's process-wide state (cuda_setup.h,
  * cuda_common.h): the GPU of this process, the cuBLASLt handle and its
  * workspace, the kernel scratch, the device error word. Everything is made
  * once, by cuda_backend_init, and lives until the process ends (the driver
@@ -11,9 +11,9 @@
 #include <stdio.h>
 
 #include "backend/attn_hint.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_common.h"
-#include "cuda_streams.h"
+#include "cuda_stream.h"
 
 static int              be_device = -1;
 static cublasLtHandle_t be_lt;
@@ -106,7 +106,7 @@ extern "C" void *cuda_scratch(size_t bytes, const char *what) {
     cuda_backend_ensure();
     if (bytes > be_scratch_bytes)
         error_exit(RS_EXIT_FAIL, __FILE__, __LINE__,
-                   "hint: call cuda_scratch_reserve(bytes) (kernels/cuda/cuda_backend.h) before the first step",
+                   "hint: call cuda_scratch_reserve(bytes) (kernels/cuda/cuda_setup.h) before the first step",
                    "%s needs %zu bytes of kernel scratch; the cuda backend holds %zu", what, bytes, be_scratch_bytes);
     return be_scratch;
 }

@@ -1,13 +1,13 @@
 /*
- * cuda_streams.h — the cuda backend's compute stream, C-callable for lib/ (the NCCL layer,
+ * cuda_stream.h — the cuda backend's compute stream, C-callable for lib/ (the NCCL layer,
  * kernels/cuda/comm_nccl.c, orders its own streams, one per communicator group, against it with events).
  *
  * One stream, non-blocking with respect to the legacy default stream, created by cuda_backend_init
  * (or at the first request, on device 0, by a test or tool that did not call it): every Backend
  * entry runs on it, in order.
  */
-#ifndef RS_CUDA_STREAMS_H
-#define RS_CUDA_STREAMS_H
+#ifndef RS_CUDA_STREAM_H
+#define RS_CUDA_STREAM_H
 
 #include <cuda_runtime_api.h>
 

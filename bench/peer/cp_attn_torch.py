@@ -26,8 +26,8 @@ barrier; a CP run counts as its slowest rank's (peer_common.time_fwd_bwd with di
 Rows: impl torch-cp-cudnn (gpus P) and torch-1gpu-cudnn (gpus 1), family torch-cudnn (ringscan computes
 the efficiency and the ratios). Rank 0 writes the result.
 
-Run by `ringscan bench cp --peer` (tests/peer/README.md); standalone:
-  python3 -m torch.distributed.run --standalone --nproc_per_node 2 tests/peer/cp_attn_torch.py \\
+Run by `ringscan bench cp --peer` (bench/peer/README.md); standalone:
+  python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer/cp_attn_torch.py \\
       --request runs/bench/request_cp_attn.json --out /tmp/cp_attn.json
 """
 import gc

@@ -1,7 +1,7 @@
 /*
- * cuda_backend.h — C-callable set-up and accounting of the cuda backend, for
+ * cuda_setup.h — C-callable set-up and accounting of the cuda backend, for
  * the trainer (lib/run/train.c), the parity tools and the GPU tests. The Backend
- * table itself (`backend_cuda`, lib/backend/backend.h) is kernels/cuda/backend_cuda.c.
+ * table itself (`backend_cuda`, lib/backend/backend.h) is kernels/cuda/cuda_backend_table.c.
  *
  *   cuda_backend_init(local_rank)  picks the GPU of this process and creates,
  *                                  once, the compute and comm streams, the
@@ -21,8 +21,8 @@
  *
  * Header of plain C types only, so lib/ can include it without CUDA headers.
  */
-#ifndef RS_CUDA_BACKEND_H
-#define RS_CUDA_BACKEND_H
+#ifndef RS_CUDA_SETUP_H
+#define RS_CUDA_SETUP_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /*
- * backend_cuda.c — the cuda backend's Backend table (lib/backend/backend.h): bf16
+ * cuda_backend_table.c — the cuda backend's Backend table (lib/backend/backend.h): bf16
  * activations (act_size 2), fp32 statistics, states and parameter gradients,
  * the kernels of kernels/cuda (cuda_kernels.h). The initializer names every
  * entry, and a kernel whose signature drifts from the table fails to compile.
@@ -11,19 +11,19 @@
  * nothing when off.
  *
  * Before the first call the process picks its GPU with
- * cuda_backend_init(local_rank) (cuda_backend.h); lib/run/train.c does.
+ * cuda_backend_init(local_rank) (cuda_setup.h); lib/run/train.c does.
  *
  * Files: cuda_memory.cu (memory), cuda_matmul.cu (cuBLASLt GEMMs),
  * cuda_norm.cu (RMSNorm, L2 norm, gated RMSNorm), cuda_elementwise.cu
  * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu, cuda_rope.cu,
  * cuda_loss.cu (fused lm_head + CE), cuda_optim.cu (AdamW, sum of squares),
- * attention/, gdn/; cuda_backend.cu and cuda_stream.cu hold the
+ * attention/, gdn/; cuda_setup.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.
  */
 #include "cp/attn_cudnn_graph.h"
 #include "backend/backend.h"
 #include "cuda_copyq.h"
-#include "cuda_backend.h"
+#include "cuda_setup.h"
 #include "cuda_attention_cudnn.h"
 #include "cuda_kernels.h"
 #include "cuda_profile.h"

@@ -8,8 +8,8 @@ documents (cu_seqlens of more than one document, `bench attn --doc-len`) runs on
 document on its slice of the rows (SDPA has no document mask on these backends), the outputs
 concatenated; the row's note says so.
 
-Run by `ringscan bench attn --peer` (tests/peer/README.md); standalone:
-  python3 tests/peer/attn_sdpa.py --request runs/bench/request_attn.json --out /tmp/sdpa.json
+Run by `ringscan bench attn --peer` (bench/peer/README.md); standalone:
+  python3 bench/peer/attn_sdpa.py --request runs/bench/request_attn.json --out /tmp/sdpa.json
 """
 import gc
 

@@ -32,7 +32,7 @@ Memory: torch.cuda.max_memory_allocated (peak_alloc_bytes) and max_memory_reserv
 (device_used_bytes) over the timed steps, weights and optimizer state included.
 
 Run by `ringscan bench step --peer`; standalone:
-  PYTHONPATH=.dev/peer python3 tests/peer/step_hf.py --request runs/bench/request_step.json --out /tmp/hf.json
+  PYTHONPATH=.dev/peer python3 bench/peer/step_hf.py --request runs/bench/request_step.json --out /tmp/hf.json
 """
 import gc
 import inspect

@@ -1,5 +1,5 @@
-"""peer_common.py — what the peer scripts of tests/peer share: reading the request and writing the
-result of the JSON contract (tests/peer/README.md), CUDA-event timing with the same rule as
+"""peer_common.py — what the peer scripts of bench/peer share: reading the request and writing the
+result of the JSON contract (bench/peer/README.md), CUDA-event timing with the same rule as
 `ringscan bench` (warm-up runs, then timed runs, the median; stop repeating once the timed runs
 took max_s seconds and at least 3 were done), the description of the device and software, and the
 lifting of FLA's #640 guard for timing (gdn_fla.py, step_hf.py, cp_gdn_fla.py), and for the CP

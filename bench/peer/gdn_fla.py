@@ -6,7 +6,7 @@ uniform in [-1, 1) then L2-normalised per head; v, dO uniform in [-1, 1); g unif
 dense path); several documents go through cu_seqlens (and cu_seqlens_cpu, so no host sync).
 
 FLA is not installed on the GPU machine: put a snapshot's `fla` folder on PYTHONPATH
-(tests/peer/README.md). With Triton < 3.7.1 on Hopper, FLA refuses its gated backward
+(bench/peer/README.md). With Triton < 3.7.1 on Hopper, FLA refuses its gated backward
 (chunk_bwd_dqkwg, FLA issue #640: wrong gradients there). For TIMING ONLY this script lifts that
 guard at import (it sets fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True in memory; no file is
 edited) and says so in the result's notes; the gradients of such a run are not trusted.
@@ -18,7 +18,7 @@ the timed process then autotunes serially on an otherwise idle GPU with every ke
 compiled. Set PEER_GDN_WARM=0 to skip.
 
 Run by `ringscan bench gdn --peer`; standalone:
-  PYTHONPATH=.dev/peer python3 tests/peer/gdn_fla.py --request runs/bench/request_gdn.json --out /tmp/fla.json
+  PYTHONPATH=.dev/peer python3 bench/peer/gdn_fla.py --request runs/bench/request_gdn.json --out /tmp/fla.json
 """
 import gc
 import json
@@ -39,7 +39,7 @@ def import_fla():
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError as e:
         pc.usage_exit(f"flash-linear-attention is not importable ({e}); put a snapshot's fla folder on PYTHONPATH "
-                      "(tests/peer/README.md)")
+                      "(bench/peer/README.md)")
     notes = []
     pc.fla_lift_guard(notes)
     return chunk_gated_delta_rule, notes, getattr(fla, "__version__", "unknown")

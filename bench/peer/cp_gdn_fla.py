@@ -19,7 +19,7 @@ rows run the same two calls without cp_context at the full T.
 Inputs as ringscan draws them: the pre-conv x and dO uniform in [-1, 1), conv weights in [-0.5, 0.5)
 (the same on every rank), g (fp32) in [-0.1, -0.001), beta (bf16) in [0.05, 0.95); x, q, k, v bf16.
 
-FLA is not installed on the GPU machine: a snapshot's `fla` folder on PYTHONPATH (tests/peer/README.md).
+FLA is not installed on the GPU machine: a snapshot's `fla` folder on PYTHONPATH (bench/peer/README.md).
 With Triton < 3.7.1 on Hopper FLA refuses its gated backward (chunk_bwd_dqkwg, FLA issue #640): for
 TIMING ONLY this script lifts that guard in memory exactly as gdn_fla.py does (import_fla there) and
 says so in the result's notes; the gradients of such a run are not trusted.
@@ -32,7 +32,7 @@ Rows: impl fla-cp (gpus P) and fla-1gpu (gpus 1), family fla. Rank 0 writes the 
 
 Run by `ringscan bench cp --peer`; standalone:
   PYTHONPATH=.dev/peer python3 -m torch.distributed.run --standalone --nproc_per_node 2 \\
-      tests/peer/cp_gdn_fla.py --request runs/bench/request_cp_gdn.json --out /tmp/cp_gdn.json
+      bench/peer/cp_gdn_fla.py --request runs/bench/request_cp_gdn.json --out /tmp/cp_gdn.json
 """
 import gc
 
@@ -50,7 +50,7 @@ def import_fla_cp():
         from fla.ops.cp import build_cp_context
     except ImportError as e:
         pc.usage_exit(f"flash-linear-attention's CP is not importable ({e}); put a snapshot's fla folder (with "
-                      "fla/ops/cp) on PYTHONPATH (tests/peer/README.md)")
+                      "fla/ops/cp) on PYTHONPATH (bench/peer/README.md)")
     return causal_conv1d, build_cp_context
 
 

@@ -6,7 +6,7 @@ per run, in the order of first launch. Information only; nothing is asserted.
 
 FLA's #640 guard is lifted in memory for timing only, as in gdn_fla.py (the gradients of such a
 run are not trusted). Standalone, on the GPU machine:
-  PYTHONPATH=.dev/peer python3 tests/peer/gdn_fla_profile.py --request OUT/request_gdn.json
+  PYTHONPATH=.dev/peer python3 bench/peer/gdn_fla_profile.py --request OUT/request_gdn.json
 (`ringscan bench gdn ... --write-requests --out OUT` writes the request without a GPU).
 """
 import argparse

@@ -1,0 +1,33 @@
+/*
+ * bench_kernels.h — what the kernel timing programs of bench/cuda share: device and host scratch freed
+ * together, uploads, the median of a few floats. build/bench_kernels (bench_kernels.cu) times single
+ * cuda kernels on one GPU for experiments; nothing in it is checked (the parity of the same kernels is
+ * build/test_cuda's).
+ *
+ * Callers: bench/cuda/attention_timing.cu, bench/cuda/gdn_timing.cu, bench/cuda/bench_kernels.cu.
+ */
+#ifndef RS_BENCH_KERNELS_H
+#define RS_BENCH_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* device bytes (+16 spare), poisoned with 0xFF bytes (NaN in bf16 and fp32) on the compute stream */
+void *bk_dev_alloc(size_t bytes);
+/* host bytes, zeroed */
+void *bk_host_alloc(size_t bytes);
+/* a new device copy of `bytes` host bytes (on the compute stream) */
+void *bk_upload(const void *host, size_t bytes);
+/* waits for the compute stream, then frees every buffer of bk_dev_alloc */
+void bk_dev_free_all(void);
+/* frees every buffer of bk_host_alloc (main, after a mode has run) */
+void bk_host_free_all(void);
+/* the median of x[0..n) (sorts x) */
+float bk_median(float *x, int n);
+
+/* attention_timing.cu: MODE all, 32k, hd256, 128k, ring2 or dense; 0, or 1 for an unknown MODE */
+int bk_attention_timing(const char *mode);
+/* gdn_timing.cu: the state passes' choice sets, every set at 32k / 16 heads when every_set, else the first 5 */
+void bk_gdn_timing(int every_set);
+
+#endif

@@ -1,0 +1,439 @@
+#!/bin/bash
+# gpu_runs.sh — the GPU benchmarks and A/B experiments a session runs on the lent GPU machine, in one call, from
+# the repository root, with the binaries built on the CPU machine and carried in build/:
+#
+#   NCCL_NVLS_ENABLE=0 bash bench/gpu_runs.sh PART...        e.g.  bench/gpu_runs.sh gdn attn32k cp2
+#
+# Every part writes its log under logs/ and prints a summary line; the benchmark parts keep their bench.json
+# as PART.json. All of it ends in one file, $OUT/gpu_runs.tgz (the environment: tests/cuda/gpu_env.sh). What
+# fails when behaviour breaks is tests/cuda/gpu_regress.sh's (parity, CP equivalence, the configs that must fit).
+# Parts, in the order given:
+#   gdn        ringscan bench gdn --peer (every shape, FLA beside)      gdn-nopeer  the same, ours only
+#   gdn-base   ringscan bench gdn at 32k and 128k (16 and 64 heads, 1 and many documents) of GDN_BASE_BIN (a binary
+#              built at an earlier commit) and of build/ringscan, alternated twice on the same GPU
+#   gdn-states ringscan bench gdn --gdn-keep states (ours only: the kept chunk states, GDN v4.4)
+#   gdn32k     ringscan bench gdn at T = 32768, 16 and 64 heads, 1 and 16 documents (ours only), and the
+#              same with --profile 1 (the time of every kernel, in the log)
+#   gdn-cycles the state passes' cycles per phase (--profile 2, block 0) at 32k, one document: the wgmma
+#              passes (--gdn-tune state_fwd_wgmma=1,state_bwd_wgmma=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
+#   attn       ringscan bench attn --peer (every shape, SDPA flash and cuDNN beside)
+#   attn32k    the same at T = 32768 only
+#   attn-cudnn (issue 19) the cuDNN attention route: ringscan bench attn at 32k and 128k, 16/16/128 and 16/2/128:
+#              --attn-impl cudnn with SDPA flash and cuDNN beside (--peer), then ours alone on the same shapes
+#              (attn-cudnn-ours.json) (its parity: gpu_regress.sh attn-cudnn-parity and attn-auto)
+#   attn-cudnn-det  what determinism costs: bench attn at 8k and 16k (cudnn_det's workspace, Tq Tk nh 2 bytes,
+#              fits there only), 16/16/128 and 16/2/128, with cuDNN's backward (cudnn), its deterministic one
+#              (cudnn_det) and ours, alternated twice; a table of f+b ms and cudnn_det / cudnn; then cudnn_det at
+#              128k: it stops naming the workspace asked, or runs on an engine whose workspace fits (said). ~2 min
+#   attn-cudnn-wide  the cuDNN route where attn-cudnn did not look: bench attn --attn-impl cudnn at hd 256
+#              (16/16/256, 16/2/256) and at hd 128 with documents (--doc-len 2048: document-masked calls go
+#              to our kernel by design, the routed counts say so), 32k and 128k, SDPA flash and cuDNN beside
+#              (per document with documents). ~5 min
+#   step-cudnn the 1B step (bench step, 32k tokens, ours only) under none and under remat, each with our
+#              attention kernel and with device.attention_kernel=cudnn, side by side (cudnn_det's workspace
+#              does not fit at 32k beside the step). ~4 min
+#   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside); fails unless
+#              our row's block_recomputes and chunk_recomputes are 0 (none reruns nothing)
+#   remat      ringscan bench step, remat (ours only)
+#   step-states  ringscan bench step, none, checkpoint.gdn_keep=states (ours only)
+#   cp-step    ringscan train of the 1B config, remat: 128k tokens on one GPU, then 256k at cp 2 on two GPUs
+#              with communication overlapped and forced serial (parallel.overlap_comm: false) (CP_STEP_SET: more
+#              --set options for all three, e.g. "--set device.attention_kernel=cudnn"): ms/step,
+#              tokens/s, MFU, peak memory beside plan
+#   cp2-attn   cp2's ring attention at 128k and 256k with torch's context_parallel beside it
+#   cp2-gdn    cp2's GDN layer, ours only (FLA's CP autotunes for more than 240 s cold)
+#   cp2-ring-calls  cp2's ring attention at 128k (MHA, GQA; where v0.6 missed 99%), ours only, with the zigzag
+#              rule's calls one by one (--ring-calls pairs) and auto (one call per step with our kernel),
+#              alternated RING_ROUNDS (2) times: what one launch per step buys. ~2 min
+#   cp2-ring-calls-cudnn  the same through cuDNN (auto: one call per step, every one cuDNN's). ~4 min
+#   ring2-calls  one GPU: our kernel's calls of the cp 2 ring at 128k (MHA, GQA 16/2) one by one, each rank's own
+#              block and dense rectangle beside the one-GPU call (build/bench_kernels attn ring2):
+#              the ring's CP efficiency from the kernel calls alone, without communication. ~1 min
+#   cp2-ring-kv  cp2's ring attention at 128k (MHA, GQA) with the backward reading the K|V its forward kept
+#              (--ring-kv kept, the default) against passing it again (passed), through cuDNN then ours,
+#              alternated RING_ROUNDS (2) times. ~4 min
+#   cp2-ring-ab  the same 128k ring (MHA, GQA) through cuDNN and through ours, this build against
+#              RING_BASE_BIN (another ringscan: a schedule change's A/B), alternated RING_ROUNDS (2) times. ~3 min
+#   cp2-ring-dq  the same 128k ring (steps) with our backward's dQ in key-block order (the built-in, deterministic)
+#              and by plain atomics (--attn-tune dq_atomic=1), alternated twice: whether the ordered dQ is what
+#              slows the dense-rectangle step's backward (v0.10: ~158 ms against ~140 for the causal step). ~2 min
+#   cp2-gdn-chain  cp2's GDN layer (GDN_CASES, default 64k and 128k at 64 heads), ours only, with the staged
+#              chain (parallel.gdn_chain_staged, the default) and each fragment's pass whole (--gdn-chain whole),
+#              alternated CHAIN_ROUNDS (2) times: what the staged chain buys. ~1 min a run
+#   cp2-gdn-peer  cp2's GDN layer with FLA's CP beside it, the peer given all but 200 s of the call
+#              (its Triton autotuning, ~300 s per shape cold; TRITON_CACHE_SAVE keeps the cache for the next
+#              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
+#              GDN_OURS_S: the seconds kept for ours and the parts after it (default 200)
+#   cp2-512k   cp2's ring attention at 512k (MHA and GQA, 2 timed runs) with torch's context_parallel
+#   cp2-attn-cudnn  cp2's ring attention through the cuDNN route (bench cp --attn-impl cudnn: the causal
+#              diagonals and dense rectangles on cuDNN, by the ring's host hints, no read-back) at 128k, 256k and
+#              512k, MHA and GQA, 3 timed runs, with torch's context_parallel (cuDNN) beside and the route's
+#              own one-GPU rows for CP efficiency. ~7 min: run it alone in a call
+#   cp4-attn   (4 GPUs, issue 21) ring attention at cp 4, 128k / 512k / 1M, 16 heads, hd 128, torch beside
+#              (CP4_REPS timed runs, default 2; CP4_PEER_S the peer's seconds, default 300)
+#   cp4-gdn    (4 GPUs) the GDN layer at cp 4, 128k, 64 heads, FLA's CP beside (give it a warm Triton cache)
+#   cp4-gdn-nopeer  the same, ours only
+#   cp4-step   (4 GPUs) ringscan train at 256k: dp 1 x cp 4 (grad_accum 2) beside dp 2 x cp 2 overlapped and
+#              serial (CP_STEPS, default 4) (the 1M config at cp 4: gpu_regress.sh cp4-1m)
+#   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
+#              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
+#              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
+#              compute and communication (issue 22)
+#   long-1m-torch  torch context_parallel + cuDNN alone, one attention layer (16 heads, hd 128) fwd+bwd at 1M on
+#              two GPUs (~2 min): the peer beside gpu_regress.sh's long-1m (the 1M config's training, which must fit)
+#   long-1m-cudnn  gpu_regress.sh long-1m's training (3 steps, two GPUs, cp 2) with device.attention_kernel=cudnn: s/step,
+#              MFU, memory beside plan (which counts the route's 3.28 GiB workspace; cuDNN's own plan workspace
+#              is printed in the log). ~70 s a step if the attention runs at v0.7's 1.6x: ~5 min; run it alone
+#              in a call (on 80 GB H100s plan is 75.1 GiB of 79.2 before cuDNN's own workspace)
+#   long-256k  the same model at 262,144 tokens on two GPUs, 4 steps each: unchunked without offload
+#              (chunk_rows 65536 = the fragment), chunked (plan's 8,384 rows), chunked + offload; the cost
+#              of each as a ratio of ms/step, and the offloaded run's losses bitwise the chunked run's.
+#              ~7.5 s a step (attention 1.7 PFLOP per GPU a step), ~50 s a run: ~3 min
+# Exit status: 1 if any part failed (a bench error row, a failed check, a timeout), else 0.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+GPU_RUNNER=gpu_runs
+. tests/cuda/gpu_env.sh
+
+# the GDN layer of a baseline binary (GDN_BASE_BIN, e.g. one built at an earlier commit) and of build/ringscan on
+# the same GPU, alternated twice (base, ours, base, ours): a kernel change measured against what it replaced
+suite_gdn_base() {
+    local rc=0 r b
+    [ -x "${GDN_BASE_BIN:-}" ] || { echo "gdn-base: GDN_BASE_BIN '${GDN_BASE_BIN:-}' is not an executable"; return 1; }
+    for r in 1 2; do
+        for b in "$GDN_BASE_BIN" build/ringscan; do
+            timeout "$(left)" "$b" bench gdn --T 32768,131072 --heads 16,64 --doc-len 0,2048 \
+                --out "/tmp/gpu_runs_gdn-base" > "$L/gdn-base-$r-$(basename "$(dirname "$b")").log" 2>&1 || rc=1
+            echo "gdn-base round $r: $b ($("$b" --version | sed -n 2p | tr -s ' '))"
+            sed -n '/^case /,/^$/p' "$L/gdn-base-$r-$(basename "$(dirname "$b")").log" | head -10
+        done
+    done
+    return $rc
+}
+
+# suite_gdn32k NAME [BENCH OPTION...]: ringscan bench gdn at 32k with the given options, then per kernel
+suite_gdn32k() {
+    local name=$1
+    shift
+    timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 "$@" \
+        --out "/tmp/gpu_runs_$name" > "$L/$name.log" 2>&1
+    local rc=$?
+    echo "$name ($*) rc=$rc"
+    sed -n '/^case /,$p' "$L/$name.log" | head -12
+    cp "/tmp/gpu_runs_$name/bench.json" "$W/$name.json" 2>/dev/null
+    timeout "$(left)" build/ringscan bench gdn --T 32768 --heads 16,64 --doc-len 0,2048 "$@" --profile 1 \
+        --reps 3 --out "/tmp/gpu_runs_$name-prof" > "$L/$name-prof.log" 2>&1
+    local prc=$?
+    echo "$name per kernel rc=$prc (log $name-prof.log)"
+    [ $rc -eq 0 ] && [ $prc -eq 0 ]
+}
+
+# the per-phase cycle counters of the state passes (--profile 2), one line per pass and setting
+suite_gdn_cycles() {
+    local rc=0 bv h
+    for bv in 64 32; do
+        for h in 16 64; do
+            timeout "$(left)" build/ringscan bench gdn --gdn-tune state_fwd_wgmma=1,state_bwd_wgmma=1,state_fwd_wgmma_cols=$bv --profile 2 \
+                --T 32768 --heads $h --doc-len 0 --reps 1 --out /tmp/gpu_runs_cyc > "$L/cycles-wg$bv-h$h.log" 2>&1 || rc=1
+            echo "wgmma, $bv columns forward, $h heads:"
+            grep "gdn cycles" "$L/cycles-wg$bv-h$h.log" | tail -2
+        done
+    done
+    timeout "$(left)" build/ringscan bench gdn --gdn-tune state_fwd_wgmma=2,state_bwd_wgmma=2 --profile 2 --T 32768 --heads 16 \
+        --doc-len 0 --reps 1 --out /tmp/gpu_runs_cyc > "$L/cycles-mma-h16.log" 2>&1 || rc=1
+    echo "mma.sync, 16 heads:"
+    grep "gdn cycles" "$L/cycles-mma-h16.log" | tail -2
+    return $rc
+}
+
+# suite_cp NAME NP ARGS...: mpirun -np NP ringscan bench cp ARGS, the tables printed, bench.json kept
+suite_cp() {
+    local name=$1 np=$2
+    shift 2
+    timeout "$(left)" mpirun -np "$np" --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED \
+        ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} ${TRITON_CACHE_DIR:+-x TRITON_CACHE_DIR -x TRITON_CACHE_AUTOTUNING} \
+        "${RS_BIN:-build/ringscan}" bench cp "$@" --out "/tmp/gpu_runs_$name" > "$L/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc"
+    sed -n '/^case /,/^results/p' "$L/$name.log" | head -80
+    cp "/tmp/gpu_runs_$name/bench.json" "$W/$name.json" 2>/dev/null
+    cp /tmp/gpu_runs_"$name"/peer_cp_*.log "$L/" 2>/dev/null
+    return $rc
+}
+
+# suite_bench NAME ARGS...: ringscan bench ARGS, the table printed, bench.json kept
+suite_bench() {
+    local name=$1
+    shift
+    timeout "$(left)" build/ringscan bench "$@" --out "/tmp/gpu_runs_$name" > "$L/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc"
+    sed -n '/^case /,$p' "$L/$name.log" | head -60
+    cp "/tmp/gpu_runs_$name/bench.json" "$W/$name.json" 2>/dev/null
+    return $rc
+}
+
+# the 1B step under none beside transformers+FLA; our row must say the step reran nothing (issue 18: none
+# keeps every per-token tensor its backward reads, so no block and no row chunk runs again)
+suite_step_none() {
+    local rc=0
+    suite_bench step step --profile 1 --peer --peer-timeout 240 --set checkpoint.activations=none || rc=1
+    python3 - "$W/step.json" <<'EOF' || rc=1
+import json, sys
+for r in json.load(open(sys.argv[1]))["step"]["ringscan"]:
+    got = (r.get("block_recomputes"), r.get("chunk_recomputes"))
+    print(f"step {r.get('case')}: none reran {got[0]} blocks, {got[1]} per-token forwards (want 0, 0)")
+    if got != (0, 0):
+        sys.exit("step: checkpoint.activations none recomputed")
+EOF
+    return $rc
+}
+
+
+# the cuDNN attention route (issue 19) beside ours and SDPA (its parity: gpu_regress.sh attn-cudnn-parity, attn-auto)
+suite_attn_cudnn() {
+    local rc=0
+    local shapes="--T 32768,131072 --attn-shapes 16/16/128,16/2/128"
+    suite_bench attn-cudnn attn $shapes --attn-impl cudnn --peer --peer-timeout 150 || rc=1
+    grep -E "attention kernel|cuDNN attention plan|routed" "$L/attn-cudnn.log" | head -12
+    suite_bench attn-cudnn-ours attn $shapes || rc=1
+    return $rc
+}
+
+# the cuDNN route at hd 256 and with documents, SDPA beside
+suite_attn_cudnn_wide() {
+    local rc=0 T="--T 32768,131072"
+    suite_bench attn-cudnn-hd256 attn $T --attn-shapes 16/16/256,16/2/256 --attn-impl cudnn --peer \
+        --peer-timeout 150 || rc=1
+    grep -E "routed|cuDNN attention plan" "$L/attn-cudnn-hd256.log" | head -8
+    suite_bench attn-cudnn-docs attn $T --attn-shapes 16/16/128,16/2/128 --doc-len 2048 --attn-impl cudnn --peer \
+        --peer-timeout 150 || rc=1
+    grep -E "routed" "$L/attn-cudnn-docs.log" | head -4
+    return $rc
+}
+
+# cuDNN's two backwards and ours on the same shapes, alternated twice, one table (issue 19's default)
+suite_attn_cudnn_det() {
+    local rc=0 k i
+    for i in 1 2; do
+        for k in cudnn cudnn_det ringscan; do
+            suite_bench "attn-det-$k-$i" attn --T 8192,16384 --attn-shapes 16/16/128,16/2/128 --attn-impl $k \
+                > /dev/null || rc=1
+        done
+    done
+    grep -hE "cuDNN attention plan: backward" "$L"/attn-det-cudnn*-1.log | sort -u | head -8
+    # at 128k the deterministic engine v0.10 met asks 512 GiB (Tq Tk nh 2 bytes): passed over, the run stops saying
+    # so, unless cuDNN offers another deterministic engine whose workspace fits (then it runs: its plan line says)
+    if suite_bench "attn-cudnn-det-refused" attn --T 131072 --attn-shapes 16/16/128 --attn-impl cudnn_det > /dev/null; then
+        echo "attn-cudnn-det: 128k ran with another deterministic engine:"
+        grep -m2 "cuDNN attention plan: backward" "$L/attn-cudnn-det-refused.log"
+    elif grep -q "does not fit this GPU" "$L/attn-cudnn-det-refused.log"; then
+        echo "attn-cudnn-det: 128k refused: $(grep -m1 -o 'ask a workspace of at least [0-9]* MiB, [0-9]* MiB could' \
+            "$L/attn-cudnn-det-refused.log")"
+    else
+        echo "attn-cudnn-det: FAIL: cudnn_det at 128k failed without naming its workspace"; rc=1
+        tail -3 "$L/attn-cudnn-det-refused.log"
+    fi
+    python3 - "$W" <<'PYEOF' || rc=1
+import json, sys, glob, os
+rows = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "attn-det-*.json"))):
+    k, i = os.path.basename(f)[len("attn-det-"):-len(".json")].rsplit("-", 1)
+    for r in json.load(open(f))["attn"]["ringscan"]:  # a failed case has no time: left out, shown as "-"
+        if "ms_fwdbwd" in r:
+            rows.setdefault(r["case"], {}).setdefault(k, []).append(r["ms_fwdbwd"])
+print(f"{'case':28s} {'cudnn f+b ms':>18s} {'cudnn_det':>18s} {'ours':>18s} {'det/cudnn':>9s} {'ours/det':>8s}")
+for c, m in rows.items():
+    best = {k: min(v) for k, v in m.items()}
+    cell = lambda k: ", ".join(f"{x:.2f}" for x in m.get(k, [])) or "-"
+    ratio = lambda a, b: f"{best[a] / best[b]:.3f}" if a in best and b in best else "-"
+    print(f"{c:28s} {cell('cudnn'):>18s} {cell('cudnn_det'):>18s} {cell('ringscan'):>18s} "
+          f"{ratio('cudnn_det', 'cudnn'):>9s} {ratio('ringscan', 'cudnn_det'):>8s}")
+PYEOF
+    return $rc
+}
+
+# the 1B step with our attention kernel and with the cuDNN route, under none and remat
+suite_step_cudnn() {
+    local rc=0 pol k
+    for pol in none remat; do
+        for k in ringscan cudnn; do
+            suite_bench "step-$pol-$k" step --profile 1 --set checkpoint.activations=$pol \
+                --set device.attention_kernel=$k || rc=1
+        done
+    done
+    return $rc
+}
+
+# long-1m's training with the cuDNN route
+suite_long_1m_cudnn() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 k=(--set device.attention_kernel=cudnn)
+    build/ringscan plan $cfg "${k[@]}" | grep -E "^  total|cuDNN attention workspace|verdict"
+    suite_train long-1m-cudnn 2 3 $cfg "${k[@]}" || rc=1
+    grep -E "cuDNN attention plan|^attention:" "$L/long-1m-cudnn.log" | sort | uniq -c | head -10
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
+# the 1B config's training step: one GPU at 128k, two GPUs at cp 2 and 256k (overlapped, serial)
+suite_cp_step() {
+    local cfg=configs/hybrid-1b-256k-h200x4.yaml rc=0 n=${CP_STEPS:-6} c=(--set train.grad_accum=1 ${CP_STEP_SET:-})
+    suite_train cp-step-1gpu 1 $n $cfg "${c[@]}" --set data.seq_len=131072 --set parallel.cp=1 || rc=1
+    suite_train cp-step-cp2-overlapped 2 $n $cfg "${c[@]}" --set data.seq_len=262144 --set parallel.cp=2 \
+        --set parallel.overlap_comm=true || rc=1
+    suite_train cp-step-cp2-serial 2 $n $cfg "${c[@]}" --set data.seq_len=262144 --set parallel.cp=2 \
+        --set parallel.overlap_comm=false || rc=1
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
+
+# four GPUs (issue 21): dp 2 x cp 2 with communication overlapped and serial (the gradient buckets' overlap)
+# beside dp 1 x cp 4 at 256k (the 1M config at cp 4: gpu_regress.sh cp4-1m)
+suite_cp4_step() {
+    local rc=0 c256=configs/hybrid-1b-256k-h200x4.yaml n=${CP_STEPS:-4} s=(--set data.seq_len=262144)
+    suite_train cp4-256k 4 $n $c256 "${s[@]}" --set parallel.cp=4 --set parallel.dp=1 --set train.grad_accum=2 || rc=1
+    suite_train dp2cp2-256k-overlapped 4 $n $c256 "${s[@]}" --set parallel.cp=2 --set parallel.dp=2 \
+        --set train.grad_accum=1 || rc=1
+    suite_train dp2cp2-256k-serial 4 $n $c256 "${s[@]}" --set parallel.cp=2 --set parallel.dp=2 --set train.grad_accum=1 \
+        --set parallel.overlap_comm=false || rc=1
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
+
+
+# torch context_parallel + cuDNN alone, one attention layer (16 heads, hd 128) fwd+bwd at 1M on two GPUs: the peer
+# beside gpu_regress.sh's long-1m
+suite_long_1m_torch() {
+    local rc=0
+    local d=/tmp/gpu_runs_long-1m-torch
+    mpirun -np 2 --allow-run-as-root build/ringscan bench cp --parts attn --T 1048576 --attn-shapes 16/16/128 \
+        --warmup 1 --reps 1 --write-requests --out $d > "$L/long-1m-torch.log" 2>&1 || rc=1
+    timeout "$(left)" python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer/cp_attn_torch.py \
+        --request $d/request_cp_attn.json --out "$W/long-1m-torch.json" >> "$L/long-1m-torch.log" 2>&1 || rc=1
+    python3 -c "import json,sys; [print('  torch 1M:', r) for r in json.load(open(sys.argv[1]))['results']]" \
+        "$W/long-1m-torch.json" || rc=1
+    return $rc
+}
+
+
+suite_long_256k() {
+    local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 s=(--set data.seq_len=262144)
+    suite_train long-256k-whole 2 4 $cfg "${s[@]}" --set checkpoint.chunk_rows=65536 --set checkpoint.offload=none ||
+        rc=1
+    suite_train long-256k-chunked 2 4 $cfg "${s[@]}" --set checkpoint.offload=none || rc=1
+    suite_train long-256k-offload 2 4 $cfg "${s[@]}" || rc=1
+    python3 - $TRAIN_DIR <<'EOF' || rc=1
+import json, sys
+d = sys.argv[1]
+runs = {n: [json.loads(l) for l in open(f"{d}/long-256k-{n}/metrics.jsonl")] for n in ("whole", "chunked", "offload")}
+# the steps after the first (warm-up: allocator, cuBLASLt plans, NCCL)
+ms = {n: sum(r["ms"] for r in rs[1:]) / max(len(rs) - 1, 1) for n, rs in runs.items()}
+print(f"256k, ms/step after step 1: whole {ms['whole']:.0f}, chunked {ms['chunked']:.0f} "
+      f"(x{ms['chunked'] / ms['whole']:.3f}), chunked + offload {ms['offload']:.0f} "
+      f"(x{ms['offload'] / ms['chunked']:.3f} of chunked, x{ms['offload'] / ms['whole']:.3f} of whole)")
+same = all(a["loss"] == b["loss"] for a, b in zip(runs["offload"], runs["chunked"]))
+close = max(abs(a["loss"] - b["loss"]) for a, b in zip(runs["chunked"], runs["whole"]))
+print(f"losses: offload vs chunked {'bitwise equal' if same else 'DIFFER'}; chunked vs whole max |diff| {close:.2e}")
+sys.exit(0 if same and close < 1e-2 else 1)
+EOF
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
+# bench_part PART: one part (gpu_run_parts' DISPATCH)
+bench_part() {
+    local part=$1
+    case $part in
+    gdn) suite_bench gdn gdn --peer --peer-timeout 200 ;;
+    gdn-nopeer) suite_bench gdn-nopeer gdn ;;
+    gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
+    gdn32k) suite_gdn32k gdn32k ;;
+    gdn-base) suite_gdn_base ;;
+    gdn-cycles) suite_gdn_cycles ;;
+    attn) suite_bench attn attn --peer --peer-timeout 200 ;;
+    attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
+    attn-cudnn) suite_attn_cudnn ;;
+    attn-cudnn-det) suite_attn_cudnn_det ;;
+    attn-cudnn-wide) suite_attn_cudnn_wide ;;
+    step-cudnn) suite_step_cudnn ;;
+    step) suite_step_none ;;
+    remat) suite_bench remat step --profile 1 ;;
+    cp-step) suite_cp_step ;;
+    long-1m-torch) suite_long_1m_torch ;;
+    long-256k) suite_long_256k ;;
+    long-1m-cudnn) suite_long_1m_cudnn ;;
+    step-states)
+        suite_bench step-states step --profile 1 --set checkpoint.activations=none --set checkpoint.gdn_keep=states
+        ;;
+    cp2) suite_cp cp2 2 --peer --peer-timeout 240 ;;
+    cp2-attn) suite_cp cp2-attn 2 --parts attn --T 131072,262144 --peer --peer-timeout 150 ;;
+    cp2-gdn) suite_cp cp2-gdn 2 --parts gdn ;;
+    cp2-ring-calls|cp2-ring-calls-cudnn)
+        impl=ringscan
+        [ "$part" = cp2-ring-calls-cudnn ] && impl=cudnn
+        for i in $(seq "${RING_ROUNDS:-2}"); do
+            for how in pairs auto; do
+                suite_cp "cp2-ring-$impl-$how-$i" 2 --parts attn --T 131072 --attn-impl $impl --ring-calls $how || status=1
+            done
+        done ;;
+    ring2-calls)
+        timeout "$(left)" build/bench_kernels attn ring2 > "$L/ring2-calls.log" 2>&1
+        r=$?
+        grep -E "^ring2" "$L/ring2-calls.log"
+        [ $r -eq 0 ]
+        ;;
+    cp2-ring-kv)  # the backward from the forward's K|V (kept) against passing it again, cuDNN then ours
+        for impl in cudnn ringscan; do
+            for i in $(seq "${RING_ROUNDS:-2}"); do
+                for kv in passed kept; do
+                    suite_cp "cp2-ring-$impl-$kv-$i" 2 --parts attn --T 131072 --attn-impl $impl --ring-kv $kv || status=1
+                done
+            done
+        done ;;
+    cp2-ring-dq)
+        for i in 1 2; do
+            for dq in 0 1; do
+                suite_cp "cp2-ring-dq$dq-$i" 2 --parts attn --T 131072 --attn-tune dq_atomic=$dq || status=1
+            done
+        done ;;
+    cp2-ring-ab)  # this build against RING_BASE_BIN, both kernels, alternated
+        [ -x "${RING_BASE_BIN:-}" ] || { echo "cp2-ring-ab: RING_BASE_BIN (a ringscan to compare with) not set"; status=1; }
+        for i in $(seq "${RING_ROUNDS:-2}"); do
+            for k in cudnn ringscan; do
+                for bin in base new; do
+                    [ $bin = base ] && [ ! -x "${RING_BASE_BIN:-}" ] && continue
+                    RS_BIN=$([ $bin = base ] && echo "$RING_BASE_BIN" || echo build/ringscan) \
+                        suite_cp "cp2-ring-$k-$bin-$i" 2 --parts attn --T 131072 --attn-impl $k || status=1
+                done
+            done
+        done ;;
+    cp2-gdn-chain)
+        for i in $(seq "${CHAIN_ROUNDS:-2}"); do
+            for how in staged whole; do
+                suite_cp "cp2-gdn-$how-$i" 2 --parts gdn ${GDN_CASES:---gdn-T 65536,131072 --heads 64} --gdn-chain $how \
+                    || status=1
+            done
+        done ;;
+    cp2-gdn-peer) suite_cp cp2-gdn-peer 2 --parts gdn ${GDN_CASES:-} --peer --peer-timeout $(($(left) - ${GDN_OURS_S:-200})) ;;
+    cp2-512k) suite_cp cp2-512k 2 --parts attn --T 524288 --reps 2 --peer --peer-timeout 240 ;;
+    cp2-attn-cudnn) suite_cp cp2-attn-cudnn 2 --parts attn --attn-impl cudnn --T 131072,262144,524288 --reps 3 --peer \
+        --peer-timeout 240 ;;
+    cp4-attn) suite_cp cp4-attn 4 --parts attn --T 131072,524288,1048576 --attn-shapes 16/16/128 --reps "${CP4_REPS:-2}" \
+        --peer --peer-timeout "${CP4_PEER_S:-300}" ;;
+    cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
+    cp4-gdn-nopeer) suite_cp cp4-gdn-nopeer 4 --parts gdn --gdn-T 131072 --heads 64 ;;
+    cp4-step) suite_cp4_step ;;
+    *)
+        echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base attn attn32k attn-cudnn"
+        echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
+        echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
+        echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step long-1m-torch long-1m-cudnn long-256k;"
+        echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
+        false
+        ;;
+    esac
+}
+
+gpu_run_parts bench_part "$@"
