@@ -1,6 +1,6 @@
 /*
  * cpu_conv.c — the causal depthwise conv1d + SiLU of the Gated DeltaNet
- * layer (research/qwen3_next_spec.md §2.6), cpu backend: fp32, plain loops,
+ * layer (docs/design/model.md), cpu backend: fp32, plain loops,
  * deterministic.
  *
  * Called through backend_cpu (lib/backend/backend.h: conv1d_silu_forward,

@@ -7,7 +7,7 @@
  * threads. Callers: backend_cpu.c (the table), lib/cp*.c (the transition),
  * tests/unit/test_gdn.c.
  *
- * The math (research/gdn_cp.md §1-2; derivations below are ours). Per value
+ * The math (docs/design/gdn-kernels.md; derivations below are ours). Per value
  * head h (key head h / (nv/nk)) the tokens are cut into chunks of at most
  * C = 64 rows: a new sub-sequence starts at every token with doc_pos == 0 and
  * is chunked from its own first token, so the last chunk of a sub-sequence
@@ -39,7 +39,7 @@
  *
  * Numerics:
  *   - Every gate factor is e^{later - earlier} <= 1 or e^{G_r} <= 1 (g <= 0). The upper
- *     triangle of Gam is never evaluated: it is selected to 0 (research/gdn_cp.md §6), so a
+ *     triangle of Gam is never evaluated: it is selected to 0 (docs/design/gdn-kernels.md, "Numerics"), so a
  *     positive exponent that could overflow never reaches exp.
  *   - Decision: the chunk-local cumsum G, the gate factors' exponents and dL/dG with its
  *     reverse cumsum are in double (64 values per chunk, so it costs nothing). With strong

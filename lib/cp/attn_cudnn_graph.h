@@ -151,8 +151,8 @@ typedef struct {
 void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic);
 
 /* cuDNN's own plan workspace for the deterministic backward (cudnn_det): one bf16 value per (query, key, head),
- * Tq Tk nh 2 bytes, what every deterministic engine cuDNN 9.14 offered asked on an H100 at hd 128 (32,768 MiB at
- * 32k rows and 16 heads, 524,288 MiB at 128k; docs/benchmarks.md v0.10). The real figure is read off the plan
+ * Tq Tk nh 2 bytes, what every deterministic engine cuDNN 9.14 offered asked at hd 128 (32 GiB at 32k rows and 16
+ * heads). The real figure is read off the plan
  * when it is built (cuda_attention_cudnn.c); this estimate is what `ringscan plan` counts for cudnn_det. */
 int64_t cdg_det_plan_bytes(int64_t Tq, int64_t Tk, int nh);
 

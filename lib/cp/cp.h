@@ -20,7 +20,7 @@
  * schedule is decided from local data alone, so every rank posts the same
  * sequence of messages.
  *
- * Gated DeltaNet (cp_gdn.c, research/gdn_cp.md §3-4): each fragment's entry
+ * Gated DeltaNet (cp_gdn.c, docs/design/gdn-cp.md): each fragment's entry
  * state is the previous fragment's exit. At P = 2 the chain: rank 0 runs
  * fragment 0 while rank 1 computes fragment 2's transition (M, H); fragment
  * 0's exit goes to rank 1, which runs fragment 1 and sends fragment 3's
@@ -34,7 +34,7 @@
  * fragment) comes by an all-gather of every fragment's tail; its gradient
  * goes back the same way and is added at the owner.
  *
- * Softmax attention (cp_ring.c, research/ring_attention.md §1): P ring steps;
+ * Softmax attention (cp_ring.c, docs/design/ring-attention.md): P ring steps;
  * at step t rank r holds the K|V block of rank (r - t) mod P, and every
  * (query fragment, key fragment) pair is either the diagonal (causal), a
  * rectangle of the one document that can span two fragments (all keys

@@ -81,7 +81,7 @@ int data_dtype_bytes(DataDtype dt);
  * message. The hash is FNV-1a (64-bit words) over token_bytes, n_tokens,
  * n_docs, every document start, and DATA_FP_BLOCKS blocks of DATA_FP_BLOCK
  * token bytes spread evenly over the tokens (first and last included; all of
- * them when the tokens are smaller than that): about 0.3 ms plus 8 bytes per
+ * them when the tokens are smaller than that): a fixed read plus 8 bytes per
  * document at open, whatever the file size. A full hash would read the whole
  * file (minutes for hundreds of GB, at every start and resume); the sampled
  * one catches a replaced, regenerated, re-tokenized, truncated or extended

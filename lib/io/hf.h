@@ -3,7 +3,7 @@
  * a ringscan checkpoint for its weights alone.
  *
  * The layout (hf_layout.c). Every Hugging Face tensor of the state dict
- * (model_params_build_hf, research/qwen3_next_spec.md §6) is a set of rows of
+ * (model_params_build_hf, docs/design/model.md) is a set of rows of
  * one internal parameter (model_params.h), all of one width: HF row r of
  * `in_proj_qkvz` / `in_proj_ba` is row hf_layout_src_row(r) of the internal
  * linear_attn.in_proj [q | k | v | z | b | a] (group-interleaved per key

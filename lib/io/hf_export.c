@@ -38,7 +38,7 @@ static uint16_t hf_f32_to_bf16(float f) {
     return (uint16_t)(b >> 16);
 }
 
-/* config.json (research/qwen3_next_spec.md §6, "config.json"). */
+/* config.json (docs/design/model.md). */
 static json_t *hf_config_json(const Config *cfg, StDtype dtype, const char *source) {
     const ModelConfig *m = &cfg->model;
     json_t *j = json_object();

@@ -1,7 +1,7 @@
 /*
  * model_block.c — forward and backward of one decoder block (pre-norm mixer,
  * residual, pre-norm SwiGLU MLP, residual) for both layer kinds, over the
- * backend's kernels. research/qwen3_next_spec.md §2–4 is the math; the
+ * backend's kernels. docs/design/model.md is the math; the
  * buffers are model.h's LayerActs.
  *
  *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v];

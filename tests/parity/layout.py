@@ -1,5 +1,5 @@
 """layout.py — conversion between the Hugging Face state dict of the model
-(names and shapes of research/qwen3_next_spec.md §6) and ringscan's internal
+(names and shapes of docs/design/model.md) and ringscan's internal
 parameter tensors (lib/model/model_params.h, built by model_params_build in
 lib/model/model_params.c), in both directions.
 

@@ -1,6 +1,6 @@
 """ref_model.py — an independent PyTorch implementation of the ringscan model
 (Qwen3-Next with a dense MLP in every layer), written from
-research/qwen3_next_spec.md, used as the whole-model parity reference for the
+docs/design/model.md, used as the whole-model parity reference for the
 C trainer (make_case.py runs it; tests/test_reference.py checks it).
 
 It is a reference, not fast code: plain torch ops on the Hugging Face

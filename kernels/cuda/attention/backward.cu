@@ -48,9 +48,9 @@ static __global__ void attn_bwd_prep_kernel(float *lse2 /* (nh,Tq_pad) */, float
 /* ---- the kernel: dK, dV and dQ in one ----------------------------------------------------------- */
 
 #define ATTN_BWD_THROTTLE_MIN_TK 65536 /* hd 256: above this many keys the backward runs with ATTN_BWD_THROTTLE: at
-                                         * 128k keys unthrottled the backward measured 1473 to 2768 ms fwd+bwd from call to call,
-                                         * with W = 4 1836-1852 (MHA), 1750-1751 (GQA 16/2) in two rounds; at 32k W = 4
-                                         * costs 20% (H100, 2026-11-23, docs/benchmarks.md "v0.5") */
+                                         * very long key ranges the unthrottled backward's time varies widely from call to
+                                         * call (a head's key blocks drift apart and stop sharing Q, dO in L2); at shorter
+                                         * ones the throttle costs more than it saves (docs/design/attention-kernels.md) */
 #define ATTN_BWD_THROTTLE 4 /* W > ST (hd 256, above ATTN_BWD_THROTTLE_MIN_TK keys): a block's producer loads query
                               * tile i only once the next key block of its head, if started and live there, has added
                               * tile i - W, so a head's key blocks stay within W tiles of each other and share Q, dO

@@ -4,7 +4,7 @@
  * reads and writes its states, its chunk span, and the per-phase cycle counters. Part of gdn.cu, whose
  * header has the algebra and the buffer layouts.
  *
- * Segmented state passes (research/gdn_cp.md §3 "intracard CP", §8.2). The chunk range of a pass is
+ * Segmented state passes (docs/design/gdn-kernels.md, "Segments"). The chunk range of a pass is
  * cut into nseg segments of consecutive chunks (segment p: chunks [lo + n p / nseg, lo + n (p+1) /
  * nseg), n chunks; a segment may be empty). Forward:
  *   phase A  segments 0 .. nseg-2 in parallel: segment 0 from S0 gives E_1 (the state entering
@@ -24,12 +24,12 @@
  * in flight while a chunk is computed; the per-chunk (t0, L, flags) is loaded one chunk before its
  * tiles are issued.
  *
- * Document segments (GDN v3, sg.cuts): the forward and backward passes cut the chunks at document
+ * Document segments (sg.cuts): the forward and backward passes cut the chunks at document
  * starts into segments that run side by side (no transition columns, no fold; gdn_doc_range). The
  * host does not know the documents (no round trip), so it launches a fixed number of segments and
  * gdn_index_cuts_kernel places the cuts on the device; with one document all but one are empty.
  *
- * Dual launch (switch dual, gdn/gdn.cu "GDN v3.1"): the host launches each state pass twice, in two
+ * Dual launch (switch dual, gdn/gdn.cu GDN_DUAL_DEFAULT): the host launches each state pass twice, in two
  * configurations (the automatic column block and document segments, and 32 columns in 8 document
  * segments); gdn_index_cuts_kernel writes which one the documents call for (sg.pick) and the blocks of
  * the other exit before their first load. Both give the same bits (document segments are exact).
