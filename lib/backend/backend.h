@@ -29,7 +29,7 @@
  *     and the delta rule never look back past doc_pos[t] tokens.
  *   - Nothing allocates inside a kernel except where a workspace is passed.
  *
- * Callers: lib/model*.c, lib/run/train.c, lib/cp*.c, tests/unit.
+ * Callers: lib/model/, lib/run/train.c, lib/cp/, tests/unit.
  */
 #ifndef RS_BACKEND_H
 #define RS_BACKEND_H

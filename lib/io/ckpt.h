@@ -3,7 +3,7 @@
  * retention and fallback to an older checkpoint. The base of exact resume and
  * of surviving Slurm preemption.
  *
- * Layout (DESIGN.md §4):
+ * Layout:
  *   RUN_DIR/ckpt/step_NNNNNNNN/     one complete checkpoint (8-digit step)
  *       model.safetensors ...       the caller's tensor files (safetensors.h)
  *       manifest.json               written last: see below
