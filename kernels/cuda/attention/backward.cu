@@ -79,7 +79,7 @@ struct AttnBwdCfg {
     /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : QSTG ? 8 : 0; /* 32-column boxes of 8 KB staged per tile */
-    static constexpr int DQS = BULK ? 2 : ST; /* staging buffers, by tile (BULK: 1 measured 1-2% slower) */
+    static constexpr int DQS = BULK ? 2 : ST; /* staging buffers, by tile (BULK: 1 is slower) */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
@@ -218,8 +218,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                  * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
                 uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
                 /* finish: complete the reduce of tile pend and release it. The lambda and the no-op call after
-                 * the loop are what the measured build compiled (its SEQPIPE switch, removed, had two reduces in
-                 * flight); written out inline, ptxas emits different SASS, so they stay */
+                 * the loop stay as they are: written out inline, ptxas emits SASS other than the measured build's */
                 int pend = -1;
                 auto finish = [&]() {
                     if (pend < 0) return;
