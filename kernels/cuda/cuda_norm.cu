@@ -30,7 +30,7 @@
 #define NORM_WARPS 8          /* rows (warps) per block of the forward kernels */
 #define NORM_SMEM_DEFAULT 49152
 #define NORM_SMEM_MAX (227 * 1024)
-#define L2NORM_EPS 1e-6f      /* on the sum of squares (spec §2.10) */
+#define L2NORM_EPS 1e-6f      /* on the sum of squares (docs/design/model.md) */
 
 static int norm_rows_blocks(int64_t rows) { return (int)cuda_ceil_div(rows, NORM_WARPS); }
 

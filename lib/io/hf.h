@@ -7,8 +7,8 @@
  * one internal parameter (model_params.h), all of one width: HF row r of
  * `in_proj_qkvz` / `in_proj_ba` is row hf_layout_src_row(r) of the internal
  * linear_attn.in_proj [q | k | v | z | b | a] (group-interleaved per key
- * head, spec §2.3/§2.4); `q_proj` rows interleave [q_h | gate_h] per head
- * into self_attn.in_proj [q | gate | k | v] (§3), `k_proj` and `v_proj` are
+ * head, docs/design/model.md); `q_proj` rows interleave [q_h | gate_h] per head
+ * into self_attn.in_proj [q | gate | k | v], `k_proj` and `v_proj` are
  * its last two blocks; `gate_proj` / `up_proj` the halves of mlp.gate_up;
  * `conv1d.weight` [Cc, 1, Kc] is conv1d [Cc, Kc] row for row; 1-D tensors
  * are rows of width 1. Export gathers these rows, import scatters them back,
@@ -53,9 +53,9 @@
 
 typedef enum {
     HF_ROWS_RANGE,    /* internal row = base + r */
-    HF_ROWS_GDN_QKVZ, /* spec §2.3 */
-    HF_ROWS_GDN_BA,   /* spec §2.4 */
-    HF_ROWS_ATTN_Q,   /* spec §3: per head [q | gate] */
+    HF_ROWS_GDN_QKVZ, /* in_proj_qkvz: grouped by key head */
+    HF_ROWS_GDN_BA,   /* in_proj_ba: grouped by key head */
+    HF_ROWS_ATTN_Q,   /* q_proj: per head [q | gate] */
 } HfRows;
 
 typedef struct {

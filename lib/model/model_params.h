@@ -7,8 +7,8 @@
  * weight-decay group from it, and the exporter maps it to Hugging Face names.
  *
  * Internal layout (chosen for one GEMM per projection; the exporter permutes
- * rows into the Hugging Face interleaved layouts, docs/design/model.md
- * §2.3, §2.4, §3). Weights are [out, in], y = x W^T.
+ * rows into the Hugging Face interleaved layouts, docs/design/model.md).
+ * Weights are [out, in], y = x W^T.
  *   GDN layer   linear_attn.in_proj   [Cc + Vd + 2nv, H]  rows [q | k | v | z | b | a],
  *                                      heads in global order (q, k: nk heads of dk;
  *                                      v, z: nv heads of dv; b, a: nv)
