@@ -17,7 +17,7 @@
  *              per multiply-add; with documents, --doc-len, the sum over documents of
  *              L^2/2 in place of T^2/2); backward 2.5x the forward; fwd+bwd 3.5x.
  *   GDN        plan_gdn_chunk_flops per chunk of 64 and head (FLA's kernel split,
- *              research/gdn_cp.md §7), chunks counted whole per document.
+ *              docs/design/gdn-kernels.md, "FLOPs counted"), chunks counted whole per document.
  *   floors     max(FLOPs / peak, minimum bytes / bandwidth): every input read once, every
  *              output written once, bf16 activations, fp32 gates and statistics.
  *   step       MFU = plan's model FLOPs per token (attention causal) x tokens/s / peak.
@@ -71,7 +71,7 @@ static const char bench_usage[] =
     "\n"
     "  attn: causal, bf16, one document (--doc-len: several); FLOPs 4*sum(L^2)/2*hd*nh forward over the\n"
     "        documents' lengths L, backward 2.5x forward.\n"
-    "  gdn:  K = V, bf16 q/k/v, fp32 gates; FLOPs per chunk of 64 from plan (research/gdn_cp.md §7).\n"
+    "  gdn:  K = V, bf16 q/k/v, fp32 gates; FLOPs per chunk of 64 from plan (docs/design/gdn-kernels.md).\n"
     "  step: one optimizer step of --config at --tokens tokens on one GPU (cp 1, dp 1, one sample):\n"
     "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory.\n"
     "  cp:   context parallelism over the P ranks of mpirun (one per GPU), one document, with the CP code\n"
@@ -667,7 +667,7 @@ static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, 
                    "3.5x)\n", o->attn_docs ? "documents of --doc-len (cases _docsN)" : "one document");
     else
         fprintf(f, "\nGated DeltaNet chunked delta rule: H key = value heads, bf16 q/k/v, fp32 gates; FLOPs per chunk "
-                   "of 64\n  and head from plan (FLA's kernel split, research/gdn_cp.md §7), whole chunks per document;\n"
+                   "of 64\n  and head from plan (FLA's kernel split, docs/design/gdn-kernels.md), whole chunks per document;\n"
                    "  ringscan's forward keeps %s for its backward (--gdn-keep %s)\n",
                 o->gdn_keep == GDN_KEEP_NONE ? "nothing"
                 : o->gdn_keep == GDN_KEEP_WY ? "W, U, the gate cumsum"

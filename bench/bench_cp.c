@@ -50,7 +50,7 @@
  *   --gdn-keep other than none each fragment's prep is computed once
  *   (lib/cp/cp_gdn.c): at P = 2 rank 1's head preps fragment 2 for its transition
  *   and its tail, rank 0's relay preps fragment 3 while it waits, so both tails
- *   run without prep; under none nothing is shared (the v0.7 schedule).
+ *   run without prep; under none nothing is shared.
  *
  * Inputs: random, never zeros (each rank its own seed): q, k, v, dO, the
  * pre-conv projection uniform in [-1, 1); conv weights in [-0.5, 0.5); g in

@@ -3,7 +3,7 @@ checking (a bad value names its option, exit 2), the clear stop naming the devic
 files the peers read (bench/peer/README.md), which need no GPU. `bench cp` runs whole on the cpu
 backend under mpirun -np 2 at a tiny size: its rows, the numbers derived from them, and the peer
 launch (a stand-in for torchrun that writes a result) are checked. The timings themselves run on
-the GPU machine (docs/benchmarks.md); no test asserts a time."""
+the GPU machine (today's figures: docs/performance.md); no test asserts a time."""
 import json
 import os
 import shutil

@@ -57,7 +57,7 @@ def tensors(folder):
 
 
 def expected_shapes(cfg):
-    """The HF state dict of research/qwen3_next_spec.md §6 (names and shapes), from config.json."""
+    """The HF state dict of docs/design/model.md (names and shapes), from config.json."""
     H, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     nk, nv, dk, dv = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                                        "linear_value_head_dim"))

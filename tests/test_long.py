@@ -179,10 +179,9 @@ def test_offload_is_bitwise(case, tmp_path, cp, policy):
 
 
 GIB = 2**30
-# The 1M cp 2 plan must leave 2 GiB of the 79 for what plan does not count: on two H200s held to an H100's
-# memory the backend's peak ran 1.66 GiB over plan's terms (docs/benchmarks.md v0.11: 75.74 GiB against
-# 74.08; in use 78.5 of 79.65). It was 75 GiB while plan counted neither cuDNN's workspace (3.28 GiB, the
-# default attention since v0.11) nor the measured CUDA context and NCCL memory (2.69 GiB; 1 GiB before).
+# The 1M cp 2 plan must leave 2 GiB of the 79 for what plan does not count: on the GPU machine, held to an
+# H100's memory, the backend's peak ran up to 1.66 GiB over plan's terms (docs/performance.md has the
+# measured memory of the config).
 PLAN_1M_MAX = (79 - 2) * GIB
 ONE_M = ["configs/hybrid-1b-1m-h200x4.yaml", "--set", "parallel.cp=2", "--set", "slurm.gpus_per_node=2",
          "--set", "device.memory_gib=79", "--set", "parallel.gdn_chain_staged=false",  # as the h100x2 config

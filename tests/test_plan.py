@@ -1,7 +1,7 @@
 """test_plan.py — `ringscan plan` against numbers computed by hand.
 
 Parameter counts are worked out below from the Hugging Face state-dict shapes
-of research/qwen3_next_spec.md §6 (the arithmetic is in the comments), and must
+of docs/design/model.md (the arithmetic is in the comments), and must
 equal the plan's exact count and its own HF-table sum. Memory and
 communication are checked for their structure: the policies order as they
 must, overrides change the numbers, and a run that does not fit exits 1 with
@@ -166,7 +166,7 @@ def test_flops_by_hand(ringscan):
     full = 3 * 4 * 16 * 128 * 1_048_576 * 4
     assert f["attention_noncausal"] == full
     assert f["attention_causal"] == full / 2
-    # GDN at C=64, K=V=128: FLA's split gives 11.3 (fwd) + 32.5 (bwd) MFLOP per chunk-head (research/gdn_cp.md §7)
+    # GDN at C=64, K=V=128: FLA's split gives 11.3 (fwd) + 32.5 (bwd) MFLOP per chunk-head (docs/design/gdn-kernels.md, "FLOPs counted")
     per_token_head = f["gdn"] / (12 * 16)
     assert abs(per_token_head - (11.30e6 + 32.51e6) / 64) / per_token_head < 0.01
 

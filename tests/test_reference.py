@@ -2,7 +2,7 @@
 
 The reference is only useful if it is right, so it is checked against
 formulations written independently of it:
-  - the token-by-token gated delta rule against the chunked WY form of spec §5
+  - the token-by-token gated delta rule against the chunked WY form of docs/design/gdn-kernels.md
     (written here), with and without documents and with an initial state;
   - the document-masked attention against a per-document, per-query loop, and
     the document-aware conv against torch's conv1d run on each document;
@@ -71,7 +71,7 @@ def doc_spans(doc_pos_row):
     return list(zip(starts, starts[1:] + [len(doc_pos_row)]))
 
 
-# ---------------------------------------------------------------- chunked gated delta rule (spec §5)
+# ---------------------------------------------------------------- chunked gated delta rule (docs/design/gdn-kernels.md)
 
 def chunk_gated_delta_rule(q, k, v, g, beta, C=64, S0=None):
     """One sequence, chunked WY form: q, k [T, h, dk] (L2-normalised), v [T, h, dv], g, beta [T, h].
@@ -223,7 +223,7 @@ def test_norms_and_gates_by_hand():
 
 
 def test_gdn_value_head_uses_key_head_h_over_r(monkeypatch):
-    """Value head h reads q/k of key head h // (nv/nk) and its own v rows (spec §2.3, §2.9)."""
+    """Value head h reads q/k of key head h // (nv/nk) and its own v rows (docs/design/model.md)."""
     cfg = small_config(linear_num_key_heads=2, linear_num_value_heads=6)   # r = 3
     P = ref_model.random_params(cfg, seed=14)
     name = "model.layers.0.linear_attn.in_proj_qkvz.weight"

@@ -1,63 +1,30 @@
 /*
- * cpu_attention.c — block softmax attention and the LSE merge, the primitives
- * ring attention is built on (cpu backend: fp32, plain loops, deterministic).
+ * cpu_attention.c — block softmax attention and the LSE merge, the primitives ring attention is built on
+ * (cpu backend: fp32, plain loops, deterministic; the oracle the cuda kernels are tested against).
+ * Called through backend_cpu (lib/backend/backend.h: attention_forward, attention_backward,
+ * attention_merge) by the softmax layer and the ring schedule (lib/cp/cp_ring.c), and by
+ * tests/unit/test_attention.c.
  *
- * Called through backend_cpu (lib/backend/backend.h: attention_forward,
- * attention_backward, attention_merge) by the softmax layer and the ring
- * schedule (lib/cp*.c), and by tests/unit/test_attention.c.
+ * One call: the queries of one block of rows against the keys/values of another. Query i sees key j iff
+ * they share a document (pos - doc_pos agree) and, when `causal`, pos_k[j] <= pos_q[i]; scale hd^-1/2;
+ * query head h reads kv head h / (nh / nkv). No order of pos inside a block is assumed (zigzag blocks,
+ * packed documents).
  *
- * One call takes the queries of one block of tokens and the keys/values of
- * another (the same block at ring step 0, another rank's block later). Query
- * i sees key j iff pos_q[i] - doc_pos_q[i] == pos_k[j] - doc_pos_k[j] (same
- * document: both sides name the document by its start position) and, when
- * `causal`, pos_k[j] <= pos_q[i]. Scale hd^-1/2; query head h reads kv head
- * h / (nh / nkv).
+ * Forward: query tiles of ATTN_ROWS rows, key tiles of ATTN_KEYS; an fp32 online softmax per row, so the
+ * Tq x Tk scores never exist and scratch is O(ATTN_ROWS hd) on the stack; out = acc / l, lse = m + log l,
+ * a row with no key out = 0 and lse = -inf (never +inf or NaN). A key tile is skipped when no document can
+ * own a query and a key of the pair (the tiles' ranges of document starts do not overlap) or when causal
+ * and every key is in the future; the backward skips the same tiles.
+ * Backward, given the FINAL merged out and lse: P = exp(S - lse), D = rowsum(dout out), dS = P (dP - D),
+ * dq, dk, dv accumulate (+=); rows with lse = -inf contribute nothing. dq of a tile is summed in an fp32
+ * stack buffer and added once; dk/dv are added in place in (query tile, head, row) order.
+ * Merge: running (out, lse) += partial, -inf on either side handled by branches, both finite by the
+ * log1p form, so finite and -inf inputs never make a NaN (a NaN coming in propagates).
+ * The hint (lib/backend/attn_hint.h), when given, is compared with the rows (fatal on a difference), so
+ * every hint the ring computes is checked wherever the ring runs on the cpu.
  *
- * Forward: queries are taken in tiles of ATTN_ROWS rows, keys in tiles of
- * ATTN_KEYS; per (query tile, head) each row keeps an online softmax in fp32
- * (running max m, running sum l, unnormalised accumulator acc[hd]), so the
- * Tq x Tk score matrix never exists and scratch is O(ATTN_ROWS * hd) on the
- * stack. The output is acc / l and the natural-log LSE m + log(l); a row that
- * saw no key gets out = 0 and lse = -inf (never +inf, never NaN).
- *
- * Tile skipping (cheap, conservative, assumes no ordering of pos inside a
- * block, so zigzag blocks [seg r | seg 2P-1-r] and packed documents work):
- * for a query tile and a key tile take, over each tile, the range
- * [min, max] of the document start pos - doc_pos, and min pos_k / max pos_q.
- * The key tile is skipped when the two document-start ranges do not overlap
- * (no document can own a query and a key of the pair), or when `causal` and
- * min pos_k > max pos_q (every key is in every query's future). A tile that
- * is not skipped is tested pair by pair. The backward skips exactly the same
- * tiles.
- *
- * Backward, given the FINAL (merged over all ring steps) out and lse:
- *   P = exp(S - lse), D = rowsum(dout * out), dS = P (dP - D), dP = dout v^T,
- *   dq += scale dS k, dk += scale dS^T q, dv += P^T dout.
- * All three accumulate (ring steps add partials into them). Rows with
- * lse = -inf saw no key anywhere and contribute nothing (their dout is
- * ignored). dq of a tile is summed in an fp32 stack buffer and added once;
- * dk/dv are added in place, for each key in (query tile, head, row) order.
- * (With a consistent lse the -inf guard changes nothing: such a row sees no
- * key in any block. It keeps a row out of the loop that would otherwise
- * compute exp(s + inf).)
- *
- * Merge: running (out, lse) += partial (out_b, lse_b), per (row, head):
- *   lse_b = -inf          -> keep (out, lse); out_b is not read
- *   lse   = -inf          -> take (out_b, lse_b)
- *   both finite           -> with e = exp(-|lse - lse_b|):
- *                            lse' = max + log1p(e), and the weights are
- *                            1/(1+e) for the larger side, e/(1+e) for the
- *                            smaller one (exactly e^(L - lse') for each side,
- *                            without the rounding of lse' entering them).
- * So finite and -inf inputs never make a NaN. A NaN coming in (from NaN
- * activations upstream) propagates; +inf is not a legal lse (no kernel writes
- * it) and is not special-cased.
- *
- * The hint (lib/backend/attn_hint.h), when given, is compared with the rows (fatal on
- * a difference): the cpu picks no kernel by it, but so every hint the ring
- * computes is checked wherever the ring runs on the cpu.
- *
- * Limits: hd <= ATTN_HD_MAX (stack scratch), checked. out must not alias q.
+ * The math in full: docs/design/attention-kernels.md. Limits: hd <= ATTN_HD_MAX (stack scratch), checked;
+ * out must not alias q.
  */
 #include <math.h>
 #include <stdint.h>

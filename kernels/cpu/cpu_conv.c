@@ -1,40 +1,26 @@
 /*
- * cpu_conv.c — the causal depthwise conv1d + SiLU of the Gated DeltaNet
- * layer (research/qwen3_next_spec.md §2.6), cpu backend: fp32, plain loops,
- * deterministic.
- *
- * Called through backend_cpu (lib/backend/backend.h: conv1d_silu_forward,
- * conv1d_silu_backward) by the GDN layer over its [q|k|v] channels, and by
+ * cpu_conv.c — the causal depthwise conv1d + SiLU of the Gated DeltaNet layer (docs/design/model.md),
+ * cpu backend: fp32, plain loops, deterministic. Called through backend_cpu (lib/backend/backend.h:
+ * conv1d_silu_forward, conv1d_silu_backward) by the GDN layer over its [q|k|v] channels, and by
  * tests/unit/test_conv.c.
  *
- * Per channel c and token t, with lookback b = Kc-1-j for tap j (tap Kc-1 is
- * the current token, tap 0 the token Kc-1 back):
+ * Per channel c and token t, with lookback b = Kc-1-j for tap j (tap Kc-1 the current token):
  *   u[t,c] = sum_j w[c,j] x(t-b, c),   y[t,c] = silu(u[t,c]) = u sigmoid(u)
- *   x(t-b) = inp[t-b]             when t-b >= 0,
- *          = halo[Kc-1 + t-b]     otherwise (the previous CP fragment's last
- *                                 Kc-1 pre-conv rows; halo NULL = zeros),
- *   and every tap with b > doc_pos[t] reads 0 (it lies before the token's
- *   document), so a document starting inside the first Kc-1 rows ignores
- *   the halo for its taps.
- * Taps are summed in fp32 from the oldest (j = 0) to the current one.
+ *   x(t-b) = inp[t-b] when t-b >= 0, else halo[Kc-1 + t-b] (the previous CP fragment's last Kc-1
+ *            pre-conv rows; halo NULL = zeros),
+ * and every tap with b > doc_pos[t] reads 0 (it lies before the token's document), so a document starting
+ * inside the first Kc-1 rows ignores the halo. Taps are summed in fp32 from the oldest to the current.
  *
- * Backward recomputes u (nothing from the forward is saved) and, with
- * du = dout * silu'(u), silu'(u) = s (1 + u (1 - s)), s = sigmoid(u):
- *   dinp[t-b] (or dhalo[Kc-1+t-b] when t-b < 0) gets w[c,j] du[t,c]
- *   dw[c,j] += du[t,c] x(t-b, c)
- * for every tap the forward used. Tokens are walked in increasing t and
- * scatter into the rows they read: row t is written (=) by its own tap b = 0
- * (always used, doc_pos >= 0) before later tokens add to it, so dinp is
- * written, not accumulated, and every dinp element sums its terms in the
- * fixed order b = 0, 1, ..., Kc-1. dhalo (when not NULL) is zeroed first and
- * gets the halo taps' terms. dhalo does not depend on the halo values, so
- * with halo NULL (zero rows) it is still the gradient of those rows; only dw
- * sees the zeros. dw accumulates (+=) in token order.
+ * Backward recomputes u and, with du = dout silu'(u), silu'(u) = s (1 + u (1 - s)), s = sigmoid(u):
+ * dinp[t-b] (or dhalo[Kc-1+t-b] when t-b < 0) gets w[c,j] du[t,c] and dw[c,j] += du[t,c] x(t-b, c), for
+ * every tap the forward used. Tokens are walked in increasing t and scatter into the rows they read: row
+ * t is written (=) by its own tap b = 0 before later tokens add to it, so dinp is written, not
+ * accumulated, each element summing its terms in the order b = 0 .. Kc-1. dhalo (when not NULL) is
+ * zeroed first; it does not depend on the halo values, so with halo NULL it is still the gradient of
+ * those rows. dw accumulates (+=) in token order.
  *
- * Layout: inp/dinp rows have stride ldi, out/dout stride ldo, halo/dhalo are
- * dense (Kc-1, C), w is (C, Kc) row-major (the HF conv1d.weight [C,1,Kc]).
- * dinp must not alias inp (the backward re-reads inp rows it has passed).
- * Kc <= CONV_KC_MAX, checked.
+ * Layout: inp/dinp rows of stride ldi, out/dout ldo, halo/dhalo dense (Kc-1, C), w (C, Kc) row-major (the
+ * HF conv1d.weight [C,1,Kc]). dinp must not alias inp. Kc <= CONV_KC_MAX, checked.
  */
 #include <math.h>
 #include <stdint.h>

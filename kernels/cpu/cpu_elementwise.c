@@ -7,7 +7,7 @@
  * by the model code and called directly by tests/unit/test_elementwise.c.
  *
  * Numerics: fp32, with a sigmoid that never overflows and softplus linear above 20 (torch's
- * default, spec §2.8), see cpu_dense_math.h. Sums over tokens (embedding and gate parameter
+ * default, docs/design/model.md), see cpu_dense_math.h. Sums over tokens (embedding and gate parameter
  * gradients) run in token order; the gate parameter sums accumulate in double and are added to
  * the fp32 gradient once per call.
  *

@@ -1,69 +1,31 @@
 /*
- * cpu_gdn.c — the chunked gated delta rule on the cpu backend: the Backend
- * entries gdn_chunk_forward / gdn_chunk_backward (lib/backend/backend.h, "chunked
- * gated delta rule") and the context-parallel transition
- * cpu_gdn_chunk_transition (cpu_kernels.h). This is the oracle the cuda
- * kernels are checked against, so it is plain loops in a fixed order, no
- * threads. Callers: backend_cpu.c (the table), lib/cp*.c (the transition),
- * tests/unit/test_gdn.c.
+ * cpu_gdn.c — the chunked gated delta rule on the cpu backend: the Backend entries gdn_chunk_forward /
+ * gdn_chunk_backward (lib/backend/backend.h, "chunked gated delta rule") and the context-parallel
+ * transition cpu_gdn_chunk_transition (cpu_kernels.h). This is the oracle the cuda kernels are checked
+ * against, so it is plain loops in a fixed order, no threads. Callers: backend_cpu.c (the table),
+ * lib/cp/cp_gdn.c (the transition), tests/unit/test_gdn.c.
  *
- * The math (research/gdn_cp.md §1-2; derivations below are ours). Per value
- * head h (key head h / (nv/nk)) the tokens are cut into chunks of at most
- * C = 64 rows: a new sub-sequence starts at every token with doc_pos == 0 and
- * is chunked from its own first token, so the last chunk of a sub-sequence
- * may be short. Inside a chunk of L rows, with S the state entering it:
- *   G_r = g_0 + ... + g_r (chunk-local), gam_r = e^{G_r}, Gam_rj = e^{G_r - G_j} (j <= r),
- *   dec_j = e^{G_{L-1} - G_j},
- *   A_ij = beta_i (k_i.k_j) Gam_ij for j < i,  Tinv = (I + A)^-1 (forward substitution),
- *   W = Tinv diag(beta gam) K,  U = Tinv diag(beta) V,  vn = U - W S,
- *   O_r = scale (gam_r S^T q_r + sum_{j<=r} (q_r.k_j) Gam_rj vn_j),   scale = dim_k^-1/2,
- *   S_out = gam_{L-1} S + sum_j dec_j k_j vn_j^T.
- * vn is the per-token delta-rule write beta_t (v_t - e^{g_t} S_{t-1}^T k_t), so this
- * equals the per-token recurrence of backend.h exactly in exact arithmetic.
+ * Per value head h (key head h / (nv/nk)) the tokens are cut into chunks of at most C = 64 rows: a new
+ * sub-sequence starts at every token with doc_pos == 0 and is chunked from its own first token. Each
+ * chunk runs the WY form (gate cumsum G, A, Tinv = (I + A)^-1 by forward substitution, W, U,
+ * vn = U - W S, the outputs, S_out = gam_{L-1} S + K^T (dec * vn)); the backward runs the chunks from
+ * the last down with D = dL/dS_out, cut to 0 at every chunk that starts a document, and returns what is
+ * left at token 0 as dS0. The formulas, forward and backward, and why they equal the per-token
+ * recurrence: docs/design/gdn-kernels.md ("The WY form of one chunk").
  *
- * Backward of one chunk, given dO and D = dL/dS_out (P_rj = scale (q_r.k_j) Gam_rj):
- *   dvn_j  = sum_{r>=j} P_rj dO_r + dec_j D^T k_j
- *   dS_in  = gam_{L-1} D + scale sum_r gam_r q_r dO_r^T - W^T dvn
- *   dq_r   = scale gam_r S dO_r + scale sum_{j<=r} (dO_r.vn_j) Gam_rj k_j
- *   dk_j  += scale sum_{r>=j} (dO_r.vn_j) Gam_rj q_r + dec_j D vn_j
- *   dW = -dvn S^T, dU = dvn;  dXw = Tinv^T dW, dXu = Tinv^T dU (Xw = diag(beta gam) K, Xu = diag(beta) V)
- *   dA = -(Tinv^T dTinv Tinv^T) strictly lower, dTinv = dW Xw^T + dU Xu^T (only its strictly
- *        lower part reaches the strictly lower dA, since Tinv^T is upper triangular)
- *   dk += beta gam dXw + (A terms), dv = beta dXu, dbeta = gam k.dXw + v.dXu + sum_j dA_ij k_i.k_j Gam_ij,
- *   dG_r collects x * dL/dx for every factor e^{+G_r} (and minus for e^{-G_r}) it appears in, and
- *   dg_r = sum_{r'>=r} dG_r' inside the chunk (G is chunk-local, nothing crosses chunks).
- * Across chunks the state gradient runs from the last chunk down: D starts at dS_final, becomes
- * dS_in of each chunk, and is cut to 0 at every chunk that starts a document (its state was
- * reset, so nothing flows to the previous document). What is left at token 0 is dS0 (0 when
- * doc_pos[0] == 0).
+ * Numerics: every gate factor is e^{later - earlier} <= 1 (g <= 0); the upper triangle of Gam is
+ * selected to 0, never evaluated, so no positive exponent reaches exp. The chunk-local cumsum G, the
+ * factors' exponents and dL/dG with its reverse cumsum are double (with strong decay G reaches -300 in
+ * a chunk, and dG's terms cancel); the factors, all states and every other sum are fp32, fixed order.
  *
- * Numerics:
- *   - Every gate factor is e^{later - earlier} <= 1 or e^{G_r} <= 1 (g <= 0). The upper
- *     triangle of Gam is never evaluated: it is selected to 0 (research/gdn_cp.md §6), so a
- *     positive exponent that could overflow never reaches exp.
- *   - Decision: the chunk-local cumsum G, the gate factors' exponents and dL/dG with its
- *     reverse cumsum are in double (64 values per chunk, so it costs nothing). With strong
- *     decay G reaches -300 in a chunk, and fp32 differences of such sums would lose ~1e-5
- *     relative in Gam; dG is a sum of terms that cancel. The factors themselves, all
- *     states and all other accumulations are fp32, in a fixed loop order.
- *   - The state S stays fp32 between chunks.
- *
- * Contract notes (decisions where backend.h is silent or asks for what this entry cannot do):
- *   - backend.h says kernels do not allocate unless given a workspace; these entries have
- *     none and need one (per-chunk WY scratch; the backward keeps the state entering every
- *     chunk of one head: ceil(T/64)+docs chunks x dim_k x dim_v floats), so they malloc it
- *     (RS_MALLOC) and free it before returning. The cuda entries will need a workspace.
- *   - doc_pos must be a valid layout inside the call: doc_pos[t] == 0 or doc_pos[t-1] + 1.
- *     Anything else (e.g. two zigzag fragments passed as one call) is a fatal error, not a
- *     silent carry of the state across the jump.
- *   - T == 0 is allowed: S_final = S0 (or 0), dS0 = dS_final (or 0).
- *   - The kept buffer (backend.h gdn_kept_bytes): this backend keeps Tinv (cpu_gdn_kept_bytes,
- *     gdn_chunk_load); the backward that reads it gives the bits of the one that substitutes again
- *     (tests/unit/test_gdn.c gdn_tinv_kept). cpu_gdn_chunk_prep writes that Tinv alone; the forward told
- *     GDN_KEPT_PREP_IN, the transition and the dstate given it copy it instead of substituting: the same
- *     floats (gdn_prep_kept). The cuda backend keeps W, U instead, and with kept_states
- *     its chunk states too: each its own format. Here kept_states changes nothing (the oracle
- *     recomputes its states: they are fp32 and cheap beside its own products).
+ * Contract notes: these entries have no workspace in backend.h and need one (per-chunk WY scratch, the
+ * state entering every chunk of one head), so they RS_MALLOC it and free it before returning. doc_pos
+ * must be a valid layout inside the call (doc_pos[t] == 0 or doc_pos[t-1] + 1; anything else, e.g. two
+ * zigzag fragments as one call, is fatal). T == 0 is allowed. The kept buffer holds Tinv
+ * (cpu_gdn_kept_bytes): a backward reading it gives the bits of one that substitutes again, and a forward
+ * told GDN_KEPT_PREP_IN, a transition and a dstate given it copy Tinv instead of substituting (the cuda
+ * backend keeps W, U and optionally the chunk states: each backend its own format; here kept_states
+ * changes nothing, the oracle's fp32 states are cheap beside its own products).
  */
 #include <math.h>
 #include <stdlib.h>

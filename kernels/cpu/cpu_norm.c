@@ -4,10 +4,10 @@
  *                  Qwen3-Next) or x * rstd * w (plain), rstd = 1/sqrt(mean(x^2) + eps), over rows
  *                  of D, nh rows per token (nh = 1 for the layer norms, heads for q_norm/k_norm,
  *                  whose rows sit inside the wider attention projection: ldi, ldo).
- *   L2 norm        y = x * rstd, rstd = 1/sqrt(sum(x^2) + 1e-6) (eps on the SUM, spec §2.10),
+ *   L2 norm        y = x * rstd, rstd = 1/sqrt(sum(x^2) + 1e-6) (eps on the SUM, docs/design/model.md),
  *                  per head of the GDN q and k.
  *   gated RMSNorm  y = w * (x * rstd) * silu(z), rstd over dv per (token, value head), plain w
- *                  shared by the heads (the GDN output norm, spec §2.11).
+ *                  shared by the heads (the GDN output norm, docs/design/model.md).
  * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
  * by the model code and called directly by tests/unit/test_norm.c.
  *
@@ -33,7 +33,7 @@
 #include "core/error.h"
 
 #define NORM_DW_BLOCK 64  /* dw columns accumulated at once, in double, on the stack */
-#define L2NORM_EPS 1e-6   /* fixed by the model (spec §2.10), added to the sum of squares */
+#define L2NORM_EPS 1e-6   /* fixed by the model (docs/design/model.md), added to the sum of squares */
 
 /* ---- RMSNorm ------------------------------------------------------------------------------ */
 

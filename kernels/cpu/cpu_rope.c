@@ -1,5 +1,5 @@
 /*
- * cpu_rope.c — the cpu backend's partial rotary position embedding (spec §3), in place on q or
+ * cpu_rope.c — the cpu backend's partial rotary position embedding (docs/design/model.md), in place on q or
  * k: only the first rd dims of every head rotate, with rotate-half (NeoX) pairing inside them:
  * for i < rd/2, angle = pos * theta^(-2i/rd),
  *   x_i' = x_i cos - x_{i+rd/2} sin,   x_{i+rd/2}' = x_{i+rd/2} cos + x_i sin;

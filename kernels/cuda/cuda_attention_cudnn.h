@@ -1,48 +1,28 @@
 /*
- * cuda_attention_cudnn.h — the block attention entries (lib/backend/backend.h:
- * attention_forward, attention_backward) through cuDNN's fused attention,
- * chosen per call, for device.attention_kernel: cudnn | cudnn_det (issue 19,
- * route 2), and for auto (the default) where cuDNN loads. With
- * device.attention_kernel: ringscan nothing here runs and cuDNN is never loaded.
+ * cuda_attention_cudnn.h — the block attention entries (lib/backend/backend.h: attention_forward,
+ * attention_backward) through cuDNN's fused attention, chosen per call, for device.attention_kernel
+ * cudnn | cudnn_det, and for auto (the default) where cuDNN loads. With ringscan nothing here runs and
+ * cuDNN is never loaded.
  *
- * cuDNN is loaded at run time (dlopen), never linked: cuda_attention_cudnn_load
- * tries the configured path (device.cudnn_library, `bench attn --cudnn-lib`)
- * alone when one is given, else libcudnn.so.9 through the default loader path,
- * then PyTorch's copy in the usual virtual-environment places and the CUDA
- * toolkit's lib64; it reports every path it tried when none loads, and the
- * caller stops (no silent fallback to our kernel).
+ * cuDNN is loaded at run time (dlopen), never linked: cuda_attention_cudnn_load tries the configured path
+ * (device.cudnn_library, `bench attn --cudnn-lib`) alone when one is given, else libcudnn.so.9 through the
+ * default loader path, then PyTorch's copy in the usual virtual-environment places and the CUDA toolkit's
+ * lib64; it reports every path it tried when none loads, and the caller stops (no silent fallback).
  *
- * Per call (same contract as cuda_attention_forward/backward): the route
- * (lib/cp/attn_cudnn_graph.h cdg_route) is decided on the host from the caller's
- * AttnHint (lib/backend/attn_hint.h: the summary of the call's pos/doc_pos rows that
- * lib/cp/cp_ring.c computes from its host copies), so nothing waits for the GPU;
- * a NULL hint stops the process (no read-back, no silent fallback). Every
- * call also queues a check of the hint against the rows on the GPU (two small
- * kernels, ~10 us; a difference is recorded in the device error word, which
- * the host reads where it waits anyway: the step's loss and gradient norm).
- * The route sends the call to cuDNN (every key visible: the ring's dense
- * rectangles; top-left causal: the causal diagonal, one-GPU causal) or to
- * our kernel (document-masked pairs, shifted diagonals, shapes cuDNN
- * refuses). The forward converts cuDNN's Stats (nh, Tq) into our lse
- * (Tq, nh) (same values: rowmax + natural log of the row sum); the backward
- * transposes our final lse back, runs cuDNN's backward into bf16 dq/dk/dv
- * scratch and adds them into our fp32 accumulators (+=): one bf16 rounding
- * per partial (2^-9 relative, the same as the activation-type gradient the
- * layer returns) and one extra pass over dq, dk, dv (~0.15% of the backward at
- * 128k). Graphs and execution plans are built once per (shape, strides,
- * causal, direction) and kept with their workspace (the plan cache).
+ * Per call (the contract of cuda_attention_forward/backward): the route (lib/cp/attn_cudnn_graph.h
+ * cdg_route) is decided on the host from the caller's AttnHint (lib/backend/attn_hint.h), so nothing waits
+ * for the GPU; a NULL hint stops the process. Every call also queues a small check of the hint against
+ * the rows on the GPU; a difference lands in the device error word, read where the host waits anyway (the
+ * step's loss and gradient norm). The route sends the call to cuDNN (all keys visible, or top-left causal)
+ * or to our kernel. The forward converts cuDNN's Stats (nh, Tq) into our lse (Tq, nh); the backward
+ * transposes our final lse back, runs cuDNN's backward into bf16 dq/dk/dv scratch and adds them into our
+ * fp32 accumulators (one bf16 rounding per partial, as the layer's own activation-type gradient). Graphs
+ * and plans are built once per (shape, strides, causal, direction) and kept with their workspace.
  *
- * Memory beyond ours: one workspace, grown to the largest call through
- * cuda_internal_alloc (counted in memory_stats as the backend's own; the old
- * one freed after a stream synchronisation, on growth only) and never shrunk:
- * cuDNN's plan workspace, then for the forward Stats (4 Tq nh bytes), for the
- * backward Stats and softmax_sum (4 Tq nh each), for cudnn (not cudnn_det)
- * cuDNN's fp32 dq accumulator (4 Tq nh hd), and the bf16 dq, dk, dv scratch
- * (2 Tq nh hd + 4 Tk nkv hd), each on 256 bytes (lib/cp/attn_cudnn_graph.h
- * cdg_workspace: the layout, which `ringscan plan` counts too, with Tq = Tk =
- * the largest ring call: a fragment at cp > 1, a sample at cp 1; cuDNN's own
- * part is known only once its plan is built and is printed then). ~3.3 GiB
- * for 16/2/128 at 256k rows per call (1M tokens at cp 2).
+ * Memory beyond ours: one workspace, grown to the largest call through cuda_internal_alloc (counted as the
+ * backend's own) and never shrunk: cuDNN's plan workspace, Stats and softmax_sum, for cudnn (not
+ * cudnn_det) cuDNN's fp32 dq accumulator, and the bf16 dq, dk, dv scratch; cdg_workspace has the layout,
+ * which `ringscan plan` counts too. Design: docs/design/attention-kernels.md.
  *
  * Callers: kernels/cuda/cuda_backend_table.c (cuda_backend_with_cudnn_attention),
  * kernels/cuda/runtime_cuda.c, bench/bench_ops.c (bench attn, cp, step),

@@ -1,52 +1,29 @@
 /*
- * cuda_conv.cu — the causal depthwise conv1d + SiLU of the Gated DeltaNet
- * layer on the cuda backend (lib/backend/backend.h: conv1d_silu_forward/backward;
- * the oracle and the exact definition, halo and document masks included, are
- * in kernels/cpu/cpu_conv.c).
+ * cuda_conv.cu — the causal depthwise conv1d + SiLU of the Gated DeltaNet layer on the cuda backend
+ * (lib/backend/backend.h: conv1d_silu_forward/backward; the oracle and the exact definition, halo and
+ * document masks included, are kernels/cpu/cpu_conv.c):
+ *   u[t,c] = sum_j w[c,j] x(t - (Kc-1-j), c), y = silu(u); x(t-b) is inp[t-b], or halo[Kc-1+t-b] before
+ *   the first row (NULL halo = zeros); a tap with lookback b > doc_pos[t] reads 0.
  *
- *   u[t,c] = sum_j w[c,j] x(t - (Kc-1-j), c), y = silu(u); x(t-b) is inp[t-b], or
- *   halo[Kc-1+t-b] before the first row (NULL halo = zeros); a tap with
- *   lookback b > doc_pos[t] reads 0.
+ * General kernels (any Kc <= CONV_KC_MAX). Forward: one thread per (token, 8 channels), taps summed
+ * oldest first in fp32 like the cpu. Input gradient gathered, not scattered: one thread per (row s, 8
+ * channels), s from -(Kc-1) (the halo rows, when dhalo is wanted) to T-1, dinp[s] = sum_b w[c,Kc-1-b]
+ * du[s+b] over the taps the forward used, du = dout silu'(u) with u recomputed; terms in b order (the
+ * cpu's scatter order), every row written once: no atomics, no zeroing pass. Weight gradient
+ * dw[c,j] += sum_t du[t,c] x(t-b,c) in two deterministic stages: blocks own fixed token ranges (their
+ * count a function of T and C only) and write per-block partials, cuda_partials_add adds the blocks in
+ * order.
  *
- * Forward: one thread per (token, 8 channels), taps summed oldest first in
- * fp32 like the cpu (16-byte loads of the rows; the previous rows are L1/L2
- * hits of the neighbouring tokens' threads).
+ * Run kernels (Kc = 4, the model's width): one thread owns 8 channels of a run of consecutive tokens and
+ * slides a window of the last Kc-1 input rows (backward: the last Kc values of du) through registers, so
+ * each row is read once per run rather than Kc times (Kc^2 in the gathered input gradient), with the
+ * weights in registers. The backward fuses the input and weight gradients in one pass (per-block
+ * partials of at most CONV_PART_BYTES, added in order): deterministic, and the same sums in the same tap
+ * order as the general kernels. Both load CONV_RUN_G rows before using the first, since one load in
+ * flight per thread leaves them latency-bound.
  *
- * Backward, input gradient: gathered, not scattered. One thread per (row s,
- * 8 channels), s from -(Kc-1) (the halo rows, when dhalo is wanted) to T-1:
- *   dinp[s] = sum_{b=0}^{Kc-1} w[c,Kc-1-b] du[s+b]   over the taps (t = s+b, b) the
- *   forward used (t < T, b <= doc_pos[t]), du = dout silu'(u), u recomputed.
- * Terms are added in b order, the order in which the cpu's scatter adds
- * them, and every row is written (=) exactly once: no atomics, no zeroing pass.
- *
- * Backward, weight gradient: dw[c,j] += sum_t du[t,c] x(t-b,c), a column
- * reduction over tokens, deterministic in two stages: blocks own fixed token
- * ranges (their count is a function of T and C only), threads of a block
- * sum their tokens per (channel, tap) in registers, the block adds its 8 row
- * lanes in order into its partials (kernel scratch), and cuda_partials_add
- * adds the blocks in order.
- *
- * Kc = 4 (every config so far) takes the run kernels below instead: one
- * thread owns 8 channels of a run of consecutive tokens and slides a window
- * of the last Kc-1 input rows (and, backward, of the last Kc values of du)
- * through registers, so each row is read once per run rather than Kc (Kc^2 in
- * the gathered input gradient) times, and the weights sit in registers. The
- * backward fuses the input and weight gradients in one pass: a thread adds
- * du x into its register partials for the tokens it owns, the block sums its
- * CONV_RUN_ROWS run rows in order into per-block partials (kernel scratch,
- * at most CONV_PART_BYTES: the block count is a function of T, C and Kc
- * only), and cuda_partials_add adds the blocks in order: deterministic, and
- * the same sums in the same tap order as the general kernels. Both run
- * kernels load CONV_RUN_G rows (backward: of inp and dout) before using the
- * first: one 16-byte load in flight per thread left the backward (234
- * registers, 8 warps an SM) and the forward latency-bound, ~4x and ~2.4x over
- * their byte floors.
- *
- * The sigmoid of every kernel is conv_sigmoid: __expf and __fdividef (a few
- * ulp in fp32, below the bf16 rounding of the outputs).
- *
- * A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the
- * token is skipped. Kc <= CONV_KC_MAX.
+ * The sigmoid is conv_sigmoid: __expf and __fdividef (a few ulp in fp32, below the outputs' bf16
+ * rounding). A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the token skipped.
  *
  * Callers: through backend_cuda (lib/model/model_block.c), tests/cuda/test_cuda_conv.cu.
  */

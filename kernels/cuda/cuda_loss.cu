@@ -1,40 +1,28 @@
 /*
- * cuda_loss.cu — the fused lm_head + cross-entropy of the cuda backend
- * (lib/backend/backend.h: lm_head_loss; the oracle is kernels/cpu/cpu_loss.c). The T
- * rows of x go in chunks of `rows`; per chunk of n rows:
+ * cuda_loss.cu — the fused lm_head + cross-entropy of the cuda backend (lib/backend/backend.h:
+ * lm_head_loss; the oracle is kernels/cpu/cpu_loss.c). The T rows of x go in chunks of `rows`; per chunk:
  *   logits  = x W^T               cuBLASLt, bf16 operands, fp32 into the workspace (n, V)
  *   loss_t  = logsumexp - logit[target]      one cluster per row, fp32 (0 where target < 0)
  *   dlogits = (softmax - onehot) grad_scale  bf16, written over the row's own logits
  *   dx      = dlogits W           cuBLASLt, bf16 out (=)
  *   dw     += dlogits^T x         cuBLASLt, fp32 C, beta 1
- * so the full (T, V) logits never exist and no memory beyond the caller's
- * workspace is used.
+ * so the full (T, V) logits never exist and no memory beyond the caller's workspace is used.
  *
- * The loss kernel reads each logit once: a row is split over a cluster of
- * LOSS_CLUSTER blocks, each copies its slice of fp32 logits into shared memory
- * (V = 151,936: 74 KiB a block) and takes the slice's max and sum of exp;
- * after a cluster barrier every block combines the LOSS_CLUSTER (max, sum)
- * pairs through distributed shared memory in rank order (the same lse in
- * every block) and writes its slice's bf16 dlogits from shared memory. The
- * old one-block-per-row kernel read the fp32 logits twice from HBM (a row,
- * 0.6 MB, does not stay in L2 across the passes): 20 GB a step at 32k.
- * In-place bf16 dlogits: row r's fp32 logits occupy bytes [4Vr, 4V(r+1)) of
- * the workspace; its bf16 dlogits go to the first half of the same bytes,
- * [4Vr, 4Vr + 2V), i.e. a bf16 matrix of stride 2V, which the two GEMMs read
- * as it is. A block's writes land in other blocks' slices of the same row:
- * they start after the cluster barrier that follows every slice's copy into
- * shared memory, and never leave the row.
+ * The loss kernel reads each logit from HBM once (a row of fp32 logits does not stay in L2 across two
+ * passes): a row is split over a cluster of LOSS_CLUSTER blocks, each copies its slice into shared
+ * memory and takes the slice's max and sum of exp; after a cluster barrier every block combines the
+ * cluster's (max, sum) pairs through distributed shared memory in rank order (the same lse in every
+ * block) and writes its slice's bf16 dlogits from shared memory. In place: row r's fp32 logits occupy
+ * bytes [4Vr, 4V(r+1)) of the workspace, its bf16 dlogits the first half of them (a bf16 matrix of stride
+ * 2V, which the GEMMs read as it is); a block's writes land in other blocks' slices of the same row only
+ * after the barrier that follows every slice's copy.
  *
- * Numerics: per block the slice's max M_b, then e = exp(l - M_b) (kept in
- * shared memory over l) and their sum S_b (fp32, a fixed-order block sum);
- * the cluster sums S_b exp(M_b - M) in rank order; a dlogit is
- * e exp(M_b - lse) grad_scale (one exp per logit);
- * the target's dlogit is expm1(-loss) grad_scale (p - 1 without
- * cancellation, as on cpu). dlogits are rounded to bf16 for
- * the tensor-core GEMMs (the cpu keeps fp32): dx and dw carry that rounding
- * (tests/cuda/README.md states the bound). A target >= V is recorded in the
- * device error word and its row is treated as ignored. dx or dw NULL skips
- * that gradient, both NULL skip the dlogits.
+ * Numerics: per block e = exp(l - M_b) and their fixed-order sum S_b; the cluster sums S_b exp(M_b - M) in
+ * rank order; a dlogit is e exp(M_b - lse) grad_scale, the target's expm1(-loss) grad_scale (p - 1 without
+ * cancellation, as on cpu). dlogits are rounded to bf16 for the tensor-core GEMMs (the cpu keeps fp32), so
+ * dx and dw carry that rounding (tests/cuda/README.md states the bound). A target >= V is recorded in the
+ * device error word and its row treated as ignored. dx or dw NULL skips that gradient, both NULL the
+ * dlogits.
  *
  * Callers: through backend_cuda (lib/model/model_step.c), tests/cuda/test_cuda_loss.cu.
  */

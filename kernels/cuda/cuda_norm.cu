@@ -1,39 +1,25 @@
 /*
- * cuda_norm.cu — the cuda backend's normalisations, forward and backward
- * (lib/backend/backend.h: rmsnorm_*, l2norm_*, gated_rmsnorm_*; the math and the
- * layouts are those of kernels/cpu/cpu_norm.c, the oracle):
+ * cuda_norm.cu — the cuda backend's normalisations, forward and backward (lib/backend/backend.h:
+ * rmsnorm_*, l2norm_*, gated_rmsnorm_*; the math and layouts of kernels/cpu/cpu_norm.c, the oracle):
  *   RMSNorm        y = x rstd (zero_centred ? 1 + w : w), rstd = 1/sqrt(mean(x^2) + eps),
  *                  rows of D, nh rows per token inside strided rows (ldi, ldo)
  *   L2 norm        y = x rstd, rstd = 1/sqrt(sum(x^2) + 1e-6)
  *   gated RMSNorm  y = w (x rstd) silu(z), rows of dv per (token, value head)
  *
- * Layout of the work: one warp per row, 8 rows per 256-thread block; a lane
- * reads 8 consecutive bf16 (one 16-byte load) at columns lane*8 + 256k, so a
- * warp covers 256 columns per step and rows of any D loop. Statistics and
- * every intermediate are fp32; the row sums are warp butterflies (fixed
- * order). Rows that are not 16-byte aligned (odd D or strides) take the
- * scalar path of the same loop.
+ * Row kernels: one warp per row, 8 rows per 256-thread block; a lane reads 8 consecutive bf16 (one 16-byte
+ * load) at columns lane*8 + 256k, so rows of any D loop. Statistics and intermediates are fp32, row sums
+ * warp butterflies (fixed order); rows not 16-byte aligned take the scalar path of the same loop.
+ * Group kernels (L2 norm and gated RMSNorm at dv = 64, 128, 256 on the 16-byte path: the GDN heads): a row
+ * is one group of dv/8 lanes, so no lane idles, and each lane keeps its 8-column vector of w and of the
+ * dw sums in registers across the rows it walks.
  *
- * Parameter gradients (dw +=) are deterministic: each block owns a fixed,
- * contiguous range of rows (the count of blocks depends on the sizes only),
- * each warp of it sums its rows' terms into its own fp32 slice of shared
- * memory (a lane owns its columns, so nothing races), the block adds its
- * warps' slices in warp order into its row of partials in the kernel
- * scratch, and cuda_partials_add adds the blocks' partials to dw in block
- * order. No float atomics.
+ * Parameter gradients (dw +=) are deterministic, with no float atomics: each block owns a fixed range of
+ * rows (the block count depends on the sizes only), sums its warps' (groups') terms in order into its row
+ * of partials in the kernel scratch, and cuda_partials_add adds the blocks in order.
  *
- * The L2 norm and the gated RMSNorm with D (dv) = 64, 128 or 256 on the 16-byte path (the GDN
- * heads) takes group kernels instead: a row is one group of dv/8 lanes (so
- * a warp holds 32*8/dv rows and no lane idles), each lane keeps its one
- * 8-column vector of w and, backward, of the dw sums in registers across
- * the rows it walks, and the block adds its groups' sums in group order
- * into its partials: the same deterministic two stages, without a shared
- * memory update per row (the L2 norm has no parameter: its group kernels
- * are the row kernels without the idle half-warps).
- *
- * Aliasing as on cpu: l2norm_backward may run with dinp == dout (same ld),
- * gated_rmsnorm_backward with dx == dout: a lane reads a column's inputs
- * before it writes that column, and the row's dot product is complete first.
+ * Aliasing as on cpu: l2norm_backward may run with dinp == dout (same ld), gated_rmsnorm_backward with
+ * dx == dout: a lane reads a column's inputs before it writes it, and the row's dot product is complete
+ * first.
  *
  * Callers: through backend_cuda (lib/model/model_block.c, lib/model/model_step.c), tests/cuda/test_cuda_norm.cu.
  */
@@ -44,7 +30,7 @@
 #define NORM_WARPS 8          /* rows (warps) per block of the forward kernels */
 #define NORM_SMEM_DEFAULT 49152
 #define NORM_SMEM_MAX (227 * 1024)
-#define L2NORM_EPS 1e-6f      /* on the sum of squares (spec §2.10) */
+#define L2NORM_EPS 1e-6f      /* on the sum of squares (docs/design/model.md) */
 
 static int norm_rows_blocks(int64_t rows) { return (int)cuda_ceil_div(rows, NORM_WARPS); }
 

@@ -29,7 +29,7 @@ int backend_attention_resolve(int kernel, const char *cudnn_library, char *why, 
     if (kernel != ATTN_KERNEL_AUTO) return kernel;
     char err[4096];
     /* cuDNN's nondeterministic backward: its deterministic one keeps a rows x rows x heads matrix (32 GiB at 32k
-     * rows, 16 heads; docs/benchmarks.md v0.10), so it fits short calls only; ours is the deterministic choice */
+     * rows, 16 heads), so it fits short calls only; ours is the deterministic choice */
     if (cuda_attention_cudnn_load(cudnn_library, err, sizeof err) == 0) return ATTN_KERNEL_CUDNN;
     snprintf(why, nwhy, "attention: ours, not cuDNN's (device.attention_kernel = auto): %s", err);
     return ATTN_KERNEL_RINGSCAN;

@@ -29,7 +29,7 @@
  *     and the delta rule never look back past doc_pos[t] tokens.
  *   - Nothing allocates inside a kernel except where a workspace is passed.
  *
- * Callers: lib/model*.c, lib/run/train.c, lib/cp*.c, tests/unit.
+ * Callers: lib/model/, lib/run/train.c, lib/cp/, tests/unit.
  */
 #ifndef RS_BACKEND_H
 #define RS_BACKEND_H
@@ -195,7 +195,7 @@ typedef struct Backend {
                                const float *dg /* (T,nv) */, const void *b, const void *a, const float *A_log,
                                const float *dt_bias, int64_t T, int nv, int ld);
 
-    /* ---- chunked gated delta rule (chunk 64, WY form; research/gdn_cp.md §1-2) ----
+    /* ---- chunked gated delta rule (chunk 64, WY form; docs/design/gdn-kernels.md) ----
      * Per value head h (key head h / (nv/nk)), with state S (dk x dv, fp32), per token:
      *   S = exp(g_t) S;  u = S^T k_t;  S += k_t (beta_t (v_t - u))^T;  o_t = S^T (q_t * dk^-1/2)
      * q, k are already L2-normalised. The state starts as S0 (NULL = 0) and is reset to 0 at every
@@ -249,7 +249,7 @@ typedef struct Backend {
                            const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *doc_pos,
                            int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states);
 
-    /* ---- Gated DeltaNet context parallelism (research/gdn_cp.md §3-4; lib/cp/cp_gdn.c) ----
+    /* ---- Gated DeltaNet context parallelism (docs/design/gdn-cp.md; lib/cp/cp_gdn.c) ----
      * The call's transition: its final state is S_final = M S0 + H for every initial state S0, per
      * value head. M = 0 when any token has doc_pos == 0 (the state is reset); H is then the state
      * after the last document start from 0. The prep comes from kept when not NULL (gdn_chunk_prep's or

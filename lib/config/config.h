@@ -83,7 +83,7 @@ typedef struct {
     int64_t log_every;       /* steps between log lines */
 } RunConfig;
 
-/* Hugging Face Qwen3NextConfig names (research/qwen3_next_spec.md §1). */
+/* Hugging Face Qwen3NextConfig names (docs/design/model.md). */
 typedef struct {
     int64_t vocab_size;
     int64_t hidden_size;

@@ -10,7 +10,7 @@
  * and the structs in config.h cannot drift.
  *
  * Model keys use the Hugging Face Qwen3NextConfig names and defaults
- * (research/qwen3_next_spec.md §1), except that the MLP is dense everywhere.
+ * (docs/design/model.md), except that the MLP is dense everywhere.
  *
  * Cross-key rules (divisibility, world size, ...) are in config_validate.c.
  */
@@ -142,23 +142,23 @@ const ConfigKey config_schema[] = {
          "on after a state pass, not after a fragment's whole forward or backward (the outputs and the gradients "
          "come after, from what the passes kept); its backward keeps the chunk state gradients of the rank's two "
          "fragments per sample between the passes (cuda about nv dv (2 dk / 64 + 4) bytes per local token, in "
-         "plan's CP scan buffers: 2 GiB per GPU for the 1B model at 256k); false, or another gdn_keep: each "
-         "fragment's pass runs whole, with one state pass more per rank each way (GDN layer fwd+bwd at 64k-128k, "
-         "64 heads: CP efficiency 84-86% whole, 92-94% staged; docs/benchmarks.md v0.12)"),
+         "plan's CP scan buffers); false, or another gdn_keep: each fragment's pass runs whole, with one state "
+         "pass more per rank each way. Keep it on (the idle rank waits less); turn it off where those kept "
+         "gradients do not fit (docs/design/gdn-cp.md; figures in docs/performance.md)"),
     ENUM(parallel.ring_calls, "auto", ring_calls_names, "cp",
          "how ring attention calls the kernel per ring step and sample. auto: one call over the step's rows (the "
          "zigzag rule's diagonals and rectangles together) where the kernel runs it fast: always with ours (it skips "
          "masked tiles), with cuDNN for one document (a rank's own block causal by row index, the rest dense); with "
          "documents, the rule's calls where cuDNN takes most of their work (documents longer than a fragment). "
          "pairs: the rule's calls one by one (cuDNN's workspace then grows to a fragment's rows only, not a rank's: "
-         "the 1M-token config at 80 GB); steps: one call always. Through cuDNN at 128k on two H200s auto is 1.0% faster "
-         "than pairs (docs/benchmarks.md v0.13)"),
+         "the 1M-token config at 80 GB): pick it where cuDNN's workspace does not fit; steps: one call always "
+         "(docs/design/ring-attention.md)"),
     BOOL(parallel.ring_keep_kv, "true", "cp",
          "cp 2 only: the ring forward keeps the K|V block it received (the other rank's) for every softmax layer "
          "until the backward (local rows x 2 (K, V) x kv heads x head_dim x 2 bytes per layer, in plan's CP ring "
          "buffers; no K|V receive buffers are then needed), so the backward exchanges no K|V, runs the other rank's block "
          "first and sends its dK|dV home while its own block runs; false: the backward passes K|V again and its last "
-         "dK|dV hop (fp32) waits alone (128k MHA: 3 ms of 233)"),
+         "dK|dV hop (fp32) waits alone: pick false only where the kept blocks do not fit"),
     BOOL(parallel.overlap_comm, "true", "comm",
          "run communication beside compute; false: wait for each transfer at once (measurement, debugging)"),
     FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",
@@ -200,7 +200,8 @@ const ConfigKey config_schema[] = {
          "scratch otherwise: none (the backward recomputes everything: least memory); wy: the WY factors (cuda "
          "W, U and the gate cumsum, T nv (2 dk + 2 dv + 4) bytes; cpu Tinv), so the backward skips their solve; "
          "states: also the chunk states (cuda h and vn, T nv dv (dk / 32 + 2) bytes more), one state pass less "
-         "per layer (H100, 32k: delta rule fwd+bwd -12 to -14% against wy; docs/benchmarks.md GDN v4.4)"),
+         "per layer: the fastest; step down to wy, then none, where memory is short (figures in "
+         "docs/performance.md)"),
     INT(checkpoint.chunk_rows, "0", 0, BIG, "tokens", "model",
         "a layer's per-token work (norms, projections, conv, gates, MLP and their backward) runs over each local "
         "fragment in chunks of this many rows, so its scratch does not grow with tokens per GPU; the math is the "
@@ -251,7 +252,7 @@ const ConfigKey config_schema[] = {
          "cuda backend: time every Backend entry (CUDA events and the host clock) and print the GPU and host ms "
          "of each, sorted, to stderr at exit (information only: the run is slightly slower)"),
     ENUM(device.attention_kernel, "auto", attn_kernel_names, "device",
-         "cuda: the block attention kernel. auto (the default): cudnn where cuDNN can be loaded, ours where it cannot (the start of the run says which and why), the same on every rank (where cuDNN loads on some ranks only, ours on all, the first lacking rank named); on the cpu backend ours. cudnn: cuDNN's fused attention (loaded at start, device.cudnn_library) for the calls it can take (one document: the ring's dense rectangles and causal diagonals, one-GPU causal), ours for document-masked calls; its backward adds key blocks into dQ in any order, so reruns and resumes agree to rounding, not bitwise. ringscan: ours everywhere, deterministic (bitwise reruns and resumes): set it for bitwise reproducibility. cudnn_det: cuDNN's deterministic backward, whose workspace is a rows x rows x heads bf16 matrix (32 GiB at 32k rows and 16 heads; `ringscan plan` counts it, the run stops naming it where it cannot be allocated): short calls only. Why auto is the default (issue 19: determinism the default unless it costs more than 10%): on two H200s cudnn ran every one-document shape at 0.98-1.00x SDPA cuDNN's fwd+bwd time, ours at 1.6x, cudnn_det at 1.11-1.13x cudnn's (8k, 16k), and the 1B step 1.10-1.13x faster with cudnn at 32k on one GPU, 1.6x at 1M tokens on two (66 s against 103-105 s per step; docs/benchmarks.md v0.11)"),
+         "cuda: the block attention kernel. auto (the default): cudnn where cuDNN can be loaded, ours where it cannot (the start of the run says which and why), the same on every rank (where cuDNN loads on some ranks only, ours on all, the first lacking rank named); on the cpu backend ours. cudnn: cuDNN's fused attention (loaded at start, device.cudnn_library) for the calls it can take (one document: the ring's dense rectangles and causal diagonals, one-GPU causal), ours for document-masked calls; its backward adds key blocks into dQ in any order, so reruns and resumes agree to rounding, not bitwise. ringscan: ours everywhere, deterministic (bitwise reruns and resumes): set it for bitwise reproducibility. cudnn_det: cuDNN's deterministic backward, whose workspace is a rows x rows x heads bf16 matrix (32 GiB at 32k rows and 16 heads; `ringscan plan` counts it, the run stops naming it where it cannot be allocated): short calls only. auto is the default because cuDNN's kernel is markedly faster than ours on the long one-document calls that dominate a long-context step, more than the cost the project accepts for bitwise reruns (docs/design/attention-kernels.md; figures in docs/performance.md)"),
     STR(device.cudnn_library, "", PATH, "device",
         "path of libcudnn.so.9 for attention_kernel cudnn, cudnn_det or auto; empty: the default loader path, then PyTorch's nvidia/cudnn/lib in the usual virtual-environment places and /usr/local/cuda/lib64"),
 

@@ -1,52 +1,28 @@
 /*
- * attn_cudnn_graph.h — cuDNN's fused attention (SDPA) as plain data, for the
- * optional cuDNN route of the block attention entries (issue 19, route 2;
- * device.attention_kernel): the tensors and operations of cuDNN's forward and
- * backward attention graphs laid over our row layouts, which calls cuDNN can
- * take (the route), and the LSE layout maps. Pure C with no cuDNN and no CUDA:
- * kernels/cuda/cuda_attention_cudnn.c lowers a graph into cuDNN backend
- * descriptors; tests/unit/test_attn_cudnn_graph.c checks shapes, strides,
- * producer order and routes on the cpu.
+ * attn_cudnn_graph.h — cuDNN's fused attention (SDPA) as plain data, for the optional cuDNN route of the
+ * block attention entries (device.attention_kernel): the tensors and operations of cuDNN's forward and
+ * backward attention graphs laid over our row layouts, which calls cuDNN can take (the route), the
+ * workspace layout and the LSE layout maps. Pure C with no cuDNN and no CUDA:
+ * kernels/cuda/cuda_attention_cudnn.c lowers a graph into cuDNN backend descriptors;
+ * tests/unit/test_attn_cudnn_graph.c checks shapes, strides, producer order and routes on the cpu.
  *
- * cuDNN 9's backend API has no single SDPA operation that takes a causal mask
- * (its SDPA_FWD/BWD operations need cuDNN 9.21 for masks); its fused attention
- * engines match a graph of primitive operations (matmul, pointwise, reduction,
- * reshape): the "composite" pattern that cudnn-frontend emits, rebuilt here
- * operation by operation. Every 4-d tensor is (batch, heads, rows, cols) with
- * batch 1; element (t, h, d) of a (T, ld) row matrix holding heads of hd
- * columns is at t*ld + h*hd + d, so q is {1, nh, Tq, hd} with strides
- * {Tq*ld, hd, ld, 1} and K^T is {1, nkv, hd, Tk} with strides {Tk*ld, hd, 1,
- * ld}: no copies of q, k, v, out or dout.
+ * cuDNN 9's backend API has no single SDPA operation with a causal mask before 9.21; its fused attention
+ * engines match a graph of primitive operations (matmul, pointwise, reduction, reshape), the "composite"
+ * pattern cudnn-frontend emits, rebuilt here operation by operation. Every 4-d tensor is (batch 1, heads,
+ * rows, cols) over our (T, ld) row matrices by strides (q {1, nh, Tq, hd} with strides {Tq ld, hd, ld, 1},
+ * K^T {1, nkv, hd, Tk} with {Tk ld, hd, 1, ld}): no copies of q, k, v, out or dout.
+ * Forward: S = Q K^T scale, [causal], Stats = rowmax + log rowsum (our LSE, laid out (nh, Tq)), O = P V.
+ * Backward (given the FINAL merged out and lse): D = rowsum(dO O), P from S and Stats, dV = P^T dO,
+ * dS = (dO V^T - D) P scale, dK = dS^T Q, dQ = dS K; GQA sums dK, dV over each group. dQ goes through an
+ * fp32 accumulator the engine adds key blocks into in any order (not bitwise reproducible) or, for
+ * cudnn_det, one dS K product per query block, whose workspace grows with Tq x Tk. Outputs are bf16.
  *
- * Forward: S = (Q K^T) * scale, [causal: S = row >= col ? S : -inf], M =
- * rowmax S, E = exp(S - M), L = rowsum E, Stats = M + log L (fp32, natural
- * log: exactly our LSE, laid out (nh, Tq) instead of our (Tq, nh)), P = E / L
- * (bf16), O = P V.
- * Backward (out and lse are the FINAL merged ones, so P is the global
- * probability): D = rowsum(dO * O) (into the softmax_sum workspace tensor), S
- * as above minus Stats, masked, E = exp(S) = P; dV = P^T dO; dS = (dO V^T -
- * D) * P * scale; dK = dS^T Q; dQ = dS K. GQA: cuDNN forms dK, dV for all nh
- * query heads and sums each group (a reduction over heads). dQ goes through an
- * fp32 accumulator (dq_accum workspace tensor, the engine adds key blocks in
- * whatever order they finish: not bitwise reproducible) or, deterministic,
- * straight from one dS K product per query block (cuDNN's "dP workspace"
- * backward; its workspace may grow with Tq x Tk: the plan says how much).
- * Outputs dQ, dK, dV are bf16 (the I/O type); the caller adds them into our
- * fp32 accumulators.
- *
- * Route: cuDNN's masks are "all keys" and "top-left causal" (query row i sees
- * key column j <= i); ours are documents (pos - doc_pos) and causal by pos.
- * A call goes to cuDNN only when its mask is one of those two exactly:
- * one document over all q and k rows, and either not causal, or every key
- * position <= every query position (causal reduces to all keys: the ring's
- * dense rectangles), or q and k positions consecutive from the same start
- * (the causal diagonal, one-GPU causal), or the query rows' positions the key
- * rows' and rising (a ring rank's own block, its zigzag fragments in one
- * call: key row j <= query row i exactly when pos_k[j] <= pos_q[i], so
- * top-left causal by index is causal by pos). Every other call (document-masked
- * pairs, shifted diagonals, shapes cuDNN refuses) runs our kernel. The route
- * reads the caller's host summary of the rows (AttnHint, lib/backend/attn_hint.h), so
- * choosing never waits for the GPU.
+ * Route: a call goes to cuDNN only when its mask is exactly "all keys" or "top-left causal": one document
+ * over all rows, and either not causal, or every key position <= every query position (the ring's dense
+ * rectangles), or q and k positions consecutive from one start (a causal diagonal), or the query rows'
+ * positions the key rows' and rising (a ring rank's own two fragments in one call). Every other call runs
+ * our kernel. The route reads the caller's AttnHint (lib/backend/attn_hint.h), so choosing never waits for
+ * the GPU. Design: docs/design/attention-kernels.md.
  *
  * Callers: kernels/cuda/cuda_attention_cudnn.c, kernels/cuda/cuda_backend_table.c (cdg_route_fast), lib/plan/plan.c
  * (cdg_workspace), tests/unit/test_attn_cudnn_graph.c, tests/unit/test_attn_hint.c, tests/cp/cp_check.c.
@@ -151,8 +127,8 @@ typedef struct {
 void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic);
 
 /* cuDNN's own plan workspace for the deterministic backward (cudnn_det): one bf16 value per (query, key, head),
- * Tq Tk nh 2 bytes, what every deterministic engine cuDNN 9.14 offered asked on an H100 at hd 128 (32,768 MiB at
- * 32k rows and 16 heads, 524,288 MiB at 128k; docs/benchmarks.md v0.10). The real figure is read off the plan
+ * Tq Tk nh 2 bytes, what every deterministic engine cuDNN 9.14 offered asked at hd 128 (32 GiB at 32k rows and 16
+ * heads). The real figure is read off the plan
  * when it is built (cuda_attention_cudnn.c); this estimate is what `ringscan plan` counts for cudnn_det. */
 int64_t cdg_det_plan_bytes(int64_t Tq, int64_t Tk, int nh);
 

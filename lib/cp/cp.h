@@ -4,7 +4,7 @@
  *
  * Layout (cp_layout.c). A sample of T tokens is cut into 2P segments of
  * s = T / 2P tokens; CP rank r holds segments r and 2P-1-r, stored locally as
- * [seg r | seg 2P-1-r] (DESIGN.md §3). Each local piece is a *fragment*: a
+ * [seg r | seg 2P-1-r]. Each local piece is a *fragment*: a
  * run of tokens contiguous in the sample, with a global index (its segment).
  * With P = 1 there is one fragment, the whole sample, so the single-process
  * run is the P = 1 case of the same code, not a separate path. Positions
@@ -20,29 +20,14 @@
  * schedule is decided from local data alone, so every rank posts the same
  * sequence of messages.
  *
- * Gated DeltaNet (cp_gdn.c, research/gdn_cp.md §3-4): each fragment's entry
- * state is the previous fragment's exit. At P = 2 the chain: rank 0 runs
- * fragment 0 while rank 1 computes fragment 2's transition (M, H); fragment
- * 0's exit goes to rank 1, which runs fragment 1 and sends fragment 3's
- * entry (one affine step from fragment 1's exit) straight back; then
- * fragments 3 and 2 run side by side. The backward mirrors it with the
- * state gradients and M^T. At P > 2 the scan: per local fragment the
- * transition from a zero state, one all-gather of every fragment's pair, a
- * fold in global fragment order for each fragment's entry state, then the
- * fragments; the backward mirrors it with each fragment's own state
- * gradient. The conv's halo (the last Kc-1 pre-conv rows of the previous
- * fragment) comes by an all-gather of every fragment's tail; its gradient
- * goes back the same way and is added at the owner.
- *
- * Softmax attention (cp_ring.c, research/ring_attention.md §1): P ring steps;
- * at step t rank r holds the K|V block of rank (r - t) mod P, and every
- * (query fragment, key fragment) pair is either the diagonal (causal), a
- * rectangle of the one document that can span two fragments (all keys
- * earlier: non-causal), or skipped (the key fragment is later, or no
- * document spans both). That is the zigzag step rule: every rank does the
- * same work at every step. Partial outputs merge online in fp32 by LSE; the
- * backward carries fp32 dK|dV partials around the ring, one step behind K|V.
- * The next step's K|V exchange is posted before the current step computes.
+ * Gated DeltaNet (cp_gdn.c): each fragment's entry state is the previous
+ * fragment's exit, an affine map of it; at P = 2 a chain between the two
+ * ranks (staged after state passes where the chunk states are kept), at
+ * P > 2 a prefix scan over all-gathered [M | H] slots; the conv halo by an
+ * all-gather of every fragment's tail (docs/design/gdn-cp.md).
+ * Softmax attention (cp_ring.c): P ring steps of the zigzag rule, partial
+ * outputs merged online in fp32 by LSE, fp32 dK|dV partials carried around
+ * the ring in the backward (docs/design/ring-attention.md).
  *
  * Callers: lib/model/model_block.c (through Model.cp), bench/bench_cp.c, lib/run/train.c and
  * tests/parity/parity_step.c (layout, reading a rank's rows), tests/cp.

@@ -1,74 +1,29 @@
 /*
- * cp_ring.c — load-balanced (zigzag) ring attention, forward and backward,
- * over the block-attention primitive (see cp.h; research/ring_attention.md
- * §1-2).
+ * cp_ring.c — load-balanced (zigzag) ring attention, forward and backward, over the backend's block
+ * attention entries (attention_forward, attention_backward, attention_merge; cp.h has the interface).
+ * Rows: each rank's two zigzag fragments of every sample, q (T_loc, nh hd), K|V (T_loc, 2 nkv hd).
  *
- * Step t of P: rank r holds the K|V block of owner j = (r - t) mod P (its own
- * at t = 0). For each sample, each local query fragment (global index a) and
- * each of the owner's key fragments (global index b):
- *   a == b   the diagonal: causal attention over the fragment (step 0 only);
- *   a >  b   every key is earlier. At most one document holds tokens of both
- *            fragments (two disjoint intervals cannot both span the gap): the
- *            one the first query token belongs to. If it began after the key
- *            fragment ends, the pair is skipped; else one dense rectangle,
- *            non-causal: the query rows up to the next document start × the
- *            key rows from the document's start on;
- *   a <  b   every key is in the future: skipped.
- * Without documents this is exactly the zigzag step rule (step 0: the causal
- * 2s × 2s block; steps 1..r: all queries × the owner's first fragment;
- * steps > r: the second query fragment × all keys), so each rank does the same
- * work at every step. Every decision reads the gathered metadata (CpBatch),
- * so all ranks agree without communication; the kernels still apply the
- * exact mask inside each call. Because they do, and every element the rule
- * leaves out (a < b, the other documents, the rows before a document's
- * start) is masked anyway, a step's calls of one sample can be ONE call over
- * their bounding box, causal by pos (a rectangle's keys all precede its
- * queries, so causal changes nothing there). One launch and one merge per
- * step instead of up to three, all of a step's tiles in one wave schedule
- * (v0.6: the rule's 32k-row calls at 128k cost 4-6% over the one-GPU
- * kernel). Cp.ring_calls chooses (RING_CALLS_AUTO, the default): the box where
- * the backend runs it fast (Backend attention_fast; NULL: ours, which skips
- * fully masked tiles, runs every call fast), or where it runs less than half
- * of the rule's calls' work (their areas, half for a diagonal) fast; else the
- * rule's calls. With the cuDNN route and one document every box is cuDNN's:
- * step 0's is the rank's own block, causal by row index (its fragments'
- * positions rise), the others dense rectangles; with documents shorter than
- * a fragment the boxes run ours (the rule's one-document calls are the small
- * rectangles of the documents crossing a fragment's start), with longer ones
- * the rule's calls mostly lie in one document and keep cuDNN.
- * Each call carries its AttnHint (lib/backend/attn_hint.h,
- * the summary of its rows from the batch's host copies), so a backend that
- * picks its kernel by the mask's shape (cuDNN's route) never reads metadata
- * back from the device.
+ * Step t of P: rank r holds the K|V block of owner (r - t) mod P. Each (query fragment a, key fragment b)
+ * pair is the causal diagonal (a == b, step 0), one dense rectangle of the one document that can span
+ * both (a > b; skipped when none does), or skipped (a < b): without documents exactly the zigzag rule,
+ * the same work on every rank at every step. Every decision reads the gathered metadata (CpBatch), so
+ * ranks agree without communication; the kernels apply the exact mask inside each call, so a step's calls
+ * of one sample may also run as ONE call over their bounding box (Cp.ring_calls, parallel.ring_calls:
+ * auto takes the box where the backend runs it fast, Backend attention_fast). Each call carries its
+ * AttnHint (lib/backend/attn_hint.h), so a backend choosing its kernel by the mask never reads back.
  *
- * Forward: the next step's K|V exchange is posted (comm_isendrecv) before
- * this step's calls run, and waited after them (with Comm.serial, right
- * after posting: the same results, no overlap; Cp.step_mark, set only by
- * `ringscan bench cp`, sees each step's phases). Each call writes a block
- * output and LSE; attention_merge folds it into fp32 running (out, lse),
- * -inf ("no key") handled explicitly by the merge. At the end the running
- * output becomes the activation-type output.
+ * Forward: the next step's K|V exchange is posted before this step's calls and waited after them;
+ * each call's block output and LSE fold into fp32 running (out, lse) (attention_merge, -inf = no key).
+ * Backward (ring-flash-attention's order): K|V travels the ring again, dQ accumulates locally in fp32,
+ * the held block's fp32 dK|dV partial is added to the one arriving from the previous rank and passed on,
+ * one step behind K|V; the last hop delivers each block's complete partial to its owner. It uses the
+ * final merged out and lse, so every block sees the global probabilities. At P = 2 with Cp.ring_keep_kv
+ * the forward keeps the received block (kv_kept) and the backward exchanges no K|V: the other rank's
+ * block first, its dK|dV sent home while the own block runs; a per-layer flag refuses a backward
+ * without its forward.
  *
- * Backward (ring-flash-attention's order): K|V travels the ring again from
- * each rank's own block; dQ accumulates locally in fp32; this step's dK|dV
- * contributions to the held block go into a local fp32 buffer, are added to
- * the partial that arrived from the previous rank (posted one step earlier,
- * so its transfer overlapped this step's compute) and sent on. After P steps
- * every block's partial has visited every rank and the last hop delivers it
- * to its owner, complete. The backward uses the final (merged) out and lse,
- * so each block's probabilities are the global ones.
- *
- * Backward at P = 2 with Cp.ring_keep_kv (parallel.ring_keep_kv): in that
- * order the last hop (the complete fp32 dK|dV partial, twice the K|V's bytes
- * at bf16) has nothing left to overlap (128k MHA: 3 ms of 233). So the
- * forward receives the other rank's block into a per-layer buffer (kv_kept)
- * and the backward reads it: no K|V exchange, the other rank's block first,
- * its dK|dV contributions posted home at once and carried while the own
- * block runs, then added to the own block's. A per-layer flag set by the
- * forward and cleared by the backward refuses a backward without its
- * forward (the kept block would be another step's).
- *
- * Callers: lib/model/model_block.c (every softmax layer, every P), tests/cp.
+ * Design (the step rule's derivation, the merge, the kept block): docs/design/ring-attention.md.
+ * Callers: lib/model/model_block.c (every softmax layer, every P), bench/bench_cp.c, tests/cp.
  */
 #include <string.h>
 

@@ -1,46 +1,29 @@
 /*
- * data.h — training data: token sources, the deterministic sample order,
- * packing with document boundaries, and the writers behind `ringscan data`.
+ * data.h — training data: token sources, the deterministic sample order, packing with document
+ * boundaries, and the writers behind `ringscan data`. Formats and packing: docs/data-format.md.
  *
- * Three layers, one file each:
+ *   DataSource (data_source.c, data_flat.c, data_megatron.c): one token file with its document
+ *     boundaries, our flat format or a Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx). Opening
+ *     validates every header field and offset against the file sizes; tokens are read with pread into
+ *     owned buffers, and the source carries a fingerprint of its data for the checkpoint.
+ *   DataSet (data_pack.c): the packed stream the trainer reads. Epoch e orders the documents (file
+ *     order, or a Fisher-Yates shuffle seeded by (seed, e)) and concatenates them; sample i of the epoch
+ *     is stream tokens [i T, i T + T] (T inputs and their next-token targets). Global sample g is
+ *     (epoch g / S, sample g % S), S = (n_tokens - 1) / T; an epoch's last n_tokens - S T tokens are
+ *     unused in it. The run's data position is g T tokens, whatever the number of ranks that read it.
+ *   Writers (data_flat.c, data_synth.c, data_bytes.c) and the tools (data_cli.c: `ringscan data
+ *     synth|bytes|check|inspect`).
  *
- *   DataSource (data_source.c, data_flat.c, data_megatron.c)
- *     One token file with its document boundaries, either our
- *     flat format (spec in data_flat.c and docs/data-format.md) or a
- *     Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx (spec in
- *     data_megatron.c). Opening validates every header field and offset
- *     against the file sizes; nothing is trusted. Tokens are read with
- *     pread into owned buffers (see DataSource), and the source carries a
- *     fingerprint of its data for the checkpoint (DataFingerprint).
+ * Errors: every function that can fail on user input returns 0, RS_EXIT_USAGE (bad input: the file or an
+ * argument) or RS_EXIT_FAIL (the system), with one message in `err` whose first line names the file,
+ * what was expected and what was found (hints after it). data_fail() prints it the way error.h does and
+ * exits with RS_EXIT_USAGE; the trainer calls it on a failed data_open / data_read_sample.
  *
- *   DataSet (data_pack.c)
- *     The packed stream the trainer reads. Epoch e puts the documents in an
- *     order (file order, or a Fisher–Yates shuffle seeded by (seed, e)) and
- *     concatenates them; sample i of the epoch is stream tokens
- *     [i*T, i*T + T] (T + 1 tokens: T inputs and their next-token targets).
- *     Global sample g is (epoch g / S, sample g % S), S = samples per epoch
- *     = (n_tokens - 1) / T; the last n_tokens - S*T tokens of an epoch's
- *     stream are not used in that epoch (a different tail each epoch when
- *     shuffled). The run's data position is g * T tokens, whatever the number
- *     of ranks that read it.
+ * Threads: a DataSource is read-only after opening and may be shared; a DataSet caches the current
+ * epoch's order, so one DataSet per thread.
  *
- *   Writers (data_flat.c writer, data_synth.c, data_bytes.c) and the tools
- *     (data_cli.c: `ringscan data synth|bytes|check|inspect`).
- *
- * Errors. Every function that can fail on user input returns 0 on success
- * and RS_EXIT_USAGE (bad input: the file or an argument) or RS_EXIT_FAIL
- * (the system: out of memory, an I/O error) otherwise, and writes one
- * message into `err`: the first line names the file, what was expected and
- * what was found; the lines after it are hints. data_fail() prints such a
- * message the way error.h does and exits with RS_EXIT_USAGE; the trainer
- * calls it on a failed data_open / data_read_sample.
- *
- * Threads: a DataSource is read-only after opening and may be shared; a
- * DataSet caches the current epoch's order, so one DataSet per thread.
- *
- * Callers: cmd/ringscan.c (`ringscan data`), the trainer (data_open,
- * data_read_sample or data_read_span per micro-step), the checkpoint code
- * (data_position_to_sample on resume), tests/unit/test_data.c and
+ * Callers: cmd/ringscan.c (`ringscan data`), the trainer (data_open, data_read_sample or data_read_span
+ * per micro-step), the checkpoint code (data_position_to_sample on resume), tests/unit/test_data.c and
  * tests/test_data.py.
  */
 #ifndef RS_DATA_H
@@ -81,7 +64,7 @@ int data_dtype_bytes(DataDtype dt);
  * message. The hash is FNV-1a (64-bit words) over token_bytes, n_tokens,
  * n_docs, every document start, and DATA_FP_BLOCKS blocks of DATA_FP_BLOCK
  * token bytes spread evenly over the tokens (first and last included; all of
- * them when the tokens are smaller than that): about 0.3 ms plus 8 bytes per
+ * them when the tokens are smaller than that): a fixed read plus 8 bytes per
  * document at open, whatever the file size. A full hash would read the whole
  * file (minutes for hundreds of GB, at every start and resume); the sampled
  * one catches a replaced, regenerated, re-tokenized, truncated or extended

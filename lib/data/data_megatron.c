@@ -1,52 +1,23 @@
 /*
- * data_megatron.c — reading a Megatron-LM indexed dataset (PREFIX.bin +
- * PREFIX.idx), the format Megatron's tools/preprocess_data.py writes.
+ * data_megatron.c — reading a Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx), the format
+ * Megatron's tools/preprocess_data.py writes, as verified against Megatron-LM's own reader and writer
+ * (megatron/core/datasets/indexed_dataset.py, commit 00caa53a). The byte layout, table by table, is in
+ * docs/data-format.md; in short, all little-endian:
+ *   PREFIX.idx  magic "MMIDIDX\x00\x00", uint64 version 1, uint8 dtype code, uint64 sequence count S,
+ *               uint64 document_indices count D, then int32[S] lengths, int64[S] byte pointers into
+ *               .bin, int64[D] document_indices (and int8[S] modes in multimodal datasets), unpadded, so
+ *               the int64 arrays are unaligned and read with memcpy
+ *   PREFIX.bin  every sequence's tokens back to back; sequence i occupies [pointer[i], pointer[i] +
+ *               length[i] itemsize), and .bin is exactly sum(lengths) itemsize bytes
+ * Document d is the sequences [document_indices[d], document_indices[d+1]) (document_indices starts at
+ * 0 and ends at S: D = documents + 1).
  *
- * What the format is, as verified by reading Megatron-LM's own reader and
- * writer, megatron/core/datasets/indexed_dataset.py (NVIDIA/Megatron-LM,
- * commit 00caa53a; classes DType, _IndexWriter, _IndexReader,
- * IndexedDatasetBuilder). All integers little-endian.
+ * Beyond the reader's own checks we require what Megatron's writer always produces, with a clear error
+ * otherwise: exact sizes, lengths >= 0, contiguous pointers, document_indices non-decreasing within
+ * [0, S], an integer dtype, no sequence_modes (multimodal data is not text tokens).
  *
- * PREFIX.idx:
- *   offset 0   9 bytes   magic "MMIDIDX\x00\x00"
- *   offset 9   uint64    version, always 1 (the reader rejects anything else)
- *   offset 17  uint8     dtype code of the tokens in .bin:
- *                          1 uint8, 2 int8, 3 int16, 4 int32, 5 int64,
- *                          6 float64, 7 float32, 8 uint16
- *                        (preprocessing picks uint16 for vocabularies under
- *                        65500, int32 otherwise)
- *   offset 18  uint64    sequence_count S
- *   offset 26  uint64    document_count D (the length of document_indices)
- *   offset 34  int32[S]  sequence_lengths, in tokens
- *              int64[S]  sequence_pointers, byte offsets into .bin
- *              int64[D]  document_indices
- *              int8[S]   sequence_modes, only in "multimodal" datasets
- *   The arrays follow each other with no padding, so they are not aligned
- *   (the int64 arrays start at 34 + 4S): we read them with memcpy.
- *
- * PREFIX.bin: the tokens of every sequence, back to back, in the dtype above.
- * The writer computes sequence_pointers as the running sum of
- * length * itemsize starting at 0, so sequence i occupies bytes
- * [pointer[i], pointer[i] + length[i] * itemsize) and .bin is exactly
- * sum(lengths) * itemsize bytes.
- *
- * Documents: the builder starts document_indices as [0] and appends the
- * current number of sequences at the end of each document (add_document,
- * end_document), so D = documents + 1, document_indices[0] = 0 and the last
- * entry = S (Megatron's IndexedDataset checks that last one). Document d is
- * the sequences [document_indices[d], document_indices[d+1]), i.e. the
- * tokens from the start of the first to the end of the last of them.
- * Without sentence splitting each document is one sequence.
- *
- * What we require beyond the reader's own checks (each is how Megatron's
- * writer always lays the files out, and a clear error otherwise): sizes
- * match exactly (no trailing bytes), lengths >= 0, pointers contiguous as
- * above, document_indices non-decreasing within [0, S], an integer dtype,
- * and no sequence_modes (multimodal data is not text tokens).
- *
- * We build one array of n_docs + 1 document start offsets, in tokens
- * (8 bytes per document); the index is mapped only while opening, and the
- * tokens are read from the .bin with pread (data.h says why).
+ * We build one array of n_docs + 1 document start offsets, in tokens (8 bytes per document); the index is
+ * mapped only while opening, and the tokens are read from the .bin with pread (data.h says why).
  *
  * Callers: data_source.c (data_megatron_open).
  */

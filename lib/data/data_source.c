@@ -10,15 +10,12 @@
  * locating a token's document. Opening a file and the error messages are
  * data_file.c's.
  *
- * Cost of pread against the shared mapping it replaced, measured on the
- * 2M-token `data synth` file (page cache warm, 2 shared cores, best of 5
- * epochs): a 2048-token sample 1.5 -> 3.3 us unshuffled (one pread per span,
- * data_pack.c) and 1.8 -> 5.7 us shuffled (one per document piece); a
- * 65536-token sample 45 -> 64 us and 93 -> 152 us; opening, with the
- * fingerprint, 0.04 -> 0.2 ms. Against a step of tens of ms at the least,
- * noise. Many tiny shuffled documents would cost one call each; data_pack.c
- * reads a span's pieces in file order, nearby ones by one pread, so 1M-token
- * samples of 1..5-token documents take ~85 ms (tests/unit/test_data.c).
+ * Cost of pread against the shared mapping it replaced: microseconds per
+ * sample (one pread per span unshuffled, one per document piece shuffled;
+ * data_pack.c), noise against a training step. Many tiny shuffled documents
+ * would cost one call each; data_pack.c reads a span's pieces in file order,
+ * nearby ones by one pread, so even 1M-token samples of 1..5-token documents
+ * stay cheap (tests/unit/test_data.c).
  *
  * Byte order: both formats are little-endian on disk and we reinterpret
  * their bytes, so the host must be little-endian (every machine we target

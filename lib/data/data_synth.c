@@ -1,52 +1,25 @@
 /*
- * data_synth.c — a synthetic long-range recall task, written as a flat file
- * (`ringscan data synth`).
+ * data_synth.c — a synthetic long-range recall task, written as a flat file (`ringscan data synth`),
+ * and its loss floor.
  *
- * Token layout for vocabulary V with K keys (K = V/4 by default; V = 256
- * gives K = 64):
- *   0            <doc>   first token of every document
- *   1            <kv>    starts a pair   "<kv> key value"
- *   2            <q>     starts a query  "<q> key value"; value = the key's value in its pair
- *   3            reserved, never written
- *   [4, 4+K)             keys
- *   [4+K, 4+2K)          values
- *   [4+2K, V)            filler, F = V - 4 - 2K tokens (124 for V = 256)
+ * Tokens for vocabulary V with K keys (K = V/4 by default): 0 <doc>, 1 <kv> (starts "<kv> key value"),
+ * 2 <q> (starts "<q> key value", value = the key's value in its pair), 3 reserved, [4, 4+K) keys,
+ * [4+K, 4+2K) values, [4+2K, V) filler.
  *
- * A document of length L (uniform in [min_doc, max_doc]), positions 0..L-1:
- *   0                    <doc>
- *   1 .. 3P              P pairs; keys distinct (drawn without replacement),
- *                        values uniform over the K values
- *   3P+1 .. s-1          filler: a Markov chain over the filler tokens; the
- *                        first is uniform, each next one is one of B fixed
- *                        successors of the previous token, uniformly (the
- *                        successor table is drawn once per file from the seed)
- *   s .. L-1             Q query blocks, s = L - Q*(3+G): "<q> key value" and
- *                        then G filler tokens (a fresh chain: first uniform);
- *                        the queried keys are Q distinct keys of the document's
- *                        pairs, in random order
- * The answers are `value` tokens of query blocks: predicting them needs the
- * pair, hundreds of tokens back (recall distance = answer position minus the
- * pair's value position). The filler has local structure a tiny model learns
- * fast (a bigram with B choices), so the loss falls well before recall is
- * learned. The file ends where --tokens is reached (the last document is cut
- * short). Documents longer than a sample are cut by the packer; the part in
- * the next sample cannot see its pairs.
+ * A document of length L (uniform in [min_doc, max_doc]): <doc>; P pairs with distinct keys and uniform
+ * values; filler from a Markov chain with B fixed successors per token (the table drawn once per file);
+ * then Q query blocks "<q> key value" plus G filler tokens each, over Q distinct keys of the document's
+ * pairs in random order. The answers need the pair, hundreds of tokens back; the filler is a bigram a
+ * tiny model learns fast, so the loss falls before recall is learned. The file ends where --tokens is
+ * reached (the last document cut short).
  *
- * The loss floor is the mean of -ln p(token | everything before it in the
- * document) under this generating process, over every target (positions
- * 1..L-1): a key costs ln(K - j) for the j-th pair, a pair's value ln K, a
- * chain step ln B (ln F after <doc> pairs or an answer), a queried key
- * ln(Q' remaining), an answer 0. The start of the query region is unknown to
- * the model only through L: with s uniform over [s_min, s_max]
- * (= [min_doc, max_doc] - Q*(3+G)), the chance that <q> comes at position
- * t >= s_min, given it has not come yet, is h(t) = 1/(s_max - t + 1); a
- * filler token there costs an extra -ln(1 - h), the <q> costs -ln h. The
- * unigram loss is the entropy of the targets' token frequencies: the best a
- * model that ignores context can do.
+ * The loss floor is the mean of -ln p(token | its document so far) under this generating process, over
+ * every target, including the model's uncertainty about where the query region starts (known only
+ * through L); the unigram loss is the entropy of the targets' token frequencies. The derivation term by
+ * term: docs/design/synthetic-recall.md.
  *
- * Random streams (rng.h): the successor table, the document lengths and
- * the contents each have their own stream of --seed, so changing one option
- * changes only what it must.
+ * Random streams (rng.h): the successor table, the document lengths and the contents each have their own
+ * stream of --seed, so changing one option changes only what it must.
  *
  * Callers: data_cli.c (`ringscan data synth`), tests/test_data.py.
  */

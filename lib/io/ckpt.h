@@ -1,64 +1,28 @@
 /*
- * ckpt.h — checkpoints of a run directory: atomic, verified on load, with
- * retention and fallback to an older checkpoint. The base of exact resume and
- * of surviving Slurm preemption.
+ * ckpt.h — checkpoints of a run directory: atomic, verified on load, with retention and fallback to an
+ * older checkpoint. The base of exact resume and of surviving Slurm preemption.
  *
- * Layout (DESIGN.md §4):
- *   RUN_DIR/ckpt/step_NNNNNNNN/     one complete checkpoint (8-digit step)
- *       model.safetensors ...       the caller's tensor files (safetensors.h)
- *       manifest.json               written last: see below
- *   RUN_DIR/ckpt/LATEST             "step_NNNNNNNN\n": the newest complete one
- *   RUN_DIR/ckpt/.lock              flock'd while a save runs (the trainer holds
- *                                   RUN_DIR/.lock for its whole life, lib/run/train.c;
- *                                   this one also guards saves from outside it)
+ * Layout: RUN_DIR/ckpt/step_NNNNNNNN/ holds one complete checkpoint (the caller's safetensors files and
+ * manifest.json, written last: format, version, step, the caller's "state" object, every file's size and
+ * crc32, and the manifest's own crc32 over its compact key-sorted JSON); RUN_DIR/ckpt/LATEST names the
+ * newest complete one; RUN_DIR/ckpt/.lock is flock'd while a save runs.
  *
- * manifest.json:
- *   {"format": "ringscan-ckpt", "version": 1, "step": N,
- *    "state": {...the caller's object: data position, RNG state, config hash...},
- *    "files": [{"name": "model.safetensors", "size": BYTES, "crc32": CRC}, ...],
- *    "crc32": CRC of the manifest itself}
- * The manifest's own crc32 is taken over its compact, key-sorted JSON without
- * the "crc32" key, so a flipped digit in the state is caught too.
+ * Save (ckpt_save; rank 0 only, the caller decides): under the lock, clear a crashed save's leftovers,
+ * write everything into a step_N.tmp.<pid>/ directory (each file fsynced), rename it into place
+ * (RENAME_EXCHANGE over an existing step_N), replace LATEST by rename, then delete checkpoints beyond
+ * `keep`, each renamed to a .tmp. name first. A crash at any point leaves the previous checkpoint
+ * loadable and LATEST naming a complete one.
+ * Load (ckpt_load; read-only, any rank): verify the checkpoint LATEST names (manifest crc32, step, every
+ * file's size, crc32 and safetensors header); on failure warn once, naming it and what failed, and try
+ * the older ones, newest first.
  *
- * Save (ckpt_save; only rank 0 calls it, the caller decides):
- *   1. take ckpt/.lock; remove stale `step_*.tmp.*` directories and
- *      `LATEST.tmp*` left by a crashed save;
- *   2. write every file into ckpt/step_N.tmp.<pid>/ (each fsynced), then the
- *      manifest (fsynced), then fsync that directory;
- *   3. rename it to ckpt/step_N (an existing step_N is swapped out atomically
- *      with renameat2(RENAME_EXCHANGE), then removed), fsync ckpt/;
- *   4. write ckpt/LATEST.tmp, fsync, rename over ckpt/LATEST, fsync ckpt/;
- *   5. retention: of the complete checkpoints older than N, keep the newest
- *      keep-1 (with N itself that makes `keep`); delete the others oldest
- *      first, each renamed to a `.tmp.` name before its files go, so a crash
- *      mid-delete never leaves a half-deleted checkpoint under a real name.
- *      Checkpoints newer than N (left by a run that was resumed from an
- *      earlier step) are left alone; saving their steps again replaces them.
- * A crash at any point leaves the previous checkpoint loadable and LATEST
- * naming a complete one. A crash after step 3 and before the end of step 5
- * leaves one checkpoint more than `keep` on disk (crashes in a row there, one
- * more each); the next save that completes removes them.
+ * Return values: 0, RS_EXIT_USAGE (bad arguments, or no checkpoint that verifies: bad input) or
+ * RS_EXIT_FAIL (an I/O failure while saving), with one line in `err`; the trainer prints it with rank and
+ * host and exits with that code. Nothing here exits.
  *
- * Load (ckpt_load; read-only, any rank): read LATEST and verify that
- * directory (manifest parses and its crc32 matches; the step agrees with the
- * name; every listed file exists with the listed size and crc32 and opens as
- * a valid safetensors file). If that fails, print one warning naming the
- * checkpoint and what failed, and try the older ones, newest first. When
- * LATEST is missing or unreadable, every step_* directory is a candidate.
- *
- * Return values: 0, RS_EXIT_USAGE (bad arguments, or no checkpoint that
- * verifies: bad input) or RS_EXIT_FAIL (an I/O failure while saving), with
- * one line in `err`; the trainer prints it with rank and host and exits with
- * that code. Nothing here exits.
- *
- * Limits: on a file system without RENAME_EXCHANGE (some network file
- * systems), re-saving an existing step falls back to two renames, and a
- * crash between them makes the loader fall back to the previous checkpoint.
- * A load running while another process saves into the same run directory
- * may see an older checkpoint deleted under it (and then fall back).
- *
- * Callers: the trainer (lib/train*.c: save every N steps and on SIGUSR1/
- * SIGTERM; load on resume), tests/tools/ckpt_stress.c, tests/unit/test_ckpt.c.
+ * The protocol step by step, its crash cases and limits: docs/design/checkpoints.md.
+ * Callers: the trainer (lib/run/: save every N steps and on SIGUSR1/SIGTERM; load on resume),
+ * tests/tools/ckpt_stress.c, tests/unit/test_ckpt.c.
  */
 #ifndef RS_CKPT_H
 #define RS_CKPT_H

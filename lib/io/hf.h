@@ -1,42 +1,29 @@
 /*
- * hf.h — Hugging Face export and import of the model's weights, and opening
- * a ringscan checkpoint for its weights alone.
+ * hf.h — Hugging Face export and import of the model's weights, and opening a ringscan checkpoint for its
+ * weights alone. Names, shapes and row layouts: docs/design/model.md.
  *
- * The layout (hf_layout.c). Every Hugging Face tensor of the state dict
- * (model_params_build_hf, research/qwen3_next_spec.md §6) is a set of rows of
- * one internal parameter (model_params.h), all of one width: HF row r of
- * `in_proj_qkvz` / `in_proj_ba` is row hf_layout_src_row(r) of the internal
- * linear_attn.in_proj [q | k | v | z | b | a] (group-interleaved per key
- * head, spec §2.3/§2.4); `q_proj` rows interleave [q_h | gate_h] per head
- * into self_attn.in_proj [q | gate | k | v] (§3), `k_proj` and `v_proj` are
- * its last two blocks; `gate_proj` / `up_proj` the halves of mlp.gate_up;
- * `conv1d.weight` [Cc, 1, Kc] is conv1d [Cc, Kc] row for row; 1-D tensors
- * are rows of width 1. Export gathers these rows, import scatters them back,
- * so export -> import -> export is bitwise (fp32; bf16 too, since bf16 ->
- * fp32 -> bf16 is exact).
+ * The layout (hf_layout.c). Every Hugging Face tensor of the state dict (model_params_build_hf) is a set
+ * of rows of one internal parameter (model_params.h), all of one width: HF row r of `in_proj_qkvz` /
+ * `in_proj_ba` is row hf_layout_src_row(r) of the internal linear_attn.in_proj [q | k | v | z | b | a]
+ * (grouped by key head); `q_proj` rows interleave [q_h | gate_h] per head into self_attn.in_proj
+ * [q | gate | k | v], `k_proj` and `v_proj` are its last two blocks; `gate_proj` / `up_proj` the halves of
+ * mlp.gate_up; `conv1d.weight` [Cc, 1, Kc] is conv1d [Cc, Kc] row for row; 1-D tensors are rows of width
+ * 1. Export gathers these rows, import scatters them back, so export -> import -> export is bitwise.
  *
- * Export (hf_export.c): a folder `transformers` loads as Qwen3NextForCausalLM:
- *   config.json                     every dim, layer_types, rope and linear-attention keys,
- *                                   mlp_only_layers = [0..L-1] (every layer dense)
- *   model.safetensors               one file up to the shard size, else
- *   model-0000i-of-0000n.safetensors + model.safetensors.index.json
- *                                   ({"metadata": {"total_size"}, "weight_map": {name: file}})
- * written into OUT.tmp.<pid> beside OUT and renamed to OUT at the end, so OUT
- * is never half written; OUT must be missing or an empty directory.
+ * Export (hf_export.c): a folder `transformers` loads as Qwen3NextForCausalLM: config.json (every dim,
+ * layer_types, rope and linear-attention keys, mlp_only_layers = every layer) and model.safetensors, or
+ * model-0000i-of-0000n.safetensors shards with model.safetensors.index.json; written into OUT.tmp.<pid>
+ * and renamed to OUT at the end, so OUT is never half written (it must be missing or an empty directory).
  *
- * Import (hf_import.c): the weights of a run's start (model.init_from) from a
- * Hugging Face folder like the above (F32, BF16 or F16 tensors; sharded or
- * not), a ringscan run directory (its newest verified checkpoint) or one
- * checkpoint directory (RUN/ckpt/step_N). Every tensor the config needs must
- * be there with the config's shape (else one error naming the tensor, the
- * file and both shapes); a tensor the config does not know is an error too
- * (except `mtp.*`, the multi-token-prediction head transformers ignores).
+ * Import (hf_import.c): the weights of a run's start (model.init_from) from such a folder (F32, BF16 or
+ * F16; sharded or not), a ringscan run directory (its newest verified checkpoint) or one checkpoint
+ * directory. Every tensor the config needs must be there with the config's shape (else one error naming
+ * the tensor, the file and both shapes); an unknown tensor is an error too (except `mtp.*`, the
+ * multi-token-prediction head transformers ignores).
  *
- * Return values: 0, RS_EXIT_USAGE (bad input: nothing written) or
- * RS_EXIT_FAIL (an I/O failure), with one message in `err`.
- *
- * Callers: cmd/ringscan.c (`export`), lib/run/train.c (model.init_from),
- * lib/run/eval.c (the weights of `eval`), tests/parity/parity_step.c (--hf).
+ * Return values: 0, RS_EXIT_USAGE (bad input: nothing written) or RS_EXIT_FAIL (an I/O failure), with one
+ * message in `err`. Callers: cmd/ringscan.c (`export`), lib/run/train.c (model.init_from), lib/run/eval.c
+ * (the weights of `eval`), tests/parity/parity_step.c (--hf).
  */
 #ifndef RS_HF_H
 #define RS_HF_H
@@ -53,9 +40,9 @@
 
 typedef enum {
     HF_ROWS_RANGE,    /* internal row = base + r */
-    HF_ROWS_GDN_QKVZ, /* spec §2.3 */
-    HF_ROWS_GDN_BA,   /* spec §2.4 */
-    HF_ROWS_ATTN_Q,   /* spec §3: per head [q | gate] */
+    HF_ROWS_GDN_QKVZ, /* in_proj_qkvz: grouped by key head */
+    HF_ROWS_GDN_BA,   /* in_proj_ba: grouped by key head */
+    HF_ROWS_ATTN_Q,   /* q_proj: per head [q | gate] */
 } HfRows;
 
 typedef struct {

@@ -38,7 +38,7 @@ static uint16_t hf_f32_to_bf16(float f) {
     return (uint16_t)(b >> 16);
 }
 
-/* config.json (research/qwen3_next_spec.md §6, "config.json"). */
+/* config.json (docs/design/model.md). */
 static json_t *hf_config_json(const Config *cfg, StDtype dtype, const char *source) {
     const ModelConfig *m = &cfg->model;
     json_t *j = json_object();
@@ -77,7 +77,7 @@ static json_t *hf_config_json(const Config *cfg, StDtype dtype, const char *sour
         json_array_append_new(dense, json_integer(l));
     }
     json_object_set_new(j, "layer_types", types);
-    json_object_set_new(j, "mlp_only_layers", dense); /* every layer dense (spec §1) */
+    json_object_set_new(j, "mlp_only_layers", dense); /* every layer dense (docs/design/model.md) */
     SETI("decoder_sparse_step", 1);
     SETI("num_experts", 0);
     json_object_set_new(j, "output_router_logits", json_false());

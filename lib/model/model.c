@@ -13,7 +13,7 @@
  *   - gradient scratch: persistent buffers plus one arena shared by the MLP,
  *     GDN and attention backward phases (model_acts.c's `grad_working`).
  *
- * Initialisation (research/qwen3_next_spec.md §7): matrices, conv weights,
+ * Initialisation (docs/design/model.md): matrices, conv weights,
  * embeddings and the head ~ N(0, initializer_range); zero-centred RMSNorm
  * weights 0; the GDN gated-norm weight and dt_bias 1; A_log = log U(0, 16).
  * Every tensor draws from its own stream (run.seed, tensor index), so the

@@ -157,7 +157,7 @@ typedef struct {
 
 /* Builds the parameter table, allocates every buffer for micro-batches of
  * `T` rows (= data.micro_batch x seq_len / cp) and initialises the weights
- * from run.seed as the spec says (research/qwen3_next_spec.md §7). `comm`
+ * from run.seed as the spec says (docs/design/model.md). `comm`
  * (groups set up) may be NULL for one process with dp = cp = 1. */
 void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int64_t T);
 void model_free(Model *m);

@@ -70,8 +70,7 @@
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
  * whole fp32 (V, C) gradient, so few large chunks: at 2 GiB and V = 151,936, 3,533 rows a chunk (10 at
- * T = 32k). On an H100 the 1B step's lm_head took 142 ms with 256 MiB (75 chunks), 94 with 1 GiB (19),
- * 82 with 2 GiB (docs/benchmarks.md, "Whole step v0.4"). */
+ * T = 32k). Smaller chunks make the lm_head markedly slower for little memory (docs/performance.md). */
 #define LOSS_CHUNK_BYTES (2LL << 30)
 
 /* chunk scratch (forward buffers and gradients) when checkpoint.chunk_rows is 0: 1 GiB gives the 1B

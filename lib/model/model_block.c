@@ -1,57 +1,29 @@
 /*
- * model_block.c — forward and backward of one decoder block (pre-norm mixer,
- * residual, pre-norm SwiGLU MLP, residual) for both layer kinds, over the
- * backend's kernels. research/qwen3_next_spec.md §2–4 is the math; the
- * buffers are model.h's LayerActs.
+ * model_block.c — forward and backward of one decoder block (pre-norm mixer, residual, pre-norm SwiGLU
+ * MLP, residual) for both layer kinds, over the backend's kernels; the buffers are model.h's LayerActs.
  *
- *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v];
- *     L2 norm of q, k; beta = sigmoid(b), g = -exp(A_log) softplus(a+dt_bias);
- *     the chunked delta rule; gated RMSNorm with silu(z); out_proj.
- *   attention mixer: proj = ln1 W_in^T gives [q|gate|k|v]; q_norm, k_norm
- *     (zero-centred, per head); v copied beside k ([k|v] per token, the buffer
- *     the ring sends); partial RoPE at global positions; ring attention
- *     (cp_ring.c: causal, documents; with cp = 1 one step, no communication);
- *     sigmoid(gate) output gate; o_proj.
+ *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v]; L2 norm of q, k;
+ *     beta = sigmoid(b), g = -exp(A_log) softplus(a+dt_bias); the chunked delta rule; gated RMSNorm with
+ *     silu(z); out_proj.
+ *   attention mixer: proj = ln1 W_in^T gives [q|gate|k|v]; q_norm, k_norm (zero-centred, per head); v
+ *     copied beside k ([k|v] per token, the buffer the ring sends); partial RoPE at global positions; ring
+ *     attention (cp_ring.c: causal, documents; with cp = 1 one step, no communication); sigmoid(gate)
+ *     output gate; o_proj.
  *
- * Context parallelism (cp.h) enters in three places only: the GDN conv's
- * halo, the GDN entry states (the chain at cp = 2, else the prefix scan) and
- * the attention ring.
+ * Context parallelism (cp.h) enters in three places only: the GDN conv's halo, the GDN entry states and
+ * the attention ring. Token-by-token work runs over each local fragment in row chunks
+ * (checkpoint.chunk_rows, model_acts.c's rule when 0), so no call or scratch grows with the tokens per
+ * GPU; only what a mixer's core reads across tokens has every row. Under checkpoint.activations none the
+ * per-token buffers the backward reads are kept whole per layer (block_rows_at points at each chunk's
+ * rows); under full and remat they hold one chunk and the backward reruns each chunk's per-token forward
+ * first (chunk_recomputes). Chunks change only the order of fp32 sums (tests/test_long.py).
  *
- * Row chunks (checkpoint.chunk_rows, model_acts.c's rule when 0). Every op
- * that works token by token (the norms, the projections, the conv, the gates,
- * the output gate, the MLP and their backward) runs over each local fragment
- * in chunks of R rows, so no kernel call and no scratch buffer grows with the
- * tokens per GPU. Only what the mixer's core reads across tokens has every
- * row under every policy: GDN q, k (normed), v, z, beta, g and the delta
- * rule's output; attention q, k|v, the gate, the output and LSE; and the
- * gradients of those. The conv reads the Kc-1 rows before a chunk (the
- * previous chunk's, copied to gdn_halo; for a fragment's first chunk the CP
- * halo); its halo gradient goes back to those rows through their in_proj
- * backward run again for them alone (linear in dproj), and the CP halo's
- * tails are computed from x on their own before the chunks. The forward
- * writes the block output chunk by chunk. Chunks change only the order of
- * fp32 sums (tests/test_long.py).
+ * Recompute modes (model_step.c decides): BLOCK_FORWARD the normal forward, writing the block output;
+ * BLOCK_RECOMPUTE the full policy's recompute of the whole-rows buffers, attention included; BLOCK_REMAT
+ * the remat policy's, which keeps attention's output and LSE, the GDN entry states, transitions and conv
+ * halo, so neither attention nor any communication reruns.
  *
- * The per-token buffers the backward reads (model.h "token": ln1, the
- * projections before the conv / the norms, the mixer's output, h, the MLP's)
- * depend on the policy. Under none they are kept whole per layer, each
- * layer's own, and the backward reads the forward's rows: nothing is
- * recomputed (block_rows_at moves the buffers' pointers to each chunk's rows
- * and says so). Under full and remat they are one chunk's, shared by the
- * layers of a kind: a recompute stops at the whole-rows buffers, and the
- * backward reruns each chunk's per-token forward right before its backward
- * (counted in chunk_recomputes).
- *
- * Recompute modes (the checkpoint policy, model_step.c decides):
- *   BLOCK_FORWARD      the normal forward, writing the block output;
- *   BLOCK_RECOMPUTE    the full policy's recompute: the whole-rows buffers
- *                      again, attention included;
- *   BLOCK_REMAT        the remat policy's recompute: attention's output and
- *                      LSE, the GDN entry states, transitions and conv halo
- *                      are kept, so neither attention nor any communication
- *                      (ring pass, scan all-gather, halo exchange) reruns.
- *
- * Callers: model_step.c.
+ * The math and the memory design: docs/design/model.md. Callers: model_step.c.
  */
 #include "model_block.h"
 

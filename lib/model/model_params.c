@@ -1,7 +1,7 @@
 /*
  * model_params.c — builds the parameter table (our layout) and the Hugging
  * Face state-dict table (export layout) from the model config. See
- * model_params.h for the layout and research/qwen3_next_spec.md §6 for the
+ * model_params.h for the layout and docs/design/model.md for the
  * HF names and shapes.
  */
 #include "model_params.h"

@@ -7,8 +7,8 @@
  * weight-decay group from it, and the exporter maps it to Hugging Face names.
  *
  * Internal layout (chosen for one GEMM per projection; the exporter permutes
- * rows into the Hugging Face interleaved layouts, research/qwen3_next_spec.md
- * §2.3, §2.4, §3). Weights are [out, in], y = x W^T.
+ * rows into the Hugging Face interleaved layouts, docs/design/model.md).
+ * Weights are [out, in], y = x W^T.
  *   GDN layer   linear_attn.in_proj   [Cc + Vd + 2nv, H]  rows [q | k | v | z | b | a],
  *                                      heads in global order (q, k: nk heads of dk;
  *                                      v, z: nv heads of dv; b, a: nv)
@@ -47,7 +47,7 @@ typedef enum {
     PARAM_GROUP_COUNT,
 } ParamGroup;
 
-/* Initialisation rules of the spec (research/qwen3_next_spec.md §7). */
+/* Initialisation rules of the spec (docs/design/model.md). */
 typedef enum {
     PARAM_INIT_NORMAL, /* N(0, initializer_range) */
     PARAM_INIT_ZEROS,  /* zero-centred RMSNorm weights */

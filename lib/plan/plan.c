@@ -36,7 +36,7 @@
  *                      workspace not counted (unknown before its plan).
  *   runtime            cuda: what the device holds beyond the backend's
  *                      allocations, as measured (device memory in use less
- *                      the backend's peak, docs/benchmarks.md v0.11): 0.55 GiB
+ *                      the backend's peak on the GPU machine): 0.55 GiB
  *                      for the CUDA context and its modules (0.54 on one GPU),
  *                      and 1.1 GiB per NCCL communicator of two or more ranks
  *                      (world, cp, dp: 2.67-2.73 GiB with two of them at cp 2
@@ -73,7 +73,7 @@ const char *const plan_comm_names[PLAN_COMM_COUNT] = {
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 /* Chunked gated delta rule FLOPs per chunk and value head, in FLA's kernel
- * split (research/gdn_cp.md §7; at C=64, K=V=128 these give 11.3 and 32.5
+ * split (docs/design/gdn-kernels.md, "FLOPs counted"; at C=64, K=V=128 these give 11.3 and 32.5
  * MFLOP). */
 static double plan_gdn_fwd_chunk(double C, double K, double V) {
     double kkt = 1.25 * C * C * K, solve = 0.61 * C * C * C, wu = 2 * C * C * (K + V), h = 4 * C * K * V;

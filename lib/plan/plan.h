@@ -86,7 +86,7 @@ typedef struct {
 
 void plan_build(Plan *p, const Config *cfg);
 /* FLOPs of the chunked gated delta rule per chunk of C tokens and value head (FLA's kernel split,
- * research/gdn_cp.md §7: 11.3 and 32.5 MFLOP at C = 64, K = V = 128); the backward counts its
+ * docs/design/gdn-kernels.md, "FLOPs counted": 11.3 and 32.5 MFLOP at C = 64, K = V = 128); the backward counts its
  * recompute of the WY factors and chunk states. Also used by `ringscan bench gdn`. */
 void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd);
 void plan_free(Plan *p);

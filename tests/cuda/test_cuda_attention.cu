@@ -21,7 +21,7 @@
  * got - prefill is compared with the cpu kernel's increment.
  *
  * Bounds (relative L2 over all elements; -inf lse entries must match exactly), with
- * the largest error measured on an H100 (2026-11-23) in brackets (the first mma.sync kernels; the
+ * the largest error measured on the GPU machine in brackets (the first mma.sync kernels; the
  * wgmma kernels of today on the same inputs: out 2.1e-3, lse 1.2e-7, dq/dk/dv 1.8e-3):
  *   out (bf16)              5e-3 [2.0e-3]  P is rounded to bf16 before the PV product and out to
  *                                          bf16 (2^-9 relative each, RMS ~1e-3 per element)

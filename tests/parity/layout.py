@@ -1,5 +1,5 @@
 """layout.py — conversion between the Hugging Face state dict of the model
-(names and shapes of research/qwen3_next_spec.md §6) and ringscan's internal
+(names and shapes of docs/design/model.md) and ringscan's internal
 parameter tensors (lib/model/model_params.h, built by model_params_build in
 lib/model/model_params.c), in both directions.
 
@@ -70,8 +70,8 @@ def internal_shapes(cfg):
 
 def gdn_in_proj_rows(cfg):
     """src[i] = the row of cat(in_proj_qkvz, in_proj_ba) that internal in_proj row i holds.
-    HF qkvz (spec §2.3): nk groups of width w = 2dk + 2r dv; group g = [q_g | k_g | v of heads
-    g*r..g*r+r-1 | z of the same heads]. HF ba (§2.4): nk groups of 2r = [b of those r heads | a]."""
+    HF qkvz (docs/design/model.md): nk groups of width w = 2dk + 2r dv; group g = [q_g | k_g | v of heads
+    g*r..g*r+r-1 | z of the same heads]. HF ba: nk groups of 2r = [b of those r heads | a]."""
     nk, nv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
     r = nv // nk
@@ -88,7 +88,7 @@ def gdn_in_proj_rows(cfg):
 
 def attn_in_proj_rows(cfg):
     """src[i] = the row of cat(q_proj, k_proj, v_proj) that internal in_proj row i holds.
-    HF q_proj (spec §3): per head h, rows [h*2hd, h*2hd+hd) are q and the next hd are the gate."""
+    HF q_proj (docs/design/model.md): per head h, rows [h*2hd, h*2hd+hd) are q and the next hd are the gate."""
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     nq = 2 * nh * hd
     q = [h * 2 * hd + e for h in range(nh) for e in range(hd)]

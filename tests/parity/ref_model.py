@@ -1,10 +1,10 @@
 """ref_model.py — an independent PyTorch implementation of the ringscan model
 (Qwen3-Next with a dense MLP in every layer), written from
-research/qwen3_next_spec.md, used as the whole-model parity reference for the
+docs/design/model.md, used as the whole-model parity reference for the
 C trainer (make_case.py runs it; tests/test_reference.py checks it).
 
 It is a reference, not fast code: plain torch ops on the Hugging Face
-parameter layout (names and shapes of spec §6, e.g. the group-interleaved
+parameter layout (names and shapes of docs/design/model.md, e.g. the group-interleaved
 in_proj_qkvz / in_proj_ba, the per-head [q, gate] interleaved q_proj, conv1d
 [Cc, 1, Kc]), the gated delta rule token by token, attention with an explicit
 [T, T] mask. Run it in torch.float64; autograd gives every gradient.
@@ -82,7 +82,7 @@ class ModelConfig:
 
 
 def hf_shapes(cfg):
-    """Names and shapes of the Hugging Face state dict (spec §6), in a fixed order."""
+    """Names and shapes of the Hugging Face state dict (docs/design/model.md), in a fixed order."""
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     nk, nv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
@@ -157,7 +157,7 @@ def causal_conv_silu(x, w, doc_pos):
 
 
 def gated_delta_rule(q, k, v, g, beta, doc_pos, initial_state=None, return_state=False):
-    """The gated delta rule, token by token (spec §2.10).
+    """The gated delta rule, token by token (docs/design/model.md).
     q, k [B, T, nv, dk] (already L2-normalised, key heads already repeated to nv),
     v [B, T, nv, dv], g, beta [B, T, nv], doc_pos [B, T]. Per value head, with state
     S [dk, dv] starting at initial_state (or 0) and reset to 0 where doc_pos == 0:
@@ -348,7 +348,7 @@ def loss_and_grads(P, cfg, tokens, targets, pos, doc_pos, dtype=torch.float64):
 
 
 def random_params(cfg, seed=0, dtype=torch.float64, std=0.05):
-    """Random, non-trivial HF-named parameters for tests (not the init of spec §7): every norm
+    """Random, non-trivial HF-named parameters for tests (not the init of docs/design/model.md): every norm
     weight, A_log and dt_bias random, so every gradient path is exercised."""
     gen = torch.Generator().manual_seed(seed)
     P = {}

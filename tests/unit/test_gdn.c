@@ -651,7 +651,7 @@ TEST(gdn_transition) {
     gdn_check_transition("T=130 doc at the last token", &p, 1, 1e-5);
 }
 
-/* The CP backward's split of dS0 (research/gdn_cp.md §3): the full backward's dS0 with a gradient
+/* The CP backward's split of dS0 (docs/design/gdn-cp.md): the full backward's dS0 with a gradient
  * dS_final arriving at the end equals the call's own state gradient (cpu_gdn_chunk_dstate, dout
  * only) plus M^T dS_final. The full backward is checked against finite differences above, so this
  * pins the state-gradient pass to it. */

@@ -185,7 +185,7 @@ TEST(rmsnorm_zero_centred_vs_plain) {
 
 /* ================================ L2 norm ================================ */
 
-#define L2_EPS 1e-6 /* spec §2.10: on the sum of squares */
+#define L2_EPS 1e-6 /* docs/design/model.md: on the sum of squares */
 
 typedef struct {
     int64_t T;

@@ -48,9 +48,9 @@ static __global__ void attn_bwd_prep_kernel(float *lse2 /* (nh,Tq_pad) */, float
 /* ---- the kernel: dK, dV and dQ in one ----------------------------------------------------------- */
 
 #define ATTN_BWD_THROTTLE_MIN_TK 65536 /* hd 256: above this many keys the backward runs with ATTN_BWD_THROTTLE: at
-                                         * 128k keys unthrottled the backward measured 1473 to 2768 ms fwd+bwd from call to call,
-                                         * with W = 4 1836-1852 (MHA), 1750-1751 (GQA 16/2) in two rounds; at 32k W = 4
-                                         * costs 20% (H100, 2026-11-23, docs/benchmarks.md "v0.5") */
+                                         * very long key ranges the unthrottled backward's time varies widely from call to
+                                         * call (a head's key blocks drift apart and stop sharing Q, dO in L2); at shorter
+                                         * ones the throttle costs more than it saves (docs/design/attention-kernels.md) */
 #define ATTN_BWD_THROTTLE 4 /* W > ST (hd 256, above ATTN_BWD_THROTTLE_MIN_TK keys): a block's producer loads query
                               * tile i only once the next key block of its head, if started and live there, has added
                               * tile i - W, so a head's key blocks stay within W tiles of each other and share Q, dO
@@ -79,7 +79,7 @@ struct AttnBwdCfg {
     /* Q/dO ring stages; hd 128: 2 with BULK (3 do not fit beside its 32 KB staging), else 3 */
     static constexpr int ST = HD == 64 ? 4 : HD == 128 ? (BULK ? 2 : 3) : 2;
     static constexpr int DQB = BULK ? (HD == 64 ? 2 : HD / 32) : QSTG ? 8 : 0; /* 32-column boxes of 8 KB staged per tile */
-    static constexpr int DQS = BULK ? 2 : ST; /* staging buffers, by tile (BULK: 1 measured 1-2% slower) */
+    static constexpr int DQS = BULK ? 2 : ST; /* staging buffers, by tile (BULK: 1 is slower) */
     static constexpr int PANELS = HD / 64;
     static constexpr int DQC = HD == 64 ? 1 : HD / 128; /* 64-column dQ chunks per consumer (hd 64: consumer 0 only) */
     static constexpr int own_bytes = ROWS * HD * 2;
@@ -218,8 +218,7 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
                  * 32-column box), free the buffer once the TMA has read it, release rb + 1 once the adds are done */
                 uint32_t *sems = p.dq_sem + (int64_t)h0 * p.nq;
                 /* finish: complete the reduce of tile pend and release it. The lambda and the no-op call after
-                 * the loop are what the measured build compiled (its SEQPIPE switch, removed, had two reduces in
-                 * flight); written out inline, ptxas emits different SASS, so they stay */
+                 * the loop stay as they are: written out inline, ptxas emits SASS other than the measured build's */
                 int pend = -1;
                 auto finish = [&]() {
                     if (pend < 0) return;

@@ -1,37 +1,30 @@
 /*
  * state_backward_wgmma.cuh — the backward (reverse) state pass of the chunked gated delta rule on wgmma
- * (Hopper, sm_90a): GDN v4.3, choice sbwd (cuda_gdn_tune.h). Not a standalone header:
- * included by kernels/cuda/gdn/gdn.cu after gdn/state_forward_wgmma.cuh, whose helpers (gdn_wg_off,
- * ptx_tma_store_2d) it uses with cuda_ptx.h's (ptx_wgmma_ss_n64, TMA, mbarriers), and gdn/state_pass.cuh, whose segment bookkeeping (GdnSeg,
- * gdn_span, gdn_span_out) it shares.
+ * (Hopper, sm_90a), tune choice sbwd (cuda_gdn_tune.h). Not a standalone header: included by gdn/gdn.cu
+ * after gdn/state_forward_wgmma.cuh (gdn_wg_off, the TMA store) and gdn/state_pass.cuh (GdnSeg, gdn_span,
+ * gdn_span_out), with cuda_ptx.h's wgmma, TMA and mbarriers.
  *
- * The same pass as gdn_state_backward_kernel (per chunk c, last to first: store dh = D at the chunk's
- * exit boundary, dv2 = dv_loc + dec (K D), store dv2, D <- gam_L D + scale (Q gam)^T dO - W^T dv2, D
- * <- 0 when the chunk starts a document), with one warpgroup (128 threads) per 64 state columns and
- * the three products on wgmma, the mirror of gdn_state_forward_wgmma_kernel (gdn/state_forward_wgmma.cuh):
- *   D        (DK x 64, fp32) lives in the wgmma accumulators across chunks: DK / 64 m64n64 tiles
- *   K D      m64n64k16 x DK / 16, twice (D split hi + lo bf16, as the mma.sync pass): A = K (tokens x DK,
- *            K-major), B = D rows (DK x 64, N-major); one fp32 accumulator takes both terms
- *   Q^T dos  per state tile, m64n64k16 x 4: A = Q^T (the Q tile, M-major), B = dos = scale gam_r dO_r
- *            (64 tokens x 64, N-major, written over the dO tile in place); the accumulator is D
- *   W^T dv2  the same with A = W^T and B = -dv2 (bf16, written over the dv_loc tile in place)
- * Tiles Q, K, W, dO, dv_loc (64 rows x 64-column swizzled blocks) by TMA on one mbarrier per stage,
- * the gates by cp.async; dh out by one TMA store per chunk from the hi block (bf16(D), what the mma.sync
- * pass stores), dv2 by one TMA store of a full chunk (L = 64), by the threads otherwise.
+ * The same pass as gdn_state_backward_kernel (per chunk, last to first: store dh = D at the chunk's exit,
+ * dv2 = dv_loc + dec (K D), store dv2, D <- gam_L D + scale (Q gam)^T dO - W^T dv2, D <- 0 when the chunk
+ * starts a document), the mirror of state_forward_wgmma.cuh: one warpgroup per 64 state columns,
+ *   D        (DK x 64, fp32) in the wgmma accumulators across chunks: DK / 64 m64n64 tiles
+ *   K D      m64n64k16 x DK / 16, twice (D split hi + lo bf16): A = K (K-major), B = D rows (N-major)
+ *   Q^T dos  per state tile, m64n64k16 x 4: B = dos = scale gam_r dO_r, written over the dO tile in place
+ *   W^T dv2  the same with A = W^T and B = -dv2, written over the dv_loc tile in place
+ * Tiles Q, K, W, dO, dv_loc by TMA (one mbarrier per stage), the gates by cp.async; dh and dv2 out by TMA
+ * stores (dv2 by the threads for a partial chunk).
  *
- * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and -dv2 take 0 there by
- * selection; the Q rows meet those zeros (q is finite, so exact zeros); the W rows may be a range's
- * unwritten workspace (GDN_RANGE_BEFORE_FIRST_RESET), so a partial chunk's W rows >= L are zeroed in
- * shared memory before the product. Columns >= dv (sg.M) carry M^T from the identity with dO = dv_loc
- * = 0: no dO, dv_loc tiles, dos = 0 (the Q tile is loaded all the same, finite, so Q^T dos adds exact
- * zeros and the product needs no branch: a branch there makes ptxas insert warpgroup.arrive), nothing
- * stored per chunk.
+ * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and -dv2 are selected to 0 there;
+ * the Q rows meet those zeros (q is finite: exact zeros); W rows may be unwritten workspace
+ * (GDN_RANGE_BEFORE_FIRST_RESET), so a partial chunk's W rows >= L are zeroed in shared memory. Columns
+ * >= dv (sg.M) carry M^T from the identity with dO = dv_loc = 0: the Q tile is loaded all the same, so
+ * Q^T dos adds exact zeros and the product needs no branch (a branch there makes ptxas insert
+ * warpgroup.arrive); nothing is stored per chunk for them.
  *
- * Automatic where the 64-column blocks number >= 128 (GDN_SBWD_BLOCKS, 64 heads of 128), as sfwd.
- *
- * What the mma.sync pass has that this one does not: 16 / 32 column blocks, two chains per product
- * (one chain per product here). The bits differ from the mma.sync pass (wgmma's
- * accumulation order) but are the same on every run and for every segmentation by documents.
+ * Automatic where the 64-column blocks number >= GDN_SBWD_BLOCKS (gdn.cu). Unlike the mma.sync pass: no
+ * 16 / 32 column blocks, one chain per product; its bits differ from that pass (wgmma's accumulation
+ * order) but are the same on every run and for every segmentation by documents.
+ * Design: docs/design/gdn-kernels.md ("The state passes").
  */
 
 /* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up):

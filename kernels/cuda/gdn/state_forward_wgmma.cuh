@@ -1,40 +1,29 @@
 /*
- * state_forward_wgmma.cuh — the forward state pass of the chunked gated delta rule on wgmma (Hopper, sm_90a):
- * GDN v4.2, choice sfwd (cuda_gdn_tune.h). Not a standalone header: included by
- * kernels/cuda/gdn/gdn.cu after gdn/state_pass.cuh, whose segment bookkeeping (GdnSeg, gdn_span,
- * gdn_span_out) it shares; gdn/gdn.cu's header has the algebra.
+ * state_forward_wgmma.cuh — the forward state pass of the chunked gated delta rule on wgmma (Hopper,
+ * sm_90a), tune choice sfwd (cuda_gdn_tune.h). Not a standalone header: included by gdn/gdn.cu after
+ * gdn/state_pass.cuh, whose segment bookkeeping (GdnSeg, gdn_span, gdn_span_out) it shares.
  *
  * The same pass as gdn_state_forward_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
- * K^T (dec * vn)), with one warpgroup (128 threads) per 64 state columns (or 32, below) and both products
- * on wgmma:
- *   state    S (DK x 64, fp32) lives in the wgmma accumulators of the warpgroup across chunks: DK / 64
- *            m64n64 tiles (tile mt = state rows [64 mt, 64 mt + 64)), 32 registers each per thread
- *   W h      m64n64k16 x DK / 16, twice (the state operand split hi + lo bf16, as the mma.sync pass): A = W
- *            (tokens x DK, K-major), B = the state rows (DK x 64, N-major), both from shared memory;
- *            one fp32 accumulator takes both terms
- *   K^T vn   per state tile, m64n64k16 x 4: A = K^T (the K tile, M-major), B = dec * vn (64 tokens x
- *            64, N-major); the accumulator is the state itself (scaled by gam_L first)
- * Every wgmma operand tile is a 128-byte-swizzled block of 64 bf16 columns x rows (one 1024-byte
- * aligned block per 64 columns; byte (r, j) at r 128 + ((j / 8) ^ (r % 8)) 16 + (j % 8) 2), the
- * layouts and descriptors of the attention kernels (cuda_ptx.h): W, K, U arrive by
- * cp.async (16 bytes, the swizzle applied to the address), NST stages; the state hi / lo and dec * vn
- * are written from the accumulators by the threads that own them. The accumulator layout is the
- * mma.sync C fragment repeated (cuda_ptx.h), so U, the stored h and vn are addressed as in
- * the mma.sync pass.
+ * K^T (dec * vn)), with one warpgroup (128 threads) per 64 or 32 state columns and both products on wgmma:
+ *   state    S (DK x BV, fp32) lives in the warpgroup's wgmma accumulators across chunks: DK / 64 tiles
+ *            (tile mt = state rows [64 mt, 64 mt + 64))
+ *   W h      m64nBVk16 x DK / 16, twice (the state operand split hi + lo bf16, as the mma.sync pass):
+ *            A = W (tokens x DK, K-major), B = the state rows (DK x BV, N-major); one accumulator
+ *   K^T vn   per state tile, m64nBVk16 x 4: A = K^T (M-major), B = dec * vn (N-major); the accumulator
+ *            is the state itself (scaled by gam_L first)
+ * Operand tiles are swizzled blocks (cuda_ptx.h's layouts, as the attention kernels): 64 columns with the
+ * 128-byte swizzle, or for BV = 32 rows of 64 bytes with the 64-byte swizzle (gdn_wg_off_b); W, K, U arrive
+ * by TMA, the gates by cp.async, NST stages; the state hi / lo and dec * vn are written from the
+ * accumulators by the threads that own them. The accumulator layout is the mma.sync C fragment repeated,
+ * so U, the stored h and vn are addressed as in the mma.sync pass.
  *
- * 32-column blocks (GDN v4.5, choice sfbv = 32, the automatic one): the same pass with m64n32k16, the state /
- * U / vn / h blocks 32 columns wide with rows of 64 bytes and the 64-byte swizzle (byte (r, j) at r 64 +
- * ((j / 8) ^ (r / 2 % 4)) 16 + (j % 8) 2, 512-byte atoms; TMA boxes of 32 columns with SWIZZLE_64B, wgmma
- * descriptors of layout type 2, 8-row groups 512 bytes apart); W and K tiles as at 64 columns. Half the
- * accumulator registers (135 at DK = 128) and 100 KB of shared memory (2 stages), so two blocks, two
- * independent chunk chains, share an SM: the chain's latency (GDN v4.2: ~3.6 us per chunk, one
- * warpgroup per SM) is what the second block hides; the cost is twice the W and K tile traffic per state
- * column.
- *
- * What the mma.sync pass has that this one does not: 16-column blocks. Segments, transition columns, document segments and the dual launch are the v2 bookkeeping
- * unchanged; so are the cycle counters (GDN_TP, `ringscan bench gdn --profile 2`). The per-column arithmetic differs
- * from the mma.sync pass (wgmma's accumulation order, both operand terms in one accumulator), so the bits differ
- * from the mma.sync pass, but are the same on every run and for every segmentation by documents.
+ * 32-column blocks (sfbv = 32, the automatic choice): half the accumulator registers and about 100 KB of
+ * shared memory, so two blocks, two independent chunk chains, share an SM and hide each other's per-chunk
+ * latency, at twice the W and K traffic per state column. 16-column blocks exist on mma.sync only.
+ * Segments, transition columns, document segments, the dual launch and the cycle counters (GDN_TP,
+ * `ringscan bench gdn --profile 2`) are state_pass.cuh's, unchanged. The bits differ from the mma.sync
+ * pass (wgmma's accumulation order) but are the same on every run and for every segmentation by documents.
+ * Design: docs/design/gdn-kernels.md ("The state passes").
  */
 
 /* d (64 x BV) (+)= A (64 x 16) B (16 x BV), BV = 64 or 32 (d: BV / 2 registers per thread), from
@@ -69,7 +58,7 @@ template <int BV> GDN_DEV uint64_t gdn_wg_bdesc(uint32_t saddr, uint32_t lbo) {
 }
 
 /* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up);
- * BV state columns per block (64, or 32: GDN v4.5). DK = 128, 2 stages: 135 KB at 64 columns, 100 KB at
+ * BV state columns per block (64, or 32). DK = 128, 2 stages: 135 KB at 64 columns, 100 KB at
  * 32 (two blocks per SM) */
 template <int DK, int NST, int BV = 64> struct GdnStateFwdSmemWg {
     static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * BV * 2;
@@ -102,7 +91,7 @@ struct GdnWgMaps {
  * BV) of head h's state over segment p = z + sg.pz0 of the chunks of `mode` (gdn_state_forward_kernel
  * has the same contract; ncol = dv, or dv + DK when sg.M). Thread (warp w, lane 4 g + t) holds, in
  * state tile mt, element 4 i + e (i < BV / 8) at row 64 mt + 16 w + g + 8 (e / 2), column 8 i + 2 t + e % 2.
- * BV = 64: m64n64k16, 128-byte swizzled state / U / vn blocks; BV = 32 (GDN v4.5): m64n32k16, 64-byte
+ * BV = 64: m64n64k16, 128-byte swizzled state / U / vn blocks; BV = 32: m64n32k16, 64-byte
  * swizzled ones (gdn_wg_off_b), half the registers and about 100 KB of shared memory, so two blocks (two
  * independent chunk chains) per SM; W and K tiles are the same in both.
  * Tiles in by TMA (thread 0; one mbarrier per stage, the gates by cp.async): the rows of a chunk past

@@ -1,43 +1,29 @@
 /*
  * state_pass.cuh — the bookkeeping every state pass shares (mma.sync: state_forward.cuh,
  * state_backward.cuh; wgmma: state_forward_wgmma.cuh, state_backward_wgmma.cuh): GdnSeg, where a pass
- * reads and writes its states, its chunk span, and the per-phase cycle counters. Part of gdn.cu, whose
- * header has the algebra and the buffer layouts.
+ * reads and writes its states, its chunk span, and the per-phase cycle counters. Part of gdn.cu's
+ * translation unit. Design: docs/design/gdn-kernels.md ("The state passes").
  *
- * Segmented state passes (research/gdn_cp.md §3 "intracard CP", §8.2). The chunk range of a pass is
- * cut into nseg segments of consecutive chunks (segment p: chunks [lo + n p / nseg, lo + n (p+1) /
- * nseg), n chunks; a segment may be empty). Forward:
- *   phase A  segments 0 .. nseg-2 in parallel: segment 0 from S0 gives E_1 (the state entering
- *            segment 1); segment p >= 1 runs [S | M] from [0 | I] (the transition pass) and gives
- *            H_p, M_p with E_{p+1} = M_p E_p + H_p
- *   fold     E_{p+1} = M_p E_p + H_p for p = 1 .. nseg-2, in order (gdn_state_affine_kernel: fp32,
- *            fixed order; the same link the CP scan uses)
- *   phase C  every segment in parallel from its E_p: the plain pass (h, vn stored, S_final from the last)
- * Backward, the mirror image: phase A on segments nseg-1 .. 1 (segment nseg-1 from dS_final gives
- * Dx_{nseg-2}, the gradient leaving segment nseg-2 at its end; segment p runs [D | M_p^T] from
- * [0 | I] with dO = dv_loc = 0 in the M^T columns), fold Dx_{p-1} = M_p^T Dx_p + dH_p, phase C from
- * the Dx_p. A document start inside a segment zeroes its M (the pass zeroes every column at a
- * reset), so documents crossing segment edges need nothing special. With nseg fixed by the shape,
- * the result has the same bits on every run.
+ * Segmented passes: the chunk range is cut into nseg segments of consecutive chunks (segment p: chunks
+ * [lo + n p / nseg, lo + n (p+1) / nseg), possibly empty). Forward: phase A runs segments 0 .. nseg-2 in
+ * parallel, segment 0 from S0 (giving E_1), segment p >= 1 as the transition [S | M] from [0 | I] (giving
+ * H_p, M_p); the fold E_{p+1} = M_p E_p + H_p runs in order (gdn_state_affine_kernel, fp32, fixed order,
+ * the CP scan's link); phase C runs every segment from its E_p as the plain pass. The backward mirrors it
+ * (phase A on segments nseg-1 .. 1, [D | M_p^T] from [0 | I] with dO = dv_loc = 0 in the M^T columns;
+ * fold Dx_{p-1} = M_p^T Dx_p + dH_p). A document start inside a segment zeroes its M, so documents
+ * crossing segment edges need nothing special; with nseg fixed by the shape the bits are the same on
+ * every run.
  *
- * Pipelined state passes: NST stages of cp.async tiles (2 or 3), so the next NST-1 chunks' tiles are
- * in flight while a chunk is computed; the per-chunk (t0, L, flags) is loaded one chunk before its
- * tiles are issued.
+ * Pipelining: NST stages (2 or 3) of cp.async tiles; the per-chunk (t0, L, flags) loaded one chunk
+ * before its tiles are issued. Document segments (sg.cuts): the passes cut the chunks at document starts
+ * into segments run side by side (no transition columns, no fold; gdn_doc_range); the host launches a
+ * fixed number and gdn_index_cuts_kernel places the cuts on the device. Dual launch (gdn.cu
+ * GDN_DUAL_DEFAULT): each pass is launched in two configurations (the automatic one, and 32 columns in 8
+ * document segments); gdn_index_cuts_kernel writes which one the documents call for (sg.pick) and the
+ * other's blocks exit before their first load. Both give the same bits.
  *
- * Document segments (GDN v3, sg.cuts): the forward and backward passes cut the chunks at document
- * starts into segments that run side by side (no transition columns, no fold; gdn_doc_range). The
- * host does not know the documents (no round trip), so it launches a fixed number of segments and
- * gdn_index_cuts_kernel places the cuts on the device; with one document all but one are empty.
- *
- * Dual launch (switch dual, gdn/gdn.cu "GDN v3.1"): the host launches each state pass twice, in two
- * configurations (the automatic column block and document segments, and 32 columns in 8 document
- * segments); gdn_index_cuts_kernel writes which one the documents call for (sg.pick) and the blocks of
- * the other exit before their first load. Both give the same bits (document segments are exact).
- *
- * wy_bwd: dk's two WY terms (beta gam Tinv^T dW and C K + C^T K) stay in registers; the fp32 dk of
- * dqkwg is read once, all loads of a 64-column half issued before its use, and the reverse cumsum of dg
- * runs on two warps with shuffles instead of one thread.
-
+ * wy_bwd: dk's two WY terms stay in registers; dqkwg's fp32 dk is read once, a 64-column half's loads
+ * issued before their use, and dg's reverse cumsum runs on two warps with shuffles.
  */
 #pragma once
 
