@@ -70,24 +70,22 @@ _Static_assert(sizeof cp_counter_names / sizeof cp_counter_names[0] == CP_COUNTE
 
 static int64_t cp_align(int64_t n) { return (n + CP_ALIGN - 1) / CP_ALIGN * CP_ALIGN; }
 
-/* Points the Cp field called `name` (the ActCpBuffer name) at p, p + bytes, ... */
+/* Points the Cp field of b->id (ActCpId) at p, p + bytes, ... */
 static void cp_bind(Cp *cp, const ActCpBuffer *b, char *p) {
-    static const struct { const char *name; size_t off; int count; } fields[] = {
-#define F(n, c) {#n, offsetof(Cp, n), c}
-        F(kv_recv, 2), F(kv_kept, 1), F(run_out, 1), F(run_lse, 1), F(lse_empty, 1), F(blk_out, 1), F(blk_lse, 1),
-        F(dq_acc, 1), F(dkv_local, 1), F(dkv_buf, 2), F(scan_send, 1), F(scan_recv, 1), F(fold, 2), F(dstate, 1),
-        F(gdn_dkept, 1), F(halo_send, 1), F(halo_recv, 1),
+    static const struct { size_t off; int count; } fields[ACT_CP_IDS] = {
+#define F(ID, field, c) [ID] = {offsetof(Cp, field), c}
+        F(ACT_CP_KV_RECV, kv_recv, 2), F(ACT_CP_KV_KEPT, kv_kept, 1), F(ACT_CP_RUN_OUT, run_out, 1),
+        F(ACT_CP_RUN_LSE, run_lse, 1), F(ACT_CP_LSE_EMPTY, lse_empty, 1), F(ACT_CP_BLK_OUT, blk_out, 1),
+        F(ACT_CP_BLK_LSE, blk_lse, 1), F(ACT_CP_DQ_ACC, dq_acc, 1), F(ACT_CP_DKV_LOCAL, dkv_local, 1),
+        F(ACT_CP_DKV_BUF, dkv_buf, 2), F(ACT_CP_SCAN_SEND, scan_send, 1), F(ACT_CP_SCAN_RECV, scan_recv, 1),
+        F(ACT_CP_FOLD, fold, 2), F(ACT_CP_DSTATE, dstate, 1), F(ACT_CP_GDN_DKEPT, gdn_dkept, 1),
+        F(ACT_CP_HALO_SEND, halo_send, 1), F(ACT_CP_HALO_RECV, halo_recv, 1),
 #undef F
     };
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
-        if (!strcmp(fields[i].name, b->name)) {
-            RS_CHECK(fields[i].count == b->count, "CP buffer %s: %d copies listed, %d in Cp", b->name, b->count,
-                     fields[i].count);
-            for (int k = 0; k < b->count; k++)
-                ((void **)((char *)cp + fields[i].off))[k] = p + k * cp_align(b->bytes);
-            return;
-        }
-    RS_FATAL("CP buffer '%s' of model_acts.c has no field in Cp", b->name);
+    RS_CHECK(b->id >= 0 && b->id < ACT_CP_IDS && fields[b->id].count > 0, "CP buffer id %d has no field in Cp", b->id);
+    RS_CHECK(fields[b->id].count == b->count, "CP buffer %s: %d copies listed, %d in Cp", act_cp_names[b->id],
+             b->count, fields[b->id].count);
+    for (int k = 0; k < b->count; k++) ((void **)((char *)cp + fields[b->id].off))[k] = p + k * cp_align(b->bytes);
 }
 
 void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
@@ -120,7 +118,7 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
     for (int i = 0; i < t.ncp; i++) {
         cp_bind(cp, &t.cp[i], at[t.cp[i].phase]);
         at[t.cp[i].phase] += t.cp[i].count * cp_align(t.cp[i].bytes);
-        if (!strcmp(t.cp[i].name, "gdn_dkept")) { /* the backend's format; model_acts.c counts it per fragment */
+        if (t.cp[i].id == ACT_CP_GDN_DKEPT) { /* the backend's format; model_acts.c counts it per fragment */
             const ModelConfig *mc = &cfg->model;
             cp->gdn_dkept_one = be->gdn_dkept_bytes(cp->L.frag_len, (int)mc->linear_num_value_heads,
                                                     (int)mc->linear_key_head_dim, (int)mc->linear_value_head_dim);

@@ -157,10 +157,30 @@ static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPh
 
 static int64_t acts_align(int64_t n) { return (n + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN; }
 
-static void acts_add_cp(ActTable *t, const char *name, ActCpKind kind, ActCpPhase phase, int count, int64_t bytes) {
+const char *const act_cp_names[ACT_CP_IDS] = {
+    [ACT_CP_KV_RECV] = "kv_recv",
+    [ACT_CP_KV_KEPT] = "kv_kept",
+    [ACT_CP_RUN_OUT] = "run_out",
+    [ACT_CP_RUN_LSE] = "run_lse",
+    [ACT_CP_LSE_EMPTY] = "lse_empty",
+    [ACT_CP_BLK_OUT] = "blk_out",
+    [ACT_CP_BLK_LSE] = "blk_lse",
+    [ACT_CP_DQ_ACC] = "dq_acc",
+    [ACT_CP_DKV_LOCAL] = "dkv_local",
+    [ACT_CP_DKV_BUF] = "dkv_buf",
+    [ACT_CP_SCAN_SEND] = "scan_send",
+    [ACT_CP_SCAN_RECV] = "scan_recv",
+    [ACT_CP_FOLD] = "fold",
+    [ACT_CP_DSTATE] = "dstate",
+    [ACT_CP_GDN_DKEPT] = "gdn_dkept",
+    [ACT_CP_HALO_SEND] = "halo_send",
+    [ACT_CP_HALO_RECV] = "halo_recv",
+};
+
+static void acts_add_cp(ActTable *t, ActCpId id, ActCpKind kind, ActCpPhase phase, int count, int64_t bytes) {
     RS_CHECK(t->ncp < ACT_CP_MAX, "raise ACT_CP_MAX");
     ActCpBuffer *b = &t->cp[t->ncp++];
-    snprintf(b->name, sizeof b->name, "%s", name);
+    b->id = id;
     b->kind = kind;
     b->phase = phase;
     b->count = count;
@@ -387,29 +407,29 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     for (int l = 0; l < m->num_hidden_layers; l++) n_full += config_layer_kind(cfg, l) == LAYER_KIND_FULL;
     if (n_full > 0) {
         if (cp == 2 && cfg->parallel.ring_keep_kv) /* each layer's received block, kept to its backward */
-            acts_add_cp(t, "kv_kept", ACT_CP_RING, ACT_CP_ALWAYS, 1, n_full * T * kv * e);
-        else if (cp > 1) acts_add_cp(t, "kv_recv", ACT_CP_RING, ACT_CP_ALWAYS, 2, T * kv * e);
-        acts_add_cp(t, "run_out", ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * f);
-        acts_add_cp(t, "run_lse", ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
-        acts_add_cp(t, "lse_empty", ACT_CP_RING, ACT_CP_ALWAYS, 1, T * nh * f); /* written once, at cp_init */
-        acts_add_cp(t, "blk_out", ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * e);
-        acts_add_cp(t, "blk_lse", ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
-        acts_add_cp(t, "dq_acc", ACT_CP_RING, ACT_CP_BACKWARD, 1, T * qd * f);
-        acts_add_cp(t, "dkv_local", ACT_CP_RING, ACT_CP_BACKWARD, 1, T * kv * f);
-        if (cp > 1) acts_add_cp(t, "dkv_buf", ACT_CP_RING, ACT_CP_BACKWARD, 2, T * kv * f);
+            acts_add_cp(t, ACT_CP_KV_KEPT, ACT_CP_RING, ACT_CP_ALWAYS, 1, n_full * T * kv * e);
+        else if (cp > 1) acts_add_cp(t, ACT_CP_KV_RECV, ACT_CP_RING, ACT_CP_ALWAYS, 2, T * kv * e);
+        acts_add_cp(t, ACT_CP_RUN_OUT, ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * f);
+        acts_add_cp(t, ACT_CP_RUN_LSE, ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
+        acts_add_cp(t, ACT_CP_LSE_EMPTY, ACT_CP_RING, ACT_CP_ALWAYS, 1, T * nh * f); /* written once, at cp_init */
+        acts_add_cp(t, ACT_CP_BLK_OUT, ACT_CP_RING, ACT_CP_FORWARD, 1, T * qd * e);
+        acts_add_cp(t, ACT_CP_BLK_LSE, ACT_CP_RING, ACT_CP_FORWARD, 1, T * nh * f);
+        acts_add_cp(t, ACT_CP_DQ_ACC, ACT_CP_RING, ACT_CP_BACKWARD, 1, T * qd * f);
+        acts_add_cp(t, ACT_CP_DKV_LOCAL, ACT_CP_RING, ACT_CP_BACKWARD, 1, T * kv * f);
+        if (cp > 1) acts_add_cp(t, ACT_CP_DKV_BUF, ACT_CP_RING, ACT_CP_BACKWARD, 2, T * kv * f);
     }
     int64_t ring_always = t->cp_phase[ACT_CP_ALWAYS];
     if (cp > 1 && n_full < m->num_hidden_layers) {
         int64_t pair = frags * nv * dk * (dk + dv) * f, tail = frags * (Kc - 1) * Cc * e;
-        acts_add_cp(t, "scan_send", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, pair);
-        acts_add_cp(t, "scan_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * pair);
-        acts_add_cp(t, "fold", ACT_CP_SCAN, ACT_CP_ALWAYS, 2, nv * dk * dv * f);
-        acts_add_cp(t, "dstate", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
+        acts_add_cp(t, ACT_CP_SCAN_SEND, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, pair);
+        acts_add_cp(t, ACT_CP_SCAN_RECV, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * pair);
+        acts_add_cp(t, ACT_CP_FOLD, ACT_CP_SCAN, ACT_CP_ALWAYS, 2, nv * dk * dv * f);
+        acts_add_cp(t, ACT_CP_DSTATE, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
         if (cp == 2 && cfg->parallel.gdn_chain_staged && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES)
-            acts_add_cp(t, "gdn_dkept", ACT_CP_SCAN, ACT_CP_ALWAYS, 1,
+            acts_add_cp(t, ACT_CP_GDN_DKEPT, ACT_CP_SCAN, ACT_CP_ALWAYS, 1,
                         frags * acts_gdn_dkept_bytes(cfg->device.kind == DEVICE_KIND_CUDA, T / frags, nv, dk, dv));
-        acts_add_cp(t, "halo_send", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
-        acts_add_cp(t, "halo_recv", ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
+        acts_add_cp(t, ACT_CP_HALO_SEND, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
+        acts_add_cp(t, ACT_CP_HALO_RECV, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
     }
     const int64_t fb = t->cp_phase[ACT_CP_FORWARD] > t->cp_phase[ACT_CP_BACKWARD] ? t->cp_phase[ACT_CP_FORWARD]
                                                                                   : t->cp_phase[ACT_CP_BACKWARD];

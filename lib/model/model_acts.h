@@ -84,7 +84,7 @@ typedef enum {
     ACT_CP_KINDS,
 } ActCpKind;
 
-#define ACT_CP_MAX 16
+#define ACT_CP_MAX 17
 #define CP_ALIGN   256 /* bytes; cp_init starts every CP buffer on this */
 
 /* When a CP buffer is alive: the ring forward's and the ring backward's own buffers are never
@@ -98,8 +98,31 @@ typedef enum {
     ACT_CP_PHASES,
 } ActCpPhase;
 
+/* Which Cp field (cp.h) a CP buffer becomes: cp_init binds by it. act_cp_names[] holds the field names. */
+typedef enum {
+    ACT_CP_KV_RECV,
+    ACT_CP_KV_KEPT,
+    ACT_CP_RUN_OUT,
+    ACT_CP_RUN_LSE,
+    ACT_CP_LSE_EMPTY,
+    ACT_CP_BLK_OUT,
+    ACT_CP_BLK_LSE,
+    ACT_CP_DQ_ACC,
+    ACT_CP_DKV_LOCAL,
+    ACT_CP_DKV_BUF,
+    ACT_CP_SCAN_SEND,
+    ACT_CP_SCAN_RECV,
+    ACT_CP_FOLD,
+    ACT_CP_DSTATE,
+    ACT_CP_GDN_DKEPT,
+    ACT_CP_HALO_SEND,
+    ACT_CP_HALO_RECV,
+    ACT_CP_IDS,
+} ActCpId;
+extern const char *const act_cp_names[ACT_CP_IDS];
+
 typedef struct {
-    char    name[32];  /* cp.h's Cp field it becomes: "kv_recv", "scan_recv", ... */
+    int32_t id;        /* ActCpId: cp.h's Cp field it becomes */
     int32_t kind;      /* ActCpKind */
     int32_t phase;     /* ActCpPhase */
     int32_t count;     /* buffers of this shape (2 for the ping-pong ones) */
