@@ -1,5 +1,5 @@
 """gdn_fla_profile.py — FLA's chunk_gated_delta_rule per kernel, for the tables beside ours
-(docs/benchmarks.md "GDN v4"): for each case of a `ringscan bench gdn` request (the same inputs and
+(docs/bench-log/, the GDN kernel entries): for each case of a `ringscan bench gdn` request (the same inputs and
 documents as gdn_fla.py), the fwd and fwd+bwd medians by CUDA events (peer_common's rule), then
 torch.profiler over `reps` more fwd+bwd runs: every GPU kernel's calls per run, ms per call and ms
 per run, in the order of first launch. Information only; nothing is asserted.
