@@ -40,6 +40,7 @@
 #include "io/hf.h"
 #include "plan/plan.h"
 #include "run/plot.h"
+#include "run/rundir.h"
 #include "submit.h"
 #include "run/train.h"
 
@@ -124,7 +125,7 @@ static void cli_load_config(Config *cfg, const CliArgs *a, const char *cmd) {
     for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i, &err);
     if (err.count == 0) config_validate(cfg, &err);
     char msg[1024];
-    if (train_check_out_dir(cfg->run.out_dir, msg, sizeof msg) != 0) config_errors_add(&err, "%s", msg);
+    if (run_dir_check_out_dir(cfg->run.out_dir, msg, sizeof msg) != 0) config_errors_add(&err, "%s", msg);
     if (err.count && cli_launcher_rank() != 0) exit(RS_EXIT_USAGE);
     if (err.count) {
         fflush(stdout);
