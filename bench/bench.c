@@ -25,7 +25,7 @@
  *
  * Callers: cmd/ringscan.c (bench_main).
  */
-#include "bench.h"
+#include "bench_common.h"
 #include "core/build_info.h"
 
 #include <errno.h>

@@ -81,7 +81,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "bench.h"
+#include "bench_common.h"
 #include "core/build_info.h"
 #include "comm/comm.h"
 #include "cp/cp.h"

@@ -29,8 +29,8 @@
  *
  * Callers: cmd/ringscan.c (bench_main).
  */
-#ifndef RS_BENCH_H
-#define RS_BENCH_H
+#ifndef RS_BENCH_COMMON_H
+#define RS_BENCH_COMMON_H
 
 #include <jansson.h>
 #include <stdint.h>
