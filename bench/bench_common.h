@@ -1,5 +1,6 @@
 /*
- * bench.h — `ringscan bench attn|gdn|step|all`: our kernels and our training
+ * bench_common.h — the bench tool's shared types and helpers. `ringscan bench
+ * attn|gdn|step|all`: our kernels and our training
  * step timed on the GPU, optionally beside the peers of tests/peer (PyTorch
  * SDPA, flash-linear-attention, transformers) run on the same GPU in the same
  * call, printed as one table with the ratios; `ringscan bench cp` under
@@ -11,12 +12,13 @@
  * profile switches), which lib/ never includes.
  * Files, one topic each:
  *   bench.c       options (strict: a bad value names the option, exit 2), the
- *                 order of the work, FLOPs and floors, the tables, bench.json
+ *                 order of the work, the floors, the tables, bench.json (bench.h)
+ *   bench_common.c  the request and its cases, FLOPs and bytes, table helpers
  *   bench_ops.c   attention and Gated DeltaNet kernels: random inputs, CUDA
  *                 events, warm-up then the median of the repetitions
  *   bench_step.c  one training step of a config on one GPU: tokens/s, MFU,
  *                 peak memory
- *   bench_cp.c    `bench cp`: ring attention and the GDN layer through lib/cp*.c
+ *   bench_cp.c    `bench cp` (bench_cp.h): ring attention and the GDN layer through lib/cp*.c
  *                 on P ranks, their one-GPU time, the serial schedule, per step
  *                 compute and communication, the CP peers; its own table
  *   bench_peer.c  the request file, running a peer script under a time limit
@@ -27,7 +29,7 @@
  * object: tests/peer/README.md); bench.c computes FLOPs, floors and ratios
  * from the case definitions, never from what a peer says.
  *
- * Callers: cmd/ringscan.c (bench_main).
+ * Callers: every file of bench/.
  */
 #ifndef RS_BENCH_COMMON_H
 #define RS_BENCH_COMMON_H
@@ -104,13 +106,7 @@ typedef struct {
     const char *peak_source, *hbm_source;
 } BenchDevice;
 
-int bench_main(int argc, char **argv);
-/* bench_cp.c: `bench cp` with the parsed options (MPI starts there); the exit status */
-int bench_cp_main(const BenchOptions *o);
-
-/* ---- shared by bench.c and bench_cp.c ---- */
-/* Prints "ringscan bench: OPT VAL: WHAT" and the hint, exit 2. */
-noreturn void bench_bad(const char *opt, const char *val, const char *what);
+/* ---- bench_common.c: shared by bench.c and bench_cp.c ---- */
 /* {names[f]: vals[f]}: --gdn-tune / --attn-tune as set (0: the built-in choice) */
 json_t *bench_tune_json(const char *const *names, const int *vals, int n);
 #ifdef RS_WITH_CUDA

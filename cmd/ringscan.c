@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_common.h"
+#include "bench.h"
 #include "core/build_info.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_info.h"
