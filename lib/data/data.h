@@ -154,10 +154,6 @@ int data_source_scan(const DataSource *src, int64_t *min_id, int64_t *max_id, ch
  * non-empty document (binary search, O(log n_docs)). */
 int64_t data_source_doc_of(const DataSource *src, int64_t i);
 
-/* Implemented by data_flat.c / data_megatron.c; data_source_open dispatches. */
-int data_flat_open(DataSource *src, const char *path, char *err, size_t n);
-int data_megatron_open(DataSource *src, const char *prefix, char *err, size_t n);
-
 /* Opens a regular file read-only into *fd (and *st). Anything else (a FIFO, a
  * device, a directory) is refused from stat(2) before it is opened, and the
  * open never blocks (O_NONBLOCK), so a FIFO named as data cannot hang a run.
@@ -170,6 +166,8 @@ int data_map_file(const char *path, const char *what, void **ptr, size_t *len, c
 /* Reads `len` bytes at byte offset `off` of the token file into buf; a short
  * read (the file shrank) is an error saying the file changed. */
 int data_source_read(const DataSource *src, void *buf, size_t len, int64_t off, char *err, size_t n);
+/* st_mtim in nanoseconds: the data fingerprint's mtime */
+int64_t data_mtime_ns(const struct stat *st);
 /* 0 when the token file still has the size and mtime it had when opened; else
  * an error naming the file, both sizes and both times (data_read_span calls
  * it after every read). */
