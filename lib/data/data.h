@@ -25,7 +25,7 @@
  *     of ranks that read it.
  *
  *   Writers (data_flat.c writer, data_synth.c, data_bytes.c) and the tools
- *     (data_cli.c: `ringscan data synth|bytes|check|inspect`).
+ *     (cmd/data.c: `ringscan data synth|bytes|check|inspect`).
  *
  * Errors. Every function that can fail on user input returns 0 on success
  * and RS_EXIT_USAGE (bad input: the file or an argument) or RS_EXIT_FAIL
@@ -300,11 +300,5 @@ typedef struct {
 
 int data_bytes_write(const char *path, const char *const *inputs, int n_inputs, DataDocSplit split,
                      DataBytesStats *st, char *err, size_t n);
-
-/* ---- the tools (data_cli.c) ----------------------------------------------- */
-
-/* `ringscan data SUBCOMMAND ...`: argv[0] is the subcommand. Returns the exit
- * code (0, 1 or 2). */
-int data_cli_main(int argc, char **argv);
 
 #endif
