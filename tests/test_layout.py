@@ -8,12 +8,13 @@ Three rules over the project's C/CUDA files (lib/, kernels/, cmd/, scheduler/, b
      header it finds must not lie under kernels/ or scheduler/. Includes that resolve to no project
      file (system headers) are ignored.
   2. No include circle among the project's files. A node is a "module": a .c/.cu/.cuh/.h file with
-     its extension dropped, so a .c (or .cu) and the same-named .h in the same directory are one node.
-     There is an edge A -> B when a file of module A includes (resolved as in rule 1) a header of
-     module B != A. A circle is a cycle of this graph (a strongly connected component of more than
-     one module); tests/ files take part as nodes but no production module can sit in a circle
-     through them without sitting in one through production files too, so in practice the circles
-     reported are those of production code.
+     its extension dropped, so a .c (or .cu) and the same-named .h in the same directory are one node
+     (lib/run/train.c and lib/run/train.h are lib/run/train). There is an edge A -> B when a file of
+     module A includes (resolved as in rule 1) a file of module B != A. A circle is a cycle of this
+     graph: every strongly connected component of more than one module is reported once, with the
+     #include lines of its edges. tests/ files are nodes too. What the rule cannot see: a header that
+     declares the functions of several .c files (data.h, comm.h) makes their calls to each other
+     invisible here; a header per .c (bench_cp.h, data_format.h) keeps the check exact.
   3. No production file (lib/, kernels/, cmd/, scheduler/, bench/; not tests/) passes 1,000 lines.
 
 Every failure names the file and the line (the #include line for rules 1 and 2). The checker is
@@ -23,8 +24,6 @@ trees under tmp_path holding each violation, so a checker that reports nothing c
 import os
 import re
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INCLUDE_DIRS = ["lib", "bench", "scheduler", "kernels/cpu", "kernels/cuda"]
 SOURCE_DIRS = ["lib", "kernels", "cmd", "scheduler", "bench", "tests"]
@@ -33,12 +32,15 @@ EXTENSIONS = (".c", ".h", ".cu", ".cuh")
 MAX_LINES = 1000
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
-# Known violations being fixed now (issue 34); the lead empties this list. Each entry is the exact
-# message the checker prints for it, so a new violation in the same files still fails.
+# The only violations allowed, both being fixed now by the lead of issue 34, who empties this list.
+# Each entry is the exact message the checker prints for it ({line}: any line number), so a new
+# violation in the same files still fails.
 ALLOWED = [
-    # lib/plan/plan.c includes scheduler/sbatch.h: plan stops including scheduler/ (the lead's part)
+    # lib/plan/plan.c includes scheduler/sbatch.h: plan stops including scheduler/
     "lib/plan/plan.c:{line}: includes scheduler/sbatch.h (lib/ must not include kernels/ or scheduler/)",
-    # lib/comm/comm.c <-> kernels/cuda/comm_nccl.c: NCCL becomes a table of function pointers (the lead's part)
+    # lib/comm/comm.c <-> kernels/cuda/comm_nccl.c: NCCL becomes a table of function pointers. Not reported
+    # today (comm.h declares comm_nccl.c's functions, rule 2's blind spot); allowed while the lead's
+    # change is under way, in case an intermediate state includes a comm_nccl header from lib/comm.
     "include circle: kernels/cuda/comm_nccl <-> lib/comm/comm",
 ]
 
