@@ -137,6 +137,7 @@ static const char bench_usage[] =
 
 /* ---- options ------------------------------------------------------------------ */
 
+/* Prints "ringscan bench: OPT VAL: WHAT" and the hint, exit 2. */
 static noreturn void bench_bad(const char *opt, const char *val, const char *what) {
     fprintf(stderr, "ringscan bench: %s %s: %s\n  hint: `ringscan bench --help` shows the options\n", opt,
             val ? val : "", what);

@@ -6,7 +6,7 @@
  * slots) are carved from it on 256-byte boundaries. The caller's kept buffer (the forward's W, U, G2 and,
  * asked, h and vn) and the staged backward's dkept have their layouts here, and a call longer than a
  * piece (GDN_PIECE_ROWS) is cut into pieces whose kept parts follow each other. Host code only; not
- * thread-safe (one compute stream). gdn.cu's header has the byte counts, docs/design/gdn-kernels.md the design.
+ * thread-safe (one compute stream). The byte counts and the design: docs/design/gdn-kernels.md.
  *
  * Callers: gdn.cu.
  */

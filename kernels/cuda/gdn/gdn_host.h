@@ -3,8 +3,8 @@
  * choices and the plan of a call (gdn_tune.cu: which state-pass configuration, from the shape and
  * cuda_gdn_tune.h's switches), the per-kernel profile (gdn_profile.cu) and the device buffers
  * (gdn_buffers.cu: the workspace, the buffers of a call carved from it, the layouts of the kept and
- * dkept buffers, the pieces of a long call). C++, internal to kernels/cuda/gdn/; gdn.cu's header says
- * what each buffer and configuration is for, docs/design/gdn-kernels.md the design.
+ * dkept buffers, the pieces of a long call). C++, internal to kernels/cuda/gdn/;
+ * docs/design/gdn-kernels.md says what each buffer and configuration is for.
  */
 #pragma once
 
