@@ -139,7 +139,7 @@ CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu kernels/cuda/*/*
 CUDA_CSRC := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.c))
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(BUILD)/gen/sbatch_template.o
 CUDA_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC)) $(patsubst %.c,$(BUILD)/%.o,$(CUDA_CSRC))
-MAIN_OBJ  := $(BUILD)/cmd/ringscan.o
+MAIN_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/*.c)) # the command line: build/ringscan only
 UNIT_SRC  := $(wildcard tests/unit/*.c)
 UNIT_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(UNIT_SRC))
 # the GPU parity harness (tests/cuda): its cases, and the driver + rng + checks of tests/unit

@@ -26,6 +26,8 @@
  * Callers: cmd/ringscan.c (bench_main).
  */
 #include "bench.h"
+#include "bench_common.h"
+#include "bench_cp.h"
 #include "core/build_info.h"
 
 #include <errno.h>
@@ -49,14 +51,7 @@
 #include "cuda_profile.h"
 #endif
 
-const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
-/* the fields of CudaGdnTune (kernels/cuda/cuda_gdn_tune.h), in its order, with what each takes */
-const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {
-    "split", "nst", "bv", "dseg", "dual", "state_fwd_wgmma", "state_bwd_wgmma", "dual_wgmma", "state_fwd_wgmma_cols",
-    "piece"};
 static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64, 1 << 24};
-/* the fields of CudaAttnTune (kernels/cuda/cuda_attention_tune.h), in its order; each 0 or 1 */
-const char *const bench_attn_tune_names[BENCH_ATTN_TUNE_N] = {"dq_atomic", "throttle"};
 static const int bench_attn_tune_max[BENCH_ATTN_TUNE_N] = {1, 1};
 
 static const char bench_usage[] =
@@ -143,7 +138,8 @@ static const char bench_usage[] =
 
 /* ---- options ------------------------------------------------------------------ */
 
-noreturn void bench_bad(const char *opt, const char *val, const char *what) {
+/* Prints "ringscan bench: OPT VAL: WHAT" and the hint, exit 2. */
+static noreturn void bench_bad(const char *opt, const char *val, const char *what) {
     fprintf(stderr, "ringscan bench: %s %s: %s\n  hint: `ringscan bench --help` shows the options\n", opt,
             val ? val : "", what);
     exit(RS_EXIT_USAGE);
@@ -193,19 +189,6 @@ static int bench_split(const char *opt, const char *s, char items[BENCH_MAX_LIST
     }
     return n;
 }
-
-json_t *bench_tune_json(const char *const *names, const int *vals, int n) {
-    json_t *t = json_object();
-    for (int f = 0; f < n; f++) json_object_set_new(t, names[f], json_integer(vals[f]));
-    return t;
-}
-
-#ifdef RS_WITH_CUDA
-void bench_attn_tune_apply(const BenchOptions *o) {
-    const CudaAttnTune t = {o->attn_tune[0], o->attn_tune[1]}; /* bench_attn_tune_names' order */
-    cuda_attention_tune_set(&t);
-}
-#endif
 
 /* --gdn-tune / --attn-tune: KEY=N items of a tune struct's fields (names[n], each in [0, max[f]]) into out[n] */
 static void bench_parse_tune(const char *opt, const char *v, const char *const *names, const int *max, int n,
@@ -415,63 +398,6 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
 
 /* ---- the cases ---------------------------------------------------------------- */
 
-json_t *bench_request(const BenchOptions *o, const char *kind) {
-    return json_pack("{ss ss si si sf sI s[]}", "schema", "ringscan-bench-request/1", "kind", kind,
-                     "warmup", o->warmup, "reps", o->reps, "max_s", o->max_s, "seed", (json_int_t)o->seed, "cases");
-}
-
-static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed);
-
-/* with --doc-len (attn_docs), each case per mean document length, named _docsN and carrying cu_seqlens;
- * without, one document per case (no cu_seqlens) */
-void bench_attn_cases(const BenchOptions *o, json_t *cases) {
-    for (int t = 0; t < o->nT; t++)
-        for (int s = 0; s < o->n_attn; s++)
-            for (int d = 0; d < (o->attn_docs ? o->n_doc_len : 1); d++) {
-                char name[96];
-                int n = snprintf(name, sizeof name, "T%lld_nh%d_nkv%d_hd%d", (long long)o->T[t], o->attn[s][0],
-                                 o->attn[s][1], o->attn[s][2]);
-                json_t *c = json_pack("{ss sI si si si sb}", "name", name, "T", (json_int_t)o->T[t], "nh",
-                                      o->attn[s][0], "nkv", o->attn[s][1], "hd", o->attn[s][2], "causal", 1);
-                if (o->attn_docs) {
-                    json_t *cu = bench_cu_seqlens(o->T[t], o->doc_len[d], o->seed);
-                    snprintf(name + n, sizeof name - (size_t)n, "_docs%zu", json_array_size(cu) - 1);
-                    json_object_set_new(c, "name", json_string(name));
-                    json_object_set_new(c, "cu_seqlens", cu);
-                }
-                json_array_append_new(cases, c);
-            }
-}
-
-/* Document boundaries of a sample of T tokens with mean length L (0: one document): lengths
- * drawn uniformly in [L/2, 3L/2), the last document takes what is left. */
-static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed) {
-    json_t *cu = json_array();
-    json_array_append_new(cu, json_integer(0));
-    Rng r;
-    rng_init(&r, seed, 0xd0c5);
-    int64_t at = 0;
-    while (L > 0 && T - at > L + L / 2) {
-        at += L / 2 + (int64_t)rng_below(&r, (uint64_t)L);
-        json_array_append_new(cu, json_integer(at));
-    }
-    json_array_append_new(cu, json_integer(T));
-    return cu;
-}
-
-void bench_gdn_cases(const BenchOptions *o, json_t *cases) {
-    for (int t = 0; t < o->nT; t++)
-        for (int h = 0; h < o->n_heads; h++)
-            for (int d = 0; d < o->n_doc_len; d++) {
-                json_t *cu = bench_cu_seqlens(o->T[t], o->doc_len[d], o->seed);
-                char name[96];
-                snprintf(name, sizeof name, "T%lld_H%d_K%d_docs%zu", (long long)o->T[t], o->heads[h], o->dim,
-                         json_array_size(cu) - 1);
-                json_array_append_new(cases, json_pack("{ss sI si si si so}", "name", name, "T", (json_int_t)o->T[t],
-                                                       "H", o->heads[h], "K", o->dim, "V", o->dim, "cu_seqlens", cu));
-            }
-}
-
 /* Loads --config with --set, then the keys bench fixes; any error: printed, exit 2. */
 static void bench_load_config(Config *cfg, const BenchOptions *o) {
     ConfigErrors err = {0};
@@ -529,85 +455,12 @@ static json_t *bench_step_request_case(const Config *cfg, const BenchOptions *o)
 
 /* ---- FLOPs, bytes, floors ------------------------------------------------------- */
 
-BenchWork bench_work(BenchKind kind, const json_t *c) {
-    BenchWork w = {0};
-    double T = (double)json_integer_value(json_object_get(c, "T"));
-    if (kind == BENCH_ATTN) {
-        double nh = (double)json_integer_value(json_object_get(c, "nh"));
-        double nkv = (double)json_integer_value(json_object_get(c, "nkv"));
-        double hd = (double)json_integer_value(json_object_get(c, "hd"));
-        /* causal within each document (cu_seqlens; absent: one) */
-        json_t *cu = json_object_get(c, "cu_seqlens");
-        double pairs = cu ? 0 : T * T / 2;
-        for (size_t d = 0; cu && d + 1 < json_array_size(cu); d++) {
-            double len = (double)(json_integer_value(json_array_get(cu, d + 1)) -
-                                  json_integer_value(json_array_get(cu, d)));
-            pairs += len * len / 2;
-        }
-        w.flops_fwd = 4.0 * pairs * hd * nh;
-        w.flops_fb = 3.5 * w.flops_fwd;
-        w.bytes_fwd = 2 * (2 * T * nh * hd + 2 * T * nkv * hd) + 4 * T * nh;          /* q,o; k,v; lse */
-        w.bytes_fb = w.bytes_fwd + 2 * (4 * T * nh * hd + 4 * T * nkv * hd) + 4 * T * nh; /* + q,o,dO,dq; k,v,dk,dv; lse */
-    } else if (kind == BENCH_GDN) {
-        double H = (double)json_integer_value(json_object_get(c, "H"));
-        double K = (double)json_integer_value(json_object_get(c, "K"));
-        double V = (double)json_integer_value(json_object_get(c, "V"));
-        json_t *cu = json_object_get(c, "cu_seqlens");
-        double chunks = 0;
-        for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
-            int64_t len = json_integer_value(json_array_get(cu, d + 1)) - json_integer_value(json_array_get(cu, d));
-            chunks += (double)((len + GDN_CHUNK - 1) / GDN_CHUNK);
-        }
-        double f, b;
-        plan_gdn_chunk_flops(GDN_CHUNK, K, V, &f, &b);
-        w.flops_fwd = H * chunks * f;
-        w.flops_fb = H * chunks * (f + b);
-        w.bytes_fwd = 2 * T * H * (2 * K + 2 * V) + 8 * T * H; /* q,k,v,o bf16; g,beta fp32 */
-        w.bytes_fb = w.bytes_fwd + 2 * T * H * (2 * K + V) + 2 * T * H * V + 8 * T * H /* q,k,v; dO; g,beta */
-                     + 2 * T * H * (2 * K + V) + 8 * T * H;                           /* dq,dk,dv; dg,dbeta */
-    }
-    return w;
-}
-
 static double bench_floor_ms(double flops, double bytes, const BenchDevice *d) {
     double c = flops / (d->peak_tflops * 1e12), b = bytes / (d->hbm_tbps * 1e12);
     return 1e3 * (c > b ? c : b);
 }
 
 /* ---- tables ---------------------------------------------------------------------- */
-
-double bench_num(const json_t *r, const char *key) {
-    json_t *v = json_object_get(r, key);
-    return v && json_is_number(v) ? json_number_value(v) : NAN;
-}
-
-const json_t *bench_find(const json_t *results, const char *cname, const char *impl) {
-    size_t i;
-    json_t *r;
-    json_array_foreach(results, i, r) {
-        const char *c = json_string_value(json_object_get(r, "case")), *m = json_string_value(json_object_get(r, "impl"));
-        if (c && m && !strcmp(c, cname) && (!impl || !strcmp(m, impl))) return r;
-    }
-    return NULL;
-}
-
-void bench_fmt(char *buf, size_t n, const char *fmt, double v) {
-    if (isfinite(v)) snprintf(buf, n, fmt, v);
-    else snprintf(buf, n, "-");
-}
-
-/* A row that carries "error" (a case that failed, ours or a peer's): printed and recorded as such, in
- * columns of the table's widths; returns 1 when it was one. */
-int bench_error_row(FILE *f, json_t *table, const char *cname, const char *impl, const json_t *r, int wcase,
-                           int wimpl) {
-    json_t *err = json_object_get(r, "error");
-    if (!err || !json_is_string(err)) return 0;
-    cname = cname ? cname : "?";
-    impl = impl ? impl : "?";
-    fprintf(f, "%-*s %-*s error: %s\n", wcase, cname, wimpl, impl, json_string_value(err));
-    json_array_append_new(table, json_pack("{ss ss sO}", "case", cname, "impl", impl, "error", err));
-    return 1;
-}
 
 /* One row of the kernel table; `ours` is the ringscan row of the case (NULL for ours). Adds the
  * computed numbers to `row` for bench.json. */
@@ -640,23 +493,6 @@ static void bench_kernel_row(FILE *f, const char *cname, const json_t *r, const 
     json_t *note = json_object_get(r, "note");
     if (note && json_is_string(note)) json_object_set(row, "note", note);
     json_array_append_new(table, row);
-}
-
-void bench_print_notes(FILE *f, const json_t *peer) {
-    if (!peer) return;
-    json_t *err = json_object_get(peer, "error");
-    if (err && json_is_string(err)) fprintf(f, "  peer failed: %s\n", json_string_value(err));
-    size_t i;
-    json_t *n;
-    json_array_foreach(json_object_get(peer, "notes"), i, n)
-        if (json_is_string(n)) fprintf(f, "  peer note: %s\n", json_string_value(n));
-    json_t *r;
-    json_array_foreach(json_object_get(peer, "results"), i, r) {
-        json_t *note = json_object_get(r, "note");
-        if (note && json_is_string(note))
-            fprintf(f, "  note (%s, %s): %s\n", json_string_value(json_object_get(r, "case")),
-                    json_string_value(json_object_get(r, "impl")), json_string_value(note));
-    }
 }
 
 static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, const json_t *req, const json_t *ours,
@@ -781,12 +617,6 @@ static void bench_device(BenchDevice *d, const BenchOptions *o) {
 }
 
 /* ---- main ------------------------------------------------------------------------- */
-
-double bench_clock(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int bench_main(int argc, char **argv) {
     for (int i = 0; i < argc; i++)

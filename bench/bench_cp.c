@@ -1,75 +1,29 @@
 /*
- * bench_cp.c — `mpirun -np P ringscan bench cp [options]` (bench.h): context
- * parallelism over the P ranks (one per GPU, P = the CP size) timed with the
- * CP code the model runs, beside the CP of torch and of flash-linear-attention.
+ * bench_cp.c — `mpirun -np P ringscan bench cp [options]` (bench_cp.h): context
+ * parallelism over P ranks (one per GPU) timed with the CP code the model
+ * runs, beside the CP of torch and of flash-linear-attention (--peer: rank 0
+ * alone runs bench/peer/cp_attn_torch.py and cp_gdn_fla.py under torchrun
+ * before any rank has a CUDA context; then runtime_open and the cases).
  *
- * Order: MPI, one CP group of all P ranks, the shapes checked against P; with
- * --peer, rank 0 ALONE runs the two peer scripts (bench/peer/cp_attn_torch.py,
- * cp_gdn_fla.py) under torchrun with P processes while the other ranks wait at
- * a barrier, all before any rank has a CUDA context (the peers find the GPUs
- * empty); then the backend (cuda: comm_cuda_init: GPU <local rank>, NCCL for
- * the comm_i* operations; cpu: host memory over MPI) and the cases.
+ * Ring attention per case (T, nh, nkv, hd), one causal document: rows
+ * ringscan-cp (cp_ring_forward + cp_ring_backward, the production overlap),
+ * ringscan-cp-serial (each exchange waited when posted), ringscan-1gpu (P = 1
+ * at the full T, every rank at once, rank 0's time), per ring step compute and
+ * communication (Cp.step_mark), and each exchange alone; --attn-impl,
+ * --ring-calls and --ring-kv pick the route as training would. The GDN layer
+ * per case (T, H, K = V, conv width 4), called as lib/model/model_block.c
+ * calls it: halo, conv, L2 norm and cp_gdn_forward, then their backwards,
+ * with the time of each phase (cp_gdn_steps' names) and the state exchange
+ * and the halo alone; projections and gates are per token and left out, as in
+ * FLA's peer.
  *
- *   ring attention, per case (T, nh, nkv, hd), one causal document of T tokens:
- *     ringscan-cp         cp_ring_forward + cp_ring_backward on P ranks, the production
- *                         schedule (each K|V exchange posted before the step's calls)
- *     ringscan-cp-serial  the same with Comm.serial: each exchange waited right after
- *                         it is posted, nothing overlaps (training sets it only from
- *                         parallel.overlap_comm: false)
- *     ringscan-1gpu       the same code with P = 1 (one fragment, no communication) at
- *                         the full T, on every rank's GPU at once; rank 0's time
- *     steps               per ring step, from Cp.step_mark: in the serial run the step's
- *                         compute and its communication (posting to completion of the
- *                         K|V exchange, and in the backward of the dK|dV partial); in
- *                         the overlapped run the compute and the exposed wait after it
- *     exchange alone      one comm_isendrecv of the K|V block (activation type) and one
- *                         of the dK|dV partial (fp32) to the next rank, no compute
- *   --attn-impl cudnn | cudnn_det runs every row's block attention calls through the
- *   cuDNN route (kernels/cuda/cuda_attention_cudnn.h, as device.attention_kernel):
- *   the diagonals and dense rectangles on cuDNN, by the ring's host hints; the rows
- *   carry "attn_impl" (the one-GPU row too, so CP efficiency compares like with like)
- *   and "ring_calls": auto (what training runs: one block-attention call per ring
- *   step and sample where the kernel runs it fast, lib/cp/cp_ring.c), steps or pairs
- *   (the zigzag rule's calls one by one), as --ring-calls picks for a comparison,
- *   and "ring_kv": kept (cp 2: the backward reads the K|V its forward received and
- *   sends its dK|dV home during its own block) or passed (ring-flash-attention's
- *   order, the last hop waited alone), as --ring-kv picks
- *   the GDN layer, per case (T, H key = value heads, K = V, conv width 4), one
- *   document, called exactly as lib/model/model_block.c calls it: cp_gdn_halo_forward,
- *   conv1d_silu_forward per fragment, l2norm_forward, cp_gdn_forward (the delta
- *   rule of every fragment from the entry states the CP group passes, keeping
- *   what --gdn-keep says); backward cp_gdn_backward, l2norm_backward,
- *   conv1d_silu_backward per fragment, cp_gdn_halo_backward. The projections,
- *   gates, norm and output of the layer are per token and left out (FLA's peer
- *   times the same span: its CP conv and its CP chunk with the L2 norm inside).
- *   Rows ringscan-cp and ringscan-1gpu, the time of each phase (halo_fwd,
- *   conv_fwd, the core's steps as cp_gdn_steps names them with _fwd, then with
- *   _bwd, conv_bwd, halo_bwd: at P = 2 the chain's head, relay and tail, else
- *   scan and chunk), and the state exchange alone (P = 2: one hand-off of the
- *   chain, else the scan's all-gather of [M | H] slots) and the halo's. With
- *   --gdn-keep other than none each fragment's prep is computed once
- *   (lib/cp/cp_gdn.c): at P = 2 rank 1's head preps fragment 2 for its transition
- *   and its tail, rank 0's relay preps fragment 3 while it waits, so both tails
- *   run without prep; under none nothing is shared.
- *
- * Inputs: random, never zeros (each rank its own seed): q, k, v, dO, the
- * pre-conv projection uniform in [-1, 1); conv weights in [-0.5, 0.5); g in
- * [-0.1, -0.001); beta in [0.05, 0.95).
- *
- * Timing: before each repetition every rank waits for its device and meets
- * the others at a barrier; cuda: CUDA events on the compute stream; cpu: the
- * host clock (the cpu backend computes as it is called). Every rank's times
- * of a repetition are gathered (comm_allreduce_sum_f64 of one slot per
- * rank); a CP repetition counts as its slowest rank's, a one-GPU one as rank
- * 0's; the stop rule (warm-up, up to --reps, at least 3 once --max-s are
- * spent) reads the gathered numbers, so every rank stops at the same
- * repetition. Reported: the median of each number over the repetitions.
- *
- * Output (rank 0): one table per part (case, impl, GPUs, ms, TFLOP/s per GPU,
- * CP efficiency = one-GPU ms / (P x CP ms) of the same family, ratio = peer
- * ms / ringscan ms at the same GPU count), the step and phase lines, and
- * OUT/bench.json ({"cp_attn": {"request", "ringscan", "peer", "table"},
- * "cp_gdn": ...}).
+ * Inputs are random, never zeros, each rank its own seed. Timing: every rank
+ * waits for its device and meets the others before each repetition (cuda:
+ * events on the compute stream; cpu: the host clock); a CP repetition counts
+ * as its slowest rank's, and the stop rule reads gathered numbers so every
+ * rank stops together. Reported: medians. Output (rank 0): one table per part
+ * (ms, TFLOP/s per GPU, CP efficiency = one-GPU ms / (P x CP ms), ratio = peer
+ * ms / ringscan ms), the step and phase lines, and OUT/bench.json.
  *
  * Callers: bench/bench.c (bench_main for `bench cp`).
  */
@@ -82,7 +36,8 @@
 
 #include "backend/backend.h"
 #include "backend/runtime.h"
-#include "bench.h"
+#include "bench_common.h"
+#include "bench_cp.h"
 #include "core/build_info.h"
 #include "comm/comm.h"
 #include "cp/cp.h"

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "bench.h"
+#include "bench_common.h"
 #include "core/error.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_attention_cudnn.h"

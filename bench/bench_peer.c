@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "bench_common.h"
 #include "core/error.h"
 
 extern char **environ;

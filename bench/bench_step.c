@@ -33,7 +33,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "bench.h"
+#include "bench_common.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "core/rng.h"

@@ -16,30 +16,29 @@
  *   build_info.h build_info_print (compiler, CUDA, cuBLAS, NCCL, MPI, libyaml)
  *   comm.h       comm_init, comm_finalize (MPI: ranks for train and resume)
  *   train.h      train_run (the training loop, fresh or resumed), train_catch_stop_signals
- *   data.h       data_cli_main (`ringscan data synth|bytes|check|inspect`)
  *   submit.h     submit_run (`ringscan submit`: sbatch script, Slurm job)
  *   bench.h      bench_main (`ringscan bench attn|gdn|step|all`, with peers)
  *   hf.h         hf_export (`ringscan export`: a Hugging Face folder)
- *   eval.h       eval_main (`ringscan eval`: held-out loss by context length)
- *   plot.h       plot_main (`ringscan plot`: a PNG of a run, drawn by gnuplot)
+ *   cmd.h        cmd_data, cmd_eval, cmd_plot (`ringscan data ...`, `eval`, `plot`:
+ *                cmd/data.c, cmd/eval.c, cmd/plot.c parse their arguments)
+ *   rundir.h     run_dir_check_out_dir (run.out_dir can name a run directory)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "cmd.h"
 #include "core/build_info.h"
 #ifdef RS_WITH_CUDA
 #include "cuda_info.h"
 #endif
 #include "comm/comm.h"
 #include "config/config.h"
-#include "data/data.h"
 #include "core/error.h"
-#include "run/eval.h"
 #include "io/hf.h"
 #include "plan/plan.h"
-#include "run/plot.h"
+#include "run/rundir.h"
 #include "submit.h"
 #include "run/train.h"
 
@@ -124,7 +123,7 @@ static void cli_load_config(Config *cfg, const CliArgs *a, const char *cmd) {
     for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i, &err);
     if (err.count == 0) config_validate(cfg, &err);
     char msg[1024];
-    if (train_check_out_dir(cfg->run.out_dir, msg, sizeof msg) != 0) config_errors_add(&err, "%s", msg);
+    if (run_dir_check_out_dir(cfg->run.out_dir, msg, sizeof msg) != 0) config_errors_add(&err, "%s", msg);
     if (err.count && cli_launcher_rank() != 0) exit(RS_EXIT_USAGE);
     if (err.count) {
         fflush(stdout);
@@ -300,11 +299,6 @@ static int cmd_submit(int argc, char **argv) {
     return rc;
 }
 static int cmd_bench(int argc, char **argv) { return bench_main(argc, argv); }
-static int cmd_eval(int argc, char **argv) { return eval_main(argc, argv); }
-static int cmd_plot(int argc, char **argv) { return plot_main(argc, argv); }
-static int cmd_data(int argc, char **argv) {
-    return data_cli_main(argc, argv);
-}
 /* `export SRC OUT [--dtype bf16|fp32] [--shard-gib N]` (hf.h) */
 static int cmd_export(int argc, char **argv) {
     const char *pos[2] = {NULL, NULL};

@@ -164,7 +164,7 @@ typedef int (*CpReadSpan)(void *ctx, int64_t g, int64_t t0, int64_t len, int32_t
 int cp_read_sample(const CpLayout *L, CpReadSpan read, void *ctx, int64_t g, int32_t *tokens, int32_t *targets,
                    int32_t *pos, int32_t *doc_pos);
 
-/* ---- cp_gdn.c (the core at every P, the halo at P > 1) ---- */
+/* ---- cp_gdn*.c (the core at every P: cp_gdn.c; the halo at P > 1: cp_gdn_halo.c) ---- */
 /* Dims of a GDN layer as the scan needs them. */
 typedef struct {
     int nk, nv, dk, dv; /* key/value heads and head dims */

@@ -11,7 +11,7 @@
  *     is stream tokens [i T, i T + T] (T inputs and their next-token targets). Global sample g is
  *     (epoch g / S, sample g % S), S = (n_tokens - 1) / T; an epoch's last n_tokens - S T tokens are
  *     unused in it. The run's data position is g T tokens, whatever the number of ranks that read it.
- *   Writers (data_flat.c, data_synth.c, data_bytes.c) and the tools (data_cli.c: `ringscan data
+ *   Writers (data_flat.c, data_synth.c, data_bytes.c) and the tools (cmd/data.c: `ringscan data
  *     synth|bytes|check|inspect`).
  *
  * Errors: every function that can fail on user input returns 0, RS_EXIT_USAGE (bad input: the file or an
@@ -137,10 +137,6 @@ int data_source_scan(const DataSource *src, int64_t *min_id, int64_t *max_id, ch
  * non-empty document (binary search, O(log n_docs)). */
 int64_t data_source_doc_of(const DataSource *src, int64_t i);
 
-/* Implemented by data_flat.c / data_megatron.c; data_source_open dispatches. */
-int data_flat_open(DataSource *src, const char *path, char *err, size_t n);
-int data_megatron_open(DataSource *src, const char *prefix, char *err, size_t n);
-
 /* Opens a regular file read-only into *fd (and *st). Anything else (a FIFO, a
  * device, a directory) is refused from stat(2) before it is opened, and the
  * open never blocks (O_NONBLOCK), so a FIFO named as data cannot hang a run.
@@ -153,6 +149,8 @@ int data_map_file(const char *path, const char *what, void **ptr, size_t *len, c
 /* Reads `len` bytes at byte offset `off` of the token file into buf; a short
  * read (the file shrank) is an error saying the file changed. */
 int data_source_read(const DataSource *src, void *buf, size_t len, int64_t off, char *err, size_t n);
+/* st_mtim in nanoseconds: the data fingerprint's mtime */
+int64_t data_mtime_ns(const struct stat *st);
 /* 0 when the token file still has the size and mtime it had when opened; else
  * an error naming the file, both sizes and both times (data_read_span calls
  * it after every read). */
@@ -285,11 +283,5 @@ typedef struct {
 
 int data_bytes_write(const char *path, const char *const *inputs, int n_inputs, DataDocSplit split,
                      DataBytesStats *st, char *err, size_t n);
-
-/* ---- the tools (data_cli.c) ----------------------------------------------- */
-
-/* `ringscan data SUBCOMMAND ...`: argv[0] is the subcommand. Returns the exit
- * code (0, 1 or 2). */
-int data_cli_main(int argc, char **argv);
 
 #endif

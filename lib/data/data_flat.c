@@ -33,6 +33,7 @@
  * (the writer), tests.
  */
 #include "data.h"
+#include "data_format.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -22,6 +22,7 @@
  * Callers: data_source.c (data_megatron_open).
  */
 #include "data.h"
+#include "data_format.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,6 +7,8 @@
  * (model_forward: no backward, no gradient), reads the per-token losses back and adds
  * them (double) into its buckets by context = min(pos, doc_pos). At the end
  * one all-reduce of the bucket sums and counts over the world.
+ *
+ * Callers: cmd/eval.c (the command line's options parsed into EvalOptions).
  */
 #include "eval.h"
 
@@ -29,7 +31,6 @@
 #include "model/model.h"
 
 #define EVAL_BUCKETS 48 /* [0,1), [1,2), [2,4), ..., up to 2^46 tokens of context */
-#define EVAL_USAGE "ringscan eval RUN_DIR|CKPT_DIR --data PATH [--out FILE] [--tokens N] [--set key=value]..."
 
 /* A failure every rank meets alike: rank 0 says it, all leave MPI and exit. */
 static noreturn void eval_fail(Comm *comm, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -59,49 +60,8 @@ static int eval_bucket(int64_t ctx) {
     return b; /* 0 for ctx 0; b for 2^(b-1) <= ctx < 2^b */
 }
 
-typedef struct {
-    const char *src, *data, *out;
-    int64_t     tokens;
-    const char *sets[64];
-    int         n_sets;
-} EvalArgs;
-
-static void eval_parse(EvalArgs *a, int argc, char **argv) {
-    memset(a, 0, sizeof *a);
-    for (int i = 0; i < argc; i++) {
-        const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
-            printf("usage: %s\n\n"
-                   "The checkpoint's loss on held-out data (PATH, in data.format; read in file order), and its loss by\n"
-                   "the context each token has (min(pos, doc_pos): tokens of its document before it), in log-spaced\n"
-                   "buckets. The config is the checkpoint's, with data.path = PATH, data.shuffle = false and the\n"
-                   "--set overrides (parallel.cp, parallel.dp, device.kind, data.seq_len, data.micro_batch, ...);\n"
-                   "launch dp x cp ranks with mpirun as for train. --tokens N: the first N tokens (default one epoch,\n"
-                   "rounded down to whole steps of dp x micro_batch samples). --out FILE: the JSON (default\n"
-                   "RUN_DIR/eval.json); `ringscan plot` draws it.\n", EVAL_USAGE);
-            exit(RS_EXIT_OK);
-        } else if (!strcmp(s, "--data") || !strcmp(s, "--out") || !strcmp(s, "--tokens") || !strcmp(s, "--set")) {
-            if (!v) RS_USAGE(EVAL_USAGE, "%s needs a value", s);
-            i++;
-            if (!strcmp(s, "--data")) a->data = v;
-            else if (!strcmp(s, "--out")) a->out = v;
-            else if (!strcmp(s, "--set")) {
-                if (a->n_sets == 64) RS_USAGE(EVAL_USAGE, "more than 64 --set options");
-                a->sets[a->n_sets++] = v;
-            } else {
-                char *end;
-                a->tokens = strtoll(v, &end, 10);
-                if (!*v || *end || a->tokens < 1) RS_USAGE(EVAL_USAGE, "--tokens %s: expected a count >= 1", v);
-            }
-        } else if (s[0] == '-' && s[1]) RS_USAGE(EVAL_USAGE, "unknown option %s", s);
-        else if (!a->src) a->src = s;
-        else RS_USAGE(EVAL_USAGE, "unexpected argument %s", s);
-    }
-    if (!a->src || !a->data) RS_USAGE(EVAL_USAGE, "needs the checkpoint (RUN_DIR or RUN_DIR/ckpt/step_N) and --data PATH");
-}
-
 /* The checkpoint's config with the eval's data and the command line's overrides, validated. */
-static void eval_config(Config *cfg, const EvalArgs *a, Comm *comm) {
+static void eval_config(Config *cfg, const EvalOptions *a, Comm *comm) {
     ConfigErrors ce = {0};
     char set[PATH_MAX + 32];
     snprintf(set, sizeof set, "data.path=\"%s\"", a->data);
@@ -163,19 +123,17 @@ static void eval_print(const json_t *o, FILE *f) {
     }
 }
 
-int eval_main(int argc, char **argv) {
-    EvalArgs a;
-    eval_parse(&a, argc, argv);
+int eval_run(const EvalOptions *a) {
     Comm comm;
     comm_init(&comm, NULL, NULL);
     char err[8192];
     HfCkpt c;
-    if (!hf_is_ringscan(a.src))
+    if (!hf_is_ringscan(a->src))
         eval_fail(&comm, RS_EXIT_USAGE, "%s is neither a ringscan run directory (ckpt/) nor a checkpoint directory "
-                                        "(manifest.json)", a.src);
-    if (hf_ckpt_open(&c, a.src, err, sizeof err)) eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
+                                        "(manifest.json)", a->src);
+    if (hf_ckpt_open(&c, a->src, err, sizeof err)) eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
     Config *cfg = &c.cfg;
-    eval_config(cfg, &a, &comm);
+    eval_config(cfg, a, &comm);
     char why[4096];
     const Backend *be = runtime_open(cfg, &comm, why, sizeof why); /* groups, GPU + NCCL, backend, threads */
     if (!be) eval_fail(&comm, RS_EXIT_USAGE, "%s", why);
@@ -185,14 +143,14 @@ int eval_main(int argc, char **argv) {
         eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
     const int64_t T = cfg->data.seq_len, mb = cfg->data.micro_batch, dp = cfg->parallel.dp;
     const int64_t per_step = dp * mb, epoch = data_samples_per_epoch(ds);
-    int64_t want = a.tokens ? (a.tokens + T - 1) / T : epoch;
+    int64_t want = a->tokens ? (a->tokens + T - 1) / T : epoch;
     if (want > epoch) want = epoch;
     const int64_t steps = want / per_step;
     if (steps < 1)
         eval_fail(&comm, RS_EXIT_USAGE, "%s holds %lld sample%s of %lld tokens (asked: %lld); one step of "
                                         "parallel.dp x data.micro_batch = %lld samples needs more\n  hint: a smaller "
                                         "data.micro_batch or data.seq_len (--set), or more data",
-                  a.data, (long long)epoch, epoch == 1 ? "" : "s", (long long)T, (long long)want, (long long)per_step);
+                  a->data, (long long)epoch, epoch == 1 ? "" : "s", (long long)T, (long long)want, (long long)per_step);
 
     const int64_t Tl = T / cfg->parallel.cp, rows = mb * Tl;
     Model m;
@@ -234,9 +192,9 @@ int eval_main(int argc, char **argv) {
         json_t *o = eval_json(&c, cfg, be->name, steps * per_step, sum, cnt);
         eval_print(o, stdout);
         char out[PATH_MAX + 64];
-        if (a.out) snprintf(out, sizeof out, "%s", a.out);
-        else if (eval_is_run_dir(a.src)) snprintf(out, sizeof out, "%s/eval.json", a.src);
-        else snprintf(out, sizeof out, "%s/../../eval.json", a.src);
+        if (a->out) snprintf(out, sizeof out, "%s", a->out);
+        else if (eval_is_run_dir(a->src)) snprintf(out, sizeof out, "%s/eval.json", a->src);
+        else snprintf(out, sizeof out, "%s/../../eval.json", a->src);
         char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         size_t n = strlen(text);
         text = RS_REALLOC(text, n + 2);

@@ -31,11 +31,23 @@
  * a gradient scale of 0; eval costs a training step per micro-batch.
  *
  * Exit codes: 0, 2 (bad arguments, checkpoint or data), 1 (I/O failure).
- * Callers: cmd/ringscan.c.
+ * Callers: cmd/eval.c (which parses the command line into EvalOptions).
  */
 #ifndef RS_EVAL_H
 #define RS_EVAL_H
 
-int eval_main(int argc, char **argv);
+#include <stdint.h>
+
+typedef struct {
+    const char *src;      /* RUN_DIR or RUN_DIR/ckpt/step_N */
+    const char *data;     /* --data PATH */
+    const char *out;      /* --out FILE; NULL: RUN_DIR/eval.json */
+    int64_t     tokens;   /* --tokens N; 0: one epoch */
+    const char *sets[64]; /* --set key=value, in order */
+    int         n_sets;
+} EvalOptions;
+
+/* Starts MPI (comm_init), evaluates and writes the JSON; returns the exit code. */
+int eval_run(const EvalOptions *o);
 
 #endif

@@ -10,7 +10,7 @@
  *
  * Exit codes: 0; 2 (not a run directory, no step in metrics.jsonl, a bad
  * line, gnuplot missing); 1 (gnuplot failed, I/O).
- * Callers: cmd/ringscan.c.
+ * Callers: cmd/plot.c (the command line).
  */
 #include "plot.h"
 
@@ -27,8 +27,6 @@
 
 #include "core/error.h"
 #include "io/fsio.h"
-
-#define PLOT_USAGE "ringscan plot RUN_DIR [--out FILE]"
 
 extern char **environ;
 
@@ -109,22 +107,7 @@ static int plot_run_gnuplot(const char *script) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-int plot_main(int argc, char **argv) {
-    const char *run_dir = NULL, *out_arg = NULL;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: %s\n\nA PNG of loss, learning rate, gradient norm and tokens/s against step (metrics.jsonl),\n"
-                   "and of the held-out loss by context length when RUN_DIR/eval.json exists (`ringscan eval`).\n"
-                   "Drawn with gnuplot; default FILE: RUN_DIR/plot.png.\n", PLOT_USAGE);
-            return RS_EXIT_OK;
-        } else if (!strcmp(argv[i], "--out")) {
-            if (i + 1 >= argc) RS_USAGE(PLOT_USAGE, "--out needs a file name");
-            out_arg = argv[++i];
-        } else if (argv[i][0] == '-' && argv[i][1]) RS_USAGE(PLOT_USAGE, "unknown option %s", argv[i]);
-        else if (!run_dir) run_dir = argv[i];
-        else RS_USAGE(PLOT_USAGE, "unexpected argument %s", argv[i]);
-    }
-    if (!run_dir) RS_USAGE(PLOT_USAGE, "needs the run directory");
+int plot_run(const char *run_dir, const char *out_arg) {
     char tmpdir[] = "/tmp/ringscan-plot.XXXXXX";
     if (!mkdtemp(tmpdir)) RS_FATAL("mkdtemp %s: %s", tmpdir, strerror(errno));
     char steps[64], evalp[64], script[64], title[PATH_MAX + 64], label[256] = "";

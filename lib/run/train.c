@@ -1,50 +1,35 @@
 /*
- * train.c — the training loop (see train.h).
+ * train.c — the training loop of `train` and `resume` (train.h).
  *
- * One optimizer step:
- *   1. read this rank's samples of every micro-batch of the step (global
- *      sample g = consumed + (micro_step x dp + dp_rank) x micro_batch + j),
- *      count the predicted tokens and all-reduce the count over the world, so
- *      every gradient is scaled by 1 / (predicted tokens of the whole step):
- *      the loss is the global mean whatever the layout;
- *   2. forward + backward of each micro-batch, gradients adding up;
- *   3. all-reduce the gradients over the world (dp x cp);
- *   4. global gradient norm, clipping factor, AdamW per tensor with its
- *      weight-decay group;
- *   5. log line (rank 0) and one JSON object in metrics.jsonl;
- *   6. checkpoint when checkpoint.every says so, after the last step, after
- *      run.stop_after_step, or when a stop signal arrived during the step
- *      (all ranks agree through an all-reduce), then exit 75 for SIGUSR1 or
- *      SIGTERM (preemption: the Slurm job requeues), 128 + signal for SIGINT
- *      (130) or SIGHUP (129); a second SIGINT exits 130 at once.
+ * One optimizer step: read this rank's samples of every micro-batch (global
+ * sample g = consumed + (micro_step x dp + dp_rank) x micro_batch + j) and
+ * all-reduce the count of predicted tokens, so the loss is the global mean
+ * whatever the layout; forward + backward of each micro-batch, gradients
+ * adding up; all-reduce the gradients over dp x cp; global gradient norm,
+ * clipping and AdamW; a log line and a metrics.jsonl object (rank 0); a
+ * checkpoint when checkpoint.every, the last step, run.stop_after_step or an
+ * agreed stop signal asks (then exit 75 for SIGUSR1/SIGTERM, 128 + signal for
+ * SIGINT/SIGHUP).
  *
- * The data position is the number of global samples consumed, which does not
- * depend on dp, cp or the micro-batch split. Resume restores weights, AdamW
- * state, the step and the data position; the weights' RNG is only used at
- * initialisation. On the cpu backend the resumed losses are bitwise those of
- * an uninterrupted run.
+ * The data position is the number of global samples consumed, independent of
+ * dp, cp and the micro-batch split; resume restores weights, AdamW state, the
+ * step and that position (train_ckpt.c), and on the cpu backend reproduces
+ * the uninterrupted run's losses bitwise. The run directory (lock, checks,
+ * config.resolved.yaml, log.txt) is rundir.c's.
  *
- * On cuda (device.kind: cuda) each rank drives one GPU and the non-blocking
- * communication (the ring, the scan and halo all-gathers, the gradient
- * buckets) is NCCL on streams of its own (comm_cuda_init, kernels/cuda/comm_nccl.c).
- * The step's rows are read on the host as on cpu (counting the predicted
- * tokens there) into page-locked buffers, and each micro-batch's metadata is
- * queued for upload behind the work before it (train_batch), since the
- * kernels read it there (backend.h).
+ * On cuda each rank drives one GPU; communication is NCCL on streams of its
+ * own (kernels/cuda/comm_nccl.c). Rows are read on the host into page-locked
+ * buffers and each micro-batch's metadata is queued for upload behind the
+ * work before it. Inside a step the host never waits for the GPU: it reads the
+ * loss and then the gradient norm once at the step's end, so a step's host
+ * rows are free only after it. Peak memory is reported after the first step
+ * beside the plan's estimate.
  *
- * Host synchronisation: inside a step the host never waits for the GPU. It
- * waits once, at the step's end, reading the loss (model_loss_sum); the
- * gradient norm (sum_squares) is a second read right after it, which finds
- * the GPU idle. A step's host rows are therefore untouched until the GPU has
- * used them. Checkpoints read the weights back after the step. Peak memory is
- * reported after the first step beside the plan's estimate, and in
- * metrics.jsonl (peak_mem_bytes).
+ * Callers: cmd/ringscan.c (train_run).
  */
 #include "train.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -52,8 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,7 +45,6 @@
 #include "io/ckpt.h"
 #include "data/data.h"
 #include "core/error.h"
-#include "io/fsio.h"
 #include "io/hf.h"
 #include "model/model.h"
 #include "plan/plan.h"
@@ -163,285 +145,6 @@ static void train_read_micro(Trainer *t, int64_t a) {
                            t->doc_pos + o) != 0)
             data_fail(r.err);
     }
-}
-
-/* ---- run directory ----------------------------------------------------------- */
-
-/* What a run directory may hold (README, "Run directories"): the names ringscan
- * writes there. `train` refuses a directory holding anything else, and a
- * ringscan name without the run's marker (RUN/.lock, written by the run that
- * created the directory), since then no ringscan run wrote it. */
-/* what ringscan writes into a run directory: train, and `eval` / `plot` of the run (eval.json, plot.png) */
-static const char *const train_run_names[] = {".lock",  "config.resolved.yaml", "log.txt", "metrics.jsonl", "ckpt",
-                                              "eval.json", "plot.png",          NULL};
-static const char *const train_submit_names[] = {"job.sbatch", "config.submitted.yaml", "logs", NULL};
-static const char train_lock_magic[] = "ringscan run lock";
-
-static int train_name_in(const char *name, const char *const *names) {
-    for (int i = 0; names[i]; i++)
-        if (!strcmp(name, names[i])) return 1;
-    return 0;
-}
-
-/* A temporary file of train_write_resolved / train_trim_metrics, eval or plot ("<name>.tmp.<pid>"). */
-static int train_is_tmp_name(const char *name) {
-    static const char *const bases[] = {"config.resolved.yaml.tmp.", "metrics.jsonl.tmp.", "eval.json.tmp.",
-                                        "plot.png.tmp.", NULL};
-    for (int i = 0; bases[i]; i++)
-        if (!strncmp(name, bases[i], strlen(bases[i]))) return 1;
-    return 0;
-}
-
-/* What RUN/.lock is: 1 a ringscan run lock (its first line), 0 missing or
- * empty (a ringscan that has just created it), -1 anything else. */
-static int train_marker(const char *dir) {
-    char path[PATH_MAX + 16], head[sizeof train_lock_magic] = "";
-    snprintf(path, sizeof path, "%s/.lock", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(head, 1, sizeof head - 1, f);
-    fclose(f);
-    return n == 0 ? 0 : n == sizeof head - 1 && !memcmp(head, train_lock_magic, n) ? 1 : -1;
-}
-
-/* Adds `name` to the list of foreign entries in `list` (the first few; all are counted). */
-static void train_note_foreign(char *list, size_t cap, int *n, const char *prefix, const char *name) {
-    if ((*n)++ < 4) {
-        size_t k = strlen(list);
-        snprintf(list + k, cap - k, "%s%s%s", k ? ", " : "", prefix, name);
-    }
-}
-
-enum { TRAIN_DIR_NEW, TRAIN_DIR_RESTART }; /* train_check_run_dir's verdicts besides a refusal */
-
-/* Decides whether `train` may write into `dir` (rank 0, before and again after
- * taking the run lock): TRAIN_DIR_NEW (missing, empty, or only what `submit`
- * wrote), TRAIN_DIR_RESTART (a ringscan attempt with no checkpoint: its
- * metrics.jsonl and config.resolved.yaml are replaced), or RS_EXIT_USAGE with
- * the reason and hint in msg. Reads only. */
-static int train_check_run_dir(const char *dir, char *msg, size_t cap) {
-    DIR *d = opendir(dir);
-    if (!d) return TRAIN_DIR_NEW; /* missing, or not a directory: fsio_mkdirs says which */
-    char foreign[1024] = "", path[PATH_MAX + 64];
-    int n_foreign = 0, run_files = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        const char *name = de->d_name;
-        if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
-        if (train_name_in(name, train_run_names) || train_is_tmp_name(name)) run_files += strcmp(name, ".lock") != 0;
-        else if (!train_name_in(name, train_submit_names)) train_note_foreign(foreign, sizeof foreign, &n_foreign, "", name);
-    }
-    closedir(d);
-    int marker = train_marker(dir);
-    if (marker < 0) train_note_foreign(foreign, sizeof foreign, &n_foreign, "", ".lock (not a ringscan run lock)");
-    /* ckpt/: the lock and LATEST of ckpt.h, complete and partial step_* directories */
-    snprintf(path, sizeof path, "%s/ckpt", dir);
-    if ((d = opendir(path)) != NULL) {
-        while ((de = readdir(d)) != NULL) {
-            const char *name = de->d_name;
-            if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, ".lock") || !strncmp(name, "LATEST", 6) ||
-                !strncmp(name, "step_", 5))
-                continue;
-            train_note_foreign(foreign, sizeof foreign, &n_foreign, "ckpt/", name);
-        }
-        closedir(d);
-    }
-    if (n_foreign) {
-        snprintf(msg, cap,
-                 "run.out_dir %s holds %d entr%s that ringscan did not write (%s%s); `train` writes only into a new "
-                 "or empty directory, or one holding a ringscan attempt that stopped before its first checkpoint\n"
-                 "  hint: set run.out_dir to a new directory",
-                 dir, n_foreign, n_foreign == 1 ? "y" : "ies", foreign, n_foreign > 4 ? ", ..." : "");
-        return RS_EXIT_USAGE;
-    }
-    int64_t *steps = NULL, n_steps = 0;
-    char err[1024];
-    snprintf(path, sizeof path, "%s/ckpt/LATEST", dir);
-    struct stat st;
-    int has_latest = stat(path, &st) == 0;
-    if (ckpt_list_steps(dir, &steps, &n_steps, err, sizeof err) != 0) {
-        snprintf(msg, cap, "cannot check run.out_dir %s for checkpoints: %s", dir, err);
-        return RS_EXIT_USAGE;
-    }
-    free(steps);
-    if (has_latest || n_steps > 0) {
-        snprintf(msg, cap,
-                 "run directory %s already holds a run with a checkpoint (%s)\n"
-                 "  hint: continue it with `ringscan resume %s`, or set run.out_dir to a new directory",
-                 dir, has_latest ? "ckpt/LATEST" : "ckpt/step_*", dir);
-        return RS_EXIT_USAGE;
-    }
-    if (run_files && marker != 1) {
-        snprintf(msg, cap,
-                 "run.out_dir %s holds ringscan's file names (metrics.jsonl, config.resolved.yaml, log.txt or ckpt/) "
-                 "but not the marker of a ringscan run (.lock): they were not written by a run of this ringscan, so "
-                 "`train` does not replace them\n"
-                 "  hint: set run.out_dir to a new directory, or move those files away",
-                 dir);
-        return RS_EXIT_USAGE;
-    }
-    return run_files ? TRAIN_DIR_RESTART : TRAIN_DIR_NEW;
-}
-
-int train_check_out_dir(const char *dir, char *msg, size_t cap) {
-    if (!dir[0]) {
-        snprintf(msg, cap, "run.out_dir is empty: it must name the run directory (e.g. runs/my-run)");
-        return RS_EXIT_USAGE;
-    }
-    /* "/", "//", "/./..": an absolute path made only of empty, "." and ".." components */
-    int root = dir[0] == '/';
-    for (const char *p = dir; root && *p;) {
-        const char *e = strchr(p, '/');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (n && strncmp(p, ".", n) && strncmp(p, "..", n < 2 ? 2 : n)) root = 0;
-        p += n + (e != NULL);
-    }
-    char real[PATH_MAX];
-    if (root || (realpath(dir, real) && !strcmp(real, "/"))) {
-        snprintf(msg, cap, "run.out_dir = \"%s\" is the file system root: a run directory must be a directory of "
-                           "its own (e.g. runs/my-run)", dir);
-        return RS_EXIT_USAGE;
-    }
-    return 0;
-}
-
-/* Opens RUN/.lock (creating it when `create`) and takes its flock without
- * waiting: 0 with *fd (-1 when it does not exist and !create), or an exit
- * code with the reason in msg (RS_EXIT_USAGE naming the holder when another
- * process holds it). */
-static int train_lock_take(const char *run_dir, int create, int *fd, char *msg, size_t cap) {
-    char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/.lock", run_dir);
-    *fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
-    if (*fd < 0 && (errno == ENOENT || errno == ENOTDIR) && !create) return 0; /* fsio_mkdirs says why */
-    if (*fd < 0) {
-        snprintf(msg, cap, "cannot open the run lock %s: %s", path, strerror(errno));
-        return RS_EXIT_FAIL;
-    }
-    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return 0;
-    int e = errno;
-    char holder[512] = "";
-    ssize_t n = pread(*fd, holder, sizeof holder - 1, 0);
-    holder[n > 0 ? n : 0] = 0;
-    close(*fd);
-    *fd = -1;
-    char *line = strstr(holder, "holder: ");
-    if (line) line[strcspn(line, "\n")] = 0;
-    if (e != EWOULDBLOCK) {
-        snprintf(msg, cap, "cannot lock %s: flock failed: %s (ringscan needs flock on the run directory's file system "
-                           "to keep one trainer per run)", path, strerror(e));
-        return RS_EXIT_FAIL;
-    }
-    snprintf(msg, cap,
-             "run directory %s is in use: %s holds %s; a second `train` or `resume` would mix two runs in one "
-             "directory, so nothing was run or written\n"
-             "  hint: wait for it to end, or stop it (SIGTERM: it checkpoints and exits 75) and then `ringscan resume "
-             "%s`; to train separately, set run.out_dir to a new directory",
-             run_dir, line ? line + 8 : "a ringscan process (starting; it has not written its name yet)", path, run_dir);
-    return RS_EXIT_USAGE;
-}
-
-/* Takes RUN/.lock for the whole life of this process (rank 0; every rank
- * learns the verdict): a second `train` or `resume` into a directory whose run
- * is alive is refused naming the holder. The lock file stays as the run's
- * marker, naming its last holder. With dry_run the lock is only tested, and
- * nothing is created. On `train` the directory is checked under the lock; when
- * it has no lock file yet, it is checked first (nothing is written on a
- * refusal) and again once the new lock is held. */
-static void train_claim_run_dir(Trainer *t, int resuming, int dry_run) {
-    char msg[16384] = "";
-    int code = 0, fd = -1;
-    t->lock_fd = -1;
-    t->restart = 0;
-    if (t->comm->rank == 0) {
-        code = train_lock_take(t->run_dir, 0, &fd, msg, sizeof msg);
-        int verdict = !code && !resuming ? train_check_run_dir(t->run_dir, msg, sizeof msg) : TRAIN_DIR_NEW;
-        if (verdict != TRAIN_DIR_NEW && verdict != TRAIN_DIR_RESTART) code = verdict;
-        if (!code && fd < 0 && !dry_run) {
-            if (!resuming && fsio_mkdirs(t->run_dir) != 0) {
-                snprintf(msg, sizeof msg, "cannot create run directory %s: %s", t->run_dir, strerror(errno));
-                code = RS_EXIT_FAIL;
-            }
-            if (!code) code = train_lock_take(t->run_dir, 1, &fd, msg, sizeof msg);
-            verdict = !code && !resuming ? train_check_run_dir(t->run_dir, msg, sizeof msg) : TRAIN_DIR_NEW;
-            if (verdict != TRAIN_DIR_NEW && verdict != TRAIN_DIR_RESTART) code = verdict;
-        }
-        if (fd >= 0 && (code || dry_run)) close(fd); /* refused, or only tested */
-        else if (fd >= 0) {
-            t->lock_fd = fd; /* held until the process exits */
-            t->restart = verdict == TRAIN_DIR_RESTART;
-            char text[1024], when[64];
-            time_t now = time(NULL);
-            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
-            int len = snprintf(text, sizeof text, "%s of %s\nholder: `ringscan %s` (pid %ld on host %s, since %s)\n",
-                               train_lock_magic, t->run_dir, resuming ? "resume" : "train", (long)getpid(),
-                               t->comm->host, when);
-            /* the magic first line is rewritten in place, never absent: a reader always sees the marker */
-            if (pwrite(fd, text, (size_t)len, 0) != len || ftruncate(fd, len) != 0 || fsync(fd) != 0) {
-                snprintf(msg, sizeof msg, "cannot write the run lock %s/.lock: %s", t->run_dir, strerror(errno));
-                code = RS_EXIT_FAIL;
-            }
-        }
-    }
-    code = comm_allreduce_max_int(t->comm, t->comm->world, code);
-    if (code) train_fail(t, code, "%s", msg);
-}
-
-/* Writes config.resolved.yaml through a temporary file and rename. */
-static void train_write_resolved(Trainer *t) {
-    char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
-    snprintf(path, sizeof path, "%s/config.resolved.yaml", t->run_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
-    fprintf(f, "# ringscan resolved config of run %s (written by `ringscan train`/`resume`; read by `resume`)\n",
-            t->cfg->run.name);
-    config_write_yaml(t->cfg, f, 0);
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
-    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-}
-
-/* Keeps the metrics of steps <= `step` (a resume replays the steps after it). */
-static void train_trim_metrics(Trainer *t, int64_t step) {
-    char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
-    FILE *in = fopen(path, "r");
-    if (!in) return;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *out = fopen(tmp, "w");
-    if (!out) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    while ((len = getline(&line, &cap, in)) > 0) {
-        json_error_t je;
-        json_t *o = json_loads(line, 0, &je);
-        json_t *s = o ? json_object_get(o, "step") : NULL;
-        if (s && json_is_integer(s) && json_integer_value(s) <= step) fputs(line, out);
-        json_decref(o);
-    }
-    free(line);
-    fclose(in);
-    if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) RS_FATAL("cannot write %s", tmp);
-    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s: %s", tmp, strerror(errno));
-}
-
-/* Writes config.resolved.yaml, drops the lines of a failed attempt, and opens
- * log.txt: for train_say (rank 0) and for error.h's messages (every rank). */
-static void train_open_run_dir(Trainer *t) {
-    char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/log.txt", t->run_dir);
-    if (t->comm->rank == 0) {
-        if (t->restart) train_trim_metrics(t, 0);
-        train_write_resolved(t);
-        t->log = fopen(path, "a");
-        if (!t->log) RS_FATAL("cannot open %s: %s", path, strerror(errno));
-    }
-    if (error_open_log(path) != 0) RS_FATAL("cannot open %s: %s", path, strerror(errno));
-    if (t->restart)
-        train_say(t, "run directory %s holds an attempt that stopped before its first checkpoint; starting the "
-                     "run over (its metrics.jsonl lines are dropped)\n",
-                  t->run_dir);
 }
 
 static void train_open_metrics(Trainer *t) {
@@ -709,7 +412,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
         model_params_free(&tab);
         if (rc) train_fail(&t, rc, "%s\n  hint: nothing was written", err);
     }
-    train_claim_run_dir(&t, resume_dir != NULL, dry_run); /* exits 2 when another run holds it, or on train when
+    run_dir_claim(&t, resume_dir != NULL, dry_run); /* exits 2 when another run holds it, or on train when
                                                             it holds what a new run must not overwrite */
     TrainResume res;
     if (resume_dir) train_ckpt_load(&t, &res); /* exits 2 on a bad or mismatched checkpoint or option */
@@ -734,7 +437,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     for (int64_t s = cfg->train.steps; s > 0; s /= 10) t.step_width++;
     if (cfg->device.kind == DEVICE_KIND_CUDA) t.batch_dev = t.be->alloc((size_t)(4 * rows) * sizeof(int32_t));
 
-    train_open_run_dir(&t);
+    run_dir_open(&t);
     model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
     if (init) {
         t.be->to_device(t.model.params, init, (size_t)t.model.ptab.buffer_numel * sizeof(float));
@@ -745,7 +448,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     }
     if (resume_dir) {
         train_ckpt_restore(&t, &res);
-        if (comm->rank == 0) train_trim_metrics(&t, t.step);
+        if (comm->rank == 0) run_dir_trim_metrics(&t, t.step);
     }
     t.start_step = t.step;
     train_open_metrics(&t);

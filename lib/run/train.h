@@ -38,11 +38,6 @@ enum {
  * code. */
 int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags);
 
-/* Whether run.out_dir can name a run directory: not empty, not the file
- * system root. 0, or RS_EXIT_USAGE with one line in msg. The command line
- * adds it to the config's validation. */
-int train_check_out_dir(const char *dir, char *msg, size_t cap);
-
 /* Starts catching the stop signals: SIGUSR1 and SIGTERM (preemption: the
  * loop finishes its step, checkpoints and exits 75) and SIGINT and SIGHUP
  * (the same, exit 128 + signal: 130 and 129, which the job script does not

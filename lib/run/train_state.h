@@ -1,7 +1,7 @@
 /*
- * train_state.h — the state of a training run, shared by the loop (train.c)
- * and the checkpoint glue (train_ckpt.c). Not for other callers: they use
- * train.h.
+ * train_state.h — the state of a training run, shared by the loop (train.c),
+ * the checkpoint glue (train_ckpt.c) and the run directory (rundir.c). Not for
+ * other callers: they use train.h.
  */
 #ifndef RS_TRAIN_STATE_H
 #define RS_TRAIN_STATE_H
@@ -50,5 +50,14 @@ void train_say(Trainer *t, const char *fmt, ...) __attribute__((format(printf, 2
 #define train_fail(t, code, ...) train_fail_at((t), (code), __FILE__, __LINE__, __VA_ARGS__)
 noreturn void train_fail_at(Trainer *t, int code, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+
+/* rundir.c: the run directory. run_dir_claim takes RUN/.lock (rank 0; every
+ * rank learns the verdict and fails together on a refusal), checking on
+ * `train` that the directory may be written; with dry_run it only tests.
+ * run_dir_open writes config.resolved.yaml and opens log.txt.
+ * run_dir_trim_metrics keeps the metrics.jsonl lines of steps <= `step`. */
+void run_dir_claim(Trainer *t, int resuming, int dry_run);
+void run_dir_open(Trainer *t);
+void run_dir_trim_metrics(Trainer *t, int64_t step);
 
 #endif

@@ -1,98 +1,28 @@
 /*
- * gdn.cu — the chunked gated delta rule on the GPU (the host side; the kernels are the .cuh files beside): the Backend entries
- * gdn_chunk_forward, gdn_chunk_backward and the context-parallel entries
- * gdn_chunk_transition, gdn_chunk_dstate, gdn_state_affine (lib/backend/backend.h has
- * the contract; kernels/cpu/cpu_gdn.c is the fp32 oracle, its header has the
- * algebra). Callers: the cuda backend table (model forward/backward, lib/cp*),
- * tests/cuda/test_cuda_gdn.cu.
+ * gdn.cu — the chunked gated delta rule on the GPU: the Backend entries gdn_chunk_forward,
+ * gdn_chunk_backward (whole or by stage), gdn_chunk_prep and the context-parallel entries
+ * gdn_chunk_transition, gdn_chunk_dstate, gdn_state_affine (lib/backend/backend.h has the contract;
+ * kernels/cpu/cpu_gdn.c is the fp32 oracle), and the launches of the kernels, which are the .cuh files
+ * beside it, one stage each, compiled in this one translation unit.
  *
- * Kernel split (research/gdn_cp.md §1-2, FLA's validated boundaries). Every
- * per-chunk kernel runs 128 threads (4 warps) on one (chunk, value head) and
- * multiplies bf16 tiles in shared memory with mma.sync m16n8k16 (fp32
- * accumulation, cuda_gdn_mma.h); the state passes run one block per (value
- * head, column block of the state) and walk the chunks in order, the state
- * (or its gradient) in fp32 registers.
- *   index     count / scan / write / info: chunk starts from doc_pos on the device (a
- *             chunk starts every 64 tokens of a document, counted from the document's
- *             first token or from token 0 of the call), the first and last chunk
- *             that starts a document, (t0, L, flags) per chunk (no host round trip)
- *   prep      per chunk: fp32 cumsum of g (log2 units), K K^T, A, Tinv = (I+A)^-1
- *             (fp32, 16x16 blocks: substitution on the diagonal, then the blocks below
- *             from their diagonal neighbours), W = Tinv diag(beta gam) K,
- *             U = Tinv diag(beta) V (Tinv split hi+lo bf16, so W, U are not
- *             limited by Tinv's rounding), stored bf16
- *   state_fwd sequential over chunks: store the entering state h (bf16), vn = U - W S,
- *             S = gam_L S + K^T (dec * vn); S operand split hi+lo bf16; cp.async
- *             prefetch of the next chunk's tiles, its (t0, L, flags) two chunks ahead
- *             (no dependent global load on the sequential path). Transition mode carries [S | M] from
- *             [0 | I] (research/gdn_cp.md §8.2): M comes out of the same pass.
- *   output    per chunk: o = scale (gam * (Q h) + (Q K^T * Gam * causal) vn)
- *   backward: prep (skipped when the forward kept W, U, G2: GDN v4.1 below), state_fwd (recompute h, vn;
- *             skipped when the forward kept them: GDN v4.4), dvlocal (dv_loc = scale P^T dO),
- *             state_bwd (reverse pass: dv2 = dv_loc + dec * (K D), D <- gam_L D +
- *             scale (Q*gam)^T dO - W^T dv2, dS_final in, dS0 out), dqkwg (dq, dk from
- *             the states, dw = -dv2 h^T, dG terms), wy_bwd (Tinv recomputed: dk, dv,
- *             dbeta, dG of the WY factors; dg reverse cumsum; dk summed in fp32), and for
- *             GVA group_reduce (dq, dk per key head: the fp32 per-value-head partials
- *             of the group summed in head order, one bf16 rounding); without GVA
- *             dqkwg and wy_bwd write the final bf16 dq and dk themselves.
- *   dstate    = prep, dvlocal, state_bwd on the chunks before the first document start.
- *   staged (lib/cp/cp_gdn.c's cp 2 chain; the bits of the whole calls): the forward with o NULL = index, prep,
- *             state_fwd (h, vn into kept), then with GDN_KEPT_STATES_IN = index, output; the backward's
- *             stages (cuda_gdn_chunk_backward_stage, kept with states) DOUT = dvlocal, STATE = state_bwd,
- *             GRADS = dqkwg, wy_bwd (group_reduce), each with its index, dv_loc, dh and dv2 carried in the
- *             caller's dkept (gdn_dkept_carve, per piece) instead of the workspace.
- *   state_affine: fp32 IEEE (no TF32) tiled S_out = op(M) S_in + H.
+ * Shapes: T tokens (T < 2^31 - 128), nk key heads and nv value heads (GVA: nv a multiple of nk),
+ * dim_k, dim_v in {64, 128}; q, k (T, ldq), v (T, ldv), o (T, ldo) bf16 with 16-byte aligned rows; g,
+ * beta (T, nv) fp32; states (nv, dim_k, dim_v) fp32. Chunks of 64 tokens restart at every document
+ * start (doc_pos == 0), found on the device by the index kernels.
  *
- * Numerics: states, gate cumsums, dg, dbeta and the dq/dk partials are fp32; gate
- * factors are exp2 of non-positive exponents only (masked entries are selected,
- * never multiplied); W, U, vn, h, dh, dv_loc, dv2, dw are stored bf16 (the MMA
- * operand precision, as in FLA); the carried state's MMA operand is split into two
- * bf16 terms. Offsets into token-major buffers are 64-bit. Tiles are fixed and no
- * atomics are used: the same inputs give the same bits on every run.
+ * A forward runs index, prep (the WY factors and gate cumsums per chunk), the state pass (sequential
+ * over chunks, one block per value head and column block of the state) and the output; a backward runs
+ * dvlocal, the reverse state pass, dqkwg and wy_bwd (and group_reduce for GVA). What the forward keeps
+ * for the backward (the caller's kept buffer: W, U, G2 and, asked, the chunk states h and vn) lets the
+ * backward skip its prep and its state recompute; the staged entries split both passes for the CP chain
+ * (lib/cp/cp_gdn_chain.c). A call longer than GDN_PIECE_ROWS runs as pieces, the state passed between
+ * them in fp32. Every configuration of the plan gives the same bits; tiles are fixed and no atomics are
+ * used, so a run is deterministic. The plan, the profile and the device buffers are in gdn_tune.cu,
+ * gdn_profile.cu and gdn_buffers.cu (gdn_host.h). The algebra, the kernel split, the numerics, the
+ * chunk bookkeeping and the byte counts of the workspace and the kept buffer: docs/design/gdn-kernels.md.
  *
- * Chunk bookkeeping: a chunk that starts a document (doc_pos == 0) starts from
- * state 0 and needs no stored state; every other chunk starts 64 tokens after the
- * previous chunk of its document (or at token 0), so the starts of such chunks are
- * >= 64 apart and slot t0 / 64 is unique: h[slot] is the state entering the
- * chunk at t0, dh[slot] the gradient arriving at that boundary; the call's end has
- * its own slot ceil(T/64) (dh of the last chunk). ns = ceil(T/64) + 1 slots.
- *
- * Workspace: backend.h gives these entries none, so this file owns one device
- * buffer (gdn_ws, counted in memory_stats' internal bytes) that grows when a call
- * needs more than it holds and is reused as is otherwise: no allocation in steady
- * state. Pieces: a forward or backward of more than GDN_PIECE_ROWS tokens (backend.h; the tune's piece
- * in tests) runs as consecutive calls of at most that many, the state entering each piece passed in fp32
- * (the backward's state gradient the other way), so T below is at most a piece for these two; the
- * transition runs the same pieces, each piece's (M, H) composed in fp32 (cuda_gdn_chunk_transition), and
- * dstate runs whole (given a pieced kept buffer it copies the pieces' W, G2 together). The kept buffer of a
- * pieced call is each piece's, in order, then the states entering pieces 1.. (fp32); without a kept buffer
- * the backward runs the pieces' forward again for those states (the same bits, as the backend.h contract
- * asks). Per call (T tokens, nv value heads): forward 2 T nv (dk + 2 dv) + 2 ns nv dk dv bytes plus small;
- * backward adds 2 T nv dv + 8 T nv dk + 2 ns nv dk dv. Not thread-safe (one compute stream).
- * The kept buffer (the entries' `kept`, cuda_gdn_kept_bytes(T, nv, dk, dv, states) = T nv (2 dk + 2 dv + 4)
- * bytes, with states + 2 ns nv dk dv + 2 T nv dv, each part on 256 bytes; the caller's): the forward's prep
- * writes W, U, G2 there instead of the workspace, and with kept_states its state pass h and vn (GDN v4.4);
- * a backward given it skips its prep, and with kept_states its state_fwd recompute (gdn_kept_carve); the
- * workspace then has no h, vn. cuda_gdn_chunk_prep writes the W, U, G2 alone (the same launch on the same
- * index), so a forward told GDN_KEPT_PREP_IN, a transition and a dstate given kept skip their prep
- * (lib/cp/cp_gdn.c's chain computes a fragment's prep once, off its critical path).
- *
- * Configurations (cuda_gdn_tune.h; every one gives the same bits): the mma.sync state passes
- * (gdn/state_pass.cuh) run in 16 or 32 columns per block (by the head count), two pipeline stages, in
- * segments folded like the CP scan where the heads are few, or in document segments side by side; the
- * dual launch starts both the automatic configuration and a many-document one (32 columns in 8
- * document segments, on wgmma) and the device picks by the documents. From 128 blocks of 64 columns
- * (64 heads of 128) both passes run on wgmma (gdn/state_forward_wgmma.cuh, gdn/state_backward_wgmma.cuh). dqkwg runs split
- * over the two halves of dk (two blocks per SM), wy_bwd keeps dk in registers (two blocks per SM).
- * The forward keeps W, U, G2 and, asked, the chunk states for the backward (the `kept` buffer).
- * Measurements and the history of each choice: docs/benchmarks.md (GDN v1 .. v4.5, v0.5).
- *
- * Limits: dim_k, dim_v in {64, 128}. 256 is not built: the backward's per-chunk
- * tiles (q, k, vn, dO, dv2 rows plus the two 256x256 states) exceed the 227 KB of
- * shared memory a block can have, so it needs a column-split dqkwg first. Rows of
- * q, k, v, o and the gradients must be 16-byte aligned (ld % 8 == 0, aligned
- * pointers); T < 2^31 - 128.
+ * Callers: the cuda backend table (the model's GDN layers, lib/cp/cp_gdn*.c), tests/cuda/test_cuda_gdn.cu,
+ * bench/bench_ops.c.
  */
 #include <limits.h>
 #include <math.h>
@@ -124,207 +54,10 @@
 #include "state_backward_wgmma.cuh"
 #include "reduce.cuh"
 
+#include "gdn_host.h" /* the plan, the profile and the buffers (gdn_tune.cu, gdn_profile.cu, gdn_buffers.cu) */
 
 /* ------------------------------------------------------------------------------------------------ */
-/* switches (cuda_gdn_tune.h), per-kernel profile                                                     */
-
-/* built-in choices (GDN v2 in docs/benchmarks.md has the measurements behind them) */
-#define GDN_NST_DEFAULT 2     /* mma.sync state passes: pipeline stages */
-#define GDN_DSEG_MAX 64       /* document segments of a state pass, at most */
-#define GDN_DSEG_WAVES 2      /* automatic document segments: about this many blocks per SM */
-#define GDN_SBWD_BLOCKS 128   /* v2 backward state pass on wgmma (GDN v4.3) where its 64-column blocks are at
-                                 least this many (64 heads of 128: fwd+bwd -11%; 16 heads: 32 blocks, +17%
-                                 with one document, -9% with 16) */
-#define GDN_SFWD_BLOCKS 128   /* v2 forward state pass on wgmma (GDN v4.2) where its 64-column blocks are at
-                                 least this many (64 heads of 128: -3 to -4% fwd+bwd; 16 heads: 32 blocks,
-                                 +25% with one document), 2 stages */
-#define GDN_DUAL_DEFAULT 1    /* v2 state passes: dual launch, the configuration chosen on the device (GDN v3.1) */
-#define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
-#define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
-#define GDN_SFBV_DEFAULT 32   /* wgmma forward state pass: columns per block (GDN v4.5, H100 2026-11-23: 32k / 64
-                                 heads fwd+bwd 17.86 -> 16.96 ms, 16 heads / 16 documents with dwg 4.66 -> 4.46) */
-#define GDN_DWG_DEFAULT 1     /* dual launch: its second configuration on the wgmma state passes (GDN v4.5, H100
-                                 2026-11-23: 32k / 16 heads / 16 documents fwd+bwd 5.41 -> 4.66 ms) */
-#define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
-#define GDN_CUTS_PICK (2 * (GDN_DSEG_MAX + 1)) /* the device's choice in GdnBufs.cuts */
-
-static CudaGdnTune gdn_tune_set; /* all 0 (the built-in choices) unless a test or a benchmark set them */
-static int gdn_prof_level;       /* cuda_gdn_profile */
-
-static CudaGdnTune gdn_tune(void) { return gdn_tune_set; }
-
-extern "C" void cuda_gdn_tune_set(const CudaGdnTune *t) {
-    if (t) gdn_tune_set = *t;
-    else memset(&gdn_tune_set, 0, sizeof gdn_tune_set);
-}
-
-extern "C" void cuda_gdn_tune_get(CudaGdnTune *t) { *t = gdn_tune_set; }
-
-extern "C" void cuda_gdn_profile(int level) {
-    RS_CHECK(level >= 0 && level <= 2, "cuda_gdn_profile: level %d (want 0, 1 or 2)", level);
-    gdn_prof_level = level;
-}
-
-/* per-kernel times of one entry (cuda_gdn_profile): events on the compute stream between the launches */
-#define GDN_PROF_MAX 40
-static struct {
-    cudaEvent_t ev[GDN_PROF_MAX];
-    const char *name[GDN_PROF_MAX];
-    int n, on;
-} gdn_prof;
-
-static void gdn_prof_mark(const char *name) {
-    if (!gdn_prof.on || gdn_prof.n == GDN_PROF_MAX) return;
-    cudaEvent_t *e = &gdn_prof.ev[gdn_prof.n];
-    if (!*e) CUDA_CHECK(cudaEventCreate(e));
-    gdn_prof.name[gdn_prof.n++] = name;
-    CUDA_CHECK(cudaEventRecord(*e, cuda_stream()));
-}
-
-static void gdn_prof_start(int on) {
-    gdn_prof.on = on;
-    gdn_prof.n = 0;
-    gdn_prof_mark("start");
-}
-
-static void gdn_prof_end(const char *who, int64_t T, int nv) {
-    if (!gdn_prof.on) return;
-    gdn_prof.on = 0;
-    const int n = gdn_prof.n;
-    CUDA_CHECK(cudaEventSynchronize(gdn_prof.ev[n - 1]));
-    float tot = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&tot, gdn_prof.ev[0], gdn_prof.ev[n - 1]));
-    printf("gdn prof %s T=%lld nv=%d:", who, (long long)T, nv);
-    for (int i = 1; i < n; i++) {
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, gdn_prof.ev[i - 1], gdn_prof.ev[i]));
-        printf(" %s %.3f", gdn_prof.name[i], ms);
-    }
-    printf(" | %.3f ms\n", tot);
-    fflush(stdout);
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* host side: workspace, launches                                                                     */
-
-static void *gdn_ws;        /* the device workspace (see the header) */
-static size_t gdn_ws_bytes; /* its size */
-
-/* Grows (never shrinks) through cuda_internal_alloc, so memory_stats counts it: the old buffer is freed
- * after the device is idle (a host synchronisation, on growth only: the first step's first call of each
- * size; a stream-ordered free would leave the old block reserved in the pool, uncounted) */
-static unsigned char *gdn_workspace(size_t bytes) {
-    if (bytes > gdn_ws_bytes) {
-        size_t want = bytes + bytes / 8;
-        want = (want + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
-        if (gdn_ws) {
-            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-            cuda_internal_free(gdn_ws, gdn_ws_bytes);
-        }
-        gdn_ws = cuda_internal_alloc(want);
-        gdn_ws_bytes = want;
-    }
-    return (unsigned char *)gdn_ws;
-}
-
-enum { GDN_WS_FORWARD, GDN_WS_BACKWARD, GDN_WS_TRANSITION, GDN_WS_DSTATE };
-
-/* the buffers of one call, carved from the workspace (NULL where the call needs none) */
-typedef struct GdnBufs {
-    int64_t T;                    /* tokens of the call */
-    int32_t *blk, *meta, *starts; /* index: (nb,3), (GDN_META_N), (T+1) */
-    int4 *info;                   /* (T+1) per chunk: t0, L, flags (gdn_index_info_kernel) */
-    int32_t *cuts;                /* (2 (GDN_DSEG_MAX+1) + 1) document segments of the state passes: the
-                                     first configuration's, at GDN_CUTS_B the dual launch's second, then
-                                     the device's choice between them (GDN_CUTS_PICK) */
-    float *G2;                    /* (T,nv) log2-unit chunk-local cumsum */
-    bf16 *W;                      /* (T,nv,dk); the backward reuses it for dw */
-    bf16 *U;                      /* (T,nv,dv); the backward reuses it for dv_loc */
-    bf16 *vn;                     /* (T,nv,dv) */
-    bf16 *hs, *dhs;               /* (ns,nv,dk,dv) */
-    bf16 *dv2;                    /* (T,nv,dv) */
-    float *dqv, *dkv, *dgp;       /* (T,nv,dk), (T,nv,dk), (2,T,nv) */
-    float *segE, *segH, *segM;    /* segmented state passes: (nseg,nv,dk,dv) x 2, (nseg,nv,dk,dk) */
-    float *segE2, *segH2, *segM2; /* the same for the backward's reverse pass (it may overlap the forward's) */
-} GdnBufs;
-
-/* What the forward keeps for the backward (gdn_chunk_forward's kept buffer, cuda_gdn_kept_bytes): the
- * prep's outputs W (T,nv,dk) bf16, U (T,nv,dv) bf16 and G2 (T,nv) fp32, and with states the forward state
- * pass's h (ns,nv,dk,dv) bf16 and vn (T,nv,dv) bf16, each on a 256-byte boundary (as the workspace's). With
- * it the backward skips its prep (K K^T, the solve, the W and U products), and with states its state_fwd
- * recompute too: the same kernels on the same inputs wrote these, so the results are the recompute's bits.
- * The states come after W, U, G2, so a buffer kept with states serves a backward told states = 0 as well
- * (in one piece; a pieced call's backward must be told the forward's kept_states, as backend.h asks).
- * b NULL: the size only. Returns the bytes, a multiple of 256 (fragments of one buffer stay aligned). */
-static size_t gdn_kept_carve(struct GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states);
-
-/* nseg: slots of the segmented state passes (0: none); a backward gets two sets. kept_states: h and vn
- * live in the caller's kept buffer (gdn_kept_carve), so the workspace has none */
-static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, int nv, int dk, int dv,
-                        int nseg = 0, int kept_states = 0) {
-    const int64_t nb = (T + 1023) / 1024, ns = (T + GDN_C - 1) / GDN_C + 1;
-    const size_t tv = (size_t)T * nv;
-    GdnCarve c(base, 256); /* global buffers on 256-byte boundaries: whole sectors for every tile row
-                              (16-byte alignment alone made the h / vn stores of the state passes 2-3x slower) */
-    *b = GdnBufs{};
-    b->blk = c.take<int32_t>((size_t)3 * (nb > 0 ? nb : 1));
-    b->meta = c.take<int32_t>(GDN_META_N);
-    b->starts = c.take<int32_t>((size_t)T + 1);
-    b->info = c.take<int4>((size_t)T + 1);
-    b->cuts = c.take<int32_t>(GDN_CUTS_PICK + 1);
-    b->G2 = c.take<float>(tv);
-    b->W = c.take<bf16>(tv * dk);
-    b->U = c.take<bf16>(tv * dv);
-    if ((what == GDN_WS_FORWARD || what == GDN_WS_BACKWARD) && !kept_states) {
-        b->vn = c.take<bf16>(tv * dv);
-        b->hs = c.take<bf16>((size_t)ns * nv * dk * dv);
-    }
-    if (what == GDN_WS_BACKWARD) {
-        b->dhs = c.take<bf16>((size_t)ns * nv * dk * dv);
-        b->dv2 = c.take<bf16>(tv * dv);
-        b->dqv = c.take<float>(tv * dk);
-        b->dkv = c.take<float>(tv * dk);
-        b->dgp = c.take<float>(2 * tv); /* two partials for the split dqkwg */
-    }
-    if (nseg > 1) {
-        const size_t nsz = (size_t)nseg * nv * dk * dv, nmz = (size_t)nseg * nv * dk * dk;
-        b->segE = c.take<float>(nsz);
-        b->segH = c.take<float>(nsz);
-        b->segM = c.take<float>(nmz);
-        if (what == GDN_WS_BACKWARD) {
-            b->segE2 = c.take<float>(nsz);
-            b->segH2 = c.take<float>(nsz);
-            b->segM2 = c.take<float>(nmz);
-        }
-    }
-    return c.off;
-}
-
-static size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states) {
-    const size_t tv = (size_t)T * nv, ns = (size_t)(T + GDN_C - 1) / GDN_C + 1;
-    GdnCarve c(kept, 256);
-    bf16 *W = c.take<bf16>(tv * dk), *U = c.take<bf16>(tv * dv);
-    float *G2 = c.take<float>(tv);
-    bf16 *hs = states ? c.take<bf16>(ns * nv * dk * dv) : NULL, *vn = states ? c.take<bf16>(tv * dv) : NULL;
-    if (b) {
-        b->W = W;
-        b->U = U;
-        b->G2 = G2;
-        if (states) {
-            b->hs = hs;
-            b->vn = vn;
-        }
-    }
-    return (c.off + 255) / 256 * 256;
-}
-
-static GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg = 0, int kept_states = 0) {
-    GdnBufs b;
-    const size_t bytes = gdn_carve(&b, NULL, what, T, nv, dk, dv, nseg, kept_states);
-    gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv, nseg, kept_states);
-    b.T = T;
-    return b;
-}
+/* host side: launches                                                                                */
 
 /* dual (> 0): also the dual launch's second cuts (GDN_DUAL_ZB segments, bps column blocks each) and the
  * device's choice (need: blocks of the second configuration that make it the one to run); then the first
@@ -375,9 +108,6 @@ template <class K> static void gdn_smem_attr(K kernel, size_t bytes, const char 
  * are short) by the grid-stride loop */
 static int gdn_chunk_grid(int64_t T) { return (int)((T + GDN_C - 1) / GDN_C > 0 ? (T + GDN_C - 1) / GDN_C : 1); }
 
-/* wide state passes fill more SMs with 16-column blocks when there are few heads */
-static int gdn_state_bv(int nv, int dv) { return (int64_t)nv * dv / 32 >= 128 ? 32 : 16; }
-
 template <int DK, int DV>
 static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const bf16 *v, const float *g,
                                const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
@@ -402,19 +132,6 @@ static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const
 /* ------------------------------------------------------------------------------------------------ */
 /* host side: plan (segments, stages, column block), segmented passes                                 */
 
-typedef struct GdnPlan {
-    int nst, bv, nseg_f, nseg_b, prof;
-    int dseg; /* forward / backward state passes: document segments (> 1: on, replaces nseg) */
-    int dual; /* state passes: dual launch (bv / dseg as above, and 32 columns in GDN_DUAL_ZB document
-                 segments), the device picks by the documents; 0: off */
-    int64_t dual_need; /* blocks of the second configuration that make the device pick it */
-    long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
-    int sfwd;      /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 0 off, else its pipeline stages (2, 3) */
-    int sbwd;      /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 0 off, 1 on */
-    int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
-    int sfbv;      /* wgmma forward state pass: state columns per block, 64 or 32 (GDN v4.5) */
-} GdnPlan;
-
 /* the running entry's plan.sfwd / plan.sbwd, for gdn_state_fwd_launch / gdn_state_bwd_launch (set with the
  * plan; one compute stream) */
 static int gdn_sfwd_cur, gdn_sbwd_cur;
@@ -427,16 +144,6 @@ static void gdn_cur_set(const GdnPlan &pl) {
     gdn_sbwd_cur = pl.sbwd;
 }
 
-static int gdn_sm_count(void) {
-    static int n;
-    if (!n) {
-        int dev;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return n;
-}
-
 /* the mma.sync state pass instantiation for a run-time (bv, nst) */
 #define GDN_STATE_BVNST(pl, FN, ...)                                                     \
     do {                                                                              \
@@ -446,91 +153,6 @@ static int gdn_sm_count(void) {
         else if ((pl).nst == 3) FN<DK, 16, 3>(__VA_ARGS__);                           \
         else FN<DK, 16, 2>(__VA_ARGS__);                                              \
     } while (0)
-
-/*
- * Segments of a state pass (gdn/state_pass.cuh): nc chunks, `blocks` state column blocks (nv dv / BV),
- * `mblocks` transition column blocks per segment (nv DK / BV), `slots` blocks the device holds at
- * once. Cost in chunk steps: (waves of phase A + waves of phase C) x ceil(nc / nseg), plus 2 per
- * fold link; one segment costs waves(blocks) x nc. A larger nseg must win by 5%; at least 16 chunks
- * per segment. A function of the shape only, so the bits do not change from run to run.
- */
-static int gdn_pick_nseg(int64_t nc, int64_t blocks, int64_t mblocks, int64_t slots) {
-    auto waves = [&](int64_t n) { return (double)((n + slots - 1) / slots); };
-    double best = waves(blocks) * (double)nc;
-    int bp = 1;
-    for (int P = 2; P <= 32; P++) {
-        if (nc < 16 * (int64_t)P) break;
-        const double c = (waves((P - 1) * (blocks + mblocks) - mblocks) + waves(P * blocks)) *
-                             (double)((nc + P - 1) / P) + 2.0 * (P - 2);
-        if (c < 0.95 * best) {
-            best = c;
-            bp = P;
-        }
-    }
-    return bp;
-}
-
-/* Automatic segments only where the state columns fill at most a quarter of the SMs (few heads):
- * at 128 and 256 column blocks (16 and 64 heads of 128) every split measured slower (GDN v2 in
- * docs/benchmarks.md: a block's chunk step is bound by its own issue and store work, and a second
- * resident block runs at about half speed), so there one segment. Slots = one block per SM. */
-template <int DK> static void gdn_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
-    const int64_t blocks = (int64_t)nv * dv / pl->bv, mblocks = (int64_t)nv * DK / pl->bv;
-    pl->nseg_f = pl->nseg_b = 4 * blocks <= gdn_sm_count() ? gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count()) : 1;
-}
-
-/* document segments when the chunks' documents are not known on the host: empty segments cost a
- * block launch each, so enough for about GDN_DSEG_WAVES blocks per SM, at most GDN_DSEG_MAX */
-static int gdn_auto_dseg(int64_t blocks, int sms) {
-    const int64_t z = (GDN_DSEG_WAVES * sms) / (blocks > 0 ? blocks : 1);
-    return (int)(z < 1 ? 1 : z > GDN_DSEG_MAX ? GDN_DSEG_MAX : z);
-}
-
-template <int DK> static GdnPlan gdn_plan(int64_t T, int nv, int dv) {
-    const CudaGdnTune t = gdn_tune();
-    GdnPlan pl = {};
-    pl.prof = gdn_prof_level;
-    RS_CHECK(t.bv == 0 || t.bv == 16 || t.bv == 32 || t.bv == 64, "gdn: bv %d (0, 16, 32 or 64 columns)", t.bv);
-    pl.bv = t.bv ? t.bv : gdn_state_bv(nv, dv);
-    RS_CHECK(dv % pl.bv == 0, "gdn: %d state columns per block do not divide dim_v %d", pl.bv, dv);
-    pl.nst = pl.bv == 64 ? 2 : t.nst == 2 || t.nst == 3 ? t.nst : GDN_NST_DEFAULT; /* 64: smem for 2 stages */
-    const int64_t nc = (T + GDN_C - 1) / GDN_C;
-    if (t.split > 0) pl.nseg_f = pl.nseg_b = t.split < 64 ? t.split : 64;
-    else gdn_plan_nseg<DK>(&pl, nc, nv, dv);
-    /* document segments: explicit, or automatic where no explicit / automatic split was chosen */
-    const int64_t blocks = (int64_t)nv * dv / pl.bv;
-    if (t.dseg > 0) pl.dseg = t.dseg < GDN_DSEG_MAX ? t.dseg : GDN_DSEG_MAX;
-    else if (t.split > 0 || pl.nseg_f > 1) pl.dseg = 1;
-    else pl.dseg = gdn_auto_dseg(blocks, gdn_sm_count());
-    if (pl.dseg > 1) pl.nseg_f = pl.nseg_b = 1;
-    /* dual launch: where column block and document segments are automatic and nothing is split */
-    const int dual = t.dual >= 1 && t.dual <= 4 ? (t.dual == 2 ? 0 : t.dual) : GDN_DUAL_DEFAULT;
-    if (dual && t.bv == 0 && t.dseg == 0 && t.split == 0 && pl.nseg_f == 1 && pl.nseg_b == 1 && dv % 32 == 0) {
-        pl.dual = dual;
-        pl.dual_need = dual == 3 ? 0 : dual == 4 ? INT64_MAX : (int64_t)GDN_DUAL_WAVES * gdn_sm_count();
-    }
-    /* wgmma forward state pass: every forward pass (segments, transition columns, document segments,
-     * dual launch) */
-    const int sfwd = t.sfwd == 1 ? 2 : t.sfwd == 3 ? 3 : t.sfwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SFWD_BLOCKS ? 2 : 0;
-    pl.sfwd = dv % 64 != 0 ? 0 : sfwd;
-    /* wgmma backward state pass: every backward pass (the same contract) */
-    const int sbwd = t.sbwd == 1 ? 1 : t.sbwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SBWD_BLOCKS ? 1 : 0;
-    pl.sbwd = dv % 64 != 0 ? 0 : sbwd;
-    /* the dual launch's many-document configuration on wgmma (GDN v4.5): 64 columns in GDN_DUAL_ZB document
-     * segments. The device's pick is unchanged: (nv dv / 32) x non-empty segments >= 2 blocks per SM is
-     * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
-    const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
-    pl.dwg = pl.dual && dv % 64 == 0 ? dwg : 0;
-    /* the wgmma forward pass in 32-column blocks (GDN v4.5: two blocks per SM) */
-    RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64, "gdn: sfbv %d (0, 32 or 64 columns)", t.sfbv);
-    pl.sfbv = t.sfbv ? t.sfbv : GDN_SFBV_DEFAULT;
-    if (pl.prof == 2) {
-        static long long *tp;
-        if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
-        pl.tp = tp;
-    }
-    return pl;
-}
 
 static void gdn_affine_launch(float *S_out, const float *M, const float *S_in, const float *H, int nv, int dk, int dv,
                               cudaStream_t st) {
@@ -764,22 +386,6 @@ static void gdn_index_plan(const GdnBufs *b, const GdnPlan &pl, const int32_t *d
     gdn_index(b, doc_pos, T, pl.dseg, pl.dual, nv * dv / 32, pl.dual_need);
 }
 
-/* prof == 2: the per-phase cycles of the state passes (block 0, warp 0; chunks = its chunk count) */
-static void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
-    if (pl.prof != 2 || !pl.tp) return;
-    long long h[2 * GDN_TP_N];
-    CUDA_CHECK(cudaMemcpy(h, pl.tp, sizeof h, cudaMemcpyDeviceToHost));
-    static const char *names[GDN_TP_N] = {"wait+sync", "issue", "split+store+sync", "mma1", "epilogue+sync", "mma2"};
-    for (int d = 0; d <= bwd; d++) {
-        const int nseg = pl.dseg > 1 ? pl.dseg : d ? pl.nseg_b : pl.nseg_f;
-        const double nch = (double)((T + GDN_C - 1) / GDN_C) / (nseg > 0 ? nseg : 1);
-        printf("gdn cycles per chunk, %s pass (block 0, ~%.0f chunks):", d ? "reverse" : "forward", nch);
-        for (int i = 0; i < GDN_TP_N; i++) printf(" %s %.0f", names[i], (double)h[d * GDN_TP_N + i] / nch);
-        printf("\n");
-    }
-    CUDA_CHECK(cudaMemset(pl.tp, 0, sizeof h));
-}
-
 /* o NULL: the state pass alone (kept with states: its h, vn stay there); states_in: the output alone, from
  * the prep and states in kept (a forward with o NULL on the same inputs wrote them) */
 template <int DK, int DV>
@@ -816,21 +422,6 @@ static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf
         printf("gdn plan: nseg %d, dseg %d, bv %d, nst %d, dual %d\n", pl.nseg_f, pl.dseg, pl.bv, pl.nst, pl.dual);
     gdn_prof_end("forward", T, nv);
     gdn_tp_print(pl, 0, T);
-}
-
-/* What the staged backward carries between its stages (backend.h gdn_chunk_backward_stage; one piece's part of
- * dkept): dv_loc (T,nv,dv), the chunk state gradients dh (ns,nv,dk,dv) and dv2 (T,nv,dv), bf16, each on 256
- * bytes. b NULL: the size only. Returns the bytes, a multiple of 256. */
-static size_t gdn_dkept_carve(GdnBufs *b, bf16 **dvl, void *dkept, int64_t T, int nv, int dk, int dv) {
-    const size_t tv = (size_t)T * nv, ns = (size_t)(T + GDN_C - 1) / GDN_C + 1;
-    GdnCarve c(dkept, 256);
-    bf16 *l = c.take<bf16>(tv * dv), *dhs = c.take<bf16>(ns * nv * dk * dv), *dv2 = c.take<bf16>(tv * dv);
-    if (b) {
-        *dvl = l;
-        b->dhs = dhs;
-        b->dv2 = dv2;
-    }
-    return (c.off + 255) / 256 * 256;
 }
 
 /* stage 0: the whole backward; GDN_BWD_DOUT / _STATE / _GRADS: that stage alone, what it carries in dkept
@@ -1036,54 +627,6 @@ static void gdn_check_args(const char *who, int64_t T, int nk, int nv, int dim_k
 static void gdn_copy_or_zero(float *dst, const float *src, size_t n) {
     if (src) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, cuda_stream()));
     else CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), cuda_stream()));
-}
-
-/* ---- pieces (see the header) ---- */
-
-static int64_t gdn_piece_rows(void) {
-    const int piece = gdn_tune().piece;
-    RS_CHECK(piece >= 0 && piece % GDN_C == 0, "cuda_gdn tune: piece = %d (a multiple of %d, or 0)", piece, GDN_C);
-    return piece ? piece : GDN_PIECE_ROWS;
-}
-
-/* the kept bytes of a call of T tokens in pieces of R; at[p] (when not NULL, np + 1 entries) the offset of
- * piece p's part, at[np] that of the entry states */
-static size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at) {
-    size_t off = 0;
-    int64_t p = 0;
-    for (int64_t r0 = 0; r0 < T; r0 += R, p++) {
-        if (at) at[p] = off;
-        off += gdn_kept_carve(NULL, NULL, T - r0 < R ? T - r0 : R, nv, dk, dv, states);
-    }
-    if (at) at[p] = off;
-    return off + (size_t)(p - 1) * nv * dk * dv * sizeof(float);
-}
-
-#define GDN_PIECE_MAX 4096 /* pieces of one call (2^28 tokens at the default piece) */
-
-/* the pieces of a call of T tokens in pieces of R, at most GDN_PIECE_MAX (`who` names the entry), with the kept
- * offsets at[] of gdn_kept_pieces */
-static int64_t gdn_pieces(const char *who, int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at) {
-    const int64_t np = (T + R - 1) / R;
-    RS_CHECK(np <= GDN_PIECE_MAX, "%s: T = %lld is %lld pieces of %lld (at most %d)", who, (long long)T,
-             (long long)np, (long long)R, GDN_PIECE_MAX);
-    gdn_kept_pieces(T, R, nv, dk, dv, states, at);
-    return np;
-}
-
-/* the pieces' own device scratch (fp32): grown through cuda_internal_alloc like the workspace */
-static float *gdn_piece_scratch(size_t floats) {
-    static float *buf;
-    static size_t have;
-    if (floats > have) {
-        if (buf) {
-            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-            cuda_internal_free(buf, have * sizeof(float));
-        }
-        buf = (float *)cuda_internal_alloc(floats * sizeof(float));
-        have = floats;
-    }
-    return buf;
 }
 
 

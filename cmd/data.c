@@ -1,5 +1,5 @@
 /*
- * data_cli.c — `ringscan data synth | bytes | check | inspect`, the tools
+ * data.c — `ringscan data synth | bytes | check | inspect`, the tools
  * that make, validate and show training data.
  *
  * Each subcommand parses its own small option table (`--opt V` or
@@ -10,9 +10,12 @@
  * failure leaves no partial file and an existing OUT untouched. Missing
  * directories above OUT are created by the flat writer (data_flat.c).
  *
- * Callers: cmd/ringscan.c (cmd_data passes the arguments after "data").
+ * Callers: cmd/ringscan.c (the `data` entry of its command table: the
+ * arguments after "data").
  */
-#include "data.h"
+#include "cmd.h"
+
+#include "data/data.h"
 
 #include <errno.h>
 #include <math.h>
@@ -437,7 +440,7 @@ static void data_cli_help(FILE *f) {
                "Exit codes: 0 ok, 1 system failure, 2 bad argument or file.\n");
 }
 
-int data_cli_main(int argc, char **argv) {
+int cmd_data(int argc, char **argv) {
     if (argc < 1) {
         data_cli_help(stderr);
         return RS_EXIT_USAGE;
