@@ -32,17 +32,6 @@ EXTENSIONS = (".c", ".h", ".cu", ".cuh")
 MAX_LINES = 1000
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
-# The only violations allowed, both being fixed now by the lead of issue 34, who empties this list.
-# Each entry is the exact message the checker prints for it ({line}: any line number), so a new
-# violation in the same files still fails.
-ALLOWED = [
-    # lib/plan/plan.c includes scheduler/sbatch.h: plan stops including scheduler/
-    "lib/plan/plan.c:{line}: includes scheduler/sbatch.h (lib/ must not include kernels/ or scheduler/)",
-    # lib/comm/comm.c <-> kernels/cuda/comm_nccl.c: NCCL becomes a table of function pointers. Not reported
-    # today (comm.h declares comm_nccl.c's functions, rule 2's blind spot); allowed while the lead's
-    # change is under way, in case an intermediate state includes a comm_nccl header from lib/comm.
-    "include circle: kernels/cuda/comm_nccl <-> lib/comm/comm",
-]
 
 
 def source_files(root):
@@ -141,16 +130,9 @@ def check_tree(root):
     return problems
 
 
-def allowed(problem):
-    head = problem.split("\n")[0]
-    for a in ALLOWED:
-        if re.fullmatch(re.escape(a).replace(re.escape("{line}"), r"\d+"), head):
-            return True
-    return False
-
 
 def test_layout():
-    problems = [p for p in check_tree(ROOT) if not allowed(p)]
+    problems = check_tree(ROOT)
     assert not problems, "layout violations (tests/test_layout.py's docstring has the rules):\n" + "\n".join(problems)
 
 
@@ -229,9 +211,3 @@ def test_checker_reports_long_files(tmp_path):
     assert check_tree(str(tmp_path)) == [f"kernels/cuda/big.cu:{MAX_LINES + 1}: {MAX_LINES + 1} lines "
                                          f"(a production file has at most {MAX_LINES})"]
 
-
-def test_allowed_list_matches_exactly():
-    assert allowed("lib/plan/plan.c:12: includes scheduler/sbatch.h (lib/ must not include kernels/ or scheduler/)")
-    assert not allowed("lib/plan/plan.c:12: includes scheduler/submit.h (lib/ must not include kernels/ or scheduler/)")
-    assert allowed("include circle: kernels/cuda/comm_nccl <-> lib/comm/comm\n    ...")
-    assert not allowed("include circle: kernels/cuda/comm_nccl <-> lib/comm/comm <-> lib/comm/comm_watchdog\n    ...")
