@@ -53,6 +53,8 @@ void cuda_gdn_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbe
 size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states);
 void cuda_gdn_chunk_backward_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept);
 size_t cuda_gdn_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v);
+/* the delta rule's workspace at its largest for fragments of frag tokens at CP size cp (BackendSizes) */
+size_t cuda_gdn_workspace_bytes(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states);
 void cuda_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv, int dv, int ldz, float eps);
 void cuda_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const void *dout, const void *x, const void *z, const void *w, const float *rstd, int64_t T, int nv, int dv, int ldz);
 void cuda_rope_forward(void *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta);

@@ -20,7 +20,9 @@
 #include "comm_nccl.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "cp/attn_cudnn_graph.h"
 #include "cuda_attention_cudnn.h"
+#include "cuda_kernels.h"
 #include "cuda_setup.h"
 #include "cuda_profile.h"
 
@@ -87,6 +89,26 @@ static void runtime_cuda_open(Comm *comm) {
     else cuda_backend_init(0);
 }
 
-static const DeviceRuntime runtime_cuda = {.name = "cuda", .open = runtime_cuda_open, .backend = runtime_cuda_backend};
+/* cuDNN's route beside ours (cudnn, cudnn_det; auto counts cudnn's: what it runs where cuDNN loads, which a
+ * plan cannot know of the machine that will run the job): cdg_workspace's layout for a backward of rows x
+ * rows, and for cudnn_det the rows x rows x heads matrix of its deterministic engines (what makes it fit
+ * short calls only). cuDNN's own plan workspace is known once its plan is built, and printed then. */
+static size_t runtime_cuda_attention_workspace(int kernel, int64_t rows, int nh, int nkv, int hd) {
+    if (kernel == ATTN_KERNEL_RINGSCAN || rows <= 0) return 0;
+    const int det = kernel == ATTN_KERNEL_CUDNN_DET;
+    CdgWorkspace w;
+    cdg_workspace(&w, rows, rows, nh, nkv, hd, 1, det);
+    return (size_t)(w.bytes + (det ? cdg_det_plan_bytes(rows, rows, nh) : 0));
+}
+
+static const BackendSizes runtime_cuda_sizes = {
+    .gdn_kept_bytes = cuda_gdn_kept_bytes,
+    .gdn_dkept_bytes = cuda_gdn_dkept_bytes,
+    .gdn_workspace_bytes = cuda_gdn_workspace_bytes,
+    .attention_workspace_bytes = runtime_cuda_attention_workspace,
+};
+
+static const DeviceRuntime runtime_cuda = {
+    .name = "cuda", .open = runtime_cuda_open, .backend = runtime_cuda_backend, .sizes = &runtime_cuda_sizes};
 
 __attribute__((constructor)) static void runtime_cuda_register(void) { runtime_register_device(&runtime_cuda); }

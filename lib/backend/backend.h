@@ -355,6 +355,23 @@ typedef struct Backend {
 } Backend;
 
 extern const Backend backend_cpu;
+
+/* The bytes of a backend's own buffers, from shapes alone: host functions that need no device, so that
+ * `ringscan plan` and model_acts (the activation table) ask the backend rather than re-derive its layouts,
+ * and a process without a GPU plans a cuda run. backend_cpu_sizes; the cuda backend's through the device
+ * runtime it registers (lib/backend/runtime.h runtime_sizes). */
+typedef struct BackendSizes {
+    /* the same figures as the Backend entries of these names */
+    size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_states);
+    size_t (*gdn_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
+    /* the delta rule's own workspace (its largest call) for fragments of frag tokens at CP size cp; 0: none */
+    size_t (*gdn_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states);
+    /* the workspace of device.attention_kernel `kernel` (AttnKernel) beside our kernel's, for block attention
+     * calls of up to `rows` query and key rows: cuDNN's route (cudnn, cudnn_det, auto: what cudnn needs); 0:
+     * none */
+    size_t (*attention_workspace_bytes)(int kernel, int64_t rows, int nh, int nkv, int hd);
+} BackendSizes;
+extern const BackendSizes backend_cpu_sizes;
 /* kernels/cuda/cuda_backend_table.c, in a binary built with the cuda backend (runtime_device() is then set); the
  * process picks its GPU first (lib/backend/runtime.h). A program reaches it through runtime_open. */
 extern const Backend backend_cuda;

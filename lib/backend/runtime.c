@@ -17,6 +17,16 @@ void runtime_register_device(const DeviceRuntime *d) {
 
 const DeviceRuntime *runtime_device(void) { return runtime_registered; }
 
+static const char runtime_no_cuda[] = "device.kind = cuda, but this ringscan was built without the cuda backend (nvcc "
+                                      "was not found at build time; `ringscan version` says what was built)";
+
+const BackendSizes *runtime_sizes(int kind, char *msg, size_t nmsg) {
+    if (kind != DEVICE_KIND_CUDA) return &backend_cpu_sizes;
+    if (runtime_registered) return runtime_registered->sizes;
+    snprintf(msg, nmsg, "%s", runtime_no_cuda);
+    return NULL;
+}
+
 const Backend *runtime_open(const Config *cfg, Comm *comm, char *msg, size_t nmsg) {
     if (nmsg) msg[0] = '\0';
     if (comm) {
@@ -27,8 +37,7 @@ const Backend *runtime_open(const Config *cfg, Comm *comm, char *msg, size_t nms
     if (cfg->device.kind != DEVICE_KIND_CUDA) return &backend_cpu;
     const DeviceRuntime *d = runtime_registered;
     if (!d) {
-        snprintf(msg, nmsg, "device.kind = cuda, but this ringscan was built without the cuda backend (nvcc was not "
-                            "found at build time; `ringscan version` says what was built)");
+        snprintf(msg, nmsg, "%s", runtime_no_cuda);
         return NULL;
     }
     d->open(comm); /* this rank's GPU, NCCL communicators; refuses bad GPU layouts (exit 2) */

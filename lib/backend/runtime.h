@@ -33,12 +33,18 @@ typedef struct DeviceRuntime {
      * otherwise msg holds a line to print (which attention runs) or is empty. Every rank of comm calls
      * it (NULL: this process alone): with device.attention_kernel auto the ranks agree on one kernel. */
     const Backend *(*backend)(const Config *cfg, Comm *comm, char *msg, size_t nmsg);
+    /* the device backend's buffer sizes (no device needed) */
+    const BackendSizes *sizes;
 } DeviceRuntime;
 
 /* Called by the device side before main (one device: a second registration is a fatal error). */
 void runtime_register_device(const DeviceRuntime *d);
 /* The registered device, or NULL in a binary built without one. */
 const DeviceRuntime *runtime_device(void);
+
+/* The buffer sizes of device.kind `kind` (DeviceKind): backend_cpu_sizes, or the registered device's; NULL,
+ * with msg saying why, for cuda in a binary built without the cuda backend. */
+const BackendSizes *runtime_sizes(int kind, char *msg, size_t nmsg);
 
 /* Starts a run of cfg: comm's groups (dp x cp from cfg; comm NULL: one process, no groups), its serial
  * flag (parallel.overlap_comm), for device.kind cuda the device (GPU, NCCL) and its Backend, the BLAS

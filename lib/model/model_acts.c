@@ -1,63 +1,25 @@
 /*
- * model_acts.c — lists every activation buffer of one micro-batch on one rank
- * and sums what each checkpoint policy keeps (see model_acts.h).
+ * model_acts.c — lists every activation buffer of one micro-batch on one rank and sums what each
+ * checkpoint policy keeps (model_acts.h): the one table model.c allocates from, cp_init binds the CP
+ * buffers from, and `ringscan plan` reports. Callers: lib/model/model.c, lib/cp/cp_layout.c,
+ * lib/plan/plan.c, tests/unit/test_model_acts.c.
  *
- * The per-layer lists follow the forward of each block exactly; a buffer is
- * here because the backward reads it. A layer's buffers are of three kinds
- * (model_block.c): whole rows (T), what the mixer's core reads across tokens;
- * per-token ("token:" below), one row's work that the backward reads: kept
- * whole (T rows, each layer its own) under none, so the backward reruns
- * nothing, and one chunk (R = chunk_rows rows) shared by the layers of a kind
- * under full and remat, whose backward recomputes each chunk; and chunk
- * scratch ("chunk:"), R rows under every policy, never kept:
+ * The per-layer lists follow each block's forward (model_block.c); a buffer is here because the backward
+ * reads it. Three kinds: whole rows (T), what a mixer's core reads across tokens (GDN: q|k normed, v, z,
+ * beta, g, the core output, the delta rule's kept buffer by checkpoint.gdn_keep and, at cp > 1, each
+ * fragment's entry state, transition and conv halo; attention: q, k|v as the ring sends it, the gate, the
+ * output and its fp32 LSE); per-token rows, kept whole under none and one shared chunk of chunk_rows rows
+ * under full and remat, whose backward recomputes each chunk; and chunk scratch, never kept. The head keeps
+ * the last block's output and one loss row chunk (fp32 logits of at most LOSS_CHUNK_BYTES).
  *
- *   every block   x (block input, whole); token: ln1 + rstd1, h (residual
- *                 after the mixer), ln2 + rstd2, gate_up (pre-activation of
- *                 the SwiGLU), act (silu(gate)·up, the input of down_proj)
- *   GDN mixer     whole: qk_norm + its rstd (L2-normalised q, k), v (after
- *                 conv + SiLU), z (the output gate's input), beta, g (fp32),
- *                 core (delta-rule output), kept (per fragment, what the
- *                 delta-rule forward keeps for its backward by
- *                 checkpoint.gdn_keep: wy = cuda W, U, gate cumsum, cpu Tinv;
- *                 states = also the chunk states h, vn (cuda); none = no
- *                 buffer; backend.h gdn_kept_bytes), so the backward skips
- *                 that work; with cp > 1, per zigzag fragment (2 per sample),
- *                 the entry state [nv, dk, dv] fp32, the transition M
- *                 [nv, dk, dk] fp32 (the backward's fold needs it) and the
- *                 conv halo [Kc-1, Cc]; token: proj [q|k|v|z|b|a] before
- *                 the conv, normed (gated RMSNorm output) + its rstd; chunk:
- *                 conv (after conv+SiLU), halo (the previous chunk's last
- *                 Kc-1 pre-conv rows)
- *   attention     whole: attn_q (normed + rotated q), attn_kv (normed +
- *                 rotated k | v, contiguous per token: the buffer the ring
- *                 sends), gate, qk_rstd, attn_out + attn_lse (fp32); token:
- *                 proj [q|gate|k|v] before the norms, gated (the input of
- *                 o_proj)
- *   head          final_in (the last block's output, whole); one loss row
- *                 chunk of final_norm + rstd and d_final (its gradient,
- *                 written by the fused lm_head + cross-entropy during the
- *                 forward, whose final-norm backward follows at once)
+ * Transient terms: the recompute of layer l materialises that layer's unkept buffers and nothing of other
+ * layers; the backward holds the residual-stream gradient, one chunk's gradients and per mixer kind the
+ * whole-rows gradients; the delta rule's workspace and kept / dkept bytes are the backend's own figures
+ * (BackendSizes: asked, never re-derived here); attention keeps no T x T matrix.
  *
- * Assumptions of the transient terms (to be checked against measured peaks):
- *   - the recompute of layer l materialises that layer's buffers that the
- *     policy did not keep, and nothing of other layers;
- *   - the backward holds the residual-stream gradient [T, H] and one chunk's
- *     gradients for the whole pass, and per mixer kind (GDN, attention) the
- *     whole-rows gradients listed in model_acts_build; the kinds share one
- *     arena;
- *   - cuda: the delta rule's workspace (acts_gdn_workspace_bytes: one piece's
- *     backward, GDN_PIECE_ROWS tokens at most, or with cp > 1 a fragment's
- *     transition); cpu: the backward's per-chunk states and their gradients,
- *     ceil(T/64) x nv x dk x dv each;
- *   - the delta-rule backward reads its WY factors from "gdn_kept" (under
- *     remat / full the recompute writes them into the scratch);
- *   - attention keeps no T x T matrix (flash-style blocks);
- *   - the loss works on row chunks of at most LOSS_CHUNK_BYTES (2 GiB) of fp32 logits.
- *
- * The CP communication buffers (lib/cp/cp.h: ring attention's K|V receive
- * buffers and fp32 accumulators, the GDN scan's gathered transitions, fold
- * and halo tails) are listed here too, by the names cp_init allocates, so
- * `plan`'s "CP ring"/"CP scan" rows are the allocations.
+ * The CP buffers (cp.h: the ring's K|V receive buffers and fp32 accumulators, the scan's gathered
+ * transitions, fold and halo tails) are listed too, by ActCpId, so plan's "CP ring" / "CP scan" rows are
+ * what cp_init allocates. The reasoning per buffer: docs/design/model.md.
  */
 #include "model_acts.h"
 
@@ -66,6 +28,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/runtime.h"
 #include "core/error.h"
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
@@ -77,63 +40,6 @@
  * model (H 1536, I 4096) 8,192-row chunks on cuda, GEMMs of 8,192 x 1,536..8,224 */
 #define ACT_CHUNK_BYTES (1LL << 30)
 
-/* bytes one delta-rule call of n tokens keeps for its backward (backend.h gdn_kept_bytes; model.c
- * checks the backend's figure against this): cuda W (n,nv,dk) and U (n,nv,dv) bf16 and the gate
- * cumsum (n,nv) fp32, with states (checkpoint.gdn_keep: states) also h (ceil(n/64)+1,nv,dk,dv) and vn
- * (n,nv,dv) bf16, each on 256 bytes; cpu Tinv (n,nv,64) fp32 either way */
-#define ACTS_R256(x) (((x) + 255) / 256 * 256)
-static int64_t acts_gdn_kept_piece(int states, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
-    const int64_t tv = n * nv, ns = (n + GDN_CHUNK - 1) / GDN_CHUNK + 1;
-    int64_t b = ACTS_R256(tv * dk * 2) + ACTS_R256(tv * dv * 2) + ACTS_R256(tv * 4);
-    if (states) b += ACTS_R256(ns * nv * dk * dv * 2) + ACTS_R256(tv * dv * 2);
-    return b;
-}
-
-/* cuda runs a call of more than GDN_PIECE_ROWS tokens in pieces (backend.h): each piece's part, then the
- * fp32 states entering pieces 1.. */
-static int64_t acts_gdn_kept_bytes(int cuda, int states, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
-    if (!cuda) return n * nv * GDN_CHUNK * 4;
-    int64_t b = 0, np = 0;
-    for (int64_t r0 = 0; r0 < n || np == 0; r0 += GDN_PIECE_ROWS, np++)
-        b += acts_gdn_kept_piece(states, n - r0 < GDN_PIECE_ROWS ? n - r0 : GDN_PIECE_ROWS, nv, dk, dv);
-    return b + (np - 1) * nv * dk * dv * 4;
-}
-
-/* bytes the staged backward of one delta-rule call of n tokens carries between its stages (backend.h
- * gdn_dkept_bytes; cp_init checks the backend's figure against this): cuda per piece dv_loc and dv2 (n,nv,dv)
- * and the chunk state gradients (ceil(n/64)+1,nv,dk,dv), bf16, each on 256 bytes; cpu dS_final (nv,dk,dv) fp32 */
-static int64_t acts_gdn_dkept_bytes(int cuda, int64_t n, int64_t nv, int64_t dk, int64_t dv) {
-    if (!cuda) return nv * dk * dv * 4;
-    int64_t b = 0;
-    for (int64_t r0 = 0; r0 < n; r0 += GDN_PIECE_ROWS) {
-        const int64_t m = n - r0 < GDN_PIECE_ROWS ? n - r0 : GDN_PIECE_ROWS, tv = m * nv;
-        const int64_t ns = (m + GDN_CHUNK - 1) / GDN_CHUNK + 1;
-        b += 2 * ACTS_R256(tv * dv * 2) + ACTS_R256(ns * nv * dk * dv * 2);
-    }
-    return b;
-}
-
-/* The cuda delta rule's workspace (kernels/cuda/gdn/gdn.cu gdn_carve, grown to its largest call and kept):
- * the backward of one piece (n = min(fragment, GDN_PIECE_ROWS) tokens) or, with cp > 1, the transition /
- * dstate of a whole fragment (the scan's), with its 1/8 headroom on 2 MiB. Segmented state passes (few
- * heads: fewer than 132 / 4 blocks of 32 columns) get an allowance of 64 segments. */
-static int64_t acts_gdn_workspace_bytes(int kept_states, int64_t frag, int cp, int64_t nv, int64_t dk, int64_t dv) {
-    const int64_t n = frag < GDN_PIECE_ROWS ? frag : GDN_PIECE_ROWS;
-    int64_t common[2], t[2] = {n, frag};
-    for (int i = 0; i < 2; i++) {
-        const int64_t T = t[i], tv = T * nv;
-        common[i] = ACTS_R256(3 * 4 * ((T + 1023) / 1024)) + ACTS_R256(8 * 4) + ACTS_R256((T + 1) * 4) +
-                    ACTS_R256((T + 1) * 16) + ACTS_R256((2 * 65 + 1) * 4) + ACTS_R256(tv * 4) + ACTS_R256(tv * dk * 2) +
-                    ACTS_R256(tv * dv * 2);
-    }
-    const int64_t tv = n * nv, ns = (n + GDN_CHUNK - 1) / GDN_CHUNK + 1, hs = ACTS_R256(ns * nv * dk * dv * 2);
-    int64_t bwd = common[0] + (kept_states ? 0 : ACTS_R256(tv * dv * 2) + hs) + hs + ACTS_R256(tv * dv * 2) +
-                  2 * ACTS_R256(tv * dk * 4) + ACTS_R256(2 * tv * 4);
-    if (4 * nv * dv / 32 <= 132) bwd += 2 * (2 * ACTS_R256(64 * nv * dk * dv * 4) + ACTS_R256(64 * nv * dk * dk * 4));
-    const int64_t most = cp > 1 && common[1] > bwd ? common[1] : bwd;
-    return (most + most / 8 + (2 << 20) - 1) / (2 << 20) * (2 << 20);
-}
-#undef ACTS_R256
 
 typedef struct {
     ActTable *t;
@@ -242,6 +148,12 @@ static int64_t acts_chunk_rows(const Config *cfg, int64_t frag_len, int64_t row_
 void model_acts_build(ActTable *t, const Config *cfg) {
     const ModelConfig *m = &cfg->model;
     memset(t, 0, sizeof *t);
+    char why[512];
+    /* the delta rule's kept, dkept and workspace bytes: the backend's own figures (the cpu's, or the registered
+     * device's); plan of a cuda run in a binary without the cuda backend stops here, saying so */
+    t->sizes = runtime_sizes((int)cfg->device.kind, why, sizeof why);
+    if (!t->sizes) error_exit(RS_EXIT_USAGE, __FILE__, __LINE__, NULL, "%s", why);
+    const BackendSizes *sz = t->sizes;
     ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0};
     int64_t cp = cfg->parallel.cp;
     int64_t T = cfg->data.micro_batch * cfg->data.seq_len / cp;
@@ -283,8 +195,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             if (cfg->checkpoint.gdn_keep != GDN_KEEP_NONE)
                 acts_add(&ab, l, "gdn_kept", frags,
-                         acts_gdn_kept_bytes(cfg->device.kind == DEVICE_KIND_CUDA,
-                                             cfg->checkpoint.gdn_keep == GDN_KEEP_STATES, T / frags, nv, dk, dv),
+                         (int64_t)sz->gdn_kept_bytes(T / frags, (int)nv, (int)dk, (int)dv,
+                                                     cfg->checkpoint.gdn_keep == GDN_KEEP_STATES),
                          1, ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
@@ -295,7 +207,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
                 cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
             /* cuda: the delta rule's workspace; cpu: its backward's per-chunk states and their gradients */
             int64_t s = cfg->device.kind == DEVICE_KIND_CUDA
-                            ? acts_gdn_workspace_bytes(kept_states, T / frags, cp, nv, dk, dv)
+                            ? (int64_t)sz->gdn_workspace_bytes(T / frags, (int)cp, (int)nv, (int)dk, (int)dv, kept_states)
                             : 2 * ((T + GDN_CHUNK - 1) / GDN_CHUNK) * nv * dk * dv * e;
             if (s > max_states) max_states = s;
         } else {
@@ -427,7 +339,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add_cp(t, ACT_CP_DSTATE, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
         if (cp == 2 && cfg->parallel.gdn_chain_staged && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES)
             acts_add_cp(t, ACT_CP_GDN_DKEPT, ACT_CP_SCAN, ACT_CP_ALWAYS, 1,
-                        frags * acts_gdn_dkept_bytes(cfg->device.kind == DEVICE_KIND_CUDA, T / frags, nv, dk, dv));
+                        frags * (int64_t)sz->gdn_dkept_bytes(T / frags, (int)nv, (int)dk, (int)dv));
         acts_add_cp(t, ACT_CP_HALO_SEND, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
         acts_add_cp(t, ACT_CP_HALO_RECV, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
     }

@@ -130,6 +130,7 @@ typedef struct {
 } ActCpBuffer;
 
 typedef struct {
+    const struct BackendSizes *sizes; /* the backend's buffer sizes the table was built with (runtime_sizes) */
     int64_t    tokens; /* local tokens per micro-batch */
     int64_t    chunk_rows;      /* rows of a layer's per-token chunk (checkpoint.chunk_rows or the rule) */
     int64_t    chunk_row_bytes; /* chunk scratch per row under full / remat: forward buffers + gradients */

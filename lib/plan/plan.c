@@ -59,7 +59,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cp/attn_cudnn_graph.h"
+#include "backend/backend.h"
 #include "core/error.h"
 
 const char *const plan_mem_names[PLAN_MEM_COUNT] = {
@@ -174,21 +174,15 @@ void plan_build(Plan *p, const Config *cfg) {
     /* the cuda attention backward's workspace (kernels/cuda/attention/tiles.cu attn_plan): two fp32 row
      * statistics per head and query row, with its 1/4 headroom; the tile masks and semaphores are small */
     int64_t attn_ws = 2 * nh * p->tokens_per_rank * 4 * 5 / 4 + (4LL << 20);
-    /* device.attention_kernel cudnn | cudnn_det: the cuDNN route's workspace beside ours (lib/cp/attn_cudnn_graph.h
-     * cdg_workspace), grown to the largest call, a backward with Tq = Tk = one ring call's rows: at cp > 1 a
-     * rank's (seq_len / cp: parallel.ring_calls auto or steps, a step's one call over the rank's own block) or a
-     * fragment's (seq_len / 2cp: pairs), a sample (seq_len) at cp 1. cuDNN's own plan workspace is known only once
-     * its plan is built (printed then); it is small but for cudnn_det, whose deterministic engines keep a
-     * Tq x Tk x heads matrix (cdg_det_plan_bytes, counted here: it is what makes cudnn_det fit short calls
-     * only). auto counts cudnn's: what it runs where cuDNN loads, which plan cannot know of the machine that
-     * will run the job. */
+    /* device.attention_kernel cudnn | cudnn_det | auto: the cuDNN route's workspace beside ours (the backend's
+     * figure, BackendSizes), grown to the largest call, a backward with Tq = Tk = one ring call's rows: at cp > 1
+     * a rank's (seq_len / cp: parallel.ring_calls auto or steps, a step's one call over the rank's own block) or
+     * a fragment's (seq_len / 2cp: pairs), a sample (seq_len) at cp 1 */
     if (cuda && cfg->device.attention_kernel != ATTN_KERNEL_RINGSCAN && p->n_full) {
-        CdgWorkspace w;
         const int64_t call = P == 1 ? T : cfg->parallel.ring_calls == RING_CALLS_PAIRS ? T / (2 * P) : T / P;
         p->cudnn_call_rows = call;
-        const int det = cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET;
-        cdg_workspace(&w, call, call, (int)nh, (int)nkv, (int)hd, 1, det);
-        p->cudnn_workspace = w.bytes + (det ? cdg_det_plan_bytes(call, call, (int)nh) : 0);
+        p->cudnn_workspace = (int64_t)p->acts.sizes->attention_workspace_bytes(cfg->device.attention_kernel, call,
+                                                                              (int)nh, (int)nkv, (int)hd);
         attn_ws += p->cudnn_workspace;
     }
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {

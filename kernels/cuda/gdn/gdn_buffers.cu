@@ -34,10 +34,14 @@ static size_t gdn_ws_bytes; /* its size */
 /* Grows (never shrinks) through cuda_internal_alloc, so memory_stats counts it: the old buffer is freed
  * after the device is idle (a host synchronisation, on growth only: the first step's first call of each
  * size; a stream-ordered free would leave the old block reserved in the pool, uncounted) */
+static size_t gdn_workspace_grown(size_t bytes) {
+    const size_t want = bytes + bytes / 8;
+    return (want + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+}
+
 static unsigned char *gdn_workspace(size_t bytes) {
     if (bytes > gdn_ws_bytes) {
-        size_t want = bytes + bytes / 8;
-        want = (want + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+        const size_t want = gdn_workspace_grown(bytes);
         if (gdn_ws) {
             CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
             cuda_internal_free(gdn_ws, gdn_ws_bytes);
@@ -114,6 +118,22 @@ GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg, int k
     gdn_carve(&b, gdn_workspace(bytes), what, T, nv, dk, dv, nseg, kept_states);
     b.T = T;
     return b;
+}
+
+/* The workspace the entries grow to for fragments of frag tokens at CP size cp (BackendSizes, for plan and
+ * model_acts): a backward of one piece (the smaller of frag and the piece rows; the segmented state passes'
+ * allowance of 64 segments where the value heads give fewer than 132 / 4 blocks of 32 columns) or, at cp > 1,
+ * a whole fragment's transition or state gradient (the scan's), grown as gdn_workspace grows it. */
+extern "C" size_t cuda_gdn_workspace_bytes(int64_t frag, int cp, int nv, int dk, int dv, int kept_states) {
+    GdnBufs b;
+    const int64_t R = gdn_piece_rows(), n = frag < R ? frag : R;
+    const int nseg = 4 * nv * dv / 32 <= 132 ? 64 : 0;
+    size_t most = gdn_carve(&b, NULL, GDN_WS_BACKWARD, n, nv, dk, dv, nseg, kept_states);
+    if (cp > 1) {
+        const size_t t = gdn_carve(&b, NULL, GDN_WS_TRANSITION, frag, nv, dk, dv);
+        if (t > most) most = t;
+    }
+    return gdn_workspace_grown(most);
 }
 
 /* What the staged backward carries between its stages (backend.h gdn_chunk_backward_stage; one piece's part of
