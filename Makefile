@@ -134,7 +134,10 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_LIBDIR) -lcublasLt -lcublas -lcudart -
 endif
 
 # ---- sources ---------------------------------------------------------------
-LIB_SRC   := $(wildcard lib/*/*.c) $(wildcard bench/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
+# kernels/cuda/attention/cudnn_graph.c: the cuDNN route's graphs as plain data, pure C, in every build (the cpu
+# unit tests and cp_check check its routes and layouts without a GPU)
+LIB_SRC   := $(wildcard lib/*/*.c) $(wildcard bench/*.c) $(wildcard scheduler/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c) \
+             kernels/cuda/attention/cudnn_graph.c
 CUDA_SRC  := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.cu kernels/cuda/*/*.cu))
 CUDA_CSRC := $(if $(strip $(NVCC)),$(wildcard kernels/cuda/*.c))
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(BUILD)/gen/sbatch_template.o
@@ -175,8 +178,6 @@ $(BUILD)/test_ops: $(UNIT_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 # where the CUDA runtime and cuBLASLt are the only libraries of the GPU machine it needs.
 TEST_CUDA_LINK := $(BUILD)/lib/core/error.o $(filter $(BUILD)/kernels/%,$(LIB_OBJ)) \
                   $(filter-out $(BUILD)/kernels/cuda/cuda_info.o $(BUILD)/kernels/cuda/comm_nccl.o $(BUILD)/kernels/cuda/runtime_cuda.o,$(CUDA_OBJ))
-# the cuDNN attention route's graph tables (lib/cp/attn_cudnn_graph.c, issue 19; pure C, no MPI)
-TEST_CUDA_LINK += $(BUILD)/lib/cp/attn_cudnn_graph.o
 $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
 	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
 	  -Wl,-rpath,$(CUDA_HOME)/lib64

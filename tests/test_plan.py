@@ -271,7 +271,7 @@ def test_cuda_runtime_by_hand(ringscan):
 
 
 def test_cudnn_attention_workspace_by_hand(ringscan):
-    """device.attention_kernel cudnn | cudnn_det adds the cuDNN route's workspace (lib/cp/attn_cudnn_graph.h
+    """device.attention_kernel cudnn | cudnn_det adds the cuDNN route's workspace (kernels/cuda/attention/cudnn_graph.h
     cdg_workspace) of one ring call's backward to workspaces: Tq = Tk = a fragment, seq_len / 2cp."""
     cfg = "configs/hybrid-1b-1m-h100x2.yaml"  # cp 2: fragments of 1,048,576 / 4 = 262,144 rows, 16/2/128
 

@@ -1,7 +1,7 @@
 /*
  * cuda_attention_cudnn.c — the block attention entries through cuDNN's fused
  * attention (cuda_attention_cudnn.h says when and at what cost): cuDNN loaded
- * with dlopen, lib/cp/attn_cudnn_graph.c's graphs lowered into cuDNN backend
+ * with dlopen, kernels/cuda/attention/cudnn_graph.c's graphs lowered into cuDNN backend
  * descriptors (one tensor descriptor per graph tensor, one operation per graph
  * operation, an operation graph, heuristics, the first engine configuration
  * that finalizes), the execution plans kept per graph key, and the per-call
@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "cuda_cudnn_abi.h"
 #include "cuda_kernels.h"
 #include "cuda_stream.h"
@@ -305,7 +305,7 @@ static void cd_build(CdPlan *p) {
     cd_set(graph, CDA_ATTR_OPERATIONGRAPH_OPS, CDA_TYPE_BACKEND_DESCRIPTOR, g.nop, ops, "operation graph ops");
     CD(cd.BackendFinalize(graph), "operation graph (cuDNN found no fusion pattern for it)");
 
-    /* a deterministic backward's engines may ask a workspace of Tq Tk nh 2 bytes (lib/cp/attn_cudnn_graph.h
+    /* a deterministic backward's engines may ask a workspace of Tq Tk nh 2 bytes (kernels/cuda/attention/cudnn_graph.h
      * cdg_det_plan_bytes): a plan whose workspace cannot be allocated now is passed over, and if none is left the
      * message names the smallest one asked against the room there is */
     const int64_t room = p->key.bwd && p->key.deterministic ? (int64_t)cuda_cudnn_workspace_room() : -1;

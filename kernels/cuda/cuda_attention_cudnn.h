@@ -9,7 +9,7 @@
  * default loader path, then PyTorch's copy in the usual virtual-environment places and the CUDA toolkit's
  * lib64; it reports every path it tried when none loads, and the caller stops (no silent fallback).
  *
- * Per call (the contract of cuda_attention_forward/backward): the route (lib/cp/attn_cudnn_graph.h
+ * Per call (the contract of cuda_attention_forward/backward): the route (kernels/cuda/attention/cudnn_graph.h
  * cdg_route) is decided on the host from the caller's AttnHint (lib/backend/attn_hint.h), so nothing waits
  * for the GPU; a NULL hint stops the process. Every call also queues a small check of the hint against
  * the rows on the GPU; a difference lands in the device error word, read where the host waits anyway (the

@@ -4,7 +4,7 @@
  * rows (lib/backend/attn_hint.h's fold on the GPU, a difference recorded in the
  * device error word: nothing is read back), the route's workspace (grown
  * through cuda_internal_alloc, counted), the LSE layout transposes between
- * cuDNN's Stats (nh, Tq) and our lse (Tq, nh) (lib/cp/attn_cudnn_graph.h's index
+ * cuDNN's Stats (nh, Tq) and our lse (Tq, nh) (kernels/cuda/attention/cudnn_graph.h's index
  * maps), and the fp32 += bf16 add of cuDNN's dq/dk/dv into our accumulators.
  * All on the compute stream.
  *
@@ -13,7 +13,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "cuda_attention_cudnn.h"
 #include "cuda_common.h"
 #include "cuda_device.cuh"

@@ -20,7 +20,7 @@
  * attention/, gdn/; cuda_setup.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.
  */
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "backend/backend.h"
 #include "cuda_copyq.h"
 #include "cuda_setup.h"

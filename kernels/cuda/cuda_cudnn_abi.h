@@ -5,7 +5,7 @@
  * cuDNN and builds without its headers; tests/unit/test_attn_cudnn_graph.c
  * compares every value here with cudnn_graph.h wherever that is installed.
  * The values of the graph itself (data types, pointwise modes, reductions)
- * are in lib/cp/attn_cudnn_graph.h.
+ * are in kernels/cuda/attention/cudnn_graph.h.
  */
 #ifndef RS_CUDA_CUDNN_ABI_H
 #define RS_CUDA_CUDNN_ABI_H

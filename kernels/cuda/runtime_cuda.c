@@ -20,7 +20,7 @@
 #include "comm_nccl.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "cuda_attention_cudnn.h"
 #include "cuda_kernels.h"
 #include "cuda_setup.h"

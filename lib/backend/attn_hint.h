@@ -11,7 +11,7 @@
  *
  * Why: a backend may pick its kernel by the mask's shape (cuda with
  * device.attention_kernel: cudnn sends one-document dense rectangles and
- * causal diagonals to cuDNN, lib/cp/attn_cudnn_graph.h cdg_route), but its pos
+ * causal diagonals to cuDNN, kernels/cuda/attention/cudnn_graph.h cdg_route), but its pos
  * and doc_pos live in device memory, and reading them back would wait for
  * the GPU on every call (issue 22: no host synchronisation inside a step).
  * The caller has the rows on the host (lib/cp/cp_ring.c: CpBatch's copies) and
@@ -32,7 +32,7 @@
  * the key row of the same index), attn_hint_join (two partial summaries of
  * the same call).
  *
- * Callers: lib/cp/cp_ring.c, lib/cp/attn_cudnn_graph.c, kernels/cpu/cpu_attention.c,
+ * Callers: lib/cp/cp_ring.c, kernels/cuda/attention/cudnn_graph.c, kernels/cpu/cpu_attention.c,
  * kernels/cuda/cuda_attention_cudnn*, bench/bench_ops.c, tests.
  */
 #ifndef RS_ATTN_HINT_H

@@ -94,7 +94,7 @@ typedef struct Backend {
      * ring step and the zigzag rule's calls (Cp.ring_calls). NULL: every call (the attention entries take any
      * rows and mask at the cost of the mask's live tiles, skipping the fully masked ones: ours on cpu and
      * cuda). Else a route that runs some masks fast and the rest with a slower kernel (cuda's cuDNN route,
-     * lib/cp/attn_cudnn_graph.h cdg_route: one document, causal diagonals, a ring rank's own block, dense
+     * kernels/cuda/attention/cudnn_graph.h cdg_route: one document, causal diagonals, a ring rank's own block, dense
      * rectangles): 1 when a call of this summary (lib/backend/attn_hint.h) and shape would take the fast one. Host
      * work only. */
     int (*attention_fast)(const AttnHint *hint, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal);

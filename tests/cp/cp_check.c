@@ -53,7 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "backend/backend.h"
 #include "backend/runtime.h"
 #include "comm/comm.h"

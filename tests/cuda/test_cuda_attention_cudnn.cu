@@ -48,7 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "cpu_kernels.h"
 #include "cuda_attention_cudnn.h"
 #include "cuda_common.h"

@@ -1,9 +1,9 @@
 /*
  * test_attn_cudnn_graph.c — the cpu-testable half of the cuDNN attention route
- * (lib/cp/attn_cudnn_graph.c, issue 19): run by build/test_ops under pytest, no
+ * (kernels/cuda/attention/cudnn_graph.c, issue 19): run by build/test_ops under pytest, no
  * GPU and no cuDNN needed.
  *
- *   attn_cudnn_abi_values     the ABI numbers written out in attn_cudnn_graph.h and
+ *   attn_cudnn_abi_values     the ABI numbers written out in attention/cudnn_graph.h and
  *                             kernels/cuda/cuda_cudnn_abi.h equal cuDNN's own
  *                             (cudnn_graph.h), wherever that header is installed (skipped where not)
  *   attn_cudnn_graph_layouts  every graph (forward/backward, MHA/GQA, causal or not, both backward
@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "cpu_kernels.h"
 #include "cuda_cudnn_abi.h"
 #include "test_util.h"

@@ -1,7 +1,7 @@
 /*
  * test_attn_hint.c — the host summary of a block attention call's rows
  * (lib/backend/attn_hint.h) and the cuDNN route's workspace layout
- * (lib/cp/attn_cudnn_graph.h cdg_workspace); run by build/test_ops, no GPU.
+ * (kernels/cuda/attention/cudnn_graph.h cdg_workspace); run by build/test_ops, no GPU.
  *
  *   attn_hint_fold       on ring-shaped calls of random document layouts (zigzag fragments at P = 2 and 4,
  *                        documents crossing fragments, dense rectangles cut at a document start, empty and
@@ -26,7 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cp/attn_cudnn_graph.h"
+#include "attention/cudnn_graph.h"
 #include "backend/attn_hint.h"
 #include "cpu_kernels.h"
 #include "test_util.h"

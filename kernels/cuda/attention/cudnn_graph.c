@@ -1,11 +1,11 @@
 /*
- * attn_cudnn_graph.c — cuDNN's forward and backward attention graphs over our
+ * cudnn_graph.c — cuDNN's forward and backward attention graphs over our
  * row layouts, their consistency check, the per-call route and the LSE layout
- * maps (attn_cudnn_graph.h says what each graph computes and why a call goes
+ * maps (cudnn_graph.h says what each graph computes and why a call goes
  * where it goes). No cuDNN here: only the tables that
  * kernels/cuda/cuda_attention_cudnn.c lowers.
  */
-#include "attn_cudnn_graph.h"
+#include "cudnn_graph.h"
 
 #include <stdio.h>
 #include <string.h>

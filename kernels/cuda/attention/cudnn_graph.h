@@ -1,5 +1,5 @@
 /*
- * attn_cudnn_graph.h — cuDNN's fused attention (SDPA) as plain data, for the optional cuDNN route of the
+ * cudnn_graph.h — cuDNN's fused attention (SDPA) as plain data, for the optional cuDNN route of the
  * block attention entries (device.attention_kernel): the tensors and operations of cuDNN's forward and
  * backward attention graphs laid over our row layouts, which calls cuDNN can take (the route), the
  * workspace layout and the LSE layout maps. Pure C with no cuDNN and no CUDA:
