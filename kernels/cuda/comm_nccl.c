@@ -1,50 +1,23 @@
 /*
- * comm_nccl.c — the cuda half of comm.h: which GPU each rank drives, and the
- * non-blocking operations over device memory through NCCL, as the Comm's
- * CommDeviceOps table. It lives in kernels/cuda, with the rest of the cuda
- * side, so that lib/ includes no cuda header and names no NCCL function.
+ * comm_nccl.c — the cuda half of comm.h: which GPU each rank drives, and the non-blocking operations over
+ * device memory through NCCL, as the Comm's CommDeviceOps table (so lib/ names no NCCL function).
+ * Callers: lib/comm/comm.c through that table (comm_iallgather, comm_iallreduce_sum_f32, comm_isendrecv,
+ * comm_wait, comm_finalize, the watchdog); comm_cuda_init (comm_nccl.h) from kernels/cuda/runtime_cuda.c.
  *
- * comm_cuda_init (after comm_setup_groups):
- *   1. every rank's GPU count and local rank are gathered (MPI), and the run
- *      is refused, with one message from rank 0 and exit 2 on every rank,
- *      when a rank sees no GPU or a host runs more ranks than it has GPUs
- *      (unless each rank sees exactly one: Slurm's --gpus-per-task);
- *   2. each rank binds GPU `local_rank` (or its only one) through
- *      cuda_backend_init, and the ranks' (host, PCI bus id) pairs are
- *      gathered: two ranks on one GPU are refused the same way;
- *   3. with more than one rank, one NCCL communicator per group (world, cp,
- *      dp), each from an id made by the group's first rank and broadcast over
- *      the group's MPI communicator (MPI is the launcher and the bootstrap:
- *      mpirun, or srun --mpi=pmix), and one stream per group, non-blocking
- *      and of the highest priority, so a transfer's kernel is scheduled as
- *      soon as SMs free up between compute blocks.
+ * comm_cuda_init, after comm_setup_groups: every rank's GPU count and local rank are gathered and the run is
+ * refused (one message from rank 0, exit 2 on every rank) when a rank sees no GPU or a host runs more ranks
+ * than GPUs (unless each rank sees exactly one: --gpus-per-task); each rank binds GPU local_rank and the
+ * (host, PCI bus id) pairs are gathered, refusing two ranks on one GPU; with more than one rank, one NCCL
+ * communicator per group (world, cp, dp) from an id the group's first rank broadcasts over MPI (the launcher
+ * and bootstrap: mpirun, or srun --mpi=pmix), and one non-blocking stream of the highest priority per group.
  *
- * An operation of group g: record `ready` on the compute stream, make g's
- * stream wait for it (so the operation sees everything queued before it),
- * enqueue the NCCL call, record the handle's event on g's stream. comm_wait
- * makes the compute stream wait for that event. The host never waits here:
- * inside a training step the only host synchronisations are the trainer's
- * (lib/run/train.c says where). A handle takes one event from a pool of
- * COMM_EVENTS at its first operation and returns it at comm_wait; every
- * handle's operations are on one stream, so the event's last record covers
- * all of them. `ready` is waited right after it is recorded, so one event
- * serves every post.
- *
- * The watchdog (comm_watchdog.c): while it runs, each post also records an
- * event of its own in its group's log of the last COMM_WATCH_LOG posts (the
- * operation, and the step, layer and label of the context), so that a rank
- * waiting too long at the step's end can name the earliest operation not
- * complete; its thread polls ncclCommGetAsyncError and, before the run ends,
- * ncclCommAbort makes every communicator's kernels give up.
- *
- * Errors: a CUDA or NCCL call that fails ends every rank (error.h's abort hook
- * is MPI_Abort) with a message naming the call, the rank, the host, the GPU
- * and NCCL's own last error.
- *
- * Callers: lib/comm/comm.c through the CommDeviceOps table this file sets on
- * the Comm (comm_iallgather, comm_iallreduce_sum_f32, comm_isendrecv,
- * comm_wait, comm_finalize, the watchdog); comm_cuda_init from the cuda
- * device runtime (kernels/cuda/runtime_cuda.c), which lib/backend/runtime.c opens.
+ * An operation of group g records `ready` on the compute stream, makes g's stream wait for it, enqueues the
+ * NCCL call and records the handle's event (from a pool of COMM_EVENTS) on g's stream; comm_wait makes the
+ * compute stream wait for that event. The host never waits here. Under the watchdog each post also records
+ * an event in its group's log of the last COMM_WATCH_LOG posts, so a rank stuck at the step's end names the
+ * earliest operation not complete; the watchdog's thread polls ncclCommGetAsyncError and aborts the
+ * communicators before the run ends. A failed CUDA or NCCL call ends every rank naming the call, rank, host,
+ * GPU and NCCL's last error.
  */
 #ifdef RS_WITH_CUDA
 #include <cuda_runtime_api.h>

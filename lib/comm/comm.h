@@ -1,45 +1,25 @@
 /*
- * comm.h — processes and their communication: world = dp x cp.
+ * comm.h — processes and their communication: world = dp x cp. Callers: lib/run/train.c, lib/model/
+ * model_step.c (bucketed gradient all-reduce), lib/cp/ (ring, scan all-gather, conv halo, batch metadata),
+ * lib/backend/runtime.c, bench/bench_cp.c, tests/cp, tests/parity.
  *
- * Ranks come from MPI (launched by `mpirun`, or `srun --mpi=pmix` in Slurm);
- * the local rank (which GPU on a node) comes from MPI_Comm_split_type(SHARED),
- * never from rank % gpus_per_node. World rank r is (dp_rank, cp_rank) with
- * r = dp_rank * cp + cp_rank, so the ranks of one CP group are adjacent (on
- * one node when they fit: the ring and the scan stay on NVLink).
+ * Ranks come from MPI (mpirun, or srun --mpi=pmix); the local rank (which GPU on a node) from
+ * MPI_Comm_split_type(SHARED), never rank % gpus_per_node. World rank r = dp_rank * cp + cp_rank, so the
+ * ranks of one CP group are adjacent (on one node when they fit). Communicators: world (gradient
+ * all-reduce: CP ranks hold partial gradients of the same parameters), cp (ring, scan, halo) and dp.
  *
- * Communicators: `world` (gradient all-reduce over dp x cp: CP ranks hold
- * partial gradients of the same parameters), `cp` (ring attention, the GDN
- * scan all-gather, the conv halo) and `dp`.
+ * Two kinds of operation: blocking collectives over host values (counts, the loss, a stop flag, batch
+ * metadata), always MPI (comm.c); and non-blocking operations over the backend's memory, named by
+ * CommGroup, which the CP schedule and the gradient buckets overlap with compute: MPI over host buffers
+ * on cpu, and on cuda the CommDeviceOps table below that kernels/cuda/comm_nccl.c sets when the device
+ * runtime opens (lib/backend/runtime.h): NCCL, each group on its own communicator and stream, ordered
+ * after the compute stream's queued work by events; the host never waits. Each call appends to a
+ * CommHandle that comm_wait completes and empties; buffers stay untouched until then (a send buffer may be
+ * read), and every rank of a group posts the same sequence.
  *
- * Two kinds of operation:
- *   - blocking collectives over host values (counts, the loss, a stop flag,
- *     the micro-batch's token metadata): always MPI (comm.c);
- *   - non-blocking operations over the backend's memory (the ones the CP
- *     schedule and the gradient buckets overlap with compute), named by
- *     CommGroup. On cpu they are MPI over host buffers (comm.c). On cuda,
- *     once the device runtime has opened (lib/backend/runtime.h), they are
- *     NCCL over device buffers: kernels/cuda/comm_nccl.c sets the Comm's
- *     CommDeviceOps table (below), each group on its own communicator and its own CUDA
- *     stream: posting orders the operation after the work already queued on
- *     the compute stream (an event), and comm_wait makes the compute stream
- *     wait for it (an event); the host never waits.
- *
- * Each non-blocking call appends to a CommHandle; comm_wait completes the
- * handle's operations and empties it. On NCCL one handle's operations share
- * one group (one stream), and comm_isendrecv's send + receive are one
- * ncclGroupStart/End. Buffers must not be touched between posting and
- * comm_wait, except that a send buffer may be read. Every rank of a group
- * posts the same sequence of operations (the CP schedule is derived from data
- * every rank holds).
- *
- * Every wait for other ranks (comm_wait on MPI, the blocking collectives,
- * and the host reads a caller brackets with comm_watch_begin/end) is timed
- * by the watchdog of comm_watchdog.c once comm_watchdog_start has run; the
- * model names where it is (comm_set_step, comm_set_context) for its report.
- *
- * Callers: lib/run/train.c, lib/model/model_step.c (bucketed gradient all-reduce),
- * lib/cp*.c (ring, scan all-gather, conv halo, batch metadata), bench/bench*.c,
- * tests/cp, tests/parity.
+ * Every wait for other ranks (comm_wait on MPI, the blocking collectives, and host reads a caller brackets
+ * with comm_watch_begin/end) is timed by the watchdog (comm_watchdog.c) once started; the model says where
+ * it is (comm_set_step, comm_set_context) for its report.
  */
 #ifndef RS_COMM_H
 #define RS_COMM_H

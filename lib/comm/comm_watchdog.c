@@ -1,57 +1,24 @@
 /*
- * comm_watchdog.c — finds a wait for other ranks that never ends (a rank
- * stuck or dead) and ends every rank with one report saying where.
+ * comm_watchdog.c — finds a wait for other ranks that never ends (a rank stuck or dead) and ends every rank
+ * with one report saying where. Callers: comm.c (the waits; comm_finalize stops it), lib/run/train.c (start,
+ * step, the step-end read), lib/model/model_step.c and lib/cp/ (where they are).
  *
- * The main thread marks, through comm.h:
- *   - where it is: the step (comm_set_step), and the layer and a static label
- *     of the communication about to happen (comm_set_context);
- *   - each wait for other ranks: comm_watch_begin stores the time, the
- *     operation and the group, comm_watch_end clears the time. comm.c does
- *     it around every blocking MPI collective and comm_wait over MPI. On cuda
- *     NCCL runs on streams and the host never waits inside a step, so the
- *     trainer brackets the step-end loss read, where a stuck NCCL operation
- *     shows up.
- * These are relaxed atomic stores and one clock_gettime per wait or context.
+ * The main thread marks where it is (comm_set_step, comm_set_context: relaxed atomic stores) and brackets
+ * each wait (comm_watch_begin/end: comm.c around every blocking MPI call; on cuda the trainer's step-end
+ * loss read, where a stuck NCCL operation shows, since NCCL runs on streams). A thread per rank wakes every
+ * min(1 s, timeout / 3); when this rank's wait passes the timeout, or the device's communicators report an
+ * error (CommDeviceOps), the rank trips: it writes its record to <dir>/.watchdog/<attempt>/rank-<r> and
+ * tries to create TRIP there (O_EXCL; the creator reports); every other rank finds TRIP within grace / 3
+ * and writes its record (waiting where, or busy since when); after grace = clamp(timeout / 4, 2 ticks,
+ * 30 s) the reporter names the ranks of its collective's group that had not arrived, prints the report
+ * once (and to report.txt), aborts the device communicators and calls MPI_Abort with RS_EXIT_HANG (76). A
+ * rank that tripped or saw TRIP aborts by itself 2 grace + 10 s later, in case the reporter died.
  *
- * A thread per rank wakes every tick = min(1 s, timeout / 3) and reads them
- * (on cuda it also polls ncclCommGetAsyncError). When this rank's wait passes
- * the timeout, or NCCL reports an error, the rank trips:
- *   1. it writes its record (rank, host, state, operation, group, step,
- *      layer, label, seconds waited; on cuda the earliest NCCL operation not
- *      complete) to <dir>/.watchdog/<attempt>/rank-<r> and tries to create
- *      TRIP there (O_EXCL): the rank that creates it is the reporter;
- *   2. every other rank's thread finds TRIP within grace / 3 (one stat() that
- *      often is all a healthy rank pays) and writes its record too: waiting
- *      (where, how long) or busy, outside any wait (its last context and for
- *      how long). A rank stuck in compute still has a live watchdog; a dead
- *      or frozen process writes nothing;
- *   3. grace = clamp(timeout / 4, 2 ticks, 30 s) after tripping, the reporter
- *      reads every record: the ranks of its collective's group that are not
- *      waiting in that same collective (operation, group, step, layer, label)
- *      are the ones that had not arrived. It prints the report once (error.h;
- *      the whole of it also to report.txt beside the records), aborts its NCCL
- *      communicators and calls MPI_Abort with RS_EXIT_HANG (76), which ends
- *      every rank. A rank that tripped or saw TRIP aborts the same way by
- *      itself 2 grace + 10 s later, in case the reporter died first.
- *
- * The attempt is rank 0's start time and pid, broadcast at start, so a resumed
- * run never reads an earlier attempt's records (they stay for a post-mortem);
- * the directory is made only when a rank trips. Runs over several nodes need
- * the run directory on a file system every node sees (the usual Slurm setup).
- * Without one each node sees its own records only: the first rank to trip on
- * each node reports, naming the other nodes' ranks "no report", and the first
- * abort ends the job. With dir NULL a rank that trips reports its own wait
- * alone and aborts.
- *
- * The reporter calls MPI_Abort from the watchdog thread while the main thread
- * is inside MPI: MPI_THREAD_SINGLE does not promise that this works; Open MPI
- * 4.1 ends the job with the code (tests/test_watchdog.py checks it).
- *
- * debug.stall_* (tests only): the chosen rank's main thread sleeps forever at
- * the first comm_set_context of the chosen layer in the chosen step.
- *
- * Callers: comm.c (the waits; comm_finalize stops the thread), lib/run/train.c
- * (start, step, the step-end read), lib/model/model_step.c and lib/cp_*.c (where).
+ * The attempt (rank 0's start time and pid) keeps a resumed run from reading an earlier attempt's records.
+ * Several nodes need the run directory on a shared file system; without one each node's first tripped rank
+ * reports its own node. MPI_Abort from the watchdog thread while the main thread is inside MPI is not
+ * promised by MPI_THREAD_SINGLE; Open MPI 4.1 ends the job with the code (tests/test_watchdog.py).
+ * debug.stall_* (tests only) stops the chosen rank forever at a chosen layer and step.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,56 +1,21 @@
 /*
- * plan.c — memory, FLOPs and communication of a run, and the fit verdict
- * (see plan.h for the conventions). Called by `ringscan plan`, `submit`
- * (scheduler/submit.c), the trainer's start-up check and `ringscan bench`.
+ * plan.c — memory, FLOPs and communication of a run, and the fit verdict (plan.h has the conventions).
+ * Callers: `ringscan plan`, `submit` (scheduler/submit.c), the trainer's start-up check, `ringscan bench`.
  *
- * Memory categories and their assumptions:
- *   weights (bf16)     cuda only: the bf16 copy the GEMMs read; the cpu
- *                      backend computes from the fp32 master weights.
- *   master (fp32)      4 bytes per parameter.
- *   gradients (fp32)   4 bytes per parameter (accumulated over micro-batches,
- *                      all-reduced in fp32).
- *   AdamW (fp32)       m and v, 8 bytes per parameter (no ZeRO sharding yet).
- *   activations        model_acts.c's peak for the policy; with checkpoint.offload:
- *                      host its kept term is the head's buffers and two layer
- *                      slots (model_offload.c), the rest is host memory.
- *   CP ring            one softmax layer at a time (model_acts.c's CP table,
- *                      the buffers cp_init allocates): with cp > 1 two
- *                      receive buffers of K|V; the fp32 output and LSE
- *                      accumulators and one call's output; in backward the
- *                      fp32 dQ accumulator, this step's fp32 dK|dV and (cp > 1)
- *                      two fp32 dK|dV partials travelling the ring.
- *   CP scan            cp > 1, one GDN layer at a time: the all-gathered
- *                      transitions [P, frags, nv, dk, dk + dv] fp32 and the
- *                      local ones, the fold's two states, the folded state
- *                      gradients, and the conv halo tails (local + gathered).
- *   workspaces         the loss row chunk of fp32 logits; on cuda 32 MiB of
- *                      cuBLASLt workspace, 32 MiB of kernel scratch
- *                      (kernels/cuda/cuda_setup.h) and the attention
- *                      backward's row statistics (the delta rule's workspace
- *                      is in activations, model_acts.c); with
- *                      device.attention_kernel cudnn*, also the cuDNN route's
- *                      Stats, softmax_sum, dq accumulator (cudnn only) and
- *                      bf16 dq, dk, dv of one ring call's backward (Tq = Tk =
- *                      seq_len / 2cp, or seq_len at cp 1): 8 Tq nh + (4) Tq nh
- *                      hd + 2 Tq nh hd + 4 Tk nkv hd bytes, cuDNN's own plan
- *                      workspace not counted (unknown before its plan).
- *   runtime            cuda: what the device holds beyond the backend's
- *                      allocations, as measured (device memory in use less
- *                      the backend's peak on the GPU machine): 0.55 GiB
- *                      for the CUDA context and its modules (0.54 on one GPU),
- *                      and 1.1 GiB per NCCL communicator of two or more ranks
- *                      (world, cp, dp: 2.67-2.73 GiB with two of them at cp 2
- *                      and cp 4; NVLink, NCCL 2.28); cpu: none counted.
+ * Device memory per rank, by category: weights (bf16, cuda only: what the GEMMs read), master weights,
+ * gradients and AdamW m, v (fp32: 4, 4 and 8 bytes per parameter, nothing sharded yet); activations (the
+ * peak model_acts.c gives the policy; with checkpoint.offload host its kept term is the head's buffers
+ * and two layer slots, the rest host memory); CP ring and CP scan (model_acts.c's CP table: the buffers
+ * cp_init allocates, one softmax or GDN layer at a time); workspaces (the loss row chunk, cuBLASLt's and
+ * the kernels' scratch, the attention backward's row statistics, and the cuDNN route's workspace as the
+ * backend reports it, BackendSizes); runtime (cuda: the CUDA context and each NCCL communicator of two or
+ * more ranks, as measured on the GPU machine; the figures are the constants below).
  *
- * Host memory per node (checked with checkpoint.offload: host): per rank the
- * offloaded activations (page-locked on cuda), 2 GiB for the process (the CUDA
- * context's host side, NCCL and MPI buffers, the data pipeline; cpu: the rank's
- * whole memory above, which is host memory there), times the ranks per node
- * (slurm.gpus_per_node), plus rank 0's checkpoint staging (master weights and
- * AdamW m, v copied to host: 12 bytes per parameter). The capacity is
- * device.host_memory_gib, or when 0 MemTotal of /proc/meminfo of the machine
- * running plan (right when plan runs on the job's node: the trainer's start-up
- * check, or a node like it).
+ * Host memory per node (checked with checkpoint.offload host): per rank the offloaded activations and 2 GiB
+ * for the process, times the ranks per node, plus rank 0's checkpoint staging (12 bytes per parameter);
+ * capacity device.host_memory_gib, or MemTotal of the machine running plan. The fit verdict compares each
+ * with device.memory_gib and names the settings that would fit. The reasoning: docs/design/measurement-notes.md
+ * (memory and plan).
  */
 #include "plan.h"
 
@@ -128,8 +93,9 @@ static void plan_host(Plan *p, const Config *cfg) {
              host);
 }
 
-/* The cuda runtime's device memory for dp x cp ranks (the header's measured figures): the context, and one
- * NCCL communicator per group of two or more ranks (comm_nccl.c makes world, cp and dp). */
+/* The cuda runtime's device memory for dp x cp ranks, as measured on the GPU machine (device memory in use
+ * less the backend's peak): the CUDA context and its modules, and one NCCL communicator per group of two or
+ * more ranks (comm_nccl.c makes world, cp and dp; NVLink, NCCL 2.28). */
 static int64_t plan_cuda_runtime(int dp, int cp) {
     const int64_t context = 550LL << 20, per_comm = 1100LL << 20;
     int comms = (dp * cp > 1) + (cp > 1) + (dp > 1);

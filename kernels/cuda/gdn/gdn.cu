@@ -205,7 +205,7 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
     return tm;
 }
 
-/* the wgmma forward pass, WB columns per block (64, or 32: GDN v4.5), gdn_sfwd_cur's stages (2, 3) */
+/* the wgmma forward pass, WB columns per block (64, or 32: two blocks per SM), gdn_sfwd_cur's stages (2, 3) */
 template <int DK, int WB>
 static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg &sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {

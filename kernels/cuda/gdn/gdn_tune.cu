@@ -75,9 +75,9 @@ static int gdn_pick_nseg(int64_t nc, int64_t blocks, int64_t mblocks, int64_t sl
 }
 
 /* Automatic segments only where the state columns fill at most a quarter of the SMs (few heads):
- * at 128 and 256 column blocks (16 and 64 heads of 128) every split measured slower (GDN v2 in
- * docs/benchmarks.md: a block's chunk step is bound by its own issue and store work, and a second
- * resident block runs at about half speed), so there one segment. Slots = one block per SM. */
+ * at 128 and 256 column blocks (16 and 64 heads of 128) every split measured slower (a block's chunk
+ * step is bound by its own issue and store work, and a second resident block runs at about half speed;
+ * docs/design/gdn-kernels.md), so there one segment. Slots = one block per SM. */
 template <int DK> static void gdn_plan_nseg(GdnPlan *pl, int64_t nc, int nv, int dv) {
     const int64_t blocks = (int64_t)nv * dv / pl->bv, mblocks = (int64_t)nv * DK / pl->bv;
     pl->nseg_f = pl->nseg_b = 4 * blocks <= gdn_sm_count() ? gdn_pick_nseg(nc, blocks, mblocks, gdn_sm_count()) : 1;
@@ -120,12 +120,12 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     /* wgmma backward state pass: every backward pass (the same contract) */
     const int sbwd = t.sbwd == 1 ? 1 : t.sbwd == 2 ? 0 : (int64_t)nv * dv / 64 >= GDN_SBWD_BLOCKS ? 1 : 0;
     pl.sbwd = dv % 64 != 0 ? 0 : sbwd;
-    /* the dual launch's many-document configuration on wgmma (GDN v4.5): 64 columns in GDN_DUAL_ZB document
+    /* the dual launch's many-document configuration on wgmma: 64 columns in GDN_DUAL_ZB document
      * segments. The device's pick is unchanged: (nv dv / 32) x non-empty segments >= 2 blocks per SM is
      * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
     const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
     pl.dwg = pl.dual && dv % 64 == 0 ? dwg : 0;
-    /* the wgmma forward pass in 32-column blocks (GDN v4.5: two blocks per SM) */
+    /* the wgmma forward pass in 32-column blocks (two blocks per SM) */
     RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64, "gdn: sfbv %d (0, 32 or 64 columns)", t.sfbv);
     pl.sfbv = t.sfbv ? t.sfbv : GDN_SFBV_DEFAULT;
     if (pl.prof == 2) {
