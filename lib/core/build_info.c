@@ -1,13 +1,17 @@
 /*
  * build_info.c — see build_info.h. The CUDA half is kernels/cuda/cuda_info.cu,
- * linked only when nvcc was found (RS_WITH_CUDA) and printed after this one
- * by `ringscan version` (cmd/ringscan.c); without it we say so rather than pretend.
+ * linked only when nvcc was found and printed after this one by `ringscan
+ * version` (cmd/ringscan.c); whether the cuda backend is in this binary is
+ * whether it registered its device runtime (lib/backend/runtime.h); without it
+ * we say so rather than pretend.
  */
 #include "build_info.h"
 
 #include <jansson.h>
 #include <mpi.h>
 #include <yaml.h>
+
+#include "backend/runtime.h"
 
 #ifndef RS_GIT_SHA
 #define RS_GIT_SHA "unknown"
@@ -31,10 +35,5 @@ void build_info_print(FILE *f) {
     fprintf(f, "  jansson    %s (static)\n", JANSSON_VERSION);
     fprintf(f, "  MPI        %s (MPI %d.%d)\n", mpi, MPI_VERSION, MPI_SUBVERSION);
     fprintf(f, "  backends   cpu (fp32 oracle)%s\n",
-#ifdef RS_WITH_CUDA
-            ", cuda (sm_90a)"
-#else
-            "; cuda not built (nvcc was not found at build time)"
-#endif
-    );
+            runtime_device() ? ", cuda (sm_90a)" : "; cuda not built (nvcc was not found at build time)");
 }
