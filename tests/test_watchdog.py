@@ -71,6 +71,34 @@ def test_stalled_rank_is_named(tmp_path, data):
     assert [json.loads(l)["step"] for l in open(rd / "metrics.jsonl")] == [1]
 
 
+def test_a_hang_before_the_first_checkpoint_does_not_block_the_restart(tmp_path, data):
+    """The watchdog's records (.watchdog/, ringscan's own) stay in the run directory after exit 76; the same
+    `train` then restarts the attempt (no checkpoint yet) instead of refusing a foreign entry, and keeps the
+    records of the hang beside its own."""
+    rd = tmp_path / "r"
+    r, _ = stall(rd, data, 1, 2, 1, 2, 1)
+    assert r.returncode == 76, r.stdout + r.stderr
+    assert not (rd / "ckpt" / "LATEST").exists()
+    hang = list((rd / ".watchdog").iterdir())
+    assert len(hang) == 1 and (hang[0] / "report.txt").exists()
+    r = run(train_args(rd, data, 1, 2, 3, "--set", f"parallel.comm_timeout_s={TIMEOUT * 20}"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "did not write" not in r.stderr
+    assert [json.loads(l)["step"] for l in open(rd / "metrics.jsonl")] == [1, 2, 3]
+    assert (hang[0] / "report.txt").exists()
+
+
+def test_a_foreign_watchdog_folder_still_needs_the_run_marker(tmp_path, data):
+    """.watchdog is a ringscan name, not a pass: in a directory without ringscan's run marker (.lock) it is
+    refused like the other ringscan names, nothing written."""
+    rd = tmp_path / "r"
+    (rd / ".watchdog" / "x").mkdir(parents=True)
+    r = run(train_args(rd, data, 1, 2, 2), timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "not the marker of a ringscan run" in r.stderr, r.stderr
+    assert sorted(p.name for p in rd.iterdir()) == [".watchdog"]
+
+
 def test_report_follows_the_chain_to_the_stalled_rank(tmp_path, data):
     """dp 2 x cp 2: rank 3 stops in the ring attention of layer 3 (step 2). Rank 2 waits for it in the
     ring; ranks 0-1 finish their backward and wait for everyone in the gradient all-reduce. The report

@@ -44,9 +44,10 @@
  * writes there. `train` refuses a directory holding anything else, and a
  * ringscan name without the run's marker (RUN/.lock, written by the run that
  * created the directory), since then no ringscan run wrote it. */
-/* what ringscan writes into a run directory: train, and `eval` / `plot` of the run (eval.json, plot.png) */
-static const char *const run_dir_names[] = {".lock",     "config.resolved.yaml", "log.txt", "metrics.jsonl", "ckpt",
-                                            "eval.json", "plot.png",             NULL};
+/* what ringscan writes into a run directory: train, the watchdog's records of a hang (.watchdog/<attempt>/, kept
+ * for a post-mortem; a restart writes its own attempt's), and `eval` / `plot` of the run (eval.json, plot.png) */
+static const char *const run_dir_names[] = {".lock",     "config.resolved.yaml", "log.txt",  "metrics.jsonl", "ckpt",
+                                            ".watchdog", "eval.json",            "plot.png", NULL};
 static const char *const run_dir_submit_names[] = {"job.sbatch", "config.submitted.yaml", "logs", NULL};
 static const char run_dir_lock_magic[] = "ringscan run lock";
 
