@@ -210,6 +210,30 @@ def test_init_from_ringscan_run(ringscan, recall_tok, tiny_run, tmp_path):
     assert not np.array_equal(opt["v.lm_head"], src_opt["v.lm_head"])
 
 
+@pytest.mark.parametrize("dtype,bad", [(np.float32, np.nan), (np.float16, np.inf)])
+def test_weights_that_are_not_finite_are_refused(ringscan, recall_tok, tiny_run, tmp_path, dtype, bad):
+    """A Hugging Face folder with one embedding row NaN (F32) or Inf (F16): model.init_from and export both
+    refuse it, exit 2, naming the tensor, the file and the first element; nothing is written."""
+    hf = tmp_path / "hf"
+    export(ringscan, tiny_run, hf)
+    ts = st.load(hf / "model.safetensors")
+    emb = np.array(ts["model.embed_tokens.weight"], dtype=np.float32)
+    emb[7, :] = bad
+    ts["model.embed_tokens.weight"] = emb
+    ts = {k: np.asarray(v, dtype=dtype) for k, v in ts.items()}
+    st.save(hf / "model.safetensors", ts, {"format": "pt"})
+    run_dir = tmp_path / "run"
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=1", "--set", f"run.out_dir={run_dir}", "--set", f"model.init_from={hf}"])
+    assert r.returncode == 2, r.stdout[-1500:] + r.stderr
+    assert "tensor model.embed_tokens.weight in" in r.stderr and "not finite" in r.stderr, r.stderr
+    assert f"element {7 * emb.shape[1]}" in r.stderr, r.stderr
+    assert not run_dir.exists()
+    r = export(ringscan, hf, tmp_path / "out", ok=False)
+    assert r.returncode == 2 and "model.embed_tokens.weight" in r.stderr and "not finite" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no output, no temporary folder
+
+
 def test_init_from_refuses_mismatch(ringscan, recall_tok, tiny_run, tmp_path):
     hf = tmp_path / "hf"
     export(ringscan, tiny_run, hf)

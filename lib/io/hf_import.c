@@ -116,11 +116,29 @@ void hf_ckpt_close(HfCkpt *c) {
     memset(c, 0, sizeof *c);
 }
 
+/* Weights read for an import or an export must be finite: a NaN or Inf (a diverged run, a broken
+ * conversion) would train or ship silently. 0, or RS_EXIT_USAGE naming the tensor, the file, the first
+ * non-finite element and how many there are. */
+static int hf_check_finite(const float *v, int64_t n, const char *tensor, const char *file, char *err,
+                           size_t err_len) {
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]) && bad++ == 0) first = i;
+    if (!bad) return 0;
+    fsio_errf(err, err_len, "tensor %s in %s holds %lld value%s that %s not finite (the first, element %lld, is %g); "
+                            "weights must be finite\n  hint: nothing was read into a run or written; take an earlier "
+                            "checkpoint, or fix the file",
+              tensor, file, (long long)bad, bad == 1 ? "" : "s", bad == 1 ? "is" : "are", (long long)first,
+              (double)v[first]);
+    return RS_EXIT_USAGE;
+}
+
 int hf_ckpt_read_params(float *params, const ParamTable *ptab, const HfCkpt *c, char *err, size_t err_len) {
     for (int i = 0; i < ptab->n; i++) {
         const ParamTensor *p = &ptab->t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
         int rc = safetensors_read(c->model, p->name, ST_DTYPE_F32, p->ndim, shape, params + p->offset, err, err_len);
+        if (!rc) rc = hf_check_finite(params + p->offset, p->numel, p->name, c->model->path, err, err_len);
         if (rc) return rc;
     }
     return 0;
@@ -242,16 +260,24 @@ static int hf_folder_read(float *dst, const HfFolder *f, const HfMap *m, const c
                   file->path, st_dtype_names[t->dtype]);
         return RS_EXIT_USAGE;
     }
-    if (t->dtype == ST_DTYPE_F32) return safetensors_read(file, m->hf.name, t->dtype, t->ndim, t->shape, dst, err, err_len);
-    uint16_t *h = RS_MALLOC((size_t)m->hf.numel * 2 + 1);
-    int rc = safetensors_read(file, m->hf.name, t->dtype, t->ndim, t->shape, h, err, err_len);
-    for (int64_t i = 0; !rc && i < m->hf.numel; i++) {
-        if (t->dtype == ST_DTYPE_BF16) {
-            uint32_t bits = (uint32_t)h[i] << 16;
-            memcpy(&dst[i], &bits, 4);
-        } else dst[i] = hf_half_to_f32(h[i]);
+    int rc;
+    if (t->dtype == ST_DTYPE_F32) rc = safetensors_read(file, m->hf.name, t->dtype, t->ndim, t->shape, dst, err, err_len);
+    else {
+        uint16_t *h = RS_MALLOC((size_t)m->hf.numel * 2 + 1);
+        rc = safetensors_read(file, m->hf.name, t->dtype, t->ndim, t->shape, h, err, err_len);
+        for (int64_t i = 0; !rc && i < m->hf.numel; i++) {
+            if (t->dtype == ST_DTYPE_BF16) {
+                uint32_t bits = (uint32_t)h[i] << 16;
+                memcpy(&dst[i], &bits, 4);
+            } else dst[i] = hf_half_to_f32(h[i]);
+        }
+        free(h);
     }
-    free(h);
+    if (!rc && (rc = hf_check_finite(dst, m->hf.numel, m->hf.name, file->path, err, err_len))) {
+        char inner[4096];
+        snprintf(inner, sizeof inner, "%s", err);
+        fsio_errf(err, err_len, "%s: %s", what, inner);
+    }
     return rc;
 }
 
