@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/fsio.h"
 
 #define DATA_ERR_MAX 4096
 
@@ -139,7 +140,8 @@ static int data_cli_resolve(const char *sub, const char *path, const char *forma
     int has_idx = data_cli_is_file(idx);
     free(idx);
     char magic[8] = {0};
-    FILE *f = fopen(path, "rb");
+    char why[4352];
+    FILE *f = fsio_fopen_regular(path, NULL, NULL, why, sizeof why); /* a FIFO is not waited on: the opener says why */
     int flat = 0;
     if (f) {
         flat = fread(magic, 1, 8, f) == 8 && !memcmp(magic, "RSTOKENS", 8);

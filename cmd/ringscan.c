@@ -36,6 +36,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "io/fsio.h"
 #include "io/hf.h"
 #include "plan/plan.h"
 #include "run/rundir.h"
@@ -270,11 +271,14 @@ static int cmd_resume(int argc, char **argv) {
     snprintf(run_dir, sizeof run_dir, "%s", a.config);
     for (size_t n = strlen(run_dir); n > 1 && run_dir[n - 1] == '/'; n--) run_dir[n - 1] = 0;
     snprintf(path, sizeof path, "%s/config.resolved.yaml", run_dir);
-    FILE *probe = fopen(path, "r");
+    char why[PATH_MAX + 160];
+    int missing = 0;
+    FILE *probe = fsio_fopen_regular(path, &missing, NULL, why, sizeof why); /* a FIFO is refused, not waited on */
     if (!probe) {
         if (cli_launcher_rank() == 0)
-            fprintf(stderr, "ringscan resume: error: %s is not a run directory: %s is missing\n"
-                            "  hint: `ringscan train CONFIG` creates run directories (run.out_dir)\n", run_dir, path);
+            fprintf(stderr, "ringscan resume: error: %s is not a run directory: %s%s\n"
+                            "  hint: `ringscan train CONFIG` creates run directories (run.out_dir)\n", run_dir,
+                    missing ? path : why, missing ? " is missing" : "");
         return RS_EXIT_USAGE;
     }
     fclose(probe);

@@ -140,28 +140,63 @@ int fsio_write_file_via(const char *tmp, const char *path, const void *buf, int6
     return fsio_fsync_dir(dir, err, err_len);
 }
 
+int fsio_open_regular(const char *path, int *fd, int *missing, char *err, size_t err_len) {
+    *fd = -1;
+    if (missing) *missing = 0;
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f < 0) {
+        int e = errno;
+        if (missing && e == ENOENT) *missing = 1;
+        fsio_errf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT || e == ENOTDIR || e == EISDIR ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+    }
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        fsio_errf(err, err_len, "%s: fstat failed: %s", path, strerror(errno));
+        close(f);
+        return RS_EXIT_FAIL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        const char *kind = S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)" : S_ISDIR(st.st_mode) ? "a directory"
+                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISSOCK(st.st_mode) ? "a socket"
+                                                                                                         : "not a file";
+        fsio_errf(err, err_len, "%s: expected a regular file, found %s", path, kind);
+        close(f);
+        return RS_EXIT_USAGE;
+    }
+    int flags = fcntl(f, F_GETFL);
+    if (flags < 0 || fcntl(f, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        fsio_errf(err, err_len, "%s: fcntl failed: %s", path, strerror(errno));
+        close(f);
+        return RS_EXIT_FAIL;
+    }
+    *fd = f;
+    return 0;
+}
+
+FILE *fsio_fopen_regular(const char *path, int *missing, int *rc, char *err, size_t err_len) {
+    int fd, r = fsio_open_regular(path, &fd, missing, err, err_len);
+    FILE *f = r ? NULL : fdopen(fd, "r");
+    if (!r && !f) {
+        fsio_errf(err, err_len, "%s: fdopen failed: %s", path, strerror(errno));
+        close(fd);
+        r = RS_EXIT_FAIL;
+    }
+    if (rc) *rc = r;
+    return f;
+}
+
 int fsio_read_file(const char *path, int64_t max_bytes, char **out, int64_t *out_len, int *missing, char *err,
                    size_t err_len) {
     *out = NULL;
     if (out_len) *out_len = 0;
-    if (missing) *missing = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        if (missing && e == ENOENT) *missing = 1;
-        fsio_errf(err, err_len, "%s: cannot open: %s", path, strerror(e));
-        return e == ENOENT || e == ENOTDIR ? RS_EXIT_USAGE : RS_EXIT_FAIL;
-    }
+    int fd, rc = fsio_open_regular(path, &fd, missing, err, err_len);
+    if (rc) return rc;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         fsio_errf(err, err_len, "%s: fstat failed: %s", path, strerror(errno));
         close(fd);
         return RS_EXIT_FAIL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fsio_errf(err, err_len, "%s: expected a regular file", path);
-        close(fd);
-        return RS_EXIT_USAGE;
     }
     if ((int64_t)st.st_size > max_bytes) {
         fsio_errf(err, err_len, "%s: %lld bytes, expected at most %lld", path, (long long)st.st_size,
@@ -189,16 +224,11 @@ int fsio_read_file(const char *path, int64_t max_bytes, char **out, int64_t *out
 }
 
 int fsio_crc32_file(const char *path, int64_t *size, uint32_t *crc, char *err, size_t err_len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        fsio_errf(err, err_len, "%s: cannot open: %s", path, strerror(e));
-        return e == ENOENT ? RS_EXIT_USAGE : RS_EXIT_FAIL;
-    }
+    int fd, rc = fsio_open_regular(path, &fd, NULL, err, err_len);
+    if (rc) return rc;
     char *buf = RS_MALLOC((size_t)FSIO_CHUNK);
     uLong c = crc32_z(0L, Z_NULL, 0);
     int64_t total = 0;
-    int rc = 0;
     for (;;) {
         ssize_t r = read(fd, buf, (size_t)FSIO_CHUNK);
         if (r < 0) {

@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* snprintf into err (no-op when err is NULL or err_len is 0). */
 void fsio_errf(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -53,6 +54,13 @@ int fsio_write_file_via(const char *tmp, const char *path, const void *buf, int6
 /* Reads a whole small file (at most max_bytes) into a malloc'd, NUL-terminated
  * buffer. ENOENT gives RS_EXIT_USAGE; *missing is set to 1 in that case when
  * missing is not NULL. */
+/* Opens `path` for reading only if it is a regular file: O_NONBLOCK so that a FIFO returns at once instead of
+ * waiting for a writer, then fstat; a FIFO, directory, device or socket is refused (RS_EXIT_USAGE, err naming
+ * what it is), a missing file too (RS_EXIT_USAGE, *missing = 1 when missing is not NULL). 0 with *fd open
+ * (blocking again) otherwise. Every file ringscan reads goes through it. */
+int fsio_open_regular(const char *path, int *fd, int *missing, char *err, size_t err_len);
+/* The same as a stdio stream ("r"): NULL with err set on a refusal (the code in *rc when rc is not NULL). */
+FILE *fsio_fopen_regular(const char *path, int *missing, int *rc, char *err, size_t err_len);
 int fsio_read_file(const char *path, int64_t max_bytes, char **out, int64_t *out_len, int *missing, char *err,
                    size_t err_len);
 

@@ -440,12 +440,8 @@ int safetensors_open(SafetensorsFile *f, const char *path, char *err, size_t err
     memset(f, 0, sizeof *f);
     f->fd = -1;
     f->path = RS_STRDUP(path);
-    int rc = 0;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        int e = errno;
-        fsio_errf(err, err_len, "%s: cannot open: %s", path, strerror(e));
-        rc = e == ENOENT || e == ENOTDIR || e == EISDIR ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+    int rc = fsio_open_regular(path, &f->fd, NULL, err, err_len); /* a FIFO never waits for a writer */
+    if (rc) {
         safetensors_close(f);
         return rc;
     }

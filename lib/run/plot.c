@@ -34,10 +34,11 @@ extern char **environ;
 static int64_t plot_metrics(const char *run_dir, FILE *dat, char *title, size_t title_len) {
     char path[PATH_MAX + 32], line[1 << 16];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    FILE *f = fopen(path, "r");
+    char err[PATH_MAX + 128];
+    FILE *f = fsio_fopen_regular(path, NULL, NULL, err, sizeof err);
     if (!f)
         RS_USAGE("ringscan plot reads RUN_DIR/metrics.jsonl, which `ringscan train` writes",
-                 "%s is not a run directory: cannot open %s: %s", run_dir, path, strerror(errno));
+                 "%s is not a run directory: %s", run_dir, err);
     int64_t n = 0, first = -1, last = -1;
     for (int ln = 1; fgets(line, sizeof line, f); ln++) {
         if (line[strspn(line, " \t\r\n")] == 0) continue;

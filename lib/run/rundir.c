@@ -71,8 +71,10 @@ static int run_dir_is_tmp_name(const char *name) {
 static int run_dir_marker(const char *dir) {
     char path[PATH_MAX + 16], head[sizeof run_dir_lock_magic] = "";
     snprintf(path, sizeof path, "%s/.lock", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
+    char err[PATH_MAX + 128];
+    int missing = 0;
+    FILE *f = fsio_fopen_regular(path, &missing, NULL, err, sizeof err); /* a FIFO: not ringscan's lock */
+    if (!f) return missing ? 0 : -1;
     size_t n = fread(head, 1, sizeof head - 1, f);
     fclose(f);
     return n == 0 ? 0 : n == sizeof head - 1 && !memcmp(head, run_dir_lock_magic, n) ? 1 : -1;
@@ -279,8 +281,11 @@ static void run_dir_write_resolved(Trainer *t) {
 void run_dir_trim_metrics(Trainer *t, int64_t step) {
     char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->run_dir);
-    FILE *in = fopen(path, "r");
-    if (!in) return;
+    char err[PATH_MAX + 128];
+    int missing = 0, rc = 0;
+    FILE *in = fsio_fopen_regular(path, &missing, &rc, err, sizeof err);
+    if (!in && missing) return;
+    if (!in) train_fail(t, rc, "%s\n  hint: metrics.jsonl of a run directory is a file ringscan writes", err);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *out = fopen(tmp, "w");
     if (!out) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
