@@ -32,9 +32,10 @@ def with_fifo(a_run, tmp_path, name):
     return d
 
 
-def test_data_check_of_a_fifo(ringscan, tmp_path):
+@pytest.mark.parametrize("sub", [["check"], ["inspect", "--sample", "0", "--seq-len", "128"]])
+def test_data_tools_on_a_fifo(ringscan, tmp_path, sub):
     os.mkfifo(tmp_path / "f.tok")
-    r = run([ringscan, "data", "check", tmp_path / "f.tok"], timeout=LIMIT)
+    r = run([ringscan, "data", sub[0], tmp_path / "f.tok", *sub[1:]], timeout=LIMIT)
     assert r.returncode == 2 and "is not a regular file" in r.stderr, r.stderr
 
 
