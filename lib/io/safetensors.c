@@ -451,11 +451,6 @@ int safetensors_open(SafetensorsFile *f, const char *path, char *err, size_t err
         safetensors_close(f);
         return RS_EXIT_FAIL;
     }
-    if (!S_ISREG(st.st_mode)) {
-        fsio_errf(err, err_len, "%s: expected a regular file", path);
-        safetensors_close(f);
-        return RS_EXIT_USAGE;
-    }
     f->file_size = (int64_t)st.st_size;
     if (f->file_size < 8) {
         fsio_errf(err, err_len, "%s: %lld bytes, too short for the 8-byte header length (not a safetensors file)",
