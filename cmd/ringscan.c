@@ -303,11 +303,11 @@ static int cmd_submit(int argc, char **argv) {
     return rc;
 }
 static int cmd_bench(int argc, char **argv) { return bench_main(argc, argv); }
-/* `export SRC OUT [--dtype bf16|fp32] [--shard-gib N]` (hf.h) */
+/* `export SRC OUT [--format qwen3_next|qwen3_5] [--dtype bf16|fp32] [--shard-gib N]` (hf.h) */
 static int cmd_export(int argc, char **argv) {
     const char *pos[2] = {NULL, NULL};
     int npos = 0;
-    HfExportOptions o = {.dtype = ST_DTYPE_F32, .shard_gib = 5.0, .progress = stdout};
+    HfExportOptions o = {.dtype = ST_DTYPE_F32, .format = HF_FORMAT_QWEN3_NEXT, .shard_gib = 5.0, .progress = stdout};
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
@@ -318,6 +318,11 @@ static int cmd_export(int argc, char **argv) {
             if (!strcmp(v, "fp32") || !strcmp(v, "float32")) o.dtype = ST_DTYPE_F32;
             else if (!strcmp(v, "bf16") || !strcmp(v, "bfloat16")) o.dtype = ST_DTYPE_BF16;
             else cli_usage_error("export", "--dtype takes bf16 or fp32, not", v);
+        } else if (!strcmp(s, "--format")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "qwen3_next")) o.format = HF_FORMAT_QWEN3_NEXT;
+            else if (!strcmp(v, "qwen3_5")) o.format = HF_FORMAT_QWEN3_5;
+            else cli_usage_error("export", "--format takes qwen3_next or qwen3_5, not", v);
         } else if (!strcmp(s, "--shard-gib")) {
             const char *v = i + 1 < argc ? argv[++i] : "";
             char *end;
@@ -365,12 +370,14 @@ static const Command commands[] = {
      cmd_bench, NULL},
     {"data", "synth|bytes ...", "Make training data: synthetic recall tasks, byte-level tokens.", cmd_data,
      NULL},
-    {"export", "RUN_DIR|CKPT_DIR|HF_DIR OUT_DIR [--dtype fp32|bf16] [--shard-gib N]",
-     "Export the weights as a Hugging Face Qwen3NextForCausalLM folder: config.json (every layer dense) and\n"
-     "model.safetensors, sharded above --shard-gib (default 5) with model.safetensors.index.json; fp32\n"
-     "(default) or bf16. The source is a run directory (its newest verified checkpoint), one checkpoint\n"
-     "directory (RUN_DIR/ckpt/step_N) or a Hugging Face folder. OUT_DIR must be new or empty; it is written\n"
-     "as OUT_DIR.tmp.<pid> and renamed at the end, so it is never half written.",
+    {"export", "RUN_DIR|CKPT_DIR|HF_DIR OUT_DIR [--format qwen3_next|qwen3_5] [--dtype fp32|bf16] [--shard-gib N]",
+     "Export the weights as a Hugging Face folder: Qwen3NextForCausalLM (--format qwen3_next, the default;\n"
+     "every layer dense) or Qwen3.5's Qwen3_5ForCausalLM (--format qwen3_5, model_type qwen3_5_text):\n"
+     "config.json and model.safetensors, sharded above --shard-gib (default 5) with\n"
+     "model.safetensors.index.json; fp32 (default) or bf16. The source is a run directory (its newest verified\n"
+     "checkpoint), one checkpoint directory (RUN_DIR/ckpt/step_N) or a Hugging Face folder (Qwen3-Next, or\n"
+     "Qwen3.5 dense: text-only or the composite with its vision tower, which is left aside). OUT_DIR must be\n"
+     "new or empty; it is written as OUT_DIR.tmp.<pid> and renamed at the end, so it is never half written.",
      cmd_export, NULL},
     {"eval", "RUN_DIR|CKPT_DIR --data PATH [--out FILE] [--tokens N] [--set key.path=value]...",
      "The checkpoint's held-out loss on PATH, and its loss by context length (log-spaced buckets), on cpu or\n"

@@ -237,13 +237,21 @@ def test_weights_that_are_not_finite_are_refused(ringscan, recall_tok, tiny_run,
 def test_init_from_refuses_mismatch(ringscan, recall_tok, tiny_run, tmp_path):
     hf = tmp_path / "hf"
     export(ringscan, tiny_run, hf)
+    # a folder whose config.json agrees with the config but one tensor's shape does not
+    lying = tmp_path / "lying"
+    export(ringscan, tiny_run, lying)
+    ts = st.load(lying / "model.safetensors")
+    ts["model.layers.0.mlp.gate_proj.weight"] = ts["model.layers.0.mlp.gate_proj.weight"][:384]
+    st.save(lying / "model.safetensors", ts, {"format": "pt"})
     base = [ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
             "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}"]
     cases = [  # (init_from, extra sets, what the message must name)
         (hf, ["model.intermediate_size=384"],
-         ["model.layers.0.mlp.gate_proj.weight", "[512, 256]", "[384, 256]", "model.init_from"]),
-        (tiny_run, ["model.intermediate_size=384"], ["model.layers.0.mlp.gate_up", "[1024, 256]", "[768, 256]"]),
-        (hf, ["model.full_attention_interval=2"], ["model.layers.1.linear_attn", "not part of the model"]),
+         [f"{hf}/config.json has intermediate_size = 512", "model.intermediate_size = 384", "model.init_from"]),
+        (lying, [], ["model.layers.0.mlp.gate_proj.weight", "[384, 256]", "[512, 256]", "model.init_from"]),
+        (tiny_run, ["model.intermediate_size=384"], ["(its saved config) has intermediate_size = 512",
+                                                     "model.intermediate_size = 384"]),
+        (hf, ["model.full_attention_interval=2"], ["layer 1 of kind linear_attention", "makes it full_attention"]),
         (tmp_path / "nowhere", [], ["no such directory"]),
         (tmp_path, [], ["neither a Hugging Face model folder"]),
     ]
@@ -256,6 +264,90 @@ def test_init_from_refuses_mismatch(ringscan, recall_tok, tiny_run, tmp_path):
         for w in words:
             assert w in r.stderr, (w, r.stderr)
         assert not (tmp_path / "run").exists(), "nothing may be written on a refused import"
+
+
+def test_init_from_refuses_a_tie_mismatch(ringscan, recall_tok, tiny_run, tmp_path):
+    """Issue 35, item 1: a run with its own (trained) lm_head imported into a config with tied embeddings
+    used to drop the lm_head silently (rc 0); the other way round has no lm_head to start from. Both are
+    refused with the reason, from the run directory, a checkpoint directory and its export; nothing written."""
+    hf = tmp_path / "hf"
+    export(ringscan, tiny_run, hf)
+    step = tiny_run / "ckpt" / (tiny_run / "ckpt/LATEST").read_text().strip()
+    for src in (tiny_run, step, hf):
+        r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+                 "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}",
+                 "--set", f"model.init_from={src}", "--set", "model.tie_word_embeddings=true"])
+        assert r.returncode == 2, (src, r.stdout[-1000:], r.stderr)
+        assert "tie_word_embeddings = false" in r.stderr and "model.tie_word_embeddings = true" in r.stderr, r.stderr
+        assert "trained lm_head would be dropped" in r.stderr, r.stderr
+        assert not (tmp_path / "run").exists()
+    tied = train(ringscan, recall_tok, tmp_path / "tied", steps=1, extra=["--set", "model.tie_word_embeddings=true"])
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}", "--set", f"model.init_from={tied}"])
+    assert r.returncode == 2 and "no lm_head of its own" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def edit_config(folder, edit):
+    """Rewrites folder/config.json with edit(dict) applied (edit may also return raw text)."""
+    cfg = json.loads((folder / "config.json").read_text())
+    out = edit(cfg)
+    (folder / "config.json").write_text(out if isinstance(out, str) else json.dumps(cfg))
+
+
+def _set(**kv):
+    def edit(cfg):
+        for k, v in kv.items():
+            if v is None:
+                cfg.pop(k, None)
+            else:
+                cfg[k] = v
+    return edit
+
+
+CONFIG_ATTACKS = [  # (name, edit of config.json, words the message must hold)
+    ("invalid-json", lambda c: "{\"model_type\": \"qwen3_next\",", ["config.json", "not a JSON object"]),
+    ("experts", _set(num_experts=8, mlp_only_layers=None), ["mixture-of-experts", "num_experts 8"]),
+    ("layer-types", _set(layer_types=["linear_attention", "full_attention"] * 2),
+     ["layer 1 of kind full_attention", "makes it linear_attention"]),
+    ("hidden-size", _set(hidden_size=128), ["hidden_size = 128", "model.hidden_size = 256"]),
+    ("rope-theta", lambda c: (c.update(rope_theta=1e6), c["rope_parameters"].update(rope_theta=1e6)),
+     ["rope_theta = 1000000", "model.rope_theta = 10000"]),
+    ("rope-theta-ambiguous", _set(rope_theta=1e6), ["rope_theta is 1e+06 but rope_parameters.rope_theta is 10000"]),
+    ("partial-rotary", lambda c: (c.update(partial_rotary_factor=0.5),
+                                  c["rope_parameters"].update(partial_rotary_factor=0.5)),
+     ["partial_rotary_factor = 0.5", "model.partial_rotary_factor = 0.25"]),
+    ("rms-norm-eps", _set(rms_norm_eps=1e-5), ["rms_norm_eps = 1e-05", "model.rms_norm_eps = 1e-06"]),
+    ("tie", _set(tie_word_embeddings=True), ["tie_word_embeddings = true"]),
+    ("yarn", lambda c: c["rope_parameters"].update(rope_type="yarn"), ["rope_type is \"yarn\"", "plain RoPE"]),
+    ("bias", _set(attention_bias=True), ["attention_bias is not false"]),
+    ("act", _set(hidden_act="gelu"), ["hidden_act is \"gelu\""]),
+    ("moe-type", _set(model_type="qwen3_5_moe"), ["qwen3_5_moe", "mixture-of-experts"]),
+    ("other-type", _set(model_type="llama"), ["model_type is \"llama\""]),
+]
+
+
+@pytest.mark.parametrize("name,edit,words", CONFIG_ATTACKS, ids=[c[0] for c in CONFIG_ATTACKS])
+def test_init_from_reads_config_json(ringscan, recall_tok, tiny_run, tmp_path, name, edit, words):
+    """Issue 35, item 1: model.init_from from a Hugging Face folder read only the tensors; a config.json that
+    is not JSON, describes a MoE model, other layer kinds, another hidden size, RoPE or norm epsilon imported
+    with rc 0. Now the import reads config.json with export's own reader (hf_read_config) and compares its
+    model with the config being trained: exit 2 naming the file and the key, nothing written; and export
+    refuses the same folders."""
+    hf = tmp_path / "hf"
+    export(ringscan, tiny_run, hf)
+    edit_config(hf, edit)
+    r = run([ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={recall_tok}",
+             "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'run'}", "--set", f"model.init_from={hf}"])
+    assert r.returncode == 2, r.stdout[-1000:] + r.stderr
+    assert f"{hf}/config.json" in r.stderr and "model.init_from" in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+    assert not (tmp_path / "run").exists()
+    if name not in ("layer-types", "hidden-size", "rope-theta", "partial-rotary", "rms-norm-eps", "tie"):
+        r = export(ringscan, hf, tmp_path / "out", ok=False)  # a folder's own values: export has no config to differ
+        assert r.returncode == 2 and f"{hf}/config.json" in r.stderr, r.stderr
+        assert not (tmp_path / "out").exists()
 
 
 def test_hf_check_against_the_reference(ringscan, tiny_run, recall_tok, tmp_path):

@@ -39,13 +39,14 @@ static uint16_t hf_f32_to_bf16(float f) {
 }
 
 /* config.json (docs/design/model.md). */
-static json_t *hf_config_json(const Config *cfg, StDtype dtype, const char *source) {
+static json_t *hf_config_json(const Config *cfg, StDtype dtype, HfFormat format, const char *source) {
     const ModelConfig *m = &cfg->model;
+    const int q35 = format == HF_FORMAT_QWEN3_5;
     json_t *j = json_object();
 #define SETI(k, v) json_object_set_new(j, k, json_integer((json_int_t)(v)))
 #define SETR(k, v) json_object_set_new(j, k, json_real(v))
-    json_object_set_new(j, "architectures", json_pack("[s]", "Qwen3NextForCausalLM"));
-    json_object_set_new(j, "model_type", json_string("qwen3_next"));
+    json_object_set_new(j, "architectures", json_pack("[s]", q35 ? "Qwen3_5ForCausalLM" : "Qwen3NextForCausalLM"));
+    json_object_set_new(j, "model_type", json_string(q35 ? "qwen3_5_text" : "qwen3_next"));
     SETI("vocab_size", m->vocab_size);
     SETI("hidden_size", m->hidden_size);
     SETI("intermediate_size", m->intermediate_size);
@@ -60,11 +61,24 @@ static json_t *hf_config_json(const Config *cfg, StDtype dtype, const char *sour
     json_object_set_new(j, "tie_word_embeddings", json_boolean(m->tie_word_embeddings));
     json_object_set_new(j, "attention_bias", json_false());
     SETR("attention_dropout", 0.0);
-    SETR("rope_theta", m->rope_theta);
-    SETR("partial_rotary_factor", m->partial_rotary_factor);
-    json_object_set_new(j, "rope_parameters", json_pack("{ss sf sf}", "rope_type", "default", "rope_theta",
-                                                        m->rope_theta, "partial_rotary_factor",
-                                                        m->partial_rotary_factor));
+    if (q35) {
+        /* Qwen3.5 keeps RoPE in rope_parameters only, with Qwen3-VL's interleaved sections over the rotary
+         * pairs (text: three equal position ids, so plain RoPE whatever the split; the published split
+         * [11, 11, 10] of 32 pairs, the same proportions here) */
+        const int64_t pairs = config_rotary_dim(cfg) / 2;
+        json_object_set_new(j, "attn_output_gate", json_true());
+        json_object_set_new(j, "rope_parameters",
+                            json_pack("{ss sf sf s[III] sb}", "rope_type", "default", "rope_theta", m->rope_theta,
+                                      "partial_rotary_factor", m->partial_rotary_factor, "mrope_section",
+                                      (json_int_t)((pairs + 2) / 3), (json_int_t)((pairs + 1) / 3),
+                                      (json_int_t)(pairs / 3), "mrope_interleaved", 1));
+    } else {
+        SETR("rope_theta", m->rope_theta);
+        SETR("partial_rotary_factor", m->partial_rotary_factor);
+        json_object_set_new(j, "rope_parameters", json_pack("{ss sf sf}", "rope_type", "default", "rope_theta",
+                                                            m->rope_theta, "partial_rotary_factor",
+                                                            m->partial_rotary_factor));
+    }
     SETI("linear_conv_kernel_dim", m->linear_conv_kernel_dim);
     SETI("linear_key_head_dim", m->linear_key_head_dim);
     SETI("linear_value_head_dim", m->linear_value_head_dim);
@@ -77,10 +91,13 @@ static json_t *hf_config_json(const Config *cfg, StDtype dtype, const char *sour
         json_array_append_new(dense, json_integer(l));
     }
     json_object_set_new(j, "layer_types", types);
-    json_object_set_new(j, "mlp_only_layers", dense); /* every layer dense (docs/design/model.md) */
-    SETI("decoder_sparse_step", 1);
-    SETI("num_experts", 0);
-    json_object_set_new(j, "output_router_logits", json_false());
+    if (q35) json_decref(dense); /* Qwen3.5 dense has no experts to place */
+    else {
+        json_object_set_new(j, "mlp_only_layers", dense); /* every layer dense (docs/design/model.md) */
+        SETI("decoder_sparse_step", 1);
+        SETI("num_experts", 0);
+        json_object_set_new(j, "output_router_logits", json_false());
+    }
     json_object_set_new(j, "use_cache", json_true());
     json_object_set_new(j, "dtype", json_string(dtype == ST_DTYPE_BF16 ? "bfloat16" : "float32"));
     json_object_set_new(j, "ringscan_source", json_string(source));
@@ -199,6 +216,10 @@ int hf_export_params(const float *params, const ParamTable *ptab, const Config *
         fsio_errf(err, err_len, "dtype %s; expected F32 or BF16", st_dtype_names[o->dtype]);
         return RS_EXIT_USAGE;
     }
+    if (o->format != HF_FORMAT_QWEN3_NEXT && o->format != HF_FORMAT_QWEN3_5) {
+        fsio_errf(err, err_len, "format %d; expected qwen3_next or qwen3_5", (int)o->format);
+        return RS_EXIT_USAGE;
+    }
     int rc = hf_check_out(out_dir, err, err_len);
     if (rc) return rc;
     char out[PATH_MAX], tmp[PATH_MAX + 64], made[PATH_MAX] = "";
@@ -212,15 +233,15 @@ int hf_export_params(const float *params, const ParamTable *ptab, const Config *
         return RS_EXIT_FAIL;
     }
     HfLayout lay;
-    hf_layout_build(&lay, cfg, ptab);
+    hf_layout_build(&lay, cfg, ptab, o->format);
     const int64_t es = st_dtype_size(o->dtype);
     int32_t *shard_of = RS_CALLOC((size_t)lay.n + 1, sizeof *shard_of);
     int shards = hf_plan_shards(shard_of, &lay, es, o->shard_gib);
     int64_t total = 0;
     for (int i = 0; i < lay.n; i++) total += lay.t[i].hf.numel * es;
     if (o->progress)
-        fprintf(o->progress, "export: %s -> %s: %d tensors, %lld parameters, %.3f GiB of %s in %d file%s\n", source,
-                out, lay.n, (long long)ptab->count, (double)total / (1 << 30),
+        fprintf(o->progress, "export: %s -> %s (%s): %d tensors, %lld parameters, %.3f GiB of %s in %d file%s\n",
+                source, out, hf_format_names[o->format], lay.n, (long long)ptab->count, (double)total / (1 << 30),
                 o->dtype == ST_DTYPE_BF16 ? "bf16" : "fp32", shards, shards == 1 ? "" : "s"), fflush(o->progress);
     for (int s = 0; !rc && s < shards; s++)
         rc = hf_write_shard(tmp, s, shards, shard_of, &lay, params, ptab, o->dtype, o->progress, err, err_len);
@@ -238,7 +259,7 @@ int hf_export_params(const float *params, const ParamTable *ptab, const Config *
         json_decref(idx);
     }
     if (!rc) {
-        json_t *cj = hf_config_json(cfg, o->dtype, source);
+        json_t *cj = hf_config_json(cfg, o->dtype, o->format, source);
         snprintf(path, sizeof path, "%s/config.json", tmp);
         rc = hf_write_json(path, cj, err, err_len);
         json_decref(cj);
@@ -282,7 +303,7 @@ int hf_export(const char *src, const char *out_dir, const HfExportOptions *o, ch
             return RS_EXIT_USAGE;
         }
         config_init_defaults(&cfg);
-        if ((rc = hf_read_config(&cfg, src, err, err_len))) {
+        if ((rc = hf_read_config(&cfg, NULL, src, err, err_len))) {
             config_free(&cfg);
             return rc;
         }
@@ -290,10 +311,12 @@ int hf_export(const char *src, const char *out_dir, const HfExportOptions *o, ch
     }
     const Config *mc = ringscan ? &c.cfg : &cfg;
     ParamTable ptab;
+    char note[1024] = "";
     model_params_build(&ptab, mc);
     float *params = RS_CALLOC((size_t)ptab.buffer_numel + 1, sizeof(float));
     rc = ringscan ? hf_ckpt_read_params(params, &ptab, &c, err, err_len)
-                  : hf_import(params, &ptab, mc, src, "export", err, err_len);
+                  : hf_import(params, &ptab, mc, src, "export", note, sizeof note, err, err_len);
+    if (!rc && note[0] && o->progress) fprintf(o->progress, "%s\n", note), fflush(o->progress);
     if (!rc) rc = hf_export_params(params, &ptab, mc, source, out_dir, o, err, err_len);
     free(params);
     model_params_free(&ptab);

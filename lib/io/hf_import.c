@@ -234,37 +234,47 @@ static float hf_half_to_f32(uint16_t h) {
     return (h & 0x8000) ? -v : v;
 }
 
+/* The name tensor `hf_name` (a text model's name, docs/design/model.md) has in the folder: in a composite
+ * Qwen3.5 folder model.X is model.language_model.X (lm_head.weight stays). */
+static void hf_file_name(char *dst, size_t n, const char *hf_name, const HfKind *kind) {
+    if (kind->composite && !strncmp(hf_name, "model.", 6)) snprintf(dst, n, "model.language_model.%s", hf_name + 6);
+    else snprintf(dst, n, "%s", hf_name);
+}
+
 /* HF tensor `m` of the folder into dst (fp32, HF layout, hf.numel floats). */
-static int hf_folder_read(float *dst, const HfFolder *f, const HfMap *m, const char *what, char *err, size_t err_len) {
+static int hf_folder_read(float *dst, const HfFolder *f, const HfKind *kind, const HfMap *m, const char *what,
+                          char *err, size_t err_len) {
     const SafetensorsFile *file = NULL;
     const StTensor *t = NULL;
+    char name[PARAM_NAME_MAX + 64];
+    hf_file_name(name, sizeof name, m->hf.name, kind);
     for (int i = 0; i < f->n && !t; i++)
-        if ((t = safetensors_find(&f->files[i], m->hf.name))) file = &f->files[i];
+        if ((t = safetensors_find(&f->files[i], name))) file = &f->files[i];
     char want[128], got[128];
     st_format_shape(want, sizeof want, m->hf.ndim, m->hf.shape);
     if (!t) {
         fsio_errf(err, err_len, "%s: the Hugging Face folder has no tensor %s (the config needs it, shape %s)", what,
-                  m->hf.name, want);
+                  name, want);
         return RS_EXIT_USAGE;
     }
     st_format_shape(got, sizeof got, t->ndim, t->shape);
     int same = t->ndim == m->hf.ndim;
     for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == m->hf.shape[d];
     if (!same) {
-        fsio_errf(err, err_len, "%s: tensor %s in %s has shape %s; the config needs %s", what, m->hf.name, file->path,
+        fsio_errf(err, err_len, "%s: tensor %s in %s has shape %s; the config needs %s", what, name, file->path,
                   got, want);
         return RS_EXIT_USAGE;
     }
     if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16 && t->dtype != ST_DTYPE_F16) {
-        fsio_errf(err, err_len, "%s: tensor %s in %s is %s; import reads F32, BF16 or F16", what, m->hf.name,
+        fsio_errf(err, err_len, "%s: tensor %s in %s is %s; import reads F32, BF16 or F16", what, name,
                   file->path, st_dtype_names[t->dtype]);
         return RS_EXIT_USAGE;
     }
     int rc;
-    if (t->dtype == ST_DTYPE_F32) rc = safetensors_read(file, m->hf.name, t->dtype, t->ndim, t->shape, dst, err, err_len);
+    if (t->dtype == ST_DTYPE_F32) rc = safetensors_read(file, name, t->dtype, t->ndim, t->shape, dst, err, err_len);
     else {
         uint16_t *h = RS_MALLOC((size_t)m->hf.numel * 2 + 1);
-        rc = safetensors_read(file, m->hf.name, t->dtype, t->ndim, t->shape, h, err, err_len);
+        rc = safetensors_read(file, name, t->dtype, t->ndim, t->shape, h, err, err_len);
         for (int64_t i = 0; !rc && i < m->hf.numel; i++) {
             if (t->dtype == ST_DTYPE_BF16) {
                 uint32_t bits = (uint32_t)h[i] << 16;
@@ -273,7 +283,7 @@ static int hf_folder_read(float *dst, const HfFolder *f, const HfMap *m, const c
         }
         free(h);
     }
-    if (!rc && (rc = hf_check_finite(dst, m->hf.numel, m->hf.name, file->path, err, err_len))) {
+    if (!rc && (rc = hf_check_finite(dst, m->hf.numel, name, file->path, err, err_len))) {
         char inner[4096];
         snprintf(inner, sizeof inner, "%s", err);
         fsio_errf(err, err_len, "%s: %s", what, inner);
@@ -281,36 +291,60 @@ static int hf_folder_read(float *dst, const HfFolder *f, const HfMap *m, const c
     return rc;
 }
 
-/* Every tensor of the folder is one the config knows (mtp.* aside). */
-static int hf_folder_check_names(const HfFolder *f, const HfLayout *lay, const char *what, char *err, size_t err_len) {
+/* Every tensor of the folder is one the config knows, except those set aside: mtp.* (the multi-token-
+ * prediction layer) and, in a composite folder, model.visual.* (the vision tower). `note` names them. */
+static int hf_folder_check_names(const HfFolder *f, const HfLayout *lay, const HfKind *kind, const char *what,
+                                 char *note, size_t note_len, char *err, size_t err_len) {
+    int64_t mtp = 0, visual = 0;
+    char name[PARAM_NAME_MAX + 64];
     for (int i = 0; i < f->n; i++)
         for (int64_t j = 0; j < f->files[i].n; j++) {
-            const char *name = f->files[i].tensors[j].name;
-            if (!strncmp(name, "mtp.", 4)) continue;
+            const char *fname = f->files[i].tensors[j].name;
+            if (!strncmp(fname, "mtp.", 4)) {
+                mtp++;
+                continue;
+            }
+            if (kind->composite && !strncmp(fname, "model.visual.", 13)) {
+                visual++;
+                continue;
+            }
             int known = 0;
-            for (int k = 0; k < lay->n && !known; k++) known = !strcmp(lay->t[k].hf.name, name);
+            for (int k = 0; k < lay->n && !known; k++) {
+                hf_file_name(name, sizeof name, lay->t[k].hf.name, kind);
+                known = !strcmp(name, fname);
+            }
             if (!known) {
-                fsio_errf(err, err_len, "%s: tensor %s in %s is not part of the model the config describes (a MoE "
-                                        "expert, another layer type, or another number of layers?)",
-                          what, name, f->files[i].path);
+                fsio_errf(err, err_len, "%s: tensor %s in %s is not part of the %s model the config describes (a MoE "
+                                        "expert, another layer type, another number of layers, or an lm_head of "
+                                        "tied embeddings?)",
+                          what, fname, f->files[i].path, hf_format_names[lay->format]);
                 return RS_EXIT_USAGE;
             }
         }
+    if (note && note_len) {
+        char v[160] = "", m[160] = "";
+        if (visual) snprintf(v, sizeof v, " %lld tensors of model.visual.* (the vision tower: ringscan trains the "
+                                          "language model)", (long long)visual);
+        if (mtp) snprintf(m, sizeof m, "%s %lld tensors of mtp.* (the multi-token-prediction layer, which transformers "
+                                       "does not load either)", visual ? " and" : "", (long long)mtp);
+        snprintf(note, note_len, "%s%s%s%s", visual || mtp ? what : "", visual || mtp ? ": left aside" : "", v, m);
+    }
     return 0;
 }
 
 static int hf_import_folder(float *params, const ParamTable *ptab, const Config *cfg, const char *dir,
-                            const char *what, char *err, size_t err_len) {
+                            const HfKind *kind, const char *what, char *note, size_t note_len, char *err,
+                            size_t err_len) {
     HfFolder f;
     int rc = hf_folder_open(&f, dir, err, err_len);
     if (rc) return rc;
     HfLayout lay;
-    hf_layout_build(&lay, cfg, ptab);
-    rc = hf_folder_check_names(&f, &lay, what, err, err_len);
+    hf_layout_build(&lay, cfg, ptab, kind->format);
+    rc = hf_folder_check_names(&f, &lay, kind, what, note, note_len, err, err_len);
     for (int i = 0; !rc && i < lay.n; i++) {
         const HfMap *m = &lay.t[i];
         float *buf = RS_MALLOC((size_t)m->hf.numel * sizeof(float) + 1);
-        rc = hf_folder_read(buf, &f, m, what, err, err_len);
+        rc = hf_folder_read(buf, &f, kind, m, what, err, err_len);
         if (!rc) hf_layout_scatter(params, &lay, m, buf, ptab);
         free(buf);
     }
@@ -320,23 +354,26 @@ static int hf_import_folder(float *params, const ParamTable *ptab, const Config 
 }
 
 int hf_import(float *params, const ParamTable *ptab, const Config *cfg, const char *src, const char *what,
-              char *err, size_t err_len) {
+              char *note, size_t note_len, char *err, size_t err_len) {
     struct stat st;
+    if (note && note_len) note[0] = 0;
     if (stat(src, &st) != 0 || !S_ISDIR(st.st_mode)) {
         fsio_errf(err, err_len, "%s = \"%s\": %s; expected a Hugging Face model folder, a ringscan run directory or "
                                 "a checkpoint directory (RUN/ckpt/step_N)",
                   what, src, errno == ENOENT ? "no such directory" : "not a directory");
         return RS_EXIT_USAGE;
     }
+    char inner[4096], where[PATH_MAX + 64];
     if (hf_is_ringscan(src)) {
         HfCkpt c;
         int rc = hf_ckpt_open(&c, src, err, err_len); /* on failure, nothing to close */
         if (!rc) {
-            rc = hf_ckpt_read_params(params, ptab, &c, err, err_len);
+            snprintf(where, sizeof where, "%s (its saved config)", c.dir);
+            rc = hf_config_compare(cfg, &c.cfg, where, err, err_len);
+            if (!rc) rc = hf_ckpt_read_params(params, ptab, &c, err, err_len);
             hf_ckpt_close(&c);
         }
         if (rc) {
-            char inner[4096];
             snprintf(inner, sizeof inner, "%s", err);
             fsio_errf(err, err_len, "%s = \"%s\": %s", what, src, inner);
         }
@@ -348,79 +385,185 @@ int hf_import(float *params, const ParamTable *ptab, const Config *cfg, const ch
                   what, src);
         return RS_EXIT_USAGE;
     }
-    return hf_import_folder(params, ptab, cfg, src, what, err, err_len);
+    /* config.json first: the folder's model must be the config's, checked as export checks it */
+    Config fc;
+    HfKind kind;
+    config_init_defaults(&fc);
+    int rc = hf_read_config(&fc, &kind, src, err, err_len);
+    if (!rc) {
+        snprintf(where, sizeof where, "%s/config.json", src);
+        rc = hf_config_compare(cfg, &fc, where, err, err_len);
+    }
+    config_free(&fc);
+    if (rc) {
+        snprintf(inner, sizeof inner, "%s", err);
+        fsio_errf(err, err_len, "%s: %s", what, inner);
+        return rc;
+    }
+    return hf_import_folder(params, ptab, cfg, src, &kind, what, note, note_len, err, err_len);
 }
 
 /* ---- config.json -> the model keys -------------------------------------------------- */
 
-int hf_read_config(Config *cfg, const char *dir, char *err, size_t err_len) {
+/* The model_type of a folder, and the object holding its language model's keys. */
+static int hf_config_kind(HfKind *kind, json_t **text, json_t *j, const char *path, ConfigErrors *ce) {
+    const char *type = json_string_value(json_object_get(j, "model_type"));
+    memset(kind, 0, sizeof *kind);
+    *text = j;
+    if (!type) {
+        config_errors_add(ce, "%s: model_type is missing; ringscan reads qwen3_next, qwen3_5_text and qwen3_5 "
+                              "(dense) folders", path);
+        return -1;
+    }
+    if (!strcmp(type, "qwen3_next")) return 0;
+    if (strstr(type, "moe")) {
+        config_errors_add(ce, "%s: model_type is \"%s\", a mixture-of-experts model; ringscan trains dense models "
+                              "(qwen3_next with every layer in mlp_only_layers, qwen3_5_text, qwen3_5)", path, type);
+        return -1;
+    }
+    kind->format = HF_FORMAT_QWEN3_5;
+    if (!strcmp(type, "qwen3_5_text")) return 0;
+    if (strcmp(type, "qwen3_5")) {
+        config_errors_add(ce, "%s: model_type is \"%s\"; ringscan reads qwen3_next, qwen3_5_text and qwen3_5 (dense) "
+                              "folders", path, type);
+        return -1;
+    }
+    kind->composite = 1;
+    *text = json_object_get(j, "text_config");
+    const char *tt = json_string_value(json_object_get(*text, "model_type"));
+    if (!json_is_object(*text) || (tt && strcmp(tt, "qwen3_5_text"))) {
+        config_errors_add(ce, "%s: model_type \"qwen3_5\" needs a text_config object of model_type qwen3_5_text%s%s",
+                          path, tt ? "; it has " : "", tt ? tt : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* A real from t[key] or t.rope_parameters[key] (both present: they must agree); NULL when absent. */
+static json_t *hf_config_real(json_t *t, const char *key, const char *path, ConfigErrors *ce) {
+    json_t *top = json_object_get(t, key), *rp = json_object_get(json_object_get(t, "rope_parameters"), key);
+    if (top && !json_is_number(top)) config_errors_add(ce, "%s: %s is not a number", path, key);
+    if (rp && !json_is_number(rp)) config_errors_add(ce, "%s: rope_parameters.%s is not a number", path, key);
+    if (json_is_number(top) && json_is_number(rp) && json_number_value(top) != json_number_value(rp))
+        config_errors_add(ce, "%s: %s is %g but rope_parameters.%s is %g: which one the model was trained with is "
+                              "not clear", path, key, json_number_value(top), key, json_number_value(rp));
+    return json_is_number(rp) ? rp : json_is_number(top) ? top : NULL;
+}
+
+int hf_read_config(Config *cfg, HfKind *kind_out, const char *dir, char *err, size_t err_len) {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *j;
     int rc = hf_read_json(&j, path, err, err_len);
     if (rc) return rc;
-    const char *type = json_string_value(json_object_get(j, "model_type"));
-    if (!type || strcmp(type, "qwen3_next")) {
-        fsio_errf(err, err_len, "%s: model_type is %s%s%s; ringscan reads qwen3_next", path, type ? "\"" : "",
-                  type ? type : "missing", type ? "\"" : "");
-        json_decref(j);
-        return RS_EXIT_USAGE;
-    }
-    static const char *const ints[] = {
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-        "linear_value_head_dim", "linear_conv_kernel_dim", NULL};
     ConfigErrors ce = {0};
-    char set[16384];
-    int k = 0;
-    for (int i = 0; ints[i]; i++) {
-        json_t *v = json_object_get(j, ints[i]);
-        if (!json_is_integer(v)) config_errors_add(&ce, "%s: %s is missing or not an integer", path, ints[i]);
-        else {
-            snprintf(set, sizeof set, "model.%s=%lld", ints[i], (long long)json_integer_value(v));
+    HfKind kind;
+    json_t *t;
+    if (hf_config_kind(&kind, &t, j, path, &ce) == 0) {
+        const char *pre = kind.composite ? "text_config." : "";
+        size_t set_len = 64 + (size_t)CONFIG_LIST_MAX * 24;
+        char *set = RS_MALLOC(set_len);
+        int k = 0;
+        static const char *const ints[] = {
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+            "linear_value_head_dim", "linear_conv_kernel_dim", NULL};
+        for (int i = 0; ints[i]; i++) {
+            json_t *v = json_object_get(t, ints[i]);
+            if (!json_is_integer(v)) config_errors_add(&ce, "%s: %s%s is missing or not an integer", path, pre, ints[i]);
+            else {
+                snprintf(set, set_len, "model.%s=%lld", ints[i], (long long)json_integer_value(v));
+                config_apply_set(cfg, set, k++, &ce);
+            }
+        }
+        static const char *const reals[] = {"rms_norm_eps", "rope_theta", "partial_rotary_factor", NULL};
+        for (int i = 0; reals[i]; i++) {
+            json_t *v = i == 0 ? json_object_get(t, reals[i]) : hf_config_real(t, reals[i], path, &ce);
+            if (!v) { /* transformers' defaults (Qwen3NextConfig, Qwen3_5TextConfig) are ringscan's */
+                snprintf(set, set_len, "model.%s=%s", reals[i], i == 0 ? "1e-6" : i == 1 ? "10000" : "0.25");
+            } else if (!json_is_number(v)) {
+                config_errors_add(&ce, "%s: %s%s is not a number", path, pre, reals[i]);
+                continue;
+            } else snprintf(set, set_len, "model.%s=%.17g", reals[i], json_number_value(v));
             config_apply_set(cfg, set, k++, &ce);
         }
-    }
-    json_t *rp = json_object_get(j, "rope_parameters");
-    static const char *const reals[] = {"rms_norm_eps", "rope_theta", "partial_rotary_factor", NULL};
-    for (int i = 0; reals[i]; i++) {
-        json_t *v = json_object_get(j, reals[i]);
-        if (!v && i > 0) v = json_object_get(rp, reals[i]);
-        if (!json_is_number(v)) continue; /* the defaults hold */
-        snprintf(set, sizeof set, "model.%s=%.17g", reals[i], json_number_value(v));
-        config_apply_set(cfg, set, k++, &ce);
-    }
-    json_t *tie = json_object_get(j, "tie_word_embeddings");
-    if (json_is_boolean(tie)) {
-        snprintf(set, sizeof set, "model.tie_word_embeddings=%s", json_is_true(tie) ? "true" : "false");
-        config_apply_set(cfg, set, k++, &ce);
-    }
-    json_t *lt = json_object_get(j, "layer_types");
-    if (json_is_array(lt)) {
-        size_t n = 0, i;
-        json_t *v;
-        n += (size_t)snprintf(set, sizeof set, "model.layer_types=[");
-        json_array_foreach(lt, i, v) {
-            if (n < sizeof set) n += (size_t)snprintf(set + n, sizeof set - n, "%s%s", i ? ", " : "",
-                                                      json_is_string(v) ? json_string_value(v) : "?");
+        /* RoPE: plain (default) only; Qwen3.5's interleaved multimodal sections rotate text, whose three
+         * position ids are equal, exactly as plain RoPE does, so mrope_section is accepted as it is */
+        static const char *const scal[] = {"rope_parameters", "rope_scaling", NULL};
+        for (int i = 0; scal[i]; i++) {
+            json_t *rs = json_object_get(t, scal[i]);
+            if (!rs || json_is_null(rs)) continue;
+            const char *rt = json_string_value(json_object_get(rs, "rope_type"));
+            if (!rt) rt = json_string_value(json_object_get(rs, "type"));
+            if (!json_is_object(rs)) config_errors_add(&ce, "%s: %s%s is not an object", path, pre, scal[i]);
+            else if (rt && strcmp(rt, "default"))
+                config_errors_add(&ce, "%s: %s%s.rope_type is \"%s\"; ringscan computes plain RoPE (rope_type "
+                                       "\"default\"), not a scaled one", path, pre, scal[i], rt);
         }
-        if (n < sizeof set) snprintf(set + n, sizeof set - n, "]");
+        /* tie: a composite folder carries it twice; they must agree. Absent: transformers' default, false */
+        json_t *tie = json_object_get(t, "tie_word_embeddings"), *tie_top = kind.composite ?
+            json_object_get(j, "tie_word_embeddings") : NULL;
+        if ((tie && !json_is_boolean(tie)) || (tie_top && !json_is_boolean(tie_top)))
+            config_errors_add(&ce, "%s: tie_word_embeddings is not true or false", path);
+        else if (tie && tie_top && json_is_true(tie) != json_is_true(tie_top))
+            config_errors_add(&ce, "%s: tie_word_embeddings is %s but text_config.tie_word_embeddings is %s: whether "
+                                   "lm_head is the embedding is not clear", path, json_is_true(tie_top) ? "true" : "false",
+                              json_is_true(tie) ? "true" : "false");
+        if (!tie) tie = tie_top;
+        config_apply_set(cfg, json_is_true(tie) ? "model.tie_word_embeddings=true" : "model.tie_word_embeddings=false",
+                         k++, &ce);
+        const char *act = json_string_value(json_object_get(t, "hidden_act"));
+        if (json_object_get(t, "hidden_act") && (!act || strcmp(act, "silu")))
+            config_errors_add(&ce, "%s: %shidden_act is %s%s%s; ringscan's MLP is SiLU-gated (\"silu\")", path, pre,
+                              act ? "\"" : "", act ? act : "not a string", act ? "\"" : "");
+        json_t *ab = json_object_get(t, "attention_bias"), *gate = json_object_get(t, "attn_output_gate");
+        if (ab && !json_is_false(ab))
+            config_errors_add(&ce, "%s: %sattention_bias is not false; ringscan's projections have no biases", path, pre);
+        if (gate && !json_is_true(gate))
+            config_errors_add(&ce, "%s: %sattn_output_gate is not true; ringscan's attention always has its sigmoid "
+                                   "output gate (q_proj holds query and gate)", path, pre);
+        json_t *fai = json_object_get(t, "full_attention_interval");
+        if (fai && !json_is_integer(fai))
+            config_errors_add(&ce, "%s: %sfull_attention_interval is not an integer", path, pre);
+        snprintf(set, set_len, "model.full_attention_interval=%lld", fai ? (long long)json_integer_value(fai) : 4LL);
         config_apply_set(cfg, set, k++, &ce);
-    }
-    /* every layer must be dense: MoE layers have no ringscan counterpart */
-    json_t *ne = json_object_get(j, "num_experts"), *mlp_only = json_object_get(j, "mlp_only_layers");
-    json_t *step = json_object_get(j, "decoder_sparse_step");
-    int64_t experts = json_is_integer(ne) ? json_integer_value(ne) : 512; /* transformers' default */
-    int64_t sparse = json_is_integer(step) ? json_integer_value(step) : 1;
-    for (int64_t l = 0; ce.count == 0 && experts > 0 && l < cfg->model.num_hidden_layers; l++) {
-        int dense = sparse <= 0 || (l + 1) % sparse != 0;
-        size_t i;
-        json_t *v;
-        json_array_foreach(mlp_only, i, v) dense |= json_integer_value(v) == l;
-        if (!dense)
-            config_errors_add(&ce, "%s: layer %lld is a mixture-of-experts layer (not in mlp_only_layers, num_experts "
-                                   "%lld); ringscan models are dense in every layer",
-                              path, (long long)l, (long long)experts);
+        json_t *lt = json_object_get(t, "layer_types");
+        if (lt && !json_is_array(lt)) config_errors_add(&ce, "%s: %slayer_types is not a list", path, pre);
+        size_t n = (size_t)snprintf(set, set_len, "model.layer_types=[");
+        if (json_is_array(lt)) {
+            size_t i;
+            json_t *v;
+            json_array_foreach(lt, i, v) {
+                const char *s = json_is_string(v) ? json_string_value(v) : "(not a string)";
+                if (strlen(s) > 20) s = "(another kind)";
+                if (n < set_len) n += (size_t)snprintf(set + n, set_len - n, "%s%s", i ? ", " : "", s);
+            }
+        }
+        if (n < set_len) snprintf(set + n, set_len - n, "]");
+        config_apply_set(cfg, set, k++, &ce); /* absent: derived from the interval, as transformers does */
+        /* every layer must be dense: MoE layers have no ringscan counterpart */
+        json_t *ne = json_object_get(t, "num_experts");
+        if (ne && !json_is_integer(ne)) config_errors_add(&ce, "%s: %snum_experts is not an integer", path, pre);
+        if (kind.format == HF_FORMAT_QWEN3_5) {
+            if (json_integer_value(ne) > 0)
+                config_errors_add(&ce, "%s: %snum_experts is %lld: a mixture-of-experts model; ringscan trains dense "
+                                       "models", path, pre, (long long)json_integer_value(ne));
+        } else {
+            json_t *mlp_only = json_object_get(t, "mlp_only_layers"), *step = json_object_get(t, "decoder_sparse_step");
+            int64_t experts = json_is_integer(ne) ? json_integer_value(ne) : 512; /* transformers' default */
+            int64_t sparse = json_is_integer(step) ? json_integer_value(step) : 1;
+            for (int64_t l = 0; ce.count == 0 && experts > 0 && l < cfg->model.num_hidden_layers; l++) {
+                int dense = sparse <= 0 || (l + 1) % sparse != 0;
+                size_t i;
+                json_t *v;
+                json_array_foreach(mlp_only, i, v) dense |= json_integer_value(v) == l;
+                if (!dense)
+                    config_errors_add(&ce, "%s: layer %lld is a mixture-of-experts layer (not in mlp_only_layers, "
+                                           "num_experts %lld); ringscan models are dense in every layer",
+                                      path, (long long)l, (long long)experts);
+            }
+        }
+        free(set);
     }
     if (ce.count == 0) config_validate(cfg, &ce);
     json_decref(j);
@@ -430,5 +573,67 @@ int hf_read_config(Config *cfg, const char *dir, char *err, size_t err_len) {
         return RS_EXIT_USAGE;
     }
     config_errors_free(&ce);
+    if (kind_out) *kind_out = kind;
+    return 0;
+}
+
+/* ---- the source's model against the config being trained ----------------------------- */
+
+int hf_config_compare(const Config *want, const Config *got, const char *where, char *err, size_t err_len) {
+    const ModelConfig *a = &want->model, *b = &got->model;
+    struct { const char *key; int64_t w, g; } ints[] = {
+        {"vocab_size", a->vocab_size, b->vocab_size},
+        {"hidden_size", a->hidden_size, b->hidden_size},
+        {"intermediate_size", a->intermediate_size, b->intermediate_size},
+        {"num_hidden_layers", a->num_hidden_layers, b->num_hidden_layers},
+        {"num_attention_heads", a->num_attention_heads, b->num_attention_heads},
+        {"num_key_value_heads", a->num_key_value_heads, b->num_key_value_heads},
+        {"head_dim", a->head_dim, b->head_dim},
+        {"linear_num_key_heads", a->linear_num_key_heads, b->linear_num_key_heads},
+        {"linear_num_value_heads", a->linear_num_value_heads, b->linear_num_value_heads},
+        {"linear_key_head_dim", a->linear_key_head_dim, b->linear_key_head_dim},
+        {"linear_value_head_dim", a->linear_value_head_dim, b->linear_value_head_dim},
+        {"linear_conv_kernel_dim", a->linear_conv_kernel_dim, b->linear_conv_kernel_dim},
+        {"hidden_act", a->hidden_act, b->hidden_act},
+        {"attention_bias", a->attention_bias, b->attention_bias},
+    };
+    const char *hint = "\n  hint: nothing was read; set the config's model keys to the source's (or take a source of "
+                       "this model)";
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (ints[i].w != ints[i].g) {
+            fsio_errf(err, err_len, "%s has %s = %lld; the config being trained has model.%s = %lld: the weights "
+                                    "would not fit or would mean something else%s",
+                      where, ints[i].key, (long long)ints[i].g, ints[i].key, (long long)ints[i].w, hint);
+            return RS_EXIT_USAGE;
+        }
+    for (int l = 0; l < a->num_hidden_layers; l++) {
+        LayerKind kw = config_layer_kind(want, l), kg = config_layer_kind(got, l);
+        if (kw != kg) {
+            fsio_errf(err, err_len, "%s has layer %d of kind %s (layer_types / full_attention_interval); the config "
+                                    "being trained makes it %s: its mixer's weights would be another layer kind's%s",
+                      where, l, layer_kind_names[kg], layer_kind_names[kw], hint);
+            return RS_EXIT_USAGE;
+        }
+    }
+    struct { const char *key; double w, g; } reals[] = {
+        {"rms_norm_eps", a->rms_norm_eps, b->rms_norm_eps},
+        {"rope_theta", a->rope_theta, b->rope_theta},
+        {"partial_rotary_factor", a->partial_rotary_factor, b->partial_rotary_factor},
+    };
+    for (size_t i = 0; i < sizeof reals / sizeof *reals; i++)
+        if (fabs(reals[i].w - reals[i].g) > 1e-9 * fabs(reals[i].g)) {
+            fsio_errf(err, err_len, "%s has %s = %.9g; the config being trained has model.%s = %.9g: the model "
+                                    "would compute something other than what its weights were trained for%s",
+                      where, reals[i].key, reals[i].g, reals[i].key, reals[i].w, hint);
+            return RS_EXIT_USAGE;
+        }
+    if (a->tie_word_embeddings != b->tie_word_embeddings) {
+        fsio_errf(err, err_len, "%s has tie_word_embeddings = %s; the config being trained has "
+                                "model.tie_word_embeddings = %s: %s%s",
+                  where, b->tie_word_embeddings ? "true" : "false", a->tie_word_embeddings ? "true" : "false",
+                  b->tie_word_embeddings ? "the source has no lm_head of its own to start from"
+                                         : "the source's trained lm_head would be dropped", hint);
+        return RS_EXIT_USAGE;
+    }
     return 0;
 }

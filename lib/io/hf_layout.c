@@ -7,16 +7,25 @@
  *   linear_attn.in_proj  [q 0..Kd | k Kd.. | v 2Kd.. | z Cc.. | b Cc+Vd.. | a Cc+Vd+nv..]
  *   self_attn.in_proj    [q 0..qd | gate qd.. | k 2qd.. | v 2qd+kvd..]
  *   mlp.gate_up          [gate 0..I | up I..2I]
- * HF rows:
+ * HF rows, Qwen3-Next (HF_FORMAT_QWEN3_NEXT):
  *   in_proj_qkvz  nk groups of w = 2dk + 2r·dv: [q_g | k_g | v of heads g·r..g·r+r-1 | z of the same]
  *   in_proj_ba    nk groups of 2r: [b of heads g·r.. | a of the same]
+ * Qwen3.5 (HF_FORMAT_QWEN3_5; transformers' Qwen3_5GatedDeltaNet splits in_proj_qkv's output as
+ * [query Kd | key Kd | value Vd] in head order, the conv1d channel order, and z, b, a per value head):
+ *   in_proj_qkv   rows 0..Cc        in_proj_z  rows Cc..Cc+Vd
+ *   in_proj_b     rows Cc+Vd..      in_proj_a  rows Cc+Vd+nv..
+ * Both:
  *   q_proj        nh groups of 2hd: [q_h | gate_h]
+ * The Qwen3.5 state dict is the Qwen3-Next one (model_params_build_hf) with in_proj_qkvz replaced by
+ * in_proj_qkv, in_proj_z and in_proj_ba by in_proj_b, in_proj_a.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "hf.h"
+
+const char *const hf_format_names[HF_FORMAT_COUNT] = {"qwen3_next", "qwen3_5"};
 
 /* The internal tensor and rows behind HF tensor `hf` (names of model_params_build_hf). */
 static void hf_layout_map(HfMap *m, const HfLayout *lay, const Config *cfg, const ParamTable *ptab) {
@@ -33,7 +42,12 @@ static void hf_layout_map(HfMap *m, const HfLayout *lay, const Config *cfg, cons
     int64_t qd = lay->nh * lay->hd, kvd = mc->num_key_value_heads * mc->head_dim;
     char *leaf = strrchr(internal, '.');
     leaf = leaf ? leaf + 1 : internal;
-    if (!strcmp(leaf, "in_proj_qkvz") || !strcmp(leaf, "in_proj_ba")) {
+    const int64_t Kd = lay->nk * lay->dk, Vd = lay->nv * lay->dv, Cc = 2 * Kd + Vd;
+    if (!strcmp(leaf, "in_proj_qkv") || !strcmp(leaf, "in_proj_z") || !strcmp(leaf, "in_proj_b") ||
+        !strcmp(leaf, "in_proj_a")) { /* Qwen3.5: plain row ranges */
+        m->base = leaf[8] == 'q' ? 0 : leaf[8] == 'z' ? Cc : leaf[8] == 'b' ? Cc + Vd : Cc + Vd + lay->nv;
+        strcpy(leaf, "in_proj");
+    } else if (!strcmp(leaf, "in_proj_qkvz") || !strcmp(leaf, "in_proj_ba")) {
         m->kind = leaf[8] == 'q' ? HF_ROWS_GDN_QKVZ : HF_ROWS_GDN_BA;
         strcpy(leaf, "in_proj");
     } else if (!strcmp(leaf, "q_proj") || !strcmp(leaf, "k_proj") || !strcmp(leaf, "v_proj")) {
@@ -48,7 +62,39 @@ static void hf_layout_map(HfMap *m, const HfLayout *lay, const Config *cfg, cons
     RS_CHECK(m->param >= 0, "HF tensor %s has no internal parameter %s", name, internal);
 }
 
-void hf_layout_build(HfLayout *lay, const Config *cfg, const ParamTable *ptab) {
+/* The Qwen3.5 state dict from the Qwen3-Next one: each in_proj_qkvz -> in_proj_qkv, in_proj_z; each
+ * in_proj_ba -> in_proj_b, in_proj_a (same place in the order). */
+static void hf_layout_qwen3_5(HfTable *hf, const ModelConfig *mc) {
+    const int64_t Kd = mc->linear_num_key_heads * mc->linear_key_head_dim, nv = mc->linear_num_value_heads;
+    const int64_t Vd = nv * mc->linear_value_head_dim, H = mc->hidden_size;
+    int32_t n = 0;
+    for (int i = 0; i < hf->n; i++) n += strstr(hf->t[i].name, ".in_proj_qkvz.") || strstr(hf->t[i].name, ".in_proj_ba.");
+    HfTensor *t = RS_CALLOC((size_t)(hf->n + n) + 1, sizeof *t);
+    int32_t k = 0;
+    for (int i = 0; i < hf->n; i++) {
+        const HfTensor *s = &hf->t[i];
+        const char *at = strstr(s->name, ".in_proj_qkvz."), *ba = strstr(s->name, ".in_proj_ba.");
+        if (!at && !ba) {
+            t[k++] = *s;
+            continue;
+        }
+        const int prefix = (int)((at ? at : ba) - s->name);
+        for (int j = 0; j < 2; j++) {
+            HfTensor *d = &t[k++];
+            snprintf(d->name, sizeof d->name, "%.*s.in_proj_%s.weight", prefix, s->name,
+                     at ? (j ? "z" : "qkv") : (j ? "a" : "b"));
+            d->ndim = 2;
+            d->shape[0] = at ? (j ? Vd : 2 * Kd + Vd) : nv;
+            d->shape[1] = H;
+            d->numel = d->shape[0] * H;
+        }
+    }
+    free(hf->t);
+    hf->t = t;
+    hf->n = k;
+}
+
+void hf_layout_build(HfLayout *lay, const Config *cfg, const ParamTable *ptab, HfFormat format) {
     const ModelConfig *mc = &cfg->model;
     memset(lay, 0, sizeof *lay);
     lay->nk = mc->linear_num_key_heads;
@@ -57,8 +103,10 @@ void hf_layout_build(HfLayout *lay, const Config *cfg, const ParamTable *ptab) {
     lay->dv = mc->linear_value_head_dim;
     lay->nh = mc->num_attention_heads;
     lay->hd = mc->head_dim;
+    lay->format = format;
     HfTable hf;
     model_params_build_hf(&hf, cfg);
+    if (format == HF_FORMAT_QWEN3_5) hf_layout_qwen3_5(&hf, mc);
     lay->n = hf.n;
     lay->t = RS_CALLOC((size_t)hf.n, sizeof *lay->t);
     int64_t *covered = RS_CALLOC((size_t)ptab->n, sizeof *covered);

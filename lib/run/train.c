@@ -404,11 +404,13 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
         train_fail(&t, RS_EXIT_USAGE, "%s", err);
     train_check_fit(&t);
     float *init = NULL; /* model.init_from's weights (lib/io/hf.h), read and checked before anything is written */
+    char init_note[1024] = ""; /* which tensors of the source the import left aside */
     if (!resume_dir && cfg->model.init_from[0]) {
         ParamTable tab;
         model_params_build(&tab, cfg);
         init = RS_CALLOC((size_t)tab.buffer_numel, sizeof(float));
-        int rc = hf_import(init, &tab, cfg, cfg->model.init_from, "model.init_from", err, sizeof err);
+        int rc = hf_import(init, &tab, cfg, cfg->model.init_from, "model.init_from", init_note, sizeof init_note, err,
+                           sizeof err);
         model_params_free(&tab);
         if (rc) train_fail(&t, rc, "%s\n  hint: nothing was written", err);
     }
@@ -445,6 +447,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
             t.be->act_from_f32(t.model.weights, t.model.params, t.model.ptab.buffer_numel);
         free(init);
         train_say(&t, "init: weights from %s (model.init_from); optimizer state fresh\n", cfg->model.init_from);
+        if (init_note[0]) train_say(&t, "init: %s\n", init_note);
     }
     if (resume_dir) {
         train_ckpt_restore(&t, &res);

@@ -227,7 +227,14 @@ int main(int argc, char **argv) {
     model_init(&m, &cfg, be, comm, rows);
     const size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
     float *host = RS_CALLOC(1, pbytes); /* the weights, then the gradients (the backend's memory may be a GPU's) */
-    if (hf_dir && hf_import(host, &m.ptab, &cfg, hf_dir, "--hf", err, sizeof err)) RS_USAGE(NULL, "%s", err);
+    HfKind hf_kind = {0};
+    if (hf_dir) { /* the folder's format names the gradients written back */
+        Config fc;
+        config_init_defaults(&fc);
+        if (hf_read_config(&fc, &hf_kind, hf_dir, err, sizeof err)) RS_USAGE(NULL, "%s", err);
+        config_free(&fc);
+    }
+    if (hf_dir && hf_import(host, &m.ptab, &cfg, hf_dir, "--hf", NULL, 0, err, sizeof err)) RS_USAGE(NULL, "%s", err);
     for (int i = 0; !hf_dir && i < m.ptab.n; i++) {
         const ParamTensor *p = &m.ptab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
@@ -271,7 +278,7 @@ int main(int argc, char **argv) {
                (long long)m.count.block_recomputes);
         parity_print_counters(&m);
         HfLayout lay = {0};
-        if (hf_dir) hf_layout_build(&lay, &cfg, &m.ptab);
+        if (hf_dir) hf_layout_build(&lay, &cfg, &m.ptab, hf_kind.format);
         const int n_out = hf_dir ? lay.n : m.ptab.n;
         StTensor *out = RS_CALLOC((size_t)n_out + 1, sizeof *out);
         float *hf_grads = hf_dir ? RS_MALLOC((size_t)m.ptab.count * sizeof(float)) : NULL, *at = hf_grads;
