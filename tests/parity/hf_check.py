@@ -4,8 +4,8 @@ ringscan's (build/parity_step --hf: the same folder read by ringscan's import, g
 under the Hugging Face names by the export's row maps).
 
     /usr/bin/python3 tests/parity/hf_check.py RUN_DIR DATA WORK [--impl transformers|ref] [--scale S]...
-                     [--break none|swap-v-heads|deinterleave] [--batch B] [--seq-len T]
-                     [--loss-tol X] [--grad-tol Y]
+                     [--format qwen3_next|qwen3_5] [--break none|swap-v-heads|deinterleave|swap-z-qkv|rope-dims]
+                     [--batch B] [--seq-len T] [--loss-tol X] [--grad-tol Y]
 
 RUN_DIR   a trained ringscan run (e.g. configs/tiny-cpu.yaml); it is exported to WORK/hf (fp32)
 DATA      a flat token file (held-out data); the batches are its first samples, read as ringscan
@@ -14,9 +14,13 @@ DATA      a flat token file (held-out data); the batches are its first samples, 
           multiplied by S in the folder both sides load (default: 1 and 30). After a short training
           run the mixers add about 1% to the residual stream, so a wrong GDN layout moves the loss by
           ~1e-5 only; at 30x it moves it visibly.
+--format  the folder exported and compared: qwen3_next (Qwen3NextForCausalLM, default) or qwen3_5
+          (Qwen3_5ForCausalLM: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a)
 --break   a deliberately wrong layout in the folder transformers loads (ringscan loads the right
-          one): value heads 0 and 1 of in_proj_qkvz swapped, or in_proj_qkvz de-interleaved
-          ([q | k | v | z] blocks). The check must then FAIL: the device suite runs both.
+          one): value heads 0 and 1 swapped (in_proj_qkvz, or in_proj_qkv's value block), in_proj_qkvz
+          de-interleaved ([q | k | v | z] blocks; qwen3_next), the rows of value head 0 exchanged between
+          in_proj_qkv and in_proj_z (swap-z-qkv; qwen3_5), or config.json's partial_rotary_factor doubled
+          (rope-dims: the wrong rotary dims). The check must then FAIL: the device suite runs them.
 --impl    transformers (default; needs torch >= 2 and transformers 5.x) or ref: tests/parity/
           ref_model.py (float64), which reads the same HF names and layouts (a CI-able stand-in)
 
@@ -93,9 +97,16 @@ def sh(args, **kw):
     return r.stdout
 
 
-def write_folder(dst, src, tensors):
+def write_folder(dst, src, tensors, rope_dims=False):
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copy(src / "config.json", dst / "config.json")
+    if rope_dims:  # the wrong rotary dims: twice the partial rotary factor
+        cfg = json.loads((src / "config.json").read_text())
+        f = 2 * cfg.get("rope_parameters", cfg)["partial_rotary_factor"]
+        cfg["rope_parameters"]["partial_rotary_factor"] = f
+        if "partial_rotary_factor" in cfg:
+            cfg["partial_rotary_factor"] = f
+        (dst / "config.json").write_text(json.dumps(cfg, indent=2))
     st.save(dst / "model.safetensors", tensors, {"format": "pt"})
 
 
@@ -107,12 +118,26 @@ def load_folder(folder):
 
 
 def broken(tensors, cfg, how):
-    """A copy of the state dict with a wrong in_proj_qkvz layout."""
+    """A copy of the state dict with a wrong GDN input layout."""
     nk, nv, dk, dv = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                                        "linear_value_head_dim"))
     r, out = nv // nk, dict(tensors)
     w = 2 * dk + 2 * r * dv
+    if how == "rope-dims":
+        return out
     for name, a in tensors.items():
+        if name.endswith("in_proj_qkv.weight"):  # Qwen3.5: [q | k | v] plain
+            a, v0 = a.copy(), 2 * nk * dk
+            if how == "swap-v-heads":
+                a[[*range(v0, v0 + dv), *range(v0 + dv, v0 + 2 * dv)]] = \
+                    a[[*range(v0 + dv, v0 + 2 * dv), *range(v0, v0 + dv)]]
+            elif how == "swap-z-qkv":
+                zname = name.replace("in_proj_qkv", "in_proj_z")
+                z = tensors[zname].copy()
+                a[v0:v0 + dv], z[:dv] = tensors[zname][:dv], tensors[name][v0:v0 + dv]
+                out[zname] = z
+            out[name] = a
+            continue
         if not name.endswith("in_proj_qkvz.weight"):
             continue
         a = a.copy()
@@ -134,21 +159,23 @@ class TransformersModel:
     def __init__(self, folder):
         import torch
         import transformers
-        from transformers import Qwen3NextForCausalLM
         self.torch = torch
+        q35 = json.loads((Path(folder) / "config.json").read_text())["model_type"].startswith("qwen3_5")
+        cls = transformers.Qwen3_5ForCausalLM if q35 else transformers.Qwen3NextForCausalLM
+        prefix = "Qwen3_5" if q35 else "Qwen3Next"
         kw = {"attn_implementation": "eager", "output_loading_info": True}
         try:
-            model, info = Qwen3NextForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw)
+            model, info = cls.from_pretrained(folder, dtype=torch.float32, **kw)
         except TypeError:
-            model, info = Qwen3NextForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, **kw)
+            model, info = cls.from_pretrained(folder, torch_dtype=torch.float32, **kw)
         bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
         if bad:
             raise SystemExit(f"hf_check: transformers loaded {folder} with {bad}")
         for i, layer in enumerate(model.model.layers):
-            if type(layer.mlp).__name__ != "Qwen3NextMLP":
+            if type(layer.mlp).__name__ != prefix + "MLP":
                 raise SystemExit(f"hf_check: layer {i} has {type(layer.mlp).__name__}: not dense")
             la = getattr(layer, "linear_attn", None)
-            if la is not None and type(la.norm).__name__ != "Qwen3NextRMSNormGated":
+            if la is not None and type(la.norm).__name__ != prefix + "RMSNormGated":
                 raise SystemExit("hf_check: transformers picked fla's kernels; run without fla on PYTHONPATH (the "
                                  "check uses transformers' torch path on CPU)")
         self.model = model.float().train()
@@ -271,7 +298,9 @@ def main(argv=None):
     ap.add_argument("work", type=Path)
     ap.add_argument("--impl", choices=["transformers", "ref"], default="transformers")
     ap.add_argument("--scale", type=float, action="append")
-    ap.add_argument("--break", dest="brk", choices=["none", "swap-v-heads", "deinterleave"], default="none")
+    ap.add_argument("--format", choices=["qwen3_next", "qwen3_5"], default="qwen3_next")
+    ap.add_argument("--break", dest="brk", choices=["none", "swap-v-heads", "deinterleave", "swap-z-qkv", "rope-dims"],
+                    default="none")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--loss-tol", type=float, default=1e-4)
@@ -280,13 +309,16 @@ def main(argv=None):
     ap.add_argument("--ringscan", type=Path, default=ROOT / "build/ringscan")
     ap.add_argument("--parity-step", type=Path, default=ROOT / "build/parity_step")
     args = ap.parse_args(argv)
+    if (args.brk == "deinterleave" and args.format != "qwen3_next") or \
+            (args.brk == "swap-z-qkv" and args.format != "qwen3_5"):
+        ap.error(f"--break {args.brk} is a break of the other format")
     args.run, args.data, args.work = args.run.resolve(), args.data.resolve(), args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     impl = TransformersModel if args.impl == "transformers" else RefModel
     base = args.work / "hf"
     if base.exists():
         shutil.rmtree(base)
-    print(sh([args.ringscan, "export", args.run, base]).strip().splitlines()[-1])
+    print(sh([args.ringscan, "export", args.run, base, "--format", args.format]).strip().splitlines()[-1])
     cfg = json.loads((base / "config.json").read_text())
     tensors = load_folder(base)
     ok = True
@@ -299,10 +331,11 @@ def main(argv=None):
         hf_folder = rs_folder
         if args.brk != "none":
             hf_folder = args.work / f"hf-x{s:g}-{args.brk}"
-            write_folder(hf_folder, base, broken(scaled, cfg, args.brk))
+            write_folder(hf_folder, base, broken(scaled, cfg, args.brk), rope_dims=args.brk == "rope-dims")
         for batch in make_batches(args.data, args.batch, args.seq_len):
             ok &= check_one(args, label, rs_folder, hf_folder, batch, impl)
-    print(f"hf_check: {'PASS' if ok else 'FAIL'} ({args.impl}{', wrong layout ' + args.brk if args.brk != 'none' else ''})")
+    print(f"hf_check: {'PASS' if ok else 'FAIL'} ({args.impl}, {args.format}"
+          f"{', wrong layout ' + args.brk if args.brk != 'none' else ''})")
     return 0 if ok else 1
 
 

@@ -19,6 +19,12 @@ in the same document iff pos - doc_pos agree. Documents:
   - the GDN state is reset to 0 at every token with doc_pos == 0,
   - attention sees only keys of the same document with pos_k <= pos_q.
 Loss = mean cross-entropy over all tokens of the batch [B, T] with target >= 0.
+
+Qwen3.5 dense (transformers' Qwen3_5ForCausalLM) is the same model with the GDN input projection cut
+into four plain tensors: in_proj_qkv [2 nk dk + nv dv, H] (its output split [query | key | value] in
+head order, the conv's channel order), in_proj_z [nv dv, H], in_proj_b and in_proj_a [nv, H], value
+head h reading key head h // (nv / nk). The parameters P may use either naming (hf_shapes(cfg,
+"qwen3_5") lists the Qwen3.5 one); next_to_qwen3_5 converts a Qwen3-Next state dict.
 """
 import math
 from dataclasses import dataclass, field
@@ -54,8 +60,13 @@ class ModelConfig:
     @classmethod
     def from_mapping(cls, m):
         """From a dict of config keys (e.g. the `model:` section of `ringscan config show`);
-        keys this model does not use are ignored."""
+        keys this model does not use are ignored. A config.json's rope_parameters (Qwen3.5 keeps
+        rope_theta and partial_rotary_factor there only) override the top-level keys."""
         names = set(cls.__dataclass_fields__)
+        m = dict(m)
+        for k in ("rope_theta", "partial_rotary_factor"):
+            if isinstance(m.get("rope_parameters"), dict) and k in m["rope_parameters"]:
+                m[k] = m["rope_parameters"][k]
         return cls(**{k: v for k, v in m.items() if k in names})
 
     def layer_type(self, i):
@@ -81,8 +92,9 @@ class ModelConfig:
             raise ValueError("the rotary dim must be even")
 
 
-def hf_shapes(cfg):
-    """Names and shapes of the Hugging Face state dict (docs/design/model.md), in a fixed order."""
+def hf_shapes(cfg, fmt="qwen3_next"):
+    """Names and shapes of the Hugging Face state dict (docs/design/model.md), in a fixed order;
+    fmt "qwen3_5": the four plain GDN input projections instead of in_proj_qkvz / in_proj_ba."""
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     nk, nv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
@@ -96,9 +108,15 @@ def hf_shapes(cfg):
         s[p + "mlp.gate_proj.weight"] = (I, H)
         s[p + "mlp.up_proj.weight"] = (I, H)
         s[p + "mlp.down_proj.weight"] = (H, I)
-        if cfg.layer_type(i) == LINEAR:
+        if cfg.layer_type(i) == LINEAR and fmt == "qwen3_5":
+            s[p + "linear_attn.in_proj_qkv.weight"] = (Cc, H)
+            s[p + "linear_attn.in_proj_z.weight"] = (nv * dv, H)
+            s[p + "linear_attn.in_proj_b.weight"] = (nv, H)
+            s[p + "linear_attn.in_proj_a.weight"] = (nv, H)
+        elif cfg.layer_type(i) == LINEAR:
             s[p + "linear_attn.in_proj_qkvz.weight"] = (2 * nk * dk + 2 * nv * dv, H)
             s[p + "linear_attn.in_proj_ba.weight"] = (2 * nv, H)
+        if cfg.layer_type(i) == LINEAR:
             s[p + "linear_attn.conv1d.weight"] = (Cc, 1, cfg.linear_conv_kernel_dim)
             s[p + "linear_attn.dt_bias"] = (nv,)
             s[p + "linear_attn.A_log"] = (nv,)
@@ -222,6 +240,13 @@ def gdn_projections(P, cfg, i, x):
     nk, nv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
         cfg.linear_value_head_dim
     r = nv // nk
+    if p + "in_proj_qkv.weight" in P:  # Qwen3.5: plain [query | key | value], z, b, a per value head
+        qkv = x @ P[p + "in_proj_qkv.weight"].t()
+        q = qkv[..., :nk * dk].reshape(B, T, nk, dk)
+        k = qkv[..., nk * dk:2 * nk * dk].reshape(B, T, nk, dk)
+        v = qkv[..., 2 * nk * dk:].reshape(B, T, nv, dv)
+        z = (x @ P[p + "in_proj_z.weight"].t()).reshape(B, T, nv, dv)
+        return q, k, v, z, x @ P[p + "in_proj_b.weight"].t(), x @ P[p + "in_proj_a.weight"].t()
     qkvz = (x @ P[p + "in_proj_qkvz.weight"].t()).view(B, T, nk, 2 * dk + 2 * r * dv)
     q = qkvz[..., :dk]
     k = qkvz[..., dk:2 * dk]
@@ -345,6 +370,31 @@ def loss_and_grads(P, cfg, tokens, targets, pos, doc_pos, dtype=torch.float64):
     loss = loss_fn(leaves, cfg, tokens, targets, pos, doc_pos)
     loss.backward()
     return float(loss), {k: v.grad for k, v in leaves.items()}
+
+
+def next_to_qwen3_5(P, cfg):
+    """A Qwen3-Next state dict (in_proj_qkvz / in_proj_ba grouped by key head) as Qwen3.5's (four plain
+    projections); the other tensors as they are. Works on numpy arrays or tensors."""
+    nk, nv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
+        cfg.linear_value_head_dim
+    r = nv // nk
+    out = {}
+    for name, w in P.items():
+        if name.endswith("in_proj_qkvz.weight"):
+            g = w.reshape(nk, 2 * dk + 2 * r * dv, -1)
+            base = name[:-len("in_proj_qkvz.weight")]
+            parts = [g[:, :dk], g[:, dk:2 * dk], g[:, 2 * dk:2 * dk + r * dv]]
+            cat = torch.cat if isinstance(w, torch.Tensor) else __import__("numpy").concatenate
+            out[base + "in_proj_qkv.weight"] = cat([x.reshape(-1, w.shape[1]) for x in parts])
+            out[base + "in_proj_z.weight"] = g[:, 2 * dk + r * dv:].reshape(-1, w.shape[1])
+        elif name.endswith("in_proj_ba.weight"):
+            g = w.reshape(nk, 2 * r, -1)
+            base = name[:-len("in_proj_ba.weight")]
+            out[base + "in_proj_b.weight"] = g[:, :r].reshape(-1, w.shape[1])
+            out[base + "in_proj_a.weight"] = g[:, r:].reshape(-1, w.shape[1])
+        else:
+            out[name] = w
+    return out
 
 
 def random_params(cfg, seed=0, dtype=torch.float64, std=0.05):

@@ -21,7 +21,8 @@ import struct
 import numpy as np
 
 # safetensors dtype name <-> numpy dtype (little-endian). BF16 has no numpy
-# type; it is read into float32 (the top 16 bits) and never written.
+# type; it is read into float32 (the top 16 bits), and written from float32
+# (rounded to nearest even) for the tensors save()'s `bf16` names.
 _DTYPES = {
     "F64": np.dtype("<f8"),
     "F32": np.dtype("<f4"),
@@ -50,9 +51,18 @@ def _dtype_name(a):
     raise SafetensorsError(f"unsupported dtype {a.dtype} (supported: {', '.join(_DTYPES)})")
 
 
-def save(path, tensors, metadata=None):
+def bf16_bits(a):
+    """float32 array -> its bf16 bits (uint16, round to nearest even; NaN stays NaN)."""
+    b = np.ascontiguousarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+    nan = (b & 0x7FFFFFFF) > 0x7F800000
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(nan, ((b >> 16) | 0x40).astype(np.uint16), r)
+
+
+def save(path, tensors, metadata=None, bf16=()):
     """Writes a dict name -> numpy array (in the dict's order) to `path`.
-    `metadata` is an optional dict of str -> str."""
+    `metadata` is an optional dict of str -> str; the tensors named in `bf16` (or all of them when
+    bf16 is True) are stored as BF16."""
     header = {}
     if metadata:
         for k, v in metadata.items():
@@ -65,8 +75,11 @@ def save(path, tensors, metadata=None):
         if not isinstance(name, str) or name == "__metadata__" or not name:
             raise SafetensorsError(f"bad tensor name {name!r}")
         a = np.asarray(a)
-        dname = _dtype_name(a)
-        data = np.ascontiguousarray(a, dtype=_DTYPES[dname]).tobytes()
+        if bf16 is True or (bf16 and name in bf16):
+            dname, data = "BF16", bf16_bits(a).astype("<u2").tobytes()
+        else:
+            dname = _dtype_name(a)
+            data = np.ascontiguousarray(a, dtype=_DTYPES[dname]).tobytes()
         header[name] = {"dtype": dname, "shape": [int(d) for d in a.shape],
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
