@@ -27,6 +27,10 @@
 #   hf         the Hugging Face export against transformers (tests/parity/hf_check.py): a tiny run trained 100
 #              steps on the GPU, exported; transformers' loss and gradients against ringscan's, then a wrong GDN
 #              layout that must FAIL; and `ringscan eval` on cuda (one GPU, cp 2 on two) against the cpu oracle
+#   qwen35     Qwen3.5 checkpoints against transformers' Qwen3_5ForCausalLM (tests/parity/qwen35_check.py): random
+#              weights saved by transformers (fp32 sharded, bf16, composite), imported; loss and every gradient on
+#              cpu and cuda; export back, logits equal; the mrope == 1-D RoPE claim; wrong layouts that must FAIL.
+#              QWEN35_BIG=1 adds the 0.8B shape (cpu, 64 tokens). ~2 min (small)
 # The configs that must fit (each a training run of a few steps that fails if it does not; run it alone in a call):
 #   long-1m    configs/hybrid-1b-1m-h100x2.yaml: 3 steps of 1,048,576 tokens on two GPUs (cp 2, chunked, offload
 #              host): its plan, s/step, memory beside plan. ~6 min (with AS_H100=1 on H200s: the H100 fit)
@@ -203,6 +207,20 @@ EOF
     return $rc
 }
 
+# Qwen3.5 against transformers (issue 36): one PASS/FAIL line per check, the summary last
+suite_qwen35() {
+    local w=/tmp/gpu_regress_qwen35 PY=${PYTHON:-python3} rc=0
+    rm -rf "$w" && mkdir -p "$w"
+    env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/qwen35_check.py "$w/small" > "$L/qwen35.log" 2>&1 || rc=1
+    grep -E "^(PASS|FAIL|SKIP)  |^qwen35_check" "$L/qwen35.log"
+    if [ "${QWEN35_BIG:-0}" = 1 ]; then
+        env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/qwen35_check.py "$w/big" --shape 0.8b --devices cpu \
+            --seq-len 64 --batch 1 > "$L/qwen35-big.log" 2>&1 || rc=1
+        grep -E "^(PASS|FAIL|SKIP)  |^qwen35_check" "$L/qwen35-big.log"
+    fi
+    return $rc
+}
+
 # the 1B at 1M tokens on two GPUs (issue 18): its plan, then 3 steps
 suite_long_1m() {
     local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0
@@ -254,11 +272,12 @@ regress_part() {
         ;;
     long-parity) suite_long_parity ;;
     hf) suite_hf ;;
+    qwen35) suite_qwen35 ;;
     long-1m) suite_long_1m ;;
     long-1gpu) suite_long_1gpu ;;
     cp4-1m) suite_cp4_1m ;;
     *)
-        echo "unknown part '$1' (parity parity-gdn big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf"
+        echo "unknown part '$1' (parity parity-gdn big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf qwen35"
         echo "  long-1m long-1gpu cp4-1m; the benchmarks are bench/gpu_runs.sh's)"
         false
         ;;

@@ -102,8 +102,9 @@ def write_folder(dst, src, tensors, rope_dims=False):
     shutil.copy(src / "config.json", dst / "config.json")
     if rope_dims:  # the wrong rotary dims: twice the partial rotary factor
         cfg = json.loads((src / "config.json").read_text())
-        f = 2 * cfg.get("rope_parameters", cfg)["partial_rotary_factor"]
-        cfg["rope_parameters"]["partial_rotary_factor"] = f
+        rp = cfg.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0)})
+        f = 2 * (rp.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 0.25)
+        rp["partial_rotary_factor"] = f
         if "partial_rotary_factor" in cfg:
             cfg["partial_rotary_factor"] = f
         (dst / "config.json").write_text(json.dumps(cfg, indent=2))

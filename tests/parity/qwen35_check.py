@@ -1,0 +1,399 @@
+"""qwen35_check.py — ringscan's Qwen3.5 import and export against transformers' own Qwen3_5ForCausalLM
+(issue 36's proof; run on the GPU machine, where transformers >= 5 with qwen3_5 is installed):
+
+    env -u PYTHONPATH python3 tests/parity/qwen35_check.py WORK [--shape small|0.8b] [--devices cpu,cuda]
+                          [--batch B] [--seq-len T] [--ringscan build/ringscan] [--parity-step build/parity_step]
+
+Checks, one PASS / FAIL / SKIP line each, then `qwen35_check: PASS` (exit 0) or `qwen35_check: FAIL` (exit 1):
+  mrope      Qwen3_5TextRotaryEmbedding with the three position ids equal (text) gives plain 1-D RoPE over
+             the first rotary dims, rotate-half pairing (cos/sin of cat(freqs, freqs), inv_freq =
+             theta^(-2i/rd)): what ringscan computes; and with unequal ids it does not (the check is live).
+  save       transformers builds Qwen3_5ForCausalLM at the shape with random non-trivial weights (every norm,
+             A_log, dt_bias random) and saves it: fp32 (sharded, with an index) and bf16; and, when
+             transformers can build it, the composite Qwen3_5ForConditionalGeneration with the same language
+             model (model.language_model.*) and a small vision tower.
+  grads      build/parity_step --hf on each folder, on each device, against transformers' autograd on the
+             same folder (fp32, torch path on CPU), a single-sequence and a document-packed batch: cpu (fp32
+             oracle): loss within 1e-4, each gradient within max(1e-3, 2 x transformers' own error against
+             ref_model.py in float64) — tests/parity/hf_check.py's bounds; cuda (bf16 activations): loss within
+             1e-2, each gradient within max(1e-2, 2 x the cpu bf16 emulation's error) — model_check's bounds
+             (tests/cuda/compare_bf16.py).
+  composite  the composite folder gives the text folder's loss and gradients bitwise (cpu), and its vision
+             tower is said to be left aside.
+  export     ringscan export --format qwen3_5 of the fp32 and composite folders (fp32) and of the bf16 folder
+             (bf16): the same tensors bitwise; transformers loads the export with nothing missing or
+             unexpected and its logits equal the source's.
+  broken     deliberately wrong layouts in the folder transformers loads (ringscan loads the right one): the
+             rows of value head 0 exchanged between in_proj_qkv and in_proj_z, value heads 0 and 1 swapped,
+             the rotary dims doubled (partial_rotary_factor): each comparison must FAIL.
+
+--shape small: hidden 256, 4 layers (3 GDN : 1 attention), attention 4 heads / 2 kv of 256 with partial
+rotary 0.25 (64 rotary dims) and rope_theta 1e7, GDN 2 key / 4 value heads of 128, vocab 512 (Qwen3.5's
+head dims at a small width). --shape 0.8b: the published Qwen3.5-0.8B shape (vocab 248,320, hidden
+1,024, 24 layers, 8 / 2 heads of 256, GDN 16 / 16 heads of 128, intermediate 3,584, tied embeddings), cpu
+parity only with --devices cpu (the float64 reference is slow there: use --seq-len 64).
+"""
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+import hf_check  # noqa: E402
+import safetensors_io as st  # noqa: E402
+
+SHAPES = {
+    "small": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=256, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                  linear_conv_kernel_dim=4, tie_word_embeddings=False),
+    "0.8b": dict(vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                 linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                 linear_conv_kernel_dim=4, tie_word_embeddings=True),
+}
+ROPE_THETA, PARTIAL = 1e7, 0.25
+RESULTS = []
+
+
+def say(check, ok, detail=""):
+    word = "PASS" if ok is True else "SKIP" if ok is None else "FAIL"
+    RESULTS.append(ok)
+    print(f"{word}  {check}{': ' + detail if detail else ''}", flush=True)
+    return ok
+
+
+def guarded(check, fn, *a, **kw):
+    """Runs one check; an exception is that check's FAIL (with its traceback), not the end of the script."""
+    try:
+        return fn(*a, **kw)
+    except SystemExit as e:
+        say(check, False, str(e))
+    except Exception as e:  # noqa: BLE001 — every failure is reported, the other checks go on
+        traceback.print_exc()
+        say(check, False, f"{type(e).__name__}: {e}")
+    return None
+
+
+# ---------------------------------------------------------------- transformers' side
+
+def text_config(shape):
+    from transformers import Qwen3_5TextConfig
+    s = SHAPES[shape]
+    L = s["num_hidden_layers"]
+    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(L)]
+    return Qwen3_5TextConfig(**s, layer_types=types, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                             rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA,
+                                              "partial_rotary_factor": PARTIAL, "mrope_section": [11, 11, 10],
+                                              "mrope_interleaved": True})
+
+
+def randomize(model, seed):
+    """Random, non-trivial weights (ref_model.random_params' distributions) by parameter name."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            u = lambda lo, hi: lo + (hi - lo) * torch.rand(p.shape, generator=g)  # noqa: E731
+            if name.endswith("linear_attn.norm.weight"):
+                t = u(0.7, 1.3)
+            elif name.endswith("norm.weight"):
+                t = u(-0.3, 0.3)
+            elif name.endswith("A_log"):
+                t = u(-1.5, 0.5)
+            elif name.endswith("dt_bias"):
+                t = u(-1.0, 1.0)
+            elif name.endswith("conv1d.weight"):
+                t = 0.3 * torch.randn(p.shape, generator=g)
+            elif name.endswith("embed_tokens.weight"):
+                t = 0.5 * torch.randn(p.shape, generator=g)
+            elif name.endswith(("out_proj.weight", "o_proj.weight")):
+                t = 0.2 * torch.randn(p.shape, generator=g)  # mixers that move the residual stream visibly
+            else:
+                t = 0.05 * torch.randn(p.shape, generator=g)
+            p.copy_(t.to(p.dtype))
+
+
+def check_mrope(shape):
+    """Qwen3.5's interleaved multimodal RoPE on text (three equal position ids) is plain 1-D RoPE."""
+    import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    cfg = text_config(shape)
+    rot = m.Qwen3_5TextRotaryEmbedding(cfg)
+    T = 300
+    pos = torch.arange(T)[None]
+    x = torch.zeros(1, T, 8, dtype=torch.float32)
+    cos, sin = rot(x, pos[None].expand(3, 1, T))
+    rd = int(cfg.head_dim * PARTIAL)
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    f = pos[0, :, None].double() * inv[None]
+    want_cos, want_sin = torch.cat([f, f], -1).cos(), torch.cat([f, f], -1).sin()
+    err = max(float((cos[0].double() - want_cos).abs().max()), float((sin[0].double() - want_sin).abs().max()))
+    ok = cos.shape[-1] == rd and err <= 1e-5
+    say("mrope == 1-D rope on text", ok, f"rotary dims {cos.shape[-1]} (want {rd}), max |diff| {err:.2e} (bound 1e-5)")
+    # the same rotation of a head as ringscan's (rotate-half inside the first rd dims, the rest passed)
+    q = torch.randn(1, 2, T, cfg.head_dim)
+    qe, _ = m.apply_rotary_pos_emb(q, q, cos, sin)
+    half = rd // 2
+    r1, r2 = q[..., :half], q[..., half:rd]
+    c, s_ = want_cos[None, None, :, :half].float(), want_sin[None, None, :, :half].float()
+    mine = torch.cat([r1 * c - r2 * s_, r2 * c + r1 * s_, q[..., rd:]], -1)
+    e2 = float((qe - mine).abs().max())
+    say("rope pairing (rotate-half over the first rotary dims)", e2 <= 1e-5, f"max |diff| {e2:.2e}")
+    other = torch.stack([pos, pos + 7, pos + 13])  # unequal ids: the sections must matter
+    c2, _ = rot(x, other)
+    live = float((c2 - cos).abs().max())
+    say("mrope sections live with unequal ids (the check above can fail)", live > 1e-3, f"max |diff| {live:.2e}")
+
+
+def save_folders(work, shape, seed):
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+    torch.manual_seed(seed)
+    cfg = text_config(shape)
+    model = Qwen3_5ForCausalLM(cfg).float()
+    randomize(model, seed)
+    f32, b16 = work / "text-fp32", work / "text-bf16"
+    for d in (f32, b16):
+        shutil.rmtree(d, ignore_errors=True)
+    total = sum(p.numel() for p in model.parameters()) * 4
+    model.save_pretrained(f32, safe_serialization=True, max_shard_size=max(total // 3, 1 << 20))
+    model.to(torch.bfloat16).save_pretrained(b16, safe_serialization=True)
+    model.float()
+    sharded = (f32 / "model.safetensors.index.json").exists()
+    say("save fp32 (sharded) and bf16 text folders", True,
+        f"{sum(p.numel() for p in model.parameters()):,} parameters, fp32 {'sharded' if sharded else 'one file'}")
+    comp = work / "composite"
+    shutil.rmtree(comp, ignore_errors=True)
+    try:
+        from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+        cc = Qwen3_5Config(text_config=cfg.to_dict(),
+                           vision_config=dict(depth=1, hidden_size=64, num_heads=2, intermediate_size=128,
+                                              out_hidden_size=cfg.hidden_size, patch_size=8,
+                                              num_position_embeddings=16),
+                           tie_word_embeddings=cfg.tie_word_embeddings)
+        cm = Qwen3_5ForConditionalGeneration(cc).float()
+        cm.model.language_model.load_state_dict(model.model.state_dict(), strict=True)  # raises on a mismatch
+        if not cfg.tie_word_embeddings:
+            cm.lm_head.load_state_dict(model.lm_head.state_dict())
+        cm.save_pretrained(comp, safe_serialization=True)
+        names = hf_check.load_folder(comp).keys()
+        lm = sum(k.startswith("model.language_model.") for k in names)
+        vis = sum(k.startswith("model.visual.") for k in names)
+        ok = lm > 0 and vis > 0
+        say("save composite Qwen3_5ForConditionalGeneration", ok, f"{lm} language-model and {vis} vision tensors")
+    except Exception as e:  # noqa: BLE001 — not constructible in this transformers: said, not failed
+        traceback.print_exc()
+        say("save composite Qwen3_5ForConditionalGeneration", None, f"not constructible here ({type(e).__name__}: {e})")
+        comp = None
+    return model, f32, b16, comp
+
+
+# ---------------------------------------------------------------- ringscan's side
+
+def case_dir(args, name, batch, shape):
+    """A parity_step case directory (config.yaml + batch.safetensors) for the shape."""
+    s = SHAPES[shape]
+    _, tokens, targets, pos, doc_pos = batch
+    B, T = tokens.shape
+    d = args.work / f"case-{name}"
+    d.mkdir(parents=True, exist_ok=True)
+    sets = [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()]
+    sets += [f"model.rope_theta={ROPE_THETA}", f"model.partial_rotary_factor={PARTIAL}", "model.rms_norm_eps=1e-6",
+             "model.full_attention_interval=4", f"data.micro_batch={B}", f"data.seq_len={T}", "parallel.dp=1",
+             "parallel.cp=1", f"data.path={args.data}", "device.kind=cpu"]
+    cmd = [args.ringscan, "config", "show", ROOT / "configs/tiny-cpu.yaml"]
+    for x in sets:
+        cmd += ["--set", x]
+    (d / "config.yaml").write_text(hf_check.sh(cmd))
+    st.save(d / "batch.safetensors", {"tokens": tokens, "targets": targets, "pos": pos, "doc_pos": doc_pos})
+    return d
+
+
+def ringscan_grads(args, case, folder, device, tag):
+    out = case / f"grads-{tag}.safetensors"
+    cmd = [args.parity_step, case, "--hf", folder, "--out", out]
+    if device == "cuda":
+        cmd += ["--set", "device.kind=cuda"]
+    elif device == "bf16emu":
+        cmd += ["--emulate-bf16"]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"parity_step {device} on {folder.name} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
+    got = st.load(out)
+    return float(got.pop("loss").reshape(())), got, r.stdout + r.stderr
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    nb = float(np.linalg.norm(b))
+    return float(np.linalg.norm(a - b)) / (nb if nb > 0 else 1.0)
+
+
+def compare(label, rs_loss, rs, hf_loss, hf, allow, loss_tol, expect_fail=False):
+    if set(rs) != set(hf):
+        return say(label, expect_fail, f"tensor names differ: {sorted(set(rs) ^ set(hf))[:6]}")
+    rows = sorted(((rel(rs[k], hf[k]) / allow[k], rel(rs[k], hf[k]), k) for k in rs), reverse=True)
+    le = abs(rs_loss - hf_loss) / abs(hf_loss)
+    ok = le <= loss_tol and rows[0][0] <= 1.0
+    detail = (f"loss ringscan {rs_loss:.8f} transformers {hf_loss:.8f} rel {le:.2e} (bound {loss_tol:g}); worst "
+              f"gradient {rows[0][2]} rel {rows[0][1]:.2e} (bound {allow[rows[0][2]]:.2e}) over {len(rows)} tensors")
+    if expect_fail:
+        return say(label + " (a wrong layout must fail the comparison)", not ok, detail)
+    return say(label, ok, detail)
+
+
+# ---------------------------------------------------------------- the checks
+
+def check_grads(args, folders, batches, cache):
+    """ringscan against transformers on the text folders, every device and batch; the composite folder
+    through ringscan alone (check_composite compares it with the text folder)."""
+    for fname, folder in folders.items():
+        if folder is None:
+            continue
+        for batch in batches:
+            bname = batch[0]
+            case = cache.setdefault(("case", bname), case_dir(args, bname, batch, args.shape))
+            if fname != "composite":
+                hf = hf_check.TransformersModel(folder)
+                hf_loss, hf_grads = hf_check.hf_loss_and_grads(hf, *batch)
+                exact = hf_check.hf_loss_and_grads(hf_check.RefModel(folder), *batch)[1]
+                own = {k: max(1e-3, 2 * rel(hf_grads[k], exact[k])) for k in exact}
+                if fname == "text-fp32":
+                    cache[("text-fp32", bname, "allow")] = own
+            for dev in args.devices:
+                label = f"grads {fname} {bname} {dev}"
+                try:
+                    rs_loss, rs, log = ringscan_grads(args, case, folder, dev, f"{fname}-{dev}")
+                except SystemExit as e:
+                    say(label, False, str(e))
+                    continue
+                cache[(fname, bname, dev)] = (rs_loss, rs, log)
+                if fname == "composite":
+                    continue
+                if dev == "cpu":
+                    compare(label, rs_loss, rs, hf_loss, hf_grads, own, 1e-4)
+                else:
+                    emu = ringscan_grads(args, case, folder, "bf16emu", f"{fname}-emu")
+                    allow = {k: max(1e-2, 2 * rel(emu[1][k], hf_grads[k])) for k in rs}
+                    compare(label + " (bf16 activations)", rs_loss, rs, hf_loss, hf_grads, allow, 1e-2)
+
+
+def check_composite(args, cache, batches):
+    """The composite folder's loss and gradients are the text folder's: bitwise on cpu; on cuda within 1e-6
+    (the same weights and kernels; said if a kernel's reduction order is not fixed)."""
+    for batch in batches:
+        b = batch[0]
+        for dev in args.devices:
+            t, c = cache.get(("text-fp32", b, dev)), cache.get(("composite", b, dev))
+            if not t or not c:
+                say(f"composite == text ({b}, {dev})", None, "no composite folder or no run")
+                continue
+            worst = max([abs(c[0] - t[0]) / abs(t[0])] + [rel(c[1][k], t[1][k]) for k in t[1] if k in c[1]])
+            same = set(t[1]) == set(c[1]) and (worst == 0.0 if dev == "cpu" else worst <= 1e-6)
+            say(f"composite == text ({b}, {dev})", same,
+                f"loss {c[0]!r} vs {t[0]!r}, worst relative difference {worst:.2e} "
+                f"({'bitwise' if dev == 'cpu' else 'bound 1e-6'})")
+
+
+def check_export(args, f32, b16, comp, batch):
+    import torch
+    for name, src, opts in (("fp32", f32, []), ("bf16", b16, ["--dtype", "bf16"]), ("composite", comp, [])):
+        if src is None:
+            say(f"export {name}", None, "no such folder")
+            continue
+        out = args.work / f"export-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        log = hf_check.sh([args.ringscan, "export", src, out, "--format", "qwen3_5", *opts])
+        if name == "composite":
+            say("composite import names the vision tower left aside", "model.visual.* (the vision tower" in log,
+                log.strip().splitlines()[1] if len(log.strip().splitlines()) > 1 else log.strip())
+        want = hf_check.load_folder(f32 if name == "composite" else src)
+        got = hf_check.load_folder(out)
+        same = set(want) == set(got) and all(np.array_equal(want[k], got[k]) for k in want)
+        say(f"export {name}: tensors bitwise", same, f"{len(got)} tensors; differ: {sorted(set(want) ^ set(got))[:4]}")
+        m_src = hf_check.TransformersModel(f32 if name == "composite" else src)
+        m_out = hf_check.TransformersModel(out)  # raises on missing / unexpected keys
+        _, tokens, _, pos, _ = batch
+        with torch.no_grad():
+            a = m_src.logits(tokens[0], pos[0]).numpy()
+            b = m_out.logits(tokens[0], pos[0]).numpy()
+        d = float(np.abs(a - b).max())
+        say(f"export {name}: transformers loads it, logits equal the source's", d == 0.0, f"max |diff| {d:.3e}")
+
+
+def check_broken(args, f32, batch, cache):
+    """Wrong layouts in the folder transformers loads must fail the cpu comparison."""
+    cfg = json.loads((f32 / "config.json").read_text())
+    tensors = hf_check.load_folder(f32)
+    bname = batch[0]
+    rs_loss, rs, _ = cache[("text-fp32", bname, "cpu")]
+    for how in ("swap-z-qkv", "swap-v-heads", "rope-dims"):
+        d = args.work / f"broken-{how}"
+        shutil.rmtree(d, ignore_errors=True)
+        hf_check.write_folder(d, f32, hf_check.broken(tensors, cfg, how), rope_dims=how == "rope-dims")
+        hf = hf_check.TransformersModel(d)
+        hf_loss, hf_grads = hf_check.hf_loss_and_grads(hf, *batch)
+        allow = cache.get(("text-fp32", bname, "allow")) or {k: 1e-3 for k in rs}
+        compare(f"broken {how} ({bname}, cpu)", rs_loss, rs, hf_loss, hf_grads, allow, 1e-4, expect_fail=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    ap.add_argument("--devices", default="cpu,cuda")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ringscan", type=Path, default=ROOT / "build/ringscan")
+    ap.add_argument("--parity-step", type=Path, default=ROOT / "build/parity_step")
+    args = ap.parse_args(argv)
+    args.work = args.work.resolve()
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.devices = [d for d in args.devices.split(",") if d]
+    try:
+        import torch
+        import transformers
+        from transformers import Qwen3_5ForCausalLM  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        say("transformers with Qwen3_5ForCausalLM", False, f"{type(e).__name__}: {e}")
+        print("qwen35_check: FAIL")
+        return 1
+    print(f"qwen35_check: torch {torch.__version__}, transformers {transformers.__version__}, shape {args.shape}, "
+          f"devices {args.devices}, batch {args.batch} x {args.seq_len}", flush=True)
+    args.data = args.work / "recall.tok"
+    if not args.data.exists():
+        hf_check.sh([args.ringscan, "data", "synth", args.data, "--seed", "1"])
+    batches = hf_check.make_batches(args.data, args.batch, args.seq_len)
+    guarded("mrope", check_mrope, args.shape)
+    saved = guarded("save", save_folders, args.work, args.shape, args.seed)
+    if saved:
+        _, f32, b16, comp = saved
+        folders = {"text-fp32": f32, "text-bf16": b16, "composite": comp}
+        cache = {}
+        guarded("grads", check_grads, args, folders, batches, cache)
+        guarded("composite", check_composite, args, cache, batches)
+        guarded("export", check_export, args, f32, b16, comp, batches[0])
+        if ("text-fp32", batches[0][0], "cpu") in cache:
+            guarded("broken", check_broken, args, f32, batches[0], cache)
+        else:
+            say("broken layouts", False, "no cpu run of the fp32 folder to compare with")
+    ok = bool(RESULTS) and all(r is not False for r in RESULTS)
+    n_fail = sum(r is False for r in RESULTS)
+    print(f"qwen35_check: {'PASS' if ok else 'FAIL'} ({len(RESULTS)} checks, {n_fail} failed, "
+          f"{sum(r is None for r in RESULTS)} skipped)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
