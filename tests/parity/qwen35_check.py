@@ -34,6 +34,7 @@ head dims at a small width). --shape 0.8b: the published Qwen3.5-0.8B shape (voc
 parity only with --devices cpu (the float64 reference is slow there: use --seq-len 64).
 """
 import argparse
+import copy
 import json
 import shutil
 import subprocess
@@ -135,15 +136,17 @@ def check_mrope(shape):
     inv = 1.0 / (ROPE_THETA ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
     f = pos[0, :, None].double() * inv[None]
     want_cos, want_sin = torch.cat([f, f], -1).cos(), torch.cat([f, f], -1).sin()
+    # float32 angles of up to T radians carry ~T x 6e-8 of rounding; a wrong pairing or rotary width is O(1)
     err = max(float((cos[0].double() - want_cos).abs().max()), float((sin[0].double() - want_sin).abs().max()))
-    ok = cos.shape[-1] == rd and err <= 1e-5
-    say("mrope == 1-D rope on text", ok, f"rotary dims {cos.shape[-1]} (want {rd}), max |diff| {err:.2e} (bound 1e-5)")
+    ok = cos.shape[-1] == rd and err <= 1e-4
+    say("mrope == 1-D rope on text", ok, f"rotary dims {cos.shape[-1]} (want {rd}), max |diff| against float64 "
+        f"1-D RoPE {err:.2e} (bound 1e-4)")
     # the same rotation of a head as ringscan's (rotate-half inside the first rd dims, the rest passed)
     q = torch.randn(1, 2, T, cfg.head_dim)
     qe, _ = m.apply_rotary_pos_emb(q, q, cos, sin)
     half = rd // 2
     r1, r2 = q[..., :half], q[..., half:rd]
-    c, s_ = want_cos[None, None, :, :half].float(), want_sin[None, None, :, :half].float()
+    c, s_ = cos[0, None, None, :, :half], sin[0, None, None, :, :half]
     mine = torch.cat([r1 * c - r2 * s_, r2 * c + r1 * s_, q[..., rd:]], -1)
     e2 = float((qe - mine).abs().max())
     say("rope pairing (rotate-half over the first rotary dims)", e2 <= 1e-5, f"max |diff| {e2:.2e}")
@@ -165,8 +168,7 @@ def save_folders(work, shape, seed):
         shutil.rmtree(d, ignore_errors=True)
     total = sum(p.numel() for p in model.parameters()) * 4
     model.save_pretrained(f32, safe_serialization=True, max_shard_size=max(total // 3, 1 << 20))
-    model.to(torch.bfloat16).save_pretrained(b16, safe_serialization=True)
-    model.float()
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(b16, safe_serialization=True)
     sharded = (f32 / "model.safetensors.index.json").exists()
     say("save fp32 (sharded) and bf16 text folders", True,
         f"{sum(p.numel() for p in model.parameters()):,} parameters, fp32 {'sharded' if sharded else 'one file'}")
