@@ -30,7 +30,7 @@
 #   qwen35     Qwen3.5 checkpoints against transformers' Qwen3_5ForCausalLM (tests/parity/qwen35_check.py): random
 #              weights saved by transformers (fp32 sharded, bf16, composite), imported; loss and every gradient on
 #              cpu and cuda; export back, logits equal; the mrope == 1-D RoPE claim; wrong layouts that must FAIL.
-#              QWEN35_BIG=1 adds the 0.8B shape (cpu, 64 tokens). ~2 min (small)
+#              QWEN35_BIG=1 adds the 0.8B shape (cpu, 128 tokens). ~2 min (small)
 # The configs that must fit (each a training run of a few steps that fails if it does not; run it alone in a call):
 #   long-1m    configs/hybrid-1b-1m-h100x2.yaml: 3 steps of 1,048,576 tokens on two GPUs (cp 2, chunked, offload
 #              host): its plan, s/step, memory beside plan. ~6 min (with AS_H100=1 on H200s: the H100 fit)
@@ -215,7 +215,7 @@ suite_qwen35() {
     grep -E "^(PASS|FAIL|SKIP)  |^qwen35_check" "$L/qwen35.log"
     if [ "${QWEN35_BIG:-0}" = 1 ]; then
         env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/qwen35_check.py "$w/big" --shape 0.8b --devices cpu \
-            --seq-len 64 --batch 1 > "$L/qwen35-big.log" 2>&1 || rc=1
+            --seq-len 128 --batch 1 > "$L/qwen35-big.log" 2>&1 || rc=1
         grep -E "^(PASS|FAIL|SKIP)  |^qwen35_check" "$L/qwen35-big.log"
     fi
     return $rc

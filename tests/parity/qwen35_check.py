@@ -2,7 +2,13 @@
 (issue 36's proof; run on the GPU machine, where transformers >= 5 with qwen3_5 is installed):
 
     env -u PYTHONPATH python3 tests/parity/qwen35_check.py WORK [--shape small|0.8b] [--devices cpu,cuda]
-                          [--batch B] [--seq-len T] [--ringscan build/ringscan] [--parity-step build/parity_step]
+                          [--impl transformers|ref] [--batch B] [--seq-len T] [--ringscan build/ringscan]
+                          [--parity-step build/parity_step]
+
+--impl ref (CI, no transformers): the folders are written by safetensors_io from ref_model.random_params
+(the same names, shapes and config.json keys as transformers' save), and tests/parity/ref_model.py
+(float64) stands in for transformers everywhere; the mrope check is skipped. It proves this script's
+plumbing, not transformers' conventions.
 
 Checks, one PASS / FAIL / SKIP line each, then `qwen35_check: PASS` (exit 0) or `qwen35_check: FAIL` (exit 1):
   mrope      Qwen3_5TextRotaryEmbedding with the three position ids equal (text) gives plain 1-D RoPE over
@@ -31,7 +37,7 @@ Checks, one PASS / FAIL / SKIP line each, then `qwen35_check: PASS` (exit 0) or 
 rotary 0.25 (64 rotary dims) and rope_theta 1e7, GDN 2 key / 4 value heads of 128, vocab 512 (Qwen3.5's
 head dims at a small width). --shape 0.8b: the published Qwen3.5-0.8B shape (vocab 248,320, hidden
 1,024, 24 layers, 8 / 2 heads of 256, GDN 16 / 16 heads of 128, intermediate 3,584, tied embeddings), cpu
-parity only with --devices cpu (the float64 reference is slow there: use --seq-len 64).
+parity only with --devices cpu (the float64 reference is slow there: use --seq-len 128).
 """
 import argparse
 import copy
@@ -154,6 +160,44 @@ def check_mrope(shape):
     c2, _ = rot(x, other)
     live = float((c2 - cos).abs().max())
     say("mrope sections live with unequal ids (the check above can fail)", live > 1e-3, f"max |diff| {live:.2e}")
+
+
+def save_folders_ref(work, shape, seed):
+    """--impl ref: the three folders written without transformers (config.json as transformers saves it)."""
+    import ref_model
+    s = SHAPES[shape]
+    L = s["num_hidden_layers"]
+    text = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", **s, "hidden_act": "silu",
+            "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(L)],
+            "rms_norm_eps": 1e-6, "attention_bias": False, "dtype": "float32",
+            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA, "partial_rotary_factor": PARTIAL,
+                                "mrope_section": [11, 11, 10], "mrope_interleaved": True}}
+    P = {k: v.float().numpy() for k, v in ref_model.random_params(ref_model.ModelConfig.from_mapping(text), seed,
+                                                                  fmt="qwen3_5").items()}
+    f32, b16, comp = work / "text-fp32", work / "text-bf16", work / "composite"
+    for d in (f32, b16, comp):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    names, wmap = list(P), {}
+    for i in range(3):
+        part = names[i * len(names) // 3:(i + 1) * len(names) // 3]
+        f = f"model-{i + 1:05d}-of-00003.safetensors"
+        st.save(f32 / f, {k: P[k] for k in part}, {"format": "pt"})
+        wmap.update({k: f for k in part})
+    (f32 / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
+    (f32 / "config.json").write_text(json.dumps(text, indent=2))
+    st.save(b16 / "model.safetensors", P, {"format": "pt"}, bf16=True)
+    (b16 / "config.json").write_text(json.dumps(dict(text, dtype="bfloat16"), indent=2))
+    tc = dict(text)
+    tc.pop("architectures")
+    (comp / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
+                                                  "model_type": "qwen3_5", "text_config": tc, "vision_config": {},
+                                                  "tie_word_embeddings": s["tie_word_embeddings"]}, indent=2))
+    ct = {("model.language_model." + k[6:] if k.startswith("model.") else k): v for k, v in P.items()}
+    ct["model.visual.blocks.0.attn.qkv.weight"] = np.ones((48, 16), np.float32)
+    st.save(comp / "model.safetensors", ct, {"format": "pt"})
+    say("save fp32 (sharded), bf16 and composite folders (ref_model weights)", True, f"{len(P)} tensors")
+    return None, f32, b16, comp
 
 
 def save_folders(work, shape, seed):
@@ -317,8 +361,9 @@ def check_export(args, f32, b16, comp, batch):
         shutil.rmtree(out, ignore_errors=True)
         log = hf_check.sh([args.ringscan, "export", src, out, "--format", "qwen3_5", *opts])
         if name == "composite":
+            note = [line for line in log.splitlines() if "left aside" in line]
             say("composite import names the vision tower left aside", "model.visual.* (the vision tower" in log,
-                log.strip().splitlines()[1] if len(log.strip().splitlines()) > 1 else log.strip())
+                note[0] if note else "no 'left aside' line in export's output")
         want = hf_check.load_folder(f32 if name == "composite" else src)
         got = hf_check.load_folder(out)
         same = set(want) == set(got) and all(np.array_equal(want[k], got[k]) for k in want)
@@ -354,6 +399,7 @@ def main(argv=None):
     ap.add_argument("work", type=Path)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
     ap.add_argument("--devices", default="cpu,cuda")
+    ap.add_argument("--impl", choices=["transformers", "ref"], default="transformers")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--seed", type=int, default=1)
@@ -365,20 +411,29 @@ def main(argv=None):
     args.devices = [d for d in args.devices.split(",") if d]
     try:
         import torch
-        import transformers
-        from transformers import Qwen3_5ForCausalLM  # noqa: F401
+        if args.impl == "transformers":
+            import transformers
+            from transformers import Qwen3_5ForCausalLM  # noqa: F401
+            version = transformers.__version__
+        else:
+            hf_check.TransformersModel = hf_check.RefModel  # ref_model.py stands in (the same interface)
+            version = "none: ref_model.py stands in"
     except Exception as e:  # noqa: BLE001
         say("transformers with Qwen3_5ForCausalLM", False, f"{type(e).__name__}: {e}")
         print("qwen35_check: FAIL")
         return 1
-    print(f"qwen35_check: torch {torch.__version__}, transformers {transformers.__version__}, shape {args.shape}, "
+    print(f"qwen35_check: torch {torch.__version__}, transformers {version}, shape {args.shape}, "
           f"devices {args.devices}, batch {args.batch} x {args.seq_len}", flush=True)
     args.data = args.work / "recall.tok"
     if not args.data.exists():
         hf_check.sh([args.ringscan, "data", "synth", args.data, "--seed", "1"])
     batches = hf_check.make_batches(args.data, args.batch, args.seq_len)
-    guarded("mrope", check_mrope, args.shape)
-    saved = guarded("save", save_folders, args.work, args.shape, args.seed)
+    if args.impl == "transformers":
+        guarded("mrope", check_mrope, args.shape)
+        saved = guarded("save", save_folders, args.work, args.shape, args.seed)
+    else:
+        say("mrope == 1-D rope on text", None, "needs transformers")
+        saved = guarded("save", save_folders_ref, args.work, args.shape, args.seed)
     if saved:
         _, f32, b16, comp = saved
         folders = {"text-fp32": f32, "text-bf16": b16, "composite": comp}

@@ -397,12 +397,12 @@ def next_to_qwen3_5(P, cfg):
     return out
 
 
-def random_params(cfg, seed=0, dtype=torch.float64, std=0.05):
+def random_params(cfg, seed=0, dtype=torch.float64, std=0.05, fmt="qwen3_next"):
     """Random, non-trivial HF-named parameters for tests (not the init of docs/design/model.md): every norm
-    weight, A_log and dt_bias random, so every gradient path is exercised."""
+    weight, A_log and dt_bias random, so every gradient path is exercised. fmt as hf_shapes'."""
     gen = torch.Generator().manual_seed(seed)
     P = {}
-    for name, shape in hf_shapes(cfg).items():
+    for name, shape in hf_shapes(cfg, fmt).items():
         if name.endswith("linear_attn.norm.weight"):
             t = 1.0 + 0.3 * (2 * torch.rand(shape, generator=gen, dtype=torch.float64) - 1)
         elif name.endswith("norm.weight"):  # zero-centred norms, q_norm, k_norm
