@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "io/fsio.h"
 #include "plan/plan.h"
+#include "run/rundir.h"
 #include "sbatch.h"
 
 extern char **environ;
@@ -202,6 +203,21 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
                          hint);
             return RS_EXIT_USAGE;
         }
+    /* what it holds besides: the rule of `train` (rundir.h), so the job's train never refuses it */
+    char why[16384];
+    int restart = 0;
+    if (run_dir_check_contents(run_dir, &restart, why, sizeof why) != 0) {
+        char *hint = strstr(why, "\n  hint: ");
+        if (hint) *hint = 0;
+        if (dry_run) {
+            fflush(stdout);
+            fprintf(stderr, "ringscan submit: warning: %s; the script is printed anyway, but a submit without "
+                            "--dry-run refuses this directory%s%s\n", why, hint ? "\n" : "", hint ? hint + 1 : "");
+        } else {
+            submit_error("%s; nothing was written or submitted%s%s", why, hint ? "\n" : "", hint ? hint + 1 : "");
+            return RS_EXIT_USAGE;
+        }
+    }
     struct stat st_run;
     bool run_dir_is_new = stat(run_dir, &st_run) != 0;
 

@@ -395,3 +395,90 @@ int fsio_mkdirs(const char *path) {
     }
     return fsio_mkdirs_walk(tmp, path, NULL, 0, NULL, 0) ? -1 : 0;
 }
+
+/* Appends the missing components of `tail` to the resolved prefix in dst: "." dropped, ".." pops a component. */
+static int fsio_append_tail(char *dst, size_t cap, const char *tail) {
+    for (const char *p = tail; *p;) {
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        size_t len = strlen(dst);
+        if (n == 2 && !strncmp(p, "..", 2)) {
+            char *slash = strrchr(dst, '/');
+            if (slash && slash != dst) *slash = 0;
+            else snprintf(dst, cap, "/");
+        } else if (n && !(n == 1 && *p == '.')) {
+            if (len + n + 2 > cap) return -1;
+            snprintf(dst + len, cap - len, "%s%.*s", len && dst[len - 1] == '/' ? "" : "/", (int)n, p);
+        }
+        p += n + (e != NULL);
+    }
+    return 0;
+}
+
+int fsio_resolve_output(const char *path, int kind, const char *what, char *resolved, size_t cap, char *err,
+                        size_t err_len) {
+    char cur[PATH_MAX], tail[PATH_MAX] = "", real[PATH_MAX];
+    if (!path[0]) {
+        fsio_errf(err, err_len, "%s is empty: it must name a %s", what, kind == FSIO_OUT_DIR ? "directory" : "file");
+        return RS_EXIT_USAGE;
+    }
+    if (fsio_path(cur, sizeof cur, err, err_len, "%s", path)) return RS_EXIT_USAGE;
+    for (size_t n = strlen(cur); n > 1 && cur[n - 1] == '/'; n--) cur[n - 1] = 0;
+    int whole = 1; /* cur is the whole path (nothing peeled off yet) */
+    while (!realpath(cur, real)) {
+        int e = errno;
+        struct stat lst;
+        if (e == ENOENT && lstat(cur, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+            char to[PATH_MAX];
+            ssize_t k = readlink(cur, to, sizeof to - 1);
+            to[k > 0 ? k : 0] = 0;
+            fsio_errf(err, err_len, "%s %s: %s is a symlink to %s, which does not exist (a dangling symlink); "
+                                    "nothing was written", what, path, cur, to);
+            return RS_EXIT_USAGE;
+        }
+        if (e != ENOENT && e != ENOTDIR) { /* ENOTDIR: peeled until the component that is not a directory */
+            fsio_errf(err, err_len, "%s %s: cannot resolve %s: %s", what, path, cur, strerror(e));
+            return e == ELOOP || e == EACCES || e == ENAMETOOLONG ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+        }
+        /* peel the last component off into tail */
+        char *slash = strrchr(cur, '/');
+        const char *base = slash ? slash + 1 : cur;
+        char t[PATH_MAX];
+        snprintf(t, sizeof t, "%s%s%s", base, tail[0] ? "/" : "", tail);
+        snprintf(tail, sizeof tail, "%s", t);
+        if (!slash) snprintf(cur, sizeof cur, ".");
+        else if (slash == cur) snprintf(cur, sizeof cur, "/");
+        else *slash = 0;
+        whole = 0;
+    }
+    if (whole) {
+        struct stat st;
+        if (stat(real, &st) != 0) {
+            fsio_errf(err, err_len, "%s %s: stat failed: %s", what, path, strerror(errno));
+            return RS_EXIT_FAIL;
+        }
+        if (kind == FSIO_OUT_DIR && !S_ISDIR(st.st_mode)) {
+            fsio_errf(err, err_len, "%s %s exists and is not a directory; nothing was written", what, path);
+            return RS_EXIT_USAGE;
+        }
+        if (kind == FSIO_OUT_FILE && !S_ISREG(st.st_mode)) {
+            fsio_errf(err, err_len, "%s %s is %s, not a file it can replace; nothing was written", what, path,
+                      S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                      : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file");
+            return RS_EXIT_USAGE;
+        }
+    } else {
+        struct stat st; /* the nearest existing ancestor must be a directory (realpath of "file" succeeds) */
+        if (stat(real, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            fsio_errf(err, err_len, "%s is not a directory, so %s cannot be created under it (%s); nothing was "
+                                    "written\n  hint: each directory above the output must be a directory that "
+                                    "exists or can be created", cur, path, what);
+            return RS_EXIT_USAGE;
+        }
+    }
+    if ((size_t)snprintf(resolved, cap, "%s", real) >= cap || fsio_append_tail(resolved, cap, tail) != 0) {
+        fsio_errf(err, err_len, "%s %s: the resolved path is longer than %zu bytes", what, path, cap - 1);
+        return RS_EXIT_USAGE;
+    }
+    return 0;
+}

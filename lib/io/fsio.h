@@ -85,6 +85,19 @@ int fsio_mkdirs(const char *path);
  * naming that component and `path`. */
 int fsio_mkdirs_parent(const char *path, char *made, size_t made_cap, char *err, size_t err_len);
 
+/* What an output path names: a file (written by rename over it) or a directory. */
+enum { FSIO_OUT_FILE, FSIO_OUT_DIR };
+
+/* Checks an output path before any work is done, and resolves it: `resolved` (cap bytes) gets the realpath of
+ * its nearest existing ancestor (symlinks followed) with the missing components after it ("." dropped, ".."
+ * taken lexically: the directories will be created as plain ones). Refused, with err naming `what` and the
+ * path: a dangling symlink on the way, an ancestor that is not a directory, an existing path of the other kind
+ * (a directory where a file is written, anything but a directory where a directory is; FSIO_OUT_FILE also
+ * refuses a FIFO or device, which a rename would replace). RS_EXIT_USAGE for those, RS_EXIT_FAIL when the
+ * file system does not answer. Writes nothing. */
+int fsio_resolve_output(const char *path, int kind, const char *what, char *resolved, size_t cap, char *err,
+                        size_t err_len);
+
 /* Takes back what fsio_mkdirs_parent(path) created: removes the directory of
  * `path` and its parents up to and including `made`, stopping at the first
  * one that is not empty. A no-op when made is "". */

@@ -26,6 +26,7 @@
 #include "comm/comm.h"
 #include "data/data.h"
 #include "core/error.h"
+#include "io/ckpt.h"
 #include "io/fsio.h"
 #include "io/hf.h"
 #include "model/model.h"
@@ -131,6 +132,13 @@ int eval_run(const EvalOptions *a) {
     if (!hf_is_ringscan(a->src))
         eval_fail(&comm, RS_EXIT_USAGE, "%s is neither a ringscan run directory (ckpt/) nor a checkpoint directory "
                                         "(manifest.json)", a->src);
+    /* the output is checked before any work: a directory, a dangling symlink, a place inside ckpt/ */
+    char out[PATH_MAX + 64];
+    if (a->out) snprintf(out, sizeof out, "%s", a->out);
+    else if (eval_is_run_dir(a->src)) snprintf(out, sizeof out, "%s/eval.json", a->src);
+    else snprintf(out, sizeof out, "%s/../../eval.json", a->src);
+    int orc = ckpt_check_output(out, FSIO_OUT_FILE, a->out ? "eval --out" : "eval's output", err, sizeof err);
+    if (orc) eval_fail(&comm, orc, "%s", err);
     if (hf_ckpt_open(&c, a->src, err, sizeof err)) eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
     Config *cfg = &c.cfg;
     eval_config(cfg, a, &comm);
@@ -191,10 +199,6 @@ int eval_run(const EvalOptions *a) {
     if (comm.rank == 0) {
         json_t *o = eval_json(&c, cfg, be->name, steps * per_step, sum, cnt);
         eval_print(o, stdout);
-        char out[PATH_MAX + 64];
-        if (a->out) snprintf(out, sizeof out, "%s", a->out);
-        else if (eval_is_run_dir(a->src)) snprintf(out, sizeof out, "%s/eval.json", a->src);
-        else snprintf(out, sizeof out, "%s/../../eval.json", a->src);
         char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         size_t n = strlen(text);
         text = RS_REALLOC(text, n + 2);

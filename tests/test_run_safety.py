@@ -1,0 +1,119 @@
+"""test_run_safety.py — where ringscan writes, and what it does when a write fails (issue 35, items 3, 5, 8, 9, 10).
+
+Every output path (export OUT_DIR, eval --out, data synth/bytes OUT, plot --out, run.out_dir) is checked before any
+work: not inside a run's ckpt/ tree (symlinks resolved), not a dangling symlink, not of the wrong kind. `submit`
+refuses a directory holding what ringscan did not write, by train's rule. Paths reach YAML and JSON through one
+quoting function each. A failed write to the run directory stops the run, says so, and leaves no torn line."""
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import ROOT, run
+
+TINY = ["--set", "parallel.cp=1", "--set", "data.seq_len=128", "--set", "data.micro_batch=2",
+        "--set", "train.warmup_steps=1"]
+
+
+def train_args(ringscan, data, out, steps, *extra):
+    return [ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *TINY, "--set", f"data.path={data}",
+            "--set", f"train.steps={steps}", "--set", f"run.out_dir={out}", *extra]
+
+
+@pytest.fixture(scope="module")
+def a_run(ringscan, recall_tok, tmp_path_factory):
+    """A finished run of 2 steps with checkpoints at steps 1 and 2."""
+    out = tmp_path_factory.mktemp("safety") / "U"
+    r = run(train_args(ringscan, recall_tok, out, 2, "--set", "checkpoint.every=1", "--set", "checkpoint.keep=2"))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def tree(d):
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+# ---- item 5: no output inside a checkpoint tree ----------------------------------------------------------------
+
+
+def test_export_into_its_own_checkpoint_is_refused(ringscan, a_run, tmp_path):
+    ck = a_run / "ckpt/step_00000002"
+    before = tree(a_run)
+    r = run([ringscan, "export", ck, ck / "hf"])
+    assert r.returncode == 2 and "lies inside the checkpoint directory" in r.stderr, r.stderr
+    assert "export:" not in r.stdout, r.stdout  # refused before any work
+    # through a symlink to ckpt/, and into ckpt/ itself
+    (tmp_path / "lnk").symlink_to(a_run / "ckpt")
+    r = run([ringscan, "export", a_run, tmp_path / "lnk/hf"])
+    assert r.returncode == 2 and f"resolves to {a_run}/ckpt/hf" in r.stderr, r.stderr
+    r = run([ringscan, "export", a_run, a_run / "ckpt"])
+    assert r.returncode == 2 and "inside the checkpoint directory" in r.stderr, r.stderr
+    assert tree(a_run) == before
+
+
+def test_other_outputs_inside_ckpt_are_refused(ringscan, a_run, recall_tok, tmp_path):
+    before = tree(a_run)
+    ck = a_run / "ckpt"
+    r = run([ringscan, "eval", a_run, "--data", recall_tok, "--tokens", "256", "--out", ck / "e.json"])
+    assert r.returncode == 2 and "eval --out" in r.stderr and "inside the checkpoint" in r.stderr, r.stderr
+    assert "loss" not in r.stdout
+    r = run([ringscan, "data", "synth", ck / "step_00000001/x.tok", "--tokens", "1000"])
+    assert r.returncode == 2 and "inside the checkpoint" in r.stderr, r.stderr
+    r = run([ringscan, "plot", a_run, "--out", ck / "p.png"])
+    assert r.returncode == 2 and "inside the checkpoint" in r.stderr, r.stderr
+    r = run(train_args(ringscan, recall_tok, ck / "nested", 1))
+    assert r.returncode == 2 and "run.out_dir" in r.stderr and "inside the checkpoint" in r.stderr, r.stderr
+    r = run([ringscan, "submit", ROOT / "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}",
+             "--set", f"run.out_dir={ck}/job"], env={"PATH": "/nonexistent"})
+    assert r.returncode == 2 and "inside the checkpoint" in r.stderr, r.stderr
+    assert tree(a_run) == before
+
+
+# ---- item 8: submit into a directory ringscan did not write ----------------------------------------------------
+
+
+def test_submit_refuses_a_foreign_directory(ringscan, recall_tok, tmp_path):
+    """A copy of /etc-like files gets no job.sbatch, config.submitted.yaml or logs/: the rule `train` applies."""
+    d = tmp_path / "etc"
+    d.mkdir()
+    (d / "hostname").write_text("node\n")
+    (d / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    cmd = [ringscan, "submit", ROOT / "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}",
+           "--set", f"run.out_dir={d}"]
+    r = run(cmd, env={"PATH": "/nonexistent"})
+    assert r.returncode == 2, r.stderr
+    assert "holds 2 entries that ringscan did not write (hostname, passwd)" in r.stderr, r.stderr
+    assert "nothing was written or submitted" in r.stderr and "sbatch" not in r.stderr, r.stderr
+    assert sorted(p.name for p in d.iterdir()) == ["hostname", "passwd"]
+    r = run([*cmd, "--dry-run"], env={"PATH": "/nonexistent"})
+    assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash\n"), r.stderr
+    assert "warning:" in r.stderr and "did not write" in r.stderr, r.stderr
+    # train says the same of the same directory
+    r = run(train_args(ringscan, recall_tok, d, 1))
+    assert r.returncode == 2 and "holds 2 entries that ringscan did not write" in r.stderr, r.stderr
+
+
+# ---- item 10: output paths checked up front --------------------------------------------------------------------
+
+
+def test_out_dir_naming_a_file_is_bad_input(ringscan, recall_tok, tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("mine\n")
+    r = run(train_args(ringscan, recall_tok, f, 1))
+    assert r.returncode == 2 and f"run.out_dir {f} exists and is not a directory" in r.stderr, r.stderr
+    assert f.read_text() == "mine\n"
+
+
+def test_export_to_a_dangling_symlink_is_refused_before_work(ringscan, a_run, tmp_path):
+    (tmp_path / "dang").symlink_to(tmp_path / "nowhere")
+    r = run([ringscan, "export", a_run, tmp_path / "dang"])
+    assert r.returncode == 2 and "dangling symlink" in r.stderr, r.stderr
+    assert "export:" not in r.stdout, r.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dang"]
+
+
+def test_eval_out_a_directory_is_refused_before_work(ringscan, a_run, recall_tok, tmp_path):
+    r = run([ringscan, "eval", a_run, "--data", recall_tok, "--tokens", "256", "--out", tmp_path])
+    assert r.returncode == 2 and "is a directory" in r.stderr, r.stderr
+    assert "loss" not in r.stdout, r.stdout
