@@ -183,6 +183,7 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
 
     /* the run directory must not hold a run or a job already; a dry run only warns (it writes nothing) */
     static const char *const taken[] = {"job.sbatch", "ckpt", "metrics.jsonl", NULL};
+    bool warned = false; /* a dry run warns once */
     for (int i = 0; taken[i]; i++)
         if (submit_exists(run_dir, taken[i])) {
             char hint[SUBMIT_PATH_MAX + 128];
@@ -197,6 +198,7 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
                 fprintf(stderr, "ringscan submit: warning: %s; the script is printed anyway, but a submit without "
                                 "--dry-run refuses this directory\n  hint: %s, or set run.out_dir to a new directory\n",
                         used, hint);
+                warned = true;
                 break;
             }
             submit_error("%s; nothing was written or submitted\n  hint: %s, or set run.out_dir to a new directory", used,
@@ -206,7 +208,7 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
     /* what it holds besides: the rule of `train` (rundir.h), so the job's train never refuses it */
     char why[16384];
     int restart = 0;
-    if (run_dir_check_contents(run_dir, &restart, why, sizeof why) != 0) {
+    if (!warned && run_dir_check_contents(run_dir, &restart, why, sizeof why) != 0) {
         char *hint = strstr(why, "\n  hint: ");
         if (hint) *hint = 0;
         if (dry_run) {
