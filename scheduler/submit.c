@@ -60,9 +60,11 @@ static char *submit_config_text(const Config *cfg, const char *config_path, size
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
     RS_CHECK(f != NULL, "open_memstream: %s", strerror(errno));
+    char q[4 * SUBMIT_PATH_MAX + 8]; /* the path quoted: a newline in it cannot end the comment */
+    if (config_yaml_quote(q, sizeof q, config_path) != 0) snprintf(q, sizeof q, "(a path that is not UTF-8)");
     fprintf(f, "# ringscan config of run %s, submitted as a Slurm job by `ringscan submit %s`;\n"
                "# the job's first run trains from it (later runs resume from ckpt/LATEST)\n",
-            cfg->run.name, config_path);
+            cfg->run.name, q);
     config_write_yaml(cfg, f, false);
     RS_CHECK(fclose(f) == 0, "writing the submitted config: %s", strerror(errno));
     return buf;

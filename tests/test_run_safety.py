@@ -117,3 +117,50 @@ def test_eval_out_a_directory_is_refused_before_work(ringscan, a_run, recall_tok
     r = run([ringscan, "eval", a_run, "--data", recall_tok, "--tokens", "256", "--out", tmp_path])
     assert r.returncode == 2 and "is a directory" in r.stderr, r.stderr
     assert "loss" not in r.stdout, r.stdout
+
+
+# ---- item 9: user strings reach YAML and JSON through one quoting function each --------------------------------
+
+
+def test_eval_data_path_is_quoted_exactly(ringscan, a_run, recall_tok, tmp_path):
+    """`--data 'q"mid.tok'` evaluated the file `q`, and `x\\\\y.tok` opened `x\\y.tok`: the path was spliced into
+    YAML text unescaped. Now config_yaml_quote carries it, and eval.json names exactly the file read."""
+    shutil.copy(recall_tok, tmp_path / 'q"mid.tok')
+    shutil.copy(recall_tok, tmp_path / "x\\y.tok")
+    (tmp_path / "q").write_bytes(b"not data")
+    for name in ('q"mid.tok', "x\\y.tok"):
+        out = tmp_path / "e.json"
+        r = run([ringscan, "eval", a_run, "--data", name, "--tokens", "256", "--out", out], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(out.read_text())["data"] == name
+    r = run([ringscan, "eval", a_run, "--data", "x\\\\y.tok", "--tokens", "256", "--out", tmp_path / "f.json"],
+            cwd=tmp_path)
+    assert r.returncode == 2 and "x\\\\y.tok does not exist" in r.stderr, r.stderr
+
+
+def test_written_config_reads_back_every_string(ringscan, tmp_path):
+    """config show writes YAML that loads back to the same values, whatever a string holds."""
+    for path in ('a"b', "a\\b", "a\u2028b\u0085c", "sp ace: #x", "'single'"):
+        y = tmp_path / "c.yaml"
+        r = run([ringscan, "config", "show", ROOT / "configs/tiny-cpu.yaml", "--set", f"data.path={json.dumps(path)}"])
+        assert r.returncode == 0, r.stderr
+        y.write_text(r.stdout)
+        r2 = run([ringscan, "config", "show", y])
+        assert r2.returncode == 0 and r2.stdout == r.stdout, r2.stderr
+
+
+def test_submitted_config_comment_cannot_be_escaped(ringscan, recall_tok, tmp_path):
+    """The config's own path goes into a comment of config.submitted.yaml: a newline in it used to end the
+    comment and start YAML the job would load."""
+    cfg = tmp_path / "c\nbogus: 1\n#.yaml"
+    shutil.copy(ROOT / "configs/tiny-cpu.yaml", cfg)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 4242\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    rd = tmp_path / "job"
+    r = run([ringscan, "submit", cfg, "--set", f"data.path={recall_tok}", "--set", f"run.out_dir={rd}"],
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout == "4242\n", r.stderr
+    r = run([ringscan, "config", "check", rd / "config.submitted.yaml"])
+    assert r.returncode == 0, r.stderr

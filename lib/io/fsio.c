@@ -482,3 +482,26 @@ int fsio_resolve_output(const char *path, int kind, const char *what, char *reso
     }
     return 0;
 }
+
+json_t *fsio_json_path(const char *path) {
+    json_t *j = json_string(path);
+    if (j) return j;
+    size_t n = strlen(path), k = 0;
+    char *buf = RS_MALLOC(3 * n + 1);
+    for (size_t i = 0; i < n; i++) { /* jansson's check, byte by byte: a valid sequence is kept whole */
+        size_t len = 1;
+        unsigned char c = (unsigned char)path[i];
+        if (c >= 0xc2 && c <= 0xf4) len = c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+        json_t *seq = len > 1 && i + len <= n ? json_stringn(path + i, len) : NULL;
+        if (seq) {
+            json_decref(seq);
+            memcpy(buf + k, path + i, len);
+            k += len;
+            i += len - 1;
+        } else if (c < 0x80) buf[k++] = (char)c;
+        else memcpy(buf + k, "\xef\xbf\xbd", 3), k += 3; /* U+FFFD */
+    }
+    j = json_stringn(buf, k);
+    free(buf);
+    return j ? j : json_string("?");
+}

@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 /* snprintf into err (no-op when err is NULL or err_len is 0). */
 void fsio_errf(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -84,6 +86,11 @@ int fsio_mkdirs(const char *path);
  * or cannot be created: RS_EXIT_USAGE (RS_EXIT_FAIL for an I/O failure), err
  * naming that component and `path`. */
 int fsio_mkdirs_parent(const char *path, char *made, size_t made_cap, char *err, size_t err_len);
+
+/* A path as a JSON string (the one way ringscan puts a path into JSON: jansson escapes it when dumped).
+ * JSON holds only UTF-8, so each byte of a path that is not valid UTF-8 becomes U+FFFD instead of the
+ * key silently missing (json_string returns NULL there). Never NULL. */
+json_t *fsio_json_path(const char *path);
 
 /* What an output path names: a file (written by rename over it) or a directory. */
 enum { FSIO_OUT_FILE, FSIO_OUT_DIR };

@@ -64,8 +64,9 @@ static int eval_bucket(int64_t ctx) {
 /* The checkpoint's config with the eval's data and the command line's overrides, validated. */
 static void eval_config(Config *cfg, const EvalOptions *a, Comm *comm) {
     ConfigErrors ce = {0};
-    char set[PATH_MAX + 32];
-    snprintf(set, sizeof set, "data.path=\"%s\"", a->data);
+    char set[4 * PATH_MAX + 32] = "data.path=";
+    if (config_yaml_quote(set + 10, sizeof set - 10, a->data) != 0) /* the path as one YAML scalar, exactly */
+        eval_fail(comm, RS_EXIT_USAGE, "--data: the path is longer than %d bytes or not UTF-8", PATH_MAX);
     config_apply_set(cfg, set, 0, &ce);
     config_apply_set(cfg, "data.shuffle=false", 1, &ce);
     for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i + 2, &ce);
@@ -83,9 +84,9 @@ static json_t *eval_json(const HfCkpt *c, const Config *cfg, const char *backend
     json_t *o = json_object(), *bk = json_array();
     json_object_set_new(o, "format", json_string("ringscan-eval"));
     json_object_set_new(o, "version", json_integer(1));
-    json_object_set_new(o, "checkpoint", json_string(c->dir));
+    json_object_set_new(o, "checkpoint", fsio_json_path(c->dir));
     json_object_set_new(o, "step", json_integer(c->step));
-    json_object_set_new(o, "data", json_string(cfg->data.path));
+    json_object_set_new(o, "data", fsio_json_path(cfg->data.path));
     json_object_set_new(o, "seq_len", json_integer(cfg->data.seq_len));
     json_object_set_new(o, "samples", json_integer(samples));
     json_object_set_new(o, "tokens", json_integer(samples * cfg->data.seq_len));
