@@ -58,6 +58,24 @@ int fsio_write_all(int fd, const void *buf, int64_t n) {
     return 0;
 }
 
+int fsio_append_record(int fd, const char *path, const void *buf, int64_t n, char *err, size_t err_len) {
+    off_t start = lseek(fd, 0, SEEK_END);
+    if (start < 0) {
+        fsio_errf(err, err_len, "%s: cannot find its end: %s", path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    int e = fsio_write_all(fd, buf, n);
+    if (!e) return 0;
+    if (ftruncate(fd, start) == 0)
+        fsio_errf(err, err_len, "%s: write of %lld bytes failed: %s (the partial record was cut off: the file ends "
+                                "with its last whole record)", path, (long long)n, strerror(e));
+    else
+        fsio_errf(err, err_len, "%s: write of %lld bytes failed: %s; cutting the partial record off failed too (%s): "
+                                "the bytes from offset %lld on are a partial record", path, (long long)n, strerror(e),
+                  strerror(errno), (long long)start);
+    return RS_EXIT_FAIL;
+}
+
 int fsio_pread_all(int fd, void *buf, int64_t n, int64_t offset, int64_t *got) {
     char *p = buf;
     int64_t done = 0;

@@ -36,6 +36,12 @@ int fsio_path(char *dst, size_t cap, char *err, size_t err_len, const char *fmt,
 /* Writes all n bytes to fd (retrying short writes and EINTR). Returns 0 or errno. */
 int fsio_write_all(int fd, const void *buf, int64_t n);
 
+/* Appends one record (a metrics line, a log line) to the end of the file open as fd: all n bytes, or, when
+ * a write fails (ENOSPC, EIO, EFBIG), the file truncated back to its size before, so no partial record is
+ * left. 0, or RS_EXIT_FAIL with err naming `path`, the error and what was left (the trim failing too is said
+ * with the byte offset where the partial record starts). */
+int fsio_append_record(int fd, const char *path, const void *buf, int64_t n, char *err, size_t err_len);
+
 /* Reads exactly n bytes at `offset` (pread, retrying). Returns 0, errno, or -1
  * when the file ends first (*got then says how many bytes were there). */
 int fsio_pread_all(int fd, void *buf, int64_t n, int64_t offset, int64_t *got);

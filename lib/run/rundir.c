@@ -267,13 +267,18 @@ static void run_dir_write_resolved(Trainer *t) {
     char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/config.resolved.yaml", t->run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    RS_CHECK(f != NULL, "open_memstream: %s", strerror(errno));
     fprintf(f, "# ringscan resolved config of run %s (written by `ringscan train`/`resume`; read by `resume`)\n",
             t->cfg->run.name);
     config_write_yaml(t->cfg, f, 0);
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
-    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    fclose(f);
+    char err[2 * PATH_MAX + 256];
+    /* whole or not at all: a failed write removes the temporary file, the old config stays */
+    if (fsio_write_file_via(tmp, path, text, (int64_t)len, err, sizeof err) != 0) RS_FATAL("%s", err);
+    free(text);
 }
 
 /* Keeps the metrics of steps <= `step` (a resume replays the steps after it). */
@@ -291,17 +296,25 @@ void run_dir_trim_metrics(Trainer *t, int64_t step) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
+    /* whole lines of steps <= step; a line a failed write left partial (no newline, no JSON) is dropped */
     while ((len = getline(&line, &cap, in)) > 0) {
         json_error_t je;
-        json_t *o = json_loads(line, 0, &je);
+        json_t *o = line[len - 1] == '\n' ? json_loads(line, 0, &je) : NULL;
         json_t *s = o ? json_object_get(o, "step") : NULL;
         if (s && json_is_integer(s) && json_integer_value(s) <= step) fputs(line, out);
         json_decref(o);
     }
     free(line);
     fclose(in);
-    if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) RS_FATAL("cannot write %s", tmp);
-    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s: %s", tmp, strerror(errno));
+    /* whole or not at all: on a failed write the temporary file goes, metrics.jsonl stays as it was */
+    int bad = ferror(out) || fflush(out) != 0 || fsync(fileno(out)) != 0;
+    int e = errno;
+    if (fclose(out) != 0 && !bad) bad = 1, e = errno;
+    if (!bad && rename(tmp, path) != 0) bad = 1, e = errno;
+    if (bad) {
+        unlink(tmp);
+        RS_FATAL("cannot write %s (metrics.jsonl kept as it was): %s", tmp, strerror(e));
+    }
 }
 
 /* Writes config.resolved.yaml, drops the lines of a failed attempt, and opens
