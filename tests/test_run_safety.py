@@ -164,3 +164,72 @@ def test_submitted_config_comment_cannot_be_escaped(ringscan, recall_tok, tmp_pa
     assert r.returncode == 0 and r.stdout == "4242\n", r.stderr
     r = run([ringscan, "config", "check", rd / "config.submitted.yaml"])
     assert r.returncode == 0, r.stderr
+
+
+# ---- item 3: a failed write to the run directory stops the run, and leaves no torn line -----------------------
+
+
+def start_with_file_limit_later(args, watch, lines, limit_of):
+    """Starts `args` with SIGXFSZ ignored (a write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk),
+    waits until `watch` holds `lines` lines, then lowers the process's file size limit to limit_of() bytes.
+    (MPI_Init needs files of its own, so the limit cannot be set before the start.)"""
+    import resource
+    import signal
+    import subprocess
+    import time
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.Popen([str(a) for a in args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN))
+    while p.poll() is None and not (watch.exists() and watch.read_text().count("\n") >= lines):
+        time.sleep(0.01)
+    assert p.poll() is None, "the run ended before the limit was set"
+    n = limit_of()
+    resource.prlimit(p.pid, resource.RLIMIT_FSIZE, (n, n))
+    out, err = p.communicate(timeout=600)
+    return p.returncode, out, err
+
+
+def whole_lines(path):
+    text = path.read_text()
+    assert text.endswith("\n"), f"{path} ends in a partial line: {text[-200:]!r}"
+    return text.splitlines()
+
+
+def test_metrics_write_failure_stops_the_run_and_resume_copes(ringscan, recall_tok, tmp_path):
+    rd = tmp_path / "r"
+    r = run(train_args(ringscan, recall_tok, rd, 5, "--set", "checkpoint.every=0", "--set", "run.log_every=1000"))
+    assert r.returncode == 0, r.stderr
+    m = rd / "metrics.jsonl"
+    args = [ringscan, "resume", rd, "--set", "train.steps=400"]
+    # above log.txt's size, so that metrics.jsonl is the file that fails (and the error still reaches log.txt)
+    limit = lambda: max(m.stat().st_size, (rd / "log.txt").stat().st_size) + 1500
+    rc, out, err = start_with_file_limit_later(args, m, 8, limit)
+    assert rc == 1, err[-2000:]
+    assert "metrics.jsonl: write of" in err and "File too large" in err and "the partial record was cut off" in err
+    assert "the newest checkpoint, step 5, is intact" in err and f"ringscan resume {rd}" in err, err
+    assert "the run directory cannot be written" in (rd / "log.txt").read_text()  # the error reached log.txt too
+    steps = [json.loads(line)["step"] for line in whole_lines(m)]
+    assert steps == list(range(1, len(steps) + 1)) and 8 <= len(steps) < 400, steps
+    r = run([ringscan, "plot", rd])  # no torn line for plot to refuse
+    assert r.returncode == 0 or "gnuplot is not installed" in r.stderr, r.stderr
+    # the next start continues from the checkpoint: the metrics after it replaced, once each
+    r = run([ringscan, "resume", rd, "--set", "train.steps=12"])
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["step"] for line in whole_lines(m)] == list(range(1, 13))
+
+
+def test_log_write_failure_stops_the_run_with_the_error_on_stderr(ringscan, recall_tok, tmp_path):
+    rd = tmp_path / "r"
+    log = rd / "log.txt"
+    args = train_args(ringscan, recall_tok, rd, 400, "--set", "checkpoint.every=0", "--set", "run.log_every=1")
+    rc, out, err = start_with_file_limit_later(args, rd / "metrics.jsonl", 3, lambda: log.stat().st_size)
+    assert rc == 1, err[-2000:]
+    assert "log.txt: write of" in err and "no checkpoint was written yet" in err, err
+    assert "the same `ringscan train` starts the attempt over" in err, err
+    whole_lines(log)
+    n = len(whole_lines(rd / "metrics.jsonl"))
+    assert 3 <= n < 400
+    # the next start: an attempt with no checkpoint is started over
+    r = run(train_args(ringscan, recall_tok, rd, 3, "--set", "checkpoint.every=0"))
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["step"] for line in whole_lines(rd / "metrics.jsonl")] == [1, 2, 3]

@@ -402,7 +402,8 @@ int hf_read_config(Config *cfg, const char *dir, char *err, size_t err_len) {
         n += (size_t)snprintf(set, sizeof set, "model.layer_types=[");
         json_array_foreach(lt, i, v) { /* each name one YAML scalar: "a, b" or "]" stays one (refused) item */
             char q[512];
-            if (config_yaml_quote(q, sizeof q, json_is_string(v) ? json_string_value(v) : "?")) snprintf(q, sizeof q, "?");
+            if (config_yaml_quote(q, sizeof q, json_is_string(v) ? json_string_value(v) : "?"))
+                snprintf(q, sizeof q, "?");
             if (n < sizeof set) n += (size_t)snprintf(set + n, sizeof set - n, "%s%s", i ? ", " : "", q);
         }
         if (n < sizeof set) snprintf(set + n, sizeof set - n, "]");

@@ -330,7 +330,7 @@ static int train_loop(Trainer *t) {
                             json_integer(t->plan.acts.kept[cfg->checkpoint.activations]));
         train_write_metrics(t, o);
         json_decref(o);
-        train_check_writes(t, RS_EXIT_FAIL); /* a failed write to log.txt or metrics.jsonl stops the run on every rank */
+        train_check_writes(t, RS_EXIT_FAIL); /* a failed write to log.txt or metrics.jsonl: every rank stops */
 
         comm_set_context(comm, -1, "stop-signal all-reduce");
         int stop_signal = train_agreed_signal(t);
