@@ -233,3 +233,36 @@ def test_log_write_failure_stops_the_run_with_the_error_on_stderr(ringscan, reca
     r = run(train_args(ringscan, recall_tok, rd, 3, "--set", "checkpoint.every=0"))
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["step"] for line in whole_lines(rd / "metrics.jsonl")] == [1, 2, 3]
+
+
+# ---- item 10: the smaller ones ---------------------------------------------------------------------------------
+
+
+def test_overwrite_in_place_with_the_old_mtime_restored_is_seen(ringscan, recall_tok, tmp_path):
+    """Same size, other bytes, mtime set back: only ctime (which no call can set back) tells."""
+    import subprocess
+    import time
+    mine = tmp_path / "d.tok"
+    shutil.copy(recall_tok, mine)
+    rd = tmp_path / "r"
+    p = subprocess.Popen([str(a) for a in train_args(ringscan, mine, rd, 400, "--set", "checkpoint.every=2")],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    m = rd / "metrics.jsonl"
+    while p.poll() is None and not (m.exists() and m.read_text().count("\n") >= 3):
+        time.sleep(0.01)
+    st = mine.stat()
+    with open(mine, "r+b") as f:
+        f.seek(st.st_size // 2)
+        f.write(bytes(range(0, 128)) * 64)  # valid token ids, other tokens
+    os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert mine.stat().st_mtime_ns == st.st_mtime_ns and mine.stat().st_size == st.st_size
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 2, err[-2000:]
+    assert f"data file {mine} changed while the run was reading it" in err and "status change time" in err, err
+
+
+def test_eval_tokens_beyond_the_range_is_refused(ringscan, a_run, recall_tok):
+    for v in ("18446744073709551617", "99999999999999999999999", "9223372036854775807", "-1", "0", "1e3"):
+        r = run([ringscan, "eval", a_run, "--data", recall_tok, "--tokens", v])
+        assert r.returncode == 2 and "--tokens" in r.stderr, (v, r.stdout, r.stderr)
+        assert "loss" not in r.stdout and "-" not in r.stdout.split("samples")[0], r.stdout

@@ -152,7 +152,7 @@ int eval_run(const EvalOptions *a) {
         eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
     const int64_t T = cfg->data.seq_len, mb = cfg->data.micro_batch, dp = cfg->parallel.dp;
     const int64_t per_step = dp * mb, epoch = data_samples_per_epoch(ds);
-    int64_t want = a->tokens ? (a->tokens + T - 1) / T : epoch;
+    int64_t want = a->tokens ? (a->tokens - 1) / T + 1 : epoch; /* whole samples, rounded up, no overflow */
     if (want > epoch) want = epoch;
     const int64_t steps = want / per_step;
     if (steps < 1)
