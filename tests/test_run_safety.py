@@ -266,3 +266,15 @@ def test_eval_tokens_beyond_the_range_is_refused(ringscan, a_run, recall_tok):
         r = run([ringscan, "eval", a_run, "--data", recall_tok, "--tokens", v])
         assert r.returncode == 2 and "--tokens" in r.stderr, (v, r.stdout, r.stderr)
         assert "loss" not in r.stdout and "-" not in r.stdout.split("samples")[0], r.stdout
+
+
+def test_folder_with_both_model_file_and_index_reads_the_model_file(ringscan, a_run, tmp_path):
+    """transformers loads model.safetensors when a folder holds it and an index: so does ringscan."""
+    hf = tmp_path / "hf"
+    r = run([ringscan, "export", a_run, hf])
+    assert r.returncode == 0, r.stderr
+    (hf / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}))
+    r = run([ringscan, "export", hf, tmp_path / "again"])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "again/model.safetensors").read_bytes() == (hf / "model.safetensors").read_bytes()

@@ -178,7 +178,8 @@ static int hf_read_json(json_t **out, const char *path, char *err, size_t err_le
 static int hf_folder_open(HfFolder *f, const char *dir, char *err, size_t err_len) {
     memset(f, 0, sizeof *f);
     char path[PATH_MAX + 64];
-    if (hf_exists(dir, "model.safetensors.index.json", 0)) {
+    /* both there: model.safetensors, as transformers loads it (the index is read only without it) */
+    if (!hf_exists(dir, "model.safetensors", 0) && hf_exists(dir, "model.safetensors.index.json", 0)) {
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         json_t *idx;
         int rc = hf_read_json(&idx, path, err, err_len);
