@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/ckpt.h"
 #include "io/fsio.h"
 
 #define DATA_ERR_MAX 4096
@@ -58,6 +59,7 @@ static int data_cli_fail(const char *sub, int rc, const char *err) {
     fprintf(stderr, "ringscan data %s: error: %.*s\n", sub, nl ? (int)(nl - err) : (int)strlen(err), err);
     while (nl) {
         const char *p = nl + 1;
+        if (!strncmp(p, "  hint: ", 8)) p += 8; /* a message that names its hint already */
         nl = strchr(p, '\n');
         fprintf(stderr, "  hint: %.*s\n", nl ? (int)(nl - p) : (int)strlen(p), p);
     }
@@ -229,7 +231,8 @@ static int data_cli_synth(int argc, char **argv) {
     c.seed = (uint64_t)seed;
     char err[DATA_ERR_MAX];
     DataSynthStats st;
-    rc = data_synth_write(&c, pos[0], &st, err, sizeof err);
+    rc = ckpt_check_output(pos[0], FSIO_OUT_FILE, "data synth OUT", err, sizeof err); /* before any work */
+    if (!rc) rc = data_synth_write(&c, pos[0], &st, err, sizeof err);
     if (rc) return data_cli_fail("synth", rc, err);
     printf("wrote %s: %lld tokens (%s), %lld documents, vocab %lld, seed %llu\n", pos[0], (long long)st.n_tokens,
            c.vocab <= 65536 ? "uint16" : "uint32", (long long)st.n_docs, (long long)c.vocab,
@@ -282,7 +285,8 @@ static int data_cli_bytes(int argc, char **argv) {
     }
     char err[DATA_ERR_MAX];
     DataBytesStats st;
-    rc = data_bytes_write(pos[0], pos + 1, n_pos - 1, split, &st, err, sizeof err);
+    rc = ckpt_check_output(pos[0], FSIO_OUT_FILE, "data bytes OUT", err, sizeof err); /* before any work */
+    if (!rc) rc = data_bytes_write(pos[0], pos + 1, n_pos - 1, split, &st, err, sizeof err);
     if (rc) {
         free(pos);
         return data_cli_fail("bytes", rc, err);

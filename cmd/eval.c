@@ -8,6 +8,7 @@
  */
 #include "cmd.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,8 +42,11 @@ static void eval_parse(EvalOptions *a, int argc, char **argv) {
                 a->sets[a->n_sets++] = v;
             } else {
                 char *end;
+                errno = 0;
                 a->tokens = strtoll(v, &end, 10);
-                if (!*v || *end || a->tokens < 1) RS_USAGE(EVAL_USAGE, "--tokens %s: expected a count >= 1", v);
+                if (!*v || *end || errno == ERANGE || a->tokens < 1 || a->tokens > EVAL_TOKENS_MAX)
+                    RS_USAGE(EVAL_USAGE, "--tokens %s: expected a whole count from 1 to 2^60 (%lld)", v,
+                             (long long)EVAL_TOKENS_MAX);
             }
         } else if (s[0] == '-' && s[1]) RS_USAGE(EVAL_USAGE, "unknown option %s", s);
         else if (!a->src) a->src = s;

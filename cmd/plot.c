@@ -7,10 +7,13 @@
  */
 #include "cmd.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "io/ckpt.h"
+#include "io/fsio.h"
 #include "run/plot.h"
 
 #define PLOT_USAGE "ringscan plot RUN_DIR [--out FILE]"
@@ -31,5 +34,12 @@ int cmd_plot(int argc, char **argv) {
         else RS_USAGE(PLOT_USAGE, "unexpected argument %s", argv[i]);
     }
     if (!run_dir) RS_USAGE(PLOT_USAGE, "needs the run directory");
+    char err[PATH_MAX * 3 + 512], out[PATH_MAX + 16];
+    snprintf(out, sizeof out, "%s/plot.png", run_dir);
+    int rc = ckpt_check_output(out_arg ? out_arg : out, FSIO_OUT_FILE, "plot --out", err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "ringscan plot: error: %s\n", err);
+        return rc;
+    }
     return plot_run(run_dir, out_arg);
 }

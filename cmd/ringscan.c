@@ -22,6 +22,7 @@
  *   cmd.h        cmd_data, cmd_eval, cmd_plot (`ringscan data ...`, `eval`, `plot`:
  *                cmd/data.c, cmd/eval.c, cmd/plot.c parse their arguments)
  *   rundir.h     run_dir_check_out_dir (run.out_dir can name a run directory)
+ *   ckpt.h       ckpt_check_output (export's OUT_DIR checked before any work)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "io/ckpt.h"
 #include "io/fsio.h"
 #include "io/hf.h"
 #include "plan/plan.h"
@@ -123,14 +125,16 @@ static void cli_load_config(Config *cfg, const CliArgs *a, const char *cmd) {
     config_load_file(cfg, a->config, &err);
     for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i, &err);
     if (err.count == 0) config_validate(cfg, &err);
-    char msg[1024];
+    char msg[3 * 4096 + 512];
     if (run_dir_check_out_dir(cfg->run.out_dir, msg, sizeof msg) != 0) config_errors_add(&err, "%s", msg);
     if (err.count && cli_launcher_rank() != 0) exit(RS_EXIT_USAGE);
     if (err.count) {
         fflush(stdout);
         for (char *line = err.text; line && *line;) {
             char *nl = strchr(line, '\n');
-            fprintf(stderr, "ringscan %s: error: %.*s\n", cmd, nl ? (int)(nl - line) : (int)strlen(line), line);
+            int hint = !strncmp(line, "  hint: ", 8); /* a message's hint line is printed as it is */
+            fprintf(stderr, "%s%s%s%.*s\n", hint ? "" : "ringscan ", hint ? "" : cmd, hint ? "" : ": error: ",
+                    nl ? (int)(nl - line) : (int)strlen(line), line);
             line = nl ? nl + 1 : NULL;
         }
         fprintf(stderr, "ringscan %s: %d error%s in the config; nothing was run or written\n", cmd, err.count,
@@ -336,7 +340,8 @@ static int cmd_export(int argc, char **argv) {
     if (npos < 2) cli_usage_error("export", "needs the source (RUN_DIR, RUN_DIR/ckpt/step_N or a Hugging Face folder) "
                                             "and the output folder", NULL);
     char err[8192];
-    int rc = hf_export(pos[0], pos[1], &o, err, sizeof err);
+    int rc = ckpt_check_output(pos[1], FSIO_OUT_DIR, "export OUT_DIR", err, sizeof err); /* before any work */
+    if (!rc) rc = hf_export(pos[0], pos[1], &o, err, sizeof err);
     if (rc) fprintf(stderr, "ringscan export: error: %s\n", err);
     return rc;
 }

@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "io/fsio.h"
 #include "plan/plan.h"
+#include "run/rundir.h"
 #include "sbatch.h"
 
 extern char **environ;
@@ -59,9 +60,11 @@ static char *submit_config_text(const Config *cfg, const char *config_path, size
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
     RS_CHECK(f != NULL, "open_memstream: %s", strerror(errno));
+    char q[4 * SUBMIT_PATH_MAX + 8]; /* the path quoted: a newline in it cannot end the comment */
+    if (config_yaml_quote(q, sizeof q, config_path) != 0) snprintf(q, sizeof q, "(a path that is not UTF-8)");
     fprintf(f, "# ringscan config of run %s, submitted as a Slurm job by `ringscan submit %s`;\n"
                "# the job's first run trains from it (later runs resume from ckpt/LATEST)\n",
-            cfg->run.name, config_path);
+            cfg->run.name, q);
     config_write_yaml(cfg, f, false);
     RS_CHECK(fclose(f) == 0, "writing the submitted config: %s", strerror(errno));
     return buf;
@@ -182,6 +185,7 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
 
     /* the run directory must not hold a run or a job already; a dry run only warns (it writes nothing) */
     static const char *const taken[] = {"job.sbatch", "ckpt", "metrics.jsonl", NULL};
+    bool warned = false; /* a dry run warns once */
     for (int i = 0; taken[i]; i++)
         if (submit_exists(run_dir, taken[i])) {
             char hint[SUBMIT_PATH_MAX + 128];
@@ -196,12 +200,28 @@ int submit_run(const Config *cfg_in, const char *config_path, int dry_run) {
                 fprintf(stderr, "ringscan submit: warning: %s; the script is printed anyway, but a submit without "
                                 "--dry-run refuses this directory\n  hint: %s, or set run.out_dir to a new directory\n",
                         used, hint);
+                warned = true;
                 break;
             }
             submit_error("%s; nothing was written or submitted\n  hint: %s, or set run.out_dir to a new directory", used,
                          hint);
             return RS_EXIT_USAGE;
         }
+    /* what it holds besides: the rule of `train` (rundir.h), so the job's train never refuses it */
+    char why[16384];
+    int restart = 0;
+    if (!warned && run_dir_check_contents(run_dir, &restart, why, sizeof why) != 0) {
+        char *hint = strstr(why, "\n  hint: ");
+        if (hint) *hint = 0;
+        if (dry_run) {
+            fflush(stdout);
+            fprintf(stderr, "ringscan submit: warning: %s; the script is printed anyway, but a submit without "
+                            "--dry-run refuses this directory%s%s\n", why, hint ? "\n" : "", hint ? hint + 1 : "");
+        } else {
+            submit_error("%s; nothing was written or submitted%s%s", why, hint ? "\n" : "", hint ? hint + 1 : "");
+            return RS_EXIT_USAGE;
+        }
+    }
     struct stat st_run;
     bool run_dir_is_new = stat(run_dir, &st_run) != 0;
 

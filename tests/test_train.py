@@ -422,12 +422,14 @@ def test_fifo_as_data_is_refused_not_waited_on(tmp_path):
 
 
 def test_run_directory_blocked_by_a_file(tmp_path, data):
-    """run.out_dir that is a file, or lies under one: refused with the path named (fsio_mkdirs used to take
-    an existing file for the directory), and the file left as it was."""
+    """run.out_dir that is a file, or lies under one: bad input (exit 2, issue 35 item 10), refused with the path
+    named before anything starts (fsio_mkdirs used to take an existing file for the directory), and the file
+    left as it was."""
     (tmp_path / "f").write_text("a file\n")
-    for rd in (tmp_path / "f", tmp_path / "f" / "r"):
-        r = train(rd, data, steps=2, expect=1)
-        assert f"cannot create run directory {rd}: Not a directory" in r.stderr, r.stderr
+    r = train(tmp_path / "f", data, steps=2, expect=2)
+    assert f"run.out_dir {tmp_path}/f exists and is not a directory" in r.stderr, r.stderr
+    r = train(tmp_path / "f" / "r", data, steps=2, expect=2)
+    assert f"{tmp_path}/f is not a directory, so {tmp_path}/f/r cannot be created under it" in r.stderr, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["f"] and (tmp_path / "f").read_text() == "a file\n"
 
 

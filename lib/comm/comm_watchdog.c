@@ -206,7 +206,8 @@ static void watch_record_write(CommWatch *w) {
     if (!f) return; /* the reporter will list this rank as "no report" */
     fprintf(f, "%d\t%s\t%s\t%.3f\t%s\t%d\t%d\t%lld\t%d\t%s\t%.3f\t%s\n", w->c->rank, r.host, r.state, r.wait_s, r.op,
             r.group, r.gid, r.step, r.layer, r.what, r.ctx_s, r.detail);
-    if (fclose(f) == 0) rename(tmp, path);
+    int bad = ferror(f) | fflush(f);
+    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) unlink(tmp); /* a failed write leaves no partial record */
 }
 
 /* Reads rank q's record; r->have = 0 when there is none (or it is not whole). */
@@ -215,7 +216,7 @@ static void watch_record_read(const CommWatch *w, int q, WatchRecord *r) {
     char path[PATH_MAX + 32], name[32], line[1024];
     snprintf(name, sizeof name, "rank-%d", q);
     watch_path(w, path, sizeof path, name);
-    FILE *f = fopen(path, "r");
+    FILE *f = fsio_fopen_regular(path, NULL, NULL, NULL, 0); /* a FIFO or directory there: no record */
     if (!f) return;
     char *ok = fgets(line, sizeof line, f);
     fclose(f);
@@ -484,7 +485,12 @@ static noreturn void watch_abort(CommWatch *w, int report) {
         FILE *f = report ? fopen(path, "w") : NULL;
         if (f) {
             fputs(t.s, f);
-            fclose(f);
+            int bad = ferror(f) | fflush(f), e = errno;
+            if (fclose(f) != 0 || bad) { /* no partial report.txt: the message below carries the report */
+                if (!bad) e = errno;
+                unlink(path);
+                watch_add(&t, "\n  (%s could not be written: %s; the report is only here)", path, strerror(e));
+            }
         }
     }
     if (t.len > WATCH_REPORT_MAX) {

@@ -26,6 +26,7 @@
 
 #define CONFIG_LIST_MAX 1024 /* longest list value (model.layer_types) */
 #define CONFIG_STR_MAX  4096 /* longest string value, bytes */
+#define CONFIG_VALUE_MAX (4 * CONFIG_STR_MAX + 8) /* a value as YAML text (config_format_value), at most */
 
 /* ---- enums, each with its names table (index = value) ------------------- */
 
@@ -286,6 +287,14 @@ int config_validate(const Config *cfg, ConfigErrors *err);
 /* The world size as launched (MPI size, or Slurm's task count) against
  * parallel.dp × parallel.cp. */
 int config_validate_world(const Config *cfg, int64_t world, const char *launcher, ConfigErrors *err);
+
+/* Any string as one YAML double-quoted scalar, the only way ringscan puts a
+ * string into YAML text (written configs, eval's data.path, imported names):
+ * '"' and '\\' escaped, control characters, DEL and the Unicode line breaks
+ * (U+0085, U+2028, U+2029) as escapes, so the scalar reads back to exactly `s`.
+ * 0, or -1 when it does not fit in cap bytes or `s` is not UTF-8 (YAML text
+ * cannot hold it; out is then ""). */
+int config_yaml_quote(char *out, size_t cap, const char *s);
 
 /* A value as YAML text ("2048", "[linear_attention, full_attention]"). */
 void config_format_value(const Config *cfg, int key, char *buf, size_t n);

@@ -36,10 +36,15 @@ static void error_format_origin(char *buf, size_t n) {
 }
 
 static void error_write_log(const char *msg, size_t len) {
+    off_t start = lseek(error_log_fd, 0, SEEK_END);
     while (len > 0) {
         ssize_t w = write(error_log_fd, msg, len);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return; /* the log is lost (disk full): stderr has the message */
+        if (w <= 0) { /* the log is lost (disk full): stderr has the message; no partial one is left */
+            int cut = start >= 0 ? ftruncate(error_log_fd, start) : -1;
+            (void)cut;
+            return;
+        }
         msg += w;
         len -= (size_t)w;
     }

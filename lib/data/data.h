@@ -76,6 +76,8 @@ typedef struct {
     uint64_t hash;
     int64_t  bytes, mtime_ns;         /* the token file (flat file or PREFIX.bin) when opened */
     int64_t  idx_bytes, idx_mtime_ns; /* megatron: PREFIX.idx; flat: 0 */
+    int64_t  ctime_ns;                /* the token file's status change time when opened: the in-run check
+                                         only (data_source_check), not stored (a copy or chmod changes it) */
 } DataFingerprint;
 
 /* One opened token file. Fields are read-only for callers.
@@ -83,8 +85,11 @@ typedef struct {
  * Tokens are read with pread(2) into the caller's buffers, never through a
  * mapping: a file truncated while a run reads it is a short read (an error
  * naming the file), not a SIGBUS, and every read checks afterwards that the
- * file's size and mtime are those it had when opened, so a file overwritten
- * in place stops the run before a step uses what was read from it. A file
+ * file's size, mtime and ctime are those it had when opened, so a file
+ * overwritten in place stops the run before a step uses what was read from
+ * it, even when the writer restored the old mtime (utimensat cannot set
+ * ctime; the price: a chmod or chown of the file during the run stops it
+ * too, saying so). A file
  * replaced by rename is not seen (the open descriptor keeps the old one);
  * the fingerprint in the checkpoint catches it at resume. */
 typedef struct {
@@ -151,7 +156,7 @@ int data_map_file(const char *path, const char *what, void **ptr, size_t *len, c
 int data_source_read(const DataSource *src, void *buf, size_t len, int64_t off, char *err, size_t n);
 /* st_mtim in nanoseconds: the data fingerprint's mtime */
 int64_t data_mtime_ns(const struct stat *st);
-/* 0 when the token file still has the size and mtime it had when opened; else
+/* 0 when the token file still has the size, mtime and ctime it had when opened; else
  * an error naming the file, both sizes and both times (data_read_span calls
  * it after every read). */
 int data_source_check(const DataSource *src, char *err, size_t n);

@@ -135,9 +135,19 @@ int data_source_check(const DataSource *src, char *err, size_t n) {
     struct stat st;
     if (fstat(src->fd, &st) != 0)
         return data_error(err, n, RS_EXIT_FAIL, NULL, "data file %s: fstat failed: %s", src->path, strerror(errno));
-    int64_t mt = data_mtime_ns(&st);
-    if ((int64_t)st.st_size == src->fp.bytes && mt == src->fp.mtime_ns) return 0;
+    int64_t mt = data_mtime_ns(&st), ct = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+    int same = (int64_t)st.st_size == src->fp.bytes && mt == src->fp.mtime_ns;
+    if (same && (ct == src->fp.ctime_ns || src->fp.ctime_ns == 0)) return 0;
     char was[64], now[64];
+    if (same) { /* size and mtime kept: only the status change time says it was touched */
+        data_fmt_mtime(src->fp.ctime_ns, was, sizeof was);
+        data_fmt_mtime(ct, now, sizeof now);
+        return data_error(err, n, RS_EXIT_USAGE, data_changed_hint,
+                          "data file %s changed while the run was reading it: same size (%lld bytes) and mtime, but "
+                          "its status change time moved from %s to %s: written in place with the old mtime "
+                          "restored (or its owner or permissions changed)",
+                          src->path, (long long)src->fp.bytes, was, now);
+    }
     data_fmt_mtime(src->fp.mtime_ns, was, sizeof was);
     data_fmt_mtime(mt, now, sizeof now);
     return data_error(err, n, RS_EXIT_USAGE, data_changed_hint,

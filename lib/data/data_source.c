@@ -114,6 +114,7 @@ int data_source_open(DataSource **out, DataFormat format, const char *path, int6
         RS_CHECK(fstat(src->fd, &st) == 0, "fstat of %s: %s", src->path, strerror(errno));
         src->fp.bytes = (int64_t)st.st_size;
         src->fp.mtime_ns = data_mtime_ns(&st);
+        src->fp.ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
         if (src->idx_path && stat(src->idx_path, &st) == 0) {
             src->fp.idx_bytes = (int64_t)st.st_size;
             src->fp.idx_mtime_ns = data_mtime_ns(&st);

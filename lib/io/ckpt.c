@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -631,4 +632,46 @@ int ckpt_read(const Ckpt *ck, const char *file, const char *tensor, StDtype dtyp
         return RS_EXIT_USAGE;
     }
     return safetensors_read(f, tensor, dtype, ndim, shape, dst, err, err_len);
+}
+
+/* Whether `dir` (resolved) is a run's checkpoint tree or a checkpoint directory: see ckpt_check_output. */
+static int ckpt_is_ckpt_dir(const char *dir) {
+    const char *slash = strrchr(dir, '/'), *base = slash ? slash + 1 : dir;
+    char p[PATH_MAX + 32];
+    struct stat st;
+    if (!strcmp(base, "ckpt")) {
+        static const char *const marks[] = {"LATEST", ".lock", "../.lock", NULL};
+        for (int i = 0; marks[i]; i++) {
+            snprintf(p, sizeof p, "%s/%s", dir, marks[i]);
+            if (lstat(p, &st) == 0) return 1;
+        }
+    }
+    if (!strncmp(base, "step_", 5)) {
+        snprintf(p, sizeof p, "%s/%s", dir, CKPT_MANIFEST);
+        if (lstat(p, &st) == 0) return 1;
+    }
+    return 0;
+}
+
+int ckpt_check_output(const char *path, int kind, const char *what, char *err, size_t err_len) {
+    char real[PATH_MAX];
+    int rc = fsio_resolve_output(path, kind, what, real, sizeof real, err, err_len);
+    if (rc) return rc;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", real);
+    for (;;) { /* the path itself, then each ancestor up to the root */
+        if (ckpt_is_ckpt_dir(dir)) {
+            char via[PATH_MAX + 32] = "";
+            if (strcmp(real, path)) snprintf(via, sizeof via, " (it resolves to %s)", real);
+            fsio_errf(err, err_len, "%s %s%s lies inside the checkpoint directory %s: checkpoint rotation deletes "
+                                    "what is there, and a resume refuses files it did not write; nothing was written\n"
+                                    "  hint: write it outside the run's ckpt/ (e.g. beside the run directory)",
+                      what, path, via, dir);
+            return RS_EXIT_USAGE;
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash || slash == dir) break;
+        *slash = 0;
+    }
+    return 0;
 }

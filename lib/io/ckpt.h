@@ -91,4 +91,12 @@ int ckpt_verify_dir(const char *dir, int64_t step, json_t **manifest, char *err,
  * 0 steps. */
 int ckpt_list_steps(const char *run_dir, int64_t **steps, int64_t *n, char *err, size_t err_len);
 
+/* Checks an output path of any command (export OUT, eval --out, data OUT, plot --out, run.out_dir) before any
+ * work: fsio_resolve_output (kind FSIO_OUT_FILE / FSIO_OUT_DIR), then refuses a path that lies inside a run's
+ * checkpoint tree (a directory named ckpt that holds LATEST or .lock, or whose parent holds a run's .lock),
+ * or inside a checkpoint directory (step_N holding manifest.json): rotation deletes checkpoint directories,
+ * and a resume finds files there it did not write. Symlinks are resolved first. 0, or RS_EXIT_USAGE /
+ * RS_EXIT_FAIL with one line (and a hint) in err naming `what`. Writes nothing. */
+int ckpt_check_output(const char *path, int kind, const char *what, char *err, size_t err_len);
+
 #endif

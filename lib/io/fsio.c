@@ -58,6 +58,24 @@ int fsio_write_all(int fd, const void *buf, int64_t n) {
     return 0;
 }
 
+int fsio_append_record(int fd, const char *path, const void *buf, int64_t n, char *err, size_t err_len) {
+    off_t start = lseek(fd, 0, SEEK_END);
+    if (start < 0) {
+        fsio_errf(err, err_len, "%s: cannot find its end: %s", path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    int e = fsio_write_all(fd, buf, n);
+    if (!e) return 0;
+    if (ftruncate(fd, start) == 0)
+        fsio_errf(err, err_len, "%s: write of %lld bytes failed: %s (the partial record was cut off: the file ends "
+                                "with its last whole record)", path, (long long)n, strerror(e));
+    else
+        fsio_errf(err, err_len, "%s: write of %lld bytes failed: %s; cutting the partial record off failed too (%s): "
+                                "the bytes from offset %lld on are a partial record", path, (long long)n, strerror(e),
+                  strerror(errno), (long long)start);
+    return RS_EXIT_FAIL;
+}
+
 int fsio_pread_all(int fd, void *buf, int64_t n, int64_t offset, int64_t *got) {
     char *p = buf;
     int64_t done = 0;
@@ -394,4 +412,114 @@ int fsio_mkdirs(const char *path) {
         return -1;
     }
     return fsio_mkdirs_walk(tmp, path, NULL, 0, NULL, 0) ? -1 : 0;
+}
+
+/* Appends the missing components of `tail` to the resolved prefix in dst: "." dropped, ".." pops a component. */
+static int fsio_append_tail(char *dst, size_t cap, const char *tail) {
+    for (const char *p = tail; *p;) {
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        size_t len = strlen(dst);
+        if (n == 2 && !strncmp(p, "..", 2)) {
+            char *slash = strrchr(dst, '/');
+            if (slash && slash != dst) *slash = 0;
+            else snprintf(dst, cap, "/");
+        } else if (n && !(n == 1 && *p == '.')) {
+            if (len + n + 2 > cap) return -1;
+            snprintf(dst + len, cap - len, "%s%.*s", len && dst[len - 1] == '/' ? "" : "/", (int)n, p);
+        }
+        p += n + (e != NULL);
+    }
+    return 0;
+}
+
+int fsio_resolve_output(const char *path, int kind, const char *what, char *resolved, size_t cap, char *err,
+                        size_t err_len) {
+    char cur[PATH_MAX], tail[PATH_MAX] = "", real[PATH_MAX];
+    if (!path[0]) {
+        fsio_errf(err, err_len, "%s is empty: it must name a %s", what, kind == FSIO_OUT_DIR ? "directory" : "file");
+        return RS_EXIT_USAGE;
+    }
+    if (fsio_path(cur, sizeof cur, err, err_len, "%s", path)) return RS_EXIT_USAGE;
+    for (size_t n = strlen(cur); n > 1 && cur[n - 1] == '/'; n--) cur[n - 1] = 0;
+    int whole = 1; /* cur is the whole path (nothing peeled off yet) */
+    while (!realpath(cur, real)) {
+        int e = errno;
+        struct stat lst;
+        if (e == ENOENT && lstat(cur, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+            char to[PATH_MAX];
+            ssize_t k = readlink(cur, to, sizeof to - 1);
+            to[k > 0 ? k : 0] = 0;
+            fsio_errf(err, err_len, "%s %s: %s is a symlink to %s, which does not exist (a dangling symlink); "
+                                    "nothing was written", what, path, cur, to);
+            return RS_EXIT_USAGE;
+        }
+        if (e != ENOENT && e != ENOTDIR) { /* ENOTDIR: peeled until the component that is not a directory */
+            fsio_errf(err, err_len, "%s %s: cannot resolve %s: %s", what, path, cur, strerror(e));
+            return e == ELOOP || e == EACCES || e == ENAMETOOLONG ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+        }
+        /* peel the last component off into tail */
+        char *slash = strrchr(cur, '/');
+        const char *base = slash ? slash + 1 : cur;
+        char t[PATH_MAX];
+        snprintf(t, sizeof t, "%s%s%s", base, tail[0] ? "/" : "", tail);
+        snprintf(tail, sizeof tail, "%s", t);
+        if (!slash) snprintf(cur, sizeof cur, ".");
+        else if (slash == cur) snprintf(cur, sizeof cur, "/");
+        else *slash = 0;
+        whole = 0;
+    }
+    if (whole) {
+        struct stat st;
+        if (stat(real, &st) != 0) {
+            fsio_errf(err, err_len, "%s %s: stat failed: %s", what, path, strerror(errno));
+            return RS_EXIT_FAIL;
+        }
+        if (kind == FSIO_OUT_DIR && !S_ISDIR(st.st_mode)) {
+            fsio_errf(err, err_len, "%s %s exists and is not a directory; nothing was written", what, path);
+            return RS_EXIT_USAGE;
+        }
+        if (kind == FSIO_OUT_FILE && !S_ISREG(st.st_mode)) {
+            fsio_errf(err, err_len, "%s %s is %s, not a file it can replace; nothing was written", what, path,
+                      S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                      : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file");
+            return RS_EXIT_USAGE;
+        }
+    } else {
+        struct stat st; /* the nearest existing ancestor must be a directory (realpath of "file" succeeds) */
+        if (stat(real, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            fsio_errf(err, err_len, "%s is not a directory, so %s cannot be created under it (%s); nothing was "
+                                    "written\n  hint: each directory above the output must be a directory that "
+                                    "exists or can be created", cur, path, what);
+            return RS_EXIT_USAGE;
+        }
+    }
+    if ((size_t)snprintf(resolved, cap, "%s", real) >= cap || fsio_append_tail(resolved, cap, tail) != 0) {
+        fsio_errf(err, err_len, "%s %s: the resolved path is longer than %zu bytes", what, path, cap - 1);
+        return RS_EXIT_USAGE;
+    }
+    return 0;
+}
+
+json_t *fsio_json_path(const char *path) {
+    json_t *j = json_string(path);
+    if (j) return j;
+    size_t n = strlen(path), k = 0;
+    char *buf = RS_MALLOC(3 * n + 1);
+    for (size_t i = 0; i < n; i++) { /* jansson's check, byte by byte: a valid sequence is kept whole */
+        size_t len = 1;
+        unsigned char c = (unsigned char)path[i];
+        if (c >= 0xc2 && c <= 0xf4) len = c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+        json_t *seq = len > 1 && i + len <= n ? json_stringn(path + i, len) : NULL;
+        if (seq) {
+            json_decref(seq);
+            memcpy(buf + k, path + i, len);
+            k += len;
+            i += len - 1;
+        } else if (c < 0x80) buf[k++] = (char)c;
+        else memcpy(buf + k, "\xef\xbf\xbd", 3), k += 3; /* U+FFFD */
+    }
+    j = json_stringn(buf, k);
+    free(buf);
+    return j ? j : json_string("?");
 }

@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 /* snprintf into err (no-op when err is NULL or err_len is 0). */
 void fsio_errf(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -33,6 +35,12 @@ int fsio_path(char *dst, size_t cap, char *err, size_t err_len, const char *fmt,
 
 /* Writes all n bytes to fd (retrying short writes and EINTR). Returns 0 or errno. */
 int fsio_write_all(int fd, const void *buf, int64_t n);
+
+/* Appends one record (a metrics line, a log line) to the end of the file open as fd: all n bytes, or, when
+ * a write fails (ENOSPC, EIO, EFBIG), the file truncated back to its size before, so no partial record is
+ * left. 0, or RS_EXIT_FAIL with err naming `path`, the error and what was left (the trim failing too is said
+ * with the byte offset where the partial record starts). */
+int fsio_append_record(int fd, const char *path, const void *buf, int64_t n, char *err, size_t err_len);
 
 /* Reads exactly n bytes at `offset` (pread, retrying). Returns 0, errno, or -1
  * when the file ends first (*got then says how many bytes were there). */
@@ -84,6 +92,24 @@ int fsio_mkdirs(const char *path);
  * or cannot be created: RS_EXIT_USAGE (RS_EXIT_FAIL for an I/O failure), err
  * naming that component and `path`. */
 int fsio_mkdirs_parent(const char *path, char *made, size_t made_cap, char *err, size_t err_len);
+
+/* A path as a JSON string (the one way ringscan puts a path into JSON: jansson escapes it when dumped).
+ * JSON holds only UTF-8, so each byte of a path that is not valid UTF-8 becomes U+FFFD instead of the
+ * key silently missing (json_string returns NULL there). Never NULL. */
+json_t *fsio_json_path(const char *path);
+
+/* What an output path names: a file (written by rename over it) or a directory. */
+enum { FSIO_OUT_FILE, FSIO_OUT_DIR };
+
+/* Checks an output path before any work is done, and resolves it: `resolved` (cap bytes) gets the realpath of
+ * its nearest existing ancestor (symlinks followed) with the missing components after it ("." dropped, ".."
+ * taken lexically: the directories will be created as plain ones). Refused, with err naming `what` and the
+ * path: a dangling symlink on the way, an ancestor that is not a directory, an existing path of the other kind
+ * (a directory where a file is written, anything but a directory where a directory is; FSIO_OUT_FILE also
+ * refuses a FIFO or device, which a rename would replace). RS_EXIT_USAGE for those, RS_EXIT_FAIL when the
+ * file system does not answer. Writes nothing. */
+int fsio_resolve_output(const char *path, int kind, const char *what, char *resolved, size_t cap, char *err,
+                        size_t err_len);
 
 /* Takes back what fsio_mkdirs_parent(path) created: removes the directory of
  * `path` and its parents up to and including `made`, stopping at the first

@@ -100,7 +100,7 @@ static json_t *hf_config_json(const Config *cfg, StDtype dtype, HfFormat format,
     }
     json_object_set_new(j, "use_cache", json_true());
     json_object_set_new(j, "dtype", json_string(dtype == ST_DTYPE_BF16 ? "bfloat16" : "float32"));
-    json_object_set_new(j, "ringscan_source", json_string(source));
+    json_object_set_new(j, "ringscan_source", fsio_json_path(source));
 #undef SETI
 #undef SETR
     return j;

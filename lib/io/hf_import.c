@@ -178,7 +178,8 @@ static int hf_read_json(json_t **out, const char *path, char *err, size_t err_le
 static int hf_folder_open(HfFolder *f, const char *dir, char *err, size_t err_len) {
     memset(f, 0, sizeof *f);
     char path[PATH_MAX + 64];
-    if (hf_exists(dir, "model.safetensors.index.json", 0)) {
+    /* both there: model.safetensors, as transformers loads it (the index is read only without it) */
+    if (!hf_exists(dir, "model.safetensors", 0) && hf_exists(dir, "model.safetensors.index.json", 0)) {
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         json_t *idx;
         int rc = hf_read_json(&idx, path, err, err_len);
@@ -534,9 +535,11 @@ int hf_read_config(Config *cfg, HfKind *kind_out, const char *dir, char *err, si
             size_t i;
             json_t *v;
             json_array_foreach(lt, i, v) {
+                /* each name one YAML scalar: "a, b" or "]" stays one (refused) item */
                 const char *s = json_is_string(v) ? json_string_value(v) : "(not a string)";
-                if (strlen(s) > 20) s = "(another kind)";
-                if (n < set_len) n += (size_t)snprintf(set + n, set_len - n, "%s%s", i ? ", " : "", s);
+                char q[64];
+                if (strlen(s) > 20 || config_yaml_quote(q, sizeof q, s)) snprintf(q, sizeof q, "\"(another kind)\"");
+                if (n < set_len) n += (size_t)snprintf(set + n, set_len - n, "%s%s", i ? ", " : "", q);
             }
         }
         if (n < set_len) snprintf(set + n, set_len - n, "]");

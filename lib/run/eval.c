@@ -26,6 +26,7 @@
 #include "comm/comm.h"
 #include "data/data.h"
 #include "core/error.h"
+#include "io/ckpt.h"
 #include "io/fsio.h"
 #include "io/hf.h"
 #include "model/model.h"
@@ -63,8 +64,9 @@ static int eval_bucket(int64_t ctx) {
 /* The checkpoint's config with the eval's data and the command line's overrides, validated. */
 static void eval_config(Config *cfg, const EvalOptions *a, Comm *comm) {
     ConfigErrors ce = {0};
-    char set[PATH_MAX + 32];
-    snprintf(set, sizeof set, "data.path=\"%s\"", a->data);
+    char set[4 * PATH_MAX + 32] = "data.path=";
+    if (config_yaml_quote(set + 10, sizeof set - 10, a->data) != 0) /* the path as one YAML scalar, exactly */
+        eval_fail(comm, RS_EXIT_USAGE, "--data: the path is longer than %d bytes or not UTF-8", PATH_MAX);
     config_apply_set(cfg, set, 0, &ce);
     config_apply_set(cfg, "data.shuffle=false", 1, &ce);
     for (int i = 0; i < a->n_sets; i++) config_apply_set(cfg, a->sets[i], i + 2, &ce);
@@ -82,9 +84,9 @@ static json_t *eval_json(const HfCkpt *c, const Config *cfg, const char *backend
     json_t *o = json_object(), *bk = json_array();
     json_object_set_new(o, "format", json_string("ringscan-eval"));
     json_object_set_new(o, "version", json_integer(1));
-    json_object_set_new(o, "checkpoint", json_string(c->dir));
+    json_object_set_new(o, "checkpoint", fsio_json_path(c->dir));
     json_object_set_new(o, "step", json_integer(c->step));
-    json_object_set_new(o, "data", json_string(cfg->data.path));
+    json_object_set_new(o, "data", fsio_json_path(cfg->data.path));
     json_object_set_new(o, "seq_len", json_integer(cfg->data.seq_len));
     json_object_set_new(o, "samples", json_integer(samples));
     json_object_set_new(o, "tokens", json_integer(samples * cfg->data.seq_len));
@@ -131,6 +133,13 @@ int eval_run(const EvalOptions *a) {
     if (!hf_is_ringscan(a->src))
         eval_fail(&comm, RS_EXIT_USAGE, "%s is neither a ringscan run directory (ckpt/) nor a checkpoint directory "
                                         "(manifest.json)", a->src);
+    /* the output is checked before any work: a directory, a dangling symlink, a place inside ckpt/ */
+    char out[PATH_MAX + 64];
+    if (a->out) snprintf(out, sizeof out, "%s", a->out);
+    else if (eval_is_run_dir(a->src)) snprintf(out, sizeof out, "%s/eval.json", a->src);
+    else snprintf(out, sizeof out, "%s/../../eval.json", a->src);
+    int orc = ckpt_check_output(out, FSIO_OUT_FILE, a->out ? "eval --out" : "eval's output", err, sizeof err);
+    if (orc) eval_fail(&comm, orc, "%s", err);
     if (hf_ckpt_open(&c, a->src, err, sizeof err)) eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
     Config *cfg = &c.cfg;
     eval_config(cfg, a, &comm);
@@ -143,7 +152,7 @@ int eval_run(const EvalOptions *a) {
         eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
     const int64_t T = cfg->data.seq_len, mb = cfg->data.micro_batch, dp = cfg->parallel.dp;
     const int64_t per_step = dp * mb, epoch = data_samples_per_epoch(ds);
-    int64_t want = a->tokens ? (a->tokens + T - 1) / T : epoch;
+    int64_t want = a->tokens ? (a->tokens - 1) / T + 1 : epoch; /* whole samples, rounded up, no overflow */
     if (want > epoch) want = epoch;
     const int64_t steps = want / per_step;
     if (steps < 1)
@@ -191,10 +200,6 @@ int eval_run(const EvalOptions *a) {
     if (comm.rank == 0) {
         json_t *o = eval_json(&c, cfg, be->name, steps * per_step, sum, cnt);
         eval_print(o, stdout);
-        char out[PATH_MAX + 64];
-        if (a->out) snprintf(out, sizeof out, "%s", a->out);
-        else if (eval_is_run_dir(a->src)) snprintf(out, sizeof out, "%s/eval.json", a->src);
-        else snprintf(out, sizeof out, "%s/../../eval.json", a->src);
         char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         size_t n = strlen(text);
         text = RS_REALLOC(text, n + 2);

@@ -38,11 +38,13 @@
 
 #include <stdint.h>
 
+#define EVAL_TOKENS_MAX (INT64_C(1) << 60) /* --tokens at most: far above any file, far below overflow */
+
 typedef struct {
     const char *src;      /* RUN_DIR or RUN_DIR/ckpt/step_N */
     const char *data;     /* --data PATH */
     const char *out;      /* --out FILE; NULL: RUN_DIR/eval.json */
-    int64_t     tokens;   /* --tokens N; 0: one epoch */
+    int64_t     tokens;   /* --tokens N (1..EVAL_TOKENS_MAX); 0: one epoch */
     const char *sets[64]; /* --set key=value, in order */
     int         n_sets;
 } EvalOptions;

@@ -94,6 +94,19 @@ static int plot_eval(const char *run_dir, FILE *dat, char *label, size_t label_l
     return 1;
 }
 
+/* `s` as a gnuplot single-quoted string: '' for a quote, control characters as '?' (a title only: no path
+ * ringscan does not choose goes into the script; the PNG is drawn in the temporary directory). */
+static void plot_gp_quote(char *out, size_t cap, const char *s) {
+    size_t j = 0;
+    out[j++] = '\'';
+    for (; *s && j + 4 < cap; s++) {
+        if (*s == '\'') out[j++] = '\'';
+        out[j++] = (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
+    }
+    out[j++] = '\'';
+    out[j] = 0;
+}
+
 static int plot_run_gnuplot(const char *script) {
     pid_t pid;
     char *argv[] = {"gnuplot", (char *)script, NULL};
@@ -111,10 +124,11 @@ static int plot_run_gnuplot(const char *script) {
 int plot_run(const char *run_dir, const char *out_arg) {
     char tmpdir[] = "/tmp/ringscan-plot.XXXXXX";
     if (!mkdtemp(tmpdir)) RS_FATAL("mkdtemp %s: %s", tmpdir, strerror(errno));
-    char steps[64], evalp[64], script[64], title[PATH_MAX + 64], label[256] = "";
+    char steps[64], evalp[64], script[64], png[64], title[PATH_MAX + 64], qtitle[2 * PATH_MAX + 160], label[256] = "";
     snprintf(steps, sizeof steps, "%s/steps.dat", tmpdir);
     snprintf(evalp, sizeof evalp, "%s/eval.dat", tmpdir);
     snprintf(script, sizeof script, "%s/plot.gp", tmpdir);
+    snprintf(png, sizeof png, "%s/plot.png", tmpdir);
     FILE *fs = fopen(steps, "w"), *fe = fopen(evalp, "w"), *gp = fopen(script, "w");
     RS_CHECK(fs && fe && gp, "cannot write in %s", tmpdir);
     plot_metrics(run_dir, fs, title, sizeof title);
@@ -127,8 +141,9 @@ int plot_run(const char *run_dir, const char *out_arg) {
     if (!out_arg) snprintf(out, sizeof out, "%s/plot.png", run_dir);
     snprintf(tmp_out, sizeof tmp_out, "%s.tmp.%ld", out, (long)getpid());
     fprintf(gp, "set terminal pngcairo size 1200,%d font 'sans,10'\n", has_eval ? 1150 : 800);
-    fprintf(gp, "set output '%s'\n", tmp_out);
-    fprintf(gp, "set multiplot layout %d,2 title '%s' font 'sans,12'\n", has_eval ? 3 : 2, title);
+    plot_gp_quote(qtitle, sizeof qtitle, title);
+    fprintf(gp, "set output '%s'\n", png);
+    fprintf(gp, "set multiplot layout %d,2 title %s font 'sans,12'\n", has_eval ? 3 : 2, qtitle);
     fprintf(gp, "set grid\nset key off\nset xlabel 'step'\nset style data lines\n");
     static const char *const panels[4][2] = {
         {"loss (nats)", "2"}, {"learning rate", "3"}, {"gradient norm (before clipping)", "4"}, {"tokens/s", "5"}};
@@ -142,16 +157,16 @@ int plot_run(const char *run_dir, const char *out_arg) {
     fprintf(gp, "unset multiplot\n");
     fclose(gp);
     int st = plot_run_gnuplot(script);
-    char err[512];
-    fsio_remove_tree(tmpdir, err, sizeof err);
-    if (st != 0) {
-        unlink(tmp_out);
-        RS_FATAL("gnuplot failed (exit %d) drawing %s", st, out);
-    }
-    if (rename(tmp_out, out) != 0) {
-        unlink(tmp_out);
-        RS_FATAL("cannot rename %s to %s: %s", tmp_out, out, strerror(errno));
-    }
+    char err[PATH_MAX * 2 + 256], *bytes = NULL;
+    int64_t n = 0;
+    int rc = st != 0 ? 0 : fsio_read_file(png, (int64_t)1 << 30, &bytes, &n, NULL, err, sizeof err);
+    char ignored[512];
+    fsio_remove_tree(tmpdir, ignored, sizeof ignored);
+    if (st != 0) RS_FATAL("gnuplot failed (exit %d) drawing %s", st, out);
+    if (rc) RS_FATAL("%s", err);
+    rc = fsio_write_file_via(tmp_out, out, bytes, n, err, sizeof err); /* durable; a failure leaves no partial file */
+    free(bytes);
+    if (rc) RS_FATAL("%s", err);
     printf("wrote %s\n", out);
     return RS_EXIT_OK;
 }

@@ -18,7 +18,8 @@
  * and rename) and opens log.txt for train_say and error.h.
  *
  * Callers: train.c (run_dir_claim, run_dir_open, run_dir_trim_metrics on
- * resume), cmd/ringscan.c (run_dir_check_out_dir, rundir.h).
+ * resume), cmd/ringscan.c (run_dir_check_out_dir, rundir.h), scheduler/submit.c
+ * (run_dir_check_contents: the same rule before submit writes).
  */
 #include "rundir.h"
 
@@ -88,16 +89,12 @@ static void run_dir_note_foreign(char *list, size_t cap, int *n, const char *pre
     }
 }
 
-enum { RUN_DIR_NEW, RUN_DIR_RESTART }; /* run_dir_check's verdicts besides a refusal */
-
-/* Decides whether `train` may write into `dir` (rank 0, before and again after
- * taking the run lock): RUN_DIR_NEW (missing, empty, or only what `submit`
- * wrote), RUN_DIR_RESTART (a ringscan attempt with no checkpoint: its
- * metrics.jsonl and config.resolved.yaml are replaced), or RS_EXIT_USAGE with
- * the reason and hint in msg. Reads only. */
-static int run_dir_check(const char *dir, char *msg, size_t cap) {
+/* Decides whether `train` or `submit` may write into `dir` (rank 0, before and
+ * again after taking the run lock; submit before it writes): rundir.h. */
+int run_dir_check_contents(const char *dir, int *restart, char *msg, size_t cap) {
+    *restart = 0;
     DIR *d = opendir(dir);
-    if (!d) return RUN_DIR_NEW; /* missing, or not a directory: fsio_mkdirs says which */
+    if (!d) return 0; /* missing, or not a directory: fsio_mkdirs says which */
     char foreign[1024] = "", path[PATH_MAX + 64];
     int n_foreign = 0, run_files = 0;
     struct dirent *de;
@@ -124,8 +121,9 @@ static int run_dir_check(const char *dir, char *msg, size_t cap) {
     }
     if (n_foreign) {
         snprintf(msg, cap,
-                 "run.out_dir %s holds %d entr%s that ringscan did not write (%s%s); `train` writes only into a new "
-                 "or empty directory, or one holding a ringscan attempt that stopped before its first checkpoint\n"
+                 "run.out_dir %s holds %d entr%s that ringscan did not write (%s%s); `train` and `submit` write only "
+                 "into a new or empty directory, or one holding a ringscan attempt that stopped before its first "
+                 "checkpoint\n"
                  "  hint: set run.out_dir to a new directory",
                  dir, n_foreign, n_foreign == 1 ? "y" : "ies", foreign, n_foreign > 4 ? ", ..." : "");
         return RS_EXIT_USAGE;
@@ -156,7 +154,8 @@ static int run_dir_check(const char *dir, char *msg, size_t cap) {
                  dir);
         return RS_EXIT_USAGE;
     }
-    return run_files ? RUN_DIR_RESTART : RUN_DIR_NEW;
+    *restart = run_files != 0;
+    return 0;
 }
 
 int run_dir_check_out_dir(const char *dir, char *msg, size_t cap) {
@@ -178,7 +177,8 @@ int run_dir_check_out_dir(const char *dir, char *msg, size_t cap) {
                            "its own (e.g. runs/my-run)", dir);
         return RS_EXIT_USAGE;
     }
-    return 0;
+    /* an existing file, a dangling symlink, a place inside a run's ckpt/: refused before anything starts */
+    return ckpt_check_output(dir, FSIO_OUT_DIR, "run.out_dir", msg, cap);
 }
 
 /* Opens RUN/.lock (creating it when `create`) and takes its flock without
@@ -230,22 +230,21 @@ void run_dir_claim(Trainer *t, int resuming, int dry_run) {
     t->lock_fd = -1;
     t->restart = 0;
     if (t->comm->rank == 0) {
+        int restart = 0;
         code = run_dir_lock_take(t->run_dir, 0, &fd, msg, sizeof msg);
-        int verdict = !code && !resuming ? run_dir_check(t->run_dir, msg, sizeof msg) : RUN_DIR_NEW;
-        if (verdict != RUN_DIR_NEW && verdict != RUN_DIR_RESTART) code = verdict;
+        if (!code && !resuming) code = run_dir_check_contents(t->run_dir, &restart, msg, sizeof msg);
         if (!code && fd < 0 && !dry_run) {
             if (!resuming && fsio_mkdirs(t->run_dir) != 0) {
                 snprintf(msg, sizeof msg, "cannot create run directory %s: %s", t->run_dir, strerror(errno));
                 code = RS_EXIT_FAIL;
             }
             if (!code) code = run_dir_lock_take(t->run_dir, 1, &fd, msg, sizeof msg);
-            verdict = !code && !resuming ? run_dir_check(t->run_dir, msg, sizeof msg) : RUN_DIR_NEW;
-            if (verdict != RUN_DIR_NEW && verdict != RUN_DIR_RESTART) code = verdict;
+            if (!code && !resuming) code = run_dir_check_contents(t->run_dir, &restart, msg, sizeof msg);
         }
         if (fd >= 0 && (code || dry_run)) close(fd); /* refused, or only tested */
         else if (fd >= 0) {
             t->lock_fd = fd; /* held until the process exits */
-            t->restart = verdict == RUN_DIR_RESTART;
+            t->restart = restart;
             char text[1024], when[64];
             time_t now = time(NULL);
             strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S%z", localtime(&now));
@@ -268,13 +267,18 @@ static void run_dir_write_resolved(Trainer *t) {
     char path[PATH_MAX + 64], tmp[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/config.resolved.yaml", t->run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    RS_CHECK(f != NULL, "open_memstream: %s", strerror(errno));
     fprintf(f, "# ringscan resolved config of run %s (written by `ringscan train`/`resume`; read by `resume`)\n",
             t->cfg->run.name);
     config_write_yaml(t->cfg, f, 0);
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) RS_FATAL("cannot write %s: %s", tmp, strerror(errno));
-    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    fclose(f);
+    char err[2 * PATH_MAX + 256];
+    /* whole or not at all: a failed write removes the temporary file, the old config stays */
+    if (fsio_write_file_via(tmp, path, text, (int64_t)len, err, sizeof err) != 0) RS_FATAL("%s", err);
+    free(text);
 }
 
 /* Keeps the metrics of steps <= `step` (a resume replays the steps after it). */
@@ -292,17 +296,25 @@ void run_dir_trim_metrics(Trainer *t, int64_t step) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
+    /* whole lines of steps <= step; a line a failed write left partial (no newline, no JSON) is dropped */
     while ((len = getline(&line, &cap, in)) > 0) {
         json_error_t je;
-        json_t *o = json_loads(line, 0, &je);
+        json_t *o = line[len - 1] == '\n' ? json_loads(line, 0, &je) : NULL;
         json_t *s = o ? json_object_get(o, "step") : NULL;
         if (s && json_is_integer(s) && json_integer_value(s) <= step) fputs(line, out);
         json_decref(o);
     }
     free(line);
     fclose(in);
-    if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) RS_FATAL("cannot write %s", tmp);
-    if (rename(tmp, path) != 0) RS_FATAL("cannot rename %s: %s", tmp, strerror(errno));
+    /* whole or not at all: on a failed write the temporary file goes, metrics.jsonl stays as it was */
+    int bad = ferror(out) || fflush(out) != 0 || fsync(fileno(out)) != 0;
+    int e = errno;
+    if (fclose(out) != 0 && !bad) bad = 1, e = errno;
+    if (!bad && rename(tmp, path) != 0) bad = 1, e = errno;
+    if (bad) {
+        unlink(tmp);
+        RS_FATAL("cannot write %s (metrics.jsonl kept as it was): %s", tmp, strerror(e));
+    }
 }
 
 /* Writes config.resolved.yaml, drops the lines of a failed attempt, and opens

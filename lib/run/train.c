@@ -155,11 +155,14 @@ static void train_open_metrics(Trainer *t) {
     if (!t->metrics) RS_FATAL("cannot open %s: %s", path, strerror(errno));
 }
 
+/* One whole line of metrics.jsonl, or none (a failed write is cut off; train_check_writes stops the run). */
 static void train_write_metrics(Trainer *t, json_t *o) {
     if (!t->metrics) return;
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    fprintf(t->metrics, "%s\n", s);
-    fflush(t->metrics);
+    size_t n = strlen(s);
+    s = RS_REALLOC(s, n + 2);
+    memcpy(s + n, "\n", 2);
+    train_append(t, t->metrics, "metrics.jsonl", s);
     free(s);
 }
 
@@ -327,6 +330,7 @@ static int train_loop(Trainer *t) {
                             json_integer(t->plan.acts.kept[cfg->checkpoint.activations]));
         train_write_metrics(t, o);
         json_decref(o);
+        train_check_writes(t, RS_EXIT_FAIL); /* a failed write to log.txt or metrics.jsonl: every rank stops */
 
         comm_set_context(comm, -1, "stop-signal all-reduce");
         int stop_signal = train_agreed_signal(t);
@@ -459,7 +463,14 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     char a[64];
     if (comm->rank == 0) {
         config_print_table(cfg, stdout);
-        if (t.log) config_print_table(cfg, t.log);
+        char *table = NULL;
+        size_t len = 0;
+        FILE *mem = open_memstream(&table, &len);
+        RS_CHECK(mem != NULL, "open_memstream: %s", strerror(errno));
+        config_print_table(cfg, mem);
+        fclose(mem);
+        train_append(&t, t.log, "log.txt", table);
+        free(table);
     }
     train_say(&t, "ringscan %s | run %s -> %s | backend %s | world %d = dp %d x cp %d | %s\n", RS_VERSION,
               cfg->run.name, t.run_dir, t.be->name, comm->world_size, comm->dp, comm->cp, comm->host);
@@ -485,6 +496,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     if (cfg->device.peak_tflops <= 0)
         train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
 
+    train_check_writes(&t, RS_EXIT_FAIL); /* the header lines reached log.txt */
     train_catch_stop_signals();
     if (comm->world_size > 1) /* no wait for other ranks can hang a single rank */
         comm_watchdog_start(comm, &(CommWatchOptions){cfg->parallel.comm_timeout_s, t.run_dir, cfg->debug.stall_rank,
@@ -500,6 +512,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
         rc = train_loop(&t);
     }
 
+    train_check_writes(&t, rc ? rc : RS_EXIT_FAIL); /* the last lines ("done", "stopped by signal") reached log.txt */
     if (t.metrics) fclose(t.metrics);
     if (t.log) fclose(t.log);
     model_free(&t.model);

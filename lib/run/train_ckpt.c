@@ -30,7 +30,7 @@ static char *train_config_yaml(const Config *cfg) {
 /* FNV-1a over the identity keys and their values. */
 static uint64_t train_identity_hash(const Config *cfg) {
     uint64_t h = 1469598103934665603ull;
-    char v[8192];
+    char v[CONFIG_VALUE_MAX];
     for (int i = 0; i < config_schema_count; i++) {
         int match = 0;
         for (int j = 0; train_identity_keys[j]; j++)

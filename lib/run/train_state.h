@@ -28,7 +28,9 @@ typedef struct {
     int            lock_fd;              /* rank 0: RUN/.lock, flock'd for the process's life; else -1 */
     int            restart;              /* train: the directory holds an attempt with no checkpoint */
     int            allow_batch_change;   /* resume: --allow-batch-change */
-    FILE          *log, *metrics;        /* rank 0 only */
+    FILE          *log, *metrics;        /* rank 0 only; appended through fsio_append_record (whole records) */
+    int            write_failed;         /* rank 0: a write to log.txt or metrics.jsonl failed (train_check_writes) */
+    char           write_err[2048];      /* rank 0: what failed, for the message */
     int64_t        step;                 /* completed optimizer steps */
     int64_t        start_step;           /* step at start (0, or the resumed checkpoint's) */
     int64_t        last_ckpt;            /* step of the newest checkpoint written or resumed; -1: none */
@@ -44,6 +46,13 @@ typedef struct {
 double train_lr(const Config *cfg, int64_t step);
 /* Rank 0 prints to stdout and appends to log.txt. */
 void train_say(Trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Rank 0 appends `text` to the run directory's file `f` (log.txt, metrics.jsonl) as one whole record; a failed
+ * write (disk full, I/O error) is cut off and noted for train_check_writes, and later log lines are not tried. */
+void train_append(Trainer *t, FILE *f, const char *name, const char *text);
+/* Every rank at the same point: when rank 0 noted a failed write, the run stops with exit `code` (1, or the
+ * signal's code when a stop signal's checkpoint is already written) and the error on stderr and in log.txt
+ * (when log.txt itself failed, on stderr only). */
+void train_check_writes(Trainer *t, int code);
 /* Every rank calls it at the same point (a deterministic failure, such as a
  * bad checkpoint): rank 0 prints the message as an error (error.h: stderr and,
  * once open, log.txt), every rank leaves MPI and exits with `code`. */
