@@ -96,9 +96,10 @@
 #              `ringscan export --format qwen3_5` of the run (fp32) loads in transformers with nothing missing, its
 #              logits finite and moved from the source's. ~5 min (writes ~35 GB under /tmp, removed after)
 #   qwen35-step  (issue 36, 1 GPU) the 2B-shape step at 32k and 128k (bench step --config the 2B config, cp 1, its
-#              remat) beside transformers' Qwen3_5ForCausalLM with FLA's kernels on the same tokens (step_hf.py with
-#              STEP_HF_MODEL=qwen3_5; without FLA on PYTHONPATH: ours only, said): ms/step, tokens/s, TFLOP/s,
-#              MFU and the ratio. ~3 min warm, FLA's autotuning adds minutes cold (TRITON_CACHE_TAR)
+#              remat), then transformers' Qwen3_5ForCausalLM with FLA's kernels on bench's request (same tokens:
+#              step_hf.py with STEP_HF_MODEL=qwen3_5, given what is left of the call; without FLA on PYTHONPATH:
+#              ours only, said): ms/step, tokens/s, TFLOP/s, MFU and the ratio. ~3 min warm; FLA's autotuning
+#              adds minutes cold (TRITON_CACHE_TAR: the step part's cache serves, the same GDN heads and dims)
 # Exit status: 1 if any part failed (a bench error row, a failed check, a timeout), else 0.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -386,6 +387,11 @@ print(f"qwen35-train: {len(rows)} steps, losses {losses}; after step 1: "
       f"{ms:.0f} ms/step, {tok:.0f} tokens/s (2 GPUs), MFU {100 * mfu:.1f}%, peak {peak:.2f} GiB (plan above)")
 sys.exit(0 if all(r["loss"] == r["loss"] for r in rows) and len(rows) > 0 else 1)
 PYEOF
+    if [ "$(left)" -lt 20 ]; then  # timeout 0 would not bound the rest
+        echo "qwen35-train: FAIL ($(left) s left: export and transformers' load not run)"
+        rm -rf $TRAIN_DIR
+        return 1
+    fi
     timeout "$(left)" build/ringscan export $TRAIN_DIR/qwen35-train $out --format qwen3_5 --dtype fp32 \
         > "$L/qwen35-export.log" 2>&1 || { rc=1; tail -3 "$L/qwen35-export.log"; }
     env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/qwen35_train_hf.py load $out $src > "$L/qwen35-load.log" 2>&1 ||
@@ -396,44 +402,74 @@ PYEOF
     return $rc
 }
 
-# issue 36's one-GPU step: the Qwen3.5 2B shape at 32k and 128k, ours beside transformers' Qwen3_5ForCausalLM + FLA
+# issue 36's one-GPU step: the Qwen3.5 2B shape at 32k and 128k, ours beside transformers' Qwen3_5ForCausalLM + FLA.
+# Ours first (bench step, no peer: its rows come back whatever the peer does), then the peer on bench's own request
+# for each length (step_hf.py, STEP_HF_MODEL=qwen3_5; bench_peer.c's contract), given what is left of the call
 suite_qwen35_step() {
-    local cfg=configs/qwen3.5-2b-256k-h200x2.yaml rc=0 T peer=()
-    if python3 -c "import fla" 2> /dev/null; then
-        peer=(--peer --peer-timeout 240)
-    else
-        echo "qwen35-step: FLA is not importable (PEER=$PEER; bench/peer/README.md: a snapshot's fla folder in .dev/peer):"
-        echo "  transformers' side NOT run, ours only"
+    local cfg=configs/qwen3.5-2b-256k-h200x2.yaml rc=0 T d=/tmp/gpu_runs_qwen35-step fla=1
+    local opts=(step --config $cfg --warmup 1 --reps 3 --max-s 4)
+    rm -rf $d && mkdir -p $d
+    for T in 32768 131072; do
+        suite_bench qwen35-step-$T "${opts[@]}" --tokens $T > /dev/null || rc=1
+        build/ringscan bench "${opts[@]}" --tokens $T --write-requests --out $d/req-$T > /dev/null || rc=1
+    done
+    if ! python3 -c "import fla" 2> /dev/null; then
+        fla=0
         rc=1
+        echo "qwen35-step: FLA is not importable (PEER=$PEER; bench/peer/README.md: a snapshot's fla folder in .dev/peer):"
+        echo "  transformers' side NOT run (its torch GDN fallback is no peer at these lengths), ours only"
     fi
     for T in 32768 131072; do
-        STEP_HF_MODEL=qwen3_5 suite_bench qwen35-step-$T step --config $cfg --tokens $T --warmup 1 --reps 3 --max-s 4 \
-            "${peer[@]}" > /dev/null || rc=1
-        grep -E "^peer step|failed" "$L/qwen35-step-$T.log" | head -3
+        [ $fla = 1 ] || break
+        if [ "$(left)" -lt 75 ]; then  # timeout 0 would not bound it
+            echo "qwen35-step: $(left) s left: transformers at $T tokens not run"
+            rc=1
+            break
+        fi
+        STEP_HF_MODEL=qwen3_5 timeout "$(($(left) - 15))" python3 bench/peer/step_hf.py --request $d/req-$T/request_step.json \
+            --out "$W/qwen35-step-peer-$T.json" > "$L/qwen35-step-peer-$T.log" 2>&1 || { rc=1; tail -3 "$L/qwen35-step-peer-$T.log"; }
     done
     python3 - "$W" <<'PYEOF' || rc=1
 import json, os, sys
+w = sys.argv[1]
 print(f"{'tokens':>7s} {'impl':18s} {'ms/step':>9s} {'tokens/s':>9s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>8s} {'ratio':>6s}")
 ok, notes = True, []
 for T in (32768, 131072):
-    f = os.path.join(sys.argv[1], f"qwen35-step-{T}.json")
+    f = os.path.join(w, f"qwen35-step-{T}.json")
     if not os.path.exists(f):
-        print(f"{T:7d} no bench.json (see logs/qwen35-step-{T}.log)")
+        print(f"{T:7d} ringscan: no bench.json (see logs/qwen35-step-{T}.log)")
         ok = False
         continue
     b = json.load(open(f))
-    notes = (b["step"].get("peer") or {}).get("notes", notes)
-    for r in b["step"]["table"]:
-        if "ms_step" not in r:
-            print(f"{T:7d} {r.get('impl', '?'):18s} error: {r.get('error', '?')}")
+    r = b["step"]["table"][0]
+    if "ms_step" not in r:
+        print(f"{T:7d} ringscan error: {r.get('error', '?')}")
+        ok = False
+        continue
+    flops_tok = r["mfu_percent"] / 100 * b["peak_tflops"] * 1e12 / r["tokens_per_s"]  # plan's model FLOPs per token
+    print(f"{T:7d} {'ringscan':18s} {r['ms_step']:9.1f} {r['tokens_per_s']:9.0f} {flops_tok * r['tokens_per_s'] / 1e12:8.1f} "
+          f"{r['mfu_percent']:5.1f}% {r['peak_alloc_gib']:8.2f} {'-':>6s}")
+    pf = os.path.join(w, f"qwen35-step-peer-{T}.json")
+    if not os.path.exists(pf):
+        print(f"{T:7d} transformers: no result (see logs/qwen35-step-peer-{T}.log)")
+        ok = False
+        continue
+    p = json.load(open(pf))
+    notes = p.get("notes", notes)
+    for q in p["results"]:
+        if "ms_step" not in q:
+            print(f"{T:7d} {q.get('impl', '?'):18s} error: {q.get('error', '?')}")
             ok = False
             continue
-        ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
-        print(f"{T:7d} {r['impl']:18s} {r['ms_step']:9.1f} {r['tokens_per_s']:9.0f} "
-              f"{r['mfu_percent'] / 100 * b['peak_tflops']:8.1f} {r['mfu_percent']:5.1f}% {r['peak_alloc_gib']:8.2f} {ratio:>6s}")
+        tf = flops_tok * q["tokens_per_s"] / 1e12
+        print(f"{T:7d} {q['impl']:18s} {q['ms_step']:9.1f} {q['tokens_per_s']:9.0f} {tf:8.1f} "
+              f"{100 * tf / b['peak_tflops']:5.1f}% {q['peak_alloc_bytes'] / 2**30:8.2f} {q['ms_step'] / r['ms_step']:6.2f}")
+        if q.get("note"):
+            print(f"          ({q['note']})")
 for n in notes[:6]:
     print("  peer note:", n)
-print("ratio = transformers ms / ringscan ms (> 1: ringscan faster)")
+print("TFLOP/s and MFU: plan's model FLOPs per token (attention causal) x tokens/s, over bench's peak; "
+      "ratio = transformers ms / ringscan ms (> 1: ringscan faster)")
 sys.exit(0 if ok else 1)
 PYEOF
     return $rc
