@@ -84,11 +84,16 @@ def cmd_save(a):
 
 def cmd_load(a):
     torch = need("torch")
-    from transformers import AutoModelForCausalLM
-    model, info = AutoModelForCausalLM.from_pretrained(a.export, dtype=torch.float32, output_loading_info=True)
+    from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
+    how = "AutoModelForCausalLM"
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(a.export, dtype=torch.float32, output_loading_info=True)
+    except (ValueError, KeyError) as e:  # the Auto mapping lacking qwen3_5_text: said, then the class itself
+        how = f"Qwen3_5ForCausalLM (AutoModelForCausalLM refused: {type(e).__name__}: {str(e)[:120]})"
+        model, info = Qwen3_5ForCausalLM.from_pretrained(a.export, dtype=torch.float32, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     say("export loads in transformers", not bad and type(model).__name__ == "Qwen3_5ForCausalLM",
-        f"{type(model).__name__}; loading info {bad or 'clean (nothing missing, unexpected or mismatched)'}")
+        f"{type(model).__name__} by {how}; loading info {bad or 'clean (nothing missing, unexpected or mismatched)'}")
     src = json.loads((Path(a.source) / "config.json").read_text())
     out = model.config.to_dict()
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -106,7 +111,7 @@ def cmd_load(a):
         f"shape {tuple(got.shape)}, max |logit| {got.abs().max().item():.3f}")
     del model
     torch.cuda.empty_cache()
-    ref = AutoModelForCausalLM.from_pretrained(a.source, dtype=torch.float32).cuda().eval()
+    ref = Qwen3_5ForCausalLM.from_pretrained(a.source, dtype=torch.float32).cuda().eval()
     with torch.no_grad():
         want = ref(input_ids=ids).logits.float()
     moved = (got - want).abs().max().item()
