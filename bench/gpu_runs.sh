@@ -89,6 +89,17 @@
 #              (chunk_rows 65536 = the fragment), chunked (plan's 8,384 rows), chunked + offload; the cost
 #              of each as a ratio of ms/step, and the offloaded run's losses bitwise the chunked run's.
 #              ~7.5 s a step (attention 1.7 PFLOP per GPU a step), ~50 s a run: ~3 min
+#   qwen35-train  (issue 36, 2 GPUs) a random Qwen3.5 2B-shape folder (transformers' Qwen3_5ForCausalLM, its own init,
+#              save_pretrained in bf16: tests/parity/qwen35_train_hf.py save) imported by model.init_from into
+#              configs/qwen3.5-2b-256k-h200x2.yaml: plan, then QWEN35_STEPS (4) steps at 262,144 tokens, cp 2, grad_accum 1,
+#              synthetic tokens over Qwen3.5's vocab (248,320): ms/step, tokens/s, MFU beside plan's memory; then
+#              `ringscan export --format qwen3_5` of the run (fp32) loads in transformers with nothing missing, its
+#              logits finite and moved from the source's. ~5 min (writes ~35 GB under /tmp, removed after)
+#   qwen35-step  (issue 36, 1 GPU) the 2B-shape step at 32k and 128k (bench step --config the 2B config, cp 1, its
+#              remat), then transformers' Qwen3_5ForCausalLM with FLA's kernels on bench's request (same tokens:
+#              step_hf.py with STEP_HF_MODEL=qwen3_5, given what is left of the call; without FLA on PYTHONPATH:
+#              ours only, said): ms/step, tokens/s, TFLOP/s, MFU and the ratio. ~3 min warm; FLA's autotuning
+#              adds minutes cold (TRITON_CACHE_TAR: the step part's cache serves, the same GDN heads and dims)
 # Exit status: 1 if any part failed (a bench error row, a failed check, a timeout), else 0.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -342,6 +353,128 @@ EOF
     return $rc
 }
 
+# issue 36's continued-training proof: a random Qwen3.5 folder written by transformers, imported, trained at 256k
+# on two GPUs (cp 2), exported back, loaded by transformers
+suite_qwen35_train() {
+    local cfg=configs/qwen3.5-2b-256k-h200x2.yaml PY=${PYTHON:-python3} rc=0 n=${QWEN35_STEPS:-4}
+    local TRAIN_DIR=/tmp/gpu_runs_qwen35  # suite_train's folder for this part: its synth.tok over Qwen3.5's vocab
+    local src=$TRAIN_DIR/hf-src out=$TRAIN_DIR/hf-export
+    rm -rf $TRAIN_DIR && mkdir -p $TRAIN_DIR
+    env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/qwen35_train_hf.py save $cfg $src > "$L/qwen35-save.log" 2>&1 || rc=1
+    grep -E "^(PASS|FAIL)  " "$L/qwen35-save.log"
+    if [ $rc -ne 0 ]; then
+        tail -5 "$L/qwen35-save.log"
+        echo "qwen35-train: FAIL (no source folder)"
+        rm -rf $TRAIN_DIR
+        return 1
+    fi
+    build/ringscan data synth $TRAIN_DIR/synth.tok --vocab 248320 --tokens 8388608 --min-doc 8388608 --max-doc 8388608 \
+        --seed 1 > "$L/qwen35-data.log" 2>&1 || { echo "qwen35-train: FAIL (data synth)"; tail -3 "$L/qwen35-data.log"; return 1; }
+    local s=(--set model.init_from=$src --set train.grad_accum=1)
+    build/ringscan plan $cfg "${s[@]}" | grep -E "parameters|^  total|verdict" | head -4
+    suite_train qwen35-train 2 "$n" $cfg "${s[@]}" || rc=1
+    grep -iE "init_from|imported" "$L/qwen35-train.log" | head -3
+    python3 - "$TRAIN_DIR/qwen35-train/metrics.jsonl" <<'PYEOF' || rc=1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+after = rows[1:] or rows  # the steps after the first (warm-up: allocator, cuBLASLt plans, NCCL)
+ms = sum(r["ms"] for r in after) / len(after)
+tok = sum(r["tokens_per_s"] for r in after) / len(after)
+mfu = sum(r.get("mfu", float("nan")) for r in after) / len(after)
+peak = max(r.get("peak_mem_bytes", 0) for r in rows) / 2**30
+losses = ", ".join("%.4f" % r["loss"] for r in rows)
+print(f"qwen35-train: {len(rows)} steps, losses {losses}; after step 1: "
+      f"{ms:.0f} ms/step, {tok:.0f} tokens/s (2 GPUs), MFU {100 * mfu:.1f}%, peak {peak:.2f} GiB (plan above)")
+sys.exit(0 if all(r["loss"] == r["loss"] for r in rows) and len(rows) > 0 else 1)
+PYEOF
+    if [ "$(left)" -lt 20 ]; then  # timeout 0 would not bound the rest
+        echo "qwen35-train: FAIL ($(left) s left: export and transformers' load not run)"
+        rm -rf $TRAIN_DIR
+        return 1
+    fi
+    timeout "$(left)" build/ringscan export $TRAIN_DIR/qwen35-train $out --format qwen3_5 --dtype fp32 \
+        > "$L/qwen35-export.log" 2>&1 || { rc=1; tail -3 "$L/qwen35-export.log"; }
+    env -u PYTHONPATH timeout "$(left)" "$PY" tests/parity/qwen35_train_hf.py load $out $src > "$L/qwen35-load.log" 2>&1 ||
+        rc=1
+    grep -E "^(PASS|FAIL)  |^qwen35_train_hf" "$L/qwen35-load.log"
+    echo "qwen35-train: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
+# issue 36's one-GPU step: the Qwen3.5 2B shape at 32k and 128k, ours beside transformers' Qwen3_5ForCausalLM + FLA.
+# Ours first (bench step, no peer: its rows come back whatever the peer does), then the peer on bench's own request
+# for each length (step_hf.py, STEP_HF_MODEL=qwen3_5; bench_peer.c's contract), given what is left of the call
+suite_qwen35_step() {
+    local cfg=configs/qwen3.5-2b-256k-h200x2.yaml rc=0 T d=/tmp/gpu_runs_qwen35-step fla=1
+    local opts=(step --config $cfg --warmup 1 --reps 3 --max-s 4)
+    rm -rf $d && mkdir -p $d
+    for T in 32768 131072; do
+        suite_bench qwen35-step-$T "${opts[@]}" --tokens $T > /dev/null || rc=1
+        build/ringscan bench "${opts[@]}" --tokens $T --write-requests --out $d/req-$T > /dev/null || rc=1
+    done
+    if ! python3 -c "import fla" 2> /dev/null; then
+        fla=0
+        rc=1
+        echo "qwen35-step: FLA is not importable (PEER=$PEER; bench/peer/README.md: a snapshot's fla folder in .dev/peer):"
+        echo "  transformers' side NOT run (its torch GDN fallback is no peer at these lengths), ours only"
+    fi
+    for T in 32768 131072; do
+        [ $fla = 1 ] || break
+        if [ "$(left)" -lt 75 ]; then  # timeout 0 would not bound it
+            echo "qwen35-step: $(left) s left: transformers at $T tokens not run"
+            rc=1
+            break
+        fi
+        STEP_HF_MODEL=qwen3_5 timeout "$(($(left) - 15))" python3 bench/peer/step_hf.py --request $d/req-$T/request_step.json \
+            --out "$W/qwen35-step-peer-$T.json" > "$L/qwen35-step-peer-$T.log" 2>&1 || { rc=1; tail -3 "$L/qwen35-step-peer-$T.log"; }
+    done
+    python3 - "$W" <<'PYEOF' || rc=1
+import json, os, sys
+w = sys.argv[1]
+print(f"{'tokens':>7s} {'impl':18s} {'ms/step':>9s} {'tokens/s':>9s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>8s} {'ratio':>6s}")
+ok, notes = True, []
+for T in (32768, 131072):
+    f = os.path.join(w, f"qwen35-step-{T}.json")
+    if not os.path.exists(f):
+        print(f"{T:7d} ringscan: no bench.json (see logs/qwen35-step-{T}.log)")
+        ok = False
+        continue
+    b = json.load(open(f))
+    r = b["step"]["table"][0]
+    if "ms_step" not in r:
+        print(f"{T:7d} ringscan error: {r.get('error', '?')}")
+        ok = False
+        continue
+    flops_tok = r["mfu_percent"] / 100 * b["peak_tflops"] * 1e12 / r["tokens_per_s"]  # plan's model FLOPs per token
+    print(f"{T:7d} {'ringscan':18s} {r['ms_step']:9.1f} {r['tokens_per_s']:9.0f} {flops_tok * r['tokens_per_s'] / 1e12:8.1f} "
+          f"{r['mfu_percent']:5.1f}% {r['peak_alloc_gib']:8.2f} {'-':>6s}")
+    pf = os.path.join(w, f"qwen35-step-peer-{T}.json")
+    if not os.path.exists(pf):
+        print(f"{T:7d} transformers: no result (see logs/qwen35-step-peer-{T}.log)")
+        ok = False
+        continue
+    p = json.load(open(pf))
+    notes = p.get("notes", notes)
+    for q in p["results"]:
+        if "ms_step" not in q:
+            print(f"{T:7d} {q.get('impl', '?'):18s} error: {q.get('error', '?')}")
+            ok = False
+            continue
+        tf = flops_tok * q["tokens_per_s"] / 1e12
+        print(f"{T:7d} {q['impl']:18s} {q['ms_step']:9.1f} {q['tokens_per_s']:9.0f} {tf:8.1f} "
+              f"{100 * tf / b['peak_tflops']:5.1f}% {q['peak_alloc_bytes'] / 2**30:8.2f} {q['ms_step'] / r['ms_step']:6.2f}")
+        if q.get("note"):
+            print(f"          ({q['note']})")
+for n in notes[:6]:
+    print("  peer note:", n)
+print("TFLOP/s and MFU: plan's model FLOPs per token (attention causal) x tokens/s, over bench's peak; "
+      "ratio = transformers ms / ringscan ms (> 1: ringscan faster)")
+sys.exit(0 if ok else 1)
+PYEOF
+    return $rc
+}
+
 # bench_part PART: one part (gpu_run_parts' DISPATCH)
 bench_part() {
     local part=$1
@@ -425,11 +558,14 @@ bench_part() {
     cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
     cp4-gdn-nopeer) suite_cp cp4-gdn-nopeer 4 --parts gdn --gdn-T 131072 --heads 64 ;;
     cp4-step) suite_cp4_step ;;
+    qwen35-train) suite_qwen35_train ;;
+    qwen35-step) suite_qwen35_step ;;
     *)
         echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base attn attn32k attn-cudnn"
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
-        echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step long-1m-torch long-1m-cudnn long-256k;"
+        echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step long-1m-torch long-1m-cudnn long-256k"
+        echo "  qwen35-train qwen35-step;"
         echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
         false
         ;;

@@ -1,12 +1,19 @@
 """step_hf.py — the training-step peer of `ringscan bench step --peer`: transformers'
-Qwen3NextForCausalLM built from the request's model (the same config as ringscan's), dense MLP in
-every layer, with flash-linear-attention's kernels carried in, one optimizer step on one sample of
-T random token ids on one GPU: tokens/s and peak memory.
+Qwen3NextForCausalLM (or, with STEP_HF_MODEL=qwen3_5, Qwen3_5ForCausalLM) built from the request's
+model (the same config as ringscan's), dense MLP in every layer, with flash-linear-attention's kernels
+carried in, one optimizer step on one sample of T random token ids on one GPU: tokens/s and peak memory.
 
 What is configured, exactly:
-  - Qwen3NextConfig(num_experts=0, mlp_only_layers=[0..L-1], layer_types from the request,
-    rope_parameters={rope_type: default, rope_theta, partial_rotary_factor}, attention_bias=False,
-    attn_implementation="sdpa"): every layer's MLP is Qwen3NextMLP (checked), no router, no MoE.
+  - STEP_HF_MODEL=qwen3_next (the default): Qwen3NextConfig(num_experts=0, mlp_only_layers=[0..L-1],
+    layer_types from the request, rope_parameters={rope_type: default, rope_theta,
+    partial_rotary_factor}, attention_bias=False, attn_implementation="sdpa"): every layer's MLP is
+    Qwen3NextMLP (checked), no router, no MoE.
+  - STEP_HF_MODEL=qwen3_5 (the Qwen3.5 configs, e.g. bench/gpu_runs.sh qwen35-step): Qwen3_5TextConfig
+    with the same keys (Qwen3.5 dense has no experts) and rope_parameters adding Qwen3.5's interleaved
+    mrope sections (on text, with the three position ids equal, plain 1-D RoPE, as ringscan computes),
+    attn_implementation="sdpa": every layer's MLP is Qwen3_5MLP (checked). Its GDN layer projects
+    q|k|v, z, b and a with separate matrices (Qwen3-Next: fused qkvz and ba); the FLA binding below is
+    the same.
   - FLA: transformers 5.x resolves its fast kernels when its modeling file is imported (hub kernels,
     else the `fla` package, else the torch reference functions) and calls module-level functions;
     4.x binds instance attributes in __init__. After the model is built this script points both at
@@ -68,9 +75,23 @@ def fla_adapter(fn, calls=None, seen=None):
     return call
 
 
+# STEP_HF_MODEL -> (transformers' modeling module, config class, model class, MLP class, impl name)
+MODELS = {"qwen3_next": ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextConfig",
+                         "Qwen3NextForCausalLM", "Qwen3NextMLP", "hf-qwen3next+fla"),
+          "qwen3_5": ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+                      "Qwen3_5MLP", "hf-qwen3_5+fla")}
+
+
+def model_kind():
+    kind = os.environ.get("STEP_HF_MODEL", "qwen3_next")
+    if kind not in MODELS:
+        pc.usage_exit(f"STEP_HF_MODEL={kind}: {' or '.join(MODELS)}")
+    return kind
+
+
 def load_model_file(notes):
-    """Imports FLA and transformers' qwen3_next; returns (modeling module, the FLA handles, call counter
-    of FLA's chunk_gated_delta_rule)."""
+    """Imports FLA and transformers' modeling file of STEP_HF_MODEL; returns (modeling module, the FLA
+    handles, call counter of FLA's chunk_gated_delta_rule)."""
     try:
         from fla.modules import FusedLinearCrossEntropyLoss, FusedRMSNormGated
         from fla.modules.conv.causal_conv1d import causal_conv1d
@@ -87,7 +108,11 @@ def load_model_file(notes):
                              activation=activation)
         return y.transpose(1, 2)
 
-    from transformers.models.qwen3_next import modeling_qwen3_next as mq
+    import importlib
+    try:
+        mq = importlib.import_module(MODELS[model_kind()][0])
+    except ImportError as e:
+        pc.usage_exit(f"transformers has no {MODELS[model_kind()][0]} ({e}); STEP_HF_MODEL={model_kind()} needs it")
     fla_api = {"chunk": fla_adapter(chunk_gated_delta_rule, calls, seen),
                "recurrent": fla_adapter(fused_recurrent_gated_delta_rule), "conv": fla_conv,
                "norm": FusedRMSNormGated, "flce": FusedLinearCrossEntropyLoss, "seen": seen}
@@ -103,7 +128,7 @@ def set_function(module, name, fn):
 def bind_fla(mq, model, fla_api, notes):
     """Points the model's chunk and recurrent rules (and, unless STEP_HF_CONV=torch, its causal conv) at
     FLA's kernels and gives every linear-attention layer FLA's gated RMSNorm; returns the layers bound.
-    transformers 5.x calls module-level functions of modeling_qwen3_next (torch_chunk_gated_delta_rule,
+    transformers 5.x calls module-level functions of its modeling file (torch_chunk_gated_delta_rule,
     ...; its hub wrapper would drop keywords it cannot see in a wrapper's signature), 4.x instance
     attributes set in __init__: both are replaced here, after the model is built."""
     conv = os.environ.get("STEP_HF_CONV", "fla")
@@ -113,10 +138,10 @@ def bind_fla(mq, model, fla_api, notes):
     if hasattr(mq, "torch_chunk_gated_delta_rule"):  # 5.x
         mq.torch_chunk_gated_delta_rule = fla_api["chunk"]
         mq.torch_recurrent_gated_delta_rule = fla_api["recurrent"]
-        bound.append("modeling_qwen3_next.torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule")
+        bound.append(f"{mq.__name__.rsplit('.', 1)[-1]}.torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule")
         if conv == "fla":
             mq.causal_conv1d_fn = fla_api["conv"]
-            bound.append("modeling_qwen3_next.causal_conv1d_fn = FLA's Triton causal_conv1d")
+            bound.append(f"{mq.__name__.rsplit('.', 1)[-1]}.causal_conv1d_fn = FLA's Triton causal_conv1d")
     n = 0
     norm_kinds = set()
     for layer in model.model.layers:
@@ -134,7 +159,7 @@ def bind_fla(mq, model, fla_api, notes):
                 bound.append("GatedDeltaNet.chunk_gated_delta_rule (instance attributes)")
         elif not bound:
             pc.usage_exit(f"{type(la).__name__}: no chunk rule to bind in this transformers "
-                          "(see its modeling_qwen3_next.py)")
+                          f"(see its {mq.__name__})")
         if not isinstance(la.norm, fla_api["norm"]):
             old = la.norm
             new = fla_api["norm"](old.weight.numel(), eps=getattr(old, "variance_epsilon", getattr(old, "eps", 1e-6)),
@@ -153,7 +178,9 @@ def bind_fla(mq, model, fla_api, notes):
 
 
 def build(mq, c, notes):
-    from transformers import Qwen3NextConfig
+    import transformers
+    kind = model_kind()
+    _, cfg_name, model_name, mlp_name, _ = MODELS[kind]
     m = c["model"]
     L = m["num_hidden_layers"]
     kw = dict(
@@ -167,24 +194,32 @@ def build(mq, c, notes):
         linear_conv_kernel_dim=m["linear_conv_kernel_dim"], rms_norm_eps=m["rms_norm_eps"],
         tie_word_embeddings=m["tie_word_embeddings"], hidden_act=m["hidden_act"],
         initializer_range=m["initializer_range"], max_position_embeddings=m["max_position_embeddings"],
-        num_experts=0, mlp_only_layers=list(range(L)), attention_bias=False, use_cache=False)
+        attention_bias=False, use_cache=False)
+    if kind == "qwen3_5":  # the interleaved mrope sections over the rotary half-dims ([11, 11, 10] for 64)
+        half = int(m["head_dim"] * m["partial_rotary_factor"]) // 2
+        kw["rope_parameters"].update(mrope_section=[half // 3 + (i < half % 3) for i in range(3)],
+                                     mrope_interleaved=True)
+    else:
+        kw.update(num_experts=0, mlp_only_layers=list(range(L)))
+    Config = getattr(transformers, cfg_name)
     try:  # transformers 5.x takes partial_rotary_factor inside rope_parameters; older ones as a keyword
-        cfg = Qwen3NextConfig(**kw, partial_rotary_factor=m["partial_rotary_factor"])
+        cfg = Config(**kw, partial_rotary_factor=m["partial_rotary_factor"])
     except TypeError:
-        cfg = Qwen3NextConfig(**kw)
+        cfg = Config(**kw)
     cfg._attn_implementation = "sdpa"
     with torch.device("cuda"):
-        model = mq.Qwen3NextForCausalLM(cfg)
+        model = getattr(mq, model_name)(cfg)
     model.train()
     for i, layer in enumerate(model.model.layers):
-        if type(layer.mlp).__name__ != "Qwen3NextMLP":
-            pc.usage_exit(f"layer {i} has {type(layer.mlp).__name__}, not the dense Qwen3NextMLP")
+        if type(layer.mlp).__name__ != mlp_name:
+            pc.usage_exit(f"layer {i} has {type(layer.mlp).__name__}, not the dense {mlp_name}")
     rd = model.model.rotary_emb.inv_freq.numel() * 2
     if rd != int(m["head_dim"] * m["partial_rotary_factor"]):
         pc.usage_exit(f"rotary dims {rd}, expected head_dim x partial_rotary_factor")
     n = sum(p.numel() for p in model.parameters())
-    notes.append(f"Qwen3NextForCausalLM, {n:,} parameters, num_experts=0, mlp_only_layers=all {L} layers "
-                 f"(dense Qwen3NextMLP), attention {model.config._attn_implementation}, rotary dims {rd}; "
+    dense = "num_experts=0, mlp_only_layers=all" if kind == "qwen3_next" else "dense, all"
+    notes.append(f"{model_name}, {n:,} parameters, {dense} {L} layers ({mlp_name}), attention "
+                 f"{model.config._attn_implementation}, rotary dims {rd}; "
                  "fp32 params + autocast bf16; "
                  "AdamW(fused)")
     return model, n
@@ -202,7 +237,7 @@ def main():
         for key in ("name", "T", "model", "train"):
             if key not in c:
                 pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
-        row = {"case": c["name"], "impl": "hf-qwen3next+fla"}
+        row = {"case": c["name"], "impl": MODELS[model_kind()][4]}
         try:
             row.update(run_case(mq, fla_api, calls, c, req, notes))
         except (RuntimeError, torch.OutOfMemoryError) as e:
