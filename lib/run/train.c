@@ -53,38 +53,93 @@
 
 /* The stop request: the first signal caught (SIGUSR1, SIGTERM: preemption; SIGINT, SIGHUP: the user
  * or the terminal), answered after the current step. A second SIGINT ends the process at once
- * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic). */
-static volatile sig_atomic_t train_signal_seen = 0;
-static void train_on_signal(int sig) {
-    if (sig == SIGINT && train_signal_seen) {
+ * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic).
+ *
+ * Under Open MPI's mpirun the ranks are each in a process group of their own, so the terminal's
+ * Ctrl-C (SIGINT to the foreground group) reaches mpirun only; mpirun answers SIGINT, SIGTERM and
+ * SIGHUP alike: SIGCONT to every rank, SIGTERM odls_base_sigkill_timeout seconds later, SIGKILL as
+ * long again after that, and exits 1 whatever the ranks return (SIGUSR1 it forwards as it is). The
+ * ranks cannot learn which signal mpirun got. So a SIGCONT or SIGTERM sent by the launcher (the
+ * parent process, under mpirun) is one stop request of its own kind, "mpirun is ending the job":
+ * it stops the run at the next step with a checkpoint and exit 75, from the SIGCONT on (the
+ * SIGTERM may come too late for a long step: it leaves half the grace), and any signal sent to the
+ * ranks themselves outranks it. A SIGCONT that resumes ranks stopped by a forwarded SIGTSTP
+ * (Ctrl-Z, then fg) is job control and is ignored: the SIGTSTP handler marks the stop. */
+enum { TRAIN_STOP_LAUNCHER = 1, TRAIN_STOP_USER = 2, TRAIN_STOP_PREEMPT = 3 }; /* ranks of a stop request */
+static volatile sig_atomic_t train_signal_seen = 0;  /* the signal of the request kept */
+static volatile sig_atomic_t train_signal_rank = 0;  /* its TRAIN_STOP_* */
+static volatile sig_atomic_t train_job_stopped = 0;  /* a SIGTSTP stopped this process; the next SIGCONT resumes it */
+static pid_t train_launcher_pid = 0;                 /* mpirun (or orted) when it started this rank; 0: none */
+
+static void train_on_signal(int sig, siginfo_t *si, void *ctx) {
+    (void)ctx;
+    if (sig == SIGTSTP) { /* stop as SIGTSTP would, remembering that the coming SIGCONT is job control */
+        train_job_stopped = 1;
+        raise(SIGSTOP);
+        return;
+    }
+    /* mpirun forwards SIGUSR1 as it is: only its SIGCONT and SIGTERM are its own stop sequence */
+    int from_launcher = (sig == SIGCONT || sig == SIGTERM) && train_launcher_pid > 0 && si &&
+                        si->si_code == SI_USER && si->si_pid == train_launcher_pid;
+    if (sig == SIGCONT) {
+        if (train_job_stopped) {
+            train_job_stopped = 0;
+            return;
+        }
+        if (!from_launcher) return;
+        sig = SIGTERM; /* mpirun's stop sequence has begun: SIGTERM follows */
+    }
+    if (sig == SIGINT && train_signal_seen && train_signal_rank != TRAIN_STOP_LAUNCHER) {
         static const char msg[] = "\nringscan: second interrupt: exiting now, without a checkpoint\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
         _exit(128 + SIGINT);
     }
-    if (!train_signal_seen) train_signal_seen = sig;
+    int rank = from_launcher ? TRAIN_STOP_LAUNCHER
+               : sig == SIGUSR1 || sig == SIGTERM ? TRAIN_STOP_PREEMPT
+                                                   : TRAIN_STOP_USER;
+    if (!train_signal_seen || rank > train_signal_rank) {
+        train_signal_seen = sig;
+        train_signal_rank = rank;
+    }
 }
 
 void train_catch_stop_signals(void) {
-    static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
+    static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP, SIGCONT, SIGTSTP};
+    const int n = (int)(sizeof sigs / sizeof sigs[0]);
+    /* mpirun and orted start each rank themselves and put OMPI_COMM_WORLD_SIZE in its environment */
+    train_launcher_pid = getenv("OMPI_COMM_WORLD_SIZE") ? getppid() : 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = train_on_signal;
+    sa.sa_sigaction = train_on_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
-    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
+    for (int i = 0; i < n; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
+    for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
 }
 
 int train_stop_exit_code(int sig) {
     return sig == SIGUSR1 || sig == SIGTERM ? RS_EXIT_PREEMPTED : 128 + sig;
 }
 
-/* The stop signal every rank agrees on (0: none), in one all-reduce: a preemption signal wins over an
- * interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still requeued. */
-static int train_agreed_signal(Trainer *t) {
-    int s = train_signal_seen;
-    int v = comm_allreduce_max_int(t->comm, t->comm->world, s == SIGUSR1 || s == SIGTERM ? 256 + s : s);
+/* The stop request every rank agrees on, in one all-reduce: the highest TRAIN_STOP_* wins (a
+ * preemption over an interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still
+ * requeued; either over mpirun's own stop sequence, which some ranks may see first). Returns the
+ * signal (0: none); *launcher: whether it was mpirun's stop sequence. */
+static int train_agreed_signal(Trainer *t, int *launcher) {
+    int s = train_signal_seen, r = train_signal_rank;
+    int v = comm_allreduce_max_int(t->comm, t->comm->world, s ? 256 * r + s : 0);
+    if (launcher) *launcher = v >> 8 == TRAIN_STOP_LAUNCHER;
     return v & 255;
+}
+
+/* What stopped the run, for the log: "signal 2 (Interrupt)" or mpirun's stop sequence. */
+static void train_stop_cause(char *buf, size_t n, int sig, int launcher) {
+    if (launcher)
+        snprintf(buf, n, "mpirun's stop sequence (SIGCONT, then SIGTERM: what mpirun sends the ranks for a SIGINT, "
+                         "SIGTERM or SIGHUP it receives; mpirun itself then exits 1)");
+    else
+        snprintf(buf, n, "signal %d (%s)", sig, strsignal(sig));
 }
 
 static double train_now(void) {
@@ -329,7 +384,8 @@ static int train_loop(Trainer *t) {
         json_decref(o);
 
         comm_set_context(comm, -1, "stop-signal all-reduce");
-        int stop_signal = train_agreed_signal(t);
+        int stop_launcher = 0;
+        int stop_signal = train_agreed_signal(t, &stop_launcher);
         int at_end = t->step == cfg->train.steps;
         int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
         int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
@@ -337,8 +393,10 @@ static int train_loop(Trainer *t) {
         if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
         if (stop_signal) {
             int code = train_stop_exit_code(stop_signal);
-            train_say(t, "stopped by signal %d (%s) after step %lld, checkpoint written; exit %d (%s)\n", stop_signal,
-                      strsignal(stop_signal), (long long)t->step, code,
+            char cause[256];
+            train_stop_cause(cause, sizeof cause, stop_signal, stop_launcher);
+            train_say(t, "stopped by %s after step %lld, checkpoint written; exit %d (%s)\n", cause, (long long)t->step,
+                      code,
                       code == RS_EXIT_PREEMPTED ? "requeue and resume" : "continue with `ringscan resume`");
             return code;
         }
@@ -481,18 +539,28 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
                   (long long)t.step + 1);
     if (cfg->device.peak_tflops <= 0)
         train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
+    if (comm->rank == 0) { /* a save killed mid-write (mpirun's SIGKILL, a crash) left its temporary behind */
+        char gone[1024];
+        if (ckpt_remove_leftovers(t.run_dir, gone, sizeof gone, err, sizeof err) != 0)
+            train_fail(&t, RS_EXIT_FAIL, "%s", err);
+        if (gone[0])
+            train_say(&t, "removed what an unfinished checkpoint save left in %s/ckpt: %s\n", t.run_dir, gone);
+    }
 
     train_catch_stop_signals();
     if (comm->world_size > 1) /* no wait for other ranks can hang a single rank */
         comm_watchdog_start(comm, &(CommWatchOptions){cfg->parallel.comm_timeout_s, t.run_dir, cfg->debug.stall_rank,
                                                       cfg->debug.stall_step, cfg->debug.stall_layer});
     /* a stop signal during the set-up: nothing was trained, so nothing new to checkpoint */
-    int early = train_agreed_signal(&t);
+    int early_launcher = 0;
+    int early = train_agreed_signal(&t, &early_launcher);
     int rc;
     if (early) {
         rc = train_stop_exit_code(early);
-        train_say(&t, "stopped by signal %d (%s) before step %lld; nothing new to checkpoint; exit %d\n", early,
-                  strsignal(early), (long long)t.step + 1, rc);
+        char cause[256];
+        train_stop_cause(cause, sizeof cause, early, early_launcher);
+        train_say(&t, "stopped by %s before step %lld; nothing new to checkpoint; exit %d\n", cause,
+                  (long long)t.step + 1, rc);
     } else {
         rc = train_loop(&t);
     }
