@@ -605,7 +605,7 @@ def test_gpu_job_script_starts_one_rank_per_gpu(tmp_path, launcher):
     assert r.returncode == 0, r.stdout + r.stderr + log
     calls = record.read_text()
     want = {"srun": f"srun --mpi=pmix --ntasks-per-node=4 {RINGSCAN} train {rd}/config.submitted.yaml",
-            "mpirun": f"mpirun --map-by ppr:4:node {RINGSCAN} train {rd}/config.submitted.yaml"}[launcher]
+            "mpirun": f"mpirun --mca odls_base_sigkill_timeout 30 --map-by ppr:4:node {RINGSCAN} train {rd}/config.submitted.yaml"}[launcher]
     assert calls.splitlines()[0] == want, calls
     for var in ("NCCL_SOCKET_IFNAME=eth9", "NCCL_NVLS_ENABLE=0", "NCCL_IB_HCA=mlx5_0,mlx5_1", "UCX_TLS=rc,sm,self"):
         assert var + "\n" in calls, var  # the ranks' environment
