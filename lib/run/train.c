@@ -55,46 +55,29 @@
  * or the terminal), answered after the current step. A second SIGINT ends the process at once
  * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic).
  *
- * Under Open MPI's mpirun the ranks are each in a process group of their own, so the terminal's
- * Ctrl-C (SIGINT to the foreground group) reaches mpirun only; mpirun answers SIGINT, SIGTERM and
- * SIGHUP alike: SIGCONT to every rank, SIGTERM odls_base_sigkill_timeout seconds later, SIGKILL as
- * long again after that, and exits 1 whatever the ranks return (SIGUSR1 it forwards as it is). The
- * ranks cannot learn which signal mpirun got. So a SIGCONT or SIGTERM sent by the launcher (the
- * parent process, under mpirun) is one stop request of its own kind, "mpirun is ending the job":
- * it stops the run at the next step with a checkpoint and exit 75, from the SIGCONT on (the
- * SIGTERM may come too late for a long step: it leaves half the grace), and any signal sent to the
- * ranks themselves outranks it. A SIGCONT that resumes ranks stopped by a forwarded SIGTSTP
- * (Ctrl-Z, then fg) is job control and is ignored: the SIGTSTP handler marks the stop. */
+ * Under Open MPI's mpirun each rank is in a process group of its own, so the terminal's Ctrl-C
+ * (SIGINT to the foreground group) reaches mpirun only, and mpirun answers SIGINT, SIGTERM and
+ * SIGHUP alike: SIGCONT to every rank, SIGTERM odls_base_sigkill_timeout seconds later, SIGKILL
+ * as long again after that, and it exits 1 whatever the ranks return (SIGUSR1 and SIGTSTP it
+ * forwards, the latter as SIGSTOP, and resumes with SIGCONT: so SIGCONT tells nothing). The ranks
+ * cannot learn which signal mpirun got: a SIGTERM from the launcher (this rank's parent under
+ * mpirun or orted) is a request of its own kind, named so in the log, exit 75, and any signal sent
+ * to the ranks themselves outranks it. docs/running.md: Stopping. */
 enum { TRAIN_STOP_LAUNCHER = 1, TRAIN_STOP_USER = 2, TRAIN_STOP_PREEMPT = 3 }; /* ranks of a stop request */
-static volatile sig_atomic_t train_signal_seen = 0;  /* the signal of the request kept */
-static volatile sig_atomic_t train_signal_rank = 0;  /* its TRAIN_STOP_* */
-static volatile sig_atomic_t train_job_stopped = 0;  /* a SIGTSTP stopped this process; the next SIGCONT resumes it */
-static pid_t train_launcher_pid = 0;                 /* mpirun (or orted) when it started this rank; 0: none */
+static volatile sig_atomic_t train_signal_seen = 0; /* the signal of the request kept */
+static volatile sig_atomic_t train_signal_rank = 0; /* its TRAIN_STOP_* */
+static pid_t train_launcher_pid = 0;                /* mpirun (or orted) when it started this rank; 0: none */
 
 static void train_on_signal(int sig, siginfo_t *si, void *ctx) {
     (void)ctx;
-    if (sig == SIGTSTP) { /* stop as SIGTSTP would, remembering that the coming SIGCONT is job control */
-        train_job_stopped = 1;
-        raise(SIGSTOP);
-        return;
-    }
-    /* mpirun forwards SIGUSR1 as it is: only its SIGCONT and SIGTERM are its own stop sequence */
-    int from_launcher = (sig == SIGCONT || sig == SIGTERM) && train_launcher_pid > 0 && si &&
-                        si->si_code == SI_USER && si->si_pid == train_launcher_pid;
-    if (sig == SIGCONT) {
-        if (train_job_stopped) {
-            train_job_stopped = 0;
-            return;
-        }
-        if (!from_launcher) return;
-        sig = SIGTERM; /* mpirun's stop sequence has begun: SIGTERM follows */
-    }
     if (sig == SIGINT && train_signal_seen && train_signal_rank != TRAIN_STOP_LAUNCHER) {
         static const char msg[] = "\nringscan: second interrupt: exiting now, without a checkpoint\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
         _exit(128 + SIGINT);
     }
+    int from_launcher = sig == SIGTERM && train_launcher_pid > 0 && si && si->si_code == SI_USER &&
+                        si->si_pid == train_launcher_pid;
     int rank = from_launcher ? TRAIN_STOP_LAUNCHER
                : sig == SIGUSR1 || sig == SIGTERM ? TRAIN_STOP_PREEMPT
                                                    : TRAIN_STOP_USER;
@@ -105,14 +88,14 @@ static void train_on_signal(int sig, siginfo_t *si, void *ctx) {
 }
 
 void train_catch_stop_signals(void) {
-    static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP, SIGCONT, SIGTSTP};
+    static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
     const int n = (int)(sizeof sigs / sizeof sigs[0]);
     /* mpirun and orted start each rank themselves and put OMPI_COMM_WORLD_SIZE in its environment */
     train_launcher_pid = getenv("OMPI_COMM_WORLD_SIZE") ? getppid() : 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = train_on_signal;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < n; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
     for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
@@ -124,8 +107,8 @@ int train_stop_exit_code(int sig) {
 
 /* The stop request every rank agrees on, in one all-reduce: the highest TRAIN_STOP_* wins (a
  * preemption over an interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still
- * requeued; either over mpirun's own stop sequence, which some ranks may see first). Returns the
- * signal (0: none); *launcher: whether it was mpirun's stop sequence. */
+ * requeued; either over mpirun's SIGTERM, which some ranks may see first). Returns the signal (0:
+ * none); *launcher: whether it was mpirun's SIGTERM. */
 static int train_agreed_signal(Trainer *t, int *launcher) {
     int s = train_signal_seen, r = train_signal_rank;
     int v = comm_allreduce_max_int(t->comm, t->comm->world, s ? 256 * r + s : 0);
@@ -133,11 +116,11 @@ static int train_agreed_signal(Trainer *t, int *launcher) {
     return v & 255;
 }
 
-/* What stopped the run, for the log: "signal 2 (Interrupt)" or mpirun's stop sequence. */
+/* What stopped the run, for the log: "signal 2 (Interrupt)", or mpirun's SIGTERM. */
 static void train_stop_cause(char *buf, size_t n, int sig, int launcher) {
     if (launcher)
-        snprintf(buf, n, "mpirun's stop sequence (SIGCONT, then SIGTERM: what mpirun sends the ranks for a SIGINT, "
-                         "SIGTERM or SIGHUP it receives; mpirun itself then exits 1)");
+        snprintf(buf, n, "SIGTERM from mpirun (what it sends the ranks for a SIGINT, SIGTERM or SIGHUP it receives, "
+                         "Ctrl-C included; mpirun itself then exits 1)");
     else
         snprintf(buf, n, "signal %d (%s)", sig, strsignal(sig));
 }
