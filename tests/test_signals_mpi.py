@@ -28,7 +28,7 @@ import pytest
 from conftest import RINGSCAN, ROOT, run
 
 GRACE = 5
-STEPS = 16
+STEPS = 400  # never reached: the stop comes GRACE seconds after the signal, however fast the steps
 SETS = ["--set", "data.seq_len=128", "--set", "data.micro_batch=1", "--set", "parallel.dp=2", "--set",
         "parallel.cp=1", "--set", "train.warmup_steps=2"]
 ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -39,9 +39,9 @@ def mpirun(*args):
             str(RINGSCAN), *map(str, args)]
 
 
-def train_cmd(rd, data):
+def train_cmd(rd, data, *extra):
     return mpirun("train", "configs/tiny-cpu.yaml", *SETS, "--set", f"data.path={data}", "--set",
-                  f"run.out_dir={rd}", "--set", f"train.steps={STEPS}")
+                  f"run.out_dir={rd}", "--set", f"train.steps={STEPS}", *extra)
 
 
 def losses(rd):
@@ -52,11 +52,11 @@ def leftovers(rd):
     return sorted(str(p.relative_to(rd)) for p in rd.rglob("*") if ".tmp" in p.name)
 
 
-@pytest.fixture(scope="module")
-def straight(recall_tok, tmp_path_factory):
-    """The uninterrupted run's losses."""
-    rd = tmp_path_factory.mktemp("straight") / "r"
-    r = run(train_cmd(rd, recall_tok), timeout=300)
+def straight(data, tmp_path, steps):
+    """The losses of an uninterrupted run of the first `steps` steps (the same train.steps, so the same
+    learning-rate schedule)."""
+    rd = tmp_path / "straight"
+    r = run(train_cmd(rd, data, "--set", f"run.stop_after_step={steps}"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return losses(rd)
 
@@ -100,7 +100,7 @@ def check_stopped(rd, out, seen, cause):
     return step
 
 
-def test_ctrl_c_to_the_process_group_checkpoints_every_time_and_resumes_exactly(recall_tok, tmp_path, straight):
+def test_ctrl_c_to_the_process_group_checkpoints_every_time_and_resumes_exactly(recall_tok, tmp_path):
     for trial in range(2):
         rd = tmp_path / f"r{trial}"
         rc, out, seen = stop_run(rd, recall_tok, lambda pid: os.killpg(pid, signal.SIGINT), after=2)
@@ -114,13 +114,13 @@ def test_ctrl_c_to_the_process_group_checkpoints_every_time_and_resumes_exactly(
     tmp.mkdir()
     (tmp / "model.safetensors").write_bytes(b"\0" * 100)
     (rd / "ckpt" / "LATEST.tmp").write_text(f"step_{step + 1:08d}\n")
-    r = run(mpirun("resume", rd), timeout=300)
+    r = run(mpirun("resume", rd, "--set", f"run.stop_after_step={step + 3}"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     msg = f"removed what an unfinished checkpoint save left in {rd}/ckpt: "
     assert msg in r.stdout and tmp.name in r.stdout and "LATEST.tmp" in r.stdout, r.stdout
     assert msg in (rd / "log.txt").read_text()
     assert leftovers(rd) == []
-    assert losses(rd) == straight
+    assert losses(rd) == straight(recall_tok, tmp_path, step + 3)
 
 
 def test_sigterm_to_mpirun_checkpoints(recall_tok, tmp_path):
