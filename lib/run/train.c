@@ -90,8 +90,11 @@ static void train_on_signal(int sig, siginfo_t *si, void *ctx) {
 void train_catch_stop_signals(void) {
     static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
     const int n = (int)(sizeof sigs / sizeof sigs[0]);
-    /* mpirun and orted start each rank themselves and put OMPI_COMM_WORLD_SIZE in its environment */
-    train_launcher_pid = getenv("OMPI_COMM_WORLD_SIZE") ? getppid() : 0;
+    /* mpirun and orted start each rank themselves and put OMPI_COMM_WORLD_SIZE in its environment; read
+     * at the first call only, in main before MPI_Init (which sets it in a singleton and under srun too) */
+    static int launcher_known = 0;
+    if (!launcher_known) train_launcher_pid = getenv("OMPI_COMM_WORLD_SIZE") ? getppid() : 0;
+    launcher_known = 1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = train_on_signal;
