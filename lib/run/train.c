@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -59,10 +60,14 @@
  * (SIGINT to the foreground group) reaches mpirun only, and mpirun answers SIGINT, SIGTERM and
  * SIGHUP alike: SIGCONT to every rank, SIGTERM odls_base_sigkill_timeout seconds later, SIGKILL
  * as long again after that, and it exits 1 whatever the ranks return (SIGUSR1 and SIGTSTP it
- * forwards, the latter as SIGSTOP, and resumes with SIGCONT: so SIGCONT tells nothing). The ranks
- * cannot learn which signal mpirun got: a SIGTERM from the launcher (this rank's parent under
- * mpirun or orted) is a request of its own kind, named so in the log, exit 75, and any signal sent
- * to the ranks themselves outranks it. docs/running.md: Stopping. */
+ * forwards, the latter as SIGSTOP, and resumes with SIGCONT: so SIGCONT tells nothing). Two things
+ * make the ranks see the signal the user sent: each rank started by mpirun on its own host keeps a
+ * small relay process in mpirun's process group (train_relay_group_signals), which passes a SIGINT,
+ * SIGHUP or SIGTERM sent to that group (Ctrl-C, a closed terminal, `kill -- -PGID`) on to its rank
+ * at once, and the ranks agree on the request in an all-reduce; and a SIGTERM from the launcher
+ * itself (this rank's parent, mpirun or orted: a signal sent to mpirun's pid alone) is a request of
+ * its own kind, named so in the log, exit 75, which any signal sent to the ranks outranks.
+ * docs/running.md: Stopping. */
 enum { TRAIN_STOP_LAUNCHER = 1, TRAIN_STOP_USER = 2, TRAIN_STOP_PREEMPT = 3 }; /* ranks of a stop request */
 static volatile sig_atomic_t train_signal_seen = 0; /* the signal of the request kept */
 static volatile sig_atomic_t train_signal_rank = 0; /* its TRAIN_STOP_* */
@@ -87,13 +92,50 @@ static void train_on_signal(int sig, siginfo_t *si, void *ctx) {
     }
 }
 
+/* The relay (see above): a child of the rank in mpirun's process group that passes the group's
+ * SIGINT, SIGHUP and SIGTERM on to the rank, and dies with it (PR_SET_PDEATHSIG). It holds no file
+ * of the rank's (stdout/stderr are mpirun's pipes, which must close when the rank ends) and ignores
+ * the terminal's job-control signals. Only where it can join that group: mpirun's host, the same
+ * session; a rank under orted is on another host, where no terminal signal comes from. */
+static pid_t train_relay_rank = 0; /* in the relay: its rank */
+static void train_relay_on_signal(int sig) {
+    if (getppid() == train_relay_rank) kill(train_relay_rank, sig); /* never to whoever adopted an orphan */
+}
+
+static void train_relay_group_signals(pid_t launcher) {
+    pid_t group = getpgid(launcher);
+    if (group <= 0 || group == getpgrp() || getsid(launcher) != getsid(0)) return;
+    train_relay_rank = getpid();
+    pid_t child = fork();
+    if (child != 0) return; /* the rank (or a failed fork: no relay, mpirun's SIGTERM still stops the run) */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != train_relay_rank) _exit(0);
+    for (int fd = 0; fd < 1024; fd++) close(fd);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = SIG_IGN;
+    static const int quiet[] = {SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2, SIGCONT, SIGQUIT, SIGPIPE};
+    for (size_t i = 0; i < sizeof quiet / sizeof quiet[0]; i++) sigaction(quiet[i], &sa, NULL);
+    sa.sa_handler = train_relay_on_signal;
+    static const int relayed[] = {SIGINT, SIGHUP, SIGTERM};
+    for (size_t i = 0; i < sizeof relayed / sizeof relayed[0]; i++) sigaction(relayed[i], &sa, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (setpgid(0, group) != 0) _exit(0);
+    for (;;) pause();
+}
+
 void train_catch_stop_signals(void) {
     static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
     const int n = (int)(sizeof sigs / sizeof sigs[0]);
     /* mpirun and orted start each rank themselves and put OMPI_COMM_WORLD_SIZE in its environment; read
      * at the first call only, in main before MPI_Init (which sets it in a singleton and under srun too) */
     static int launcher_known = 0;
-    if (!launcher_known) train_launcher_pid = getenv("OMPI_COMM_WORLD_SIZE") ? getppid() : 0;
+    if (!launcher_known) {
+        train_launcher_pid = getenv("OMPI_COMM_WORLD_SIZE") ? getppid() : 0;
+        if (train_launcher_pid > 1) train_relay_group_signals(train_launcher_pid);
+    }
     launcher_known = 1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
