@@ -241,8 +241,10 @@ static int cli_run_training(Config *cfg, const char *resume_dir, unsigned flags,
     ConfigErrors err = {0};
     if (config_validate_world(cfg, comm.world_size, launcher, &err)) {
         if (comm.rank == 0)
-            fprintf(stderr, "ringscan %s: error: %s  hint: launch with `mpirun -np %lld --mca odls_base_sigkill_timeout 30 build/ringscan %s ...` (docs/running.md: Stopping)\n", cmd,
-                    err.text, (long long)config_world(cfg), cmd);
+            fprintf(stderr,
+                    "ringscan %s: error: %s  hint: launch with `mpirun -np %lld --mca odls_base_sigkill_timeout 30 "
+                    "build/ringscan %s ...` (docs/running.md: Stopping)\n",
+                    cmd, err.text, (long long)config_world(cfg), cmd);
         config_errors_free(&err);
         comm_finalize(&comm);
         return RS_EXIT_USAGE;

@@ -109,7 +109,8 @@ static void train_relay_group_signals(pid_t launcher) {
     pid_t child = fork();
     if (child != 0) return; /* the rank (or a failed fork: no relay, mpirun's SIGTERM still stops the run) */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != train_relay_rank) _exit(0);
-    for (int fd = 0; fd < 1024; fd++) close(fd);
+    long fds = sysconf(_SC_OPEN_MAX);
+    for (long fd = 0; fd < (fds > 0 && fds < 65536 ? fds : 65536); fd++) close((int)fd);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sigemptyset(&sa.sa_mask);
