@@ -139,3 +139,17 @@ def test_sigusr1_to_mpirun_exits_75_through_mpirun(recall_tok, tmp_path):
     rc, out, seen = stop_run(rd, recall_tok, lambda pid: os.kill(pid, signal.SIGUSR1), after=2)
     assert rc == 75, out
     check_stopped(rd, out, seen, "signal 10 ", 75, prompt=True)
+
+
+def test_a_launch_without_the_sigkill_timeout_is_told(recall_tok, tmp_path):
+    """Open MPI's default gives the ranks 1 s between mpirun's SIGTERM and its SIGKILL (the loss of
+    issue 35): a run launched without --mca odls_base_sigkill_timeout says so, and how to launch."""
+    rd = tmp_path / "r"
+    r = run(["mpirun", "-np", "2", "--oversubscribe", RINGSCAN, "train", "configs/tiny-cpu.yaml", *SETS, "--set",
+             f"data.path={recall_tok}", "--set", f"run.out_dir={rd}", "--set", "train.steps=2"], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    note = "note: mpirun kills the ranks 1 s after its SIGTERM"
+    assert note in r.stdout and "--mca odls_base_sigkill_timeout 30" in r.stdout, r.stdout
+    assert note in (rd / "log.txt").read_text()
+    r = run(train_cmd(tmp_path / "r2", recall_tok, "--set", "train.steps=2"), timeout=300)
+    assert r.returncode == 0 and note not in r.stdout, r.stdout + r.stderr

@@ -568,6 +568,11 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
                   (long long)t.step + 1);
     if (cfg->device.peak_tflops <= 0)
         train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
+    /* mpirun passes --mca settings to the ranks as OMPI_MCA_*: without this one a Ctrl-C gives them 1 s */
+    if (train_launcher_pid > 0 && !getenv("OMPI_MCA_odls_base_sigkill_timeout"))
+        train_say(&t, "note: mpirun kills the ranks 1 s after its SIGTERM (Open MPI's default odls_base_sigkill_timeout, "
+                      "not set on this mpirun's command line): a Ctrl-C may kill them before their checkpoint; launch "
+                      "with `mpirun --mca odls_base_sigkill_timeout 30 ...` (docs/running.md: Stopping)\n");
     if (comm->rank == 0) { /* a save killed mid-write (mpirun's SIGKILL, a crash) left its temporary behind */
         char gone[1024];
         if (ckpt_remove_leftovers(t.run_dir, gone, sizeof gone, err, sizeof err) != 0)
