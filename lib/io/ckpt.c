@@ -214,9 +214,29 @@ static int ckpt_remove_stale(const char *ckdir, char *names, size_t names_len, c
 }
 
 int ckpt_remove_leftovers(const char *run_dir, char *names, size_t names_len, char *err, size_t err_len) {
-    char ckdir[CKPT_PATH_MAX];
+    char ckdir[CKPT_PATH_MAX], lock[CKPT_PATH_MAX];
+    if (names && names_len) names[0] = 0;
     int rc = fsio_path(ckdir, sizeof ckdir, err, err_len, "%s/ckpt", run_dir);
-    return rc ? rc : ckpt_remove_stale(ckdir, names, names_len, err, err_len);
+    if (rc == 0) rc = fsio_path(lock, sizeof lock, err, err_len, "%s/.lock", ckdir);
+    if (rc) return rc;
+    struct stat st;
+    if (stat(ckdir, &st) != 0 && errno == ENOENT) return 0; /* nothing saved yet */
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* as ckpt_save: never beside a running save */
+    if (fd < 0) {
+        fsio_errf(err, err_len, "%s: cannot open: %s", lock, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        fsio_errf(err, err_len, e == EWOULDBLOCK ? "%s: another process is saving checkpoints into this run directory"
+                                                 : "%s: flock failed",
+                  ckdir);
+        return e == EWOULDBLOCK ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+    }
+    rc = ckpt_remove_stale(ckdir, names, names_len, err, err_len);
+    close(fd);
+    return rc;
 }
 
 /* Moves tmp to final; when final exists it is swapped out atomically and its

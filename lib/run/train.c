@@ -575,8 +575,8 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
                       "with `mpirun --mca odls_base_sigkill_timeout 30 ...` (docs/running.md: Stopping)\n");
     if (comm->rank == 0) { /* a save killed mid-write (mpirun's SIGKILL, a crash) left its temporary behind */
         char gone[1024];
-        if (ckpt_remove_leftovers(t.run_dir, gone, sizeof gone, err, sizeof err) != 0)
-            train_fail(&t, RS_EXIT_FAIL, "%s", err);
+        int lrc = ckpt_remove_leftovers(t.run_dir, gone, sizeof gone, err, sizeof err);
+        if (lrc) train_fail(&t, lrc, "%s", err);
         if (gone[0])
             train_say(&t, "removed what an unfinished checkpoint save left in %s/ckpt: %s\n", t.run_dir, gone);
     }
