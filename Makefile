@@ -245,7 +245,7 @@ demo: $(BUILD)/ringscan
 	rm -rf runs/tiny-cpu
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  mpirun -np $$($(BUILD)/ringscan plan configs/tiny-cpu.yaml --json | sed -n 's/.*"world": \([0-9]*\).*/\1/p') \
-	  --oversubscribe $(BUILD)/ringscan train configs/tiny-cpu.yaml $(if $(DEMO_STEPS),--set train.steps=$(DEMO_STEPS))
+	  --oversubscribe --mca odls_base_sigkill_timeout 30 $(BUILD)/ringscan train configs/tiny-cpu.yaml $(if $(DEMO_STEPS),--set train.steps=$(DEMO_STEPS))
 	@awk -v min=$(DEMO_MIN_FALL) '{ s = $$0; sub(/.*"step":/, "", s); l = $$0; sub(/.*"loss":/, "", l); \
 	    if (NR == 1) { s0 = s + 0; l0 = l + 0 } s1 = s + 0; l1 = l + 0 } \
 	  END { if (NR == 0) { print "make demo: runs/tiny-cpu/metrics.jsonl has no step" > "/dev/stderr"; exit 1 } \

@@ -245,8 +245,10 @@ static int cli_run_training(Config *cfg, const char *resume_dir, unsigned flags,
     ConfigErrors err = {0};
     if (config_validate_world(cfg, comm.world_size, launcher, &err)) {
         if (comm.rank == 0)
-            fprintf(stderr, "ringscan %s: error: %s  hint: launch with `mpirun -np %lld build/ringscan %s ...`\n", cmd,
-                    err.text, (long long)config_world(cfg), cmd);
+            fprintf(stderr,
+                    "ringscan %s: error: %s  hint: launch with `mpirun -np %lld --mca odls_base_sigkill_timeout 30 "
+                    "build/ringscan %s ...` (docs/running.md: Stopping)\n",
+                    cmd, err.text, (long long)config_world(cfg), cmd);
         config_errors_free(&err);
         comm_finalize(&comm);
         return RS_EXIT_USAGE;
@@ -348,8 +350,9 @@ static int cmd_export(int argc, char **argv) {
 
 static const Command commands[] = {
     {"train", "CONFIG [--set key.path=value]...",
-     "Train a model in a new run directory (run.out_dir): `mpirun -np N build/ringscan train CONFIG`,\n"
-     "N = parallel.dp x parallel.cp. Writes config.resolved.yaml, log.txt, metrics.jsonl and ckpt/.",
+     "Train a model in a new run directory (run.out_dir): `mpirun -np N --mca odls_base_sigkill_timeout 30\n"
+     "build/ringscan train CONFIG`, N = parallel.dp x parallel.cp (the timeout leaves the ranks time to\n"
+     "checkpoint on Ctrl-C: docs/running.md). Writes config.resolved.yaml, log.txt, metrics.jsonl, ckpt/.",
      cmd_train, NULL},
     {"resume", "RUN_DIR [--set key.path=value]... [--dry-run] [--allow-batch-change]",
      "Continue a run from its newest valid checkpoint (a corrupt newest one is skipped with a warning).\n"

@@ -355,6 +355,36 @@ def test_max_restarts_ends_the_requeue_loop(cluster, data, tmp_path):
     assert (rd / "ckpt" / "LATEST").exists()
 
 
+def test_mpirun_job_sigterm_checkpoints_requeues_and_resumes_exactly(cluster, data, tmp_path):
+    """SIGTERM to every process of an mpirun job (`scancel --signal=TERM --full`: what a preemption sends before
+    its SIGKILL): the ranks get it from Slurm, mpirun gets it too and starts its own stop sequence (issue 35: with
+    Open MPI's 1 s SIGKILL grace the ranks died mid-step; and mpirun then exits 1, whatever the ranks return).
+    The ranks checkpoint and exit 75, the script reads their status from log.txt, requeues, and the resume ends
+    with the losses of an uninterrupted run."""
+    steps = 24
+    ref = reference(tmp_path / "ref", data, steps)
+    rd = tmp_path / "job"
+    job = submit(cluster, rd, data, steps, "--set", "slurm.launcher=mpirun")
+    cluster.wait_steps(job, rd, 2)
+    cluster.cmd("scancel", "--signal=TERM", "--full", job)
+    info = cluster.wait(job, rd, timeout=300)
+    finish(ref)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, job_logs(rd))
+    assert info["Restarts"] == "1", info
+    first, second = job_log(rd, job, 0), job_log(rd, job, 1)
+    assert "SIGTERM: the ranks checkpoint" in first, first
+    # (what the ranks print after mpirun got its SIGTERM does not reach the job log: log.txt has it)
+    # (SIGUSR1 from the script, or Slurm's SIGTERM through the ranks' relays in mpirun's process group)
+    m = re.search(r"stopped by signal (?:10|15) \([^)]*\) after step (\d+), checkpoint written; exit 75",
+                  (rd / "log.txt").read_text())
+    assert m and 2 <= int(m.group(1)) < steps, first
+    assert "mpirun exited with 1 after the stop signal; the ranks' status (log.txt): 75" in first, first
+    assert "ringscan train exited with 75" in first and f"requeueing job {job}" in first, first
+    assert f"resumed from {rd}/ckpt/step_{int(m.group(1)):08d}" in second, second
+    assert not [p for p in rd.rglob("*") if ".tmp" in p.name]
+    assert losses(rd) == losses(tmp_path / "ref")
+
+
 # ---- two nodes ---------------------------------------------------------------------------------------------------
 
 # cp 4 on 2 nodes x 2 tasks: ranks 0-1 on n1, 2-3 on n2, so the ring crosses between the nodes twice per round
@@ -605,7 +635,7 @@ def test_gpu_job_script_starts_one_rank_per_gpu(tmp_path, launcher):
     assert r.returncode == 0, r.stdout + r.stderr + log
     calls = record.read_text()
     want = {"srun": f"srun --mpi=pmix --ntasks-per-node=4 {RINGSCAN} train {rd}/config.submitted.yaml",
-            "mpirun": f"mpirun --map-by ppr:4:node {RINGSCAN} train {rd}/config.submitted.yaml"}[launcher]
+            "mpirun": f"mpirun --mca odls_base_sigkill_timeout 30 --map-by ppr:4:node {RINGSCAN} train {rd}/config.submitted.yaml"}[launcher]
     assert calls.splitlines()[0] == want, calls
     for var in ("NCCL_SOCKET_IFNAME=eth9", "NCCL_NVLS_ENABLE=0", "NCCL_IB_HCA=mlx5_0,mlx5_1", "UCX_TLS=rc,sm,self"):
         assert var + "\n" in calls, var  # the ranks' environment

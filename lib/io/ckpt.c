@@ -189,22 +189,54 @@ static int ckpt_check_save_args(const char *run_dir, int64_t step, const CkptFil
     return 0;
 }
 
-/* Removes what a crashed save left in ckdir. */
-static int ckpt_remove_stale(const char *ckdir, char *err, size_t err_len) {
+/* Removes what a crashed (or killed) save left in ckdir; their names, space-separated, into
+ * `names` when not NULL. */
+static int ckpt_remove_stale(const char *ckdir, char *names, size_t names_len, char *err, size_t err_len) {
+    if (names && names_len) names[0] = 0;
     DIR *d = opendir(ckdir);
     if (!d) {
+        if (errno == ENOENT) return 0;
         fsio_errf(err, err_len, "%s: cannot list: %s", ckdir, strerror(errno));
         return RS_EXIT_FAIL;
     }
     int rc = 0;
+    size_t k = 0;
     struct dirent *de;
     while (rc == 0 && (de = readdir(d)) != NULL) {
         if (!ckpt_is_stale_name(de->d_name)) continue;
         char p[CKPT_PATH_MAX];
         rc = fsio_path(p, sizeof p, err, err_len, "%s/%s", ckdir, de->d_name);
         if (rc == 0) rc = fsio_remove_tree(p, err, err_len);
+        if (rc == 0 && names && k < names_len)
+            k += (size_t)snprintf(names + k, names_len - k, "%s%s", k ? " " : "", de->d_name);
     }
     closedir(d);
+    return rc;
+}
+
+int ckpt_remove_leftovers(const char *run_dir, char *names, size_t names_len, char *err, size_t err_len) {
+    char ckdir[CKPT_PATH_MAX], lock[CKPT_PATH_MAX];
+    if (names && names_len) names[0] = 0;
+    int rc = fsio_path(ckdir, sizeof ckdir, err, err_len, "%s/ckpt", run_dir);
+    if (rc == 0) rc = fsio_path(lock, sizeof lock, err, err_len, "%s/.lock", ckdir);
+    if (rc) return rc;
+    struct stat st;
+    if (stat(ckdir, &st) != 0 && errno == ENOENT) return 0; /* nothing saved yet */
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* as ckpt_save: never beside a running save */
+    if (fd < 0) {
+        fsio_errf(err, err_len, "%s: cannot open: %s", lock, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        fsio_errf(err, err_len, e == EWOULDBLOCK ? "%s: another process is saving checkpoints into this run directory"
+                                                 : "%s: flock failed",
+                  ckdir);
+        return e == EWOULDBLOCK ? RS_EXIT_USAGE : RS_EXIT_FAIL;
+    }
+    rc = ckpt_remove_stale(ckdir, names, names_len, err, err_len);
+    close(fd);
     return rc;
 }
 
@@ -288,7 +320,7 @@ static void ckpt_retain(const char *ckdir, int64_t step, int64_t keep) {
 static int ckpt_save_locked(const char *ckdir, int64_t step, const CkptFile *files, int64_t n_files,
                             const json_t *state, int64_t keep, char *err, size_t err_len) {
     char tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX], p[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
-    int rc = ckpt_remove_stale(ckdir, err, err_len);
+    int rc = ckpt_remove_stale(ckdir, NULL, 0, err, err_len);
     if (rc == 0)
         rc = fsio_path(tmp, sizeof tmp, err, err_len, "%s/step_%08lld.tmp.%ld", ckdir, (long long)step,
                        (long)getpid());

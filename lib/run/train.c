@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,38 +54,121 @@
 
 /* The stop request: the first signal caught (SIGUSR1, SIGTERM: preemption; SIGINT, SIGHUP: the user
  * or the terminal), answered after the current step. A second SIGINT ends the process at once
- * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic). */
-static volatile sig_atomic_t train_signal_seen = 0;
-static void train_on_signal(int sig) {
-    if (sig == SIGINT && train_signal_seen) {
+ * (exit 130, no checkpoint: the last one on disk is intact, checkpoints are atomic).
+ *
+ * Under Open MPI's mpirun each rank is in a process group of its own, so the terminal's Ctrl-C
+ * (SIGINT to the foreground group) reaches mpirun only, and mpirun answers SIGINT, SIGTERM and
+ * SIGHUP alike: SIGCONT to every rank, SIGTERM odls_base_sigkill_timeout seconds later, SIGKILL
+ * as long again after that, and it exits 1 whatever the ranks return (SIGUSR1 and SIGTSTP it
+ * forwards, the latter as SIGSTOP, and resumes with SIGCONT: so SIGCONT tells nothing). Two things
+ * make the ranks see the signal the user sent: each rank started by mpirun on its own host keeps a
+ * small relay process in mpirun's process group (train_relay_group_signals), which passes a SIGINT,
+ * SIGHUP or SIGTERM sent to that group (Ctrl-C, a closed terminal, `kill -- -PGID`) on to its rank
+ * at once, and the ranks agree on the request in an all-reduce; and a SIGTERM from the launcher
+ * itself (this rank's parent, mpirun or orted: a signal sent to mpirun's pid alone) is a request of
+ * its own kind, named so in the log, exit 75, which any signal sent to the ranks outranks.
+ * docs/running.md: Stopping. */
+enum { TRAIN_STOP_LAUNCHER = 1, TRAIN_STOP_USER = 2, TRAIN_STOP_PREEMPT = 3 }; /* ranks of a stop request */
+static volatile sig_atomic_t train_signal_seen = 0; /* the signal of the request kept */
+static volatile sig_atomic_t train_signal_rank = 0; /* its TRAIN_STOP_* */
+static pid_t train_launcher_pid = 0;                /* mpirun (or orted) when it started this rank; 0: none */
+
+static void train_on_signal(int sig, siginfo_t *si, void *ctx) {
+    (void)ctx;
+    if (sig == SIGINT && train_signal_seen && train_signal_rank != TRAIN_STOP_LAUNCHER) {
         static const char msg[] = "\nringscan: second interrupt: exiting now, without a checkpoint\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
         _exit(128 + SIGINT);
     }
-    if (!train_signal_seen) train_signal_seen = sig;
+    int from_launcher = sig == SIGTERM && train_launcher_pid > 0 && si && si->si_code == SI_USER &&
+                        si->si_pid == train_launcher_pid;
+    int rank = from_launcher ? TRAIN_STOP_LAUNCHER
+               : sig == SIGUSR1 || sig == SIGTERM ? TRAIN_STOP_PREEMPT
+                                                   : TRAIN_STOP_USER;
+    if (!train_signal_seen || rank > train_signal_rank) {
+        train_signal_seen = sig;
+        train_signal_rank = rank;
+    }
+}
+
+/* The relay (see above): a child of the rank in mpirun's process group that passes the group's
+ * SIGINT, SIGHUP and SIGTERM on to the rank, and dies with it (PR_SET_PDEATHSIG). It holds no file
+ * of the rank's (stdout/stderr are mpirun's pipes, which must close when the rank ends) and ignores
+ * the terminal's job-control signals. Only where it can join that group: mpirun's host, the same
+ * session; a rank under orted is on another host, where no terminal signal comes from. */
+static pid_t train_relay_rank = 0; /* in the relay: its rank */
+static void train_relay_on_signal(int sig) {
+    if (getppid() == train_relay_rank) kill(train_relay_rank, sig); /* never to whoever adopted an orphan */
+}
+
+static void train_relay_group_signals(pid_t launcher) {
+    pid_t group = getpgid(launcher);
+    if (group <= 0 || group == getpgrp() || getsid(launcher) != getsid(0)) return;
+    train_relay_rank = getpid();
+    pid_t child = fork();
+    if (child != 0) return; /* the rank (or a failed fork: no relay, mpirun's SIGTERM still stops the run) */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != train_relay_rank) _exit(0);
+    long fds = sysconf(_SC_OPEN_MAX);
+    for (long fd = 0; fd < (fds > 0 && fds < 65536 ? fds : 65536); fd++) close((int)fd);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = SIG_IGN;
+    static const int quiet[] = {SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2, SIGCONT, SIGQUIT, SIGPIPE};
+    for (size_t i = 0; i < sizeof quiet / sizeof quiet[0]; i++) sigaction(quiet[i], &sa, NULL);
+    sa.sa_handler = train_relay_on_signal;
+    static const int relayed[] = {SIGINT, SIGHUP, SIGTERM};
+    for (size_t i = 0; i < sizeof relayed / sizeof relayed[0]; i++) sigaction(relayed[i], &sa, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (setpgid(0, group) != 0) _exit(0);
+    for (;;) pause();
 }
 
 void train_catch_stop_signals(void) {
     static const int sigs[] = {SIGUSR1, SIGTERM, SIGINT, SIGHUP};
+    const int n = (int)(sizeof sigs / sizeof sigs[0]);
+    /* mpirun and orted start each rank themselves and put OMPI_COMM_WORLD_SIZE in its environment; read
+     * at the first call only, in main before MPI_Init (which sets it in a singleton and under srun too) */
+    static int launcher_known = 0;
+    if (!launcher_known) {
+        train_launcher_pid = getenv("OMPI_COMM_WORLD_SIZE") ? getppid() : 0;
+        if (train_launcher_pid > 1) train_relay_group_signals(train_launcher_pid);
+    }
+    launcher_known = 1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = train_on_signal;
+    sa.sa_sigaction = train_on_signal;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
-    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
+    for (int i = 0; i < n; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
+    for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
 }
 
 int train_stop_exit_code(int sig) {
     return sig == SIGUSR1 || sig == SIGTERM ? RS_EXIT_PREEMPTED : 128 + sig;
 }
 
-/* The stop signal every rank agrees on (0: none), in one all-reduce: a preemption signal wins over an
- * interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still requeued. */
-static int train_agreed_signal(Trainer *t) {
-    int s = train_signal_seen;
-    int v = comm_allreduce_max_int(t->comm, t->comm->world, s == SIGUSR1 || s == SIGTERM ? 256 + s : s);
+/* The stop request every rank agrees on, in one all-reduce: the highest TRAIN_STOP_* wins (a
+ * preemption over an interrupt, so a job that Slurm preempts while someone presses Ctrl-C is still
+ * requeued; either over mpirun's SIGTERM, which some ranks may see first). Returns the signal (0:
+ * none); *launcher: whether it was mpirun's SIGTERM. */
+static int train_agreed_signal(Trainer *t, int *launcher) {
+    int s = train_signal_seen, r = train_signal_rank;
+    int v = comm_allreduce_max_int(t->comm, t->comm->world, s ? 256 * r + s : 0);
+    if (launcher) *launcher = v >> 8 == TRAIN_STOP_LAUNCHER;
     return v & 255;
+}
+
+/* What stopped the run, for the log: "signal 2 (Interrupt)", or mpirun's SIGTERM. */
+static void train_stop_cause(char *buf, size_t n, int sig, int launcher) {
+    if (launcher)
+        snprintf(buf, n, "SIGTERM from mpirun (what it sends the ranks for a SIGINT, SIGTERM or SIGHUP it receives, "
+                         "Ctrl-C included; mpirun itself then exits 1)");
+    else
+        snprintf(buf, n, "signal %d (%s)", sig, strsignal(sig));
 }
 
 static double train_now(void) {
@@ -333,7 +417,8 @@ static int train_loop(Trainer *t) {
         train_check_writes(t, RS_EXIT_FAIL); /* a failed write to log.txt or metrics.jsonl: every rank stops */
 
         comm_set_context(comm, -1, "stop-signal all-reduce");
-        int stop_signal = train_agreed_signal(t);
+        int stop_launcher = 0;
+        int stop_signal = train_agreed_signal(t, &stop_launcher);
         int at_end = t->step == cfg->train.steps;
         int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
         int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
@@ -341,8 +426,10 @@ static int train_loop(Trainer *t) {
         if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
         if (stop_signal) {
             int code = train_stop_exit_code(stop_signal);
-            train_say(t, "stopped by signal %d (%s) after step %lld, checkpoint written; exit %d (%s)\n", stop_signal,
-                      strsignal(stop_signal), (long long)t->step, code,
+            char cause[256];
+            train_stop_cause(cause, sizeof cause, stop_signal, stop_launcher);
+            train_say(t, "stopped by %s after step %lld, checkpoint written; exit %d (%s)\n", cause, (long long)t->step,
+                      code,
                       code == RS_EXIT_PREEMPTED ? "requeue and resume" : "continue with `ringscan resume`");
             return code;
         }
@@ -495,6 +582,18 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
                   (long long)t.step + 1);
     if (cfg->device.peak_tflops <= 0)
         train_say(&t, "MFU: n/a (device.peak_tflops is not set; set it to report MFU)\n");
+    /* mpirun passes --mca settings to the ranks as OMPI_MCA_*: without this one a Ctrl-C gives them 1 s */
+    if (train_launcher_pid > 0 && !getenv("OMPI_MCA_odls_base_sigkill_timeout"))
+        train_say(&t, "note: mpirun kills the ranks 1 s after its SIGTERM (Open MPI's default odls_base_sigkill_timeout, "
+                      "not set on this mpirun's command line): a Ctrl-C may kill them before their checkpoint; launch "
+                      "with `mpirun --mca odls_base_sigkill_timeout 30 ...` (docs/running.md: Stopping)\n");
+    if (comm->rank == 0) { /* a save killed mid-write (mpirun's SIGKILL, a crash) left its temporary behind */
+        char gone[1024];
+        int lrc = ckpt_remove_leftovers(t.run_dir, gone, sizeof gone, err, sizeof err);
+        if (lrc) train_fail(&t, lrc, "%s", err);
+        if (gone[0])
+            train_say(&t, "removed what an unfinished checkpoint save left in %s/ckpt: %s\n", t.run_dir, gone);
+    }
 
     train_check_writes(&t, RS_EXIT_FAIL); /* the header lines reached log.txt */
     train_catch_stop_signals();
@@ -502,12 +601,15 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
         comm_watchdog_start(comm, &(CommWatchOptions){cfg->parallel.comm_timeout_s, t.run_dir, cfg->debug.stall_rank,
                                                       cfg->debug.stall_step, cfg->debug.stall_layer});
     /* a stop signal during the set-up: nothing was trained, so nothing new to checkpoint */
-    int early = train_agreed_signal(&t);
+    int early_launcher = 0;
+    int early = train_agreed_signal(&t, &early_launcher);
     int rc;
     if (early) {
         rc = train_stop_exit_code(early);
-        train_say(&t, "stopped by signal %d (%s) before step %lld; nothing new to checkpoint; exit %d\n", early,
-                  strsignal(early), (long long)t.step + 1, rc);
+        char cause[256];
+        train_stop_cause(cause, sizeof cause, early, early_launcher);
+        train_say(&t, "stopped by %s before step %lld; nothing new to checkpoint; exit %d\n", cause,
+                  (long long)t.step + 1, rc);
     } else {
         rc = train_loop(&t);
     }

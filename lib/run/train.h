@@ -45,7 +45,9 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags);
  * calls it first thing for `train` and `resume`, before the config is read
  * and MPI starts, so a signal that arrives while the ranks start is kept,
  * not fatal (a signal before the first step ends the run before it
- * trains); train_run calls it again. */
+ * trains); train_run calls it again. Under mpirun the first call also forks
+ * the rank's relay into mpirun's process group, so that the terminal's
+ * Ctrl-C reaches the rank as SIGINT (train.c says why). */
 void train_catch_stop_signals(void);
 /* The exit code of a run stopped by `sig`. */
 int train_stop_exit_code(int sig);
