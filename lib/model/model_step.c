@@ -16,7 +16,8 @@
  * Before anything, the CP group's token metadata of the micro-batch is
  * gathered (cp_batch_begin), so every rank plans the same ring and scan.
  *
- * Gradient all-reduce (the step's last micro-batch, world > 1): the
+ * Gradient all-reduce (the step's last micro-batch, world > 1; with
+ * parallel.shard: gradients a reduce-scatter, model_shard.c): the
  * parameters of layer l are one contiguous range of the flat buffer
  * (model_params.c adds them layer by layer), so each layer is a bucket,
  * posted non-blocking over the world as soon as its backward is done; the
@@ -41,15 +42,14 @@
 #include "model.h"
 #include "model_block.h"
 
-/* [*a, *e): the elements of layer l's parameters in the flat buffer (its tensors are adjacent in
- * the table; the padding after the last one belongs to the range). */
-static void model_layer_range(const Model *m, int l, int64_t *a, int64_t *e) {
-    int i = 0;
-    while (i < m->ptab.n && m->ptab.t[i].layer != l) i++;
-    RS_CHECK(i < m->ptab.n, "layer %d has no parameters in the table", l);
-    *a = m->ptab.t[i].offset;
-    while (i < m->ptab.n && m->ptab.t[i].layer == l) i++;
-    *e = i < m->ptab.n ? m->ptab.t[i].offset : m->ptab.buffer_numel;
+/* Posts bucket b's gradient reduction over the world: an all-reduce, or with parallel.shard: gradients a
+ * reduce-scatter in place that leaves the sum in this rank's piece only (model_shard.c). */
+static void model_reduce_bucket(Model *m, int b, CommHandle *h) {
+    const int64_t s = m->ptab.bucket_start[b], len = m->ptab.bucket_start[b + 1] - s;
+    if (m->shard == SHARD_GRADIENTS)
+        comm_ireduce_scatter_sum_f32(m->comm, COMM_WORLD, m->grads + s, len / m->ptab.pieces, h);
+    else
+        comm_iallreduce_sum_f32(m->comm, COMM_WORLD, m->grads + s, len, h);
 }
 
 /* The forward of one micro-batch: the CP metadata, the embedding, the blocks, and the head in loss row
@@ -114,21 +114,16 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
         model_block_backward(m, l, b);
         model_offload_fetch(m, l - 2);
         if (reduce) {
-            int64_t a, e;
-            model_layer_range(m, l, &a, &e);
-            comm_set_context(comm, l, "gradient all-reduce");
-            comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + a, e - a, &buckets);
+            comm_set_context(comm, l, "gradient reduction");
+            model_reduce_bucket(m, l + 1, &buckets);
             comm_progress(comm, &buckets);
         }
     }
     be->embedding_backward(m->grads + m->embed, m->d_resid, b->tokens, T, H);
     if (reduce) { /* the head: embed_tokens before the layers, model.norm and lm_head after them */
-        int64_t first, last_end, unused;
-        model_layer_range(m, 0, &first, &unused);
-        model_layer_range(m, L - 1, &unused, &last_end);
-        comm_set_context(comm, -1, "gradient all-reduce");
-        comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads, first, &buckets);
-        comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + last_end, m->ptab.buffer_numel - last_end, &buckets);
+        comm_set_context(comm, -1, "gradient reduction");
+        model_reduce_bucket(m, 0, &buckets);
+        model_reduce_bucket(m, L + 1, &buckets);
         comm_wait(comm, &buckets);
     }
 }

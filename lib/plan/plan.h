@@ -55,6 +55,9 @@ typedef struct {
     int32_t n_linear, n_full;
     /* parameters */
     ParamCounts params;
+    int32_t     shard;         /* parallel.shard as it runs (model_shard_stage) */
+    int64_t     buffer_numel;  /* the flat parameter buffer, padding included */
+    int64_t     shard_pad;     /* of it, the buckets' padding for sharding */
     int64_t     hf_params;     /* sum of the Hugging Face state-dict shapes */
     /* memory, bytes per rank, for each policy */
     int64_t mem[ACT_POLICY_COUNT][PLAN_MEM_COUNT];
@@ -92,6 +95,9 @@ void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd
 void plan_free(Plan *p);
 /* device memory fits, and with checkpoint.offload: host the node's host memory too */
 bool plan_fits(const Plan *p, ActPolicy policy);
+/* parallel.shard: the first stage (none, optimizer, gradients) whose plan fits with `policy`, or -1; need[st]:
+ * each stage's total per rank (-1: not counted: weights is not built, or a world of one) */
+int  plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT]);
 bool plan_host_fits(const Plan *p, ActPolicy policy);
 
 /* Human report; returns the exit code: 0 fits, 1 does not fit. */

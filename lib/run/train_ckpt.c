@@ -122,12 +122,17 @@ void train_ckpt_save(Trainer *t) {
     char err[4096] = "";
     double t0 = train_ckpt_now();
     size_t bytes = (size_t)m->ptab.buffer_numel * sizeof(float);
+    float *hp = NULL, *hm = NULL, *hv = NULL;
+    if (t->comm->rank == 0 || m->shard != SHARD_NONE) { /* sharded: every rank takes part in the gather */
+        hp = RS_MALLOC(bytes);
+        hm = RS_MALLOC(bytes);
+        hv = RS_MALLOC(bytes);
+        model_get_full((Model *)m, 0, hp);
+        model_get_full((Model *)m, 1, hm);
+        model_get_full((Model *)m, 2, hv);
+    }
     if (t->comm->rank == 0) {
         int n = m->ptab.n;
-        float *hp = RS_MALLOC(bytes), *hm = RS_MALLOC(bytes), *hv = RS_MALLOC(bytes);
-        t->be->to_host(hp, m->params, bytes);
-        t->be->to_host(hm, m->adam_m, bytes);
-        t->be->to_host(hv, m->adam_v, bytes);
         StTensor *tp = RS_CALLOC((size_t)n, sizeof *tp), *to = RS_CALLOC((size_t)(2 * n), sizeof *to);
         char *names = RS_CALLOC((size_t)(2 * n), PARAM_NAME_MAX + 2);
         for (int i = 0; i < n; i++) {
@@ -167,10 +172,10 @@ void train_ckpt_save(Trainer *t) {
         free(names);
         free(tp);
         free(to);
-        free(hp);
-        free(hm);
-        free(hv);
     }
+    free(hp);
+    free(hm);
+    free(hv);
     rc = comm_allreduce_max_int(t->comm, t->comm->world, rc);
     if (rc) {
         char kept[PATH_MAX + 160];
@@ -284,7 +289,6 @@ void train_ckpt_restore(Trainer *t, TrainResume *r) {
     float *host[3];
     const char *prefix[3] = {"", "m.", "v."};
     const char *file[3] = {"model.safetensors", "optim.safetensors", "optim.safetensors"};
-    float *dst[3] = {m->params, m->adam_m, m->adam_v};
     for (int k = 0; k < 3; k++) {
         host[k] = RS_CALLOC(1, bytes);
         for (int i = 0; i < m->ptab.n; i++) {
@@ -295,10 +299,9 @@ void train_ckpt_restore(Trainer *t, TrainResume *r) {
             if (ckpt_read(&r->ck, file[k], name, ST_DTYPE_F32, p->ndim, shape, host[k] + p->offset, err, sizeof err))
                 train_fail(t, RS_EXIT_USAGE, "cannot resume from %s: %s", r->ck.dir, err);
         }
-        t->be->to_device(dst[k], host[k], bytes);
+        model_set_full(m, k, host[k]);
         free(host[k]);
     }
-    if (m->weights != (void *)m->params) t->be->act_from_f32(m->weights, m->params, m->ptab.buffer_numel);
     t->step = r->step;
     t->samples = r->samples;
     t->last_ckpt = r->step;
