@@ -16,6 +16,7 @@ Evidence, each part able to fail:
    as not built; the refusal of a run that does not fit names the stage that would.
 """
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -135,3 +136,112 @@ def test_refusal_names_the_stage_that_fits(tmp_path, recall_tok):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "hint: parallel.shard=optimizer fits" in r.stderr, r.stderr
     assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- sharded checkpoints
+
+CK = ["--set", "data.seq_len=512", "--set", "train.steps=6", "--set", "train.warmup_steps=2",
+      "--set", "checkpoint.every=3"]
+
+
+def layout(dp, cp, mb, accum, shard):
+    return ["--set", f"parallel.dp={dp}", "--set", f"parallel.cp={cp}", "--set", f"data.micro_batch={mb}",
+            "--set", f"train.grad_accum={accum}", "--set", f"parallel.shard={shard}"]
+
+
+def losses_of(run_dir):
+    return {j["step"]: j["loss"] for j in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_sharded_checkpoint_resumes_at_another_world(tmp_path, recall_tok):
+    """dp 2 x cp 2, gradients: each rank writes its own shard file, listed with its crc32, no whole file; resume at
+    dp 1 x cp 2 (optimizer) and on one process (none) with the same global batch continues with the
+    uninterrupted run's losses."""
+    base = [RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK]
+    full, part = tmp_path / "full", tmp_path / "part"
+    r = mpirun(4, *base, *layout(2, 2, 1, 2, "gradients"), "--set", f"run.out_dir={full}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(4, *base, *layout(2, 2, 1, 2, "gradients"), "--set", f"run.out_dir={part}",
+               "--set", "run.stop_after_step=3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ck = part / "ckpt" / "step_00000003"
+    names = sorted(p.name for p in ck.iterdir())
+    assert names == ["manifest.json"] + [f"shard-{r:05d}.safetensors" for r in range(4)], names
+    man = json.loads((ck / "manifest.json").read_text())
+    assert sorted(f["name"] for f in man["files"]) == names[1:]
+    assert all(f["crc32"] > 0 and f["size"] == (ck / f["name"]).stat().st_size for f in man["files"])
+    assert man["state"]["shard"] == {"stage": "gradients", "pieces": 4}
+    # every rank's file holds only its slices: together they are the whole model once
+    w = [safetensors_io.load(ck / n) for n in names[1:]]
+    total = sum(v.size for f in w for k, v in f.items() if not k.startswith(("m.", "v.")))
+    assert total == plan_json()["parameters"]["total"]
+    want = losses_of(full)
+    for i, (n, lay) in enumerate([(2, layout(1, 2, 1, 4, "optimizer")), (1, layout(1, 1, 2, 2, "none"))]):
+        d = tmp_path / f"resume{i}"
+        shutil.copytree(part, d)
+        args = [RINGSCAN, "resume", d, *lay]
+        r = mpirun(n, *args) if n > 1 else run(args)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "resumed from" in r.stdout and "step 3" in r.stdout
+        got = losses_of(d)
+        for s in (4, 5, 6):
+            assert abs(got[s] - want[s]) <= 1e-5 * abs(want[s]), (s, got[s], want[s])
+
+
+def test_export_gathers_a_sharded_checkpoint(tmp_path, recall_tok):
+    """optimizer is bitwise none on the cpu oracle, so the export of its sharded checkpoint (every rank's slices
+    gathered by `export`) is the export of none's whole checkpoint, byte for byte."""
+    outs = {}
+    for shard in ("none", "optimizer"):
+        d = tmp_path / shard
+        r = mpirun(2, RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK,
+                   *layout(2, 1, 1, 1, shard), "--set", "train.steps=3", "--set", f"run.out_dir={d}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        outs[shard] = tmp_path / f"hf-{shard}"
+        r = run([RINGSCAN, "export", d, outs[shard]])
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert not (tmp_path / "optimizer" / "ckpt" / "step_00000003" / "model.safetensors").exists()
+    a, b = (outs[s] / "model.safetensors" for s in ("none", "optimizer"))
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_rank_killed_mid_checkpoint_leaves_the_previous_one(tmp_path, recall_tok):
+    """cp 2, optimizer, a checkpoint every 2 steps: rank 1 stops for good while writing its shard of step 4's
+    checkpoint (debug.stall_layer = num_hidden_layers), rank 0 having begun it and written its own; the watchdog
+    ends both (exit 76). Step 2's checkpoint stays the newest and loadable: resume continues from it with the
+    uninterrupted run's losses, and its next save clears the dead save's leftovers."""
+    base = [RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK,
+            *layout(1, 2, 1, 2, "optimizer"), "--set", "checkpoint.every=2"]
+    full, d = tmp_path / "full", tmp_path / "r"
+    r = mpirun(2, *base, "--set", f"run.out_dir={full}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(2, *base, "--set", f"run.out_dir={d}", "--set", "parallel.comm_timeout_s=3", "--set",
+               "debug.stall_rank=1", "--set", "debug.stall_step=4", "--set", "debug.stall_layer=4", timeout=300)
+    assert r.returncode == 76, r.stdout + r.stderr
+    assert "checkpoint shard" in r.stderr, r.stderr
+    ck = d / "ckpt"
+    assert (ck / "LATEST").read_text().strip() == "step_00000002"
+    (tmp,) = [p for p in ck.iterdir() if p.name.startswith("step_00000004.tmp.")]
+    assert (tmp / "shard-00000.safetensors").exists() and not (tmp / "manifest.json").exists()
+    r = mpirun(2, RINGSCAN, "resume", d, "--set", "parallel.comm_timeout_s=600", "--set", "debug.stall_rank=-1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed from" in r.stdout and "step 2" in r.stdout
+    want, got = losses_of(full), losses_of(d)
+    assert all(got[s] == want[s] for s in range(3, 7)), (got, want)
+    assert not [p for p in ck.iterdir() if ".tmp." in p.name]
+
+
+def test_corrupt_shard_is_named_and_the_previous_checkpoint_used(tmp_path, recall_tok):
+    d = tmp_path / "r"
+    r = mpirun(2, RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK,
+               *layout(1, 2, 1, 2, "optimizer"), "--set", "checkpoint.every=2", "--set", "train.steps=4",
+               "--set", f"run.out_dir={d}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    bad = d / "ckpt" / "step_00000004" / "shard-00001.safetensors"
+    b = bytearray(bad.read_bytes())
+    b[-5] ^= 0xFF
+    bad.write_bytes(bytes(b))
+    r = mpirun(2, RINGSCAN, "resume", d, "--set", "train.steps=5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "shard-00001.safetensors" in r.stderr and "corrupted" in r.stderr, r.stderr
+    assert "resumed from" in r.stdout and "step_00000002" in r.stdout, r.stdout

@@ -130,6 +130,13 @@ void comm_barrier(Comm *c, MPI_Comm comm) {
     comm_watch_end(c);
 }
 
+void comm_bcast(Comm *c, MPI_Comm comm, void *buf, int64_t bytes, int root) {
+    RS_CHECK(bytes >= 0 && bytes <= INT_MAX, "broadcast of %lld bytes", (long long)bytes);
+    comm_watch_begin(c, "broadcast", comm_group_of(c, comm));
+    MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm));
+    comm_watch_end(c);
+}
+
 int comm_gpu_layout_check(const CommGpuInfo *all, int n, char *msg, size_t nmsg, char *hint, size_t nhint) {
     for (int r = 0; r < n; r++) {
         const CommGpuInfo *a = &all[r];

@@ -134,6 +134,8 @@ void   comm_allreduce_sum_f64(Comm *c, MPI_Comm comm, double *buf, int64_t n);
 double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v);
 int    comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v);
 void   comm_barrier(Comm *c, MPI_Comm comm);
+/* buf (bytes, at most INT_MAX) = rank `root`'s buf over `comm` */
+void   comm_bcast(Comm *c, MPI_Comm comm, void *buf, int64_t bytes, int root);
 
 /* ---- the watchdog (comm_watchdog.c) -------------------------------------------------- */
 

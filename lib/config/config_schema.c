@@ -272,7 +272,8 @@ const ConfigKey config_schema[] = {
         "debug.stall_step, so the watchdog must end the run; -1: never"),
     INT(debug.stall_step, "1", 1, BIG, "steps", "comm", "tests only: the step debug.stall_rank stalls at"),
     INT(debug.stall_layer, "0", 0, CONFIG_LIST_MAX, "layer", "comm",
-        "tests only: the layer debug.stall_rank stalls at"),
+        "tests only: the layer debug.stall_rank stalls at; model.num_hidden_layers: at the write of its shard of a "
+        "sharded checkpoint (parallel.shard)"),
 };
 
 const int config_schema_count = (int)(sizeof config_schema / sizeof config_schema[0]);

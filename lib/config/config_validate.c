@@ -230,7 +230,7 @@ static int validate_debug(const Config *cfg, ConfigErrors *err) {
     else if (cfg->debug.stall_rank >= config_world(cfg))
         config_errors_add(err, "%s is not a rank of the world of %lld",
                           validate_quote(cfg, "debug.stall_rank", a, sizeof a), (long long)config_world(cfg));
-    if (cfg->debug.stall_layer >= cfg->model.num_hidden_layers)
+    if (cfg->debug.stall_layer > cfg->model.num_hidden_layers) /* num_hidden_layers: a sharded checkpoint's write */
         config_errors_add(err, "%s is not a layer of the %lld", validate_quote(cfg, "debug.stall_layer", a, sizeof a),
                           (long long)cfg->model.num_hidden_layers);
     return err->count - before;

@@ -215,6 +215,9 @@ void   model_set_full(Model *m, int which, const float *host);
 void   model_get_full(Model *m, int which, float *host);
 double model_grad_sum_squares(Model *m);
 void   model_optimizer_step(Model *m, double lr, float clip_scale, int step);
+/* Bucket b's piece of this rank: flat elements [*a, *a + *n), its first shard element *sh (without
+ * sharding: the whole bucket, *sh = *a) */
+void   model_shard_piece(const Model *m, int b, int64_t *a, int64_t *n, int64_t *sh);
 /* the bucket of parameter tensor i (ParamTable.bucket_start) */
 int    model_param_bucket(const Model *m, int i);
 

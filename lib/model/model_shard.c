@@ -34,8 +34,7 @@ int model_param_bucket(const Model *m, int i) {
     return p->offset < m->ptab.bucket_start[1] ? 0 : m->ptab.n_buckets - 1;
 }
 
-/* Bucket b's piece of this rank: flat [*a, *a + *n), shard elements from *sh. */
-static void shard_piece(const Model *m, int b, int64_t *a, int64_t *n, int64_t *sh) {
+void model_shard_piece(const Model *m, int b, int64_t *a, int64_t *n, int64_t *sh) {
     const int64_t s = m->ptab.bucket_start[b], len = m->ptab.bucket_start[b + 1] - s, P = m->ptab.pieces;
     *n = len / P;
     *a = s + m->shard_rank * *n;
@@ -50,7 +49,7 @@ void model_set_full(Model *m, int which, const float *host) {
         if (m->shard == SHARD_NONE) be->to_device(dst, host, (size_t)N * sizeof(float));
         for (int b = 0; m->shard != SHARD_NONE && b < m->ptab.n_buckets; b++) {
             int64_t a, n, sh;
-            shard_piece(m, b, &a, &n, &sh);
+            model_shard_piece(m, b, &a, &n, &sh);
             be->to_device(dst + sh, host + a, (size_t)n * sizeof(float));
         }
         return;
@@ -62,7 +61,7 @@ void model_set_full(Model *m, int which, const float *host) {
     }
     for (int b = 0; b < m->ptab.n_buckets; b++) {
         int64_t a, n, sh;
-        shard_piece(m, b, &a, &n, &sh);
+        model_shard_piece(m, b, &a, &n, &sh);
         be->to_device(m->params + sh, host + a, (size_t)n * sizeof(float));
     }
     /* the compute copy through the full fp32 gradient buffer (zeroed at every step's start) */
@@ -91,7 +90,7 @@ void model_get_full(Model *m, int which, float *host) {
     be->to_host(mine, src, (size_t)m->shard_numel * sizeof(float));
     for (int b = 0; b < m->ptab.n_buckets; b++) {
         int64_t a, n, sh;
-        shard_piece(m, b, &a, &n, &sh);
+        model_shard_piece(m, b, &a, &n, &sh);
         comm_allgather(m->comm, m->comm->world, mine + sh, host + m->ptab.bucket_start[b],
                        n * (int64_t)sizeof(float));
     }
@@ -104,7 +103,7 @@ double model_grad_sum_squares(Model *m) {
     double s = 0;
     for (int b = 0; b < m->ptab.n_buckets; b++) {
         int64_t a, n, sh;
-        shard_piece(m, b, &a, &n, &sh);
+        model_shard_piece(m, b, &a, &n, &sh);
         s += be->sum_squares(m->grads + a, n);
     }
     comm_set_context(m->comm, -1, "gradient norm all-reduce");
@@ -122,7 +121,7 @@ void model_optimizer_step(Model *m, double lr, float clip_scale, int step) {
         int64_t x0 = p->offset, x1 = p->offset + p->numel, sh = x0; /* flat range; its master element */
         if (m->shard != SHARD_NONE) { /* the tensor's part in this rank's piece */
             int64_t a, n;
-            shard_piece(m, model_param_bucket(m, i), &a, &n, &sh);
+            model_shard_piece(m, model_param_bucket(m, i), &a, &n, &sh);
             x0 = x0 > a ? x0 : a;
             x1 = x1 < a + n ? x1 : a + n;
             if (x1 <= x0) continue;
@@ -144,7 +143,7 @@ void model_optimizer_step(Model *m, double lr, float clip_scale, int step) {
             const LayerParams *p = &m->lp[l];
             if (p->kind != LAYER_KIND_LINEAR) continue;
             int64_t a, n, sh;
-            shard_piece(m, l + 1, &a, &n, &sh);
+            model_shard_piece(m, l + 1, &a, &n, &sh);
             const int64_t nv = cfg->model.linear_num_value_heads;
             const int64_t at[2] = {p->A_log, p->dt_bias}, to[2] = {p->A_log32, p->dt_bias32};
             for (int k = 0; k < 2; k++) {
