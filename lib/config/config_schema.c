@@ -168,8 +168,9 @@ const ConfigKey config_schema[] = {
          "padded to world x 64 elements and rank r holds its r-th piece). none: every rank holds everything (18 "
          "bytes per parameter on cuda); optimizer (ZeRO-1): the fp32 master weights and both AdamW moments are "
          "the rank's piece only, the gradients are reduce-scattered per layer bucket and the updated weights "
-         "all-gathered after the step; gradients (ZeRO-2): also the fp32 gradients, which the backward keeps "
-         "full for two layers at a time (and the head); weights (ZeRO-3): not built yet, refused. A world of 1 "
+         "all-gathered after the step; gradients (ZeRO-2): also the fp32 gradients: each layer's are "
+         "reduce-scattered after its backward in every micro-batch, whole only for two layers at a time (and "
+         "embed_tokens and the head); weights (ZeRO-3): not built yet, refused. A world of 1 "
          "runs as none (said). `ringscan plan` counts each (docs/design/sharding.md)"),
     FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",
         "a rank waiting longer than this for the others (a collective, a transfer; cuda: the step's end) ends the run "

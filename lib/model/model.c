@@ -273,7 +273,18 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
     m->shard_numel = N / m->ptab.pieces;
     size_t sbytes = (size_t)m->shard_numel * sizeof(float);
     m->params = be->alloc(sbytes);
-    m->grads = be->alloc((size_t)N * sizeof(float));
+    if (m->shard == SHARD_GRADIENTS) { /* model_shard.c: the head's buckets, two layer slots, the summed pieces */
+        const int nb = m->ptab.n_buckets;
+        const int64_t *bs = m->ptab.bucket_start;
+        for (int b = 1; b < nb - 1; b++)
+            if (bs[b + 1] - bs[b] > m->grad_slot_numel) m->grad_slot_numel = bs[b + 1] - bs[b];
+        m->grad_head[0] = be->alloc((size_t)(bs[1] - bs[0]) * sizeof(float));
+        m->grad_head[1] = be->alloc((size_t)(bs[nb] - bs[nb - 1]) * sizeof(float));
+        for (int k = 0; k < 2; k++) m->grad_slot[k] = be->alloc((size_t)m->grad_slot_numel * sizeof(float));
+        m->grad_shard = be->alloc(sbytes);
+    } else
+        m->grads = be->alloc((size_t)N * sizeof(float));
+    m->slot_layer[0] = m->slot_layer[1] = -1;
     m->adam_m = be->alloc(sbytes);
     m->adam_v = be->alloc(sbytes);
     m->weights = be->act_size == (int)sizeof(float) && m->shard == SHARD_NONE
@@ -312,7 +323,12 @@ void model_free(Model *m) {
     if (m->weights != (void *)m->params) be->free(m->weights);
     if (m->gates) be->free(m->gates);
     be->free(m->params);
-    be->free(m->grads);
+    if (m->grads) be->free(m->grads);
+    for (int k = 0; k < 2; k++) {
+        if (m->grad_head[k]) be->free(m->grad_head[k]);
+        if (m->grad_slot[k]) be->free(m->grad_slot[k]);
+    }
+    if (m->grad_shard) be->free(m->grad_shard);
     be->free(m->adam_m);
     be->free(m->adam_v);
     be->free(m->act_arena);

@@ -137,6 +137,17 @@ typedef struct {
     float *gates;     /* with sharding on cuda: every GDN layer's A_log and dt_bias in fp32 (gates_numel), refreshed
                        * after each optimizer step; else NULL */
     int64_t gates_numel;
+    /* where the backward adds parameter gradients (model_shard.c): G(off) = grad_cur + (off - grad_cur_start)
+     * for the layer in hand; without parallel.shard: gradients the flat `grads` buffer. With it `grads` is
+     * NULL: embed_tokens' and the head's buckets have buffers of their own (grad_head), the layers share
+     * two (grad_slot: layer l in slot l % 2), each reduce-scattered as soon as its layer's backward is done
+     * (every micro-batch) and its summed piece added into grad_shard (shard_numel: the rank's pieces) */
+    float  *grad_cur;
+    int64_t grad_cur_start;
+    float  *grad_head[2], *grad_slot[2], *grad_shard;
+    int64_t grad_slot_numel;
+    int     slot_layer[2];      /* the layer whose reduce-scatter slot s holds in flight; -1: none */
+    CommHandle slot_h[2];
     int     shard;       /* Shard as it runs (model_shard_stage) */
     int     shard_rank;  /* this rank's piece of each bucket: the world rank (0 without sharding) */
     int64_t shard_numel; /* elements of params, adam_m, adam_v: buffer_numel / ptab.pieces */
@@ -215,6 +226,18 @@ void   model_set_full(Model *m, int which, const float *host);
 void   model_get_full(Model *m, int which, float *host);
 double model_grad_sum_squares(Model *m);
 void   model_optimizer_step(Model *m, double lr, float clip_scale, int step);
+/* The gradient buffers (see Model.grad_cur): zero_grads at a step's start; grad_at: where the gradient of
+ * flat element `off` of the head's or embed_tokens' bucket is; grad_layer_begin / end around layer l's
+ * backward (begin points grad_cur at its storage, with shard gradients after draining the slot's previous
+ * layer; end posts its reduce-scatter); grad_finish after the backward (shard gradients: drains the slots,
+ * and with `reduce` reduce-scatters the head buckets into grad_shard); grad_piece: bucket b's summed
+ * gradient over this rank's piece (model_shard_piece's flat [a, a + n)), valid after the step's backward. */
+void   model_zero_grads(Model *m);
+float *model_grad_at(Model *m, int64_t off);
+void   model_grad_layer_begin(Model *m, int l);
+void   model_grad_layer_end(Model *m, int l);
+void   model_grad_finish(Model *m, int reduce);
+float *model_grad_piece(Model *m, int b);
 /* Bucket b's piece of this rank: flat elements [*a, *a + *n), its first shard element *sh (without
  * sharding: the whole bucket, *sh = *a) */
 void   model_shard_piece(const Model *m, int b, int64_t *a, int64_t *n, int64_t *sh);

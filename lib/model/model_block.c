@@ -72,7 +72,7 @@ static Dims block_dims(const Model *m, int64_t T) {
 #define AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * d.es))
 /* compute-type weights and fp32 gradients / master values of a parameter */
 #define W(off) ((const void *)((const char *)m->weights + (int64_t)(off) * d.es))
-#define G(off) (m->grads + (off))
+#define G(off) (m->grad_cur + ((off) - m->grad_cur_start))
 #define P32(off) (m->f32 + (off))
 
 /* ---- row chunks ----------------------------------------------------------

@@ -5,8 +5,9 @@
  * Device memory per rank, by category: weights (bf16, cuda only: what the GEMMs read), master weights,
  * gradients and AdamW m, v (fp32: 4, 4 and 8 bytes per parameter; with parallel.shard optimizer or gradients
  * the master weights and moments are this rank's pieces of the padded buffer, 12 B / world, while the compute
- * copy (cuda bf16; cpu a full fp32 copy of its own) and the fp32 gradients stay whole: the backward
- * accumulates into them, so gradients saves no memory over optimizer in this build; model_shard.c); activations (the
+ * copy stays whole (cuda bf16; cpu a full fp32 copy of its own); the gradients stay whole under optimizer,
+ * and under gradients are embed_tokens' and the head's buckets, two layers' and the rank's pieces of all,
+ * model_shard.c); activations (the
  * peak model_acts.c gives the policy; with checkpoint.offload host its kept term is the head's buffers
  * and two layer slots, the rest host memory); CP ring and CP scan (model_acts.c's CP table: the buffers
  * cp_init allocates, one softmax or GDN layer at a time); workspaces (the loss row chunk, cuBLASLt's and
@@ -15,7 +16,8 @@
  * more ranks, as measured on the GPU machine; the figures are the constants below).
  *
  * Host memory per node (checked with checkpoint.offload host): per rank the offloaded activations and 2 GiB
- * for the process, times the ranks per node, plus rank 0's checkpoint staging (12 bytes per parameter);
+ * for the process, times the ranks per node, plus the checkpoint staging (rank 0's 12 bytes per parameter;
+ * with parallel.shard every rank's 12 bytes per parameter over the world);
  * capacity device.host_memory_gib, or MemTotal of the machine running plan. The fit verdict compares each
  * with device.memory_gib and names the settings that would fit. The reasoning: docs/design/measurement-notes.md
  * (memory and plan).
@@ -76,7 +78,9 @@ static void plan_host(Plan *p, const Config *cfg) {
     const bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
     p->tasks_per_node = config_tasks_per_node(cfg);
     p->host_runtime = cuda ? 2LL << 30 : 0;
-    p->host_staging = 12 * p->params.total;
+    /* checkpoint staging: rank 0 stages the whole state; sharded, every rank its pieces (train_ckpt.c) */
+    p->host_staging = p->shard == SHARD_NONE ? 12 * p->params.total
+                                             : p->tasks_per_node * 12 * p->buffer_numel / p->world;
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         p->host_offload[pol] = p->offload ? p->acts.offload_host[pol] : 0;
         p->host_rank_device[pol] = cuda ? 0 : p->total[pol];
@@ -126,6 +130,14 @@ void plan_build(Plan *p, const Config *cfg) {
     p->shard = model_shard_stage(cfg);
     p->buffer_numel = tab.buffer_numel;
     p->shard_pad = tab.shard_pad;
+    /* shard gradients keeps whole gradients of embed_tokens' and the head's buckets and two layers' (model.c) */
+    int64_t layer_max = 0;
+    const int nb = tab.n_buckets;
+    for (int b = 1; b < nb - 1; b++)
+        if (tab.bucket_start[b + 1] - tab.bucket_start[b] > layer_max) layer_max = tab.bucket_start[b + 1] - tab.bucket_start[b];
+    const int64_t head_numel = tab.bucket_start[1] + (tab.bucket_start[nb] - tab.bucket_start[nb - 1]);
+    p->grad_numel = p->shard == SHARD_GRADIENTS ? head_numel + 2 * layer_max + tab.buffer_numel / p->world
+                                                : tab.buffer_numel;
     HfTable hf;
     model_params_build_hf(&hf, cfg);
     p->hf_params = hf.count;
@@ -167,7 +179,7 @@ void plan_build(Plan *p, const Config *cfg) {
         } else { /* the allocations of model.c: whole compute copy and gradients, the master and moments cut */
             mem[PLAN_MEM_WEIGHTS_BF16] = (int64_t)e * p->buffer_numel;
             mem[PLAN_MEM_MASTER] = 4 * p->buffer_numel / p->world;
-            mem[PLAN_MEM_GRADS] = 4 * p->buffer_numel;
+            mem[PLAN_MEM_GRADS] = 4 * p->grad_numel;
             mem[PLAN_MEM_ADAMW] = 8 * p->buffer_numel / p->world;
         }
         mem[PLAN_MEM_ACTIVATIONS] = p->offload ? p->acts.peak_offload[pol] : p->acts.peak[pol];
@@ -207,8 +219,11 @@ void plan_build(Plan *p, const Config *cfg) {
     double micro = (double)cfg->train.grad_accum * (double)cfg->data.micro_batch; /* samples per step per rank */
     double W = (double)p->world;
     double grad = W > 1 ? 2.0 * (W - 1) / W * 4.0 * N : 0;
-    /* sharded: optimizer all-reduces, gradients reduce-scatters (half); both all-gather the compute copy */
-    if (p->shard == SHARD_GRADIENTS) grad /= 2;
+    /* sharded: optimizer all-reduces; gradients reduce-scatters (half an all-reduce's bytes), the layers every
+     * micro-batch, the head at the step's end; both all-gather the compute copy */
+    if (p->shard == SHARD_GRADIENTS)
+        grad = (W - 1) / W * 4.0 * ((double)(p->buffer_numel - head_numel) * (double)cfg->train.grad_accum +
+                                    (double)head_numel);
     if (p->shard != SHARD_NONE) grad += (W - 1) / W * (double)e * (double)p->buffer_numel;
     double ring_fwd = 0, ring_bwd = 0, scan1 = 0, halo1 = 0;
     if (P > 1) {
@@ -344,10 +359,9 @@ static void plan_print_shard(const Plan *p, const Config *cfg, ActPolicy pol, FI
         fprintf(f, "  %-10s states %s (%.1f B per parameter), total %s: %s\n", shard_names[st], a, states / N, b,
                 need[st] <= p->capacity ? "fits" : "does not fit");
     }
-    if (p->shard != SHARD_NONE)
-        fprintf(f, "  (gradients keeps the whole fp32 gradient buffer as the backward's accumulation target, so it "
-                   "needs what optimizer needs; bucket padding %lld elements)\n",
-                (long long)p->shard_pad);
+    fprintf(f, "  (optimizer: fp32 master and AdamW m, v cut, gradients whole; gradients: also the gradients, but for "
+               "embed_tokens', the head's and two layers' whole ones the backward adds into; the compute copy "
+               "stays whole)\n");
 }
 
 int plan_print(const Plan *p, const Config *cfg, FILE *f) {

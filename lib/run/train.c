@@ -221,9 +221,7 @@ static int train_loop(Trainer *t) {
     Config *cfg = t->cfg;
     Comm *comm = t->comm;
     Model *m = &t->model;
-    const Backend *be = t->be;
     int64_t accum = cfg->train.grad_accum, mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
-    int64_t nparam = m->ptab.buffer_numel;
     double ema_step = 0;
     int ema_n = 0;
     char a[32], b[32], c[32];
@@ -233,7 +231,7 @@ static int train_loop(Trainer *t) {
         t->step++;
         comm_set_step(comm, t->step);
         double lr = train_lr(cfg, t->step);
-        be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
+        model_zero_grads(m);
         memset(&m->count, 0, sizeof m->count);
         cp_counters_reset(&m->cp);
 
