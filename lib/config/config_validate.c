@@ -230,9 +230,14 @@ static int validate_debug(const Config *cfg, ConfigErrors *err) {
     else if (cfg->debug.stall_rank >= config_world(cfg))
         config_errors_add(err, "%s is not a rank of the world of %lld",
                           validate_quote(cfg, "debug.stall_rank", a, sizeof a), (long long)config_world(cfg));
-    if (cfg->debug.stall_layer > cfg->model.num_hidden_layers) /* num_hidden_layers: a sharded checkpoint's write */
-        config_errors_add(err, "%s is not a layer of the %lld", validate_quote(cfg, "debug.stall_layer", a, sizeof a),
-                          (long long)cfg->model.num_hidden_layers);
+    /* num_hidden_layers: a sharded checkpoint's shard write (lib/run/train_ckpt.c) */
+    const int sharded = cfg->parallel.shard != SHARD_NONE && config_world(cfg) > 1;
+    if (cfg->debug.stall_layer > cfg->model.num_hidden_layers ||
+        (cfg->debug.stall_layer == cfg->model.num_hidden_layers && !sharded))
+        config_errors_add(err, "%s is not a layer of the %lld (%lld itself: the shard write of a sharded checkpoint, "
+                               "with parallel.shard and more than one rank)",
+                          validate_quote(cfg, "debug.stall_layer", a, sizeof a),
+                          (long long)cfg->model.num_hidden_layers, (long long)cfg->model.num_hidden_layers);
     return err->count - before;
 }
 

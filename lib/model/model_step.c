@@ -116,7 +116,7 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
             comm_set_context(comm, l, "gradient reduce-scatter");
             model_grad_layer_end(m, l);
         } else if (reduce) {
-            comm_set_context(comm, l, "gradient reduction");
+            comm_set_context(comm, l, "gradient all-reduce");
             model_reduce_bucket(m, l + 1, &buckets);
             comm_progress(comm, &buckets);
         }
@@ -126,7 +126,7 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
         comm_set_context(comm, -1, "gradient reduce-scatter");
         model_grad_finish(m, reduce);
     } else if (reduce) { /* the head: embed_tokens before the layers, model.norm and lm_head after them */
-        comm_set_context(comm, -1, "gradient reduction");
+        comm_set_context(comm, -1, "gradient all-reduce");
         model_reduce_bucket(m, 0, &buckets);
         model_reduce_bucket(m, L + 1, &buckets);
         comm_wait(comm, &buckets);

@@ -5,7 +5,7 @@
  * sample g = consumed + (micro_step x dp + dp_rank) x micro_batch + j) and
  * all-reduce the count of predicted tokens, so the loss is the global mean
  * whatever the layout; forward + backward of each micro-batch, gradients
- * adding up; all-reduce the gradients over dp x cp; global gradient norm,
+ * adding up; all-reduce the gradients over dp x cp (parallel.shard: model_shard.c); global gradient norm,
  * clipping and AdamW; a log line and a metrics.jsonl object (rank 0); a
  * checkpoint when checkpoint.every, the last step, run.stop_after_step or an
  * agreed stop signal asks (then exit 75 for SIGUSR1/SIGTERM, 128 + signal for
@@ -318,7 +318,7 @@ static int train_loop(Trainer *t) {
         int at_end = t->step == cfg->train.steps;
         int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
         int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
-        comm_set_context(comm, -1, "checkpoint save (rank 0 writes)");
+        comm_set_context(comm, -1, "checkpoint save");
         if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
         if (stop_signal) {
             int code = train_stop_exit_code(stop_signal);
