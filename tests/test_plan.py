@@ -175,7 +175,7 @@ def test_comm_by_hand(ringscan):
     d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml")
     c = d["comm_bytes_per_step"]
     P, W = 4, 4
-    assert c["gradient all-reduce (dp x cp)"] == 2 * (W - 1) / W * 4 * ONE_B_PARAMS
+    assert c["gradients and weights (dp x cp)"] == 2 * (W - 1) / W * 4 * ONE_B_PARAMS
     # ring, per full layer per sample: fwd (P-1) * (T/P) * 2*nkv*hd * 2 bytes; bwd the same KV + P * (T/P) fp32 dK|dV
     T, kv = 1_048_576, 2 * 2 * 128
     fwd = (P - 1) * (T // P) * kv * 2
@@ -244,7 +244,8 @@ def test_human_report_has_every_section(ringscan):
     for s in ("| key", "layout", "world 4 = dp 1 x cp 4", "parameters 999,313,792", "(equal)",
               "weights (bf16)", "master weights (fp32)", "gradients (fp32)", "AdamW m, v (fp32)",
               "activations", "CP ring buffers", "CP scan buffers", "workspaces", "runtime",
-              "attention counted causal", "communication per step", "gradient all-reduce",
+              "attention counted causal", "communication per step", "gradients and weights (dp x cp)",
+              "parallel.shard over the world of 4",
               "ring attention send/recv", "GDN scan all-gather", "verdict: FITS"):
         assert s in r.stdout, s
 

@@ -1,7 +1,8 @@
 /*
  * comm_nccl.c — the cuda half of comm.h: which GPU each rank drives, and the non-blocking operations over
  * device memory through NCCL, as the Comm's CommDeviceOps table (so lib/ names no NCCL function).
- * Callers: lib/comm/comm.c through that table (comm_iallgather, comm_iallreduce_sum_f32, comm_isendrecv,
+ * Callers: lib/comm/comm.c through that table (comm_iallgather, comm_iallgather_inplace, comm_iallreduce_sum_f32,
+ * comm_ireduce_scatter_sum_f32, comm_isendrecv,
  * comm_wait, comm_finalize, the watchdog); comm_cuda_init (comm_nccl.h) from kernels/cuda/runtime_cuda.c.
  *
  * comm_cuda_init, after comm_setup_groups: every rank's GPU count and local rank are gathered and the run is
@@ -210,6 +211,25 @@ static void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64
     comm_nccl_end(c, g, h, "all-reduce");
 }
 
+/* in place: NCCL reads rank r's piece where it writes it (recvbuff = sendbuff + r n) */
+static int comm_nccl_rank(const Comm *c, CommGroup g) {
+    return g == COMM_CP ? c->cp_rank : g == COMM_DP ? c->dp_rank : c->rank;
+}
+
+static void comm_nccl_ireduce_scatter_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
+    cudaStream_t s = comm_nccl_begin(c, g, h);
+    COMM_NCCL_CHECK(c, ncclReduceScatter(buf, buf + (int64_t)comm_nccl_rank(c, g) * n, (size_t)n, ncclFloat32,
+                                         ncclSum, nccl_of(c)->nc[g], s));
+    comm_nccl_end(c, g, h, "reduce-scatter");
+}
+
+static void comm_nccl_iallgather_inplace(Comm *c, CommGroup g, void *buf, int64_t bytes, CommHandle *h) {
+    cudaStream_t s = comm_nccl_begin(c, g, h);
+    COMM_NCCL_CHECK(c, ncclAllGather((char *)buf + (int64_t)comm_nccl_rank(c, g) * bytes, buf, (size_t)bytes,
+                                     ncclUint8, nccl_of(c)->nc[g], s));
+    comm_nccl_end(c, g, h, "all-gather");
+}
+
 static void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from,
                                 int64_t bytes, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
@@ -274,6 +294,8 @@ static const CommDeviceOps comm_nccl_ops = {
     .name               = "NCCL",
     .iallgather         = comm_nccl_iallgather,
     .iallreduce_sum_f32 = comm_nccl_iallreduce_sum_f32,
+    .ireduce_scatter_sum_f32 = comm_nccl_ireduce_scatter_sum_f32,
+    .iallgather_inplace = comm_nccl_iallgather_inplace,
     .isendrecv          = comm_nccl_isendrecv,
     .wait               = comm_nccl_wait,
     .free               = comm_nccl_free,

@@ -130,6 +130,13 @@ void comm_barrier(Comm *c, MPI_Comm comm) {
     comm_watch_end(c);
 }
 
+void comm_bcast(Comm *c, MPI_Comm comm, void *buf, int64_t bytes, int root) {
+    RS_CHECK(bytes >= 0 && bytes <= INT_MAX, "broadcast of %lld bytes", (long long)bytes);
+    comm_watch_begin(c, "broadcast", comm_group_of(c, comm));
+    MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm));
+    comm_watch_end(c);
+}
+
 int comm_gpu_layout_check(const CommGpuInfo *all, int n, char *msg, size_t nmsg, char *hint, size_t nhint) {
     for (int r = 0; r < n; r++) {
         const CommGpuInfo *a = &all[r];
@@ -236,6 +243,38 @@ void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHa
                                      comm_slot(h)));
         }
     comm_posted(c, h, g, "iallreduce");
+}
+
+/* this rank's place in group g */
+static int comm_group_rank(const Comm *c, CommGroup g) {
+    return g == COMM_CP ? c->cp_rank : g == COMM_DP ? c->dp_rank : c->rank;
+}
+
+/* MPI: blocking (MPI_Reduce_scatter_block in place leaves the sum at the buffer's start, moved to piece r
+ * at once; the cpu backend is the oracle, not the fast path), under the watchdog. */
+void comm_ireduce_scatter_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
+    if (c->dev) c->dev->ireduce_scatter_sum_f32(c, g, buf, n, h);
+    else {
+        RS_CHECK(n <= INT_MAX, "reduce-scatter of %lld elements per rank: at most %d", (long long)n, INT_MAX);
+        comm_watch_begin(c, "reduce-scatter", g);
+        MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g)));
+        comm_watch_end(c);
+        int r = comm_group_rank(c, g);
+        if (r > 0) memmove(buf + (int64_t)r * n, buf, (size_t)n * sizeof *buf);
+    }
+    comm_posted(c, h, g, "ireduce_scatter");
+}
+
+void comm_iallgather_inplace(Comm *c, CommGroup g, void *buf, int64_t bytes, CommHandle *h) {
+    if (c->dev) c->dev->iallgather_inplace(c, g, buf, bytes, h);
+    else {
+        int count;
+        MPI_Datatype type;
+        comm_count_of(bytes, &count, &type);
+        MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, type, comm_group_mpi(c, g),
+                                 comm_slot(h)));
+    }
+    comm_posted(c, h, g, "iallgather");
 }
 
 void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes, int tag,

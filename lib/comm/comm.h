@@ -1,6 +1,6 @@
 /*
  * comm.h — processes and their communication: world = dp x cp. Callers: lib/run/train.c, lib/model/
- * model_step.c (bucketed gradient all-reduce), lib/cp/ (ring, scan all-gather, conv halo, batch metadata),
+ * model_step.c (bucketed gradient all-reduce or reduce-scatter), lib/model/model_shard.c (weight all-gather), lib/cp/ (ring, scan all-gather, conv halo, batch metadata),
  * lib/backend/runtime.c, bench/bench_cp.c, tests/cp, tests/parity.
  *
  * Ranks come from MPI (mpirun, or srun --mpi=pmix); the local rank (which GPU on a node) from
@@ -72,6 +72,12 @@ typedef struct {
 void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
 /* buf = sum over group g of buf (fp32, in place). */
 void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+/* In place over group g of P ranks, this rank r of them: buf (P x n, fp32) summed over the group into piece r,
+ * buf + r n (the other pieces: undefined afterwards). Sharded gradients (lib/model/model_shard.c). */
+void comm_ireduce_scatter_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+/* In place over group g: buf (P x bytes) = every rank's piece, rank r's read from buf + r bytes. The
+ * sharded weights' all-gather after the optimizer step. */
+void comm_iallgather_inplace(Comm *c, CommGroup g, void *buf, int64_t bytes, CommHandle *h);
 /* Send `bytes` of `send` to rank `to` and receive `bytes` into `recv` from rank `from` (ranks of
  * group g), as one group; `tag` tells apart MPI messages between the same pair (the ring's KV and dKV). */
 void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes, int tag,
@@ -106,6 +112,8 @@ typedef struct CommDeviceOps {
     const char *name; /* "NCCL" */
     void (*iallgather)(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h);
     void (*iallreduce_sum_f32)(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+    void (*ireduce_scatter_sum_f32)(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h);
+    void (*iallgather_inplace)(Comm *c, CommGroup g, void *buf, int64_t bytes, CommHandle *h);
     void (*isendrecv)(Comm *c, CommGroup g, const void *send, int to, void *recv, int from, int64_t bytes,
                       CommHandle *h);
     void (*wait)(Comm *c, CommHandle *h);
@@ -126,6 +134,8 @@ void   comm_allreduce_sum_f64(Comm *c, MPI_Comm comm, double *buf, int64_t n);
 double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v);
 int    comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v);
 void   comm_barrier(Comm *c, MPI_Comm comm);
+/* buf (bytes, at most INT_MAX) = rank `root`'s buf over `comm` */
+void   comm_bcast(Comm *c, MPI_Comm comm, void *buf, int64_t bytes, int root);
 
 /* ---- the watchdog (comm_watchdog.c) -------------------------------------------------- */
 

@@ -44,6 +44,8 @@ typedef enum { HIDDEN_ACT_SILU, HIDDEN_ACT_COUNT } HiddenAct;
 typedef enum { SLURM_LAUNCHER_SRUN, SLURM_LAUNCHER_MPIRUN, SLURM_LAUNCHER_COUNT } SlurmLauncher;
 typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } GdnKeep;
 typedef enum { OFFLOAD_NONE, OFFLOAD_HOST, OFFLOAD_COUNT } Offload;
+/* parallel.shard: which training state is cut over the world's ranks (docs/design/sharding.md) */
+typedef enum { SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_WEIGHTS, SHARD_COUNT } Shard;
 /* parallel.ring_calls: how lib/cp/cp_ring.c calls a ring step's attention (its header says why) */
 typedef enum {
     RING_CALLS_AUTO,  /* one call over the step's bounding box where the backend runs it fast (Backend
@@ -58,6 +60,7 @@ extern const char *const attn_kernel_names[ATTN_KERNEL_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
 extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
 extern const char *const offload_names[OFFLOAD_COUNT + 1];
+extern const char *const shard_names[SHARD_COUNT + 1];
 extern const char *const ring_calls_names[RING_CALLS_COUNT + 1];
 
 /* the index of s in a NULL-terminated name table (the *_names above), -1 if it is not there */
@@ -128,6 +131,7 @@ typedef struct {
     bool    ring_keep_kv; /* cp 2: the ring forward keeps the other rank's K|V for the backward (cp_ring.c) */
     bool    overlap_comm; /* false: every non-blocking transfer is waited at once (Comm.serial) */
     double  comm_timeout_s; /* a wait for other ranks longer than this ends the run (comm_watchdog.c); 0: off */
+    int32_t shard;        /* Shard: what is sharded over the world (lib/model/model_shard.c) */
 } ParallelConfig;
 
 typedef struct {

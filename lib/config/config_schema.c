@@ -23,6 +23,7 @@ const char *const device_kind_names[] = {"cpu", "cuda", NULL};
 const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
 const char *const gdn_keep_names[]    = {"none", "wy", "states", NULL};
 const char *const offload_names[]     = {"none", "host", NULL};
+const char *const shard_names[]       = {"none", "optimizer", "gradients", "weights", NULL};
 const char *const ring_calls_names[]  = {"auto", "pairs", "steps", NULL};
 const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
@@ -35,6 +36,7 @@ _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KI
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
 _Static_assert(sizeof gdn_keep_names / sizeof *gdn_keep_names == GDN_KEEP_COUNT + 1, "names");
 _Static_assert(sizeof offload_names / sizeof *offload_names == OFFLOAD_COUNT + 1, "names");
+_Static_assert(sizeof shard_names / sizeof *shard_names == SHARD_COUNT + 1, "names");
 _Static_assert(sizeof ring_calls_names / sizeof *ring_calls_names == RING_CALLS_COUNT + 1, "names");
 _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDULE_COUNT + 1, "names");
 _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
@@ -161,6 +163,15 @@ const ConfigKey config_schema[] = {
          "dK|dV hop (fp32) waits alone: pick false only where the kept blocks do not fit"),
     BOOL(parallel.overlap_comm, "true", "comm",
          "run communication beside compute; false: wait for each transfer at once (measurement, debugging)"),
+    ENUM(parallel.shard, "none", shard_names, "comm",
+         "what is cut over every rank of the world (dp x cp; every parameter bucket, a layer's or the head's, is "
+         "padded to world x 64 elements and rank r holds its r-th piece). none: every rank holds everything (18 "
+         "bytes per parameter on cuda); optimizer (ZeRO-1): the fp32 master weights and both AdamW moments are "
+         "the rank's piece only, the gradients are reduce-scattered per layer bucket and the updated weights "
+         "all-gathered after the step; gradients (ZeRO-2): also the fp32 gradients: each layer's are "
+         "reduce-scattered after its backward in every micro-batch, whole only for two layers at a time (and "
+         "embed_tokens and the head); weights (ZeRO-3): not built yet, refused. A world of 1 "
+         "runs as none (said). `ringscan plan` counts each (docs/design/sharding.md)"),
     FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",
         "a rank waiting longer than this for the others (a collective, a transfer; cuda: the step's end) ends the run "
         "with exit 76 and a report naming the collective, step, layer and the ranks that had not arrived (written "
@@ -262,7 +273,8 @@ const ConfigKey config_schema[] = {
         "debug.stall_step, so the watchdog must end the run; -1: never"),
     INT(debug.stall_step, "1", 1, BIG, "steps", "comm", "tests only: the step debug.stall_rank stalls at"),
     INT(debug.stall_layer, "0", 0, CONFIG_LIST_MAX, "layer", "comm",
-        "tests only: the layer debug.stall_rank stalls at"),
+        "tests only: the layer debug.stall_rank stalls at; model.num_hidden_layers: at the write of its shard of a "
+        "sharded checkpoint (parallel.shard)"),
 };
 
 const int config_schema_count = (int)(sizeof config_schema / sizeof config_schema[0]);

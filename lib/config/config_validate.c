@@ -119,6 +119,10 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
                           validate_quote(cfg, "data.seq_len", a, sizeof a), (long long)unit,
                           validate_quote(cfg, "parallel.cp", b, sizeof b), near);
     }
+    if (cfg->parallel.shard == SHARD_WEIGHTS)
+        config_errors_add(err, "%s: the weights stage (ZeRO-3) is not built yet; use optimizer or gradients "
+                               "(`ringscan plan` counts each stage)",
+                          validate_quote(cfg, "parallel.shard", a, sizeof a));
     const int64_t halo = cfg->model.linear_conv_kernel_dim - 1, rows = cfg->checkpoint.chunk_rows;
     if (rows > 0 && rows < halo)
         config_errors_add(err, "%s is shorter than the conv halo, %s - 1 = %lld rows: a chunk's conv reads the "
@@ -226,9 +230,14 @@ static int validate_debug(const Config *cfg, ConfigErrors *err) {
     else if (cfg->debug.stall_rank >= config_world(cfg))
         config_errors_add(err, "%s is not a rank of the world of %lld",
                           validate_quote(cfg, "debug.stall_rank", a, sizeof a), (long long)config_world(cfg));
-    if (cfg->debug.stall_layer >= cfg->model.num_hidden_layers)
-        config_errors_add(err, "%s is not a layer of the %lld", validate_quote(cfg, "debug.stall_layer", a, sizeof a),
-                          (long long)cfg->model.num_hidden_layers);
+    /* num_hidden_layers: a sharded checkpoint's shard write (lib/run/train_ckpt.c) */
+    const int sharded = cfg->parallel.shard != SHARD_NONE && config_world(cfg) > 1;
+    if (cfg->debug.stall_layer > cfg->model.num_hidden_layers ||
+        (cfg->debug.stall_layer == cfg->model.num_hidden_layers && !sharded))
+        config_errors_add(err, "%s is not a layer of the %lld (%lld itself: the shard write of a sharded checkpoint, "
+                               "with parallel.shard and more than one rank)",
+                          validate_quote(cfg, "debug.stall_layer", a, sizeof a),
+                          (long long)cfg->model.num_hidden_layers, (long long)cfg->model.num_hidden_layers);
     return err->count - before;
 }
 

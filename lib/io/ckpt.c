@@ -21,7 +21,6 @@
 #include "core/error.h"
 #include "fsio.h"
 
-#define CKPT_PATH_MAX 4096
 #define CKPT_MANIFEST_MAX ((int64_t)64 << 20)
 #define CKPT_MSG_MAX 2048
 
@@ -317,20 +316,29 @@ static void ckpt_retain(const char *ckdir, int64_t step, int64_t keep) {
     free(steps);
 }
 
-static int ckpt_save_locked(const char *ckdir, int64_t step, const CkptFile *files, int64_t n_files,
-                            const json_t *state, int64_t keep, char *err, size_t err_len) {
-    char tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX], p[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
-    int rc = ckpt_remove_stale(ckdir, NULL, 0, err, err_len);
+/* Under the lock: clears a crashed save's leftovers and creates the step's temporary directory. */
+static int ckpt_begin_locked(CkptSave *sv, char *err, size_t err_len) {
+    int rc = ckpt_remove_stale(sv->ckdir, NULL, 0, err, err_len);
     if (rc == 0)
-        rc = fsio_path(tmp, sizeof tmp, err, err_len, "%s/step_%08lld.tmp.%ld", ckdir, (long long)step,
-                       (long)getpid());
-    if (rc == 0) rc = fsio_path(final, sizeof final, err, err_len, "%s/step_%08lld", ckdir, (long long)step);
+        rc = fsio_path(sv->tmp, sizeof sv->tmp, err, err_len, "%s/step_%08lld.tmp.%ld", sv->ckdir,
+                       (long long)sv->step, (long)getpid());
     if (rc) return rc;
-    if (mkdir(tmp, 0755) != 0) {
-        fsio_errf(err, err_len, "%s: mkdir failed: %s", tmp, strerror(errno));
+    if (mkdir(sv->tmp, 0755) != 0) {
+        fsio_errf(err, err_len, "%s: mkdir failed: %s", sv->tmp, strerror(errno));
         return RS_EXIT_FAIL;
     }
-    ckpt_stage("tmp_created", step);
+    ckpt_stage("tmp_created", sv->step);
+    return 0;
+}
+
+/* Under the lock, the temporary directory made: the caller's files, the manifest (those and the files
+ * others wrote), the rename into place, LATEST, retention. */
+static int ckpt_finish_locked(CkptSave *sv, const CkptFile *files, int64_t n_files, const CkptWritten *written,
+                              int64_t n_written, const json_t *state, int64_t keep, char *err, size_t err_len) {
+    const char *ckdir = sv->ckdir, *tmp = sv->tmp;
+    const int64_t step = sv->step;
+    char final[CKPT_PATH_MAX], p[CKPT_PATH_MAX], old[CKPT_PATH_MAX];
+    int rc = fsio_path(final, sizeof final, err, err_len, "%s/step_%08lld", ckdir, (long long)step);
 
     json_t *list = json_array();
     for (int64_t i = 0; i < n_files && rc == 0; i++) {
@@ -344,6 +352,16 @@ static int ckpt_save_locked(const char *ckdir, int64_t step, const CkptFile *fil
                                                   (json_int_t)info.size, "crc32", (json_int_t)info.crc32));
             ckpt_stage("file_written", step);
         }
+    }
+    for (int64_t i = 0; i < n_written && rc == 0; i++) {
+        if (!ckpt_file_name_ok(written[i].name)) {
+            fsio_errf(err, err_len, "%s: checkpoint file name '%s' must be made of [A-Za-z0-9._-]", tmp,
+                      written[i].name);
+            rc = RS_EXIT_USAGE;
+            break;
+        }
+        json_array_append_new(list, json_pack("{s:s, s:I, s:I}", "name", written[i].name, "size",
+                                              (json_int_t)written[i].size, "crc32", (json_int_t)written[i].crc32));
     }
     json_t *manifest = json_pack("{s:s, s:i, s:I, s:o, s:o}", "format", CKPT_FORMAT, "version", CKPT_VERSION,
                                  "step", (json_int_t)step, "state",
@@ -398,27 +416,29 @@ static int ckpt_save_locked(const char *ckdir, int64_t step, const CkptFile *fil
     return 0;
 }
 
-int ckpt_save(const char *run_dir, int64_t step, const CkptFile *files, int64_t n_files, const json_t *state,
-              int64_t keep, char *err, size_t err_len) {
-    int rc = ckpt_check_save_args(run_dir, step, files, n_files, state, keep, err, err_len);
+int ckpt_save_begin(CkptSave *sv, const char *run_dir, int64_t step, char *err, size_t err_len) {
+    memset(sv, 0, sizeof *sv);
+    sv->fd = -1;
+    sv->step = step;
+    int rc = ckpt_check_save_args(run_dir, step, NULL, 0, NULL, 1, err, err_len);
     if (rc) return rc;
     struct stat st;
     if (stat(run_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
         fsio_errf(err, err_len, "%s: the run directory does not exist (or is not a directory)", run_dir);
         return RS_EXIT_USAGE;
     }
-    char ckdir[CKPT_PATH_MAX], lock[CKPT_PATH_MAX];
-    rc = fsio_path(ckdir, sizeof ckdir, err, err_len, "%s/ckpt", run_dir);
-    if (rc == 0) rc = fsio_path(lock, sizeof lock, err, err_len, "%s/.lock", ckdir);
+    char lock[CKPT_PATH_MAX];
+    rc = fsio_path(sv->ckdir, sizeof sv->ckdir, err, err_len, "%s/ckpt", run_dir);
+    if (rc == 0) rc = fsio_path(lock, sizeof lock, err, err_len, "%s/.lock", sv->ckdir);
     if (rc) return rc;
-    if (mkdir(ckdir, 0755) == 0) {
+    if (mkdir(sv->ckdir, 0755) == 0) {
         rc = fsio_fsync_dir(run_dir, err, err_len);
         if (rc) return rc;
     } else if (errno != EEXIST) {
-        fsio_errf(err, err_len, "%s: mkdir failed: %s", ckdir, strerror(errno));
+        fsio_errf(err, err_len, "%s: mkdir failed: %s", sv->ckdir, strerror(errno));
         return RS_EXIT_FAIL;
-    } else if (stat(ckdir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fsio_errf(err, err_len, "%s: expected a directory", ckdir);
+    } else if (stat(sv->ckdir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fsio_errf(err, err_len, "%s: expected a directory", sv->ckdir);
         return RS_EXIT_USAGE;
     }
     int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -430,18 +450,50 @@ int ckpt_save(const char *run_dir, int64_t step, const CkptFile *files, int64_t 
         int e = errno;
         close(fd);
         if (e == EWOULDBLOCK) {
-            fsio_errf(err, err_len, "%s: another process is saving checkpoints into this run directory", ckdir);
+            fsio_errf(err, err_len, "%s: another process is saving checkpoints into this run directory", sv->ckdir);
             return RS_EXIT_USAGE;
         }
         fsio_errf(err, err_len, "%s: flock failed: %s", lock, strerror(e));
         return RS_EXIT_FAIL;
     }
-    rc = ckpt_save_locked(ckdir, step, files, n_files, state, keep, err, err_len);
-    close(fd); /* releases the lock */
+    sv->fd = fd;
+    rc = ckpt_begin_locked(sv, err, err_len);
+    if (rc) {
+        close(fd); /* releases the lock */
+        sv->fd = -1;
+    }
     return rc;
 }
 
-/* ---- load ----------------------------------------------------------------- */
+int ckpt_save_finish(CkptSave *sv, const CkptFile *files, int64_t n_files, const CkptWritten *written,
+                     int64_t n_written, const json_t *state, int64_t keep, char *err, size_t err_len) {
+    int rc = ckpt_check_save_args(sv->ckdir, sv->step, files, n_files, state, keep, err, err_len);
+    if (rc) ckpt_save_abort(sv);
+    else {
+        rc = ckpt_finish_locked(sv, files, n_files, written, n_written, state, keep, err, err_len);
+        close(sv->fd); /* releases the lock */
+        sv->fd = -1;
+    }
+    return rc;
+}
+
+void ckpt_save_abort(CkptSave *sv) {
+    if (sv->fd < 0) return;
+    char e2[CKPT_MSG_MAX];
+    if (sv->tmp[0] && fsio_remove_tree(sv->tmp, e2, sizeof e2) != 0) RS_WARN("cleaning up a failed save: %s", e2);
+    close(sv->fd);
+    sv->fd = -1;
+}
+
+int ckpt_save(const char *run_dir, int64_t step, const CkptFile *files, int64_t n_files, const json_t *state,
+              int64_t keep, char *err, size_t err_len) {
+    int rc = ckpt_check_save_args(run_dir, step, files, n_files, state, keep, err, err_len);
+    if (rc) return rc;
+    CkptSave sv;
+    rc = ckpt_save_begin(&sv, run_dir, step, err, err_len);
+    if (rc == 0) rc = ckpt_save_finish(&sv, files, n_files, NULL, 0, state, keep, err, err_len);
+    return rc;
+}
 
 void ckpt_close(Ckpt *ck) {
     for (int64_t i = 0; i < ck->n_files; i++) {
@@ -580,6 +632,10 @@ static int ckpt_open_dir(Ckpt *ck, const char *dir, int64_t step, char *err, siz
     }
     if (rc) ckpt_close(ck);
     return rc;
+}
+
+int ckpt_load_dir(Ckpt *ck, const char *dir, int64_t step, char *err, size_t err_len) {
+    return ckpt_open_dir(ck, dir, step, err, err_len);
 }
 
 int ckpt_verify_dir(const char *dir, int64_t step, json_t **manifest, char *err, size_t err_len) {

@@ -30,6 +30,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
+#include "model/model_params.h"
 #include "safetensors.h"
 
 #define CKPT_MAX_STEP 99999999        /* 8 digits */
@@ -50,6 +51,29 @@ typedef struct {
  * `state` is the caller's JSON object (NULL: {}); `keep` >= 1. */
 int ckpt_save(const char *run_dir, int64_t step, const CkptFile *files, int64_t n_files, const json_t *state,
               int64_t keep, char *err, size_t err_len);
+
+/* A save in parts, for tensor files that several processes write (the trainer's sharded checkpoints): one
+ * process begins it (the lock, a crashed save's leftovers cleared, the step's temporary directory sv->tmp);
+ * every process writes its files into sv->tmp (safetensors_write_file: durable, with size and crc32) and
+ * hands their CkptWritten to it; it finishes with its own files and those entries (the manifest lists them
+ * all; then the rename, LATEST and retention, as ckpt_save), or aborts (the temporary directory removed).
+ * Either releases the lock. A process that dies before the finish leaves no manifest: the previous
+ * checkpoint stays the newest, and the next save clears the leftovers. ckpt_save is begin + finish. */
+#define CKPT_PATH_MAX 4096
+typedef struct {
+    int     fd; /* the lock; -1: none held */
+    int64_t step;
+    char    ckdir[CKPT_PATH_MAX], tmp[CKPT_PATH_MAX];
+} CkptSave;
+typedef struct {
+    char     name[64];
+    int64_t  size;
+    uint32_t crc32;
+} CkptWritten;
+int  ckpt_save_begin(CkptSave *sv, const char *run_dir, int64_t step, char *err, size_t err_len);
+int  ckpt_save_finish(CkptSave *sv, const CkptFile *files, int64_t n_files, const CkptWritten *written,
+                      int64_t n_written, const json_t *state, int64_t keep, char *err, size_t err_len);
+void ckpt_save_abort(CkptSave *sv);
 
 /* Test hook: when set, called at each stage of a save ("tmp_created",
  * "file_written", "manifest_written", "renamed", "latest_written",
@@ -81,6 +105,20 @@ const SafetensorsFile *ckpt_file(const Ckpt *ck, const char *file);
  * (see safetensors_read). */
 int ckpt_read(const Ckpt *ck, const char *file, const char *tensor, StDtype dtype, int32_t ndim,
               const int64_t *shape, void *dst, char *err, size_t err_len);
+
+/* Loads one step directory (verified as ckpt_load does, no fallback). */
+int ckpt_load_dir(Ckpt *ck, const char *dir, int64_t step, char *err, size_t err_len);
+
+/* ---- sharded checkpoints (ckpt_shard.c) ----
+ * Files shard-RRRRR.safetensors, one per rank, of 1-D F32 slices "<prefix><tensor>@<first element>".
+ * is_sharded: the checkpoint holds such files. slice_name: a slice's name. shard_read: every slice of
+ * prefix ("", "m.", "v.") into dst (ptab->buffer_numel floats, at each tensor's offset), only elements
+ * [lo[i], hi[i]) of tensor i (NULL: all), from whichever files hold them; an error when any wanted element
+ * is in no file. */
+int  ckpt_is_sharded(const Ckpt *ck);
+void ckpt_shard_slice_name(char *buf, size_t n, const char *prefix, const char *tensor, int64_t first);
+int  ckpt_shard_read(const Ckpt *ck, const char *prefix, const ParamTable *ptab, float *dst, const int64_t *lo,
+                     const int64_t *hi, char *err, size_t err_len);
 
 /* Verifies one step directory as ckpt_load does; on success *manifest gets
  * the parsed manifest (owned by the caller) when manifest is not NULL. */

@@ -98,7 +98,7 @@ typedef struct {
     int      have_ck;
     json_t  *manifest;      /* given a step directory: its verified manifest */
     SafetensorsFile own;    /* given a step directory: its model.safetensors */
-    const SafetensorsFile *model; /* model.safetensors of either */
+    const SafetensorsFile *model; /* model.safetensors of either; NULL: a sharded checkpoint, in ck */
 } HfCkpt;
 
 /* Whether `path` is a ringscan run directory (has ckpt/) or checkpoint directory (has manifest.json). */

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "core/error.h"
@@ -60,14 +61,16 @@ int hf_ckpt_open(HfCkpt *c, const char *path, char *err, size_t err_len) {
         }
         char mp[PATH_MAX + 32];
         snprintf(mp, sizeof mp, "%s/model.safetensors", path);
-        if ((rc = safetensors_open(&c->own, mp, err, err_len))) {
+        if (access(mp, F_OK) != 0 && ckpt_load_dir(&c->ck, path, step, err, err_len) == 0) { /* sharded */
+            c->have_ck = 1;
+        } else if ((rc = safetensors_open(&c->own, mp, err, err_len))) {
             json_decref(c->manifest);
             config_free(&c->cfg);
             return rc;
         }
         snprintf(c->dir, sizeof c->dir, "%s", path);
         c->step = step;
-        c->model = &c->own;
+        c->model = c->have_ck ? NULL : &c->own;
         state = json_object_get(c->manifest, "state");
     } else {
         if ((rc = ckpt_load(&c->ck, path, err, err_len))) {
@@ -79,7 +82,7 @@ int hf_ckpt_open(HfCkpt *c, const char *path, char *err, size_t err_len) {
         c->step = c->ck.step;
         c->model = ckpt_file(&c->ck, "model.safetensors");
         state = c->ck.state;
-        if (!c->model) {
+        if (!c->model && !ckpt_is_sharded(&c->ck)) {
             fsio_errf(err, err_len, "checkpoint %s has no model.safetensors: not a ringscan training checkpoint",
                       c->dir);
             hf_ckpt_close(c);
@@ -110,7 +113,7 @@ void hf_ckpt_close(HfCkpt *c) {
     if (c->have_ck) ckpt_close(&c->ck);
     if (c->manifest) {
         json_decref(c->manifest);
-        safetensors_close(&c->own);
+        if (c->model == &c->own) safetensors_close(&c->own);
     }
     config_free(&c->cfg);
     memset(c, 0, sizeof *c);
@@ -134,6 +137,13 @@ static int hf_check_finite(const float *v, int64_t n, const char *tensor, const 
 }
 
 int hf_ckpt_read_params(float *params, const ParamTable *ptab, const HfCkpt *c, char *err, size_t err_len) {
+    if (!c->model) { /* a sharded checkpoint (parallel.shard): every rank's slices, gathered here */
+        int rc = ckpt_shard_read(&c->ck, "", ptab, params, NULL, NULL, err, err_len);
+        for (int i = 0; i < ptab->n && !rc; i++)
+            rc = hf_check_finite(params + ptab->t[i].offset, ptab->t[i].numel, ptab->t[i].name, c->ck.dir, err,
+                                 err_len);
+        return rc;
+    }
     for (int i = 0; i < ptab->n; i++) {
         const ParamTensor *p = &ptab->t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};

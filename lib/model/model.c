@@ -72,8 +72,7 @@ static void model_init_weights(Model *m) {
             }
         }
     }
-    m->be->to_device(m->params, host, (size_t)n * sizeof(float));
-    if (m->weights != (void *)m->params) m->be->act_from_f32(m->weights, m->params, n);
+    model_set_full(m, 0, host);
     free(host);
 }
 
@@ -267,13 +266,46 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
     m->final_norm_w = model_offset_of(m, -1, "model.norm", 1);
     m->lm_head = cfg->model.tie_word_embeddings ? m->embed : model_offset_of(m, -1, "lm_head", 1);
 
-    size_t pbytes = (size_t)m->ptab.buffer_numel * sizeof(float);
-    m->params = be->alloc(pbytes);
-    m->grads = be->alloc(pbytes);
-    m->adam_m = be->alloc(pbytes);
-    m->adam_v = be->alloc(pbytes);
-    m->weights = be->act_size == (int)sizeof(float) ? (void *)m->params
-                                                     : be->alloc((size_t)m->ptab.buffer_numel * (size_t)be->act_size);
+    /* parallel.shard (model_shard.c): the master weights and moments are this rank's pieces only */
+    const int64_t N = m->ptab.buffer_numel;
+    m->shard = model_shard_stage(cfg);
+    m->shard_rank = m->shard != SHARD_NONE ? comm->rank : 0;
+    m->shard_numel = N / m->ptab.pieces;
+    size_t sbytes = (size_t)m->shard_numel * sizeof(float);
+    m->params = be->alloc(sbytes);
+    if (m->shard == SHARD_GRADIENTS) { /* model_shard.c: the head's buckets, two layer slots, the summed pieces */
+        const int nb = m->ptab.n_buckets;
+        const int64_t *bs = m->ptab.bucket_start;
+        for (int b = 1; b < nb - 1; b++)
+            if (bs[b + 1] - bs[b] > m->grad_slot_numel) m->grad_slot_numel = bs[b + 1] - bs[b];
+        m->grad_head[0] = be->alloc((size_t)(bs[1] - bs[0]) * sizeof(float));
+        m->grad_head[1] = be->alloc((size_t)(bs[nb] - bs[nb - 1]) * sizeof(float));
+        for (int k = 0; k < 2; k++) m->grad_slot[k] = be->alloc((size_t)m->grad_slot_numel * sizeof(float));
+        m->grad_shard = be->alloc(sbytes);
+    } else
+        m->grads = be->alloc((size_t)N * sizeof(float));
+    m->slot_layer[0] = m->slot_layer[1] = -1;
+    m->adam_m = be->alloc(sbytes);
+    m->adam_v = be->alloc(sbytes);
+    m->weights = be->act_size == (int)sizeof(float) && m->shard == SHARD_NONE
+                     ? (void *)m->params
+                     : be->alloc((size_t)N * (size_t)be->act_size);
+    /* the fp32 gates the GDN kernels read: the master weights, or (sharded) the fp32 compute copy on cpu
+     * and a compact copy of every GDN layer's A_log and dt_bias on cuda */
+    m->f32 = m->shard == SHARD_NONE ? m->params : be->act_size == (int)sizeof(float) ? (const float *)m->weights : NULL;
+    for (int l = 0; l < L; l++) {
+        LayerParams *p = &m->lp[l];
+        p->A_log32 = p->A_log;
+        p->dt_bias32 = p->dt_bias;
+        if (m->f32 || p->kind != LAYER_KIND_LINEAR) continue;
+        p->A_log32 = m->gates_numel;
+        p->dt_bias32 = m->gates_numel + cfg->model.linear_num_value_heads;
+        m->gates_numel += 2 * cfg->model.linear_num_value_heads;
+    }
+    if (!m->f32) {
+        m->gates = be->alloc((size_t)(m->gates_numel > 0 ? m->gates_numel : 1) * sizeof(float));
+        m->f32 = m->gates;
+    }
     model_init_weights(m);
 
     model_acts_build(&m->acts, cfg);
@@ -289,8 +321,14 @@ void model_free(Model *m) {
     const Backend *be = m->be;
     model_offload_free(m);
     if (m->weights != (void *)m->params) be->free(m->weights);
+    if (m->gates) be->free(m->gates);
     be->free(m->params);
-    be->free(m->grads);
+    if (m->grads) be->free(m->grads);
+    for (int k = 0; k < 2; k++) {
+        if (m->grad_head[k]) be->free(m->grad_head[k]);
+        if (m->grad_slot[k]) be->free(m->grad_slot[k]);
+    }
+    if (m->grad_shard) be->free(m->grad_shard);
     be->free(m->adam_m);
     be->free(m->adam_v);
     be->free(m->act_arena);

@@ -53,6 +53,7 @@ typedef struct {
     int64_t   in_ln, post_ln, gate_up, down;
     int64_t   in_proj, out_proj;               /* GDN: linear_attn.*; attention: self_attn.in_proj, o_proj */
     int64_t   conv, dt_bias, A_log, gdn_norm;  /* GDN */
+    int64_t   dt_bias32, A_log32;              /* GDN: the same tensors' fp32 values in Model.f32 */
     int64_t   q_norm, k_norm;                  /* attention */
 } LayerParams;
 
@@ -125,11 +126,31 @@ typedef struct {
     ParamTable     ptab;
     LayerParams   *lp;       /* (L) */
     int64_t        embed, final_norm_w, lm_head; /* offsets; lm_head == embed when tied */
-    /* flat fp32 buffers (ptab.buffer_numel elements each) */
+    /* flat buffers (ptab.buffer_numel elements each), but with parallel.shard the fp32 master weights and
+     * AdamW moments, which then hold this rank's piece of every bucket (model_shard.c; shard_numel elements) */
     float *params;  /* master weights */
-    void  *weights; /* what the kernels read: == params on cpu, a bf16 copy on cuda */
+    void  *weights; /* what the kernels read: == params on cpu without sharding, else a copy (bf16 on cuda) */
     float *grads;
     float *adam_m, *adam_v;
+    const float *f32; /* fp32 values the kernels read besides `weights` (A_log, dt_bias at LayerParams.*32): == params
+                       * without sharding; with it == weights on cpu, the compact `gates` on cuda */
+    float *gates;     /* with sharding on cuda: every GDN layer's A_log and dt_bias in fp32 (gates_numel), refreshed
+                       * after each optimizer step; else NULL */
+    int64_t gates_numel;
+    /* where the backward adds parameter gradients (model_shard.c): G(off) = grad_cur + (off - grad_cur_start)
+     * for the layer in hand; without parallel.shard: gradients the flat `grads` buffer. With it `grads` is
+     * NULL: embed_tokens' and the head's buckets have buffers of their own (grad_head), the layers share
+     * two (grad_slot: layer l in slot l % 2), each reduce-scattered as soon as its layer's backward is done
+     * (every micro-batch) and its summed piece added into grad_shard (shard_numel: the rank's pieces) */
+    float  *grad_cur;
+    int64_t grad_cur_start;
+    float  *grad_head[2], *grad_slot[2], *grad_shard;
+    int64_t grad_slot_numel;
+    int     slot_layer[2];      /* the layer whose reduce-scatter slot s holds in flight; -1: none */
+    CommHandle slot_h[2];
+    int     shard;       /* Shard as it runs (model_shard_stage) */
+    int     shard_rank;  /* this rank's piece of each bucket: the world rank (0 without sharding) */
+    int64_t shard_numel; /* elements of params, adam_m, adam_v: buffer_numel / ptab.pieces */
     /* activations */
     ActTable   acts;
     int64_t    T;           /* rows per micro-batch */
@@ -193,5 +214,34 @@ void model_offload_ready(Model *m, int layer);
 
 /* The parameters in the weight-decay group `g` decay under this config? */
 int model_param_decays(const Config *cfg, ParamGroup g);
+
+/* ---- the optimizer and parallel.shard (model_shard.c) ----
+ * set_full: from `host` (fp32, ptab.buffer_numel, the flat layout), which 0: every weight (this rank's master
+ * piece, or all of it, the compute copy and the fp32 gates); 1, 2: AdamW m, v (the piece). get_full: the full fp32 master weights (which 0) or
+ * AdamW m (1) or v (2) into `host` on every rank (with sharding an all-gather over the world; blocking).
+ * grad_sum_squares: the squared norm of the step's summed gradient, over the world (the host waits).
+ * optimizer_step: AdamW over the rank's pieces (all, without sharding), then with sharding the all-gather
+ * of the updated compute copy (and the gates) over the world; the compute stream waits for it on cuda. */
+void   model_set_full(Model *m, int which, const float *host);
+void   model_get_full(Model *m, int which, float *host);
+double model_grad_sum_squares(Model *m);
+void   model_optimizer_step(Model *m, double lr, float clip_scale, int step);
+/* The gradient buffers (see Model.grad_cur): zero_grads at a step's start; grad_at: where the gradient of
+ * flat element `off` of the head's or embed_tokens' bucket is; grad_layer_begin / end around layer l's
+ * backward (begin points grad_cur at its storage, with shard gradients after draining the slot's previous
+ * layer; end posts its reduce-scatter); grad_finish after the backward (shard gradients: drains the slots,
+ * and with `reduce` reduce-scatters the head buckets into grad_shard); grad_piece: bucket b's summed
+ * gradient over this rank's piece (model_shard_piece's flat [a, a + n)), valid after the step's backward. */
+void   model_zero_grads(Model *m);
+float *model_grad_at(Model *m, int64_t off);
+void   model_grad_layer_begin(Model *m, int l);
+void   model_grad_layer_end(Model *m, int l);
+void   model_grad_finish(Model *m, int reduce);
+float *model_grad_piece(Model *m, int b);
+/* Bucket b's piece of this rank: flat elements [*a, *a + *n), its first shard element *sh (without
+ * sharding: the whole bucket, *sh = *a) */
+void   model_shard_piece(const Model *m, int b, int64_t *a, int64_t *n, int64_t *sh);
+/* the bucket of parameter tensor i (ParamTable.bucket_start) */
+int    model_param_bucket(const Model *m, int i);
 
 #endif

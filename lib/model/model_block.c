@@ -72,8 +72,8 @@ static Dims block_dims(const Model *m, int64_t T) {
 #define AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * d.es))
 /* compute-type weights and fp32 gradients / master values of a parameter */
 #define W(off) ((const void *)((const char *)m->weights + (int64_t)(off) * d.es))
-#define G(off) (m->grads + (off))
-#define P32(off) (m->params + (off))
+#define G(off) (m->grad_cur + ((off) - m->grad_cur_start))
+#define P32(off) (m->f32 + (off))
 
 /* ---- row chunks ----------------------------------------------------------
  * The layer's per-token work runs over each local fragment (cp.h; the whole sample when cp = 1)
@@ -298,7 +298,7 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
         be->copy_2d(AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_conv, 2 * d.Kd), c.n, d.Vd, d.Vd, d.Cc);
         be->copy_2d(AT(a->gdn_z, c.row * d.Vd), AT(a->gdn_proj, d.Cc), c.n, d.Vd, d.Vd, d.Pg);
         be->gdn_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.nv, AT(a->gdn_proj, d.Cc + d.Vd),
-                              AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log), P32(p->dt_bias), c.n, d.nv, d.Pg);
+                              AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.Pg);
     }
     const CpGdnCore core = block_gdn_core(m, a, keep, &d);
     cp_gdn_forward(cp, l, a->gdn_core, &core, communicate, &cd);
@@ -355,8 +355,8 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
         block_gdn_proj(m, l, c.row, c.n, &d);
         be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log),
                                G(p->dt_bias), m->d_beta + c.row * d.nv, m->d_g + c.row * d.nv,
-                               AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log),
-                               P32(p->dt_bias), c.n, d.nv, d.Pg);
+                               AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32),
+                               P32(p->dt_bias32), c.n, d.nv, d.Pg);
         be->copy_2d(AT(m->d_proj, d.Cc), AT(m->d_z, c.row * d.Vd), c.n, d.Vd, d.Pg, d.Vd);
         be->l2norm_backward(m->d_conv, AT(m->d_qk, c.row * 2 * d.Kd), AT(a->gdn_qk_norm, c.row * 2 * d.Kd),
                             a->gdn_qk_rstd + c.row * 2 * d.nk, c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);

@@ -39,6 +39,19 @@ static void params_add(ParamTable *tab, int32_t *cap, int layer, const char *nam
     tab->buffer_numel += (p->numel + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
 }
 
+int model_shard_stage(const Config *cfg) {
+    return cfg->parallel.dp * cfg->parallel.cp > 1 ? cfg->parallel.shard : SHARD_NONE;
+}
+
+/* Closes the bucket that ends here: with sharding, pads it to a multiple of pieces x PARAM_ALIGN. */
+static void params_end_bucket(ParamTable *tab) {
+    int64_t start = tab->bucket_start[tab->n_buckets], unit = (int64_t)tab->pieces * PARAM_ALIGN;
+    int64_t len = tab->buffer_numel - start, padded = (len + unit - 1) / unit * unit;
+    tab->shard_pad += padded - len;
+    tab->buffer_numel = start + padded;
+    tab->bucket_start[++tab->n_buckets] = tab->buffer_numel;
+}
+
 void model_params_build(ParamTable *tab, const Config *cfg) {
     const ModelConfig *m = &cfg->model;
     int64_t H = m->hidden_size, I = m->intermediate_size, V = m->vocab_size;
@@ -48,8 +61,11 @@ void model_params_build(ParamTable *tab, const Config *cfg) {
     int64_t qd = m->num_attention_heads * m->head_dim, kvd = m->num_key_value_heads * m->head_dim;
     int32_t cap = 0;
     memset(tab, 0, sizeof *tab);
+    tab->pieces = model_shard_stage(cfg) != SHARD_NONE ? (int32_t)(cfg->parallel.dp * cfg->parallel.cp) : 1;
+    tab->bucket_start = RS_CALLOC((size_t)m->num_hidden_layers + 3, sizeof *tab->bucket_start);
 
     params_add(tab, &cap, -1, "model.embed_tokens", V, H, PARAM_GROUP_EMBEDDING, PARAM_INIT_NORMAL);
+    params_end_bucket(tab);
     for (int l = 0; l < m->num_hidden_layers; l++) {
         params_add(tab, &cap, l, "input_layernorm", H, 0, PARAM_GROUP_NORM, PARAM_INIT_ZEROS);
         if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
@@ -70,13 +86,16 @@ void model_params_build(ParamTable *tab, const Config *cfg) {
         params_add(tab, &cap, l, "post_attention_layernorm", H, 0, PARAM_GROUP_NORM, PARAM_INIT_ZEROS);
         params_add(tab, &cap, l, "mlp.gate_up", 2 * I, H, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
         params_add(tab, &cap, l, "mlp.down_proj", H, I, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
+        params_end_bucket(tab);
     }
     params_add(tab, &cap, -1, "model.norm", H, 0, PARAM_GROUP_NORM, PARAM_INIT_ZEROS);
     if (!m->tie_word_embeddings) params_add(tab, &cap, -1, "lm_head", V, H, PARAM_GROUP_EMBEDDING, PARAM_INIT_NORMAL);
+    params_end_bucket(tab);
 }
 
 void model_params_free(ParamTable *tab) {
     free(tab->t);
+    free(tab->bucket_start);
     memset(tab, 0, sizeof *tab);
 }
 

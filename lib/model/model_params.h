@@ -69,14 +69,24 @@ typedef struct {
     int32_t init;   /* ParamInit */
 } ParamTensor;
 
+/* The buffer is cut into buckets, in order: embed_tokens, each layer, then model.norm and lm_head (the
+ * head); bucket b is [bucket_start[b], bucket_start[b + 1]). They are the gradient reduction's units and,
+ * with parallel.shard, the sharding's: each bucket is then padded to a multiple of pieces x PARAM_ALIGN
+ * and rank r owns [start + r len / pieces, start + (r + 1) len / pieces) of every bucket. */
 typedef struct {
     int32_t      n;
     ParamTensor *t;
     int64_t      count;        /* parameters (sum of numel) */
-    int64_t      buffer_numel; /* flat buffer length, with alignment padding */
+    int64_t      buffer_numel; /* flat buffer length, with alignment and shard padding */
+    int32_t      pieces;       /* ranks the buckets are cut over: the world with sharding, else 1 */
+    int32_t      n_buckets;    /* num_hidden_layers + 2 */
+    int64_t     *bucket_start; /* (n_buckets + 1) elements; the last is buffer_numel */
+    int64_t      shard_pad;    /* elements of padding the buckets' cut added (counted by plan) */
 } ParamTable;
 
 void model_params_build(ParamTable *tab, const Config *cfg);
+/* parallel.shard as it runs: SHARD_NONE in a world of one rank */
+int  model_shard_stage(const Config *cfg);
 void model_params_free(ParamTable *tab);
 int  model_params_find(const ParamTable *tab, const char *name); /* index or -1 */
 

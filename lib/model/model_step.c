@@ -16,7 +16,9 @@
  * Before anything, the CP group's token metadata of the micro-batch is
  * gathered (cp_batch_begin), so every rank plans the same ring and scan.
  *
- * Gradient all-reduce (the step's last micro-batch, world > 1): the
+ * Gradient all-reduce (the step's last micro-batch, world > 1; with
+ * parallel.shard: gradients a reduce-scatter of each layer after its backward in
+ * every micro-batch, into two rotating layer buffers, model_shard.c): the
  * parameters of layer l are one contiguous range of the flat buffer
  * (model_params.c adds them layer by layer), so each layer is a bucket,
  * posted non-blocking over the world as soon as its backward is done; the
@@ -41,15 +43,11 @@
 #include "model.h"
 #include "model_block.h"
 
-/* [*a, *e): the elements of layer l's parameters in the flat buffer (its tensors are adjacent in
- * the table; the padding after the last one belongs to the range). */
-static void model_layer_range(const Model *m, int l, int64_t *a, int64_t *e) {
-    int i = 0;
-    while (i < m->ptab.n && m->ptab.t[i].layer != l) i++;
-    RS_CHECK(i < m->ptab.n, "layer %d has no parameters in the table", l);
-    *a = m->ptab.t[i].offset;
-    while (i < m->ptab.n && m->ptab.t[i].layer == l) i++;
-    *e = i < m->ptab.n ? m->ptab.t[i].offset : m->ptab.buffer_numel;
+/* Posts bucket b's gradient all-reduce over the world (parallel.shard: gradients reduce-scatters instead,
+ * model_shard.c's model_grad_layer_end / model_grad_finish). */
+static void model_reduce_bucket(Model *m, int b, CommHandle *h) {
+    const int64_t s = m->ptab.bucket_start[b], len = m->ptab.bucket_start[b + 1] - s;
+    comm_iallreduce_sum_f32(m->comm, COMM_WORLD, m->grads + s, len, h);
 }
 
 /* The forward of one micro-batch: the CP metadata, the embedding, the blocks, and the head in loss row
@@ -83,11 +81,11 @@ static void model_forward_part(Model *m, const Batch *b, float grad_scale, int b
         const int64_t n = T - r0 < R ? T - r0 : R;
         const void *x = (const char *)m->final_in + r0 * H * es;
         be->rmsnorm_forward(m->final_norm, m->final_rstd, x, w + m->final_norm_w * es, n, 1, H, H, H, eps, 1);
-        be->lm_head_loss(m->losses + b->micro * T + r0, m->d_final, m->grads + m->lm_head, m->final_norm,
+        be->lm_head_loss(m->losses + b->micro * T + r0, m->d_final, model_grad_at(m, m->lm_head), m->final_norm,
                          w + m->lm_head * es, b->targets + r0, backward ? grad_scale : 0.0f, m->loss_workspace, R,
                          n, H, V);
         if (backward)
-            be->rmsnorm_backward((char *)m->d_resid + r0 * H * es, m->grads + m->final_norm_w, m->d_final, x,
+            be->rmsnorm_backward((char *)m->d_resid + r0 * H * es, model_grad_at(m, m->final_norm_w), m->d_final, x,
                                  w + m->final_norm_w * es, m->final_rstd, n, 1, H, H, H, 1);
     }
 }
@@ -111,24 +109,26 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
         model_offload_ready(m, l);
         if (pol == ACT_POLICY_FULL) model_block_forward(m, l, b, NULL, BLOCK_RECOMPUTE);
         else if (pol == ACT_POLICY_REMAT) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
+        model_grad_layer_begin(m, l);
         model_block_backward(m, l, b);
         model_offload_fetch(m, l - 2);
-        if (reduce) {
-            int64_t a, e;
-            model_layer_range(m, l, &a, &e);
+        if (m->shard == SHARD_GRADIENTS) {
+            comm_set_context(comm, l, "gradient reduce-scatter");
+            model_grad_layer_end(m, l);
+        } else if (reduce) {
             comm_set_context(comm, l, "gradient all-reduce");
-            comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + a, e - a, &buckets);
+            model_reduce_bucket(m, l + 1, &buckets);
             comm_progress(comm, &buckets);
         }
     }
-    be->embedding_backward(m->grads + m->embed, m->d_resid, b->tokens, T, H);
-    if (reduce) { /* the head: embed_tokens before the layers, model.norm and lm_head after them */
-        int64_t first, last_end, unused;
-        model_layer_range(m, 0, &first, &unused);
-        model_layer_range(m, L - 1, &unused, &last_end);
+    be->embedding_backward(model_grad_at(m, m->embed), m->d_resid, b->tokens, T, H);
+    if (m->shard == SHARD_GRADIENTS) {
+        comm_set_context(comm, -1, "gradient reduce-scatter");
+        model_grad_finish(m, reduce);
+    } else if (reduce) { /* the head: embed_tokens before the layers, model.norm and lm_head after them */
         comm_set_context(comm, -1, "gradient all-reduce");
-        comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads, first, &buckets);
-        comm_iallreduce_sum_f32(comm, COMM_WORLD, m->grads + last_end, m->ptab.buffer_numel - last_end, &buckets);
+        model_reduce_bucket(m, 0, &buckets);
+        model_reduce_bucket(m, L + 1, &buckets);
         comm_wait(comm, &buckets);
     }
 }

@@ -3,7 +3,11 @@
  * Callers: `ringscan plan`, `submit` (scheduler/submit.c), the trainer's start-up check, `ringscan bench`.
  *
  * Device memory per rank, by category: weights (bf16, cuda only: what the GEMMs read), master weights,
- * gradients and AdamW m, v (fp32: 4, 4 and 8 bytes per parameter, nothing sharded yet); activations (the
+ * gradients and AdamW m, v (fp32: 4, 4 and 8 bytes per parameter; with parallel.shard optimizer or gradients
+ * the master weights and moments are this rank's pieces of the padded buffer, 12 B / world, while the compute
+ * copy stays whole (cuda bf16; cpu a full fp32 copy of its own); the gradients stay whole under optimizer,
+ * and under gradients are embed_tokens' and the head's buckets, two layers' and the rank's pieces of all,
+ * model_shard.c); activations (the
  * peak model_acts.c gives the policy; with checkpoint.offload host its kept term is the head's buffers
  * and two layer slots, the rest host memory); CP ring and CP scan (model_acts.c's CP table: the buffers
  * cp_init allocates, one softmax or GDN layer at a time); workspaces (the loss row chunk, cuBLASLt's and
@@ -12,7 +16,8 @@
  * more ranks, as measured on the GPU machine; the figures are the constants below).
  *
  * Host memory per node (checked with checkpoint.offload host): per rank the offloaded activations and 2 GiB
- * for the process, times the ranks per node, plus rank 0's checkpoint staging (12 bytes per parameter);
+ * for the process, times the ranks per node, plus the checkpoint staging (rank 0's 12 bytes per parameter;
+ * with parallel.shard every rank's 12 bytes per parameter over the world);
  * capacity device.host_memory_gib, or MemTotal of the machine running plan. The fit verdict compares each
  * with device.memory_gib and names the settings that would fit. The reasoning: docs/design/measurement-notes.md
  * (memory and plan).
@@ -32,7 +37,7 @@ const char *const plan_mem_names[PLAN_MEM_COUNT] = {
     "CP ring buffers", "CP scan buffers", "workspaces", "runtime (context, NCCL)",
 };
 const char *const plan_comm_names[PLAN_COMM_COUNT] = {
-    "gradient all-reduce (dp x cp)", "ring attention send/recv", "GDN scan all-gather", "conv halo all-gather",
+    "gradients and weights (dp x cp)", "ring attention send/recv", "GDN scan all-gather", "conv halo all-gather",
 };
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -73,7 +78,9 @@ static void plan_host(Plan *p, const Config *cfg) {
     const bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
     p->tasks_per_node = config_tasks_per_node(cfg);
     p->host_runtime = cuda ? 2LL << 30 : 0;
-    p->host_staging = 12 * p->params.total;
+    /* checkpoint staging: rank 0 stages the whole state; sharded, every rank its pieces (train_ckpt.c) */
+    p->host_staging = p->shard == SHARD_NONE ? 12 * p->params.total
+                                             : p->tasks_per_node * 12 * p->buffer_numel / p->world;
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         p->host_offload[pol] = p->offload ? p->acts.offload_host[pol] : 0;
         p->host_rank_device[pol] = cuda ? 0 : p->total[pol];
@@ -120,6 +127,17 @@ void plan_build(Plan *p, const Config *cfg) {
     ParamTable tab;
     model_params_build(&tab, cfg);
     model_params_count(&p->params, &tab, cfg);
+    p->shard = model_shard_stage(cfg);
+    p->buffer_numel = tab.buffer_numel;
+    p->shard_pad = tab.shard_pad;
+    /* shard gradients keeps whole gradients of embed_tokens' and the head's buckets and two layers' (model.c) */
+    int64_t layer_max = 0;
+    const int nb = tab.n_buckets;
+    for (int b = 1; b < nb - 1; b++)
+        if (tab.bucket_start[b + 1] - tab.bucket_start[b] > layer_max) layer_max = tab.bucket_start[b + 1] - tab.bucket_start[b];
+    const int64_t head_numel = tab.bucket_start[1] + (tab.bucket_start[nb] - tab.bucket_start[nb - 1]);
+    p->grad_numel = p->shard == SHARD_GRADIENTS ? head_numel + 2 * layer_max + tab.buffer_numel / p->world
+                                                : tab.buffer_numel;
     HfTable hf;
     model_params_build_hf(&hf, cfg);
     p->hf_params = hf.count;
@@ -153,10 +171,17 @@ void plan_build(Plan *p, const Config *cfg) {
     }
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         int64_t *mem = p->mem[pol];
-        mem[PLAN_MEM_WEIGHTS_BF16] = cuda ? (int64_t)(2 * N) : 0;
-        mem[PLAN_MEM_MASTER] = (int64_t)(4 * N);
-        mem[PLAN_MEM_GRADS] = (int64_t)(4 * N);
-        mem[PLAN_MEM_ADAMW] = (int64_t)(8 * N);
+        if (p->shard == SHARD_NONE) {
+            mem[PLAN_MEM_WEIGHTS_BF16] = cuda ? (int64_t)(2 * N) : 0;
+            mem[PLAN_MEM_MASTER] = (int64_t)(4 * N);
+            mem[PLAN_MEM_GRADS] = (int64_t)(4 * N);
+            mem[PLAN_MEM_ADAMW] = (int64_t)(8 * N);
+        } else { /* the allocations of model.c: whole compute copy and gradients, the master and moments cut */
+            mem[PLAN_MEM_WEIGHTS_BF16] = (int64_t)e * p->buffer_numel;
+            mem[PLAN_MEM_MASTER] = 4 * p->buffer_numel / p->world;
+            mem[PLAN_MEM_GRADS] = 4 * p->grad_numel;
+            mem[PLAN_MEM_ADAMW] = 8 * p->buffer_numel / p->world;
+        }
         mem[PLAN_MEM_ACTIVATIONS] = p->offload ? p->acts.peak_offload[pol] : p->acts.peak[pol];
         mem[PLAN_MEM_CP_RING] = ring;
         mem[PLAN_MEM_CP_SCAN] = scan;
@@ -194,6 +219,12 @@ void plan_build(Plan *p, const Config *cfg) {
     double micro = (double)cfg->train.grad_accum * (double)cfg->data.micro_batch; /* samples per step per rank */
     double W = (double)p->world;
     double grad = W > 1 ? 2.0 * (W - 1) / W * 4.0 * N : 0;
+    /* sharded: optimizer all-reduces; gradients reduce-scatters (half an all-reduce's bytes), the layers every
+     * micro-batch, the head at the step's end; both all-gather the compute copy */
+    if (p->shard == SHARD_GRADIENTS)
+        grad = (W - 1) / W * 4.0 * ((double)(p->buffer_numel - head_numel) * (double)cfg->train.grad_accum +
+                                    (double)head_numel);
+    if (p->shard != SHARD_NONE) grad += (W - 1) / W * (double)e * (double)p->buffer_numel;
     double ring_fwd = 0, ring_bwd = 0, scan1 = 0, halo1 = 0;
     if (P > 1) {
         double seg2 = (double)(T / P); /* 2s tokens per sample per rank */
@@ -216,6 +247,22 @@ void plan_free(Plan *p) { model_acts_free(&p->acts); }
 
 bool plan_host_fits(const Plan *p, ActPolicy policy) {
     return !p->offload || (p->host_capacity >= 0 && p->host_node[policy] <= p->host_capacity);
+}
+
+int plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT]) {
+    int first = -1;
+    for (int st = 0; st < SHARD_COUNT; st++) {
+        need[st] = -1;
+        if (st == SHARD_WEIGHTS || (st != SHARD_NONE && config_world(cfg) == 1)) continue; /* not built; nothing to cut */
+        Config c = *cfg; /* plan_build reads the copy only */
+        c.parallel.shard = st;
+        Plan q;
+        plan_build(&q, &c);
+        need[st] = q.total[policy];
+        if (first < 0 && plan_fits(&q, policy)) first = st;
+        plan_free(&q);
+    }
+    return first;
 }
 
 bool plan_fits(const Plan *p, ActPolicy policy) {
@@ -284,6 +331,37 @@ static void plan_print_ring_hints(const Config *cfg, ActPolicy pol, FILE *f) {
         plan_bytes((double)need[2], a, sizeof a);
         fprintf(f, "  hint: %s and %s together fit (%s): %s; %s\n", key[0], key[1], a, why[0], why[1]);
     }
+}
+
+/* parallel.shard: each stage's weights, gradients and optimizer state per rank and total, with this policy */
+static void plan_print_shard(const Plan *p, const Config *cfg, ActPolicy pol, FILE *f) {
+    char a[32], b[32];
+    int64_t need[SHARD_COUNT];
+    plan_shard_fit(cfg, pol, need);
+    fprintf(f, "\nparallel.shard over the world of %lld (now: %s%s)\n", (long long)p->world,
+            shard_names[cfg->parallel.shard], p->world == 1 && cfg->parallel.shard ? ", runs as none: one rank" : "");
+    const double N = (double)p->params.total;
+    for (int st = 0; st < SHARD_COUNT; st++) {
+        if (need[st] < 0) {
+            fprintf(f, "  %-10s %s\n", shard_names[st],
+                    st == SHARD_WEIGHTS ? "not built yet" : "needs more than one rank");
+            continue;
+        }
+        Config c = *cfg;
+        c.parallel.shard = st;
+        Plan q;
+        plan_build(&q, &c);
+        int64_t states = 0;
+        for (int k = PLAN_MEM_WEIGHTS_BF16; k <= PLAN_MEM_ADAMW; k++) states += q.mem[pol][k];
+        plan_free(&q);
+        plan_bytes((double)states, a, sizeof a);
+        plan_bytes((double)need[st], b, sizeof b);
+        fprintf(f, "  %-10s states %s (%.1f B per parameter), total %s: %s\n", shard_names[st], a, states / N, b,
+                need[st] <= p->capacity ? "fits" : "does not fit");
+    }
+    fprintf(f, "  (optimizer: fp32 master and AdamW m, v cut, gradients whole; gradients: also the gradients, but for "
+               "embed_tokens', the head's and two layers' whole ones the backward adds into; the compute copy "
+               "stays whole)\n");
 }
 
 int plan_print(const Plan *p, const Config *cfg, FILE *f) {
@@ -419,6 +497,8 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
         fprintf(f, "  %-34s %s\n", plan_comm_names[k], a);
     }
 
+    plan_print_shard(p, cfg, (ActPolicy)pol, f);
+
     int64_t tot = p->total[pol];
     plan_bytes((double)tot, a, sizeof a);
     plan_bytes((double)p->capacity, b, sizeof b);
@@ -458,6 +538,13 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     for (int q = 0; q < ACT_POLICY_COUNT; q++)
         if (q != pol && plan_fits(p, (ActPolicy)q))
             fprintf(f, "  hint: checkpoint.activations=%s fits\n", act_policy_names[q]);
+    int64_t need[SHARD_COUNT];
+    int st = plan_shard_fit(cfg, (ActPolicy)pol, need);
+    if (st > (int)p->shard) {
+        plan_bytes((double)need[st], c, sizeof c);
+        fprintf(f, "  hint: parallel.shard=%s fits (%s with checkpoint.activations=%s)\n", shard_names[st], c,
+                act_policy_names[pol]);
+    }
     if (tot > p->capacity) plan_print_ring_hints(cfg, pol, f);
     if (cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET && tot > p->capacity) {
         plan_bytes((double)p->cudnn_workspace, c, sizeof c);
@@ -515,6 +602,15 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
         json_object_set_new(comm, plan_comm_names[k], json_real(p->comm[cfg->checkpoint.activations][k]));
     json_object_set_new(root, "comm_bytes_per_step", comm);
     json_object_set_new(root, "fits", json_boolean(plan_fits(p, (ActPolicy)cfg->checkpoint.activations)));
+    int64_t need[SHARD_COUNT];
+    int fit = plan_shard_fit(cfg, (ActPolicy)cfg->checkpoint.activations, need);
+    json_t *sh = json_pack("{ss sI}", "stage", shard_names[p->shard], "padding", (json_int_t)p->shard_pad);
+    json_t *tot = json_object();
+    for (int st = 0; st < SHARD_COUNT; st++)
+        if (need[st] >= 0) json_object_set_new(tot, shard_names[st], json_integer(need[st]));
+    json_object_set_new(sh, "total", tot);
+    json_object_set_new(sh, "first_that_fits", fit >= 0 ? json_string(shard_names[fit]) : json_null());
+    json_object_set_new(root, "shard", sh);
     char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     fprintf(f, "%s\n", s);
     free(s);

@@ -55,6 +55,10 @@ typedef struct {
     int32_t n_linear, n_full;
     /* parameters */
     ParamCounts params;
+    int32_t     shard;         /* parallel.shard as it runs (model_shard_stage) */
+    int64_t     buffer_numel;  /* the flat parameter buffer, padding included */
+    int64_t     shard_pad;     /* of it, the buckets' padding for sharding */
+    int64_t     grad_numel;    /* fp32 gradient elements per rank (model.c's buffers) */
     int64_t     hf_params;     /* sum of the Hugging Face state-dict shapes */
     /* memory, bytes per rank, for each policy */
     int64_t mem[ACT_POLICY_COUNT][PLAN_MEM_COUNT];
@@ -76,7 +80,8 @@ typedef struct {
     int64_t host_offload[ACT_POLICY_COUNT];  /* per rank: the offloaded kept activations (page-locked) */
     int64_t host_runtime;                    /* per rank: the process (cuda context, NCCL, MPI, data) */
     int64_t host_rank_device[ACT_POLICY_COUNT]; /* per rank, cpu only: its "device" memory is host memory */
-    int64_t host_staging;                    /* per node: rank 0's checkpoint staging (master, AdamW m, v) */
+    int64_t host_staging;                    /* per node: the checkpoint staging (master, AdamW m, v: rank 0's, or
+                                              * with parallel.shard every rank's pieces) */
     int64_t host_node[ACT_POLICY_COUNT];     /* tasks_per_node x per rank + staging */
     int64_t host_capacity;                   /* device.host_memory_gib, or MemTotal here; -1: unknown */
     char    host_source[160];                /* where host_capacity came from */
@@ -92,6 +97,9 @@ void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd
 void plan_free(Plan *p);
 /* device memory fits, and with checkpoint.offload: host the node's host memory too */
 bool plan_fits(const Plan *p, ActPolicy policy);
+/* parallel.shard: the first stage (none, optimizer, gradients) whose plan fits with `policy`, or -1; need[st]:
+ * each stage's total per rank (-1: not counted: weights is not built, or a world of one) */
+int  plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT]);
 bool plan_host_fits(const Plan *p, ActPolicy policy);
 
 /* Human report; returns the exit code: 0 fits, 1 does not fit. */

@@ -167,8 +167,7 @@ int eval_run(const EvalOptions *a) {
     const size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
     float *host = RS_CALLOC(1, pbytes);
     if (hf_ckpt_read_params(host, &m.ptab, &c, err, sizeof err)) eval_fail(&comm, RS_EXIT_USAGE, "%s", err);
-    be->to_device(m.params, host, pbytes);
-    if (m.weights != (void *)m.params) be->act_from_f32(m.weights, m.params, m.ptab.buffer_numel);
+    model_set_full(&m, 0, host);
     free(host);
 
     int32_t *meta = RS_MALLOC((size_t)rows * 16), *meta_dev = NULL; /* tokens | targets | pos | doc_pos */

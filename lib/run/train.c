@@ -5,7 +5,7 @@
  * sample g = consumed + (micro_step x dp + dp_rank) x micro_batch + j) and
  * all-reduce the count of predicted tokens, so the loss is the global mean
  * whatever the layout; forward + backward of each micro-batch, gradients
- * adding up; all-reduce the gradients over dp x cp; global gradient norm,
+ * adding up; all-reduce the gradients over dp x cp (parallel.shard: model_shard.c); global gradient norm,
  * clipping and AdamW; a log line and a metrics.jsonl object (rank 0); a
  * checkpoint when checkpoint.every, the last step, run.stop_after_step or an
  * agreed stop signal asks (then exit 75 for SIGUSR1/SIGTERM, 128 + signal for
@@ -304,26 +304,11 @@ static void train_report_memory(Trainer *t) {
               (double)t->plan.total[t->cfg->checkpoint.activations] / G);
 }
 
-static void train_optimizer_step(Trainer *t, double lr, float clip_scale) {
-    const Config *cfg = t->cfg;
-    Model *m = &t->model;
-    for (int i = 0; i < m->ptab.n; i++) {
-        const ParamTensor *p = &m->ptab.t[i];
-        float wd = model_param_decays(cfg, (ParamGroup)p->group) ? (float)cfg->train.weight_decay : 0.0f;
-        void *compute = m->weights == (void *)m->params ? NULL : (char *)m->weights + p->offset * t->be->act_size;
-        t->be->adamw_update(m->params + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, compute,
-                            m->grads + p->offset, p->numel, (float)lr, (float)cfg->train.beta1,
-                            (float)cfg->train.beta2, (float)cfg->train.eps, wd, clip_scale, (int)t->step);
-    }
-}
-
 static int train_loop(Trainer *t) {
     Config *cfg = t->cfg;
     Comm *comm = t->comm;
     Model *m = &t->model;
-    const Backend *be = t->be;
     int64_t accum = cfg->train.grad_accum, mb = cfg->data.micro_batch, Tl = t->T_local, rows = mb * Tl;
-    int64_t nparam = m->ptab.buffer_numel;
     double ema_step = 0;
     int ema_n = 0;
     char a[32], b[32], c[32];
@@ -333,7 +318,7 @@ static int train_loop(Trainer *t) {
         t->step++;
         comm_set_step(comm, t->step);
         double lr = train_lr(cfg, t->step);
-        be->memset_zero(m->grads, (size_t)nparam * sizeof(float));
+        model_zero_grads(m);
         memset(&m->count, 0, sizeof m->count);
         cp_counters_reset(&m->cp);
 
@@ -364,14 +349,14 @@ static int train_loop(Trainer *t) {
         comm_watch_end(comm);
         comm_set_context(comm, -1, "loss all-reduce");
         double loss = comm_allreduce_sum_scalar(comm, comm->world, local_loss) / n_global;
-        double gnorm = sqrt(be->sum_squares(m->grads, nparam));
+        double gnorm = sqrt(model_grad_sum_squares(m));
         if (!isfinite(gnorm) || !isfinite(loss))
             RS_FATAL("non-finite loss %g or gradient norm %g at step %lld; the weights were not updated (the last "
                      "checkpoint is intact)",
                      loss, gnorm, (long long)t->step);
         float clip = cfg->train.grad_clip > 0 && gnorm > cfg->train.grad_clip ? (float)(cfg->train.grad_clip / gnorm)
                                                                                  : 1.0f;
-        train_optimizer_step(t, lr, clip);
+        model_optimizer_step(m, lr, clip, (int)t->step);
         t->samples += t->samples_per_step;
 
         double dt = train_now() - t0;
@@ -422,7 +407,7 @@ static int train_loop(Trainer *t) {
         int at_end = t->step == cfg->train.steps;
         int stop_asked = cfg->run.stop_after_step > 0 && t->step == cfg->run.stop_after_step;
         int due = cfg->checkpoint.every > 0 && t->step % cfg->checkpoint.every == 0;
-        comm_set_context(comm, -1, "checkpoint save (rank 0 writes)");
+        comm_set_context(comm, -1, "checkpoint save");
         if (due || at_end || stop_asked || stop_signal) train_ckpt_save(t);
         if (stop_signal) {
             int code = train_stop_exit_code(stop_signal);
@@ -453,13 +438,20 @@ static void train_check_fit(Trainer *t) {
     ActPolicy pol = (ActPolicy)cfg->checkpoint.activations;
     const double G = (double)(1 << 30);
     double need = (double)t->plan.total[pol] / G;
-    if (!plan_fits(&t->plan, pol))
+    if (!plan_fits(&t->plan, pol)) {
+        int64_t stage_need[SHARD_COUNT];
+        int st = plan_shard_fit(cfg, pol, stage_need);
+        char shard_hint[256] = "";
+        if (st > (int)t->plan.shard)
+            snprintf(shard_hint, sizeof shard_hint, "\n  hint: parallel.shard=%s fits (%.2f GiB per rank)",
+                     shard_names[st], (double)stage_need[st] / G);
         train_fail(t, RS_EXIT_USAGE, "the run does not fit: plan needs %.2f GiB per %s with checkpoint.activations = "
-                                     "%s, device.memory_gib = %g; nothing was written\n"
-                                     "  hint: `ringscan plan` shows the memory by category and which policy (and "
-                                     "ring settings) fit",
+                                     "%s, device.memory_gib = %g; nothing was written%s\n"
+                                     "  hint: `ringscan plan` shows the memory by category and which policy, shard "
+                                     "stage (and ring settings) fit",
                    need, cfg->device.kind == DEVICE_KIND_CUDA ? "GPU" : "rank", act_policy_names[pol],
-                   cfg->device.memory_gib);
+                   cfg->device.memory_gib, shard_hint);
+    }
     if (cfg->device.kind != DEVICE_KIND_CPU) return;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     double host = pages > 0 && page > 0 ? (double)pages * (double)page / G : 1e30;
@@ -533,9 +525,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
     run_dir_open(&t);
     model_init(&t.model, cfg, t.be, comm, cfg->data.micro_batch * t.T_local);
     if (init) {
-        t.be->to_device(t.model.params, init, (size_t)t.model.ptab.buffer_numel * sizeof(float));
-        if (t.model.weights != (void *)t.model.params)
-            t.be->act_from_f32(t.model.weights, t.model.params, t.model.ptab.buffer_numel);
+        model_set_full(&t.model, 0, init);
         free(init);
         train_say(&t, "init: weights from %s (model.init_from); optimizer state fresh\n", cfg->model.init_from);
         if (init_note[0]) train_say(&t, "init: %s\n", init_note);
@@ -567,6 +557,14 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
                   "(activations kept %.1f MiB, allocated %.1f MiB)\n",
               (long long)t.model.ptab.count, t.plan.n_linear, t.plan.n_full, a,
               (double)t.plan.acts.kept[cfg->checkpoint.activations] / (1 << 20), (double)t.model.bytes_kept / (1 << 20));
+    if (cfg->parallel.shard != SHARD_NONE && t.model.shard == SHARD_NONE)
+        train_say(&t, "shard: parallel.shard = %s in a world of one rank: nothing to cut, runs as none\n",
+                  shard_names[cfg->parallel.shard]);
+    else if (t.model.shard != SHARD_NONE)
+        train_say(&t, "shard: %s over the world of %d ranks: master weights and AdamW moments %.1f MiB per rank (of "
+                      "%.1f MiB; %lld elements of bucket padding)\n",
+                  shard_names[t.model.shard], comm->world_size, 12.0 * (double)t.model.shard_numel / (1 << 20),
+                  12.0 * (double)t.model.ptab.count / (1 << 20), (long long)t.model.ptab.shard_pad);
     const DataSource *src = data_source(t.data);
     train_say(&t, "data: %s: %lld tokens, %lld documents, %lld samples of %lld tokens per epoch | %lld tokens per "
                   "step\n",

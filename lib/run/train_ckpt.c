@@ -115,62 +115,151 @@ static double train_ckpt_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void train_ckpt_save(Trainer *t) {
-    const Model *m = &t->model;
+/* The manifest's state object: where the run is and what it is (the config, the data). */
+static json_t *train_ckpt_state(const Trainer *t) {
     const Config *cfg = t->cfg;
+    char *yaml = train_config_yaml(cfg);
+    char hash[32];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)train_identity_hash(cfg));
+    json_t *state = json_object();
+    json_object_set_new(state, "step", json_integer(t->step));
+    json_object_set_new(state, "samples_consumed", json_integer(t->samples));
+    json_object_set_new(state, "tokens_consumed", json_integer(t->samples * cfg->data.seq_len));
+    json_object_set_new(state, "seed", json_integer(cfg->run.seed));
+    json_object_set_new(state, "world", json_pack("{sI sI}", "dp", (json_int_t)cfg->parallel.dp, "cp",
+                                                  (json_int_t)cfg->parallel.cp));
+    json_object_set_new(state, "identity_hash", json_string(hash));
+    json_object_set_new(state, "data", train_data_json(data_source(t->data)));
+    json_object_set_new(state, "config_yaml", json_string(yaml));
+    free(yaml);
+    return state;
+}
+
+/* Without sharding: rank 0 writes model.safetensors and optim.safetensors whole. */
+static int train_ckpt_save_whole(Trainer *t, char *err, size_t err_len) {
+    Model *m = &t->model;
     int rc = 0;
+    if (t->comm->rank != 0) return 0;
+    size_t bytes = (size_t)m->ptab.buffer_numel * sizeof(float);
+    float *hp = RS_MALLOC(bytes), *hm = RS_MALLOC(bytes), *hv = RS_MALLOC(bytes);
+    model_get_full(m, 0, hp);
+    model_get_full(m, 1, hm);
+    model_get_full(m, 2, hv);
+    int n = m->ptab.n;
+    StTensor *tp = RS_CALLOC((size_t)n, sizeof *tp), *to = RS_CALLOC((size_t)(2 * n), sizeof *to);
+    char *names = RS_CALLOC((size_t)(2 * n), PARAM_NAME_MAX + 2);
+    for (int i = 0; i < n; i++) {
+        const ParamTensor *p = &m->ptab.t[i];
+        StTensor base = {.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim};
+        base.shape[0] = p->shape[0];
+        base.shape[1] = p->shape[1];
+        tp[i] = base;
+        tp[i].data = hp + p->offset;
+        char *mn = names + (size_t)(2 * i) * (PARAM_NAME_MAX + 2), *vn = mn + PARAM_NAME_MAX + 2;
+        snprintf(mn, PARAM_NAME_MAX + 2, "m.%s", p->name);
+        snprintf(vn, PARAM_NAME_MAX + 2, "v.%s", p->name);
+        to[2 * i] = base;
+        to[2 * i].name = mn;
+        to[2 * i].data = hm + p->offset;
+        to[2 * i + 1] = base;
+        to[2 * i + 1].name = vn;
+        to[2 * i + 1].data = hv + p->offset;
+    }
+    json_t *state = train_ckpt_state(t);
+    CkptFile files[2] = {{"model.safetensors", tp, n, NULL}, {"optim.safetensors", to, 2 * n, NULL}};
+    rc = ckpt_save(t->run_dir, t->step, files, 2, state, t->cfg->checkpoint.keep, err, err_len);
+    json_decref(state);
+    free(names);
+    free(tp);
+    free(to);
+    free(hp);
+    free(hm);
+    free(hv);
+    return rc;
+}
+
+/* With sharding (ckpt_shard.c): rank 0 begins the save, every rank writes shard-RRRRR.safetensors (its
+ * slices of the master weights and both moments) into the step's temporary directory at once, and rank 0
+ * finishes it with every file's size and crc32 in the manifest. Nothing is gathered. */
+static int train_ckpt_save_sharded(Trainer *t, char *err, size_t err_len) {
+    Model *m = &t->model;
+    Comm *c = t->comm;
+    CkptSave sv;
+    int rc = 0;
+    if (c->rank == 0) rc = ckpt_save_begin(&sv, t->run_dir, t->step, err, err_len);
+    if ((rc = comm_allreduce_max_int(c, c->world, rc))) return rc;
+    char tmp[CKPT_PATH_MAX];
+    if (c->rank == 0) snprintf(tmp, sizeof tmp, "%s", sv.tmp);
+    comm_bcast(c, c->world, tmp, sizeof tmp, 0);
+
+    /* this rank's slices: tensor ∩ piece, for the master weights, m and v */
+    comm_set_context(c, (int)t->cfg->model.num_hidden_layers, "checkpoint shard write");
+    const size_t sbytes = (size_t)m->shard_numel * sizeof(float);
+    float *h[3] = {RS_MALLOC(sbytes), RS_MALLOC(sbytes), RS_MALLOC(sbytes)};
+    t->be->to_host(h[0], m->params, sbytes);
+    t->be->to_host(h[1], m->adam_m, sbytes);
+    t->be->to_host(h[2], m->adam_v, sbytes);
+    StTensor *ts = RS_CALLOC((size_t)(3 * m->ptab.n), sizeof *ts);
+    char *names = RS_CALLOC((size_t)(3 * m->ptab.n), PARAM_NAME_MAX + 32);
+    int64_t nt = 0;
+    static const char *const prefix[3] = {"", "m.", "v."};
+    for (int i = 0; i < m->ptab.n; i++) {
+        const ParamTensor *p = &m->ptab.t[i];
+        int64_t a, n, sh;
+        model_shard_piece(m, model_param_bucket(m, i), &a, &n, &sh);
+        const int64_t x0 = p->offset > a ? p->offset : a;
+        const int64_t x1 = p->offset + p->numel < a + n ? p->offset + p->numel : a + n;
+        if (x1 <= x0) continue;
+        for (int k = 0; k < 3; k++, nt++) {
+            char *name = names + (size_t)nt * (PARAM_NAME_MAX + 32);
+            ckpt_shard_slice_name(name, PARAM_NAME_MAX + 32, prefix[k], p->name, x0 - p->offset);
+            ts[nt] = (StTensor){.name = name, .dtype = ST_DTYPE_F32, .ndim = 1, .data = h[k] + sh + (x0 - a)};
+            ts[nt].shape[0] = x1 - x0;
+        }
+    }
+    CkptWritten mine;
+    memset(&mine, 0, sizeof mine);
+    snprintf(mine.name, sizeof mine.name, "shard-%05d.safetensors", c->rank);
+    char path[CKPT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", tmp, mine.name);
+    StWriteInfo info;
+    char mine_err[2048] = "";
+    rc = safetensors_write_file(path, ts, nt, NULL, &info, mine_err, sizeof mine_err);
+    if (rc) RS_WARN("writing this rank's checkpoint shard: %s", mine_err);
+    else {
+        mine.size = info.size;
+        mine.crc32 = info.crc32;
+    }
+    free(names);
+    free(ts);
+    for (int k = 0; k < 3; k++) free(h[k]);
+
+    comm_set_context(c, -1, "checkpoint shard list");
+    int written = comm_allreduce_max_int(c, c->world, rc);
+    CkptWritten *all = RS_CALLOC((size_t)c->world_size, sizeof *all);
+    comm_allgather(c, c->world, &mine, all, (int64_t)sizeof mine);
+    if (c->rank == 0) {
+        if (written) {
+            snprintf(err, err_len, "%s", rc ? mine_err : "another rank could not write its shard (its message above)");
+            ckpt_save_abort(&sv);
+            rc = written;
+        } else {
+            json_t *state = train_ckpt_state(t);
+            json_object_set_new(state, "shard", json_pack("{ss sI}", "stage", shard_names[m->shard], "pieces",
+                                                          (json_int_t)m->ptab.pieces));
+            rc = ckpt_save_finish(&sv, NULL, 0, all, c->world_size, state, t->cfg->checkpoint.keep, err, err_len);
+            json_decref(state);
+        }
+    }
+    free(all);
+    return comm_allreduce_max_int(c, c->world, rc);
+}
+
+void train_ckpt_save(Trainer *t) {
     char err[4096] = "";
     double t0 = train_ckpt_now();
-    size_t bytes = (size_t)m->ptab.buffer_numel * sizeof(float);
-    if (t->comm->rank == 0) {
-        int n = m->ptab.n;
-        float *hp = RS_MALLOC(bytes), *hm = RS_MALLOC(bytes), *hv = RS_MALLOC(bytes);
-        t->be->to_host(hp, m->params, bytes);
-        t->be->to_host(hm, m->adam_m, bytes);
-        t->be->to_host(hv, m->adam_v, bytes);
-        StTensor *tp = RS_CALLOC((size_t)n, sizeof *tp), *to = RS_CALLOC((size_t)(2 * n), sizeof *to);
-        char *names = RS_CALLOC((size_t)(2 * n), PARAM_NAME_MAX + 2);
-        for (int i = 0; i < n; i++) {
-            const ParamTensor *p = &m->ptab.t[i];
-            StTensor base = {.name = p->name, .dtype = ST_DTYPE_F32, .ndim = p->ndim};
-            base.shape[0] = p->shape[0];
-            base.shape[1] = p->shape[1];
-            tp[i] = base;
-            tp[i].data = hp + p->offset;
-            char *mn = names + (size_t)(2 * i) * (PARAM_NAME_MAX + 2), *vn = mn + PARAM_NAME_MAX + 2;
-            snprintf(mn, PARAM_NAME_MAX + 2, "m.%s", p->name);
-            snprintf(vn, PARAM_NAME_MAX + 2, "v.%s", p->name);
-            to[2 * i] = base;
-            to[2 * i].name = mn;
-            to[2 * i].data = hm + p->offset;
-            to[2 * i + 1] = base;
-            to[2 * i + 1].name = vn;
-            to[2 * i + 1].data = hv + p->offset;
-        }
-        char *yaml = train_config_yaml(cfg);
-        char hash[32];
-        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)train_identity_hash(cfg));
-        json_t *state = json_object();
-        json_object_set_new(state, "step", json_integer(t->step));
-        json_object_set_new(state, "samples_consumed", json_integer(t->samples));
-        json_object_set_new(state, "tokens_consumed", json_integer(t->samples * cfg->data.seq_len));
-        json_object_set_new(state, "seed", json_integer(cfg->run.seed));
-        json_object_set_new(state, "world", json_pack("{sI sI}", "dp", (json_int_t)cfg->parallel.dp, "cp",
-                                                      (json_int_t)cfg->parallel.cp));
-        json_object_set_new(state, "identity_hash", json_string(hash));
-        json_object_set_new(state, "data", train_data_json(data_source(t->data)));
-        json_object_set_new(state, "config_yaml", json_string(yaml));
-        CkptFile files[2] = {{"model.safetensors", tp, n, NULL}, {"optim.safetensors", to, 2 * n, NULL}};
-        rc = ckpt_save(t->run_dir, t->step, files, 2, state, cfg->checkpoint.keep, err, sizeof err);
-        json_decref(state);
-        free(yaml);
-        free(names);
-        free(tp);
-        free(to);
-        free(hp);
-        free(hm);
-        free(hv);
-    }
+    int rc = t->model.shard != SHARD_NONE ? train_ckpt_save_sharded(t, err, sizeof err)
+                                          : train_ckpt_save_whole(t, err, sizeof err);
     rc = comm_allreduce_max_int(t->comm, t->comm->world, rc);
     if (rc) {
         char kept[PATH_MAX + 160];
@@ -185,8 +274,13 @@ void train_ckpt_save(Trainer *t) {
                    kept);
     }
     t->last_ckpt = t->step;
-    train_say(t, "checkpoint step_%08lld written (%.1f MiB, %.0f ms)\n", (long long)t->step,
-              3.0 * (double)bytes / (1 << 20), (train_ckpt_now() - t0) * 1e3);
+    const double mib = 12.0 * (double)t->model.ptab.buffer_numel / (1 << 20);
+    if (t->model.shard != SHARD_NONE)
+        train_say(t, "checkpoint step_%08lld written (%d shards of %.1f MiB, %.0f ms)\n", (long long)t->step,
+                  t->comm->world_size, mib / t->comm->world_size, (train_ckpt_now() - t0) * 1e3);
+    else
+        train_say(t, "checkpoint step_%08lld written (%.1f MiB, %.0f ms)\n", (long long)t->step, mib,
+                  (train_ckpt_now() - t0) * 1e3);
 }
 
 /* Whether two spellings name one directory: the same text without trailing '/', or the same real path. */
@@ -281,24 +375,43 @@ void train_ckpt_restore(Trainer *t, TrainResume *r) {
     Model *m = &t->model;
     char err[4096];
     size_t bytes = (size_t)m->ptab.buffer_numel * sizeof(float);
-    float *host[3];
     const char *prefix[3] = {"", "m.", "v."};
     const char *file[3] = {"model.safetensors", "optim.safetensors", "optim.safetensors"};
-    float *dst[3] = {m->params, m->adam_m, m->adam_v};
-    for (int k = 0; k < 3; k++) {
-        host[k] = RS_CALLOC(1, bytes);
+    const int sharded = ckpt_is_sharded(&r->ck);
+    /* the moments of a sharded run: only this rank's pieces of each tensor are read (the weights whole: the
+     * compute copy is) */
+    int64_t *lo = NULL, *hi = NULL;
+    if (m->shard != SHARD_NONE) {
+        lo = RS_CALLOC((size_t)m->ptab.n, sizeof *lo);
+        hi = RS_CALLOC((size_t)m->ptab.n, sizeof *hi);
         for (int i = 0; i < m->ptab.n; i++) {
             const ParamTensor *p = &m->ptab.t[i];
-            char name[PARAM_NAME_MAX + 2];
-            snprintf(name, sizeof name, "%s%s", prefix[k], p->name);
-            int64_t shape[2] = {p->shape[0], p->shape[1]};
-            if (ckpt_read(&r->ck, file[k], name, ST_DTYPE_F32, p->ndim, shape, host[k] + p->offset, err, sizeof err))
-                train_fail(t, RS_EXIT_USAGE, "cannot resume from %s: %s", r->ck.dir, err);
+            int64_t a, n, sh;
+            model_shard_piece(m, model_param_bucket(m, i), &a, &n, &sh);
+            lo[i] = (a > p->offset ? a : p->offset) - p->offset;
+            hi[i] = (a + n < p->offset + p->numel ? a + n : p->offset + p->numel) - p->offset;
+            if (hi[i] < lo[i]) hi[i] = lo[i];
         }
-        t->be->to_device(dst[k], host[k], bytes);
-        free(host[k]);
     }
-    if (m->weights != (void *)m->params) t->be->act_from_f32(m->weights, m->params, m->ptab.buffer_numel);
+    for (int k = 0; k < 3; k++) {
+        float *host = RS_CALLOC(1, bytes); /* (untouched pages of a large calloc are never committed) */
+        if (sharded) {
+            if (ckpt_shard_read(&r->ck, prefix[k], &m->ptab, host, k ? lo : NULL, k ? hi : NULL, err, sizeof err))
+                train_fail(t, RS_EXIT_USAGE, "cannot resume from %s: %s", r->ck.dir, err);
+        } else
+            for (int i = 0; i < m->ptab.n; i++) {
+                const ParamTensor *p = &m->ptab.t[i];
+                char name[PARAM_NAME_MAX + 2];
+                snprintf(name, sizeof name, "%s%s", prefix[k], p->name);
+                int64_t shape[2] = {p->shape[0], p->shape[1]};
+                if (ckpt_read(&r->ck, file[k], name, ST_DTYPE_F32, p->ndim, shape, host + p->offset, err, sizeof err))
+                    train_fail(t, RS_EXIT_USAGE, "cannot resume from %s: %s", r->ck.dir, err);
+            }
+        model_set_full(m, k, host);
+        free(host);
+    }
+    free(lo);
+    free(hi);
     t->step = r->step;
     t->samples = r->samples;
     t->last_ckpt = r->step;
