@@ -16,6 +16,11 @@ Evidence, each part able to fail:
 2. The layout: plan counts 12 bytes per parameter over the world for master and moments plus the padding
    of every bucket to world x 64 elements, and under gradients the gradient buffers the model allocates; a world of one says it runs as none; weights (ZeRO-3) is refused
    as not built; the refusal of a run that does not fit names the stage that would.
+3. Sharded checkpoints: one file per rank, listed with its crc32; resume at another world size and shard
+   setting (4 ranks gradients -> 2 ranks optimizer -> 1 process none) continues with the uninterrupted run's
+   losses; `export` gathers the slices (bitwise none's export); a rank stopped inside its shard write
+   (debug.stall_layer = num_hidden_layers, ended by the watchdog) leaves the previous checkpoint, which
+   resume uses and whose next save clears the leftovers; a corrupt shard is named and the previous used.
 """
 import json
 import shutil
