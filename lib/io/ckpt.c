@@ -213,6 +213,28 @@ static int ckpt_remove_stale(const char *ckdir, char *names, size_t names_len, c
     return rc;
 }
 
+/* *fd = ckpt/.lock (LOCK_PATH) opened and held exclusively: one process saves or clears a run's checkpoints at a
+ * time. Another holder: RS_EXIT_USAGE naming CKDIR. */
+static int ckpt_lock_take(int *fd, const char *lock_path, const char *ckdir, char *err, size_t err_len) {
+    *fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) {
+        fsio_errf(err, err_len, "%s: cannot open: %s", lock_path, strerror(errno));
+        return RS_EXIT_FAIL;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(*fd);
+        *fd = -1;
+        if (e == EWOULDBLOCK) {
+            fsio_errf(err, err_len, "%s: another process is saving checkpoints into this run directory", ckdir);
+            return RS_EXIT_USAGE;
+        }
+        fsio_errf(err, err_len, "%s: flock failed: %s", lock_path, strerror(e));
+        return RS_EXIT_FAIL;
+    }
+    return 0;
+}
+
 int ckpt_remove_leftovers(const char *run_dir, char *names, size_t names_len, char *err, size_t err_len) {
     char ckdir[CKPT_PATH_MAX], lock[CKPT_PATH_MAX];
     if (names && names_len) names[0] = 0;
@@ -221,19 +243,9 @@ int ckpt_remove_leftovers(const char *run_dir, char *names, size_t names_len, ch
     if (rc) return rc;
     struct stat st;
     if (stat(ckdir, &st) != 0 && errno == ENOENT) return 0; /* nothing saved yet */
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* as ckpt_save: never beside a running save */
-    if (fd < 0) {
-        fsio_errf(err, err_len, "%s: cannot open: %s", lock, strerror(errno));
-        return RS_EXIT_FAIL;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        close(fd);
-        fsio_errf(err, err_len, e == EWOULDBLOCK ? "%s: another process is saving checkpoints into this run directory"
-                                                 : "%s: flock failed",
-                  ckdir);
-        return e == EWOULDBLOCK ? RS_EXIT_USAGE : RS_EXIT_FAIL;
-    }
+    int fd;
+    rc = ckpt_lock_take(&fd, lock, ckdir, err, err_len); /* as ckpt_save: never beside a running save */
+    if (rc) return rc;
     rc = ckpt_remove_stale(ckdir, names, names_len, err, err_len);
     close(fd);
     return rc;
@@ -441,21 +453,9 @@ int ckpt_save_begin(CkptSave *sv, const char *run_dir, int64_t step, char *err, 
         fsio_errf(err, err_len, "%s: expected a directory", sv->ckdir);
         return RS_EXIT_USAGE;
     }
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        fsio_errf(err, err_len, "%s: cannot open: %s", lock, strerror(errno));
-        return RS_EXIT_FAIL;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        close(fd);
-        if (e == EWOULDBLOCK) {
-            fsio_errf(err, err_len, "%s: another process is saving checkpoints into this run directory", sv->ckdir);
-            return RS_EXIT_USAGE;
-        }
-        fsio_errf(err, err_len, "%s: flock failed: %s", lock, strerror(e));
-        return RS_EXIT_FAIL;
-    }
+    int fd;
+    rc = ckpt_lock_take(&fd, lock, sv->ckdir, err, err_len);
+    if (rc) return rc;
     sv->fd = fd;
     rc = ckpt_begin_locked(sv, err, err_len);
     if (rc) {
