@@ -169,8 +169,9 @@ def test_submitted_config_comment_cannot_be_escaped(ringscan, recall_tok, tmp_pa
 # ---- item 3: a failed write to the run directory stops the run, and leaves no torn line -----------------------
 
 
-def start_with_file_limit_later(args, watch, lines, limit_of):
-    """Starts `args` with SIGXFSZ ignored (a write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk),
+def start_with_file_limit_later(args, watch, lines, limit_of, sigxfsz=None):
+    """Starts `args` with SIGXFSZ ignored (a write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk;
+    sigxfsz=signal.SIG_DFL: as a shell starts it, where ringscan must ignore it itself),
     waits until `watch` holds `lines` lines, then lowers the process's file size limit to limit_of() bytes.
     (MPI_Init needs files of its own, so the limit cannot be set before the start.)"""
     import resource
@@ -179,7 +180,7 @@ def start_with_file_limit_later(args, watch, lines, limit_of):
     import time
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     p = subprocess.Popen([str(a) for a in args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env, preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN))
+                         env=env, preexec_fn=lambda: signal.signal(signal.SIGXFSZ, sigxfsz or signal.SIG_IGN))
     while p.poll() is None and not (watch.exists() and watch.read_text().count("\n") >= lines):
         time.sleep(0.01)
     assert p.poll() is None, "the run ended before the limit was set"
@@ -233,6 +234,20 @@ def test_log_write_failure_stops_the_run_with_the_error_on_stderr(ringscan, reca
     r = run(train_args(ringscan, recall_tok, rd, 3, "--set", "checkpoint.every=0"))
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["step"] for line in whole_lines(rd / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_file_size_limit_with_sigxfsz_at_its_default_is_a_named_error(ringscan, recall_tok, tmp_path):
+    """`ulimit -f` as a shell leaves it: SIGXFSZ at its default action killed the trainer at the write past the
+    limit (exit 153, not a word); ringscan ignores SIGXFSZ, so the write fails with EFBIG and is named."""
+    import signal
+    rd = tmp_path / "r"
+    log = rd / "log.txt"
+    args = train_args(ringscan, recall_tok, rd, 400, "--set", "checkpoint.every=0", "--set", "run.log_every=1")
+    rc, out, err = start_with_file_limit_later(args, rd / "metrics.jsonl", 3, lambda: log.stat().st_size,
+                                               sigxfsz=signal.SIG_DFL)
+    assert rc == 1, (rc, err[-2000:])
+    assert "log.txt: write of" in err and "File too large" in err, err
+    whole_lines(log)
 
 
 # ---- item 10: the smaller ones ---------------------------------------------------------------------------------
