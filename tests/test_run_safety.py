@@ -250,6 +250,48 @@ def test_file_size_limit_with_sigxfsz_at_its_default_is_a_named_error(ringscan, 
     whole_lines(log)
 
 
+# ---- item 4: a checkpoint that holds non-finite values is not resumed ------------------------------------------
+
+
+def poke_and_reseal(step_dir, file, prefix, value):
+    """Writes `value` into the first element of the first tensor of `file` whose name starts with `prefix`,
+    then recomputes the manifest's crc32s as ckpt_save does (the file is then 'as written', but not sound)."""
+    import struct
+    import zlib
+    f = step_dir / file
+    b = bytearray(f.read_bytes())
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    name = next(k for k in h if k != "__metadata__" and k.startswith(prefix))
+    off = 8 + n + h[name]["data_offsets"][0]
+    b[off:off + 4] = struct.pack("<f", value)
+    f.write_bytes(bytes(b))
+    m = json.loads((step_dir / "manifest.json").read_text())
+    for e in m["files"]:
+        data = (step_dir / e["name"]).read_bytes()
+        e["crc32"], e["size"] = zlib.crc32(data), len(data)
+    del m["crc32"]
+    m["crc32"] = zlib.crc32(json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+    (step_dir / "manifest.json").write_text(json.dumps(m, indent=2))
+
+
+@pytest.mark.parametrize("file,prefix,value", [("optim.safetensors", "m.", float("nan")),
+                                               ("optim.safetensors", "v.", -1.0),
+                                               ("model.safetensors", "model.", float("inf"))])
+def test_resume_refuses_a_checkpoint_holding_non_finite_values(ringscan, a_run, tmp_path, file, prefix, value):
+    """A NaN in the optimizer state passed the crc and the weights' checks: the first step's update made the
+    weights NaN, checkpoint.every=1 saved them (rotating a sound checkpoint away), and only the next step's
+    loss stopped the run, saying 'the last checkpoint is intact'. Now resume refuses it naming the tensor."""
+    d = tmp_path / "r"
+    shutil.copytree(a_run, d)
+    poke_and_reseal(d / "ckpt/step_00000002", file, prefix, value)
+    before = tree(d / "ckpt")
+    r = run([ringscan, "resume", d, "--set", "train.steps=4", "--set", "checkpoint.every=1"])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"tensor {prefix}" in r.stderr and f"in {file} holds 1 value" in r.stderr, r.stderr
+    assert tree(d / "ckpt") == before
+
+
 # ---- item 10: the smaller ones ---------------------------------------------------------------------------------
 
 
