@@ -119,6 +119,17 @@ def test_eval_out_a_directory_is_refused_before_work(ringscan, a_run, recall_tok
     assert "loss" not in r.stdout, r.stdout
 
 
+def test_eval_and_plot_out_under_missing_directories(ringscan, a_run, recall_tok, tmp_path):
+    """The up-front check accepts an --out whose directories can be created (as export and data synth do), but
+    eval and plot did not create them: eval failed with exit 1 after the whole evaluation, plot after drawing."""
+    out = tmp_path / "new" / "deeper" / "eval.json"
+    r = run([ringscan, "eval", a_run, "--data", recall_tok, "--tokens", "256", "--out", out])
+    assert r.returncode == 0 and json.loads(out.read_text())["data"] == str(recall_tok), r.stderr
+    png = tmp_path / "other" / "plot.png"
+    r = run([ringscan, "plot", a_run, "--out", png])
+    assert r.returncode == 0 and png.exists() or "gnuplot is not installed" in r.stderr, r.stderr
+
+
 # ---- item 9: user strings reach YAML and JSON through one quoting function each --------------------------------
 
 
