@@ -24,6 +24,7 @@
  *   rundir.h     run_dir_check_out_dir (run.out_dir can name a run directory)
  *   ckpt.h       ckpt_check_output (export's OUT_DIR checked before any work)
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,6 +426,9 @@ int main(int argc, char **argv) {
         return RS_EXIT_USAGE;
     }
     const char *sub = argv[1];
+    /* a file grown past RLIMIT_FSIZE (`ulimit -f`) fails its write with EFBIG, which every writer checks and
+     * names (run directory, checkpoints, exports), instead of SIGXFSZ killing the process without a word */
+    signal(SIGXFSZ, SIG_IGN);
     /* before anything else: a stop signal that arrives while a run starts is kept, not fatal */
     if (!strcmp(sub, "train") || !strcmp(sub, "resume")) train_catch_stop_signals();
     if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {

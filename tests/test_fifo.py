@@ -63,3 +63,21 @@ def test_latest_a_fifo_is_scanned_past(ringscan, a_run, tmp_path, recall_tok):
     assert r.returncode == 0 and "found a FIFO" in r.stderr, r.stderr
     r = run([ringscan, "resume", d, "--set", "train.steps=3"], timeout=LIMIT)
     assert r.returncode == 0 and "found a FIFO" in r.stderr, r.stdout[-1000:] + r.stderr
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_run_lock_that_is_not_a_file(ringscan, a_run, tmp_path, kind):
+    """RUN/.lock is written in place (the holder's name): a .lock that is a symlink to a user's file was
+    followed and truncated by `resume`, a FIFO or a directory failed with exit 1 and errno's words. Each is
+    refused with exit 2 naming the lock and what it is, and the symlink's target is left as it was."""
+    d = tmp_path / "r"
+    shutil.copytree(a_run, d)
+    os.remove(d / ".lock")
+    victim = tmp_path / "precious.txt"
+    victim.write_text("a user's file\n")
+    {"symlink": lambda: os.symlink(victim, d / ".lock"), "fifo": lambda: os.mkfifo(d / ".lock"),
+     "directory": lambda: os.mkdir(d / ".lock")}[kind]()
+    r = run([ringscan, "resume", d, "--set", "train.steps=3"], timeout=LIMIT)
+    assert r.returncode == 2 and f"the run lock {d}/.lock is a" in r.stderr, r.stderr
+    assert victim.read_text() == "a user's file\n"
+    assert not (d / "ckpt/step_00000003").exists()

@@ -119,6 +119,17 @@ def test_eval_out_a_directory_is_refused_before_work(ringscan, a_run, recall_tok
     assert "loss" not in r.stdout, r.stdout
 
 
+def test_eval_and_plot_out_under_missing_directories(ringscan, a_run, recall_tok, tmp_path):
+    """The up-front check accepts an --out whose directories can be created (as export and data synth do), but
+    eval and plot did not create them: eval failed with exit 1 after the whole evaluation, plot after drawing."""
+    out = tmp_path / "new" / "deeper" / "eval.json"
+    r = run([ringscan, "eval", a_run, "--data", recall_tok, "--tokens", "256", "--out", out])
+    assert r.returncode == 0 and json.loads(out.read_text())["data"] == str(recall_tok), r.stderr
+    png = tmp_path / "other" / "plot.png"
+    r = run([ringscan, "plot", a_run, "--out", png])
+    assert r.returncode == 0 and png.exists() or "gnuplot is not installed" in r.stderr, r.stderr
+
+
 # ---- item 9: user strings reach YAML and JSON through one quoting function each --------------------------------
 
 
@@ -169,8 +180,9 @@ def test_submitted_config_comment_cannot_be_escaped(ringscan, recall_tok, tmp_pa
 # ---- item 3: a failed write to the run directory stops the run, and leaves no torn line -----------------------
 
 
-def start_with_file_limit_later(args, watch, lines, limit_of):
-    """Starts `args` with SIGXFSZ ignored (a write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk),
+def start_with_file_limit_later(args, watch, lines, limit_of, sigxfsz=None):
+    """Starts `args` with SIGXFSZ ignored (a write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk;
+    sigxfsz=signal.SIG_DFL: as a shell starts it, where ringscan must ignore it itself),
     waits until `watch` holds `lines` lines, then lowers the process's file size limit to limit_of() bytes.
     (MPI_Init needs files of its own, so the limit cannot be set before the start.)"""
     import resource
@@ -179,7 +191,7 @@ def start_with_file_limit_later(args, watch, lines, limit_of):
     import time
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     p = subprocess.Popen([str(a) for a in args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env, preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN))
+                         env=env, preexec_fn=lambda: signal.signal(signal.SIGXFSZ, sigxfsz or signal.SIG_IGN))
     while p.poll() is None and not (watch.exists() and watch.read_text().count("\n") >= lines):
         time.sleep(0.01)
     assert p.poll() is None, "the run ended before the limit was set"
@@ -233,6 +245,62 @@ def test_log_write_failure_stops_the_run_with_the_error_on_stderr(ringscan, reca
     r = run(train_args(ringscan, recall_tok, rd, 3, "--set", "checkpoint.every=0"))
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["step"] for line in whole_lines(rd / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_file_size_limit_with_sigxfsz_at_its_default_is_a_named_error(ringscan, recall_tok, tmp_path):
+    """`ulimit -f` as a shell leaves it: SIGXFSZ at its default action killed the trainer at the write past the
+    limit (exit 153, not a word); ringscan ignores SIGXFSZ, so the write fails with EFBIG and is named."""
+    import signal
+    rd = tmp_path / "r"
+    log = rd / "log.txt"
+    args = train_args(ringscan, recall_tok, rd, 400, "--set", "checkpoint.every=0", "--set", "run.log_every=1")
+    rc, out, err = start_with_file_limit_later(args, rd / "metrics.jsonl", 3, lambda: log.stat().st_size,
+                                               sigxfsz=signal.SIG_DFL)
+    assert rc == 1, (rc, err[-2000:])
+    assert "log.txt: write of" in err and "File too large" in err, err
+    whole_lines(log)
+
+
+# ---- item 4: a checkpoint that holds non-finite values is not resumed ------------------------------------------
+
+
+def poke_and_reseal(step_dir, file, prefix, value):
+    """Writes `value` into the first element of the first tensor of `file` whose name starts with `prefix`,
+    then recomputes the manifest's crc32s as ckpt_save does (the file is then 'as written', but not sound)."""
+    import struct
+    import zlib
+    f = step_dir / file
+    b = bytearray(f.read_bytes())
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    name = next(k for k in h if k != "__metadata__" and k.startswith(prefix))
+    off = 8 + n + h[name]["data_offsets"][0]
+    b[off:off + 4] = struct.pack("<f", value)
+    f.write_bytes(bytes(b))
+    m = json.loads((step_dir / "manifest.json").read_text())
+    for e in m["files"]:
+        data = (step_dir / e["name"]).read_bytes()
+        e["crc32"], e["size"] = zlib.crc32(data), len(data)
+    del m["crc32"]
+    m["crc32"] = zlib.crc32(json.dumps(m, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+    (step_dir / "manifest.json").write_text(json.dumps(m, indent=2))
+
+
+@pytest.mark.parametrize("file,prefix,value", [("optim.safetensors", "m.", float("nan")),
+                                               ("optim.safetensors", "v.", -1.0),
+                                               ("model.safetensors", "model.", float("inf"))])
+def test_resume_refuses_a_checkpoint_holding_non_finite_values(ringscan, a_run, tmp_path, file, prefix, value):
+    """A NaN in the optimizer state passed the crc and the weights' checks: the first step's update made the
+    weights NaN, checkpoint.every=1 saved them (rotating a sound checkpoint away), and only the next step's
+    loss stopped the run, saying 'the last checkpoint is intact'. Now resume refuses it naming the tensor."""
+    d = tmp_path / "r"
+    shutil.copytree(a_run, d)
+    poke_and_reseal(d / "ckpt/step_00000002", file, prefix, value)
+    before = tree(d / "ckpt")
+    r = run([ringscan, "resume", d, "--set", "train.steps=4", "--set", "checkpoint.every=1"])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"tensor {prefix}" in r.stderr and f"in {file} holds 1 value" in r.stderr, r.stderr
+    assert tree(d / "ckpt") == before
 
 
 # ---- item 10: the smaller ones ---------------------------------------------------------------------------------

@@ -593,6 +593,26 @@ def test_sigint_and_sighup_finish_the_step_checkpoint_and_exit_128_plus_signal(t
     assert r.returncode == 0 and f"step {done} of 200" in r.stdout, r.stdout + r.stderr
 
 
+def test_sighup_ignored_by_nohup_stays_ignored(tmp_path, data):
+    """`nohup ringscan train ...` starts with SIGHUP ignored, so that closing the terminal leaves the run going;
+    ringscan installed its handler over that and stopped (exit 129). Now the ignored SIGHUP stays ignored: a
+    SIGHUP, then a SIGINT, stop the run as the SIGINT alone would (before: the SIGHUP's stop and 129, or the
+    SIGINT taken as a second interrupt, exit at once without a checkpoint)."""
+    rd = tmp_path / "r"
+    cmd = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
+           "--set", f"run.out_dir={rd}", "--set", "train.steps=200"]
+    p = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    wait_for_steps(p, rd, 3)
+    p.send_signal(signal.SIGHUP)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, out + err
+    assert "stopped by signal 2" in out and "checkpoint written" in out, out + err
+    done = len(losses(rd))
+    assert (rd / "ckpt" / f"step_{done:08d}").is_dir()
+
+
 def test_second_sigint_exits_at_once(tmp_path, data):
     rd = tmp_path / "r"
     # steps of 8 x 1024 tokens (about a second here), so the second Ctrl-C lands inside the step

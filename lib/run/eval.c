@@ -203,7 +203,10 @@ int eval_run(const EvalOptions *a) {
         size_t n = strlen(text);
         text = RS_REALLOC(text, n + 2);
         text[n++] = '\n';
-        rc = fsio_write_file_durable(out, text, (int64_t)n, err, sizeof err);
+        char made[PATH_MAX] = ""; /* --out's missing directories, made as export and data synth make theirs */
+        rc = fsio_mkdirs_parent(out, made, sizeof made, err, sizeof err);
+        if (!rc) rc = fsio_write_file_durable(out, text, (int64_t)n, err, sizeof err);
+        if (rc) fsio_rmdirs_made(out, made);
         if (rc) fprintf(stderr, "ringscan eval: error: %s\n", err);
         else printf("wrote %s\n", out);
         free(text);

@@ -164,7 +164,10 @@ int plot_run(const char *run_dir, const char *out_arg) {
     fsio_remove_tree(tmpdir, ignored, sizeof ignored);
     if (st != 0) RS_FATAL("gnuplot failed (exit %d) drawing %s", st, out);
     if (rc) RS_FATAL("%s", err);
-    rc = fsio_write_file_via(tmp_out, out, bytes, n, err, sizeof err); /* durable; a failure leaves no partial file */
+    char made[PATH_MAX] = ""; /* --out's missing directories, made as export and data synth make theirs */
+    rc = fsio_mkdirs_parent(out, made, sizeof made, err, sizeof err);
+    if (!rc) rc = fsio_write_file_via(tmp_out, out, bytes, n, err, sizeof err); /* durable; a failure leaves no partial file */
+    if (rc) fsio_rmdirs_made(out, made);
     free(bytes);
     if (rc) RS_FATAL("%s", err);
     printf("wrote %s\n", out);

@@ -188,10 +188,41 @@ int run_dir_check_out_dir(const char *dir, char *msg, size_t cap) {
 static int run_dir_lock_take(const char *run_dir, int create, int *fd, char *msg, size_t cap) {
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/.lock", run_dir);
-    *fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    /* never through a symlink, never blocking on a FIFO: the lock is written in place, and what .lock names
+     * instead of ringscan's own file (a user's file, a pipe) is refused, not truncated or waited on */
+    *fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (create ? O_CREAT : 0), 0644);
     if (*fd < 0 && (errno == ENOENT || errno == ENOTDIR) && !create) return 0; /* fsio_mkdirs says why */
     if (*fd < 0) {
-        snprintf(msg, cap, "cannot open the run lock %s: %s", path, strerror(errno));
+        int e = errno;
+        if (e == ELOOP || e == EISDIR || e == ENXIO) {
+            snprintf(msg, cap, "the run lock %s is %s, not the file ringscan writes; nothing was run or written\n"
+                     "  hint: remove it if no ringscan process uses %s", path,
+                     e == ELOOP ? "a symlink" : e == EISDIR ? "a directory" : "a socket or device", run_dir);
+            return RS_EXIT_USAGE;
+        }
+        snprintf(msg, cap, "cannot open the run lock %s: %s", path, strerror(e));
+        return RS_EXIT_FAIL;
+    }
+    struct stat st;
+    if (fstat(*fd, &st) != 0) {
+        snprintf(msg, cap, "cannot stat the run lock %s: %s", path, strerror(errno));
+        close(*fd);
+        *fd = -1;
+        return RS_EXIT_FAIL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(*fd);
+        *fd = -1;
+        snprintf(msg, cap, "the run lock %s is %s, not the file ringscan writes; nothing was run or written\n"
+                 "  hint: remove it if no ringscan process uses %s", path,
+                 S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)" : "not a regular file", run_dir);
+        return RS_EXIT_USAGE;
+    }
+    int flags = fcntl(*fd, F_GETFL);
+    if (flags < 0 || fcntl(*fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        snprintf(msg, cap, "cannot open the run lock %s: fcntl: %s", path, strerror(errno));
+        close(*fd);
+        *fd = -1;
         return RS_EXIT_FAIL;
     }
     if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return 0;

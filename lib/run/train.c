@@ -144,7 +144,17 @@ void train_catch_stop_signals(void) {
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < n; i++) sigaddset(&sa.sa_mask, sigs[i]); /* one handler at a time */
-    for (int i = 0; i < n; i++) sigaction(sigs[i], &sa, NULL);
+    for (int i = 0; i < n; i++) {
+        /* `nohup` starts the process with SIGHUP ignored: the user asked that a closed terminal not stop the
+         * run, so an ignored SIGHUP stays ignored (read at the first call, before this function set it) */
+        static int hup_ignored = -1;
+        if (sigs[i] == SIGHUP && hup_ignored < 0) {
+            struct sigaction old;
+            hup_ignored = sigaction(SIGHUP, NULL, &old) == 0 && old.sa_handler == SIG_IGN;
+        }
+        if (sigs[i] == SIGHUP && hup_ignored) continue;
+        sigaction(sigs[i], &sa, NULL);
+    }
 }
 
 int train_stop_exit_code(int sig) {

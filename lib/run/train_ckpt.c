@@ -5,6 +5,7 @@
  */
 #include "train_ckpt.h"
 
+#include <math.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,6 +408,22 @@ void train_ckpt_restore(Trainer *t, TrainResume *r) {
                 if (ckpt_read(&r->ck, file[k], name, ST_DTYPE_F32, p->ndim, shape, host + p->offset, err, sizeof err))
                     train_fail(t, RS_EXIT_USAGE, "cannot resume from %s: %s", r->ck.dir, err);
             }
+        /* the crc says the file is as written, not that it is sound: a NaN or Inf (or a negative second
+         * moment) would make the first update NaN and the next save a checkpoint of NaN weights */
+        for (int i = 0; i < m->ptab.n; i++) {
+            const ParamTensor *p = &m->ptab.t[i];
+            const float *v = host + p->offset;
+            int64_t bad = 0, first = -1;
+            for (int64_t j = 0; j < p->numel; j++)
+                if ((!isfinite(v[j]) || (k == 2 && v[j] < 0.0f)) && bad++ == 0) first = j;
+            if (bad)
+                train_fail(t, RS_EXIT_USAGE, "cannot resume from %s: tensor %s%s in %s holds %lld value%s that %s not "
+                           "finite%s (the first, element %lld, is %g)\n  hint: nothing was trained and no checkpoint "
+                           "written; take an earlier checkpoint (move this step directory aside)",
+                           r->ck.dir, prefix[k], p->name, sharded ? "the shards" : file[k], (long long)bad,
+                           bad == 1 ? "" : "s", bad == 1 ? "is" : "are", k == 2 ? " or not >= 0" : "", (long long)first,
+                           (double)v[first]);
+        }
         model_set_full(m, k, host);
         free(host);
     }
