@@ -84,7 +84,7 @@ def none_runs(tmp_path_factory, recall_tok):
 
 
 @pytest.mark.parametrize("dp, cp", LAYOUTS)
-@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+@pytest.mark.parametrize("shard", ["optimizer", "gradients", "weights"])
 def test_sharded_steps_match_none(none_runs, tmp_path, recall_tok, dp, cp, shard):
     _, l0, w0, o0 = none_runs[(dp, cp)]
     r, l1, w1, o1 = train(tmp_path / "s", recall_tok, dp, cp, shard)
@@ -98,17 +98,23 @@ def test_sharded_steps_match_none(none_runs, tmp_path, recall_tok, dp, cp, shard
             assert np.array_equal(o0[k], o1[k]), k
         return
     assert np.allclose(l1, l0, rtol=1e-6, atol=0), (l0, l1)
+    if shard == "weights":  # the same sums as gradients: only where the layers' weights live differs
+        _, l2, w2, o2 = train(tmp_path / "g", recall_tok, dp, cp, "gradients")
+        assert l1 == l2
+        assert all(np.array_equal(w1[k], w2[k]) for k in w2) and all(np.array_equal(o1[k], o2[k]) for k in o2)
     diff = worst_rel(w0, w1)
     print(f"{shard} at ({dp}, {cp}): weights differ from none by {diff:.3g} of a tensor's largest value")
     assert 0 < diff < 1e-2, diff
 
 
 @pytest.mark.parametrize("dp, cp", [(2, 1), (1, 2)])
-def test_gradients_stage_is_bitwise_with_one_micro_batch(tmp_path, recall_tok, dp, cp):
+@pytest.mark.parametrize("shard", ["gradients", "weights"])
+def test_gradients_stage_is_bitwise_with_one_micro_batch(tmp_path, recall_tok, dp, cp, shard):
     """One micro-batch and two ranks: the reduce-scatter adds the same two terms as the all-reduce, and nothing
-    else is summed, so the gradients stage gives none's weights and moments bitwise."""
+    else is summed, so the gradients stage (and weights, which gathers the layers' weights bit for bit) gives
+    none's weights and moments bitwise."""
     _, l0, w0, o0 = train(tmp_path / "n", recall_tok, dp, cp, "none", accum=1)
-    _, l1, w1, o1 = train(tmp_path / "g", recall_tok, dp, cp, "gradients", accum=1)
+    _, l1, w1, o1 = train(tmp_path / "g", recall_tok, dp, cp, shard, accum=1)
     assert l0 == l1
     assert all(np.array_equal(w0[k], w1[k]) for k in w0) and all(np.array_equal(o0[k], o1[k]) for k in o0)
 
@@ -120,12 +126,17 @@ def test_one_rank_runs_as_none(tmp_path, recall_tok):
     assert l0 == l1 and all(np.array_equal(w0[k], w1[k]) for k in w0)
 
 
-def test_weights_stage_is_refused_as_not_built(tmp_path, recall_tok):
-    r = run([RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", "--set",
-             "parallel.cp=1", "--set", "parallel.shard=weights", "--set", f"run.out_dir={tmp_path / 'r'}"])
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "parallel.shard" in r.stderr and "not built yet" in r.stderr, r.stderr
-    assert not (tmp_path / "r").exists()
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_weights_stage_gathers_every_layer_it_reads(tmp_path, recall_tok, policy):
+    """parallel.shard weights under the none policy (the backward reads the forward's kept rows) and full (the
+    recompute reruns each layer's forward, attention and CP included) at dp 1 x cp 2, 2 micro-batches: the
+    gradients stage's losses, weights and moments bitwise."""
+    extra = ("--set", f"checkpoint.activations={policy}")
+    _, l0, w0, o0 = train(tmp_path / "g", recall_tok, 1, 2, "gradients", extra=extra)
+    r, l1, w1, o1 = train(tmp_path / "w", recall_tok, 1, 2, "weights", extra=extra)
+    assert "shard: weights over the world of 2 ranks" in r.stdout, r.stdout
+    assert l0 == l1
+    assert all(np.array_equal(w0[k], w1[k]) for k in w0) and all(np.array_equal(o0[k], o1[k]) for k in o0)
 
 
 def plan_json(*sets):
