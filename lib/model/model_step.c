@@ -86,10 +86,11 @@ static void model_forward_part(Model *m, const Batch *b, float grad_scale, int b
     for (int64_t r0 = 0, R = m->acts.loss_chunk_rows; r0 < T; r0 += R) {
         const int64_t n = T - r0 < R ? T - r0 : R;
         const void *x = (const char *)m->final_in + r0 * H * es;
-        be->rmsnorm_forward(m->final_norm, m->final_rstd, x, model_weight_at(m, m->final_norm_w), n, 1, H, H, H, eps, 1);
+        be->rmsnorm_forward(m->final_norm, m->final_rstd, x, model_weight_at(m, m->final_norm_w), n, 1, H, H, H,
+                            eps, 1);
         be->lm_head_loss(m->losses + b->micro * T + r0, m->d_final, model_grad_at(m, m->lm_head), m->final_norm,
-                         model_weight_at(m, m->lm_head), b->targets + r0, backward ? grad_scale : 0.0f, m->loss_workspace, R,
-                         n, H, V);
+                         model_weight_at(m, m->lm_head), b->targets + r0, backward ? grad_scale : 0.0f,
+                         m->loss_workspace, R, n, H, V);
         if (backward)
             be->rmsnorm_backward((char *)m->d_resid + r0 * H * es, model_grad_at(m, m->final_norm_w), m->d_final, x,
                                  model_weight_at(m, m->final_norm_w), m->final_rstd, n, 1, H, H, H, 1);
