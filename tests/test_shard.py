@@ -27,7 +27,8 @@ Evidence, each part able to fail:
    1 process none; 2 ranks gradients -> weights, bitwise) continues with the uninterrupted run's
    losses; `export` gathers the slices (bitwise none's export); a rank stopped inside its shard write
    (debug.stall_layer = num_hidden_layers, ended by the watchdog) leaves the previous checkpoint, which
-   resume uses and whose next save clears the leftovers; a corrupt shard is named and the previous used.
+   resume uses and whose next save clears the leftovers; a corrupt shard is named and the previous used;
+   `eval` of a checkpoint under weights (the forward alone gathers the layers too) is bitwise none's.
 """
 import json
 import shutil
@@ -308,6 +309,23 @@ def test_weights_stage_checkpoint_resumes_at_another_world_and_stage(tmp_path, r
     assert "shard: weights over the world of 2 ranks" in r.stdout, r.stdout
     want, got = losses_of(g), losses_of(gp)
     assert all(got[s] == want[s] for s in (4, 5, 6)), (got, want)
+
+
+def test_eval_under_the_weights_stage(tmp_path, recall_tok):
+    """`ringscan eval` runs the forward alone (model_forward), which gathers the layers too: on 2 ranks under
+    weights it gives the loss of the same checkpoint evaluated under none, bitwise."""
+    d = tmp_path / "r"
+    r = mpirun(2, RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK,
+               *layout(1, 2, 1, 2, "weights"), "--set", "train.steps=3", "--set", f"run.out_dir={d}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    loss = {}
+    for st in ("weights", "none"):
+        out = tmp_path / f"eval-{st}.json"
+        r = mpirun(2, RINGSCAN, "eval", d, "--data", recall_tok, "--tokens", "4096", "--out", out, "--set",
+                   f"parallel.shard={st}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        loss[st] = json.loads(out.read_text())["loss"]
+    assert loss["weights"] == loss["none"], loss
 
 
 def test_export_gathers_a_sharded_checkpoint(tmp_path, recall_tok):
