@@ -3,7 +3,7 @@
 Evidence, each part able to fail:
 
 1. The cpu oracle under mpirun: 3 optimizer steps (grad_accum 2) of the tiny config at (dp, cp) = (2, 1),
-   (1, 2), (2, 2), (1, 4) with parallel.shard none, optimizer and gradients; the checkpoint's weights and
+   (1, 2), (2, 2), (1, 4) with parallel.shard none, optimizer, gradients and weights; the checkpoint's weights and
    moments (written whole) are compared with none's.
    - optimizer all-reduces the gradients as none does and runs AdamW over each rank's pieces: bitwise.
    - gradients reduce-scatters each layer's gradient in every micro-batch and adds the summed pieces, so
@@ -13,14 +13,22 @@ Evidence, each part able to fail:
      value (measured 7e-5 .. 4e-3 after 3 steps: AdamW divides by sqrt(v), so the last-bit differences of
      the smallest gradients grow to a step of lr). With one micro-batch at 2 ranks nothing is reordered and
      the stage is bitwise none's: that checks the slots, pieces and offsets exactly.
+   - weights holds the layers' compute copy as pieces and all-gathers each layer into one of two slots for
+     its forward and again for its backward: the gathered values are the pieces bit for bit, so it gives the
+     gradients stage's losses, weights and moments bitwise at every layout (under the none, full and remat
+     policies), and none's bitwise with one micro-batch at 2 ranks.
 2. The layout: plan counts 12 bytes per parameter over the world for master and moments plus the padding
-   of every bucket to world x 64 elements, and under gradients the gradient buffers the model allocates; a world of one says it runs as none; weights (ZeRO-3) is refused
-   as not built; the refusal of a run that does not fit names the stage that would.
+   of every bucket to world x 64 elements, under gradients the gradient buffers the model allocates and under
+   weights the compute copy's (the head's buckets, two slots, the pieces) and the layers' all-gathers per
+   step; a world of one says it runs as none; the refusal of a run that does not fit names the stage that
+   would (weights too).
 3. Sharded checkpoints: one file per rank, listed with its crc32; resume at another world size and shard
-   setting (4 ranks gradients -> 2 ranks optimizer -> 1 process none) continues with the uninterrupted run's
+   setting (4 ranks gradients -> 2 ranks optimizer -> 1 process none; 4 ranks weights -> 2 ranks weights ->
+   1 process none; 2 ranks gradients -> weights, bitwise) continues with the uninterrupted run's
    losses; `export` gathers the slices (bitwise none's export); a rank stopped inside its shard write
    (debug.stall_layer = num_hidden_layers, ended by the watchdog) leaves the previous checkpoint, which
-   resume uses and whose next save clears the leftovers; a corrupt shard is named and the previous used.
+   resume uses and whose next save clears the leftovers; a corrupt shard is named and the previous used;
+   `eval` of a checkpoint under weights (the forward alone gathers the layers too) is bitwise none's.
 """
 import json
 import shutil
@@ -84,7 +92,7 @@ def none_runs(tmp_path_factory, recall_tok):
 
 
 @pytest.mark.parametrize("dp, cp", LAYOUTS)
-@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+@pytest.mark.parametrize("shard", ["optimizer", "gradients", "weights"])
 def test_sharded_steps_match_none(none_runs, tmp_path, recall_tok, dp, cp, shard):
     _, l0, w0, o0 = none_runs[(dp, cp)]
     r, l1, w1, o1 = train(tmp_path / "s", recall_tok, dp, cp, shard)
@@ -98,17 +106,23 @@ def test_sharded_steps_match_none(none_runs, tmp_path, recall_tok, dp, cp, shard
             assert np.array_equal(o0[k], o1[k]), k
         return
     assert np.allclose(l1, l0, rtol=1e-6, atol=0), (l0, l1)
+    if shard == "weights":  # the same sums as gradients: only where the layers' weights live differs
+        _, l2, w2, o2 = train(tmp_path / "g", recall_tok, dp, cp, "gradients")
+        assert l1 == l2
+        assert all(np.array_equal(w1[k], w2[k]) for k in w2) and all(np.array_equal(o1[k], o2[k]) for k in o2)
     diff = worst_rel(w0, w1)
     print(f"{shard} at ({dp}, {cp}): weights differ from none by {diff:.3g} of a tensor's largest value")
     assert 0 < diff < 1e-2, diff
 
 
 @pytest.mark.parametrize("dp, cp", [(2, 1), (1, 2)])
-def test_gradients_stage_is_bitwise_with_one_micro_batch(tmp_path, recall_tok, dp, cp):
+@pytest.mark.parametrize("shard", ["gradients", "weights"])
+def test_gradients_stage_is_bitwise_with_one_micro_batch(tmp_path, recall_tok, dp, cp, shard):
     """One micro-batch and two ranks: the reduce-scatter adds the same two terms as the all-reduce, and nothing
-    else is summed, so the gradients stage gives none's weights and moments bitwise."""
+    else is summed, so the gradients stage (and weights, which gathers the layers' weights bit for bit) gives
+    none's weights and moments bitwise."""
     _, l0, w0, o0 = train(tmp_path / "n", recall_tok, dp, cp, "none", accum=1)
-    _, l1, w1, o1 = train(tmp_path / "g", recall_tok, dp, cp, "gradients", accum=1)
+    _, l1, w1, o1 = train(tmp_path / "g", recall_tok, dp, cp, shard, accum=1)
     assert l0 == l1
     assert all(np.array_equal(w0[k], w1[k]) for k in w0) and all(np.array_equal(o0[k], o1[k]) for k in o0)
 
@@ -120,12 +134,17 @@ def test_one_rank_runs_as_none(tmp_path, recall_tok):
     assert l0 == l1 and all(np.array_equal(w0[k], w1[k]) for k in w0)
 
 
-def test_weights_stage_is_refused_as_not_built(tmp_path, recall_tok):
-    r = run([RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", "--set",
-             "parallel.cp=1", "--set", "parallel.shard=weights", "--set", f"run.out_dir={tmp_path / 'r'}"])
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "parallel.shard" in r.stderr and "not built yet" in r.stderr, r.stderr
-    assert not (tmp_path / "r").exists()
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_weights_stage_gathers_every_layer_it_reads(tmp_path, recall_tok, policy):
+    """parallel.shard weights under the none policy (the backward reads the forward's kept rows) and full (the
+    recompute reruns each layer's forward, attention and CP included) at dp 1 x cp 2, 2 micro-batches: the
+    gradients stage's losses, weights and moments bitwise."""
+    extra = ("--set", f"checkpoint.activations={policy}")
+    _, l0, w0, o0 = train(tmp_path / "g", recall_tok, 1, 2, "gradients", extra=extra)
+    r, l1, w1, o1 = train(tmp_path / "w", recall_tok, 1, 2, "weights", extra=extra)
+    assert "shard: weights over the world of 2 ranks" in r.stdout, r.stdout
+    assert l0 == l1
+    assert all(np.array_equal(w0[k], w1[k]) for k in w0) and all(np.array_equal(o0[k], o1[k]) for k in o0)
 
 
 def plan_json(*sets):
@@ -152,7 +171,23 @@ def test_plan_counts_each_stage():
     assert 4 * buf // W < mg["gradients (fp32)"] < mo["gradients (fp32)"]  # the pieces + head + two layers
     assert mn["master weights (fp32)"] == 4 * n and mn["AdamW m, v (fp32)"] == 8 * n
     assert opt["shard"]["total"]["optimizer"] < opt["shard"]["total"]["none"]
-    assert "weights" not in opt["shard"]["total"]
+    # weights: the compute copy is what model.c allocates for it: the head's buckets, two layer slots and the
+    # rank's pieces, as the gradients (fp32 on cpu: the same bytes)
+    w = plan_json("--set", "parallel.shard=weights")
+    mw = w["memory"]["remat"]
+    assert mw["weights (bf16)"] == mw["gradients (fp32)"] == mg["gradients (fp32)"] < mo["weights (bf16)"]
+    t = w["shard"]["total"]
+    assert t["weights"] < t["gradients"] < t["optimizer"] < t["none"]
+    assert opt["shard"]["weight_gather_bytes_per_step"] == 0
+    # the layers' all-gathers: every layer in the step's first forward, and each further micro-batch all but two
+    # layers in the forward and all but two in the backward: linear in grad_accum, and each extra micro-batch
+    # moves less than twice the layers' compute copy (< the whole buffer)
+    g = [plan_json("--set", "parallel.shard=weights", "--set", f"train.grad_accum={a}")["shard"]
+         ["weight_gather_bytes_per_step"] for a in (1, 2, 3)]
+    assert 0 < g[0] < g[1] < g[2] and g[2] - g[1] == g[1] - g[0]
+    assert g[1] - g[0] < 2 * (W - 1) / W * 4 * buf
+    r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", "parallel.shard=weights"])
+    assert "weights    states" in r.stdout and "the layers' all-gathers" in r.stdout, r.stdout
 
 
 def test_refusal_names_the_stage_that_fits(tmp_path, recall_tok):
@@ -170,6 +205,19 @@ def test_refusal_names_the_stage_that_fits(tmp_path, recall_tok):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "hint: parallel.shard=optimizer fits" in r.stderr, r.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_refusal_names_the_weights_stage(tmp_path, recall_tok):
+    """A capacity between the weights stage's total and gradients': the hint names weights, which then runs."""
+    t = plan_json("--set", "parallel.shard=weights")["shard"]["total"]
+    gib = (t["weights"] + t["gradients"]) / 2 / 2**30
+    r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}", "--set",
+             "parallel.shard=gradients"])
+    assert r.returncode == 1, r.stdout
+    assert "hint: parallel.shard=weights fits" in r.stdout, r.stdout
+    r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}", "--set",
+             "parallel.shard=weights"])
+    assert r.returncode == 0, r.stdout
 
 
 # ---------------------------------------------------------------- sharded checkpoints
@@ -220,6 +268,64 @@ def test_sharded_checkpoint_resumes_at_another_world(tmp_path, recall_tok):
         got = losses_of(d)
         for s in (4, 5, 6):
             assert abs(got[s] - want[s]) <= 1e-5 * abs(want[s]), (s, got[s], want[s])
+
+
+def test_weights_stage_checkpoint_resumes_at_another_world_and_stage(tmp_path, recall_tok):
+    """dp 2 x cp 2, weights: the checkpoint is the master pieces as under the other stages (one shard file per
+    rank, stage weights in the manifest); resume at dp 1 x cp 2 (weights: the compute pieces rebuilt from the
+    master) and on one process (none) continues with the uninterrupted run's losses; and a gradients checkpoint
+    resumes under weights at 2 ranks."""
+    base = [RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK]
+    full, part = tmp_path / "full", tmp_path / "part"
+    r = mpirun(4, *base, *layout(2, 2, 1, 2, "weights"), "--set", f"run.out_dir={full}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(4, *base, *layout(2, 2, 1, 2, "weights"), "--set", f"run.out_dir={part}",
+               "--set", "run.stop_after_step=3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ck = part / "ckpt" / "step_00000003"
+    assert sorted(p.name for p in ck.iterdir()) == ["manifest.json"] + [f"shard-{r:05d}.safetensors" for r in range(4)]
+    assert json.loads((ck / "manifest.json").read_text())["state"]["shard"] == {"stage": "weights", "pieces": 4}
+    want = losses_of(full)
+    for i, (n, lay) in enumerate([(2, layout(1, 2, 1, 4, "weights")), (1, layout(1, 1, 2, 2, "none"))]):
+        d = tmp_path / f"resume{i}"
+        shutil.copytree(part, d)
+        args = [RINGSCAN, "resume", d, *lay]
+        r = mpirun(n, *args) if n > 1 else run(args)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "resumed from" in r.stdout and "step 3" in r.stdout
+        got = losses_of(d)
+        for s in (4, 5, 6):
+            assert abs(got[s] - want[s]) <= 1e-5 * abs(want[s]), (s, got[s], want[s])
+    # into the weights stage from a gradients checkpoint at the same layout: the same sums, so bitwise
+    g = tmp_path / "g"
+    r = mpirun(2, *base, *layout(1, 2, 1, 2, "gradients"), "--set", f"run.out_dir={g}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    gp = tmp_path / "gp"
+    r = mpirun(2, *base, *layout(1, 2, 1, 2, "gradients"), "--set", f"run.out_dir={gp}", "--set",
+               "run.stop_after_step=3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(2, RINGSCAN, "resume", gp, "--set", "parallel.shard=weights")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "shard: weights over the world of 2 ranks" in r.stdout, r.stdout
+    want, got = losses_of(g), losses_of(gp)
+    assert all(got[s] == want[s] for s in (4, 5, 6)), (got, want)
+
+
+def test_eval_under_the_weights_stage(tmp_path, recall_tok):
+    """`ringscan eval` runs the forward alone (model_forward), which gathers the layers too: on 2 ranks under
+    weights it gives the loss of the same checkpoint evaluated under none, bitwise."""
+    d = tmp_path / "r"
+    r = mpirun(2, RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK,
+               *layout(1, 2, 1, 2, "weights"), "--set", "train.steps=3", "--set", f"run.out_dir={d}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    loss = {}
+    for st in ("weights", "none"):
+        out = tmp_path / f"eval-{st}.json"
+        r = mpirun(2, RINGSCAN, "eval", d, "--data", recall_tok, "--tokens", "4096", "--out", out, "--set",
+                   f"parallel.shard={st}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        loss[st] = json.loads(out.read_text())["loss"]
+    assert loss["weights"] == loss["none"], loss
 
 
 def test_export_gathers_a_sharded_checkpoint(tmp_path, recall_tok):

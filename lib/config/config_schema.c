@@ -170,7 +170,9 @@ const ConfigKey config_schema[] = {
          "the rank's piece only, the gradients are reduce-scattered per layer bucket and the updated weights "
          "all-gathered after the step; gradients (ZeRO-2): also the fp32 gradients: each layer's are "
          "reduce-scattered after its backward in every micro-batch, whole only for two layers at a time (and "
-         "embed_tokens and the head); weights (ZeRO-3): not built yet, refused. A world of 1 "
+         "embed_tokens and the head); weights (ZeRO-3): also the layers' compute copy (bf16 on cuda): each "
+         "layer is all-gathered one layer ahead in the forward and again for its backward, whole for two layers "
+         "at a time (embed_tokens and the head stay whole). A world of 1 "
          "runs as none (said). `ringscan plan` counts each (docs/design/sharding.md)"),
     FLT(parallel.comm_timeout_s, "600", 0.0, 1e7, "s", "comm",
         "a rank waiting longer than this for the others (a collective, a transfer; cuda: the step's end) ends the run "

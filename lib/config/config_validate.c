@@ -119,10 +119,6 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
                           validate_quote(cfg, "data.seq_len", a, sizeof a), (long long)unit,
                           validate_quote(cfg, "parallel.cp", b, sizeof b), near);
     }
-    if (cfg->parallel.shard == SHARD_WEIGHTS)
-        config_errors_add(err, "%s: the weights stage (ZeRO-3) is not built yet; use optimizer or gradients "
-                               "(`ringscan plan` counts each stage)",
-                          validate_quote(cfg, "parallel.shard", a, sizeof a));
     const int64_t halo = cfg->model.linear_conv_kernel_dim - 1, rows = cfg->checkpoint.chunk_rows;
     if (rows > 0 && rows < halo)
         config_errors_add(err, "%s is shorter than the conv halo, %s - 1 = %lld rows: a chunk's conv reads the "

@@ -273,7 +273,7 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
     m->shard_numel = N / m->ptab.pieces;
     size_t sbytes = (size_t)m->shard_numel * sizeof(float);
     m->params = be->alloc(sbytes);
-    if (m->shard == SHARD_GRADIENTS) { /* model_shard.c: the head's buckets, two layer slots, the summed pieces */
+    if (m->shard >= SHARD_GRADIENTS) { /* model_shard.c: the head's buckets, two layer slots, the summed pieces */
         const int nb = m->ptab.n_buckets;
         const int64_t *bs = m->ptab.bucket_start;
         for (int b = 1; b < nb - 1; b++)
@@ -287,12 +287,28 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
     m->slot_layer[0] = m->slot_layer[1] = -1;
     m->adam_m = be->alloc(sbytes);
     m->adam_v = be->alloc(sbytes);
-    m->weights = be->act_size == (int)sizeof(float) && m->shard == SHARD_NONE
-                     ? (void *)m->params
-                     : be->alloc((size_t)N * (size_t)be->act_size);
+    if (m->shard == SHARD_WEIGHTS) { /* model_shard.c: the head's buckets whole, the layers' pieces, two slots */
+        const int nb = m->ptab.n_buckets;
+        const int64_t *bs = m->ptab.bucket_start;
+        const size_t es = (size_t)be->act_size;
+        m->w_slot_numel = m->grad_slot_numel;
+        m->w_head[0] = be->alloc((size_t)(bs[1] - bs[0]) * es);
+        m->w_head[1] = be->alloc((size_t)(bs[nb] - bs[nb - 1]) * es);
+        for (int k = 0; k < 2; k++) m->w_slot[k] = be->alloc((size_t)m->w_slot_numel * es);
+        m->w_shard = be->alloc((size_t)m->shard_numel * es);
+        m->weights = NULL;
+    } else
+        m->weights = be->act_size == (int)sizeof(float) && m->shard == SHARD_NONE
+                         ? (void *)m->params
+                         : be->alloc((size_t)N * (size_t)be->act_size);
+    m->w_cur = m->weights;
+    m->w_cur_start = 0;
+    m->w_slot_layer[0] = m->w_slot_layer[1] = -1;
     /* the fp32 gates the GDN kernels read: the master weights, or (sharded) the fp32 compute copy on cpu
-     * and a compact copy of every GDN layer's A_log and dt_bias on cuda */
-    m->f32 = m->shard == SHARD_NONE ? m->params : be->act_size == (int)sizeof(float) ? (const float *)m->weights : NULL;
+     * and a compact copy of every GDN layer's A_log and dt_bias on cuda and under shard weights */
+    m->f32 = m->shard == SHARD_NONE ? m->params
+             : be->act_size == (int)sizeof(float) && m->shard != SHARD_WEIGHTS ? (const float *)m->weights
+                                                                                : NULL;
     for (int l = 0; l < L; l++) {
         LayerParams *p = &m->lp[l];
         p->A_log32 = p->A_log;
@@ -320,7 +336,12 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
 void model_free(Model *m) {
     const Backend *be = m->be;
     model_offload_free(m);
-    if (m->weights != (void *)m->params) be->free(m->weights);
+    if (m->weights && m->weights != (void *)m->params) be->free(m->weights);
+    for (int k = 0; k < 2; k++) {
+        if (m->w_head[k]) be->free(m->w_head[k]);
+        if (m->w_slot[k]) be->free(m->w_slot[k]);
+    }
+    if (m->w_shard) be->free(m->w_shard);
     if (m->gates) be->free(m->gates);
     be->free(m->params);
     if (m->grads) be->free(m->grads);

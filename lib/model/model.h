@@ -148,6 +148,19 @@ typedef struct {
     int64_t grad_slot_numel;
     int     slot_layer[2];      /* the layer whose reduce-scatter slot s holds in flight; -1: none */
     CommHandle slot_h[2];
+    /* where the kernels read the weights (model_shard.c): W(off) = w_cur + (off - w_cur_start) elements for the
+     * layer in hand; without parallel.shard: weights w_cur = weights, w_cur_start = 0. With it `weights` is
+     * NULL: embed_tokens' and the head's buckets are whole (w_head), the layers' compute copy is the rank's
+     * pieces only (w_shard, the shard layout, shard_numel elements of which the layers' are used), and layer l
+     * is all-gathered whole into slot l % 2 (w_slot, w_slot_numel elements) one layer ahead: posted before
+     * layer l - 1's forward (layer l + 1's backward), waited before its own; a slot still holding its layer
+     * (the last two of the forward, the first two of the backward) is not gathered again until a step */
+    void   *w_cur;
+    int64_t w_cur_start;
+    void   *w_head[2], *w_slot[2], *w_shard;
+    int64_t w_slot_numel;
+    int     w_slot_layer[2];    /* the layer slot k holds or is gathering; -1: none */
+    CommHandle w_slot_h[2];
     int     shard;       /* Shard as it runs (model_shard_stage) */
     int     shard_rank;  /* this rank's piece of each bucket: the world rank (0 without sharding) */
     int64_t shard_numel; /* elements of params, adam_m, adam_v: buffer_numel / ptab.pieces */
@@ -238,6 +251,13 @@ void   model_grad_layer_begin(Model *m, int l);
 void   model_grad_layer_end(Model *m, int l);
 void   model_grad_finish(Model *m, int reduce);
 float *model_grad_piece(Model *m, int b);
+/* parallel.shard: weights (nothing without it but pointing w_cur at the whole copy): weights_fetch posts
+ * layer l's all-gather into slot l % 2 (nothing when l is out of range or the slot holds it already);
+ * weights_ready waits for it (posting it first if needed) and points w_cur at it. weight_at: the compute
+ * copy of flat element `off` of embed_tokens' or the head's bucket (any element without the stage). */
+void        model_weights_fetch(Model *m, int l);
+void        model_weights_ready(Model *m, int l);
+const void *model_weight_at(const Model *m, int64_t off);
 /* Bucket b's piece of this rank: flat elements [*a, *a + *n), its first shard element *sh (without
  * sharding: the whole bucket, *sh = *a) */
 void   model_shard_piece(const Model *m, int b, int64_t *a, int64_t *n, int64_t *sh);

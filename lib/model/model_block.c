@@ -71,7 +71,7 @@ static Dims block_dims(const Model *m, int64_t T) {
 /* element offset into an activation-type buffer */
 #define AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * d.es))
 /* compute-type weights and fp32 gradients / master values of a parameter */
-#define W(off) ((const void *)((const char *)m->weights + (int64_t)(off) * d.es))
+#define W(off) ((const void *)((const char *)m->w_cur + ((int64_t)(off) - m->w_cur_start) * d.es))
 #define G(off) (m->grad_cur + ((off) - m->grad_cur_start))
 #define P32(off) (m->f32 + (off))
 

@@ -23,10 +23,15 @@
  * fp32, are gathered apart on cuda: each rank writes its owned values into a zeroed compact buffer and one
  * all-reduce sums it (exact: one term per element is not zero).
  *
+ * The weights (parallel.shard: weights): embed_tokens' and the head's compute copy stay whole (all-gathered
+ * after the step as above); a layer's compute copy is only the rank's pieces (w_shard), and the forward and
+ * the backward all-gather layer l into slot l % 2 one layer ahead (model_weights_fetch / ready, called by
+ * model_step.c), so two layers' weights are whole at once; the step writes the pieces and nothing more.
+ *
  * Without sharding everything here is the plain per-tensor step over full buffers.
  *
  * Callers: lib/run/train.c (the step, the norm, init_from, resume), lib/run/train_ckpt.c (get_full),
- * lib/run/eval.c, lib/model/model.c (initial weights).
+ * lib/run/eval.c, lib/model/model.c (initial weights), lib/model/model_step.c (the gradient and weight slots).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +55,7 @@ void model_shard_piece(const Model *m, int b, int64_t *a, int64_t *n, int64_t *s
 /* Bucket b's whole-gradient storage (the current slot for a layer under shard gradients). */
 static float *model_grad_bucket(Model *m, int b) {
     const int nb = m->ptab.n_buckets;
-    if (m->shard != SHARD_GRADIENTS) return m->grads + m->ptab.bucket_start[b];
+    if (m->shard < SHARD_GRADIENTS) return m->grads + m->ptab.bucket_start[b];
     return b == 0 ? m->grad_head[0] : b == nb - 1 ? m->grad_head[1] : m->grad_slot[(b - 1) % 2];
 }
 
@@ -58,7 +63,7 @@ void model_zero_grads(Model *m) {
     const Backend *be = m->be;
     const int64_t *bs = m->ptab.bucket_start;
     const int nb = m->ptab.n_buckets;
-    if (m->shard != SHARD_GRADIENTS) {
+    if (m->shard < SHARD_GRADIENTS) {
         be->memset_zero(m->grads, (size_t)m->ptab.buffer_numel * sizeof(float));
         return;
     }
@@ -90,13 +95,13 @@ static void model_grad_drain(Model *m, int k) {
 }
 
 void model_grad_layer_begin(Model *m, int l) {
-    if (m->shard == SHARD_GRADIENTS) model_grad_drain(m, l % 2);
+    if (m->shard >= SHARD_GRADIENTS) model_grad_drain(m, l % 2);
     m->grad_cur = model_grad_bucket(m, l + 1);
     m->grad_cur_start = m->ptab.bucket_start[l + 1];
 }
 
 void model_grad_layer_end(Model *m, int l) {
-    if (m->shard != SHARD_GRADIENTS) return;
+    if (m->shard < SHARD_GRADIENTS) return;
     const int k = l % 2;
     const int64_t len = m->ptab.bucket_start[l + 2] - m->ptab.bucket_start[l + 1];
     comm_ireduce_scatter_sum_f32(m->comm, COMM_WORLD, m->grad_slot[k], len / m->ptab.pieces, &m->slot_h[k]);
@@ -105,7 +110,7 @@ void model_grad_layer_end(Model *m, int l) {
 }
 
 void model_grad_finish(Model *m, int reduce) {
-    if (m->shard != SHARD_GRADIENTS) return;
+    if (m->shard < SHARD_GRADIENTS) return;
     model_grad_drain(m, 0);
     model_grad_drain(m, 1);
     if (!reduce) return; /* the head's buckets add up over the step's micro-batches */
@@ -127,7 +132,62 @@ void model_grad_finish(Model *m, int reduce) {
 float *model_grad_piece(Model *m, int b) {
     int64_t a, n, sh;
     model_shard_piece(m, b, &a, &n, &sh);
-    return m->shard == SHARD_GRADIENTS ? m->grad_shard + sh : m->grads + a;
+    return m->shard >= SHARD_GRADIENTS ? m->grad_shard + sh : m->grads + a;
+}
+
+/* Shard weights: the gathered layers are stale (the compute copy changed); any gather in flight is waited. */
+static void model_weights_forget(Model *m) {
+    for (int k = 0; k < 2 && m->shard == SHARD_WEIGHTS; k++) {
+        if (m->w_slot_layer[k] >= 0) comm_wait(m->comm, &m->w_slot_h[k]);
+        m->w_slot_layer[k] = -1;
+    }
+}
+
+void model_weights_fetch(Model *m, int l) {
+    if (m->shard != SHARD_WEIGHTS || l < 0 || l >= m->cfg->model.num_hidden_layers) return;
+    const int k = l % 2;
+    if (m->w_slot_layer[k] == l) return;
+    comm_wait(m->comm, &m->w_slot_h[k]); /* (an earlier gather into the slot, if any, is complete) */
+    const int es = m->be->act_size;
+    int64_t a, n, sh;
+    model_shard_piece(m, l + 1, &a, &n, &sh);
+    /* the rank's piece at its place in the slot, then the in-place all-gather over the world */
+    m->be->copy((char *)m->w_slot[k] + (a - m->ptab.bucket_start[l + 1]) * es, (char *)m->w_shard + sh * es,
+                (size_t)(n * es));
+    comm_set_context(m->comm, l, "weight all-gather");
+    comm_iallgather_inplace(m->comm, COMM_WORLD, m->w_slot[k], n * es, &m->w_slot_h[k]);
+    comm_progress(m->comm, &m->w_slot_h[k]);
+    m->w_slot_layer[k] = l;
+}
+
+void model_weights_ready(Model *m, int l) {
+    if (m->shard != SHARD_WEIGHTS) return;
+    const int k = l % 2;
+    model_weights_fetch(m, l);
+    comm_set_context(m->comm, l, "weight all-gather");
+    comm_wait(m->comm, &m->w_slot_h[k]);
+    m->w_cur = m->w_slot[k];
+    m->w_cur_start = m->ptab.bucket_start[l + 1];
+}
+
+const void *model_weight_at(const Model *m, int64_t off) {
+    const int es = m->be->act_size;
+    if (m->shard != SHARD_WEIGHTS) return (const char *)m->weights + off * es;
+    const int64_t *bs = m->ptab.bucket_start;
+    const int nb = m->ptab.n_buckets;
+    RS_CHECK(off < bs[1] || off >= bs[nb - 1], "model_weight_at(%lld): a layer's element; its layer reads it "
+             "through w_cur", (long long)off);
+    return off < bs[1] ? (const char *)m->w_head[0] + (off - bs[0]) * es
+                       : (const char *)m->w_head[1] + (off - bs[nb - 1]) * es;
+}
+
+/* Where the optimizer writes the compute copy of flat element x of bucket b (this rank's piece [a, a + n)
+ * at shard element sh); NULL on cpu without sharding (the kernels read the master weights). */
+static void *model_compute_at(Model *m, int b, int64_t x, int64_t a, int64_t sh) {
+    const int es = m->be->act_size, nb = m->ptab.n_buckets;
+    if (m->shard != SHARD_WEIGHTS) return m->weights == (void *)m->params ? NULL : (char *)m->weights + x * es;
+    if (b > 0 && b < nb - 1) return (char *)m->w_shard + (sh + (x - a)) * es;
+    return (char *)m->w_head[b == 0 ? 0 : 1] + (x - m->ptab.bucket_start[b]) * es;
 }
 
 void model_set_full(Model *m, int which, const float *host) {
@@ -156,11 +216,17 @@ void model_set_full(Model *m, int which, const float *host) {
     /* the compute copy and the fp32 gates, bucket by bucket through its gradient storage (zeroed after) */
     for (int b = 0; b < m->ptab.n_buckets; b++) {
         const int64_t s = m->ptab.bucket_start[b], len = m->ptab.bucket_start[b + 1] - s;
-        float *buf = m->shard == SHARD_GRADIENTS && b > 0 && b < m->ptab.n_buckets - 1 ? m->grad_slot[0]
+        float *buf = m->shard >= SHARD_GRADIENTS && b > 0 && b < m->ptab.n_buckets - 1 ? m->grad_slot[0]
                                                                                         : model_grad_bucket(m, b);
-        be->to_device(buf, host + s, (size_t)len * sizeof(float));
-        be->act_from_f32((char *)m->weights + s * be->act_size, buf, len);
         const LayerParams *p = b > 0 && b < m->ptab.n_buckets - 1 ? &m->lp[b - 1] : NULL;
+        be->to_device(buf, host + s, (size_t)len * sizeof(float));
+        if (m->shard != SHARD_WEIGHTS) be->act_from_f32((char *)m->weights + s * be->act_size, buf, len);
+        else if (!p) be->act_from_f32(m->w_head[b == 0 ? 0 : 1], buf, len);
+        else { /* shard weights: a layer's compute copy is the rank's piece */
+            int64_t a, n, sh;
+            model_shard_piece(m, b, &a, &n, &sh);
+            be->act_from_f32((char *)m->w_shard + sh * be->act_size, buf + (a - s), n);
+        }
         if (m->gates && p && p->kind == LAYER_KIND_LINEAR) {
             const size_t nv = (size_t)m->cfg->model.linear_num_value_heads * sizeof(float);
             be->copy(m->gates + p->A_log32, buf + (p->A_log - s), nv);
@@ -168,6 +234,7 @@ void model_set_full(Model *m, int which, const float *host) {
         }
         be->memset_zero(buf, (size_t)len * sizeof(float));
     }
+    model_weights_forget(m);
 }
 
 void model_get_full(Model *m, int which, float *host) {
@@ -216,7 +283,7 @@ void model_optimizer_step(Model *m, double lr, float clip_scale, int step) {
         const int64_t x0 = p->offset > a ? p->offset : a;
         const int64_t x1 = p->offset + p->numel < a + n ? p->offset + p->numel : a + n;
         if (x1 <= x0) continue;
-        void *compute = m->weights == (void *)m->params ? NULL : (char *)m->weights + x0 * es;
+        void *compute = model_compute_at(m, b, x0, a, sh);
         be->adamw_update(m->params + sh + (x0 - a), m->adam_m + sh + (x0 - a), m->adam_v + sh + (x0 - a), compute,
                          model_grad_piece(m, b) + (x0 - a), x1 - x0, (float)lr, b1, b2, eps, wd, clip_scale, step);
     }
@@ -246,8 +313,13 @@ void model_optimizer_step(Model *m, double lr, float clip_scale, int step) {
     }
     for (int b = 0; b < m->ptab.n_buckets; b++) {
         const int64_t s = m->ptab.bucket_start[b], n = (m->ptab.bucket_start[b + 1] - s) / m->ptab.pieces;
-        comm_iallgather_inplace(c, COMM_WORLD, (char *)m->weights + s * es, n * es, &h);
+        if (m->shard == SHARD_WEIGHTS) { /* the layers stay pieces: gathered before their next use */
+            if (b > 0 && b < m->ptab.n_buckets - 1) continue;
+            comm_iallgather_inplace(c, COMM_WORLD, m->w_head[b == 0 ? 0 : 1], n * es, &h);
+        } else
+            comm_iallgather_inplace(c, COMM_WORLD, (char *)m->weights + s * es, n * es, &h);
         comm_progress(c, &h);
     }
     comm_wait(c, &h);
+    model_weights_forget(m);
 }

@@ -28,6 +28,10 @@
  * lm_head's gradient is complete after the forward, but it shares the last
  * bucket so buckets stay in one order.
  *
+ * parallel.shard: weights: each layer's weights are all-gathered into one of two slots, layer l + 1's
+ * posted before layer l's forward and layer l - 1's before layer l's backward (model_weights_fetch, _ready
+ * in model_shard.c); the head's and embed_tokens' are whole.
+ *
  * Nothing here reads the backend back: the per-token losses stay in the
  * micro-batch's slot until model_loss_sum, the step's one read.
  *
@@ -62,15 +66,17 @@ static void model_forward_part(Model *m, const Batch *b, float grad_scale, int b
     int H = (int)cfg->model.hidden_size, V = (int)cfg->model.vocab_size;
     int es = be->act_size;
     float eps = (float)cfg->model.rms_norm_eps;
-    const char *w = m->weights;
     RS_CHECK(T == m->T, "micro-batch of %lld rows, model built for %lld", (long long)T, (long long)m->T);
     RS_CHECK(b->pos_host && b->doc_pos_host, "the batch's host metadata is not set");
     comm_set_context(m->comm, -1, "batch metadata all-gather");
     cp_batch_begin(&m->cp, b->micro, b->pos_host, b->doc_pos_host);
 
     model_offload_claim(m, 0);
-    be->embedding_forward(m->la[0].x, b->tokens, w + m->embed * es, T, H);
+    model_weights_fetch(m, 0); /* shard weights: layer l + 1's gather is posted before layer l's forward */
+    be->embedding_forward(m->la[0].x, b->tokens, model_weight_at(m, m->embed), T, H);
     for (int l = 0; l < L; l++) {
+        model_weights_fetch(m, l + 1);
+        model_weights_ready(m, l);
         model_block_forward(m, l, b, l + 1 < L ? m->la[l + 1].x : m->final_in, BLOCK_FORWARD);
         if (backward) model_offload_stash(m, l); /* (the forward alone: nothing will read it back) */
     }
@@ -80,13 +86,14 @@ static void model_forward_part(Model *m, const Batch *b, float grad_scale, int b
     for (int64_t r0 = 0, R = m->acts.loss_chunk_rows; r0 < T; r0 += R) {
         const int64_t n = T - r0 < R ? T - r0 : R;
         const void *x = (const char *)m->final_in + r0 * H * es;
-        be->rmsnorm_forward(m->final_norm, m->final_rstd, x, w + m->final_norm_w * es, n, 1, H, H, H, eps, 1);
+        be->rmsnorm_forward(m->final_norm, m->final_rstd, x, model_weight_at(m, m->final_norm_w), n, 1, H, H, H,
+                            eps, 1);
         be->lm_head_loss(m->losses + b->micro * T + r0, m->d_final, model_grad_at(m, m->lm_head), m->final_norm,
-                         w + m->lm_head * es, b->targets + r0, backward ? grad_scale : 0.0f, m->loss_workspace, R,
-                         n, H, V);
+                         model_weight_at(m, m->lm_head), b->targets + r0, backward ? grad_scale : 0.0f,
+                         m->loss_workspace, R, n, H, V);
         if (backward)
             be->rmsnorm_backward((char *)m->d_resid + r0 * H * es, model_grad_at(m, m->final_norm_w), m->d_final, x,
-                                 w + m->final_norm_w * es, m->final_rstd, n, 1, H, H, H, 1);
+                                 model_weight_at(m, m->final_norm_w), m->final_rstd, n, 1, H, H, H, 1);
     }
 }
 
@@ -106,13 +113,15 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
 
     /* backward */
     for (int l = L - 1; l >= 0; l--) {
+        model_weights_fetch(m, l - 1); /* shard weights: gathered once for the recompute and the backward */
+        model_weights_ready(m, l);
         model_offload_ready(m, l);
         if (pol == ACT_POLICY_FULL) model_block_forward(m, l, b, NULL, BLOCK_RECOMPUTE);
         else if (pol == ACT_POLICY_REMAT) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
         model_grad_layer_begin(m, l);
         model_block_backward(m, l, b);
         model_offload_fetch(m, l - 2);
-        if (m->shard == SHARD_GRADIENTS) {
+        if (m->shard >= SHARD_GRADIENTS) {
             comm_set_context(comm, l, "gradient reduce-scatter");
             model_grad_layer_end(m, l);
         } else if (reduce) {
@@ -122,7 +131,7 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
         }
     }
     be->embedding_backward(model_grad_at(m, m->embed), m->d_resid, b->tokens, T, H);
-    if (m->shard == SHARD_GRADIENTS) {
+    if (m->shard >= SHARD_GRADIENTS) {
         comm_set_context(comm, -1, "gradient reduce-scatter");
         model_grad_finish(m, reduce);
     } else if (reduce) { /* the head: embed_tokens before the layers, model.norm and lm_head after them */

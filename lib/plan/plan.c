@@ -7,7 +7,8 @@
  * the master weights and moments are this rank's pieces of the padded buffer, 12 B / world, while the compute
  * copy stays whole (cuda bf16; cpu a full fp32 copy of its own); the gradients stay whole under optimizer,
  * and under gradients are embed_tokens' and the head's buckets, two layers' and the rank's pieces of all,
- * model_shard.c); activations (the
+ * model_shard.c; under weights the compute copy is too, and the layers' all-gathers of every micro-batch are
+ * counted with the gradients' communication); activations (the
  * peak model_acts.c gives the policy; with checkpoint.offload host its kept term is the head's buffers
  * and two layer slots, the rest host memory); CP ring and CP scan (model_acts.c's CP table: the buffers
  * cp_init allocates, one softmax or GDN layer at a time); workspaces (the loss row chunk, cuBLASLt's and
@@ -136,8 +137,21 @@ void plan_build(Plan *p, const Config *cfg) {
     for (int b = 1; b < nb - 1; b++)
         if (tab.bucket_start[b + 1] - tab.bucket_start[b] > layer_max) layer_max = tab.bucket_start[b + 1] - tab.bucket_start[b];
     const int64_t head_numel = tab.bucket_start[1] + (tab.bucket_start[nb] - tab.bucket_start[nb - 1]);
-    p->grad_numel = p->shard == SHARD_GRADIENTS ? head_numel + 2 * layer_max + tab.buffer_numel / p->world
+    p->grad_numel = p->shard >= SHARD_GRADIENTS ? head_numel + 2 * layer_max + tab.buffer_numel / p->world
                                                 : tab.buffer_numel;
+    /* shard weights: the same for the compute copy; the layers' gathers per step (model_shard.c): the step's
+     * first forward gathers every layer; a backward all but the last two (the forward left them in the slots),
+     * every later forward all but the first two (the backward left them) */
+    p->weights_numel = p->shard == SHARD_WEIGHTS ? p->grad_numel : tab.buffer_numel;
+    if (p->shard == SHARD_WEIGHTS) {
+        const int L = nb - 2, two = L < 2 ? L : 2;
+        const double all = (double)(tab.bucket_start[nb - 1] - tab.bucket_start[1]);
+        const double first2 = (double)(tab.bucket_start[1 + two] - tab.bucket_start[1]);
+        const double last2 = (double)(tab.bucket_start[nb - 1] - tab.bucket_start[nb - 1 - two]);
+        const double accum = (double)cfg->train.grad_accum, W = (double)p->world;
+        const double elems = all + (all - last2) + (accum - 1) * ((all - first2) + (all - last2));
+        p->weight_gather = (W - 1) / W * (cfg->device.kind == DEVICE_KIND_CUDA ? 2 : 4) * elems;
+    }
     HfTable hf;
     model_params_build_hf(&hf, cfg);
     p->hf_params = hf.count;
@@ -177,7 +191,7 @@ void plan_build(Plan *p, const Config *cfg) {
             mem[PLAN_MEM_GRADS] = (int64_t)(4 * N);
             mem[PLAN_MEM_ADAMW] = (int64_t)(8 * N);
         } else { /* the allocations of model.c: whole compute copy and gradients, the master and moments cut */
-            mem[PLAN_MEM_WEIGHTS_BF16] = (int64_t)e * p->buffer_numel;
+            mem[PLAN_MEM_WEIGHTS_BF16] = (int64_t)e * p->weights_numel;
             mem[PLAN_MEM_MASTER] = 4 * p->buffer_numel / p->world;
             mem[PLAN_MEM_GRADS] = 4 * p->grad_numel;
             mem[PLAN_MEM_ADAMW] = 8 * p->buffer_numel / p->world;
@@ -221,10 +235,13 @@ void plan_build(Plan *p, const Config *cfg) {
     double grad = W > 1 ? 2.0 * (W - 1) / W * 4.0 * N : 0;
     /* sharded: optimizer all-reduces; gradients reduce-scatters (half an all-reduce's bytes), the layers every
      * micro-batch, the head at the step's end; both all-gather the compute copy */
-    if (p->shard == SHARD_GRADIENTS)
+    if (p->shard >= SHARD_GRADIENTS)
         grad = (W - 1) / W * 4.0 * ((double)(p->buffer_numel - head_numel) * (double)cfg->train.grad_accum +
                                     (double)head_numel);
-    if (p->shard != SHARD_NONE) grad += (W - 1) / W * (double)e * (double)p->buffer_numel;
+    /* after the step the compute copy is all-gathered (shard weights: the head's buckets; the layers are
+     * gathered per micro-batch instead) */
+    if (p->shard == SHARD_WEIGHTS) grad += (W - 1) / W * (double)e * (double)head_numel + p->weight_gather;
+    else if (p->shard != SHARD_NONE) grad += (W - 1) / W * (double)e * (double)p->buffer_numel;
     double ring_fwd = 0, ring_bwd = 0, scan1 = 0, halo1 = 0;
     if (P > 1) {
         double seg2 = (double)(T / P); /* 2s tokens per sample per rank */
@@ -253,7 +270,7 @@ int plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT
     int first = -1;
     for (int st = 0; st < SHARD_COUNT; st++) {
         need[st] = -1;
-        if (st == SHARD_WEIGHTS || (st != SHARD_NONE && config_world(cfg) == 1)) continue; /* not built; nothing to cut */
+        if (st != SHARD_NONE && config_world(cfg) == 1) continue; /* nothing to cut */
         Config c = *cfg; /* plan_build reads the copy only */
         c.parallel.shard = st;
         Plan q;
@@ -343,8 +360,7 @@ static void plan_print_shard(const Plan *p, const Config *cfg, ActPolicy pol, FI
     const double N = (double)p->params.total;
     for (int st = 0; st < SHARD_COUNT; st++) {
         if (need[st] < 0) {
-            fprintf(f, "  %-10s %s\n", shard_names[st],
-                    st == SHARD_WEIGHTS ? "not built yet" : "needs more than one rank");
+            fprintf(f, "  %-10s needs more than one rank\n", shard_names[st]);
             continue;
         }
         Config c = *cfg;
@@ -353,15 +369,22 @@ static void plan_print_shard(const Plan *p, const Config *cfg, ActPolicy pol, FI
         plan_build(&q, &c);
         int64_t states = 0;
         for (int k = PLAN_MEM_WEIGHTS_BF16; k <= PLAN_MEM_ADAMW; k++) states += q.mem[pol][k];
+        const double gather = q.weight_gather;
         plan_free(&q);
         plan_bytes((double)states, a, sizeof a);
         plan_bytes((double)need[st], b, sizeof b);
-        fprintf(f, "  %-10s states %s (%.1f B per parameter), total %s: %s\n", shard_names[st], a, states / N, b,
+        fprintf(f, "  %-10s states %s (%.1f B per parameter), total %s: %s", shard_names[st], a, states / N, b,
                 need[st] <= p->capacity ? "fits" : "does not fit");
+        if (st == SHARD_WEIGHTS) {
+            plan_bytes(gather, a, sizeof a);
+            fprintf(f, "; the layers' all-gathers %s per step", a);
+        }
+        fprintf(f, "\n");
     }
     fprintf(f, "  (optimizer: fp32 master and AdamW m, v cut, gradients whole; gradients: also the gradients, but for "
                "embed_tokens', the head's and two layers' whole ones the backward adds into; the compute copy "
-               "stays whole)\n");
+               "stays whole; weights: also the layers' compute copy, two layers whole at a time, embed_tokens' and "
+               "the head's whole)\n");
 }
 
 int plan_print(const Plan *p, const Config *cfg, FILE *f) {
@@ -609,6 +632,7 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
     for (int st = 0; st < SHARD_COUNT; st++)
         if (need[st] >= 0) json_object_set_new(tot, shard_names[st], json_integer(need[st]));
     json_object_set_new(sh, "total", tot);
+    json_object_set_new(sh, "weight_gather_bytes_per_step", json_real(p->weight_gather));
     json_object_set_new(sh, "first_that_fits", fit >= 0 ? json_string(shard_names[fit]) : json_null());
     json_object_set_new(root, "shard", sh);
     char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);

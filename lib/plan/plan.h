@@ -59,6 +59,10 @@ typedef struct {
     int64_t     buffer_numel;  /* the flat parameter buffer, padding included */
     int64_t     shard_pad;     /* of it, the buckets' padding for sharding */
     int64_t     grad_numel;    /* fp32 gradient elements per rank (model.c's buffers) */
+    int64_t     weights_numel; /* compute-copy elements per rank (shard weights: the head's and embed_tokens'
+                                * buckets, two layer slots and the rank's pieces; else the buffer) */
+    double      weight_gather; /* shard weights: bytes per rank per step of the layers' all-gathers (forward and
+                                * backward, every micro-batch; model_shard.c's slots), else 0 */
     int64_t     hf_params;     /* sum of the Hugging Face state-dict shapes */
     /* memory, bytes per rank, for each policy */
     int64_t mem[ACT_POLICY_COUNT][PLAN_MEM_COUNT];
@@ -97,7 +101,7 @@ void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd
 void plan_free(Plan *p);
 /* device memory fits, and with checkpoint.offload: host the node's host memory too */
 bool plan_fits(const Plan *p, ActPolicy policy);
-/* parallel.shard: the first stage (none, optimizer, gradients) whose plan fits with `policy`, or -1; need[st]:
+/* parallel.shard: the first stage (none, optimizer, gradients, weights) whose plan fits with `policy`, or -1; need[st]:
  * each stage's total per rank (-1: not counted: weights is not built, or a world of one) */
 int  plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT]);
 bool plan_host_fits(const Plan *p, ActPolicy policy);

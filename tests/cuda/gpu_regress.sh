@@ -31,9 +31,10 @@
 #              weights saved by transformers (fp32 sharded, bf16, composite), imported; loss and every gradient on
 #              cpu and cuda; export back, logits equal; the mrope == 1-D RoPE claim; wrong layouts that must FAIL.
 #              QWEN35_BIG=1 adds the 0.8B shape (cpu, 128 tokens). ~2 min (small)
-#   shard      (two GPUs) parallel.shard (issue 37): the tiny config at cp 2, 20 steps with none, optimizer and
-#              gradients: losses equal within 2e-3 relative (bf16); then the 1B 256k config at cp 2 (SHARD_CONFIG),
-#              3 steps per stage: memory beside plan, s/step. ~5 min
+#   shard      (two GPUs) parallel.shard (issue 37): the tiny config at cp 2, 20 steps with none, optimizer,
+#              gradients and weights: losses equal within 2e-3 relative (bf16; weights against gradients printed
+#              too, the same sums); then the 1B 256k config at cp 2 (SHARD_CONFIG), 3 steps per stage: memory
+#              beside plan, s/step. ~7 min
 # The configs that must fit (each a training run of a few steps that fails if it does not; run it alone in a call):
 #   long-1m    configs/hybrid-1b-1m-h100x2.yaml: 3 steps of 1,048,576 tokens on two GPUs (cp 2, chunked, offload
 #              host): its plan, s/step, memory beside plan. ~6 min (with AS_H100=1 on H200s: the H100 fit)
@@ -257,7 +258,7 @@ suite_cp4_1m() {
 suite_shard() {
     local w=/tmp/gpu_regress_shard rc=0 st cfg=${SHARD_CONFIG:-configs/hybrid-1b-256k-h200x4.yaml}
     rm -rf $w && mkdir -p $w && build/ringscan data synth $w/d.tok --seed 1 > /dev/null || rc=1
-    for st in none optimizer gradients; do
+    for st in none optimizer gradients weights; do
         timeout "$(left)" mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH \
             build/ringscan train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.cp=2 \
             --set slurm.gpus_per_node=2 --set train.steps=20 --set train.warmup_steps=2 --set checkpoint.every=0 \
@@ -266,18 +267,23 @@ suite_shard() {
     python3 - $w <<'PY' || rc=1
 import json, sys
 w = sys.argv[1]
-loss = {st: [json.loads(l)["loss"] for l in open(f"{w}/tiny-{st}/metrics.jsonl")] for st in ("none", "optimizer", "gradients")}
+loss = {st: [json.loads(l)["loss"] for l in open(f"{w}/tiny-{st}/metrics.jsonl")]
+        for st in ("none", "optimizer", "gradients", "weights")}
 bad = 0
-for st in ("optimizer", "gradients"):
+if len(loss["weights"]) == len(loss["gradients"]) == 20:
+    worst = max(abs(a - b) / abs(a) for a, b in zip(loss["gradients"], loss["weights"]))
+    print(f"shard tiny cp 2: weights against gradients, worst loss rel diff {worst:.3g} (0 where the kernels are "
+          "deterministic)")
+for st in ("optimizer", "gradients", "weights"):
     worst = max(abs(a - b) / abs(a) for a, b in zip(loss["none"], loss[st])) if len(loss[st]) == 20 else 1
     ok = worst <= 2e-3
     bad |= not ok
     print(f"shard tiny cp 2: {st} against none over {len(loss[st])} steps, worst loss rel diff {worst:.3g}: {'ok' if ok else 'FAIL'}")
 sys.exit(bad)
 PY
-    for st in none optimizer gradients; do
+    for st in none optimizer gradients weights; do
         build/ringscan plan $cfg --set parallel.cp=2 --set slurm.gpus_per_node=2 --set parallel.shard=$st |
-            grep -E "^  total  |^  (none|optimizer|gradients) +states|verdict"
+            grep -E "^  total  |^  (none|optimizer|gradients|weights) +states|verdict"
         suite_train shard-1b-$st 2 3 $cfg --set parallel.cp=2 --set parallel.dp=1 --set parallel.shard=$st || rc=1
     done
     rm -rf $TRAIN_DIR $w
