@@ -139,7 +139,8 @@ static int data_cli_resolve(const char *sub, const char *path, const char *forma
     size_t pl = strlen(path);
     char *idx = RS_MALLOC(pl + 5);
     snprintf(idx, pl + 5, "%s.idx", path);
-    int has_idx = data_cli_is_file(idx);
+    struct stat ist; /* PATH.idx there in any kind: a Megatron prefix, whose reader names a FIFO or directory */
+    int has_idx = stat(idx, &ist) == 0;
     free(idx);
     char magic[8] = {0};
     char why[4352];

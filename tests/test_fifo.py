@@ -39,6 +39,14 @@ def test_data_tools_on_a_fifo(ringscan, tmp_path, sub):
     assert r.returncode == 2 and "is not a regular file" in r.stderr, r.stderr
 
 
+def test_data_check_of_a_prefix_whose_idx_is_a_fifo(ringscan, tmp_path):
+    """PREFIX.idx a FIFO: refused naming the FIFO, not "PREFIX does not exist"."""
+    os.mkfifo(tmp_path / "d.idx")
+    (tmp_path / "d.bin").write_bytes(b"\0" * 64)
+    r = run([ringscan, "data", "check", tmp_path / "d"], timeout=LIMIT)
+    assert r.returncode == 2 and "d.idx" in r.stderr and "FIFO" in r.stderr, r.stderr
+
+
 def test_plot_with_metrics_a_fifo(ringscan, a_run, tmp_path):
     d = with_fifo(a_run, tmp_path, "metrics.jsonl")
     r = run([ringscan, "plot", d], timeout=LIMIT)
