@@ -235,6 +235,21 @@ def losses_of(run_dir):
     return {j["step"]: j["loss"] for j in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
+def resumes_match(part, want, tmp_path, targets):
+    """Copies of the stopped run PART resumed at each (ranks, layout) of TARGETS continue steps 4-6 with the
+    uninterrupted run's losses WANT (within 1e-5: the sums run in another order at another world)."""
+    for i, (n, lay) in enumerate(targets):
+        d = tmp_path / f"resume{i}"
+        shutil.copytree(part, d)
+        args = [RINGSCAN, "resume", d, *lay]
+        r = mpirun(n, *args) if n > 1 else run(args)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "resumed from" in r.stdout and "step 3" in r.stdout
+        got = losses_of(d)
+        for s in (4, 5, 6):
+            assert abs(got[s] - want[s]) <= 1e-5 * abs(want[s]), (s, got[s], want[s])
+
+
 def test_sharded_checkpoint_resumes_at_another_world(tmp_path, recall_tok):
     """dp 2 x cp 2, gradients: each rank writes its own shard file, listed with its crc32, no whole file; resume at
     dp 1 x cp 2 (optimizer) and on one process (none) with the same global batch continues with the
@@ -258,16 +273,7 @@ def test_sharded_checkpoint_resumes_at_another_world(tmp_path, recall_tok):
     total = sum(v.size for f in w for k, v in f.items() if not k.startswith(("m.", "v.")))
     assert total == plan_json()["parameters"]["total"]
     want = losses_of(full)
-    for i, (n, lay) in enumerate([(2, layout(1, 2, 1, 4, "optimizer")), (1, layout(1, 1, 2, 2, "none"))]):
-        d = tmp_path / f"resume{i}"
-        shutil.copytree(part, d)
-        args = [RINGSCAN, "resume", d, *lay]
-        r = mpirun(n, *args) if n > 1 else run(args)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "resumed from" in r.stdout and "step 3" in r.stdout
-        got = losses_of(d)
-        for s in (4, 5, 6):
-            assert abs(got[s] - want[s]) <= 1e-5 * abs(want[s]), (s, got[s], want[s])
+    resumes_match(part, want, tmp_path, [(2, layout(1, 2, 1, 4, "optimizer")), (1, layout(1, 1, 2, 2, "none"))])
 
 
 def test_weights_stage_checkpoint_resumes_at_another_world_and_stage(tmp_path, recall_tok):
@@ -286,16 +292,7 @@ def test_weights_stage_checkpoint_resumes_at_another_world_and_stage(tmp_path, r
     assert sorted(p.name for p in ck.iterdir()) == ["manifest.json"] + [f"shard-{r:05d}.safetensors" for r in range(4)]
     assert json.loads((ck / "manifest.json").read_text())["state"]["shard"] == {"stage": "weights", "pieces": 4}
     want = losses_of(full)
-    for i, (n, lay) in enumerate([(2, layout(1, 2, 1, 4, "weights")), (1, layout(1, 1, 2, 2, "none"))]):
-        d = tmp_path / f"resume{i}"
-        shutil.copytree(part, d)
-        args = [RINGSCAN, "resume", d, *lay]
-        r = mpirun(n, *args) if n > 1 else run(args)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "resumed from" in r.stdout and "step 3" in r.stdout
-        got = losses_of(d)
-        for s in (4, 5, 6):
-            assert abs(got[s] - want[s]) <= 1e-5 * abs(want[s]), (s, got[s], want[s])
+    resumes_match(part, want, tmp_path, [(2, layout(1, 2, 1, 4, "weights")), (1, layout(1, 1, 2, 2, "none"))])
     # into the weights stage from a gradients checkpoint at the same layout: the same sums, so bitwise
     g = tmp_path / "g"
     r = mpirun(2, *base, *layout(1, 2, 1, 2, "gradients"), "--set", f"run.out_dir={g}")
