@@ -490,7 +490,10 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, data):
 def start_train(rd, data, *sets, steps=400):
     cmd = [RINGSCAN, "train", "configs/tiny-cpu.yaml", *SMALL, "--set", f"data.path={data}",
            "--set", f"run.out_dir={rd}", "--set", f"train.steps={steps}", *sets]
-    return subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGHUP at its default in the child whatever the caller runs under (nohup ignores it, and ringscan keeps an
+    # ignored SIGHUP ignored: test_sighup_ignored_by_nohup_stays_ignored)
+    return subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
 
 
 def wait_for_steps(p, rd, n, limit=120):

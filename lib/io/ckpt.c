@@ -245,6 +245,11 @@ int ckpt_remove_leftovers(const char *run_dir, char *names, size_t names_len, ch
     if (stat(ckdir, &st) != 0 && errno == ENOENT) return 0; /* nothing saved yet */
     int fd;
     rc = ckpt_lock_take(&fd, lock, ckdir, err, err_len); /* as ckpt_save: never beside a running save */
+    if (rc == RS_EXIT_USAGE) { /* another process is saving: the temporaries may be its own; a save of this run
+                                  meets the lock and says so */
+        err[0] = 0;
+        return 0;
+    }
     if (rc) return rc;
     rc = ckpt_remove_stale(ckdir, names, names_len, err, err_len);
     close(fd);

@@ -140,7 +140,8 @@ int ckpt_check_output(const char *path, int kind, const char *what, char *err, s
 /* Removes the temporaries a save that did not finish left under RUN_DIR/ckpt (step_N.tmp.<pid>/,
  * LATEST.tmp: a writer killed mid-save, e.g. by the launcher's SIGKILL); their names, space-separated,
  * into `names` ("" when none). The trainer calls it when a run starts (rank 0), so a leftover is named
- * in log.txt and gone before the first step; ckpt_save clears them as well. */
+ * in log.txt and gone before the first step; ckpt_save clears them as well. Another process holding
+ * ckpt/.lock: nothing removed (the temporaries may be its save's), 0. */
 int ckpt_remove_leftovers(const char *run_dir, char *names, size_t names_len, char *err, size_t err_len);
 
 #endif
