@@ -235,6 +235,17 @@ def losses_of(run_dir):
     return {j["step"]: j["loss"] for j in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
+def full_and_stopped(tmp_path, recall_tok, stage):
+    """Two runs at dp 2 x cp 2 under STAGE: one whole (6 steps), one stopped after step 3 with its checkpoint."""
+    base = [RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK]
+    full, part = tmp_path / "full", tmp_path / "part"
+    r = mpirun(4, *base, *layout(2, 2, 1, 2, stage), "--set", f"run.out_dir={full}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(4, *base, *layout(2, 2, 1, 2, stage), "--set", f"run.out_dir={part}", "--set", "run.stop_after_step=3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return full, part
+
+
 def resumes_match(part, want, tmp_path, targets):
     """Copies of the stopped run PART resumed at each (ranks, layout) of TARGETS continue steps 4-6 with the
     uninterrupted run's losses WANT (within 1e-5: the sums run in another order at another world)."""
@@ -254,13 +265,7 @@ def test_sharded_checkpoint_resumes_at_another_world(tmp_path, recall_tok):
     """dp 2 x cp 2, gradients: each rank writes its own shard file, listed with its crc32, no whole file; resume at
     dp 1 x cp 2 (optimizer) and on one process (none) with the same global batch continues with the
     uninterrupted run's losses."""
-    base = [RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK]
-    full, part = tmp_path / "full", tmp_path / "part"
-    r = mpirun(4, *base, *layout(2, 2, 1, 2, "gradients"), "--set", f"run.out_dir={full}")
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = mpirun(4, *base, *layout(2, 2, 1, 2, "gradients"), "--set", f"run.out_dir={part}",
-               "--set", "run.stop_after_step=3")
-    assert r.returncode == 0, r.stdout + r.stderr
+    full, part = full_and_stopped(tmp_path, recall_tok, "gradients")
     ck = part / "ckpt" / "step_00000003"
     names = sorted(p.name for p in ck.iterdir())
     assert names == ["manifest.json"] + [f"shard-{r:05d}.safetensors" for r in range(4)], names
@@ -281,13 +286,8 @@ def test_weights_stage_checkpoint_resumes_at_another_world_and_stage(tmp_path, r
     rank, stage weights in the manifest); resume at dp 1 x cp 2 (weights: the compute pieces rebuilt from the
     master) and on one process (none) continues with the uninterrupted run's losses; and a gradients checkpoint
     resumes under weights at 2 ranks."""
+    full, part = full_and_stopped(tmp_path, recall_tok, "weights")
     base = [RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"data.path={recall_tok}", *CK]
-    full, part = tmp_path / "full", tmp_path / "part"
-    r = mpirun(4, *base, *layout(2, 2, 1, 2, "weights"), "--set", f"run.out_dir={full}")
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = mpirun(4, *base, *layout(2, 2, 1, 2, "weights"), "--set", f"run.out_dir={part}",
-               "--set", "run.stop_after_step=3")
-    assert r.returncode == 0, r.stdout + r.stderr
     ck = part / "ckpt" / "step_00000003"
     assert sorted(p.name for p in ck.iterdir()) == ["manifest.json"] + [f"shard-{r:05d}.safetensors" for r in range(4)]
     assert json.loads((ck / "manifest.json").read_text())["state"]["shard"] == {"stage": "weights", "pieces": 4}
