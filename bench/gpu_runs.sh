@@ -100,6 +100,10 @@
 #              step_hf.py with STEP_HF_MODEL=qwen3_5, given what is left of the call; without FLA on PYTHONPATH:
 #              ours only, said): ms/step, tokens/s, TFLOP/s, MFU and the ratio. ~3 min warm; FLA's autotuning
 #              adds minutes cold (TRITON_CACHE_TAR: the step part's cache serves, the same GDN heads and dims)
+#   qwen35-4b-512k  (issues 36/37, 2 GPUs) configs/qwen3.5-4b-512k-h200x2.yaml from random weights (no init_from),
+#              untied head (QWEN35_4B_TIE=false: 4.84 B parameters, the issue's count; true: the config's 4.21 B),
+#              QWEN35_4B_STEPS (3) steps of 524,288 tokens at cp 2, grad_accum 1, with the stage the config names
+#              (shard gradients, offload host): plan, s/step, tokens/s, MFU, GPU and host memory beside plan. ~6 min
 # Exit status: 1 if any part failed (a bench error row, a failed check, a timeout), else 0.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -402,6 +406,20 @@ PYEOF
     return $rc
 }
 
+# issue 37's model past 2B: the Qwen3.5-4B shape at 512k tokens on two GPUs with the config's shard stage and offload
+suite_qwen35_4b_512k() {
+    local cfg=configs/qwen3.5-4b-512k-h200x2.yaml rc=0 TRAIN_DIR=/tmp/gpu_runs_qwen35_4b
+    local s=(--set model.init_from= --set model.tie_word_embeddings=${QWEN35_4B_TIE:-false} --set train.grad_accum=1)
+    rm -rf $TRAIN_DIR && mkdir -p $TRAIN_DIR
+    build/ringscan data synth $TRAIN_DIR/synth.tok --vocab 248320 --tokens 8388608 --min-doc 8388608 --max-doc 8388608 \
+        --seed 1 > "$L/qwen35-4b-data.log" 2>&1 || { echo "qwen35-4b-512k: FAIL (data synth)"; return 1; }
+    build/ringscan plan $cfg "${s[@]}" | grep -E "parameters|^  total|verdict|host memory|offloaded|states" | head -12
+    suite_train qwen35-4b-512k 2 "${QWEN35_4B_STEPS:-3}" $cfg "${s[@]}" || rc=1
+    rm -rf $TRAIN_DIR
+    echo "qwen35-4b-512k: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
+    return $rc
+}
+
 # issue 36's one-GPU step: the Qwen3.5 2B shape at 32k and 128k, ours beside transformers' Qwen3_5ForCausalLM + FLA.
 # Ours first (bench step, no peer: its rows come back whatever the peer does), then the peer on bench's own request
 # for each length (step_hf.py, STEP_HF_MODEL=qwen3_5; bench_peer.c's contract), given what is left of the call
@@ -560,12 +578,13 @@ bench_part() {
     cp4-step) suite_cp4_step ;;
     qwen35-train) suite_qwen35_train ;;
     qwen35-step) suite_qwen35_step ;;
+    qwen35-4b-512k) suite_qwen35_4b_512k ;;
     *)
         echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base attn attn32k attn-cudnn"
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
         echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step long-1m-torch long-1m-cudnn long-256k"
-        echo "  qwen35-train qwen35-step;"
+        echo "  qwen35-train qwen35-step qwen35-4b-512k;"
         echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
         false
         ;;

@@ -8,7 +8,8 @@
 # Every part writes its logs under logs/ and prints a summary line; all of it ends in $OUT/gpu_regress.tgz.
 # Exit status 1 if any check failed (or a part timed out or was not started), else 0. The benchmarks and
 # A/B experiments are bench/gpu_runs.sh. Parts, in the order given:
-#   parity     every build/test_cuda case but the cuda_big_* ones, dealt over the machine's GPUs, and beside
+#   parity     every build/test_cuda case but the cuda_big_* ones, dealt over the machine's GPUs (those in
+#              CUDA_VISIBLE_DEVICES if set), and beside
 #              them tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
 #   parity-gdn the test_cuda cases of the delta rule alone (no model_check)
 #   big        the cuda_big_* cases (entries at sizes where offsets pass 2^31; tests/cuda/test_cuda_big.cu),
@@ -34,7 +35,7 @@
 #   shard      (two GPUs) parallel.shard (issue 37): the tiny config at cp 2, 20 steps with none, optimizer,
 #              gradients and weights: losses equal within 2e-3 relative (bf16; weights against gradients printed
 #              too, the same sums); then the 1B 256k config at cp 2 (SHARD_CONFIG), 3 steps per stage: memory
-#              beside plan, s/step. ~7 min
+#              beside plan, s/step (SHARD_STAGES: the stages of this second half, default all four). ~9 min
 # The configs that must fit (each a training run of a few steps that fails if it does not; run it alone in a call):
 #   long-1m    configs/hybrid-1b-1m-h100x2.yaml: 3 steps of 1,048,576 tokens on two GPUs (cp 2, chunked, offload
 #              host): its plan, s/step, memory beside plan. ~6 min (with AS_H100=1 on H200s: the H100 fit)
@@ -50,11 +51,16 @@ GPU_RUNNER=gpu_regress
 # suite_parity [PATTERN]: the test_cuda cases matching PATTERN (every case but the
 # cuda_big_* ones if none, and then model_check beside them); each distinct failed check is printed once
 suite_parity() {
-    local mc="" cases ngpu g log=$L/parity${1:+-$1}.log pids=() rc=0 mrc=0
-    ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-    [ "$ngpu" -ge 1 ] || ngpu=1
+    local mc="" cases ngpu g gpus log=$L/parity${1:+-$1}.log pids=() rc=0 mrc=0
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then  # the GPUs given (another part may hold the rest)
+        IFS=, read -ra gpus <<< "$CUDA_VISIBLE_DEVICES"
+    else
+        ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+        mapfile -t gpus < <(seq 0 $((ngpu > 1 ? ngpu - 1 : 0)))
+    fi
+    ngpu=${#gpus[@]}
     if [ -z "${1:-}" ]; then  # on the last GPU, beside the cases
-        CUDA_VISIBLE_DEVICES=$((ngpu - 1)) STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build \
+        CUDA_VISIBLE_DEVICES=${gpus[ngpu - 1]} STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build \
             /tmp/gpu_regress_mc > "$L/model_check.log" 2>&1 &
         mc=$!
     fi
@@ -65,7 +71,7 @@ suite_parity() {
         local mine=()
         for ((i = g; i < ${#cases[@]}; i += ngpu)); do mine+=("${cases[i]}"); done
         [ ${#mine[@]} -gt 0 ] || continue
-        CUDA_VISIBLE_DEVICES=$g RS_CUDNN_REQUIRED=${RS_CUDNN_REQUIRED:-1} timeout "$(left)" build/test_cuda "${mine[@]}" \
+        CUDA_VISIBLE_DEVICES=${gpus[g]} RS_CUDNN_REQUIRED=${RS_CUDNN_REQUIRED:-1} timeout "$(left)" build/test_cuda "${mine[@]}" \
             > "$log.$g" 2>&1 &
         pids+=($!)
     done
@@ -281,7 +287,7 @@ for st in ("optimizer", "gradients", "weights"):
     print(f"shard tiny cp 2: {st} against none over {len(loss[st])} steps, worst loss rel diff {worst:.3g}: {'ok' if ok else 'FAIL'}")
 sys.exit(bad)
 PY
-    for st in none optimizer gradients weights; do
+    for st in ${SHARD_STAGES:-none optimizer gradients weights}; do
         build/ringscan plan $cfg --set parallel.cp=2 --set slurm.gpus_per_node=2 --set parallel.shard=$st |
             grep -E "^  total  |^  (none|optimizer|gradients|weights) +states|verdict"
         suite_train shard-1b-$st 2 3 $cfg --set parallel.cp=2 --set parallel.dp=1 --set parallel.shard=$st || rc=1
