@@ -247,6 +247,7 @@ int main(int argc, char **argv) {
         float *wb = be->alloc(pbytes);
         for (int64_t i = 0; i < m.ptab.buffer_numel; i++) wb[i] = bf16emu_round(m.params[i]);
         m.weights = wb;
+        m.w_cur = wb; /* where the layers read their weights (model.h); without it they would read the fp32 master */
     }
     int32_t *meta = RS_MALLOC((size_t)rows * 16), *meta_dev = NULL; /* tokens | targets | pos | doc_pos */
     Batch b = {rows, (int32_t)mb, Tl, meta, meta + rows, meta + 2 * rows, meta + 3 * rows, meta + 2 * rows,
