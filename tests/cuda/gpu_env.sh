@@ -12,6 +12,7 @@
 #   TRITON_CACHE_TAR  a .tar.xz of a Triton cache to unpack first (FLA's autotuning takes minutes cold)
 #   TRITON_CACHE_SAVE  a .tar.xz path to write the Triton autotuners' choices to at the end
 #             (TRITON_CACHE_AUTOTUNING=1; give it back as TRITON_CACHE_TAR so FLA skips its autotuning)
+#   GPU_KEEP_OTHERS  1: leave ringscan processes already running alone (default: an earlier call's are killed)
 #   LIMIT_S   seconds after which no further part starts (default 560: the device tool's 600 s per call)
 #   AS_H100   1: every GPU keeps only an 80 GB H100's memory free for the call (tests/cuda/as_h100.py holds the
 #             rest), so an H200 machine proves what fits an H100; "in use" figures then include the ballast
@@ -35,6 +36,14 @@ if [ -n "${TRITON_CACHE_TAR:-}" ]; then
     mkdir -p "$TRITON_CACHE_DIR" && tar xJf "$TRITON_CACHE_TAR" -C "$TRITON_CACHE_DIR"
 fi
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader 2>&1 | head -2 || true
+# a warm machine keeps what an earlier call left running (a run cut off by its timeout may still be writing its
+# checkpoint, holding a GPU): said and stopped before anything is measured (GPU_KEEP_OTHERS=1: not, for a second
+# runner started beside a first in the same call)
+if [ "${GPU_KEEP_OTHERS:-0}" != 1 ] && pgrep -f "build/(ringscan|parity_step|test_cuda|cp_check)" > /dev/null; then
+    echo "gpu_env: processes of an earlier call still run, killed: $(pgrep -f -a 'build/(ringscan|parity_step|test_cuda|cp_check)' | cut -c1-100 | tr '\n' ';')"
+    pkill -9 -f "build/(ringscan|parity_step|test_cuda|cp_check)"
+    for _ in $(seq 60); do pgrep -f "build/(ringscan|parity_step|test_cuda|cp_check)" > /dev/null || break; sleep 1; done
+fi
 if [ "${AS_H100:-0}" = 1 ]; then  # every GPU left with an 80 GB H100's memory for the whole call (as_h100.py)
     ${PYTHON:-python3} tests/cuda/as_h100.py "$W/as_h100.txt" &
     ballast=$!
