@@ -51,6 +51,9 @@ static inline uint64_t rng_next(Rng *r) {
     return rng_mix(r->state);
 }
 
+/* The stream as it is after n more draws (rng_next calls): SplitMix64's state moves by a constant per draw. */
+static inline void rng_skip(Rng *r, uint64_t n) { r->state += n * UINT64_C(0x9E3779B97F4A7C15); }
+
 /* Uniform in [0, bound), bound >= 1. */
 static inline uint64_t rng_below(Rng *r, uint64_t bound) {
     uint64_t limit = (0 - bound) % bound;

@@ -17,13 +17,16 @@
  * embeddings and the head ~ N(0, initializer_range); zero-centred RMSNorm
  * weights 0; the GDN gated-norm weight and dt_bias 1; A_log = log U(0, 16).
  * Every tensor draws from its own stream (run.seed, tensor index), so the
- * weights do not depend on the number of ranks.
+ * weights do not depend on the number of ranks; the host's threads fill
+ * pieces of it, each skipped ahead to its first element (the same values).
  */
 #include "model.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -54,26 +57,65 @@ int model_param_decays(const Config *cfg, ParamGroup g) {
     }
 }
 
-static void model_init_weights(Model *m) {
-    const Config *cfg = m->cfg;
-    int64_t n = m->ptab.buffer_numel;
-    float *host = RS_CALLOC((size_t)n, sizeof(float));
-    for (int i = 0; i < m->ptab.n; i++) {
-        const ParamTensor *p = &m->ptab.t[i];
-        Rng r;
-        rng_init(&r, (uint64_t)cfg->run.seed, (uint64_t)i);
-        float *w = host + p->offset;
-        for (int64_t j = 0; j < p->numel; j++) {
-            switch (p->init) {
-            case PARAM_INIT_NORMAL: w[j] = (float)(cfg->model.initializer_range * rng_normal(&r)); break;
-            case PARAM_INIT_ZEROS: w[j] = 0.0f; break;
-            case PARAM_INIT_ONES: w[j] = 1.0f; break;
-            case PARAM_INIT_A_LOG: w[j] = (float)log(16.0 * rng_uniform(&r)); break;
-            }
+/* The initial values of elements [j0, j1) of tensor i (its own stream, skipped to element j0: every element
+ * takes a fixed number of draws, so any cut of the work gives the same values). */
+static void model_init_span(const Config *cfg, const ParamTensor *p, int i, float *w, int64_t j0, int64_t j1) {
+    Rng r;
+    rng_init(&r, (uint64_t)cfg->run.seed, (uint64_t)i);
+    rng_skip(&r, (uint64_t)j0 * (p->init == PARAM_INIT_NORMAL ? 2 : p->init == PARAM_INIT_A_LOG ? 1 : 0));
+    for (int64_t j = j0; j < j1; j++) {
+        switch (p->init) {
+        case PARAM_INIT_NORMAL: w[j] = (float)(cfg->model.initializer_range * rng_normal(&r)); break;
+        case PARAM_INIT_ZEROS: w[j] = 0.0f; break;
+        case PARAM_INIT_ONES: w[j] = 1.0f; break;
+        case PARAM_INIT_A_LOG: w[j] = (float)log(16.0 * rng_uniform(&r)); break;
         }
     }
-    model_set_full(m, 0, host);
-    free(host);
+}
+
+/* The host threads that fill the buffer: pieces of INIT_SPAN elements of one tensor, taken in turn. */
+enum { INIT_SPAN = 1 << 22, INIT_THREADS_MAX = 32 };
+typedef struct {
+    const Model *m;
+    float       *host;    /* (buffer_numel) */
+    int32_t     *tensor;  /* (pieces) the tensor of each piece */
+    int64_t     *first;   /* (pieces) its first element */
+    int64_t      pieces;
+    int64_t      next;    /* the next piece to take (atomic) */
+} InitWork;
+
+static void *model_init_worker(void *arg) {
+    InitWork *w = arg;
+    for (int64_t k; (k = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED)) < w->pieces;) {
+        const ParamTensor *p = &w->m->ptab.t[w->tensor[k]];
+        const int64_t j0 = w->first[k], j1 = j0 + INIT_SPAN < p->numel ? j0 + INIT_SPAN : p->numel;
+        model_init_span(w->m->cfg, p, w->tensor[k], w->host + p->offset, j0, j1);
+    }
+    return NULL;
+}
+
+static void model_init_weights(Model *m) {
+    const ParamTable *t = &m->ptab;
+    InitWork w = {.m = m, .host = RS_CALLOC((size_t)t->buffer_numel, sizeof(float))};
+    for (int i = 0; i < t->n; i++) w.pieces += (t->t[i].numel + INIT_SPAN - 1) / INIT_SPAN;
+    w.tensor = RS_MALLOC((size_t)w.pieces * sizeof *w.tensor);
+    w.first = RS_MALLOC((size_t)w.pieces * sizeof *w.first);
+    for (int i = 0, k = 0; i < t->n; i++)
+        for (int64_t j = 0; j < t->t[i].numel; j += INIT_SPAN, k++) {
+            w.tensor[k] = i;
+            w.first[k] = j;
+        }
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    const int nt = cpus < 1 ? 1 : cpus > INIT_THREADS_MAX ? INIT_THREADS_MAX : (int)cpus;
+    pthread_t th[INIT_THREADS_MAX];
+    int started = 0;
+    while (started < nt - 1 && !pthread_create(&th[started], NULL, model_init_worker, &w)) started++;
+    model_init_worker(&w); /* this thread too (alone if none could start: the same values) */
+    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+    model_set_full(m, 0, w.host);
+    free(w.host);
+    free(w.tensor);
+    free(w.first);
 }
 
 /* Points the LayerActs field called `name` at `p`. */
