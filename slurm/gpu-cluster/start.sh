@@ -43,7 +43,12 @@ done
 if [ -e "$DIR/pids" ]; then fail "$DIR already holds a cluster (stop it first: slurm/gpu-cluster/stop.sh $DIR)"; fi
 
 mkdir -p "$DIR" && DIR=$(cd "$DIR" && pwd) || exit 1
-chmod 755 "$DIR"  # munged wants every directory above its socket searchable
+chmod 755 "$DIR"  # munged wants every directory above its socket searchable by all
+d=$DIR
+while [ "$d" != / ]; do
+    d=$(dirname "$d")
+    [ "$(( $(stat -c '%a' "$d") & 1 ))" = 1 ] || fail "munged needs every directory above its socket searchable by all: chmod o+x $d"
+done
 mkdir -p "$DIR"/munge "$DIR"/state "$DIR"/log || fail "cannot create $DIR"
 chmod 755 "$DIR/munge"  # munged wants its socket directory searchable by all; the key itself is 0400
 NODE_NAMES=()

@@ -27,7 +27,8 @@
 #              mid-run: rank 0's watchdog names rank 1, every rank ends with 76, the job requeues itself,
 #              resumes from the last checkpoint and ends with `submit`'s losses, bitwise
 # Environment: RUN_S (default 12), STEPS (fixed instead of measured), CURVE_TOL (default 2e-2), KEEP=1
-# (leave the cluster running). Exit 0 when every step passed. Needs root, 2 GPUs, python3, Open MPI.
+# (leave the cluster running), EXTRA_SETS (more --set KEY=VALUE for every run, e.g. a smaller sample for
+# the cpu rehearsal). Exit 0 when every step passed. Needs root, 2 GPUs, python3, Open MPI.
 # A rehearsal without GPUs (the script's own logic, on a machine with Slurm installed): DEVICE=cpu
 # GPU_FILES="two character devices named like nvidia0 nvidia1" (mknod NAME c 1 3): the same steps on the cpu
 # backend, the transport step left out.
@@ -41,7 +42,7 @@ CURVE_TOL=${CURVE_TOL:-2e-2}
 PY=${PYTHON:-python3}
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH=$PATH:/usr/sbin:/sbin
 mkdir -p "$O" && O=$(cd "$O" && pwd) || exit 2
-W=$(mktemp -d /tmp/gpu_cluster.XXXXXX)
+W=$(mktemp -d /tmp/gpu_cluster.XXXXXX) && chmod 755 "$W"  # munged's socket lies below it
 C=$W/cluster
 rc=0
 T0=$SECONDS
@@ -50,12 +51,16 @@ fail() { echo "FAIL $1: $2 ($((SECONDS - T0)) s)"; rc=1; }
 finish() {
     [ -e "$C/pids" ] && [ "${KEEP:-0}" != 1 ] && slurm/gpu-cluster/stop.sh "$C" > "$O/stop.log" 2>&1
     [ -d "$C/log" ] && cp -r "$C/log" "$O/slurm-logs" 2> /dev/null
-    for d in "$W"/runs/*/; do [ -d "$d" ] && mkdir -p "$O/runs" && cp -r "$d/logs" "$O/runs/$(basename "$d")-logs" &&
-        cp "$d/log.txt" "$d/metrics.jsonl" "$O/runs/$(basename "$d")-logs/" 2> /dev/null; done
+    for d in "$W"/runs/*; do
+        [ -d "$d" ] || continue
+        mkdir -p "$O/runs/$(basename "$d")" && cp -r "$d"/logs "$d"/log.txt "$d"/metrics.jsonl "$d"/.watchdog \
+            "$O/runs/$(basename "$d")/" 2> /dev/null
+    done
     echo "== gpu_cluster_check: $([ $rc = 0 ] && echo "every step passed" || echo "FAILED") in $((SECONDS - T0)) s (logs: $O)"
     exit $rc
 }
 trap finish EXIT
+trap 'fail interrupted "a signal ended the check"; exit' TERM INT
 
 # ---- install ------------------------------------------------------------------------------------------------
 {
@@ -94,14 +99,14 @@ fi
 # ---- launch -------------------------------------------------------------------------------------------------
 HELLO=$BUNDLE/bin/mpi_hello
 SITE=slurm/gpu-cluster/site.env
-launch() { # NAME [VAR=VALUE...]: mpi_hello under srun --mpi=pmix on n1 and n2, one GPU each, with site.env
-    (. $SITE && env "${@:2}" timeout 60 srun -N 2 --ntasks-per-node=1 --gpus-per-node=1 --mpi=pmix "$HELLO") \
+launch() { # NAME SECONDS [VAR=VALUE...]: mpi_hello under srun --mpi=pmix on n1 and n2, one GPU each, with site.env
+    (. $SITE && env "${@:3}" timeout "$2" srun -N 2 --ntasks-per-node=1 --gpus-per-node=1 --mpi=pmix "$HELLO") \
         > "$O/launch-$1.log" 2>&1
 }
 LAUNCHER=srun
-if launch tcp && [ "$(grep -c 'allreduce 2$' "$O/launch-tcp.log")" = 2 ]; then
-    g1=$(grep -o 'node n1, CUDA_VISIBLE_DEVICES [0-9,]*' "$O/launch-tcp.log")
-    g2=$(grep -o 'node n2, CUDA_VISIBLE_DEVICES [0-9,]*' "$O/launch-tcp.log")
+if launch tcp 60 && [ "$(grep -c 'allreduce 2$' "$O/launch-tcp.log")" = 2 ]; then
+    g1=$(grep -E -o 'node n1, CUDA_VISIBLE_DEVICES [0-9]+(,[0-9]+)*' "$O/launch-tcp.log")
+    g2=$(grep -E -o 'node n2, CUDA_VISIBLE_DEVICES [0-9]+(,[0-9]+)*' "$O/launch-tcp.log")
     if [ "${g1##* }" = 0 ] && [ "${g2##* }" = 1 ]; then pass launch "srun --mpi=pmix over n1, n2: $g1; $g2"
     else fail launch "each node must see its own GPU: $g1; $g2"; fi
 else
@@ -109,7 +114,7 @@ else
     echo "  (the jobs below use slurm.launcher=mpirun; the kill step needs srun and is not run)"
     LAUNCHER=mpirun
 fi
-if [ $LAUNCHER = srun ] && launch ucx OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo &&
+if [ $LAUNCHER = srun ] && launch ucx 20 OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo &&
     [ "$(grep -c 'allreduce 2$' "$O/launch-ucx.log")" = 2 ]; then
     export OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo
     echo "INFO launch: Open MPI over UCX (tcp on lo) works: the jobs use it"
@@ -125,14 +130,14 @@ sets() { # RUN_DIR STEPS: the run of every step below
         --set data.path="$W/recall.tok" --set run.out_dir="$1" --set train.steps="$2" --set train.warmup_steps=10 \
         --set checkpoint.every=$(($2 / 8 > 0 ? $2 / 8 : 1)) --set slurm.nodes=2 --set slurm.gpus_per_node=1 \
         --set slurm.time=00:15:00 --set slurm.signal_s=30 --set slurm.site_env=$SITE --set slurm.launcher=$LAUNCHER \
-        --set parallel.comm_timeout_s=20
+        --set parallel.comm_timeout_s=20 ${EXTRA_SETS:-}
 }
 plain() { # NAME STEPS [VAR=VALUE...]: mpirun -np 2 on this host, outside Slurm (Open MPI's defaults; the ranks
     # are mpirun's children here and inherit its environment)
     env -u OMPI_MCA_pml -u UCX_TLS -u UCX_NET_DEVICES "${@:3}" timeout 300 mpirun --allow-run-as-root --bind-to none \
         -np 2 "$RS" train configs/tiny-cpu.yaml $(sets "$W/runs/$1" "$2") > "$O/$1.log" 2>&1
 }
-ms_of() { $PY -c "import json,sys; r=[json.loads(l)['ms'] for l in open(sys.argv[1])][5:]; r.sort(); print(r[len(r)//2])" "$1"; }
+ms_of() { $PY -c "import json,sys; r=sorted(json.loads(l)['ms'] for l in list(open(sys.argv[1]))[5:]); print('%.1f' % r[len(r)//2])" "$1"; }
 if [ -n "${STEPS:-}" ]; then
     echo "INFO one-node: STEPS=$STEPS (given)"
 elif plain calibrate 60 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_NET=Socket NCCL_DEBUG=WARN; then
