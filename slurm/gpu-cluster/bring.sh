@@ -4,13 +4,14 @@
 # with the libraries they need beyond a base system, the ringscan binary (stripped, gzip) and a tiny MPI
 # program for the launch checks. The GPU machine installs them with slurm/gpu-cluster/install.sh.
 #
-#   slurm/gpu-cluster/bring.sh [--ringscan BIN] [--listing FILE] [--out DIR]
+#   slurm/gpu-cluster/bring.sh [--ringscan BIN] [--listing FILE] [--out DIR] [--packages-only]
 #
 #   --ringscan BIN  the binary to bring (default build/ringscan; a cuda build: `--version` names cuda)
 #   --listing FILE  the packages the GPU machine has (`dpkg-query -W -f '${Package}\n'` there, one name a
 #                   line): those are left out; without it every package past Debian's required set comes
 #   --out DIR       where the folder goes (default .carry/gpu-cluster, which git ignores; name it in the
 #                   device tool's `carry`)
+#   --packages-only the packages alone (tests/test_gpu_cluster.py)
 #
 # Two sets of packages, because Slurm's PMIx plugin loads the machine's PMIx library
 # (/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so) and refuses any other major version than its own, and
@@ -27,11 +28,13 @@ cd "$(dirname "$0")/../.." || exit 2
 RINGSCAN=build/ringscan
 LISTING=
 OUT=.carry/gpu-cluster
+ONLY=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --ringscan) RINGSCAN=$2; shift 2 ;;
         --listing) LISTING=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
+        --packages-only) ONLY=1; shift ;;
         *) echo "bring.sh: unknown argument $1 (see the header of $0)"; exit 2 ;;
     esac
 done
@@ -39,8 +42,8 @@ fail() { echo "bring.sh: FAILED: $*"; exit 1; }
 for b in apt-get apt-cache dpkg-deb readelf mpicc strip gzip python3; do
     command -v $b > /dev/null || fail "$b is missing here (this script needs a Debian machine with apt, Open MPI's mpicc, binutils)"
 done
-[ -x "$RINGSCAN" ] || fail "$RINGSCAN is not there: build it first (make build/ringscan, with nvcc)"
-"$RINGSCAN" --version | grep -q "backends.*cuda (" ||
+[ $ONLY = 1 ] || [ -x "$RINGSCAN" ] || fail "$RINGSCAN is not there: build it first (make build/ringscan, with nvcc)"
+[ $ONLY = 1 ] || "$RINGSCAN" --version | grep -q "backends.*cuda (" ||
     fail "$RINGSCAN is not a cuda build (its --version: $("$RINGSCAN" --version | grep backends))"
 [ -z "$LISTING" ] || [ -s "$LISTING" ] || fail "--listing $LISTING is empty or missing"
 
@@ -132,11 +135,13 @@ packages bookworm libpmix2
 packages trixie libpmix2t64
 
 # the binaries: ringscan stripped and compressed, and the MPI check program
+if [ $ONLY = 0 ]; then
 strip -o "$WORK/ringscan" "$RINGSCAN" && gzip -6 -c "$WORK/ringscan" > "$OUT/bin/ringscan.gz" || fail "strip/gzip $RINGSCAN"
 mpicc -O2 -o "$OUT/bin/mpi_hello" slurm/gpu-cluster/mpi_hello.c || fail "mpicc slurm/gpu-cluster/mpi_hello.c"
+fi
 {
     echo "made by slurm/gpu-cluster/bring.sh on $(date -u '+%F %T') UTC"
-    "$RINGSCAN" --version | sed 's/^/ringscan: /'
+    [ $ONLY = 1 ] || "$RINGSCAN" --version | sed 's/^/ringscan: /'
     for s in bookworm trixie; do echo "$s: $(ls "$OUT/debs/$s" | tr '\n' ' ')"; done
     [ -z "$LISTING" ] || echo "left out: the $(wc -l < "$WORK/listing") packages of $LISTING"
 } > "$OUT/MANIFEST"
@@ -144,7 +149,7 @@ mpicc -O2 -o "$OUT/bin/mpi_hello" slurm/gpu-cluster/mpi_hello.c || fail "mpicc s
 size=$(du -sb "$OUT" | cut -f1)
 tree=$(git ls-files -z | xargs -0 cat 2> /dev/null | wc -c)
 total=$((size + tree))
-echo "bring.sh: $OUT holds $((size / 1024)) KiB (ringscan.gz $(($(stat -c %s "$OUT/bin/ringscan.gz") / 1024)) KiB);" \
+echo "bring.sh: $OUT holds $((size / 1024)) KiB (ringscan.gz $(($(stat -c %s "$OUT/bin/ringscan.gz" 2> /dev/null || echo 0) / 1024)) KiB);" \
     "with the working tree ($((tree / 1024)) KiB) a device call carries $((total / 1024)) KiB of its 65536"
 [ "$total" -lt $((64 * 1024 * 1024)) ] || fail "over the device tool's 64 MiB"
 git check-ignore -q "$OUT" || echo "bring.sh: warning: git does not ignore $OUT (it would travel untracked anyway; add it to .git/info/exclude)"

@@ -159,7 +159,7 @@ fi
 submit() { # NAME: submits the run, prints the job id
     "$RS" submit configs/tiny-cpu.yaml $(sets "$W/runs/$1" "$STEPS") --set run.name="$1" 2> "$O/submit-$1.err"
 }
-state() { scontrol show job -o "$1" 2> /dev/null | grep -o "$2=[^ ]*" | cut -d= -f2; }
+state() { scontrol show job -o "$1" 2> /dev/null | grep -o " $2=[^ ]*" | head -1 | cut -d= -f2; }
 terminal() { case "$(state "$1" JobState)" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | PREEMPTED | OUT_OF_MEMORY) return 0 ;; esac; return 1; }
 wait_job() { # JOB [SECONDS]: until it ends
     local end=$((SECONDS + ${2:-300}))
@@ -253,14 +253,18 @@ K=$W/runs/kill
 job=$(submit kill) || { fail kill "ringscan submit: $(tail -3 "$O/submit-kill.err")"; exit; }
 why="" victim=""
 if wait_steps "$job" "$K" $((STEPS / 3)) 0 && [ -e "$K/ckpt/LATEST" ]; then
-    for p in $(pgrep -f "ringscan train $K/config.submitted.yaml"); do
+    # rank 1 itself (its task's SLURM_PROCID), not a child of it (a rank's signal relay has its command line)
+    ranks=$(pgrep -f "ringscan train $K/config.submitted.yaml" | tr '\n' ' ')
+    for p in $ranks; do
+        case " $ranks " in *" $(awk '{print $4}' /proc/$p/stat 2> /dev/null) "*) continue ;; esac
         tr '\0' '\n' < /proc/$p/environ 2> /dev/null | grep -qx SLURM_PROCID=1 && victim=$p
     done
     if [ -n "$victim" ]; then
         kstep=$(wc -l < "$K/metrics.jsonl")
+        node=$(tr '\0' '\n' < /proc/$victim/environ 2> /dev/null | grep SLURMD_NODENAME | cut -d= -f2)
         kill -9 "$victim"
-        echo "INFO kill: kill -9 of rank 1 (pid $victim, node $(tr '\0' '\n' < /proc/$victim/environ 2> /dev/null |
-            grep SLURMD_NODENAME | cut -d= -f2)) at step ~$kstep, checkpoint $(cat "$K/ckpt/LATEST" 2> /dev/null)"
+        echo "INFO kill: kill -9 of rank 1 (pid $victim, node $node) after step $kstep, the newest checkpoint then" \
+            "$(cat "$K/ckpt/LATEST" 2> /dev/null)"
     else why="rank 1's process not found"; fi
 else why="the job did not reach step $((STEPS / 3)) with a checkpoint"; fi
 wait_job "$job" 600
