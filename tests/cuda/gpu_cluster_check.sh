@@ -26,7 +26,7 @@
 #   kill       the same job again, checkpoint every STEPS/8 steps: kill -9 of rank 1 (the task on n2)
 #              mid-run: rank 0's watchdog names rank 1, every rank ends with 76, the job requeues itself,
 #              resumes from the last checkpoint and ends with `submit`'s losses, bitwise
-# Environment: RUN_S (default 12), STEPS (fixed instead of measured), CURVE_TOL (default 2e-2), KEEP=1
+# Environment: UCX=0 (no UCX probe: the jobs use Open MPI's TCP), RUN_S (default 12), STEPS (fixed instead of measured), CURVE_TOL (default 2e-2), KEEP=1
 # (leave the cluster running), EXTRA_SETS (more --set KEY=VALUE for every run, e.g. a smaller sample for
 # the cpu rehearsal). Exit 0 when every step passed. Needs root, 2 GPUs, python3, Open MPI.
 # A rehearsal without GPUs (the script's own logic, on a machine with Slurm installed): DEVICE=cpu
@@ -114,7 +114,9 @@ else
     echo "  (the jobs below use slurm.launcher=mpirun; the kill step needs srun and is not run)"
     LAUNCHER=mpirun
 fi
-if [ $LAUNCHER = srun ] && launch ucx 20 OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo &&
+if [ "${UCX:-1}" = 0 ]; then
+    echo "INFO launch: UCX=0: the jobs use Open MPI's TCP (ob1)"
+elif [ $LAUNCHER = srun ] && launch ucx 20 OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo &&
     [ "$(grep -c 'allreduce 2$' "$O/launch-ucx.log")" = 2 ]; then
     export OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo
     echo "INFO launch: Open MPI over UCX (tcp on lo) works: the jobs use it"
