@@ -290,12 +290,22 @@ def test_parity_step_hf_names_match_the_reference(ringscan, kda_run, cases, tmp_
 # ---------------------------------------------------------------- 5. training
 
 def test_tiny_kda_hybrid_learns_under_cp2(ringscan, recall_tok, tmp_path):
-    steps = 40
-    two = train(ringscan, recall_tok, tmp_path / "cp2", steps, cp=2, extra=["--set", "train.warmup_steps=4"])
+    steps, sets = 40, ["--set", "train.warmup_steps=4", "--set", "data.seq_len=256"]
+    two = train(ringscan, recall_tok, tmp_path / "cp2", steps, cp=2, extra=sets)
     print("cp 2 losses", [round(x, 4) for x in two])
     assert len(two) == steps and np.mean(two[-5:]) < two[0] - 1.0, two  # it learns
-    one = train(ringscan, recall_tok, tmp_path / "cp1", 5, cp=1, extra=["--set", "train.warmup_steps=4",
-                                                                         "--set", f"train.steps={steps}",
-                                                                         "--set", "run.stop_after_step=5"])
+    one = train(ringscan, recall_tok, tmp_path / "cp1", steps, cp=1, extra=sets + ["--set", "run.stop_after_step=5"])
     for a, b in zip(one, two[:5]):
         assert abs(a - b) <= 1e-5 * abs(b), (one, two[:5])
+
+
+# ---------------------------------------------------------------- the GPU machine's parity script, its plumbing
+
+@pytest.mark.parametrize("impl", ["ref", "ref-transformers-names"])
+def test_kda_check_plumbing(ringscan, tmp_path, impl):
+    """tests/parity/kda_check.py (run against transformers' KimiDeltaAttention on the GPU machine) with ref_model.py's
+    KDA standing in for transformers', under kimi_linear's names and under transformers' current ones (one packed
+    conv, forget_gate_*, beta_proj, output_gate_*): every check passes and the broken one fails as it must."""
+    r = run(["/usr/bin/python3", ROOT / "tests/parity/kda_check.py", tmp_path, "--impl", impl], timeout=1200)
+    assert r.returncode == 0 and "kda_check: PASS (6 checks, 0 failed" in r.stdout, r.stdout + r.stderr
+    assert "PASS  broken dt_bias heads swapped (packed) (must fail)" in r.stdout, r.stdout

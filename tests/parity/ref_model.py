@@ -383,13 +383,17 @@ def check_batch(cfg, tokens, targets, pos, doc_pos):
         raise ValueError("inside a document, doc_pos and pos must go up by 1 per token")
 
 
-def forward(P, cfg, tokens, pos, doc_pos):
-    """Logits [B, T, V] for HF-named parameters P (a dict of tensors, one dtype)."""
+def forward(P, cfg, tokens, pos, doc_pos, mixers=None):
+    """Logits [B, T, V] for HF-named parameters P (a dict of tensors, one dtype). mixers (optional): layer index ->
+    callable(h, doc_pos) giving that layer's mixer output [B, T, H] in place of this file's (kda_check.py plugs
+    transformers' KimiDeltaAttention in there)."""
     x = P["model.embed_tokens.weight"][tokens.long()]
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         h = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.rms_norm_eps)
-        if cfg.layer_type(i) == LINEAR and cfg.linear_attention == "kda":
+        if mixers and i in mixers:
+            x = x + mixers[i](h, doc_pos)
+        elif cfg.layer_type(i) == LINEAR and cfg.linear_attention == "kda":
             x = x + kda_block(P, cfg, i, h, doc_pos)
         elif cfg.layer_type(i) == LINEAR:
             x = x + gdn_block(P, cfg, i, h, doc_pos)
@@ -410,14 +414,14 @@ def token_losses(logits, targets):
     return torch.where(valid, lse - picked, torch.zeros_like(lse))
 
 
-def loss_fn(P, cfg, tokens, targets, pos, doc_pos, check=True):
+def loss_fn(P, cfg, tokens, targets, pos, doc_pos, check=True, mixers=None):
     """Mean cross-entropy over every token of the batch with target >= 0."""
     if check:
         check_batch(cfg, tokens, targets, pos, doc_pos)
     n = int((targets >= 0).sum())
     if n == 0:
         raise ValueError("no token has a target")
-    return token_losses(forward(P, cfg, tokens, pos, doc_pos), targets).sum() / n
+    return token_losses(forward(P, cfg, tokens, pos, doc_pos, mixers), targets).sum() / n
 
 
 def loss_and_grads(P, cfg, tokens, targets, pos, doc_pos, dtype=torch.float64):
