@@ -299,6 +299,19 @@ def test_tiny_kda_hybrid_learns_under_cp2(ringscan, recall_tok, tmp_path):
         assert abs(a - b) <= 1e-5 * abs(b), (one, two[:5])
 
 
+def test_kda_under_the_weights_shard_stage(ringscan, recall_tok, tmp_path):
+    """parallel.shard weights keeps the fp32 gates the kernels read in a compact copy refreshed after each step; a KDA
+    layer's dt_bias there is nv x dk long (not nv): the losses equal the unsharded run's."""
+    losses = {}
+    for shard in ("none", "weights"):
+        r = mpirun(2, ringscan, "train", ROOT / "configs/tiny-cpu.yaml", *KDA, *TINY, "--set", "parallel.cp=1",
+                   "--set", "parallel.dp=2", "--set", "data.micro_batch=1", "--set", f"parallel.shard={shard}",
+                   "--set", f"data.path={recall_tok}", "--set", "train.steps=4", "--set", f"run.out_dir={tmp_path / shard}")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+        losses[shard] = [json.loads(line)["loss"] for line in open(tmp_path / shard / "metrics.jsonl")]
+    assert losses["weights"] == losses["none"], losses
+
+
 # ---------------------------------------------------------------- the GPU machine's parity script, its plumbing
 
 @pytest.mark.parametrize("impl", ["ref", "ref-transformers-names"])
