@@ -29,6 +29,7 @@ const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
 const char *const hidden_act_names[]  = {"silu", NULL};
+const char *const linear_attention_names[] = {"gdn", "kda", NULL};
 const char *const slurm_launcher_names[] = {"srun", "mpirun", NULL};
 const char *const attn_kernel_names[] = {"ringscan", "cudnn", "cudnn_det", "auto", NULL};
 
@@ -42,6 +43,7 @@ _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDU
 _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
 _Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
 _Static_assert(sizeof hidden_act_names / sizeof *hidden_act_names == HIDDEN_ACT_COUNT + 1, "names");
+_Static_assert(sizeof linear_attention_names / sizeof *linear_attention_names == LINEAR_ATTN_COUNT + 1, "names");
 _Static_assert(sizeof slurm_launcher_names / sizeof *slurm_launcher_names == SLURM_LAUNCHER_COUNT + 1, "names");
 _Static_assert(sizeof attn_kernel_names / sizeof *attn_kernel_names == ATTN_KERNEL_COUNT + 1, "names");
 
@@ -108,6 +110,11 @@ const ConfigKey config_schema[] = {
     INT(model.linear_key_head_dim, "128", 8, 1024, "", "model", "key head width of Gated DeltaNet layers"),
     INT(model.linear_value_head_dim, "128", 8, 1024, "", "model", "value head width of Gated DeltaNet layers"),
     INT(model.linear_conv_kernel_dim, "4", 1, 16, "tokens", "model", "causal depthwise conv width over [q|k|v]"),
+    ENUM(model.linear_attention, "gdn", linear_attention_names, "model",
+         "the mixer of every linear_attention layer: gdn (Gated DeltaNet, Qwen3-Next's) or kda (Kimi Delta "
+         "Attention, kimi_linear's: a decay per key channel, low-rank decay and output gates, a sigmoid-gated "
+         "output norm; needs linear_num_key_heads = linear_num_value_heads and linear_key_head_dim = "
+         "linear_value_head_dim; cpu backend only until its cuda kernels exist; docs/design/kda.md)"),
     INT(model.full_attention_interval, "4", 1, CONFIG_LIST_MAX, "layers", "model",
         "every Nth layer is full attention (used when layer_types is empty)"),
     ENUMS(model.layer_types, "[]", layer_kind_names, "model",

@@ -196,6 +196,8 @@ typedef struct {
     void        *kept;           /* fragment i's gdn_chunk_forward keep at kept + i x kept_bytes; NULL: none */
     size_t       kept_bytes;
     int          kept_states;
+    int          kda;            /* Kimi Delta Attention: g (and dg) (rows, nv, dk), the Backend's kda_chunk_* entries
+                                  * in place of gdn_chunk_*; the schedules are the same (backend.h) */
 } CpGdnCore;
 
 /* The core's gradients (rows as CpGdnCore's): written dq, dk (rows, ldq), dv (rows, ldv), dg, dbeta

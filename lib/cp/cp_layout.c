@@ -120,8 +120,10 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
         at[t.cp[i].phase] += t.cp[i].count * cp_align(t.cp[i].bytes);
         if (t.cp[i].id == ACT_CP_GDN_DKEPT) { /* the backend's format; model_acts.c counts it per fragment */
             const ModelConfig *mc = &cfg->model;
-            cp->gdn_dkept_one = be->gdn_dkept_bytes(cp->L.frag_len, (int)mc->linear_num_value_heads,
-                                                    (int)mc->linear_key_head_dim, (int)mc->linear_value_head_dim);
+            size_t (*dkept)(int64_t, int, int, int) =
+                mc->linear_attention == LINEAR_ATTN_KDA ? be->kda_dkept_bytes : be->gdn_dkept_bytes;
+            cp->gdn_dkept_one = dkept(cp->L.frag_len, (int)mc->linear_num_value_heads, (int)mc->linear_key_head_dim,
+                                      (int)mc->linear_value_head_dim);
             const int64_t need = (int64_t)samples * cp->L.nlocal * (int64_t)cp->gdn_dkept_one;
             RS_CHECK(need <= t.cp[i].bytes, "gdn_dkept: the %s backend needs %lld bytes, model_acts.c counts %lld",
                      be->name, (long long)need, (long long)t.cp[i].bytes);

@@ -212,6 +212,9 @@ void plan_build(Plan *p, const Config *cfg) {
     double attn_fwd_full = 4.0 * (double)nh * (double)hd * (double)T; /* QK^T and PV over all T keys */
     p->flops_attn_full = 3.0 * attn_fwd_full * p->n_full;
     p->flops_attn_causal = p->flops_attn_full / 2;
+    /* KDA's chunk (model.linear_attention kda) is counted as GDN's: FLA's chunk_kda forms the same products (its
+     * K K^T and Q K^T from decay-scaled keys in 16-row sub-chunks: the same multiply-adds); the per-channel decays
+     * are elementwise work, not counted (docs/design/kda.md) */
     double C = GDN_CHUNK;
     double gdn_fwd = (double)nv * plan_gdn_fwd_chunk(C, (double)dk, (double)dv) / C;
     double gdn_bwd = (double)nv * plan_gdn_bwd_chunk(C, (double)dk, (double)dv) / C;
@@ -223,6 +226,8 @@ void plan_build(Plan *p, const Config *cfg) {
      * mixer up to its core; full: attention too). Under none nothing reruns (but the CP halo's Kc-1 tail
      * rows per fragment, which the forward projects twice: not counted) */
     int64_t Pg = Cc + nv * dv + 2 * nv, Pa = 2 * nh * hd + 2 * nkv * hd;
+    if (cfg->model.linear_attention == LINEAR_ATTN_KDA) /* [q|k|v|f_a|g_a|b], then f_b's and g_b's GEMMs */
+        Pg = Cc + 2 * dv + nv + (nv * dk + nv * dv) * dv / m->hidden_size;
     double in_proj = (double)m->hidden_size * (double)(p->n_linear * Pg + p->n_full * Pa);
     double per_chunk = layer_mm - (double)m->num_hidden_layers * (double)m->intermediate_size * (double)m->hidden_size;
     p->flops_recompute[ACT_POLICY_NONE] = 0;
@@ -407,8 +412,9 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
             a, (long long)cfg->data.micro_batch, (long long)cfg->train.grad_accum, b);
 
     fprintf(f, "\nmodel\n");
-    fprintf(f, "  %lld layers: %d linear_attention (Gated DeltaNet), %d full_attention\n",
-            (long long)cfg->model.num_hidden_layers, p->n_linear, p->n_full);
+    fprintf(f, "  %lld layers: %d linear_attention (%s), %d full_attention\n", (long long)cfg->model.num_hidden_layers,
+            p->n_linear, cfg->model.linear_attention == LINEAR_ATTN_KDA ? "Kimi Delta Attention" : "Gated DeltaNet",
+            p->n_full);
     plan_commas(p->params.total, a, sizeof a);
     plan_commas(p->hf_params, b, sizeof b);
     fprintf(f, "  parameters %s (%.3f B); Hugging Face state dict %s%s\n", a, p->params.total / 1e9, b,
@@ -505,7 +511,8 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     plan_flops(p->flops_attn_full, b, sizeof b);
     fprintf(f, "  softmax attention, %d layers, causal          %s   (non-causal convention: %s)\n", p->n_full, a, b);
     plan_flops(p->flops_gdn, a, sizeof a);
-    fprintf(f, "  Gated DeltaNet chunk core, %d layers          %s\n", p->n_linear, a);
+    fprintf(f, "  %s chunk core, %d layers          %s\n",
+            cfg->model.linear_attention == LINEAR_ATTN_KDA ? "KDA (Kimi Delta)" : "Gated DeltaNet  ", p->n_linear, a);
     plan_flops(p->flops_model, a, sizeof a);
     plan_flops(p->flops_model - p->flops_attn_causal + p->flops_attn_full, b, sizeof b);
     fprintf(f, "  model FLOPs per token (for MFU)               %s   (non-causal convention: %s)\n", a, b);

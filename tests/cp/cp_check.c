@@ -2,7 +2,7 @@
  * cp_check.c — the CP algorithms alone against the single-rank kernels
  * (build/cp_check, run by tests/test_cp.py under mpirun -np P):
  *
- *   mpirun -np P build/cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage]
+ *   mpirun -np P build/cp_check gdn|kda|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage]
  *
  * Every rank draws the same whole-sample inputs (fixed seed, normal values,
  * never zero) and computes the reference with ONE kernel call over the whole
@@ -22,6 +22,9 @@
  *          (gdn_chunk_prep) and read by its transition and forward: every output bitwise the
  *          run without, and the prep calls counted (the chain: one per fragment 2 | 3, read
  *          by its forward, fragment 2's by its transition too; the scan: every fragment's)
+ *   kda    the same schedules on a Kimi Delta Attention core (CpGdnCore.kda, g per key channel): o, its
+ *          recompute, dq|dk, dv, dg, dbeta and the state passes, without kept buffers and with them and their
+ *          chunk states (at cp 2 the staged chain)
  *   conv   cp_gdn_halo_forward + conv1d per fragment; conv backward + cp_gdn_halo_backward:
  *          y, dx, dw
  *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv, three times (Cp.ring_calls):
@@ -412,6 +415,99 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
+/* ---- Kimi Delta Attention core (the same schedules, CpGdnCore.kda: g per key channel) ------------------ */
+
+/* cp_gdn_forward, its remat recompute and cp_gdn_backward on a KDA core against one kda_chunk_* call per sample;
+ * then the same with kept buffers and the chunk states (cp 2: the staged chain, where cp_init gave gdn_dkept) */
+static void check_kda(Check *c, int nk, int nv, int dk, int dv) {
+    const Backend *be = &backend_cpu;
+    const CpLayout *L = &c->cp.L;
+    const int64_t T = c->T, S = c->S, rows = S * L->T_local, Kd = (int64_t)nk * dk, Vd = (int64_t)nv * dv;
+    const int ldq = (int)(2 * Kd), gw = nv * dk;
+    const int64_t hh = (int64_t)nv * dk * dv;
+    float *qk = check_normal(c, S * T * ldq, 1.0), *v = check_normal(c, S * T * Vd, 1.0);
+    for (int64_t i = 0; i < S * T * 2 * nk; i++) {
+        float *x = qk + i * dk;
+        double ss = 0;
+        for (int j = 0; j < dk; j++) ss += (double)x[j] * x[j];
+        for (int j = 0; j < dk; j++) x[j] = (float)(x[j] / sqrt(ss + 1e-6));
+    }
+    float *g = RS_MALLOC((size_t)(S * T * gw) * 4), *beta = RS_MALLOC((size_t)(S * T * nv) * 4);
+    for (int64_t i = 0; i < S * T * gw; i++) /* a decay per key channel, heads and channels apart */
+        g[i] = (float)(-0.05 * (1 + (i / dk) % nv) * log1p(exp(rng_normal(&c->rng))));
+    for (int64_t i = 0; i < S * T * nv; i++) beta[i] = (float)(1.0 / (1.0 + exp(-rng_normal(&c->rng))));
+    float *dO = check_normal(c, S * T * Vd, 1.0);
+    float *o = RS_MALLOC((size_t)(S * T * Vd) * 4), *dqk = RS_MALLOC((size_t)(S * T * ldq) * 4);
+    float *dv_ = RS_MALLOC((size_t)(S * T * Vd) * 4), *dg = RS_MALLOC((size_t)(S * T * gw) * 4);
+    float *db = RS_MALLOC((size_t)(S * T * nv) * 4);
+    for (int64_t s = 0; s < S; s++) {
+        int64_t r = s * T;
+        be->kda_chunk_forward(o + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * gw, beta + r * nv,
+                              NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL, 0);
+        be->kda_chunk_backward(dqk + r * ldq, dqk + r * ldq + Kd, dv_ + r * Vd, dg + r * gw, db + r * nv, NULL,
+                               dO + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * gw,
+                               beta + r * nv, NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL, 0);
+    }
+    float *lqk = check_local(c, qk, ldq), *lv = check_local(c, v, (int)Vd), *lg = check_local(c, g, gw);
+    float *lb = check_local(c, beta, nv), *ldO = check_local(c, dO, (int)Vd);
+    float *states = RS_MALLOC((size_t)(S * L->nlocal * hh) * 4);
+    float *M = RS_MALLOC((size_t)(S * L->nlocal * nv * dk * dk) * 4);
+    float *lo = RS_MALLOC((size_t)(rows * Vd) * 4), *again = RS_MALLOC((size_t)(rows * Vd) * 4);
+    float *ldqk = RS_MALLOC((size_t)(rows * ldq) * 4), *ldv = RS_MALLOC((size_t)(rows * Vd) * 4);
+    float *ldg = RS_MALLOC((size_t)(rows * gw) * 4), *ldb = RS_MALLOC((size_t)(rows * nv) * 4);
+    CpGdnDims d = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .Cc = 0, .Kc = 0};
+    Cp *cp = &c->cp;
+    const int multi = L->P > 1;
+    CheckSpoil spoil = {.states = states, .dstate = cp->dstate, .n = S * L->nlocal * hh, .hh = hh};
+    cp_gdn_steps(L, &spoil.last);
+    spoil.last--;
+    if (c->sabotage == 1) {
+        cp->step_mark = check_spoil_mark;
+        cp->step_mark_ctx = &spoil;
+    }
+    const size_t kbs = be->kda_kept_bytes(L->frag_len, nv, dk, dv, 1);
+    for (int kept = 0; kept < 2; kept++) { /* without kept buffers, then with them and their chunk states */
+        CpGdnCore core = {.q = lqk, .k = lqk + Kd, .v = lv, .g = lg, .beta = lb, .ldq = ldq, .ldv = (int)Vd,
+                          .ldo = (int)Vd, .states = multi ? states : NULL, .M = M, .kda = 1};
+        if (kept) {
+            core.kept = RS_CALLOC((size_t)(S * L->nlocal), kbs);
+            core.kept_bytes = kbs;
+            core.kept_states = 1;
+        }
+        CpGdnGrads grads = {.dq = ldqk, .dk = ldqk + Kd, .dv = ldv, .dg = ldg, .dbeta = ldb, .dout = ldO};
+        const char *tag = kept ? (L->P == 2 && cp->gdn_dkept ? " (kept, staged chain)" : " (kept)") : "";
+        char name[96];
+        cp_counters_reset(cp);
+        cp_gdn_forward(cp, 0, lo, &core, 1, &d);
+        snprintf(name, sizeof name, "kda o%s", tag);
+        check_rows(c, name, lo, o, (int)Vd);
+        const int64_t passes = cp->count.scan_allgathers_fwd[0];
+        cp_gdn_forward(cp, 0, again, &core, 0, &d);
+        snprintf(name, sizeof name, "kda o, recomputed%s", tag);
+        check_rows(c, name, again, o, (int)Vd);
+        cp_gdn_backward(cp, 0, &grads, &core, &d);
+        snprintf(name, sizeof name, "kda dq|dk%s", tag);
+        check_rows(c, name, ldqk, dqk, ldq);
+        snprintf(name, sizeof name, "kda dv%s", tag);
+        check_rows(c, name, ldv, dv_, (int)Vd);
+        snprintf(name, sizeof name, "kda dg (per key channel)%s", tag);
+        check_rows(c, name, ldg, dg, gw);
+        snprintf(name, sizeof name, "kda dbeta%s", tag);
+        check_rows(c, name, ldb, db, nv);
+        const int64_t want = multi ? 1 : 0, fwd = cp->count.scan_allgathers_fwd[0];
+        const int ok = passes == want && fwd == want && cp->count.scan_allgathers_bwd[0] == want;
+        if (!ok) c->failed++;
+        if (c->comm->rank == 0)
+            printf("kda passes%s: forward %lld, after the recompute %lld, backward %lld (want %lld) %s\n", tag,
+                   (long long)passes, (long long)fwd, (long long)cp->count.scan_allgathers_bwd[0], (long long)want,
+                   ok ? "ok" : "FAIL");
+        free(core.kept);
+    }
+    float *bufs[] = {qk, v, g, beta, dO, o, dqk, dv_, dg, db, lqk, lv, lg, lb, ldO, states, M, lo, again, ldqk, ldv,
+                     ldg, ldb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
 /* ---- conv halo ------------------------------------------------------------------------------ */
 
 static void check_conv(Check *c, int C, int Kc) {
@@ -541,7 +637,7 @@ int main(int argc, char **argv) {
     Comm comm;
     comm_init(&comm, &argc, &argv);
     if (argc < 3)
-        RS_USAGE(NULL, "usage: cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage] "
+        RS_USAGE(NULL, "usage: cp_check gdn|kda|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage] "
                        "[--sabotage-prep] [--ring-kv kept|passed|kept-twice]");
     const char *what = argv[1], *docs = argv[2];
     int64_t S = 2, T = 1024, seed = 7;
@@ -576,7 +672,8 @@ int main(int argc, char **argv) {
     m->linear_key_head_dim = 16;
     m->linear_value_head_dim = 8;
     m->linear_conv_kernel_dim = 4;
-    m->num_hidden_layers = 2; /* layer 0 GDN, layer 1 attention */
+    m->num_hidden_layers = 2; /* layer 0 GDN (KDA with "kda"), layer 1 attention */
+    if (!strcmp(what, "kda")) m->linear_attention = LINEAR_ATTN_KDA; /* cp_init sizes its buffers by the backend's */
     m->full_attention_interval = 2;
     cfg.data.seq_len = T;
     cfg.data.micro_batch = S;
@@ -604,9 +701,10 @@ int main(int argc, char **argv) {
     if (comm.rank == 0) printf("cp_check %s %s: cp %d, %lld samples of %lld tokens\n", what, docs, comm.world_size,
                                (long long)S, (long long)T);
     if (!strcmp(what, "gdn")) check_gdn(&c, 2, 4, 16, 8);
+    else if (!strcmp(what, "kda")) check_kda(&c, 2, 4, 16, 8);
     else if (!strcmp(what, "conv")) check_conv(&c, 2 * 2 * 16 + 4 * 8, 4);
     else if (!strcmp(what, "ring")) check_ring(&c, 4, 2, 16);
-    else RS_USAGE(NULL, "cp_check: first argument is gdn | conv | ring, not '%s'", what);
+    else RS_USAGE(NULL, "cp_check: first argument is gdn | kda | conv | ring, not '%s'", what);
     int failed = comm_allreduce_max_int(&comm, comm.world, c.failed);
     cp_free(&c.cp);
     free(c.pos);
