@@ -189,6 +189,9 @@ int main(int argc, char **argv) {
     if (ce.count) RS_USAGE(NULL, "%s", ce.text);
     const int cuda = cfg.device.kind == DEVICE_KIND_CUDA;
     if (cuda && emulate) RS_USAGE(NULL, "device.kind = cuda runs without --emulate-bf16");
+    if (model_shard_stage(&cfg) != SHARD_NONE) /* it reads Model.grads and .weights whole (ringscan train shards) */
+        RS_USAGE(NULL, "parallel.shard = %s: parity_step compares whole gradients; run it with parallel.shard=none",
+                 shard_names[cfg.parallel.shard]);
     cfg.device.threads = threads;
     char why[4096];
     const Backend *be = runtime_open(&cfg, comm, why, sizeof why); /* groups, GPU + NCCL, backend, threads */
