@@ -475,7 +475,7 @@ static void bc_gdn_phase(BcGdn *a, const char *name, const char *sfx, int end) {
 
 /* The phases' names and bounding marks for the core's steps at this layout. */
 static void bc_gdn_phases(BcGdn *a) {
-    const char *const *steps = cp_gdn_steps(&a->cp.L, &a->steps);
+    const char *const *steps = cp_gdn_steps(&a->cp, &a->steps);
     RS_CHECK(a->steps <= BC_GDN_STEPS, "the GDN core has %d steps, bench cp knows %d", a->steps, BC_GDN_STEPS);
     a->phases = 0;
     a->phase_mark[0] = 0;
@@ -517,6 +517,7 @@ static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
     m->full_attention_interval = 2; /* the one layer is a GDN layer */
     bc_cp_begin(&a->cp, e, &cfg, P);
     config_free(&cfg);
+    if (P > 1 && e->o->gdn_cp >= 0) cp_gdn_set_method(&a->cp, (CpGdnMethod)e->o->gdn_cp); /* --gdn-cp */
     bc_gdn_phases(a);
     a->multi = P > 1;
     a->rows = a->cp.L.T_local;
@@ -961,6 +962,16 @@ int bench_cp_main(const BenchOptions *o) {
             if (k == 1 && P == 2)
                 json_object_set_new(part, "gdn_chain", json_string(o->gdn_chain_staged && o->gdn_keep == GDN_KEEP_STATES
                                                                        ? "staged" : "whole"));
+            if (k == 1 && P > 1) { /* the state passing's schedule: --gdn-cp, or what training runs here */
+                Config gc;
+                config_init_defaults(&gc);
+                gc.parallel.cp = P;
+                gc.parallel.gdn_chain_staged = o->gdn_chain_staged;
+                gc.checkpoint.gdn_keep = o->gdn_keep;
+                const int gm = o->gdn_cp >= 0 ? o->gdn_cp : (int)cp_gdn_method(&gc);
+                json_object_set_new(part, "gdn_cp", json_string(cp_gdn_method_names[gm]));
+                config_free(&gc);
+            }
             json_object_set_new(all, part_names[k], part);
         }
         char path[4200];

@@ -5,7 +5,7 @@
  * doc_pos on the device, its entry state slot and its part of the kept
  * buffer; a forward that writes o is counted in cp->count.
  *
- * Callers: cp_gdn.c, cp_gdn_scan.c, cp_gdn_chain.c.
+ * Callers: cp_gdn.c, cp_gdn_scan.c, cp_gdn_chain.c, cp_gdn_hybrid.c.
  */
 #include "cp_gdn_fragment.h"
 
@@ -93,15 +93,15 @@ void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnC
                                  c->ldo, cp_gdn_kept(c, i));
 }
 
-/* Its transition: exit = M entry + H; with c->kept its prep first, into its kept buffer, which the
- * transition reads (and the fragment's forward after it: prep_in) */
-void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i,
+/* Its transition: exit = M entry + H; with c->kept its prep first (unless prep_in: cp_gdn_fragment_prep
+ * filled it already), into its kept buffer, which the transition reads (and the fragment's forward after it) */
+void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i, int prep_in,
                                 const CpGdnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
-    if (c->kept) cp_gdn_fragment_prep(cp, c, i, d);
+    if (c->kept && !prep_in) cp_gdn_fragment_prep(cp, c, i, d);
     be->gdn_chunk_transition(M, H, CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * d->nv,
                              c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv,
                              c->ldq, c->ldv, cp_gdn_kept(c, i), c->kept_states);

@@ -73,7 +73,7 @@ void cp_scan_forward(Cp *cp, int layer, const CpGdnCore *c, const CpGdnDims *d) 
     const CpScanSizes z = cp_scan_sizes(cp, d);
     for (int64_t i = 0; i < (int64_t)B->samples * L->nlocal; i++) {
         float *M = cp->scan_send + i * z.slot;
-        cp_gdn_fragment_transition(cp, M, M + z.mm, c, i, d);
+        cp_gdn_fragment_transition(cp, M, M + z.mm, c, i, 0, d);
         be->copy(c->M + i * z.mm, M, (size_t)z.mm * sizeof(float));
     }
     cp_scan_allgather(cp, layer, &z, "GDN scan all-gather forward");
