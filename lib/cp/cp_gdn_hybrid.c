@@ -21,8 +21,8 @@
  * state stage from the folded dE_{C+1}, a chained B's from rank r-1's
  * hand-over, a folded B's from its fold, each dS0 on to rank r+1 (rank P-1:
  * to its A); A's state stage from rank r+1's hand-over, its dS0 to rank r-1
- * (rank 0: A's whole backward). tail: the gradients stages (a folded B's in
- * the relay on the lower half, which waits longest for the chain).
+ * (rank 0: A's whole backward). tail: the gradients stages (B's in the relay
+ * on the lower half, 2r < P, which waits longest for the chain).
  * Every hand-off is one comm_isendrecv on the CP group, fp32, every sample at
  * once; an entry (gradient) is 0 where its fragment starts a document.
  *
@@ -237,7 +237,7 @@ void cp_hybrid_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore
     const int gather = C <= 2 * P - 2;
     const int seed = gather && B == 2 * P - 1;        /* rank 0: dE_{2P-1} from B's own stage */
     const int dl = B > C && B <= 2 * P - 2;           /* folded: its dL for the fold */
-    const int grads_early = B > C && 2 * r < P;       /* B's gradients while the lower half waits for the chain */
+    const int grads_early = 2 * r < P;                /* B's gradients while the lower half waits for the chain */
     float *D = cp->dstate;                            /* (S, 2, hh): the gradients arriving at A's and B's exits */
     CommHandle hA = {0}, hB = {0}, hg = {0};
     RS_CHECK(cp->gdn_dkept && c->kept && c->kept_states, "GDN hybrid backward without its stages' buffers");
@@ -289,9 +289,9 @@ void cp_hybrid_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore
                 cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, 2 * s + 1, DB, NULL, d);
             }
         }
-        for (int s = 0; grads_early && s < S; s++)
-            cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, NULL, NULL, d);
     }
+    for (int s = 0; grads_early && s < S; s++)
+        cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, NULL, NULL, d);
     if (r < P - 1) { /* A's exit gradient from rank r+1 (rank P-1: its B's entry gradient, above) */
         cp_hy_handoff(cp, layer, r + 1, h.outA, h.inA, bytes, CP_TAG_HY_BWD_A, "GDN hybrid backward: A's exit "
                       "gradient", &hA);
