@@ -159,6 +159,23 @@ def test_hybrid_folds_are_checked(np_):
     assert all(l.endswith(" ok") for l in rel if "(staged " not in l or "(staged chain)" in l), r.stdout
 
 
+def test_gdn_schedule_choice_follows_the_model():
+    """lib/cp/cp_gdn.c chooses the hybrid up to CP_GDN_HYBRID_MAX_CP and the scan above: where the critical-path
+    model of the code's schedules (bench/gdn_cp_model.py, docs/design/gdn-cp.md) puts the hybrid ahead of the scan
+    over the 16- and 64-head phase figures together (forward + backward summed over both)."""
+    limit = int(re.search(r"#define CP_GDN_HYBRID_MAX_CP (\d+)", (ROOT / "lib/cp/cp_gdn.c").read_text()).group(1))
+    total = {}
+    for heads in (16, 64):
+        r = run(["/usr/bin/python3", ROOT / "bench/gdn_cp_model.py", "--heads", str(heads), "--cp", "3,4,5,6,8",
+                 "--json"])
+        assert r.returncode == 0, r.stderr
+        for P, row in json.loads(r.stdout).items():
+            for name in ("scan", "hybrid"):
+                total[(int(P), name)] = total.get((int(P), name), 0) + sum(row[name])
+    for P in (3, 4, 5, 6, 8):
+        assert (total[(P, "hybrid")] < total[(P, "scan")]) == (P <= limit), (P, total[(P, "hybrid")], total[(P, "scan")])
+
+
 # ---------------------------------------------------------------- 2. the whole model
 
 def segment_docs(frag):

@@ -88,8 +88,8 @@ typedef struct {
     int64_t *ring_hops_fwd;       /* (L) K|V exchanges of forward rings */
     int64_t *ring_passes_fwd;     /* (L) forward ring passes with communication (P > 1) */
     int64_t *ring_passes_bwd;     /* (L) backward ring passes with communication (P > 1) */
-    int64_t *scan_allgathers_fwd; /* (L) GDN entry-state passes over the CP group, forward: the scan's all-gather
-                                   * (P > 2), or the chain's two hand-offs (P = 2); one per communicating forward */
+    int64_t *scan_allgathers_fwd; /* (L) GDN entry-state passes over the CP group, forward: the scan's all-gather,
+                                   * or the chain's or the hybrid's hand-offs; one per communicating forward */
     int64_t *scan_allgathers_bwd; /* (L) the same for the state gradients (one per backward with P > 1) */
     int64_t *halo_exchanges;      /* (L) conv halo all-gathers, forward and backward */
     int64_t *gdn_forwards;        /* (L) chunked delta-rule forward calls */

@@ -1,5 +1,5 @@
 /*
- * cp_gdn_scan.c — the GDN core's prefix scan (P > 2; cp_gdn_scan.h). Per
+ * cp_gdn_scan.c — the GDN core's prefix scan (cp_gdn_scan.h; P >= 5). Per
  * pass, each rank computes its fragments' transitions (M, H) (forward) or
  * (M, dL) (backward), fp32, into fixed-size slots; one all-gather gives
  * every rank every slot, and each rank folds, in global order with the same
