@@ -96,26 +96,28 @@ def hybrid_bwd(P, C):
     gather = C <= 2 * P - 2
     for r in range(P):
         A, B = r, 2 * P - 1 - r
-        seed, dl = gather and B == 2 * P - 1, C < B <= 2 * P - 2
+        folded = gather and B >= C
         early = 2 * r < P
-        ops = [("doutB", F["d"], [], [])]
-        ops += [("stateB", F["s"], [], [])] if seed else []
-        ops += [("dLB", F["k"], [], [])] if dl else []
+        ops = []
+        if folded:
+            ops += [("dLB", F["k"], [], [])]
+        else:
+            ops += [("doutB", F["d"], [], [])]
         ops += [("post", 0, [], ["AG"])] if gather else []
         ops += [("doutA", F["d"], [], [])] if r > 0 else []
-        up = [f"D{B}"] if r < P - 1 else []  # B's entry gradient to rank r+1 (rank P-1: its own A)
-        if B < C:
-            ops += [("stateB", F["s"], [f"D{B + 1}"], up)]
-        elif B == C:
-            ops += [("stateB", F["s"] + (F["eps"] * (2 * P - 2 - C) if gather else 0), ["AG"] if gather else [], up)]
-        elif not seed:
-            ops += [("stateB", F["s"] + F["eps"] * (2 * P - 3 - B), ["AG"], [])]
-        ops += [("gradsB", F["g"], [], [])] if early else []
-        wA = [f"D{A + 1}"] if r < P - 1 else []
+        up = [f"D{B}"] if r < P - 1 else []
+        if not folded:
+            w = [f"D{B + 1}"] if B < 2 * P - 1 else []
+            ops += [("stateB", F["s"], w, up)]
+            ops += [("gradsB", F["g"], [], [])] if early else []
+        else:
+            ops += [("wholeB", F["d"] + F["s"] + F["g"] + F["eps"] * max(0, 2 * P - 2 - B), ["AG"], [])] if early else []
+        wA = [f"D{A + 1}"] if r < P - 1 else (["AG"] if gather else [])
         down = [f"D{A}"] if r > 0 else []
-        ops += [("stateA", F["s"] + (0 if r > 0 else F["d"]), wA, down)]
+        ops += [("stateA", F["s"] + (0 if r > 0 else F["d"]) + (F["eps"] * (P - 1) if r == P - 1 else 0), wA, down)]
         ops += [("gradsA", F["g"], [], [])]
-        ops += [("gradsB", F["g"], [], [])] if not early else []
+        if not early:
+            ops += [("gradsB", F["g"], [], [])] if not folded else [("wholeB", F["d"] + F["s"] + F["g"], ["AG"], [])]
         progs.append(ops)
     return progs
 

@@ -139,9 +139,11 @@ typedef struct Cp {
     float *scan_recv;    /* (P, samples, nlocal, nv, dk, dk + dv); P = 2: what the chain's two hand-offs bring */
     float *fold[2];      /* (nv, dk, dv) fp32 ping-pong of the fold */
     float *dstate;       /* (samples, nlocal, nv, dk, dv) fp32 the gradients arriving at the fragments' ends */
-    void  *gdn_dkept;    /* (samples x nlocal) x gdn_dkept_one bytes: the staged schedules' backward stages (the
-                          * chain at P = 2 and the hybrid: parallel.gdn_chain_staged, checkpoint.gdn_keep states;
+    void  *gdn_dkept;    /* (samples x gdn_dkept_frags) x gdn_dkept_one bytes: the staged schedules' backward stages
+                          * (the chain at P = 2 and the hybrid: parallel.gdn_chain_staged, checkpoint.gdn_keep states;
                           * else NULL: the cp 2 chain runs whole, P >= 3 the scan) */
+    int    gdn_dkept_frags; /* local fragments per sample gdn_dkept holds: 2 (the chain), or 1 (the hybrid: the first,
+                             * A; its folded second fragments run their backward whole) */
     size_t gdn_dkept_one; /* backend.h gdn_dkept_bytes of one fragment */
     void  *gdn_dkept_own; /* gdn_dkept allocated by cp_gdn_set_method (outside the arena, which plan counts), or NULL */
     uint8_t *gdn_fwd_hybrid; /* (layers) 1 when the layer's last communicating forward ran cp_gdn_hybrid.c, which
@@ -243,11 +245,11 @@ const char *const *cp_gdn_steps(const Cp *cp, int *n);
  * P = 1 local; P = 2 the chain; P = 3, 4 the hybrid where the passes can be staged
  * (parallel.gdn_chain_staged with checkpoint.gdn_keep states), else the scan; P >= 5 the scan. */
 CpGdnMethod cp_gdn_method(const Config *cfg);
-/* Whether method m at this config runs the backward in stages and so needs Cp.gdn_dkept (model_acts.c sizes it,
- * cp_init binds it). */
+/* How many local fragments per sample method m at this config runs the backward of in stages, keeping them in
+ * Cp.gdn_dkept (model_acts.c sizes it, cp_init binds it): 2 for the chain, 1 for the hybrid, else 0. */
 int cp_gdn_method_staged(CpGdnMethod m, const Config *cfg);
-/* cp->gdn_method = m (tests, `bench cp --gdn-cp`): LOCAL only at P = 1, CHAIN / HYBRID at P >= 2 (at P >= 3 they
- * need the staged passes' buffers: gdn_dkept is allocated here when cp_init gave none). */
+/* cp->gdn_method = m (tests, `bench cp --gdn-cp`): LOCAL only at P = 1, CHAIN / HYBRID at P >= 2 (they need the
+ * staged passes' buffers: gdn_dkept is allocated here when cp_init gave none or too few). */
 void cp_gdn_set_method(Cp *cp, CpGdnMethod m);
 /* Whether cp_gdn_forward with communication wants the fragments' kept buffers (with their chunk states) even
  * where nothing is kept for the backward: the hybrid's and the P >= 3 chain's state passes run alone into them. */

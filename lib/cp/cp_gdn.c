@@ -49,7 +49,8 @@ CpGdnMethod cp_gdn_method(const Config *cfg) {
 }
 
 int cp_gdn_method_staged(CpGdnMethod m, const Config *cfg) {
-    return cfg->parallel.cp > 1 && (m == CP_GDN_CHAIN || m == CP_GDN_HYBRID) && cp_gdn_config_staged(cfg);
+    if (cfg->parallel.cp == 1 || !cp_gdn_config_staged(cfg)) return 0;
+    return m == CP_GDN_CHAIN ? 2 : m == CP_GDN_HYBRID ? 1 : 0;
 }
 
 /* The fragments the hybrid schedule chains under cp's method (cp_gdn_hybrid.c), or 0: it does not run */
@@ -72,9 +73,12 @@ void cp_gdn_set_method(Cp *cp, CpGdnMethod m) {
     const int P = cp->L.P;
     RS_CHECK(m >= 0 && m < CP_GDN_METHODS && (m == CP_GDN_LOCAL) == (P == 1), "GDN CP method %d at cp %d", (int)m, P);
     cp->gdn_method = m;
-    if ((m == CP_GDN_CHAIN || m == CP_GDN_HYBRID) && !cp->gdn_dkept && cp->gdn_dkept_one) {
-        cp->gdn_dkept_own = cp->be->alloc((size_t)cp->batch.samples * cp->L.nlocal * cp->gdn_dkept_one);
+    const int frags = m == CP_GDN_CHAIN ? 2 : m == CP_GDN_HYBRID ? 1 : 0;
+    if (frags > (cp->gdn_dkept ? cp->gdn_dkept_frags : 0) && cp->gdn_dkept_one) {
+        if (cp->gdn_dkept_own) cp->be->free(cp->gdn_dkept_own);
+        cp->gdn_dkept_own = cp->be->alloc((size_t)cp->batch.samples * frags * cp->gdn_dkept_one);
         cp->gdn_dkept = cp->gdn_dkept_own;
+        cp->gdn_dkept_frags = frags;
     }
 }
 

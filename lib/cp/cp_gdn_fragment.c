@@ -10,6 +10,7 @@
 #include "cp_gdn_fragment.h"
 
 #include "cp.h"
+#include "core/error.h"
 
 #define CP_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
 
@@ -75,7 +76,8 @@ void cp_gdn_fragment_backward(Cp *cp, const CpGdnGrads *gr, const CpGdnCore *c, 
                            cp_gdn_kept(c, i), c->kept_states);
 }
 
-/* One stage (backend.h GDN_BWD_*) of its backward, carried in its part of cp->gdn_dkept: DOUT; STATE with
+/* One stage (backend.h GDN_BWD_*) of its backward, carried in its part of cp->gdn_dkept (which holds every local
+ * fragment, or each sample's first: Cp.gdn_dkept_frags): DOUT; STATE with
  * dS_final (NULL: 0) arriving at its exit, dS0 = the gradient of its entry state when not NULL; GRADS */
 void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
                            const float *dS_final, float *dS0, const CpGdnDims *d) {
@@ -83,7 +85,9 @@ void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnC
     const CpLayout *L = &cp->L;
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
-    be->gdn_chunk_backward_stage(stage, (char *)cp->gdn_dkept + i * (int64_t)cp->gdn_dkept_one,
+    RS_CHECK(cp->gdn_dkept_frags == 2 || i % 2 == 0, "gdn_dkept holds each sample's first local fragment only");
+    const int64_t slot = cp->gdn_dkept_frags == 2 ? i : i / 2;
+    be->gdn_chunk_backward_stage(stage, (char *)cp->gdn_dkept + slot * (int64_t)cp->gdn_dkept_one,
                                  CP_AT(gr->dq, r0 * c->ldq), CP_AT(gr->dk, r0 * c->ldq), CP_AT(gr->dv, r0 * c->ldv),
                                  gr->dg + r0 * d->nv, gr->dbeta + r0 * d->nv, dS0, CP_AT(gr->dout, r0 * c->ldo),
                                  dS_final, CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),

@@ -15,14 +15,16 @@
  *          Rank 0 computes A's outputs and B's prep here.
  *   tail   A's outputs (and a chained B's) from the kept chunk states; a
  *          folded B's entry folded from C's exit, then its whole forward.
- * Backward: head DOUT of B; rank 0 B's state-gradient stage from nothing
- * (fragment 2P-1 is the sample's last: dE_{2P-1}) and a folded B its dL,
- * into the slot with its M; the all-gather; DOUT of A. relay: fragment C's
- * state stage from the folded dE_{C+1}, a chained B's from rank r-1's
- * hand-over, a folded B's from its fold, each dS0 on to rank r+1 (rank P-1:
- * to its A); A's state stage from rank r+1's hand-over, its dS0 to rank r-1
- * (rank 0: A's whole backward). tail: the gradients stages (B's in the relay
- * on the lower half, 2r < P, which waits longest for the chain).
+ * Backward: head: a folded B (B >= C) its dL into the slot with its M
+ * (fragment 2P-1's dL is its entry gradient), a chained B its dout stage;
+ * the all-gather; A's dout stage. relay: a folded B's exit gradient from
+ * the fold, dE_{B+1} = dL_{B+1} + M_{B+1}^T (... dE_{2P-1}), and its whole
+ * backward (the lower half, 2r < P, here: it waits longest for the chain;
+ * the upper half in the tail); a chained B's state stage from rank r-1's
+ * hand-over, its dS0 on to rank r+1; A's state stage from rank r+1's
+ * hand-over (rank P-1: dE_P from the fold, or from its chained B), its dS0
+ * to rank r-1 (rank 0: A's whole backward). tail: the gradients stages. So
+ * Cp.gdn_dkept holds A's stages alone where every B is folded (C = P).
  * Every hand-off is one comm_isendrecv on the CP group, fp32, every sample at
  * once; an entry (gradient) is 0 where its fragment starts a document.
  *
@@ -235,23 +237,22 @@ void cp_hybrid_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore
     const int S = h.S, r = h.r, P = h.P, B = h.B, C = h.C;
     const int64_t hh = h.hh, bytes = (int64_t)S * hh * (int64_t)sizeof(float);
     const int gather = C <= 2 * P - 2;
-    const int seed = gather && B == 2 * P - 1;        /* rank 0: dE_{2P-1} from B's own stage */
-    const int dl = B > C && B <= 2 * P - 2;           /* folded: its dL for the fold */
-    const int grads_early = 2 * r < P;                /* B's gradients while the lower half waits for the chain */
-    float *D = cp->dstate;                            /* (S, 2, hh): the gradients arriving at A's and B's exits */
+    const int folded = gather && B >= C; /* B's exit gradient from the fold, its dL into it, its backward whole */
+    const int early = 2 * r < P;         /* B's gradients before A's: the lower half waits longest for the chain */
+    float *D = cp->dstate;               /* (S, 2, hh): the gradients arriving at A's and B's exits */
     CommHandle hA = {0}, hB = {0}, hg = {0};
-    RS_CHECK(cp->gdn_dkept && c->kept && c->kept_states, "GDN hybrid backward without its stages' buffers");
+    RS_CHECK(cp->gdn_dkept && cp->gdn_dkept_frags >= (folded ? 1 : 2) && c->kept && c->kept_states,
+             "GDN hybrid backward without its stages' buffers");
 
     cp_gdn_mark(cp, 1, 0); /* head */
     for (int s = 0; s < S; s++) {
         const int64_t i = 2 * (int64_t)s + 1;
         float *slot = h.send + (int64_t)s * h.slot;
-        cp_gdn_fragment_stage(cp, GDN_BWD_DOUT, gr, c, i, NULL, NULL, d);
-        if (seed) cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, i, NULL, slot + h.mm, d);
-        if (dl) {
+        if (folded) { /* [M_B | dL_B] (fragment 2P-1: dL is its entry gradient; its M is not read) */
             cp->be->copy(slot, c->M + i * h.mm, (size_t)h.mm * sizeof(float));
             cp_gdn_fragment_dstate(cp, slot + h.mm, gr, c, i, d);
-        }
+        } else
+            cp_gdn_fragment_stage(cp, GDN_BWD_DOUT, gr, c, i, NULL, NULL, d);
     }
     if (gather) {
         comm_set_context(cp->comm, layer, "GDN hybrid all-gather backward");
@@ -260,38 +261,38 @@ void cp_hybrid_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore
     for (int s = 0; r > 0 && s < S; s++) cp_gdn_fragment_stage(cp, GDN_BWD_DOUT, gr, c, 2 * s, NULL, NULL, d);
 
     cp_gdn_mark(cp, 1, 1); /* relay */
-    if (B <= C) { /* fragment C from the fold (or nothing: the sample's last), a chained B from rank r-1 */
-        if (B < C) {
+    if (!folded) { /* a chained B from rank r-1's hand-over, or the fold where fragment B+1 is folded (or, chaining
+                      every fragment, rank 0's last from nothing) */
+        const int from_fold = gather && B + 1 == C;
+        if (from_fold) comm_wait(cp->comm, &hg);
+        else if (B < 2 * P - 1) {
             cp_hy_handoff(cp, layer, r - 1, h.outA, h.inB, bytes, CP_TAG_HY_BWD_B, "GDN hybrid backward: B's exit "
                           "gradient", &hB);
             comm_wait(cp->comm, &hB);
-        } else if (gather)
-            comm_wait(cp->comm, &hg);
+        }
         for (int s = 0; s < S; s++) {
             float *DB = D + (2 * s + 1) * hh, *dS0 = r == P - 1 ? D + 2 * s * hh : h.outB + s * hh;
-            if (B < C) cp_hy_take(cp, &h, DB, h.inB + s * hh, s, B + 1);
-            else if (gather) {
-                cp_hy_fold_grad(cp, &h, DB, s, B + 1, d);
-                cp_hy_take(cp, &h, DB, DB, s, B + 1);
-            }
-            cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, 2 * s + 1, B < C || gather ? DB : NULL, dS0, d);
+            if (from_fold) cp_hy_fold_grad(cp, &h, DB, s, C, d);
+            if (B < 2 * P - 1) cp_hy_take(cp, &h, DB, from_fold ? DB : h.inB + s * hh, s, B + 1);
+            cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, 2 * s + 1, B < 2 * P - 1 ? DB : NULL, dS0, d);
         }
         if (r < P - 1)
             cp_hy_handoff(cp, layer, r + 1, h.outB, h.inB, bytes, CP_TAG_HY_BWD_B, "GDN hybrid backward: B's entry "
                           "gradient", &hB);
-    } else { /* folded, or the seed (done in the head) */
-        if (!seed) {
-            comm_wait(cp->comm, &hg);
-            for (int s = 0; s < S; s++) {
-                float *DB = D + (2 * s + 1) * hh;
+        for (int s = 0; early && s < S; s++) cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, NULL, NULL, d);
+    }
+    if (folded) { /* the fold: B's exit gradient (nothing for fragment 2P-1), and at r = P-1 A's (dE_P) */
+        comm_wait(cp->comm, &hg);
+        for (int s = 0; s < S; s++) {
+            float *DB = D + (2 * s + 1) * hh;
+            if (B < 2 * P - 1) {
                 cp_hy_fold_grad(cp, &h, DB, s, B + 1, d);
                 cp_hy_take(cp, &h, DB, DB, s, B + 1);
-                cp_gdn_fragment_stage(cp, GDN_BWD_STATE, gr, c, 2 * s + 1, DB, NULL, d);
             }
+            if (r == P - 1) cp_hy_fold_grad(cp, &h, D + 2 * s * hh, s, P, d);
+            if (early) cp_gdn_fragment_backward(cp, gr, c, 2 * s + 1, B < 2 * P - 1 ? DB : NULL, NULL, d);
         }
     }
-    for (int s = 0; grads_early && s < S; s++)
-        cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, NULL, NULL, d);
     if (r < P - 1) { /* A's exit gradient from rank r+1 (rank P-1: its B's entry gradient, above) */
         cp_hy_handoff(cp, layer, r + 1, h.outA, h.inA, bytes, CP_TAG_HY_BWD_A, "GDN hybrid backward: A's exit "
                       "gradient", &hA);
@@ -309,8 +310,11 @@ void cp_hybrid_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore
 
     cp_gdn_mark(cp, 1, 2); /* tail */
     for (int s = 0; s < S; s++) {
+        float *DB = D + (2 * s + 1) * hh;
         if (r > 0) cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s, NULL, NULL, d);
-        if (!grads_early) cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, NULL, NULL, d);
+        if (early) continue;
+        if (folded) cp_gdn_fragment_backward(cp, gr, c, 2 * s + 1, B < 2 * P - 1 ? DB : NULL, NULL, d);
+        else cp_gdn_fragment_stage(cp, GDN_BWD_GRADS, gr, c, 2 * s + 1, NULL, NULL, d);
     }
     comm_wait(cp->comm, &hA);
     comm_wait(cp->comm, &hB);

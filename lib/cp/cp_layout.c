@@ -126,7 +126,8 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
         cp_bind(cp, &t.cp[i], at[t.cp[i].phase]);
         at[t.cp[i].phase] += t.cp[i].count * cp_align(t.cp[i].bytes);
         if (t.cp[i].id == ACT_CP_GDN_DKEPT) { /* the backend's format; model_acts.c counts it per fragment */
-            const int64_t need = (int64_t)samples * cp->L.nlocal * (int64_t)cp->gdn_dkept_one;
+            cp->gdn_dkept_frags = cp_gdn_method_staged(cp->gdn_method, cfg);
+            const int64_t need = (int64_t)samples * cp->gdn_dkept_frags * (int64_t)cp->gdn_dkept_one;
             RS_CHECK(need <= t.cp[i].bytes, "gdn_dkept: the %s backend needs %lld bytes, model_acts.c counts %lld",
                      be->name, (long long)need, (long long)t.cp[i].bytes);
         }

@@ -444,10 +444,11 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
                             check_prep.dstates};
         comm_allreduce_sum_f64(c->comm, c->comm->world, scalls, 5);
         /* per sample: the cp 2 chain preps fragments 1 | 2 (rank 1) and 3 (rank 0), read by the state passes of 1 and
-           2 and by fragment 3's forward, no transition, three stages for each of fragments 1, 2, 3. The hybrid with
-           C chained (P, or 2P - 1 for the chain at P >= 3): every fragment's prep but fragment 0's (inside its state
-           pass) once, each read once; the transitions of fragments C .. 2P - 2; three stages for every fragment but
-           fragment 0 (whole); the dL of fragments C + 1 .. 2P - 2. The scan: every fragment's prep, transition and dL. */
+           2 and by fragment 3's forward, no transition, three stages for each of fragments 1, 2, 3. The hybrid code
+           with C chained (P, or 2P - 1 for the chain at P >= 3): every fragment's prep but fragment 0's (inside its
+           state pass) once, each read once; the transitions of fragments C .. 2P - 2; three stages for each chained
+           fragment but fragment 0 (whole), the folded ones C .. 2P - 1 whole after their dL (chaining every fragment,
+           none is folded: fragment 2P - 1 in stages too). The scan: every fragment's prep, transition and dL. */
         const int P = L->P, C = m == CP_GDN_HYBRID ? P : 2 * P - 1;
         const int hybrid = P > 1 && (m == CP_GDN_HYBRID || (m == CP_GDN_CHAIN && P > 2));
         const double fr = (double)S * (2 * P - 1);
@@ -456,7 +457,9 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
             const double w[5] = {3.0 * S, 3.0 * S, 0, 9.0 * S, 0};
             memcpy(swant, w, sizeof w);
         } else if (hybrid) {
-            const double w[5] = {fr, fr, (double)S * (2 * P - 1 - C), 3 * fr, (double)S * (C < 2 * P - 2 ? 2 * P - 2 - C : 0)};
+            const int gather = C <= 2 * P - 2, staged_b = gather ? C - P : P;
+            const double w[5] = {fr, fr, (double)S * (2 * P - 1 - C), 3.0 * S * (P - 1 + staged_b),
+                                 (double)S * (gather ? 2 * P - C : 0)};
             memcpy(swant, w, sizeof w);
         }
         const int scalls_ok = !memcmp(scalls, swant, sizeof scalls);
