@@ -561,12 +561,14 @@ static void bc_gdn_free(BcGdn *a, const Backend *be) {
     cp_free(&a->cp);
 }
 
-/* The exchanges alone, from the CP context's own buffers: the entry states' (P = 2: one hand-off of
- * the chain, every sample's state; else the scan's all-gather of the [M | H] slots) and the halo's
- * tails. Their bytes per rank. */
+/* The exchanges alone, from the CP context's own buffers: the entry states' (the chain: one hand-off, every
+ * sample's state, with the next rank; the hybrid: its all-gather of one [M | H] slot per rank; the scan: its
+ * all-gather of every local fragment's) and the halo's tails. Their bytes per rank. */
 static int64_t bc_state_bytes(const BcGdn *a) {
     const int64_t hh = (int64_t)a->d.nv * a->d.dk * a->d.dv, mm = (int64_t)a->d.nv * a->d.dk * a->d.dk;
-    return (a->cp.L.P == 2 ? hh : a->cp.L.nlocal * (mm + hh)) * a->cp.batch.samples * (int64_t)sizeof(float);
+    const CpGdnMethod m = a->cp.gdn_method;
+    return (m == CP_GDN_CHAIN ? hh : m == CP_GDN_HYBRID ? mm + hh : a->cp.L.nlocal * (mm + hh)) *
+           a->cp.batch.samples * (int64_t)sizeof(float);
 }
 static int64_t bc_halo_bytes(const BcGdn *a, const Backend *be) {
     return (int64_t)a->cp.batch.samples * a->cp.L.nlocal * (a->d.Kc - 1) * a->d.Cc * be->act_size;
@@ -577,9 +579,10 @@ static void bc_state_alone_run(BcEnv *e, void *ctx) {
     Cp *cp = &a->cp;
     CommHandle h = {0};
     bc_mark(e, 0);
-    if (cp->L.P == 2) {
-        const int peer = 1 - cp->L.rank;
-        comm_isendrecv(cp->comm, COMM_CP, cp->scan_send, peer, cp->scan_recv, peer, bc_state_bytes(a), 41, &h);
+    if (cp->gdn_method == CP_GDN_CHAIN) { /* to the next rank, from the one before (P = 2: the other) */
+        const int P = cp->L.P, r = cp->L.rank;
+        comm_isendrecv(cp->comm, COMM_CP, cp->scan_send, (r + 1) % P, cp->scan_recv, (r + P - 1) % P,
+                       bc_state_bytes(a), 41, &h);
     } else
         comm_iallgather(cp->comm, COMM_CP, cp->scan_send, cp->scan_recv, bc_state_bytes(a), &h);
     comm_wait(cp->comm, &h);
@@ -614,7 +617,8 @@ static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     free(t.all);
     if (e->P > 1) {
         BcTimes x = bc_repeat(e, bc_state_alone_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
-        json_t *alone = json_pack("{ss sI sf sI sf}", "state_op", e->P == 2 ? "send/recv" : "all-gather",
+        json_t *alone = json_pack("{ss sI sf sI sf}", "state_op",
+                                  a.cp.gdn_method == CP_GDN_CHAIN ? "send/recv" : "all-gather",
                                   "state_bytes_per_rank", (json_int_t)bc_state_bytes(&a), "state_ms",
                                   bc_median(&x, 0, BC_SLOWEST), "halo_bytes_per_rank",
                                   (json_int_t)bc_halo_bytes(&a, e->be), "halo_ms", bc_median(&x, 1, BC_SLOWEST));
