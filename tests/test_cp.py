@@ -216,7 +216,7 @@ def parity_step(case, dp, cp, out, *extra, gdn_cp=None):
     assert r.returncode == 0, r.stdout + r.stderr
     counters = json.loads(r.stdout.split("counters ", 1)[1].splitlines()[0])
     if cp > 1:  # the GDN layers ran the schedule asked for, or the one cp_gdn_method chooses at this cp
-        assert f"; gdn cp {gdn_cp or GDN_CP[cp]}\n" in r.stdout, r.stdout
+        assert f"\ngdn cp {gdn_cp or GDN_CP[cp]}\n" in r.stdout, r.stdout
     return safetensors_io.load(out), counters, r.stdout
 
 

@@ -46,8 +46,8 @@
  *
  * It prints, on rank 0, one line with the loss and the step's work counters
  * (per layer, this rank) as JSON, which the tests parse:
- *   parity_step DIR: policy P, dp D, cp C, loss L over N tokens; attention forward calls A, block recomputes R;
- *   gdn cp M (the GDN layers' schedule across the CP group: cp.h CpGdnMethod)
+ *   parity_step DIR: policy P, dp D, cp C, loss L over N tokens; attention forward calls A, block recomputes R
+ *   gdn cp M                    (the GDN layers' schedule across the CP group: cp.h CpGdnMethod)
  *   counters {"attn_forwards": [...], ...}
  */
 #include <jansson.h>
@@ -284,7 +284,7 @@ int main(int argc, char **argv) {
     for (int l = 0; l < m.cp.layers; l++) attn_calls += m.cp.count.attn_kernel_calls[l];
     if (!comm || comm->rank == 0) {
         printf("parity_step %s: %s, policy %s, dp %lld, cp %lld, loss %.9f over %lld tokens; attention forward calls "
-               "%lld, block recomputes %lld; gdn cp %s\n",
+               "%lld, block recomputes %lld\ngdn cp %s\n",
                dir, be->name, act_policy_names[cfg.checkpoint.activations], (long long)cfg.parallel.dp,
                (long long)cfg.parallel.cp, loss, (long long)n, (long long)attn_calls,
                (long long)m.count.block_recomputes, cp_gdn_method_names[m.cp.gdn_method]);
