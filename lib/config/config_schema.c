@@ -147,13 +147,16 @@ const ConfigKey config_schema[] = {
     INT(parallel.dp, "1", 1, 1 << 20, "ranks", "comm", "data-parallel replicas"),
     INT(parallel.cp, "1", 1, 1 << 16, "ranks", "cp", "context-parallel ranks per replica (zigzag layout)"),
     BOOL(parallel.gdn_chain_staged, "true", "cp",
-         "cp 2 only, with checkpoint.gdn_keep: states: the GDN layers' chain between the two ranks hands each state "
-         "on after a state pass, not after a fragment's whole forward or backward (the outputs and the gradients "
-         "come after, from what the passes kept); its backward keeps the chunk state gradients of the rank's two "
-         "fragments per sample between the passes (cuda about nv dv (2 dk / 64 + 4) bytes per local token, in "
-         "plan's CP scan buffers); false, or another gdn_keep: each fragment's pass runs whole, with one state "
-         "pass more per rank each way. Keep it on (the idle rank waits less); turn it off where those kept "
-         "gradients do not fit (docs/design/gdn-cp.md; figures in docs/performance.md)"),
+         "cp 2 to 4, with checkpoint.gdn_keep: states: the GDN layers' state passing hands each state on after a "
+         "state pass, not after a fragment's whole forward or backward (the outputs and the gradients come after, "
+         "from what the passes kept): at cp 2 the chain between the two ranks, at cp 3 and 4 the hybrid (the first "
+         "halves chained, the second halves folded from their transitions); its backward keeps the chunk state "
+         "gradients of the rank's two fragments per sample between the passes at cp 2, of its first at cp 3 and 4 "
+         "(cuda about nv dv (2 dk / 64 + 4) bytes per local token at cp 2, half that above, in plan's CP scan "
+         "buffers); false, or another gdn_keep: cp 2 runs each fragment's "
+         "pass whole, with one state pass more per rank each way, cp 3 and 4 the prefix scan (as above cp 4). Keep "
+         "it on (the ranks wait less); turn it off where those kept gradients do not fit (`ringscan plan` names "
+         "the schedule; docs/design/gdn-cp.md; figures in docs/performance.md)"),
     ENUM(parallel.ring_calls, "auto", ring_calls_names, "cp",
          "how ring attention calls the kernel per ring step and sample. auto: one call over the step's rows (the "
          "zigzag rule's diagonals and rectangles together) where the kernel runs it fast: always with ours (it skips "

@@ -6,11 +6,12 @@
  * buffer; a forward that writes o is counted in cp->count. A KDA core
  * (c->kda) takes the kda_chunk_* entries, its g rows nv x dk wide.
  *
- * Callers: cp_gdn.c, cp_gdn_scan.c, cp_gdn_chain.c.
+ * Callers: cp_gdn.c, cp_gdn_scan.c, cp_gdn_chain.c, cp_gdn_hybrid.c.
  */
 #include "cp_gdn_fragment.h"
 
 #include "cp.h"
+#include "core/error.h"
 
 #define CP_AT(p, off) ((void *)((char *)(p) + (int64_t)(off) * es))
 
@@ -84,7 +85,8 @@ void cp_gdn_fragment_backward(Cp *cp, const CpGdnGrads *gr, const CpGdnCore *c, 
                            cp_gdn_kept(c, i), c->kept_states);
 }
 
-/* One stage (backend.h GDN_BWD_*) of its backward, carried in its part of cp->gdn_dkept: DOUT; STATE with
+/* One stage (backend.h GDN_BWD_*) of its backward, carried in its part of cp->gdn_dkept (which holds every local
+ * fragment, or each sample's first: Cp.gdn_dkept_frags): DOUT; STATE with
  * dS_final (NULL: 0) arriving at its exit, dS0 = the gradient of its entry state when not NULL; GRADS */
 void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
                            const float *dS_final, float *dS0, const CpGdnDims *d) {
@@ -92,8 +94,10 @@ void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnC
     const CpLayout *L = &cp->L;
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
+    RS_CHECK(cp->gdn_dkept_frags == 2 || i % 2 == 0, "gdn_dkept holds each sample's first local fragment only");
+    const int64_t slot = cp->gdn_dkept_frags == 2 ? i : i / 2;
     (c->kda ? be->kda_chunk_backward_stage : be->gdn_chunk_backward_stage)(
-                                 stage, (char *)cp->gdn_dkept + i * (int64_t)cp->gdn_dkept_one,
+                                 stage, (char *)cp->gdn_dkept + slot * (int64_t)cp->gdn_dkept_one,
                                  CP_AT(gr->dq, r0 * c->ldq), CP_AT(gr->dk, r0 * c->ldq), CP_AT(gr->dv, r0 * c->ldv),
                                  gr->dg + r0 * cp_gdn_gw(c, d), gr->dbeta + r0 * d->nv, dS0,
                                  CP_AT(gr->dout, r0 * c->ldo), dS_final, CP_AT(c->q, r0 * c->ldq),
@@ -104,15 +108,15 @@ void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnC
                                  c->ldo, cp_gdn_kept(c, i));
 }
 
-/* Its transition: exit = M entry + H; with c->kept its prep first, into its kept buffer, which the
- * transition reads (and the fragment's forward after it: prep_in) */
-void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i,
+/* Its transition: exit = M entry + H; with c->kept its prep first (unless prep_in: cp_gdn_fragment_prep
+ * filled it already), into its kept buffer, which the transition reads (and the fragment's forward after it) */
+void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i, int prep_in,
                                 const CpGdnDims *d) {
     const Backend *be = cp->be;
     const CpLayout *L = &cp->L;
     const int es = be->act_size;
     const int64_t r0 = cp_gdn_row(cp, i);
-    if (c->kept) cp_gdn_fragment_prep(cp, c, i, d);
+    if (c->kept && !prep_in) cp_gdn_fragment_prep(cp, c, i, d);
     (c->kda ? be->kda_chunk_transition : be->gdn_chunk_transition)(
                              M, H, CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * cp_gdn_gw(c, d),
                              c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv,

@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "backend/runtime.h"
 #include "core/error.h"
+#include "cp/cp.h"
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
  * whole fp32 (V, C) gradient, so few large chunks: at 2 GiB and V = 151,936, 3,533 rows a chunk (10 at
@@ -355,9 +356,10 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add_cp(t, ACT_CP_SCAN_RECV, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * pair);
         acts_add_cp(t, ACT_CP_FOLD, ACT_CP_SCAN, ACT_CP_ALWAYS, 2, nv * dk * dv * f);
         acts_add_cp(t, ACT_CP_DSTATE, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
-        if (cp == 2 && cfg->parallel.gdn_chain_staged && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES)
+        const int staged = cp_gdn_method_staged(cp_gdn_method(cfg), cfg); /* fragments per sample in stages */
+        if (staged) /* the chain's backward stages of both local fragments, the hybrid's of the first */
             acts_add_cp(t, ACT_CP_GDN_DKEPT, ACT_CP_SCAN, ACT_CP_ALWAYS, 1,
-                        frags * (int64_t)dkept_bytes(T / frags, (int)nv, (int)dk, (int)dv));
+                        cfg->data.micro_batch * staged * (int64_t)dkept_bytes(T / frags, (int)nv, (int)dk, (int)dv));
         acts_add_cp(t, ACT_CP_HALO_SEND, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
         acts_add_cp(t, ACT_CP_HALO_RECV, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
     }

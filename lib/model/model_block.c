@@ -289,7 +289,7 @@ static void block_gdn_tails(Model *m, int l, const Batch *b, const Dims *dd) {
 
 /* The mixer up to its whole-rows buffers: per chunk ln1, proj, conv + SiLU, L2 norm, gates (into
  * qk_norm, v, z, beta, g); then the delta rule per fragment (core), with cp > 1 from the entry
- * states the CP group passes (cp_gdn_forward: the chain at cp = 2, the scan above). */
+ * states the CP group passes (cp_gdn_forward: the chain at cp = 2, the hybrid or the scan above). */
 static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
@@ -301,8 +301,10 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const CpGdnDims cd = block_gdn_cp_dims(&d);
     /* the remat recompute keeps what came from the CP group: no halo exchange, no entry states */
     const int communicate = multi && mode != BLOCK_REMAT;
-    /* under remat / full the first forward's kept buffer would be overwritten before any backward reads it */
-    const int keep = mode != BLOCK_FORWARD || m->cfg->checkpoint.activations == ACT_POLICY_NONE;
+    /* under remat / full the first forward's kept buffer would be overwritten before any backward reads it; the
+     * hybrid's state passes run alone into it all the same (cp_gdn_forward_needs_kept: scratch there) */
+    const int keep = mode != BLOCK_FORWARD || m->cfg->checkpoint.activations == ACT_POLICY_NONE ||
+                     (communicate && cp_gdn_forward_needs_kept(cp));
     if (communicate) {
         block_gdn_tails(m, l, b, &d);
         cp_gdn_halo_forward(cp, l, a->gdn_conv_halo, NULL, d.Cc, &cd);
