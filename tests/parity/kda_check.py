@@ -9,12 +9,13 @@ transformers' KDA module (kimi_linear's KimiDeltaAttention; transformers' curren
 is built from a KimiLinearConfig at the shape, with random weights; the same weights go into a ringscan KDA
 folder (kimi_linear's checkpoint names under linear_attn., docs/design/kda.md), around which the rest of a small
 ringscan hybrid (embedding, norms, gated softmax attention, dense MLP) is random too. The module's parameter names
-are mapped onto those names by shape-checked aliases (f_a_proj / forget_gate_down, b_proj / beta_proj, g_a_proj /
-output_gate_down, three convs or one packed conv1d, A_log and dt_bias of any shape with the right size), so either
-naming runs; a parameter that maps to nothing is a FAIL naming it.
+are mapped onto those names by shape-checked aliases (f_a_proj / forget_gate.f_a_proj (transformers 5.17's forget
+gate submodule) / forget_gate_down, b_proj / beta_proj, g_a_proj / output_gate_down, three convs or one packed
+conv1d, A_log and dt_bias of any shape with the right size), so each naming runs; a parameter that maps to nothing
+is a FAIL naming it. transformers 5.17's KimiLinearConfig takes the dims as linear_num_heads / linear_head_dim.
 
 --impl ref (CI, no transformers): a stand-in module with kimi_linear's names computing with tests/parity/
-ref_model.py replaces transformers' everywhere; --impl ref-transformers-names the same with transformers' current
+ref_model.py replaces transformers' everywhere; --impl ref-transformers-names the same with an earlier transformers'
 names and shapes (one packed conv1d, forget_gate_*, beta_proj, output_gate_*, A_log [nv, 1], dt_bias [nv, dk]).
 They prove this script's plumbing and its name map, not transformers' conventions.
 
@@ -78,13 +79,15 @@ ALIASES = {
     "q_conv1d.weight": ["q_conv1d.weight", "q_conv.weight", "q_conv1d.conv.weight"],
     "k_conv1d.weight": ["k_conv1d.weight", "k_conv.weight", "k_conv1d.conv.weight"],
     "v_conv1d.weight": ["v_conv1d.weight", "v_conv.weight", "v_conv1d.conv.weight"],
-    "f_a_proj.weight": ["f_a_proj.weight", "forget_gate_down.weight", "f_proj.0.weight"],
-    "f_b_proj.weight": ["f_b_proj.weight", "forget_gate_up.weight", "f_proj.1.weight"],
+    "f_a_proj.weight": ["f_a_proj.weight", "forget_gate.f_a_proj.weight", "forget_gate_down.weight",
+                        "f_proj.0.weight"],
+    "f_b_proj.weight": ["f_b_proj.weight", "forget_gate.f_b_proj.weight", "forget_gate_up.weight",
+                        "f_proj.1.weight"],
     "b_proj.weight": ["b_proj.weight", "beta_proj.weight"],
     "g_a_proj.weight": ["g_a_proj.weight", "output_gate_down.weight", "g_proj.0.weight"],
     "g_b_proj.weight": ["g_b_proj.weight", "output_gate_up.weight", "g_proj.1.weight"],
-    "A_log": ["A_log"],
-    "dt_bias": ["dt_bias"],
+    "A_log": ["A_log", "forget_gate.A_log"],
+    "dt_bias": ["dt_bias", "forget_gate.dt_bias"],
     "o_norm.weight": ["o_norm.weight"],
     "o_proj.weight": ["o_proj.weight"],
 }
@@ -192,8 +195,14 @@ def transformers_module(shape):
         raise SystemExit(f"no KimiDeltaAttention / KimiLinearDeltaAttention in {mk.__file__}")
     s = SHAPES[shape]
     n, d, Kc = s["linear_num_value_heads"], s["linear_value_head_dim"], s["linear_conv_kernel_dim"]
+    try:  # transformers 5.17: flat linear_num_heads / linear_head_dim, the forget gate a submodule (forget_gate.*)
+        cfg = Cfg(hidden_size=s["hidden_size"], linear_num_heads=n, linear_head_dim=d, linear_conv_kernel_dim=Kc,
+                  num_hidden_layers=1, layer_types=["linear_attention"], mlp_layer_types=["dense"],
+                  rms_norm_eps=EPS, hidden_act="silu")
+    except Exception:  # noqa: BLE001 — another version's keys: its defaults, then the attributes below
+        cfg = None
     try:
-        cfg = Cfg()
+        cfg = cfg or Cfg()
     except Exception:  # noqa: BLE001 — a config class that wants arguments
         cfg = Cfg(linear_attn_config={"kda_layers": [1], "full_attn_layers": [], "num_heads": n, "head_dim": d,
                                       "short_conv_kernel_size": Kc})
@@ -204,6 +213,7 @@ def transformers_module(shape):
                  linear_num_key_heads=n, linear_num_value_heads=n, linear_key_head_dim=d, linear_value_head_dim=d,
                  linear_attn_key_heads=n, linear_attn_value_heads=n, linear_attn_key_head_dim=d,
                  linear_attn_value_head_dim=d, linear_conv_kernel_dim=Kc, forget_gate_lower_bound=None,
+                 linear_num_heads=n, linear_head_dim=d, hidden_act="silu",
                  use_full_rank_output_gate=False, mlp_layer_types=["dense"], first_k_dense_replace=1)
     for k, v in attrs.items():
         try:
