@@ -184,6 +184,19 @@ typedef struct Backend {
     void (*l2norm_backward)(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh,
                             int D, int ldi, int ldo);
 
+    /* ---- the GDN split after the conv, one pass (model_block.c): qk = the L2 norm (l2norm_forward) of
+     * conv's first 2 nk heads of dk, v = conv's next Vd columns, z = zin's Vd columns (copies) ---- */
+    void (*gdn_split_forward)(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
+                              void *z /* (T,Vd) */, const void *conv /* (T,ldc) [q|k|v] */,
+                              const void *zin /* (T,ldz) Vd columns */, int64_t T, int nk, int dk, int Vd, int ldc,
+                              int ldz);
+    /* its backward: dconv's [dq|dk] = l2norm_backward of dqk, dconv's Vd columns after them = dv,
+     * dzout = dz (its Vd columns; the rest of dconv's and dzout's rows are not touched) */
+    void (*gdn_split_backward)(void *dconv /* (T,ldc) = */, void *dzout /* (T,ldz) = */,
+                               const void *dqk /* (T,2nk dk) */, const void *qk /* (T,2nk dk) */,
+                               const float *qk_rstd /* (T,2nk) */, const void *dv /* (T,Vd) */,
+                               const void *dz /* (T,Vd) */, int64_t T, int nk, int dk, int Vd, int ldc, int ldz);
+
     /* ---- Gated DeltaNet gates, per token and value head ----
      * beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus linear above 20), in fp32. */
     void (*gdn_gates_forward)(float *beta /* (T,nv) */, float *g /* (T,nv) */, const void *b /* (T,ld) */,

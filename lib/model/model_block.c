@@ -2,7 +2,8 @@
  * model_block.c — forward and backward of one decoder block (pre-norm mixer, residual, pre-norm SwiGLU
  * MLP, residual) for both layer kinds, over the backend's kernels; the buffers are model.h's LayerActs.
  *
- *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v]; L2 norm of q, k;
+ *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v]; L2 norm of q, k with v and
+ *     z copied into their whole-rows buffers in the same pass (gdn_split_forward; its backward likewise);
  *     beta = sigmoid(b), g = -exp(A_log) softplus(a+dt_bias); the chunked delta rule; gated RMSNorm with
  *     silu(z); out_proj.
  *   attention mixer: proj = ln1 W_in^T gives [q|gate|k|v]; q_norm, k_norm (zero-centred, per head); v
@@ -293,10 +294,10 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
         be->conv1d_silu_forward(a->gdn_conv, a->gdn_proj, block_gdn_halo_in(m, a, &c, &d), W(p->conv),
                                 b->doc_pos + c.row, c.n, d.Cc, d.Kc, d.Pg, d.Cc);
         block_gdn_save_halo(m, a, &c, &d);
-        be->l2norm_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk, a->gdn_conv, c.n,
-                           2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
-        be->copy_2d(AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_conv, 2 * d.Kd), c.n, d.Vd, d.Vd, d.Cc);
-        be->copy_2d(AT(a->gdn_z, c.row * d.Vd), AT(a->gdn_proj, d.Cc), c.n, d.Vd, d.Vd, d.Pg);
+        /* the L2 norm of q, k and the v, z copies into the whole-rows buffers, one pass */
+        be->gdn_split_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
+                              AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_z, c.row * d.Vd), a->gdn_conv,
+                              AT(a->gdn_proj, d.Cc), c.n, d.nk, d.dk, d.Vd, d.Cc, d.Pg);
         be->gdn_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.nv, AT(a->gdn_proj, d.Cc + d.Vd),
                               AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.Pg);
     }
@@ -357,10 +358,10 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
                                G(p->dt_bias), m->d_beta + c.row * d.nv, m->d_g + c.row * d.nv,
                                AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32),
                                P32(p->dt_bias32), c.n, d.nv, d.Pg);
-        be->copy_2d(AT(m->d_proj, d.Cc), AT(m->d_z, c.row * d.Vd), c.n, d.Vd, d.Pg, d.Vd);
-        be->l2norm_backward(m->d_conv, AT(m->d_qk, c.row * 2 * d.Kd), AT(a->gdn_qk_norm, c.row * 2 * d.Kd),
-                            a->gdn_qk_rstd + c.row * 2 * d.nk, c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
-        be->copy_2d(AT(m->d_conv, 2 * d.Kd), AT(m->d_v, c.row * d.Vd), c.n, d.Vd, d.Cc, d.Vd);
+        /* dz into d_proj's z columns; the L2 norm's backward and dv into d_conv: one pass */
+        be->gdn_split_backward(m->d_conv, AT(m->d_proj, d.Cc), AT(m->d_qk, c.row * 2 * d.Kd),
+                               AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
+                               AT(m->d_v, c.row * d.Vd), AT(m->d_z, c.row * d.Vd), c.n, d.nk, d.dk, d.Vd, d.Cc, d.Pg);
         void *dhalo = c.off > 0 ? m->d_halo : multi ? AT(cp->halo_send, c.frag * tail) : NULL;
         be->conv1d_silu_backward(m->d_proj, dhalo, G(p->conv), m->d_conv, a->gdn_proj,
                                  block_gdn_halo_in(m, a, &c, &d), W(p->conv), b->doc_pos + c.row, c.n, d.Cc, d.Kc,

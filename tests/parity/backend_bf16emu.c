@@ -86,6 +86,16 @@ static void emu_l2norm_backward(void *dinp, const void *dout, const void *out, c
     cpu_l2norm_backward(dinp, dout, out, rstd, T, nh, D, ldi, ldo);
     emu_round(dinp, T, (int64_t)nh * D, ldi);
 }
+static void emu_gdn_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *conv, const void *zin,
+                                  int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {
+    cpu_gdn_split_forward(qk, qk_rstd, v, z, conv, zin, T, nk, dk, Vd, ldc, ldz);
+    emu_round(qk, T, (int64_t)2 * nk * dk, (int64_t)2 * nk * dk); /* v, z: copies of rounded values */
+}
+static void emu_gdn_split_backward(void *dconv, void *dzout, const void *dqk, const void *qk, const float *qk_rstd,
+                                   const void *dv, const void *dz, int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {
+    cpu_gdn_split_backward(dconv, dzout, dqk, qk, qk_rstd, dv, dz, T, nk, dk, Vd, ldc, ldz);
+    emu_round(dconv, T, (int64_t)2 * nk * dk, ldc);
+}
 static void emu_gates_backward(void *db, void *da, float *dA, float *ddt, const float *dbeta, const float *dg,
                                const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T,
                                int nv, int ld) {
@@ -206,6 +216,8 @@ const Backend backend_cpu_bf16 = {
     .conv1d_silu_backward = emu_conv_backward,
     .l2norm_forward = emu_l2norm_forward,
     .l2norm_backward = emu_l2norm_backward,
+    .gdn_split_forward = emu_gdn_split_forward,
+    .gdn_split_backward = emu_gdn_split_backward,
     .gdn_gates_forward = cpu_gdn_gates_forward,
     .gdn_gates_backward = emu_gates_backward,
     .gdn_chunk_forward = emu_gdn_forward,
