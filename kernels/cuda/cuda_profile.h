@@ -9,7 +9,10 @@
  * cuda_profile_begin/cuda_profile_end: two CUDA events on the compute stream
  * (the entry's GPU time, launch gaps inside it included) and the host clock
  * (the time the caller waited: large where an entry synchronises). Off, the
- * plain table `backend_cuda` runs and nothing here is called.
+ * plain table `backend_cuda` runs and nothing here is called. On the cuDNN
+ * route (cuda_backend_with_cudnn_attention over the profiled table) the two
+ * attention entries are timed as attention_cudnn_forward/backward, the calls
+ * the route hands to our kernel inside them.
  *
  * cuda_backend_table() picks the table; cuda_profile_reset() forgets what was
  * counted so far (the bench calls it after its warm-up steps);
