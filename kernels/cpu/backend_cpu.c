@@ -34,6 +34,7 @@ const Backend backend_cpu = {
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .matmul_forward = cpu_matmul_forward,
+    .matmul_forward_residual = cpu_matmul_forward_residual,
     .matmul_backward = cpu_matmul_backward,
     .conv1d_silu_forward = cpu_conv1d_silu_forward,
     .conv1d_silu_backward = cpu_conv1d_silu_backward,

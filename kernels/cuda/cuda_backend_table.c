@@ -47,6 +47,7 @@
     X(rmsnorm_forward) \
     X(rmsnorm_backward) \
     X(matmul_forward) \
+    X(matmul_forward_residual) \
     X(matmul_backward) \
     X(conv1d_silu_forward) \
     X(conv1d_silu_backward) \
@@ -135,6 +136,7 @@ static void prof_embedding_backward(float *dwte, const void *dout, const int32_t
 static void prof_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D, int ldi, int ldo, float eps, int zero_centred) { PROF_VOID(rmsnorm_forward, (out, rstd, inp, w, T, nh, D, ldi, ldo, eps, zero_centred)); }
 static void prof_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo, int zero_centred) { PROF_VOID(rmsnorm_backward, (dinp, dw, dout, inp, w, rstd, T, nh, D, ldi, ldo, zero_centred)); }
 static void prof_matmul_forward(void *out, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate) { PROF_VOID(matmul_forward, (out, inp, w, T, IC, OC, ldi, ldo, accumulate)); }
+static void prof_matmul_forward_residual(void *out, const void *inp, const void *w, const void *resid, int64_t T, int IC, int OC, int ldi, int ldo, int ldr) { PROF_VOID(matmul_forward_residual, (out, inp, w, resid, T, IC, OC, ldi, ldo, ldr)); }
 static void prof_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, int64_t T, int IC, int OC, int ldi, int ldo, int accumulate_dinp) { PROF_VOID(matmul_backward, (dinp, dw, dout, inp, w, T, IC, OC, ldi, ldo, accumulate_dinp)); }
 static void prof_conv1d_silu_forward(void *out, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) { PROF_VOID(conv1d_silu_forward, (out, inp, halo, w, doc_pos, T, C, Kc, ldi, ldo)); }
 static void prof_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, const void *dout, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) { PROF_VOID(conv1d_silu_backward, (dinp, dhalo, dw, dout, inp, halo, w, doc_pos, T, C, Kc, ldi, ldo)); }

@@ -159,6 +159,11 @@ typedef struct Backend {
     /* out = inp @ w^T, or out += when accumulate (residual add fused into the GEMM) */
     void (*matmul_forward)(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */, const void *w /* (OC,IC) */,
                            int64_t T, int IC, int OC, int ldi, int ldo, int accumulate);
+    /* out = resid + inp @ w^T (the block's residual add in the GEMM: no copy of resid into out first);
+     * out and resid do not overlap */
+    void (*matmul_forward_residual)(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */,
+                                    const void *w /* (OC,IC) */, const void *resid /* (T,ldr) */, int64_t T, int IC,
+                                    int OC, int ldi, int ldo, int ldr);
     /* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w; dw += dout^T @ inp */
     void (*matmul_backward)(void *dinp /* (T,ldi) */, float *dw /* (OC,IC) += */, const void *dout /* (T,ldo) */,
                             const void *inp /* (T,ldi) */, const void *w, int64_t T, int IC, int OC, int ldi,

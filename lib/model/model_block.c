@@ -177,10 +177,8 @@ static void block_mlp_forward(Model *m, int l, const Chunk *c, void *out, const 
     be->rmsnorm_forward(a->ln2, a->rstd2, a->h, W(p->post_ln), c->n, 1, d.H, d.H, d.H, d.eps, 1);
     be->matmul_forward(a->gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H, 2 * d.I, 0);
     be->swiglu_forward(a->act, a->gate_up, c->n, d.I);
-    if (out) { /* out = h + down(act) */
-        be->copy(AT(out, c->row * d.H), a->h, (size_t)(c->n * d.H * d.es));
-        be->matmul_forward(AT(out, c->row * d.H), a->act, W(p->down), c->n, d.I, d.H, d.I, d.H, 1);
-    }
+    if (out) /* out = h + down(act) */
+        be->matmul_forward_residual(AT(out, c->row * d.H), a->act, W(p->down), a->h, c->n, d.I, d.H, d.I, d.H, d.H);
 }
 
 /* d_resid's rows: dL/d(block output) in, dL/dh out (the MLP's forward of the chunk in the token buffers) */
@@ -314,8 +312,8 @@ static void block_gdn_out_forward(Model *m, int l, const Chunk *c, const Dims *d
     block_rows_count(m, l);
     be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd),
                               AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv, d.dv, d.Vd, d.eps);
-    be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
-    be->matmul_forward(a->h, a->gdn_normed, W(p->out_proj), c->n, d.Vd, d.H, d.Vd, d.H, 1);
+    be->matmul_forward_residual(a->h, a->gdn_normed, W(p->out_proj), AT(a->x, c->row * d.H), c->n, d.Vd, d.H, d.Vd,
+                                d.H, d.H);
 }
 
 /* d_resid's rows hold dL/dh: out_proj and the gated norm's backward into d_core, d_z (whole rows) */
@@ -431,8 +429,8 @@ static void block_attention_out_forward(Model *m, int l, const Chunk *c, const D
     block_rows_count(m, l);
     be->sigmoid_gate_forward(a->attn_gated, AT(a->attn_out, c->row * d.qd), AT(a->attn_gate, c->row * d.qd), c->n,
                              d.qd, d.qd);
-    be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
-    be->matmul_forward(a->h, a->attn_gated, W(m->lp[l].out_proj), c->n, d.qd, d.H, d.qd, d.H, 1);
+    be->matmul_forward_residual(a->h, a->attn_gated, W(m->lp[l].out_proj), AT(a->x, c->row * d.H), c->n, d.qd, d.H,
+                                d.qd, d.H, d.H);
 }
 
 /* d_resid's rows hold dL/dh: o_proj and the gate's backward into d_attn_out, d_gate (whole rows) */

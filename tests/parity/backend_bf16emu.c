@@ -61,6 +61,11 @@ static void emu_matmul_forward(void *out, const void *inp, const void *w, int64_
     cpu_matmul_forward(out, inp, w, T, IC, OC, ldi, ldo, acc);
     emu_round(out, T, OC, ldo);
 }
+static void emu_matmul_forward_residual(void *out, const void *inp, const void *w, const void *resid, int64_t T,
+                                       int IC, int OC, int ldi, int ldo, int ldr) {
+    cpu_matmul_forward_residual(out, inp, w, resid, T, IC, OC, ldi, ldo, ldr);
+    emu_round(out, T, OC, ldo);
+}
 static void emu_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, int64_t T,
                                 int IC, int OC, int ldi, int ldo, int acc) {
     cpu_matmul_backward(dinp, dw, dout, inp, w, T, IC, OC, ldi, ldo, acc);
@@ -211,6 +216,7 @@ const Backend backend_cpu_bf16 = {
     .rmsnorm_forward = emu_rmsnorm_forward,
     .rmsnorm_backward = emu_rmsnorm_backward,
     .matmul_forward = emu_matmul_forward,
+    .matmul_forward_residual = emu_matmul_forward_residual,
     .matmul_backward = emu_matmul_backward,
     .conv1d_silu_forward = emu_conv_forward,
     .conv1d_silu_backward = emu_conv_backward,
