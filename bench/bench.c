@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "cp/cp.h"
 #include "io/fsio.h"
 #include "model/model_acts.h"
 #include "plan/plan.h"
@@ -98,6 +99,9 @@ static const char bench_usage[] =
     "  --gdn-chain C       cp: staged (the cp 2 chain's hand-offs after state passes alone) or whole (each\n"
     "                      fragment's pass whole), as parallel.gdn_chain_staged (staged needs --gdn-keep states);\n"
     "                      default staged\n"
+    "  --gdn-cp M          cp: the GDN layer's state passing at cp > 1: auto (what training runs: cp_gdn_method,\n"
+    "                      docs/design/gdn-cp.md), chain, hybrid or scan (chain and hybrid need --gdn-keep states\n"
+    "                      and --gdn-chain staged above cp 2) (default auto)\n"
     "  --cudnn-lib PATH    attn, cp: libcudnn.so.9 for --attn-impl cudnn* (default: search, as\n"
     "                      device.cudnn_library)\n"
     "  --gdn-T LIST        cp: sequence lengths of the GDN layer, multiples of 128 x P (default 65536,131072)\n"
@@ -230,7 +234,7 @@ static const char *const bench_fixed_keys[] = {"parallel.dp",     "parallel.cp",
 
 /* Options that only `bench cp` takes, and the ones it does not. */
 static const char *const bench_cp_only[] = {"--gdn-T",     "--parts",     "--device", "--ring-calls",
-                                             "--ring-kv",   "--gdn-chain", NULL};
+                                             "--ring-kv",   "--gdn-chain", "--gdn-cp", NULL};
 static const char *const bench_cp_refused[] = {"--doc-len", "--config", "--set", "--tokens", "--peak-tflops",
                                                "--hbm-tbps", NULL};
 
@@ -259,6 +263,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
     o->ring_calls = RING_CALLS_AUTO; /* parallel.ring_calls' default */
     o->ring_keep_kv = 1;             /* parallel.ring_keep_kv's */
     o->gdn_chain_staged = 1; /* parallel.gdn_chain_staged's default */
+    o->gdn_cp = -1;          /* cp_gdn_method's choice */
     o->cudnn_lib = "";
     o->gdn_T[0] = 65536, o->gdn_T[1] = 131072, o->n_gdn_T = 2;
     o->cp_parts = BENCH_CP_ATTN | BENCH_CP_GDN;
@@ -338,6 +343,11 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             const char *v = bench_value(argc, argv, &i);
             if (strcmp(v, "staged") && strcmp(v, "whole")) bench_bad(a, v, "expected staged or whole");
             o->gdn_chain_staged = !strcmp(v, "staged");
+        } else if (!strcmp(a, "--gdn-cp")) {
+            const char *v = bench_value(argc, argv, &i);
+            o->gdn_cp = strcmp(v, "auto") ? config_enum_index(cp_gdn_method_names, v) : -1;
+            if (o->gdn_cp == CP_GDN_LOCAL || (o->gdn_cp < 0 && strcmp(v, "auto")))
+                bench_bad(a, v, "expected auto, chain, hybrid or scan");
         } else if (!strcmp(a, "--cudnn-lib")) {
             o->cudnn_lib = bench_value(argc, argv, &i);
         } else if (!strcmp(a, "--heads")) {

@@ -92,6 +92,7 @@ typedef struct {
     int     attn_impl;                      /* attn: AttnKernel (--attn-impl; issue 19) */
     const char *cudnn_lib;                  /* attn: --cudnn-lib, path of libcudnn.so.9 ("" search) */
     int     gdn_chain_staged;               /* cp: parallel.gdn_chain_staged (--gdn-chain) */
+    int     gdn_cp;                         /* cp: the GDN core's CpGdnMethod at P > 1 (--gdn-cp), -1: cp_gdn_method's */
     int     ring_calls;                     /* cp: RingCalls, as parallel.ring_calls (--ring-calls) */
     int     ring_keep_kv;                   /* cp: parallel.ring_keep_kv (--ring-kv kept | passed) */
 } BenchOptions;

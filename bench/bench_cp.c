@@ -475,7 +475,7 @@ static void bc_gdn_phase(BcGdn *a, const char *name, const char *sfx, int end) {
 
 /* The phases' names and bounding marks for the core's steps at this layout. */
 static void bc_gdn_phases(BcGdn *a) {
-    const char *const *steps = cp_gdn_steps(&a->cp.L, &a->steps);
+    const char *const *steps = cp_gdn_steps(&a->cp, &a->steps);
     RS_CHECK(a->steps <= BC_GDN_STEPS, "the GDN core has %d steps, bench cp knows %d", a->steps, BC_GDN_STEPS);
     a->phases = 0;
     a->phase_mark[0] = 0;
@@ -517,6 +517,7 @@ static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
     m->full_attention_interval = 2; /* the one layer is a GDN layer */
     bc_cp_begin(&a->cp, e, &cfg, P);
     config_free(&cfg);
+    if (P > 1 && e->o->gdn_cp >= 0) cp_gdn_set_method(&a->cp, (CpGdnMethod)e->o->gdn_cp); /* --gdn-cp */
     bc_gdn_phases(a);
     a->multi = P > 1;
     a->rows = a->cp.L.T_local;
@@ -560,12 +561,14 @@ static void bc_gdn_free(BcGdn *a, const Backend *be) {
     cp_free(&a->cp);
 }
 
-/* The exchanges alone, from the CP context's own buffers: the entry states' (P = 2: one hand-off of
- * the chain, every sample's state; else the scan's all-gather of the [M | H] slots) and the halo's
- * tails. Their bytes per rank. */
+/* The exchanges alone, from the CP context's own buffers: the entry states' (the chain: one hand-off, every
+ * sample's state, with the next rank; the hybrid: its all-gather of one [M | H] slot per rank; the scan: its
+ * all-gather of every local fragment's) and the halo's tails. Their bytes per rank. */
 static int64_t bc_state_bytes(const BcGdn *a) {
     const int64_t hh = (int64_t)a->d.nv * a->d.dk * a->d.dv, mm = (int64_t)a->d.nv * a->d.dk * a->d.dk;
-    return (a->cp.L.P == 2 ? hh : a->cp.L.nlocal * (mm + hh)) * a->cp.batch.samples * (int64_t)sizeof(float);
+    const CpGdnMethod m = a->cp.gdn_method;
+    return (m == CP_GDN_CHAIN ? hh : m == CP_GDN_HYBRID ? mm + hh : a->cp.L.nlocal * (mm + hh)) *
+           a->cp.batch.samples * (int64_t)sizeof(float);
 }
 static int64_t bc_halo_bytes(const BcGdn *a, const Backend *be) {
     return (int64_t)a->cp.batch.samples * a->cp.L.nlocal * (a->d.Kc - 1) * a->d.Cc * be->act_size;
@@ -576,9 +579,10 @@ static void bc_state_alone_run(BcEnv *e, void *ctx) {
     Cp *cp = &a->cp;
     CommHandle h = {0};
     bc_mark(e, 0);
-    if (cp->L.P == 2) {
-        const int peer = 1 - cp->L.rank;
-        comm_isendrecv(cp->comm, COMM_CP, cp->scan_send, peer, cp->scan_recv, peer, bc_state_bytes(a), 41, &h);
+    if (cp->gdn_method == CP_GDN_CHAIN) { /* to the next rank, from the one before (P = 2: the other) */
+        const int P = cp->L.P, r = cp->L.rank;
+        comm_isendrecv(cp->comm, COMM_CP, cp->scan_send, (r + 1) % P, cp->scan_recv, (r + P - 1) % P,
+                       bc_state_bytes(a), 41, &h);
     } else
         comm_iallgather(cp->comm, COMM_CP, cp->scan_send, cp->scan_recv, bc_state_bytes(a), &h);
     comm_wait(cp->comm, &h);
@@ -613,7 +617,8 @@ static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
     free(t.all);
     if (e->P > 1) {
         BcTimes x = bc_repeat(e, bc_state_alone_run, bc_two_read, &a, 2, 1, BC_SLOWEST);
-        json_t *alone = json_pack("{ss sI sf sI sf}", "state_op", e->P == 2 ? "send/recv" : "all-gather",
+        json_t *alone = json_pack("{ss sI sf sI sf}", "state_op",
+                                  a.cp.gdn_method == CP_GDN_CHAIN ? "send/recv" : "all-gather",
                                   "state_bytes_per_rank", (json_int_t)bc_state_bytes(&a), "state_ms",
                                   bc_median(&x, 0, BC_SLOWEST), "halo_bytes_per_rank",
                                   (json_int_t)bc_halo_bytes(&a, e->be), "halo_ms", bc_median(&x, 1, BC_SLOWEST));
@@ -961,6 +966,16 @@ int bench_cp_main(const BenchOptions *o) {
             if (k == 1 && P == 2)
                 json_object_set_new(part, "gdn_chain", json_string(o->gdn_chain_staged && o->gdn_keep == GDN_KEEP_STATES
                                                                        ? "staged" : "whole"));
+            if (k == 1 && P > 1) { /* the state passing's schedule: --gdn-cp, or what training runs here */
+                Config gc;
+                config_init_defaults(&gc);
+                gc.parallel.cp = P;
+                gc.parallel.gdn_chain_staged = o->gdn_chain_staged;
+                gc.checkpoint.gdn_keep = o->gdn_keep;
+                const int gm = o->gdn_cp >= 0 ? o->gdn_cp : (int)cp_gdn_method(&gc);
+                json_object_set_new(part, "gdn_cp", json_string(cp_gdn_method_names[gm]));
+                config_free(&gc);
+            }
             json_object_set_new(all, part_names[k], part);
         }
         char path[4200];

@@ -73,6 +73,9 @@
 #              (CP4_REPS timed runs, default 2; CP4_PEER_S the peer's seconds, default 300)
 #   cp4-gdn    (4 GPUs) the GDN layer at cp 4, 128k, 64 heads, FLA's CP beside (give it a warm Triton cache)
 #   cp4-gdn-nopeer  the same, ours only
+#   cp4-gdn-schedules  (4 GPUs) the GDN layer at cp 4 (GDN_CASES, default 128k and 256k at 16 and 64 heads), ours
+#              only, with each state-passing schedule (--gdn-cp hybrid, what training runs at cp 4; scan; chain),
+#              alternated SCHED_ROUNDS (2) times: the measurement docs/design/gdn-cp.md's choice rests on
 #   cp4-step   (4 GPUs) ringscan train at 256k: dp 1 x cp 4 (grad_accum 2) beside dp 2 x cp 2 overlapped and
 #              serial (CP_STEPS, default 4) (the 1M config at cp 4: gpu_regress.sh cp4-1m)
 #   cp2        mpirun -np 2 ringscan bench cp --peer on the machine's 2 GPUs (NCCL_NVLS_ENABLE=0): ring
@@ -575,6 +578,13 @@ bench_part() {
         --peer --peer-timeout "${CP4_PEER_S:-300}" ;;
     cp4-gdn) suite_cp cp4-gdn 4 --parts gdn --gdn-T 131072 --heads 64 --peer --peer-timeout $(($(left) - 120)) ;;
     cp4-gdn-nopeer) suite_cp cp4-gdn-nopeer 4 --parts gdn --gdn-T 131072 --heads 64 ;;
+    cp4-gdn-schedules)
+        for i in $(seq "${SCHED_ROUNDS:-2}"); do
+            for how in hybrid scan chain; do
+                suite_cp "cp4-gdn-$how-$i" 4 --parts gdn ${GDN_CASES:---gdn-T 131072,262144 --heads 16,64} --gdn-cp $how \
+                    || status=1
+            done
+        done ;;
     cp4-step) suite_cp4_step ;;
     qwen35-train) suite_qwen35_train ;;
     qwen35-step) suite_qwen35_step ;;
@@ -583,8 +593,8 @@ bench_part() {
         echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base attn attn32k attn-cudnn"
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
-        echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-step long-1m-torch long-1m-cudnn long-256k"
-        echo "  qwen35-train qwen35-step qwen35-4b-512k;"
+        echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-gdn-schedules cp4-step long-1m-torch long-1m-cudnn"
+        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k;"
         echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
         false
         ;;

@@ -56,6 +56,8 @@ def test_help(ringscan):
     (["bench", "cp", "--gdn-T", "100"], "--gdn-T 100: must be a multiple of 64"),
     (["bench", "cp", "--parts", "attn,mlp"], "--parts mlp: expected attn or gdn"),
     (["bench", "cp", "--gdn-chain", "fast"], "--gdn-chain fast: expected staged or whole"),
+    (["bench", "cp", "--gdn-cp", "fast"], "--gdn-cp fast: expected auto, chain, hybrid or scan"),
+    (["bench", "cp", "--gdn-cp", "local"], "--gdn-cp local: expected auto, chain, hybrid or scan"),
     (["bench", "cp", "--device", "tpu"], "--device tpu: expected cuda or cpu"),
     (["bench", "cp", "--tokens", "4096"], "--tokens : not an option of bench cp"),
     (["bench", "cp", "--doc-len", "0"], "--doc-len : not an option of bench cp"),
@@ -272,6 +274,27 @@ def test_cp_gdn_chain_whole(ringscan, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     gdn = json.loads((tmp_path / "bench.json").read_text())["cp_gdn"]
     assert gdn["gdn_chain"] == "whole"
+
+
+@pytest.mark.parametrize("how", ["auto", "scan", "chain"])
+def test_cp4_gdn_schedules(ringscan, tmp_path, how):
+    """bench cp at cp 4 (cpu, 4 ranks) runs the GDN layer with the schedule training runs there (the hybrid:
+    cp_gdn_method) or the one --gdn-cp names, says which in the json, and times its steps and its exchange alone:
+    the hybrid's all-gather of one [M | H] slot per rank, the scan's of two, the chain's hand-off of one state."""
+    r = run(["mpirun", "-np", "4", "--oversubscribe", ringscan, "bench", "cp", *CP_TINY, "--parts", "gdn",
+             "--gdn-cp", how, "--out", tmp_path], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    gdn = json.loads((tmp_path / "bench.json").read_text())["cp_gdn"]
+    name = {"auto": "hybrid"}.get(how, how)
+    assert gdn["gdn_cp"] == name
+    (gname,) = [c["name"] for c in gdn["request"]["cases"]]
+    row = cp_rows(gdn, "ringscan-cp")[gname]
+    steps = ["scan", "chunk"] if name == "scan" else ["head", "relay", "tail"]
+    assert list(row["phases"])[2:2 + 2 * len(steps)] == [f"{s}_{p}" for p in ("fwd", "bwd") for s in steps]
+    state, slot = 2 * 64 * 64 * 4, 2 * 64 * (64 + 64) * 4  # 2 heads of 64: a state, a slot [M | H]
+    a = row["exchange_alone"]
+    assert (a["state_op"], a["state_bytes_per_rank"]) == {"hybrid": ("all-gather", slot), "scan": ("all-gather",
+                                                          2 * slot), "chain": ("send/recv", state)}[name]
 
 
 FAKE_TORCHRUN = r"""#!/usr/bin/env python3

@@ -3,17 +3,23 @@
 Four layers of evidence, each able to fail:
 
 1. The CP algorithms alone (build/cp_check under mpirun -np P): the GDN core
-   (the chain at P = 2, the prefix scan at P > 2, and its remat recompute from
-   the kept states), the conv halo and the ring attention (the zigzag rule's
-   calls one by one, and one call per step: fewer calls) against one
-   whole-sample kernel call, forward and backward, for P in 1, 2, 4, 8 and six
-   document layouts; bound 1e-5 relative. With --sabotage (each rank's two
-   fragments' states swapped before the core's last step, the halo zeroed,
-   wrong positions for received blocks) the same checks must fail. The GDN core runs
-   again with kept buffers, each fragment's prep computed once and shared
-   (gdn_chunk_prep): bitwise the run without; with --sabotage-prep it must differ.
+   (without kept chunk states the chain at P = 2, the prefix scan at P > 2, and
+   its remat recompute from the kept states; with them every staged schedule:
+   the cp 2 chain, the hybrid, the chain of every fragment above cp 2, and the
+   scan where cp_gdn_method chooses it), the conv halo and the ring attention
+   (the zigzag rule's calls one by one, and one call per step: fewer calls)
+   against one whole-sample kernel call, forward and backward, for P in 1, 2,
+   3, 4, 8 and six document layouts; bound 1e-5 relative. With --sabotage (each
+   rank's two fragments' states swapped before the core's last step, the halo
+   zeroed, wrong positions for received blocks) the same checks must fail, and
+   with --sabotage-fold the hybrid's. The GDN core runs again with kept
+   buffers, each fragment's prep computed once and shared (gdn_chunk_prep):
+   bitwise the run without; with --sabotage-prep it must differ. At cp 2 the
+   hybrid's code chaining all four fragments gives the staged chain's bits.
 2. The whole model (build/parity_step under mpirun): for (dp, cp) in (1,1),
-   (1,2), (1,4), (2,2), (1,8) on batches with many documents, documents that
+   (1,2), (1,4), (2,2), (1,8), (2,4), with the GDN schedule cp_gdn_method
+   chooses (cp 4: the hybrid, cp 8: the scan) and forced (cp 8 the hybrid,
+   cp 4 and 8 the chain of every fragment), on batches with many documents, documents that
    start exactly on and one after segment boundaries, documents longer than a
    segment, and one document spanning everything (and a sample that starts
    inside a document), the loss and every parameter gradient equal the
@@ -44,6 +50,11 @@ import safetensors_io  # noqa: E402
 
 T = 1024          # 2 x 8 x 64: every layout below is valid
 LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 2), (1, 8)]
+# the gradient parity's layouts beside LAYOUTS[1:]: (dp, cp, the GDN schedule forced with parity_step --gdn-cp
+# or None: cp_gdn_method's choice, printed as "gdn cp M")
+PARITY_LAYOUTS = [(dp, cp, None) for dp, cp in LAYOUTS[1:]] + [(2, 4, None), (1, 8, "hybrid"), (1, 4, "chain"),
+                                                                 (1, 8, "chain")]
+GDN_CP = {2: "chain", 4: "hybrid", 8: "scan"}
 
 
 def mpirun(n, *args, timeout=600):
@@ -55,9 +66,14 @@ def mpirun(n, *args, timeout=600):
 # "edges" with 4 samples: each cp 2 fragment boundary starts a document in some sample, and a reset inside
 # cp 2's fragment 2; "one" at 128 tokens: fragments short enough that a fragment's transition M is far
 # from 0, so passing a state through one (M, or M^T backward) is checked too
+# cp 3 (seq_len a multiple of 6 x 64): the hybrid with an odd number of ranks
 ALGO_CASES = ([(1, "many", ())] + [(p, d, ()) for p in (2, 4, 8) for d in ("many", "aligned", "one", "long")]
               + [(p, "edges", ("--samples", "4")) for p in (2, 4, 8)]
-              + [(p, "one", ("--seq-len", "128")) for p in (2, 4, 8)])
+              + [(p, "one", ("--seq-len", "128")) for p in (2, 4, 8)]
+              + [(3, "many", ("--seq-len", "768")), (3, "aligned", ("--seq-len", "768")),
+                 (3, "one", ("--seq-len", "384"))])
+# the GDN schedule cp_gdn_method chooses (lib/cp/cp_gdn.c) and the others cp_check runs beside it
+GDN_CHOSEN = {1: "local", 2: "chain", 3: "hybrid", 4: "hybrid", 8: "scan"}
 
 
 @pytest.mark.parametrize("np_, docs, extra", ALGO_CASES)
@@ -75,7 +91,14 @@ def test_cp_algorithms_match_one_rank(np_, docs, extra):
                 assert sum(l.endswith(" ok") for l in run.stdout.splitlines() if "rel err" in l) == 12, run.stdout
         assert r.returncode == 0, r.stdout + r.stderr
         lines = [l for l in r.stdout.splitlines() if "rel err" in l]
-        assert len(lines) == {"gdn": 12, "conv": 3, "ring": 12}[what], r.stdout
+        methods = []
+        if what == "gdn":  # the staged runs: the chosen schedule first, then the other chain-like ones
+            (ms,) = [l for l in r.stdout.splitlines() if l.startswith("gdn staged methods:")]
+            methods = ms.split(":")[1].split("(")[0].split()
+            chosen = GDN_CHOSEN[np_]
+            assert ms.endswith(f"(cp_gdn_method: {chosen})") and methods[0] == chosen, ms
+            assert sorted(methods) == sorted({chosen} | ({"chain", "hybrid"} if np_ > 1 else set())), ms
+        assert len(lines) == {"gdn": 6 + 6 * len(methods), "conv": 3, "ring": 12}[what], r.stdout
         assert all(l.endswith(" ok") for l in lines), r.stdout
         if what == "ring":  # the rule's calls one by one, one call per step and auto with cuDNN's route: each
             # checked; fewer calls per step, auto between (as few with one document)
@@ -90,11 +113,16 @@ def test_cp_algorithms_match_one_rank(np_, docs, extra):
             # with kept buffers: each fragment's prep computed once and read (gdn_chunk_prep), the same bits
             kept = [l for l in r.stdout.splitlines() if l.startswith(("gdn with kept buffers:", "gdn prep:"))]
             assert len(kept) == 2 and all(l.endswith(" ok") for l in kept), r.stdout
-            # the staged chain (kept chunk states; at P = 2 each hand-off after state passes alone): its six
-            # tensors against the reference (above) and its calls: no transition, three stages per fragment
-            (staged,) = [l for l in r.stdout.splitlines() if l.startswith("gdn staged chain:")]
-            assert staged.endswith(" ok"), staged
-            assert sum("(staged chain)" in l for l in lines) == 6, r.stdout
+            # the staged schedules (kept chunk states: each hand-off after state passes alone): the cp 2 chain, the
+            # hybrid (fragments 0 .. P-1 chained, the rest folded), the chain of every fragment above cp 2, and the
+            # scan where it is chosen: six tensors each against the reference (above) and their calls counted
+            for m in methods:
+                (staged,) = [l for l in r.stdout.splitlines() if l.startswith(f"gdn staged {m}:")]
+                assert staged.endswith(" ok"), staged
+                assert sum(f"(staged {m})" in l for l in lines) == 6, r.stdout
+            if np_ == 2:  # cp_gdn_hybrid.c chaining all four fragments: the bits of cp_gdn_chain.c's staged chain
+                (same,) = [l for l in r.stdout.splitlines() if l.startswith("gdn hybrid code chaining all 4")]
+                assert same.endswith(": ok"), same
 
 
 def test_ring_backward_without_its_forward_is_refused():
@@ -111,11 +139,41 @@ def test_cp_checks_can_fail(what):
     r = mpirun(2, BUILD / "cp_check", what, "many", *(how or ["--sabotage"]))
     assert r.returncode != 0, r.stdout
     assert "FAIL" in r.stdout, r.stdout
-    if how:  # only the kept runs read the spoiled prep (the staged chain's too: its rows must fail)
+    if how:  # only the kept runs read the spoiled prep (the staged schedules' too: their rows must fail)
         assert "gdn with kept buffers: o, o recomputed, dq|dk, dv, dg, dbeta bitwise the run without: FAIL" in r.stdout
         rel = [l for l in r.stdout.splitlines() if "rel err" in l]
-        assert all(l.endswith(" ok") for l in rel if "(staged chain)" not in l), r.stdout
-        assert any(l.endswith(" FAIL") for l in rel if "(staged chain)" in l), r.stdout
+        assert all(l.endswith(" ok") for l in rel if "(staged " not in l), r.stdout
+        for m in ("chain", "hybrid"):
+            assert any(l.endswith(" FAIL") for l in rel if f"(staged {m})" in l), r.stdout
+
+
+@pytest.mark.parametrize("np_", [3, 4, 8])
+def test_hybrid_folds_are_checked(np_):
+    """The hybrid's folded entries (M_j S + H_j) and gradients (dL_j + M_j^T D) with every product's M and M^T
+    swapped (--sabotage-fold; fragments of 16 tokens, where M is far from symmetric): its rows must fail, the
+    chain of every fragment (no fold) and the runs before (the scan's fold, through the plain backend) pass."""
+    r = mpirun(np_, BUILD / "cp_check", "gdn", "one", "--seq-len", str(32 * np_), "--sabotage-fold")
+    assert r.returncode != 0, r.stdout
+    rel = [l for l in r.stdout.splitlines() if "rel err" in l]
+    assert sum(l.endswith(" FAIL") for l in rel if "(staged hybrid)" in l) >= 4, r.stdout
+    assert all(l.endswith(" ok") for l in rel if "(staged " not in l or "(staged chain)" in l), r.stdout
+
+
+def test_gdn_schedule_choice_follows_the_model():
+    """lib/cp/cp_gdn.c chooses the hybrid up to CP_GDN_HYBRID_MAX_CP and the scan above: where the critical-path
+    model of the code's schedules (bench/gdn_cp_model.py, docs/design/gdn-cp.md) puts the hybrid ahead of the scan
+    over the 16- and 64-head phase figures together (forward + backward summed over both)."""
+    limit = int(re.search(r"#define CP_GDN_HYBRID_MAX_CP (\d+)", (ROOT / "lib/cp/cp_gdn.c").read_text()).group(1))
+    total = {}
+    for heads in (16, 64):
+        r = run(["/usr/bin/python3", ROOT / "bench/gdn_cp_model.py", "--heads", str(heads), "--cp", "3,4,5,6,8",
+                 "--json"])
+        assert r.returncode == 0, r.stderr
+        for P, row in json.loads(r.stdout).items():
+            for name in ("scan", "hybrid"):
+                total[(int(P), name)] = total.get((int(P), name), 0) + sum(row[name])
+    for P in (3, 4, 5, 6, 8):
+        assert (total[(P, "hybrid")] < total[(P, "scan")]) == (P <= limit), (P, total[(P, "hybrid")], total[(P, "scan")])
 
 
 # ---------------------------------------------------------------- 2. the whole model
@@ -151,11 +209,14 @@ def cases(tmp_path_factory, ringscan):
     return out
 
 
-def parity_step(case, dp, cp, out, *extra):
+def parity_step(case, dp, cp, out, *extra, gdn_cp=None):
     sets = ["--set", f"parallel.dp={dp}", "--set", f"parallel.cp={cp}", "--set", f"data.micro_batch={2 // dp}"]
-    r = mpirun(dp * cp, BUILD / "parity_step", case, *sets, "--out", out, *extra)
+    forced = ["--gdn-cp", gdn_cp] if gdn_cp else []
+    r = mpirun(dp * cp, BUILD / "parity_step", case, *sets, "--out", out, *extra, *forced)
     assert r.returncode == 0, r.stdout + r.stderr
     counters = json.loads(r.stdout.split("counters ", 1)[1].splitlines()[0])
+    if cp > 1:  # the GDN layers ran the schedule asked for, or the one cp_gdn_method chooses at this cp
+        assert f"\ngdn cp {gdn_cp or GDN_CP[cp]}\n" in r.stdout, r.stdout
     return safetensors_io.load(out), counters, r.stdout
 
 
@@ -182,11 +243,12 @@ def test_layouts_give_the_single_process_gradients(cases, case, tmp_path):
     c = run(["/usr/bin/python3", ROOT / "tests/parity/compare.py", d / "ref.safetensors", tmp_path / "g11.safetensors"])
     assert c.returncode == 0, c.stdout + c.stderr  # the single process matches PyTorch (1e-4)
     floor = {k: rel(ref[k], exact[k]) for k in ref}
-    for dp, cp in LAYOUTS[1:]:
-        got, counters, out = parity_step(d, dp, cp, tmp_path / f"g{dp}{cp}.safetensors")
+    for dp, cp, gdn_cp in PARITY_LAYOUTS:
+        got, counters, out = parity_step(d, dp, cp, tmp_path / f"g{dp}{cp}{gdn_cp}.safetensors", gdn_cp=gdn_cp)
         worst = max((rel(got[k], ref[k]), k) for k in ref)
-        print(f"{case} dp {dp} cp {cp}: loss {float(got['loss']):.9f} vs {float(ref['loss']):.9f}, "
-              f"worst gradient rel err {worst[0]:.2e} ({worst[1]}; single vs float64 there {floor[worst[1]]:.1e})")
+        print(f"{case} dp {dp} cp {cp} ({gdn_cp or GDN_CP[cp]}): loss {float(got['loss']):.9f} vs "
+              f"{float(ref['loss']):.9f}, worst gradient rel err {worst[0]:.2e} ({worst[1]}; single vs float64 there "
+              f"{floor[worst[1]]:.1e})")
         assert rel(got["loss"], ref["loss"]) <= GRAD_BOUND, (dp, cp, got["loss"], ref["loss"])
         for k in ref:
             bound = max(GRAD_BOUND, 2 * floor[k])

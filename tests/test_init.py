@@ -14,20 +14,23 @@ from conftest import ROOT, run
 
 sys.path.insert(0, str(ROOT / "tests" / "parity"))
 import safetensors_io  # noqa: E402
+from test_data import Rng  # noqa: E402  (lib/core/rng.h in Python, one draw at a time)
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 
 def mix(z):
+    """rng_mix over a numpy uint64 array (test_data.mix takes one Python int)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
 def normal_stream(seed, stream, n):
-    """n values of rng_normal from rng_init(seed, stream): two draws each."""
+    """n values of rng_normal from rng_init(seed, stream): two draws each (the stream's start from test_data's
+    Rng, its draws here in numpy, vectorised)."""
     with np.errstate(over="ignore"):
-        s0 = mix(np.uint64(seed) ^ mix(np.uint64(stream) + np.uint64(0x632BE59BD9B4E019)))
+        s0 = np.uint64(Rng(seed, stream).s)
         draws = mix(s0 + np.arange(1, 2 * n + 1, dtype=np.uint64) * GAMMA)
     u = ((draws >> np.uint64(11)).astype(np.float64) + 0.5) / 9007199254740992.0
     return np.sqrt(-2.0 * np.log(u[0::2])) * np.cos(6.283185307179586476925 * u[1::2])

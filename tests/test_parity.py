@@ -99,3 +99,11 @@ def test_emulated_bf16_rounds_every_layer_weight(cases, tmp_path):
         got[case] = safetensors_io.load(case / "grads-bf16.safetensors")
     for name, ref in got[cases["tiny"]].items():
         assert np.array_equal(np.asarray(got[d][name]), np.asarray(ref)), name
+
+
+def test_sharded_world_is_refused_not_crashed(cases):
+    """parity_step compares whole gradients: under parallel.shard it stops with a message (it used to crash)."""
+    r = run(["mpirun", "--oversubscribe", "-np", "2", BUILD / "parity_step", cases["tiny"], "--set", "parallel.cp=2",
+             "--set", "parallel.shard=optimizer"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "parallel.shard = optimizer" in r.stderr and "parallel.shard=none" in r.stderr, r.stderr

@@ -181,8 +181,14 @@ def test_comm_by_hand(ringscan):
     fwd = (P - 1) * (T // P) * kv * 2
     bwd = fwd + P * (T // P) * kv * 4
     assert c["ring attention send/recv"] == 2 * 4 * (fwd + bwd)  # grad_accum 2, 4 full layers
-    # scan: (P-1) ranks' [2, nv, dk, dk+dv] fp32, forward and backward, 12 GDN layers, 2 micro-batches
-    assert c["GDN scan all-gather"] == 2 * 12 * 2 * (P - 1) * 2 * 16 * 128 * 256 * 4
+    # cp 4: the hybrid (d["layout"]["gdn_cp"]): per sample and pass two hand-offs of one fp32 state [nv, dk, dv] and
+    # (P-1) ranks' all-gathered [nv, dk, dk+dv] slot, forward and backward, 12 GDN layers, 2 micro-batches
+    assert d["layout"]["gdn_cp"] == "hybrid"
+    assert c["GDN state passing"] == 2 * 12 * 2 * (2 * 16 * 128 * 128 * 4 + (P - 1) * 16 * 128 * 256 * 4)
+    # the scan (parallel.gdn_chain_staged false): (P-1) ranks' [2, nv, dk, dk+dv] fp32
+    s = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "parallel.gdn_chain_staged=false")
+    assert s["layout"]["gdn_cp"] == "scan"
+    assert s["comm_bytes_per_step"]["GDN state passing"] == 2 * 12 * 2 * (P - 1) * 2 * 16 * 128 * 256 * 4
 
 
 def test_set_changes_plan(ringscan):
@@ -246,7 +252,7 @@ def test_human_report_has_every_section(ringscan):
               "activations", "CP ring buffers", "CP scan buffers", "workspaces", "runtime",
               "attention counted causal", "communication per step", "gradients and weights (dp x cp)",
               "parallel.shard over the world of 4",
-              "ring attention send/recv", "GDN scan all-gather", "verdict: FITS"):
+              "ring attention send/recv", "GDN state passing", "GDN state passing: hybrid", "verdict: FITS"):
         assert s in r.stdout, s
 
 
@@ -359,8 +365,9 @@ def test_staged_gdn_chain_buffers_by_hand(ringscan):
     """The staged GDN chain (cp 2, parallel.gdn_chain_staged, checkpoint.gdn_keep states) adds to the CP scan
     buffers what its backward stages carry for each local fragment (backend.h gdn_dkept_bytes; cp_init checks
     the backend's figure against plan's): per piece of at most 65,536 rows dv_loc and dv2 (rows, nv, dv) and the
-    chunk state gradients (ceil(rows / 64) + 1, nv, dk, dv), bf16, each on 256 bytes; nothing at cp 4, without
-    gdn_keep states, or turned off."""
+    chunk state gradients (ceil(rows / 64) + 1, nv, dk, dv), bf16, each on 256 bytes; the hybrid (cp 3, 4) for the
+    first local fragment only (its second runs its backward whole); nothing at cp 8 (the scan), without gdn_keep
+    states, or turned off."""
     cfg = "configs/hybrid-1b-256k-h200x4.yaml"  # nv 16, dk = dv = 128
 
     def r256(x):
@@ -382,5 +389,8 @@ def test_staged_gdn_chain_buffers_by_hand(ringscan):
         whole = scan(*sets, "parallel.gdn_chain_staged=false")
         assert scan(*sets) - whole == 2 * dkept(frag), seq  # two local fragments per sample
         assert scan(*sets, "checkpoint.gdn_keep=wy") == whole
-    assert scan("parallel.cp=4", "data.seq_len=262144", gpus=4) == scan(
-        "parallel.cp=4", "data.seq_len=262144", "parallel.gdn_chain_staged=false", gpus=4)
+    for cp, frags in ((3, 1), (4, 1), (8, 0)):
+        sets = (f"parallel.cp={cp}", f"data.seq_len={cp * 65_536}")
+        whole = scan(*sets, "parallel.gdn_chain_staged=false", gpus=cp)
+        assert scan(*sets, gpus=cp) - whole == frags * dkept(32_768), cp
+        assert scan(*sets, "checkpoint.gdn_keep=wy", gpus=cp) == whole

@@ -689,3 +689,56 @@ def test_submit_refuses_missing_data(tmp_path):
              f"data.path={tmp_path}/none.tok"], env={"PATH": "/nonexistent"})
     assert r.returncode == 2 and f"{tmp_path}/none.tok is not a file here" in r.stderr, r.stderr
     assert "sbatch is not on PATH" not in r.stderr and not rd.exists()
+
+
+def rank_pid(run_dir, rank):
+    """The pid of rank `rank` of the job training in run_dir (its task's SLURM_PROCID; the rank itself, not a
+    child of it: a rank's signal relay has the same command line)."""
+    ours = {}
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"train {run_dir}/config.submitted.yaml".encode() in (p / "cmdline").read_bytes().replace(b"\0", b" "):
+                ours[int(p.name)] = (p / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+    for pid, env in ours.items():
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if f"SLURM_PROCID={rank}".encode() in env and ppid not in ours:
+            return pid
+    raise AssertionError(f"rank {rank} of {run_dir} not found among {sorted(ours)}")
+
+
+def test_two_node_job_whose_rank_is_killed_requeues_and_resumes_exactly(cluster2, data, tmp_path):
+    """kill -9 of the rank on n2 (a dead node's rank; cp 2, one task per node, as the GPU cluster's job): the
+    other rank's watchdog names it and ends the run with exit 76, the job script reads the watchdog's verdict
+    in log.txt (srun may report the killed task's 137), requeues the job, and the next run resumes from the
+    last checkpoint: the losses equal, bitwise, those of an uninterrupted plain mpirun run (issue 40). (With
+    other ranks on the dead rank's node, Slurm's PMIx plugin aborts the whole step at once, 137: no watchdog,
+    no requeue.)"""
+    steps = 24
+    sets = [*TWO_NODES, "--set", "parallel.cp=2", "--set", "checkpoint.every=4", "--set", "parallel.comm_timeout_s=5"]
+    ref = reference(tmp_path / "ref", data, steps, *sets, world=2)
+    rd = tmp_path / "job"
+    job = submit(cluster2, rd, data, steps, *sets)
+    deadline = time.time() + 180
+    while not (rd / "ckpt" / "LATEST").exists() or len(losses(rd)) < 6:
+        assert time.time() < deadline and cluster2.job_info(job).get("JobState") not in TERMINAL, job_logs(rd)
+        time.sleep(0.2)
+    victim = rank_pid(rd, 1)
+    assert b"SLURMD_NODENAME=n2" in Path(f"/proc/{victim}/environ").read_bytes().split(b"\0")
+    killed_after = len(losses(rd))
+    os.kill(victim, signal.SIGKILL)
+    info = cluster2.wait(job, rd, timeout=300)
+    finish(ref)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, job_logs(rd))
+    assert info["Restarts"] == "1", info
+    first, second = job_log(rd, job, 0), job_log(rd, job, 1)
+    assert "the ranks' watchdog ended the run (log.txt: exit 76)" in first, first
+    assert "ringscan train exited with 76" in first and f"requeueing job {job}" in first, first
+    (report,) = [p.read_text() for p in (rd / ".watchdog").glob("*/report.txt")]
+    assert re.search(r"rank 1( \([^)]*\))?: no report \(dead", report), report
+    m = re.search(rf"resumed from {rd}/ckpt/step_(\d+)", second)
+    assert m and 4 <= int(m.group(1)) <= killed_after, (killed_after, second)
+    assert "ringscan resume exited with 0" in second, second
+    assert len(losses(rd)) == steps
+    assert losses(rd) == losses(tmp_path / "ref")

@@ -1,10 +1,11 @@
 /*
  * cpu_elementwise.c — the cpu backend's per-element and per-row ops without reductions over a
- * row: the token embedding, the Gated DeltaNet gates (beta, g), the sigmoid output gate of the
- * softmax attention, and the SwiGLU of the MLP. Forward and backward of each.
+ * row: the token embedding, the Gated DeltaNet gates (beta, g), Kimi Delta Attention's gates (beta, g per
+ * key channel), the sigmoid output gate of the softmax attention (and of KDA's output norm), and the SwiGLU of
+ * the MLP. Forward and backward of each.
  *
  * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
- * by the model code and called directly by tests/unit/test_elementwise.c.
+ * by the model code and called directly by tests/unit/test_elementwise.c (the KDA gates: tests/unit/test_kda.c).
  *
  * Numerics: fp32, with a sigmoid that never overflows and softplus linear above 20 (torch's
  * default, docs/design/model.md), see cpu_dense_math.h. Sums over tokens (embedding and gate parameter
@@ -20,6 +21,7 @@
  *     it is written.
  */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cpu_dense_math.h"
 #include "cpu_kernels.h"
@@ -97,6 +99,57 @@ void cpu_gdn_gates_backward(void *db_ /* (T,ld) = */, void *da_ /* (T,ld) = */, 
             ddt_bias[h] += (float)acc_dt[h - h0];
         }
     }
+}
+
+/* ---- Kimi Delta Attention gates: a log-decay per key channel ------------------------------ */
+
+/* beta = sigmoid(b); g[t,h,c] = -exp(A_log[h]) softplus(f[t,h dk + c] + dt_bias[h dk + c]) */
+void cpu_kda_gates_forward(float *beta /* (T,nv) */, float *g /* (T,nv,dk) */, const void *b_ /* (T,ldb) */,
+                           const void *f_ /* (T,ldf) nv*dk columns */, const float *A_log /* (nv) */,
+                           const float *dt_bias /* (nv*dk) */, int64_t T, int nv, int dk, int ldb, int ldf) {
+    RS_CHECK(T >= 0 && nv > 0 && dk > 0 && ldb >= nv && ldf >= nv * dk, "T %lld nv %d dk %d ldb %d ldf %d",
+             (long long)T, nv, dk, ldb, ldf);
+    const float *b = b_, *f = f_;
+    const int w = nv * dk;
+    for (int64_t t = 0; t < T; t++) {
+        for (int h = 0; h < nv; h++) {
+            beta[t * nv + h] = cpu_sigmoidf(b[t * ldb + h]);
+            const float A = expf(A_log[h]);
+            for (int c = h * dk; c < (h + 1) * dk; c++) g[t * w + c] = -A * cpu_softplusf(f[t * ldf + c] + dt_bias[c]);
+        }
+    }
+}
+
+/* db = dbeta beta (1 - beta); df = dg (-exp(A_log)) softplus'(f + dt_bias); ddt_bias += df summed over tokens;
+ * dA_log[h] += sum over tokens and the head's channels of dg g. Sums in double, token order. */
+void cpu_kda_gates_backward(void *db_ /* (T,ldb) = */, void *df_ /* (T,ldf) = */, float *dA_log /* (nv) += */,
+                            float *ddt_bias /* (nv*dk) += */, const float *dbeta /* (T,nv) */,
+                            const float *dg /* (T,nv,dk) */, const void *b_ /* (T,ldb) */, const void *f_ /* (T,ldf) */,
+                            const float *A_log /* (nv) */, const float *dt_bias /* (nv*dk) */, int64_t T, int nv, int dk,
+                            int ldb, int ldf) {
+    RS_CHECK(T >= 0 && nv > 0 && dk > 0 && ldb >= nv && ldf >= nv * dk, "T %lld nv %d dk %d ldb %d ldf %d",
+             (long long)T, nv, dk, ldb, ldf);
+    float *db = db_, *df = df_;
+    const float *b = b_, *f = f_;
+    const int w = nv * dk;
+    double *acc_dt = RS_CALLOC((size_t)w, sizeof(double)), *acc_A = RS_CALLOC((size_t)nv, sizeof(double));
+    for (int64_t t = 0; t < T; t++) {
+        for (int h = 0; h < nv; h++) {
+            const float A = expf(A_log[h]);
+            db[t * ldb + h] = dbeta[t * nv + h] * cpu_sigmoid_gradf(b[t * ldb + h]);
+            for (int c = h * dk; c < (h + 1) * dk; c++) {
+                const float x = f[t * ldf + c] + dt_bias[c], dgt = dg[t * w + c];
+                const float dft = dgt * -A * cpu_softplus_gradf(x);
+                acc_A[h] += (double)dgt * (-A * cpu_softplusf(x));
+                acc_dt[c] += dft;
+                df[t * ldf + c] = dft;
+            }
+        }
+    }
+    for (int h = 0; h < nv; h++) dA_log[h] += (float)acc_A[h];
+    for (int c = 0; c < w; c++) ddt_bias[c] += (float)acc_dt[c];
+    free(acc_dt);
+    free(acc_A);
 }
 
 /* ---- sigmoid output gate (softmax attention) ---------------------------------------------- */

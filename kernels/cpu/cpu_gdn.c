@@ -521,8 +521,9 @@ void cpu_gdn_backward_stage_of(CpuGdnBackward *whole, int stage, void *dkept, vo
     if (!dS0) return;
     const size_t rows = (size_t)(T > 0 ? T : 1); /* the gradients this stage does not write, into scratch */
     float *sq = RS_MALLOC(rows * ldq * sizeof(float)), *sk = RS_MALLOC(rows * ldq * sizeof(float));
-    float *sv = RS_MALLOC(rows * ldv * sizeof(float)), *sgb = RS_MALLOC(rows * nv * 2 * sizeof(float));
-    whole(sq, sk, sv, sgb, sgb + rows * nv, dS0, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
+    /* dg (rows, nv) here, (rows, nv, dim_k) for cpu_kda.c's whole backward: room for the wider, then dbeta */
+    float *sv = RS_MALLOC(rows * ldv * sizeof(float)), *sgb = RS_MALLOC(rows * nv * (dim_k + 1) * sizeof(float));
+    whole(sq, sk, sv, sgb, sgb + rows * nv * dim_k, dS0, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
           ldv, ldo, kept, 1);
     free(sq);
     free(sk);

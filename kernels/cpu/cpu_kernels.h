@@ -10,7 +10,8 @@
  * (RMSNorm, L2 norm, gated RMSNorm), cpu_elementwise.c (embedding, gates,
  * sigmoid gate, SwiGLU), cpu_rope.c, cpu_loss.c (fused lm_head + CE),
  * cpu_optim.c (AdamW, sum of squares), cpu_conv.c (conv1d + SiLU),
- * cpu_gdn.c (chunked gated delta rule; its CP transition, state gradient and fold link), cpu_attention.c
+ * cpu_gdn.c (chunked gated delta rule; its CP transition, state gradient and fold link), cpu_kda.c (the
+ * same with a decay per key channel: Kimi Delta Attention), cpu_attention.c
  * (block attention and the LSE merge); backend_cpu.c is the table.
  */
 #ifndef RS_CPU_KERNELS_H
@@ -87,6 +88,17 @@ void cpu_gdn_chunk_prep(void *tinv, const void *k, const void *v, const float *g
 void cpu_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *tinv, int kept_states);
 void cpu_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo, const void *tinv, int kept_states);
 void cpu_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v);
+/* ---- Kimi Delta Attention (cpu_kda.c; the gates in cpu_elementwise.c; lib/backend/backend.h documents them) ---- */
+void cpu_kda_gates_forward(float *beta, float *g, const void *b, const void *f, const float *A_log, const float *dt_bias, int64_t T, int nv, int dk, int ldb, int ldf);
+void cpu_kda_gates_backward(void *db, void *df, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *f, const float *A_log, const float *dt_bias, int64_t T, int nv, int dk, int ldb, int ldf);
+void cpu_kda_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, void *tinv, int kept_flags);
+CpuGdnBackward cpu_kda_chunk_backward;
+void cpu_kda_chunk_backward_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept);
+size_t cpu_kda_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v);
+size_t cpu_kda_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states);
+void cpu_kda_chunk_prep(void *tinv, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states);
+void cpu_kda_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *tinv, int kept_states);
+void cpu_kda_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo, const void *tinv, int kept_states);
 
 #ifdef __cplusplus
 }

@@ -294,6 +294,51 @@ typedef struct Backend {
                              const float *S_in /* (nv,dim_k,dim_v) or NULL */, const float *H /* (nv,dim_k,dim_v) */,
                              int transpose_M, int nv, int dim_k, int dim_v);
 
+    /* ---- Kimi Delta Attention (KDA; docs/design/kda.md): the gated delta rule with a decay per key channel ----
+     * NULL in a backend without KDA kernels (cuda for now: config_validate refuses model.linear_attention kda
+     * there). The kda_chunk_* entries are the gdn_chunk_* entries of the same suffix, with the same arguments,
+     * kept buffers, stages, documents, S0 / S_final rules and CP transition, except that g is (T, nv, dim_k): the
+     * log-decay of each key channel. Per value head h (key head h / (nv/nk)) and token t:
+     *   S = Diag(exp(g_t)) S;  u = S^T k_t;  S += k_t (beta_t (v_t - u))^T;  o_t = S^T (q_t * dk^-1/2)
+     * The transition's M is the same (nv, dim_k, dim_k) matrix, per chunk Diag(gamma_C) - (Gamma * K)^T W, folded
+     * by gdn_state_affine; lib/cp runs either kind through one set of schedules (CpGdnCore.kda). */
+    /* beta = sigmoid(b), g[t,h,c] = -exp(A_log[h]) * softplus(f[t,h*dk+c] + dt_bias[h*dk+c]) (softplus linear
+     * above 20; kimi_linear's gate without a lower bound), fp32 */
+    void (*kda_gates_forward)(float *beta /* (T,nv) */, float *g /* (T,nv,dk) */, const void *b /* (T,ldb) */,
+                              const void *f /* (T,ldf) nv*dk */, const float *A_log /* (nv) */,
+                              const float *dt_bias /* (nv*dk) */, int64_t T, int nv, int dk, int ldb, int ldf);
+    /* db =, df =, dA_log +=, ddt_bias += */
+    void (*kda_gates_backward)(void *db /* (T,ldb) */, void *df /* (T,ldf) */, float *dA_log /* (nv) += */,
+                               float *ddt_bias /* (nv*dk) += */, const float *dbeta /* (T,nv) */,
+                               const float *dg /* (T,nv,dk) */, const void *b, const void *f, const float *A_log,
+                               const float *dt_bias, int64_t T, int nv, int dk, int ldb, int ldf);
+    void (*kda_chunk_forward)(void *o, float *S_final, const void *q, const void *k, const void *v,
+                              const float *g /* (T,nv,dim_k) */, const float *beta, const float *S0,
+                              const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
+                              int ldo, void *kept /* kda_kept_bytes */, int kept_flags);
+    void (*kda_chunk_backward)(void *dq, void *dk, void *dv, float *dg /* (T,nv,dim_k) */, float *dbeta, float *dS0,
+                               const void *dout, const float *dS_final, const void *q, const void *k, const void *v,
+                               const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
+                               int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept,
+                               int kept_states);
+    void (*kda_chunk_backward_stage)(int stage, void *dkept /* kda_dkept_bytes */, void *dq, void *dk, void *dv,
+                                     float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final,
+                                     const void *q, const void *k, const void *v, const float *g, const float *beta,
+                                     const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
+                                     int dim_v, int ldq, int ldv, int ldo, const void *kept);
+    size_t (*kda_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
+    size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int states);
+    void (*kda_chunk_prep)(void *kept, const void *k, const void *v, const float *g, const float *beta,
+                           const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
+                           int kept_states);
+    void (*kda_chunk_transition)(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */, const void *k,
+                                 const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T,
+                                 int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *kept,
+                                 int kept_states);
+    void (*kda_chunk_dstate)(float *dS0, const void *dout, const void *q, const void *k, const float *g,
+                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v,
+                             int ldq, int ldo, const void *kept, int kept_states);
+
     /* ---- GDN gated RMSNorm: y = w * (x * rstd) * silu(z), rstd over dv per (token, head), plain w ---- */
     void (*gated_rmsnorm_forward)(void *out /* (T,nv*dv) */, float *rstd /* (T,nv) */, const void *x /* (T,nv*dv) */,
                                   const void *z /* (T,ldz) */, const void *w /* (dv) */, int64_t T, int nv, int dv,
@@ -384,6 +429,9 @@ typedef struct BackendSizes {
     size_t (*gdn_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
     /* the delta rule's own workspace (its largest call) for fragments of frag tokens at CP size cp; 0: none */
     size_t (*gdn_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states);
+    /* the kda_* figures of the same names (model.linear_attention kda); NULL where the backend has no KDA kernels */
+    size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_states);
+    size_t (*kda_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
     /* the workspace of device.attention_kernel `kernel` (AttnKernel) beside our kernel's, for block attention
      * calls of up to `rows` query and key rows: cuDNN's route (cudnn, cudnn_det, auto: what cudnn needs); 0:
      * none */

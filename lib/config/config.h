@@ -41,6 +41,8 @@ typedef enum { LR_SCHEDULE_COSINE, LR_SCHEDULE_WSD, LR_SCHEDULE_CONSTANT, LR_SCH
 typedef enum { DATA_FORMAT_FLAT, DATA_FORMAT_MEGATRON, DATA_FORMAT_COUNT } DataFormat;
 typedef enum { LAYER_KIND_LINEAR, LAYER_KIND_FULL, LAYER_KIND_COUNT } LayerKind;
 typedef enum { HIDDEN_ACT_SILU, HIDDEN_ACT_COUNT } HiddenAct;
+/* model.linear_attention: the mixer of every linear_attention layer (docs/design/kda.md for kda) */
+typedef enum { LINEAR_ATTN_GDN, LINEAR_ATTN_KDA, LINEAR_ATTN_COUNT } LinearAttn;
 typedef enum { SLURM_LAUNCHER_SRUN, SLURM_LAUNCHER_MPIRUN, SLURM_LAUNCHER_COUNT } SlurmLauncher;
 typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } GdnKeep;
 typedef enum { OFFLOAD_NONE, OFFLOAD_HOST, OFFLOAD_COUNT } Offload;
@@ -69,6 +71,7 @@ extern const char *const lr_schedule_names[LR_SCHEDULE_COUNT + 1];
 extern const char *const data_format_names[DATA_FORMAT_COUNT + 1];
 extern const char *const layer_kind_names[LAYER_KIND_COUNT + 1];
 extern const char *const hidden_act_names[HIDDEN_ACT_COUNT + 1];
+extern const char *const linear_attention_names[LINEAR_ATTN_COUNT + 1];
 extern const char *const slurm_launcher_names[SLURM_LAUNCHER_COUNT + 1];
 
 /* A list of enum values (e.g. model.layer_types); n == 0 means "not given". */
@@ -101,6 +104,7 @@ typedef struct {
     int64_t linear_key_head_dim;
     int64_t linear_value_head_dim;
     int64_t linear_conv_kernel_dim;
+    int32_t linear_attention; /* LinearAttn: Gated DeltaNet or Kimi Delta Attention in every linear layer */
     int64_t full_attention_interval;
     ConfigEnumList layer_types; /* LayerKind per layer; empty: derived from the interval */
     int64_t max_position_embeddings; /* 0: data.seq_len */

@@ -29,6 +29,7 @@ const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
 const char *const layer_kind_names[]  = {"linear_attention", "full_attention", NULL};
 const char *const hidden_act_names[]  = {"silu", NULL};
+const char *const linear_attention_names[] = {"gdn", "kda", NULL};
 const char *const slurm_launcher_names[] = {"srun", "mpirun", NULL};
 const char *const attn_kernel_names[] = {"ringscan", "cudnn", "cudnn_det", "auto", NULL};
 
@@ -42,6 +43,7 @@ _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDU
 _Static_assert(sizeof data_format_names / sizeof *data_format_names == DATA_FORMAT_COUNT + 1, "names");
 _Static_assert(sizeof layer_kind_names / sizeof *layer_kind_names == LAYER_KIND_COUNT + 1, "names");
 _Static_assert(sizeof hidden_act_names / sizeof *hidden_act_names == HIDDEN_ACT_COUNT + 1, "names");
+_Static_assert(sizeof linear_attention_names / sizeof *linear_attention_names == LINEAR_ATTN_COUNT + 1, "names");
 _Static_assert(sizeof slurm_launcher_names / sizeof *slurm_launcher_names == SLURM_LAUNCHER_COUNT + 1, "names");
 _Static_assert(sizeof attn_kernel_names / sizeof *attn_kernel_names == ATTN_KERNEL_COUNT + 1, "names");
 
@@ -108,6 +110,11 @@ const ConfigKey config_schema[] = {
     INT(model.linear_key_head_dim, "128", 8, 1024, "", "model", "key head width of Gated DeltaNet layers"),
     INT(model.linear_value_head_dim, "128", 8, 1024, "", "model", "value head width of Gated DeltaNet layers"),
     INT(model.linear_conv_kernel_dim, "4", 1, 16, "tokens", "model", "causal depthwise conv width over [q|k|v]"),
+    ENUM(model.linear_attention, "gdn", linear_attention_names, "model",
+         "the mixer of every linear_attention layer: gdn (Gated DeltaNet, Qwen3-Next's) or kda (Kimi Delta "
+         "Attention, kimi_linear's: a decay per key channel, low-rank decay and output gates, a sigmoid-gated "
+         "output norm; needs linear_num_key_heads = linear_num_value_heads and linear_key_head_dim = "
+         "linear_value_head_dim; cpu backend only until its cuda kernels exist; docs/design/kda.md)"),
     INT(model.full_attention_interval, "4", 1, CONFIG_LIST_MAX, "layers", "model",
         "every Nth layer is full attention (used when layer_types is empty)"),
     ENUMS(model.layer_types, "[]", layer_kind_names, "model",
@@ -140,13 +147,16 @@ const ConfigKey config_schema[] = {
     INT(parallel.dp, "1", 1, 1 << 20, "ranks", "comm", "data-parallel replicas"),
     INT(parallel.cp, "1", 1, 1 << 16, "ranks", "cp", "context-parallel ranks per replica (zigzag layout)"),
     BOOL(parallel.gdn_chain_staged, "true", "cp",
-         "cp 2 only, with checkpoint.gdn_keep: states: the GDN layers' chain between the two ranks hands each state "
-         "on after a state pass, not after a fragment's whole forward or backward (the outputs and the gradients "
-         "come after, from what the passes kept); its backward keeps the chunk state gradients of the rank's two "
-         "fragments per sample between the passes (cuda about nv dv (2 dk / 64 + 4) bytes per local token, in "
-         "plan's CP scan buffers); false, or another gdn_keep: each fragment's pass runs whole, with one state "
-         "pass more per rank each way. Keep it on (the idle rank waits less); turn it off where those kept "
-         "gradients do not fit (docs/design/gdn-cp.md; figures in docs/performance.md)"),
+         "cp 2 to 4, with checkpoint.gdn_keep: states: the GDN layers' state passing hands each state on after a "
+         "state pass, not after a fragment's whole forward or backward (the outputs and the gradients come after, "
+         "from what the passes kept): at cp 2 the chain between the two ranks, at cp 3 and 4 the hybrid (the first "
+         "halves chained, the second halves folded from their transitions); its backward keeps the chunk state "
+         "gradients of the rank's two fragments per sample between the passes at cp 2, of its first at cp 3 and 4 "
+         "(cuda about nv dv (2 dk / 64 + 4) bytes per local token at cp 2, half that above, in plan's CP scan "
+         "buffers); false, or another gdn_keep: cp 2 runs each fragment's "
+         "pass whole, with one state pass more per rank each way, cp 3 and 4 the prefix scan (as above cp 4). Keep "
+         "it on (the ranks wait less); turn it off where those kept gradients do not fit (`ringscan plan` names "
+         "the schedule; docs/design/gdn-cp.md; figures in docs/performance.md)"),
     ENUM(parallel.ring_calls, "auto", ring_calls_names, "cp",
          "how ring attention calls the kernel per ring step and sample. auto: one call over the step's rows (the "
          "zigzag rule's diagonals and rectangles together) where the kernel runs it fast: always with ours (it skips "

@@ -52,6 +52,27 @@ static int validate_model(const Config *cfg, ConfigErrors *err) {
         config_errors_add(err, "model.layer_types has %d entries but %s: give one kind per layer, or leave "
                                "layer_types empty to use model.full_attention_interval",
                           m->layer_types.n, validate_quote(cfg, "model.num_hidden_layers", a, sizeof a));
+    if (m->linear_attention == LINEAR_ATTN_KDA) {
+        /* kimi_linear's KimiDeltaAttention: one head count and one head width (its decay gate f_b_proj gives a
+         * decay per key channel of each value head, its low-rank gates have rank head_dim) */
+        if (m->linear_num_key_heads != m->linear_num_value_heads)
+            config_errors_add(err, "%s with %s and %s: a KDA layer has as many key heads as value heads (each value "
+                                   "head decays its own key channels)",
+                              validate_quote(cfg, "model.linear_attention", a, sizeof a),
+                              validate_quote(cfg, "model.linear_num_key_heads", b, sizeof b),
+                              validate_quote(cfg, "model.linear_num_value_heads", c, sizeof c));
+        if (m->linear_key_head_dim != m->linear_value_head_dim)
+            config_errors_add(err, "%s with %s and %s: a KDA layer's key and value heads have one width (kimi_linear's "
+                                   "head_dim, also the rank of its low-rank gates)",
+                              validate_quote(cfg, "model.linear_attention", a, sizeof a),
+                              validate_quote(cfg, "model.linear_key_head_dim", b, sizeof b),
+                              validate_quote(cfg, "model.linear_value_head_dim", c, sizeof c));
+        if (cfg->device.kind == DEVICE_KIND_CUDA)
+            config_errors_add(err, "%s with %s: the cuda backend has no Kimi Delta Attention kernels yet; run KDA "
+                                   "models on device.kind: cpu (the fp32 oracle), or use linear_attention: gdn",
+                              validate_quote(cfg, "model.linear_attention", a, sizeof a),
+                              validate_quote(cfg, "device.kind", b, sizeof b));
+    }
     if (m->attention_bias)
         config_errors_add(err, "%s: ringscan's attention has no biases (Qwen3-Next uses none); set it to false",
                           validate_quote(cfg, "model.attention_bias", a, sizeof a));

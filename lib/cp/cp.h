@@ -21,10 +21,13 @@
  * sequence of messages.
  *
  * Gated DeltaNet (cp_gdn.c): each fragment's entry state is the previous
- * fragment's exit, an affine map of it; at P = 2 a chain between the two
- * ranks (staged after state passes where the chunk states are kept), at
- * P > 2 a prefix scan over all-gathered [M | H] slots; the conv halo by an
- * all-gather of every fragment's tail (docs/design/gdn-cp.md).
+ * fragment's exit, an affine map of it, handed on by one of three schedules
+ * (CpGdnMethod, chosen by cp_gdn_method from the world shape): the chain
+ * (P = 2: between the two ranks, staged after state passes where the chunk
+ * states are kept), the hybrid (P = 3, 4: the first halves chained by state
+ * passes, the second halves folded from their transitions) or the prefix scan
+ * over all-gathered [M | H] slots (P >= 5); the conv halo by an all-gather of
+ * every fragment's tail (docs/design/gdn-cp.md).
  * Softmax attention (cp_ring.c): P ring steps of the zigzag rule, partial
  * outputs merged online in fp32 by LSE, fp32 dK|dV partials carried around
  * the ring in the backward (docs/design/ring-attention.md).
@@ -70,6 +73,14 @@ typedef struct {
     uint8_t *frag_starts_doc;         /* (samples, nglobal): fragment g's first token starts a document */
 } CpBatch;
 
+/* How the GDN core hands the entry states (and their gradients) through the CP group
+ * (docs/design/gdn-cp.md, "Choosing a schedule"). LOCAL: P = 1. SCAN: every fragment's transition, one
+ * all-gather, the fold. CHAIN: P = 2, cp_gdn_chain.c (staged or whole); at P >= 3 the staged chain of all
+ * 2P fragments (cp_gdn_hybrid.c with every fragment chained; for measurement). HYBRID: cp_gdn_hybrid.c,
+ * fragments 0 .. P-1 chained by state passes, P .. 2P-1 folded from their transitions after one all-gather. */
+typedef enum { CP_GDN_LOCAL, CP_GDN_SCAN, CP_GDN_CHAIN, CP_GDN_HYBRID, CP_GDN_METHODS } CpGdnMethod;
+extern const char *const cp_gdn_method_names[CP_GDN_METHODS + 1]; /* "local", "scan", "chain", "hybrid", NULL */
+
 /* Work counters of one micro-batch step, per layer (reset by cp_counters_reset). */
 typedef struct {
     int64_t *attn_forwards;       /* (L) ring forwards (the attention core ran) */
@@ -77,8 +88,8 @@ typedef struct {
     int64_t *ring_hops_fwd;       /* (L) K|V exchanges of forward rings */
     int64_t *ring_passes_fwd;     /* (L) forward ring passes with communication (P > 1) */
     int64_t *ring_passes_bwd;     /* (L) backward ring passes with communication (P > 1) */
-    int64_t *scan_allgathers_fwd; /* (L) GDN entry-state passes over the CP group, forward: the scan's all-gather
-                                   * (P > 2), or the chain's two hand-offs (P = 2); one per communicating forward */
+    int64_t *scan_allgathers_fwd; /* (L) GDN entry-state passes over the CP group, forward: the scan's all-gather,
+                                   * or the chain's or the hybrid's hand-offs; one per communicating forward */
     int64_t *scan_allgathers_bwd; /* (L) the same for the state gradients (one per backward with P > 1) */
     int64_t *halo_exchanges;      /* (L) conv halo all-gathers, forward and backward */
     int64_t *gdn_forwards;        /* (L) chunked delta-rule forward calls */
@@ -107,6 +118,8 @@ typedef struct Cp {
     int            ring_keep_kv; /* P = 2 with parallel.ring_keep_kv: the forward keeps the received K|V per
                                     softmax layer (kv_kept) for the backward */
     int           *kv_slot;      /* (layers) the layer's slot in kv_kept, -1 for a GDN layer */
+    CpGdnMethod    gdn_method;   /* cp_gdn_method of the config (cp_init); tests and bench change it with
+                                    cp_gdn_set_method */
     uint8_t       *kv_kept_ok;   /* (layers) 1 from a forward's keeping to the backward that reads it */
     CpCounters     count;
     /* ring buffers (activation type unless fp32 is said) */
@@ -126,9 +139,15 @@ typedef struct Cp {
     float *scan_recv;    /* (P, samples, nlocal, nv, dk, dk + dv); P = 2: what the chain's two hand-offs bring */
     float *fold[2];      /* (nv, dk, dv) fp32 ping-pong of the fold */
     float *dstate;       /* (samples, nlocal, nv, dk, dv) fp32 the gradients arriving at the fragments' ends */
-    void  *gdn_dkept;    /* (samples x nlocal) x gdn_dkept_one bytes: the staged chain's backward stages (P = 2,
-                          * parallel.gdn_chain_staged, checkpoint.gdn_keep states; else NULL: the chain runs whole) */
+    void  *gdn_dkept;    /* (samples x gdn_dkept_frags) x gdn_dkept_one bytes: the staged schedules' backward stages
+                          * (the chain at P = 2 and the hybrid: parallel.gdn_chain_staged, checkpoint.gdn_keep states;
+                          * else NULL: the cp 2 chain runs whole, P >= 3 the scan) */
+    int    gdn_dkept_frags; /* local fragments per sample gdn_dkept holds: 2 (the chain), or 1 (the hybrid: the first,
+                             * A; its folded second fragments run their backward whole) */
     size_t gdn_dkept_one; /* backend.h gdn_dkept_bytes of one fragment */
+    void  *gdn_dkept_own; /* gdn_dkept allocated by cp_gdn_set_method (outside the arena, which plan counts), or NULL */
+    uint8_t *gdn_fwd_hybrid; /* (layers) 1 when the layer's last communicating forward ran cp_gdn_hybrid.c, which
+                              * leaves the M of its folded fragments only: its backward must run it too */
     void  *halo_send;    /* (samples, nlocal, Kc-1, Cc) pre-conv tails, or their gradients */
     void  *halo_recv;    /* (P, samples, nlocal, Kc-1, Cc) */
     void  *arena;
@@ -196,6 +215,8 @@ typedef struct {
     void        *kept;           /* fragment i's gdn_chunk_forward keep at kept + i x kept_bytes; NULL: none */
     size_t       kept_bytes;
     int          kept_states;
+    int          kda;            /* Kimi Delta Attention: g (and dg) (rows, nv, dk), the Backend's kda_chunk_* entries
+                                  * in place of gdn_chunk_*; the schedules are the same (backend.h) */
 } CpGdnCore;
 
 /* The core's gradients (rows as CpGdnCore's): written dq, dk (rows, ldq), dv (rows, ldv), dg, dbeta
@@ -208,16 +229,33 @@ typedef struct {
 
 /* o (rows, ldo) = the chunked delta rule over each local fragment from its entry state (counted in
  * gdn_forwards). With communicate and P > 1 the entry states come from the CP group into c->states
- * (and c->M what the backward needs; the staged chain needs none): at P = 2 by the chain (staged where
- * cp->gdn_dkept and c->kept with its states are, cp_gdn.c), else by the scan; without it (the
- * remat recompute) c->states are read as the communicating forward left them; P = 1 has none. */
+ * (and c->M what the backward needs: the whole cp 2 chain's M_2, the hybrid's folded fragments', the
+ * scan's every fragment's) by cp->gdn_method's schedule: the cp 2 chain staged where cp->gdn_dkept and
+ * c->kept with its states are, else whole; the hybrid (and the P >= 3 chain) where c->kept with its states
+ * is, else the scan (which leaves every M, so the backward may still run the hybrid); without
+ * communicate (the remat recompute) c->states are read as the communicating forward left them; P = 1 has none. */
 void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communicate, const CpGdnDims *d);
 /* gr's gradients = the core's backward, c as the forward left it; with P > 1 the state gradients
- * pass through the CP group (the chain at P = 2, else the scan; cp->dstate is its buffer). */
+ * pass through the CP group by cp->gdn_method's schedule (the hybrid and the P >= 3 chain where
+ * cp->gdn_dkept and c->kept with its states are, else the scan; cp->dstate is their buffer). */
 void cp_gdn_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c, const CpGdnDims *d);
-/* The names of the steps of cp_gdn_forward / cp_gdn_backward with this layout (Cp.step_mark sees
- * each step's start): "head", "relay", "tail" at P = 2, else "scan" (nothing at P = 1), "chunk". */
-const char *const *cp_gdn_steps(const CpLayout *L, int *n);
+/* The names of the steps of cp_gdn_forward / cp_gdn_backward with cp's method (Cp.step_mark sees
+ * each step's start): "head", "relay", "tail" for the chain and the hybrid, else "scan" (nothing at
+ * P = 1), "chunk". */
+const char *const *cp_gdn_steps(const Cp *cp, int *n);
+/* The schedule for this config (the one place it is chosen, from the world shape; docs/design/gdn-cp.md):
+ * P = 1 local; P = 2 the chain; P = 3, 4 the hybrid where the passes can be staged
+ * (parallel.gdn_chain_staged with checkpoint.gdn_keep states), else the scan; P >= 5 the scan. */
+CpGdnMethod cp_gdn_method(const Config *cfg);
+/* How many local fragments per sample method m at this config runs the backward of in stages, keeping them in
+ * Cp.gdn_dkept (model_acts.c sizes it, cp_init binds it): 2 for the chain, 1 for the hybrid, else 0. */
+int cp_gdn_method_staged(CpGdnMethod m, const Config *cfg);
+/* cp->gdn_method = m (tests, `bench cp --gdn-cp`): LOCAL only at P = 1, CHAIN / HYBRID at P >= 2 (they need the
+ * staged passes' buffers: gdn_dkept is allocated here when cp_init gave none or too few). */
+void cp_gdn_set_method(Cp *cp, CpGdnMethod m);
+/* Whether cp_gdn_forward with communication wants the fragments' kept buffers (with their chunk states) even
+ * where nothing is kept for the backward: the hybrid's and the P >= 3 chain's state passes run alone into them. */
+int cp_gdn_forward_needs_kept(const Cp *cp);
 
 /* ---- cp_ring.c (every P) ---- */
 typedef struct {

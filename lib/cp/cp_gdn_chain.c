@@ -73,7 +73,7 @@ void cp_chain_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, const CpGd
             be->memset_zero(E + 2 * s * ch.hh, (size_t)ch.hh * sizeof(float));
             cp_gdn_fragment_forward(cp, layer, o, c, 2 * s, E + 2 * s * ch.hh, ch.out + s * ch.hh, 0, d);
         } else /* fragment 2's transition, for the relay's affine step */
-            cp_gdn_fragment_transition(cp, c->M + (2 * s + 1) * ch.mm, ch.own + s * ch.hh, c, 2 * s + 1, d);
+            cp_gdn_fragment_transition(cp, c->M + (2 * s + 1) * ch.mm, ch.own + s * ch.hh, c, 2 * s + 1, 0, d);
     }
     cp_chain_handoff(cp, layer, ch.out, ch.in[0], ch.bytes, CP_TAG_CHAIN_FWD0, "GDN chain forward: fragment 0's exit",
                      &h[0]);

@@ -1,11 +1,11 @@
 /*
  * cp_gdn_fragment.h — one local fragment's delta rule for the CP schedules of
- * the GDN core (cp_gdn_scan.c, cp_gdn_chain.c, cp_gdn.c): each call runs a
+ * the GDN core (cp_gdn_scan.c, cp_gdn_chain.c, cp_gdn_hybrid.c, cp_gdn.c): each call runs a
  * Backend gdn_chunk_* entry on local fragment i (= sample s x nlocal + f) of
  * the core's rows, with its doc_pos and its part of the kept buffer.
  * cp_gdn.c's header says what each schedule does; docs/design/gdn-cp.md has the derivation.
  *
- * Callers: cp_gdn.c, cp_gdn_scan.c, cp_gdn_chain.c.
+ * Callers: cp_gdn.c, cp_gdn_scan.c, cp_gdn_chain.c, cp_gdn_hybrid.c.
  */
 #ifndef RS_CP_GDN_FRAGMENT_H
 #define RS_CP_GDN_FRAGMENT_H
@@ -27,8 +27,9 @@ void cp_gdn_fragment_backward(Cp *cp, const CpGdnGrads *gr, const CpGdnCore *c, 
 /* One stage (GDN_BWD_*) of its backward, carried in its part of cp->gdn_dkept. */
 void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,
                            const float *dS_final, float *dS0, const CpGdnDims *d);
-/* Its transition: exit = M entry + H (with c->kept, its prep first, into its kept buffer). */
-void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i,
+/* Its transition: exit = M entry + H (with c->kept, its prep first, into its kept buffer, unless prep_in: the
+ * buffer holds it already). */
+void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, int64_t i, int prep_in,
                                 const CpGdnDims *d);
 /* Its own state gradient dL, through its outputs alone (the prep from its kept buffer). */
 void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, const CpGdnCore *c, int64_t i,

@@ -1,5 +1,5 @@
 /*
- * cp_gdn_scan.c — the GDN core's prefix scan (P > 2; cp_gdn_scan.h). Per
+ * cp_gdn_scan.c — the GDN core's prefix scan (cp_gdn_scan.h; P >= 5). Per
  * pass, each rank computes its fragments' transitions (M, H) (forward) or
  * (M, dL) (backward), fp32, into fixed-size slots; one all-gather gives
  * every rank every slot, and each rank folds, in global order with the same
@@ -73,7 +73,7 @@ void cp_scan_forward(Cp *cp, int layer, const CpGdnCore *c, const CpGdnDims *d) 
     const CpScanSizes z = cp_scan_sizes(cp, d);
     for (int64_t i = 0; i < (int64_t)B->samples * L->nlocal; i++) {
         float *M = cp->scan_send + i * z.slot;
-        cp_gdn_fragment_transition(cp, M, M + z.mm, c, i, d);
+        cp_gdn_fragment_transition(cp, M, M + z.mm, c, i, 0, d);
         be->copy(c->M + i * z.mm, M, (size_t)z.mm * sizeof(float));
     }
     cp_scan_allgather(cp, layer, &z, "GDN scan all-gather forward");

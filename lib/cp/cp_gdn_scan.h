@@ -1,5 +1,5 @@
 /*
- * cp_gdn_scan.h — the GDN core's prefix scan over the CP group (P > 2):
+ * cp_gdn_scan.h — the GDN core's prefix scan over the CP group (P >= 5):
  * one all-gather per pass of every local fragment's [M | H] (forward) or
  * [M | dL] (backward) slots, folded in global order into each fragment's
  * entry state (c->states) or exit gradient (cp->dstate). cp_gdn.c

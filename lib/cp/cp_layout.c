@@ -103,6 +103,13 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
     int n_full = 0;
     for (int l = 0; l < cp->layers; l++) cp->kv_slot[l] = config_layer_kind(cfg, l) == LAYER_KIND_FULL ? n_full++ : -1;
     cp->ring_keep_kv = P == 2 && cfg->parallel.ring_keep_kv && n_full > 0; /* model_acts.c lists kv_kept then */
+    cp->gdn_method = cp_gdn_method(cfg);
+    cp->gdn_fwd_hybrid = RS_CALLOC((size_t)cp->layers, 1);
+    if (P > 1) /* one fragment's backward stages (the backend's format); the arena holds them where the method
+                  stages its backward (model_acts.c counts them), cp_gdn_set_method allocates them otherwise */
+        cp->gdn_dkept_one = (cfg->model.linear_attention == LINEAR_ATTN_KDA ? be->kda_dkept_bytes : be->gdn_dkept_bytes)(
+            cp->L.frag_len, (int)cfg->model.linear_num_value_heads, (int)cfg->model.linear_key_head_dim,
+            (int)cfg->model.linear_value_head_dim);
 
     ActTable t;
     model_acts_build(&t, cfg);
@@ -119,10 +126,8 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
         cp_bind(cp, &t.cp[i], at[t.cp[i].phase]);
         at[t.cp[i].phase] += t.cp[i].count * cp_align(t.cp[i].bytes);
         if (t.cp[i].id == ACT_CP_GDN_DKEPT) { /* the backend's format; model_acts.c counts it per fragment */
-            const ModelConfig *mc = &cfg->model;
-            cp->gdn_dkept_one = be->gdn_dkept_bytes(cp->L.frag_len, (int)mc->linear_num_value_heads,
-                                                    (int)mc->linear_key_head_dim, (int)mc->linear_value_head_dim);
-            const int64_t need = (int64_t)samples * cp->L.nlocal * (int64_t)cp->gdn_dkept_one;
+            cp->gdn_dkept_frags = cp_gdn_method_staged(cp->gdn_method, cfg);
+            const int64_t need = (int64_t)samples * cp->gdn_dkept_frags * (int64_t)cp->gdn_dkept_one;
             RS_CHECK(need <= t.cp[i].bytes, "gdn_dkept: the %s backend needs %lld bytes, model_acts.c counts %lld",
                      be->name, (long long)need, (long long)t.cp[i].bytes);
         }
@@ -152,6 +157,8 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
 
 void cp_free(Cp *cp) {
     if (cp->arena) cp->be->free(cp->arena);
+    if (cp->gdn_dkept_own) cp->be->free(cp->gdn_dkept_own);
+    free(cp->gdn_fwd_hybrid);
     cp->be->host_free(cp->batch.host_all);
     cp->be->free(cp->batch.dev_all);
     free(cp->batch.frag_resets);

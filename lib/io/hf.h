@@ -7,6 +7,14 @@
  * Generation, model_type qwen3_5, whose language model sits under model.language_model.* beside the
  * vision tower model.visual.*). They differ only in how the GDN input projection is cut into tensors.
  *
+ * A model with Kimi Delta Attention layers (model.linear_attention kda; docs/design/kda.md) has no transformers
+ * class: it exports in the Qwen3-Next layout (attention, MLP, norms, embeddings as there) with each KDA layer's
+ * tensors under linear_attn. in kimi_linear's KimiDeltaAttention names (q_proj, k_proj, v_proj, q_conv1d,
+ * k_conv1d, v_conv1d, f_a_proj, f_b_proj, b_proj, g_a_proj, g_b_proj, A_log [nv], dt_bias [nv*dk], o_norm,
+ * o_proj), config.json's model_type "ringscan_kda_hybrid" (nothing loads it as another model) with
+ * "linear_attention": "kda" and a kimi_linear-style linear_attn_config. A kimi_linear folder itself (MLA attention,
+ * MoE MLPs) is refused by name. --format qwen3_5 has no KDA layout.
+ *
  * The layout (hf_layout.c). Every Hugging Face tensor of the state dict is a set of rows of one internal
  * parameter (model_params.h), all of one width. Qwen3-Next: HF row r of `in_proj_qkvz` / `in_proj_ba` is
  * row hf_layout_src_row(r) of the internal linear_attn.in_proj [q | k | v | z | b | a] (grouped by key
@@ -56,6 +64,7 @@ extern const char *const hf_format_names[HF_FORMAT_COUNT]; /* "qwen3_next", "qwe
 typedef struct {
     HfFormat format;
     int      composite; /* qwen3_5 with a vision tower: the language model under model.language_model. */
+    int      kda;       /* model_type ringscan_kda_hybrid: KDA linear layers (the qwen3_next layout otherwise) */
 } HfKind;
 
 typedef enum {

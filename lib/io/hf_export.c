@@ -45,8 +45,11 @@ static json_t *hf_config_json(const Config *cfg, StDtype dtype, HfFormat format,
     json_t *j = json_object();
 #define SETI(k, v) json_object_set_new(j, k, json_integer((json_int_t)(v)))
 #define SETR(k, v) json_object_set_new(j, k, json_real(v))
-    json_object_set_new(j, "architectures", json_pack("[s]", q35 ? "Qwen3_5ForCausalLM" : "Qwen3NextForCausalLM"));
-    json_object_set_new(j, "model_type", json_string(q35 ? "qwen3_5_text" : "qwen3_next"));
+    const int kda = m->linear_attention == LINEAR_ATTN_KDA; /* no transformers class: a model_type of its own (hf.h) */
+    json_object_set_new(j, "architectures", json_pack("[s]", kda   ? "RingscanKdaHybridForCausalLM"
+                                                             : q35 ? "Qwen3_5ForCausalLM"
+                                                                   : "Qwen3NextForCausalLM"));
+    json_object_set_new(j, "model_type", json_string(kda ? "ringscan_kda_hybrid" : q35 ? "qwen3_5_text" : "qwen3_next"));
     SETI("vocab_size", m->vocab_size);
     SETI("hidden_size", m->hidden_size);
     SETI("intermediate_size", m->intermediate_size);
@@ -85,6 +88,17 @@ static json_t *hf_config_json(const Config *cfg, StDtype dtype, HfFormat format,
     SETI("linear_num_key_heads", m->linear_num_key_heads);
     SETI("linear_num_value_heads", m->linear_num_value_heads);
     SETI("full_attention_interval", m->full_attention_interval);
+    if (kda) { /* what the KDA tensors are, also as kimi_linear's config names them (its layer numbers from 1) */
+        json_object_set_new(j, "linear_attention", json_string("kda"));
+        json_t *kl = json_array(), *fl = json_array();
+        for (int l = 0; l < m->num_hidden_layers; l++)
+            json_array_append_new(config_layer_kind(cfg, l) == LAYER_KIND_LINEAR ? kl : fl, json_integer(l + 1));
+        json_object_set_new(j, "linear_attn_config",
+                            json_pack("{so so sI sI sI}", "kda_layers", kl, "full_attn_layers", fl, "num_heads",
+                                      (json_int_t)m->linear_num_value_heads, "head_dim",
+                                      (json_int_t)m->linear_value_head_dim, "short_conv_kernel_size",
+                                      (json_int_t)m->linear_conv_kernel_dim));
+    }
     json_t *types = json_array(), *dense = json_array();
     for (int l = 0; l < m->num_hidden_layers; l++) {
         json_array_append_new(types, json_string(layer_kind_names[config_layer_kind(cfg, l)]));
@@ -218,6 +232,13 @@ int hf_export_params(const float *params, const ParamTable *ptab, const Config *
     }
     if (o->format != HF_FORMAT_QWEN3_NEXT && o->format != HF_FORMAT_QWEN3_5) {
         fsio_errf(err, err_len, "format %d; expected qwen3_next or qwen3_5", (int)o->format);
+        return RS_EXIT_USAGE;
+    }
+    if (o->format == HF_FORMAT_QWEN3_5 && cfg->model.linear_attention == LINEAR_ATTN_KDA) {
+        fsio_errf(err, err_len, "the model has Kimi Delta Attention layers (model.linear_attention: kda), which the "
+                                "Qwen3.5 layout has no place for; export it with --format qwen3_next (the Qwen3-Next "
+                                "layout with kimi_linear's KDA tensor names, model_type ringscan_kda_hybrid); nothing "
+                                "was written");
         return RS_EXIT_USAGE;
     }
     int rc = hf_check_out(out_dir, err, err_len);

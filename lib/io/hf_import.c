@@ -422,11 +422,24 @@ static int hf_config_kind(HfKind *kind, json_t **text, json_t *j, const char *pa
     memset(kind, 0, sizeof *kind);
     *text = j;
     if (!type) {
-        config_errors_add(ce, "%s: model_type is missing; ringscan reads qwen3_next, qwen3_5_text and qwen3_5 "
-                              "(dense) folders", path);
+        config_errors_add(ce, "%s: model_type is missing; ringscan reads qwen3_next, qwen3_5_text, qwen3_5 (dense) "
+                              "and ringscan_kda_hybrid folders", path);
         return -1;
     }
     if (!strcmp(type, "qwen3_next")) return 0;
+    if (!strcmp(type, "ringscan_kda_hybrid")) { /* ringscan's own KDA export (hf.h) */
+        kind->kda = 1;
+        return 0;
+    }
+    if (!strcmp(type, "kimi_linear")) {
+        config_errors_add(ce, "%s: model_type is \"kimi_linear\", a Kimi Linear checkpoint: its full-attention layers "
+                              "are multi-head latent attention (MLA) and its MLPs mixture-of-experts, which ringscan "
+                              "does not build; ringscan trains Kimi Delta Attention layers inside its own hybrid "
+                              "(model.linear_attention: kda, with gated softmax attention and a dense MLP), and reads "
+                              "and writes their tensors in kimi_linear's names in folders of model_type "
+                              "ringscan_kda_hybrid (docs/design/kda.md)", path);
+        return -1;
+    }
     if (strstr(type, "moe")) {
         config_errors_add(ce, "%s: model_type is \"%s\", a mixture-of-experts model; ringscan trains dense models "
                               "(qwen3_next with every layer in mlp_only_layers, qwen3_5_text, qwen3_5)", path, type);
@@ -435,8 +448,8 @@ static int hf_config_kind(HfKind *kind, json_t **text, json_t *j, const char *pa
     kind->format = HF_FORMAT_QWEN3_5;
     if (!strcmp(type, "qwen3_5_text")) return 0;
     if (strcmp(type, "qwen3_5")) {
-        config_errors_add(ce, "%s: model_type is \"%s\"; ringscan reads qwen3_next, qwen3_5_text and qwen3_5 (dense) "
-                              "folders", path, type);
+        config_errors_add(ce, "%s: model_type is \"%s\"; ringscan reads qwen3_next, qwen3_5_text, qwen3_5 (dense) "
+                              "and ringscan_kda_hybrid folders", path, type);
         return -1;
     }
     kind->composite = 1;
@@ -487,6 +500,12 @@ int hf_read_config(Config *cfg, HfKind *kind_out, const char *dir, char *err, si
                 config_apply_set(cfg, set, k++, &ce);
             }
         }
+        /* the linear layers' mixer: KDA only in ringscan's own KDA folders, which say so */
+        const char *la = json_string_value(json_object_get(t, "linear_attention"));
+        if (kind.kda && (!la || strcmp(la, "kda")))
+            config_errors_add(&ce, "%s: model_type ringscan_kda_hybrid but linear_attention is %s%s%s, not \"kda\"", path,
+                              la ? "\"" : "", la ? la : "missing", la ? "\"" : "");
+        config_apply_set(cfg, kind.kda ? "model.linear_attention=kda" : "model.linear_attention=gdn", k++, &ce);
         static const char *const reals[] = {"rms_norm_eps", "rope_theta", "partial_rotary_factor", NULL};
         for (int i = 0; reals[i]; i++) {
             json_t *v = i == 0 ? json_object_get(t, reals[i]) : hf_config_real(t, reals[i], path, &ce);
@@ -619,6 +638,12 @@ int hf_config_compare(const Config *want, const Config *got, const char *where, 
                       where, ints[i].key, (long long)ints[i].g, ints[i].key, (long long)ints[i].w, hint);
             return RS_EXIT_USAGE;
         }
+    if (a->linear_attention != b->linear_attention) {
+        fsio_errf(err, err_len, "%s has linear_attention = %s; the config being trained has model.linear_attention = "
+                                "%s: its linear layers' weights are another mixer's%s",
+                  where, linear_attention_names[b->linear_attention], linear_attention_names[a->linear_attention], hint);
+        return RS_EXIT_USAGE;
+    }
     for (int l = 0; l < a->num_hidden_layers; l++) {
         LayerKind kw = config_layer_kind(want, l), kg = config_layer_kind(got, l);
         if (kw != kg) {

@@ -18,6 +18,10 @@
  *   q_proj        nh groups of 2hd: [q_h | gate_h]
  * The Qwen3.5 state dict is the Qwen3-Next one (model_params_build_hf) with in_proj_qkvz replaced by
  * in_proj_qkv, in_proj_z and in_proj_ba by in_proj_b, in_proj_a.
+ * KDA layers (model.linear_attention kda), plain row ranges, rd = dv (the low-rank gates' rank):
+ *   q_proj, k_proj, v_proj, f_a_proj, g_a_proj, b_proj   in_proj rows 0, Kd, 2Kd, Cc, Cc+dv, Cc+2dv ..
+ *   q_conv1d, k_conv1d, v_conv1d                         conv1d rows 0, Kd, 2Kd ..
+ *   f_b_proj, g_b_proj, A_log, dt_bias, o_norm, o_proj   their internal tensors whole
  */
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +47,17 @@ static void hf_layout_map(HfMap *m, const HfLayout *lay, const Config *cfg, cons
     char *leaf = strrchr(internal, '.');
     leaf = leaf ? leaf + 1 : internal;
     const int64_t Kd = lay->nk * lay->dk, Vd = lay->nv * lay->dv, Cc = 2 * Kd + Vd;
-    if (!strcmp(leaf, "in_proj_qkv") || !strcmp(leaf, "in_proj_z") || !strcmp(leaf, "in_proj_b") ||
+    if (mc->linear_attention == LINEAR_ATTN_KDA && strstr(name, ".linear_attn.")) {
+        /* KDA (hf.h): row blocks of in_proj [q | k | v | f_a | g_a | b] and conv1d [q | k | v]; the rest 1:1 */
+        static const char *const proj[6] = {"q_proj", "k_proj", "v_proj", "f_a_proj", "g_a_proj", "b_proj"};
+        static const char *const conv[3] = {"q_conv1d", "k_conv1d", "v_conv1d"};
+        const int64_t pbase[6] = {0, Kd, 2 * Kd, Cc, Cc + lay->dv, Cc + 2 * lay->dv}, cbase[3] = {0, Kd, 2 * Kd};
+        int hit = 0;
+        for (int i = 0; i < 6 && !hit; i++)
+            if (!strcmp(leaf, proj[i])) hit = 1, m->base = pbase[i], strcpy(leaf, "in_proj");
+        for (int i = 0; i < 3 && !hit; i++)
+            if (!strcmp(leaf, conv[i])) hit = 1, m->base = cbase[i], strcpy(leaf, "conv1d");
+    } else if (!strcmp(leaf, "in_proj_qkv") || !strcmp(leaf, "in_proj_z") || !strcmp(leaf, "in_proj_b") ||
         !strcmp(leaf, "in_proj_a")) { /* Qwen3.5: plain row ranges */
         m->base = leaf[8] == 'q' ? 0 : leaf[8] == 'z' ? Cc : leaf[8] == 'b' ? Cc + Vd : Cc + Vd + lay->nv;
         strcpy(leaf, "in_proj");

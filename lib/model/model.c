@@ -125,7 +125,7 @@ static void model_bind(LayerActs *a, const char *name, void *p) {
         F(x), F(ln1), F(rstd1), F(h), F(ln2), F(rstd2), F(gate_up), F(act),
         F(gdn_proj), F(gdn_conv), F(gdn_halo), F(gdn_normed), F(gdn_norm_rstd), F(gdn_qk_norm), F(gdn_qk_rstd),
         F(gdn_v), F(gdn_z), F(gdn_beta), F(gdn_g), F(gdn_core), F(gdn_cp_states), F(gdn_cp_M), F(gdn_conv_halo),
-        F(gdn_kept), F(attn_proj), F(attn_gated), F(attn_q), F(attn_kv), F(attn_gate), F(attn_qk_rstd), F(attn_out),
+        F(gdn_kept), F(kda_f), F(kda_unit), F(attn_proj), F(attn_gated), F(attn_q), F(attn_kv), F(attn_gate), F(attn_qk_rstd), F(attn_out),
         F(attn_lse),
 #undef F
     };
@@ -146,7 +146,8 @@ static void model_bind_grad(Model *m, const char *name, void *p) {
     static const struct { const char *name; size_t off; } fields[] = {
 #define F(n) {#n, offsetof(Model, n)}
         F(d_resid), F(d_core), F(d_z), F(d_qk), F(d_v), F(d_beta), F(d_g), F(d_attn_out), F(d_gate), F(d_q),
-        F(d_kv), F(d_ln), F(d_act), F(d_gate_up), F(d_mix), F(d_proj), F(d_conv), F(d_halo),
+        F(d_kv), F(d_ln), F(d_act), F(d_gate_up), F(d_mix), F(d_proj), F(d_conv), F(d_halo), F(d_kda_f),
+        F(d_kda_unit),
 #undef F
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
@@ -225,9 +226,11 @@ static void model_alloc_activations(Model *m) {
                     const int64_t frags = cfg->data.micro_batch * (cfg->parallel.cp > 1 ? 2 : 1);
                     const int64_t n = cfg->data.micro_batch * cfg->data.seq_len / cfg->parallel.cp / frags;
                     const int states = cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
-                    const int64_t need = frags * (int64_t)be->gdn_kept_bytes(n, (int)mc->linear_num_value_heads,
-                                                                              (int)mc->linear_key_head_dim,
-                                                                              (int)mc->linear_value_head_dim, states);
+                    size_t (*kept_bytes)(int64_t, int, int, int, int) =
+                        mc->linear_attention == LINEAR_ATTN_KDA ? be->kda_kept_bytes : be->gdn_kept_bytes;
+                    const int64_t need = frags * (int64_t)kept_bytes(n, (int)mc->linear_num_value_heads,
+                                                                     (int)mc->linear_key_head_dim,
+                                                                     (int)mc->linear_value_head_dim, states);
                     RS_CHECK(b->rows == frags && need <= b->bytes,
                              "gdn_kept: the %s backend needs %lld bytes, model_acts.c counts %lld", be->name,
                              (long long)need, (long long)b->bytes);
@@ -295,12 +298,17 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
         p->gate_up = model_offset_of(m, l, "mlp.gate_up", 1);
         p->down = model_offset_of(m, l, "mlp.down_proj", 1);
         int gdn = p->kind == LAYER_KIND_LINEAR;
+        p->kda = gdn && cfg->model.linear_attention == LINEAR_ATTN_KDA;
         p->in_proj = model_offset_of(m, l, gdn ? "linear_attn.in_proj" : "self_attn.in_proj", 1);
-        p->out_proj = model_offset_of(m, l, gdn ? "linear_attn.out_proj" : "self_attn.o_proj", 1);
+        p->out_proj = model_offset_of(m, l, p->kda ? "linear_attn.o_proj" : gdn ? "linear_attn.out_proj" : "self_attn.o_proj", 1);
         p->conv = model_offset_of(m, l, "linear_attn.conv1d", gdn);
         p->dt_bias = model_offset_of(m, l, "linear_attn.dt_bias", gdn);
         p->A_log = model_offset_of(m, l, "linear_attn.A_log", gdn);
-        p->gdn_norm = model_offset_of(m, l, "linear_attn.norm", gdn);
+        p->gdn_norm = model_offset_of(m, l, p->kda ? "linear_attn.o_norm" : "linear_attn.norm", gdn);
+        p->f_b = model_offset_of(m, l, "linear_attn.f_b_proj", p->kda);
+        p->g_b = model_offset_of(m, l, "linear_attn.g_b_proj", p->kda);
+        p->dt_bias_n = p->kda ? cfg->model.linear_num_value_heads * cfg->model.linear_key_head_dim
+                              : cfg->model.linear_num_value_heads;
         p->q_norm = model_offset_of(m, l, "self_attn.q_norm", !gdn);
         p->k_norm = model_offset_of(m, l, "self_attn.k_norm", !gdn);
     }
@@ -358,7 +366,7 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
         if (m->f32 || p->kind != LAYER_KIND_LINEAR) continue;
         p->A_log32 = m->gates_numel;
         p->dt_bias32 = m->gates_numel + cfg->model.linear_num_value_heads;
-        m->gates_numel += 2 * cfg->model.linear_num_value_heads;
+        m->gates_numel += cfg->model.linear_num_value_heads + p->dt_bias_n;
     }
     if (!m->f32) {
         m->gates = be->alloc((size_t)(m->gates_numel > 0 ? m->gates_numel : 1) * sizeof(float));

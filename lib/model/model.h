@@ -54,6 +54,10 @@ typedef struct {
     int64_t   in_proj, out_proj;               /* GDN: linear_attn.*; attention: self_attn.in_proj, o_proj */
     int64_t   conv, dt_bias, A_log, gdn_norm;  /* GDN */
     int64_t   dt_bias32, A_log32;              /* GDN: the same tensors' fp32 values in Model.f32 */
+    int64_t   dt_bias_n;                       /* dt_bias's elements: nv (GDN) or nv*dk (KDA) */
+    int64_t   f_b, g_b;                        /* KDA: linear_attn.f_b_proj, g_b_proj (out_proj: o_proj, gdn_norm:
+                                                * o_norm) */
+    int       kda;                             /* a KDA layer (model.linear_attention kda) */
     int64_t   q_norm, k_norm;                  /* attention */
 } LayerParams;
 
@@ -77,7 +81,8 @@ typedef struct {
     void  *gate_up;  /* (R,2I) */
     void  *act;      /* (R,I) */
     /* Gated DeltaNet */
-    void  *gdn_proj;      /* (R, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv (token) */
+    void  *gdn_proj;      /* (R, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv (token); KDA (R, Cc+2dv+nv)
+                           * [q|k|v|f_a|g_a|b] */
     void  *gdn_conv;      /* (R, Cc) after conv + SiLU (chunk) */
     void  *gdn_halo;      /* (Kc-1, Cc) the previous chunk's last pre-conv rows (chunk) */
     void  *gdn_normed;    /* (R, Vd) gated RMSNorm output (token) */
@@ -85,13 +90,15 @@ typedef struct {
     void  *gdn_qk_norm;   /* (T, 2Kd) L2-normalised [q|k] */
     float *gdn_qk_rstd;   /* (T, 2nk) */
     void  *gdn_v;         /* (T, Vd) v after conv + SiLU */
-    void  *gdn_z;         /* (T, Vd) the output gate's input z */
+    void  *gdn_z;         /* (T, Vd) the output gate's input z (KDA: g_b(g_a(ln1))) */
     float *gdn_beta;      /* (T, nv) */
-    float *gdn_g;         /* (T, nv) */
+    float *gdn_g;         /* (T, nv); KDA (T, nv, dk) */
     void  *gdn_core;      /* (T, Vd) delta-rule output */
     float *gdn_cp_states; /* (frags, nv, dk, dv) CP entry state of each local fragment, cp > 1 */
     float *gdn_cp_M;      /* (frags, nv, dk, dk) each local fragment's transition M, cp > 1 */
     void  *gdn_conv_halo; /* (frags, Kc-1, Cc) each local fragment's conv halo, cp > 1 */
+    void  *kda_f;         /* KDA: (R, nv dk) the decay gate's input f = f_b(f_a(ln1)) (token) */
+    void  *kda_unit;      /* KDA: (R, Vd) the output norm before its sigmoid gate (token) */
     void  *gdn_kept;      /* (frags) x be->gdn_kept_bytes(frag_len, nv, dk, dv, states): what each fragment's
                            * delta-rule forward (or the recompute) keeps for the layer's backward
                            * (checkpoint.gdn_keep; NULL under none) */
@@ -182,10 +189,11 @@ typedef struct {
     /* gradient scratch of one layer's backward: whole rows */
     void  *d_resid;                      /* (T,H) the residual stream's */
     void  *d_core, *d_z, *d_qk, *d_v;    /* GDN (T, Vd | Vd | 2Kd | Vd) */
-    float *d_beta, *d_g;                 /* GDN (T, nv) */
+    float *d_beta, *d_g;                 /* GDN (T, nv); KDA d_g (T, nv, dk) */
     void  *d_attn_out, *d_gate, *d_q, *d_kv; /* attention (T, qd | qd | qd | 2kvd) */
     /* ... and one chunk's (R rows) */
     void  *d_ln, *d_act, *d_gate_up, *d_mix, *d_proj, *d_conv, *d_halo;
+    void  *d_kda_f, *d_kda_unit;         /* KDA (R, nv dk | Vd); NULL otherwise */
     ModelCounters count;
 } Model;
 

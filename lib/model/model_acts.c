@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "backend/runtime.h"
 #include "core/error.h"
+#include "cp/cp.h"
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
  * whole fp32 (V, C) gradient, so few large chunks: at 2 GiB and V = 151,936, 3,533 rows a chunk (10 at
@@ -165,15 +166,25 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     int64_t Kd = nk * dk, Vd = nv * dv, Cc = 2 * Kd + Vd, Kc = m->linear_conv_kernel_dim;
     int64_t nh = m->num_attention_heads, nkv = m->num_key_value_heads, hd = m->head_dim;
     int64_t qd = nh * hd, kvd = nkv * hd;
-    int64_t Pg = Cc + Vd + 2 * nv, Pa = 2 * qd + 2 * kvd;
+    /* KDA layers (model.linear_attention kda, docs/design/kda.md): in_proj [q|k|v|f_a|g_a|b] (the low-rank gates of
+     * rank dv), the decay gate f (nv dk per token) before the gates, the output norm before its sigmoid gate
+     * ("kda_unit"), and g per key channel */
+    const int kda = m->linear_attention == LINEAR_ATTN_KDA;
+    const int64_t Gw = kda ? nv * dk : nv; /* g's and dg's width */
+    int64_t Pg = kda ? Cc + 2 * dv + nv : Cc + Vd + 2 * nv, Pa = 2 * qd + 2 * kvd;
+    if (kda) RS_CHECK(sz->kda_kept_bytes && sz->kda_dkept_bytes, "model.linear_attention kda on a backend without KDA "
+                      "kernels (config_validate refuses it)");
+    size_t (*kept_bytes)(int64_t, int, int, int, int) = kda ? sz->kda_kept_bytes : sz->gdn_kept_bytes;
+    size_t (*dkept_bytes)(int64_t, int, int, int) = kda ? sz->kda_dkept_bytes : sz->gdn_dkept_bytes;
     t->tokens = T;
     t->elt = e;
 
     int64_t frags = cfg->data.micro_batch * (cp > 1 ? 2 : 1); /* zigzag fragments per micro-batch */
     /* chunk scratch per row: the block's own buffers (the wider mixer's) and the gradients */
-    int64_t block_row = (3 * H + 3 * I) * e + 2 * f, gdn_row = (Pg + Cc + Vd) * e + nv * f, attn_row = (Pa + qd) * e;
+    int64_t block_row = (3 * H + 3 * I) * e + 2 * f, gdn_row = (Pg + Cc + Vd + (kda ? Gw + Vd : 0)) * e + nv * f;
+    int64_t attn_row = (Pa + qd) * e;
     int64_t mix = Vd > qd ? Vd : qd, pw = Pg > Pa ? Pg : Pa;
-    int64_t grad_row = (H + 3 * I + mix + pw + Cc) * e;
+    int64_t grad_row = (H + 3 * I + mix + pw + Cc + (kda ? Gw + Vd : 0)) * e;
     t->chunk_row_bytes = block_row + (gdn_row > attn_row ? gdn_row : attn_row) + grad_row;
     const int64_t R = acts_chunk_rows(cfg, T / frags, t->chunk_row_bytes);
     t->chunk_rows = R;
@@ -191,12 +202,12 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_v", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_z", T, Vd, e, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_beta", T, nv, f, ACT_KEEP_NONE);
-            acts_add(&ab, l, "gdn_g", T, nv, f, ACT_KEEP_NONE);
+            acts_add(&ab, l, "gdn_g", T, Gw, f, ACT_KEEP_NONE);
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             if (cfg->checkpoint.gdn_keep != GDN_KEEP_NONE)
                 acts_add(&ab, l, "gdn_kept", frags,
-                         (int64_t)sz->gdn_kept_bytes(T / frags, (int)nv, (int)dk, (int)dv,
-                                                     cfg->checkpoint.gdn_keep == GDN_KEEP_STATES),
+                         (int64_t)kept_bytes(T / frags, (int)nv, (int)dk, (int)dv,
+                                             cfg->checkpoint.gdn_keep == GDN_KEEP_STATES),
                          1, ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
@@ -228,6 +239,10 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add_chunk(&ab, l, "gdn_halo", Kc - 1, Cc, e);
             acts_add_token(&ab, l, "gdn_normed", Vd, e);
             acts_add_token(&ab, l, "gdn_norm_rstd", nv, f);
+            if (kda) {
+                acts_add_token(&ab, l, "kda_f", Gw, e);
+                acts_add_token(&ab, l, "kda_unit", Vd, e);
+            }
         } else {
             acts_add_token(&ab, l, "attn_proj", Pa, e);
             acts_add_token(&ab, l, "attn_gated", qd, e);
@@ -288,12 +303,16 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     acts_add_grad(t, &gcap, "d_proj", ACT_GRAD_PERSISTENT, R * pw * e);
     acts_add_grad(t, &gcap, "d_conv", ACT_GRAD_PERSISTENT, R * Cc * e);
     acts_add_grad(t, &gcap, "d_halo", ACT_GRAD_PERSISTENT, (Kc - 1) * Cc * e);
+    if (kda) {
+        acts_add_grad(t, &gcap, "d_kda_f", ACT_GRAD_PERSISTENT, R * Gw * e);
+        acts_add_grad(t, &gcap, "d_kda_unit", ACT_GRAD_PERSISTENT, R * Vd * e);
+    }
     acts_add_grad(t, &gcap, "d_core", ACT_GRAD_GDN, T * Vd * e);
     acts_add_grad(t, &gcap, "d_z", ACT_GRAD_GDN, T * Vd * e);
     acts_add_grad(t, &gcap, "d_qk", ACT_GRAD_GDN, T * 2 * Kd * e);
     acts_add_grad(t, &gcap, "d_v", ACT_GRAD_GDN, T * Vd * e);
     acts_add_grad(t, &gcap, "d_beta", ACT_GRAD_GDN, T * nv * f);
-    acts_add_grad(t, &gcap, "d_g", ACT_GRAD_GDN, T * nv * f);
+    acts_add_grad(t, &gcap, "d_g", ACT_GRAD_GDN, T * Gw * f);
     acts_add_grad(t, &gcap, "d_attn_out", ACT_GRAD_ATTN, T * qd * e);
     acts_add_grad(t, &gcap, "d_gate", ACT_GRAD_ATTN, T * qd * e);
     acts_add_grad(t, &gcap, "d_q", ACT_GRAD_ATTN, T * qd * e);
@@ -337,9 +356,10 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add_cp(t, ACT_CP_SCAN_RECV, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * pair);
         acts_add_cp(t, ACT_CP_FOLD, ACT_CP_SCAN, ACT_CP_ALWAYS, 2, nv * dk * dv * f);
         acts_add_cp(t, ACT_CP_DSTATE, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, frags * nv * dk * dv * f);
-        if (cp == 2 && cfg->parallel.gdn_chain_staged && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES)
+        const int staged = cp_gdn_method_staged(cp_gdn_method(cfg), cfg); /* fragments per sample in stages */
+        if (staged) /* the chain's backward stages of both local fragments, the hybrid's of the first */
             acts_add_cp(t, ACT_CP_GDN_DKEPT, ACT_CP_SCAN, ACT_CP_ALWAYS, 1,
-                        frags * (int64_t)sz->gdn_dkept_bytes(T / frags, (int)nv, (int)dk, (int)dv));
+                        cfg->data.micro_batch * staged * (int64_t)dkept_bytes(T / frags, (int)nv, (int)dk, (int)dv));
         acts_add_cp(t, ACT_CP_HALO_SEND, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, tail);
         acts_add_cp(t, ACT_CP_HALO_RECV, ACT_CP_SCAN, ACT_CP_ALWAYS, 1, cp * tail);
     }

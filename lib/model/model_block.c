@@ -6,6 +6,11 @@
  *     z copied into their whole-rows buffers in the same pass (gdn_split_forward; its backward likewise);
  *     beta = sigmoid(b), g = -exp(A_log) softplus(a+dt_bias); the chunked delta rule; gated RMSNorm with
  *     silu(z); out_proj.
+ *   KDA mixer (model.linear_attention kda, docs/design/kda.md): proj gives [q|k|v|f_a|g_a|b]; f = f_a f_b^T,
+ *     z = g_a g_b^T; conv+SiLU over [q|k|v]; L2 norm of q, k; beta = sigmoid(b), g = -exp(A_log)
+ *     softplus(f+dt_bias) per key channel; the chunked delta rule with that decay (kda_chunk_*, through the
+ *     same CP schedules); RMSNorm (o_norm) times sigmoid(z); o_proj. The GDN code below runs it, branching
+ *     where the two differ.
  *   attention mixer: proj = ln1 W_in^T gives [q|gate|k|v]; q_norm, k_norm (zero-centred, per head); v
  *     copied beside k ([k|v] per token, the buffer the ring sends); partial RoPE at global positions; ring
  *     attention (cp_ring.c: causal, documents; with cp = 1 one step, no communication); sigmoid(gate)
@@ -36,6 +41,8 @@
 typedef struct {
     int64_t T;
     int     H, I, nk, nv, dk, dv, Kd, Vd, Cc, Kc, Pg; /* GDN: Pg = width of [q|k|v|z|b|a] */
+    int     kda, Gw, fa, ga, bc;                    /* KDA: Pg = width of [q|k|v|f_a|g_a|b], g's width nv dk (GDN
+                                                       nv), the columns of f_a, g_a, b */
     int     nh, nkv, hd, qd, kvd, Pa, rd;          /* attention: Pa = width of [q|gate|k|v] */
     float   eps, theta;
     int     es;                                     /* activation element size */
@@ -55,7 +62,12 @@ static Dims block_dims(const Model *m, int64_t T) {
     d.Vd = d.nv * d.dv;
     d.Cc = 2 * d.Kd + d.Vd;
     d.Kc = (int)c->linear_conv_kernel_dim;
-    d.Pg = d.Cc + d.Vd + 2 * d.nv;
+    d.kda = c->linear_attention == LINEAR_ATTN_KDA;
+    d.Pg = d.kda ? d.Cc + 2 * d.dv + d.nv : d.Cc + d.Vd + 2 * d.nv;
+    d.Gw = d.kda ? d.nv * d.dk : d.nv;
+    d.fa = d.Cc;
+    d.ga = d.Cc + d.dv;
+    d.bc = d.Cc + 2 * d.dv;
     d.nh = (int)c->num_attention_heads;
     d.nkv = (int)c->num_key_value_heads;
     d.hd = (int)c->head_dim;
@@ -123,6 +135,10 @@ static int block_rows_at(Model *m, int l, int64_t row, const Dims *dd) {
             a->gdn_proj = AT(a->gdn_proj, r * d.Pg);
             a->gdn_normed = AT(a->gdn_normed, r * d.Vd);
             a->gdn_norm_rstd += r * d.nv;
+            if (d.kda) {
+                a->kda_f = AT(a->kda_f, r * d.Gw);
+                a->kda_unit = AT(a->kda_unit, r * d.Vd);
+            }
         } else {
             a->attn_proj = AT(a->attn_proj, r * d.Pa);
             a->attn_gated = AT(a->attn_gated, r * d.qd);
@@ -222,20 +238,24 @@ static CpGdnCore block_gdn_core(const Model *m, const LayerActs *a, int keep, co
     CpGdnCore c = {.q = a->gdn_qk_norm, .k = AT(a->gdn_qk_norm, d.Kd), .v = a->gdn_v, .g = a->gdn_g,
                    .beta = a->gdn_beta, .ldq = 2 * d.Kd, .ldv = d.Vd, .ldo = d.Vd,
                    .states = multi ? a->gdn_cp_states : NULL, .M = multi ? a->gdn_cp_M : NULL,
-                   .kept_states = block_gdn_kept_states(m)};
+                   .kept_states = block_gdn_kept_states(m), .kda = d.kda};
     if (keep && m->cfg->checkpoint.gdn_keep != GDN_KEEP_NONE) {
         c.kept = a->gdn_kept;
-        c.kept_bytes = m->be->gdn_kept_bytes(m->cp.L.frag_len, d.nv, d.dk, d.dv, c.kept_states);
+        c.kept_bytes = (d.kda ? m->be->kda_kept_bytes : m->be->gdn_kept_bytes)(m->cp.L.frag_len, d.nv, d.dk, d.dv,
+                                                                               c.kept_states);
     }
     return c;
 }
 
-/* ln1 and proj (token buffers) of a chunk's rows (block_rows_at: not again under none) */
+/* ln1 and proj (token buffers) of a chunk's rows, and of a KDA layer the decay gate's input f = f_a f_b^T
+ * (block_rows_at: not again under none) */
 static void block_gdn_proj(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
     const Dims d = *dd;
     if (!block_rows_at(m, l, row, dd)) return;
     block_ln1_compute(m, l, row, n, dd);
     m->be->matmul_forward(m->la[l].gdn_proj, m->la[l].ln1, W(m->lp[l].in_proj), n, d.H, d.Pg, d.H, d.Pg, 0);
+    if (d.kda)
+        m->be->matmul_forward(m->la[l].kda_f, AT(m->la[l].gdn_proj, d.fa), W(m->lp[l].f_b), n, d.dv, d.Gw, d.Pg, d.Gw, 0);
 }
 
 /* The conv halo a chunk reads: the fragment's (from the CP group; none when cp = 1) or the previous
@@ -268,7 +288,7 @@ static void block_gdn_tails(Model *m, int l, const Batch *b, const Dims *dd) {
 
 /* The mixer up to its whole-rows buffers: per chunk ln1, proj, conv + SiLU, L2 norm, gates (into
  * qk_norm, v, z, beta, g); then the delta rule per fragment (core), with cp > 1 from the entry
- * states the CP group passes (cp_gdn_forward: the chain at cp = 2, the scan above). */
+ * states the CP group passes (cp_gdn_forward: the chain at cp = 2, the hybrid or the scan above). */
 static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
@@ -280,8 +300,10 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const CpGdnDims cd = block_gdn_cp_dims(&d);
     /* the remat recompute keeps what came from the CP group: no halo exchange, no entry states */
     const int communicate = multi && mode != BLOCK_REMAT;
-    /* under remat / full the first forward's kept buffer would be overwritten before any backward reads it */
-    const int keep = mode != BLOCK_FORWARD || m->cfg->checkpoint.activations == ACT_POLICY_NONE;
+    /* under remat / full the first forward's kept buffer would be overwritten before any backward reads it; the
+     * hybrid's state passes run alone into it all the same (cp_gdn_forward_needs_kept: scratch there) */
+    const int keep = mode != BLOCK_FORWARD || m->cfg->checkpoint.activations == ACT_POLICY_NONE ||
+                     (communicate && cp_gdn_forward_needs_kept(cp));
     if (communicate) {
         block_gdn_tails(m, l, b, &d);
         cp_gdn_halo_forward(cp, l, a->gdn_conv_halo, NULL, d.Cc, &cd);
@@ -292,6 +314,16 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
         be->conv1d_silu_forward(a->gdn_conv, a->gdn_proj, block_gdn_halo_in(m, a, &c, &d), W(p->conv),
                                 b->doc_pos + c.row, c.n, d.Cc, d.Kc, d.Pg, d.Cc);
         block_gdn_save_halo(m, a, &c, &d);
+        if (d.kda) { /* the L2 norm of q, k, the v copy; the output gate's input g_a g_b^T; the gates from b and f */
+            be->l2norm_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk, a->gdn_conv,
+                               c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
+            be->copy_2d(AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_conv, 2 * d.Kd), c.n, d.Vd, d.Vd, d.Cc);
+            be->matmul_forward(AT(a->gdn_z, c.row * d.Vd), AT(a->gdn_proj, d.ga), W(p->g_b), c.n, d.dv, d.Vd, d.Pg,
+                               d.Vd, 0);
+            be->kda_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.Gw, AT(a->gdn_proj, d.bc), a->kda_f,
+                                  P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.dk, d.Pg, d.Gw);
+            continue;
+        }
         /* the L2 norm of q, k and the v, z copies into the whole-rows buffers, one pass */
         be->gdn_split_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
                               AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_z, c.row * d.Vd), a->gdn_conv,
@@ -303,15 +335,21 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     cp_gdn_forward(cp, l, a->gdn_core, &core, communicate, &cd);
 }
 
-/* h (chunk) = x + out_proj(gated RMSNorm(core, z)) of a chunk's rows */
+/* h (chunk) = x + out_proj(gated RMSNorm(core, z)) of a chunk's rows; KDA: the RMSNorm (o_norm, plain scale)
+ * into kda_unit, then its sigmoid gate (kimi_linear's o_norm: FusedRMSNormGated, activation sigmoid) */
 static void block_gdn_out_forward(Model *m, int l, const Chunk *c, const Dims *dd) {
     const Dims d = *dd;
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
     block_rows_count(m, l);
-    be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd),
-                              AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv, d.dv, d.Vd, d.eps);
+    if (d.kda) {
+        be->rmsnorm_forward(a->kda_unit, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv,
+                            d.dv, d.Vd, d.Vd, d.eps, 0);
+        be->sigmoid_gate_forward(a->gdn_normed, a->kda_unit, AT(a->gdn_z, c->row * d.Vd), c->n, d.Vd, d.Vd);
+    } else
+        be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd),
+                                  AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv, d.dv, d.Vd, d.eps);
     be->matmul_forward_residual(a->h, a->gdn_normed, W(p->out_proj), AT(a->x, c->row * d.H), c->n, d.Vd, d.H, d.Vd,
                                 d.H, d.H);
 }
@@ -324,6 +362,15 @@ static void block_gdn_out_backward(Model *m, int l, const Chunk *c, const Dims *
     LayerActs *a = &m->la[l];
     be->matmul_backward(m->d_mix, G(p->out_proj), AT(m->d_resid, c->row * d.H), a->gdn_normed, W(p->out_proj), c->n,
                         d.Vd, d.H, d.Vd, d.H, 0);
+    if (d.kda) { /* the sigmoid gate, then the norm (its dinp accumulates: d_core's rows cleared first) */
+        be->sigmoid_gate_backward(m->d_kda_unit, AT(m->d_z, c->row * d.Vd), m->d_mix, a->kda_unit,
+                                  AT(a->gdn_z, c->row * d.Vd), c->n, d.Vd, d.Vd);
+        be->memset_zero(AT(m->d_core, c->row * d.Vd), (size_t)(c->n * d.Vd * d.es));
+        be->rmsnorm_backward(AT(m->d_core, c->row * d.Vd), G(p->gdn_norm), m->d_kda_unit,
+                             AT(a->gdn_core, c->row * d.Vd), W(p->gdn_norm), a->gdn_norm_rstd, c->n, d.nv, d.dv, d.Vd,
+                             d.Vd, 0);
+        return;
+    }
     be->gated_rmsnorm_backward(AT(m->d_core, c->row * d.Vd), AT(m->d_z, c->row * d.Vd), G(p->gdn_norm), m->d_mix,
                                AT(a->gdn_core, c->row * d.Vd), AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm),
                                a->gdn_norm_rstd, c->n, d.nv, d.dv, d.Vd);
@@ -352,14 +399,28 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
         block_gdn_proj(m, l, c.row, c.n, &d);
-        be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log),
-                               G(p->dt_bias), m->d_beta + c.row * d.nv, m->d_g + c.row * d.nv,
-                               AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32),
-                               P32(p->dt_bias32), c.n, d.nv, d.Pg);
-        /* dz into d_proj's z columns; the L2 norm's backward and dv into d_conv: one pass */
-        be->gdn_split_backward(m->d_conv, AT(m->d_proj, d.Cc), AT(m->d_qk, c.row * 2 * d.Kd),
-                               AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
-                               AT(m->d_v, c.row * d.Vd), AT(m->d_z, c.row * d.Vd), c.n, d.nk, d.dk, d.Vd, d.Cc, d.Pg);
+        if (d.kda) { /* the gates into b's columns and df; the low-rank up projections into f_a's and g_a's */
+            be->kda_gates_backward(AT(m->d_proj, d.bc), m->d_kda_f, G(p->A_log), G(p->dt_bias),
+                                   m->d_beta + c.row * d.nv, m->d_g + c.row * d.Gw, AT(a->gdn_proj, d.bc), a->kda_f,
+                                   P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.dk, d.Pg, d.Gw);
+            be->matmul_backward(AT(m->d_proj, d.fa), G(p->f_b), m->d_kda_f, AT(a->gdn_proj, d.fa), W(p->f_b), c.n, d.dv,
+                                d.Gw, d.Pg, d.Gw, 0);
+            be->matmul_backward(AT(m->d_proj, d.ga), G(p->g_b), AT(m->d_z, c.row * d.Vd), AT(a->gdn_proj, d.ga),
+                                W(p->g_b), c.n, d.dv, d.Vd, d.Pg, d.Vd, 0);
+            be->l2norm_backward(m->d_conv, AT(m->d_qk, c.row * 2 * d.Kd), AT(a->gdn_qk_norm, c.row * 2 * d.Kd),
+                                a->gdn_qk_rstd + c.row * 2 * d.nk, c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
+            be->copy_2d(AT(m->d_conv, 2 * d.Kd), AT(m->d_v, c.row * d.Vd), c.n, d.Vd, d.Cc, d.Vd);
+        } else {
+            be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log),
+                                   G(p->dt_bias), m->d_beta + c.row * d.nv, m->d_g + c.row * d.nv,
+                                   AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32),
+                                   P32(p->dt_bias32), c.n, d.nv, d.Pg);
+            /* dz into d_proj's z columns; the L2 norm's backward and dv into d_conv: one pass */
+            be->gdn_split_backward(m->d_conv, AT(m->d_proj, d.Cc), AT(m->d_qk, c.row * 2 * d.Kd),
+                                   AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
+                                   AT(m->d_v, c.row * d.Vd), AT(m->d_z, c.row * d.Vd), c.n, d.nk, d.dk, d.Vd, d.Cc,
+                                   d.Pg);
+        }
         void *dhalo = c.off > 0 ? m->d_halo : multi ? AT(cp->halo_send, c.frag * tail) : NULL;
         be->conv1d_silu_backward(m->d_proj, dhalo, G(p->conv), m->d_conv, a->gdn_proj,
                                  block_gdn_halo_in(m, a, &c, &d), W(p->conv), b->doc_pos + c.row, c.n, d.Cc, d.Kc,

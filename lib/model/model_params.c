@@ -68,7 +68,20 @@ void model_params_build(ParamTable *tab, const Config *cfg) {
     params_end_bucket(tab);
     for (int l = 0; l < m->num_hidden_layers; l++) {
         params_add(tab, &cap, l, "input_layernorm", H, 0, PARAM_GROUP_NORM, PARAM_INIT_ZEROS);
-        if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
+        if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR && m->linear_attention == LINEAR_ATTN_KDA) {
+            /* Kimi Delta Attention (docs/design/kda.md): in_proj rows [q | k | v | f_a | g_a | b], the low-rank
+             * gates' rank the head width dv (kimi_linear's head_dim) */
+            const int64_t dv = m->linear_value_head_dim, Kg = nv * m->linear_key_head_dim;
+            params_add(tab, &cap, l, "linear_attn.in_proj", Cc + 2 * dv + nv, H, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
+            params_add(tab, &cap, l, "linear_attn.conv1d", Cc, m->linear_conv_kernel_dim, PARAM_GROUP_CONV,
+                       PARAM_INIT_NORMAL);
+            params_add(tab, &cap, l, "linear_attn.f_b_proj", Kg, dv, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
+            params_add(tab, &cap, l, "linear_attn.g_b_proj", Vd, dv, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
+            params_add(tab, &cap, l, "linear_attn.dt_bias", Kg, 0, PARAM_GROUP_GDN_GATE, PARAM_INIT_ONES);
+            params_add(tab, &cap, l, "linear_attn.A_log", nv, 0, PARAM_GROUP_GDN_GATE, PARAM_INIT_A_LOG);
+            params_add(tab, &cap, l, "linear_attn.o_norm", dv, 0, PARAM_GROUP_NORM_SCALE, PARAM_INIT_ONES);
+            params_add(tab, &cap, l, "linear_attn.o_proj", H, Vd, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
+        } else if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
             params_add(tab, &cap, l, "linear_attn.in_proj", Cc + Vd + 2 * nv, H, PARAM_GROUP_MATRIX, PARAM_INIT_NORMAL);
             params_add(tab, &cap, l, "linear_attn.conv1d", Cc, m->linear_conv_kernel_dim, PARAM_GROUP_CONV,
                        PARAM_INIT_NORMAL);
@@ -142,7 +155,25 @@ void model_params_build_hf(HfTable *tab, const Config *cfg) {
         HF("mlp.gate_proj.weight", 2, I, H, 0);
         HF("mlp.up_proj.weight", 2, I, H, 0);
         HF("mlp.down_proj.weight", 2, H, I, 0);
-        if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
+        if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR && m->linear_attention == LINEAR_ATTN_KDA) {
+            /* kimi_linear's KimiDeltaAttention state dict (its checkpoints' names), under linear_attn. */
+            const int64_t Kc = m->linear_conv_kernel_dim;
+            HF("linear_attn.q_proj.weight", 2, nk * dk, H, 0);
+            HF("linear_attn.k_proj.weight", 2, nk * dk, H, 0);
+            HF("linear_attn.v_proj.weight", 2, nv * dv, H, 0);
+            HF("linear_attn.q_conv1d.weight", 3, nk * dk, 1, Kc);
+            HF("linear_attn.k_conv1d.weight", 3, nk * dk, 1, Kc);
+            HF("linear_attn.v_conv1d.weight", 3, nv * dv, 1, Kc);
+            HF("linear_attn.f_a_proj.weight", 2, dv, H, 0);
+            HF("linear_attn.f_b_proj.weight", 2, nv * dk, dv, 0);
+            HF("linear_attn.b_proj.weight", 2, nv, H, 0);
+            HF("linear_attn.g_a_proj.weight", 2, dv, H, 0);
+            HF("linear_attn.g_b_proj.weight", 2, nv * dv, dv, 0);
+            HF("linear_attn.A_log", 1, nv, 0, 0);
+            HF("linear_attn.dt_bias", 1, nv * dk, 0, 0);
+            HF("linear_attn.o_norm.weight", 1, dv, 0, 0);
+            HF("linear_attn.o_proj.weight", 2, H, nv * dv, 0);
+        } else if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
             HF("linear_attn.in_proj_qkvz.weight", 2, 2 * nk * dk + 2 * nv * dv, H, 0);
             HF("linear_attn.in_proj_ba.weight", 2, 2 * nv, H, 0);
             HF("linear_attn.conv1d.weight", 3, 2 * nk * dk + nv * dv, 1, m->linear_conv_kernel_dim);

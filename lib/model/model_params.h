@@ -17,6 +17,15 @@
  *               linear_attn.A_log     [nv]
  *               linear_attn.norm      [dv]       gated RMSNorm, plain scale
  *               linear_attn.out_proj  [H, Vd]
+ *   KDA layer   (model.linear_attention kda; docs/design/kda.md; nk = nv, dk = dv)
+ *               linear_attn.in_proj   [Cc + 2dv + nv, H]  rows [q | k | v | f_a | g_a | b]
+ *               linear_attn.conv1d    [Cc, Kc]   channels [q | k | v] (HF: q_conv1d, k_conv1d, v_conv1d)
+ *               linear_attn.f_b_proj  [nv·dk, dv]  the decay gate's up projection (f_a's output in)
+ *               linear_attn.g_b_proj  [Vd, dv]     the output gate's up projection (g_a's output in)
+ *               linear_attn.dt_bias   [nv·dk]    per key channel
+ *               linear_attn.A_log     [nv]
+ *               linear_attn.o_norm    [dv]       RMSNorm with a sigmoid gate, plain scale
+ *               linear_attn.o_proj    [H, Vd]
  *   attention   self_attn.in_proj     [2·nh·hd + 2·nkv·hd, H]  rows [q | gate | k | v]
  *               self_attn.q_norm      [hd]       zero-centred
  *               self_attn.k_norm      [hd]       zero-centred

@@ -230,7 +230,7 @@ void model_set_full(Model *m, int which, const float *host) {
         if (m->gates && p && p->kind == LAYER_KIND_LINEAR) {
             const size_t nv = (size_t)m->cfg->model.linear_num_value_heads * sizeof(float);
             be->copy(m->gates + p->A_log32, buf + (p->A_log - s), nv);
-            be->copy(m->gates + p->dt_bias32, buf + (p->dt_bias - s), nv);
+            be->copy(m->gates + p->dt_bias32, buf + (p->dt_bias - s), (size_t)p->dt_bias_n * sizeof(float));
         }
         be->memset_zero(buf, (size_t)len * sizeof(float));
     }
@@ -300,10 +300,10 @@ void model_optimizer_step(Model *m, double lr, float clip_scale, int step) {
             if (p->kind != LAYER_KIND_LINEAR) continue;
             int64_t a, n, sh;
             model_shard_piece(m, l + 1, &a, &n, &sh);
-            const int64_t nv = cfg->model.linear_num_value_heads;
+            const int64_t len[2] = {cfg->model.linear_num_value_heads, p->dt_bias_n};
             const int64_t at[2] = {p->A_log, p->dt_bias}, to[2] = {p->A_log32, p->dt_bias32};
             for (int k = 0; k < 2; k++) {
-                int64_t x0 = at[k] > a ? at[k] : a, x1 = at[k] + nv < a + n ? at[k] + nv : a + n;
+                int64_t x0 = at[k] > a ? at[k] : a, x1 = at[k] + len[k] < a + n ? at[k] + len[k] : a + n;
                 if (x1 > x0)
                     be->copy(m->gates + to[k] + (x0 - at[k]), m->params + sh + (x0 - a),
                              (size_t)(x1 - x0) * sizeof(float));

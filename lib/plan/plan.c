@@ -32,13 +32,14 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "cp/cp.h"
 
 const char *const plan_mem_names[PLAN_MEM_COUNT] = {
     "weights (bf16)", "master weights (fp32)", "gradients (fp32)", "AdamW m, v (fp32)", "activations",
     "CP ring buffers", "CP scan buffers", "workspaces", "runtime (context, NCCL)",
 };
 const char *const plan_comm_names[PLAN_COMM_COUNT] = {
-    "gradients and weights (dp x cp)", "ring attention send/recv", "GDN scan all-gather", "conv halo all-gather",
+    "gradients and weights (dp x cp)", "ring attention send/recv", "GDN state passing", "conv halo all-gather",
 };
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -212,6 +213,9 @@ void plan_build(Plan *p, const Config *cfg) {
     double attn_fwd_full = 4.0 * (double)nh * (double)hd * (double)T; /* QK^T and PV over all T keys */
     p->flops_attn_full = 3.0 * attn_fwd_full * p->n_full;
     p->flops_attn_causal = p->flops_attn_full / 2;
+    /* KDA's chunk (model.linear_attention kda) is counted as GDN's: FLA's chunk_kda forms the same products (its
+     * K K^T and Q K^T from decay-scaled keys in 16-row sub-chunks: the same multiply-adds); the per-channel decays
+     * are elementwise work, not counted (docs/design/kda.md) */
     double C = GDN_CHUNK;
     double gdn_fwd = (double)nv * plan_gdn_fwd_chunk(C, (double)dk, (double)dv) / C;
     double gdn_bwd = (double)nv * plan_gdn_bwd_chunk(C, (double)dk, (double)dv) / C;
@@ -223,6 +227,8 @@ void plan_build(Plan *p, const Config *cfg) {
      * mixer up to its core; full: attention too). Under none nothing reruns (but the CP halo's Kc-1 tail
      * rows per fragment, which the forward projects twice: not counted) */
     int64_t Pg = Cc + nv * dv + 2 * nv, Pa = 2 * nh * hd + 2 * nkv * hd;
+    if (cfg->model.linear_attention == LINEAR_ATTN_KDA) /* [q|k|v|f_a|g_a|b], then f_b's and g_b's GEMMs */
+        Pg = Cc + 2 * dv + nv + (nv * dk + nv * dv) * dv / m->hidden_size;
     double in_proj = (double)m->hidden_size * (double)(p->n_linear * Pg + p->n_full * Pa);
     double per_chunk = layer_mm - (double)m->num_hidden_layers * (double)m->intermediate_size * (double)m->hidden_size;
     p->flops_recompute[ACT_POLICY_NONE] = 0;
@@ -248,14 +254,21 @@ void plan_build(Plan *p, const Config *cfg) {
         double kv_tok = 2.0 * nkv * hd;
         ring_fwd = (P - 1) * seg2 * kv_tok * e * p->n_full;
         ring_bwd = ring_fwd + P * seg2 * kv_tok * 4 * p->n_full; /* KV again + fp32 dK|dV */
-        scan1 = (P - 1) * 2.0 * nv * dk * (dk + dv) * 4 * p->n_linear;
+        /* per sample and pass: the scan all-gathers two [M | H] slots per rank; the chain's hand-offs carry one
+         * state each way (the receiver's side too: an exchange); the hybrid's two hand-offs and one all-gathered
+         * slot; the chain of every fragment at cp >= 3 four hand-offs (cp_gdn.c, docs/design/gdn-cp.md) */
+        const double slot = (double)nv * dk * (dk + dv) * 4, state = (double)nv * dk * dv * 4;
+        const CpGdnMethod gm = cp_gdn_method(cfg);
+        scan1 = gm == CP_GDN_HYBRID ? 2 * state + (P - 1) * slot
+                : gm == CP_GDN_CHAIN ? (P == 2 ? 2 : 4) * state : (P - 1) * 2.0 * slot;
+        scan1 *= p->n_linear;
         halo1 = (P - 1) * 2.0 * (m->linear_conv_kernel_dim - 1) * Cc * e * p->n_linear;
     }
     for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
         double again = pol == ACT_POLICY_FULL ? 1 : 0; /* full reruns the forward's communication */
         p->comm[pol][PLAN_COMM_GRAD_ALLREDUCE] = grad;
         p->comm[pol][PLAN_COMM_RING_P2P] = micro * (ring_fwd * (1 + again) + ring_bwd);
-        p->comm[pol][PLAN_COMM_SCAN_ALLGATHER] = micro * scan1 * (2 + again);
+        p->comm[pol][PLAN_COMM_GDN_STATES] = micro * scan1 * (2 + again);
         p->comm[pol][PLAN_COMM_HALO_ALLGATHER] = micro * halo1 * (2 + again);
     }
 }
@@ -400,6 +413,14 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     plan_commas(p->segment_tokens, b, sizeof b);
     fprintf(f, "  sample %s tokens = %lld zigzag segments of %s; rank r holds segments r and %lld-r\n", a,
             (long long)(2 * p->cp), b, (long long)(2 * p->cp - 1));
+    if (p->cp > 1 && p->n_linear > 0) {
+        static const char *const how[CP_GDN_METHODS] = {
+            "", "the prefix scan (every fragment's transition, one all-gather, the fold)",
+            "the chain (state passes alone, rank to rank)",
+            "the hybrid (segments 0 .. cp-1 chained by state passes, the rest folded from their transitions)"};
+        const CpGdnMethod gm = cp_gdn_method(cfg);
+        fprintf(f, "  GDN state passing: %s, %s\n", cp_gdn_method_names[gm], how[gm]);
+    }
     plan_commas(p->tokens_per_rank, a, sizeof a);
     plan_commas(p->tokens_per_step, b, sizeof b);
     fprintf(f, "  tokens per rank per micro-batch %s (micro_batch %lld); micro-batches per step %lld; "
@@ -407,8 +428,9 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
             a, (long long)cfg->data.micro_batch, (long long)cfg->train.grad_accum, b);
 
     fprintf(f, "\nmodel\n");
-    fprintf(f, "  %lld layers: %d linear_attention (Gated DeltaNet), %d full_attention\n",
-            (long long)cfg->model.num_hidden_layers, p->n_linear, p->n_full);
+    fprintf(f, "  %lld layers: %d linear_attention (%s), %d full_attention\n", (long long)cfg->model.num_hidden_layers,
+            p->n_linear, cfg->model.linear_attention == LINEAR_ATTN_KDA ? "Kimi Delta Attention" : "Gated DeltaNet",
+            p->n_full);
     plan_commas(p->params.total, a, sizeof a);
     plan_commas(p->hf_params, b, sizeof b);
     fprintf(f, "  parameters %s (%.3f B); Hugging Face state dict %s%s\n", a, p->params.total / 1e9, b,
@@ -505,7 +527,8 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     plan_flops(p->flops_attn_full, b, sizeof b);
     fprintf(f, "  softmax attention, %d layers, causal          %s   (non-causal convention: %s)\n", p->n_full, a, b);
     plan_flops(p->flops_gdn, a, sizeof a);
-    fprintf(f, "  Gated DeltaNet chunk core, %d layers          %s\n", p->n_linear, a);
+    fprintf(f, "  %s chunk core, %d layers          %s\n",
+            cfg->model.linear_attention == LINEAR_ATTN_KDA ? "KDA (Kimi Delta)" : "Gated DeltaNet  ", p->n_linear, a);
     plan_flops(p->flops_model, a, sizeof a);
     plan_flops(p->flops_model - p->flops_attn_causal + p->flops_attn_full, b, sizeof b);
     fprintf(f, "  model FLOPs per token (for MFU)               %s   (non-causal convention: %s)\n", a, b);
@@ -585,6 +608,7 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
                                (json_int_t)p->segment_tokens, "tokens_per_rank", (json_int_t)p->tokens_per_rank,
                                "tokens_per_step", (json_int_t)p->tokens_per_step, "layers_full", (json_int_t)p->n_full);
     json_object_set_new(layout, "layers_linear", json_integer(p->n_linear));
+    json_object_set_new(layout, "gdn_cp", json_string(cp_gdn_method_names[cp_gdn_method(cfg)]));
     json_object_set_new(root, "layout", layout);
     json_t *params = json_pack("{sI sI sI sI}", "total", (json_int_t)p->params.total, "hf_state_dict",
                                (json_int_t)p->hf_params, "matmul", (json_int_t)p->params.matmul, "embedding",

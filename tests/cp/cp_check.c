@@ -2,7 +2,7 @@
  * cp_check.c — the CP algorithms alone against the single-rank kernels
  * (build/cp_check, run by tests/test_cp.py under mpirun -np P):
  *
- *   mpirun -np P build/cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage]
+ *   mpirun -np P build/cp_check gdn|kda|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage]
  *
  * Every rank draws the same whole-sample inputs (fixed seed, normal values,
  * never zero) and computes the reference with ONE kernel call over the whole
@@ -15,13 +15,21 @@
  * first. Rank 0 prints one line per tensor ("gdn o: rel err 3.1e-07 <= 1e-05
  * ok") and the exit code is 1 when any check fails.
  *
- *   gdn    cp_gdn_forward (the chain at P = 2, the scan at P > 2), its remat recompute
- *          (no communication), cp_gdn_backward: o twice, dq|dk, dv, dg, dbeta, and the
- *          counters (one state pass each way, none in the recompute); then the same with
- *          kept buffers (checkpoint.gdn_keep), where each fragment's prep is computed once
- *          (gdn_chunk_prep) and read by its transition and forward: every output bitwise the
- *          run without, and the prep calls counted (the chain: one per fragment 2 | 3, read
- *          by its forward, fragment 2's by its transition too; the scan: every fragment's)
+ *   gdn    cp_gdn_forward (without the kept chunk states: the whole chain at P = 2, the scan
+ *          at P > 2), its remat recompute (no communication), cp_gdn_backward: o twice, dq|dk,
+ *          dv, dg, dbeta, and the counters (one state pass each way, none in the recompute);
+ *          then the same with kept buffers (checkpoint.gdn_keep), where each fragment's prep is
+ *          computed once (gdn_chunk_prep) and read by its transition and forward: every output
+ *          bitwise the run without, and the prep calls counted (the chain: one per fragment
+ *          2 | 3, read by its forward, fragment 2's by its transition too; the scan: every
+ *          fragment's); then with the chunk states kept (the staged schedules), the method
+ *          cp_init chose (cp_gdn_method) and every other hybrid schedule of this P (the hybrid,
+ *          and the chain of every fragment: cp_gdn_chain.c at P = 2, cp_gdn_hybrid.c above),
+ *          six tensors each and their calls counted; at P = 2 also cp_gdn_hybrid.c chaining all
+ *          four fragments, which must give the staged chain's bits
+ *   kda    the same schedules on a Kimi Delta Attention core (CpGdnCore.kda, g per key channel): o, its
+ *          recompute, dq|dk, dv, dg, dbeta and the state passes, without kept buffers and with them and their
+ *          chunk states (at cp 2 the staged chain, above it the hybrid)
  *   conv   cp_gdn_halo_forward + conv1d per fragment; conv backward + cp_gdn_halo_backward:
  *          y, dx, dw
  *   ring   cp_ring_forward, cp_ring_backward: out, lse, dq, dk, dv, three times (Cp.ring_calls):
@@ -33,7 +41,9 @@
  *          with one more backward without its forward, which must be refused (exit non-zero)
  *
  * --sabotage-prep (gdn) spoils each prep the kept run computes (the last token's Tinv row scaled):
- * the kept run must then differ from the run without, proving the prep is read.
+ * the kept run must then differ from the run without, proving the prep is read. --sabotage-fold
+ * (gdn) makes the staged runs' gdn_state_affine use M^T for M and M for M^T: the hybrid's folded
+ * entries and gradients must then fail (with short fragments, where M is far from symmetric).
  *
  * --sabotage breaks what CP delivers, to prove the checks can fail: gdn swaps
  * each rank's two fragments' entry states and exit gradients before the
@@ -59,6 +69,7 @@
 #include "comm/comm.h"
 #include "config/config.h"
 #include "cp/cp.h"
+#include "cp/cp_gdn_hybrid.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -209,9 +220,22 @@ static void check_spoil_mark(void *ctx, int pass, int t, int phase) {
  * --sabotage-prep, each prep spoiled) */
 static struct {
     double preps, prep_in, trans_kept; /* calls: gdn_chunk_prep, forwards told PREP_IN, transitions given kept */
-    double stages;                     /* calls: gdn_chunk_backward_stage */
-    int    spoil;
+    double stages, dstates;            /* calls: gdn_chunk_backward_stage, gdn_chunk_dstate */
+    int    spoil;                      /* --sabotage-prep */
+    int    flip;                       /* --sabotage-fold: every fold's product with M^T for M and M for M^T */
 } check_prep;
+
+static void check_be_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g,
+                            const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
+                            int ldo, const void *kept, int kept_states) {
+    check_prep.dstates++;
+    backend_cpu.gdn_chunk_dstate(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldo, kept, kept_states);
+}
+
+static void check_be_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv,
+                            int dk, int dv) {
+    backend_cpu.gdn_state_affine(S_out, M, S_in, H, check_prep.flip ? !transpose_M : transpose_M, nv, dk, dv);
+}
 
 static void check_be_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0,
                            const void *dout, const float *dS_final, const void *q, const void *k, const void *v,
@@ -301,7 +325,7 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
                       .ldo = (int)Vd, .states = multi ? states : NULL, .M = M};
     CpGdnGrads grads = {.dq = ldqk, .dk = ldqk + Kd, .dv = ldv, .dg = ldg, .dbeta = ldb, .dout = ldO};
     CheckSpoil spoil = {.states = states, .dstate = cp->dstate, .n = S * L->nlocal * hh, .hh = hh};
-    cp_gdn_steps(L, &spoil.last);
+    cp_gdn_steps(cp, &spoil.last);
     spoil.last--;
     if (c->sabotage == 1) { /* a wrong schedule: each rank's two fragments trade what the CP group passed them */
         cp->step_mark = check_spoil_mark;
@@ -370,45 +394,205 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     }
     free(kcore.kept);
 
-    /* the staged chain (P = 2 with cp->gdn_dkept: parallel.gdn_chain_staged; kept with its chunk states,
-       checkpoint.gdn_keep: states): each hand-off after state passes alone; against the reference (another
-       fp32 order than the chain's affine steps), its calls counted */
+    /* the staged schedules (kept with its chunk states, checkpoint.gdn_keep: states; cp->gdn_dkept): the method
+       cp_init chose (at P = 2 the chain, each hand-off after state passes alone), then the other hybrid schedules
+       this P allows; each against the reference (another fp32 order), its calls counted */
     RS_CHECK(L->P != 2 || cp->gdn_dkept, "cp_check: cp_init gave the cp 2 chain no gdn_dkept");
+    const CpGdnMethod chosen = cp->gdn_method;
+    CpGdnMethod runs_m[3] = {chosen};
+    int nm = 1;
+    for (int m = CP_GDN_CHAIN; L->P > 1 && m <= CP_GDN_HYBRID; m++)
+        if (m != (int)chosen) runs_m[nm++] = (CpGdnMethod)m;
+    if (c->comm->rank == 0) {
+        printf("gdn staged methods:");
+        for (int k = 0; k < nm; k++) printf(" %s", cp_gdn_method_names[runs_m[k]]);
+        printf(" (cp_gdn_method: %s)\n", cp_gdn_method_names[chosen]);
+    }
     Backend staged = counted;
     staged.gdn_chunk_backward_stage = check_be_stage;
-    memset(&check_prep, 0, sizeof check_prep);
-    check_prep.spoil = c->sabotage == 2;
+    staged.gdn_chunk_dstate = check_be_dstate;
+    staged.gdn_state_affine = check_be_affine;
     const size_t kbs = backend_cpu.gdn_kept_bytes(L->frag_len, nv, dk, dv, 1);
     CpGdnCore score = core;
     score.kept = RS_CALLOC((size_t)(S * L->nlocal), kbs);
     score.kept_bytes = kbs;
     score.kept_states = 1;
-    cp->be = &staged;
-    cp_gdn_forward(cp, 0, ko, &score, 1, &d);
-    check_rows(c, "gdn o (staged chain)", ko, o, (int)Vd);
-    cp_gdn_forward(cp, 0, kagain, &score, 0, &d);
-    check_rows(c, "gdn o, recomputed (staged chain)", kagain, o, (int)Vd);
-    cp_gdn_backward(cp, 0, &kgrads, &score, &d);
-    cp->be = &backend_cpu;
-    check_rows(c, "gdn dq|dk (staged chain)", kdqk, dqk, ldq);
-    check_rows(c, "gdn dv (staged chain)", kdv, dv_, (int)Vd);
-    check_rows(c, "gdn dg (staged chain)", kdg, dg, nv);
-    check_rows(c, "gdn dbeta (staged chain)", kdb, db, nv);
-    double scalls[4] = {check_prep.preps, check_prep.prep_in, check_prep.trans_kept, check_prep.stages};
-    comm_allreduce_sum_f64(c->comm, c->comm->world, scalls, 4);
-    /* the chain: the preps of fragments 1 | 2 (rank 1) and 3 (rank 0), read by the state passes of 1 and 2 and by
-       fragment 3's forward; no transition; three stages for each of fragments 1, 2, 3; the scan as before */
-    const double swant[4] = {L->P == 2 ? 3.0 * S : want_prep, L->P == 2 ? 3.0 * S : want_prep,
-                             L->P == 2 ? 0 : want_trans, L->P == 2 ? 9.0 * S : 0};
-    const int scalls_ok = !memcmp(scalls, swant, sizeof scalls);
-    if (!scalls_ok) c->failed++;
-    if (c->comm->rank == 0)
-        printf("gdn staged chain: prep computed %.0f, read by forwards %.0f, transitions %.0f, backward stages %.0f "
-               "(want %.0f, %.0f, %.0f, %.0f) %s\n", scalls[0], scalls[1], scalls[2], scalls[3], swant[0], swant[1],
-               swant[2], swant[3], scalls_ok ? "ok" : "FAIL");
+    for (int k = 0; k < nm; k++) {
+        const CpGdnMethod m = runs_m[k];
+        char label[64];
+        snprintf(label, sizeof label, "(staged %s)", cp_gdn_method_names[m]);
+        if (m != cp->gdn_method) cp_gdn_set_method(cp, m);
+        memset(&check_prep, 0, sizeof check_prep);
+        check_prep.spoil = c->sabotage == 2;
+        check_prep.flip = c->sabotage == 3;
+        cp->be = &staged;
+        cp_gdn_forward(cp, 0, ko, &score, 1, &d);
+        char what[128];
+        snprintf(what, sizeof what, "gdn o %s", label);
+        check_rows(c, what, ko, o, (int)Vd);
+        cp_gdn_forward(cp, 0, kagain, &score, 0, &d);
+        snprintf(what, sizeof what, "gdn o, recomputed %s", label);
+        check_rows(c, what, kagain, o, (int)Vd);
+        cp_gdn_backward(cp, 0, &kgrads, &score, &d);
+        cp->be = &backend_cpu;
+        snprintf(what, sizeof what, "gdn dq|dk %s", label);
+        check_rows(c, what, kdqk, dqk, ldq);
+        snprintf(what, sizeof what, "gdn dv %s", label);
+        check_rows(c, what, kdv, dv_, (int)Vd);
+        snprintf(what, sizeof what, "gdn dg %s", label);
+        check_rows(c, what, kdg, dg, nv);
+        snprintf(what, sizeof what, "gdn dbeta %s", label);
+        check_rows(c, what, kdb, db, nv);
+        double scalls[5] = {check_prep.preps, check_prep.prep_in, check_prep.trans_kept, check_prep.stages,
+                            check_prep.dstates};
+        comm_allreduce_sum_f64(c->comm, c->comm->world, scalls, 5);
+        /* per sample: the cp 2 chain preps fragments 1 | 2 (rank 1) and 3 (rank 0), read by the state passes of 1 and
+           2 and by fragment 3's forward, no transition, three stages for each of fragments 1, 2, 3. The hybrid code
+           with C chained (P, or 2P - 1 for the chain at P >= 3): every fragment's prep but fragment 0's (inside its
+           state pass) once, each read once; the transitions of fragments C .. 2P - 2; three stages for each chained
+           fragment but fragment 0 (whole), the folded ones C .. 2P - 1 whole after their dL (chaining every fragment,
+           none is folded: fragment 2P - 1 in stages too). The scan: every fragment's prep, transition and dL. */
+        const int P = L->P, C = m == CP_GDN_HYBRID ? P : 2 * P - 1;
+        const int hybrid = P > 1 && (m == CP_GDN_HYBRID || (m == CP_GDN_CHAIN && P > 2));
+        const double fr = (double)S * (2 * P - 1);
+        double swant[5] = {want_prep, want_prep, want_trans, 0, P > 1 ? frags : 0};
+        if (P == 2 && m == CP_GDN_CHAIN) {
+            const double w[5] = {3.0 * S, 3.0 * S, 0, 9.0 * S, 0};
+            memcpy(swant, w, sizeof w);
+        } else if (hybrid) {
+            const int gather = C <= 2 * P - 2, staged_b = gather ? C - P : P;
+            const double w[5] = {fr, fr, (double)S * (2 * P - 1 - C), 3.0 * S * (P - 1 + staged_b),
+                                 (double)S * (gather ? 2 * P - C : 0)};
+            memcpy(swant, w, sizeof w);
+        }
+        const int scalls_ok = !memcmp(scalls, swant, sizeof scalls);
+        if (!scalls_ok) c->failed++;
+        if (c->comm->rank == 0)
+            printf("gdn staged %s: prep computed %.0f, read by forwards %.0f, transitions %.0f, backward stages %.0f, "
+                   "dL passes %.0f (want %.0f, %.0f, %.0f, %.0f, %.0f) %s\n", cp_gdn_method_names[m], scalls[0],
+                   scalls[1], scalls[2], scalls[3], scalls[4], swant[0], swant[1], swant[2], swant[3], swant[4],
+                   scalls_ok ? "ok" : "FAIL");
+        if (P == 2 && m == CP_GDN_CHAIN && !c->sabotage) { /* the hybrid code chaining all four fragments: these bits */
+            float *bits[6] = {ko, kagain, kdqk, kdv, kdg, kdb};
+            const int64_t len[6] = {rows * Vd, rows * Vd, rows * ldq, rows * Vd, rows * nv, rows * nv};
+            float *keep[6];
+            for (int b = 0; b < 6; b++) {
+                keep[b] = RS_MALLOC((size_t)len[b] * 4);
+                memcpy(keep[b], bits[b], (size_t)len[b] * 4);
+            }
+            cp->be = &staged;
+            cp_hybrid_forward(cp, 0, ko, &score, 3, &d);
+            cp_gdn_forward(cp, 0, kagain, &score, 0, &d);
+            cp_hybrid_backward(cp, 0, &kgrads, &score, 3, &d);
+            cp->be = &backend_cpu;
+            int diff = 0;
+            for (int b = 0; b < 6; b++) {
+                diff |= check_differs(c, bits[b], keep[b], len[b]);
+                free(keep[b]);
+            }
+            if (diff) c->failed++;
+            if (c->comm->rank == 0)
+                printf("gdn hybrid code chaining all 4 fragments: o, o recomputed, dq|dk, dv, dg, dbeta bitwise the "
+                       "staged chain: %s\n", diff ? "FAIL" : "ok");
+        }
+    }
+    cp_gdn_set_method(cp, chosen);
     free(score.kept);
     float *bufs[] = {qk, v,   g,    beta, dO,  o,   dqk,   dv_,    dg,   db,   lqk,  lv,  lg,  lb,    ldO,   states,
                      M,  lo,  ldqk, ldv,  ldg, ldb, ko, kagain, kdqk, kdv, kdg, kdb, again0};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+/* ---- Kimi Delta Attention core (the same schedules, CpGdnCore.kda: g per key channel) ------------------ */
+
+/* cp_gdn_forward, its remat recompute and cp_gdn_backward on a KDA core against one kda_chunk_* call per sample;
+ * then the same with kept buffers and the chunk states (cp 2: the staged chain, where cp_init gave gdn_dkept) */
+static void check_kda(Check *c, int nk, int nv, int dk, int dv) {
+    const Backend *be = &backend_cpu;
+    const CpLayout *L = &c->cp.L;
+    const int64_t T = c->T, S = c->S, rows = S * L->T_local, Kd = (int64_t)nk * dk, Vd = (int64_t)nv * dv;
+    const int ldq = (int)(2 * Kd), gw = nv * dk;
+    const int64_t hh = (int64_t)nv * dk * dv;
+    float *qk = check_normal(c, S * T * ldq, 1.0), *v = check_normal(c, S * T * Vd, 1.0);
+    for (int64_t i = 0; i < S * T * 2 * nk; i++) {
+        float *x = qk + i * dk;
+        double ss = 0;
+        for (int j = 0; j < dk; j++) ss += (double)x[j] * x[j];
+        for (int j = 0; j < dk; j++) x[j] = (float)(x[j] / sqrt(ss + 1e-6));
+    }
+    float *g = RS_MALLOC((size_t)(S * T * gw) * 4), *beta = RS_MALLOC((size_t)(S * T * nv) * 4);
+    for (int64_t i = 0; i < S * T * gw; i++) /* a decay per key channel, heads and channels apart */
+        g[i] = (float)(-0.05 * (1 + (i / dk) % nv) * log1p(exp(rng_normal(&c->rng))));
+    for (int64_t i = 0; i < S * T * nv; i++) beta[i] = (float)(1.0 / (1.0 + exp(-rng_normal(&c->rng))));
+    float *dO = check_normal(c, S * T * Vd, 1.0);
+    float *o = RS_MALLOC((size_t)(S * T * Vd) * 4), *dqk = RS_MALLOC((size_t)(S * T * ldq) * 4);
+    float *dv_ = RS_MALLOC((size_t)(S * T * Vd) * 4), *dg = RS_MALLOC((size_t)(S * T * gw) * 4);
+    float *db = RS_MALLOC((size_t)(S * T * nv) * 4);
+    for (int64_t s = 0; s < S; s++) {
+        int64_t r = s * T;
+        be->kda_chunk_forward(o + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * gw, beta + r * nv,
+                              NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL, 0);
+        be->kda_chunk_backward(dqk + r * ldq, dqk + r * ldq + Kd, dv_ + r * Vd, dg + r * gw, db + r * nv, NULL,
+                               dO + r * Vd, NULL, qk + r * ldq, qk + r * ldq + Kd, v + r * Vd, g + r * gw,
+                               beta + r * nv, NULL, c->doc_pos + r, T, nk, nv, dk, dv, ldq, (int)Vd, (int)Vd, NULL, 0);
+    }
+    float *lqk = check_local(c, qk, ldq), *lv = check_local(c, v, (int)Vd), *lg = check_local(c, g, gw);
+    float *lb = check_local(c, beta, nv), *ldO = check_local(c, dO, (int)Vd);
+    float *states = RS_MALLOC((size_t)(S * L->nlocal * hh) * 4);
+    float *M = RS_MALLOC((size_t)(S * L->nlocal * nv * dk * dk) * 4);
+    float *lo = RS_MALLOC((size_t)(rows * Vd) * 4), *again = RS_MALLOC((size_t)(rows * Vd) * 4);
+    float *ldqk = RS_MALLOC((size_t)(rows * ldq) * 4), *ldv = RS_MALLOC((size_t)(rows * Vd) * 4);
+    float *ldg = RS_MALLOC((size_t)(rows * gw) * 4), *ldb = RS_MALLOC((size_t)(rows * nv) * 4);
+    CpGdnDims d = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .Cc = 0, .Kc = 0};
+    Cp *cp = &c->cp;
+    const int multi = L->P > 1;
+    CheckSpoil spoil = {.states = states, .dstate = cp->dstate, .n = S * L->nlocal * hh, .hh = hh};
+    cp_gdn_steps(cp, &spoil.last);
+    spoil.last--;
+    if (c->sabotage == 1) {
+        cp->step_mark = check_spoil_mark;
+        cp->step_mark_ctx = &spoil;
+    }
+    const size_t kbs = be->kda_kept_bytes(L->frag_len, nv, dk, dv, 1);
+    for (int kept = 0; kept < 2; kept++) { /* without kept buffers, then with them and their chunk states */
+        CpGdnCore core = {.q = lqk, .k = lqk + Kd, .v = lv, .g = lg, .beta = lb, .ldq = ldq, .ldv = (int)Vd,
+                          .ldo = (int)Vd, .states = multi ? states : NULL, .M = M, .kda = 1};
+        if (kept) {
+            core.kept = RS_CALLOC((size_t)(S * L->nlocal), kbs);
+            core.kept_bytes = kbs;
+            core.kept_states = 1;
+        }
+        CpGdnGrads grads = {.dq = ldqk, .dk = ldqk + Kd, .dv = ldv, .dg = ldg, .dbeta = ldb, .dout = ldO};
+        const char *tag = kept ? (L->P == 2 && cp->gdn_dkept ? " (kept, staged chain)" : " (kept)") : "";
+        char name[96];
+        cp_counters_reset(cp);
+        cp_gdn_forward(cp, 0, lo, &core, 1, &d);
+        snprintf(name, sizeof name, "kda o%s", tag);
+        check_rows(c, name, lo, o, (int)Vd);
+        const int64_t passes = cp->count.scan_allgathers_fwd[0];
+        cp_gdn_forward(cp, 0, again, &core, 0, &d);
+        snprintf(name, sizeof name, "kda o, recomputed%s", tag);
+        check_rows(c, name, again, o, (int)Vd);
+        cp_gdn_backward(cp, 0, &grads, &core, &d);
+        snprintf(name, sizeof name, "kda dq|dk%s", tag);
+        check_rows(c, name, ldqk, dqk, ldq);
+        snprintf(name, sizeof name, "kda dv%s", tag);
+        check_rows(c, name, ldv, dv_, (int)Vd);
+        snprintf(name, sizeof name, "kda dg (per key channel)%s", tag);
+        check_rows(c, name, ldg, dg, gw);
+        snprintf(name, sizeof name, "kda dbeta%s", tag);
+        check_rows(c, name, ldb, db, nv);
+        const int64_t want = multi ? 1 : 0, fwd = cp->count.scan_allgathers_fwd[0];
+        const int ok = passes == want && fwd == want && cp->count.scan_allgathers_bwd[0] == want;
+        if (!ok) c->failed++;
+        if (c->comm->rank == 0)
+            printf("kda passes%s: forward %lld, after the recompute %lld, backward %lld (want %lld) %s\n", tag,
+                   (long long)passes, (long long)fwd, (long long)cp->count.scan_allgathers_bwd[0], (long long)want,
+                   ok ? "ok" : "FAIL");
+        free(core.kept);
+    }
+    float *bufs[] = {qk, v, g, beta, dO, o, dqk, dv_, dg, db, lqk, lv, lg, lb, ldO, states, M, lo, again, ldqk, ldv,
+                     ldg, ldb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
@@ -541,14 +725,15 @@ int main(int argc, char **argv) {
     Comm comm;
     comm_init(&comm, &argc, &argv);
     if (argc < 3)
-        RS_USAGE(NULL, "usage: cp_check gdn|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage] "
-                       "[--sabotage-prep] [--ring-kv kept|passed|kept-twice]");
+        RS_USAGE(NULL, "usage: cp_check gdn|kda|conv|ring DOCS [--samples S] [--seq-len T] [--seed N] [--sabotage] "
+                       "[--sabotage-prep] [--sabotage-fold] [--ring-kv kept|passed|kept-twice]");
     const char *what = argv[1], *docs = argv[2];
     int64_t S = 2, T = 1024, seed = 7;
     int sabotage = 0, keep_kv = 1, twice = 0;
     for (int i = 3; i < argc; i += 2) {
-        if (i + 1 == argc && strcmp(argv[i], "--sabotage") && strcmp(argv[i], "--sabotage-prep"))
-            RS_USAGE(NULL, "%s needs a value", argv[i]);
+        const int flag = !strcmp(argv[i], "--sabotage") || !strcmp(argv[i], "--sabotage-prep") ||
+                         !strcmp(argv[i], "--sabotage-fold");
+        if (i + 1 == argc && !flag) RS_USAGE(NULL, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--samples")) S = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq-len")) T = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--seed")) seed = atoll(argv[i + 1]);
@@ -557,8 +742,8 @@ int main(int argc, char **argv) {
             keep_kv = strcmp(argv[i + 1], "passed") != 0;
             twice = !strcmp(argv[i + 1], "kept-twice");
         }
-        else if (!strcmp(argv[i], "--sabotage") || !strcmp(argv[i], "--sabotage-prep")) {
-            sabotage = strcmp(argv[i], "--sabotage") ? 2 : 1;
+        else if (flag) {
+            sabotage = !strcmp(argv[i], "--sabotage") ? 1 : !strcmp(argv[i], "--sabotage-prep") ? 2 : 3;
             i--;
         }
         else RS_USAGE(NULL, "unknown argument %s", argv[i]);
@@ -576,7 +761,8 @@ int main(int argc, char **argv) {
     m->linear_key_head_dim = 16;
     m->linear_value_head_dim = 8;
     m->linear_conv_kernel_dim = 4;
-    m->num_hidden_layers = 2; /* layer 0 GDN, layer 1 attention */
+    m->num_hidden_layers = 2; /* layer 0 GDN (KDA with "kda"), layer 1 attention */
+    if (!strcmp(what, "kda")) m->linear_attention = LINEAR_ATTN_KDA; /* cp_init sizes its buffers by the backend's */
     m->full_attention_interval = 2;
     cfg.data.seq_len = T;
     cfg.data.micro_batch = S;
@@ -604,9 +790,10 @@ int main(int argc, char **argv) {
     if (comm.rank == 0) printf("cp_check %s %s: cp %d, %lld samples of %lld tokens\n", what, docs, comm.world_size,
                                (long long)S, (long long)T);
     if (!strcmp(what, "gdn")) check_gdn(&c, 2, 4, 16, 8);
+    else if (!strcmp(what, "kda")) check_kda(&c, 2, 4, 16, 8);
     else if (!strcmp(what, "conv")) check_conv(&c, 2 * 2 * 16 + 4 * 8, 4);
     else if (!strcmp(what, "ring")) check_ring(&c, 4, 2, 16);
-    else RS_USAGE(NULL, "cp_check: first argument is gdn | conv | ring, not '%s'", what);
+    else RS_USAGE(NULL, "cp_check: first argument is gdn | kda | conv | ring, not '%s'", what);
     int failed = comm_allreduce_max_int(&comm, comm.world, c.failed);
     cp_free(&c.cp);
     free(c.pos);

@@ -36,6 +36,11 @@
 #              gradients and weights: losses equal within 2e-3 relative (bf16; weights against gradients printed
 #              too, the same sums); then the 1B 256k config at cp 2 (SHARD_CONFIG), 3 steps per stage: memory
 #              beside plan, s/step (SHARD_STAGES: the stages of this second half, default all four). ~9 min
+#   cluster    (two GPUs; issue 40) tests/cuda/gpu_cluster_check.sh: a two-node Slurm cluster on the machine, one GPU
+#              per node, from the packages slurm/gpu-cluster/bring.sh carried (CLUSTER_BUNDLE, default
+#              .carry/gpu-cluster: name it in the device tool's carry); a cp 2 job across the nodes over NCCL's
+#              network transport against one node, stopped by the warning signal and by SIGTERM, a rank killed
+#              (watchdog, exit 76); each resumed run bitwise equal to the uninterrupted one. ~4-6 min
 # The configs that must fit (each a training run of a few steps that fails if it does not; run it alone in a call):
 #   long-1m    configs/hybrid-1b-1m-h100x2.yaml: 3 steps of 1,048,576 tokens on two GPUs (cp 2, chunked, offload
 #              host): its plan, s/step, memory beside plan. ~6 min (with AS_H100=1 on H200s: the H100 fit)
@@ -323,9 +328,16 @@ regress_part() {
     long-1gpu) suite_long_1gpu ;;
     cp4-1m) suite_cp4_1m ;;
     shard) suite_shard ;;
+    cluster)
+        timeout "$(left)" tests/cuda/gpu_cluster_check.sh "${CLUSTER_BUNDLE:-.carry/gpu-cluster}" "$L/cluster" \
+            > "$L/cluster.log" 2>&1
+        r=$?
+        grep -E "^(PASS|FAIL|INFO|==)" "$L/cluster.log"
+        [ $r -eq 0 ]
+        ;;
     *)
         echo "unknown part '$1' (parity parity-gdn big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf qwen35"
-        echo "  long-1m long-1gpu cp4-1m shard; the benchmarks are bench/gpu_runs.sh's)"
+        echo "  long-1m long-1gpu cp4-1m shard cluster; the benchmarks are bench/gpu_runs.sh's)"
         false
         ;;
     esac

@@ -14,6 +14,11 @@ Internal tensors (names without ".weight"), in model_params_build's order:
     GDN:        linear_attn.in_proj [2Kd + 2Vd + 2nv, H] rows [q | k | v | z | b | a], heads in
                 global order; linear_attn.conv1d [Cc, Kc]; linear_attn.dt_bias [nv];
                 linear_attn.A_log [nv]; linear_attn.norm [dv]; linear_attn.out_proj [H, Vd]
+    KDA:        linear_attn.in_proj [Cc + 2dv + nv, H] rows [q | k | v | f_a | g_a | b] (HF q_proj, k_proj,
+                v_proj, f_a_proj, g_a_proj, b_proj); linear_attn.conv1d [Cc, Kc] (q_conv1d, k_conv1d,
+                v_conv1d); linear_attn.f_b_proj [nv dk, dv]; linear_attn.g_b_proj [Vd, dv];
+                linear_attn.dt_bias [nv dk]; linear_attn.A_log [nv]; linear_attn.o_norm [dv];
+                linear_attn.o_proj [H, Vd]
     attention:  self_attn.in_proj [2 nh hd + 2 nkv hd, H] rows [q | gate | k | v];
                 self_attn.q_norm [hd]; self_attn.k_norm [hd]; self_attn.o_proj [H, nh hd]
     post_attention_layernorm [H]; mlp.gate_up [2I, H] rows [gate | up]; mlp.down_proj [H, I]
@@ -43,7 +48,16 @@ def internal_specs(cfg):
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         s[p + "input_layernorm"] = ((H,), NORM)
-        if cfg.layer_type(i) == LINEAR:
+        if cfg.layer_type(i) == LINEAR and cfg.linear_attention == "kda":
+            s[p + "linear_attn.in_proj"] = ((Cc + 2 * dv + nv, H), MATRIX)
+            s[p + "linear_attn.conv1d"] = ((Cc, cfg.linear_conv_kernel_dim), CONV)
+            s[p + "linear_attn.f_b_proj"] = ((nv * dk, dv), MATRIX)
+            s[p + "linear_attn.g_b_proj"] = ((Vd, dv), MATRIX)
+            s[p + "linear_attn.dt_bias"] = ((nv * dk,), GDN_GATE)
+            s[p + "linear_attn.A_log"] = ((nv,), GDN_GATE)
+            s[p + "linear_attn.o_norm"] = ((dv,), NORM_SCALE)
+            s[p + "linear_attn.o_proj"] = ((H, Vd), MATRIX)
+        elif cfg.layer_type(i) == LINEAR:
             s[p + "linear_attn.in_proj"] = ((Cc + Vd + 2 * nv, H), MATRIX)
             s[p + "linear_attn.conv1d"] = ((Cc, cfg.linear_conv_kernel_dim), CONV)
             s[p + "linear_attn.dt_bias"] = ((nv,), GDN_GATE)
@@ -108,6 +122,25 @@ def _scatter_rows(x, src):
     return out
 
 
+KDA_IN_PROJ = ("q_proj", "k_proj", "v_proj", "f_a_proj", "g_a_proj", "b_proj")  # internal in_proj's row blocks
+KDA_CONV = ("q_conv1d", "k_conv1d", "v_conv1d")                                 # internal conv1d's
+
+
+def kda_row_blocks(cfg):
+    """HF tensor suffix -> (internal tensor suffix, first row, rows) of a KDA layer's row blocks."""
+    nk, nv, dk, dv = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, \
+        cfg.linear_value_head_dim
+    out, at = {}, 0
+    for part, n in zip(KDA_IN_PROJ, (nk * dk, nk * dk, nv * dv, dv, dv, nv)):
+        out[part] = ("in_proj", at, n)
+        at += n
+    at = 0
+    for part, n in zip(KDA_CONV, (nk * dk, nk * dk, nv * dv)):
+        out[part] = ("conv1d", at, n)
+        at += n
+    return out
+
+
 def hf_to_internal(hf, cfg):
     """HF state dict (or its gradients) -> internal tensors (dict in model_params_build order)."""
     hf = {k: _t(v) for k, v in hf.items()}
@@ -115,9 +148,16 @@ def hf_to_internal(hf, cfg):
     out = {}
     gdn_src, _ = gdn_in_proj_rows(cfg)
     attn_src, _ = attn_in_proj_rows(cfg)
+    kda = cfg.linear_attention == "kda"
     for name in internal_specs(cfg):
-        if name in ("model.embed_tokens", "model.norm", "lm_head") or name.endswith("layernorm") \
-                or name.endswith(("q_norm", "k_norm", "linear_attn.norm", "out_proj", "o_proj", "down_proj")):
+        if kda and name.endswith(("linear_attn.in_proj", "linear_attn.conv1d")):  # row blocks of the HF tensors
+            p = name[:-len("in_proj" if name.endswith("in_proj") else "conv1d")]
+            parts = KDA_IN_PROJ if name.endswith("in_proj") else KDA_CONV
+            out[name] = torch.cat([hf[p + part + ".weight"].reshape(hf[p + part + ".weight"].shape[0], -1)
+                                   for part in parts])
+        elif name in ("model.embed_tokens", "model.norm", "lm_head") or name.endswith("layernorm") \
+                or name.endswith(("q_norm", "k_norm", "linear_attn.norm", "out_proj", "o_proj", "down_proj",
+                                  "f_b_proj", "g_b_proj", "o_norm")):
             out[name] = hf[name + ".weight"]
         elif name.endswith(("dt_bias", "A_log")):
             out[name] = hf[name]
@@ -148,9 +188,15 @@ def internal_to_hf(internal, cfg):
     nkvd = cfg.num_key_value_heads * cfg.head_dim
     I = cfg.intermediate_size
     out = {}
+    blocks = kda_row_blocks(cfg) if cfg.linear_attention == "kda" else {}
     for name in hf_shapes(cfg):
         base = name[:-len(".weight")] if name.endswith(".weight") else name
-        if base in x:
+        leaf = base.rsplit(".", 1)[-1]
+        if ".linear_attn." in name and leaf in blocks:
+            target, at, n = blocks[leaf]
+            t = x[base[:-len(leaf)] + target][at:at + n]
+            out[name] = t.reshape(n, 1, t.shape[1]) if target == "conv1d" else t
+        elif base in x:
             t = x[base]
             out[name] = t.reshape(t.shape[0], 1, t.shape[1]) if base.endswith("linear_attn.conv1d") else t
         elif name.endswith("in_proj_qkvz.weight"):

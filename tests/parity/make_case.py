@@ -110,7 +110,7 @@ def random_weights(cfg, seed):
 
     P = {}
     for name, shape in ref_model.hf_shapes(cfg).items():
-        if name.endswith("linear_attn.norm.weight"):
+        if name.endswith(("linear_attn.norm.weight", "linear_attn.o_norm.weight")):
             t = uni(shape, 0.5, 1.5)              # plain scale around 1
         elif name.endswith("norm.weight"):
             t = uni(shape, -0.5, 0.5)             # zero-centred: scale 1 + w

@@ -3,7 +3,7 @@
  *
  *   [mpirun -np N] build/parity_step CASE_DIR [--policy none|full|remat] [--set key=value]...
  *                                    [--out FILE] [--emulate-bf16] [--steps N] [--threads N]
- *                                    [--hf HF_DIR]
+ *                                    [--hf HF_DIR] [--gdn-cp chain|hybrid|scan]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
@@ -41,11 +41,13 @@
  * from a Hugging Face folder (`ringscan export`, read by the import of
  * lib/io/hf.h) instead of weights.safetensors, and writes the gradients under
  * the Hugging Face names and layouts (the export's row maps): what
- * tests/parity/hf_check.py compares with transformers.
+ * tests/parity/hf_check.py compares with transformers. --gdn-cp runs the GDN layers' state passing
+ * across the CP group by that schedule instead of cp_gdn_method's (cp_gdn_set_method).
  *
  * It prints, on rank 0, one line with the loss and the step's work counters
  * (per layer, this rank) as JSON, which the tests parse:
  *   parity_step DIR: policy P, dp D, cp C, loss L over N tokens; attention forward calls A, block recomputes R
+ *   gdn cp M                    (the GDN layers' schedule across the CP group: cp.h CpGdnMethod)
  *   counters {"attn_forwards": [...], ...}
  */
 #include <jansson.h>
@@ -144,12 +146,12 @@ int main(int argc, char **argv) {
     }
     if (argc < 2) {
         fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE] "
-                        "[--emulate-bf16] [--steps N] [--threads N] [--hf HF_DIR]\n");
+                        "[--emulate-bf16] [--steps N] [--threads N] [--hf HF_DIR] [--gdn-cp chain|hybrid|scan]\n");
         return RS_EXIT_USAGE;
     }
     const char *dir = argv[1], *out_path = NULL, *hf_dir = NULL;
     char path[4096], err[4096];
-    int emulate = 0, steps = 1, threads = 1;
+    int emulate = 0, steps = 1, threads = 1, gdn_cp = -1;
 
     Config cfg;
     ConfigErrors ce = {0};
@@ -176,6 +178,12 @@ int main(int argc, char **argv) {
             *(!strcmp(argv[i], "--steps") ? &steps : &threads) = v;
             continue;
         }
+        if (!strcmp(argv[i], "--gdn-cp")) {
+            gdn_cp = config_enum_index(cp_gdn_method_names, argv[i + 1]);
+            if (gdn_cp <= CP_GDN_LOCAL) RS_USAGE("parity_step CASE_DIR [options]", "--gdn-cp %s: chain, hybrid or scan",
+                                                 argv[i + 1]);
+            continue;
+        }
         if (!strcmp(argv[i], "--policy")) snprintf(set, sizeof set, "checkpoint.activations=%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--set")) snprintf(set, sizeof set, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--out") || !strcmp(argv[i], "--hf")) {
@@ -189,6 +197,9 @@ int main(int argc, char **argv) {
     if (ce.count) RS_USAGE(NULL, "%s", ce.text);
     const int cuda = cfg.device.kind == DEVICE_KIND_CUDA;
     if (cuda && emulate) RS_USAGE(NULL, "device.kind = cuda runs without --emulate-bf16");
+    if (model_shard_stage(&cfg) != SHARD_NONE) /* it reads Model.grads and .weights whole (ringscan train shards) */
+        RS_USAGE(NULL, "parallel.shard = %s: parity_step compares whole gradients; run it with parallel.shard=none",
+                 shard_names[cfg.parallel.shard]);
     cfg.device.threads = threads;
     char why[4096];
     const Backend *be = runtime_open(&cfg, comm, why, sizeof why); /* groups, GPU + NCCL, backend, threads */
@@ -225,6 +236,10 @@ int main(int argc, char **argv) {
     Model m;
     const int64_t Tl = pb.T / cfg.parallel.cp, rows = mb * Tl;
     model_init(&m, &cfg, be, comm, rows);
+    if (gdn_cp >= 0) {
+        if (cfg.parallel.cp == 1) RS_USAGE(NULL, "--gdn-cp needs parallel.cp > 1");
+        cp_gdn_set_method(&m.cp, (CpGdnMethod)gdn_cp);
+    }
     const size_t pbytes = (size_t)m.ptab.buffer_numel * sizeof(float);
     float *host = RS_CALLOC(1, pbytes); /* the weights, then the gradients (the backend's memory may be a GPU's) */
     HfKind hf_kind = {0};
@@ -273,10 +288,10 @@ int main(int argc, char **argv) {
     for (int l = 0; l < m.cp.layers; l++) attn_calls += m.cp.count.attn_kernel_calls[l];
     if (!comm || comm->rank == 0) {
         printf("parity_step %s: %s, policy %s, dp %lld, cp %lld, loss %.9f over %lld tokens; attention forward calls "
-               "%lld, block recomputes %lld\n",
+               "%lld, block recomputes %lld\ngdn cp %s\n",
                dir, be->name, act_policy_names[cfg.checkpoint.activations], (long long)cfg.parallel.dp,
                (long long)cfg.parallel.cp, loss, (long long)n, (long long)attn_calls,
-               (long long)m.count.block_recomputes);
+               (long long)m.count.block_recomputes, cp_gdn_method_names[m.cp.gdn_method]);
         parity_print_counters(&m);
         HfLayout lay = {0};
         if (hf_dir) hf_layout_build(&lay, &cfg, &m.ptab, hf_kind.format);

@@ -25,6 +25,15 @@ into four plain tensors: in_proj_qkv [2 nk dk + nv dv, H] (its output split [que
 head order, the conv's channel order), in_proj_z [nv dv, H], in_proj_b and in_proj_a [nv, H], value
 head h reading key head h // (nv / nk). The parameters P may use either naming (hf_shapes(cfg,
 "qwen3_5") lists the Qwen3.5 one); next_to_qwen3_5 converts a Qwen3-Next state dict.
+
+Kimi Delta Attention (linear_attention "kda", docs/design/kda.md) replaces the GDN mixer of every
+linear layer by kimi_linear's KimiDeltaAttention, its tensors under linear_attn. with kimi_linear's
+names: q_proj, k_proj, v_proj, three convs q_conv1d, k_conv1d, v_conv1d [D, 1, Kc] (SiLU), the decay
+gate f = f_b_proj(f_a_proj(x)), g = -exp(A_log[h]) softplus(f + dt_bias) per key channel, beta =
+sigmoid(b_proj(x)), L2-normalised q and k, the delta rule with the state's key rows decayed by
+exp(g) each, o_norm (plain-scale RMSNorm) times sigmoid(g_b_proj(g_a_proj(x))), o_proj. Written here
+from transformers' kimi_linear (torch_recurrent_kda, KimiLinearRMSNormGated) and FLA's
+naive_recurrent_kda, independently of the C code.
 """
 import math
 from dataclasses import dataclass, field
@@ -56,6 +65,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 0.25
     tie_word_embeddings: bool = False
+    linear_attention: str = "gdn"  # or "kda": Kimi Delta Attention in every linear layer
 
     @classmethod
     def from_mapping(cls, m):
@@ -90,6 +100,11 @@ class ModelConfig:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.rotary_dim % 2:
             raise ValueError("the rotary dim must be even")
+        if self.linear_attention not in ("gdn", "kda"):
+            raise ValueError(f"unknown linear_attention {self.linear_attention!r}")
+        if self.linear_attention == "kda" and (self.linear_num_key_heads != self.linear_num_value_heads or
+                                               self.linear_key_head_dim != self.linear_value_head_dim):
+            raise ValueError("kda needs as many key as value heads, of one width")
 
 
 def hf_shapes(cfg, fmt="qwen3_next"):
@@ -108,6 +123,24 @@ def hf_shapes(cfg, fmt="qwen3_next"):
         s[p + "mlp.gate_proj.weight"] = (I, H)
         s[p + "mlp.up_proj.weight"] = (I, H)
         s[p + "mlp.down_proj.weight"] = (H, I)
+        if cfg.layer_type(i) == LINEAR and cfg.linear_attention == "kda":
+            Kc, a = cfg.linear_conv_kernel_dim, p + "linear_attn."
+            s[a + "q_proj.weight"] = (nk * dk, H)
+            s[a + "k_proj.weight"] = (nk * dk, H)
+            s[a + "v_proj.weight"] = (nv * dv, H)
+            s[a + "q_conv1d.weight"] = (nk * dk, 1, Kc)
+            s[a + "k_conv1d.weight"] = (nk * dk, 1, Kc)
+            s[a + "v_conv1d.weight"] = (nv * dv, 1, Kc)
+            s[a + "f_a_proj.weight"] = (dv, H)
+            s[a + "f_b_proj.weight"] = (nv * dk, dv)
+            s[a + "b_proj.weight"] = (nv, H)
+            s[a + "g_a_proj.weight"] = (dv, H)
+            s[a + "g_b_proj.weight"] = (nv * dv, dv)
+            s[a + "A_log"] = (nv,)
+            s[a + "dt_bias"] = (nv * dk,)
+            s[a + "o_norm.weight"] = (dv,)
+            s[a + "o_proj.weight"] = (H, nv * dv)
+            continue
         if cfg.layer_type(i) == LINEAR and fmt == "qwen3_5":
             s[p + "linear_attn.in_proj_qkv.weight"] = (Cc, H)
             s[p + "linear_attn.in_proj_z.weight"] = (nv * dv, H)
@@ -180,7 +213,8 @@ def gated_delta_rule(q, k, v, g, beta, doc_pos, initial_state=None, return_state
     v [B, T, nv, dv], g, beta [B, T, nv], doc_pos [B, T]. Per value head, with state
     S [dk, dv] starting at initial_state (or 0) and reset to 0 where doc_pos == 0:
         S = exp(g_t) S;  u = S^T k_t;  S = S + k_t (beta_t (v_t - u))^T;  o_t = S^T q_t dk^-1/2.
-    Returns o [B, T, nv, dv] (and the final state [B, nv, dk, dv])."""
+    Returns o [B, T, nv, dv] (and the final state [B, nv, dk, dv]).
+    g [B, T, nv, dk] (Kimi Delta Attention): a decay per key channel, S = Diag(exp(g_t)) S."""
     B, T, nv, dk = q.shape
     dv = v.shape[-1]
     scale = dk ** -0.5
@@ -188,7 +222,8 @@ def gated_delta_rule(q, k, v, g, beta, doc_pos, initial_state=None, return_state
     keep = (doc_pos != 0).to(q.dtype)  # [B, T]
     outs = []
     for t in range(T):
-        S = S * (keep[:, t, None, None, None] * torch.exp(g[:, t])[:, :, None, None])
+        decay = torch.exp(g[:, t])[:, :, :, None] if g.dim() == 4 else torch.exp(g[:, t])[:, :, None, None]
+        S = S * (keep[:, t, None, None, None] * decay)
         kt = k[:, t]                                           # [B, nv, dk]
         u = torch.einsum("bhkv,bhk->bhv", S, kt)               # memory read
         delta = beta[:, t, :, None] * (v[:, t] - u)            # [B, nv, dv]
@@ -279,6 +314,25 @@ def gdn_block(P, cfg, i, x, doc_pos):
     return o.reshape(B, T, nv * dv) @ P[p + "out_proj.weight"].t()
 
 
+def kda_block(P, cfg, i, x, doc_pos):
+    """Kimi Delta Attention mixer of layer i on the normed input x [B, T, H] (the module docstring)."""
+    p = f"model.layers.{i}.linear_attn."
+    B, T, _ = x.shape
+    nh, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    lin = lambda name, inp: inp @ P[p + name + ".weight"].t()  # noqa: E731
+    q = causal_conv_silu(lin("q_proj", x), P[p + "q_conv1d.weight"], doc_pos).reshape(B, T, nh, dk)
+    k = causal_conv_silu(lin("k_proj", x), P[p + "k_conv1d.weight"], doc_pos).reshape(B, T, nh, dk)
+    v = causal_conv_silu(lin("v_proj", x), P[p + "v_conv1d.weight"], doc_pos).reshape(B, T, nh, dv)
+    f = lin("f_b_proj", lin("f_a_proj", x)).reshape(B, T, nh, dk)
+    g = -torch.exp(P[p + "A_log"]).reshape(nh, 1) * F.softplus(f + P[p + "dt_bias"].reshape(nh, dk))
+    beta = torch.sigmoid(lin("b_proj", x))
+    o = gated_delta_rule(l2_norm(q), l2_norm(k), v, g, beta, doc_pos)
+    gate = lin("g_b_proj", lin("g_a_proj", x)).reshape(B, T, nh, dv)
+    o = P[p + "o_norm.weight"] * (o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps)) \
+        * torch.sigmoid(gate)
+    return o.reshape(B, T, nh * dv) @ P[p + "o_proj.weight"].t()
+
+
 def attention_projections(P, cfg, i, x):
     """The attention input projections of layer i: q, gate [B, T, nh, hd]; k, v [B, T, nkv, hd]."""
     p = f"model.layers.{i}.self_attn."
@@ -329,13 +383,19 @@ def check_batch(cfg, tokens, targets, pos, doc_pos):
         raise ValueError("inside a document, doc_pos and pos must go up by 1 per token")
 
 
-def forward(P, cfg, tokens, pos, doc_pos):
-    """Logits [B, T, V] for HF-named parameters P (a dict of tensors, one dtype)."""
+def forward(P, cfg, tokens, pos, doc_pos, mixers=None):
+    """Logits [B, T, V] for HF-named parameters P (a dict of tensors, one dtype). mixers (optional): layer index ->
+    callable(h, doc_pos) giving that layer's mixer output [B, T, H] in place of this file's (kda_check.py plugs
+    transformers' KimiDeltaAttention in there)."""
     x = P["model.embed_tokens.weight"][tokens.long()]
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         h = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.rms_norm_eps)
-        if cfg.layer_type(i) == LINEAR:
+        if mixers and i in mixers:
+            x = x + mixers[i](h, doc_pos)
+        elif cfg.layer_type(i) == LINEAR and cfg.linear_attention == "kda":
+            x = x + kda_block(P, cfg, i, h, doc_pos)
+        elif cfg.layer_type(i) == LINEAR:
             x = x + gdn_block(P, cfg, i, h, doc_pos)
         else:
             x = x + attention_block(P, cfg, i, h, pos, doc_pos)
@@ -354,14 +414,14 @@ def token_losses(logits, targets):
     return torch.where(valid, lse - picked, torch.zeros_like(lse))
 
 
-def loss_fn(P, cfg, tokens, targets, pos, doc_pos, check=True):
+def loss_fn(P, cfg, tokens, targets, pos, doc_pos, check=True, mixers=None):
     """Mean cross-entropy over every token of the batch with target >= 0."""
     if check:
         check_batch(cfg, tokens, targets, pos, doc_pos)
     n = int((targets >= 0).sum())
     if n == 0:
         raise ValueError("no token has a target")
-    return token_losses(forward(P, cfg, tokens, pos, doc_pos), targets).sum() / n
+    return token_losses(forward(P, cfg, tokens, pos, doc_pos, mixers), targets).sum() / n
 
 
 def loss_and_grads(P, cfg, tokens, targets, pos, doc_pos, dtype=torch.float64):
@@ -403,7 +463,7 @@ def random_params(cfg, seed=0, dtype=torch.float64, std=0.05, fmt="qwen3_next"):
     gen = torch.Generator().manual_seed(seed)
     P = {}
     for name, shape in hf_shapes(cfg, fmt).items():
-        if name.endswith("linear_attn.norm.weight"):
+        if name.endswith(("linear_attn.norm.weight", "linear_attn.o_norm.weight")):
             t = 1.0 + 0.3 * (2 * torch.rand(shape, generator=gen, dtype=torch.float64) - 1)
         elif name.endswith("norm.weight"):  # zero-centred norms, q_norm, k_norm
             t = 0.3 * (2 * torch.rand(shape, generator=gen, dtype=torch.float64) - 1)
