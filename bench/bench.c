@@ -20,7 +20,9 @@
  *              docs/design/gdn-kernels.md, "FLOPs counted"), chunks counted whole per document.
  *   floors     max(FLOPs / peak, minimum bytes / bandwidth): every input read once, every
  *              output written once, bf16 activations, fp32 gates and statistics.
- *   step       MFU = plan's model FLOPs per token (attention causal) x tokens/s / peak.
+ *   step       MFU = model FLOPs per token x tokens/s / peak: plan's (attention causal, one
+ *              document); with documents (--doc-len) plan's attention term times
+ *              sum(L^2) / T^2, the share the document mask leaves (GDN and dense as plan).
  *   ratio      peer time / ringscan time (> 1: ringscan is faster).
  *
  * Callers: cmd/ringscan.c (bench_main).
@@ -69,7 +71,9 @@ static const char bench_usage[] =
     "        documents' lengths L, backward 2.5x forward.\n"
     "  gdn:  K = V, bf16 q/k/v, fp32 gates; FLOPs per chunk of 64 from plan (docs/design/gdn-kernels.md).\n"
     "  step: one optimizer step of --config at --tokens tokens on one GPU (cp 1, dp 1, one sample):\n"
-    "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory.\n"
+    "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory;\n"
+    "        --doc-len: a case per mean length (documents packed in the sample, no prediction across a\n"
+    "        document end), attention FLOPs within documents (plan's term x sum(L^2)/T^2).\n"
     "  cp:   context parallelism over the P ranks of mpirun (one per GPU), one document, with the CP code\n"
     "        the model runs (lib/cp/cp_ring.c, lib/cp/cp_gdn.c): ring attention and the GDN layer (conv halo,\n"
     "        conv, L2 norm, scan, chunk), fwd and fwd+bwd at the global T; the same shapes on one GPU\n"
@@ -119,9 +123,10 @@ static const char bench_usage[] =
     "  --profile N         1: step: the GPU and host ms per step of every Backend entry (after the timed steps);\n"
     "                      gdn: the time of every kernel of each entry; 2: gdn also the state passes' cycles per\n"
     "                      phase (block 0); information only: the timed rows are slower (default 0)\n"
-    "  --doc-len LIST      gdn, attn: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
-    "                      0 = one document per sample (default gdn 0,2048; attn one document, no list;\n"
-    "                      attn with it: each case per length, causal within documents, FLOPs per document)\n"
+    "  --doc-len LIST      gdn, attn, step: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
+    "                      0 = one document per sample (default gdn 0,2048; attn, step one document, no list;\n"
+    "                      attn, step with it: each case per length, causal within documents, FLOPs per\n"
+    "                      document; step refuses it with --peer, whose step reads no boundaries)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
     "  --set key=value     step: config override (repeatable; the keys bench fixes are refused)\n"
     "  --tokens N          step: tokens of the one sample (default 32768)\n"
@@ -404,6 +409,12 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)bench_parse_int(a, bench_value(argc, argv, &i), 0, INT64_MAX);
         else bench_bad(a, NULL, a[0] == '-' ? "unknown option" : "unexpected argument");
     }
+    /* the peer's step (bench/peer/step_hf.py) reads no document boundaries: its row would be one document */
+    if (o->kinds[BENCH_STEP] && o->peer && o->attn_docs)
+        for (int j = 0; j < o->n_doc_len; j++)
+            if (o->doc_len[j] > 0)
+                bench_bad("--doc-len", NULL, "bench step with --peer runs one document per sample (the peer's step "
+                                             "reads no document boundaries); give --doc-len 0 or leave out --peer");
 }
 
 /* ---- the cases ---------------------------------------------------------------- */
@@ -434,7 +445,7 @@ static void bench_load_config(Config *cfg, const BenchOptions *o) {
     config_errors_free(&err);
 }
 
-static json_t *bench_step_request_case(const Config *cfg, const BenchOptions *o) {
+static json_t *bench_step_request_case(const Config *cfg, const Plan *p, const BenchOptions *o, int d) {
     const ModelConfig *m = &cfg->model;
     char name[160];
     const char *base = strrchr(o->config, '/');
@@ -460,7 +471,21 @@ static json_t *bench_step_request_case(const Config *cfg, const BenchOptions *o)
     json_t *train = json_pack("{sf sf sf sf sf sf}", "lr", cfg->train.lr, "weight_decay", cfg->train.weight_decay,
                               "beta1", cfg->train.beta1, "beta2", cfg->train.beta2, "eps", cfg->train.eps,
                               "grad_clip", cfg->train.grad_clip);
-    return json_pack("{ss sI so so}", "name", name, "T", (json_int_t)cfg->data.seq_len, "model", model, "train", train);
+    json_t *c = json_pack("{ss sI so so}", "name", name, "T", (json_int_t)cfg->data.seq_len, "model", model, "train",
+                          train);
+    /* documents (--doc-len): their boundaries, named _docsN as the attn cases; the FLOPs per token with the mask */
+    double frac = 1.0;
+    if (o->attn_docs) {
+        json_t *cu = bench_cu_seqlens(cfg->data.seq_len, o->doc_len[d], o->seed);
+        frac = bench_doc_attn_fraction(cu, cfg->data.seq_len);
+        char more[200];
+        snprintf(more, sizeof more, "%s_docs%zu", name, json_array_size(cu) - 1);
+        json_object_set_new(c, "name", json_string(more));
+        json_object_set_new(c, "cu_seqlens", cu);
+    }
+    json_object_set_new(c, "attn_doc_fraction", json_real(frac));
+    json_object_set_new(c, "flops_per_token", json_real(p->flops_model - p->flops_attn_causal * (1.0 - frac)));
+    return c;
 }
 
 /* ---- FLOPs, bytes, floors ------------------------------------------------------- */
@@ -568,8 +593,9 @@ static void bench_step_row(FILE *f, const json_t *r, const json_t *ours, double 
 static void bench_print_step(FILE *f, const json_t *req, const json_t *ours, const json_t *peer, const Plan *p,
                              const BenchDevice *d, json_t *table) {
     fprintf(f, "\ntraining step: one sample of random tokens = one document (attention over the whole causal T x T), "
-               "one GPU,\n  AdamW, grad clipping; MFU = %.3f GFLOP per token (plan's model FLOPs, attention causal) x "
-               "tokens/s / %.0f TFLOP/s;\n  ratio = peer ms / ringscan ms (> 1: ringscan faster)\n  peak alloc: ringscan = backend's peak of live allocations + its workspaces; peers "
+               "or\n  documents packed (cases _docsN: their attention within each document), one GPU, AdamW, grad "
+               "clipping;\n  MFU = %.3f GFLOP per token (plan's model FLOPs, attention causal; with documents plan's "
+               "attention term x sum(L^2)/T^2) x tokens/s / %.0f TFLOP/s;\n  ratio = peer ms / ringscan ms (> 1: ringscan faster)\n  peak alloc: ringscan = backend's peak of live allocations + its workspaces; peers "
                "= torch.cuda.max_memory_allocated\n  device used: cudaMemGetInfo (context and pools included); peers "
                "= torch.cuda.max_memory_reserved\n\n",
             p->flops_model / 1e9, d->peak_tflops);
@@ -580,13 +606,20 @@ static void bench_print_step(FILE *f, const json_t *req, const json_t *ours, con
     json_array_foreach(json_object_get(req, "cases"), i, c) {
         const char *cname = json_string_value(json_object_get(c, "name"));
         const json_t *mine = bench_find(ours, cname, "ringscan");
-        if (mine) bench_step_row(f, mine, NULL, p->flops_model, d, table);
+        const double flops_tok = json_real_value(json_object_get(c, "flops_per_token"));
+        if (mine) {
+            bench_step_row(f, mine, NULL, flops_tok, d, table);
+            if (json_object_get(c, "cu_seqlens"))
+                fprintf(f, "%-30s %.3f GFLOP per token (%zu documents, attention share of one document's %.4f)\n", "",
+                        flops_tok / 1e9, json_array_size(json_object_get(c, "cu_seqlens")) - 1,
+                        json_real_value(json_object_get(c, "attn_doc_fraction")));
+        }
         if (!peer) continue;
         size_t j;
         json_t *r;
         json_array_foreach(json_object_get(peer, "results"), j, r) {
             const char *rc = json_string_value(json_object_get(r, "case"));
-            if (rc && !strcmp(rc, cname)) bench_step_row(f, r, mine, p->flops_model, d, table);
+            if (rc && !strcmp(rc, cname)) bench_step_row(f, r, mine, flops_tok, d, table);
         }
     }
     bench_print_notes(f, peer);
@@ -658,7 +691,9 @@ int bench_main(int argc, char **argv) {
         json_t *cases = json_object_get(req[k], "cases");
         if (k == BENCH_ATTN) bench_attn_cases(&o, cases);
         else if (k == BENCH_GDN) bench_gdn_cases(&o, cases);
-        else json_array_append_new(cases, bench_step_request_case(&cfg, &o));
+        else
+            for (int d = 0; d < (o.attn_docs ? o.n_doc_len : 1); d++)
+                json_array_append_new(cases, bench_step_request_case(&cfg, &plan, &o, d));
         ours[k] = json_array();
     }
     if (o.write_requests) {

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "plan/plan.h"
 #ifdef RS_WITH_CUDA
@@ -47,8 +48,6 @@ json_t *bench_request(const BenchOptions *o, const char *kind) {
                      "warmup", o->warmup, "reps", o->reps, "max_s", o->max_s, "seed", (json_int_t)o->seed, "cases");
 }
 
-static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed);
-
 /* with --doc-len (attn_docs), each case per mean document length, named _docsN and carrying cu_seqlens;
  * without, one document per case (no cu_seqlens) */
 void bench_attn_cases(const BenchOptions *o, json_t *cases) {
@@ -72,7 +71,7 @@ void bench_attn_cases(const BenchOptions *o, json_t *cases) {
 
 /* Document boundaries of a sample of T tokens with mean length L (0: one document): lengths
  * drawn uniformly in [L/2, 3L/2), the last document takes what is left. */
-static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed) {
+json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed) {
     json_t *cu = json_array();
     json_array_append_new(cu, json_integer(0));
     Rng r;
@@ -84,6 +83,32 @@ static json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed) {
     }
     json_array_append_new(cu, json_integer(T));
     return cu;
+}
+
+/* doc_pos (T) of a case's document boundaries (its cu_seqlens; absent: one document) */
+void bench_case_doc_pos(int32_t *doc_pos, const json_t *c, int64_t T) {
+    json_t *cu = json_object_get(c, "cu_seqlens");
+    if (!cu) {
+        for (int64_t t = 0; t < T; t++) doc_pos[t] = (int32_t)t;
+        return;
+    }
+    RS_CHECK(json_is_array(cu) && json_array_size(cu) >= 2, "bench case: cu_seqlens is not a list of boundaries");
+    for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
+        int64_t b = json_integer_value(json_array_get(cu, d)), e = json_integer_value(json_array_get(cu, d + 1));
+        RS_CHECK(0 <= b && b < e && e <= T, "cu_seqlens[%zu..%zu] = %lld..%lld", d, d + 1, (long long)b,
+                 (long long)e);
+        for (int64_t t = b; t < e; t++) doc_pos[t] = (int32_t)(t - b);
+    }
+}
+
+double bench_doc_attn_fraction(const json_t *cu, int64_t T) {
+    if (!cu) return 1.0;
+    double s = 0;
+    for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
+        double L = (double)(json_integer_value(json_array_get(cu, d + 1)) - json_integer_value(json_array_get(cu, d)));
+        s += L * L;
+    }
+    return s / ((double)T * (double)T);
 }
 
 void bench_gdn_cases(const BenchOptions *o, json_t *cases) {

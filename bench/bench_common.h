@@ -74,9 +74,9 @@ typedef struct {
                                                order (0: the built-in choice) */
     int     profile;                        /* --profile: 0 off; 1 step: every Backend entry timed, gdn: every
                                                kernel of each entry timed; 2: gdn also the cycles per phase */
-    int64_t doc_len[BENCH_MAX_LIST];        /* gdn, attn: mean document length; 0 = one document */
+    int64_t doc_len[BENCH_MAX_LIST];        /* gdn, attn, step: mean document length; 0 = one document */
     int     n_doc_len;
-    int     attn_docs;                      /* attn: --doc-len given (else one document per case) */
+    int     attn_docs;                      /* attn, step: --doc-len given (else one document per case) */
     const char *config;                     /* step */
     const char *sets[BENCH_MAX_SETS];
     int     n_sets;
@@ -119,6 +119,14 @@ json_t *bench_request(const BenchOptions *o, const char *kind);
 /* appends the attention cases (o->T x o->attn) / the GDN cases (o->T x o->heads x o->doc_len) */
 void    bench_attn_cases(const BenchOptions *o, json_t *cases);
 void    bench_gdn_cases(const BenchOptions *o, json_t *cases);
+/* Document boundaries [0, ..., T] of a sample of T tokens with mean length L (0: one document): lengths
+ * drawn uniformly in [L/2, 3L/2), the last document takes what is left; the same for a seed everywhere
+ * (attn, gdn, step cases and the peers). */
+json_t *bench_cu_seqlens(int64_t T, int64_t L, uint64_t seed);
+/* doc_pos (T) of a case's cu_seqlens (absent: one document of T) */
+void    bench_case_doc_pos(int32_t *doc_pos, const json_t *c, int64_t T);
+/* the share of causal attention's work a document mask leaves: sum(L^2) / T^2 over cu_seqlens (NULL: 1) */
+double  bench_doc_attn_fraction(const json_t *cu, int64_t T);
 typedef struct {
     double flops_fwd, flops_fb, bytes_fwd, bytes_fb;
 } BenchWork;
@@ -147,7 +155,8 @@ struct Backend;
 const struct Backend *bench_attn_backend(const struct Backend *base, int impl, const char *lib);
 #endif
 
-/* bench_step.c: the training step of `cfg` (already validated, cp = dp = 1, device cuda); returns
+/* bench_step.c: the training step of `cfg` (already validated, cp = dp = 1, device cuda) on the case's
+ * documents (cu_seqlens; absent: one); returns
  * {"case", "impl": "ringscan", "ms_step", "tokens_per_s", "peak_alloc_bytes", "device_used_bytes",
  * "reps", "loss"}. */
 json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *o);

@@ -112,22 +112,6 @@ static int32_t *bench_upload_i32(const Backend *be, const int32_t *h, int64_t n)
     return d;
 }
 
-/* doc_pos (T) of a case's document boundaries (its cu_seqlens; absent: one document) */
-static void bench_case_doc_pos(int32_t *doc_pos, const json_t *c, int64_t T) {
-    json_t *cu = json_object_get(c, "cu_seqlens");
-    if (!cu) {
-        for (int64_t t = 0; t < T; t++) doc_pos[t] = (int32_t)t;
-        return;
-    }
-    RS_CHECK(json_is_array(cu) && json_array_size(cu) >= 2, "bench case: cu_seqlens is not a list of boundaries");
-    for (size_t d = 0; d + 1 < json_array_size(cu); d++) {
-        int64_t b = json_integer_value(json_array_get(cu, d)), e = json_integer_value(json_array_get(cu, d + 1));
-        RS_CHECK(0 <= b && b < e && e <= T, "cu_seqlens[%zu..%zu] = %lld..%lld", d, d + 1, (long long)b,
-                 (long long)e);
-        for (int64_t t = b; t < e; t++) doc_pos[t] = (int32_t)(t - b);
-    }
-}
-
 const Backend *bench_attn_backend(const Backend *base, int impl, const char *lib) {
     if (impl == ATTN_KERNEL_RINGSCAN) return base;
     char err[4096];

@@ -5,17 +5,21 @@
  * The step is the trainer's (lib/run/train.c train_loop) without data loading and
  * logging: zero the gradients, model_forward_backward on one sample, the
  * global gradient norm, the clipping factor, AdamW on every tensor. The
- * sample is random token ids (one document of the whole length), uploaded
- * once. Warm-up steps, then timed steps; each timed step starts and ends with
+ * sample is random token ids, uploaded once: one document of the whole length,
+ * or the case's documents (cu_seqlens, `bench step --doc-len`): doc_pos restarts
+ * at each document and no token predicts across a document end (target -1),
+ * as data_read_sample gives packed data. Warm-up steps, then timed steps; each timed step starts and ends with
  * the compute stream drained, measured by the host clock (a step reads the
  * loss and the norm on the host, so it is host-synchronous anyway); the
  * median is reported.
  *
  * With --profile 1 the step runs through the profiled backend table
  * (kernels/cuda/cuda_profile.h) and, after the timed steps, prints to stderr
- * the GPU and host milliseconds per step of every Backend entry (the timer's
- * events and periodic drains make that run's step time a little longer:
- * time the step without it).
+ * the GPU and host milliseconds per step of every Backend entry, the attention
+ * on the cuDNN route included, their sum, and the rest of the measured mean
+ * step as "unaccounted (launch gaps, host)", so the rows add up to the step
+ * (the timer's events and periodic drains make that run's step time a little
+ * longer: time the step without it).
  *
  * The row also carries the last step's work counters (block_recomputes, chunk_recomputes:
  * what the checkpoint policy reran; both 0 under none).
@@ -91,16 +95,19 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     Model m;
     model_init(&m, cfg, be, NULL, T);
 
-    /* one sample of random token ids, one document */
+    /* one sample of random token ids: one document, or the case's (cu_seqlens) */
     int32_t *host = RS_MALLOC((size_t)(4 * T) * sizeof(int32_t));
     Rng rng;
     rng_init(&rng, o->seed, 0xbe9c);
     int64_t V = cfg->model.vocab_size;
     for (int64_t t = 0; t < T; t++) host[t] = (int32_t)rng_below(&rng, (uint64_t)V);
+    bench_case_doc_pos(host + 3 * T, c, T); /* doc_pos */
+    int64_t predicted = 0;
     for (int64_t t = 0; t < T; t++) {
-        host[T + t] = t + 1 < T ? host[t + 1] : -1; /* targets */
-        host[2 * T + t] = (int32_t)t;                /* pos */
-        host[3 * T + t] = (int32_t)t;                /* doc_pos */
+        const int same_doc = t + 1 < T && host[3 * T + t + 1] != 0;
+        host[T + t] = same_doc ? host[t + 1] : -1; /* targets: none across a document end */
+        host[2 * T + t] = (int32_t)t;               /* pos */
+        predicted += same_doc;
     }
     int32_t *dev = be->alloc((size_t)(4 * T) * sizeof(int32_t));
     be->to_device(dev, host, (size_t)(4 * T) * sizeof(int32_t));
@@ -112,7 +119,7 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     for (int i = 0; i < o->warmup + o->reps; i++) {
         cuda_bench_sync();
         double t0 = bench_now();
-        loss = bench_step_once(&m, &b, T - 1, ++step);
+        loss = bench_step_once(&m, &b, predicted, ++step);
         double dt = bench_now() - t0;
         if (!isfinite(loss)) RS_FATAL("bench step: non-finite loss %g at step %d", loss, step);
         if (i < o->warmup) {
@@ -125,7 +132,7 @@ json_t *bench_step_case(const json_t *c, const Config *cfg, const BenchOptions *
     }
     if (cuda_profile_on()) {
         fprintf(stderr, "bench step %s, %lld tokens: ", json_string_value(json_object_get(c, "name")), (long long)T);
-        cuda_profile_print(stderr, n);
+        cuda_profile_print(stderr, n, 1e3 * spent / n); /* the rows against the measured mean step */
     }
     qsort(ms, (size_t)n, sizeof *ms, bench_step_cmp);
     double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);

@@ -125,12 +125,53 @@ def test_requests_are_the_peers_contract(ringscan, tmp_path):
          "--doc-len", "0,512", "--heads", "16", "--seed", "7"])
     assert json.loads((tmp_path / "again" / "request_gdn.json").read_text())["cases"] == gdn["cases"]
     step = json.loads((tmp_path / "request_step.json").read_text())
-    (c,) = step["cases"]
-    assert c["T"] == 4096 and c["name"] == "hybrid-1b-256k-h200x4_T4096"
+    c, c_docs = step["cases"]  # --doc-len 0,512: a step case per length too
+    assert c["T"] == 4096 and c["name"] == "hybrid-1b-256k-h200x4_T4096_docs1"
+    assert c_docs["cu_seqlens"] == gdn_cu[(4096, len(c_docs["cu_seqlens"]))]
     m = c["model"]
     assert m["num_hidden_layers"] == len(m["layer_types"]) == 16
     assert m["layer_types"].count("full_attention") == 4 and m["hidden_size"] == 1536
     assert c["train"]["grad_clip"] == 1.0
+
+
+def test_step_documents_request(ringscan, tmp_path):
+    """bench step --doc-len: a step case per mean length, its boundaries those of the attn/gdn cases for the
+    seed, and the FLOPs per token with the document mask: plan's, its causal attention term scaled by
+    sum(L^2)/T^2 (one document: plan's model FLOPs as they are)."""
+    T = 131072
+    r = run([ringscan, "bench", "step", "--write-requests", "--out", tmp_path, "--tokens", str(T), "--doc-len",
+             "0,8192", "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    one, docs = json.loads((tmp_path / "request_step.json").read_text())["cases"]
+    r = run([ringscan, "plan", "configs/hybrid-1b-256k-h200x4.yaml", "--json", "--set", f"data.seq_len={T}",
+             "--set", "parallel.cp=1", "--set", "parallel.dp=1", "--set", "slurm.gpus_per_node=1",
+             "--set", "train.grad_accum=1", "--set", "data.micro_batch=1"])
+    assert r.returncode == 0, r.stderr
+    flops = json.loads(r.stdout)["flops_per_token"]
+    assert one["cu_seqlens"] == [0, T] and one["name"] == f"hybrid-1b-256k-h200x4_T{T}_docs1"
+    assert one["attn_doc_fraction"] == 1.0 and one["flops_per_token"] == pytest.approx(flops["model"], rel=1e-6)
+    cu = docs["cu_seqlens"]
+    assert cu[0] == 0 and cu[-1] == T and docs["name"].endswith(f"_docs{len(cu) - 1}") and len(cu) > 10
+    assert all(4096 <= b - a < 12288 for a, b in zip(cu[:-2], cu[1:-1]))  # mean 8k, the last takes the rest
+    frac = sum((b - a) ** 2 for a, b in zip(cu, cu[1:])) / T ** 2
+    assert docs["attn_doc_fraction"] == pytest.approx(frac, rel=1e-6) and frac < 0.2
+    want = flops["model"] - flops["attention_causal"] * (1 - frac)
+    assert docs["flops_per_token"] == pytest.approx(want, rel=1e-6)
+    assert docs["flops_per_token"] < 0.6 * one["flops_per_token"]
+    # the same boundaries as the attention cases of that length and seed
+    run([ringscan, "bench", "attn", "--write-requests", "--out", tmp_path / "attn", "--T", str(T), "--doc-len", "8192",
+         "--attn-shapes", "16/2/128", "--seed", "3"])
+    (a,) = json.loads((tmp_path / "attn" / "request_attn.json").read_text())["cases"]
+    assert a["cu_seqlens"] == cu
+    # without --doc-len: one case, one document, plan's FLOPs
+    run([ringscan, "bench", "step", "--write-requests", "--out", tmp_path / "plain", "--tokens", str(T)])
+    (c,) = json.loads((tmp_path / "plain" / "request_step.json").read_text())["cases"]
+    assert "cu_seqlens" not in c and c["name"] == f"hybrid-1b-256k-h200x4_T{T}"
+    assert c["flops_per_token"] == pytest.approx(flops["model"], rel=1e-6)
+    # the peer's step reads no boundaries: refused, nothing written
+    r = run([ringscan, "bench", "step", "--peer", "--doc-len", "8192", "--out", tmp_path / "peer"])
+    assert r.returncode == 2 and "--doc-len" in r.stderr and "peer" in r.stderr
+    assert not (tmp_path / "peer").exists()
 
 
 # ---------------------------------------------------------------- bench cp (cpu backend, 2 ranks)

@@ -18,6 +18,7 @@
 #undef I /* complex.h's imaginary unit, pulled in by cblas.h; I is the MLP width in cpu_kernels.h */
 #include <limits.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 #include "core/error.h"
@@ -35,6 +36,18 @@ void cpu_matmul_forward(void *out /* (T,ldo) OC columns */, const void *inp /* (
     if (T == 0) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, OC, IC, 1.0f, (const float *)inp, ldi,
                 (const float *)w, IC, accumulate ? 1.0f : 0.0f, (float *)out, ldo);
+}
+
+/* out = resid + inp @ w^T: resid's rows copied into out, then the GEMM adds (beta 1), bitwise the copy and
+ * accumulate the model made before */
+void cpu_matmul_forward_residual(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */, const void *w /* (OC,IC) */,
+                                 const void *resid /* (T,ldr) */, int64_t T, int IC, int OC, int ldi, int ldo,
+                                 int ldr) {
+    matmul_check_sizes(T, IC, OC, ldi, ldo);
+    RS_CHECK(resid != NULL && ldr >= OC, "matmul_forward_residual: ldr %d < OC %d", ldr, OC);
+    for (int64_t t = 0; t < T; t++)
+        memcpy((float *)out + t * ldo, (const float *)resid + t * ldr, (size_t)OC * sizeof(float));
+    cpu_matmul_forward(out, inp, w, T, IC, OC, ldi, ldo, 1);
 }
 
 /* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w;  dw += dout^T @ inp */

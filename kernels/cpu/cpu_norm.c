@@ -8,6 +8,8 @@
  *                  per head of the GDN q and k.
  *   gated RMSNorm  y = w * (x * rstd) * silu(z), rstd over dv per (token, value head), plain w
  *                  shared by the heads (the GDN output norm, docs/design/model.md).
+ *   GDN split      the L2 norm of q, k with the v and z copies the GDN layer makes after its conv
+ *                  (one fused pass on cuda; here the L2 norm and two copies, bitwise the unfused calls).
  * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
  * by the model code and called directly by tests/unit/test_norm.c.
  *
@@ -138,6 +140,33 @@ void cpu_l2norm_backward(void *dinp_ /* (T,ldi) = */, const void *dout_ /* (T,ld
             for (int d = 0; d < D; d++) dx[d] = r * (dy[d] - fdot * y[d]);
         }
     }
+}
+
+/* ---- the GDN split after the conv: the L2 norm of q, k and the v, z copies ------------------- */
+
+/* the oracle of the fused op: the L2 norm and two copies, in the order and arithmetic of the calls
+ * they replace (the cpu model's results are bitwise those of the unfused calls) */
+void cpu_gdn_split_forward(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
+                           void *z /* (T,Vd) */, const void *conv /* (T,ldc) */, const void *zin /* (T,ldz) */,
+                           int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {
+    const int Kd2 = 2 * nk * dk;
+    RS_CHECK(Vd > 0 && ldc >= Kd2 + Vd && ldz >= Vd, "gdn_split: Vd %d ldc %d ldz %d (need ldc >= %d + Vd)", Vd, ldc,
+             ldz, Kd2);
+    cpu_l2norm_forward(qk, qk_rstd, conv, T, 2 * nk, dk, ldc, Kd2);
+    cpu_copy_2d(v, (const float *)conv + Kd2, T, Vd, Vd, ldc);
+    cpu_copy_2d(z, zin, T, Vd, Vd, ldz);
+}
+
+void cpu_gdn_split_backward(void *dconv /* (T,ldc) = */, void *dzout /* (T,ldz) = */, const void *dqk /* (T,2nk dk) */,
+                            const void *qk /* (T,2nk dk) */, const float *qk_rstd /* (T,2nk) */,
+                            const void *dv /* (T,Vd) */, const void *dz /* (T,Vd) */, int64_t T, int nk, int dk,
+                            int Vd, int ldc, int ldz) {
+    const int Kd2 = 2 * nk * dk;
+    RS_CHECK(Vd > 0 && ldc >= Kd2 + Vd && ldz >= Vd, "gdn_split: Vd %d ldc %d ldz %d (need ldc >= %d + Vd)", Vd, ldc,
+             ldz, Kd2);
+    cpu_copy_2d(dzout, dz, T, Vd, ldz, Vd);
+    cpu_l2norm_backward(dconv, dqk, qk, qk_rstd, T, 2 * nk, dk, ldc, Kd2);
+    cpu_copy_2d((float *)dconv + Kd2, dv, T, Vd, ldc, Vd);
 }
 
 /* ---- gated RMSNorm (GDN output) ----------------------------------------------------------- */

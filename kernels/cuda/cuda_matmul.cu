@@ -34,12 +34,15 @@
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc;
     int     trans_a, trans_b, c_fp32, accumulate, align_a, align_b, align_c;
+    int64_t ld_in;    /* the added input's stride when it is not the output (cuda_gemm_residual); 0: C = D */
+    int     align_in;
 } GemmKey;
 
 typedef struct {
     GemmKey                key;
     cublasLtMatmulDesc_t   op;
-    cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), C = D */
+    cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), D (and C when C = D) */
+    cublasLtMatrixLayout_t lin;        /* cuBLASLt's C when it is not D (key.ld_in > 0) */
     cublasLtMatmulAlgo_t   algo;
 } GemmPlan;
 
@@ -69,20 +72,26 @@ static void gemm_plan_build(GemmPlan *g, const GemmKey *k) {
                                             (uint64_t)(k->trans_a ? k->K : k->M), k->lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&g->lc, k->c_fp32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)k->N,
                                             (uint64_t)k->M, k->ldc));
+    g->lin = NULL;
+    if (k->ld_in)
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&g->lin, k->c_fp32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)k->N,
+                                                (uint64_t)k->M, k->ld_in));
+    const cublasLtMatrixLayout_t lcin = k->ld_in ? g->lin : g->lc;
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws_bytes = 0;
     cuda_lt_workspace(&ws_bytes);
     uint64_t ws = ws_bytes;
-    uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a, al_c = (uint32_t)k->align_c;
+    uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a, al_d = (uint32_t)k->align_c;
+    uint32_t al_c = k->ld_in ? (uint32_t)k->align_in : al_d;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), g->op, g->la, g->lb, g->lc, g->lc, pref, 1,
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), g->op, g->la, g->lb, lcin, g->lc, pref, 1,
                                                        &res, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
@@ -99,11 +108,14 @@ static void gemm_plan_free(GemmPlan *g) {
     cublasLtMatrixLayoutDestroy(g->la);
     cublasLtMatrixLayoutDestroy(g->lb);
     cublasLtMatrixLayoutDestroy(g->lc);
+    if (g->lin) cublasLtMatrixLayoutDestroy(g->lin);
     cublasLtMatmulDescDestroy(g->op);
 }
 
-extern "C" void cuda_gemm(void *C, int c_fp32, int64_t ldc, const void *A, int64_t lda, int trans_a, const void *B,
-                          int64_t ldb, int trans_b, int64_t M, int64_t N, int64_t K, int accumulate) {
+/* D = op(A) op(B) (+ Cin, or + D when accumulate and Cin is NULL) */
+static void gemm_run(void *C, int c_fp32, int64_t ldc, const void *Cin, int64_t ld_in, const void *A, int64_t lda,
+                     int trans_a, const void *B, int64_t ldb, int trans_b, int64_t M, int64_t N, int64_t K,
+                     int accumulate) {
     RS_CHECK(M >= 0 && N >= 0 && K > 0, "gemm M %lld N %lld K %lld", (long long)M, (long long)N, (long long)K);
     RS_CHECK(ldc >= N && lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N),
              "gemm strides: ldc %lld (N %lld), lda %lld, ldb %lld", (long long)ldc, (long long)N, (long long)lda,
@@ -124,6 +136,11 @@ extern "C" void cuda_gemm(void *C, int c_fp32, int64_t ldc, const void *A, int64
     key.align_a = gemm_align(A, lda, 2);
     key.align_b = gemm_align(B, ldb, 2);
     key.align_c = gemm_align(C, ldc, c_fp32 ? 4 : 2);
+    if (Cin) {
+        RS_CHECK(ld_in >= N, "gemm: the added input's stride %lld < N %lld", (long long)ld_in, (long long)N);
+        key.ld_in = ld_in;
+        key.align_in = gemm_align(Cin, ld_in, c_fp32 ? 4 : 2);
+    }
 
     GemmPlan *g = NULL, tmp;
     for (int i = 0; i < gemm_nplans && !g; i++)
@@ -135,12 +152,17 @@ extern "C" void cuda_gemm(void *C, int c_fp32, int64_t ldc, const void *A, int64
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     size_t ws_bytes = 0;
     void *ws = cuda_lt_workspace(&ws_bytes);
-    cublasStatus_t st = cublasLtMatmul(cuda_lt_handle(), g->op, &alpha, B, g->la, A, g->lb, &beta, C, g->lc, C, g->lc,
-                                       &g->algo, ws, ws_bytes, cuda_stream());
+    cublasStatus_t st = cublasLtMatmul(cuda_lt_handle(), g->op, &alpha, B, g->la, A, g->lb, &beta, Cin ? Cin : C,
+                                       Cin ? g->lin : g->lc, C, g->lc, &g->algo, ws, ws_bytes, cuda_stream());
     if (g == &tmp) gemm_plan_free(&tmp);
     if (st != CUBLAS_STATUS_SUCCESS)
         RS_FATAL("cublasLtMatmul failed (status %d) for C (%lld,%lld) = op(A) op(B), K %lld", (int)st, (long long)M,
                  (long long)N, (long long)K);
+}
+
+extern "C" void cuda_gemm(void *C, int c_fp32, int64_t ldc, const void *A, int64_t lda, int trans_a, const void *B,
+                          int64_t ldb, int trans_b, int64_t M, int64_t N, int64_t K, int accumulate) {
+    gemm_run(C, c_fp32, ldc, NULL, 0, A, lda, trans_a, B, ldb, trans_b, M, N, K, accumulate);
 }
 
 /* ---- the dense layer ---- */
@@ -157,6 +179,16 @@ extern "C" void cuda_matmul_forward(void *out /* (T,ldo) OC columns */, const vo
     matmul_check_sizes(T, IC, OC, ldi, ldo);
     if (T == 0) return;
     cuda_gemm(out, 0, ldo, inp, ldi, 0, w, IC, 1, T, OC, IC, accumulate);
+}
+
+/* out = resid + inp @ w^T: cuBLASLt's C is resid, its D out (the residual add in the GEMM's epilogue, no copy) */
+extern "C" void cuda_matmul_forward_residual(void *out /* (T,ldo) OC columns */, const void *inp /* (T,ldi) */,
+                                             const void *w /* (OC,IC) */, const void *resid /* (T,ldr) OC columns */,
+                                             int64_t T, int IC, int OC, int ldi, int ldo, int ldr) {
+    matmul_check_sizes(T, IC, OC, ldi, ldo);
+    RS_CHECK(resid != NULL && ldr >= OC, "matmul_forward_residual: resid %p, ldr %d < OC %d", resid, ldr, OC);
+    if (T == 0) return;
+    gemm_run(out, 0, ldo, resid, ldr, inp, ldi, 0, w, IC, 1, T, OC, IC, 1);
 }
 
 extern "C" void cuda_matmul_backward(void *dinp /* (T,ldi) or NULL */, float *dw /* (OC,IC) += */,

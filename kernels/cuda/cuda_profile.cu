@@ -48,7 +48,7 @@ static double prof_now(void) {
 }
 
 static void prof_at_exit(void) {
-    if (!prof_printed) cuda_profile_print(stderr, 0);
+    if (!prof_printed) cuda_profile_print(stderr, 0, 0);
 }
 
 extern "C" void cuda_profile_enable(int on) { prof_state = on != 0; }
@@ -106,7 +106,7 @@ static int prof_cmp(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-extern "C" void cuda_profile_print(FILE *f, int steps) {
+extern "C" void cuda_profile_print(FILE *f, int steps, double step_ms) {
     prof_drain();
     prof_printed = 1;
     ProfEntry e[PROF_ENTRIES];
@@ -117,12 +117,19 @@ extern "C" void cuda_profile_print(FILE *f, int steps) {
     if (!n) return;
     qsort(e, (size_t)n, sizeof *e, prof_cmp);
     double d = steps > 0 ? steps : 1;
+    /* shares of the measured step when there is one, else of the entries' sum */
+    const double whole = step_ms > 0 ? step_ms * d : sum;
     fprintf(f, "cuda profile: Backend entries by GPU time%s\n",
             steps > 0 ? ", per step (mean over the timed steps)" : ", whole run");
-    fprintf(f, "%-26s %10s %12s %12s %7s\n", "entry", "calls", "GPU ms", "host ms", "GPU %");
+    fprintf(f, "%-30s %10s %12s %12s %7s\n", "entry", "calls", "GPU ms", "host ms", step_ms > 0 ? "step %" : "GPU %");
     for (int i = 0; i < n; i++)
-        fprintf(f, "%-26s %10.1f %12.3f %12.3f %6.1f%%\n", e[i].name, (double)e[i].calls / d, e[i].gpu_ms / d,
-                e[i].host_ms / d, 100.0 * e[i].gpu_ms / sum);
-    fprintf(f, "%-26s %10s %12.3f %12.3f\n", "sum", "", sum / d, hsum / d);
+        fprintf(f, "%-30s %10.1f %12.3f %12.3f %6.1f%%\n", e[i].name, (double)e[i].calls / d, e[i].gpu_ms / d,
+                e[i].host_ms / d, 100.0 * e[i].gpu_ms / whole);
+    fprintf(f, "%-30s %10s %12.3f %12.3f %6.1f%%\n", "sum of the entries", "", sum / d, hsum / d, 100.0 * sum / whole);
+    if (step_ms > 0) {
+        fprintf(f, "%-30s %10s %12.3f %12s %6.1f%%\n", "unaccounted (launch gaps, host)", "", step_ms - sum / d, "",
+                100.0 * (step_ms * d - sum) / whole);
+        fprintf(f, "%-30s %10s %12.3f %12s %6.1f%%\n", "measured step (host clock)", "", step_ms, "", 100.0);
+    }
     fflush(f);
 }

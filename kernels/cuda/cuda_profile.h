@@ -9,12 +9,15 @@
  * cuda_profile_begin/cuda_profile_end: two CUDA events on the compute stream
  * (the entry's GPU time, launch gaps inside it included) and the host clock
  * (the time the caller waited: large where an entry synchronises). Off, the
- * plain table `backend_cuda` runs and nothing here is called.
+ * plain table `backend_cuda` runs and nothing here is called. On the cuDNN
+ * route (cuda_backend_with_cudnn_attention over the profiled table) the two
+ * attention entries are timed as attention_cudnn_forward/backward, the calls
+ * the route hands to our kernel inside them.
  *
  * cuda_backend_table() picks the table; cuda_profile_reset() forgets what was
  * counted so far (the bench calls it after its warm-up steps);
- * cuda_profile_print(f, steps) prints a table sorted by GPU time, per step
- * when steps > 0. When on, the table is also printed to stderr at exit unless
+ * cuda_profile_print(f, steps, step_ms) prints a table sorted by GPU time, per step
+ * when steps > 0, with the residue against a measured step when step_ms > 0. When on, the table is also printed to stderr at exit unless
  * cuda_profile_print ran after the last reset.
  *
  * Used by `ringscan bench step` (bench/bench_step.c: per step, after the
@@ -44,8 +47,12 @@ const struct Backend *cuda_backend_table(void);
 int  cuda_profile_begin(const char *name);
 void cuda_profile_end(int token);
 void cuda_profile_reset(void);
-/* synchronises the compute stream, then prints: entry, calls, GPU ms, host ms, share of the GPU sum */
-void cuda_profile_print(FILE *f, int steps);
+/* synchronises the compute stream, then prints: entry, calls, GPU ms, host ms, share; then the entries'
+ * sum. With step_ms > 0 (the measured mean step, host clock, over the same `steps`) the shares are of
+ * the step and two more rows follow: "unaccounted (launch gaps, host)" = step_ms - the sum (the time
+ * the GPU ran no entry: gaps between launches, host work, waits), and the measured step itself; the
+ * rows then add up to the step. step_ms <= 0: shares of the entries' sum. */
+void cuda_profile_print(FILE *f, int steps, double step_ms);
 
 #ifdef __cplusplus
 }

@@ -159,6 +159,11 @@ typedef struct Backend {
     /* out = inp @ w^T, or out += when accumulate (residual add fused into the GEMM) */
     void (*matmul_forward)(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */, const void *w /* (OC,IC) */,
                            int64_t T, int IC, int OC, int ldi, int ldo, int accumulate);
+    /* out = resid + inp @ w^T (the block's residual add in the GEMM: no copy of resid into out first);
+     * out and resid do not overlap */
+    void (*matmul_forward_residual)(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */,
+                                    const void *w /* (OC,IC) */, const void *resid /* (T,ldr) */, int64_t T, int IC,
+                                    int OC, int ldi, int ldo, int ldr);
     /* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w; dw += dout^T @ inp */
     void (*matmul_backward)(void *dinp /* (T,ldi) */, float *dw /* (OC,IC) += */, const void *dout /* (T,ldo) */,
                             const void *inp /* (T,ldi) */, const void *w, int64_t T, int IC, int OC, int ldi,
@@ -183,6 +188,19 @@ typedef struct Backend {
     /* dinp = rstd * (dout - (dout . y) y) */
     void (*l2norm_backward)(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh,
                             int D, int ldi, int ldo);
+
+    /* ---- the GDN split after the conv, one pass (model_block.c): qk = the L2 norm (l2norm_forward) of
+     * conv's first 2 nk heads of dk, v = conv's next Vd columns, z = zin's Vd columns (copies) ---- */
+    void (*gdn_split_forward)(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
+                              void *z /* (T,Vd) */, const void *conv /* (T,ldc) [q|k|v] */,
+                              const void *zin /* (T,ldz) Vd columns */, int64_t T, int nk, int dk, int Vd, int ldc,
+                              int ldz);
+    /* its backward: dconv's [dq|dk] = l2norm_backward of dqk, dconv's Vd columns after them = dv,
+     * dzout = dz (its Vd columns; the rest of dconv's and dzout's rows are not touched) */
+    void (*gdn_split_backward)(void *dconv /* (T,ldc) = */, void *dzout /* (T,ldz) = */,
+                               const void *dqk /* (T,2nk dk) */, const void *qk /* (T,2nk dk) */,
+                               const float *qk_rstd /* (T,2nk) */, const void *dv /* (T,Vd) */,
+                               const void *dz /* (T,Vd) */, int64_t T, int nk, int dk, int Vd, int ldc, int ldz);
 
     /* ---- Gated DeltaNet gates, per token and value head ----
      * beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus linear above 20), in fp32. */

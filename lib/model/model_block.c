@@ -2,7 +2,8 @@
  * model_block.c — forward and backward of one decoder block (pre-norm mixer, residual, pre-norm SwiGLU
  * MLP, residual) for both layer kinds, over the backend's kernels; the buffers are model.h's LayerActs.
  *
- *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v]; L2 norm of q, k;
+ *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v]; L2 norm of q, k with v and
+ *     z copied into their whole-rows buffers in the same pass (gdn_split_forward; its backward likewise);
  *     beta = sigmoid(b), g = -exp(A_log) softplus(a+dt_bias); the chunked delta rule; gated RMSNorm with
  *     silu(z); out_proj.
  *   KDA mixer (model.linear_attention kda, docs/design/kda.md): proj gives [q|k|v|f_a|g_a|b]; f = f_a f_b^T,
@@ -192,10 +193,8 @@ static void block_mlp_forward(Model *m, int l, const Chunk *c, void *out, const 
     be->rmsnorm_forward(a->ln2, a->rstd2, a->h, W(p->post_ln), c->n, 1, d.H, d.H, d.H, d.eps, 1);
     be->matmul_forward(a->gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H, 2 * d.I, 0);
     be->swiglu_forward(a->act, a->gate_up, c->n, d.I);
-    if (out) { /* out = h + down(act) */
-        be->copy(AT(out, c->row * d.H), a->h, (size_t)(c->n * d.H * d.es));
-        be->matmul_forward(AT(out, c->row * d.H), a->act, W(p->down), c->n, d.I, d.H, d.I, d.H, 1);
-    }
+    if (out) /* out = h + down(act) */
+        be->matmul_forward_residual(AT(out, c->row * d.H), a->act, W(p->down), a->h, c->n, d.I, d.H, d.I, d.H, d.H);
 }
 
 /* d_resid's rows: dL/d(block output) in, dL/dh out (the MLP's forward of the chunk in the token buffers) */
@@ -315,17 +314,20 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
         be->conv1d_silu_forward(a->gdn_conv, a->gdn_proj, block_gdn_halo_in(m, a, &c, &d), W(p->conv),
                                 b->doc_pos + c.row, c.n, d.Cc, d.Kc, d.Pg, d.Cc);
         block_gdn_save_halo(m, a, &c, &d);
-        be->l2norm_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk, a->gdn_conv, c.n,
-                           2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
-        be->copy_2d(AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_conv, 2 * d.Kd), c.n, d.Vd, d.Vd, d.Cc);
-        if (d.kda) { /* the output gate's input g_a g_b^T; the gates from b and f */
+        if (d.kda) { /* the L2 norm of q, k, the v copy; the output gate's input g_a g_b^T; the gates from b and f */
+            be->l2norm_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk, a->gdn_conv,
+                               c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
+            be->copy_2d(AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_conv, 2 * d.Kd), c.n, d.Vd, d.Vd, d.Cc);
             be->matmul_forward(AT(a->gdn_z, c.row * d.Vd), AT(a->gdn_proj, d.ga), W(p->g_b), c.n, d.dv, d.Vd, d.Pg,
                                d.Vd, 0);
             be->kda_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.Gw, AT(a->gdn_proj, d.bc), a->kda_f,
                                   P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.dk, d.Pg, d.Gw);
             continue;
         }
-        be->copy_2d(AT(a->gdn_z, c.row * d.Vd), AT(a->gdn_proj, d.Cc), c.n, d.Vd, d.Vd, d.Pg);
+        /* the L2 norm of q, k and the v, z copies into the whole-rows buffers, one pass */
+        be->gdn_split_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
+                              AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_z, c.row * d.Vd), a->gdn_conv,
+                              AT(a->gdn_proj, d.Cc), c.n, d.nk, d.dk, d.Vd, d.Cc, d.Pg);
         be->gdn_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.nv, AT(a->gdn_proj, d.Cc + d.Vd),
                               AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.Pg);
     }
@@ -348,8 +350,8 @@ static void block_gdn_out_forward(Model *m, int l, const Chunk *c, const Dims *d
     } else
         be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd),
                                   AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv, d.dv, d.Vd, d.eps);
-    be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
-    be->matmul_forward(a->h, a->gdn_normed, W(p->out_proj), c->n, d.Vd, d.H, d.Vd, d.H, 1);
+    be->matmul_forward_residual(a->h, a->gdn_normed, W(p->out_proj), AT(a->x, c->row * d.H), c->n, d.Vd, d.H, d.Vd,
+                                d.H, d.H);
 }
 
 /* d_resid's rows hold dL/dh: out_proj and the gated norm's backward into d_core, d_z (whole rows) */
@@ -405,16 +407,20 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
                                 d.Gw, d.Pg, d.Gw, 0);
             be->matmul_backward(AT(m->d_proj, d.ga), G(p->g_b), AT(m->d_z, c.row * d.Vd), AT(a->gdn_proj, d.ga),
                                 W(p->g_b), c.n, d.dv, d.Vd, d.Pg, d.Vd, 0);
+            be->l2norm_backward(m->d_conv, AT(m->d_qk, c.row * 2 * d.Kd), AT(a->gdn_qk_norm, c.row * 2 * d.Kd),
+                                a->gdn_qk_rstd + c.row * 2 * d.nk, c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
+            be->copy_2d(AT(m->d_conv, 2 * d.Kd), AT(m->d_v, c.row * d.Vd), c.n, d.Vd, d.Cc, d.Vd);
         } else {
             be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log),
                                    G(p->dt_bias), m->d_beta + c.row * d.nv, m->d_g + c.row * d.nv,
                                    AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32),
                                    P32(p->dt_bias32), c.n, d.nv, d.Pg);
-            be->copy_2d(AT(m->d_proj, d.Cc), AT(m->d_z, c.row * d.Vd), c.n, d.Vd, d.Pg, d.Vd);
+            /* dz into d_proj's z columns; the L2 norm's backward and dv into d_conv: one pass */
+            be->gdn_split_backward(m->d_conv, AT(m->d_proj, d.Cc), AT(m->d_qk, c.row * 2 * d.Kd),
+                                   AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
+                                   AT(m->d_v, c.row * d.Vd), AT(m->d_z, c.row * d.Vd), c.n, d.nk, d.dk, d.Vd, d.Cc,
+                                   d.Pg);
         }
-        be->l2norm_backward(m->d_conv, AT(m->d_qk, c.row * 2 * d.Kd), AT(a->gdn_qk_norm, c.row * 2 * d.Kd),
-                            a->gdn_qk_rstd + c.row * 2 * d.nk, c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
-        be->copy_2d(AT(m->d_conv, 2 * d.Kd), AT(m->d_v, c.row * d.Vd), c.n, d.Vd, d.Cc, d.Vd);
         void *dhalo = c.off > 0 ? m->d_halo : multi ? AT(cp->halo_send, c.frag * tail) : NULL;
         be->conv1d_silu_backward(m->d_proj, dhalo, G(p->conv), m->d_conv, a->gdn_proj,
                                  block_gdn_halo_in(m, a, &c, &d), W(p->conv), b->doc_pos + c.row, c.n, d.Cc, d.Kc,
@@ -484,8 +490,8 @@ static void block_attention_out_forward(Model *m, int l, const Chunk *c, const D
     block_rows_count(m, l);
     be->sigmoid_gate_forward(a->attn_gated, AT(a->attn_out, c->row * d.qd), AT(a->attn_gate, c->row * d.qd), c->n,
                              d.qd, d.qd);
-    be->copy(a->h, AT(a->x, c->row * d.H), (size_t)(c->n * d.H * d.es));
-    be->matmul_forward(a->h, a->attn_gated, W(m->lp[l].out_proj), c->n, d.qd, d.H, d.qd, d.H, 1);
+    be->matmul_forward_residual(a->h, a->attn_gated, W(m->lp[l].out_proj), AT(a->x, c->row * d.H), c->n, d.qd, d.H,
+                                d.qd, d.H, d.H);
 }
 
 /* d_resid's rows hold dL/dh: o_proj and the gate's backward into d_attn_out, d_gate (whole rows) */

@@ -2,7 +2,8 @@
  * test_cuda_matmul.cu — GPU parity of the cuBLASLt dense layer (kernels/cuda/cuda_matmul.cu)
  * against the cpu oracle (kernels/cpu/cpu_matmul.c, OpenBLAS sgemm on the same bf16-rounded
  * values): forward (= and += into the bf16 output: the fused residual add), backward dinp (= and
- * +=, and skipped with NULL) and dW (fp32 +=).
+ * +=, and skipped with NULL) and dW (fp32 +=); the forward with the residual from another buffer
+ * (matmul_forward_residual: cuBLASLt's C is not its D, each with its own stride and alignment).
  *
  * Shapes: T from 1 to 333, odd IC/OC, strided column blocks (ldi, ldo wider than the block),
  * blocks that start mid-vector (pad 3: 2-byte aligned operands, which cuBLASLt must be told) and
@@ -77,5 +78,48 @@ TEST(cuda_matmul) {
         snprintf(what, sizeof what, "matmul bwd dW += [case %zu]", k);
         test_check_rel_f(what, dw[0], dwc, (int64_t)s.OC * s.IC, CT_BOUND_F32);
         ct_bitwise_equal(what, dw[0], dw[1], (int64_t)s.OC * s.IC); /* the second run skipped dinp (NULL) */
+    }
+}
+
+/* out = resid + x W^T with resid in its own buffer (the block's residual add: h = x + out_proj(...),
+ * out = h + down(...)); the same random inputs on both sides, bound CT_BOUND_BF16_OUT (fp32 accumulation
+ * on both sides, the output's rounding only); resid untouched (bitwise), nothing written outside out's
+ * block. Shapes: aligned and mid-vector (pad 3) blocks, resid at a stride different from out's. */
+typedef struct {
+    int64_t T;
+    int     IC, OC, ldi_extra, ldo_extra, ldr_extra, pad_o, pad_r;
+} ResidShape;
+
+TEST(cuda_matmul_residual) {
+    static const ResidShape shapes[] = {
+        {1, 8, 8, 0, 0, 0, 0, 0},
+        {7, 37, 13, 3, 5, 0, 3, 0},       /* odd sizes, out mid-vector, resid aligned */
+        {130, 256, 512, 0, 0, 8, 0, 3},   /* resid mid-vector at a wider stride */
+        {333, 2048, 1536, 0, 0, 0, 0, 0}, /* the 1B config's out_proj: Vd 2048 -> H 1536 */
+        {200, 4096, 1536, 0, 8, 40, 8, 8}, /* the MLP's down, strided out and resid */
+    };
+    ct_begin();
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const ResidShape s = shapes[k];
+        const int ldi = s.IC + s.ldi_extra, ldo = s.OC + s.ldo_extra, ldr = s.OC + s.ldr_extra;
+        char what[160];
+        printf("-- T %lld IC %d OC %d ldi %d ldo %d ldr %d pad out %d resid %d\n", (long long)s.T, s.IC, s.OC, ldi,
+               ldo, ldr, s.pad_o, s.pad_r);
+        CtMat x = ct_mat(s.T, s.IC, ldi, 0), w = ct_mat(s.OC, s.IC, s.IC, 0), r = ct_mat(s.T, s.OC, ldr, s.pad_r);
+        ct_mat_fill(&x, 1.0);
+        ct_mat_fill(&w, 0.05);
+        ct_mat_fill(&r, 1.0);
+        CtMat y = ct_mat(s.T, s.OC, ldo, s.pad_o);
+        CtMat yc = ct_mat_clone(&y), r0 = ct_mat_clone(&r);
+        bf16 *d_x = ct_mat_up(&x), *d_w = ct_mat_up(&w), *d_r = ct_mat_up(&r), *d_y = ct_mat_up(&y);
+        cuda_matmul_forward_residual(d_y, d_x, d_w, d_r, s.T, s.IC, s.OC, ldi, ldo, ldr);
+        ct_mat_down(&y, d_y);
+        ct_mat_down(&r, d_r);
+        cpu_matmul_forward_residual(yc.p, x.p, w.p, r0.p, s.T, s.IC, s.OC, ldi, ldo, ldr);
+        snprintf(what, sizeof what, "matmul fwd residual out [case %zu]", k);
+        test_check_rel_f(what, ct_mat_dense(&y), ct_mat_dense(&yc), s.T * s.OC, CT_BOUND_BF16_OUT);
+        ct_mat_intact(what, &y);
+        snprintf(what, sizeof what, "matmul fwd residual resid unchanged [case %zu]", k);
+        ct_bitwise_equal(what, ct_mat_dense(&r), ct_mat_dense(&r0), s.T * s.OC);
     }
 }

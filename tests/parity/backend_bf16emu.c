@@ -61,6 +61,11 @@ static void emu_matmul_forward(void *out, const void *inp, const void *w, int64_
     cpu_matmul_forward(out, inp, w, T, IC, OC, ldi, ldo, acc);
     emu_round(out, T, OC, ldo);
 }
+static void emu_matmul_forward_residual(void *out, const void *inp, const void *w, const void *resid, int64_t T,
+                                       int IC, int OC, int ldi, int ldo, int ldr) {
+    cpu_matmul_forward_residual(out, inp, w, resid, T, IC, OC, ldi, ldo, ldr);
+    emu_round(out, T, OC, ldo);
+}
 static void emu_matmul_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w, int64_t T,
                                 int IC, int OC, int ldi, int ldo, int acc) {
     cpu_matmul_backward(dinp, dw, dout, inp, w, T, IC, OC, ldi, ldo, acc);
@@ -85,6 +90,16 @@ static void emu_l2norm_backward(void *dinp, const void *dout, const void *out, c
                                 int D, int ldi, int ldo) {
     cpu_l2norm_backward(dinp, dout, out, rstd, T, nh, D, ldi, ldo);
     emu_round(dinp, T, (int64_t)nh * D, ldi);
+}
+static void emu_gdn_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *conv, const void *zin,
+                                  int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {
+    cpu_gdn_split_forward(qk, qk_rstd, v, z, conv, zin, T, nk, dk, Vd, ldc, ldz);
+    emu_round(qk, T, (int64_t)2 * nk * dk, (int64_t)2 * nk * dk); /* v, z: copies of rounded values */
+}
+static void emu_gdn_split_backward(void *dconv, void *dzout, const void *dqk, const void *qk, const float *qk_rstd,
+                                   const void *dv, const void *dz, int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {
+    cpu_gdn_split_backward(dconv, dzout, dqk, qk, qk_rstd, dv, dz, T, nk, dk, Vd, ldc, ldz);
+    emu_round(dconv, T, (int64_t)2 * nk * dk, ldc);
 }
 static void emu_gates_backward(void *db, void *da, float *dA, float *ddt, const float *dbeta, const float *dg,
                                const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T,
@@ -201,11 +216,14 @@ const Backend backend_cpu_bf16 = {
     .rmsnorm_forward = emu_rmsnorm_forward,
     .rmsnorm_backward = emu_rmsnorm_backward,
     .matmul_forward = emu_matmul_forward,
+    .matmul_forward_residual = emu_matmul_forward_residual,
     .matmul_backward = emu_matmul_backward,
     .conv1d_silu_forward = emu_conv_forward,
     .conv1d_silu_backward = emu_conv_backward,
     .l2norm_forward = emu_l2norm_forward,
     .l2norm_backward = emu_l2norm_backward,
+    .gdn_split_forward = emu_gdn_split_forward,
+    .gdn_split_backward = emu_gdn_split_backward,
     .gdn_gates_forward = cpu_gdn_gates_forward,
     .gdn_gates_backward = emu_gates_backward,
     .gdn_chunk_forward = emu_gdn_forward,

@@ -167,3 +167,28 @@ TEST(matmul_backward) {
         }
     }
 }
+
+/* matmul_forward_residual: out = resid + x W^T from resid's own buffer (strides differ), bitwise the copy
+ * then accumulate the model made before, resid untouched, nothing outside out's block written */
+TEST(matmul_forward_residual) {
+    const int64_t T = 29;
+    const int IC = 19, OC = 23, ldi = IC + 2, ldo = OC + 3, ldr = OC + 9;
+    TestStrided x = test_strided_new(T, IC, ldi), r = test_strided_new(T, OC, ldr);
+    test_strided_fill_normal(&x, 1.0);
+    test_strided_fill_normal(&r, 2.0);
+    float *w = mat_floats((int64_t)OC * IC);
+    test_fill_normal(w, (int64_t)OC * IC, 1.0);
+    float *r0 = mat_floats(T * OC);
+    test_strided_getf(r0, &r);
+    TestStrided out = test_strided_new(T, OC, ldo), ref = test_strided_new(T, OC, ldo);
+    cpu_matmul_forward_residual(out.p, x.p, w, r.p, T, IC, OC, ldi, ldo, ldr);
+    for (int64_t t = 0; t < T; t++) memcpy(ref.p + t * ldo, r.p + t * ldr, (size_t)OC * 4);
+    cpu_matmul_forward(ref.p, x.p, w, T, IC, OC, ldi, ldo, 1);
+    for (int64_t t = 0; t < T; t++)
+        EXPECT(!memcmp(out.p + t * ldo, ref.p + t * ldo, (size_t)OC * 4), "matmul_forward_residual row %lld differs "
+               "from the copy + accumulate", (long long)t);
+    float *r1 = mat_floats(T * OC);
+    test_strided_getf(r1, &r);
+    EXPECT(!memcmp(r0, r1, (size_t)(T * OC) * 4), "matmul_forward_residual changed resid");
+    test_strided_intact("matmul_forward_residual out", &out);
+}

@@ -392,3 +392,46 @@ TEST(gated_rmsnorm) {
         }
     }
 }
+
+/* gdn_split_forward/backward (the fused op of the GDN layer's split after the conv) are, on cpu, the L2 norm
+ * and two copies: bitwise the unfused calls the model made before, on strided blocks whose pads are checked */
+TEST(gdn_split_is_l2norm_and_copies) {
+    const int64_t T = 37;
+    const int nk = 2, dk = 16, Vd = 24, Kd2 = 2 * nk * dk, Cc = Kd2 + Vd, ldc = Cc + 5, ldz = Vd + 7;
+    TestStrided conv = test_strided_new(T, Cc, ldc), zin = test_strided_new(T, Vd, ldz);
+    test_strided_fill_normal(&conv, 1.0);
+    test_strided_fill_normal(&zin, 1.0);
+    TestStrided qk = test_strided_new(T, Kd2, Kd2), v = test_strided_new(T, Vd, Vd), z = test_strided_new(T, Vd, Vd);
+    TestStrided qk0 = test_strided_new(T, Kd2, Kd2), v0 = test_strided_new(T, Vd, Vd), z0 = test_strided_new(T, Vd, Vd);
+    float *rstd = norm_nans(T * 2 * nk), *rstd0 = norm_nans(T * 2 * nk);
+    cpu_gdn_split_forward(qk.p, rstd, v.p, z.p, conv.p, zin.p, T, nk, dk, Vd, ldc, ldz);
+    cpu_l2norm_forward(qk0.p, rstd0, conv.p, T, 2 * nk, dk, ldc, Kd2);
+    cpu_copy_2d(v0.p, conv.p + Kd2, T, Vd, Vd, ldc);
+    cpu_copy_2d(z0.p, zin.p, T, Vd, Vd, ldz);
+    EXPECT(!memcmp(qk.p, qk0.p, (size_t)(T * Kd2) * 4), "gdn_split fwd qk differs from l2norm_forward");
+    EXPECT(!memcmp(rstd, rstd0, (size_t)(T * 2 * nk) * 4), "gdn_split fwd rstd differs");
+    for (int64_t t = 0; t < T; t++) {
+        EXPECT(!memcmp(v.p + t * Vd, v0.p + t * Vd, (size_t)Vd * 4), "gdn_split fwd v row %lld", (long long)t);
+        EXPECT(!memcmp(z.p + t * Vd, z0.p + t * Vd, (size_t)Vd * 4), "gdn_split fwd z row %lld", (long long)t);
+    }
+    test_strided_intact("gdn_split fwd qk", &qk);
+
+    TestStrided dqk = test_strided_new(T, Kd2, Kd2), dv = test_strided_new(T, Vd, Vd), dz = test_strided_new(T, Vd, Vd);
+    test_strided_fill_normal(&dqk, 1.0);
+    test_strided_fill_normal(&dv, 1.0);
+    test_strided_fill_normal(&dz, 1.0);
+    TestStrided dconv = test_strided_new(T, Cc, ldc), dzout = test_strided_new(T, Vd, ldz);
+    TestStrided dconv0 = test_strided_new(T, Cc, ldc), dzout0 = test_strided_new(T, Vd, ldz);
+    cpu_gdn_split_backward(dconv.p, dzout.p, dqk.p, qk.p, rstd, dv.p, dz.p, T, nk, dk, Vd, ldc, ldz);
+    cpu_copy_2d(dzout0.p, dz.p, T, Vd, ldz, Vd);
+    cpu_l2norm_backward(dconv0.p, dqk.p, qk.p, rstd, T, 2 * nk, dk, ldc, Kd2);
+    cpu_copy_2d(dconv0.p + Kd2, dv.p, T, Vd, ldc, Vd);
+    for (int64_t t = 0; t < T; t++) {
+        EXPECT(!memcmp(dconv.p + t * ldc, dconv0.p + t * ldc, (size_t)Cc * 4), "gdn_split bwd dconv row %lld",
+               (long long)t);
+        EXPECT(!memcmp(dzout.p + t * ldz, dzout0.p + t * ldz, (size_t)Vd * 4), "gdn_split bwd dzout row %lld",
+               (long long)t);
+    }
+    test_strided_intact("gdn_split bwd dconv", &dconv);
+    test_strided_intact("gdn_split bwd dzout (the gates' columns beside it untouched)", &dzout);
+}
