@@ -670,8 +670,8 @@ int bench_main(int argc, char **argv) {
 #ifdef RS_WITH_CUDA
     char missing[512];
     if (o.kinds[BENCH_KDA] && !o.write_requests && bench_kda_missing(&backend_cuda, NULL, missing, sizeof missing)) {
-        fprintf(stderr, "ringscan bench: kda: this ringscan's cuda backend has no Kimi Delta Attention kernels (NULL "
-                        "Backend entries: %s; kernels/cuda/kda/ registers them); bench kda times them and needs them\n",
+        fprintf(stderr, "ringscan bench: kda: this ringscan's cuda backend lacks the Kimi Delta Attention entries bench "
+                        "kda calls (NULL in backend_cuda: %s; kernels/cuda/kda/ registers them)\n",
                 missing);
         exit(RS_EXIT_USAGE);
     }

@@ -1,6 +1,6 @@
 /*
  * bench_common.h — the bench tool's shared types and helpers. `ringscan bench
- * attn|gdn|step|all`: our kernels and our training
+ * attn|gdn|kda|step|all`: our kernels and our training
  * step timed on the GPU, optionally beside the peers of bench/peer (PyTorch
  * SDPA, flash-linear-attention, transformers) run on the same GPU in the same
  * call, printed as one table with the ratios; `ringscan bench cp` under
@@ -14,11 +14,11 @@
  *   bench.c       options (strict: a bad value names the option, exit 2), the
  *                 order of the work, the floors, the tables, bench.json (bench.h)
  *   bench_common.c  the request and its cases, FLOPs and bytes, table helpers
- *   bench_ops.c   attention and Gated DeltaNet kernels: random inputs, CUDA
+ *   bench_ops.c   attention, Gated DeltaNet and KDA kernels: random inputs, CUDA
  *                 events, warm-up then the median of the repetitions
  *   bench_step.c  one training step of a config on one GPU: tokens/s, MFU,
  *                 peak memory
- *   bench_cp.c    `bench cp` (bench_cp.h): ring attention and the GDN layer through lib/cp*.c
+ *   bench_cp.c    `bench cp` (bench_cp.h): ring attention, the GDN and KDA layers through lib/cp*.c
  *                 on P ranks, their one-GPU time, the serial schedule, per step
  *                 compute and communication, the CP peers; its own table
  *   bench_peer.c  the request file, running a peer script under a time limit

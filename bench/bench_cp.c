@@ -880,8 +880,8 @@ int bench_cp_main(const BenchOptions *o) {
     char missing[512], why_kda[768];
     if ((o->cp_parts & BENCH_CP_KDA) && !o->cp_cpu && !o->write_requests &&
         bench_kda_missing(&backend_cuda, runtime_device()->sizes, missing, sizeof missing)) {
-        snprintf(why_kda, sizeof why_kda, "this ringscan's cuda backend has no Kimi Delta Attention kernels (NULL: %s; "
-                 "kernels/cuda/kda/ registers them); the KDA layer needs them (--device cpu runs the cpu backend's)",
+        snprintf(why_kda, sizeof why_kda, "this ringscan's cuda backend lacks the Kimi Delta Attention entries the KDA "
+                 "layer calls (NULL: %s; kernels/cuda/kda/ registers them; --device cpu runs the cpu backend's)",
                  missing);
         bc_bad(&comm, "--parts", "kda", why_kda);
     }
