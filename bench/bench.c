@@ -1,16 +1,17 @@
 /*
- * bench.c — `ringscan bench attn|gdn|step|all|cp [options]` (bench.h): the
- * options, the order of the work, the FLOP and byte counts, the floors, the
- * tables and OUT/bench.json. `bench cp` (ranks under mpirun) shares the
+ * bench.c — `ringscan bench attn|gdn|kda|step|all|cp [options]` (bench.h):
+ * the options, the order of the work, the FLOP and byte counts, the floors,
+ * the tables and OUT/bench.json. `bench cp` (ranks under mpirun) shares the
  * options and the cases and runs in bench_cp.c.
  *
  * Order: options are parsed and checked first (a bad value names its option,
- * exit 2), then the device (no usable GPU: exit 2 naming the device), then,
+ * exit 2), then the device (no usable GPU: exit 2 naming the device), then for
+ * kda the cuda backend's KDA entries (any NULL: exit 2 naming them), then,
  * with --peer, every peer script runs while this process has created no CUDA
  * context yet (the peers find the GPU empty), then our cases: the step first
  * (so its memory reading is not inflated by the kernels' grown workspaces),
- * then attention, then GDN. Then one table per benchmark, ours and the peers'
- * rows side by side.
+ * then attention, then GDN, then KDA. Then one table per benchmark, ours and
+ * the peers' rows side by side.
  *
  * Conventions (printed above each table):
  *   attention  forward FLOPs 4 * T^2/2 * hd * nh (causal: half the T x T pairs, 2 FLOPs
@@ -18,6 +19,8 @@
  *              L^2/2 in place of T^2/2); backward 2.5x the forward; fwd+bwd 3.5x.
  *   GDN        plan_gdn_chunk_flops per chunk of 64 and head (FLA's kernel split,
  *              docs/design/gdn-kernels.md, "FLOPs counted"), chunks counted whole per document.
+ *   KDA        GDN's count (plan counts a KDA chunk as GDN's: docs/design/kda.md; the
+ *              per-channel decays are elementwise work); g and dg are K wide in the bytes.
  *   floors     max(FLOPs / peak, minimum bytes / bandwidth): every input read once, every
  *              output written once, bf16 activations, fp32 gates and statistics.
  *   step       MFU = model FLOPs per token x tokens/s / peak: plan's (attention causal, one
@@ -58,18 +61,21 @@ static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2,
 static const int bench_attn_tune_max[BENCH_ATTN_TUNE_N] = {1, 1};
 
 static const char bench_usage[] =
-    "usage: ringscan bench attn|gdn|step|all [options]\n"
+    "usage: ringscan bench attn|gdn|kda|step|all [options]\n"
     "       mpirun -np P ringscan bench cp [options]\n"
     "\n"
-    "Times our attention and Gated DeltaNet kernels (forward, forward+backward) and one training step on\n"
-    "the GPU with CUDA events (warm-up, then the median of the repetitions), on random inputs, and prints\n"
-    "shape, ms, TFLOP/s and time over the floor; with --peer, runs the peer scripts of bench/peer on the\n"
-    "same GPU first (PyTorch SDPA flash and cuDNN, flash-linear-attention, transformers Qwen3Next) and\n"
+    "Times our attention, Gated DeltaNet and Kimi Delta Attention kernels (forward, forward+backward) and one\n"
+    "training step on the GPU with CUDA events (warm-up, then the median of the repetitions), on random inputs,\n"
+    "and prints shape, ms, TFLOP/s and time over the floor; with --peer, runs the peer scripts of bench/peer on\n"
+    "the same GPU first (PyTorch SDPA flash and cuDNN, flash-linear-attention, transformers Qwen3Next) and\n"
     "adds their rows and the ratio peer time / ringscan time (> 1: ringscan faster). Needs a GPU.\n"
     "\n"
     "  attn: causal, bf16, one document (--doc-len: several); FLOPs 4*sum(L^2)/2*hd*nh forward over the\n"
     "        documents' lengths L, backward 2.5x forward.\n"
     "  gdn:  K = V, bf16 q/k/v, fp32 gates; FLOPs per chunk of 64 from plan (docs/design/gdn-kernels.md).\n"
+    "  kda:  Kimi Delta Attention's chunk (kda_chunk_forward/backward, docs/design/kda.md): as gdn, with g\n"
+    "        (T, H, K) fp32, a log decay per key channel (kimi_linear's gate of random f); FLOPs as gdn's (plan);\n"
+    "        --peer: FLA's chunk_kda. Refused (exit 2, naming them) where the cuda backend's kda entries are NULL.\n"
     "  step: one optimizer step of --config at --tokens tokens on one GPU (cp 1, dp 1, one sample):\n"
     "        tokens/s, MFU (plan's model FLOPs, attention causal, over --peak-tflops), peak memory;\n"
     "        --doc-len: a case per mean length (documents packed in the sample, no prediction across a\n"
@@ -80,10 +86,12 @@ static const char bench_usage[] =
     "        (every rank at once, rank 0 reported) for CP efficiency = one-GPU ms / (P x CP ms); the ring\n"
     "        with its exchanges waited at once (serial) beside the production overlap, per step compute\n"
     "        and communication, each exchange alone; --peer: torch context_parallel (cuDNN SDPA) and\n"
-    "        flash-linear-attention's CP on the same P GPUs. `all` does not include cp.\n"
+    "        flash-linear-attention's CP on the same P GPUs; --parts kda: the KDA layer (the same conv halo,\n"
+    "        conv, L2 norm, and the core with the per-channel transition, CpGdnCore.kda) beside FLA's KDA CP.\n"
+    "  all:  attn, gdn and step (not kda, not cp).\n"
     "\n"
     "Options (LIST: comma-separated):\n"
-    "  --T LIST            attn, gdn: sequence lengths, multiples of 64 (default 32768,131072);\n"
+    "  --T LIST            attn, gdn, kda: sequence lengths, multiples of 64 (default 32768,131072);\n"
     "                      cp: of the ring, multiples of 128 x P (default 131072,262144,524288)\n"
     "  --attn-shapes LIST  attn: NH/NKV/HD heads, kv heads, head dim (default 16/16/128,16/2/128,16/16/256,16/2/256;\n"
     "                      cp: 16/16/128,16/2/128)\n"
@@ -104,12 +112,13 @@ static const char bench_usage[] =
     "                      and --gdn-chain staged above cp 2) (default auto)\n"
     "  --cudnn-lib PATH    attn, cp: libcudnn.so.9 for --attn-impl cudnn* (default: search, as\n"
     "                      device.cudnn_library)\n"
-    "  --gdn-T LIST        cp: sequence lengths of the GDN layer, multiples of 128 x P (default 65536,131072)\n"
-    "  --parts LIST        cp: attn, gdn or both (default attn,gdn)\n"
+    "  --gdn-T LIST        cp: sequence lengths of the GDN and KDA layers, multiples of 128 x P (default\n"
+    "                      65536,131072)\n"
+    "  --parts LIST        cp: attn, gdn, kda (default attn,gdn)\n"
     "  --device D          cp: cuda or cpu (the cpu backend over MPI, for tests; default cuda when built with it)\n"
-    "  --heads LIST        gdn, cp: heads H, key heads = value heads (default 16,64)\n"
-    "  --dim N             gdn: K = V, 64 or 128 (default 128)\n"
-    "  --gdn-keep K        gdn: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
+    "  --heads LIST        gdn, kda, cp: heads H, key heads = value heads (default 16,64)\n"
+    "  --dim N             gdn, kda, cp: K = V, 64 or 128 (default 128)\n"
+    "  --gdn-keep K        gdn, kda, cp: what the forward keeps for the backward, as checkpoint.gdn_keep: none, wy\n"
     "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
     "  --gdn-tune LIST     gdn: the state passes' configuration instead of the built-in choice, KEY=N items of\n"
     "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, state_fwd_wgmma,\n"
@@ -121,11 +130,12 @@ static const char bench_usage[] =
     "                      atomics, not in key-block order: not reproducible), throttle (hd 256's throttled\n"
     "                      instance at every size) (default: the built-in choices, what training runs)\n"
     "  --profile N         1: step: the GPU and host ms per step of every Backend entry (after the timed steps);\n"
-    "                      gdn: the time of every kernel of each entry; 2: gdn also the state passes' cycles per\n"
+    "                      gdn, kda: the time of every kernel of each entry (the kernels that report to the GDN\n"
+    "                      profile, kernels/cuda/gdn/gdn_profile.cu); 2: also the state passes' cycles per\n"
     "                      phase (block 0); information only: the timed rows are slower (default 0)\n"
-    "  --doc-len LIST      gdn, attn, step: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
-    "                      0 = one document per sample (default gdn 0,2048; attn, step one document, no list;\n"
-    "                      attn, step with it: each case per length, causal within documents, FLOPs per\n"
+    "  --doc-len LIST      gdn, kda, attn, step: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
+    "                      0 = one document per sample (default gdn, kda 0,2048; attn, step one document, no\n"
+    "                      list; attn, step with it: each case per length, causal within documents, FLOPs per\n"
     "                      document; step refuses it with --peer, whose step reads no boundaries)\n"
     "  --config FILE       step: the config (default configs/hybrid-1b-256k-h200x4.yaml)\n"
     "  --set key=value     step: config override (repeatable; the keys bench fixes are refused)\n"
@@ -142,7 +152,8 @@ static const char bench_usage[] =
     "  --out DIR           requests, results, peer logs and bench.json (default runs/bench)\n"
     "  --seed N            seed of the random inputs (default 1)\n"
     "  --write-requests    only write OUT/request_KIND.json (the peers' input) and stop; needs no GPU\n"
-    "                      (cp: request_cp_attn.json, request_cp_gdn.json, for P = the number of ranks)\n"
+    "                      (cp: request_cp_attn.json, request_cp_gdn.json, request_cp_kda.json, for P = the\n"
+    "                      number of ranks)\n"
     "  --help              this text\n";
 
 /* ---- options ------------------------------------------------------------------ */
@@ -272,9 +283,9 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
 #else
     o->cp_cpu = 1;
 #endif
-    if (argc < 1) bench_bad("benchmark", NULL, "missing: attn, gdn, step, all or cp");
+    if (argc < 1) bench_bad("benchmark", NULL, "missing: attn, gdn, kda, step, all or cp");
     const char *what = argv[0];
-    if (!strcmp(what, "all")) for (int k = 0; k < BENCH_KIND_COUNT; k++) o->kinds[k] = 1;
+    if (!strcmp(what, "all")) o->kinds[BENCH_ATTN] = o->kinds[BENCH_GDN] = o->kinds[BENCH_STEP] = 1; /* not kda */
     else if (!strcmp(what, "cp")) {
         o->cp = 1;
         static const int64_t cp_T[3] = {131072, 262144, 524288};
@@ -285,7 +296,7 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
         int found = 0;
         for (int k = 0; k < BENCH_KIND_COUNT; k++)
             if (!strcmp(what, bench_kind_names[k])) o->kinds[k] = found = 1;
-        if (!found) bench_bad("benchmark", what, "unknown (attn, gdn, step, all, cp)");
+        if (!found) bench_bad("benchmark", what, "unknown (attn, gdn, kda, step, all, cp)");
     }
     char items[BENCH_MAX_LIST][64];
     for (int i = 1; i < argc; i++) {
@@ -308,7 +319,8 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
             for (int j = 0; j < n; j++) {
                 if (!strcmp(items[j], "attn")) o->cp_parts |= BENCH_CP_ATTN;
                 else if (!strcmp(items[j], "gdn")) o->cp_parts |= BENCH_CP_GDN;
-                else bench_bad(a, items[j], "expected attn or gdn");
+                else if (!strcmp(items[j], "kda")) o->cp_parts |= BENCH_CP_KDA;
+                else bench_bad(a, items[j], "expected attn, gdn or kda");
             }
         } else if (!strcmp(a, "--device")) {
             const char *v = bench_value(argc, argv, &i);
@@ -536,6 +548,15 @@ static void bench_print_kernels(FILE *f, const BenchOptions *o, BenchKind kind, 
         fprintf(f, "\nattention: causal, bf16, %s; FLOPs 4*T^2/2*hd*nh forward (causal = half the T x T "
                    "pairs,\n  2 per multiply-add; per document with documents), backward 2.5x forward (fwd+bwd "
                    "3.5x)\n", o->attn_docs ? "documents of --doc-len (cases _docsN)" : "one document");
+    else if (kind == BENCH_KDA)
+        fprintf(f, "\nKimi Delta Attention chunked delta rule: H key = value heads, bf16 q/k/v, fp32 beta and g (T, H, K) "
+                   "(a log decay\n  per key channel: kimi_linear's gate of random f, FLA's layer init of A_log and dt_bias); "
+                   "the chunk alone, gates outside;\n  FLOPs per chunk of 64 and head as GDN's (plan; docs/design/kda.md), "
+                   "whole chunks per document;\n  ringscan's forward keeps %s for its backward (--gdn-keep %s)\n",
+                o->gdn_keep == GDN_KEEP_NONE ? "nothing"
+                : o->gdn_keep == GDN_KEEP_WY ? "its WY prep"
+                                             : "its WY prep and the chunk states",
+                gdn_keep_names[o->gdn_keep]);
     else
         fprintf(f, "\nGated DeltaNet chunked delta rule: H key = value heads, bf16 q/k/v, fp32 gates; FLOPs per chunk "
                    "of 64\n  and head from plan (FLA's kernel split, docs/design/gdn-kernels.md), whole chunks per document;\n"
@@ -679,6 +700,15 @@ int bench_main(int argc, char **argv) {
     }
     BenchDevice dev;
     if (!o.write_requests) bench_device(&dev, &o);
+#ifdef RS_WITH_CUDA
+    char missing[512];
+    if (o.kinds[BENCH_KDA] && !o.write_requests && bench_kda_missing(&backend_cuda, NULL, missing, sizeof missing)) {
+        fprintf(stderr, "ringscan bench: kda: this ringscan's cuda backend lacks the Kimi Delta Attention entries bench "
+                        "kda calls (NULL in backend_cuda: %s; kernels/cuda/kda/ registers them)\n",
+                missing);
+        exit(RS_EXIT_USAGE);
+    }
+#endif
     if (fsio_mkdirs(o.out_dir) != 0) {
         fprintf(stderr, "ringscan bench: --out %s: cannot create: %s\n", o.out_dir, strerror(errno));
         return RS_EXIT_USAGE;
@@ -690,7 +720,7 @@ int bench_main(int argc, char **argv) {
         req[k] = bench_request(&o, bench_kind_names[k]);
         json_t *cases = json_object_get(req[k], "cases");
         if (k == BENCH_ATTN) bench_attn_cases(&o, cases);
-        else if (k == BENCH_GDN) bench_gdn_cases(&o, cases);
+        else if (k == BENCH_GDN || k == BENCH_KDA) bench_gdn_cases(&o, cases);
         else
             for (int d = 0; d < (o.attn_docs ? o.n_doc_len : 1); d++)
                 json_array_append_new(cases, bench_step_request_case(&cfg, &plan, &o, d));
@@ -725,7 +755,8 @@ int bench_main(int argc, char **argv) {
     if (o.peer)
         for (int k = 0; k < BENCH_KIND_COUNT; k++) {
             if (!o.kinds[k]) continue;
-            static const char *const scripts[BENCH_KIND_COUNT] = {"attn_sdpa.py", "gdn_fla.py", "step_hf.py"};
+            static const char *const scripts[BENCH_KIND_COUNT] = {"attn_sdpa.py", "gdn_fla.py", "step_hf.py",
+                                                                  "kda_fla.py"};
             printf("peer %s: %s/%s ...\n", bench_kind_names[k], o.peer_dir, scripts[k]);
             fflush(stdout);
             double t0 = bench_clock();
@@ -745,7 +776,7 @@ int bench_main(int argc, char **argv) {
                             o.gdn_tune[5], o.gdn_tune[6], o.gdn_tune[7], o.gdn_tune[8], o.gdn_tune[9]};
     cuda_gdn_tune_set(&gt);
     bench_attn_tune_apply(&o);
-    static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN};
+    static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN, BENCH_KDA};
     for (int oi = 0; oi < BENCH_KIND_COUNT; oi++) {
         int k = order[oi];
         if (!o.kinds[k]) continue;
@@ -755,9 +786,10 @@ int bench_main(int argc, char **argv) {
             printf("ringscan %s %s ...", bench_kind_names[k], json_string_value(json_object_get(c, "name")));
             fflush(stdout);
             double t0 = bench_clock();
-            cuda_gdn_profile(k == BENCH_GDN ? o.profile : 0);
+            cuda_gdn_profile(k == BENCH_GDN || k == BENCH_KDA ? o.profile : 0);
             json_t *r = k == BENCH_ATTN ? bench_attn_case(c, &o)
                       : k == BENCH_GDN  ? bench_gdn_case(c, &o)
+                      : k == BENCH_KDA  ? bench_kda_case(c, &o)
                                         : bench_step_case(c, &cfg, &o);
             printf(" %.1f s\n", bench_clock() - t0);
             json_array_append_new(ours[k], r);
@@ -778,6 +810,7 @@ int bench_main(int argc, char **argv) {
         if (k == BENCH_ATTN)
             json_object_set_new(part, "attn_tune",
                                 bench_tune_json(bench_attn_tune_names, o.attn_tune, BENCH_ATTN_TUNE_N));
+        if (k == BENCH_KDA) json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o.gdn_keep]));
         if (k == BENCH_GDN) {
             json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o.gdn_keep]));
             json_object_set_new(part, "gdn_tune", bench_tune_json(bench_gdn_tune_names, o.gdn_tune, BENCH_GDN_TUNE_N));

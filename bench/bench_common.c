@@ -1,10 +1,11 @@
 /*
  * bench_common.c — what `ringscan bench` (bench.c) and `ringscan bench cp`
  * (bench_cp.c) share (bench_common.h): the names of the tune switches, the
- * request and its cases (attention: T x shapes x document lengths; GDN:
- * T x heads x document lengths, cu_seqlens drawn from the seed), the FLOPs and
- * minimum bytes of a case, and the helpers of the result tables. Below both,
- * so the dependencies point one way: bench.c -> bench_cp.c -> bench_common.c.
+ * request and its cases (attention: T x shapes x document lengths; GDN and
+ * KDA: T x heads x document lengths, cu_seqlens drawn from the seed), the FLOPs
+ * and minimum bytes of a case, KDA's entries and gate parameters, and the
+ * helpers of the result tables. Below both, so the dependencies point one way:
+ * bench.c -> bench_cp.c -> bench_common.c.
  */
 #include "bench_common.h"
 
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "plan/plan.h"
@@ -20,7 +22,7 @@
 #include "cuda_attention_tune.h"
 #endif
 
-const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step"};
+const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step", "kda"};
 
 /* the fields of CudaGdnTune (kernels/cuda/cuda_gdn_tune.h), in its order, with what each takes */
 const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {
@@ -143,7 +145,9 @@ BenchWork bench_work(BenchKind kind, const json_t *c) {
         w.flops_fb = 3.5 * w.flops_fwd;
         w.bytes_fwd = 2 * (2 * T * nh * hd + 2 * T * nkv * hd) + 4 * T * nh;          /* q,o; k,v; lse */
         w.bytes_fb = w.bytes_fwd + 2 * (4 * T * nh * hd + 4 * T * nkv * hd) + 4 * T * nh; /* + q,o,dO,dq; k,v,dk,dv; lse */
-    } else if (kind == BENCH_GDN) {
+    } else if (kind == BENCH_GDN || kind == BENCH_KDA) {
+        /* KDA: plan counts its chunk as GDN's (plan.c; the per-channel decays are elementwise work); its g and dg
+         * are K wide per head */
         double H = (double)json_integer_value(json_object_get(c, "H"));
         double K = (double)json_integer_value(json_object_get(c, "K"));
         double V = (double)json_integer_value(json_object_get(c, "V"));
@@ -157,11 +161,49 @@ BenchWork bench_work(BenchKind kind, const json_t *c) {
         plan_gdn_chunk_flops(GDN_CHUNK, K, V, &f, &b);
         w.flops_fwd = H * chunks * f;
         w.flops_fb = H * chunks * (f + b);
-        w.bytes_fwd = 2 * T * H * (2 * K + 2 * V) + 8 * T * H; /* q,k,v,o bf16; g,beta fp32 */
-        w.bytes_fb = w.bytes_fwd + 2 * T * H * (2 * K + V) + 2 * T * H * V + 8 * T * H /* q,k,v; dO; g,beta */
-                     + 2 * T * H * (2 * K + V) + 8 * T * H;                           /* dq,dk,dv; dg,dbeta */
+        const double gb = 4 * T * H * (kind == BENCH_KDA ? K : 1) + 4 * T * H; /* g, beta fp32 */
+        w.bytes_fwd = 2 * T * H * (2 * K + 2 * V) + gb;                 /* q,k,v,o bf16; g,beta */
+        w.bytes_fb = w.bytes_fwd + 2 * T * H * (2 * K + V) + 2 * T * H * V + gb /* q,k,v; dO; g,beta */
+                     + 2 * T * H * (2 * K + V) + gb;                           /* dq,dk,dv; dg,dbeta */
     }
     return w;
+}
+
+int bench_kda_missing(const Backend *be, const BackendSizes *sz, char *why, size_t n) {
+    const struct {
+        const char *name;
+        int null;
+    } e[] = {{"kda_gates_forward", !be->kda_gates_forward},
+             {"kda_chunk_forward", !be->kda_chunk_forward},
+             {"kda_chunk_backward", !be->kda_chunk_backward},
+             {"kda_kept_bytes", !be->kda_kept_bytes},
+             /* the CP schedules' (lib/cp/cp_gdn_fragment.c) and the CP buffers' sizes (model_acts.c) */
+             {"kda_chunk_backward_stage", sz && !be->kda_chunk_backward_stage},
+             {"kda_dkept_bytes", sz && !be->kda_dkept_bytes},
+             {"kda_chunk_prep", sz && !be->kda_chunk_prep},
+             {"kda_chunk_transition", sz && !be->kda_chunk_transition},
+             {"kda_chunk_dstate", sz && !be->kda_chunk_dstate},
+             {"BackendSizes.kda_kept_bytes", sz && !sz->kda_kept_bytes},
+             {"BackendSizes.kda_dkept_bytes", sz && !sz->kda_dkept_bytes}};
+    int missing = 0;
+    size_t w = 0;
+    if (n) why[0] = 0;
+    for (size_t i = 0; i < sizeof e / sizeof e[0]; i++) {
+        if (!e[i].null) continue;
+        if (w < n) w += (size_t)snprintf(why + w, n - w, "%s%s", missing ? ", " : "", e[i].name);
+        missing++;
+    }
+    return missing;
+}
+
+void bench_kda_gate_params(float *A_log, float *dt_bias, int nv, int dk, uint64_t seed) {
+    Rng r;
+    rng_init(&r, seed, 0x6a7e);
+    for (int h = 0; h < nv; h++) A_log[h] = (float)log(1.0 + 15.0 * rng_uniform(&r));
+    for (int c = 0; c < nv * dk; c++) {
+        const double dt = exp(log(0.001) + (log(0.1) - log(0.001)) * rng_uniform(&r));
+        dt_bias[c] = (float)log(expm1(dt));
+    }
 }
 
 double bench_num(const json_t *r, const char *key) {

@@ -1,6 +1,6 @@
 /*
  * bench_common.h — the bench tool's shared types and helpers. `ringscan bench
- * attn|gdn|step|all`: our kernels and our training
+ * attn|gdn|kda|step|all`: our kernels and our training
  * step timed on the GPU, optionally beside the peers of bench/peer (PyTorch
  * SDPA, flash-linear-attention, transformers) run on the same GPU in the same
  * call, printed as one table with the ratios; `ringscan bench cp` under
@@ -14,11 +14,11 @@
  *   bench.c       options (strict: a bad value names the option, exit 2), the
  *                 order of the work, the floors, the tables, bench.json (bench.h)
  *   bench_common.c  the request and its cases, FLOPs and bytes, table helpers
- *   bench_ops.c   attention and Gated DeltaNet kernels: random inputs, CUDA
+ *   bench_ops.c   attention, Gated DeltaNet and KDA kernels: random inputs, CUDA
  *                 events, warm-up then the median of the repetitions
  *   bench_step.c  one training step of a config on one GPU: tokens/s, MFU,
  *                 peak memory
- *   bench_cp.c    `bench cp` (bench_cp.h): ring attention and the GDN layer through lib/cp*.c
+ *   bench_cp.c    `bench cp` (bench_cp.h): ring attention, the GDN and KDA layers through lib/cp*.c
  *                 on P ranks, their one-GPU time, the serial schedule, per step
  *                 compute and communication, the CP peers; its own table
  *   bench_peer.c  the request file, running a peer script under a time limit
@@ -46,35 +46,35 @@
 #define BENCH_GDN_TUNE_N 10 /* the fields of kernels/cuda/cuda_gdn_tune.h's CudaGdnTune */
 #define BENCH_ATTN_TUNE_N 2 /* the fields of kernels/cuda/cuda_attention_tune.h's CudaAttnTune */
 
-typedef enum { BENCH_ATTN, BENCH_GDN, BENCH_STEP, BENCH_KIND_COUNT } BenchKind;
+typedef enum { BENCH_ATTN, BENCH_GDN, BENCH_STEP, BENCH_KDA, BENCH_KIND_COUNT } BenchKind;
 extern const char *const bench_kind_names[BENCH_KIND_COUNT];
 extern const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N];
 extern const char *const bench_attn_tune_names[BENCH_ATTN_TUNE_N];
 
-enum { BENCH_CP_ATTN = 1, BENCH_CP_GDN = 2 };
+enum { BENCH_CP_ATTN = 1, BENCH_CP_GDN = 2, BENCH_CP_KDA = 4 };
 
 typedef struct {
     int     kinds[BENCH_KIND_COUNT];        /* which benchmarks run (all: every one) */
     int     cp;                             /* `bench cp` (then no kind is set) */
-    int     cp_parts;                       /* cp: BENCH_CP_ATTN | BENCH_CP_GDN */
+    int     cp_parts;                       /* cp: BENCH_CP_ATTN | BENCH_CP_GDN | BENCH_CP_KDA */
     int     cp_cpu;                         /* cp: the cpu backend (--device cpu) */
-    int64_t gdn_T[BENCH_MAX_LIST];          /* cp: the GDN layer's sequence lengths */
+    int64_t gdn_T[BENCH_MAX_LIST];          /* cp: the GDN and KDA layers' sequence lengths */
     int     n_gdn_T;
     int64_t T[BENCH_MAX_LIST];              /* attn, gdn: sequence lengths; cp: the ring's */
     int     nT;
     int     attn[BENCH_MAX_LIST][3];        /* attn: nh, nkv, hd */
     int     n_attn;
-    int     heads[BENCH_MAX_LIST];          /* gdn: H (key heads = value heads) */
+    int     heads[BENCH_MAX_LIST];          /* gdn, kda: H (key heads = value heads) */
     int     n_heads;
-    int     dim;                            /* gdn: K = V */
-    int     gdn_keep;                       /* gdn: GdnKeep, what the forward keeps (checkpoint.gdn_keep) */
+    int     dim;                            /* gdn, kda: K = V */
+    int     gdn_keep;                       /* gdn, kda: GdnKeep, what the forward keeps (checkpoint.gdn_keep) */
     int     attn_tune[BENCH_ATTN_TUNE_N];   /* attn, cp: --attn-tune, the fields of CudaAttnTune in
                                                bench_attn_tune_names' order (0: the built-in choice) */
     int     gdn_tune[BENCH_GDN_TUNE_N];     /* gdn: --gdn-tune, the fields of CudaGdnTune in bench_gdn_tune_names'
                                                order (0: the built-in choice) */
     int     profile;                        /* --profile: 0 off; 1 step: every Backend entry timed, gdn: every
                                                kernel of each entry timed; 2: gdn also the cycles per phase */
-    int64_t doc_len[BENCH_MAX_LIST];        /* gdn, attn, step: mean document length; 0 = one document */
+    int64_t doc_len[BENCH_MAX_LIST];        /* gdn, kda, attn, step: mean document length; 0 = one document */
     int     n_doc_len;
     int     attn_docs;                      /* attn, step: --doc-len given (else one document per case) */
     const char *config;                     /* step */
@@ -116,7 +116,8 @@ void bench_attn_tune_apply(const BenchOptions *o);
 #endif
 /* {"schema", "kind", "warmup", "reps", "max_s", "seed", "cases": []} */
 json_t *bench_request(const BenchOptions *o, const char *kind);
-/* appends the attention cases (o->T x o->attn) / the GDN cases (o->T x o->heads x o->doc_len) */
+/* appends the attention cases (o->T x o->attn) / the GDN cases (o->T x o->heads x o->doc_len; KDA's are the
+ * same cases) */
 void    bench_attn_cases(const BenchOptions *o, json_t *cases);
 void    bench_gdn_cases(const BenchOptions *o, json_t *cases);
 /* Document boundaries [0, ..., T] of a sample of T tokens with mean length L (0: one document): lengths
@@ -130,8 +131,18 @@ double  bench_doc_attn_fraction(const json_t *cu, int64_t T);
 typedef struct {
     double flops_fwd, flops_fb, bytes_fwd, bytes_fb;
 } BenchWork;
-/* FLOPs and minimum bytes of a case of kind BENCH_ATTN or BENCH_GDN (bench.c's conventions) */
+/* FLOPs and minimum bytes of a case of kind BENCH_ATTN, BENCH_GDN or BENCH_KDA (bench.c's conventions) */
 BenchWork bench_work(BenchKind kind, const json_t *c);
+struct Backend;
+struct BackendSizes;
+/* The Kimi Delta Attention entries `bench kda` calls (backend.h: kda_gates_forward, which draws g, kda_chunk_forward,
+ * kda_chunk_backward, kda_kept_bytes), and with sz (`bench cp --parts kda`) also the CP schedules' (the other
+ * kda_chunk_* entries, kda_dkept_bytes) and sz's kda_kept_bytes and kda_dkept_bytes: the number that are NULL,
+ * their names in `why` ("kda_chunk_forward, ...") */
+int     bench_kda_missing(const struct Backend *be, const struct BackendSizes *sz, char *why, size_t n);
+/* KDA's gate parameters as every side draws them (bench/peer/README.md), host fp32: A_log (nv) = log U[1, 16);
+ * dt_bias (nv*dk) = log(expm1(dt)), the inverse softplus of dt = exp(U[log 0.001, log 0.1)) */
+void    bench_kda_gate_params(float *A_log, float *dt_bias, int nv, int dk, uint64_t seed);
 double  bench_num(const json_t *r, const char *key);     /* NAN when absent */
 /* the first row of `results` with this case and impl (impl NULL: any) */
 const json_t *bench_find(const json_t *results, const char *cname, const char *impl);
@@ -146,8 +157,8 @@ double  bench_clock(void);                               /* CLOCK_MONOTONIC seco
  * {"case", "impl": "ringscan", "ms_fwd", "ms_fwdbwd", "reps"}. */
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o);
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o);
+json_t *bench_kda_case(const json_t *c, const BenchOptions *o);
 #ifdef RS_WITH_CUDA
-struct Backend;
 /* bench_ops.c: base, or for impl (AttnKernel) cudnn | cudnn_det base with its attention entries routing each call
  * to cuDNN or ours (kernels/cuda/cuda_attention_cudnn.h; cuDNN loaded from lib, "" = search, on the first call;
  * exit 2 when it cannot load). bench attn (--attn-impl), bench cp's ring (--attn-impl), bench step

@@ -2,8 +2,9 @@
  * bench_cp.c — `mpirun -np P ringscan bench cp [options]` (bench_cp.h): context
  * parallelism over P ranks (one per GPU) timed with the CP code the model
  * runs, beside the CP of torch and of flash-linear-attention (--peer: rank 0
- * alone runs bench/peer/cp_attn_torch.py and cp_gdn_fla.py under torchrun
- * before any rank has a CUDA context; then runtime_open and the cases).
+ * alone runs bench/peer/cp_attn_torch.py, cp_gdn_fla.py and cp_kda_fla.py
+ * under torchrun before any rank has a CUDA context; then runtime_open and
+ * the cases).
  *
  * Ring attention per case (T, nh, nkv, hd), one causal document: rows
  * ringscan-cp (cp_ring_forward + cp_ring_backward, the production overlap),
@@ -15,7 +16,11 @@
  * calls it: halo, conv, L2 norm and cp_gdn_forward, then their backwards,
  * with the time of each phase (cp_gdn_steps' names) and the state exchange
  * and the halo alone; projections and gates are per token and left out, as in
- * FLA's peer.
+ * FLA's peer. The KDA layer (--parts kda) is the same run with a KDA core
+ * (CpGdnCore.kda: the kda_chunk_* entries, the per-channel transition through
+ * the same schedules) and g (rows, H, K) drawn as `bench kda` draws it
+ * (kda_gates_forward of random f, bench_ops.c); its conv is GDN's over
+ * [q|k|v] (docs/design/kda.md, "Context parallelism").
  *
  * Inputs are random, never zeros, each rank its own seed. Timing: every rank
  * waits for its device and meets the others before each repetition (cuda:
@@ -401,6 +406,7 @@ static void bc_ring_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
 typedef struct {
     Cp        cp;
     CpGdnDims d;
+    int       kda;                                                /* a KDA core: g, dg (rows, H, K) */
     int       multi, Kd, Vd, kept_states;
     int       steps, phases;                                      /* the core's steps (cp_gdn_steps), phases */
     char      phase_name[BC_GDN_PHASES][24];
@@ -439,7 +445,7 @@ static void bc_gdn_run(BcEnv *e, void *ctx) {
     const CpGdnCore core = {.q = a->qk, .k = BC_AT(a->qk, a->Kd), .v = BC_AT(a->conv, 2 * a->Kd), .g = a->g,
                             .beta = a->beta, .ldq = ld2, .ldv = d->Cc, .ldo = a->Vd,
                             .states = a->multi ? a->states : NULL, .M = a->M, .kept = a->kept,
-                            .kept_bytes = a->kept_one, .kept_states = a->kept_states};
+                            .kept_bytes = a->kept_one, .kept_states = a->kept_states, .kda = a->kda};
     const CpGdnGrads grads = {.dq = a->dqk, .dk = BC_AT(a->dqk, a->Kd), .dv = BC_AT(a->dconv, 2 * a->Kd),
                               .dg = a->dg, .dbeta = a->dbeta, .dout = a->dcore};
     bc_mark(e, 0);
@@ -497,8 +503,9 @@ static void bc_gdn_read(BcEnv *e, void *ctx, double *v) {
     for (int p = 0; p < a->phases; p++) v[2 + p] = bc_ms(e, a->phase_mark[p], a->phase_mark[p + 1]);
 }
 
-static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
+static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P, int kda) {
     memset(a, 0, sizeof *a);
+    a->kda = kda;
     const Backend *be = e->be;
     int64_t T = json_integer_value(json_object_get(c, "T"));
     int H = (int)json_integer_value(json_object_get(c, "H")), K = (int)json_integer_value(json_object_get(c, "K"));
@@ -514,7 +521,8 @@ static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
     m->linear_key_head_dim = K;
     m->linear_value_head_dim = V;
     m->linear_conv_kernel_dim = BC_CONV_KERNEL;
-    m->full_attention_interval = 2; /* the one layer is a GDN layer */
+    m->full_attention_interval = 2; /* the one layer is a GDN (KDA) layer */
+    m->linear_attention = kda ? LINEAR_ATTN_KDA : LINEAR_ATTN_GDN; /* the CP buffers' sizes (model_acts.c) */
     bc_cp_begin(&a->cp, e, &cfg, P);
     config_free(&cfg);
     if (P > 1 && e->o->gdn_cp >= 0) cp_gdn_set_method(&a->cp, (CpGdnMethod)e->o->gdn_cp); /* --gdn-cp */
@@ -537,20 +545,38 @@ static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P) {
     a->core = be->alloc((size_t)(rows * a->Vd) * es);
     a->dcore = be->alloc((size_t)(rows * a->Vd) * es);
     a->rstd = be->alloc((size_t)(rows * 2 * H) * f4);
-    float **f32[] = {&a->g, &a->beta, &a->dg, &a->dbeta};
-    for (int i = 0; i < 4; i++) *f32[i] = be->alloc((size_t)(rows * H) * f4);
+    const int64_t gw = kda ? (int64_t)H * K : H; /* g's row width */
+    a->g = be->alloc((size_t)(rows * gw) * f4);
+    a->dg = be->alloc((size_t)(rows * gw) * f4);
+    a->beta = be->alloc((size_t)(rows * H) * f4);
+    a->dbeta = be->alloc((size_t)(rows * H) * f4);
     a->states = be->alloc((size_t)(nl * state) * f4);
     a->M = be->alloc((size_t)(nl * H * K * K) * f4);
     a->kept_states = e->o->gdn_keep == GDN_KEEP_STATES;
     if (e->o->gdn_keep != GDN_KEEP_NONE) {
-        a->kept_one = be->gdn_kept_bytes(a->n, H, K, V, a->kept_states);
+        a->kept_one = (kda ? be->kda_kept_bytes : be->gdn_kept_bytes)(a->n, H, K, V, a->kept_states);
         a->kept = be->alloc(a->kept_one * (size_t)nl);
     }
     a->doc_pos = a->cp.batch.doc_pos_dev + (int64_t)a->cp.L.rank * a->cp.batch.rows;
     bc_fill(e, a->proj, rows * Cc, bc_seed(e, ci, 11), -1, 1, 0);
     bc_fill(e, a->w, Cc * BC_CONV_KERNEL, bc_seed(e, ci, 12), -0.5f, 0.5f, 0);
-    bc_fill(e, a->g, rows * H, bc_seed(e, ci, 13), -0.1f, -0.001f, 1);
-    bc_fill(e, a->beta, rows * H, bc_seed(e, ci, 14), 0.05f, 0.95f, 1);
+    if (kda) { /* g = kimi_linear's gate of f uniform in [-1, 1) (f in dqk, the gate's b in dbeta: scratch); A_log and
+                * dt_bias the same on every rank */
+        float *A_log = RS_MALLOC((size_t)H * f4), *dt_bias = RS_MALLOC((size_t)(H * K) * f4);
+        bench_kda_gate_params(A_log, dt_bias, H, K, e->o->seed);
+        float *A_log_d = be->alloc((size_t)H * f4), *dt_bias_d = be->alloc((size_t)(H * K) * f4);
+        be->to_device(A_log_d, A_log, (size_t)H * f4);
+        be->to_device(dt_bias_d, dt_bias, (size_t)(H * K) * f4);
+        free(A_log);
+        free(dt_bias);
+        bc_fill(e, a->dqk, rows * H * K, bc_seed(e, ci, 13), -1, 1, 0);
+        bc_fill(e, a->dbeta, rows * H, bc_seed(e, ci, 16), -1, 1, 0);
+        be->kda_gates_forward(a->beta, a->g, a->dbeta, a->dqk, A_log_d, dt_bias_d, rows, H, K, H, H * K);
+        be->free(A_log_d);
+        be->free(dt_bias_d);
+    } else
+        bc_fill(e, a->g, rows * H, bc_seed(e, ci, 13), -0.1f, -0.001f, 1);
+    bc_fill(e, a->beta, rows * H, bc_seed(e, ci, 14), 0.05f, 0.95f, 1); /* KDA: in place of the gate's sigmoid(b) */
     bc_fill(e, a->dcore, rows * a->Vd, bc_seed(e, ci, 15), -1, 1, 0);
 }
 
@@ -606,10 +632,10 @@ static json_t *bc_phases_by_rank_json(const BcGdn *a, const BcTimes *t) {
     return arr;
 }
 
-static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
+static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows, int kda) {
     const char *cname = json_string_value(json_object_get(c, "name"));
     BcGdn a;
-    bc_gdn_setup(&a, e, c, ci, e->P);
+    bc_gdn_setup(&a, e, c, ci, e->P, kda);
     BcTimes t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + a.phases, 1, BC_SLOWEST);
     json_t *cp_row = bc_row(cname, "ringscan-cp", e->P, bc_median(&t, 0, BC_SLOWEST), bc_median(&t, 1, BC_SLOWEST), t.n);
     json_object_set_new(cp_row, "phases", bc_phases_json(&a, &t, BC_SLOWEST));
@@ -626,7 +652,7 @@ static void bc_gdn_case(BcEnv *e, const json_t *c, int ci, json_t *rows) {
         free(x.all);
     }
     bc_gdn_free(&a, e->be);
-    bc_gdn_setup(&a, e, c, ci, 1);
+    bc_gdn_setup(&a, e, c, ci, 1, kda);
     t = bc_repeat(e, bc_gdn_run, bc_gdn_read, &a, 2 + a.phases, 1, BC_RANK0);
     json_t *one_row = bc_row(cname, "ringscan-1gpu", 1, bc_median(&t, 0, BC_RANK0), bc_median(&t, 1, BC_RANK0), t.n);
     json_object_set_new(one_row, "phases", bc_phases_json(&a, &t, BC_RANK0));
@@ -760,14 +786,20 @@ static void bc_detail(FILE *f, const char *cname, const json_t *ours, int attn) 
                 bench_num(x, "state_ms"), bench_num(x, "halo_bytes_per_rank") / 1e6, bench_num(x, "halo_ms"));
 }
 
-static void bc_print(FILE *f, int attn, const json_t *req, const json_t *ours, const json_t *peer, int P,
+/* part 0: ring attention, 1: the GDN layer, 2: the KDA layer */
+static void bc_print(FILE *f, int part, const json_t *req, const json_t *ours, const json_t *peer, int P,
                      json_t *table) {
+    const int attn = part == 0;
     if (attn)
         fprintf(f, "\nring attention over %d ranks: causal, one document, zigzag layout; FLOPs 4*T^2/2*hd*nh forward, "
                    "backward 2.5x\n", P);
-    else
+    else if (part == 1)
         fprintf(f, "\nGated DeltaNet layer over %d ranks: conv halo + conv (width %d) + L2 norm + entry states + chunk, "
                    "one document;\n  FLOPs of the chunked delta rule (bench gdn's)\n", P, BC_CONV_KERNEL);
+    else
+        fprintf(f, "\nKimi Delta Attention layer over %d ranks: conv halo + conv (width %d) + L2 norm + entry states "
+                   "(the per-channel\n  transition) + chunk, one document, g (T, H, K) as bench kda's; FLOPs of the "
+                   "chunked delta rule (bench kda's = gdn's)\n", P, BC_CONV_KERNEL);
     fprintf(f, "  TF/s per GPU; eff = one-GPU ms / (GPUs x ms) of the same family; ratio = peer ms / ringscan ms at "
                "the same GPU count\n\n");
     fprintf(f, "%-28s %-20s %4s %10s %10s %8s %8s %7s %7s %7s %7s\n", "case", "impl", "GPUs", "ms fwd", "ms f+b",
@@ -776,7 +808,7 @@ static void bc_print(FILE *f, int attn, const json_t *req, const json_t *ours, c
     json_t *c;
     json_array_foreach(json_object_get(req, "cases"), i, c) {
         const char *cname = json_string_value(json_object_get(c, "name"));
-        BenchWork w = bench_work(attn ? BENCH_ATTN : BENCH_GDN, c);
+        BenchWork w = bench_work(attn ? BENCH_ATTN : part == 1 ? BENCH_GDN : BENCH_KDA, c);
         size_t j;
         json_t *r;
         json_array_foreach(ours, j, r) if (!strcmp(json_string_value(json_object_get(r, "case")), cname))
@@ -817,7 +849,7 @@ int bench_cp_main(const BenchOptions *o) {
     comm_init(&comm, NULL, NULL);
     const int P = comm.world_size;
     if (o->cp_parts & BENCH_CP_ATTN) bc_check_T(&comm, "--T", o->T, o->nT, P);
-    if (o->cp_parts & BENCH_CP_GDN) bc_check_T(&comm, "--gdn-T", o->gdn_T, o->n_gdn_T, P);
+    if (o->cp_parts & (BENCH_CP_GDN | BENCH_CP_KDA)) bc_check_T(&comm, "--gdn-T", o->gdn_T, o->n_gdn_T, P);
     if (BC_STEP_MARK0 + 2 * P * CP_MARK_COUNT > BC_MARKS) {
         char val[16];
         snprintf(val, sizeof val, "%d", P);
@@ -843,35 +875,48 @@ int bench_cp_main(const BenchOptions *o) {
                "the cpu backend)");
 #endif
     }
+#ifdef RS_WITH_CUDA
+    /* the KDA layer's entries on cuda, before any peer runs (the cpu backend has them all) */
+    char missing[512], why_kda[768];
+    if ((o->cp_parts & BENCH_CP_KDA) && !o->cp_cpu && !o->write_requests &&
+        bench_kda_missing(&backend_cuda, runtime_device()->sizes, missing, sizeof missing)) {
+        snprintf(why_kda, sizeof why_kda, "this ringscan's cuda backend lacks the Kimi Delta Attention entries the KDA "
+                 "layer calls (NULL: %s; kernels/cuda/kda/ registers them; --device cpu runs the cpu backend's)",
+                 missing);
+        bc_bad(&comm, "--parts", "kda", why_kda);
+    }
+#endif
 
-    json_t *req[2] = {bench_request(o, "cp_attn"), bench_request(o, "cp_gdn")};
-    const char *part_names[2] = {"cp_attn", "cp_gdn"};
-    const char *scripts[2] = {"cp_attn_torch.py", "cp_gdn_fla.py"};
-    const int parts[2] = {BENCH_CP_ATTN, BENCH_CP_GDN};
+    enum { NPART = 3 };
+    json_t *req[NPART] = {bench_request(o, "cp_attn"), bench_request(o, "cp_gdn"), bench_request(o, "cp_kda")};
+    const char *part_names[NPART] = {"cp_attn", "cp_gdn", "cp_kda"};
+    const char *scripts[NPART] = {"cp_attn_torch.py", "cp_gdn_fla.py", "cp_kda_fla.py"};
+    const int parts[NPART] = {BENCH_CP_ATTN, BENCH_CP_GDN, BENCH_CP_KDA};
     bench_attn_cases(o, json_object_get(req[0], "cases"));
-    BenchOptions g = *o; /* the GDN cases: --gdn-T, one document */
+    BenchOptions g = *o; /* the GDN and KDA cases: --gdn-T, one document */
     memcpy(g.T, o->gdn_T, sizeof g.T);
     g.nT = o->n_gdn_T;
     g.doc_len[0] = 0;
     g.n_doc_len = 1;
-    bench_gdn_cases(&g, json_object_get(req[1], "cases"));
-    for (int k = 0; k < 2; k++) json_object_set_new(req[k], "P", json_integer(P));
-    json_object_set_new(req[1], "conv_kernel", json_integer(BC_CONV_KERNEL));
+    for (int k = 1; k < NPART; k++) {
+        bench_gdn_cases(&g, json_object_get(req[k], "cases"));
+        json_object_set_new(req[k], "conv_kernel", json_integer(BC_CONV_KERNEL));
+    }
+    for (int k = 0; k < NPART; k++) json_object_set_new(req[k], "P", json_integer(P));
 
     if (comm.rank == 0 && fsio_mkdirs(o->out_dir) != 0) {
         fprintf(stderr, "ringscan bench: --out %s: cannot create: %s\n", o->out_dir, strerror(errno));
         comm_abort(&comm, RS_EXIT_USAGE);
     }
     if (o->write_requests) {
-        for (int k = 0; k < 2 && comm.rank == 0; k++) {
+        for (int k = 0; k < NPART && comm.rank == 0; k++) {
             if (!(o->cp_parts & parts[k])) continue;
             char path[4200];
             snprintf(path, sizeof path, "%s/request_%s.json", o->out_dir, part_names[k]);
             bench_write_json(req[k], path);
             printf("wrote %s (%zu cases, P = %d)\n", path, json_array_size(json_object_get(req[k], "cases")), P);
         }
-        json_decref(req[0]);
-        json_decref(req[1]);
+        for (int k = 0; k < NPART; k++) json_decref(req[k]);
         comm_finalize(&comm);
         return RS_EXIT_OK;
     }
@@ -890,10 +935,10 @@ int bench_cp_main(const BenchOptions *o) {
     }
 
     /* the peers: rank 0 alone starts them (torchrun, P processes) while the others wait */
-    json_t *peer[2] = {NULL, NULL};
+    json_t *peer[NPART] = {NULL, NULL, NULL};
     int failed = 0;
     if (o->peer) {
-        for (int k = 0; k < 2 && comm.rank == 0; k++) {
+        for (int k = 0; k < NPART && comm.rank == 0; k++) {
             if (!(o->cp_parts & parts[k])) continue;
             printf("peer %s: %s/%s on %d processes ...\n", part_names[k], o->peer_dir, scripts[k], P);
             fflush(stdout);
@@ -930,8 +975,8 @@ int bench_cp_main(const BenchOptions *o) {
     }
 #endif
 
-    json_t *ours[2] = {json_array(), json_array()};
-    for (int k = 0; k < 2; k++) {
+    json_t *ours[NPART] = {json_array(), json_array(), json_array()};
+    for (int k = 0; k < NPART; k++) {
         if (!(o->cp_parts & parts[k])) continue;
         size_t i;
         json_t *c;
@@ -942,7 +987,7 @@ int bench_cp_main(const BenchOptions *o) {
             }
             double t0 = bench_clock();
             if (k == 0) bc_ring_case(&e, c, (int)i, ours[k]);
-            else bc_gdn_case(&e, c, 100 + (int)i, ours[k]);
+            else bc_gdn_case(&e, c, 100 * k + (int)i, ours[k], k == 2);
             if (comm.rank == 0) printf(" %.1f s\n", bench_clock() - t0);
         }
     }
@@ -956,17 +1001,17 @@ int bench_cp_main(const BenchOptions *o) {
         json_object_set_new(all, "backend", json_string(o->cp_cpu ? "cpu" : "cuda"));
         json_object_set_new(all, "attn_impl", json_string(attn_kernel_names[o->attn_impl]));
         json_object_set_new(all, "attn_tune", bench_tune_json(bench_attn_tune_names, o->attn_tune, BENCH_ATTN_TUNE_N));
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < NPART; k++) {
             if (!(o->cp_parts & parts[k])) continue;
             json_t *table = json_array();
-            bc_print(stdout, k == 0, req[k], ours[k], peer[k], P, table);
+            bc_print(stdout, k, req[k], ours[k], peer[k], P, table);
             json_t *part = json_pack("{sO sO so}", "request", req[k], "ringscan", ours[k], "table", table);
             if (peer[k]) json_object_set(part, "peer", peer[k]);
-            if (k == 1) json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o->gdn_keep]));
-            if (k == 1 && P == 2)
+            if (k >= 1) json_object_set_new(part, "gdn_keep", json_string(gdn_keep_names[o->gdn_keep]));
+            if (k >= 1 && P == 2)
                 json_object_set_new(part, "gdn_chain", json_string(o->gdn_chain_staged && o->gdn_keep == GDN_KEEP_STATES
                                                                        ? "staged" : "whole"));
-            if (k == 1 && P > 1) { /* the state passing's schedule: --gdn-cp, or what training runs here */
+            if (k >= 1 && P > 1) { /* the state passing's schedule: --gdn-cp, or what training runs here */
                 Config gc;
                 config_init_defaults(&gc);
                 gc.parallel.cp = P;
@@ -984,7 +1029,7 @@ int bench_cp_main(const BenchOptions *o) {
         printf("\nresults: %s\n", path);
         json_decref(all);
     }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < NPART; k++) {
         json_decref(req[k]);
         json_decref(ours[k]);
         json_decref(peer[k]);

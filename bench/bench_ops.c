@@ -1,6 +1,7 @@
 /*
- * bench_ops.c — our attention and Gated DeltaNet kernels timed on the GPU for
- * `ringscan bench attn|gdn` (bench.h). One case of the request at a time:
+ * bench_ops.c — our attention, Gated DeltaNet and Kimi Delta Attention kernels
+ * timed on the GPU for `ringscan bench attn|gdn|kda` (bench.h). One case of the
+ * request at a time:
  * allocate through the Backend table, fill with random values on the device
  * (never zeros), then warm-up runs and timed runs, each timed with CUDA events
  * on the compute stream: mark 0, forward, mark 1, backward, mark 2, so one
@@ -13,7 +14,13 @@
  *   GDN        q, k uniform in [-1, 1) then L2-normalised per head; v, dO uniform in
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
  *              in [0.05, 0.95); documents from the case's cu_seqlens.
- * GDN's forward keeps what the Backend keeps for the backward by --gdn-keep, as the model does by
+ *   KDA        as GDN, but g (T, H, K) the log decay of every key channel, kimi_linear's gate
+ *              (kda_gates_forward) of f uniform in [-1, 1): g = -exp(A_log[h]) softplus(f +
+ *              dt_bias[h, c]), A_log and dt_bias drawn as FLA's KDA layer initialises them
+ *              (bench_kda_gate_params), so g lies in about [-4, -0.0004]; beta as GDN's. The chunk
+ *              alone is timed (the gates are per token, outside, as FLA's chunk_kda without
+ *              use_gate_in_kernel).
+ * GDN's (and KDA's) forward keeps what the Backend keeps for the backward by --gdn-keep, as the model does by
  * checkpoint.gdn_keep (gdn_kept_bytes; default states: W, U, the gate cumsum and the chunk states, where
  * FLA keeps A from its forward and recomputes the states; wy as FLA), so the forward+backward time is the
  * training step's.
@@ -175,39 +182,44 @@ typedef struct {
     const Backend *be;
     int64_t T;
     int H, K, V;
+    int kda;    /* the kda_chunk_* entries, g and dg (T, H, K) */
     void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     float *g, *beta, *dg, *dbeta;
     int32_t *doc_pos;
-    void *kept; /* gdn_kept_bytes: what the forward keeps for the backward, as FLA keeps A (the kernels'
-                 * states) */
+    void *kept; /* gdn_kept_bytes (kda_kept_bytes): what the forward keeps for the backward, as FLA keeps A (the
+                 * kernels' states) */
     int states; /* --gdn-keep states: the kept buffer holds the chunk states too */
 } GdnCase;
 
 static void bench_gdn_fwd(void *p) {
     GdnCase *a = p;
-    a->be->gdn_chunk_forward(a->o, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K,
-                             a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept, a->states);
+    (a->kda ? a->be->kda_chunk_forward : a->be->gdn_chunk_forward)(
+        a->o, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K, a->V, a->H * a->K,
+        a->H * a->V, a->H * a->V, a->kept, a->states);
 }
 
 static void bench_gdn_bwd(void *p) {
     GdnCase *a = p;
-    a->be->gdn_chunk_backward(a->dq, a->dk, a->dv, a->dg, a->dbeta, NULL, a->dout, NULL, a->q, a->k, a->v, a->g,
-                              a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V,
-                              a->H * a->V, a->kept, a->states);
+    (a->kda ? a->be->kda_chunk_backward : a->be->gdn_chunk_backward)(
+        a->dq, a->dk, a->dv, a->dg, a->dbeta, NULL, a->dout, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos,
+        a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept, a->states);
 }
 
-json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
+/* GDN's case, or with kda KDA's (bench.c refused a backend whose kda entries are NULL) */
+static json_t *bench_delta_case(const json_t *c, const BenchOptions *o, int kda) {
     GdnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .H = (int)bench_int(c, "H"),
-                 .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V"),
+                 .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V"), .kda = kda,
                  .states = o->gdn_keep == GDN_KEEP_STATES};
     const Backend *be = a.be;
-    int64_t qn = a.T * a.H * a.K, vn = a.T * a.H * a.V, gn = a.T * a.H;
+    int64_t qn = a.T * a.H * a.K, vn = a.T * a.H * a.V, gn = a.T * a.H, gw = kda ? qn : gn; /* g's elements */
     void **act[] = {&a.q, &a.k, &a.dq, &a.dk};
     for (int i = 0; i < 4; i++) *act[i] = be->alloc((size_t)qn * 2);
     void **vact[] = {&a.v, &a.o, &a.dout, &a.dv};
     for (int i = 0; i < 4; i++) *vact[i] = be->alloc((size_t)vn * 2);
-    float **f32[] = {&a.g, &a.beta, &a.dg, &a.dbeta};
-    for (int i = 0; i < 4; i++) *f32[i] = be->alloc((size_t)gn * 4);
+    a.g = be->alloc((size_t)gw * 4);
+    a.dg = be->alloc((size_t)gw * 4);
+    a.beta = be->alloc((size_t)gn * 4);
+    a.dbeta = be->alloc((size_t)gn * 4);
 
     /* doc_pos from the case's document boundaries */
     RS_CHECK(json_is_array(json_object_get(c, "cu_seqlens")), "bench gdn case lacks cu_seqlens");
@@ -215,7 +227,9 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     bench_case_doc_pos(doc_pos, c, a.T);
     a.doc_pos = bench_upload_i32(be, doc_pos, a.T);
     free(doc_pos);
-    a.kept = o->gdn_keep == GDN_KEEP_NONE ? NULL : be->alloc(be->gdn_kept_bytes(a.T, a.H, a.K, a.V, a.states));
+    a.kept = o->gdn_keep == GDN_KEEP_NONE
+                 ? NULL
+                 : be->alloc((kda ? be->kda_kept_bytes : be->gdn_kept_bytes)(a.T, a.H, a.K, a.V, a.states));
 
     uint64_t s = o->seed * 1000003u + 77;
     void *raw = be->alloc((size_t)qn * 2);
@@ -228,8 +242,22 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     be->free(rstd);
     cuda_bench_fill_bf16(a.v, vn, s + 3, -1, 1);
     cuda_bench_fill_bf16(a.dout, vn, s + 4, -1, 1);
-    cuda_bench_fill_f32(a.g, gn, s + 5, -0.1f, -0.001f);
-    cuda_bench_fill_f32(a.beta, gn, s + 6, 0.05f, 0.95f);
+    if (kda) { /* g = kimi_linear's gate of f (T, H*K) uniform in [-1, 1); f in dq, the gate's b in dbeta (scratch) */
+        float *A_log = RS_MALLOC((size_t)a.H * sizeof(float)), *dt_bias = RS_MALLOC((size_t)(a.H * a.K) * sizeof(float));
+        bench_kda_gate_params(A_log, dt_bias, a.H, a.K, o->seed);
+        float *A_log_d = be->alloc((size_t)a.H * 4), *dt_bias_d = be->alloc((size_t)(a.H * a.K) * 4);
+        be->to_device(A_log_d, A_log, (size_t)a.H * 4);
+        be->to_device(dt_bias_d, dt_bias, (size_t)(a.H * a.K) * 4);
+        free(A_log);
+        free(dt_bias);
+        cuda_bench_fill_bf16(a.dq, qn, s + 5, -1, 1);
+        cuda_bench_fill_bf16(a.dbeta, gn, s + 7, -1, 1);
+        be->kda_gates_forward(a.beta, a.g, a.dbeta, a.dq, A_log_d, dt_bias_d, a.T, a.H, a.K, a.H, a.H * a.K);
+        be->free(A_log_d);
+        be->free(dt_bias_d);
+    } else
+        cuda_bench_fill_f32(a.g, gn, s + 5, -0.1f, -0.001f);
+    cuda_bench_fill_f32(a.beta, gn, s + 6, 0.05f, 0.95f); /* KDA: in place of the gate's sigmoid(b), as GDN's */
 
     json_t *r = bench_time(json_string_value(json_object_get(c, "name")), bench_gdn_fwd, bench_gdn_bwd, &a, o);
     be->free(a.kept);
@@ -237,6 +265,9 @@ json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     return r;
 }
+
+json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) { return bench_delta_case(c, o, 0); }
+json_t *bench_kda_case(const json_t *c, const BenchOptions *o) { return bench_delta_case(c, o, 1); }
 
 #else /* built without the cuda backend: bench.c stops before any case (exit 2 naming the device) */
 
@@ -247,6 +278,10 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
 json_t *bench_gdn_case(const json_t *c, const BenchOptions *o) {
     (void)c, (void)o;
     RS_FATAL("bench_gdn_case: this ringscan was built without the cuda backend");
+}
+json_t *bench_kda_case(const json_t *c, const BenchOptions *o) {
+    (void)c, (void)o;
+    RS_FATAL("bench_kda_case: this ringscan was built without the cuda backend");
 }
 
 #endif

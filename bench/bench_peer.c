@@ -3,7 +3,7 @@
  * --peer` (bench.h; the contract is bench/peer/README.md).
  *
  * The request (the cases, the repetition rule, the seed) goes to
- * OUT/request_NAME.json (NAME: attn, gdn, step, cp_attn, cp_gdn); the script
+ * OUT/request_NAME.json (NAME: attn, gdn, kda, step, cp_attn, cp_gdn, cp_kda); the script
  * runs as
  *   PYTHON PEER_DIR/SCRIPT --request OUT/request_NAME.json --out OUT/peer_NAME.json
  * or, for the CP peers (one process per GPU),

@@ -16,6 +16,11 @@
 #              same with --profile 1 (the time of every kernel, in the log)
 #   gdn-cycles the state passes' cycles per phase (--profile 2, block 0) at 32k, one document: the wgmma
 #              passes (--gdn-tune state_fwd_wgmma=1,state_bwd_wgmma=1) at 64 and 32 columns, 16 and 64 heads; mma.sync at 16
+#   kda        (issue 39, 1 GPU) ringscan bench kda --peer: Kimi Delta Attention's chunk at 32k, 64k and 128k, 16 and
+#              64 heads, one document and --doc-len 2048, FLA's chunk_kda beside (the peer given all but KDA_OURS_S,
+#              default 150, of the call: its autotuning takes minutes cold, TRITON_CACHE_TAR / _SAVE carry it);
+#              stops at once, naming them, where the cuda backend's kda entries are NULL
+#   kda-nopeer the same, ours only
 #   attn       ringscan bench attn --peer (every shape, SDPA flash and cuDNN beside)
 #   attn32k    the same at T = 32768 only
 #   attn-cudnn (issue 19) the cuDNN attention route: ringscan bench attn at 32k and 128k, 16/16/128 and 16/2/128:
@@ -64,6 +69,11 @@
 #              (its Triton autotuning, ~300 s per shape cold; TRITON_CACHE_SAVE keeps the cache for the next
 #              call); GDN_CASES: bench cp options choosing the shapes (e.g. "--gdn-T 65536 --heads 64"),
 #              GDN_OURS_S: the seconds kept for ours and the parts after it (default 200)
+#   cp-kda     (issue 39, 2 GPUs) bench cp --parts kda: the KDA layer (conv halo, conv, L2 norm, the core with the
+#              per-channel transition through lib/cp) at cp 2, 64k and 128k, 16 and 64 heads, FLA's KDA CP beside
+#              (fla.ops.cp; the peer given all but KDA_OURS_S, default 200, of the call), one-GPU rows of both for the
+#              CP efficiencies; stops at once, naming them, where the cuda backend's kda entries are NULL
+#   cp-kda-nopeer  the same, ours only
 #   cp2-512k   cp2's ring attention at 512k (MHA and GQA, 2 timed runs) with torch's context_parallel
 #   cp2-attn-cudnn  cp2's ring attention through the cuDNN route (bench cp --attn-impl cudnn: the causal
 #              diagonals and dense rectangles on cuDNN, by the ring's host hints, no read-back) at 128k, 256k and
@@ -496,6 +506,18 @@ PYEOF
     return $rc
 }
 
+# suite_kda NAME SUITE ARGS...: suite_bench or suite_cp for Kimi Delta Attention; where it stops before any case
+# (exit 2: no usable GPU, or the cuda backend's kda entries NULL) the reason from its log
+suite_kda() {
+    local name=$1 suite=$2 rc
+    shift 2
+    "$suite" "$name" "$@"
+    rc=$?
+    [ $rc -eq 2 ] && grep -m3 "^ringscan bench" "$L/$name.log"
+    cp /tmp/gpu_runs_"$name"/peer_*.log "$L/" 2> /dev/null  # the peer's own log (FLA's compile and timing lines)
+    return $rc
+}
+
 # bench_part PART: one part (gpu_run_parts' DISPATCH)
 bench_part() {
     local part=$1
@@ -506,6 +528,12 @@ bench_part() {
     gdn32k) suite_gdn32k gdn32k ;;
     gdn-base) suite_gdn_base ;;
     gdn-cycles) suite_gdn_cycles ;;
+    kda) suite_kda kda suite_bench kda --T 32768,65536,131072 --heads 16,64 --doc-len 0,2048 --peer \
+        --peer-timeout $(($(left) - ${KDA_OURS_S:-150})) ;;
+    kda-nopeer) suite_kda kda-nopeer suite_bench kda --T 32768,65536,131072 --heads 16,64 --doc-len 0,2048 ;;
+    cp-kda) suite_kda cp-kda suite_cp 2 --parts kda --gdn-T 65536,131072 --heads 16,64 --peer \
+        --peer-timeout $(($(left) - ${KDA_OURS_S:-200})) ;;
+    cp-kda-nopeer) suite_kda cp-kda-nopeer suite_cp 2 --parts kda --gdn-T 65536,131072 --heads 16,64 ;;
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
     attn-cudnn) suite_attn_cudnn ;;
@@ -590,11 +618,11 @@ bench_part() {
     qwen35-step) suite_qwen35_step ;;
     qwen35-4b-512k) suite_qwen35_4b_512k ;;
     *)
-        echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base attn attn32k attn-cudnn"
+        echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base kda kda-nopeer attn attn32k attn-cudnn"
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
         echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-gdn-schedules cp4-step long-1m-torch long-1m-cudnn"
-        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k;"
+        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k cp-kda cp-kda-nopeer;"
         echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
         false
         ;;

@@ -17,7 +17,7 @@
  *   comm.h       comm_init, comm_finalize (MPI: ranks for train and resume)
  *   train.h      train_run (the training loop, fresh or resumed), train_catch_stop_signals
  *   submit.h     submit_run (`ringscan submit`: sbatch script, Slurm job)
- *   bench.h      bench_main (`ringscan bench attn|gdn|step|all`, with peers)
+ *   bench.h      bench_main (`ringscan bench attn|gdn|kda|step|all|cp`, with peers)
  *   hf.h         hf_export (`ringscan export`: a Hugging Face folder)
  *   cmd.h        cmd_data, cmd_eval, cmd_plot (`ringscan data ...`, `eval`, `plot`:
  *                cmd/data.c, cmd/eval.c, cmd/plot.c parse their arguments)
@@ -373,8 +373,8 @@ static const Command commands[] = {
      "the warning signal checkpoints, requeues itself and resumes (slurm/README.md).\n"
      "--dry-run prints the job script and writes nothing.",
      cmd_submit, NULL},
-    {"bench", "attn|gdn|step|all [options]",
-     "Time attention, Gated DeltaNet and the training step on the GPU, beside peers (--peer).\n"
+    {"bench", "attn|gdn|kda|step|all|cp [options]",
+     "Time attention, Gated DeltaNet and KDA kernels and the training step on the GPU, beside peers (--peer).\n"
      "`ringscan bench --help` lists the shapes, conventions and options.",
      cmd_bench, NULL},
     {"data", "synth|bytes ...", "Make training data: synthetic recall tasks, byte-level tokens.", cmd_data,

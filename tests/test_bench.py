@@ -2,8 +2,10 @@
 checking (a bad value names its option, exit 2), the clear stop naming the device, and the request
 files the peers read (bench/peer/README.md), which need no GPU. `bench cp` runs whole on the cpu
 backend under mpirun -np 2 at a tiny size: its rows, the numbers derived from them, and the peer
-launch (a stand-in for torchrun that writes a result) are checked. The timings themselves run on
-the GPU machine (today's figures: docs/performance.md); no test asserts a time."""
+launch (a stand-in for torchrun that writes a result) are checked; so does its KDA layer (--parts
+kda, the cpu backend's kda_* entries). The KDA peers' request checks run before torch is imported
+and are run here. The timings themselves run on the GPU machine (today's figures:
+docs/performance.md); no test asserts a time."""
 import json
 import os
 import shutil
@@ -23,7 +25,8 @@ def gpu_visible():
 def test_help(ringscan):
     r = run([ringscan, "bench", "--help"])
     assert r.returncode == 0
-    for s in ("attn|gdn|step|all", "--peer", "--attn-shapes", "--doc-len", "--gdn-keep", "--tokens", "--peak-tflops",
+    for s in ("attn|gdn|kda|step|all", "--peer", "kda:  Kimi Delta Attention's chunk", "all:  attn, gdn and step",
+              "cp: attn, gdn, kda (default attn,gdn)", "--attn-shapes", "--doc-len", "--gdn-keep", "--tokens", "--peak-tflops",
               "backward 2.5x forward", "--write-requests", "mpirun -np P ringscan bench cp", "--gdn-T", "--parts",
               "--device D", "one-GPU ms / (P x CP ms)", "--ring-calls C"):
         assert s in r.stdout, s
@@ -32,6 +35,11 @@ def test_help(ringscan):
 @pytest.mark.parametrize("args,names", [
     (["bench"], "benchmark"),
     (["bench", "flops"], "benchmark flops"),
+    (["bench", "kdaa"], "benchmark kdaa: unknown (attn, gdn, kda, step, all, cp)"),
+    (["bench", "kda", "--dim", "96"], "--dim 96"),
+    (["bench", "kda", "--gdn-keep", "all"], "--gdn-keep all: expected none, wy or states"),
+    (["bench", "kda", "--doc-len", "1"], "--doc-len 1"),
+    (["bench", "kda", "--parts", "kda"], "--parts : an option of bench cp only"),
     (["bench", "attn", "--T", "100"], "--T 100: must be a multiple of 64"),
     (["bench", "attn", "--T", "32k"], "--T 32k: not an integer"),
     (["bench", "attn", "--T", "64,,128"], "--T 64,,128: empty item"),
@@ -54,7 +62,7 @@ def test_help(ringscan):
     (["bench", "attn", "--max-s", "nan"], "--max-s nan"),
     (["bench", "attn", "--frobnicate"], "--frobnicate"),
     (["bench", "cp", "--gdn-T", "100"], "--gdn-T 100: must be a multiple of 64"),
-    (["bench", "cp", "--parts", "attn,mlp"], "--parts mlp: expected attn or gdn"),
+    (["bench", "cp", "--parts", "attn,mlp"], "--parts mlp: expected attn, gdn or kda"),
     (["bench", "cp", "--gdn-chain", "fast"], "--gdn-chain fast: expected staged or whole"),
     (["bench", "cp", "--gdn-cp", "fast"], "--gdn-cp fast: expected auto, chain, hybrid or scan"),
     (["bench", "cp", "--gdn-cp", "local"], "--gdn-cp local: expected auto, chain, hybrid or scan"),
@@ -85,7 +93,7 @@ def test_bad_config_names_the_file(ringscan, tmp_path):
 def test_without_a_gpu_stops_naming_the_device(ringscan, tmp_path):
     if gpu_visible():
         pytest.skip("a GPU is visible here: bench runs")
-    for what in ("attn", "gdn", "step", "all"):
+    for what in ("attn", "gdn", "kda", "step", "all"):
         r = run([ringscan, "bench", what, "--peer", "--out", tmp_path / what])
         assert r.returncode == 2, r.stderr
         assert "ringscan bench: device:" in r.stderr and "GPU" in r.stderr
@@ -172,6 +180,82 @@ def test_step_documents_request(ringscan, tmp_path):
     r = run([ringscan, "bench", "step", "--peer", "--doc-len", "8192", "--out", tmp_path / "peer"])
     assert r.returncode == 2 and "--doc-len" in r.stderr and "peer" in r.stderr
     assert not (tmp_path / "peer").exists()
+
+
+def test_kda_request_is_gdns_cases(ringscan, tmp_path):
+    """bench kda's request: kind kda, the GDN cases (the same names, shapes and document boundaries), which
+    kda_fla.py reads; `all` leaves KDA out."""
+    args = ["--T", "4096,8192", "--doc-len", "0,512", "--heads", "16,64", "--seed", "5"]
+    r = run([ringscan, "bench", "kda", "--write-requests", "--out", tmp_path / "kda", *args])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"wrote {tmp_path / 'kda'}/request_kda.json (8 cases)\n"
+    assert sorted(os.listdir(tmp_path / "kda")) == ["request_kda.json"]
+    kda = json.loads((tmp_path / "kda" / "request_kda.json").read_text())
+    run([ringscan, "bench", "gdn", "--write-requests", "--out", tmp_path / "gdn", *args])
+    gdn = json.loads((tmp_path / "gdn" / "request_gdn.json").read_text())
+    assert kda["kind"] == "kda" and kda["seed"] == 5 and kda["schema"] == "ringscan-bench-request/1"
+    assert kda["cases"] == gdn["cases"] and len(kda["cases"]) == 8
+    assert {len(c["cu_seqlens"]) > 2 for c in kda["cases"]} == {False, True}
+    r = run([ringscan, "bench", "all", "--write-requests", "--out", tmp_path / "all", "--T", "4096", "--tokens", "4096"])
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path / "all")) == ["request_attn.json", "request_gdn.json", "request_step.json"]
+
+
+def run_peer(script, request, tmp_path, env=None):
+    """python3 bench/peer/SCRIPT --request REQUEST --out OUT; returns the completed process."""
+    return run([sys.executable, ROOT / "bench" / "peer" / script, "--request", request, "--out", tmp_path / "out.json"],
+               env=env, timeout=300)
+
+
+def kda_request(tmp_path, kind="kda", **case):
+    c = {"name": "T4096_H16_K128_docs2", "T": 4096, "H": 16, "K": 128, "V": 128, "cu_seqlens": [0, 1000, 4096]}
+    c.update(case)
+    c = {k: v for k, v in c.items() if v is not None}
+    req = {"schema": "ringscan-bench-request/1", "kind": kind, "warmup": 1, "reps": 5, "max_s": 8.0, "seed": 1,
+           "cases": [c]}
+    if kind == "cp_kda":
+        req.update(P=2, conv_kernel=4)
+    path = tmp_path / f"request_{kind}.json"
+    path.write_text(json.dumps(req))
+    return path
+
+
+@pytest.mark.parametrize("script,kind,case,says", [
+    ("kda_fla.py", "gdn", {}, "key 'kind' is 'gdn', this script runs 'kda'"),
+    ("kda_fla.py", "kda", {"cu_seqlens": None}, "a case lacks key 'cu_seqlens'"),
+    ("kda_fla.py", "kda", {"cu_seqlens": [0, 1000, 4000]}, "key 'cu_seqlens' is not [0, ..., T] increasing"),
+    ("kda_fla.py", "kda", {"cu_seqlens": [0, 3000, 1000, 4096]}, "key 'cu_seqlens' is not [0, ..., T] increasing"),
+    ("kda_fla.py", "kda", {"K": 512}, "key 'K' is 512, FLA's chunk_kda takes at most 256"),
+    ("kda_fla.py", "kda", {"H": "16"}, "key 'H' is '16', expected a positive integer"),
+    ("cp_kda_fla.py", "cp_gdn", {}, "key 'kind' is 'cp_gdn', this script runs 'cp_kda'"),
+    ("cp_kda_fla.py", "cp_kda", {}, "one document expected (cu_seqlens [0, T])"),
+    ("cp_kda_fla.py", "cp_kda", {"cu_seqlens": [0, 4095], "T": 4095}, "T = 4095 is not divisible by P = 2"),
+])
+def test_kda_peers_refuse_bad_requests(tmp_path, script, kind, case, says):
+    """The KDA peers check the request before importing torch: exit 2 naming the file and what is wrong."""
+    req = kda_request(tmp_path, kind, **case)
+    r = run_peer(script, req, tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{script}: --request {req}" in r.stderr and says in r.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_kda_peers_accept_ringscans_requests(ringscan, tmp_path):
+    """The requests ringscan writes pass the peers' checks: without FLA the scripts stop at their imports (exit 2
+    naming torch or flash-linear-attention), not at the request."""
+    env = {"PYTHONPATH": ""}  # no .dev/peer: FLA not importable
+    if run([sys.executable, "-c", "import fla"], env=env).returncode == 0:
+        pytest.skip("flash-linear-attention is importable here: the peers would run")
+    r = run([ringscan, "bench", "kda", "--write-requests", "--out", tmp_path, "--T", "4096", "--doc-len", "0,512"])
+    assert r.returncode == 0, r.stderr
+    r = mpirun2(ringscan, "bench", "cp", "--parts", "kda", "--write-requests", "--out", tmp_path, "--gdn-T", "4096")
+    assert r.returncode == 0, r.stderr
+    for script, kind in (("kda_fla.py", "kda"), ("cp_kda_fla.py", "cp_kda")):
+        r = run_peer(script, tmp_path / f"request_{kind}.json", tmp_path, env=env)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "--request" not in r.stderr, r.stderr
+        assert ("PyTorch is not importable" in r.stderr or "flash-linear-attention is not importable" in r.stderr), \
+            r.stderr
 
 
 # ---------------------------------------------------------------- bench cp (cpu backend, 2 ranks)
@@ -274,6 +358,84 @@ def test_cp_gdn_chain_whole(ringscan, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     gdn = json.loads((tmp_path / "bench.json").read_text())["cp_gdn"]
     assert gdn["gdn_chain"] == "whole"
+
+
+def test_cp_kda_requests(ringscan, tmp_path):
+    r = mpirun2(ringscan, "bench", "cp", "--parts", "gdn,kda", "--write-requests", "--out", tmp_path, "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["request_cp_gdn.json", "request_cp_kda.json"]
+    gdn = json.loads((tmp_path / "request_cp_gdn.json").read_text())
+    kda = json.loads((tmp_path / "request_cp_kda.json").read_text())
+    assert kda["kind"] == "cp_kda" and kda["P"] == 2 and kda["conv_kernel"] == 4 and kda["seed"] == 3
+    assert kda["cases"] == gdn["cases"]  # --gdn-T x --heads, one document
+    assert "wrote " + str(tmp_path / "request_cp_kda.json") + " (4 cases, P = 2)" in r.stdout
+
+
+def test_cp_kda_on_cpu_rows(ringscan, tmp_path):
+    """bench cp --parts kda on the cpu backend (2 ranks): the KDA layer through lib/cp's cp 2 chain (CpGdnCore.kda),
+    its phases, exchanges and one-rank rows, in its own part of bench.json and its own table."""
+    r = mpirun2(ringscan, "bench", "cp", *CP_TINY, "--parts", "kda", "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    b = json.loads((tmp_path / "bench.json").read_text())
+    assert "cp_gdn" not in b and "cp_attn" not in b
+    kda = b["cp_kda"]
+    assert kda["request"]["kind"] == "cp_kda" and kda["gdn_keep"] == "states" and kda["gdn_chain"] == "staged"
+    assert kda["gdn_cp"] == "chain"
+    (name,) = [c["name"] for c in kda["request"]["cases"]]
+    assert name == "T512_H2_K64_docs1"
+    cp, one = cp_rows(kda, "ringscan-cp")[name], cp_rows(kda, "ringscan-1gpu")[name]
+    assert cp["gpus"] == 2 and one["gpus"] == 1
+    for row in (cp, one):
+        assert 0 < row["ms_fwd"] < row["ms_fwdbwd"] and row["reps"] == 3
+    chain = ["head", "relay", "tail"]
+    assert list(cp["phases"]) == ["halo_fwd", "conv_fwd"] + [f"{p}_fwd" for p in chain] + \
+        [f"{p}_bwd" for p in chain] + ["conv_bwd", "halo_bwd"]
+    assert all(v > 0 for v in cp["phases"].values())
+    a = cp["exchange_alone"]  # the same state as GDN's: one hand-off of 2 heads x 64 x 64 fp32; the same halo
+    assert a["state_op"] == "send/recv" and a["state_bytes_per_rank"] == 2 * 64 * 64 * 4
+    assert a["halo_bytes_per_rank"] == 2 * 3 * 384 * 4
+    t = {(x["case"], x["impl"]): x for x in kda["table"]}[(name, "ringscan-cp")]
+    want = one["ms_fwdbwd"] / (2 * cp["ms_fwdbwd"])
+    assert abs(t["cp_efficiency_fwdbwd"] - want) <= 1e-6 * want
+    assert "Kimi Delta Attention layer over 2 ranks" in r.stdout and "Gated DeltaNet layer" not in r.stdout
+
+
+def test_cp_kda_flops_are_gdns(ringscan, tmp_path):
+    """The KDA table counts GDN's FLOPs (plan's chunk count, one formula): the FLOPs behind each table's TF/s agree."""
+    r = mpirun2(ringscan, "bench", "cp", *CP_TINY, "--parts", "gdn,kda", "--out", tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    b = json.loads((tmp_path / "bench.json").read_text())
+    flops = {}
+    for part in ("cp_gdn", "cp_kda"):
+        for t in b[part]["table"]:
+            for k in ("fwd", "fwdbwd"):
+                flops[(part, t["impl"], k)] = t[f"tflops_per_gpu_{k}"] * t[f"ms_{k}"] * 1e9 * t["gpus"]
+    for impl in ("ringscan-cp", "ringscan-1gpu"):
+        for k in ("fwd", "fwdbwd"):
+            g, d = flops[("cp_gdn", impl, k)], flops[("cp_kda", impl, k)]
+            assert g > 0 and abs(d - g) <= 1e-6 * g, (impl, k, g, d)  # bench.json rounds
+    assert flops[("cp_kda", "ringscan-cp", "fwdbwd")] > flops[("cp_kda", "ringscan-cp", "fwd")]
+
+
+def test_cp_kda_peer_started_by_rank0(ringscan, tmp_path):
+    fake = tmp_path / "fakepython"
+    fake.write_text(FAKE_TORCHRUN)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    out = tmp_path / "out"
+    r = mpirun2(ringscan, "bench", "cp", *CP_TINY, "--parts", "kda", "--peer", "--python", fake, "--out", out,
+                env={"FAKE_PEER_LOG": str(log)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    (c,) = [json.loads(l) for l in log.read_text().splitlines()]
+    assert c["argv"][5:] == ["bench/peer/cp_kda_fla.py", "--request", f"{out}/request_cp_kda.json", "--out",
+                             f"{out}/peer_cp_kda.json"]
+    part = json.loads((out / "bench.json").read_text())["cp_kda"]
+    assert part["peer"]["kind"] == "cp_kda"
+    table = {(t["case"], t["impl"]): t for t in part["table"]}
+    for name, mine in cp_rows(part, "ringscan-cp").items():
+        t = table[(name, "fla-cp")]
+        assert abs(t["cp_efficiency_fwdbwd"] - 16.0 / (2 * 10.0)) < 1e-9
+        assert abs(t["ratio_fwdbwd"] - 10.0 / mine["ms_fwdbwd"]) <= 1e-6 * t["ratio_fwdbwd"]
 
 
 @pytest.mark.parametrize("how", ["auto", "scan", "chain"])
