@@ -202,7 +202,8 @@ def save_folders_ref(work, shape, seed):
     return None, f32, b16, comp
 
 
-def save_folders(work, shape, seed):
+def save_folders(work, shape, seed, need=("text-bf16", "composite")):
+    """The fp32 text folder, and the bf16 and composite ones where `need` names them (None where not)."""
     import torch
     from transformers import Qwen3_5ForCausalLM
     torch.manual_seed(seed)
@@ -214,12 +215,17 @@ def save_folders(work, shape, seed):
         shutil.rmtree(d, ignore_errors=True)
     total = sum(p.numel() for p in model.parameters()) * 4
     model.save_pretrained(f32, safe_serialization=True, max_shard_size=max(total // 3, 1 << 20))
-    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(b16, safe_serialization=True)
+    if "text-bf16" in need:
+        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(b16, safe_serialization=True)
+    else:
+        b16 = None
     sharded = (f32 / "model.safetensors.index.json").exists()
-    say("save fp32 (sharded) and bf16 text folders", True,
+    say(f"save fp32 (sharded){' and bf16' if b16 else ''} text folders", True,
         f"{sum(p.numel() for p in model.parameters()):,} parameters, fp32 {'sharded' if sharded else 'one file'}")
     comp = work / "composite"
     shutil.rmtree(comp, ignore_errors=True)
+    if "composite" not in need:
+        return model, f32, b16, None
     try:
         from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
         cc = Qwen3_5Config(text_config=cfg.to_dict(),
@@ -443,7 +449,8 @@ def main(argv=None):
     batches = hf_check.make_batches(args.data, args.batch, args.seq_len)
     if args.impl == "transformers":
         guarded("mrope", check_mrope, args.shape)
-        saved = guarded("save", save_folders, args.work, args.shape, args.seed)
+        need = set(args.folders.split(",")) | ({"text-bf16", "composite"} if checks & {"export", "composite"} else set())
+        saved = guarded("save", save_folders, args.work, args.shape, args.seed, need)
     else:
         say("mrope == 1-D rope on text", None, "needs transformers")
         saved = guarded("save", save_folders_ref, args.work, args.shape, args.seed)
