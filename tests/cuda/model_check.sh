@@ -17,6 +17,8 @@
 #   4. `ringscan train` of the config on cuda, one rank, TRAIN_STEPS steps on synthetic data: the
 #      trainer's cuda wiring (device metadata, memory report); it needs an MPI runtime (MPI_Init).
 #
+# CASE_SETS: config overrides (KEY=VALUE, space-separated) for the case and the training run, e.g.
+#   CASE_SETS="model.linear_attention=kda model.linear_num_value_heads=2"   (a KDA hybrid: issue 39)
 # Needs the attention and GDN kernels (kernels/cuda/attention/, gdn/gdn.cu). Exit 0 when
 # every check passed. tests/cuda/README.md records what the device runs measured.
 set -u -o pipefail
@@ -27,12 +29,14 @@ STEPS=${STEPS:-50}
 TRAIN_STEPS=${TRAIN_STEPS:-20}
 CURVE_TOL=${CURVE_TOL:-1e-2}
 THREADS=${THREADS:-8}
+SETS=()
+for kv in ${CASE_SETS:-}; do SETS+=(--set "$kv"); done
 HERE=$(dirname "$0")
 rc=0
 rm -rf "$O" && mkdir -p "$O" || exit 2
 
 echo "== case"
-$PY tests/parity/make_case.py configs/tiny-cpu.yaml "$O/case" --ringscan "$B/ringscan" 2>&1 | grep -v Warning || exit 1
+$PY tests/parity/make_case.py configs/tiny-cpu.yaml "$O/case" --ringscan "$B/ringscan" "${SETS[@]}" 2>&1 | grep -v Warning || exit 1
 echo "== one step + $STEPS steps on the batch: cpu, cpu with bf16 storage, cuda"
 C="$O/case"
 "$B/parity_step" "$C" --out "$C/grads_cpu.safetensors" --steps "$STEPS" --threads "$THREADS" > "$O/cpu.log" 2>&1 &
@@ -53,7 +57,7 @@ echo "== ringscan train on cuda, $TRAIN_STEPS steps"
 "$B/ringscan" data synth "$O/recall.tok" --seed 1 > /dev/null || exit 1
 "$B/ringscan" train configs/tiny-cpu.yaml --set device.kind=cuda --set parallel.dp=1 --set parallel.cp=1 \
     --set train.steps="$TRAIN_STEPS" --set train.warmup_steps=$((TRAIN_STEPS / 2)) --set data.path="$O/recall.tok" --set run.out_dir="$O/train_cuda" \
-    --set checkpoint.every="$TRAIN_STEPS" > "$O/train_cuda.log" 2>&1 || { rc=1; echo "train failed:"; }
+    --set checkpoint.every="$TRAIN_STEPS" "${SETS[@]}" > "$O/train_cuda.log" 2>&1 || { rc=1; echo "train failed:"; }
 grep -E "^memory|^step|error|rror" "$O/train_cuda.log" | tail -8
 echo "model_check: $([ $rc = 0 ] && echo ok || echo FAILED)"
 exit $rc
