@@ -128,6 +128,19 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
     return c.off;
 }
 
+static size_t kda_ws_grown(size_t bytes) {
+    return (bytes + bytes / 8 + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+}
+
+/* The workspace the entries grow to for fragments of frag tokens (BackendSizes, for plan and model_acts): the
+ * backward of a whole fragment without a kept buffer (the largest call; with kept_states its states live in
+ * kept), grown as kda_buffers grows it. cp changes nothing: the transition and dstate need less. */
+extern "C" size_t cuda_kda_workspace_bytes(int64_t frag, int cp, int nv, int dk, int dv, int kept_states) {
+    KdaBufs b;
+    const int need = KDA_NEED_TINV | KDA_NEED_QK | (kept_states ? 0 : KDA_NEED_STATES) | KDA_NEED_DSTATES | KDA_NEED_DQK;
+    return kda_ws_grown(kda_ws_carve(&b, NULL, frag, nv, dk, dv, need));
+}
+
 static void *kda_ws;        /* the device workspace */
 static size_t kda_ws_bytes; /* its size */
 
@@ -137,7 +150,7 @@ static KdaBufs kda_buffers(int64_t T, int nv, int dk, int dv, int need) {
     KdaBufs b;
     const size_t bytes = kda_ws_carve(&b, NULL, T, nv, dk, dv, need);
     if (bytes > kda_ws_bytes) {
-        const size_t want = (bytes + bytes / 8 + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+        const size_t want = kda_ws_grown(bytes);
         if (kda_ws) {
             CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
             cuda_internal_free(kda_ws, kda_ws_bytes);
