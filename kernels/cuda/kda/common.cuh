@@ -72,13 +72,19 @@ KDA_DEV void kda_load_f32(float *s, int lds, const float *src, int64_t ld, int w
 
 /* the chunk's per-channel cumulative log gate: sG[r][a] = g_0[a] + ... + g_r[a] (summed in double, stored fp32),
  * rows >= L repeat row L - 1 (so every exponent formed from sG stays <= 0). g of value head h: row t at
- * g + (t nv + h) dk. Threads a < dk, one channel each. */
+ * g + (t nv + h) dk. The rows are loaded by every thread (coalesced, in flight together), then threads a < dk sum
+ * one channel each. All threads; the caller synchronises before reading sG. */
 KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
+    for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
+        const int r = i / dk, a = i % dk;
+        sG[r * ldg + a] = r < L ? g[((t0 + r) * nv + h) * (int64_t)dk + a] : 0.0f;
+    }
+    __syncthreads();
     const int a = threadIdx.x;
     if (a >= dk) return;
     double acc = 0.0;
-    for (int r = 0; r < KDA_C; r++) {
-        if (r < L) acc += (double)g[((t0 + r) * nv + h) * (int64_t)dk + a];
+    for (int r = 0; r < KDA_C; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
+        acc += (double)sG[r * ldg + a];
         sG[r * ldg + a] = (float)acc;
     }
 }
