@@ -24,6 +24,9 @@
  * A missed document reset costs an error of order 1 (cuda_kda_check_can_fail). Every path that reads what
  * another wrote (kept with and without states, the prep, the staged forward and backward) must give the
  * bits of the plain call, and two runs the same bits (cuda_kda_determinism).
+ *
+ * The same file also builds against tests/cuda/kda_emu (a host emulation of the CUDA the kernels use), where
+ * tests/test_cuda_kda_emu.py runs its small cases in CI: keep it to the runtime calls that emulation provides.
  */
 #include <math.h>
 #include <stdio.h>
