@@ -19,8 +19,10 @@
  * (CUDA cores; the gate cumsum G is summed in double and kept in fp32, where the oracle keeps it in double:
  * an exponent G_r - G_j of size up to ~100 then carries ~1e-5 absolute error); only o, dq, dk, dv are bf16.
  *   KDA_B_BF16  6e-3  o, dq, dk, dv: one bf16 rounding (<= 2^-9 relative each, ~1.5e-3 in L2) over fp32 math
- *   KDA_B_STATE 1e-4  S_final, dS0, M, H, Tinv: fp32 sums in another order and the fp32 G (~1e-5 relative)
- *   KDA_B_GRAD  1e-3  dg, dbeta: fp32, with the cancellation of dL/dG's +- pairs and its reverse sums
+ *   KDA_B_STATE 3e-5  S_final, dS0, M, H, Tinv: fp32 sums in another order and the fp32 G
+ *   KDA_B_GRAD  1e-4  dg, dbeta: fp32, with the cancellation of dL/dG's +- pairs and its reverse sums
+ * (the host emulation of the kernels, tests/cuda/kda_emu, measures ~1.7e-3 for the bf16 outputs and <= 4e-7 for
+ * every fp32 one on these cases; the GPU's expf and FMA contraction differ from the host's by an ulp or two)
  * A missed document reset costs an error of order 1 (cuda_kda_check_can_fail). Every path that reads what
  * another wrote (kept with and without states, the prep, the staged forward and backward) must give the
  * bits of the plain call, and two runs the same bits (cuda_kda_determinism).
@@ -41,8 +43,8 @@
 #include "test_util.h"
 
 #define KDA_B_BF16 6e-3
-#define KDA_B_STATE 1e-4
-#define KDA_B_GRAD 1e-3
+#define KDA_B_STATE 3e-5
+#define KDA_B_GRAD 1e-4
 
 /* ---- a problem: inputs on host (fp32, bf16-rounded where the device reads bf16) and device ---- */
 
