@@ -6,8 +6,8 @@
  * .cuh files beside it, one stage each, compiled in this one translation unit; the fold link is GDN's
  * gdn_state_affine (the transition's M has the same shape).
  *
- * Shapes: T tokens (T < 2^31 - 128), nk key heads and nv value heads (nv a multiple of nk), dim_k, dim_v in
- * {64, 128}; q, k (T, ldq), v (T, ldv), o (T, ldo) bf16 (any row stride at least the width; no alignment
+ * Shapes: T tokens (T < 2^31 - 128), nk key heads and nv value heads (nv a multiple of nk), dim_k = dim_v in
+ * {64, 128} (the kernels keep the two apart, but only equal dims are tested, and the model has no other); q, k (T, ldq), v (T, ldv), o (T, ldo) bf16 (any row stride at least the width; no alignment
  * asked); g (T, nv, dim_k) and beta (T, nv) fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16,
  * dg, dbeta fp32. Chunks of 64 tokens restart at every document start (index.cuh, on the device).
  *
@@ -300,8 +300,9 @@ static void kda_check_args(const char *who, int64_t T, int nk, int nv, int dim_k
                            int ldo) {
     RS_CHECK(T >= 0 && T < (int64_t)INT32_MAX - 128, "%s: T = %lld", who, (long long)T);
     RS_CHECK(nk > 0 && nv > 0 && nv % nk == 0, "%s: nk = %d, nv = %d (nv must be a multiple of nk)", who, nk, nv);
-    RS_CHECK((dim_k == 64 || dim_k == 128) && (dim_v == 64 || dim_v == 128),
-             "%s: dim_k = %d, dim_v = %d: the cuda KDA kernels are built for head dims 64 and 128", who, dim_k, dim_v);
+    RS_CHECK((dim_k == 64 || dim_k == 128) && dim_v == dim_k,
+             "%s: dim_k = %d, dim_v = %d: the cuda KDA kernels take dim_k = dim_v = 64 or 128 (kimi_linear's one "
+             "head_dim; dim_k != dim_v is written for but not tested)", who, dim_k, dim_v);
     RS_CHECK((int64_t)ldq >= (int64_t)nk * dim_k, "%s: ldq = %d < nk*dim_k = %d", who, ldq, nk * dim_k);
     RS_CHECK(ldv == 0 || (int64_t)ldv >= (int64_t)nv * dim_v, "%s: ldv = %d < nv*dim_v = %d", who, ldv, nv * dim_v);
     RS_CHECK(ldo == 0 || (int64_t)ldo >= (int64_t)nv * dim_v, "%s: ldo = %d < nv*dim_v = %d", who, ldo, nv * dim_v);
