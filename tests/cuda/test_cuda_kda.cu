@@ -476,7 +476,8 @@ TEST(cuda_kda_staged_edges) {
     KOut plain;
     kda_gpu(&p, KDA_PLAIN, &plain);
     const int64_t T = p.T, sn = (int64_t)p.nv * p.d * p.d;
-    void *kept = ct_dev(cuda_kda_kept_bytes(T, p.nv, p.d, p.d, 1)), *dkept = ct_dev(cuda_kda_dkept_bytes(T, p.nv, p.d, p.d));
+    void *kept = ct_dev(cuda_kda_kept_bytes(T, p.nv, p.d, p.d, 1));
+    void *dkept = ct_dev(cuda_kda_dkept_bytes(T, p.nv, p.d, p.d));
     bf16 *o = (bf16 *)ct_dev((size_t)T * p.ldo * 2), *dq = (bf16 *)ct_dev((size_t)T * p.ldq * 2),
          *dk = (bf16 *)ct_dev((size_t)T * p.ldq * 2), *dv = (bf16 *)ct_dev((size_t)T * p.ldv * 2);
     float *dg = (float *)ct_dev(T * p.nv * p.d * 4), *dbeta = (float *)ct_dev(T * p.nv * 4);
@@ -569,12 +570,13 @@ TEST(cuda_kda_gates) {
 
     float *dbeta = ct_host_normal(T * nv, 1.0), *dg = ct_host_normal(T * w, 1.0);
     float *dA0 = ct_host_normal(nv, 1.0), *ddt0 = ct_host_normal(w, 1.0);
-    float *db_w = ct_host_nan(T * ldb), *df_w = ct_host_nan(T * ldf), *dA_w = ct_clone(dA0, nv), *ddt_w = ct_clone(ddt0, w);
+    float *db_w = ct_host_nan(T * ldb), *df_w = ct_host_nan(T * ldf);
+    float *dA_w = ct_clone(dA0, nv), *ddt_w = ct_clone(ddt0, w);
     cpu_kda_gates_backward(db_w, df_w, dA_w, ddt_w, dbeta, dg, b, f, A_log, dt_bias, T, nv, dk, ldb, ldf);
     bf16 *d_db = (bf16 *)ct_dev((size_t)T * ldb * 2), *d_df = (bf16 *)ct_dev((size_t)T * ldf * 2);
     float *d_dA = ct_up_f32(dA0, nv), *d_ddt = ct_up_f32(ddt0, w);
-    cuda_kda_gates_backward(d_db, d_df, d_dA, d_ddt, ct_up_f32(dbeta, T * nv), ct_up_f32(dg, T * w), d_b, d_f, d_A, d_dt,
-                            T, nv, dk, ldb, ldf);
+    cuda_kda_gates_backward(d_db, d_df, d_dA, d_ddt, ct_up_f32(dbeta, T * nv), ct_up_f32(dg, T * w), d_b, d_f, d_A,
+                            d_dt, T, nv, dk, ldb, ldf);
     float *db = ct_host(T * ldb), *df = ct_host(T * ldf), *dA = ct_host(nv), *ddt = ct_host(w);
     ct_down_bf16(db, d_db, T * ldb);
     ct_down_bf16(df, d_df, T * ldf);

@@ -4,9 +4,9 @@
  * per-chunk loads (bf16 rows into shared memory, the per-channel gate cumsum). Part of the one translation unit
  * kda.cu; not standalone.
  *
- * Shapes every kernel takes: T tokens, nk key heads and nv value heads (nv a multiple of nk; value head h reads
- * key head h / (nv / nk)), dk = dv in {64, 128} (kda.cu refuses others); q, k (T, ldq) and v (T, ldv) bf16, g (T, nv, dk) and beta
- * (T, nv) fp32. Per-chunk kernels run one 256-thread block per (chunk, value head): blockIdx.y is the value
+ * Shapes every kernel takes: T tokens, nk key heads and nv value heads (nv a multiple of nk; value head h reads key
+ * head h / (nv / nk)), dk = dv in {64, 128} (kda.cu refuses others); q, k (T, ldq) and v (T, ldv) bf16, g (T, nv, dk)
+ * and beta (T, nv) fp32. Per-chunk kernels run one 256-thread block per (chunk, value head): blockIdx.y is the value
  * head, blockIdx.x strides over the chunks of the index (the count is on the device).
  */
 #pragma once

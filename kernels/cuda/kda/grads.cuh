@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
             const float t1 = scale * gam * sDG[r * ldg + a];
             float dq = t1, X = 0.0f;
             for (int j = 0; j < r; j++) {
-                const float x = scale * sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
+                const float x =
+                    scale * sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
                 dq += x;
                 X += x;
             }
@@ -233,7 +234,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
             const float dvv = sDV[r * ldg + a];
             float dkk = dec * dvv + sdiag * qr, Y = 0.0f;
             for (int i = r + 1; i < L; i++) {
-                const float y = scale * sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
+                const float y =
+                    scale * sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
                 dkk += y;
                 Y += y;
             }

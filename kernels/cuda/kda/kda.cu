@@ -6,10 +6,11 @@
  * .cuh files beside it, one stage each, compiled in this one translation unit; the fold link is GDN's
  * gdn_state_affine (the transition's M has the same shape).
  *
- * Shapes: T tokens (T < 2^31 - 128), nk key heads and nv value heads (nv a multiple of nk), dim_k = dim_v in
- * {64, 128} (the kernels keep the two apart, but only equal dims are tested, and the model has no other); q, k (T, ldq), v (T, ldv), o (T, ldo) bf16 (any row stride at least the width; no alignment
- * asked); g (T, nv, dim_k) and beta (T, nv) fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16,
- * dg, dbeta fp32. Chunks of 64 tokens restart at every document start (index.cuh, on the device).
+ * Shapes: T tokens (T < 2^31 - 128), nk key heads and nv value heads (nv a multiple of nk), dim_k = dim_v in {64, 128}
+ * (the kernels keep the two apart, but only equal dims are tested, and the model has no other); q, k (T, ldq), v (T,
+ * ldv), o (T, ldo) bf16 (any row stride at least the width; no alignment asked); g (T, nv, dim_k) and beta (T, nv)
+ * fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16, dg, dbeta fp32. Chunks of 64 tokens restart at
+ * every document start (index.cuh, on the device).
  *
  * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value
  * head and 32 state columns), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index,
@@ -137,7 +138,8 @@ static size_t kda_ws_grown(size_t bytes) {
  * kept), grown as kda_buffers grows it. cp changes nothing: the transition and dstate need less. */
 extern "C" size_t cuda_kda_workspace_bytes(int64_t frag, int cp, int nv, int dk, int dv, int kept_states) {
     KdaBufs b;
-    const int need = KDA_NEED_TINV | KDA_NEED_QK | (kept_states ? 0 : KDA_NEED_STATES) | KDA_NEED_DSTATES | KDA_NEED_DQK;
+    const int need =
+        KDA_NEED_TINV | KDA_NEED_QK | (kept_states ? 0 : KDA_NEED_STATES) | KDA_NEED_DSTATES | KDA_NEED_DQK;
     return kda_ws_grown(kda_ws_carve(&b, NULL, frag, nv, dk, dv, need));
 }
 
@@ -268,7 +270,8 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
         KdaCarve c(NULL);
         bf16 *p[2];
         float *f[8];
-        const size_t smem = kda_gwy_smem(dk, dv, &c, &p[0], &p[1], &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]);
+        const size_t smem =
+            kda_gwy_smem(dk, dv, &c, &p[0], &p[1], &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]);
         kda_smem_attr(kda_grad_wy_kernel, smem, "grad_wy");
         kda_grad_wy_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
             dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->hs, b->starts, b->meta, doc_pos, T, nk, nv,

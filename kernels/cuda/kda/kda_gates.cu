@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(KG_THREADS) kda_gates_backward_kernel(
         acc_dt += dft;
         df[t * ldf + col] = __float2bfloat16_rn(dft);
         if (col % dk == 0)
-            db[t * ldb + h] = __float2bfloat16_rn(dbeta[t * nv + h] * cuda_sigmoid_gradf(__bfloat162float(b[t * ldb + h])));
+            db[t * ldb + h] =
+                __float2bfloat16_rn(dbeta[t * nv + h] * cuda_sigmoid_gradf(__bfloat162float(b[t * ldb + h])));
     }
     part_A[(int64_t)blockIdx.x * w + col] = acc_A;
     part_dt[(int64_t)blockIdx.x * w + col] = acc_dt;

@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
             sA[i * KDA_LDT + j] = a;
         }
         __syncthreads();
-        /* Tinv by forward substitution, thread = column col: T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col] */
+        /* Tinv by forward substitution, thread = column col:
+         * T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col] */
         if (threadIdx.x < KDA_C) {
             const int col = threadIdx.x;
             for (int i = 0; i < L; i++) {

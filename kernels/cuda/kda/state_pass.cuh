@@ -49,8 +49,8 @@ KDA_DEV void kda_state_factors(float *sK, float *sG, float *sGK, float *sW, floa
     kda_load_G(sG, dk, g, t0, L, h, nv, dk);
     for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
         const int r = i / KDA_C, j = i % KDA_C;
-        sTb[r * KDA_LDT + j] = r < L && j <= r ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] * beta[(t0 + j) * nv + h]
-                                               : 0.0f;
+        sTb[r * KDA_LDT + j] =
+            r < L && j <= r ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] * beta[(t0 + j) * nv + h] : 0.0f;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         }
         for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
             const int r = i / KDA_BV, cc = i % KDA_BV;
-            sV[r * ld + cc] = !is_M && r < L ? __bfloat162float(v[(ch.t0 + r) * ldv + (int64_t)h * dv + col0 + cc]) : 0.0f;
+            sV[r * ld + cc] =
+                !is_M && r < L ? __bfloat162float(v[(ch.t0 + r) * ldv + (int64_t)h * dv + col0 + cc]) : 0.0f;
         }
         kda_state_factors(sK, sG, sGK, sW, sTb, sGL, k, g, beta, tinv, ch, h, kh, nv, dk, ldq);
         /* vn_r = U_r - W_r S (U_r = sum_{j <= r} Tinv_rj beta_j v_j; rows >= L are 0) */
