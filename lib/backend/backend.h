@@ -414,7 +414,7 @@ typedef struct BackendSizes {
     /* the kda_* figures of the same names (model.linear_attention kda); NULL where the backend has no KDA kernels */
     size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_states);
     size_t (*kda_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
-    /* gdn_workspace_bytes of the KDA kernels; NULL: none (the cpu backend's scratch is counted apart) */
+    /* gdn_workspace_bytes of the KDA kernels (model.linear_attention kda on cuda); NULL: gdn_workspace_bytes stands */
     size_t (*kda_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states);
     /* the workspace of device.attention_kernel `kernel` (AttnKernel) beside our kernel's, for block attention
      * calls of up to `rows` query and key rows: cuDNN's route (cudnn, cudnn_det, auto: what cudnn needs); 0:
