@@ -2,8 +2,8 @@
 
 Evidence, each able to fail:
 
-1. Config: KDA's dims (key heads = value heads, key width = value width) and the cuda backend (no KDA kernels
-   yet) are refused at config time, naming the keys.
+1. Config: KDA's dims (key heads = value heads, key width = value width; on cuda 64 or 128) are refused at config
+   time, naming the keys; kda on cuda is accepted and plan counts the cuda kernels' kept buffer.
 2. The per-op oracle (build/test_ops kda_*: forward and every gradient against the float64 per-token
    recurrence and finite differences) runs in tests/test_ops.py; here: the CP schedules on a KDA core alone
    (build/cp_check kda under mpirun -np 1, 2, 4; the chain at cp 2, whole and staged, the prefix scan at 4, the
@@ -56,7 +56,11 @@ def rel(a, b):
                                                "as many key heads as value heads"]),
     (KDA + ["--set", "model.linear_value_head_dim=32"], ["model.linear_key_head_dim = 64",
                                                          "model.linear_value_head_dim = 32", "one width"]),
-    (KDA + ["--set", "device.kind=cuda"], ["device.kind = cuda", "no Kimi Delta Attention kernels"]),
+    (KDA + ["--set", "device.kind=cuda", "--set", "model.linear_key_head_dim=32", "--set",
+            "model.linear_value_head_dim=32"], ["device.kind = cuda", "model.linear_key_head_dim = 32",
+                                                "Kimi Delta Attention) are built for head dims 64 or 128"]),
+    (["--set", "model.linear_attention=kda", "--set", "device.kind=cuda"],
+     ["model.linear_num_value_heads = 4", "as many key heads as value heads"]),
     (["--set", "model.linear_attention=mamba"], ["model.linear_attention", "gdn", "kda"]),
 ])
 def test_bad_kda_configs_are_refused(ringscan, sets, words):
@@ -64,6 +68,28 @@ def test_bad_kda_configs_are_refused(ringscan, sets, words):
     assert r.returncode == 2, r.stdout + r.stderr
     for w in words:
         assert w in r.stderr, (w, r.stderr)
+
+
+def test_kda_on_cuda_is_accepted_and_planned(ringscan):
+    """The cuda backend has KDA kernels (kernels/cuda/kda/): config check accepts kda with device.kind cuda, and plan
+    (no GPU needed) counts the cuda kept buffer, whose layout is not the cpu's: Tinv fp32 (T, nv, 64), with
+    checkpoint.gdn_keep states also the chunk states (ceil(T / 64), nv, dk, dv) and vn (T, nv, dv) fp32."""
+    cuda = KDA + ["--set", "device.kind=cuda"]
+    r = run([ringscan, "config", "check", ROOT / "configs/tiny-cpu.yaml", *cuda])
+    assert r.returncode == 0, r.stdout + r.stderr
+    kept = {}
+    for keep in ("none", "wy", "states"):
+        r = run([ringscan, "plan", ROOT / "configs/tiny-cpu.yaml", *cuda, "--set", f"checkpoint.gdn_keep={keep}"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "3 linear_attention (Kimi Delta Attention)" in r.stdout and "device cuda" in r.stdout, r.stdout
+        line = next(l for l in r.stdout.splitlines() if "kept forward -> backward" in l)
+        value, unit = line.split()[4:6]  # the checkpoint.activations none column
+        kept[keep] = float(value) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    # tiny-cpu: seq_len 512 at cp 4 in zigzag segments of 64 tokens, a rank holds 2 of each of micro_batch 4 samples:
+    # 8 fragments of 64 tokens; 3 KDA layers, nv 2, d 64: Tinv 64 x 2 x 64 fp32 = 32 KiB; states and vn 2 x 32 KiB
+    per = 3 * 8 * 32 * 2**10
+    assert abs((kept["wy"] - kept["none"]) - per) < 0.01 * 2**20, kept
+    assert abs((kept["states"] - kept["none"]) - 3 * per) < 0.01 * 2**20, kept
 
 
 def test_plan_counts_kda(ringscan):

@@ -17,7 +17,7 @@
  * cuda_norm.cu (RMSNorm, L2 norm, gated RMSNorm), cuda_elementwise.cu
  * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu, cuda_rope.cu,
  * cuda_loss.cu (fused lm_head + CE), cuda_optim.cu (AdamW, sum of squares),
- * attention/, gdn/; cuda_setup.cu and cuda_stream.cu hold the
+ * attention/, gdn/, kda/; cuda_setup.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.
  */
 #include "attention/cudnn_graph.h"
@@ -64,6 +64,14 @@
     X(gdn_chunk_transition) \
     X(gdn_chunk_dstate) \
     X(gdn_state_affine) \
+    X(kda_gates_forward) \
+    X(kda_gates_backward) \
+    X(kda_chunk_forward) \
+    X(kda_chunk_backward) \
+    X(kda_chunk_backward_stage) \
+    X(kda_chunk_prep) \
+    X(kda_chunk_transition) \
+    X(kda_chunk_dstate) \
     X(gated_rmsnorm_forward) \
     X(gated_rmsnorm_backward) \
     X(rope_forward) \
@@ -84,6 +92,8 @@
 #define CUDA_UNTIMED_ENTRIES                    \
     .gdn_kept_bytes = cuda_gdn_kept_bytes,      \
     .gdn_dkept_bytes = cuda_gdn_dkept_bytes,    \
+    .kda_kept_bytes = cuda_kda_kept_bytes,      \
+    .kda_dkept_bytes = cuda_kda_dkept_bytes,    \
     .host_alloc = cuda_host_alloc,              \
     .host_free = cuda_host_free,                \
     .copyq_create = cuda_copyq_create,          \
@@ -153,6 +163,14 @@ static void prof_gdn_chunk_prep(void *kept, const void *k, const void *v, const 
 static void prof_gdn_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *kept, int kept_states) { PROF_VOID(gdn_chunk_transition, (M, H, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, kept, kept_states)); }
 static void prof_gdn_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo, const void *kept, int kept_states) { PROF_VOID(gdn_chunk_dstate, (dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo, kept, kept_states)); }
 static void prof_gdn_state_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv, int dim_k, int dim_v) { PROF_VOID(gdn_state_affine, (S_out, M, S_in, H, transpose_M, nv, dim_k, dim_v)); }
+static void prof_kda_gates_forward(float *beta, float *g, const void *b, const void *f, const float *A_log, const float *dt_bias, int64_t T, int nv, int dk, int ldb, int ldf) { PROF_VOID(kda_gates_forward, (beta, g, b, f, A_log, dt_bias, T, nv, dk, ldb, ldf)); }
+static void prof_kda_gates_backward(void *db, void *df, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *f, const float *A_log, const float *dt_bias, int64_t T, int nv, int dk, int ldb, int ldf) { PROF_VOID(kda_gates_backward, (db, df, dA_log, ddt_bias, dbeta, dg, b, f, A_log, dt_bias, T, nv, dk, ldb, ldf)); }
+static void prof_kda_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, void *kept, int kept_flags) { PROF_VOID(kda_chunk_forward, (o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_flags)); }
+static void prof_kda_chunk_backward(void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept, int kept_states) { PROF_VOID(kda_chunk_backward, (dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_states)); }
+static void prof_kda_chunk_backward_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept) { PROF_VOID(kda_chunk_backward_stage, (stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept)); }
+static void prof_kda_chunk_prep(void *kept, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states) { PROF_VOID(kda_chunk_prep, (kept, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, kept_states)); }
+static void prof_kda_chunk_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *kept, int kept_states) { PROF_VOID(kda_chunk_transition, (M, H, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, kept, kept_states)); }
+static void prof_kda_chunk_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldo, const void *kept, int kept_states) { PROF_VOID(kda_chunk_dstate, (dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo, kept, kept_states)); }
 static void prof_gated_rmsnorm_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv, int dv, int ldz, float eps) { PROF_VOID(gated_rmsnorm_forward, (out, rstd, x, z, w, T, nv, dv, ldz, eps)); }
 static void prof_gated_rmsnorm_backward(void *dx, void *dz, float *dw, const void *dout, const void *x, const void *z, const void *w, const float *rstd, int64_t T, int nv, int dv, int ldz) { PROF_VOID(gated_rmsnorm_backward, (dx, dz, dw, dout, x, z, w, rstd, T, nv, dv, ldz)); }
 static void prof_rope_forward(void *x, const int32_t *pos, int64_t T, int nh, int hd, int rd, int ld, float theta) { PROF_VOID(rope_forward, (x, pos, T, nh, hd, rd, ld, theta)); }

@@ -105,6 +105,9 @@ static const BackendSizes runtime_cuda_sizes = {
     .gdn_kept_bytes = cuda_gdn_kept_bytes,
     .gdn_dkept_bytes = cuda_gdn_dkept_bytes,
     .gdn_workspace_bytes = cuda_gdn_workspace_bytes,
+    .kda_kept_bytes = cuda_kda_kept_bytes,
+    .kda_dkept_bytes = cuda_kda_dkept_bytes,
+    .kda_workspace_bytes = cuda_kda_workspace_bytes,
     .attention_workspace_bytes = runtime_cuda_attention_workspace,
 };
 

@@ -295,8 +295,8 @@ typedef struct Backend {
                              int transpose_M, int nv, int dim_k, int dim_v);
 
     /* ---- Kimi Delta Attention (KDA; docs/design/kda.md): the gated delta rule with a decay per key channel ----
-     * NULL in a backend without KDA kernels (cuda for now: config_validate refuses model.linear_attention kda
-     * there). The kda_chunk_* entries are the gdn_chunk_* entries of the same suffix, with the same arguments,
+     * NULL in a backend without KDA kernels (cpu: kernels/cpu/cpu_kda.c, the oracle; cuda: kernels/cuda/kda/). The
+     * kda_chunk_* entries are the gdn_chunk_* entries of the same suffix, with the same arguments,
      * kept buffers, stages, documents, S0 / S_final rules and CP transition, except that g is (T, nv, dim_k): the
      * log-decay of each key channel. Per value head h (key head h / (nv/nk)) and token t:
      *   S = Diag(exp(g_t)) S;  u = S^T k_t;  S += k_t (beta_t (v_t - u))^T;  o_t = S^T (q_t * dk^-1/2)
@@ -432,6 +432,8 @@ typedef struct BackendSizes {
     /* the kda_* figures of the same names (model.linear_attention kda); NULL where the backend has no KDA kernels */
     size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_states);
     size_t (*kda_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
+    /* gdn_workspace_bytes of the KDA kernels (model.linear_attention kda on cuda); NULL: gdn_workspace_bytes stands */
+    size_t (*kda_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states);
     /* the workspace of device.attention_kernel `kernel` (AttnKernel) beside our kernel's, for block attention
      * calls of up to `rows` query and key rows: cuDNN's route (cudnn, cudnn_det, auto: what cudnn needs); 0:
      * none */

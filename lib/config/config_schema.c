@@ -114,7 +114,7 @@ const ConfigKey config_schema[] = {
          "the mixer of every linear_attention layer: gdn (Gated DeltaNet, Qwen3-Next's) or kda (Kimi Delta "
          "Attention, kimi_linear's: a decay per key channel, low-rank decay and output gates, a sigmoid-gated "
          "output norm; needs linear_num_key_heads = linear_num_value_heads and linear_key_head_dim = "
-         "linear_value_head_dim; cpu backend only until its cuda kernels exist; docs/design/kda.md)"),
+         "linear_value_head_dim; on cuda head dims 64 or 128; docs/design/kda.md)"),
     INT(model.full_attention_interval, "4", 1, CONFIG_LIST_MAX, "layers", "model",
         "every Nth layer is full attention (used when layer_types is empty)"),
     ENUMS(model.layer_types, "[]", layer_kind_names, "model",

@@ -67,11 +67,6 @@ static int validate_model(const Config *cfg, ConfigErrors *err) {
                               validate_quote(cfg, "model.linear_attention", a, sizeof a),
                               validate_quote(cfg, "model.linear_key_head_dim", b, sizeof b),
                               validate_quote(cfg, "model.linear_value_head_dim", c, sizeof c));
-        if (cfg->device.kind == DEVICE_KIND_CUDA)
-            config_errors_add(err, "%s with %s: the cuda backend has no Kimi Delta Attention kernels yet; run KDA "
-                                   "models on device.kind: cpu (the fp32 oracle), or use linear_attention: gdn",
-                              validate_quote(cfg, "model.linear_attention", a, sizeof a),
-                              validate_quote(cfg, "device.kind", b, sizeof b));
     }
     if (m->attention_bias)
         config_errors_add(err, "%s: ringscan's attention has no biases (Qwen3-Next uses none); set it to false",
@@ -113,7 +108,8 @@ static int validate_model(const Config *cfg, ConfigErrors *err) {
                               validate_quote(cfg, "device.kind", b, sizeof b));
         if ((m->linear_key_head_dim != 64 && m->linear_key_head_dim != 128) ||
             (m->linear_value_head_dim != 64 && m->linear_value_head_dim != 128))
-            config_errors_add(err, "%s and %s with %s: the cuda Gated DeltaNet kernels are built for head dims 64 or 128",
+            config_errors_add(err, "%s and %s with %s: the cuda delta-rule kernels (Gated DeltaNet, Kimi Delta "
+                                   "Attention) are built for head dims 64 or 128",
                               validate_quote(cfg, "model.linear_key_head_dim", a, sizeof a),
                               validate_quote(cfg, "model.linear_value_head_dim", b, sizeof b),
                               validate_quote(cfg, "device.kind", c, sizeof c));

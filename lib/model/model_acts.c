@@ -217,8 +217,10 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             const int kept_states =
                 cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
             /* cuda: the delta rule's workspace; cpu: its backward's per-chunk states and their gradients */
+            size_t (*ws_bytes)(int64_t, int, int, int, int, int) =
+                kda && sz->kda_workspace_bytes ? sz->kda_workspace_bytes : sz->gdn_workspace_bytes;
             int64_t s = cfg->device.kind == DEVICE_KIND_CUDA
-                            ? (int64_t)sz->gdn_workspace_bytes(T / frags, (int)cp, (int)nv, (int)dk, (int)dv, kept_states)
+                            ? (int64_t)ws_bytes(T / frags, (int)cp, (int)nv, (int)dk, (int)dv, kept_states)
                             : 2 * ((T + GDN_CHUNK - 1) / GDN_CHUNK) * nv * dk * dv * e;
             if (s > max_states) max_states = s;
         } else {

@@ -1,7 +1,8 @@
 /*
  * test_main.c — the driver of build/test_ops (see test_util.h):
  *   build/test_ops --list      one case name per line
- *   build/test_ops NAME...     run these cases; exit 1 if any check failed
+ *   build/test_ops NAME...     run these cases; exit 1 if any check failed. A NAME that is no case's name runs
+ *                              every case whose name starts with NAME_ (build/test_cuda cuda_kda: the cuda_kda_* cases)
  *   build/test_ops             run every case
  */
 #include <math.h>
@@ -161,8 +162,14 @@ int main(int argc, char **argv) {
     int ran = 0;
     for (int i = 0; i < test_count; i++) {
         int want = argc == 1;
-        for (int a = 1; a < argc; a++)
-            if (!strcmp(argv[a], test_cases[i].name)) want = 1;
+        for (int a = 1; a < argc; a++) {
+            int exact = 0;
+            for (int j = 0; j < test_count; j++) exact |= !strcmp(argv[a], test_cases[j].name);
+            const size_t n = strlen(argv[a]);
+            if (exact ? !strcmp(argv[a], test_cases[i].name)
+                      : !strncmp(argv[a], test_cases[i].name, n) && test_cases[i].name[n] == '_')
+                want = 1;
+        }
         if (want) { test_run(i); ran++; }
     }
     if (ran == 0) { fprintf(stderr, "test_ops: no case matches\n"); return 2; }

@@ -1,0 +1,285 @@
+/*
+ * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head), in two
+ * kernels (their shared memory apart would not fit one block), then the sum over the value heads of a key head:
+ *
+ *   kda_grad_wy_kernel  the WY side: dW = -dvn S^T, dXw = Tinv^T dW, dXu = Tinv^T dvn, dT (strictly lower)
+ *                       = dW Xw^T + dvn Xu^T, dA = -(Tinv^T dT Tinv^T) strictly lower, and through Xw = beta gam * K,
+ *                       Xu = beta V and A_ij = beta_i sum_c k_i k_j E_ij: dv (final), dbeta (final), the WY and A
+ *                       parts of dk (into dkv) and of dL/dG (into dg, before the in-chunk reverse sum).
+ *   kda_grad_qk_kernel  the output side: dP_rj = dO_r . vn_j, dq = scale gam (S dO) + scale sum_j dP_rj E_rj k_j,
+ *                       dk += dec (D vn) + scale sum_r dP_rj E_rj q_r, every e^{+-G} factor's share of dL/dG
+ *                       (the read gam_r q_r, the QK pairs, dec, the carried gam_{L-1}), added to the WY part,
+ *                       and dg = the reverse sum of dL/dG inside the chunk.
+ *   kda_group_reduce_kernel  dq, dk (bf16) = the sum over the value heads of each key head of dqv, dkv, in head
+ *                       order.
+ *
+ * Pairwise terms run one thread per (row, channel) with a loop over the other row of the pair (E evaluated
+ * only for j <= r, exponent <= 0); the pair-level sums (dP, dT, M1, dA) one thread per pair. S (hs) and D (dhs)
+ * are read from global memory by warps that share their row. Row sums (dbeta) are per-warp butterflies, then the
+ * warps in index order: fp32, a fixed order, no atomics. docs/design/kda.md has the algebra. Part of kda.cu.
+ */
+#pragma once
+
+static __host__ __device__ size_t kda_gwy_smem(int dk, int dv, KdaCarve *c, bf16 **sK, bf16 **sV, float **sG,
+                                               float **sDvn, float **sdW, float **sT, float **sdT, float **sM1,
+                                               float **sBeta, float **sRed) {
+    *sK = c->take<bf16>((size_t)KDA_C * (dk + 2));
+    *sV = c->take<bf16>((size_t)KDA_C * (dv + 2));
+    *sG = c->take<float>((size_t)KDA_C * (dk + 1));
+    *sDvn = c->take<float>((size_t)KDA_C * (dv + 1));
+    *sdW = c->take<float>((size_t)KDA_C * (dk + 1));
+    *sT = c->take<float>((size_t)KDA_C * KDA_LDT);
+    *sdT = c->take<float>((size_t)KDA_C * KDA_LDT);
+    *sM1 = c->take<float>((size_t)KDA_C * KDA_LDT);
+    *sBeta = c->take<float>(KDA_C);
+    *sRed = c->take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 blocks of 32 columns) */
+    return c->off;
+}
+
+__global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
+    bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
+    float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+    const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const float *hs /* (ns,nv,dk,dv) */,
+    const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv,
+    int ldq, int ldv) {
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    KdaCarve cv(kda_smem);
+    bf16 *sK, *sV;
+    float *sG, *sDvn, *sdW, *sT, *sdT, *sM1, *sBeta, *sRed;
+    kda_gwy_smem(dk, dv, &cv, &sK, &sV, &sG, &sDvn, &sdW, &sT, &sdT, &sM1, &sBeta, &sRed);
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
+    const int ldk = dk + 2, ldvb = dv + 2, ldg = dk + 1, ldf = dv + 1;
+    const int lane = threadIdx.x & 31;
+    const size_t sn = (size_t)dk * dv;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        const int64_t t0 = ch.t0;
+        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
+        kda_load_bf16(sV, ldvb, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
+        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
+        kda_load_f32(sDvn, ldf, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
+        kda_load_tile(sT, tinv, t0, L, h, nv);
+        if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
+        __syncthreads();
+        /* dW_r[a] = -(S_a . dvn_r) (lanes over r: S_a is one broadcast row) */
+        const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p % KDA_C, a = p / KDA_C;
+            float x = 0.0f;
+            if (S && r < L)
+                for (int cc = 0; cc < dv; cc++) x += S[(size_t)a * dv + cc] * sDvn[r * ldf + cc];
+            sdW[r * ldg + a] = -x;
+        }
+        __syncthreads();
+        /* dT_ij = beta_j (dW_i . (gam_j * k_j)) + beta_j (dvn_i . v_j) for j < i < L (lanes over j) */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+            const int i = p / KDA_C, j = p % KDA_C;
+            float x = 0.0f;
+            if (j < i && i < L) {
+                float s1 = 0.0f, s2 = 0.0f;
+                for (int a = 0; a < dk; a++)
+                    s1 += sdW[i * ldg + a] * __bfloat162float(sK[j * ldk + a]) * expf(sG[j * ldg + a]);
+                for (int cc = 0; cc < dv; cc++) s2 += sDvn[i * ldf + cc] * __bfloat162float(sV[j * ldvb + cc]);
+                x = sBeta[j] * s1 + sBeta[j] * s2;
+            }
+            sdT[i * KDA_LDT + j] = x;
+        }
+        __syncthreads();
+        /* M1 = Tinv^T dT: M1_ib = sum_{c >= max(i, b + 1)} Tinv_ci dT_cb (lanes over b) */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+            const int i = p / KDA_C, b = p % KDA_C;
+            float s = 0.0f;
+            for (int cc = (i > b + 1 ? i : b + 1); cc < L; cc++) s += sT[cc * KDA_LDT + i] * sdT[cc * KDA_LDT + b];
+            sM1[i * KDA_LDT + b] = s;
+        }
+        __syncthreads();
+        /* dA = -(M1 Tinv^T), strictly lower (into sdT; lanes over j) */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+            const int i = p / KDA_C, j = p % KDA_C;
+            float s = 0.0f;
+            if (j < i && i < L)
+                for (int b = 0; b <= j; b++) s += sM1[i * KDA_LDT + b] * sT[j * KDA_LDT + b];
+            sdT[i * KDA_LDT + j] = -s;
+        }
+        __syncthreads();
+        /* per (r, a), lanes over a: dXw_r = sum_{i >= r} Tinv_ir dW_i; the Xw share gx = gam_r dXw_r; the A pairs
+         * with r as the later row (Zt = sum_{j < r} dA_rj E_rj k_j) and as the earlier (Zp = sum_{i > r} dA_ir
+         * beta_i E_ir k_i). dk_r += beta_r gx + beta_r Zt + Zp; dL/dG_r += beta_r gx k_r + beta_r k_r Zt - k_r Zp;
+         * dbeta_r gets sum_a gx k_r (sRed 0) and sum_a k_r Zt (sRed 2) */
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
+            if (r >= L) continue;
+            float xw = 0.0f;
+            for (int i = r; i < L; i++) xw += sT[i * KDA_LDT + r] * sdW[i * ldg + a];
+            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
+            const float gx = expf(Gr) * xw;
+            float zt = 0.0f, zp = 0.0f;
+            for (int j = 0; j < r; j++)
+                zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
+            for (int i = r + 1; i < L; i++)
+                zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            dkv[at] = br * gx + br * zt + zp;
+            dG[at] = br * gx * kr + br * kr * zt - kr * zp;
+            const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
+            if (lane == 0) {
+                sRed[(0 * KDA_C + r) * 4 + a / 32] = rxw;
+                sRed[(2 * KDA_C + r) * 4 + a / 32] = ra;
+            }
+        }
+        /* per (r, c), lanes over c: dXu_r = sum_{i >= r} Tinv_ir dvn_i; dv_r = beta_r dXu_r; dbeta_r gets v_r . dXu_r
+         * (sRed 1) */
+        for (int p = threadIdx.x; p < KDA_C * dv; p += KDA_THREADS) {
+            const int r = p / dv, cc = p % dv;
+            if (r >= L) continue;
+            float xu = 0.0f;
+            for (int i = r; i < L; i++) xu += sT[i * KDA_LDT + r] * sDvn[i * ldf + cc];
+            dv_out[(t0 + r) * ldv + (int64_t)h * dv + cc] = __float2bfloat16_rn(sBeta[r] * xu);
+            const float rxu = kda_warp_sum(__bfloat162float(sV[r * ldvb + cc]) * xu);
+            if (lane == 0) sRed[(1 * KDA_C + r) * 4 + cc / 32] = rxu;
+        }
+        __syncthreads();
+        if (threadIdx.x < L) {
+            const int r = threadIdx.x;
+            float sxw = 0.0f, sxu = 0.0f, sa = 0.0f;
+            for (int b = 0; b < dk / 32; b++) sxw += sRed[(0 * KDA_C + r) * 4 + b], sa += sRed[(2 * KDA_C + r) * 4 + b];
+            for (int b = 0; b < dv / 32; b++) sxu += sRed[(1 * KDA_C + r) * 4 + b];
+            dbeta[(t0 + r) * nv + h] = sxw + sxu + sa;
+        }
+        __syncthreads();
+    }
+}
+
+static __host__ __device__ size_t kda_gqk_smem(int dk, int dv, KdaCarve *c, bf16 **sQ, bf16 **sK, bf16 **sdO,
+                                               float **sG, float **sVn, float **sDP, float **sDV, float **sDG) {
+    *sQ = c->take<bf16>((size_t)KDA_C * (dk + 2));
+    *sK = c->take<bf16>((size_t)KDA_C * (dk + 2));
+    *sdO = c->take<bf16>((size_t)KDA_C * (dv + 2));
+    *sG = c->take<float>((size_t)KDA_C * (dk + 1));
+    *sVn = c->take<float>((size_t)KDA_C * (dv + 1));
+    *sDP = c->take<float>((size_t)KDA_C * KDA_LDT);
+    *sDV = c->take<float>((size_t)KDA_C * (dk + 1));
+    *sDG = c->take<float>((size_t)KDA_C * (dk + 1));
+    return c->off;
+}
+
+__global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
+    float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
+    float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
+    const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */, const float *hs /* (ns,nv,dk,dv) */,
+    const float *dhs /* (ns,nv,dk,dv) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
+    int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo, float scale) {
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    KdaCarve cv(kda_smem);
+    bf16 *sQ, *sK, *sdO;
+    float *sG, *sVn, *sDP, *sDV, *sDG;
+    kda_gqk_smem(dk, dv, &cv, &sQ, &sK, &sdO, &sG, &sVn, &sDP, &sDV, &sDG);
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
+    const int ldk = dk + 2, ldob = dv + 2, ldg = dk + 1, ldf = dv + 1;
+    const size_t sn = (size_t)dk * dv;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        const int64_t t0 = ch.t0;
+        kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
+        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
+        kda_load_bf16(sdO, ldob, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
+        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
+        kda_load_f32(sVn, ldf, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
+        __syncthreads();
+        const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
+        const float *D = ch.leaves ? dhs + (ch.slot * nv + h) * sn : NULL;
+        /* dP_rj = dO_r . vn_j for j <= r < L (lanes over j) */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+            const int r = p / KDA_C, j = p % KDA_C;
+            float s = 0.0f;
+            if (j <= r && r < L)
+                for (int cc = 0; cc < dv; cc++) s += __bfloat162float(sdO[r * ldob + cc]) * sVn[j * ldf + cc];
+            sDP[r * KDA_LDT + j] = s;
+        }
+        /* lanes over r: sDG[r][a] = S_a . dO_r (a temporary), sDV[r][a] = D_a . vn_r */
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p % KDA_C, a = p / KDA_C;
+            float so = 0.0f, dvv = 0.0f;
+            if (r < L) {
+                if (S)
+                    for (int cc = 0; cc < dv; cc++) so += S[(size_t)a * dv + cc] * __bfloat162float(sdO[r * ldob + cc]);
+                if (D)
+                    for (int cc = 0; cc < dv; cc++) dvv += D[(size_t)a * dv + cc] * sVn[r * ldf + cc];
+            }
+            sDG[r * ldg + a] = so;
+            sDV[r * ldg + a] = dvv;
+        }
+        __syncthreads();
+        /* per (r, a), lanes over a */
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk;
+            if (r >= L) continue;
+            const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
+                        kr = __bfloat162float(sK[r * ldk + a]);
+            const float gam = expf(Gr), dec = expf(sG[(L - 1) * ldg + a] - Gr);
+            const float sdiag = scale * sDP[r * KDA_LDT + r];
+            /* dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; X: the j < r part */
+            const float t1 = scale * gam * sDG[r * ldg + a];
+            float dq = t1, X = 0.0f;
+            for (int j = 0; j < r; j++) {
+                const float x =
+                    scale * sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
+                dq += x;
+                X += x;
+            }
+            dq += sdiag * kr;
+            /* dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); Y: the i > r part */
+            const float dvv = sDV[r * ldg + a];
+            float dkk = dec * dvv + sdiag * qr, Y = 0.0f;
+            for (int i = r + 1; i < L; i++) {
+                const float y =
+                    scale * sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
+                dkk += y;
+                Y += y;
+            }
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            dqv[at] = dq;
+            dkv[at] = dkk + dkv[at];
+            sDG[r * ldg + a] = dg[at] + qr * t1 + qr * X - kr * Y - kr * dec * dvv;
+        }
+        __syncthreads();
+        /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the
+         * reverse sum of dL/dG inside the chunk (double, as the oracle) */
+        if (threadIdx.x < dk) {
+            const int a = threadIdx.x;
+            const float GL = sG[(L - 1) * ldg + a];
+            float extra = 0.0f;
+            if (S && D) {
+                float sd = 0.0f;
+                for (int cc = 0; cc < dv; cc++) sd += S[(size_t)a * dv + cc] * D[(size_t)a * dv + cc];
+                extra = expf(GL) * sd;
+            }
+            for (int j = 0; j < L; j++)
+                extra += __bfloat162float(sK[j * ldk + a]) * expf(GL - sG[j * ldg + a]) * sDV[j * ldg + a];
+            double acc = (double)extra;
+            for (int r = L - 1; r >= 0; r--) {
+                acc += (double)sDG[r * ldg + a];
+                dg[((t0 + r) * nv + h) * (int64_t)dk + a] = (float)acc;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void kda_group_reduce_kernel(bf16 *dq /* (T,ldq) */, bf16 *dk /* (T,ldq) */, const float *dqv /* (T,nv,d) */,
+                                        const float *dkv /* (T,nv,d) */, int64_t T, int nk, int nv, int d, int ldq) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = T * nk * d;
+    if (i >= n) return;
+    const int64_t t = i / ((int64_t)nk * d);
+    const int kh = (int)(i / d % nk), a = (int)(i % d), grp = nv / nk;
+    float sq = 0.0f, sk = 0.0f;
+    for (int j = 0; j < grp; j++) {
+        const int64_t at = (t * nv + (int64_t)kh * grp + j) * d + a;
+        sq += dqv[at];
+        sk += dkv[at];
+    }
+    dq[t * ldq + (int64_t)kh * d + a] = __float2bfloat16_rn(sq);
+    dk[t * ldq + (int64_t)kh * d + a] = __float2bfloat16_rn(sk);
+}

@@ -1,0 +1,483 @@
+/*
+ * kda.cu — Kimi Delta Attention's chunked delta rule on the GPU: the Backend entries kda_chunk_forward,
+ * kda_chunk_backward (whole or by stage), kda_chunk_prep, the context-parallel kda_chunk_transition and
+ * kda_chunk_dstate, and the sizes kda_kept_bytes / kda_dkept_bytes (lib/backend/backend.h, "Kimi Delta
+ * Attention"; kernels/cpu/cpu_kda.c is the fp32 oracle, docs/design/kda.md the algebra). The kernels are the
+ * .cuh files beside it, one stage each, compiled in this one translation unit; the fold link is GDN's
+ * gdn_state_affine (the transition's M has the same shape).
+ *
+ * Shapes: T tokens (T < 2^31 - 128), nk key heads and nv value heads (nv a multiple of nk), dim_k = dim_v in {64, 128}
+ * (the kernels keep the two apart, but only equal dims are tested, and the model has no other); q, k (T, ldq), v (T,
+ * ldv), o (T, ldo) bf16 (any row stride at least the width; no alignment asked); g (T, nv, dim_k) and beta (T, nv)
+ * fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16, dg, dbeta fp32. Chunks of 64 tokens restart at
+ * every document start (index.cuh, on the device).
+ *
+ * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value
+ * head and 32 state columns), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index,
+ * prep and the forward state pass unless kept holds them, qk, the reverse state pass (dS0, the chunk state
+ * gradients and dvn), grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The staged
+ * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
+ * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs the state pass with
+ * the dk columns of M carried beside S from [0 | I]; dstate the reverse pass from 0.
+ *
+ * Buffers, all fp32: kept = Tinv (T, nv, 64) (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep:
+ * states), the state entering each chunk hs (ns, nv, dk, dv), ns = ceil(T / 64), and vn (T, nv, dv); dkept =
+ * the state gradient leaving each chunk dhs (ns, nv, dk, dv) and dvn (T, nv, dv); each on a 256-byte boundary.
+ * A chunk's slot is t0 / 64: among the chunks that store an entering state (no document start) or a leaving
+ * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
+ * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
+ * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) and whatever kept / dkept does not:
+ * O(T nv dk dv / 64) bytes, no pieces (GDN_PIECE_ROWS does not apply here).
+ *
+ * Numerics: fp32 on CUDA cores, every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated),
+ * each output element one thread's loop in a fixed order, no atomics: deterministic, the same bits run to run.
+ * Correct first; the tensor-core form (FLA's sub-chunk scaled products) is the next step (docs/design/kda.md).
+ *
+ * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/backend.h" /* GDN_KEPT_*, GDN_BWD_*, gdn_kept_flags_fault */
+#include "cuda_common.h"
+#include "cuda_kernels.h"
+
+#include "common.cuh"
+#include "index.cuh"
+#include "prep.cuh"
+#include "state_pass.cuh"
+#include "output.cuh"
+#include "grads.cuh"
+
+/* ------------------------------------------------------------------------------------------------ */
+/* buffers                                                                                            */
+
+typedef struct KdaBufs {
+    int32_t *starts, *meta; /* the index: (T+1), (KDA_META_N) */
+    float *tinv, *qk;       /* (T,nv,64) */
+    float *hs, *vn;         /* (ns,nv,dk,dv), (T,nv,dv) */
+    float *dhs, *dvn;       /* (ns,nv,dk,dv), (T,nv,dv) */
+    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum */
+} KdaBufs;
+
+enum { KDA_NEED_TINV = 1, KDA_NEED_QK = 2, KDA_NEED_STATES = 4, KDA_NEED_DSTATES = 8, KDA_NEED_DQK = 16 };
+
+/* host-side carving on 256-byte boundaries (base NULL: sizes only) */
+struct KdaHostCarve {
+    unsigned char *base;
+    size_t off;
+    explicit KdaHostCarve(void *b) : base((unsigned char *)b), off(0) {}
+    template <class X> X *take(size_t n) {
+        X *r = base ? (X *)(base + off) : NULL;
+        off += (n * sizeof(X) + 255) & ~(size_t)255;
+        return r;
+    }
+};
+
+static int64_t kda_slots(int64_t T) { return (T + KDA_C - 1) / KDA_C; }
+
+static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states) {
+    KdaHostCarve c(kept);
+    const size_t tv = (size_t)T * nv;
+    float *tinv = c.take<float>(tv * KDA_C);
+    float *hs = states ? c.take<float>((size_t)kda_slots(T) * nv * dk * dv) : NULL;
+    float *vn = states ? c.take<float>(tv * dv) : NULL;
+    if (b) {
+        b->tinv = tinv;
+        if (states) {
+            b->hs = hs;
+            b->vn = vn;
+        }
+    }
+    return c.off;
+}
+
+static size_t kda_dkept_carve(KdaBufs *b, void *dkept, int64_t T, int nv, int dk, int dv) {
+    KdaHostCarve c(dkept);
+    float *dhs = c.take<float>((size_t)kda_slots(T) * nv * dk * dv);
+    float *dvn = c.take<float>((size_t)T * nv * dv);
+    if (b) {
+        b->dhs = dhs;
+        b->dvn = dvn;
+    }
+    return c.off;
+}
+
+static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, int dv, int need) {
+    KdaHostCarve c(base);
+    const size_t tv = (size_t)T * nv, hsz = (size_t)kda_slots(T) * nv * dk * dv;
+    *b = KdaBufs{};
+    b->starts = c.take<int32_t>((size_t)T + 1);
+    b->meta = c.take<int32_t>(KDA_META_N);
+    if (need & KDA_NEED_TINV) b->tinv = c.take<float>(tv * KDA_C);
+    if (need & KDA_NEED_QK) b->qk = c.take<float>(tv * KDA_C);
+    if (need & KDA_NEED_STATES) {
+        b->hs = c.take<float>(hsz);
+        b->vn = c.take<float>(tv * dv);
+    }
+    if (need & KDA_NEED_DSTATES) {
+        b->dhs = c.take<float>(hsz);
+        b->dvn = c.take<float>(tv * dv);
+    }
+    if (need & KDA_NEED_DQK) {
+        b->dqv = c.take<float>(tv * dk);
+        b->dkv = c.take<float>(tv * dk);
+    }
+    return c.off;
+}
+
+static size_t kda_ws_grown(size_t bytes) {
+    return (bytes + bytes / 8 + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+}
+
+/* The workspace the entries grow to for fragments of frag tokens (BackendSizes, for plan and model_acts): the
+ * backward of a whole fragment without a kept buffer (the largest call; with kept_states its states live in
+ * kept), grown as kda_buffers grows it. cp changes nothing: the transition and dstate need less. */
+extern "C" size_t cuda_kda_workspace_bytes(int64_t frag, int cp, int nv, int dk, int dv, int kept_states) {
+    KdaBufs b;
+    const int need =
+        KDA_NEED_TINV | KDA_NEED_QK | (kept_states ? 0 : KDA_NEED_STATES) | KDA_NEED_DSTATES | KDA_NEED_DQK;
+    return kda_ws_grown(kda_ws_carve(&b, NULL, frag, nv, dk, dv, need));
+}
+
+static void *kda_ws;        /* the device workspace */
+static size_t kda_ws_bytes; /* its size */
+
+/* the call's buffers carved from the workspace, grown (never shrunk) through cuda_internal_alloc: the old
+ * buffer is freed after the device is idle (growth only) */
+static KdaBufs kda_buffers(int64_t T, int nv, int dk, int dv, int need) {
+    KdaBufs b;
+    const size_t bytes = kda_ws_carve(&b, NULL, T, nv, dk, dv, need);
+    if (bytes > kda_ws_bytes) {
+        const size_t want = kda_ws_grown(bytes);
+        if (kda_ws) {
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+            cuda_internal_free(kda_ws, kda_ws_bytes);
+        }
+        kda_ws = cuda_internal_alloc(want);
+        kda_ws_bytes = want;
+    }
+    kda_ws_carve(&b, kda_ws, T, nv, dk, dv, need);
+    return b;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* launches                                                                                           */
+
+static int kda_max_smem(void) {
+    static int v = -1;
+    if (v < 0) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return v;
+}
+
+/* raises the kernel's dynamic shared memory limit to `bytes` (checked against the device's) */
+template <class K> static void kda_smem_attr(K kernel, size_t bytes, const char *name) {
+    RS_CHECK((int)bytes <= kda_max_smem(), "kda: %s needs %zu bytes of shared memory, the device allows %d", name,
+             bytes, kda_max_smem());
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+/* per-chunk kernels: blocks stride over the chunks (their count is on the device) */
+static dim3 kda_chunk_grid(int64_t T, int nv) {
+    int64_t n = (T + KDA_C - 1) / KDA_C;
+    if (n < 1) n = 1;
+    if (n > (1 << 20)) n = 1 << 20;
+    return dim3((unsigned)n, (unsigned)nv);
+}
+
+static void kda_index(const KdaBufs *b, const int32_t *doc_pos, int64_t T) {
+    kda_index_kernel<<<1, 1024, 0, cuda_stream()>>>(b->starts, b->meta, doc_pos, T);
+    CUDA_LAUNCH_CHECK();
+}
+
+static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *g, const float *beta,
+                     const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int ldq) {
+    KdaCarve c(NULL);
+    bf16 *p1, *p2;
+    float *f1, *f2, *f3, *f4;
+    const size_t smem = kda_prep_smem(dk, &c, &p1, &p2, &f1, &f2, &f3, &f4);
+    kda_smem_attr(kda_prep_kernel, smem, "prep");
+    kda_prep_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts, b->meta,
+                                                                                doc_pos, T, nk, nv, dk, ldq);
+    CUDA_LAUNCH_CHECK();
+}
+
+static void kda_qk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos, int64_t T,
+                   int nk, int nv, int dk, int ldq) {
+    KdaCarve c(NULL);
+    bf16 *p1, *p2;
+    float *f1, *f2, *f3, *f4;
+    const size_t smem = kda_prep_smem(dk, &c, &p1, &p2, &f1, &f2, &f3, &f4);
+    kda_smem_attr(kda_qk_kernel, smem, "qk");
+    kda_qk_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(b->qk, q, k, g, b->starts, b->meta,
+                                                                              doc_pos, T, nk, nv, dk, ldq);
+    CUDA_LAUNCH_CHECK();
+}
+
+/* the forward state pass over dv columns (and dk more for the transition's M when M_out) */
+static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, float *M_out, const float *S0,
+                          const float *tinv, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                          const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
+    KdaCarve c(NULL);
+    float *f[9];
+    const size_t smem = kda_sfwd_smem(dk, &c, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8]);
+    kda_smem_attr(kda_state_fwd_kernel, smem, "state_fwd");
+    const int ncol = dv + (M_out ? dk : 0);
+    kda_state_fwd_kernel<<<dim3((unsigned)(ncol / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+        hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+}
+
+static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, const float *dS_final,
+                          const float *tinv, const bf16 *q, const bf16 *k, const float *g, const float *beta,
+                          const bf16 *dout, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
+                          int ldo) {
+    KdaCarve c(NULL);
+    float *f[10];
+    const size_t smem =
+        kda_sbwd_smem(dk, &c, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9]);
+    kda_smem_attr(kda_state_bwd_kernel, smem, "state_bwd");
+    const float scale = (float)(1.0 / sqrt((double)dk));
+    kda_state_bwd_kernel<<<dim3((unsigned)(dv / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+        dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq,
+        ldo, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
+                       const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo) {
+    KdaCarve c(NULL);
+    float *f[3];
+    const size_t smem = kda_out_smem(dk, &c, &f[0], &f[1], &f[2]);
+    kda_smem_attr(kda_output_kernel, smem, "output");
+    const float scale = (float)(1.0 / sqrt((double)dk));
+    kda_output_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        o, q, g, hs, vn, b->qk, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq, ldo, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
+                      const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                      const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv, int ldo) {
+    {
+        KdaCarve c(NULL);
+        bf16 *p[2];
+        float *f[8];
+        const size_t smem =
+            kda_gwy_smem(dk, dv, &c, &p[0], &p[1], &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]);
+        kda_smem_attr(kda_grad_wy_kernel, smem, "grad_wy");
+        kda_grad_wy_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+            dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->hs, b->starts, b->meta, doc_pos, T, nk, nv,
+            dk, dv, ldq, ldv);
+        CUDA_LAUNCH_CHECK();
+    }
+    {
+        KdaCarve c(NULL);
+        bf16 *p[3];
+        float *f[5];
+        const size_t smem = kda_gqk_smem(dk, dv, &c, &p[0], &p[1], &p[2], &f[0], &f[1], &f[2], &f[3], &f[4]);
+        kda_smem_attr(kda_grad_qk_kernel, smem, "grad_qk");
+        const float scale = (float)(1.0 / sqrt((double)dk));
+        kda_grad_qk_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+            b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
+            ldq, ldo, scale);
+        CUDA_LAUNCH_CHECK();
+    }
+    const int64_t n = T * nk * dk;
+    kda_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dq, dk_out, b->dqv, b->dkv, T, nk,
+                                                                                     nv, dk, ldq);
+    CUDA_LAUNCH_CHECK();
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* the Backend entries                                                                                */
+
+static void kda_check_args(const char *who, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
+                           int ldo) {
+    RS_CHECK(T >= 0 && T < (int64_t)INT32_MAX - 128, "%s: T = %lld", who, (long long)T);
+    RS_CHECK(nk > 0 && nv > 0 && nv % nk == 0, "%s: nk = %d, nv = %d (nv must be a multiple of nk)", who, nk, nv);
+    RS_CHECK((dim_k == 64 || dim_k == 128) && dim_v == dim_k,
+             "%s: dim_k = %d, dim_v = %d: the cuda KDA kernels take dim_k = dim_v = 64 or 128 (kimi_linear's one "
+             "head_dim; dim_k != dim_v is written for but not tested)", who, dim_k, dim_v);
+    RS_CHECK((int64_t)ldq >= (int64_t)nk * dim_k, "%s: ldq = %d < nk*dim_k = %d", who, ldq, nk * dim_k);
+    RS_CHECK(ldv == 0 || (int64_t)ldv >= (int64_t)nv * dim_v, "%s: ldv = %d < nv*dim_v = %d", who, ldv, nv * dim_v);
+    RS_CHECK(ldo == 0 || (int64_t)ldo >= (int64_t)nv * dim_v, "%s: ldo = %d < nv*dim_v = %d", who, ldo, nv * dim_v);
+}
+
+static void kda_copy_or_zero(float *dst, const float *src, size_t n) {
+    if (src) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, cuda_stream()));
+    else CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(float), cuda_stream()));
+}
+
+extern "C" size_t cuda_kda_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
+    return kda_kept_carve(NULL, NULL, T, nv, dim_k, dim_v, states);
+}
+
+extern "C" size_t cuda_kda_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
+    return kda_dkept_carve(NULL, NULL, T, nv, dim_k, dim_v);
+}
+
+extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NULL: the state pass alone */,
+                                       float *S_final /* (nv,dim_k,dim_v) or NULL */, const void *q_ /* (T,ldq) */,
+                                       const void *k_ /* (T,ldq) */, const void *v_ /* (T,ldv) */,
+                                       const float *g /* (T,nv,dim_k) */, const float *beta /* (T,nv) */,
+                                       const float *S0 /* (nv,dim_k,dim_v) or NULL */, const int32_t *doc_pos,
+                                       int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo,
+                                       void *kept /* cuda_kda_kept_bytes, or NULL */, int kept_flags) {
+    kda_check_args("cuda_kda_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
+    const char *fault = gdn_kept_flags_fault(o_, S_final, kept, kept_flags);
+    RS_CHECK(!fault, "cuda_kda_chunk_forward: %s (kept_flags = %d)", fault ? fault : "", kept_flags);
+    const int kept_states = (kept_flags & GDN_KEPT_STATES) != 0;
+    const int states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
+    const int prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0 || states_in;
+    if (T == 0) {
+        if (S_final) kda_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    bf16 *o = (bf16 *)o_;
+    const bf16 *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
+    const int need = (kept ? 0 : KDA_NEED_TINV) | (o ? KDA_NEED_QK : 0) | (kept_states ? 0 : KDA_NEED_STATES);
+    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
+    if (kept) kda_kept_carve(&b, kept, T, nv, dim_k, dim_v, kept_states);
+    kda_index(&b, doc_pos, T);
+    if (!prep_in) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
+    if (!states_in)
+        kda_state_fwd(&b, b.hs, b.vn, S_final, NULL, S0, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
+                      ldv);
+    if (o) {
+        kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
+        kda_output(&b, o, q, g, b.hs, b.vn, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
+    }
+}
+
+/* the backward, whole (stage 0) or one stage (the header) */
+static void kda_backward(const char *who, int stage, void *dkept, void *dq, void *dk, void *dv, float *dg,
+                         float *dbeta, float *dS0, const void *dout_, const float *dS_final, const void *q_,
+                         const void *k_, const void *v_, const float *g, const float *beta, const float *S0,
+                         const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
+                         int ldo, const void *kept, int kept_states) {
+    kda_check_args(who, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
+    if (stage == GDN_BWD_DOUT) return;
+    if (T == 0) {
+        if (dS0 && stage != GDN_BWD_GRADS) kda_copy_or_zero(dS0, dS_final, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    const bf16 *dout = (const bf16 *)dout_, *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
+    const int need = (kept ? 0 : KDA_NEED_TINV) | (stage != GDN_BWD_GRADS ? KDA_NEED_QK : 0) |
+                     (kept && kept_states ? 0 : KDA_NEED_STATES) | (stage == 0 ? KDA_NEED_DSTATES : 0) |
+                     (stage != GDN_BWD_STATE ? KDA_NEED_DQK : 0);
+    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
+    if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
+    if (stage) kda_dkept_carve(&b, dkept, T, nv, dim_k, dim_v);
+    kda_index(&b, doc_pos, T);
+    if (!kept) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
+    if (!(kept && kept_states) && stage != GDN_BWD_STATE)
+        kda_state_fwd(&b, b.hs, b.vn, NULL, NULL, S0, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
+                      ldv);
+    if (stage != GDN_BWD_GRADS) {
+        kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
+        kda_state_bwd(&b, b.dhs, b.dvn, dS0, dS_final, b.tinv, q, k, g, beta, dout, doc_pos, T, nk, nv, dim_k, dim_v,
+                      ldq, ldo);
+    }
+    if (stage != GDN_BWD_STATE)
+        kda_grads(&b, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dout, q, k, v, g, beta, doc_pos, T, nk, nv, dim_k,
+                  dim_v, ldq, ldv, ldo);
+}
+
+extern "C" void cuda_kda_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
+                                        float *dg /* (T,nv,dim_k) */, float *dbeta /* (T,nv) */,
+                                        float *dS0 /* (nv,dim_k,dim_v) or NULL */, const void *dout /* (T,ldo) */,
+                                        const float *dS_final /* or NULL */, const void *q, const void *k,
+                                        const void *v, const float *g, const float *beta, const float *S0,
+                                        const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v,
+                                        int ldq, int ldv, int ldo, const void *kept /* the forward's, or NULL */,
+                                        int kept_states) {
+    kda_backward("cuda_kda_chunk_backward", 0, NULL, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0,
+                 doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_states);
+}
+
+extern "C" void cuda_kda_chunk_backward_stage(int stage /* GDN_BWD_DOUT, _STATE, _GRADS */,
+                                              void *dkept /* cuda_kda_dkept_bytes */, void *dq, void *dk, void *dv,
+                                              float *dg, float *dbeta, float *dS0, const void *dout,
+                                              const float *dS_final, const void *q, const void *k, const void *v,
+                                              const float *g, const float *beta, const float *S0,
+                                              const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v,
+                                              int ldq, int ldv, int ldo, const void *kept /* kept_states 1 */) {
+    RS_CHECK(stage == GDN_BWD_DOUT || stage == GDN_BWD_STATE || stage == GDN_BWD_GRADS,
+             "cuda_kda_chunk_backward_stage: stage %d (GDN_BWD_DOUT, _STATE or _GRADS)", stage);
+    RS_CHECK(dkept && kept, "cuda_kda_chunk_backward_stage: the staged backward needs dkept and the forward's kept "
+                            "buffer (kept with its chunk states)");
+    kda_backward("cuda_kda_chunk_backward_stage", stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
+                 beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, 1);
+}
+
+extern "C" void cuda_kda_chunk_prep(void *kept /* cuda_kda_kept_bytes(T, nv, dim_k, dim_v, kept_states) */,
+                                    const void *k /* (T,ldq) */, const void *v /* (T,ldv), unread */,
+                                    const float *g /* (T,nv,dim_k) */, const float *beta /* (T,nv) */,
+                                    const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
+                                    int ldv, int kept_states) {
+    kda_check_args("cuda_kda_chunk_prep", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
+    RS_CHECK(kept || T == 0, "cuda_kda_chunk_prep: no kept buffer");
+    if (T == 0) return;
+    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, 0);
+    kda_kept_carve(&b, kept, T, nv, dim_k, dim_v, kept_states);
+    kda_index(&b, doc_pos, T);
+    kda_prep(&b, b.tinv, (const bf16 *)k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
+}
+
+/* M = I: the transition of an empty call */
+__global__ void kda_identity_kernel(float *M /* (nv,dk,dk) */, int64_t n, int dk) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) M[i] = (i % ((int64_t)dk * dk)) / dk == i % dk ? 1.0f : 0.0f;
+}
+
+extern "C" void cuda_kda_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
+                                          const void *k /* (T,ldq) */, const void *v /* (T,ldv) */,
+                                          const float *g /* (T,nv,dim_k) */, const float *beta /* (T,nv) */,
+                                          const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v,
+                                          int ldq, int ldv, const void *kept /* its prep, or NULL */,
+                                          int kept_states) {
+    kda_check_args("cuda_kda_chunk_transition", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
+    if (T == 0) {
+        const int64_t n = (int64_t)nv * dim_k * dim_k;
+        kda_identity_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(M, n, dim_k);
+        CUDA_LAUNCH_CHECK();
+        kda_copy_or_zero(H, NULL, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, kept ? 0 : KDA_NEED_TINV);
+    if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
+    kda_index(&b, doc_pos, T);
+    if (!kept) kda_prep(&b, b.tinv, (const bf16 *)k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
+    /* [S | M] from [0 | I] over every chunk: a document start zeroes both, which is M = 0 and H from there */
+    kda_state_fwd(&b, NULL, NULL, H, M, NULL, b.tinv, (const bf16 *)k, (const bf16 *)v, g, beta, doc_pos, T, nk, nv,
+                  dim_k, dim_v, ldq, ldv);
+}
+
+extern "C" void cuda_kda_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
+                                      const void *q /* (T,ldq) */, const void *k /* (T,ldq) */,
+                                      const float *g /* (T,nv,dim_k) */, const float *beta /* (T,nv) */,
+                                      const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
+                                      int ldo, const void *kept /* its prep, or NULL */, int kept_states) {
+    kda_check_args("cuda_kda_chunk_dstate", T, nk, nv, dim_k, dim_v, ldq, 0, ldo);
+    if (T == 0) {
+        kda_copy_or_zero(dS0, NULL, (size_t)nv * dim_k * dim_v);
+        return;
+    }
+    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, (kept ? 0 : KDA_NEED_TINV) | KDA_NEED_QK);
+    if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
+    kda_index(&b, doc_pos, T);
+    if (!kept) kda_prep(&b, b.tinv, (const bf16 *)k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
+    kda_qk(&b, (const bf16 *)q, (const bf16 *)k, g, doc_pos, T, nk, nv, dim_k, ldq);
+    /* the reverse pass from 0 over every chunk: a document start zeroes the gradient, so what reaches the call's
+     * start comes from the tokens before its first document start alone */
+    kda_state_bwd(&b, NULL, NULL, dS0, NULL, b.tinv, (const bf16 *)q, (const bf16 *)k, g, beta, (const bf16 *)dout,
+                  doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
+}

@@ -1,0 +1,221 @@
+/*
+ * state_pass.cuh — the two sequential passes of KDA over the chunks, one block per (column block of 32 state
+ * columns, value head): the columns of the state are independent (vn = U - W S and the update act on each
+ * column alone), so a head's dv columns run as dv / 32 blocks side by side. Per chunk, from the kept Tinv
+ * (prep.cuh) and the chunk's k, g, beta, each block forms W = Tinv diag(beta) (gam * K) itself (all dk
+ * columns; recomputed by every column block rather than stored), dec * K and gam_{L-1}.
+ *
+ *   kda_state_fwd_kernel  S entering chunk 0 = S0 (or 0), reset to 0 at a document start;
+ *                         U = Tinv diag(beta) V[:, cols], vn = U - W S, S = Diag(gam_{L-1}) S + (dec * K)^T vn.
+ *                         Writes the state entering each non-reset chunk to hs (slot t0 / 64), vn to (T, nv, dv),
+ *                         the final state to S_out. The transition (M_out) adds dk columns started from the
+ *                         identity with U = 0: [S | M] carried together, cpu_kda_chunk_transition's way.
+ *   kda_state_bwd_kernel  from the last chunk down, D = the gradient at the chunk's final state (dS_final for
+ *                         the last): dvn_j = (dec_j * k_j)^T D + scale sum_{r >= j} QK_rj dO_r,
+ *                         D_in = Diag(gam_{L-1}) D + scale sum_r (gam_r * q_r) dO_r^T - W^T dvn, D = 0 at a
+ *                         document start. Writes D leaving each chunk a state leaves to dhs (slot t0 / 64), dvn
+ *                         to (T, nv, dv), and the gradient entering chunk 0 to dS0.
+ *
+ * fp32 throughout, sums in the cpu oracle's order (each output element is one thread's loop). Shared memory
+ * (dk = 128): the forward ~179 KB, the backward ~194 KB (the launch raises the block's limit). Part of kda.cu.
+ */
+#pragma once
+
+static __host__ __device__ size_t kda_sfwd_smem(int dk, KdaCarve *c, float **sS, float **sK, float **sG, float **sGK,
+                                                float **sW, float **sTb, float **sV, float **sVn, float **sGL) {
+    *sS = c->take<float>((size_t)dk * (KDA_BV + 1));
+    *sK = c->take<float>((size_t)KDA_C * dk);
+    *sG = c->take<float>((size_t)KDA_C * dk);
+    *sGK = c->take<float>((size_t)KDA_C * dk);
+    *sW = c->take<float>((size_t)KDA_C * dk);
+    *sTb = c->take<float>((size_t)KDA_C * KDA_LDT);
+    *sV = c->take<float>((size_t)KDA_C * (KDA_BV + 1));
+    *sVn = c->take<float>((size_t)KDA_C * (KDA_BV + 1));
+    *sGL = c->take<float>((size_t)dk);
+    return c->off;
+}
+
+/* The chunk's factors every state pass needs: sK = k rows (fp32) then, in place, dec * k; sG the gate cumsum;
+ * sGK = gam * k; sGL = gam_{L-1}; sTb[i][j] = Tinv_ij beta_j; then sW = sTb sGK. All threads; ends synchronised. */
+KDA_DEV void kda_state_factors(float *sK, float *sG, float *sGK, float *sW, float *sTb, float *sGL, const bf16 *k,
+                               const float *g, const float *beta, const float *tinv, const KdaChunk &ch, int h, int kh,
+                               int nv, int dk, int ldq) {
+    const int L = ch.L;
+    const int64_t t0 = ch.t0;
+    for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
+        const int r = i / dk, a = i % dk;
+        sK[i] = r < L ? __bfloat162float(k[(t0 + r) * ldq + (int64_t)kh * dk + a]) : 0.0f;
+    }
+    kda_load_G(sG, dk, g, t0, L, h, nv, dk);
+    for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
+        const int r = i / KDA_C, j = i % KDA_C;
+        sTb[r * KDA_LDT + j] =
+            r < L && j <= r ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] * beta[(t0 + j) * nv + h] : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
+        const int r = i / dk, a = i % dk;
+        const float kv = sK[i], G = sG[i], GL = sG[(L - 1) * dk + a];
+        sGK[i] = expf(G) * kv;
+        sK[i] = expf(GL - G) * kv; /* rows >= L: k = 0 */
+        if (r == 0) sGL[a] = expf(GL);
+    }
+    __syncthreads();
+    /* W_i = sum_{j <= i} Tinv_ij beta_j (gam_j * k_j) */
+    for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
+        const int r = i / dk, a = i % dk;
+        float s = 0.0f;
+        for (int j = 0; j <= r; j++) s += sTb[r * KDA_LDT + j] * sGK[j * dk + a];
+        sW[i] = s;
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
+    float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
+    float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
+    const bf16 *k, const bf16 *v, const float *g, const float *beta, const float *tinv /* (T,nv,64) */,
+    const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv,
+    int ldq, int ldv) {
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    KdaCarve cv(kda_smem);
+    float *sS, *sK, *sG, *sGK, *sW, *sTb, *sV, *sVn, *sGL;
+    kda_sfwd_smem(dk, &cv, &sS, &sK, &sG, &sGK, &sW, &sTb, &sV, &sVn, &sGL);
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
+    const int col0 = blockIdx.x * KDA_BV, is_M = col0 >= dv; /* dv is a multiple of 32: a block is S or M */
+    const int ld = KDA_BV + 1;
+    const size_t sn = (size_t)dk * dv;
+    for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+        const int a = i / KDA_BV, cc = i % KDA_BV;
+        float x = 0.0f;
+        if (is_M) x = a == col0 - dv + cc ? 1.0f : 0.0f;
+        else if (S0) x = S0[h * sn + (size_t)a * dv + col0 + cc];
+        sS[a * ld + cc] = x;
+    }
+    __syncthreads();
+    for (int c = 0; c < nc; c++) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+            const int a = i / KDA_BV, cc = i % KDA_BV;
+            if (ch.reset) sS[a * ld + cc] = 0.0f;
+            else if (hs && !is_M) hs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = sS[a * ld + cc];
+        }
+        for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
+            const int r = i / KDA_BV, cc = i % KDA_BV;
+            sV[r * ld + cc] =
+                !is_M && r < L ? __bfloat162float(v[(ch.t0 + r) * ldv + (int64_t)h * dv + col0 + cc]) : 0.0f;
+        }
+        kda_state_factors(sK, sG, sGK, sW, sTb, sGL, k, g, beta, tinv, ch, h, kh, nv, dk, ldq);
+        /* vn_r = U_r - W_r S (U_r = sum_{j <= r} Tinv_rj beta_j v_j; rows >= L are 0) */
+        for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
+            const int r = i / KDA_BV, cc = i % KDA_BV;
+            float x = 0.0f;
+            for (int j = 0; j <= r; j++) x += sTb[r * KDA_LDT + j] * sV[j * ld + cc];
+            for (int a = 0; a < dk; a++) x += -sW[r * dk + a] * sS[a * ld + cc];
+            sVn[r * ld + cc] = x;
+            if (vn && !is_M && r < L) vn[((ch.t0 + r) * nv + h) * (int64_t)dv + col0 + cc] = x;
+        }
+        __syncthreads();
+        /* S = Diag(gam_{L-1}) S + sum_j (dec_j * k_j) vn_j^T */
+        for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+            const int a = i / KDA_BV, cc = i % KDA_BV;
+            float x = sGL[a] * sS[a * ld + cc];
+            for (int j = 0; j < L; j++) x += sK[j * dk + a] * sVn[j * ld + cc];
+            sS[a * ld + cc] = x;
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+        const int a = i / KDA_BV, cc = i % KDA_BV;
+        if (is_M) {
+            if (M_out) M_out[((size_t)h * dk + a) * dk + col0 - dv + cc] = sS[a * ld + cc];
+        } else if (S_out) {
+            S_out[h * sn + (size_t)a * dv + col0 + cc] = sS[a * ld + cc];
+        }
+    }
+}
+
+static __host__ __device__ size_t kda_sbwd_smem(int dk, KdaCarve *c, float **sD, float **sK, float **sG, float **sGK,
+                                                float **sW, float **sTb, float **sQK, float **sdO, float **sdvn,
+                                                float **sGL) {
+    *sD = c->take<float>((size_t)dk * (KDA_BV + 1));
+    *sK = c->take<float>((size_t)KDA_C * dk);
+    *sG = c->take<float>((size_t)KDA_C * dk);
+    *sGK = c->take<float>((size_t)KDA_C * dk);
+    *sW = c->take<float>((size_t)KDA_C * dk);
+    *sTb = c->take<float>((size_t)KDA_C * KDA_LDT);
+    *sQK = c->take<float>((size_t)KDA_C * KDA_LDT);
+    *sdO = c->take<float>((size_t)KDA_C * (KDA_BV + 1));
+    *sdvn = c->take<float>((size_t)KDA_C * (KDA_BV + 1));
+    *sGL = c->take<float>((size_t)dk);
+    return c->off;
+}
+
+__global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
+    float *dhs /* (ns,nv,dk,dv) or NULL */, float *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
+    const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *q, const bf16 *k, const float *g, const float *beta,
+    const float *tinv /* (T,nv,64) */, const float *qk /* (T,nv,64) */, const bf16 *dout /* (T,ldo) */,
+    const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv,
+    int ldq, int ldo, float scale) {
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    KdaCarve cv(kda_smem);
+    float *sD, *sK, *sG, *sGK, *sW, *sTb, *sQK, *sdO, *sdvn, *sGL;
+    kda_sbwd_smem(dk, &cv, &sD, &sK, &sG, &sGK, &sW, &sTb, &sQK, &sdO, &sdvn, &sGL);
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
+    const int col0 = blockIdx.x * KDA_BV, ld = KDA_BV + 1;
+    const size_t sn = (size_t)dk * dv;
+    for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+        const int a = i / KDA_BV, cc = i % KDA_BV;
+        sD[a * ld + cc] = dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
+    }
+    __syncthreads();
+    for (int c = nc - 1; c >= 0; c--) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        if (dhs && ch.leaves)
+            for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+                const int a = i / KDA_BV, cc = i % KDA_BV;
+                dhs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = sD[a * ld + cc];
+            }
+        kda_load_tile(sQK, qk, ch.t0, L, h, nv);
+        for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
+            const int r = i / KDA_BV, cc = i % KDA_BV;
+            sdO[r * ld + cc] = r < L ? __bfloat162float(dout[(ch.t0 + r) * ldo + (int64_t)h * dv + col0 + cc]) : 0.0f;
+        }
+        kda_state_factors(sK, sG, sGK, sW, sTb, sGL, k, g, beta, tinv, ch, h, kh, nv, dk, ldq);
+        /* sGK <- scale gam_r * q_r (W is formed: gam * k is no longer needed) */
+        for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
+            const int r = i / dk, a = i % dk;
+            sGK[i] = r < L ? scale * expf(sG[i]) * __bfloat162float(q[(ch.t0 + r) * ldq + (int64_t)kh * dk + a]) : 0.0f;
+        }
+        /* dvn_j = sum_a (dec_j * k_j)[a] D_a + sum_{r >= j} scale QK_rj dO_r */
+        for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
+            const int j = i / KDA_BV, cc = i % KDA_BV;
+            float x = 0.0f;
+            if (j < L) {
+                for (int a = 0; a < dk; a++) x += sK[j * dk + a] * sD[a * ld + cc];
+                for (int r = j; r < L; r++) x += scale * sQK[r * KDA_LDT + j] * sdO[r * ld + cc];
+                if (dvn) dvn[((ch.t0 + j) * nv + h) * (int64_t)dv + col0 + cc] = x;
+            }
+            sdvn[j * ld + cc] = x;
+        }
+        __syncthreads();
+        /* D_in_a = gam_{L-1}[a] D_a + sum_r (scale gam_r[a] q_r[a]) dO_r - W_r[a] dvn_r; 0 at a document start */
+        for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+            const int a = i / KDA_BV, cc = i % KDA_BV;
+            float x = sGL[a] * sD[a * ld + cc];
+            for (int r = 0; r < L; r++) {
+                x += sGK[r * dk + a] * sdO[r * ld + cc];
+                x += -sW[r * dk + a] * sdvn[r * ld + cc];
+            }
+            sD[a * ld + cc] = ch.reset ? 0.0f : x;
+        }
+        __syncthreads();
+    }
+    if (dS0)
+        for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+            const int a = i / KDA_BV, cc = i % KDA_BV;
+            dS0[h * sn + (size_t)a * dv + col0 + cc] = sD[a * ld + cc];
+        }
+}

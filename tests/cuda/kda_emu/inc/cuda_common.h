@@ -1,0 +1,142 @@
+/*
+ * cuda_common.h (kda_emu) — the host emulation's stand-in for kernels/cuda/cuda_common.h: the CUDA the KDA kernels
+ * use, on host threads. A launch runs its blocks one after another, each as blockDim std::threads sharing one
+ * dynamic shared-memory buffer (kda_smem, filled with garbage between blocks) and the function-static __shared__
+ * arrays; __syncthreads is a barrier of the block, the warp shuffles and ballots exchange through per-warp slots
+ * between two barriers of the warp (so a shuffle or barrier reached by part of a warp or block deadlocks, as it
+ * is undefined on the GPU). Device memory is host memory; copies and memsets happen at once. bf16 is a 16-bit
+ * struct with round-to-nearest-even conversions. Only what kernels/cuda/kda/ and the KDA test use; it cannot run
+ * inline PTX (a tensor-core version of the kernels needs the GPU). Build and run: build.sh (tests/test_cuda_kda_emu.py).
+ */
+#ifndef RS_CUDA_COMMON_H
+#define RS_CUDA_COMMON_H
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <tuple>
+#include <thread>
+#include <vector>
+#include <utility>
+#include <algorithm>
+#include "core/error.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(x)
+#define __align__(x)
+#define __restrict__
+
+struct __nv_bfloat16 { uint16_t x; };
+typedef __nv_bfloat16 bf16;
+struct __nv_bfloat16_raw { uint16_t x; };
+static inline float __bfloat162float(bf16 b) { uint32_t u = (uint32_t)b.x << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline bf16 __float2bfloat16_rn(float f) {
+    uint32_t u; memcpy(&u, &f, 4); bf16 b;
+    if ((u & 0x7fffffff) > 0x7f800000) { b.x = (uint16_t)((u >> 16) | 0x40); return b; }
+    u += 0x7fff + ((u >> 16) & 1); b.x = (uint16_t)(u >> 16); return b;
+}
+static inline bf16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+
+struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+struct uint3e { unsigned x, y, z; };
+extern dim3 blockIdx, gridDim, blockDim;
+extern thread_local uint3e threadIdx;
+
+typedef int cudaError_t;
+typedef void *cudaStream_t;
+#define cudaSuccess 0
+enum { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaFuncAttributeMaxDynamicSharedMemorySize, cudaDevAttrMaxSharedMemoryPerBlockOptin };
+#define EMU_SMEM_MAX 232448
+static inline int cudaMemcpyAsync(void *d, const void *s, size_t n, int, cudaStream_t) { memmove(d, s, n); return 0; }
+static inline int cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return 0; }
+static inline int cudaStreamSynchronize(cudaStream_t) { return 0; }
+static inline int cudaGetDevice(int *d) { *d = 0; return 0; }
+static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = EMU_SMEM_MAX; return 0; }
+static inline int cudaMalloc(void **p, size_t n) { *p = aligned_alloc(256, (n + 255) / 256 * 256); return 0; }
+static inline int cudaFree(void *p) { free(p); return 0; }
+static inline int cudaGetLastError(void) { return 0; }
+template <class K> static inline int cudaFuncSetAttribute(K, int, int bytes) {
+    if (bytes > EMU_SMEM_MAX) { fprintf(stderr, "emu: smem %d > max\n", bytes); abort(); }
+    return 0;
+}
+#define CUDA_CHECK(call) do { (void)(call); } while (0)
+#define CUDA_LAUNCH_CHECK() do {} while (0)
+
+extern "C" {
+cudaStream_t cuda_stream(void);
+void *cuda_scratch(size_t bytes, const char *what);
+void *cuda_internal_alloc(size_t bytes);
+void cuda_internal_free(void *p, size_t bytes);
+int cuda_error_take(long long *index, int *value);
+}
+enum { CUDA_ERR_NONE = 0 };
+
+/* ---- warps and blocks ---- */
+struct EmuBlock {
+    pthread_barrier_t bar;
+    pthread_barrier_t wbar[32];
+    uint64_t slot[32][32];
+    int nthreads;
+};
+extern EmuBlock *emu_blk;
+extern unsigned char kda_smem[];
+static inline void __syncthreads(void) { pthread_barrier_wait(&emu_blk->bar); }
+template <class T> static inline T emu_xchg(T v, int src) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    uint64_t u = 0; memcpy(&u, &v, sizeof(T));
+    emu_blk->slot[w][l] = u;
+    pthread_barrier_wait(&emu_blk->wbar[w]);
+    uint64_t r = emu_blk->slot[w][src];
+    pthread_barrier_wait(&emu_blk->wbar[w]);
+    T out; memcpy(&out, &r, sizeof(T)); return out;
+}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_xchg(v, (int)(threadIdx.x % 32) ^ o); }
+template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) { int l = threadIdx.x % 32; return emu_xchg(v, l >= o ? l - o : l); }
+static inline unsigned __ballot_sync(unsigned, int p) {
+    const int w = threadIdx.x / 32;
+    emu_blk->slot[w][threadIdx.x % 32] = p ? 1 : 0;
+    pthread_barrier_wait(&emu_blk->wbar[w]);
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (unsigned)emu_blk->slot[w][i] << i;
+    pthread_barrier_wait(&emu_blk->wbar[w]);
+    return r;
+}
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+using std::min; using std::max;
+static inline int64_t min(int64_t a, long b) { return a < b ? a : (int64_t)b; }
+
+struct EmuCfg { dim3 g, b; size_t smem; };
+static inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t = 0) { return EmuCfg{g, b, smem}; }
+
+template <class... P, class... A> static void emu_launch(void (*k)(P...), EmuCfg c, A... a) {
+    std::tuple<P...> args(a...);
+    if (c.smem > EMU_SMEM_MAX) { fprintf(stderr, "emu: launch smem %zu\n", c.smem); abort(); }
+    const int nt = (int)(c.b.x * c.b.y * c.b.z);
+    if (c.b.y != 1 || c.b.z != 1 || nt % 32) { fprintf(stderr, "emu: block shape\n"); abort(); }
+    gridDim = c.g; blockDim = c.b;
+    EmuBlock *B = new EmuBlock;
+    pthread_barrier_init(&B->bar, NULL, nt);
+    for (int w = 0; w < nt / 32; w++) pthread_barrier_init(&B->wbar[w], NULL, 32);
+    emu_blk = B;
+    for (unsigned z = 0; z < c.g.z; z++)
+        for (unsigned y = 0; y < c.g.y; y++)
+            for (unsigned x = 0; x < c.g.x; x++) {
+                blockIdx = dim3(x, y, z);
+                memset(kda_smem, 0xcd, EMU_SMEM_MAX); /* garbage between blocks */
+                std::vector<std::thread> th;
+                th.reserve(nt);
+                for (int t = 0; t < nt; t++)
+                    th.emplace_back([&, t]() { threadIdx = uint3e{(unsigned)t, 0, 0}; std::apply(k, args); });
+                for (auto &x2 : th) x2.join();
+            }
+    pthread_barrier_destroy(&B->bar);
+    for (int w = 0; w < nt / 32; w++) pthread_barrier_destroy(&B->wbar[w]);
+    delete B;
+}
+#endif

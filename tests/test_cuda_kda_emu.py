@@ -1,0 +1,42 @@
+"""test_cuda_kda_emu.py — the cuda KDA kernels (kernels/cuda/kda/) without a GPU: tests/cuda/test_cuda_kda.cu's cases
+built against a host emulation of the CUDA they use (tests/cuda/kda_emu/: one host thread per CUDA thread, block
+barriers, warp shuffles through per-warp slots), checked against the cpu oracle with the GPU test's bounds. This
+proves the kernels' indexing, chunk bookkeeping, synchronisation structure and algebra in CI; the GPU run
+(`build/test_cuda cuda_kda`) proves the rest (the device's arithmetic, real concurrency, shared-memory limits).
+
+Each case can fail: the comparison against the oracle, the bitwise equality of every kept / staged / prep path with
+the plain call, and cuda_kda_check_can_fail (a missed document start must show). The emulation runs blocks one at a
+time, so the cases here are the small ones (the GPU run has the rest: GVA over every layout, T = 4133, ...).
+"""
+import shutil
+
+import pytest
+
+from conftest import BUILD, ROOT, run
+
+CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
+         "cuda_kda_staged_edges", "cuda_kda_check_can_fail"]
+
+
+@pytest.fixture(scope="module")
+def kda_emu(tmp_path_factory):
+    if not shutil.which("g++"):
+        pytest.skip("g++ is needed for the host emulation")
+    for o in ["tests/unit/test_main.o", "lib/core/error.o", "kernels/cpu/cpu_kda.o", "kernels/cpu/cpu_gdn.o",
+              "kernels/cpu/cpu_elementwise.o"]:
+        assert (BUILD / o).exists(), f"build/{o} is missing: build build/test_ops first"
+    out = tmp_path_factory.mktemp("kda_emu")
+    r = run(["bash", ROOT / "tests/cuda/kda_emu/build.sh", out, BUILD], timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out / "kda_emu"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_kda_kernels_emulated(kda_emu, case):
+    r = run([kda_emu, case], timeout=900)
+    assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
+    assert f"== {case}: ok" in r.stdout, r.stdout
+    if case == "cuda_kda_check_can_fail":
+        assert "a missed document start: o rel err" in r.stdout, r.stdout
+    else:
+        assert r.stdout.count(" ok") >= 5, r.stdout
