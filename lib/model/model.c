@@ -228,6 +228,8 @@ static void model_alloc_activations(Model *m) {
                     const int states = cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
                     size_t (*kept_bytes)(int64_t, int, int, int, int) =
                         mc->linear_attention == LINEAR_ATTN_KDA ? be->kda_kept_bytes : be->gdn_kept_bytes;
+                    RS_CHECK(kept_bytes, "model.linear_attention %s: the %s backend has no kernels for it",
+                             mc->linear_attention == LINEAR_ATTN_KDA ? "kda" : "gdn", be->name);
                     const int64_t need = frags * (int64_t)kept_bytes(n, (int)mc->linear_num_value_heads,
                                                                      (int)mc->linear_key_head_dim,
                                                                      (int)mc->linear_value_head_dim, states);

@@ -132,6 +132,39 @@ static void emu_gdn_backward_stage(int stage, void *dkept, void *dq, void *dk_, 
     cpu_gdn_backward_stage_of(emu_gdn_backward, stage, dkept, dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
                               beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept);
 }
+/* KDA: the same rounding as GDN's entries (o and dq/dk/dv are activations; g, beta, states fp32); the gates'
+ * db and df are activation gradients */
+static void emu_kda_gates_backward(void *db, void *df, float *dA, float *ddt, const float *dbeta, const float *dg,
+                                   const void *b, const void *f, const float *A_log, const float *dt_bias, int64_t T,
+                                   int nv, int dk, int ldb, int ldf) {
+    cpu_kda_gates_backward(db, df, dA, ddt, dbeta, dg, b, f, A_log, dt_bias, T, nv, dk, ldb, ldf);
+    emu_round(db, T, nv, ldb);
+    emu_round(df, T, (int64_t)nv * dk, ldf);
+}
+static void emu_kda_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g,
+                            const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                            int dk, int dv, int ldq, int ldv, int ldo, void *kept, int kept_flags) {
+    cpu_kda_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept, kept_flags);
+    if (o) emu_round(o, T, (int64_t)nv * dv, ldo);
+}
+static void emu_kda_backward(void *dq, void *dk_, void *dv_, float *dg, float *dbeta, float *dS0, const void *dout,
+                             const float *dS_final, const void *q, const void *k, const void *v, const float *g,
+                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
+                             int dk, int dv, int ldq, int ldv, int ldo, const void *kept, int kept_states) {
+    cpu_kda_chunk_backward(dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk,
+                           dv, ldq, ldv, ldo, kept, kept_states);
+    emu_round(dq, T, (int64_t)nk * dk, ldq);
+    emu_round(dk_, T, (int64_t)nk * dk, ldq);
+    emu_round(dv_, T, (int64_t)nv * dv, ldv);
+}
+static void emu_kda_backward_stage(int stage, void *dkept, void *dq, void *dk_, void *dv_, float *dg, float *dbeta,
+                                   float *dS0, const void *dout, const float *dS_final, const void *q, const void *k,
+                                   const void *v, const float *g, const float *beta, const float *S0,
+                                   const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
+                                   int ldo, const void *kept) {
+    cpu_gdn_backward_stage_of(emu_kda_backward, stage, dkept, dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
+                              beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept);
+}
 static void emu_gated_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv,
                               int dv, int ldz, float eps) {
     cpu_gated_rmsnorm_forward(out, rstd, x, z, w, T, nv, dv, ldz, eps);
@@ -235,6 +268,16 @@ const Backend backend_cpu_bf16 = {
     .gdn_chunk_transition = cpu_gdn_chunk_transition,
     .gdn_chunk_dstate = cpu_gdn_chunk_dstate,
     .gdn_state_affine = cpu_gdn_state_affine,
+    .kda_gates_forward = cpu_kda_gates_forward,
+    .kda_gates_backward = emu_kda_gates_backward,
+    .kda_chunk_forward = emu_kda_forward,
+    .kda_chunk_backward = emu_kda_backward,
+    .kda_chunk_backward_stage = emu_kda_backward_stage,
+    .kda_dkept_bytes = cpu_kda_dkept_bytes,
+    .kda_kept_bytes = cpu_kda_kept_bytes,
+    .kda_chunk_prep = cpu_kda_chunk_prep,
+    .kda_chunk_transition = cpu_kda_chunk_transition,
+    .kda_chunk_dstate = cpu_kda_chunk_dstate,
     .gated_rmsnorm_forward = emu_gated_forward,
     .gated_rmsnorm_backward = emu_gated_backward,
     .rope_forward = emu_rope_forward,
