@@ -184,6 +184,19 @@ def test_kda_model_matches_the_float64_reference_under_every_policy(cases, tmp_p
             assert np.abs(v).max() > 0, k
 
 
+def test_kda_under_the_bf16_emulation(cases, tmp_path):
+    """parity_step --emulate-bf16 (model_check's allowance on the GPU machine) runs a KDA model: its backend had no
+    KDA entries and model_init called a NULL one (segfault); its loss and gradients are the fp32 oracle's within
+    bf16 storage's error, and a bf16 copy of the activations does move them (the emulation is live)."""
+    d = cases["many"]
+    r = run([BUILD / "parity_step", d, "--emulate-bf16", "--out", tmp_path / "emu.safetensors"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    emu, ref = st.load(tmp_path / "emu.safetensors"), st.load(d / "ref.safetensors")
+    assert abs(float(emu["loss"]) - float(ref["loss"])) <= 1e-2 * abs(float(ref["loss"]))
+    worst = max(rel(emu[k], ref[k]) for k in ref if k != "loss")
+    assert 1e-5 < worst < 0.2, worst
+
+
 @pytest.mark.parametrize("case", list(DOCS))
 def test_kda_layouts_give_the_single_process_gradients(cases, case, tmp_path):
     d = cases[case]
