@@ -25,7 +25,8 @@
  * every fp32 one on these cases; the GPU's expf and FMA contraction differ from the host's by an ulp or two).
  * A missed document reset costs an error of ~0.2 on o (cuda_kda_check_can_fail: it must exceed 10x the bound).
  * Every path that reads what another wrote (kept with and without states, the prep, the staged forward and
- * backward) must give the bits of the plain call, and two runs the same bits (cuda_kda_determinism).
+ * backward), and GDN_KEPT_STATES without a kept buffer, must give the bits of the plain call, and two runs the same
+ * bits (cuda_kda_determinism). cuda_kda_model_calls replays the model's calls (its layout, kept slots and order).
  *
  * The same file also builds against tests/cuda/kda_emu (a host emulation of the CUDA the kernels use), where
  * tests/test_cuda_kda_emu.py runs its small cases in CI: keep it to the runtime calls that emulation provides.
@@ -533,7 +534,7 @@ TEST(cuda_kda_staged_edges) {
  * first forward's. gdn_keep states under remat is the sequence that faulted on the H200 (the forward carved no
  * chunk states when GDN_KEPT_STATES came without a kept buffer). KDA_MODEL_FRAG rows a fragment (tiny-cpu: 512;
  * less keeps the host emulation quick: the bug needed no particular length). */
-#define KDA_MODEL_FRAG 200
+#define KDA_MODEL_FRAG 130
 
 /* the forward of each fragment as cp_gdn_fragment_forward calls it (q | k in one buffer, S0 and S_final NULL) */
 static void kda_model_forward(bf16 *o, char *kept, size_t kb, int flags, const bf16 *d_qk, const bf16 *d_v,
@@ -551,8 +552,8 @@ TEST(cuda_kda_model_calls) {
     ct_begin();
     const int nk = 2, nv = 2, d = 64, Kd = nk * d, Vd = nv * d, Gw = nv * d, frags = 2;
     const int64_t F = KDA_MODEL_FRAG, T = frags * F;
-    static const int starts[] = {70, 150, KDA_MODEL_FRAG, KDA_MODEL_FRAG + 64, KDA_MODEL_FRAG + 65};
-    KProb p = kp_make(T, nk, nv, d, 0, starts, 5, 0, 0, 1200);
+    static const int starts[] = {70, KDA_MODEL_FRAG, KDA_MODEL_FRAG + 64, KDA_MODEL_FRAG + 65};
+    KProb p = kp_make(T, nk, nv, d, 0, starts, 4, 0, 0, 1200);
     /* the model's layout of the same values */
     float *qk = ct_host(T * 2 * Kd), *v = ct_host(T * Vd), *dout = ct_host(T * Vd);
     for (int64_t t = 0; t < T; t++) {
