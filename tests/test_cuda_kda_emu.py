@@ -15,7 +15,7 @@ import pytest
 from conftest import BUILD, ROOT, run
 
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
-         "cuda_kda_staged_edges", "cuda_kda_check_can_fail"]
+         "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls"]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@
  * every fp32 one on these cases; the GPU's expf and FMA contraction differ from the host's by an ulp or two).
  * A missed document reset costs an error of ~0.2 on o (cuda_kda_check_can_fail: it must exceed 10x the bound).
  * Every path that reads what another wrote (kept with and without states, the prep, the staged forward and
- * backward) must give the bits of the plain call, and two runs the same bits (cuda_kda_determinism).
+ * backward), and GDN_KEPT_STATES without a kept buffer, must give the bits of the plain call, and two runs the same
+ * bits (cuda_kda_determinism). cuda_kda_model_calls replays the model's calls (its layout, kept slots and order).
  *
  * The same file also builds against tests/cuda/kda_emu (a host emulation of the CUDA the kernels use), where
  * tests/test_cuda_kda_emu.py runs its small cases in CI: keep it to the runtime calls that emulation provides.
@@ -153,9 +154,12 @@ static void kda_cpu(const KProb *p, KOut *r) {
                            p->beta, p->S0, p->doc_pos, p->T, p->nk, p->nv, p->d, p->d, p->ldq, p->ldv, p->ldo, NULL, 0);
 }
 
-/* the ways a forward and its backward can run on the device; each gives the bits of KDA_PLAIN */
-enum { KDA_PLAIN, KDA_KEPT, KDA_KEPT_STATES, KDA_STAGED, KDA_PREP, KDA_NMODES };
-static const char *const kda_mode_names[] = {"plain", "kept", "kept states", "staged", "prep + PREP_IN"};
+/* the ways a forward and its backward can run on the device; each gives the bits of KDA_PLAIN. KDA_UNKEPT_STATES:
+ * GDN_KEPT_STATES (and the backward's kept_states 1) without a kept buffer, as the model's first forward calls it
+ * under checkpoint.activations full / remat with gdn_keep states: it keeps nothing */
+enum { KDA_PLAIN, KDA_KEPT, KDA_KEPT_STATES, KDA_STAGED, KDA_PREP, KDA_UNKEPT_STATES, KDA_NMODES };
+static const char *const kda_mode_names[] = {"plain", "kept", "kept states", "staged", "prep + PREP_IN",
+                                             "STATES without kept"};
 
 static void kda_gpu(const KProb *p, int mode, KOut *r) {
     const int64_t T = p->T, sn = (int64_t)p->nv * p->d * p->d;
@@ -164,8 +168,9 @@ static void kda_gpu(const KProb *p, int mode, KOut *r) {
          *dk = (bf16 *)ct_dev((size_t)T * p->ldq * 2), *dv = (bf16 *)ct_dev((size_t)T * p->ldv * 2);
     float *Sf = (float *)ct_dev(sn * 4), *dS0 = (float *)ct_dev(sn * 4), *dg = (float *)ct_dev(T * nv * d * 4),
           *dbeta = (float *)ct_dev(T * nv * 4);
-    const int states = mode == KDA_KEPT_STATES || mode == KDA_STAGED;
-    void *kept = mode == KDA_PLAIN ? NULL : ct_dev(cuda_kda_kept_bytes(T, nv, d, d, states));
+    const int states = mode == KDA_KEPT_STATES || mode == KDA_STAGED || mode == KDA_UNKEPT_STATES;
+    const int with_kept = mode != KDA_PLAIN && mode != KDA_UNKEPT_STATES;
+    void *kept = with_kept ? ct_dev(cuda_kda_kept_bytes(T, nv, d, d, states)) : NULL;
     if (mode == KDA_STAGED) {
         cuda_kda_chunk_forward(NULL, Sf, p->d_q, p->d_k, p->d_v, p->d_g, p->d_beta, p->d_S0, p->d_doc, T, nk, nv, d, d,
                                p->ldq, p->ldv, p->ldo, kept, GDN_KEPT_STATES);
@@ -516,6 +521,105 @@ TEST(cuda_kda_staged_edges) {
         bad += hH[j] != 0.0f;
     }
     EXPECT(bad == 0, "T = 0: M = I and H = 0 (%lld entries differ)", (long long)bad);
+}
+
+/* The calls the model makes (lib/model/model_block.c through lib/cp/cp_gdn_fragment.c, cp 1) on the KDA layer of
+ * configs/tiny-cpu.yaml with model.linear_num_value_heads 2 (nk = nv = 2, d = 64): q and k side by side in one
+ * buffer (gdn_qk_norm: ldq = 2 nk d, k at column nk d), v, o and dout (T, nv d) unpadded, g (T, nv d), beta (T, nv),
+ * dq and dk side by side as q and k (d_qk); B = 2 samples of one fragment each, every sample a document start; the
+ * kept buffer one slot of cuda_kda_kept_bytes(fragment) per fragment (model_acts.c's "gdn_kept"). For each
+ * checkpoint.gdn_keep and activations policy the model's sequence: the forward (kept under none only, kept_flags
+ * GDN_KEPT_STATES with gdn_keep states whether kept or not), under remat / full the recompute into kept, then the
+ * backward from kept; each fragment against the oracle's call on its rows, and the recompute's o the bits of the
+ * first forward's. gdn_keep states under remat is the sequence that faulted on the H200 (the forward carved no
+ * chunk states when GDN_KEPT_STATES came without a kept buffer). KDA_MODEL_FRAG rows a fragment (tiny-cpu: 512;
+ * less keeps the host emulation quick: the bug needed no particular length). */
+#define KDA_MODEL_FRAG 130
+
+/* the forward of each fragment as cp_gdn_fragment_forward calls it (q | k in one buffer, S0 and S_final NULL) */
+static void kda_model_forward(bf16 *o, char *kept, size_t kb, int flags, const bf16 *d_qk, const bf16 *d_v,
+                              const KProb *p, int frags, int64_t F) {
+    const int nk = p->nk, nv = p->nv, d = p->d, Kd = nk * d, Vd = nv * d;
+    for (int i = 0; i < frags; i++) {
+        const int64_t r = i * F;
+        cuda_kda_chunk_forward(o + r * Vd, NULL, d_qk + r * 2 * Kd, d_qk + r * 2 * Kd + Kd, d_v + r * Vd,
+                               p->d_g + r * nv * d, p->d_beta + r * nv, NULL, p->d_doc + r, F, nk, nv, d, d, 2 * Kd,
+                               Vd, Vd, kept ? kept + i * kb : NULL, flags);
+    }
+}
+
+TEST(cuda_kda_model_calls) {
+    ct_begin();
+    const int nk = 2, nv = 2, d = 64, Kd = nk * d, Vd = nv * d, Gw = nv * d, frags = 2;
+    const int64_t F = KDA_MODEL_FRAG, T = frags * F;
+    static const int starts[] = {70, KDA_MODEL_FRAG, KDA_MODEL_FRAG + 64, KDA_MODEL_FRAG + 65};
+    KProb p = kp_make(T, nk, nv, d, 0, starts, 4, 0, 0, 1200);
+    /* the model's layout of the same values */
+    float *qk = ct_host(T * 2 * Kd), *v = ct_host(T * Vd), *dout = ct_host(T * Vd);
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(qk + t * 2 * Kd, p.q + t * p.ldq, (size_t)Kd * 4);
+        memcpy(qk + t * 2 * Kd + Kd, p.k + t * p.ldq, (size_t)Kd * 4);
+        memcpy(v + t * Vd, p.v + t * p.ldv, (size_t)Vd * 4);
+        memcpy(dout + t * Vd, p.dout + t * p.ldo, (size_t)Vd * 4);
+    }
+    bf16 *d_qk = ct_up_bf16(qk, T * 2 * Kd), *d_v = ct_up_bf16(v, T * Vd), *d_dout = ct_up_bf16(dout, T * Vd);
+    /* the oracle, one call per fragment as the model makes them */
+    KOut want;
+    ko_alloc(&want, &p);
+    for (int i = 0; i < frags; i++) {
+        const int64_t r = i * F;
+        cpu_kda_chunk_forward(want.o + r * p.ldo, NULL, p.q + r * p.ldq, p.k + r * p.ldq, p.v + r * p.ldv,
+                              p.g + r * Gw, p.beta + r * nv, NULL, p.doc_pos + r, F, nk, nv, d, d, p.ldq, p.ldv, p.ldo,
+                              NULL, 0);
+        cpu_kda_chunk_backward(want.dq + r * p.ldq, want.dk + r * p.ldq, want.dv + r * p.ldv, want.dg + r * Gw,
+                               want.dbeta + r * nv, NULL, p.dout + r * p.ldo, NULL, p.q + r * p.ldq, p.k + r * p.ldq,
+                               p.v + r * p.ldv, p.g + r * Gw, p.beta + r * nv, NULL, p.doc_pos + r, F, nk, nv, d, d,
+                               p.ldq, p.ldv, p.ldo, NULL, 0);
+    }
+    static const char *const keeps[] = {"none", "wy", "states"};
+    for (int keep = 0; keep < 3; keep++)
+        for (int remat = 0; remat < 2; remat++) {
+            const int kept_states = keep == 2, flags = kept_states ? GDN_KEPT_STATES : 0;
+            const size_t kb = keep ? cuda_kda_kept_bytes(F, nv, d, d, kept_states) : 0;
+            char *kept = keep ? (char *)ct_dev(frags * kb) : NULL;
+            bf16 *o = (bf16 *)ct_dev((size_t)T * Vd * 2), *o2 = (bf16 *)ct_dev((size_t)T * Vd * 2),
+                 *dqk = (bf16 *)ct_dev((size_t)T * 2 * Kd * 2), *dv = (bf16 *)ct_dev((size_t)T * Vd * 2);
+            float *dg = (float *)ct_dev(T * Gw * 4), *dbeta = (float *)ct_dev(T * nv * 4);
+            kda_model_forward(o, remat ? NULL : kept, kb, flags, d_qk, d_v, &p, frags, F); /* keeps under none only */
+            if (remat) kda_model_forward(o2, kept, kb, flags, d_qk, d_v, &p, frags, F); /* the backward's recompute */
+            for (int i = 0; i < frags; i++) {
+                const int64_t r = i * F;
+                cuda_kda_chunk_backward(dqk + r * 2 * Kd, dqk + r * 2 * Kd + Kd, dv + r * Vd, dg + r * Gw,
+                                        dbeta + r * nv, NULL, d_dout + r * Vd, NULL, d_qk + r * 2 * Kd,
+                                        d_qk + r * 2 * Kd + Kd, d_v + r * Vd, p.d_g + r * Gw, p.d_beta + r * nv, NULL,
+                                        p.d_doc + r, F, nk, nv, d, d, 2 * Kd, Vd, Vd, keep ? kept + i * kb : NULL,
+                                        kept_states);
+            }
+            float *ho = ct_host(T * Vd), *hdqk = ct_host(T * 2 * Kd), *hdv = ct_host(T * Vd), *hdg = ct_host(T * Gw),
+                  *hdbeta = ct_host(T * nv);
+            ct_down_bf16(ho, o, T * Vd);
+            ct_down_bf16(hdqk, dqk, T * 2 * Kd);
+            ct_down_bf16(hdv, dv, T * Vd);
+            ct_down_f32(hdg, dg, T * Gw);
+            ct_down_f32(hdbeta, dbeta, T * nv);
+            char tag[256];
+            snprintf(tag, sizeof tag, "model calls (tiny KDA, 2 fragments of %d), gdn_keep %s, activations %s:",
+                     KDA_MODEL_FRAG, keeps[keep], remat ? "remat" : "none");
+            kc_check(tag, "o", ho, kc_cols(want.o, T, Vd, p.ldo), T * Vd, KDA_B_BF16);
+            kc_check(tag, "dq", kc_cols(hdqk, T, Kd, 2 * Kd), kc_cols(want.dq, T, Kd, p.ldq), T * Kd, KDA_B_BF16);
+            kc_check(tag, "dk", kc_cols(hdqk + Kd, T, Kd, 2 * Kd), kc_cols(want.dk, T, Kd, p.ldq), T * Kd,
+                     KDA_B_BF16);
+            kc_check(tag, "dv", hdv, kc_cols(want.dv, T, Vd, p.ldv), T * Vd, KDA_B_BF16);
+            kc_check(tag, "dg", hdg, want.dg, T * Gw, KDA_B_GRAD);
+            kc_check(tag, "dbeta", hdbeta, want.dbeta, T * nv, KDA_B_GRAD);
+            if (remat) {
+                float *ho2 = ct_host(T * Vd);
+                ct_down_bf16(ho2, o2, T * Vd);
+                char name[320];
+                snprintf(name, sizeof name, "%s the recompute's o = the forward's", tag);
+                ct_bitwise_equal(name, ho2, ho, T * Vd);
+            }
+        }
 }
 
 /* the check can fail: the device run without one of the document starts the oracle has */

@@ -334,7 +334,9 @@ extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NU
     kda_check_args("cuda_kda_chunk_forward", T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     const char *fault = gdn_kept_flags_fault(o_, S_final, kept, kept_flags);
     RS_CHECK(!fault, "cuda_kda_chunk_forward: %s (kept_flags = %d)", fault ? fault : "", kept_flags);
-    const int kept_states = (kept_flags & GDN_KEPT_STATES) != 0;
+    /* GDN_KEPT_STATES without a kept buffer keeps nothing (the model's first forward under checkpoint.activations
+     * full / remat with gdn_keep states): the states then live in the workspace, as without the flag */
+    const int kept_states = kept && (kept_flags & GDN_KEPT_STATES) != 0;
     const int states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
     const int prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0 || states_in;
     if (T == 0) {
