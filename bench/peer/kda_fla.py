@@ -44,7 +44,6 @@ import gc
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -163,19 +162,6 @@ def run(torch, F, fn, T, H, K, V, cu, gen, req):
         torch.cuda.empty_cache()
 
 
-def warm(cases, script):
-    """One subprocess per (H, K, V, varlen) variant, all at once; returns (seconds, variants)."""
-    variants = {}
-    for c in cases:
-        variants.setdefault((c["H"], c["K"], c["V"], len(c["cu_seqlens"]) > 2), c)
-    env = dict(os.environ, FLA_CACHE_RESULTS="0", PEER_KDA_WARM="0")
-    t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, script, "--warm-one", json.dumps(list(v))], env=env)
-             for v in variants]
-    for p in procs:
-        p.wait()
-    return time.time() - t0, len(procs)
-
 
 def warm_one(spec):
     H, K, V, varlen = json.loads(spec)
@@ -201,7 +187,7 @@ def main():
     device, sw = pc.device_and_software(torch, {"fla": fla_version})
     if os.environ.get("PEER_KDA_WARM", "1") != "0":
         print("compile warm-up: one subprocess per (H, K, V, varlen) variant ...", flush=True)
-        s, n = warm(req["cases"], os.path.abspath(__file__))
+        s, n = pc.warm_variants(req["cases"], os.path.abspath(__file__), "PEER_KDA_WARM")
         notes.append(f"compile warm-up: {n} variant subprocesses in parallel, {s:.0f} s (not timed)")
         print(notes[-1], flush=True)
     gen = torch.Generator(device="cuda").manual_seed(req["seed"])

@@ -13,7 +13,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import time
 
 REQUEST_SCHEMA = "ringscan-bench-request/1"
 RESULT_SCHEMA = "ringscan-bench-result/1"
@@ -154,3 +156,19 @@ def fla_lift_guard(notes):
     if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
         chunk_o.TRITON_ABOVE_3_7_1 = True
         notes.append(FLA_GUARD_NOTE)
+
+
+def warm_variants(cases, script, env_flag):
+    """FLA's Triton compile per (H, K, V, varlen) variant of the cases, one `script --warm-one SPEC` subprocess each,
+    all at once, with env_flag=0 so a child does not warm again; returns (seconds, variants)."""
+    variants = {}
+    for c in cases:
+        variants.setdefault((c["H"], c["K"], c["V"], len(c["cu_seqlens"]) > 2), c)
+    env = dict(os.environ, FLA_CACHE_RESULTS="0", **{env_flag: "0"})
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, script, "--warm-one", json.dumps(list(v))], env=env)
+             for v in variants]
+    for p in procs:
+        p.wait()
+    return time.time() - t0, len(procs)
+
