@@ -157,10 +157,13 @@ def broken(tensors, cfg, how):
 # ---------------------------------------------------------------- the Hugging Face side
 
 class TransformersModel:
-    def __init__(self, folder):
+    def __init__(self, folder, device="cpu"):
         import torch
         import transformers
-        self.torch = torch
+        self.torch, self.device = torch, device
+        if device != "cpu":  # fp32 on the GPU means fp32: no TF32 in matmuls or convolutions
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         q35 = json.loads((Path(folder) / "config.json").read_text())["model_type"].startswith("qwen3_5")
         cls = transformers.Qwen3_5ForCausalLM if q35 else transformers.Qwen3NextForCausalLM
         prefix = "Qwen3_5" if q35 else "Qwen3Next"
@@ -179,28 +182,31 @@ class TransformersModel:
             if la is not None and type(la.norm).__name__ != prefix + "RMSNormGated":
                 raise SystemExit("hf_check: transformers picked fla's kernels; run without fla on PYTHONPATH (the "
                                  "check uses transformers' torch path on CPU)")
-        self.model = model.float().train()
+        self.model = model.float().to(device).train()
         self.version = transformers.__version__
         self.params = dict(model.named_parameters())
 
     def logits(self, ids, pos):
         t = self.torch
-        out = self.model(input_ids=t.from_numpy(ids).long()[None], position_ids=t.from_numpy(pos).long()[None])
+        out = self.model(input_ids=t.from_numpy(ids).long()[None].to(self.device),
+                         position_ids=t.from_numpy(pos).long()[None].to(self.device))
         return out.logits[0].float()
 
     def mean_loss(self, tokens):
         """transformers' own loss: labels = input_ids, shifted inside, mean over B x (T-1)."""
-        t = self.torch.from_numpy(tokens).long()
+        t = self.torch.from_numpy(tokens).long().to(self.device)
         return self.model(input_ids=t, labels=t).loss
 
 
 class RefModel:
     """tests/parity/ref_model.py on the same HF state dict (float64)."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, device="cpu"):
         import torch
         import ref_model
-        self.torch, self.ref = torch, ref_model
+        if device != "cpu":
+            raise SystemExit("hf_check: ref_model.py runs on the cpu only")
+        self.torch, self.ref, self.device = torch, ref_model, device
         cfg = json.loads((Path(folder) / "config.json").read_text())
         self.cfg = ref_model.ModelConfig.from_mapping(cfg)
         self.params = {k: torch.from_numpy(v).double().requires_grad_(True) for k, v in load_folder(folder).items()}
@@ -236,7 +242,7 @@ def hf_loss_and_grads(m, name, tokens, targets, pos, doc_pos):
             start = pos[b] - doc_pos[b]
             cuts = [0] + [t for t in range(1, len(start)) if start[t] != start[t - 1]] + [len(start)]
             for s, e in zip(cuts[:-1], cuts[1:]):
-                tg = torch.from_numpy(targets[b, s:e]).long()
+                tg = torch.from_numpy(targets[b, s:e]).long().to(m.device)
                 keep = tg >= 0
                 if not keep.any():
                     continue
@@ -246,7 +252,7 @@ def hf_loss_and_grads(m, name, tokens, targets, pos, doc_pos):
                 total += float(ce)
         total /= n
         scale = 1.0 / n
-    return total, {k: p.grad.detach().double().numpy() * scale for k, p in m.params.items() if p.grad is not None}
+    return total, {k: p.grad.detach().double().cpu().numpy() * scale for k, p in m.params.items() if p.grad is not None}
 
 
 # ---------------------------------------------------------------- the check

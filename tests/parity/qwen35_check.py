@@ -3,7 +3,7 @@
 
     env -u PYTHONPATH python3 tests/parity/qwen35_check.py WORK [--shape small|0.8b] [--devices cpu,cuda]
                           [--impl transformers|ref] [--batch B] [--seq-len T] [--ringscan build/ringscan]
-                          [--parity-step build/parity_step]
+                          [--parity-step build/parity_step] [--hf-device cpu|cuda]
 
 --impl ref (CI, no transformers): the folders are written by safetensors_io from ref_model.random_params
 (the same names, shapes and config.json keys as transformers' save), and tests/parity/ref_model.py
@@ -318,7 +318,7 @@ def check_grads(args, folders, batches, cache):
             bname = batch[0]
             case = cache.setdefault(("case", bname), case_dir(args, bname, batch, args.shape))
             if fname != "composite":
-                hf = hf_check.TransformersModel(folder)
+                hf = hf_check.TransformersModel(folder, args.hf_device)
                 hf_loss, hf_grads = hf_check.hf_loss_and_grads(hf, *batch)
                 if "cpu" in args.devices:  # the cpu bound: transformers' own error against float64 (slow at 0.8b)
                     exact = hf_check.hf_loss_and_grads(hf_check.RefModel(folder), *batch)[1]
@@ -416,6 +416,8 @@ def main(argv=None):
                     help="the checks after mrope and save (comma-separated; the 0.8b shape: grads alone is minutes)")
     ap.add_argument("--folders", default="text-fp32,text-bf16,composite",
                     help="the saved folders the grads check runs on")
+    ap.add_argument("--hf-device", default="cpu",
+                    help="where transformers' model runs (fp32, TF32 off; cuda: the 0.8b shape in seconds)")
     ap.add_argument("--ringscan", type=Path, default=ROOT / "build/ringscan")
     ap.add_argument("--parity-step", type=Path, default=ROOT / "build/parity_step")
     args = ap.parse_args(argv)
