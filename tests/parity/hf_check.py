@@ -90,6 +90,11 @@ def make_batches(data, B, T):
     return [("single", *i32(tokens, single_t, pos, pos)), ("packed", *i32(tokens, targets, pos, doc_pos))]
 
 
+def text_of(out):
+    """a subprocess output that may be bytes (TimeoutExpired keeps bytes even with text=True), str or None"""
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+
 def sh(args, **kw):
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
     if r.returncode != 0:

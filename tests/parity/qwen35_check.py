@@ -3,7 +3,7 @@
 
     env -u PYTHONPATH python3 tests/parity/qwen35_check.py WORK [--shape small|0.8b] [--devices cpu,cuda]
                           [--impl transformers|ref] [--batch B] [--seq-len T] [--ringscan build/ringscan]
-                          [--parity-step build/parity_step] [--hf-device cpu|cuda]
+                          [--parity-step build/parity_step] [--hf-device cpu|cuda] [--threads N]
 
 --impl ref (CI, no transformers): the folders are written by safetensors_io from ref_model.random_params
 (the same names, shapes and config.json keys as transformers' save), and tests/parity/ref_model.py
@@ -44,9 +44,11 @@ gradient on cpu and cuda; the other checks and folders are the small shape's).
 import argparse
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -276,9 +278,15 @@ def ringscan_grads(args, case, folder, device, tag):
     cmd = [args.parity_step, case, "--hf", folder, "--out", out]
     if device == "cuda":
         cmd += ["--set", "device.kind=cuda"]
-    elif device == "bf16emu":
-        cmd += ["--emulate-bf16"]
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    else:
+        cmd += ["--threads", str(args.threads)] + (["--emulate-bf16"] if device == "bf16emu" else [])
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=args.step_timeout)
+    except subprocess.TimeoutExpired as e:
+        raise SystemExit(f"parity_step {device} on {folder.name}: no answer in {args.step_timeout} s; its output so far: "
+                         f"{hf_check.text_of(e.stdout) + hf_check.text_of(e.stderr)}"[-800:])
+    print(f"  parity_step {device} on {folder.name} ({case.name}): {time.monotonic() - t0:.1f} s", flush=True)
     if r.returncode != 0:
         raise SystemExit(f"parity_step {device} on {folder.name} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
     got = st.load(out)
@@ -318,8 +326,10 @@ def check_grads(args, folders, batches, cache):
             bname = batch[0]
             case = cache.setdefault(("case", bname), case_dir(args, bname, batch, args.shape))
             if fname != "composite":
+                t0 = time.monotonic()
                 hf = hf_check.TransformersModel(folder, args.hf_device)
                 hf_loss, hf_grads = hf_check.hf_loss_and_grads(hf, *batch)
+                print(f"  transformers on {args.hf_device}, {fname} ({bname}): {time.monotonic() - t0:.1f} s", flush=True)
                 if "cpu" in args.devices:  # the cpu bound: transformers' own error against float64 (slow at 0.8b)
                     exact = hf_check.hf_loss_and_grads(hf_check.RefModel(folder), *batch)[1]
                     own = {k: max(1e-3, 2 * rel(hf_grads[k], exact[k])) for k in exact}
@@ -418,6 +428,9 @@ def main(argv=None):
                     help="the saved folders the grads check runs on")
     ap.add_argument("--hf-device", default="cpu",
                     help="where transformers' model runs (fp32, TF32 off; cuda: the 0.8b shape in seconds)")
+    ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1),
+                    help="OpenBLAS threads of the cpu and emulated-bf16 parity_step runs (results do not depend on it)")
+    ap.add_argument("--step-timeout", type=int, default=900, help="seconds one parity_step run may take")
     ap.add_argument("--ringscan", type=Path, default=ROOT / "build/ringscan")
     ap.add_argument("--parity-step", type=Path, default=ROOT / "build/parity_step")
     args = ap.parse_args(argv)
