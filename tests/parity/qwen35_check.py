@@ -107,7 +107,8 @@ def text_config(shape):
 
 
 def randomize(model, seed):
-    """Random, non-trivial weights (ref_model.random_params' distributions) by parameter name."""
+    """Random, non-trivial weights (ref_model.random_params' distributions) by parameter name; a tied embedding
+    as an lm head (0.05), so that the loss stays near ln(vocab) and bf16's error in the gradients stays small."""
     import torch
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -123,8 +124,9 @@ def randomize(model, seed):
                 t = u(-1.0, 1.0)
             elif name.endswith("conv1d.weight"):
                 t = 0.3 * torch.randn(p.shape, generator=g)
-            elif name.endswith("embed_tokens.weight"):
-                t = 0.5 * torch.randn(p.shape, generator=g)
+            elif name.endswith("embed_tokens.weight"):  # tied: it is the lm head too, and logits of std 16
+                std = 0.05 if model.config.tie_word_embeddings else 0.5  # (0.5 x sqrt(1024)) saturate the softmax
+                t = std * torch.randn(p.shape, generator=g)
             elif name.endswith(("out_proj.weight", "o_proj.weight")):
                 t = 0.2 * torch.randn(p.shape, generator=g)  # mixers that move the residual stream visibly
             else:
