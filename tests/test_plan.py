@@ -8,6 +8,9 @@ must, overrides change the numbers, and a run that does not fit exits 1 with
 the overage.
 """
 import json
+import re
+
+import pytest
 
 from conftest import ROOT, run
 
@@ -394,3 +397,22 @@ def test_staged_gdn_chain_buffers_by_hand(ringscan):
         whole = scan(*sets, "parallel.gdn_chain_staged=false", gpus=cp)
         assert scan(*sets, gpus=cp) - whole == frags * dkept(32_768), cp
         assert scan(*sets, "checkpoint.gdn_keep=wy", gpus=cp) == whole
+
+
+HEADER_PLAN = re.compile(r"^#\s+([\d,]+) parameters; (\w+): ([\d.]+) GiB per rank of ([\d.]+) GiB "
+                         r"\(none ([\d.]+), full ([\d.]+), remat ([\d.]+) GiB\)", re.M)
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_config_header_plan_is_current(ringscan, config):
+    """Every shipped config's header quotes `ringscan plan` (parameters, the policy's GiB per rank, the device's
+    capacity, the three policies' totals): the quote must equal what plan says now, to the printed digit."""
+    text = (ROOT / "configs" / config).read_text()
+    m = HEADER_PLAN.search(text)
+    assert m, f"configs/{config}: no '#   N parameters; POLICY: X GiB per rank of Y GiB (none .., full .., remat .. GiB)' line"
+    d = plan_json(ringscan, f"configs/{config}")
+    gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
+    mem = d["memory"]
+    got = (f"{d['parameters']['total']:,}", mem["policy"], gib(mem[mem["policy"]]["total"]), f"{mem['capacity'] / 2**30:g}",
+           gib(mem["none"]["total"]), gib(mem["full"]["total"]), gib(mem["remat"]["total"]))
+    assert m.groups() == got, f"configs/{config}: header {m.groups()} but plan says {got}"
