@@ -406,7 +406,8 @@ HEADER_PLAN = re.compile(r"^#\s+([\d,]+) parameters; (\w+): ([\d.]+) GiB per ran
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_config_header_plan_is_current(ringscan, config):
     """Every shipped config's header quotes `ringscan plan` (parameters, the policy's GiB per rank, the device's
-    capacity, the three policies' totals): the quote must equal what plan says now, to the printed digit."""
+    capacity, the three policies' totals, and where quoted its verdict line): the quote must equal what plan says
+    now, to the printed digit."""
     text = (ROOT / "configs" / config).read_text()
     m = HEADER_PLAN.search(text)
     assert m, f"configs/{config}: no '#   N parameters; POLICY: X GiB per rank of Y GiB (none .., full .., remat .. GiB)' line"
@@ -416,3 +417,9 @@ def test_config_header_plan_is_current(ringscan, config):
     got = (f"{d['parameters']['total']:,}", mem["policy"], gib(mem[mem["policy"]]["total"]), f"{mem['capacity'] / 2**30:g}",
            gib(mem["none"]["total"]), gib(mem["full"]["total"]), gib(mem["remat"]["total"]))
     assert m.groups() == got, f"configs/{config}: header {m.groups()} but plan says {got}"
+    quoted = re.search(r"^#\s+(verdict: .*)$", text, re.M)
+    if quoted:  # a quoted verdict (free memory, host memory) is plan's line word for word
+        r = run([ringscan, "plan", ROOT / "configs" / config])
+        assert r.returncode == 0, r.stdout[-500:]
+        verdict = [line for line in r.stdout.splitlines() if line.startswith("verdict")][0]
+        assert quoted.group(1) == verdict, f"configs/{config}: header says {quoted.group(1)!r}, plan {verdict!r}"
