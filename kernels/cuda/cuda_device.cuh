@@ -101,6 +101,10 @@ __device__ __forceinline__ float cuda_siluf(float x) { return x * cuda_sigmoidf(
 __device__ __forceinline__ float cuda_silu_gradf(float x) { return cuda_sigmoidf(x) * (1.0f + x * cuda_sigmoidf(-x)); }
 __device__ __forceinline__ float cuda_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float cuda_softplus_gradf(float x) { return x > 20.0f ? 1.0f : cuda_sigmoidf(x); }
+/* the sigmoid of the streaming glue kernels (SwiGLU, the sigmoid and SiLU gates): 1 / (1 + exp(-x)) with
+ * the fast intrinsics (ex2.approx, rcp.approx: a few ulp in fp32, far below the bf16 rounding of their
+ * outputs; the IEEE expf and division were most of those kernels' instructions). exp(-x) = inf gives 0. */
+__device__ __forceinline__ float cuda_sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 /* ---- fixed-order reductions ---- */
 

@@ -154,29 +154,36 @@ __global__ void __launch_bounds__(256) norm_rms_backward_kernel(bf16 *dinp /* (T
 
 /* The same backward for 16-byte rows of D <= NORM_BWD_VMAX * 256 (the hidden size 1536: 6 vectors a
  * lane): a lane loads all of its row's x, dout and dinp vectors before using the first (the loop above
- * keeps one load in flight and reads x and dout twice) and holds w in registers; the same sums in the
- * same order. */
+ * keeps one load in flight and reads x and dout twice); the same sums in the same order. w is read at
+ * its use (L1-resident), which keeps the kernel at two 256-thread blocks an SM. The dw slices are laid
+ * out by norm_slice_at, so that the 32 lanes' adds of one column offset hit 32 banks (lane-major 8-column
+ * runs were 8-way conflicts on every add). */
 #define NORM_BWD_VMAX 6
-__global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /* (T,ldi) += */,
-                                                                    float *part /* (gridDim.x, D) */,
-                                                                    const bf16 *dout /* (T,ldo) */,
-                                                                    const bf16 *inp /* (T,ldi) */,
-                                                                    const bf16 *w /* (D) */,
-                                                                    const float *rstd /* (T,nh) */, int64_t rows,
-                                                                    int64_t rows_per_block, int nh, int D, int ldi,
-                                                                    int ldo, int zc) {
-    extern __shared__ float norm_slices[]; /* (warps, D) */
+#define NORM_SLICE_COLS (CUDA_WARP * CUDA_VEC) /* 256 columns: one vector of each lane */
+
+/* where column c = k 256 + lane 8 + i sits in a warp's slice (slices of ceil(D/256) 256 floats) */
+__device__ __forceinline__ int norm_slice_at(int c) {
+    return (c & ~(NORM_SLICE_COLS - 1)) + (c % CUDA_VEC) * CUDA_WARP + (c % NORM_SLICE_COLS) / CUDA_VEC;
+}
+
+__global__ void __launch_bounds__(256, 2) norm_rms_backward_reg_kernel(bf16 *dinp /* (T,ldi) += */,
+                                                                       float *part /* (gridDim.x, D) */,
+                                                                       const bf16 *dout /* (T,ldo) */,
+                                                                       const bf16 *inp /* (T,ldi) */,
+                                                                       const bf16 *w /* (D) */,
+                                                                       const float *rstd /* (T,nh) */, int64_t rows,
+                                                                       int64_t rows_per_block, int nh, int D, int ldi,
+                                                                       int ldo, int zc) {
+    extern __shared__ float norm_slices[]; /* (warps, Ds): Ds = D rounded up to 256 */
     const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
-    float *acc = norm_slices + (int64_t)warp * D;
-    uint4 wr[NORM_BWD_VMAX]; /* w of the lane's columns, packed */
+    const int Ds = (D + NORM_SLICE_COLS - 1) / NORM_SLICE_COLS * NORM_SLICE_COLS;
+    float *acc = norm_slices + (int64_t)warp * Ds;
 #pragma unroll
     for (int k = 0; k < NORM_BWD_VMAX; k++) {
-        const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
-        if (c < D) {
-            wr[k] = *reinterpret_cast<const uint4 *>(w + c);
+        const int c = lane * CUDA_VEC + k * NORM_SLICE_COLS;
+        if (c < D)
 #pragma unroll
-            for (int i = 0; i < CUDA_VEC; i++) acc[c + i] = 0.0f;
-        }
+            for (int i = 0; i < CUDA_VEC; i++) acc[k * NORM_SLICE_COLS + i * CUDA_WARP + lane] = 0.0f;
     }
     const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
     const int64_t r1 = min(rows, r0 + rows_per_block);
@@ -188,7 +195,7 @@ __global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /
         uint4 xr[NORM_BWD_VMAX], gr[NORM_BWD_VMAX], dr[NORM_BWD_VMAX];
 #pragma unroll
         for (int k = 0; k < NORM_BWD_VMAX; k++) {
-            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
+            const int c = lane * CUDA_VEC + k * NORM_SLICE_COLS;
             if (c < D) {
                 xr[k] = *reinterpret_cast<const uint4 *>(x + c);
                 gr[k] = *reinterpret_cast<const uint4 *>(dy + c);
@@ -199,12 +206,12 @@ __global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /
         float dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < NORM_BWD_VMAX; k++) {
-            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
+            const int c = lane * CUDA_VEC + k * NORM_SLICE_COLS;
             if (c < D) {
                 float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC];
                 cuda_unpack8(xv, xr[k]);
                 cuda_unpack8(g, gr[k]);
-                cuda_unpack8(wv, wr[k]);
+                cuda_load8(wv, w + c);
 #pragma unroll
                 for (int i = 0; i < CUDA_VEC; i++) dot += (g[i] * (zc ? 1.0f + wv[i] : wv[i])) * (xv[i] * rs);
             }
@@ -212,18 +219,18 @@ __global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /
         const float mean_dot = cuda_warp_sum(dot) / D;
 #pragma unroll
         for (int k = 0; k < NORM_BWD_VMAX; k++) {
-            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
+            const int c = lane * CUDA_VEC + k * NORM_SLICE_COLS;
             if (c < D) {
                 float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC], d[CUDA_VEC];
                 cuda_unpack8(xv, xr[k]);
                 cuda_unpack8(g, gr[k]);
-                cuda_unpack8(wv, wr[k]);
+                cuda_load8(wv, w + c);
                 cuda_unpack8(d, dr[k]);
 #pragma unroll
                 for (int i = 0; i < CUDA_VEC; i++) {
                     const float sc = zc ? 1.0f + wv[i] : wv[i];
                     d[i] += rs * (g[i] * sc - xv[i] * rs * mean_dot);
-                    acc[c + i] += g[i] * (xv[i] * rs);
+                    acc[k * NORM_SLICE_COLS + i * CUDA_WARP + lane] += g[i] * (xv[i] * rs);
                 }
                 cuda_store8(dx + c, d);
             }
@@ -231,10 +238,79 @@ __global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /
     }
     __syncthreads();
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        const int at = norm_slice_at(c);
         float sum = 0.0f;
-        for (int k = 0; k < nw; k++) sum += norm_slices[(int64_t)k * D + c];
+        for (int k = 0; k < nw; k++) sum += norm_slices[(int64_t)k * Ds + at];
         part[(int64_t)blockIdx.x * D + c] = sum;
     }
+}
+
+/* RMSNorm forward for 16-byte rows of D = LPR 8 NV: a row is a group of LPR lanes (LPR < 32 for D = 64,
+ * 128: no idle lanes), each lane loads its NV vectors before using the first and keeps them for the
+ * output: x is read once. The same sums in the same order as norm_rms_forward_kernel. */
+template <int LPR, int NV>
+__global__ void __launch_bounds__(256) norm_rms_group_forward_kernel(bf16 *out /* (T,ldo) */,
+                                                                     float *rstd /* (T,nh) */,
+                                                                     const bf16 *inp /* (T,ldi) */,
+                                                                     const bf16 *w /* (D) */, int64_t rows, int nh,
+                                                                     int ldi, int ldo, float eps, int zc) {
+    constexpr int D = LPR * CUDA_VEC * NV;
+    const int l = threadIdx.x % LPR;
+    const int64_t r = (int64_t)blockIdx.x * (256 / LPR) + threadIdx.x / LPR;
+    const bool live = r < rows; /* every lane takes part in the shuffles */
+    const int64_t rr = live ? r : 0, t = rr / nh;
+    const int h = (int)(rr % nh);
+    const bf16 *x = inp + t * ldi + (int64_t)h * D;
+    uint4 xr[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) xr[k] = *reinterpret_cast<const uint4 *>(x + (l + k * LPR) * CUDA_VEC);
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        float f[CUDA_VEC];
+        cuda_unpack8(f, xr[k]);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
+    }
+    const float rs = 1.0f / sqrtf(norm_group_sum<LPR>(ss) / D + eps);
+    if (!live) return;
+    if (l == 0) rstd[r] = rs;
+    bf16 *y = out + t * ldo + (int64_t)h * D;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int c = (l + k * LPR) * CUDA_VEC;
+        float f[CUDA_VEC], wv[CUDA_VEC];
+        cuda_unpack8(f, xr[k]);
+        cuda_load8(wv, w + c);
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) f[i] = f[i] * rs * (zc ? 1.0f + wv[i] : wv[i]);
+        cuda_store8(y + c, f);
+    }
+}
+
+/* launches the group forward for D (64, 128, 256, or 256 NV up to 8 vectors a lane); false when D has none */
+static bool norm_rms_group_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int64_t rows, int nh, int D,
+                                   int ldi, int ldo, float eps, int zc) {
+    const int nvec = D / CUDA_VEC, lpr = nvec < CUDA_WARP ? nvec : CUDA_WARP;
+    const unsigned blocks = (unsigned)cuda_ceil_div(rows, 256 / lpr);
+    const cudaStream_t st = cuda_stream();
+#define NORM_RMS_GROUP(L, V)                                                                                        \
+    norm_rms_group_forward_kernel<L, V><<<blocks, 256, 0, st>>>(out, rstd, inp, w, rows, nh, ldi, ldo, eps, zc)
+    switch (nvec) {
+    case 8: NORM_RMS_GROUP(8, 1); break;
+    case 16: NORM_RMS_GROUP(16, 1); break;
+    case 32: NORM_RMS_GROUP(32, 1); break;
+    case 64: NORM_RMS_GROUP(32, 2); break;
+    case 96: NORM_RMS_GROUP(32, 3); break;
+    case 128: NORM_RMS_GROUP(32, 4); break;
+    case 160: NORM_RMS_GROUP(32, 5); break;
+    case 192: NORM_RMS_GROUP(32, 6); break;
+    case 256: NORM_RMS_GROUP(32, 8); break;
+    default: return false;
+    }
+#undef NORM_RMS_GROUP
+    CUDA_LAUNCH_CHECK();
+    return true;
 }
 
 extern "C" void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D,
@@ -244,6 +320,9 @@ extern "C" void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, co
     const int64_t rows = T * nh;
     if (!rows) return;
     const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(out, D, ldo) && cuda_vec_ok(w, D, D);
+    if (vec && norm_rms_group_forward((bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, rows, nh, D, ldi, ldo, eps,
+                                      zero_centred))
+        return;
     norm_rms_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
         (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, rows, nh, D, ldi, ldo, eps, zero_centred, vec);
     CUDA_LAUNCH_CHECK();
@@ -257,12 +336,14 @@ extern "C" void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, c
     if (!rows) return;
     const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(dinp, D, ldi) &&
                      cuda_vec_ok(dout, D, ldo) && cuda_vec_ok(w, D, D);
+    const bool reg = vec && D <= NORM_BWD_VMAX * NORM_SLICE_COLS;
     size_t smem;
-    const int nw = norm_bwd_warps(D, &smem);
+    /* the register kernel's slices are D rounded up to 256 columns */
+    const int nw = norm_bwd_warps(reg ? (int)cuda_ceil_div(D, NORM_SLICE_COLS) * NORM_SLICE_COLS : D, &smem);
     const int blocks = cuda_partial_blocks(rows, 4 * nw);
     const int64_t rpb = cuda_ceil_div(rows, blocks);
     float *part = (float *)cuda_scratch((size_t)blocks * D * sizeof(float), "rmsnorm_backward");
-    if (vec && D <= NORM_BWD_VMAX * CUDA_WARP * CUDA_VEC) {
+    if (reg) {
         norm_allow_smem(norm_rms_backward_reg_kernel, smem);
         norm_rms_backward_reg_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
             (bf16 *)dinp, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb, nh, D, ldi,
@@ -703,6 +784,7 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_forward_k
     const int64_t rr = live ? r : 0, t = rr / nv;
     const int h = (int)(rr % nv), c = l * CUDA_VEC;
     float f[CUDA_VEC], zv[CUDA_VEC], wv[CUDA_VEC];
+    const uint4 zr = *reinterpret_cast<const uint4 *>(zs + t * ldz + (int64_t)h * dv + c); /* in flight with x */
     cuda_load8(f, xs + rr * dv + c);
     float ss = 0.0f;
 #pragma unroll
@@ -710,10 +792,10 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_forward_k
     const float rs = 1.0f / sqrtf(norm_group_sum<LPR>(ss) / dv + eps);
     if (!live) return;
     if (l == 0) rstd[r] = rs;
-    cuda_load8(zv, zs + t * ldz + (int64_t)h * dv + c);
+    cuda_unpack8(zv, zr);
     cuda_load8(wv, w + c);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) f[i] = wv[i] * (f[i] * rs) * cuda_siluf(zv[i]);
+    for (int i = 0; i < CUDA_VEC; i++) f[i] = wv[i] * (f[i] * rs) * (zv[i] * cuda_sigmoid_fast(zv[i]));
     cuda_store8(out + r * dv + c, f);
 }
 
@@ -760,7 +842,7 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_
         float dot = 0.0f, sg[CUDA_VEC], sz[CUDA_VEC]; /* one sigmoid per element: silu' = s (1 + z (1 - s)) */
 #pragma unroll
         for (int i = 0; i < CUDA_VEC; i++) {
-            sg[i] = cuda_sigmoidf(zv[i]);
+            sg[i] = cuda_sigmoid_fast(zv[i]);
             sz[i] = zv[i] * sg[i];
             dot += (g[i] * wv[i] * sz[i]) * (xv[i] * rs);
         }
@@ -812,8 +894,7 @@ static bool norm_gated_group_backward(bf16 *dx, bf16 *dz, float *dw, const bf16 
     case 64: norm_gated_group_backward_kernel<8><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
     case 128: norm_gated_group_backward_kernel<16><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
     default: norm_gated_group_backward_kernel<32><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
-    }
-    CUDA_LAUNCH_CHECK();
+    }    CUDA_LAUNCH_CHECK();
     cuda_partials_add(dw, part, blocks, dv);
     return true;
 }
