@@ -20,9 +20,10 @@
  * through registers, so each row is read once per run rather than Kc times (Kc^2 in the gathered input
  * gradient), with the weights in registers. The backward fuses the input and weight gradients in one pass
  * (per-block partials of at most CONV_PART_BYTES, added in a fixed order): deterministic, and the same
- * sums in the same tap order as the general kernels. Both load rows in groups of CONV_RUN_G and issue the
- * next group's loads before they use the current one, so every thread keeps loads in flight while it
- * computes (one group in flight at a time left them latency-bound).
+ * sums in the same tap order as the general kernels. Both load rows in groups (CONV_RUN_G, CONV_RUN_GB) and
+ * issue the next group's loads before they use the current one, and ask L2 for the rows CONV_PF_ROWS
+ * ahead, so every thread keeps reads in flight while it computes (one group in flight at a time left
+ * them latency-bound).
  *
  * The sigmoid is conv_sigmoid: __expf and __fdividef (a few ulp in fp32, below the outputs' bf16
  * rounding). A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the token skipped.
@@ -42,6 +43,7 @@
 #define CONV_CV 4                  /* channels per thread of the run kernels (8-byte vectors) */
 #define CONV_RUN_FWD 32            /* tokens per thread, forward */
 #define CONV_RUN_BWD_MIN 32        /* tokens per thread of the backward, at least (each run reads KC-1 more) */
+#define CONV_PF_ROWS 8              /* rows ahead of the current group that the run kernels prefetch into L2 */
 #define CONV_RUN_GB 2              /* the same in the backward, whose registers hold twice the rows */
 #define CONV_RUN_G 4               /* rows a run thread loads as a group (= CONV_RUN_KC: the unrolled group
                                     * also turns the window shifts into register renames) */
@@ -200,6 +202,10 @@ __device__ __forceinline__ uint2 conv_raw4(const bf16 *p, int n, bool vec) {
     return u;
 }
 
+/* asks L2 for the line of p (no register holds the data): the run kernels' loads then find their rows in L2,
+ * so the HBM reads in flight are not bounded by the registers each thread can spare */
+__device__ __forceinline__ void conv_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 __device__ __forceinline__ void conv_unpack4(float f[CONV_CV], uint2 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
     const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
@@ -287,6 +293,9 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_run_for
         for (int g = 0; g < CONV_RUN_G; g++) xr[g] = xn[g], dpg[g] = dpn[g];
         if (tg + CONV_RUN_G < t1) load_group(tg + CONV_RUN_G);
 #pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++)
+            if (tg + CONV_PF_ROWS + g < t1) conv_prefetch_l2(inp + (tg + CONV_PF_ROWS + g) * ldi + c);
+#pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) {
             const int64_t t = tg + g;
             if (t >= t1) break;
@@ -316,12 +325,12 @@ template <int KC>
 __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_backward_kernel(
     bf16 *dinp /* (T,ldi) = */, bf16 *dhalo /* (KC-1,C) = or NULL */, float *part /* (gridDim.y, C*KC) */,
     const bf16 *dout /* (T,ldo) */, const bf16 *inp /* (T,ldi) */, const bf16 *halo /* (KC-1,C) or NULL */,
-    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int64_t T, int64_t run, int C, int ldi, int ldo,
-    int *err, bool vec) {
+    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int T, int run, int C, int ldi, int ldo, int *err,
+    bool vec) {
     __shared__ float sh[CONV_RUN_ROWS][CONV_RUN_LANES][CONV_CV * KC + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int c = (blockIdx.x * CONV_RUN_LANES + tx) * CONV_CV;
-    const int64_t t0 = ((int64_t)blockIdx.y * CONV_RUN_ROWS + ty) * run;
+    const int t0 = (blockIdx.y * CONV_RUN_ROWS + ty) * run; /* T < 2^31 (the host checks) */
     const int n = c < C ? min(CONV_CV, C - c) : 0;
     float dw[CONV_CV][KC];
 #pragma unroll
@@ -329,7 +338,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
 #pragma unroll
         for (int j = 0; j < KC; j++) dw[i][j] = 0.0f;
     if (n > 0 && t0 < T) {
-        const int64_t t1 = min(T, t0 + run);
+        const int t1 = min(T, t0 + run);
         float wr[CONV_CV][KC], xw[KC][CONV_CV], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
         int dpw[KC];                                                 /* doc_pos of those tokens; -1: none */
         conv_run_weights<KC>(wr, w, c, n);
@@ -341,28 +350,34 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
 #pragma unroll
             for (int i = 0; i < CONV_CV; i++) duw[b][i] = 0.0f;
         }
-        const int64_t tend = t1 + KC - 1, tlim = min(tend, T); /* rows past tlim are not read */
+        const int tend = t1 + KC - 1, tlim = min(tend, T); /* rows past tlim are not read */
         uint2 xn[CONV_RUN_GB], dn[CONV_RUN_GB]; /* the next group's input and output-gradient rows */
         int dpn[CONV_RUN_GB];
-        auto load_group = [&](int64_t tg) {
+        auto load_group = [&](int tg) {
 #pragma unroll
             for (int g = 0; g < CONV_RUN_GB; g++)
                 if (tg + g < tlim) {
-                    xn[g] = conv_raw4(inp + (tg + g) * ldi + c, n, vec);
-                    dn[g] = conv_raw4(dout + (tg + g) * ldo + c, n, vec);
+                    xn[g] = conv_raw4(inp + (int64_t)(tg + g) * ldi + c, n, vec);
+                    dn[g] = conv_raw4(dout + (int64_t)(tg + g) * ldo + c, n, vec);
                     dpn[g] = doc_pos[tg + g];
                 }
         };
         load_group(t0);
-        for (int64_t tg = t0; tg < tend; tg += CONV_RUN_GB) {
+        for (int tg = t0; tg < tend; tg += CONV_RUN_GB) {
             uint2 xr[CONV_RUN_GB], dr[CONV_RUN_GB];
             int dpg[CONV_RUN_GB];
 #pragma unroll
             for (int g = 0; g < CONV_RUN_GB; g++) xr[g] = xn[g], dr[g] = dn[g], dpg[g] = dpn[g];
             if (tg + CONV_RUN_GB < tlim) load_group(tg + CONV_RUN_GB);
 #pragma unroll
+            for (int g = 0; g < CONV_RUN_GB; g++)
+                if (tg + CONV_PF_ROWS + g < tlim) {
+                    conv_prefetch_l2(inp + (int64_t)(tg + CONV_PF_ROWS + g) * ldi + c);
+                    conv_prefetch_l2(dout + (int64_t)(tg + CONV_PF_ROWS + g) * ldo + c);
+                }
+#pragma unroll
             for (int g = 0; g < CONV_RUN_GB; g++) {
-                const int64_t t = tg + g;
+                const int t = tg + g;
                 if (t >= tend) break;
                 /* du[t] into duw[KC-1] */
 #pragma unroll
@@ -402,7 +417,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
                         for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
                 }
                 /* row s: dinp[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
-                const int64_t s = t - (KC - 1);
+                const int s = t - (KC - 1);
                 const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
                 if (own) {
                     float acc[CONV_CV];
@@ -413,7 +428,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
                         if (dpw[b] >= b && s + b >= 0)
 #pragma unroll
                             for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
-                    if (s >= 0) conv_store4(dinp + s * ldi + c, acc, n, vec);
+                    if (s >= 0) conv_store4(dinp + (int64_t)s * ldi + c, acc, n, vec);
                     else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
                 }
             }
@@ -480,12 +495,13 @@ extern "C" void cuda_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, co
         if (gy > gy_min_run) gy = gy_min_run;
         const int64_t run = cuda_ceil_div(T, gy * CONV_RUN_ROWS);
         gy = cuda_ceil_div(T, run * CONV_RUN_ROWS);
-        RS_CHECK(gy <= 65535, "conv1d_silu_backward: %lld blocks along T", (long long)gy);
+        RS_CHECK(gy <= 65535 && gy * CONV_RUN_ROWS * run + CONV_RUN_KC <= INT32_MAX,
+                 "conv1d_silu_backward: T = %lld exceeds the run kernel's 32-bit token indices", (long long)T);
         float *part = (float *)cuda_scratch((size_t)(gy * part_row), "conv1d_silu_backward");
         const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CONV_CV), CONV_RUN_LANES), (unsigned)gy);
         conv_run_backward_kernel<CONV_RUN_KC><<<grid, dim3(CONV_RUN_LANES, CONV_RUN_ROWS), 0, cuda_stream()>>>(
             (bf16 *)dinp, (bf16 *)dhalo, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)halo,
-            (const bf16 *)w, doc_pos, T, run, C, ldi, ldo, cuda_error_word(), v4);
+            (const bf16 *)w, doc_pos, (int)T, (int)run, C, ldi, ldo, cuda_error_word(), v4);
         CUDA_LAUNCH_CHECK();
         cuda_partials_add(dw, part, (int)gy, (int64_t)C * Kc);
         return;
