@@ -10,13 +10,13 @@
  * Row kernels: one warp per row, 8 rows per 256-thread block; a lane reads 8 consecutive bf16 (one 16-byte
  * load) at columns lane*8 + 256k, so rows of any D loop. Statistics and intermediates are fp32, row sums
  * warp butterflies (fixed order); rows not 16-byte aligned take the scalar path of the same loop.
- * Group kernels (L2 norm and gated RMSNorm at dv = 64, 128, 256 on the 16-byte path: the GDN heads): a row
- * is one group of dv/8 lanes, so no lane idles, and each lane keeps its 8-column vector of w and of the
- * dw sums in registers across the rows it walks.
+ * Group kernels (16-byte rows; L2 norm, gated RMSNorm at 64, 128, 256, RMSNorm.s backward at 64, 128, its forward
+ * at D = 64 .. 2048, x held in registers): a row is one group of D/8 lanes (at most 32), so no lane idles,
+ * and each lane keeps its 8-column vector of w and of the dw sums in registers across the rows it walks.
  *
  * Parameter gradients (dw +=) are deterministic, with no float atomics: each block owns a fixed range of
  * rows (the block count depends on the sizes only), sums its warps' (groups') terms in order into its row
- * of partials in the kernel scratch, and cuda_partials_add adds the blocks in order.
+ * of partials in the kernel scratch, and cuda_partials_add adds the blocks in a fixed order.
  *
  * Aliasing as on cpu: l2norm_backward may run with dinp == dout (same ld), gated_rmsnorm_backward with
  * dx == dout: a lane reads a column's inputs before it writes it, and the row's dot product is complete
@@ -97,13 +97,10 @@ __global__ void __launch_bounds__(256) norm_rms_forward_kernel(bf16 *out /* (T,l
 }
 
 /* dxhat = dout s, xhat = x rstd: dinp += rstd (dxhat - xhat mean(dxhat xhat)); dw += dout xhat */
-__global__ void __launch_bounds__(256) norm_rms_backward_kernel(bf16 *dinp /* (T,ldi) += */,
-                                                                float *part /* (gridDim.x, D) */,
-                                                                const bf16 *dout /* (T,ldo) */,
-                                                                const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */,
-                                                                const float *rstd /* (T,nh) */, int64_t rows,
-                                                                int64_t rows_per_block, int nh, int D, int ldi, int ldo,
-                                                                int zc, bool vec) {
+__global__ void __launch_bounds__(256) norm_rms_backward_kernel(
+    bf16 *dinp /* (T,ldi) += */, float *part /* (gridDim.x, D) */, const bf16 *dout /* (T,ldo) */,
+    const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */, const float *rstd /* (T,nh) */, int64_t rows,
+    int64_t rows_per_block, int nh, int D, int ldi, int ldo, int zc, bool vec) {
     extern __shared__ float norm_slices[]; /* (warps, D) */
     const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
     float *acc = norm_slices + (int64_t)warp * D;
@@ -166,14 +163,10 @@ __device__ __forceinline__ int norm_slice_at(int c) {
     return (c & ~(NORM_SLICE_COLS - 1)) + (c % CUDA_VEC) * CUDA_WARP + (c % NORM_SLICE_COLS) / CUDA_VEC;
 }
 
-__global__ void __launch_bounds__(256, 2) norm_rms_backward_reg_kernel(bf16 *dinp /* (T,ldi) += */,
-                                                                       float *part /* (gridDim.x, D) */,
-                                                                       const bf16 *dout /* (T,ldo) */,
-                                                                       const bf16 *inp /* (T,ldi) */,
-                                                                       const bf16 *w /* (D) */,
-                                                                       const float *rstd /* (T,nh) */, int64_t rows,
-                                                                       int64_t rows_per_block, int nh, int D, int ldi,
-                                                                       int ldo, int zc) {
+__global__ void __launch_bounds__(256, 2) norm_rms_backward_reg_kernel(
+    bf16 *dinp /* (T,ldi) += */, float *part /* (gridDim.x, D) */, const bf16 *dout /* (T,ldo) */,
+    const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */, const float *rstd /* (T,nh) */, int64_t rows,
+    int64_t rows_per_block, int nh, int D, int ldi, int ldo, int zc) {
     extern __shared__ float norm_slices[]; /* (warps, Ds): Ds = D rounded up to 256 */
     const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
     const int Ds = (D + NORM_SLICE_COLS - 1) / NORM_SLICE_COLS * NORM_SLICE_COLS;
@@ -245,15 +238,80 @@ __global__ void __launch_bounds__(256, 2) norm_rms_backward_reg_kernel(bf16 *din
     }
 }
 
+/* The same backward for 16-byte rows of D = 8 LPR < 256 (the attention heads' q_norm, k_norm at 128): a row
+ * is a group of LPR lanes (a warp-wide row would leave half the warp idle), each lane keeps its 8 columns
+ * of the dw sums in registers across the rows its group walks, and the next row's x, dout, dinp and rstd
+ * are loaded before this row's math; the block's groups are then added in order. */
+template <int LPR>
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_rms_group_backward_kernel(
+    bf16 *dinp /* (T,ldi) += */, float *part /* (gridDim.x, D) */, const bf16 *dout /* (T,ldo) */,
+    const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */, const float *rstd /* (T,nh) */, int64_t rows,
+    int64_t rows_per_block, int nh, int ldi, int ldo, int zc) {
+    constexpr int D = LPR * CUDA_VEC, G = NORM_GROUP_THREADS / LPR;
+    __shared__ float sh[G][D];
+    const int l = threadIdx.x % LPR, grp = threadIdx.x / LPR, c = l * CUDA_VEC;
+    float sc[CUDA_VEC], acc[CUDA_VEC];
+    cuda_load8(sc, w + c);
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) {
+        sc[i] = zc ? 1.0f + sc[i] : sc[i];
+        acc[i] = 0.0f;
+    }
+    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
+    const int64_t r1 = min(rows, r0 + rows_per_block);
+    /* every group of a warp makes the same number of trips (r1 - r0 rows, G groups): the shuffles see the
+     * whole warp */
+    uint4 xn, gn, dn;
+    float rsn;
+    auto load_row = [&](int64_t rb) {
+        const int64_t r = rb + grp, rr = r < r1 ? r : r0, t = rr / nh;
+        const int h = (int)(rr % nh);
+        xn = *reinterpret_cast<const uint4 *>(inp + t * ldi + (int64_t)h * D + c);
+        gn = *reinterpret_cast<const uint4 *>(dout + t * ldo + (int64_t)h * D + c);
+        dn = *reinterpret_cast<const uint4 *>(dinp + t * ldi + (int64_t)h * D + c);
+        rsn = rstd[rr];
+    };
+    if (r0 < r1) load_row(r0);
+    for (int64_t rb = r0; rb < r1; rb += G) {
+        const int64_t r = rb + grp;
+        const bool live = r < r1;
+        const int64_t rr = live ? r : r0, t = rr / nh;
+        const int h = (int)(rr % nh);
+        float xv[CUDA_VEC], g[CUDA_VEC], d[CUDA_VEC];
+        cuda_unpack8(xv, xn);
+        cuda_unpack8(g, gn);
+        cuda_unpack8(d, dn);
+        const float rs = rsn;
+        if (rb + G < r1) load_row(rb + G);
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) dot += (g[i] * sc[i]) * (xv[i] * rs);
+        const float mean_dot = norm_group_sum<LPR>(dot) / D;
+        if (!live) continue;
+#pragma unroll
+        for (int i = 0; i < CUDA_VEC; i++) {
+            d[i] += rs * (g[i] * sc[i] - xv[i] * rs * mean_dot);
+            acc[i] += g[i] * (xv[i] * rs);
+        }
+        cuda_store8(dinp + t * ldi + (int64_t)h * D + c, d);
+    }
+#pragma unroll
+    for (int i = 0; i < CUDA_VEC; i++) sh[grp][c + i] = acc[i];
+    __syncthreads();
+    for (int k = threadIdx.x; k < D; k += NORM_GROUP_THREADS) {
+        float sum = 0.0f;
+        for (int q = 0; q < G; q++) sum += sh[q][k];
+        part[(int64_t)blockIdx.x * D + k] = sum;
+    }
+}
+
 /* RMSNorm forward for 16-byte rows of D = LPR 8 NV: a row is a group of LPR lanes (LPR < 32 for D = 64,
  * 128: no idle lanes), each lane loads its NV vectors before using the first and keeps them for the
  * output: x is read once. The same sums in the same order as norm_rms_forward_kernel. */
 template <int LPR, int NV>
-__global__ void __launch_bounds__(256) norm_rms_group_forward_kernel(bf16 *out /* (T,ldo) */,
-                                                                     float *rstd /* (T,nh) */,
-                                                                     const bf16 *inp /* (T,ldi) */,
-                                                                     const bf16 *w /* (D) */, int64_t rows, int nh,
-                                                                     int ldi, int ldo, float eps, int zc) {
+__global__ void __launch_bounds__(256) norm_rms_group_forward_kernel(
+    bf16 *out /* (T,ldo) */, float *rstd /* (T,nh) */, const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */,
+    int64_t rows, int nh, int ldi, int ldo, float eps, int zc) {
     constexpr int D = LPR * CUDA_VEC * NV;
     const int l = threadIdx.x % LPR;
     const int64_t r = (int64_t)blockIdx.x * (256 / LPR) + threadIdx.x / LPR;
@@ -336,6 +394,18 @@ extern "C" void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, c
     if (!rows) return;
     const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(dinp, D, ldi) &&
                      cuda_vec_ok(dout, D, ldo) && cuda_vec_ok(w, D, D);
+    if (vec && (D == 64 || D == 128)) { /* heads: rows of LPR = D/8 lanes */
+        const int lpr = D / CUDA_VEC, blocks = cuda_partial_blocks(rows, 4 * (NORM_GROUP_THREADS / lpr));
+        const int64_t rpb = cuda_ceil_div(rows, blocks);
+        float *part = (float *)cuda_scratch((size_t)blocks * D * sizeof(float), "rmsnorm_backward");
+        auto kernel = D == 64 ? norm_rms_group_backward_kernel<8> : norm_rms_group_backward_kernel<16>;
+        kernel<<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>((bf16 *)dinp, part, (const bf16 *)dout,
+                                                                 (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb,
+                                                                 nh, ldi, ldo, zero_centred);
+        CUDA_LAUNCH_CHECK();
+        cuda_partials_add(dw, part, blocks, D);
+        return;
+    }
     const bool reg = vec && D <= NORM_BWD_VMAX * NORM_SLICE_COLS;
     size_t smem;
     /* the register kernel's slices are D rounded up to 256 columns */
@@ -390,11 +460,9 @@ __global__ void __launch_bounds__(256) norm_l2_forward_kernel(bf16 *out /* (T,ld
 }
 
 /* dinp = rstd (dout - (dout . y) y) */
-__global__ void __launch_bounds__(256) norm_l2_backward_kernel(bf16 *dinp /* (T,ldi) = */,
-                                                               const bf16 *dout /* (T,ldo) */,
-                                                               const bf16 *out /* (T,ldo) */,
-                                                               const float *rstd /* (T,nh) */, int64_t rows, int nh,
-                                                               int D, int ldi, int ldo, bool vec) {
+__global__ void __launch_bounds__(256) norm_l2_backward_kernel(
+    bf16 *dinp /* (T,ldi) = */, const bf16 *dout /* (T,ldo) */, const bf16 *out /* (T,ldo) */,
+    const float *rstd /* (T,nh) */, int64_t rows, int nh, int D, int ldi, int ldo, bool vec) {
     const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
     if (r >= rows) return;
     const int lane = threadIdx.x % CUDA_WARP;
@@ -427,11 +495,9 @@ __global__ void __launch_bounds__(256) norm_l2_backward_kernel(bf16 *dinp /* (T,
 /* ---- L2 norm, group kernels: one row = LPR lanes x 8 columns (D == 8 LPR, 16-byte path) ---- */
 
 template <int LPR>
-__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kernel(bf16 *out /* (T,ldo) */,
-                                                                                    float *rstd /* (T,nh) */,
-                                                                                    const bf16 *inp /* (T,ldi) */,
-                                                                                    int64_t rows, int nh, int ldi,
-                                                                                    int ldo) {
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kernel(
+    bf16 *out /* (T,ldo) */, float *rstd /* (T,nh) */, const bf16 *inp /* (T,ldi) */, int64_t rows, int nh, int ldi,
+    int ldo) {
     constexpr int D = LPR * CUDA_VEC;
     const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
     const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
@@ -452,12 +518,9 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kern
 }
 
 template <int LPR>
-__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_backward_kernel(bf16 *dinp /* (T,ldi) = */,
-                                                                                     const bf16 *dout /* (T,ldo) */,
-                                                                                     const bf16 *out /* (T,ldo) */,
-                                                                                     const float *rstd /* (T,nh) */,
-                                                                                     int64_t rows, int nh, int ldi,
-                                                                                     int ldo) {
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_backward_kernel(
+    bf16 *dinp /* (T,ldi) = */, const bf16 *dout /* (T,ldo) */, const bf16 *out /* (T,ldo) */,
+    const float *rstd /* (T,nh) */, int64_t rows, int nh, int ldi, int ldo) {
     constexpr int D = LPR * CUDA_VEC;
     const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
     const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
@@ -676,11 +739,9 @@ extern "C" void cuda_gdn_split_backward(void *dconv, void *dzout, const void *dq
 
 /* ---- gated RMSNorm (GDN output) --------------------------------------------------------------- */
 
-__global__ void __launch_bounds__(256) norm_gated_forward_kernel(bf16 *out /* (T,nv*dv) */, float *rstd /* (T,nv) */,
-                                                                 const bf16 *xs /* (T,nv*dv) */,
-                                                                 const bf16 *zs /* (T,ldz) */, const bf16 *w /* (dv) */,
-                                                                 int64_t rows, int nv, int dv, int ldz, float eps,
-                                                                 bool vec) {
+__global__ void __launch_bounds__(256) norm_gated_forward_kernel(
+    bf16 *out /* (T,nv*dv) */, float *rstd /* (T,nv) */, const bf16 *xs /* (T,nv*dv) */, const bf16 *zs /* (T,ldz) */,
+    const bf16 *w /* (dv) */, int64_t rows, int nv, int dv, int ldz, float eps, bool vec) {
     const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
     if (r >= rows) return;
     const int lane = threadIdx.x % CUDA_WARP;
@@ -710,15 +771,11 @@ __global__ void __launch_bounds__(256) norm_gated_forward_kernel(bf16 *out /* (T
 }
 
 /* n = x rstd: dz = dout w n silu'(z); dw += dout n silu(z); dn = dout w silu(z); dx = rstd (dn - n mean(dn n)) */
-__global__ void __launch_bounds__(256) norm_gated_backward_kernel(bf16 *dxs /* (T,nv*dv) = */,
-                                                                  bf16 *dzs /* (T,ldz) = */,
-                                                                  float *part /* (gridDim.x, dv) */,
-                                                                  const bf16 *dout /* (T,nv*dv) */,
-                                                                  const bf16 *xs /* (T,nv*dv) */,
-                                                                  const bf16 *zs /* (T,ldz) */, const bf16 *w /* (dv) */,
-                                                                  const float *rstd /* (T,nv) */, int64_t rows,
-                                                                  int64_t rows_per_block, int nv, int dv, int ldz,
-                                                                  bool vec) {
+__global__ void __launch_bounds__(256) norm_gated_backward_kernel(
+    bf16 *dxs /* (T,nv*dv) = */, bf16 *dzs /* (T,ldz) = */, float *part /* (gridDim.x, dv) */,
+    const bf16 *dout /* (T,nv*dv) */, const bf16 *xs /* (T,nv*dv) */, const bf16 *zs /* (T,ldz) */,
+    const bf16 *w /* (dv) */, const float *rstd /* (T,nv) */, int64_t rows, int64_t rows_per_block, int nv, int dv,
+    int ldz, bool vec) {
     extern __shared__ float norm_slices[]; /* (warps, dv) */
     const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
     float *acc = norm_slices + (int64_t)warp * dv;
