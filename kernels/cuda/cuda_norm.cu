@@ -10,7 +10,7 @@
  * Row kernels: one warp per row, 8 rows per 256-thread block; a lane reads 8 consecutive bf16 (one 16-byte
  * load) at columns lane*8 + 256k, so rows of any D loop. Statistics and intermediates are fp32, row sums
  * warp butterflies (fixed order); rows not 16-byte aligned take the scalar path of the same loop.
- * Group kernels (16-byte rows; L2 norm, gated RMSNorm at 64, 128, 256, RMSNorm.s backward at 64, 128, its forward
+ * Group kernels (16-byte rows; L2 norm, gated RMSNorm at 64, 128, 256, RMSNorm's backward at 64, 128, its forward
  * at D = 64 .. 2048, x held in registers): a row is one group of D/8 lanes (at most 32), so no lane idles,
  * and each lane keeps its 8-column vector of w and of the dw sums in registers across the rows it walks.
  *
