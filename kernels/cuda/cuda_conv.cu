@@ -202,10 +202,6 @@ __device__ __forceinline__ uint2 conv_raw4(const bf16 *p, int n, bool vec) {
     return u;
 }
 
-/* asks L2 for the line of p (no register holds the data): the run kernels' loads then find their rows in L2,
- * so the HBM reads in flight are not bounded by the registers each thread can spare */
-__device__ __forceinline__ void conv_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 __device__ __forceinline__ void conv_unpack4(float f[CONV_CV], uint2 u) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
     const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
@@ -294,7 +290,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_run_for
         if (tg + CONV_RUN_G < t1) load_group(tg + CONV_RUN_G);
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++)
-            if (tg + CONV_PF_ROWS + g < t1) conv_prefetch_l2(inp + (tg + CONV_PF_ROWS + g) * ldi + c);
+            if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(inp + (tg + CONV_PF_ROWS + g) * ldi + c);
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) {
             const int64_t t = tg + g;
@@ -372,8 +368,8 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
 #pragma unroll
             for (int g = 0; g < CONV_RUN_GB; g++)
                 if (tg + CONV_PF_ROWS + g < tlim) {
-                    conv_prefetch_l2(inp + (int64_t)(tg + CONV_PF_ROWS + g) * ldi + c);
-                    conv_prefetch_l2(dout + (int64_t)(tg + CONV_PF_ROWS + g) * ldo + c);
+                    cuda_prefetch_l2(inp + (int64_t)(tg + CONV_PF_ROWS + g) * ldi + c);
+                    cuda_prefetch_l2(dout + (int64_t)(tg + CONV_PF_ROWS + g) * ldo + c);
                 }
 #pragma unroll
             for (int g = 0; g < CONV_RUN_GB; g++) {

@@ -89,6 +89,10 @@ __device__ __forceinline__ void cuda_store8n(bf16 *p, const float f[CUDA_VEC], i
         if (i < n) p[i] = __float2bfloat16_rn(f[i]);
 }
 
+/* asks L2 for the line of p (a hint: nothing is loaded into registers), so that a later load of it finds it
+ * there; the streaming kernels keep more rows in flight than their registers hold */
+__device__ __forceinline__ void cuda_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 /* ---- activations (cpu_dense_math.h, on the device) ---- */
 
 __device__ __forceinline__ float cuda_sigmoidf(float x) {

@@ -1,5 +1,5 @@
 /*
- * test_cuda_norm.cu — GPU parity of kernels/cuda/cuda_norm.cu against the cpu oracle
+ * test_cuda_norm.cu — GPU parity of kernels/cuda/cuda_rmsnorm.cu and cuda_norm.cu against the cpu oracle
  * (kernels/cpu/cpu_norm.c): RMSNorm (zero-centred and plain, one row per token and several heads
  * inside wider rows), the L2 norm, the GDN split (the L2 norm with the v, z copies in one launch), and the
  * gated RMSNorm, forward and backward.
@@ -7,10 +7,10 @@
  * Shapes: T = 1 .. 333 (never a multiple of the 8 rows of a block), odd widths, row strides wider
  * than the block, blocks that start mid-vector (pad 3: the scalar path) and aligned ones (the
  * 16-byte path), a row of 13000 (parameter-gradient slices past the default 48 KiB of shared
- * memory); and the RMSNorm calls of the 1B config's step (rms_step_shapes). Bounds (cuda_test.h): bf16 outputs CT_BOUND_BF16_OUT, fp32 statistics and parameter
- * gradients CT_BOUND_F32; `+=` outputs start from the same random values on both sides; every
- * write outside a block is caught (ct_mat_intact); parameter gradients are run twice and must be
- * bitwise equal.
+ * memory); and the RMSNorm calls of the 1B config's step (rms_step_shapes). Bounds (cuda_test.h):
+ * bf16 outputs CT_BOUND_BF16_OUT, fp32 statistics and parameter gradients CT_BOUND_F32; `+=` outputs
+ * start from the same random values on both sides; every write outside a block is caught
+ * (ct_mat_intact); parameter gradients are run twice and must be bitwise equal.
  */
 #include <stdio.h>
 
