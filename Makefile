@@ -183,7 +183,7 @@ $(BUILD)/test_cuda: $(CUDA_TEST_OBJ) $(TEST_CUDA_LINK)
 	  -Wl,-rpath,$(CUDA_HOME)/lib64
 
 # One-GPU timings of single cuda kernels for experiments (bench/cuda/bench_kernels.cu):
-# `build/bench_kernels attn MODE`, `build/bench_kernels gdn`. Linked as build/test_cuda is.
+# `build/bench_kernels attn MODE`, `build/bench_kernels gdn`, `build/bench_kernels glue`. Linked as build/test_cuda is.
 $(BUILD)/bench_kernels: $(BENCH_CUDA_OBJ) $(TEST_CUDA_LINK)
 	$(CC) $(CFLAGS) -o $@ $^ $(OPENBLAS_A) -lm -lpthread -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ \
 	  -Wl,-rpath,$(CUDA_HOME)/lib64

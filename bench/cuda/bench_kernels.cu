@@ -6,6 +6,7 @@
  *
  *   build/bench_kernels attn [all|32k|hd256|128k|ring2|dense]   (attention_timing.cu; default all)
  *   build/bench_kernels gdn [every-set]                         (gdn_timing.cu)
+ *   build/bench_kernels glue                                    (glue_timing.cu: per-token glue, GB/s)
  *
  * Links like build/test_cuda (the kernels, lib/core/error.o; no MPI, no NCCL). Also: the scratch of
  * bench_kernels.h.
@@ -74,7 +75,8 @@ float bk_median(float *x, int n) {
 
 static int bk_usage(void) {
     fprintf(stderr, "usage: bench_kernels attn [all|32k|hd256|128k|ring2|dense]\n"
-                    "       bench_kernels gdn [every-set]\n");
+                    "       bench_kernels gdn [every-set]\n"
+                    "       bench_kernels glue\n");
     return 2;
 }
 
@@ -84,6 +86,8 @@ int main(int argc, char **argv) {
         if (bk_attention_timing(argc == 3 ? argv[2] : "all")) return bk_usage();
     } else if (!strcmp(argv[1], "gdn") && (argc == 2 || !strcmp(argv[2], "every-set"))) {
         bk_gdn_timing(argc == 3);
+    } else if (!strcmp(argv[1], "glue") && argc == 2) {
+        bk_glue_timing();
     } else {
         return bk_usage();
     }

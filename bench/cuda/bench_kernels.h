@@ -4,7 +4,8 @@
  * cuda kernels on one GPU for experiments; nothing in it is checked (the parity of the same kernels is
  * build/test_cuda's).
  *
- * Callers: bench/cuda/attention_timing.cu, bench/cuda/gdn_timing.cu, bench/cuda/bench_kernels.cu.
+ * Callers: bench/cuda/attention_timing.cu, bench/cuda/gdn_timing.cu, bench/cuda/glue_timing.cu,
+ * bench/cuda/bench_kernels.cu.
  */
 #ifndef RS_BENCH_KERNELS_H
 #define RS_BENCH_KERNELS_H
@@ -29,5 +30,7 @@ float bk_median(float *x, int n);
 int bk_attention_timing(const char *mode);
 /* gdn_timing.cu: the state passes' choice sets, every set at 32k / 16 heads when every_set, else the first 5 */
 void bk_gdn_timing(int every_set);
+/* glue_timing.cu: the per-token glue kernels at the 1B config's row chunk and T = 131,072, with GB/s */
+void bk_glue_timing(void);
 
 #endif

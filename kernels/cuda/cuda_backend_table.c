@@ -14,7 +14,7 @@
  * cuda_backend_init(local_rank) (cuda_setup.h); lib/run/train.c does.
  *
  * Files: cuda_memory.cu (memory), cuda_matmul.cu (cuBLASLt GEMMs),
- * cuda_norm.cu (RMSNorm, L2 norm, gated RMSNorm), cuda_elementwise.cu
+ * cuda_rmsnorm.cu, cuda_norm.cu (L2 norm, GDN split, gated RMSNorm), cuda_elementwise.cu
  * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu, cuda_rope.cu,
  * cuda_loss.cu (fused lm_head + CE), cuda_optim.cu (AdamW, sum of squares),
  * attention/, gdn/, kda/; cuda_setup.cu and cuda_stream.cu hold the

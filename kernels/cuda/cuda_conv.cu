@@ -14,13 +14,16 @@
  * count a function of T and C only) and write per-block partials, cuda_partials_add adds the blocks in
  * order.
  *
- * Run kernels (Kc = 4, the model's width): one thread owns 8 channels of a run of consecutive tokens and
- * slides a window of the last Kc-1 input rows (backward: the last Kc values of du) through registers, so
- * each row is read once per run rather than Kc times (Kc^2 in the gathered input gradient), with the
- * weights in registers. The backward fuses the input and weight gradients in one pass (per-block
- * partials of at most CONV_PART_BYTES, added in order): deterministic, and the same sums in the same tap
- * order as the general kernels. Both load CONV_RUN_G rows before using the first, since one load in
- * flight per thread leaves them latency-bound.
+ * Run kernels (Kc = 4, the model's width): one thread owns CONV_CV = 4 channels (8-byte vectors: half the
+ * registers of 8, so two 256-thread blocks fit an SM with their windows and sums in registers) of a run of
+ * consecutive tokens and slides a window of the last Kc-1 input rows (backward: the last Kc values of du)
+ * through registers, so each row is read once per run rather than Kc times (Kc^2 in the gathered input
+ * gradient), with the weights in registers. The backward fuses the input and weight gradients in one pass
+ * (per-block partials of at most CONV_PART_BYTES, added in a fixed order): deterministic, and the same
+ * sums in the same tap order as the general kernels. Both load rows in groups (CONV_RUN_G, CONV_RUN_GB) and
+ * issue the next group's loads before they use the current one, and ask L2 for the rows CONV_PF_ROWS
+ * ahead, so every thread keeps reads in flight while it computes (one group in flight at a time left
+ * them latency-bound).
  *
  * The sigmoid is conv_sigmoid: __expf and __fdividef (a few ulp in fp32, below the outputs' bf16
  * rounding). A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the token skipped.
@@ -35,11 +38,15 @@
 #define CONV_THREADS 256
 #define CONV_DW_ROWS 8 /* blockDim.y of the weight-gradient kernel */
 #define CONV_RUN_KC 4              /* the kernel width the run kernels are built for */
-#define CONV_RUN_LANES 32          /* blockDim.x of the run kernels: channel groups of 8 */
+#define CONV_RUN_LANES 32          /* blockDim.x of the run kernels: channel groups of CONV_CV */
 #define CONV_RUN_ROWS 8            /* blockDim.y: runs of tokens per block */
-#define CONV_RUN_FWD 16            /* tokens per thread, forward */
-#define CONV_RUN_G 4               /* rows a run thread loads before it uses the first (= CONV_RUN_KC: the
-                                    * unrolled group also turns the window shifts into register renames) */
+#define CONV_CV 4                  /* channels per thread of the run kernels (8-byte vectors) */
+#define CONV_RUN_FWD 32            /* tokens per thread, forward */
+#define CONV_RUN_BWD_MIN 32        /* tokens per thread of the backward, at least (each run reads KC-1 more) */
+#define CONV_PF_ROWS 8              /* rows ahead of the current group that the run kernels prefetch into L2 */
+#define CONV_RUN_GB 2              /* the same in the backward, whose registers hold twice the rows */
+#define CONV_RUN_G 4               /* rows a run thread loads as a group (= CONV_RUN_KC: the unrolled group
+                                    * also turns the window shifts into register renames) */
 #define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
 
 static void conv_check_sizes(int64_t T, int C, int Kc, int ldi, int ldo) {
@@ -176,165 +183,219 @@ __global__ void __launch_bounds__(CUDA_WARP *CONV_DW_ROWS) conv_backward_weight_
     }
 }
 
-/* ---- Kc = CONV_RUN_KC: one thread = 8 channels x a run of tokens, sliding windows in registers ---- */
+/* ---- Kc = CONV_RUN_KC: one thread = CONV_CV channels x a run of tokens, sliding windows in registers ---- */
 
-/* row r (>= -(KC-1)) of the conv input at channels c..c+n: inp, the halo before row 0, or zeros */
-template <int KC>
-__device__ __forceinline__ void conv_row8(float x[CUDA_VEC], const bf16 *inp, const bf16 *halo, int64_t r, int c, int n,
-                                          int C, int ldi, bool vec) {
-    if (r >= 0) cuda_load8n(x, inp + r * ldi + c, n, vec);
-    else if (halo) cuda_load8n(x, halo + (KC - 1 + r) * (int64_t)C + c, n, vec);
-    else
-#pragma unroll
-        for (int i = 0; i < CUDA_VEC; i++) x[i] = 0.0f;
+/* Rows of `width` bf16 at stride `ld` from `p` can be read as 8-byte vectors of CONV_CV */
+static bool conv_vec4_ok(const void *p, int64_t width, int64_t ld) {
+    return p == NULL || (cuda_ptr_align(p) >= 8 && width % CONV_CV == 0 && ld % CONV_CV == 0);
 }
 
-/* the n <= 8 bf16 at p as they are (16 bytes when `vec`), the rest 0: the run kernels load a group of rows
- * before using any, so CONV_RUN_G rows per thread are in flight at once */
-__device__ __forceinline__ uint4 conv_raw8(const bf16 *p, int n, bool vec) {
-    if (vec && n == CUDA_VEC) return *reinterpret_cast<const uint4 *>(p);
-    uint4 u = make_uint4(0, 0, 0, 0);
+/* the n <= CONV_CV bf16 at p as they are (8 bytes when `vec`), the rest 0: the run kernels load a group of
+ * rows before using any */
+__device__ __forceinline__ uint2 conv_raw4(const bf16 *p, int n, bool vec) {
+    if (vec && n == CONV_CV) return *reinterpret_cast<const uint2 *>(p);
+    uint2 u = make_uint2(0, 0);
     bf16 *h = reinterpret_cast<bf16 *>(&u);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++)
+    for (int i = 0; i < CONV_CV; i++)
         if (i < n) h[i] = p[i];
     return u;
 }
 
+__device__ __forceinline__ void conv_unpack4(float f[CONV_CV], uint2 u) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+    const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+/* f[0..n) rounded to bf16 at p (one 8-byte store when `vec`) */
+__device__ __forceinline__ void conv_store4(bf16 *p, const float f[CONV_CV], int n, bool vec) {
+    if (vec && n == CONV_CV) {
+        uint2 u;
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+        h[0] = __floats2bfloat162_rn(f[0], f[1]);
+        h[1] = __floats2bfloat162_rn(f[2], f[3]);
+        *reinterpret_cast<uint2 *>(p) = u;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++)
+        if (i < n) p[i] = __float2bfloat16_rn(f[i]);
+}
+
+/* row r (>= -(KC-1)) of the conv input at channels c..c+n: inp, the halo before row 0, or zeros */
+template <int KC>
+__device__ __forceinline__ void conv_row4(float x[CONV_CV], const bf16 *inp, const bf16 *halo, int64_t r, int c, int n,
+                                          int C, int ldi, bool vec) {
+    if (r >= 0) conv_unpack4(x, conv_raw4(inp + r * ldi + c, n, vec));
+    else if (halo) conv_unpack4(x, conv_raw4(halo + (KC - 1 + r) * (int64_t)C + c, n, vec));
+    else
+#pragma unroll
+        for (int i = 0; i < CONV_CV; i++) x[i] = 0.0f;
+}
+
 /* u = sum over taps b = nb..0 (oldest first) of w[KC-1-b] x(t-b); xw[b] = x(t-b) */
 template <int KC>
-__device__ __forceinline__ void conv_run_preact(float u[CUDA_VEC], const float xw[KC][CUDA_VEC],
-                                                const float wr[CUDA_VEC][KC], int nb) {
+__device__ __forceinline__ void conv_run_preact(float u[CONV_CV], const float xw[KC][CONV_CV],
+                                                const float wr[CONV_CV][KC], int nb) {
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) u[i] = 0.0f;
+    for (int i = 0; i < CONV_CV; i++) u[i] = 0.0f;
 #pragma unroll
     for (int b = KC - 1; b >= 0; b--)
         if (b <= nb)
 #pragma unroll
-            for (int i = 0; i < CUDA_VEC; i++) u[i] += wr[i][KC - 1 - b] * xw[b][i];
+            for (int i = 0; i < CONV_CV; i++) u[i] += wr[i][KC - 1 - b] * xw[b][i];
 }
 
 template <int KC>
-__device__ __forceinline__ void conv_run_weights(float wr[CUDA_VEC][KC], const bf16 *w, int c, int n) {
+__device__ __forceinline__ void conv_run_weights(float wr[CONV_CV][KC], const bf16 *w, int c, int n) {
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++)
+    for (int i = 0; i < CONV_CV; i++)
 #pragma unroll
         for (int j = 0; j < KC; j++) wr[i][j] = i < n ? __bfloat162float(w[(int64_t)(c + i) * KC + j]) : 0.0f;
 }
 
+/* out rows [t0, t0 + run) of CONV_CV channels per thread; the next group's rows are loaded while this
+ * group's are used */
 template <int KC>
-__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_forward_kernel(
+__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_run_forward_kernel(
     bf16 *out /* (T,ldo) */, const bf16 *inp /* (T,ldi) */, const bf16 *halo /* (KC-1,C) or NULL */,
-    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int64_t T, int C, int ldi, int ldo, int *err,
-    bool vec) {
-    const int c = (blockIdx.x * CONV_RUN_LANES + threadIdx.x) * CUDA_VEC;
-    const int64_t t0 = ((int64_t)blockIdx.y * CONV_RUN_ROWS + threadIdx.y) * CONV_RUN_FWD;
+    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int64_t T, int64_t run, int C, int ldi, int ldo,
+    int *err, bool vec) {
+    const int c = (blockIdx.x * CONV_RUN_LANES + threadIdx.x) * CONV_CV;
+    const int64_t t0 = ((int64_t)blockIdx.y * CONV_RUN_ROWS + threadIdx.y) * run;
     if (c >= C || t0 >= T) return;
-    const int n = min(CUDA_VEC, C - c);
-    const int64_t t1 = min(T, t0 + CONV_RUN_FWD);
-    float wr[CUDA_VEC][KC], xw[KC][CUDA_VEC];
+    const int n = min(CONV_CV, C - c);
+    const int64_t t1 = min(T, t0 + run);
+    float wr[CONV_CV][KC], xw[KC][CONV_CV];
     conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-    for (int b = 1; b < KC; b++) conv_row8<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
-    for (int64_t tg = t0; tg < t1; tg += CONV_RUN_G) {
-        uint4 xr[CONV_RUN_G]; /* the group's rows, all loads issued before the first use */
-        int dpg[CONV_RUN_G];
+    for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
+    uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
+    int dpn[CONV_RUN_G];
+    auto load_group = [&](int64_t tg) {
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++)
             if (tg + g < t1) {
-                xr[g] = conv_raw8(inp + (tg + g) * ldi + c, n, vec);
-                dpg[g] = doc_pos[tg + g];
+                xn[g] = conv_raw4(inp + (tg + g) * ldi + c, n, vec);
+                dpn[g] = doc_pos[tg + g];
             }
+    };
+    load_group(t0);
+    for (int64_t tg = t0; tg < t1; tg += CONV_RUN_G) {
+        uint2 xr[CONV_RUN_G];
+        int dpg[CONV_RUN_G];
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++) xr[g] = xn[g], dpg[g] = dpn[g];
+        if (tg + CONV_RUN_G < t1) load_group(tg + CONV_RUN_G);
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++)
+            if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(inp + (tg + CONV_PF_ROWS + g) * ldi + c);
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) {
             const int64_t t = tg + g;
             if (t >= t1) break;
-            cuda_unpack8(xw[0], xr[g]);
+            conv_unpack4(xw[0], xr[g]);
             const int dp = dpg[g];
             if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
             else {
-                float u[CUDA_VEC];
+                float u[CONV_CV];
                 conv_run_preact<KC>(u, xw, wr, min(KC - 1, dp));
 #pragma unroll
-                for (int i = 0; i < CUDA_VEC; i++) u[i] = u[i] * conv_sigmoid(u[i]);
-                cuda_store8n(out + t * ldo + c, u, n, vec);
+                for (int i = 0; i < CONV_CV; i++) u[i] = u[i] * conv_sigmoid(u[i]);
+                conv_store4(out + t * ldo + c, u, n, vec);
             }
 #pragma unroll
             for (int b = KC - 1; b > 0; b--)
 #pragma unroll
-                for (int i = 0; i < CUDA_VEC; i++) xw[b][i] = xw[b - 1][i];
+                for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
         }
     }
 }
 
 /* dinp (and dhalo) rows and per-block dw partials of the tokens [t0, t1) each thread owns; the thread
  * walks t from t0 to t1 + KC - 2, computing du[t], and writes row s = t - (KC-1) once du[s..s+KC-1]
- * are known (rows < t0 belong to the previous run, except the halo rows of the first run) */
+ * are known (rows < t0 belong to the previous run, except the halo rows of the first run). The next
+ * group's rows are loaded while this group's are used. */
 template <int KC>
-__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS) conv_run_backward_kernel(
+__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_backward_kernel(
     bf16 *dinp /* (T,ldi) = */, bf16 *dhalo /* (KC-1,C) = or NULL */, float *part /* (gridDim.y, C*KC) */,
     const bf16 *dout /* (T,ldo) */, const bf16 *inp /* (T,ldi) */, const bf16 *halo /* (KC-1,C) or NULL */,
-    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int64_t T, int64_t run, int C, int ldi, int ldo,
-    int *err, bool vec) {
-    __shared__ float sh[CONV_RUN_ROWS][CONV_RUN_LANES][CUDA_VEC * KC + 1];
+    const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int T, int run, int C, int ldi, int ldo, int *err,
+    bool vec) {
+    __shared__ float sh[CONV_RUN_ROWS][CONV_RUN_LANES][CONV_CV * KC + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int c = (blockIdx.x * CONV_RUN_LANES + tx) * CUDA_VEC;
-    const int64_t t0 = ((int64_t)blockIdx.y * CONV_RUN_ROWS + ty) * run;
-    const int n = c < C ? min(CUDA_VEC, C - c) : 0;
-    float dw[CUDA_VEC][KC];
+    const int c = (blockIdx.x * CONV_RUN_LANES + tx) * CONV_CV;
+    const int t0 = (blockIdx.y * CONV_RUN_ROWS + ty) * run; /* T < 2^31 (the host checks) */
+    const int n = c < C ? min(CONV_CV, C - c) : 0;
+    float dw[CONV_CV][KC];
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++)
+    for (int i = 0; i < CONV_CV; i++)
 #pragma unroll
         for (int j = 0; j < KC; j++) dw[i][j] = 0.0f;
     if (n > 0 && t0 < T) {
-        const int64_t t1 = min(T, t0 + run);
-        float wr[CUDA_VEC][KC], xw[KC][CUDA_VEC], duw[KC][CUDA_VEC]; /* duw[b] = du[s+b], s = t-(KC-1) */
-        int dpw[KC];                                                   /* doc_pos of those tokens; -1: none */
+        const int t1 = min(T, t0 + run);
+        float wr[CONV_CV][KC], xw[KC][CONV_CV], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
+        int dpw[KC];                                                 /* doc_pos of those tokens; -1: none */
         conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-        for (int b = 1; b < KC; b++) conv_row8<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
+        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
 #pragma unroll
         for (int b = 0; b < KC; b++) {
             dpw[b] = -1;
 #pragma unroll
-            for (int i = 0; i < CUDA_VEC; i++) duw[b][i] = 0.0f;
+            for (int i = 0; i < CONV_CV; i++) duw[b][i] = 0.0f;
         }
-        const int64_t tend = t1 + KC - 1;
-        for (int64_t tg = t0; tg < tend; tg += CONV_RUN_G) {
-            uint4 xr[CONV_RUN_G], dr[CONV_RUN_G]; /* the group's input and output-gradient rows, loaded first */
-            int dpg[CONV_RUN_G];
+        const int tend = t1 + KC - 1, tlim = min(tend, T); /* rows past tlim are not read */
+        uint2 xn[CONV_RUN_GB], dn[CONV_RUN_GB]; /* the next group's input and output-gradient rows */
+        int dpn[CONV_RUN_GB];
+        auto load_group = [&](int tg) {
 #pragma unroll
-            for (int g = 0; g < CONV_RUN_G; g++)
-                if (tg + g < tend && tg + g < T) {
-                    xr[g] = conv_raw8(inp + (tg + g) * ldi + c, n, vec);
-                    dr[g] = conv_raw8(dout + (tg + g) * ldo + c, n, vec);
-                    dpg[g] = doc_pos[tg + g];
+            for (int g = 0; g < CONV_RUN_GB; g++)
+                if (tg + g < tlim) {
+                    xn[g] = conv_raw4(inp + (int64_t)(tg + g) * ldi + c, n, vec);
+                    dn[g] = conv_raw4(dout + (int64_t)(tg + g) * ldo + c, n, vec);
+                    dpn[g] = doc_pos[tg + g];
+                }
+        };
+        load_group(t0);
+        for (int tg = t0; tg < tend; tg += CONV_RUN_GB) {
+            uint2 xr[CONV_RUN_GB], dr[CONV_RUN_GB];
+            int dpg[CONV_RUN_GB];
+#pragma unroll
+            for (int g = 0; g < CONV_RUN_GB; g++) xr[g] = xn[g], dr[g] = dn[g], dpg[g] = dpn[g];
+            if (tg + CONV_RUN_GB < tlim) load_group(tg + CONV_RUN_GB);
+#pragma unroll
+            for (int g = 0; g < CONV_RUN_GB; g++)
+                if (tg + CONV_PF_ROWS + g < tlim) {
+                    cuda_prefetch_l2(inp + (int64_t)(tg + CONV_PF_ROWS + g) * ldi + c);
+                    cuda_prefetch_l2(dout + (int64_t)(tg + CONV_PF_ROWS + g) * ldo + c);
                 }
 #pragma unroll
-            for (int g = 0; g < CONV_RUN_G; g++) {
-                const int64_t t = tg + g;
+            for (int g = 0; g < CONV_RUN_GB; g++) {
+                const int t = tg + g;
                 if (t >= tend) break;
                 /* du[t] into duw[KC-1] */
 #pragma unroll
                 for (int b = 0; b < KC - 1; b++) {
                     dpw[b] = dpw[b + 1];
 #pragma unroll
-                    for (int i = 0; i < CUDA_VEC; i++) duw[b][i] = duw[b + 1][i];
+                    for (int i = 0; i < CONV_CV; i++) duw[b][i] = duw[b + 1][i];
                 }
                 dpw[KC - 1] = -1;
 #pragma unroll
-                for (int i = 0; i < CUDA_VEC; i++) duw[KC - 1][i] = 0.0f;
+                for (int i = 0; i < CONV_CV; i++) duw[KC - 1][i] = 0.0f;
                 if (t < T) {
-                    cuda_unpack8(xw[0], xr[g]);
+                    conv_unpack4(xw[0], xr[g]);
                     const int dp = dpg[g];
                     if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
                     else {
                         const int nb = min(KC - 1, dp);
-                        float u[CUDA_VEC], dy[CUDA_VEC];
+                        float u[CONV_CV], dy[CONV_CV];
                         conv_run_preact<KC>(u, xw, wr, nb);
-                        cuda_unpack8(dy, dr[g]);
+                        conv_unpack4(dy, dr[g]);
 #pragma unroll
-                        for (int i = 0; i < CUDA_VEC; i++) {
+                        for (int i = 0; i < CONV_CV; i++) {
                             const float sg = conv_sigmoid(u[i]);
                             duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
                         }
@@ -344,41 +405,41 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS) conv_run_backwa
                             for (int b = 0; b < KC; b++)
                                 if (b <= nb)
 #pragma unroll
-                                    for (int i = 0; i < CUDA_VEC; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
+                                    for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
                     }
 #pragma unroll
                     for (int b = KC - 1; b > 0; b--)
 #pragma unroll
-                        for (int i = 0; i < CUDA_VEC; i++) xw[b][i] = xw[b - 1][i];
+                        for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
                 }
                 /* row s: dinp[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
-                const int64_t s = t - (KC - 1);
+                const int s = t - (KC - 1);
                 const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
                 if (own) {
-                    float acc[CUDA_VEC];
+                    float acc[CONV_CV];
 #pragma unroll
-                    for (int i = 0; i < CUDA_VEC; i++) acc[i] = 0.0f;
+                    for (int i = 0; i < CONV_CV; i++) acc[i] = 0.0f;
 #pragma unroll
                     for (int b = 0; b < KC; b++)
                         if (dpw[b] >= b && s + b >= 0)
 #pragma unroll
-                            for (int i = 0; i < CUDA_VEC; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
-                    if (s >= 0) cuda_store8n(dinp + s * ldi + c, acc, n, vec);
-                    else cuda_store8n(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
+                            for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
+                    if (s >= 0) conv_store4(dinp + (int64_t)s * ldi + c, acc, n, vec);
+                    else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
                 }
             }
         }
     }
     /* the block's dw partials: its CONV_RUN_ROWS runs added in order */
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++)
+    for (int i = 0; i < CONV_CV; i++)
 #pragma unroll
         for (int j = 0; j < KC; j++) sh[ty][tx][i * KC + j] = dw[i][j];
     __syncthreads();
-    const int cg0 = blockIdx.x * CONV_RUN_LANES * CUDA_VEC * KC; /* first partial index of the block's channels */
-    for (int e = ty * CONV_RUN_LANES + tx; e < CONV_RUN_LANES * CUDA_VEC * KC; e += CONV_RUN_LANES * CONV_RUN_ROWS) {
-        const int lane = e / (CUDA_VEC * KC), k = e % (CUDA_VEC * KC);
-        if ((blockIdx.x * CONV_RUN_LANES + lane) * CUDA_VEC + k / KC >= C) continue;
+    const int cg0 = blockIdx.x * CONV_RUN_LANES * CONV_CV * KC; /* first partial index of the block's channels */
+    for (int e = ty * CONV_RUN_LANES + tx; e < CONV_RUN_LANES * CONV_CV * KC; e += CONV_RUN_LANES * CONV_RUN_ROWS) {
+        const int lane = e / (CONV_CV * KC), k = e % (CONV_CV * KC);
+        if ((blockIdx.x * CONV_RUN_LANES + lane) * CONV_CV + k / KC >= C) continue;
         float sum = 0.0f;
 #pragma unroll
         for (int r = 0; r < CONV_RUN_ROWS; r++) sum += sh[r][lane][k];
@@ -392,13 +453,14 @@ extern "C" void cuda_conv1d_silu_forward(void *out, const void *inp, const void 
     if (!T) return;
     const bool vec = cuda_vec_ok(out, C, ldo) && cuda_vec_ok(inp, C, ldi) && cuda_vec_ok(halo, C, C);
     if (Kc == CONV_RUN_KC) {
+        const bool v4 = conv_vec4_ok(out, C, ldo) && conv_vec4_ok(inp, C, ldi) && conv_vec4_ok(halo, C, C);
         const int64_t gy = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_FWD);
         RS_CHECK(gy <= 65535, "conv1d_silu_forward: T = %lld exceeds the run kernel's grid (65535 blocks of %d rows)",
                  (long long)T, CONV_RUN_ROWS * CONV_RUN_FWD);
-        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CUDA_VEC), CONV_RUN_LANES), (unsigned)gy);
+        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CONV_CV), CONV_RUN_LANES), (unsigned)gy);
         conv_run_forward_kernel<CONV_RUN_KC><<<grid, dim3(CONV_RUN_LANES, CONV_RUN_ROWS), 0, cuda_stream()>>>(
-            (bf16 *)out, (const bf16 *)inp, (const bf16 *)halo, (const bf16 *)w, doc_pos, T, C, ldi, ldo,
-            cuda_error_word(), vec);
+            (bf16 *)out, (const bf16 *)inp, (const bf16 *)halo, (const bf16 *)w, doc_pos, T, CONV_RUN_FWD, C, ldi, ldo,
+            cuda_error_word(), v4);
         CUDA_LAUNCH_CHECK();
         return;
     }
@@ -419,19 +481,23 @@ extern "C" void cuda_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, co
                      cuda_vec_ok(inp, C, ldi) && cuda_vec_ok(halo, C, C);
     if (Kc == CONV_RUN_KC && T > 0) {
         /* blocks along T: as many as CONV_PART_BYTES of partials allow, at most CUDA_MAX_PARTIALS, at least
-         * 16 tokens per run; a function of T, C and Kc only */
+         * CONV_RUN_BWD_MIN tokens per run; a function of T, C and Kc only */
+        const bool v4 = conv_vec4_ok(dinp, C, ldi) && conv_vec4_ok(dhalo, C, C) && conv_vec4_ok(dout, C, ldo) &&
+                        conv_vec4_ok(inp, C, ldi) && conv_vec4_ok(halo, C, C);
         const int64_t part_row = (int64_t)C * Kc * (int64_t)sizeof(float);
         int64_t gy = (int64_t)CONV_PART_BYTES / part_row;
         gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
-        const int64_t gy_min_run = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * 16);
+        const int64_t gy_min_run = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
         if (gy > gy_min_run) gy = gy_min_run;
         const int64_t run = cuda_ceil_div(T, gy * CONV_RUN_ROWS);
         gy = cuda_ceil_div(T, run * CONV_RUN_ROWS);
+        RS_CHECK(gy <= 65535 && gy * CONV_RUN_ROWS * run + CONV_RUN_KC <= INT32_MAX,
+                 "conv1d_silu_backward: T = %lld exceeds the run kernel's 32-bit token indices", (long long)T);
         float *part = (float *)cuda_scratch((size_t)(gy * part_row), "conv1d_silu_backward");
-        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CUDA_VEC), CONV_RUN_LANES), (unsigned)gy);
+        const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CONV_CV), CONV_RUN_LANES), (unsigned)gy);
         conv_run_backward_kernel<CONV_RUN_KC><<<grid, dim3(CONV_RUN_LANES, CONV_RUN_ROWS), 0, cuda_stream()>>>(
             (bf16 *)dinp, (bf16 *)dhalo, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)halo,
-            (const bf16 *)w, doc_pos, T, run, C, ldi, ldo, cuda_error_word(), vec);
+            (const bf16 *)w, doc_pos, (int)T, (int)run, C, ldi, ldo, cuda_error_word(), v4);
         CUDA_LAUNCH_CHECK();
         cuda_partials_add(dw, part, (int)gy, (int64_t)C * Kc);
         return;

@@ -12,7 +12,7 @@
  *     index order), so every reduction is deterministic run to run;
  *   - the second stage of the deterministic column reductions: per-block
  *     partial sums of a parameter gradient are written to the scratch, and
- *     cuda_partials_add_kernel adds them to the gradient in block order;
+ *     cuda_partials_add_kernel adds them to the gradient in a fixed order;
  *   - cuda_raise: records a bad input in the device error word (cuda_common.h).
  */
 #ifndef RS_CUDA_DEVICE_CUH
@@ -89,6 +89,10 @@ __device__ __forceinline__ void cuda_store8n(bf16 *p, const float f[CUDA_VEC], i
         if (i < n) p[i] = __float2bfloat16_rn(f[i]);
 }
 
+/* asks L2 for the line of p (a hint: nothing is loaded into registers), so that a later load of it finds it
+ * there; the streaming kernels keep more rows in flight than their registers hold */
+__device__ __forceinline__ void cuda_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 /* ---- activations (cpu_dense_math.h, on the device) ---- */
 
 __device__ __forceinline__ float cuda_sigmoidf(float x) {
@@ -101,6 +105,10 @@ __device__ __forceinline__ float cuda_siluf(float x) { return x * cuda_sigmoidf(
 __device__ __forceinline__ float cuda_silu_gradf(float x) { return cuda_sigmoidf(x) * (1.0f + x * cuda_sigmoidf(-x)); }
 __device__ __forceinline__ float cuda_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float cuda_softplus_gradf(float x) { return x > 20.0f ? 1.0f : cuda_sigmoidf(x); }
+/* the sigmoid of the streaming glue kernels (SwiGLU, the sigmoid and SiLU gates): 1 / (1 + exp(-x)) with
+ * the fast intrinsics (ex2.approx, rcp.approx: a few ulp in fp32, far below the bf16 rounding of their
+ * outputs; the IEEE expf and division were most of those kernels' instructions). exp(-x) = inf gives 0. */
+__device__ __forceinline__ float cuda_sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 /* ---- fixed-order reductions ---- */
 
@@ -131,33 +139,47 @@ __device__ F cuda_block_sum(F v, F *sh) {
     return t;
 }
 
-#define CUDA_PARTIALS_BATCH 16 /* partials a thread loads before adding them (in order) */
+#define CUDA_PARTIALS_BATCH 16 /* partials a warp loads before adding them (in order) */
+#define CUDA_PARTIALS_WARPS 8  /* warps of a stage-2 block: each adds a fixed slice of the partial rows */
 
-/* out[c] += sum_{b < nb} part[b * ncols + c], b in increasing order (stage 2 of a column reduction).
- * A thread loads CUDA_PARTIALS_BATCH rows before it adds them, in the same order: the same bits, with
- * 16 loads in flight instead of the few the compiler hoisted (nb = 256 rows of a few hundred columns
- * ran ~10 blocks of dependent loads). */
-static __global__ void __launch_bounds__(256) cuda_partials_add_kernel(float *out /* (ncols) += */,
-                                                                const float *part /* (nb,ncols) */, int nb,
-                                                                int64_t ncols) {
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= ncols) return;
+/* out[c] += sum_{b < nb} part[b * ncols + c] (stage 2 of a column reduction). A block owns 32 columns
+ * (one per lane, 128-byte rows); its warp k adds the rows [k per, (k+1) per), per = ceil(nb / 8), in
+ * increasing b, CUDA_PARTIALS_BATCH loads in flight; then the 8 warp sums are added in warp order. The
+ * association depends on nb and ncols only: the same bits on every run and GPU. (One thread walking all
+ * nb rows of a column left a few hundred columns latency-bound: ~16 rounds of dependent loads.) */
+static __global__ void __launch_bounds__(CUDA_WARP *CUDA_PARTIALS_WARPS) cuda_partials_add_kernel(
+    float *out /* (ncols) += */, const float *part /* (nb,ncols) */, int nb, int64_t ncols) {
+    __shared__ float sh[CUDA_PARTIALS_WARPS][CUDA_WARP];
+    const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP;
+    const int64_t c = (int64_t)blockIdx.x * CUDA_WARP + lane;
+    const int per = (nb + CUDA_PARTIALS_WARPS - 1) / CUDA_PARTIALS_WARPS;
+    const int b1 = min(nb, (warp + 1) * per);
     float s = 0.0f;
-    int b = 0;
-    for (; b + CUDA_PARTIALS_BATCH <= nb; b += CUDA_PARTIALS_BATCH) {
-        float v[CUDA_PARTIALS_BATCH];
+    if (c < ncols) {
+        int b = warp * per;
+        for (; b + CUDA_PARTIALS_BATCH <= b1; b += CUDA_PARTIALS_BATCH) {
+            float v[CUDA_PARTIALS_BATCH];
 #pragma unroll
-        for (int k = 0; k < CUDA_PARTIALS_BATCH; k++) v[k] = part[(int64_t)(b + k) * ncols + c];
+            for (int k = 0; k < CUDA_PARTIALS_BATCH; k++) v[k] = part[(int64_t)(b + k) * ncols + c];
 #pragma unroll
-        for (int k = 0; k < CUDA_PARTIALS_BATCH; k++) s += v[k];
+            for (int k = 0; k < CUDA_PARTIALS_BATCH; k++) s += v[k];
+        }
+        for (; b < b1; b++) s += part[(int64_t)b * ncols + c];
     }
-    for (; b < nb; b++) s += part[(int64_t)b * ncols + c];
-    out[c] += s;
+    sh[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && c < ncols) {
+        float t = sh[0][lane];
+#pragma unroll
+        for (int k = 1; k < CUDA_PARTIALS_WARPS; k++) t += sh[k][lane];
+        out[c] += t;
+    }
 }
 
 static inline void cuda_partials_add(float *out, const float *part, int nb, int64_t ncols) {
     if (ncols == 0) return;
-    cuda_partials_add_kernel<<<(unsigned)cuda_ceil_div(ncols, 256), 256, 0, cuda_stream()>>>(out, part, nb, ncols);
+    cuda_partials_add_kernel<<<(unsigned)cuda_ceil_div(ncols, CUDA_WARP), CUDA_WARP * CUDA_PARTIALS_WARPS, 0,
+                               cuda_stream()>>>(out, part, nb, ncols);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -7,8 +7,10 @@
  *
  * Layout: one thread per 8 consecutive columns of a row (a 16-byte bf16
  * vector; the scalar path of the same loop where rows are not 16-byte
- * aligned), rows x ceil(width / 8) threads in 256-thread blocks. All math is
- * fp32 with the activations of cuda_device.cuh (the cpu's formulas).
+ * aligned), rows x ceil(width / 8) threads in 256-thread blocks (the sigmoid
+ * gate and SwiGLU: one row per block row, no index division). All math is
+ * fp32 with the activations of cuda_device.cuh (the cpu's formulas; the
+ * sigmoid gate and SwiGLU take cuda_sigmoid_fast).
  *
  * Parameter gradients, deterministically (no float atomics):
  *   embedding_backward  dwte[tok] += dout[t] for every t with tokens[t] = tok,
@@ -220,20 +222,25 @@ extern "C" void cuda_gdn_gates_backward(void *db, void *da, float *dA_log, float
 
 /* ---- sigmoid output gate -------------------------------------------------------------------- */
 
+/* The streaming kernels below (the sigmoid gate, SwiGLU): block (row t, 256 column vectors), one thread per
+ * 8 columns; no index division, and the row count is the grid's x (2^31 - 1). */
+static dim3 ew_row_grid(int64_t T, int width) {
+    return dim3((unsigned)T, (unsigned)cuda_ceil_div(cuda_ceil_div(width, CUDA_VEC), EW_THREADS));
+}
+
 __global__ void __launch_bounds__(EW_THREADS) ew_sigmoid_gate_forward_kernel(bf16 *out /* (T,D) */,
                                                                              const bf16 *x /* (T,D) */,
-                                                                             const bf16 *gate /* (T,ldg) */, int64_t T,
-                                                                             int D, int ldg, bool vec) {
-    const int nc = (D + CUDA_VEC - 1) / CUDA_VEC;
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= T * nc) return;
-    const int64_t t = idx / nc;
-    const int c = (int)(idx % nc) * CUDA_VEC, n = min(CUDA_VEC, D - c);
+                                                                             const bf16 *gate /* (T,ldg) */, int D,
+                                                                             int ldg, bool vec) {
+    const int64_t t = blockIdx.x;
+    const int c = (blockIdx.y * EW_THREADS + threadIdx.x) * CUDA_VEC;
+    if (c >= D) return;
+    const int n = min(CUDA_VEC, D - c);
     float xv[CUDA_VEC], gv[CUDA_VEC];
     cuda_load8n(xv, x + t * D + c, n, vec);
     cuda_load8n(gv, gate + t * ldg + c, n, vec);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) xv[i] *= cuda_sigmoidf(gv[i]);
+    for (int i = 0; i < CUDA_VEC; i++) xv[i] *= cuda_sigmoid_fast(gv[i]);
     cuda_store8n(out + t * D + c, xv, n, vec);
 }
 
@@ -242,21 +249,22 @@ __global__ void __launch_bounds__(EW_THREADS) ew_sigmoid_gate_backward_kernel(bf
                                                                               bf16 *dgate /* (T,ldg) */,
                                                                               const bf16 *dout /* (T,D) */,
                                                                               const bf16 *x /* (T,D) */,
-                                                                              const bf16 *gate /* (T,ldg) */,
-                                                                              int64_t T, int D, int ldg, bool vec) {
-    const int nc = (D + CUDA_VEC - 1) / CUDA_VEC;
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= T * nc) return;
-    const int64_t t = idx / nc;
-    const int c = (int)(idx % nc) * CUDA_VEC, n = min(CUDA_VEC, D - c);
+                                                                              const bf16 *gate /* (T,ldg) */, int D,
+                                                                              int ldg, bool vec) {
+    const int64_t t = blockIdx.x;
+    const int c = (blockIdx.y * EW_THREADS + threadIdx.x) * CUDA_VEC;
+    if (c >= D) return;
+    const int n = min(CUDA_VEC, D - c);
     float dy[CUDA_VEC], xv[CUDA_VEC], gv[CUDA_VEC], dg[CUDA_VEC];
     cuda_load8n(dy, dout + t * D + c, n, vec);
     cuda_load8n(xv, x + t * D + c, n, vec);
     cuda_load8n(gv, gate + t * ldg + c, n, vec);
 #pragma unroll
     for (int i = 0; i < CUDA_VEC; i++) {
-        dg[i] = dy[i] * xv[i] * cuda_sigmoid_gradf(gv[i]);
-        dy[i] *= cuda_sigmoidf(gv[i]);
+        /* s' = s (1 - s), with 1 - s = e s for gate >= 0 (no cancellation as s -> 1) */
+        const float e = __expf(-gv[i]), s = __fdividef(1.0f, 1.0f + e);
+        dg[i] = dy[i] * xv[i] * (s * (gv[i] >= 0.0f ? e * s : 1.0f - s));
+        dy[i] *= s;
     }
     cuda_store8n(dgate + t * ldg + c, dg, n, vec);
     cuda_store8n(dx + t * D + c, dy, n, vec);
@@ -264,21 +272,23 @@ __global__ void __launch_bounds__(EW_THREADS) ew_sigmoid_gate_backward_kernel(bf
 
 extern "C" void cuda_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg) {
     RS_CHECK(T >= 0 && D > 0 && ldg >= D, "T %lld D %d ldg %d", (long long)T, D, ldg);
+    RS_CHECK(T <= INT32_MAX, "sigmoid_gate_forward: T = %lld rows", (long long)T);
     if (!T) return;
     const bool vec = cuda_vec_ok(out, D, D) && cuda_vec_ok(x, D, D) && cuda_vec_ok(gate, D, ldg);
-    ew_sigmoid_gate_forward_kernel<<<ew_blocks(T * cuda_ceil_div(D, CUDA_VEC)), EW_THREADS, 0, cuda_stream()>>>(
-        (bf16 *)out, (const bf16 *)x, (const bf16 *)gate, T, D, ldg, vec);
+    ew_sigmoid_gate_forward_kernel<<<ew_row_grid(T, D), EW_THREADS, 0, cuda_stream()>>>(
+        (bf16 *)out, (const bf16 *)x, (const bf16 *)gate, D, ldg, vec);
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate,
                                            int64_t T, int D, int ldg) {
     RS_CHECK(T >= 0 && D > 0 && ldg >= D, "T %lld D %d ldg %d", (long long)T, D, ldg);
+    RS_CHECK(T <= INT32_MAX, "sigmoid_gate_backward: T = %lld rows", (long long)T);
     if (!T) return;
     const bool vec = cuda_vec_ok(dx, D, D) && cuda_vec_ok(dgate, D, ldg) && cuda_vec_ok(dout, D, D) &&
                      cuda_vec_ok(x, D, D) && cuda_vec_ok(gate, D, ldg);
-    ew_sigmoid_gate_backward_kernel<<<ew_blocks(T * cuda_ceil_div(D, CUDA_VEC)), EW_THREADS, 0, cuda_stream()>>>(
-        (bf16 *)dx, (bf16 *)dgate, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)gate, T, D, ldg, vec);
+    ew_sigmoid_gate_backward_kernel<<<ew_row_grid(T, D), EW_THREADS, 0, cuda_stream()>>>(
+        (bf16 *)dx, (bf16 *)dgate, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)gate, D, ldg, vec);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -286,38 +296,36 @@ extern "C" void cuda_sigmoid_gate_backward(void *dx, void *dgate, const void *do
 
 /* out = silu(gate) up, gate_up rows = [gate | up] */
 __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_forward_kernel(bf16 *out /* (T,I) */,
-                                                                       const bf16 *gate_up /* (T,2I) */, int64_t T,
-                                                                       int I, bool vec) {
-    const int nc = (I + CUDA_VEC - 1) / CUDA_VEC;
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= T * nc) return;
-    const int64_t t = idx / nc;
-    const int c = (int)(idx % nc) * CUDA_VEC, n = min(CUDA_VEC, I - c);
+                                                                       const bf16 *gate_up /* (T,2I) */, int I,
+                                                                       bool vec) {
+    const int64_t t = blockIdx.x;
+    const int c = (blockIdx.y * EW_THREADS + threadIdx.x) * CUDA_VEC;
+    if (c >= I) return;
+    const int n = min(CUDA_VEC, I - c);
     float gv[CUDA_VEC], uv[CUDA_VEC];
     cuda_load8n(gv, gate_up + t * 2 * I + c, n, vec);
     cuda_load8n(uv, gate_up + t * 2 * I + I + c, n, vec);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) gv[i] = gv[i] * cuda_sigmoidf(gv[i]) * uv[i];
+    for (int i = 0; i < CUDA_VEC; i++) gv[i] = gv[i] * cuda_sigmoid_fast(gv[i]) * uv[i];
     cuda_store8n(out + t * I + c, gv, n, vec);
 }
 
 /* dgate = dout up silu'(gate); dup = dout silu(gate) */
 __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dgate_up /* (T,2I) */,
                                                                         const bf16 *dout /* (T,I) */,
-                                                                        const bf16 *gate_up /* (T,2I) */, int64_t T,
-                                                                        int I, bool vec) {
-    const int nc = (I + CUDA_VEC - 1) / CUDA_VEC;
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= T * nc) return;
-    const int64_t t = idx / nc;
-    const int c = (int)(idx % nc) * CUDA_VEC, n = min(CUDA_VEC, I - c);
+                                                                        const bf16 *gate_up /* (T,2I) */, int I,
+                                                                        bool vec) {
+    const int64_t t = blockIdx.x;
+    const int c = (blockIdx.y * EW_THREADS + threadIdx.x) * CUDA_VEC;
+    if (c >= I) return;
+    const int n = min(CUDA_VEC, I - c);
     float gv[CUDA_VEC], uv[CUDA_VEC], dy[CUDA_VEC], dgv[CUDA_VEC], duv[CUDA_VEC];
     cuda_load8n(gv, gate_up + t * 2 * I + c, n, vec);
     cuda_load8n(uv, gate_up + t * 2 * I + I + c, n, vec);
     cuda_load8n(dy, dout + t * I + c, n, vec);
 #pragma unroll
     for (int i = 0; i < CUDA_VEC; i++) { /* one sigmoid: silu = g s, silu' = s (1 + g (1 - s)) */
-        const float sg = cuda_sigmoidf(gv[i]);
+        const float sg = cuda_sigmoid_fast(gv[i]);
         dgv[i] = dy[i] * uv[i] * (sg * (1.0f + gv[i] * (1.0f - sg)));
         duv[i] = dy[i] * (gv[i] * sg);
     }
@@ -327,18 +335,20 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dg
 
 extern "C" void cuda_swiglu_forward(void *out, const void *gate_up, int64_t T, int I) {
     RS_CHECK(T >= 0 && I > 0, "T %lld I %d", (long long)T, I);
+    RS_CHECK(T <= INT32_MAX, "swiglu_forward: T = %lld rows", (long long)T);
     if (!T) return;
     const bool vec = cuda_vec_ok(out, I, I) && cuda_vec_ok(gate_up, I, 2 * I);
-    ew_swiglu_forward_kernel<<<ew_blocks(T * cuda_ceil_div(I, CUDA_VEC)), EW_THREADS, 0, cuda_stream()>>>(
-        (bf16 *)out, (const bf16 *)gate_up, T, I, vec);
+    ew_swiglu_forward_kernel<<<ew_row_grid(T, I), EW_THREADS, 0, cuda_stream()>>>((bf16 *)out, (const bf16 *)gate_up,
+                                                                                  I, vec);
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int I) {
     RS_CHECK(T >= 0 && I > 0, "T %lld I %d", (long long)T, I);
+    RS_CHECK(T <= INT32_MAX, "swiglu_backward: T = %lld rows", (long long)T);
     if (!T) return;
     const bool vec = cuda_vec_ok(dgate_up, I, 2 * I) && cuda_vec_ok(dout, I, I) && cuda_vec_ok(gate_up, I, 2 * I);
-    ew_swiglu_backward_kernel<<<ew_blocks(T * cuda_ceil_div(I, CUDA_VEC)), EW_THREADS, 0, cuda_stream()>>>(
-        (bf16 *)dgate_up, (const bf16 *)dout, (const bf16 *)gate_up, T, I, vec);
+    ew_swiglu_backward_kernel<<<ew_row_grid(T, I), EW_THREADS, 0, cuda_stream()>>>(
+        (bf16 *)dgate_up, (const bf16 *)dout, (const bf16 *)gate_up, I, vec);
     CUDA_LAUNCH_CHECK();
 }

@@ -21,6 +21,7 @@
  * hash table (pointer -> bytes), so the live and peak totals are exact; the
  * backend's own buffers (cuBLASLt workspace, scratch) are counted apart.
  *
+ * copy_2d is a kernel (the raw bits, 16 bytes a thread where the rows allow), not cudaMemcpy2DAsync.
  * add_2d (bf16 += bf16, summed in fp32, rounded once) and add_f32 (fp32 +=) are the two adds of the
  * CP layer (the conv halo's gradient at its owner; ring attention's dK|dV partials).
  *
@@ -167,13 +168,34 @@ extern "C" void cuda_to_host(void *host, const void *src, size_t bytes) {
     cuda_error_check(); /* waits for the stream */
 }
 
+/* dst[r, c..c+8) = src[r, c..c+8), the raw bf16 bits: one thread per 8 columns of a row, 16 bytes where
+ * both rows allow (cudaMemcpy2DAsync moved the glue's narrow strided blocks well below the bandwidth) */
+__global__ void __launch_bounds__(256) memory_copy_2d_kernel(bf16 *dst /* (rows,ld_dst) */,
+                                                             const bf16 *src /* (rows,ld_src) */, int64_t rows,
+                                                             int cols, int ld_dst, int ld_src, bool vec) {
+    const int nc = (cols + CUDA_VEC - 1) / CUDA_VEC;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= rows * nc) return;
+    const int64_t r = idx / nc;
+    const int c = (int)(idx % nc) * CUDA_VEC, n = min(CUDA_VEC, cols - c);
+    const bf16 *s = src + r * ld_src + c;
+    bf16 *d = dst + r * ld_dst + c;
+    if (vec && n == CUDA_VEC) {
+        *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(s);
+        return;
+    }
+    for (int i = 0; i < n; i++) d[i] = s[i];
+}
+
 extern "C" void cuda_copy_2d(void *dst /* (rows,ld_dst) */, const void *src /* (rows,ld_src) */, int64_t rows, int cols,
                              int ld_dst, int ld_src) {
     RS_CHECK(rows >= 0 && cols >= 0 && ld_dst >= cols && ld_src >= cols, "copy_2d: rows %lld cols %d ld %d %d",
              (long long)rows, cols, ld_dst, ld_src);
     if (!rows || !cols) return;
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)ld_dst * sizeof(bf16), src, (size_t)ld_src * sizeof(bf16),
-                                 (size_t)cols * sizeof(bf16), (size_t)rows, cudaMemcpyDeviceToDevice, cuda_stream()));
+    const bool vec = cuda_vec_ok(dst, cols, ld_dst) && cuda_vec_ok(src, cols, ld_src);
+    memory_copy_2d_kernel<<<(unsigned)cuda_ceil_div(rows * cuda_ceil_div(cols, CUDA_VEC), 256), 256, 0,
+                            cuda_stream()>>>((bf16 *)dst, (const bf16 *)src, rows, cols, ld_dst, ld_src, vec);
+    CUDA_LAUNCH_CHECK();
 }
 
 /* ---- adds ---- */

@@ -1,8 +1,7 @@
 /*
- * cuda_norm.cu — the cuda backend's normalisations, forward and backward (lib/backend/backend.h:
- * rmsnorm_*, l2norm_*, gated_rmsnorm_*; the math and layouts of kernels/cpu/cpu_norm.c, the oracle):
- *   RMSNorm        y = x rstd (zero_centred ? 1 + w : w), rstd = 1/sqrt(mean(x^2) + eps),
- *                  rows of D, nh rows per token inside strided rows (ldi, ldo)
+ * cuda_norm.cu — the cuda backend's normalisations other than RMSNorm (cuda_rmsnorm.cu), forward and
+ * backward (lib/backend/backend.h: l2norm_*, gdn_split_*, gated_rmsnorm_*; the math and layouts of
+ * kernels/cpu/cpu_norm.c, the oracle):
  *   L2 norm        y = x rstd, rstd = 1/sqrt(sum(x^2) + 1e-6)
  *   gated RMSNorm  y = w (x rstd) silu(z), rows of dv per (token, value head)
  *   GDN split      the L2 norm of q, k and the v, z copies after the GDN conv, one launch (gdn_split_*)
@@ -12,11 +11,11 @@
  * warp butterflies (fixed order); rows not 16-byte aligned take the scalar path of the same loop.
  * Group kernels (L2 norm and gated RMSNorm at dv = 64, 128, 256 on the 16-byte path: the GDN heads): a row
  * is one group of dv/8 lanes, so no lane idles, and each lane keeps its 8-column vector of w and of the
- * dw sums in registers across the rows it walks.
+ * dw sums in registers across the rows it walks. Shared helpers: cuda_norm.cuh.
  *
  * Parameter gradients (dw +=) are deterministic, with no float atomics: each block owns a fixed range of
  * rows (the block count depends on the sizes only), sums its warps' (groups') terms in order into its row
- * of partials in the kernel scratch, and cuda_partials_add adds the blocks in order.
+ * of partials in the kernel scratch, and cuda_partials_add adds the blocks in a fixed order.
  *
  * Aliasing as on cpu: l2norm_backward may run with dinp == dout (same ld), gated_rmsnorm_backward with
  * dx == dout: a lane reads a column's inputs before it writes it, and the row's dot product is complete
@@ -27,255 +26,7 @@
 #include "cuda_common.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
-
-#define NORM_WARPS 8          /* rows (warps) per block of the forward kernels */
-#define NORM_SMEM_DEFAULT 49152
-#define NORM_SMEM_MAX (227 * 1024)
-#define L2NORM_EPS 1e-6f      /* on the sum of squares (docs/design/model.md) */
-
-static int norm_rows_blocks(int64_t rows) { return (int)cuda_ceil_div(rows, NORM_WARPS); }
-
-/* Warps per block of a backward with dw: the shared slices (warps x D fp32) fit the default 48 KiB
- * when they can; a single warp's slice beyond that asks for more shared memory. */
-static int norm_bwd_warps(int D, size_t *smem) {
-    int nw = 8;
-    while (nw > 1 && (size_t)nw * D * sizeof(float) > NORM_SMEM_DEFAULT) nw >>= 1;
-    *smem = (size_t)nw * D * sizeof(float);
-    RS_CHECK(*smem <= NORM_SMEM_MAX, "norm backward: row width %d needs %zu bytes of shared memory (at most %d)", D,
-             *smem, NORM_SMEM_MAX);
-    return nw;
-}
-
-template <typename K>
-static void norm_allow_smem(K kernel, size_t smem) {
-    if (smem > NORM_SMEM_DEFAULT)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-}
-
-#define NORM_GROUP_THREADS 512 /* threads per block of the group kernels (L2 norm, gated RMSNorm) */
-
-/* sum over the LPR lanes of a row's group (butterfly inside the group: fixed order) */
-template <int LPR>
-__device__ __forceinline__ float norm_group_sum(float v) {
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* ---- RMSNorm --------------------------------------------------------------------------------- */
-
-__global__ void __launch_bounds__(256) norm_rms_forward_kernel(bf16 *out /* (T,ldo) */, float *rstd /* (T,nh) */,
-                                                               const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */,
-                                                               int64_t rows, int nh, int D, int ldi, int ldo, float eps,
-                                                               int zc, bool vec) {
-    const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
-    if (r >= rows) return; /* whole warps leave together */
-    const int lane = threadIdx.x % CUDA_WARP;
-    const int64_t t = r / nh;
-    const int h = (int)(r % nh);
-    const bf16 *x = inp + t * ldi + (int64_t)h * D;
-    bf16 *y = out + t * ldo + (int64_t)h * D;
-    float ss = 0.0f;
-    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
-        float f[CUDA_VEC];
-        cuda_load8n(f, x + c, min(CUDA_VEC, D - c), vec);
-#pragma unroll
-        for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
-    }
-    ss = cuda_warp_sum(ss);
-    const float rs = 1.0f / sqrtf(ss / D + eps);
-    if (lane == 0) rstd[r] = rs;
-    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
-        const int n = min(CUDA_VEC, D - c);
-        float f[CUDA_VEC], wv[CUDA_VEC], o[CUDA_VEC];
-        cuda_load8n(f, x + c, n, vec);
-        cuda_load8n(wv, w + c, n, vec);
-#pragma unroll
-        for (int i = 0; i < CUDA_VEC; i++) o[i] = f[i] * rs * (zc ? 1.0f + wv[i] : wv[i]);
-        cuda_store8n(y + c, o, n, vec);
-    }
-}
-
-/* dxhat = dout s, xhat = x rstd: dinp += rstd (dxhat - xhat mean(dxhat xhat)); dw += dout xhat */
-__global__ void __launch_bounds__(256) norm_rms_backward_kernel(bf16 *dinp /* (T,ldi) += */,
-                                                                float *part /* (gridDim.x, D) */,
-                                                                const bf16 *dout /* (T,ldo) */,
-                                                                const bf16 *inp /* (T,ldi) */, const bf16 *w /* (D) */,
-                                                                const float *rstd /* (T,nh) */, int64_t rows,
-                                                                int64_t rows_per_block, int nh, int D, int ldi, int ldo,
-                                                                int zc, bool vec) {
-    extern __shared__ float norm_slices[]; /* (warps, D) */
-    const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
-    float *acc = norm_slices + (int64_t)warp * D;
-    for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC)
-        for (int i = 0; i < CUDA_VEC && c + i < D; i++) acc[c + i] = 0.0f;
-    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
-    const int64_t r1 = min(rows, r0 + rows_per_block);
-    for (int64_t r = r0 + warp; r < r1; r += nw) {
-        const int64_t t = r / nh;
-        const int h = (int)(r % nh);
-        const bf16 *x = inp + t * ldi + (int64_t)h * D, *dy = dout + t * ldo + (int64_t)h * D;
-        bf16 *dx = dinp + t * ldi + (int64_t)h * D;
-        const float rs = rstd[r];
-        float dot = 0.0f;
-        for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
-            const int n = min(CUDA_VEC, D - c);
-            float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC];
-            cuda_load8n(xv, x + c, n, vec);
-            cuda_load8n(g, dy + c, n, vec);
-            cuda_load8n(wv, w + c, n, vec);
-#pragma unroll
-            for (int i = 0; i < CUDA_VEC; i++) dot += (g[i] * (zc ? 1.0f + wv[i] : wv[i])) * (xv[i] * rs);
-        }
-        const float mean_dot = cuda_warp_sum(dot) / D;
-        for (int c = lane * CUDA_VEC; c < D; c += CUDA_WARP * CUDA_VEC) {
-            const int n = min(CUDA_VEC, D - c);
-            float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC], d[CUDA_VEC];
-            cuda_load8n(xv, x + c, n, vec);
-            cuda_load8n(g, dy + c, n, vec);
-            cuda_load8n(wv, w + c, n, vec);
-            cuda_load8n(d, dx + c, n, vec);
-#pragma unroll
-            for (int i = 0; i < CUDA_VEC; i++) {
-                const float s = zc ? 1.0f + wv[i] : wv[i];
-                d[i] += rs * (g[i] * s - xv[i] * rs * mean_dot);
-                if (c + i < D) acc[c + i] += g[i] * (xv[i] * rs);
-            }
-            cuda_store8n(dx + c, d, n, vec);
-        }
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < D; c += blockDim.x) {
-        float s = 0.0f;
-        for (int k = 0; k < nw; k++) s += norm_slices[(int64_t)k * D + c];
-        part[(int64_t)blockIdx.x * D + c] = s;
-    }
-}
-
-/* The same backward for 16-byte rows of D <= NORM_BWD_VMAX * 256 (the hidden size 1536: 6 vectors a
- * lane): a lane loads all of its row's x, dout and dinp vectors before using the first (the loop above
- * keeps one load in flight and reads x and dout twice) and holds w in registers; the same sums in the
- * same order. */
-#define NORM_BWD_VMAX 6
-__global__ void __launch_bounds__(256) norm_rms_backward_reg_kernel(bf16 *dinp /* (T,ldi) += */,
-                                                                    float *part /* (gridDim.x, D) */,
-                                                                    const bf16 *dout /* (T,ldo) */,
-                                                                    const bf16 *inp /* (T,ldi) */,
-                                                                    const bf16 *w /* (D) */,
-                                                                    const float *rstd /* (T,nh) */, int64_t rows,
-                                                                    int64_t rows_per_block, int nh, int D, int ldi,
-                                                                    int ldo, int zc) {
-    extern __shared__ float norm_slices[]; /* (warps, D) */
-    const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
-    float *acc = norm_slices + (int64_t)warp * D;
-    uint4 wr[NORM_BWD_VMAX]; /* w of the lane's columns, packed */
-#pragma unroll
-    for (int k = 0; k < NORM_BWD_VMAX; k++) {
-        const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
-        if (c < D) {
-            wr[k] = *reinterpret_cast<const uint4 *>(w + c);
-#pragma unroll
-            for (int i = 0; i < CUDA_VEC; i++) acc[c + i] = 0.0f;
-        }
-    }
-    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
-    const int64_t r1 = min(rows, r0 + rows_per_block);
-    for (int64_t r = r0 + warp; r < r1; r += nw) {
-        const int64_t t = r / nh;
-        const int h = (int)(r % nh);
-        const bf16 *x = inp + t * ldi + (int64_t)h * D, *dy = dout + t * ldo + (int64_t)h * D;
-        bf16 *dx = dinp + t * ldi + (int64_t)h * D;
-        uint4 xr[NORM_BWD_VMAX], gr[NORM_BWD_VMAX], dr[NORM_BWD_VMAX];
-#pragma unroll
-        for (int k = 0; k < NORM_BWD_VMAX; k++) {
-            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
-            if (c < D) {
-                xr[k] = *reinterpret_cast<const uint4 *>(x + c);
-                gr[k] = *reinterpret_cast<const uint4 *>(dy + c);
-                dr[k] = *reinterpret_cast<const uint4 *>(dx + c);
-            }
-        }
-        const float rs = rstd[r];
-        float dot = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NORM_BWD_VMAX; k++) {
-            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
-            if (c < D) {
-                float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC];
-                cuda_unpack8(xv, xr[k]);
-                cuda_unpack8(g, gr[k]);
-                cuda_unpack8(wv, wr[k]);
-#pragma unroll
-                for (int i = 0; i < CUDA_VEC; i++) dot += (g[i] * (zc ? 1.0f + wv[i] : wv[i])) * (xv[i] * rs);
-            }
-        }
-        const float mean_dot = cuda_warp_sum(dot) / D;
-#pragma unroll
-        for (int k = 0; k < NORM_BWD_VMAX; k++) {
-            const int c = lane * CUDA_VEC + k * CUDA_WARP * CUDA_VEC;
-            if (c < D) {
-                float xv[CUDA_VEC], g[CUDA_VEC], wv[CUDA_VEC], d[CUDA_VEC];
-                cuda_unpack8(xv, xr[k]);
-                cuda_unpack8(g, gr[k]);
-                cuda_unpack8(wv, wr[k]);
-                cuda_unpack8(d, dr[k]);
-#pragma unroll
-                for (int i = 0; i < CUDA_VEC; i++) {
-                    const float sc = zc ? 1.0f + wv[i] : wv[i];
-                    d[i] += rs * (g[i] * sc - xv[i] * rs * mean_dot);
-                    acc[c + i] += g[i] * (xv[i] * rs);
-                }
-                cuda_store8(dx + c, d);
-            }
-        }
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < D; c += blockDim.x) {
-        float sum = 0.0f;
-        for (int k = 0; k < nw; k++) sum += norm_slices[(int64_t)k * D + c];
-        part[(int64_t)blockIdx.x * D + c] = sum;
-    }
-}
-
-extern "C" void cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void *w, int64_t T, int nh, int D,
-                                     int ldi, int ldo, float eps, int zero_centred) {
-    RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
-    RS_CHECK(ldi >= nh * D && ldo >= nh * D, "ldi %d ldo %d < nh*D = %d", ldi, ldo, nh * D);
-    const int64_t rows = T * nh;
-    if (!rows) return;
-    const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(out, D, ldo) && cuda_vec_ok(w, D, D);
-    norm_rms_forward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
-        (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)w, rows, nh, D, ldi, ldo, eps, zero_centred, vec);
-    CUDA_LAUNCH_CHECK();
-}
-
-extern "C" void cuda_rmsnorm_backward(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
-                                      const float *rstd, int64_t T, int nh, int D, int ldi, int ldo, int zero_centred) {
-    RS_CHECK(T >= 0 && nh > 0 && D > 0, "T %lld nh %d D %d", (long long)T, nh, D);
-    RS_CHECK(ldi >= nh * D && ldo >= nh * D, "ldi %d ldo %d < nh*D = %d", ldi, ldo, nh * D);
-    const int64_t rows = T * nh;
-    if (!rows) return;
-    const bool vec = D % CUDA_VEC == 0 && cuda_vec_ok(inp, D, ldi) && cuda_vec_ok(dinp, D, ldi) &&
-                     cuda_vec_ok(dout, D, ldo) && cuda_vec_ok(w, D, D);
-    size_t smem;
-    const int nw = norm_bwd_warps(D, &smem);
-    const int blocks = cuda_partial_blocks(rows, 4 * nw);
-    const int64_t rpb = cuda_ceil_div(rows, blocks);
-    float *part = (float *)cuda_scratch((size_t)blocks * D * sizeof(float), "rmsnorm_backward");
-    if (vec && D <= NORM_BWD_VMAX * CUDA_WARP * CUDA_VEC) {
-        norm_allow_smem(norm_rms_backward_reg_kernel, smem);
-        norm_rms_backward_reg_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
-            (bf16 *)dinp, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb, nh, D, ldi,
-            ldo, zero_centred);
-    } else {
-        norm_allow_smem(norm_rms_backward_kernel, smem);
-        norm_rms_backward_kernel<<<blocks, nw * CUDA_WARP, smem, cuda_stream()>>>(
-            (bf16 *)dinp, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)w, rstd, rows, rpb, nh, D, ldi,
-            ldo, zero_centred, vec);
-    }
-    CUDA_LAUNCH_CHECK();
-    cuda_partials_add(dw, part, blocks, D);
-}
+#include "cuda_norm.cuh"
 
 /* ---- L2 norm --------------------------------------------------------------------------------- */
 
@@ -309,11 +60,9 @@ __global__ void __launch_bounds__(256) norm_l2_forward_kernel(bf16 *out /* (T,ld
 }
 
 /* dinp = rstd (dout - (dout . y) y) */
-__global__ void __launch_bounds__(256) norm_l2_backward_kernel(bf16 *dinp /* (T,ldi) = */,
-                                                               const bf16 *dout /* (T,ldo) */,
-                                                               const bf16 *out /* (T,ldo) */,
-                                                               const float *rstd /* (T,nh) */, int64_t rows, int nh,
-                                                               int D, int ldi, int ldo, bool vec) {
+__global__ void __launch_bounds__(256) norm_l2_backward_kernel(
+    bf16 *dinp /* (T,ldi) = */, const bf16 *dout /* (T,ldo) */, const bf16 *out /* (T,ldo) */,
+    const float *rstd /* (T,nh) */, int64_t rows, int nh, int D, int ldi, int ldo, bool vec) {
     const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
     if (r >= rows) return;
     const int lane = threadIdx.x % CUDA_WARP;
@@ -346,11 +95,9 @@ __global__ void __launch_bounds__(256) norm_l2_backward_kernel(bf16 *dinp /* (T,
 /* ---- L2 norm, group kernels: one row = LPR lanes x 8 columns (D == 8 LPR, 16-byte path) ---- */
 
 template <int LPR>
-__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kernel(bf16 *out /* (T,ldo) */,
-                                                                                    float *rstd /* (T,nh) */,
-                                                                                    const bf16 *inp /* (T,ldi) */,
-                                                                                    int64_t rows, int nh, int ldi,
-                                                                                    int ldo) {
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kernel(
+    bf16 *out /* (T,ldo) */, float *rstd /* (T,nh) */, const bf16 *inp /* (T,ldi) */, int64_t rows, int nh, int ldi,
+    int ldo) {
     constexpr int D = LPR * CUDA_VEC;
     const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
     const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
@@ -371,12 +118,9 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_forward_kern
 }
 
 template <int LPR>
-__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_backward_kernel(bf16 *dinp /* (T,ldi) = */,
-                                                                                     const bf16 *dout /* (T,ldo) */,
-                                                                                     const bf16 *out /* (T,ldo) */,
-                                                                                     const float *rstd /* (T,nh) */,
-                                                                                     int64_t rows, int nh, int ldi,
-                                                                                     int ldo) {
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_l2_group_backward_kernel(
+    bf16 *dinp /* (T,ldi) = */, const bf16 *dout /* (T,ldo) */, const bf16 *out /* (T,ldo) */,
+    const float *rstd /* (T,nh) */, int64_t rows, int nh, int ldi, int ldo) {
     constexpr int D = LPR * CUDA_VEC;
     const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
     const int64_t r = (int64_t)blockIdx.x * (NORM_GROUP_THREADS / LPR) + threadIdx.x / LPR;
@@ -595,11 +339,9 @@ extern "C" void cuda_gdn_split_backward(void *dconv, void *dzout, const void *dq
 
 /* ---- gated RMSNorm (GDN output) --------------------------------------------------------------- */
 
-__global__ void __launch_bounds__(256) norm_gated_forward_kernel(bf16 *out /* (T,nv*dv) */, float *rstd /* (T,nv) */,
-                                                                 const bf16 *xs /* (T,nv*dv) */,
-                                                                 const bf16 *zs /* (T,ldz) */, const bf16 *w /* (dv) */,
-                                                                 int64_t rows, int nv, int dv, int ldz, float eps,
-                                                                 bool vec) {
+__global__ void __launch_bounds__(256) norm_gated_forward_kernel(
+    bf16 *out /* (T,nv*dv) */, float *rstd /* (T,nv) */, const bf16 *xs /* (T,nv*dv) */, const bf16 *zs /* (T,ldz) */,
+    const bf16 *w /* (dv) */, int64_t rows, int nv, int dv, int ldz, float eps, bool vec) {
     const int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / CUDA_WARP;
     if (r >= rows) return;
     const int lane = threadIdx.x % CUDA_WARP;
@@ -629,15 +371,11 @@ __global__ void __launch_bounds__(256) norm_gated_forward_kernel(bf16 *out /* (T
 }
 
 /* n = x rstd: dz = dout w n silu'(z); dw += dout n silu(z); dn = dout w silu(z); dx = rstd (dn - n mean(dn n)) */
-__global__ void __launch_bounds__(256) norm_gated_backward_kernel(bf16 *dxs /* (T,nv*dv) = */,
-                                                                  bf16 *dzs /* (T,ldz) = */,
-                                                                  float *part /* (gridDim.x, dv) */,
-                                                                  const bf16 *dout /* (T,nv*dv) */,
-                                                                  const bf16 *xs /* (T,nv*dv) */,
-                                                                  const bf16 *zs /* (T,ldz) */, const bf16 *w /* (dv) */,
-                                                                  const float *rstd /* (T,nv) */, int64_t rows,
-                                                                  int64_t rows_per_block, int nv, int dv, int ldz,
-                                                                  bool vec) {
+__global__ void __launch_bounds__(256) norm_gated_backward_kernel(
+    bf16 *dxs /* (T,nv*dv) = */, bf16 *dzs /* (T,ldz) = */, float *part /* (gridDim.x, dv) */,
+    const bf16 *dout /* (T,nv*dv) */, const bf16 *xs /* (T,nv*dv) */, const bf16 *zs /* (T,ldz) */,
+    const bf16 *w /* (dv) */, const float *rstd /* (T,nv) */, int64_t rows, int64_t rows_per_block, int nv, int dv,
+    int ldz, bool vec) {
     extern __shared__ float norm_slices[]; /* (warps, dv) */
     const int lane = threadIdx.x % CUDA_WARP, warp = threadIdx.x / CUDA_WARP, nw = blockDim.x / CUDA_WARP;
     float *acc = norm_slices + (int64_t)warp * dv;
@@ -703,6 +441,7 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_forward_k
     const int64_t rr = live ? r : 0, t = rr / nv;
     const int h = (int)(rr % nv), c = l * CUDA_VEC;
     float f[CUDA_VEC], zv[CUDA_VEC], wv[CUDA_VEC];
+    const uint4 zr = *reinterpret_cast<const uint4 *>(zs + t * ldz + (int64_t)h * dv + c); /* in flight with x */
     cuda_load8(f, xs + rr * dv + c);
     float ss = 0.0f;
 #pragma unroll
@@ -710,10 +449,10 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_forward_k
     const float rs = 1.0f / sqrtf(norm_group_sum<LPR>(ss) / dv + eps);
     if (!live) return;
     if (l == 0) rstd[r] = rs;
-    cuda_load8(zv, zs + t * ldz + (int64_t)h * dv + c);
+    cuda_unpack8(zv, zr);
     cuda_load8(wv, w + c);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) f[i] = wv[i] * (f[i] * rs) * cuda_siluf(zv[i]);
+    for (int i = 0; i < CUDA_VEC; i++) f[i] = wv[i] * (f[i] * rs) * (zv[i] * cuda_sigmoid_fast(zv[i]));
     cuda_store8(out + r * dv + c, f);
 }
 
@@ -757,10 +496,16 @@ __global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_gated_group_backward_
         cuda_unpack8(g, gn);
         const float rs = rsn;
         if (rb + G < r1) load_row(rb + G);
+        if (rb + 2 * G + grp < r1 && l % 8 == 0) { /* the row after: into L2, one lane per 128 bytes */
+            const int64_t rp = rb + 2 * G + grp, tp = rp / nv;
+            cuda_prefetch_l2(xs + rp * dv + c);
+            cuda_prefetch_l2(zs + tp * ldz + (rp % nv) * dv + c);
+            cuda_prefetch_l2(dout + rp * dv + c);
+        }
         float dot = 0.0f, sg[CUDA_VEC], sz[CUDA_VEC]; /* one sigmoid per element: silu' = s (1 + z (1 - s)) */
 #pragma unroll
         for (int i = 0; i < CUDA_VEC; i++) {
-            sg[i] = cuda_sigmoidf(zv[i]);
+            sg[i] = cuda_sigmoid_fast(zv[i]);
             sz[i] = zv[i] * sg[i];
             dot += (g[i] * wv[i] * sz[i]) * (xv[i] * rs);
         }
@@ -812,8 +557,7 @@ static bool norm_gated_group_backward(bf16 *dx, bf16 *dz, float *dw, const bf16 
     case 64: norm_gated_group_backward_kernel<8><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
     case 128: norm_gated_group_backward_kernel<16><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
     default: norm_gated_group_backward_kernel<32><<<blocks, NORM_GROUP_THREADS, 0, cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, rpb, nv, ldz); break;
-    }
-    CUDA_LAUNCH_CHECK();
+    }    CUDA_LAUNCH_CHECK();
     cuda_partials_add(dw, part, blocks, dv);
     return true;
 }

@@ -4,7 +4,8 @@
  * resets, including a fragment whose first document started before it and a document start
  * inside the first Kc-1 rows), with and without the halo rows of a previous CP fragment, with
  * dhalo wanted while halo is NULL, Kc from 1 to 16, strided input inside a wider projection row,
- * odd channel counts and mid-vector blocks.
+ * odd channel counts and mid-vector blocks; the step's shape (6144 channels in rows of 8224, 4133 rows),
+ * and rows that take the run kernels' 8-byte vectors but not 16-byte ones.
  *
  * Bounds (cuda_test.h): out, dinp, dhalo are bf16 outputs of fp32 math on identical inputs,
  * CT_BOUND_BF16_OUT; dw is fp32, CT_BOUND_F32, starts from the same random values on both sides
@@ -29,6 +30,13 @@ TEST(cuda_conv1d_silu) {
         {333, 64, 3, 0, 8, 8, 0, 1, 40},    /* halo NULL but dhalo wanted: the gradient of zero rows */
         {64, 16, 1, 0, 0, 0, 1, 1, 3},      /* Kc = 1: no halo rows at all */
         {50, 24, 16, 8, 0, 0, 1, 1, 100},   /* Kc = 16, the largest */
+        /* the run kernels (Kc = 4) at the step's shape: [q|k|v] = 6144 channels inside the 8224-wide GDN
+         * projection row, a chunk of an odd row count after the first (halo read, its gradient wanted), in a
+         * document that began before the chunk: 17 blocks of runs, the last one short */
+        {4133, 6144, 4, 2080, 0, 0, 1, 1, 5000},
+        {300, 6, 4, 2, 0, 0, 1, 1, 0},      /* 6 channels: a 2-channel group, the scalar path */
+        {97, 1028, 4, 4, 12, 0, 0, 1, 1},   /* 8-byte rows that are not 16-byte rows; one live lane in the last block */
+        {40, 64, 4, 0, 0, 4, 1, 0, 2},      /* the block starts 8 bytes into a row: 8-byte vectors */
     };
     ct_begin();
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {

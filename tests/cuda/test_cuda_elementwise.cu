@@ -3,7 +3,8 @@
  * (kernels/cpu/cpu_elementwise.c): the embedding (forward exact; backward through the sorted,
  * deterministic segments, with a few ids repeated hundreds of times), the Gated DeltaNet gates
  * (including softplus arguments above its threshold of 20), the sigmoid output gate and SwiGLU,
- * forward and backward; and the device error word for a negative token id.
+ * forward and backward (at the 1B config's widths and an odd row count too, rows of 257 and 513 vectors,
+ * and saturated gates); and the device error word for a negative token id.
  *
  * Bounds (cuda_test.h): the embedding forward is a copy (bound 0: bitwise); bf16 outputs
  * CT_BOUND_BF16_OUT; fp32 gates and parameter gradients CT_BOUND_F32. Parameter gradients run
@@ -128,8 +129,12 @@ TEST(cuda_gdn_gates) {
 }
 
 TEST(cuda_sigmoid_gate) {
-    static const struct { int64_t T; int D, ldg, pad; } shapes[] = {{1, 8, 8, 0}, {7, 37, 50, 3}, {333, 256, 512, 0},
-                                                                    {130, 64, 72, 8}};
+    static const struct { int64_t T; int D, ldg, pad; double gscale; } shapes[] = {
+        {1, 8, 8, 0, 3.0}, {7, 37, 50, 3, 3.0}, {333, 256, 512, 0, 3.0}, {130, 64, 72, 8, 3.0},
+        {4133, 2048, 2048, 0, 3.0}, /* the 1B config's attention output (16 heads of 128), an odd row count */
+        {5, 2056, 2100, 0, 3.0},    /* 257 vectors a row: a second block column with one live thread */
+        {64, 256, 256, 0, 40.0},    /* saturated gates (|gate| up to ~150: exp overflows to inf) */
+    };
     ct_begin();
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int64_t T = shapes[k].T;
@@ -138,7 +143,7 @@ TEST(cuda_sigmoid_gate) {
         printf("-- T %lld D %d ldg %d pad %d\n", (long long)T, D, ldg, pad);
         CtMat x = ct_mat(T, D, D, 0), gate = ct_mat(T, D, ldg, pad), g = ct_mat(T, D, D, 0);
         ct_mat_fill(&x, 1.0);
-        ct_mat_fill(&gate, 3.0);
+        ct_mat_fill(&gate, shapes[k].gscale);
         ct_mat_fill(&g, 1.0);
         bf16 *d_x = ct_mat_up(&x), *d_gate = ct_mat_up(&gate), *d_g = ct_mat_up(&g);
         CtMat y = ct_mat(T, D, D, 0), yc = ct_mat(T, D, D, 0);
@@ -166,7 +171,12 @@ TEST(cuda_sigmoid_gate) {
 }
 
 TEST(cuda_swiglu) {
-    static const struct { int64_t T; int I; } shapes[] = {{1, 8}, {7, 37}, {333, 512}, {64, 4096}};
+    static const struct { int64_t T; int I; double scale; } shapes[] = {
+        {1, 8, 2.0}, {7, 37, 2.0}, {333, 512, 2.0}, {64, 4096, 2.0},
+        {4133, 4096, 2.0}, /* the 1B config's intermediate size, an odd row count */
+        {3, 4100, 2.0},    /* 513 vectors a row, not 16-byte rows: the scalar path across three block columns */
+        {9, 2056, 30.0},   /* a second block column with one live thread; saturated gates */
+    };
     ct_begin();
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int64_t T = shapes[k].T;
@@ -174,7 +184,7 @@ TEST(cuda_swiglu) {
         char what[128];
         printf("-- T %lld I %d\n", (long long)T, I);
         CtMat gu = ct_mat(T, 2 * I, 2 * I, 0), g = ct_mat(T, I, I, 0);
-        ct_mat_fill(&gu, 2.0);
+        ct_mat_fill(&gu, shapes[k].scale);
         ct_mat_fill(&g, 1.0);
         bf16 *d_gu = ct_mat_up(&gu), *d_g = ct_mat_up(&g);
         CtMat y = ct_mat(T, I, I, 0), yc = ct_mat(T, I, I, 0);

@@ -67,6 +67,23 @@ TEST(cuda_memory_entries) {
     ct_mat_down(&dst, d_dst);
     test_check_rel_f("copy_2d", ct_mat_dense(&dst), ct_mat_dense(&src), 33 * 13, 0.0);
     ct_mat_intact("copy_2d", &dst);
+
+    /* the step's copies on the 16-byte path: the gate's gradient (2048 columns) into the 4608-wide projection
+     * row, v (256 columns) out of it beside k; and a 3-row halo block of 6144 columns out of rows of 8224 */
+    static const struct { int64_t rows; int cols, ld_dst, ld_src, pad_dst, pad_src; } cs[] = {
+        {1029, 2048, 4608, 2048, 2048, 0}, {77, 256, 512, 4608, 256, 4352}, {3, 6144, 6144, 8224, 0, 0}};
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "copy_2d 16-byte [case %zu]", k);
+        CtMat a = ct_mat(cs[k].rows, cs[k].cols, cs[k].ld_src, cs[k].pad_src);
+        CtMat b = ct_mat(cs[k].rows, cs[k].cols, cs[k].ld_dst, cs[k].pad_dst);
+        ct_mat_fill(&a, 1.0);
+        bf16 *d_a = ct_mat_up(&a), *d_b = ct_mat_up(&b);
+        cuda_copy_2d(d_b, d_a, cs[k].rows, cs[k].cols, cs[k].ld_dst, cs[k].ld_src);
+        ct_mat_down(&b, d_b);
+        test_check_rel_f(what, ct_mat_dense(&b), ct_mat_dense(&a), cs[k].rows * cs[k].cols, 0.0);
+        ct_mat_intact(what, &b);
+    }
 }
 
 TEST(cuda_act_conversions) {

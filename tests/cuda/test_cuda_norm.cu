@@ -1,5 +1,5 @@
 /*
- * test_cuda_norm.cu — GPU parity of kernels/cuda/cuda_norm.cu against the cpu oracle
+ * test_cuda_norm.cu — GPU parity of kernels/cuda/cuda_rmsnorm.cu and cuda_norm.cu against the cpu oracle
  * (kernels/cpu/cpu_norm.c): RMSNorm (zero-centred and plain, one row per token and several heads
  * inside wider rows), the L2 norm, the GDN split (the L2 norm with the v, z copies in one launch), and the
  * gated RMSNorm, forward and backward.
@@ -7,10 +7,10 @@
  * Shapes: T = 1 .. 333 (never a multiple of the 8 rows of a block), odd widths, row strides wider
  * than the block, blocks that start mid-vector (pad 3: the scalar path) and aligned ones (the
  * 16-byte path), a row of 13000 (parameter-gradient slices past the default 48 KiB of shared
- * memory). Bounds (cuda_test.h): bf16 outputs CT_BOUND_BF16_OUT, fp32 statistics and parameter
- * gradients CT_BOUND_F32; `+=` outputs start from the same random values on both sides; every
- * write outside a block is caught (ct_mat_intact); parameter gradients are run twice and must be
- * bitwise equal.
+ * memory); and the RMSNorm calls of the 1B config's step (rms_step_shapes). Bounds (cuda_test.h):
+ * bf16 outputs CT_BOUND_BF16_OUT, fp32 statistics and parameter gradients CT_BOUND_F32; `+=` outputs
+ * start from the same random values on both sides; every write outside a block is caught
+ * (ct_mat_intact); parameter gradients are run twice and must be bitwise equal.
  */
 #include <stdio.h>
 
@@ -34,10 +34,24 @@ static const NormShape norm_shapes[] = {
     {3, 1, 13000, 0, 0, 0, 1, 1e-6f},  /* dw slices beyond 48 KiB of shared memory */
 };
 
+/* RMSNorm only: the step's calls (the 1B config: hidden 1536, attention q_norm 16 heads and k_norm 2 heads of
+ * 128 inside the [q|gate|k|v] projection row of 4608) at odd row counts, the conv halo's 3 rows, and the
+ * group forward's vectors a lane (1, 3, 8) */
+static const NormShape rms_step_shapes[] = {
+    {4133, 1, 1536, 0, 0, 0, 1, 1e-6f},      /* ln1 / ln2 of a row chunk: 256 blocks of partials */
+    {3, 1, 1536, 0, 0, 0, 1, 1e-6f},         /* the conv halo's gradient rows */
+    {1029, 16, 128, 2560, 0, 0, 1, 1e-6f},   /* q_norm: ldi 4608, ldo 2048 */
+    {1029, 2, 128, 4352, 256, 0, 1, 1e-6f},  /* k_norm: ldi 4608, ldo 512 ([k|v] rows) */
+    {77, 3, 768, 8, 16, 0, 0, 1e-6f},        /* 3 vectors a lane, plain w */
+    {500, 1, 2048, 0, 0, 0, 1, 1e-6f},       /* 8 vectors a lane; the backward's loop kernel (D > 1536) */
+    {41, 5, 64, 0, 8, 8, 1, 1e-6f},          /* groups of 8 lanes, mid-row start on the 16-byte path */
+};
+
 TEST(cuda_rmsnorm) {
     ct_begin();
-    for (size_t k = 0; k < sizeof norm_shapes / sizeof norm_shapes[0]; k++) {
-        const NormShape s = norm_shapes[k];
+    const size_t n1 = sizeof norm_shapes / sizeof norm_shapes[0];
+    for (size_t k = 0; k < n1 + sizeof rms_step_shapes / sizeof rms_step_shapes[0]; k++) {
+        const NormShape s = k < n1 ? norm_shapes[k] : rms_step_shapes[k - n1];
         const int W = s.nh * s.D, ldi = W + s.ldi_extra, ldo = W + s.ldo_extra;
         const int64_t R = s.T * s.nh;
         char what[160];
@@ -237,6 +251,8 @@ TEST(cuda_gated_rmsnorm) {
         {7, 3, 64, 11, 0},   /* z inside a wider row (the GDN projection) at an odd stride */
         {130, 4, 128, 96, 0}, /* the 1B config's value heads, 16-byte path */
         {333, 2, 64, 0, 3},  /* z block mid-vector */
+        {4133, 16, 128, 6176, 0}, /* the step: z inside the GDN projection row (ldz 8224), 256 blocks of partials */
+        {1029, 16, 128, 0, 0},    /* dense z, an odd row count */
     };
     ct_begin();
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {

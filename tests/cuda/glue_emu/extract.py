@@ -1,0 +1,53 @@
+"""extract.py (glue_emu) — the device code of the glue kernels, cut out of their sources for the host emulation
+(emu.h): OUT/conv.inc (cuda_conv.cu's run kernels), OUT/norm.inc (cuda_rmsnorm.cu's kernels, cuda_norm.cu's gated
+RMSNorm group kernels), OUT/ew.inc (cuda_elementwise.cu's sigmoid gate and SwiGLU), each after cuda_device.cuh's
+device helpers (the L2 prefetch's asm dropped) and the sources' own defines. The cuts are by the section comments
+and signatures below; one that is gone stops the build, naming it. Usage: extract.py ROOT OUT"""
+import re
+import sys
+
+root, out = sys.argv[1], sys.argv[2]
+
+
+def read(path):
+    return open(f"{root}/{path}").read()
+
+
+def cut(text, start, end, path):
+    i = text.find(start)
+    if i < 0:
+        sys.exit(f"extract.py: '{start}' is no longer in {path}: update tests/cuda/glue_emu/extract.py")
+    j = text.find(end, i)
+    if j < 0:
+        sys.exit(f"extract.py: '{end}' is no longer in {path} after '{start}': update tests/cuda/glue_emu/extract.py")
+    return text[i:j]
+
+
+dev = read("kernels/cuda/cuda_device.cuh")
+dev_defs = "\n".join(l for l in dev.splitlines() if re.match(r"#define CUDA_", l)) + "\n"
+dev_code = cut(dev, "/* ---- vector access ---- */", "static inline void cuda_partials_add(", "cuda_device.cuh")
+dev_code = dev_code.replace('asm volatile("prefetch.global.L2 [%0];" ::"l"(p));', "(void)p;")
+head = dev_defs + dev_code
+
+conv = read("kernels/cuda/cuda_conv.cu")
+conv_inc = (cut(conv, "#define CONV_KC_MAX", "static void conv_check_sizes", "cuda_conv.cu")
+            + cut(conv, "__device__ __forceinline__ float conv_sigmoid", "/* u[t, c..c+n) into u[]", "cuda_conv.cu")
+            + cut(conv, "/* the n <= CONV_CV bf16 at p", 'extern "C" void cuda_conv1d_silu_forward', "cuda_conv.cu"))
+open(f"{out}/conv.inc", "w").write(head + conv_inc)
+
+nh = read("kernels/cuda/cuda_norm.cuh")
+helpers = cut(nh, "#define NORM_WARPS", "static inline int norm_rows_blocks", "cuda_norm.cuh") + \
+    cut(nh, "#define NORM_GROUP_THREADS", "#endif", "cuda_norm.cuh")
+rms = cut(read("kernels/cuda/cuda_rmsnorm.cu"), "/* ---- RMSNorm", "/* launches the group forward for D", "cuda_rmsnorm.cu")
+gated = cut(read("kernels/cuda/cuda_norm.cu"), "/* ---- gated RMSNorm, group kernels",
+            "/* launches the group kernel of LPR lanes for dv", "cuda_norm.cu")
+norm_inc = (head + helpers + rms + gated).replace("extern __shared__ float norm_slices[];",
+                                                  "float *norm_slices = emu_dyn_smem;")
+open(f"{out}/norm.inc", "w").write(norm_inc)
+
+ew = read("kernels/cuda/cuda_elementwise.cu")
+ew_inc = ("#define EW_THREADS 256\n" + head
+          + cut(ew, "__global__ void __launch_bounds__(EW_THREADS) ew_sigmoid_gate_forward_kernel",
+                'extern "C" void cuda_sigmoid_gate_forward', "cuda_elementwise.cu")
+          + cut(ew, "/* out = silu(gate) up", 'extern "C" void cuda_swiglu_forward', "cuda_elementwise.cu"))
+open(f"{out}/ew.inc", "w").write(ew_inc)
