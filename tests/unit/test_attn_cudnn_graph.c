@@ -34,6 +34,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "attention/cudnn_graph.h"
@@ -516,6 +517,24 @@ TEST(attn_cudnn_route) {
     for (nd = 1; nd <= 1000; nd++) many[nd] = 1;
     tr_packed(pos, dp, T, many, nd, 0);
     tr_varlen_case("one long and 1000 of one row", pos, dp, T, nd, 0);
+    /* GQA beyond CDG_VARLEN_GQA_MAX_ROWS rows: ours (its per-head dK, dV are not counted there); MHA: variable
+     * length */
+    const int64_t big = CDG_VARLEN_GQA_MAX_ROWS + 64;
+    int32_t *bp = malloc((size_t)big * 4), *bd = malloc((size_t)big * 4);
+    for (int64_t t = 0; t < big; t++) bp[t] = (int32_t)t, bd[t] = (int32_t)(t % 8192);
+    h = attn_hint_rows(bp, bd, big, bp, bd, big);
+    EXPECT(cdg_route(&h, big, big, 16, 2, 128, 1, &why) == CDG_ROUTE_OURS, "GQA over %lld rows: %s", (long long)big,
+           why);
+    EXPECT(cdg_route(&h, big, big, 16, 16, 128, 1, &why) == CDG_ROUTE_VARLEN, "MHA over %lld rows: %s", (long long)big,
+           why);
+    h = attn_hint_rows(bp, bd, CDG_VARLEN_GQA_MAX_ROWS, bp, bd, CDG_VARLEN_GQA_MAX_ROWS); /* 16 documents of 8k */
+    EXPECT(cdg_route(&h, CDG_VARLEN_GQA_MAX_ROWS, CDG_VARLEN_GQA_MAX_ROWS, 16, 2, 128, 1, &why) == CDG_ROUTE_VARLEN,
+           "GQA over %d rows (16 documents of 8k): %s", CDG_VARLEN_GQA_MAX_ROWS, why);
+    int32_t b16;
+    int64_t s16;
+    EXPECT(cdg_varlen_shape(&h, CDG_VARLEN_GQA_MAX_ROWS, &b16, &s16) == 0 && b16 == 16 && s16 == 8192,
+           "16 documents of 8k: buckets %d x %lld", b16, (long long)s16);
+    free(bp), free(bd);
 }
 
 /* ---- LSE convention ---- */

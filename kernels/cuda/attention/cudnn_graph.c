@@ -386,6 +386,7 @@ CdgRoute cdg_route(const AttnHint *m, int64_t Tq, int64_t Tk, int nh, int nkv, i
         else if (Tq != Tk || !m->q_consec || !m->k_consec || m->pos_q0 != m->pos_k0 || !m->same_pos)
             w_ = "document-masked, the query rows not the key rows";
         else if (!m->runs_clean) w_ = "document-masked, a document run that does not begin its document";
+        else if (!cdg_varlen_rows_ok(Tq, nh, nkv)) w_ = "document-masked, GQA over more rows than variable length takes";
         else if (cdg_varlen_shape(m, Tq, &b, &smax)) w_ = "document-masked, too many or too uneven documents";
         else r = CDG_ROUTE_VARLEN, w_ = "causal within each document (variable length)";
     }
@@ -402,6 +403,8 @@ static int64_t cdg_pow2_at_least(int64_t x, int64_t lo) {
     while (p < x) p *= 2;
     return p;
 }
+
+int cdg_varlen_rows_ok(int64_t rows, int nh, int nkv) { return nh == nkv || rows <= CDG_VARLEN_GQA_MAX_ROWS; }
 
 int cdg_varlen_shape(const AttnHint *h, int64_t T, int32_t *batch, int64_t *smax) {
     const int64_t b = cdg_pow2_at_least(h->runs, 2), s = cdg_pow2_at_least(h->run_max, 64);

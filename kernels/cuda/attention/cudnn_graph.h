@@ -140,6 +140,12 @@ int  cdg_find(const CdgGraph *g, int64_t uid);
 /* ---- the route ---- */
 typedef enum { CDG_ROUTE_OURS, CDG_ROUTE_DENSE, CDG_ROUTE_CAUSAL, CDG_ROUTE_VARLEN, CDG_ROUTE_COUNT } CdgRoute;
 
+/* GQA's variable-length backward keeps per-head dK and dV (4 rows nh hd bytes each, cudnn-frontend's figure):
+ * GQA calls of more rows run ours, so the longest calls (the 1M configs' ring calls) keep their workspace */
+enum { CDG_VARLEN_GQA_MAX_ROWS = 131072 };
+/* 1 when a call of this many rows and heads may take the variable-length route (the GQA bound above) */
+int cdg_varlen_rows_ok(int64_t rows, int nh, int nkv);
+
 /* The variable-length plan's buckets for a call of T rows with the hint's runs and run_max: *batch = runs
  * rounded up to a power of two (>= 2), *smax = run_max rounded up to a power of two (>= 64). 0, or -1 when
  * batch x smax exceeds 16 max(T, 4096) (more empty tiles than the call is worth: ours runs it). */
