@@ -497,7 +497,7 @@ static CdgKey cd_varlen_prepare(const AttnHint *hint, const int32_t *pos, const 
     cdg_varlen_mults(mult, &key);
     for (int i = 0; i < noff; i++) off[i] = (int64_t *)(*own + w->off[i]);
     int32_t *seq = (int32_t *)(*own + w->seq);
-    cuda_cudnn_varlen_rows(seq, off, mult, noff, pos, doc_pos, T, batch);
+    cuda_cudnn_varlen_rows(seq, off, mult, noff, pos, doc_pos, T, batch, smax);
     uids[*n] = CDG_UID_SEQ_Q, ptrs[(*n)++] = seq;
     uids[*n] = CDG_UID_SEQ_KV, ptrs[(*n)++] = seq;
     for (int i = 0; i < noff; i++) uids[*n] = CDG_UID_OFF_Q + i, ptrs[(*n)++] = off[i];

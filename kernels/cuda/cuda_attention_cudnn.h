@@ -90,11 +90,11 @@ void cuda_cudnn_lse_to_stats(float *stats /* (nh,Tq) */, const float *lse /* (Tq
 /* variable length: the call's document runs (lib/backend/attn_hint.h: a run begins at row 0 and wherever
  * pos - doc_pos changes) from its T rows' pos/doc_pos, as cuDNN's sequences: seq[b] = run b's length,
  * off[i][b] = run b's first row x mult[i] (i < noff), for b < batch; sequences past the runs have length 0
- * and offset T x mult; off[i][batch] = T x mult[i]. One block; runs beyond batch (a wrong hint, which
- * cuda_cudnn_hint_check reports) are not written. */
+ * and offset T x mult; off[i][batch] = T x mult[i]. One block; runs beyond batch and lengths beyond smax
+ * (a wrong hint, which cuda_cudnn_hint_check reports) are not written: cuDNN never reads past a sequence. */
 void cuda_cudnn_varlen_rows(int32_t *seq /* (batch) */, int64_t *const *off /* noff x (batch+1) */,
                             const int64_t *mult, int noff, const int32_t *pos, const int32_t *doc_pos, int64_t T,
-                            int batch);
+                            int batch, int64_t smax);
 void cuda_cudnn_copy_f32(float *dst, const float *src, int64_t n);
 /* dst[r, 0:cols] += src[r, 0:cols] (fp32 += bf16), row strides ld_dst, ld_src */
 void cuda_cudnn_add_bf16(float *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);

@@ -162,7 +162,7 @@ static __device__ int varlen_starts(const int32_t *pos, const int32_t *doc_pos, 
  * each start's number b records its row in off[0][b] (scaled afterwards); then every b < batch gets its
  * length and offsets. */
 static __global__ void cudnn_varlen_rows_kernel(int32_t *seq, VarlenOut o, int noff, const int32_t *pos,
-                                                const int32_t *doc_pos, int64_t T, int batch) {
+                                                const int32_t *doc_pos, int64_t T, int batch, int64_t smax) {
     __shared__ int64_t scan[VARLEN_THREADS];
     __shared__ int64_t nruns;
     const int tid = threadIdx.x;
@@ -189,7 +189,7 @@ static __global__ void cudnn_varlen_rows_kernel(int32_t *seq, VarlenOut o, int n
     const int64_t n = nruns < batch ? nruns : batch;
     for (int64_t j = tid; j < batch; j += VARLEN_THREADS) {
         const int64_t s = j < n ? start[j] : T, e = j + 1 < n ? start[j + 1] : T;
-        seq[j] = (int32_t)(e - s);
+        seq[j] = (int32_t)(e - s < smax ? e - s : smax); /* longer only under a wrong hint (reported) */
     }
     __syncthreads(); /* every length read its starts before they are scaled */
     for (int64_t j = tid; j <= batch; j += VARLEN_THREADS) {
@@ -199,13 +199,14 @@ static __global__ void cudnn_varlen_rows_kernel(int32_t *seq, VarlenOut o, int n
 }
 
 extern "C" void cuda_cudnn_varlen_rows(int32_t *seq, int64_t *const *off, const int64_t *mult, int noff,
-                                       const int32_t *pos, const int32_t *doc_pos, int64_t T, int batch) {
+                                       const int32_t *pos, const int32_t *doc_pos, int64_t T, int batch,
+                                       int64_t smax) {
     RS_CHECK(noff >= 1 && noff <= VARLEN_NOFF && batch >= 1 && T >= 1, "cuda_cudnn_varlen_rows: %d offsets, batch %d, "
              "%lld rows", noff, batch, (long long)T);
     VarlenOut o;
     memset(&o, 0, sizeof o);
     for (int i = 0; i < noff; i++) o.off[i] = off[i], o.mult[i] = mult[i];
-    cudnn_varlen_rows_kernel<<<1, VARLEN_THREADS, 0, cuda_stream()>>>(seq, o, noff, pos, doc_pos, T, batch);
+    cudnn_varlen_rows_kernel<<<1, VARLEN_THREADS, 0, cuda_stream()>>>(seq, o, noff, pos, doc_pos, T, batch, smax);
     CUDA_LAUNCH_CHECK();
 }
 
