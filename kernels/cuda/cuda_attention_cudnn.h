@@ -23,8 +23,10 @@
  *
  * Memory beyond ours: one workspace, grown to the largest call through cuda_internal_alloc (counted as the
  * backend's own) and never shrunk: cuDNN's plan workspace, Stats and softmax_sum, for cudnn (not
- * cudnn_det) cuDNN's fp32 dq accumulator, and the bf16 dq, dk, dv scratch; cdg_workspace has the layout,
- * which `ringscan plan` counts too. Design: docs/design/attention-kernels.md.
+ * cudnn_det) cuDNN's fp32 dq accumulator, and the bf16 dq, dk, dv scratch; for variable length also the
+ * sequences' lengths and offsets and, with GQA, the per-head fp32-sized dk, dv (GQA calls of at most
+ * CDG_VARLEN_GQA_MAX_ROWS rows); cdg_workspace has the layout, which `ringscan plan` counts too. Design:
+ * docs/design/attention-kernels.md.
  *
  * Callers: kernels/cuda/cuda_backend_table.c (cuda_backend_with_cudnn_attention),
  * kernels/cuda/runtime_cuda.c, bench/bench_ops.c (bench attn, cp, step),
