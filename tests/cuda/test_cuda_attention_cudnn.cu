@@ -24,12 +24,14 @@
  *   cuda_attention_cudnn_documents     a diagonal with a document start inside: cuDNN's variable length;
  *                                      a rectangle across documents: ours; same bounds
  *   cuda_attention_cudnn_varlen        packed documents of one call (q rows = k rows), cuDNN's variable
- *                                      length (ragged q, k, v, out, Stats = our lse, gradients): 2 documents,
- *                                      16 of random lengths, one long and 25 short, a document of one row,
- *                                      the first begun before the call, two one-row documents first; T not
- *                                      a multiple of 64, GQA 16/2 and MHA, hd 128 and 256; out, lse, dq, dk,
- *                                      dv against the cpu; every call on the variable-length route
- *                                      (cuda_attention_cudnn_varlen_counts) and nothing in the error word
+ *                                      length (ragged q, k, v, out, Stats = our lse, gradients), hd 128: 2
+ *                                      documents, 16 of random lengths, one long and 25 short, two one-row
+ *                                      documents first, the first begun before the call; T not a multiple
+ *                                      of 64, GQA 16/2 and MHA; out, lse, dq, dk, dv against the cpu; every
+ *                                      call on the variable-length route (cuda_attention_cudnn_varlen_counts)
+ *                                      and nothing in the error word
+ *   cuda_attention_cudnn_varlen_hd256  the same at hd 256: a document of one row (GQA 16/2), the first
+ *                                      document begun before the call (MHA 8/8)
  *   cuda_attention_cudnn_ring          a zigzag ring of P = 2 seen from rank 0 (queries = fragments 0
  *                                      and 3 of 4), twice: the rule's causal diagonals and dense
  *                                      rectangles, and one call per step (the own block [0 | 3] causal by
@@ -294,13 +296,22 @@ TEST(cuda_attention_cudnn_varlen) {
     len[0] = 2000;
     for (int d = 1; d <= 25; d++) len[d] = 40;
     cc_varlen("varlen one long and 25 short, MHA 8/8/128, T 3000", 8, 8, 128, len, 26, 0, 0, 1, 1923);
-    len[0] = 300, len[1] = 1, len[2] = 476;
+    len[0] = 1, len[1] = 1, len[2] = 998;
+    cc_varlen("varlen two one-row documents first, MHA 4/4/128, T 1000", 4, 4, 128, len, 3, 0, 0, 1, 1926);
+    len[0] = 700, len[1] = 555, len[2] = 245;
+    cc_varlen("varlen first document begun before the call, GQA 16/2/128, T 1500", 16, 2, 128, len, 3, 4096, 100, 1,
+              1927);
+}
+
+/* hd 256 apart (a refusal of cuDNN's stops the process: the hd 128 cases report first) */
+TEST(cuda_attention_cudnn_varlen_hd256) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    int64_t len[3] = {300, 1, 476};
     cc_varlen("varlen a document of one row, GQA 16/2/256, T 777", 16, 2, 256, len, 3, 0, 0, 1, 1924);
     len[0] = 700, len[1] = 555, len[2] = 245;
     cc_varlen("varlen first document begun before the call, MHA 8/8/256, T 1500", 8, 8, 256, len, 3, 4096, 100, 1,
               1925);
-    len[0] = 1, len[1] = 1, len[2] = 998;
-    cc_varlen("varlen two one-row documents first, MHA 4/4/128, T 1000", 4, 4, 128, len, 3, 0, 0, 1, 1926);
 }
 
 /* ---- a ring step sequence ---- */
