@@ -517,6 +517,18 @@ TEST(attn_cudnn_route) {
     for (nd = 1; nd <= 1000; nd++) many[nd] = 1;
     tr_packed(pos, dp, T, many, nd, 0);
     tr_varlen_case("one long and 1000 of one row", pos, dp, T, nd, 0);
+    /* more documents x heads than CDG_VARLEN_MAX_BATCH_HEADS: ours (16384 rows of 6-row documents: 2731 runs,
+     * a batch of 4096, x 16 heads; x 8 heads is 32768: variable length) */
+    {
+        const int64_t T2 = 16384;
+        int32_t *p2 = malloc((size_t)T2 * 4), *d2 = malloc((size_t)T2 * 4);
+        for (int64_t t = 0; t < T2; t++) p2[t] = (int32_t)t, d2[t] = (int32_t)(t % 6);
+        h = attn_hint_rows(p2, d2, T2, p2, d2, T2);
+        EXPECT(h.runs == 2731, "6-row documents: %d runs", h.runs);
+        EXPECT(cdg_route(&h, T2, T2, 16, 2, 128, 1, &why) == CDG_ROUTE_OURS, "4096 sequences x 16 heads: %s", why);
+        EXPECT(cdg_route(&h, T2, T2, 8, 8, 128, 1, &why) == CDG_ROUTE_VARLEN, "4096 sequences x 8 heads: %s", why);
+        free(p2), free(d2);
+    }
     /* GQA beyond CDG_VARLEN_GQA_MAX_ROWS rows: ours (its per-head dK, dV are not counted there); MHA: variable
      * length */
     const int64_t big = CDG_VARLEN_GQA_MAX_ROWS + 64;

@@ -388,6 +388,7 @@ CdgRoute cdg_route(const AttnHint *m, int64_t Tq, int64_t Tk, int nh, int nkv, i
         else if (!m->runs_clean) w_ = "document-masked, a document run that does not begin its document";
         else if (!cdg_varlen_rows_ok(Tq, nh, nkv)) w_ = "document-masked, GQA over more rows than variable length takes";
         else if (cdg_varlen_shape(m, Tq, &b, &smax)) w_ = "document-masked, too many or too uneven documents";
+        else if ((int64_t)b * nh > CDG_VARLEN_MAX_BATCH_HEADS) w_ = "document-masked, too many documents x heads";
         else r = CDG_ROUTE_VARLEN, w_ = "causal within each document (variable length)";
     }
     else if (!causal || m->pos_k_max <= m->pos_q_min) r = CDG_ROUTE_DENSE, w_ = "every key visible";

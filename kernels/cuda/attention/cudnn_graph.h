@@ -143,6 +143,9 @@ typedef enum { CDG_ROUTE_OURS, CDG_ROUTE_DENSE, CDG_ROUTE_CAUSAL, CDG_ROUTE_VARL
 /* GQA's variable-length backward keeps per-head dK and dV (4 rows nh hd bytes each, cudnn-frontend's figure):
  * GQA calls of more rows run ours, so the longest calls (the 1M configs' ring calls) keep their workspace */
 enum { CDG_VARLEN_GQA_MAX_ROWS = 131072 };
+/* at most this many sequences x heads per variable-length call (a launch dimension of cuDNN's kernels may
+ * hold their product: conservative, well below 65535; more and smaller documents run ours) */
+enum { CDG_VARLEN_MAX_BATCH_HEADS = 32768 };
 /* 1 when a call of this many rows and heads may take the variable-length route (the GQA bound above) */
 int cdg_varlen_rows_ok(int64_t rows, int nh, int nkv);
 
