@@ -28,6 +28,11 @@
  *                             long and many short, a document of one row), with buckets that hold every
  *                             run; not when a run does not begin its document, the query rows are not
  *                             the key rows, the call is not causal, or the buckets are too uneven
+ *   attn_cudnn_graph_evaluate the variable-length graphs, evaluated op by op in double precision by cuDNN's
+ *                             semantics (ragged rows, lengths cutting each product, broadcasting, grouped
+ *                             reductions; te_run), over packed documents (40, 1, 70, 39 rows, GQA 4/2,
+ *                             strided q) with the lengths and offsets the device computes: out, Stats (as
+ *                             our lse), dq, dk, dv equal the cpu oracle's
  *   attn_cudnn_lse_convention cuDNN's Stats (rowmax + natural log of the row sum of exp, in (nh, Tq)),
  *                             computed in float64 from the definition, mapped by cdg_stats_to_lse_host,
  *                             equals the cpu oracle's lse within 1e-6; the two maps invert each other
@@ -547,6 +552,297 @@ TEST(attn_cudnn_route) {
     EXPECT(cdg_varlen_shape(&h, CDG_VARLEN_GQA_MAX_ROWS, &b16, &s16) == 0 && b16 == 16 && s16 == 8192,
            "16 documents of 8k: buckets %d x %lld", b16, (long long)s16);
     free(bp), free(bd);
+}
+
+/* ---- the graphs evaluated ---- */
+
+/* A reference evaluator of a CdgGraph in double precision, by cuDNN's semantics as cudnn-frontend documents
+ * them: bound row tensors at their strides, ragged ones from their sequence's offset (a row past its length
+ * neither read, 0, nor written), each product cut to its M x N over K by the length overrides (virtual results
+ * outside are 0), pointwise broadcasting, reductions over the dimensions where the result is 1 (or grouped:
+ * heads h -> h / g), a reshape a view of the same memory. GQA's per-head dK, dV are ragged by dK's offsets
+ * times the group size (cudnn-frontend's "implicit multiplier"). */
+typedef struct {
+    double *mem;
+    const int64_t *rag; /* ragged offsets (batch + 1) or NULL */
+    int64_t rag_mult;   /* the implicit multiplier of rag (1, or the group size for the per-head dK, dV) */
+    int dense;          /* a virtual tensor's own memory, laid densely by its dims (cuDNN keeps virtual
+                         * tensors inside its kernel; their strides only say how a reshape views them) */
+} TeBuf;
+
+typedef struct {
+    const CdgGraph *g;
+    TeBuf b[CDG_MAX_TENSORS];
+    const int32_t *seq; /* lengths (variable length) */
+} TeEval;
+
+static int te_rowdim(const CdgTensor *t) { return t->stride[2] == 1 && t->dim[3] > 1 ? 3 : 2; }
+
+/* the offset of element idx of tensor i, or -1 where a ragged row lies past its sequence */
+static int64_t te_at(const TeEval *e, int i, const int64_t idx[4]) {
+    const CdgTensor *t = &e->g->t[i];
+    const TeBuf *b = &e->b[i];
+    int64_t off = 0;
+    if (b->dense) return ((idx[0] * t->dim[1] + idx[1]) * t->dim[2] + idx[2]) * t->dim[3] + idx[3];
+    if (b->rag) {
+        if (e->seq && idx[te_rowdim(t)] >= e->seq[idx[0]]) return -1;
+        off = b->rag[idx[0]] * b->rag_mult;
+    } else off = idx[0] * t->stride[0];
+    for (int d = 1; d < 4; d++) off += idx[d] * t->stride[d];
+    return off;
+}
+
+static double te_get(const TeEval *e, int i, const int64_t idx_y[4], const CdgTensor *y) {
+    const CdgTensor *t = &e->g->t[i];
+    if (t->by_value) return e->b[i].mem[0];
+    int64_t idx[4];
+    for (int d = 0; d < 4; d++) idx[d] = t->dim[d] == 1 ? 0 : idx_y[d] * t->dim[d] / y->dim[d];
+    const int64_t off = te_at(e, i, idx);
+    return off < 0 ? 0.0 : e->b[i].mem[off];
+}
+
+static void te_set(const TeEval *e, int i, const int64_t idx[4], double v) {
+    const int64_t off = te_at(e, i, idx);
+    if (off >= 0) e->b[i].mem[off] = v;
+}
+
+static int64_t te_len(const TeEval *e, int lt, int64_t b, int64_t full) {
+    return lt >= 0 ? e->seq[b] : full;
+}
+
+static void te_run(TeEval *e) {
+    const CdgGraph *g = e->g;
+    for (int i = 0; i < g->nt; i++) { /* virtual tensors: their own memory */
+        const CdgTensor *t = &g->t[i];
+        if (!t->is_virtual) continue;
+        int64_t n = 1;
+        for (int d = 0; d < 4; d++) n *= t->dim[d];
+        e->b[i].mem = test_alloc(n * (int64_t)sizeof(double));
+        e->b[i].rag_mult = 1, e->b[i].dense = 1;
+    }
+    for (int k = 0; k < g->nop; k++) {
+        const CdgOp *o = &g->op[k];
+        const CdgTensor *y = &g->t[o->y];
+        int64_t idx[4];
+        if (o->kind == CDG_RESHAPE) {
+            const CdgTensor *x = &g->t[o->x];
+            if (!e->b[o->x].dense) { /* a view of bound memory: the same memory and offsets */
+                e->b[o->y] = e->b[o->x];
+                continue;
+            }
+            /* of a virtual tensor: y's element is x's at the same offset by their declared strides */
+            int64_t ext = 1;
+            for (int d = 0; d < 4; d++) ext += (x->dim[d] - 1) * x->stride[d];
+            double *flat = test_alloc(ext * (int64_t)sizeof(double));
+            for (idx[0] = 0; idx[0] < x->dim[0]; idx[0]++)
+                for (idx[1] = 0; idx[1] < x->dim[1]; idx[1]++)
+                    for (idx[2] = 0; idx[2] < x->dim[2]; idx[2]++)
+                        for (idx[3] = 0; idx[3] < x->dim[3]; idx[3]++) {
+                            int64_t so = 0;
+                            for (int d = 0; d < 4; d++) so += idx[d] * x->stride[d];
+                            flat[so] = e->b[o->x].mem[te_at(e, o->x, idx)];
+                        }
+            for (idx[0] = 0; idx[0] < y->dim[0]; idx[0]++)
+                for (idx[1] = 0; idx[1] < y->dim[1]; idx[1]++)
+                    for (idx[2] = 0; idx[2] < y->dim[2]; idx[2]++)
+                        for (idx[3] = 0; idx[3] < y->dim[3]; idx[3]++) {
+                            int64_t so = 0;
+                            for (int d = 0; d < 4; d++) so += idx[d] * y->stride[d];
+                            te_set(e, o->y, idx, so < ext ? flat[so] : 0.0);
+                        }
+            continue;
+        }
+        if (o->kind == CDG_MATMUL) {
+            const CdgTensor *a = &g->t[o->x], *bt = &g->t[o->b];
+            const int64_t grp = a->dim[1] / bt->dim[1];
+            for (idx[0] = 0; idx[0] < y->dim[0]; idx[0]++) {
+                const int64_t M = te_len(e, o->mo, idx[0], y->dim[2]), N = te_len(e, o->no, idx[0], y->dim[3]);
+                const int64_t K = te_len(e, o->ko, idx[0], a->dim[3]);
+                for (idx[1] = 0; idx[1] < y->dim[1]; idx[1]++)
+                    for (idx[2] = 0; idx[2] < y->dim[2]; idx[2]++)
+                        for (idx[3] = 0; idx[3] < y->dim[3]; idx[3]++) {
+                            double acc = 0;
+                            const int in = idx[2] < M && idx[3] < N;
+                            for (int64_t kk = 0; in && kk < K; kk++) {
+                                const int64_t ia[4] = {idx[0], idx[1], idx[2], kk};
+                                const int64_t ib[4] = {idx[0], idx[1] / grp, kk, idx[3]};
+                                const int64_t oa = te_at(e, o->x, ia), ob = te_at(e, o->b, ib);
+                                acc += (oa < 0 ? 0 : e->b[o->x].mem[oa]) * (ob < 0 ? 0 : e->b[o->b].mem[ob]);
+                            }
+                            if (in || y->is_virtual) te_set(e, o->y, idx, acc);
+                        }
+            }
+            continue;
+        }
+        if (o->kind == CDG_REDUCTION) {
+            const CdgTensor *x = &g->t[o->x];
+            for (idx[0] = 0; idx[0] < y->dim[0]; idx[0]++) /* start values */
+                for (idx[1] = 0; idx[1] < y->dim[1]; idx[1]++)
+                    for (idx[2] = 0; idx[2] < y->dim[2]; idx[2]++)
+                        for (idx[3] = 0; idx[3] < y->dim[3]; idx[3]++)
+                            te_set(e, o->y, idx, o->mode == CDA_REDUCE_TENSOR_MAX ? -INFINITY : 0.0);
+            for (idx[0] = 0; idx[0] < x->dim[0]; idx[0]++)
+                for (idx[1] = 0; idx[1] < x->dim[1]; idx[1]++)
+                    for (idx[2] = 0; idx[2] < x->dim[2]; idx[2]++)
+                        for (idx[3] = 0; idx[3] < x->dim[3]; idx[3]++) {
+                            int64_t iy[4];
+                            for (int d = 0; d < 4; d++) iy[d] = y->dim[d] == 1 ? 0 : idx[d] * y->dim[d] / x->dim[d];
+                            const int64_t oy = te_at(e, o->y, iy);
+                            if (oy < 0) continue;
+                            const double v = te_get(e, o->x, idx, x), cur = e->b[o->y].mem[oy];
+                            e->b[o->y].mem[oy] = o->mode == CDA_REDUCE_TENSOR_MAX ? (v > cur ? v : cur) : cur + v;
+                        }
+            continue;
+        }
+        for (idx[0] = 0; idx[0] < y->dim[0]; idx[0]++) /* pointwise */
+            for (idx[1] = 0; idx[1] < y->dim[1]; idx[1]++)
+                for (idx[2] = 0; idx[2] < y->dim[2]; idx[2]++)
+                    for (idx[3] = 0; idx[3] < y->dim[3]; idx[3]++) {
+                        if (o->mode == CDA_POINTWISE_GEN_INDEX) {
+                            te_set(e, o->y, idx, (double)idx[o->axis]);
+                            continue;
+                        }
+                        const double x = te_get(e, o->x, idx, y);
+                        const double b = o->b >= 0 ? te_get(e, o->b, idx, y) : 0;
+                        double v = 0;
+                        switch (o->mode) {
+                        case CDA_POINTWISE_ADD: v = x + b; break;
+                        case CDA_POINTWISE_SUB: v = x - b; break;
+                        case CDA_POINTWISE_MUL: v = x * b; break;
+                        case CDA_POINTWISE_DIV: v = x / b; break;
+                        case CDA_POINTWISE_EXP: v = exp(x); break;
+                        case CDA_POINTWISE_LOG: v = log(x); break;
+                        case CDA_POINTWISE_IDENTITY: v = x; break;
+                        case CDA_POINTWISE_CMP_GE: v = x >= b; break;
+                        case CDA_POINTWISE_CMP_LT: v = x < b; break;
+                        case CDA_POINTWISE_LOGICAL_AND: v = x != 0 && b != 0; break;
+                        case CDA_POINTWISE_BINARY_SELECT: v = te_get(e, o->t, idx, y) != 0 ? x : b; break;
+                        default: EXPECT(0, "evaluator: pointwise mode %d", o->mode);
+                        }
+                        te_set(e, o->y, idx, v);
+                    }
+    }
+}
+
+/* rows [0, T) of packed documents of the given lengths: the lengths and offsets the device computes
+ * (cuda_cudnn_varlen_rows), from the rows as the hint defines runs */
+static void te_varlen_rows(int32_t *seq, int64_t off[CDG_NOFF][64], const int64_t mult[CDG_NOFF], const int32_t *pos,
+                           const int32_t *dp, int64_t T, int batch) {
+    int64_t start[64], n = 0;
+    for (int64_t i = 0; i < T; i++)
+        if (i == 0 || pos[i] - dp[i] != pos[i - 1] - dp[i - 1]) start[n++] = i;
+    for (int b = 0; b <= batch; b++) {
+        const int64_t s = b < n ? start[b] : T, e = b + 1 < n ? start[b + 1] : T;
+        if (b < batch) seq[b] = (int32_t)(e - s);
+        for (int i = 0; i < CDG_NOFF; i++) off[i][b] = s * mult[i];
+    }
+}
+
+TEST(attn_cudnn_graph_evaluate) {
+    enum { NH = 4, NKV = 2, HD = 8, QD = NH * HD, KVD = NKV * HD, LDQ = QD + 8, LDK = 2 * KVD, LDO = QD };
+    const int64_t lens[4] = {40, 1, 70, 39};
+    const int64_t T = 150;
+    int32_t pos[150], dp[150];
+    for (int64_t t = 0, d = 0, i = 0; t < T; t++, i++) {
+        if (i == lens[d]) d++, i = 0;
+        pos[t] = (int32_t)(t + 7), dp[t] = (int32_t)i;
+    }
+    double *q = test_alloc(T * LDQ * 8), *kv = test_alloc(T * LDK * 8), *dout = test_alloc(T * LDO * 8);
+    float *qf = test_alloc(T * LDQ * 4), *kvf = test_alloc(T * LDK * 4), *doutf = test_alloc(T * LDO * 4);
+    test_rng_seed(38);
+    test_fill_normal(qf, T * LDQ, 1.5);
+    test_fill_normal(kvf, T * LDK, 1.0);
+    test_fill_normal(doutf, T * LDO, 1.0);
+    for (int64_t i = 0; i < T * LDQ; i++) q[i] = qf[i];
+    for (int64_t i = 0; i < T * LDK; i++) kv[i] = kvf[i];
+    for (int64_t i = 0; i < T * LDO; i++) dout[i] = doutf[i];
+    const AttnHint h = attn_hint_rows(pos, dp, T, pos, dp, T);
+    float *out_ref = test_alloc(T * LDO * 4), *lse_ref = test_alloc(T * NH * 4);
+    cpu_attention_forward(out_ref, lse_ref, qf, kvf, kvf + KVD, pos, dp, pos, dp, &h, T, T, NH, NKV, HD, LDQ, LDK, LDO, 1);
+    float *gq_ref = test_alloc(T * LDQ * 4), *gkv_ref = test_alloc(T * LDK * 4);
+    cpu_attention_backward(gq_ref, gkv_ref, gkv_ref + KVD, doutf, out_ref, lse_ref, qf, kvf, kvf + KVD, pos, dp, pos, dp,
+                           &h, T, T, NH, NKV, HD, LDQ, LDK, LDO, 1);
+    int32_t batch;
+    int64_t smax;
+    EXPECT(cdg_route(&h, T, T, NH, NKV, HD, 1, NULL) == CDG_ROUTE_VARLEN && !cdg_varlen_shape(&h, T, &batch, &smax),
+           "the packed rows do not take variable length");
+    for (int bwd = 0; bwd < 2; bwd++) {
+        CdgKey k = {.Tq = smax, .Tk = smax, .nh = NH, .nkv = NKV, .hd = HD, .ldq = LDQ, .ldk = LDK, .ldo = LDO,
+                    .causal = 1, .bwd = bwd, .batch = batch};
+        CdgGraph g;
+        cdg_build(&g, &k);
+        TeEval e;
+        memset(&e, 0, sizeof e);
+        e.g = &g;
+        int32_t seq[64];
+        static int64_t off[CDG_NOFF][64];
+        int64_t mult[CDG_NOFF];
+        cdg_varlen_mults(mult, &k);
+        te_varlen_rows(seq, off, mult, pos, dp, T, batch);
+        e.seq = seq;
+        double *stats = test_alloc(T * NH * 8), *out = test_alloc(T * LDO * 8), *ssum = test_alloc(T * NH * 8);
+        double *dq = test_alloc(T * QD * 8), *dk = test_alloc(T * KVD * 8), *dv = test_alloc(T * KVD * 8);
+        double *acc = test_alloc(T * QD * 8), *dkf = test_alloc(T * QD * 8), *dvf = test_alloc(T * QD * 8);
+        double scale = 1.0 / sqrt((double)HD), neg_inf = -INFINITY, one = 1.0;
+        double seqd[64];
+        for (int b = 0; b < batch; b++) seqd[b] = seq[b];
+        for (int i = 0; i < g.nt; i++) {
+            const CdgTensor *t = &g.t[i];
+            TeBuf *b = &e.b[i];
+            b->rag_mult = 1;
+            switch (t->uid) {
+            case CDG_UID_Q: b->mem = q; break;
+            case CDG_UID_K: b->mem = kv; break;
+            case CDG_UID_V: b->mem = kv + KVD; break;
+            case CDG_UID_O: b->mem = bwd ? NULL : out; break;
+            case CDG_UID_DO: b->mem = dout; break;
+            case CDG_UID_STATS: b->mem = stats; break;
+            case CDG_UID_SOFTMAX_SUM: b->mem = ssum; break;
+            case CDG_UID_DQ: b->mem = dq; break;
+            case CDG_UID_DK: b->mem = dk; break;
+            case CDG_UID_DV: b->mem = dv; break;
+            case CDG_UID_DQ_ACCUM: b->mem = acc; break;
+            case CDG_UID_DK_FULL: b->mem = dkf, b->rag_mult = NH / NKV; break;
+            case CDG_UID_DV_FULL: b->mem = dvf, b->rag_mult = NH / NKV; break;
+            case CDG_UID_SCALE: b->mem = &scale; break;
+            case CDG_UID_NEG_INF: b->mem = &neg_inf; break;
+            case CDG_UID_ONE: b->mem = &one; break;
+            case CDG_UID_SEQ_Q: case CDG_UID_SEQ_KV: b->mem = seqd; break;
+            default: break;
+            }
+            if (t->ragged_uid) b->rag = off[t->ragged_uid - CDG_UID_OFF_Q];
+        }
+        double *outb = NULL;
+        if (bwd) { /* the final out and lse: the oracle's */
+            outb = test_alloc(T * LDO * 8);
+            for (int64_t i = 0; i < T * LDO; i++) outb[i] = out_ref[i];
+            for (int64_t i = 0; i < T * NH; i++) stats[i] = lse_ref[i];
+            e.b[cdg_find(&g, CDG_UID_O)].mem = outb;
+        }
+        te_run(&e);
+        char what[96];
+        if (!bwd) {
+            float *of = test_alloc(T * LDO * 4), *lf = test_alloc(T * NH * 4);
+            for (int64_t i = 0; i < T * LDO; i++) of[i] = (float)out[i];
+            for (int64_t i = 0; i < T * NH; i++) lf[i] = (float)stats[i]; /* Stats ragged (rows, nh): our lse */
+            test_check_rel_f("evaluated varlen graph out", of, out_ref, T * LDO, 1e-5);
+            test_check_rel_f("evaluated varlen graph Stats as lse", lf, lse_ref, T * NH, 1e-6);
+        } else {
+            float *gq = test_alloc(T * QD * 4), *gqr = test_alloc(T * QD * 4), *gk = test_alloc(T * KVD * 4);
+            float *gkr = test_alloc(T * KVD * 4), *gv = test_alloc(T * KVD * 4), *gvr = test_alloc(T * KVD * 4);
+            for (int64_t t = 0; t < T; t++) {
+                for (int c = 0; c < QD; c++) gq[t * QD + c] = (float)dq[t * QD + c], gqr[t * QD + c] = gq_ref[t * LDQ + c];
+                for (int c = 0; c < KVD; c++) {
+                    gk[t * KVD + c] = (float)dk[t * KVD + c], gkr[t * KVD + c] = gkv_ref[t * LDK + c];
+                    gv[t * KVD + c] = (float)dv[t * KVD + c], gvr[t * KVD + c] = gkv_ref[t * LDK + KVD + c];
+                }
+            }
+            snprintf(what, sizeof what, "evaluated varlen graph dq (batch %d, smax %lld)", batch, (long long)smax);
+            test_check_rel_f(what, gq, gqr, T * QD, 1e-5);
+            test_check_rel_f("evaluated varlen graph dk", gk, gkr, T * KVD, 1e-5);
+            test_check_rel_f("evaluated varlen graph dv", gv, gvr, T * KVD, 1e-5);
+        }
+    }
 }
 
 /* ---- LSE convention ---- */
