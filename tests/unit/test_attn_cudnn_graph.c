@@ -28,11 +28,13 @@
  *                             long and many short, a document of one row), with buckets that hold every
  *                             run; not when a run does not begin its document, the query rows are not
  *                             the key rows, the call is not causal, or the buckets are too uneven
- *   attn_cudnn_graph_evaluate the variable-length graphs, evaluated op by op in double precision by cuDNN's
- *                             semantics (ragged rows, lengths cutting each product, broadcasting, grouped
- *                             reductions; te_run), over packed documents (40, 1, 70, 39 rows, GQA 4/2,
- *                             strided q) with the lengths and offsets the device computes: out, Stats (as
- *                             our lse), dq, dk, dv equal the cpu oracle's
+ *   attn_cudnn_graph_evaluate the graphs evaluated op by op in double precision by cuDNN's semantics
+ *                             (ragged rows, lengths cutting each product, broadcasting, grouped reductions,
+ *                             reshape views; te_run): the one-document causal graph (cuDNN runs it today:
+ *                             the evaluator's own check) and the variable-length ones over packed documents
+ *                             (GQA 4/2, MQA 4/1, MHA with the first document begun before the call, a
+ *                             padding sequence of length 0; strided q) with the lengths and offsets the
+ *                             device computes: out, Stats (as our lse), dq, dk, dv equal the cpu oracle's
  *   attn_cudnn_lse_convention cuDNN's Stats (rowmax + natural log of the row sum of exp, in (nh, Tq)),
  *                             computed in float64 from the definition, mapped by cdg_stats_to_lse_host,
  *                             equals the cpu oracle's lse within 1e-6; the two maps invert each other
@@ -738,14 +740,18 @@ static void te_varlen_rows(int32_t *seq, int64_t off[CDG_NOFF][64], const int64_
     }
 }
 
-TEST(attn_cudnn_graph_evaluate) {
-    enum { NH = 4, NKV = 2, HD = 8, QD = NH * HD, KVD = NKV * HD, LDQ = QD + 8, LDK = 2 * KVD, LDO = QD };
-    const int64_t lens[4] = {40, 1, 70, 39};
-    const int64_t T = 150;
-    int32_t pos[150], dp[150];
+/* one graph pair (forward, backward) over rows of documents of the given lengths (the first begun `before`
+ * rows before the call), evaluated against the cpu oracle; varlen: the variable-length graphs (else the
+ * one-sequence causal ones, which run on cuDNN today: the evaluator's own check) */
+static void te_case(const char *name, int NH, int NKV, const int64_t *lens, int nd, int before, int varlen) {
+    enum { HD = 8 };
+    const int QD = NH * HD, KVD = NKV * HD, LDQ = QD + 8, LDK = 2 * KVD, LDO = QD;
+    int64_t T = 0;
+    for (int d = 0; d < nd; d++) T += lens[d];
+    int32_t *pos = test_alloc(T * 4), *dp = test_alloc(T * 4);
     for (int64_t t = 0, d = 0, i = 0; t < T; t++, i++) {
         if (i == lens[d]) d++, i = 0;
-        pos[t] = (int32_t)(t + 7), dp[t] = (int32_t)i;
+        pos[t] = (int32_t)(t + 7), dp[t] = (int32_t)(i + (d == 0 ? before : 0));
     }
     double *q = test_alloc(T * LDQ * 8), *kv = test_alloc(T * LDK * 8), *dout = test_alloc(T * LDO * 8);
     float *qf = test_alloc(T * LDQ * 4), *kvf = test_alloc(T * LDK * 4), *doutf = test_alloc(T * LDO * 4);
@@ -762,10 +768,12 @@ TEST(attn_cudnn_graph_evaluate) {
     float *gq_ref = test_alloc(T * LDQ * 4), *gkv_ref = test_alloc(T * LDK * 4);
     cpu_attention_backward(gq_ref, gkv_ref, gkv_ref + KVD, doutf, out_ref, lse_ref, qf, kvf, kvf + KVD, pos, dp, pos, dp,
                            &h, T, T, NH, NKV, HD, LDQ, LDK, LDO, 1);
-    int32_t batch;
-    int64_t smax;
-    EXPECT(cdg_route(&h, T, T, NH, NKV, HD, 1, NULL) == CDG_ROUTE_VARLEN && !cdg_varlen_shape(&h, T, &batch, &smax),
-           "the packed rows do not take variable length");
+    int32_t batch = 0;
+    int64_t smax = T;
+    const CdgRoute r = cdg_route(&h, T, T, NH, NKV, HD, 1, NULL);
+    if (varlen)
+        EXPECT(r == CDG_ROUTE_VARLEN && !cdg_varlen_shape(&h, T, &batch, &smax), "%s: not variable length", name);
+    else EXPECT(r == CDG_ROUTE_CAUSAL, "%s: not cuDNN's causal", name);
     for (int bwd = 0; bwd < 2; bwd++) {
         CdgKey k = {.Tq = smax, .Tk = smax, .nh = NH, .nkv = NKV, .hd = HD, .ldq = LDQ, .ldk = LDK, .ldo = LDO,
                     .causal = 1, .bwd = bwd, .batch = batch};
@@ -778,8 +786,7 @@ TEST(attn_cudnn_graph_evaluate) {
         static int64_t off[CDG_NOFF][64];
         int64_t mult[CDG_NOFF];
         cdg_varlen_mults(mult, &k);
-        te_varlen_rows(seq, off, mult, pos, dp, T, batch);
-        e.seq = seq;
+        if (varlen) te_varlen_rows(seq, off, mult, pos, dp, T, batch), e.seq = seq;
         double *stats = test_alloc(T * NH * 8), *out = test_alloc(T * LDO * 8), *ssum = test_alloc(T * NH * 8);
         double *dq = test_alloc(T * QD * 8), *dk = test_alloc(T * KVD * 8), *dv = test_alloc(T * KVD * 8);
         double *acc = test_alloc(T * QD * 8), *dkf = test_alloc(T * QD * 8), *dvf = test_alloc(T * QD * 8);
@@ -816,17 +823,23 @@ TEST(attn_cudnn_graph_evaluate) {
         if (bwd) { /* the final out and lse: the oracle's */
             outb = test_alloc(T * LDO * 8);
             for (int64_t i = 0; i < T * LDO; i++) outb[i] = out_ref[i];
-            for (int64_t i = 0; i < T * NH; i++) stats[i] = lse_ref[i];
+            for (int64_t t = 0; t < T; t++)
+                for (int hh = 0; hh < NH; hh++)
+                    stats[varlen ? cdg_lse_at(t, hh, NH) : cdg_stats_at(t, hh, T)] = lse_ref[cdg_lse_at(t, hh, NH)];
             e.b[cdg_find(&g, CDG_UID_O)].mem = outb;
         }
         te_run(&e);
-        char what[96];
+        char what[160];
         if (!bwd) {
             float *of = test_alloc(T * LDO * 4), *lf = test_alloc(T * NH * 4);
             for (int64_t i = 0; i < T * LDO; i++) of[i] = (float)out[i];
-            for (int64_t i = 0; i < T * NH; i++) lf[i] = (float)stats[i]; /* Stats ragged (rows, nh): our lse */
-            test_check_rel_f("evaluated varlen graph out", of, out_ref, T * LDO, 1e-5);
-            test_check_rel_f("evaluated varlen graph Stats as lse", lf, lse_ref, T * NH, 1e-6);
+            for (int64_t t = 0; t < T; t++) /* varlen: Stats ragged (rows, nh), our lse; else (nh, rows) */
+                for (int hh = 0; hh < NH; hh++)
+                    lf[cdg_lse_at(t, hh, NH)] = (float)stats[varlen ? cdg_lse_at(t, hh, NH) : cdg_stats_at(t, hh, T)];
+            snprintf(what, sizeof what, "%s: evaluated out", name);
+            test_check_rel_f(what, of, out_ref, T * LDO, 1e-5);
+            snprintf(what, sizeof what, "%s: evaluated Stats as lse", name);
+            test_check_rel_f(what, lf, lse_ref, T * NH, 1e-6);
         } else {
             float *gq = test_alloc(T * QD * 4), *gqr = test_alloc(T * QD * 4), *gk = test_alloc(T * KVD * 4);
             float *gkr = test_alloc(T * KVD * 4), *gv = test_alloc(T * KVD * 4), *gvr = test_alloc(T * KVD * 4);
@@ -837,12 +850,22 @@ TEST(attn_cudnn_graph_evaluate) {
                     gv[t * KVD + c] = (float)dv[t * KVD + c], gvr[t * KVD + c] = gkv_ref[t * LDK + KVD + c];
                 }
             }
-            snprintf(what, sizeof what, "evaluated varlen graph dq (batch %d, smax %lld)", batch, (long long)smax);
+            snprintf(what, sizeof what, "%s: evaluated dq (batch %d, smax %lld)", name, batch, (long long)smax);
             test_check_rel_f(what, gq, gqr, T * QD, 1e-5);
-            test_check_rel_f("evaluated varlen graph dk", gk, gkr, T * KVD, 1e-5);
-            test_check_rel_f("evaluated varlen graph dv", gv, gvr, T * KVD, 1e-5);
+            snprintf(what, sizeof what, "%s: evaluated dk", name);
+            test_check_rel_f(what, gk, gkr, T * KVD, 1e-5);
+            snprintf(what, sizeof what, "%s: evaluated dv", name);
+            test_check_rel_f(what, gv, gvr, T * KVD, 1e-5);
         }
     }
+}
+
+TEST(attn_cudnn_graph_evaluate) {
+    const int64_t one[1] = {150}, packed[4] = {40, 1, 70, 39}, begun[3] = {33, 64, 50};
+    te_case("one document, GQA 4/2 (cuDNN's causal graph)", 4, 2, one, 1, 0, 0);
+    te_case("4 documents, GQA 4/2", 4, 2, packed, 4, 0, 1);
+    te_case("3 documents, the first begun 20 rows before, MHA 4/4", 4, 4, begun, 3, 20, 1);
+    te_case("4 documents, MQA 4/1", 4, 1, packed, 4, 0, 1);
 }
 
 /* ---- LSE convention ---- */
