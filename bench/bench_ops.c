@@ -132,8 +132,8 @@ const Backend *bench_attn_backend(const Backend *base, int impl, const char *lib
 }
 
 json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
-    int64_t before[4] = {0}, after[4] = {0};
-    if (o->attn_impl != ATTN_KERNEL_RINGSCAN) cuda_attention_cudnn_counts(before);
+    int64_t before[4] = {0}, after[4] = {0}, vl0[2] = {0}, vl1[2] = {0};
+    if (o->attn_impl != ATTN_KERNEL_RINGSCAN) cuda_attention_cudnn_counts(before), cuda_attention_cudnn_varlen_counts(vl0);
     AttnCase a = {.be = bench_attn_backend(&backend_cuda, o->attn_impl, o->cudnn_lib), .T = bench_int(c, "T"),
                   .nh = (int)bench_int(c, "nh"), .nkv = (int)bench_int(c, "nkv"), .hd = (int)bench_int(c, "hd")};
     const Backend *be = a.be;
@@ -164,12 +164,17 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     json_object_set_new(r, "attn_impl", json_string(attn_kernel_names[o->attn_impl]));
     if (o->attn_impl != ATTN_KERNEL_RINGSCAN) {
         cuda_attention_cudnn_counts(after);
-        json_object_set_new(r, "routed", json_pack("{sI sI sI sI}", "fwd_cudnn", (json_int_t)(after[0] - before[0]),
+        cuda_attention_cudnn_varlen_counts(vl1);
+        json_object_set_new(r, "routed", json_pack("{sI sI sI sI sI sI}", "fwd_cudnn", (json_int_t)(after[0] - before[0]),
                                                    "fwd_ours", (json_int_t)(after[1] - before[1]), "bwd_cudnn",
                                                    (json_int_t)(after[2] - before[2]), "bwd_ours",
-                                                   (json_int_t)(after[3] - before[3])));
-        printf(" [routed fwd cudnn %lld ours %lld, bwd cudnn %lld ours %lld]", (long long)(after[0] - before[0]),
-               (long long)(after[1] - before[1]), (long long)(after[2] - before[2]), (long long)(after[3] - before[3]));
+                                                   (json_int_t)(after[3] - before[3]), "fwd_varlen",
+                                                   (json_int_t)(vl1[0] - vl0[0]), "bwd_varlen",
+                                                   (json_int_t)(vl1[1] - vl0[1])));
+        printf(" [routed fwd cudnn %lld (variable length %lld) ours %lld, bwd cudnn %lld (variable length %lld) ours "
+               "%lld]",
+               (long long)(after[0] - before[0]), (long long)(vl1[0] - vl0[0]), (long long)(after[1] - before[1]),
+               (long long)(after[2] - before[2]), (long long)(vl1[1] - vl0[1]), (long long)(after[3] - before[3]));
     }
     void *bufs[] = {a.q, a.o, a.dout, a.k, a.v, a.lse, a.dq, a.dk, a.dv, a.pos, a.doc_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);

@@ -282,7 +282,8 @@ def test_cuda_runtime_by_hand(ringscan):
 
 def test_cudnn_attention_workspace_by_hand(ringscan):
     """device.attention_kernel cudnn | cudnn_det adds the cuDNN route's workspace (kernels/cuda/attention/cudnn_graph.h
-    cdg_workspace) of one ring call's backward to workspaces: Tq = Tk = a fragment, seq_len / 2cp."""
+    cdg_workspace) of one ring call's backward to workspaces: Tq = Tk = a fragment, seq_len / 2cp; with the
+    variable-length layout's additions where a GQA call has at most 131072 rows."""
     cfg = "configs/hybrid-1b-1m-h100x2.yaml"  # cp 2: fragments of 1,048,576 / 4 = 262,144 rows, 16/2/128
 
     def r256(x):
@@ -310,8 +311,12 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     one = plan_json(ringscan, cfg, "device.attention_kernel=cudnn", "parallel.cp=1", "data.seq_len=65536",
                     "slurm.gpus_per_node=1")  # cp 1: the call is the whole sample
     n = 65_536
+    # GQA at <= 131072 rows (CDG_VARLEN_GQA_MAX_ROWS): packed documents may take cuDNN's variable length,
+    # whose layout adds the lengths and offsets of at most 16 n / 64 sequences and the per-head fp32 dK, dV
+    batch = 16 * n // 64
+    varlen = r256(4 * batch) + 6 * r256(8 * (batch + 1)) + 2 * r256(4 * n * nh * hd)
     assert one["memory"]["remat"]["cudnn_workspace"] == (r256(4 * n * nh) * 2 + r256(4 * n * nh * hd) +
-                                                         r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd))
+                                                         r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd) + varlen)
     r = run([ringscan, "plan", cfg, "--set", "device.attention_kernel=cudnn"])
     assert r.returncode == 0, r.stderr
     assert "cuDNN attention workspace" in r.stdout

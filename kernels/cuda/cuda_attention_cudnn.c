@@ -32,7 +32,7 @@ static CudnnApi cd;
 static void *cd_lib, *cd_handle;
 static char cd_desc[1400] = "cuDNN not loaded";
 static int cd_det;
-static int64_t cd_counts[4];
+static int64_t cd_counts[4], cd_varlen_counts[2];
 static char cd_ctx[256]; /* the graph being built or run, for messages */
 
 /* ---- loading ---- */
@@ -160,6 +160,10 @@ void cuda_attention_cudnn_set_deterministic(int on) { cd_det = on != 0; }
 
 void cuda_attention_cudnn_counts(int64_t counts[4]) { memcpy(counts, cd_counts, sizeof cd_counts); }
 
+void cuda_attention_cudnn_varlen_counts(int64_t counts[2]) {
+    memcpy(counts, cd_varlen_counts, sizeof cd_varlen_counts);
+}
+
 /* ---- checked calls ---- */
 
 static noreturn void cd_fail(int st, const char *what) {
@@ -177,7 +181,7 @@ static noreturn void cd_fail(int st, const char *what) {
 
 /* ---- plans ---- */
 
-enum { CD_MAX_DESCS = CDG_MAX_TENSORS + 3 * CDG_MAX_OPS + 80, CD_MAX_CFGS = 64 };
+enum { CD_MAX_DESCS = CDG_MAX_TENSORS + 3 * CDG_MAX_OPS + 160, CD_MAX_CFGS = 64 };
 
 typedef struct {
     CdgKey key;
@@ -202,7 +206,9 @@ static void cd_set(void *d, int name, int type, int64_t count, const void *v, co
     CD(cd.BackendSetAttribute(d, name, type, count, v), what);
 }
 
-static void *cd_lower_tensor(CdPlan *p, const CdgTensor *t) {
+/* tensor i of g; its ragged offsets (variable length) name a tensor lowered before it, in tens */
+static void *cd_lower_tensor(CdPlan *p, const CdgGraph *g, int i, void *const *tens) {
+    const CdgTensor *t = &g->t[i];
     char what[160];
     snprintf(what, sizeof what, "tensor '%s'", t->name);
     void *d = cd_new(p, CDA_BACKEND_TENSOR_DESCRIPTOR, what);
@@ -216,6 +222,11 @@ static void *cd_lower_tensor(CdPlan *p, const CdgTensor *t) {
     cd_set(d, CDA_ATTR_TENSOR_BYTE_ALIGNMENT, CDA_TYPE_INT64, 1, &align, what);
     if (t->is_virtual) cd_set(d, CDA_ATTR_TENSOR_IS_VIRTUAL, CDA_TYPE_BOOLEAN, 1, &yes, what);
     if (t->by_value) cd_set(d, CDA_ATTR_TENSOR_IS_BY_VALUE, CDA_TYPE_BOOLEAN, 1, &yes, what);
+    if (t->ragged_uid) {
+        const int r = cdg_find(g, t->ragged_uid);
+        RS_CHECK(r >= 0 && r < i, "cuDNN attention graph: tensor '%s' before its ragged offsets", t->name);
+        cd_set(d, CDA_ATTR_TENSOR_RAGGED_OFFSET_DESC, CDA_TYPE_BACKEND_DESCRIPTOR, 1, &tens[r], what);
+    }
     CD(cd.BackendFinalize(d), what);
     return d;
 }
@@ -249,6 +260,12 @@ static void *cd_lower_op(CdPlan *p, const CdgOp *o, void *const *tens) {
         cd_set(op, CDA_ATTR_OPERATION_MATMUL_BDESC, CDA_TYPE_BACKEND_DESCRIPTOR, 1, &tens[o->b], what);
         cd_set(op, CDA_ATTR_OPERATION_MATMUL_CDESC, CDA_TYPE_BACKEND_DESCRIPTOR, 1, &tens[o->y], what);
         cd_set(op, CDA_ATTR_OPERATION_MATMUL_DESC, CDA_TYPE_BACKEND_DESCRIPTOR, 1, &mm, what);
+        if (o->mo >= 0)
+            cd_set(op, CDA_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CDA_TYPE_BACKEND_DESCRIPTOR, 1, &tens[o->mo], what);
+        if (o->no >= 0)
+            cd_set(op, CDA_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, CDA_TYPE_BACKEND_DESCRIPTOR, 1, &tens[o->no], what);
+        if (o->ko >= 0)
+            cd_set(op, CDA_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, CDA_TYPE_BACKEND_DESCRIPTOR, 1, &tens[o->ko], what);
         break;
     }
     case CDG_REDUCTION: {
@@ -298,7 +315,7 @@ static void cd_build(CdPlan *p) {
     RS_CHECK(cdg_check(&g, err, sizeof err) == 0, "cuDNN attention graph: %s", err);
     if (!cd_handle) CD(cd.Create(&cd_handle), "cudnnCreate");
     void *tens[CDG_MAX_TENSORS], *ops[CDG_MAX_OPS];
-    for (int i = 0; i < g.nt; i++) tens[i] = cd_lower_tensor(p, &g.t[i]);
+    for (int i = 0; i < g.nt; i++) tens[i] = cd_lower_tensor(p, &g, i, tens);
     for (int i = 0; i < g.nop; i++) ops[i] = cd_lower_op(p, &g.op[i], tens);
     void *graph = cd_new(p, CDA_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     cd_set(graph, CDA_ATTR_OPERATIONGRAPH_HANDLE, CDA_TYPE_HANDLE, 1, &cd_handle, "operation graph handle");
@@ -388,10 +405,10 @@ void cuda_attention_cudnn_lower_only(const void *key) {
     char err[256];
     RS_CHECK(cdg_check(&g, err, sizeof err) == 0, "cuDNN attention graph: %s", err);
     CdPlan *p = RS_CALLOC(1, sizeof *p);
-    snprintf(cd_ctx, sizeof cd_ctx, "lowering only: %s%s, %d/%d/%d", k->bwd ? "backward" : "forward",
-             k->causal ? " causal" : "", k->nh, k->nkv, k->hd);
+    snprintf(cd_ctx, sizeof cd_ctx, "lowering only: %s%s%s, %d/%d/%d", k->bwd ? "backward" : "forward",
+             k->causal ? " causal" : "", k->batch ? " variable length" : "", k->nh, k->nkv, k->hd);
     void *tens[CDG_MAX_TENSORS];
-    for (int i = 0; i < g.nt; i++) tens[i] = cd_lower_tensor(p, &g.t[i]);
+    for (int i = 0; i < g.nt; i++) tens[i] = cd_lower_tensor(p, &g, i, tens);
     for (int i = 0; i < g.nop; i++) cd_lower_op(p, &g.op[i], tens);
     for (int i = p->ndesc - 1; i >= 0; i--) cd.BackendDestroyDescriptor(p->descs[i]);
     free(p);
@@ -437,18 +454,54 @@ static CdgRoute cd_route(const char *entry, const AttnHint *hint, const int32_t 
                    "host pos/doc_pos): the route is never read back from the device", entry);
     if (Tq < 1 || Tk < 1) return CDG_ROUTE_OURS;
     cuda_cudnn_hint_check(hint, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
-    return cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL);
+    const CdgRoute r = cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL);
+    /* cudnn_det keeps packed documents on ours (deterministic too; cuDNN's deterministic variable-length
+     * backward would keep a batch x rows x rows x heads matrix) */
+    return r == CDG_ROUTE_VARLEN && cd_det ? CDG_ROUTE_OURS : r;
 }
 
-static CdgKey cd_key(int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal, int bwd) {
+/* batch 0: one sequence of Tq x Tk; > 0: variable length, batch sequences of at most Tq = Tk rows */
+static CdgKey cd_key(int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int ldo, int causal, int bwd,
+                     int batch) {
     CdgKey k;
     memset(&k, 0, sizeof k); /* the key is compared with memcmp, padding included */
     k.Tq = Tq, k.Tk = Tk, k.nh = nh, k.nkv = nkv, k.hd = hd, k.ldq = ldq, k.ldk = ldk, k.ldo = ldo;
-    k.causal = causal, k.bwd = bwd, k.deterministic = bwd && cd_det;
-    snprintf(cd_ctx, sizeof cd_ctx, "%s%s, Tq %lld, Tk %lld, heads %d/%d/%d, ld q %d k|v %d out %d, %s",
+    k.causal = causal, k.bwd = bwd, k.deterministic = bwd && cd_det, k.batch = batch;
+    char vl[96] = "";
+    if (batch) snprintf(vl, sizeof vl, ", variable length: %d sequences of at most %lld rows, ragged", batch,
+                        (long long)Tq);
+    snprintf(cd_ctx, sizeof cd_ctx, "%s%s, Tq %lld, Tk %lld, heads %d/%d/%d, ld q %d k|v %d out %d, %s%s",
              bwd ? "backward" : "forward", bwd ? (cd_det ? " (deterministic)" : " (dq accumulator)") : "",
-             (long long)Tq, (long long)Tk, nh, nkv, hd, ldq, ldk, ldo, causal ? "top-left causal" : "all keys");
+             (long long)Tq, (long long)Tk, nh, nkv, hd, ldq, ldk, ldo, causal ? "top-left causal" : "all keys", vl);
     return k;
+}
+
+/* variable length: the plan's key from the hint's buckets, the workspace carved, and the lengths and offsets
+ * of the call's rows queued (cuda_cudnn_varlen_rows); uids/ptrs get the lengths and offsets, n counts them */
+static CdgKey cd_varlen_prepare(const AttnHint *hint, const int32_t *pos, const int32_t *doc_pos, int64_t T, int nh,
+                                int nkv, int hd, int ldq, int ldk, int ldo, int bwd, CdPlan **plan, CdgWorkspace *w,
+                                char **own, char **ws, int64_t *uids, void **ptrs, int *n) {
+    int32_t batch;
+    int64_t smax;
+    RS_CHECK(cdg_varlen_shape(hint, T, &batch, &smax) == 0, "cuDNN variable length: no buckets for %lld rows",
+             (long long)T);
+    CdgKey key = cd_key(smax, smax, nh, nkv, hd, ldq, ldk, ldo, 1, bwd, batch);
+    *plan = cd_plan(&key);
+    cdg_workspace(w, T, T, nh, nkv, hd, bwd, key.deterministic, batch);
+    const size_t base = cd_align((size_t)(*plan)->ws); /* cuDNN's part first, then ours */
+    *ws = cuda_cudnn_workspace(base + (size_t)w->bytes);
+    *own = *ws + base;
+    int64_t mult[CDG_NOFF];
+    int64_t *off[CDG_NOFF];
+    const int noff = bwd ? CDG_NOFF : 4;
+    cdg_varlen_mults(mult, &key);
+    for (int i = 0; i < noff; i++) off[i] = (int64_t *)(*own + w->off[i]);
+    int32_t *seq = (int32_t *)(*own + w->seq);
+    cuda_cudnn_varlen_rows(seq, off, mult, noff, pos, doc_pos, T, batch, smax);
+    uids[*n] = CDG_UID_SEQ_Q, ptrs[(*n)++] = seq;
+    uids[*n] = CDG_UID_SEQ_KV, ptrs[(*n)++] = seq;
+    for (int i = 0; i < noff; i++) uids[*n] = CDG_UID_OFF_Q + i, ptrs[(*n)++] = off[i];
+    return key;
 }
 
 void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const void *k, const void *v,
@@ -462,10 +515,28 @@ void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const vo
                                ldk, ldo, causal);
         return;
     }
-    CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 0);
+    if (r == CDG_ROUTE_VARLEN) {
+        CdPlan *p;
+        CdgWorkspace w;
+        char *own, *ws;
+        int64_t uids[16];
+        void *ptrs[16];
+        int n = 0;
+        cd_varlen_prepare(hint, pos_q, doc_pos_q, Tq, nh, nkv, hd, ldq, ldk, ldo, 0, &p, &w, &own, &ws, uids, ptrs, &n);
+        float scale = 1.0f / sqrtf((float)hd), neg_inf = -INFINITY;
+        float *stats = (float *)(own + w.stats); /* (Tq, nh): our lse's layout */
+        const int64_t u[7] = {CDG_UID_Q, CDG_UID_K, CDG_UID_V, CDG_UID_O, CDG_UID_STATS, CDG_UID_SCALE, CDG_UID_NEG_INF};
+        void *const pp[7] = {(void *)q, (void *)k, (void *)v, out, stats, &scale, &neg_inf};
+        for (int i = 0; i < 7; i++) uids[n] = u[i], ptrs[n++] = pp[i];
+        cd_execute(p, n, uids, ptrs, ws);
+        cuda_cudnn_copy_f32(lse, stats, Tq * nh);
+        cd_counts[0]++, cd_varlen_counts[0]++;
+        return;
+    }
+    CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 0, 0);
     CdPlan *p = cd_plan(&key);
     CdgWorkspace w;
-    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 0, 0);
+    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 0, 0, 0);
     const size_t base = cd_align((size_t)p->ws); /* cuDNN's part first, then ours */
     char *ws = cuda_cudnn_workspace(base + (size_t)w.bytes), *own = ws + base;
     float *stats = (float *)(own + w.stats);
@@ -491,11 +562,41 @@ void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *
                                 nh, nkv, hd, ldq, ldk, ldo, causal);
         return;
     }
-    CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 1);
-    CdPlan *p = cd_plan(&key);
     const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+    if (r == CDG_ROUTE_VARLEN) {
+        CdPlan *p;
+        CdgWorkspace w;
+        char *own, *ws;
+        int64_t uids[32];
+        void *ptrs[32];
+        int n = 0;
+        CdgKey key = cd_varlen_prepare(hint, pos_q, doc_pos_q, Tq, nh, nkv, hd, ldq, ldk, ldo, 1, &p, &w, &own, &ws,
+                                       uids, ptrs, &n);
+        RS_CHECK(!key.deterministic, "cuDNN variable length: a deterministic backward (cudnn_det runs ours)");
+        cuda_cudnn_copy_f32((float *)(own + w.stats), lse, Tq * nh); /* (Tq, nh) both */
+        float scale = 1.0f / sqrtf((float)hd), one = 1.0f, neg_inf = -INFINITY;
+        const int64_t u[14] = {CDG_UID_Q,  CDG_UID_K,     CDG_UID_V,     CDG_UID_O,   CDG_UID_DO,
+                               CDG_UID_STATS, CDG_UID_DQ, CDG_UID_DK,    CDG_UID_DV,  CDG_UID_SCALE,
+                               CDG_UID_ONE, CDG_UID_SOFTMAX_SUM, CDG_UID_DQ_ACCUM, CDG_UID_NEG_INF};
+        void *const pp[14] = {(void *)q,       (void *)k,    (void *)v,    (void *)out, (void *)dout,
+                              own + w.stats,   own + w.dq,   own + w.dk,   own + w.dv,  &scale,
+                              &one,            own + w.softmax_sum, own + w.dq_accum, &neg_inf};
+        for (int i = 0; i < 14; i++) uids[n] = u[i], ptrs[n++] = pp[i];
+        if (nh != nkv) {
+            uids[n] = CDG_UID_DK_FULL, ptrs[n++] = own + w.dk_full;
+            uids[n] = CDG_UID_DV_FULL, ptrs[n++] = own + w.dv_full;
+        }
+        cd_execute(p, n, uids, ptrs, ws);
+        cuda_cudnn_add_bf16(dq, own + w.dq, Tq, (int)qd, ldq, (int)qd);
+        cuda_cudnn_add_bf16(dk, own + w.dk, Tk, (int)kvd, ldk, (int)kvd);
+        cuda_cudnn_add_bf16(dv, own + w.dv, Tk, (int)kvd, ldk, (int)kvd);
+        cd_counts[2]++, cd_varlen_counts[1]++;
+        return;
+    }
+    CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 1, 0);
+    CdPlan *p = cd_plan(&key);
     CdgWorkspace w;
-    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 1, key.deterministic);
+    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 1, key.deterministic, 0);
     const size_t base = cd_align((size_t)p->ws); /* cuDNN's part first, then ours */
     char *ws = cuda_cudnn_workspace(base + (size_t)w.bytes), *own = ws + base;
     cuda_cudnn_lse_to_stats((float *)(own + w.stats), lse, Tq, nh);

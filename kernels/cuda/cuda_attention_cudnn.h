@@ -13,16 +13,20 @@
  * cdg_route) is decided on the host from the caller's AttnHint (lib/backend/attn_hint.h), so nothing waits
  * for the GPU; a NULL hint stops the process. Every call also queues a small check of the hint against
  * the rows on the GPU; a difference lands in the device error word, read where the host waits anyway (the
- * step's loss and gradient norm). The route sends the call to cuDNN (all keys visible, or top-left causal)
- * or to our kernel. The forward converts cuDNN's Stats (nh, Tq) into our lse (Tq, nh); the backward
+ * step's loss and gradient norm). The route sends the call to cuDNN (all keys visible, top-left causal, or
+ * causal within each of several packed documents: variable length, not with cudnn_det) or to our kernel.
+ * The forward converts cuDNN's Stats (nh, Tq) into our lse (Tq, nh) (variable length: Stats is (Tq, nh)
+ * already, copied); the backward
  * transposes our final lse back, runs cuDNN's backward into bf16 dq/dk/dv scratch and adds them into our
  * fp32 accumulators (one bf16 rounding per partial, as the layer's own activation-type gradient). Graphs
  * and plans are built once per (shape, strides, causal, direction) and kept with their workspace.
  *
  * Memory beyond ours: one workspace, grown to the largest call through cuda_internal_alloc (counted as the
  * backend's own) and never shrunk: cuDNN's plan workspace, Stats and softmax_sum, for cudnn (not
- * cudnn_det) cuDNN's fp32 dq accumulator, and the bf16 dq, dk, dv scratch; cdg_workspace has the layout,
- * which `ringscan plan` counts too. Design: docs/design/attention-kernels.md.
+ * cudnn_det) cuDNN's fp32 dq accumulator, and the bf16 dq, dk, dv scratch; for variable length also the
+ * sequences' lengths and offsets and, with GQA, the per-head fp32-sized dk, dv (GQA calls of at most
+ * CDG_VARLEN_GQA_MAX_ROWS rows); cdg_workspace has the layout, which `ringscan plan` counts too. Design:
+ * docs/design/attention-kernels.md.
  *
  * Callers: kernels/cuda/cuda_backend_table.c (cuda_backend_with_cudnn_attention),
  * kernels/cuda/runtime_cuda.c, bench/bench_ops.c (bench attn, cp, step),
@@ -66,6 +70,8 @@ void cuda_attention_cudnn_lower_only(const void *key /* const CdgKey * */);
 
 /* calls so far: [0] forward to cuDNN, [1] forward to ours, [2] backward to cuDNN, [3] backward to ours */
 void cuda_attention_cudnn_counts(int64_t counts[4]);
+/* of those to cuDNN, the variable-length ones (packed documents): [0] forward, [1] backward */
+void cuda_attention_cudnn_varlen_counts(int64_t counts[2]);
 
 /* cuda_backend_table.c: base with attention_forward/backward replaced by the two entries above (a static copy;
  * cuDNN must be loaded first) */
@@ -83,6 +89,15 @@ void *cuda_cudnn_workspace(size_t bytes);
 size_t cuda_cudnn_workspace_room(void);
 void cuda_cudnn_stats_to_lse(float *lse /* (Tq,nh) */, const float *stats /* (nh,Tq) */, int64_t Tq, int nh);
 void cuda_cudnn_lse_to_stats(float *stats /* (nh,Tq) */, const float *lse /* (Tq,nh) */, int64_t Tq, int nh);
+/* variable length: the call's document runs (lib/backend/attn_hint.h: a run begins at row 0 and wherever
+ * pos - doc_pos changes) from its T rows' pos/doc_pos, as cuDNN's sequences: seq[b] = run b's length,
+ * off[i][b] = run b's first row x mult[i] (i < noff), for b < batch; sequences past the runs have length 0
+ * and offset T x mult; off[i][batch] = T x mult[i]. One block; runs beyond batch and lengths beyond smax
+ * (a wrong hint, which cuda_cudnn_hint_check reports) are not written: cuDNN never reads past a sequence. */
+void cuda_cudnn_varlen_rows(int32_t *seq /* (batch) */, int64_t *const *off /* noff x (batch+1) */,
+                            const int64_t *mult, int noff, const int32_t *pos, const int32_t *doc_pos, int64_t T,
+                            int batch, int64_t smax);
+void cuda_cudnn_copy_f32(float *dst, const float *src, int64_t n);
 /* dst[r, 0:cols] += src[r, 0:cols] (fp32 += bf16), row strides ld_dst, ld_src */
 void cuda_cudnn_add_bf16(float *dst, const void *src, int64_t rows, int cols, int ld_dst, int ld_src);
 

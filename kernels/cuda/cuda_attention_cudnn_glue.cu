@@ -5,13 +5,15 @@
  * device error word: nothing is read back), the route's workspace (grown
  * through cuda_internal_alloc, counted), the LSE layout transposes between
  * cuDNN's Stats (nh, Tq) and our lse (Tq, nh) (kernels/cuda/attention/cudnn_graph.h's index
- * maps), and the fp32 += bf16 add of cuDNN's dq/dk/dv into our accumulators.
+ * maps), the variable-length route's sequence lengths and ragged offsets from
+ * the rows, and the fp32 += bf16 add of cuDNN's dq/dk/dv into our accumulators.
  * All on the compute stream.
  *
  * Callers: kernels/cuda/cuda_attention_cudnn.c.
  */
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "attention/cudnn_graph.h"
 #include "cuda_attention_cudnn.h"
@@ -38,12 +40,15 @@ static __global__ void cudnn_hint_rows_kernel(AttnHint *acc, const int32_t *pos_
     atomicAnd(&s.q_consec, h.q_consec), atomicAnd(&s.k_consec, h.k_consec);
     atomicMin(&s.pos_q_min, h.pos_q_min), atomicMax(&s.pos_k_max, h.pos_k_max);
     atomicAnd(&s.rising, h.rising), atomicAnd(&s.same_pos, h.same_pos);
+    atomicAdd(&s.runs, h.runs), atomicMax(&s.run_max, h.run_max), atomicAnd(&s.runs_clean, h.runs_clean);
     __syncthreads();
     if (threadIdx.x == 0) {
         atomicMin(&acc->doc_min, s.doc_min), atomicMax(&acc->doc_max, s.doc_max);
         atomicAnd(&acc->q_consec, s.q_consec), atomicAnd(&acc->k_consec, s.k_consec);
         atomicMin(&acc->pos_q_min, s.pos_q_min), atomicMax(&acc->pos_k_max, s.pos_k_max);
         atomicAnd(&acc->rising, s.rising), atomicAnd(&acc->same_pos, s.same_pos);
+        atomicAdd(&acc->runs, s.runs), atomicMax(&acc->run_max, s.run_max);
+        atomicAnd(&acc->runs_clean, s.runs_clean);
     }
 }
 
@@ -136,5 +141,82 @@ extern "C" void cuda_cudnn_add_bf16(float *dst, const void *src, int64_t rows, i
     if (!n) return;
     cudnn_add_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(
         dst, (const __nv_bfloat16 *)src, rows, cols, ld_dst, ld_src);
+    CUDA_LAUNCH_CHECK();
+}
+
+/* ---- variable length ---- */
+
+enum { VARLEN_THREADS = 1024, VARLEN_NOFF = 6 };
+
+typedef struct {
+    int64_t *off[VARLEN_NOFF];
+    int64_t mult[VARLEN_NOFF];
+} VarlenOut;
+
+/* 1 when row i begins a document run */
+static __device__ int varlen_starts(const int32_t *pos, const int32_t *doc_pos, int64_t i) {
+    return i == 0 || pos[i] - doc_pos[i] != pos[i - 1] - doc_pos[i - 1];
+}
+
+/* One block: each thread counts the run starts in its contiguous share of the rows, a block scan numbers them,
+ * each start's number b records its row in off[0][b] (scaled afterwards); then every b < batch gets its
+ * length and offsets. */
+static __global__ void cudnn_varlen_rows_kernel(int32_t *seq, VarlenOut o, int noff, const int32_t *pos,
+                                                const int32_t *doc_pos, int64_t T, int batch, int64_t smax) {
+    __shared__ int64_t scan[VARLEN_THREADS];
+    __shared__ int64_t nruns;
+    const int tid = threadIdx.x;
+    const int64_t per = (T + VARLEN_THREADS - 1) / VARLEN_THREADS, lo = tid * per, hi = lo + per < T ? lo + per : T;
+    int64_t mine = 0;
+    for (int64_t i = lo; i < hi; i++) mine += varlen_starts(pos, doc_pos, i);
+    scan[tid] = mine;
+    __syncthreads();
+    for (int d = 1; d < VARLEN_THREADS; d *= 2) { /* inclusive scan (Hillis-Steele) */
+        const int64_t add = tid >= d ? scan[tid - d] : 0;
+        __syncthreads();
+        scan[tid] += add;
+        __syncthreads();
+    }
+    if (tid == VARLEN_THREADS - 1) nruns = scan[tid];
+    int64_t b = scan[tid] - mine; /* this thread's first run number */
+    int64_t *start = o.off[0];    /* run starts in rows, scaled below */
+    for (int64_t i = lo; i < hi; i++)
+        if (varlen_starts(pos, doc_pos, i)) {
+            if (b < batch) start[b] = i;
+            b++;
+        }
+    __syncthreads();
+    const int64_t n = nruns < batch ? nruns : batch;
+    for (int64_t j = tid; j < batch; j += VARLEN_THREADS) {
+        const int64_t s = j < n ? start[j] : T, e = j + 1 < n ? start[j + 1] : T;
+        seq[j] = (int32_t)(e - s < smax ? e - s : smax); /* longer only under a wrong hint (reported) */
+    }
+    __syncthreads(); /* every length read its starts before they are scaled */
+    for (int64_t j = tid; j <= batch; j += VARLEN_THREADS) {
+        const int64_t s = j < n ? start[j] : T;
+        for (int i = noff - 1; i >= 0; i--) o.off[i][j] = s * o.mult[i];
+    }
+}
+
+extern "C" void cuda_cudnn_varlen_rows(int32_t *seq, int64_t *const *off, const int64_t *mult, int noff,
+                                       const int32_t *pos, const int32_t *doc_pos, int64_t T, int batch,
+                                       int64_t smax) {
+    RS_CHECK(noff >= 1 && noff <= VARLEN_NOFF && batch >= 1 && T >= 1, "cuda_cudnn_varlen_rows: %d offsets, batch %d, "
+             "%lld rows", noff, batch, (long long)T);
+    VarlenOut o;
+    memset(&o, 0, sizeof o);
+    for (int i = 0; i < noff; i++) o.off[i] = off[i], o.mult[i] = mult[i];
+    cudnn_varlen_rows_kernel<<<1, VARLEN_THREADS, 0, cuda_stream()>>>(seq, o, noff, pos, doc_pos, T, batch, smax);
+    CUDA_LAUNCH_CHECK();
+}
+
+static __global__ void cudnn_copy_f32_kernel(float *dst, const float *src, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+
+extern "C" void cuda_cudnn_copy_f32(float *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    cudnn_copy_f32_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dst, src, n);
     CUDA_LAUNCH_CHECK();
 }

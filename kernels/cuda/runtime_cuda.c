@@ -91,14 +91,22 @@ static void runtime_cuda_open(Comm *comm) {
 
 /* cuDNN's route beside ours (cudnn, cudnn_det; auto counts cudnn's: what it runs where cuDNN loads, which a
  * plan cannot know of the machine that will run the job): cdg_workspace's layout for a backward of rows x
- * rows, and for cudnn_det the rows x rows x heads matrix of its deterministic engines (what makes it fit
- * short calls only). cuDNN's own plan workspace is known once its plan is built, and printed then. */
+ * rows, the larger of one sequence's and variable length's (packed documents, not cudnn_det, where
+ * cdg_varlen_rows_ok lets the call through; at the most sequences cdg_varlen_shape does), and for cudnn_det the rows x rows x heads matrix of its
+ * deterministic engines (what makes it fit short calls only). cuDNN's own plan workspace is known once its
+ * plan is built, and printed then. */
 static size_t runtime_cuda_attention_workspace(int kernel, int64_t rows, int nh, int nkv, int hd) {
     if (kernel == ATTN_KERNEL_RINGSCAN || rows <= 0) return 0;
     const int det = kernel == ATTN_KERNEL_CUDNN_DET;
-    CdgWorkspace w;
-    cdg_workspace(&w, rows, rows, nh, nkv, hd, 1, det);
-    return (size_t)(w.bytes + (det ? cdg_det_plan_bytes(rows, rows, nh) : 0));
+    CdgWorkspace w, v;
+    cdg_workspace(&w, rows, rows, nh, nkv, hd, 1, det, 0);
+    int64_t bytes = w.bytes;
+    if (!det && cdg_varlen_rows_ok(rows, nh, nkv)) {
+        const int64_t most = 16 * (rows > 4096 ? rows : 4096) / 64; /* batch x smax bound, smax >= 64 */
+        cdg_workspace(&v, rows, rows, nh, nkv, hd, 1, 0, (int)(most < INT32_MAX ? most : INT32_MAX));
+        if (v.bytes > bytes) bytes = v.bytes;
+    }
+    return (size_t)(bytes + (det ? cdg_det_plan_bytes(rows, rows, nh) : 0));
 }
 
 static const BackendSizes runtime_cuda_sizes = {

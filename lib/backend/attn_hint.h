@@ -52,14 +52,20 @@ typedef struct AttnHint {
     int32_t pos_q0, pos_k0;       /* first positions (0 for a side without rows) */
     int32_t pos_q_min, pos_k_max; /* least query, greatest key position */
     int32_t rising;               /* 1 when pos[i] > pos[i - 1] for every row of both sides */
-    int32_t same_pos;             /* 1 when Tq == Tk and pos_q[i] == pos_k[i] for every row */
+    int32_t same_pos;             /* 1 when Tq == Tk and pos_q[i] == pos_k[i], doc_pos_q[i] == doc_pos_k[i] for every row */
+    int32_t runs;                 /* query rows: how many document runs (row 0, and every row whose document
+                                   * start differs from the row before it, begins one); 0 without rows */
+    int32_t run_max;              /* query rows: the greatest min(doc_pos[i], i) + 1, the longest run where the
+                                   * positions are consecutive and runs_clean; 0 without rows */
+    int32_t runs_clean;           /* 1 when every query run after the first begins at doc_pos 0 (and no doc_pos
+                                   * is negative): with consecutive positions, no two runs share a document */
 } AttnHint;
 
-enum { ATTN_HINT_FIELDS = 10 };
+enum { ATTN_HINT_FIELDS = 13 };
 
 /* the summary of no rows of a call whose first positions are pos_q0, pos_k0 */
 static inline ATTN_HINT_HD AttnHint attn_hint_begin(int32_t pos_q0, int32_t pos_k0) {
-    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, pos_q0, pos_k0, INT32_MAX, INT32_MIN, 1, 1};
+    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, pos_q0, pos_k0, INT32_MAX, INT32_MIN, 1, 1, 0, 0, 1};
     return h;
 }
 
@@ -73,13 +79,22 @@ static inline ATTN_HINT_HD void attn_hint_add(AttnHint *h, int is_k, int64_t i, 
     if (d < h->doc_min) h->doc_min = d;
     if (d > h->doc_max) h->doc_max = d;
     if (i > 0 && p <= pos[i - 1]) h->rising = 0;
-    if (Tq != Tk || (!is_k && p != pos_k[i])) h->same_pos = 0;
+    if (Tq != Tk || (!is_k && (p != pos_k[i] || doc_q[i] != doc_k[i]))) h->same_pos = 0;
     if (is_k) {
         if ((int64_t)p != (int64_t)h->pos_k0 + i) h->k_consec = 0;
         if (p > h->pos_k_max) h->pos_k_max = p;
     } else {
         if ((int64_t)p != (int64_t)h->pos_q0 + i) h->q_consec = 0;
         if (p < h->pos_q_min) h->pos_q_min = p;
+        const int32_t dp = doc_q[i];
+        if (i == 0) h->runs++;
+        else if (d != pos[i - 1] - doc_q[i - 1]) {
+            h->runs++;
+            if (dp != 0) h->runs_clean = 0;
+        }
+        if (dp < 0) h->runs_clean = 0;
+        const int64_t len = ((int64_t)dp < i ? (int64_t)dp : i) + 1;
+        if (len > h->run_max) h->run_max = (int32_t)len;
     }
 }
 
@@ -93,12 +108,16 @@ static inline ATTN_HINT_HD void attn_hint_join(AttnHint *a, const AttnHint *b) {
     if (b->pos_k_max > a->pos_k_max) a->pos_k_max = b->pos_k_max;
     a->rising &= b->rising;
     a->same_pos &= b->same_pos;
+    a->runs += b->runs;
+    if (b->run_max > a->run_max) a->run_max = b->run_max;
+    a->runs_clean &= b->runs_clean;
 }
 
 /* field i of h in declaration order (messages, device comparison) */
 static inline ATTN_HINT_HD int32_t attn_hint_field(const AttnHint *h, int i) {
-    const int32_t v[ATTN_HINT_FIELDS] = {h->doc_min, h->doc_max,   h->q_consec, h->k_consec, h->pos_q0,
-                                         h->pos_k0,  h->pos_q_min, h->pos_k_max, h->rising,  h->same_pos};
+    const int32_t v[ATTN_HINT_FIELDS] = {h->doc_min,  h->doc_max,   h->q_consec,  h->k_consec, h->pos_q0,
+                                         h->pos_k0,   h->pos_q_min, h->pos_k_max, h->rising,   h->same_pos,
+                                         h->runs,     h->run_max,   h->runs_clean};
     return v[i];
 }
 
@@ -112,7 +131,8 @@ static inline ATTN_HINT_HD int attn_hint_differs(const AttnHint *a, const AttnHi
 static inline const char *attn_hint_field_name(int i) {
     static const char *const names[ATTN_HINT_FIELDS] = {"doc_min",  "doc_max",   "q_consec",  "k_consec",
                                                         "pos_q0",   "pos_k0",    "pos_q_min", "pos_k_max",
-                                                        "rising",   "same_pos"};
+                                                        "rising",   "same_pos",  "runs",      "run_max",
+                                                        "runs_clean"};
     return i >= 0 && i < ATTN_HINT_FIELDS ? names[i] : "?";
 }
 

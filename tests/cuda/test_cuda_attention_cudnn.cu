@@ -21,7 +21,17 @@
  *   cuda_attention_cudnn_gqa           causal GQA 16/2, hd 128 and hd 256
  *   cuda_attention_cudnn_dense         the ring's dense rectangle (every key earlier, causal flag on),
  *                                      GQA 16/2 hd 128, and a non-causal call
- *   cuda_attention_cudnn_documents     a document start inside: routed to ours, same bounds
+ *   cuda_attention_cudnn_documents     a diagonal with a document start inside: cuDNN's variable length;
+ *                                      a rectangle across documents: ours; same bounds
+ *   cuda_attention_cudnn_varlen        packed documents of one call (q rows = k rows), cuDNN's variable
+ *                                      length (ragged q, k, v, out, Stats = our lse, gradients), hd 128: 2
+ *                                      documents, 16 of random lengths, one long and 25 short, two one-row
+ *                                      documents first, the first begun before the call; T not a multiple
+ *                                      of 64, GQA 16/2 and MHA; out, lse, dq, dk, dv against the cpu; every
+ *                                      call on the variable-length route (cuda_attention_cudnn_varlen_counts)
+ *                                      and nothing in the error word
+ *   cuda_attention_cudnn_varlen_hd256  the same at hd 256: a document of one row (GQA 16/2), the first
+ *                                      document begun before the call (MHA 8/8)
  *   cuda_attention_cudnn_ring          a zigzag ring of P = 2 seen from rank 0 (queries = fragments 0
  *                                      and 3 of 4), twice: the rule's causal diagonals and dense
  *                                      rectangles, and one call per step (the own block [0 | 3] causal by
@@ -39,7 +49,9 @@
  *                                      recorded as CUDA_ERR_ATTN_HINT naming the field, with the route the
  *                                      hint asked for; a rank's own block with its fragments the other way
  *                                      round runs ours, and a hint claiming its positions rise (cuDNN's
- *                                      causal, the wrong mask) is recorded naming `rising`
+ *                                      causal, the wrong mask) is recorded naming `rising`; packed rows
+ *                                      whose second run does not begin its document run ours, and a hint
+ *                                      claiming clean runs is recorded naming `runs_clean`
  *
  * Every call passes the hint of its rows, computed on the host (the cpu oracle checks it too).
  */
@@ -130,13 +142,13 @@ static void cc_check_lse(const char *what, const float *got, const float *want, 
     if (m) test_check_rel_f(what, g, w, m, CC_LSE_BOUND);
 }
 
-/* forward and backward of one case against the cpu; expect_cudnn: the calls must go to cuDNN (else to ours) */
-static void cc_run(const char *name, const CcCase *c, int expect_cudnn, uint64_t seed) {
-    CcData a;
-    cc_setup(&a, c, seed);
+/* forward and backward of one case's data against the cpu; expect_cudnn: the calls must go to cuDNN (else to
+ * ours); expect_varlen: and through the variable-length route */
+static void cc_run_data(const char *name, const CcCase *c, CcData &a, int expect_cudnn, int expect_varlen) {
     const int64_t nq = a.nq, nk = a.nk;
-    int64_t c0[4], c1[4];
+    int64_t c0[4], c1[4], v0[2], v1[2];
     cuda_attention_cudnn_counts(c0);
+    cuda_attention_cudnn_varlen_counts(v0);
 
     /* forward */
     float *out_ref = ct_host(nq * a.qd), *lse_ref = ct_host(nq * c->nh);
@@ -190,11 +202,26 @@ static void cc_run(const char *name, const CcCase *c, int expect_cudnn, uint64_t
     test_check_rel_f(what, gv, gv_ref, nk * a.kvd, CC_GRAD_BOUND);
 
     cuda_attention_cudnn_counts(c1);
+    cuda_attention_cudnn_varlen_counts(v1);
     const int64_t on_cudnn = (c1[0] - c0[0]) + (c1[2] - c0[2]), on_ours = (c1[1] - c0[1]) + (c1[3] - c0[3]);
-    printf("%s: calls on cuDNN %lld, on ours %lld\n", name, (long long)on_cudnn, (long long)on_ours);
+    const int64_t on_varlen = (v1[0] - v0[0]) + (v1[1] - v0[1]);
+    printf("%s: calls on cuDNN %lld (variable length %lld), on ours %lld\n", name, (long long)on_cudnn,
+           (long long)on_varlen, (long long)on_ours);
     EXPECT(expect_cudnn ? on_cudnn == 2 && on_ours == 0 : on_cudnn == 0 && on_ours == 2,
            "%s: routed cuDNN %lld / ours %lld, want both calls on %s", name, (long long)on_cudnn, (long long)on_ours,
            expect_cudnn ? "cuDNN" : "ours");
+    EXPECT(on_varlen == (expect_varlen ? 2 : 0), "%s: %lld calls on the variable-length route, want %d", name,
+           (long long)on_varlen, expect_varlen ? 2 : 0);
+    long long field = -1;
+    int value = 0, code = cuda_error_take(&field, &value);
+    EXPECT(code == CUDA_ERR_NONE, "%s: the device error word holds %d (field %s)", name, code,
+           attn_hint_field_name((int)field));
+}
+
+static void cc_run(const char *name, const CcCase *c, int expect_cudnn, uint64_t seed) {
+    CcData a;
+    cc_setup(&a, c, seed);
+    cc_run_data(name, c, a, expect_cudnn, 0);
 }
 
 TEST(cuda_attention_cudnn_causal) {
@@ -225,10 +252,66 @@ TEST(cuda_attention_cudnn_dense) {
 TEST(cuda_attention_cudnn_documents) {
     ct_begin();
     if (!cc_ready(0)) return;
-    CcCase c = {8, 2, 128, 1, 0, 640, 0, 640, 200}; /* a document starts at 200: ours */
-    cc_run("diagonal with a document start", &c, 0, 1906);
+    CcCase c = {8, 2, 128, 1, 0, 640, 0, 640, 200}; /* a document starts at 200: variable length */
+    CcData a;
+    cc_setup(&a, &c, 1906);
+    cc_run_data("diagonal with a document start", &c, a, 1, 1);
     CcCase c2 = {8, 2, 128, 1, 1024, 256, 0, 512, 300}; /* earlier keys of another document: ours */
     cc_run("rectangle across documents", &c2, 0, 1907);
+}
+
+/* ---- packed documents: cuDNN's variable length ---- */
+
+/* one call over T packed rows (q rows = k rows) of documents of the given lengths, positions from p0, the
+ * first document begun `before` tokens before the call */
+static void cc_varlen(const char *name, int nh, int nkv, int hd, const int64_t *len, int nd, int32_t p0,
+                      int32_t before, int expect_varlen, uint64_t seed) {
+    int64_t T = 0;
+    for (int d = 0; d < nd; d++) T += len[d];
+    CcCase c = {nh, nkv, hd, 1, p0, T, p0, T, 0};
+    CcData a;
+    cc_setup(&a, &c, seed);
+    int64_t t = 0;
+    for (int d = 0; d < nd; d++)
+        for (int64_t i = 0; i < len[d]; i++, t++) {
+            a.pq[t] = a.pk[t] = p0 + (int32_t)t;
+            a.dq_[t] = a.dk_[t] = (int32_t)i + (d == 0 ? before : 0);
+        }
+    a.d_pq = ct_up_i32(a.pq, T), a.d_dpq = ct_up_i32(a.dq_, T);
+    a.d_pk = ct_up_i32(a.pk, T), a.d_dpk = ct_up_i32(a.dk_, T);
+    cc_run_data(name, &c, a, 1, expect_varlen);
+}
+
+TEST(cuda_attention_cudnn_varlen) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    int64_t len[64];
+    len[0] = 613, len[1] = 387;
+    cc_varlen("varlen 2 documents, GQA 16/2/128, T 1000", 16, 2, 128, len, 2, 0, 0, 1, 1920);
+    test_rng_seed(1921);
+    int64_t T = 0;
+    for (int d = 0; d < 16; d++) T += len[d] = 1 + (int64_t)(test_uniform() * 250);
+    printf("16 random documents: %lld rows\n", (long long)T);
+    cc_varlen("varlen 16 random documents, GQA 16/2/128", 16, 2, 128, len, 16, 0, 0, 1, 1922);
+    len[0] = 2000;
+    for (int d = 1; d <= 25; d++) len[d] = 40;
+    cc_varlen("varlen one long and 25 short, MHA 8/8/128, T 3000", 8, 8, 128, len, 26, 0, 0, 1, 1923);
+    len[0] = 1, len[1] = 1, len[2] = 998;
+    cc_varlen("varlen two one-row documents first, MHA 4/4/128, T 1000", 4, 4, 128, len, 3, 0, 0, 1, 1926);
+    len[0] = 700, len[1] = 555, len[2] = 245;
+    cc_varlen("varlen first document begun before the call, GQA 16/2/128, T 1500", 16, 2, 128, len, 3, 4096, 100, 1,
+              1927);
+}
+
+/* hd 256 apart (a refusal of cuDNN's stops the process: the hd 128 cases report first) */
+TEST(cuda_attention_cudnn_varlen_hd256) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    int64_t len[3] = {300, 1, 476};
+    cc_varlen("varlen a document of one row, GQA 16/2/256, T 777", 16, 2, 256, len, 3, 0, 0, 1, 1924);
+    len[0] = 700, len[1] = 555, len[2] = 245;
+    cc_varlen("varlen first document begun before the call, MHA 8/8/256, T 1500", 8, 8, 256, len, 3, 4096, 100, 1,
+              1925);
 }
 
 /* ---- a ring step sequence ---- */
@@ -435,8 +518,8 @@ TEST(cuda_attention_cudnn_hint) {
     printf("right hint, one document: %s, error code %d\n", to_cudnn ? "cuDNN" : "ours", code);
     EXPECT(to_cudnn && code == CUDA_ERR_NONE, "one-document diagonal: cuDNN %d, error %d", to_cudnn, code);
     code = cc_forward_with(&b, &cut, &hb, &to_cudnn, &field);
-    printf("right hint, a document start: %s, error code %d\n", to_cudnn ? "cuDNN" : "ours", code);
-    EXPECT(!to_cudnn && code == CUDA_ERR_NONE, "document-masked diagonal: cuDNN %d, error %d", to_cudnn, code);
+    printf("right hint, a document start: %s, error code %d\n", to_cudnn ? "cuDNN (variable length)" : "ours", code);
+    EXPECT(to_cudnn && code == CUDA_ERR_NONE, "document-masked diagonal: cuDNN %d, error %d", to_cudnn, code);
     code = cc_forward_with(&b, &cut, &ha, &to_cudnn, &field); /* masked rows, one document claimed */
     printf("wrong hint (one document claimed): %s, error code %d, field %s\n", to_cudnn ? "cuDNN" : "ours", code,
            attn_hint_field_name((int)field));
@@ -445,8 +528,26 @@ TEST(cuda_attention_cudnn_hint) {
     code = cc_forward_with(&a, &plain, &hb, &to_cudnn, &field); /* plain rows, a document start claimed */
     printf("wrong hint (a document start claimed): %s, error code %d, field %s\n", to_cudnn ? "cuDNN" : "ours", code,
            attn_hint_field_name((int)field));
-    EXPECT(!to_cudnn && code == CUDA_ERR_ATTN_HINT, "a hint claiming a document start: cuDNN %d, error %d", to_cudnn,
-           code);
+    EXPECT(to_cudnn && code == CUDA_ERR_ATTN_HINT, "a hint claiming a document start (variable length): cuDNN %d, "
+           "error %d", to_cudnn, code);
+    /* packed documents whose second run does not begin its document: ours by its hint; a hint claiming clean
+     * runs would send it to variable length (the runs' mask is not ours) and is recorded naming runs_clean */
+    CcData r;
+    cc_setup(&r, &cut, 1913);
+    for (int64_t i = 200; i < r.nq; i++) r.dq_[i] = r.dk_[i] = (int32_t)(i - 200 + 7);
+    r.d_dpq = ct_up_i32(r.dq_, r.nq), r.d_dpk = ct_up_i32(r.dk_, r.nk);
+    const AttnHint hr = attn_hint_rows(r.pq, r.dq_, r.nq, r.pk, r.dk_, r.nk);
+    code = cc_forward_with(&r, &cut, &hr, &to_cudnn, &field);
+    printf("right hint, a run not beginning its document: %s, error code %d\n", to_cudnn ? "cuDNN" : "ours", code);
+    EXPECT(!hr.runs_clean && !to_cudnn && code == CUDA_ERR_NONE, "unclean runs: clean %d, cuDNN %d, error %d",
+           hr.runs_clean, to_cudnn, code);
+    AttnHint clean = hr;
+    clean.runs_clean = 1;
+    code = cc_forward_with(&r, &cut, &clean, &to_cudnn, &field);
+    printf("wrong hint (clean runs claimed): %s, error code %d, field %s\n", to_cudnn ? "cuDNN" : "ours", code,
+           attn_hint_field_name((int)field));
+    EXPECT(to_cudnn && code == CUDA_ERR_ATTN_HINT && !strcmp(attn_hint_field_name((int)field), "runs_clean"),
+           "a hint claiming clean runs: cuDNN %d, error %d, field %lld", to_cudnn, code, field);
     /* a rank's own block with its fragments the other way round ([3 | 0]: positions fall once): ours by its
      * hint; a hint claiming they rise would send it to cuDNN's causal by row index, the wrong mask */
     CcData f;

@@ -15,10 +15,12 @@
  *                        by row index) equals ours (documents, causal by pos) on every (query, key) pair
  *   attn_hint_must_fail  a hint of other rows (one document start moved by one token, one position
  *                        shifted) differs from the rows', and cpu_attention_forward given it exits non-zero
- *                        (in a child process) while the right hint passes
+ *                        (in a child process) while the right hint passes; a hint whose document runs
+ *                        (runs, run_max, runs_clean) differ from the rows' differs too
  *   attn_cudnn_workspace the layout's regions are 256-byte aligned, disjoint, each as large as its tensor,
  *                        present by direction and form (no dq accumulator for cudnn_det), and the total is
- *                        the header's formula
+ *                        the header's formula; the variable-length layout's too (lengths, offsets, GQA's
+ *                        per-head dk, dv) beside the one-sequence regions
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,10 +47,19 @@ static void th_rows(int32_t *pos, int32_t *doc_pos, int64_t lo, int64_t hi, cons
 /* the summary from its definition, written apart from the fold */
 static AttnHint th_reference(const int32_t *pq, const int32_t *dq, int64_t Tq, const int32_t *pk, const int32_t *dk,
                              int64_t Tk) {
-    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, Tq ? pq[0] : 0, Tk ? pk[0] : 0, INT32_MAX, INT32_MIN, 1, Tq == Tk};
+    AttnHint h = {INT32_MAX, INT32_MIN, 1, 1, Tq ? pq[0] : 0, Tk ? pk[0] : 0, INT32_MAX, INT32_MIN, 1, Tq == Tk,
+                  0, 0, 1};
     for (int64_t i = 0; i < Tq; i++) {
         if (i && pq[i] <= pq[i - 1]) h.rising = 0;
-        if (i < Tk && pq[i] != pk[i]) h.same_pos = 0;
+        if (i < Tk && (pq[i] != pk[i] || dq[i] != dk[i])) h.same_pos = 0;
+        /* runs: a run begins at row 0 and wherever the document start changes; its length so far is the rows
+         * since then, capped by doc_pos + 1 (what the fold computes without looking back) */
+        if (i == 0 || pq[i] - dq[i] != pq[i - 1] - dq[i - 1]) {
+            h.runs++;
+            if (i && dq[i] != 0) h.runs_clean = 0;
+        }
+        if (dq[i] < 0) h.runs_clean = 0;
+        if ((dq[i] < i ? dq[i] : i) + 1 > h.run_max) h.run_max = (int32_t)((dq[i] < i ? dq[i] : i) + 1);
         h.doc_min = pq[i] - dq[i] < h.doc_min ? pq[i] - dq[i] : h.doc_min;
         h.doc_max = pq[i] - dq[i] > h.doc_max ? pq[i] - dq[i] : h.doc_max;
         h.pos_q_min = pq[i] < h.pos_q_min ? pq[i] : h.pos_q_min;
@@ -91,7 +102,7 @@ static AttnHint th_strided(const int32_t *pq, const int32_t *dq, int64_t Tq, con
 TEST(attn_hint_fold) {
     enum { N = 40, MAXP = 4 };
     static int32_t pq[N], dq[N], pk[N], dk[N];
-    int64_t calls = 0, bad = 0, routed[3] = {0}, own_causal = 0;
+    int64_t calls = 0, bad = 0, routed[CDG_ROUTE_COUNT] = {0}, own_causal = 0;
     test_rng_seed(22);
     for (int trial = 0; trial < 600; trial++) {
         const int P = trial % 2 ? 2 : MAXP, nseg = 2 * P;
@@ -143,13 +154,18 @@ TEST(attn_hint_fold) {
                    attn_hint_field_name(f1), f1 >= 0 ? attn_hint_field(&rows, f1) : 0, attn_hint_field_name(f2),
                    f2 >= 0 ? attn_hint_field(&dev, f2) : 0, f1 >= 0 ? attn_hint_field(&ref, f1) : 0,
                    f2 >= 0 ? attn_hint_field(&ref, f2) : 0, route_differs);
-        /* the mask cuDNN applies on its route (every key, or key row j <= query row i) is ours exactly */
+        /* the mask cuDNN applies on its route (every key, key row j <= query row i, or that within each run of
+         * the query rows for variable length) is ours exactly */
         int64_t wrong = 0;
+        int run[N];
+        for (int64_t i = 0; i < nq; i++)
+            run[i] = i == 0 ? 0 : run[i - 1] + (pq[q0 + i] - dq[q0 + i] != pq[q0 + i - 1] - dq[q0 + i - 1]);
         for (int64_t i = 0; r != CDG_ROUTE_OURS && i < nq; i++)
             for (int64_t j = 0; j < nk; j++) {
                 const int ours = pq[q0 + i] - dq[q0 + i] == pk[k0 + j] - dk[k0 + j] &&
                                  (!causal || pk[k0 + j] <= pq[q0 + i]);
-                wrong += ours != (r == CDG_ROUTE_DENSE || j <= i);
+                const int theirs = r == CDG_ROUTE_DENSE || (j <= i && (r != CDG_ROUTE_VARLEN || run[i] == run[j]));
+                wrong += ours != theirs;
             }
         if (wrong && bad++ < 3)
             EXPECT(0, "trial %d: route %d masks %lld (query, key) pairs differently from ours", trial, (int)r,
@@ -159,9 +175,10 @@ TEST(attn_hint_fold) {
         own_causal += trial % 6 == 5 && r == CDG_ROUTE_CAUSAL;
     }
     printf("attn_hint_fold: %lld calls, summaries and masks equal on %lld; routes ours %lld, cuDNN dense %lld, "
-           "causal %lld (a rank's own block: %lld)\n",
+           "causal %lld (a rank's own block: %lld), variable length %lld\n",
            (long long)calls, (long long)(calls - bad), (long long)routed[CDG_ROUTE_OURS],
-           (long long)routed[CDG_ROUTE_DENSE], (long long)routed[CDG_ROUTE_CAUSAL], (long long)own_causal);
+           (long long)routed[CDG_ROUTE_DENSE], (long long)routed[CDG_ROUTE_CAUSAL], (long long)own_causal,
+           (long long)routed[CDG_ROUTE_VARLEN]);
     EXPECT(bad == 0, "%lld calls with differing summaries or routes", (long long)bad);
     EXPECT(own_causal >= 3, "only %lld of a rank's own blocks went to cuDNN causal", (long long)own_causal);
     EXPECT(routed[CDG_ROUTE_OURS] > 50 && routed[CDG_ROUTE_DENSE] > 20 && routed[CDG_ROUTE_CAUSAL] > 5,
@@ -207,6 +224,19 @@ TEST(attn_hint_must_fail) {
     printf("cpu_attention_forward exit status: right hint %d, wrong hint %d, no hint %d\n", ok, wrong, none);
     EXPECT(ok == 0 && none == 0, "the right hint or none failed: %d %d", ok, none);
     EXPECT(wrong != 0, "a wrong hint passed the cpu backend's check");
+    /* the document runs' fields take part in the check: each one off, the rest right */
+    for (int f = 0; f < 3; f++) {
+        AttnHint t = right;
+        if (f == 0) t.runs++;
+        else if (f == 1) t.run_max--;
+        else t.runs_clean = 0;
+        const int d = attn_hint_differs(&t, &right);
+        EXPECT(d >= 10 && strcmp(attn_hint_field_name(d), f == 0 ? "runs" : f == 1 ? "run_max" : "runs_clean") == 0,
+               "run field %d: differs at %s", f, attn_hint_field_name(d));
+        EXPECT(th_forward_status(&t, pos, dp, N) != 0, "a hint with run field %d wrong passed the cpu check", f);
+    }
+    EXPECT(right.runs == 2 && right.run_max == N - 23 && right.runs_clean, "runs %d, run_max %d, clean %d",
+           right.runs, right.run_max, right.runs_clean);
 }
 
 TEST(attn_cudnn_workspace) {
@@ -219,7 +249,7 @@ TEST(attn_cudnn_workspace) {
                 const int nh = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2], bwd = mode > 0, det = mode == 2;
                 const int64_t Tq = Ts[t][0], Tk = Ts[t][1];
                 CdgWorkspace w;
-                cdg_workspace(&w, Tq, Tk, nh, nkv, hd, bwd, det);
+                cdg_workspace(&w, Tq, Tk, nh, nkv, hd, bwd, det, 0);
                 const int64_t off[6] = {w.stats, w.softmax_sum, w.dq_accum, w.dq, w.dk, w.dv};
                 const int64_t need[6] = {Tq * nh * 4, Tq * nh * 4, Tq * nh * hd * 4, Tq * nh * hd * 2,
                                          Tk * nkv * hd * 2, Tk * nkv * hd * 2};
@@ -242,8 +272,40 @@ TEST(attn_cudnn_workspace) {
                 EXPECT(w.bytes == want, "total %lld, formula %lld", (long long)w.bytes, (long long)want);
                 n++;
             }
+    /* variable length: the one-sequence regions, then the lengths, the offsets and GQA's per-head dk, dv */
+    for (int gqa = 0; gqa < 2; gqa++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            const int64_t T = 4000;
+            const int nh = 16, nkv = gqa ? 2 : 16, hd = 128, batch = 32;
+            CdgWorkspace w, d;
+            cdg_workspace(&w, T, T, nh, nkv, hd, bwd, 0, batch);
+            cdg_workspace(&d, T, T, nh, nkv, hd, bwd, 0, 0);
+            int64_t off[16], need[16];
+            int k = 0;
+            off[k] = w.stats, need[k++] = T * nh * 4;
+            if (bwd) {
+                off[k] = w.softmax_sum, need[k++] = T * nh * 4;
+                off[k] = w.dq_accum, need[k++] = T * nh * hd * 4;
+                off[k] = w.dq, need[k++] = T * nh * hd * 2;
+                off[k] = w.dk, need[k++] = T * nkv * hd * 2;
+                off[k] = w.dv, need[k++] = T * nkv * hd * 2;
+            }
+            off[k] = w.seq, need[k++] = batch * 4;
+            for (int i = 0; i < (bwd ? CDG_NOFF : 4); i++) off[k] = w.off[i], need[k++] = (batch + 1) * 8;
+            EXPECT((w.dk_full >= 0) == (bwd && gqa) && (w.dv_full >= 0) == (bwd && gqa), "per-head regions");
+            if (w.dk_full >= 0) off[k] = w.dk_full, need[k++] = T * nh * hd * 4;
+            if (w.dv_full >= 0) off[k] = w.dv_full, need[k++] = T * nh * hd * 4;
+            for (int i = 0; i < k; i++) {
+                EXPECT(off[i] >= 0 && off[i] % 256 == 0 && off[i] + need[i] <= w.bytes, "varlen region %d", i);
+                for (int j = 0; j < i; j++)
+                    EXPECT(off[j] + need[j] <= off[i] || off[i] + need[i] <= off[j], "varlen regions %d, %d overlap",
+                           j, i);
+            }
+            EXPECT(w.stats == d.stats && w.dq == d.dq && w.bytes > d.bytes, "varlen regions moved the others");
+            n++;
+        }
     CdgWorkspace w;
-    cdg_workspace(&w, 262144, 262144, 16, 2, 128, 1, 0);
+    cdg_workspace(&w, 262144, 262144, 16, 2, 128, 1, 0, 0);
     printf("attn_cudnn_workspace: %d layouts; the 1M cp 2 backward (256k rows, 16/2/128, cudnn): %.2f GiB\n", n,
            w.bytes / 1073741824.0);
 }

@@ -18,6 +18,7 @@ static int cdg_tensor(CdgGraph *g, int64_t uid, int dtype, const int64_t dim[4],
                       int by_value, const char *name) {
     RS_CHECK(g->nt < CDG_MAX_TENSORS, "cdg: more than %d tensors", CDG_MAX_TENSORS);
     CdgTensor *t = &g->t[g->nt];
+    memset(t, 0, sizeof *t);
     t->uid = uid;
     t->dtype = dtype;
     memcpy(t->dim, dim, sizeof t->dim);
@@ -37,10 +38,16 @@ static int cdg_scalar(CdgGraph *g, int64_t uid, const char *name) {
     return cdg_tensor(g, uid, CDA_DATA_FLOAT, one, one, 0, 1, name);
 }
 
+/* tensor i (when it exists) is ragged by the offsets of uid off (0: not ragged) */
+static int cdg_ragged(CdgGraph *g, int i, int64_t off) {
+    if (i >= 0) g->t[i].ragged_uid = off;
+    return i;
+}
+
 static void cdg_op(CdgGraph *g, CdgOpKind kind, int mode, int comp, int64_t axis, int x, int b, int t, int y,
                    const char *name) {
     RS_CHECK(g->nop < CDG_MAX_OPS, "cdg: more than %d operations", CDG_MAX_OPS);
-    g->op[g->nop++] = (CdgOp){kind, mode, comp, axis, x, b, t, y, name};
+    g->op[g->nop++] = (CdgOp){kind, mode, comp, axis, x, b, t, y, name, -1, -1, -1};
 }
 
 /* y = f(x [, b]) elementwise, fp32 compute; y a new virtual tensor of x's shape unless given */
@@ -57,8 +64,12 @@ static int cdg_reduce(CdgGraph *g, int mode, int x, int y, const int64_t dim[4],
     return y;
 }
 
-static int cdg_matmul(CdgGraph *g, int a, int b, int c, const char *name) {
+/* C = A B; with variable length, each sequence's product cut to its M x N (over K) by the length tensors
+ * m, n, k (-1: that dimension not cut), as cudnn-frontend's SDPA graphs give them */
+static int cdg_matmul_cut(CdgGraph *g, int a, int b, int c, int m, int n, int k, const char *name) {
     cdg_op(g, CDG_MATMUL, 0, CDA_DATA_FLOAT, -1, a, b, -1, c, name);
+    CdgOp *o = &g->op[g->nop - 1];
+    o->mo = m, o->no = n, o->ko = k;
     return c;
 }
 
@@ -76,29 +87,74 @@ static int cdg_causal(CdgGraph *g, int s, int neg_inf) {
     return out;
 }
 
+/* the padding mask of variable length: S[b, .., i, j] kept where i < seq_q[b] and j < seq_kv[b], else -inf
+ * (int32 indices, boolean compares, as cudnn-frontend's padding_mask) */
+static int cdg_padding(CdgGraph *g, int s, int neg_inf, int seq_q, int seq_kv) {
+    const int64_t *d = g->t[s].dim, *st = g->t[s].stride;
+    int row = cdg_virtual(g, CDA_DATA_INT32, d, st, "padding row index");
+    int col = cdg_virtual(g, CDA_DATA_INT32, d, st, "padding column index");
+    int rk = cdg_virtual(g, CDA_DATA_BOOLEAN, d, st, "row < seq_len_q");
+    int ck = cdg_virtual(g, CDA_DATA_BOOLEAN, d, st, "column < seq_len_kv");
+    int keep = cdg_virtual(g, CDA_DATA_BOOLEAN, d, st, "inside the sequence");
+    int out = cdg_virtual(g, CDA_DATA_FLOAT, d, st, "padded scores");
+    cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_GEN_INDEX, CDA_DATA_INT32, 2, s, -1, -1, row, "gen padding row index");
+    cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_GEN_INDEX, CDA_DATA_INT32, 3, s, -1, -1, col, "gen padding column index");
+    cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_CMP_LT, CDA_DATA_BOOLEAN, -1, row, seq_q, -1, rk, "row < seq_len_q");
+    cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_CMP_LT, CDA_DATA_BOOLEAN, -1, col, seq_kv, -1, ck, "column < seq_len_kv");
+    cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_LOGICAL_AND, CDA_DATA_BOOLEAN, -1, rk, ck, -1, keep, "row and column in");
+    cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_BINARY_SELECT, CDA_DATA_FLOAT, -1, s, neg_inf, keep, out, "padding select");
+    return out;
+}
+
+void cdg_varlen_mults(int64_t mult[CDG_NOFF], const CdgKey *k) {
+    mult[0] = k->ldq, mult[1] = k->ldk, mult[2] = k->ldo, mult[3] = k->nh;
+    mult[4] = (int64_t)k->nh * k->hd, mult[5] = (int64_t)k->nkv * k->hd;
+}
+
 void cdg_build(CdgGraph *g, const CdgKey *k) {
     memset(g, 0, sizeof *g);
-    const int64_t Tq = k->Tq, Tk = k->Tk, nh = k->nh, nkv = k->nkv, hd = k->hd;
+    const int vl = k->batch > 0;
+    const int64_t B = vl ? k->batch : 1, Tq = k->Tq, Tk = k->Tk, nh = k->nh, nkv = k->nkv, hd = k->hd;
     const int64_t ldq = k->ldq, ldk = k->ldk, ldo = k->ldo;
-    const int64_t dQ[4] = {1, nh, Tq, hd}, sQ[4] = {Tq * ldq, hd, ldq, 1};
-    const int64_t dKT[4] = {1, nkv, hd, Tk}, sKT[4] = {Tk * ldk, hd, 1, ldk};
-    const int64_t dV[4] = {1, nkv, Tk, hd}, sV[4] = {Tk * ldk, hd, ldk, 1};
+    const int64_t dQ[4] = {B, nh, Tq, hd}, sQ[4] = {Tq * ldq, hd, ldq, 1};
+    const int64_t dKT[4] = {B, nkv, hd, Tk}, sKT[4] = {Tk * ldk, hd, 1, ldk};
+    const int64_t dV[4] = {B, nkv, Tk, hd}, sV[4] = {Tk * ldk, hd, ldk, 1};
     const int64_t sO[4] = {Tq * ldo, hd, ldo, 1};
-    const int64_t dS[4] = {1, nh, Tq, Tk}, sS[4] = {nh * Tq * Tk, Tq * Tk, Tk, 1};
-    const int64_t dR[4] = {1, nh, Tq, 1}, sR[4] = {nh * Tq, Tq, 1, 1};
-    const int64_t dST[4] = {1, nh, Tk, Tq}, sST[4] = {nh * Tq * Tk, Tq * Tk, 1, Tk};
+    const int64_t dS[4] = {B, nh, Tq, Tk}, sS[4] = {nh * Tq * Tk, Tq * Tk, Tk, 1};
+    const int64_t dR[4] = {B, nh, Tq, 1}, sR[4] = {nh * Tq, Tq, 1, 1};
+    const int64_t dST[4] = {B, nh, Tk, Tq}, sST[4] = {nh * Tq * Tk, Tq * Tk, 1, Tk};
+    /* Stats and softmax_sum: (nh, Tq) for one sequence; ragged (rows, nh), our lse's layout, for variable length */
+    const int64_t sStats[4] = {vl ? Tq * nh : nh * Tq, vl ? 1 : Tq, vl ? nh : 1, 1};
 
-    int q = cdg_tensor(g, CDG_UID_Q, CDA_DATA_BFLOAT16, dQ, sQ, 0, 0, "Q");
-    int kt = cdg_tensor(g, CDG_UID_K, CDA_DATA_BFLOAT16, dKT, sKT, 0, 0, "K^T");
+    /* variable length: the lengths and the offsets first (their users name them) */
+    int seq_q = -1, seq_kv = -1;
+    int64_t off[CDG_NOFF] = {0};
+    if (vl) {
+        const int64_t dL[4] = {B, 1, 1, 1}, dO1[4] = {B + 1, 1, 1, 1}, s1[4] = {1, 1, 1, 1};
+        static const char *const names[CDG_NOFF] = {"offsets q",     "offsets k|v",    "offsets out|dout",
+                                                    "offsets Stats", "offsets dq",     "offsets dk|dv"};
+        seq_q = cdg_tensor(g, CDG_UID_SEQ_Q, CDA_DATA_INT32, dL, s1, 0, 0, "seq_len_q");
+        seq_kv = cdg_tensor(g, CDG_UID_SEQ_KV, CDA_DATA_INT32, dL, s1, 0, 0, "seq_len_kv");
+        for (int i = 0; i < (k->bwd ? CDG_NOFF : 4); i++) {
+            off[i] = CDG_UID_OFF_Q + i;
+            cdg_tensor(g, off[i], CDA_DATA_INT64, dO1, s1, 0, 0, names[i]);
+        }
+    }
+    const int64_t oQ = off[0], oKV = off[1], oO = off[2], oSt = off[3], oDQ = off[4], oDKV = off[5];
+
+    int q = cdg_ragged(g, cdg_tensor(g, CDG_UID_Q, CDA_DATA_BFLOAT16, dQ, sQ, 0, 0, "Q"), oQ);
+    int kt = cdg_ragged(g, cdg_tensor(g, CDG_UID_K, CDA_DATA_BFLOAT16, dKT, sKT, 0, 0, "K^T"), oKV);
     int scale = cdg_scalar(g, CDG_UID_SCALE, "scale");
-    int neg_inf = k->causal ? cdg_scalar(g, CDG_UID_NEG_INF, "-inf") : -1;
-    int stats = cdg_tensor(g, CDG_UID_STATS, CDA_DATA_FLOAT, dR, sR, 0, 0, "Stats");
+    int neg_inf = k->causal || vl ? cdg_scalar(g, CDG_UID_NEG_INF, "-inf") : -1;
+    int stats = cdg_ragged(g, cdg_tensor(g, CDG_UID_STATS, CDA_DATA_FLOAT, dR, sStats, 0, 0, "Stats"), oSt);
 
     if (!k->bwd) {
-        int v = cdg_tensor(g, CDG_UID_V, CDA_DATA_BFLOAT16, dV, sV, 0, 0, "V");
-        int o = cdg_tensor(g, CDG_UID_O, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "O");
-        int s = cdg_matmul(g, q, kt, cdg_virtual(g, CDA_DATA_FLOAT, dS, sS, "S = Q K^T"), "bmm1 Q K^T");
+        int v = cdg_ragged(g, cdg_tensor(g, CDG_UID_V, CDA_DATA_BFLOAT16, dV, sV, 0, 0, "V"), oKV);
+        int o = cdg_ragged(g, cdg_tensor(g, CDG_UID_O, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "O"), oO);
+        int s = cdg_matmul_cut(g, q, kt, cdg_virtual(g, CDA_DATA_FLOAT, dS, sS, "S = Q K^T"), seq_q, seq_kv, -1,
+                               "bmm1 Q K^T");
         s = cdg_pw(g, CDA_POINTWISE_MUL, s, scale, -1, "S * scale");
+        if (vl) s = cdg_padding(g, s, neg_inf, seq_q, seq_kv);
         if (k->causal) s = cdg_causal(g, s, neg_inf);
         int m = cdg_reduce(g, CDA_REDUCE_TENSOR_MAX, s, -1, dR, sR, "rowmax");
         int e = cdg_pw(g, CDA_POINTWISE_SUB, s, m, -1, "S - max");
@@ -108,21 +164,21 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
         cdg_pw(g, CDA_POINTWISE_ADD, m, logl, stats, "Stats = max + log rowsum");
         int p = cdg_virtual(g, CDA_DATA_BFLOAT16, dS, sS, "P");
         cdg_pw(g, CDA_POINTWISE_DIV, e, l, p, "P = exp / rowsum");
-        cdg_matmul(g, p, v, o, "bmm2 P V");
+        cdg_matmul_cut(g, p, v, o, seq_q, -1, seq_kv, "bmm2 P V");
         return;
     }
 
     const int64_t qd = nh * hd, kvd = nkv * hd;
-    const int64_t dVT[4] = {1, nkv, hd, Tk}, sVT[4] = {Tk * ldk, hd, 1, ldk};
-    int vt = cdg_tensor(g, CDG_UID_V, CDA_DATA_BFLOAT16, dVT, sVT, 0, 0, "V^T");
-    int o = cdg_tensor(g, CDG_UID_O, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "O");
-    int dout = cdg_tensor(g, CDG_UID_DO, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "dO");
+    const int64_t dVT[4] = {B, nkv, hd, Tk}, sVT[4] = {Tk * ldk, hd, 1, ldk};
+    int vt = cdg_ragged(g, cdg_tensor(g, CDG_UID_V, CDA_DATA_BFLOAT16, dVT, sVT, 0, 0, "V^T"), oKV);
+    int o = cdg_ragged(g, cdg_tensor(g, CDG_UID_O, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "O"), oO);
+    int dout = cdg_ragged(g, cdg_tensor(g, CDG_UID_DO, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "dO"), oO);
     const int64_t sDQ[4] = {Tq * qd, hd, qd, 1}, sDKV[4] = {Tk * kvd, hd, kvd, 1};
-    int dq = cdg_tensor(g, CDG_UID_DQ, CDA_DATA_BFLOAT16, dQ, sDQ, 0, 0, "dQ");
-    int dk = cdg_tensor(g, CDG_UID_DK, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dK");
-    int dv = cdg_tensor(g, CDG_UID_DV, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dV");
+    int dq = cdg_ragged(g, cdg_tensor(g, CDG_UID_DQ, CDA_DATA_BFLOAT16, dQ, sDQ, 0, 0, "dQ"), oDQ);
+    int dk = cdg_ragged(g, cdg_tensor(g, CDG_UID_DK, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dK"), oDKV);
+    int dv = cdg_ragged(g, cdg_tensor(g, CDG_UID_DV, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dV"), oDKV);
     int one = cdg_scalar(g, CDG_UID_ONE, "1");
-    int ssum = cdg_tensor(g, CDG_UID_SOFTMAX_SUM, CDA_DATA_FLOAT, dR, sR, 0, 0, "softmax_sum");
+    int ssum = cdg_ragged(g, cdg_tensor(g, CDG_UID_SOFTMAX_SUM, CDA_DATA_FLOAT, dR, sStats, 0, 0, "softmax_sum"), oSt);
 
     /* D = rowsum(dO * O) (cuDNN's own virtual layout for the product, as cudnn-frontend gives it) */
     const int64_t sDOO[4] = {nh * Tq * hd, Tq * hd, nh * hd, 1};
@@ -130,25 +186,33 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
     int dsum = cdg_reduce(g, CDA_REDUCE_TENSOR_ADD, doo, -1, dR, sR, "rowsum dO * O");
     cdg_pw(g, CDA_POINTWISE_MUL, dsum, one, ssum, "softmax_sum = D * 1");
 
-    /* P = exp(S * scale - Stats), masked */
-    int s = cdg_matmul(g, q, kt, cdg_virtual(g, CDA_DATA_FLOAT, dS, sS, "S = Q K^T"), "bmm Q K^T");
+    /* P = exp(S * scale - Stats), masked (variable length: the padding before Stats, as cudnn-frontend) */
+    int s = cdg_matmul_cut(g, q, kt, cdg_virtual(g, CDA_DATA_FLOAT, dS, sS, "S = Q K^T"), seq_q, seq_kv, -1,
+                           "bmm Q K^T");
     s = cdg_pw(g, CDA_POINTWISE_MUL, s, scale, -1, "S * scale");
+    if (vl) s = cdg_padding(g, s, neg_inf, seq_q, seq_kv);
     s = cdg_pw(g, CDA_POINTWISE_SUB, s, stats, -1, "S - Stats");
     if (k->causal) s = cdg_causal(g, s, neg_inf);
     int p = cdg_pw(g, CDA_POINTWISE_EXP, s, -1, -1, "P = exp");
 
-    /* dV = P^T dO (GQA: all nh heads, then each group summed) */
+    /* dV = P^T dO (GQA: all nh heads, then each group summed; variable length: the per-head products bound,
+     * ragged like dV with each row nh hd wide) */
     int pt = cdg_virtual(g, CDA_DATA_BFLOAT16, dST, sST, "P^T");
     cdg_op(g, CDG_RESHAPE, 0, CDA_DATA_FLOAT, -1, p, -1, -1, pt, "reshape P^T");
-    const int64_t dF[4] = {1, nh, Tk, hd}, sF[4] = {nh * Tk * hd, Tk * hd, hd, 1};
-    if (nh == nkv) cdg_matmul(g, pt, dout, dv, "bmm P^T dO");
+    const int64_t dF[4] = {B, nh, Tk, hd}, sF[4] = {nh * Tk * hd, Tk * hd, hd, 1};
+    const int64_t sFull[4] = {Tk * qd, hd, qd, 1};
+    if (nh == nkv) cdg_matmul_cut(g, pt, dout, dv, seq_kv, -1, seq_q, "bmm P^T dO");
     else {
-        int f = cdg_matmul(g, pt, dout, cdg_virtual(g, CDA_DATA_BFLOAT16, dF, sF, "dV all heads"), "bmm P^T dO");
-        cdg_reduce(g, CDA_REDUCE_TENSOR_ADD, f, dv, NULL, NULL, "dV group sum");
+        int full = vl ? cdg_ragged(g, cdg_tensor(g, CDG_UID_DV_FULL, CDA_DATA_BFLOAT16, dF, sFull, 0, 0, "dV all heads"),
+                                   oDKV)
+                      : cdg_virtual(g, CDA_DATA_BFLOAT16, dF, sF, "dV all heads");
+        int f = cdg_matmul_cut(g, pt, dout, full, seq_kv, -1, seq_q, "bmm P^T dO");
+        cdg_reduce(g, CDA_REDUCE_TENSOR_ADD, f, dv, dV, sDKV, "dV group sum");
     }
 
     /* dS = (dO V^T - D) * P * scale */
-    int dp = cdg_matmul(g, dout, vt, cdg_virtual(g, CDA_DATA_FLOAT, dS, sS, "dP = dO V^T"), "bmm dO V^T");
+    int dp = cdg_matmul_cut(g, dout, vt, cdg_virtual(g, CDA_DATA_FLOAT, dS, sS, "dP = dO V^T"), seq_q, seq_kv, -1,
+                            "bmm dO V^T");
     dp = cdg_pw(g, CDA_POINTWISE_SUB, dp, ssum, -1, "dP - D");
     dp = cdg_pw(g, CDA_POINTWISE_MUL, dp, p, -1, "(dP - D) * P");
     int ds = cdg_pw(g, CDA_POINTWISE_MUL, dp, scale, -1, "dS = ... * scale");
@@ -156,21 +220,24 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
     /* dK = dS^T Q */
     int dst = cdg_virtual(g, CDA_DATA_BFLOAT16, dST, sST, "dS^T");
     cdg_op(g, CDG_RESHAPE, 0, CDA_DATA_FLOAT, -1, ds, -1, -1, dst, "reshape dS^T");
-    if (nh == nkv) cdg_matmul(g, dst, q, dk, "bmm dS^T Q");
+    if (nh == nkv) cdg_matmul_cut(g, dst, q, dk, seq_kv, -1, seq_q, "bmm dS^T Q");
     else {
         const int64_t sFK[4] = {nh * Tk * hd, Tk * hd, hd, 1};
-        int f = cdg_matmul(g, dst, q, cdg_virtual(g, CDA_DATA_BFLOAT16, dF, sFK, "dK all heads"), "bmm dS^T Q");
-        cdg_reduce(g, CDA_REDUCE_TENSOR_ADD, f, dk, NULL, NULL, "dK group sum");
+        int full = vl ? cdg_ragged(g, cdg_tensor(g, CDG_UID_DK_FULL, CDA_DATA_BFLOAT16, dF, sFull, 0, 0, "dK all heads"),
+                                   oDKV)
+                      : cdg_virtual(g, CDA_DATA_BFLOAT16, dF, sFK, "dK all heads");
+        int f = cdg_matmul_cut(g, dst, q, full, seq_kv, -1, seq_q, "bmm dS^T Q");
+        cdg_reduce(g, CDA_REDUCE_TENSOR_ADD, f, dk, dV, sDKV, "dK group sum");
     }
 
-    /* dQ = dS K (K from K^T by a reshape) */
-    int kr = cdg_virtual(g, CDA_DATA_BFLOAT16, dV, sV, "K");
+    /* dQ = dS K (K from K^T by a reshape, ragged like K) */
+    int kr = cdg_ragged(g, cdg_virtual(g, CDA_DATA_BFLOAT16, dV, sV, "K"), oKV);
     cdg_op(g, CDG_RESHAPE, 0, CDA_DATA_FLOAT, -1, kt, -1, -1, kr, "reshape K");
-    if (k->deterministic) cdg_matmul(g, ds, kr, dq, "bmm dS K");
+    if (k->deterministic) cdg_matmul_cut(g, ds, kr, dq, seq_q, -1, seq_kv, "bmm dS K");
     else {
         const int64_t sA[4] = {nh * Tq * hd, Tq * hd, hd, 1};
-        int acc = cdg_tensor(g, CDG_UID_DQ_ACCUM, CDA_DATA_FLOAT, dQ, sA, 0, 0, "dq_accum");
-        cdg_matmul(g, ds, kr, acc, "bmm dS K");
+        int acc = cdg_ragged(g, cdg_tensor(g, CDG_UID_DQ_ACCUM, CDA_DATA_FLOAT, dQ, vl ? sDQ : sA, 0, 0, "dq_accum"), oDQ);
+        cdg_matmul_cut(g, ds, kr, acc, seq_q, -1, seq_kv, "bmm dS K");
         cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_IDENTITY, CDA_DATA_FLOAT, -1, acc, -1, -1, dq, "dQ = dq_accum");
     }
 }
@@ -208,8 +275,16 @@ static int cdg_check_shapes(const CdgGraph *g, const CdgOp *o, char *err, size_t
     switch (o->kind) {
     case CDG_MATMUL:
         if (!b) CDG_FAIL("%s: matmul without B", o->name);
+        for (int i = 0; i < 3; i++) {
+            const int ov = i == 0 ? o->mo : i == 1 ? o->no : o->ko;
+            if (ov < 0) continue;
+            const CdgTensor *L = &g->t[ov];
+            if (L->dtype != CDA_DATA_INT32 || L->is_virtual || L->by_value || L->dim[0] != y->dim[0] || L->dim[1] != 1 ||
+                L->dim[2] != 1 || L->dim[3] != 1)
+                CDG_FAIL("%s: override %s is not an int32 (batch,1,1,1) bound tensor", o->name, L->name);
+        }
         if (x->dim[3] != b->dim[2] || y->dim[2] != x->dim[2] || y->dim[3] != b->dim[3] || y->dim[1] != x->dim[1] ||
-            x->dim[1] % b->dim[1] || x->dim[0] != 1 || b->dim[0] != 1 || y->dim[0] != 1)
+            x->dim[1] % b->dim[1] || x->dim[0] != b->dim[0] || y->dim[0] != x->dim[0])
             CDG_FAIL("%s: (%lld,%lld,%lld) x (%lld,%lld,%lld) -> (%lld,%lld,%lld) is not a batched product", o->name,
                      (long long)x->dim[1], (long long)x->dim[2], (long long)x->dim[3], (long long)b->dim[1],
                      (long long)b->dim[2], (long long)b->dim[3], (long long)y->dim[1], (long long)y->dim[2],
@@ -250,12 +325,29 @@ int cdg_check(const CdgGraph *g, char *err, size_t n) {
             CDG_FAIL("tensor %s: virtual tensors, and only they, take uids from %d", g->t[i].name, CDG_UID_VIRTUAL);
         for (int d = 0; d < 4; d++)
             if (g->t[i].dim[d] < 1 || g->t[i].stride[d] < 1) CDG_FAIL("tensor %s: dim or stride %d < 1", g->t[i].name, d);
+        if (g->t[i].ragged_uid) {
+            int r = -1;
+            for (int j = 0; j < i; j++)
+                if (g->t[j].uid == g->t[i].ragged_uid) r = j;
+            if (r < 0) CDG_FAIL("tensor %s: its ragged offsets are not a tensor built before it", g->t[i].name);
+            const CdgTensor *R = &g->t[r];
+            if (R->dtype != CDA_DATA_INT64 || R->is_virtual || R->by_value || R->dim[0] != g->t[i].dim[0] + 1 ||
+                R->dim[1] != 1 || R->dim[2] != 1 || R->dim[3] != 1)
+                CDG_FAIL("tensor %s: ragged offsets %s are not int64 (batch+1,1,1,1) bound", g->t[i].name, R->name);
+            used[r] = 1;
+        }
     }
     for (int k = 0; k < g->nop; k++) {
         const CdgOp *o = &g->op[k];
         const int ins[3] = {o->x, o->b, o->t};
-        if (o->x < 0 || o->y < 0 || o->x >= g->nt || o->y >= g->nt || o->b >= g->nt || o->t >= g->nt)
+        if (o->x < 0 || o->y < 0 || o->x >= g->nt || o->y >= g->nt || o->b >= g->nt || o->t >= g->nt ||
+            o->mo >= g->nt || o->no >= g->nt || o->ko >= g->nt)
             CDG_FAIL("operation %s: tensor index out of range", o->name);
+        if (o->kind != CDG_MATMUL && (o->mo >= 0 || o->no >= 0 || o->ko >= 0))
+            CDG_FAIL("operation %s: length overrides on a non-matmul", o->name);
+        const int ovs[3] = {o->mo, o->no, o->ko};
+        for (int i = 0; i < 3; i++)
+            if (ovs[i] >= 0) used[ovs[i]] = 1;
         for (int i = 0; i < 3; i++) {
             if (ins[i] < 0) continue;
             const CdgTensor *t = &g->t[ins[i]];
@@ -287,13 +379,39 @@ CdgRoute cdg_route(const AttnHint *m, int64_t Tq, int64_t Tk, int nh, int nkv, i
     if (Tq < 1 || Tk < 1) w_ = "no rows";
     else if (Tq == 1 && Tk == 1) w_ = "one query and one key (cuDNN refuses)";
     else if (hd % 8 || hd > 256 || nkv < 1 || nh % nkv) w_ = "head shape cuDNN does not take";
-    else if (m->doc_min != m->doc_max) w_ = "document-masked";
+    else if (m->doc_min != m->doc_max) {
+        int32_t b;
+        int64_t smax;
+        if (!causal) w_ = "document-masked, every key";
+        else if (Tq != Tk || !m->q_consec || !m->k_consec || m->pos_q0 != m->pos_k0 || !m->same_pos)
+            w_ = "document-masked, the query rows not the key rows";
+        else if (!m->runs_clean) w_ = "document-masked, a document run that does not begin its document";
+        else if (!cdg_varlen_rows_ok(Tq, nh, nkv)) w_ = "document-masked, GQA over more rows than variable length takes";
+        else if (cdg_varlen_shape(m, Tq, &b, &smax)) w_ = "document-masked, too many or too uneven documents";
+        else if ((int64_t)b * nh > CDG_VARLEN_MAX_BATCH_HEADS) w_ = "document-masked, too many documents x heads";
+        else r = CDG_ROUTE_VARLEN, w_ = "causal within each document (variable length)";
+    }
     else if (!causal || m->pos_k_max <= m->pos_q_min) r = CDG_ROUTE_DENSE, w_ = "every key visible";
     else if (m->q_consec && m->k_consec && m->pos_q0 == m->pos_k0) r = CDG_ROUTE_CAUSAL, w_ = "causal diagonal";
     else if (m->same_pos && m->rising) r = CDG_ROUTE_CAUSAL, w_ = "causal over the keys' own rows, positions rising";
     else w_ = "causal with shifted or gapped positions";
     if (why) *why = w_;
     return r;
+}
+
+static int64_t cdg_pow2_at_least(int64_t x, int64_t lo) {
+    int64_t p = lo;
+    while (p < x) p *= 2;
+    return p;
+}
+
+int cdg_varlen_rows_ok(int64_t rows, int nh, int nkv) { return nh == nkv || rows <= CDG_VARLEN_GQA_MAX_ROWS; }
+
+int cdg_varlen_shape(const AttnHint *h, int64_t T, int32_t *batch, int64_t *smax) {
+    const int64_t b = cdg_pow2_at_least(h->runs, 2), s = cdg_pow2_at_least(h->run_max, 64);
+    *batch = (int32_t)(b < INT32_MAX ? b : INT32_MAX);
+    *smax = s;
+    return b * s > 16 * (T > 4096 ? T : 4096) ? -1 : 0;
 }
 
 int cdg_route_fast(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int causal) {
@@ -308,10 +426,12 @@ static int64_t cdg_region(int64_t *end, int64_t bytes) {
     return at;
 }
 
-void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic) {
+void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic,
+                   int batch) {
     const int64_t qe = Tq * nh * hd, kve = Tk * nkv * hd;
     int64_t end = 0;
-    *w = (CdgWorkspace){.stats = -1, .softmax_sum = -1, .dq_accum = -1, .dq = -1, .dk = -1, .dv = -1};
+    *w = (CdgWorkspace){.stats = -1, .softmax_sum = -1, .dq_accum = -1, .dq = -1, .dk = -1, .dv = -1, .seq = -1,
+                        .off = {-1, -1, -1, -1, -1, -1}, .dk_full = -1, .dv_full = -1};
     w->stats = cdg_region(&end, Tq * nh * 4);
     if (bwd) {
         w->softmax_sum = cdg_region(&end, Tq * nh * 4);
@@ -319,6 +439,14 @@ void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int
         w->dq = cdg_region(&end, qe * 2);
         w->dk = cdg_region(&end, kve * 2);
         w->dv = cdg_region(&end, kve * 2);
+    }
+    if (batch > 0) {
+        w->seq = cdg_region(&end, (int64_t)batch * 4);
+        for (int i = 0; i < (bwd ? CDG_NOFF : 4); i++) w->off[i] = cdg_region(&end, ((int64_t)batch + 1) * 8);
+        if (bwd && nh != nkv) {
+            w->dk_full = cdg_region(&end, Tk * nh * hd * 4);
+            w->dv_full = cdg_region(&end, Tk * nh * hd * 4);
+        }
     }
     w->bytes = end;
 }
