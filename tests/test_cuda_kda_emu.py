@@ -3,6 +3,8 @@ built against a host emulation of the CUDA they use (tests/cuda/kda_emu/: one ho
 barriers, warp shuffles through per-warp slots), checked against the cpu oracle with the GPU test's bounds. This
 proves the kernels' indexing, chunk bookkeeping, synchronisation structure and algebra in CI; the GPU run
 (`build/test_cuda cuda_kda`) proves the rest (the device's arithmetic, real concurrency, shared-memory limits).
+The tensor-core pieces (gdn_warp_mma of kernels/cuda/cuda_gdn_mma.h) run as tests/cuda/kda_emu/inc/cuda_gdn_mma.h,
+checked against a plain GEMM for the four transpose combinations (test_emulated_warp_mma).
 
 Each case can fail: the comparison against the oracle, the bitwise equality of every kept / staged / prep path with
 the plain call, and cuda_kda_check_can_fail (a missed document start must show). The emulation runs blocks one at a
@@ -29,6 +31,14 @@ def kda_emu(tmp_path_factory):
     r = run(["bash", ROOT / "tests/cuda/kda_emu/build.sh", out, BUILD], timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     return out / "kda_emu"
+
+
+def test_emulated_warp_mma(kda_emu):
+    r = run([kda_emu.parent / "mma_check"], timeout=300)
+    assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
+    for at in (0, 1):
+        for bt in (0, 1):
+            assert f"mma AT={at} BT={bt}: worst error" in r.stdout and r.stdout.count(": ok") == 4, r.stdout
 
 
 @pytest.mark.parametrize("case", CASES)

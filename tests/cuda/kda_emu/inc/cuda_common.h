@@ -5,8 +5,10 @@
  * arrays; __syncthreads is a barrier of the block, the warp shuffles and ballots exchange through per-warp slots
  * between two barriers of the warp (so a shuffle or barrier reached by part of a warp or block deadlocks, as it
  * is undefined on the GPU). Device memory is host memory; copies and memsets happen at once. bf16 is a 16-bit
- * struct with round-to-nearest-even conversions. Only what kernels/cuda/kda/ and the KDA test use; it cannot run
- * inline PTX (a tensor-core version of the kernels needs the GPU). Build and run: build.sh (tests/test_cuda_kda_emu.py).
+ * struct with round-to-nearest-even conversions. Only what kernels/cuda/kda/ and the KDA test use; it runs no inline
+ * PTX: the tensor-core pieces the kernels use come from cuda_gdn_mma.h beside it (the warp GEMM of
+ * kernels/cuda/cuda_gdn_mma.h, each lane computing its own accumulator elements). Build and run: build.sh
+ * (tests/test_cuda_kda_emu.py).
  */
 #ifndef RS_CUDA_COMMON_H
 #define RS_CUDA_COMMON_H
