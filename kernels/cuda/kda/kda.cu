@@ -43,9 +43,11 @@
 
 #include "backend/backend.h" /* GDN_KEPT_*, GDN_BWD_*, gdn_kept_flags_fault */
 #include "cuda_common.h"
+#include "cuda_gdn_mma.h"
 #include "cuda_kernels.h"
 
 #include "common.cuh"
+#include "mma.cuh"
 #include "index.cuh"
 #include "prep.cuh"
 #include "state_pass.cuh"
@@ -222,17 +224,25 @@ static void kda_qk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *
 }
 
 /* the forward state pass over dv columns (and dk more for the transition's M when M_out) */
+template <int DK>
+static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, const float *S0, const float *tinv,
+                             const bf16 *k, const bf16 *v, const float *g, const float *beta, const KdaBufs *b,
+                             const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq, int ldv) {
+    const size_t smem = KdaSfwdSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_state_fwd_kernel<DK>, smem, "state_fwd");
+    const int ncol = dv + (M_out ? DK : 0);
+    kda_state_fwd_kernel<DK><<<dim3((unsigned)(ncol / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+        hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+}
+
 static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, float *M_out, const float *S0,
                           const float *tinv, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
-    KdaCarve c(NULL);
-    float *f[9];
-    const size_t smem = kda_sfwd_smem(dk, &c, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8]);
-    kda_smem_attr(kda_state_fwd_kernel, smem, "state_fwd");
-    const int ncol = dv + (M_out ? dk : 0);
-    kda_state_fwd_kernel<<<dim3((unsigned)(ncol / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq, ldv);
-    CUDA_LAUNCH_CHECK();
+    if (dk == 128)
+        kda_state_fwd_dk<128>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv);
+    else
+        kda_state_fwd_dk<64>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv);
 }
 
 static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, const float *dS_final,

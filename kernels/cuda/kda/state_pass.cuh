@@ -21,20 +21,6 @@
  */
 #pragma once
 
-static __host__ __device__ size_t kda_sfwd_smem(int dk, KdaCarve *c, float **sS, float **sK, float **sG, float **sGK,
-                                                float **sW, float **sTb, float **sV, float **sVn, float **sGL) {
-    *sS = c->take<float>((size_t)dk * (KDA_BV + 1));
-    *sK = c->take<float>((size_t)KDA_C * dk);
-    *sG = c->take<float>((size_t)KDA_C * dk);
-    *sGK = c->take<float>((size_t)KDA_C * dk);
-    *sW = c->take<float>((size_t)KDA_C * dk);
-    *sTb = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sV = c->take<float>((size_t)KDA_C * (KDA_BV + 1));
-    *sVn = c->take<float>((size_t)KDA_C * (KDA_BV + 1));
-    *sGL = c->take<float>((size_t)dk);
-    return c->off;
-}
-
 /* The chunk's factors every state pass needs: sK = k rows (fp32) then, in place, dec * k; sG the gate cumsum;
  * sGK = gam * k; sGL = gam_{L-1}; sTb[i][j] = Tinv_ij beta_j; then sW = sTb sGK. All threads; ends synchronised. */
 KDA_DEV void kda_state_factors(float *sK, float *sG, float *sGK, float *sW, float *sTb, float *sGL, const bf16 *k,
@@ -71,67 +57,151 @@ KDA_DEV void kda_state_factors(float *sK, float *sG, float *sGK, float *sW, floa
     __syncthreads();
 }
 
+/* the forward pass's shared memory (DK = dk): the gate cumsum G and the fp32 state S (DK x 32) with gam_{L-1};
+ * bf16 hi / lo tiles, rows padded by 8: Tb = Tinv diag(beta) (64 x 64), X = gam * k then dec * k (64 x DK),
+ * W (64 x DK), S (DK x 32), vn (64 x 32); v (64 x 32, bf16 as read). ~170 KB at DK = 128. */
+template <int DK> struct KdaSfwdSmem {
+    static constexpr int LDK = DK + 8, LDT = KDA_C + 8, LDB = KDA_BV + 8, LDS = KDA_BV + 1;
+    float *G, *S, *GL;
+    bf16 *tbh, *tbl, *xh, *xl, *wh, *wl, *sh, *sl, *v, *vnh, *vnl;
+    size_t bytes;
+    __host__ __device__ explicit KdaSfwdSmem(void *b) {
+        KdaCarve c(b);
+        G = c.take<float>((size_t)KDA_C * DK);
+        S = c.take<float>((size_t)DK * LDS);
+        GL = c.take<float>(DK);
+        tbh = c.take<bf16>((size_t)KDA_C * LDT);
+        tbl = c.take<bf16>((size_t)KDA_C * LDT);
+        xh = c.take<bf16>((size_t)KDA_C * LDK);
+        xl = c.take<bf16>((size_t)KDA_C * LDK);
+        wh = c.take<bf16>((size_t)KDA_C * LDK);
+        wl = c.take<bf16>((size_t)KDA_C * LDK);
+        sh = c.take<bf16>((size_t)DK * LDB);
+        sl = c.take<bf16>((size_t)DK * LDB);
+        v = c.take<bf16>((size_t)KDA_C * LDB);
+        vnh = c.take<bf16>((size_t)KDA_C * LDB);
+        vnl = c.take<bf16>((size_t)KDA_C * LDB);
+        bytes = c.off;
+    }
+};
+
+/* Tensor cores (mma.cuh: split operands, three-term products). Per chunk, 8 warps: warp w owns rows
+ * [16 (w % 4), +16) of W (half w / 4 of its DK columns), of U = Tb V and of vn (16 of the 32 columns), and rows
+ * [16 w, +16) of the state update (DK = 128: all 32 columns; DK = 64: rows 16 (w % 4), half w / 4 of the columns). */
+template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
     float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
     float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
     const bf16 *k, const bf16 *v, const float *g, const float *beta, const float *tinv /* (T,nv,64) */,
-    const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv,
-    int ldq, int ldv) {
+    const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq,
+    int ldv) {
+    using Sm = KdaSfwdSmem<DK>;
+    constexpr int LDK = Sm::LDK, LDT = Sm::LDT, LDB = Sm::LDB, LDS = Sm::LDS;
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    KdaCarve cv(kda_smem);
-    float *sS, *sK, *sG, *sGK, *sW, *sTb, *sV, *sVn, *sGL;
-    kda_sfwd_smem(dk, &cv, &sS, &sK, &sG, &sGK, &sW, &sTb, &sV, &sVn, &sGL);
+    const Sm s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     const int col0 = blockIdx.x * KDA_BV, is_M = col0 >= dv; /* dv is a multiple of 32: a block is S or M */
-    const int ld = KDA_BV + 1;
-    const size_t sn = (size_t)dk * dv;
-    for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    const size_t sn = (size_t)DK * dv;
+    for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
         const int a = i / KDA_BV, cc = i % KDA_BV;
         float x = 0.0f;
         if (is_M) x = a == col0 - dv + cc ? 1.0f : 0.0f;
         else if (S0) x = S0[h * sn + (size_t)a * dv + col0 + cc];
-        sS[a * ld + cc] = x;
+        s.S[a * LDS + cc] = x;
     }
     __syncthreads();
     for (int c = 0; c < nc; c++) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+        const int64_t t0 = ch.t0;
+        /* the entering state: stored, split */
+        for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
             const int a = i / KDA_BV, cc = i % KDA_BV;
-            if (ch.reset) sS[a * ld + cc] = 0.0f;
-            else if (hs && !is_M) hs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = sS[a * ld + cc];
+            float x = s.S[a * LDS + cc];
+            if (ch.reset) s.S[a * LDS + cc] = x = 0.0f;
+            else if (hs && !is_M) hs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
+            kda_split(x, &s.sh[a * LDB + cc], &s.sl[a * LDB + cc]);
         }
         for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
             const int r = i / KDA_BV, cc = i % KDA_BV;
-            sV[r * ld + cc] =
-                !is_M && r < L ? __bfloat162float(v[(ch.t0 + r) * ldv + (int64_t)h * dv + col0 + cc]) : 0.0f;
+            s.v[r * LDB + cc] = !is_M && r < L ? v[(t0 + r) * ldv + (int64_t)h * dv + col0 + cc] : __float2bfloat16(0.0f);
         }
-        kda_state_factors(sK, sG, sGK, sW, sTb, sGL, k, g, beta, tinv, ch, h, kh, nv, dk, ldq);
-        /* vn_r = U_r - W_r S (U_r = sum_{j <= r} Tinv_rj beta_j v_j; rows >= L are 0) */
-        for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
-            const int r = i / KDA_BV, cc = i % KDA_BV;
-            float x = 0.0f;
-            for (int j = 0; j <= r; j++) x += sTb[r * KDA_LDT + j] * sV[j * ld + cc];
-            for (int a = 0; a < dk; a++) x += -sW[r * dk + a] * sS[a * ld + cc];
-            sVn[r * ld + cc] = x;
-            if (vn && !is_M && r < L) vn[((ch.t0 + r) * nv + h) * (int64_t)dv + col0 + cc] = x;
+        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
+            const int r = i / KDA_C, j = i % KDA_C;
+            const float x =
+                r < L && j <= r ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] * beta[(t0 + j) * nv + h] : 0.0f;
+            kda_split(x, &s.tbh[r * LDT + j], &s.tbl[r * LDT + j]);
+        }
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK);
+        __syncthreads();
+        /* X = gam * k (rows >= L: 0), gam_{L-1} */
+        for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+            const int r = i / DK, a = i % DK;
+            const float kv = r < L ? __bfloat162float(k[(t0 + r) * ldq + (int64_t)kh * DK + a]) : 0.0f;
+            kda_split(expf(s.G[i]) * kv, &s.xh[r * LDK + a], &s.xl[r * LDK + a]);
+            if (r == 0) s.GL[a] = expf(s.G[(L - 1) * DK + a]);
         }
         __syncthreads();
-        /* S = Diag(gam_{L-1}) S + sum_j (dec_j * k_j) vn_j^T */
-        for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
-            const int a = i / KDA_BV, cc = i % KDA_BV;
-            float x = sGL[a] * sS[a * ld + cc];
-            for (int j = 0; j < L; j++) x += sK[j * dk + a] * sVn[j * ld + cc];
-            sS[a * ld + cc] = x;
+        /* W = Tb X, U = Tb V */
+        float aw[1][DK / 16][4], au[1][2][4];
+        gdn_zero(aw);
+        gdn_zero(au);
+        kda_mma3<1, DK / 16, false, KDA_C>(aw, s.tbh, s.tbl, LDT, s.xh, s.xl, LDK, 16 * mt, half * (DK / 2));
+        kda_mma2<1, 2, false, KDA_C>(au, s.tbh, s.tbl, LDT, s.v, LDB, 16 * mt, 16 * half);
+        __syncthreads(); /* X is read: it becomes dec * k */
+#pragma unroll
+        for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * mt + gdn_frag_row(e), a = half * (DK / 2) + 8 * ni + gdn_frag_col(e);
+                kda_split(aw[0][ni][e], &s.wh[r * LDK + a], &s.wl[r * LDK + a]);
+            }
+        for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+            const int r = i / DK, a = i % DK;
+            const float kv = r < L ? __bfloat162float(k[(t0 + r) * ldq + (int64_t)kh * DK + a]) : 0.0f;
+            kda_split(expf(s.G[(L - 1) * DK + a] - s.G[i]) * kv, &s.xh[r * LDK + a], &s.xl[r * LDK + a]);
+        }
+        __syncthreads();
+        /* vn = U - W S (rows >= L: 0) */
+        {
+            float ws[1][2][4];
+            gdn_zero(ws);
+            kda_mma3<1, 2, false, DK>(ws, s.wh, s.wl, LDK, s.sh, s.sl, LDB, 16 * mt, 16 * half);
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 16 * mt + gdn_frag_row(e), cc = 16 * half + 8 * ni + gdn_frag_col(e);
+                    const float x = au[0][ni][e] - ws[0][ni][e];
+                    if (vn && !is_M && r < L) vn[((t0 + r) * nv + h) * (int64_t)dv + col0 + cc] = x;
+                    kda_split(x, &s.vnh[r * LDB + cc], &s.vnl[r * LDB + cc]);
+                }
+        }
+        __syncthreads();
+        /* S = Diag(gam_{L-1}) S + (dec * K)^T vn */
+        {
+            constexpr int NTS = DK == 128 ? 4 : 2;
+            const int m0 = DK == 128 ? 16 * w : 16 * mt, n0 = DK == 128 ? 0 : 16 * half;
+            float as[1][NTS][4];
+            gdn_zero(as);
+            kda_mma3<1, NTS, true, KDA_C>(as, s.xh, s.xl, LDK, s.vnh, s.vnl, LDB, m0, n0);
+#pragma unroll
+            for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+                    s.S[a * LDS + cc] = s.GL[a] * s.S[a * LDS + cc] + as[0][ni][e];
+                }
         }
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < dk * KDA_BV; i += KDA_THREADS) {
+    for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
         const int a = i / KDA_BV, cc = i % KDA_BV;
         if (is_M) {
-            if (M_out) M_out[((size_t)h * dk + a) * dk + col0 - dv + cc] = sS[a * ld + cc];
+            if (M_out) M_out[((size_t)h * DK + a) * DK + col0 - dv + cc] = s.S[a * LDS + cc];
         } else if (S_out) {
-            S_out[h * sn + (size_t)a * dv + col0 + cc] = sS[a * ld + cc];
+            S_out[h * sn + (size_t)a * dv + col0 + cc] = s.S[a * LDS + cc];
         }
     }
 }
