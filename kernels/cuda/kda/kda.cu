@@ -245,20 +245,28 @@ static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, 
         kda_state_fwd_dk<64>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv);
 }
 
+template <int DK>
+static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS_final, const float *tinv,
+                             const bf16 *q, const bf16 *k, const float *g, const float *beta, const bf16 *dout,
+                             const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq,
+                             int ldo) {
+    const size_t smem = KdaSbwdSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_state_bwd_kernel<DK>, smem, "state_bwd");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    kda_state_bwd_kernel<DK><<<dim3((unsigned)(dv / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+        dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq,
+        ldo, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
 static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, const float *dS_final,
                           const float *tinv, const bf16 *q, const bf16 *k, const float *g, const float *beta,
                           const bf16 *dout, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
                           int ldo) {
-    KdaCarve c(NULL);
-    float *f[10];
-    const size_t smem =
-        kda_sbwd_smem(dk, &c, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9]);
-    kda_smem_attr(kda_state_bwd_kernel, smem, "state_bwd");
-    const float scale = (float)(1.0 / sqrt((double)dk));
-    kda_state_bwd_kernel<<<dim3((unsigned)(dv / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq,
-        ldo, scale);
-    CUDA_LAUNCH_CHECK();
+    if (dk == 128)
+        kda_state_bwd_dk<128>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo);
+    else
+        kda_state_bwd_dk<64>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo);
 }
 
 static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
