@@ -269,16 +269,22 @@ static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, 
         kda_state_bwd_dk<64>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo);
 }
 
+template <int DK>
+static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
+                          const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+    const size_t smem = KdaOutSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_output_kernel<DK>, smem, "output");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    kda_output_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        o, q, g, hs, vn, b->qk, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
 static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
                        const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo) {
-    KdaCarve c(NULL);
-    float *f[3];
-    const size_t smem = kda_out_smem(dk, &c, &f[0], &f[1], &f[2]);
-    kda_smem_attr(kda_output_kernel, smem, "output");
-    const float scale = (float)(1.0 / sqrt((double)dk));
-    kda_output_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        o, q, g, hs, vn, b->qk, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq, ldo, scale);
-    CUDA_LAUNCH_CHECK();
+    RS_CHECK(dv == dk, "kda output: dim_v = %d != dim_k = %d", dv, dk);
+    if (dk == 128) kda_output_dk<128>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);
+    else kda_output_dk<64>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);
 }
 
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
