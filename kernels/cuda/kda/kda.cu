@@ -199,28 +199,36 @@ static void kda_index(const KdaBufs *b, const int32_t *doc_pos, int64_t T) {
     CUDA_LAUNCH_CHECK();
 }
 
+template <int DK>
+static void kda_prep_dk(float *tinv, const bf16 *k, const float *g, const float *beta, const KdaBufs *b,
+                        const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
+    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_prep_kernel<DK>, smem, "prep");
+    kda_prep_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts,
+                                                                                    b->meta, doc_pos, T, nk, nv, ldq);
+    CUDA_LAUNCH_CHECK();
+}
+
 static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *g, const float *beta,
                      const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int ldq) {
-    KdaCarve c(NULL);
-    bf16 *p1, *p2;
-    float *f1, *f2, *f3, *f4;
-    const size_t smem = kda_prep_smem(dk, &c, &p1, &p2, &f1, &f2, &f3, &f4);
-    kda_smem_attr(kda_prep_kernel, smem, "prep");
-    kda_prep_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts, b->meta,
-                                                                                doc_pos, T, nk, nv, dk, ldq);
+    if (dk == 128) kda_prep_dk<128>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
+    else kda_prep_dk<64>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
+}
+
+template <int DK>
+static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos,
+                      int64_t T, int nk, int nv, int ldq) {
+    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_qk_kernel<DK>, smem, "qk");
+    kda_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(b->qk, q, k, g, b->starts, b->meta,
+                                                                                  doc_pos, T, nk, nv, ldq);
     CUDA_LAUNCH_CHECK();
 }
 
 static void kda_qk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos, int64_t T,
                    int nk, int nv, int dk, int ldq) {
-    KdaCarve c(NULL);
-    bf16 *p1, *p2;
-    float *f1, *f2, *f3, *f4;
-    const size_t smem = kda_prep_smem(dk, &c, &p1, &p2, &f1, &f2, &f3, &f4);
-    kda_smem_attr(kda_qk_kernel, smem, "qk");
-    kda_qk_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(b->qk, q, k, g, b->starts, b->meta,
-                                                                              doc_pos, T, nk, nv, dk, ldq);
-    CUDA_LAUNCH_CHECK();
+    if (dk == 128) kda_qk_dk<128>(b, q, k, g, doc_pos, T, nk, nv, ldq);
+    else kda_qk_dk<64>(b, q, k, g, doc_pos, T, nk, nv, ldq);
 }
 
 /* the forward state pass over dv columns (and dk more for the transition's M when M_out) */

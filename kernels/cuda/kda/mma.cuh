@@ -17,13 +17,14 @@ KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
 }
 
 /* one warp: acc += (Ahi + Alo) (Bhi + Blo) less Alo Blo; A row-major (rows m, cols k), or AT: stored (rows k,
- * cols m); B row-major (rows k, cols n); rows [m0, m0 + 16 MT), cols [n0, n0 + 8 NT), k in [0, KD) */
-template <int MT, int NT, bool AT, int KD>
+ * cols m); B row-major (rows k, cols n), or BT: stored (rows n, cols k); rows [m0, m0 + 16 MT), cols
+ * [n0, n0 + 8 NT), k in [0, KD) */
+template <int MT, int NT, bool AT, int KD, bool BT = false>
 KDA_DEV void kda_mma3(float (&acc)[MT][NT][4], const bf16 *ah, const bf16 *al, int lda, const bf16 *bh,
                       const bf16 *bl, int ldb, int m0, int n0) {
-    gdn_warp_mma<MT, NT, AT, false, KD>(acc, al, lda, bh, ldb, m0, n0);
-    gdn_warp_mma<MT, NT, AT, false, KD>(acc, ah, lda, bl, ldb, m0, n0);
-    gdn_warp_mma<MT, NT, AT, false, KD>(acc, ah, lda, bh, ldb, m0, n0);
+    gdn_warp_mma<MT, NT, AT, BT, KD>(acc, al, lda, bh, ldb, m0, n0);
+    gdn_warp_mma<MT, NT, AT, BT, KD>(acc, ah, lda, bl, ldb, m0, n0);
+    gdn_warp_mma<MT, NT, AT, BT, KD>(acc, ah, lda, bh, ldb, m0, n0);
 }
 
 /* one warp: acc += (Ahi + Alo) B, B a bf16 input (exact) */
