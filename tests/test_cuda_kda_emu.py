@@ -17,7 +17,8 @@ import pytest
 from conftest import BUILD, ROOT, run
 
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
-         "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls"]
+         "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls", "cuda_kda_prep",
+         "cuda_kda_transition"]
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +51,7 @@ def test_cuda_kda_kernels_emulated(kda_emu, case):
         assert "a missed document start: o rel err" in r.stdout, r.stdout
     else:
         assert r.stdout.count(" ok") >= 5, r.stdout
+    if case == "cuda_kda_prep":  # Tinv: prep's sub-chunk products (tensor cores) and the diagonal blocks
+        assert r.stdout.count(": Tinv : rel err") == 5, r.stdout
+    if case == "cuda_kda_transition":  # M, H: the forward state pass's identity columns
+        assert r.stdout.count(": M: rel err") == 5 and r.stdout.count(": H: rel err") == 5, r.stdout

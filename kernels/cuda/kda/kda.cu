@@ -29,9 +29,12 @@
  * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) and whatever kept / dkept does not:
  * O(T nv dk dv / 64) bytes, no pieces (GDN_PIECE_ROWS does not apply here).
  *
- * Numerics: fp32 on CUDA cores, every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated),
- * each output element one thread's loop in a fixed order, no atomics: deterministic, the same bits run to run.
- * Correct first; the tensor-core form (FLA's sub-chunk scaled products) is the next step (docs/design/kda.md).
+ * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: the state passes, the
+ * output, prep's A and qk's QK), every fp32 operand split hi + lo bf16 and each product three bf16 MMAs into fp32
+ * accumulators (~2^-17 relative: near-fp32, within the fp32 bounds of test_cuda_kda.cu); the pairwise decay in
+ * 16-row sub-chunks (prep.cuh), fp32 on the diagonal blocks; the gradient kernels (grads.cuh) are still fp32 on
+ * CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output element one
+ * warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
  */
@@ -45,6 +48,13 @@
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
 #include "cuda_kernels.h"
+
+/* the per-kernel profile of `ringscan bench kda --profile 1` (kernels/cuda/gdn/gdn_profile.cu): events on the
+ * stream after each kernel, printed at the entry's end; off (no event) unless a bench turned it on */
+extern int gdn_prof_level;
+void gdn_prof_start(int on);
+void gdn_prof_mark(const char *name);
+void gdn_prof_end(const char *who, int64_t T, int nv);
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -197,6 +207,7 @@ static dim3 kda_chunk_grid(int64_t T, int nv) {
 static void kda_index(const KdaBufs *b, const int32_t *doc_pos, int64_t T) {
     kda_index_kernel<<<1, 1024, 0, cuda_stream()>>>(b->starts, b->meta, doc_pos, T);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("index");
 }
 
 template <int DK>
@@ -207,6 +218,7 @@ static void kda_prep_dk(float *tinv, const bf16 *k, const float *g, const float 
     kda_prep_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts,
                                                                                     b->meta, doc_pos, T, nk, nv, ldq);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("prep");
 }
 
 static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *g, const float *beta,
@@ -223,6 +235,7 @@ static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const floa
     kda_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(b->qk, q, k, g, b->starts, b->meta,
                                                                                   doc_pos, T, nk, nv, ldq);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("qk");
 }
 
 static void kda_qk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos, int64_t T,
@@ -242,6 +255,7 @@ static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, c
     kda_state_fwd_kernel<DK><<<dim3((unsigned)(ncol / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
         hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("state_fwd");
 }
 
 static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, float *M_out, const float *S0,
@@ -265,6 +279,7 @@ static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS
         dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq,
         ldo, scale);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("state_bwd");
 }
 
 static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, const float *dS_final,
@@ -286,6 +301,7 @@ static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float 
     kda_output_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
         o, q, g, hs, vn, b->qk, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("output");
 }
 
 static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
@@ -309,6 +325,7 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
             dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->hs, b->starts, b->meta, doc_pos, T, nk, nv,
             dk, dv, ldq, ldv);
         CUDA_LAUNCH_CHECK();
+        gdn_prof_mark("grad_wy");
     }
     {
         KdaCarve c(NULL);
@@ -321,11 +338,13 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
             b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
             ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
+        gdn_prof_mark("grad_qk");
     }
     const int64_t n = T * nk * dk;
     kda_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dq, dk_out, b->dqv, b->dkv, T, nk,
                                                                                      nv, dk, ldq);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("group_reduce");
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -380,6 +399,7 @@ extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NU
     const int need = (kept ? 0 : KDA_NEED_TINV) | (o ? KDA_NEED_QK : 0) | (kept_states ? 0 : KDA_NEED_STATES);
     KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
     if (kept) kda_kept_carve(&b, kept, T, nv, dim_k, dim_v, kept_states);
+    gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
     if (!prep_in) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
     if (!states_in)
@@ -389,6 +409,7 @@ extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NU
         kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
         kda_output(&b, o, q, g, b.hs, b.vn, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
     }
+    gdn_prof_end("kda forward", T, nv);
 }
 
 /* the backward, whole (stage 0) or one stage (the header) */
@@ -410,6 +431,7 @@ static void kda_backward(const char *who, int stage, void *dkept, void *dq, void
     KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
     if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
     if (stage) kda_dkept_carve(&b, dkept, T, nv, dim_k, dim_v);
+    gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
     if (!kept) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
     if (!(kept && kept_states) && stage != GDN_BWD_STATE)
@@ -423,6 +445,7 @@ static void kda_backward(const char *who, int stage, void *dkept, void *dq, void
     if (stage != GDN_BWD_STATE)
         kda_grads(&b, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dout, q, k, v, g, beta, doc_pos, T, nk, nv, dim_k,
                   dim_v, ldq, ldv, ldo);
+    gdn_prof_end(stage ? "kda backward stage" : "kda backward", T, nv);
 }
 
 extern "C" void cuda_kda_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
