@@ -42,9 +42,13 @@ def test_emulated_warp_mma(kda_emu):
             assert f"mma AT={at} BT={bt}: worst error" in r.stdout and r.stdout.count(": ok") == 4, r.stdout
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + ["cuda_kda_forward_backward_d64 sms=4"])
 def test_cuda_kda_kernels_emulated(kda_emu, case):
-    r = run([kda_emu, case], timeout=900)
+    # "sms=4": a device of 4 SMs (the emulation's KDA_EMU_SMS), so the d = 64 state passes take 32 columns per block
+    # (16 with the default 16 SMs)
+    case, _, sms = case.partition(" sms=")
+    env = {"KDA_EMU_SMS": sms} if sms else None
+    r = run([kda_emu, case], timeout=900, env=env)
     assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
     assert f"== {case}: ok" in r.stdout, r.stdout
     if case == "cuda_kda_check_can_fail":

@@ -13,7 +13,7 @@
  * every document start (index.cuh, on the device).
  *
  * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value
- * head and 32 state columns), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index,
+ * head and 16 or 32 state columns, kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index,
  * prep and the forward state pass unless kept holds them, qk, the reverse state pass (dS0, the chunk state
  * gradients and dvn), grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The staged
  * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
@@ -244,15 +244,30 @@ static void kda_qk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *
     else kda_qk_dk<64>(b, q, k, g, doc_pos, T, nk, nv, ldq);
 }
 
+/* The state passes' columns per block: 16 where the grid of 16-column blocks still fits one wave on the device (one
+ * block per SM: their shared memory), else 32 (fewer blocks, each forming the chunk's W once for more columns).
+ * Fixed by the shape and the device, so the bits are the same on every run; both give the same bits per column. */
+static int kda_num_sms(void) {
+    static int v = -1;
+    if (v < 0) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return v;
+}
+
+static int kda_state_bv(int ncol, int nv) { return (int64_t)(ncol / 16) * nv <= kda_num_sms() ? 16 : 32; }
+
 /* the forward state pass over dv columns (and dk more for the transition's M when M_out) */
-template <int DK>
+template <int DK, int BV>
 static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, const float *S0, const float *tinv,
                              const bf16 *k, const bf16 *v, const float *g, const float *beta, const KdaBufs *b,
                              const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq, int ldv) {
-    const size_t smem = KdaSfwdSmem<DK>(NULL).bytes;
-    kda_smem_attr(kda_state_fwd_kernel<DK>, smem, "state_fwd");
+    const size_t smem = KdaSfwdSmem<DK, BV>(NULL).bytes;
+    kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
     const int ncol = dv + (M_out ? DK : 0);
-    kda_state_fwd_kernel<DK><<<dim3((unsigned)(ncol / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+    kda_state_fwd_kernel<DK, BV><<<dim3((unsigned)(ncol / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
         hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("state_fwd");
@@ -261,21 +276,28 @@ static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, c
 static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, float *M_out, const float *S0,
                           const float *tinv, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
-    if (dk == 128)
-        kda_state_fwd_dk<128>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv);
-    else
-        kda_state_fwd_dk<64>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv);
+    const int bv = kda_state_bv(dv + (M_out ? dk : 0), nv);
+#define KDA_SFWD(DK_, BV_)                                                                                           \
+    kda_state_fwd_dk<DK_, BV_>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv)
+    if (dk == 128) {
+        if (bv == 16) KDA_SFWD(128, 16);
+        else KDA_SFWD(128, 32);
+    } else {
+        if (bv == 16) KDA_SFWD(64, 16);
+        else KDA_SFWD(64, 32);
+    }
+#undef KDA_SFWD
 }
 
-template <int DK>
+template <int DK, int BV>
 static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS_final, const float *tinv,
                              const bf16 *q, const bf16 *k, const float *g, const float *beta, const bf16 *dout,
                              const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq,
                              int ldo) {
-    const size_t smem = KdaSbwdSmem<DK>(NULL).bytes;
-    kda_smem_attr(kda_state_bwd_kernel<DK>, smem, "state_bwd");
+    const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
+    kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
     const float scale = (float)(1.0 / sqrt((double)DK));
-    kda_state_bwd_kernel<DK><<<dim3((unsigned)(dv / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+    kda_state_bwd_kernel<DK, BV><<<dim3((unsigned)(dv / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
         dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq,
         ldo, scale);
     CUDA_LAUNCH_CHECK();
@@ -286,10 +308,17 @@ static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, 
                           const float *tinv, const bf16 *q, const bf16 *k, const float *g, const float *beta,
                           const bf16 *dout, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
                           int ldo) {
-    if (dk == 128)
-        kda_state_bwd_dk<128>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo);
-    else
-        kda_state_bwd_dk<64>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo);
+    const int bv = kda_state_bv(dv, nv);
+#define KDA_SBWD(DK_, BV_)                                                                                           \
+    kda_state_bwd_dk<DK_, BV_>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo)
+    if (dk == 128) {
+        if (bv == 16) KDA_SBWD(128, 16);
+        else KDA_SBWD(128, 32);
+    } else {
+        if (bv == 16) KDA_SBWD(64, 16);
+        else KDA_SBWD(64, 32);
+    }
+#undef KDA_SBWD
 }
 
 template <int DK>

@@ -1,7 +1,7 @@
 /*
- * state_pass.cuh — the two sequential passes of KDA over the chunks, one block per (column block of 32 state
- * columns, value head): the columns of the state are independent (vn = U - W S and the update act on each
- * column alone), so a head's dv columns run as dv / 32 blocks side by side. Per chunk, from the kept Tinv
+ * state_pass.cuh — the two sequential passes of KDA over the chunks, one block per (column block of BV = 16 or 32
+ * state columns, value head; kda.cu's kda_state_bv picks BV): the columns of the state are independent (vn = U - W S
+ * and the update act on each column alone), so a head's dv columns run as dv / BV blocks side by side. Per chunk, from the kept Tinv
  * (prep.cuh) and the chunk's k, g, beta, each block forms W = Tinv diag(beta) (gam * K) itself (all dk
  * columns; recomputed by every column block rather than stored), dec * K and gam_{L-1}.
  *
@@ -25,11 +25,12 @@
  */
 #pragma once
 
-/* the forward pass's shared memory (DK = dk): the gate cumsum G and the fp32 state S (DK x 32) with gam_{L-1};
+/* the forward pass's shared memory (DK = dk, BV columns): the gate cumsum G and the fp32 state S (DK x BV) with
+ * gam_{L-1};
  * bf16 hi / lo tiles, rows padded by 8: Tb = Tinv diag(beta) (64 x 64), X = gam * k then dec * k (64 x DK),
- * W (64 x DK), S (DK x 32), vn (64 x 32); v (64 x 32, bf16 as read). ~170 KB at DK = 128. */
-template <int DK> struct KdaSfwdSmem {
-    static constexpr int LDK = DK + 8, LDT = KDA_C + 8, LDB = KDA_BV + 8, LDS = KDA_BV + 1;
+ * W (64 x DK), S (DK x BV), vn (64 x BV); v (64 x BV, bf16 as read). ~170 KB at DK = 128, BV = 32. */
+template <int DK, int BV> struct KdaSfwdSmem {
+    static constexpr int LDK = DK + 8, LDT = KDA_C + 8, LDB = BV + 8, LDS = BV + 1;
     float *G, *S, *GL;
     bf16 *tbh, *tbl, *xh, *xl, *wh, *wl, *sh, *sl, *v, *vnh, *vnl;
     size_t bytes;
@@ -54,25 +55,31 @@ template <int DK> struct KdaSfwdSmem {
 };
 
 /* Tensor cores (mma.cuh: split operands, three-term products). Per chunk, 8 warps: warp w owns rows
- * [16 (w % 4), +16) of W (half w / 4 of its DK columns), of U = Tb V and of vn (16 of the 32 columns), and rows
- * [16 w, +16) of the state update (DK = 128: all 32 columns; DK = 64: rows 16 (w % 4), half w / 4 of the columns). */
-template <int DK>
+ * [16 (w % 4), +16) of W (half w / 4 of its DK columns), of U = Tb V and of vn (columns [16 (w / 4), +16): with
+ * BV = 16 warps 0-3 alone), and of the state update rows [16 w, +16) and all BV columns (DK = 128), or rows
+ * [16 (w % 4), +16) and columns [16 (w / 4), +16) (DK = 64; BV = 16: warps 0-3). */
+template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
     float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
     float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
     const bf16 *k, const bf16 *v, const float *g, const float *beta, const float *tinv /* (T,nv,64) */,
     const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq,
     int ldv) {
-    using Sm = KdaSfwdSmem<DK>;
+    using Sm = KdaSfwdSmem<DK, BV>;
     constexpr int LDK = Sm::LDK, LDT = Sm::LDT, LDB = Sm::LDB, LDS = Sm::LDS;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int col0 = blockIdx.x * KDA_BV, is_M = col0 >= dv; /* dv is a multiple of 32: a block is S or M */
+    const int col0 = blockIdx.x * BV, is_M = col0 >= dv; /* dv is a multiple of 32: a block is S or M */
     const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    const bool vjob = w < 4 * (BV / 16); /* vn's 16 x 16 tiles: warp w has rows 16 (w % 4), cols 16 (w / 4) */
+    /* the state's tiles: DK = 128: warp w rows 16 w, all BV columns; DK = 64: rows 16 (w % 4), cols 16 (w / 4) */
+    constexpr int NTS = DK == 128 ? BV / 8 : 2;
+    const int m0 = DK == 128 ? 16 * w : 16 * mt, n0 = DK == 128 ? 0 : 16 * half;
+    const bool sjob = DK == 128 || w < 4 * (BV / 16);
     const size_t sn = (size_t)DK * dv;
-    for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
-        const int a = i / KDA_BV, cc = i % KDA_BV;
+    for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
+        const int a = i / BV, cc = i % BV;
         float x = 0.0f;
         if (is_M) x = a == col0 - dv + cc ? 1.0f : 0.0f;
         else if (S0) x = S0[h * sn + (size_t)a * dv + col0 + cc];
@@ -84,15 +91,15 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         /* the entering state: stored, split */
-        for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
-            const int a = i / KDA_BV, cc = i % KDA_BV;
+        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
+            const int a = i / BV, cc = i % BV;
             float x = s.S[a * LDS + cc];
             if (ch.reset) s.S[a * LDS + cc] = x = 0.0f;
             else if (hs && !is_M) hs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
             kda_split(x, &s.sh[a * LDB + cc], &s.sl[a * LDB + cc]);
         }
-        for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
-            const int r = i / KDA_BV, cc = i % KDA_BV;
+        for (int i = threadIdx.x; i < KDA_C * BV; i += KDA_THREADS) {
+            const int r = i / BV, cc = i % BV;
             s.v[r * LDB + cc] = !is_M && r < L ? v[(t0 + r) * ldv + (int64_t)h * dv + col0 + cc] : __float2bfloat16(0.0f);
         }
         for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
@@ -116,7 +123,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         gdn_zero(aw);
         gdn_zero(au);
         kda_mma3<1, DK / 16, false, KDA_C>(aw, s.tbh, s.tbl, LDT, s.xh, s.xl, LDK, 16 * mt, half * (DK / 2));
-        kda_mma2<1, 2, false, KDA_C>(au, s.tbh, s.tbl, LDT, s.v, LDB, 16 * mt, 16 * half);
+        if (vjob) kda_mma2<1, 2, false, KDA_C>(au, s.tbh, s.tbl, LDT, s.v, LDB, 16 * mt, 16 * half);
         __syncthreads(); /* X is read: it becomes dec * k */
 #pragma unroll
         for (int ni = 0; ni < DK / 16; ni++)
@@ -132,7 +139,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         }
         __syncthreads();
         /* vn = U - W S (rows >= L: 0) */
-        {
+        if (vjob) {
             float ws[1][2][4];
             gdn_zero(ws);
             kda_mma3<1, 2, false, DK>(ws, s.wh, s.wl, LDK, s.sh, s.sl, LDB, 16 * mt, 16 * half);
@@ -148,9 +155,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         }
         __syncthreads();
         /* S = Diag(gam_{L-1}) S + (dec * K)^T vn */
-        {
-            constexpr int NTS = DK == 128 ? 4 : 2;
-            const int m0 = DK == 128 ? 16 * w : 16 * mt, n0 = DK == 128 ? 0 : 16 * half;
+        if (sjob) {
             float as[1][NTS][4];
             gdn_zero(as);
             kda_mma3<1, NTS, true, KDA_C>(as, s.xh, s.xl, LDK, s.vnh, s.vnl, LDB, m0, n0);
@@ -164,8 +169,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         }
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
-        const int a = i / KDA_BV, cc = i % KDA_BV;
+    for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
+        const int a = i / BV, cc = i % BV;
         if (is_M) {
             if (M_out) M_out[((size_t)h * DK + a) * DK + col0 - dv + cc] = s.S[a * LDS + cc];
         } else if (S_out) {
@@ -174,11 +179,12 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
     }
 }
 
-/* the backward pass's shared memory (DK = dk): G, the fp32 gradient D (DK x 32) and gam_{L-1}; bf16 hi / lo
- * tiles, rows padded by 8: Tb = Tinv diag(beta) then scale QK (64 x 64), X = gam * k then dec * k, W, Q = scale gam
- * * q (64 x DK each), D (DK x 32), dvn (64 x 32); dO (64 x 32, bf16 as read). ~204 KB at DK = 128. */
-template <int DK> struct KdaSbwdSmem {
-    static constexpr int LDK = DK + 8, LDT = KDA_C + 8, LDB = KDA_BV + 8, LDS = KDA_BV + 1;
+/* the backward pass's shared memory (DK = dk, BV columns): G, the fp32 gradient D (DK x BV) and gam_{L-1}; bf16
+ * hi / lo tiles, rows padded by 8: Tb = Tinv diag(beta) then scale QK (64 x 64), X = gam * k then dec * k, W,
+ * Q = scale gam * q (64 x DK each), D (DK x BV), dvn (64 x BV); dO (64 x BV, bf16 as read). ~204 KB at DK = 128,
+ * BV = 32. */
+template <int DK, int BV> struct KdaSbwdSmem {
+    static constexpr int LDK = DK + 8, LDT = KDA_C + 8, LDB = BV + 8, LDS = BV + 1;
     float *G, *D, *GL;
     bf16 *tbh, *tbl, *xh, *xl, *wh, *wl, *qh, *ql, *dh, *dl, *dout, *dvnh, *dvnl;
     size_t bytes;
@@ -205,23 +211,28 @@ template <int DK> struct KdaSbwdSmem {
 };
 
 /* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S). */
-template <int DK>
+template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
     float *dhs /* (ns,nv,dk,dv) or NULL */, float *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
     const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *q, const bf16 *k, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const float *qk /* (T,nv,64) */, const bf16 *dout /* (T,ldo) */,
     const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq,
     int ldo, float scale) {
-    using Sm = KdaSbwdSmem<DK>;
+    using Sm = KdaSbwdSmem<DK, BV>;
     constexpr int LDK = Sm::LDK, LDT = Sm::LDT, LDB = Sm::LDB, LDS = Sm::LDS;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int col0 = blockIdx.x * KDA_BV;
+    const int col0 = blockIdx.x * BV;
     const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    const bool vjob = w < 4 * (BV / 16); /* dvn's 16 x 16 tiles: warp w has rows 16 (w % 4), cols 16 (w / 4) */
+    /* D's tiles: DK = 128: warp w rows 16 w, all BV columns; DK = 64: rows 16 (w % 4), cols 16 (w / 4) */
+    constexpr int NTS = DK == 128 ? BV / 8 : 2;
+    const int m0 = DK == 128 ? 16 * w : 16 * mt, n0 = DK == 128 ? 0 : 16 * half;
+    const bool sjob = DK == 128 || w < 4 * (BV / 16);
     const size_t sn = (size_t)DK * dv;
-    for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
-        const int a = i / KDA_BV, cc = i % KDA_BV;
+    for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
+        const int a = i / BV, cc = i % BV;
         s.D[a * LDS + cc] = dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
     }
     __syncthreads();
@@ -230,14 +241,14 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         /* the gradient leaving the chunk: stored, split */
-        for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
-            const int a = i / KDA_BV, cc = i % KDA_BV;
+        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
+            const int a = i / BV, cc = i % BV;
             const float x = s.D[a * LDS + cc];
             if (dhs && ch.leaves) dhs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
             kda_split(x, &s.dh[a * LDB + cc], &s.dl[a * LDB + cc]);
         }
-        for (int i = threadIdx.x; i < KDA_C * KDA_BV; i += KDA_THREADS) {
-            const int r = i / KDA_BV, cc = i % KDA_BV;
+        for (int i = threadIdx.x; i < KDA_C * BV; i += KDA_THREADS) {
+            const int r = i / BV, cc = i % BV;
             s.dout[r * LDB + cc] = r < L ? dout[(t0 + r) * ldo + (int64_t)h * dv + col0 + cc] : __float2bfloat16(0.0f);
         }
         for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
@@ -283,7 +294,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
         }
         __syncthreads();
         /* dvn_j = (dec_j * k_j)^T D + sum_{r >= j} scale QK_rj dO_r (rows >= L: 0) */
-        {
+        if (vjob) {
             float ad[1][2][4];
             gdn_zero(ad);
             kda_mma3<1, 2, false, DK>(ad, s.xh, s.xl, LDK, s.dh, s.dl, LDB, 16 * mt, 16 * half);
@@ -300,9 +311,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
         }
         __syncthreads();
         /* D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn; 0 at a document start */
-        {
-            constexpr int NTS = DK == 128 ? 4 : 2;
-            const int m0 = DK == 128 ? 16 * w : 16 * mt, n0 = DK == 128 ? 0 : 16 * half;
+        if (sjob) {
             float aq[1][NTS][4], awd[1][NTS][4];
             gdn_zero(aq);
             gdn_zero(awd);
@@ -320,8 +329,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
         __syncthreads();
     }
     if (dS0)
-        for (int i = threadIdx.x; i < DK * KDA_BV; i += KDA_THREADS) {
-            const int a = i / KDA_BV, cc = i % KDA_BV;
+        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
+            const int a = i / BV, cc = i % BV;
             dS0[h * sn + (size_t)a * dv + col0 + cc] = s.D[a * LDS + cc];
         }
 }
