@@ -12,11 +12,11 @@
  * fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16, dg, dbeta fp32. Chunks of 64 tokens restart at
  * every document start (index.cuh, on the device).
  *
- * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value
- * head and 16 or 32 state columns, kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index,
- * prep and the forward state pass unless kept holds them, qk, the reverse state pass (dS0, the chunk state
- * gradients and dvn), grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The staged
- * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
+ * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value head
+ * and 16 or 32 state columns, kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs
+ * index, prep and the forward state pass unless kept holds them, qk, the reverse state pass (dS0, the chunk state
+ * gradients and dvn), grad_dense, grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The
+ * staged backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
  * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs the state pass with
  * the dk columns of M carried beside S from [0 | I]; dstate the reverse pass from 0.
  *
@@ -30,11 +30,11 @@
  * O(T nv dk dv / 64) bytes, no pieces (GDN_PIECE_ROWS does not apply here).
  *
  * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: the state passes, the
- * output, prep's A and qk's QK), every fp32 operand split hi + lo bf16 and each product three bf16 MMAs into fp32
- * accumulators (~2^-17 relative: near-fp32, within the fp32 bounds of test_cuda_kda.cu); the pairwise decay in
- * 16-row sub-chunks (prep.cuh), fp32 on the diagonal blocks; the gradient kernels (grads.cuh) are still fp32 on
- * CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output element one
- * warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
+ * output, prep's A and qk's QK, grad_dense's products of S), every fp32 operand split hi + lo bf16 and each product
+ * three bf16 MMAs into fp32 accumulators (~2^-17 relative: near-fp32, within the fp32 bounds of test_cuda_kda.cu);
+ * the pairwise decay in 16-row sub-chunks (prep.cuh), fp32 on the diagonal blocks; grad_wy and grad_qk are still
+ * fp32 on CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
+ * element one warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
  */
@@ -340,9 +340,25 @@ static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g,
     else kda_output_dk<64>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);
 }
 
+template <int DK>
+static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const int32_t *doc_pos, int64_t T, int nv,
+                           int ldo) {
+    const size_t smem = KdaGdSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_grad_dense_kernel<DK>, smem, "grad_dense");
+    kda_grad_dense_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        dg, b->dqv, b->hs, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("grad_dense");
+}
+
+/* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
+ * before they write there), grad_wy, grad_qk, the sum over the value heads */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
                       const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                       const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv, int ldo) {
+    RS_CHECK(dv == dk, "kda grads: dim_v = %d != dim_k = %d", dv, dk);
+    if (dk == 128) kda_grad_dense<128>(b, dg, dout, doc_pos, T, nv, ldo);
+    else kda_grad_dense<64>(b, dg, dout, doc_pos, T, nv, ldo);
     {
         KdaCarve c(NULL);
         bf16 *p[2];
@@ -351,8 +367,8 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
             kda_gwy_smem(dk, dv, &c, &p[0], &p[1], &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]);
         kda_smem_attr(kda_grad_wy_kernel, smem, "grad_wy");
         kda_grad_wy_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-            dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->hs, b->starts, b->meta, doc_pos, T, nk, nv,
-            dk, dv, ldq, ldv);
+            dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
+            ldq, ldv);
         CUDA_LAUNCH_CHECK();
         gdn_prof_mark("grad_wy");
     }

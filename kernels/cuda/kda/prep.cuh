@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
         __syncthreads();
         /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
         kda_pair_decay<DK, false>(s, sA, L);
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
+            sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
         __syncthreads();
         /* Tinv by forward substitution, thread = column col:
          * T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col] */

@@ -1,9 +1,9 @@
 /*
  * state_pass.cuh — the two sequential passes of KDA over the chunks, one block per (column block of BV = 16 or 32
  * state columns, value head; kda.cu's kda_state_bv picks BV): the columns of the state are independent (vn = U - W S
- * and the update act on each column alone), so a head's dv columns run as dv / BV blocks side by side. Per chunk, from the kept Tinv
- * (prep.cuh) and the chunk's k, g, beta, each block forms W = Tinv diag(beta) (gam * K) itself (all dk
- * columns; recomputed by every column block rather than stored), dec * K and gam_{L-1}.
+ * and the update act on each column alone), so a head's dv columns run as dv / BV blocks side by side. Per chunk,
+ * from the kept Tinv (prep.cuh) and the chunk's k, g, beta, each block forms W = Tinv diag(beta) (gam * K) itself
+ * (all dk columns; recomputed by every column block rather than stored), dec * K and gam_{L-1}.
  *
  *   kda_state_fwd_kernel  S entering chunk 0 = S0 (or 0), reset to 0 at a document start;
  *                         U = Tinv diag(beta) V[:, cols], vn = U - W S, S = Diag(gam_{L-1}) S + (dec * K)^T vn.
@@ -100,7 +100,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         }
         for (int i = threadIdx.x; i < KDA_C * BV; i += KDA_THREADS) {
             const int r = i / BV, cc = i % BV;
-            s.v[r * LDB + cc] = !is_M && r < L ? v[(t0 + r) * ldv + (int64_t)h * dv + col0 + cc] : __float2bfloat16(0.0f);
+            s.v[r * LDB + cc] =
+                !is_M && r < L ? v[(t0 + r) * ldv + (int64_t)h * dv + col0 + cc] : __float2bfloat16(0.0f);
         }
         for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
             const int r = i / KDA_C, j = i % KDA_C;
