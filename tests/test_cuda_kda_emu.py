@@ -3,6 +3,8 @@ built against a host emulation of the CUDA they use (tests/cuda/kda_emu/: one ho
 barriers, warp shuffles through per-warp slots), checked against the cpu oracle with the GPU test's bounds. This
 proves the kernels' indexing, chunk bookkeeping, synchronisation structure and algebra in CI; the GPU run
 (`build/test_cuda cuda_kda`) proves the rest (the device's arithmetic, real concurrency, shared-memory limits).
+The tensor-core pieces (gdn_warp_mma of kernels/cuda/cuda_gdn_mma.h) run as tests/cuda/kda_emu/inc/cuda_gdn_mma.h,
+checked against a plain GEMM for the four transpose combinations (test_emulated_warp_mma).
 
 Each case can fail: the comparison against the oracle, the bitwise equality of every kept / staged / prep path with
 the plain call, and cuda_kda_check_can_fail (a missed document start must show). The emulation runs blocks one at a
@@ -15,7 +17,8 @@ import pytest
 from conftest import BUILD, ROOT, run
 
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
-         "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls"]
+         "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls", "cuda_kda_prep",
+         "cuda_kda_transition"]
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +34,28 @@ def kda_emu(tmp_path_factory):
     return out / "kda_emu"
 
 
-@pytest.mark.parametrize("case", CASES)
+def test_emulated_warp_mma(kda_emu):
+    r = run([kda_emu.parent / "mma_check"], timeout=300)
+    assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
+    for at in (0, 1):
+        for bt in (0, 1):
+            assert f"mma AT={at} BT={bt}: worst error" in r.stdout and r.stdout.count(": ok") == 4, r.stdout
+
+
+@pytest.mark.parametrize("case", CASES + ["cuda_kda_forward_backward_d64 sms=4"])
 def test_cuda_kda_kernels_emulated(kda_emu, case):
-    r = run([kda_emu, case], timeout=900)
+    # "sms=4": a device of 4 SMs (the emulation's KDA_EMU_SMS), so the d = 64 state passes take 32 columns per block
+    # (16 with the default 16 SMs)
+    case, _, sms = case.partition(" sms=")
+    env = {"KDA_EMU_SMS": sms} if sms else None
+    r = run([kda_emu, case], timeout=900, env=env)
     assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
     assert f"== {case}: ok" in r.stdout, r.stdout
     if case == "cuda_kda_check_can_fail":
         assert "a missed document start: o rel err" in r.stdout, r.stdout
     else:
         assert r.stdout.count(" ok") >= 5, r.stdout
+    if case == "cuda_kda_prep":  # Tinv: prep's sub-chunk products (tensor cores) and the diagonal blocks
+        assert r.stdout.count(": Tinv : rel err") == 5, r.stdout
+    if case == "cuda_kda_transition":  # M, H: the forward state pass's identity columns
+        assert r.stdout.count(": M: rel err") == 5 and r.stdout.count(": H: rel err") == 5, r.stdout

@@ -15,14 +15,16 @@
  * ones (lengths 1 and 2, boundaries inside chunks), boundaries on chunk edges, and one inside a chunk with the
  * next chunks following it. nv = 2 nk (GVA: dq, dk summed over two value heads) and nk = nv.
  *
- * Bounds (relative L2 error against the fp32 oracle on the same inputs). The kernels are fp32 throughout
- * (CUDA cores; the gate cumsum G is summed in double and kept in fp32, where the oracle keeps it in double:
- * an exponent G_r - G_j of size up to ~100 then carries ~1e-5 absolute error); only o, dq, dk, dv are bf16.
- *   KDA_B_BF16  6e-3  o, dq, dk, dv: one bf16 rounding (<= 2^-9 relative each, ~1.5e-3 in L2) over fp32 math
- *   KDA_B_STATE 3e-5  S_final, dS0, M, H, Tinv: fp32 sums in another order and the fp32 G
+ * Bounds (relative L2 error against the fp32 oracle on the same inputs). The kernels' products run on tensor cores
+ * with every fp32 operand split hi + lo bf16 (three MMAs per product, fp32 accumulation: ~2^-17 relative), the
+ * rest fp32 on CUDA cores (the gate cumsum G is summed in double and kept in fp32, where the oracle keeps it in
+ * double: an exponent G_r - G_j of size up to ~100 then carries ~1e-5 absolute error); only o, dq, dk, dv are bf16.
+ *   KDA_B_BF16  6e-3  o, dq, dk, dv: one bf16 rounding (<= 2^-9 relative each, ~1.5e-3 in L2) over near-fp32 math
+ *   KDA_B_STATE 3e-5  S_final, dS0, M, H, Tinv: the split operands' ~2^-17 and fp32 sums in another order
  *   KDA_B_GRAD  1e-4  dg, dbeta: fp32, with the cancellation of dL/dG's +- pairs and its reverse sums
- * (the host emulation of the kernels, tests/cuda/kda_emu, measures ~1.7e-3 for the bf16 outputs and <= 4e-7 for
- * every fp32 one on these cases; the GPU's expf and FMA contraction differ from the host's by an ulp or two).
+ * (the host emulation of the kernels, tests/cuda/kda_emu, measures ~1.7e-3 for the bf16 outputs, ~5e-6 for S_final,
+ * M and H, ~3e-6 for dS0, ~4e-6 for dg and dbeta, 2e-7 for Tinv on these cases; it forms the MMAs' exact products
+ * but sums them in its own order, and the GPU's expf and FMA contraction differ from the host's by an ulp or two).
  * A missed document reset costs an error of ~0.2 on o (cuda_kda_check_can_fail: it must exceed 10x the bound).
  * Every path that reads what another wrote (kept with and without states, the prep, the staged forward and
  * backward), and GDN_KEPT_STATES without a kept buffer, must give the bits of the plain call, and two runs the same

@@ -13,7 +13,6 @@
 
 #define KDA_C 64           /* chunk size (the cpu oracle's) */
 #define KDA_THREADS 256    /* every kernel of kda/ except the index */
-#define KDA_BV 32          /* state columns per block of the state passes */
 #define KDA_LDT (KDA_C + 1) /* row stride of the 64 x 64 fp32 tiles */
 #define KDA_FULL 0xffffffffu
 #define KDA_DEV __device__ __forceinline__

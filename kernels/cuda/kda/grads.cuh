@@ -1,8 +1,11 @@
 /*
- * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head), in two
+ * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head), in three
  * kernels (their shared memory apart would not fit one block), then the sum over the value heads of a key head:
  *
- *   kda_grad_wy_kernel  the WY side: dW = -dvn S^T, dXw = Tinv^T dW, dXu = Tinv^T dvn, dT (strictly lower)
+ *   kda_grad_dense_kernel  the two products of the entering state S, on tensor cores (mma.cuh, split operands):
+ *                       dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the chunk in dg's and dqv's
+ *                       storage, which the next two kernels read (into shared memory) before they write there.
+ *   kda_grad_wy_kernel  the WY side: dW (grad_dense's), dXw = Tinv^T dW, dXu = Tinv^T dvn, dT (strictly lower)
  *                       = dW Xw^T + dvn Xu^T, dA = -(Tinv^T dT Tinv^T) strictly lower, and through Xw = beta gam * K,
  *                       Xu = beta V and A_ij = beta_i sum_c k_i k_j E_ij: dv (final), dbeta (final), the WY and A
  *                       parts of dk (into dkv) and of dL/dG (into dg, before the in-chunk reverse sum).
@@ -14,11 +17,89 @@
  *                       order.
  *
  * Pairwise terms run one thread per (row, channel) with a loop over the other row of the pair (E evaluated
- * only for j <= r, exponent <= 0); the pair-level sums (dP, dT, M1, dA) one thread per pair. S (hs) and D (dhs)
- * are read from global memory by warps that share their row. Row sums (dbeta) are per-warp butterflies, then the
+ * only for j <= r, exponent <= 0); the pair-level sums (dP, dT, M1, dA) one thread per pair, fp32 on CUDA cores
+ * (their tensor-core form, prep.cuh's sub-chunks, is the next step). D (dhs) is read from global memory by warps
+ * that share its row. Row sums (dbeta) are per-warp butterflies, then the
  * warps in index order: fp32, a fixed order, no atomics. docs/design/kda.md has the algebra. Part of kda.cu.
  */
 #pragma once
+
+/* kda_grad_dense_kernel's shared memory (DK = dk = dv): S hi / lo (DK x DK), dvn hi / lo and dO (64 x DK), rows
+ * padded by 8: ~119 KB at 128 */
+template <int DK> struct KdaGdSmem {
+    static constexpr int LDK = DK + 8;
+    bf16 *sh, *sl, *dvh, *dvl, *dout;
+    size_t bytes;
+    __host__ __device__ explicit KdaGdSmem(void *b) {
+        KdaCarve c(b);
+        sh = c.take<bf16>((size_t)DK * LDK);
+        sl = c.take<bf16>((size_t)DK * LDK);
+        dvh = c.take<bf16>((size_t)KDA_C * LDK);
+        dvl = c.take<bf16>((size_t)KDA_C * LDK);
+        dout = c.take<bf16>((size_t)KDA_C * LDK);
+        bytes = c.off;
+    }
+};
+
+/* The two products of the chunk's entering state S the gradients need, on tensor cores (mma.cuh), per (chunk, value
+ * head): dW = -dvn S^T (grad_wy's) into dW and S dO^T's transpose dO S^T (grad_qk's S_a . dO_r) into sdo, rows < L
+ * of the chunk, 0 at a document start. Warp w: rows [16 (w % 4), +16), columns half w / 4. */
+template <int DK>
+__global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
+    float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, const float *hs /* (ns,nv,dk,dv) */,
+    const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
+    const int32_t *doc_pos, int64_t T, int nv, int ldo) {
+    using Sm = KdaGdSmem<DK>;
+    constexpr int LDK = Sm::LDK, DV = DK;
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    const Sm s(kda_smem);
+    const int h = blockIdx.y, nc = meta[KDA_META_NC];
+    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        const int64_t t0 = ch.t0;
+        if (ch.reset) { /* S = 0 */
+            for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
+                const int64_t at = ((t0 + i / DK) * nv + h) * (int64_t)DK + i % DK;
+                dW[at] = 0.0f;
+                sdo[at] = 0.0f;
+            }
+            continue;
+        }
+        const float *S = hs + (ch.slot * nv + h) * (size_t)DK * DV;
+        for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
+            const int a = i / DV, cc = i % DV;
+            kda_split(S[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
+        }
+        for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
+            const int r = i / DV, cc = i % DV;
+            const float x = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
+            kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
+            s.dout[r * LDK + cc] = r < L ? dout[(t0 + r) * ldo + (int64_t)h * DV + cc] : __float2bfloat16(0.0f);
+        }
+        __syncthreads();
+        float aw[1][DK / 16][4], ao[1][DK / 16][4];
+        gdn_zero(aw);
+        gdn_zero(ao);
+        const int m0 = 16 * mt, n0 = half * (DK / 2);
+        kda_mma3<1, DK / 16, false, DV, true>(aw, s.dvh, s.dvl, LDK, s.sh, s.sl, LDK, m0, n0);
+        gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sl, LDK, m0, n0);
+        gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sh, LDK, m0, n0);
+#pragma unroll
+        for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
+                if (r < L) {
+                    const int64_t at = ((t0 + r) * nv + h) * (int64_t)DK + a;
+                    dW[at] = -aw[0][ni][e];
+                    sdo[at] = ao[0][ni][e];
+                }
+            }
+        __syncthreads();
+    }
+}
 
 static __host__ __device__ size_t kda_gwy_smem(int dk, int dv, KdaCarve *c, bf16 **sK, bf16 **sV, float **sG,
                                                float **sDvn, float **sdW, float **sT, float **sdT, float **sM1,
@@ -39,9 +120,8 @@ static __host__ __device__ size_t kda_gwy_smem(int dk, int dv, KdaCarve *c, bf16
 __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
     float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-    const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const float *hs /* (ns,nv,dk,dv) */,
-    const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv,
-    int ldq, int ldv) {
+    const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const int32_t *starts, const int32_t *meta,
+    const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
     KdaCarve cv(kda_smem);
     bf16 *sK, *sV;
@@ -50,7 +130,6 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     const int ldk = dk + 2, ldvb = dv + 2, ldg = dk + 1, ldf = dv + 1;
     const int lane = threadIdx.x & 31;
-    const size_t sn = (size_t)dk * dv;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
@@ -62,14 +141,11 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
         kda_load_tile(sT, tinv, t0, L, h, nv);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         __syncthreads();
-        /* dW_r[a] = -(S_a . dvn_r) (lanes over r: S_a is one broadcast row) */
-        const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
+        /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
+         * written below) */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p % KDA_C, a = p / KDA_C;
-            float x = 0.0f;
-            if (S && r < L)
-                for (int cc = 0; cc < dv; cc++) x += S[(size_t)a * dv + cc] * sDvn[r * ldf + cc];
-            sdW[r * ldg + a] = -x;
+            const int r = p / dk, a = p % dk;
+            sdW[r * ldg + a] = r < L ? dG[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
         }
         __syncthreads();
         /* dT_ij = beta_j (dW_i . (gam_j * k_j)) + beta_j (dvn_i . v_j) for j < i < L (lanes over j) */
@@ -198,13 +274,13 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
                 for (int cc = 0; cc < dv; cc++) s += __bfloat162float(sdO[r * ldob + cc]) * sVn[j * ldf + cc];
             sDP[r * KDA_LDT + j] = s;
         }
-        /* lanes over r: sDG[r][a] = S_a . dO_r (a temporary), sDV[r][a] = D_a . vn_r */
+        /* lanes over r: sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk,
+         * read before they are written below), sDV[r][a] = D_a . vn_r */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p % KDA_C, a = p / KDA_C;
             float so = 0.0f, dvv = 0.0f;
             if (r < L) {
-                if (S)
-                    for (int cc = 0; cc < dv; cc++) so += S[(size_t)a * dv + cc] * __bfloat162float(sdO[r * ldob + cc]);
+                so = dqv[((t0 + r) * nv + h) * (size_t)dk + a];
                 if (D)
                     for (int cc = 0; cc < dv; cc++) dvv += D[(size_t)a * dv + cc] * sVn[r * ldf + cc];
             }

@@ -12,11 +12,11 @@
  * fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16, dg, dbeta fp32. Chunks of 64 tokens restart at
  * every document start (index.cuh, on the device).
  *
- * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value
- * head and 32 state columns), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index,
- * prep and the forward state pass unless kept holds them, qk, the reverse state pass (dS0, the chunk state
- * gradients and dvn), grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The staged
- * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
+ * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value head
+ * and 16 or 32 state columns, kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs
+ * index, prep and the forward state pass unless kept holds them, qk, the reverse state pass (dS0, the chunk state
+ * gradients and dvn), grad_dense, grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The
+ * staged backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
  * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs the state pass with
  * the dk columns of M carried beside S from [0 | I]; dstate the reverse pass from 0.
  *
@@ -29,9 +29,12 @@
  * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) and whatever kept / dkept does not:
  * O(T nv dk dv / 64) bytes, no pieces (GDN_PIECE_ROWS does not apply here).
  *
- * Numerics: fp32 on CUDA cores, every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated),
- * each output element one thread's loop in a fixed order, no atomics: deterministic, the same bits run to run.
- * Correct first; the tensor-core form (FLA's sub-chunk scaled products) is the next step (docs/design/kda.md).
+ * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: the state passes, the
+ * output, prep's A and qk's QK, grad_dense's products of S), every fp32 operand split hi + lo bf16 and each product
+ * three bf16 MMAs into fp32 accumulators (~2^-17 relative: near-fp32, within the fp32 bounds of test_cuda_kda.cu);
+ * the pairwise decay in 16-row sub-chunks (prep.cuh), fp32 on the diagonal blocks; grad_wy and grad_qk are still
+ * fp32 on CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
+ * element one warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
  */
@@ -43,9 +46,18 @@
 
 #include "backend/backend.h" /* GDN_KEPT_*, GDN_BWD_*, gdn_kept_flags_fault */
 #include "cuda_common.h"
+#include "cuda_gdn_mma.h"
 #include "cuda_kernels.h"
 
+/* the per-kernel profile of `ringscan bench kda --profile 1` (kernels/cuda/gdn/gdn_profile.cu): events on the
+ * stream after each kernel, printed at the entry's end; off (no event) unless a bench turned it on */
+extern int gdn_prof_level;
+void gdn_prof_start(int on);
+void gdn_prof_mark(const char *name);
+void gdn_prof_end(const char *who, int64_t T, int nv);
+
 #include "common.cuh"
+#include "mma.cuh"
 #include "index.cuh"
 #include "prep.cuh"
 #include "state_pass.cuh"
@@ -195,77 +207,158 @@ static dim3 kda_chunk_grid(int64_t T, int nv) {
 static void kda_index(const KdaBufs *b, const int32_t *doc_pos, int64_t T) {
     kda_index_kernel<<<1, 1024, 0, cuda_stream()>>>(b->starts, b->meta, doc_pos, T);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("index");
+}
+
+template <int DK>
+static void kda_prep_dk(float *tinv, const bf16 *k, const float *g, const float *beta, const KdaBufs *b,
+                        const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
+    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_prep_kernel<DK>, smem, "prep");
+    kda_prep_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts,
+                                                                                    b->meta, doc_pos, T, nk, nv, ldq);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("prep");
 }
 
 static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *g, const float *beta,
                      const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int ldq) {
-    KdaCarve c(NULL);
-    bf16 *p1, *p2;
-    float *f1, *f2, *f3, *f4;
-    const size_t smem = kda_prep_smem(dk, &c, &p1, &p2, &f1, &f2, &f3, &f4);
-    kda_smem_attr(kda_prep_kernel, smem, "prep");
-    kda_prep_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts, b->meta,
-                                                                                doc_pos, T, nk, nv, dk, ldq);
+    if (dk == 128) kda_prep_dk<128>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
+    else kda_prep_dk<64>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
+}
+
+template <int DK>
+static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos,
+                      int64_t T, int nk, int nv, int ldq) {
+    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_qk_kernel<DK>, smem, "qk");
+    kda_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(b->qk, q, k, g, b->starts, b->meta,
+                                                                                  doc_pos, T, nk, nv, ldq);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("qk");
 }
 
 static void kda_qk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos, int64_t T,
                    int nk, int nv, int dk, int ldq) {
-    KdaCarve c(NULL);
-    bf16 *p1, *p2;
-    float *f1, *f2, *f3, *f4;
-    const size_t smem = kda_prep_smem(dk, &c, &p1, &p2, &f1, &f2, &f3, &f4);
-    kda_smem_attr(kda_qk_kernel, smem, "qk");
-    kda_qk_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(b->qk, q, k, g, b->starts, b->meta,
-                                                                              doc_pos, T, nk, nv, dk, ldq);
-    CUDA_LAUNCH_CHECK();
+    if (dk == 128) kda_qk_dk<128>(b, q, k, g, doc_pos, T, nk, nv, ldq);
+    else kda_qk_dk<64>(b, q, k, g, doc_pos, T, nk, nv, ldq);
 }
 
+/* The state passes' columns per block: 16 where the grid of 16-column blocks still fits one wave on the device (one
+ * block per SM: their shared memory), else 32 (fewer blocks, each forming the chunk's W once for more columns).
+ * Fixed by the shape and the device, so the bits are the same on every run; both give the same bits per column. */
+static int kda_num_sms(void) {
+    static int v = -1;
+    if (v < 0) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return v;
+}
+
+static int kda_state_bv(int ncol, int nv) { return (int64_t)(ncol / 16) * nv <= kda_num_sms() ? 16 : 32; }
+
 /* the forward state pass over dv columns (and dk more for the transition's M when M_out) */
+template <int DK, int BV>
+static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, const float *S0, const float *tinv,
+                             const bf16 *k, const bf16 *v, const float *g, const float *beta, const KdaBufs *b,
+                             const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq, int ldv) {
+    const size_t smem = KdaSfwdSmem<DK, BV>(NULL).bytes;
+    kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
+    const int ncol = dv + (M_out ? DK : 0);
+    kda_state_fwd_kernel<DK, BV><<<dim3((unsigned)(ncol / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+        hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("state_fwd");
+}
+
 static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, float *M_out, const float *S0,
                           const float *tinv, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
-    KdaCarve c(NULL);
-    float *f[9];
-    const size_t smem = kda_sfwd_smem(dk, &c, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8]);
-    kda_smem_attr(kda_state_fwd_kernel, smem, "state_fwd");
-    const int ncol = dv + (M_out ? dk : 0);
-    kda_state_fwd_kernel<<<dim3((unsigned)(ncol / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq, ldv);
+    const int bv = kda_state_bv(dv + (M_out ? dk : 0), nv);
+#define KDA_SFWD(DK_, BV_)                                                                                           \
+    kda_state_fwd_dk<DK_, BV_>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv)
+    if (dk == 128) {
+        if (bv == 16) KDA_SFWD(128, 16);
+        else KDA_SFWD(128, 32);
+    } else {
+        if (bv == 16) KDA_SFWD(64, 16);
+        else KDA_SFWD(64, 32);
+    }
+#undef KDA_SFWD
+}
+
+template <int DK, int BV>
+static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS_final, const float *tinv,
+                             const bf16 *q, const bf16 *k, const float *g, const float *beta, const bf16 *dout,
+                             const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq,
+                             int ldo) {
+    const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
+    kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    kda_state_bwd_kernel<DK, BV><<<dim3((unsigned)(dv / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
+        dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq,
+        ldo, scale);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("state_bwd");
 }
 
 static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, const float *dS_final,
                           const float *tinv, const bf16 *q, const bf16 *k, const float *g, const float *beta,
                           const bf16 *dout, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
                           int ldo) {
-    KdaCarve c(NULL);
-    float *f[10];
-    const size_t smem =
-        kda_sbwd_smem(dk, &c, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9]);
-    kda_smem_attr(kda_state_bwd_kernel, smem, "state_bwd");
-    const float scale = (float)(1.0 / sqrt((double)dk));
-    kda_state_bwd_kernel<<<dim3((unsigned)(dv / KDA_BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq,
-        ldo, scale);
+    const int bv = kda_state_bv(dv, nv);
+#define KDA_SBWD(DK_, BV_)                                                                                           \
+    kda_state_bwd_dk<DK_, BV_>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo)
+    if (dk == 128) {
+        if (bv == 16) KDA_SBWD(128, 16);
+        else KDA_SBWD(128, 32);
+    } else {
+        if (bv == 16) KDA_SBWD(64, 16);
+        else KDA_SBWD(64, 32);
+    }
+#undef KDA_SBWD
+}
+
+template <int DK>
+static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
+                          const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+    const size_t smem = KdaOutSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_output_kernel<DK>, smem, "output");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    kda_output_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        o, q, g, hs, vn, b->qk, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("output");
 }
 
 static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
                        const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo) {
-    KdaCarve c(NULL);
-    float *f[3];
-    const size_t smem = kda_out_smem(dk, &c, &f[0], &f[1], &f[2]);
-    kda_smem_attr(kda_output_kernel, smem, "output");
-    const float scale = (float)(1.0 / sqrt((double)dk));
-    kda_output_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        o, q, g, hs, vn, b->qk, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv, ldq, ldo, scale);
-    CUDA_LAUNCH_CHECK();
+    RS_CHECK(dv == dk, "kda output: dim_v = %d != dim_k = %d", dv, dk);
+    if (dk == 128) kda_output_dk<128>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);
+    else kda_output_dk<64>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);
 }
 
+template <int DK>
+static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const int32_t *doc_pos, int64_t T, int nv,
+                           int ldo) {
+    const size_t smem = KdaGdSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_grad_dense_kernel<DK>, smem, "grad_dense");
+    kda_grad_dense_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        dg, b->dqv, b->hs, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("grad_dense");
+}
+
+/* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
+ * before they write there), grad_wy, grad_qk, the sum over the value heads */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
                       const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                       const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv, int ldo) {
+    RS_CHECK(dv == dk, "kda grads: dim_v = %d != dim_k = %d", dv, dk);
+    if (dk == 128) kda_grad_dense<128>(b, dg, dout, doc_pos, T, nv, ldo);
+    else kda_grad_dense<64>(b, dg, dout, doc_pos, T, nv, ldo);
     {
         KdaCarve c(NULL);
         bf16 *p[2];
@@ -274,9 +367,10 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
             kda_gwy_smem(dk, dv, &c, &p[0], &p[1], &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]);
         kda_smem_attr(kda_grad_wy_kernel, smem, "grad_wy");
         kda_grad_wy_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-            dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->hs, b->starts, b->meta, doc_pos, T, nk, nv,
-            dk, dv, ldq, ldv);
+            dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
+            ldq, ldv);
         CUDA_LAUNCH_CHECK();
+        gdn_prof_mark("grad_wy");
     }
     {
         KdaCarve c(NULL);
@@ -289,11 +383,13 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
             b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
             ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();
+        gdn_prof_mark("grad_qk");
     }
     const int64_t n = T * nk * dk;
     kda_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dq, dk_out, b->dqv, b->dkv, T, nk,
                                                                                      nv, dk, ldq);
     CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("group_reduce");
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -348,6 +444,7 @@ extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NU
     const int need = (kept ? 0 : KDA_NEED_TINV) | (o ? KDA_NEED_QK : 0) | (kept_states ? 0 : KDA_NEED_STATES);
     KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
     if (kept) kda_kept_carve(&b, kept, T, nv, dim_k, dim_v, kept_states);
+    gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
     if (!prep_in) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
     if (!states_in)
@@ -357,6 +454,7 @@ extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NU
         kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
         kda_output(&b, o, q, g, b.hs, b.vn, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
     }
+    gdn_prof_end("kda forward", T, nv);
 }
 
 /* the backward, whole (stage 0) or one stage (the header) */
@@ -378,6 +476,7 @@ static void kda_backward(const char *who, int stage, void *dkept, void *dq, void
     KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
     if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
     if (stage) kda_dkept_carve(&b, dkept, T, nv, dim_k, dim_v);
+    gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
     if (!kept) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
     if (!(kept && kept_states) && stage != GDN_BWD_STATE)
@@ -391,6 +490,7 @@ static void kda_backward(const char *who, int stage, void *dkept, void *dq, void
     if (stage != GDN_BWD_STATE)
         kda_grads(&b, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dout, q, k, v, g, beta, doc_pos, T, nk, nv, dim_k,
                   dim_v, ldq, ldv, ldo);
+    gdn_prof_end(stage ? "kda backward stage" : "kda backward", T, nv);
 }
 
 extern "C" void cuda_kda_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,

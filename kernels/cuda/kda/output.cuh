@@ -2,52 +2,87 @@
  * output.cuh — KDA's output from the chunk states, one block per (chunk, value head):
  *   o_r = scale (S^T (gam_r * q_r) + sum_{j <= r} QK_rj vn_j)
  * with S the state entering the chunk (hs at slot t0 / 64; 0 at a document start), vn the state pass's (T, nv, dv)
- * and QK prep.cuh's. One thread per output element (lanes over the value columns: S and vn rows are read
- * coalesced from global memory, gam * q and QK from shared memory), fp32 sums in the cpu oracle's order, o
- * rounded to bf16 once. Part of kda.cu.
+ * and QK prep.cuh's. Both products on tensor cores (mma.cuh: every operand fp32, split hi + lo, three-term
+ * products into one fp32 accumulator): o (64 x dv) = (gam * Q) S + QK vn, warp w owning rows [16 (w % 4), +16) and
+ * half w / 4 of the columns; o rounded to bf16 once. Templates on DK = dk = dv. Shared memory ~190 KB at 128.
+ * Part of kda.cu.
  */
 #pragma once
 
-static __host__ __device__ size_t kda_out_smem(int dk, KdaCarve *c, float **sG, float **sQg, float **sQK) {
-    *sG = c->take<float>((size_t)KDA_C * dk);
-    *sQg = c->take<float>((size_t)KDA_C * dk);
-    *sQK = c->take<float>((size_t)KDA_C * KDA_LDT);
-    return c->off;
-}
+template <int DK> struct KdaOutSmem {
+    static constexpr int LDK = DK + 8, LDT = KDA_C + 8;
+    float *G;
+    bf16 *qh, *ql, *sh, *sl, *qkh, *qkl, *vnh, *vnl;
+    size_t bytes;
+    __host__ __device__ explicit KdaOutSmem(void *b) {
+        KdaCarve c(b);
+        G = c.take<float>((size_t)KDA_C * DK);
+        qh = c.take<bf16>((size_t)KDA_C * LDK);
+        ql = c.take<bf16>((size_t)KDA_C * LDK);
+        sh = c.take<bf16>((size_t)DK * LDK);
+        sl = c.take<bf16>((size_t)DK * LDK);
+        qkh = c.take<bf16>((size_t)KDA_C * LDT);
+        qkl = c.take<bf16>((size_t)KDA_C * LDT);
+        vnh = c.take<bf16>((size_t)KDA_C * LDK);
+        vnl = c.take<bf16>((size_t)KDA_C * LDK);
+        bytes = c.off;
+    }
+};
 
+template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q,
                                                                  const float *g, const float *hs /* (ns,nv,dk,dv) */,
                                                                  const float *vn /* (T,nv,dv) */,
                                                                  const float *qk /* (T,nv,64) */,
                                                                  const int32_t *starts, const int32_t *meta,
                                                                  const int32_t *doc_pos, int64_t T, int nk, int nv,
-                                                                 int dk, int dv, int ldq, int ldo, float scale) {
+                                                                 int ldq, int ldo, float scale) {
+    using Sm = KdaOutSmem<DK>;
+    constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK;
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    KdaCarve cv(kda_smem);
-    float *sG, *sQg, *sQK;
-    kda_out_smem(dk, &cv, &sG, &sQg, &sQK);
+    const Sm s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const size_t sn = (size_t)dk * dv;
+    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    const size_t sn = (size_t)DK * DV;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_G(sG, dk, g, ch.t0, L, h, nv, dk);
-        kda_load_tile(sQK, qk, ch.t0, L, h, nv);
-        __syncthreads();
-        for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
-            const int r = i / dk, a = i % dk;
-            sQg[i] = r < L ? expf(sG[i]) * __bfloat162float(q[(ch.t0 + r) * ldq + (int64_t)kh * dk + a]) : 0.0f;
-        }
-        __syncthreads();
+        const int64_t t0 = ch.t0;
         const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
-        for (int i = threadIdx.x; i < L * dv; i += KDA_THREADS) {
-            const int r = i / dv, cc = i % dv;
-            float x = 0.0f;
-            if (S)
-                for (int a = 0; a < dk; a++) x += sQg[r * dk + a] * S[(size_t)a * dv + cc];
-            for (int j = 0; j <= r; j++) x += sQK[r * KDA_LDT + j] * vn[((ch.t0 + j) * nv + h) * (int64_t)dv + cc];
-            o[(ch.t0 + r) * ldo + (int64_t)h * dv + cc] = __float2bfloat16_rn(scale * x);
+        if (S)
+            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
+                const int a = i / DV, cc = i % DV;
+                kda_split(S[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
+            }
+        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
+            const int r = i / KDA_C, j = i % KDA_C;
+            const float x = r < L && j <= r ? qk[((t0 + r) * nv + h) * (int64_t)KDA_C + j] : 0.0f;
+            kda_split(x, &s.qkh[r * LDT + j], &s.qkl[r * LDT + j]);
         }
+        for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
+            const int r = i / DV, cc = i % DV;
+            const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
+            kda_split(x, &s.vnh[r * LDK + cc], &s.vnl[r * LDK + cc]);
+        }
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK);
+        __syncthreads();
+        for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+            const int r = i / DK, a = i % DK;
+            const float x = r < L ? expf(s.G[i]) * __bfloat162float(q[(t0 + r) * ldq + (int64_t)kh * DK + a]) : 0.0f;
+            kda_split(x, &s.qh[r * LDK + a], &s.ql[r * LDK + a]);
+        }
+        __syncthreads();
+        float acc[1][DV / 16][4];
+        gdn_zero(acc);
+        if (S) kda_mma3<1, DV / 16, false, DK>(acc, s.qh, s.ql, LDK, s.sh, s.sl, LDK, 16 * mt, half * (DV / 2));
+        kda_mma3<1, DV / 16, false, KDA_C>(acc, s.qkh, s.qkl, LDT, s.vnh, s.vnl, LDK, 16 * mt, half * (DV / 2));
+#pragma unroll
+        for (int ni = 0; ni < DV / 16; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * mt + gdn_frag_row(e), cc = half * (DV / 2) + 8 * ni + gdn_frag_col(e);
+                if (r < L) o[(t0 + r) * ldo + (int64_t)h * DV + cc] = __float2bfloat16_rn(scale * acc[0][ni][e]);
+            }
         __syncthreads();
     }
 }

@@ -2,72 +2,137 @@
  * prep.cuh — the per-chunk factors of KDA that need the pairwise per-channel decay E_ij[c] = e^{G_i[c] - G_j[c]}
  * (j <= i, exponent <= 0; pairs j > i are never evaluated), one block per (chunk, value head):
  *
- *   kda_prep_kernel  Tinv = (I + A)^-1, A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] (i > j): the pairs one thread
- *                    each (a loop over the channels), then forward substitution, one thread per column (the cpu
- *                    oracle's order). Written to tinv (T, nv, 64): row i of the chunk at ((t0 + i) nv + h) 64,
- *                    zeros right of the diagonal (cpu_kda.c's kept layout). This is the kept buffer's prep.
+ *   kda_prep_kernel  Tinv = (I + A)^-1, A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] (i > j), then forward
+ *                    substitution, one thread per column (the cpu oracle's order). Written to tinv (T, nv, 64):
+ *                    row i of the chunk at ((t0 + i) nv + h) 64, zeros right of the diagonal (cpu_kda.c's kept
+ *                    layout). This is the kept buffer's prep.
  *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0) into qk (T, nv, 64), the same layout:
  *                    the output's and the backward state pass's intra-chunk weights.
  *
- * fp32 on CUDA cores (the pairwise decay is per channel, so these are not plain products); rows >= L are
- * zero. Part of kda.cu.
+ * The pair sums P_ij = sum_c l_i[c] r_j[c] E_ij[c] (kda_pair_decay; l = k or q, r = k) in 16-row sub-chunks: for i
+ * in sub-chunk b > 0 and j in an earlier one, E_ij = e^{G_i - G_ref} e^{G_ref - G_j} with G_ref = G at the
+ * sub-chunk's first row 16 b, both exponents <= 0 (G falls along the chunk), so the block of P is one product of
+ * decay-scaled rows, on tensor cores (mma.cuh: split operands, three-term products); for the chunk that is a
+ * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
+ * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, one thread per
+ * pair, a loop over the channels. Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
  */
 #pragma once
 
-/* shared memory of both: k (and q) bf16 (64, dk + 2), G fp32 (64, dk + 1), two 64 x 64 tiles, beta */
-static __host__ __device__ size_t kda_prep_smem(int dk, KdaCarve *c, bf16 **sK, bf16 **sQ, float **sG, float **sA,
-                                                float **sT, float **sBeta) {
-    *sK = c->take<bf16>((size_t)KDA_C * (dk + 2));
-    *sQ = c->take<bf16>((size_t)KDA_C * (dk + 2));
-    *sG = c->take<float>((size_t)KDA_C * (dk + 1));
-    *sA = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sT = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sBeta = c->take<float>(KDA_C);
-    return c->off;
+/* shared memory of both (DK = dk): G fp32 (64, DK); l, r raw bf16 (64, DK + 8); the decay-scaled l (hi / lo,
+ * 64 rows) and r (hi / lo, 96 rows: 16, 32, 48 rows for the references of sub-chunks 1, 2, 3); two 64 x 64 fp32
+ * tiles; beta. ~180 KB at DK = 128. */
+template <int DK> struct KdaPairSmem {
+    static constexpr int LDK = DK + 8, NR = 96;
+    float *G, *A, *T, *beta;
+    bf16 *l, *r, *lh, *ll, *rh, *rl;
+    size_t bytes;
+    __host__ __device__ explicit KdaPairSmem(void *b) {
+        KdaCarve c(b);
+        G = c.take<float>((size_t)KDA_C * DK);
+        A = c.take<float>((size_t)KDA_C * KDA_LDT);
+        T = c.take<float>((size_t)KDA_C * KDA_LDT);
+        beta = c.take<float>(KDA_C);
+        l = c.take<bf16>((size_t)KDA_C * LDK);
+        r = c.take<bf16>((size_t)KDA_C * LDK);
+        lh = c.take<bf16>((size_t)KDA_C * LDK);
+        ll = c.take<bf16>((size_t)KDA_C * LDK);
+        rh = c.take<bf16>((size_t)NR * LDK);
+        rl = c.take<bf16>((size_t)NR * LDK);
+        bytes = c.off;
+    }
+};
+
+/* the first row of sub-chunk b's r segment (b = 1, 2, 3: rows j < 16 b scaled by e^{G_16b - G_j}) */
+KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
+
+/* P[i][j] (row stride KDA_LDT) = sum_c l_i[c] r_j[c] E_ij[c] for j < i (DIAG: j <= i) and i < L, else 0, from s.G,
+ * s.l, s.r (rows >= L zero, synchronised before the call). Warps 0..5 the six 16 x 16 column pairs below the
+ * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every thread the diagonal
+ * blocks and the zeros. All threads; ends synchronised. */
+template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &s, float *P, int L) {
+    constexpr int LDK = KdaPairSmem<DK>::LDK;
+    for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+        const int row = i / DK, c = i % DK, ref = row & ~15;
+        const float x = __bfloat162float(s.l[row * LDK + c]) * expf(s.G[i] - s.G[ref * DK + c]);
+        kda_split(x, &s.lh[row * LDK + c], &s.ll[row * LDK + c]);
+    }
+    for (int i = threadIdx.x; i < KdaPairSmem<DK>::NR * DK; i += KDA_THREADS) {
+        const int q = i / DK, c = i % DK;
+        const int b = q < 16 ? 1 : q < 48 ? 2 : 3, j = q - kda_rseg(b);
+        const float x = __bfloat162float(s.r[j * LDK + c]) * expf(s.G[16 * b * DK + c] - s.G[j * DK + c]);
+        kda_split(x, &s.rh[q * LDK + c], &s.rl[q * LDK + c]);
+    }
+    __syncthreads();
+    const int w = threadIdx.x >> 5;
+    if (w < 6) {
+        const int b = w == 0 ? 1 : w < 3 ? 2 : 3, n0 = 16 * (w == 0 ? 0 : w < 3 ? w - 1 : w - 3);
+        float acc[1][2][4];
+        gdn_zero(acc);
+        const int off = kda_rseg(b) * LDK;
+        kda_mma3<1, 2, false, DK, true>(acc, s.lh, s.ll, LDK, s.rh + off, s.rl + off, LDK, 16 * b, n0);
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 16 * b + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
+                P[i * KDA_LDT + j] = i < L ? acc[0][ni][e] : 0.0f;
+            }
+    }
+    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+        const int i = p / KDA_C, j = p % KDA_C;
+        if ((j >> 4) < (i >> 4)) continue; /* the products' */
+        float x = 0.0f;
+        if (i < L && (DIAG ? j <= i : j < i)) {
+            const bf16 *li = s.l + i * LDK, *rj = s.r + j * LDK;
+            const float *Gi = s.G + i * DK, *Gj = s.G + j * DK;
+            for (int c = 0; c < DK; c++)
+                x += __bfloat162float(li[c]) * __bfloat162float(rj[c]) * expf(Gi[c] - Gj[c]);
+        }
+        P[i * KDA_LDT + j] = x;
+    }
+    __syncthreads();
 }
 
+/* rows [0, 64) x DK of a bf16 matrix (row t at src + t ld) into a tile of row stride DK + 8; rows >= L read 0 */
+template <int DK> KDA_DEV void kda_load_rows(bf16 *s, const bf16 *src, int64_t ld, int L) {
+    for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+        const int row = i / DK, c = i % DK;
+        s[row * (DK + 8) + c] = row < L ? src[(int64_t)row * ld + c] : __float2bfloat16(0.0f);
+    }
+}
+
+template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T,nv,64) */, const bf16 *k,
                                                                const float *g, const float *beta,
                                                                const int32_t *starts, const int32_t *meta,
                                                                const int32_t *doc_pos, int64_t T, int nk, int nv,
-                                                               int dk, int ldq) {
+                                                               int ldq) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    KdaCarve cv(kda_smem);
-    bf16 *sK, *sQ;
-    float *sG, *sA, *sT, *sBeta;
-    kda_prep_smem(dk, &cv, &sK, &sQ, &sG, &sA, &sT, &sBeta);
+    const KdaPairSmem<DK> s(kda_smem);
+    float *sA = s.A, *sT = s.T;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int ldk = dk + 2, ldg = dk + 1;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_bf16(sK, ldk, k + ch.t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
-        kda_load_G(sG, ldg, g, ch.t0, L, h, nv, dk);
-        if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
+        kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
+        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK);
         __syncthreads();
-        /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L (lanes over j) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, j = p % KDA_C;
-            float a = 0.0f;
-            if (j < i && i < L) {
-                const bf16 *ki = sK + i * ldk, *kj = sK + j * ldk;
-                const float *Gi = sG + i * ldg, *Gj = sG + j * ldg;
-                float s = 0.0f;
-                for (int cc = 0; cc < dk; cc++)
-                    s += __bfloat162float(ki[cc]) * __bfloat162float(kj[cc]) * expf(Gi[cc] - Gj[cc]);
-                a = sBeta[i] * s;
-            }
-            sA[i * KDA_LDT + j] = a;
-        }
+        /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
+        kda_pair_decay<DK, false>(s, sA, L);
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
+            sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
         __syncthreads();
         /* Tinv by forward substitution, thread = column col:
          * T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col] */
         if (threadIdx.x < KDA_C) {
             const int col = threadIdx.x;
             for (int i = 0; i < L; i++) {
-                float s = i == col ? 1.0f : 0.0f;
-                for (int j = col; j < i; j++) s += -sA[i * KDA_LDT + j] * sT[j * KDA_LDT + col];
-                sT[i * KDA_LDT + col] = col <= i ? s : 0.0f;
+                float s1 = i == col ? 1.0f : 0.0f;
+                for (int j = col; j < i; j++) s1 += -sA[i * KDA_LDT + j] * sT[j * KDA_LDT + col];
+                sT[i * KDA_LDT + col] = col <= i ? s1 : 0.0f;
             }
         }
         __syncthreads();
@@ -79,34 +144,25 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
     }
 }
 
+template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_qk_kernel(float *qk /* (T,nv,64) */, const bf16 *q, const bf16 *k,
                                                              const float *g, const int32_t *starts, const int32_t *meta,
-                                                             const int32_t *doc_pos, int64_t T, int nk, int nv, int dk,
+                                                             const int32_t *doc_pos, int64_t T, int nk, int nv,
                                                              int ldq) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    KdaCarve cv(kda_smem);
-    bf16 *sK, *sQ;
-    float *sG, *sA, *sT, *sBeta;
-    kda_prep_smem(dk, &cv, &sK, &sQ, &sG, &sA, &sT, &sBeta);
+    const KdaPairSmem<DK> s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int ldk = dk + 2, ldg = dk + 1;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_bf16(sK, ldk, k + ch.t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
-        kda_load_bf16(sQ, ldk, q + ch.t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
-        kda_load_G(sG, ldg, g, ch.t0, L, h, nv, dk);
+        kda_load_rows<DK>(s.l, q + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK);
         __syncthreads();
+        kda_pair_decay<DK, true>(s, s.A, L);
         for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
             const int r = p / KDA_C, j = p % KDA_C;
-            float s = 0.0f;
-            if (j <= r) {
-                const bf16 *qr = sQ + r * ldk, *kj = sK + j * ldk;
-                const float *Gr = sG + r * ldg, *Gj = sG + j * ldg;
-                for (int cc = 0; cc < dk; cc++)
-                    s += __bfloat162float(qr[cc]) * __bfloat162float(kj[cc]) * expf(Gr[cc] - Gj[cc]);
-            }
-            qk[((ch.t0 + r) * nv + h) * (int64_t)KDA_C + j] = s;
+            qk[((ch.t0 + r) * nv + h) * (int64_t)KDA_C + j] = s.A[r * KDA_LDT + j];
         }
         __syncthreads();
     }

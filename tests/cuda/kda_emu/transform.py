@@ -9,7 +9,7 @@ out = []; i = 0
 while True:
     j = s.find('<<<', i)
     if j < 0: out.append(s[i:]); break
-    m = re.search(r'([A-Za-z_][A-Za-z_0-9]*)\s*$', s[i:j])
+    m = re.search(r'([A-Za-z_][A-Za-z_0-9]*(?:<[^<>]*>)?)\s*$', s[i:j])  # a kernel, or a template's instance
     name_start = i + m.start(1)
     out.append(s[i:name_start])
     name = m.group(1)

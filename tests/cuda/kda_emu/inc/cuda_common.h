@@ -5,8 +5,10 @@
  * arrays; __syncthreads is a barrier of the block, the warp shuffles and ballots exchange through per-warp slots
  * between two barriers of the warp (so a shuffle or barrier reached by part of a warp or block deadlocks, as it
  * is undefined on the GPU). Device memory is host memory; copies and memsets happen at once. bf16 is a 16-bit
- * struct with round-to-nearest-even conversions. Only what kernels/cuda/kda/ and the KDA test use; it cannot run
- * inline PTX (a tensor-core version of the kernels needs the GPU). Build and run: build.sh (tests/test_cuda_kda_emu.py).
+ * struct with round-to-nearest-even conversions. Only what kernels/cuda/kda/ and the KDA test use; it runs no inline
+ * PTX: the tensor-core pieces the kernels use come from cuda_gdn_mma.h beside it (the warp GEMM of
+ * kernels/cuda/cuda_gdn_mma.h, each lane computing its own accumulator elements). Build and run: build.sh
+ * (tests/test_cuda_kda_emu.py).
  */
 #ifndef RS_CUDA_COMMON_H
 #define RS_CUDA_COMMON_H
@@ -51,13 +53,20 @@ extern thread_local uint3e threadIdx;
 typedef int cudaError_t;
 typedef void *cudaStream_t;
 #define cudaSuccess 0
-enum { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaFuncAttributeMaxDynamicSharedMemorySize, cudaDevAttrMaxSharedMemoryPerBlockOptin };
+enum { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaFuncAttributeMaxDynamicSharedMemorySize, cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDevAttrMultiProcessorCount };
 #define EMU_SMEM_MAX 232448
 static inline int cudaMemcpyAsync(void *d, const void *s, size_t n, int, cudaStream_t) { memmove(d, s, n); return 0; }
 static inline int cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return 0; }
 static inline int cudaStreamSynchronize(cudaStream_t) { return 0; }
 static inline int cudaGetDevice(int *d) { *d = 0; return 0; }
-static inline int cudaDeviceGetAttribute(int *v, int, int) { *v = EMU_SMEM_MAX; return 0; }
+/* the device's SM count: 16, or KDA_EMU_SMS (the emulation's own setting, for tests). kda.cu's state passes take 16
+ * columns per block where nv ncol / 16 <= SMs, else 32: with 16 the d = 128, nv = 2 case runs 16 and the nv = 4
+ * cases 32; tests/test_cuda_kda_emu.py runs the d = 64 case again with 4 for its 32 */
+static inline int cudaDeviceGetAttribute(int *v, int attr, int) {
+    const char *e = getenv("KDA_EMU_SMS");
+    *v = attr == cudaDevAttrMultiProcessorCount ? (e ? atoi(e) : 16) : EMU_SMEM_MAX;
+    return 0;
+}
 static inline int cudaMalloc(void **p, size_t n) { *p = aligned_alloc(256, (n + 255) / 256 * 256); return 0; }
 static inline int cudaFree(void *p) { free(p); return 0; }
 static inline int cudaGetLastError(void) { return 0; }
