@@ -145,7 +145,7 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
                           (long long)halo);
     const int64_t keep = cfg->checkpoint.keep_layers;
     if (keep > cfg->model.num_hidden_layers)
-        config_errors_add(err, "%s is more than the model's %s: it counts the last layers that keep their "
+        config_errors_add(err, "%s is more than %s: it counts the last layers that keep their "
                                "activations; at most %lld (every layer: checkpoint.activations none)",
                           validate_quote(cfg, "checkpoint.keep_layers", a, sizeof a),
                           validate_quote(cfg, "model.num_hidden_layers", b, sizeof b),
