@@ -50,6 +50,15 @@ CASES = [
     ("range-beta2", "train:\n  beta2: 1.5\n", [], ["bad.yaml:2:10", "train.beta2 = 1.5 is out of range [0, 0.999999]"]),
     ("range-negative-cp", "parallel:\n  cp: -2\n", [], ["bad.yaml:2:7", "parallel.cp = -2 is out of range"]),
     ("duplicate-key", "data:\n  seq_len: 512\n  seq_len: 1024\n", [], ["bad.yaml:3:3", "given twice (first at line 2)"]),
+    # checkpoint.keep_layers: an integer or auto, at most the layers, not with offload
+    ("keep-layers-word", "checkpoint:\n  keep_layers: most\n", [],
+     ["bad.yaml:2:16", "checkpoint.keep_layers", "expected an integer or auto", "\"most\""]),
+    ("keep-layers-negative", "checkpoint:\n  keep_layers: -1\n", [],
+     ["bad.yaml:2:16", "checkpoint.keep_layers = -1 is out of range"]),
+    ("keep-layers-too-many", "model:\n  num_hidden_layers: 8\ncheckpoint:\n  keep_layers: 9\n", [],
+     ["checkpoint.keep_layers = 9 (bad.yaml:4:3)", "model.num_hidden_layers = 8 (bad.yaml:2:3)", "at most 8"]),
+    ("keep-layers-offload", "checkpoint:\n  keep_layers: auto\n  offload: host\n", [],
+     ["checkpoint.keep_layers = auto (bad.yaml:2:3)", "checkpoint.offload = host (bad.yaml:3:3)"]),
     # --- cross-key rules quote both keys and values
     ("seq-not-divisible", "data:\n  seq_len: 1000\nparallel:\n  cp: 2\n", [],
      ["data.seq_len = 1000 (bad.yaml:2:3)", "parallel.cp = 2 (bad.yaml:4:3)", "= 256", "768 or 1024"]),

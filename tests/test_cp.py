@@ -302,6 +302,43 @@ def test_policies_under_cp(cases, tmp_path, dp, cp):
     assert counts["full"]["activation_bytes_kept"] < counts["remat"]["activation_bytes_kept"]
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_keep_layers_under_cp(cases, tmp_path, cp):
+    """checkpoint.keep_layers under CP with documents: the kept layers keep their ring outputs and GDN entry states
+    as none does, the others remat's. N < L gives bitwise remat's loss and gradients, N = L (and auto, which keeps
+    the tiny model whole) bitwise none's: a layer runs exactly as under its policy. (none and remat themselves differ
+    in the last bits under CP, in GDN layer 0's forward, whose state passing runs with or without the kept buffer:
+    test_policies_under_cp bounds that at 1e-6.) The kept attention layer (3, the last) runs its ring once and the
+    GDN layers their scan once forward, the block recomputes are L - N, and the bytes kept are plan's figure."""
+    d, dp, L = cases["boundaries"], 1, 4
+    refs = {}
+    for policy in ("remat", "none"):
+        grads, c, out = parity_step(d, dp, cp, tmp_path / f"{policy}.safetensors", "--policy", policy)
+        refs[policy] = grads, c, out.split(" loss ")[1].split()[0]
+    sets = ["--set", f"parallel.dp={dp}", "--set", f"parallel.cp={cp}", "--set", f"data.seq_len={T}",
+            "--set", f"data.micro_batch={2 // dp}"]
+    kept = {}
+    for n in ("0", "1", str(L - 1), str(L), "auto"):
+        grads, c, out = parity_step(d, dp, cp, tmp_path / f"keep{n}.safetensors", "--policy", "remat",
+                                    "--set", f"checkpoint.keep_layers={n}")
+        want = L if n == "auto" else int(n)  # auto: the tiny model fits whole
+        ref, _, loss = refs["none" if want == L else "remat"]
+        assert out.split(" loss ")[1].split()[0] == loss, (n, out)
+        for k in ref:
+            assert np.array_equal(grads[k], ref[k]), (cp, n, k)
+        assert c["block_recomputes"] == L - want, (n, c)
+        assert c["attn_forwards"][3] == 1 and c["ring_passes_fwd"][3] == 1, (n, c)
+        for l in range(3):
+            assert c["scan_allgathers_fwd"][l] == 1 and c["halo_exchanges"][l] == 2, (n, c)
+        memory = plan_json(*sets, "--set", f"checkpoint.keep_layers={n}")["memory"]
+        assert memory["keep_layers"] == want, memory
+        planned = memory["remat"]["activations_kept"]
+        kept[want] = c["activation_bytes_kept"]
+        assert planned <= kept[want] <= planned + 256 * 400, (n, planned, kept[want])
+    remat, none = (refs[p][1]["activation_bytes_kept"] for p in ("remat", "none"))
+    assert remat == kept[0] < kept[1] < kept[L - 1] < kept[L] == none, (kept, remat, none)
+
+
 def test_gdn_keep_modes(cases, tmp_path):
     """checkpoint.gdn_keep under CP (dp 1, cp 2) and the none and remat policies: the backward that
     reads what the forward kept (the cpu backend keeps Tinv; `states` keeps nothing more there) gives

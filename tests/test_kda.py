@@ -173,6 +173,14 @@ def test_kda_model_matches_the_float64_reference_under_every_policy(cases, tmp_p
     for policy in ("full", "remat"):
         for k in grads["none"]:
             assert rel(grads[policy][k], grads["none"][k]) <= 1e-6, (policy, k)
+    # checkpoint.keep_layers: the last layers kept whole (run as under none), the rest remat: within none's bound,
+    # block recomputes only for the others
+    for n in (1, 3):
+        g, c = parity_step(d, 1, 1, tmp_path / f"keep-layers-{n}.safetensors", "--policy", "remat",
+                           "--set", f"checkpoint.keep_layers={n}")
+        assert c["block_recomputes"] == 4 - n, c
+        for k in g:
+            assert rel(g[k], grads["none"][k]) <= 1e-6, (n, k)
     # the kept Tinv (checkpoint.gdn_keep) gives the bits of recomputing it
     for keep in ("none", "states"):
         g, _ = parity_step(d, 1, 1, tmp_path / f"keep-{keep}.safetensors", "--set", f"checkpoint.gdn_keep={keep}")

@@ -107,3 +107,66 @@ def test_sharded_world_is_refused_not_crashed(cases):
              "--set", "parallel.shard=optimizer"])
     assert r.returncode == 2, r.stdout + r.stderr
     assert "parallel.shard = optimizer" in r.stderr and "parallel.shard=none" in r.stderr, r.stderr
+
+
+def _plan_memory(d, *sets):
+    args = [BUILD / "ringscan", "plan", d / "config.yaml", "--json", "--set", "parallel.cp=1"]  # parity_step's one rank
+    for s in sets:
+        args += ["--set", s]
+    r = run(args)
+    assert r.returncode in (0, 1), r.stderr
+    import json
+    return json.loads(r.stdout)["memory"]
+
+
+@pytest.mark.parametrize("policy", ["remat", "full"])
+def test_keep_layers_give_identical_gradients(cases, policy):
+    """checkpoint.keep_layers (selective): under remat and full the last N layers keep what none keeps and their
+    backward recomputes nothing, the rest follow the policy. Every N (0, 1, L-1, L, auto) gives bitwise none's loss
+    and gradients; the block recomputes are L - N; the bytes kept are plan's figure for the same config, grow with
+    N from the policy's to none's (N = L: exactly none's), and so does plan's total. auto takes the most layers whose
+    plan fits device.memory_gib less 10%: with the memory set between N = 2's and N = 3's totals it keeps 2."""
+    import json
+    d, L = cases["tiny"], 4
+    r = run([BUILD / "parity_step", d, "--policy", "none"])
+    assert r.returncode == 0, r.stderr
+    ref = safetensors_io.load(d / "grads.safetensors")
+    ref_loss = r.stdout.split(" loss ")[1].split()[0]
+    none_mem = _plan_memory(d, "checkpoint.activations=none")["none"]
+
+    def step(*sets):
+        args = [BUILD / "parity_step", d, "--policy", policy]
+        for s in sets:
+            args += ["--set", s]
+        r = run(args)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split(" loss ")[1].split()[0] == ref_loss, r.stdout
+        got = safetensors_io.load(d / "grads.safetensors")
+        for name, want in ref.items():
+            assert np.array_equal(np.asarray(got[name]), np.asarray(want)), (policy, sets, name)
+        counters = json.loads(r.stdout.split("counters ", 1)[1].splitlines()[0])
+        recomputes = int(r.stdout.split("block recomputes ")[1].split()[0])
+        return counters["activation_bytes_kept"], recomputes
+
+    kept, totals = {}, {}
+    for n in (0, 1, L - 1, L):
+        kept[n], recomputes = step(f"checkpoint.keep_layers={n}")
+        assert recomputes == L - n, (policy, n, recomputes)
+        mem = _plan_memory(d, f"checkpoint.activations={policy}", f"checkpoint.keep_layers={n}")
+        assert mem["keep_layers"] == n, mem
+        planned = mem[policy]["activations_kept"]
+        assert planned <= kept[n] <= planned + 256 * 200, (policy, n, planned, kept[n])
+        totals[n] = mem[policy]["total"]
+    none_kept = json.loads(r.stdout.split("counters ", 1)[1].splitlines()[0])["activation_bytes_kept"]
+    assert kept[0] < kept[1] < kept[L - 1] < kept[L] == none_kept, (kept, none_kept)
+    assert totals[0] < totals[1] < totals[L - 1] < totals[L] == none_mem["total"], (totals, none_mem["total"])
+    # auto: device.memory_gib between N = 2's total / 0.9 and N = 3's total / 0.9
+    t2 = _plan_memory(d, f"checkpoint.activations={policy}", "checkpoint.keep_layers=2")[policy]["total"]
+    gib = (t2 / 0.9 + (totals[L - 1] / 0.9 - t2 / 0.9) / 2) / 2**30
+    mem = _plan_memory(d, f"checkpoint.activations={policy}", "checkpoint.keep_layers=auto", f"device.memory_gib={gib}")
+    assert mem["keep_layers"] == 2 and mem["keep_layers_auto"], mem
+    auto_kept, recomputes = step("checkpoint.keep_layers=auto", f"device.memory_gib={gib}")
+    assert recomputes == L - 2, recomputes
+    assert mem[policy]["activations_kept"] <= auto_kept <= mem[policy]["activations_kept"] + 256 * 200
+    # auto with room for every layer keeps them all
+    assert _plan_memory(d, f"checkpoint.activations={policy}", "checkpoint.keep_layers=auto")["keep_layers"] == L

@@ -80,14 +80,20 @@ def test_metrics_and_schedule(tmp_path, data):
 
 
 def test_exact_resume(tmp_path, data):
-    """20 steps straight vs 10 steps + `ringscan resume` to 20: bitwise-equal losses."""
+    """20 steps straight vs 10 steps + `ringscan resume` to 20: bitwise-equal losses. The second run keeps its
+    last 2 of 4 layers whole (checkpoint.keep_layers 2: the same bits as remat, half the block recomputes), and the
+    resumed half still does."""
     train(tmp_path / "a", data, "--set", "checkpoint.every=5", steps=20)
-    train(tmp_path / "b", data, "--set", "checkpoint.every=5", "--set", "run.stop_after_step=10", steps=20)
+    train(tmp_path / "b", data, "--set", "checkpoint.every=5", "--set", "run.stop_after_step=10",
+          "--set", "checkpoint.keep_layers=2", steps=20)
     assert len(losses(tmp_path / "b")) == 10
     r = run([RINGSCAN, "resume", tmp_path / "b"])
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
     assert losses(tmp_path / "a") == losses(tmp_path / "b")  # exact float equality
+    ra = [m["counters"]["block_recomputes"] for m in metrics(tmp_path / "a")]
+    rb = [m["counters"]["block_recomputes"] for m in metrics(tmp_path / "b")]
+    assert len(rb) == 20 and ra[0] > 0 and all(a == ra[0] for a in ra) and all(2 * b == ra[0] for b in rb), (ra, rb)
 
 
 def test_grad_accumulation_and_dp_match(tmp_path, data):

@@ -323,9 +323,13 @@ static bool config_store_node(Config *cfg, int key, yaml_document_t *doc, yaml_n
     switch (k->type) {
     case CONFIG_TYPE_INT: {
         int64_t v;
+        if (k->names && plain && !strcmp(s, "auto")) { /* INTA */
+            *(int64_t *)field = CONFIG_AUTO;
+            return true;
+        }
         if (!plain || !config_parse_int(s, &v)) {
-            config_errors_add(err, "%s: %s: expected an integer, got %s%s", where, k->path, q,
-                              plain ? "" : " (quoted, so a string)");
+            config_errors_add(err, "%s: %s: expected %s, got %s%s", where, k->path,
+                              k->names ? "an integer or auto" : "an integer", q, plain ? "" : " (quoted, so a string)");
             return false;
         }
         if ((double)v < k->min || (double)v > k->max) {
@@ -735,7 +739,10 @@ void config_format_value(const Config *cfg, int key, char *buf, size_t n) {
     const ConfigKey *k = &config_schema[key];
     const void *f = config_field_const(cfg, key);
     switch (k->type) {
-    case CONFIG_TYPE_INT: snprintf(buf, n, "%lld", (long long)*(const int64_t *)f); break;
+    case CONFIG_TYPE_INT:
+        if (k->names && *(const int64_t *)f == CONFIG_AUTO) snprintf(buf, n, "auto");
+        else snprintf(buf, n, "%lld", (long long)*(const int64_t *)f);
+        break;
     case CONFIG_TYPE_FLOAT: config_format_double(*(const double *)f, buf, n); break;
     case CONFIG_TYPE_BOOL: snprintf(buf, n, "%s", *(const bool *)f ? "true" : "false"); break;
     case CONFIG_TYPE_ENUM: snprintf(buf, n, "%s", k->names[*(const int32_t *)f]); break;
@@ -776,8 +783,8 @@ static void config_describe_type(const ConfigKey *k, char *buf, size_t n) {
     char names[512];
     switch (k->type) {
     case CONFIG_TYPE_INT:
-        if (k->max >= 9.0e18) snprintf(buf, n, "int >= %.0f", k->min);
-        else snprintf(buf, n, "int %.0f..%.0f", k->min, k->max);
+        if (k->max >= 9.0e18) snprintf(buf, n, "%sint >= %.0f", k->names ? "auto | " : "", k->min);
+        else snprintf(buf, n, "%sint %.0f..%.0f", k->names ? "auto | " : "", k->min, k->max);
         break;
     case CONFIG_TYPE_FLOAT: snprintf(buf, n, "float %g..%g", k->min, k->max); break;
     case CONFIG_TYPE_BOOL: snprintf(buf, n, "bool"); break;

@@ -161,6 +161,8 @@ typedef struct {
     int32_t gdn_keep;    /* GdnKeep: what the delta rule's forward keeps for its backward */
     int64_t chunk_rows;  /* rows per chunk of a layer's per-token work; 0: model_acts.c chooses */
     int32_t offload;     /* Offload: where the kept activations wait for the backward */
+    int64_t keep_layers; /* under full / remat: the last keep_layers layers keep their activations as under none;
+                          * CONFIG_AUTO: plan's rule (plan_keep_layers) */
     int64_t every;       /* steps between checkpoints; 0: only at the end and on stop */
     int64_t keep;        /* newest checkpoints kept */
 } CheckpointConfig;
@@ -223,6 +225,9 @@ typedef struct Config {
 } Config;
 
 /* ---- the schema table (config_schema.c) --------------------------------- */
+
+/* An INT key whose schema row names the word "auto" (INTA) stores it as CONFIG_AUTO. */
+#define CONFIG_AUTO (-1)
 
 typedef enum {
     CONFIG_TYPE_INT,

@@ -24,6 +24,7 @@ const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
 const char *const gdn_keep_names[]    = {"none", "wy", "states", NULL};
 const char *const offload_names[]     = {"none", "host", NULL};
 const char *const shard_names[]       = {"none", "optimizer", "gradients", "weights", NULL};
+static const char *const int_auto_names[] = {"auto", NULL};
 const char *const ring_calls_names[]  = {"auto", "pairs", "steps", NULL};
 const char *const lr_schedule_names[] = {"cosine", "wsd", "constant", NULL};
 const char *const data_format_names[] = {"flat", "megatron", NULL};
@@ -78,6 +79,8 @@ const char *const config_section_docs[] = {
      def_, min_, max_, names_, CONFIG_CHARSET_##charset_, unit_, module_, doc_}
 
 #define INT(p, def, lo, hi, unit, mod, doc)  CONFIG_ROW(p, INT, def, lo, hi, NULL, ANY, unit, mod, doc)
+/* an integer or the word auto (stored as CONFIG_AUTO) */
+#define INTA(p, def, lo, hi, unit, mod, doc) CONFIG_ROW(p, INT, def, lo, hi, int_auto_names, ANY, unit, mod, doc)
 #define FLT(p, def, lo, hi, unit, mod, doc)  CONFIG_ROW(p, FLOAT, def, lo, hi, NULL, ANY, unit, mod, doc)
 #define BOOL(p, def, mod, doc)               CONFIG_ROW(p, BOOL, def, 0, 0, NULL, ANY, "", mod, doc)
 #define STR(p, def, cs, mod, doc)            CONFIG_ROW(p, STR, def, 0, 0, NULL, cs, "", mod, doc)
@@ -236,6 +239,12 @@ const ConfigKey config_schema[] = {
          "host: each layer's kept activations go to (page-locked) host memory right after its forward and come "
          "back one layer ahead in the backward, on a copy stream beside the compute; the device holds two layers' "
          "worth; plan counts host memory per node (device.host_memory_gib); results are bitwise those of none"),
+    INTA(checkpoint.keep_layers, "0", 0, BIG, "layers", "model",
+         "under checkpoint.activations full or remat: the last this many layers keep every activation their "
+         "backward reads, as under none (their backward recomputes nothing), the others follow the policy; the "
+         "last because their backward runs first; auto: the most layers whose plan fits device.memory_gib less "
+         "a margin of 10% (plan prints the choice); at most model.num_hidden_layers; not with checkpoint.offload "
+         "host; nothing changes the math"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
 

@@ -143,6 +143,19 @@ static int validate_layout(const Config *cfg, ConfigErrors *err) {
                           validate_quote(cfg, "checkpoint.chunk_rows", a, sizeof a),
                           validate_quote(cfg, "model.linear_conv_kernel_dim", b, sizeof b), (long long)halo,
                           (long long)halo);
+    const int64_t keep = cfg->checkpoint.keep_layers;
+    if (keep > cfg->model.num_hidden_layers)
+        config_errors_add(err, "%s is more than %s: it counts the last layers that keep their "
+                               "activations; at most %lld (every layer: checkpoint.activations none)",
+                          validate_quote(cfg, "checkpoint.keep_layers", a, sizeof a),
+                          validate_quote(cfg, "model.num_hidden_layers", b, sizeof b),
+                          (long long)cfg->model.num_hidden_layers);
+    if (keep != 0 && cfg->checkpoint.offload == OFFLOAD_HOST)
+        config_errors_add(err, "%s with %s: offload moves every layer's kept activations through two device slots "
+                               "of the largest layer's size, which a kept layer would make as large as under none; "
+                               "use keep_layers 0 with offload, or offload none",
+                          validate_quote(cfg, "checkpoint.keep_layers", a, sizeof a),
+                          validate_quote(cfg, "checkpoint.offload", b, sizeof b));
     const SlurmConfig *s = &cfg->slurm;
     int64_t world = config_world(cfg);
     bool cuda = cfg->device.kind == DEVICE_KIND_CUDA; /* a cuda job runs one task (rank) per GPU */

@@ -7,9 +7,11 @@
  *     out by the parameter table (aligned tensor offsets);
  *   - activations kept by the checkpoint policy: one arena, carved in table
  *     order, each layer its own buffers;
- *   - activations not kept: one scratch arena shared by all layers; buffers
- *     are carved per layer kind (GDN, attention), so its size is the largest
- *     kind's total, model_acts.c's `recompute` term;
+ *   - activations not kept: one scratch arena shared by all layers; each
+ *     layer carves its own from the start, so its size is the largest
+ *     layer's total (model_acts.c's `recompute` term, aligned);
+ *   - checkpoint.keep_layers: a kept layer's buffers are kept like none's
+ *     (the table's keep bits say so), the rest as the policy says;
  *   - gradient scratch: persistent buffers plus one arena shared by the MLP,
  *     GDN and attention backward phases (model_acts.c's `grad_working`).
  *
@@ -170,7 +172,7 @@ static void model_alloc_activations(Model *m) {
     m->kept_len = RS_CALLOC((size_t)L, sizeof *m->kept_len);
 
     /* sizes: kept buffers per layer (and the head), scratch per kind */
-    int64_t kept = 0, scratch_kind[LAYER_KIND_COUNT] = {0};
+    int64_t kept = 0;
     for (int i = 0; i < t->n; i++) {
         const ActBuffer *b = &t->b[i];
         if (b->keep & (1u << pol)) {
@@ -178,17 +180,15 @@ static void model_alloc_activations(Model *m) {
             if (b->layer >= 0) m->kept_len[b->layer] += model_align(b->bytes);
         }
     }
-    /* scratch offsets by name, taken from the first layer of each kind */
-    for (int kind = 0; kind < LAYER_KIND_COUNT; kind++) {
-        int first = -1;
-        for (int l = 0; l < L && first < 0; l++)
-            if (config_layer_kind(cfg, l) == (LayerKind)kind) first = l;
-        if (first < 0) continue;
+    /* scratch: every layer carves its unkept buffers from the arena's start, so its size is the largest
+     * layer's (per kind the same but where checkpoint.keep_layers keeps a layer's per-token buffers) */
+    int64_t scratch = 0;
+    for (int l = 0; l < L; l++) {
+        int64_t s = 0;
         for (int i = 0; i < t->n; i++)
-            if (t->b[i].layer == first && !(t->b[i].keep & (1u << pol)))
-                scratch_kind[kind] += model_align(t->b[i].bytes);
+            if (t->b[i].layer == l && !(t->b[i].keep & (1u << pol))) s += model_align(t->b[i].bytes);
+        if (s > scratch) scratch = s;
     }
-    int64_t scratch = scratch_kind[0] > scratch_kind[1] ? scratch_kind[0] : scratch_kind[1];
     /* checkpoint.offload host: the head plus two layer slots on the device (layer l in slot l % 2),
      * every layer's kept bytes in host memory (model_offload.c moves them) */
     int64_t slot = t->layer_kept_max[pol], device_kept = offload ? t->offload_device[pol] : kept;

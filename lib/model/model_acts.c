@@ -31,6 +31,7 @@
 #include "backend/runtime.h"
 #include "core/error.h"
 #include "cp/cp.h"
+#include "plan/plan.h"
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
  * whole fp32 (V, C) gradient, so few large chunks: at 2 GiB and V = 151,936, 3,533 rows a chunk (10 at
@@ -47,6 +48,7 @@ typedef struct {
     int32_t   cap;
     int       policy;  /* the config's checkpoint.activations: the sizes model.c allocates */
     int64_t   T, R;    /* rows of a whole buffer and of a chunk */
+    int       first_kept; /* layers from this one on keep under `policy` what none keeps (checkpoint.keep_layers) */
 } ActBuild;
 
 static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPhase phase, int64_t bytes) {
@@ -107,6 +109,9 @@ static ActBuffer *acts_add_sized(ActBuild *ab, int layer, const char *name, int6
     ActBuffer *b = &t->b[t->n++];
     memset(b, 0, sizeof *b);
     snprintf(b->name, sizeof b->name, "%s", name);
+    /* a kept layer (checkpoint.keep_layers): what none keeps, the config's policy keeps too, whole */
+    if (keep & (1u << ab->policy)) t->pure_kept += rows * cols * elt;
+    if (layer >= ab->first_kept && (keep & ACT_KEEP_NONE)) keep |= 1u << ab->policy;
     b->layer = layer;
     b->cols = cols;
     b->elt = elt;
@@ -155,7 +160,16 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->sizes = runtime_sizes((int)cfg->device.kind, why, sizeof why);
     if (!t->sizes) error_exit(RS_EXIT_USAGE, __FILE__, __LINE__, NULL, "%s", why);
     const BackendSizes *sz = t->sizes;
-    ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0};
+    ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0, 0};
+    const int L = (int)m->num_hidden_layers;
+    /* checkpoint.keep_layers: the last N layers keep what none keeps (auto: plan's rule, the one figure plan
+     * and the model use); under none every layer does */
+    const int64_t keep_layers = cfg->checkpoint.activations == ACT_POLICY_NONE ? L : plan_keep_layers(cfg);
+    RS_CHECK(keep_layers >= 0 && keep_layers <= L, "checkpoint.keep_layers %lld of %d layers",
+             (long long)keep_layers, L);
+    t->keep_layers = (int32_t)keep_layers;
+    t->first_kept = L - (int32_t)keep_layers;
+    ab.first_kept = cfg->checkpoint.activations == ACT_POLICY_NONE ? L : t->first_kept;
     int64_t cp = cfg->parallel.cp;
     int64_t T = cfg->data.micro_batch * cfg->data.seq_len / cp;
     int e = cfg->device.kind == DEVICE_KIND_CUDA ? 2 : 4; /* activation element */
@@ -370,6 +384,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->cp_bytes[ACT_CP_RING] = ring_always + fb;
     t->cp_bytes[ACT_CP_SCAN] = t->cp_phase[ACT_CP_ALWAYS] - ring_always;
 }
+
+int model_acts_layer_keeps(const ActTable *t, int layer) { return layer >= t->first_kept; }
 
 void model_acts_free(ActTable *t) {
     free(t->b);

@@ -29,6 +29,17 @@
  * ActBuffer.rows / bytes the size under the config's own policy (what
  * model.c allocates); every sum below is per policy.
  *
+ * checkpoint.keep_layers N (selective): under full or remat the last N layers
+ * keep what none keeps, whole, and their backward recomputes nothing; the
+ * table marks it in the buffers' keep bits (the config's policy's bit is set
+ * on every buffer none keeps of those layers), so the config's policy's sums
+ * are the mixed policy's and the other policies' columns stay pure. The last
+ * N because the backward starts there: the allocation is one arena, so which
+ * layers does not change the peak, but a kept layer's buffers are read first
+ * and the remat layers' recompute runs last, beside the smaller live set.
+ * auto: plan_keep_layers (lib/plan), the one rule plan prints and the model
+ * allocates.
+ *
  * Sizes are for one rank: tokens = data.micro_batch × data.seq_len / cp;
  * activations are fp32 on cpu and bf16 on cuda, statistics (RMSNorm rstd,
  * LSE, gates) are fp32 on both.
@@ -137,6 +148,9 @@ typedef struct {
     int64_t    chunk_scratch[ACT_POLICY_COUNT]; /* the chunk scratch: the per-token buffers a policy does not
                                                    keep (the larger layer kind's) + the chunk gradients */
     int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */
+    int32_t    keep_layers; /* checkpoint.keep_layers resolved (auto: plan's figure); every layer under none */
+    int32_t    first_kept;  /* the first layer that keeps its activations whole: L - keep_layers */
+    int64_t    pure_kept;   /* the config's policy's kept bytes with keep_layers 0 (plan: what the kept layers add) */
     int32_t    n;
     ActBuffer *b;
     int64_t kept[ACT_POLICY_COUNT];      /* bytes kept across forward -> backward */
@@ -165,6 +179,8 @@ typedef struct {
 } ActTable;
 
 void model_acts_build(ActTable *t, const Config *cfg);
+/* layer `layer` keeps every activation its backward reads (none, or one of checkpoint.keep_layers): no recompute */
+int  model_acts_layer_keeps(const ActTable *t, int layer);
 void model_acts_free(ActTable *t);
 
 #endif

@@ -22,7 +22,8 @@
  * GPU; only what a mixer's core reads across tokens has every row. Under checkpoint.activations none the
  * per-token buffers the backward reads are kept whole per layer (block_rows_at points at each chunk's
  * rows); under full and remat they hold one chunk and the backward reruns each chunk's per-token forward
- * first (chunk_recomputes). Chunks change only the order of fp32 sums (tests/test_long.py).
+ * first (chunk_recomputes). Chunks change only the order of fp32 sums (tests/test_long.py). A layer of
+ * checkpoint.keep_layers runs as under none whatever the policy (model_acts_layer_keeps).
  *
  * Recompute modes (model_step.c decides): BLOCK_FORWARD the normal forward, writing the block output;
  * BLOCK_RECOMPUTE the full policy's recompute of the whole-rows buffers, attention included; BLOCK_REMAT
@@ -121,7 +122,7 @@ static Chunk block_chunk(const Model *m, int64_t k) {
 static int block_rows_at(Model *m, int l, int64_t row, const Dims *dd) {
     const Dims d = *dd;
     LayerActs *a = &m->la[l];
-    const int kept = m->cfg->checkpoint.activations == ACT_POLICY_NONE;
+    const int kept = model_acts_layer_keeps(&m->acts, l); /* none, or one of checkpoint.keep_layers */
     if (kept && row != a->at) {
         const int64_t r = row - a->at;
         a->ln1 = AT(a->ln1, r * d.H);
@@ -175,7 +176,7 @@ static void block_in_proj_backward(Model *m, int l, int64_t row, int64_t n, cons
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
-    RS_CHECK(m->cfg->checkpoint.activations != ACT_POLICY_NONE || a->at == row, "layer %d: ln1 at row %lld, not %lld",
+    RS_CHECK(!model_acts_layer_keeps(&m->acts, l) || a->at == row, "layer %d: ln1 at row %lld, not %lld",
              l, (long long)a->at, (long long)row);
     be->matmul_backward(m->d_ln, G(p->in_proj), dproj, a->ln1, W(p->in_proj), n, d.H, OC, d.H, ldp, 0);
     be->rmsnorm_backward(AT(m->d_resid, row * d.H), G(p->in_ln), m->d_ln, AT(a->x, row * d.H), W(p->in_ln), a->rstd1,
@@ -302,7 +303,7 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     const int communicate = multi && mode != BLOCK_REMAT;
     /* under remat / full the first forward's kept buffer would be overwritten before any backward reads it; the
      * hybrid's state passes run alone into it all the same (cp_gdn_forward_needs_kept: scratch there) */
-    const int keep = mode != BLOCK_FORWARD || m->cfg->checkpoint.activations == ACT_POLICY_NONE ||
+    const int keep = mode != BLOCK_FORWARD || model_acts_layer_keeps(&m->acts, l) ||
                      (communicate && cp_gdn_forward_needs_kept(cp));
     if (communicate) {
         block_gdn_tails(m, l, b, &d);

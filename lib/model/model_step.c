@@ -1,7 +1,8 @@
 /*
  * model_step.c — one micro-batch through the model: embedding, the blocks,
  * the final norm and the fused lm_head + cross-entropy, then the backward in
- * reverse with the checkpoint policy's recompute before each block.
+ * reverse with the checkpoint policy's recompute before each block (none before the layers of
+ * checkpoint.keep_layers, which keep what none keeps).
  *
  * The head runs in loss row chunks during the forward: the final norm, the
  * fused lm_head + loss (the logits of a row chunk are used for the loss and
@@ -116,8 +117,9 @@ void model_forward_backward(Model *m, const Batch *b, float grad_scale, int sync
         model_weights_fetch(m, l - 1); /* shard weights: gathered once for the recompute and the backward */
         model_weights_ready(m, l);
         model_offload_ready(m, l);
-        if (pol == ACT_POLICY_FULL) model_block_forward(m, l, b, NULL, BLOCK_RECOMPUTE);
-        else if (pol == ACT_POLICY_REMAT) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
+        const int kept = model_acts_layer_keeps(&m->acts, l); /* none, or one of checkpoint.keep_layers */
+        if (pol == ACT_POLICY_FULL && !kept) model_block_forward(m, l, b, NULL, BLOCK_RECOMPUTE);
+        else if (pol == ACT_POLICY_REMAT && !kept) model_block_forward(m, l, b, NULL, BLOCK_REMAT);
         model_grad_layer_begin(m, l);
         model_block_backward(m, l, b);
         model_offload_fetch(m, l - 2);

@@ -153,6 +153,12 @@ void plan_build(Plan *p, const Config *cfg) {
         const double elems = all + (all - last2) + (accum - 1) * ((all - first2) + (all - last2));
         p->weight_gather = (W - 1) / W * (cfg->device.kind == DEVICE_KIND_CUDA ? 2 : 4) * elems;
     }
+    /* each layer's GEMM parameters (the recompute FLOPs of the layers checkpoint.keep_layers spares) */
+    const int L = (int)m->num_hidden_layers;
+    double *mm_layer = RS_CALLOC((size_t)L, sizeof *mm_layer);
+    for (int i = 0; i < tab.n; i++)
+        if (tab.t[i].layer >= 0 && tab.t[i].ndim == 2 && tab.t[i].group != PARAM_GROUP_CONV)
+            mm_layer[tab.t[i].layer] += (double)tab.t[i].numel;
     HfTable hf;
     model_params_build_hf(&hf, cfg);
     p->hf_params = hf.count;
@@ -234,6 +240,18 @@ void plan_build(Plan *p, const Config *cfg) {
     p->flops_recompute[ACT_POLICY_NONE] = 0;
     p->flops_recompute[ACT_POLICY_FULL] = 2 * (per_chunk + in_proj) + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
     p->flops_recompute[ACT_POLICY_REMAT] = 2 * (per_chunk + in_proj) + gdn_fwd * p->n_linear;
+    /* checkpoint.keep_layers: the kept layers' share of the config's policy's recompute is gone (each layer's
+     * part of the sums above: its GEMMs but down, its in_proj again, its mixer's forward) */
+    const int kpol = cfg->checkpoint.activations;
+    for (int l = p->acts.first_kept; l < L && kpol != ACT_POLICY_NONE; l++) {
+        const int lin = config_layer_kind(cfg, l) == LAYER_KIND_LINEAR;
+        const double chunk_l = mm_layer[l] - (double)m->intermediate_size * (double)m->hidden_size;
+        const double in_l = (double)m->hidden_size * (double)(lin ? Pg : Pa);
+        const double mixer = lin ? gdn_fwd : kpol == ACT_POLICY_FULL ? p->flops_attn_causal / 3 / p->n_full : 0;
+        p->flops_recompute[kpol] -= 2 * (chunk_l + in_l) + mixer;
+    }
+    if (kpol != ACT_POLICY_NONE && p->acts.first_kept == 0) p->flops_recompute[kpol] = 0; /* no rounding residue */
+    free(mm_layer);
 
     /* communication per step per rank */
     double micro = (double)cfg->train.grad_accum * (double)cfg->data.micro_batch; /* samples per step per rank */
@@ -293,6 +311,24 @@ int plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT
         plan_free(&q);
     }
     return first;
+}
+
+int plan_keep_layers(const Config *cfg) {
+    const int L = (int)cfg->model.num_hidden_layers;
+    if (cfg->checkpoint.activations == ACT_POLICY_NONE) return L;
+    if (cfg->checkpoint.keep_layers != CONFIG_AUTO) return (int)cfg->checkpoint.keep_layers;
+    for (int n = L; n > 0; n--) { /* the most layers that fit: plan's total, from the same table, at each n */
+        Config c = *cfg; /* plan_build reads the copy only */
+        c.checkpoint.keep_layers = n;
+        Plan q;
+        plan_build(&q, &c);
+        const ActPolicy pol = (ActPolicy)cfg->checkpoint.activations;
+        const int fits = q.total[pol] <= (int64_t)((double)q.capacity * (1.0 - PLAN_KEEP_MARGIN)) &&
+                         plan_host_fits(&q, pol);
+        plan_free(&q);
+        if (fits) return n;
+    }
+    return 0;
 }
 
 bool plan_fits(const Plan *p, ActPolicy policy) {
@@ -480,6 +516,21 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     fprintf(f, "  %-34s %-16s %-16s %-16s\n", "fits device.memory_gib?", p->total[0] <= p->capacity ? "yes" : "no",
             p->total[1] <= p->capacity ? "yes" : "no", p->total[2] <= p->capacity ? "yes" : "no");
 
+    if (pol != ACT_POLICY_NONE) {
+        const int L = (int)cfg->model.num_hidden_layers;
+        char why[160];
+        const int64_t more = t->kept[pol] - t->pure_kept;
+        plan_bytes((double)more, a, sizeof a);
+        if (cfg->checkpoint.keep_layers == CONFIG_AUTO) {
+            plan_bytes((double)p->capacity * (1.0 - PLAN_KEEP_MARGIN), b, sizeof b);
+            snprintf(why, sizeof why, "auto: the most that fit %s", b);
+        } else
+            snprintf(why, sizeof why, "checkpoint.keep_layers");
+        if (t->keep_layers > 0)
+            fprintf(f, "\nselective: layers %d..%d of %d keep their activations as under none (%s), %s kept more "
+                       "than %s alone\n", t->first_kept, L - 1, L, why, a, act_policy_names[pol]);
+        else fprintf(f, "\nselective: no layer keeps its activations whole (%s: 0)\n", why);
+    }
     plan_commas(t->chunk_rows, a, sizeof a);
     plan_bytes((double)t->chunk_scratch[pol], b, sizeof b);
     fprintf(f, "\nrow chunks: %s rows (%s), %s of chunk scratch (%s)\n", a,
@@ -533,7 +584,9 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     plan_flops(p->flops_model - p->flops_attn_causal + p->flops_attn_full, b, sizeof b);
     fprintf(f, "  model FLOPs per token (for MFU)               %s   (non-causal convention: %s)\n", a, b);
     plan_flops(p->flops_recompute[pol], a, sizeof a);
-    fprintf(f, "  + recompute under %-5s (hardware only)       %s\n", act_policy_names[pol], a);
+    fprintf(f, "  + recompute under %-5s (hardware only)       %s", act_policy_names[pol], a);
+    if (pol != ACT_POLICY_NONE && t->keep_layers > 0) fprintf(f, "   (%d kept layers recompute nothing)", t->keep_layers);
+    fprintf(f, "\n");
     plan_flops(p->flops_model * (double)p->tokens_per_step, a, sizeof a);
     fprintf(f, "  model FLOPs per step                          %s\n", a);
 
@@ -639,6 +692,8 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
     json_object_set_new(mem, "offload", json_string(offload_names[cfg->checkpoint.offload]));
     json_object_set_new(mem, "chunk_rows", json_integer(p->acts.chunk_rows));
     json_object_set_new(mem, "policy", json_string(act_policy_names[cfg->checkpoint.activations]));
+    json_object_set_new(mem, "keep_layers", json_integer(p->acts.keep_layers));
+    json_object_set_new(mem, "keep_layers_auto", json_boolean(cfg->checkpoint.keep_layers == CONFIG_AUTO));
     json_object_set_new(root, "memory", mem);
     json_t *fl = json_pack("{sf sf sf sf sf}", "dense", p->flops_dense, "attention_causal", p->flops_attn_causal,
                            "attention_noncausal", p->flops_attn_full, "gdn", p->flops_gdn, "model", p->flops_model);

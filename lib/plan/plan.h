@@ -101,6 +101,11 @@ void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd
 void plan_free(Plan *p);
 /* device memory fits, and with checkpoint.offload: host the node's host memory too */
 bool plan_fits(const Plan *p, ActPolicy policy);
+/* checkpoint.keep_layers as it runs: the number, or for auto the most layers (the last ones) whose plan total
+ * under the config's policy fits device.memory_gib less PLAN_KEEP_MARGIN of it (and host memory), else 0;
+ * every layer under none. model_acts_build calls it: the one figure plan prints and the model allocates. */
+#define PLAN_KEEP_MARGIN 0.10
+int  plan_keep_layers(const Config *cfg);
 /* parallel.shard: the first stage (none, optimizer, gradients, weights) whose plan fits with `policy`, or -1; need[st]:
  * each stage's total per rank (-1: not counted: weights is not built, or a world of one) */
 int  plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT]);

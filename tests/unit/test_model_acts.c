@@ -76,3 +76,73 @@ TEST(model_acts_gdn_kept_matches_backends) {
     printf("  (cuda backend not built: its kept size is checked where it is)\n");
 #endif
 }
+
+/* checkpoint.keep_layers: under remat and full (the KDA layer kind and cp 2 too) the table keeps, for the last N
+ * layers, every buffer none keeps, whole (the policy's keep bit on each), the others' as the policy says; the
+ * policy's kept bytes and peak grow with N from the policy's own (N = 0) to none's (N = L), the other policies'
+ * columns do not move, and the per-layer kept bytes of a kept layer are none's. */
+TEST(model_acts_keep_layers_mix_per_layer) {
+    static const char *const variants[][2] = {{"model.linear_attention=gdn", "parallel.cp=1"},
+                                               {"model.linear_attention=kda", "parallel.cp=1"},
+                                               {"model.linear_attention=gdn", "parallel.cp=2"}};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
+        for (int pol = ACT_POLICY_FULL; pol <= ACT_POLICY_REMAT; pol++) {
+            const int L = 8;
+            int64_t prev_kept = -1, prev_peak = -1, base_other[ACT_POLICY_COUNT] = {0};
+            ActTable none_t;
+            for (int n = 0; n <= L; n++) {
+                Config cfg;
+                config_init_defaults(&cfg);
+                char kv[6][64];
+                snprintf(kv[0], sizeof kv[0], "model.num_hidden_layers=%d", L);
+                snprintf(kv[1], sizeof kv[1], "data.seq_len=4096");
+                snprintf(kv[2], sizeof kv[2], "%s", variants[v][0]);
+                snprintf(kv[3], sizeof kv[3], "%s", variants[v][1]);
+                snprintf(kv[4], sizeof kv[4], "checkpoint.activations=%s", act_policy_names[pol]);
+                snprintf(kv[5], sizeof kv[5], "checkpoint.keep_layers=%d", n);
+                if (!strcmp(variants[v][0], "model.linear_attention=kda")) {
+                    acts_set(&cfg, "model.linear_num_key_heads=32");
+                    acts_set(&cfg, "model.linear_num_value_heads=32");
+                }
+                for (int i = 0; i < 6; i++) acts_set(&cfg, kv[i]);
+                if (n == 0) {
+                    Config c = cfg;
+                    c.checkpoint.activations = ACT_POLICY_NONE;
+                    model_acts_build(&none_t, &c);
+                }
+                ActTable t;
+                model_acts_build(&t, &cfg);
+                EXPECT(t.keep_layers == n && t.first_kept == L - n, "keep_layers %d: table says %d from layer %d", n,
+                       t.keep_layers, t.first_kept);
+                for (int i = 0; i < t.n; i++) {
+                    const ActBuffer *b = &t.b[i];
+                    if (b->layer < t.first_kept) continue;
+                    EXPECT(!(b->keep & ACT_KEEP_NONE) || (b->keep & (1u << pol)),
+                           "layer %d %s: kept under none, not under %s with keep_layers %d", b->layer, b->name,
+                           act_policy_names[pol], n);
+                    if (b->keep & ACT_KEEP_NONE)
+                        EXPECT(b->bytes == b->policy_bytes[ACT_POLICY_NONE], "layer %d %s: %lld bytes, none's %lld",
+                               b->layer, b->name, (long long)b->bytes, (long long)b->policy_bytes[ACT_POLICY_NONE]);
+                }
+                EXPECT(t.kept[pol] > prev_kept && t.peak[pol] >= prev_peak, "%s %s keep_layers %d: kept %lld peak %lld "
+                       "after %lld, %lld", variants[v][0], act_policy_names[pol], n, (long long)t.kept[pol],
+                       (long long)t.peak[pol], (long long)prev_kept, (long long)prev_peak);
+                prev_kept = t.kept[pol];
+                prev_peak = t.peak[pol];
+                for (int q = 0; q < ACT_POLICY_COUNT; q++) {
+                    if (q == pol) continue;
+                    if (n == 0) base_other[q] = t.kept[q];
+                    EXPECT(t.kept[q] == base_other[q], "%s moved with keep_layers %d", act_policy_names[q], n);
+                }
+                if (n == 0) EXPECT(t.kept[pol] == t.pure_kept, "keep_layers 0 is the policy itself");
+                if (n == L)
+                    EXPECT(t.kept[pol] == none_t.kept[ACT_POLICY_NONE] && t.peak[pol] == none_t.peak[ACT_POLICY_NONE],
+                           "%s %s keep_layers L: kept %lld peak %lld, none's %lld %lld", variants[v][0],
+                           act_policy_names[pol], (long long)t.kept[pol], (long long)t.peak[pol],
+                           (long long)none_t.kept[ACT_POLICY_NONE], (long long)none_t.peak[ACT_POLICY_NONE]);
+                model_acts_free(&t);
+                config_free(&cfg);
+            }
+            model_acts_free(&none_t);
+        }
+}
