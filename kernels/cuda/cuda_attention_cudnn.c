@@ -446,9 +446,9 @@ static int cd_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* the route of this call, from the caller's hint (lib/backend/attn_hint.h; never read back from the device); the
  * hint's check against the rows is queued on the GPU (a difference stops the run where the host next waits) */
-static CdgRoute cd_route(const char *entry, const AttnHint *hint, const int32_t *pos_q, const int32_t *doc_pos_q,
-                         const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq, int64_t Tk, int nh, int nkv,
-                         int hd, int causal) {
+static CdgRoute cd_route(const char *entry, int bwd, const AttnHint *hint, const int32_t *pos_q,
+                         const int32_t *doc_pos_q, const int32_t *pos_k, const int32_t *doc_pos_k, int64_t Tq,
+                         int64_t Tk, int nh, int nkv, int hd, int causal) {
     RS_CHECK(cd_lib, "cuDNN attention called but cuDNN is not loaded (cuda_attention_cudnn_load)");
     RS_CHECK(hint, "%s through cuDNN needs the caller's AttnHint (lib/backend/attn_hint.h attn_hint_rows over the call's "
                    "host pos/doc_pos): the route is never read back from the device", entry);
@@ -456,8 +456,11 @@ static CdgRoute cd_route(const char *entry, const AttnHint *hint, const int32_t 
     cuda_cudnn_hint_check(hint, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
     const CdgRoute r = cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL);
     /* cudnn_det keeps packed documents on ours (deterministic too; cuDNN's deterministic variable-length
-     * backward would keep a batch x rows x rows x heads matrix) */
-    return r == CDG_ROUTE_VARLEN && cd_det ? CDG_ROUTE_OURS : r;
+     * backward would keep a batch x rows x rows x heads matrix). The variable-length backward runs ours too:
+     * on the H200 (cuDNN 9.14) its graph was accepted but gave wrong dK / dV, and at hd 256 an illegal
+     * address, in test_cuda's cuda_attention_cudnn_varlen cases, while the forward's out and LSE matched the
+     * oracle (docs/bench-log, 2026-11-29 second session); ours takes the forward's LSE as it is. */
+    return r == CDG_ROUTE_VARLEN && (cd_det || bwd) ? CDG_ROUTE_OURS : r;
 }
 
 /* batch 0: one sequence of Tq x Tk; > 0: variable length, batch sequences of at most Tq = Tk rows */
@@ -508,7 +511,7 @@ void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const vo
                                   const int32_t *pos_q, const int32_t *doc_pos_q, const int32_t *pos_k,
                                   const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
                                   int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
-    CdgRoute r = cd_route("attention_forward", hint, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
+    CdgRoute r = cd_route("attention_forward", 0, hint, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
     if (r == CDG_ROUTE_OURS || !cd_aligned16(out) || !cd_aligned16(q) || !cd_aligned16(k) || !cd_aligned16(v)) {
         cd_counts[1]++;
         cuda_attention_forward(out, lse, q, k, v, pos_q, doc_pos_q, pos_k, doc_pos_k, hint, Tq, Tk, nh, nkv, hd, ldq,
@@ -554,7 +557,7 @@ void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *
                                    const int32_t *doc_pos_k, const AttnHint *hint, int64_t Tq, int64_t Tk, int nh,
                                    int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
     CdgRoute r =
-        cd_route("attention_backward", hint, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
+        cd_route("attention_backward", 1, hint, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
     if (r == CDG_ROUTE_OURS || !cd_aligned16(dout) || !cd_aligned16(out) || !cd_aligned16(q) || !cd_aligned16(k) ||
         !cd_aligned16(v)) {
         cd_counts[3]++;
