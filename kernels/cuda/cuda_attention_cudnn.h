@@ -14,7 +14,8 @@
  * for the GPU; a NULL hint stops the process. Every call also queues a small check of the hint against
  * the rows on the GPU; a difference lands in the device error word, read where the host waits anyway (the
  * step's loss and gradient norm). The route sends the call to cuDNN (all keys visible, top-left causal, or
- * causal within each of several packed documents: variable length, not with cudnn_det) or to our kernel.
+ * causal within each of several packed documents: variable length, the forward only, not with cudnn_det) or
+ * to our kernel.
  * The forward converts cuDNN's Stats (nh, Tq) into our lse (Tq, nh) (variable length: Stats is (Tq, nh)
  * already, copied); the backward
  * transposes our final lse back, runs cuDNN's backward into bf16 dq/dk/dv scratch and adds them into our

@@ -38,7 +38,9 @@
  * batches share a few plans instead of one each; sequences past the call's runs have length 0. The device
  * computes lengths and offsets from the call's pos/doc_pos (cuda_attention_cudnn_glue.cu), the host only
  * the bucket (the hint's runs and run_max). A call whose buckets would launch far more empty tiles than rows
- * (cdg_varlen_shape's limit) runs ours.
+ * (cdg_varlen_shape's limit) runs ours. The backward graph is built and checked here, but the cuda entries
+ * send only the forward of such a call to cuDNN (cuda_attention_cudnn.c cd_route: the backward was wrong on
+ * the GPU); its backward runs ours.
  *
  * Callers: kernels/cuda/cuda_attention_cudnn.c, kernels/cuda/cuda_backend_table.c (cdg_route_fast),
  * kernels/cuda/runtime_cuda.c (cdg_workspace, for lib/plan/plan.c), tests/unit/test_attn_cudnn_graph.c, tests/unit/test_attn_hint.c, tests/cp/cp_check.c.
