@@ -301,11 +301,14 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
                     "slurm.gpus_per_node=1")  # cp 1: the call is the whole sample
     n = 65_536
     # GQA at <= 131072 rows (CDG_VARLEN_GQA_MAX_ROWS): packed documents may take cuDNN's variable length,
-    # whose layout adds the lengths and offsets of at most 16 n / 64 sequences and the per-head fp32 dK, dV
+    # whose layout keeps the gradients in their inputs' row strides (the model's q rows nh hd, k|v rows
+    # 2 nkv hd: dk, dv twice the dense figure) and adds the lengths and 4 offset tensors of at most 16 n / 64
+    # sequences and the per-head bf16 dK, dV in rows of 2 nkv hd x nh / nkv
     batch = 16 * n // 64
-    varlen = r256(4 * batch) + 6 * r256(8 * (batch + 1)) + 2 * r256(4 * n * nh * hd)
-    assert one["memory"]["remat"]["cudnn_workspace"] == (r256(4 * n * nh) * 2 + r256(4 * n * nh * hd) +
-                                                         r256(2 * n * nh * hd) + 2 * r256(2 * n * nkv * hd) + varlen)
+    ldk = 2 * nkv * hd
+    varlen = (r256(4 * n * nh) * 2 + r256(4 * n * nh * hd) + r256(2 * n * nh * hd) + 2 * r256(2 * n * ldk) +
+              r256(4 * batch) + 4 * r256(8 * (batch + 1)) + 2 * r256(2 * n * ldk * (nh // nkv)))
+    assert one["memory"]["remat"]["cudnn_workspace"] == varlen
     r = run([ringscan, "plan", cfg, "--set", "device.attention_kernel=cudnn"])
     assert r.returncode == 0, r.stderr
     assert "cuDNN attention workspace" in r.stdout

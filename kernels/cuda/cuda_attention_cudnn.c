@@ -459,7 +459,9 @@ static CdgRoute cd_route(const char *entry, int bwd, const AttnHint *hint, const
      * backward would keep a batch x rows x rows x heads matrix). The variable-length backward runs ours too:
      * on the H200 (cuDNN 9.14) its graph was accepted but gave wrong dK / dV, and at hd 256 an illegal
      * address, in test_cuda's cuda_attention_cudnn_varlen cases, while the forward's out and LSE matched the
-     * oracle (docs/bench-log, 2026-11-29 second session); ours takes the forward's LSE as it is. */
+     * oracle (docs/bench-log, 2026-11-29 second session); ours takes the forward's LSE as it is. The graph now
+     * lays dQ, dK, dV in their inputs' strides and offsets (issue 38; cudnn_graph.h): the backward comes back
+     * to cuDNN only after test_cuda's varlen cases pass on a GPU. */
     return r == CDG_ROUTE_VARLEN && (cd_det || bwd) ? CDG_ROUTE_OURS : r;
 }
 
@@ -490,13 +492,13 @@ static CdgKey cd_varlen_prepare(const AttnHint *hint, const int32_t *pos, const 
              (long long)T);
     CdgKey key = cd_key(smax, smax, nh, nkv, hd, ldq, ldk, ldo, 1, bwd, batch);
     *plan = cd_plan(&key);
-    cdg_workspace(w, T, T, nh, nkv, hd, bwd, key.deterministic, batch);
+    cdg_workspace(w, T, T, nh, nkv, hd, ldq, ldk, bwd, key.deterministic, batch);
     const size_t base = cd_align((size_t)(*plan)->ws); /* cuDNN's part first, then ours */
     *ws = cuda_cudnn_workspace(base + (size_t)w->bytes);
     *own = *ws + base;
     int64_t mult[CDG_NOFF];
     int64_t *off[CDG_NOFF];
-    const int noff = bwd ? CDG_NOFF : 4;
+    const int noff = CDG_NOFF;
     cdg_varlen_mults(mult, &key);
     for (int i = 0; i < noff; i++) off[i] = (int64_t *)(*own + w->off[i]);
     int32_t *seq = (int32_t *)(*own + w->seq);
@@ -539,7 +541,7 @@ void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const vo
     CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 0, 0);
     CdPlan *p = cd_plan(&key);
     CdgWorkspace w;
-    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 0, 0, 0);
+    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, ldq, ldk, 0, 0, 0);
     const size_t base = cd_align((size_t)p->ws); /* cuDNN's part first, then ours */
     char *ws = cuda_cudnn_workspace(base + (size_t)w.bytes), *own = ws + base;
     float *stats = (float *)(own + w.stats);
@@ -590,16 +592,17 @@ void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *
             uids[n] = CDG_UID_DV_FULL, ptrs[n++] = own + w.dv_full;
         }
         cd_execute(p, n, uids, ptrs, ws);
-        cuda_cudnn_add_bf16(dq, own + w.dq, Tq, (int)qd, ldq, (int)qd);
-        cuda_cudnn_add_bf16(dk, own + w.dk, Tk, (int)kvd, ldk, (int)kvd);
-        cuda_cudnn_add_bf16(dv, own + w.dv, Tk, (int)kvd, ldk, (int)kvd);
+        /* the gradients in their inputs' row strides (cudnn_graph.h) */
+        cuda_cudnn_add_bf16(dq, own + w.dq, Tq, (int)qd, ldq, ldq);
+        cuda_cudnn_add_bf16(dk, own + w.dk, Tk, (int)kvd, ldk, ldk);
+        cuda_cudnn_add_bf16(dv, own + w.dv, Tk, (int)kvd, ldk, ldk);
         cd_counts[2]++, cd_varlen_counts[1]++;
         return;
     }
     CdgKey key = cd_key(Tq, Tk, nh, nkv, hd, ldq, ldk, ldo, r == CDG_ROUTE_CAUSAL, 1, 0);
     CdPlan *p = cd_plan(&key);
     CdgWorkspace w;
-    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 1, key.deterministic, 0);
+    cdg_workspace(&w, Tq, Tk, nh, nkv, hd, ldq, ldk, 1, key.deterministic, 0);
     const size_t base = cd_align((size_t)p->ws); /* cuDNN's part first, then ours */
     char *ws = cuda_cudnn_workspace(base + (size_t)w.bytes), *own = ws + base;
     cuda_cudnn_lse_to_stats((float *)(own + w.stats), lse, Tq, nh);

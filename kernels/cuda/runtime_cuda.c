@@ -99,11 +99,13 @@ static size_t runtime_cuda_attention_workspace(int kernel, int64_t rows, int nh,
     if (kernel == ATTN_KERNEL_RINGSCAN || rows <= 0) return 0;
     const int det = kernel == ATTN_KERNEL_CUDNN_DET;
     CdgWorkspace w, v;
-    cdg_workspace(&w, rows, rows, nh, nkv, hd, 1, det, 0);
+    cdg_workspace(&w, rows, rows, nh, nkv, hd, nh * hd, 2 * nkv * hd, 1, det, 0);
     int64_t bytes = w.bytes;
     if (!det && cdg_varlen_rows_ok(rows, nh, nkv)) {
         const int64_t most = 16 * (rows > 4096 ? rows : 4096) / 64; /* batch x smax bound, smax >= 64 */
-        cdg_workspace(&v, rows, rows, nh, nkv, hd, 1, 0, (int)(most < INT32_MAX ? most : INT32_MAX));
+        /* the model's rows (lib/model/model_block.c): q of nh hd, k and v interleaved in rows of 2 nkv hd */
+        cdg_workspace(&v, rows, rows, nh, nkv, hd, nh * hd, 2 * nkv * hd, 1, 0,
+                      (int)(most < INT32_MAX ? most : INT32_MAX));
         if (v.bytes > bytes) bytes = v.bytes;
     }
     return (size_t)(bytes + (det ? cdg_det_plan_bytes(rows, rows, nh) : 0));

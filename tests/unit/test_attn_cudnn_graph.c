@@ -15,7 +15,11 @@
  *                             every bound row tensor is ragged by the offsets whose row stride
  *                             (cdg_varlen_mults) is the tensor's own, with (head, row, col) strides of our
  *                             row layout; Stats and softmax_sum are laid (rows, nh) (our lse); every
- *                             product is cut by the lengths; one padding and one causal select per graph
+ *                             product is cut by the lengths; one padding and one causal select per graph;
+ *                             the backward's gradients mirror their inputs (dQ and dq_accum Q's strides
+ *                             and offset tensor, dK K's, dV V's, dO O's, the per-head dK, dV dK's strides
+ *                             times the group size): cuDNN 9.14 placed compact dK, dV with offsets of
+ *                             their own wrongly (issue 38)
  *   attn_cudnn_graph_must_fail  the check catches an operation moved before its producer, a
  *                             mismatched product, a shared uid, a ragged offset tensor missing or of the
  *                             wrong shape, and a length override of the wrong type
@@ -269,13 +273,11 @@ static void tg_varlen(const CdgKey *k) {
            k->nh, k->nkv, k->hd, err);
     int64_t mult[CDG_NOFF];
     cdg_varlen_mults(mult, k);
-    for (int i = 0; i < (k->bwd ? CDG_NOFF : 4); i++) {
+    for (int i = 0; i < CDG_NOFF; i++) {
         const CdgTensor *o = tg_bound(&g, CDG_UID_OFF_Q + i);
         EXPECT(o && o->dtype == CDA_DATA_INT64 && o->dim[0] == k->batch + 1, "offset tensor %d", i);
     }
-    EXPECT(mult[0] == k->ldq && mult[1] == k->ldk && mult[2] == k->ldo && mult[3] == k->nh &&
-               mult[4] == (int64_t)k->nh * k->hd && mult[5] == (int64_t)k->nkv * k->hd,
-           "cdg_varlen_mults");
+    EXPECT(mult[0] == k->ldq && mult[1] == k->ldk && mult[2] == k->ldo && mult[3] == k->nh, "cdg_varlen_mults");
     tg_check_ragged(tg_bound(&g, CDG_UID_Q), "Q", k, k->nh, k->ldq, CDG_UID_OFF_Q, 0);
     tg_check_ragged(tg_bound(&g, CDG_UID_K), "K^T", k, k->nkv, k->ldk, CDG_UID_OFF_KV, 1);
     tg_check_ragged(tg_bound(&g, CDG_UID_V), k->bwd ? "V^T" : "V", k, k->nkv, k->ldk, CDG_UID_OFF_KV, k->bwd);
@@ -301,18 +303,35 @@ static void tg_varlen(const CdgKey *k) {
     EXPECT(cut == mm, "%d of %d products cut by the lengths", cut, mm);
     if (k->bwd) {
         tg_check_ragged(tg_bound(&g, CDG_UID_DO), "dO", k, k->nh, k->ldo, CDG_UID_OFF_O, 0);
-        tg_check_ragged(tg_bound(&g, CDG_UID_DQ), "dQ", k, k->nh, (int64_t)k->nh * k->hd, CDG_UID_OFF_DQ, 0);
-        tg_check_ragged(tg_bound(&g, CDG_UID_DQ_ACCUM), "dq_accum", k, k->nh, (int64_t)k->nh * k->hd, CDG_UID_OFF_DQ,
-                        0);
-        tg_check_ragged(tg_bound(&g, CDG_UID_DK), "dK", k, k->nkv, (int64_t)k->nkv * k->hd, CDG_UID_OFF_DKV, 0);
-        tg_check_ragged(tg_bound(&g, CDG_UID_DV), "dV", k, k->nkv, (int64_t)k->nkv * k->hd, CDG_UID_OFF_DKV, 0);
+        tg_check_ragged(tg_bound(&g, CDG_UID_DQ), "dQ", k, k->nh, k->ldq, CDG_UID_OFF_Q, 0);
+        tg_check_ragged(tg_bound(&g, CDG_UID_DQ_ACCUM), "dq_accum", k, k->nh, k->ldq, CDG_UID_OFF_Q, 0);
+        tg_check_ragged(tg_bound(&g, CDG_UID_DK), "dK", k, k->nkv, k->ldk, CDG_UID_OFF_KV, 0);
+        tg_check_ragged(tg_bound(&g, CDG_UID_DV), "dV", k, k->nkv, k->ldk, CDG_UID_OFF_KV, 0);
+        /* the gradients mirror their inputs (issue 38: the form NVIDIA's ragged backward tests use, dQ dK dV
+         * with Q's, K's and V's strides and offset tensors; compact dK, dV with offset tensors of their own were
+         * written wrongly by cuDNN 9.14): (head, row, col) strides and ragged offsets the same, K^T's and V^T's
+         * read transposed; the accumulator dQ's; the per-head dK, dV dK's strides times the group size */
+        static const int64_t pair[5][3] = {{CDG_UID_DQ, CDG_UID_Q, 0},         {CDG_UID_DK, CDG_UID_K, 1},
+                                           {CDG_UID_DV, CDG_UID_V, 1},         {CDG_UID_DO, CDG_UID_O, 0},
+                                           {CDG_UID_DQ_ACCUM, CDG_UID_DQ, 0}};
+        for (int i = 0; i < 5; i++) {
+            const CdgTensor *gt = tg_bound(&g, pair[i][0]), *in = tg_bound(&g, pair[i][1]);
+            if (!gt || !in) continue;
+            const int tr = (int)pair[i][2];
+            const int64_t in_row = in->stride[tr ? 3 : 2], in_col = in->stride[tr ? 2 : 3];
+            EXPECT(gt->ragged_uid == in->ragged_uid && gt->stride[1] == in->stride[1] && gt->stride[2] == in_row &&
+                       gt->stride[3] == in_col,
+                   "%s does not mirror %s: ragged by %lld (want %lld), strides (h %lld, row %lld, col %lld), want "
+                   "(%lld, %lld, %lld)", gt->name, in->name, (long long)gt->ragged_uid, (long long)in->ragged_uid,
+                   (long long)gt->stride[1], (long long)gt->stride[2], (long long)gt->stride[3],
+                   (long long)in->stride[1], (long long)in_row, (long long)in_col);
+        }
         const int full = cdg_find(&g, CDG_UID_DK_FULL) >= 0 && cdg_find(&g, CDG_UID_DV_FULL) >= 0;
         EXPECT(full == (k->nh != k->nkv), "per-head dK, dV bound %d with %d/%d heads", full, k->nh, k->nkv);
-        if (full) { /* (rows, nh hd) by dK's offsets, which cuDNN scales by the group size */
-            tg_check_ragged(tg_bound(&g, CDG_UID_DK_FULL), "dK all heads", k, k->nh, (int64_t)k->nh * k->hd,
-                            CDG_UID_OFF_DKV, 0);
-            tg_check_ragged(tg_bound(&g, CDG_UID_DV_FULL), "dV all heads", k, k->nh, (int64_t)k->nh * k->hd,
-                            CDG_UID_OFF_DKV, 0);
+        if (full) { /* dK's offsets, which cuDNN scales by the group size, in dK's row stride times the group size */
+            const int64_t grp = k->nh / k->nkv;
+            tg_check_ragged(tg_bound(&g, CDG_UID_DK_FULL), "dK all heads", k, k->nh, k->ldk * grp, CDG_UID_OFF_KV, 0);
+            tg_check_ragged(tg_bound(&g, CDG_UID_DV_FULL), "dV all heads", k, k->nh, k->ldk * grp, CDG_UID_OFF_KV, 0);
         }
     }
 }
@@ -788,8 +807,10 @@ static void te_case(const char *name, int NH, int NKV, const int64_t *lens, int 
         cdg_varlen_mults(mult, &k);
         if (varlen) te_varlen_rows(seq, off, mult, pos, dp, T, batch), e.seq = seq;
         double *stats = test_alloc(T * NH * 8), *out = test_alloc(T * LDO * 8), *ssum = test_alloc(T * NH * 8);
-        double *dq = test_alloc(T * QD * 8), *dk = test_alloc(T * KVD * 8), *dv = test_alloc(T * KVD * 8);
-        double *acc = test_alloc(T * QD * 8), *dkf = test_alloc(T * QD * 8), *dvf = test_alloc(T * QD * 8);
+        /* the gradients: dense rows for one sequence; variable length, their inputs' row strides (cudnn_graph.h) */
+        const int64_t GQ = varlen ? LDQ : QD, GK = varlen ? LDK : KVD, GF = varlen ? (int64_t)LDK * (NH / NKV) : QD;
+        double *dq = test_alloc(T * GQ * 8), *dk = test_alloc(T * GK * 8), *dv = test_alloc(T * GK * 8);
+        double *acc = test_alloc(T * GQ * 8), *dkf = test_alloc(T * GF * 8), *dvf = test_alloc(T * GF * 8);
         double scale = 1.0 / sqrt((double)HD), neg_inf = -INFINITY, one = 1.0;
         double seqd[64];
         for (int b = 0; b < batch; b++) seqd[b] = seq[b];
@@ -844,10 +865,10 @@ static void te_case(const char *name, int NH, int NKV, const int64_t *lens, int 
             float *gq = test_alloc(T * QD * 4), *gqr = test_alloc(T * QD * 4), *gk = test_alloc(T * KVD * 4);
             float *gkr = test_alloc(T * KVD * 4), *gv = test_alloc(T * KVD * 4), *gvr = test_alloc(T * KVD * 4);
             for (int64_t t = 0; t < T; t++) {
-                for (int c = 0; c < QD; c++) gq[t * QD + c] = (float)dq[t * QD + c], gqr[t * QD + c] = gq_ref[t * LDQ + c];
+                for (int c = 0; c < QD; c++) gq[t * QD + c] = (float)dq[t * GQ + c], gqr[t * QD + c] = gq_ref[t * LDQ + c];
                 for (int c = 0; c < KVD; c++) {
-                    gk[t * KVD + c] = (float)dk[t * KVD + c], gkr[t * KVD + c] = gkv_ref[t * LDK + c];
-                    gv[t * KVD + c] = (float)dv[t * KVD + c], gvr[t * KVD + c] = gkv_ref[t * LDK + KVD + c];
+                    gk[t * KVD + c] = (float)dk[t * GK + c], gkr[t * KVD + c] = gkv_ref[t * LDK + c];
+                    gv[t * KVD + c] = (float)dv[t * GK + c], gvr[t * KVD + c] = gkv_ref[t * LDK + KVD + c];
                 }
             }
             snprintf(what, sizeof what, "%s: evaluated dq (batch %d, smax %lld)", name, batch, (long long)smax);

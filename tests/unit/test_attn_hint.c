@@ -249,7 +249,7 @@ TEST(attn_cudnn_workspace) {
                 const int nh = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2], bwd = mode > 0, det = mode == 2;
                 const int64_t Tq = Ts[t][0], Tk = Ts[t][1];
                 CdgWorkspace w;
-                cdg_workspace(&w, Tq, Tk, nh, nkv, hd, bwd, det, 0);
+                cdg_workspace(&w, Tq, Tk, nh, nkv, hd, 3 * nh * hd, 5 * nkv * hd, bwd, det, 0); /* ld unused */
                 const int64_t off[6] = {w.stats, w.softmax_sum, w.dq_accum, w.dq, w.dk, w.dv};
                 const int64_t need[6] = {Tq * nh * 4, Tq * nh * 4, Tq * nh * hd * 4, Tq * nh * hd * 2,
                                          Tk * nkv * hd * 2, Tk * nkv * hd * 2};
@@ -272,40 +272,42 @@ TEST(attn_cudnn_workspace) {
                 EXPECT(w.bytes == want, "total %lld, formula %lld", (long long)w.bytes, (long long)want);
                 n++;
             }
-    /* variable length: the one-sequence regions, then the lengths, the offsets and GQA's per-head dk, dv */
+    /* variable length: the one-sequence regions with the gradients in their inputs' row strides (q's ldq, k's
+     * and v's ldk: cudnn_graph.h), then the lengths, the offsets and GQA's per-head dk, dv (rows of ldk g) */
     for (int gqa = 0; gqa < 2; gqa++)
         for (int bwd = 0; bwd < 2; bwd++) {
             const int64_t T = 4000;
-            const int nh = 16, nkv = gqa ? 2 : 16, hd = 128, batch = 32;
+            const int nh = 16, nkv = gqa ? 2 : 16, hd = 128, batch = 32, ldq = nh * hd + 64, ldk = 2 * nkv * hd;
             CdgWorkspace w, d;
-            cdg_workspace(&w, T, T, nh, nkv, hd, bwd, 0, batch);
-            cdg_workspace(&d, T, T, nh, nkv, hd, bwd, 0, 0);
+            cdg_workspace(&w, T, T, nh, nkv, hd, ldq, ldk, bwd, 0, batch);
+            cdg_workspace(&d, T, T, nh, nkv, hd, ldq, ldk, bwd, 0, 0);
             int64_t off[16], need[16];
             int k = 0;
             off[k] = w.stats, need[k++] = T * nh * 4;
             if (bwd) {
                 off[k] = w.softmax_sum, need[k++] = T * nh * 4;
-                off[k] = w.dq_accum, need[k++] = T * nh * hd * 4;
-                off[k] = w.dq, need[k++] = T * nh * hd * 2;
-                off[k] = w.dk, need[k++] = T * nkv * hd * 2;
-                off[k] = w.dv, need[k++] = T * nkv * hd * 2;
+                off[k] = w.dq_accum, need[k++] = T * ldq * 4;
+                off[k] = w.dq, need[k++] = T * ldq * 2;
+                off[k] = w.dk, need[k++] = T * ldk * 2;
+                off[k] = w.dv, need[k++] = T * ldk * 2;
             }
             off[k] = w.seq, need[k++] = batch * 4;
-            for (int i = 0; i < (bwd ? CDG_NOFF : 4); i++) off[k] = w.off[i], need[k++] = (batch + 1) * 8;
+            for (int i = 0; i < CDG_NOFF; i++) off[k] = w.off[i], need[k++] = (batch + 1) * 8;
             EXPECT((w.dk_full >= 0) == (bwd && gqa) && (w.dv_full >= 0) == (bwd && gqa), "per-head regions");
-            if (w.dk_full >= 0) off[k] = w.dk_full, need[k++] = T * nh * hd * 4;
-            if (w.dv_full >= 0) off[k] = w.dv_full, need[k++] = T * nh * hd * 4;
+            if (w.dk_full >= 0) off[k] = w.dk_full, need[k++] = T * ldk * (nh / nkv) * 2;
+            if (w.dv_full >= 0) off[k] = w.dv_full, need[k++] = T * ldk * (nh / nkv) * 2;
             for (int i = 0; i < k; i++) {
                 EXPECT(off[i] >= 0 && off[i] % 256 == 0 && off[i] + need[i] <= w.bytes, "varlen region %d", i);
                 for (int j = 0; j < i; j++)
                     EXPECT(off[j] + need[j] <= off[i] || off[i] + need[i] <= off[j], "varlen regions %d, %d overlap",
                            j, i);
             }
-            EXPECT(w.stats == d.stats && w.dq == d.dq && w.bytes > d.bytes, "varlen regions moved the others");
+            EXPECT(w.stats == d.stats && w.softmax_sum == d.softmax_sum && w.bytes > d.bytes,
+                   "varlen regions moved the others");
             n++;
         }
     CdgWorkspace w;
-    cdg_workspace(&w, 262144, 262144, 16, 2, 128, 1, 0, 0);
+    cdg_workspace(&w, 262144, 262144, 16, 2, 128, 16 * 128, 2 * 2 * 128, 1, 0, 0);
     printf("attn_cudnn_workspace: %d layouts; the 1M cp 2 backward (256k rows, 16/2/128, cudnn): %.2f GiB\n", n,
            w.bytes / 1073741824.0);
 }

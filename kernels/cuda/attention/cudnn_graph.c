@@ -108,7 +108,6 @@ static int cdg_padding(CdgGraph *g, int s, int neg_inf, int seq_q, int seq_kv) {
 
 void cdg_varlen_mults(int64_t mult[CDG_NOFF], const CdgKey *k) {
     mult[0] = k->ldq, mult[1] = k->ldk, mult[2] = k->ldo, mult[3] = k->nh;
-    mult[4] = (int64_t)k->nh * k->hd, mult[5] = (int64_t)k->nkv * k->hd;
 }
 
 void cdg_build(CdgGraph *g, const CdgKey *k) {
@@ -131,16 +130,16 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
     int64_t off[CDG_NOFF] = {0};
     if (vl) {
         const int64_t dL[4] = {B, 1, 1, 1}, dO1[4] = {B + 1, 1, 1, 1}, s1[4] = {1, 1, 1, 1};
-        static const char *const names[CDG_NOFF] = {"offsets q",     "offsets k|v",    "offsets out|dout",
-                                                    "offsets Stats", "offsets dq",     "offsets dk|dv"};
+        static const char *const names[CDG_NOFF] = {"offsets q|dq", "offsets k|v|dk|dv", "offsets out|dout",
+                                                    "offsets Stats"};
         seq_q = cdg_tensor(g, CDG_UID_SEQ_Q, CDA_DATA_INT32, dL, s1, 0, 0, "seq_len_q");
         seq_kv = cdg_tensor(g, CDG_UID_SEQ_KV, CDA_DATA_INT32, dL, s1, 0, 0, "seq_len_kv");
-        for (int i = 0; i < (k->bwd ? CDG_NOFF : 4); i++) {
+        for (int i = 0; i < CDG_NOFF; i++) {
             off[i] = CDG_UID_OFF_Q + i;
             cdg_tensor(g, off[i], CDA_DATA_INT64, dO1, s1, 0, 0, names[i]);
         }
     }
-    const int64_t oQ = off[0], oKV = off[1], oO = off[2], oSt = off[3], oDQ = off[4], oDKV = off[5];
+    const int64_t oQ = off[0], oKV = off[1], oO = off[2], oSt = off[3];
 
     int q = cdg_ragged(g, cdg_tensor(g, CDG_UID_Q, CDA_DATA_BFLOAT16, dQ, sQ, 0, 0, "Q"), oQ);
     int kt = cdg_ragged(g, cdg_tensor(g, CDG_UID_K, CDA_DATA_BFLOAT16, dKT, sKT, 0, 0, "K^T"), oKV);
@@ -173,10 +172,13 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
     int vt = cdg_ragged(g, cdg_tensor(g, CDG_UID_V, CDA_DATA_BFLOAT16, dVT, sVT, 0, 0, "V^T"), oKV);
     int o = cdg_ragged(g, cdg_tensor(g, CDG_UID_O, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "O"), oO);
     int dout = cdg_ragged(g, cdg_tensor(g, CDG_UID_DO, CDA_DATA_BFLOAT16, dQ, sO, 0, 0, "dO"), oO);
-    const int64_t sDQ[4] = {Tq * qd, hd, qd, 1}, sDKV[4] = {Tk * kvd, hd, kvd, 1};
-    int dq = cdg_ragged(g, cdg_tensor(g, CDG_UID_DQ, CDA_DATA_BFLOAT16, dQ, sDQ, 0, 0, "dQ"), oDQ);
-    int dk = cdg_ragged(g, cdg_tensor(g, CDG_UID_DK, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dK"), oDKV);
-    int dv = cdg_ragged(g, cdg_tensor(g, CDG_UID_DV, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dV"), oDKV);
+    /* the gradients: dense workspace rows for one sequence; variable length, their inputs' own layout and
+     * offsets (cudnn_graph.h: cuDNN 9.14's ragged backward places dK, dV by K's offsets or strides) */
+    const int64_t sDQc[4] = {Tq * qd, hd, qd, 1}, sDKVc[4] = {Tk * kvd, hd, kvd, 1};
+    const int64_t *sDQ = vl ? sQ : sDQc, *sDKV = vl ? sV : sDKVc;
+    int dq = cdg_ragged(g, cdg_tensor(g, CDG_UID_DQ, CDA_DATA_BFLOAT16, dQ, sDQ, 0, 0, "dQ"), oQ);
+    int dk = cdg_ragged(g, cdg_tensor(g, CDG_UID_DK, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dK"), oKV);
+    int dv = cdg_ragged(g, cdg_tensor(g, CDG_UID_DV, CDA_DATA_BFLOAT16, dV, sDKV, 0, 0, "dV"), oKV);
     int one = cdg_scalar(g, CDG_UID_ONE, "1");
     int ssum = cdg_ragged(g, cdg_tensor(g, CDG_UID_SOFTMAX_SUM, CDA_DATA_FLOAT, dR, sStats, 0, 0, "softmax_sum"), oSt);
 
@@ -196,15 +198,16 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
     int p = cdg_pw(g, CDA_POINTWISE_EXP, s, -1, -1, "P = exp");
 
     /* dV = P^T dO (GQA: all nh heads, then each group summed; variable length: the per-head products bound,
-     * ragged like dV with each row nh hd wide) */
+     * ragged by dV's offsets, which cuDNN multiplies by the group size, in dV's strides times the group size:
+     * cudnn-frontend's dV_fullhead) */
     int pt = cdg_virtual(g, CDA_DATA_BFLOAT16, dST, sST, "P^T");
     cdg_op(g, CDG_RESHAPE, 0, CDA_DATA_FLOAT, -1, p, -1, -1, pt, "reshape P^T");
     const int64_t dF[4] = {B, nh, Tk, hd}, sF[4] = {nh * Tk * hd, Tk * hd, hd, 1};
-    const int64_t sFull[4] = {Tk * qd, hd, qd, 1};
+    const int64_t grp = nh / nkv, sFull[4] = {Tk * ldk * grp, hd, ldk * grp, 1};
     if (nh == nkv) cdg_matmul_cut(g, pt, dout, dv, seq_kv, -1, seq_q, "bmm P^T dO");
     else {
         int full = vl ? cdg_ragged(g, cdg_tensor(g, CDG_UID_DV_FULL, CDA_DATA_BFLOAT16, dF, sFull, 0, 0, "dV all heads"),
-                                   oDKV)
+                                   oKV)
                       : cdg_virtual(g, CDA_DATA_BFLOAT16, dF, sF, "dV all heads");
         int f = cdg_matmul_cut(g, pt, dout, full, seq_kv, -1, seq_q, "bmm P^T dO");
         cdg_reduce(g, CDA_REDUCE_TENSOR_ADD, f, dv, dV, sDKV, "dV group sum");
@@ -224,7 +227,7 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
     else {
         const int64_t sFK[4] = {nh * Tk * hd, Tk * hd, hd, 1};
         int full = vl ? cdg_ragged(g, cdg_tensor(g, CDG_UID_DK_FULL, CDA_DATA_BFLOAT16, dF, sFull, 0, 0, "dK all heads"),
-                                   oDKV)
+                                   oKV)
                       : cdg_virtual(g, CDA_DATA_BFLOAT16, dF, sFK, "dK all heads");
         int f = cdg_matmul_cut(g, dst, q, full, seq_kv, -1, seq_q, "bmm dS^T Q");
         cdg_reduce(g, CDA_REDUCE_TENSOR_ADD, f, dk, dV, sDKV, "dK group sum");
@@ -236,7 +239,8 @@ void cdg_build(CdgGraph *g, const CdgKey *k) {
     if (k->deterministic) cdg_matmul_cut(g, ds, kr, dq, seq_q, -1, seq_kv, "bmm dS K");
     else {
         const int64_t sA[4] = {nh * Tq * hd, Tq * hd, hd, 1};
-        int acc = cdg_ragged(g, cdg_tensor(g, CDG_UID_DQ_ACCUM, CDA_DATA_FLOAT, dQ, vl ? sDQ : sA, 0, 0, "dq_accum"), oDQ);
+        /* variable length: dQ's strides and offsets (cudnn-frontend's THD dQ_accum) */
+        int acc = cdg_ragged(g, cdg_tensor(g, CDG_UID_DQ_ACCUM, CDA_DATA_FLOAT, dQ, vl ? sDQ : sA, 0, 0, "dq_accum"), oQ);
         cdg_matmul_cut(g, ds, kr, acc, seq_q, -1, seq_kv, "bmm dS K");
         cdg_op(g, CDG_POINTWISE, CDA_POINTWISE_IDENTITY, CDA_DATA_FLOAT, -1, acc, -1, -1, dq, "dQ = dq_accum");
     }
@@ -426,12 +430,13 @@ static int64_t cdg_region(int64_t *end, int64_t bytes) {
     return at;
 }
 
-void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic,
-                   int batch) {
-    const int64_t qe = Tq * nh * hd, kve = Tk * nkv * hd;
+void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int bwd,
+                   int deterministic, int batch) {
+    /* the gradients' elements: dense rows for one sequence, their inputs' row strides for variable length */
+    const int64_t qe = Tq * (batch > 0 ? ldq : (int64_t)nh * hd), kve = Tk * (batch > 0 ? ldk : (int64_t)nkv * hd);
     int64_t end = 0;
     *w = (CdgWorkspace){.stats = -1, .softmax_sum = -1, .dq_accum = -1, .dq = -1, .dk = -1, .dv = -1, .seq = -1,
-                        .off = {-1, -1, -1, -1, -1, -1}, .dk_full = -1, .dv_full = -1};
+                        .off = {-1, -1, -1, -1}, .dk_full = -1, .dv_full = -1};
     w->stats = cdg_region(&end, Tq * nh * 4);
     if (bwd) {
         w->softmax_sum = cdg_region(&end, Tq * nh * 4);
@@ -442,10 +447,10 @@ void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int
     }
     if (batch > 0) {
         w->seq = cdg_region(&end, (int64_t)batch * 4);
-        for (int i = 0; i < (bwd ? CDG_NOFF : 4); i++) w->off[i] = cdg_region(&end, ((int64_t)batch + 1) * 8);
-        if (bwd && nh != nkv) {
-            w->dk_full = cdg_region(&end, Tk * nh * hd * 4);
-            w->dv_full = cdg_region(&end, Tk * nh * hd * 4);
+        for (int i = 0; i < CDG_NOFF; i++) w->off[i] = cdg_region(&end, ((int64_t)batch + 1) * 8);
+        if (bwd && nh != nkv) { /* bf16 rows of ldk x the group size (cdg_build's sFull) */
+            w->dk_full = cdg_region(&end, Tk * ldk * (nh / nkv) * 2);
+            w->dv_full = cdg_region(&end, Tk * ldk * (nh / nkv) * 2);
         }
     }
     w->bytes = end;

@@ -34,6 +34,12 @@
  * Stats is ragged too, laid (rows, nh): our lse itself; softmax_sum and the dq accumulator are ragged in the
  * workspace, and with GQA the per-head dK, dV before the group sum are bound ragged workspace tensors (the
  * form cudnn-frontend emits with max_total_seq_len; cuDNN scales their offsets by the group size itself).
+ * The backward's gradients mirror their inputs exactly: dQ (and the dq accumulator) has Q's strides and Q's
+ * offset tensor, dK and dV have K's and V's (our k|v row stride, in workspace rows as wide as k's rows), dO
+ * has O's, the per-head dK, dV dK's strides times the group size; the only form NVIDIA's ragged backward tests
+ * use (cudnn-frontend test/python/sdpa/fp16.py). Compact dK, dV rows with offset tensors of their own gave
+ * wrong dK, dV and illegal addresses on cuDNN 9.14 (issue 38: its engine places them by K's offsets or
+ * strides; test_attn_cudnn_graph.c's attn_cudnn_graph_varlen checks the mirroring).
  * The plan key holds B and the longest length as powers of two (CdgKey.batch, Tq = Tk): a training run's
  * batches share a few plans instead of one each; sequences past the call's runs have length 0. The device
  * computes lengths and offsets from the call's pos/doc_pos (cuda_attention_cudnn_glue.cu), the host only
@@ -104,14 +110,16 @@ typedef enum {
     CDG_UID_Q = 1, CDG_UID_K, CDG_UID_V, CDG_UID_O, CDG_UID_STATS, CDG_UID_DO, CDG_UID_DQ, CDG_UID_DK, CDG_UID_DV,
     CDG_UID_SCALE, CDG_UID_NEG_INF, CDG_UID_ONE, CDG_UID_SOFTMAX_SUM, CDG_UID_DQ_ACCUM,
     /* variable length: sequence lengths (int32 (B,1,1,1)), ragged offsets (int64 (B+1,1,1,1), element offsets
-     * of each sequence's first row in: q; k and v; out and dout; Stats and softmax_sum (rows, nh); dq and the
-     * accumulator (rows, nh hd); dk, dv (rows, nkv hd)), and GQA's per-head dK, dV (rows, nh hd) */
-    CDG_UID_SEQ_Q, CDG_UID_SEQ_KV, CDG_UID_OFF_Q, CDG_UID_OFF_KV, CDG_UID_OFF_O, CDG_UID_OFF_STATS, CDG_UID_OFF_DQ,
-    CDG_UID_OFF_DKV, CDG_UID_DK_FULL, CDG_UID_DV_FULL, CDG_UID_VIRTUAL = 100
+     * of each sequence's first row in: q, dq and the dq accumulator; k, v, dk, dv (and GQA's per-head dK, dV,
+     * which cuDNN scales by the group size); out and dout; Stats and softmax_sum (rows, nh)), and GQA's
+     * per-head dK, dV (rows of ldk x group) */
+    CDG_UID_SEQ_Q, CDG_UID_SEQ_KV, CDG_UID_OFF_Q, CDG_UID_OFF_KV, CDG_UID_OFF_O, CDG_UID_OFF_STATS,
+    CDG_UID_DK_FULL, CDG_UID_DV_FULL, CDG_UID_VIRTUAL = 100
 } CdgUid;
 
-/* the ragged offset tensors in the order of CdgUid (cdg_varlen_mults gives each one's row stride) */
-enum { CDG_NOFF = 6 };
+/* the ragged offset tensors in the order of CdgUid (cdg_varlen_mults gives each one's row stride); the
+ * forward and the backward bind the same four */
+enum { CDG_NOFF = 4 };
 
 /* One graph: everything that changes its tensors (the plan cache's key). */
 typedef struct {
@@ -129,8 +137,9 @@ typedef struct {
  * (fp32 (nh, Tq) dense), scale and -inf; backward also dO, dQ (bf16 (Tq, nh*hd) dense), dK, dV (bf16 (Tk,
  * nkv*hd) dense each), softmax_sum (fp32 (nh, Tq)), dq_accum (fp32 (nh, Tq, hd); not deterministic) and 1.
  * Variable length (batch > 0, causal, not deterministic): the same over (batch, heads, Tq, .) with every bound
- * row tensor ragged; Stats, softmax_sum (fp32 (rows, nh)), dq_accum (fp32 (rows, nh hd)); the lengths, the
- * offsets, and with GQA dK_full, dV_full (bf16 (rows, nh hd)). */
+ * row tensor ragged; Stats, softmax_sum (fp32 (rows, nh)); dQ (bf16) and dq_accum (fp32) in rows of ldq, dK and
+ * dV (bf16) in rows of ldk, each ragged by its input's offsets; the lengths, the offsets, and with GQA dK_full,
+ * dV_full (bf16, rows of ldk x nh / nkv). */
 void cdg_build(CdgGraph *g, const CdgKey *k);
 /* Consistency of a graph: every virtual tensor written once before it is read, every bound tensor read or
  * written, matmul and broadcast shapes, unique uids; ragged offsets and length overrides name int64 (B+1,1,1,1)
@@ -169,20 +178,21 @@ int      cdg_route_fast(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int n
  * carves it; lib/plan/plan.c counts it): byte offsets from the end of cuDNN's part, each region on
  * 256 bytes. Forward: Stats (4 Tq nh). Backward: Stats and softmax_sum (4 Tq nh each), cudnn (not
  * deterministic) the fp32 dq accumulator (4 Tq nh hd), the bf16 dq (2 Tq nh hd), dk and dv (2 Tk nkv hd
- * each). ---- */
+ * each); variable length: the gradients in their inputs' row strides (dq accumulator 4 Tq ldq, dq 2 Tq ldq,
+ * dk and dv 2 Tk ldk each). ---- */
 typedef struct {
     int64_t stats, softmax_sum, dq_accum, dq, dk, dv; /* offsets; -1 where the call has no such region */
     int64_t seq, off[CDG_NOFF], dk_full, dv_full;     /* variable length (batch > 0): the lengths (4 batch), the
-                                                       * offset tensors (8 (batch + 1) each; the forward's first
-                                                       * three and Stats'), GQA's per-head dk, dv (4 Tq nh hd each,
-                                                       * cudnn-frontend's figure) */
+                                                       * offset tensors (8 (batch + 1) each), GQA's per-head dk, dv
+                                                       * (bf16 rows of ldk nh / nkv: 2 Tk ldk nh / nkv each) */
     int64_t bytes;                                    /* the end of the last region */
 } CdgWorkspace;
 
-/* batch: 0 for the one-sequence graphs; the variable-length plan's batch (cdg_varlen_shape) for its call of
- * Tq = Tk rows (its real rows: every region is sized by rows, not by the bucket) */
-void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int bwd, int deterministic,
-                   int batch);
+/* batch: 0 for the one-sequence graphs (ldq, ldk unused: their gradients are dense); the variable-length plan's
+ * batch (cdg_varlen_shape) for its call of Tq = Tk rows (its real rows: every region is sized by rows, not by
+ * the bucket) with q's row stride ldq and k's (and v's) ldk */
+void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int hd, int ldq, int ldk, int bwd,
+                   int deterministic, int batch);
 
 /* cuDNN's own plan workspace for the deterministic backward (cudnn_det): one bf16 value per (query, key, head),
  * Tq Tk nh 2 bytes, what every deterministic engine cuDNN 9.14 offered asked at hd 128 (32 GiB at 32k rows and 16
