@@ -301,12 +301,12 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
                     "slurm.gpus_per_node=1")  # cp 1: the call is the whole sample
     n = 65_536
     # GQA at <= 131072 rows (CDG_VARLEN_GQA_MAX_ROWS): packed documents may take cuDNN's variable length,
-    # whose layout keeps the gradients in their inputs' row strides (the model's q rows nh hd, k|v rows
-    # 2 nkv hd: dk, dv twice the dense figure) and adds the lengths and 4 offset tensors of at most 16 n / 64
-    # sequences and the per-head bf16 dK, dV in rows of 2 nkv hd x nh / nkv
+    # whose layout keeps the gradients in their inputs' row strides (the model's q rows nh hd; dk and dv
+    # interleaved in rows of 2 nkv hd as k and v are) and adds the lengths and 4 offset tensors of at most
+    # 16 n / 64 sequences and the per-head bf16 dK, dV in rows of 2 nkv hd x nh / nkv
     batch = 16 * n // 64
     ldk = 2 * nkv * hd
-    varlen = (r256(4 * n * nh) * 2 + r256(4 * n * nh * hd) + r256(2 * n * nh * hd) + 2 * r256(2 * n * ldk) +
+    varlen = (r256(4 * n * nh) * 2 + r256(4 * n * nh * hd) + r256(2 * n * nh * hd) + r256(2 * n * ldk) +
               r256(4 * batch) + 4 * r256(8 * (batch + 1)) + 2 * r256(2 * n * ldk * (nh // nkv)))
     assert one["memory"]["remat"]["cudnn_workspace"] == varlen
     r = run([ringscan, "plan", cfg, "--set", "device.attention_kernel=cudnn"])

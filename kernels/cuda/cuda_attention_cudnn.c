@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -560,6 +561,10 @@ void cuda_attention_cudnn_backward(float *dq, float *dk, float *dv, const void *
                                    int nkv, int hd, int ldq, int ldk, int ldo, int causal) {
     CdgRoute r =
         cd_route("attention_backward", 1, hint, pos_q, doc_pos_q, pos_k, doc_pos_k, Tq, Tk, nh, nkv, hd, causal);
+    /* variable length: dk and dv interleaved in the workspace as k and v are (cdg_workspace): v must be k's rows'
+     * second half */
+    if (r == CDG_ROUTE_VARLEN && ((const char *)v - (const char *)k != (ptrdiff_t)nkv * hd * 2 || ldk < 2 * nkv * hd))
+        r = CDG_ROUTE_OURS;
     if (r == CDG_ROUTE_OURS || !cd_aligned16(dout) || !cd_aligned16(out) || !cd_aligned16(q) || !cd_aligned16(k) ||
         !cd_aligned16(v)) {
         cd_counts[3]++;

@@ -288,8 +288,8 @@ TEST(attn_cudnn_workspace) {
                 off[k] = w.softmax_sum, need[k++] = T * nh * 4;
                 off[k] = w.dq_accum, need[k++] = T * ldq * 4;
                 off[k] = w.dq, need[k++] = T * ldq * 2;
-                off[k] = w.dk, need[k++] = T * ldk * 2;
-                off[k] = w.dv, need[k++] = T * ldk * 2;
+                off[k] = w.dk, need[k++] = T * ldk * 2; /* dv interleaved: nkv hd after dk, the same rows */
+                EXPECT(w.dv == w.dk + (int64_t)nkv * hd * 2, "dv not interleaved with dk");
             }
             off[k] = w.seq, need[k++] = batch * 4;
             for (int i = 0; i < CDG_NOFF; i++) off[k] = w.off[i], need[k++] = (batch + 1) * 8;

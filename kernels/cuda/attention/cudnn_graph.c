@@ -442,8 +442,13 @@ void cdg_workspace(CdgWorkspace *w, int64_t Tq, int64_t Tk, int nh, int nkv, int
         w->softmax_sum = cdg_region(&end, Tq * nh * 4);
         if (!deterministic) w->dq_accum = cdg_region(&end, qe * 4);
         w->dq = cdg_region(&end, qe * 2);
-        w->dk = cdg_region(&end, kve * 2);
-        w->dv = cdg_region(&end, kve * 2);
+        if (batch > 0) { /* dk and dv interleaved in rows of ldk as k and v are (dv nkv hd after dk) */
+            w->dk = cdg_region(&end, kve * 2);
+            w->dv = w->dk + (int64_t)nkv * hd * 2;
+        } else {
+            w->dk = cdg_region(&end, kve * 2);
+            w->dv = cdg_region(&end, kve * 2);
+        }
     }
     if (batch > 0) {
         w->seq = cdg_region(&end, (int64_t)batch * 4);

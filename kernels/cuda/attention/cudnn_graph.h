@@ -179,7 +179,8 @@ int      cdg_route_fast(const AttnHint *h, int64_t Tq, int64_t Tk, int nh, int n
  * 256 bytes. Forward: Stats (4 Tq nh). Backward: Stats and softmax_sum (4 Tq nh each), cudnn (not
  * deterministic) the fp32 dq accumulator (4 Tq nh hd), the bf16 dq (2 Tq nh hd), dk and dv (2 Tk nkv hd
  * each); variable length: the gradients in their inputs' row strides (dq accumulator 4 Tq ldq, dq 2 Tq ldq,
- * dk and dv 2 Tk ldk each). ---- */
+ * dk and dv interleaved in one region of 2 Tk ldk, dv nkv hd after dk, as the model's k and v: the variable-
+ * length backward takes only calls whose v is k + nkv hd, ldk >= 2 nkv hd). ---- */
 typedef struct {
     int64_t stats, softmax_sum, dq_accum, dq, dk, dv; /* offsets; -1 where the call has no such region */
     int64_t seq, off[CDG_NOFF], dk_full, dv_full;     /* variable length (batch > 0): the lengths (4 batch), the
