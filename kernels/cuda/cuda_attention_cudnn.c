@@ -32,7 +32,7 @@
 static CudnnApi cd;
 static void *cd_lib, *cd_handle;
 static char cd_desc[1400] = "cuDNN not loaded";
-static int cd_det;
+static int cd_det, cd_varlen_bwd;
 static int64_t cd_counts[4], cd_varlen_counts[2];
 static char cd_ctx[256]; /* the graph being built or run, for messages */
 
@@ -158,6 +158,8 @@ int cuda_attention_cudnn_load(const char *path, char *err, size_t n) {
 const char *cuda_attention_cudnn_describe(void) { return cd_desc; }
 
 void cuda_attention_cudnn_set_deterministic(int on) { cd_det = on != 0; }
+
+void cuda_attention_cudnn_set_varlen_backward(int on) { cd_varlen_bwd = on != 0; }
 
 void cuda_attention_cudnn_counts(int64_t counts[4]) { memcpy(counts, cd_counts, sizeof cd_counts); }
 
@@ -463,7 +465,7 @@ static CdgRoute cd_route(const char *entry, int bwd, const AttnHint *hint, const
      * oracle (docs/bench-log, 2026-11-29 second session); ours takes the forward's LSE as it is. The graph now
      * lays dQ, dK, dV in their inputs' strides and offsets (issue 38; cudnn_graph.h): the backward comes back
      * to cuDNN only after test_cuda's varlen cases pass on a GPU. */
-    return r == CDG_ROUTE_VARLEN && (cd_det || bwd) ? CDG_ROUTE_OURS : r;
+    return r == CDG_ROUTE_VARLEN && (cd_det || (bwd && !cd_varlen_bwd)) ? CDG_ROUTE_OURS : r;
 }
 
 /* batch 0: one sequence of Tq x Tk; > 0: variable length, batch sequences of at most Tq = Tk rows */

@@ -32,6 +32,12 @@
  *                                      and nothing in the error word
  *   cuda_attention_cudnn_varlen_hd256  the same at hd 256: a document of one row (GQA 16/2), the first
  *                                      document begun before the call (MHA 8/8)
+ *   manual_cuda_attention_cudnn_varlen_bwd, manual_cuda_attention_cudnn_varlen_bwd_hd256: the cases of the
+ *                                      two above with the backward on cuDNN's variable-length graph too
+ *                                      (cuda_attention_cudnn_set_varlen_backward, off in every run: issue 38's
+ *                                      layout fix, to be proven on a GPU before cd_route sends it there);
+ *                                      both calls on the variable-length route. Run only when named (a cuDNN
+ *                                      illegal address would stop the suite's process)
  *   cuda_attention_cudnn_ring          a zigzag ring of P = 2 seen from rank 0 (queries = fragments 0
  *                                      and 3 of 4), twice: the rule's causal diagonals and dense
  *                                      rectangles, and one call per step (the own block [0 | 3] causal by
@@ -142,6 +148,9 @@ static void cc_check_lse(const char *what, const float *got, const float *want, 
     if (m) test_check_rel_f(what, g, w, m, CC_LSE_BOUND);
 }
 
+/* 1 in the varlen_bwd tests: the variable-length backward on cuDNN too (cuda_attention_cudnn_set_varlen_backward) */
+static int cc_varlen_bwd;
+
 /* forward and backward of one case's data against the cpu; expect_cudnn: the calls must go to cuDNN (else to
  * ours); expect_varlen: and through the variable-length route */
 static void cc_run_data(const char *name, const CcCase *c, CcData &a, int expect_cudnn, int expect_varlen) {
@@ -207,12 +216,14 @@ static void cc_run_data(const char *name, const CcCase *c, CcData &a, int expect
     const int64_t on_varlen = (v1[0] - v0[0]) + (v1[1] - v0[1]);
     printf("%s: calls on cuDNN %lld (variable length %lld), on ours %lld\n", name, (long long)on_cudnn,
            (long long)on_varlen, (long long)on_ours);
-    /* a variable-length call: the forward on cuDNN, the backward on ours (cuda_attention_cudnn.c cd_route) */
-    const int want_cudnn = expect_varlen ? 1 : expect_cudnn ? 2 : 0;
+    /* a variable-length call: the forward on cuDNN, the backward on ours (cuda_attention_cudnn.c cd_route) unless
+     * the varlen_bwd tests send it to cuDNN too */
+    const int nvl = expect_varlen ? 1 + cc_varlen_bwd : 0;
+    const int want_cudnn = expect_varlen ? nvl : expect_cudnn ? 2 : 0;
     EXPECT(on_cudnn == want_cudnn && on_ours == 2 - want_cudnn, "%s: routed cuDNN %lld / ours %lld, want %d / %d",
            name, (long long)on_cudnn, (long long)on_ours, want_cudnn, 2 - want_cudnn);
-    EXPECT(on_varlen == (expect_varlen ? 1 : 0), "%s: %lld calls on the variable-length route, want %d", name,
-           (long long)on_varlen, expect_varlen ? 1 : 0);
+    EXPECT(on_varlen == nvl, "%s: %lld calls on the variable-length route, want %d", name, (long long)on_varlen,
+           nvl);
     long long field = -1;
     int value = 0, code = cuda_error_take(&field, &value);
     EXPECT(code == CUDA_ERR_NONE, "%s: the device error word holds %d (field %s)", name, code,
@@ -283,9 +294,7 @@ static void cc_varlen(const char *name, int nh, int nkv, int hd, const int64_t *
     cc_run_data(name, &c, a, 1, expect_varlen);
 }
 
-TEST(cuda_attention_cudnn_varlen) {
-    ct_begin();
-    if (!cc_ready(0)) return;
+static void cc_varlen_cases(void) {
     int64_t len[64];
     len[0] = 613, len[1] = 387;
     cc_varlen("varlen 2 documents, GQA 16/2/128, T 1000", 16, 2, 128, len, 2, 0, 0, 1, 1920);
@@ -304,15 +313,43 @@ TEST(cuda_attention_cudnn_varlen) {
               1927);
 }
 
-/* hd 256 apart (a refusal of cuDNN's stops the process: the hd 128 cases report first) */
-TEST(cuda_attention_cudnn_varlen_hd256) {
-    ct_begin();
-    if (!cc_ready(0)) return;
+static void cc_varlen_cases_hd256(void) {
     int64_t len[3] = {300, 1, 476};
     cc_varlen("varlen a document of one row, GQA 16/2/256, T 777", 16, 2, 256, len, 3, 0, 0, 1, 1924);
     len[0] = 700, len[1] = 555, len[2] = 245;
     cc_varlen("varlen first document begun before the call, MHA 8/8/256, T 1500", 8, 8, 256, len, 3, 4096, 100, 1,
               1925);
+}
+
+TEST(cuda_attention_cudnn_varlen) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    cc_varlen_cases();
+}
+
+/* hd 256 apart (a refusal of cuDNN's stops the process: the hd 128 cases report first) */
+TEST(cuda_attention_cudnn_varlen_hd256) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    cc_varlen_cases_hd256();
+}
+
+/* the same with the backward on cuDNN's variable-length graph (not what runs: cd_route keeps it ours until these
+ * pass on a GPU; an illegal address here stops the process, hence manual_: run only when named) */
+TEST(manual_cuda_attention_cudnn_varlen_bwd) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    cuda_attention_cudnn_set_varlen_backward(1), cc_varlen_bwd = 1;
+    cc_varlen_cases();
+    cuda_attention_cudnn_set_varlen_backward(0), cc_varlen_bwd = 0;
+}
+
+TEST(manual_cuda_attention_cudnn_varlen_bwd_hd256) {
+    ct_begin();
+    if (!cc_ready(0)) return;
+    cuda_attention_cudnn_set_varlen_backward(1), cc_varlen_bwd = 1;
+    cc_varlen_cases_hd256();
+    cuda_attention_cudnn_set_varlen_backward(0), cc_varlen_bwd = 0;
 }
 
 /* ---- a ring step sequence ---- */

@@ -810,7 +810,8 @@ static void te_case(const char *name, int NH, int NKV, const int64_t *lens, int 
         /* the gradients: dense rows for one sequence; variable length, their inputs' row strides (cudnn_graph.h) */
         const int64_t GQ = varlen ? LDQ : QD, GK = varlen ? LDK : KVD, GF = varlen ? (int64_t)LDK * (NH / NKV) : QD;
         /* variable length: dk and dv interleaved in one region as k and v are (cdg_workspace) */
-        double *dq = test_alloc(T * GQ * 8), *dk = test_alloc(T * GK * 8), *dv = varlen ? dk + KVD : test_alloc(T * GK * 8);
+        double *dq = test_alloc(T * GQ * 8), *dk = test_alloc(T * GK * 8);
+        double *dv = varlen ? dk + KVD : test_alloc(T * GK * 8);
         double *acc = test_alloc(T * GQ * 8), *dkf = test_alloc(T * GF * 8), *dvf = test_alloc(T * GF * 8);
         double scale = 1.0 / sqrt((double)HD), neg_inf = -INFINITY, one = 1.0;
         double seqd[64];
