@@ -351,6 +351,19 @@ static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const 
     gdn_prof_mark("grad_dense");
 }
 
+template <int DK>
+static void kda_grad_qk(const KdaBufs *b, float *dg, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
+                        const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+    const size_t smem = KdaGqkSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_grad_qk_kernel<DK>, smem, "grad_qk");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    kda_grad_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
+        scale);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("grad_qk");
+}
+
 /* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
  * before they write there), grad_wy, grad_qk, the sum over the value heads */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
@@ -372,19 +385,8 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
         CUDA_LAUNCH_CHECK();
         gdn_prof_mark("grad_wy");
     }
-    {
-        KdaCarve c(NULL);
-        bf16 *p[3];
-        float *f[5];
-        const size_t smem = kda_gqk_smem(dk, dv, &c, &p[0], &p[1], &p[2], &f[0], &f[1], &f[2], &f[3], &f[4]);
-        kda_smem_attr(kda_grad_qk_kernel, smem, "grad_qk");
-        const float scale = (float)(1.0 / sqrt((double)dk));
-        kda_grad_qk_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-            b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
-            ldq, ldo, scale);
-        CUDA_LAUNCH_CHECK();
-        gdn_prof_mark("grad_qk");
-    }
+    if (dk == 128) kda_grad_qk<128>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
+    else kda_grad_qk<64>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
     const int64_t n = T * nk * dk;
     kda_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dq, dk_out, b->dqv, b->dkv, T, nk,
                                                                                      nv, dk, ldq);
