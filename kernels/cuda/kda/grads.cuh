@@ -101,137 +101,12 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
     }
 }
 
-static __host__ __device__ size_t kda_gwy_smem(int dk, int dv, KdaCarve *c, bf16 **sK, bf16 **sV, float **sG,
-                                               float **sDvn, float **sdW, float **sT, float **sdT, float **sM1,
-                                               float **sBeta, float **sRed) {
-    *sK = c->take<bf16>((size_t)KDA_C * (dk + 2));
-    *sV = c->take<bf16>((size_t)KDA_C * (dv + 2));
-    *sG = c->take<float>((size_t)KDA_C * (dk + 1));
-    *sDvn = c->take<float>((size_t)KDA_C * (dv + 1));
-    *sdW = c->take<float>((size_t)KDA_C * (dk + 1));
-    *sT = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sdT = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sM1 = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sBeta = c->take<float>(KDA_C);
-    *sRed = c->take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 blocks of 32 columns) */
-    return c->off;
-}
-
-__global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
-    bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
-    float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-    const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const int32_t *starts, const int32_t *meta,
-    const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
-    extern __shared__ __align__(16) unsigned char kda_smem[];
-    KdaCarve cv(kda_smem);
-    bf16 *sK, *sV;
-    float *sG, *sDvn, *sdW, *sT, *sdT, *sM1, *sBeta, *sRed;
-    kda_gwy_smem(dk, dv, &cv, &sK, &sV, &sG, &sDvn, &sdW, &sT, &sdT, &sM1, &sBeta, &sRed);
-    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int ldk = dk + 2, ldvb = dv + 2, ldg = dk + 1, ldf = dv + 1;
-    const int lane = threadIdx.x & 31;
-    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
-        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
-        const int L = ch.L;
-        const int64_t t0 = ch.t0;
-        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
-        kda_load_bf16(sV, ldvb, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
-        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
-        kda_load_f32(sDvn, ldf, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
-        kda_load_tile(sT, tinv, t0, L, h, nv);
-        if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
-        __syncthreads();
-        /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
-         * written below) */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            sdW[r * ldg + a] = r < L ? dG[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
-        }
-        __syncthreads();
-        /* dT_ij = beta_j (dW_i . (gam_j * k_j)) + beta_j (dvn_i . v_j) for j < i < L (lanes over j) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, j = p % KDA_C;
-            float x = 0.0f;
-            if (j < i && i < L) {
-                float s1 = 0.0f, s2 = 0.0f;
-                for (int a = 0; a < dk; a++)
-                    s1 += sdW[i * ldg + a] * __bfloat162float(sK[j * ldk + a]) * expf(sG[j * ldg + a]);
-                for (int cc = 0; cc < dv; cc++) s2 += sDvn[i * ldf + cc] * __bfloat162float(sV[j * ldvb + cc]);
-                x = sBeta[j] * s1 + sBeta[j] * s2;
-            }
-            sdT[i * KDA_LDT + j] = x;
-        }
-        __syncthreads();
-        /* M1 = Tinv^T dT: M1_ib = sum_{c >= max(i, b + 1)} Tinv_ci dT_cb (lanes over b) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, b = p % KDA_C;
-            float s = 0.0f;
-            for (int cc = (i > b + 1 ? i : b + 1); cc < L; cc++) s += sT[cc * KDA_LDT + i] * sdT[cc * KDA_LDT + b];
-            sM1[i * KDA_LDT + b] = s;
-        }
-        __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower (into sdT; lanes over j) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, j = p % KDA_C;
-            float s = 0.0f;
-            if (j < i && i < L)
-                for (int b = 0; b <= j; b++) s += sM1[i * KDA_LDT + b] * sT[j * KDA_LDT + b];
-            sdT[i * KDA_LDT + j] = -s;
-        }
-        __syncthreads();
-        /* per (r, a), lanes over a: dXw_r = sum_{i >= r} Tinv_ir dW_i; the Xw share gx = gam_r dXw_r; the A pairs
-         * with r as the later row (Zt = sum_{j < r} dA_rj E_rj k_j) and as the earlier (Zp = sum_{i > r} dA_ir
-         * beta_i E_ir k_i). dk_r += beta_r gx + beta_r Zt + Zp; dL/dG_r += beta_r gx k_r + beta_r k_r Zt - k_r Zp;
-         * dbeta_r gets sum_a gx k_r (sRed 0) and sum_a k_r Zt (sRed 2) */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
-            if (r >= L) continue;
-            float xw = 0.0f;
-            for (int i = r; i < L; i++) xw += sT[i * KDA_LDT + r] * sdW[i * ldg + a];
-            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
-            const float gx = expf(Gr) * xw;
-            float zt = 0.0f, zp = 0.0f;
-            for (int j = 0; j < r; j++)
-                zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
-            for (int i = r + 1; i < L; i++)
-                zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = br * gx + br * zt + zp;
-            dG[at] = br * gx * kr + br * kr * zt - kr * zp;
-            const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
-            if (lane == 0) {
-                sRed[(0 * KDA_C + r) * 4 + a / 32] = rxw;
-                sRed[(2 * KDA_C + r) * 4 + a / 32] = ra;
-            }
-        }
-        /* per (r, c), lanes over c: dXu_r = sum_{i >= r} Tinv_ir dvn_i; dv_r = beta_r dXu_r; dbeta_r gets v_r . dXu_r
-         * (sRed 1) */
-        for (int p = threadIdx.x; p < KDA_C * dv; p += KDA_THREADS) {
-            const int r = p / dv, cc = p % dv;
-            if (r >= L) continue;
-            float xu = 0.0f;
-            for (int i = r; i < L; i++) xu += sT[i * KDA_LDT + r] * sDvn[i * ldf + cc];
-            dv_out[(t0 + r) * ldv + (int64_t)h * dv + cc] = __float2bfloat16_rn(sBeta[r] * xu);
-            const float rxu = kda_warp_sum(__bfloat162float(sV[r * ldvb + cc]) * xu);
-            if (lane == 0) sRed[(1 * KDA_C + r) * 4 + cc / 32] = rxu;
-        }
-        __syncthreads();
-        if (threadIdx.x < L) {
-            const int r = threadIdx.x;
-            float sxw = 0.0f, sxu = 0.0f, sa = 0.0f;
-            for (int b = 0; b < dk / 32; b++) sxw += sRed[(0 * KDA_C + r) * 4 + b], sa += sRed[(2 * KDA_C + r) * 4 + b];
-            for (int b = 0; b < dv / 32; b++) sxu += sRed[(1 * KDA_C + r) * 4 + b];
-            dbeta[(t0 + r) * nv + h] = sxw + sxu + sa;
-        }
-        __syncthreads();
-    }
-}
-
 /* the pair sums of the gradients across sub-chunks, on tensor cores (prep.cuh's scheme): with P (64 x 64, split
  * hi / lo at ph / pl, row stride KDA_LDP; P_rj = 0 unless j <= r < L) and x (bf16 rows, stride ldx; rows >= L zero)
  *   EARLIER: out_r[a] = sum_{j < 16 (r / 16)} P_rj x_j[a] E_rj[a]       (the pairs with r the later row)
  *   LATER:   out_r[a] = sum_{i >= 16 (r / 16 + 1)} P_ir x_i[a] E_ir[a]  (r the earlier row)
- * the pairs inside a 16-row sub-chunk (the diagonal blocks) left to the caller (fp32). Sub-chunk b of r, ref the
+ * (x_j scaled by xs_j where xs is not NULL); the pairs inside a 16-row sub-chunk (the diagonal blocks) left to the
+ * caller (fp32). Sub-chunk b of r, ref the
  * row 16 b (EARLIER) or 16 b + 15 (LATER): E = e^{G_r - G_ref} e^{G_ref - G_j} (EARLIER), e^{G_i - G_ref}
  * e^{G_ref - G_r} (LATER), every exponent <= 0; the x rows scaled by their factor, split, into oh / ol (48 rows,
  * stride DK + 8), one 16 x DK product per sub-chunk (warps over 16-column strips, 16-row k steps in order), the
@@ -239,7 +114,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
 #define KDA_LDP (KDA_C + 8) /* row stride of the split 64 x 64 pair tiles */
 template <int DK, bool LATER>
 KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, const bf16 *x, int ldx,
-                           const float *G, int ldg, bf16 *oh, bf16 *ol) {
+                           const float *xs, const float *G, int ldg, bf16 *oh, bf16 *ol) {
     constexpr int LDK = DK + 8;
     const int w = threadIdx.x >> 5;
     for (int s = 0; s < 3; s++) {
@@ -248,7 +123,8 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, 
         for (int i = threadIdx.x; i < nrow * DK; i += KDA_THREADS) {
             const int q = i / DK, c = i % DK, j = x0 + q;
             const float e = LATER ? G[j * ldg + c] - G[ref * ldg + c] : G[ref * ldg + c] - G[j * ldg + c];
-            kda_split(__bfloat162float(x[j * ldx + c]) * expf(e), &oh[q * LDK + c], &ol[q * LDK + c]);
+            const float xj = xs ? __bfloat162float(x[j * ldx + c]) * xs[j] : __bfloat162float(x[j * ldx + c]);
+            kda_split(xj * expf(e), &oh[q * LDK + c], &ol[q * LDK + c]);
         }
         __syncthreads();
         if (w < DK / 16) {
@@ -279,6 +155,187 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, 
     /* the sub-chunk without pairs of this kind: rows [0, 16) (EARLIER) or [48, 64) (LATER) */
     for (int i = threadIdx.x; i < 16 * DK; i += KDA_THREADS) out[((LATER ? 48 : 0) + i / DK) * ldo + i % DK] = 0.0f;
     __syncthreads();
+}
+
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; ~220 KB at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
+ * DK + 1), dW hi / lo (bf16, DK + 8), Tinv (fp32, 64 x 65), beta, the dbeta partial sums; then a region used in
+ * turn: dT (fp32, 64 x 65; dA after it), gam k hi / lo and dvn hi / lo (DK + 8), M1 (64 x 65); later dA hi / lo
+ * (KDA_LDP) over gam k, a pair-sum result (fp32, DK + 1) and the scaled rows of kda_pair_rows (48 rows, hi / lo)
+ * over the rest */
+template <int DK> struct KdaGwySmem {
+    static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
+    bf16 *k, *v, *dwh, *dwl, *gkh, *gkl, *dvh, *dvl, *ph, *pl, *oh, *ol;
+    float *G, *T, *beta, *red, *dT, *M1, *Z;
+    size_t bytes;
+    __host__ __device__ explicit KdaGwySmem(void *b) {
+        KdaCarve c(b);
+        k = c.take<bf16>((size_t)KDA_C * LDB);
+        v = c.take<bf16>((size_t)KDA_C * LDK);
+        G = c.take<float>((size_t)KDA_C * LDF);
+        dwh = c.take<bf16>((size_t)KDA_C * LDK);
+        dwl = c.take<bf16>((size_t)KDA_C * LDK);
+        T = c.take<float>((size_t)KDA_C * KDA_LDT);
+        beta = c.take<float>(KDA_C);
+        red = c.take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 blocks of 32 columns) */
+        dT = c.take<float>((size_t)KDA_C * KDA_LDT);
+        const size_t r = c.off; /* the region used in turn */
+        gkh = c.take<bf16>((size_t)KDA_C * LDK);
+        gkl = c.take<bf16>((size_t)KDA_C * LDK);
+        dvh = c.take<bf16>((size_t)KDA_C * LDK);
+        dvl = c.take<bf16>((size_t)KDA_C * LDK);
+        M1 = c.take<float>((size_t)KDA_C * KDA_LDT);
+        size_t end = c.off;
+        c.off = r; /* later: over gam k, dvn, M1 */
+        ph = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        pl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        Z = c.take<float>((size_t)KDA_C * LDF);
+        oh = c.take<bf16>((size_t)48 * LDK);
+        ol = c.take<bf16>((size_t)48 * LDK);
+        bytes = c.off > end ? c.off : end;
+    }
+};
+
+/* Per (chunk, value head). dT on tensor cores (dW, gam k, dvn split; v bf16); M1, dA and the Tinv^T products dXw,
+ * dXu on CUDA cores (dW, dvn as their hi + lo); the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier)
+ * across sub-chunks by kda_pair_rows, the diagonal blocks fp32 per (r, a). */
+template <int DK>
+__global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
+    bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
+    float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+    const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const int32_t *starts, const int32_t *meta,
+    const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+    using Sm = KdaGwySmem<DK>;
+    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    const Sm s(kda_smem);
+    bf16 *sK = s.k;
+    float *sG = s.G, *sT = s.T, *sdT = s.dT, *sM1 = s.M1, *sBeta = s.beta, *sRed = s.red;
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        const int64_t t0 = ch.t0;
+        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
+        kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
+        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
+        kda_load_tile(sT, tinv, t0, L, h, nv);
+        if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
+        /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
+         * written below); dvn; split */
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk;
+            const float x = r < L ? dG[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
+            kda_split(x, &s.dwh[r * LDK + a], &s.dwl[r * LDK + a]);
+            const float y = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)dv + a] : 0.0f;
+            kda_split(y, &s.dvh[r * LDK + a], &s.dvl[r * LDK + a]);
+        }
+        __syncthreads(); /* sG */
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk;
+            kda_split(__bfloat162float(sK[r * ldk + a]) * expf(sG[r * ldg + a]), &s.gkh[r * LDK + a],
+                      &s.gkl[r * LDK + a]);
+        }
+        __syncthreads();
+        /* dT_ij = beta_j (dW_i . (gam_j * k_j) + dvn_i . v_j) for j < i < L (warp w: rows 16 (w % 4), columns
+         * 32 (w / 4)) */
+        {
+            const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
+            float acc[1][4][4];
+            gdn_zero(acc);
+            kda_mma3<1, 4, false, DK, true>(acc, s.dwh, s.dwl, LDK, s.gkh, s.gkl, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvl, LDK, s.v, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvh, LDK, s.v, LDK, m0, n0);
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
+                    sdT[i * KDA_LDT + j] = j < i && i < L ? sBeta[j] * acc[0][ni][e] : 0.0f;
+                }
+        }
+        __syncthreads();
+        /* M1 = Tinv^T dT: M1_ib = sum_{c >= max(i, b + 1)} Tinv_ci dT_cb (lanes over b) */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+            const int i = p / KDA_C, b = p % KDA_C;
+            float x = 0.0f;
+            for (int cc = (i > b + 1 ? i : b + 1); cc < L; cc++) x += sT[cc * KDA_LDT + i] * sdT[cc * KDA_LDT + b];
+            sM1[i * KDA_LDT + b] = x;
+        }
+        /* per (r, c), lanes over c: dXu_r = sum_{i >= r} Tinv_ir dvn_i; dv_r = beta_r dXu_r; dbeta_r gets v_r . dXu_r
+         * (sRed 1) */
+        for (int p = threadIdx.x; p < KDA_C * dv; p += KDA_THREADS) {
+            const int r = p / dv, cc = p % dv;
+            if (r >= L) continue;
+            float xu = 0.0f;
+            for (int i = r; i < L; i++)
+                xu += sT[i * KDA_LDT + r] *
+                      (__bfloat162float(s.dvh[i * LDK + cc]) + __bfloat162float(s.dvl[i * LDK + cc]));
+            dv_out[(t0 + r) * ldv + (int64_t)h * dv + cc] = __float2bfloat16_rn(sBeta[r] * xu);
+            const float rxu = kda_warp_sum(__bfloat162float(s.v[r * LDK + cc]) * xu);
+            if (lane == 0) sRed[(1 * KDA_C + r) * 4 + cc / 32] = rxu;
+        }
+        __syncthreads();
+        /* dA = -(M1 Tinv^T), strictly lower (fp32 into sdT, split into ph / pl over gam k; lanes over j) */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+            const int i = p / KDA_C, j = p % KDA_C;
+            float x = 0.0f;
+            if (j < i && i < L)
+                for (int b = 0; b <= j; b++) x += sM1[i * KDA_LDT + b] * sT[j * KDA_LDT + b];
+            sdT[i * KDA_LDT + j] = -x;
+            kda_split(-x, &s.ph[i * KDA_LDP + j], &s.pl[i * KDA_LDP + j]);
+        }
+        __syncthreads();
+        /* Zt_r = sum_{j < r} dA_rj E_rj k_j: the sub-chunk products, then per (r, a) (lanes over a) the diagonal
+         * block, dXw_r = sum_{i >= r} Tinv_ir dW_i, gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt,
+         * dL/dG_r = beta_r gx k_r + beta_r k_r Zt (Zp's terms added below); dbeta_r gets sum_a gx k_r (sRed 0) and
+         * sum_a k_r Zt (sRed 2) */
+        kda_pair_rows<DK, false>(s.Z, ldg, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
+            if (r >= L) continue;
+            float xw = 0.0f;
+            for (int i = r; i < L; i++)
+                xw += sT[i * KDA_LDT + r] *
+                      (__bfloat162float(s.dwh[i * LDK + a]) + __bfloat162float(s.dwl[i * LDK + a]));
+            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
+            const float gx = expf(Gr) * xw;
+            float zt = s.Z[r * ldg + a];
+            for (int j = r & ~15; j < r; j++)
+                zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            dkv[at] = br * gx + br * zt;
+            dG[at] = br * gx * kr + br * kr * zt;
+            const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
+            if (lane == 0) {
+                sRed[(0 * KDA_C + r) * 4 + a / 32] = rxw;
+                sRed[(2 * KDA_C + r) * 4 + a / 32] = ra;
+            }
+        }
+        __syncthreads();
+        /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp */
+        kda_pair_rows<DK, true>(s.Z, ldg, s.ph, s.pl, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk;
+            if (r >= L) continue;
+            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
+            float zp = s.Z[r * ldg + a];
+            const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
+            for (int i = r + 1; i < iend; i++)
+                zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            dkv[at] = dkv[at] + zp;
+            dG[at] = dG[at] - kr * zp;
+        }
+        if (threadIdx.x < L) {
+            const int r = threadIdx.x;
+            float sxw = 0.0f, sxu = 0.0f, sa = 0.0f;
+            for (int b = 0; b < dk / 32; b++) sxw += sRed[(0 * KDA_C + r) * 4 + b], sa += sRed[(2 * KDA_C + r) * 4 + b];
+            for (int b = 0; b < dv / 32; b++) sxu += sRed[(1 * KDA_C + r) * 4 + b];
+            dbeta[(t0 + r) * nv + h] = sxw + sxu + sa;
+        }
+        __syncthreads();
+    }
 }
 
 /* kda_grad_qk_kernel's shared memory (DK = dk = dv; ~225 KB at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
@@ -386,7 +443,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         }
         __syncthreads();
         /* X: the QK pairs of dq across sub-chunks (sX over vn; the scaled rows over dO) */
-        kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, sG, ldg, s.oh, s.ol);
+        kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
@@ -406,7 +463,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         }
         __syncthreads();
         /* Y: the QK pairs of dk across sub-chunks */
-        kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, sG, ldg, s.oh, s.ol);
+        kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;

@@ -352,6 +352,18 @@ static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const 
 }
 
 template <int DK>
+static void kda_grad_wy(const KdaBufs *b, float *dg, bf16 *dv_out, float *dbeta, const bf16 *k, const bf16 *v,
+                        const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq,
+                        int ldv) {
+    const size_t smem = KdaGwySmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_grad_wy_kernel<DK>, smem, "grad_wy");
+    kda_grad_wy_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("grad_wy");
+}
+
+template <int DK>
 static void kda_grad_qk(const KdaBufs *b, float *dg, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
                         const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const size_t smem = KdaGqkSmem<DK>(NULL).bytes;
@@ -372,19 +384,8 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
     RS_CHECK(dv == dk, "kda grads: dim_v = %d != dim_k = %d", dv, dk);
     if (dk == 128) kda_grad_dense<128>(b, dg, dout, doc_pos, T, nv, ldo);
     else kda_grad_dense<64>(b, dg, dout, doc_pos, T, nv, ldo);
-    {
-        KdaCarve c(NULL);
-        bf16 *p[2];
-        float *f[8];
-        const size_t smem =
-            kda_gwy_smem(dk, dv, &c, &p[0], &p[1], &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]);
-        kda_smem_attr(kda_grad_wy_kernel, smem, "grad_wy");
-        kda_grad_wy_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-            dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
-            ldq, ldv);
-        CUDA_LAUNCH_CHECK();
-        gdn_prof_mark("grad_wy");
-    }
+    if (dk == 128) kda_grad_wy<128>(b, dg, dv_out, dbeta, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    else kda_grad_wy<64>(b, dg, dv_out, dbeta, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
     if (dk == 128) kda_grad_qk<128>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
     else kda_grad_qk<64>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
     const int64_t n = T * nk * dk;
