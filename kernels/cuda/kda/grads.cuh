@@ -16,11 +16,13 @@
  *   kda_group_reduce_kernel  dq, dk (bf16) = the sum over the value heads of each key head of dqv, dkv, in head
  *                       order.
  *
- * Pairwise terms run one thread per (row, channel) with a loop over the other row of the pair (E evaluated
- * only for j <= r, exponent <= 0); the pair-level sums (dP, dT, M1, dA) one thread per pair, fp32 on CUDA cores
- * (their tensor-core form, prep.cuh's sub-chunks, is the next step). D (dhs) is read from global memory by warps
- * that share its row. Row sums (dbeta) are per-warp butterflies, then the
- * warps in index order: fp32, a fixed order, no atomics. docs/design/kda.md has the algebra. Part of kda.cu.
+ * On tensor cores (mma.cuh, split operands, three-term products): dP = dO vn^T, dT, and the pair terms across
+ * 16-row sub-chunks (kda_pair_rows, prep.cuh's scheme: Z_r = sum_j P_rj x_j E_rj with a reference row between the
+ * two, every exponent <= 0) for the QK pairs of dq and dk and the A pairs of dk and dL/dG; the diagonal 16 x 16
+ * blocks of those pairs one thread per (row, channel) with a loop over the other row, fp32. M1, dA (one thread per
+ * pair), dXw, dXu and D vn (D, dhs, read from global memory by warps that share its row) stay fp32 on CUDA cores.
+ * Row sums (dbeta) are per-warp butterflies, then the warps in index order: fp32, a fixed order, no atomics.
+ * docs/design/kda.md has the algebra. Part of kda.cu.
  */
 #pragma once
 
@@ -157,7 +159,7 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, 
     __syncthreads();
 }
 
-/* kda_grad_wy_kernel's shared memory (DK = dk = dv; ~220 KB at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 224768 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
  * DK + 1), dW hi / lo (bf16, DK + 8), Tinv (fp32, 64 x 65), beta, the dbeta partial sums; then a region used in
  * turn: dT (fp32, 64 x 65; dA after it), gam k hi / lo and dvn hi / lo (DK + 8), M1 (64 x 65); later dA hi / lo
  * (KDA_LDP) over gam k, a pair-sum result (fp32, DK + 1) and the scaled rows of kda_pair_rows (48 rows, hi / lo)
@@ -338,7 +340,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
     }
 }
 
-/* kda_grad_qk_kernel's shared memory (DK = dk = dv; ~225 KB at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
+/* kda_grad_qk_kernel's shared memory (DK = dk = dv; 228352 bytes at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
  * a region that holds vn (fp32, DK + 1), then vn hi / lo (bf16, DK + 8), then a pair-sum result (fp32, DK + 1);
  * one that holds dO (bf16, DK + 8), then the scaled rows of kda_pair_rows (hi / lo, 48 rows); dP (fp32, 64 x 65)
  * and its hi / lo (KDA_LDP); D vn and dL/dG (fp32, DK + 1) */

@@ -30,10 +30,11 @@
  * O(T nv dk dv / 64) bytes, no pieces (GDN_PIECE_ROWS does not apply here).
  *
  * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: the state passes, the
- * output, prep's A and qk's QK, grad_dense's products of S), every fp32 operand split hi + lo bf16 and each product
- * three bf16 MMAs into fp32 accumulators (~2^-17 relative: near-fp32, within the fp32 bounds of test_cuda_kda.cu);
- * the pairwise decay in 16-row sub-chunks (prep.cuh), fp32 on the diagonal blocks; grad_wy and grad_qk are still
- * fp32 on CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
+ * output, prep's A and qk's QK, grad_dense's products of S, grad_wy's dT and A pairs, grad_qk's dP and QK pairs),
+ * every fp32 operand split hi + lo bf16 and each product three bf16 MMAs into fp32 accumulators (~2^-17 relative:
+ * near-fp32, within the fp32 bounds of test_cuda_kda.cu); the pairwise decay in 16-row sub-chunks (prep.cuh,
+ * grads.cuh), fp32 on the diagonal blocks; grad_wy's M1, dA, dXw, dXu and grad_qk's D vn are still fp32 on CUDA
+ * cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
  * element one warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
