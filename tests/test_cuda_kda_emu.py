@@ -18,7 +18,9 @@ from conftest import BUILD, ROOT, run
 
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
          "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls", "cuda_kda_prep",
-         "cuda_kda_transition", "cuda_kda_dstate", "cuda_kda_determinism"]
+         "cuda_kda_transition", "cuda_kda_dstate"]
+# cuda_kda_determinism (every mode twice) runs on the GPU only: under the emulation it takes minutes and the
+# emulation runs one block at a time, so it proves little there
 
 
 @pytest.fixture(scope="module")
