@@ -19,6 +19,7 @@
 #include "cp.h"
 #include "core/error.h"
 #include "model/model_acts.h"
+#include "plan/plan.h"
 
 void cp_layout_init(CpLayout *L, int64_t T, int P, int rank) {
     memset(L, 0, sizeof *L);
@@ -112,7 +113,9 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
             (int)cfg->model.linear_value_head_dim);
 
     ActTable t;
-    model_acts_build(&t, cfg);
+    Config kept = *cfg; /* checkpoint.keep_layers auto: plan's figure, as the model's table */
+    kept.checkpoint.keep_layers = plan_keep_layers(cfg);
+    model_acts_build(&t, &kept);
     /* the ALWAYS buffers, then the ring forward's and backward's own over the same bytes (model_acts.h) */
     const int64_t fwd = t.cp_phase[ACT_CP_FORWARD], bwd = t.cp_phase[ACT_CP_BACKWARD];
     const int64_t total = t.cp_phase[ACT_CP_ALWAYS] + (fwd > bwd ? fwd : bwd);

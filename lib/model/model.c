@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "plan/plan.h"
 
 static int64_t model_align(int64_t n) { return (n + ACT_ALIGN - 1) / ACT_ALIGN * ACT_ALIGN; }
 
@@ -376,7 +377,9 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
     }
     model_init_weights(m);
 
-    model_acts_build(&m->acts, cfg);
+    Config kept = *cfg; /* checkpoint.keep_layers auto: plan's figure, the one rule */
+    kept.checkpoint.keep_layers = plan_keep_layers(cfg);
+    model_acts_build(&m->acts, &kept);
     RS_CHECK(m->acts.tokens == T, "micro-batch of %lld rows, but the activation table is for %lld",
              (long long)T, (long long)m->acts.tokens);
     m->T = T;

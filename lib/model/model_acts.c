@@ -31,7 +31,6 @@
 #include "backend/runtime.h"
 #include "core/error.h"
 #include "cp/cp.h"
-#include "plan/plan.h"
 
 /* fp32 logits of one row chunk of the fused lm_head + CE. Each chunk's dw GEMM reads and writes the
  * whole fp32 (V, C) gradient, so few large chunks: at 2 GiB and V = 151,936, 3,533 rows a chunk (10 at
@@ -164,7 +163,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     const int L = (int)m->num_hidden_layers;
     /* checkpoint.keep_layers: the last N layers keep what none keeps (auto: plan's rule, the one figure plan
      * and the model use); under none every layer does */
-    const int64_t keep_layers = cfg->checkpoint.activations == ACT_POLICY_NONE ? L : plan_keep_layers(cfg);
+    const int64_t keep_layers = cfg->checkpoint.activations == ACT_POLICY_NONE ? L : cfg->checkpoint.keep_layers;
+    RS_CHECK(keep_layers != CONFIG_AUTO, "checkpoint.keep_layers auto reached the activation table unresolved: the "
+             "caller resolves it with plan_keep_layers (lib/plan/plan.h) first");
     RS_CHECK(keep_layers >= 0 && keep_layers <= L, "checkpoint.keep_layers %lld of %d layers",
              (long long)keep_layers, L);
     t->keep_layers = (int32_t)keep_layers;

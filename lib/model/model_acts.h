@@ -178,6 +178,7 @@ typedef struct {
                                             "CP ring"/"CP scan" rows (the scan's are all ALWAYS) */
 } ActTable;
 
+/* cfg's checkpoint.keep_layers must be a number: callers resolve auto with plan_keep_layers (lib/plan/plan.h) */
 void model_acts_build(ActTable *t, const Config *cfg);
 /* layer `layer` keeps every activation its backward reads (none, or one of checkpoint.keep_layers): no recompute */
 int  model_acts_layer_keeps(const ActTable *t, int layer);

@@ -168,7 +168,9 @@ void plan_build(Plan *p, const Config *cfg) {
     bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
     int e = cuda ? 2 : 4;
     double N = (double)p->params.total;
-    model_acts_build(&p->acts, cfg);
+    Config kept = *cfg; /* checkpoint.keep_layers as it runs (auto resolved; plan_keep_layers builds numbers only) */
+    kept.checkpoint.keep_layers = plan_keep_layers(cfg);
+    model_acts_build(&p->acts, &kept);
 
     int64_t nh = m->num_attention_heads, nkv = m->num_key_value_heads, hd = m->head_dim;
     int64_t nv = m->linear_num_value_heads, dk = m->linear_key_head_dim, dv = m->linear_value_head_dim;

@@ -16,11 +16,13 @@
  *   kda_group_reduce_kernel  dq, dk (bf16) = the sum over the value heads of each key head of dqv, dkv, in head
  *                       order.
  *
- * Pairwise terms run one thread per (row, channel) with a loop over the other row of the pair (E evaluated
- * only for j <= r, exponent <= 0); the pair-level sums (dP, dT, M1, dA) one thread per pair, fp32 on CUDA cores
- * (their tensor-core form, prep.cuh's sub-chunks, is the next step). D (dhs) is read from global memory by warps
- * that share its row. Row sums (dbeta) are per-warp butterflies, then the
- * warps in index order: fp32, a fixed order, no atomics. docs/design/kda.md has the algebra. Part of kda.cu.
+ * On tensor cores (mma.cuh, split operands, three-term products): dP = dO vn^T, dT, and the pair terms across
+ * 16-row sub-chunks (kda_pair_rows, prep.cuh's scheme: Z_r = sum_j P_rj x_j E_rj with a reference row between the
+ * two, every exponent <= 0) for the QK pairs of dq and dk and the A pairs of dk and dL/dG; the diagonal 16 x 16
+ * blocks of those pairs one thread per (row, channel) with a loop over the other row, fp32. M1, dA (one thread per
+ * pair), dXw, dXu and D vn (D, dhs, read from global memory by warps that share its row) stay fp32 on CUDA cores.
+ * Row sums (dbeta) are per-warp butterflies, then the warps in index order: fp32, a fixed order, no atomics.
+ * docs/design/kda.md has the algebra. Part of kda.cu.
  */
 #pragma once
 
@@ -101,108 +103,166 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
     }
 }
 
-static __host__ __device__ size_t kda_gwy_smem(int dk, int dv, KdaCarve *c, bf16 **sK, bf16 **sV, float **sG,
-                                               float **sDvn, float **sdW, float **sT, float **sdT, float **sM1,
-                                               float **sBeta, float **sRed) {
-    *sK = c->take<bf16>((size_t)KDA_C * (dk + 2));
-    *sV = c->take<bf16>((size_t)KDA_C * (dv + 2));
-    *sG = c->take<float>((size_t)KDA_C * (dk + 1));
-    *sDvn = c->take<float>((size_t)KDA_C * (dv + 1));
-    *sdW = c->take<float>((size_t)KDA_C * (dk + 1));
-    *sT = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sdT = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sM1 = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sBeta = c->take<float>(KDA_C);
-    *sRed = c->take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 blocks of 32 columns) */
-    return c->off;
+/* the pair sums of the gradients across sub-chunks, on tensor cores (prep.cuh's scheme): with P (64 x 64, split
+ * hi / lo at ph / pl, row stride KDA_LDP; P_rj = 0 unless j <= r < L) and x (bf16 rows, stride ldx; rows >= L zero)
+ *   EARLIER: out_r[a] = sum_{j < 16 (r / 16)} P_rj x_j[a] E_rj[a]       (the pairs with r the later row)
+ *   LATER:   out_r[a] = sum_{i >= 16 (r / 16 + 1)} P_ir x_i[a] E_ir[a]  (r the earlier row)
+ * (x_j scaled by xs_j where xs is not NULL); the pairs inside a 16-row sub-chunk (the diagonal blocks) left to the
+ * caller (fp32). Sub-chunk b of r, ref the
+ * row 16 b (EARLIER) or 16 b + 15 (LATER): E = e^{G_r - G_ref} e^{G_ref - G_j} (EARLIER), e^{G_i - G_ref}
+ * e^{G_ref - G_r} (LATER), every exponent <= 0; the x rows scaled by their factor, split, into oh / ol (48 rows,
+ * stride DK + 8), one 16 x DK product per sub-chunk (warps over 16-column strips, 16-row k steps in order), the
+ * r factor applied to the result. out: row stride ldo, every row < 64 written. All threads; ends synchronised. */
+#define KDA_LDP (KDA_C + 8) /* row stride of the split 64 x 64 pair tiles */
+template <int DK, bool LATER>
+KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, const bf16 *x, int ldx,
+                           const float *xs, const float *G, int ldg, bf16 *oh, bf16 *ol) {
+    constexpr int LDK = DK + 8;
+    const int w = threadIdx.x >> 5;
+    for (int s = 0; s < 3; s++) {
+        const int b = LATER ? s : s + 1, ref = LATER ? 16 * b + 15 : 16 * b, nrow = LATER ? 48 - 16 * b : 16 * b;
+        const int x0 = LATER ? 16 * (b + 1) : 0; /* the first x row of the product */
+        for (int i = threadIdx.x; i < nrow * DK; i += KDA_THREADS) {
+            const int q = i / DK, c = i % DK, j = x0 + q;
+            const float e = LATER ? G[j * ldg + c] - G[ref * ldg + c] : G[ref * ldg + c] - G[j * ldg + c];
+            const float xj = xs ? __bfloat162float(x[j * ldx + c]) * xs[j] : __bfloat162float(x[j * ldx + c]);
+            kda_split(xj * expf(e), &oh[q * LDK + c], &ol[q * LDK + c]);
+        }
+        __syncthreads();
+        if (w < DK / 16) {
+            const int n0 = 16 * w;
+            float acc[1][2][4];
+            gdn_zero(acc);
+            for (int kk = 0; kk < nrow / 16; kk++) {
+                if (LATER) { /* A = P^T: P stored (rows i, cols r) */
+                    const int at = (x0 + 16 * kk) * KDA_LDP;
+                    kda_mma3<1, 2, true, 16, false>(acc, ph + at, pl + at, KDA_LDP, oh + 16 * kk * LDK,
+                                                    ol + 16 * kk * LDK, LDK, 16 * b, n0);
+                } else {
+                    kda_mma3<1, 2, false, 16, false>(acc, ph + 16 * kk, pl + 16 * kk, KDA_LDP, oh + 16 * kk * LDK,
+                                                     ol + 16 * kk * LDK, LDK, 16 * b, n0);
+                }
+            }
+#pragma unroll
+            for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 16 * b + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
+                    const float f = LATER ? G[ref * ldg + a] - G[r * ldg + a] : G[r * ldg + a] - G[ref * ldg + a];
+                    out[r * ldo + a] = expf(f) * acc[0][ni][e];
+                }
+        }
+        __syncthreads();
+    }
+    /* the sub-chunk without pairs of this kind: rows [0, 16) (EARLIER) or [48, 64) (LATER) */
+    for (int i = threadIdx.x; i < 16 * DK; i += KDA_THREADS) out[((LATER ? 48 : 0) + i / DK) * ldo + i % DK] = 0.0f;
+    __syncthreads();
 }
 
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 224768 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
+ * DK + 1), dW hi / lo (bf16, DK + 8), Tinv (fp32, 64 x 65), beta, the dbeta partial sums; then a region used in
+ * turn: dT (fp32, 64 x 65; dA after it), gam k hi / lo and dvn hi / lo (DK + 8), M1 (64 x 65); later dA hi / lo
+ * (KDA_LDP) over gam k, a pair-sum result (fp32, DK + 1) and the scaled rows of kda_pair_rows (48 rows, hi / lo)
+ * over the rest */
+template <int DK> struct KdaGwySmem {
+    static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
+    bf16 *k, *v, *dwh, *dwl, *gkh, *gkl, *dvh, *dvl, *ph, *pl, *oh, *ol;
+    float *G, *T, *beta, *red, *dT, *M1, *Z;
+    size_t bytes;
+    __host__ __device__ explicit KdaGwySmem(void *b) {
+        KdaCarve c(b);
+        k = c.take<bf16>((size_t)KDA_C * LDB);
+        v = c.take<bf16>((size_t)KDA_C * LDK);
+        G = c.take<float>((size_t)KDA_C * LDF);
+        dwh = c.take<bf16>((size_t)KDA_C * LDK);
+        dwl = c.take<bf16>((size_t)KDA_C * LDK);
+        T = c.take<float>((size_t)KDA_C * KDA_LDT);
+        beta = c.take<float>(KDA_C);
+        red = c.take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 blocks of 32 columns) */
+        dT = c.take<float>((size_t)KDA_C * KDA_LDT);
+        const size_t r = c.off; /* the region used in turn */
+        gkh = c.take<bf16>((size_t)KDA_C * LDK);
+        gkl = c.take<bf16>((size_t)KDA_C * LDK);
+        dvh = c.take<bf16>((size_t)KDA_C * LDK);
+        dvl = c.take<bf16>((size_t)KDA_C * LDK);
+        M1 = c.take<float>((size_t)KDA_C * KDA_LDT);
+        size_t end = c.off;
+        c.off = r; /* later: over gam k, dvn, M1 */
+        ph = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        pl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        Z = c.take<float>((size_t)KDA_C * LDF);
+        oh = c.take<bf16>((size_t)48 * LDK);
+        ol = c.take<bf16>((size_t)48 * LDK);
+        bytes = c.off > end ? c.off : end;
+    }
+};
+
+/* Per (chunk, value head). dT on tensor cores (dW, gam k, dvn split; v bf16); M1, dA and the Tinv^T products dXw,
+ * dXu on CUDA cores (dW, dvn as their hi + lo); the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier)
+ * across sub-chunks by kda_pair_rows, the diagonal blocks fp32 per (r, a). */
+template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
     float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const int32_t *starts, const int32_t *meta,
-    const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
+    const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+    using Sm = KdaGwySmem<DK>;
+    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    KdaCarve cv(kda_smem);
-    bf16 *sK, *sV;
-    float *sG, *sDvn, *sdW, *sT, *sdT, *sM1, *sBeta, *sRed;
-    kda_gwy_smem(dk, dv, &cv, &sK, &sV, &sG, &sDvn, &sdW, &sT, &sdT, &sM1, &sBeta, &sRed);
+    const Sm s(kda_smem);
+    bf16 *sK = s.k;
+    float *sG = s.G, *sT = s.T, *sdT = s.dT, *sM1 = s.M1, *sBeta = s.beta, *sRed = s.red;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int ldk = dk + 2, ldvb = dv + 2, ldg = dk + 1, ldf = dv + 1;
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
-        kda_load_bf16(sV, ldvb, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
+        kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
-        kda_load_f32(sDvn, ldf, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
         kda_load_tile(sT, tinv, t0, L, h, nv);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
-        __syncthreads();
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
-         * written below) */
+         * written below); dvn; split */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
-            sdW[r * ldg + a] = r < L ? dG[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
+            const float x = r < L ? dG[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
+            kda_split(x, &s.dwh[r * LDK + a], &s.dwl[r * LDK + a]);
+            const float y = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)dv + a] : 0.0f;
+            kda_split(y, &s.dvh[r * LDK + a], &s.dvl[r * LDK + a]);
+        }
+        __syncthreads(); /* sG */
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk;
+            kda_split(__bfloat162float(sK[r * ldk + a]) * expf(sG[r * ldg + a]), &s.gkh[r * LDK + a],
+                      &s.gkl[r * LDK + a]);
         }
         __syncthreads();
-        /* dT_ij = beta_j (dW_i . (gam_j * k_j)) + beta_j (dvn_i . v_j) for j < i < L (lanes over j) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, j = p % KDA_C;
-            float x = 0.0f;
-            if (j < i && i < L) {
-                float s1 = 0.0f, s2 = 0.0f;
-                for (int a = 0; a < dk; a++)
-                    s1 += sdW[i * ldg + a] * __bfloat162float(sK[j * ldk + a]) * expf(sG[j * ldg + a]);
-                for (int cc = 0; cc < dv; cc++) s2 += sDvn[i * ldf + cc] * __bfloat162float(sV[j * ldvb + cc]);
-                x = sBeta[j] * s1 + sBeta[j] * s2;
-            }
-            sdT[i * KDA_LDT + j] = x;
+        /* dT_ij = beta_j (dW_i . (gam_j * k_j) + dvn_i . v_j) for j < i < L (warp w: rows 16 (w % 4), columns
+         * 32 (w / 4)) */
+        {
+            const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
+            float acc[1][4][4];
+            gdn_zero(acc);
+            kda_mma3<1, 4, false, DK, true>(acc, s.dwh, s.dwl, LDK, s.gkh, s.gkl, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvl, LDK, s.v, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvh, LDK, s.v, LDK, m0, n0);
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
+                    sdT[i * KDA_LDT + j] = j < i && i < L ? sBeta[j] * acc[0][ni][e] : 0.0f;
+                }
         }
         __syncthreads();
         /* M1 = Tinv^T dT: M1_ib = sum_{c >= max(i, b + 1)} Tinv_ci dT_cb (lanes over b) */
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, b = p % KDA_C;
-            float s = 0.0f;
-            for (int cc = (i > b + 1 ? i : b + 1); cc < L; cc++) s += sT[cc * KDA_LDT + i] * sdT[cc * KDA_LDT + b];
-            sM1[i * KDA_LDT + b] = s;
-        }
-        __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower (into sdT; lanes over j) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, j = p % KDA_C;
-            float s = 0.0f;
-            if (j < i && i < L)
-                for (int b = 0; b <= j; b++) s += sM1[i * KDA_LDT + b] * sT[j * KDA_LDT + b];
-            sdT[i * KDA_LDT + j] = -s;
-        }
-        __syncthreads();
-        /* per (r, a), lanes over a: dXw_r = sum_{i >= r} Tinv_ir dW_i; the Xw share gx = gam_r dXw_r; the A pairs
-         * with r as the later row (Zt = sum_{j < r} dA_rj E_rj k_j) and as the earlier (Zp = sum_{i > r} dA_ir
-         * beta_i E_ir k_i). dk_r += beta_r gx + beta_r Zt + Zp; dL/dG_r += beta_r gx k_r + beta_r k_r Zt - k_r Zp;
-         * dbeta_r gets sum_a gx k_r (sRed 0) and sum_a k_r Zt (sRed 2) */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
-            if (r >= L) continue;
-            float xw = 0.0f;
-            for (int i = r; i < L; i++) xw += sT[i * KDA_LDT + r] * sdW[i * ldg + a];
-            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
-            const float gx = expf(Gr) * xw;
-            float zt = 0.0f, zp = 0.0f;
-            for (int j = 0; j < r; j++)
-                zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
-            for (int i = r + 1; i < L; i++)
-                zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = br * gx + br * zt + zp;
-            dG[at] = br * gx * kr + br * kr * zt - kr * zp;
-            const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
-            if (lane == 0) {
-                sRed[(0 * KDA_C + r) * 4 + a / 32] = rxw;
-                sRed[(2 * KDA_C + r) * 4 + a / 32] = ra;
-            }
+            float x = 0.0f;
+            for (int cc = (i > b + 1 ? i : b + 1); cc < L; cc++) x += sT[cc * KDA_LDT + i] * sdT[cc * KDA_LDT + b];
+            sM1[i * KDA_LDT + b] = x;
         }
         /* per (r, c), lanes over c: dXu_r = sum_{i >= r} Tinv_ir dvn_i; dv_r = beta_r dXu_r; dbeta_r gets v_r . dXu_r
          * (sRed 1) */
@@ -210,12 +270,65 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
             const int r = p / dv, cc = p % dv;
             if (r >= L) continue;
             float xu = 0.0f;
-            for (int i = r; i < L; i++) xu += sT[i * KDA_LDT + r] * sDvn[i * ldf + cc];
+            for (int i = r; i < L; i++)
+                xu += sT[i * KDA_LDT + r] *
+                      (__bfloat162float(s.dvh[i * LDK + cc]) + __bfloat162float(s.dvl[i * LDK + cc]));
             dv_out[(t0 + r) * ldv + (int64_t)h * dv + cc] = __float2bfloat16_rn(sBeta[r] * xu);
-            const float rxu = kda_warp_sum(__bfloat162float(sV[r * ldvb + cc]) * xu);
+            const float rxu = kda_warp_sum(__bfloat162float(s.v[r * LDK + cc]) * xu);
             if (lane == 0) sRed[(1 * KDA_C + r) * 4 + cc / 32] = rxu;
         }
         __syncthreads();
+        /* dA = -(M1 Tinv^T), strictly lower (fp32 into sdT, split into ph / pl over gam k; lanes over j) */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+            const int i = p / KDA_C, j = p % KDA_C;
+            float x = 0.0f;
+            if (j < i && i < L)
+                for (int b = 0; b <= j; b++) x += sM1[i * KDA_LDT + b] * sT[j * KDA_LDT + b];
+            sdT[i * KDA_LDT + j] = -x;
+            kda_split(-x, &s.ph[i * KDA_LDP + j], &s.pl[i * KDA_LDP + j]);
+        }
+        __syncthreads();
+        /* Zt_r = sum_{j < r} dA_rj E_rj k_j: the sub-chunk products, then per (r, a) (lanes over a) the diagonal
+         * block, dXw_r = sum_{i >= r} Tinv_ir dW_i, gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt,
+         * dL/dG_r = beta_r gx k_r + beta_r k_r Zt (Zp's terms added below); dbeta_r gets sum_a gx k_r (sRed 0) and
+         * sum_a k_r Zt (sRed 2) */
+        kda_pair_rows<DK, false>(s.Z, ldg, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
+            if (r >= L) continue;
+            float xw = 0.0f;
+            for (int i = r; i < L; i++)
+                xw += sT[i * KDA_LDT + r] *
+                      (__bfloat162float(s.dwh[i * LDK + a]) + __bfloat162float(s.dwl[i * LDK + a]));
+            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
+            const float gx = expf(Gr) * xw;
+            float zt = s.Z[r * ldg + a];
+            for (int j = r & ~15; j < r; j++)
+                zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            dkv[at] = br * gx + br * zt;
+            dG[at] = br * gx * kr + br * kr * zt;
+            const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
+            if (lane == 0) {
+                sRed[(0 * KDA_C + r) * 4 + a / 32] = rxw;
+                sRed[(2 * KDA_C + r) * 4 + a / 32] = ra;
+            }
+        }
+        __syncthreads();
+        /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp */
+        kda_pair_rows<DK, true>(s.Z, ldg, s.ph, s.pl, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk;
+            if (r >= L) continue;
+            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
+            float zp = s.Z[r * ldg + a];
+            const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
+            for (int i = r + 1; i < iend; i++)
+                zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            dkv[at] = dkv[at] + zp;
+            dG[at] = dG[at] - kr * zp;
+        }
         if (threadIdx.x < L) {
             const int r = threadIdx.x;
             float sxw = 0.0f, sxu = 0.0f, sa = 0.0f;
@@ -227,53 +340,71 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
     }
 }
 
-static __host__ __device__ size_t kda_gqk_smem(int dk, int dv, KdaCarve *c, bf16 **sQ, bf16 **sK, bf16 **sdO,
-                                               float **sG, float **sVn, float **sDP, float **sDV, float **sDG) {
-    *sQ = c->take<bf16>((size_t)KDA_C * (dk + 2));
-    *sK = c->take<bf16>((size_t)KDA_C * (dk + 2));
-    *sdO = c->take<bf16>((size_t)KDA_C * (dv + 2));
-    *sG = c->take<float>((size_t)KDA_C * (dk + 1));
-    *sVn = c->take<float>((size_t)KDA_C * (dv + 1));
-    *sDP = c->take<float>((size_t)KDA_C * KDA_LDT);
-    *sDV = c->take<float>((size_t)KDA_C * (dk + 1));
-    *sDG = c->take<float>((size_t)KDA_C * (dk + 1));
-    return c->off;
-}
+/* kda_grad_qk_kernel's shared memory (DK = dk = dv; 228352 bytes at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
+ * a region that holds vn (fp32, DK + 1), then vn hi / lo (bf16, DK + 8), then a pair-sum result (fp32, DK + 1);
+ * one that holds dO (bf16, DK + 8), then the scaled rows of kda_pair_rows (hi / lo, 48 rows); dP (fp32, 64 x 65)
+ * and its hi / lo (KDA_LDP); D vn and dL/dG (fp32, DK + 1) */
+template <int DK> struct KdaGqkSmem {
+    static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
+    bf16 *q, *k, *vnh, *vnl, *dout, *oh, *ol, *ph, *pl;
+    float *G, *vn, *X, *dP, *DV, *DG;
+    size_t bytes;
+    __host__ __device__ explicit KdaGqkSmem(void *b) {
+        KdaCarve c(b);
+        q = c.take<bf16>((size_t)KDA_C * LDB);
+        k = c.take<bf16>((size_t)KDA_C * LDB);
+        G = c.take<float>((size_t)KDA_C * LDF);
+        const size_t r1 = c.off, r1n = (size_t)2 * KDA_C * LDK * sizeof(bf16); /* >= KDA_C LDF fp32 */
+        c.take<unsigned char>(r1n);
+        vn = (float *)(c.base + r1);
+        X = vn;
+        vnh = (bf16 *)(c.base + r1);
+        vnl = vnh + (size_t)KDA_C * LDK;
+        const size_t r2 = c.off;
+        c.take<bf16>((size_t)2 * 48 * LDK); /* >= KDA_C LDK: dO */
+        dout = (bf16 *)(c.base + r2);
+        oh = dout;
+        ol = oh + (size_t)48 * LDK;
+        dP = c.take<float>((size_t)KDA_C * KDA_LDT);
+        ph = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        pl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        DV = c.take<float>((size_t)KDA_C * LDF);
+        DG = c.take<float>((size_t)KDA_C * LDF);
+        bytes = c.off;
+    }
+};
 
+/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO bf16, vn split); D vn (CUDA cores, D read from
+ * global memory by warps that share its row); the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier)
+ * across sub-chunks by kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg as before. */
+template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
     const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */, const float *hs /* (ns,nv,dk,dv) */,
     const float *dhs /* (ns,nv,dk,dv) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
-    int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo, float scale) {
+    int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
+    using Sm = KdaGqkSmem<DK>;
+    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF, ldf = Sm::LDF;
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    KdaCarve cv(kda_smem);
-    bf16 *sQ, *sK, *sdO;
-    float *sG, *sVn, *sDP, *sDV, *sDG;
-    kda_gqk_smem(dk, dv, &cv, &sQ, &sK, &sdO, &sG, &sVn, &sDP, &sDV, &sDG);
+    const Sm s(kda_smem);
+    bf16 *sQ = s.q, *sK = s.k;
+    float *sG = s.G, *sVn = s.vn, *sDP = s.dP, *sDV = s.DV, *sDG = s.DG, *sX = s.X;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int ldk = dk + 2, ldob = dv + 2, ldg = dk + 1, ldf = dv + 1;
     const size_t sn = (size_t)dk * dv;
+    const int w = threadIdx.x >> 5;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
-        kda_load_bf16(sdO, ldob, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
+        kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
         kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
         kda_load_f32(sVn, ldf, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
         __syncthreads();
         const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
         const float *D = ch.leaves ? dhs + (ch.slot * nv + h) * sn : NULL;
-        /* dP_rj = dO_r . vn_j for j <= r < L (lanes over j) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int r = p / KDA_C, j = p % KDA_C;
-            float s = 0.0f;
-            if (j <= r && r < L)
-                for (int cc = 0; cc < dv; cc++) s += __bfloat162float(sdO[r * ldob + cc]) * sVn[j * ldf + cc];
-            sDP[r * KDA_LDT + j] = s;
-        }
         /* lanes over r: sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk,
          * read before they are written below), sDV[r][a] = D_a . vn_r */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
@@ -288,37 +419,68 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
             sDV[r * ldg + a] = dvv;
         }
         __syncthreads();
-        /* per (r, a), lanes over a */
+        /* vn again, split (over the fp32 copy) */
+        for (int i = threadIdx.x; i < KDA_C * dv; i += KDA_THREADS) {
+            const int r = i / dv, cc = i % dv;
+            const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)dv + cc] : 0.0f;
+            kda_split(x, &s.vnh[r * LDK + cc], &s.vnl[r * LDK + cc]);
+        }
+        __syncthreads();
+        /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
+        {
+            const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
+            float acc[1][4][4];
+            gdn_zero(acc);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dout, LDK, s.vnl, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dout, LDK, s.vnh, LDK, m0, n0);
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
+                    const float x = j <= r && r < L ? acc[0][ni][e] : 0.0f;
+                    sDP[r * KDA_LDT + j] = x;
+                    kda_split(x, &s.ph[r * KDA_LDP + j], &s.pl[r * KDA_LDP + j]);
+                }
+        }
+        __syncthreads();
+        /* X: the QK pairs of dq across sub-chunks (sX over vn; the scaled rows over dO) */
+        kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
+         * dL/dG into sDG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
             if (r >= L) continue;
             const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                         kr = __bfloat162float(sK[r * ldk + a]);
-            const float gam = expf(Gr), dec = expf(sG[(L - 1) * ldg + a] - Gr);
-            const float sdiag = scale * sDP[r * KDA_LDT + r];
-            /* dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; X: the j < r part */
+            const float gam = expf(Gr), sdiag = scale * sDP[r * KDA_LDT + r];
             const float t1 = scale * gam * sDG[r * ldg + a];
-            float dq = t1, X = 0.0f;
-            for (int j = 0; j < r; j++) {
-                const float x =
-                    scale * sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
-                dq += x;
-                X += x;
-            }
-            dq += sdiag * kr;
-            /* dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); Y: the i > r part */
-            const float dvv = sDV[r * ldg + a];
-            float dkk = dec * dvv + sdiag * qr, Y = 0.0f;
-            for (int i = r + 1; i < L; i++) {
-                const float y =
-                    scale * sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
-                dkk += y;
-                Y += y;
-            }
+            float xs = sX[r * ldf + a];
+            for (int j = r & ~15; j < r; j++)
+                xs += sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
+            const float X = scale * xs;
             const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dqv[at] = dq;
-            dkv[at] = dkk + dkv[at];
-            sDG[r * ldg + a] = dg[at] + qr * t1 + qr * X - kr * Y - kr * dec * dvv;
+            dqv[at] = t1 + X + sdiag * kr;
+            sDG[r * ldg + a] = dg[at] + qr * t1 + qr * X;
+        }
+        __syncthreads();
+        /* Y: the QK pairs of dk across sub-chunks */
+        kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
+        /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+            const int r = p / dk, a = p % dk;
+            if (r >= L) continue;
+            const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
+                        kr = __bfloat162float(sK[r * ldk + a]);
+            const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDP[r * KDA_LDT + r];
+            float ys = sX[r * ldf + a];
+            const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
+            for (int i = r + 1; i < iend; i++)
+                ys += sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
+            const float Y = scale * ys, dvv = sDV[r * ldg + a];
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            dkv[at] = dec * dvv + sdiag * qr + Y + dkv[at];
+            sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
         }
         __syncthreads();
         /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the

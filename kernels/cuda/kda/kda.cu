@@ -30,10 +30,11 @@
  * O(T nv dk dv / 64) bytes, no pieces (GDN_PIECE_ROWS does not apply here).
  *
  * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: the state passes, the
- * output, prep's A and qk's QK, grad_dense's products of S), every fp32 operand split hi + lo bf16 and each product
- * three bf16 MMAs into fp32 accumulators (~2^-17 relative: near-fp32, within the fp32 bounds of test_cuda_kda.cu);
- * the pairwise decay in 16-row sub-chunks (prep.cuh), fp32 on the diagonal blocks; grad_wy and grad_qk are still
- * fp32 on CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
+ * output, prep's A and qk's QK, grad_dense's products of S, grad_wy's dT and A pairs, grad_qk's dP and QK pairs),
+ * every fp32 operand split hi + lo bf16 and each product three bf16 MMAs into fp32 accumulators (~2^-17 relative:
+ * near-fp32, within the fp32 bounds of test_cuda_kda.cu); the pairwise decay in 16-row sub-chunks (prep.cuh,
+ * grads.cuh), fp32 on the diagonal blocks; grad_wy's M1, dA, dXw, dXu and grad_qk's D vn are still fp32 on CUDA
+ * cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
  * element one warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
@@ -351,6 +352,31 @@ static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const 
     gdn_prof_mark("grad_dense");
 }
 
+template <int DK>
+static void kda_grad_wy(const KdaBufs *b, float *dg, bf16 *dv_out, float *dbeta, const bf16 *k, const bf16 *v,
+                        const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq,
+                        int ldv) {
+    const size_t smem = KdaGwySmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_grad_wy_kernel<DK>, smem, "grad_wy");
+    kda_grad_wy_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("grad_wy");
+}
+
+template <int DK>
+static void kda_grad_qk(const KdaBufs *b, float *dg, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
+                        const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+    const size_t smem = KdaGqkSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_grad_qk_kernel<DK>, smem, "grad_qk");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    kda_grad_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
+        scale);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("grad_qk");
+}
+
 /* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
  * before they write there), grad_wy, grad_qk, the sum over the value heads */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
@@ -359,32 +385,10 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
     RS_CHECK(dv == dk, "kda grads: dim_v = %d != dim_k = %d", dv, dk);
     if (dk == 128) kda_grad_dense<128>(b, dg, dout, doc_pos, T, nv, ldo);
     else kda_grad_dense<64>(b, dg, dout, doc_pos, T, nv, ldo);
-    {
-        KdaCarve c(NULL);
-        bf16 *p[2];
-        float *f[8];
-        const size_t smem =
-            kda_gwy_smem(dk, dv, &c, &p[0], &p[1], &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7]);
-        kda_smem_attr(kda_grad_wy_kernel, smem, "grad_wy");
-        kda_grad_wy_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-            dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
-            ldq, ldv);
-        CUDA_LAUNCH_CHECK();
-        gdn_prof_mark("grad_wy");
-    }
-    {
-        KdaCarve c(NULL);
-        bf16 *p[3];
-        float *f[5];
-        const size_t smem = kda_gqk_smem(dk, dv, &c, &p[0], &p[1], &p[2], &f[0], &f[1], &f[2], &f[3], &f[4]);
-        kda_smem_attr(kda_grad_qk_kernel, smem, "grad_qk");
-        const float scale = (float)(1.0 / sqrt((double)dk));
-        kda_grad_qk_kernel<<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-            b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, dk, dv,
-            ldq, ldo, scale);
-        CUDA_LAUNCH_CHECK();
-        gdn_prof_mark("grad_qk");
-    }
+    if (dk == 128) kda_grad_wy<128>(b, dg, dv_out, dbeta, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    else kda_grad_wy<64>(b, dg, dv_out, dbeta, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    if (dk == 128) kda_grad_qk<128>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
+    else kda_grad_qk<64>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
     const int64_t n = T * nk * dk;
     kda_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dq, dk_out, b->dqv, b->dkv, T, nk,
                                                                                      nv, dk, ldq);
