@@ -32,7 +32,7 @@
 static CudnnApi cd;
 static void *cd_lib, *cd_handle;
 static char cd_desc[1400] = "cuDNN not loaded";
-static int cd_det, cd_varlen_bwd;
+static int cd_det, cd_varlen_bwd_any;
 static int64_t cd_counts[4], cd_varlen_counts[2];
 static char cd_ctx[256]; /* the graph being built or run, for messages */
 
@@ -159,7 +159,7 @@ const char *cuda_attention_cudnn_describe(void) { return cd_desc; }
 
 void cuda_attention_cudnn_set_deterministic(int on) { cd_det = on != 0; }
 
-void cuda_attention_cudnn_set_varlen_backward(int on) { cd_varlen_bwd = on != 0; }
+void cuda_attention_cudnn_probe_varlen_backward(int on) { cd_varlen_bwd_any = on != 0; }
 
 void cuda_attention_cudnn_counts(int64_t counts[4]) { memcpy(counts, cd_counts, sizeof cd_counts); }
 
@@ -459,13 +459,12 @@ static CdgRoute cd_route(const char *entry, int bwd, const AttnHint *hint, const
     cuda_cudnn_hint_check(hint, pos_q, doc_pos_q, Tq, pos_k, doc_pos_k, Tk);
     const CdgRoute r = cdg_route(hint, Tq, Tk, nh, nkv, hd, causal, NULL);
     /* cudnn_det keeps packed documents on ours (deterministic too; cuDNN's deterministic variable-length
-     * backward would keep a batch x rows x rows x heads matrix). The variable-length backward runs ours too:
-     * on the H200 (cuDNN 9.14) its graph was accepted but gave wrong dK / dV, and at hd 256 an illegal
-     * address, in test_cuda's cuda_attention_cudnn_varlen cases, while the forward's out and LSE matched the
-     * oracle (docs/bench-log, 2026-11-29 second session); ours takes the forward's LSE as it is. The graph now
-     * lays dQ, dK, dV in their inputs' strides and offsets (issue 38; cudnn_graph.h): the backward comes back
-     * to cuDNN only after test_cuda's varlen cases pass on a GPU. */
-    return r == CDG_ROUTE_VARLEN && (cd_det || (bwd && !cd_varlen_bwd)) ? CDG_ROUTE_OURS : r;
+     * backward would keep a batch x rows x rows x heads matrix); the variable-length backward runs on cuDNN at
+     * head dims <= 128 only (cdg_varlen_backward_ok: wrong at hd 256 on cuDNN 9.14), ours beyond, taking the
+     * forward's LSE as it is. cd_varlen_bwd_any (a test's probe) sends every head dim to cuDNN. */
+    return r == CDG_ROUTE_VARLEN && (cd_det || (bwd && !cd_varlen_bwd_any && !cdg_varlen_backward_ok(hd)))
+               ? CDG_ROUTE_OURS
+               : r;
 }
 
 /* batch 0: one sequence of Tq x Tk; > 0: variable length, batch sequences of at most Tq = Tk rows */

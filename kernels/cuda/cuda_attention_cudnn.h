@@ -53,10 +53,10 @@ const char *cuda_attention_cudnn_describe(void);
 /* backward form: 1 deterministic (cudnn_det: dQ from one product per query block), 0 cuDNN's fp32 dQ
  * accumulator (cudnn: faster, not bitwise reproducible) */
 void cuda_attention_cudnn_set_deterministic(int on);
-/* for tests only (test_cuda's cuda_attention_cudnn_varlen_bwd*): 1 sends the backward of a packed-documents call
- * to cuDNN's variable-length graph too; 0, the default and what every run uses, runs it ours (cd_route: its
- * backward was wrong on the GPU before issue 38's layout fix, and comes back only after a GPU run passes) */
-void cuda_attention_cudnn_set_varlen_backward(int on);
+/* a probe for tests only (test_cuda's manual_cuda_attention_cudnn_varlen_bwd_hd256): 1 sends the backward of a
+ * packed-documents call to cuDNN's variable-length graph at every head dim, not only where
+ * cdg_varlen_backward_ok allows it (hd <= 128); 0, the default and what every run uses */
+void cuda_attention_cudnn_probe_varlen_backward(int on);
 
 /* The Backend entries (lib/backend/backend.h's contracts; cuDNN must be loaded; hint must not be NULL) */
 void cuda_attention_cudnn_forward(void *out, float *lse, const void *q, const void *k, const void *v,

@@ -92,8 +92,8 @@ static void runtime_cuda_open(Comm *comm) {
 /* cuDNN's route beside ours (cudnn, cudnn_det; auto counts cudnn's: what it runs where cuDNN loads, which a
  * plan cannot know of the machine that will run the job): cdg_workspace's layout for a backward of rows x
  * rows, the larger of one sequence's and variable length's (packed documents, not cudnn_det, where
- * cdg_varlen_rows_ok lets the call through; at the most sequences cdg_varlen_shape does), and for cudnn_det the rows x rows x heads matrix of its
- * deterministic engines (what makes it fit short calls only). cuDNN's own plan workspace is known once its
+ * cdg_varlen_rows_ok and cdg_varlen_backward_ok let the backward through; at the most sequences
+ * cdg_varlen_shape does), and for cudnn_det the rows x rows x heads matrix of its deterministic engines (what makes it fit short calls only). cuDNN's own plan workspace is known once its
  * plan is built, and printed then. */
 static size_t runtime_cuda_attention_workspace(int kernel, int64_t rows, int nh, int nkv, int hd) {
     if (kernel == ATTN_KERNEL_RINGSCAN || rows <= 0) return 0;
@@ -101,7 +101,7 @@ static size_t runtime_cuda_attention_workspace(int kernel, int64_t rows, int nh,
     CdgWorkspace w, v;
     cdg_workspace(&w, rows, rows, nh, nkv, hd, nh * hd, 2 * nkv * hd, 1, det, 0);
     int64_t bytes = w.bytes;
-    if (!det && cdg_varlen_rows_ok(rows, nh, nkv)) {
+    if (!det && cdg_varlen_rows_ok(rows, nh, nkv) && cdg_varlen_backward_ok(hd)) {
         const int64_t most = 16 * (rows > 4096 ? rows : 4096) / 64; /* batch x smax bound, smax >= 64 */
         /* the model's rows (lib/model/model_block.c): q of nh hd, k and v interleaved in rows of 2 nkv hd */
         cdg_workspace(&v, rows, rows, nh, nkv, hd, nh * hd, 2 * nkv * hd, 1, 0,

@@ -27,17 +27,17 @@
  *                                      length (ragged q, k, v, out, Stats = our lse, gradients), hd 128: 2
  *                                      documents, 16 of random lengths, one long and 25 short, two one-row
  *                                      documents first, the first begun before the call; T not a multiple
- *                                      of 64, GQA 16/2 and MHA; out, lse, dq, dk, dv against the cpu; every
- *                                      call on the variable-length route (cuda_attention_cudnn_varlen_counts)
- *                                      and nothing in the error word
+ *                                      of 64, GQA 16/2 and MHA; out, lse, dq, dk, dv against the cpu; the
+ *                                      forward and the backward on the variable-length route
+ *                                      (cuda_attention_cudnn_varlen_counts) and nothing in the error word
  *   cuda_attention_cudnn_varlen_hd256  the same at hd 256: a document of one row (GQA 16/2), the first
- *                                      document begun before the call (MHA 8/8)
- *   manual_cuda_attention_cudnn_varlen_bwd, manual_cuda_attention_cudnn_varlen_bwd_hd256: the cases of the
- *                                      two above with the backward on cuDNN's variable-length graph too
- *                                      (cuda_attention_cudnn_set_varlen_backward, off in every run: issue 38's
- *                                      layout fix, to be proven on a GPU before cd_route sends it there);
- *                                      both calls on the variable-length route. Run only when named (a cuDNN
- *                                      illegal address would stop the suite's process)
+ *                                      document begun before the call (MHA 8/8); the forward on cuDNN, the
+ *                                      backward ours (cdg_varlen_backward_ok)
+ *   manual_cuda_attention_cudnn_varlen_bwd_hd256: the hd 256 cases with the backward on cuDNN's
+ *                                      variable-length graph too (cuda_attention_cudnn_probe_varlen_backward):
+ *                                      wrong on cuDNN 9.14, hence ours there (cdg_varlen_backward_ok); a probe
+ *                                      for newer cuDNN, run only when named (an illegal address would stop
+ *                                      the suite's process)
  *   cuda_attention_cudnn_ring          a zigzag ring of P = 2 seen from rank 0 (queries = fragments 0
  *                                      and 3 of 4), twice: the rule's causal diagonals and dense
  *                                      rectangles, and one call per step (the own block [0 | 3] causal by
@@ -148,8 +148,8 @@ static void cc_check_lse(const char *what, const float *got, const float *want, 
     if (m) test_check_rel_f(what, g, w, m, CC_LSE_BOUND);
 }
 
-/* 1 in the varlen_bwd tests: the variable-length backward on cuDNN too (cuda_attention_cudnn_set_varlen_backward) */
-static int cc_varlen_bwd;
+/* 1 in the probe: the variable-length backward on cuDNN at every head dim (cuda_attention_cudnn_probe_varlen_backward) */
+static int cc_varlen_bwd_any;
 
 /* forward and backward of one case's data against the cpu; expect_cudnn: the calls must go to cuDNN (else to
  * ours); expect_varlen: and through the variable-length route */
@@ -216,9 +216,9 @@ static void cc_run_data(const char *name, const CcCase *c, CcData &a, int expect
     const int64_t on_varlen = (v1[0] - v0[0]) + (v1[1] - v0[1]);
     printf("%s: calls on cuDNN %lld (variable length %lld), on ours %lld\n", name, (long long)on_cudnn,
            (long long)on_varlen, (long long)on_ours);
-    /* a variable-length call: the forward on cuDNN, the backward on ours (cuda_attention_cudnn.c cd_route) unless
-     * the varlen_bwd tests send it to cuDNN too */
-    const int nvl = expect_varlen ? 1 + cc_varlen_bwd : 0;
+    /* a variable-length call: the forward on cuDNN, the backward too where cdg_varlen_backward_ok (hd <= 128) or
+     * the probe sends it (cuda_attention_cudnn.c cd_route), else ours */
+    const int nvl = expect_varlen ? 1 + (cc_varlen_bwd_any || cdg_varlen_backward_ok(c->hd)) : 0;
     const int want_cudnn = expect_varlen ? nvl : expect_cudnn ? 2 : 0;
     EXPECT(on_cudnn == want_cudnn && on_ours == 2 - want_cudnn, "%s: routed cuDNN %lld / ours %lld, want %d / %d",
            name, (long long)on_cudnn, (long long)on_ours, want_cudnn, 2 - want_cudnn);
@@ -334,22 +334,14 @@ TEST(cuda_attention_cudnn_varlen_hd256) {
     cc_varlen_cases_hd256();
 }
 
-/* the same with the backward on cuDNN's variable-length graph (not what runs: cd_route keeps it ours until these
- * pass on a GPU; an illegal address here stops the process, hence manual_: run only when named) */
-TEST(manual_cuda_attention_cudnn_varlen_bwd) {
-    ct_begin();
-    if (!cc_ready(0)) return;
-    cuda_attention_cudnn_set_varlen_backward(1), cc_varlen_bwd = 1;
-    cc_varlen_cases();
-    cuda_attention_cudnn_set_varlen_backward(0), cc_varlen_bwd = 0;
-}
-
+/* the hd 256 cases with the backward on cuDNN's variable-length graph (not what runs: wrong on cuDNN 9.14; an
+ * illegal address here would stop the process, hence manual_: run only when named) */
 TEST(manual_cuda_attention_cudnn_varlen_bwd_hd256) {
     ct_begin();
     if (!cc_ready(0)) return;
-    cuda_attention_cudnn_set_varlen_backward(1), cc_varlen_bwd = 1;
+    cuda_attention_cudnn_probe_varlen_backward(1), cc_varlen_bwd_any = 1;
     cc_varlen_cases_hd256();
-    cuda_attention_cudnn_set_varlen_backward(0), cc_varlen_bwd = 0;
+    cuda_attention_cudnn_probe_varlen_backward(0), cc_varlen_bwd_any = 0;
 }
 
 /* ---- a ring step sequence ---- */

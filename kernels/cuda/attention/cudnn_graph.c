@@ -411,6 +411,8 @@ static int64_t cdg_pow2_at_least(int64_t x, int64_t lo) {
 
 int cdg_varlen_rows_ok(int64_t rows, int nh, int nkv) { return nh == nkv || rows <= CDG_VARLEN_GQA_MAX_ROWS; }
 
+int cdg_varlen_backward_ok(int hd) { return hd <= 128; }
+
 int cdg_varlen_shape(const AttnHint *h, int64_t T, int32_t *batch, int64_t *smax) {
     const int64_t b = cdg_pow2_at_least(h->runs, 2), s = cdg_pow2_at_least(h->run_max, 64);
     *batch = (int32_t)(b < INT32_MAX ? b : INT32_MAX);

@@ -159,6 +159,11 @@ enum { CDG_VARLEN_GQA_MAX_ROWS = 131072 };
 enum { CDG_VARLEN_MAX_BATCH_HEADS = 32768 };
 /* 1 when a call of this many rows and heads may take the variable-length route (the GQA bound above) */
 int cdg_varlen_rows_ok(int64_t rows, int nh, int nkv);
+/* 1 when a variable-length call's backward may run on cuDNN too (head dims <= 128). At hd 256 cuDNN 9.14's
+ * ragged backward gives wrong dQ, dK, dV (relative errors 0.23-0.53 in test_cuda's
+ * manual_cuda_attention_cudnn_varlen_bwd_hd256, the forward right): that backward runs ours, taking the
+ * forward's LSE as it is (kernels/cuda/cuda_attention_cudnn.c cd_route; lib/plan counts no workspace for it) */
+int cdg_varlen_backward_ok(int hd);
 
 /* The variable-length plan's buckets for a call of T rows with the hint's runs and run_max: *batch = runs
  * rounded up to a power of two (>= 2), *smax = run_max rounded up to a power of two (>= 64). 0, or -1 when
