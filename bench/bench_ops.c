@@ -10,7 +10,8 @@
  * case took max_s seconds and at least 3 were done.
  *
  * Inputs (the peers draw theirs from the same distributions, bench/peer/README.md):
- *   attention  q, k, v, dO uniform in [-1, 1); one document, causal.
+ *   attention  q, k, v, dO uniform in [-1, 1); one document, causal; k and v interleaved in rows of 2 nkv hd (and
+ *              dk, dv likewise), as the model lays them (lib/model/model_block.c).
  *   GDN        q, k uniform in [-1, 1) then L2-normalised per head; v, dO uniform in
  *              [-1, 1); g (log decay per token) uniform in [-0.1, -0.001); beta uniform
  *              in [0.05, 0.95); documents from the case's cu_seqlens.
@@ -94,8 +95,8 @@ typedef struct {
     const Backend *be;
     int64_t T;
     int nh, nkv, hd;
-    void *q, *k, *v, *o, *dout;
-    float *lse, *dq, *dk, *dv;
+    void *q, *k, *v, *o, *dout; /* bf16 (T, nh hd); k, v: halves of (T, 2 nkv hd) rows */
+    float *lse, *dq, *dk, *dv;  /* lse (T, nh); dq (T, nh hd); dk, dv: halves of (T, 2 nkv hd) rows */
     int32_t *pos, *doc_pos; /* the case's documents (cu_seqlens; one when absent) */
     AttnHint hint;          /* the rows' summary (lib/backend/attn_hint.h), from the host copies */
 } AttnCase;
@@ -103,14 +104,14 @@ typedef struct {
 static void bench_attn_fwd(void *p) {
     AttnCase *a = p;
     a->be->attention_forward(a->o, a->lse, a->q, a->k, a->v, a->pos, a->doc_pos, a->pos, a->doc_pos, &a->hint, a->T,
-                             a->T, a->nh, a->nkv, a->hd, a->nh * a->hd, a->nkv * a->hd, a->nh * a->hd, 1);
+                             a->T, a->nh, a->nkv, a->hd, a->nh * a->hd, 2 * a->nkv * a->hd, a->nh * a->hd, 1);
 }
 
 static void bench_attn_bwd(void *p) {
     AttnCase *a = p;
     a->be->attention_backward(a->dq, a->dk, a->dv, a->dout, a->o, a->lse, a->q, a->k, a->v, a->pos, a->doc_pos,
                               a->pos, a->doc_pos, &a->hint, a->T, a->T, a->nh, a->nkv, a->hd, a->nh * a->hd,
-                              a->nkv * a->hd, a->nh * a->hd, 1);
+                              2 * a->nkv * a->hd, a->nh * a->hd, 1);
 }
 
 static int32_t *bench_upload_i32(const Backend *be, const int32_t *h, int64_t n) {
@@ -141,12 +142,12 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     a.q = be->alloc((size_t)qn * 2);
     a.o = be->alloc((size_t)qn * 2);
     a.dout = be->alloc((size_t)qn * 2);
-    a.k = be->alloc((size_t)kn * 2);
-    a.v = be->alloc((size_t)kn * 2);
+    a.k = be->alloc((size_t)kn * 4); /* k and v interleaved: (T, 2 nkv hd) */
+    a.v = (char *)a.k + (size_t)a.nkv * a.hd * 2;
     a.lse = be->alloc((size_t)(a.T * a.nh) * 4);
     a.dq = be->alloc((size_t)qn * 4);
-    a.dk = be->alloc((size_t)kn * 4);
-    a.dv = be->alloc((size_t)kn * 4);
+    a.dk = be->alloc((size_t)kn * 8); /* dk and dv likewise */
+    a.dv = a.dk + (size_t)a.nkv * a.hd;
     int32_t *pos = RS_MALLOC((size_t)a.T * sizeof(int32_t)), *doc_pos = RS_MALLOC((size_t)a.T * sizeof(int32_t));
     for (int64_t t = 0; t < a.T; t++) pos[t] = (int32_t)t;
     bench_case_doc_pos(doc_pos, c, a.T);
@@ -157,8 +158,7 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
     free(doc_pos);
     uint64_t s = o->seed * 1000003u;
     cuda_bench_fill_bf16(a.q, qn, s + 1, -1, 1);
-    cuda_bench_fill_bf16(a.k, kn, s + 2, -1, 1);
-    cuda_bench_fill_bf16(a.v, kn, s + 3, -1, 1);
+    cuda_bench_fill_bf16(a.k, 2 * kn, s + 2, -1, 1);
     cuda_bench_fill_bf16(a.dout, qn, s + 4, -1, 1);
     json_t *r = bench_time(json_string_value(json_object_get(c, "name")), bench_attn_fwd, bench_attn_bwd, &a, o);
     json_object_set_new(r, "attn_impl", json_string(attn_kernel_names[o->attn_impl]));
@@ -176,7 +176,7 @@ json_t *bench_attn_case(const json_t *c, const BenchOptions *o) {
                (long long)(after[0] - before[0]), (long long)(vl1[0] - vl0[0]), (long long)(after[1] - before[1]),
                (long long)(after[2] - before[2]), (long long)(vl1[1] - vl0[1]), (long long)(after[3] - before[3]));
     }
-    void *bufs[] = {a.q, a.o, a.dout, a.k, a.v, a.lse, a.dq, a.dk, a.dv, a.pos, a.doc_pos};
+    void *bufs[] = {a.q, a.o, a.dout, a.k, a.lse, a.dq, a.dk, a.pos, a.doc_pos}; /* v, dv: inside k, dk */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     return r;
 }
