@@ -421,12 +421,6 @@ static void bench_parse(BenchOptions *o, int argc, char **argv) {
         else if (!strcmp(a, "--seed")) o->seed = (uint64_t)bench_parse_int(a, bench_value(argc, argv, &i), 0, INT64_MAX);
         else bench_bad(a, NULL, a[0] == '-' ? "unknown option" : "unexpected argument");
     }
-    /* the peer's step (bench/peer/step_hf.py) reads no document boundaries: its row would be one document */
-    if (o->kinds[BENCH_STEP] && o->peer && o->attn_docs)
-        for (int j = 0; j < o->n_doc_len; j++)
-            if (o->doc_len[j] > 0)
-                bench_bad("--doc-len", NULL, "bench step with --peer runs one document per sample (the peer's step "
-                                             "reads no document boundaries); give --doc-len 0 or leave out --peer");
 }
 
 /* ---- the cases ---------------------------------------------------------------- */

@@ -176,10 +176,12 @@ def test_step_documents_request(ringscan, tmp_path):
     (c,) = json.loads((tmp_path / "plain" / "request_step.json").read_text())["cases"]
     assert "cu_seqlens" not in c and c["name"] == f"hybrid-1b-256k-h200x4_T{T}"
     assert c["flops_per_token"] == pytest.approx(flops["model"], rel=1e-6)
-    # the peer's step reads no boundaries: refused, nothing written
-    r = run([ringscan, "bench", "step", "--peer", "--doc-len", "8192", "--out", tmp_path / "peer"])
-    assert r.returncode == 2 and "--doc-len" in r.stderr and "peer" in r.stderr
-    assert not (tmp_path / "peer").exists()
+    # the peer's step (bench/peer/step_hf.py) reads the same boundaries: the request with --peer carries them
+    r = run([ringscan, "bench", "step", "--peer", "--write-requests", "--doc-len", "8192", "--out", tmp_path / "peer",
+             "--tokens", str(T), "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    (p,) = json.loads((tmp_path / "peer" / "request_step.json").read_text())["cases"]
+    assert p["cu_seqlens"] == cu
 
 
 def test_kda_request_is_gdns_cases(ringscan, tmp_path):

@@ -2,6 +2,7 @@
 Qwen3NextForCausalLM (or, with STEP_HF_MODEL=qwen3_5, Qwen3_5ForCausalLM) built from the request's
 model (the same config as ringscan's), dense MLP in every layer, with flash-linear-attention's kernels
 carried in, one optimizer step on one sample of T random token ids on one GPU: tokens/s and peak memory.
+A case with cu_seqlens (`bench step --doc-len`) packs documents into the sample as ringscan's step does.
 
 What is configured, exactly:
   - STEP_HF_MODEL=qwen3_next (the default): Qwen3NextConfig(num_experts=0, mlp_only_layers=[0..L-1],
@@ -31,6 +32,13 @@ What is configured, exactly:
     (chunked; the 32k x 152k logits never exist, as in ringscan's fused lm_head loss), next-token
     targets, the last token ignored; gradient clipping at the request's grad_clip.
   - Memory: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless the caller set it.
+  - Documents (a case's cu_seqlens of more than one document): no token predicts across a document end
+    (label -100 there, as ringscan's target -1); FLA's chunk rule and its Triton conv get cu_seqlens (and
+    cu_seqlens_cpu, so no host sync), batch 1; each softmax layer's SDPA runs one causal call per document
+    (torch.nn.functional.scaled_dot_product_attention wrapped while the case runs; transformers' sdpa path
+    must reach it with no mask and is_causal, or the case stops: nothing attends across documents
+    silently); positions run 0..T-1 over the sample, as ringscan's bench step gives them. The torch conv
+    (STEP_HF_CONV=torch) sees no documents: refused with them.
   - Activation checkpointing: off first; if a warm-up step (at least 2, so that AdamW's state
     exists) runs out of memory, it is turned on (model.gradient_checkpointing_enable,
     non-reentrant) and the warm-up retried. The note says which.
@@ -57,10 +65,15 @@ import peer_common as pc  # noqa: E402
 
 QKV_NAMES = {"query": "q", "key": "k", "value": "v"}  # transformers' names -> FLA's
 
+# the running case's documents (run_case sets them; None: one document): cu_seqlens on the GPU and the host for
+# FLA, (start, end) spans for the attention, and the count of per-document SDPA calls
+DOCS = {"cu": None, "cu_cpu": None, "spans": None, "sdpa": [0]}
+
 
 def fla_adapter(fn, calls=None, seen=None):
     """fn (an FLA function) called the way transformers calls its torch rule: query/key/value renamed
-    to q/k/v, keywords FLA does not take dropped (as transformers' own hub wrapper does)"""
+    to q/k/v, keywords FLA does not take dropped (as transformers' own hub wrapper does); the case's
+    documents passed as cu_seqlens (DOCS)"""
     params = set(inspect.signature(fn).parameters)
 
     def call(*args, **kw):
@@ -68,10 +81,41 @@ def fla_adapter(fn, calls=None, seen=None):
             seen.append(f"{len(args)} positional + keywords {sorted(kw)}")
         kw = {QKV_NAMES.get(k, k): x for k, x in kw.items()}
         kw = {k: x for k, x in kw.items() if k in params}
+        kw.update(doc_kwargs(params))
         if calls is not None:
             calls[0] += 1
         return fn(*args, **kw)
 
+    return call
+
+
+def doc_kwargs(params):
+    """FLA's keywords for the case's documents (none for one document)"""
+    if DOCS["cu"] is None:
+        return {}
+    if "cu_seqlens" not in params:
+        pc.usage_exit("an FLA function without cu_seqlens was handed packed documents")
+    kw = {"cu_seqlens": DOCS["cu"]}
+    if "cu_seqlens_cpu" in params:
+        kw["cu_seqlens_cpu"] = DOCS["cu_cpu"]
+    return kw
+
+
+def sdpa_by_document(sdpa):
+    """torch's scaled_dot_product_attention, one causal call per document of the running case (DOCS);
+    anything else with documents set stops the case (it would attend across documents)"""
+    def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+        if DOCS["spans"] is None:
+            return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, **kw)
+        T = DOCS["spans"][-1][1]
+        if attn_mask is not None or not is_causal or query.shape[2] != T or key.shape[2] != T:
+            raise RuntimeError(f"packed documents: SDPA called with a mask ({attn_mask is not None}), is_causal "
+                               f"{is_causal}, rows {query.shape[2]} x {key.shape[2]} of {T}: not one causal "
+                               "call over the sample, so it cannot be split by document")
+        DOCS["sdpa"][0] += 1
+        return torch.cat([sdpa(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=dropout_p,
+                               is_causal=True, scale=scale, **kw) for a, b in DOCS["spans"]], dim=2)
     return call
 
 
@@ -100,12 +144,13 @@ def load_model_file(notes):
         pc.usage_exit(f"flash-linear-attention is not importable ({e}); put a snapshot's fla folder on PYTHONPATH")
     pc.fla_lift_guard(notes)
     calls, seen = [0], []
+    conv_params = set(inspect.signature(causal_conv1d).parameters)
 
     def fla_conv(hidden_states, weight, bias=None, activation=None, **kw):
         """transformers' causal_conv1d_fn on (B, D, T) through FLA's Triton causal conv on (B, T, D): the
-        transposes are views of the (B, T, D) projection, no copies"""
+        transposes are views of the (B, T, D) projection, no copies; the case's documents as cu_seqlens"""
         y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight.to(hidden_states.dtype), bias,
-                             activation=activation)
+                             activation=activation, **doc_kwargs(conv_params))
         return y.transpose(1, 2)
 
     import importlib
@@ -230,6 +275,7 @@ def main():
     req = pc.load_request(a.request, "step")
     notes = []
     mq, fla_api, calls = load_model_file(notes)
+    torch.nn.functional.scaled_dot_product_attention = sdpa_by_document(torch.nn.functional.scaled_dot_product_attention)
     import transformers
     device, sw = pc.device_and_software(torch, {"transformers": transformers.__version__})
     results = []
@@ -249,8 +295,31 @@ def main():
     pc.write_result(a.out, "step", device, sw, notes, results)
 
 
+def set_documents(c, notes):
+    """DOCS from the case's cu_seqlens (more than one document), else cleared; the labels' mask of
+    document ends (True where a token predicts nothing), or None"""
+    T = c["T"]
+    cu = c.get("cu_seqlens") or [0, T]
+    if cu[0] != 0 or cu[-1] != T or any(b <= a for a, b in zip(cu, cu[1:])):
+        pc.usage_exit(f"case {c['name']}: cu_seqlens must rise from 0 to T = {T}")
+    if len(cu) <= 2:
+        DOCS.update(cu=None, cu_cpu=None, spans=None)
+        return None
+    if os.environ.get("STEP_HF_CONV", "fla") != "fla":
+        pc.usage_exit("STEP_HF_CONV=torch convolves across documents: packed documents need FLA's conv")
+    DOCS.update(cu=torch.tensor(cu, dtype=torch.long, device="cuda"), cu_cpu=torch.tensor(cu, dtype=torch.long),
+                spans=list(zip(cu[:-1], cu[1:])))
+    DOCS["sdpa"][0] = 0
+    notes.append(f"case {c['name']}: {len(cu) - 1} documents: FLA's chunk rule and conv with cu_seqlens, one causal "
+                 "SDPA call per document, no label across a document end")
+    ends = torch.zeros(1, T, dtype=torch.bool, device="cuda")
+    ends[0, torch.tensor(cu[1:], device="cuda") - 1] = True
+    return ends
+
+
 def run_case(mq, fla_api, calls, c, req, notes):
     T, tr = c["T"], c["train"]
+    ends = set_documents(c, notes)
     model, _ = build(mq, c, notes)
     bind_fla(mq, model, fla_api, notes)
     opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"],
@@ -259,6 +328,8 @@ def run_case(mq, fla_api, calls, c, req, notes):
     ids = torch.randint(0, c["model"]["vocab_size"], (1, T), device="cuda", generator=gen)
     labels = torch.full_like(ids, -100)
     labels[:, :-1] = ids[:, 1:]
+    if ends is not None:
+        labels[ends] = -100  # no token predicts across a document end
     loss_fn = fla_api["flce"]()
 
     def step():
@@ -296,6 +367,10 @@ def run_case(mq, fla_api, calls, c, req, notes):
                       "transformers did not use FLA; refusing to time its torch fallback")
     notes.append(f"FLA chunk_gated_delta_rule calls in the {warm} warm-up steps: {calls[0]} ({n_lin} linear-attention layers); "
                  f"transformers called it with {fla_api['seen'][0] if fla_api['seen'] else '?'}")
+    n_attn = c["model"]["layer_types"].count("full_attention")
+    if DOCS["spans"] is not None and DOCS["sdpa"][0] < warm * n_attn:
+        pc.usage_exit(f"the per-document SDPA ran {DOCS['sdpa'][0]} times in {warm} steps of {n_attn} softmax layers: "
+                      "transformers' attention did not reach it; refusing to time attention across documents")
     torch.cuda.reset_peak_memory_stats()
     ms, spent, loss = [], 0.0, float("nan")
     for i in range(req["reps"]):
