@@ -195,7 +195,7 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, 
     __syncthreads();
 }
 
-/* kda_grad_wy_kernel's shared memory (DK = dk = dv; ~206 KB at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 217856 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
  * DK + 1), dW hi / lo (bf16, DK + 8; later dXw fp32, DK + 1, over them), Tinv hi / lo (KDA_LDP), beta, the dbeta
  * partial sums, dT (fp32, 64 x 65; dA after it); then a region used in turn: gam k hi / lo and dvn hi / lo (DK + 8);
  * later the split 64 x 64 operand of the pair products (dT, M1, then dA, hi / lo, KDA_LDP) over gam k, a pair-sum

@@ -79,7 +79,7 @@ typedef struct KdaBufs {
     float *tinv, *qk;       /* (T,nv,64) */
     float *hs, *vn;         /* (ns,nv,dk,dv), (T,nv,dv) */
     float *dhs, *dvn;       /* (ns,nv,dk,dv), (T,nv,dv) */
-    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum */
+    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over w2, x2 where both exist) */
     bf16 *w2, *x2;          /* (T,nv,2,dk): the passes' W and dec * K, hi | lo (wu.cuh) */
     float *ux;              /* (T,nv,dv): U for the forward pass, then P = scale QK^T dO for the backward's */
     float *gl;              /* (ns,nv,dk): gam_{L-1} by slot (chunks without a document start) */
@@ -154,10 +154,6 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
         b->dhs = c.take<float>(hsz);
         b->dvn = c.take<float>(tv * dv);
     }
-    if (need & KDA_NEED_DQK) {
-        b->dqv = c.take<float>(tv * dk);
-        b->dkv = c.take<float>(tv * dk);
-    }
     if (need & KDA_NEED_PASS) {
         b->w2 = c.take<bf16>(tv * 2 * dk);
         b->x2 = c.take<bf16>(tv * 2 * dk);
@@ -165,6 +161,13 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
         b->gl = c.take<float>((size_t)kda_slots(T) * nv * dk);
     }
     if (need & KDA_NEED_BPASS) b->gq2 = c.take<bf16>(tv * 2 * dk);
+    if ((need & KDA_NEED_DQK) && (need & KDA_NEED_PASS)) { /* the gradients run after the passes: over w2, x2 */
+        b->dqv = (float *)b->w2;
+        b->dkv = (float *)b->x2;
+    } else if (need & KDA_NEED_DQK) {
+        b->dqv = c.take<float>(tv * dk);
+        b->dkv = c.take<float>(tv * dk);
+    }
     return c.off;
 }
 

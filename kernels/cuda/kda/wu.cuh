@@ -121,11 +121,17 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
 #pragma unroll
             for (int ni = 0; ni < DK / 16; ni++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
+                for (int e = 0; e < 4; e += 2) { /* elements e, e + 1: adjacent columns, one 4-byte store each */
                     const int r = 16 * mt + gdn_frag_row(e), a = half * (DK / 2) + 8 * ni + gdn_frag_col(e);
                     if (r < L) {
                         bf16 *row = w2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
-                        kda_split(aw[0][ni][e], &row[a], &row[DK + a]);
+                        bf16 hl[2][2];
+                        kda_split(aw[0][ni][e], &hl[0][0], &hl[1][0]);
+                        kda_split(aw[0][ni][e + 1], &hl[0][1], &hl[1][1]);
+                        uint32_t u2[2];
+                        memcpy(u2, hl, sizeof u2);
+                        *(uint32_t *)&row[a] = u2[0];
+                        *(uint32_t *)&row[DK + a] = u2[1];
                     }
                 }
         }
@@ -136,9 +142,10 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
 #pragma unroll
             for (int ni = 0; ni < DV / 16; ni++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
+                for (int e = 0; e < 4; e += 2) {
                     const int r = 16 * mt + gdn_frag_row(e), cc = half * (DV / 2) + 8 * ni + gdn_frag_col(e);
-                    if (r < L) u[((t0 + r) * nv + h) * (int64_t)DV + cc] = au[0][ni][e];
+                    if (r < L)
+                        *(float2 *)&u[((t0 + r) * nv + h) * (int64_t)DV + cc] = make_float2(au[0][ni][e], au[0][ni][e + 1]);
                 }
         }
         for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {

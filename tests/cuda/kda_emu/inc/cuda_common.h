@@ -45,6 +45,8 @@ static inline bf16 __float2bfloat16_rn(float f) {
 }
 static inline bf16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 
+struct float2 { float x, y; };
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct uint3e { unsigned x, y, z; };
 extern dim3 blockIdx, gridDim, blockDim;
