@@ -421,9 +421,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
 }
 
 /* kda_grad_qk_kernel's shared memory (DK = dk = dv; 228352 bytes at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
- * a region that holds vn (fp32, DK + 1), then vn hi / lo (bf16, DK + 8), then a pair-sum result (fp32, DK + 1);
- * one that holds dO (bf16, DK + 8), then the scaled rows of kda_pair_rows (hi / lo, 48 rows); dP (fp32, 64 x 65)
- * and its hi / lo (KDA_LDP); D vn and dL/dG (fp32, DK + 1) */
+ * a region that holds vn hi / lo (bf16, DK + 8), then a pair-sum result (fp32, DK + 1); one that holds dO (bf16,
+ * DK + 8), then the scaled rows of kda_pair_rows (hi / lo, 48 rows); dP (fp32, 64 x 65) and its hi / lo
+ * (KDA_LDP); D vn (grad_dense's) and dL/dG (fp32, DK + 1) */
 template <int DK> struct KdaGqkSmem {
     static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
     bf16 *q, *k, *vnh, *vnl, *dout, *oh, *ol, *ph, *pl;
@@ -454,9 +454,9 @@ template <int DK> struct KdaGqkSmem {
     }
 };
 
-/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO bf16, vn split); D vn (CUDA cores, D read from
- * global memory by warps that share its row); the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier)
- * across sub-chunks by kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg as before. */
+/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO bf16, vn split); D vn and S_a . D_a read from
+ * grad_dense's buffers; the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier) across sub-chunks by
+ * kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
@@ -480,19 +480,16 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
-        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
-        __syncthreads();
+        kda_load_G(sG, ldg, g, t0, L, h, nv, dk); /* threads >= dk go on while the others sum G */
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
-         * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's) */
+         * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
             const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
             sDG[r * ldg + a] = r < L ? dqv[at] : 0.0f;
             sDV[r * ldg + a] = r < L && D ? dvd[at] : 0.0f;
         }
-        __syncthreads();
-        /* vn again, split (over the fp32 copy) */
         for (int i = threadIdx.x; i < KDA_C * dv; i += KDA_THREADS) {
             const int r = i / dv, cc = i % dv;
             const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)dv + cc] : 0.0f;

@@ -124,10 +124,10 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
+        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
-        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK);
         __syncthreads();
         /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
         kda_pair_decay<DK, false>(s, sA, L);
@@ -207,9 +207,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_qk_kernel(float *qk /* (T,nv,
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         kda_load_rows<DK>(s.l, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.r, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK);
         __syncthreads();
         kda_pair_decay<DK, true>(s, s.A, L);
         if (!BWD) {
