@@ -275,7 +275,8 @@ def main():
     req = pc.load_request(a.request, "step")
     notes = []
     mq, fla_api, calls = load_model_file(notes)
-    torch.nn.functional.scaled_dot_product_attention = sdpa_by_document(torch.nn.functional.scaled_dot_product_attention)
+    F = torch.nn.functional
+    F.scaled_dot_product_attention = sdpa_by_document(F.scaled_dot_product_attention)  # split by document
     import transformers
     device, sw = pc.device_and_software(torch, {"transformers": transformers.__version__})
     results = []
@@ -369,8 +370,8 @@ def run_case(mq, fla_api, calls, c, req, notes):
                  f"transformers called it with {fla_api['seen'][0] if fla_api['seen'] else '?'}")
     n_attn = c["model"]["layer_types"].count("full_attention")
     if DOCS["spans"] is not None and DOCS["sdpa"][0] < warm * n_attn:
-        pc.usage_exit(f"the per-document SDPA ran {DOCS['sdpa'][0]} times in {warm} steps of {n_attn} softmax layers: "
-                      "transformers' attention did not reach it; refusing to time attention across documents")
+        pc.usage_exit(f"the per-document SDPA ran {DOCS['sdpa'][0]} times in {warm} steps of {n_attn} softmax "
+                      "layers: transformers' attention did not reach it; refusing to time attention across documents")
     torch.cuda.reset_peak_memory_stats()
     ms, spent, loss = [], 0.0, float("nan")
     for i in range(req["reps"]):

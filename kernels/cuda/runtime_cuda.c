@@ -93,8 +93,9 @@ static void runtime_cuda_open(Comm *comm) {
  * plan cannot know of the machine that will run the job): cdg_workspace's layout for a backward of rows x
  * rows, the larger of one sequence's and variable length's (packed documents, not cudnn_det, where
  * cdg_varlen_rows_ok and cdg_varlen_backward_ok let the backward through; at the most sequences
- * cdg_varlen_shape does), and for cudnn_det the rows x rows x heads matrix of its deterministic engines (what makes it fit short calls only). cuDNN's own plan workspace is known once its
- * plan is built, and printed then. */
+ * cdg_varlen_shape does), and for cudnn_det the rows x rows x heads matrix of its deterministic engines
+ * (what makes it fit short calls only). cuDNN's own plan workspace is known once its plan is built, and printed
+ * then. */
 static size_t runtime_cuda_attention_workspace(int kernel, int64_t rows, int nh, int nkv, int hd) {
     if (kernel == ATTN_KERNEL_RINGSCAN || rows <= 0) return 0;
     const int det = kernel == ATTN_KERNEL_CUDNN_DET;
