@@ -12,6 +12,8 @@
 #              CUDA_VISIBLE_DEVICES if set), and beside
 #              them tests/cuda/model_check.sh (20 steps): the GPU parity of every kernel and of the model
 #   parity-gdn the test_cuda cases of the delta rule alone (no model_check)
+#   kda-parity the test_cuda cases of Kimi Delta Attention and, beside them, model_check of a KDA hybrid
+#              (CASE_SETS model.linear_attention=kda model.linear_num_value_heads=2; issue 39). ~1 min
 #   big        the cuda_big_* cases (entries at sizes where offsets pass 2^31; tests/cuda/test_cuda_big.cu),
 #              one process each (up to ~72 GiB of device memory; parity leaves them out)
 #   attn-cudnn-parity  the cuda_attention_cudnn_* cases with RS_CUDNN_REQUIRED=1 (parity against the cpu
@@ -92,6 +94,21 @@ suite_parity() {
         echo "model_check rc=$mrc"
         grep -E "worst|curve|loss" "$L/model_check.log" | tail -4
     fi
+    [ $rc -eq 0 ] && [ $mrc -eq 0 ]
+}
+
+# the KDA kernels' test_cuda cases and model_check of a KDA hybrid beside them
+suite_kda_parity() {
+    local mc mrc
+    CASE_SETS="model.linear_attention=kda model.linear_num_value_heads=2" STEPS=20 TRAIN_STEPS=10 \
+        timeout "$(left)" tests/cuda/model_check.sh build /tmp/gpu_regress_mc_kda > "$L/model_check_kda.log" 2>&1 &
+    mc=$!
+    suite_parity kda
+    local rc=$?
+    wait "$mc"
+    mrc=$?
+    echo "model_check (KDA hybrid) rc=$mrc"
+    grep -E "FAIL|worst|curve|model_check" "$L/model_check_kda.log" | tail -6
     [ $rc -eq 0 ] && [ $mrc -eq 0 ]
 }
 
@@ -309,6 +326,7 @@ regress_part() {
     case $1 in
     parity) suite_parity ;;
     parity-gdn) suite_parity gdn ;;
+    kda-parity) suite_kda_parity ;;
     big) suite_big ;;
     attn-cudnn-parity) suite_attn_cudnn_parity ;;
     attn-auto) suite_attn_auto ;;
@@ -339,7 +357,7 @@ regress_part() {
         [ $r -eq 0 ]
         ;;
     *)
-        echo "unknown part '$1' (parity parity-gdn big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf qwen35"
+        echo "unknown part '$1' (parity parity-gdn kda-parity big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf qwen35"
         echo "  long-1m long-1gpu cp4-1m shard cluster; the benchmarks are bench/gpu_runs.sh's)"
         false
         ;;
