@@ -62,10 +62,7 @@ def check_cases(req, path, one_document=False):
                 pc.usage_exit(f"--request {path}: case {name!r}: key {key!r} is {c[key]!r}, expected a positive integer")
         if c["K"] > 256:
             pc.usage_exit(f"--request {path}: case {name!r}: key 'K' is {c['K']}, FLA's chunk_kda takes at most 256")
-        cu = c["cu_seqlens"]
-        if (not isinstance(cu, list) or len(cu) < 2 or not all(isinstance(x, int) for x in cu) or cu[0] != 0
-                or cu[-1] != c["T"] or any(a >= b for a, b in zip(cu, cu[1:]))):
-            pc.usage_exit(f"--request {path}: case {name!r}: key 'cu_seqlens' is not [0, ..., T] increasing")
+        cu = pc.case_cu_seqlens(c, path)
         if one_document and len(cu) != 2:
             pc.usage_exit(f"--request {path}: case {name!r}: one document expected (cu_seqlens [0, T])")
 

@@ -99,6 +99,16 @@ def time_fwd_bwd(torch, fwd, bwd, req, before=None, dist=None, slowest=True):
     return statistics.median(f), statistics.median(fb), len(fb)
 
 
+def case_cu_seqlens(c, path):
+    """A case's document boundaries ([0, T], one document, when it has none), else exit 2 naming the file,
+    the case and the key."""
+    cu = c.get("cu_seqlens", [0, c["T"]])
+    if (not isinstance(cu, list) or len(cu) < 2 or not all(isinstance(x, int) for x in cu) or cu[0] != 0
+            or cu[-1] != c["T"] or any(a >= b for a, b in zip(cu, cu[1:]))):
+        usage_exit(f"--request {path}: case {c['name']!r}: key 'cu_seqlens' is not [0, ..., T] increasing")
+    return cu
+
+
 def require_case_keys(req, path, keys):
     """Every case of the request has every key, else exit 2 naming the file and the key."""
     for c in req["cases"]:

@@ -284,9 +284,10 @@ def main():
         for key in ("name", "T", "model", "train"):
             if key not in c:
                 pc.usage_exit(f"--request {a.request}: a case lacks key {key!r}")
+        cu = pc.case_cu_seqlens(c, a.request)
         row = {"case": c["name"], "impl": MODELS[model_kind()][4]}
         try:
-            row.update(run_case(mq, fla_api, calls, c, req, notes))
+            row.update(run_case(mq, fla_api, calls, c, cu, req, notes))
         except (RuntimeError, torch.OutOfMemoryError) as e:
             row["error"] = pc.short_error(e)
         print(row, flush=True)
@@ -296,13 +297,10 @@ def main():
     pc.write_result(a.out, "step", device, sw, notes, results)
 
 
-def set_documents(c, notes):
-    """DOCS from the case's cu_seqlens (more than one document), else cleared; the labels' mask of
+def set_documents(c, cu, notes):
+    """DOCS from the case's cu_seqlens cu (more than one document), else cleared; the labels' mask of
     document ends (True where a token predicts nothing), or None"""
     T = c["T"]
-    cu = c.get("cu_seqlens") or [0, T]
-    if cu[0] != 0 or cu[-1] != T or any(b <= a for a, b in zip(cu, cu[1:])):
-        pc.usage_exit(f"case {c['name']}: cu_seqlens must rise from 0 to T = {T}")
     if len(cu) <= 2:
         DOCS.update(cu=None, cu_cpu=None, spans=None)
         return None
@@ -318,9 +316,9 @@ def set_documents(c, notes):
     return ends
 
 
-def run_case(mq, fla_api, calls, c, req, notes):
+def run_case(mq, fla_api, calls, c, cu, req, notes):
     T, tr = c["T"], c["train"]
-    ends = set_documents(c, notes)
+    ends = set_documents(c, cu, notes)
     model, _ = build(mq, c, notes)
     bind_fla(mq, model, fla_api, notes)
     opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]), eps=tr["eps"],
