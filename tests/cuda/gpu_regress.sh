@@ -55,8 +55,9 @@ cd "$(dirname "$0")/../.." || exit 2
 GPU_RUNNER=gpu_regress
 . tests/cuda/gpu_env.sh
 
-# suite_parity [PATTERN]: the test_cuda cases matching PATTERN (every case but the
-# cuda_big_* ones if none, and then model_check beside them); each distinct failed check is printed once
+# suite_parity [PATTERN [SETS]]: the test_cuda cases matching PATTERN (every case but the cuda_big_* ones if
+# none) and, with no PATTERN or with SETS, model_check beside them (of the config with SETS, model_check.sh's
+# CASE_SETS); each distinct failed check is printed once
 suite_parity() {
     local mc="" cases ngpu g gpus log=$L/parity${1:+-$1}.log pids=() rc=0 mrc=0
     if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then  # the GPUs given (another part may hold the rest)
@@ -66,9 +67,9 @@ suite_parity() {
         mapfile -t gpus < <(seq 0 $((ngpu > 1 ? ngpu - 1 : 0)))
     fi
     ngpu=${#gpus[@]}
-    if [ -z "${1:-}" ]; then  # on the last GPU, beside the cases
-        CUDA_VISIBLE_DEVICES=${gpus[ngpu - 1]} STEPS=20 TRAIN_STEPS=20 timeout "$(left)" tests/cuda/model_check.sh build \
-            /tmp/gpu_regress_mc > "$L/model_check.log" 2>&1 &
+    if [ -z "${1:-}" ] || [ -n "${2:-}" ]; then  # on the last GPU, beside the cases
+        CUDA_VISIBLE_DEVICES=${gpus[ngpu - 1]} CASE_SETS="${2:-}" STEPS=20 TRAIN_STEPS=20 timeout "$(left)" \
+            tests/cuda/model_check.sh build /tmp/gpu_regress_mc > "$L/model_check${1:+-$1}.log" 2>&1 &
         mc=$!
     fi
     mapfile -t cases < <(build/test_cuda --list | grep -v -E "_big_" | grep -E "${1:-.}")
@@ -91,24 +92,9 @@ suite_parity() {
     if [ -n "$mc" ]; then
         wait "$mc"
         mrc=$?
-        echo "model_check rc=$mrc"
-        grep -E "worst|curve|loss" "$L/model_check.log" | tail -4
+        echo "model_check${2:+ ($2)} rc=$mrc"
+        grep -E "FAIL|worst|curve|loss" "$L/model_check${1:+-$1}.log" | tail -4
     fi
-    [ $rc -eq 0 ] && [ $mrc -eq 0 ]
-}
-
-# the KDA kernels' test_cuda cases and model_check of a KDA hybrid beside them
-suite_kda_parity() {
-    local mc mrc
-    CASE_SETS="model.linear_attention=kda model.linear_num_value_heads=2" STEPS=20 TRAIN_STEPS=10 \
-        timeout "$(left)" tests/cuda/model_check.sh build /tmp/gpu_regress_mc_kda > "$L/model_check_kda.log" 2>&1 &
-    mc=$!
-    suite_parity kda
-    local rc=$?
-    wait "$mc"
-    mrc=$?
-    echo "model_check (KDA hybrid) rc=$mrc"
-    grep -E "FAIL|worst|curve|model_check" "$L/model_check_kda.log" | tail -6
     [ $rc -eq 0 ] && [ $mrc -eq 0 ]
 }
 
@@ -326,7 +312,7 @@ regress_part() {
     case $1 in
     parity) suite_parity ;;
     parity-gdn) suite_parity gdn ;;
-    kda-parity) suite_kda_parity ;;
+    kda-parity) suite_parity kda "model.linear_attention=kda model.linear_num_value_heads=2" ;;
     big) suite_big ;;
     attn-cudnn-parity) suite_attn_cudnn_parity ;;
     attn-auto) suite_attn_auto ;;
