@@ -11,7 +11,9 @@
 #      backward (every parameter gradient and the loss), then STEPS AdamW steps on that batch
 #      (a loss curve that needs neither MPI nor a data set);
 #   3. tests/cuda/compare_bf16.py: per tensor, the cuda gradient's error against cpu must stay
-#      within max(2 x the bf16 emulation's error, 1e-2), the loss within 1e-2;
+#      within max(2 x the bf16 emulation's error, 1e-2), the loss within 1e-2; the emulation's error
+#      the largest of DRAWS (default 3) more one-step runs with stochastic rounding (--draw 1..DRAWS,
+#      compare_bf16.py --draws: what one draw of the rounding says about a gradient that cancels);
 #      tests/cuda/compare_curves.py: every step's |loss_cuda - loss_cpu| / first loss <= CURVE_TOL
 #      (the bf16 emulation's curve is printed beside it for scale);
 #   4. `ringscan train` of the config on cuda, one rank, TRAIN_STEPS steps on synthetic data: the
@@ -29,6 +31,7 @@ STEPS=${STEPS:-50}
 TRAIN_STEPS=${TRAIN_STEPS:-20}
 CURVE_TOL=${CURVE_TOL:-1e-2}
 THREADS=${THREADS:-8}
+DRAWS=${DRAWS:-3}
 SETS=()
 for kv in ${CASE_SETS:-}; do SETS+=(--set "$kv"); done
 HERE=$(dirname "$0")
@@ -44,8 +47,16 @@ C="$O/case"
     > "$O/bf16.log" 2>&1 &
 "$B/parity_step" "$C" --set device.kind=cuda --out "$C/grads_cuda.safetensors" --steps "$STEPS" | grep -v counters || rc=1
 wait
+DRAW_FILES=""
+for d in $(seq 1 "$DRAWS"); do
+    "$B/parity_step" "$C" --emulate-bf16 --draw "$d" --out "$C/grads_draw$d.safetensors" --threads "$THREADS" \
+        > "$O/draw$d.log" 2>&1 &
+    DRAW_FILES="$DRAW_FILES${DRAW_FILES:+,}$C/grads_draw$d.safetensors"
+done
+wait
 grep -hv counters "$O/cpu.log" "$O/bf16.log"
-$PY "$HERE/compare_bf16.py" "$C/grads_cpu.safetensors" "$C/grads_cuda.safetensors" "$C/grads_bf16.safetensors" || rc=1
+$PY "$HERE/compare_bf16.py" "$C/grads_cpu.safetensors" "$C/grads_cuda.safetensors" "$C/grads_bf16.safetensors" \
+    --draws "$DRAW_FILES" || rc=1
 echo "-- curve, cuda vs cpu"
 $PY "$HERE/compare_curves.py" "$C/grads_cpu.safetensors.curve.jsonl" "$C/grads_cuda.safetensors.curve.jsonl" \
     --tol "$CURVE_TOL" || rc=1

@@ -8,6 +8,15 @@
  * cpu can be split into what bf16 storage alone costs (cpu-bf16 vs cpu, no GPU needed) and what
  * the cuda kernels add (cuda vs cpu-bf16). tests/cuda/README.md reports both.
  *
+ * One emulated run is one draw of the rounding: cuda sums in other orders, so its fp32 values before
+ * each bf16 store differ in the low bits and a different set of elements rounds up. For most tensors
+ * the draws agree closely; a gradient that sums many terms with heavy cancellation (a linear layer's
+ * A_log: sum over tokens and channels of dg g) varies from draw to draw by several times. After
+ * bf16emu_set_draw(seed) with seed > 0 every store rounds stochastically instead (up with probability
+ * the discarded fraction, from a hash of seed, call and element: the same bits on every run), an
+ * independent draw of an error of the same size; compare_bf16.py --draws reads a few such runs as the
+ * spread that a cuda run's error is judged against.
+ *
  * Not a product backend: no caller outside tests/parity.
  */
 #include "backend_bf16emu.h"
@@ -27,9 +36,41 @@ float bf16emu_round(float x) {
     return x;
 }
 
-/* rows x cols floats at stride ld, rounded in place */
+static uint64_t emu_draw_seed, emu_draw_calls;
+
+void bf16emu_set_draw(uint64_t seed) {
+    emu_draw_seed = seed;
+    emu_draw_calls = 0;
+}
+
+/* splitmix64's finaliser: a well-mixed 64-bit hash of x */
+static uint64_t emu_hash(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* x rounded to bf16 stochastically: up with probability (x's low 16 bits) / 2^16 */
+static float emu_round_stochastic(float x, uint64_t h) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    u = (uint32_t)(((uint64_t)u + (h & 0xffffu)) & 0xffff0000u); /* a carry into the exponent rounds up to it */
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* rows x cols floats at stride ld, rounded in place (nearest even, or a stochastic draw: bf16emu_set_draw) */
 static void emu_round(void *p, int64_t rows, int64_t cols, int64_t ld) {
     float *f = p;
+    if (emu_draw_seed) {
+        uint64_t call = emu_hash(emu_draw_seed ^ emu_hash(++emu_draw_calls));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) f[r * ld + c] = emu_round_stochastic(f[r * ld + c],
+                                                                                   emu_hash(call + (uint64_t)(r * cols + c)));
+        return;
+    }
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) f[r * ld + c] = bf16emu_round(f[r * ld + c]);
 }

@@ -3,7 +3,7 @@
  *
  *   [mpirun -np N] build/parity_step CASE_DIR [--policy none|full|remat] [--set key=value]...
  *                                    [--out FILE] [--emulate-bf16] [--steps N] [--threads N]
- *                                    [--hf HF_DIR] [--gdn-cp chain|hybrid|scan]
+ *                                    [--hf HF_DIR] [--gdn-cp chain|hybrid|scan] [--draw SEED]
  *
  * Reads CASE_DIR/config.yaml, weights.safetensors and batch.safetensors (the
  * files tests/parity/README.md defines, written by make_case.py), runs one
@@ -42,7 +42,9 @@
  * lib/io/hf.h) instead of weights.safetensors, and writes the gradients under
  * the Hugging Face names and layouts (the export's row maps): what
  * tests/parity/hf_check.py compares with transformers. --gdn-cp runs the GDN layers' state passing
- * across the CP group by that schedule instead of cp_gdn_method's (cp_gdn_set_method).
+ * across the CP group by that schedule instead of cp_gdn_method's (cp_gdn_set_method). --draw SEED (with
+ * --emulate-bf16, SEED >= 1) rounds the emulation's bf16 stores stochastically, one independent draw
+ * of the rounding per seed (bf16emu_set_draw): compare_bf16.py --draws reads a few such runs.
  *
  * It prints, on rank 0, one line with the loss and the step's work counters
  * (per layer, this rank) as JSON, which the tests parse:
@@ -146,12 +148,14 @@ int main(int argc, char **argv) {
     }
     if (argc < 2) {
         fprintf(stderr, "usage: parity_step CASE_DIR [--policy none|full|remat] [--set key=value]... [--out FILE] "
-                        "[--emulate-bf16] [--steps N] [--threads N] [--hf HF_DIR] [--gdn-cp chain|hybrid|scan]\n");
+                        "[--emulate-bf16] [--steps N] [--threads N] [--hf HF_DIR] [--gdn-cp chain|hybrid|scan] "
+                        "[--draw SEED]\n");
         return RS_EXIT_USAGE;
     }
     const char *dir = argv[1], *out_path = NULL, *hf_dir = NULL;
     char path[4096], err[4096];
     int emulate = 0, steps = 1, threads = 1, gdn_cp = -1;
+    unsigned long long draw = 0;
 
     Config cfg;
     ConfigErrors ce = {0};
@@ -178,6 +182,13 @@ int main(int argc, char **argv) {
             *(!strcmp(argv[i], "--steps") ? &steps : &threads) = v;
             continue;
         }
+        if (!strcmp(argv[i], "--draw")) {
+            char *end = NULL;
+            draw = strtoull(argv[i + 1], &end, 10);
+            if (end == argv[i + 1] || *end || draw < 1 || argv[i + 1][0] == '-')
+                RS_USAGE("parity_step CASE_DIR [options]", "--draw %s: need a seed >= 1", argv[i + 1]);
+            continue;
+        }
         if (!strcmp(argv[i], "--gdn-cp")) {
             gdn_cp = config_enum_index(cp_gdn_method_names, argv[i + 1]);
             if (gdn_cp <= CP_GDN_LOCAL) RS_USAGE("parity_step CASE_DIR [options]", "--gdn-cp %s: chain, hybrid or scan",
@@ -197,6 +208,7 @@ int main(int argc, char **argv) {
     if (ce.count) RS_USAGE(NULL, "%s", ce.text);
     const int cuda = cfg.device.kind == DEVICE_KIND_CUDA;
     if (cuda && emulate) RS_USAGE(NULL, "device.kind = cuda runs without --emulate-bf16");
+    if (draw && !emulate) RS_USAGE(NULL, "--draw rounds the bf16 emulation stochastically: add --emulate-bf16");
     if (model_shard_stage(&cfg) != SHARD_NONE) /* it reads Model.grads and .weights whole (ringscan train shards) */
         RS_USAGE(NULL, "parallel.shard = %s: parity_step compares whole gradients; run it with parallel.shard=none",
                  shard_names[cfg.parallel.shard]);
@@ -205,6 +217,7 @@ int main(int argc, char **argv) {
     const Backend *be = runtime_open(&cfg, comm, why, sizeof why); /* groups, GPU + NCCL, backend, threads */
     if (!be) RS_USAGE(NULL, "%s", why);
     if (emulate) be = &backend_cpu_bf16;
+    bf16emu_set_draw(draw);
     if (steps > 1 && comm && comm->world_size > 1) RS_USAGE(NULL, "--steps runs one process");
 
     SafetensorsFile wf, bf;
