@@ -44,10 +44,12 @@ def test_emulated_warp_mma(kda_emu):
             assert f"mma AT={at} BT={bt}: worst error" in r.stdout and r.stdout.count(": ok") == 4, r.stdout
 
 
-@pytest.mark.parametrize("case", CASES + ["cuda_kda_forward_backward_d64 sms=4"])
+@pytest.mark.parametrize("case", CASES + ["cuda_kda_forward_backward_d64 sms=4", "cuda_kda_forward_backward_d64 sms=2",
+                                  "cuda_kda_forward_backward_mha_no_states sms=4"])
 def test_cuda_kda_kernels_emulated(kda_emu, case):
-    # "sms=4": a device of 4 SMs (the emulation's KDA_EMU_SMS), so the d = 64 state passes take 32 columns per block
-    # (16 with the default 16 SMs)
+    # "sms=4", "sms=2": a device of 4 or 2 SMs (the emulation's KDA_EMU_SMS), so the d = 64 state passes take 32 or 64
+    # columns per block and the d = 128 ones (nv = 2) 64 (16 with the default 16 SMs; kda.cu's kda_state_bv): the
+    # GPU's test_cuda cases, with nv <= 4 on 132 SMs, run 16 only
     case, _, sms = case.partition(" sms=")
     env = {"KDA_EMU_SMS": sms} if sms else None
     r = run([kda_emu, case], timeout=900, env=env)
