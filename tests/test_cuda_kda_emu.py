@@ -18,7 +18,7 @@ from conftest import BUILD, ROOT, run
 
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
          "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls", "cuda_kda_prep",
-         "cuda_kda_transition", "cuda_kda_dstate"]
+         "cuda_kda_transition", "cuda_kda_dstate", "cuda_kda_dg_reduction"]
 # cuda_kda_determinism (every mode twice) runs on the GPU only: under the emulation it takes minutes and the
 # emulation runs one block at a time, so it proves little there
 
@@ -57,6 +57,11 @@ def test_cuda_kda_kernels_emulated(kda_emu, case):
     assert f"== {case}: ok" in r.stdout, r.stdout
     if case == "cuda_kda_check_can_fail":
         assert "a missed document start: o rel err" in r.stdout, r.stdout
+    elif case == "cuda_kda_dg_reduction":  # model_check's A_log: sum_t sum_c dg g per head, d = 64 and 128
+        for d in (64, 128):
+            assert f"d={d}: dA_log-like reduction rel err" in r.stdout and f"nv=2 d={d}: dg: rel err" in r.stdout, \
+                r.stdout
+        assert r.stdout.count("(must exceed the bound)") == 2, r.stdout
     else:
         assert r.stdout.count(" ok") >= 5, r.stdout
     if case == "cuda_kda_prep":  # Tinv: prep's sub-chunk products (tensor cores) and the diagonal blocks
