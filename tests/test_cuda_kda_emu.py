@@ -18,7 +18,7 @@ from conftest import BUILD, ROOT, run
 
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
          "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls", "cuda_kda_prep",
-         "cuda_kda_transition", "cuda_kda_dstate"]
+         "cuda_kda_transition", "cuda_kda_dstate", "cuda_kda_dg_reduction"]
 # cuda_kda_determinism (every mode twice) runs on the GPU only: under the emulation it takes minutes and the
 # emulation runs one block at a time, so it proves little there
 
@@ -44,10 +44,12 @@ def test_emulated_warp_mma(kda_emu):
             assert f"mma AT={at} BT={bt}: worst error" in r.stdout and r.stdout.count(": ok") == 4, r.stdout
 
 
-@pytest.mark.parametrize("case", CASES + ["cuda_kda_forward_backward_d64 sms=4"])
+@pytest.mark.parametrize("case", CASES + ["cuda_kda_forward_backward_d64 sms=4", "cuda_kda_forward_backward_d64 sms=2",
+                                  "cuda_kda_forward_backward_mha_no_states sms=4"])
 def test_cuda_kda_kernels_emulated(kda_emu, case):
-    # "sms=4": a device of 4 SMs (the emulation's KDA_EMU_SMS), so the d = 64 state passes take 32 columns per block
-    # (16 with the default 16 SMs)
+    # "sms=4", "sms=2": a device of 4 or 2 SMs (the emulation's KDA_EMU_SMS), so the d = 64 state passes take 32 or 64
+    # columns per block and the d = 128 ones (nv = 2) 64 (16 with the default 16 SMs; kda.cu's kda_state_bv): the
+    # GPU's test_cuda cases, with nv <= 4 on 132 SMs, run 16 only
     case, _, sms = case.partition(" sms=")
     env = {"KDA_EMU_SMS": sms} if sms else None
     r = run([kda_emu, case], timeout=900, env=env)
@@ -55,6 +57,11 @@ def test_cuda_kda_kernels_emulated(kda_emu, case):
     assert f"== {case}: ok" in r.stdout, r.stdout
     if case == "cuda_kda_check_can_fail":
         assert "a missed document start: o rel err" in r.stdout, r.stdout
+    elif case == "cuda_kda_dg_reduction":  # model_check's A_log: sum_t sum_c dg g per head, d = 64 and 128
+        for d in (64, 128):
+            assert f"d={d}: dA_log-like reduction rel err" in r.stdout and f"nv=2 d={d}: dg: rel err" in r.stdout, \
+                r.stdout
+        assert r.stdout.count("(must exceed the bound)") == 2, r.stdout
     else:
         assert r.stdout.count(" ok") >= 5, r.stdout
     if case == "cuda_kda_prep":  # Tinv: prep's sub-chunk products (tensor cores) and the diagonal blocks

@@ -2,9 +2,11 @@
  * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head), in three
  * kernels (their shared memory apart would not fit one block), then the sum over the value heads of a key head:
  *
- *   kda_grad_dense_kernel  the two products of the entering state S, on tensor cores (mma.cuh, split operands):
- *                       dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the chunk in dg's and dqv's
- *                       storage, which the next two kernels read (into shared memory) before they write there.
+ *   kda_grad_dense_kernel  the products of the entering state S and the leaving gradient D, on tensor cores
+ *                       (mma.cuh, split operands): dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the
+ *                       chunk in dg's and dqv's storage, which the next two kernels read (into shared memory) before
+ *                       they write there; vn D^T (D_a . vn_r) and the row dots S_a . D_a into the state passes'
+ *                       buffers (free by then), for grad_qk.
  *   kda_grad_wy_kernel  the WY side: dW (grad_dense's), dXw = Tinv^T dW, dXu = Tinv^T dvn, dT (strictly lower)
  *                       = dW Xw^T + dvn Xu^T, dA = -(Tinv^T dT Tinv^T) strictly lower, and through Xw = beta gam * K,
  *                       Xu = beta V and A_ij = beta_i sum_c k_i k_j E_ij: dv (final), dbeta (final), the WY and A
@@ -16,11 +18,10 @@
  *   kda_group_reduce_kernel  dq, dk (bf16) = the sum over the value heads of each key head of dqv, dkv, in head
  *                       order.
  *
- * On tensor cores (mma.cuh, split operands, three-term products): dP = dO vn^T, dT, and the pair terms across
- * 16-row sub-chunks (kda_pair_rows, prep.cuh's scheme: Z_r = sum_j P_rj x_j E_rj with a reference row between the
- * two, every exponent <= 0) for the QK pairs of dq and dk and the A pairs of dk and dL/dG; the diagonal 16 x 16
- * blocks of those pairs one thread per (row, channel) with a loop over the other row, fp32. M1, dA (one thread per
- * pair), dXw, dXu and D vn (D, dhs, read from global memory by warps that share its row) stay fp32 on CUDA cores.
+ * On tensor cores (mma.cuh, split operands, three-term products): dP = dO vn^T, dT, dXu, M1, dA, dXw, and the pair
+ * terms across 16-row sub-chunks (kda_pair_rows, prep.cuh's scheme: Z_r = sum_j P_rj x_j E_rj with a reference row
+ * between the two, every exponent <= 0) for the QK pairs of dq and dk and the A pairs of dk and dL/dG; the diagonal
+ * 16 x 16 blocks of those pairs one thread per (row, channel) with a loop over the other row, fp32.
  * Row sums (dbeta) are per-warp butterflies, then the warps in index order: fp32, a fixed order, no atomics.
  * docs/design/kda.md has the algebra. Part of kda.cu.
  */
@@ -43,12 +44,16 @@ template <int DK> struct KdaGdSmem {
     }
 };
 
-/* The two products of the chunk's entering state S the gradients need, on tensor cores (mma.cuh), per (chunk, value
- * head): dW = -dvn S^T (grad_wy's) into dW and S dO^T's transpose dO S^T (grad_qk's S_a . dO_r) into sdo, rows < L
- * of the chunk, 0 at a document start. Warp w: rows [16 (w % 4), +16), columns half w / 4. */
+/* The products of the chunk's entering state S and of the gradient D leaving it that the gradients need, on tensor
+ * cores (mma.cuh), per (chunk, value head): dW = -dvn S^T (grad_wy's) into dW and S dO^T's transpose dO S^T
+ * (grad_qk's S_a . dO_r) into sdo, rows < L of the chunk, 0 at a document start; where a state leaves the chunk,
+ * vn D^T (grad_qk's D_a . vn_r) into dvd (rows < L) and, where S is not 0 either, the row dots S_a . D_a into sd at
+ * the chunk's slot (fp32, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows [16 (w % 4), +16),
+ * columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
-    float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, const float *hs /* (ns,nv,dk,dv) */,
+    float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
+    const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const float *vn /* (T,nv,dv) */,
     const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nv, int ldo) {
     using Sm = KdaGdSmem<DK>;
@@ -56,49 +61,80 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, nc = meta[KDA_META_NC];
-    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2, lane = threadIdx.x & 31;
+    const int m0 = 16 * mt, n0 = half * (DK / 2);
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        if (ch.reset) { /* S = 0 */
+        const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * (size_t)DK * DV;
+        const float *D = ch.leaves ? dhs + (ch.slot * nv + h) * (size_t)DK * DV : NULL;
+        if (!S) { /* S = 0 */
             for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
                 const int64_t at = ((t0 + i / DK) * nv + h) * (int64_t)DK + i % DK;
                 dW[at] = 0.0f;
                 sdo[at] = 0.0f;
             }
-            continue;
-        }
-        const float *S = hs + (ch.slot * nv + h) * (size_t)DK * DV;
-        for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
-            const int a = i / DV, cc = i % DV;
-            kda_split(S[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
-        }
-        for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
-            const int r = i / DV, cc = i % DV;
-            const float x = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
-            kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
-            s.dout[r * LDK + cc] = r < L ? dout[(t0 + r) * ldo + (int64_t)h * DV + cc] : __float2bfloat16(0.0f);
-        }
-        __syncthreads();
-        float aw[1][DK / 16][4], ao[1][DK / 16][4];
-        gdn_zero(aw);
-        gdn_zero(ao);
-        const int m0 = 16 * mt, n0 = half * (DK / 2);
-        kda_mma3<1, DK / 16, false, DV, true>(aw, s.dvh, s.dvl, LDK, s.sh, s.sl, LDK, m0, n0);
-        gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sl, LDK, m0, n0);
-        gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sh, LDK, m0, n0);
-#pragma unroll
-        for (int ni = 0; ni < DK / 16; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
-                if (r < L) {
-                    const int64_t at = ((t0 + r) * nv + h) * (int64_t)DK + a;
-                    dW[at] = -aw[0][ni][e];
-                    sdo[at] = ao[0][ni][e];
-                }
+        } else {
+            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
+                const int a = i / DV, cc = i % DV;
+                kda_split(S[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
             }
+            for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
+                const int r = i / DV, cc = i % DV;
+                const float x = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
+                kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
+                s.dout[r * LDK + cc] = r < L ? dout[(t0 + r) * ldo + (int64_t)h * DV + cc] : __float2bfloat16(0.0f);
+            }
+            __syncthreads();
+            float aw[1][DK / 16][4], ao[1][DK / 16][4];
+            gdn_zero(aw);
+            gdn_zero(ao);
+            kda_mma3<1, DK / 16, false, DV, true>(aw, s.dvh, s.dvl, LDK, s.sh, s.sl, LDK, m0, n0);
+            gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sl, LDK, m0, n0);
+            gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sh, LDK, m0, n0);
+#pragma unroll
+            for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
+                    if (r < L) {
+                        const int64_t at = ((t0 + r) * nv + h) * (int64_t)DK + a;
+                        dW[at] = -aw[0][ni][e];
+                        sdo[at] = ao[0][ni][e];
+                    }
+                }
+        }
+        if (D) {
+            if (S) /* S_a . D_a: warp w rows a = w, w + 8, ... */
+                for (int a = w; a < DK; a += KDA_THREADS / 32) {
+                    float x = 0.0f;
+                    for (int cc = lane; cc < DV; cc += 32) x += S[(size_t)a * DV + cc] * D[(size_t)a * DV + cc];
+                    x = kda_warp_sum(x);
+                    if (lane == 0) sd[(ch.slot * nv + h) * (int64_t)DK + a] = x;
+                }
+            __syncthreads(); /* S's and dvn's tiles are read */
+            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
+                const int a = i / DV, cc = i % DV;
+                kda_split(D[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
+            }
+            for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
+                const int r = i / DV, cc = i % DV;
+                const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
+                kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
+            }
+            __syncthreads();
+            float ad[1][DK / 16][4];
+            gdn_zero(ad);
+            kda_mma3<1, DK / 16, false, DV, true>(ad, s.dvh, s.dvl, LDK, s.sh, s.sl, LDK, m0, n0);
+#pragma unroll
+            for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
+                    if (r < L) dvd[((t0 + r) * nv + h) * (int64_t)DK + a] = ad[0][ni][e];
+                }
+        }
         __syncthreads();
     }
 }
@@ -159,35 +195,38 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, 
     __syncthreads();
 }
 
-/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 224768 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
- * DK + 1), dW hi / lo (bf16, DK + 8), Tinv (fp32, 64 x 65), beta, the dbeta partial sums; then a region used in
- * turn: dT (fp32, 64 x 65; dA after it), gam k hi / lo and dvn hi / lo (DK + 8), M1 (64 x 65); later dA hi / lo
- * (KDA_LDP) over gam k, a pair-sum result (fp32, DK + 1) and the scaled rows of kda_pair_rows (48 rows, hi / lo)
- * over the rest */
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 217856 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
+ * DK + 1), dW hi / lo (bf16, DK + 8; later dXw fp32, DK + 1, over them), Tinv hi / lo (KDA_LDP), beta, the dbeta
+ * partial sums, dT (fp32, 64 x 65; dA after it); then a region used in turn: gam k hi / lo and dvn hi / lo (DK + 8);
+ * later the split 64 x 64 operand of the pair products (dT, M1, then dA, hi / lo, KDA_LDP) over gam k, a pair-sum
+ * result (fp32, DK + 1) and the scaled rows of kda_pair_rows (48 rows, hi / lo) over the rest */
 template <int DK> struct KdaGwySmem {
     static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
-    bf16 *k, *v, *dwh, *dwl, *gkh, *gkl, *dvh, *dvl, *ph, *pl, *oh, *ol;
-    float *G, *T, *beta, *red, *dT, *M1, *Z;
+    bf16 *k, *v, *dwh, *dwl, *th, *tl, *gkh, *gkl, *dvh, *dvl, *ph, *pl, *oh, *ol;
+    float *G, *xw, *beta, *red, *dT, *Z;
     size_t bytes;
     __host__ __device__ explicit KdaGwySmem(void *b) {
         KdaCarve c(b);
         k = c.take<bf16>((size_t)KDA_C * LDB);
         v = c.take<bf16>((size_t)KDA_C * LDK);
         G = c.take<float>((size_t)KDA_C * LDF);
+        const size_t x0 = c.off; /* dW hi / lo, then dXw (fp32) over them */
         dwh = c.take<bf16>((size_t)KDA_C * LDK);
         dwl = c.take<bf16>((size_t)KDA_C * LDK);
-        T = c.take<float>((size_t)KDA_C * KDA_LDT);
+        xw = (float *)(c.base + x0);
+        if (c.off - x0 < (size_t)KDA_C * LDF * sizeof(float)) c.off = x0 + (size_t)KDA_C * LDF * sizeof(float);
+        th = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        tl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         beta = c.take<float>(KDA_C);
-        red = c.take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 blocks of 32 columns) */
+        red = c.take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 column blocks) */
         dT = c.take<float>((size_t)KDA_C * KDA_LDT);
         const size_t r = c.off; /* the region used in turn */
         gkh = c.take<bf16>((size_t)KDA_C * LDK);
         gkl = c.take<bf16>((size_t)KDA_C * LDK);
         dvh = c.take<bf16>((size_t)KDA_C * LDK);
         dvl = c.take<bf16>((size_t)KDA_C * LDK);
-        M1 = c.take<float>((size_t)KDA_C * KDA_LDT);
         size_t end = c.off;
-        c.off = r; /* later: over gam k, dvn, M1 */
+        c.off = r; /* later: over gam k (the pair operand, from dT on) and dvn (Z and the scaled rows, after dXu) */
         ph = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         pl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         Z = c.take<float>((size_t)KDA_C * LDF);
@@ -197,9 +236,11 @@ template <int DK> struct KdaGwySmem {
     }
 };
 
-/* Per (chunk, value head). dT on tensor cores (dW, gam k, dvn split; v bf16); M1, dA and the Tinv^T products dXw,
- * dXu on CUDA cores (dW, dvn as their hi + lo); the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier)
- * across sub-chunks by kda_pair_rows, the diagonal blocks fp32 per (r, a). */
+/* Per (chunk, value head). On tensor cores (mma.cuh, every fp32 operand split, three-term products): dT (dW, gam k,
+ * dvn; v bf16), dXu = Tinv^T dvn, M1 = Tinv^T dT, dA = -(M1 Tinv^T), dXw = Tinv^T dW (Tinv lower triangular and dT
+ * strictly lower, rows >= L zero: the full products are the masked sums), warp w rows [16 (w % 4), +16) and half
+ * w / 4 of the columns; the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier) across sub-chunks by
+ * kda_pair_rows, the diagonal blocks fp32 per (r, a). */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
@@ -211,9 +252,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sK = s.k;
-    float *sG = s.G, *sT = s.T, *sdT = s.dT, *sM1 = s.M1, *sBeta = s.beta, *sRed = s.red;
+    float *sG = s.G, *sdT = s.dT, *sBeta = s.beta, *sRed = s.red;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
@@ -221,7 +262,11 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
-        kda_load_tile(sT, tinv, t0, L, h, nv);
+        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) { /* Tinv, split (rows >= L: 0) */
+            const int r = i / KDA_C, j = i % KDA_C;
+            const float x = r < L ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] : 0.0f;
+            kda_split(x, &s.th[r * KDA_LDP + j], &s.tl[r * KDA_LDP + j]);
+        }
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
          * written below); dvn; split */
@@ -257,49 +302,84 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
                 }
         }
         __syncthreads();
-        /* M1 = Tinv^T dT: M1_ib = sum_{c >= max(i, b + 1)} Tinv_ci dT_cb (lanes over b) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, b = p % KDA_C;
-            float x = 0.0f;
-            for (int cc = (i > b + 1 ? i : b + 1); cc < L; cc++) x += sT[cc * KDA_LDT + i] * sdT[cc * KDA_LDT + b];
-            sM1[i * KDA_LDT + b] = x;
-        }
-        /* per (r, c), lanes over c: dXu_r = sum_{i >= r} Tinv_ir dvn_i; dv_r = beta_r dXu_r; dbeta_r gets v_r . dXu_r
-         * (sRed 1) */
-        for (int p = threadIdx.x; p < KDA_C * dv; p += KDA_THREADS) {
-            const int r = p / dv, cc = p % dv;
-            if (r >= L) continue;
-            float xu = 0.0f;
-            for (int i = r; i < L; i++)
-                xu += sT[i * KDA_LDT + r] *
-                      (__bfloat162float(s.dvh[i * LDK + cc]) + __bfloat162float(s.dvl[i * LDK + cc]));
-            dv_out[(t0 + r) * ldv + (int64_t)h * dv + cc] = __float2bfloat16_rn(sBeta[r] * xu);
-            const float rxu = kda_warp_sum(__bfloat162float(s.v[r * LDK + cc]) * xu);
-            if (lane == 0) sRed[(1 * KDA_C + r) * 4 + cc / 32] = rxu;
-        }
-        __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower (fp32 into sdT, split into ph / pl over gam k; lanes over j) */
+        /* dT split (over gam k); dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed 1, one entry per
+         * half of the columns: the fragments' products, then the four lanes of a row by a fixed butterfly) */
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
-            float x = 0.0f;
-            if (j < i && i < L)
-                for (int b = 0; b <= j; b++) x += sM1[i * KDA_LDT + b] * sT[j * KDA_LDT + b];
-            sdT[i * KDA_LDT + j] = -x;
-            kda_split(-x, &s.ph[i * KDA_LDP + j], &s.pl[i * KDA_LDP + j]);
+            kda_split(sdT[i * KDA_LDT + j], &s.ph[i * KDA_LDP + j], &s.pl[i * KDA_LDP + j]);
+        }
+        {
+            float acc[1][DK / 16][4];
+            gdn_zero(acc);
+            kda_mma3<1, DK / 16, true, KDA_C>(acc, s.th, s.tl, KDA_LDP, s.dvh, s.dvl, LDK, 16 * mt, half * (dv / 2));
+            float part[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 16 * mt + gdn_frag_row(e), cc = half * (dv / 2) + 8 * ni + gdn_frag_col(e);
+                    const float xu = acc[0][ni][e];
+                    if (r < L) dv_out[(t0 + r) * ldv + (int64_t)h * dv + cc] = __float2bfloat16_rn(sBeta[r] * xu);
+                    part[e >> 1] += __bfloat162float(s.v[r * LDK + cc]) * xu;
+                }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                part[u] += __shfl_xor_sync(KDA_FULL, part[u], 1);
+                part[u] += __shfl_xor_sync(KDA_FULL, part[u], 2);
+                if ((lane & 3) == 0) sRed[(1 * KDA_C + 16 * mt + (lane >> 2) + 8 * u) * 4 + half] = part[u];
+            }
+        }
+        __syncthreads();
+        /* M1 = Tinv^T dT (64 x 64: warp w columns [32 (w / 4), +32)), split over dT's split */
+        {
+            float acc[1][4][4];
+            gdn_zero(acc);
+            kda_mma3<1, 4, true, KDA_C>(acc, s.th, s.tl, KDA_LDP, s.ph, s.pl, KDA_LDP, 16 * mt, 32 * half);
+            __syncthreads();
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = 16 * mt + gdn_frag_row(e), b = 32 * half + 8 * ni + gdn_frag_col(e);
+                    kda_split(acc[0][ni][e], &s.ph[i * KDA_LDP + b], &s.pl[i * KDA_LDP + b]);
+                }
+        }
+        __syncthreads();
+        /* dA = -(M1 Tinv^T), strictly lower (fp32 into sdT, split over M1's); dXw = Tinv^T dW (fp32 over dW) */
+        {
+            float aa[1][4][4], ax[1][DK / 16][4];
+            gdn_zero(aa);
+            gdn_zero(ax);
+            kda_mma3<1, 4, false, KDA_C, true>(aa, s.ph, s.pl, KDA_LDP, s.th, s.tl, KDA_LDP, 16 * mt, 32 * half);
+            kda_mma3<1, DK / 16, true, KDA_C>(ax, s.th, s.tl, KDA_LDP, s.dwh, s.dwl, LDK, 16 * mt, half * (dk / 2));
+            __syncthreads();
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = 16 * mt + gdn_frag_row(e), j = 32 * half + 8 * ni + gdn_frag_col(e);
+                    const float x = j < i && i < L ? -aa[0][ni][e] : 0.0f;
+                    sdT[i * KDA_LDT + j] = x;
+                    kda_split(x, &s.ph[i * KDA_LDP + j], &s.pl[i * KDA_LDP + j]);
+                }
+#pragma unroll
+            for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 16 * mt + gdn_frag_row(e), a = half * (dk / 2) + 8 * ni + gdn_frag_col(e);
+                    s.xw[r * ldg + a] = ax[0][ni][e];
+                }
         }
         __syncthreads();
         /* Zt_r = sum_{j < r} dA_rj E_rj k_j: the sub-chunk products, then per (r, a) (lanes over a) the diagonal
-         * block, dXw_r = sum_{i >= r} Tinv_ir dW_i, gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt,
+         * block, with dXw_r (above) gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt,
          * dL/dG_r = beta_r gx k_r + beta_r k_r Zt (Zp's terms added below); dbeta_r gets sum_a gx k_r (sRed 0) and
          * sum_a k_r Zt (sRed 2) */
         kda_pair_rows<DK, false>(s.Z, ldg, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
             if (r >= L) continue;
-            float xw = 0.0f;
-            for (int i = r; i < L; i++)
-                xw += sT[i * KDA_LDT + r] *
-                      (__bfloat162float(s.dwh[i * LDK + a]) + __bfloat162float(s.dwl[i * LDK + a]));
+            const float xw = s.xw[r * ldg + a];
             const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
             const float gx = expf(Gr) * xw;
             float zt = s.Z[r * ldg + a];
@@ -333,7 +413,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
             const int r = threadIdx.x;
             float sxw = 0.0f, sxu = 0.0f, sa = 0.0f;
             for (int b = 0; b < dk / 32; b++) sxw += sRed[(0 * KDA_C + r) * 4 + b], sa += sRed[(2 * KDA_C + r) * 4 + b];
-            for (int b = 0; b < dv / 32; b++) sxu += sRed[(1 * KDA_C + r) * 4 + b];
+            for (int b = 0; b < 2; b++) sxu += sRed[(1 * KDA_C + r) * 4 + b];
             dbeta[(t0 + r) * nv + h] = sxw + sxu + sa;
         }
         __syncthreads();
@@ -341,9 +421,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
 }
 
 /* kda_grad_qk_kernel's shared memory (DK = dk = dv; 228352 bytes at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
- * a region that holds vn (fp32, DK + 1), then vn hi / lo (bf16, DK + 8), then a pair-sum result (fp32, DK + 1);
- * one that holds dO (bf16, DK + 8), then the scaled rows of kda_pair_rows (hi / lo, 48 rows); dP (fp32, 64 x 65)
- * and its hi / lo (KDA_LDP); D vn and dL/dG (fp32, DK + 1) */
+ * a region that holds vn hi / lo (bf16, DK + 8), then a pair-sum result (fp32, DK + 1); one that holds dO (bf16,
+ * DK + 8), then the scaled rows of kda_pair_rows (hi / lo, 48 rows); dP (fp32, 64 x 65) and its hi / lo
+ * (KDA_LDP); D vn (grad_dense's) and dL/dG (fp32, DK + 1) */
 template <int DK> struct KdaGqkSmem {
     static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
     bf16 *q, *k, *vnh, *vnl, *dout, *oh, *ol, *ph, *pl;
@@ -374,24 +454,24 @@ template <int DK> struct KdaGqkSmem {
     }
 };
 
-/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO bf16, vn split); D vn (CUDA cores, D read from
- * global memory by warps that share its row); the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier)
- * across sub-chunks by kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg as before. */
+/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO bf16, vn split); D vn and S_a . D_a read from
+ * grad_dense's buffers; the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier) across sub-chunks by
+ * kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
-    const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */, const float *hs /* (ns,nv,dk,dv) */,
-    const float *dhs /* (ns,nv,dk,dv) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
-    int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
+    const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,
+    const float *dvd /* (T,nv,dk): grad_dense's D_a . vn_r */,
+    const float *sd /* (ns,nv,dk): grad_dense's S_a . D_a */, const int32_t *starts, const int32_t *meta,
+    const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     using Sm = KdaGqkSmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF, ldf = Sm::LDF;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sQ = s.q, *sK = s.k;
-    float *sG = s.G, *sVn = s.vn, *sDP = s.dP, *sDV = s.DV, *sDG = s.DG, *sX = s.X;
+    float *sG = s.G, *sDP = s.dP, *sDV = s.DV, *sDG = s.DG, *sX = s.X;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
-    const size_t sn = (size_t)dk * dv;
     const int w = threadIdx.x >> 5;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
@@ -400,26 +480,16 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
-        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
-        kda_load_f32(sVn, ldf, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
-        __syncthreads();
-        const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
-        const float *D = ch.leaves ? dhs + (ch.slot * nv + h) * sn : NULL;
-        /* lanes over r: sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk,
-         * read before they are written below), sDV[r][a] = D_a . vn_r */
+        kda_load_G(sG, ldg, g, t0, L, h, nv, dk); /* threads >= dk go on while the others sum G */
+        const bool S = !ch.reset, D = ch.leaves;
+        /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
+         * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p % KDA_C, a = p / KDA_C;
-            float so = 0.0f, dvv = 0.0f;
-            if (r < L) {
-                so = dqv[((t0 + r) * nv + h) * (size_t)dk + a];
-                if (D)
-                    for (int cc = 0; cc < dv; cc++) dvv += D[(size_t)a * dv + cc] * sVn[r * ldf + cc];
-            }
-            sDG[r * ldg + a] = so;
-            sDV[r * ldg + a] = dvv;
+            const int r = p / dk, a = p % dk;
+            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+            sDG[r * ldg + a] = r < L ? dqv[at] : 0.0f;
+            sDV[r * ldg + a] = r < L && D ? dvd[at] : 0.0f;
         }
-        __syncthreads();
-        /* vn again, split (over the fp32 copy) */
         for (int i = threadIdx.x; i < KDA_C * dv; i += KDA_THREADS) {
             const int r = i / dv, cc = i % dv;
             const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)dv + cc] : 0.0f;
@@ -489,11 +559,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
             const int a = threadIdx.x;
             const float GL = sG[(L - 1) * ldg + a];
             float extra = 0.0f;
-            if (S && D) {
-                float sd = 0.0f;
-                for (int cc = 0; cc < dv; cc++) sd += S[(size_t)a * dv + cc] * D[(size_t)a * dv + cc];
-                extra = expf(GL) * sd;
-            }
+            if (S && D) extra = expf(GL) * sd[(ch.slot * nv + h) * (int64_t)dk + a];
             for (int j = 0; j < L; j++)
                 extra += __bfloat162float(sK[j * ldk + a]) * expf(GL - sG[j * ldg + a]) * sDV[j * ldg + a];
             double acc = (double)extra;

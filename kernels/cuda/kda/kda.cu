@@ -12,13 +12,16 @@
  * fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16, dg, dbeta fp32. Chunks of 64 tokens restart at
  * every document start (index.cuh, on the device).
  *
- * A forward runs index, prep (Tinv per chunk), the state pass (sequential over chunks; one block per value head
- * and 16 or 32 state columns, kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs
- * index, prep and the forward state pass unless kept holds them, qk, the reverse state pass (dS0, the chunk state
- * gradients and dvn), grad_dense, grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The
- * staged backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
- * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs the state pass with
- * the dk columns of M carried beside S from [0 | I]; dstate the reverse pass from 0.
+ * A forward runs index, prep (Tinv per chunk), wu (the state pass's chunk-parallel factors: W, dec * K, U,
+ * gam_{L-1}), the state pass (sequential over chunks; one block per value head and 16, 32 or 64 state columns,
+ * kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index, prep, wu and the
+ * forward state pass unless kept holds them (wu runs for the reverse pass too), qk's backward form (scale gam * q
+ * and P = scale QK^T dO, the reverse pass's other factors), the reverse state pass (dS0, the chunk state gradients
+ * and dvn), grad_dense, grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The staged
+ * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
+ * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs wu and the state pass
+ * with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's backward form and the reverse pass
+ * from 0.
  *
  * Buffers, all fp32: kept = Tinv (T, nv, 64) (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep:
  * states), the state entering each chunk hs (ns, nv, dk, dv), ns = ceil(T / 64), and vn (T, nv, dv); dkept =
@@ -26,15 +29,17 @@
  * A chunk's slot is t0 / 64: among the chunks that store an entering state (no document start) or a leaving
  * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
  * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
- * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) and whatever kept / dkept does not:
- * O(T nv dk dv / 64) bytes, no pieces (GDN_PIECE_ROWS does not apply here).
+ * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) (the forward's), the state passes'
+ * factors (KdaBufs: w2, x2, gq2 (T, nv, 2, dk) bf16, ux (T, nv, dv) and gl (ns, nv, dk) fp32; ux and gl are
+ * reused by the gradients once the passes are done) and whatever kept / dkept does not: O(T nv dk dv / 64) bytes,
+ * no pieces (GDN_PIECE_ROWS does not apply here).
  *
- * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: the state passes, the
- * output, prep's A and qk's QK, grad_dense's products of S, grad_wy's dT and A pairs, grad_qk's dP and QK pairs),
+ * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: wu's W and U, the state
+ * passes, the output, prep's A and qk's QK and P, grad_dense's products of S and D, grad_wy's dT and A pairs,
+ * grad_qk's dP and QK pairs),
  * every fp32 operand split hi + lo bf16 and each product three bf16 MMAs into fp32 accumulators (~2^-17 relative:
  * near-fp32, within the fp32 bounds of test_cuda_kda.cu); the pairwise decay in 16-row sub-chunks (prep.cuh,
- * grads.cuh), fp32 on the diagonal blocks; grad_wy's M1, dA, dXw, dXu and grad_qk's D vn are still fp32 on CUDA
- * cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
+ * grads.cuh), fp32 on the diagonal blocks; grad_wy's M1, dA, dXw, dXu are still fp32 on CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
  * element one warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
@@ -61,6 +66,7 @@ void gdn_prof_end(const char *who, int64_t T, int nv);
 #include "mma.cuh"
 #include "index.cuh"
 #include "prep.cuh"
+#include "wu.cuh"
 #include "state_pass.cuh"
 #include "output.cuh"
 #include "grads.cuh"
@@ -73,10 +79,23 @@ typedef struct KdaBufs {
     float *tinv, *qk;       /* (T,nv,64) */
     float *hs, *vn;         /* (ns,nv,dk,dv), (T,nv,dv) */
     float *dhs, *dvn;       /* (ns,nv,dk,dv), (T,nv,dv) */
-    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum */
+    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over w2, x2 where both exist) */
+    bf16 *w2, *x2;          /* (T,nv,2,dk): the passes' W and dec * K, hi | lo (wu.cuh) */
+    float *ux;              /* (T,nv,dv): U for the forward pass, then P = scale QK^T dO for the backward's */
+    float *gl;              /* (ns,nv,dk): gam_{L-1} by slot (chunks without a document start) */
+    bf16 *gq2;              /* (T,nv,2,dk): scale gam * q, hi | lo, for the backward pass */
 } KdaBufs;
 
-enum { KDA_NEED_TINV = 1, KDA_NEED_QK = 2, KDA_NEED_STATES = 4, KDA_NEED_DSTATES = 8, KDA_NEED_DQK = 16 };
+/* PASS: the factors of either state pass (w2, x2, ux, gl); BPASS: the backward pass's gq2 */
+enum {
+    KDA_NEED_TINV = 1,
+    KDA_NEED_QK = 2,
+    KDA_NEED_STATES = 4,
+    KDA_NEED_DSTATES = 8,
+    KDA_NEED_DQK = 16,
+    KDA_NEED_PASS = 32,
+    KDA_NEED_BPASS = 64
+};
 
 /* host-side carving on 256-byte boundaries (base NULL: sizes only) */
 struct KdaHostCarve {
@@ -135,7 +154,17 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
         b->dhs = c.take<float>(hsz);
         b->dvn = c.take<float>(tv * dv);
     }
-    if (need & KDA_NEED_DQK) {
+    if (need & KDA_NEED_PASS) {
+        b->w2 = c.take<bf16>(tv * 2 * dk);
+        b->x2 = c.take<bf16>(tv * 2 * dk);
+        b->ux = c.take<float>(tv * dv);
+        b->gl = c.take<float>((size_t)kda_slots(T) * nv * dk);
+    }
+    if (need & KDA_NEED_BPASS) b->gq2 = c.take<bf16>(tv * 2 * dk);
+    if ((need & KDA_NEED_DQK) && (need & KDA_NEED_PASS)) { /* the gradients run after the passes: over w2, x2 */
+        b->dqv = (float *)b->w2;
+        b->dkv = (float *)b->x2;
+    } else if (need & KDA_NEED_DQK) {
         b->dqv = c.take<float>(tv * dk);
         b->dkv = c.take<float>(tv * dk);
     }
@@ -147,13 +176,16 @@ static size_t kda_ws_grown(size_t bytes) {
 }
 
 /* The workspace the entries grow to for fragments of frag tokens (BackendSizes, for plan and model_acts): the
- * backward of a whole fragment without a kept buffer (the largest call; with kept_states its states live in
- * kept), grown as kda_buffers grows it. cp changes nothing: the transition and dstate need less. */
+ * larger of the forward's and the backward's of a whole fragment without a kept buffer (the backward's is the
+ * larger by far; with kept_states its states live in kept), grown as kda_buffers grows it. cp changes nothing:
+ * the transition and dstate need less. */
 extern "C" size_t cuda_kda_workspace_bytes(int64_t frag, int cp, int nv, int dk, int dv, int kept_states) {
     KdaBufs b;
-    const int need =
-        KDA_NEED_TINV | KDA_NEED_QK | (kept_states ? 0 : KDA_NEED_STATES) | KDA_NEED_DSTATES | KDA_NEED_DQK;
-    return kda_ws_grown(kda_ws_carve(&b, NULL, frag, nv, dk, dv, need));
+    const int states = kept_states ? 0 : KDA_NEED_STATES;
+    const int fwd = KDA_NEED_TINV | KDA_NEED_QK | states | KDA_NEED_PASS;
+    const int bwd = KDA_NEED_TINV | states | KDA_NEED_DSTATES | KDA_NEED_DQK | KDA_NEED_PASS | KDA_NEED_BPASS;
+    const size_t f = kda_ws_carve(&b, NULL, frag, nv, dk, dv, fwd), w = kda_ws_carve(&b, NULL, frag, nv, dk, dv, bwd);
+    return kda_ws_grown(f > w ? f : w);
 }
 
 static void *kda_ws;        /* the device workspace */
@@ -228,26 +260,58 @@ static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *
     else kda_prep_dk<64>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
 }
 
-template <int DK>
-static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos,
-                      int64_t T, int nk, int nv, int ldq) {
+/* QK into b->qk (the forward's), or with dout (BWD) the backward pass's gq2 and P (into b->ux) from it */
+template <int DK, bool BWD>
+static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const bf16 *dout,
+                      const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const size_t smem = KdaPairSmem<DK>(NULL).bytes;
-    kda_smem_attr(kda_qk_kernel<DK>, smem, "qk");
-    kda_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(b->qk, q, k, g, b->starts, b->meta,
-                                                                                  doc_pos, T, nk, nv, ldq);
+    kda_smem_attr(kda_qk_kernel<DK, BWD>, smem, "qk");
+    const float scale = (float)(1.0 / sqrt((double)DK));
+    kda_qk_kernel<DK, BWD><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        b->qk, b->gq2, b->ux, q, k, g, dout, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("qk");
 }
 
 static void kda_qk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const int32_t *doc_pos, int64_t T,
                    int nk, int nv, int dk, int ldq) {
-    if (dk == 128) kda_qk_dk<128>(b, q, k, g, doc_pos, T, nk, nv, ldq);
-    else kda_qk_dk<64>(b, q, k, g, doc_pos, T, nk, nv, ldq);
+    if (dk == 128) kda_qk_dk<128, false>(b, q, k, g, NULL, doc_pos, T, nk, nv, ldq, 0);
+    else kda_qk_dk<64, false>(b, q, k, g, NULL, doc_pos, T, nk, nv, ldq, 0);
 }
 
-/* The state passes' columns per block: 16 where the grid of 16-column blocks still fits one wave on the device (one
- * block per SM: their shared memory), else 32 (fewer blocks, each forming the chunk's W once for more columns).
- * Fixed by the shape and the device, so the bits are the same on every run; both give the same bits per column. */
+static void kda_qk_bwd(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const bf16 *dout,
+                       const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo) {
+    RS_CHECK(dv == dk, "kda qk: dim_v = %d != dim_k = %d", dv, dk);
+    if (dk == 128) kda_qk_dk<128, true>(b, q, k, g, dout, doc_pos, T, nk, nv, ldq, ldo);
+    else kda_qk_dk<64, true>(b, q, k, g, dout, doc_pos, T, nk, nv, ldq, ldo);
+}
+
+/* the state passes' chunk-parallel factors (wu.cuh): W, dec * K, gam_{L-1}, and U where with_u (the forward pass
+ * runs) */
+template <int DK>
+static void kda_wu_dk(const KdaBufs *b, int with_u, const float *tinv, const bf16 *k, const bf16 *v, const float *g,
+                      const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+    const size_t smem = KdaWuSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_wu_kernel<DK>, smem, "wu");
+    kda_wu_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        b->w2, b->x2, with_u ? b->ux : NULL, b->gl, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
+        ldv);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("wu");
+}
+
+static void kda_wu(const KdaBufs *b, int with_u, const float *tinv, const bf16 *k, const bf16 *v, const float *g,
+                   const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
+                   int ldv) {
+    RS_CHECK(dv == dk, "kda wu: dim_v = %d != dim_k = %d", dv, dk);
+    if (dk == 128) kda_wu_dk<128>(b, with_u, tinv, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+    else kda_wu_dk<64>(b, with_u, tinv, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
+}
+
+/* The state passes' columns per block: the smallest of 16, 32, 64 whose grid of (columns / BV) x nv blocks fits one
+ * wave on the device (one block per SM counted: a pass is sequential over the chunks, so a second wave would
+ * double its time), else 64 (fewer, larger blocks). Fixed by the shape and the device, so the bits are the same on
+ * every run; every BV gives the same bits per column (each column's products run in the same order). */
 static int kda_num_sms(void) {
     static int v = -1;
     if (v < 0) {
@@ -258,66 +322,66 @@ static int kda_num_sms(void) {
     return v;
 }
 
-static int kda_state_bv(int ncol, int nv) { return (int64_t)(ncol / 16) * nv <= kda_num_sms() ? 16 : 32; }
+static int kda_state_bv(int ncol, int nv) {
+    for (int bv = 16; bv < 64; bv *= 2)
+        if ((int64_t)(ncol / bv) * nv <= kda_num_sms()) return bv;
+    return 64;
+}
 
-/* the forward state pass over dv columns (and dk more for the transition's M when M_out) */
+/* the forward state pass over dv columns (and dk more for the transition's M when M_out), from wu's factors */
 template <int DK, int BV>
-static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, const float *S0, const float *tinv,
-                             const bf16 *k, const bf16 *v, const float *g, const float *beta, const KdaBufs *b,
-                             const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq, int ldv) {
+static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, const float *S0, const KdaBufs *b,
+                             const int32_t *doc_pos, int64_t T, int nv, int dv) {
     const size_t smem = KdaSfwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
     const int ncol = dv + (M_out ? DK : 0);
     kda_state_fwd_kernel<DK, BV><<<dim3((unsigned)(ncol / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        hs, vn, S_out, M_out, S0, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq, ldv);
+        hs, vn, S_out, M_out, S0, b->w2, b->x2, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nv, dv);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("state_fwd");
 }
 
 static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, float *M_out, const float *S0,
-                          const float *tinv, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-                          const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv) {
+                          const int32_t *doc_pos, int64_t T, int nv, int dk, int dv) {
     const int bv = kda_state_bv(dv + (M_out ? dk : 0), nv);
-#define KDA_SFWD(DK_, BV_)                                                                                           \
-    kda_state_fwd_dk<DK_, BV_>(hs, vn, S_out, M_out, S0, tinv, k, v, g, beta, b, doc_pos, T, nk, nv, dv, ldq, ldv)
+#define KDA_SFWD(DK_, BV_) kda_state_fwd_dk<DK_, BV_>(hs, vn, S_out, M_out, S0, b, doc_pos, T, nv, dv)
     if (dk == 128) {
         if (bv == 16) KDA_SFWD(128, 16);
-        else KDA_SFWD(128, 32);
+        else if (bv == 32) KDA_SFWD(128, 32);
+        else KDA_SFWD(128, 64);
     } else {
         if (bv == 16) KDA_SFWD(64, 16);
-        else KDA_SFWD(64, 32);
+        else if (bv == 32) KDA_SFWD(64, 32);
+        else KDA_SFWD(64, 64);
     }
 #undef KDA_SFWD
 }
 
+/* the backward state pass, from wu's factors and kda_qk_bwd's */
 template <int DK, int BV>
-static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS_final, const float *tinv,
-                             const bf16 *q, const bf16 *k, const float *g, const float *beta, const bf16 *dout,
-                             const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nk, int nv, int dv, int ldq,
-                             int ldo) {
+static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS_final, const bf16 *dout,
+                             const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nv, int dv, int ldo) {
     const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
-    const float scale = (float)(1.0 / sqrt((double)DK));
     kda_state_bwd_kernel<DK, BV><<<dim3((unsigned)(dv / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dhs, dvn, dS0, dS_final, q, k, g, beta, tinv, b->qk, dout, b->starts, b->meta, doc_pos, T, nk, nv, dv, ldq,
-        ldo, scale);
+        dhs, dvn, dS0, dS_final, b->w2, b->x2, b->gq2, b->ux, b->gl, dout, b->starts, b->meta, doc_pos, T, nv, dv,
+        ldo);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("state_bwd");
 }
 
 static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, const float *dS_final,
-                          const float *tinv, const bf16 *q, const bf16 *k, const float *g, const float *beta,
-                          const bf16 *dout, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
-                          int ldo) {
+                          const bf16 *dout, const int32_t *doc_pos, int64_t T, int nv, int dk, int dv, int ldo) {
     const int bv = kda_state_bv(dv, nv);
-#define KDA_SBWD(DK_, BV_)                                                                                           \
-    kda_state_bwd_dk<DK_, BV_>(dhs, dvn, dS0, dS_final, tinv, q, k, g, beta, dout, b, doc_pos, T, nk, nv, dv, ldq, ldo)
+#define KDA_SBWD(DK_, BV_) kda_state_bwd_dk<DK_, BV_>(dhs, dvn, dS0, dS_final, dout, b, doc_pos, T, nv, dv, ldo)
     if (dk == 128) {
         if (bv == 16) KDA_SBWD(128, 16);
-        else KDA_SBWD(128, 32);
+        else if (bv == 32) KDA_SBWD(128, 32);
+        else KDA_SBWD(128, 64);
     } else {
         if (bv == 16) KDA_SBWD(64, 16);
-        else KDA_SBWD(64, 32);
+        else if (bv == 32) KDA_SBWD(64, 32);
+        else KDA_SBWD(64, 64);
     }
 #undef KDA_SBWD
 }
@@ -347,7 +411,7 @@ static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const 
     const size_t smem = KdaGdSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_dense_kernel<DK>, smem, "grad_dense");
     kda_grad_dense_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dg, b->dqv, b->hs, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
+        dg, b->dqv, b->ux, b->gl, b->hs, b->dhs, b->vn, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("grad_dense");
 }
@@ -371,14 +435,15 @@ static void kda_grad_qk(const KdaBufs *b, float *dg, const bf16 *dout, const bf1
     kda_smem_attr(kda_grad_qk_kernel<DK>, smem, "grad_qk");
     const float scale = (float)(1.0 / sqrt((double)DK));
     kda_grad_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->hs, b->dhs, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
+        b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
         scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("grad_qk");
 }
 
 /* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
- * before they write there), grad_wy, grad_qk, the sum over the value heads */
+ * before they write there; D_a . vn_r into ux and S_a . D_a into gl, the state passes' buffers, free by now),
+ * grad_wy, grad_qk, the sum over the value heads */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
                       const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                       const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv, int ldo) {
@@ -445,15 +510,17 @@ extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NU
     }
     bf16 *o = (bf16 *)o_;
     const bf16 *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
-    const int need = (kept ? 0 : KDA_NEED_TINV) | (o ? KDA_NEED_QK : 0) | (kept_states ? 0 : KDA_NEED_STATES);
+    const int need = (kept ? 0 : KDA_NEED_TINV) | (o ? KDA_NEED_QK : 0) | (kept_states ? 0 : KDA_NEED_STATES) |
+                     (states_in ? 0 : KDA_NEED_PASS);
     KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
     if (kept) kda_kept_carve(&b, kept, T, nv, dim_k, dim_v, kept_states);
     gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
     if (!prep_in) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
-    if (!states_in)
-        kda_state_fwd(&b, b.hs, b.vn, S_final, NULL, S0, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
-                      ldv);
+    if (!states_in) {
+        kda_wu(&b, 1, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
+        kda_state_fwd(&b, b.hs, b.vn, S_final, NULL, S0, doc_pos, T, nv, dim_k, dim_v);
+    }
     if (o) {
         kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
         kda_output(&b, o, q, g, b.hs, b.vn, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
@@ -474,22 +541,21 @@ static void kda_backward(const char *who, int stage, void *dkept, void *dq, void
         return;
     }
     const bf16 *dout = (const bf16 *)dout_, *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
-    const int need = (kept ? 0 : KDA_NEED_TINV) | (stage != GDN_BWD_GRADS ? KDA_NEED_QK : 0) |
-                     (kept && kept_states ? 0 : KDA_NEED_STATES) | (stage == 0 ? KDA_NEED_DSTATES : 0) |
-                     (stage != GDN_BWD_STATE ? KDA_NEED_DQK : 0);
+    const int run_fwd = !(kept && kept_states) && stage != GDN_BWD_STATE, run_bwd = stage != GDN_BWD_GRADS;
+    const int need = (kept ? 0 : KDA_NEED_TINV) | (kept && kept_states ? 0 : KDA_NEED_STATES) |
+                     (stage == 0 ? KDA_NEED_DSTATES : 0) | (stage != GDN_BWD_STATE ? KDA_NEED_DQK : 0) |
+                     KDA_NEED_PASS | (run_bwd ? KDA_NEED_BPASS : 0); /* PASS: the grads use ux and gl too */
     KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
     if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
     if (stage) kda_dkept_carve(&b, dkept, T, nv, dim_k, dim_v);
     gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
     if (!kept) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
-    if (!(kept && kept_states) && stage != GDN_BWD_STATE)
-        kda_state_fwd(&b, b.hs, b.vn, NULL, NULL, S0, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
-                      ldv);
-    if (stage != GDN_BWD_GRADS) {
-        kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
-        kda_state_bwd(&b, b.dhs, b.dvn, dS0, dS_final, b.tinv, q, k, g, beta, dout, doc_pos, T, nk, nv, dim_k, dim_v,
-                      ldq, ldo);
+    if (run_fwd || run_bwd) kda_wu(&b, run_fwd, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
+    if (run_fwd) kda_state_fwd(&b, b.hs, b.vn, NULL, NULL, S0, doc_pos, T, nv, dim_k, dim_v);
+    if (run_bwd) { /* after the forward pass: P takes U's place */
+        kda_qk_bwd(&b, q, k, g, dout, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
+        kda_state_bwd(&b, b.dhs, b.dvn, dS0, dS_final, dout, doc_pos, T, nv, dim_k, dim_v, ldo);
     }
     if (stage != GDN_BWD_STATE)
         kda_grads(&b, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dout, q, k, v, g, beta, doc_pos, T, nk, nv, dim_k,
@@ -558,13 +624,13 @@ extern "C" void cuda_kda_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float
         kda_copy_or_zero(H, NULL, (size_t)nv * dim_k * dim_v);
         return;
     }
-    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, kept ? 0 : KDA_NEED_TINV);
+    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, (kept ? 0 : KDA_NEED_TINV) | KDA_NEED_PASS);
     if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
     kda_index(&b, doc_pos, T);
     if (!kept) kda_prep(&b, b.tinv, (const bf16 *)k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
     /* [S | M] from [0 | I] over every chunk: a document start zeroes both, which is M = 0 and H from there */
-    kda_state_fwd(&b, NULL, NULL, H, M, NULL, b.tinv, (const bf16 *)k, (const bf16 *)v, g, beta, doc_pos, T, nk, nv,
-                  dim_k, dim_v, ldq, ldv);
+    kda_wu(&b, 1, b.tinv, (const bf16 *)k, (const bf16 *)v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
+    kda_state_fwd(&b, NULL, NULL, H, M, NULL, doc_pos, T, nv, dim_k, dim_v);
 }
 
 extern "C" void cuda_kda_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
@@ -577,13 +643,13 @@ extern "C" void cuda_kda_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
         kda_copy_or_zero(dS0, NULL, (size_t)nv * dim_k * dim_v);
         return;
     }
-    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, (kept ? 0 : KDA_NEED_TINV) | KDA_NEED_QK);
+    KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, (kept ? 0 : KDA_NEED_TINV) | KDA_NEED_PASS | KDA_NEED_BPASS);
     if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
     kda_index(&b, doc_pos, T);
     if (!kept) kda_prep(&b, b.tinv, (const bf16 *)k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
-    kda_qk(&b, (const bf16 *)q, (const bf16 *)k, g, doc_pos, T, nk, nv, dim_k, ldq);
+    kda_wu(&b, 0, b.tinv, (const bf16 *)k, NULL, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, 0);
+    kda_qk_bwd(&b, (const bf16 *)q, (const bf16 *)k, g, (const bf16 *)dout, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
     /* the reverse pass from 0 over every chunk: a document start zeroes the gradient, so what reaches the call's
      * start comes from the tokens before its first document start alone */
-    kda_state_bwd(&b, NULL, NULL, dS0, NULL, b.tinv, (const bf16 *)q, (const bf16 *)k, g, beta, (const bf16 *)dout,
-                  doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
+    kda_state_bwd(&b, NULL, NULL, dS0, NULL, (const bf16 *)dout, doc_pos, T, nv, dim_k, dim_v, ldo);
 }

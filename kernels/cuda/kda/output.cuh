@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_output_kernel(bf16 *o /* (T,l
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         if (S)
             for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
                 const int a = i / DV, cc = i % DV;
@@ -64,7 +65,6 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_output_kernel(bf16 *o /* (T,l
             const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
             kda_split(x, &s.vnh[r * LDK + cc], &s.vnl[r * LDK + cc]);
         }
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK);
         __syncthreads();
         for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
             const int r = i / DK, a = i % DK;

@@ -3,11 +3,12 @@
  * (j <= i, exponent <= 0; pairs j > i are never evaluated), one block per (chunk, value head):
  *
  *   kda_prep_kernel  Tinv = (I + A)^-1, A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] (i > j), then forward
- *                    substitution, one thread per column (the cpu oracle's order). Written to tinv (T, nv, 64):
+ *                    substitution, four lanes per column (their partial sums added in a fixed order). Written to tinv (T, nv, 64):
  *                    row i of the chunk at ((t0 + i) nv + h) 64, zeros right of the diagonal (cpu_kda.c's kept
  *                    layout). This is the kept buffer's prep.
- *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0) into qk (T, nv, 64), the same layout:
- *                    the output's and the backward state pass's intra-chunk weights.
+ *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0): <DK, false> into qk (T, nv, 64), the
+ *                    same layout, the output's intra-chunk weights; <DK, true> the backward state pass's
+ *                    chunk-parallel factors from it instead (scale gam * q split, scale QK^T dO; state_pass.cuh).
  *
  * The pair sums P_ij = sum_c l_i[c] r_j[c] E_ij[c] (kda_pair_decay; l = k or q, r = k) in 16-row sub-chunks: for i
  * in sub-chunk b > 0 and j in an earlier one, E_ij = e^{G_i - G_ref} e^{G_ref - G_j} with G_ref = G at the
@@ -15,7 +16,7 @@
  * decay-scaled rows, on tensor cores (mma.cuh: split operands, three-term products); for the chunk that is a
  * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
  * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, one thread per
- * pair, a loop over the channels. Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
+ * pair, a loop over the channels (each lane starting at its own channel: no bank conflicts on G). Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
  */
 #pragma once
 
@@ -79,17 +80,25 @@ template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &
                 P[i * KDA_LDT + j] = i < L ? acc[0][ni][e] : 0.0f;
             }
     }
-    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-        const int i = p / KDA_C, j = p % KDA_C;
-        if ((j >> 4) < (i >> 4)) continue; /* the products' */
+    /* the diagonal blocks: entry e = (b, ii, jj) of block b, pair (16 b + ii, 16 b + jj); each thread sums its
+     * channels from c0 = its lane on (mod DK), so the lanes of a warp read distinct banks of G and the rows */
+    const int c0 = threadIdx.x & 31;
+    for (int e = threadIdx.x; e < 4 * 256; e += KDA_THREADS) {
+        const int b = e >> 8, i = 16 * b + ((e >> 4) & 15), j = 16 * b + (e & 15);
         float x = 0.0f;
         if (i < L && (DIAG ? j <= i : j < i)) {
             const bf16 *li = s.l + i * LDK, *rj = s.r + j * LDK;
             const float *Gi = s.G + i * DK, *Gj = s.G + j * DK;
-            for (int c = 0; c < DK; c++)
+            for (int cc = 0; cc < DK; cc++) {
+                const int c = (c0 + cc) & (DK - 1);
                 x += __bfloat162float(li[c]) * __bfloat162float(rj[c]) * expf(Gi[c] - Gj[c]);
+            }
         }
         P[i * KDA_LDT + j] = x;
+    }
+    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) { /* right of the diagonal blocks */
+        const int i = p / KDA_C, j = p % KDA_C;
+        if ((j >> 4) > (i >> 4)) P[i * KDA_LDT + j] = 0.0f;
     }
     __syncthreads();
 }
@@ -115,24 +124,28 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
+        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
-        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK);
         __syncthreads();
         /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
         kda_pair_decay<DK, false>(s, sA, L);
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
             sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
         __syncthreads();
-        /* Tinv by forward substitution, thread = column col:
-         * T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col] */
-        if (threadIdx.x < KDA_C) {
-            const int col = threadIdx.x;
+        /* Tinv by forward substitution, four lanes per column col (threads 4 col .. 4 col + 3, one warp):
+         * T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col], lane part taking j = part (mod 4), the four
+         * partial sums added by a fixed butterfly; rows in order, a warp barrier between them */
+        {
+            const int col = threadIdx.x >> 2, part = threadIdx.x & 3;
             for (int i = 0; i < L; i++) {
-                float s1 = i == col ? 1.0f : 0.0f;
-                for (int j = col; j < i; j++) s1 += -sA[i * KDA_LDT + j] * sT[j * KDA_LDT + col];
-                sT[i * KDA_LDT + col] = col <= i ? s1 : 0.0f;
+                float s1 = 0.0f;
+                for (int j = col + ((part - col) & 3); j < i; j += 4) s1 += sA[i * KDA_LDT + j] * sT[j * KDA_LDT + col];
+                s1 += __shfl_xor_sync(KDA_FULL, s1, 1);
+                s1 += __shfl_xor_sync(KDA_FULL, s1, 2);
+                if (part == 0) sT[i * KDA_LDT + col] = col <= i ? (i == col ? 1.0f : 0.0f) - s1 : 0.0f;
+                __syncwarp();
             }
         }
         __syncthreads();
@@ -144,26 +157,69 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
     }
 }
 
+/* kda_qk_kernel<DK, true>'s work for one chunk after QK is in s.A (synchronised): gq2 and P (below) */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_qk_kernel(float *qk /* (T,nv,64) */, const bf16 *q, const bf16 *k,
-                                                             const float *g, const int32_t *starts, const int32_t *meta,
+KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK> &s, bf16 *gq2, float *p, const bf16 *dout, int64_t t0, int L, int h,
+                              int nv, int ldo, float scale) {
+    constexpr int LDK = KdaPairSmem<DK>::LDK, LDT = KDA_C + 8, DV = DK;
+    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    /* gq2 (q in s.l); dO over k (s.r); scale QK split over the scaled l rows (s.lh / s.ll, row stride LDT) */
+    for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
+        const int r = i / DK, a = i % DK;
+        const float gam = expf(s.G[i]), qv = __bfloat162float(s.l[r * LDK + a]);
+        bf16 *row = gq2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
+        kda_split(scale * gam * qv, &row[a], &row[DK + a]);
+    }
+    kda_load_rows<DV>(s.r, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
+    for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
+        const int r = i / KDA_C, j = i % KDA_C;
+        kda_split(scale * s.A[r * KDA_LDT + j], &s.lh[r * LDT + j], &s.ll[r * LDT + j]);
+    }
+    __syncthreads();
+    float acc[1][DV / 16][4];
+    gdn_zero(acc);
+    kda_mma2<1, DV / 16, true, KDA_C>(acc, s.lh, s.ll, LDT, s.r, LDK, 16 * mt, half * (DV / 2));
+#pragma unroll
+    for (int ni = 0; ni < DV / 16; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = 16 * mt + gdn_frag_row(e), cc = half * (DV / 2) + 8 * ni + gdn_frag_col(e);
+            if (j < L) p[((t0 + j) * nv + h) * (int64_t)DV + cc] = acc[0][ni][e];
+        }
+    __syncthreads();
+}
+
+/* QK of the chunk (kda_pair_decay<DK, true>); !BWD: into qk (the output's weights). BWD: the backward state pass's
+ * chunk-parallel factors instead (nothing into qk): gq2 = scale gam_r * q_r split hi / lo (T, nv, 2, dk), and
+ * p = scale QK^T dO (T, nv, dv) fp32, P_j = scale sum_{r >= j} QK_rj dO_r, on tensor cores (scale QK split, dO bf16:
+ * two-term, warp w rows [16 (w % 4), +16) and half w / 4 of the columns). Rows >= L not written. */
+template <int DK, bool BWD>
+__global__ void __launch_bounds__(KDA_THREADS) kda_qk_kernel(float *qk /* (T,nv,64) */, bf16 *gq2 /* (T,nv,2,dk) */,
+                                                             float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
+                                                             const float *g, const bf16 *dout /* (T,ldo) */,
+                                                             const int32_t *starts, const int32_t *meta,
                                                              const int32_t *doc_pos, int64_t T, int nk, int nv,
-                                                             int ldq) {
+                                                             int ldq, int ldo, float scale) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const KdaPairSmem<DK> s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_rows<DK>(s.l, q + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
-        kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
-        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK);
+        const int64_t t0 = ch.t0;
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
+        kda_load_rows<DK>(s.l, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_rows<DK>(s.r, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         __syncthreads();
         kda_pair_decay<DK, true>(s, s.A, L);
-        for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
-            const int r = p / KDA_C, j = p % KDA_C;
-            qk[((ch.t0 + r) * nv + h) * (int64_t)KDA_C + j] = s.A[r * KDA_LDT + j];
+        if (!BWD) {
+            for (int i = threadIdx.x; i < L * KDA_C; i += KDA_THREADS) {
+                const int r = i / KDA_C, j = i % KDA_C;
+                qk[((t0 + r) * nv + h) * (int64_t)KDA_C + j] = s.A[r * KDA_LDT + j];
+            }
+            __syncthreads();
+        } else {
+            kda_qk_bwd_chunk<DK>(s, gq2, p, dout, t0, L, h, nv, ldo, scale);
         }
-        __syncthreads();
     }
 }

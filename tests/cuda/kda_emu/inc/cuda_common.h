@@ -45,6 +45,8 @@ static inline bf16 __float2bfloat16_rn(float f) {
 }
 static inline bf16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 
+struct float2 { float x, y; };
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct uint3e { unsigned x, y, z; };
 extern dim3 blockIdx, gridDim, blockDim;
@@ -59,9 +61,9 @@ static inline int cudaMemcpyAsync(void *d, const void *s, size_t n, int, cudaStr
 static inline int cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return 0; }
 static inline int cudaStreamSynchronize(cudaStream_t) { return 0; }
 static inline int cudaGetDevice(int *d) { *d = 0; return 0; }
-/* the device's SM count: 16, or KDA_EMU_SMS (the emulation's own setting, for tests). kda.cu's state passes take 16
- * columns per block where nv ncol / 16 <= SMs, else 32: with 16 the d = 128, nv = 2 case runs 16 and the nv = 4
- * cases 32; tests/test_cuda_kda_emu.py runs the d = 64 case again with 4 for its 32 */
+/* the device's SM count: 16, or KDA_EMU_SMS (the emulation's own setting, for tests). kda.cu's state passes take the
+ * smallest BV of 16, 32, 64 columns per block with nv ncol / BV <= SMs (else 64): with 16 the d = 128, nv = 2 case
+ * runs 16 and the nv = 4 cases 32; tests/test_cuda_kda_emu.py runs the d = 64 case again with 4 (32) and 2 (64) */
 static inline int cudaDeviceGetAttribute(int *v, int attr, int) {
     const char *e = getenv("KDA_EMU_SMS");
     *v = attr == cudaDevAttrMultiProcessorCount ? (e ? atoi(e) : 16) : EMU_SMEM_MAX;
@@ -116,6 +118,7 @@ static inline unsigned __ballot_sync(unsigned, int p) {
     pthread_barrier_wait(&emu_blk->wbar[w]);
     return r;
 }
+static inline void __syncwarp(unsigned = 0xffffffffu) { pthread_barrier_wait(&emu_blk->wbar[threadIdx.x / 32]); }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 using std::min; using std::max;
 static inline int64_t min(int64_t a, long b) { return a < b ? a : (int64_t)b; }

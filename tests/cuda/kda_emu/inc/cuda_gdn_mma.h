@@ -9,7 +9,8 @@
  * stride that is a multiple of 8, NT even, KD a multiple of 16) is checked and aborts. The order of the
  * additions inside one k step is the host's, not the tensor core's (whose fp32 accumulation rounds differently in
  * the last bits): the emulation proves layouts and algebra, the GPU run the device's rounding. The unit check
- * mma_check.cpp compares it with a plain GEMM for the four transpose combinations.
+ * mma_check.cpp compares it with a plain GEMM for the four transpose combinations. cp.async is emulated below
+ * (deferred copies).
  */
 #ifndef RS_CUDA_GDN_MMA_H
 #define RS_CUDA_GDN_MMA_H
@@ -20,6 +21,34 @@
 static inline void emu_mma_fault(const char *what) {
     fprintf(stderr, "emu gdn_warp_mma: %s\n", what);
     abort();
+}
+
+/* cp.async (cuda_ptx.h's ptx_cp_async16 / _commit / _wait) with the hardware's freedom made visible: a copy is
+ * queued in the thread's open group and lands only when a ptx_cp_async_wait<N> retires its group (all but the N
+ * most recent committed groups), so a tile read before its wait holds the previous chunk's bytes (or the
+ * launch's garbage) and fails the comparison; an invalid copy writes 16 zero bytes. Addresses must be 16-byte
+ * aligned, as on the device. */
+struct EmuCopy { unsigned char *dst; const unsigned char *src; bool ok; };
+struct EmuCpState { std::vector<std::vector<EmuCopy>> groups; std::vector<EmuCopy> open; };
+static inline EmuCpState &emu_cp(void) { static thread_local EmuCpState s; return s; }
+static inline void ptx_cp_async16(void *smem, const void *gmem, bool valid) {
+    if (((uintptr_t)smem & 15) != 0 || (valid && ((uintptr_t)gmem & 15) != 0)) emu_mma_fault("cp.async16 address not 16-byte aligned");
+    emu_cp().open.push_back(EmuCopy{(unsigned char *)smem, (const unsigned char *)gmem, valid});
+}
+static inline void ptx_cp_async_commit(void) {
+    EmuCpState &s = emu_cp();
+    s.groups.push_back(std::move(s.open));
+    s.open.clear();
+}
+template <int N> static inline void ptx_cp_async_wait(void) {
+    EmuCpState &s = emu_cp();
+    while (s.groups.size() > (size_t)N) {
+        for (const EmuCopy &c : s.groups.front()) {
+            if (c.ok) memcpy(c.dst, c.src, 16);
+            else memset(c.dst, 0, 16);
+        }
+        s.groups.erase(s.groups.begin());
+    }
 }
 
 template <int N> GDN_DEV void gdn_zero_row(__nv_bfloat16 *p) {

@@ -1,0 +1,159 @@
+/*
+ * wu.cuh — the chunk-parallel factors of KDA's sequential state passes, one block per (chunk, value head), so that
+ * the passes (state_pass.cuh) do nothing per chunk but the two products with the carried state:
+ *
+ *   kda_wu_kernel  from the kept Tinv (prep.cuh) and the chunk's k, v, g, beta:
+ *                    W     = Tinv diag(beta) (gam * K)   (64 x dk)  -> w2 (T, nv, 2, dk) bf16: row t = [hi | lo]
+ *                    dec*K = e^{G_{L-1} - G_r} k_r       (64 x dk)  -> x2 (T, nv, 2, dk) bf16, the same split
+ *                    U     = Tinv diag(beta) V           (64 x dv)  -> u (T, nv, dv) fp32 (where u is not NULL:
+ *                                                                      only the forward pass reads it)
+ *                    gam_{L-1} = e^{G_{L-1}}             (dk)       -> gl (ns, nv, dk) fp32 at the chunk's slot
+ *                                                                      t0 / 64, for chunks without a document
+ *                                                                      start only (a reset chunk's carried state
+ *                                                                      is 0: the passes never read its gl, and its
+ *                                                                      slot may be another chunk's)
+ *                  Rows >= L of a chunk are not written (the passes read them as zeros: cp.async zero fill).
+ *
+ * W and dec*K are the passes' operands of tensor-core products, stored split x = hi + lo (mma.cuh's kda_split,
+ * computed by the same three-term products as before they were moved here, so the passes' results keep their
+ * bits); U is subtracted in fp32. The state pass reads each chunk's rows with cp.async (kda_cp_pair below). The
+ * backward's other factors (scale gam * q split, and scale QK^T dO) come from prep.cuh's kda_qk_kernel<DK, true>.
+ * Templates on DK = dk = dv. Shared memory ~102 KB at 128. Part of kda.cu.
+ */
+#pragma once
+
+template <int DK> struct KdaWuSmem {
+    static constexpr int LDK = DK + 8, LDT = KDA_C + 8;
+    float *G;
+    bf16 *tbh, *tbl, *xh, *xl, *v;
+    size_t bytes;
+    __host__ __device__ explicit KdaWuSmem(void *b) {
+        KdaCarve c(b);
+        G = c.take<float>((size_t)KDA_C * DK);
+        tbh = c.take<bf16>((size_t)KDA_C * LDT);
+        tbl = c.take<bf16>((size_t)KDA_C * LDT);
+        xh = c.take<bf16>((size_t)KDA_C * LDK);
+        xl = c.take<bf16>((size_t)KDA_C * LDK);
+        v = c.take<bf16>((size_t)KDA_C * LDK);
+        bytes = c.off;
+    }
+};
+
+/* rows [0, 64) of head h of a (T, nv, 2, DK) split buffer (row t0 + r) into hi / lo tiles of row stride DK + 8 with
+ * cp.async (16 bytes a copy); rows >= L zero-filled. All threads; the caller commits and waits. */
+template <int DK>
+KDA_DEV void kda_cp_pair(bf16 *hi, bf16 *lo, const bf16 *src, int64_t t0, int L, int h, int nv) {
+    constexpr int CPR = DK / 8; /* 16-byte copies per half row */
+    for (int i = threadIdx.x; i < KDA_C * 2 * CPR; i += KDA_THREADS) {
+        const int r = i / (2 * CPR), q = i % (2 * CPR), part = q / CPR, c = (q % CPR) * 8;
+        const bool ok = r < L;
+        const bf16 *g = ok ? src + ((t0 + r) * nv + h) * (int64_t)(2 * DK) + part * DK + c : src;
+        ptx_cp_async16((part ? lo : hi) + r * (DK + 8) + c, g, ok);
+    }
+}
+
+/* rows [0, 64) x W fp32 columns [col0, col0 + W) of a (T, nv, ld) buffer's head h into a tile of row stride lds
+ * with cp.async; rows >= L (or all, when !on) zero-filled */
+template <int W>
+KDA_DEV void kda_cp_f32(float *s, int lds, const float *src, int64_t t0, int L, int h, int nv, int ld, int col0,
+                        bool on) {
+    constexpr int CPR = W / 4;
+    for (int i = threadIdx.x; i < KDA_C * CPR; i += KDA_THREADS) {
+        const int r = i / CPR, c = (i % CPR) * 4;
+        const bool ok = on && r < L;
+        const float *g = ok ? src + ((t0 + r) * nv + h) * (int64_t)ld + col0 + c : src;
+        ptx_cp_async16(s + r * lds + c, g, ok);
+    }
+}
+
+/* rows [0, 64) x W bf16 columns of a (T, ld) matrix from column col0 (row t0 + r) into a tile of row stride lds
+ * with cp.async; rows >= L zero-filled (W a multiple of 8, col0 and ld too: 16-byte copies) */
+template <int W>
+KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, int64_t ld, int64_t col0) {
+    constexpr int CPR = W / 8;
+    for (int i = threadIdx.x; i < KDA_C * CPR; i += KDA_THREADS) {
+        const int r = i / CPR, c = (i % CPR) * 8;
+        const bool ok = r < L;
+        const bf16 *g = ok ? src + (t0 + r) * ld + col0 + c : src;
+        ptx_cp_async16(s + r * lds + c, g, ok);
+    }
+}
+
+/* Per (chunk, value head): Tb = Tinv diag(beta) and X = gam * K split, W = Tb X (three-term) and U = Tb V (two-term)
+ * on tensor cores, warp w rows [16 (w % 4), +16) and half w / 4 of the columns (state_pass.cuh's old tiling: the same
+ * bits); dec * K and gam_{L-1} elementwise, fp32 exponentials with exponents <= 0. */
+template <int DK>
+__global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
+    bf16 *w2 /* (T,nv,2,dk) */, bf16 *x2 /* (T,nv,2,dk) */, float *u /* (T,nv,dv) or NULL */,
+    float *gl /* (ns,nv,dk) */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
+    const float *tinv /* (T,nv,64) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
+    int nk, int nv, int ldq, int ldv) {
+    using Sm = KdaWuSmem<DK>;
+    constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK;
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    const Sm s(kda_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
+    const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        const int64_t t0 = ch.t0;
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
+        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
+            const int r = i / KDA_C, j = i % KDA_C;
+            const float x =
+                r < L && j <= r ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] * beta[(t0 + j) * nv + h] : 0.0f;
+            kda_split(x, &s.tbh[r * LDT + j], &s.tbl[r * LDT + j]);
+        }
+        if (u) kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * DV, ldv, DV, L);
+        __syncthreads();
+        for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+            const int r = i / DK, a = i % DK;
+            const float kv = r < L ? __bfloat162float(k[(t0 + r) * ldq + (int64_t)kh * DK + a]) : 0.0f;
+            kda_split(expf(s.G[i]) * kv, &s.xh[r * LDK + a], &s.xl[r * LDK + a]);
+            if (r == 0 && !ch.reset) gl[(ch.slot * nv + h) * (int64_t)DK + a] = expf(s.G[(L - 1) * DK + a]);
+        }
+        __syncthreads();
+        {
+            float aw[1][DK / 16][4];
+            gdn_zero(aw);
+            kda_mma3<1, DK / 16, false, KDA_C>(aw, s.tbh, s.tbl, LDT, s.xh, s.xl, LDK, 16 * mt, half * (DK / 2));
+#pragma unroll
+            for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) { /* elements e, e + 1: adjacent columns, one 4-byte store each */
+                    const int r = 16 * mt + gdn_frag_row(e), a = half * (DK / 2) + 8 * ni + gdn_frag_col(e);
+                    if (r < L) {
+                        bf16 *row = w2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
+                        bf16 hl[2][2];
+                        kda_split(aw[0][ni][e], &hl[0][0], &hl[1][0]);
+                        kda_split(aw[0][ni][e + 1], &hl[0][1], &hl[1][1]);
+                        uint32_t u2[2];
+                        memcpy(u2, hl, sizeof u2);
+                        *(uint32_t *)&row[a] = u2[0];
+                        *(uint32_t *)&row[DK + a] = u2[1];
+                    }
+                }
+        }
+        if (u) {
+            float au[1][DV / 16][4];
+            gdn_zero(au);
+            kda_mma2<1, DV / 16, false, KDA_C>(au, s.tbh, s.tbl, LDT, s.v, LDK, 16 * mt, half * (DV / 2));
+#pragma unroll
+            for (int ni = 0; ni < DV / 16; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e += 2) {
+                    const int r = 16 * mt + gdn_frag_row(e), cc = half * (DV / 2) + 8 * ni + gdn_frag_col(e);
+                    if (r < L)
+                        *(float2 *)&u[((t0 + r) * nv + h) * (int64_t)DV + cc] = make_float2(au[0][ni][e], au[0][ni][e + 1]);
+                }
+        }
+        for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
+            const int r = i / DK, a = i % DK;
+            const float kv = __bfloat162float(k[(t0 + r) * ldq + (int64_t)kh * DK + a]);
+            bf16 *row = x2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
+            kda_split(expf(s.G[(L - 1) * DK + a] - s.G[i]) * kv, &row[a], &row[DK + a]);
+        }
+        __syncthreads();
+    }
+}
