@@ -172,9 +172,8 @@ def reference(torch, inputs, cu, device):
 
 # ---------------------------------------------------------------- FLA
 
-def run_fla(torch, fn, inputs, cu):
+def run_fla(torch, fn, inputs, cu, dev="cuda"):
     import kda_fla
-    dev = "cuda"
     bf = {n: torch.from_numpy(inputs[n]).to(dev, torch.bfloat16) for n in ("q", "k", "v", "dout")}
     f32 = {n: torch.from_numpy(inputs[n]).to(dev, torch.float32) for n in ("g", "beta")}
     leaves = {n: t[None].clone().requires_grad_() for n, t in list(bf.items()) + list(f32.items()) if n != "dout"}
@@ -187,7 +186,8 @@ def run_fla(torch, fn, inputs, cu):
               use_beta_sigmoid_in_kernel=False, safe_gate=False, disable_recompute=False,
               state_v_first=kda_fla.state_v_first(), **kw)
     o.backward(bf["dout"][None])
-    torch.cuda.synchronize()
+    if dev == "cuda":
+        torch.cuda.synchronize()
     out = {"o": o.detach()[0]}
     out.update({"d" + n: leaves[n].grad[0] for n in ("q", "k", "v", "g", "beta")})
     return {n: t.float().cpu().numpy() for n, t in out.items()}
