@@ -153,7 +153,7 @@ BENCH_CUDA_SRC := $(if $(strip $(NVCC)),$(wildcard bench/cuda/*.cu))
 BENCH_CUDA_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(BENCH_CUDA_SRC))
 
 .PHONY: all test demo deps clean fuzz help
-all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check $(BUILD)/ckpt_stress $(if $(CUDA_TEST_SRC),$(BUILD)/test_cuda) \
+all: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/kda_case $(BUILD)/cp_check $(BUILD)/ckpt_stress $(if $(CUDA_TEST_SRC),$(BUILD)/test_cuda) \
      $(if $(BENCH_CUDA_SRC),$(BUILD)/bench_kernels)
 
 $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
@@ -162,6 +162,10 @@ $(BUILD)/ringscan: $(MAIN_OBJ) $(LIB_OBJ) $(CUDA_OBJ)
 
 # The C side of the whole-model parity test against PyTorch (tests/parity/README.md).
 $(BUILD)/parity_step: $(BUILD)/tests/parity/parity_step.o $(BUILD)/tests/parity/backend_bf16emu.o $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# One KDA chunk call on a case's inputs, cpu or cuda (tests/parity/kda_fla_check.py: ours beside FLA's chunk_kda).
+$(BUILD)/kda_case: $(BUILD)/tests/parity/kda_case.o $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # The CP algorithms alone against the single-rank kernels, under mpirun (tests/test_cp.py).
@@ -229,7 +233,7 @@ $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*/*.h)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
-test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/cp_check $(BUILD)/ckpt_stress $(BUILD)/fuzz_config
+test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/kda_case $(BUILD)/cp_check $(BUILD)/ckpt_stress $(BUILD)/fuzz_config
 	$(PYTHON) -m pytest -q tests
 
 # The main job: synthesise the recall data once, then train configs/tiny-cpu.yaml
@@ -269,6 +273,6 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d $(BUILD)/tests/parity/backend_bf16emu.d \
+-include $(LIB_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(CUDA_TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(BUILD)/tests/parity/parity_step.d $(BUILD)/tests/parity/kda_case.d $(BUILD)/tests/parity/backend_bf16emu.d \
          $(BUILD)/tests/cp/cp_check.d \
          $(BUILD)/tests/tools/ckpt_stress.d

@@ -1,7 +1,7 @@
 #!/bin/bash
 # gpu_regress.sh — the GPU regression checks: what fails when the cuda backend's behaviour breaks. Run on the
 # lent GPU machine from the repository root, with the binaries built on the CPU machine and carried in build/
-# (build/ringscan, build/test_cuda, build/parity_step; CI only compiles them):
+# (build/ringscan, build/test_cuda, build/parity_step, build/kda_case; CI only compiles them):
 #
 #   NCCL_NVLS_ENABLE=0 bash tests/cuda/gpu_regress.sh PART...      e.g.  ... gpu_regress.sh parity cp-parity
 #
@@ -14,6 +14,9 @@
 #   parity-gdn the test_cuda cases of the delta rule alone (no model_check)
 #   kda-parity the test_cuda cases of Kimi Delta Attention and, beside them, model_check of a KDA hybrid
 #              (CASE_SETS model.linear_attention=kda model.linear_num_value_heads=2; issue 39). ~1 min
+#   kda-fla    tests/parity/kda_fla_check.py (issue 39): our KDA chunk kernels (build/kda_case) and FLA's chunk_kda
+#              (PEER on PYTHONPATH) against one float64 reference, forward and every gradient, FLA's own tolerances
+#              as the bound; a broken case must FAIL. ~1 min warm, plus FLA's Triton compiles cold (~3 min)
 #   big        the cuda_big_* cases (entries at sizes where offsets pass 2^31; tests/cuda/test_cuda_big.cu),
 #              one process each (up to ~72 GiB of device memory; parity leaves them out)
 #   attn-cudnn-parity  the cuda_attention_cudnn_* cases with RS_CUDNN_REQUIRED=1 (parity against the cpu
@@ -313,6 +316,12 @@ regress_part() {
     parity) suite_parity ;;
     parity-gdn) suite_parity gdn ;;
     kda-parity) suite_parity kda "model.linear_attention=kda model.linear_num_value_heads=2" ;;
+    kda-fla)
+        timeout "$(left)" "${PYTHON:-python3}" tests/parity/kda_fla_check.py /tmp/gpu_regress_kda_fla > "$L/kda-fla.log" 2>&1
+        r=$?
+        grep -E "^(PASS|FAIL)|^kda_fla_check" "$L/kda-fla.log" | cut -c1-600
+        [ $r -eq 0 ]
+        ;;
     big) suite_big ;;
     attn-cudnn-parity) suite_attn_cudnn_parity ;;
     attn-auto) suite_attn_auto ;;
@@ -343,7 +352,7 @@ regress_part() {
         [ $r -eq 0 ]
         ;;
     *)
-        echo "unknown part '$1' (parity parity-gdn kda-parity big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf qwen35"
+        echo "unknown part '$1' (parity parity-gdn kda-parity kda-fla big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf qwen35"
         echo "  long-1m long-1gpu cp4-1m shard cluster; the benchmarks are bench/gpu_runs.sh's)"
         false
         ;;
