@@ -52,12 +52,29 @@ KDA_DEV KdaChunk kda_chunk(const int32_t *starts, const int32_t *doc_pos, int c,
 }
 
 /* rows [0, 64) x width of a bf16 matrix (row r at src + r ld) into shared memory (row stride lds elements);
- * rows >= L read 0 */
+ * rows >= L read 0. 16-byte cp.async copies where src, ld, lds and width allow them (every row's copies 16-byte
+ * aligned), else plain loads (the same bytes either way). Asynchronous: the caller runs kda_load_wait (kda_load_G
+ * does) before the barrier after which the tile is read. All threads. */
 KDA_DEV void kda_load_bf16(bf16 *s, int lds, const bf16 *src, int64_t ld, int width, int L) {
+    if ((((uintptr_t)src | (uintptr_t)s) & 15) == 0 && ((ld | lds | width) & 7) == 0) {
+        const int cpr = width / 8; /* copies per row */
+        for (int i = threadIdx.x; i < KDA_C * cpr; i += KDA_THREADS) {
+            const int r = i / cpr, c = (i % cpr) * 8;
+            ptx_cp_async16(s + r * lds + c, r < L ? src + (int64_t)r * ld + c : src, r < L);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < KDA_C * width; i += KDA_THREADS) {
         const int r = i / width, c = i % width;
         s[r * lds + c] = r < L ? src[(int64_t)r * ld + c] : __float2bfloat16(0.0f);
     }
+}
+
+/* the end of a chunk's asynchronous loads (kda_load_bf16's, kda_load_G's): this thread's copies have landed; a
+ * barrier after it makes every thread's visible */
+KDA_DEV void kda_load_wait(void) {
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<0>();
 }
 
 /* rows [0, 64) x width of an fp32 matrix (row r at src + r ld) into shared memory (row stride lds); rows >= L
@@ -71,19 +88,34 @@ KDA_DEV void kda_load_f32(float *s, int lds, const float *src, int64_t ld, int w
 
 /* the chunk's per-channel cumulative log gate: sG[r][a] = g_0[a] + ... + g_r[a] (summed in double, stored fp32),
  * rows >= L repeat row L - 1 (so every exponent formed from sG stays <= 0). g of value head h: row t at
- * g + (t nv + h) dk. The rows are loaded by every thread (coalesced, in flight together), then threads a < dk sum
- * one channel each. All threads; the caller synchronises before reading sG. */
+ * g + (t nv + h) dk. The rows are loaded by every thread (16-byte cp.async copies where g and ldg allow, else
+ * plain loads; in flight with the caller's kda_load_bf16 copies issued before, which this waits for too), then
+ * threads a < dk sum one channel each, the column read into registers first (the loads issued together, not one
+ * after each store). All threads; the caller synchronises before reading sG. */
 KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
-    for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
-        const int r = i / dk, a = i % dk;
-        sG[r * ldg + a] = r < L ? g[((t0 + r) * nv + h) * (int64_t)dk + a] : 0.0f;
+    if ((((uintptr_t)g | (uintptr_t)sG) & 15) == 0 && ((ldg | dk) & 3) == 0) {
+        const int cpr = dk / 4;
+        for (int i = threadIdx.x; i < KDA_C * cpr; i += KDA_THREADS) {
+            const int r = i / cpr, a = (i % cpr) * 4;
+            ptx_cp_async16(sG + r * ldg + a, r < L ? g + ((t0 + r) * nv + h) * (int64_t)dk + a : g, r < L);
+        }
+    } else {
+        for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
+            const int r = i / dk, a = i % dk;
+            sG[r * ldg + a] = r < L ? g[((t0 + r) * nv + h) * (int64_t)dk + a] : 0.0f;
+        }
     }
+    kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
     if (a >= dk) return;
+    float x[KDA_C];
+#pragma unroll
+    for (int r = 0; r < KDA_C; r++) x[r] = sG[r * ldg + a];
     double acc = 0.0;
+#pragma unroll
     for (int r = 0; r < KDA_C; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
-        acc += (double)sG[r * ldg + a];
+        acc += (double)x[r];
         sG[r * ldg + a] = (float)acc;
     }
 }

@@ -103,12 +103,10 @@ template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &
     __syncthreads();
 }
 
-/* rows [0, 64) x DK of a bf16 matrix (row t at src + t ld) into a tile of row stride DK + 8; rows >= L read 0 */
+/* rows [0, 64) x DK of a bf16 matrix (row t at src + t ld) into a tile of row stride DK + 8; rows >= L read 0;
+ * asynchronous (kda_load_bf16) */
 template <int DK> KDA_DEV void kda_load_rows(bf16 *s, const bf16 *src, int64_t ld, int L) {
-    for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
-        const int row = i / DK, c = i % DK;
-        s[row * (DK + 8) + c] = row < L ? src[(int64_t)row * ld + c] : __float2bfloat16(0.0f);
-    }
+    kda_load_bf16(s, DK + 8, src, ld, DK, L);
 }
 
 template <int DK>
@@ -124,9 +122,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* waits for the rows too */
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
         __syncthreads();
         /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
@@ -175,6 +173,7 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK> &s, bf16 *gq2, float *p, con
         const int r = i / KDA_C, j = i % KDA_C;
         kda_split(scale * s.A[r * KDA_LDT + j], &s.lh[r * LDT + j], &s.ll[r * LDT + j]);
     }
+    kda_load_wait();
     __syncthreads();
     float acc[1][DV / 16][4];
     gdn_zero(acc);
@@ -207,9 +206,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_qk_kernel(float *qk /* (T,nv,
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         kda_load_rows<DK>(s.l, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.r, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for the rows too */
         __syncthreads();
         kda_pair_decay<DK, true>(s, s.A, L);
         if (!BWD) {

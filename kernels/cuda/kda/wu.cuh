@@ -98,14 +98,14 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
+        if (u) kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * DV, ldv, DV, L);
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for v too */
         for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
             const int r = i / KDA_C, j = i % KDA_C;
             const float x =
                 r < L && j <= r ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] * beta[(t0 + j) * nv + h] : 0.0f;
             kda_split(x, &s.tbh[r * LDT + j], &s.tbl[r * LDT + j]);
         }
-        if (u) kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * DV, ldv, DV, L);
         __syncthreads();
         for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
             const int r = i / DK, a = i % DK;
