@@ -2,8 +2,9 @@
  * prep.cuh — the per-chunk factors of KDA that need the pairwise per-channel decay E_ij[c] = e^{G_i[c] - G_j[c]}
  * (j <= i, exponent <= 0; pairs j > i are never evaluated), one block per (chunk, value head):
  *
- *   kda_prep_kernel  Tinv = (I + A)^-1, A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] (i > j), then forward
- *                    substitution, four lanes per column (their partial sums added in a fixed order). Written to tinv (T, nv, 64):
+ *   kda_prep_kernel  Tinv = (I + A)^-1, A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] (i > j), then the blocked
+ *                    inverse by 16 (kda_solve: the diagonal blocks by substitution in parallel, the blocks below by
+ *                    products, fixed orders). Written to tinv (T, nv, 64):
  *                    row i of the chunk at ((t0 + i) nv + h) 64, zeros right of the diagonal (cpu_kda.c's kept
  *                    layout). This is the kept buffer's prep.
  *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0): <DK, false> into qk (T, nv, 64), the
@@ -109,6 +110,58 @@ template <int DK> KDA_DEV void kda_load_rows(bf16 *s, const bf16 *src, int64_t l
     kda_load_bf16(s, DK + 8, src, ld, DK, L);
 }
 
+/* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (row stride KDA_LDT) from the strictly lower A (stride
+ * KDA_LDT), blocked by 16 (gdn/common.cuh's gdn_solve on 256 threads): the four diagonal blocks by forward
+ * substitution, one thread per (block, column), T_ic = [i == c] - sum_{j < i} A_ij T_jc, in parallel; then the
+ * blocks below by distance d = bi - bj from the diagonal, d = 1, 2, 3: X = sum_{kb = bj}^{bi - 1} A_{bi kb} T_{kb bj}
+ * (k in order, one thread per entry), T_{bi bj} = -T_{bi bi} X. Serial steps: 16 rows, then three levels of two
+ * 16-long dot products, instead of 64 dependent rows. sX: (3, 16, 17) scratch. All threads; ends synchronised. */
+#define KDA_SOLVE_SCRATCH (3 * 16 * 17)
+KDA_DEV void kda_solve(float *sT, float *sX, const float *sA) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < KDA_C * KDA_C; i += KDA_THREADS) sT[(i / KDA_C) * KDA_LDT + i % KDA_C] = 0.0f;
+    __syncthreads();
+    if (tid < KDA_C) {
+        const int o = 16 * (tid >> 4), c = tid & 15;
+        float tc[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float x = i == c ? 1.0f : 0.0f;
+#pragma unroll
+            for (int j = 0; j < i; j++) x = fmaf(-sA[(o + i) * KDA_LDT + o + j], tc[j], x);
+            tc[i] = x;
+            sT[(o + i) * KDA_LDT + o + c] = x;
+        }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int d = 1; d < 4; d++) {
+        const int n = (4 - d) * 256; /* the 16 x 16 entries of the 4 - d blocks at this distance */
+        for (int e = tid; e < n; e += KDA_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *arow = sA + (16 * bi + r) * KDA_LDT;
+            float x = 0.0f;
+#pragma unroll 1
+            for (int kb = bj; kb < bi; kb++) {
+                const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * KDA_LDT + 16 * bj + cc;
+#pragma unroll
+                for (int m = 0; m < 16; m++) x = fmaf(ak[m], tk[m * KDA_LDT], x);
+            }
+            sX[(e >> 8) * 272 + r * 17 + cc] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < n; e += KDA_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *trow = sT + (16 * bi + r) * KDA_LDT + 16 * bi, *xb = sX + (e >> 8) * 272;
+            float t = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            sT[(16 * bi + r) * KDA_LDT + 16 * bj + cc] = -t;
+        }
+        __syncthreads();
+    }
+}
+
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T,nv,64) */, const bf16 *k,
                                                                const float *g, const float *beta,
@@ -132,21 +185,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
             sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
         __syncthreads();
-        /* Tinv by forward substitution, four lanes per column col (threads 4 col .. 4 col + 3, one warp):
-         * T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col], lane part taking j = part (mod 4), the four
-         * partial sums added by a fixed butterfly; rows in order, a warp barrier between them */
-        {
-            const int col = threadIdx.x >> 2, part = threadIdx.x & 3;
-            for (int i = 0; i < L; i++) {
-                float s1 = 0.0f;
-                for (int j = col + ((part - col) & 3); j < i; j += 4) s1 += sA[i * KDA_LDT + j] * sT[j * KDA_LDT + col];
-                s1 += __shfl_xor_sync(KDA_FULL, s1, 1);
-                s1 += __shfl_xor_sync(KDA_FULL, s1, 2);
-                if (part == 0) sT[i * KDA_LDT + col] = col <= i ? (i == col ? 1.0f : 0.0f) - s1 : 0.0f;
-                __syncwarp();
-            }
-        }
-        __syncthreads();
+        static_assert(KDA_SOLVE_SCRATCH * sizeof(float) <= KDA_C * (DK + 8) * sizeof(bf16), "prep: solve scratch");
+        kda_solve(sT, (float *)s.lh, sA); /* lh is dead after the pair sums */
         for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
             tinv[((ch.t0 + i) * nv + h) * (int64_t)KDA_C + j] = sT[i * KDA_LDT + j];
