@@ -16,8 +16,8 @@
  * sub-chunk's first row 16 b, both exponents <= 0 (G falls along the chunk), so the block of P is one product of
  * decay-scaled rows, on tensor cores (mma.cuh: split operands, three-term products); for the chunk that is a
  * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
- * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, one thread per
- * pair, a loop over the channels (each lane starting at its own channel: no bank conflicts on G). Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
+ * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, four lanes per
+ * pair below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G). Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
  */
 #pragma once
 
@@ -50,8 +50,8 @@ KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
 
 /* P[i][j] (row stride KDA_LDT) = sum_c l_i[c] r_j[c] E_ij[c] for j < i (DIAG: j <= i) and i < L, else 0, from s.G,
  * s.l, s.r (rows >= L zero, synchronised before the call). Warps 0..5 the six 16 x 16 column pairs below the
- * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every thread the diagonal
- * blocks and the zeros. All threads; ends synchronised. */
+ * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every warp the diagonal
+ * blocks' pairs and every thread the zeros. All threads; ends synchronised. */
 template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &s, float *P, int L) {
     constexpr int LDK = KdaPairSmem<DK>::LDK;
     for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
@@ -81,25 +81,37 @@ template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &
                 P[i * KDA_LDT + j] = i < L ? acc[0][ni][e] : 0.0f;
             }
     }
-    /* the diagonal blocks: entry e = (b, ii, jj) of block b, pair (16 b + ii, 16 b + jj); each thread sums its
-     * channels from c0 = its lane on (mod DK), so the lanes of a warp read distinct banks of G and the rows */
-    const int c0 = threadIdx.x & 31;
-    for (int e = threadIdx.x; e < 4 * 256; e += KDA_THREADS) {
-        const int b = e >> 8, i = 16 * b + ((e >> 4) & 15), j = 16 * b + (e & 15);
+    /* the diagonal blocks: only their pairs j < i (DIAG: j <= i), NPB per block, four lanes per pair (a quad of the
+     * warp), lane q of the quad taking the channels c = q (mod 4) in the order (lane + 4 cc) mod DK (the 32 lanes of
+     * a warp read 32 distinct banks of G and the rows), the quad's partial sums added by a fixed butterfly; pairs
+     * with i >= L are 0. Every other entry of the diagonal blocks and those right of them: 0 (disjoint entries: no
+     * barrier between the two). */
+    constexpr int NPB = DIAG ? 136 : 120, NP = 4 * NPB;
+    const int lane = threadIdx.x & 31;
+    for (int e = w * 8; e < NP; e += 8 * (KDA_THREADS / 32)) { /* warp-uniform trip count: shuffles below */
+        const int pe = e + (lane >> 2), b = pe / NPB, idx = pe % NPB;
+        /* row ii of a block holds ii + 1 pairs (DIAG) or ii: the triangular index inverted (exact: small ints) */
+        const int ii = DIAG ? (int)((sqrtf(8.0f * idx + 1.0f) - 1.0f) * 0.5f)
+                            : (int)((sqrtf(8.0f * idx + 1.0f) + 1.0f) * 0.5f);
+        const int jj = idx - (DIAG ? ii * (ii + 1) / 2 : ii * (ii - 1) / 2);
+        const int i = 16 * b + ii, j = 16 * b + jj;
         float x = 0.0f;
-        if (i < L && (DIAG ? j <= i : j < i)) {
+        if (pe < NP && i < L) {
             const bf16 *li = s.l + i * LDK, *rj = s.r + j * LDK;
             const float *Gi = s.G + i * DK, *Gj = s.G + j * DK;
-            for (int cc = 0; cc < DK; cc++) {
-                const int c = (c0 + cc) & (DK - 1);
+#pragma unroll 4
+            for (int cc = 0; cc < DK / 4; cc++) {
+                const int c = (lane + 4 * cc) & (DK - 1);
                 x += __bfloat162float(li[c]) * __bfloat162float(rj[c]) * expf(Gi[c] - Gj[c]);
             }
         }
-        P[i * KDA_LDT + j] = x;
+        x += __shfl_xor_sync(KDA_FULL, x, 1);
+        x += __shfl_xor_sync(KDA_FULL, x, 2);
+        if (pe < NP && (lane & 3) == 0) P[i * KDA_LDT + j] = x;
     }
-    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) { /* right of the diagonal blocks */
+    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
         const int i = p / KDA_C, j = p % KDA_C;
-        if ((j >> 4) > (i >> 4)) P[i * KDA_LDT + j] = 0.0f;
+        if ((j >> 4) > (i >> 4) || ((j >> 4) == (i >> 4) && (DIAG ? j > i : j >= i))) P[i * KDA_LDT + j] = 0.0f;
     }
     __syncthreads();
 }
