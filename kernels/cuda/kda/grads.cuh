@@ -76,16 +76,10 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
                 sdo[at] = 0.0f;
             }
         } else {
-            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
-                const int a = i / DV, cc = i % DV;
-                kda_split(S[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
-            }
-            for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
-                const int r = i / DV, cc = i % DV;
-                const float x = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
-                kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
-                s.dout[r * LDK + cc] = r < L ? dout[(t0 + r) * ldo + (int64_t)h * DV + cc] : __float2bfloat16(0.0f);
-            }
+            kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
+            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
+            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
+            kda_load_wait();
             __syncthreads();
             float aw[1][DK / 16][4], ao[1][DK / 16][4];
             gdn_zero(aw);
@@ -114,15 +108,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
                     if (lane == 0) sd[(ch.slot * nv + h) * (int64_t)DK + a] = x;
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
-            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
-                const int a = i / DV, cc = i % DV;
-                kda_split(D[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
-            }
-            for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
-                const int r = i / DV, cc = i % DV;
-                const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
-                kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
-            }
+            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
+            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
@@ -262,21 +249,14 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
-        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) { /* Tinv, split (rows >= L: 0) */
-            const int r = i / KDA_C, j = i % KDA_C;
-            const float x = r < L ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] : 0.0f;
-            kda_split(x, &s.th[r * KDA_LDP + j], &s.tl[r * KDA_LDP + j]);
-        }
+        /* Tinv, split (rows >= L: 0) */
+        kda_load_rows_f32(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
+                          KDA_C, L);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
          * written below); dvn; split */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            const float x = r < L ? dG[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
-            kda_split(x, &s.dwh[r * LDK + a], &s.dwl[r * LDK + a]);
-            const float y = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)dv + a] : 0.0f;
-            kda_split(y, &s.dvh[r * LDK + a], &s.dvl[r * LDK + a]);
-        }
+        kda_load_rows_f32(s.dwh, s.dwl, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
@@ -484,17 +464,10 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            sDG[r * ldg + a] = r < L ? dqv[at] : 0.0f;
-            sDV[r * ldg + a] = r < L && D ? dvd[at] : 0.0f;
-        }
-        for (int i = threadIdx.x; i < KDA_C * dv; i += KDA_THREADS) {
-            const int r = i / dv, cc = i % dv;
-            const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)dv + cc] : 0.0f;
-            kda_split(x, &s.vnh[r * LDK + cc], &s.vnl[r * LDK + cc]);
-        }
+        kda_load_rows_f32(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C,
+                          dk, L);
+        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
         {
