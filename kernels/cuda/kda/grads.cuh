@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
         } else {
             kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
             kda_load_rows_f32(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
+            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
+                              L);
             kda_load_wait();
             __syncthreads();
             float aw[1][DK / 16][4], ao[1][DK / 16][4];
@@ -109,7 +110,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
             kda_load_rows_f32(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
+            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
+                              L);
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
@@ -125,6 +127,20 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
         __syncthreads();
     }
 }
+
+/* the per-(r, a) loops of grad_wy and grad_qk that read a (T, nv, dk) buffer's chunk rows (an earlier kernel's or
+ * loop's part of the gradient) take them KDA_PF at a time: elements p0 + u KDA_THREADS (u < KDA_PF) of the 64 x dk
+ * tile of head h into x[u] (rows >= L: 0), every load issued before any is used, so a batch costs one memory latency
+ * instead of one per element */
+#define KDA_PF 8
+KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int L, int h, int nv, int dk, int p0) {
+#pragma unroll
+    for (int u = 0; u < KDA_PF; u++) {
+        const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+        x[u] = r < L ? src[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
+    }
+}
+static_assert((KDA_C * 64) % (KDA_PF * KDA_THREADS) == 0, "kda_prefetch: whole batches at dk = 64 and 128");
 
 /* the pair sums of the gradients across sub-chunks, on tensor cores (prep.cuh's scheme): with P (64 x 64, split
  * hi / lo at ph / pl, row stride KDA_LDP; P_rj = 0 unless j <= r < L) and x (bf16 rows, stride ldx; rows >= L zero)
@@ -377,17 +393,26 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
         __syncthreads();
         /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp */
         kda_pair_rows<DK, true>(s.Z, ldg, s.ph, s.pl, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            if (r >= L) continue;
-            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
-            float zp = s.Z[r * ldg + a];
-            const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-            for (int i = r + 1; i < iend; i++)
-                zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = dkv[at] + zp;
-            dG[at] = dG[at] - kr * zp;
+#pragma unroll 1
+        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
+            float pk[KDA_PF];
+            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
+            float pg[KDA_PF];
+            kda_prefetch(pg, dG, t0, L, h, nv, dk, p0);
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) {
+                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                if (r >= L) continue;
+                const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
+                float zp = s.Z[r * ldg + a];
+                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
+                for (int i = r + 1; i < iend; i++)
+                    zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
+                          __bfloat162float(sK[i * ldk + a]);
+                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                dkv[at] = pk[u] + zp;
+                dG[at] = pg[u] - kr * zp;
+            }
         }
         if (threadIdx.x < L) {
             const int r = threadIdx.x;
@@ -491,39 +516,51 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            if (r >= L) continue;
-            const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
-                        kr = __bfloat162float(sK[r * ldk + a]);
-            const float gam = expf(Gr), sdiag = scale * sDP[r * KDA_LDT + r];
-            const float t1 = scale * gam * sDG[r * ldg + a];
-            float xs = sX[r * ldf + a];
-            for (int j = r & ~15; j < r; j++)
-                xs += sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
-            const float X = scale * xs;
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dqv[at] = t1 + X + sdiag * kr;
-            sDG[r * ldg + a] = dg[at] + qr * t1 + qr * X;
+#pragma unroll 1
+        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
+            float pg[KDA_PF];
+            kda_prefetch(pg, dg, t0, L, h, nv, dk, p0);
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) {
+                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                if (r >= L) continue;
+                const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
+                            kr = __bfloat162float(sK[r * ldk + a]);
+                const float gam = expf(Gr), sdiag = scale * sDP[r * KDA_LDT + r];
+                const float t1 = scale * gam * sDG[r * ldg + a];
+                float xs = sX[r * ldf + a];
+                for (int j = r & ~15; j < r; j++)
+                    xs += sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
+                const float X = scale * xs;
+                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                dqv[at] = t1 + X + sdiag * kr;
+                sDG[r * ldg + a] = pg[u] + qr * t1 + qr * X;
+            }
         }
         __syncthreads();
         /* Y: the QK pairs of dk across sub-chunks */
         kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            if (r >= L) continue;
-            const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
-                        kr = __bfloat162float(sK[r * ldk + a]);
-            const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDP[r * KDA_LDT + r];
-            float ys = sX[r * ldf + a];
-            const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-            for (int i = r + 1; i < iend; i++)
-                ys += sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
-            const float Y = scale * ys, dvv = sDV[r * ldg + a];
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = dec * dvv + sdiag * qr + Y + dkv[at];
-            sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
+#pragma unroll 1
+        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
+            float pk[KDA_PF];
+            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) {
+                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                if (r >= L) continue;
+                const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
+                            kr = __bfloat162float(sK[r * ldk + a]);
+                const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDP[r * KDA_LDT + r];
+                float ys = sX[r * ldf + a];
+                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
+                for (int i = r + 1; i < iend; i++)
+                    ys += sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
+                const float Y = scale * ys, dvv = sDV[r * ldg + a];
+                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
+                sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
+            }
         }
         __syncthreads();
         /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the

@@ -17,7 +17,8 @@
  * decay-scaled rows, on tensor cores (mma.cuh: split operands, three-term products); for the chunk that is a
  * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
  * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, four lanes per
- * pair below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G). Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
+ * pair below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G).
+ * Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
  */
 #pragma once
 
