@@ -101,12 +101,26 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
                 }
         }
         if (D) {
-            if (S) /* S_a . D_a: warp w rows a = w, w + 8, ... */
-                for (int a = w; a < DK; a += KDA_THREADS / 32) {
-                    float x = 0.0f;
-                    for (int cc = lane; cc < DV; cc += 32) x += S[(size_t)a * DV + cc] * D[(size_t)a * DV + cc];
-                    x = kda_warp_sum(x);
-                    if (lane == 0) sd[(ch.slot * nv + h) * (int64_t)DK + a] = x;
+            if (S) /* S_a . D_a: warp w rows a = w, w + 8, ..., four rows' loads in flight together */
+#pragma unroll 1
+                for (int a0 = w; a0 < DK; a0 += 4 * (KDA_THREADS / 32)) {
+                    float sv[4][DV / 32], dv[4][DV / 32];
+#pragma unroll
+                    for (int b = 0; b < 4; b++)
+#pragma unroll
+                        for (int m = 0; m < DV / 32; m++) {
+                            const size_t at = (size_t)(a0 + b * (KDA_THREADS / 32)) * DV + lane + 32 * m;
+                            sv[b][m] = S[at];
+                            dv[b][m] = D[at];
+                        }
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        float x = 0.0f;
+#pragma unroll
+                        for (int m = 0; m < DV / 32; m++) x += sv[b][m] * dv[b][m];
+                        x = kda_warp_sum(x);
+                        if (lane == 0) sd[(ch.slot * nv + h) * (int64_t)DK + a0 + b * (KDA_THREADS / 32)] = x;
+                    }
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
             kda_load_rows_f32(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
