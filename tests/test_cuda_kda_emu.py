@@ -18,7 +18,7 @@ from conftest import BUILD, ROOT, run
 
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
          "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls", "cuda_kda_prep",
-         "cuda_kda_transition", "cuda_kda_dstate", "cuda_kda_dg_reduction"]
+         "cuda_kda_transition", "cuda_kda_dstate", "cuda_kda_dg_reduction", "cuda_kda_unaligned_rows"]
 # cuda_kda_determinism (every mode twice) runs on the GPU only: under the emulation it takes minutes and the
 # emulation runs one block at a time, so it proves little there
 
@@ -70,5 +70,7 @@ def test_cuda_kda_kernels_emulated(kda_emu, case):
         assert r.stdout.count(": dS0: rel err") == 5, r.stdout
     if case == "cuda_kda_determinism":  # every mode twice, the same bits
         assert "determinism (" in r.stdout and "FAIL" not in r.stdout, r.stdout
+    if case == "cuda_kda_unaligned_rows":  # plain loads for rows not 16-byte aligned: the aligned layout's bits
+        assert r.stdout.count("unaligned rows = aligned rows:") == 16 and "(unaligned): dq" in r.stdout, r.stdout
     if case == "cuda_kda_transition":  # M, H: the forward state pass's identity columns
         assert r.stdout.count(": M: rel err") == 5 and r.stdout.count(": H: rel err") == 5, r.stdout

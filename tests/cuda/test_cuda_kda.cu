@@ -69,17 +69,19 @@ typedef struct {
 static double kp_softplus(double x) { return x > 20 ? x : log1p(exp(x)); }
 
 /* doc_pos[0] = doc_pos0 (0: the call starts a document), a new document at each of starts[] */
-static KProb kp_make(int64_t T, int nk, int nv, int d, int doc_pos0, const int *starts, int nstarts, int with_S0,
-                     int with_dSf, uint64_t seed) {
+/* rows padded by pad elements (q, k, v, dout, o, and the gradients: ld = width + pad); the values do not depend on
+ * pad (the same random draws, row by row) */
+static KProb kp_make_pad(int64_t T, int nk, int nv, int d, int doc_pos0, const int *starts, int nstarts, int with_S0,
+                         int with_dSf, uint64_t seed, int pad) {
     KProb p;
     memset(&p, 0, sizeof p);
     p.T = T;
     p.nk = nk;
     p.nv = nv;
     p.d = d;
-    p.ldq = nk * d + 8;
-    p.ldv = nv * d + 8;
-    p.ldo = nv * d + 8;
+    p.ldq = nk * d + pad;
+    p.ldv = nv * d + pad;
+    p.ldo = nv * d + pad;
     test_rng_seed(seed);
     p.doc_pos = (int32_t *)test_alloc(T * 4);
     for (int64_t t = 0; t < T; t++) p.doc_pos[t] = t == 0 ? doc_pos0 : p.doc_pos[t - 1] + 1;
@@ -130,6 +132,11 @@ static KProb kp_make(int64_t T, int nk, int nv, int d, int doc_pos0, const int *
     p.d_S0 = p.S0 ? ct_up_f32(p.S0, sn) : NULL;
     p.d_dSf = p.dSf ? ct_up_f32(p.dSf, sn) : NULL;
     return p;
+}
+
+static KProb kp_make(int64_t T, int nk, int nv, int d, int doc_pos0, const int *starts, int nstarts, int with_S0,
+                     int with_dSf, uint64_t seed) {
+    return kp_make_pad(T, nk, nv, d, doc_pos0, starts, nstarts, with_S0, with_dSf, seed, 8);
 }
 
 /* ---- results ---- */
@@ -319,6 +326,45 @@ TEST(cuda_kda_forward_backward_d64) {
     static const int starts[] = {20, 90};
     KProb p = kp_make(170, 1, 2, 64, 11, starts, 2, 1, 1, 300);
     kda_check_all_modes("T=170 nk=1 nv=2 d=64 S0 dS_final, documents at 20, 90:", &p);
+}
+
+/* rows whose starts are not 16-byte aligned (row strides width + 3: the kernels' row loads take plain loads instead
+ * of cp.async copies, common.cuh's kda_load_bf16) give the bits of the aligned layout (width + 8), and the oracle's
+ * results within the bounds */
+TEST(cuda_kda_unaligned_rows) {
+    ct_begin();
+    static const int starts[] = {20, 90};
+    for (int d = 64; d <= 128; d += 64) {
+        KProb a = kp_make_pad(170, 1, 2, d, 11, starts, 2, 1, 1, 310, 8);
+        KProb u = kp_make_pad(170, 1, 2, d, 11, starts, 2, 1, 1, 310, 3);
+        KOut want, ga, gu;
+        kda_cpu(&u, &want);
+        kda_gpu(&a, KDA_PLAIN, &ga);
+        kda_gpu(&u, KDA_PLAIN, &gu);
+        char tag[256];
+        snprintf(tag, sizeof tag, "T=170 nk=1 nv=2 d=%d rows + 3 (unaligned):", d);
+        kda_compare(tag, &u, &gu, &want);
+        const int64_t T = a.T, sn = (int64_t)a.nv * d * d;
+        const int wq = a.nk * d, wv = a.nv * d;
+        struct {
+            const char *what;
+            const float *x, *y;
+            int64_t n;
+        } outs[] = {{"o", kc_cols(ga.o, T, wv, a.ldo), kc_cols(gu.o, T, wv, u.ldo), T * wv},
+                    {"dq", kc_cols(ga.dq, T, wq, a.ldq), kc_cols(gu.dq, T, wq, u.ldq), T * wq},
+                    {"dk", kc_cols(ga.dk, T, wq, a.ldq), kc_cols(gu.dk, T, wq, u.ldq), T * wq},
+                    {"dv", kc_cols(ga.dv, T, wv, a.ldv), kc_cols(gu.dv, T, wv, u.ldv), T * wv},
+                    {"S_final", ga.Sf, gu.Sf, sn},
+                    {"dg", ga.dg, gu.dg, T * wv},
+                    {"dbeta", ga.dbeta, gu.dbeta, T * a.nv},
+                    {"dS0", ga.dS0, gu.dS0, sn}};
+        for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+            char name[320];
+            snprintf(name, sizeof name, "d=%d unaligned rows = aligned rows: %s", d, outs[i].what);
+            ct_bitwise_equal(name, outs[i].x, outs[i].y, outs[i].n);
+        }
+        ct_begin();
+    }
 }
 
 /* at length: T = 4096, 4 value heads of 128 over 2 key heads, documents crossing chunks */

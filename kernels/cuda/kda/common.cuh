@@ -51,48 +51,135 @@ KDA_DEV KdaChunk kda_chunk(const int32_t *starts, const int32_t *doc_pos, int c,
     return k;
 }
 
+/* x = hi + lo, both bf16 (the split operands of mma.cuh's products) */
+KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
+    const bf16 h = __float2bfloat16(x);
+    *hi = h;
+    *lo = __float2bfloat16(x - __bfloat162float(h));
+}
+
+/* the 16-byte loads from global memory a thread keeps in flight together (kda_load_bf16, kda_load_rows_f32): each
+ * batch issued before any of it is stored, so a tile costs one memory latency per batch, not one per element */
+#define KDA_BATCH 4
+
 /* rows [0, 64) x width of a bf16 matrix (row r at src + r ld) into shared memory (row stride lds elements);
- * rows >= L read 0 */
+ * rows >= L read 0. Where src and ld allow 16-byte loads (every row 16-byte aligned): with lds a multiple of 8,
+ * 16-byte cp.async copies (asynchronous: the caller runs kda_load_wait, or kda_load_G which does, before the
+ * barrier after which the tile is read); with lds even, 16-byte loads into registers, KDA_BATCH per thread in
+ * flight together, stored as 4-byte words. Else plain loads. The same bytes every way. All threads. */
 KDA_DEV void kda_load_bf16(bf16 *s, int lds, const bf16 *src, int64_t ld, int width, int L) {
+    const bool src16 = (((uintptr_t)src | (uintptr_t)s) & 15) == 0 && ((ld | width) & 7) == 0;
+    const int cpr = width / 8, n = KDA_C * cpr; /* 16-byte pieces per row, in all */
+    if (src16 && (lds & 7) == 0) {
+        for (int i = threadIdx.x; i < n; i += KDA_THREADS) {
+            const int r = i / cpr, c = (i % cpr) * 8;
+            ptx_cp_async16(s + r * lds + c, r < L ? src + (int64_t)r * ld + c : src, r < L);
+        }
+        return;
+    }
+    if (src16 && (lds & 1) == 0) {
+        for (int i0 = threadIdx.x; i0 < n; i0 += KDA_BATCH * KDA_THREADS) {
+            uint4 v[KDA_BATCH];
+#pragma unroll
+            for (int u = 0; u < KDA_BATCH; u++) {
+                const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 8;
+                v[u] = make_uint4(0u, 0u, 0u, 0u);
+                if (i < n && r < L) v[u] = *(const uint4 *)(src + (int64_t)r * ld + c);
+            }
+#pragma unroll
+            for (int u = 0; u < KDA_BATCH; u++) {
+                const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 8;
+                if (i < n) {
+                    uint32_t *d = (uint32_t *)(s + r * lds + c);
+                    d[0] = v[u].x;
+                    d[1] = v[u].y;
+                    d[2] = v[u].z;
+                    d[3] = v[u].w;
+                }
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < KDA_C * width; i += KDA_THREADS) {
         const int r = i / width, c = i % width;
         s[r * lds + c] = r < L ? src[(int64_t)r * ld + c] : __float2bfloat16(0.0f);
     }
 }
 
-/* rows [0, 64) x width of an fp32 matrix (row r at src + r ld) into shared memory (row stride lds); rows >= L
- * read 0 */
-KDA_DEV void kda_load_f32(float *s, int lds, const float *src, int64_t ld, int width, int L) {
-    for (int i = threadIdx.x; i < KDA_C * width; i += KDA_THREADS) {
-        const int r = i / width, c = i % width;
-        s[r * lds + c] = r < L ? src[(int64_t)r * ld + c] : 0.0f;
+/* rows [0, R) x width of an fp32 matrix (row r at src + r ld; rows >= L, or all when src is NULL, read 0) into
+ * shared memory: split hi / lo bf16 (mma.cuh's kda_split) into hi, lo (row stride lds) when f is NULL, else fp32 into
+ * f (row stride lds). 16-byte loads, KDA_BATCH per thread in flight together, where src and ld allow; else plain
+ * loads. The same values every way. All threads; the caller synchronises. */
+KDA_DEV void kda_load_rows_f32(bf16 *hi, bf16 *lo, float *f, int lds, const float *src, int64_t ld, int R, int width,
+                               int L) {
+    const int cpr = width / 4, n = R * cpr;
+    if (((uintptr_t)src & 15) == 0 && ((ld | width) & 3) == 0) {
+        for (int i0 = threadIdx.x; i0 < n; i0 += KDA_BATCH * KDA_THREADS) {
+            float4 v[KDA_BATCH];
+#pragma unroll
+            for (int u = 0; u < KDA_BATCH; u++) {
+                const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 4;
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (src && i < n && r < L) v[u] = *(const float4 *)(src + (int64_t)r * ld + c);
+            }
+#pragma unroll
+            for (int u = 0; u < KDA_BATCH; u++) {
+                const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 4;
+                if (i < n) {
+                    const float x[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        if (f) f[r * lds + c + e] = x[e];
+                        else kda_split(x[e], &hi[r * lds + c + e], &lo[r * lds + c + e]);
+                    }
+                }
+            }
+        }
+        return;
     }
+    for (int i = threadIdx.x; i < R * width; i += KDA_THREADS) {
+        const int r = i / width, c = i % width;
+        const float x = src && r < L ? src[(int64_t)r * ld + c] : 0.0f;
+        if (f) f[r * lds + c] = x;
+        else kda_split(x, &hi[r * lds + c], &lo[r * lds + c]);
+    }
+}
+
+/* the end of a chunk's asynchronous loads (kda_load_bf16's, kda_load_G's): this thread's copies have landed; a
+ * barrier after it makes every thread's visible */
+KDA_DEV void kda_load_wait(void) {
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<0>();
 }
 
 /* the chunk's per-channel cumulative log gate: sG[r][a] = g_0[a] + ... + g_r[a] (summed in double, stored fp32),
  * rows >= L repeat row L - 1 (so every exponent formed from sG stays <= 0). g of value head h: row t at
- * g + (t nv + h) dk. The rows are loaded by every thread (coalesced, in flight together), then threads a < dk sum
- * one channel each. All threads; the caller synchronises before reading sG. */
+ * g + (t nv + h) dk. The rows are loaded by every thread (16-byte cp.async copies where g and ldg allow, else
+ * kda_load_rows_f32; in flight with the caller's kda_load_bf16 copies issued before, which this waits for too), then
+ * threads a < dk sum one channel each, the column read into registers first (the loads issued together, not one
+ * after each store). All threads; the caller synchronises before reading sG. */
 KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
-    for (int i = threadIdx.x; i < KDA_C * dk; i += KDA_THREADS) {
-        const int r = i / dk, a = i % dk;
-        sG[r * ldg + a] = r < L ? g[((t0 + r) * nv + h) * (int64_t)dk + a] : 0.0f;
+    if ((((uintptr_t)g | (uintptr_t)sG) & 15) == 0 && ((ldg | dk) & 3) == 0) {
+        const int cpr = dk / 4;
+        for (int i = threadIdx.x; i < KDA_C * cpr; i += KDA_THREADS) {
+            const int r = i / cpr, a = (i % cpr) * 4;
+            ptx_cp_async16(sG + r * ldg + a, r < L ? g + ((t0 + r) * nv + h) * (int64_t)dk + a : g, r < L);
+        }
+    } else {
+        kda_load_rows_f32(NULL, NULL, sG, ldg, g + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
     }
+    kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
     if (a >= dk) return;
+    float x[KDA_C];
+#pragma unroll
+    for (int r = 0; r < KDA_C; r++) x[r] = sG[r * ldg + a];
     double acc = 0.0;
+#pragma unroll
     for (int r = 0; r < KDA_C; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
-        acc += (double)sG[r * ldg + a];
+        acc += (double)x[r];
         sG[r * ldg + a] = (float)acc;
-    }
-}
-
-/* a 64 x 64 fp32 tile of a (T, nv, 64) buffer (tinv, qk): rows < L of the chunk, 0 below */
-KDA_DEV void kda_load_tile(float *s, const float *src, int64_t t0, int L, int h, int nv) {
-    for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
-        const int r = i / KDA_C, c = i % KDA_C;
-        s[r * KDA_LDT + c] = r < L ? src[((t0 + r) * nv + h) * (int64_t)KDA_C + c] : 0.0f;
     }
 }
 

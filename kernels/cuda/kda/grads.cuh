@@ -76,16 +76,11 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
                 sdo[at] = 0.0f;
             }
         } else {
-            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
-                const int a = i / DV, cc = i % DV;
-                kda_split(S[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
-            }
-            for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
-                const int r = i / DV, cc = i % DV;
-                const float x = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
-                kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
-                s.dout[r * LDK + cc] = r < L ? dout[(t0 + r) * ldo + (int64_t)h * DV + cc] : __float2bfloat16(0.0f);
-            }
+            kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
+            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
+            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
+                              L);
+            kda_load_wait();
             __syncthreads();
             float aw[1][DK / 16][4], ao[1][DK / 16][4];
             gdn_zero(aw);
@@ -106,23 +101,31 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
                 }
         }
         if (D) {
-            if (S) /* S_a . D_a: warp w rows a = w, w + 8, ... */
-                for (int a = w; a < DK; a += KDA_THREADS / 32) {
-                    float x = 0.0f;
-                    for (int cc = lane; cc < DV; cc += 32) x += S[(size_t)a * DV + cc] * D[(size_t)a * DV + cc];
-                    x = kda_warp_sum(x);
-                    if (lane == 0) sd[(ch.slot * nv + h) * (int64_t)DK + a] = x;
+            if (S) /* S_a . D_a: warp w rows a = w, w + 8, ..., four rows' loads in flight together */
+#pragma unroll 1
+                for (int a0 = w; a0 < DK; a0 += 4 * (KDA_THREADS / 32)) {
+                    float sv[4][DV / 32], dv[4][DV / 32];
+#pragma unroll
+                    for (int b = 0; b < 4; b++)
+#pragma unroll
+                        for (int m = 0; m < DV / 32; m++) {
+                            const size_t at = (size_t)(a0 + b * (KDA_THREADS / 32)) * DV + lane + 32 * m;
+                            sv[b][m] = S[at];
+                            dv[b][m] = D[at];
+                        }
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        float x = 0.0f;
+#pragma unroll
+                        for (int m = 0; m < DV / 32; m++) x += sv[b][m] * dv[b][m];
+                        x = kda_warp_sum(x);
+                        if (lane == 0) sd[(ch.slot * nv + h) * (int64_t)DK + a0 + b * (KDA_THREADS / 32)] = x;
+                    }
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
-            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
-                const int a = i / DV, cc = i % DV;
-                kda_split(D[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
-            }
-            for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
-                const int r = i / DV, cc = i % DV;
-                const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
-                kda_split(x, &s.dvh[r * LDK + cc], &s.dvl[r * LDK + cc]);
-            }
+            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
+            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
+                              L);
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
@@ -138,6 +141,20 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
         __syncthreads();
     }
 }
+
+/* the per-(r, a) loops of grad_wy and grad_qk that read a (T, nv, dk) buffer's chunk rows (an earlier kernel's or
+ * loop's part of the gradient) take them KDA_PF at a time: elements p0 + u KDA_THREADS (u < KDA_PF) of the 64 x dk
+ * tile of head h into x[u] (rows >= L: 0), every load issued before any is used, so a batch costs one memory latency
+ * instead of one per element */
+#define KDA_PF 8
+KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int L, int h, int nv, int dk, int p0) {
+#pragma unroll
+    for (int u = 0; u < KDA_PF; u++) {
+        const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+        x[u] = r < L ? src[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
+    }
+}
+static_assert((KDA_C * 64) % (KDA_PF * KDA_THREADS) == 0, "kda_prefetch: whole batches at dk = 64 and 128");
 
 /* the pair sums of the gradients across sub-chunks, on tensor cores (prep.cuh's scheme): with P (64 x 64, split
  * hi / lo at ph / pl, row stride KDA_LDP; P_rj = 0 unless j <= r < L) and x (bf16 rows, stride ldx; rows >= L zero)
@@ -262,21 +279,14 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
-        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) { /* Tinv, split (rows >= L: 0) */
-            const int r = i / KDA_C, j = i % KDA_C;
-            const float x = r < L ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] : 0.0f;
-            kda_split(x, &s.th[r * KDA_LDP + j], &s.tl[r * KDA_LDP + j]);
-        }
+        /* Tinv, split (rows >= L: 0) */
+        kda_load_rows_f32(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
+                          KDA_C, L);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
          * written below); dvn; split */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            const float x = r < L ? dG[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
-            kda_split(x, &s.dwh[r * LDK + a], &s.dwl[r * LDK + a]);
-            const float y = r < L ? dvn[((t0 + r) * nv + h) * (int64_t)dv + a] : 0.0f;
-            kda_split(y, &s.dvh[r * LDK + a], &s.dvl[r * LDK + a]);
-        }
+        kda_load_rows_f32(s.dwh, s.dwl, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
@@ -397,17 +407,26 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
         __syncthreads();
         /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp */
         kda_pair_rows<DK, true>(s.Z, ldg, s.ph, s.pl, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            if (r >= L) continue;
-            const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
-            float zp = s.Z[r * ldg + a];
-            const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-            for (int i = r + 1; i < iend; i++)
-                zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = dkv[at] + zp;
-            dG[at] = dG[at] - kr * zp;
+#pragma unroll 1
+        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
+            float pk[KDA_PF];
+            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
+            float pg[KDA_PF];
+            kda_prefetch(pg, dG, t0, L, h, nv, dk, p0);
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) {
+                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                if (r >= L) continue;
+                const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
+                float zp = s.Z[r * ldg + a];
+                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
+                for (int i = r + 1; i < iend; i++)
+                    zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
+                          __bfloat162float(sK[i * ldk + a]);
+                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                dkv[at] = pk[u] + zp;
+                dG[at] = pg[u] - kr * zp;
+            }
         }
         if (threadIdx.x < L) {
             const int r = threadIdx.x;
@@ -484,17 +503,10 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            sDG[r * ldg + a] = r < L ? dqv[at] : 0.0f;
-            sDV[r * ldg + a] = r < L && D ? dvd[at] : 0.0f;
-        }
-        for (int i = threadIdx.x; i < KDA_C * dv; i += KDA_THREADS) {
-            const int r = i / dv, cc = i % dv;
-            const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)dv + cc] : 0.0f;
-            kda_split(x, &s.vnh[r * LDK + cc], &s.vnl[r * LDK + cc]);
-        }
+        kda_load_rows_f32(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C,
+                          dk, L);
+        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
         {
@@ -518,39 +530,51 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            if (r >= L) continue;
-            const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
-                        kr = __bfloat162float(sK[r * ldk + a]);
-            const float gam = expf(Gr), sdiag = scale * sDP[r * KDA_LDT + r];
-            const float t1 = scale * gam * sDG[r * ldg + a];
-            float xs = sX[r * ldf + a];
-            for (int j = r & ~15; j < r; j++)
-                xs += sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
-            const float X = scale * xs;
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dqv[at] = t1 + X + sdiag * kr;
-            sDG[r * ldg + a] = dg[at] + qr * t1 + qr * X;
+#pragma unroll 1
+        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
+            float pg[KDA_PF];
+            kda_prefetch(pg, dg, t0, L, h, nv, dk, p0);
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) {
+                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                if (r >= L) continue;
+                const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
+                            kr = __bfloat162float(sK[r * ldk + a]);
+                const float gam = expf(Gr), sdiag = scale * sDP[r * KDA_LDT + r];
+                const float t1 = scale * gam * sDG[r * ldg + a];
+                float xs = sX[r * ldf + a];
+                for (int j = r & ~15; j < r; j++)
+                    xs += sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
+                const float X = scale * xs;
+                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                dqv[at] = t1 + X + sdiag * kr;
+                sDG[r * ldg + a] = pg[u] + qr * t1 + qr * X;
+            }
         }
         __syncthreads();
         /* Y: the QK pairs of dk across sub-chunks */
         kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk;
-            if (r >= L) continue;
-            const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
-                        kr = __bfloat162float(sK[r * ldk + a]);
-            const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDP[r * KDA_LDT + r];
-            float ys = sX[r * ldf + a];
-            const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-            for (int i = r + 1; i < iend; i++)
-                ys += sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
-            const float Y = scale * ys, dvv = sDV[r * ldg + a];
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = dec * dvv + sdiag * qr + Y + dkv[at];
-            sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
+#pragma unroll 1
+        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
+            float pk[KDA_PF];
+            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) {
+                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                if (r >= L) continue;
+                const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
+                            kr = __bfloat162float(sK[r * ldk + a]);
+                const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDP[r * KDA_LDT + r];
+                float ys = sX[r * ldf + a];
+                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
+                for (int i = r + 1; i < iend; i++)
+                    ys += sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
+                const float Y = scale * ys, dvv = sDV[r * ldg + a];
+                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
+                sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
+            }
         }
         __syncthreads();
         /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the

@@ -2,19 +2,13 @@
  * mma.cuh — the tensor-core products of the KDA kernels, on the warp GEMM of cuda_gdn_mma.h (gdn_warp_mma:
  * mma.sync m16n8k16, bf16 operands from shared memory, fp32 accumulation; fragment layout in its header).
  * Operands the kernels form in fp32 (the decay-scaled keys, Tinv diag(beta), W, the state, vn) are split
- * x = hi + lo, both bf16 (hi = bf16(x), lo = bf16(x - hi): ~16 significant bits together), and a product of
+ * x = hi + lo, both bf16 (hi = bf16(x), lo = bf16(x - hi): ~16 significant bits together; common.cuh's
+ * kda_split), and a product of
  * two split operands is the three terms Ahi Bhi + Ahi Blo + Alo Bhi (the dropped Alo Blo is ~2^-16 of it), the
  * small terms first, into one fp32 accumulator: near-fp32 results from bf16 mma. A bf16 input (v, k) needs
  * no lo. Part of kda.cu's translation unit; tests/cuda/kda_emu runs it on the host (its cuda_gdn_mma.h).
  */
 #pragma once
-
-/* x = hi + lo, both bf16 */
-KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
-    const bf16 h = __float2bfloat16(x);
-    *hi = h;
-    *lo = __float2bfloat16(x - __bfloat162float(h));
-}
 
 /* one warp: acc += (Ahi + Alo) (Bhi + Blo) less Alo Blo; A row-major (rows m, cols k), or AT: stored (rows k,
  * cols m); B row-major (rows k, cols n), or BT: stored (rows n, cols k); rows [m0, m0 + 16 MT), cols

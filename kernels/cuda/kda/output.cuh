@@ -49,26 +49,17 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_output_kernel(bf16 *o /* (T,l
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
-        if (S)
-            for (int i = threadIdx.x; i < DK * DV; i += KDA_THREADS) {
-                const int a = i / DV, cc = i % DV;
-                kda_split(S[i], &s.sh[a * LDK + cc], &s.sl[a * LDK + cc]);
-            }
-        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
-            const int r = i / KDA_C, j = i % KDA_C;
-            const float x = r < L && j <= r ? qk[((t0 + r) * nv + h) * (int64_t)KDA_C + j] : 0.0f;
-            kda_split(x, &s.qkh[r * LDT + j], &s.qkl[r * LDT + j]);
-        }
-        for (int i = threadIdx.x; i < KDA_C * DV; i += KDA_THREADS) {
-            const int r = i / DV, cc = i % DV;
-            const float x = r < L ? vn[((t0 + r) * nv + h) * (int64_t)DV + cc] : 0.0f;
-            kda_split(x, &s.vnh[r * LDK + cc], &s.vnl[r * LDK + cc]);
-        }
+        kda_load_bf16(s.qh, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* q, then gam * q split over it */
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for q too */
+        if (S) kda_load_rows_f32(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
+        /* qk holds 0 right of the diagonal (kda_qk_kernel) */
+        kda_load_rows_f32(s.qkh, s.qkl, NULL, LDT, qk + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
+                          KDA_C, L);
+        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
         __syncthreads();
-        for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+        for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) { /* in place: each element read by its writer */
             const int r = i / DK, a = i % DK;
-            const float x = r < L ? expf(s.G[i]) * __bfloat162float(q[(t0 + r) * ldq + (int64_t)kh * DK + a]) : 0.0f;
+            const float x = r < L ? expf(s.G[i]) * __bfloat162float(s.qh[r * LDK + a]) : 0.0f;
             kda_split(x, &s.qh[r * LDK + a], &s.ql[r * LDK + a]);
         }
         __syncthreads();

@@ -2,8 +2,9 @@
  * prep.cuh — the per-chunk factors of KDA that need the pairwise per-channel decay E_ij[c] = e^{G_i[c] - G_j[c]}
  * (j <= i, exponent <= 0; pairs j > i are never evaluated), one block per (chunk, value head):
  *
- *   kda_prep_kernel  Tinv = (I + A)^-1, A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] (i > j), then forward
- *                    substitution, four lanes per column (their partial sums added in a fixed order). Written to tinv (T, nv, 64):
+ *   kda_prep_kernel  Tinv = (I + A)^-1, A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] (i > j), then the blocked
+ *                    inverse by 16 (kda_solve: the diagonal blocks by substitution in parallel, the blocks below by
+ *                    products, fixed orders). Written to tinv (T, nv, 64):
  *                    row i of the chunk at ((t0 + i) nv + h) 64, zeros right of the diagonal (cpu_kda.c's kept
  *                    layout). This is the kept buffer's prep.
  *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0): <DK, false> into qk (T, nv, 64), the
@@ -15,8 +16,9 @@
  * sub-chunk's first row 16 b, both exponents <= 0 (G falls along the chunk), so the block of P is one product of
  * decay-scaled rows, on tensor cores (mma.cuh: split operands, three-term products); for the chunk that is a
  * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
- * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, one thread per
- * pair, a loop over the channels (each lane starting at its own channel: no bank conflicts on G). Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
+ * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, four lanes per
+ * pair below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G).
+ * Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
  */
 #pragma once
 
@@ -49,8 +51,8 @@ KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
 
 /* P[i][j] (row stride KDA_LDT) = sum_c l_i[c] r_j[c] E_ij[c] for j < i (DIAG: j <= i) and i < L, else 0, from s.G,
  * s.l, s.r (rows >= L zero, synchronised before the call). Warps 0..5 the six 16 x 16 column pairs below the
- * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every thread the diagonal
- * blocks and the zeros. All threads; ends synchronised. */
+ * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every warp the diagonal
+ * blocks' pairs and every thread the zeros. All threads; ends synchronised. */
 template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &s, float *P, int L) {
     constexpr int LDK = KdaPairSmem<DK>::LDK;
     for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
@@ -80,34 +82,96 @@ template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &
                 P[i * KDA_LDT + j] = i < L ? acc[0][ni][e] : 0.0f;
             }
     }
-    /* the diagonal blocks: entry e = (b, ii, jj) of block b, pair (16 b + ii, 16 b + jj); each thread sums its
-     * channels from c0 = its lane on (mod DK), so the lanes of a warp read distinct banks of G and the rows */
-    const int c0 = threadIdx.x & 31;
-    for (int e = threadIdx.x; e < 4 * 256; e += KDA_THREADS) {
-        const int b = e >> 8, i = 16 * b + ((e >> 4) & 15), j = 16 * b + (e & 15);
+    /* the diagonal blocks: only their pairs j < i (DIAG: j <= i), NPB per block, four lanes per pair (a quad of the
+     * warp), lane q of the quad taking the channels c = q (mod 4) in the order (lane + 4 cc) mod DK (the 32 lanes of
+     * a warp read 32 distinct banks of G and the rows), the quad's partial sums added by a fixed butterfly; pairs
+     * with i >= L are 0. Every other entry of the diagonal blocks and those right of them: 0 (disjoint entries: no
+     * barrier between the two). */
+    constexpr int NPB = DIAG ? 136 : 120, NP = 4 * NPB;
+    const int lane = threadIdx.x & 31;
+    for (int e = w * 8; e < NP; e += 8 * (KDA_THREADS / 32)) { /* warp-uniform trip count: shuffles below */
+        const int pe = e + (lane >> 2), b = pe / NPB, idx = pe % NPB;
+        /* row ii of a block holds ii + 1 pairs (DIAG) or ii: the triangular index inverted (exact: small ints) */
+        const int ii = DIAG ? (int)((sqrtf(8.0f * idx + 1.0f) - 1.0f) * 0.5f)
+                            : (int)((sqrtf(8.0f * idx + 1.0f) + 1.0f) * 0.5f);
+        const int jj = idx - (DIAG ? ii * (ii + 1) / 2 : ii * (ii - 1) / 2);
+        const int i = 16 * b + ii, j = 16 * b + jj;
         float x = 0.0f;
-        if (i < L && (DIAG ? j <= i : j < i)) {
+        if (pe < NP && i < L) {
             const bf16 *li = s.l + i * LDK, *rj = s.r + j * LDK;
             const float *Gi = s.G + i * DK, *Gj = s.G + j * DK;
-            for (int cc = 0; cc < DK; cc++) {
-                const int c = (c0 + cc) & (DK - 1);
+#pragma unroll 4
+            for (int cc = 0; cc < DK / 4; cc++) {
+                const int c = (lane + 4 * cc) & (DK - 1);
                 x += __bfloat162float(li[c]) * __bfloat162float(rj[c]) * expf(Gi[c] - Gj[c]);
             }
         }
-        P[i * KDA_LDT + j] = x;
+        x += __shfl_xor_sync(KDA_FULL, x, 1);
+        x += __shfl_xor_sync(KDA_FULL, x, 2);
+        if (pe < NP && (lane & 3) == 0) P[i * KDA_LDT + j] = x;
     }
-    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) { /* right of the diagonal blocks */
+    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
         const int i = p / KDA_C, j = p % KDA_C;
-        if ((j >> 4) > (i >> 4)) P[i * KDA_LDT + j] = 0.0f;
+        if ((j >> 4) > (i >> 4) || ((j >> 4) == (i >> 4) && (DIAG ? j > i : j >= i))) P[i * KDA_LDT + j] = 0.0f;
     }
     __syncthreads();
 }
 
-/* rows [0, 64) x DK of a bf16 matrix (row t at src + t ld) into a tile of row stride DK + 8; rows >= L read 0 */
+/* rows [0, 64) x DK of a bf16 matrix (row t at src + t ld) into a tile of row stride DK + 8; rows >= L read 0;
+ * asynchronous (kda_load_bf16) */
 template <int DK> KDA_DEV void kda_load_rows(bf16 *s, const bf16 *src, int64_t ld, int L) {
-    for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
-        const int row = i / DK, c = i % DK;
-        s[row * (DK + 8) + c] = row < L ? src[(int64_t)row * ld + c] : __float2bfloat16(0.0f);
+    kda_load_bf16(s, DK + 8, src, ld, DK, L);
+}
+
+/* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (row stride KDA_LDT) from the strictly lower A (stride
+ * KDA_LDT), blocked by 16 (gdn/common.cuh's gdn_solve on 256 threads): the four diagonal blocks by forward
+ * substitution, one thread per (block, column), T_ic = [i == c] - sum_{j < i} A_ij T_jc, in parallel; then the
+ * blocks below by distance d = bi - bj from the diagonal, d = 1, 2, 3: X = sum_{kb = bj}^{bi - 1} A_{bi kb} T_{kb bj}
+ * (k in order, one thread per entry), T_{bi bj} = -T_{bi bi} X. Serial steps: 16 rows, then three levels of two
+ * 16-long dot products, instead of 64 dependent rows. sX: (3, 16, 17) scratch. All threads; ends synchronised. */
+#define KDA_SOLVE_SCRATCH (3 * 16 * 17)
+KDA_DEV void kda_solve(float *sT, float *sX, const float *sA) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < KDA_C * KDA_C; i += KDA_THREADS) sT[(i / KDA_C) * KDA_LDT + i % KDA_C] = 0.0f;
+    __syncthreads();
+    if (tid < KDA_C) {
+        const int o = 16 * (tid >> 4), c = tid & 15;
+        float tc[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float x = i == c ? 1.0f : 0.0f;
+#pragma unroll
+            for (int j = 0; j < i; j++) x = fmaf(-sA[(o + i) * KDA_LDT + o + j], tc[j], x);
+            tc[i] = x;
+            sT[(o + i) * KDA_LDT + o + c] = x;
+        }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int d = 1; d < 4; d++) {
+        const int n = (4 - d) * 256; /* the 16 x 16 entries of the 4 - d blocks at this distance */
+        for (int e = tid; e < n; e += KDA_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *arow = sA + (16 * bi + r) * KDA_LDT;
+            float x = 0.0f;
+#pragma unroll 1
+            for (int kb = bj; kb < bi; kb++) {
+                const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * KDA_LDT + 16 * bj + cc;
+#pragma unroll
+                for (int m = 0; m < 16; m++) x = fmaf(ak[m], tk[m * KDA_LDT], x);
+            }
+            sX[(e >> 8) * 272 + r * 17 + cc] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < n; e += KDA_THREADS) {
+            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
+            const float *trow = sT + (16 * bi + r) * KDA_LDT + 16 * bi, *xb = sX + (e >> 8) * 272;
+            float t = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            sT[(16 * bi + r) * KDA_LDT + 16 * bj + cc] = -t;
+        }
+        __syncthreads();
     }
 }
 
@@ -124,9 +188,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* waits for the rows too */
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
         __syncthreads();
         /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
@@ -134,21 +198,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
             sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
         __syncthreads();
-        /* Tinv by forward substitution, four lanes per column col (threads 4 col .. 4 col + 3, one warp):
-         * T_i[col] = [i == col] - sum_{col <= j < i} A_ij T_j[col], lane part taking j = part (mod 4), the four
-         * partial sums added by a fixed butterfly; rows in order, a warp barrier between them */
-        {
-            const int col = threadIdx.x >> 2, part = threadIdx.x & 3;
-            for (int i = 0; i < L; i++) {
-                float s1 = 0.0f;
-                for (int j = col + ((part - col) & 3); j < i; j += 4) s1 += sA[i * KDA_LDT + j] * sT[j * KDA_LDT + col];
-                s1 += __shfl_xor_sync(KDA_FULL, s1, 1);
-                s1 += __shfl_xor_sync(KDA_FULL, s1, 2);
-                if (part == 0) sT[i * KDA_LDT + col] = col <= i ? (i == col ? 1.0f : 0.0f) - s1 : 0.0f;
-                __syncwarp();
-            }
-        }
-        __syncthreads();
+        static_assert(KDA_SOLVE_SCRATCH * sizeof(float) <= KDA_C * (DK + 8) * sizeof(bf16), "prep: solve scratch");
+        kda_solve(sT, (float *)s.lh, sA); /* lh is dead after the pair sums */
         for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
             tinv[((ch.t0 + i) * nv + h) * (int64_t)KDA_C + j] = sT[i * KDA_LDT + j];
@@ -175,6 +226,7 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK> &s, bf16 *gq2, float *p, con
         const int r = i / KDA_C, j = i % KDA_C;
         kda_split(scale * s.A[r * KDA_LDT + j], &s.lh[r * LDT + j], &s.ll[r * LDT + j]);
     }
+    kda_load_wait();
     __syncthreads();
     float acc[1][DV / 16][4];
     gdn_zero(acc);
@@ -207,9 +259,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_qk_kernel(float *qk /* (T,nv,
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
         kda_load_rows<DK>(s.l, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.r, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for the rows too */
         __syncthreads();
         kda_pair_decay<DK, true>(s, s.A, L);
         if (!BWD) {

@@ -24,12 +24,13 @@
 
 template <int DK> struct KdaWuSmem {
     static constexpr int LDK = DK + 8, LDT = KDA_C + 8;
-    float *G;
+    float *G, *beta;
     bf16 *tbh, *tbl, *xh, *xl, *v;
     size_t bytes;
     __host__ __device__ explicit KdaWuSmem(void *b) {
         KdaCarve c(b);
         G = c.take<float>((size_t)KDA_C * DK);
+        beta = c.take<float>(KDA_C);
         tbh = c.take<bf16>((size_t)KDA_C * LDT);
         tbl = c.take<bf16>((size_t)KDA_C * LDT);
         xh = c.take<bf16>((size_t)KDA_C * LDK);
@@ -98,20 +99,45 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* threads >= DK go on while the others sum G */
-        for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
-            const int r = i / KDA_C, j = i % KDA_C;
-            const float x =
-                r < L && j <= r ? tinv[((t0 + r) * nv + h) * (int64_t)KDA_C + j] * beta[(t0 + j) * nv + h] : 0.0f;
-            kda_split(x, &s.tbh[r * LDT + j], &s.tbl[r * LDT + j]);
-        }
         if (u) kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * DV, ldv, DV, L);
-        __syncthreads();
+        kda_load_bf16(s.xl, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* k, then gam * k split over it */
+        if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for v and k too; its barrier publishes beta */
+        /* Tb = Tinv diag(beta), split: Tinv's rows 16 bytes a load (plain loads if tinv is not 16-byte aligned), a
+         * thread's KDA_BATCH loads in flight together */
+        const bool t16 = ((uintptr_t)tinv & 15) == 0;
+        for (int i0 = threadIdx.x; i0 < KDA_C * KDA_C / 4; i0 += KDA_BATCH * KDA_THREADS) {
+            float4 tv[KDA_BATCH];
+#pragma unroll
+            for (int q = 0; q < KDA_BATCH; q++) {
+                const int i = i0 + q * KDA_THREADS, r = i / (KDA_C / 4), j = (i % (KDA_C / 4)) * 4;
+                tv[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float *src = tinv + ((t0 + r) * nv + h) * (int64_t)KDA_C + j;
+                if (i < KDA_C * KDA_C / 4 && r < L)
+                    tv[q] = t16 ? *(const float4 *)src : make_float4(src[0], src[1], src[2], src[3]);
+            }
+#pragma unroll
+            for (int q = 0; q < KDA_BATCH; q++) {
+                const int i = i0 + q * KDA_THREADS, r = i / (KDA_C / 4), j = (i % (KDA_C / 4)) * 4;
+                const float tq[4] = {tv[q].x, tv[q].y, tv[q].z, tv[q].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float x = r < L && j + e <= r ? tq[e] * s.beta[j + e] : 0.0f;
+                    if (i < KDA_C * KDA_C / 4) kda_split(x, &s.tbh[r * LDT + j + e], &s.tbl[r * LDT + j + e]);
+                }
+            }
+        }
+        __syncthreads(); /* G */
+        /* gam * k split (in place over k: each element read by its writer) and dec * k split into x2 (rows < L) */
         for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
             const int r = i / DK, a = i % DK;
-            const float kv = r < L ? __bfloat162float(k[(t0 + r) * ldq + (int64_t)kh * DK + a]) : 0.0f;
+            const float kv = __bfloat162float(s.xl[r * LDK + a]); /* 0 for rows >= L */
             kda_split(expf(s.G[i]) * kv, &s.xh[r * LDK + a], &s.xl[r * LDK + a]);
             if (r == 0 && !ch.reset) gl[(ch.slot * nv + h) * (int64_t)DK + a] = expf(s.G[(L - 1) * DK + a]);
+            if (r < L) {
+                bf16 *row = x2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
+                kda_split(expf(s.G[(L - 1) * DK + a] - s.G[i]) * kv, &row[a], &row[DK + a]);
+            }
         }
         __syncthreads();
         {
@@ -145,14 +171,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
                 for (int e = 0; e < 4; e += 2) {
                     const int r = 16 * mt + gdn_frag_row(e), cc = half * (DV / 2) + 8 * ni + gdn_frag_col(e);
                     if (r < L)
-                        *(float2 *)&u[((t0 + r) * nv + h) * (int64_t)DV + cc] = make_float2(au[0][ni][e], au[0][ni][e + 1]);
+                        *(float2 *)&u[((t0 + r) * nv + h) * (int64_t)DV + cc] =
+                            make_float2(au[0][ni][e], au[0][ni][e + 1]);
                 }
-        }
-        for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
-            const int r = i / DK, a = i % DK;
-            const float kv = __bfloat162float(k[(t0 + r) * ldq + (int64_t)kh * DK + a]);
-            bf16 *row = x2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
-            kda_split(expf(s.G[(L - 1) * DK + a] - s.G[i]) * kv, &row[a], &row[DK + a]);
         }
         __syncthreads();
     }

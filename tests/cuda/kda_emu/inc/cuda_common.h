@@ -47,6 +47,12 @@ static inline bf16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 
 struct float2 { float x, y; };
 static inline float2 make_float2(float a, float b) { return float2{a, b}; }
+/* the 16-byte vector types (the kernels load 16 bytes through them): may_alias, as the device's loads through a cast
+ * pointer do not break the emulation's strict-aliasing assumptions */
+struct __attribute__((may_alias, aligned(16))) float4 { float x, y, z, w; };
+struct __attribute__((may_alias, aligned(16))) uint4 { unsigned x, y, z, w; };
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct uint3e { unsigned x, y, z; };
 extern dim3 blockIdx, gridDim, blockDim;
