@@ -67,8 +67,10 @@ static void emu_round(void *p, int64_t rows, int64_t cols, int64_t ld) {
     if (emu_draw_seed) {
         uint64_t call = emu_hash(emu_draw_seed ^ emu_hash(++emu_draw_calls));
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++) f[r * ld + c] = emu_round_stochastic(f[r * ld + c],
-                                                                                   emu_hash(call + (uint64_t)(r * cols + c)));
+            for (int64_t c = 0; c < cols; c++) {
+                uint64_t h = emu_hash(call + (uint64_t)(r * cols + c));
+                f[r * ld + c] = emu_round_stochastic(f[r * ld + c], h);
+            }
         return;
     }
     for (int64_t r = 0; r < rows; r++)
