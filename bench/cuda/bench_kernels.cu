@@ -7,6 +7,7 @@
  *   build/bench_kernels attn [all|32k|hd256|128k|ring2|dense]   (attention_timing.cu; default all)
  *   build/bench_kernels gdn [every-set]                         (gdn_timing.cu)
  *   build/bench_kernels glue                                    (glue_timing.cu: per-token glue, GB/s)
+ *   build/bench_kernels gemm [ROWS]                             (gemm_timing.cu: cuBLASLt's algorithms; 8384)
  *
  * Links like build/test_cuda (the kernels, lib/core/error.o; no MPI, no NCCL). Also: the scratch of
  * bench_kernels.h.
@@ -76,7 +77,8 @@ float bk_median(float *x, int n) {
 static int bk_usage(void) {
     fprintf(stderr, "usage: bench_kernels attn [all|32k|hd256|128k|ring2|dense]\n"
                     "       bench_kernels gdn [every-set]\n"
-                    "       bench_kernels glue\n");
+                    "       bench_kernels glue\n"
+                    "       bench_kernels gemm [ROWS]\n");
     return 2;
 }
 
@@ -88,6 +90,10 @@ int main(int argc, char **argv) {
         bk_gdn_timing(argc == 3);
     } else if (!strcmp(argv[1], "glue") && argc == 2) {
         bk_glue_timing();
+    } else if (!strcmp(argv[1], "gemm")) {
+        const long long rows = argc == 3 ? atoll(argv[2]) : 8384;
+        if (rows <= 0) return bk_usage();
+        bk_gemm_timing(rows);
     } else {
         return bk_usage();
     }

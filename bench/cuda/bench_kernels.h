@@ -5,7 +5,7 @@
  * build/test_cuda's).
  *
  * Callers: bench/cuda/attention_timing.cu, bench/cuda/gdn_timing.cu, bench/cuda/glue_timing.cu,
- * bench/cuda/bench_kernels.cu.
+ * bench/cuda/gemm_timing.cu, bench/cuda/bench_kernels.cu.
  */
 #ifndef RS_BENCH_KERNELS_H
 #define RS_BENCH_KERNELS_H
@@ -32,5 +32,7 @@ int bk_attention_timing(const char *mode);
 void bk_gdn_timing(int every_set);
 /* glue_timing.cu: the per-token glue kernels at the 1B config's row chunk and T = 131,072, with GB/s */
 void bk_glue_timing(void);
+/* gemm_timing.cu: the step's dense GEMMs at `rows` rows, every algorithm of cuBLASLt's first answers */
+void bk_gemm_timing(int64_t rows);
 
 #endif

@@ -1,0 +1,117 @@
+/*
+ * gemm_timing.cu — `build/bench_kernels gemm [ROWS]`: the training step's dense GEMMs (the 1B hybrid of
+ * configs/hybrid-1b-256k-h200x4.yaml: hidden 1536, GDN in_proj 8224 columns, attention in_proj 4608, MLP
+ * 8192 / 4096, out_proj 2048, lm head 151,936 at its 3,533-row chunk) through cuBLASLt, timing every
+ * algorithm of the heuristic's first BK_GEMM_ALGOS answers: is the heuristic's first choice (the one
+ * kernels/cuda/cuda_matmul.cu takes) the fastest at these shapes, and by how much is it not?
+ *
+ * Each shape runs in the three forms the dense layer uses (kernels/cuda/cuda_matmul.cu): forward
+ * y (R,OC) = x (R,IC) W^T (bf16 out), backward data dx (R,IC) = dy W (bf16), backward weight
+ * dW (OC,IC) += dy^T x (fp32 C, beta 1). Row-major operands as cuda_gemm.h describes them, given to
+ * cuBLASLt column-major (C^T = op(B)^T op(A)^T). Median of BK_GEMM_REPS runs per algorithm; TFLOP/s at
+ * 2 M N K. Information only, nothing checked.
+ *
+ * Called by bench_kernels.cu (main).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench_kernels.h"
+#include "cuda_common.h"
+
+#define BK_GEMM_ALGOS 16
+#define BK_GEMM_REPS 9
+
+typedef struct {
+    const char *name;
+    int64_t     rows, oc, ic; /* the dense layer's T, OC, IC; rows 0: the ROWS argument */
+} BkGemmShape;
+
+/* one GEMM C (M,N; ldc = N) = op(A) op(B) (+ C), row-major, as cuda_gemm.h; A (M,K) or (K,M) when trans_a */
+static void bk_gemm_one(const char *label, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int c_fp32,
+                        int accumulate) {
+    const void *A = bk_dev_alloc((size_t)M * K * 2);
+    const void *B = bk_dev_alloc((size_t)K * N * 2);
+    void *C = bk_dev_alloc((size_t)M * N * (c_fp32 ? 4 : 2));
+    CUDA_CHECK(cudaMemsetAsync((void *)A, 0x3c, (size_t)M * K * 2, cuda_stream())); /* small finite values */
+    CUDA_CHECK(cudaMemsetAsync((void *)B, 0x3c, (size_t)K * N * 2, cuda_stream()));
+    CUDA_CHECK(cudaMemsetAsync(C, 0, (size_t)M * N * (c_fp32 ? 4 : 2), cuda_stream()));
+    const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)(trans_b ? K : N), (uint64_t)(trans_b ? N : K),
+                                            ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)(trans_a ? M : K), (uint64_t)(trans_a ? K : M),
+                                            lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_fp32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)M, N));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws_bytes = 0;
+    void *ws = cuda_lt_workspace(&ws_bytes);
+    uint64_t wsb = ws_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    cublasLtMatmulHeuristicResult_t res[BK_GEMM_ALGOS];
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), op, la, lb, lc, lc, pref, BK_GEMM_ALGOS, res, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const double flop = 2.0 * (double)M * (double)N * (double)K;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float first = 0, best = 1e30f;
+    int best_i = -1;
+    for (int a = 0; a < found; a++) {
+        float t[BK_GEMM_REPS];
+        int ok = 1;
+        for (int r = -2; r < BK_GEMM_REPS && ok; r++) {
+            CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
+            ok = cublasLtMatmul(cuda_lt_handle(), op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[a].algo, ws,
+                                ws_bytes, cuda_stream()) == CUBLAS_STATUS_SUCCESS;
+            CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            if (r >= 0) CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
+        }
+        if (!ok) continue;
+        const float ms = bk_median(t, BK_GEMM_REPS);
+        if (a == 0) first = ms;
+        if (ms < best) best = ms, best_i = a;
+    }
+    printf("%-28s M %6lld N %6lld K %6lld  heuristic #0 %8.3f ms %6.1f TFLOP/s  best #%-2d %8.3f ms %6.1f TFLOP/s  "
+           "(%d algos) #0/best %.3f\n",
+           label, (long long)M, (long long)N, (long long)K, first, flop / first / 1e9, best_i, best,
+           flop / best / 1e9, found, first / best);
+    fflush(stdout);
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(op);
+    bk_dev_free_all();
+}
+
+void bk_gemm_timing(int64_t rows) {
+    static const BkGemmShape shapes[] = {
+        {"gdn in_proj", 0, 8224, 1536}, {"attn in_proj", 0, 4608, 1536}, {"mlp gate_up", 0, 8192, 1536},
+        {"mlp down", 0, 1536, 4096},    {"out_proj", 0, 1536, 2048},     {"lm head", 3533, 151936, 1536},
+    };
+    printf("bench_kernels gemm: rows %lld, cuBLASLt heuristic's first %d answers, median of %d\n", (long long)rows,
+           BK_GEMM_ALGOS, BK_GEMM_REPS);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t R = shapes[s].rows ? shapes[s].rows : rows, OC = shapes[s].oc, IC = shapes[s].ic;
+        char label[64];
+        snprintf(label, sizeof label, "%s fwd", shapes[s].name);
+        bk_gemm_one(label, R, OC, IC, 0, 1, 0, 0); /* y = x W^T */
+        snprintf(label, sizeof label, "%s bwd data", shapes[s].name);
+        bk_gemm_one(label, R, IC, OC, 0, 0, 0, 0); /* dx = dy W */
+        snprintf(label, sizeof label, "%s bwd weight", shapes[s].name);
+        bk_gemm_one(label, OC, IC, R, 1, 0, 1, 1); /* dW += dy^T x */
+    }
+}
