@@ -31,15 +31,7 @@ import numpy as np
 for _d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"), os.path.join("tests", "parity")):
     sys.path.insert(0, _d)  # beside tests/cuda, or the repo root's when this file was copied elsewhere
 import safetensors_io  # noqa: E402
-
-
-def rel(got, ref):
-    got, ref = np.asarray(got, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
-    if not np.all(np.isfinite(got)):
-        return float("inf")
-    n = float(np.linalg.norm(ref))
-    d = float(np.linalg.norm(got - ref))
-    return d / n if n > 0 else d
+from relerr import rel  # noqa: E402
 
 
 def main(argv=None):

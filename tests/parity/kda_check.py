@@ -57,6 +57,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import hf_check  # noqa: E402
 import safetensors_io as st  # noqa: E402
+from relerr import rel  # noqa: E402
 
 SHAPES = {
     "small": dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
@@ -110,14 +111,6 @@ def guarded(check, fn, *a, **kw):
         traceback.print_exc()
         say(check, False, f"{type(e).__name__}: {e}")
     return None
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if not np.all(np.isfinite(a)):
-        return float("inf")
-    nb = float(np.linalg.norm(b))
-    return float(np.linalg.norm(a - b)) / (nb if nb > 0 else 1.0)
 
 
 def doc_cuts(doc_pos_row):

@@ -56,6 +56,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "bench" / "peer"))
 import safetensors_io as st  # noqa: E402
+from relerr import rel  # noqa: E402
 
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
 BF16_OUT = ("o", "dq", "dk", "dv")  # bf16 on both sides (cuda)
@@ -81,15 +82,6 @@ def say(check, ok, detail=""):
 def usage_exit(msg):
     print(f"kda_fla_check: {msg}", file=sys.stderr)
     sys.exit(2)
-
-
-def rel(x, ref):
-    """||x - ref|| / ||ref|| in float64 (inf where x is not finite)."""
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    if not np.all(np.isfinite(x)):
-        return float("inf")
-    n = float(np.linalg.norm(ref))
-    return float(np.linalg.norm(x - ref)) / (n if n > 0 else 1.0)
 
 
 def bf16_round(a):
