@@ -9,7 +9,10 @@
  * y (R,OC) = x (R,IC) W^T (bf16 out), backward data dx (R,IC) = dy W (bf16), backward weight
  * dW (OC,IC) += dy^T x (fp32 C, beta 1). Row-major operands as cuda_gemm.h describes them, given to
  * cuBLASLt column-major (C^T = op(B)^T op(A)^T). Median of BK_GEMM_REPS runs per algorithm; TFLOP/s at
- * 2 M N K. The operands hold random values in [-1, 1) (constant operands let the clocks run higher than
+ * 2 M N K. Each algorithm's output (beta 0) is compared bit for bit with the first's: where an algorithm
+ * both beats the first and gives its bits, choosing it by timing could not change a run's results. Each
+ * line names the algorithm's configuration (cuBLASLt algo id, tile, stages, split-K, cluster shape ids).
+ * The operands hold random values in [-1, 1) (constant operands let the clocks run higher than
  * the training step's do). Information only, nothing checked.
  *
  * Called by bench_kernels.cu (main).
@@ -39,9 +42,33 @@ static const void *bk_gemm_random(int64_t n, uint32_t seed) {
     return x;
 }
 
+/* *ndiff += the count of 32-bit words where a and b differ */
+__global__ void bk_gemm_diff_kernel(unsigned long long *ndiff, const uint32_t *a /* (n) */, const uint32_t *b /* (n) */,
+                                    int64_t n) {
+    unsigned long long d = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        d += a[i] != b[i];
+    if (d) atomicAdd(ndiff, d);
+}
+
+static int bk_algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigAttributes_t what) {
+    uint32_t v = 0;
+    size_t got = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(algo, what, &v, sizeof v, &got) != CUBLAS_STATUS_SUCCESS) return -1;
+    return (int)v;
+}
+
+static void bk_algo_name(char *out, size_t n, const cublasLtMatmulAlgo_t *algo) {
+    snprintf(out, n, "id %d tile %d st %d sk %d cl %d", bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_ID),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID), bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+}
+
 typedef struct {
     const char *name;
     int64_t     rows, oc, ic; /* the dense layer's T, OC, IC; rows 0: the ROWS argument */
+    int         fwd_fp32;     /* the forward writes fp32 (the lm head's logits, kernels/cuda/cuda_loss.cu) */
 } BkGemmShape;
 
 /* one GEMM C (M,N; ldc = N) = op(A) op(B) (+ C), row-major, as cuda_gemm.h; A (M,K) or (K,M) when trans_a */
@@ -79,8 +106,12 @@ static void bk_gemm_one(const char *label, int64_t M, int64_t N, int64_t K, int 
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    float first = 0, best = 1e30f;
-    int best_i = -1;
+    float first = 0, best = 1e30f, best_same = 1e30f;
+    int best_i = -1, best_same_i = -1, nsame = 0;
+    const size_t cbytes = (size_t)M * N * (c_fp32 ? 4 : 2);
+    void *C0 = bk_dev_alloc(cbytes), *C1 = bk_dev_alloc(cbytes);
+    unsigned long long *ndiff = (unsigned long long *)bk_dev_alloc(sizeof *ndiff), diff_best = 0;
+    const float zero = 0.0f;
     for (int a = 0; a < found; a++) {
         float t[BK_GEMM_REPS];
         int ok = 1;
@@ -93,14 +124,32 @@ static void bk_gemm_one(const char *label, int64_t M, int64_t N, int64_t K, int 
             if (r >= 0) CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
         }
         if (!ok) continue;
+        /* the product alone (beta 0) into C0 (the first algorithm) or C1, compared with C0 */
+        CUBLAS_CHECK(cublasLtMatmul(cuda_lt_handle(), op, &alpha, B, la, A, lb, &zero, a ? C1 : C0, lc, a ? C1 : C0,
+                                    lc, &res[a].algo, ws, ws_bytes, cuda_stream()));
+        unsigned long long d = 0;
+        if (a) {
+            CUDA_CHECK(cudaMemsetAsync(ndiff, 0, sizeof *ndiff, cuda_stream()));
+            bk_gemm_diff_kernel<<<1024, 256, 0, cuda_stream()>>>(ndiff, (const uint32_t *)C0, (const uint32_t *)C1,
+                                                                 (int64_t)(cbytes / 4));
+            CUDA_CHECK(cudaMemcpyAsync(&d, ndiff, sizeof d, cudaMemcpyDeviceToHost, cuda_stream()));
+            CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+        }
         const float ms = bk_median(t, BK_GEMM_REPS);
         if (a == 0) first = ms;
-        if (ms < best) best = ms, best_i = a;
+        if (ms < best) best = ms, best_i = a, diff_best = d;
+        if (!d) {
+            nsame++;
+            if (ms < best_same) best_same = ms, best_same_i = a;
+        }
     }
-    printf("%-28s M %6lld N %6lld K %6lld  heuristic #0 %8.3f ms %6.1f TFLOP/s  best #%-2d %8.3f ms %6.1f TFLOP/s  "
-           "(%d algos) #0/best %.3f\n",
-           label, (long long)M, (long long)N, (long long)K, first, flop / first / 1e9, best_i, best,
-           flop / best / 1e9, found, first / best);
+    char n0[96], nb[96];
+    bk_algo_name(n0, sizeof n0, &res[0].algo);
+    bk_algo_name(nb, sizeof nb, &res[best_i].algo);
+    printf("%-24s M %6lld N %6lld K %6lld  #0 %7.3f ms %5.1f TF/s [%s]  best #%-2d %7.3f ms %5.1f TF/s [%s] "
+           "words differing from #0 %llu  #0/best %.3f  best of the %d of %d with #0's bits: #%d, #0/it %.3f\n",
+           label, (long long)M, (long long)N, (long long)K, first, flop / first / 1e9, n0, best_i, best,
+           flop / best / 1e9, nb, diff_best, first / best, nsame, found, best_same_i, first / best_same);
     fflush(stdout);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
@@ -114,7 +163,7 @@ static void bk_gemm_one(const char *label, int64_t M, int64_t N, int64_t K, int 
 void bk_gemm_timing(int64_t rows) {
     static const BkGemmShape shapes[] = {
         {"gdn in_proj", 0, 8224, 1536}, {"attn in_proj", 0, 4608, 1536}, {"mlp gate_up", 0, 8192, 1536},
-        {"mlp down", 0, 1536, 4096},    {"out_proj", 0, 1536, 2048},     {"lm head", 3533, 151936, 1536},
+        {"mlp down", 0, 1536, 4096},    {"out_proj", 0, 1536, 2048},     {"lm head", 3533, 151936, 1536, 1},
     };
     printf("bench_kernels gemm: rows %lld, cuBLASLt heuristic's first %d answers, median of %d\n", (long long)rows,
            BK_GEMM_ALGOS, BK_GEMM_REPS);
@@ -122,7 +171,7 @@ void bk_gemm_timing(int64_t rows) {
         const int64_t R = shapes[s].rows ? shapes[s].rows : rows, OC = shapes[s].oc, IC = shapes[s].ic;
         char label[64];
         snprintf(label, sizeof label, "%s fwd", shapes[s].name);
-        bk_gemm_one(label, R, OC, IC, 0, 1, 0, 0); /* y = x W^T */
+        bk_gemm_one(label, R, OC, IC, 0, 1, shapes[s].fwd_fp32, 0); /* y = x W^T */
         snprintf(label, sizeof label, "%s bwd data", shapes[s].name);
         bk_gemm_one(label, R, IC, OC, 0, 0, 0, 0); /* dx = dy W */
         snprintf(label, sizeof label, "%s bwd weight", shapes[s].name);
