@@ -14,11 +14,26 @@
  * gets m = N, n = M, k = K with B as its first operand and A as its second,
  * each with its own transpose flag unchanged.
  *
- * Plans: the matmul descriptor, the three layouts and the heuristic's choice
- * for a (shape, strides, alignments, types) key are made once and kept in a
- * small table (GEMM_PLANS entries; the model has a few dozen distinct
- * shapes). The heuristic is deterministic, so a key always gets the same
- * algorithm, and the results are the same run to run.
+ * Plans: the matmul descriptor, the three layouts and the algorithm for a
+ * (shape, strides, alignments, types) key are made once and kept in a small
+ * table (GEMM_PLANS entries; the model has a few dozen distinct shapes).
+ *
+ * The algorithm: cuBLASLt's heuristic ranks its candidates by a model, and its
+ * first is not always the fastest at the model's shapes (bench_kernels gemm;
+ * docs/bench-log/2026-11-29-e-gemm-choice-kda-conv.md). So a plan keeps the
+ * heuristic's first GEMM_CANDIDATES answers that share the first's
+ * accumulation order (the same kernel id, no split-K, the same reduction
+ * scheme, inner shape and custom option: they differ only in the output tile,
+ * the pipeline stages and the cluster shape, which do not change the order in
+ * which any output element sums its K products), and its first call times them
+ * on the call's own operands (GEMM_TUNE_REPS runs each, on the compute stream)
+ * and checks each one's output, bit for bit by a 64-bit hash, against the
+ * first's: a candidate with other bits is dropped, and one replaces the first
+ * only when it is at least GEMM_TUNE_GAIN faster. Whichever runs, every call
+ * gives the heuristic's first choice's bits, so the results are the same run to
+ * run and across resumes. Only calls that may run again unchanged are timed (C
+ * written, or D = Cin + A B with Cin not D); a call that adds into C keeps the
+ * first. The call itself then runs the chosen algorithm.
  *
  * Callers: through backend_cuda (lib/model/model_block.c), cuda_loss.cu, tests/cuda.
  */
@@ -30,6 +45,9 @@
 #include "cuda_kernels.h"
 
 #define GEMM_PLANS 256
+#define GEMM_CANDIDATES 8    /* heuristic answers a plan asks for and may time */
+#define GEMM_TUNE_REPS 3     /* timed runs per candidate (median) at a plan's first call */
+#define GEMM_TUNE_GAIN 0.98f /* a candidate replaces the first only below this fraction of its time */
 
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc;
@@ -43,11 +61,14 @@ typedef struct {
     cublasLtMatmulDesc_t   op;
     cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), D (and C when C = D) */
     cublasLtMatrixLayout_t lin;        /* cuBLASLt's C when it is not D (key.ld_in > 0) */
-    cublasLtMatmulAlgo_t   algo;
+    cublasLtMatmulAlgo_t   algo;                   /* what every call runs */
+    cublasLtMatmulAlgo_t   cand[GEMM_CANDIDATES];  /* the first and those of its accumulation order */
+    int                    ncand, tuned;           /* tuned: the first call has chosen */
 } GemmPlan;
 
 static GemmPlan gemm_plans[GEMM_PLANS];
 static int      gemm_nplans;
+static int      gemm_tuning = 1; /* 0: plans keep the heuristic's first choice (cuda_gemm_reset, tests) */
 
 /* alignment cuBLASLt may assume of a matrix: its pointer's, and every row start's */
 static int gemm_align(const void *p, int64_t ld, int elt) {
@@ -55,6 +76,25 @@ static int gemm_align(const void *p, int64_t ld, int elt) {
     int64_t row = ld * elt;
     while (a > 1 && row % a) a >>= 1;
     return a;
+}
+
+static uint32_t gemm_algo_attr(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t what) {
+    uint32_t v = 0; /* every attribute compared here is 32 bits or narrower (zero-extended) */
+    size_t got = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, what, &v, sizeof v, &got));
+    return v;
+}
+
+/* a and b sum every output element's K products in the same order: the same kernel, no split-K, the same
+ * reduction scheme, inner (instruction) shape and custom option; tile, stages and cluster may differ */
+static bool gemm_same_order(const cublasLtMatmulAlgo_t *a, const cublasLtMatmulAlgo_t *b) {
+    static const cublasLtMatmulAlgoConfigAttributes_t order[] = {
+        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+        CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
+    if (gemm_algo_attr(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) return false;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (gemm_algo_attr(a, order[i]) != gemm_algo_attr(b, order[i])) return false;
+    return true;
 }
 
 static void gemm_plan_build(GemmPlan *g, const GemmKey *k) {
@@ -89,10 +129,10 @@ static void gemm_plan_build(GemmPlan *g, const GemmKey *k) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[GEMM_CANDIDATES];
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), g->op, g->la, g->lb, lcin, g->lc, pref, 1,
-                                                       &res, &found);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), g->op, g->la, g->lb, lcin, g->lc, pref,
+                                                       GEMM_CANDIDATES, res, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
         RS_FATAL("cuBLASLt has no algorithm for C (%lld,%lld; ld %lld, %s%s) = op(A) (ld %lld%s) op(B) (ld %lld%s), "
@@ -101,7 +141,12 @@ static void gemm_plan_build(GemmPlan *g, const GemmKey *k) {
                  k->accumulate ? ", accumulate" : "", (long long)k->lda, k->trans_a ? ", transposed" : "",
                  (long long)k->ldb, k->trans_b ? ", transposed" : "", (long long)k->K, k->align_a, k->align_b,
                  k->align_c, (int)st);
-    g->algo = res.algo;
+    g->algo = res[0].algo;
+    g->ncand = 0;
+    for (int i = 0; i < found; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && gemm_same_order(&res[i].algo, &res[0].algo))
+            g->cand[g->ncand++] = res[i].algo;
+    g->tuned = 0;
 }
 
 static void gemm_plan_free(GemmPlan *g) {
@@ -110,6 +155,90 @@ static void gemm_plan_free(GemmPlan *g) {
     cublasLtMatrixLayoutDestroy(g->lc);
     if (g->lin) cublasLtMatrixLayoutDestroy(g->lin);
     cublasLtMatmulDescDestroy(g->op);
+}
+
+/* one call's operands: D = C = op(A) op(B) (+ beta C), or D = C = Cin + op(A) op(B) */
+typedef struct {
+    void       *C;
+    const void *Cin, *A, *B;
+    float       beta;
+} GemmCall;
+
+static cublasStatus_t gemm_launch(const GemmPlan *g, const cublasLtMatmulAlgo_t *algo, const GemmCall *c) {
+    const float alpha = 1.0f;
+    size_t ws_bytes = 0;
+    void *ws = cuda_lt_workspace(&ws_bytes);
+    return cublasLtMatmul(cuda_lt_handle(), g->op, &alpha, c->B, g->la, c->A, g->lb, &c->beta, c->Cin ? c->Cin : c->C,
+                          c->Cin ? g->lin : g->lc, c->C, g->lc, algo, ws, ws_bytes, cuda_stream());
+}
+
+/* *h += a hash of every 16-bit unit of the (rows, units) block of stride ld units and its position: a fixed sum
+ * (integer adds), so equal blocks give equal hashes in any schedule */
+__global__ void gemm_hash_kernel(unsigned long long *h, const uint16_t *c /* (rows, ld) */, int64_t rows,
+                                 int64_t units, int64_t ld) {
+    unsigned long long s = 0;
+    const int64_t n = rows * units;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        unsigned long long x = ((unsigned long long)i << 16 | c[(i / units) * ld + i % units]) + 0x9e3779b97f4a7c15ull;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        s += x ^ (x >> 31);
+    }
+    atomicAdd(h, s);
+}
+
+static unsigned long long gemm_hash(const GemmPlan *g, const void *C) {
+    static unsigned long long *dev;
+    if (!dev) dev = (unsigned long long *)cuda_internal_alloc(sizeof *dev);
+    const int64_t elt = g->key.c_fp32 ? 2 : 1; /* 16-bit units per element */
+    unsigned long long h = 0;
+    CUDA_CHECK(cudaMemsetAsync(dev, 0, sizeof *dev, cuda_stream()));
+    gemm_hash_kernel<<<528, 256, 0, cuda_stream()>>>(dev, (const uint16_t *)C, g->key.M, g->key.N * elt,
+                                                     g->key.ldc * elt);
+    CUDA_LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(&h, dev, sizeof h, cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    return h;
+}
+
+/* the median ms of GEMM_TUNE_REPS runs of algo after one untimed run; its output's hash into *h; < 0 when
+ * cuBLASLt refuses the algorithm for this call */
+static float gemm_time(const GemmPlan *g, const cublasLtMatmulAlgo_t *algo, const GemmCall *c, unsigned long long *h) {
+    static cudaEvent_t ev[GEMM_TUNE_REPS + 1];
+    if (!ev[0])
+        for (int i = 0; i <= GEMM_TUNE_REPS; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
+    if (gemm_launch(g, algo, c) != CUBLAS_STATUS_SUCCESS) return -1.0f;
+    *h = gemm_hash(g, c->C);
+    CUDA_CHECK(cudaEventRecord(ev[0], cuda_stream()));
+    for (int r = 0; r < GEMM_TUNE_REPS; r++) {
+        if (gemm_launch(g, algo, c) != CUBLAS_STATUS_SUCCESS) return -1.0f;
+        CUDA_CHECK(cudaEventRecord(ev[r + 1], cuda_stream()));
+    }
+    CUDA_CHECK(cudaEventSynchronize(ev[GEMM_TUNE_REPS]));
+    float t[GEMM_TUNE_REPS];
+    for (int r = 0; r < GEMM_TUNE_REPS; r++) CUDA_CHECK(cudaEventElapsedTime(&t[r], ev[r], ev[r + 1]));
+    for (int i = 0; i < GEMM_TUNE_REPS; i++) /* median */
+        for (int j = i + 1; j < GEMM_TUNE_REPS; j++)
+            if (t[j] < t[i]) {
+                const float x = t[i];
+                t[i] = t[j], t[j] = x;
+            }
+    return t[GEMM_TUNE_REPS / 2];
+}
+
+/* the plan's first call: time its candidates on this call's operands (the header: same bits or dropped) */
+static void gemm_tune(GemmPlan *g, const GemmCall *c) {
+    g->tuned = 1;
+    const bool rerunnable = c->beta == 0.0f || (c->Cin && c->Cin != c->C);
+    if (g->ncand < 2 || !rerunnable) return;
+    unsigned long long h0 = 0, h = 0;
+    const float t0 = gemm_time(g, &g->cand[0], c, &h0);
+    if (t0 < 0) return; /* the call itself reports it */
+    float best = t0 * GEMM_TUNE_GAIN;
+    for (int i = 1; i < g->ncand; i++) {
+        const float t = gemm_time(g, &g->cand[i], c, &h);
+        if (t >= 0 && h == h0 && t < best) best = t, g->algo = g->cand[i];
+    }
 }
 
 /* D = op(A) op(B) (+ Cin, or + D when accumulate and Cin is NULL) */
@@ -148,16 +277,27 @@ static void gemm_run(void *C, int c_fp32, int64_t ldc, const void *Cin, int64_t 
     if (!g) {
         g = gemm_nplans < GEMM_PLANS ? &gemm_plans[gemm_nplans++] : &tmp; /* a full table only costs speed */
         gemm_plan_build(g, &key);
+        if (g == &tmp || !gemm_tuning) g->tuned = 1;
     }
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    size_t ws_bytes = 0;
-    void *ws = cuda_lt_workspace(&ws_bytes);
-    cublasStatus_t st = cublasLtMatmul(cuda_lt_handle(), g->op, &alpha, B, g->la, A, g->lb, &beta, Cin ? Cin : C,
-                                       Cin ? g->lin : g->lc, C, g->lc, &g->algo, ws, ws_bytes, cuda_stream());
+    const GemmCall call = {C, Cin, A, B, accumulate ? 1.0f : 0.0f};
+    if (!g->tuned) gemm_tune(g, &call);
+    cublasStatus_t st = gemm_launch(g, &g->algo, &call);
     if (g == &tmp) gemm_plan_free(&tmp);
     if (st != CUBLAS_STATUS_SUCCESS)
         RS_FATAL("cublasLtMatmul failed (status %d) for C (%lld,%lld) = op(A) op(B), K %lld", (int)st, (long long)M,
                  (long long)N, (long long)K);
+}
+
+extern "C" int cuda_gemm_reset(int tune) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    int moved = 0;
+    for (int i = 0; i < gemm_nplans; i++) {
+        moved += memcmp(&gemm_plans[i].algo, &gemm_plans[i].cand[0], sizeof gemm_plans[i].algo) != 0;
+        gemm_plan_free(&gemm_plans[i]);
+    }
+    gemm_nplans = 0;
+    gemm_tuning = tune != 0;
+    return moved;
 }
 
 extern "C" void cuda_gemm(void *C, int c_fp32, int64_t ldc, const void *A, int64_t lda, int trans_a, const void *B,

@@ -9,11 +9,13 @@
  * blocks that start mid-vector (pad 3: 2-byte aligned operands, which cuBLASLt must be told) and
  * aligned ones, K up to 1536. Bounds (cuda_test.h): bf16 outputs CT_BOUND_BF16_OUT (fp32
  * accumulation on both sides, output rounding only), dW CT_BOUND_F32 (fp32 C, order only). dW
- * runs twice and must be bitwise equal.
+ * runs twice and must be bitwise equal. cuda_gemm_choice_bits: the algorithm a plan chooses gives
+ * the bits of cuBLASLt's first choice.
  */
 #include <stdio.h>
 
 #include "cpu_kernels.h"
+#include "cuda_gemm.h"
 #include "cuda_kernels.h"
 #include "cuda_test.h"
 
@@ -122,4 +124,67 @@ TEST(cuda_matmul_residual) {
         snprintf(what, sizeof what, "matmul fwd residual resid unchanged [case %zu]", k);
         ct_bitwise_equal(what, ct_mat_dense(&r), ct_mat_dense(&r0), s.T * s.OC);
     }
+}
+
+/* The algorithm a GEMM plan chooses at its first call (kernels/cuda/cuda_matmul.cu: the fastest of cuBLASLt's
+ * candidates of the first's summation order, each checked by a hash) gives the heuristic's first choice's bits: the
+ * model's shapes (the 1B config at its 8,384-row chunk and odd ones), each form the dense layer calls (forward,
+ * forward with the residual from another buffer, backward data), bitwise against the same call with choosing off,
+ * at the first (timed) call and the next. Prints how many plans chose another algorithm than the first. */
+typedef struct {
+    int64_t M;
+    int     N, K, resid;
+} ChoiceShape;
+
+TEST(cuda_gemm_choice_bits) {
+    static const ChoiceShape shapes[] = {
+        {8384, 8192, 1536, 0}, /* the MLP's gate_up forward (cuBLASLt's first is not its fastest on an H200) */
+        {8384, 4096, 1536, 0}, /* the MLP's down, backward data */
+        {8384, 4608, 1536, 0}, /* attention's in_proj forward */
+        {8384, 1536, 2048, 1}, /* out_proj forward with the residual */
+        {1000, 8224, 1536, 0}, /* GDN's in_proj, a short chunk */
+        {333, 1536, 4096, 1},
+    };
+    ct_begin();
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const ChoiceShape s = shapes[k];
+        char what[160];
+        float *x = ct_host_normal(s.M * s.K, 1.0), *w = ct_host_normal((int64_t)s.N * s.K, 0.05);
+        float *r = ct_host_normal(s.M * s.N, 1.0), *ref = ct_host(s.M * s.N), *got = ct_host(s.M * s.N);
+        ct_round_bf16(x, s.M * s.K);
+        ct_round_bf16(w, (int64_t)s.N * s.K);
+        ct_round_bf16(r, s.M * s.N);
+        bf16 *d_x = ct_up_bf16(x, s.M * s.K), *d_w = ct_up_bf16(w, (int64_t)s.N * s.K), *d_r = ct_up_bf16(r, s.M * s.N);
+        bf16 *d_y = (bf16 *)ct_dev((size_t)s.M * s.N * sizeof(bf16));
+        for (int tune = 0; tune <= 1; tune++) {
+            const int moved = cuda_gemm_reset(tune);
+            if (tune) printf("-- M %lld N %d K %d%s: plans that chose another algorithm %d\n", (long long)s.M, s.N,
+                             s.K, s.resid ? " (residual)" : "", moved);
+            for (int call = 0; call < 1 + tune; call++) {
+                if (s.resid) cuda_matmul_forward_residual(d_y, d_x, d_w, d_r, s.M, s.K, s.N, s.K, s.N, s.N);
+                else cuda_matmul_forward(d_y, d_x, d_w, s.M, s.K, s.N, s.K, s.N, 0);
+                ct_down_bf16(tune ? got : ref, d_y, s.M * s.N);
+                if (tune) {
+                    snprintf(what, sizeof what, "gemm choice M %lld N %d K %d call %d: the first choice's bits",
+                             (long long)s.M, s.N, s.K, call);
+                    ct_bitwise_equal(what, got, ref, s.M * s.N);
+                }
+            }
+        }
+        /* backward data of the same shape (dinp = dout W: M x K from M x N), bitwise across the choice */
+        float *dx_ref = ct_host(s.M * s.K), *dx_got = ct_host(s.M * s.K);
+        float *dw = ct_host((int64_t)s.N * s.K);
+        for (int64_t i = 0; i < (int64_t)s.N * s.K; i++) dw[i] = 0.0f;
+        float *d_dw = ct_up_f32(dw, (int64_t)s.N * s.K);
+        bf16 *d_dx = (bf16 *)ct_dev((size_t)s.M * s.K * sizeof(bf16));
+        for (int tune = 0; tune <= 1; tune++) {
+            cuda_gemm_reset(tune);
+            cuda_matmul_backward(d_dx, d_dw, d_r, d_x, d_w, s.M, s.K, s.N, s.K, s.N, 0);
+            ct_down_bf16(tune ? dx_got : dx_ref, d_dx, s.M * s.K);
+        }
+        snprintf(what, sizeof what, "gemm choice backward data M %lld N %d K %d: the first choice's bits",
+                 (long long)s.M, s.N, s.K);
+        ct_bitwise_equal(what, dx_got, dx_ref, s.M * s.K);
+    }
+    printf("-- plans that chose another algorithm in the last backward calls: %d\n", cuda_gemm_reset(1));
 }
