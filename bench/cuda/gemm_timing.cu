@@ -51,18 +51,21 @@ __global__ void bk_gemm_diff_kernel(unsigned long long *ndiff, const uint32_t *a
     if (d) atomicAdd(ndiff, d);
 }
 
-static int bk_algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigAttributes_t what) {
-    uint32_t v = 0;
+static int bk_algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigAttributes_t what, size_t bytes) {
+    uint64_t v = 0;
     size_t got = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(algo, what, &v, sizeof v, &got) != CUBLAS_STATUS_SUCCESS) return -1;
+    if (cublasLtMatmulAlgoConfigGetAttribute(algo, what, &v, bytes, &got) != CUBLAS_STATUS_SUCCESS) return -1;
     return (int)v;
 }
 
 static void bk_algo_name(char *out, size_t n, const cublasLtMatmulAlgo_t *algo) {
-    snprintf(out, n, "id %d tile %d st %d sk %d cl %d", bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_ID),
-             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID), bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+    snprintf(out, n, "id %d tile %d st %d sk %d red %d in %d opt %d cl %d",
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_ID, 4), bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, 4), bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2));
 }
 
 typedef struct {
@@ -138,7 +141,11 @@ static void bk_gemm_one(const char *label, int64_t M, int64_t N, int64_t K, int 
         const float ms = bk_median(t, BK_GEMM_REPS);
         if (a == 0) first = ms;
         if (ms < best) best = ms, best_i = a, diff_best = d;
-        if (!d) {
+        if (d) {
+            char nd[96];
+            bk_algo_name(nd, sizeof nd, &res[a].algo);
+            printf("  %s: #%d [%s] differs from #0 in %llu words\n", label, a, nd, d);
+        } else {
             nsame++;
             if (ms < best_same) best_same = ms, best_same_i = a;
         }

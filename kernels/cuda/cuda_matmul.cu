@@ -78,22 +78,29 @@ static int gemm_align(const void *p, int64_t ld, int elt) {
     return a;
 }
 
-static uint32_t gemm_algo_attr(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t what) {
-    uint32_t v = 0; /* every attribute compared here is 32 bits or narrower (zero-extended) */
+/* an algorithm's configuration attribute of `bytes` bytes (cublasLt.h gives each one's type: 2 or 4 bytes) */
+static uint64_t gemm_algo_attr(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoConfigAttributes_t what, size_t bytes) {
+    uint64_t v = 0; /* little-endian: the attribute's bytes are its low bytes */
     size_t got = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, what, &v, sizeof v, &got));
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, what, &v, bytes, &got));
     return v;
 }
 
 /* a and b sum every output element's K products in the same order: the same kernel, no split-K, the same
- * reduction scheme, inner (instruction) shape and custom option; tile, stages and cluster may differ */
+ * reduction scheme, inner (instruction) shape and custom option; tile, stages, swizzle and cluster may differ */
 static bool gemm_same_order(const cublasLtMatmulAlgo_t *a, const cublasLtMatmulAlgo_t *b) {
-    static const cublasLtMatmulAlgoConfigAttributes_t order[] = {
-        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-        CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
-    if (gemm_algo_attr(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) return false;
+    static const struct {
+        cublasLtMatmulAlgoConfigAttributes_t what;
+        size_t                               bytes;
+    } order[] = {{CUBLASLT_ALGO_CONFIG_ID, 4},
+                 {CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4},
+                 {CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4},
+                 {CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2},
+                 {CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4}};
+    if ((int32_t)gemm_algo_attr(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4) > 1) return false;
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
-        if (gemm_algo_attr(a, order[i]) != gemm_algo_attr(b, order[i])) return false;
+        if (gemm_algo_attr(a, order[i].what, order[i].bytes) != gemm_algo_attr(b, order[i].what, order[i].bytes))
+            return false;
     return true;
 }
 
