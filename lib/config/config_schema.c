@@ -231,8 +231,10 @@ const ConfigKey config_schema[] = {
     INT(checkpoint.chunk_rows, "0", 0, BIG, "tokens", "model",
         "a layer's per-token work (norms, projections, conv, gates, MLP and their backward) runs over each local "
         "fragment in chunks of this many rows, so its scratch does not grow with tokens per GPU; the math is the "
-        "same; 0: the largest multiple of 64 whose chunk scratch (forward + gradients) fits 1 GiB, at most the "
-        "fragment (plan prints it); at least model.linear_conv_kernel_dim - 1 (the conv's halo). Under "
+        "same (parameter gradients sum the chunks in order); 0: plan's choice, the largest multiple of 64 whose "
+        "chunk scratch (forward + gradients) fits 4, else 2, else 1 GiB, the largest that keeps the run within "
+        "device memory less 10% beside the layers checkpoint.keep_layers keeps (fewer, longer kernel calls), at "
+        "most the fragment (plan prints it); at least model.linear_conv_kernel_dim - 1 (the conv's halo). Under "
         "checkpoint.activations none the per-token tensors the backward reads are kept whole per layer (nothing "
         "is recomputed); the chunks then bound each kernel call and the scratch (conv output, gradients)"),
     ENUM(checkpoint.offload, "none", offload_names, "model",

@@ -37,9 +37,6 @@
  * T = 32k). Smaller chunks make the lm_head markedly slower for little memory (docs/performance.md). */
 #define LOSS_CHUNK_BYTES (2LL << 30)
 
-/* chunk scratch (forward buffers and gradients) when checkpoint.chunk_rows is 0: 1 GiB gives the 1B
- * model (H 1536, I 4096) 8,192-row chunks on cuda, GEMMs of 8,192 x 1,536..8,224 */
-#define ACT_CHUNK_BYTES (1LL << 30)
 
 
 typedef struct {
@@ -138,13 +135,13 @@ static void acts_add_chunk(ActBuild *ab, int layer, const char *name, int64_t ro
 
 /* Rows per chunk of a layer's per-token work (checkpoint.chunk_rows, or the rule: the largest multiple
  * of 64 whose chunk scratch under full / remat, forward buffers plus gradients at `row_bytes` a row, fits
- * ACT_CHUNK_BYTES; never more than a fragment, whose rows the chunks cut). The same rows under none, where
+ * ACT_CHUNK_BYTES_RULE; never more than a fragment, whose rows the chunks cut). The same rows under none, where
  * the forward buffers are kept whole: there R sets the rows of each per-token kernel call and of the
  * scratch that stays (the conv output, the gradients). */
 static int64_t acts_chunk_rows(const Config *cfg, int64_t frag_len, int64_t row_bytes) {
     int64_t r = cfg->checkpoint.chunk_rows;
     if (r == 0) {
-        r = ACT_CHUNK_BYTES / row_bytes / GDN_CHUNK * GDN_CHUNK;
+        r = ACT_CHUNK_BYTES_RULE / row_bytes / GDN_CHUNK * GDN_CHUNK;
         if (r < GDN_CHUNK) r = GDN_CHUNK;
     }
     return r < frag_len ? r : frag_len;
@@ -203,6 +200,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->chunk_row_bytes = block_row + (gdn_row > attn_row ? gdn_row : attn_row) + grad_row;
     const int64_t R = acts_chunk_rows(cfg, T / frags, t->chunk_row_bytes);
     t->chunk_rows = R;
+    t->frag_rows = T / frags;
     ab.T = T;
     ab.R = R;
 

@@ -57,6 +57,10 @@
 #define ACT_KEEP_ALL   (ACT_KEEP_NONE | ACT_KEEP_FULL | ACT_KEEP_REMAT)
 
 #define GDN_CHUNK 64 /* chunk length of the chunked gated delta rule */
+/* chunk scratch (forward buffers and gradients) of checkpoint.chunk_rows 0's rule in model_acts_build (1 GiB gives the
+ * 1B model, H 1536, I 4096, 8,384-row chunks on cuda); plan_chunk_rows (lib/plan) grows it, up to
+ * PLAN_CHUNK_BYTES_MAX, where memory allows */
+#define ACT_CHUNK_BYTES_RULE (1LL << 30)
 #define ACT_ALIGN 256 /* bytes; model.c starts every carved buffer on this */
 
 typedef struct {
@@ -145,6 +149,7 @@ typedef struct {
     int64_t    tokens; /* local tokens per micro-batch */
     int64_t    chunk_rows;      /* rows of a layer's per-token chunk (checkpoint.chunk_rows or the rule) */
     int64_t    chunk_row_bytes; /* chunk scratch per row under full / remat: forward buffers + gradients */
+    int64_t    frag_rows;       /* rows of a zigzag fragment (the whole micro-batch at cp 1): chunks never span two */
     int64_t    chunk_scratch[ACT_POLICY_COUNT]; /* the chunk scratch: the per-token buffers a policy does not
                                                    keep (the larger layer kind's) + the chunk gradients */
     int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */

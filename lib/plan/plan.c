@@ -111,7 +111,8 @@ static int64_t plan_cuda_runtime(int dp, int cp) {
     return context + comms * per_comm;
 }
 
-void plan_build(Plan *p, const Config *cfg) {
+/* plan_build with checkpoint.chunk_rows as cfg gives it (0: model_acts.c's rule, 1 GiB of chunk scratch) */
+static void plan_build_as(Plan *p, const Config *cfg) {
     const ModelConfig *m = &cfg->model;
     memset(p, 0, sizeof *p);
     p->dp = cfg->parallel.dp;
@@ -315,22 +316,53 @@ int plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT
     return first;
 }
 
+/* plan q's total under cfg's policy within device memory less PLAN_KEEP_MARGIN (and host memory) */
+static bool plan_fits_margin(const Plan *q, const Config *cfg) {
+    const ActPolicy pol = (ActPolicy)cfg->checkpoint.activations;
+    return q->total[pol] <= (int64_t)((double)q->capacity * (1.0 - PLAN_KEEP_MARGIN)) && plan_host_fits(q, pol);
+}
+
 int plan_keep_layers(const Config *cfg) {
     const int L = (int)cfg->model.num_hidden_layers;
     if (cfg->checkpoint.activations == ACT_POLICY_NONE) return L;
     if (cfg->checkpoint.keep_layers != CONFIG_AUTO) return (int)cfg->checkpoint.keep_layers;
     for (int n = L; n > 0; n--) { /* the most layers that fit: plan's total, from the same table, at each n */
-        Config c = *cfg; /* plan_build reads the copy only */
+        Config c = *cfg; /* plan_build_as reads the copy only; chunk_rows as given (0: the 1 GiB rule) */
         c.checkpoint.keep_layers = n;
         Plan q;
-        plan_build(&q, &c);
-        const ActPolicy pol = (ActPolicy)cfg->checkpoint.activations;
-        const int fits = q.total[pol] <= (int64_t)((double)q.capacity * (1.0 - PLAN_KEEP_MARGIN)) &&
-                         plan_host_fits(&q, pol);
+        plan_build_as(&q, &c);
+        const bool fits = plan_fits_margin(&q, cfg);
         plan_free(&q);
         if (fits) return n;
     }
     return 0;
+}
+
+int64_t plan_chunk_rows(const Config *cfg) {
+    if (cfg->checkpoint.chunk_rows) return cfg->checkpoint.chunk_rows;
+    Config c = *cfg;
+    c.checkpoint.keep_layers = plan_keep_layers(cfg); /* decided at the rule's chunks: layers before chunk size */
+    Plan q;
+    plan_build_as(&q, &c);
+    const int64_t row_bytes = q.acts.chunk_row_bytes, rule = q.acts.chunk_rows, frag = q.acts.frag_rows;
+    plan_free(&q);
+    for (int64_t budget = PLAN_CHUNK_BYTES_MAX; budget >= 2 * ACT_CHUNK_BYTES_RULE; budget /= 2) {
+        int64_t rows = budget / row_bytes / GDN_CHUNK * GDN_CHUNK;
+        if (rows > frag) rows = frag;
+        if (rows <= rule) break; /* no larger than the rule's */
+        c.checkpoint.chunk_rows = rows;
+        plan_build_as(&q, &c);
+        const bool fits = plan_fits_margin(&q, cfg);
+        plan_free(&q);
+        if (fits) return rows;
+    }
+    return rule;
+}
+
+void plan_build(Plan *p, const Config *cfg) {
+    Config c = *cfg; /* checkpoint.chunk_rows 0 resolved (plan_chunk_rows); cfg itself is printed as given */
+    c.checkpoint.chunk_rows = plan_chunk_rows(cfg);
+    plan_build_as(p, &c);
 }
 
 bool plan_fits(const Plan *p, ActPolicy policy) {
@@ -537,8 +569,9 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     plan_bytes((double)t->chunk_scratch[pol], b, sizeof b);
     fprintf(f, "\nrow chunks: %s rows (%s), %s of chunk scratch (%s)\n", a,
             cfg->checkpoint.chunk_rows ? "checkpoint.chunk_rows"
-                                       : "checkpoint.chunk_rows 0: the largest multiple of 64 within 1 GiB under "
-                                         "full / remat, at most a fragment",
+                                       : "checkpoint.chunk_rows 0: the largest multiple of 64 whose chunk scratch "
+                                         "fits the largest of 4, 2, 1 GiB that keeps the plan within memory less 10% "
+                                         "(1 GiB whatever it leaves), at most a fragment",
             b, pol == ACT_POLICY_NONE ? "the conv output + gradients" : "forward + gradients");
     fprintf(f, "  %s\n", pol == ACT_POLICY_NONE
                              ? "none: the per-token tensors the backward reads are kept whole per layer; nothing is "

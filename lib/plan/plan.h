@@ -106,6 +106,13 @@ bool plan_fits(const Plan *p, ActPolicy policy);
  * every layer under none. model_acts_build calls it: the one figure plan prints and the model allocates. */
 #define PLAN_KEEP_MARGIN 0.10
 int  plan_keep_layers(const Config *cfg);
+/* checkpoint.chunk_rows as it runs: the number, or for 0 the rows of the largest chunk scratch among
+ * PLAN_CHUNK_BYTES_MAX, half of it, ... down to twice model_acts.c's rule (ACT_CHUNK_BYTES_RULE) whose plan, with the
+ * layers plan_keep_layers keeps at the rule's chunks, fits as plan_keep_layers asks, else the rule's (at most a
+ * fragment). Larger chunks run the per-token kernels in fewer, longer calls (docs/performance.md). plan_build,
+ * model.c and cp_layout.c take it: the one figure plan prints and the model allocates. */
+#define PLAN_CHUNK_BYTES_MAX (4LL << 30)
+int64_t plan_chunk_rows(const Config *cfg);
 /* parallel.shard: the first stage (none, optimizer, gradients, weights) whose plan fits with `policy`, or -1; need[st]:
  * each stage's total per rank (-1: not counted: weights is not built, or a world of one) */
 int  plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT]);
