@@ -61,7 +61,8 @@ static int bk_algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConf
 static void bk_algo_name(char *out, size_t n, const cublasLtMatmulAlgo_t *algo) {
     snprintf(out, n, "id %d tile %d st %d sk %d red %d in %d opt %d cl %d",
              bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_ID, 4), bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
-             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, 4), bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, 4),
+             bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
              bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4),
              bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2),
              bk_algo_attr(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4),
@@ -98,10 +99,12 @@ static void bk_gemm_one(const char *label, int64_t M, int64_t N, int64_t K, int 
     size_t ws_bytes = 0;
     void *ws = cuda_lt_workspace(&ws_bytes);
     uint64_t wsb = ws_bytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
     cublasLtMatmulHeuristicResult_t res[BK_GEMM_ALGOS];
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), op, la, lb, lc, lc, pref, BK_GEMM_ALGOS, res, &found));
+    CUBLAS_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(cuda_lt_handle(), op, la, lb, lc, lc, pref, BK_GEMM_ALGOS, res, &found));
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
 
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;

@@ -20,8 +20,8 @@
  *
  * The algorithm: cuBLASLt's heuristic ranks its candidates by a model, and its
  * first is not always the fastest at the model's shapes (bench_kernels gemm;
- * docs/bench-log/2026-11-29-e-gemm-choice-kda-conv.md). So a plan keeps the
- * heuristic's first GEMM_CANDIDATES answers that share the first's
+ * docs/bench-log/2026-11-29-e-chunk-rows-gemm-choice-kda-conv.md). So a plan
+ * keeps the heuristic's first GEMM_CANDIDATES answers that share the first's
  * accumulation order (the same kernel id, no split-K, the same reduction
  * scheme, inner shape and custom option: they differ only in the output tile,
  * the pipeline stages and the cluster shape, which do not change the order in
