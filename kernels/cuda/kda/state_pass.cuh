@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         if (vjob) {
             float ws[1][Tv::NT][4];
             gdn_zero(ws);
-            kda_mma3<1, Tv::NT, false, DK>(ws, s.wh, s.wl, LDK, s.sh, s.sl, LDB, 16 * mt, vn0);
+            kda_mma3s<1, Tv::NT, false, DK>(ws, s.wh, s.wl, LDK, s.sh, s.sl, LDB, 16 * mt, vn0);
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
         if (sjob) {
             float as[1][NTS][4];
             gdn_zero(as);
-            kda_mma3<1, NTS, true, KDA_C>(as, s.xh, s.xl, LDK, s.vnh, s.vnl, LDB, m0, n0);
+            kda_mma3s<1, NTS, true, KDA_C>(as, s.xh, s.xl, LDK, s.vnh, s.vnl, LDB, m0, n0);
 #pragma unroll
             for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
         if (vjob) {
             float ad[1][Tv::NT][4];
             gdn_zero(ad);
-            kda_mma3<1, Tv::NT, false, DK>(ad, s.xh, s.xl, LDK, s.dh, s.dl, LDB, 16 * mt, vn0);
+            kda_mma3s<1, Tv::NT, false, DK>(ad, s.xh, s.xl, LDK, s.dh, s.dl, LDB, 16 * mt, vn0);
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
@@ -330,8 +330,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
             float aq[1][NTS][4], awd[1][NTS][4];
             gdn_zero(aq);
             gdn_zero(awd);
-            kda_mma2<1, NTS, true, KDA_C>(aq, s.qh, s.ql, LDK, s.dout, LDB, m0, n0);
-            kda_mma3<1, NTS, true, KDA_C>(awd, s.wh, s.wl, LDK, s.dvnh, s.dvnl, LDB, m0, n0);
+            kda_mma2s<1, NTS, true, KDA_C>(aq, s.qh, s.ql, LDK, s.dout, LDB, m0, n0);
+            kda_mma3s<1, NTS, true, KDA_C>(awd, s.wh, s.wl, LDK, s.dvnh, s.dvnl, LDB, m0, n0);
 #pragma unroll
             for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
