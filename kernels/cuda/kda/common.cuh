@@ -17,6 +17,14 @@
 #define KDA_FULL 0xffffffffu
 #define KDA_DEV __device__ __forceinline__
 
+/* the blocks per SM a kernel's __launch_bounds__(KDA_THREADS, n) promises, which sets ptxas's register budget (65536
+ * / (256 n) a thread): 1 where the kernel's shared memory (or its grid: the state passes fill one wave) leaves room
+ * for one block per SM anyway, so the registers cost no occupancy and ptxas need not spill or recompute to stay
+ * within 128 (prep, qk, output, grad_dense at dk = 128; grad_wy, grad_qk and the state passes at both dk); 2 where
+ * two blocks fit (wu at both dk; prep, qk, output, grad_dense at dk = 64): 128 registers. `-Xptxas -v` shows no
+ * spill in any of them. */
+#define KDA_MINB(one) ((one) ? 1 : 2)
+
 /* shared-memory carving: the same offsets on host (sizes) and device (pointers), 16-byte aligned pieces */
 struct KdaCarve {
     unsigned char *base;

@@ -51,7 +51,7 @@ template <int DK> struct KdaGdSmem {
  * the chunk's slot (fp32, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows [16 (w % 4), +16),
  * columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_dense_kernel(
     float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
     const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const float *vn /* (T,nv,dv) */,
     const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
@@ -259,7 +259,7 @@ template <int DK> struct KdaGwySmem {
  * w / 4 of the columns; the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier) across sub-chunks by
  * kda_pair_rows, the diagonal blocks fp32 per (r, a). */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
     float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const int32_t *starts, const int32_t *meta,
@@ -477,7 +477,7 @@ template <int DK> struct KdaGqkSmem {
  * grad_dense's buffers; the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier) across sub-chunks by
  * kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
     const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,

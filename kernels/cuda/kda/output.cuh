@@ -30,7 +30,7 @@ template <int DK> struct KdaOutSmem {
 };
 
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q,
+__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q,
                                                                  const float *g, const float *hs /* (ns,nv,dk,dv) */,
                                                                  const float *vn /* (T,nv,dv) */,
                                                                  const float *qk /* (T,nv,64) */,

@@ -80,7 +80,7 @@ KDA_DEV void kda_sfwd_load_b(const KdaSfwdSmem<DK, BV> &s, const KdaChunk &ch, c
 /* Tensor cores (mma.cuh: split operands, three-term products). vn: KdaTile64<BV>; the state update: DK = 128: warp
  * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. */
 template <int DK, int BV>
-__global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
     float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
     const bf16 *w2 /* (T,nv,2,dk) */, const bf16 *x2 /* (T,nv,2,dk) */, const float *u /* (T,nv,dv) */,
@@ -251,7 +251,7 @@ KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, c
 
 /* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S). */
 template <int DK, int BV>
-__global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     float *dhs /* (ns,nv,dk,dv) or NULL */, float *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
     const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *w2 /* (T,nv,2,dk) */, const bf16 *x2 /* (T,nv,2,dk) */,
     const bf16 *gq2 /* (T,nv,2,dk) */, const float *p /* (T,nv,dv) */, const float *gl /* (ns,nv,dk) */,

@@ -84,7 +84,7 @@ KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, i
  * on tensor cores, warp w rows [16 (w % 4), +16) and half w / 4 of the columns (state_pass.cuh's old tiling: the same
  * bits); dec * K and gam_{L-1} elementwise, fp32 exponentials with exponents <= 0. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_wu_kernel(
     bf16 *w2 /* (T,nv,2,dk) */, bf16 *x2 /* (T,nv,2,dk) */, float *u /* (T,nv,dv) or NULL */,
     float *gl /* (ns,nv,dk) */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
