@@ -30,13 +30,10 @@ template <int DK> struct KdaOutSmem {
 };
 
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q,
-                                                                 const float *g, const float *hs /* (ns,nv,dk,dv) */,
-                                                                 const float *vn /* (T,nv,dv) */,
-                                                                 const float *qk /* (T,nv,64) */,
-                                                                 const int32_t *starts, const int32_t *meta,
-                                                                 const int32_t *doc_pos, int64_t T, int nk, int nv,
-                                                                 int ldq, int ldo, float scale) {
+__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_output_kernel(
+    bf16 *o /* (T,ldo) */, const bf16 *q, const float *g, const float *hs /* (ns,nv,dk,dv) */,
+    const float *vn /* (T,nv,dv) */, const float *qk /* (T,nv,64) */, const int32_t *starts, const int32_t *meta,
+    const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     using Sm = KdaOutSmem<DK>;
     constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK;
     extern __shared__ __align__(16) unsigned char kda_smem[];
