@@ -142,15 +142,17 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_den
     }
 }
 
-/* the per-(r, a) loops of grad_wy and grad_qk that read a (T, nv, dk) buffer's chunk rows (an earlier kernel's or
- * loop's part of the gradient) take them KDA_PF at a time: elements p0 + u KDA_THREADS (u < KDA_PF) of the 64 x dk
- * tile of head h into x[u] (rows >= L: 0), every load issued before any is used, so a batch costs one memory latency
- * instead of one per element */
+/* the per-(r, a) loops of grad_wy and grad_qk (thread t: elements t + u KDA_THREADS, u < 64 dk / KDA_THREADS, of
+ * the 64 x dk tile: row p / dk, channel p % dk) that add to a (T, nv, dk) buffer's chunk rows (an earlier kernel's
+ * or loop's part of the gradient) read them KDA_PF at a time, software-pipelined: the first batch issued before the
+ * pair products that precede the loop, each next one while the loop works through the current, so the loads'
+ * latency passes under work instead of stalling the loop (each batch's loads issued together). kda_prefetch:
+ * elements u0 + u (u < KDA_PF) into x[u]; rows >= L (and past the tile) read 0 with no load. */
 #define KDA_PF 8
-KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int L, int h, int nv, int dk, int p0) {
+KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int L, int h, int nv, int dk, int u0) {
 #pragma unroll
     for (int u = 0; u < KDA_PF; u++) {
-        const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+        const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
         x[u] = r < L ? src[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
     }
 }
@@ -396,7 +398,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
             for (int j = r & ~15; j < r; j++)
                 zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
             const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = br * gx + br * zt;
+            s.xw[r * ldg + a] = br * gx + br * zt; /* dk's part so far, over dXw_r[a] (read above, this thread's) */
             dG[at] = br * gx * kr + br * kr * zt;
             const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
             if (lane == 0) {
@@ -405,17 +407,18 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
             }
         }
         __syncthreads();
-        /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp */
+        /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp (dL/dG's part so far read back
+         * before the pair products, dk's from shared memory) */
+        float pg[KDA_PF];
+        kda_prefetch(pg, dG, t0, L, h, nv, dk, 0);
         kda_pair_rows<DK, true>(s.Z, ldg, s.ph, s.pl, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
 #pragma unroll 1
-        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
-            float pk[KDA_PF];
-            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
-            float pg[KDA_PF];
-            kda_prefetch(pg, dG, t0, L, h, nv, dk, p0);
+        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
+            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dG, t0, L, h, nv, dk, u0 + KDA_PF);
 #pragma unroll
             for (int u = 0; u < KDA_PF; u++) {
-                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
                 float zp = s.Z[r * ldg + a];
@@ -424,9 +427,11 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
                     zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
                           __bfloat162float(sK[i * ldk + a]);
                 const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-                dkv[at] = pk[u] + zp;
+                dkv[at] = s.xw[r * ldg + a] + zp;
                 dG[at] = pg[u] - kr * zp;
             }
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) pg[u] = pn[u];
         }
         if (threadIdx.x < L) {
             const int r = threadIdx.x;
@@ -526,17 +531,20 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
                 }
         }
         __syncthreads();
-        /* X: the QK pairs of dq across sub-chunks (sX over vn; the scaled rows over dO) */
+        /* X: the QK pairs of dq across sub-chunks (sX over vn; the scaled rows over dO); the WY part of dL/dG read
+         * meanwhile */
+        float pg[KDA_PF];
+        kda_prefetch(pg, dg, t0, L, h, nv, dk, 0);
         kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
 #pragma unroll 1
-        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
-            float pg[KDA_PF];
-            kda_prefetch(pg, dg, t0, L, h, nv, dk, p0);
+        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
+            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dg, t0, L, h, nv, dk, u0 + KDA_PF);
 #pragma unroll
             for (int u = 0; u < KDA_PF; u++) {
-                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
@@ -550,18 +558,22 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
                 dqv[at] = t1 + X + sdiag * kr;
                 sDG[r * ldg + a] = pg[u] + qr * t1 + qr * X;
             }
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) pg[u] = pn[u];
         }
         __syncthreads();
-        /* Y: the QK pairs of dk across sub-chunks */
+        /* Y: the QK pairs of dk across sub-chunks; the WY part of dk read meanwhile */
+        float pk[KDA_PF];
+        kda_prefetch(pk, dkv, t0, L, h, nv, dk, 0);
         kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
 #pragma unroll 1
-        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
-            float pk[KDA_PF];
-            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
+        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
+            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dkv, t0, L, h, nv, dk, u0 + KDA_PF);
 #pragma unroll
             for (int u = 0; u < KDA_PF; u++) {
-                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
@@ -575,6 +587,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
                 dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
                 sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
             }
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) pk[u] = pn[u];
         }
         __syncthreads();
         /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the
