@@ -19,14 +19,14 @@
  *
  * Per chunk: two steps, each a warp GEMM on tensor cores (mma.cuh: the fp32 state or D and vn or dvn split hi + lo
  * afresh each chunk, the stored factors split already, the three terms of a product in their own accumulators,
- * kda_mma3s: ~2^-17 relative, the states within the fp32 bounds of test_cuda_kda.cu). The forward keeps the fp32
- * state in registers and two buffers of factors: chunk c + 1's W, U, dec * K and gam_{L-1} land with cp.async
- * while chunk c's products run; two barriers a chunk. The backward keeps D in shared memory and one buffer per
- * step: the factors of one step are loaded while the other runs (dec * K and P during D's update, W, gam * q and
- * gam_{L-1} during dvn; dO through registers: its row stride need not be 16-byte aligned), three barriers a
- * chunk. Shared memory (DK = 128): the forward ~165 / 185 / 225 KB at BV = 16 / 32 / 64, the backward ~139 /
- * 167 / 220 KB (the launch raises the block's limit; sm_90 allows 227 KB). Templates on DK = dk (64, 128) and BV.
- * Part of kda.cu.
+ * kda_mma3s: ~2^-17 relative, the states within the fp32 bounds of test_cuda_kda.cu). The forward keeps the fp32 state
+ * in registers and two buffers of factors: chunk c + 1's W, U, dec * K and gam_{L-1} land with cp.async while chunk c's
+ * products run; two barriers a chunk. The backward keeps D in registers too (the same layout) and one buffer per step
+ * (two of its buffers would need ~236 KB at BV = 16): the factors of one step are loaded while the other runs (dec * K
+ * and P during D's update, W, gam * q and gam_{L-1} during dvn; dO through registers: its row stride need not be
+ * 16-byte aligned), three barriers a chunk. Shared memory (DK = 128): the forward ~165 / 185 / 225 KB at BV = 16 / 32 /
+ * 64, the backward ~129 / 147 / 183 KB (the launch raises the block's limit; sm_90 allows 227 KB). Templates on DK = dk
+ * (64, 128) and BV. Part of kda.cu.
  */
 #pragma once
 
@@ -206,17 +206,16 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
             }
 }
 
-/* the backward pass's shared memory (DK = dk, BV columns): the fp32 gradient D (DK x BV), P (64 x BV fp32),
- * gam_{L-1}; bf16 tiles, rows padded by 8: dec * K, W, Q = scale gam * q hi / lo (64 x DK each), D hi / lo
- * (DK x BV), dvn hi / lo and dO (64 x BV) */
+/* the backward pass's shared memory (DK = dk, BV columns): P (64 x BV fp32), gam_{L-1}; bf16 tiles, rows padded
+ * by 8: dec * K, W, Q = scale gam * q hi / lo (64 x DK each), D hi / lo (DK x BV), dvn hi / lo and dO (64 x BV).
+ * The fp32 gradient D lives in registers. */
 template <int DK, int BV> struct KdaSbwdSmem {
-    static constexpr int LDK = DK + 8, LDB = BV + 8, LDS = BV + 1, LDU = BV + 4;
-    float *D, *P, *GL;
+    static constexpr int LDK = DK + 8, LDB = BV + 8, LDU = BV + 4;
+    float *P, *GL;
     bf16 *xh, *xl, *wh, *wl, *qh, *ql, *dh, *dl, *dout, *dvnh, *dvnl;
     size_t bytes;
     __host__ __device__ explicit KdaSbwdSmem(void *b) {
         KdaCarve c(b);
-        D = c.take<float>((size_t)DK * LDS);
         P = c.take<float>((size_t)KDA_C * LDU);
         GL = c.take<float>(DK);
         xh = c.take<bf16>((size_t)KDA_C * LDK);
@@ -274,7 +273,11 @@ KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, c
     }
 }
 
-/* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S). */
+/* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S; D in registers in the update's accumulator
+ * layout, the store of the gradient leaving a chunk and its split for the dvn step in the update's epilogue). Per
+ * chunk: wait for group A (dec * K, P), barrier, dvn, wait for group B (W, gam * q, gam_{L-1}; dO stored), barrier,
+ * issue the next chunk's group A (and dO into registers), D's update and the next chunk's leaving gradient,
+ * barrier, issue its group B (and store dO): three barriers. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     float *dhs /* (ns,nv,dk,dv) or NULL */, float *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
@@ -284,7 +287,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     int nv, int dv, int ldo) {
     using Sm = KdaSbwdSmem<DK, BV>;
     using Tv = KdaTile64<BV>;
-    constexpr int LDK = Sm::LDK, LDB = Sm::LDB, LDS = Sm::LDS, LDU = Sm::LDU;
+    constexpr int LDK = Sm::LDK, LDB = Sm::LDB, LDU = Sm::LDU;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, nc = meta[KDA_META_NC];
@@ -297,10 +300,28 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     const bool sjob = DK == 128 || Tv::job(w);
     const size_t sn = (size_t)DK * dv;
     const int64_t dcol = (int64_t)h * dv + col0;
-    for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-        const int a = i / BV, cc = i % BV;
-        s.D[a * LDS + cc] = dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
-    }
+    /* this thread's elements of D (rows m0 + gdn_frag_row, columns n0 + 8 ni + gdn_frag_col) */
+    float D[NTS][4];
+#pragma unroll
+    for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+            D[ni][e] = sjob && dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
+        }
+    /* the gradient leaving chunk k: stored where a state leaves it; split for the dvn step */
+    auto leave = [&](const KdaChunk &k) {
+        if (!sjob) return;
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+                const float x = D[ni][e];
+                if (dhs && k.leaves) dhs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
+                kda_split(x, &s.dh[a * LDB + cc], &s.dl[a * LDB + cc]);
+            }
+    };
     KdaDoutRegs<BV> dor;
     KdaChunk ch = {};
     if (nc > 0) {
@@ -311,22 +332,15 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
         ptx_cp_async_commit();
         dor.load(dout, ch, ldo, dcol);
         dor.store(s.dout, LDB);
+        leave(ch);
     }
-    __syncthreads();
     for (int c = nc - 1; c >= 0; c--) {
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         const bool more = c > 0;
         const KdaChunk nx = more ? kda_chunk(starts, doc_pos, c - 1, T) : ch;
-        /* the gradient leaving the chunk: stored, split */
-        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-            const int a = i / BV, cc = i % BV;
-            const float x = s.D[a * LDS + cc];
-            if (dhs && ch.leaves) dhs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-            kda_split(x, &s.dh[a * LDB + cc], &s.dl[a * LDB + cc]);
-        }
         ptx_cp_async_wait<1>(); /* group A of this chunk */
-        __syncthreads();
+        __syncthreads();        /* everyone's; D's split and dO */
         /* dvn_j = (dec_j * k_j)^T D + P_j (rows >= L: 0) */
         if (vjob) {
             float ad[1][Tv::NT][4];
@@ -342,30 +356,36 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
                     kda_split(x, &s.dvnh[j * LDB + cc], &s.dvnl[j * LDB + cc]);
                 }
         }
-        __syncthreads(); /* dec * K and P are read: the next chunk's come in during D's update */
+        ptx_cp_async_wait<0>(); /* group B of this chunk */
+        __syncthreads(); /* dec * K, P and D's split read: the next chunk's come in during D's update; B and dvn */
         if (more) {
             kda_sbwd_load_a<DK, BV>(s, nx, x2, p, h, nv, dv, col0);
             dor.load(dout, nx, ldo, dcol);
         }
         ptx_cp_async_commit();
-        ptx_cp_async_wait<1>(); /* group B of this chunk */
-        __syncthreads();
-        /* D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn; 0 at a document start */
+        /* D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn; 0 at a document start (NTS = 8: in two
+         * passes of 4 column tiles, the products' five accumulators and D within the registers; the same
+         * arithmetic per element) */
         if (sjob) {
-            float aq[1][NTS][4], awd[1][NTS][4];
-            gdn_zero(aq);
-            gdn_zero(awd);
-            kda_mma2s<1, NTS, true, KDA_C>(aq, s.qh, s.ql, LDK, s.dout, LDB, m0, n0);
-            kda_mma3s<1, NTS, true, KDA_C>(awd, s.wh, s.wl, LDK, s.dvnh, s.dvnl, LDB, m0, n0);
+            constexpr int NP = NTS >= 8 ? 2 : 1, NTP = NTS / NP;
 #pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
+            for (int hp = 0; hp < NP; hp++) {
+                float aq[1][NTP][4], awd[1][NTP][4];
+                gdn_zero(aq);
+                gdn_zero(awd);
+                kda_mma2s<1, NTP, true, KDA_C>(aq, s.qh, s.ql, LDK, s.dout, LDB, m0, n0 + 8 * NTP * hp);
+                kda_mma3s<1, NTP, true, KDA_C>(awd, s.wh, s.wl, LDK, s.dvnh, s.dvnl, LDB, m0, n0 + 8 * NTP * hp);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-                    const float x = s.GL[a] * s.D[a * LDS + cc] + (aq[0][ni][e] - awd[0][ni][e]);
-                    s.D[a * LDS + cc] = ch.reset ? 0.0f : x;
-                }
+                for (int ni = 0; ni < NTP; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int a = m0 + gdn_frag_row(e);
+                        const float x = s.GL[a] * D[NTP * hp + ni][e] + (aq[0][ni][e] - awd[0][ni][e]);
+                        D[NTP * hp + ni][e] = ch.reset ? 0.0f : x;
+                    }
+            }
         }
+        if (more) leave(nx);
         __syncthreads(); /* W, gam * q, dO and gam_{L-1} are read */
         if (more) {
             kda_sbwd_load_b<DK, BV>(s, nx, w2, gq2, gl, h, nv);
@@ -375,9 +395,12 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
         ch = nx;
     }
     ptx_cp_async_wait<0>();
-    if (dS0)
-        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-            const int a = i / BV, cc = i % BV;
-            dS0[h * sn + (size_t)a * dv + col0 + cc] = s.D[a * LDS + cc];
-        }
+    if (dS0 && sjob)
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+                dS0[h * sn + (size_t)a * dv + col0 + cc] = D[ni][e];
+            }
 }
