@@ -67,8 +67,11 @@ KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
 }
 
 /* the 16-byte loads from global memory a thread keeps in flight together (kda_load_bf16, kda_load_rows_f32): each
- * batch issued before any of it is stored, so a tile costs one memory latency per batch, not one per element */
+ * batch issued before any of it is stored, so a tile costs one memory latency per batch, not one per element.
+ * KDA_BATCH_WIDE for the kernels that run one block per SM (registers to spare, nothing else on the SM to hide a
+ * latency): a 64 x 128 or 128 x 128 fp32 tile in one batch (16 float4 a thread, 64 registers) */
 #define KDA_BATCH 4
+#define KDA_BATCH_WIDE 16
 
 /* rows [0, 64) x width of a bf16 matrix (row r at src + r ld) into shared memory (row stride lds elements);
  * rows >= L read 0. Where src and ld allow 16-byte loads (every row 16-byte aligned): with lds a multiple of 8,
@@ -116,22 +119,23 @@ KDA_DEV void kda_load_bf16(bf16 *s, int lds, const bf16 *src, int64_t ld, int wi
 
 /* rows [0, R) x width of an fp32 matrix (row r at src + r ld; rows >= L, or all when src is NULL, read 0) into
  * shared memory: split hi / lo bf16 (mma.cuh's kda_split) into hi, lo (row stride lds) when f is NULL, else fp32 into
- * f (row stride lds). 16-byte loads, KDA_BATCH per thread in flight together, where src and ld allow; else plain
- * loads. The same values every way. All threads; the caller synchronises. */
+ * f (row stride lds). 16-byte loads, NB per thread in flight together, where src and ld allow; else plain loads.
+ * The same values every way. All threads; the caller synchronises. */
+template <int NB = KDA_BATCH>
 KDA_DEV void kda_load_rows_f32(bf16 *hi, bf16 *lo, float *f, int lds, const float *src, int64_t ld, int R, int width,
                                int L) {
     const int cpr = width / 4, n = R * cpr;
     if (((uintptr_t)src & 15) == 0 && ((ld | width) & 3) == 0) {
-        for (int i0 = threadIdx.x; i0 < n; i0 += KDA_BATCH * KDA_THREADS) {
-            float4 v[KDA_BATCH];
+        for (int i0 = threadIdx.x; i0 < n; i0 += NB * KDA_THREADS) {
+            float4 v[NB];
 #pragma unroll
-            for (int u = 0; u < KDA_BATCH; u++) {
+            for (int u = 0; u < NB; u++) {
                 const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 4;
                 v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (src && i < n && r < L) v[u] = *(const float4 *)(src + (int64_t)r * ld + c);
             }
 #pragma unroll
-            for (int u = 0; u < KDA_BATCH; u++) {
+            for (int u = 0; u < NB; u++) {
                 const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 4;
                 if (i < n) {
                     const float x[4] = {v[u].x, v[u].y, v[u].z, v[u].w};

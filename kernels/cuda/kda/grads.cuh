@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_den
     const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nv, int ldo) {
     using Sm = KdaGdSmem<DK>;
-    constexpr int LDK = Sm::LDK, DV = DK;
+    constexpr int LDK = Sm::LDK, DV = DK, NB = DK == 128 ? KDA_BATCH_WIDE : KDA_BATCH; /* one block per SM at 128 */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, nc = meta[KDA_META_NC];
@@ -77,9 +77,9 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_den
             }
         } else {
             kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
-            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
-                              L);
+            kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
+            kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C,
+                                  DV, L);
             kda_load_wait();
             __syncthreads();
             float aw[1][DK / 16][4], ao[1][DK / 16][4];
@@ -123,9 +123,9 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_den
                     }
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
-            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
-                              L);
+            kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
+            kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C,
+                                  DV, L);
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
@@ -268,6 +268,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
+    constexpr int NB = DK / 16; /* a 64 x DK fp32 tile in one batch (KDA_BATCH_WIDE would spill here) */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sK = s.k;
@@ -282,13 +283,15 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
         /* Tinv, split (rows >= L: 0) */
-        kda_load_rows_f32(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
-                          KDA_C, L);
+        kda_load_rows_f32<NB>(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C,
+                              KDA_C, KDA_C, L);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
          * written below); dvn; split */
-        kda_load_rows_f32(s.dwh, s.dwl, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        kda_load_rows_f32<NB>(s.dwh, s.dwl, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk,
+                              L);
+        kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv,
+                              L);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
@@ -508,10 +511,12 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
-        kda_load_rows_f32(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C,
-                          dk, L);
-        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        kda_load_rows_f32<KDA_BATCH_WIDE>(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk,
+                                          KDA_C, dk, L);
+        kda_load_rows_f32<KDA_BATCH_WIDE>(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL,
+                                          (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32<KDA_BATCH_WIDE>(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv,
+                                          KDA_C, dv, L);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
         {
