@@ -166,11 +166,12 @@ KDA_DEV void kda_load_wait(void) {
 
 /* the chunk's per-channel cumulative log gate: sG[r][a] = g_0[a] + ... + g_r[a] (summed in double, stored fp32),
  * rows >= L repeat row L - 1 (so every exponent formed from sG stays <= 0). g of value head h: row t at
- * g + (t nv + h) dk. The rows are loaded by every thread (16-byte cp.async copies where g and ldg allow, else
- * kda_load_rows_f32; in flight with the caller's kda_load_bf16 copies issued before, which this waits for too), then
- * threads a < dk sum one channel each, the column read into registers first (the loads issued together, not one
- * after each store). All threads; the caller synchronises before reading sG. */
-KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
+ * g + (t nv + h) dk. kda_load_G_start loads the rows (16-byte cp.async copies where g and ldg allow, in flight with
+ * the caller's kda_load_bf16 copies; else kda_load_rows_f32), kda_load_G_sum waits for them (and for the caller's
+ * copies issued before), then threads a < dk sum one channel each, the column read into registers first (the loads
+ * issued together, not one after each store). A caller may issue other loads between the two (they land while
+ * g does). kda_load_G: both. All threads; the caller synchronises before reading sG. */
+KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
     if ((((uintptr_t)g | (uintptr_t)sG) & 15) == 0 && ((ldg | dk) & 3) == 0) {
         const int cpr = dk / 4;
         for (int i = threadIdx.x; i < KDA_C * cpr; i += KDA_THREADS) {
@@ -180,6 +181,8 @@ KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, i
     } else {
         kda_load_rows_f32(NULL, NULL, sG, ldg, g + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
     }
+}
+KDA_DEV void kda_load_G_sum(float *sG, int ldg, int dk) {
     kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
@@ -193,6 +196,10 @@ KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, i
         acc += (double)x[r];
         sG[r * ldg + a] = (float)acc;
     }
+}
+KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
+    kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk);
+    kda_load_G_sum(sG, ldg, dk);
 }
 
 /* sum over the 32 lanes, a fixed butterfly (the same bits every run) */

@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
         const int64_t t0 = ch.t0;
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
-        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
+        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
         /* Tinv, split (rows >= L: 0) */
         kda_load_rows_f32<NB>(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C,
                               KDA_C, KDA_C, L);
@@ -292,6 +292,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
                               L);
         kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv,
                               L);
+        kda_load_G_sum(sG, ldg, dk);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
@@ -507,7 +508,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
         kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
-        kda_load_G(sG, ldg, g, t0, L, h, nv, dk); /* threads >= dk go on while the others sum G */
+        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
@@ -517,6 +518,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
                                           (int64_t)nv * dk, KDA_C, dk, L);
         kda_load_rows_f32<KDA_BATCH_WIDE>(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv,
                                           KDA_C, dv, L);
+        kda_load_G_sum(sG, ldg, dk);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
         {
