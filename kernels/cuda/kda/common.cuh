@@ -17,6 +17,14 @@
 #define KDA_FULL 0xffffffffu
 #define KDA_DEV __device__ __forceinline__
 
+/* the blocks per SM a kernel's __launch_bounds__(KDA_THREADS, n) promises, which sets ptxas's register budget (65536
+ * / (256 n) a thread): 1 where the kernel's shared memory (or its grid: the state passes fill one wave) leaves room
+ * for one block per SM anyway, so the registers cost no occupancy and ptxas need not spill or recompute to stay
+ * within 128 (prep, qk, output, grad_dense at dk = 128; grad_wy, grad_qk and the state passes at both dk); 2 where
+ * two blocks fit (wu at both dk; prep, qk, output, grad_dense at dk = 64): 128 registers. `-Xptxas -v` shows no
+ * spill in any of them. */
+#define KDA_MINB(one) ((one) ? 1 : 2)
+
 /* shared-memory carving: the same offsets on host (sizes) and device (pointers), 16-byte aligned pieces */
 struct KdaCarve {
     unsigned char *base;
@@ -59,8 +67,11 @@ KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
 }
 
 /* the 16-byte loads from global memory a thread keeps in flight together (kda_load_bf16, kda_load_rows_f32): each
- * batch issued before any of it is stored, so a tile costs one memory latency per batch, not one per element */
+ * batch issued before any of it is stored, so a tile costs one memory latency per batch, not one per element.
+ * KDA_BATCH_WIDE for the kernels that run one block per SM (registers to spare, nothing else on the SM to hide a
+ * latency): a 64 x 128 or 128 x 128 fp32 tile in one batch (16 float4 a thread, 64 registers) */
 #define KDA_BATCH 4
+#define KDA_BATCH_WIDE 16
 
 /* rows [0, 64) x width of a bf16 matrix (row r at src + r ld) into shared memory (row stride lds elements);
  * rows >= L read 0. Where src and ld allow 16-byte loads (every row 16-byte aligned): with lds a multiple of 8,
@@ -108,22 +119,23 @@ KDA_DEV void kda_load_bf16(bf16 *s, int lds, const bf16 *src, int64_t ld, int wi
 
 /* rows [0, R) x width of an fp32 matrix (row r at src + r ld; rows >= L, or all when src is NULL, read 0) into
  * shared memory: split hi / lo bf16 (mma.cuh's kda_split) into hi, lo (row stride lds) when f is NULL, else fp32 into
- * f (row stride lds). 16-byte loads, KDA_BATCH per thread in flight together, where src and ld allow; else plain
- * loads. The same values every way. All threads; the caller synchronises. */
+ * f (row stride lds). 16-byte loads, NB per thread in flight together, where src and ld allow; else plain loads.
+ * The same values every way. All threads; the caller synchronises. */
+template <int NB = KDA_BATCH>
 KDA_DEV void kda_load_rows_f32(bf16 *hi, bf16 *lo, float *f, int lds, const float *src, int64_t ld, int R, int width,
                                int L) {
     const int cpr = width / 4, n = R * cpr;
     if (((uintptr_t)src & 15) == 0 && ((ld | width) & 3) == 0) {
-        for (int i0 = threadIdx.x; i0 < n; i0 += KDA_BATCH * KDA_THREADS) {
-            float4 v[KDA_BATCH];
+        for (int i0 = threadIdx.x; i0 < n; i0 += NB * KDA_THREADS) {
+            float4 v[NB];
 #pragma unroll
-            for (int u = 0; u < KDA_BATCH; u++) {
+            for (int u = 0; u < NB; u++) {
                 const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 4;
                 v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (src && i < n && r < L) v[u] = *(const float4 *)(src + (int64_t)r * ld + c);
             }
 #pragma unroll
-            for (int u = 0; u < KDA_BATCH; u++) {
+            for (int u = 0; u < NB; u++) {
                 const int i = i0 + u * KDA_THREADS, r = i / cpr, c = (i % cpr) * 4;
                 if (i < n) {
                     const float x[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
@@ -154,11 +166,12 @@ KDA_DEV void kda_load_wait(void) {
 
 /* the chunk's per-channel cumulative log gate: sG[r][a] = g_0[a] + ... + g_r[a] (summed in double, stored fp32),
  * rows >= L repeat row L - 1 (so every exponent formed from sG stays <= 0). g of value head h: row t at
- * g + (t nv + h) dk. The rows are loaded by every thread (16-byte cp.async copies where g and ldg allow, else
- * kda_load_rows_f32; in flight with the caller's kda_load_bf16 copies issued before, which this waits for too), then
- * threads a < dk sum one channel each, the column read into registers first (the loads issued together, not one
- * after each store). All threads; the caller synchronises before reading sG. */
-KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
+ * g + (t nv + h) dk. kda_load_G_start loads the rows (16-byte cp.async copies where g and ldg allow, in flight with
+ * the caller's kda_load_bf16 copies; else kda_load_rows_f32), kda_load_G_sum waits for them (and for the caller's
+ * copies issued before), then threads a < dk sum one channel each, the column read into registers first (the loads
+ * issued together, not one after each store). A caller may issue other loads between the two (they land while
+ * g does). kda_load_G: both. All threads; the caller synchronises before reading sG. */
+KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
     if ((((uintptr_t)g | (uintptr_t)sG) & 15) == 0 && ((ldg | dk) & 3) == 0) {
         const int cpr = dk / 4;
         for (int i = threadIdx.x; i < KDA_C * cpr; i += KDA_THREADS) {
@@ -168,6 +181,8 @@ KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, i
     } else {
         kda_load_rows_f32(NULL, NULL, sG, ldg, g + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
     }
+}
+KDA_DEV void kda_load_G_sum(float *sG, int ldg, int dk) {
     kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
@@ -181,6 +196,10 @@ KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, i
         acc += (double)x[r];
         sG[r * ldg + a] = (float)acc;
     }
+}
+KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
+    kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk);
+    kda_load_G_sum(sG, ldg, dk);
 }
 
 /* sum over the 32 lanes, a fixed butterfly (the same bits every run) */

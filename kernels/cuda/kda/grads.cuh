@@ -51,13 +51,13 @@ template <int DK> struct KdaGdSmem {
  * the chunk's slot (fp32, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows [16 (w % 4), +16),
  * columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_dense_kernel(
     float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
     const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const float *vn /* (T,nv,dv) */,
     const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nv, int ldo) {
     using Sm = KdaGdSmem<DK>;
-    constexpr int LDK = Sm::LDK, DV = DK;
+    constexpr int LDK = Sm::LDK, DV = DK, NB = DK == 128 ? KDA_BATCH_WIDE : KDA_BATCH; /* one block per SM at 128 */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, nc = meta[KDA_META_NC];
@@ -77,9 +77,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
             }
         } else {
             kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
-            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
-                              L);
+            kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
+            kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C,
+                                  DV, L);
             kda_load_wait();
             __syncthreads();
             float aw[1][DK / 16][4], ao[1][DK / 16][4];
@@ -123,9 +123,9 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
                     }
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
-            kda_load_rows_f32(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
-                              L);
+            kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
+            kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C,
+                                  DV, L);
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
@@ -142,15 +142,17 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_dense_kernel(
     }
 }
 
-/* the per-(r, a) loops of grad_wy and grad_qk that read a (T, nv, dk) buffer's chunk rows (an earlier kernel's or
- * loop's part of the gradient) take them KDA_PF at a time: elements p0 + u KDA_THREADS (u < KDA_PF) of the 64 x dk
- * tile of head h into x[u] (rows >= L: 0), every load issued before any is used, so a batch costs one memory latency
- * instead of one per element */
+/* the per-(r, a) loops of grad_wy and grad_qk (thread t: elements t + u KDA_THREADS, u < 64 dk / KDA_THREADS, of
+ * the 64 x dk tile: row p / dk, channel p % dk) that add to a (T, nv, dk) buffer's chunk rows (an earlier kernel's
+ * or loop's part of the gradient) read them KDA_PF at a time, software-pipelined: the first batch issued before the
+ * pair products that precede the loop, each next one while the loop works through the current, so the loads'
+ * latency passes under work instead of stalling the loop (each batch's loads issued together). kda_prefetch:
+ * elements u0 + u (u < KDA_PF) into x[u]; rows >= L (and past the tile) read 0 with no load. */
 #define KDA_PF 8
-KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int L, int h, int nv, int dk, int p0) {
+KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int L, int h, int nv, int dk, int u0) {
 #pragma unroll
     for (int u = 0; u < KDA_PF; u++) {
-        const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+        const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
         x[u] = r < L ? src[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
     }
 }
@@ -259,13 +261,14 @@ template <int DK> struct KdaGwySmem {
  * w / 4 of the columns; the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier) across sub-chunks by
  * kda_pair_rows, the diagonal blocks fp32 per (r, a). */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
     float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
+    constexpr int NB = DK / 16; /* a 64 x DK fp32 tile in one batch (KDA_BATCH_WIDE would spill here) */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sK = s.k;
@@ -278,15 +281,18 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
         const int64_t t0 = ch.t0;
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
-        kda_load_G(sG, ldg, g, t0, L, h, nv, dk);
+        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
         /* Tinv, split (rows >= L: 0) */
-        kda_load_rows_f32(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
-                          KDA_C, L);
+        kda_load_rows_f32<NB>(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C,
+                              KDA_C, KDA_C, L);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
          * written below); dvn; split */
-        kda_load_rows_f32(s.dwh, s.dwl, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        kda_load_rows_f32<NB>(s.dwh, s.dwl, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk,
+                              L);
+        kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv,
+                              L);
+        kda_load_G_sum(sG, ldg, dk);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
@@ -396,7 +402,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
             for (int j = r & ~15; j < r; j++)
                 zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
             const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-            dkv[at] = br * gx + br * zt;
+            s.xw[r * ldg + a] = br * gx + br * zt; /* dk's part so far, over dXw_r[a] (read above, this thread's) */
             dG[at] = br * gx * kr + br * kr * zt;
             const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
             if (lane == 0) {
@@ -405,17 +411,18 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
             }
         }
         __syncthreads();
-        /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp */
+        /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp (dL/dG's part so far read back
+         * before the pair products, dk's from shared memory) */
+        float pg[KDA_PF];
+        kda_prefetch(pg, dG, t0, L, h, nv, dk, 0);
         kda_pair_rows<DK, true>(s.Z, ldg, s.ph, s.pl, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
 #pragma unroll 1
-        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
-            float pk[KDA_PF];
-            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
-            float pg[KDA_PF];
-            kda_prefetch(pg, dG, t0, L, h, nv, dk, p0);
+        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
+            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dG, t0, L, h, nv, dk, u0 + KDA_PF);
 #pragma unroll
             for (int u = 0; u < KDA_PF; u++) {
-                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
                 float zp = s.Z[r * ldg + a];
@@ -424,9 +431,11 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_wy_kernel(
                     zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
                           __bfloat162float(sK[i * ldk + a]);
                 const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
-                dkv[at] = pk[u] + zp;
+                dkv[at] = s.xw[r * ldg + a] + zp;
                 dG[at] = pg[u] - kr * zp;
             }
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) pg[u] = pn[u];
         }
         if (threadIdx.x < L) {
             const int r = threadIdx.x;
@@ -477,7 +486,7 @@ template <int DK> struct KdaGqkSmem {
  * grad_dense's buffers; the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier) across sub-chunks by
  * kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
     const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,
@@ -499,14 +508,17 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
         kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
-        kda_load_G(sG, ldg, g, t0, L, h, nv, dk); /* threads >= dk go on while the others sum G */
+        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
-        kda_load_rows_f32(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C,
-                          dk, L);
-        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        kda_load_rows_f32<KDA_BATCH_WIDE>(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk,
+                                          KDA_C, dk, L);
+        kda_load_rows_f32<KDA_BATCH_WIDE>(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL,
+                                          (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32<KDA_BATCH_WIDE>(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv,
+                                          KDA_C, dv, L);
+        kda_load_G_sum(sG, ldg, dk);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
         {
@@ -526,17 +538,20 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
                 }
         }
         __syncthreads();
-        /* X: the QK pairs of dq across sub-chunks (sX over vn; the scaled rows over dO) */
+        /* X: the QK pairs of dq across sub-chunks (sX over vn; the scaled rows over dO); the WY part of dL/dG read
+         * meanwhile */
+        float pg[KDA_PF];
+        kda_prefetch(pg, dg, t0, L, h, nv, dk, 0);
         kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
 #pragma unroll 1
-        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
-            float pg[KDA_PF];
-            kda_prefetch(pg, dg, t0, L, h, nv, dk, p0);
+        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
+            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dg, t0, L, h, nv, dk, u0 + KDA_PF);
 #pragma unroll
             for (int u = 0; u < KDA_PF; u++) {
-                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
@@ -550,18 +565,22 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
                 dqv[at] = t1 + X + sdiag * kr;
                 sDG[r * ldg + a] = pg[u] + qr * t1 + qr * X;
             }
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) pg[u] = pn[u];
         }
         __syncthreads();
-        /* Y: the QK pairs of dk across sub-chunks */
+        /* Y: the QK pairs of dk across sub-chunks; the WY part of dk read meanwhile */
+        float pk[KDA_PF];
+        kda_prefetch(pk, dkv, t0, L, h, nv, dk, 0);
         kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
 #pragma unroll 1
-        for (int p0 = threadIdx.x; p0 < KDA_C * dk; p0 += KDA_PF * KDA_THREADS) {
-            float pk[KDA_PF];
-            kda_prefetch(pk, dkv, t0, L, h, nv, dk, p0);
+        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
+            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dkv, t0, L, h, nv, dk, u0 + KDA_PF);
 #pragma unroll
             for (int u = 0; u < KDA_PF; u++) {
-                const int p = p0 + u * KDA_THREADS, r = p / dk, a = p % dk;
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
@@ -575,6 +594,8 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_grad_qk_kernel(
                 dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
                 sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
             }
+#pragma unroll
+            for (int u = 0; u < KDA_PF; u++) pk[u] = pn[u];
         }
         __syncthreads();
         /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the

@@ -28,3 +28,39 @@ KDA_DEV void kda_mma2(float (&acc)[MT][NT][4], const bf16 *ah, const bf16 *al, i
     gdn_warp_mma<MT, NT, AT, false, KD>(acc, al, lda, b, ldb, m0, n0);
     gdn_warp_mma<MT, NT, AT, false, KD>(acc, ah, lda, b, ldb, m0, n0);
 }
+
+/* acc += (Ahi + Alo) (Bhi + Blo) less Alo Blo as kda_mma3, each term in its own accumulator over one k loop
+ * (gdn_warp_mma_split: chains of KD / 16 mma, not 3 KD / 16), added at the end small terms first:
+ * acc += (Alo Bhi + Ahi Blo) + Ahi Bhi. Three accumulators' registers (3 MT NT 4 floats): for the sequential
+ * passes' short products, whose latency is the pass's time */
+template <int MT, int NT, bool AT, int KD, bool BT = false>
+KDA_DEV void kda_mma3s(float (&acc)[MT][NT][4], const bf16 *ah, const bf16 *al, int lda, const bf16 *bh,
+                       const bf16 *bl, int ldb, int m0, int n0) {
+    float lh[MT][NT][4], hl[MT][NT][4], hh[MT][NT][4];
+    gdn_zero(lh);
+    gdn_zero(hl);
+    gdn_zero(hh);
+    gdn_warp_mma_split<MT, NT, AT, BT, KD, true>(lh, hl, hh, ah, al, lda, bh, bl, ldb, m0, n0);
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] += (lh[mi][ni][e] + hl[mi][ni][e]) + hh[mi][ni][e];
+}
+
+/* acc += (Ahi + Alo) B as kda_mma2, the two terms in their own accumulators: acc += Alo B + Ahi B */
+template <int MT, int NT, bool AT, int KD>
+KDA_DEV void kda_mma2s(float (&acc)[MT][NT][4], const bf16 *ah, const bf16 *al, int lda, const bf16 *b, int ldb,
+                       int m0, int n0) {
+    float lh[MT][NT][4], hh[MT][NT][4];
+    gdn_zero(lh);
+    gdn_zero(hh);
+    gdn_warp_mma_split<MT, NT, AT, false, KD, false>(lh, hh, hh, ah, al, lda, b, b, ldb, m0, n0);
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] += lh[mi][ni][e] + hh[mi][ni][e];
+}

@@ -30,15 +30,13 @@ template <int DK> struct KdaOutSmem {
 };
 
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q,
-                                                                 const float *g, const float *hs /* (ns,nv,dk,dv) */,
-                                                                 const float *vn /* (T,nv,dv) */,
-                                                                 const float *qk /* (T,nv,64) */,
-                                                                 const int32_t *starts, const int32_t *meta,
-                                                                 const int32_t *doc_pos, int64_t T, int nk, int nv,
-                                                                 int ldq, int ldo, float scale) {
+__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_output_kernel(
+    bf16 *o /* (T,ldo) */, const bf16 *q, const float *g, const float *hs /* (ns,nv,dk,dv) */,
+    const float *vn /* (T,nv,dv) */, const float *qk /* (T,nv,64) */, const int32_t *starts, const int32_t *meta,
+    const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     using Sm = KdaOutSmem<DK>;
     constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK;
+    constexpr int NB = DK == 128 ? KDA_BATCH_WIDE : KDA_BATCH; /* one block per SM at 128 */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
@@ -50,12 +48,14 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_output_kernel(bf16 *o /* (T,l
         const int64_t t0 = ch.t0;
         const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
         kda_load_bf16(s.qh, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* q, then gam * q split over it */
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for q too */
-        if (S) kda_load_rows_f32(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
+        kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK); /* g lands while the tiles below load */
+        if (S) kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
         /* qk holds 0 right of the diagonal (kda_qk_kernel) */
-        kda_load_rows_f32(s.qkh, s.qkl, NULL, LDT, qk + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
-                          KDA_C, L);
-        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
+        kda_load_rows_f32<NB>(s.qkh, s.qkl, NULL, LDT, qk + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
+                              KDA_C, L);
+        kda_load_rows_f32<NB>(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
+                              L);
+        kda_load_G_sum(s.G, DK, DK); /* waits for q too */
         __syncthreads();
         for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) { /* in place: each element read by its writer */
             const int r = i / DK, a = i % DK;

@@ -176,11 +176,9 @@ KDA_DEV void kda_solve(float *sT, float *sX, const float *sA) {
 }
 
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_prep_kernel(float *tinv /* (T,nv,64) */, const bf16 *k,
-                                                               const float *g, const float *beta,
-                                                               const int32_t *starts, const int32_t *meta,
-                                                               const int32_t *doc_pos, int64_t T, int nk, int nv,
-                                                               int ldq) {
+__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_prep_kernel(
+    float *tinv /* (T,nv,64) */, const bf16 *k, const float *g, const float *beta, const int32_t *starts,
+    const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const KdaPairSmem<DK> s(kda_smem);
     float *sA = s.A, *sT = s.T;
@@ -246,12 +244,10 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK> &s, bf16 *gq2, float *p, con
  * p = scale QK^T dO (T, nv, dv) fp32, P_j = scale sum_{r >= j} QK_rj dO_r, on tensor cores (scale QK split, dO bf16:
  * two-term, warp w rows [16 (w % 4), +16) and half w / 4 of the columns). Rows >= L not written. */
 template <int DK, bool BWD>
-__global__ void __launch_bounds__(KDA_THREADS) kda_qk_kernel(float *qk /* (T,nv,64) */, bf16 *gq2 /* (T,nv,2,dk) */,
-                                                             float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
-                                                             const float *g, const bf16 *dout /* (T,ldo) */,
-                                                             const int32_t *starts, const int32_t *meta,
-                                                             const int32_t *doc_pos, int64_t T, int nk, int nv,
-                                                             int ldq, int ldo, float scale) {
+__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_qk_kernel(
+    float *qk /* (T,nv,64) */, bf16 *gq2 /* (T,nv,2,dk) */, float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
+    const float *g, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
+    int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const KdaPairSmem<DK> s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];

@@ -18,13 +18,15 @@
  *                         the gradient entering chunk 0 to dS0.
  *
  * Per chunk: two steps, each a warp GEMM on tensor cores (mma.cuh: the fp32 state or D and vn or dvn split hi + lo
- * afresh each chunk, the stored factors split already, three-term products into fp32 accumulators, ~2^-17
- * relative: the states stay within the fp32 bounds of test_cuda_kda.cu), three barriers. The factors of one step
- * are loaded with cp.async while the other step runs (forward: W and U during the state update, dec * K and
- * gam_{L-1} during vn; backward: dec * K and P during D's update, W, gam * q and gam_{L-1} during dvn; dO through
- * registers: its row stride need not be 16-byte aligned), one buffer each. Shared memory (DK = 128): the forward
- * ~102 / 126 / 176 KB at BV = 16 / 32 / 64, the backward ~139 / 167 / 220 KB (the launch raises the block's limit;
- * sm_90 allows 227 KB). Templates on DK = dk (64, 128) and BV. Part of kda.cu.
+ * afresh each chunk, the stored factors split already, the three terms of a product in their own accumulators,
+ * kda_mma3s: ~2^-17 relative, the states within the fp32 bounds of test_cuda_kda.cu). The forward keeps the fp32 state
+ * in registers and two buffers of factors: chunk c + 1's W, U, dec * K and gam_{L-1} land with cp.async while chunk c's
+ * products run; two barriers a chunk. The backward keeps D in registers too (the same layout) and one buffer per step
+ * (two of its buffers would need ~236 KB at BV = 16): the factors of one step are loaded while the other runs (dec * K
+ * and P during D's update, W, gam * q and gam_{L-1} during dvn; dO through registers: its row stride need not be
+ * 16-byte aligned), three barriers a chunk. Shared memory (DK = 128): the forward ~165 / 185 / 225 KB at BV = 16 / 32 /
+ * 64, the backward ~129 / 147 / 183 KB (the launch raises the block's limit; sm_90 allows 227 KB). Templates on DK = dk
+ * (64, 128) and BV. Part of kda.cu.
  */
 #pragma once
 
@@ -36,51 +38,61 @@ template <int BV> struct KdaTile64 {
     static KDA_DEV int n0(int w) { return BV >= 32 ? (w >> 2) * (BV / 2) : 0; }
 };
 
-/* the forward pass's shared memory (DK = dk, BV columns): the fp32 state S (DK x BV), U (64 x BV fp32), gam_{L-1};
- * bf16 tiles, rows padded by 8: W hi / lo, dec * K hi / lo (64 x DK), S hi / lo (DK x BV), vn hi / lo (64 x BV) */
+/* the forward pass's shared memory (DK = dk, BV columns): two buffers (chunks c and c + 1) of the factors: U (64 x BV
+ * fp32), gam_{L-1}, W hi / lo and dec * K hi / lo (bf16, 64 x DK, rows padded by 8); then the entering state S
+ * hi / lo (DK x BV) and vn hi / lo (64 x BV), bf16, rows padded by 8. The fp32 state lives in registers. */
+struct KdaSfwdBuf {
+    float *U, *GL;
+    bf16 *wh, *wl, *xh, *xl;
+};
 template <int DK, int BV> struct KdaSfwdSmem {
-    static constexpr int LDK = DK + 8, LDB = BV + 8, LDS = BV + 1, LDU = BV + 4;
-    float *S, *U, *GL;
-    bf16 *wh, *wl, *xh, *xl, *sh, *sl, *vnh, *vnl;
+    static constexpr int LDK = DK + 8, LDB = BV + 8, LDU = BV + 4;
+    KdaSfwdBuf f0, f1; /* the buffers */
+    bf16 *sh, *sl, *vnh, *vnl;
     size_t bytes;
     __host__ __device__ explicit KdaSfwdSmem(void *b) {
         KdaCarve c(b);
-        S = c.take<float>((size_t)DK * LDS);
-        U = c.take<float>((size_t)KDA_C * LDU);
-        GL = c.take<float>(DK);
-        wh = c.take<bf16>((size_t)KDA_C * LDK);
-        wl = c.take<bf16>((size_t)KDA_C * LDK);
-        xh = c.take<bf16>((size_t)KDA_C * LDK);
-        xl = c.take<bf16>((size_t)KDA_C * LDK);
+        for (KdaSfwdBuf *f : {&f0, &f1}) {
+            f->U = c.take<float>((size_t)KDA_C * LDU);
+            f->GL = c.take<float>(DK);
+            f->wh = c.take<bf16>((size_t)KDA_C * LDK);
+            f->wl = c.take<bf16>((size_t)KDA_C * LDK);
+            f->xh = c.take<bf16>((size_t)KDA_C * LDK);
+            f->xl = c.take<bf16>((size_t)KDA_C * LDK);
+        }
         sh = c.take<bf16>((size_t)DK * LDB);
         sl = c.take<bf16>((size_t)DK * LDB);
         vnh = c.take<bf16>((size_t)KDA_C * LDB);
         vnl = c.take<bf16>((size_t)KDA_C * LDB);
         bytes = c.off;
     }
+    /* buffer b (a select, not an index: the pointers stay in registers) */
+    __device__ KdaSfwdBuf buf(int b) const { return b ? f1 : f0; }
 };
 
-/* the forward's loads of chunk ch: group A (W, U: the vn step), group B (dec * K, gam_{L-1}: the update) */
+/* the forward's loads of chunk ch into buffer f (W, U, dec * K, gam_{L-1}; U zero for the transition's M columns),
+ * cp.async, not committed */
 template <int DK, int BV>
-KDA_DEV void kda_sfwd_load_a(const KdaSfwdSmem<DK, BV> &s, const KdaChunk &ch, const bf16 *w2, const float *u, int h,
-                             int nv, int dv, int col0, bool is_M) {
-    kda_cp_pair<DK>(s.wh, s.wl, w2, ch.t0, ch.L, h, nv);
-    kda_cp_f32<BV>(s.U, KdaSfwdSmem<DK, BV>::LDU, u, ch.t0, ch.L, h, nv, dv, col0, !is_M);
-}
-template <int DK, int BV>
-KDA_DEV void kda_sfwd_load_b(const KdaSfwdSmem<DK, BV> &s, const KdaChunk &ch, const bf16 *x2, const float *gl, int h,
-                             int nv) {
-    kda_cp_pair<DK>(s.xh, s.xl, x2, ch.t0, ch.L, h, nv);
+KDA_DEV void kda_sfwd_load(const KdaSfwdBuf &f, const KdaChunk &ch, const bf16 *w2, const bf16 *x2, const float *u,
+                           const float *gl, int h, int nv, int dv, int col0, bool is_M) {
+    kda_cp_pair<DK>(f.wh, f.wl, w2, ch.t0, ch.L, h, nv);
+    kda_cp_f32<BV>(f.U, KdaSfwdSmem<DK, BV>::LDU, u, ch.t0, ch.L, h, nv, dv, col0, !is_M);
+    kda_cp_pair<DK>(f.xh, f.xl, x2, ch.t0, ch.L, h, nv);
     if (threadIdx.x < DK / 4) {
         const bool ok = !ch.reset;
-        ptx_cp_async16(s.GL + 4 * threadIdx.x, ok ? gl + (ch.slot * nv + h) * (int64_t)DK + 4 * threadIdx.x : gl, ok);
+        ptx_cp_async16(f.GL + 4 * threadIdx.x, ok ? gl + (ch.slot * nv + h) * (int64_t)DK + 4 * threadIdx.x : gl,
+                       ok);
     }
 }
 
 /* Tensor cores (mma.cuh: split operands, three-term products). vn: KdaTile64<BV>; the state update: DK = 128: warp
- * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. */
+ * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. The fp32 state lives in the update's accumulator
+ * layout (each element in one thread's registers; at DK = 64, BV = 16 warps 0-3 hold it all), so the update, the
+ * stores of the entering state and its split for the next chunk's vn are that thread's, in its epilogue. Per
+ * chunk c: wait for its factors, barrier, issue chunk c + 1's into the other buffer, vn, barrier, the update and
+ * the next chunk's entering state: two barriers, and the factors of a chunk land during the whole chunk before. */
 template <int DK, int BV>
-__global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
     float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
     const bf16 *w2 /* (T,nv,2,dk) */, const bf16 *x2 /* (T,nv,2,dk) */, const float *u /* (T,nv,dv) */,
@@ -88,7 +100,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
     int nv, int dv) {
     using Sm = KdaSfwdSmem<DK, BV>;
     using Tv = KdaTile64<BV>;
-    constexpr int LDK = Sm::LDK, LDB = Sm::LDB, LDS = Sm::LDS, LDU = Sm::LDU;
+    constexpr int LDK = Sm::LDK, LDB = Sm::LDB, LDU = Sm::LDU;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, nc = meta[KDA_META_NC];
@@ -100,98 +112,110 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_fwd_kernel(
     const int m0 = DK == 128 ? 16 * w : 16 * mt, n0 = DK == 128 ? 0 : Tv::n0(w);
     const bool sjob = DK == 128 || Tv::job(w);
     const size_t sn = (size_t)DK * dv;
-    for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-        const int a = i / BV, cc = i % BV;
-        float x = 0.0f;
-        if (is_M) x = a == col0 - dv + cc ? 1.0f : 0.0f;
-        else if (S0) x = S0[h * sn + (size_t)a * dv + col0 + cc];
-        s.S[a * LDS + cc] = x;
-    }
-    KdaChunk ch = {};
+    /* this thread's state elements (the update's accumulator layout; rows m0 + gdn_frag_row, columns n0 + 8 ni +
+     * gdn_frag_col) */
+    float S[NTS][4];
+#pragma unroll
+    for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+            float x = 0.0f;
+            if (sjob && is_M) x = a == col0 - dv + cc ? 1.0f : 0.0f;
+            else if (sjob && S0) x = S0[h * sn + (size_t)a * dv + col0 + cc];
+            S[ni][e] = x;
+        }
+    /* the state entering chunk k: 0 at a document start, else stored (S columns); split for the vn step */
+    auto enter = [&](const KdaChunk &k) {
+        if (!sjob) return;
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+                float x = S[ni][e];
+                if (k.reset) S[ni][e] = x = 0.0f;
+                else if (hs && !is_M) hs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
+                kda_split(x, &s.sh[a * LDB + cc], &s.sl[a * LDB + cc]);
+            }
+    };
+    KdaChunk ch = {}, nx = {};
     if (nc > 0) {
         ch = kda_chunk(starts, doc_pos, 0, T);
-        kda_sfwd_load_a<DK, BV>(s, ch, w2, u, h, nv, dv, col0, is_M);
-        ptx_cp_async_commit();
-        kda_sfwd_load_b<DK, BV>(s, ch, x2, gl, h, nv);
-        ptx_cp_async_commit();
+        kda_sfwd_load<DK, BV>(s.f0, ch, w2, x2, u, gl, h, nv, dv, col0, is_M);
+        enter(ch);
     }
-    __syncthreads();
+    ptx_cp_async_commit();
+    if (nc > 1) nx = kda_chunk(starts, doc_pos, 1, T);
     for (int c = 0; c < nc; c++) {
         const int L = ch.L;
+        const KdaSfwdBuf f = s.buf(c & 1), fn = s.buf(~c & 1);
         const int64_t t0 = ch.t0;
         const bool more = c + 1 < nc;
-        const KdaChunk nx = more ? kda_chunk(starts, doc_pos, c + 1, T) : ch;
-        /* the entering state: stored, split */
-        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-            const int a = i / BV, cc = i % BV;
-            float x = s.S[a * LDS + cc];
-            if (ch.reset) s.S[a * LDS + cc] = x = 0.0f;
-            else if (hs && !is_M) hs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-            kda_split(x, &s.sh[a * LDB + cc], &s.sl[a * LDB + cc]);
-        }
-        ptx_cp_async_wait<1>(); /* group A of this chunk (B may still fly) */
-        __syncthreads();
+        ptx_cp_async_wait<0>(); /* chunk c's factors (this thread's copies) */
+        __syncthreads();        /* everyone's; the entering state's split; fn read (chunk c - 1) */
+        if (more) kda_sfwd_load<DK, BV>(fn, nx, w2, x2, u, gl, h, nv, dv, col0, is_M);
+        ptx_cp_async_commit();
+        const KdaChunk nn = c + 2 < nc ? kda_chunk(starts, doc_pos, c + 2, T) : nx; /* used by the next chunk */
         /* vn = U - W S (rows >= L: 0) */
         if (vjob) {
             float ws[1][Tv::NT][4];
             gdn_zero(ws);
-            kda_mma3<1, Tv::NT, false, DK>(ws, s.wh, s.wl, LDK, s.sh, s.sl, LDB, 16 * mt, vn0);
+            kda_mma3s<1, Tv::NT, false, DK>(ws, f.wh, f.wl, LDK, s.sh, s.sl, LDB, 16 * mt, vn0);
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 16 * mt + gdn_frag_row(e), cc = vn0 + 8 * ni + gdn_frag_col(e);
-                    const float x = s.U[r * LDU + cc] - ws[0][ni][e];
+                    const float x = f.U[r * LDU + cc] - ws[0][ni][e];
                     if (vn && !is_M && r < L) vn[((t0 + r) * nv + h) * (int64_t)dv + col0 + cc] = x;
                     kda_split(x, &s.vnh[r * LDB + cc], &s.vnl[r * LDB + cc]);
                 }
         }
-        __syncthreads(); /* W and U are read: the next chunk's come in during the update */
-        if (more) kda_sfwd_load_a<DK, BV>(s, nx, w2, u, h, nv, dv, col0, is_M);
-        ptx_cp_async_commit();
-        ptx_cp_async_wait<1>(); /* group B of this chunk */
-        __syncthreads();
+        __syncthreads(); /* vn split; S's split read */
         /* S = Diag(gam_{L-1}) S + (dec * K)^T vn (the carried term is 0 at a document start) */
         if (sjob) {
             float as[1][NTS][4];
             gdn_zero(as);
-            kda_mma3<1, NTS, true, KDA_C>(as, s.xh, s.xl, LDK, s.vnh, s.vnl, LDB, m0, n0);
+            kda_mma3s<1, NTS, true, KDA_C>(as, f.xh, f.xl, LDK, s.vnh, s.vnl, LDB, m0, n0);
 #pragma unroll
             for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-                    const float carried = ch.reset ? 0.0f : s.GL[a] * s.S[a * LDS + cc];
-                    s.S[a * LDS + cc] = carried + as[0][ni][e];
+                    const int a = m0 + gdn_frag_row(e);
+                    const float carried = ch.reset ? 0.0f : f.GL[a] * S[ni][e];
+                    S[ni][e] = carried + as[0][ni][e];
                 }
         }
-        __syncthreads(); /* dec * K and gam_{L-1} are read */
-        if (more) kda_sfwd_load_b<DK, BV>(s, nx, x2, gl, h, nv);
-        ptx_cp_async_commit();
+        if (more) enter(nx);
         ch = nx;
+        nx = nn;
     }
     ptx_cp_async_wait<0>();
-    for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-        const int a = i / BV, cc = i % BV;
-        if (is_M) {
-            if (M_out) M_out[((size_t)h * DK + a) * DK + col0 - dv + cc] = s.S[a * LDS + cc];
-        } else if (S_out) {
-            S_out[h * sn + (size_t)a * dv + col0 + cc] = s.S[a * LDS + cc];
-        }
-    }
+    if (sjob)
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+                if (is_M) {
+                    if (M_out) M_out[((size_t)h * DK + a) * DK + col0 - dv + cc] = S[ni][e];
+                } else if (S_out) {
+                    S_out[h * sn + (size_t)a * dv + col0 + cc] = S[ni][e];
+                }
+            }
 }
 
-/* the backward pass's shared memory (DK = dk, BV columns): the fp32 gradient D (DK x BV), P (64 x BV fp32),
- * gam_{L-1}; bf16 tiles, rows padded by 8: dec * K, W, Q = scale gam * q hi / lo (64 x DK each), D hi / lo
- * (DK x BV), dvn hi / lo and dO (64 x BV) */
+/* the backward pass's shared memory (DK = dk, BV columns): P (64 x BV fp32), gam_{L-1}; bf16 tiles, rows padded
+ * by 8: dec * K, W, Q = scale gam * q hi / lo (64 x DK each), D hi / lo (DK x BV), dvn hi / lo and dO (64 x BV).
+ * The fp32 gradient D lives in registers. */
 template <int DK, int BV> struct KdaSbwdSmem {
-    static constexpr int LDK = DK + 8, LDB = BV + 8, LDS = BV + 1, LDU = BV + 4;
-    float *D, *P, *GL;
+    static constexpr int LDK = DK + 8, LDB = BV + 8, LDU = BV + 4;
+    float *P, *GL;
     bf16 *xh, *xl, *wh, *wl, *qh, *ql, *dh, *dl, *dout, *dvnh, *dvnl;
     size_t bytes;
     __host__ __device__ explicit KdaSbwdSmem(void *b) {
         KdaCarve c(b);
-        D = c.take<float>((size_t)DK * LDS);
         P = c.take<float>((size_t)KDA_C * LDU);
         GL = c.take<float>(DK);
         xh = c.take<bf16>((size_t)KDA_C * LDK);
@@ -249,9 +273,13 @@ KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, c
     }
 }
 
-/* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S). */
+/* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S; D in registers in the update's accumulator
+ * layout, the store of the gradient leaving a chunk and its split for the dvn step in the update's epilogue). Per
+ * chunk: wait for group A (dec * K, P), barrier, dvn, wait for group B (W, gam * q, gam_{L-1}; dO stored), barrier,
+ * issue the next chunk's group A (and dO into registers), D's update and the next chunk's leaving gradient,
+ * barrier, issue its group B (and store dO): three barriers. */
 template <int DK, int BV>
-__global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     float *dhs /* (ns,nv,dk,dv) or NULL */, float *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
     const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *w2 /* (T,nv,2,dk) */, const bf16 *x2 /* (T,nv,2,dk) */,
     const bf16 *gq2 /* (T,nv,2,dk) */, const float *p /* (T,nv,dv) */, const float *gl /* (ns,nv,dk) */,
@@ -259,7 +287,7 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
     int nv, int dv, int ldo) {
     using Sm = KdaSbwdSmem<DK, BV>;
     using Tv = KdaTile64<BV>;
-    constexpr int LDK = Sm::LDK, LDB = Sm::LDB, LDS = Sm::LDS, LDU = Sm::LDU;
+    constexpr int LDK = Sm::LDK, LDB = Sm::LDB, LDU = Sm::LDU;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, nc = meta[KDA_META_NC];
@@ -272,10 +300,28 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
     const bool sjob = DK == 128 || Tv::job(w);
     const size_t sn = (size_t)DK * dv;
     const int64_t dcol = (int64_t)h * dv + col0;
-    for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-        const int a = i / BV, cc = i % BV;
-        s.D[a * LDS + cc] = dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
-    }
+    /* this thread's elements of D (rows m0 + gdn_frag_row, columns n0 + 8 ni + gdn_frag_col) */
+    float D[NTS][4];
+#pragma unroll
+    for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+            D[ni][e] = sjob && dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
+        }
+    /* the gradient leaving chunk k: stored where a state leaves it; split for the dvn step */
+    auto leave = [&](const KdaChunk &k) {
+        if (!sjob) return;
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+                const float x = D[ni][e];
+                if (dhs && k.leaves) dhs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
+                kda_split(x, &s.dh[a * LDB + cc], &s.dl[a * LDB + cc]);
+            }
+    };
     KdaDoutRegs<BV> dor;
     KdaChunk ch = {};
     if (nc > 0) {
@@ -286,27 +332,20 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
         ptx_cp_async_commit();
         dor.load(dout, ch, ldo, dcol);
         dor.store(s.dout, LDB);
+        leave(ch);
     }
-    __syncthreads();
     for (int c = nc - 1; c >= 0; c--) {
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         const bool more = c > 0;
         const KdaChunk nx = more ? kda_chunk(starts, doc_pos, c - 1, T) : ch;
-        /* the gradient leaving the chunk: stored, split */
-        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-            const int a = i / BV, cc = i % BV;
-            const float x = s.D[a * LDS + cc];
-            if (dhs && ch.leaves) dhs[(ch.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-            kda_split(x, &s.dh[a * LDB + cc], &s.dl[a * LDB + cc]);
-        }
         ptx_cp_async_wait<1>(); /* group A of this chunk */
-        __syncthreads();
+        __syncthreads();        /* everyone's; D's split and dO */
         /* dvn_j = (dec_j * k_j)^T D + P_j (rows >= L: 0) */
         if (vjob) {
             float ad[1][Tv::NT][4];
             gdn_zero(ad);
-            kda_mma3<1, Tv::NT, false, DK>(ad, s.xh, s.xl, LDK, s.dh, s.dl, LDB, 16 * mt, vn0);
+            kda_mma3s<1, Tv::NT, false, DK>(ad, s.xh, s.xl, LDK, s.dh, s.dl, LDB, 16 * mt, vn0);
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
@@ -317,30 +356,36 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
                     kda_split(x, &s.dvnh[j * LDB + cc], &s.dvnl[j * LDB + cc]);
                 }
         }
-        __syncthreads(); /* dec * K and P are read: the next chunk's come in during D's update */
+        ptx_cp_async_wait<0>(); /* group B of this chunk */
+        __syncthreads(); /* dec * K, P and D's split read: the next chunk's come in during D's update; B and dvn */
         if (more) {
             kda_sbwd_load_a<DK, BV>(s, nx, x2, p, h, nv, dv, col0);
             dor.load(dout, nx, ldo, dcol);
         }
         ptx_cp_async_commit();
-        ptx_cp_async_wait<1>(); /* group B of this chunk */
-        __syncthreads();
-        /* D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn; 0 at a document start */
+        /* D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn; 0 at a document start (NTS = 8: in two
+         * passes of 4 column tiles, the products' five accumulators and D within the registers; the same
+         * arithmetic per element) */
         if (sjob) {
-            float aq[1][NTS][4], awd[1][NTS][4];
-            gdn_zero(aq);
-            gdn_zero(awd);
-            kda_mma2<1, NTS, true, KDA_C>(aq, s.qh, s.ql, LDK, s.dout, LDB, m0, n0);
-            kda_mma3<1, NTS, true, KDA_C>(awd, s.wh, s.wl, LDK, s.dvnh, s.dvnl, LDB, m0, n0);
+            constexpr int NP = NTS >= 8 ? 2 : 1, NTP = NTS / NP;
 #pragma unroll
-            for (int ni = 0; ni < NTS; ni++)
+            for (int hp = 0; hp < NP; hp++) {
+                float aq[1][NTP][4], awd[1][NTP][4];
+                gdn_zero(aq);
+                gdn_zero(awd);
+                kda_mma2s<1, NTP, true, KDA_C>(aq, s.qh, s.ql, LDK, s.dout, LDB, m0, n0 + 8 * NTP * hp);
+                kda_mma3s<1, NTP, true, KDA_C>(awd, s.wh, s.wl, LDK, s.dvnh, s.dvnl, LDB, m0, n0 + 8 * NTP * hp);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-                    const float x = s.GL[a] * s.D[a * LDS + cc] + (aq[0][ni][e] - awd[0][ni][e]);
-                    s.D[a * LDS + cc] = ch.reset ? 0.0f : x;
-                }
+                for (int ni = 0; ni < NTP; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int a = m0 + gdn_frag_row(e);
+                        const float x = s.GL[a] * D[NTP * hp + ni][e] + (aq[0][ni][e] - awd[0][ni][e]);
+                        D[NTP * hp + ni][e] = ch.reset ? 0.0f : x;
+                    }
+            }
         }
+        if (more) leave(nx);
         __syncthreads(); /* W, gam * q, dO and gam_{L-1} are read */
         if (more) {
             kda_sbwd_load_b<DK, BV>(s, nx, w2, gq2, gl, h, nv);
@@ -350,9 +395,12 @@ __global__ void __launch_bounds__(KDA_THREADS) kda_state_bwd_kernel(
         ch = nx;
     }
     ptx_cp_async_wait<0>();
-    if (dS0)
-        for (int i = threadIdx.x; i < DK * BV; i += KDA_THREADS) {
-            const int a = i / BV, cc = i % BV;
-            dS0[h * sn + (size_t)a * dv + col0 + cc] = s.D[a * LDS + cc];
-        }
+    if (dS0 && sjob)
+#pragma unroll
+        for (int ni = 0; ni < NTS; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
+                dS0[h * sn + (size_t)a * dv + col0 + cc] = D[ni][e];
+            }
 }

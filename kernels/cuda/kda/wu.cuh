@@ -41,29 +41,39 @@ template <int DK> struct KdaWuSmem {
 };
 
 /* rows [0, 64) of head h of a (T, nv, 2, DK) split buffer (row t0 + r) into hi / lo tiles of row stride DK + 8 with
- * cp.async (16 bytes a copy); rows >= L zero-filled. All threads; the caller commits and waits. */
+ * cp.async (16 bytes a copy); rows >= L zero-filled. Thread t copies piece t % (2 DK / 8) of rows t / (2 DK / 8)
+ * + RS j: its addresses step by a constant, no division or 64-bit product per copy (the state passes issue these
+ * between their dependent steps). All threads; the caller commits and waits. */
 template <int DK>
 KDA_DEV void kda_cp_pair(bf16 *hi, bf16 *lo, const bf16 *src, int64_t t0, int L, int h, int nv) {
-    constexpr int CPR = DK / 8; /* 16-byte copies per half row */
-    for (int i = threadIdx.x; i < KDA_C * 2 * CPR; i += KDA_THREADS) {
-        const int r = i / (2 * CPR), q = i % (2 * CPR), part = q / CPR, c = (q % CPR) * 8;
-        const bool ok = r < L;
-        const bf16 *g = ok ? src + ((t0 + r) * nv + h) * (int64_t)(2 * DK) + part * DK + c : src;
-        ptx_cp_async16((part ? lo : hi) + r * (DK + 8) + c, g, ok);
+    constexpr int CPR = DK / 8, RS = KDA_THREADS / (2 * CPR); /* 16-byte copies per half row; rows a pass */
+    static_assert(KDA_THREADS % (2 * CPR) == 0 && KDA_C % RS == 0, "kda_cp_pair: whole rows a pass");
+    const int r0 = threadIdx.x / (2 * CPR), q = threadIdx.x % (2 * CPR), part = q / CPR, c = (q % CPR) * 8;
+    bf16 *d = (part ? lo : hi) + r0 * (DK + 8) + c;
+    const bf16 *g = src + ((t0 + r0) * nv + h) * (int64_t)(2 * DK) + part * DK + c;
+    const int64_t step = (int64_t)RS * nv * (2 * DK);
+#pragma unroll
+    for (int j = 0; j < KDA_C / RS; j++) {
+        const bool ok = r0 + RS * j < L;
+        ptx_cp_async16(d + RS * j * (DK + 8), ok ? g + j * step : src, ok);
     }
 }
 
 /* rows [0, 64) x W fp32 columns [col0, col0 + W) of a (T, nv, ld) buffer's head h into a tile of row stride lds
- * with cp.async; rows >= L (or all, when !on) zero-filled */
+ * with cp.async; rows >= L (or all, when !on) zero-filled; the addresses as kda_cp_pair's */
 template <int W>
 KDA_DEV void kda_cp_f32(float *s, int lds, const float *src, int64_t t0, int L, int h, int nv, int ld, int col0,
                         bool on) {
-    constexpr int CPR = W / 4;
-    for (int i = threadIdx.x; i < KDA_C * CPR; i += KDA_THREADS) {
-        const int r = i / CPR, c = (i % CPR) * 4;
-        const bool ok = on && r < L;
-        const float *g = ok ? src + ((t0 + r) * nv + h) * (int64_t)ld + col0 + c : src;
-        ptx_cp_async16(s + r * lds + c, g, ok);
+    constexpr int CPR = W / 4, RS = KDA_THREADS / CPR;
+    static_assert(KDA_THREADS % CPR == 0 && KDA_C % RS == 0, "kda_cp_f32: whole rows a pass");
+    const int r0 = threadIdx.x / CPR, c = (threadIdx.x % CPR) * 4;
+    float *d = s + r0 * lds + c;
+    const float *g = src + ((t0 + r0) * nv + h) * (int64_t)ld + col0 + c;
+    const int64_t step = (int64_t)RS * nv * ld;
+#pragma unroll
+    for (int j = 0; j < KDA_C / RS; j++) {
+        const bool ok = on && r0 + RS * j < L;
+        ptx_cp_async16(d + RS * j * lds, ok ? g + j * step : src, ok);
     }
 }
 
@@ -84,7 +94,7 @@ KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, i
  * on tensor cores, warp w rows [16 (w % 4), +16) and half w / 4 of the columns (state_pass.cuh's old tiling: the same
  * bits); dec * K and gam_{L-1} elementwise, fp32 exponentials with exponents <= 0. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS) kda_wu_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_wu_kernel(
     bf16 *w2 /* (T,nv,2,dk) */, bf16 *x2 /* (T,nv,2,dk) */, float *u /* (T,nv,dv) or NULL */,
     float *gl /* (ns,nv,dk) */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
