@@ -233,7 +233,7 @@ const ConfigKey config_schema[] = {
         "fragment in chunks of this many rows, so its scratch does not grow with tokens per GPU; the math is the "
         "same (parameter gradients sum the chunks in order); 0: plan's choice, the largest multiple of 64 whose "
         "chunk scratch (forward + gradients) fits 4, else 2, else 1 GiB, the largest that keeps the run within "
-        "device memory less 10% beside the layers checkpoint.keep_layers keeps (fewer, longer kernel calls), at "
+        "device memory less 5% beside the layers checkpoint.keep_layers keeps (fewer, longer kernel calls), at "
         "most the fragment (plan prints it); at least model.linear_conv_kernel_dim - 1 (the conv's halo). Under "
         "checkpoint.activations none the per-token tensors the backward reads are kept whole per layer (nothing "
         "is recomputed); the chunks then bound each kernel call and the scratch (conv output, gradients)"),
@@ -245,7 +245,7 @@ const ConfigKey config_schema[] = {
          "under checkpoint.activations full or remat: the last this many layers keep every activation their "
          "backward reads, as under none (their backward recomputes nothing), the others follow the policy; the "
          "last because their backward runs first; auto: the most layers whose plan fits device.memory_gib less "
-         "a margin of 10% (plan prints the choice); at most model.num_hidden_layers; not with checkpoint.offload "
+         "a margin of 5% (plan prints the choice); at most model.num_hidden_layers; not with checkpoint.offload "
          "host; nothing changes the math"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),

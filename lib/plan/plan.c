@@ -570,7 +570,7 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
     fprintf(f, "\nrow chunks: %s rows (%s), %s of chunk scratch (%s)\n", a,
             cfg->checkpoint.chunk_rows ? "checkpoint.chunk_rows"
                                        : "checkpoint.chunk_rows 0: the largest multiple of 64 whose chunk scratch "
-                                         "fits the largest of 4, 2, 1 GiB that keeps the plan within memory less 10% "
+                                         "fits the largest of 4, 2, 1 GiB that keeps the plan within memory less 5% "
                                          "(1 GiB whatever it leaves), at most a fragment",
             b, pol == ACT_POLICY_NONE ? "the conv output + gradients" : "forward + gradients");
     fprintf(f, "  %s\n", pol == ACT_POLICY_NONE

@@ -104,7 +104,7 @@ bool plan_fits(const Plan *p, ActPolicy policy);
 /* checkpoint.keep_layers as it runs: the number, or for auto the most layers (the last ones) whose plan total
  * under the config's policy fits device.memory_gib less PLAN_KEEP_MARGIN of it (and host memory), else 0;
  * every layer under none. model_acts_build calls it: the one figure plan prints and the model allocates. */
-#define PLAN_KEEP_MARGIN 0.10
+#define PLAN_KEEP_MARGIN 0.05 /* plan's totals meet the measured use within 0.5% (docs/performance.md table 6) */
 int  plan_keep_layers(const Config *cfg);
 /* checkpoint.chunk_rows as it runs: the number, or for 0 the rows of the largest chunk scratch among
  * PLAN_CHUNK_BYTES_MAX, half of it, ... down to twice model_acts.c's rule (ACT_CHUNK_BYTES_RULE) whose plan, with the
