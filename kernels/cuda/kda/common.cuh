@@ -68,8 +68,9 @@ KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
 
 /* the 16-byte loads from global memory a thread keeps in flight together (kda_load_bf16, kda_load_rows_f32): each
  * batch issued before any of it is stored, so a tile costs one memory latency per batch, not one per element.
- * KDA_BATCH_WIDE for the kernels that run one block per SM (registers to spare, nothing else on the SM to hide a
- * latency): a 64 x 128 or 128 x 128 fp32 tile in one batch (16 float4 a thread, 64 registers) */
+ * KDA_BATCH_WIDE for grad_dense and output at dk 128, which run one block per SM (registers to spare, nothing else
+ * on the SM to hide a latency): a 64 x 128 or 128 x 128 fp32 tile in one batch (16 float4 a thread, 64 registers);
+ * grad_wy and grad_qk, near 255 registers, ran slower with it and keep KDA_BATCH */
 #define KDA_BATCH 4
 #define KDA_BATCH_WIDE 16
 

@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
-    constexpr int NB = DK / 16; /* a 64 x DK fp32 tile in one batch (KDA_BATCH_WIDE would spill here) */
+    constexpr int NB = KDA_BATCH; /* not KDA_BATCH_WIDE: common.cuh */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sK = s.k;
@@ -512,12 +512,10 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
-        kda_load_rows_f32<KDA_BATCH_WIDE>(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk,
-                                          KDA_C, dk, L);
-        kda_load_rows_f32<KDA_BATCH_WIDE>(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL,
-                                          (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32<KDA_BATCH_WIDE>(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv,
-                                          KDA_C, dv, L);
+        kda_load_rows_f32(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C,
+                          dk, L);
+        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         kda_load_G_sum(sG, ldg, dk);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
