@@ -11,7 +11,8 @@
 #      storage (what bf16 alone costs), cuda on one GPU, cuda cp 2 and cuda dp 2 on two GPUs (mpirun,
 #      NCCL): loss and every gradient;
 #   3. tests/cuda/compare_bf16.py, the bounds model_check uses (per tensor: error against the cpu
-#      oracle <= max(2 x the bf16 emulation's, 1e-2); loss within 1e-2): cuda cp 2 against cpu at
+#      oracle <= max(2 x the bf16 emulation's, over DRAWS draws of its rounding too, 1e-2); loss within
+#      1e-2): cuda cp 2 against cpu at
 #      one process and against cpu at cp 2, cuda dp 2 against cpu; and cuda cp 2 against cuda on
 #      one GPU, printed per tensor (the same bound);
 #   4. ringscan train of tiny-cpu on cuda, TRAIN_STEPS steps: one GPU, cp 2 and dp 2 on two GPUs
@@ -31,6 +32,8 @@
 #      with grad_accum 2 (the same global batch). FOUR_ONLY=1 runs the cpu oracle at one process and this
 #      part alone.
 #
+# CASE_SETS="key=value ..." changes the case and the trainings (gpu_case.sh), e.g. the KDA hybrid of issue 39:
+#   CASE_SETS="model.linear_attention=kda model.linear_num_value_heads=2" tests/cuda/cp_gpu_check.sh
 # Needs mpirun (Open MPI) and python3 with torch and numpy. Exit 0 when every check passed.
 set -u -o pipefail
 B=${1:-build}
@@ -50,7 +53,8 @@ train() { # NAME [launcher...] -- --set ...
     shift
     timeout 300 "${pre[@]}" "$B/ringscan" train configs/tiny-cpu.yaml --set device.kind=cuda \
         --set train.steps="$TRAIN_STEPS" --set train.warmup_steps=$((TRAIN_STEPS / 2)) --set data.path="$O/recall.tok" \
-        --set run.out_dir="$O/$name" --set checkpoint.every=$((TRAIN_STEPS / 2)) "$@" > "$O/$name.log" 2>&1 ||
+        --set run.out_dir="$O/$name" --set checkpoint.every=$((TRAIN_STEPS / 2)) "${SETS[@]}" "$@" \
+        > "$O/$name.log" 2>&1 ||
         { echo "train $name FAILED:"; tail -5 "$O/$name.log"; rc=1; }
     grep -E "^memory|^step" "$O/$name.log" | tail -2
 }
@@ -62,10 +66,12 @@ curve() { # REF GOT: the same global batch
 if [ "${FOUR_ONLY:-0}" = 1 ]; then  # part 6 alone (gpu_regress.sh's cp4-parity): the oracle at one process, then 6
     step cpu -- --threads 8
     step cpu_bf16 -- --emulate-bf16 --threads 8
+    gpu_case_draws --threads 4
 else
 echo "== one forward + backward: cpu, cpu cp 2, cpu bf16, cuda, cuda cp 2, cuda dp 2"
 step cpu -- --threads 8
 step cpu_bf16 -- --emulate-bf16 --threads 8
+gpu_case_draws --threads 4
 step cpu_cp2 "${MPI2[@]}" -- --set parallel.cp=2 --threads 4
 step cuda -- --set device.kind=cuda
 step cuda_cp2 "${MPI2[@]}" -- --set device.kind=cuda --set parallel.cp=2

@@ -26,6 +26,8 @@
 #              rank 1 only: ours on both ranks, said. ~30 s
 #   cp-parity  tests/cuda/cp_gpu_check.sh (two GPUs): cuda cp 2 / dp 2 against one GPU and the cpu oracle,
 #              50-step curves, remat counters, resume under cp 2 (the CP equivalence)
+#   kda-cp-parity  the same with the KDA hybrid (issue 39: CASE_SETS model.linear_attention=kda
+#              model.linear_num_value_heads=2): its cuda cp 2 / dp 2 against one GPU and the cpu oracle, curves, resume
 #   cp4-parity (4 GPUs) cp_gpu_check.sh's part 6 alone (FOUR_ONLY=1): cuda cp 4 and dp 2 x cp 2 against the cpu
 #              oracle, the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
 #   long-parity  tests/cuda/long_gpu_check.sh (two GPUs): row chunks against the unchunked run and the cpu
@@ -331,6 +333,13 @@ regress_part() {
         grep -E "^==|^--|FAIL|within|ok$|resume|counters|curve|worst|cp_gpu_check" "$L/cp-parity.log" | head -60
         [ $r -eq 0 ]
         ;;
+    kda-cp-parity)
+        CASE_SETS="model.linear_attention=kda model.linear_num_value_heads=2" timeout "$(left)" \
+            tests/cuda/cp_gpu_check.sh build /tmp/gpu_regress_kda_cp > "$L/kda-cp-parity.log" 2>&1
+        r=$?
+        grep -E "^==|^--|FAIL|within|ok$|resume|counters|curve|worst|cp_gpu_check" "$L/kda-cp-parity.log" | head -60
+        [ $r -eq 0 ]
+        ;;
     cp4-parity)
         FOUR_ONLY=1 timeout "$(left)" tests/cuda/cp_gpu_check.sh build /tmp/gpu_regress_cp4 > "$L/cp4-parity.log" 2>&1
         r=$?
@@ -352,7 +361,7 @@ regress_part() {
         [ $r -eq 0 ]
         ;;
     *)
-        echo "unknown part '$1' (parity parity-gdn kda-parity kda-fla big attn-cudnn-parity attn-auto cp-parity cp4-parity long-parity hf qwen35"
+        echo "unknown part '$1' (parity parity-gdn kda-parity kda-fla big attn-cudnn-parity attn-auto cp-parity kda-cp-parity cp4-parity long-parity hf qwen35"
         echo "  long-1m long-1gpu cp4-1m shard cluster; the benchmarks are bench/gpu_runs.sh's)"
         false
         ;;
