@@ -148,9 +148,9 @@ static void gemm_plan_build(GemmPlan *g, const GemmKey *k) {
                  k->accumulate ? ", accumulate" : "", (long long)k->lda, k->trans_a ? ", transposed" : "",
                  (long long)k->ldb, k->trans_b ? ", transposed" : "", (long long)k->K, k->align_a, k->align_b,
                  k->align_c, (int)st);
-    g->algo = res[0].algo;
-    g->ncand = 0;
-    for (int i = 0; i < found; i++)
+    g->algo = g->cand[0] = res[0].algo;
+    g->ncand = 1; /* the first, then the others of its order (none when the first splits K) */
+    for (int i = 1; i < found; i++)
         if (res[i].state == CUBLAS_STATUS_SUCCESS && gemm_same_order(&res[i].algo, &res[0].algo))
             g->cand[g->ncand++] = res[i].algo;
     g->tuned = 0;
