@@ -28,7 +28,7 @@ Four layers of evidence, each able to fail:
    twice that floor), and the single-process run matches the float64
    PyTorch reference within 1e-4.
 3. The checkpoint policies under CP: none, full and remat give the same
-   gradients (1e-6), and the per-layer counters show one attention forward,
+   gradients (4e-6, POLICY_BOUND), and the per-layer counters show one attention forward,
    one ring pass and one GDN state pass (the scan's all-gather or the chain's
    hand-offs) per layer for none/remat and two for full; the activation bytes
    kept equal what `ringscan plan` says.
@@ -220,6 +220,11 @@ def parity_step(case, dp, cp, out, *extra, gdn_cp=None):
     return safetensors_io.load(out), counters, r.stdout
 
 
+# none, full and remat under CP: the same terms, summed in another order where GDN layer 0's state passing runs
+# with or without the kept buffer; ~1e-6 relative, 1.26e-6 on an AVX-512 machine's OpenBLAS (b43bbbd and later alike)
+POLICY_BOUND = 4e-6
+
+
 def rel(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     n = np.linalg.norm(b)
@@ -275,7 +280,7 @@ def test_policies_under_cp(cases, tmp_path, dp, cp):
                                                          "--policy", policy)
     for policy in ("full", "remat"):
         for k in grads["none"]:
-            assert rel(grads[policy][k], grads["none"][k]) <= 1e-6, (policy, k)
+            assert rel(grads[policy][k], grads["none"][k]) <= POLICY_BOUND, (policy, k)
     # layer 3 is the attention layer of tiny-cpu, layers 0-2 are GDN; one sample per micro-batch step here
     full_layer, gdn_layers = 3, [0, 1, 2]
     for policy, times in (("none", 1), ("remat", 1), ("full", 2)):
@@ -308,8 +313,8 @@ def test_keep_layers_under_cp(cases, tmp_path, cp):
     as none does, the others remat's. N < L gives bitwise remat's loss and gradients, N = L (and auto, which keeps
     the tiny model whole) bitwise none's: a layer runs exactly as under its policy. (none and remat themselves differ
     in the last bits under CP, in GDN layer 0's forward, whose state passing runs with or without the kept buffer:
-    test_policies_under_cp bounds that at 1e-6.) The kept attention layer (3, the last) runs its ring once and the
-    GDN layers their scan once forward, the block recomputes are L - N, and the bytes kept are plan's figure."""
+    test_policies_under_cp bounds that at POLICY_BOUND.) The kept attention layer (3, the last) runs its ring once
+    and the GDN layers their scan once forward, the block recomputes are L - N, and the bytes kept are plan's figure."""
     d, dp, L = cases["boundaries"], 1, 4
     refs = {}
     for policy in ("remat", "none"):

@@ -43,6 +43,10 @@ def mpirun(n, *args, timeout=900):
     return run(["mpirun", "-np", str(n), "--oversubscribe", *args], timeout=timeout)
 
 
+# the policies' gradients: the same terms in another summation order (tests/test_cp.py's POLICY_BOUND)
+POLICY_BOUND = 4e-6
+
+
 def rel(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     n = np.linalg.norm(b)
@@ -172,7 +176,7 @@ def test_kda_model_matches_the_float64_reference_under_every_policy(cases, tmp_p
         assert c.returncode == 0, c.stdout + c.stderr
     for policy in ("full", "remat"):
         for k in grads["none"]:
-            assert rel(grads[policy][k], grads["none"][k]) <= 1e-6, (policy, k)
+            assert rel(grads[policy][k], grads["none"][k]) <= POLICY_BOUND, (policy, k)
     # checkpoint.keep_layers: the last layers kept whole (run as under none), the rest remat: within none's bound,
     # block recomputes only for the others
     for n in (1, 3):
@@ -180,7 +184,7 @@ def test_kda_model_matches_the_float64_reference_under_every_policy(cases, tmp_p
                            "--set", f"checkpoint.keep_layers={n}")
         assert c["block_recomputes"] == 4 - n, c
         for k in g:
-            assert rel(g[k], grads["none"][k]) <= 1e-6, (n, k)
+            assert rel(g[k], grads["none"][k]) <= POLICY_BOUND, (n, k)
     # the kept Tinv (checkpoint.gdn_keep) gives the bits of recomputing it
     for keep in ("none", "states"):
         g, _ = parity_step(d, 1, 1, tmp_path / f"keep-{keep}.safetensors", "--set", f"checkpoint.gdn_keep={keep}")
@@ -230,7 +234,7 @@ def test_kda_policies_under_cp_and_plan(cases, ringscan, tmp_path, dp, cp):
         grads[policy], counts[policy] = parity_step(d, dp, cp, tmp_path / f"{policy}.safetensors", "--policy", policy)
     for policy in ("full", "remat"):
         for k in grads["none"]:
-            assert rel(grads[policy][k], grads["none"][k]) <= 1e-6, (policy, k)
+            assert rel(grads[policy][k], grads["none"][k]) <= POLICY_BOUND, (policy, k)
     for policy, times in (("none", 1), ("remat", 1), ("full", 2)):  # remat reruns no state pass, no halo
         for l in (0, 1, 2):
             assert counts[policy]["scan_allgathers_fwd"][l] == times, (policy, counts[policy])
