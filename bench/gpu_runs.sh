@@ -92,6 +92,12 @@
 #              attention at 128k/256k/512k and the GDN layer at 64k/128k beside torch's context_parallel
 #              (cuDNN) and FLA's CP, one-GPU times and CP efficiencies, the serial schedule, per-step
 #              compute and communication (issue 22)
+#   cp2-net    (issue 40, 2 GPUs) NCCL between the two GPUs over its network transport, as between two hosts
+#              (sockets on the loopback, P2P and SHM off: slurm/gpu-cluster/site.env's NCCL settings), beside its
+#              default transports (NVLink) in the same call: bench cp of ring attention (128k, MHA and GQA) and
+#              the GDN layer (128k, 16 and 64 heads): CP efficiency, per step compute and exposed communication,
+#              each exchange alone with its bytes; then the 1B step at 256k, cp 2 (NET_STEPS, default 4 steps):
+#              ms/step and MFU; the transport NCCL chose, from NCCL_DEBUG=INFO. ~6 min
 #   long-1m-torch  torch context_parallel + cuDNN alone, one attention layer (16 heads, hd 128) fwd+bwd at 1M on
 #              two GPUs (~2 min): the peer beside gpu_regress.sh's long-1m (the 1M config's training, which must fit)
 #   long-1m-cudnn  gpu_regress.sh long-1m's training (3 steps, two GPUs, cp 2) with device.attention_kernel=cudnn: s/step,
@@ -346,6 +352,29 @@ suite_long_1m_torch() {
 }
 
 
+# issue 40: the same CP runs over NCCL's network transport (as between two hosts) and over its default (NVLink)
+suite_cp2_net() {
+    local rc=0 t cfg=configs/hybrid-1b-256k-h200x4.yaml n=${NET_STEPS:-4}
+    local net=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
+    for t in nvlink socket; do
+        (
+            # mpirun's ranks on this host inherit its environment; NCCL_DEBUG=INFO names each channel's transport
+            export NCCL_DEBUG=INFO
+            [ $t = nvlink ] || export "${net[@]}"
+            suite_cp cp2-net-$t 2 --parts attn,gdn --T 131072 --gdn-T 131072 --heads 16,64 || exit 1
+            suite_train cp2-net-step-$t 2 "$n" $cfg --set train.grad_accum=1 --set data.seq_len=262144 \
+                --set parallel.cp=2 || exit 1
+        ) || rc=1
+        echo "cp2-net-$t: NCCL transports named in the logs:" \
+            "$(cat "$L/cp2-net-$t.log" "$L/cp2-net-step-$t.log" | grep -o -E 'via (NET/[A-Za-z]+|P2P/[A-Za-z/]+|SHM)' |
+                sort | uniq -c | tr -s ' \n' ' ')"
+    done
+    [ "$(grep -c -E 'via (P2P|SHM)' "$L/cp2-net-socket.log")" = 0 ] && grep -q 'via NET/Socket' "$L/cp2-net-socket.log" ||
+        { echo "cp2-net: the socket runs did not run over NET/Socket alone"; rc=1; }
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
 suite_long_256k() {
     local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 s=(--set data.seq_len=262144)
     suite_train long-256k-whole 2 4 $cfg "${s[@]}" --set checkpoint.chunk_rows=65536 --set checkpoint.offload=none ||
@@ -533,6 +562,7 @@ bench_part() {
     kda-nopeer) suite_kda kda-nopeer suite_bench kda --T 32768,65536,131072 --heads 16,64 --doc-len 0,2048 ;;
     cp-kda) suite_kda cp-kda suite_cp 2 --parts kda --gdn-T 65536,131072 --heads 16,64 --peer \
         --peer-timeout $(($(left) - ${KDA_OURS_S:-200})) ;;
+    cp2-net) suite_cp2_net ;;
     cp-kda-nopeer) suite_kda cp-kda-nopeer suite_cp 2 --parts kda --gdn-T 65536,131072 --heads 16,64 ;;
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
@@ -622,7 +652,7 @@ bench_part() {
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
         echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-gdn-schedules cp4-step long-1m-torch long-1m-cudnn"
-        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k cp-kda cp-kda-nopeer;"
+        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k cp-kda cp-kda-nopeer cp2-net;"
         echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
         false
         ;;

@@ -13,7 +13,7 @@
 # number. Environment: NODES (default 2), CPUS per node (default 8), PORT (slurmctld's port, default 16817;
 # the slurmd use PORT+1 ..), DAEMON_ENV (a file sourced before the slurmd start: install.sh's
 # $PREFIX/daemon.env, which points Slurm's PMIx plugin at its own PMIx where the machine's is another
-# major version). Writes DIR/slurm.conf, DIR/gres.conf, DIR/munge/, DIR/log/, DIR/pids and DIR/env: `. DIR/env`
+# major version). Writes DIR/slurm.conf, DIR/gres.conf, DIR/cgroup.conf (Slurm 24 on), DIR/munge/, DIR/log/, DIR/pids and DIR/env: `. DIR/env`
 # gives a shell SLURM_CONF (sbatch, squeue, ringscan submit). slurm/gpu-cluster/stop.sh DIR stops it.
 # Needs root (Slurm runs as root here), slurmctld, slurmd, munged and the clients on PATH or in /usr/sbin.
 set -u -o pipefail
@@ -83,6 +83,16 @@ rm -f "$DIR/nodes.conf"
     echo "AutoDetect=off"
     for ((i = 1; i <= NODES; i++)); do echo "NodeName=n$i Name=gpu File=${GPUS[i - 1]}"; done
 } > "$DIR/gres.conf"
+# cgroup.conf: none below Slurm 24 (the cpu cluster's way: proctrack/linuxproc, task/none). From 24.05 slurmd
+# sets up a cgroup for its slurmstepd through systemd even with those plugins, and dies where no systemd
+# answers on D-Bus ("systemd scope for slurmstepd could not be set": the lent GPU machine, containers);
+# CgroupPlugin=disabled (24.05 on) tells it to leave cgroups alone
+major=$(slurmd -V 2> /dev/null | grep -o '[0-9][0-9]*\.[0-9]' | head -1 | cut -d. -f1)
+[ -n "$major" ] || fail "slurmd -V names no version: $(slurmd -V 2>&1 | head -1)"
+if [ "$major" -ge 24 ]; then
+    printf '# cgroup.conf of slurm/gpu-cluster/start.sh (Slurm %s): no cgroups, as the cpu test cluster\nCgroupPlugin=disabled\n' \
+        "$major" > "$DIR/cgroup.conf"
+fi
 # Slurm numbers a node's GPUs from 0 in the order of its gres.conf lines, whatever the device file
 # (CUDA_VISIBLE_DEVICES of a GPU is that index, to match CUDA's order on a real node), so on nodes that share
 # one host every node's GPU would be "0". The task prolog (every task, the batch script's too) gives each
