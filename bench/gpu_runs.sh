@@ -98,6 +98,8 @@
 #              the GDN layer (128k, 16 and 64 heads): CP efficiency, per step compute and exposed communication,
 #              each exchange alone with its bytes; then the 1B step at 256k, cp 2 (NET_STEPS, default 4 steps):
 #              ms/step and MFU; the transport NCCL chose, from NCCL_DEBUG=INFO. ~6 min
+#   kda-step   (issue 39, 2 GPUs) the 1B config with KDA layers (model.linear_attention=kda) at 262,144 tokens, cp 2,
+#              grad_accum 1, KDA_STEPS (4) steps: plan, ms/step, tokens/s, MFU, memory beside plan. ~2 min
 #   long-1m-torch  torch context_parallel + cuDNN alone, one attention layer (16 heads, hd 128) fwd+bwd at 1M on
 #              two GPUs (~2 min): the peer beside gpu_regress.sh's long-1m (the 1M config's training, which must fit)
 #   long-1m-cudnn  gpu_regress.sh long-1m's training (3 steps, two GPUs, cp 2) with device.attention_kernel=cudnn: s/step,
@@ -375,6 +377,19 @@ suite_cp2_net() {
     return $rc
 }
 
+# issue 39: a KDA hybrid's training step at 256k on two GPUs
+suite_kda_step() {
+    local cfg=configs/hybrid-1b-256k-h200x4.yaml n=${KDA_STEPS:-4}
+    local k=(--set model.linear_attention=kda --set data.seq_len=262144 --set parallel.cp=2 --set parallel.dp=1
+        --set train.grad_accum=1)
+    build/ringscan plan $cfg "${k[@]}" --set slurm.gpus_per_node=2 > "$L/kda-step-plan.log" 2>&1
+    grep -E "KDA|model FLOPs per step|verdict" "$L/kda-step-plan.log"
+    suite_train kda-step-256k 2 "$n" $cfg "${k[@]}"
+    local rc=$?
+    rm -rf $TRAIN_DIR
+    return $rc
+}
+
 suite_long_256k() {
     local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0 s=(--set data.seq_len=262144)
     suite_train long-256k-whole 2 4 $cfg "${s[@]}" --set checkpoint.chunk_rows=65536 --set checkpoint.offload=none ||
@@ -563,6 +578,7 @@ bench_part() {
     cp-kda) suite_kda cp-kda suite_cp 2 --parts kda --gdn-T 65536,131072 --heads 16,64 --peer \
         --peer-timeout $(($(left) - ${KDA_OURS_S:-200})) ;;
     cp2-net) suite_cp2_net ;;
+    kda-step) suite_kda_step ;;
     cp-kda-nopeer) suite_kda cp-kda-nopeer suite_cp 2 --parts kda --gdn-T 65536,131072 --heads 16,64 ;;
     attn) suite_bench attn attn --peer --peer-timeout 200 ;;
     attn32k) suite_bench attn32k attn --T 32768 --peer --peer-timeout 120 ;;
@@ -652,7 +668,7 @@ bench_part() {
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
         echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-gdn-schedules cp4-step long-1m-torch long-1m-cudnn"
-        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k cp-kda cp-kda-nopeer cp2-net;"
+        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k cp-kda cp-kda-nopeer cp2-net kda-step;"
         echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
         false
         ;;

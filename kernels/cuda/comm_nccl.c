@@ -18,7 +18,8 @@
  * an event in its group's log of the last COMM_WATCH_LOG posts, so a rank stuck at the step's end names the
  * earliest operation not complete; the watchdog's thread polls ncclCommGetAsyncError and aborts the
  * communicators before the run ends. A failed CUDA or NCCL call ends every rank naming the call, rank, host,
- * GPU and NCCL's last error.
+ * GPU and NCCL's last error; a peer gone (ncclRemoteError: over a network transport a dead rank's sockets
+ * close and the next call fails at once) is the watchdog's to report, with exit 76 (comm_nccl_fail).
  */
 #ifdef RS_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "comm_nccl.h"
@@ -71,15 +73,42 @@ static CommNccl *nccl_of(const Comm *c) { return (CommNccl *)c->dev_state; }
                        cudaGetErrorString(e_), cudaGetErrorName(e_));                                          \
     } while (0)
 
-#define COMM_NCCL_CHECK(c, call)                                                                              \
+/* A failed NCCL call of group g. ncclRemoteError is a peer gone (its process exited, or the network between
+ * the ranks failed): over NCCL's network transport a killed rank closes its sockets, and the survivors' next
+ * call fails at once instead of waiting. That is the watchdog's case, not a bug here: under the watchdog this
+ * thread waits in the failed call until the watchdog (which sees the communicator's asynchronous error, or
+ * the wait's timeout) reports which ranks are missing and ends every rank with RS_EXIT_HANG (76), so the job
+ * script requeues and the run resumes from its last checkpoint; without it the rank ends with 76 here. Any
+ * other failure ends the rank with RS_EXIT_FAIL. */
+static noreturn void comm_nccl_fail(Comm *c, CommGroup g, ncclResult_t r, const char *call, const char *file,
+                                    int line) {
+    CommNccl *n = nccl_of(c);
+    const char *hint = "NCCL_DEBUG=WARN (or INFO) prints NCCL's own account; slurm/site.env holds the network "
+                       "settings a cluster may need";
+    if (r == ncclRemoteError) {
+        fprintf(stderr, "ringscan: [rank %d@%s] %s:%d: %s over %s failed on GPU %d (%s): %s; NCCL says: %s\n",
+                c->rank, c->host, file, line, call, comm_group_names[g], n->device, n->bus, ncclGetErrorString(r),
+                ncclGetLastError(NULL));
+        fflush(stderr);
+        if (c->watch) { /* waits here, in the call's name: the watchdog reports and ends the run */
+            static char op[64];
+            snprintf(op, sizeof op, "%.*s", (int)strcspn(call, "("), call);
+            comm_watch_begin(c, op, g);
+            for (;;) sleep(60);
+        }
+        error_exit(RS_EXIT_HANG, file, line,
+                   "a rank of the group exited or the network failed; exit 76: the job script requeues and the "
+                   "run resumes from its last checkpoint (parallel.comm_timeout_s > 0 names the missing ranks)",
+                   "%s over %s failed: a peer is gone", call, comm_group_names[g]);
+    }
+    error_exit(RS_EXIT_FAIL, file, line, hint, "%s failed on GPU %d (%s): %s; NCCL says: %s", call, n->device,
+               n->bus, ncclGetErrorString(r), ncclGetLastError(NULL));
+}
+
+#define COMM_NCCL_CHECK(c, g, call)                                                                           \
     do {                                                                                                      \
         ncclResult_t r_ = (call);                                                                             \
-        if (r_ != ncclSuccess)                                                                                \
-            error_exit(RS_EXIT_FAIL, __FILE__, __LINE__,                                                      \
-                       "hint: NCCL_DEBUG=WARN (or INFO) prints NCCL's own account; slurm/site.env holds the "  \
-                       "network settings a cluster may need",                                                 \
-                       "%s failed on GPU %d (%s): %s; NCCL says: %s", #call, nccl_of(c)->device, nccl_of(c)->bus, \
-                       ncclGetErrorString(r_), ncclGetLastError(NULL));                                        \
+        if (r_ != ncclSuccess) comm_nccl_fail(c, g, r_, #call, __FILE__, __LINE__);                           \
     } while (0)
 
 /* The gathered GPU facts, judged on every rank alike: on a refusal rank 0 prints it once and every
@@ -105,10 +134,10 @@ static void comm_nccl_make_group(Comm *c, CommGroup g) {
     MPI_Comm_size(m, &size);
     MPI_Comm_rank(m, &rank);
     ncclUniqueId id;
-    if (rank == 0) COMM_NCCL_CHECK(c, ncclGetUniqueId(&id));
+    if (rank == 0) COMM_NCCL_CHECK(c, g, ncclGetUniqueId(&id));
     if (MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, m) != MPI_SUCCESS)
         RS_FATAL("MPI_Bcast of the NCCL id of group %s failed", comm_group_names[g]);
-    COMM_NCCL_CHECK(c, ncclCommInitRank(&n->nc[g], size, id, rank));
+    COMM_NCCL_CHECK(c, g, ncclCommInitRank(&n->nc[g], size, id, rank));
     int lo = 0, hi = 0;
     COMM_CUDA_CHECK(c, cudaDeviceGetStreamPriorityRange(&lo, &hi));
     COMM_CUDA_CHECK(c, cudaStreamCreateWithPriority(&n->stream[g], cudaStreamNonBlocking, hi));
@@ -156,7 +185,7 @@ static void comm_nccl_free(Comm *c) {
     CommNccl *n = nccl_of(c);
     for (int g = 0; g < COMM_GROUPS; g++) {
         COMM_CUDA_CHECK(c, cudaStreamSynchronize(n->stream[g]));
-        COMM_NCCL_CHECK(c, ncclCommDestroy(n->nc[g]));
+        COMM_NCCL_CHECK(c, g, ncclCommDestroy(n->nc[g]));
         COMM_CUDA_CHECK(c, cudaStreamDestroy(n->stream[g]));
     }
     COMM_CUDA_CHECK(c, cudaEventDestroy(n->ready));
@@ -201,13 +230,13 @@ static void comm_nccl_end(Comm *c, CommGroup g, CommHandle *h, const char *op) {
 
 static void comm_nccl_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t bytes, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
-    COMM_NCCL_CHECK(c, ncclAllGather(send, recv, (size_t)bytes, ncclUint8, nccl_of(c)->nc[g], s));
+    COMM_NCCL_CHECK(c, g, ncclAllGather(send, recv, (size_t)bytes, ncclUint8, nccl_of(c)->nc[g], s));
     comm_nccl_end(c, g, h, "all-gather");
 }
 
 static void comm_nccl_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
-    COMM_NCCL_CHECK(c, ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, nccl_of(c)->nc[g], s));
+    COMM_NCCL_CHECK(c, g, ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, nccl_of(c)->nc[g], s));
     comm_nccl_end(c, g, h, "all-reduce");
 }
 
@@ -218,14 +247,14 @@ static int comm_nccl_rank(const Comm *c, CommGroup g) {
 
 static void comm_nccl_ireduce_scatter_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
-    COMM_NCCL_CHECK(c, ncclReduceScatter(buf, buf + (int64_t)comm_nccl_rank(c, g) * n, (size_t)n, ncclFloat32,
+    COMM_NCCL_CHECK(c, g, ncclReduceScatter(buf, buf + (int64_t)comm_nccl_rank(c, g) * n, (size_t)n, ncclFloat32,
                                          ncclSum, nccl_of(c)->nc[g], s));
     comm_nccl_end(c, g, h, "reduce-scatter");
 }
 
 static void comm_nccl_iallgather_inplace(Comm *c, CommGroup g, void *buf, int64_t bytes, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
-    COMM_NCCL_CHECK(c, ncclAllGather((char *)buf + (int64_t)comm_nccl_rank(c, g) * bytes, buf, (size_t)bytes,
+    COMM_NCCL_CHECK(c, g, ncclAllGather((char *)buf + (int64_t)comm_nccl_rank(c, g) * bytes, buf, (size_t)bytes,
                                      ncclUint8, nccl_of(c)->nc[g], s));
     comm_nccl_end(c, g, h, "all-gather");
 }
@@ -234,10 +263,10 @@ static void comm_nccl_isendrecv(Comm *c, CommGroup g, const void *send, int to, 
                                 int64_t bytes, CommHandle *h) {
     cudaStream_t s = comm_nccl_begin(c, g, h);
     ncclComm_t nc = nccl_of(c)->nc[g];
-    COMM_NCCL_CHECK(c, ncclGroupStart());
-    COMM_NCCL_CHECK(c, ncclSend(send, (size_t)bytes, ncclUint8, to, nc, s));
-    COMM_NCCL_CHECK(c, ncclRecv(recv, (size_t)bytes, ncclUint8, from, nc, s));
-    COMM_NCCL_CHECK(c, ncclGroupEnd());
+    COMM_NCCL_CHECK(c, g, ncclGroupStart());
+    COMM_NCCL_CHECK(c, g, ncclSend(send, (size_t)bytes, ncclUint8, to, nc, s));
+    COMM_NCCL_CHECK(c, g, ncclRecv(recv, (size_t)bytes, ncclUint8, from, nc, s));
+    COMM_NCCL_CHECK(c, g, ncclGroupEnd());
     comm_nccl_end(c, g, h, "send/recv");
 }
 

@@ -14,8 +14,9 @@
  *   75 RS_EXIT_PREEMPTED  stopped on SIGUSR1/SIGTERM after writing a checkpoint
  *                         (EX_TEMPFAIL: "try again later"; the job script requeues)
  *   76 RS_EXIT_HANG       a wait for other ranks passed parallel.comm_timeout_s, or NCCL
- *                         reported an asynchronous error (comm_watchdog.c; the job script
- *                         requeues, and the next run resumes from the last checkpoint)
+ *                         reported an asynchronous error or a peer gone (comm_watchdog.c,
+ *                         comm_nccl.c; the job script requeues, and the next run resumes
+ *                         from the last checkpoint)
  *
  * Where messages go: stderr, always; and, once the trainer has opened its run
  * directory's log (error_open_log), log.txt too, so a dead run's log ends with
