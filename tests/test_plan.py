@@ -424,7 +424,7 @@ def test_config_header_plan_is_current(ringscan, config):
 
 
 def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
-    """checkpoint.chunk_rows 0 (plan_chunk_rows): the largest of 4, 2, 1 GiB of chunk scratch whose plan fits device
+    """checkpoint.chunk_rows 0 (plan_resolve): the largest of 4, 2, 1 GiB of chunk scratch whose plan fits device
     memory less 5%, decided after checkpoint.keep_layers auto (never a kept layer fewer), at most a fragment; an
     explicit value is taken as it is. The 1B config at 128k on one H200: 4 GiB (33,728 rows), the same 8 kept layers
     as at the 1 GiB rule (8,384 rows); memory for 2 GiB but not 4: 2 GiB; for neither: the rule; a fragment shorter

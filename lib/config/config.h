@@ -162,7 +162,7 @@ typedef struct {
     int64_t chunk_rows;  /* rows per chunk of a layer's per-token work; 0: model_acts.c chooses */
     int32_t offload;     /* Offload: where the kept activations wait for the backward */
     int64_t keep_layers; /* under full / remat: the last keep_layers layers keep their activations as under none;
-                          * CONFIG_AUTO: plan's rule (plan_keep_layers) */
+                          * CONFIG_AUTO: plan's rule (plan_resolve) */
     int64_t every;       /* steps between checkpoints; 0: only at the end and on stop */
     int64_t keep;        /* newest checkpoints kept */
 } CheckpointConfig;

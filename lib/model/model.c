@@ -377,9 +377,7 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
     }
     model_init_weights(m);
 
-    Config kept = *cfg; /* checkpoint.keep_layers auto and chunk_rows 0: plan's figure, the one rule */
-    kept.checkpoint.keep_layers = plan_keep_layers(cfg);
-    kept.checkpoint.chunk_rows = plan_chunk_rows(cfg);
+    const Config kept = plan_resolve(cfg); /* keep_layers auto and chunk_rows 0: plan's figures, the one rule */
     model_acts_build(&m->acts, &kept);
     RS_CHECK(m->acts.tokens == T, "micro-batch of %lld rows, but the activation table is for %lld",
              (long long)T, (long long)m->acts.tokens);

@@ -162,7 +162,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
      * and the model use); under none every layer does */
     const int64_t keep_layers = cfg->checkpoint.activations == ACT_POLICY_NONE ? L : cfg->checkpoint.keep_layers;
     RS_CHECK(keep_layers != CONFIG_AUTO, "checkpoint.keep_layers auto reached the activation table unresolved: the "
-             "caller resolves it with plan_keep_layers (lib/plan/plan.h) first");
+             "caller resolves it with plan_resolve (lib/plan/plan.h) first");
     RS_CHECK(keep_layers >= 0 && keep_layers <= L, "checkpoint.keep_layers %lld of %d layers",
              (long long)keep_layers, L);
     t->keep_layers = (int32_t)keep_layers;

@@ -37,7 +37,7 @@
  * N because the backward starts there: the allocation is one arena, so which
  * layers does not change the peak, but a kept layer's buffers are read first
  * and the remat layers' recompute runs last, beside the smaller live set.
- * auto: plan_keep_layers (lib/plan), the one rule plan prints and the model
+ * auto: plan_resolve (lib/plan), the one rule plan prints and the model
  * allocates.
  *
  * Sizes are for one rank: tokens = data.micro_batch × data.seq_len / cp;
@@ -58,7 +58,7 @@
 
 #define GDN_CHUNK 64 /* chunk length of the chunked gated delta rule */
 /* chunk scratch (forward buffers and gradients) of checkpoint.chunk_rows 0's rule in model_acts_build (1 GiB gives the
- * 1B model, H 1536, I 4096, 8,384-row chunks on cuda); plan_chunk_rows (lib/plan) grows it, up to
+ * 1B model, H 1536, I 4096, 8,384-row chunks on cuda); plan_resolve (lib/plan) grows it, up to
  * PLAN_CHUNK_BYTES_MAX, where memory allows */
 #define ACT_CHUNK_BYTES_RULE (1LL << 30)
 #define ACT_ALIGN 256 /* bytes; model.c starts every carved buffer on this */
@@ -183,7 +183,7 @@ typedef struct {
                                             "CP ring"/"CP scan" rows (the scan's are all ALWAYS) */
 } ActTable;
 
-/* cfg's checkpoint.keep_layers must be a number: callers resolve auto with plan_keep_layers (lib/plan/plan.h) */
+/* cfg's checkpoint.keep_layers must be a number: callers resolve auto with plan_resolve (lib/plan/plan.h) */
 void model_acts_build(ActTable *t, const Config *cfg);
 /* layer `layer` keeps every activation its backward reads (none, or one of checkpoint.keep_layers): no recompute */
 int  model_acts_layer_keeps(const ActTable *t, int layer);

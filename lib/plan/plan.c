@@ -111,6 +111,8 @@ static int64_t plan_cuda_runtime(int dp, int cp) {
     return context + comms * per_comm;
 }
 
+static int plan_keep_layers(const Config *cfg);
+
 /* plan_build with checkpoint.chunk_rows as cfg gives it (0: model_acts.c's rule, 1 GiB of chunk scratch) */
 static void plan_build_as(Plan *p, const Config *cfg) {
     const ModelConfig *m = &cfg->model;
@@ -169,7 +171,7 @@ static void plan_build_as(Plan *p, const Config *cfg) {
     bool cuda = cfg->device.kind == DEVICE_KIND_CUDA;
     int e = cuda ? 2 : 4;
     double N = (double)p->params.total;
-    Config kept = *cfg; /* checkpoint.keep_layers as it runs (auto resolved; plan_keep_layers builds numbers only) */
+    Config kept = *cfg; /* keep_layers as it runs: every layer under none (plan_keep_layers builds numbers only) */
     kept.checkpoint.keep_layers = plan_keep_layers(cfg);
     model_acts_build(&p->acts, &kept);
 
@@ -322,7 +324,10 @@ static bool plan_fits_margin(const Plan *q, const Config *cfg) {
     return q->total[pol] <= (int64_t)((double)q->capacity * (1.0 - PLAN_KEEP_MARGIN)) && plan_host_fits(q, pol);
 }
 
-int plan_keep_layers(const Config *cfg) {
+/* checkpoint.keep_layers as it runs: the number, or for auto the most layers (the last ones) whose plan total
+ * under the config's policy fits device.memory_gib less PLAN_KEEP_MARGIN of it (and host memory), else 0; every
+ * layer under none. chunk_rows as cfg gives it (0: model_acts.c's rule, 1 GiB of chunk scratch). */
+static int plan_keep_layers(const Config *cfg) {
     const int L = (int)cfg->model.num_hidden_layers;
     if (cfg->checkpoint.activations == ACT_POLICY_NONE) return L;
     if (cfg->checkpoint.keep_layers != CONFIG_AUTO) return (int)cfg->checkpoint.keep_layers;
@@ -338,30 +343,38 @@ int plan_keep_layers(const Config *cfg) {
     return 0;
 }
 
-int64_t plan_chunk_rows(const Config *cfg) {
-    if (cfg->checkpoint.chunk_rows) return cfg->checkpoint.chunk_rows;
-    Config c = *cfg;
-    c.checkpoint.keep_layers = plan_keep_layers(cfg); /* decided at the rule's chunks: layers before chunk size */
-    Plan q;
-    plan_build_as(&q, &c);
-    const int64_t row_bytes = q.acts.chunk_row_bytes, rule = q.acts.chunk_rows, frag = q.acts.frag_rows;
-    plan_free(&q);
+/* checkpoint.chunk_rows as it runs, for c with keep_layers a number: the number, or for 0 the rows of the largest
+ * chunk scratch among PLAN_CHUNK_BYTES_MAX, half of it, ... down to twice model_acts.c's rule
+ * (ACT_CHUNK_BYTES_RULE) whose plan fits as plan_keep_layers asks, else the rule's (at most a fragment) */
+static int64_t plan_chunk_rows(const Config *c) {
+    if (c->checkpoint.chunk_rows) return c->checkpoint.chunk_rows;
+    Config q = *c;
+    Plan p;
+    plan_build_as(&p, &q);
+    const int64_t row_bytes = p.acts.chunk_row_bytes, rule = p.acts.chunk_rows, frag = p.acts.frag_rows;
+    plan_free(&p);
     for (int64_t budget = PLAN_CHUNK_BYTES_MAX; budget >= 2 * ACT_CHUNK_BYTES_RULE; budget /= 2) {
         int64_t rows = budget / row_bytes / GDN_CHUNK * GDN_CHUNK;
         if (rows > frag) rows = frag;
         if (rows <= rule) break; /* no larger than the rule's */
-        c.checkpoint.chunk_rows = rows;
-        plan_build_as(&q, &c);
-        const bool fits = plan_fits_margin(&q, cfg);
-        plan_free(&q);
+        q.checkpoint.chunk_rows = rows;
+        plan_build_as(&p, &q);
+        const bool fits = plan_fits_margin(&p, c);
+        plan_free(&p);
         if (fits) return rows;
     }
     return rule;
 }
 
+Config plan_resolve(const Config *cfg) {
+    Config c = *cfg;
+    c.checkpoint.keep_layers = plan_keep_layers(cfg); /* at the rule's chunks: the layers before the chunk size */
+    c.checkpoint.chunk_rows = plan_chunk_rows(&c);
+    return c;
+}
+
 void plan_build(Plan *p, const Config *cfg) {
-    Config c = *cfg; /* checkpoint.chunk_rows 0 resolved (plan_chunk_rows); cfg itself is printed as given */
-    c.checkpoint.chunk_rows = plan_chunk_rows(cfg);
+    const Config c = plan_resolve(cfg); /* cfg itself is printed as given */
     plan_build_as(p, &c);
 }
 

@@ -101,18 +101,16 @@ void plan_gdn_chunk_flops(double C, double K, double V, double *fwd, double *bwd
 void plan_free(Plan *p);
 /* device memory fits, and with checkpoint.offload: host the node's host memory too */
 bool plan_fits(const Plan *p, ActPolicy policy);
-/* checkpoint.keep_layers as it runs: the number, or for auto the most layers (the last ones) whose plan total
- * under the config's policy fits device.memory_gib less PLAN_KEEP_MARGIN of it (and host memory), else 0;
- * every layer under none. model_acts_build calls it: the one figure plan prints and the model allocates. */
+/* cfg with checkpoint.keep_layers and checkpoint.chunk_rows as they run, each a number: keep_layers auto is the
+ * most layers (the last ones) whose plan total under the config's policy fits device.memory_gib less
+ * PLAN_KEEP_MARGIN of it (and host memory), else 0, every layer under none; then chunk_rows 0 is the rows of the
+ * largest chunk scratch among PLAN_CHUNK_BYTES_MAX, half of it, ... down to twice model_acts.c's rule
+ * (ACT_CHUNK_BYTES_RULE) that still fits so beside those layers, else the rule's (at most a fragment). Larger
+ * chunks run the per-token kernels in fewer, longer calls (docs/performance.md). plan_build, model.c and
+ * cp_layout.c build from it: the one figure plan prints and the model allocates. */
 #define PLAN_KEEP_MARGIN 0.05 /* plan's totals meet the measured use within 0.5% (docs/performance.md table 6) */
-int  plan_keep_layers(const Config *cfg);
-/* checkpoint.chunk_rows as it runs: the number, or for 0 the rows of the largest chunk scratch among
- * PLAN_CHUNK_BYTES_MAX, half of it, ... down to twice model_acts.c's rule (ACT_CHUNK_BYTES_RULE) whose plan, with the
- * layers plan_keep_layers keeps at the rule's chunks, fits as plan_keep_layers asks, else the rule's (at most a
- * fragment). Larger chunks run the per-token kernels in fewer, longer calls (docs/performance.md). plan_build,
- * model.c and cp_layout.c take it: the one figure plan prints and the model allocates. */
 #define PLAN_CHUNK_BYTES_MAX (4LL << 30)
-int64_t plan_chunk_rows(const Config *cfg);
+Config plan_resolve(const Config *cfg);
 /* parallel.shard: the first stage (none, optimizer, gradients, weights) whose plan fits with `policy`, or -1; need[st]:
  * each stage's total per rank (-1: not counted: weights is not built, or a world of one) */
 int  plan_shard_fit(const Config *cfg, ActPolicy policy, int64_t need[SHARD_COUNT]);
