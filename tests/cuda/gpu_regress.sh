@@ -50,7 +50,9 @@
 #              (watchdog, exit 76); each resumed run bitwise equal to the uninterrupted one. ~4-6 min
 # The configs that must fit (each a training run of a few steps that fails if it does not; run it alone in a call):
 #   long-1m    configs/hybrid-1b-1m-h100x2.yaml: 3 steps of 1,048,576 tokens on two GPUs (cp 2, chunked, offload
-#              host): its plan, s/step, memory beside plan. ~6 min (with AS_H100=1 on H200s: the H100 fit)
+#              host): its plan, s/step, memory beside plan. ~6 min (with AS_H100=1 on H200s: the H100 fit);
+#              LONG_1M_STEPS (default 3), LONG_1M_SET (more --set options, e.g. "--set device.profile=true": the time
+#              of every Backend entry, printed at the end of the log)
 #   long-1gpu  the same model on ONE GPU at the longest sample plan fits in 79 GiB: LONG_1GPU_T (default 720,896
 #              tokens) with gdn_keep LONG_1GPU_KEEP (default none), 2 steps. ~4 min (AS_H100=1 on H200s)
 #   cp4-1m     (4 GPUs) the 1M config at cp 4 (CP4_CONFIG; CP_STEPS, default 4)
@@ -252,7 +254,7 @@ suite_long_1m() {
     local cfg=configs/hybrid-1b-1m-h100x2.yaml rc=0
     build/ringscan plan $cfg | grep -E "^  total|^  kept|^  \(kept|verdict"
     free -g | head -2
-    suite_train long-1m 2 3 $cfg || rc=1
+    suite_train long-1m 2 "${LONG_1M_STEPS:-3}" $cfg ${LONG_1M_SET:-} || rc=1
     rm -rf $TRAIN_DIR
     return $rc
 }
