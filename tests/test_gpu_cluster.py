@@ -194,7 +194,7 @@ def test_site_mode_on_the_cpu_cluster(gpu_cluster, tmp_path):
     assert re.search(r"^PASS cluster: SLURM_CONF \S+, partition debug: up, 2 nodes", r.stdout, re.M), r.stdout
     assert re.search(r"^PASS one-node: job \d+ on n1 \(one node, two GPUs\)", r.stdout, re.M), r.stdout
     assert "NodeList=n[1-2], 30 steps" in r.stdout, r.stdout
-    assert re.search(r"^INFO kill: kill -9 of rank 1 \(pid \d+, node n2, by srun --jobid=\d+ --overlap -w n2\)", r.stdout,
+    assert re.search(r"^INFO kill: kill -9 of rank 1 \(pid \d+, node n2, by srun --jobid=\d+ --overlap -w n1,n2\)", r.stdout,
                      re.M), r.stdout
     work = list((tmp_path / "out").glob("work.*"))  # WORK_DIR's default: the runs beside the logs
     assert len(work) == 1 and {p.name for p in (work[0] / "runs").iterdir()} == {"one_node", "whole", "preempt", "kill"}
@@ -211,7 +211,7 @@ def test_site_mode_refuses_what_it_needs(gpu_cluster, tmp_path):
     r = site_check(d, tmp_path / "d", PARTITION="gpu")
     assert r.returncode == 1 and "FAIL cluster: sinfo names no partition gpu (it lists: debug*)" in r.stdout, r.stdout
     r = site_check(d, tmp_path / "e", SLURM_CONF=str(tmp_path / "none.conf"))
-    assert r.returncode == 1 and "FAIL cluster: sinfo does not answer" in r.stdout, r.stdout
+    assert r.returncode == 1 and f"FAIL cluster: SLURM_CONF {tmp_path}/none.conf does not exist" in r.stdout, r.stdout
     assert "Submitted" not in r.stdout and not list(tmp_path.glob("*/work.*/runs"))  # no job in any of them
 
 

@@ -52,8 +52,8 @@
 #              network transport ('via NET/IB' or 'via NET/Socket') and none via P2P/SHM; then equivalence
 #   preempt    as above
 #   kill       rank 1 runs on the other node: a step inside the running job (srun --jobid=JOB --overlap, one
-#              task per node) finds its pid by SLURM_PROCID, and another kills it there; a site that refuses
-#              such steps gets a FAIL line saying so
+#              task per node) finds its process by SLURM_PROCID on its node and kills it there; a site that
+#              refuses such steps gets a FAIL line saying so
 # Environment: PARTITION, ACCOUNT, QOS (slurm.partition, .account, .qos and srun's -p, -A, -q), SRUN_MPI
 # (default pmix: slurm.srun_mpi), QUEUE_S (default 1800: how long a job may wait in the queue, on top of each
 # step's own time), and RUN_S, STEPS, CURVE_TOL, EXTRA_SETS as above (paths in EXTRA_SETS absolute: the jobs
@@ -115,13 +115,6 @@ site_setup() {
     SITE=$(cd "$(dirname "$SITE_ENV")" && pwd)/$(basename "$SITE_ENV")
     local src=${RINGSCAN:-build/ringscan}
     [ -f "$src" ] && [ -x "$src" ] || { fail setup "RINGSCAN $src does not exist or is not executable (make build/ringscan)"; exit; }
-    {
-        echo "login node $(hostname)"
-        cat /etc/os-release 2> /dev/null
-        sinfo --version
-        scontrol show config 2> /dev/null | grep -E '^(ClusterName|SLURM_VERSION|MpiDefault|ProctrackType|TaskPlugin|SelectType) '
-        mpirun --version 2>&1 | head -1
-    } > "$O/machine.txt" 2>&1
     mkdir -p "$W/bin" && cp "$src" "$RS" || { fail setup "cannot copy $src into $W/bin"; exit; }
     "$RS" --version > "$O/ringscan-version.txt" 2>&1
     [ "$DEVICE" = cpu ] || grep -q "backends.*cuda" "$O/ringscan-version.txt" ||
@@ -130,7 +123,10 @@ site_setup() {
         tr -s ' '); SITE_ENV $SITE; work directory $W (the compute nodes must see it: a shared file system)"
     # the cluster: sinfo answers, and names the partition
     local info parts
-    if ! parts=$(sinfo -h -o '%P' 2> "$O/sinfo.err"); then
+    if [ -n "${SLURM_CONF:-}" ] && [ ! -f "$SLURM_CONF" ]; then # (sinfo would retry a minute)
+        fail cluster "SLURM_CONF $SLURM_CONF does not exist"
+        exit
+    elif ! parts=$(timeout 120 sinfo -h -o '%P' 2> "$O/sinfo.err"); then
         fail cluster "sinfo does not answer (SLURM_CONF=${SLURM_CONF:-unset}): $(head -2 "$O/sinfo.err" | tr '\n' ' ')"
         exit
     fi
@@ -139,6 +135,13 @@ site_setup() {
     info=$(sinfo -h -p "$PART" -o '%a, %D nodes, gres %G, time limit %l' 2> /dev/null | head -1)
     [ -n "$info" ] || { fail cluster "sinfo names no partition $PART (it lists: $(echo $parts))"; exit; }
     pass cluster "SLURM_CONF ${SLURM_CONF:-(the default)}, partition $PART: $info"
+    {
+        echo "login node $(hostname)"
+        cat /etc/os-release 2> /dev/null
+        sinfo --version
+        scontrol show config 2> /dev/null | grep -E '^(ClusterName|SLURM_VERSION|MpiDefault|ProctrackType|TaskPlugin|SelectType) '
+        mpirun --version 2>&1 | head -1
+    } > "$O/machine.txt" 2>&1
     # what every job and srun below asks for beyond its nodes: the partition, account and QOS given
     SRUN_ARGS=() SITE_SETS=""
     [ -n "${PARTITION:-}" ] && SRUN_ARGS+=(-p "$PARTITION") && SITE_SETS+=" --set slurm.partition=$PARTITION"
@@ -463,32 +466,32 @@ if wait_steps "$job" "$K" $((STEPS / 3)) 0 && [ -e "$K/ckpt/LATEST" ]; then
             echo "INFO kill: kill -9 of rank 1 (pid $victim, node $node) after step $kstep, the newest checkpoint then" \
                 "$(cat "$K/ckpt/LATEST" 2> /dev/null)"
         else why="rank 1's process not found"; fi
-    else # --site: rank 1 is on another node: a step of the job on each node looks for it there, another kills it
-        cat > "$W/bin/find_rank.sh" << 'EOF'
+    else # --site: rank 1 is on another node: one step of the job on each node looks for it there and kills it
+        cat > "$W/bin/kill_rank.sh" << 'EOF'
 #!/bin/bash
-# find_rank.sh RUN_DIR RANK: run as a step inside the job (one task a node); prints "rank RANK pid PID node NODE
-# host HOST" where that rank's process runs on this task's node: the process of `ringscan train RUN_DIR/...`
-# whose task is SLURM_PROCID=RANK on this node (the node's name too: fake nodes share a host), not a child
+# kill_rank.sh RUN_DIR RANK: run as a step inside the job (one task a node): kill -9 of that rank's process where it
+# runs on this task's node, and prints "rank RANK pid PID node NODE host HOST: killed". The rank's process is the
+# one of `ringscan train RUN_DIR/...` whose task is SLURM_PROCID=RANK on this node (its node's name too: fake
+# nodes share a host), not a child of it (a rank's signal relay has its command line)
 ranks=$(pgrep -f "ringscan train $1/config.submitted.yaml" | tr '\n' ' ')
 for p in $ranks; do
     case " $ranks " in *" $(awk '{print $4}' /proc/$p/stat 2> /dev/null) "*) continue ;; esac
     env=$(tr '\0' '\n' < /proc/$p/environ 2> /dev/null)
-    echo "$env" | grep -qx "SLURM_PROCID=$2" && echo "$env" | grep -qx "SLURMD_NODENAME=$SLURMD_NODENAME" &&
-        echo "rank $2 pid $p node $SLURMD_NODENAME host $(hostname)"
+    if echo "$env" | grep -qx "SLURM_PROCID=$2" && echo "$env" | grep -qx "SLURMD_NODENAME=$SLURMD_NODENAME"; then
+        kill -9 "$p" && echo "rank $2 pid $p node $SLURMD_NODENAME host $(hostname): killed"
+    fi
 done
 exit 0
 EOF
         nodes=$(hosts "$job")
-        if ! in_job "$job" "$nodes" bash "$W/bin/find_rank.sh" "$K" 1 > "$O/kill-find.log" 2>&1; then
+        if ! in_job "$job" "$nodes" bash "$W/bin/kill_rank.sh" "$K" 1 > "$O/kill-step.log" 2>&1; then
             why="the site refuses a step inside the running job (srun --jobid=$job --overlap -w $nodes): $(
-                grep -v '^rank' "$O/kill-find.log" | head -2 | tr '\n' ' ')"
-        elif read -r _ _ _ victim _ node _ < <(grep -m1 '^rank 1 pid' "$O/kill-find.log") && [ -n "$victim" ]; then
-            kstep=$(wc -l < "$K/metrics.jsonl")
-            if in_job "$job" "$node" kill -9 "$victim" > "$O/kill-kill.log" 2>&1; then
-                echo "INFO kill: kill -9 of rank 1 (pid $victim, node $node, by srun --jobid=$job --overlap -w $node) after" \
-                    "step $kstep, the newest checkpoint then $(cat "$K/ckpt/LATEST" 2> /dev/null)"
-            else why="srun --jobid=$job --overlap -w $node kill -9 $victim failed: $(head -2 "$O/kill-kill.log" | tr '\n' ' ')"; fi
-        else why="rank 1's process not found on $nodes: $(head -3 "$O/kill-find.log" | tr '\n' ' ')"; fi
+                grep -v '^rank' "$O/kill-step.log" | head -2 | tr '\n' ' ')"
+        elif read -r _ _ _ victim _ node _ < <(grep -m1 '^rank 1 pid .*: killed$' "$O/kill-step.log") && [ -n "$victim" ]; then
+            kstep=$(wc -l < "$K/metrics.jsonl")  # rank 0 completes no step without rank 1
+            echo "INFO kill: kill -9 of rank 1 (pid $victim, node $node, by srun --jobid=$job --overlap -w $nodes) after" \
+                "step $kstep, the newest checkpoint then $(cat "$K/ckpt/LATEST" 2> /dev/null)"
+        else why="rank 1's process not found on $nodes: $(head -3 "$O/kill-step.log" | tr '\n' ' ')"; fi
     fi
 else why="the job did not reach step $((STEPS / 3)) with a checkpoint"; fi
 wait_job "$job" 600
