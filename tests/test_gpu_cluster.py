@@ -9,6 +9,10 @@ What is checked:
     node's own device number (Slurm alone would give both nodes 0: the TaskProlog's reason), a job without
     GPUs sees none; Open MPI starts across the nodes under srun --mpi=pmix with slurm/gpu-cluster/site.env;
     stop.sh ends every daemon; start.sh refuses a missing GPU file and a socket path munged cannot reach;
+  - tests/cuda/gpu_cluster_check.sh --site (a user's own cluster: nothing installed or started) on that cluster
+    and the cpu backend, a small model: every step passes; the reference is a job on one node; rank 1 is found
+    and killed through steps inside its job (srun --jobid --overlap); a missing SITE_ENV or RINGSCAN and an
+    unknown partition are refused before any job;
   - install.sh adds what the machine lacks and nothing else (a library whose soname is there is left out, an
     existing file is never replaced), links the -wlm programs, creates the libpmix.so link Slurm opens,
     picks the package set whose PMIx matches the machine's, and refuses a PMIx of another major version;
@@ -29,6 +33,7 @@ import pytest
 from conftest import ROOT, run
 
 START, STOP, INSTALL, BRING = (ROOT / "slurm" / "gpu-cluster" / f"{n}.sh" for n in ("start", "stop", "install", "bring"))
+CHECK = ROOT / "tests" / "cuda" / "gpu_cluster_check.sh"
 ENV = {"PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
 
 
@@ -163,6 +168,51 @@ def test_start_refuses_what_cannot_work(tmp_path):
     r = run(["bash", START, closed / "c", *gpus], env=ENV)
     assert r.returncode == 1 and f"chmod o+x {closed}" in r.stdout, r.stdout
     assert not (closed / "c" / "pids").exists()  # nothing started
+
+
+# ---- gpu_cluster_check.sh --site ---------------------------------------------------------------------------------
+
+# the check's smallest run here: 256 tokens (2 x cp x 64), a quarter of tiny-cpu's model; 30 steps
+SMALL = ("--set data.seq_len=256 --set data.micro_batch=1 --set model.hidden_size=128 --set model.intermediate_size=256 "
+         "--set model.num_attention_heads=2 --set model.num_key_value_heads=1 --set model.linear_num_key_heads=1 "
+         "--set model.linear_num_value_heads=2")
+
+
+def site_check(d, out, timeout=600, **env):
+    site = {"SLURM_CONF": str(d / "slurm.conf"), "DEVICE": "cpu", "STEPS": "30", "PARTITION": "debug",
+            "SITE_ENV": str(ROOT / "slurm" / "gpu-cluster" / "site.env"), "EXTRA_SETS": SMALL}
+    return run(["bash", CHECK, "--site", out], env={**ENV, **site, **env}, timeout=timeout)
+
+
+def test_site_mode_on_the_cpu_cluster(gpu_cluster, tmp_path):
+    d, _ = gpu_cluster
+    r = site_check(d, tmp_path / "out")
+    assert r.returncode == 0 and "== gpu_cluster_check: every step passed" in r.stdout, r.stdout + r.stderr
+    for step in ("setup", "cluster", "launch", "one-node", "submit", "equivalence", "preempt", "kill"):
+        assert re.search(rf"^PASS {step}: ", r.stdout, re.M), (step, r.stdout)
+    assert not re.search(r"^FAIL", r.stdout, re.M), r.stdout
+    assert re.search(r"^PASS cluster: SLURM_CONF \S+, partition debug: up, 2 nodes", r.stdout, re.M), r.stdout
+    assert re.search(r"^PASS one-node: job \d+ on n1 \(one node, two GPUs\)", r.stdout, re.M), r.stdout
+    assert "NodeList=n[1-2], 30 steps" in r.stdout, r.stdout
+    assert re.search(r"^INFO kill: kill -9 of rank 1 \(pid \d+, node n2, by srun --jobid=\d+ --overlap -w n1,n2\)", r.stdout,
+                     re.M), r.stdout
+    work = list((tmp_path / "out").glob("work.*"))  # WORK_DIR's default: the runs beside the logs
+    assert len(work) == 1 and {p.name for p in (work[0] / "runs").iterdir()} == {"one_node", "whole", "preempt", "kill"}
+
+
+def test_site_mode_refuses_what_it_needs(gpu_cluster, tmp_path):
+    d, _ = gpu_cluster
+    r = site_check(d, tmp_path / "a", SITE_ENV="")
+    assert r.returncode == 1 and "FAIL setup: SITE_ENV is not set" in r.stdout, r.stdout + r.stderr
+    r = site_check(d, tmp_path / "b", SITE_ENV=str(tmp_path / "none.env"))
+    assert r.returncode == 1 and f"FAIL setup: SITE_ENV {tmp_path}/none.env does not exist" in r.stdout, r.stdout
+    r = site_check(d, tmp_path / "c", RINGSCAN=str(tmp_path / "ringscan"))
+    assert r.returncode == 1 and f"FAIL setup: RINGSCAN {tmp_path}/ringscan does not exist" in r.stdout, r.stdout
+    r = site_check(d, tmp_path / "d", PARTITION="gpu")
+    assert r.returncode == 1 and "FAIL cluster: sinfo names no partition gpu (it lists: debug*)" in r.stdout, r.stdout
+    r = site_check(d, tmp_path / "e", SLURM_CONF=str(tmp_path / "none.conf"))
+    assert r.returncode == 1 and f"FAIL cluster: SLURM_CONF {tmp_path}/none.conf does not exist" in r.stdout, r.stdout
+    assert "Submitted" not in r.stdout and not list(tmp_path.glob("*/work.*/runs"))  # no job in any of them
 
 
 # ---- install.sh ------------------------------------------------------------------------------------------------
