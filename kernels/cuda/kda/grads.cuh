@@ -3,7 +3,7 @@
  * kernels (their shared memory apart would not fit one block), then the sum over the value heads of a key head:
  *
  *   kda_grad_dense_kernel  the products of the entering state S and the leaving gradient D, on tensor cores
- *                       (mma.cuh, split operands): dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the
+ *                       (bf16 operands): dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the
  *                       chunk in dg's and dqv's storage, which the next two kernels read (into shared memory) before
  *                       they write there; vn D^T (D_a . vn_r) and the row dots S_a . D_a into the state passes'
  *                       buffers (free by then), for grad_qk.
@@ -18,7 +18,8 @@
  *   kda_group_reduce_kernel  dq, dk (bf16) = the sum over the value heads of each key head of dqv, dkv, in head
  *                       order.
  *
- * On tensor cores (mma.cuh, split operands, three-term products): dP = dO vn^T, dT, dXu, M1, dA, dXw, and the pair
+ * On tensor cores (gdn_warp_mma, every operand rounded to bf16 once, fp32 accumulation: common.cuh's precision):
+ * dP = dO vn^T, dT, dXu, M1, dA, dXw, and the pair
  * terms across 16-row sub-chunks (kda_pair_rows, prep.cuh's scheme: Z_r = sum_j P_rj x_j E_rj with a reference row
  * between the two, every exponent <= 0) for the QK pairs of dq and dk and the A pairs of dk and dL/dG; the diagonal
  * 16 x 16 blocks of those pairs one thread per (row, channel) with a loop over the other row, fp32.
@@ -27,37 +28,35 @@
  */
 #pragma once
 
-/* kda_grad_dense_kernel's shared memory (DK = dk = dv): S hi / lo (DK x DK), dvn hi / lo and dO (64 x DK), rows
- * padded by 8: ~119 KB at 128 */
+/* kda_grad_dense_kernel's shared memory (DK = dk = dv): S (DK x DK), dvn and dO (64 x DK), bf16, rows padded by
+ * 8: 68 KB at 128 (three blocks fit an SM; the launch bounds' 128 registers allow two) */
 template <int DK> struct KdaGdSmem {
     static constexpr int LDK = DK + 8;
-    bf16 *sh, *sl, *dvh, *dvl, *dout;
+    bf16 *st, *dvb, *dout;
     size_t bytes;
     __host__ __device__ explicit KdaGdSmem(void *b) {
         KdaCarve c(b);
-        sh = c.take<bf16>((size_t)DK * LDK);
-        sl = c.take<bf16>((size_t)DK * LDK);
-        dvh = c.take<bf16>((size_t)KDA_C * LDK);
-        dvl = c.take<bf16>((size_t)KDA_C * LDK);
+        st = c.take<bf16>((size_t)DK * LDK);
+        dvb = c.take<bf16>((size_t)KDA_C * LDK);
         dout = c.take<bf16>((size_t)KDA_C * LDK);
         bytes = c.off;
     }
 };
 
 /* The products of the chunk's entering state S and of the gradient D leaving it that the gradients need, on tensor
- * cores (mma.cuh), per (chunk, value head): dW = -dvn S^T (grad_wy's) into dW and S dO^T's transpose dO S^T
+ * cores (bf16 operands), per (chunk, value head): dW = -dvn S^T (grad_wy's) into dW and S dO^T's transpose dO S^T
  * (grad_qk's S_a . dO_r) into sdo, rows < L of the chunk, 0 at a document start; where a state leaves the chunk,
  * vn D^T (grad_qk's D_a . vn_r) into dvd (rows < L) and, where S is not 0 either, the row dots S_a . D_a into sd at
  * the chunk's slot (fp32, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows [16 (w % 4), +16),
  * columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_dense_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
     float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
     const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const float *vn /* (T,nv,dv) */,
     const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nv, int ldo) {
     using Sm = KdaGdSmem<DK>;
-    constexpr int LDK = Sm::LDK, DV = DK, NB = DK == 128 ? KDA_BATCH_WIDE : KDA_BATCH; /* one block per SM at 128 */
+    constexpr int LDK = Sm::LDK, DV = DK;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, nc = meta[KDA_META_NC];
@@ -77,28 +76,23 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_den
             }
         } else {
             kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
-            kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
-            kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C,
-                                  DV, L);
+            kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
+            kda_load_rows_f32(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
             kda_load_wait();
             __syncthreads();
-            float aw[1][DK / 16][4], ao[1][DK / 16][4];
-            gdn_zero(aw);
-            gdn_zero(ao);
-            kda_mma3<1, DK / 16, false, DV, true>(aw, s.dvh, s.dvl, LDK, s.sh, s.sl, LDK, m0, n0);
-            gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sl, LDK, m0, n0);
-            gdn_warp_mma<1, DK / 16, false, true, DV>(ao, s.dout, LDK, s.sh, LDK, m0, n0);
+            for (int pr = 0; pr < 2; pr++) { /* dW, then dO S^T: one accumulator (128 registers a thread) */
+                float acc[1][DK / 16][4];
+                gdn_zero(acc);
+                gdn_warp_mma<1, DK / 16, false, true, DV>(acc, pr ? s.dout : s.dvb, LDK, s.st, LDK, m0, n0);
 #pragma unroll
-            for (int ni = 0; ni < DK / 16; ni++)
+                for (int ni = 0; ni < DK / 16; ni++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
-                    if (r < L) {
+                    for (int e = 0; e < 4; e++) {
+                        const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
                         const int64_t at = ((t0 + r) * nv + h) * (int64_t)DK + a;
-                        dW[at] = -aw[0][ni][e];
-                        sdo[at] = ao[0][ni][e];
+                        if (r < L) (pr ? sdo : dW)[at] = pr ? acc[0][ni][e] : -acc[0][ni][e];
                     }
-                }
+            }
         }
         if (D) {
             if (S) /* S_a . D_a: warp w rows a = w, w + 8, ..., four rows' loads in flight together */
@@ -123,13 +117,12 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_grad_den
                     }
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
-            kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, D, DV, DK, DV, DK);
-            kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C,
-                                  DV, L);
+            kda_load_rows_f32(s.st, NULL, LDK, D, DV, DK, DV, DK);
+            kda_load_rows_f32(s.dvb, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
-            kda_mma3<1, DK / 16, false, DV, true>(ad, s.dvh, s.dvl, LDK, s.sh, s.sl, LDK, m0, n0);
+            gdn_warp_mma<1, DK / 16, false, true, DV>(ad, s.dvb, LDK, s.st, LDK, m0, n0);
 #pragma unroll
             for (int ni = 0; ni < DK / 16; ni++)
 #pragma unroll
@@ -158,20 +151,24 @@ KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int 
 }
 static_assert((KDA_C * 64) % (KDA_PF * KDA_THREADS) == 0, "kda_prefetch: whole batches at dk = 64 and 128");
 
-/* the pair sums of the gradients across sub-chunks, on tensor cores (prep.cuh's scheme): with P (64 x 64, split
- * hi / lo at ph / pl, row stride KDA_LDP; P_rj = 0 unless j <= r < L) and x (bf16 rows, stride ldx; rows >= L zero)
+/* the pair sums of the gradients across sub-chunks, on tensor cores (prep.cuh's scheme): with P (64 x 64, bf16 at
+ * pb, row stride KDA_LDP; P_rj = 0 unless j <= r < L) and x (bf16 rows, stride ldx; rows >= L zero)
  *   EARLIER: out_r[a] = sum_{j < 16 (r / 16)} P_rj x_j[a] E_rj[a]       (the pairs with r the later row)
  *   LATER:   out_r[a] = sum_{i >= 16 (r / 16 + 1)} P_ir x_i[a] E_ir[a]  (r the earlier row)
  * (x_j scaled by xs_j where xs is not NULL); the pairs inside a 16-row sub-chunk (the diagonal blocks) left to the
  * caller (fp32). Sub-chunk b of r, ref the
  * row 16 b (EARLIER) or 16 b + 15 (LATER): E = e^{G_r - G_ref} e^{G_ref - G_j} (EARLIER), e^{G_i - G_ref}
- * e^{G_ref - G_r} (LATER), every exponent <= 0; the x rows scaled by their factor, split, into oh / ol (48 rows,
- * stride DK + 8), one 16 x DK product per sub-chunk (warps over 16-column strips, 16-row k steps in order), the
- * r factor applied to the result. out: row stride ldo, every row < 64 written. All threads; ends synchronised. */
-#define KDA_LDP (KDA_C + 8) /* row stride of the split 64 x 64 pair tiles */
+ * e^{G_ref - G_r} (LATER), every exponent <= 0; the x rows scaled by their factor, split hi + lo bf16 (common.cuh's
+ * kda_split) into oh / ol (48 rows, stride DK + 8), one 16 x DK product per sub-chunk, two MMAs (P ol, then P oh:
+ * warps over 16-column strips, 16-row k steps in order), the r factor applied to the result. The scaled rows stay
+ * split, unlike every other operand: each pair (r, j) enters dL/dG twice with opposite signs (through dq_r's X and
+ * dk_j's Y, from rows scaled from two references), and their cancellation in the model's dA_log = sum dg g lost
+ * ~1e-2 with one bf16 rounding (cuda_kda_dg_reduction); P itself in bf16 keeps it. out: row stride ldo, every row
+ * < 64 written. All threads; ends synchronised. */
+#define KDA_LDP (KDA_C + 8) /* row stride of the bf16 64 x 64 pair tiles */
 template <int DK, bool LATER>
-KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, const bf16 *x, int ldx,
-                           const float *xs, const float *G, int ldg, bf16 *oh, bf16 *ol) {
+KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, int ldx, const float *xs, const float *G,
+                           int ldg, bf16 *oh, bf16 *ol) {
     constexpr int LDK = DK + 8;
     const int w = threadIdx.x >> 5;
     for (int s = 0; s < 3; s++) {
@@ -189,14 +186,9 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, 
             float acc[1][2][4];
             gdn_zero(acc);
             for (int kk = 0; kk < nrow / 16; kk++) {
-                if (LATER) { /* A = P^T: P stored (rows i, cols r) */
-                    const int at = (x0 + 16 * kk) * KDA_LDP;
-                    kda_mma3<1, 2, true, 16, false>(acc, ph + at, pl + at, KDA_LDP, oh + 16 * kk * LDK,
-                                                    ol + 16 * kk * LDK, LDK, 16 * b, n0);
-                } else {
-                    kda_mma3<1, 2, false, 16, false>(acc, ph + 16 * kk, pl + 16 * kk, KDA_LDP, oh + 16 * kk * LDK,
-                                                     ol + 16 * kk * LDK, LDK, 16 * b, n0);
-                }
+                const bf16 *pk = LATER ? pb + (x0 + 16 * kk) * KDA_LDP : pb + 16 * kk; /* LATER: A = P^T */
+                gdn_warp_mma<1, 2, LATER, false, 16>(acc, pk, KDA_LDP, ol + 16 * kk * LDK, LDK, 16 * b, n0);
+                gdn_warp_mma<1, 2, LATER, false, 16>(acc, pk, KDA_LDP, oh + 16 * kk * LDK, LDK, 16 * b, n0);
             }
 #pragma unroll
             for (int ni = 0; ni < 2; ni++)
@@ -214,14 +206,14 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *ph, const bf16 *pl, 
     __syncthreads();
 }
 
-/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 217856 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
- * DK + 1), dW hi / lo (bf16, DK + 8; later dXw fp32, DK + 1, over them), Tinv hi / lo (KDA_LDP), beta, the dbeta
- * partial sums, dT (fp32, 64 x 65; dA after it); then a region used in turn: gam k hi / lo and dvn hi / lo (DK + 8);
- * later the split 64 x 64 operand of the pair products (dT, M1, then dA, hi / lo, KDA_LDP) over gam k, a pair-sum
- * result (fp32, DK + 1) and the scaled rows of kda_pair_rows (48 rows, hi / lo) over the rest */
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 197632 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G
+ * (fp32, DK + 1), dW (bf16, DK + 8; later dXw fp32, DK + 1, over it), Tinv (bf16, KDA_LDP), beta, the dbeta partial
+ * sums, dT (fp32, 64 x 65; dA after it); then a region used in turn: gam k and dvn (bf16, DK + 8); later the bf16
+ * 64 x 64 operand of the pair products (dT, M1, then dA, KDA_LDP) over gam k, a pair-sum result (fp32, DK + 1) and
+ * the scaled rows of kda_pair_rows (48 rows, hi / lo) over the rest */
 template <int DK> struct KdaGwySmem {
     static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
-    bf16 *k, *v, *dwh, *dwl, *th, *tl, *gkh, *gkl, *dvh, *dvl, *ph, *pl, *oh, *ol;
+    bf16 *k, *v, *dw, *t, *gk, *dvb, *pb, *oh, *ol;
     float *G, *xw, *beta, *red, *dT, *Z;
     size_t bytes;
     __host__ __device__ explicit KdaGwySmem(void *b) {
@@ -229,25 +221,20 @@ template <int DK> struct KdaGwySmem {
         k = c.take<bf16>((size_t)KDA_C * LDB);
         v = c.take<bf16>((size_t)KDA_C * LDK);
         G = c.take<float>((size_t)KDA_C * LDF);
-        const size_t x0 = c.off; /* dW hi / lo, then dXw (fp32) over them */
-        dwh = c.take<bf16>((size_t)KDA_C * LDK);
-        dwl = c.take<bf16>((size_t)KDA_C * LDK);
+        const size_t x0 = c.off; /* dW, then dXw (fp32) over it */
+        dw = c.take<bf16>((size_t)KDA_C * LDK);
         xw = (float *)(c.base + x0);
         if (c.off - x0 < (size_t)KDA_C * LDF * sizeof(float)) c.off = x0 + (size_t)KDA_C * LDF * sizeof(float);
-        th = c.take<bf16>((size_t)KDA_C * KDA_LDP);
-        tl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        t = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         beta = c.take<float>(KDA_C);
         red = c.take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 column blocks) */
         dT = c.take<float>((size_t)KDA_C * KDA_LDT);
         const size_t r = c.off; /* the region used in turn */
-        gkh = c.take<bf16>((size_t)KDA_C * LDK);
-        gkl = c.take<bf16>((size_t)KDA_C * LDK);
-        dvh = c.take<bf16>((size_t)KDA_C * LDK);
-        dvl = c.take<bf16>((size_t)KDA_C * LDK);
+        gk = c.take<bf16>((size_t)KDA_C * LDK);
+        dvb = c.take<bf16>((size_t)KDA_C * LDK);
         size_t end = c.off;
         c.off = r; /* later: over gam k (the pair operand, from dT on) and dvn (Z and the scaled rows, after dXu) */
-        ph = c.take<bf16>((size_t)KDA_C * KDA_LDP);
-        pl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        pb = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         Z = c.take<float>((size_t)KDA_C * LDF);
         oh = c.take<bf16>((size_t)48 * LDK);
         ol = c.take<bf16>((size_t)48 * LDK);
@@ -255,8 +242,8 @@ template <int DK> struct KdaGwySmem {
     }
 };
 
-/* Per (chunk, value head). On tensor cores (mma.cuh, every fp32 operand split, three-term products): dT (dW, gam k,
- * dvn; v bf16), dXu = Tinv^T dvn, M1 = Tinv^T dT, dA = -(M1 Tinv^T), dXw = Tinv^T dW (Tinv lower triangular and dT
+/* Per (chunk, value head). On tensor cores (bf16 operands, one MMA per product): dT (dW, gam k, dvn, v), dXu =
+ * Tinv^T dvn, M1 = Tinv^T dT, dA = -(M1 Tinv^T), dXw = Tinv^T dW (Tinv lower triangular and dT
  * strictly lower, rows >= L zero: the full products are the masked sums), warp w rows [16 (w % 4), +16) and half
  * w / 4 of the columns; the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier) across sub-chunks by
  * kda_pair_rows, the diagonal blocks fp32 per (r, a). */
@@ -268,7 +255,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
-    constexpr int NB = KDA_BATCH; /* not KDA_BATCH_WIDE: common.cuh */
+    constexpr int NB = KDA_BATCH;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sK = s.k;
@@ -282,22 +269,19 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
-        /* Tinv, split (rows >= L: 0) */
-        kda_load_rows_f32<NB>(s.th, s.tl, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C,
-                              KDA_C, KDA_C, L);
+        /* Tinv in bf16 (rows >= L: 0) */
+        kda_load_rows_f32<NB>(s.t, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
+                              KDA_C, L);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
-         * written below); dvn; split */
-        kda_load_rows_f32<NB>(s.dwh, s.dwl, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk,
-                              L);
-        kda_load_rows_f32<NB>(s.dvh, s.dvl, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv,
-                              L);
+         * written below); dvn; both in bf16 */
+        kda_load_rows_f32<NB>(s.dw, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32<NB>(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         kda_load_G_sum(sG, ldg, dk);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk;
-            kda_split(__bfloat162float(sK[r * ldk + a]) * expf(sG[r * ldg + a]), &s.gkh[r * LDK + a],
-                      &s.gkl[r * LDK + a]);
+            s.gk[r * LDK + a] = __float2bfloat16(__bfloat162float(sK[r * ldk + a]) * expf(sG[r * ldg + a]));
         }
         __syncthreads();
         /* dT_ij = beta_j (dW_i . (gam_j * k_j) + dvn_i . v_j) for j < i < L (warp w: rows 16 (w % 4), columns
@@ -306,9 +290,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
             const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
             float acc[1][4][4];
             gdn_zero(acc);
-            kda_mma3<1, 4, false, DK, true>(acc, s.dwh, s.dwl, LDK, s.gkh, s.gkl, LDK, m0, n0);
-            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvl, LDK, s.v, LDK, m0, n0);
-            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvh, LDK, s.v, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dw, LDK, s.gk, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvb, LDK, s.v, LDK, m0, n0);
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
@@ -318,16 +301,16 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
                 }
         }
         __syncthreads();
-        /* dT split (over gam k); dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed 1, one entry per
-         * half of the columns: the fragments' products, then the four lanes of a row by a fixed butterfly) */
+        /* dT in bf16 (over gam k); dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed 1, one entry
+         * per half of the columns: the fragments' products, then the four lanes of a row by a fixed butterfly) */
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
-            kda_split(sdT[i * KDA_LDT + j], &s.ph[i * KDA_LDP + j], &s.pl[i * KDA_LDP + j]);
+            s.pb[i * KDA_LDP + j] = __float2bfloat16(sdT[i * KDA_LDT + j]);
         }
         {
             float acc[1][DK / 16][4];
             gdn_zero(acc);
-            kda_mma3<1, DK / 16, true, KDA_C>(acc, s.th, s.tl, KDA_LDP, s.dvh, s.dvl, LDK, 16 * mt, half * (dv / 2));
+            gdn_warp_mma<1, DK / 16, true, false, KDA_C>(acc, s.t, KDA_LDP, s.dvb, LDK, 16 * mt, half * (dv / 2));
             float part[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int ni = 0; ni < DK / 16; ni++)
@@ -346,28 +329,28 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
             }
         }
         __syncthreads();
-        /* M1 = Tinv^T dT (64 x 64: warp w columns [32 (w / 4), +32)), split over dT's split */
+        /* M1 = Tinv^T dT (64 x 64: warp w columns [32 (w / 4), +32)), in bf16 over dT's */
         {
             float acc[1][4][4];
             gdn_zero(acc);
-            kda_mma3<1, 4, true, KDA_C>(acc, s.th, s.tl, KDA_LDP, s.ph, s.pl, KDA_LDP, 16 * mt, 32 * half);
+            gdn_warp_mma<1, 4, true, false, KDA_C>(acc, s.t, KDA_LDP, s.pb, KDA_LDP, 16 * mt, 32 * half);
             __syncthreads();
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = 16 * mt + gdn_frag_row(e), b = 32 * half + 8 * ni + gdn_frag_col(e);
-                    kda_split(acc[0][ni][e], &s.ph[i * KDA_LDP + b], &s.pl[i * KDA_LDP + b]);
+                    s.pb[i * KDA_LDP + b] = __float2bfloat16(acc[0][ni][e]);
                 }
         }
         __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower (fp32 into sdT, split over M1's); dXw = Tinv^T dW (fp32 over dW) */
+        /* dA = -(M1 Tinv^T), strictly lower (fp32 into sdT, bf16 over M1's); dXw = Tinv^T dW (fp32 over dW) */
         {
             float aa[1][4][4], ax[1][DK / 16][4];
             gdn_zero(aa);
             gdn_zero(ax);
-            kda_mma3<1, 4, false, KDA_C, true>(aa, s.ph, s.pl, KDA_LDP, s.th, s.tl, KDA_LDP, 16 * mt, 32 * half);
-            kda_mma3<1, DK / 16, true, KDA_C>(ax, s.th, s.tl, KDA_LDP, s.dwh, s.dwl, LDK, 16 * mt, half * (dk / 2));
+            gdn_warp_mma<1, 4, false, true, KDA_C>(aa, s.pb, KDA_LDP, s.t, KDA_LDP, 16 * mt, 32 * half);
+            gdn_warp_mma<1, DK / 16, true, false, KDA_C>(ax, s.t, KDA_LDP, s.dw, LDK, 16 * mt, half * (dk / 2));
             __syncthreads();
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
@@ -376,7 +359,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
                     const int i = 16 * mt + gdn_frag_row(e), j = 32 * half + 8 * ni + gdn_frag_col(e);
                     const float x = j < i && i < L ? -aa[0][ni][e] : 0.0f;
                     sdT[i * KDA_LDT + j] = x;
-                    kda_split(x, &s.ph[i * KDA_LDP + j], &s.pl[i * KDA_LDP + j]);
+                    s.pb[i * KDA_LDP + j] = __float2bfloat16(x);
                 }
 #pragma unroll
             for (int ni = 0; ni < DK / 16; ni++)
@@ -391,7 +374,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
          * block, with dXw_r (above) gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt,
          * dL/dG_r = beta_r gx k_r + beta_r k_r Zt (Zp's terms added below); dbeta_r gets sum_a gx k_r (sRed 0) and
          * sum_a k_r Zt (sRed 2) */
-        kda_pair_rows<DK, false>(s.Z, ldg, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_pair_rows<DK, false>(s.Z, ldg, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
             const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
             if (r >= L) continue;
@@ -415,7 +398,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
          * before the pair products, dk's from shared memory) */
         float pg[KDA_PF];
         kda_prefetch(pg, dG, t0, L, h, nv, dk, 0);
-        kda_pair_rows<DK, true>(s.Z, ldg, s.ph, s.pl, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
+        kda_pair_rows<DK, true>(s.Z, ldg, s.pb, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
 #pragma unroll 1
         for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
             float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
@@ -448,41 +431,37 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
     }
 }
 
-/* kda_grad_qk_kernel's shared memory (DK = dk = dv; 228352 bytes at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
- * a region that holds vn hi / lo (bf16, DK + 8), then a pair-sum result (fp32, DK + 1); one that holds dO (bf16,
- * DK + 8), then the scaled rows of kda_pair_rows (hi / lo, 48 rows); dP (fp32, 64 x 65) and its hi / lo
- * (KDA_LDP); D vn (grad_dense's) and dL/dG (fp32, DK + 1) */
+/* kda_grad_qk_kernel's shared memory (DK = dk = dv; 217344 bytes at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
+ * a region that holds vn (bf16, DK + 8), then a pair-sum result (fp32, DK + 1); one that holds dO (bf16, DK + 8),
+ * then the scaled rows of kda_pair_rows (hi / lo, 48 rows each); dP (fp32, 64 x 65) and its bf16 copy (KDA_LDP); D vn
+ * (grad_dense's) and dL/dG (fp32, DK + 1) */
 template <int DK> struct KdaGqkSmem {
     static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
-    bf16 *q, *k, *vnh, *vnl, *dout, *oh, *ol, *ph, *pl;
-    float *G, *vn, *X, *dP, *DV, *DG;
+    bf16 *q, *k, *vnb, *dout, *oh, *ol, *pb;
+    float *G, *X, *dP, *DV, *DG;
     size_t bytes;
     __host__ __device__ explicit KdaGqkSmem(void *b) {
         KdaCarve c(b);
         q = c.take<bf16>((size_t)KDA_C * LDB);
         k = c.take<bf16>((size_t)KDA_C * LDB);
         G = c.take<float>((size_t)KDA_C * LDF);
-        const size_t r1 = c.off, r1n = (size_t)2 * KDA_C * LDK * sizeof(bf16); /* >= KDA_C LDF fp32 */
-        c.take<unsigned char>(r1n);
-        vn = (float *)(c.base + r1);
-        X = vn;
-        vnh = (bf16 *)(c.base + r1);
-        vnl = vnh + (size_t)KDA_C * LDK;
-        const size_t r2 = c.off;
-        c.take<bf16>((size_t)2 * 48 * LDK); /* >= KDA_C LDK: dO */
-        dout = (bf16 *)(c.base + r2);
+        const size_t r1 = c.off; /* vn (bf16), then X (fp32): the larger */
+        c.take<float>((size_t)KDA_C * LDF);
+        static_assert(KDA_C * LDF * sizeof(float) >= KDA_C * LDK * sizeof(bf16), "grad_qk: vn within X's region");
+        X = (float *)(c.base + r1);
+        vnb = (bf16 *)(c.base + r1);
+        dout = c.take<bf16>((size_t)2 * 48 * LDK); /* dO (64 rows), then the scaled rows (2 x 48) over it */
         oh = dout;
         ol = oh + (size_t)48 * LDK;
         dP = c.take<float>((size_t)KDA_C * KDA_LDT);
-        ph = c.take<bf16>((size_t)KDA_C * KDA_LDP);
-        pl = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        pb = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         DV = c.take<float>((size_t)KDA_C * LDF);
         DG = c.take<float>((size_t)KDA_C * LDF);
         bytes = c.off;
     }
 };
 
-/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO bf16, vn split); D vn and S_a . D_a read from
+/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO and vn bf16); D vn and S_a . D_a read from
  * grad_dense's buffers; the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier) across sub-chunks by
  * kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg. */
 template <int DK>
@@ -511,20 +490,18 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
         kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
-         * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn split */
-        kda_load_rows_f32(NULL, NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32(NULL, NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C,
-                          dk, L);
-        kda_load_rows_f32(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+         * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn in bf16 */
+        kda_load_rows_f32(NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(s.vnb, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         kda_load_G_sum(sG, ldg, dk);
         __syncthreads();
-        /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and split */
+        /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and bf16 */
         {
             const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
             float acc[1][4][4];
             gdn_zero(acc);
-            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dout, LDK, s.vnl, LDK, m0, n0);
-            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dout, LDK, s.vnh, LDK, m0, n0);
+            gdn_warp_mma<1, 4, false, true, DK>(acc, s.dout, LDK, s.vnb, LDK, m0, n0);
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
@@ -532,7 +509,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
                     const int r = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
                     const float x = j <= r && r < L ? acc[0][ni][e] : 0.0f;
                     sDP[r * KDA_LDT + j] = x;
-                    kda_split(x, &s.ph[r * KDA_LDP + j], &s.pl[r * KDA_LDP + j]);
+                    s.pb[r * KDA_LDP + j] = __float2bfloat16(x);
                 }
         }
         __syncthreads();
@@ -540,7 +517,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
          * meanwhile */
         float pg[KDA_PF];
         kda_prefetch(pg, dg, t0, L, h, nv, dk, 0);
-        kda_pair_rows<DK, false>(sX, ldf, s.ph, s.pl, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_pair_rows<DK, false>(sX, ldf, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
 #pragma unroll 1
@@ -570,7 +547,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
         /* Y: the QK pairs of dk across sub-chunks; the WY part of dk read meanwhile */
         float pk[KDA_PF];
         kda_prefetch(pk, dkv, t0, L, h, nv, dk, 0);
-        kda_pair_rows<DK, true>(sX, ldf, s.ph, s.pl, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_pair_rows<DK, true>(sX, ldf, s.pb, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
 #pragma unroll 1
         for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {

@@ -30,17 +30,18 @@
  * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
  * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
  * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) (the forward's), the state passes'
- * factors (KdaBufs: w2, x2, gq2 (T, nv, 2, dk) bf16, ux (T, nv, dv) and gl (ns, nv, dk) fp32; ux and gl are
+ * factors (KdaBufs: wb, xb, gq (T, nv, dk) bf16, ux (T, nv, dv) and gl (ns, nv, dk) fp32; ux and gl are
  * reused by the gradients once the passes are done) and whatever kept / dkept does not: O(T nv dk dv / 64) bytes,
  * no pieces (GDN_PIECE_ROWS does not apply here).
  *
- * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: wu's W and U, the state
- * passes, the output, prep's A and qk's QK and P, grad_dense's products of S and D, grad_wy's dT and A pairs,
- * grad_qk's dP and QK pairs),
- * every fp32 operand split hi + lo bf16 and each product three bf16 MMAs into fp32 accumulators (~2^-17 relative:
- * near-fp32, within the fp32 bounds of test_cuda_kda.cu); the pairwise decay in 16-row sub-chunks (prep.cuh,
- * grads.cuh), fp32 on the diagonal blocks; grad_wy's M1, dA, dXw, dXu are still fp32 on CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
- * element one warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
+ * Numerics (GDN's kind: common.cuh): the products run on tensor cores (cuda_gdn_mma.h's gdn_warp_mma: wu's W and
+ * U, the state passes, the output, prep's A and qk's QK and P, grad_dense's products of S and D, grad_wy's dT, dXu,
+ * M1, dA, dXw and A pairs, grad_qk's dP and QK pairs), every operand formed in fp32 rounded to bf16 once and one
+ * MMA per product into fp32 accumulators (test_cuda_kda.cu's bounds: 1e-2, as GDN's); the solve for Tinv, the
+ * carried states, G and the exponents fp32 (G summed in double); the pairwise decay in 16-row sub-chunks (prep.cuh,
+ * grads.cuh), fp32 on the diagonal blocks. Every decay factor e^{later - earlier} <= 1 (pairs j > r never
+ * evaluated), every output element one warp's or thread's fixed order of operations, no atomics: deterministic,
+ * the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
  */
@@ -63,7 +64,6 @@ void gdn_prof_mark(const char *name);
 void gdn_prof_end(const char *who, int64_t T, int nv);
 
 #include "common.cuh"
-#include "mma.cuh"
 #include "index.cuh"
 #include "prep.cuh"
 #include "wu.cuh"
@@ -79,14 +79,15 @@ typedef struct KdaBufs {
     float *tinv, *qk;       /* (T,nv,64) */
     float *hs, *vn;         /* (ns,nv,dk,dv), (T,nv,dv) */
     float *dhs, *dvn;       /* (ns,nv,dk,dv), (T,nv,dv) */
-    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over w2, x2 where both exist) */
-    bf16 *w2, *x2;          /* (T,nv,2,dk): the passes' W and dec * K, hi | lo (wu.cuh) */
+    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over wb, xb where both exist) */
+    bf16 *wb, *xb;          /* (T,nv,dk): the passes' W and dec * K (wu.cuh), each at the start of a region of
+                             * (T,nv,dk) fp32 that dqv, dkv take after the passes */
     float *ux;              /* (T,nv,dv): U for the forward pass, then P = scale QK^T dO for the backward's */
     float *gl;              /* (ns,nv,dk): gam_{L-1} by slot (chunks without a document start) */
-    bf16 *gq2;              /* (T,nv,2,dk): scale gam * q, hi | lo, for the backward pass */
+    bf16 *gq;               /* (T,nv,dk): scale gam * q, for the backward pass */
 } KdaBufs;
 
-/* PASS: the factors of either state pass (w2, x2, ux, gl); BPASS: the backward pass's gq2 */
+/* PASS: the factors of either state pass (wb, xb, ux, gl); BPASS: the backward pass's gq */
 enum {
     KDA_NEED_TINV = 1,
     KDA_NEED_QK = 2,
@@ -155,15 +156,15 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
         b->dvn = c.take<float>(tv * dv);
     }
     if (need & KDA_NEED_PASS) {
-        b->w2 = c.take<bf16>(tv * 2 * dk);
-        b->x2 = c.take<bf16>(tv * 2 * dk);
+        b->wb = (bf16 *)c.take<float>(tv * dk);
+        b->xb = (bf16 *)c.take<float>(tv * dk);
         b->ux = c.take<float>(tv * dv);
         b->gl = c.take<float>((size_t)kda_slots(T) * nv * dk);
     }
-    if (need & KDA_NEED_BPASS) b->gq2 = c.take<bf16>(tv * 2 * dk);
-    if ((need & KDA_NEED_DQK) && (need & KDA_NEED_PASS)) { /* the gradients run after the passes: over w2, x2 */
-        b->dqv = (float *)b->w2;
-        b->dkv = (float *)b->x2;
+    if (need & KDA_NEED_BPASS) b->gq = c.take<bf16>(tv * dk);
+    if ((need & KDA_NEED_DQK) && (need & KDA_NEED_PASS)) { /* the gradients run after the passes: over wb, xb */
+        b->dqv = (float *)b->wb;
+        b->dkv = (float *)b->xb;
     } else if (need & KDA_NEED_DQK) {
         b->dqv = c.take<float>(tv * dk);
         b->dkv = c.take<float>(tv * dk);
@@ -260,7 +261,7 @@ static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *
     else kda_prep_dk<64>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
 }
 
-/* QK into b->qk (the forward's), or with dout (BWD) the backward pass's gq2 and P (into b->ux) from it */
+/* QK into b->qk (the forward's), or with dout (BWD) the backward pass's gq and P (into b->ux) from it */
 template <int DK, bool BWD>
 static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const bf16 *dout,
                       const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
@@ -268,7 +269,7 @@ static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const floa
     kda_smem_attr(kda_qk_kernel<DK, BWD>, smem, "qk");
     const float scale = (float)(1.0 / sqrt((double)DK));
     kda_qk_kernel<DK, BWD><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        b->qk, b->gq2, b->ux, q, k, g, dout, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
+        b->qk, b->gq, b->ux, q, k, g, dout, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("qk");
 }
@@ -294,7 +295,7 @@ static void kda_wu_dk(const KdaBufs *b, int with_u, const float *tinv, const bf1
     const size_t smem = KdaWuSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_wu_kernel<DK>, smem, "wu");
     kda_wu_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        b->w2, b->x2, with_u ? b->ux : NULL, b->gl, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
+        b->wb, b->xb, with_u ? b->ux : NULL, b->gl, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
         ldv);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("wu");
@@ -336,7 +337,7 @@ static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, c
     kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
     const int ncol = dv + (M_out ? DK : 0);
     kda_state_fwd_kernel<DK, BV><<<dim3((unsigned)(ncol / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        hs, vn, S_out, M_out, S0, b->w2, b->x2, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nv, dv);
+        hs, vn, S_out, M_out, S0, b->wb, b->xb, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nv, dv);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("state_fwd");
 }
@@ -364,7 +365,7 @@ static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS
     const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
     kda_state_bwd_kernel<DK, BV><<<dim3((unsigned)(dv / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dhs, dvn, dS0, dS_final, b->w2, b->x2, b->gq2, b->ux, b->gl, dout, b->starts, b->meta, doc_pos, T, nv, dv,
+        dhs, dvn, dS0, dS_final, b->wb, b->xb, b->gq, b->ux, b->gl, dout, b->starts, b->meta, doc_pos, T, nv, dv,
         ldo);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("state_bwd");
