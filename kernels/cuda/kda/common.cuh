@@ -179,27 +179,30 @@ KDA_DEV void kda_load_wait(void) {
 
 /* the chunk's per-channel cumulative log gate: sG[r][a] = g_0[a] + ... + g_r[a] (summed in double, stored fp32),
  * rows >= L repeat row L - 1 (so every exponent formed from sG stays <= 0). g of value head h: row t at
- * g + (t nv + h) dk. kda_load_G_start loads the rows (16-byte cp.async copies where g and ldg allow, in flight with
+ * g + (t nv + h) dk; the channels [c0, c0 + w) into sG's columns [0, w). kda_load_G_start loads the rows (16-byte
+ * cp.async copies where g and ldg allow, in flight with
  * the caller's kda_load_bf16 copies; else kda_load_rows_f32), kda_load_G_sum waits for them (and for the caller's
- * copies issued before), then threads a < dk sum one channel each, the column read into registers first (the loads
+ * copies issued before), then threads a < w sum one channel each, the column read into registers first (the loads
  * issued together, not one after each store). A caller may issue other loads between the two (they land while
- * g does). kda_load_G: both. All threads; the caller synchronises before reading sG. */
-KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
-    if ((((uintptr_t)g | (uintptr_t)sG) & 15) == 0 && ((ldg | dk) & 3) == 0) {
-        const int cpr = dk / 4;
+ * g does). kda_load_G: both, all dk channels. All threads; the caller synchronises before reading sG. */
+KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk, int c0,
+                              int w) {
+    const float *gc = g + c0;
+    if ((((uintptr_t)gc | (uintptr_t)sG) & 15) == 0 && ((ldg | dk | w) & 3) == 0) {
+        const int cpr = w / 4;
         for (int i = threadIdx.x; i < KDA_C * cpr; i += KDA_THREADS) {
             const int r = i / cpr, a = (i % cpr) * 4;
-            ptx_cp_async16(sG + r * ldg + a, r < L ? g + ((t0 + r) * nv + h) * (int64_t)dk + a : g, r < L);
+            ptx_cp_async16(sG + r * ldg + a, r < L ? gc + ((t0 + r) * nv + h) * (int64_t)dk + a : gc, r < L);
         }
     } else {
-        kda_load_rows_f32(NULL, sG, ldg, g + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(NULL, sG, ldg, gc + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, w, L);
     }
 }
-KDA_DEV void kda_load_G_sum(float *sG, int ldg, int dk) {
+KDA_DEV void kda_load_G_sum(float *sG, int ldg, int w) {
     kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
-    if (a >= dk) return;
+    if (a >= w) return;
     float x[KDA_C];
 #pragma unroll
     for (int r = 0; r < KDA_C; r++) x[r] = sG[r * ldg + a];
@@ -211,7 +214,7 @@ KDA_DEV void kda_load_G_sum(float *sG, int ldg, int dk) {
     }
 }
 KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
-    kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk);
+    kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk, 0, dk);
     kda_load_G_sum(sG, ldg, dk);
 }
 

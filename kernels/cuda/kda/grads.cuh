@@ -1,6 +1,7 @@
 /*
- * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head), in three
- * kernels (their shared memory apart would not fit one block), then the sum over the value heads of a key head:
+ * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head) (grad_qk: two,
+ * one per half of the key channels), in three kernels (their shared memory apart would not fit one block), then the
+ * sum over the value heads of a key head:
  *
  *   kda_grad_dense_kernel  the products of the entering state S and the leaving gradient D, on tensor cores
  *                       (bf16 operands): dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the
@@ -11,7 +12,9 @@
  *                       = dW Xw^T + dvn Xu^T, dA = -(Tinv^T dT Tinv^T) strictly lower, and through Xw = beta gam * K,
  *                       Xu = beta V and A_ij = beta_i sum_c k_i k_j E_ij: dv (final), dbeta (final), the WY and A
  *                       parts of dk (into dkv) and of dL/dG (into dg, before the in-chunk reverse sum).
- *   kda_grad_qk_kernel  the output side: dP_rj = dO_r . vn_j, dq = scale gam (S dO) + scale sum_j dP_rj E_rj k_j,
+ *   kda_grad_qk_kernel  the output side, two blocks per (chunk, value head), each half of the key channels
+ *                       (dP, a sum over dv, formed by both): dP_rj = dO_r . vn_j,
+ *                       dq = scale gam (S dO) + scale sum_j dP_rj E_rj k_j,
  *                       dk += dec (D vn) + scale sum_r dP_rj E_rj q_r, every e^{+-G} factor's share of dL/dG
  *                       (the read gam_r q_r, the QK pairs, dec, the carried gam_{L-1}), added to the WY part,
  *                       and dg = the reverse sum of dL/dG inside the chunk.
@@ -135,21 +138,25 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
     }
 }
 
-/* the per-(r, a) loops of grad_wy and grad_qk (thread t: elements t + u KDA_THREADS, u < 64 dk / KDA_THREADS, of
- * the 64 x dk tile: row p / dk, channel p % dk) that add to a (T, nv, dk) buffer's chunk rows (an earlier kernel's
+/* the per-(r, a) loops of grad_wy and grad_qk (thread t: elements t + u KDA_THREADS, u < 64 w / KDA_THREADS, of
+ * the 64 x w tile of channels [c0, c0 + w): row p / w, channel c0 + p % w) that add to a (T, nv, dk) buffer's chunk
+ * rows (an earlier kernel's
  * or loop's part of the gradient) read them KDA_PF at a time, software-pipelined: the first batch issued before the
  * pair products that precede the loop, each next one while the loop works through the current, so the loads'
  * latency passes under work instead of stalling the loop (each batch's loads issued together). kda_prefetch:
- * elements u0 + u (u < KDA_PF) into x[u]; rows >= L (and past the tile) read 0 with no load. */
+ * elements u0 + u (u < N: KDA_PF in grad_wy, half that in grad_qk, which must fit 128 registers) into x[u]; rows >= L
+ * (and past the tile) read 0 with no load. */
 #define KDA_PF 8
-KDA_DEV void kda_prefetch(float (&x)[KDA_PF], const float *src, int64_t t0, int L, int h, int nv, int dk, int u0) {
+template <int N>
+KDA_DEV void kda_prefetch(float (&x)[N], const float *src, int64_t t0, int L, int h, int nv, int dk, int c0, int w,
+                          int u0) {
 #pragma unroll
-    for (int u = 0; u < KDA_PF; u++) {
-        const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
+    for (int u = 0; u < N; u++) {
+        const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / w, a = c0 + p % w;
         x[u] = r < L ? src[((t0 + r) * nv + h) * (size_t)dk + a] : 0.0f;
     }
 }
-static_assert((KDA_C * 64) % (KDA_PF * KDA_THREADS) == 0, "kda_prefetch: whole batches at dk = 64 and 128");
+static_assert((KDA_C * 32) % (KDA_PF * KDA_THREADS) == 0, "kda_prefetch: whole batches at w = 32, 64 and 128");
 
 /* the pair sums of the gradients across sub-chunks, on tensor cores (prep.cuh's scheme): with P (64 x 64, bf16 at
  * pb, row stride KDA_LDP; P_rj = 0 unless j <= r < L) and x (bf16 rows, stride ldx; rows >= L zero)
@@ -268,7 +275,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
         const int64_t t0 = ch.t0;
         kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
-        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
+        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk, 0, dk); /* g lands while the tiles below load */
         /* Tinv in bf16 (rows >= L: 0) */
         kda_load_rows_f32<NB>(s.t, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
                               KDA_C, L);
@@ -397,12 +404,12 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
         /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp (dL/dG's part so far read back
          * before the pair products, dk's from shared memory) */
         float pg[KDA_PF];
-        kda_prefetch(pg, dG, t0, L, h, nv, dk, 0);
+        kda_prefetch(pg, dG, t0, L, h, nv, dk, 0, dk, 0);
         kda_pair_rows<DK, true>(s.Z, ldg, s.pb, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
 #pragma unroll 1
         for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
             float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
-            kda_prefetch(pn, dG, t0, L, h, nv, dk, u0 + KDA_PF);
+            kda_prefetch(pn, dG, t0, L, h, nv, dk, 0, dk, u0 + KDA_PF);
 #pragma unroll
             for (int u = 0; u < KDA_PF; u++) {
                 const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
@@ -431,29 +438,31 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
     }
 }
 
-/* kda_grad_qk_kernel's shared memory (DK = dk = dv; 217344 bytes at 128): q, k (bf16, stride DK + 2), G (fp32, DK + 1);
- * a region that holds vn (bf16, DK + 8), then a pair-sum result (fp32, DK + 1); one that holds dO (bf16, DK + 8),
- * then the scaled rows of kda_pair_rows (hi / lo, 48 rows each); dP (fp32, 64 x 65) and its bf16 copy (KDA_LDP); D vn
- * (grad_dense's) and dL/dG (fp32, DK + 1) */
+/* kda_grad_qk_kernel's shared memory (DK = dk = dv; the block's W = DK / 2 key channels; 115200 bytes at 128, two
+ * blocks per SM): q, k (bf16, W channels, stride W + 2), G (fp32, W + 1); a region that holds dO and vn (bf16, all
+ * dv columns, DK + 8), then a pair-sum result X (fp32, W + 1) and the scaled rows of kda_pair_rows (hi / lo, 48
+ * rows, W + 8); the 16 x 16 diagonal blocks of dP (fp32, stride 17) and all of dP in bf16 (KDA_LDP); D vn
+ * (grad_dense's) and dL/dG (fp32, W + 1) */
 template <int DK> struct KdaGqkSmem {
-    static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
+    static constexpr int W = DK / 2, LDK = DK + 8, LDB = W + 2, LDF = W + 1, LDO = W + 8, LDD = 17;
     bf16 *q, *k, *vnb, *dout, *oh, *ol, *pb;
-    float *G, *X, *dP, *DV, *DG;
+    float *G, *X, *dPd, *DV, *DG;
     size_t bytes;
     __host__ __device__ explicit KdaGqkSmem(void *b) {
         KdaCarve c(b);
         q = c.take<bf16>((size_t)KDA_C * LDB);
         k = c.take<bf16>((size_t)KDA_C * LDB);
         G = c.take<float>((size_t)KDA_C * LDF);
-        const size_t r1 = c.off; /* vn (bf16), then X (fp32): the larger */
-        c.take<float>((size_t)KDA_C * LDF);
-        static_assert(KDA_C * LDF * sizeof(float) >= KDA_C * LDK * sizeof(bf16), "grad_qk: vn within X's region");
-        X = (float *)(c.base + r1);
-        vnb = (bf16 *)(c.base + r1);
-        dout = c.take<bf16>((size_t)2 * 48 * LDK); /* dO (64 rows), then the scaled rows (2 x 48) over it */
-        oh = dout;
-        ol = oh + (size_t)48 * LDK;
-        dP = c.take<float>((size_t)KDA_C * KDA_LDT);
+        const size_t r = c.off; /* dO and vn; after dP: X, then the scaled rows */
+        dout = c.take<bf16>((size_t)KDA_C * LDK);
+        vnb = c.take<bf16>((size_t)KDA_C * LDK);
+        const size_t end = c.off;
+        c.off = r;
+        X = c.take<float>((size_t)KDA_C * LDF);
+        oh = c.take<bf16>((size_t)48 * LDO);
+        ol = c.take<bf16>((size_t)48 * LDO);
+        if (c.off < end) c.off = end;
+        dPd = c.take<float>((size_t)4 * 16 * LDD);
         pb = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         DV = c.take<float>((size_t)KDA_C * LDF);
         DG = c.take<float>((size_t)KDA_C * LDF);
@@ -461,11 +470,16 @@ template <int DK> struct KdaGqkSmem {
     }
 };
 
-/* Per (chunk, value head). dP_rj = dO_r . vn_j (tensor cores: dO and vn bf16); D vn and S_a . D_a read from
- * grad_dense's buffers; the QK pairs of dq (X: r the later row) and of dk (Y: r the earlier) across sub-chunks by
- * kda_pair_rows, the diagonal blocks fp32 per (r, a); then dq, dk, dL/dG and dg. */
+/* Per (chunk, value head, half z of the key channels: c0 = z DK / 2, W = DK / 2 of them; every row and column below
+ * local to the block's channels). dP_rj = dO_r . vn_j (tensor cores: dO and vn bf16, all dv columns, in both blocks
+ * of a chunk: 64 x 64 x dv, the same bits in each); D vn and S_a . D_a read from grad_dense's buffers; the QK pairs
+ * of dq (X: r the later row) and of dk (Y: r the earlier) across sub-chunks by kda_pair_rows, the diagonal blocks
+ * fp32 per (r, a); then dq, dk, dL/dG and dg. Every channel's arithmetic is that of one block over all channels (the
+ * pair products' column strips and k order, the loops' orders): the split changes no bit. 8 warps, two blocks per
+ * SM (115200 bytes of shared memory at 128, launch bounds 2: 128 registers), so one block's loads, barriers and
+ * diagonal loops overlap the other's. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
     const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,
@@ -473,30 +487,35 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
     const float *sd /* (ns,nv,dk): grad_dense's S_a . D_a */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     using Sm = KdaGqkSmem<DK>;
-    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF, ldf = Sm::LDF;
+    constexpr int dk = DK, dv = DK, W = Sm::W, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF, ldf = Sm::LDF;
+    constexpr int LDD = Sm::LDD, PF = KDA_PF / 2; /* half grad_wy's batch: 128 registers (two blocks per SM) */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sQ = s.q, *sK = s.k;
-    float *sG = s.G, *sDP = s.dP, *sDV = s.DV, *sDG = s.DG, *sX = s.X;
-    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
+    float *sG = s.G, *sDPd = s.dPd, *sDV = s.DV, *sDG = s.DG, *sX = s.X;
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC], c0 = blockIdx.z * W;
     const int w = threadIdx.x >> 5;
+    /* dP_rj for r, j in one 16-row sub-chunk (fp32) */
+    auto dpd = [&](int r, int j) -> float & { return sDPd[(r >> 4) * 16 * LDD + (r & 15) * LDD + (j & 15)]; };
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
-        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
+        const int64_t rows = (t0 * nv + h) * (int64_t)dk + c0; /* the block's channels of the chunk's first row */
+        kda_load_bf16(sQ, ldk, q + t0 * ldq + (int64_t)kh * dk + c0, ldq, W, L);
+        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk + c0, ldq, W, L);
         kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * dv, ldo, dv, L);
-        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk); /* g lands while the tiles below load */
+        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk, c0, W); /* g lands while the tiles below load */
         const bool S = !ch.reset, D = ch.leaves;
         /* sDG[r][a] = S_a . dO_r (a temporary: kda_grad_dense_kernel's, in dqv's rows of the chunk, read before
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn in bf16 */
-        kda_load_rows_f32(NULL, sDG, ldg, dqv + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32(NULL, sDV, ldg, D ? dvd + (t0 * nv + h) * (int64_t)dk : NULL, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(NULL, sDG, ldg, dqv + rows, (int64_t)nv * dk, KDA_C, W, L);
+        kda_load_rows_f32(NULL, sDV, ldg, D ? dvd + rows : NULL, (int64_t)nv * dk, KDA_C, W, L);
         kda_load_rows_f32(s.vnb, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
-        kda_load_G_sum(sG, ldg, dk);
+        kda_load_G_sum(sG, ldg, W);
         __syncthreads();
-        /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L, fp32 and bf16 */
+        /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L: bf16, and the diagonal
+         * blocks fp32 */
         {
             const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
             float acc[1][4][4];
@@ -508,84 +527,83 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_qk_kernel(
                 for (int e = 0; e < 4; e++) {
                     const int r = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
                     const float x = j <= r && r < L ? acc[0][ni][e] : 0.0f;
-                    sDP[r * KDA_LDT + j] = x;
+                    if ((r >> 4) == (j >> 4)) dpd(r, j) = x;
                     s.pb[r * KDA_LDP + j] = __float2bfloat16(x);
                 }
         }
-        __syncthreads();
-        /* X: the QK pairs of dq across sub-chunks (sX over vn; the scaled rows over dO); the WY part of dL/dG read
-         * meanwhile */
-        float pg[KDA_PF];
-        kda_prefetch(pg, dg, t0, L, h, nv, dk, 0);
-        kda_pair_rows<DK, false>(sX, ldf, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        __syncthreads(); /* dO and vn are read: X and the scaled rows over them */
+        /* X: the QK pairs of dq across sub-chunks; the WY part of dL/dG read meanwhile */
+        float pg[PF];
+        kda_prefetch(pg, dg, t0, L, h, nv, dk, c0, W, 0);
+        kda_pair_rows<W, false>(sX, ldf, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
 #pragma unroll 1
-        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
-            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
-            kda_prefetch(pn, dg, t0, L, h, nv, dk, u0 + KDA_PF);
+        for (int u0 = 0; u0 < KDA_C * W / KDA_THREADS; u0 += PF) {
+            float pn[PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dg, t0, L, h, nv, dk, c0, W, u0 + PF);
 #pragma unroll
-            for (int u = 0; u < KDA_PF; u++) {
-                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
+            for (int u = 0; u < PF; u++) {
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / W, a = p % W;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
-                const float gam = expf(Gr), sdiag = scale * sDP[r * KDA_LDT + r];
+                const float gam = expf(Gr), sdiag = scale * dpd(r, r);
                 const float t1 = scale * gam * sDG[r * ldg + a];
                 float xs = sX[r * ldf + a];
                 for (int j = r & ~15; j < r; j++)
-                    xs += sDP[r * KDA_LDT + j] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
+                    xs += dpd(r, j) * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
                 const float X = scale * xs;
-                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                const size_t at = rows + (size_t)r * nv * dk + a;
                 dqv[at] = t1 + X + sdiag * kr;
                 sDG[r * ldg + a] = pg[u] + qr * t1 + qr * X;
             }
 #pragma unroll
-            for (int u = 0; u < KDA_PF; u++) pg[u] = pn[u];
+            for (int u = 0; u < PF; u++) pg[u] = pn[u];
         }
         __syncthreads();
         /* Y: the QK pairs of dk across sub-chunks; the WY part of dk read meanwhile */
-        float pk[KDA_PF];
-        kda_prefetch(pk, dkv, t0, L, h, nv, dk, 0);
-        kda_pair_rows<DK, true>(sX, ldf, s.pb, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
+        float pk[PF];
+        kda_prefetch(pk, dkv, t0, L, h, nv, dk, c0, W, 0);
+        kda_pair_rows<W, true>(sX, ldf, s.pb, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
 #pragma unroll 1
-        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
-            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
-            kda_prefetch(pn, dkv, t0, L, h, nv, dk, u0 + KDA_PF);
+        for (int u0 = 0; u0 < KDA_C * W / KDA_THREADS; u0 += PF) {
+            float pn[PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dkv, t0, L, h, nv, dk, c0, W, u0 + PF);
 #pragma unroll
-            for (int u = 0; u < KDA_PF; u++) {
-                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
+            for (int u = 0; u < PF; u++) {
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / W, a = p % W;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
-                const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDP[r * KDA_LDT + r];
+                const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * dpd(r, r);
                 float ys = sX[r * ldf + a];
                 const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
                 for (int i = r + 1; i < iend; i++)
-                    ys += sDP[i * KDA_LDT + r] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
+                    ys += dpd(i, r) * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
                 const float Y = scale * ys, dvv = sDV[r * ldg + a];
-                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                const size_t at = rows + (size_t)r * nv * dk + a;
                 dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
                 sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
             }
 #pragma unroll
-            for (int u = 0; u < KDA_PF; u++) pk[u] = pn[u];
+            for (int u = 0; u < PF; u++) pk[u] = pn[u];
         }
         __syncthreads();
         /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the
          * reverse sum of dL/dG inside the chunk (double, as the oracle) */
-        if (threadIdx.x < dk) {
+        if (threadIdx.x < W) {
             const int a = threadIdx.x;
             const float GL = sG[(L - 1) * ldg + a];
             float extra = 0.0f;
-            if (S && D) extra = expf(GL) * sd[(ch.slot * nv + h) * (int64_t)dk + a];
+            if (S && D) extra = expf(GL) * sd[(ch.slot * nv + h) * (int64_t)dk + c0 + a];
             for (int j = 0; j < L; j++)
                 extra += __bfloat162float(sK[j * ldk + a]) * expf(GL - sG[j * ldg + a]) * sDV[j * ldg + a];
             double acc = (double)extra;
             for (int r = L - 1; r >= 0; r--) {
                 acc += (double)sDG[r * ldg + a];
-                dg[((t0 + r) * nv + h) * (int64_t)dk + a] = (float)acc;
+                dg[rows + (size_t)r * nv * dk + a] = (float)acc;
             }
         }
         __syncthreads();

@@ -435,7 +435,9 @@ static void kda_grad_qk(const KdaBufs *b, float *dg, const bf16 *dout, const bf1
     const size_t smem = KdaGqkSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_qk_kernel<DK>, smem, "grad_qk");
     const float scale = (float)(1.0 / sqrt((double)DK));
-    kda_grad_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+    dim3 grid = kda_chunk_grid(T, nv);
+    grid.z = 2; /* the two halves of the key channels */
+    kda_grad_qk_kernel<DK><<<grid, KDA_THREADS, smem, cuda_stream()>>>(
         b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
         scale);
     CUDA_LAUNCH_CHECK();

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_output_kernel(
         const int64_t t0 = ch.t0;
         const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
         kda_load_bf16(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* q, then gam * q over it */
-        kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK); /* g lands while the tiles below load */
+        kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK, 0, DK); /* g lands while the tiles below load */
         if (S) kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
         /* qk holds 0 right of the diagonal (kda_qk_kernel) */
         kda_load_rows_f32(s.qk, NULL, LDT, qk + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C, KDA_C, L);
