@@ -31,9 +31,9 @@
 /* the blocks per SM a kernel's __launch_bounds__(KDA_THREADS, n) promises, which sets ptxas's register budget (65536
  * / (256 n) a thread): 1 where the kernel's shared memory (or its grid: the state passes fill one wave) leaves room
  * for one block per SM anyway, so the registers cost no occupancy and ptxas need not spill or recompute to stay
- * within 128 (prep, qk at dk = 128; grad_wy, grad_qk and the state passes at both dk); 2 where two blocks fit (wu,
- * output, grad_dense at both dk, with bf16 tiles; prep, qk at dk = 64): 128 registers. `-Xptxas -v` shows no
- * spill in any of them. */
+ * within 128 (qk at dk = 128; grad_wy and the state passes at both dk); 2 where two blocks fit (wu, output,
+ * grad_dense, prep and grad_qk at both dk, with bf16 tiles and prep's and grad_qk's smaller carvings; qk at dk = 64):
+ * 128 registers. `-Xptxas -v` shows no spill in any of them. */
 #define KDA_MINB(one) ((one) ? 1 : 2)
 
 /* shared-memory carving: the same offsets on host (sizes) and device (pointers), 16-byte aligned pieces */
@@ -203,14 +203,17 @@ KDA_DEV void kda_load_G_sum(float *sG, int ldg, int w) {
     __syncthreads();
     const int a = threadIdx.x;
     if (a >= w) return;
-    float x[KDA_C];
-#pragma unroll
-    for (int r = 0; r < KDA_C; r++) x[r] = sG[r * ldg + a];
     double acc = 0.0;
 #pragma unroll
-    for (int r = 0; r < KDA_C; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
-        acc += (double)x[r];
-        sG[r * ldg + a] = (float)acc;
+    for (int r0 = 0; r0 < KDA_C; r0 += KDA_C / 2) { /* two batches of 32 loads (32 registers, not 64) */
+        float x[KDA_C / 2];
+#pragma unroll
+        for (int r = 0; r < KDA_C / 2; r++) x[r] = sG[(r0 + r) * ldg + a];
+#pragma unroll
+        for (int r = 0; r < KDA_C / 2; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
+            acc += (double)x[r];
+            sG[(r0 + r) * ldg + a] = (float)acc;
+        }
     }
 }
 KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {

@@ -247,7 +247,7 @@ static void kda_index(const KdaBufs *b, const int32_t *doc_pos, int64_t T) {
 template <int DK>
 static void kda_prep_dk(float *tinv, const bf16 *k, const float *g, const float *beta, const KdaBufs *b,
                         const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
-    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    const size_t smem = KdaPairSmem<DK, true>(NULL).bytes;
     kda_smem_attr(kda_prep_kernel<DK>, smem, "prep");
     kda_prep_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts,
                                                                                     b->meta, doc_pos, T, nk, nv, ldq);
@@ -265,7 +265,7 @@ static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *
 template <int DK, bool BWD>
 static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const bf16 *dout,
                       const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
-    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    const size_t smem = KdaPairSmem<DK, false>(NULL).bytes;
     kda_smem_attr(kda_qk_kernel<DK, BWD>, smem, "qk");
     const float scale = (float)(1.0 / sqrt((double)DK));
     kda_qk_kernel<DK, BWD><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(

@@ -24,9 +24,10 @@
 #pragma once
 
 /* shared memory of both (DK = dk): G fp32 (64, DK); l, r raw bf16 (64, DK + 8); the decay-scaled l (bf16, 64 rows)
- * and r (bf16, 96 rows: 16, 32, 48 rows for the references of sub-chunks 1, 2, 3); two 64 x 64 fp32 tiles; beta.
- * ~141 KB at DK = 128. */
-template <int DK> struct KdaPairSmem {
+ * and r (bf16, 96 rows: 16, 32, 48 rows for the references of sub-chunks 1, 2, 3); the 64 x 64 fp32 pair sums A;
+ * beta. PREP (kda_prep_kernel): l = r = k, one tile, and Tinv (64 x 64 fp32) over the scaled r rows, dead after the
+ * pair sums: 108 KB at DK = 128, two blocks per SM; else (kda_qk_kernel) l = q and r = k apart: 125 KB. */
+template <int DK, bool PREP> struct KdaPairSmem {
     static constexpr int LDK = DK + 8, NR = 96;
     float *G, *A, *T, *beta;
     bf16 *l, *r, *ls, *rs;
@@ -35,12 +36,13 @@ template <int DK> struct KdaPairSmem {
         KdaCarve c(b);
         G = c.take<float>((size_t)KDA_C * DK);
         A = c.take<float>((size_t)KDA_C * KDA_LDT);
-        T = c.take<float>((size_t)KDA_C * KDA_LDT);
         beta = c.take<float>(KDA_C);
         l = c.take<bf16>((size_t)KDA_C * LDK);
-        r = c.take<bf16>((size_t)KDA_C * LDK);
+        r = PREP ? l : c.take<bf16>((size_t)KDA_C * LDK);
         ls = c.take<bf16>((size_t)KDA_C * LDK);
-        rs = c.take<bf16>((size_t)NR * LDK);
+        const size_t nrs = (size_t)NR * LDK * sizeof(bf16), nt = PREP ? (size_t)KDA_C * KDA_LDT * sizeof(float) : 0;
+        rs = (bf16 *)c.take<unsigned char>(nrs > nt ? nrs : nt);
+        T = PREP ? (float *)rs : NULL;
         bytes = c.off;
     }
 };
@@ -52,14 +54,14 @@ KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
  * s.l, s.r (rows >= L zero, synchronised before the call). Warps 0..5 the six 16 x 16 column pairs below the
  * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every warp the diagonal
  * blocks' pairs and every thread the zeros. All threads; ends synchronised. */
-template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &s, float *P, int L) {
-    constexpr int LDK = KdaPairSmem<DK>::LDK;
+template <int DK, bool DIAG, bool PREP> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK, PREP> &s, float *P, int L) {
+    constexpr int LDK = KdaPairSmem<DK, PREP>::LDK;
     for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
         const int row = i / DK, c = i % DK, ref = row & ~15;
         const float x = __bfloat162float(s.l[row * LDK + c]) * expf(s.G[i] - s.G[ref * DK + c]);
         s.ls[row * LDK + c] = __float2bfloat16(x);
     }
-    for (int i = threadIdx.x; i < KdaPairSmem<DK>::NR * DK; i += KDA_THREADS) {
+    for (int i = threadIdx.x; i < KdaPairSmem<DK, PREP>::NR * DK; i += KDA_THREADS) {
         const int q = i / DK, c = i % DK;
         const int b = q < 16 ? 1 : q < 48 ? 2 : 3, j = q - kda_rseg(b);
         const float x = __bfloat162float(s.r[j * LDK + c]) * expf(s.G[16 * b * DK + c] - s.G[j * DK + c]);
@@ -175,28 +177,27 @@ KDA_DEV void kda_solve(float *sT, float *sX, const float *sA) {
 }
 
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_prep_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_kernel(
     float *tinv /* (T,nv,64) */, const bf16 *k, const float *g, const float *beta, const int32_t *starts,
     const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    const KdaPairSmem<DK> s(kda_smem);
+    const KdaPairSmem<DK, true> s(kda_smem);
     float *sA = s.A, *sT = s.T;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
-        kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L); /* l = r = k */
         kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* waits for the rows too */
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
         __syncthreads();
         /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
-        kda_pair_decay<DK, false>(s, sA, L);
+        kda_pair_decay<DK, false, true>(s, sA, L);
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
             sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
         __syncthreads();
         static_assert(KDA_SOLVE_SCRATCH * sizeof(float) <= KDA_C * (DK + 8) * sizeof(bf16), "prep: solve scratch");
-        kda_solve(sT, (float *)s.ls, sA); /* ls is dead after the pair sums */
+        kda_solve(sT, (float *)s.ls, sA); /* ls, rs (under sT) are dead after the pair sums */
         for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
             tinv[((ch.t0 + i) * nv + h) * (int64_t)KDA_C + j] = sT[i * KDA_LDT + j];
@@ -207,9 +208,9 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_prep_ker
 
 /* kda_qk_kernel<DK, true>'s work for one chunk after QK is in s.A (synchronised): gq and P (below) */
 template <int DK>
-KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK> &s, bf16 *gq, float *p, const bf16 *dout, int64_t t0, int L, int h,
+KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *p, const bf16 *dout, int64_t t0, int L, int h,
                               int nv, int ldo, float scale) {
-    constexpr int LDK = KdaPairSmem<DK>::LDK, LDT = KDA_C + 8, DV = DK;
+    constexpr int LDK = KdaPairSmem<DK, false>::LDK, LDT = KDA_C + 8, DV = DK;
     const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     /* gq (q in s.l); dO over k (s.r); scale QK in bf16 over the scaled l rows (s.ls, row stride LDT) */
     for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_qk_kerne
     const float *g, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
     int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    const KdaPairSmem<DK> s(kda_smem);
+    const KdaPairSmem<DK, false> s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_qk_kerne
         kda_load_rows<DK>(s.r, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for the rows too */
         __syncthreads();
-        kda_pair_decay<DK, true>(s, s.A, L);
+        kda_pair_decay<DK, true, false>(s, s.A, L);
         if (!BWD) {
             for (int i = threadIdx.x; i < L * KDA_C; i += KDA_THREADS) {
                 const int r = i / KDA_C, j = i % KDA_C;
