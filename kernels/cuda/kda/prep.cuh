@@ -26,7 +26,8 @@
 /* shared memory of both (DK = dk): G fp32 (64, DK); l, r raw bf16 (64, DK + 8); the decay-scaled l (bf16, 64 rows)
  * and r (bf16, 96 rows: 16, 32, 48 rows for the references of sub-chunks 1, 2, 3); the 64 x 64 fp32 pair sums A;
  * beta. PREP (kda_prep_kernel): l = r = k, one tile, and Tinv (64 x 64 fp32) over the scaled r rows, dead after the
- * pair sums: 108 KB at DK = 128, two blocks per SM; else (kda_qk_kernel) l = q and r = k apart: 125 KB. */
+ * pair sums: 108 KB at DK = 128; else (kda_qk_kernel) l = q and r = k apart, and A itself over the scaled r rows
+ * (kda_pair_decay writes it after a barrier that ends their reads): 109 KB. Both two blocks per SM. */
 template <int DK, bool PREP> struct KdaPairSmem {
     static constexpr int LDK = DK + 8, NR = 96;
     float *G, *A, *T, *beta;
@@ -35,14 +36,15 @@ template <int DK, bool PREP> struct KdaPairSmem {
     __host__ __device__ explicit KdaPairSmem(void *b) {
         KdaCarve c(b);
         G = c.take<float>((size_t)KDA_C * DK);
-        A = c.take<float>((size_t)KDA_C * KDA_LDT);
+        A = PREP ? c.take<float>((size_t)KDA_C * KDA_LDT) : NULL;
         beta = c.take<float>(KDA_C);
         l = c.take<bf16>((size_t)KDA_C * LDK);
         r = PREP ? l : c.take<bf16>((size_t)KDA_C * LDK);
         ls = c.take<bf16>((size_t)KDA_C * LDK);
-        const size_t nrs = (size_t)NR * LDK * sizeof(bf16), nt = PREP ? (size_t)KDA_C * KDA_LDT * sizeof(float) : 0;
+        const size_t nrs = (size_t)NR * LDK * sizeof(bf16), nt = (size_t)KDA_C * KDA_LDT * sizeof(float);
         rs = (bf16 *)c.take<unsigned char>(nrs > nt ? nrs : nt);
-        T = PREP ? (float *)rs : NULL;
+        T = PREP ? (float *)rs : NULL; /* prep: Tinv over the scaled rows */
+        if (!PREP) A = (float *)rs;    /* qk: A over them */
         bytes = c.off;
     }
 };
@@ -69,12 +71,12 @@ template <int DK, bool DIAG, bool PREP> KDA_DEV void kda_pair_decay(const KdaPai
     }
     __syncthreads();
     const int w = threadIdx.x >> 5;
+    const int b = w == 0 ? 1 : w < 3 ? 2 : 3, n0 = 16 * (w == 0 ? 0 : w < 3 ? w - 1 : w - 3);
+    float acc[1][2][4];
+    gdn_zero(acc);
+    if (w < 6) gdn_warp_mma<1, 2, false, true, DK>(acc, s.ls, LDK, s.rs + kda_rseg(b) * LDK, LDK, 16 * b, n0);
+    if (!PREP) __syncthreads(); /* P (qk's A) lies over the scaled r rows: every warp's reads of them are done */
     if (w < 6) {
-        const int b = w == 0 ? 1 : w < 3 ? 2 : 3, n0 = 16 * (w == 0 ? 0 : w < 3 ? w - 1 : w - 3);
-        float acc[1][2][4];
-        gdn_zero(acc);
-        const int off = kda_rseg(b) * LDK;
-        gdn_warp_mma<1, 2, false, true, DK>(acc, s.ls, LDK, s.rs + off, LDK, 16 * b, n0);
 #pragma unroll
         for (int ni = 0; ni < 2; ni++)
 #pragma unroll
@@ -243,7 +245,7 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *
  * p = scale QK^T dO (T, nv, dv) fp32, P_j = scale sum_{r >= j} QK_rj dO_r, on tensor cores (scale QK rounded to
  * bf16, dO bf16: warp w rows [16 (w % 4), +16) and half w / 4 of the columns). Rows >= L not written. */
 template <int DK, bool BWD>
-__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_qk_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_qk_kernel(
     float *qk /* (T,nv,64) */, bf16 *gq /* (T,nv,dk) */, float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
     const float *g, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
     int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
