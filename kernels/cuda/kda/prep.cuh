@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_kernel(
 
 /* kda_qk_kernel<DK, true>'s work for one chunk after QK is in s.A (synchronised): gq and P (below) */
 template <int DK>
-KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *p, const bf16 *dout, int64_t t0, int L, int h,
-                              int nv, int ldo, float scale) {
+KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *p, const bf16 *dout, int64_t t0, int L,
+                              int h, int nv, int ldo, float scale) {
     constexpr int LDK = KdaPairSmem<DK, false>::LDK, LDT = KDA_C + 8, DV = DK;
     const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     /* gq (q in s.l); dO over k (s.r); scale QK in bf16 over the scaled l rows (s.ls, row stride LDT) */
