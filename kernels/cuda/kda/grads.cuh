@@ -1,17 +1,20 @@
 /*
- * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head) (grad_qk: two,
- * one per half of the key channels), in three kernels (their shared memory apart would not fit one block), then the
- * sum over the value heads of a key head:
+ * grads.cuh — KDA's per-chunk gradients after the two state passes, one block per (chunk, value head) (grad_wy_pairs
+ * and grad_qk: two, one per half of the key channels), in four kernels (their shared memory apart would not fit one
+ * block), then the sum over the value heads of a key head:
  *
  *   kda_grad_dense_kernel  the products of the entering state S and the leaving gradient D, on tensor cores
  *                       (bf16 operands): dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the
  *                       chunk in dg's and dqv's storage, which the next two kernels read (into shared memory) before
  *                       they write there; vn D^T (D_a . vn_r) and the row dots S_a . D_a into the state passes'
  *                       buffers (free by then), for grad_qk.
- *   kda_grad_wy_kernel  the WY side: dW (grad_dense's), dXw = Tinv^T dW, dXu = Tinv^T dvn, dT (strictly lower)
- *                       = dW Xw^T + dvn Xu^T, dA = -(Tinv^T dT Tinv^T) strictly lower, and through Xw = beta gam * K,
- *                       Xu = beta V and A_ij = beta_i sum_c k_i k_j E_ij: dv (final), dbeta (final), the WY and A
- *                       parts of dk (into dkv) and of dL/dG (into dg, before the in-chunk reverse sum).
+ *   kda_grad_wy_kernel  the WY side's products: dW (grad_dense's), dXw = Tinv^T dW, dXu = Tinv^T dvn, dT
+ *                       (strictly lower) = dW Xw^T + dvn Xu^T, dA = -(Tinv^T dT Tinv^T) strictly lower; dv (final),
+ *                       dbeta's dXu part; dA and dXw to global memory for
+ *   kda_grad_wy_pairs_kernel  the WY side per key channel (two blocks per (chunk, value head), each half of the
+ *                       channels), through Xw = beta gam * K and A_ij = beta_i sum_c k_i k_j E_ij: the WY and A parts
+ *                       of dk (into dkv) and of dL/dG (into dg, before the in-chunk reverse sum), dbeta's partial
+ *                       sums (kda_dbeta_sum_kernel adds them to the dXu part, in a fixed order).
  *   kda_grad_qk_kernel  the output side, two blocks per (chunk, value head), each half of the key channels
  *                       (dP, a sum over dv, formed by both): dP_rj = dO_r . vn_j,
  *                       dq = scale gam (S dO) + scale sum_j dP_rj E_rj k_j,
@@ -26,7 +29,8 @@
  * terms across 16-row sub-chunks (kda_pair_rows, prep.cuh's scheme: Z_r = sum_j P_rj x_j E_rj with a reference row
  * between the two, every exponent <= 0) for the QK pairs of dq and dk and the A pairs of dk and dL/dG; the diagonal
  * 16 x 16 blocks of those pairs one thread per (row, channel) with a loop over the other row, fp32.
- * Row sums (dbeta) are per-warp butterflies, then the warps in index order: fp32, a fixed order, no atomics.
+ * Row sums (dbeta) are per-warp butterflies, then the warps in index order, then the halves: fp32, a fixed order,
+ * no atomics.
  * docs/design/kda.md has the algebra. Part of kda.cu.
  */
 #pragma once
@@ -213,53 +217,44 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, i
     __syncthreads();
 }
 
-/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 197632 bytes at 128): k (bf16, DK + 2), v (bf16, DK + 8), G
- * (fp32, DK + 1), dW (bf16, DK + 8; later dXw fp32, DK + 1, over it), Tinv (bf16, KDA_LDP), beta, the dbeta partial
- * sums, dT (fp32, 64 x 65; dA after it); then a region used in turn: gam k and dvn (bf16, DK + 8); later the bf16
- * 64 x 64 operand of the pair products (dT, M1, then dA, KDA_LDP) over gam k, a pair-sum result (fp32, DK + 1) and
- * the scaled rows of kda_pair_rows (48 rows, hi / lo) over the rest */
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; ~150 KB at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
+ * DK + 1), dW (bf16, DK + 8), Tinv (bf16, KDA_LDP), beta, the dbeta partial sums of dXu, dT (fp32, 64 x 65; dA after
+ * it); gam k and dvn (bf16, DK + 8); the bf16 64 x 64 operand of the products (dT, M1, then dA, KDA_LDP) over gam k */
 template <int DK> struct KdaGwySmem {
     static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
-    bf16 *k, *v, *dw, *t, *gk, *dvb, *pb, *oh, *ol;
-    float *G, *xw, *beta, *red, *dT, *Z;
+    bf16 *k, *v, *dw, *t, *gk, *dvb, *pb;
+    float *G, *beta, *red, *dT;
     size_t bytes;
     __host__ __device__ explicit KdaGwySmem(void *b) {
         KdaCarve c(b);
         k = c.take<bf16>((size_t)KDA_C * LDB);
         v = c.take<bf16>((size_t)KDA_C * LDK);
         G = c.take<float>((size_t)KDA_C * LDF);
-        const size_t x0 = c.off; /* dW, then dXw (fp32) over it */
         dw = c.take<bf16>((size_t)KDA_C * LDK);
-        xw = (float *)(c.base + x0);
-        if (c.off - x0 < (size_t)KDA_C * LDF * sizeof(float)) c.off = x0 + (size_t)KDA_C * LDF * sizeof(float);
         t = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         beta = c.take<float>(KDA_C);
-        red = c.take<float>((size_t)3 * KDA_C * 4); /* (3, 64 rows, up to 4 column blocks) */
+        red = c.take<float>((size_t)KDA_C * 2); /* (64 rows, 2 column halves) */
         dT = c.take<float>((size_t)KDA_C * KDA_LDT);
-        const size_t r = c.off; /* the region used in turn */
         gk = c.take<bf16>((size_t)KDA_C * LDK);
         dvb = c.take<bf16>((size_t)KDA_C * LDK);
-        size_t end = c.off;
-        c.off = r; /* later: over gam k (the pair operand, from dT on) and dvn (Z and the scaled rows, after dXu) */
-        pb = c.take<bf16>((size_t)KDA_C * KDA_LDP);
-        Z = c.take<float>((size_t)KDA_C * LDF);
-        oh = c.take<bf16>((size_t)48 * LDK);
-        ol = c.take<bf16>((size_t)48 * LDK);
-        bytes = c.off > end ? c.off : end;
+        pb = gk; /* from dT on: gam k is read */
+        static_assert(KDA_C * KDA_LDP <= KDA_C * (DK + 8), "grad_wy: the pair operand within gam k's tile");
+        bytes = c.off;
     }
 };
 
-/* Per (chunk, value head). On tensor cores (bf16 operands, one MMA per product): dT (dW, gam k, dvn, v), dXu =
- * Tinv^T dvn, M1 = Tinv^T dT, dA = -(M1 Tinv^T), dXw = Tinv^T dW (Tinv lower triangular and dT
+/* Per (chunk, value head), the WY side's dense part. On tensor cores (bf16 operands, one MMA per product): dT (dW,
+ * gam k, dvn, v), dXu = Tinv^T dvn, M1 = Tinv^T dT, dA = -(M1 Tinv^T), dXw = Tinv^T dW (Tinv lower triangular and dT
  * strictly lower, rows >= L zero: the full products are the masked sums), warp w rows [16 (w % 4), +16) and half
- * w / 4 of the columns; the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier) across sub-chunks by
- * kda_pair_rows, the diagonal blocks fp32 per (r, a). */
+ * w / 4 of the columns. Writes dv (final), dbeta's dXu part (v_r . dXu_r: kda_grad_wy_pairs_kernel's partial sums
+ * and kda_dbeta_sum_kernel add the rest), dA (fp32, strictly lower) into da and dXw into dkv's rows of the chunk,
+ * for kda_grad_wy_pairs_kernel. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
-    bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv) */, float *dkv /* (T,nv,dk) WY + A part */,
-    float *dG /* (T,nv,dk) WY + A part of dL/dG */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-    const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */, const int32_t *starts, const int32_t *meta,
-    const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
+    bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv): the dXu part */, float *dkv /* (T,nv,dk): dXw out */,
+    float *da /* (T,nv,64): dA out */, const float *dG /* (T,nv,dk): grad_dense's dW */, const bf16 *k, const bf16 *v,
+    const float *g, const float *beta, const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */,
+    const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
     constexpr int NB = KDA_BATCH;
@@ -281,7 +276,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
                               KDA_C, L);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
-         * written below); dvn; both in bf16 */
+         * written by kda_grad_wy_pairs_kernel); dvn; both in bf16 */
         kda_load_rows_f32<NB>(s.dw, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
         kda_load_rows_f32<NB>(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         kda_load_G_sum(sG, ldg, dk);
@@ -308,7 +303,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
                 }
         }
         __syncthreads();
-        /* dT in bf16 (over gam k); dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed 1, one entry
+        /* dT in bf16 (over gam k); dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed, one entry
          * per half of the columns: the fragments' products, then the four lanes of a row by a fixed butterfly) */
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
@@ -332,7 +327,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
             for (int u = 0; u < 2; u++) {
                 part[u] += __shfl_xor_sync(KDA_FULL, part[u], 1);
                 part[u] += __shfl_xor_sync(KDA_FULL, part[u], 2);
-                if ((lane & 3) == 0) sRed[(1 * KDA_C + 16 * mt + (lane >> 2) + 8 * u) * 4 + half] = part[u];
+                if ((lane & 3) == 0) sRed[(16 * mt + (lane >> 2) + 8 * u) * 2 + half] = part[u];
             }
         }
         __syncthreads();
@@ -351,91 +346,157 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
                 }
         }
         __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower (fp32 into sdT, bf16 over M1's); dXw = Tinv^T dW (fp32 over dW) */
+        /* dA = -(M1 Tinv^T), strictly lower, into da; dXw = Tinv^T dW into dkv (rows < L) */
         {
             float aa[1][4][4], ax[1][DK / 16][4];
             gdn_zero(aa);
             gdn_zero(ax);
             gdn_warp_mma<1, 4, false, true, KDA_C>(aa, s.pb, KDA_LDP, s.t, KDA_LDP, 16 * mt, 32 * half);
             gdn_warp_mma<1, DK / 16, true, false, KDA_C>(ax, s.t, KDA_LDP, s.dw, LDK, 16 * mt, half * (dk / 2));
-            __syncthreads();
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = 16 * mt + gdn_frag_row(e), j = 32 * half + 8 * ni + gdn_frag_col(e);
-                    const float x = j < i && i < L ? -aa[0][ni][e] : 0.0f;
-                    sdT[i * KDA_LDT + j] = x;
-                    s.pb[i * KDA_LDP + j] = __float2bfloat16(x);
+                    if (i < L) da[((t0 + i) * nv + h) * (int64_t)KDA_C + j] = j < i ? -aa[0][ni][e] : 0.0f;
                 }
 #pragma unroll
             for (int ni = 0; ni < DK / 16; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 16 * mt + gdn_frag_row(e), a = half * (dk / 2) + 8 * ni + gdn_frag_col(e);
-                    s.xw[r * ldg + a] = ax[0][ni][e];
+                    if (r < L) dkv[((t0 + r) * nv + h) * (int64_t)dk + a] = ax[0][ni][e];
                 }
         }
+        if (threadIdx.x < L) dbeta[(t0 + threadIdx.x) * nv + h] = sRed[threadIdx.x * 2] + sRed[threadIdx.x * 2 + 1];
+        __syncthreads();
+    }
+}
+
+/* kda_grad_wy_pairs_kernel's shared memory (DK = dk; the block's W = DK / 2 key channels; ~87 KB at 128, two blocks
+ * per SM): k (bf16, W + 2), G (fp32, W + 1), beta, dA's 16 x 16 diagonal blocks (fp32, stride 17) and all of dA in
+ * bf16 (KDA_LDP), dXw then dk's part (fp32, W + 1), a pair-sum result Z (fp32, W + 1), the scaled rows of
+ * kda_pair_rows (hi / lo, 48 rows, W + 8), dbeta's partial sums (64 rows, W / 32 column blocks) */
+template <int DK> struct KdaGwpSmem {
+    static constexpr int W = DK / 2, LDB = W + 2, LDF = W + 1, LDO = W + 8, LDD = 17;
+    bf16 *k, *pb, *oh, *ol;
+    float *G, *beta, *dAd, *xw, *Z, *red;
+    size_t bytes;
+    __host__ __device__ explicit KdaGwpSmem(void *b) {
+        KdaCarve c(b);
+        k = c.take<bf16>((size_t)KDA_C * LDB);
+        G = c.take<float>((size_t)KDA_C * LDF);
+        beta = c.take<float>(KDA_C);
+        dAd = c.take<float>((size_t)4 * 16 * LDD);
+        pb = c.take<bf16>((size_t)KDA_C * KDA_LDP);
+        xw = c.take<float>((size_t)KDA_C * LDF);
+        Z = c.take<float>((size_t)KDA_C * LDF);
+        oh = c.take<bf16>((size_t)48 * LDO);
+        ol = c.take<bf16>((size_t)48 * LDO);
+        red = c.take<float>((size_t)KDA_C * (W / 32));
+        bytes = c.off;
+    }
+};
+
+/* Per (chunk, value head, half z of the key channels: c0 = z DK / 2, W = DK / 2 of them; rows and columns below
+ * local to the block's channels), the WY side's per-channel part, from kda_grad_wy_kernel's dA (da) and dXw (dkv):
+ * the A pairs of dk and dL/dG (Zt: r the later row, Zp: the earlier) across sub-chunks by kda_pair_rows, the
+ * diagonal blocks fp32 per (r, a); writes the WY + A parts of dk (dkv) and of dL/dG (dg, over grad_dense's dW, read
+ * by kda_grad_wy_kernel before) and dbeta's partial sum over the block's channels (dbp[t][z]: sum_a gx k_r +
+ * sum_a k_r Zt; kda_dbeta_sum_kernel adds them). Two blocks per SM (~87 KB at 128, launch bounds 2). */
+template <int DK>
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
+    float *dbp /* (T,nv,2) */, float *dkv /* (T,nv,dk): dXw in, the WY + A part out */,
+    float *dG /* (T,nv,dk): the WY + A part of dL/dG out */, const float *da /* (T,nv,64) */, const bf16 *k,
+    const float *g, const float *beta, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
+    int nk, int nv, int ldq) {
+    using Sm = KdaGwpSmem<DK>;
+    constexpr int dk = DK, W = Sm::W, ldk = Sm::LDB, ldg = Sm::LDF, LDD = Sm::LDD;
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    const Sm s(kda_smem);
+    bf16 *sK = s.k;
+    float *sG = s.G, *sBeta = s.beta, *sRed = s.red;
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC], z = blockIdx.z, c0 = z * W;
+    const int lane = threadIdx.x & 31;
+    /* dA_rj for r, j in one 16-row sub-chunk (fp32) */
+    auto dad = [&](int r, int j) -> float & { return s.dAd[(r >> 4) * 16 * LDD + (r & 15) * LDD + (j & 15)]; };
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        const int64_t t0 = ch.t0;
+        const int64_t rows = (t0 * nv + h) * (int64_t)dk + c0; /* the block's channels of the chunk's first row */
+        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk + c0, ldq, W, L);
+        kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk, c0, W);
+        if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
+        kda_load_rows_f32(NULL, s.xw, ldg, dkv + rows, (int64_t)nv * dk, KDA_C, W, L); /* dXw */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) { /* dA (rows >= L: 0) */
+            const int i = p / KDA_C, j = p % KDA_C;
+            const float x = i < L ? da[((t0 + i) * nv + h) * (int64_t)KDA_C + j] : 0.0f;
+            s.pb[i * KDA_LDP + j] = __float2bfloat16(x);
+            if ((i >> 4) == (j >> 4)) dad(i, j) = x;
+        }
+        kda_load_G_sum(sG, ldg, W);
         __syncthreads();
         /* Zt_r = sum_{j < r} dA_rj E_rj k_j: the sub-chunk products, then per (r, a) (lanes over a) the diagonal
-         * block, with dXw_r (above) gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt,
-         * dL/dG_r = beta_r gx k_r + beta_r k_r Zt (Zp's terms added below); dbeta_r gets sum_a gx k_r (sRed 0) and
-         * sum_a k_r Zt (sRed 2) */
-        kda_pair_rows<DK, false>(s.Z, ldg, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
-            const int r = p / dk, a = p % dk; /* a warp shares r (dk is a multiple of 32) */
+         * block, with dXw_r gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt, dL/dG_r = beta_r gx k_r + beta_r k_r Zt
+         * (Zp's terms added below); dbeta_r gets sum_a gx k_r + sum_a k_r Zt */
+        kda_pair_rows<W, false>(s.Z, ldg, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        for (int p = threadIdx.x; p < KDA_C * W; p += KDA_THREADS) {
+            const int r = p / W, a = p % W; /* a warp shares r (W is a multiple of 32) */
             if (r >= L) continue;
             const float xw = s.xw[r * ldg + a];
             const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
             const float gx = expf(Gr) * xw;
             float zt = s.Z[r * ldg + a];
             for (int j = r & ~15; j < r; j++)
-                zt += sdT[r * KDA_LDT + j] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
-            const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                zt += dad(r, j) * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
             s.xw[r * ldg + a] = br * gx + br * zt; /* dk's part so far, over dXw_r[a] (read above, this thread's) */
-            dG[at] = br * gx * kr + br * kr * zt;
-            const float rxw = kda_warp_sum(gx * kr), ra = kda_warp_sum(kr * zt);
-            if (lane == 0) {
-                sRed[(0 * KDA_C + r) * 4 + a / 32] = rxw;
-                sRed[(2 * KDA_C + r) * 4 + a / 32] = ra;
-            }
+            dG[rows + (size_t)r * nv * dk + a] = br * gx * kr + br * kr * zt;
+            const float rb = kda_warp_sum(gx * kr) + kda_warp_sum(kr * zt);
+            if (lane == 0) sRed[r * (W / 32) + a / 32] = rb;
         }
         __syncthreads();
         /* Zp_r = sum_{i > r} dA_ir beta_i E_ir k_i: dk_r += Zp, dL/dG_r -= k_r Zp (dL/dG's part so far read back
          * before the pair products, dk's from shared memory) */
-        float pg[KDA_PF];
-        kda_prefetch(pg, dG, t0, L, h, nv, dk, 0, dk, 0);
-        kda_pair_rows<DK, true>(s.Z, ldg, s.pb, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
+        constexpr int PF = KDA_PF / 2; /* 128 registers (two blocks per SM) */
+        float pg[PF];
+        kda_prefetch(pg, dG, t0, L, h, nv, dk, c0, W, 0);
+        kda_pair_rows<W, true>(s.Z, ldg, s.pb, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
 #pragma unroll 1
-        for (int u0 = 0; u0 < KDA_C * DK / KDA_THREADS; u0 += KDA_PF) {
-            float pn[KDA_PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
-            kda_prefetch(pn, dG, t0, L, h, nv, dk, 0, dk, u0 + KDA_PF);
+        for (int u0 = 0; u0 < KDA_C * W / KDA_THREADS; u0 += PF) {
+            float pn[PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
+            kda_prefetch(pn, dG, t0, L, h, nv, dk, c0, W, u0 + PF);
 #pragma unroll
-            for (int u = 0; u < KDA_PF; u++) {
-                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / dk, a = p % dk;
+            for (int u = 0; u < PF; u++) {
+                const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / W, a = p % W;
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
                 float zp = s.Z[r * ldg + a];
                 const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
                 for (int i = r + 1; i < iend; i++)
-                    zp += sdT[i * KDA_LDT + r] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
-                          __bfloat162float(sK[i * ldk + a]);
-                const size_t at = ((t0 + r) * nv + h) * (size_t)dk + a;
+                    zp += dad(i, r) * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
+                const size_t at = rows + (size_t)r * nv * dk + a;
                 dkv[at] = s.xw[r * ldg + a] + zp;
                 dG[at] = pg[u] - kr * zp;
             }
 #pragma unroll
-            for (int u = 0; u < KDA_PF; u++) pg[u] = pn[u];
+            for (int u = 0; u < PF; u++) pg[u] = pn[u];
         }
         if (threadIdx.x < L) {
             const int r = threadIdx.x;
-            float sxw = 0.0f, sxu = 0.0f, sa = 0.0f;
-            for (int b = 0; b < dk / 32; b++) sxw += sRed[(0 * KDA_C + r) * 4 + b], sa += sRed[(2 * KDA_C + r) * 4 + b];
-            for (int b = 0; b < 2; b++) sxu += sRed[(1 * KDA_C + r) * 4 + b];
-            dbeta[(t0 + r) * nv + h] = sxw + sxu + sa;
+            float sb = 0.0f;
+            for (int b = 0; b < W / 32; b++) sb += sRed[r * (W / 32) + b];
+            dbp[((t0 + r) * nv + h) * 2 + z] = sb;
         }
         __syncthreads();
     }
+}
+
+/* dbeta (T, nv) += dbp[., 0] + dbp[., 1]: kda_grad_wy_kernel's dXu part, then the two halves' partial sums of
+ * kda_grad_wy_pairs_kernel, in that order */
+__global__ void kda_dbeta_sum_kernel(float *dbeta /* (T,nv) */, const float *dbp /* (T,nv,2) */, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dbeta[i] = dbeta[i] + (dbp[2 * i] + dbp[2 * i + 1]);
 }
 
 /* kda_grad_qk_kernel's shared memory (DK = dk = dv; the block's W = DK / 2 key channels; 115200 bytes at 128, two

@@ -17,7 +17,8 @@
  * kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index, prep, wu and the
  * forward state pass unless kept holds them (wu runs for the reverse pass too), qk's backward form (scale gam * q
  * and P = scale QK^T dO, the reverse pass's other factors), the reverse state pass (dS0, the chunk state gradients
- * and dvn), grad_dense, grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The staged
+ * and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per key channel and dbeta's sum) and grad_qk per
+ * chunk, and the sum over each key head's value heads. The staged
  * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
  * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs wu and the state pass
  * with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's backward form and the reverse pass
@@ -85,6 +86,7 @@ typedef struct KdaBufs {
     float *ux;              /* (T,nv,dv): U for the forward pass, then P = scale QK^T dO for the backward's */
     float *gl;              /* (ns,nv,dk): gam_{L-1} by slot (chunks without a document start) */
     bf16 *gq;               /* (T,nv,dk): scale gam * q, for the backward pass */
+    float *da, *dbp;        /* (T,nv,64), (T,nv,2): grad_wy's dA and the pairs' dbeta partial sums */
 } KdaBufs;
 
 /* PASS: the factors of either state pass (wb, xb, ux, gl); BPASS: the backward pass's gq */
@@ -168,6 +170,10 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
     } else if (need & KDA_NEED_DQK) {
         b->dqv = c.take<float>(tv * dk);
         b->dkv = c.take<float>(tv * dk);
+    }
+    if (need & KDA_NEED_DQK) {
+        b->da = c.take<float>(tv * KDA_C);
+        b->dbp = c.take<float>(tv * 2);
     }
     return c.off;
 }
@@ -421,11 +427,23 @@ template <int DK>
 static void kda_grad_wy(const KdaBufs *b, float *dg, bf16 *dv_out, float *dbeta, const bf16 *k, const bf16 *v,
                         const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq,
                         int ldv) {
-    const size_t smem = KdaGwySmem<DK>(NULL).bytes;
+    const size_t smem = KdaGwySmem<DK>(NULL).bytes, smem_p = KdaGwpSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_wy_kernel<DK>, smem, "grad_wy");
+    kda_smem_attr(kda_grad_wy_pairs_kernel<DK>, smem_p, "grad_wy_pairs");
     kda_grad_wy_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldv);
+        dv_out, dbeta, b->dkv, b->da, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
+        ldv);
     CUDA_LAUNCH_CHECK();
+    dim3 grid = kda_chunk_grid(T, nv);
+    grid.z = 2; /* the two halves of the key channels */
+    kda_grad_wy_pairs_kernel<DK><<<grid, KDA_THREADS, smem_p, cuda_stream()>>>(
+        b->dbp, b->dkv, dg, b->da, k, g, beta, b->starts, b->meta, doc_pos, T, nk, nv, ldq);
+    CUDA_LAUNCH_CHECK();
+    const int64_t n = T * nv;
+    if (n > 0) {
+        kda_dbeta_sum_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dbeta, b->dbp, n);
+        CUDA_LAUNCH_CHECK();
+    }
     gdn_prof_mark("grad_wy");
 }
 
