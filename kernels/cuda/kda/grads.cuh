@@ -177,6 +177,11 @@ static_assert((KDA_C * 32) % (KDA_PF * KDA_THREADS) == 0, "kda_prefetch: whole b
  * ~1e-2 with one bf16 rounding (cuda_kda_dg_reduction); P itself in bf16 keeps it. out: row stride ldo, every row
  * < 64 written. All threads; ends synchronised. */
 #define KDA_LDP (KDA_C + 8) /* row stride of the bf16 64 x 64 pair tiles */
+
+/* the 16 x 16 diagonal blocks of a 64 x 64 pair tile kept in fp32 (grad_wy_pairs' dA, grad_qk's dP: what the
+ * diagonal loops read): entry (r, j), r and j in one sub-chunk, at kda_diag(r, j) of a (4, 16, KDA_LDD) array */
+#define KDA_LDD 17
+KDA_DEV int kda_diag(int r, int j) { return (r >> 4) * 16 * KDA_LDD + (r & 15) * KDA_LDD + (j & 15); }
 template <int DK, bool LATER>
 KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, int ldx, const float *xs, const float *G,
                            int ldg, bf16 *oh, bf16 *ol) {
@@ -374,11 +379,11 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
 }
 
 /* kda_grad_wy_pairs_kernel's shared memory (DK = dk; the block's W = DK / 2 key channels; ~87 KB at 128, two blocks
- * per SM): k (bf16, W + 2), G (fp32, W + 1), beta, dA's 16 x 16 diagonal blocks (fp32, stride 17) and all of dA in
+ * per SM): k (bf16, W + 2), G (fp32, W + 1), beta, dA's 16 x 16 diagonal blocks (fp32, kda_diag) and all of dA in
  * bf16 (KDA_LDP), dXw then dk's part (fp32, W + 1), a pair-sum result Z (fp32, W + 1), the scaled rows of
  * kda_pair_rows (hi / lo, 48 rows, W + 8), dbeta's partial sums (64 rows, W / 32 column blocks) */
 template <int DK> struct KdaGwpSmem {
-    static constexpr int W = DK / 2, LDB = W + 2, LDF = W + 1, LDO = W + 8, LDD = 17;
+    static constexpr int W = DK / 2, LDB = W + 2, LDF = W + 1, LDO = W + 8;
     bf16 *k, *pb, *oh, *ol;
     float *G, *beta, *dAd, *xw, *Z, *red;
     size_t bytes;
@@ -387,7 +392,7 @@ template <int DK> struct KdaGwpSmem {
         k = c.take<bf16>((size_t)KDA_C * LDB);
         G = c.take<float>((size_t)KDA_C * LDF);
         beta = c.take<float>(KDA_C);
-        dAd = c.take<float>((size_t)4 * 16 * LDD);
+        dAd = c.take<float>((size_t)4 * 16 * KDA_LDD);
         pb = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         xw = c.take<float>((size_t)KDA_C * LDF);
         Z = c.take<float>((size_t)KDA_C * LDF);
@@ -411,15 +416,13 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
     const float *g, const float *beta, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
     int nk, int nv, int ldq) {
     using Sm = KdaGwpSmem<DK>;
-    constexpr int dk = DK, W = Sm::W, ldk = Sm::LDB, ldg = Sm::LDF, LDD = Sm::LDD;
+    constexpr int dk = DK, W = Sm::W, ldk = Sm::LDB, ldg = Sm::LDF;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sK = s.k;
     float *sG = s.G, *sBeta = s.beta, *sRed = s.red;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC], z = blockIdx.z, c0 = z * W;
     const int lane = threadIdx.x & 31;
-    /* dA_rj for r, j in one 16-row sub-chunk (fp32) */
-    auto dad = [&](int r, int j) -> float & { return s.dAd[(r >> 4) * 16 * LDD + (r & 15) * LDD + (j & 15)]; };
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
@@ -433,7 +436,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
             const int i = p / KDA_C, j = p % KDA_C;
             const float x = i < L ? da[((t0 + i) * nv + h) * (int64_t)KDA_C + j] : 0.0f;
             s.pb[i * KDA_LDP + j] = __float2bfloat16(x);
-            if ((i >> 4) == (j >> 4)) dad(i, j) = x;
+            if ((i >> 4) == (j >> 4)) s.dAd[kda_diag(i, j)] = x;
         }
         kda_load_G_sum(sG, ldg, W);
         __syncthreads();
@@ -449,7 +452,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
             const float gx = expf(Gr) * xw;
             float zt = s.Z[r * ldg + a];
             for (int j = r & ~15; j < r; j++)
-                zt += dad(r, j) * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
+                zt += s.dAd[kda_diag(r, j)] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
             s.xw[r * ldg + a] = br * gx + br * zt; /* dk's part so far, over dXw_r[a] (read above, this thread's) */
             dG[rows + (size_t)r * nv * dk + a] = br * gx * kr + br * kr * zt;
             const float rb = kda_warp_sum(gx * kr) + kda_warp_sum(kr * zt);
@@ -474,7 +477,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
                 float zp = s.Z[r * ldg + a];
                 const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
                 for (int i = r + 1; i < iend; i++)
-                    zp += dad(i, r) * sBeta[i] * expf(sG[i * ldg + a] - Gr) * __bfloat162float(sK[i * ldk + a]);
+                    zp += s.dAd[kda_diag(i, r)] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
+                          __bfloat162float(sK[i * ldk + a]);
                 const size_t at = rows + (size_t)r * nv * dk + a;
                 dkv[at] = s.xw[r * ldg + a] + zp;
                 dG[at] = pg[u] - kr * zp;
@@ -502,10 +506,10 @@ __global__ void kda_dbeta_sum_kernel(float *dbeta /* (T,nv) */, const float *dbp
 /* kda_grad_qk_kernel's shared memory (DK = dk = dv; the block's W = DK / 2 key channels; 115200 bytes at 128, two
  * blocks per SM): q, k (bf16, W channels, stride W + 2), G (fp32, W + 1); a region that holds dO and vn (bf16, all
  * dv columns, DK + 8), then a pair-sum result X (fp32, W + 1) and the scaled rows of kda_pair_rows (hi / lo, 48
- * rows, W + 8); the 16 x 16 diagonal blocks of dP (fp32, stride 17) and all of dP in bf16 (KDA_LDP); D vn
+ * rows, W + 8); the 16 x 16 diagonal blocks of dP (fp32, kda_diag) and all of dP in bf16 (KDA_LDP); D vn
  * (grad_dense's) and dL/dG (fp32, W + 1) */
 template <int DK> struct KdaGqkSmem {
-    static constexpr int W = DK / 2, LDK = DK + 8, LDB = W + 2, LDF = W + 1, LDO = W + 8, LDD = 17;
+    static constexpr int W = DK / 2, LDK = DK + 8, LDB = W + 2, LDF = W + 1, LDO = W + 8;
     bf16 *q, *k, *vnb, *dout, *oh, *ol, *pb;
     float *G, *X, *dPd, *DV, *DG;
     size_t bytes;
@@ -523,7 +527,7 @@ template <int DK> struct KdaGqkSmem {
         oh = c.take<bf16>((size_t)48 * LDO);
         ol = c.take<bf16>((size_t)48 * LDO);
         if (c.off < end) c.off = end;
-        dPd = c.take<float>((size_t)4 * 16 * LDD);
+        dPd = c.take<float>((size_t)4 * 16 * KDA_LDD);
         pb = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         DV = c.take<float>((size_t)KDA_C * LDF);
         DG = c.take<float>((size_t)KDA_C * LDF);
@@ -549,15 +553,13 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     using Sm = KdaGqkSmem<DK>;
     constexpr int dk = DK, dv = DK, W = Sm::W, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF, ldf = Sm::LDF;
-    constexpr int LDD = Sm::LDD, PF = KDA_PF / 2; /* half grad_wy's batch: 128 registers (two blocks per SM) */
+    constexpr int PF = KDA_PF / 2; /* half grad_wy's batch: 128 registers (two blocks per SM) */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     bf16 *sQ = s.q, *sK = s.k;
     float *sG = s.G, *sDPd = s.dPd, *sDV = s.DV, *sDG = s.DG, *sX = s.X;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC], c0 = blockIdx.z * W;
     const int w = threadIdx.x >> 5;
-    /* dP_rj for r, j in one 16-row sub-chunk (fp32) */
-    auto dpd = [&](int r, int j) -> float & { return sDPd[(r >> 4) * 16 * LDD + (r & 15) * LDD + (j & 15)]; };
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
@@ -588,7 +590,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 for (int e = 0; e < 4; e++) {
                     const int r = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
                     const float x = j <= r && r < L ? acc[0][ni][e] : 0.0f;
-                    if ((r >> 4) == (j >> 4)) dpd(r, j) = x;
+                    if ((r >> 4) == (j >> 4)) sDPd[kda_diag(r, j)] = x;
                     s.pb[r * KDA_LDP + j] = __float2bfloat16(x);
                 }
         }
@@ -609,11 +611,11 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
-                const float gam = expf(Gr), sdiag = scale * dpd(r, r);
+                const float gam = expf(Gr), sdiag = scale * sDPd[kda_diag(r, r)];
                 const float t1 = scale * gam * sDG[r * ldg + a];
                 float xs = sX[r * ldf + a];
                 for (int j = r & ~15; j < r; j++)
-                    xs += dpd(r, j) * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
+                    xs += sDPd[kda_diag(r, j)] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
                 const float X = scale * xs;
                 const size_t at = rows + (size_t)r * nv * dk + a;
                 dqv[at] = t1 + X + sdiag * kr;
@@ -638,11 +640,11 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 if (r >= L) continue;
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
-                const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * dpd(r, r);
+                const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDPd[kda_diag(r, r)];
                 float ys = sX[r * ldf + a];
                 const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
                 for (int i = r + 1; i < iend; i++)
-                    ys += dpd(i, r) * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
+                    ys += sDPd[kda_diag(i, r)] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
                 const float Y = scale * ys, dvv = sDV[r * ldg + a];
                 const size_t at = rows + (size_t)r * nv * dk + a;
                 dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
