@@ -73,60 +73,6 @@ GDN_DEV void gdn_warp_mma(float (&acc)[MT][NT][4], const __nv_bfloat16 *sA, int 
     }
 }
 
-/*
- * One warp: the product of split operands (A = Ah + Al, B = Bh + Bl, each half bf16) as separate accumulators,
- * over one k loop: lh += Al Bh, hl += Ah Bl (BLO only; B exact otherwise and hl untouched), hh += Ah Bh. Tiles,
- * AT / BT and the bounds as gdn_warp_mma. Each term's accumulator is a chain of KD / 16 mma per 16x8 tile (one
- * accumulator for all terms would chain 3 KD / 16), and every fragment is loaded once for all the terms (4
- * ldmatrix per k step where three gdn_warp_mma calls take 6). The caller adds the terms.
- */
-template <int MT, int NT, bool AT, bool BT, int KD, bool BLO>
-GDN_DEV void gdn_warp_mma_split(float (&lh)[MT][NT][4], float (&hl)[MT][NT][4], float (&hh)[MT][NT][4],
-                                const __nv_bfloat16 *sAh, const __nv_bfloat16 *sAl, int lda, const __nv_bfloat16 *sBh,
-                                const __nv_bfloat16 *sBl, int ldb, int m0, int n0) {
-    static_assert(NT % 2 == 0 && KD % 16 == 0, "gdn_warp_mma_split: NT even, KD multiple of 16");
-    const int lane = threadIdx.x & 31, r8 = lane & 7, i1 = (lane >> 3) & 1, i2 = lane >> 4;
-#pragma unroll 2
-    for (int k0 = 0; k0 < KD; k0 += 16) {
-        uint32_t ah[MT][4], al[MT][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++) {
-            const int off = !AT ? (m0 + mi * 16 + r8 + i1 * 8) * lda + k0 + i2 * 8
-                                : (k0 + r8 + i2 * 8) * lda + m0 + mi * 16 + i1 * 8;
-            if (!AT) {
-                ptx_ldmatrix_x4(ah[mi], sAh + off);
-                ptx_ldmatrix_x4(al[mi], sAl + off);
-            } else {
-                ptx_ldmatrix_x4_trans(ah[mi], sAh + off);
-                ptx_ldmatrix_x4_trans(al[mi], sAl + off);
-            }
-        }
-#pragma unroll
-        for (int nj = 0; nj < NT; nj += 2) {
-            const int off = !BT ? (k0 + r8 + i1 * 8) * ldb + n0 + nj * 8 + i2 * 8
-                                : (n0 + nj * 8 + r8 + i2 * 8) * ldb + k0 + i1 * 8;
-            uint32_t bh[4], bl[4];
-            if (!BT) ptx_ldmatrix_x4_trans(bh, sBh + off);
-            else ptx_ldmatrix_x4(bh, sBh + off);
-            if (BLO) {
-                if (!BT) ptx_ldmatrix_x4_trans(bl, sBl + off);
-                else ptx_ldmatrix_x4(bl, sBl + off);
-            }
-#pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-                ptx_mma_bf16_16816(lh[mi][nj], al[mi], bh[0], bh[1]);
-                ptx_mma_bf16_16816(lh[mi][nj + 1], al[mi], bh[2], bh[3]);
-                if (BLO) {
-                    ptx_mma_bf16_16816(hl[mi][nj], ah[mi], bl[0], bl[1]);
-                    ptx_mma_bf16_16816(hl[mi][nj + 1], ah[mi], bl[2], bl[3]);
-                }
-                ptx_mma_bf16_16816(hh[mi][nj], ah[mi], bh[0], bh[1]);
-                ptx_mma_bf16_16816(hh[mi][nj + 1], ah[mi], bh[2], bh[3]);
-            }
-        }
-    }
-}
-
 template <int MT, int NT> GDN_DEV void gdn_zero(float (&acc)[MT][NT][4]) {
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)

@@ -15,17 +15,19 @@
  * ones (lengths 1 and 2, boundaries inside chunks), boundaries on chunk edges, and one inside a chunk with the
  * next chunks following it. nv = 2 nk (GVA: dq, dk summed over two value heads) and nk = nv.
  *
- * Bounds (relative L2 error against the fp32 oracle on the same inputs). The kernels' products run on tensor cores
- * with every fp32 operand split hi + lo bf16 (three MMAs per product, fp32 accumulation: ~2^-17 relative), the
- * rest fp32 on CUDA cores (the gate cumsum G is summed in double and kept in fp32, where the oracle keeps it in
- * double: an exponent G_r - G_j of size up to ~100 then carries ~1e-5 absolute error); only o, dq, dk, dv are bf16.
- *   KDA_B_BF16  6e-3  o, dq, dk, dv: one bf16 rounding (<= 2^-9 relative each, ~1.5e-3 in L2) over near-fp32 math
- *   KDA_B_STATE 3e-5  S_final, dS0, M, H, Tinv: the split operands' ~2^-17 and fp32 sums in another order
- *   KDA_B_GRAD  1e-4  dg, dbeta: fp32, with the cancellation of dL/dG's +- pairs and its reverse sums
- *   KDA_B_DG_SUM 1e-4 sum_t sum_c dg g per head (the model's dA_log, a cancelling sum: cuda_kda_dg_reduction)
- * (the host emulation of the kernels, tests/cuda/kda_emu, measures ~1.7e-3 for the bf16 outputs, ~5e-6 for S_final,
- * M and H, ~3e-6 for dS0, ~4e-6 for dg and dbeta, 2e-7 for Tinv on these cases; it forms the MMAs' exact products
- * but sums them in its own order, and the GPU's expf and FMA contraction differ from the host's by an ulp or two).
+ * Bounds (relative L2 error against the fp32 oracle on the same inputs): GDN's kind (test_cuda_gdn.cu). The kernels
+ * keep the carried states, the gate cumsum G (summed in double, stored fp32), the solve for Tinv, every exponent,
+ * dg, dbeta and the dq / dk partials in fp32, but every tensor-core product takes its operands rounded to bf16 once
+ * (Tinv diag(beta), the decay-scaled keys and queries, W, dec * K, the state and D, vn, dvn, QK, dP, dT, M1, dA, dW:
+ * 2^-9 relative each, fp32 accumulation; kernels/cuda/kda/common.cuh), as GDN's kernels and FLA do (the scaled rows
+ * of the gradients' pair sums excepted: split, grads.cuh's kda_pair_rows); o, dq, dk, dv are bf16 outputs. Several
+ * such roundings in a chain give a few 1e-3 (the emulation: ~2-4e-3), so one bound for every tensor:
+ *   KDA_BOUND 1e-2  o, dq, dk, dv, S_final, dS0, M, H, Tinv, dg, dbeta (issue #6: "bf16 ops ~1e-2"; GDN_TEST_BOUND)
+ * and KDA_BOUND for sum_t sum_c dg g per head (the model's dA_log, a cancelling sum: cuda_kda_dg_reduction, where a
+ * bias in dg one tenth of the bound must show; the emulation measures 3.9e-3 / 6.6e-3 at d = 64 / 128, 2.7e-5 /
+ * 4.4e-5 with the split operands of before). The host emulation of the kernels (tests/cuda/kda_emu) forms the
+ * MMAs' exact products of the same bf16 operands but sums them in its own order, and the GPU's expf and FMA
+ * contraction differ from the host's by an ulp or two; each check prints its margin.
  * A missed document reset costs an error of ~0.2 on o (cuda_kda_check_can_fail: it must exceed 10x the bound).
  * Every path that reads what another wrote (kept with and without states, the prep, the staged forward and
  * backward), and GDN_KEPT_STATES without a kept buffer, must give the bits of the plain call, and two runs the same
@@ -46,10 +48,7 @@
 #include "cuda_test.h"
 #include "test_util.h"
 
-#define KDA_B_BF16 6e-3
-#define KDA_B_STATE 3e-5
-#define KDA_B_GRAD 1e-4
-#define KDA_B_DG_SUM 1e-4
+#define KDA_BOUND 1e-2 /* every tensor against the fp32 oracle (the header) */
 
 /* ---- a problem: inputs on host (fp32, bf16-rounded where the device reads bf16) and device ---- */
 
@@ -239,14 +238,14 @@ static void kc_check(const char *tag, const char *what, const float *got, const 
 static void kda_compare(const char *tag, const KProb *p, const KOut *g, const KOut *w) {
     const int64_t T = p->T, sn = (int64_t)p->nv * p->d * p->d;
     const int wq = p->nk * p->d, wv = p->nv * p->d;
-    kc_check(tag, "o", kc_cols(g->o, T, wv, p->ldo), kc_cols(w->o, T, wv, p->ldo), T * wv, KDA_B_BF16);
-    kc_check(tag, "S_final", g->Sf, w->Sf, sn, KDA_B_STATE);
-    kc_check(tag, "dq", kc_cols(g->dq, T, wq, p->ldq), kc_cols(w->dq, T, wq, p->ldq), T * wq, KDA_B_BF16);
-    kc_check(tag, "dk", kc_cols(g->dk, T, wq, p->ldq), kc_cols(w->dk, T, wq, p->ldq), T * wq, KDA_B_BF16);
-    kc_check(tag, "dv", kc_cols(g->dv, T, wv, p->ldv), kc_cols(w->dv, T, wv, p->ldv), T * wv, KDA_B_BF16);
-    kc_check(tag, "dg", g->dg, w->dg, T * wv, KDA_B_GRAD);
-    kc_check(tag, "dbeta", g->dbeta, w->dbeta, T * p->nv, KDA_B_GRAD);
-    kc_check(tag, "dS0", g->dS0, w->dS0, sn, KDA_B_STATE);
+    kc_check(tag, "o", kc_cols(g->o, T, wv, p->ldo), kc_cols(w->o, T, wv, p->ldo), T * wv, KDA_BOUND);
+    kc_check(tag, "S_final", g->Sf, w->Sf, sn, KDA_BOUND);
+    kc_check(tag, "dq", kc_cols(g->dq, T, wq, p->ldq), kc_cols(w->dq, T, wq, p->ldq), T * wq, KDA_BOUND);
+    kc_check(tag, "dk", kc_cols(g->dk, T, wq, p->ldq), kc_cols(w->dk, T, wq, p->ldq), T * wq, KDA_BOUND);
+    kc_check(tag, "dv", kc_cols(g->dv, T, wv, p->ldv), kc_cols(w->dv, T, wv, p->ldv), T * wv, KDA_BOUND);
+    kc_check(tag, "dg", g->dg, w->dg, T * wv, KDA_BOUND);
+    kc_check(tag, "dbeta", g->dbeta, w->dbeta, T * p->nv, KDA_BOUND);
+    kc_check(tag, "dS0", g->dS0, w->dS0, sn, KDA_BOUND);
     kc_pad_intact(tag, "o", g->o, T, wv, p->ldo);
     kc_pad_intact(tag, "dq", g->dq, T, wq, p->ldq);
     kc_pad_intact(tag, "dk", g->dk, T, wq, p->ldq);
@@ -407,7 +406,7 @@ TEST(cuda_kda_prep) {
         ct_down_f32(got, (const float *)kept, n);
         char tag[256];
         snprintf(tag, sizeof tag, "prep T=201 nk=2 nv=4 d=128, %s: Tinv", l->name);
-        kc_check(tag, "", got, want, n, KDA_B_STATE);
+        kc_check(tag, "", got, want, n, KDA_BOUND);
         ct_begin();
     }
 }
@@ -442,8 +441,8 @@ TEST(cuda_kda_transition) {
         }
         char tag[256];
         snprintf(tag, sizeof tag, "transition T=201 nk=2 nv=4 d=128, %s:", l->name);
-        kc_check(tag, "M", M[0], Mw, nm, KDA_B_STATE);
-        kc_check(tag, "H", H[0], Hw, nm, KDA_B_STATE);
+        kc_check(tag, "M", M[0], Mw, nm, KDA_BOUND);
+        kc_check(tag, "H", H[0], Hw, nm, KDA_BOUND);
         const int reset = l->doc_pos0 == 0 || l->nstarts > 0;
         int64_t nz = 0;
         for (int64_t j = 0; j < nm; j++) nz += M[0][j] != 0.0f;
@@ -476,7 +475,7 @@ TEST(cuda_kda_transition) {
                 }
         char name[320];
         snprintf(name, sizeof name, "%s forward's S_final = M S0 + H", tag);
-        test_check_rel(name, Sf, aff, nm, KDA_B_STATE);
+        test_check_rel(name, Sf, aff, nm, KDA_BOUND);
         ct_begin();
     }
 }
@@ -513,7 +512,7 @@ TEST(cuda_kda_dstate) {
         }
         char tag[256];
         snprintf(tag, sizeof tag, "dstate T=201 nk=2 nv=4 d=128, %s:", l->name);
-        kc_check(tag, "dS0", got[0], want, sn, KDA_B_STATE);
+        kc_check(tag, "dS0", got[0], want, sn, KDA_BOUND);
         char name[320];
         snprintf(name, sizeof name, "%s dS0 with the prep's kept = without", tag);
         ct_bitwise_equal(name, got[1], got[0], sn);
@@ -655,13 +654,13 @@ TEST(cuda_kda_model_calls) {
             char tag[256];
             snprintf(tag, sizeof tag, "model calls (tiny KDA, 2 fragments of %d), gdn_keep %s, activations %s:",
                      KDA_MODEL_FRAG, keeps[keep], remat ? "remat" : "none");
-            kc_check(tag, "o", ho, kc_cols(want.o, T, Vd, p.ldo), T * Vd, KDA_B_BF16);
-            kc_check(tag, "dq", kc_cols(hdqk, T, Kd, 2 * Kd), kc_cols(want.dq, T, Kd, p.ldq), T * Kd, KDA_B_BF16);
+            kc_check(tag, "o", ho, kc_cols(want.o, T, Vd, p.ldo), T * Vd, KDA_BOUND);
+            kc_check(tag, "dq", kc_cols(hdqk, T, Kd, 2 * Kd), kc_cols(want.dq, T, Kd, p.ldq), T * Kd, KDA_BOUND);
             kc_check(tag, "dk", kc_cols(hdqk + Kd, T, Kd, 2 * Kd), kc_cols(want.dk, T, Kd, p.ldq), T * Kd,
-                     KDA_B_BF16);
-            kc_check(tag, "dv", hdv, kc_cols(want.dv, T, Vd, p.ldv), T * Vd, KDA_B_BF16);
-            kc_check(tag, "dg", hdg, want.dg, T * Gw, KDA_B_GRAD);
-            kc_check(tag, "dbeta", hdbeta, want.dbeta, T * nv, KDA_B_GRAD);
+                     KDA_BOUND);
+            kc_check(tag, "dv", hdv, kc_cols(want.dv, T, Vd, p.ldv), T * Vd, KDA_BOUND);
+            kc_check(tag, "dg", hdg, want.dg, T * Gw, KDA_BOUND);
+            kc_check(tag, "dbeta", hdbeta, want.dbeta, T * nv, KDA_BOUND);
             if (remat) {
                 float *ho2 = ct_host(T * Vd);
                 ct_down_bf16(ho2, o2, T * Vd);
@@ -679,10 +678,10 @@ TEST(cuda_kda_model_calls) {
  * a document, several documents (one of one token), nk = nv = 2, S0 = dS_final = NULL, d = 64 and 128; decays as
  * its random weights give them: A = exp(A_log) of 0.3 and 2 per head, softplus(dt_bias[c] + f) with dt_bias in
  * [-1.5, 1] per channel and f ~ 0.3 N(0, 1) per token. Per head R_h = sum_t sum_c dg g, cuda against the oracle,
- * relative L2 over the heads (compare_bf16.py's measure), within KDA_B_DG_SUM = 1e-4. The host emulation measures
- * 3.0e-5 / 4.8e-5 (d = 64 / 128) for the kernels before the state passes took precomputed factors (cccbe3c),
- * 2.7e-5 / 4.4e-5 after them, 9.2e-5 / 1.3e-4 with grad_wy's M1 and dA products on single bf16 operands (hi only),
- * 3.5e-4 / 4.9e-3 for the oracle's own dg rounded to bf16; the last must exceed the bound (the check can fail). */
+ * relative L2 over the heads (compare_bf16.py's measure), within KDA_BOUND (GDN's kind: the kernels' products on
+ * bf16 operands; the split-operand kernels before them measured 2.7e-5 / 4.4e-5 at d = 64 / 128 under the host
+ * emulation). The check can fail: the oracle's dg with a bias of a tenth of the bound (per element 1e-3 of the mean
+ * |dg|, of the sign of g: within the elementwise bound) must exceed the bound in the sum. */
 TEST(cuda_kda_dg_reduction) {
     ct_begin();
     static const int starts[] = {45, 46, 180, 301, 420};
@@ -702,17 +701,18 @@ TEST(cuda_kda_dg_reduction) {
         KOut want, got;
         kda_cpu(&p, &want);
         kda_gpu(&p, KDA_PLAIN, &got);
-        double num = 0, den = 0, numb = 0, denb = 0, num16 = 0;
+        double num = 0, den = 0, numb = 0, denb = 0, nbias = 0, mdg = 0;
+        for (int64_t i = 0; i < p.T * nv * d; i++) mdg += fabs((double)want.dg[i]);
+        mdg /= (double)(p.T * nv * d);
+        const double bias = 0.1 * KDA_BOUND * mdg; /* the biased oracle's offset per element */
         for (int h = 0; h < nv; h++) {
-            double rw = 0, rg = 0, r16 = 0, mag = 0, bw = 0, bg = 0;
+            double rw = 0, rg = 0, rbias = 0, mag = 0, bw = 0, bg = 0;
             for (int64_t t = 0; t < p.T; t++) {
                 for (int c = 0; c < d; c++) {
                     const int64_t i = (t * nv + h) * d + c;
                     rw += (double)want.dg[i] * p.g[i];
                     rg += (double)got.dg[i] * p.g[i];
-                    float x16 = want.dg[i];
-                    ct_round_bf16(&x16, 1);
-                    r16 += (double)x16 * p.g[i];
+                    rbias += ((double)want.dg[i] + (p.g[i] < 0 ? -bias : bias)) * p.g[i];
                     mag += fabs((double)want.dg[i] * p.g[i]);
                 }
                 const double b = p.beta[t * nv + h];
@@ -722,20 +722,20 @@ TEST(cuda_kda_dg_reduction) {
             printf("d=%d head %d: sum dg g: cpu %.8g cuda %.8g (cancellation %.3g); sum dbeta beta' cpu %.8g cuda %.8g\n",
                    d, h, rw, rg, mag / fabs(rw), bw, bg);
             num += (rg - rw) * (rg - rw);
-            num16 += (r16 - rw) * (r16 - rw);
+            nbias += (rbias - rw) * (rbias - rw);
             den += rw * rw;
             numb += (bg - bw) * (bg - bw);
             denb += bw * bw;
         }
-        const double e = sqrt(num / den), eb = sqrt(numb / denb), e16 = sqrt(num16 / den);
+        const double e = sqrt(num / den), eb = sqrt(numb / denb), ebias = sqrt(nbias / den);
         printf("d=%d: dA_log-like reduction rel err %.3e (bound %.1e); dbeta reduction rel err %.3e; the oracle's dg "
-               "rounded to bf16: %.3e (must exceed the bound)\n", d, e, KDA_B_DG_SUM, eb, e16);
-        EXPECT(e <= KDA_B_DG_SUM, "d=%d: sum_t sum_c dg g: rel err %.3e over the bound %.1e", d, e, KDA_B_DG_SUM);
-        EXPECT(e16 > KDA_B_DG_SUM, "d=%d: dg rounded to bf16 gives rel err %.3e: the bound %.1e cannot see it", d, e16,
-               KDA_B_DG_SUM);
+               "with a bias of 0.1 x the bound: %.3e (must exceed the bound)\n", d, e, KDA_BOUND, eb, ebias);
+        EXPECT(e <= KDA_BOUND, "d=%d: sum_t sum_c dg g: rel err %.3e over the bound %.1e", d, e, KDA_BOUND);
+        EXPECT(ebias > KDA_BOUND, "d=%d: dg with a bias gives rel err %.3e: the bound %.1e cannot see it", d, ebias,
+               KDA_BOUND);
         char tag[128];
         snprintf(tag, sizeof tag, "dg reduction T=512 nk=nv=2 d=%d:", d);
-        kc_check(tag, "dg", got.dg, want.dg, p.T * nv * d, KDA_B_GRAD);
+        kc_check(tag, "dg", got.dg, want.dg, p.T * nv * d, KDA_BOUND);
         ct_begin();
     }
 }
@@ -759,8 +759,8 @@ TEST(cuda_kda_check_can_fail) {
     ct_down_bf16(got, o, p.T * p.ldo);
     const int wv = p.nv * p.d;
     const double e = test_rel_err_f(kc_cols(got, p.T, wv, p.ldo), kc_cols(want.o, p.T, wv, p.ldo), p.T * wv);
-    printf("a missed document start: o rel err %.3g (must exceed 10x the bound %.3g)\n", e, KDA_B_BF16);
-    EXPECT(e > 10 * KDA_B_BF16, "a missed document start gives o rel err %.3g: the comparison cannot see it", e);
+    printf("a missed document start: o rel err %.3g (must exceed 10x the bound %.3g)\n", e, KDA_BOUND);
+    EXPECT(e > 10 * KDA_BOUND, "a missed document start gives o rel err %.3g: the comparison cannot see it", e);
 }
 
 /* the gates against cpu_kda_gates_*: beta, g (fp32), db, df (bf16), dA_log, ddt_bias (+=, the same prefill) */

@@ -8,6 +8,17 @@
  * head h / (nv / nk)), dk = dv in {64, 128} (kda.cu refuses others); q, k (T, ldq) and v (T, ldv) bf16, g (T, nv, dk)
  * and beta (T, nv) fp32. Per-chunk kernels run one 256-thread block per (chunk, value head): blockIdx.y is the value
  * head, blockIdx.x strides over the chunks of the index (the count is on the device).
+ *
+ * Precision (GDN's kind, kernels/cuda/gdn/): the products run on tensor cores, cuda_gdn_mma.h's gdn_warp_mma
+ * (mma.sync m16n8k16, bf16 operands from shared memory, fp32 accumulation), one MMA per product; an operand the
+ * kernels form in fp32 (Tinv diag(beta), the decay-scaled keys and queries, W, dec * K, the state and its
+ * gradient, vn, dvn, QK, dP, dT, M1, dA, dW) is rounded to bf16 once (2^-9 relative) where it enters a product;
+ * one exception, the decay-scaled rows of the gradients' pair sums (grads.cuh's kda_pair_rows: split hi + lo, two
+ * MMAs; its comment says why).
+ * fp32 stays where the algebra is ill-conditioned or a sum is long: the solve for Tinv (prep.cuh), the states
+ * carried in fp32 registers across chunks, the gate cumsum G (summed in double), every exponent and the 16 x 16
+ * diagonal blocks of the pair sums (CUDA cores), the row sums of dbeta and dL/dG. test_cuda_kda.cu bounds every
+ * tensor at GDN's 1e-2.
  */
 #pragma once
 
@@ -17,13 +28,11 @@
 #define KDA_FULL 0xffffffffu
 #define KDA_DEV __device__ __forceinline__
 
-/* the blocks per SM a kernel's __launch_bounds__(KDA_THREADS, n) promises, which sets ptxas's register budget (65536
- * / (256 n) a thread): 1 where the kernel's shared memory (or its grid: the state passes fill one wave) leaves room
- * for one block per SM anyway, so the registers cost no occupancy and ptxas need not spill or recompute to stay
- * within 128 (prep, qk, output, grad_dense at dk = 128; grad_wy, grad_qk and the state passes at both dk); 2 where
- * two blocks fit (wu at both dk; prep, qk, output, grad_dense at dk = 64): 128 registers. `-Xptxas -v` shows no
- * spill in any of them. */
-#define KDA_MINB(one) ((one) ? 1 : 2)
+/* launch bounds: __launch_bounds__(KDA_THREADS, n) promises n blocks per SM, which sets ptxas's register budget
+ * (65536 / (256 n) a thread): 1 where the kernel's shared memory (or its grid: the state passes fill one wave) leaves
+ * room for one block per SM anyway, so the registers cost no occupancy and ptxas need not spill or recompute to stay
+ * within 128 (grad_wy and the state passes); 2 where two blocks fit (wu, output, grad_dense, prep, qk and grad_qk,
+ * with bf16 tiles and their smaller carvings): 128 registers. `-Xptxas -v` shows no spill in any of them. */
 
 /* shared-memory carving: the same offsets on host (sizes) and device (pointers), 16-byte aligned pieces */
 struct KdaCarve {
@@ -59,7 +68,8 @@ KDA_DEV KdaChunk kda_chunk(const int32_t *starts, const int32_t *doc_pos, int c,
     return k;
 }
 
-/* x = hi + lo, both bf16 (the split operands of mma.cuh's products) */
+/* x = hi + lo, both bf16 (~16 significant bits together): the one operand kept split, grads.cuh's kda_pair_rows'
+ * scaled rows (its comment says why) */
 KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
     const bf16 h = __float2bfloat16(x);
     *hi = h;
@@ -68,11 +78,10 @@ KDA_DEV void kda_split(float x, bf16 *hi, bf16 *lo) {
 
 /* the 16-byte loads from global memory a thread keeps in flight together (kda_load_bf16, kda_load_rows_f32): each
  * batch issued before any of it is stored, so a tile costs one memory latency per batch, not one per element.
- * KDA_BATCH_WIDE for grad_dense and output at dk 128, which run one block per SM (registers to spare, nothing else
- * on the SM to hide a latency): a 64 x 128 or 128 x 128 fp32 tile in one batch (16 float4 a thread, 64 registers);
- * grad_wy and grad_qk, near 255 registers, ran slower with it and keep KDA_BATCH */
+ * (A wider batch, 16 float4 a thread, served grad_dense and output while they ran one block per SM; with bf16
+ * tiles two of their blocks share an SM and hide each other's latency. grad_wy and grad_qk, near 255 registers,
+ * ran slower with it.) */
 #define KDA_BATCH 4
-#define KDA_BATCH_WIDE 16
 
 /* rows [0, 64) x width of a bf16 matrix (row r at src + r ld) into shared memory (row stride lds elements);
  * rows >= L read 0. Where src and ld allow 16-byte loads (every row 16-byte aligned): with lds a multiple of 8,
@@ -119,11 +128,12 @@ KDA_DEV void kda_load_bf16(bf16 *s, int lds, const bf16 *src, int64_t ld, int wi
 }
 
 /* rows [0, R) x width of an fp32 matrix (row r at src + r ld; rows >= L, or all when src is NULL, read 0) into
- * shared memory: split hi / lo bf16 (mma.cuh's kda_split) into hi, lo (row stride lds) when f is NULL, else fp32 into
- * f (row stride lds). 16-byte loads, NB per thread in flight together, where src and ld allow; else plain loads.
+ * shared memory: rounded once to bf16 (an operand of the tensor-core products) into b (row stride lds) when f is
+ * NULL, else fp32 into f (row stride lds). 16-byte loads, NB per thread in flight together, where src and ld
+ * allow; else plain loads.
  * The same values every way. All threads; the caller synchronises. */
 template <int NB = KDA_BATCH>
-KDA_DEV void kda_load_rows_f32(bf16 *hi, bf16 *lo, float *f, int lds, const float *src, int64_t ld, int R, int width,
+KDA_DEV void kda_load_rows_f32(bf16 *b, float *f, int lds, const float *src, int64_t ld, int R, int width,
                                int L) {
     const int cpr = width / 4, n = R * cpr;
     if (((uintptr_t)src & 15) == 0 && ((ld | width) & 3) == 0) {
@@ -143,7 +153,7 @@ KDA_DEV void kda_load_rows_f32(bf16 *hi, bf16 *lo, float *f, int lds, const floa
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         if (f) f[r * lds + c + e] = x[e];
-                        else kda_split(x[e], &hi[r * lds + c + e], &lo[r * lds + c + e]);
+                        else b[r * lds + c + e] = __float2bfloat16(x[e]);
                     }
                 }
             }
@@ -154,7 +164,7 @@ KDA_DEV void kda_load_rows_f32(bf16 *hi, bf16 *lo, float *f, int lds, const floa
         const int r = i / width, c = i % width;
         const float x = src && r < L ? src[(int64_t)r * ld + c] : 0.0f;
         if (f) f[r * lds + c] = x;
-        else kda_split(x, &hi[r * lds + c], &lo[r * lds + c]);
+        else b[r * lds + c] = __float2bfloat16(x);
     }
 }
 
@@ -167,39 +177,45 @@ KDA_DEV void kda_load_wait(void) {
 
 /* the chunk's per-channel cumulative log gate: sG[r][a] = g_0[a] + ... + g_r[a] (summed in double, stored fp32),
  * rows >= L repeat row L - 1 (so every exponent formed from sG stays <= 0). g of value head h: row t at
- * g + (t nv + h) dk. kda_load_G_start loads the rows (16-byte cp.async copies where g and ldg allow, in flight with
+ * g + (t nv + h) dk; the channels [c0, c0 + w) into sG's columns [0, w). kda_load_G_start loads the rows (16-byte
+ * cp.async copies where g and ldg allow, in flight with
  * the caller's kda_load_bf16 copies; else kda_load_rows_f32), kda_load_G_sum waits for them (and for the caller's
- * copies issued before), then threads a < dk sum one channel each, the column read into registers first (the loads
+ * copies issued before), then threads a < w sum one channel each, the column read into registers first (the loads
  * issued together, not one after each store). A caller may issue other loads between the two (they land while
- * g does). kda_load_G: both. All threads; the caller synchronises before reading sG. */
-KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
-    if ((((uintptr_t)g | (uintptr_t)sG) & 15) == 0 && ((ldg | dk) & 3) == 0) {
-        const int cpr = dk / 4;
+ * g does). kda_load_G: both, all dk channels. All threads; the caller synchronises before reading sG. */
+KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk, int c0,
+                              int w) {
+    const float *gc = g + c0;
+    if ((((uintptr_t)gc | (uintptr_t)sG) & 15) == 0 && ((ldg | dk | w) & 3) == 0) {
+        const int cpr = w / 4;
         for (int i = threadIdx.x; i < KDA_C * cpr; i += KDA_THREADS) {
             const int r = i / cpr, a = (i % cpr) * 4;
-            ptx_cp_async16(sG + r * ldg + a, r < L ? g + ((t0 + r) * nv + h) * (int64_t)dk + a : g, r < L);
+            ptx_cp_async16(sG + r * ldg + a, r < L ? gc + ((t0 + r) * nv + h) * (int64_t)dk + a : gc, r < L);
         }
     } else {
-        kda_load_rows_f32(NULL, NULL, sG, ldg, g + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
+        kda_load_rows_f32(NULL, sG, ldg, gc + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, w, L);
     }
 }
-KDA_DEV void kda_load_G_sum(float *sG, int ldg, int dk) {
+KDA_DEV void kda_load_G_sum(float *sG, int ldg, int w) {
     kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
-    if (a >= dk) return;
-    float x[KDA_C];
-#pragma unroll
-    for (int r = 0; r < KDA_C; r++) x[r] = sG[r * ldg + a];
+    if (a >= w) return;
     double acc = 0.0;
 #pragma unroll
-    for (int r = 0; r < KDA_C; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
-        acc += (double)x[r];
-        sG[r * ldg + a] = (float)acc;
+    for (int r0 = 0; r0 < KDA_C; r0 += KDA_C / 2) { /* two batches of 32 loads (32 registers, not 64) */
+        float x[KDA_C / 2];
+#pragma unroll
+        for (int r = 0; r < KDA_C / 2; r++) x[r] = sG[(r0 + r) * ldg + a];
+#pragma unroll
+        for (int r = 0; r < KDA_C / 2; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
+            acc += (double)x[r];
+            sG[(r0 + r) * ldg + a] = (float)acc;
+        }
     }
 }
 KDA_DEV void kda_load_G(float *sG, int ldg, const float *g, int64_t t0, int L, int h, int nv, int dk) {
-    kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk);
+    kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk, 0, dk);
     kda_load_G_sum(sG, ldg, dk);
 }
 

@@ -17,7 +17,8 @@
  * kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index, prep, wu and the
  * forward state pass unless kept holds them (wu runs for the reverse pass too), qk's backward form (scale gam * q
  * and P = scale QK^T dO, the reverse pass's other factors), the reverse state pass (dS0, the chunk state gradients
- * and dvn), grad_dense, grad_wy and grad_qk per chunk, and the sum over each key head's value heads. The staged
+ * and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per key channel and dbeta's sum) and grad_qk per
+ * chunk, and the sum over each key head's value heads. The staged
  * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
  * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs wu and the state pass
  * with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's backward form and the reverse pass
@@ -30,17 +31,18 @@
  * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
  * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
  * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) (the forward's), the state passes'
- * factors (KdaBufs: w2, x2, gq2 (T, nv, 2, dk) bf16, ux (T, nv, dv) and gl (ns, nv, dk) fp32; ux and gl are
+ * factors (KdaBufs: wb, xb, gq (T, nv, dk) bf16, ux (T, nv, dv) and gl (ns, nv, dk) fp32; ux and gl are
  * reused by the gradients once the passes are done) and whatever kept / dkept does not: O(T nv dk dv / 64) bytes,
  * no pieces (GDN_PIECE_ROWS does not apply here).
  *
- * Numerics: the products run on tensor cores (mma.cuh over cuda_gdn_mma.h's gdn_warp_mma: wu's W and U, the state
- * passes, the output, prep's A and qk's QK and P, grad_dense's products of S and D, grad_wy's dT and A pairs,
- * grad_qk's dP and QK pairs),
- * every fp32 operand split hi + lo bf16 and each product three bf16 MMAs into fp32 accumulators (~2^-17 relative:
- * near-fp32, within the fp32 bounds of test_cuda_kda.cu); the pairwise decay in 16-row sub-chunks (prep.cuh,
- * grads.cuh), fp32 on the diagonal blocks; grad_wy's M1, dA, dXw, dXu are still fp32 on CUDA cores. Every decay factor e^{later - earlier} <= 1 (pairs j > r never evaluated), every output
- * element one warp's or thread's fixed order of operations, no atomics: deterministic, the same bits run to run.
+ * Numerics (GDN's kind: common.cuh): the products run on tensor cores (cuda_gdn_mma.h's gdn_warp_mma: wu's W and
+ * U, the state passes, the output, prep's A and qk's QK and P, grad_dense's products of S and D, grad_wy's dT, dXu,
+ * M1, dA, dXw and A pairs, grad_qk's dP and QK pairs), every operand formed in fp32 rounded to bf16 once and one
+ * MMA per product into fp32 accumulators (test_cuda_kda.cu's bounds: 1e-2, as GDN's); the solve for Tinv, the
+ * carried states, G and the exponents fp32 (G summed in double); the pairwise decay in 16-row sub-chunks (prep.cuh,
+ * grads.cuh), fp32 on the diagonal blocks. Every decay factor e^{later - earlier} <= 1 (pairs j > r never
+ * evaluated), every output element one warp's or thread's fixed order of operations, no atomics: deterministic,
+ * the same bits run to run.
  *
  * Callers: the cuda backend table (the model's KDA layers, lib/cp/cp_gdn_fragment.c), tests/cuda/test_cuda_kda.cu.
  */
@@ -63,7 +65,6 @@ void gdn_prof_mark(const char *name);
 void gdn_prof_end(const char *who, int64_t T, int nv);
 
 #include "common.cuh"
-#include "mma.cuh"
 #include "index.cuh"
 #include "prep.cuh"
 #include "wu.cuh"
@@ -79,14 +80,16 @@ typedef struct KdaBufs {
     float *tinv, *qk;       /* (T,nv,64) */
     float *hs, *vn;         /* (ns,nv,dk,dv), (T,nv,dv) */
     float *dhs, *dvn;       /* (ns,nv,dk,dv), (T,nv,dv) */
-    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over w2, x2 where both exist) */
-    bf16 *w2, *x2;          /* (T,nv,2,dk): the passes' W and dec * K, hi | lo (wu.cuh) */
+    float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over wb, xb where both exist) */
+    bf16 *wb, *xb;          /* (T,nv,dk): the passes' W and dec * K (wu.cuh), each at the start of a region of
+                             * (T,nv,dk) fp32 that dqv, dkv take after the passes */
     float *ux;              /* (T,nv,dv): U for the forward pass, then P = scale QK^T dO for the backward's */
     float *gl;              /* (ns,nv,dk): gam_{L-1} by slot (chunks without a document start) */
-    bf16 *gq2;              /* (T,nv,2,dk): scale gam * q, hi | lo, for the backward pass */
+    bf16 *gq;               /* (T,nv,dk): scale gam * q, for the backward pass */
+    float *da, *dbp;        /* (T,nv,64), (T,nv,2): grad_wy's dA and the pairs' dbeta partial sums */
 } KdaBufs;
 
-/* PASS: the factors of either state pass (w2, x2, ux, gl); BPASS: the backward pass's gq2 */
+/* PASS: the factors of either state pass (wb, xb, ux, gl); BPASS: the backward pass's gq */
 enum {
     KDA_NEED_TINV = 1,
     KDA_NEED_QK = 2,
@@ -155,18 +158,22 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
         b->dvn = c.take<float>(tv * dv);
     }
     if (need & KDA_NEED_PASS) {
-        b->w2 = c.take<bf16>(tv * 2 * dk);
-        b->x2 = c.take<bf16>(tv * 2 * dk);
+        b->wb = (bf16 *)c.take<float>(tv * dk);
+        b->xb = (bf16 *)c.take<float>(tv * dk);
         b->ux = c.take<float>(tv * dv);
         b->gl = c.take<float>((size_t)kda_slots(T) * nv * dk);
     }
-    if (need & KDA_NEED_BPASS) b->gq2 = c.take<bf16>(tv * 2 * dk);
-    if ((need & KDA_NEED_DQK) && (need & KDA_NEED_PASS)) { /* the gradients run after the passes: over w2, x2 */
-        b->dqv = (float *)b->w2;
-        b->dkv = (float *)b->x2;
+    if (need & KDA_NEED_BPASS) b->gq = c.take<bf16>(tv * dk);
+    if ((need & KDA_NEED_DQK) && (need & KDA_NEED_PASS)) { /* the gradients run after the passes: over wb, xb */
+        b->dqv = (float *)b->wb;
+        b->dkv = (float *)b->xb;
     } else if (need & KDA_NEED_DQK) {
         b->dqv = c.take<float>(tv * dk);
         b->dkv = c.take<float>(tv * dk);
+    }
+    if (need & KDA_NEED_DQK) {
+        b->da = c.take<float>(tv * KDA_C);
+        b->dbp = c.take<float>(tv * 2);
     }
     return c.off;
 }
@@ -246,7 +253,7 @@ static void kda_index(const KdaBufs *b, const int32_t *doc_pos, int64_t T) {
 template <int DK>
 static void kda_prep_dk(float *tinv, const bf16 *k, const float *g, const float *beta, const KdaBufs *b,
                         const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
-    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    const size_t smem = KdaPairSmem<DK, true>(NULL).bytes;
     kda_smem_attr(kda_prep_kernel<DK>, smem, "prep");
     kda_prep_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(tinv, k, g, beta, b->starts,
                                                                                     b->meta, doc_pos, T, nk, nv, ldq);
@@ -260,15 +267,15 @@ static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *
     else kda_prep_dk<64>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
 }
 
-/* QK into b->qk (the forward's), or with dout (BWD) the backward pass's gq2 and P (into b->ux) from it */
+/* QK into b->qk (the forward's), or with dout (BWD) the backward pass's gq and P (into b->ux) from it */
 template <int DK, bool BWD>
 static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const bf16 *dout,
                       const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
-    const size_t smem = KdaPairSmem<DK>(NULL).bytes;
+    const size_t smem = KdaPairSmem<DK, false>(NULL).bytes;
     kda_smem_attr(kda_qk_kernel<DK, BWD>, smem, "qk");
     const float scale = (float)(1.0 / sqrt((double)DK));
     kda_qk_kernel<DK, BWD><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        b->qk, b->gq2, b->ux, q, k, g, dout, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
+        b->qk, b->gq, b->ux, q, k, g, dout, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("qk");
 }
@@ -294,7 +301,7 @@ static void kda_wu_dk(const KdaBufs *b, int with_u, const float *tinv, const bf1
     const size_t smem = KdaWuSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_wu_kernel<DK>, smem, "wu");
     kda_wu_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        b->w2, b->x2, with_u ? b->ux : NULL, b->gl, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
+        b->wb, b->xb, with_u ? b->ux : NULL, b->gl, k, v, g, beta, tinv, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
         ldv);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("wu");
@@ -336,7 +343,7 @@ static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, c
     kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
     const int ncol = dv + (M_out ? DK : 0);
     kda_state_fwd_kernel<DK, BV><<<dim3((unsigned)(ncol / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        hs, vn, S_out, M_out, S0, b->w2, b->x2, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nv, dv);
+        hs, vn, S_out, M_out, S0, b->wb, b->xb, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nv, dv);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("state_fwd");
 }
@@ -364,7 +371,7 @@ static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS
     const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
     kda_state_bwd_kernel<DK, BV><<<dim3((unsigned)(dv / BV), (unsigned)nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dhs, dvn, dS0, dS_final, b->w2, b->x2, b->gq2, b->ux, b->gl, dout, b->starts, b->meta, doc_pos, T, nv, dv,
+        dhs, dvn, dS0, dS_final, b->wb, b->xb, b->gq, b->ux, b->gl, dout, b->starts, b->meta, doc_pos, T, nv, dv,
         ldo);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("state_bwd");
@@ -420,11 +427,23 @@ template <int DK>
 static void kda_grad_wy(const KdaBufs *b, float *dg, bf16 *dv_out, float *dbeta, const bf16 *k, const bf16 *v,
                         const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq,
                         int ldv) {
-    const size_t smem = KdaGwySmem<DK>(NULL).bytes;
+    const size_t smem = KdaGwySmem<DK>(NULL).bytes, smem_p = KdaGwpSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_wy_kernel<DK>, smem, "grad_wy");
+    kda_smem_attr(kda_grad_wy_pairs_kernel<DK>, smem_p, "grad_wy_pairs");
     kda_grad_wy_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dv_out, dbeta, b->dkv, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldv);
+        dv_out, dbeta, b->dkv, b->da, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
+        ldv);
     CUDA_LAUNCH_CHECK();
+    dim3 grid = kda_chunk_grid(T, nv);
+    grid.z = 2; /* the two halves of the key channels */
+    kda_grad_wy_pairs_kernel<DK><<<grid, KDA_THREADS, smem_p, cuda_stream()>>>(
+        b->dbp, b->dkv, dg, b->da, k, g, beta, b->starts, b->meta, doc_pos, T, nk, nv, ldq);
+    CUDA_LAUNCH_CHECK();
+    const int64_t n = T * nv;
+    if (n > 0) {
+        kda_dbeta_sum_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dbeta, b->dbp, n);
+        CUDA_LAUNCH_CHECK();
+    }
     gdn_prof_mark("grad_wy");
 }
 
@@ -434,7 +453,9 @@ static void kda_grad_qk(const KdaBufs *b, float *dg, const bf16 *dout, const bf1
     const size_t smem = KdaGqkSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_qk_kernel<DK>, smem, "grad_qk");
     const float scale = (float)(1.0 / sqrt((double)DK));
-    kda_grad_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+    dim3 grid = kda_chunk_grid(T, nv);
+    grid.z = 2; /* the two halves of the key channels */
+    kda_grad_qk_kernel<DK><<<grid, KDA_THREADS, smem, cuda_stream()>>>(
         b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
         scale);
     CUDA_LAUNCH_CHECK();

@@ -2,41 +2,36 @@
  * output.cuh — KDA's output from the chunk states, one block per (chunk, value head):
  *   o_r = scale (S^T (gam_r * q_r) + sum_{j <= r} QK_rj vn_j)
  * with S the state entering the chunk (hs at slot t0 / 64; 0 at a document start), vn the state pass's (T, nv, dv)
- * and QK prep.cuh's. Both products on tensor cores (mma.cuh: every operand fp32, split hi + lo, three-term
- * products into one fp32 accumulator): o (64 x dv) = (gam * Q) S + QK vn, warp w owning rows [16 (w % 4), +16) and
- * half w / 4 of the columns; o rounded to bf16 once. Templates on DK = dk = dv. Shared memory ~190 KB at 128.
- * Part of kda.cu.
+ * and QK prep.cuh's. Both products on tensor cores (gdn_warp_mma: gam * q, S, QK and vn rounded to bf16 once,
+ * fp32 accumulation; common.cuh's precision): o (64 x dv) = (gam * Q) S + QK vn, warp w owning rows [16 (w % 4),
+ * +16) and half w / 4 of the columns; o rounded to bf16. Templates on DK = dk = dv. Shared memory ~109 KB at 128:
+ * two blocks per SM (launch bounds 2: 128 registers). Part of kda.cu.
  */
 #pragma once
 
 template <int DK> struct KdaOutSmem {
     static constexpr int LDK = DK + 8, LDT = KDA_C + 8;
     float *G;
-    bf16 *qh, *ql, *sh, *sl, *qkh, *qkl, *vnh, *vnl;
+    bf16 *q, *st, *qk, *vn;
     size_t bytes;
     __host__ __device__ explicit KdaOutSmem(void *b) {
         KdaCarve c(b);
         G = c.take<float>((size_t)KDA_C * DK);
-        qh = c.take<bf16>((size_t)KDA_C * LDK);
-        ql = c.take<bf16>((size_t)KDA_C * LDK);
-        sh = c.take<bf16>((size_t)DK * LDK);
-        sl = c.take<bf16>((size_t)DK * LDK);
-        qkh = c.take<bf16>((size_t)KDA_C * LDT);
-        qkl = c.take<bf16>((size_t)KDA_C * LDT);
-        vnh = c.take<bf16>((size_t)KDA_C * LDK);
-        vnl = c.take<bf16>((size_t)KDA_C * LDK);
+        q = c.take<bf16>((size_t)KDA_C * LDK);
+        st = c.take<bf16>((size_t)DK * LDK);
+        qk = c.take<bf16>((size_t)KDA_C * LDT);
+        vn = c.take<bf16>((size_t)KDA_C * LDK);
         bytes = c.off;
     }
 };
 
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_output_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_output_kernel(
     bf16 *o /* (T,ldo) */, const bf16 *q, const float *g, const float *hs /* (ns,nv,dk,dv) */,
     const float *vn /* (T,nv,dv) */, const float *qk /* (T,nv,64) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     using Sm = KdaOutSmem<DK>;
     constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK;
-    constexpr int NB = DK == 128 ? KDA_BATCH_WIDE : KDA_BATCH; /* one block per SM at 128 */
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
@@ -47,26 +42,23 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_output_k
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
-        kda_load_bf16(s.qh, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* q, then gam * q split over it */
-        kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK); /* g lands while the tiles below load */
-        if (S) kda_load_rows_f32<NB>(s.sh, s.sl, NULL, LDK, S, DV, DK, DV, DK);
+        kda_load_bf16(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* q, then gam * q over it */
+        kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK, 0, DK); /* g lands while the tiles below load */
+        if (S) kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
         /* qk holds 0 right of the diagonal (kda_qk_kernel) */
-        kda_load_rows_f32<NB>(s.qkh, s.qkl, NULL, LDT, qk + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
-                              KDA_C, L);
-        kda_load_rows_f32<NB>(s.vnh, s.vnl, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV,
-                              L);
+        kda_load_rows_f32(s.qk, NULL, LDT, qk + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C, KDA_C, L);
+        kda_load_rows_f32(s.vn, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
         kda_load_G_sum(s.G, DK, DK); /* waits for q too */
         __syncthreads();
         for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) { /* in place: each element read by its writer */
             const int r = i / DK, a = i % DK;
-            const float x = r < L ? expf(s.G[i]) * __bfloat162float(s.qh[r * LDK + a]) : 0.0f;
-            kda_split(x, &s.qh[r * LDK + a], &s.ql[r * LDK + a]);
+            s.q[r * LDK + a] = __float2bfloat16(r < L ? expf(s.G[i]) * __bfloat162float(s.q[r * LDK + a]) : 0.0f);
         }
         __syncthreads();
         float acc[1][DV / 16][4];
         gdn_zero(acc);
-        if (S) kda_mma3<1, DV / 16, false, DK>(acc, s.qh, s.ql, LDK, s.sh, s.sl, LDK, 16 * mt, half * (DV / 2));
-        kda_mma3<1, DV / 16, false, KDA_C>(acc, s.qkh, s.qkl, LDT, s.vnh, s.vnl, LDK, 16 * mt, half * (DV / 2));
+        if (S) gdn_warp_mma<1, DV / 16, false, false, DK>(acc, s.q, LDK, s.st, LDK, 16 * mt, half * (DV / 2));
+        gdn_warp_mma<1, DV / 16, false, false, KDA_C>(acc, s.qk, LDT, s.vn, LDK, 16 * mt, half * (DV / 2));
 #pragma unroll
         for (int ni = 0; ni < DV / 16; ni++)
 #pragma unroll

@@ -9,12 +9,13 @@
  *                    layout). This is the kept buffer's prep.
  *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0): <DK, false> into qk (T, nv, 64), the
  *                    same layout, the output's intra-chunk weights; <DK, true> the backward state pass's
- *                    chunk-parallel factors from it instead (scale gam * q split, scale QK^T dO; state_pass.cuh).
+ *                    chunk-parallel factors from it instead (scale gam * q bf16, scale QK^T dO; state_pass.cuh).
  *
  * The pair sums P_ij = sum_c l_i[c] r_j[c] E_ij[c] (kda_pair_decay; l = k or q, r = k) in 16-row sub-chunks: for i
  * in sub-chunk b > 0 and j in an earlier one, E_ij = e^{G_i - G_ref} e^{G_ref - G_j} with G_ref = G at the
  * sub-chunk's first row 16 b, both exponents <= 0 (G falls along the chunk), so the block of P is one product of
- * decay-scaled rows, on tensor cores (mma.cuh: split operands, three-term products); for the chunk that is a
+ * decay-scaled rows, on tensor cores (the scaled rows rounded to bf16 once, one MMA, fp32 accumulation: common.cuh);
+ * for the chunk that is a
  * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
  * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, four lanes per
  * pair below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G).
@@ -22,26 +23,28 @@
  */
 #pragma once
 
-/* shared memory of both (DK = dk): G fp32 (64, DK); l, r raw bf16 (64, DK + 8); the decay-scaled l (hi / lo,
- * 64 rows) and r (hi / lo, 96 rows: 16, 32, 48 rows for the references of sub-chunks 1, 2, 3); two 64 x 64 fp32
- * tiles; beta. ~180 KB at DK = 128. */
-template <int DK> struct KdaPairSmem {
+/* shared memory of both (DK = dk): G fp32 (64, DK); l, r raw bf16 (64, DK + 8); the decay-scaled l (bf16, 64 rows)
+ * and r (bf16, 96 rows: 16, 32, 48 rows for the references of sub-chunks 1, 2, 3); the 64 x 64 fp32 pair sums A;
+ * beta. PREP (kda_prep_kernel): l = r = k, one tile, and Tinv (64 x 64 fp32) over the scaled r rows, dead after the
+ * pair sums: 108 KB at DK = 128; else (kda_qk_kernel) l = q and r = k apart, and A itself over the scaled r rows
+ * (kda_pair_decay writes it after a barrier that ends their reads): 109 KB. Both two blocks per SM. */
+template <int DK, bool PREP> struct KdaPairSmem {
     static constexpr int LDK = DK + 8, NR = 96;
     float *G, *A, *T, *beta;
-    bf16 *l, *r, *lh, *ll, *rh, *rl;
+    bf16 *l, *r, *ls, *rs;
     size_t bytes;
     __host__ __device__ explicit KdaPairSmem(void *b) {
         KdaCarve c(b);
         G = c.take<float>((size_t)KDA_C * DK);
-        A = c.take<float>((size_t)KDA_C * KDA_LDT);
-        T = c.take<float>((size_t)KDA_C * KDA_LDT);
+        A = PREP ? c.take<float>((size_t)KDA_C * KDA_LDT) : NULL;
         beta = c.take<float>(KDA_C);
         l = c.take<bf16>((size_t)KDA_C * LDK);
-        r = c.take<bf16>((size_t)KDA_C * LDK);
-        lh = c.take<bf16>((size_t)KDA_C * LDK);
-        ll = c.take<bf16>((size_t)KDA_C * LDK);
-        rh = c.take<bf16>((size_t)NR * LDK);
-        rl = c.take<bf16>((size_t)NR * LDK);
+        r = PREP ? l : c.take<bf16>((size_t)KDA_C * LDK);
+        ls = c.take<bf16>((size_t)KDA_C * LDK);
+        const size_t nrs = (size_t)NR * LDK * sizeof(bf16), nt = (size_t)KDA_C * KDA_LDT * sizeof(float);
+        rs = (bf16 *)c.take<unsigned char>(nrs > nt ? nrs : nt);
+        T = PREP ? (float *)rs : NULL; /* prep: Tinv over the scaled rows */
+        if (!PREP) A = (float *)rs;    /* qk: A over them */
         bytes = c.off;
     }
 };
@@ -53,27 +56,27 @@ KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
  * s.l, s.r (rows >= L zero, synchronised before the call). Warps 0..5 the six 16 x 16 column pairs below the
  * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every warp the diagonal
  * blocks' pairs and every thread the zeros. All threads; ends synchronised. */
-template <int DK, bool DIAG> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK> &s, float *P, int L) {
-    constexpr int LDK = KdaPairSmem<DK>::LDK;
+template <int DK, bool DIAG, bool PREP> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK, PREP> &s, float *P, int L) {
+    constexpr int LDK = KdaPairSmem<DK, PREP>::LDK;
     for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
         const int row = i / DK, c = i % DK, ref = row & ~15;
         const float x = __bfloat162float(s.l[row * LDK + c]) * expf(s.G[i] - s.G[ref * DK + c]);
-        kda_split(x, &s.lh[row * LDK + c], &s.ll[row * LDK + c]);
+        s.ls[row * LDK + c] = __float2bfloat16(x);
     }
-    for (int i = threadIdx.x; i < KdaPairSmem<DK>::NR * DK; i += KDA_THREADS) {
+    for (int i = threadIdx.x; i < KdaPairSmem<DK, PREP>::NR * DK; i += KDA_THREADS) {
         const int q = i / DK, c = i % DK;
         const int b = q < 16 ? 1 : q < 48 ? 2 : 3, j = q - kda_rseg(b);
         const float x = __bfloat162float(s.r[j * LDK + c]) * expf(s.G[16 * b * DK + c] - s.G[j * DK + c]);
-        kda_split(x, &s.rh[q * LDK + c], &s.rl[q * LDK + c]);
+        s.rs[q * LDK + c] = __float2bfloat16(x);
     }
     __syncthreads();
     const int w = threadIdx.x >> 5;
+    const int b = w == 0 ? 1 : w < 3 ? 2 : 3, n0 = 16 * (w == 0 ? 0 : w < 3 ? w - 1 : w - 3);
+    float acc[1][2][4];
+    gdn_zero(acc);
+    if (w < 6) gdn_warp_mma<1, 2, false, true, DK>(acc, s.ls, LDK, s.rs + kda_rseg(b) * LDK, LDK, 16 * b, n0);
+    if (!PREP) __syncthreads(); /* P (qk's A) lies over the scaled r rows: every warp's reads of them are done */
     if (w < 6) {
-        const int b = w == 0 ? 1 : w < 3 ? 2 : 3, n0 = 16 * (w == 0 ? 0 : w < 3 ? w - 1 : w - 3);
-        float acc[1][2][4];
-        gdn_zero(acc);
-        const int off = kda_rseg(b) * LDK;
-        kda_mma3<1, 2, false, DK, true>(acc, s.lh, s.ll, LDK, s.rh + off, s.rl + off, LDK, 16 * b, n0);
 #pragma unroll
         for (int ni = 0; ni < 2; ni++)
 #pragma unroll
@@ -176,28 +179,27 @@ KDA_DEV void kda_solve(float *sT, float *sX, const float *sA) {
 }
 
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_prep_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_kernel(
     float *tinv /* (T,nv,64) */, const bf16 *k, const float *g, const float *beta, const int32_t *starts,
     const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    const KdaPairSmem<DK> s(kda_smem);
+    const KdaPairSmem<DK, true> s(kda_smem);
     float *sA = s.A, *sT = s.T;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
-        kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
-        kda_load_rows<DK>(s.r, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_rows<DK>(s.l, k + ch.t0 * ldq + (int64_t)kh * DK, ldq, L); /* l = r = k */
         kda_load_G(s.G, DK, g, ch.t0, L, h, nv, DK); /* waits for the rows too */
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(ch.t0 + threadIdx.x) * nv + h] : 0.0f;
         __syncthreads();
         /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L */
-        kda_pair_decay<DK, false>(s, sA, L);
+        kda_pair_decay<DK, false, true>(s, sA, L);
         for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
             sA[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
         __syncthreads();
         static_assert(KDA_SOLVE_SCRATCH * sizeof(float) <= KDA_C * (DK + 8) * sizeof(bf16), "prep: solve scratch");
-        kda_solve(sT, (float *)s.lh, sA); /* lh is dead after the pair sums */
+        kda_solve(sT, (float *)s.ls, sA); /* ls, rs (under sT) are dead after the pair sums */
         for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
             tinv[((ch.t0 + i) * nv + h) * (int64_t)KDA_C + j] = sT[i * KDA_LDT + j];
@@ -206,29 +208,28 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_prep_ker
     }
 }
 
-/* kda_qk_kernel<DK, true>'s work for one chunk after QK is in s.A (synchronised): gq2 and P (below) */
+/* kda_qk_kernel<DK, true>'s work for one chunk after QK is in s.A (synchronised): gq and P (below) */
 template <int DK>
-KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK> &s, bf16 *gq2, float *p, const bf16 *dout, int64_t t0, int L, int h,
-                              int nv, int ldo, float scale) {
-    constexpr int LDK = KdaPairSmem<DK>::LDK, LDT = KDA_C + 8, DV = DK;
+KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *p, const bf16 *dout, int64_t t0, int L,
+                              int h, int nv, int ldo, float scale) {
+    constexpr int LDK = KdaPairSmem<DK, false>::LDK, LDT = KDA_C + 8, DV = DK;
     const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
-    /* gq2 (q in s.l); dO over k (s.r); scale QK split over the scaled l rows (s.lh / s.ll, row stride LDT) */
+    /* gq (q in s.l); dO over k (s.r); scale QK in bf16 over the scaled l rows (s.ls, row stride LDT) */
     for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
         const int r = i / DK, a = i % DK;
         const float gam = expf(s.G[i]), qv = __bfloat162float(s.l[r * LDK + a]);
-        bf16 *row = gq2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
-        kda_split(scale * gam * qv, &row[a], &row[DK + a]);
+        gq[((t0 + r) * nv + h) * (int64_t)DK + a] = __float2bfloat16(scale * gam * qv);
     }
     kda_load_rows<DV>(s.r, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
     for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
         const int r = i / KDA_C, j = i % KDA_C;
-        kda_split(scale * s.A[r * KDA_LDT + j], &s.lh[r * LDT + j], &s.ll[r * LDT + j]);
+        s.ls[r * LDT + j] = __float2bfloat16(scale * s.A[r * KDA_LDT + j]);
     }
     kda_load_wait();
     __syncthreads();
     float acc[1][DV / 16][4];
     gdn_zero(acc);
-    kda_mma2<1, DV / 16, true, KDA_C>(acc, s.lh, s.ll, LDT, s.r, LDK, 16 * mt, half * (DV / 2));
+    gdn_warp_mma<1, DV / 16, true, false, KDA_C>(acc, s.ls, LDT, s.r, LDK, 16 * mt, half * (DV / 2));
 #pragma unroll
     for (int ni = 0; ni < DV / 16; ni++)
 #pragma unroll
@@ -240,16 +241,16 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK> &s, bf16 *gq2, float *p, con
 }
 
 /* QK of the chunk (kda_pair_decay<DK, true>); !BWD: into qk (the output's weights). BWD: the backward state pass's
- * chunk-parallel factors instead (nothing into qk): gq2 = scale gam_r * q_r split hi / lo (T, nv, 2, dk), and
- * p = scale QK^T dO (T, nv, dv) fp32, P_j = scale sum_{r >= j} QK_rj dO_r, on tensor cores (scale QK split, dO bf16:
- * two-term, warp w rows [16 (w % 4), +16) and half w / 4 of the columns). Rows >= L not written. */
+ * chunk-parallel factors instead (nothing into qk): gq = scale gam_r * q_r (T, nv, dk) bf16, and
+ * p = scale QK^T dO (T, nv, dv) fp32, P_j = scale sum_{r >= j} QK_rj dO_r, on tensor cores (scale QK rounded to
+ * bf16, dO bf16: warp w rows [16 (w % 4), +16) and half w / 4 of the columns). Rows >= L not written. */
 template <int DK, bool BWD>
-__global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_qk_kernel(
-    float *qk /* (T,nv,64) */, bf16 *gq2 /* (T,nv,2,dk) */, float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_qk_kernel(
+    float *qk /* (T,nv,64) */, bf16 *gq /* (T,nv,dk) */, float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
     const float *g, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
     int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
-    const KdaPairSmem<DK> s(kda_smem);
+    const KdaPairSmem<DK, false> s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_qk_kerne
         kda_load_rows<DK>(s.r, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for the rows too */
         __syncthreads();
-        kda_pair_decay<DK, true>(s, s.A, L);
+        kda_pair_decay<DK, true, false>(s, s.A, L);
         if (!BWD) {
             for (int i = threadIdx.x; i < L * KDA_C; i += KDA_THREADS) {
                 const int r = i / KDA_C, j = i % KDA_C;
@@ -267,7 +268,7 @@ __global__ void __launch_bounds__(KDA_THREADS, KDA_MINB(DK == 128)) kda_qk_kerne
             }
             __syncthreads();
         } else {
-            kda_qk_bwd_chunk<DK>(s, gq2, p, dout, t0, L, h, nv, ldo, scale);
+            kda_qk_bwd_chunk<DK>(s, gq, p, dout, t0, L, h, nv, ldo, scale);
         }
     }
 }

@@ -2,8 +2,8 @@
  * state_pass.cuh — the two sequential passes of KDA over the chunks, one block per (column block of BV = 16, 32 or
  * 64 state columns, value head; kda.cu's kda_state_bv picks BV): the columns of the state are independent (vn =
  * U - W S and the update act on each column alone), so a head's dv columns run as dv / BV blocks side by side.
- * Everything chunk-parallel is formed before the pass (wu.cuh: W, dec * K split hi + lo, U, gam_{L-1}; prep.cuh's
- * kda_qk_kernel<DK, true>: scale gam * q split, P = scale QK^T dO), so per chunk a pass does only the products
+ * Everything chunk-parallel is formed before the pass (wu.cuh: W, dec * K in bf16, U, gam_{L-1}; prep.cuh's
+ * kda_qk_kernel<DK, true>: scale gam * q in bf16, P = scale QK^T dO), so per chunk a pass does only the products
  * with the carried state:
  *
  *   kda_state_fwd_kernel  S entering chunk 0 = S0 (or 0), reset to 0 at a document start;
@@ -17,15 +17,16 @@
  *                         Writes D leaving each chunk a state leaves to dhs (slot t0 / 64), dvn to (T, nv, dv), and
  *                         the gradient entering chunk 0 to dS0.
  *
- * Per chunk: two steps, each a warp GEMM on tensor cores (mma.cuh: the fp32 state or D and vn or dvn split hi + lo
- * afresh each chunk, the stored factors split already, the three terms of a product in their own accumulators,
- * kda_mma3s: ~2^-17 relative, the states within the fp32 bounds of test_cuda_kda.cu). The forward keeps the fp32 state
+ * Per chunk: two steps, each a warp GEMM on tensor cores (gdn_warp_mma, one MMA per product: the fp32 state or D and
+ * vn or dvn rounded to bf16 afresh each chunk, the stored factors bf16 already, fp32 accumulation; common.cuh's
+ * precision: the carried state itself stays fp32 in registers). The forward keeps the fp32 state
  * in registers and two buffers of factors: chunk c + 1's W, U, dec * K and gam_{L-1} land with cp.async while chunk c's
  * products run; two barriers a chunk. The backward keeps D in registers too (the same layout) and one buffer per step
- * (two of its buffers would need ~236 KB at BV = 16): the factors of one step are loaded while the other runs (dec * K
+ * (with the split operands two buffers needed ~236 KB at BV = 16; with bf16 ones ~125 KB would do, not yet tried):
+ * the factors of one step are loaded while the other runs (dec * K
  * and P during D's update, W, gam * q and gam_{L-1} during dvn; dO through registers: its row stride need not be
- * 16-byte aligned), three barriers a chunk. Shared memory (DK = 128): the forward ~165 / 185 / 225 KB at BV = 16 / 32 /
- * 64, the backward ~129 / 147 / 183 KB (the launch raises the block's limit; sm_90 allows 227 KB). Templates on DK = dk
+ * 16-byte aligned), three barriers a chunk. Shared memory (DK = 128): the forward ~88 / 102 / 130 KB at BV = 16 / 32 /
+ * 64, the backward ~69 / 80 / 105 KB (the launch raises the block's limit; sm_90 allows 227 KB). Templates on DK = dk
  * (64, 128) and BV. Part of kda.cu.
  */
 #pragma once
@@ -39,31 +40,27 @@ template <int BV> struct KdaTile64 {
 };
 
 /* the forward pass's shared memory (DK = dk, BV columns): two buffers (chunks c and c + 1) of the factors: U (64 x BV
- * fp32), gam_{L-1}, W hi / lo and dec * K hi / lo (bf16, 64 x DK, rows padded by 8); then the entering state S
- * hi / lo (DK x BV) and vn hi / lo (64 x BV), bf16, rows padded by 8. The fp32 state lives in registers. */
+ * fp32), gam_{L-1}, W and dec * K (bf16, 64 x DK, rows padded by 8); then the entering state S (DK x BV) and vn
+ * (64 x BV), bf16, rows padded by 8. The fp32 state lives in registers. */
 struct KdaSfwdBuf {
     float *U, *GL;
-    bf16 *wh, *wl, *xh, *xl;
+    bf16 *w, *x;
 };
 template <int DK, int BV> struct KdaSfwdSmem {
     static constexpr int LDK = DK + 8, LDB = BV + 8, LDU = BV + 4;
     KdaSfwdBuf f0, f1; /* the buffers */
-    bf16 *sh, *sl, *vnh, *vnl;
+    bf16 *st, *vnb;
     size_t bytes;
     __host__ __device__ explicit KdaSfwdSmem(void *b) {
         KdaCarve c(b);
         for (KdaSfwdBuf *f : {&f0, &f1}) {
             f->U = c.take<float>((size_t)KDA_C * LDU);
             f->GL = c.take<float>(DK);
-            f->wh = c.take<bf16>((size_t)KDA_C * LDK);
-            f->wl = c.take<bf16>((size_t)KDA_C * LDK);
-            f->xh = c.take<bf16>((size_t)KDA_C * LDK);
-            f->xl = c.take<bf16>((size_t)KDA_C * LDK);
+            f->w = c.take<bf16>((size_t)KDA_C * LDK);
+            f->x = c.take<bf16>((size_t)KDA_C * LDK);
         }
-        sh = c.take<bf16>((size_t)DK * LDB);
-        sl = c.take<bf16>((size_t)DK * LDB);
-        vnh = c.take<bf16>((size_t)KDA_C * LDB);
-        vnl = c.take<bf16>((size_t)KDA_C * LDB);
+        st = c.take<bf16>((size_t)DK * LDB);
+        vnb = c.take<bf16>((size_t)KDA_C * LDB);
         bytes = c.off;
     }
     /* buffer b (a select, not an index: the pointers stay in registers) */
@@ -73,11 +70,11 @@ template <int DK, int BV> struct KdaSfwdSmem {
 /* the forward's loads of chunk ch into buffer f (W, U, dec * K, gam_{L-1}; U zero for the transition's M columns),
  * cp.async, not committed */
 template <int DK, int BV>
-KDA_DEV void kda_sfwd_load(const KdaSfwdBuf &f, const KdaChunk &ch, const bf16 *w2, const bf16 *x2, const float *u,
+KDA_DEV void kda_sfwd_load(const KdaSfwdBuf &f, const KdaChunk &ch, const bf16 *wb, const bf16 *xb, const float *u,
                            const float *gl, int h, int nv, int dv, int col0, bool is_M) {
-    kda_cp_pair<DK>(f.wh, f.wl, w2, ch.t0, ch.L, h, nv);
+    kda_cp_rows<DK>(f.w, wb, ch.t0, ch.L, h, nv);
     kda_cp_f32<BV>(f.U, KdaSfwdSmem<DK, BV>::LDU, u, ch.t0, ch.L, h, nv, dv, col0, !is_M);
-    kda_cp_pair<DK>(f.xh, f.xl, x2, ch.t0, ch.L, h, nv);
+    kda_cp_rows<DK>(f.x, xb, ch.t0, ch.L, h, nv);
     if (threadIdx.x < DK / 4) {
         const bool ok = !ch.reset;
         ptx_cp_async16(f.GL + 4 * threadIdx.x, ok ? gl + (ch.slot * nv + h) * (int64_t)DK + 4 * threadIdx.x : gl,
@@ -85,17 +82,27 @@ KDA_DEV void kda_sfwd_load(const KdaSfwdBuf &f, const KdaChunk &ch, const bf16 *
     }
 }
 
-/* Tensor cores (mma.cuh: split operands, three-term products). vn: KdaTile64<BV>; the state update: DK = 128: warp
+/* the elements of a thread's 16 x 8 NT accumulator fragment of a state (or D) block, rows m0 + gdn_frag_row(e),
+ * columns n0 + 8 ni + gdn_frag_col(e): f(ni, e, row, column) for each, in a fixed order (both passes' loads, stores
+ * and roundings of the carried fp32 state in registers) */
+template <int NT, class F> KDA_DEV void kda_frag_each(int m0, int n0, F f) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) f(ni, e, m0 + gdn_frag_row(e), n0 + 8 * ni + gdn_frag_col(e));
+}
+
+/* Tensor cores (gdn_warp_mma, bf16 operands). vn: KdaTile64<BV>; the state update: DK = 128: warp
  * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. The fp32 state lives in the update's accumulator
  * layout (each element in one thread's registers; at DK = 64, BV = 16 warps 0-3 hold it all), so the update, the
- * stores of the entering state and its split for the next chunk's vn are that thread's, in its epilogue. Per
+ * stores of the entering state and its bf16 copy for the next chunk's vn are that thread's, in its epilogue. Per
  * chunk c: wait for its factors, barrier, issue chunk c + 1's into the other buffer, vn, barrier, the update and
  * the next chunk's entering state: two barriers, and the factors of a chunk land during the whole chunk before. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
     float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
-    const bf16 *w2 /* (T,nv,2,dk) */, const bf16 *x2 /* (T,nv,2,dk) */, const float *u /* (T,nv,dv) */,
+    const bf16 *wb /* (T,nv,dk) */, const bf16 *xb /* (T,nv,dk) */, const float *u /* (T,nv,dv) */,
     const float *gl /* (ns,nv,dk) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
     int nv, int dv) {
     using Sm = KdaSfwdSmem<DK, BV>;
@@ -115,34 +122,26 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     /* this thread's state elements (the update's accumulator layout; rows m0 + gdn_frag_row, columns n0 + 8 ni +
      * gdn_frag_col) */
     float S[NTS][4];
-#pragma unroll
-    for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-            float x = 0.0f;
-            if (sjob && is_M) x = a == col0 - dv + cc ? 1.0f : 0.0f;
-            else if (sjob && S0) x = S0[h * sn + (size_t)a * dv + col0 + cc];
-            S[ni][e] = x;
-        }
-    /* the state entering chunk k: 0 at a document start, else stored (S columns); split for the vn step */
+    kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
+        float x = 0.0f;
+        if (sjob && is_M) x = a == col0 - dv + cc ? 1.0f : 0.0f;
+        else if (sjob && S0) x = S0[h * sn + (size_t)a * dv + col0 + cc];
+        S[ni][e] = x;
+    });
+    /* the state entering chunk k: 0 at a document start, else stored (S columns); in bf16 for the vn step */
     auto enter = [&](const KdaChunk &k) {
         if (!sjob) return;
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-                float x = S[ni][e];
-                if (k.reset) S[ni][e] = x = 0.0f;
-                else if (hs && !is_M) hs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-                kda_split(x, &s.sh[a * LDB + cc], &s.sl[a * LDB + cc]);
-            }
+        kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
+            float x = S[ni][e];
+            if (k.reset) S[ni][e] = x = 0.0f;
+            else if (hs && !is_M) hs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
+            s.st[a * LDB + cc] = __float2bfloat16(x);
+        });
     };
     KdaChunk ch = {}, nx = {};
     if (nc > 0) {
         ch = kda_chunk(starts, doc_pos, 0, T);
-        kda_sfwd_load<DK, BV>(s.f0, ch, w2, x2, u, gl, h, nv, dv, col0, is_M);
+        kda_sfwd_load<DK, BV>(s.f0, ch, wb, xb, u, gl, h, nv, dv, col0, is_M);
         enter(ch);
     }
     ptx_cp_async_commit();
@@ -153,15 +152,15 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
         const int64_t t0 = ch.t0;
         const bool more = c + 1 < nc;
         ptx_cp_async_wait<0>(); /* chunk c's factors (this thread's copies) */
-        __syncthreads();        /* everyone's; the entering state's split; fn read (chunk c - 1) */
-        if (more) kda_sfwd_load<DK, BV>(fn, nx, w2, x2, u, gl, h, nv, dv, col0, is_M);
+        __syncthreads();        /* everyone's; the entering state's bf16 copy; fn read (chunk c - 1) */
+        if (more) kda_sfwd_load<DK, BV>(fn, nx, wb, xb, u, gl, h, nv, dv, col0, is_M);
         ptx_cp_async_commit();
         const KdaChunk nn = c + 2 < nc ? kda_chunk(starts, doc_pos, c + 2, T) : nx; /* used by the next chunk */
         /* vn = U - W S (rows >= L: 0) */
         if (vjob) {
             float ws[1][Tv::NT][4];
             gdn_zero(ws);
-            kda_mma3s<1, Tv::NT, false, DK>(ws, f.wh, f.wl, LDK, s.sh, s.sl, LDB, 16 * mt, vn0);
+            gdn_warp_mma<1, Tv::NT, false, false, DK>(ws, f.w, LDK, s.st, LDB, 16 * mt, vn0);
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
@@ -169,15 +168,15 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
                     const int r = 16 * mt + gdn_frag_row(e), cc = vn0 + 8 * ni + gdn_frag_col(e);
                     const float x = f.U[r * LDU + cc] - ws[0][ni][e];
                     if (vn && !is_M && r < L) vn[((t0 + r) * nv + h) * (int64_t)dv + col0 + cc] = x;
-                    kda_split(x, &s.vnh[r * LDB + cc], &s.vnl[r * LDB + cc]);
+                    s.vnb[r * LDB + cc] = __float2bfloat16(x);
                 }
         }
-        __syncthreads(); /* vn split; S's split read */
+        __syncthreads(); /* vn in bf16; S's bf16 copy read */
         /* S = Diag(gam_{L-1}) S + (dec * K)^T vn (the carried term is 0 at a document start) */
         if (sjob) {
             float as[1][NTS][4];
             gdn_zero(as);
-            kda_mma3s<1, NTS, true, KDA_C>(as, f.xh, f.xl, LDK, s.vnh, s.vnl, LDB, m0, n0);
+            gdn_warp_mma<1, NTS, true, false, KDA_C>(as, f.x, LDK, s.vnb, LDB, m0, n0);
 #pragma unroll
             for (int ni = 0; ni < NTS; ni++)
 #pragma unroll
@@ -193,42 +192,33 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     }
     ptx_cp_async_wait<0>();
     if (sjob)
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-                if (is_M) {
-                    if (M_out) M_out[((size_t)h * DK + a) * DK + col0 - dv + cc] = S[ni][e];
-                } else if (S_out) {
-                    S_out[h * sn + (size_t)a * dv + col0 + cc] = S[ni][e];
-                }
+        kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
+            if (is_M) {
+                if (M_out) M_out[((size_t)h * DK + a) * DK + col0 - dv + cc] = S[ni][e];
+            } else if (S_out) {
+                S_out[h * sn + (size_t)a * dv + col0 + cc] = S[ni][e];
             }
+        });
 }
 
 /* the backward pass's shared memory (DK = dk, BV columns): P (64 x BV fp32), gam_{L-1}; bf16 tiles, rows padded
- * by 8: dec * K, W, Q = scale gam * q hi / lo (64 x DK each), D hi / lo (DK x BV), dvn hi / lo and dO (64 x BV).
- * The fp32 gradient D lives in registers. */
+ * by 8: dec * K, W, Q = scale gam * q (64 x DK each), D (DK x BV), dvn and dO (64 x BV). The fp32 gradient D lives
+ * in registers. */
 template <int DK, int BV> struct KdaSbwdSmem {
     static constexpr int LDK = DK + 8, LDB = BV + 8, LDU = BV + 4;
     float *P, *GL;
-    bf16 *xh, *xl, *wh, *wl, *qh, *ql, *dh, *dl, *dout, *dvnh, *dvnl;
+    bf16 *x, *w, *q, *d, *dout, *dvnb;
     size_t bytes;
     __host__ __device__ explicit KdaSbwdSmem(void *b) {
         KdaCarve c(b);
         P = c.take<float>((size_t)KDA_C * LDU);
         GL = c.take<float>(DK);
-        xh = c.take<bf16>((size_t)KDA_C * LDK);
-        xl = c.take<bf16>((size_t)KDA_C * LDK);
-        wh = c.take<bf16>((size_t)KDA_C * LDK);
-        wl = c.take<bf16>((size_t)KDA_C * LDK);
-        qh = c.take<bf16>((size_t)KDA_C * LDK);
-        ql = c.take<bf16>((size_t)KDA_C * LDK);
-        dh = c.take<bf16>((size_t)DK * LDB);
-        dl = c.take<bf16>((size_t)DK * LDB);
+        x = c.take<bf16>((size_t)KDA_C * LDK);
+        w = c.take<bf16>((size_t)KDA_C * LDK);
+        q = c.take<bf16>((size_t)KDA_C * LDK);
+        d = c.take<bf16>((size_t)DK * LDB);
         dout = c.take<bf16>((size_t)KDA_C * LDB);
-        dvnh = c.take<bf16>((size_t)KDA_C * LDB);
-        dvnl = c.take<bf16>((size_t)KDA_C * LDB);
+        dvnb = c.take<bf16>((size_t)KDA_C * LDB);
         bytes = c.off;
     }
 };
@@ -257,16 +247,16 @@ template <int BV> struct KdaDoutRegs {
 /* the backward's loads of chunk ch: group A (dec * K, P: the dvn step), group B (W, scale gam * q, gam_{L-1}: D's
  * update; dO beside it through registers) */
 template <int DK, int BV>
-KDA_DEV void kda_sbwd_load_a(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, const bf16 *x2, const float *p, int h,
+KDA_DEV void kda_sbwd_load_a(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, const bf16 *xb, const float *p, int h,
                              int nv, int dv, int col0) {
-    kda_cp_pair<DK>(s.xh, s.xl, x2, ch.t0, ch.L, h, nv);
+    kda_cp_rows<DK>(s.x, xb, ch.t0, ch.L, h, nv);
     kda_cp_f32<BV>(s.P, KdaSbwdSmem<DK, BV>::LDU, p, ch.t0, ch.L, h, nv, dv, col0, true);
 }
 template <int DK, int BV>
-KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, const bf16 *w2, const bf16 *gq2,
+KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, const bf16 *wb, const bf16 *gq,
                              const float *gl, int h, int nv) {
-    kda_cp_pair<DK>(s.wh, s.wl, w2, ch.t0, ch.L, h, nv);
-    kda_cp_pair<DK>(s.qh, s.ql, gq2, ch.t0, ch.L, h, nv);
+    kda_cp_rows<DK>(s.w, wb, ch.t0, ch.L, h, nv);
+    kda_cp_rows<DK>(s.q, gq, ch.t0, ch.L, h, nv);
     if (threadIdx.x < DK / 4) {
         const bool ok = !ch.reset;
         ptx_cp_async16(s.GL + 4 * threadIdx.x, ok ? gl + (ch.slot * nv + h) * (int64_t)DK + 4 * threadIdx.x : gl, ok);
@@ -274,15 +264,15 @@ KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, c
 }
 
 /* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S; D in registers in the update's accumulator
- * layout, the store of the gradient leaving a chunk and its split for the dvn step in the update's epilogue). Per
+ * layout, the store of the gradient leaving a chunk and its bf16 copy for the dvn step in the update's epilogue). Per
  * chunk: wait for group A (dec * K, P), barrier, dvn, wait for group B (W, gam * q, gam_{L-1}; dO stored), barrier,
  * issue the next chunk's group A (and dO into registers), D's update and the next chunk's leaving gradient,
  * barrier, issue its group B (and store dO): three barriers. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     float *dhs /* (ns,nv,dk,dv) or NULL */, float *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
-    const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *w2 /* (T,nv,2,dk) */, const bf16 *x2 /* (T,nv,2,dk) */,
-    const bf16 *gq2 /* (T,nv,2,dk) */, const float *p /* (T,nv,dv) */, const float *gl /* (ns,nv,dk) */,
+    const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *wb /* (T,nv,dk) */, const bf16 *xb /* (T,nv,dk) */,
+    const bf16 *gq /* (T,nv,dk) */, const float *p /* (T,nv,dv) */, const float *gl /* (ns,nv,dk) */,
     const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
     int nv, int dv, int ldo) {
     using Sm = KdaSbwdSmem<DK, BV>;
@@ -302,33 +292,25 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     const int64_t dcol = (int64_t)h * dv + col0;
     /* this thread's elements of D (rows m0 + gdn_frag_row, columns n0 + 8 ni + gdn_frag_col) */
     float D[NTS][4];
-#pragma unroll
-    for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-            D[ni][e] = sjob && dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
-        }
-    /* the gradient leaving chunk k: stored where a state leaves it; split for the dvn step */
+    kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
+        D[ni][e] = sjob && dS_final ? dS_final[h * sn + (size_t)a * dv + col0 + cc] : 0.0f;
+    });
+    /* the gradient leaving chunk k: stored where a state leaves it; in bf16 for the dvn step */
     auto leave = [&](const KdaChunk &k) {
         if (!sjob) return;
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-                const float x = D[ni][e];
-                if (dhs && k.leaves) dhs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-                kda_split(x, &s.dh[a * LDB + cc], &s.dl[a * LDB + cc]);
-            }
+        kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
+            const float x = D[ni][e];
+            if (dhs && k.leaves) dhs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
+            s.d[a * LDB + cc] = __float2bfloat16(x);
+        });
     };
     KdaDoutRegs<BV> dor;
     KdaChunk ch = {};
     if (nc > 0) {
         ch = kda_chunk(starts, doc_pos, nc - 1, T);
-        kda_sbwd_load_a<DK, BV>(s, ch, x2, p, h, nv, dv, col0);
+        kda_sbwd_load_a<DK, BV>(s, ch, xb, p, h, nv, dv, col0);
         ptx_cp_async_commit();
-        kda_sbwd_load_b<DK, BV>(s, ch, w2, gq2, gl, h, nv);
+        kda_sbwd_load_b<DK, BV>(s, ch, wb, gq, gl, h, nv);
         ptx_cp_async_commit();
         dor.load(dout, ch, ldo, dcol);
         dor.store(s.dout, LDB);
@@ -340,12 +322,12 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
         const bool more = c > 0;
         const KdaChunk nx = more ? kda_chunk(starts, doc_pos, c - 1, T) : ch;
         ptx_cp_async_wait<1>(); /* group A of this chunk */
-        __syncthreads();        /* everyone's; D's split and dO */
+        __syncthreads();        /* everyone's; D's bf16 copy and dO */
         /* dvn_j = (dec_j * k_j)^T D + P_j (rows >= L: 0) */
         if (vjob) {
             float ad[1][Tv::NT][4];
             gdn_zero(ad);
-            kda_mma3s<1, Tv::NT, false, DK>(ad, s.xh, s.xl, LDK, s.dh, s.dl, LDB, 16 * mt, vn0);
+            gdn_warp_mma<1, Tv::NT, false, false, DK>(ad, s.x, LDK, s.d, LDB, 16 * mt, vn0);
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
@@ -353,42 +335,33 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
                     const int j = 16 * mt + gdn_frag_row(e), cc = vn0 + 8 * ni + gdn_frag_col(e);
                     const float x = ad[0][ni][e] + s.P[j * LDU + cc];
                     if (dvn && j < L) dvn[((t0 + j) * nv + h) * (int64_t)dv + col0 + cc] = x;
-                    kda_split(x, &s.dvnh[j * LDB + cc], &s.dvnl[j * LDB + cc]);
+                    s.dvnb[j * LDB + cc] = __float2bfloat16(x);
                 }
         }
         ptx_cp_async_wait<0>(); /* group B of this chunk */
-        __syncthreads(); /* dec * K, P and D's split read: the next chunk's come in during D's update; B and dvn */
+        __syncthreads(); /* dec * K, P and D's copy read: the next chunk's come in during D's update; B and dvn */
         if (more) {
-            kda_sbwd_load_a<DK, BV>(s, nx, x2, p, h, nv, dv, col0);
+            kda_sbwd_load_a<DK, BV>(s, nx, xb, p, h, nv, dv, col0);
             dor.load(dout, nx, ldo, dcol);
         }
         ptx_cp_async_commit();
-        /* D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn; 0 at a document start (NTS = 8: in two
-         * passes of 4 column tiles, the products' five accumulators and D within the registers; the same
-         * arithmetic per element) */
+        /* D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn; 0 at a document start (the two products in
+         * their own accumulators: two independent MMA chains) */
         if (sjob) {
-            constexpr int NP = NTS >= 8 ? 2 : 1, NTP = NTS / NP;
-#pragma unroll
-            for (int hp = 0; hp < NP; hp++) {
-                float aq[1][NTP][4], awd[1][NTP][4];
-                gdn_zero(aq);
-                gdn_zero(awd);
-                kda_mma2s<1, NTP, true, KDA_C>(aq, s.qh, s.ql, LDK, s.dout, LDB, m0, n0 + 8 * NTP * hp);
-                kda_mma3s<1, NTP, true, KDA_C>(awd, s.wh, s.wl, LDK, s.dvnh, s.dvnl, LDB, m0, n0 + 8 * NTP * hp);
-#pragma unroll
-                for (int ni = 0; ni < NTP; ni++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int a = m0 + gdn_frag_row(e);
-                        const float x = s.GL[a] * D[NTP * hp + ni][e] + (aq[0][ni][e] - awd[0][ni][e]);
-                        D[NTP * hp + ni][e] = ch.reset ? 0.0f : x;
-                    }
-            }
+            float aq[1][NTS][4], awd[1][NTS][4];
+            gdn_zero(aq);
+            gdn_zero(awd);
+            gdn_warp_mma<1, NTS, true, false, KDA_C>(aq, s.q, LDK, s.dout, LDB, m0, n0);
+            gdn_warp_mma<1, NTS, true, false, KDA_C>(awd, s.w, LDK, s.dvnb, LDB, m0, n0);
+            kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int) {
+                const float x = s.GL[a] * D[ni][e] + (aq[0][ni][e] - awd[0][ni][e]);
+                D[ni][e] = ch.reset ? 0.0f : x;
+            });
         }
         if (more) leave(nx);
         __syncthreads(); /* W, gam * q, dO and gam_{L-1} are read */
         if (more) {
-            kda_sbwd_load_b<DK, BV>(s, nx, w2, gq2, gl, h, nv);
+            kda_sbwd_load_b<DK, BV>(s, nx, wb, gq, gl, h, nv);
             dor.store(s.dout, LDB);
         }
         ptx_cp_async_commit();
@@ -396,11 +369,6 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     }
     ptx_cp_async_wait<0>();
     if (dS0 && sjob)
-#pragma unroll
-        for (int ni = 0; ni < NTS; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int a = m0 + gdn_frag_row(e), cc = n0 + 8 * ni + gdn_frag_col(e);
-                dS0[h * sn + (size_t)a * dv + col0 + cc] = D[ni][e];
-            }
+        kda_frag_each<NTS>(m0, n0,
+                           [&](int ni, int e, int a, int cc) { dS0[h * sn + (size_t)a * dv + col0 + cc] = D[ni][e]; });
 }

@@ -3,8 +3,8 @@
  * the passes (state_pass.cuh) do nothing per chunk but the two products with the carried state:
  *
  *   kda_wu_kernel  from the kept Tinv (prep.cuh) and the chunk's k, v, g, beta:
- *                    W     = Tinv diag(beta) (gam * K)   (64 x dk)  -> w2 (T, nv, 2, dk) bf16: row t = [hi | lo]
- *                    dec*K = e^{G_{L-1} - G_r} k_r       (64 x dk)  -> x2 (T, nv, 2, dk) bf16, the same split
+ *                    W     = Tinv diag(beta) (gam * K)   (64 x dk)  -> w (T, nv, dk) bf16
+ *                    dec*K = e^{G_{L-1} - G_r} k_r       (64 x dk)  -> x (T, nv, dk) bf16
  *                    U     = Tinv diag(beta) V           (64 x dv)  -> u (T, nv, dv) fp32 (where u is not NULL:
  *                                                                      only the forward pass reads it)
  *                    gam_{L-1} = e^{G_{L-1}}             (dk)       -> gl (ns, nv, dk) fp32 at the chunk's slot
@@ -14,44 +14,41 @@
  *                                                                      slot may be another chunk's)
  *                  Rows >= L of a chunk are not written (the passes read them as zeros: cp.async zero fill).
  *
- * W and dec*K are the passes' operands of tensor-core products, stored split x = hi + lo (mma.cuh's kda_split,
- * computed by the same three-term products as before they were moved here, so the passes' results keep their
- * bits); U is subtracted in fp32. The state pass reads each chunk's rows with cp.async (kda_cp_pair below). The
- * backward's other factors (scale gam * q split, and scale QK^T dO) come from prep.cuh's kda_qk_kernel<DK, true>.
- * Templates on DK = dk = dv. Shared memory ~102 KB at 128. Part of kda.cu.
+ * W and dec*K are the passes' operands of tensor-core products, stored rounded to bf16 once (common.cuh's
+ * precision); W and U are products of Tinv diag(beta) in bf16 with gam * K in bf16 and with V, one MMA each, fp32
+ * accumulation; U is subtracted in fp32. The state pass reads each chunk's rows with cp.async (kda_cp_rows below).
+ * The backward's other factors (scale gam * q bf16, and scale QK^T dO) come from prep.cuh's kda_qk_kernel<DK, true>.
+ * Templates on DK = dk = dv. Shared memory ~75 KB at 128 (two blocks per SM). Part of kda.cu.
  */
 #pragma once
 
 template <int DK> struct KdaWuSmem {
     static constexpr int LDK = DK + 8, LDT = KDA_C + 8;
     float *G, *beta;
-    bf16 *tbh, *tbl, *xh, *xl, *v;
+    bf16 *tb, *x, *v;
     size_t bytes;
     __host__ __device__ explicit KdaWuSmem(void *b) {
         KdaCarve c(b);
         G = c.take<float>((size_t)KDA_C * DK);
         beta = c.take<float>(KDA_C);
-        tbh = c.take<bf16>((size_t)KDA_C * LDT);
-        tbl = c.take<bf16>((size_t)KDA_C * LDT);
-        xh = c.take<bf16>((size_t)KDA_C * LDK);
-        xl = c.take<bf16>((size_t)KDA_C * LDK);
+        tb = c.take<bf16>((size_t)KDA_C * LDT);
+        x = c.take<bf16>((size_t)KDA_C * LDK);
         v = c.take<bf16>((size_t)KDA_C * LDK);
         bytes = c.off;
     }
 };
 
-/* rows [0, 64) of head h of a (T, nv, 2, DK) split buffer (row t0 + r) into hi / lo tiles of row stride DK + 8 with
- * cp.async (16 bytes a copy); rows >= L zero-filled. Thread t copies piece t % (2 DK / 8) of rows t / (2 DK / 8)
- * + RS j: its addresses step by a constant, no division or 64-bit product per copy (the state passes issue these
- * between their dependent steps). All threads; the caller commits and waits. */
-template <int DK>
-KDA_DEV void kda_cp_pair(bf16 *hi, bf16 *lo, const bf16 *src, int64_t t0, int L, int h, int nv) {
-    constexpr int CPR = DK / 8, RS = KDA_THREADS / (2 * CPR); /* 16-byte copies per half row; rows a pass */
-    static_assert(KDA_THREADS % (2 * CPR) == 0 && KDA_C % RS == 0, "kda_cp_pair: whole rows a pass");
-    const int r0 = threadIdx.x / (2 * CPR), q = threadIdx.x % (2 * CPR), part = q / CPR, c = (q % CPR) * 8;
-    bf16 *d = (part ? lo : hi) + r0 * (DK + 8) + c;
-    const bf16 *g = src + ((t0 + r0) * nv + h) * (int64_t)(2 * DK) + part * DK + c;
-    const int64_t step = (int64_t)RS * nv * (2 * DK);
+/* rows [0, 64) of head h of a (T, nv, DK) bf16 buffer (row t0 + r) into a tile of row stride DK + 8 with cp.async
+ * (16 bytes a copy); rows >= L zero-filled. Thread t copies piece t % (DK / 8) of rows t / (DK / 8) + RS j: its
+ * addresses step by a constant, no division or 64-bit product per copy (the state passes issue these between their
+ * dependent steps). All threads; the caller commits and waits. */
+template <int DK> KDA_DEV void kda_cp_rows(bf16 *s, const bf16 *src, int64_t t0, int L, int h, int nv) {
+    constexpr int CPR = DK / 8, RS = KDA_THREADS / CPR; /* 16-byte copies per row; rows a pass */
+    static_assert(KDA_THREADS % CPR == 0 && KDA_C % RS == 0, "kda_cp_rows: whole rows a pass");
+    const int r0 = threadIdx.x / CPR, c = (threadIdx.x % CPR) * 8;
+    bf16 *d = s + r0 * (DK + 8) + c;
+    const bf16 *g = src + ((t0 + r0) * nv + h) * (int64_t)DK + c;
+    const int64_t step = (int64_t)RS * nv * DK;
 #pragma unroll
     for (int j = 0; j < KDA_C / RS; j++) {
         const bool ok = r0 + RS * j < L;
@@ -60,7 +57,7 @@ KDA_DEV void kda_cp_pair(bf16 *hi, bf16 *lo, const bf16 *src, int64_t t0, int L,
 }
 
 /* rows [0, 64) x W fp32 columns [col0, col0 + W) of a (T, nv, ld) buffer's head h into a tile of row stride lds
- * with cp.async; rows >= L (or all, when !on) zero-filled; the addresses as kda_cp_pair's */
+ * with cp.async; rows >= L (or all, when !on) zero-filled; the addresses as kda_cp_rows' */
 template <int W>
 KDA_DEV void kda_cp_f32(float *s, int lds, const float *src, int64_t t0, int L, int h, int nv, int ld, int col0,
                         bool on) {
@@ -90,12 +87,12 @@ KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, i
     }
 }
 
-/* Per (chunk, value head): Tb = Tinv diag(beta) and X = gam * K split, W = Tb X (three-term) and U = Tb V (two-term)
- * on tensor cores, warp w rows [16 (w % 4), +16) and half w / 4 of the columns (state_pass.cuh's old tiling: the same
- * bits); dec * K and gam_{L-1} elementwise, fp32 exponentials with exponents <= 0. */
+/* Per (chunk, value head): Tb = Tinv diag(beta) and X = gam * K in bf16, W = Tb X and U = Tb V on tensor cores,
+ * warp w rows [16 (w % 4), +16) and half w / 4 of the columns; dec * K and gam_{L-1} elementwise, fp32
+ * exponentials with exponents <= 0. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_wu_kernel(
-    bf16 *w2 /* (T,nv,2,dk) */, bf16 *x2 /* (T,nv,2,dk) */, float *u /* (T,nv,dv) or NULL */,
+    bf16 *wo /* (T,nv,dk) */, bf16 *xo /* (T,nv,dk) */, float *u /* (T,nv,dv) or NULL */,
     float *gl /* (ns,nv,dk) */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
     int nk, int nv, int ldq, int ldv) {
@@ -110,10 +107,10 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_wu_kernel(
         const int L = ch.L;
         const int64_t t0 = ch.t0;
         if (u) kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * DV, ldv, DV, L);
-        kda_load_bf16(s.xl, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* k, then gam * k split over it */
+        kda_load_bf16(s.x, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* k, then gam * k over it */
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for v and k too; its barrier publishes beta */
-        /* Tb = Tinv diag(beta), split: Tinv's rows 16 bytes a load (plain loads if tinv is not 16-byte aligned), a
+        /* Tb = Tinv diag(beta) in bf16: Tinv's rows 16 bytes a load (plain loads if tinv is not 16-byte aligned), a
          * thread's KDA_BATCH loads in flight together */
         const bool t16 = ((uintptr_t)tinv & 15) == 0;
         for (int i0 = threadIdx.x; i0 < KDA_C * KDA_C / 4; i0 += KDA_BATCH * KDA_THREADS) {
@@ -133,48 +130,42 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_wu_kernel(
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const float x = r < L && j + e <= r ? tq[e] * s.beta[j + e] : 0.0f;
-                    if (i < KDA_C * KDA_C / 4) kda_split(x, &s.tbh[r * LDT + j + e], &s.tbl[r * LDT + j + e]);
+                    if (i < KDA_C * KDA_C / 4) s.tb[r * LDT + j + e] = __float2bfloat16(x);
                 }
             }
         }
         __syncthreads(); /* G */
-        /* gam * k split (in place over k: each element read by its writer) and dec * k split into x2 (rows < L) */
+        /* gam * k (in place over k: each element read by its writer) and dec * k into xo (rows < L), bf16 */
         for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
             const int r = i / DK, a = i % DK;
-            const float kv = __bfloat162float(s.xl[r * LDK + a]); /* 0 for rows >= L */
-            kda_split(expf(s.G[i]) * kv, &s.xh[r * LDK + a], &s.xl[r * LDK + a]);
+            const float kv = __bfloat162float(s.x[r * LDK + a]); /* 0 for rows >= L */
+            s.x[r * LDK + a] = __float2bfloat16(expf(s.G[i]) * kv);
             if (r == 0 && !ch.reset) gl[(ch.slot * nv + h) * (int64_t)DK + a] = expf(s.G[(L - 1) * DK + a]);
-            if (r < L) {
-                bf16 *row = x2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
-                kda_split(expf(s.G[(L - 1) * DK + a] - s.G[i]) * kv, &row[a], &row[DK + a]);
-            }
+            if (r < L)
+                xo[((t0 + r) * nv + h) * (int64_t)DK + a] = __float2bfloat16(expf(s.G[(L - 1) * DK + a] - s.G[i]) * kv);
         }
         __syncthreads();
         {
             float aw[1][DK / 16][4];
             gdn_zero(aw);
-            kda_mma3<1, DK / 16, false, KDA_C>(aw, s.tbh, s.tbl, LDT, s.xh, s.xl, LDK, 16 * mt, half * (DK / 2));
+            gdn_warp_mma<1, DK / 16, false, false, KDA_C>(aw, s.tb, LDT, s.x, LDK, 16 * mt, half * (DK / 2));
 #pragma unroll
             for (int ni = 0; ni < DK / 16; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) { /* elements e, e + 1: adjacent columns, one 4-byte store each */
                     const int r = 16 * mt + gdn_frag_row(e), a = half * (DK / 2) + 8 * ni + gdn_frag_col(e);
                     if (r < L) {
-                        bf16 *row = w2 + ((t0 + r) * nv + h) * (int64_t)(2 * DK);
-                        bf16 hl[2][2];
-                        kda_split(aw[0][ni][e], &hl[0][0], &hl[1][0]);
-                        kda_split(aw[0][ni][e + 1], &hl[0][1], &hl[1][1]);
-                        uint32_t u2[2];
-                        memcpy(u2, hl, sizeof u2);
-                        *(uint32_t *)&row[a] = u2[0];
-                        *(uint32_t *)&row[DK + a] = u2[1];
+                        const bf16 pair[2] = {__float2bfloat16(aw[0][ni][e]), __float2bfloat16(aw[0][ni][e + 1])};
+                        uint32_t u2;
+                        memcpy(&u2, pair, sizeof u2);
+                        *(uint32_t *)&wo[((t0 + r) * nv + h) * (int64_t)DK + a] = u2;
                     }
                 }
         }
         if (u) {
             float au[1][DV / 16][4];
             gdn_zero(au);
-            kda_mma2<1, DV / 16, false, KDA_C>(au, s.tbh, s.tbl, LDT, s.v, LDK, 16 * mt, half * (DV / 2));
+            gdn_warp_mma<1, DV / 16, false, false, KDA_C>(au, s.tb, LDT, s.v, LDK, 16 * mt, half * (DV / 2));
 #pragma unroll
             for (int ni = 0; ni < DV / 16; ni++)
 #pragma unroll

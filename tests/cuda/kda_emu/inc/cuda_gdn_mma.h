@@ -86,17 +86,6 @@ GDN_DEV void gdn_warp_mma(float (&acc)[MT][NT][4], const __nv_bfloat16 *sA, int 
             }
 }
 
-/* the split product of the real header (lh += Al Bh, hl += Ah Bl when BLO, hh += Ah Bh): the three terms as
- * gdn_warp_mma computes them, each into its own accumulator */
-template <int MT, int NT, bool AT, bool BT, int KD, bool BLO>
-GDN_DEV void gdn_warp_mma_split(float (&lh)[MT][NT][4], float (&hl)[MT][NT][4], float (&hh)[MT][NT][4],
-                                const __nv_bfloat16 *sAh, const __nv_bfloat16 *sAl, int lda, const __nv_bfloat16 *sBh,
-                                const __nv_bfloat16 *sBl, int ldb, int m0, int n0) {
-    gdn_warp_mma<MT, NT, AT, BT, KD>(lh, sAl, lda, sBh, ldb, m0, n0);
-    if (BLO) gdn_warp_mma<MT, NT, AT, BT, KD>(hl, sAh, lda, sBl, ldb, m0, n0);
-    gdn_warp_mma<MT, NT, AT, BT, KD>(hh, sAh, lda, sBh, ldb, m0, n0);
-}
-
 template <int MT, int NT> GDN_DEV void gdn_zero(float (&acc)[MT][NT][4]) {
     for (int mi = 0; mi < MT; mi++)
         for (int ni = 0; ni < NT; ni++)
