@@ -72,7 +72,8 @@
 #   cp-kda     (issue 39, 2 GPUs) bench cp --parts kda: the KDA layer (conv halo, conv, L2 norm, the core with the
 #              per-channel transition through lib/cp) at cp 2, 64k and 128k, 16 and 64 heads, FLA's KDA CP beside
 #              (fla.ops.cp; the peer given all but KDA_OURS_S, default 200, of the call), one-GPU rows of both for the
-#              CP efficiencies; stops at once, naming them, where the cuda backend's kda entries are NULL
+#              CP efficiencies (KDA_CP_CASES: the bench cp options choosing the shapes, e.g. "--gdn-T 65536 --heads 64");
+#              stops at once, naming them, where the cuda backend's kda entries are NULL
 #   cp-kda-nopeer  the same, ours only
 #   cp2-512k   cp2's ring attention at 512k (MHA and GQA, 2 timed runs) with torch's context_parallel
 #   cp2-attn-cudnn  cp2's ring attention through the cuDNN route (bench cp --attn-impl cudnn: the causal
@@ -575,7 +576,7 @@ bench_part() {
     kda) suite_kda kda suite_bench kda --T 32768,65536,131072 --heads 16,64 --doc-len 0,2048 --peer \
         --peer-timeout $(($(left) - ${KDA_OURS_S:-150})) ;;
     kda-nopeer) suite_kda kda-nopeer suite_bench kda --T 32768,65536,131072 --heads 16,64 --doc-len 0,2048 ;;
-    cp-kda) suite_kda cp-kda suite_cp 2 --parts kda --gdn-T 65536,131072 --heads 16,64 --peer \
+    cp-kda) suite_kda cp-kda suite_cp 2 --parts kda ${KDA_CP_CASES:---gdn-T 65536,131072 --heads 16,64} --peer \
         --peer-timeout $(($(left) - ${KDA_OURS_S:-200})) ;;
     cp2-net) suite_cp2_net ;;
     kda-step) suite_kda_step ;;
