@@ -267,6 +267,25 @@ static void kda_prep(const KdaBufs *b, float *tinv, const bf16 *k, const float *
     else kda_prep_dk<64>(tinv, k, g, beta, b, doc_pos, T, nk, nv, ldq);
 }
 
+/* the forward's prep and qk in one launch (kda_prep_qk_kernel): Tinv into tinv, QK into b->qk, the bits of
+ * kda_prep and kda_qk */
+template <int DK>
+static void kda_prep_qk_dk(float *tinv, const bf16 *q, const bf16 *k, const float *g, const float *beta,
+                           const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq) {
+    const size_t smem = KdaPrepQkSmem<DK>(NULL).bytes;
+    kda_smem_attr(kda_prep_qk_kernel<DK>, smem, "prep_qk");
+    kda_prep_qk_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
+        tinv, b->qk, q, k, g, beta, b->starts, b->meta, doc_pos, T, nk, nv, ldq);
+    CUDA_LAUNCH_CHECK();
+    gdn_prof_mark("prep_qk");
+}
+
+static void kda_prep_qk(const KdaBufs *b, float *tinv, const bf16 *q, const bf16 *k, const float *g,
+                        const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int ldq) {
+    if (dk == 128) kda_prep_qk_dk<128>(tinv, q, k, g, beta, b, doc_pos, T, nk, nv, ldq);
+    else kda_prep_qk_dk<64>(tinv, q, k, g, beta, b, doc_pos, T, nk, nv, ldq);
+}
+
 /* QK into b->qk (the forward's), or with dout (BWD) the backward pass's gq and P (into b->ux) from it */
 template <int DK, bool BWD>
 static void kda_qk_dk(const KdaBufs *b, const bf16 *q, const bf16 *k, const float *g, const bf16 *dout,
@@ -537,13 +556,15 @@ extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NU
     if (kept) kda_kept_carve(&b, kept, T, nv, dim_k, dim_v, kept_states);
     gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
-    if (!prep_in) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
+    /* prep and qk in one pass where both run (the same bits as apart: the kept prep's path) */
+    if (!prep_in && o) kda_prep_qk(&b, b.tinv, q, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
+    else if (!prep_in) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
     if (!states_in) {
         kda_wu(&b, 1, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
         kda_state_fwd(&b, b.hs, b.vn, S_final, NULL, S0, doc_pos, T, nv, dim_k, dim_v);
     }
     if (o) {
-        kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
+        if (prep_in) kda_qk(&b, q, k, g, doc_pos, T, nk, nv, dim_k, ldq);
         kda_output(&b, o, q, g, b.hs, b.vn, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
     }
     gdn_prof_end("kda forward", T, nv);

@@ -52,71 +52,122 @@ template <int DK, bool PREP> struct KdaPairSmem {
 /* the first row of sub-chunk b's r segment (b = 1, 2, 3: rows j < 16 b scaled by e^{G_16b - G_j}) */
 KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
 
-/* P[i][j] (row stride KDA_LDT) = sum_c l_i[c] r_j[c] E_ij[c] for j < i (DIAG: j <= i) and i < L, else 0, from s.G,
- * s.l, s.r (rows >= L zero, synchronised before the call). Warps 0..5 the six 16 x 16 column pairs below the
- * diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0), (3, 16), (3, 32)); then every warp the diagonal
- * blocks' pairs and every thread the zeros. All threads; ends synchronised. */
-template <int DK, bool DIAG, bool PREP> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK, PREP> &s, float *P, int L) {
-    constexpr int LDK = KdaPairSmem<DK, PREP>::LDK;
-    for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
-        const int row = i / DK, c = i % DK, ref = row & ~15;
-        const float x = __bfloat162float(s.l[row * LDK + c]) * expf(s.G[i] - s.G[ref * DK + c]);
-        s.ls[row * LDK + c] = __float2bfloat16(x);
-    }
-    for (int i = threadIdx.x; i < KdaPairSmem<DK, PREP>::NR * DK; i += KDA_THREADS) {
+/* The pieces of the pair sums (kda_pair_decay for prep and qk alone, kda_prep_qk_kernel for both at once: the same
+ * arithmetic per entry, so the same bits either way). Row strides: l, r, k, q and their scaled rows DK + 8. */
+
+/* the decay-scaled r rows of the references of sub-chunks 1, 2, 3 (rs, 96 rows: kda_rseg): r_j e^{G_16b - G_j} */
+template <int DK> KDA_DEV void kda_pair_scale_r(const float *G, const bf16 *r, bf16 *rs) {
+    constexpr int LDK = DK + 8;
+    for (int i = threadIdx.x; i < 96 * DK; i += KDA_THREADS) {
         const int q = i / DK, c = i % DK;
         const int b = q < 16 ? 1 : q < 48 ? 2 : 3, j = q - kda_rseg(b);
-        const float x = __bfloat162float(s.r[j * LDK + c]) * expf(s.G[16 * b * DK + c] - s.G[j * DK + c]);
-        s.rs[q * LDK + c] = __float2bfloat16(x);
+        const float x = __bfloat162float(r[j * LDK + c]) * expf(G[16 * b * DK + c] - G[j * DK + c]);
+        rs[q * LDK + c] = __float2bfloat16(x);
     }
-    __syncthreads();
-    const int w = threadIdx.x >> 5;
-    const int b = w == 0 ? 1 : w < 3 ? 2 : 3, n0 = 16 * (w == 0 ? 0 : w < 3 ? w - 1 : w - 3);
-    float acc[1][2][4];
+}
+
+/* the decay-scaled l rows: ls_i = l_i e^{G_i - G_16(i/16)}; ls may be l (in place: one thread reads and writes an
+ * element) */
+template <int DK> KDA_DEV void kda_pair_scale_l(const float *G, const bf16 *l, bf16 *ls) {
+    constexpr int LDK = DK + 8;
+    for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
+        const int row = i / DK, c = i % DK, ref = row & ~15;
+        const float x = __bfloat162float(l[row * LDK + c]) * expf(G[i] - G[ref * DK + c]);
+        ls[row * LDK + c] = __float2bfloat16(x);
+    }
+}
+
+/* tile t of the six 16 x 16 column pairs below the diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0),
+ * (3, 16), (3, 32)): one warp's product of the scaled rows (tensor cores), then its store: P[i ld + j] for rows
+ * i < rows (0 where i >= L) */
+KDA_DEV int kda_pair_tile_b(int t) { return t == 0 ? 1 : t < 3 ? 2 : 3; }
+KDA_DEV int kda_pair_tile_n0(int t) { return 16 * (t == 0 ? 0 : t < 3 ? t - 1 : t - 3); }
+template <int DK> KDA_DEV void kda_pair_tile(float (&acc)[1][2][4], const bf16 *ls, const bf16 *rs, int t) {
+    constexpr int LDK = DK + 8;
+    const int b = kda_pair_tile_b(t);
     gdn_zero(acc);
-    if (w < 6) gdn_warp_mma<1, 2, false, true, DK>(acc, s.ls, LDK, s.rs + kda_rseg(b) * LDK, LDK, 16 * b, n0);
-    if (!PREP) __syncthreads(); /* P (qk's A) lies over the scaled r rows: every warp's reads of them are done */
-    if (w < 6) {
+    gdn_warp_mma<1, 2, false, true, DK>(acc, ls, LDK, rs + kda_rseg(b) * LDK, LDK, 16 * b, kda_pair_tile_n0(t));
+}
+KDA_DEV void kda_pair_tile_store(const float (&acc)[1][2][4], float *P, int64_t ld, int t, int rows, int L) {
+    const int b = kda_pair_tile_b(t), n0 = kda_pair_tile_n0(t);
 #pragma unroll
-        for (int ni = 0; ni < 2; ni++)
+    for (int ni = 0; ni < 2; ni++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = 16 * b + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
-                P[i * KDA_LDT + j] = i < L ? acc[0][ni][e] : 0.0f;
-            }
-    }
-    /* the diagonal blocks: only their pairs j < i (DIAG: j <= i), NPB per block, four lanes per pair (a quad of the
-     * warp), lane q of the quad taking the channels c = q (mod 4) in the order (lane + 4 cc) mod DK (the 32 lanes of
-     * a warp read 32 distinct banks of G and the rows), the quad's partial sums added by a fixed butterfly; pairs
-     * with i >= L are 0. Every other entry of the diagonal blocks and those right of them: 0 (disjoint entries: no
-     * barrier between the two). */
-    constexpr int NPB = DIAG ? 136 : 120, NP = 4 * NPB;
-    const int lane = threadIdx.x & 31;
+        for (int e = 0; e < 4; e++) {
+            const int i = 16 * b + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
+            if (i < rows) P[i * ld + j] = i < L ? acc[0][ni][e] : 0.0f;
+        }
+}
+
+/* the diagonal 16 x 16 blocks, fp32 on CUDA cores: for each pair j <= i of a block (136 a block, 544 in all, the
+ * pairs above the diagonal not visited), four lanes (a quad of the warp), lane q of the quad taking the channels
+ * c = q (mod 4) in the order (lane + 4 cc) mod DK (the 32 lanes of a warp read 32 distinct banks of G and the
+ * rows), the quad's partial sums added by a fixed butterfly. One exponent e = e^{G_i[c] - G_j[c]} a channel serves
+ * both sums: DOA: A_ij = sum_c (la_i[c] r_j[c]) e into PA (stride KDA_LDT, j < i, every row: 0 where i >= L); DOQ:
+ * QK_ij = sum_c (lq_i[c] r_j[c]) e into PQ (stride ldq, j <= i, rows i < qrows: 0 where i >= L). Each term one
+ * fmaf of the rounded product: a sum's bits do not depend on which sums run beside it. */
+template <int DK, bool DOA, bool DOQ>
+KDA_DEV void kda_pair_diag(const float *G, const bf16 *la, const bf16 *lq, const bf16 *r, float *PA, float *PQ,
+                           int64_t ldq, int qrows, int L) {
+    constexpr int LDK = DK + 8, NPB = 136, NP = 4 * NPB;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int e = w * 8; e < NP; e += 8 * (KDA_THREADS / 32)) { /* warp-uniform trip count: shuffles below */
         const int pe = e + (lane >> 2), b = pe / NPB, idx = pe % NPB;
-        /* row ii of a block holds ii + 1 pairs (DIAG) or ii: the triangular index inverted (exact: small ints) */
-        const int ii = DIAG ? (int)((sqrtf(8.0f * idx + 1.0f) - 1.0f) * 0.5f)
-                            : (int)((sqrtf(8.0f * idx + 1.0f) + 1.0f) * 0.5f);
-        const int jj = idx - (DIAG ? ii * (ii + 1) / 2 : ii * (ii - 1) / 2);
+        /* row ii of a block holds ii + 1 pairs: the triangular index inverted (exact: small ints) */
+        const int ii = (int)((sqrtf(8.0f * idx + 1.0f) - 1.0f) * 0.5f), jj = idx - ii * (ii + 1) / 2;
         const int i = 16 * b + ii, j = 16 * b + jj;
-        float x = 0.0f;
+        float xa = 0.0f, xq = 0.0f;
         if (pe < NP && i < L) {
-            const bf16 *li = s.l + i * LDK, *rj = s.r + j * LDK;
-            const float *Gi = s.G + i * DK, *Gj = s.G + j * DK;
+            const bf16 *rj = r + j * LDK;
+            const float *Gi = G + i * DK, *Gj = G + j * DK;
 #pragma unroll 4
             for (int cc = 0; cc < DK / 4; cc++) {
                 const int c = (lane + 4 * cc) & (DK - 1);
-                x += __bfloat162float(li[c]) * __bfloat162float(rj[c]) * expf(Gi[c] - Gj[c]);
+                const float ex = expf(Gi[c] - Gj[c]), rc = __bfloat162float(rj[c]);
+                if (DOA) xa = fmaf(__bfloat162float(la[i * LDK + c]) * rc, ex, xa);
+                if (DOQ) xq = fmaf(__bfloat162float(lq[i * LDK + c]) * rc, ex, xq);
             }
         }
-        x += __shfl_xor_sync(KDA_FULL, x, 1);
-        x += __shfl_xor_sync(KDA_FULL, x, 2);
-        if (pe < NP && (lane & 3) == 0) P[i * KDA_LDT + j] = x;
+        if (DOA) {
+            xa += __shfl_xor_sync(KDA_FULL, xa, 1);
+            xa += __shfl_xor_sync(KDA_FULL, xa, 2);
+        }
+        if (DOQ) {
+            xq += __shfl_xor_sync(KDA_FULL, xq, 1);
+            xq += __shfl_xor_sync(KDA_FULL, xq, 2);
+        }
+        if (pe < NP && (lane & 3) == 0) {
+            if (DOA && jj < ii) PA[i * KDA_LDT + j] = xa;
+            if (DOQ && i < qrows) PQ[i * ldq + j] = xq;
+        }
     }
-    for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
+}
+
+/* the zeros of a pair-sum tile: entries right of the diagonal blocks and, in them, j >= i (DIAG: j > i); rows
+ * i < rows */
+template <bool DIAG> KDA_DEV void kda_pair_zero(float *P, int64_t ld, int rows) {
+    for (int p = threadIdx.x; p < rows * KDA_C; p += KDA_THREADS) {
         const int i = p / KDA_C, j = p % KDA_C;
-        if ((j >> 4) > (i >> 4) || ((j >> 4) == (i >> 4) && (DIAG ? j > i : j >= i))) P[i * KDA_LDT + j] = 0.0f;
+        if ((j >> 4) > (i >> 4) || ((j >> 4) == (i >> 4) && (DIAG ? j > i : j >= i))) P[i * ld + j] = 0.0f;
     }
+}
+
+/* P[i][j] (row stride KDA_LDT) = sum_c l_i[c] r_j[c] E_ij[c] for j < i (DIAG: j <= i) and i < L, else 0, from s.G,
+ * s.l, s.r (rows >= L zero, synchronised before the call). Warps 0..5 the six tiles below the diagonal blocks;
+ * then every warp the diagonal blocks' pairs (kda_pair_diag) and every thread the zeros (disjoint entries: no
+ * barrier between them). All threads; ends synchronised. */
+template <int DK, bool DIAG, bool PREP> KDA_DEV void kda_pair_decay(const KdaPairSmem<DK, PREP> &s, float *P, int L) {
+    kda_pair_scale_l<DK>(s.G, s.l, s.ls);
+    kda_pair_scale_r<DK>(s.G, s.r, s.rs);
+    __syncthreads();
+    const int w = threadIdx.x >> 5;
+    float acc[1][2][4];
+    if (w < 6) kda_pair_tile<DK>(acc, s.ls, s.rs, w);
+    if (!PREP) __syncthreads(); /* P (qk's A) lies over the scaled r rows: every warp's reads of them are done */
+    if (w < 6) kda_pair_tile_store(acc, P, KDA_LDT, w, KDA_C, L);
+    if (DIAG) kda_pair_diag<DK, false, true>(s.G, NULL, s.l, s.r, NULL, P, KDA_LDT, KDA_C, L);
+    else kda_pair_diag<DK, true, false>(s.G, s.l, NULL, s.r, P, NULL, 0, 0, L);
+    kda_pair_zero<DIAG>(P, KDA_LDT, KDA_C);
     __syncthreads();
 }
 
@@ -203,6 +254,88 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_kernel(
         for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
             const int i = p / KDA_C, j = p % KDA_C;
             tinv[((ch.t0 + i) * nv + h) * (int64_t)KDA_C + j] = sT[i * KDA_LDT + j];
+        }
+        __syncthreads();
+    }
+}
+
+/* the forward's prep and qk in one pass (kda_prep_qk_kernel): both read the chunk's k, G and the scaled k rows of
+ * the references; q (bf16, 64 x (DK + 8)) beside k. Order: the scaled r rows and the diagonal blocks (both sums,
+ * one exponent a channel) from the raw rows, then the scaled l rows in place over k and q, the twelve tiles, the
+ * solve with Tinv over the scaled r rows and its scratch over k. G 32 KB + A 16.3 KB + k, q 17 KB each + rs
+ * 25.5 KB: 108 KB at DK = 128, two blocks per SM. */
+template <int DK> struct KdaPrepQkSmem {
+    static constexpr int LDK = DK + 8;
+    float *G, *A, *T, *beta;
+    bf16 *k, *q, *rs;
+    size_t bytes;
+    __host__ __device__ explicit KdaPrepQkSmem(void *b) {
+        KdaCarve c(b);
+        G = c.take<float>((size_t)KDA_C * DK);
+        A = c.take<float>((size_t)KDA_C * KDA_LDT);
+        beta = c.take<float>(KDA_C);
+        k = c.take<bf16>((size_t)KDA_C * LDK);
+        q = c.take<bf16>((size_t)KDA_C * LDK);
+        const size_t nrs = (size_t)96 * LDK * sizeof(bf16), nt = (size_t)KDA_C * KDA_LDT * sizeof(float);
+        rs = (bf16 *)c.take<unsigned char>(nrs > nt ? nrs : nt);
+        T = (float *)rs; /* Tinv over the scaled r rows, dead after the tiles */
+        bytes = c.off;
+    }
+};
+
+/* kda_prep_kernel's Tinv (into tinv) and kda_qk_kernel<DK, false>'s QK (into qk) of each chunk in one block: the
+ * same bits as the two (kda_pair_decay's pieces, the same arithmetic per entry), one load of k and G, one cumsum,
+ * the scaled r rows formed once, one exponent per channel of a diagonal pair for both sums. QK straight to qk
+ * (rows < L) from the tiles' fragments and the diagonal quads. Warps: the twelve tiles (six of A, six of QK), warp
+ * w tiles w and w + 8. */
+template <int DK>
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_qk_kernel(
+    float *tinv /* (T,nv,64) */, float *qk /* (T,nv,64) */, const bf16 *q, const bf16 *k, const float *g,
+    const float *beta, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv,
+    int ldq) {
+    extern __shared__ __align__(16) unsigned char kda_smem[];
+    const KdaPrepQkSmem<DK> s(kda_smem);
+    const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC], w = threadIdx.x >> 5;
+    const int64_t ldqk = (int64_t)nv * KDA_C;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
+        const int L = ch.L;
+        const int64_t t0 = ch.t0;
+        float *qkc = qk + (t0 * nv + h) * (int64_t)KDA_C; /* row i at qkc + i ldqk */
+        kda_load_rows<DK>(s.k, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_rows<DK>(s.q, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for the rows too */
+        if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
+        __syncthreads();
+        kda_pair_scale_r<DK>(s.G, s.k, s.rs);
+        kda_pair_diag<DK, true, true>(s.G, s.k, s.q, s.k, s.A, qkc, ldqk, L, L);
+        kda_pair_zero<false>(s.A, KDA_LDT, KDA_C);
+        kda_pair_zero<true>(qkc, ldqk, L);
+        __syncthreads(); /* the raw rows' reads are done */
+        kda_pair_scale_l<DK>(s.G, s.k, s.k);
+        kda_pair_scale_l<DK>(s.G, s.q, s.q);
+        __syncthreads();
+#pragma unroll 1
+        for (int t = w; t < 12; t += KDA_THREADS / 32) {
+            float acc[1][2][4];
+            if (t < 6) {
+                kda_pair_tile<DK>(acc, s.k, s.rs, t);
+                kda_pair_tile_store(acc, s.A, KDA_LDT, t, KDA_C, L);
+            } else {
+                kda_pair_tile<DK>(acc, s.q, s.rs, t - 6);
+                kda_pair_tile_store(acc, qkc, ldqk, t - 6, L, L);
+            }
+        }
+        __syncthreads();
+        /* A_ij = beta_i sum_c k_i[c] k_j[c] E_ij[c] for j < i < L; then as kda_prep_kernel */
+        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS)
+            s.A[p / KDA_C * KDA_LDT + p % KDA_C] *= s.beta[p / KDA_C];
+        __syncthreads();
+        static_assert(KDA_SOLVE_SCRATCH * sizeof(float) <= KDA_C * (DK + 8) * sizeof(bf16), "prep_qk: solve scratch");
+        kda_solve(s.T, (float *)s.k, s.A);
+        for (int p = threadIdx.x; p < L * KDA_C; p += KDA_THREADS) {
+            const int i = p / KDA_C, j = p % KDA_C;
+            tinv[((t0 + i) * nv + h) * (int64_t)KDA_C + j] = s.T[i * KDA_LDT + j];
         }
         __syncthreads();
     }
