@@ -12,9 +12,10 @@
  * fp32; states (nv, dim_k, dim_v) fp32; the gradients dq, dk, dv bf16, dg, dbeta fp32. Chunks of 64 tokens restart at
  * every document start (index.cuh, on the device).
  *
- * A forward runs index, prep (Tinv per chunk), wu (the state pass's chunk-parallel factors: W, dec * K, U,
- * gam_{L-1}), the state pass (sequential over chunks; one block per value head and 16, 32 or 64 state columns,
- * kda_state_bv), qk (the decay-weighted Q K^T per chunk) and the output. A backward runs index, prep, wu and the
+ * A forward runs index, prep_qk (Tinv and the decay-weighted Q K^T per chunk in one pass: prep.cuh's
+ * kda_prep_qk_kernel; with a kept prep, PREP_IN, qk alone), wu (the state pass's chunk-parallel factors: W, dec * K,
+ * U, gam_{L-1}), the state pass (sequential over chunks; one block per value head and 16, 32 or 64 state columns,
+ * kda_state_bv) and the output. prep and qk apart (the kept prep, the backward's prep) give prep_qk's bits. A backward runs index, prep, wu and the
  * forward state pass unless kept holds them (wu runs for the reverse pass too), qk's backward form (scale gam * q
  * and P = scale QK^T dO, the reverse pass's other factors), the reverse state pass (dS0, the chunk state gradients
  * and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per key channel and dbeta's sum) and grad_qk per

@@ -10,6 +10,10 @@
  *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0): <DK, false> into qk (T, nv, 64), the
  *                    same layout, the output's intra-chunk weights; <DK, true> the backward state pass's
  *                    chunk-parallel factors from it instead (scale gam * q bf16, scale QK^T dO; state_pass.cuh).
+ *   kda_prep_qk_kernel  the forward's: both of the above (Tinv and <DK, false>'s QK) in one pass, the same bits:
+ *                    k, G and the scaled reference rows of k formed once, one exponent per channel of a diagonal
+ *                    pair for both sums, one launch. prep and qk alone remain for the kept prep (PREP_IN) and the
+ *                    backward's prep.
  *
  * The pair sums P_ij = sum_c l_i[c] r_j[c] E_ij[c] (kda_pair_decay; l = k or q, r = k) in 16-row sub-chunks: for i
  * in sub-chunk b > 0 and j in an earlier one, E_ij = e^{G_i - G_ref} e^{G_ref - G_j} with G_ref = G at the
@@ -18,7 +22,8 @@
  * for the chunk that is a
  * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
  * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, four lanes per
- * pair below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G).
+ * pair on or below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G),
+ * each term one fmaf of the rounded product (kda_pair_diag: the same bits whichever sums run beside it).
  * Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
  */
 #pragma once
