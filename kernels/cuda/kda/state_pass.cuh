@@ -49,12 +49,12 @@ struct KdaSfwdBuf {
 };
 template <int DK, int BV> struct KdaSfwdSmem {
     static constexpr int LDK = DK + 8, LDB = BV + 8, LDU = BV + 4;
-    KdaSfwdBuf f0, f1, f2; /* the buffers */
+    KdaSfwdBuf f0, f1; /* the buffers */
     bf16 *st, *vnb;
     size_t bytes;
     __host__ __device__ explicit KdaSfwdSmem(void *b) {
         KdaCarve c(b);
-        for (KdaSfwdBuf *f : {&f0, &f1, &f2}) {
+        for (KdaSfwdBuf *f : {&f0, &f1}) {
             f->U = c.take<float>((size_t)KDA_C * LDU);
             f->GL = c.take<float>(DK);
             f->w = c.take<bf16>((size_t)KDA_C * LDK);
@@ -65,7 +65,7 @@ template <int DK, int BV> struct KdaSfwdSmem {
         bytes = c.off;
     }
     /* buffer b (a select, not an index: the pointers stay in registers) */
-    __device__ KdaSfwdBuf buf(int b) const { return b == 0 ? f0 : b == 1 ? f1 : f2; }
+    __device__ KdaSfwdBuf buf(int b) const { return b ? f1 : f0; }
 };
 
 /* the forward's loads of chunk ch into buffer f (W, U, dec * K, gam_{L-1}; U zero for the transition's M columns),
@@ -140,33 +140,24 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
             s.st[a * LDB + cc] = __float2bfloat16(x);
         });
     };
-    /* ch = chunk c, nx = c + 1, n2 = c + 2 (each a valid chunk where it exists); one commit group per chunk, empty
-     * past the last, so the group of chunk c is always the third most recent at its wait */
-    KdaChunk ch = {}, nx = {}, n2 = {};
+    KdaChunk ch = {}, nx = {};
     if (nc > 0) {
         ch = kda_chunk(starts, doc_pos, 0, T);
         kda_sfwd_load<DK, BV>(s.f0, ch, wb, xb, u, gl, h, nv, dv, col0, is_M);
         enter(ch);
     }
     ptx_cp_async_commit();
-    if (nc > 1) {
-        nx = kda_chunk(starts, doc_pos, 1, T);
-        kda_sfwd_load<DK, BV>(s.f1, nx, wb, xb, u, gl, h, nv, dv, col0, is_M);
-    }
-    ptx_cp_async_commit();
-    if (nc > 2) n2 = kda_chunk(starts, doc_pos, 2, T);
-    int bc = 0; /* chunk c's buffer, c mod 3 */
+    if (nc > 1) nx = kda_chunk(starts, doc_pos, 1, T);
     for (int c = 0; c < nc; c++) {
         const int L = ch.L;
-        const int bn2 = bc == 0 ? 2 : bc - 1; /* (c + 2) mod 3: chunk c - 1's, read before the barrier below */
-        const KdaSfwdBuf f = s.buf(bc), fn2 = s.buf(bn2);
+        const KdaSfwdBuf f = s.buf(c & 1), fn = s.buf(~c & 1);
         const int64_t t0 = ch.t0;
         const bool more = c + 1 < nc;
-        ptx_cp_async_wait<1>(); /* chunk c's factors (this thread's copies; chunk c + 1's may be in flight) */
-        __syncthreads();        /* everyone's; the entering state's bf16 copy; fn2 read (chunk c - 1) */
-        if (c + 2 < nc) kda_sfwd_load<DK, BV>(fn2, n2, wb, xb, u, gl, h, nv, dv, col0, is_M);
+        ptx_cp_async_wait<0>(); /* chunk c's factors (this thread's copies) */
+        __syncthreads();        /* everyone's; the entering state's bf16 copy; fn read (chunk c - 1) */
+        if (more) kda_sfwd_load<DK, BV>(fn, nx, wb, xb, u, gl, h, nv, dv, col0, is_M);
         ptx_cp_async_commit();
-        const KdaChunk nn = c + 3 < nc ? kda_chunk(starts, doc_pos, c + 3, T) : n2; /* chunk c + 3 */
+        const KdaChunk nn = c + 2 < nc ? kda_chunk(starts, doc_pos, c + 2, T) : nx; /* used by the next chunk */
         /* vn = U - W S (rows >= L: 0) */
         if (vjob) {
             float ws[1][Tv::NT][4];
@@ -199,9 +190,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
         }
         if (more) enter(nx);
         ch = nx;
-        nx = n2;
-        n2 = nn;
-        bc = bc == 2 ? 0 : bc + 1;
+        nx = nn;
     }
     ptx_cp_async_wait<0>();
     if (sjob)
