@@ -20,13 +20,13 @@
  * Per chunk: two steps, each a warp GEMM on tensor cores (gdn_warp_mma, one MMA per product: the fp32 state or D and
  * vn or dvn rounded to bf16 afresh each chunk, the stored factors bf16 already, fp32 accumulation; common.cuh's
  * precision: the carried state itself stays fp32 in registers). The forward keeps the fp32 state
- * in registers and three buffers of factors: chunks c + 1's and c + 2's W, U, dec * K and gam_{L-1} land with
- * cp.async while chunk c's products run (two chunks of slack for the loads; one commit group a chunk); two
- * barriers a chunk. The backward keeps D in registers too (the same layout) and one buffer per step
+ * in registers and two buffers of factors: chunk c + 1's W, U, dec * K and gam_{L-1} land with cp.async while chunk c's
+ * products run; two barriers a chunk (a third buffer, chunk c + 2's in flight too, measured no faster on the H200:
+ * 1.31 ms either way at 32k tokens x 16 heads, for up to 52 KB more). The backward keeps D in registers too (the same layout) and one buffer per step
  * (with the split operands two buffers needed ~236 KB at BV = 16; with bf16 ones ~125 KB would do, not yet tried):
  * the factors of one step are loaded while the other runs (dec * K
  * and P during D's update, W, gam * q and gam_{L-1} during dvn; dO through registers: its row stride need not be
- * 16-byte aligned), three barriers a chunk. Shared memory (DK = 128): the forward ~128 / 142 / 182 KB at BV = 16 / 32 /
+ * 16-byte aligned), three barriers a chunk. Shared memory (DK = 128): the forward ~88 / 102 / 130 KB at BV = 16 / 32 /
  * 64, the backward ~69 / 80 / 105 KB (the launch raises the block's limit; sm_90 allows 227 KB). Templates on DK = dk
  * (64, 128) and BV. Part of kda.cu.
  */
@@ -97,9 +97,8 @@ template <int NT, class F> KDA_DEV void kda_frag_each(int m0, int n0, F f) {
  * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. The fp32 state lives in the update's accumulator
  * layout (each element in one thread's registers; at DK = 64, BV = 16 warps 0-3 hold it all), so the update, the
  * stores of the entering state and its bf16 copy for the next chunk's vn are that thread's, in its epilogue. Per
- * chunk c: wait for its factors (chunk c + 1's may stay in flight), barrier, issue chunk c + 2's into the buffer
- * chunk c - 1 used, vn, barrier, the update and the next chunk's entering state: two barriers, and the factors of a
- * chunk land during the two chunks before. */
+ * chunk c: wait for its factors, barrier, issue chunk c + 1's into the other buffer, vn, barrier, the update and
+ * the next chunk's entering state: two barriers, and the factors of a chunk land during the whole chunk before. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
