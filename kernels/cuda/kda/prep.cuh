@@ -11,8 +11,8 @@
  *                    same layout, the output's intra-chunk weights; <DK, true> the backward state pass's
  *                    chunk-parallel factors from it instead (scale gam * q bf16, scale QK^T dO; state_pass.cuh).
  *   kda_prep_qk_kernel  the forward's: both of the above (Tinv and <DK, false>'s QK) in one pass, the same bits:
- *                    k, G and the scaled reference rows of k formed once, one exponent per channel of a diagonal
- *                    pair for both sums, one launch. prep and qk alone remain for the kept prep (PREP_IN) and the
+ *                    k, G and the scaled reference rows of k formed once, the diagonal blocks' decays once for
+ *                    both sums, one launch. prep and qk alone remain for the kept prep (PREP_IN) and the
  *                    backward's prep.
  *
  * The pair sums P_ij = sum_c l_i[c] r_j[c] E_ij[c] (kda_pair_decay; l = k or q, r = k) in 16-row sub-chunks: for i
@@ -21,9 +21,11 @@
  * decay-scaled rows, on tensor cores (the scaled rows rounded to bf16 once, one MMA, fp32 accumulation: common.cuh);
  * for the chunk that is a
  * product per reference (16, 32, 48 earlier rows). A factor that underflows to 0 bounds a true E below 1e-38.
- * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, four lanes per
- * pair on or below the diagonal (the pairs above it not visited), a loop over the channels (no bank conflicts on G),
- * each term one fmaf of the rounded product (kda_pair_diag: the same bits whichever sums run beside it).
+ * The 16 x 16 blocks on the diagonal (E with both rows in one sub-chunk) stay fp32 on CUDA cores, a warp per block
+ * and half its rows, a lane per channel: E as running products of the 15 one-step factors e^{G_m - G_{m-1}} <= 1
+ * (15 exponentials per block and channel, not one per pair; precision: kda_pair_diag), the pairs above the
+ * diagonal not visited, each term one fmaf of the rounded product, the channels summed in a fixed order
+ * (kda_pair_diag: the same bits whichever sums run beside it).
  * Rows >= L are zero. Templates on DK = dk. Part of kda.cu.
  */
 #pragma once
@@ -104,46 +106,85 @@ KDA_DEV void kda_pair_tile_store(const float (&acc)[1][2][4], float *P, int64_t 
         }
 }
 
-/* the diagonal 16 x 16 blocks, fp32 on CUDA cores: for each pair j <= i of a block (136 a block, 544 in all, the
- * pairs above the diagonal not visited), four lanes (a quad of the warp), lane q of the quad taking the channels
- * c = q (mod 4) in the order (lane + 4 cc) mod DK (the 32 lanes of a warp read 32 distinct banks of G and the
- * rows), the quad's partial sums added by a fixed butterfly. One exponent e = e^{G_i[c] - G_j[c]} a channel serves
- * both sums: DOA: A_ij = sum_c (la_i[c] r_j[c]) e into PA (stride KDA_LDT, j < i, every row: 0 where i >= L); DOQ:
- * QK_ij = sum_c (lq_i[c] r_j[c]) e into PQ (stride ldq, j <= i, rows i < qrows: 0 where i >= L). Each term one
- * fmaf of the rounded product: a sum's bits do not depend on which sums run beside it. */
+/* the 16 values v[0..15] of every lane summed over the warp, scattered: afterwards lane l holds the sum of index
+ * kda_scatter_idx(l) in v[0] (the pair of lanes l, l ^ 1 the same). Halving exchanges (16 shuffles, not 80): at
+ * each step a lane keeps the half of its values its lane bit selects and adds the partner's copy of that half.
+ * The order of the adds is fixed: the same bits every call. */
+KDA_DEV int kda_scatter_idx(int lane) {
+    return ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
+}
+template <int N> KDA_DEV void kda_scatter_step(float (&v)[16], int lane) {
+    const bool hi = lane & (2 * N);
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const float send = hi ? v[i] : v[i + N], keep = hi ? v[i + N] : v[i];
+        v[i] = keep + __shfl_xor_sync(KDA_FULL, send, 2 * N);
+    }
+}
+KDA_DEV void kda_warp_scatter16(float (&v)[16]) {
+    const int lane = threadIdx.x & 31;
+    kda_scatter_step<8>(v, lane);
+    kda_scatter_step<4>(v, lane);
+    kda_scatter_step<2>(v, lane);
+    kda_scatter_step<1>(v, lane);
+    v[0] += __shfl_xor_sync(KDA_FULL, v[0], 1);
+}
+
+/* the diagonal 16 x 16 blocks, fp32 on CUDA cores. Warp w takes block b = w / 2 and the rows m of it with
+ * ((m + 1) / 2) % 2 == w % 2 (68 pairs each: rows 0, 3, 4, 7, ... and 1, 2, 5, 6, ...); lane l the channels
+ * c = l + 32 k. Per channel the 15 one-step factors e_m = e^{G_{16b+m}[c] - G_{16b+m-1}[c]} once into registers
+ * (15 exponentials per block, channel and warp instead of one per pair: 120), then for row i = 16 b + m every
+ * E_ij = e_m e_{m-1} ... e_{j+1} as a running product outward from the diagonal (E_ii = 1). Precision: G falls
+ * along the chunk, so every factor and every partial product is <= 1 (no overflow; an underflow to 0 bounds the
+ * true E below 1e-38, as the single exponential's would), and a product of up to 15 rounded factors carries a
+ * relative error of at most ~15 ulp (2^-20), far inside the bf16 operands' 2^-8 and the emulation's bounds.
+ * Per pair and channel one term fmaf(a_i[c] r_j[c], E_ij[c], acc) (the rounded product, as before), the channels
+ * in the order k, then the lanes (kda_warp_scatter16): a sum's bits do not depend on which sums run beside it.
+ * DOA: A_ij = sum_c (la_i[c] r_j[c]) E_ij[c] into PA (stride KDA_LDT, j < i, every row: 0 where i >= L); DOQ:
+ * QK_ij = sum_c (lq_i[c] r_j[c]) E_ij[c] into PQ (stride ldq, j <= i, rows i < qrows: 0 where i >= L). The pairs
+ * above the diagonal are not visited. All threads, no barrier. */
 template <int DK, bool DOA, bool DOQ>
 KDA_DEV void kda_pair_diag(const float *G, const bf16 *la, const bf16 *lq, const bf16 *r, float *PA, float *PQ,
                            int64_t ldq, int qrows, int L) {
-    constexpr int LDK = DK + 8, NPB = 136, NP = 4 * NPB;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int e = w * 8; e < NP; e += 8 * (KDA_THREADS / 32)) { /* warp-uniform trip count: shuffles below */
-        const int pe = e + (lane >> 2), b = pe / NPB, idx = pe % NPB;
-        /* row ii of a block holds ii + 1 pairs: the triangular index inverted (exact: small ints) */
-        const int ii = (int)((sqrtf(8.0f * idx + 1.0f) - 1.0f) * 0.5f), jj = idx - ii * (ii + 1) / 2;
-        const int i = 16 * b + ii, j = 16 * b + jj;
-        float xa = 0.0f, xq = 0.0f;
-        if (pe < NP && i < L) {
-            const bf16 *rj = r + j * LDK;
-            const float *Gi = G + i * DK, *Gj = G + j * DK;
-#pragma unroll 4
-            for (int cc = 0; cc < DK / 4; cc++) {
-                const int c = (lane + 4 * cc) & (DK - 1);
-                const float ex = expf(Gi[c] - Gj[c]), rc = __bfloat162float(rj[c]);
-                if (DOA) xa = fmaf(__bfloat162float(la[i * LDK + c]) * rc, ex, xa);
-                if (DOQ) xq = fmaf(__bfloat162float(lq[i * LDK + c]) * rc, ex, xq);
+    constexpr int LDK = DK + 8, NK = DK / 32;
+    static_assert(KDA_THREADS == 256 && DK % 32 == 0, "kda_pair_diag: 8 warps, 4 blocks x 2 row sets");
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, b = w >> 1, half = w & 1, r0 = 16 * b;
+    float e[NK][16]; /* e[k][m] = e_m at channel lane + 32 k (m >= 1; past row L - 1 never used) */
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        const int c = lane + 32 * k;
+#pragma unroll
+        for (int m = 1; m < 16; m++) e[k][m] = expf(G[(r0 + m) * DK + c] - G[(r0 + m - 1) * DK + c]);
+    }
+    const int idx = kda_scatter_idx(lane);
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+        if ((((m + 1) >> 1) & 1) != half) continue; /* warp-uniform */
+        const int i = r0 + m;
+        float xa[16], xq[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) xa[j] = xq[j] = 0.0f;
+        if (i < L) { /* warp-uniform; rows >= L: zeros */
+#pragma unroll
+            for (int k = 0; k < NK; k++) {
+                const int c = lane + 32 * k;
+                const float a = DOA ? __bfloat162float(la[i * LDK + c]) : 0.0f;
+                const float q = DOQ ? __bfloat162float(lq[i * LDK + c]) : 0.0f;
+                float E = 1.0f;
+#pragma unroll
+                for (int j = m; j >= 0; j--) { /* E = E_{i, r0 + j} */
+                    if (j < m) E *= e[k][j + 1];
+                    const float rc = __bfloat162float(r[(r0 + j) * LDK + c]);
+                    if (DOA && j < m) xa[j] = fmaf(a * rc, E, xa[j]);
+                    if (DOQ) xq[j] = fmaf(q * rc, E, xq[j]);
+                }
             }
         }
-        if (DOA) {
-            xa += __shfl_xor_sync(KDA_FULL, xa, 1);
-            xa += __shfl_xor_sync(KDA_FULL, xa, 2);
-        }
-        if (DOQ) {
-            xq += __shfl_xor_sync(KDA_FULL, xq, 1);
-            xq += __shfl_xor_sync(KDA_FULL, xq, 2);
-        }
-        if (pe < NP && (lane & 3) == 0) {
-            if (DOA && jj < ii) PA[i * KDA_LDT + j] = xa;
-            if (DOQ && i < qrows) PQ[i * ldq + j] = xq;
+        if (DOA) kda_warp_scatter16(xa);
+        if (DOQ) kda_warp_scatter16(xq);
+        if ((lane & 1) == 0 && idx <= m) {
+            if (DOA && idx < m) PA[i * KDA_LDT + r0 + idx] = xa[0];
+            if (DOQ && i < qrows) PQ[i * ldq + r0 + idx] = xq[0];
         }
     }
 }
@@ -266,7 +307,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_kernel(
 
 /* the forward's prep and qk in one pass (kda_prep_qk_kernel): both read the chunk's k, G and the scaled k rows of
  * the references; q (bf16, 64 x (DK + 8)) beside k. Order: the scaled r rows and the diagonal blocks (both sums,
- * one exponent a channel) from the raw rows, then the scaled l rows in place over k and q, the twelve tiles, the
+ * one set of decays) from the raw rows, then the scaled l rows in place over k and q, the twelve tiles, the
  * solve with Tinv over the scaled r rows and its scratch over k. G 32 KB + A 16.3 KB + k, q 17 KB each + rs
  * 25.5 KB: 108 KB at DK = 128, two blocks per SM. */
 template <int DK> struct KdaPrepQkSmem {
@@ -290,8 +331,8 @@ template <int DK> struct KdaPrepQkSmem {
 
 /* kda_prep_kernel's Tinv (into tinv) and kda_qk_kernel<DK, false>'s QK (into qk) of each chunk in one block: the
  * same bits as the two (kda_pair_decay's pieces, the same arithmetic per entry), one load of k and G, one cumsum,
- * the scaled r rows formed once, one exponent per channel of a diagonal pair for both sums. QK straight to qk
- * (rows < L) from the tiles' fragments and the diagonal quads. Warps: the twelve tiles (six of A, six of QK), warp
+ * the scaled r rows formed once, the diagonal blocks' decays once for both sums. QK straight to qk (rows < L) from
+ * the tiles' fragments and the diagonal blocks' lanes. Warps: the twelve tiles (six of A, six of QK), warp
  * w tiles w and w + 8. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_qk_kernel(
