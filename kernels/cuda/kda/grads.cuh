@@ -222,24 +222,23 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, i
     __syncthreads();
 }
 
-/* kda_grad_wy_kernel's shared memory (DK = dk = dv; ~150 KB at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
- * DK + 1), dW (bf16, DK + 8), Tinv (bf16, KDA_LDP), beta, the dbeta partial sums of dXu, dT (fp32, 64 x 65; dA after
- * it); gam k and dvn (bf16, DK + 8); the bf16 64 x 64 operand of the products (dT, M1, then dA, KDA_LDP) over gam k */
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 112640 bytes at 128: two blocks per SM): v, dW, gam k (k
+ * loaded there, scaled in place) and dvn (bf16, DK + 8), Tinv (bf16, KDA_LDP), beta, the dbeta partial sums of dXu,
+ * G (fp32, DK + 1: only for gam k); the bf16 64 x 64 operand of the products (dT, M1, then dA, KDA_LDP) over gam k,
+ * dT formed from the product's registers (no fp32 tile) */
 template <int DK> struct KdaGwySmem {
-    static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
-    bf16 *k, *v, *dw, *t, *gk, *dvb, *pb;
-    float *G, *beta, *red, *dT;
+    static constexpr int LDK = DK + 8, LDF = DK + 1;
+    bf16 *v, *dw, *t, *gk, *dvb, *pb;
+    float *G, *beta, *red;
     size_t bytes;
     __host__ __device__ explicit KdaGwySmem(void *b) {
         KdaCarve c(b);
-        k = c.take<bf16>((size_t)KDA_C * LDB);
         v = c.take<bf16>((size_t)KDA_C * LDK);
         G = c.take<float>((size_t)KDA_C * LDF);
         dw = c.take<bf16>((size_t)KDA_C * LDK);
         t = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         beta = c.take<float>(KDA_C);
         red = c.take<float>((size_t)KDA_C * 2); /* (64 rows, 2 column halves) */
-        dT = c.take<float>((size_t)KDA_C * KDA_LDT);
         gk = c.take<bf16>((size_t)KDA_C * LDK);
         dvb = c.take<bf16>((size_t)KDA_C * LDK);
         pb = gk; /* from dT on: gam k is read */
@@ -255,25 +254,24 @@ template <int DK> struct KdaGwySmem {
  * and kda_dbeta_sum_kernel add the rest), dA (fp32, strictly lower) into da and dXw into dkv's rows of the chunk,
  * for kda_grad_wy_pairs_kernel. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv): the dXu part */, float *dkv /* (T,nv,dk): dXw out */,
     float *da /* (T,nv,64): dA out */, const float *dG /* (T,nv,dk): grad_dense's dW */, const bf16 *k, const bf16 *v,
     const float *g, const float *beta, const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */,
     const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
-    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
+    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldg = Sm::LDF;
     constexpr int NB = KDA_BATCH;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
-    bf16 *sK = s.k;
-    float *sG = s.G, *sdT = s.dT, *sBeta = s.beta, *sRed = s.red;
+    float *sG = s.G, *sBeta = s.beta, *sRed = s.red;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
+        kda_load_bf16(s.gk, LDK, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L); /* k, scaled in place below */
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk, 0, dk); /* g lands while the tiles below load */
         /* Tinv in bf16 (rows >= L: 0) */
@@ -286,34 +284,30 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
         kda_load_rows_f32<NB>(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         kda_load_G_sum(sG, ldg, dk);
         __syncthreads(); /* sG */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) { /* gam k over k (rows >= L: 0) */
             const int r = p / dk, a = p % dk;
-            s.gk[r * LDK + a] = __float2bfloat16(__bfloat162float(sK[r * ldk + a]) * expf(sG[r * ldg + a]));
+            s.gk[r * LDK + a] = __float2bfloat16(__bfloat162float(s.gk[r * LDK + a]) * expf(sG[r * ldg + a]));
         }
         __syncthreads();
         /* dT_ij = beta_j (dW_i . (gam_j * k_j) + dvn_i . v_j) for j < i < L (warp w: rows 16 (w % 4), columns
-         * 32 (w / 4)) */
+         * 32 (w / 4)), in bf16 over gam k once every warp has read it (the fp32 values rounded once, as an operand) */
         {
             const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
             float acc[1][4][4];
             gdn_zero(acc);
             gdn_warp_mma<1, 4, false, true, DK>(acc, s.dw, LDK, s.gk, LDK, m0, n0);
             gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvb, LDK, s.v, LDK, m0, n0);
+            __syncthreads(); /* gam k is read */
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
-                    sdT[i * KDA_LDT + j] = j < i && i < L ? sBeta[j] * acc[0][ni][e] : 0.0f;
+                    s.pb[i * KDA_LDP + j] = __float2bfloat16(j < i && i < L ? sBeta[j] * acc[0][ni][e] : 0.0f);
                 }
         }
-        __syncthreads();
-        /* dT in bf16 (over gam k); dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed, one entry
-         * per half of the columns: the fragments' products, then the four lanes of a row by a fixed butterfly) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, j = p % KDA_C;
-            s.pb[i * KDA_LDP + j] = __float2bfloat16(sdT[i * KDA_LDT + j]);
-        }
+        /* dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed, one entry per half of the columns:
+         * the fragments' products, then the four lanes of a row by a fixed butterfly) */
         {
             float acc[1][DK / 16][4];
             gdn_zero(acc);
