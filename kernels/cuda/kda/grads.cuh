@@ -497,6 +497,12 @@ __global__ void kda_dbeta_sum_kernel(float *dbeta /* (T,nv) */, const float *dbp
     if (i < n) dbeta[i] = dbeta[i] + (dbp[2 * i] + dbp[2 * i + 1]);
 }
 
+/* dq or dk of a key head with one value head (nv = nk): kda_group_reduce_kernel's sum of one term, 0 + x (-0 to +0,
+ * as the sum), rounded to bf16, so grad_qk writes it in place of the fp32 partial and the group sum is not run */
+KDA_DEV bf16 kda_group_bf16(float x) {
+    return __float2bfloat16_rn(__fadd_rn(0.0f, x)); /* +0 + x is not x at -0: not folded */
+}
+
 /* kda_grad_qk_kernel's shared memory (DK = dk = dv; the block's W = DK / 2 key channels; 115200 bytes at 128, two
  * blocks per SM): q, k (bf16, W channels, stride W + 2), G (fp32, W + 1); a region that holds dO and vn (bf16, all
  * dv columns, DK + 8), then a pair-sum result X (fp32, W + 1) and the scaled rows of kda_pair_rows (hi / lo, 48
@@ -540,6 +546,7 @@ template <int DK> struct KdaGqkSmem {
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
+    bf16 *dq /* (T,ldq), or NULL */, bf16 *dk_out /* (T,ldq), or NULL */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
     const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,
     const float *dvd /* (T,nv,dk): grad_dense's D_a . vn_r */,
@@ -611,8 +618,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 for (int j = r & ~15; j < r; j++)
                     xs += sDPd[kda_diag(r, j)] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
                 const float X = scale * xs;
-                const size_t at = rows + (size_t)r * nv * dk + a;
-                dqv[at] = t1 + X + sdiag * kr;
+                const float dqx = t1 + X + sdiag * kr;
+                if (dq) dq[(t0 + r) * ldq + (int64_t)kh * dk + c0 + a] = kda_group_bf16(dqx);
+                else dqv[rows + (size_t)r * nv * dk + a] = dqx;
                 sDG[r * ldg + a] = pg[u] + qr * t1 + qr * X;
             }
 #pragma unroll
@@ -640,8 +648,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 for (int i = r + 1; i < iend; i++)
                     ys += sDPd[kda_diag(i, r)] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
                 const float Y = scale * ys, dvv = sDV[r * ldg + a];
-                const size_t at = rows + (size_t)r * nv * dk + a;
-                dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
+                const float dkx = dec * dvv + sdiag * qr + Y + pk[u];
+                if (dk_out) dk_out[(t0 + r) * ldq + (int64_t)kh * dk + c0 + a] = kda_group_bf16(dkx);
+                else dkv[rows + (size_t)r * nv * dk + a] = dkx;
                 sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
             }
 #pragma unroll
