@@ -222,6 +222,50 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, i
     __syncthreads();
 }
 
+/* the pairs inside the 16-row sub-chunks (the diagonal blocks kda_pair_rows leaves), fp32, added to out (row stride
+ * ldo, W channels): with Pd the diagonal blocks (kda_diag) and x (bf16 rows, stride ldx; scaled by xs_j where xs is
+ * not NULL)
+ *   EARLIER: out_r[a] += sum_{16 (r / 16) <= j < r} P_rj x_j[a] E_rj[a]
+ *   LATER:   out_r[a] += sum_{r < i < 16 (r / 16 + 1)} P_ir x_i[a] E_ir[a]
+ * for rows r < L. Thread (sub-chunk b, channel a) takes the 16 rows of its block: the 15 one-step factors
+ * e^{G_m - G_{m-1}} (each <= 1) once into registers, then every E of the block as their running product outward
+ * from r (E_r,r-1 = e_r, E_r,r-2 = e_r e_{r-1}, ...): 15 exponentials per block and channel, not one per pair (120),
+ * every factor and product <= 1 as the single exponential's; the sum over the pairs nearest first. Threads past
+ * 4 W idle. All threads; the caller synchronises. */
+template <int W, bool LATER>
+KDA_DEV void kda_diag_rows(float *out, int ldo, const float *Pd, const bf16 *x, int ldx, const float *xs,
+                           const float *G, int ldg, int L) {
+    const int b = threadIdx.x / W, a = threadIdx.x % W, r0 = 16 * b;
+    if (b >= 4 || r0 >= L) return;
+    float e[16]; /* e[m] = e^{G_{r0+m} - G_{r0+m-1}} (m >= 1) */
+#pragma unroll
+    for (int m = 0; m < 16; m++) e[m] = m ? expf(G[(r0 + m) * ldg + a] - G[(r0 + m - 1) * ldg + a]) : 1.0f;
+    /* row m's x at channel a, scaled (read where used: registers for the factors only) */
+    auto xv = [&](int m) {
+        const float v = __bfloat162float(x[(r0 + m) * ldx + a]);
+        return xs ? v * xs[r0 + m] : v;
+    };
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+        if (r0 + m >= L) break;
+        float acc = 0.0f, E = 1.0f;
+        if (!LATER) {
+#pragma unroll
+            for (int j = m - 1; j >= 0; j--) { /* E = E_{r, r0 + j} */
+                E *= e[j + 1];
+                acc += Pd[kda_diag(r0 + m, r0 + j)] * xv(j) * E;
+            }
+        } else {
+#pragma unroll
+            for (int i = m + 1; i < 16; i++) { /* E = E_{r0 + i, r}; rows >= L: P and x 0 */
+                E *= e[i];
+                acc += Pd[kda_diag(r0 + i, r0 + m)] * xv(i) * E;
+            }
+        }
+        out[(r0 + m) * ldo + a] += acc;
+    }
+}
+
 /* kda_grad_wy_kernel's shared memory (DK = dk = dv; 112640 bytes at 128: two blocks per SM): v, dW, gam k (k
  * loaded there, scaled in place) and dvn (bf16, DK + 8), Tinv (bf16, KDA_LDP), beta, the dbeta partial sums of dXu,
  * G (fp32, DK + 1: only for gam k); the bf16 64 x 64 operand of the products (dT, M1, then dA, KDA_LDP) over gam k,
@@ -438,15 +482,15 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
          * block, with dXw_r gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt, dL/dG_r = beta_r gx k_r + beta_r k_r Zt
          * (Zp's terms added below); dbeta_r gets sum_a gx k_r + sum_a k_r Zt */
         kda_pair_rows<W, false>(s.Z, ldg, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, false>(s.Z, ldg, s.dAd, sK, ldk, NULL, sG, ldg, L);
+        __syncthreads();
         for (int p = threadIdx.x; p < KDA_C * W; p += KDA_THREADS) {
             const int r = p / W, a = p % W; /* a warp shares r (W is a multiple of 32) */
             if (r >= L) continue;
             const float xw = s.xw[r * ldg + a];
             const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
             const float gx = expf(Gr) * xw;
-            float zt = s.Z[r * ldg + a];
-            for (int j = r & ~15; j < r; j++)
-                zt += s.dAd[kda_diag(r, j)] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
+            const float zt = s.Z[r * ldg + a];
             s.xw[r * ldg + a] = br * gx + br * zt; /* dk's part so far, over dXw_r[a] (read above, this thread's) */
             dG[rows + (size_t)r * nv * dk + a] = br * gx * kr + br * kr * zt;
             const float rb = kda_warp_sum(gx * kr) + kda_warp_sum(kr * zt);
@@ -459,6 +503,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
         float pg[PF];
         kda_prefetch(pg, dG, t0, L, h, nv, dk, c0, W, 0);
         kda_pair_rows<W, true>(s.Z, ldg, s.pb, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, true>(s.Z, ldg, s.dAd, sK, ldk, sBeta, sG, ldg, L);
+        __syncthreads();
 #pragma unroll 1
         for (int u0 = 0; u0 < KDA_C * W / KDA_THREADS; u0 += PF) {
             float pn[PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
@@ -467,12 +513,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
             for (int u = 0; u < PF; u++) {
                 const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / W, a = p % W;
                 if (r >= L) continue;
-                const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
-                float zp = s.Z[r * ldg + a];
-                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-                for (int i = r + 1; i < iend; i++)
-                    zp += s.dAd[kda_diag(i, r)] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
-                          __bfloat162float(sK[i * ldk + a]);
+                const float kr = __bfloat162float(sK[r * ldk + a]);
+                const float zp = s.Z[r * ldg + a];
                 const size_t at = rows + (size_t)r * nv * dk + a;
                 dkv[at] = s.xw[r * ldg + a] + zp;
                 dG[at] = pg[u] - kr * zp;
@@ -600,6 +642,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
         float pg[PF];
         kda_prefetch(pg, dg, t0, L, h, nv, dk, c0, W, 0);
         kda_pair_rows<W, false>(sX, ldf, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, false>(sX, ldf, sDPd, sK, ldk, NULL, sG, ldg, L);
+        __syncthreads();
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
 #pragma unroll 1
@@ -614,10 +658,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                             kr = __bfloat162float(sK[r * ldk + a]);
                 const float gam = expf(Gr), sdiag = scale * sDPd[kda_diag(r, r)];
                 const float t1 = scale * gam * sDG[r * ldg + a];
-                float xs = sX[r * ldf + a];
-                for (int j = r & ~15; j < r; j++)
-                    xs += sDPd[kda_diag(r, j)] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
-                const float X = scale * xs;
+                const float X = scale * sX[r * ldf + a];
                 const float dqx = t1 + X + sdiag * kr;
                 if (dq) dq[(t0 + r) * ldq + (int64_t)kh * dk + c0 + a] = kda_group_bf16(dqx);
                 else dqv[rows + (size_t)r * nv * dk + a] = dqx;
@@ -631,6 +672,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
         float pk[PF];
         kda_prefetch(pk, dkv, t0, L, h, nv, dk, c0, W, 0);
         kda_pair_rows<W, true>(sX, ldf, s.pb, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, true>(sX, ldf, sDPd, sQ, ldk, NULL, sG, ldg, L);
+        __syncthreads();
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
 #pragma unroll 1
         for (int u0 = 0; u0 < KDA_C * W / KDA_THREADS; u0 += PF) {
@@ -643,11 +686,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
                 const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDPd[kda_diag(r, r)];
-                float ys = sX[r * ldf + a];
-                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-                for (int i = r + 1; i < iend; i++)
-                    ys += sDPd[kda_diag(i, r)] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
-                const float Y = scale * ys, dvv = sDV[r * ldg + a];
+                const float Y = scale * sX[r * ldf + a], dvv = sDV[r * ldg + a];
                 const float dkx = dec * dvv + sdiag * qr + Y + pk[u];
                 if (dk_out) dk_out[(t0 + r) * ldq + (int64_t)kh * dk + c0 + a] = kda_group_bf16(dkx);
                 else dkv[rows + (size_t)r * nv * dk + a] = dkx;
