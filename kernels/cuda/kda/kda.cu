@@ -18,7 +18,7 @@
  * forward state pass unless kept holds them (wu runs for the reverse pass too), qk's backward form (scale gam * q
  * and P = scale QK^T dO, the reverse pass's other factors), the reverse state pass (dS0, the chunk state gradients
  * and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per key channel and dbeta's sum) and grad_qk per
- * chunk, and the sum over each key head's value heads. The staged
+ * chunk, and the sum over each key head's value heads (nv > nk; with nv = nk grad_qk writes dq, dk itself). The staged
  * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
  * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs wu and the state pass
  * with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's backward form and the reverse pass
@@ -457,8 +457,8 @@ static void kda_grad_qk(const KdaBufs *b, bf16 *dq, bf16 *dk_out, float *dg, con
     dim3 grid = kda_chunk_grid(T, nv);
     grid.z = 2; /* the two halves of the key channels */
     kda_grad_qk_kernel<DK><<<grid, KDA_THREADS, smem, cuda_stream()>>>(
-        b->dqv, b->dkv, dq, dk_out, dg, q, k, g, dout, b->vn, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
-        scale);
+        b->dqv, b->dkv, dq, dk_out, dg, q, k, g, dout, b->vn, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nk, nv,
+        ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("grad_qk");
 }
