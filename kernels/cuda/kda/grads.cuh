@@ -686,25 +686,25 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
                 const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDPd[kda_diag(r, r)];
-                const float Y = scale * sX[r * ldf + a], dvv = sDV[r * ldg + a];
+                const float Y = scale * sX[r * ldf + a], dvv = sDV[r * ldg + a], kdd = kr * dec * dvv;
                 const float dkx = dec * dvv + sdiag * qr + Y + pk[u];
                 if (dk_out) dk_out[(t0 + r) * ldq + (int64_t)kh * dk + c0 + a] = kda_group_bf16(dkx);
                 else dkv[rows + (size_t)r * nv * dk + a] = dkx;
-                sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
+                sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kdd;
+                sX[r * ldf + a] = kdd; /* k_r dec_r (D vn_r) for dL/dG_{L-1} below (Y read: this thread's) */
             }
 #pragma unroll
             for (int u = 0; u < PF; u++) pk[u] = pn[u];
         }
         __syncthreads();
-        /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the
-         * reverse sum of dL/dG inside the chunk (double, as the oracle) */
+        /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j) (the terms from
+         * the loop above, in sX); then dg = the reverse sum of dL/dG inside the chunk (double, as the oracle) */
         if (threadIdx.x < W) {
             const int a = threadIdx.x;
             const float GL = sG[(L - 1) * ldg + a];
             float extra = 0.0f;
             if (S && D) extra = expf(GL) * sd[(ch.slot * nv + h) * (int64_t)dk + c0 + a];
-            for (int j = 0; j < L; j++)
-                extra += __bfloat162float(sK[j * ldk + a]) * expf(GL - sG[j * ldg + a]) * sDV[j * ldg + a];
+            for (int j = 0; j < L; j++) extra += sX[j * ldf + a];
             double acc = (double)extra;
             for (int r = L - 1; r >= 0; r--) {
                 acc += (double)sDG[r * ldg + a];
