@@ -201,6 +201,7 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, i
             const int n0 = 16 * w;
             float acc[1][2][4];
             gdn_zero(acc);
+#pragma unroll 1 /* not unrolled: the unrolled loop spilled grad_qk at dk 64 (8 B); the same MMA order either way */
             for (int kk = 0; kk < nrow / 16; kk++) {
                 const bf16 *pk = LATER ? pb + (x0 + 16 * kk) * KDA_LDP : pb + 16 * kk; /* LATER: A = P^T */
                 gdn_warp_mma<1, 2, LATER, false, 16>(acc, pk, KDA_LDP, ol + 16 * kk * LDK, LDK, 16 * b, n0);
