@@ -201,6 +201,7 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, i
             const int n0 = 16 * w;
             float acc[1][2][4];
             gdn_zero(acc);
+#pragma unroll 1 /* not unrolled: the unrolled loop spilled grad_qk at dk 64 (8 B); the same MMA order either way */
             for (int kk = 0; kk < nrow / 16; kk++) {
                 const bf16 *pk = LATER ? pb + (x0 + 16 * kk) * KDA_LDP : pb + 16 * kk; /* LATER: A = P^T */
                 gdn_warp_mma<1, 2, LATER, false, 16>(acc, pk, KDA_LDP, ol + 16 * kk * LDK, LDK, 16 * b, n0);
@@ -222,24 +223,67 @@ KDA_DEV void kda_pair_rows(float *out, int ldo, const bf16 *pb, const bf16 *x, i
     __syncthreads();
 }
 
-/* kda_grad_wy_kernel's shared memory (DK = dk = dv; ~150 KB at 128): k (bf16, DK + 2), v (bf16, DK + 8), G (fp32,
- * DK + 1), dW (bf16, DK + 8), Tinv (bf16, KDA_LDP), beta, the dbeta partial sums of dXu, dT (fp32, 64 x 65; dA after
- * it); gam k and dvn (bf16, DK + 8); the bf16 64 x 64 operand of the products (dT, M1, then dA, KDA_LDP) over gam k */
+/* the pairs inside the 16-row sub-chunks (the diagonal blocks kda_pair_rows leaves), fp32, added to out (row stride
+ * ldo, W channels): with Pd the diagonal blocks (kda_diag) and x (bf16 rows, stride ldx; scaled by xs_j where xs is
+ * not NULL)
+ *   EARLIER: out_r[a] += sum_{16 (r / 16) <= j < r} P_rj x_j[a] E_rj[a]
+ *   LATER:   out_r[a] += sum_{r < i < 16 (r / 16 + 1)} P_ir x_i[a] E_ir[a]
+ * for rows r < L. Thread (sub-chunk b, channel a) takes the 16 rows of its block: the 15 one-step factors
+ * e^{G_m - G_{m-1}} (each <= 1) once into registers, then every E of the block as their running product outward
+ * from r (E_r,r-1 = e_r, E_r,r-2 = e_r e_{r-1}, ...): 15 exponentials per block and channel, not one per pair (120),
+ * every factor and product <= 1 as the single exponential's; the sum over the pairs nearest first. Threads past
+ * 4 W idle. All threads; the caller synchronises. */
+template <int W, bool LATER>
+KDA_DEV void kda_diag_rows(float *out, int ldo, const float *Pd, const bf16 *x, int ldx, const float *xs,
+                           const float *G, int ldg, int L) {
+    const int b = threadIdx.x / W, a = threadIdx.x % W, r0 = 16 * b;
+    if (b >= 4 || r0 >= L) return;
+    float e[16]; /* e[m] = e^{G_{r0+m} - G_{r0+m-1}} (m >= 1) */
+#pragma unroll
+    for (int m = 0; m < 16; m++) e[m] = m ? expf(G[(r0 + m) * ldg + a] - G[(r0 + m - 1) * ldg + a]) : 1.0f;
+    /* row m's x at channel a, scaled (read where used: registers for the factors only) */
+    auto xv = [&](int m) {
+        const float v = __bfloat162float(x[(r0 + m) * ldx + a]);
+        return xs ? v * xs[r0 + m] : v;
+    };
+#pragma unroll
+    for (int m = 0; m < 16; m++) {
+        if (r0 + m >= L) break;
+        float acc = 0.0f, E = 1.0f;
+        if (!LATER) {
+#pragma unroll
+            for (int j = m - 1; j >= 0; j--) { /* E = E_{r, r0 + j} */
+                E *= e[j + 1];
+                acc += Pd[kda_diag(r0 + m, r0 + j)] * xv(j) * E;
+            }
+        } else {
+#pragma unroll
+            for (int i = m + 1; i < 16; i++) { /* E = E_{r0 + i, r}; rows >= L: P and x 0 */
+                E *= e[i];
+                acc += Pd[kda_diag(r0 + i, r0 + m)] * xv(i) * E;
+            }
+        }
+        out[(r0 + m) * ldo + a] += acc;
+    }
+}
+
+/* kda_grad_wy_kernel's shared memory (DK = dk = dv; 112640 bytes at 128: two blocks per SM): v, dW, gam k (k
+ * loaded there, scaled in place) and dvn (bf16, DK + 8), Tinv (bf16, KDA_LDP), beta, the dbeta partial sums of dXu,
+ * G (fp32, DK + 1: only for gam k); the bf16 64 x 64 operand of the products (dT, M1, then dA, KDA_LDP) over gam k,
+ * dT formed from the product's registers (no fp32 tile) */
 template <int DK> struct KdaGwySmem {
-    static constexpr int LDK = DK + 8, LDB = DK + 2, LDF = DK + 1;
-    bf16 *k, *v, *dw, *t, *gk, *dvb, *pb;
-    float *G, *beta, *red, *dT;
+    static constexpr int LDK = DK + 8, LDF = DK + 1;
+    bf16 *v, *dw, *t, *gk, *dvb, *pb;
+    float *G, *beta, *red;
     size_t bytes;
     __host__ __device__ explicit KdaGwySmem(void *b) {
         KdaCarve c(b);
-        k = c.take<bf16>((size_t)KDA_C * LDB);
         v = c.take<bf16>((size_t)KDA_C * LDK);
         G = c.take<float>((size_t)KDA_C * LDF);
         dw = c.take<bf16>((size_t)KDA_C * LDK);
         t = c.take<bf16>((size_t)KDA_C * KDA_LDP);
         beta = c.take<float>(KDA_C);
         red = c.take<float>((size_t)KDA_C * 2); /* (64 rows, 2 column halves) */
-        dT = c.take<float>((size_t)KDA_C * KDA_LDT);
         gk = c.take<bf16>((size_t)KDA_C * LDK);
         dvb = c.take<bf16>((size_t)KDA_C * LDK);
         pb = gk; /* from dT on: gam k is read */
@@ -255,25 +299,24 @@ template <int DK> struct KdaGwySmem {
  * and kda_dbeta_sum_kernel add the rest), dA (fp32, strictly lower) into da and dXw into dkv's rows of the chunk,
  * for kda_grad_wy_pairs_kernel. */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv): the dXu part */, float *dkv /* (T,nv,dk): dXw out */,
     float *da /* (T,nv,64): dA out */, const float *dG /* (T,nv,dk): grad_dense's dW */, const bf16 *k, const bf16 *v,
     const float *g, const float *beta, const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */,
     const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
-    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldk = Sm::LDB, ldg = Sm::LDF;
+    constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldg = Sm::LDF;
     constexpr int NB = KDA_BATCH;
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
-    bf16 *sK = s.k;
-    float *sG = s.G, *sdT = s.dT, *sBeta = s.beta, *sRed = s.red;
+    float *sG = s.G, *sBeta = s.beta, *sRed = s.red;
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        kda_load_bf16(sK, ldk, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L);
+        kda_load_bf16(s.gk, LDK, k + t0 * ldq + (int64_t)kh * dk, ldq, dk, L); /* k, scaled in place below */
         kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * dv, ldv, dv, L);
         kda_load_G_start(sG, ldg, g, t0, L, h, nv, dk, 0, dk); /* g lands while the tiles below load */
         /* Tinv in bf16 (rows >= L: 0) */
@@ -286,34 +329,30 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_grad_wy_kernel(
         kda_load_rows_f32<NB>(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
         kda_load_G_sum(sG, ldg, dk);
         __syncthreads(); /* sG */
-        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) {
+        for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) { /* gam k over k (rows >= L: 0) */
             const int r = p / dk, a = p % dk;
-            s.gk[r * LDK + a] = __float2bfloat16(__bfloat162float(sK[r * ldk + a]) * expf(sG[r * ldg + a]));
+            s.gk[r * LDK + a] = __float2bfloat16(__bfloat162float(s.gk[r * LDK + a]) * expf(sG[r * ldg + a]));
         }
         __syncthreads();
         /* dT_ij = beta_j (dW_i . (gam_j * k_j) + dvn_i . v_j) for j < i < L (warp w: rows 16 (w % 4), columns
-         * 32 (w / 4)) */
+         * 32 (w / 4)), in bf16 over gam k once every warp has read it (the fp32 values rounded once, as an operand) */
         {
             const int m0 = 16 * (w & 3), n0 = 32 * (w >> 2);
             float acc[1][4][4];
             gdn_zero(acc);
             gdn_warp_mma<1, 4, false, true, DK>(acc, s.dw, LDK, s.gk, LDK, m0, n0);
             gdn_warp_mma<1, 4, false, true, DK>(acc, s.dvb, LDK, s.v, LDK, m0, n0);
+            __syncthreads(); /* gam k is read */
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int i = m0 + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
-                    sdT[i * KDA_LDT + j] = j < i && i < L ? sBeta[j] * acc[0][ni][e] : 0.0f;
+                    s.pb[i * KDA_LDP + j] = __float2bfloat16(j < i && i < L ? sBeta[j] * acc[0][ni][e] : 0.0f);
                 }
         }
-        __syncthreads();
-        /* dT in bf16 (over gam k); dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed, one entry
-         * per half of the columns: the fragments' products, then the four lanes of a row by a fixed butterfly) */
-        for (int p = threadIdx.x; p < KDA_C * KDA_C; p += KDA_THREADS) {
-            const int i = p / KDA_C, j = p % KDA_C;
-            s.pb[i * KDA_LDP + j] = __float2bfloat16(sdT[i * KDA_LDT + j]);
-        }
+        /* dXu = Tinv^T dvn: dv_r = beta_r dXu_r, dbeta_r gets v_r . dXu_r (sRed, one entry per half of the columns:
+         * the fragments' products, then the four lanes of a row by a fixed butterfly) */
         {
             float acc[1][DK / 16][4];
             gdn_zero(acc);
@@ -444,15 +483,15 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
          * block, with dXw_r gx = gam_r dXw_r: dk_r = beta_r gx + beta_r Zt, dL/dG_r = beta_r gx k_r + beta_r k_r Zt
          * (Zp's terms added below); dbeta_r gets sum_a gx k_r + sum_a k_r Zt */
         kda_pair_rows<W, false>(s.Z, ldg, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, false>(s.Z, ldg, s.dAd, sK, ldk, NULL, sG, ldg, L);
+        __syncthreads();
         for (int p = threadIdx.x; p < KDA_C * W; p += KDA_THREADS) {
             const int r = p / W, a = p % W; /* a warp shares r (W is a multiple of 32) */
             if (r >= L) continue;
             const float xw = s.xw[r * ldg + a];
             const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]), br = sBeta[r];
             const float gx = expf(Gr) * xw;
-            float zt = s.Z[r * ldg + a];
-            for (int j = r & ~15; j < r; j++)
-                zt += s.dAd[kda_diag(r, j)] * expf(Gr - sG[j * ldg + a]) * __bfloat162float(sK[j * ldk + a]);
+            const float zt = s.Z[r * ldg + a];
             s.xw[r * ldg + a] = br * gx + br * zt; /* dk's part so far, over dXw_r[a] (read above, this thread's) */
             dG[rows + (size_t)r * nv * dk + a] = br * gx * kr + br * kr * zt;
             const float rb = kda_warp_sum(gx * kr) + kda_warp_sum(kr * zt);
@@ -465,6 +504,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
         float pg[PF];
         kda_prefetch(pg, dG, t0, L, h, nv, dk, c0, W, 0);
         kda_pair_rows<W, true>(s.Z, ldg, s.pb, sK, ldk, sBeta, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, true>(s.Z, ldg, s.dAd, sK, ldk, sBeta, sG, ldg, L);
+        __syncthreads();
 #pragma unroll 1
         for (int u0 = 0; u0 < KDA_C * W / KDA_THREADS; u0 += PF) {
             float pn[PF]; /* the next batch (past the tile: 0, no load), in flight during this one */
@@ -473,12 +514,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
             for (int u = 0; u < PF; u++) {
                 const int p = threadIdx.x + (u0 + u) * KDA_THREADS, r = p / W, a = p % W;
                 if (r >= L) continue;
-                const float Gr = sG[r * ldg + a], kr = __bfloat162float(sK[r * ldk + a]);
-                float zp = s.Z[r * ldg + a];
-                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-                for (int i = r + 1; i < iend; i++)
-                    zp += s.dAd[kda_diag(i, r)] * sBeta[i] * expf(sG[i * ldg + a] - Gr) *
-                          __bfloat162float(sK[i * ldk + a]);
+                const float kr = __bfloat162float(sK[r * ldk + a]);
+                const float zp = s.Z[r * ldg + a];
                 const size_t at = rows + (size_t)r * nv * dk + a;
                 dkv[at] = s.xw[r * ldg + a] + zp;
                 dG[at] = pg[u] - kr * zp;
@@ -501,6 +538,12 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_pairs_kernel(
 __global__ void kda_dbeta_sum_kernel(float *dbeta /* (T,nv) */, const float *dbp /* (T,nv,2) */, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dbeta[i] = dbeta[i] + (dbp[2 * i] + dbp[2 * i + 1]);
+}
+
+/* dq or dk of a key head with one value head (nv = nk): kda_group_reduce_kernel's sum of one term, 0 + x (-0 to +0,
+ * as the sum), rounded to bf16, so grad_qk writes it in place of the fp32 partial and the group sum is not run */
+KDA_DEV bf16 kda_group_bf16(float x) {
+    return __float2bfloat16_rn(__fadd_rn(0.0f, x)); /* +0 + x is not x at -0: not folded */
 }
 
 /* kda_grad_qk_kernel's shared memory (DK = dk = dv; the block's W = DK / 2 key channels; 115200 bytes at 128, two
@@ -546,6 +589,7 @@ template <int DK> struct KdaGqkSmem {
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
+    bf16 *dq /* (T,ldq), or NULL */, bf16 *dk_out /* (T,ldq), or NULL */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
     const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,
     const float *dvd /* (T,nv,dk): grad_dense's D_a . vn_r */,
@@ -599,6 +643,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
         float pg[PF];
         kda_prefetch(pg, dg, t0, L, h, nv, dk, c0, W, 0);
         kda_pair_rows<W, false>(sX, ldf, s.pb, sK, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, false>(sX, ldf, sDPd, sK, ldk, NULL, sG, ldg, L);
+        __syncthreads();
         /* per (r, a), lanes over a: dq_r = scale gam_r (S dO_r) + sum_{j <= r} scale dP_rj k_j E_rj; the dq share of
          * dL/dG into sDG */
 #pragma unroll 1
@@ -613,12 +659,10 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                             kr = __bfloat162float(sK[r * ldk + a]);
                 const float gam = expf(Gr), sdiag = scale * sDPd[kda_diag(r, r)];
                 const float t1 = scale * gam * sDG[r * ldg + a];
-                float xs = sX[r * ldf + a];
-                for (int j = r & ~15; j < r; j++)
-                    xs += sDPd[kda_diag(r, j)] * __bfloat162float(sK[j * ldk + a]) * expf(Gr - sG[j * ldg + a]);
-                const float X = scale * xs;
-                const size_t at = rows + (size_t)r * nv * dk + a;
-                dqv[at] = t1 + X + sdiag * kr;
+                const float X = scale * sX[r * ldf + a];
+                const float dqx = t1 + X + sdiag * kr;
+                if (dq) dq[(t0 + r) * ldq + (int64_t)kh * dk + c0 + a] = kda_group_bf16(dqx);
+                else dqv[rows + (size_t)r * nv * dk + a] = dqx;
                 sDG[r * ldg + a] = pg[u] + qr * t1 + qr * X;
             }
 #pragma unroll
@@ -629,6 +673,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
         float pk[PF];
         kda_prefetch(pk, dkv, t0, L, h, nv, dk, c0, W, 0);
         kda_pair_rows<W, true>(sX, ldf, s.pb, sQ, ldk, NULL, sG, ldg, s.oh, s.ol);
+        kda_diag_rows<W, true>(sX, ldf, sDPd, sQ, ldk, NULL, sG, ldg, L);
+        __syncthreads();
         /* per (r, a): dk_r = dec_r (D vn_r) + sum_{i >= r} scale dP_ir q_i E_ir (+ the WY part); its dL/dG share */
 #pragma unroll 1
         for (int u0 = 0; u0 < KDA_C * W / KDA_THREADS; u0 += PF) {
@@ -641,28 +687,25 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
                 const float Gr = sG[r * ldg + a], qr = __bfloat162float(sQ[r * ldk + a]),
                             kr = __bfloat162float(sK[r * ldk + a]);
                 const float dec = expf(sG[(L - 1) * ldg + a] - Gr), sdiag = scale * sDPd[kda_diag(r, r)];
-                float ys = sX[r * ldf + a];
-                const int iend = (r | 15) + 1 < L ? (r | 15) + 1 : L;
-                for (int i = r + 1; i < iend; i++)
-                    ys += sDPd[kda_diag(i, r)] * __bfloat162float(sQ[i * ldk + a]) * expf(sG[i * ldg + a] - Gr);
-                const float Y = scale * ys, dvv = sDV[r * ldg + a];
-                const size_t at = rows + (size_t)r * nv * dk + a;
-                dkv[at] = dec * dvv + sdiag * qr + Y + pk[u];
-                sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kr * dec * dvv;
+                const float Y = scale * sX[r * ldf + a], dvv = sDV[r * ldg + a], kdd = kr * dec * dvv;
+                const float dkx = dec * dvv + sdiag * qr + Y + pk[u];
+                if (dk_out) dk_out[(t0 + r) * ldq + (int64_t)kh * dk + c0 + a] = kda_group_bf16(dkx);
+                else dkv[rows + (size_t)r * nv * dk + a] = dkx;
+                sDG[r * ldg + a] = sDG[r * ldg + a] - kr * Y - kdd;
+                sX[r * ldf + a] = kdd; /* k_r dec_r (D vn_r) for dL/dG_{L-1} below (Y read: this thread's) */
             }
 #pragma unroll
             for (int u = 0; u < PF; u++) pk[u] = pn[u];
         }
         __syncthreads();
-        /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j); then dg = the
-         * reverse sum of dL/dG inside the chunk (double, as the oracle) */
+        /* thread a: dL/dG_{L-1}[a] also gets gam_{L-1} (S_a . D_a) and sum_j k_j dec_j (D_a . vn_j) (the terms from
+         * the loop above, in sX); then dg = the reverse sum of dL/dG inside the chunk (double, as the oracle) */
         if (threadIdx.x < W) {
             const int a = threadIdx.x;
             const float GL = sG[(L - 1) * ldg + a];
             float extra = 0.0f;
             if (S && D) extra = expf(GL) * sd[(ch.slot * nv + h) * (int64_t)dk + c0 + a];
-            for (int j = 0; j < L; j++)
-                extra += __bfloat162float(sK[j * ldk + a]) * expf(GL - sG[j * ldg + a]) * sDV[j * ldg + a];
+            for (int j = 0; j < L; j++) extra += sX[j * ldf + a];
             double acc = (double)extra;
             for (int r = L - 1; r >= 0; r--) {
                 acc += (double)sDG[r * ldg + a];

@@ -19,7 +19,7 @@
  * forward state pass unless kept holds them (wu runs for the reverse pass too), qk's backward form (scale gam * q
  * and P = scale QK^T dO, the reverse pass's other factors), the reverse state pass (dS0, the chunk state gradients
  * and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per key channel and dbeta's sum) and grad_qk per
- * chunk, and the sum over each key head's value heads. The staged
+ * chunk, and the sum over each key head's value heads (nv > nk; with nv = nk grad_qk writes dq, dk itself). The staged
  * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
  * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs wu and the state pass
  * with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's backward form and the reverse pass
@@ -468,23 +468,25 @@ static void kda_grad_wy(const KdaBufs *b, float *dg, bf16 *dv_out, float *dbeta,
 }
 
 template <int DK>
-static void kda_grad_qk(const KdaBufs *b, float *dg, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
-                        const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
+static void kda_grad_qk(const KdaBufs *b, bf16 *dq, bf16 *dk_out, float *dg, const bf16 *dout, const bf16 *q,
+                        const bf16 *k, const float *g, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq,
+                        int ldo) {
     const size_t smem = KdaGqkSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_qk_kernel<DK>, smem, "grad_qk");
     const float scale = (float)(1.0 / sqrt((double)DK));
     dim3 grid = kda_chunk_grid(T, nv);
     grid.z = 2; /* the two halves of the key channels */
     kda_grad_qk_kernel<DK><<<grid, KDA_THREADS, smem, cuda_stream()>>>(
-        b->dqv, b->dkv, dg, q, k, g, dout, b->vn, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nk, nv, ldq, ldo,
-        scale);
+        b->dqv, b->dkv, dq, dk_out, dg, q, k, g, dout, b->vn, b->ux, b->gl, b->starts, b->meta, doc_pos, T, nk, nv,
+        ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("grad_qk");
 }
 
 /* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
  * before they write there; D_a . vn_r into ux and S_a . D_a into gl, the state passes' buffers, free by now),
- * grad_wy, grad_qk, the sum over the value heads */
+ * grad_wy, grad_qk, the sum over the value heads (with one value head per key head, nv = nk, grad_qk writes dq and
+ * dk in bf16 itself, the sum's bits, and the sum is not run) */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,
                       const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                       const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv, int ldo) {
@@ -493,8 +495,10 @@ static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, fl
     else kda_grad_dense<64>(b, dg, dout, doc_pos, T, nv, ldo);
     if (dk == 128) kda_grad_wy<128>(b, dg, dv_out, dbeta, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
     else kda_grad_wy<64>(b, dg, dv_out, dbeta, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv);
-    if (dk == 128) kda_grad_qk<128>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
-    else kda_grad_qk<64>(b, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
+    bf16 *dq1 = nv == nk ? dq : NULL, *dk1 = nv == nk ? dk_out : NULL;
+    if (dk == 128) kda_grad_qk<128>(b, dq1, dk1, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
+    else kda_grad_qk<64>(b, dq1, dk1, dg, dout, q, k, g, doc_pos, T, nk, nv, ldq, ldo);
+    if (nv == nk) return;
     const int64_t n = T * nk * dk;
     kda_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cuda_stream()>>>(dq, dk_out, b->dqv, b->dkv, T, nk,
                                                                                      nv, dk, ldq);

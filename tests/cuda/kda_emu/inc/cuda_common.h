@@ -44,6 +44,7 @@ static inline bf16 __float2bfloat16_rn(float f) {
     u += 0x7fff + ((u >> 16) & 1); b.x = (uint16_t)(u >> 16); return b;
 }
 static inline bf16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+static inline float __fadd_rn(float a, float b) { return a + b; } /* fp32, round to nearest */
 
 struct float2 { float x, y; };
 static inline float2 make_float2(float a, float b) { return float2{a, b}; }
