@@ -28,7 +28,8 @@
  * dP = dO vn^T, dT, dXu, M1, dA, dXw, and the pair
  * terms across 16-row sub-chunks (kda_pair_rows, prep.cuh's scheme: Z_r = sum_j P_rj x_j E_rj with a reference row
  * between the two, every exponent <= 0) for the QK pairs of dq and dk and the A pairs of dk and dL/dG; the diagonal
- * 16 x 16 blocks of those pairs one thread per (row, channel) with a loop over the other row, fp32.
+ * 16 x 16 blocks of those pairs fp32, one thread per (sub-chunk, channel) (kda_diag_rows: each decay the running
+ * product of the one-step factors e^{G_m - G_m-1} <= 1 outward from the row).
  * Row sums (dbeta) are per-warp butterflies, then the warps in index order, then the halves: fp32, a fixed order,
  * no atomics.
  * docs/design/kda.md has the algebra. Part of kda.cu.

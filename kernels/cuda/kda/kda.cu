@@ -15,15 +15,15 @@
  * A forward runs index, prep_qk (Tinv and the decay-weighted Q K^T per chunk in one pass: prep.cuh's
  * kda_prep_qk_kernel; with a kept prep, PREP_IN, qk alone), wu (the state pass's chunk-parallel factors: W, dec * K,
  * U, gam_{L-1}), the state pass (sequential over chunks; one block per value head and 16, 32 or 64 state columns,
- * kda_state_bv) and the output. prep and qk apart (the kept prep, the backward's prep) give prep_qk's bits. A backward runs index, prep, wu and the
- * forward state pass unless kept holds them (wu runs for the reverse pass too), qk's backward form (scale gam * q
- * and P = scale QK^T dO, the reverse pass's other factors), the reverse state pass (dS0, the chunk state gradients
- * and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per key channel and dbeta's sum) and grad_qk per
- * chunk, and the sum over each key head's value heads (nv > nk; with nv = nk grad_qk writes dq, dk itself). The staged
- * backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout alone), STATE is the reverse state pass into
- * dkept (and dS0), GRADS the per-chunk gradients from kept and dkept. The transition runs wu and the state pass
- * with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's backward form and the reverse pass
- * from 0.
+ * kda_state_bv) and the output. prep and qk apart (the kept prep, the backward's prep) give prep_qk's bits. A
+ * backward runs index, prep, wu and the forward state pass unless kept holds them (wu runs for the reverse pass
+ * too), qk's backward form (scale gam * q and P = scale QK^T dO, the reverse pass's other factors), the reverse
+ * state pass (dS0, the chunk state gradients and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per
+ * key channel and dbeta's sum) and grad_qk per chunk, and the sum over each key head's value heads (nv > nk; with
+ * nv = nk grad_qk writes dq, dk itself). The staged backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout
+ * alone), STATE is the reverse state pass into dkept (and dS0), GRADS the per-chunk gradients from kept and dkept.
+ * The transition runs wu and the state pass with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's
+ * backward form and the reverse pass from 0.
  *
  * Buffers, all fp32: kept = Tinv (T, nv, 64) (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep:
  * states), the state entering each chunk hs (ns, nv, dk, dv), ns = ceil(T / 64), and vn (T, nv, dv); dkept =

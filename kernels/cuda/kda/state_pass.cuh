@@ -21,8 +21,9 @@
  * vn or dvn rounded to bf16 afresh each chunk, the stored factors bf16 already, fp32 accumulation; common.cuh's
  * precision: the carried state itself stays fp32 in registers). The forward keeps the fp32 state
  * in registers and two buffers of factors: chunk c + 1's W, U, dec * K and gam_{L-1} land with cp.async while chunk c's
- * products run; two barriers a chunk (a third buffer, chunk c + 2's in flight too, measured no faster on the H200:
- * 1.31 ms either way at 32k tokens x 16 heads, for up to 52 KB more). The backward keeps D in registers too (the same layout) and one buffer per step
+ * products run; two barriers a chunk (a third buffer, chunk c + 2's in flight too, was no
+ * faster: docs/design/kda.md). The backward keeps D in registers too (the
+ * same layout) and one buffer per step
  * (with the split operands two buffers needed ~236 KB at BV = 16; with bf16 ones ~125 KB would do, not yet tried):
  * the factors of one step are loaded while the other runs (dec * K
  * and P during D's update, W, gam * q and gam_{L-1} during dvn; dO through registers: its row stride need not be
