@@ -522,7 +522,95 @@ TEST(cuda_kda_dstate) {
     }
 }
 
-/* the staged backward alone with dS0 = NULL, and its empty calls (T = 0) as the whole backward's */
+/* the gradients of a problem split into fragments (device; each fragment writes its rows), D1 the gradient entering
+ * the second fragment, dS0 the first's */
+typedef struct {
+    bf16 *dq, *dk, *dv;
+    float *dg, *dbeta, *D1, *dS0;
+} KFragGrads;
+
+static KFragGrads kfg_alloc(const KProb *p) {
+    const int64_t T = p->T, sn = (int64_t)p->nv * p->d * p->d;
+    KFragGrads o;
+    o.dq = (bf16 *)ct_dev((size_t)T * p->ldq * 2);
+    o.dk = (bf16 *)ct_dev((size_t)T * p->ldq * 2);
+    o.dv = (bf16 *)ct_dev((size_t)T * p->ldv * 2);
+    o.dg = (float *)ct_dev(T * p->nv * p->d * 4);
+    o.dbeta = (float *)ct_dev(T * p->nv * 4);
+    o.D1 = (float *)ct_dev(sn * 4);
+    o.dS0 = (float *)ct_dev(sn * 4);
+    return o;
+}
+
+/* the backward of the fragment of n rows from r0, whole (stage 0, from kept with its states) or one stage */
+static void kda_frag_backward(const KProb *p, int stage, void *dkept, const void *kept, const KFragGrads *o,
+                              int64_t r0, int64_t n, const float *dSf, float *dS0) {
+    const int nv = p->nv, d = p->d;
+    if (stage == 0)
+        cuda_kda_chunk_backward(o->dq + r0 * p->ldq, o->dk + r0 * p->ldq, o->dv + r0 * p->ldv, o->dg + r0 * nv * d,
+                                o->dbeta + r0 * nv, dS0, p->d_dout + r0 * p->ldo, dSf, p->d_q + r0 * p->ldq,
+                                p->d_k + r0 * p->ldq, p->d_v + r0 * p->ldv, p->d_g + r0 * nv * d, p->d_beta + r0 * nv,
+                                p->d_S0, p->d_doc + r0, n, p->nk, nv, d, d, p->ldq, p->ldv, p->ldo, kept, 1);
+    else
+        cuda_kda_chunk_backward_stage(stage, dkept, o->dq + r0 * p->ldq, o->dk + r0 * p->ldq, o->dv + r0 * p->ldv,
+                                      o->dg + r0 * nv * d, o->dbeta + r0 * nv, dS0, p->d_dout + r0 * p->ldo, dSf,
+                                      p->d_q + r0 * p->ldq, p->d_k + r0 * p->ldq, p->d_v + r0 * p->ldv,
+                                      p->d_g + r0 * nv * d, p->d_beta + r0 * nv, p->d_S0, p->d_doc + r0, n, p->nk, nv,
+                                      d, d, p->ldq, p->ldv, p->ldo, kept);
+}
+
+/* Two fragments (rows [0, F) and [F, T), each from S0, its own kept and dkept) backward as the cp 2 chain's rank 1
+ * runs them (lib/cp/cp_gdn_chain.c): both DOUT stages, STATE of the second from dS_final and of the first from the
+ * second's entry gradient D1, then both GRADS; against the two whole backwards chained the same way, bit for bit.
+ * The DOUT stage's factors must live in each fragment's dkept: a STATE stage that read the workspace, which the
+ * other fragment's DOUT refilled, would give other bits. */
+static void kda_staged_two_fragments(const KProb *p, int64_t F) {
+    const int nk = p->nk, nv = p->nv, d = p->d;
+    const int64_t T = p->T, sn = (int64_t)nv * d * d, r0[2] = {0, F}, n[2] = {F, T - F};
+    bf16 *o = (bf16 *)ct_dev((size_t)T * p->ldo * 2);
+    void *kept[2], *dkept[2];
+    for (int i = 0; i < 2; i++) {
+        kept[i] = ct_dev(cuda_kda_kept_bytes(n[i], nv, d, d, 1));
+        dkept[i] = ct_dev(cuda_kda_dkept_bytes(n[i], nv, d, d));
+        cuda_kda_chunk_forward(o + r0[i] * p->ldo, NULL, p->d_q + r0[i] * p->ldq, p->d_k + r0[i] * p->ldq,
+                               p->d_v + r0[i] * p->ldv, p->d_g + r0[i] * nv * d, p->d_beta + r0[i] * nv, p->d_S0,
+                               p->d_doc + r0[i], n[i], nk, nv, d, d, p->ldq, p->ldv, p->ldo, kept[i], GDN_KEPT_STATES);
+    }
+    const KFragGrads w = kfg_alloc(p), s = kfg_alloc(p);
+    kda_frag_backward(p, 0, NULL, kept[1], &w, r0[1], n[1], p->d_dSf, w.D1);
+    kda_frag_backward(p, 0, NULL, kept[0], &w, r0[0], n[0], w.D1, w.dS0);
+    kda_frag_backward(p, GDN_BWD_DOUT, dkept[0], kept[0], &s, r0[0], n[0], NULL, NULL);
+    kda_frag_backward(p, GDN_BWD_DOUT, dkept[1], kept[1], &s, r0[1], n[1], NULL, NULL);
+    kda_frag_backward(p, GDN_BWD_STATE, dkept[1], kept[1], &s, r0[1], n[1], p->d_dSf, s.D1);
+    kda_frag_backward(p, GDN_BWD_STATE, dkept[0], kept[0], &s, r0[0], n[0], s.D1, s.dS0);
+    kda_frag_backward(p, GDN_BWD_GRADS, dkept[0], kept[0], &s, r0[0], n[0], s.D1, NULL);
+    kda_frag_backward(p, GDN_BWD_GRADS, dkept[1], kept[1], &s, r0[1], n[1], NULL, NULL);
+    struct {
+        const char *what;
+        const void *a, *b;
+        int64_t n;
+        int bf;
+    } outs[] = {{"dq", s.dq, w.dq, T * p->ldq, 1},      {"dk", s.dk, w.dk, T * p->ldq, 1},
+                {"dv", s.dv, w.dv, T * p->ldv, 1},      {"dg", s.dg, w.dg, T * nv * d, 0},
+                {"dbeta", s.dbeta, w.dbeta, T * nv, 0}, {"D1", s.D1, w.D1, sn, 0},
+                {"dS0", s.dS0, w.dS0, sn, 0}};
+    for (size_t j = 0; j < sizeof outs / sizeof outs[0]; j++) {
+        float *a = ct_host(outs[j].n), *b = ct_host(outs[j].n);
+        if (outs[j].bf) {
+            ct_down_bf16(a, outs[j].a, outs[j].n);
+            ct_down_bf16(b, outs[j].b, outs[j].n);
+        } else {
+            ct_down_f32(a, (const float *)outs[j].a, outs[j].n);
+            ct_down_f32(b, (const float *)outs[j].b, outs[j].n);
+        }
+        char name[128];
+        snprintf(name, sizeof name, "two fragments staged, interleaved = whole: %s", outs[j].what);
+        ct_bitwise_equal(name, a, b, outs[j].n);
+    }
+}
+
+/* the staged backward alone with dS0 = NULL, two fragments interleaved as the cp 2 chain runs them, and its empty
+ * calls (T = 0) as the whole backward's */
 TEST(cuda_kda_staged_edges) {
     ct_begin();
     const KLayout *l = &kda_layouts[3];
@@ -547,6 +635,7 @@ TEST(cuda_kda_staged_edges) {
     ct_down_f32(r.dg, dg, T * p.nv * p.d);
     ct_bitwise_equal("staged backward, dS0 = NULL: dq", r.dq, plain.dq, T * p.ldq);
     ct_bitwise_equal("staged backward, dS0 = NULL: dg", r.dg, plain.dg, T * p.nv * p.d);
+    kda_staged_two_fragments(&p, 100); /* documents at 64 and 128: one start in each fragment */
     /* T = 0: S_final = S0, dS0 = dS_final, M = I, H = 0, dstate 0 */
     float *Sf = (float *)ct_dev(sn * 4), *dS0 = (float *)ct_dev(sn * 4), *M = (float *)ct_dev(sn * 4),
           *H = (float *)ct_dev(sn * 4);

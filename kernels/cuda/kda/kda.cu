@@ -20,14 +20,18 @@
  * too), qk's backward form (scale gam * q and P = scale QK^T dO, the reverse pass's other factors), the reverse
  * state pass (dS0, the chunk state gradients and dvn), grad_dense, grad_wy (its products, then grad_wy_pairs per
  * key channel and dbeta's sum) and grad_qk per chunk, and the sum over each key head's value heads (nv > nk; with
- * nv = nk grad_qk writes dq, dk itself). The staged backward (GDN_BWD_*): DOUT does nothing (nothing here needs dout
- * alone), STATE is the reverse state pass into dkept (and dS0), GRADS the per-chunk gradients from kept and dkept.
+ * nv = nk grad_qk writes dq, dk itself). The staged backward (GDN_BWD_*): DOUT is what needs no state gradient, wu
+ * (with_u 0) and qk's backward form into dkept, so that a rank waiting for a state gradient (the cp 2 chain's rank 1)
+ * has it done before; STATE is the reverse state pass alone from them into dkept (and dS0), GRADS the per-chunk
+ * gradients from kept and dkept. The same launches on the same inputs as the whole backward: the same bits.
  * The transition runs wu and the state pass with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's
  * backward form and the reverse pass from 0.
  *
  * Buffers, all fp32: kept = Tinv (T, nv, 64) (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep:
  * states), the state entering each chunk hs (ns, nv, dk, dv), ns = ceil(T / 64), and vn (T, nv, dv); dkept =
- * the state gradient leaving each chunk dhs (ns, nv, dk, dv) and dvn (T, nv, dv); each on a 256-byte boundary.
+ * the state gradient leaving each chunk dhs (ns, nv, dk, dv) and dvn (T, nv, dv), and the DOUT stage's factors of
+ * the reverse pass (the workspace's in a whole backward: W, dec * K, scale gam * q (T, nv, dk) bf16, P (T, nv, dv)
+ * and gam_{L-1} (ns, nv, dk) fp32; ~1.3 KB per token and value head of 128); each on a 256-byte boundary.
  * A chunk's slot is t0 / 64: among the chunks that store an entering state (no document start) or a leaving
  * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
  * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
@@ -131,13 +135,26 @@ static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, 
     return c.off;
 }
 
-static size_t kda_dkept_carve(KdaBufs *b, void *dkept, int64_t T, int nv, int dk, int dv) {
+/* dkept: the reverse pass's results dhs, dvn and the DOUT stage's factors for the STATE stage (wb, xb, gq, P, gl:
+ * wu's with_u 0 and qk's backward form, kept per fragment because other calls reuse the workspace between the two
+ * stages); factors 0 leaves b's factor buffers the workspace's (GRADS: its scratch, and dqv, dkv over wb, xb) */
+static size_t kda_dkept_carve(KdaBufs *b, void *dkept, int64_t T, int nv, int dk, int dv, int factors) {
     KdaHostCarve c(dkept);
     float *dhs = c.take<float>((size_t)kda_slots(T) * nv * dk * dv);
     float *dvn = c.take<float>((size_t)T * nv * dv);
     if (b) {
         b->dhs = dhs;
         b->dvn = dvn;
+    }
+    const size_t tv = (size_t)T * nv;
+    bf16 *wb = c.take<bf16>(tv * dk), *xb = c.take<bf16>(tv * dk), *gq = c.take<bf16>(tv * dk);
+    float *p = c.take<float>(tv * dv), *gl = c.take<float>((size_t)kda_slots(T) * nv * dk);
+    if (b && factors) {
+        b->wb = wb;
+        b->xb = xb;
+        b->gq = gq;
+        b->ux = p;
+        b->gl = gl;
     }
     return c.off;
 }
@@ -531,7 +548,7 @@ extern "C" size_t cuda_kda_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, i
 }
 
 extern "C" size_t cuda_kda_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
-    return kda_dkept_carve(NULL, NULL, T, nv, dim_k, dim_v);
+    return kda_dkept_carve(NULL, NULL, T, nv, dim_k, dim_v, 1);
 }
 
 extern "C" void cuda_kda_chunk_forward(void *o_ /* (T,ldo) nv heads of dim_v; NULL: the state pass alone */,
@@ -582,32 +599,34 @@ static void kda_backward(const char *who, int stage, void *dkept, void *dq, void
                          const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
                          int ldo, const void *kept, int kept_states) {
     kda_check_args(who, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
-    if (stage == GDN_BWD_DOUT) return;
     if (T == 0) {
-        if (dS0 && stage != GDN_BWD_GRADS) kda_copy_or_zero(dS0, dS_final, (size_t)nv * dim_k * dim_v);
+        if (dS0 && (stage == 0 || stage == GDN_BWD_STATE)) kda_copy_or_zero(dS0, dS_final, (size_t)nv * dim_k * dim_v);
         return;
     }
     const bf16 *dout = (const bf16 *)dout_, *q = (const bf16 *)q_, *k = (const bf16 *)k_, *v = (const bf16 *)v_;
-    const int run_fwd = !(kept && kept_states) && stage != GDN_BWD_STATE, run_bwd = stage != GDN_BWD_GRADS;
+    /* the parts: DOUT the reverse pass's factors (into dkept when staged), STATE the pass, GRADS the rest */
+    const int run_dout = stage == 0 || stage == GDN_BWD_DOUT, run_state = stage == 0 || stage == GDN_BWD_STATE,
+              run_grads = stage == 0 || stage == GDN_BWD_GRADS;
+    const int run_fwd = !(kept && kept_states) && stage == 0;
     const int need = (kept ? 0 : KDA_NEED_TINV) | (kept && kept_states ? 0 : KDA_NEED_STATES) |
-                     (stage == 0 ? KDA_NEED_DSTATES : 0) | (stage != GDN_BWD_STATE ? KDA_NEED_DQK : 0) |
-                     KDA_NEED_PASS | (run_bwd ? KDA_NEED_BPASS : 0); /* PASS: the grads use ux and gl too */
+                     (stage == 0 ? KDA_NEED_DSTATES | KDA_NEED_BPASS : 0) |
+                     (run_grads ? KDA_NEED_DQK | KDA_NEED_PASS : 0); /* PASS: the grads use ux and gl too */
     KdaBufs b = kda_buffers(T, nv, dim_k, dim_v, need);
     if (kept) kda_kept_carve(&b, (void *)kept, T, nv, dim_k, dim_v, kept_states);
-    if (stage) kda_dkept_carve(&b, dkept, T, nv, dim_k, dim_v);
+    if (stage) kda_dkept_carve(&b, dkept, T, nv, dim_k, dim_v, stage != GDN_BWD_GRADS);
     gdn_prof_start(gdn_prof_level > 0);
     kda_index(&b, doc_pos, T);
     if (!kept) kda_prep(&b, b.tinv, k, g, beta, doc_pos, T, nk, nv, dim_k, ldq);
-    if (run_fwd || run_bwd) kda_wu(&b, run_fwd, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
+    if (run_dout) kda_wu(&b, run_fwd, b.tinv, k, v, g, beta, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     if (run_fwd) kda_state_fwd(&b, b.hs, b.vn, NULL, NULL, S0, doc_pos, T, nv, dim_k, dim_v);
-    if (run_bwd) { /* after the forward pass: P takes U's place */
-        kda_qk_bwd(&b, q, k, g, dout, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo);
-        kda_state_bwd(&b, b.dhs, b.dvn, dS0, dS_final, dout, doc_pos, T, nv, dim_k, dim_v, ldo);
-    }
-    if (stage != GDN_BWD_STATE)
+    if (run_dout) kda_qk_bwd(&b, q, k, g, dout, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldo); /* P takes U's place */
+    if (run_state) kda_state_bwd(&b, b.dhs, b.dvn, dS0, dS_final, dout, doc_pos, T, nv, dim_k, dim_v, ldo);
+    if (run_grads)
         kda_grads(&b, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta, dout, q, k, v, g, beta, doc_pos, T, nk, nv, dim_k,
                   dim_v, ldq, ldv, ldo);
-    gdn_prof_end(stage ? "kda backward stage" : "kda backward", T, nv);
+    static const char *const names[] = {"kda backward", "kda backward dout stage", "kda backward state stage",
+                                        "kda backward grads stage"};
+    gdn_prof_end(names[stage], T, nv);
 }
 
 extern "C" void cuda_kda_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
