@@ -24,14 +24,15 @@
 
 template <int DK> struct KdaWuSmem {
     static constexpr int LDK = DK + 8, LDT = KDA_C + 8;
+    static_assert((size_t)KDA_C * LDT * sizeof(bf16) <= (size_t)KDA_C * DK * sizeof(float), "wu: Tb fits over G");
     float *G, *beta;
     bf16 *tb, *x, *v;
     size_t bytes;
     __host__ __device__ explicit KdaWuSmem(void *b) {
         KdaCarve c(b);
         G = c.take<float>((size_t)KDA_C * DK);
+        tb = (bf16 *)G; /* Tb over G, dead when Tb is formed */
         beta = c.take<float>(KDA_C);
-        tb = c.take<bf16>((size_t)KDA_C * LDT);
         x = c.take<bf16>((size_t)KDA_C * LDK);
         v = c.take<bf16>((size_t)KDA_C * LDK);
         bytes = c.off;
@@ -89,15 +90,19 @@ KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, i
 
 /* Per (chunk, value head): Tb = Tinv diag(beta) and X = gam * K in bf16, W = Tb X and U = Tb V on tensor cores,
  * warp w rows [16 (w % 4), +16) and half w / 4 of the columns; dec * K and gam_{L-1} elementwise, fp32
- * exponentials with exponents <= 0. */
+ * exponentials with exponents <= 0, eight channels a thread (16-byte shared loads and stores, 16-byte stores of
+ * dec * K and gam_{L-1}). Order: G (the copies of k, v, g, the cumsum), then Tinv's rows into registers (their
+ * loads in flight while X and dec * K are formed), then Tb over G (dead by then): 66 KB of shared memory at 128 and
+ * at most 80 registers, three blocks per SM (at 64, 35 KB: ptxas spills a register at 80, so two blocks of 128). */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, 2) kda_wu_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, DK == 128 ? 3 : 2) kda_wu_kernel(
     bf16 *wo /* (T,nv,dk) */, bf16 *xo /* (T,nv,dk) */, float *u /* (T,nv,dv) or NULL */,
     float *gl /* (ns,nv,dk) */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
     int nk, int nv, int ldq, int ldv) {
     using Sm = KdaWuSmem<DK>;
-    constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK;
+    constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK, NT4 = KDA_C * KDA_C / 4 / KDA_THREADS, CPR = DK / 8;
+    static_assert(NT4 * 4 * KDA_THREADS == KDA_C * KDA_C, "wu: Tinv's float4 evenly over the threads");
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), nc = meta[KDA_META_NC];
@@ -110,39 +115,63 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_wu_kernel(
         kda_load_bf16(s.x, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* k, then gam * k over it */
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for v and k too; its barrier publishes beta */
-        /* Tb = Tinv diag(beta) in bf16: Tinv's rows 16 bytes a load (plain loads if tinv is not 16-byte aligned), a
-         * thread's KDA_BATCH loads in flight together */
+        __syncthreads(); /* G */
+        /* Tinv's rows, 16 bytes a load (plain loads if tinv is not 16-byte aligned), all of a thread's in flight
+         * together and with the exponentials below, held in registers until Tb is formed (issued before the cumsum
+         * they would hold 16 registers through it: ptxas spills at 80) */
         const bool t16 = ((uintptr_t)tinv & 15) == 0;
-        for (int i0 = threadIdx.x; i0 < KDA_C * KDA_C / 4; i0 += KDA_BATCH * KDA_THREADS) {
-            float4 tv[KDA_BATCH];
+        float4 tv[NT4];
 #pragma unroll
-            for (int q = 0; q < KDA_BATCH; q++) {
-                const int i = i0 + q * KDA_THREADS, r = i / (KDA_C / 4), j = (i % (KDA_C / 4)) * 4;
-                tv[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                const float *src = tinv + ((t0 + r) * nv + h) * (int64_t)KDA_C + j;
-                if (i < KDA_C * KDA_C / 4 && r < L)
-                    tv[q] = t16 ? *(const float4 *)src : make_float4(src[0], src[1], src[2], src[3]);
+        for (int q = 0; q < NT4; q++) {
+            const int i = threadIdx.x + q * KDA_THREADS, r = i / (KDA_C / 4), j = (i % (KDA_C / 4)) * 4;
+            tv[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float *src = tinv + ((t0 + r) * nv + h) * (int64_t)KDA_C + j;
+            if (r < L) tv[q] = t16 ? *(const float4 *)src : make_float4(src[0], src[1], src[2], src[3]);
+        }
+        /* gam * k (in place over k: each element read by its writer) and dec * k into xo (rows < L), bf16, eight
+         * channels [a, a + 8) of row r a step */
+#pragma unroll 1
+        for (int i = threadIdx.x; i < KDA_C * CPR; i += KDA_THREADS) {
+            const int r = i / CPR, a = (i % CPR) * 8;
+            bf16 kb[8], xb[8], db[8]; /* k (0 for rows >= L), gam * k, dec * k */
+            float gr[8], gz[8];       /* G_r, G_{L-1} */
+            const uint4 kraw = *(const uint4 *)&s.x[r * LDK + a];
+            memcpy(kb, &kraw, sizeof kraw);
+            *(float4 *)gr = *(const float4 *)&s.G[r * DK + a];
+            *(float4 *)(gr + 4) = *(const float4 *)&s.G[r * DK + a + 4];
+            *(float4 *)gz = *(const float4 *)&s.G[(L - 1) * DK + a];
+            *(float4 *)(gz + 4) = *(const float4 *)&s.G[(L - 1) * DK + a + 4];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float kv = __bfloat162float(kb[e]);
+                xb[e] = __float2bfloat16(expf(gr[e]) * kv);
+                db[e] = __float2bfloat16(expf(gz[e] - gr[e]) * kv);
             }
+            uint4 xw, dw;
+            memcpy(&xw, xb, sizeof xw);
+            memcpy(&dw, db, sizeof dw);
+            *(uint4 *)&s.x[r * LDK + a] = xw;
+            if (r < L) *(uint4 *)&xo[((t0 + r) * nv + h) * (int64_t)DK + a] = dw;
+            if (r == 0 && !ch.reset) {
+                float ge[8];
 #pragma unroll
-            for (int q = 0; q < KDA_BATCH; q++) {
-                const int i = i0 + q * KDA_THREADS, r = i / (KDA_C / 4), j = (i % (KDA_C / 4)) * 4;
-                const float tq[4] = {tv[q].x, tv[q].y, tv[q].z, tv[q].w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float x = r < L && j + e <= r ? tq[e] * s.beta[j + e] : 0.0f;
-                    if (i < KDA_C * KDA_C / 4) s.tb[r * LDT + j + e] = __float2bfloat16(x);
-                }
+                for (int e = 0; e < 8; e++) ge[e] = expf(gz[e]);
+                float *gd = gl + (ch.slot * nv + h) * (int64_t)DK + a;
+                *(float4 *)gd = *(const float4 *)ge;
+                *(float4 *)(gd + 4) = *(const float4 *)(ge + 4);
             }
         }
-        __syncthreads(); /* G */
-        /* gam * k (in place over k: each element read by its writer) and dec * k into xo (rows < L), bf16 */
-        for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
-            const int r = i / DK, a = i % DK;
-            const float kv = __bfloat162float(s.x[r * LDK + a]); /* 0 for rows >= L */
-            s.x[r * LDK + a] = __float2bfloat16(expf(s.G[i]) * kv);
-            if (r == 0 && !ch.reset) gl[(ch.slot * nv + h) * (int64_t)DK + a] = expf(s.G[(L - 1) * DK + a]);
-            if (r < L)
-                xo[((t0 + r) * nv + h) * (int64_t)DK + a] = __float2bfloat16(expf(s.G[(L - 1) * DK + a] - s.G[i]) * kv);
+        __syncthreads(); /* G's reads are done: Tb over it */
+        /* Tb = Tinv diag(beta) in bf16 from the registers */
+#pragma unroll
+        for (int q = 0; q < NT4; q++) {
+            const int i = threadIdx.x + q * KDA_THREADS, r = i / (KDA_C / 4), j = (i % (KDA_C / 4)) * 4;
+            const float tq[4] = {tv[q].x, tv[q].y, tv[q].z, tv[q].w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float x = r < L && j + e <= r ? tq[e] * s.beta[j + e] : 0.0f;
+                s.tb[r * LDT + j + e] = __float2bfloat16(x);
+            }
         }
         __syncthreads();
         {
