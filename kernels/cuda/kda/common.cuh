@@ -196,19 +196,23 @@ KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, in
         kda_load_rows_f32(NULL, sG, ldg, gc + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, w, L);
     }
 }
-KDA_DEV void kda_load_G_sum(float *sG, int ldg, int w) {
+template <int NB = KDA_C / 2> KDA_DEV void kda_load_G_sum(float *sG, int ldg, int w) {
+    static_assert(KDA_C % NB == 0, "kda_load_G_sum: whole batches");
+    constexpr int UNROLL = NB == KDA_C / 2 ? 2 : 1;
     kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
     if (a >= w) return;
     double acc = 0.0;
+    /* batches of NB loads (32: 32 registers, not 64); NB < 32 (wu, at 80 registers) one batch after the other,
+     * the loop not unrolled (unrolled, ptxas hoists every batch's loads); the same adds in the same order */
+#pragma unroll(UNROLL)
+    for (int r0 = 0; r0 < KDA_C; r0 += NB) {
+        float x[NB];
 #pragma unroll
-    for (int r0 = 0; r0 < KDA_C; r0 += KDA_C / 2) { /* two batches of 32 loads (32 registers, not 64) */
-        float x[KDA_C / 2];
+        for (int r = 0; r < NB; r++) x[r] = sG[(r0 + r) * ldg + a];
 #pragma unroll
-        for (int r = 0; r < KDA_C / 2; r++) x[r] = sG[(r0 + r) * ldg + a];
-#pragma unroll
-        for (int r = 0; r < KDA_C / 2; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
+        for (int r = 0; r < NB; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
             acc += (double)x[r];
             sG[(r0 + r) * ldg + a] = (float)acc;
         }

@@ -91,11 +91,11 @@ KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, i
 /* Per (chunk, value head): Tb = Tinv diag(beta) and X = gam * K in bf16, W = Tb X and U = Tb V on tensor cores,
  * warp w rows [16 (w % 4), +16) and half w / 4 of the columns; dec * K and gam_{L-1} elementwise, fp32
  * exponentials with exponents <= 0, eight channels a thread (16-byte shared loads and stores, 16-byte stores of
- * dec * K and gam_{L-1}). Order: G (the copies of k, v, g, the cumsum), then Tinv's rows into registers (their
- * loads in flight while X and dec * K are formed), then Tb over G (dead by then): 66 KB of shared memory at 128 and
- * at most 80 registers, three blocks per SM (at 64, 35 KB: ptxas spills a register at 80, so two blocks of 128). */
+ * dec * K and gam_{L-1}). Order: Tinv's rows into registers with the copies of k, v and g in flight, the cumsum,
+ * X and dec * K, then Tb over G (dead by then): 66 KB of shared memory at 128 and at most 80 registers, three
+ * blocks per SM (at 64, 35 KB: ptxas spilled a register at 80, so two blocks of 128). */
 template <int DK>
-__global__ void __launch_bounds__(KDA_THREADS, DK == 128 ? 3 : 2) kda_wu_kernel(
+__global__ void __launch_bounds__(KDA_THREADS, 3) kda_wu_kernel(
     bf16 *wo /* (T,nv,dk) */, bf16 *xo /* (T,nv,dk) */, float *u /* (T,nv,dv) or NULL */,
     float *gl /* (ns,nv,dk) */, const bf16 *k, const bf16 *v, const float *g, const float *beta,
     const float *tinv /* (T,nv,64) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
@@ -111,14 +111,10 @@ __global__ void __launch_bounds__(KDA_THREADS, DK == 128 ? 3 : 2) kda_wu_kernel(
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        if (u) kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * DV, ldv, DV, L);
-        kda_load_bf16(s.x, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* k, then gam * k over it */
-        if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
-        kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for v and k too; its barrier publishes beta */
-        __syncthreads(); /* G */
         /* Tinv's rows, 16 bytes a load (plain loads if tinv is not 16-byte aligned), all of a thread's in flight
-         * together and with the exponentials below, held in registers until Tb is formed (issued before the cumsum
-         * they would hold 16 registers through it: ptxas spills at 80) */
+         * together and with the copies of v, k and g (one memory latency a chunk, not two), held in registers
+         * until Tb is formed (through the cumsum: its loads 16 at a time, kda_load_G_sum<16>, or ptxas spills at
+         * 80 registers) */
         const bool t16 = ((uintptr_t)tinv & 15) == 0;
         float4 tv[NT4];
 #pragma unroll
@@ -128,6 +124,12 @@ __global__ void __launch_bounds__(KDA_THREADS, DK == 128 ? 3 : 2) kda_wu_kernel(
             const float *src = tinv + ((t0 + r) * nv + h) * (int64_t)KDA_C + j;
             if (r < L) tv[q] = t16 ? *(const float4 *)src : make_float4(src[0], src[1], src[2], src[3]);
         }
+        if (u) kda_load_bf16(s.v, LDK, v + t0 * ldv + (int64_t)h * DV, ldv, DV, L);
+        kda_load_bf16(s.x, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* k, then gam * k over it */
+        if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
+        kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK, 0, DK);
+        kda_load_G_sum<16>(s.G, DK, DK); /* waits for v and k too; its barrier publishes beta */
+        __syncthreads(); /* G */
         /* gam * k (in place over k: each element read by its writer) and dec * k into xo (rows < L), bf16, eight
          * channels [a, a + 8) of row r a step */
 #pragma unroll 1
