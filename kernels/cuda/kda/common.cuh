@@ -31,8 +31,9 @@
 /* launch bounds: __launch_bounds__(KDA_THREADS, n) promises n blocks per SM, which sets ptxas's register budget
  * (65536 / (256 n) a thread): 1 where the kernel's shared memory (or its grid: the state passes fill one wave) leaves
  * room for one block per SM anyway, so the registers cost no occupancy and ptxas need not spill or recompute to stay
- * within 128 (grad_wy and the state passes); 2 where two blocks fit (wu, output, grad_dense, prep, qk and grad_qk,
- * with bf16 tiles and their smaller carvings): 128 registers. `-Xptxas -v` shows no spill in any of them. */
+ * within 128 (grad_wy and the state passes); 2 where two blocks fit (output, grad_dense, prep, qk and grad_qk,
+ * with bf16 tiles and their smaller carvings): 128 registers; 3 for wu (66 KB at 128): 80 registers.
+ * `-Xptxas -v` shows no spill in any of them. */
 
 /* shared-memory carving: the same offsets on host (sizes) and device (pointers), 16-byte aligned pieces */
 struct KdaCarve {

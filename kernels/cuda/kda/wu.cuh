@@ -18,7 +18,8 @@
  * precision); W and U are products of Tinv diag(beta) in bf16 with gam * K in bf16 and with V, one MMA each, fp32
  * accumulation; U is subtracted in fp32. The state pass reads each chunk's rows with cp.async (kda_cp_rows below).
  * The backward's other factors (scale gam * q bf16, and scale QK^T dO) come from prep.cuh's kda_qk_kernel<DK, true>.
- * Templates on DK = dk = dv. Shared memory ~75 KB at 128 (two blocks per SM). Part of kda.cu.
+ * Templates on DK = dk = dv. Shared memory 66 KB at 128 (Tb over G), 80 registers: three blocks per SM. Part of
+ * kda.cu.
  */
 #pragma once
 
@@ -93,7 +94,7 @@ KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, i
  * exponentials with exponents <= 0, eight channels a thread (16-byte shared loads and stores, 16-byte stores of
  * dec * K and gam_{L-1}). Order: Tinv's rows into registers with the copies of k, v and g in flight, the cumsum,
  * X and dec * K, then Tb over G (dead by then): 66 KB of shared memory at 128 and at most 80 registers, three
- * blocks per SM (at 64, 35 KB: ptxas spilled a register at 80, so two blocks of 128). */
+ * blocks per SM. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 3) kda_wu_kernel(
     bf16 *wo /* (T,nv,dk) */, bf16 *xo /* (T,nv,dk) */, float *u /* (T,nv,dv) or NULL */,
