@@ -62,42 +62,41 @@ KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
 /* The pieces of the pair sums (kda_pair_decay for prep and qk alone, kda_prep_qk_kernel for both at once: the same
  * arithmetic per entry, so the same bits either way). Row strides: l, r, k, q and their scaled rows DK + 8. */
 
-/* eight channels [c, c + 8) of a bf16 row x scaled by e^{G_hi - G_lo} (fp32 exponent <= 0, one rounding to bf16)
- * into y: 16-byte shared loads and stores, the same arithmetic per element as one at a time */
-KDA_DEV void kda_scale8(bf16 *y, const bf16 *x, const float *ghi, const float *glo) {
-    bf16 xb[8], yb[8];
-    float hi[8], lo[8];
-    const uint4 xr = *(const uint4 *)x;
+/* four channels [c, c + 4) of a bf16 row x scaled by e^{G_hi - G_lo} (fp32 exponent <= 0, one rounding to bf16)
+ * into y: 8-byte bf16 and 16-byte fp32 shared accesses, consecutive lanes on consecutive addresses (no bank
+ * conflict; eight channels a lane would put a warp's 16-byte G loads 32 bytes apart: two-way), the same arithmetic
+ * per element as one at a time */
+KDA_DEV void kda_scale4(bf16 *y, const bf16 *x, const float *ghi, const float *glo) {
+    bf16 xb[4], yb[4];
+    const uint2 xr = *(const uint2 *)x;
     memcpy(xb, &xr, sizeof xr);
-    *(float4 *)hi = *(const float4 *)ghi;
-    *(float4 *)(hi + 4) = *(const float4 *)(ghi + 4);
-    *(float4 *)lo = *(const float4 *)glo;
-    *(float4 *)(lo + 4) = *(const float4 *)(glo + 4);
+    const float4 h4 = *(const float4 *)ghi, l4 = *(const float4 *)glo;
+    const float hi[4] = {h4.x, h4.y, h4.z, h4.w}, lo[4] = {l4.x, l4.y, l4.z, l4.w};
 #pragma unroll
-    for (int e = 0; e < 8; e++) yb[e] = __float2bfloat16(__bfloat162float(xb[e]) * expf(hi[e] - lo[e]));
-    uint4 yr;
+    for (int e = 0; e < 4; e++) yb[e] = __float2bfloat16(__bfloat162float(xb[e]) * expf(hi[e] - lo[e]));
+    uint2 yr;
     memcpy(&yr, yb, sizeof yr);
-    *(uint4 *)y = yr;
+    *(uint2 *)y = yr;
 }
 
 /* the decay-scaled r rows of the references of sub-chunks 1, 2, 3 (rs, 96 rows: kda_rseg): r_j e^{G_16b - G_j},
- * eight channels a thread (kda_scale8) */
+ * four channels a thread (kda_scale4) */
 template <int DK> KDA_DEV void kda_pair_scale_r(const float *G, const bf16 *r, bf16 *rs) {
-    constexpr int LDK = DK + 8, CPR = DK / 8;
+    constexpr int LDK = DK + 8, CPR = DK / 4;
     for (int i = threadIdx.x; i < 96 * CPR; i += KDA_THREADS) {
-        const int q = i / CPR, c = (i % CPR) * 8;
+        const int q = i / CPR, c = (i % CPR) * 4;
         const int b = q < 16 ? 1 : q < 48 ? 2 : 3, j = q - kda_rseg(b);
-        kda_scale8(rs + q * LDK + c, r + j * LDK + c, G + 16 * b * DK + c, G + j * DK + c);
+        kda_scale4(rs + q * LDK + c, r + j * LDK + c, G + 16 * b * DK + c, G + j * DK + c);
     }
 }
 
-/* the decay-scaled l rows: ls_i = l_i e^{G_i - G_16(i/16)}, eight channels a thread (kda_scale8); ls may be l (in
+/* the decay-scaled l rows: ls_i = l_i e^{G_i - G_16(i/16)}, four channels a thread (kda_scale4); ls may be l (in
  * place: one thread reads and writes an element) */
 template <int DK> KDA_DEV void kda_pair_scale_l(const float *G, const bf16 *l, bf16 *ls) {
-    constexpr int LDK = DK + 8, CPR = DK / 8;
+    constexpr int LDK = DK + 8, CPR = DK / 4;
     for (int i = threadIdx.x; i < KDA_C * CPR; i += KDA_THREADS) {
-        const int row = i / CPR, c = (i % CPR) * 8, ref = row & ~15;
-        kda_scale8(ls + row * LDK + c, l + row * LDK + c, G + row * DK + c, G + ref * DK + c);
+        const int row = i / CPR, c = (i % CPR) * 4, ref = row & ~15;
+        kda_scale4(ls + row * LDK + c, l + row * LDK + c, G + row * DK + c, G + ref * DK + c);
     }
 }
 
@@ -411,22 +410,21 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *
     constexpr int LDK = KdaPairSmem<DK, false>::LDK, LDT = KDA_C + 8, DV = DK;
     const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     /* gq (q in s.l); dO over k (s.r); scale QK in bf16 over the scaled l rows (s.ls, row stride LDT) */
-    for (int i = threadIdx.x; i < L * (DK / 8); i += KDA_THREADS) { /* eight channels a step, 16-byte stores */
-        const int r = i / (DK / 8), a = (i % (DK / 8)) * 8;
-        bf16 qb[8], ob[8];
-        float gr[8];
-        const uint4 qr = *(const uint4 *)&s.l[r * LDK + a];
+    for (int i = threadIdx.x; i < L * (DK / 4); i += KDA_THREADS) { /* four channels a step (as kda_scale4) */
+        const int r = i / (DK / 4), a = (i % (DK / 4)) * 4;
+        bf16 qb[4], ob[4];
+        const uint2 qr = *(const uint2 *)&s.l[r * LDK + a];
         memcpy(qb, &qr, sizeof qr);
-        *(float4 *)gr = *(const float4 *)&s.G[r * DK + a];
-        *(float4 *)(gr + 4) = *(const float4 *)&s.G[r * DK + a + 4];
+        const float4 g4 = *(const float4 *)&s.G[r * DK + a];
+        const float gr[4] = {g4.x, g4.y, g4.z, g4.w};
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
+        for (int e = 0; e < 4; e++) {
             const float gam = expf(gr[e]), qv = __bfloat162float(qb[e]);
             ob[e] = __float2bfloat16(scale * gam * qv);
         }
-        uint4 o;
+        uint2 o;
         memcpy(&o, ob, sizeof o);
-        *(uint4 *)&gq[((t0 + r) * nv + h) * (int64_t)DK + a] = o;
+        *(uint2 *)&gq[((t0 + r) * nv + h) * (int64_t)DK + a] = o;
     }
     kda_load_rows<DV>(s.r, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
     for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {

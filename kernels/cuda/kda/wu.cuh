@@ -91,9 +91,9 @@ KDA_DEV void kda_cp_bf16(bf16 *s, int lds, const bf16 *src, int64_t t0, int L, i
 
 /* Per (chunk, value head): Tb = Tinv diag(beta) and X = gam * K in bf16, W = Tb X and U = Tb V on tensor cores,
  * warp w rows [16 (w % 4), +16) and half w / 4 of the columns; dec * K and gam_{L-1} elementwise, fp32
- * exponentials with exponents <= 0, eight channels a thread (16-byte shared loads and stores, 16-byte stores of
- * dec * K and gam_{L-1}). Order: Tinv's rows into registers with the copies of k, v and g in flight, the cumsum,
- * X and dec * K, then Tb over G (dead by then): 66 KB of shared memory at 128 and at most 80 registers, three
+ * exponentials with exponents <= 0, four channels a thread (8-byte bf16 and 16-byte fp32 accesses, consecutive
+ * lanes on consecutive addresses). Order: Tinv's rows into registers with the copies of k, v and g in flight, the
+ * cumsum, X and dec * K, then Tb over G (dead by then): 66 KB of shared memory at 128 and at most 80 registers, three
  * blocks per SM. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 3) kda_wu_kernel(
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 3) kda_wu_kernel(
     const float *tinv /* (T,nv,64) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
     int nk, int nv, int ldq, int ldv) {
     using Sm = KdaWuSmem<DK>;
-    constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK, NT4 = KDA_C * KDA_C / 4 / KDA_THREADS, CPR = DK / 8;
+    constexpr int LDK = Sm::LDK, LDT = Sm::LDT, DV = DK, NT4 = KDA_C * KDA_C / 4 / KDA_THREADS, CPR = DK / 4;
     static_assert(NT4 * 4 * KDA_THREADS == KDA_C * KDA_C, "wu: Tinv's float4 evenly over the threads");
     extern __shared__ __align__(16) unsigned char kda_smem[];
     const Sm s(kda_smem);
@@ -131,38 +131,30 @@ __global__ void __launch_bounds__(KDA_THREADS, 3) kda_wu_kernel(
         kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK, 0, DK);
         kda_load_G_sum<16>(s.G, DK, DK); /* waits for v and k too; its barrier publishes beta */
         __syncthreads(); /* G */
-        /* gam * k (in place over k: each element read by its writer) and dec * k into xo (rows < L), bf16, eight
-         * channels [a, a + 8) of row r a step */
+        /* gam * k (in place over k: each element read by its writer) and dec * k into xo (rows < L), bf16, four
+         * channels [a, a + 4) of row r a step (consecutive lanes on consecutive addresses: prep.cuh's kda_scale4) */
 #pragma unroll 1
         for (int i = threadIdx.x; i < KDA_C * CPR; i += KDA_THREADS) {
-            const int r = i / CPR, a = (i % CPR) * 8;
-            bf16 kb[8], xb[8], db[8]; /* k (0 for rows >= L), gam * k, dec * k */
-            float gr[8], gz[8];       /* G_r, G_{L-1} */
-            const uint4 kraw = *(const uint4 *)&s.x[r * LDK + a];
+            const int r = i / CPR, a = (i % CPR) * 4;
+            bf16 kb[4], xb[4], db[4]; /* k (0 for rows >= L), gam * k, dec * k */
+            const uint2 kraw = *(const uint2 *)&s.x[r * LDK + a];
             memcpy(kb, &kraw, sizeof kraw);
-            *(float4 *)gr = *(const float4 *)&s.G[r * DK + a];
-            *(float4 *)(gr + 4) = *(const float4 *)&s.G[r * DK + a + 4];
-            *(float4 *)gz = *(const float4 *)&s.G[(L - 1) * DK + a];
-            *(float4 *)(gz + 4) = *(const float4 *)&s.G[(L - 1) * DK + a + 4];
+            const float4 r4 = *(const float4 *)&s.G[r * DK + a], z4 = *(const float4 *)&s.G[(L - 1) * DK + a];
+            const float gr[4] = {r4.x, r4.y, r4.z, r4.w}, gz[4] = {z4.x, z4.y, z4.z, z4.w}; /* G_r, G_{L-1} */
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
+            for (int e = 0; e < 4; e++) {
                 const float kv = __bfloat162float(kb[e]);
                 xb[e] = __float2bfloat16(expf(gr[e]) * kv);
                 db[e] = __float2bfloat16(expf(gz[e] - gr[e]) * kv);
             }
-            uint4 xw, dw;
+            uint2 xw, dw;
             memcpy(&xw, xb, sizeof xw);
             memcpy(&dw, db, sizeof dw);
-            *(uint4 *)&s.x[r * LDK + a] = xw;
-            if (r < L) *(uint4 *)&xo[((t0 + r) * nv + h) * (int64_t)DK + a] = dw;
-            if (r == 0 && !ch.reset) {
-                float ge[8];
-#pragma unroll
-                for (int e = 0; e < 8; e++) ge[e] = expf(gz[e]);
-                float *gd = gl + (ch.slot * nv + h) * (int64_t)DK + a;
-                *(float4 *)gd = *(const float4 *)ge;
-                *(float4 *)(gd + 4) = *(const float4 *)(ge + 4);
-            }
+            *(uint2 *)&s.x[r * LDK + a] = xw;
+            if (r < L) *(uint2 *)&xo[((t0 + r) * nv + h) * (int64_t)DK + a] = dw;
+            if (r == 0 && !ch.reset)
+                *(float4 *)&gl[(ch.slot * nv + h) * (int64_t)DK + a] =
+                    make_float4(expf(gz[0]), expf(gz[1]), expf(gz[2]), expf(gz[3]));
         }
         __syncthreads(); /* G's reads are done: Tb over it */
         /* Tb = Tinv diag(beta) in bf16 from the registers */
