@@ -439,9 +439,11 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *
 #pragma unroll
     for (int ni = 0; ni < DV / 16; ni++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
+        for (int e = 0; e < 4; e += 2) { /* elements e, e + 1: adjacent columns, one 8-byte store (a row's 8 columns
+                                          * of a fragment one whole 32-byte sector) */
             const int j = 16 * mt + gdn_frag_row(e), cc = half * (DV / 2) + 8 * ni + gdn_frag_col(e);
-            if (j < L) p[((t0 + j) * nv + h) * (int64_t)DV + cc] = acc[0][ni][e];
+            if (j < L)
+                *(float2 *)&p[((t0 + j) * nv + h) * (int64_t)DV + cc] = make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
         }
     __syncthreads();
 }
