@@ -31,8 +31,9 @@
 /* launch bounds: __launch_bounds__(KDA_THREADS, n) promises n blocks per SM, which sets ptxas's register budget
  * (65536 / (256 n) a thread): 1 where the kernel's shared memory (or its grid: the state passes fill one wave) leaves
  * room for one block per SM anyway, so the registers cost no occupancy and ptxas need not spill or recompute to stay
- * within 128 (grad_wy and the state passes); 2 where two blocks fit (wu, output, grad_dense, prep, qk and grad_qk,
- * with bf16 tiles and their smaller carvings): 128 registers. `-Xptxas -v` shows no spill in any of them. */
+ * within 128 (grad_wy and the state passes); 2 where two blocks fit (output, grad_dense, prep, qk and grad_qk,
+ * with bf16 tiles and their smaller carvings): 128 registers; 3 for wu (66 KB at 128): 80 registers.
+ * `-Xptxas -v` shows no spill in any of them. */
 
 /* shared-memory carving: the same offsets on host (sizes) and device (pointers), 16-byte aligned pieces */
 struct KdaCarve {
@@ -196,19 +197,23 @@ KDA_DEV void kda_load_G_start(float *sG, int ldg, const float *g, int64_t t0, in
         kda_load_rows_f32(NULL, sG, ldg, gc + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, w, L);
     }
 }
-KDA_DEV void kda_load_G_sum(float *sG, int ldg, int w) {
+template <int NB = KDA_C / 2> KDA_DEV void kda_load_G_sum(float *sG, int ldg, int w) {
+    static_assert(KDA_C % NB == 0, "kda_load_G_sum: whole batches");
+    constexpr int UNROLL = NB == KDA_C / 2 ? 2 : 1;
     kda_load_wait();
     __syncthreads();
     const int a = threadIdx.x;
     if (a >= w) return;
     double acc = 0.0;
+    /* batches of NB loads (32: 32 registers, not 64); NB < 32 (wu, at 80 registers) one batch after the other,
+     * the loop not unrolled (unrolled, ptxas hoists every batch's loads); the same adds in the same order */
+#pragma unroll(UNROLL)
+    for (int r0 = 0; r0 < KDA_C; r0 += NB) {
+        float x[NB];
 #pragma unroll
-    for (int r0 = 0; r0 < KDA_C; r0 += KDA_C / 2) { /* two batches of 32 loads (32 registers, not 64) */
-        float x[KDA_C / 2];
+        for (int r = 0; r < NB; r++) x[r] = sG[(r0 + r) * ldg + a];
 #pragma unroll
-        for (int r = 0; r < KDA_C / 2; r++) x[r] = sG[(r0 + r) * ldg + a];
-#pragma unroll
-        for (int r = 0; r < KDA_C / 2; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
+        for (int r = 0; r < NB; r++) { /* rows >= L hold 0: the sum stays G_{L-1} */
             acc += (double)x[r];
             sG[(r0 + r) * ldg + a] = (float)acc;
         }

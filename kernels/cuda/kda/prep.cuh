@@ -62,25 +62,41 @@ KDA_DEV int kda_rseg(int b) { return b == 1 ? 0 : b == 2 ? 16 : 48; }
 /* The pieces of the pair sums (kda_pair_decay for prep and qk alone, kda_prep_qk_kernel for both at once: the same
  * arithmetic per entry, so the same bits either way). Row strides: l, r, k, q and their scaled rows DK + 8. */
 
-/* the decay-scaled r rows of the references of sub-chunks 1, 2, 3 (rs, 96 rows: kda_rseg): r_j e^{G_16b - G_j} */
+/* four channels [c, c + 4) of a bf16 row x scaled by e^{G_hi - G_lo} (fp32 exponent <= 0, one rounding to bf16)
+ * into y: 8-byte bf16 and 16-byte fp32 shared accesses, consecutive lanes on consecutive addresses (no bank
+ * conflict; eight channels a lane would put a warp's 16-byte G loads 32 bytes apart: two-way), the same arithmetic
+ * per element as one at a time */
+KDA_DEV void kda_scale4(bf16 *y, const bf16 *x, const float *ghi, const float *glo) {
+    bf16 xb[4], yb[4];
+    const uint2 xr = *(const uint2 *)x;
+    memcpy(xb, &xr, sizeof xr);
+    const float4 h4 = *(const float4 *)ghi, l4 = *(const float4 *)glo;
+    const float hi[4] = {h4.x, h4.y, h4.z, h4.w}, lo[4] = {l4.x, l4.y, l4.z, l4.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) yb[e] = __float2bfloat16(__bfloat162float(xb[e]) * expf(hi[e] - lo[e]));
+    uint2 yr;
+    memcpy(&yr, yb, sizeof yr);
+    *(uint2 *)y = yr;
+}
+
+/* the decay-scaled r rows of the references of sub-chunks 1, 2, 3 (rs, 96 rows: kda_rseg): r_j e^{G_16b - G_j},
+ * four channels a thread (kda_scale4) */
 template <int DK> KDA_DEV void kda_pair_scale_r(const float *G, const bf16 *r, bf16 *rs) {
-    constexpr int LDK = DK + 8;
-    for (int i = threadIdx.x; i < 96 * DK; i += KDA_THREADS) {
-        const int q = i / DK, c = i % DK;
+    constexpr int LDK = DK + 8, CPR = DK / 4;
+    for (int i = threadIdx.x; i < 96 * CPR; i += KDA_THREADS) {
+        const int q = i / CPR, c = (i % CPR) * 4;
         const int b = q < 16 ? 1 : q < 48 ? 2 : 3, j = q - kda_rseg(b);
-        const float x = __bfloat162float(r[j * LDK + c]) * expf(G[16 * b * DK + c] - G[j * DK + c]);
-        rs[q * LDK + c] = __float2bfloat16(x);
+        kda_scale4(rs + q * LDK + c, r + j * LDK + c, G + 16 * b * DK + c, G + j * DK + c);
     }
 }
 
-/* the decay-scaled l rows: ls_i = l_i e^{G_i - G_16(i/16)}; ls may be l (in place: one thread reads and writes an
- * element) */
+/* the decay-scaled l rows: ls_i = l_i e^{G_i - G_16(i/16)}, four channels a thread (kda_scale4); ls may be l (in
+ * place: one thread reads and writes an element) */
 template <int DK> KDA_DEV void kda_pair_scale_l(const float *G, const bf16 *l, bf16 *ls) {
-    constexpr int LDK = DK + 8;
-    for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) {
-        const int row = i / DK, c = i % DK, ref = row & ~15;
-        const float x = __bfloat162float(l[row * LDK + c]) * expf(G[i] - G[ref * DK + c]);
-        ls[row * LDK + c] = __float2bfloat16(x);
+    constexpr int LDK = DK + 8, CPR = DK / 4;
+    for (int i = threadIdx.x; i < KDA_C * CPR; i += KDA_THREADS) {
+        const int row = i / CPR, c = (i % CPR) * 4, ref = row & ~15;
+        kda_scale4(ls + row * LDK + c, l + row * LDK + c, G + row * DK + c, G + ref * DK + c);
     }
 }
 
@@ -394,10 +410,21 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *
     constexpr int LDK = KdaPairSmem<DK, false>::LDK, LDT = KDA_C + 8, DV = DK;
     const int w = threadIdx.x >> 5, mt = w & 3, half = w >> 2;
     /* gq (q in s.l); dO over k (s.r); scale QK in bf16 over the scaled l rows (s.ls, row stride LDT) */
-    for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
-        const int r = i / DK, a = i % DK;
-        const float gam = expf(s.G[i]), qv = __bfloat162float(s.l[r * LDK + a]);
-        gq[((t0 + r) * nv + h) * (int64_t)DK + a] = __float2bfloat16(scale * gam * qv);
+    for (int i = threadIdx.x; i < L * (DK / 4); i += KDA_THREADS) { /* four channels a step (as kda_scale4) */
+        const int r = i / (DK / 4), a = (i % (DK / 4)) * 4;
+        bf16 qb[4], ob[4];
+        const uint2 qr = *(const uint2 *)&s.l[r * LDK + a];
+        memcpy(qb, &qr, sizeof qr);
+        const float4 g4 = *(const float4 *)&s.G[r * DK + a];
+        const float gr[4] = {g4.x, g4.y, g4.z, g4.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float gam = expf(gr[e]), qv = __bfloat162float(qb[e]);
+            ob[e] = __float2bfloat16(scale * gam * qv);
+        }
+        uint2 o;
+        memcpy(&o, ob, sizeof o);
+        *(uint2 *)&gq[((t0 + r) * nv + h) * (int64_t)DK + a] = o;
     }
     kda_load_rows<DV>(s.r, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
     for (int i = threadIdx.x; i < KDA_C * KDA_C; i += KDA_THREADS) {
@@ -412,9 +439,11 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *
 #pragma unroll
     for (int ni = 0; ni < DV / 16; ni++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
+        for (int e = 0; e < 4; e += 2) { /* elements e, e + 1: adjacent columns, one 8-byte store (a row's 8 columns
+                                          * of a fragment one whole 32-byte sector) */
             const int j = 16 * mt + gdn_frag_row(e), cc = half * (DV / 2) + 8 * ni + gdn_frag_col(e);
-            if (j < L) p[((t0 + j) * nv + h) * (int64_t)DV + cc] = acc[0][ni][e];
+            if (j < L)
+                *(float2 *)&p[((t0 + j) * nv + h) * (int64_t)DV + cc] = make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
         }
     __syncthreads();
 }

@@ -52,6 +52,7 @@ static inline float2 make_float2(float a, float b) { return float2{a, b}; }
  * pointer do not break the emulation's strict-aliasing assumptions */
 struct __attribute__((may_alias, aligned(16))) float4 { float x, y, z, w; };
 struct __attribute__((may_alias, aligned(16))) uint4 { unsigned x, y, z, w; };
+struct __attribute__((may_alias, aligned(8))) uint2 { unsigned x, y; }; /* 8-byte loads of four bf16 */
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
