@@ -31,7 +31,8 @@
  * 16 x 16 blocks of those pairs fp32, one thread per (sub-chunk, channel) (kda_diag_rows: each decay the running
  * product of the one-step factors e^{G_m - G_m-1} <= 1 outward from the row).
  * Row sums (dbeta) are per-warp butterflies, then the warps in index order, then the halves: fp32, a fixed order,
- * no atomics.
+ * no atomics. vn and dvn arrive in bf16 (rounded by the state passes that store them, as operands); hs and dhs
+ * fp32 (grad_dense's row dots S_a . D_a read them in fp32).
  * docs/design/kda.md has the algebra. Part of kda.cu.
  */
 #pragma once
@@ -55,13 +56,13 @@ template <int DK> struct KdaGdSmem {
  * cores (bf16 operands), per (chunk, value head): dW = -dvn S^T (grad_wy's) into dW and S dO^T's transpose dO S^T
  * (grad_qk's S_a . dO_r) into sdo, rows < L of the chunk, 0 at a document start; where a state leaves the chunk,
  * vn D^T (grad_qk's D_a . vn_r) into dvd (rows < L) and, where S is not 0 either, the row dots S_a . D_a into sd at
- * the chunk's slot (fp32, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows [16 (w % 4), +16),
- * columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
+ * the chunk's slot (fp32 from hs and dhs, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows
+ * [16 (w % 4), +16), columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
     float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
-    const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const float *vn /* (T,nv,dv) */,
-    const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
+    const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const bf16 *vn /* (T,nv,dv) */,
+    const bf16 *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nv, int ldo) {
     using Sm = KdaGdSmem<DK>;
     constexpr int LDK = Sm::LDK, DV = DK;
@@ -84,8 +85,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
             }
         } else {
             kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
+            kda_load_bf16(s.dvb, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, DV, L);
             kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
             kda_load_wait();
             __syncthreads();
             for (int pr = 0; pr < 2; pr++) { /* dW, then dO S^T: one accumulator (128 registers a thread) */
@@ -125,8 +126,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
                     }
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
+            kda_load_bf16(s.dvb, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, DV, L);
             kda_load_rows_f32(s.st, NULL, LDK, D, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvb, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
+            kda_load_wait();
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
@@ -303,7 +305,7 @@ template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv): the dXu part */, float *dkv /* (T,nv,dk): dXw out */,
     float *da /* (T,nv,64): dA out */, const float *dG /* (T,nv,dk): grad_dense's dW */, const bf16 *k, const bf16 *v,
-    const float *g, const float *beta, const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */,
+    const float *g, const float *beta, const float *tinv /* (T,nv,64) */, const bf16 *dvn /* (T,nv,dv) */,
     const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldg = Sm::LDF;
@@ -327,7 +329,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_kernel(
         /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
          * written by kda_grad_wy_pairs_kernel); dvn; both in bf16 */
         kda_load_rows_f32<NB>(s.dw, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32<NB>(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        kda_load_bf16(s.dvb, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
         kda_load_G_sum(sG, ldg, dk);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) { /* gam k over k (rows >= L: 0) */
@@ -592,7 +594,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
     bf16 *dq /* (T,ldq), or NULL */, bf16 *dk_out /* (T,ldq), or NULL */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
-    const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,
+    const bf16 *dout /* (T,ldo) */, const bf16 *vn /* (T,nv,dv) */,
     const float *dvd /* (T,nv,dk): grad_dense's D_a . vn_r */,
     const float *sd /* (ns,nv,dk): grad_dense's S_a . D_a */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
@@ -619,7 +621,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn in bf16 */
         kda_load_rows_f32(NULL, sDG, ldg, dqv + rows, (int64_t)nv * dk, KDA_C, W, L);
         kda_load_rows_f32(NULL, sDV, ldg, D ? dvd + rows : NULL, (int64_t)nv * dk, KDA_C, W, L);
-        kda_load_rows_f32(s.vnb, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        kda_load_bf16(s.vnb, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
         kda_load_G_sum(sG, ldg, W);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L: bf16, and the diagonal
