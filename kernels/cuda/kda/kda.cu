@@ -443,7 +443,7 @@ static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const 
     const size_t smem = KdaGdSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_dense_kernel<DK>, smem, "grad_dense");
     kda_grad_dense_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dg, b->dqv, b->ux, b->gl, b->hs, b->dhs, b->vn, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
+        (bf16 *)dg, b->dqv, b->ux, b->gl, b->hs, b->dhs, b->vn, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("grad_dense");
 }
@@ -456,8 +456,8 @@ static void kda_grad_wy(const KdaBufs *b, float *dg, bf16 *dv_out, float *dbeta,
     kda_smem_attr(kda_grad_wy_kernel<DK>, smem, "grad_wy");
     kda_smem_attr(kda_grad_wy_pairs_kernel<DK>, smem_p, "grad_wy_pairs");
     kda_grad_wy_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dv_out, dbeta, b->dkv, b->da, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
-        ldv);
+        dv_out, dbeta, b->dkv, b->da, (const bf16 *)dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T,
+        nk, nv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
     dim3 grid = kda_chunk_grid(T, nv);
     grid.z = 2; /* the two halves of the key channels */
@@ -488,8 +488,8 @@ static void kda_grad_qk(const KdaBufs *b, bf16 *dq, bf16 *dk_out, float *dg, con
     gdn_prof_mark("grad_qk");
 }
 
-/* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
- * before they write there; D_a . vn_r into ux and S_a . D_a into gl, the state passes' buffers, free by now),
+/* the per-chunk gradients: grad_dense (dW in bf16 into dg's storage, S_a . dO_r into dqv's: both read by the next
+ * kernels before they write there; D_a . vn_r into ux and S_a . D_a into gl, the state passes' buffers, free by now),
  * grad_wy, grad_qk, the sum over the value heads (with one value head per key head, nv = nk, grad_qk writes dq and
  * dk in bf16 itself, the sum's bits, and the sum is not run) */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,

@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_output_kernel(
         kda_load_bf16(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* q, then gam * q over it */
         kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK, 0, DK); /* g lands while the tiles below load */
         /* qk holds 0 right of the diagonal (kda_qk_kernel); qk and vn land while S loads */
-        kda_load_bf16(s.qk, LDT, qk + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C, L);
-        kda_load_bf16(s.vn, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, DV, L);
+        kda_cp_rows<KDA_C>(s.qk, qk, t0, L, h, nv);
+        kda_cp_rows<DV>(s.vn, vn, t0, L, h, nv);
         if (S) kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
         kda_load_G_sum(s.G, DK, DK); /* waits for q, qk and vn too */
         __syncthreads();
