@@ -106,11 +106,14 @@ enum {
     KDA_NEED_BPASS = 64
 };
 
-/* host-side carving on 256-byte boundaries (base NULL: sizes only) */
+/* host-side carving on 256-byte boundaries (base NULL: sizes only); a base (the workspace, a caller's kept or dkept
+ * buffer) must be 16-byte aligned: the kernels copy the bf16 rows of vn, dvn and qk by 16-byte cp.async */
 struct KdaHostCarve {
     unsigned char *base;
     size_t off;
-    explicit KdaHostCarve(void *b) : base((unsigned char *)b), off(0) {}
+    explicit KdaHostCarve(void *b) : base((unsigned char *)b), off(0) {
+        RS_CHECK(((uintptr_t)b & 15) == 0, "kda: a kept, dkept or workspace buffer at %p is not 16-byte aligned", b);
+    }
     template <class X> X *take(size_t n) {
         X *r = base ? (X *)(base + off) : NULL;
         off += (n * sizeof(X) + 255) & ~(size_t)255;
