@@ -4,10 +4,10 @@
  * block), then the sum over the value heads of a key head:
  *
  *   kda_grad_dense_kernel  the products of the entering state S and the leaving gradient D, on tensor cores
- *                       (bf16 operands): dW = -dvn S^T and dO S^T (S_a . dO_r), written to the rows of the
- *                       chunk in dg's and dqv's storage, which the next two kernels read (into shared memory) before
- *                       they write there; vn D^T (D_a . vn_r) and the row dots S_a . D_a into the state passes'
- *                       buffers (free by then), for grad_qk.
+ *                       (bf16 operands): dW = -dvn S^T (bf16: grad_wy takes it only as an operand) and dO S^T
+ *                       (S_a . dO_r), written to the rows of the chunk in dg's and dqv's storage, which the next two
+ *                       kernels read (into shared memory) before they write there; vn D^T (D_a . vn_r) and the
+ *                       row dots S_a . D_a into the state passes' buffers (free by then), for grad_qk.
  *   kda_grad_wy_kernel  the WY side's products: dW (grad_dense's), dXw = Tinv^T dW, dXu = Tinv^T dvn, dT
  *                       (strictly lower) = dW Xw^T + dvn Xu^T, dA = -(Tinv^T dT Tinv^T) strictly lower; dv (final),
  *                       dbeta's dXu part; dA and dXw to global memory for
@@ -31,7 +31,8 @@
  * 16 x 16 blocks of those pairs fp32, one thread per (sub-chunk, channel) (kda_diag_rows: each decay the running
  * product of the one-step factors e^{G_m - G_m-1} <= 1 outward from the row).
  * Row sums (dbeta) are per-warp butterflies, then the warps in index order, then the halves: fp32, a fixed order,
- * no atomics.
+ * no atomics. vn and dvn arrive in bf16 (rounded by the state passes that store them, as operands); hs and dhs
+ * fp32 (grad_dense's row dots S_a . D_a read them in fp32).
  * docs/design/kda.md has the algebra. Part of kda.cu.
  */
 #pragma once
@@ -52,16 +53,17 @@ template <int DK> struct KdaGdSmem {
 };
 
 /* The products of the chunk's entering state S and of the gradient D leaving it that the gradients need, on tensor
- * cores (bf16 operands), per (chunk, value head): dW = -dvn S^T (grad_wy's) into dW and S dO^T's transpose dO S^T
+ * cores (bf16 operands), per (chunk, value head): dW = -dvn S^T (grad_wy's operand, rounded to bf16 as stored: a
+ * (T, nv, dk) bf16 array at the start of dg's storage) into dW and S dO^T's transpose dO S^T
  * (grad_qk's S_a . dO_r) into sdo, rows < L of the chunk, 0 at a document start; where a state leaves the chunk,
  * vn D^T (grad_qk's D_a . vn_r) into dvd (rows < L) and, where S is not 0 either, the row dots S_a . D_a into sd at
- * the chunk's slot (fp32, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows [16 (w % 4), +16),
- * columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
+ * the chunk's slot (fp32 from hs and dhs, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows
+ * [16 (w % 4), +16), columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
-    float *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
-    const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const float *vn /* (T,nv,dv) */,
-    const float *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
+    bf16 *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
+    const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const bf16 *vn /* (T,nv,dv) */,
+    const bf16 *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nv, int ldo) {
     using Sm = KdaGdSmem<DK>;
     constexpr int LDK = Sm::LDK, DV = DK;
@@ -79,26 +81,37 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
         if (!S) { /* S = 0 */
             for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
                 const int64_t at = ((t0 + i / DK) * nv + h) * (int64_t)DK + i % DK;
-                dW[at] = 0.0f;
+                dW[at] = __float2bfloat16(0.0f);
                 sdo[at] = 0.0f;
             }
         } else {
             kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
+            kda_cp_rows<DV>(s.dvb, dvn, t0, L, h, nv);
             kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
             kda_load_wait();
             __syncthreads();
-            for (int pr = 0; pr < 2; pr++) { /* dW, then dO S^T: one accumulator (128 registers a thread) */
+            { /* dW (bf16), then dO S^T: one accumulator at a time (128 registers a thread) */
                 float acc[1][DK / 16][4];
                 gdn_zero(acc);
-                gdn_warp_mma<1, DK / 16, false, true, DV>(acc, pr ? s.dout : s.dvb, LDK, s.st, LDK, m0, n0);
+                gdn_warp_mma<1, DK / 16, false, true, DV>(acc, s.dvb, LDK, s.st, LDK, m0, n0);
 #pragma unroll
                 for (int ni = 0; ni < DK / 16; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
-                        const int64_t at = ((t0 + r) * nv + h) * (int64_t)DK + a;
-                        if (r < L) (pr ? sdo : dW)[at] = pr ? acc[0][ni][e] : -acc[0][ni][e];
+                        if (r < L) dW[((t0 + r) * nv + h) * (int64_t)DK + a] = __float2bfloat16(-acc[0][ni][e]);
+                    }
+            }
+            {
+                float acc[1][DK / 16][4];
+                gdn_zero(acc);
+                gdn_warp_mma<1, DK / 16, false, true, DV>(acc, s.dout, LDK, s.st, LDK, m0, n0);
+#pragma unroll
+                for (int ni = 0; ni < DK / 16; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = m0 + gdn_frag_row(e), a = n0 + 8 * ni + gdn_frag_col(e);
+                        if (r < L) sdo[((t0 + r) * nv + h) * (int64_t)DK + a] = acc[0][ni][e];
                     }
             }
         }
@@ -125,8 +138,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
                     }
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
+            kda_cp_rows<DV>(s.dvb, vn, t0, L, h, nv);
             kda_load_rows_f32(s.st, NULL, LDK, D, DV, DK, DV, DK);
-            kda_load_rows_f32(s.dvb, NULL, LDK, vn + (t0 * nv + h) * (int64_t)DV, (int64_t)nv * DV, KDA_C, DV, L);
+            kda_load_wait();
             __syncthreads();
             float ad[1][DK / 16][4];
             gdn_zero(ad);
@@ -302,8 +316,8 @@ template <int DK> struct KdaGwySmem {
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_kernel(
     bf16 *dv_out /* (T,ldv) */, float *dbeta /* (T,nv): the dXu part */, float *dkv /* (T,nv,dk): dXw out */,
-    float *da /* (T,nv,64): dA out */, const float *dG /* (T,nv,dk): grad_dense's dW */, const bf16 *k, const bf16 *v,
-    const float *g, const float *beta, const float *tinv /* (T,nv,64) */, const float *dvn /* (T,nv,dv) */,
+    float *da /* (T,nv,64): dA out */, const bf16 *dW /* (T,nv,dk): grad_dense's */, const bf16 *k, const bf16 *v,
+    const float *g, const float *beta, const float *tinv /* (T,nv,64) */, const bf16 *dvn /* (T,nv,dv) */,
     const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv) {
     using Sm = KdaGwySmem<DK>;
     constexpr int dk = DK, dv = DK, LDK = Sm::LDK, ldg = Sm::LDF;
@@ -324,10 +338,10 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_wy_kernel(
         kda_load_rows_f32<NB>(s.t, NULL, KDA_LDP, tinv + (t0 * nv + h) * (int64_t)KDA_C, (int64_t)nv * KDA_C, KDA_C,
                               KDA_C, L);
         if (threadIdx.x < KDA_C) sBeta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
-        /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, in dG's rows of the chunk (read before they are
-         * written by kda_grad_wy_pairs_kernel); dvn; both in bf16 */
-        kda_load_rows_f32<NB>(s.dw, NULL, LDK, dG + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, KDA_C, dk, L);
-        kda_load_rows_f32<NB>(s.dvb, NULL, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        /* dW_r[a] = -(S_a . dvn_r): kda_grad_dense_kernel's, bf16 in dg's storage (read before
+         * kda_grad_wy_pairs_kernel writes there); dvn; both bf16 as stored */
+        kda_load_bf16(s.dw, LDK, dW + (t0 * nv + h) * (int64_t)dk, (int64_t)nv * dk, dk, L);
+        kda_load_bf16(s.dvb, LDK, dvn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, dv, L);
         kda_load_G_sum(sG, ldg, dk);
         __syncthreads(); /* sG */
         for (int p = threadIdx.x; p < KDA_C * dk; p += KDA_THREADS) { /* gam k over k (rows >= L: 0) */
@@ -592,7 +606,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
     float *dqv /* (T,nv,dk) */, float *dkv /* (T,nv,dk): the WY part in, the whole per-head dk out */,
     bf16 *dq /* (T,ldq), or NULL */, bf16 *dk_out /* (T,ldq), or NULL */,
     float *dg /* (T,nv,dk): the WY part of dL/dG in, dg out */, const bf16 *q, const bf16 *k, const float *g,
-    const bf16 *dout /* (T,ldo) */, const float *vn /* (T,nv,dv) */,
+    const bf16 *dout /* (T,ldo) */, const bf16 *vn /* (T,nv,dv) */,
     const float *dvd /* (T,nv,dk): grad_dense's D_a . vn_r */,
     const float *sd /* (ns,nv,dk): grad_dense's S_a . D_a */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
@@ -619,7 +633,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_qk_kernel(
          * they are written below), sDV[r][a] = D_a . vn_r (grad_dense's); vn in bf16 */
         kda_load_rows_f32(NULL, sDG, ldg, dqv + rows, (int64_t)nv * dk, KDA_C, W, L);
         kda_load_rows_f32(NULL, sDV, ldg, D ? dvd + rows : NULL, (int64_t)nv * dk, KDA_C, W, L);
-        kda_load_rows_f32(s.vnb, NULL, LDK, vn + (t0 * nv + h) * (int64_t)dv, (int64_t)nv * dv, KDA_C, dv, L);
+        kda_cp_rows<DK>(s.vnb, vn, t0, L, h, nv);
         kda_load_G_sum(sG, ldg, W);
         __syncthreads();
         /* dP = dO vn^T (warp w: rows 16 (w % 4), columns 32 (w / 4)), kept for j <= r < L: bf16, and the diagonal

@@ -27,15 +27,19 @@
  * The transition runs wu and the state pass with the dk columns of M carried beside S from [0 | I]; dstate wu, qk's
  * backward form and the reverse pass from 0.
  *
- * Buffers, all fp32: kept = Tinv (T, nv, 64) (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep:
- * states), the state entering each chunk hs (ns, nv, dk, dv), ns = ceil(T / 64), and vn (T, nv, dv); dkept =
- * the state gradient leaving each chunk dhs (ns, nv, dk, dv) and dvn (T, nv, dv), and the DOUT stage's factors of
- * the reverse pass (the workspace's in a whole backward: W, dec * K, scale gam * q (T, nv, dk) bf16, P (T, nv, dv)
- * and gam_{L-1} (ns, nv, dk) fp32; ~1.3 KB per token and value head of 128); each on a 256-byte boundary.
+ * Buffers: kept = Tinv (T, nv, 64) fp32 (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep: states), the
+ * state entering each chunk hs (ns, nv, dk, dv) fp32, ns = ceil(T / 64), and vn (T, nv, dv) bf16; dkept = the
+ * state gradient leaving each chunk dhs (ns, nv, dk, dv) fp32 and dvn (T, nv, dv) bf16, and the DOUT stage's
+ * factors of the reverse pass (the workspace's in a whole backward: W, dec * K, scale gam * q (T, nv, dk) bf16, P
+ * (T, nv, dv) and gam_{L-1} (ns, nv, dk) fp32; ~1.3 KB per token and value head of 128); each on a 256-byte
+ * boundary. vn, dvn and qk are bf16 because every reader takes them only as tensor-core operands, rounded to bf16
+ * (round to nearest even): the writer rounds the same fp32 value once instead, so the readers see the same bits in
+ * half the bytes. hs and dhs stay fp32: grad_dense's row dots S_a . D_a (dL/dG_{L-1}'s term) read them
+ * in fp32 arithmetic.
  * A chunk's slot is t0 / 64: among the chunks that store an entering state (no document start) or a leaving
  * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
  * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
- * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) (the forward's), the state passes'
+ * shrunk, through cuda_internal_alloc) holds the index, qk (T, nv, 64) bf16 (the forward's), the state passes'
  * factors (KdaBufs: wb, xb, gq (T, nv, dk) bf16, ux (T, nv, dv) and gl (ns, nv, dk) fp32; ux and gl are
  * reused by the gradients once the passes are done) and whatever kept / dkept does not: O(T nv dk dv / 64) bytes,
  * no pieces (GDN_PIECE_ROWS does not apply here).
@@ -82,9 +86,10 @@ void gdn_prof_end(const char *who, int64_t T, int nv);
 
 typedef struct KdaBufs {
     int32_t *starts, *meta; /* the index: (T+1), (KDA_META_N) */
-    float *tinv, *qk;       /* (T,nv,64) */
-    float *hs, *vn;         /* (ns,nv,dk,dv), (T,nv,dv) */
-    float *dhs, *dvn;       /* (ns,nv,dk,dv), (T,nv,dv) */
+    float *tinv;            /* (T,nv,64) */
+    bf16 *qk;               /* (T,nv,64) */
+    float *hs, *dhs;        /* (ns,nv,dk,dv) */
+    bf16 *vn, *dvn;         /* (T,nv,dv) */
     float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over wb, xb where both exist) */
     bf16 *wb, *xb;          /* (T,nv,dk): the passes' W and dec * K (wu.cuh), each at the start of a region of
                              * (T,nv,dk) fp32 that dqv, dkv take after the passes */
@@ -105,11 +110,14 @@ enum {
     KDA_NEED_BPASS = 64
 };
 
-/* host-side carving on 256-byte boundaries (base NULL: sizes only) */
+/* host-side carving on 256-byte boundaries (base NULL: sizes only); a base (the workspace, a caller's kept or dkept
+ * buffer) must be 16-byte aligned: the kernels copy the bf16 rows of vn, dvn and qk by 16-byte cp.async */
 struct KdaHostCarve {
     unsigned char *base;
     size_t off;
-    explicit KdaHostCarve(void *b) : base((unsigned char *)b), off(0) {}
+    explicit KdaHostCarve(void *b) : base((unsigned char *)b), off(0) {
+        RS_CHECK(((uintptr_t)b & 15) == 0, "kda: a kept, dkept or workspace buffer at %p is not 16-byte aligned", b);
+    }
     template <class X> X *take(size_t n) {
         X *r = base ? (X *)(base + off) : NULL;
         off += (n * sizeof(X) + 255) & ~(size_t)255;
@@ -124,7 +132,7 @@ static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, 
     const size_t tv = (size_t)T * nv;
     float *tinv = c.take<float>(tv * KDA_C);
     float *hs = states ? c.take<float>((size_t)kda_slots(T) * nv * dk * dv) : NULL;
-    float *vn = states ? c.take<float>(tv * dv) : NULL;
+    bf16 *vn = states ? c.take<bf16>(tv * dv) : NULL;
     if (b) {
         b->tinv = tinv;
         if (states) {
@@ -141,7 +149,7 @@ static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, 
 static size_t kda_dkept_carve(KdaBufs *b, void *dkept, int64_t T, int nv, int dk, int dv, int factors) {
     KdaHostCarve c(dkept);
     float *dhs = c.take<float>((size_t)kda_slots(T) * nv * dk * dv);
-    float *dvn = c.take<float>((size_t)T * nv * dv);
+    bf16 *dvn = c.take<bf16>((size_t)T * nv * dv);
     if (b) {
         b->dhs = dhs;
         b->dvn = dvn;
@@ -166,14 +174,14 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
     b->starts = c.take<int32_t>((size_t)T + 1);
     b->meta = c.take<int32_t>(KDA_META_N);
     if (need & KDA_NEED_TINV) b->tinv = c.take<float>(tv * KDA_C);
-    if (need & KDA_NEED_QK) b->qk = c.take<float>(tv * KDA_C);
+    if (need & KDA_NEED_QK) b->qk = c.take<bf16>(tv * KDA_C);
     if (need & KDA_NEED_STATES) {
         b->hs = c.take<float>(hsz);
-        b->vn = c.take<float>(tv * dv);
+        b->vn = c.take<bf16>(tv * dv);
     }
     if (need & KDA_NEED_DSTATES) {
         b->dhs = c.take<float>(hsz);
-        b->dvn = c.take<float>(tv * dv);
+        b->dvn = c.take<bf16>(tv * dv);
     }
     if (need & KDA_NEED_PASS) {
         b->wb = (bf16 *)c.take<float>(tv * dk);
@@ -374,7 +382,7 @@ static int kda_state_bv(int ncol, int nv) {
 
 /* the forward state pass over dv columns (and dk more for the transition's M when M_out), from wu's factors */
 template <int DK, int BV>
-static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, const float *S0, const KdaBufs *b,
+static void kda_state_fwd_dk(float *hs, bf16 *vn, float *S_out, float *M_out, const float *S0, const KdaBufs *b,
                              const int32_t *doc_pos, int64_t T, int nv, int dv) {
     const size_t smem = KdaSfwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
@@ -385,7 +393,7 @@ static void kda_state_fwd_dk(float *hs, float *vn, float *S_out, float *M_out, c
     gdn_prof_mark("state_fwd");
 }
 
-static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, float *M_out, const float *S0,
+static void kda_state_fwd(const KdaBufs *b, float *hs, bf16 *vn, float *S_out, float *M_out, const float *S0,
                           const int32_t *doc_pos, int64_t T, int nv, int dk, int dv) {
     const int bv = kda_state_bv(dv + (M_out ? dk : 0), nv);
 #define KDA_SFWD(DK_, BV_) kda_state_fwd_dk<DK_, BV_>(hs, vn, S_out, M_out, S0, b, doc_pos, T, nv, dv)
@@ -403,7 +411,7 @@ static void kda_state_fwd(const KdaBufs *b, float *hs, float *vn, float *S_out, 
 
 /* the backward state pass, from wu's factors and kda_qk_bwd's */
 template <int DK, int BV>
-static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS_final, const bf16 *dout,
+static void kda_state_bwd_dk(float *dhs, bf16 *dvn, float *dS0, const float *dS_final, const bf16 *dout,
                              const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nv, int dv, int ldo) {
     const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
@@ -414,7 +422,7 @@ static void kda_state_bwd_dk(float *dhs, float *dvn, float *dS0, const float *dS
     gdn_prof_mark("state_bwd");
 }
 
-static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, const float *dS_final,
+static void kda_state_bwd(const KdaBufs *b, float *dhs, bf16 *dvn, float *dS0, const float *dS_final,
                           const bf16 *dout, const int32_t *doc_pos, int64_t T, int nv, int dk, int dv, int ldo) {
     const int bv = kda_state_bv(dv, nv);
 #define KDA_SBWD(DK_, BV_) kda_state_bwd_dk<DK_, BV_>(dhs, dvn, dS0, dS_final, dout, b, doc_pos, T, nv, dv, ldo)
@@ -431,7 +439,7 @@ static void kda_state_bwd(const KdaBufs *b, float *dhs, float *dvn, float *dS0, 
 }
 
 template <int DK>
-static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
+static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const bf16 *vn,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const size_t smem = KdaOutSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_output_kernel<DK>, smem, "output");
@@ -442,7 +450,7 @@ static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float 
     gdn_prof_mark("output");
 }
 
-static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const float *vn,
+static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const bf16 *vn,
                        const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo) {
     RS_CHECK(dv == dk, "kda output: dim_v = %d != dim_k = %d", dv, dk);
     if (dk == 128) kda_output_dk<128>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);
@@ -455,7 +463,7 @@ static void kda_grad_dense(const KdaBufs *b, float *dg, const bf16 *dout, const 
     const size_t smem = KdaGdSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_grad_dense_kernel<DK>, smem, "grad_dense");
     kda_grad_dense_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dg, b->dqv, b->ux, b->gl, b->hs, b->dhs, b->vn, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
+        (bf16 *)dg, b->dqv, b->ux, b->gl, b->hs, b->dhs, b->vn, b->dvn, dout, b->starts, b->meta, doc_pos, T, nv, ldo);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("grad_dense");
 }
@@ -468,8 +476,8 @@ static void kda_grad_wy(const KdaBufs *b, float *dg, bf16 *dv_out, float *dbeta,
     kda_smem_attr(kda_grad_wy_kernel<DK>, smem, "grad_wy");
     kda_smem_attr(kda_grad_wy_pairs_kernel<DK>, smem_p, "grad_wy_pairs");
     kda_grad_wy_kernel<DK><<<kda_chunk_grid(T, nv), KDA_THREADS, smem, cuda_stream()>>>(
-        dv_out, dbeta, b->dkv, b->da, dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T, nk, nv, ldq,
-        ldv);
+        dv_out, dbeta, b->dkv, b->da, (const bf16 *)dg, k, v, g, beta, b->tinv, b->dvn, b->starts, b->meta, doc_pos, T,
+        nk, nv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
     dim3 grid = kda_chunk_grid(T, nv);
     grid.z = 2; /* the two halves of the key channels */
@@ -500,8 +508,8 @@ static void kda_grad_qk(const KdaBufs *b, bf16 *dq, bf16 *dk_out, float *dg, con
     gdn_prof_mark("grad_qk");
 }
 
-/* the per-chunk gradients: grad_dense (dW into dg's storage, S_a . dO_r into dqv's: both read by the next kernels
- * before they write there; D_a . vn_r into ux and S_a . D_a into gl, the state passes' buffers, free by now),
+/* the per-chunk gradients: grad_dense (dW in bf16 into dg's storage, S_a . dO_r into dqv's: both read by the next
+ * kernels before they write there; D_a . vn_r into ux and S_a . D_a into gl, the state passes' buffers, free by now),
  * grad_wy, grad_qk, the sum over the value heads (with one value head per key head, nv = nk, grad_qk writes dq and
  * dk in bf16 itself, the sum's bits, and the sum is not run) */
 static void kda_grads(const KdaBufs *b, bf16 *dq, bf16 *dk_out, bf16 *dv_out, float *dg, float *dbeta,

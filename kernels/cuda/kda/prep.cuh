@@ -7,8 +7,9 @@
  *                    products, fixed orders). Written to tinv (T, nv, 64):
  *                    row i of the chunk at ((t0 + i) nv + h) 64, zeros right of the diagonal (cpu_kda.c's kept
  *                    layout). This is the kept buffer's prep.
- *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0): <DK, false> into qk (T, nv, 64), the
- *                    same layout, the output's intra-chunk weights; <DK, true> the backward state pass's
+ *   kda_qk_kernel    QK_rj = sum_c q_r[c] k_j[c] E_rj[c] (j <= r, else 0): <DK, false> into qk (T, nv, 64) bf16,
+ *                    the same layout, the output's intra-chunk weights (rounded once as stored: the output's
+ *                    operand); <DK, true> the backward state pass's
  *                    chunk-parallel factors from it instead (scale gam * q bf16, scale QK^T dO; state_pass.cuh).
  *   kda_prep_qk_kernel  the forward's: both of the above (Tinv and <DK, false>'s QK) in one pass, the same bits:
  *                    k, G and the scaled reference rows of k formed once, the diagonal blocks' decays once for
@@ -103,6 +104,11 @@ template <int DK> KDA_DEV void kda_pair_scale_l(const float *G, const bf16 *l, b
 /* tile t of the six 16 x 16 column pairs below the diagonal blocks ((b, n0) = (1, 0), (2, 0), (2, 16), (3, 0),
  * (3, 16), (3, 32)): one warp's product of the scaled rows (tensor cores), then its store: P[i ld + j] for rows
  * i < rows (0 where i >= L) */
+/* a pair-sum entry into its tile: fp32 (the shared-memory A) or bf16 (QK in the workspace: the output reads it as a
+ * bf16 operand, so the value rounded here is the one it read rounded from fp32) */
+KDA_DEV void kda_pair_put(float *p, float x) { *p = x; }
+KDA_DEV void kda_pair_put(bf16 *p, float x) { *p = __float2bfloat16(x); }
+
 KDA_DEV int kda_pair_tile_b(int t) { return t == 0 ? 1 : t < 3 ? 2 : 3; }
 KDA_DEV int kda_pair_tile_n0(int t) { return 16 * (t == 0 ? 0 : t < 3 ? t - 1 : t - 3); }
 template <int DK> KDA_DEV void kda_pair_tile(float (&acc)[1][2][4], const bf16 *ls, const bf16 *rs, int t) {
@@ -111,14 +117,15 @@ template <int DK> KDA_DEV void kda_pair_tile(float (&acc)[1][2][4], const bf16 *
     gdn_zero(acc);
     gdn_warp_mma<1, 2, false, true, DK>(acc, ls, LDK, rs + kda_rseg(b) * LDK, LDK, 16 * b, kda_pair_tile_n0(t));
 }
-KDA_DEV void kda_pair_tile_store(const float (&acc)[1][2][4], float *P, int64_t ld, int t, int rows, int L) {
+template <class TP>
+KDA_DEV void kda_pair_tile_store(const float (&acc)[1][2][4], TP *P, int64_t ld, int t, int rows, int L) {
     const int b = kda_pair_tile_b(t), n0 = kda_pair_tile_n0(t);
 #pragma unroll
     for (int ni = 0; ni < 2; ni++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 16 * b + gdn_frag_row(e), j = n0 + 8 * ni + gdn_frag_col(e);
-            if (i < rows) P[i * ld + j] = i < L ? acc[0][ni][e] : 0.0f;
+            if (i < rows) kda_pair_put(&P[i * ld + j], i < L ? acc[0][ni][e] : 0.0f);
         }
 }
 
@@ -159,8 +166,8 @@ KDA_DEV void kda_warp_scatter16(float (&v)[16]) {
  * DOA: A_ij = sum_c (la_i[c] r_j[c]) E_ij[c] into PA (stride KDA_LDT, j < i, every row: 0 where i >= L); DOQ:
  * QK_ij = sum_c (lq_i[c] r_j[c]) E_ij[c] into PQ (stride ldq, j <= i, rows i < qrows: 0 where i >= L). The pairs
  * above the diagonal are not visited. All threads, no barrier. */
-template <int DK, bool DOA, bool DOQ>
-KDA_DEV void kda_pair_diag(const float *G, const bf16 *la, const bf16 *lq, const bf16 *r, float *PA, float *PQ,
+template <int DK, bool DOA, bool DOQ, class TQ>
+KDA_DEV void kda_pair_diag(const float *G, const bf16 *la, const bf16 *lq, const bf16 *r, float *PA, TQ *PQ,
                            int64_t ldq, int qrows, int L) {
     constexpr int LDK = DK + 8, NK = DK / 32;
     static_assert(KDA_THREADS == 256 && DK % 32 == 0, "kda_pair_diag: 8 warps, 4 blocks x 2 row sets");
@@ -200,17 +207,18 @@ KDA_DEV void kda_pair_diag(const float *G, const bf16 *la, const bf16 *lq, const
         if (DOQ) kda_warp_scatter16(xq);
         if ((lane & 1) == 0 && idx <= m) {
             if (DOA && idx < m) PA[i * KDA_LDT + r0 + idx] = xa[0];
-            if (DOQ && i < qrows) PQ[i * ldq + r0 + idx] = xq[0];
+            if (DOQ && i < qrows) kda_pair_put(&PQ[i * ldq + r0 + idx], xq[0]);
         }
     }
 }
 
 /* the zeros of a pair-sum tile: entries right of the diagonal blocks and, in them, j >= i (DIAG: j > i); rows
  * i < rows */
-template <bool DIAG> KDA_DEV void kda_pair_zero(float *P, int64_t ld, int rows) {
+template <bool DIAG, class TP> KDA_DEV void kda_pair_zero(TP *P, int64_t ld, int rows) {
     for (int p = threadIdx.x; p < rows * KDA_C; p += KDA_THREADS) {
         const int i = p / KDA_C, j = p % KDA_C;
-        if ((j >> 4) > (i >> 4) || ((j >> 4) == (i >> 4) && (DIAG ? j > i : j >= i))) P[i * ld + j] = 0.0f;
+        if ((j >> 4) > (i >> 4) || ((j >> 4) == (i >> 4) && (DIAG ? j > i : j >= i)))
+            kda_pair_put(&P[i * ld + j], 0.0f);
     }
 }
 
@@ -227,8 +235,8 @@ template <int DK, bool DIAG, bool PREP> KDA_DEV void kda_pair_decay(const KdaPai
     if (w < 6) kda_pair_tile<DK>(acc, s.ls, s.rs, w);
     if (!PREP) __syncthreads(); /* P (qk's A) lies over the scaled r rows: every warp's reads of them are done */
     if (w < 6) kda_pair_tile_store(acc, P, KDA_LDT, w, KDA_C, L);
-    if (DIAG) kda_pair_diag<DK, false, true>(s.G, NULL, s.l, s.r, NULL, P, KDA_LDT, KDA_C, L);
-    else kda_pair_diag<DK, true, false>(s.G, s.l, NULL, s.r, P, NULL, 0, 0, L);
+    if (DIAG) kda_pair_diag<DK, false, true, float>(s.G, NULL, s.l, s.r, NULL, P, KDA_LDT, KDA_C, L);
+    else kda_pair_diag<DK, true, false, float>(s.G, s.l, NULL, s.r, P, NULL, 0, 0, L);
     kda_pair_zero<DIAG>(P, KDA_LDT, KDA_C);
     __syncthreads();
 }
@@ -352,7 +360,7 @@ template <int DK> struct KdaPrepQkSmem {
  * w tiles w and w + 8. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_qk_kernel(
-    float *tinv /* (T,nv,64) */, float *qk /* (T,nv,64) */, const bf16 *q, const bf16 *k, const float *g,
+    float *tinv /* (T,nv,64) */, bf16 *qk /* (T,nv,64) */, const bf16 *q, const bf16 *k, const float *g,
     const float *beta, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T, int nk, int nv,
     int ldq) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
@@ -363,14 +371,14 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_prep_qk_kernel(
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        float *qkc = qk + (t0 * nv + h) * (int64_t)KDA_C; /* row i at qkc + i ldqk */
+        bf16 *qkc = qk + (t0 * nv + h) * (int64_t)KDA_C; /* row i at qkc + i ldqk */
         kda_load_rows<DK>(s.k, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_rows<DK>(s.q, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
         kda_load_G(s.G, DK, g, t0, L, h, nv, DK); /* waits for the rows too */
         if (threadIdx.x < KDA_C) s.beta[threadIdx.x] = threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         __syncthreads();
         kda_pair_scale_r<DK>(s.G, s.k, s.rs);
-        kda_pair_diag<DK, true, true>(s.G, s.k, s.q, s.k, s.A, qkc, ldqk, L, L);
+        kda_pair_diag<DK, true, true, bf16>(s.G, s.k, s.q, s.k, s.A, qkc, ldqk, L, L);
         kda_pair_zero<false>(s.A, KDA_LDT, KDA_C);
         kda_pair_zero<true>(qkc, ldqk, L);
         __syncthreads(); /* the raw rows' reads are done */
@@ -454,7 +462,7 @@ KDA_DEV void kda_qk_bwd_chunk(const KdaPairSmem<DK, false> &s, bf16 *gq, float *
  * bf16, dO bf16: warp w rows [16 (w % 4), +16) and half w / 4 of the columns). Rows >= L not written. */
 template <int DK, bool BWD>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_qk_kernel(
-    float *qk /* (T,nv,64) */, bf16 *gq /* (T,nv,dk) */, float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
+    bf16 *qk /* (T,nv,64) */, bf16 *gq /* (T,nv,dk) */, float *p /* (T,nv,dv) */, const bf16 *q, const bf16 *k,
     const float *g, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos,
     int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     extern __shared__ __align__(16) unsigned char kda_smem[];
@@ -472,7 +480,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_qk_kernel(
         if (!BWD) {
             for (int i = threadIdx.x; i < L * KDA_C; i += KDA_THREADS) {
                 const int r = i / KDA_C, j = i % KDA_C;
-                qk[((t0 + r) * nv + h) * (int64_t)KDA_C + j] = s.A[r * KDA_LDT + j];
+                qk[((t0 + r) * nv + h) * (int64_t)KDA_C + j] = __float2bfloat16(s.A[r * KDA_LDT + j]);
             }
             __syncthreads();
         } else {

@@ -8,14 +8,15 @@
  *
  *   kda_state_fwd_kernel  S entering chunk 0 = S0 (or 0), reset to 0 at a document start;
  *                         vn = U - W S, S = Diag(gam_{L-1}) S + (dec * K)^T vn.
- *                         Writes the state entering each non-reset chunk to hs (slot t0 / 64), vn to (T, nv, dv),
- *                         the final state to S_out. The transition (M_out) adds dk columns started from the
- *                         identity with U = 0: [S | M] carried together, cpu_kda_chunk_transition's way.
+ *                         Writes the state entering each non-reset chunk to hs (slot t0 / 64, fp32), vn to
+ *                         (T, nv, dv) in bf16 (the copy its own update takes), the final state to S_out. The
+ *                         transition (M_out) adds dk columns started from the identity with U = 0: [S | M]
+ *                         carried together, cpu_kda_chunk_transition's way.
  *   kda_state_bwd_kernel  from the last chunk down, D = the gradient at the chunk's final state (dS_final for
  *                         the last): dvn = (dec * K) D + P, P_j = scale sum_{r >= j} QK_rj dO_r,
  *                         D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn, D = 0 at a document start.
- *                         Writes D leaving each chunk a state leaves to dhs (slot t0 / 64), dvn to (T, nv, dv), and
- *                         the gradient entering chunk 0 to dS0.
+ *                         Writes D leaving each chunk a state leaves to dhs (slot t0 / 64, fp32), dvn to (T, nv, dv)
+ *                         in bf16 (the copy its own update takes), and the gradient entering chunk 0 to dS0.
  *
  * Per chunk: two steps, each a warp GEMM on tensor cores (gdn_warp_mma, one MMA per product: the fp32 state or D and
  * vn or dvn rounded to bf16 afresh each chunk, the stored factors bf16 already, fp32 accumulation; common.cuh's
@@ -102,7 +103,7 @@ template <int NT, class F> KDA_DEV void kda_frag_each(int m0, int n0, F f) {
  * the next chunk's entering state: two barriers, and the factors of a chunk land during the whole chunk before. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
-    float *hs /* (ns,nv,dk,dv) or NULL */, float *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
+    float *hs /* (ns,nv,dk,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
     float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
     const bf16 *wb /* (T,nv,dk) */, const bf16 *xb /* (T,nv,dk) */, const float *u /* (T,nv,dv) */,
     const float *gl /* (ns,nv,dk) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
@@ -168,9 +169,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 16 * mt + gdn_frag_row(e), cc = vn0 + 8 * ni + gdn_frag_col(e);
-                    const float x = f.U[r * LDU + cc] - ws[0][ni][e];
+                    const bf16 x = __float2bfloat16(f.U[r * LDU + cc] - ws[0][ni][e]);
                     if (vn && !is_M && r < L) vn[((t0 + r) * nv + h) * (int64_t)dv + col0 + cc] = x;
-                    s.vnb[r * LDB + cc] = __float2bfloat16(x);
+                    s.vnb[r * LDB + cc] = x;
                 }
         }
         __syncthreads(); /* vn in bf16; S's bf16 copy read */
@@ -272,7 +273,7 @@ KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, c
  * barrier, issue its group B (and store dO): three barriers. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
-    float *dhs /* (ns,nv,dk,dv) or NULL */, float *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
+    float *dhs /* (ns,nv,dk,dv) or NULL */, bf16 *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
     const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *wb /* (T,nv,dk) */, const bf16 *xb /* (T,nv,dk) */,
     const bf16 *gq /* (T,nv,dk) */, const float *p /* (T,nv,dv) */, const float *gl /* (ns,nv,dk) */,
     const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
@@ -335,9 +336,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int j = 16 * mt + gdn_frag_row(e), cc = vn0 + 8 * ni + gdn_frag_col(e);
-                    const float x = ad[0][ni][e] + s.P[j * LDU + cc];
+                    const bf16 x = __float2bfloat16(ad[0][ni][e] + s.P[j * LDU + cc]);
                     if (dvn && j < L) dvn[((t0 + j) * nv + h) * (int64_t)dv + col0 + cc] = x;
-                    s.dvnb[j * LDB + cc] = __float2bfloat16(x);
+                    s.dvnb[j * LDB + cc] = x;
                 }
         }
         ptx_cp_async_wait<0>(); /* group B of this chunk */
