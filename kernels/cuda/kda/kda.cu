@@ -88,7 +88,7 @@ typedef struct KdaBufs {
     int32_t *starts, *meta; /* the index: (T+1), (KDA_META_N) */
     float *tinv;            /* (T,nv,64) */
     bf16 *qk;               /* (T,nv,64) */
-    float *hs, *dhs;        /* (ns,nv,dk,dv) */
+    bf16 *hs, *dhs;         /* (ns,nv,dk,dv) */
     bf16 *vn, *dvn;         /* (T,nv,dv) */
     float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over wb, xb where both exist) */
     bf16 *wb, *xb;          /* (T,nv,dk): the passes' W and dec * K (wu.cuh), each at the start of a region of
@@ -131,7 +131,7 @@ static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, 
     KdaHostCarve c(kept);
     const size_t tv = (size_t)T * nv;
     float *tinv = c.take<float>(tv * KDA_C);
-    float *hs = states ? c.take<float>((size_t)kda_slots(T) * nv * dk * dv) : NULL;
+    bf16 *hs = states ? c.take<bf16>((size_t)kda_slots(T) * nv * dk * dv) : NULL;
     bf16 *vn = states ? c.take<bf16>(tv * dv) : NULL;
     if (b) {
         b->tinv = tinv;
@@ -148,7 +148,7 @@ static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, 
  * stages); factors 0 leaves b's factor buffers the workspace's (GRADS: its scratch, and dqv, dkv over wb, xb) */
 static size_t kda_dkept_carve(KdaBufs *b, void *dkept, int64_t T, int nv, int dk, int dv, int factors) {
     KdaHostCarve c(dkept);
-    float *dhs = c.take<float>((size_t)kda_slots(T) * nv * dk * dv);
+    bf16 *dhs = c.take<bf16>((size_t)kda_slots(T) * nv * dk * dv);
     bf16 *dvn = c.take<bf16>((size_t)T * nv * dv);
     if (b) {
         b->dhs = dhs;
@@ -176,11 +176,11 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
     if (need & KDA_NEED_TINV) b->tinv = c.take<float>(tv * KDA_C);
     if (need & KDA_NEED_QK) b->qk = c.take<bf16>(tv * KDA_C);
     if (need & KDA_NEED_STATES) {
-        b->hs = c.take<float>(hsz);
+        b->hs = c.take<bf16>(hsz);
         b->vn = c.take<bf16>(tv * dv);
     }
     if (need & KDA_NEED_DSTATES) {
-        b->dhs = c.take<float>(hsz);
+        b->dhs = c.take<bf16>(hsz);
         b->dvn = c.take<bf16>(tv * dv);
     }
     if (need & KDA_NEED_PASS) {
@@ -382,7 +382,7 @@ static int kda_state_bv(int ncol, int nv) {
 
 /* the forward state pass over dv columns (and dk more for the transition's M when M_out), from wu's factors */
 template <int DK, int BV>
-static void kda_state_fwd_dk(float *hs, bf16 *vn, float *S_out, float *M_out, const float *S0, const KdaBufs *b,
+static void kda_state_fwd_dk(bf16 *hs, bf16 *vn, float *S_out, float *M_out, const float *S0, const KdaBufs *b,
                              const int32_t *doc_pos, int64_t T, int nv, int dv) {
     const size_t smem = KdaSfwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
@@ -393,7 +393,7 @@ static void kda_state_fwd_dk(float *hs, bf16 *vn, float *S_out, float *M_out, co
     gdn_prof_mark("state_fwd");
 }
 
-static void kda_state_fwd(const KdaBufs *b, float *hs, bf16 *vn, float *S_out, float *M_out, const float *S0,
+static void kda_state_fwd(const KdaBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const float *S0,
                           const int32_t *doc_pos, int64_t T, int nv, int dk, int dv) {
     const int bv = kda_state_bv(dv + (M_out ? dk : 0), nv);
 #define KDA_SFWD(DK_, BV_) kda_state_fwd_dk<DK_, BV_>(hs, vn, S_out, M_out, S0, b, doc_pos, T, nv, dv)
@@ -411,7 +411,7 @@ static void kda_state_fwd(const KdaBufs *b, float *hs, bf16 *vn, float *S_out, f
 
 /* the backward state pass, from wu's factors and kda_qk_bwd's */
 template <int DK, int BV>
-static void kda_state_bwd_dk(float *dhs, bf16 *dvn, float *dS0, const float *dS_final, const bf16 *dout,
+static void kda_state_bwd_dk(bf16 *dhs, bf16 *dvn, float *dS0, const float *dS_final, const bf16 *dout,
                              const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nv, int dv, int ldo) {
     const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
@@ -422,7 +422,7 @@ static void kda_state_bwd_dk(float *dhs, bf16 *dvn, float *dS0, const float *dS_
     gdn_prof_mark("state_bwd");
 }
 
-static void kda_state_bwd(const KdaBufs *b, float *dhs, bf16 *dvn, float *dS0, const float *dS_final,
+static void kda_state_bwd(const KdaBufs *b, bf16 *dhs, bf16 *dvn, float *dS0, const float *dS_final,
                           const bf16 *dout, const int32_t *doc_pos, int64_t T, int nv, int dk, int dv, int ldo) {
     const int bv = kda_state_bv(dv, nv);
 #define KDA_SBWD(DK_, BV_) kda_state_bwd_dk<DK_, BV_>(dhs, dvn, dS0, dS_final, dout, b, doc_pos, T, nv, dv, ldo)
@@ -439,7 +439,7 @@ static void kda_state_bwd(const KdaBufs *b, float *dhs, bf16 *dvn, float *dS0, c
 }
 
 template <int DK>
-static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const bf16 *vn,
+static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const bf16 *hs, const bf16 *vn,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const size_t smem = KdaOutSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_output_kernel<DK>, smem, "output");
@@ -450,7 +450,7 @@ static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float 
     gdn_prof_mark("output");
 }
 
-static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const bf16 *vn,
+static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const bf16 *hs, const bf16 *vn,
                        const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo) {
     RS_CHECK(dv == dk, "kda output: dim_v = %d != dim_k = %d", dv, dk);
     if (dk == 128) kda_output_dk<128>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);
