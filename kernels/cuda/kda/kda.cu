@@ -28,14 +28,15 @@
  * backward form and the reverse pass from 0.
  *
  * Buffers: kept = Tinv (T, nv, 64) fp32 (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep: states), the
- * state entering each chunk hs (ns, nv, dk, dv) fp32, ns = ceil(T / 64), and vn (T, nv, dv) bf16; dkept = the
- * state gradient leaving each chunk dhs (ns, nv, dk, dv) fp32 and dvn (T, nv, dv) bf16, and the DOUT stage's
+ * state entering each chunk hs (ns, nv, dk, dv) bf16, ns = ceil(T / 64), and vn (T, nv, dv) bf16; dkept = the
+ * state gradient leaving each chunk dhs (ns, nv, dk, dv) bf16 and dvn (T, nv, dv) bf16, and the DOUT stage's
  * factors of the reverse pass (the workspace's in a whole backward: W, dec * K, scale gam * q (T, nv, dk) bf16, P
  * (T, nv, dv) and gam_{L-1} (ns, nv, dk) fp32; ~1.3 KB per token and value head of 128); each on a 256-byte
- * boundary. vn, dvn and qk are bf16 because every reader takes them only as tensor-core operands, rounded to bf16
- * (round to nearest even): the writer rounds the same fp32 value once instead, so the readers see the same bits in
- * half the bytes. hs and dhs stay fp32: grad_dense's row dots S_a . D_a (dL/dG_{L-1}'s term) read them
- * in fp32 arithmetic.
+ * boundary. vn, dvn, qk, hs and dhs are bf16: every tensor-core reader took them as operands rounded to bf16
+ * (round to nearest even), and the writer rounds the same fp32 value once instead, so those readers see the same
+ * bits in half the bytes. The one other reader, grad_dense's row dots S_a . D_a (dL/dG_{L-1}'s term), takes the
+ * bf16 values of hs and dhs with fp32 products and sum (every MMA's kind: operands rounded to bf16 once, fp32
+ * accumulation); only dg's bits differ from fp32 storage. S0, S_final, dS0, dS_final and M stay fp32.
  * A chunk's slot is t0 / 64: among the chunks that store an entering state (no document start) or a leaving
  * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
  * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
