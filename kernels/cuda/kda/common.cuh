@@ -13,7 +13,8 @@
  * (mma.sync m16n8k16, bf16 operands from shared memory, fp32 accumulation), one MMA per product; an operand the
  * kernels form in fp32 (Tinv diag(beta), the decay-scaled keys and queries, W, dec * K, the state and its
  * gradient, vn, dvn, QK, dP, dT, M1, dA, dW) is rounded to bf16 once (2^-9 relative) where it enters a product
- * (vn, dvn and QK where they are stored: every reader takes them only as such operands);
+ * (vn, dvn, QK and the chunk states hs, dhs where they are stored; grad_dense's row dots S_a . D_a, the one reader
+ * of hs, dhs that is no MMA, take the stored bf16 values with fp32 products and sum);
  * one exception, the decay-scaled rows of the gradients' pair sums (grads.cuh's kda_pair_rows: split hi + lo, two
  * MMAs; its comment says why).
  * fp32 stays where the algebra is ill-conditioned or a sum is long: the solve for Tinv (prep.cuh), the states

@@ -31,8 +31,9 @@
  * 16 x 16 blocks of those pairs fp32, one thread per (sub-chunk, channel) (kda_diag_rows: each decay the running
  * product of the one-step factors e^{G_m - G_m-1} <= 1 outward from the row).
  * Row sums (dbeta) are per-warp butterflies, then the warps in index order, then the halves: fp32, a fixed order,
- * no atomics. vn and dvn arrive in bf16 (rounded by the state passes that store them, as operands); hs and dhs
- * fp32 (grad_dense's row dots S_a . D_a read them in fp32).
+ * no atomics. vn, dvn, hs and dhs arrive in bf16 (rounded once by the state passes that store them); grad_dense's
+ * row dots S_a . D_a, the one reader that is not a product on tensor cores, take those bf16 values with fp32
+ * products and sum (the kind of every MMA here).
  * docs/design/kda.md has the algebra. Part of kda.cu.
  */
 #pragma once
@@ -57,12 +58,13 @@ template <int DK> struct KdaGdSmem {
  * (T, nv, dk) bf16 array at the start of dg's storage) into dW and S dO^T's transpose dO S^T
  * (grad_qk's S_a . dO_r) into sdo, rows < L of the chunk, 0 at a document start; where a state leaves the chunk,
  * vn D^T (grad_qk's D_a . vn_r) into dvd (rows < L) and, where S is not 0 either, the row dots S_a . D_a into sd at
- * the chunk's slot (fp32 from hs and dhs, a warp per row, lanes over the columns, kda_warp_sum). Warp w: rows
+ * the chunk's slot (hs's and dhs's bf16 values, fp32 products and sum, a warp per row, lanes over the columns,
+ * kda_warp_sum). Warp w: rows
  * [16 (w % 4), +16), columns half w / 4; D and vn take S's and dvn's tiles after the first products. */
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
     bf16 *dW /* (T,nv,dk) */, float *sdo /* (T,nv,dk) */, float *dvd /* (T,nv,dk) */, float *sd /* (ns,nv,dk) */,
-    const float *hs /* (ns,nv,dk,dv) */, const float *dhs /* (ns,nv,dk,dv) */, const bf16 *vn /* (T,nv,dv) */,
+    const bf16 *hs /* (ns,nv,dk,dv) */, const bf16 *dhs /* (ns,nv,dk,dv) */, const bf16 *vn /* (T,nv,dv) */,
     const bf16 *dvn /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nv, int ldo) {
     using Sm = KdaGdSmem<DK>;
@@ -76,8 +78,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * (size_t)DK * DV;
-        const float *D = ch.leaves ? dhs + (ch.slot * nv + h) * (size_t)DK * DV : NULL;
+        const bf16 *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * (size_t)DK * DV;
+        const bf16 *D = ch.leaves ? dhs + (ch.slot * nv + h) * (size_t)DK * DV : NULL;
         if (!S) { /* S = 0 */
             for (int i = threadIdx.x; i < L * DK; i += KDA_THREADS) {
                 const int64_t at = ((t0 + i / DK) * nv + h) * (int64_t)DK + i % DK;
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
         } else {
             kda_load_bf16(s.dout, LDK, dout + t0 * ldo + (int64_t)h * DV, ldo, DV, L);
             kda_cp_rows<DV>(s.dvb, dvn, t0, L, h, nv);
-            kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
+            kda_cp_state<DK, DV>(s.st, S);
             kda_load_wait();
             __syncthreads();
             { /* dW (bf16), then dO S^T: one accumulator at a time (128 registers a thread) */
@@ -125,8 +127,8 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
 #pragma unroll
                         for (int m = 0; m < DV / 32; m++) {
                             const size_t at = (size_t)(a0 + b * (KDA_THREADS / 32)) * DV + lane + 32 * m;
-                            sv[b][m] = S[at];
-                            dv[b][m] = D[at];
+                            sv[b][m] = __bfloat162float(S[at]);
+                            dv[b][m] = __bfloat162float(D[at]);
                         }
 #pragma unroll
                     for (int b = 0; b < 4; b++) {
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_grad_dense_kernel(
                 }
             __syncthreads(); /* S's and dvn's tiles are read */
             kda_cp_rows<DV>(s.dvb, vn, t0, L, h, nv);
-            kda_load_rows_f32(s.st, NULL, LDK, D, DV, DK, DV, DK);
+            kda_cp_state<DK, DV>(s.st, D);
             kda_load_wait();
             __syncthreads();
             float ad[1][DK / 16][4];

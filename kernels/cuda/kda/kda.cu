@@ -28,14 +28,15 @@
  * backward form and the reverse pass from 0.
  *
  * Buffers: kept = Tinv (T, nv, 64) fp32 (cpu_kda.c's layout) and, with states (checkpoint.gdn_keep: states), the
- * state entering each chunk hs (ns, nv, dk, dv) fp32, ns = ceil(T / 64), and vn (T, nv, dv) bf16; dkept = the
- * state gradient leaving each chunk dhs (ns, nv, dk, dv) fp32 and dvn (T, nv, dv) bf16, and the DOUT stage's
+ * state entering each chunk hs (ns, nv, dk, dv) bf16, ns = ceil(T / 64), and vn (T, nv, dv) bf16; dkept = the
+ * state gradient leaving each chunk dhs (ns, nv, dk, dv) bf16 and dvn (T, nv, dv) bf16, and the DOUT stage's
  * factors of the reverse pass (the workspace's in a whole backward: W, dec * K, scale gam * q (T, nv, dk) bf16, P
  * (T, nv, dv) and gam_{L-1} (ns, nv, dk) fp32; ~1.3 KB per token and value head of 128); each on a 256-byte
- * boundary. vn, dvn and qk are bf16 because every reader takes them only as tensor-core operands, rounded to bf16
- * (round to nearest even): the writer rounds the same fp32 value once instead, so the readers see the same bits in
- * half the bytes. hs and dhs stay fp32: grad_dense's row dots S_a . D_a (dL/dG_{L-1}'s term) read them
- * in fp32 arithmetic.
+ * boundary. vn, dvn, qk, hs and dhs are bf16: every tensor-core reader took them as operands rounded to bf16
+ * (round to nearest even), and the writer rounds the same fp32 value once instead, so those readers see the same
+ * bits in half the bytes. The one other reader, grad_dense's row dots S_a . D_a (dL/dG_{L-1}'s term), takes the
+ * bf16 values of hs and dhs with fp32 products and sum (every MMA's kind: operands rounded to bf16 once, fp32
+ * accumulation); only dg's bits differ from fp32 storage. S0, S_final, dS0, dS_final and M stay fp32.
  * A chunk's slot is t0 / 64: among the chunks that store an entering state (no document start) or a leaving
  * gradient (a state leaves it: it is 64 rows long or the call's last), no two share a 64-row block, since such
  * a chunk either covers its block to the end or is the last one to start in it. The workspace (grown, never
@@ -88,7 +89,7 @@ typedef struct KdaBufs {
     int32_t *starts, *meta; /* the index: (T+1), (KDA_META_N) */
     float *tinv;            /* (T,nv,64) */
     bf16 *qk;               /* (T,nv,64) */
-    float *hs, *dhs;        /* (ns,nv,dk,dv) */
+    bf16 *hs, *dhs;         /* (ns,nv,dk,dv) */
     bf16 *vn, *dvn;         /* (T,nv,dv) */
     float *dqv, *dkv;       /* (T,nv,dk): per value head, before the key-head sum (over wb, xb where both exist) */
     bf16 *wb, *xb;          /* (T,nv,dk): the passes' W and dec * K (wu.cuh), each at the start of a region of
@@ -131,7 +132,7 @@ static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, 
     KdaHostCarve c(kept);
     const size_t tv = (size_t)T * nv;
     float *tinv = c.take<float>(tv * KDA_C);
-    float *hs = states ? c.take<float>((size_t)kda_slots(T) * nv * dk * dv) : NULL;
+    bf16 *hs = states ? c.take<bf16>((size_t)kda_slots(T) * nv * dk * dv) : NULL;
     bf16 *vn = states ? c.take<bf16>(tv * dv) : NULL;
     if (b) {
         b->tinv = tinv;
@@ -148,7 +149,7 @@ static size_t kda_kept_carve(KdaBufs *b, void *kept, int64_t T, int nv, int dk, 
  * stages); factors 0 leaves b's factor buffers the workspace's (GRADS: its scratch, and dqv, dkv over wb, xb) */
 static size_t kda_dkept_carve(KdaBufs *b, void *dkept, int64_t T, int nv, int dk, int dv, int factors) {
     KdaHostCarve c(dkept);
-    float *dhs = c.take<float>((size_t)kda_slots(T) * nv * dk * dv);
+    bf16 *dhs = c.take<bf16>((size_t)kda_slots(T) * nv * dk * dv);
     bf16 *dvn = c.take<bf16>((size_t)T * nv * dv);
     if (b) {
         b->dhs = dhs;
@@ -176,11 +177,11 @@ static size_t kda_ws_carve(KdaBufs *b, void *base, int64_t T, int nv, int dk, in
     if (need & KDA_NEED_TINV) b->tinv = c.take<float>(tv * KDA_C);
     if (need & KDA_NEED_QK) b->qk = c.take<bf16>(tv * KDA_C);
     if (need & KDA_NEED_STATES) {
-        b->hs = c.take<float>(hsz);
+        b->hs = c.take<bf16>(hsz);
         b->vn = c.take<bf16>(tv * dv);
     }
     if (need & KDA_NEED_DSTATES) {
-        b->dhs = c.take<float>(hsz);
+        b->dhs = c.take<bf16>(hsz);
         b->dvn = c.take<bf16>(tv * dv);
     }
     if (need & KDA_NEED_PASS) {
@@ -382,7 +383,7 @@ static int kda_state_bv(int ncol, int nv) {
 
 /* the forward state pass over dv columns (and dk more for the transition's M when M_out), from wu's factors */
 template <int DK, int BV>
-static void kda_state_fwd_dk(float *hs, bf16 *vn, float *S_out, float *M_out, const float *S0, const KdaBufs *b,
+static void kda_state_fwd_dk(bf16 *hs, bf16 *vn, float *S_out, float *M_out, const float *S0, const KdaBufs *b,
                              const int32_t *doc_pos, int64_t T, int nv, int dv) {
     const size_t smem = KdaSfwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_fwd_kernel<DK, BV>, smem, "state_fwd");
@@ -393,7 +394,7 @@ static void kda_state_fwd_dk(float *hs, bf16 *vn, float *S_out, float *M_out, co
     gdn_prof_mark("state_fwd");
 }
 
-static void kda_state_fwd(const KdaBufs *b, float *hs, bf16 *vn, float *S_out, float *M_out, const float *S0,
+static void kda_state_fwd(const KdaBufs *b, bf16 *hs, bf16 *vn, float *S_out, float *M_out, const float *S0,
                           const int32_t *doc_pos, int64_t T, int nv, int dk, int dv) {
     const int bv = kda_state_bv(dv + (M_out ? dk : 0), nv);
 #define KDA_SFWD(DK_, BV_) kda_state_fwd_dk<DK_, BV_>(hs, vn, S_out, M_out, S0, b, doc_pos, T, nv, dv)
@@ -411,7 +412,7 @@ static void kda_state_fwd(const KdaBufs *b, float *hs, bf16 *vn, float *S_out, f
 
 /* the backward state pass, from wu's factors and kda_qk_bwd's */
 template <int DK, int BV>
-static void kda_state_bwd_dk(float *dhs, bf16 *dvn, float *dS0, const float *dS_final, const bf16 *dout,
+static void kda_state_bwd_dk(bf16 *dhs, bf16 *dvn, float *dS0, const float *dS_final, const bf16 *dout,
                              const KdaBufs *b, const int32_t *doc_pos, int64_t T, int nv, int dv, int ldo) {
     const size_t smem = KdaSbwdSmem<DK, BV>(NULL).bytes;
     kda_smem_attr(kda_state_bwd_kernel<DK, BV>, smem, "state_bwd");
@@ -422,7 +423,7 @@ static void kda_state_bwd_dk(float *dhs, bf16 *dvn, float *dS0, const float *dS_
     gdn_prof_mark("state_bwd");
 }
 
-static void kda_state_bwd(const KdaBufs *b, float *dhs, bf16 *dvn, float *dS0, const float *dS_final,
+static void kda_state_bwd(const KdaBufs *b, bf16 *dhs, bf16 *dvn, float *dS0, const float *dS_final,
                           const bf16 *dout, const int32_t *doc_pos, int64_t T, int nv, int dk, int dv, int ldo) {
     const int bv = kda_state_bv(dv, nv);
 #define KDA_SBWD(DK_, BV_) kda_state_bwd_dk<DK_, BV_>(dhs, dvn, dS0, dS_final, dout, b, doc_pos, T, nv, dv, ldo)
@@ -439,7 +440,7 @@ static void kda_state_bwd(const KdaBufs *b, float *dhs, bf16 *dvn, float *dS0, c
 }
 
 template <int DK>
-static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const bf16 *vn,
+static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const bf16 *hs, const bf16 *vn,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo) {
     const size_t smem = KdaOutSmem<DK>(NULL).bytes;
     kda_smem_attr(kda_output_kernel<DK>, smem, "output");
@@ -450,7 +451,7 @@ static void kda_output_dk(const KdaBufs *b, bf16 *o, const bf16 *q, const float 
     gdn_prof_mark("output");
 }
 
-static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const float *hs, const bf16 *vn,
+static void kda_output(const KdaBufs *b, bf16 *o, const bf16 *q, const float *g, const bf16 *hs, const bf16 *vn,
                        const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldo) {
     RS_CHECK(dv == dk, "kda output: dim_v = %d != dim_k = %d", dv, dk);
     if (dk == 128) kda_output_dk<128>(b, o, q, g, hs, vn, doc_pos, T, nk, nv, ldq, ldo);

@@ -1,9 +1,9 @@
 /*
  * output.cuh — KDA's output from the chunk states, one block per (chunk, value head):
  *   o_r = scale (S^T (gam_r * q_r) + sum_{j <= r} QK_rj vn_j)
- * with S the state entering the chunk (hs at slot t0 / 64, fp32; 0 at a document start), vn the state pass's
- * (T, nv, dv) and QK prep.cuh's (T, nv, 64), both stored in bf16 (cp.async into their tiles). Both products on
- * tensor cores (gdn_warp_mma: gam * q and S rounded to bf16 once here, QK and vn by their writers; fp32
+ * with S the state entering the chunk (hs at slot t0 / 64; 0 at a document start), vn the state pass's
+ * (T, nv, dv) and QK prep.cuh's (T, nv, 64), all three stored in bf16 (cp.async into their tiles). Both products on
+ * tensor cores (gdn_warp_mma: gam * q rounded to bf16 once here, S, QK and vn by their writers; fp32
  * accumulation; common.cuh's precision): o (64 x dv) = (gam * Q) S + QK vn, warp w owning rows [16 (w % 4),
  * +16) and half w / 4 of the columns; o rounded to bf16. Templates on DK = dk = dv. Shared memory ~109 KB at 128:
  * two blocks per SM (launch bounds 2: 128 registers). Part of kda.cu.
@@ -28,7 +28,7 @@ template <int DK> struct KdaOutSmem {
 
 template <int DK>
 __global__ void __launch_bounds__(KDA_THREADS, 2) kda_output_kernel(
-    bf16 *o /* (T,ldo) */, const bf16 *q, const float *g, const float *hs /* (ns,nv,dk,dv) */,
+    bf16 *o /* (T,ldo) */, const bf16 *q, const float *g, const bf16 *hs /* (ns,nv,dk,dv) */,
     const bf16 *vn /* (T,nv,dv) */, const bf16 *qk /* (T,nv,64) */, const int32_t *starts, const int32_t *meta,
     const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     using Sm = KdaOutSmem<DK>;
@@ -42,14 +42,14 @@ __global__ void __launch_bounds__(KDA_THREADS, 2) kda_output_kernel(
         const KdaChunk ch = kda_chunk(starts, doc_pos, c, T);
         const int L = ch.L;
         const int64_t t0 = ch.t0;
-        const float *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
+        const bf16 *S = ch.reset ? NULL : hs + (ch.slot * nv + h) * sn;
         kda_load_bf16(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, DK, L); /* q, then gam * q over it */
         kda_load_G_start(s.G, DK, g, t0, L, h, nv, DK, 0, DK); /* g lands while the tiles below load */
-        /* qk holds 0 right of the diagonal (kda_qk_kernel); qk and vn land while S loads */
+        /* qk holds 0 right of the diagonal (kda_qk_kernel) */
         kda_cp_rows<KDA_C>(s.qk, qk, t0, L, h, nv);
         kda_cp_rows<DV>(s.vn, vn, t0, L, h, nv);
-        if (S) kda_load_rows_f32(s.st, NULL, LDK, S, DV, DK, DV, DK);
-        kda_load_G_sum(s.G, DK, DK); /* waits for q, qk and vn too */
+        if (S) kda_cp_state<DK, DV>(s.st, S);
+        kda_load_G_sum(s.G, DK, DK); /* waits for q, qk, vn and S too */
         __syncthreads();
         for (int i = threadIdx.x; i < KDA_C * DK; i += KDA_THREADS) { /* in place: each element read by its writer */
             const int r = i / DK, a = i % DK;

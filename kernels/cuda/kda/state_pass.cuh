@@ -8,15 +8,17 @@
  *
  *   kda_state_fwd_kernel  S entering chunk 0 = S0 (or 0), reset to 0 at a document start;
  *                         vn = U - W S, S = Diag(gam_{L-1}) S + (dec * K)^T vn.
- *                         Writes the state entering each non-reset chunk to hs (slot t0 / 64, fp32), vn to
- *                         (T, nv, dv) in bf16 (the copy its own update takes), the final state to S_out. The
+ *                         Writes the state entering each non-reset chunk to hs (slot t0 / 64) and vn to
+ *                         (T, nv, dv), both in bf16 (the copies its own steps take), the final state (fp32) to
+ *                         S_out. The
  *                         transition (M_out) adds dk columns started from the identity with U = 0: [S | M]
  *                         carried together, cpu_kda_chunk_transition's way.
  *   kda_state_bwd_kernel  from the last chunk down, D = the gradient at the chunk's final state (dS_final for
  *                         the last): dvn = (dec * K) D + P, P_j = scale sum_{r >= j} QK_rj dO_r,
  *                         D_in = Diag(gam_{L-1}) D + (scale gam * Q)^T dO - W^T dvn, D = 0 at a document start.
- *                         Writes D leaving each chunk a state leaves to dhs (slot t0 / 64, fp32), dvn to (T, nv, dv)
- *                         in bf16 (the copy its own update takes), and the gradient entering chunk 0 to dS0.
+ *                         Writes D leaving each chunk a state leaves to dhs (slot t0 / 64) and dvn to (T, nv, dv),
+ *                         both in bf16 (the copies its own steps take), and the gradient entering chunk 0 (fp32)
+ *                         to dS0.
  *
  * Per chunk: two steps, each a warp GEMM on tensor cores (gdn_warp_mma, one MMA per product: the fp32 state or D and
  * vn or dvn rounded to bf16 afresh each chunk, the stored factors bf16 already, fp32 accumulation; common.cuh's
@@ -97,13 +99,14 @@ template <int NT, class F> KDA_DEV void kda_frag_each(int m0, int n0, F f) {
 
 /* Tensor cores (gdn_warp_mma, bf16 operands). vn: KdaTile64<BV>; the state update: DK = 128: warp
  * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. The fp32 state lives in the update's accumulator
- * layout (each element in one thread's registers; at DK = 64, BV = 16 warps 0-3 hold it all), so the update, the
- * stores of the entering state and its bf16 copy for the next chunk's vn are that thread's, in its epilogue. Per
+ * layout (each element in one thread's registers; at DK = 64, BV = 16 warps 0-3 hold it all), so the update and
+ * the entering state rounded to bf16 once, stored to hs and to the tile for the next chunk's vn, are that
+ * thread's, in its epilogue. Per
  * chunk c: wait for its factors, barrier, issue chunk c + 1's into the other buffer, vn, barrier, the update and
  * the next chunk's entering state: two barriers, and the factors of a chunk land during the whole chunk before. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
-    float *hs /* (ns,nv,dk,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
+    bf16 *hs /* (ns,nv,dk,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, float *S_out /* (nv,dk,dv) or NULL */,
     float *M_out /* (nv,dk,dk): the transition's columns, or NULL */, const float *S0 /* (nv,dk,dv) or NULL */,
     const bf16 *wb /* (T,nv,dk) */, const bf16 *xb /* (T,nv,dk) */, const float *u /* (T,nv,dv) */,
     const float *gl /* (ns,nv,dk) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
@@ -135,10 +138,10 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     auto enter = [&](const KdaChunk &k) {
         if (!sjob) return;
         kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
-            float x = S[ni][e];
-            if (k.reset) S[ni][e] = x = 0.0f;
-            else if (hs && !is_M) hs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-            s.st[a * LDB + cc] = __float2bfloat16(x);
+            if (k.reset) S[ni][e] = 0.0f;
+            const bf16 x = __float2bfloat16(S[ni][e]);
+            if (!k.reset && hs && !is_M) hs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
+            s.st[a * LDB + cc] = x;
         });
     };
     KdaChunk ch = {}, nx = {};
@@ -267,13 +270,14 @@ KDA_DEV void kda_sbwd_load_b(const KdaSbwdSmem<DK, BV> &s, const KdaChunk &ch, c
 }
 
 /* Tensor cores as the forward (the same warp tiling: dvn as vn, D as S; D in registers in the update's accumulator
- * layout, the store of the gradient leaving a chunk and its bf16 copy for the dvn step in the update's epilogue). Per
+ * layout, the gradient leaving a chunk rounded to bf16 once, stored to dhs and to the tile for the dvn step, in the
+ * update's epilogue). Per
  * chunk: wait for group A (dec * K, P), barrier, dvn, wait for group B (W, gam * q, gam_{L-1}; dO stored), barrier,
  * issue the next chunk's group A (and dO into registers), D's update and the next chunk's leaving gradient,
  * barrier, issue its group B (and store dO): three barriers. */
 template <int DK, int BV>
 __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
-    float *dhs /* (ns,nv,dk,dv) or NULL */, bf16 *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
+    bf16 *dhs /* (ns,nv,dk,dv) or NULL */, bf16 *dvn /* (T,nv,dv) or NULL */, float *dS0 /* (nv,dk,dv) or NULL */,
     const float *dS_final /* (nv,dk,dv) or NULL */, const bf16 *wb /* (T,nv,dk) */, const bf16 *xb /* (T,nv,dk) */,
     const bf16 *gq /* (T,nv,dk) */, const float *p /* (T,nv,dv) */, const float *gl /* (ns,nv,dk) */,
     const bf16 *dout /* (T,ldo) */, const int32_t *starts, const int32_t *meta, const int32_t *doc_pos, int64_t T,
@@ -302,9 +306,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     auto leave = [&](const KdaChunk &k) {
         if (!sjob) return;
         kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
-            const float x = D[ni][e];
+            const bf16 x = __float2bfloat16(D[ni][e]);
             if (dhs && k.leaves) dhs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-            s.d[a * LDB + cc] = __float2bfloat16(x);
+            s.d[a * LDB + cc] = x;
         });
     };
     KdaDoutRegs<BV> dor;

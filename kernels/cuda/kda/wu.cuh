@@ -58,6 +58,18 @@ template <int DK> KDA_DEV void kda_cp_rows(bf16 *s, const bf16 *src, int64_t t0,
     }
 }
 
+/* a chunk state or state gradient (DK x DV bf16, rows contiguous: hs or dhs at a slot and head) into a tile of row
+ * stride DV + 8 with cp.async (16 bytes a copy), every row. Thread t copies piece t % (DV / 8) of rows
+ * t / (DV / 8) + RS j. All threads; the caller commits and waits. */
+template <int DK, int DV> KDA_DEV void kda_cp_state(bf16 *s, const bf16 *src) {
+    constexpr int CPR = DV / 8, RS = KDA_THREADS / CPR; /* 16-byte copies per row; rows a pass */
+    static_assert(KDA_THREADS % CPR == 0 && DK % RS == 0, "kda_cp_state: whole rows a pass");
+    const int r0 = threadIdx.x / CPR, c = (threadIdx.x % CPR) * 8;
+#pragma unroll
+    for (int j = 0; j < DK / RS; j++)
+        ptx_cp_async16(s + (r0 + RS * j) * (DV + 8) + c, src + (r0 + RS * j) * DV + c, true);
+}
+
 /* rows [0, 64) x W fp32 columns [col0, col0 + W) of a (T, nv, ld) buffer's head h into a tile of row stride lds
  * with cp.async; rows >= L (or all, when !on) zero-filled; the addresses as kda_cp_rows' */
 template <int W>
