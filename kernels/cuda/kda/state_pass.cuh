@@ -97,6 +97,22 @@ template <int NT, class F> KDA_DEV void kda_frag_each(int m0, int n0, F f) {
         for (int e = 0; e < 4; e++) f(ni, e, m0 + gdn_frag_row(e), n0 + 8 * ni + gdn_frag_col(e));
 }
 
+/* the same by pairs: elements e and e + 1 (e = 0, 2) are columns cc and cc + 1 of row a */
+template <int NT, class F> KDA_DEV void kda_frag_pairs(int m0, int n0, F f) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) f(ni, e, m0 + gdn_frag_row(e), n0 + 8 * ni + gdn_frag_col(e));
+}
+
+/* x0, x1 to dst[0], dst[1] in one 4-byte store (dst 4-byte aligned: an even column of an even-width row) */
+KDA_DEV void kda_st_bf16x2(bf16 *dst, bf16 x0, bf16 x1) {
+    const bf16 pair[2] = {x0, x1};
+    uint32_t u;
+    memcpy(&u, pair, sizeof u);
+    *(uint32_t *)dst = u;
+}
+
 /* Tensor cores (gdn_warp_mma, bf16 operands). vn: KdaTile64<BV>; the state update: DK = 128: warp
  * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. The fp32 state lives in the update's accumulator
  * layout (each element in one thread's registers; at DK = 64, BV = 16 warps 0-3 hold it all), so the update and
@@ -137,11 +153,11 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
     /* the state entering chunk k: 0 at a document start, else stored (S columns); in bf16 for the vn step */
     auto enter = [&](const KdaChunk &k) {
         if (!sjob) return;
-        kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
-            if (k.reset) S[ni][e] = 0.0f;
-            const bf16 x = __float2bfloat16(S[ni][e]);
-            if (!k.reset && hs && !is_M) hs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-            s.st[a * LDB + cc] = x;
+        kda_frag_pairs<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
+            if (k.reset) S[ni][e] = S[ni][e + 1] = 0.0f;
+            const bf16 x0 = __float2bfloat16(S[ni][e]), x1 = __float2bfloat16(S[ni][e + 1]);
+            if (!k.reset && hs && !is_M) kda_st_bf16x2(&hs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc], x0, x1);
+            kda_st_bf16x2(&s.st[a * LDB + cc], x0, x1);
         });
     };
     KdaChunk ch = {}, nx = {};
@@ -170,11 +186,12 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_fwd_kernel(
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
+                for (int e = 0; e < 4; e += 2) { /* columns cc, cc + 1 */
                     const int r = 16 * mt + gdn_frag_row(e), cc = vn0 + 8 * ni + gdn_frag_col(e);
-                    const bf16 x = __float2bfloat16(f.U[r * LDU + cc] - ws[0][ni][e]);
-                    if (vn && !is_M && r < L) vn[((t0 + r) * nv + h) * (int64_t)dv + col0 + cc] = x;
-                    s.vnb[r * LDB + cc] = x;
+                    const bf16 x0 = __float2bfloat16(f.U[r * LDU + cc] - ws[0][ni][e]);
+                    const bf16 x1 = __float2bfloat16(f.U[r * LDU + cc + 1] - ws[0][ni][e + 1]);
+                    if (vn && !is_M && r < L) kda_st_bf16x2(&vn[((t0 + r) * nv + h) * (int64_t)dv + col0 + cc], x0, x1);
+                    kda_st_bf16x2(&s.vnb[r * LDB + cc], x0, x1);
                 }
         }
         __syncthreads(); /* vn in bf16; S's bf16 copy read */
@@ -305,10 +322,10 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
     /* the gradient leaving chunk k: stored where a state leaves it; in bf16 for the dvn step */
     auto leave = [&](const KdaChunk &k) {
         if (!sjob) return;
-        kda_frag_each<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
-            const bf16 x = __float2bfloat16(D[ni][e]);
-            if (dhs && k.leaves) dhs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc] = x;
-            s.d[a * LDB + cc] = x;
+        kda_frag_pairs<NTS>(m0, n0, [&](int ni, int e, int a, int cc) {
+            const bf16 x0 = __float2bfloat16(D[ni][e]), x1 = __float2bfloat16(D[ni][e + 1]);
+            if (dhs && k.leaves) kda_st_bf16x2(&dhs[(k.slot * nv + h) * sn + (size_t)a * dv + col0 + cc], x0, x1);
+            kda_st_bf16x2(&s.d[a * LDB + cc], x0, x1);
         });
     };
     KdaDoutRegs<BV> dor;
@@ -338,11 +355,12 @@ __global__ void __launch_bounds__(KDA_THREADS, 1) kda_state_bwd_kernel(
 #pragma unroll
             for (int ni = 0; ni < Tv::NT; ni++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
+                for (int e = 0; e < 4; e += 2) { /* columns cc, cc + 1 */
                     const int j = 16 * mt + gdn_frag_row(e), cc = vn0 + 8 * ni + gdn_frag_col(e);
-                    const bf16 x = __float2bfloat16(ad[0][ni][e] + s.P[j * LDU + cc]);
-                    if (dvn && j < L) dvn[((t0 + j) * nv + h) * (int64_t)dv + col0 + cc] = x;
-                    s.dvnb[j * LDB + cc] = x;
+                    const bf16 x0 = __float2bfloat16(ad[0][ni][e] + s.P[j * LDU + cc]);
+                    const bf16 x1 = __float2bfloat16(ad[0][ni][e + 1] + s.P[j * LDU + cc + 1]);
+                    if (dvn && j < L) kda_st_bf16x2(&dvn[((t0 + j) * nv + h) * (int64_t)dv + col0 + cc], x0, x1);
+                    kda_st_bf16x2(&s.dvnb[j * LDB + cc], x0, x1);
                 }
         }
         ptx_cp_async_wait<0>(); /* group B of this chunk */
