@@ -6,8 +6,9 @@ Evidence, each able to fail:
    time, naming the keys; kda on cuda is accepted and plan counts the cuda kernels' kept buffer.
 2. The per-op oracle (build/test_ops kda_*: forward and every gradient against the float64 per-token
    recurrence and finite differences) runs in tests/test_ops.py; here: the CP schedules on a KDA core alone
-   (build/cp_check kda under mpirun -np 1, 2, 4; the chain at cp 2, whole and staged, the prefix scan at 4, the
-   document layouts of the GDN tests) against one call per sample within 1e-5, and with --sabotage they fail.
+   (build/cp_check kda under mpirun -np 1, 2, 4, 8; the chain at cp 2, whole and staged, the prefix scan at 4 and
+   8, the document layouts of the GDN tests) against one call per sample within 1e-5, and with --sabotage they
+   fail.
 3. The whole model with KDA layers (build/parity_step) against tests/parity/ref_model.py's independent float64
    KDA (kimi_linear's KimiDeltaAttention written from its names) within 1e-4 per tensor; the checkpoint
    policies none / full / remat and checkpoint.gdn_keep give the same gradients; dp x cp in (1,2), (1,4), (2,2)
@@ -112,8 +113,9 @@ def test_plan_counts_kda(ringscan):
 
 # ---------------------------------------------------------------- 2. the CP schedules on a KDA core
 
-CP_CASES = ([(1, "many", ())] + [(p, d, ()) for p in (2, 4) for d in ("many", "aligned", "one", "long")]
-            + [(p, "edges", ("--samples", "4")) for p in (2, 4)] + [(p, "one", ("--seq-len", "128")) for p in (2, 4)])
+CP_CASES = ([(1, "many", ())] + [(p, d, ()) for p in (2, 4, 8) for d in ("many", "aligned", "one", "long")]
+            + [(p, "edges", ("--samples", "4")) for p in (2, 4, 8)]
+            + [(p, "one", ("--seq-len", "128")) for p in (2, 4, 8)])
 
 
 @pytest.mark.parametrize("np_, docs, extra", CP_CASES)
@@ -125,7 +127,7 @@ def test_cp_schedules_on_a_kda_core(np_, docs, extra):
         assert "staged chain" in r.stdout, r.stdout  # the kept run took the staged chain
 
 
-@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("np_", [2, 4, 8])
 def test_cp_kda_check_can_fail(np_):
     r = mpirun(np_, BUILD / "cp_check", "kda", "many", "--sabotage")
     assert r.returncode != 0 and "FAIL" in r.stdout, r.stdout + r.stderr
