@@ -59,22 +59,31 @@ def profile_case(fn, c, gen, req, runs):
         for _ in range(runs):
             step()
         torch.cuda.synchronize()
-    rows = kernel_table(prof, runs)
     print(f"case {c['name']}: FLA fwd {ms_f:.3f} ms, fwd+bwd {ms_fb:.3f} ms (events, median of {n}); "
           f"kernels over {runs} fwd+bwd runs (profiler):", flush=True)
+    print_kernel_rows(kernel_table(prof, runs))
+    del ins, dout
+
+
+def print_kernel_rows(rows):
+    """kernel_table's rows, one a line, and their sum."""
     tot = 0.0
     for name, calls, per_call, per_run in rows:
         tot += per_run
         print(f"  {per_run:8.3f} ms/run {calls:4.1f} calls {per_call:8.3f} ms/call  {name[:110]}", flush=True)
     print(f"  {tot:8.3f} ms/run in all kernels", flush=True)
-    del ins, dout
+
+
+def parse_args(description):
+    """--request (a bench request file) and --runs (profiled runs per case), for this script and kda_fla_profile.py."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--request", required=True)
+    ap.add_argument("--runs", type=int, default=5)
+    return ap.parse_args()
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--request", required=True)
-    ap.add_argument("--runs", type=int, default=5)
-    a = ap.parse_args()
+    a = parse_args(__doc__.splitlines()[0])
     req = pc.load_request(a.request, "gdn")
     fn, notes, ver = gdn_fla.import_fla()
     print(f"fla {ver}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}; " + "; ".join(notes), flush=True)

@@ -7,7 +7,6 @@ Standalone, on the GPU machine:
   PYTHONPATH=.dev/peer python3 bench/peer/kda_fla_profile.py --request OUT/request_kda.json
 (`ringscan bench kda ... --write-requests --out OUT` writes the request without a GPU).
 """
-import argparse
 import os
 import sys
 
@@ -24,13 +23,8 @@ def profile(torch, what, body, runs):
         for _ in range(runs):
             body()
         torch.cuda.synchronize()
-    rows = gdn_fla_profile.kernel_table(prof, runs)
     print(f"  {what}, over {runs} runs (profiler):", flush=True)
-    tot = 0.0
-    for name, calls, per_call, per_run in rows:
-        tot += per_run
-        print(f"  {per_run:8.3f} ms/run {calls:4.1f} calls {per_call:8.3f} ms/call  {name[:110]}", flush=True)
-    print(f"  {tot:8.3f} ms/run in all kernels", flush=True)
+    gdn_fla_profile.print_kernel_rows(gdn_fla_profile.kernel_table(prof, runs))
 
 
 def profile_case(torch, F, fn, c, gen, runs):
@@ -63,10 +57,7 @@ def profile_case(torch, F, fn, c, gen, runs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--request", required=True)
-    ap.add_argument("--runs", type=int, default=5)
-    a = ap.parse_args()
+    a = gdn_fla_profile.parse_args(__doc__.splitlines()[0])
     req = pc.load_request(a.request, "kda")
     kda_fla.check_cases(req, a.request)
     torch, F = kda_fla.import_torch()
