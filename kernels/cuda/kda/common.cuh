@@ -37,6 +37,15 @@
  * with bf16 tiles and their smaller carvings): 128 registers; 3 for wu (66 KB at 128): 80 registers.
  * `-Xptxas -v` shows no spill in any of them. */
 
+/* x0, x1 to dst[0], dst[1] in one 4-byte store (dst 4-byte aligned: an even column of an even-width row; an MMA
+ * accumulator's elements e, e + 1 are such a pair) */
+KDA_DEV void kda_st_bf16x2(bf16 *dst, bf16 x0, bf16 x1) {
+    const bf16 pair[2] = {x0, x1};
+    uint32_t u;
+    memcpy(&u, pair, sizeof u);
+    *(uint32_t *)dst = u;
+}
+
 /* shared-memory carving: the same offsets on host (sizes) and device (pointers), 16-byte aligned pieces */
 struct KdaCarve {
     unsigned char *base;

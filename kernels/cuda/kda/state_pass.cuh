@@ -105,14 +105,6 @@ template <int NT, class F> KDA_DEV void kda_frag_pairs(int m0, int n0, F f) {
         for (int e = 0; e < 4; e += 2) f(ni, e, m0 + gdn_frag_row(e), n0 + 8 * ni + gdn_frag_col(e));
 }
 
-/* x0, x1 to dst[0], dst[1] in one 4-byte store (dst 4-byte aligned: an even column of an even-width row) */
-KDA_DEV void kda_st_bf16x2(bf16 *dst, bf16 x0, bf16 x1) {
-    const bf16 pair[2] = {x0, x1};
-    uint32_t u;
-    memcpy(&u, pair, sizeof u);
-    *(uint32_t *)dst = u;
-}
-
 /* Tensor cores (gdn_warp_mma, bf16 operands). vn: KdaTile64<BV>; the state update: DK = 128: warp
  * w rows [16 w, +16) and all BV columns; DK = 64: KdaTile64<BV>. The fp32 state lives in the update's accumulator
  * layout (each element in one thread's registers; at DK = 64, BV = 16 warps 0-3 hold it all), so the update and

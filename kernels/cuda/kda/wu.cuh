@@ -190,12 +190,9 @@ __global__ void __launch_bounds__(KDA_THREADS, 3) kda_wu_kernel(
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) { /* elements e, e + 1: adjacent columns, one 4-byte store each */
                     const int r = 16 * mt + gdn_frag_row(e), a = half * (DK / 2) + 8 * ni + gdn_frag_col(e);
-                    if (r < L) {
-                        const bf16 pair[2] = {__float2bfloat16(aw[0][ni][e]), __float2bfloat16(aw[0][ni][e + 1])};
-                        uint32_t u2;
-                        memcpy(&u2, pair, sizeof u2);
-                        *(uint32_t *)&wo[((t0 + r) * nv + h) * (int64_t)DK + a] = u2;
-                    }
+                    if (r < L)
+                        kda_st_bf16x2(&wo[((t0 + r) * nv + h) * (int64_t)DK + a], __float2bfloat16(aw[0][ni][e]),
+                                      __float2bfloat16(aw[0][ni][e + 1]));
                 }
         }
         if (u) {
