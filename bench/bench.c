@@ -132,7 +132,8 @@ static const char bench_usage[] =
     "  --profile N         1: step: the GPU and host ms per step of every Backend entry (after the timed steps);\n"
     "                      gdn, kda: the time of every kernel of each entry (the kernels that report to the GDN\n"
     "                      profile, kernels/cuda/gdn/gdn_profile.cu); 2: also the state passes' cycles per\n"
-    "                      phase (block 0); information only: the timed rows are slower (default 0)\n"
+    "                      phase (block 0), and step: every GDN / KDA call's kernels; information only: the\n"
+    "                      timed rows are slower (default 0)\n"
     "  --doc-len LIST      gdn, kda, attn, step: mean document length in tokens, lengths drawn in [L/2, 3L/2);\n"
     "                      0 = one document per sample (default gdn, kda 0,2048; attn, step one document, no\n"
     "                      list; attn, step with it: each case per length, causal within documents, FLOPs per\n"
@@ -780,7 +781,8 @@ int bench_main(int argc, char **argv) {
             printf("ringscan %s %s ...", bench_kind_names[k], json_string_value(json_object_get(c, "name")));
             fflush(stdout);
             double t0 = bench_clock();
-            cuda_gdn_profile(k == BENCH_GDN || k == BENCH_KDA ? o.profile : 0);
+            /* the step at --profile 2: every GDN / KDA call's kernels too (level 1: no cycle counts) */
+            cuda_gdn_profile(k == BENCH_GDN || k == BENCH_KDA ? o.profile : k == BENCH_STEP && o.profile > 1);
             json_t *r = k == BENCH_ATTN ? bench_attn_case(c, &o)
                       : k == BENCH_GDN  ? bench_gdn_case(c, &o)
                       : k == BENCH_KDA  ? bench_kda_case(c, &o)

@@ -8,6 +8,7 @@
  *   build/bench_kernels gdn [every-set]                         (gdn_timing.cu)
  *   build/bench_kernels glue                                    (glue_timing.cu: per-token glue, GB/s)
  *   build/bench_kernels gemm [ROWS]                             (gemm_timing.cu: cuBLASLt's algorithms; 8384)
+ *   build/bench_kernels loss [ROWS]                             (loss_timing.cu: lm_head + CE, its GEMMs; 3533)
  *
  * Links like build/test_cuda (the kernels, lib/core/error.o; no MPI, no NCCL). Also: the scratch of
  * bench_kernels.h.
@@ -78,7 +79,8 @@ static int bk_usage(void) {
     fprintf(stderr, "usage: bench_kernels attn [all|32k|hd256|128k|ring2|dense]\n"
                     "       bench_kernels gdn [every-set]\n"
                     "       bench_kernels glue\n"
-                    "       bench_kernels gemm [ROWS]\n");
+                    "       bench_kernels gemm [ROWS]\n"
+                    "       bench_kernels loss [ROWS]\n");
     return 2;
 }
 
@@ -94,6 +96,10 @@ int main(int argc, char **argv) {
         const long long rows = argc == 3 ? atoll(argv[2]) : 8384;
         if (rows <= 0) return bk_usage();
         bk_gemm_timing(rows);
+    } else if (!strcmp(argv[1], "loss")) {
+        const long long rows = argc == 3 ? atoll(argv[2]) : 3533;
+        if (rows <= 0) return bk_usage();
+        bk_loss_timing(rows);
     } else {
         return bk_usage();
     }

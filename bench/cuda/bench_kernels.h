@@ -5,7 +5,8 @@
  * build/test_cuda's).
  *
  * Callers: bench/cuda/attention_timing.cu, bench/cuda/gdn_timing.cu, bench/cuda/glue_timing.cu,
- * bench/cuda/gemm_timing.cu, bench/cuda/bench_kernels.cu.
+ * bench/cuda/gemm_timing.cu, bench/cuda/loss_timing.cu,
+ * bench/cuda/bench_kernels.cu.
  */
 #ifndef RS_BENCH_KERNELS_H
 #define RS_BENCH_KERNELS_H
@@ -34,5 +35,7 @@ void bk_gdn_timing(int every_set);
 void bk_glue_timing(void);
 /* gemm_timing.cu: the step's dense GEMMs at `rows` rows, every algorithm of cuBLASLt's first answers */
 void bk_gemm_timing(int64_t rows);
+/* loss_timing.cu: the fused lm_head + cross-entropy at `rows` rows, its GEMMs alone, the loss pass by difference */
+void bk_loss_timing(int64_t rows);
 
 #endif

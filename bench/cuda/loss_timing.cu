@@ -1,0 +1,103 @@
+/*
+ * loss_timing.cu — `build/bench_kernels loss [ROWS]`: the fused lm_head + cross-entropy of the cuda backend
+ * (kernels/cuda/cuda_loss.cu, cuda_lm_head_loss) at the 1B hybrid's head (hidden 1536, vocab 151,936) on one
+ * row chunk of ROWS rows (default 3,533: the step's chunk of 2 GiB of fp32 logits, lib/model/model_acts.c),
+ * and its three GEMMs alone with the same operands and strides: the loss pass's time is the whole call less
+ * the GEMMs, against the least bytes it moves (the fp32 logits read once, the bf16 dlogits written once).
+ * Random operands in [-1, 1), random targets. Median of BK_LOSS_REPS runs after two warm-ups; information
+ * only, nothing checked (the parity is test_cuda's cuda_lm_head_loss).
+ *
+ * Called by bench_kernels.cu (main).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench_kernels.h"
+#include "cuda_common.h"
+#include "cuda_gemm.h"
+#include "cuda_kernels.h"
+
+#define BK_LOSS_REPS 9
+#define BK_LOSS_C 1536
+#define BK_LOSS_V 151936
+
+__global__ void bk_loss_fill_kernel(bf16 *x /* (n) */, int64_t n, uint32_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        x[i] = __float2bfloat16((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    }
+}
+
+typedef struct {
+    int64_t n;
+    const bf16 *x, *w;
+    const int32_t *targets;
+    float *losses, *dw, *ws;
+    bf16 *dx;
+} BkLoss;
+
+static void bk_loss_whole(const BkLoss *b) {
+    cuda_lm_head_loss(b->losses, b->dx, b->dw, b->x, b->w, b->targets, 1.0f / (float)b->n, b->ws, b->n, b->n,
+                      BK_LOSS_C, BK_LOSS_V);
+}
+static void bk_loss_gemm_fwd(const BkLoss *b) {
+    cuda_gemm(b->ws, 1, BK_LOSS_V, b->x, BK_LOSS_C, 0, b->w, BK_LOSS_C, 1, b->n, BK_LOSS_V, BK_LOSS_C, 0);
+}
+static void bk_loss_gemm_dx(const BkLoss *b) {
+    cuda_gemm(b->dx, 0, BK_LOSS_C, b->ws, 2 * (int64_t)BK_LOSS_V, 0, b->w, BK_LOSS_C, 0, b->n, BK_LOSS_C, BK_LOSS_V,
+              0);
+}
+static void bk_loss_gemm_dw(const BkLoss *b) {
+    cuda_gemm(b->dw, 1, BK_LOSS_C, b->ws, 2 * (int64_t)BK_LOSS_V, 1, b->x, BK_LOSS_C, 0, BK_LOSS_V, BK_LOSS_C, b->n, 1);
+}
+
+static float bk_loss_time(void (*f)(const BkLoss *), const BkLoss *b) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float t[BK_LOSS_REPS];
+    for (int r = -2; r < BK_LOSS_REPS; r++) {
+        CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
+        f(b);
+        CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        if (r >= 0) CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    return bk_median(t, BK_LOSS_REPS);
+}
+
+void bk_loss_timing(int64_t rows) {
+    BkLoss b = {.n = rows};
+    bf16 *x = (bf16 *)bk_dev_alloc((size_t)rows * BK_LOSS_C * 2), *w = (bf16 *)bk_dev_alloc((size_t)BK_LOSS_V * BK_LOSS_C * 2);
+    bk_loss_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(x, rows * BK_LOSS_C, 1);
+    bk_loss_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(w, (int64_t)BK_LOSS_V * BK_LOSS_C, 2);
+    CUDA_CHECK(cudaGetLastError());
+    int32_t *tg = (int32_t *)bk_host_alloc((size_t)rows * 4);
+    for (int64_t i = 0; i < rows; i++) tg[i] = (int32_t)(((uint64_t)i * 2654435761u) % BK_LOSS_V);
+    b.x = x, b.w = w;
+    b.targets = (const int32_t *)bk_upload(tg, (size_t)rows * 4);
+    b.losses = (float *)bk_dev_alloc((size_t)rows * 4);
+    b.dx = (bf16 *)bk_dev_alloc((size_t)rows * BK_LOSS_C * 2);
+    b.dw = (float *)bk_dev_alloc((size_t)BK_LOSS_V * BK_LOSS_C * 4);
+    CUDA_CHECK(cudaMemsetAsync(b.dw, 0, (size_t)BK_LOSS_V * BK_LOSS_C * 4, cuda_stream()));
+    b.ws = (float *)bk_dev_alloc((size_t)rows * BK_LOSS_V * 4);
+    const float whole = bk_loss_time(bk_loss_whole, &b), fwd = bk_loss_time(bk_loss_gemm_fwd, &b),
+                dx = bk_loss_time(bk_loss_gemm_dx, &b), dw = bk_loss_time(bk_loss_gemm_dw, &b);
+    const double flop = 2.0 * (double)rows * BK_LOSS_V * BK_LOSS_C, bytes = (double)rows * BK_LOSS_V * 6.0;
+    const float pass = whole - fwd - dx - dw;
+    printf("bench_kernels loss: rows %lld, C %d, V %d, median of %d\n", (long long)rows, BK_LOSS_C, BK_LOSS_V,
+           BK_LOSS_REPS);
+    printf("loss whole call      %8.3f ms  (x %.1f chunks of a 131,072-token step: %.1f ms)\n", whole,
+           131072.0 / rows, whole * 131072.0 / rows);
+    printf("loss gemm logits     %8.3f ms  %6.1f TF/s (fp32 out)\n", fwd, flop / fwd / 1e9);
+    printf("loss gemm dx         %8.3f ms  %6.1f TF/s\n", dx, flop / dx / 1e9);
+    printf("loss gemm dw         %8.3f ms  %6.1f TF/s (fp32 C, beta 1)\n", dw, flop / dw / 1e9);
+    printf("loss pass (by diff.) %8.3f ms  %7.1f GB/s for %.2f GB (fp32 logits read, bf16 dlogits written), "
+           "%.1f%% of 4.8 TB/s\n",
+           pass, bytes / pass / 1e6, bytes / 1e9, 100.0 * bytes / pass / 1e6 / 4800.0);
+    fflush(stdout);
+    bk_dev_free_all();
+}
