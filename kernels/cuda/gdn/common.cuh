@@ -109,9 +109,11 @@ GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG
 /* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (stride GDN_LDF), blocked by 16:
  * the four diagonal blocks by forward substitution (thread = block, column: [i == c] - sum_{j<i}
  * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
- * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). All threads; ends synchronised. */
+ * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). A_ik is sA's entry, or with
+ * SCALED sB[i] times it (wy_bwd's A = beta_i kkg_ij formed on the fly: the fp32 value gdn_build_A
+ * stores). All threads; ends synchronised. */
 #define GDN_SOLVE_SCRATCH (3 * 16 * 17)
-GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
+template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB) {
     const int tid = threadIdx.x;
     for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
     __syncthreads();
@@ -121,8 +123,12 @@ GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             float s = (i == c) ? 1.0f : 0.0f;
+            const float bi = SCALED ? sB[o + i] : 1.0f;
 #pragma unroll
-            for (int j = 0; j < i; j++) s = fmaf(-sA[(o + i) * GDN_LDF + o + j], tc[j], s);
+            for (int j = 0; j < i; j++) {
+                const float a = SCALED ? bi * sA[(o + i) * GDN_LDF + o + j] : sA[(o + i) * GDN_LDF + o + j];
+                s = fmaf(-a, tc[j], s);
+            }
             tc[i] = s;
             sT[(o + i) * GDN_LDF + o + c] = s;
         }
@@ -134,12 +140,13 @@ GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
         for (int e = tid; e < n; e += GDN_THREADS) {
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *arow = sA + (16 * bi + r) * GDN_LDF;
+            const float brow = SCALED ? sB[16 * bi + r] : 1.0f;
             float x = 0.0f; /* k = 16 bj .. 16 bi - 1 in order, 16 at a time (the loads of a block issued together) */
 #pragma unroll 1
             for (int kb = bj; kb < bi; kb++) {
                 const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
 #pragma unroll
-                for (int m = 0; m < 16; m++) x = fmaf(ak[m], tk[m * GDN_LDF], x);
+                for (int m = 0; m < 16; m++) x = fmaf(SCALED ? brow * ak[m] : ak[m], tk[m * GDN_LDF], x);
             }
             sX[(e >> 8) * 272 + r * 17 + cc] = x;
         }
@@ -155,6 +162,7 @@ GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
         __syncthreads();
     }
 }
+GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) { gdn_solve_t<false>(sT, sX, sA, NULL); }
 
 /* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */
 template <class X> GDN_DEV X *gdn_pick(X *const (&a)[2], int b) { return b ? a[1] : a[0]; }
