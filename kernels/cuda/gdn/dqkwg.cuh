@@ -107,13 +107,15 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         /* this half's share of <h, dh> (zero unless both exist), fixed order */
         {
             float hd = 0.0f;
-            if (!reset && exit_carries)
+            if (!reset && exit_carries) { /* 8 pairs' loads issued together, the same order */
+#pragma unroll 8
                 for (int i = threadIdx.x; i < KH * DV / 2; i += GDN_THREADS) {
                     const int a = i / (DV / 2), b = (i % (DV / 2)) * 2;
                     const float2 x = gdn_load2(s.h + a * LDV + b), y = gdn_load2(s.dh + a * LDV + b);
                     hd = fmaf(x.x, y.x, hd);
                     hd = fmaf(x.y, y.y, hd);
                 }
+            }
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) hd += __shfl_xor_sync(GDN_FULL, hd, o);
             if (lane == 0) s.red[w] = hd;
@@ -214,8 +216,14 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         if (r < L) {
             float d = s.rowa[r];
             if (r == L - 1) {
+                /* rows 0..L-1 in order; the 64 loads issued together (rows past L add +0, which leaves the
+                 * sum's bits alone: a sum started at +0 is never -0) */
                 float sk = 0.0f;
-                for (int j = 0; j < L; j++) sk += s.rowb[j];
+#pragma unroll
+                for (int j = 0; j < GDN_C; j++) {
+                    const float x = s.rowb[j];
+                    sk += j < L ? x : 0.0f;
+                }
                 const float hdh = (s.red[0] + s.red[1]) + (s.red[2] + s.red[3]);
                 d += exp2f(s.G[L - 1]) * hdh + sk;
             }

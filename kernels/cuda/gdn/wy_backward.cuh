@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         if (threadIdx.x < GDN_C) {
             const int r = threadIdx.x;
             float rs = 0.0f, cs = 0.0f;
+#pragma unroll 16
             for (int j = 0; j < GDN_C; j++) {
                 rs += s.kkg[r * GDN_LDF + j];
                 cs += s.kkg[j * GDN_LDF + r];
