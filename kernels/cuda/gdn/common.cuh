@@ -67,8 +67,9 @@ GDN_DEV void gdn_load_G(float *sG, const float *G2, int64_t t0, int L, int h, in
 GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float *g, const float *beta, int64_t t0,
                               int L, int h, int nv) {
     const int tid = threadIdx.x, lane = tid & 31;
-    float x = 0.0f;
-    if (tid < GDN_C) {
+    float x = 0.0f, b = 0.0f;
+    if (tid < GDN_C) { /* both loads issued before the scan: one global latency, not two */
+        b = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
         x = tid < L ? g[(t0 + tid) * nv + h] * GDN_LOG2E : 0.0f;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -81,7 +82,7 @@ GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float 
     if (tid < GDN_C) {
         if (tid >= 32) x += sTmp[0];
         sG[tid] = x;
-        sBeta[tid] = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
+        sBeta[tid] = b;
     }
     __syncthreads();
 }
