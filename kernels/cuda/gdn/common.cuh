@@ -165,6 +165,16 @@ template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const floa
 }
 GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) { gdn_solve_t<false>(sT, sX, sA, NULL); }
 
+/* rows [0, valid) x WID fp32 of a strided global matrix (row stride ldg) fetched into L2 ahead of their
+ * loads (prefetch.global.L2 per 128-byte line; rows start 128-byte aligned, WID * 4 a multiple of 128):
+ * nothing is read into registers, no value changes. All threads. */
+template <int WID> GDN_DEV void gdn_prefetch_rows_l2(const float *gsrc, int64_t ldg, int valid) {
+    constexpr int LPR = WID * 4 / 128; /* lines per row */
+    static_assert(WID * 4 % 128 == 0, "gdn_prefetch_rows_l2: whole 128-byte lines");
+    for (int i = threadIdx.x; i < valid * LPR; i += GDN_THREADS)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gsrc + (int64_t)(i / LPR) * ldg + (i % LPR) * 32));
+}
+
 /* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */
 template <class X> GDN_DEV X *gdn_pick(X *const (&a)[2], int b) { return b ? a[1] : a[0]; }
 

@@ -171,6 +171,9 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                 s.dbeta[rA + 8] += vx[1];
             }
         }
+        /* dkv's rows (read by the last phase) into L2 now, a few phases ahead: its loads then wait on L2,
+         * not DRAM, and the lines stay resident for a few microseconds only */
+        gdn_prefetch_rows_l2<DK>(dkv + t0 * ldk + (int64_t)h * DK, ldk, L);
         /* dT */
         {
             float a1[1][8][4], a2[1][8][4];
