@@ -87,11 +87,13 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         const int64_t t0 = starts[c];
         const int L = starts[c + 1] - (int)t0;
         __syncthreads();
+        /* two groups: K and G (all that K K^T and the solve read), then V, dW, dU, landing under them */
         gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        ptx_cp_async_commit();
         gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
         gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
         gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
         ptx_cp_async_commit();
         float dgp_r = 0.0f; /* row threadIdx.x's dG of dqkwg, read early */
         if (threadIdx.x < GDN_C) {
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
             s.dG[r] = 0.0f;
             if (r < L) dgp_r = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
         }
-        ptx_cp_async_wait<0>();
+        ptx_cp_async_wait<1>();
         __syncthreads();
         gdn_build_kkg<DK>(s.kkg, s.k, s.G, L);
         __syncthreads();
@@ -110,6 +112,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
             const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
             gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
         }
+        ptx_cp_async_wait<0>(); /* V, dW, dU */
         __syncthreads();
         const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
         float dkr[NB][1][8][4];              /* dk of this warp's rows, both WY terms */
