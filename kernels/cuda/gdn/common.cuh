@@ -135,29 +135,36 @@ template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const floa
         }
     }
     __syncthreads();
-#pragma unroll 1
+    /* d unrolled: every loop below has a constant trip count (n / 128 entries per thread, d blocks of 16
+     * terms each), so a thread's independent entries interleave instead of running one chain at a time */
+#pragma unroll
     for (int d = 1; d < 4; d++) {
         const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
-        for (int e = tid; e < n; e += GDN_THREADS) {
+#pragma unroll
+        for (int m = 0; m < n / GDN_THREADS; m++) {
+            const int e = tid + m * GDN_THREADS;
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *arow = sA + (16 * bi + r) * GDN_LDF;
             const float brow = SCALED ? sB[16 * bi + r] : 1.0f;
             float x = 0.0f; /* k = 16 bj .. 16 bi - 1 in order, 16 at a time (the loads of a block issued together) */
-#pragma unroll 1
-            for (int kb = bj; kb < bi; kb++) {
+#pragma unroll
+            for (int q = 0; q < d; q++) {
+                const int kb = bj + q;
                 const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
 #pragma unroll
-                for (int m = 0; m < 16; m++) x = fmaf(SCALED ? brow * ak[m] : ak[m], tk[m * GDN_LDF], x);
+                for (int u = 0; u < 16; u++) x = fmaf(SCALED ? brow * ak[u] : ak[u], tk[u * GDN_LDF], x);
             }
             sX[(e >> 8) * 272 + r * 17 + cc] = x;
         }
         __syncthreads();
-        for (int e = tid; e < n; e += GDN_THREADS) {
+#pragma unroll
+        for (int m = 0; m < n / GDN_THREADS; m++) {
+            const int e = tid + m * GDN_THREADS;
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
             float t = 0.0f;
 #pragma unroll
-            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            for (int u = 0; u < 16; u++) t = fmaf(trow[u], xb[u * 17 + cc], t);
             sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
         }
         __syncthreads();
