@@ -67,8 +67,9 @@ GDN_DEV void gdn_load_G(float *sG, const float *G2, int64_t t0, int L, int h, in
 GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float *g, const float *beta, int64_t t0,
                               int L, int h, int nv) {
     const int tid = threadIdx.x, lane = tid & 31;
-    float x = 0.0f;
-    if (tid < GDN_C) {
+    float x = 0.0f, b = 0.0f;
+    if (tid < GDN_C) { /* both loads issued before the scan: one global latency, not two */
+        b = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
         x = tid < L ? g[(t0 + tid) * nv + h] * GDN_LOG2E : 0.0f;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -81,7 +82,7 @@ GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float 
     if (tid < GDN_C) {
         if (tid >= 32) x += sTmp[0];
         sG[tid] = x;
-        sBeta[tid] = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
+        sBeta[tid] = b;
     }
     __syncthreads();
 }
@@ -109,9 +110,11 @@ GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG
 /* Tinv = (I + A)^-1 (unit lower triangular, fp32) into sT (stride GDN_LDF), blocked by 16:
  * the four diagonal blocks by forward substitution (thread = block, column: [i == c] - sum_{j<i}
  * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
- * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). All threads; ends synchronised. */
+ * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). A_ik is sA's entry, or with
+ * SCALED sB[i] times it (wy_bwd's A = beta_i kkg_ij formed on the fly: the fp32 value gdn_build_A
+ * stores). All threads; ends synchronised. */
 #define GDN_SOLVE_SCRATCH (3 * 16 * 17)
-GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
+template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB) {
     const int tid = threadIdx.x;
     for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
     __syncthreads();
@@ -121,39 +124,62 @@ GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             float s = (i == c) ? 1.0f : 0.0f;
+            const float bi = SCALED ? sB[o + i] : 1.0f;
 #pragma unroll
-            for (int j = 0; j < i; j++) s = fmaf(-sA[(o + i) * GDN_LDF + o + j], tc[j], s);
+            for (int j = 0; j < i; j++) {
+                const float a = SCALED ? bi * sA[(o + i) * GDN_LDF + o + j] : sA[(o + i) * GDN_LDF + o + j];
+                s = fmaf(-a, tc[j], s);
+            }
             tc[i] = s;
             sT[(o + i) * GDN_LDF + o + c] = s;
         }
     }
     __syncthreads();
-#pragma unroll 1
+    /* d unrolled: every loop below has a constant trip count (n / 128 entries per thread, d blocks of 16
+     * terms each), so a thread's independent entries interleave instead of running one chain at a time */
+#pragma unroll
     for (int d = 1; d < 4; d++) {
         const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
-        for (int e = tid; e < n; e += GDN_THREADS) {
+#pragma unroll
+        for (int m = 0; m < n / GDN_THREADS; m++) {
+            const int e = tid + m * GDN_THREADS;
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *arow = sA + (16 * bi + r) * GDN_LDF;
+            const float brow = SCALED ? sB[16 * bi + r] : 1.0f;
             float x = 0.0f; /* k = 16 bj .. 16 bi - 1 in order, 16 at a time (the loads of a block issued together) */
-#pragma unroll 1
-            for (int kb = bj; kb < bi; kb++) {
+#pragma unroll
+            for (int q = 0; q < d; q++) {
+                const int kb = bj + q;
                 const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
 #pragma unroll
-                for (int m = 0; m < 16; m++) x = fmaf(ak[m], tk[m * GDN_LDF], x);
+                for (int u = 0; u < 16; u++) x = fmaf(SCALED ? brow * ak[u] : ak[u], tk[u * GDN_LDF], x);
             }
             sX[(e >> 8) * 272 + r * 17 + cc] = x;
         }
         __syncthreads();
-        for (int e = tid; e < n; e += GDN_THREADS) {
+#pragma unroll
+        for (int m = 0; m < n / GDN_THREADS; m++) {
+            const int e = tid + m * GDN_THREADS;
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
             float t = 0.0f;
 #pragma unroll
-            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
+            for (int u = 0; u < 16; u++) t = fmaf(trow[u], xb[u * 17 + cc], t);
             sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
         }
         __syncthreads();
     }
+}
+GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) { gdn_solve_t<false>(sT, sX, sA, NULL); }
+
+/* rows [0, valid) x WID fp32 of a strided global matrix (row stride ldg) fetched into L2 ahead of their
+ * loads (prefetch.global.L2 per 128-byte line; rows start 128-byte aligned, WID * 4 a multiple of 128):
+ * nothing is read into registers, no value changes. All threads. */
+template <int WID> GDN_DEV void gdn_prefetch_rows_l2(const float *gsrc, int64_t ldg, int valid) {
+    constexpr int LPR = WID * 4 / 128; /* lines per row */
+    static_assert(WID * 4 % 128 == 0, "gdn_prefetch_rows_l2: whole 128-byte lines");
+    for (int i = threadIdx.x; i < valid * LPR; i += GDN_THREADS)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gsrc + (int64_t)(i / LPR) * ldg + (i % LPR) * 32));
 }
 
 /* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */

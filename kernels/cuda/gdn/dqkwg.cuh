@@ -71,20 +71,22 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         const bool exit_carries = t1 == T || doc_pos[t1] != 0;
         const int64_t slot_out = t1 == T ? ns - 1 : t1 / GDN_C;
         __syncthreads();
-        /* two groups: what ds needs first, the rest under the ds product */
+        /* three groups: what ds needs first, then what dq and dk need (landing under the ds product), dv2
+         * (dw alone reads it) last, landing under dq and dk */
         gdn_load_rows<GDN_C, DV>(s.dO, LDV, dout + t0 * ldo + (int64_t)h * DV, ldo, L);
         gdn_load_rows<GDN_C, DV>(s.vn, LDV, vn + t0 * ldx + (int64_t)h * DV, ldx, L);
         gdn_load_G(s.G, G2, t0, L, h, nv);
         ptx_cp_async_commit();
         gdn_load_rows<GDN_C, KH>(s.q, LDH, q + t0 * ldq + (int64_t)kh * DK + cb, ldq, L);
         gdn_load_rows<GDN_C, KH>(s.k, LDH, k + t0 * ldq + (int64_t)kh * DK + cb, ldq, L);
-        gdn_load_rows<GDN_C, DV>(s.dv2, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
         gdn_load_rows<KH, DV>(s.h, LDV, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * DV + (int64_t)cb * DV, DV,
                               reset ? 0 : KH);
         gdn_load_rows<KH, DV>(s.dh, LDV, dhs + (slot_out * nv + h) * (int64_t)DK * DV + (int64_t)cb * DV, DV,
                               exit_carries ? KH : 0);
         ptx_cp_async_commit();
-        ptx_cp_async_wait<1>();
+        gdn_load_rows<GDN_C, DV>(s.dv2, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<2>();
         __syncthreads();
         /* ds */
         {
@@ -102,18 +104,20 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                     gdn_store2(s.ds + r * GDN_LDP + j, d0, d1);
                 }
         }
-        ptx_cp_async_wait<0>();
+        ptx_cp_async_wait<1>();
         __syncthreads();
         /* this half's share of <h, dh> (zero unless both exist), fixed order */
         {
             float hd = 0.0f;
-            if (!reset && exit_carries)
+            if (!reset && exit_carries) { /* 8 pairs' loads issued together, the same order */
+#pragma unroll 8
                 for (int i = threadIdx.x; i < KH * DV / 2; i += GDN_THREADS) {
                     const int a = i / (DV / 2), b = (i % (DV / 2)) * 2;
                     const float2 x = gdn_load2(s.h + a * LDV + b), y = gdn_load2(s.dh + a * LDV + b);
                     hd = fmaf(x.x, y.x, hd);
                     hd = fmaf(x.y, y.y, hd);
                 }
+            }
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) hd += __shfl_xor_sync(GDN_FULL, hd, o);
             if (lane == 0) s.red[w] = hd;
@@ -181,6 +185,8 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                             make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
                 }
         }
+        ptx_cp_async_wait<0>(); /* dv2 */
+        __syncthreads();
         /* dw = -dv2 h^T (this half's columns) */
         {
             float acc[1][NTH][4];
@@ -214,8 +220,14 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         if (r < L) {
             float d = s.rowa[r];
             if (r == L - 1) {
+                /* rows 0..L-1 in order; the 64 loads issued together (rows past L add +0, which leaves the
+                 * sum's bits alone: a sum started at +0 is never -0) */
                 float sk = 0.0f;
-                for (int j = 0; j < L; j++) sk += s.rowb[j];
+#pragma unroll
+                for (int j = 0; j < GDN_C; j++) {
+                    const float x = s.rowb[j];
+                    sk += j < L ? x : 0.0f;
+                }
                 const float hdh = (s.red[0] + s.red[1]) + (s.red[2] + s.red[3]);
                 d += exp2f(s.G[L - 1]) * hdh + sk;
             }

@@ -104,6 +104,13 @@ template <class K> static void gdn_smem_attr(K kernel, size_t bytes, const char 
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+/* the per-chunk kernels that pack several blocks per SM (prep 4 x 55 KB, wy_bwd and dqkwg 2 x 110-113 KB) need the
+ * largest shared-memory carveout (228 KB): asked for, not left to the driver's choice */
+template <class K> static void gdn_carveout_max(K kernel) {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
 /* grid.x of the per-chunk kernels: one block per 64 tokens, the rest (more chunks when documents
  * are short) by the grid-stride loop */
 static int gdn_chunk_grid(int64_t T) { return (int)((T + GDN_C - 1) / GDN_C > 0 ? (T + GDN_C - 1) / GDN_C : 1); }
@@ -113,6 +120,7 @@ static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const 
                                const float *beta, int mode, int64_t T, int nk, int nv, int ldq, int ldv) {
     const size_t sm = GdnPrepSmem<DK, DV>(NULL).bytes;
     gdn_smem_attr(gdn_prep_kernel<DK, DV>, sm, "prep");
+    gdn_carveout_max(gdn_prep_kernel<DK, DV>);
     gdn_prep_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
         b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
@@ -468,8 +476,7 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
     {
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
-        CUDA_CHECK(cudaFuncSetAttribute(gdn_dqkwg_kernel<DK, DV>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        100));
+        gdn_carveout_max(gdn_dqkwg_kernel<DK, DV>);
         gdn_dqkwg_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
             b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
             b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
@@ -479,6 +486,7 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
     {
         const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_wy_backward_kernel<DK, DV>, sm, "wy_bwd");
+        gdn_carveout_max(gdn_wy_backward_kernel<DK, DV>);
         gdn_wy_backward_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
             b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
             b.meta, nk, nv, ldq, ldv);

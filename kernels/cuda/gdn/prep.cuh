@@ -1,8 +1,9 @@
 /*
  * prep.cuh — the per-chunk WY factors: G (cumsum of g, log2 units), A = strictly lower (beta K K^T) Gam,
  * Tinv = (I + A)^-1 (fp32, 16 x 16 blocks), W = Tinv diag(beta gam) K, U = Tinv diag(beta) V (Tinv split
- * hi + lo bf16), stored bf16, and G2 (T,nv). One block per (chunk, value head), 74 KB of shared memory (3
- * blocks per SM). Callers: gdn.cu's forward, backward (unless the forward kept W, U), transition, dstate.
+ * hi + lo bf16), stored bf16, and G2 (T,nv). One block per (chunk, value head), 55 KB of shared memory and
+ * 128 registers (4 blocks per SM). Callers: gdn.cu's forward, backward (unless the forward kept W, U),
+ * transition, dstate.
  */
 #pragma once
 
@@ -31,18 +32,19 @@ GDN_DEV void gdn_tri_product_store(bf16 *out, int64_t ldo, const bf16 *Thi, cons
 }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* prep: G, A, Tinv, W, U per (chunk, value head) in 74 KB of shared memory (3 blocks per          */
-/* SM instead of 2): A lives where the bf16 Tinv factors go once the solve is done, and one pair of    */
-/* factor tiles serves W, then U                                                                      */
+/* prep: G, A, Tinv, W, U per (chunk, value head) in 55 KB of shared memory (4 blocks per SM; the     */
+/* 74 KB form ran 3): A lives where the bf16 Tinv factors go once the solve is done, one pair of      */
+/* factor tiles serves W, then U, and V is loaded over K once W's product is done (its load runs      */
+/* under U's factor split; the fourth block hides the rest)                                           */
 
 template <int DK, int DV> struct GdnPrepSmem {
-    bf16 *k, *v, *t_hi, *t_lo;
+    bf16 *k, *v, *t_hi, *t_lo; /* v over k */
     float *A, *T, *G, *beta, *tmp;
     size_t bytes;
     __host__ __device__ explicit GdnPrepSmem(void *b) {
         GdnCarve c(b);
-        k = c.take<bf16>(GDN_C * (DK + 8));
-        v = c.take<bf16>(GDN_C * (DV + 8));
+        k = c.take<bf16>(GDN_C * ((DK > DV ? DK : DV) + 8));
+        v = k; /* once W's product has read k */
         t_hi = c.take<bf16>(GDN_C * GDN_LDP);
         t_lo = c.take<bf16>(GDN_C * GDN_LDP);
         A = (float *)t_hi; /* 64 x 65 fp32 fits in the two factor tiles (2 x 64 x 72 bf16) */
@@ -56,7 +58,7 @@ template <int DK, int DV> struct GdnPrepSmem {
 static_assert(GDN_C * GDN_LDF * 4 <= 2 * GDN_C * GDN_LDP * 2, "prep: A must fit in the factor tiles");
 
 template <int DK, int DV>
-__global__ void __launch_bounds__(GDN_THREADS)
+__global__ void __launch_bounds__(GDN_THREADS, 4)
     gdn_prep_kernel(bf16 *W /* (T,nv,DK) */, bf16 *U /* (T,nv,DV) or NULL */, float *G2 /* (T,nv) */,
                        const bf16 *k /* (T,ldq) nk heads */, const bf16 *v /* (T,ldv) nv heads, or NULL */,
                        const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *starts,
@@ -71,7 +73,6 @@ __global__ void __launch_bounds__(GDN_THREADS)
         const int L = starts[c + 1] - (int)t0;
         __syncthreads(); /* the previous chunk is done with shared memory */
         gdn_load_rows<GDN_C, DK>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        if (U) gdn_load_rows<GDN_C, DV>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
         ptx_cp_async_commit();
         gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
         ptx_cp_async_wait<0>();
@@ -82,6 +83,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         /* W = (Tinv diag(beta gam)) K, then U = (Tinv diag(beta)) V, the factor split hi + lo bf16 */
 #pragma unroll 1
         for (int pass = 0; pass < (U ? 2 : 1); pass++) {
+            if (pass == 1) { /* W's product is done with k (the barrier ending pass 0): V over it */
+                gdn_load_rows<GDN_C, DV>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
+                ptx_cp_async_commit();
+            }
             for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
                 const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
                 const float t0v = s.T[r * GDN_LDF + j], t1v = s.T[r * GDN_LDF + j + 1];
@@ -92,6 +97,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 }
                 gdn_split2(s.t_hi + r * GDN_LDP + j, s.t_lo + r * GDN_LDP + j, t0v * f0, t1v * f1);
             }
+            if (pass == 1) ptx_cp_async_wait<0>();
             __syncthreads();
             if (pass == 0)
                 gdn_tri_product_store<DK>(W + (t0 * nv + h) * DK, (int64_t)nv * DK, s.t_hi, s.t_lo, s.k, DK + 8, L);

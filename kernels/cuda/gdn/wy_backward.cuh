@@ -25,49 +25,6 @@ template <int DK> GDN_DEV void gdn_build_kkg(float *sKKG, const bf16 *sK, const 
         }
 }
 
-/* gdn_solve with A_ij = beta_i kkg_ij formed on the fly (the value gdn_build_A stores) */
-GDN_DEV void gdn_solve_scaled(float *sT, float *sX, const float *sK, const float *sB) {
-    const int tid = threadIdx.x;
-    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
-    __syncthreads();
-    if (tid < GDN_C) {
-        const int o = 16 * (tid >> 4), c = tid & 15;
-        float tc[16];
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float s = (i == c) ? 1.0f : 0.0f;
-            const float bi = sB[o + i];
-#pragma unroll
-            for (int j = 0; j < i; j++) s = fmaf(-(bi * sK[(o + i) * GDN_LDF + o + j]), tc[j], s);
-            tc[i] = s;
-            sT[(o + i) * GDN_LDF + o + c] = s;
-        }
-    }
-    __syncthreads();
-#pragma unroll 1
-    for (int d = 1; d < 4; d++) {
-        const int n = (4 - d) * 256;
-        for (int e = tid; e < n; e += GDN_THREADS) {
-            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
-            const float *arow = sK + (16 * bi + r) * GDN_LDF;
-            const float brow = sB[16 * bi + r];
-            float x = 0.0f;
-            for (int k = 16 * bj; k < 16 * bi; k++) x = fmaf(brow * arow[k], sT[k * GDN_LDF + 16 * bj + cc], x);
-            sX[(e >> 8) * 272 + r * 17 + cc] = x;
-        }
-        __syncthreads();
-        for (int e = tid; e < n; e += GDN_THREADS) {
-            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
-            const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
-            float t = 0.0f;
-#pragma unroll
-            for (int m = 0; m < 16; m++) t = fmaf(trow[m], xb[m * 17 + cc], t);
-            sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
-        }
-        __syncthreads();
-    }
-}
-
 template <int DK, int DV> struct GdnWySmem {
     bf16 *k, *v, *dw, *du, *tb, *dt, *m1, *cc;
     float *kkg, *T, *G, *beta, *dbeta, *dG, *tmp;
@@ -130,11 +87,13 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         const int64_t t0 = starts[c];
         const int L = starts[c + 1] - (int)t0;
         __syncthreads();
+        /* two groups: K and G (all that K K^T and the solve read), then V, dW, dU, landing under them */
         gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_G(s.G, G2, t0, L, h, nv);
+        ptx_cp_async_commit();
         gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
         gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
         gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
         ptx_cp_async_commit();
         float dgp_r = 0.0f; /* row threadIdx.x's dG of dqkwg, read early */
         if (threadIdx.x < GDN_C) {
@@ -144,15 +103,16 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
             s.dG[r] = 0.0f;
             if (r < L) dgp_r = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
         }
-        ptx_cp_async_wait<0>();
+        ptx_cp_async_wait<1>();
         __syncthreads();
         gdn_build_kkg<DK>(s.kkg, s.k, s.G, L);
         __syncthreads();
-        gdn_solve_scaled(s.T, s.tmp, s.kkg, s.beta);
+        gdn_solve_t<true>(s.T, s.tmp, s.kkg, s.beta); /* A = beta_i kkg_ij on the fly */
         for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
             const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
             gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
         }
+        ptx_cp_async_wait<0>(); /* V, dW, dU */
         __syncthreads();
         const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
         float dkr[NB][1][8][4];              /* dk of this warp's rows, both WY terms */
@@ -214,6 +174,9 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                 s.dbeta[rA + 8] += vx[1];
             }
         }
+        /* dkv's rows (read by the last phase) into L2 now, a few phases ahead: its loads then wait on L2,
+         * not DRAM, and the lines stay resident for a few microseconds only */
+        gdn_prefetch_rows_l2<DK>(dkv + t0 * ldk + (int64_t)h * DK, ldk, L);
         /* dT */
         {
             float a1[1][8][4], a2[1][8][4];
@@ -314,6 +277,7 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         if (threadIdx.x < GDN_C) {
             const int r = threadIdx.x;
             float rs = 0.0f, cs = 0.0f;
+#pragma unroll 16
             for (int j = 0; j < GDN_C; j++) {
                 rs += s.kkg[r * GDN_LDF + j];
                 cs += s.kkg[j * GDN_LDF + r];

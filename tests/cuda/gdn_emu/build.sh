@@ -1,0 +1,59 @@
+#!/bin/bash
+# build.sh (gdn_emu) — builds OUT/gdn_emu_cmp: GDN's per-chunk kernels prep, dqkwg and wy_bwd (kernels/cuda/gdn/
+# common.cuh, prep.cuh, dqkwg.cuh, wy_backward.cuh) of a base revision and of the working tree, both run by the KDA
+# host emulation (tests/cuda/kda_emu/inc: one host thread per CUDA thread, cp.async landing only at its wait) on the
+# same inputs, every output buffer compared bitwise. For speed rounds that must keep the bits: a change of launch
+# shape, load grouping, shared-memory aliasing or loop order that alters a value, or reads a tile before its wait,
+# shows. The emulation's arithmetic is the host's (its own mma order, exp2f), the same on both sides: it proves that
+# the two revisions compute the same thing, not the device's bits. Usage: build.sh BASE [OUT] [BUILD], then
+# OUT/gdn_emu_cmp (exit 1 on a difference).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+BASE=${1:?usage: build.sh BASE [OUT] [BUILD]}
+OUT=${2:-$ROOT/build/gdn_emu}
+BUILD=${3:-$ROOT/build}
+E=$ROOT/tests/cuda/gdn_emu
+K=$ROOT/tests/cuda/kda_emu
+CXX=${CXX:-g++}
+mkdir -p "$OUT/base" "$OUT/tree" "$OUT/inc"
+cd "$ROOT"
+for f in common prep wy_backward dqkwg; do
+    git show "$BASE:kernels/cuda/gdn/$f.cuh" > "$OUT/base/$f.cuh"
+    cp "kernels/cuda/gdn/$f.cuh" "$OUT/tree/$f.cuh"
+done
+# the emulation runs no inline PTX: an L2 prefetch moves no value, so it becomes the evaluation of its address
+for d in base tree; do
+    for f in "$OUT/$d"/*.cuh; do
+        python3 "$K/transform.py" "$f" "$f"
+        sed -i -E 's/asm volatile\("prefetch\.global\.L2 \[%0\];\\n" *:: *"l"\((.*)\)\);/(void)(\1);/' "$f"
+        if grep -q 'asm' "$f"; then echo "gdn_emu: inline asm left in $f" >&2; exit 1; fi
+    done
+done
+# the KDA emulation's headers, its cp.async given a size (common.cuh's gate rows load 4 bytes with cp.async)
+cp "$K/inc/cuda_common.h" "$K/inc/cuda_setup.h" "$OUT/inc/"
+python3 - "$K/inc/cuda_gdn_mma.h" "$OUT/inc/cuda_gdn_mma.h" <<'PY'
+import sys
+s = open(sys.argv[1]).read()
+rep = [("struct EmuCopy { unsigned char *dst; const unsigned char *src; bool ok; };",
+        "struct EmuCopy { unsigned char *dst; const unsigned char *src; bool ok; int n = 16; };"),
+       ("            if (c.ok) memcpy(c.dst, c.src, 16);\n            else memset(c.dst, 0, 16);",
+        "            if (c.ok) memcpy(c.dst, c.src, c.n);\n            else memset(c.dst, 0, c.n);"),
+       ("static inline void ptx_cp_async_commit(void) {",
+        "static inline void ptx_cp_async4(void *smem, const void *gmem, bool valid) {\n"
+        "    if (((uintptr_t)smem & 3) != 0) emu_mma_fault(\"cp.async4 address not 4-byte aligned\");\n"
+        "    emu_cp().open.push_back(EmuCopy{(unsigned char *)smem, (const unsigned char *)gmem, valid, 4});\n}\n"
+        "static inline void ptx_cp_async_commit(void) {")]
+for a, b in rep:
+    assert a in s, a
+    s = s.replace(a, b)
+open(sys.argv[2], "w").write(s)
+PY
+FLAGS="-std=c++20 -O1 -pthread -w -I$OUT/inc -I$E -Ilib -Ikernels/cuda -D_GNU_SOURCE"
+$CXX $FLAGS -I"$OUT/base" -DGDN_EMU_SIDE=gdn_emu_run_base -c "$E/side.cpp" -o "$OUT/side_base.o" &
+$CXX $FLAGS -I"$OUT/tree" -DGDN_EMU_SIDE=gdn_emu_run_tree -c "$E/side.cpp" -o "$OUT/side_tree.o" &
+$CXX $FLAGS -c "$E/cmp.cpp" -o "$OUT/cmp.o" &
+$CXX $FLAGS -c "$K/emu_rt.cpp" -o "$OUT/emu_rt.o" &
+wait
+$CXX -pthread -o "$OUT/gdn_emu_cmp" "$OUT/cmp.o" "$OUT/emu_rt.o" "$OUT/side_base.o" "$OUT/side_tree.o" \
+    "$BUILD/lib/core/error.o" -lm
+echo "built $OUT/gdn_emu_cmp ($BASE against the working tree)"

@@ -1,0 +1,35 @@
+/*
+ * gdn_emu.h (gdn_emu) — what the two sides of gdn_emu_cmp share: the bf16 pair helpers and the warp shuffle the GDN
+ * kernels use beyond the KDA emulation's (tests/cuda/kda_emu/inc), and GdnEmuBufs, one call's inputs and output
+ * buffers (the layouts of gdn.cu's backward: token-major, nv value heads, nk key heads).
+ */
+#pragma once
+#include "cuda_common.h"
+#include "cuda_gdn_mma.h"
+
+struct __nv_bfloat162 { bf16 x, y; };
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+    return __nv_bfloat162{__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
+}
+static inline float2 __bfloat1622float2(__nv_bfloat162 h) {
+    return make_float2(__bfloat162float(h.x), __bfloat162float(h.y));
+}
+template <class T> static inline T __shfl_down_sync(unsigned, T v, int o) {
+    const int l = threadIdx.x % 32;
+    return emu_xchg(v, l + o < 32 ? l + o : l);
+}
+
+struct GdnEmuBufs {
+    int64_t T;
+    int nk, nv, ldq, ldv, ldo;
+    float scale;
+    const int32_t *starts, *meta, *doc_pos;
+    const bf16 *k, *v, *q, *dout, *vn, *dv2, *hs, *dhs; /* hs, dhs: (ns,nv,DK,DV) */
+    const float *g, *beta;
+    bf16 *W, *U;                                      /* prep */
+    float *G2;
+    float *dqv, *dkv, *dgp, *dgp2;                    /* dqkwg (dkv also wy_bwd's input and, nv != nk, output) */
+    bf16 *dq_out, *dw;
+    bf16 *dk_out, *dv_out;                            /* wy_bwd */
+    float *dg_out, *dbeta_out;
+};
