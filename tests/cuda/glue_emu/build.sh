@@ -13,8 +13,9 @@ mkdir -p "$OUT"
 python3 "$E/extract.py" "$ROOT" "$OUT"
 FLAGS="-std=c++20 -O2 -pthread -fno-strict-aliasing -w -I$E -I$OUT"
 pids=()
-# the conv's oracle objects include cpu_norm.o: the fused GDN conv + split's oracle is the conv and the split
-for k in conv:cpu_conv,cpu_norm norm:cpu_norm ew:cpu_elementwise; do
+# the conv's oracle objects include cpu_norm.o (and its copies, cpu_memory.o): the fused GDN conv + split's
+# oracle is the conv and the split
+for k in conv:cpu_conv,cpu_norm,cpu_memory norm:cpu_norm ew:cpu_elementwise; do
     objs=()
     IFS=, read -ra names <<< "${k#*:}"
     for n in "${names[@]}"; do objs+=("$BUILD/kernels/cpu/$n.o"); done
