@@ -426,28 +426,28 @@ def test_config_header_plan_is_current(ringscan, config):
 def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
     """checkpoint.chunk_rows 0 (plan_resolve): the largest of 4, 2, 1 GiB of chunk scratch whose plan fits device
     memory less 5%, decided after checkpoint.keep_layers auto (never a kept layer fewer), at most a fragment; an
-    explicit value is taken as it is. The 1B config at 128k on one H200: 4 GiB (33,728 rows), the same 8 kept layers
-    as at the 1 GiB rule (8,384 rows); memory for 2 GiB but not 4: 2 GiB; for neither: the rule; a fragment shorter
+    explicit value is taken as it is. The 1B config at 128k on one H200: 4 GiB (41,856 rows), the same 8 kept layers
+    as at the 1 GiB rule (10,432 rows); memory for 2 GiB but not 4: 2 GiB; for neither: the rule; a fragment shorter
     than 4 GiB of rows: the fragment."""
     one = ("parallel.cp=1", "data.seq_len=131072", "checkpoint.keep_layers=auto", "train.grad_accum=1",
            "slurm.gpus_per_node=1")
     cfg = "configs/hybrid-1b-256k-h200x4.yaml"
-    rule = plan_json(ringscan, cfg, *one, "checkpoint.chunk_rows=8384")["memory"]
+    rule = plan_json(ringscan, cfg, *one, "checkpoint.chunk_rows=10432")["memory"]
     grown = plan_json(ringscan, cfg, *one)["memory"]
-    assert (rule["chunk_rows"], grown["chunk_rows"]) == (8384, 33728)
+    assert (rule["chunk_rows"], grown["chunk_rows"]) == (10432, 41856)
     assert grown["keep_layers"] == rule["keep_layers"] == 8
     assert grown["remat"]["total"] <= 0.95 * grown["capacity"]
     # capacity for the kept layers and 2 GiB of chunks but not 4 (1 GiB more than the rule's total, over 0.95)
     gib = 2**30
     two = (rule["remat"]["total"] + 1.5 * gib) / 0.95 / gib
     mid = plan_json(ringscan, cfg, *one, f"device.memory_gib={two:.3f}")["memory"]
-    assert mid["keep_layers"] == 8 and mid["chunk_rows"] == 16832, mid["chunk_rows"]
+    assert mid["keep_layers"] == 8 and mid["chunk_rows"] == 20928, mid["chunk_rows"]
     # no room for more than the rule
     tight = plan_json(ringscan, cfg, *one, f"device.memory_gib={(rule['remat']['total'] + 0.5 * gib) / 0.95 / gib:.3f}")
-    assert tight["memory"]["keep_layers"] == 8 and tight["memory"]["chunk_rows"] == 8384
+    assert tight["memory"]["keep_layers"] == 8 and tight["memory"]["chunk_rows"] == 10432
     # the shipped 256k config at cp 4: fragments of 32,768 rows, one chunk each
     assert plan_json(ringscan, cfg)["memory"]["chunk_rows"] == 32768
     # a config without room keeps the rule
-    assert plan_json(ringscan, "configs/hybrid-1b-1m-h100x2.yaml")["memory"]["chunk_rows"] == 8384
+    assert plan_json(ringscan, "configs/hybrid-1b-1m-h100x2.yaml")["memory"]["chunk_rows"] == 10432
     # explicit rows are taken as they are
     assert plan_json(ringscan, cfg, *one, "checkpoint.chunk_rows=4096")["memory"]["chunk_rows"] == 4096

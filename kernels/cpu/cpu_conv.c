@@ -2,7 +2,9 @@
  * cpu_conv.c — the causal depthwise conv1d + SiLU of the Gated DeltaNet layer (docs/design/model.md),
  * cpu backend: fp32, plain loops, deterministic. Called through backend_cpu (lib/backend/backend.h:
  * conv1d_silu_forward, conv1d_silu_backward) by the GDN layer over its [q|k|v] channels, and by
- * tests/unit/test_conv.c.
+ * tests/unit/test_conv.c. The GDN layer's conv and split fused (gdn_conv_split_forward/backward) are
+ * here the oracle of the cuda kernel: the conv and cpu_norm.c's gdn_split in sequence through a scratch
+ * (T, Cc) buffer, the same values bitwise as the unfused calls.
  *
  * Per channel c and token t, with lookback b = Kc-1-j for tap j (tap Kc-1 the current token):
  *   u[t,c] = sum_j w[c,j] x(t-b, c),   y[t,c] = silu(u[t,c]) = u sigmoid(u)
@@ -24,6 +26,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -110,4 +113,37 @@ void cpu_conv1d_silu_backward(void *dinp_ /* (T,ldi) = */, void *dhalo_ /* (Kc-1
             }
         }
     }
+}
+
+/* ---- the GDN conv + split (backend.h gdn_conv_split_*): the unfused calls through scratch ----------- */
+
+void cpu_gdn_conv_split_forward(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
+                                void *z /* (T,Vd) */, const void *proj /* (T,ldp) [q|k|v|z] */,
+                                const void *halo /* (Kc-1,Cc) or NULL */, const void *w /* (Cc,Kc) */,
+                                const int32_t *doc_pos /* (T) */, int64_t T, int nk, int dk, int Vd, int Kc, int ldp) {
+    const int Cc = 2 * nk * dk + Vd;
+    RS_CHECK(T >= 0 && nk > 0 && dk > 0 && Vd > 0 && ldp >= Cc + Vd,
+             "gdn_conv_split: T %lld nk %d dk %d Vd %d ldp %d (need ldp >= Cc + Vd = %d)", (long long)T, nk, dk, Vd,
+             ldp, Cc + Vd);
+    float *conv = RS_MALLOC((size_t)(T > 0 ? T : 1) * (size_t)Cc * sizeof(float)); /* (T,Cc) */
+    cpu_conv1d_silu_forward(conv, proj, halo, w, doc_pos, T, Cc, Kc, ldp, Cc);
+    cpu_gdn_split_forward(qk, qk_rstd, v, z, conv, (const float *)proj + Cc, T, nk, dk, Vd, Cc, ldp);
+    free(conv);
+}
+
+void cpu_gdn_conv_split_backward(void *dproj /* (T,ldp) = */, void *dhalo /* (Kc-1,Cc) = or NULL */,
+                                 float *dw /* (Cc,Kc) += */, const void *dqk /* (T,2nk dk) */,
+                                 const void *qk /* (T,2nk dk) */, const float *qk_rstd /* (T,2nk) */,
+                                 const void *dv /* (T,Vd) */, const void *dz /* (T,Vd) */,
+                                 const void *proj /* (T,ldp) */, const void *halo /* (Kc-1,Cc) or NULL */,
+                                 const void *w /* (Cc,Kc) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
+                                 int dk, int Vd, int Kc, int ldp) {
+    const int Cc = 2 * nk * dk + Vd;
+    RS_CHECK(T >= 0 && nk > 0 && dk > 0 && Vd > 0 && ldp >= Cc + Vd,
+             "gdn_conv_split: T %lld nk %d dk %d Vd %d ldp %d (need ldp >= Cc + Vd = %d)", (long long)T, nk, dk, Vd,
+             ldp, Cc + Vd);
+    float *dconv = RS_MALLOC((size_t)(T > 0 ? T : 1) * (size_t)Cc * sizeof(float)); /* (T,Cc) */
+    cpu_gdn_split_backward(dconv, (float *)dproj + Cc, dqk, qk, qk_rstd, dv, dz, T, nk, dk, Vd, Cc, ldp);
+    cpu_conv1d_silu_backward(dproj, dhalo, dw, dconv, proj, halo, w, doc_pos, T, Cc, Kc, ldp, Cc);
+    free(dconv);
 }

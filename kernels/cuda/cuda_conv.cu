@@ -25,14 +25,24 @@
  * ahead, so every thread keeps reads in flight while it computes (one group in flight at a time left
  * them latency-bound).
  *
+ * The GDN layer's conv and the split after it, fused (gdn_conv_split_forward/backward; the oracle is the
+ * unfused pair, kernels/cpu/cpu_conv.c): the same run walk over proj's [q|k|v] channels with the L2 norm of
+ * each q, k head (forward) or its backward (dconv made per row from dqk, y = qk, rstd) done in registers,
+ * a head being 16 or 32 lanes of one warp (dk = 64, 128): the conv output and its gradient never reach
+ * memory; blocks past the conv's copy z (dz) for the same rows. The forward reads proj's q|k|v|z columns and
+ * writes qk, rstd, v, z; the backward reads proj, dqk, qk, rstd, dv, dz and writes dproj's q|k|v|z columns,
+ * dhalo and the dw partials.
+ *
  * The sigmoid is conv_sigmoid: __expf and __fdividef (a few ulp in fp32, below the outputs' bf16
  * rounding). A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the token skipped.
  *
- * Callers: through backend_cuda (lib/model/model_block.c), tests/cuda/test_cuda_conv.cu.
+ * Callers: through backend_cuda (lib/model/model_block.c), tests/cuda/test_cuda_conv.cu; the device code runs
+ * under the host emulation of tests/cuda/glue_emu too.
  */
 #include "cuda_common.h"
 #include "cuda_device.cuh"
 #include "cuda_kernels.h"
+#include "cuda_norm.cuh" /* L2NORM_EPS */
 
 #define CONV_KC_MAX 16
 #define CONV_THREADS 256
@@ -48,6 +58,8 @@
 #define CONV_RUN_G 4               /* rows a run thread loads as a group (= CONV_RUN_KC: the unrolled group
                                     * also turns the window shifts into register renames) */
 #define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
+#define CONV_SPLIT_GB 1            /* rows the fused GDN conv + split backward loads as a group */
+#define CONV_SPLIT_ZG 4            /* rows the z copies of the fused GDN conv + split load as a group */
 
 static void conv_check_sizes(int64_t T, int C, int Kc, int ldi, int ldo) {
     RS_CHECK(T >= 0 && C > 0, "conv1d_silu: T = %lld, C = %d", (long long)T, C);
@@ -447,6 +459,310 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
     }
 }
 
+/* ---- the GDN conv and split fused (backend.h gdn_conv_split_*) ----------------------------------------
+ * The run kernels' walk (KC = 4) over proj's [q|k|v] channels with gdn_split done on each row in registers,
+ * so the conv output (forward) and its gradient (backward) never reach memory. A warp's 32 lanes hold 128
+ * consecutive channels of one token, and the q|k part (2 nk dk channels, a multiple of 128 for dk = 64, 128)
+ * ends on a warp boundary: a warp is all q|k or all v (the branch is uniform per warp), and a q or k head is
+ * HL = dk/4 lanes of one warp, so its sum of squares (forward) or dot (dqk . y) (backward) is a butterfly
+ * over those lanes, in a fixed order. Blocks past the conv's along x copy z for the same rows (forward:
+ * proj's z columns into z; backward: dz into dproj's z columns). The conv output and its gradient are
+ * rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_* and
+ * gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
+ * gradient. */
+
+__device__ __forceinline__ float conv_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+/* the n <= CONV_CV bf16 of u at p (one 8-byte store when `vec`) */
+__device__ __forceinline__ void conv_put4(bf16 *p, uint2 u, int n, bool vec) {
+    if (vec && n == CONV_CV) {
+        *reinterpret_cast<uint2 *>(p) = u;
+        return;
+    }
+    const bf16 *h = reinterpret_cast<const bf16 *>(&u);
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++)
+        if (i < n) p[i] = h[i];
+}
+
+/* dst rows [t0, t1) = src rows, n <= CONV_CV columns: a group of CONV_SPLIT_ZG rows loaded before any store */
+__device__ __forceinline__ void conv_copy_rows(bf16 *dst, int ldd, const bf16 *src, int lds, int t0, int t1, int n,
+                                               bool vec) {
+    for (int tg = t0; tg < t1; tg += CONV_SPLIT_ZG) {
+        uint2 r[CONV_SPLIT_ZG];
+#pragma unroll
+        for (int g = 0; g < CONV_SPLIT_ZG; g++)
+            if (tg + g < t1) r[g] = conv_raw4(src + (int64_t)(tg + g) * lds, n, vec);
+#pragma unroll
+        for (int g = 0; g < CONV_SPLIT_ZG; g++)
+            if (tg + g < t1) conv_put4(dst + (int64_t)(tg + g) * ldd, r[g], n, vec);
+    }
+}
+
+/* sum of v over the HL lanes of a head (aligned groups of HL lanes of the warp) */
+template <int HL>
+__device__ __forceinline__ float conv_head_sum(float v) {
+#pragma unroll
+    for (int o = HL / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* rows [t0, t0 + run) of CONV_CV channels per thread: conv + SiLU (rounded to bf16), then q|k lanes the L2
+ * norm of their head into qk and rstd, v lanes the copy into v; blocks x >= nbc copy z */
+template <int KC, int HL>
+__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_forward_kernel(
+    bf16 *qk /* (T,Kd2) */, float *rstd /* (T,Kd2/dk) */, bf16 *v /* (T,Vd) */, bf16 *z /* (T,Vd) */,
+    const bf16 *proj /* (T,ldp) [q|k|v|z] */, const bf16 *halo /* (KC-1,Kd2+Vd) or NULL */,
+    const bf16 *w /* (Kd2+Vd,KC) */, const int32_t *doc_pos /* (T) */, int T, int run, int Kd2, int Vd,
+    int ldp, unsigned nbc, int *err, bool vec) {
+    constexpr int DK = HL * CONV_CV;
+    const int C = Kd2 + Vd, nqk = Kd2 / DK;
+    const int t0 = (blockIdx.y * CONV_RUN_ROWS + threadIdx.y) * run; /* T < 2^31 (the host checks) */
+    if (t0 >= T) return;
+    const int t1 = min(T, t0 + run);
+    if (blockIdx.x >= nbc) { /* z */
+        const int c = ((blockIdx.x - nbc) * CONV_RUN_LANES + threadIdx.x) * CONV_CV;
+        if (c < Vd) conv_copy_rows(z + c, Vd, proj + C + c, ldp, t0, t1, min(CONV_CV, Vd - c), vec);
+        return;
+    }
+    const int c = (blockIdx.x * CONV_RUN_LANES + threadIdx.x) * CONV_CV;
+    if (c >= C) return; /* v lanes only: a q|k warp is whole */
+    const int n = min(CONV_CV, C - c);
+    const bool is_qk = c < Kd2; /* uniform per warp */
+    bf16 *out = is_qk ? qk + c : v + (c - Kd2); /* the lane's output columns */
+    const int ldo = is_qk ? Kd2 : Vd;
+    float *rs_out = rstd + c / DK; /* its head's rstd (q|k lanes) */
+    float wr[CONV_CV][KC], xw[KC][CONV_CV];
+    conv_run_weights<KC>(wr, w, c, n);
+#pragma unroll
+    for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
+    uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
+    int dpn[CONV_RUN_G];
+    auto load_group = [&](int tg) {
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++)
+            if (tg + g < t1) {
+                xn[g] = conv_raw4(proj + (int64_t)(tg + g) * ldp + c, n, vec);
+                dpn[g] = doc_pos[tg + g];
+            }
+    };
+    load_group(t0);
+    for (int tg = t0; tg < t1; tg += CONV_RUN_G) {
+        uint2 xr[CONV_RUN_G];
+        int dpg[CONV_RUN_G];
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++) xr[g] = xn[g], dpg[g] = dpn[g];
+        if (tg + CONV_RUN_G < t1) load_group(tg + CONV_RUN_G);
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++)
+            if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(proj + (int64_t)(tg + CONV_PF_ROWS + g) * ldp + c);
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++) {
+            const int t = tg + g;
+            if (t >= t1) break;
+            conv_unpack4(xw[0], xr[g]);
+            const int dp = dpg[g]; /* the same for the warp's lanes: its branches are uniform */
+            if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
+            else {
+                float u[CONV_CV];
+                conv_run_preact<KC>(u, xw, wr, min(KC - 1, dp));
+#pragma unroll
+                for (int i = 0; i < CONV_CV; i++) u[i] = conv_bf16_round(u[i] * conv_sigmoid(u[i]));
+                if (is_qk) {
+                    float ss = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) ss += u[i] * u[i];
+                    const float rs = 1.0f / sqrtf(conv_head_sum<HL>(ss) + L2NORM_EPS);
+                    if (c % DK == 0) rs_out[(int64_t)t * nqk] = rs;
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) u[i] *= rs;
+                }
+                conv_store4(out + (int64_t)t * ldo, u, n, vec);
+            }
+#pragma unroll
+            for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+                for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+        }
+    }
+}
+
+/* conv_run_backward_kernel with dout[t] made in registers: q|k lanes the L2 norm's backward of their head,
+ * rstd (dqk - (dqk . y) y) rounded to bf16, v lanes dv; blocks x >= nbc copy dz into dproj's z columns */
+template <int KC, int HL>
+__global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_backward_kernel(
+    bf16 *dproj /* (T,ldp) [q|k|v|z] = */, bf16 *dhalo /* (KC-1,C) = or NULL */, float *part /* (gridDim.y, C*KC) */,
+    const bf16 *dqk /* (T,Kd2) */, const bf16 *qk /* (T,Kd2) */, const float *rstd /* (T,Kd2/dk) */,
+    const bf16 *dv /* (T,Vd) */, const bf16 *dz /* (T,Vd) */, const bf16 *proj /* (T,ldp) */,
+    const bf16 *halo /* (KC-1,C) or NULL */, const bf16 *w /* (C,KC) */, const int32_t *doc_pos /* (T) */, int T,
+    int run, int Kd2, int Vd, int ldp, unsigned nbc, int *err, bool vec) {
+    constexpr int DK = HL * CONV_CV;
+    __shared__ float sh[CONV_RUN_ROWS][CONV_RUN_LANES][CONV_CV * KC + 1];
+    const int C = Kd2 + Vd, nqk = Kd2 / DK;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int t0 = (blockIdx.y * CONV_RUN_ROWS + ty) * run; /* T < 2^31 (the host checks) */
+    if (blockIdx.x >= nbc) { /* dz: the whole block returns here */
+        const int c = ((blockIdx.x - nbc) * CONV_RUN_LANES + tx) * CONV_CV;
+        if (c < Vd && t0 < T)
+            conv_copy_rows(dproj + C + c, ldp, dz + c, Vd, t0, min(T, t0 + run), min(CONV_CV, Vd - c), vec);
+        return;
+    }
+    const int c = (blockIdx.x * CONV_RUN_LANES + tx) * CONV_CV;
+    const int n = c < C ? min(CONV_CV, C - c) : 0;
+    const bool is_qk = c < Kd2; /* uniform per warp */
+    /* the lane's gradient columns (dqk or dv), its y columns and its head's rstd (q|k lanes) */
+    const bf16 *gsrc = is_qk ? dqk + c : dv + (c - Kd2), *ysrc = qk + c;
+    const int64_t ldg = is_qk ? Kd2 : Vd;
+    const float *rsrc = rstd + c / DK;
+    float dw[CONV_CV][KC];
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++)
+#pragma unroll
+        for (int j = 0; j < KC; j++) dw[i][j] = 0.0f;
+    if (n > 0 && t0 < T) {
+        const int t1 = min(T, t0 + run);
+        float wr[CONV_CV][KC], xw[KC][CONV_CV], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
+        int dpw[KC];                                                 /* doc_pos of those tokens; -1: none */
+        conv_run_weights<KC>(wr, w, c, n);
+#pragma unroll
+        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
+#pragma unroll
+        for (int b = 0; b < KC; b++) {
+            dpw[b] = -1;
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) duw[b][i] = 0.0f;
+        }
+        const int tend = t1 + KC - 1, tlim = min(tend, T); /* rows past tlim are not read */
+        /* the next group's input rows, dqk (or dv) and y rows, rstd */
+        uint2 xn[CONV_SPLIT_GB], gn[CONV_SPLIT_GB], yn[CONV_SPLIT_GB];
+        float rn[CONV_SPLIT_GB];
+        int dpn[CONV_SPLIT_GB];
+#pragma unroll
+        for (int g = 0; g < CONV_SPLIT_GB; g++) gn[g] = yn[g] = make_uint2(0, 0), rn[g] = 0.0f;
+        auto load_group = [&](int tg) {
+#pragma unroll
+            for (int g = 0; g < CONV_SPLIT_GB; g++)
+                if (tg + g < tlim) {
+                    const int64_t t = tg + g;
+                    xn[g] = conv_raw4(proj + t * ldp + c, n, vec);
+                    gn[g] = conv_raw4(gsrc + t * ldg, n, vec);
+                    if (is_qk) {
+                        yn[g] = conv_raw4(ysrc + t * Kd2, CONV_CV, vec);
+                        rn[g] = rsrc[t * nqk];
+                    }
+                    dpn[g] = doc_pos[t];
+                }
+        };
+        load_group(t0);
+        for (int tg = t0; tg < tend; tg += CONV_SPLIT_GB) {
+            /* this group's dout rows made first (the loads behind them die before the next group's are
+             * issued): dconv = rstd (dqk - (dqk . y) y) rounded to bf16 as gdn_split_backward stores it, or dv.
+             * Rows past T give values no one reads; the head sums run uniformly per warp all the same. */
+            uint2 xr[CONV_SPLIT_GB], dr[CONV_SPLIT_GB];
+            int dpg[CONV_SPLIT_GB];
+#pragma unroll
+            for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
+                if (is_qk) {
+                    float gv[CONV_CV], y[CONV_CV], dot = 0.0f;
+                    conv_unpack4(gv, gn[g]);
+                    conv_unpack4(y, yn[g]);
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) dot += gv[i] * y[i];
+                    dot = conv_head_sum<HL>(dot);
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot * y[i]);
+                    __nv_bfloat162 *hp = reinterpret_cast<__nv_bfloat162 *>(&dr[g]);
+                    hp[0] = __floats2bfloat162_rn(gv[0], gv[1]);
+                    hp[1] = __floats2bfloat162_rn(gv[2], gv[3]);
+                }
+            }
+            if (tg + CONV_SPLIT_GB < tlim) load_group(tg + CONV_SPLIT_GB);
+#pragma unroll
+            for (int g = 0; g < CONV_SPLIT_GB; g++)
+                if (tg + CONV_PF_ROWS + g < tlim) {
+                    const int64_t t = tg + CONV_PF_ROWS + g;
+                    cuda_prefetch_l2(proj + t * ldp + c);
+                    cuda_prefetch_l2(gsrc + t * ldg);
+                    if (is_qk) cuda_prefetch_l2(ysrc + t * Kd2);
+                }
+#pragma unroll
+            for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                const int t = tg + g;
+                if (t >= tend) break;
+                /* du[t] into duw[KC-1] */
+#pragma unroll
+                for (int b = 0; b < KC - 1; b++) {
+                    dpw[b] = dpw[b + 1];
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) duw[b][i] = duw[b + 1][i];
+                }
+                dpw[KC - 1] = -1;
+#pragma unroll
+                for (int i = 0; i < CONV_CV; i++) duw[KC - 1][i] = 0.0f;
+                if (t < T) {
+                    float dy[CONV_CV];
+                    conv_unpack4(dy, dr[g]);
+                    conv_unpack4(xw[0], xr[g]);
+                    const int dp = dpg[g];
+                    if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
+                    else {
+                        const int nb = min(KC - 1, dp);
+                        float u[CONV_CV];
+                        conv_run_preact<KC>(u, xw, wr, nb);
+#pragma unroll
+                        for (int i = 0; i < CONV_CV; i++) {
+                            const float sg = conv_sigmoid(u[i]);
+                            duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
+                        }
+                        dpw[KC - 1] = dp;
+                        if (t < t1)
+#pragma unroll
+                            for (int b = 0; b < KC; b++)
+                                if (b <= nb)
+#pragma unroll
+                                    for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
+                    }
+#pragma unroll
+                    for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+                        for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+                }
+                /* row s: dproj[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
+                const int s = t - (KC - 1);
+                const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
+                if (own) {
+                    float acc[CONV_CV];
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) acc[i] = 0.0f;
+#pragma unroll
+                    for (int b = 0; b < KC; b++)
+                        if (dpw[b] >= b && s + b >= 0)
+#pragma unroll
+                            for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
+                    if (s >= 0) conv_store4(dproj + (int64_t)s * ldp + c, acc, n, vec);
+                    else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
+                }
+            }
+        }
+    }
+    /* the block's dw partials: its CONV_RUN_ROWS runs added in order */
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++)
+#pragma unroll
+        for (int j = 0; j < KC; j++) sh[ty][tx][i * KC + j] = dw[i][j];
+    __syncthreads();
+    const int cg0 = blockIdx.x * CONV_RUN_LANES * CONV_CV * KC; /* first partial index of the block's channels */
+    for (int e = ty * CONV_RUN_LANES + tx; e < CONV_RUN_LANES * CONV_CV * KC; e += CONV_RUN_LANES * CONV_RUN_ROWS) {
+        const int lane = e / (CONV_CV * KC), k = e % (CONV_CV * KC);
+        if ((blockIdx.x * CONV_RUN_LANES + lane) * CONV_CV + k / KC >= C) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CONV_RUN_ROWS; r++) sum += sh[r][lane][k];
+        part[(int64_t)blockIdx.y * C * KC + cg0 + e] = sum;
+    }
+}
+
 extern "C" void cuda_conv1d_silu_forward(void *out, const void *inp, const void *halo, const void *w,
                                          const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) {
     conv_check_sizes(T, C, Kc, ldi, ldo);
@@ -521,4 +837,73 @@ extern "C" void cuda_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, co
         ldo);
     CUDA_LAUNCH_CHECK();
     cuda_partials_add(dw, part, gy, (int64_t)C * Kc);
+}
+
+/* the fused GDN conv + split's sizes: Kc = 4 (the run kernels'), dk = 64 or 128 (a head within one warp) */
+static void conv_split_check(int64_t T, int nk, int dk, int Vd, int Kc, int ldp) {
+    RS_CHECK(T >= 0 && nk > 0 && Vd > 0, "gdn_conv_split: T %lld nk %d Vd %d", (long long)T, nk, Vd);
+    RS_CHECK(Kc == CONV_RUN_KC, "gdn_conv_split: Kc = %d (the cuda kernel is built for %d)", Kc, CONV_RUN_KC);
+    RS_CHECK(dk == 64 || dk == 128, "gdn_conv_split: dk = %d (the cuda kernel supports 64, 128)", dk);
+    RS_CHECK(ldp >= 2 * nk * dk + 2 * Vd, "gdn_conv_split: ldp = %d, need >= Cc + Vd = %d", ldp, 2 * nk * dk + 2 * Vd);
+}
+
+extern "C" void cuda_gdn_conv_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *proj,
+                                            const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int nk,
+                                            int dk, int Vd, int Kc, int ldp) {
+    conv_split_check(T, nk, dk, Vd, Kc, ldp);
+    if (!T) return;
+    const int Kd2 = 2 * nk * dk, C = Kd2 + Vd;
+    const bool v4 = conv_vec4_ok(qk, Kd2, Kd2) && conv_vec4_ok(v, Vd, Vd) && conv_vec4_ok(z, Vd, Vd) &&
+                    conv_vec4_ok(proj, C + Vd, ldp) && conv_vec4_ok(halo, C, C);
+    const int64_t gy = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_FWD);
+    RS_CHECK(gy <= 65535, "gdn_conv_split_forward: T = %lld exceeds the run kernel's grid (65535 blocks of %d rows; "
+                          "its token indices are 32-bit)",
+             (long long)T, CONV_RUN_ROWS * CONV_RUN_FWD);
+    const unsigned nbc = (unsigned)cuda_ceil_div(cuda_ceil_div(C, CONV_CV), CONV_RUN_LANES);
+    const unsigned nbz = (unsigned)cuda_ceil_div(cuda_ceil_div(Vd, CONV_CV), CONV_RUN_LANES);
+    const dim3 grid(nbc + nbz, (unsigned)gy), block(CONV_RUN_LANES, CONV_RUN_ROWS);
+#define CONV_SPLIT_FWD(HL)                                                                                           \
+    conv_split_forward_kernel<CONV_RUN_KC, HL><<<grid, block, 0, cuda_stream()>>>(                                  \
+        (bf16 *)qk, qk_rstd, (bf16 *)v, (bf16 *)z, (const bf16 *)proj, (const bf16 *)halo, (const bf16 *)w, doc_pos, \
+        (int)T, CONV_RUN_FWD, Kd2, Vd, ldp, nbc, cuda_error_word(), v4)
+    if (dk == 128) CONV_SPLIT_FWD(32);
+    else CONV_SPLIT_FWD(16);
+#undef CONV_SPLIT_FWD
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_gdn_conv_split_backward(void *dproj, void *dhalo, float *dw, const void *dqk, const void *qk,
+                                             const float *qk_rstd, const void *dv, const void *dz, const void *proj,
+                                             const void *halo, const void *w, const int32_t *doc_pos, int64_t T,
+                                             int nk, int dk, int Vd, int Kc, int ldp) {
+    conv_split_check(T, nk, dk, Vd, Kc, ldp);
+    if (!T) return; /* no token reads the halo rows: their gradient is not asked of an empty call */
+    const int Kd2 = 2 * nk * dk, C = Kd2 + Vd;
+    const bool v4 = conv_vec4_ok(dproj, C + Vd, ldp) && conv_vec4_ok(dhalo, C, C) && conv_vec4_ok(dqk, Kd2, Kd2) &&
+                    conv_vec4_ok(qk, Kd2, Kd2) && conv_vec4_ok(dv, Vd, Vd) && conv_vec4_ok(dz, Vd, Vd) &&
+                    conv_vec4_ok(proj, C + Vd, ldp) && conv_vec4_ok(halo, C, C);
+    /* blocks along T as cuda_conv1d_silu_backward's run kernel: a function of T and C only */
+    const int64_t part_row = (int64_t)C * Kc * (int64_t)sizeof(float);
+    int64_t gy = (int64_t)CONV_PART_BYTES / part_row;
+    gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
+    const int64_t gy_min_run = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
+    if (gy > gy_min_run) gy = gy_min_run;
+    const int64_t run = cuda_ceil_div(T, gy * CONV_RUN_ROWS);
+    gy = cuda_ceil_div(T, run * CONV_RUN_ROWS);
+    RS_CHECK(gy <= 65535 && gy * CONV_RUN_ROWS * run + CONV_RUN_KC <= INT32_MAX,
+             "gdn_conv_split_backward: T = %lld exceeds the run kernel's 32-bit token indices", (long long)T);
+    float *part = (float *)cuda_scratch((size_t)(gy * part_row), "gdn_conv_split_backward");
+    const unsigned nbc = (unsigned)cuda_ceil_div(cuda_ceil_div(C, CONV_CV), CONV_RUN_LANES);
+    const unsigned nbz = (unsigned)cuda_ceil_div(cuda_ceil_div(Vd, CONV_CV), CONV_RUN_LANES);
+    const dim3 grid(nbc + nbz, (unsigned)gy), block(CONV_RUN_LANES, CONV_RUN_ROWS);
+#define CONV_SPLIT_BWD(HL)                                                                                           \
+    conv_split_backward_kernel<CONV_RUN_KC, HL><<<grid, block, 0, cuda_stream()>>>(                                 \
+        (bf16 *)dproj, (bf16 *)dhalo, part, (const bf16 *)dqk, (const bf16 *)qk, qk_rstd, (const bf16 *)dv,          \
+        (const bf16 *)dz, (const bf16 *)proj, (const bf16 *)halo, (const bf16 *)w, doc_pos, (int)T, (int)run, Kd2,   \
+        Vd, ldp, nbc, cuda_error_word(), v4)
+    if (dk == 128) CONV_SPLIT_BWD(32);
+    else CONV_SPLIT_BWD(16);
+#undef CONV_SPLIT_BWD
+    CUDA_LAUNCH_CHECK();
+    cuda_partials_add(dw, part, (int)gy, (int64_t)C * Kc);
 }

@@ -4,7 +4,9 @@
  * kernels/cpu/cpu_norm.c, the oracle):
  *   L2 norm        y = x rstd, rstd = 1/sqrt(sum(x^2) + 1e-6)
  *   gated RMSNorm  y = w (x rstd) silu(z), rows of dv per (token, value head)
- *   GDN split      the L2 norm of q, k and the v, z copies after the GDN conv, one launch (gdn_split_*)
+ *   GDN split      the L2 norm of q, k and the v, z copies after the GDN conv, one launch (gdn_split_*; the
+ *                  model runs cuda_conv.cu's gdn_conv_split_* instead, the conv fused in: this pair is the
+ *                  baseline bench_kernels glue times it against)
  *
  * Row kernels: one warp per row, 8 rows per 256-thread block; a lane reads 8 consecutive bf16 (one 16-byte
  * load) at columns lane*8 + 256k, so rows of any D loop. Statistics and intermediates are fp32, row sums

@@ -202,6 +202,26 @@ typedef struct Backend {
                                const float *qk_rstd /* (T,2nk) */, const void *dv /* (T,Vd) */,
                                const void *dz /* (T,Vd) */, int64_t T, int nk, int dk, int Vd, int ldc, int ldz);
 
+    /* ---- the GDN conv and split fused (model_block.c's GDN path): conv1d_silu_forward over proj's first
+     * Cc = 2 nk dk + Vd columns [q|k|v] (halo, kernel Kc and the doc_pos masks exactly as conv1d_silu_forward),
+     * then gdn_split_forward of that result with zin = proj's Vd columns after them [z]; the conv output
+     * never exists as a buffer (cuda: held in registers, rounded to bf16 as the unfused pair stores it) ---- */
+    void (*gdn_conv_split_forward)(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
+                                   void *z /* (T,Vd) */, const void *proj /* (T,ldp) [q|k|v|z ...] */,
+                                   const void *halo /* (Kc-1,Cc) pre-conv [q|k|v] or NULL */,
+                                   const void *w /* (Cc,Kc) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
+                                   int dk, int Vd, int Kc, int ldp);
+    /* its backward: gdn_split_backward (dconv = the L2 norm's backward of dqk | dv) followed by
+     * conv1d_silu_backward of that dconv: dproj's [q|k|v] columns = dinp, dproj's z columns = dz, dhalo = the
+     * halo rows' gradient (skipped when NULL), dw +=; the rest of dproj's rows is not touched */
+    void (*gdn_conv_split_backward)(void *dproj /* (T,ldp) [q|k|v|z] = */, void *dhalo /* (Kc-1,Cc) = or NULL */,
+                                    float *dw /* (Cc,Kc) += */, const void *dqk /* (T,2nk dk) */,
+                                    const void *qk /* (T,2nk dk) */, const float *qk_rstd /* (T,2nk) */,
+                                    const void *dv /* (T,Vd) */, const void *dz /* (T,Vd) */,
+                                    const void *proj /* (T,ldp) */, const void *halo /* (Kc-1,Cc) or NULL */,
+                                    const void *w /* (Cc,Kc) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
+                                    int dk, int Vd, int Kc, int ldp);
+
     /* ---- Gated DeltaNet gates, per token and value head ----
      * beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (softplus linear above 20), in fp32. */
     void (*gdn_gates_forward)(float *beta /* (T,nv) */, float *g /* (T,nv) */, const void *b /* (T,ld) */,

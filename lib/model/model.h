@@ -83,7 +83,7 @@ typedef struct {
     /* Gated DeltaNet */
     void  *gdn_proj;      /* (R, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv (token); KDA (R, Cc+2dv+nv)
                            * [q|k|v|f_a|g_a|b] */
-    void  *gdn_conv;      /* (R, Cc) after conv + SiLU (chunk) */
+    void  *gdn_conv;      /* (R, Cc) after conv + SiLU (chunk); KDA only (GDN: gdn_conv_split), NULL otherwise */
     void  *gdn_halo;      /* (Kc-1, Cc) the previous chunk's last pre-conv rows (chunk) */
     void  *gdn_normed;    /* (R, Vd) gated RMSNorm output (token) */
     float *gdn_norm_rstd; /* (R, nv) (token) */
@@ -192,7 +192,7 @@ typedef struct {
     float *d_beta, *d_g;                 /* GDN (T, nv); KDA d_g (T, nv, dk) */
     void  *d_attn_out, *d_gate, *d_q, *d_kv; /* attention (T, qd | qd | qd | 2kvd) */
     /* ... and one chunk's (R rows) */
-    void  *d_ln, *d_act, *d_gate_up, *d_mix, *d_proj, *d_conv, *d_halo;
+    void  *d_ln, *d_act, *d_gate_up, *d_mix, *d_proj, *d_conv, *d_halo; /* d_conv: KDA only, NULL otherwise */
     void  *d_kda_f, *d_kda_unit;         /* KDA (R, nv dk | Vd); NULL otherwise */
     ModelCounters count;
 } Model;

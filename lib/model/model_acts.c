@@ -193,10 +193,12 @@ void model_acts_build(ActTable *t, const Config *cfg) {
 
     int64_t frags = cfg->data.micro_batch * (cp > 1 ? 2 : 1); /* zigzag fragments per micro-batch */
     /* chunk scratch per row: the block's own buffers (the wider mixer's) and the gradients */
-    int64_t block_row = (3 * H + 3 * I) * e + 2 * f, gdn_row = (Pg + Cc + Vd + (kda ? Gw + Vd : 0)) * e + nv * f;
+    /* the conv output gdn_conv and its gradient d_conv: KDA only (GDN fuses the conv with the split after it) */
+    int64_t block_row = (3 * H + 3 * I) * e + 2 * f,
+            gdn_row = (Pg + Vd + (kda ? Cc + Gw + Vd : 0)) * e + nv * f;
     int64_t attn_row = (Pa + qd) * e;
     int64_t mix = Vd > qd ? Vd : qd, pw = Pg > Pa ? Pg : Pa;
-    int64_t grad_row = (H + 3 * I + mix + pw + Cc + (kda ? Gw + Vd : 0)) * e;
+    int64_t grad_row = (H + 3 * I + mix + pw + (kda ? Cc + Gw + Vd : 0)) * e;
     t->chunk_row_bytes = block_row + (gdn_row > attn_row ? gdn_row : attn_row) + grad_row;
     const int64_t R = acts_chunk_rows(cfg, T / frags, t->chunk_row_bytes);
     t->chunk_rows = R;
@@ -250,7 +252,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add_token(&ab, l, "rstd1", 1, f);
         if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
             acts_add_token(&ab, l, "gdn_proj", Pg, e);
-            acts_add_chunk(&ab, l, "gdn_conv", R, Cc, e);
+            if (kda) acts_add_chunk(&ab, l, "gdn_conv", R, Cc, e); /* GDN: gdn_conv_split, no conv output */
             acts_add_chunk(&ab, l, "gdn_halo", Kc - 1, Cc, e);
             acts_add_token(&ab, l, "gdn_normed", Vd, e);
             acts_add_token(&ab, l, "gdn_norm_rstd", nv, f);
@@ -316,9 +318,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     acts_add_grad(t, &gcap, "d_gate_up", ACT_GRAD_PERSISTENT, R * 2 * I * e);
     acts_add_grad(t, &gcap, "d_mix", ACT_GRAD_PERSISTENT, R * mix * e);
     acts_add_grad(t, &gcap, "d_proj", ACT_GRAD_PERSISTENT, R * pw * e);
-    acts_add_grad(t, &gcap, "d_conv", ACT_GRAD_PERSISTENT, R * Cc * e);
     acts_add_grad(t, &gcap, "d_halo", ACT_GRAD_PERSISTENT, (Kc - 1) * Cc * e);
-    if (kda) {
+    if (kda) { /* d_conv: GDN's conv backward takes the split's gradient in registers (gdn_conv_split_backward) */
+        acts_add_grad(t, &gcap, "d_conv", ACT_GRAD_PERSISTENT, R * Cc * e);
         acts_add_grad(t, &gcap, "d_kda_f", ACT_GRAD_PERSISTENT, R * Gw * e);
         acts_add_grad(t, &gcap, "d_kda_unit", ACT_GRAD_PERSISTENT, R * Vd * e);
     }

@@ -58,8 +58,8 @@
 
 #define GDN_CHUNK 64 /* chunk length of the chunked gated delta rule */
 /* chunk scratch (forward buffers and gradients) of checkpoint.chunk_rows 0's rule in model_acts_build (1 GiB gives the
- * 1B model, H 1536, I 4096, 8,384-row chunks on cuda); plan_resolve (lib/plan) grows it, up to
- * PLAN_CHUNK_BYTES_MAX, where memory allows */
+ * 1B model, H 1536, I 4096, 10,432-row chunks on cuda, its GDN layers without conv output buffers); plan_resolve
+ * (lib/plan) grows it, up to PLAN_CHUNK_BYTES_MAX, where memory allows */
 #define ACT_CHUNK_BYTES_RULE (1LL << 30)
 #define ACT_ALIGN 256 /* bytes; model.c starts every carved buffer on this */
 

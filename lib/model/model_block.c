@@ -2,8 +2,9 @@
  * model_block.c — forward and backward of one decoder block (pre-norm mixer, residual, pre-norm SwiGLU
  * MLP, residual) for both layer kinds, over the backend's kernels; the buffers are model.h's LayerActs.
  *
- *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v]; L2 norm of q, k with v and
- *     z copied into their whole-rows buffers in the same pass (gdn_split_forward; its backward likewise);
+ *   GDN mixer: proj = ln1 W_in^T gives [q|k|v|z|b|a]; conv+SiLU over [q|k|v], the L2 norm of q, k and v, z
+ *     copied into their whole-rows buffers in the same pass (gdn_conv_split_forward: no conv output; its
+ *     backward likewise, no conv gradient);
  *     beta = sigmoid(b), g = -exp(A_log) softplus(a+dt_bias); the chunked delta rule; gated RMSNorm with
  *     silu(z); out_proj.
  *   KDA mixer (model.linear_attention kda, docs/design/kda.md): proj gives [q|k|v|f_a|g_a|b]; f = f_a f_b^T,
@@ -312,10 +313,10 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
         block_gdn_proj(m, l, c.row, c.n, &d);
-        be->conv1d_silu_forward(a->gdn_conv, a->gdn_proj, block_gdn_halo_in(m, a, &c, &d), W(p->conv),
-                                b->doc_pos + c.row, c.n, d.Cc, d.Kc, d.Pg, d.Cc);
-        block_gdn_save_halo(m, a, &c, &d);
-        if (d.kda) { /* the L2 norm of q, k, the v copy; the output gate's input g_a g_b^T; the gates from b and f */
+        if (d.kda) { /* conv + SiLU; the L2 norm of q, k, the v copy; the output gate's input g_a g_b^T; the gates */
+            be->conv1d_silu_forward(a->gdn_conv, a->gdn_proj, block_gdn_halo_in(m, a, &c, &d), W(p->conv),
+                                    b->doc_pos + c.row, c.n, d.Cc, d.Kc, d.Pg, d.Cc);
+            block_gdn_save_halo(m, a, &c, &d);
             be->l2norm_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk, a->gdn_conv,
                                c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
             be->copy_2d(AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_conv, 2 * d.Kd), c.n, d.Vd, d.Vd, d.Cc);
@@ -325,10 +326,12 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
                                   P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.dk, d.Pg, d.Gw);
             continue;
         }
-        /* the L2 norm of q, k and the v, z copies into the whole-rows buffers, one pass */
-        be->gdn_split_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
-                              AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_z, c.row * d.Vd), a->gdn_conv,
-                              AT(a->gdn_proj, d.Cc), c.n, d.nk, d.dk, d.Vd, d.Cc, d.Pg);
+        /* conv + SiLU, the L2 norm of q, k and the v, z copies into the whole-rows buffers, one pass */
+        be->gdn_conv_split_forward(AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
+                                   AT(a->gdn_v, c.row * d.Vd), AT(a->gdn_z, c.row * d.Vd), a->gdn_proj,
+                                   block_gdn_halo_in(m, a, &c, &d), W(p->conv), b->doc_pos + c.row, c.n, d.nk, d.dk,
+                                   d.Vd, d.Kc, d.Pg);
+        block_gdn_save_halo(m, a, &c, &d);
         be->gdn_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.nv, AT(a->gdn_proj, d.Cc + d.Vd),
                               AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.Pg);
     }
@@ -400,6 +403,7 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
     for (int64_t k = 0, K = block_chunks(m, b); k < K; k++) {
         const Chunk c = block_chunk(m, k);
         block_gdn_proj(m, l, c.row, c.n, &d);
+        void *dhalo = c.off > 0 ? m->d_halo : multi ? AT(cp->halo_send, c.frag * tail) : NULL;
         if (d.kda) { /* the gates into b's columns and df; the low-rank up projections into f_a's and g_a's */
             be->kda_gates_backward(AT(m->d_proj, d.bc), m->d_kda_f, G(p->A_log), G(p->dt_bias),
                                    m->d_beta + c.row * d.nv, m->d_g + c.row * d.Gw, AT(a->gdn_proj, d.bc), a->kda_f,
@@ -411,21 +415,22 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
             be->l2norm_backward(m->d_conv, AT(m->d_qk, c.row * 2 * d.Kd), AT(a->gdn_qk_norm, c.row * 2 * d.Kd),
                                 a->gdn_qk_rstd + c.row * 2 * d.nk, c.n, 2 * d.nk, d.dk, d.Cc, 2 * d.Kd);
             be->copy_2d(AT(m->d_conv, 2 * d.Kd), AT(m->d_v, c.row * d.Vd), c.n, d.Vd, d.Cc, d.Vd);
+            be->conv1d_silu_backward(m->d_proj, dhalo, G(p->conv), m->d_conv, a->gdn_proj,
+                                     block_gdn_halo_in(m, a, &c, &d), W(p->conv), b->doc_pos + c.row, c.n, d.Cc, d.Kc,
+                                     d.Pg, d.Cc);
         } else {
             be->gdn_gates_backward(AT(m->d_proj, d.Cc + d.Vd), AT(m->d_proj, d.Cc + d.Vd + d.nv), G(p->A_log),
                                    G(p->dt_bias), m->d_beta + c.row * d.nv, m->d_g + c.row * d.nv,
                                    AT(a->gdn_proj, d.Cc + d.Vd), AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32),
                                    P32(p->dt_bias32), c.n, d.nv, d.Pg);
-            /* dz into d_proj's z columns; the L2 norm's backward and dv into d_conv: one pass */
-            be->gdn_split_backward(m->d_conv, AT(m->d_proj, d.Cc), AT(m->d_qk, c.row * 2 * d.Kd),
-                                   AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
-                                   AT(m->d_v, c.row * d.Vd), AT(m->d_z, c.row * d.Vd), c.n, d.nk, d.dk, d.Vd, d.Cc,
-                                   d.Pg);
+            /* the L2 norm's backward and dv through the conv's backward into d_proj's q|k|v columns (and the
+             * halo's gradient, dw), dz into its z columns: one pass */
+            be->gdn_conv_split_backward(m->d_proj, dhalo, G(p->conv), AT(m->d_qk, c.row * 2 * d.Kd),
+                                        AT(a->gdn_qk_norm, c.row * 2 * d.Kd), a->gdn_qk_rstd + c.row * 2 * d.nk,
+                                        AT(m->d_v, c.row * d.Vd), AT(m->d_z, c.row * d.Vd), a->gdn_proj,
+                                        block_gdn_halo_in(m, a, &c, &d), W(p->conv), b->doc_pos + c.row, c.n, d.nk,
+                                        d.dk, d.Vd, d.Kc, d.Pg);
         }
-        void *dhalo = c.off > 0 ? m->d_halo : multi ? AT(cp->halo_send, c.frag * tail) : NULL;
-        be->conv1d_silu_backward(m->d_proj, dhalo, G(p->conv), m->d_conv, a->gdn_proj,
-                                 block_gdn_halo_in(m, a, &c, &d), W(p->conv), b->doc_pos + c.row, c.n, d.Cc, d.Kc,
-                                 d.Pg, d.Cc);
         block_gdn_save_halo(m, a, &c, &d);
         block_in_proj_backward(m, l, c.row, c.n, m->d_proj, d.Pg, d.Pg, &d);
         if (c.off > 0) { /* the halo's gradient: the previous chunk's last Kc-1 rows */

@@ -22,8 +22,10 @@
 #include "backend_bf16emu.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "cpu_kernels.h"
 
 float bf16emu_round(float x) {
@@ -143,6 +145,27 @@ static void emu_gdn_split_backward(void *dconv, void *dzout, const void *dqk, co
                                    const void *dv, const void *dz, int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {
     cpu_gdn_split_backward(dconv, dzout, dqk, qk, qk_rstd, dv, dz, T, nk, dk, Vd, ldc, ldz);
     emu_round(dconv, T, (int64_t)2 * nk * dk, ldc);
+}
+/* the fused GDN conv + split: the rounded unfused pair through a scratch buffer (the cuda kernel rounds the
+ * conv output and its gradient to bf16 where the unfused pair stores them) */
+static void emu_gdn_conv_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *proj, const void *halo,
+                                       const void *w, const int32_t *doc_pos, int64_t T, int nk, int dk, int Vd,
+                                       int Kc, int ldp) {
+    const int Cc = 2 * nk * dk + Vd;
+    float *conv = RS_MALLOC((size_t)(T > 0 ? T : 1) * (size_t)Cc * sizeof(float));
+    emu_conv_forward(conv, proj, halo, w, doc_pos, T, Cc, Kc, ldp, Cc);
+    emu_gdn_split_forward(qk, qk_rstd, v, z, conv, (const float *)proj + Cc, T, nk, dk, Vd, Cc, ldp);
+    free(conv);
+}
+static void emu_gdn_conv_split_backward(void *dproj, void *dhalo, float *dw, const void *dqk, const void *qk,
+                                        const float *qk_rstd, const void *dv, const void *dz, const void *proj,
+                                        const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int nk,
+                                        int dk, int Vd, int Kc, int ldp) {
+    const int Cc = 2 * nk * dk + Vd;
+    float *dconv = RS_MALLOC((size_t)(T > 0 ? T : 1) * (size_t)Cc * sizeof(float));
+    emu_gdn_split_backward(dconv, (float *)dproj + Cc, dqk, qk, qk_rstd, dv, dz, T, nk, dk, Vd, Cc, ldp);
+    emu_conv_backward(dproj, dhalo, dw, dconv, proj, halo, w, doc_pos, T, Cc, Kc, ldp, Cc);
+    free(dconv);
 }
 static void emu_gates_backward(void *db, void *da, float *dA, float *ddt, const float *dbeta, const float *dg,
                                const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T,
@@ -300,6 +323,8 @@ const Backend backend_cpu_bf16 = {
     .l2norm_backward = emu_l2norm_backward,
     .gdn_split_forward = emu_gdn_split_forward,
     .gdn_split_backward = emu_gdn_split_backward,
+    .gdn_conv_split_forward = emu_gdn_conv_split_forward,
+    .gdn_conv_split_backward = emu_gdn_conv_split_backward,
     .gdn_gates_forward = cpu_gdn_gates_forward,
     .gdn_gates_backward = emu_gates_backward,
     .gdn_chunk_forward = emu_gdn_forward,

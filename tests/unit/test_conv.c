@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "test_strided.h"
 #include "test_util.h"
 
 typedef struct {
@@ -337,4 +338,54 @@ TEST(conv_halo_property) {
     const int64_t T1s2[] = {1, 10, 11, 44, 47, 100};
     for (int i = 0; i < (int)(sizeof T1s2 / sizeof T1s2[0]); i++) conv_test_halo_property(5, 2, docs, 120, T1s2[i], 400 + i);
     conv_test_halo_property(3, 1, docs, 60, 11, 500);
+}
+
+/* gdn_conv_split_forward/backward (the GDN layer's conv fused with the split after it) are, on cpu, the conv and
+ * the split through a scratch buffer: bitwise those two calls, on proj rows [q|k|v|z|gates] whose gates' columns
+ * and pads must stay untouched, with a halo, its gradient and documents (one starting inside the halo's reach) */
+TEST(gdn_conv_split_is_conv_then_split) {
+    const int64_t T = 29;
+    const int nk = 2, dk = 8, Vd = 12, Kc = 4, Kd2 = 2 * nk * dk, Cc = Kd2 + Vd, ldp = Cc + Vd + 6;
+    int32_t doc_pos[29];
+    for (int64_t t = 0; t < T; t++) doc_pos[t] = t < 2 ? 7 + (int)t : t < 11 ? (int)t - 2 : (int)t - 11;
+    TestStrided proj = test_strided_new(T, Cc + Vd, ldp);
+    test_strided_fill_normal(&proj, 1.0);
+    float *halo = test_alloc((Kc - 1) * Cc * (int64_t)sizeof(float)), *w = test_alloc(Cc * Kc * (int64_t)sizeof(float));
+    test_fill_normal(halo, (Kc - 1) * Cc, 1.0);
+    test_fill_normal(w, Cc * Kc, 0.7);
+    TestStrided qk = test_strided_new(T, Kd2, Kd2), v = test_strided_new(T, Vd, Vd), z = test_strided_new(T, Vd, Vd);
+    float *rstd = test_alloc(T * 2 * nk * (int64_t)sizeof(float));
+    cpu_gdn_conv_split_forward(qk.p, rstd, v.p, z.p, proj.p, halo, w, doc_pos, T, nk, dk, Vd, Kc, ldp);
+    float *conv = test_alloc(T * Cc * (int64_t)sizeof(float)), *qk0 = test_alloc(T * Kd2 * (int64_t)sizeof(float));
+    float *rstd0 = test_alloc(T * 2 * nk * (int64_t)sizeof(float)), *v0 = test_alloc(T * Vd * (int64_t)sizeof(float));
+    float *z0 = test_alloc(T * Vd * (int64_t)sizeof(float));
+    cpu_conv1d_silu_forward(conv, proj.p, halo, w, doc_pos, T, Cc, Kc, ldp, Cc);
+    cpu_gdn_split_forward(qk0, rstd0, v0, z0, conv, proj.p + Cc, T, nk, dk, Vd, Cc, ldp);
+    EXPECT(!memcmp(qk.p, qk0, (size_t)(T * Kd2) * 4), "gdn_conv_split fwd qk differs from conv + split");
+    EXPECT(!memcmp(rstd, rstd0, (size_t)(T * 2 * nk) * 4), "gdn_conv_split fwd rstd differs");
+    EXPECT(!memcmp(v.p, v0, (size_t)(T * Vd) * 4), "gdn_conv_split fwd v differs");
+    EXPECT(!memcmp(z.p, z0, (size_t)(T * Vd) * 4), "gdn_conv_split fwd z differs");
+    test_strided_intact("gdn_conv_split fwd qk", &qk);
+
+    float *dqk = test_alloc(T * Kd2 * (int64_t)sizeof(float)), *dv = test_alloc(T * Vd * (int64_t)sizeof(float));
+    float *dz = test_alloc(T * Vd * (int64_t)sizeof(float)), *dw = test_alloc(Cc * Kc * (int64_t)sizeof(float));
+    float *dw0 = test_alloc(Cc * Kc * (int64_t)sizeof(float));
+    test_fill_normal(dqk, T * Kd2, 1.0);
+    test_fill_normal(dv, T * Vd, 1.0);
+    test_fill_normal(dz, T * Vd, 1.0);
+    test_fill_normal(dw, Cc * Kc, 0.1);
+    memcpy(dw0, dw, (size_t)(Cc * Kc) * 4);
+    TestStrided dproj = test_strided_new(T, Cc + Vd, ldp), dproj0 = test_strided_new(T, Cc + Vd, ldp);
+    float *dhalo = conv_alloc_poisoned((Kc - 1) * Cc), *dhalo0 = conv_alloc_poisoned((Kc - 1) * Cc);
+    cpu_gdn_conv_split_backward(dproj.p, dhalo, dw, dqk, qk.p, rstd, dv, dz, proj.p, halo, w, doc_pos, T, nk, dk, Vd,
+                                Kc, ldp);
+    float *dconv = test_alloc(T * Cc * (int64_t)sizeof(float));
+    cpu_gdn_split_backward(dconv, dproj0.p + Cc, dqk, qk.p, rstd, dv, dz, T, nk, dk, Vd, Cc, ldp);
+    cpu_conv1d_silu_backward(dproj0.p, dhalo0, dw0, dconv, proj.p, halo, w, doc_pos, T, Cc, Kc, ldp, Cc);
+    for (int64_t t = 0; t < T; t++)
+        EXPECT(!memcmp(dproj.p + t * ldp, dproj0.p + t * ldp, (size_t)(Cc + Vd) * 4),
+               "gdn_conv_split bwd dproj row %lld differs from split + conv", (long long)t);
+    EXPECT(!memcmp(dhalo, dhalo0, (size_t)((Kc - 1) * Cc) * 4), "gdn_conv_split bwd dhalo differs");
+    EXPECT(!memcmp(dw, dw0, (size_t)(Cc * Kc) * 4), "gdn_conv_split bwd dw differs");
+    test_strided_intact("gdn_conv_split bwd dproj (the gates' columns untouched)", &dproj);
 }

@@ -13,8 +13,13 @@ mkdir -p "$OUT"
 python3 "$E/extract.py" "$ROOT" "$OUT"
 FLAGS="-std=c++20 -O2 -pthread -fno-strict-aliasing -w -I$E -I$OUT"
 pids=()
-for k in conv:cpu_conv norm:cpu_norm ew:cpu_elementwise; do
-    $CXX $FLAGS -o "$OUT/emu_${k%%:*}" "$E/emu_${k%%:*}.cpp" "$BUILD/kernels/cpu/${k#*:}.o" "$BUILD/lib/core/error.o" -lm &
+# the conv's oracle objects include cpu_norm.o (and its copies, cpu_memory.o): the fused GDN conv + split's
+# oracle is the conv and the split
+for k in conv:cpu_conv,cpu_norm,cpu_memory norm:cpu_norm ew:cpu_elementwise; do
+    objs=()
+    IFS=, read -ra names <<< "${k#*:}"
+    for n in "${names[@]}"; do objs+=("$BUILD/kernels/cpu/$n.o"); done
+    $CXX $FLAGS -o "$OUT/emu_${k%%:*}" "$E/emu_${k%%:*}.cpp" "${objs[@]}" "$BUILD/lib/core/error.o" -lm &
     pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done

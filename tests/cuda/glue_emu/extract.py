@@ -1,5 +1,5 @@
 """extract.py (glue_emu) — the device code of the glue kernels, cut out of their sources for the host emulation
-(emu.h): OUT/conv.inc (cuda_conv.cu's run kernels), OUT/norm.inc (cuda_rmsnorm.cu's kernels, cuda_norm.cu's gated
+(emu.h): OUT/conv.inc (cuda_conv.cu's run kernels and the fused GDN conv + split), OUT/norm.inc (cuda_rmsnorm.cu's kernels, cuda_norm.cu's gated
 RMSNorm group kernels), OUT/ew.inc (cuda_elementwise.cu's sigmoid gate and SwiGLU), each after cuda_device.cuh's
 device helpers (the L2 prefetch's asm dropped) and the sources' own defines. The cuts are by the section comments
 and signatures below; one that is gone stops the build, naming it. Usage: extract.py ROOT OUT"""
@@ -33,7 +33,8 @@ conv = read("kernels/cuda/cuda_conv.cu")
 conv_inc = (cut(conv, "#define CONV_KC_MAX", "static void conv_check_sizes", "cuda_conv.cu")
             + cut(conv, "__device__ __forceinline__ float conv_sigmoid", "/* u[t, c..c+n) into u[]", "cuda_conv.cu")
             + cut(conv, "/* the n <= CONV_CV bf16 at p", 'extern "C" void cuda_conv1d_silu_forward', "cuda_conv.cu"))
-open(f"{out}/conv.inc", "w").write(head + conv_inc)
+l2eps = "\n".join(l for l in read("kernels/cuda/cuda_norm.cuh").splitlines() if l.startswith("#define L2NORM_EPS"))
+open(f"{out}/conv.inc", "w").write(head + l2eps + "\n" + conv_inc)
 
 nh = read("kernels/cuda/cuda_norm.cuh")
 helpers = cut(nh, "#define NORM_WARPS", "static inline int norm_rows_blocks", "cuda_norm.cuh") + \
