@@ -9,9 +9,10 @@
  *   gated RMSNorm  y = w * (x * rstd) * silu(z), rstd over dv per (token, value head), plain w
  *                  shared by the heads (the GDN output norm, docs/design/model.md).
  *   GDN split      the L2 norm of q, k with the v and z copies the GDN layer makes after its conv
- *                  (one fused pass on cuda; here the L2 norm and two copies, bitwise the unfused calls).
- * Implements the Backend entries of the same names (lib/backend/backend.h); reached through backend_cpu
- * by the model code and called directly by tests/unit/test_norm.c.
+ *                  (here the L2 norm and two copies, bitwise the unfused calls; called by cpu_conv.c's
+ *                  gdn_conv_split_*, the Backend entry that fuses the conv with it).
+ * Implements the Backend entries of the same names (lib/backend/backend.h) but the split; reached through
+ * backend_cpu by the model code and called directly by tests/unit/test_norm.c.
  *
  * Numerics: fp32 in and out. Row reductions (sums of squares, the dot products of the backward)
  * accumulate in double in index order; the rstd handed back is rounded to fp32 and the forward
@@ -144,8 +145,9 @@ void cpu_l2norm_backward(void *dinp_ /* (T,ldi) = */, const void *dout_ /* (T,ld
 
 /* ---- the GDN split after the conv: the L2 norm of q, k and the v, z copies ------------------- */
 
-/* the oracle of the fused op: the L2 norm and two copies, in the order and arithmetic of the calls
- * they replace (the cpu model's results are bitwise those of the unfused calls) */
+/* the split half of the fused conv + split (cpu_conv.c's gdn_conv_split_*, the oracle of cuda_conv.cu's): the
+ * L2 norm and two copies, in the order and arithmetic of the unfused calls (the cpu model's results are bitwise
+ * those of conv1d_silu, l2norm and the copies in sequence) */
 void cpu_gdn_split_forward(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
                            void *z /* (T,Vd) */, const void *conv /* (T,ldc) */, const void *zin /* (T,ldz) */,
                            int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {

@@ -53,8 +53,6 @@
     X(conv1d_silu_backward) \
     X(l2norm_forward) \
     X(l2norm_backward) \
-    X(gdn_split_forward) \
-    X(gdn_split_backward) \
     X(gdn_conv_split_forward) \
     X(gdn_conv_split_backward) \
     X(gdn_gates_forward) \
@@ -154,8 +152,6 @@ static void prof_conv1d_silu_forward(void *out, const void *inp, const void *hal
 static void prof_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, const void *dout, const void *inp, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C, int Kc, int ldi, int ldo) { PROF_VOID(conv1d_silu_backward, (dinp, dhalo, dw, dout, inp, halo, w, doc_pos, T, C, Kc, ldi, ldo)); }
 static void prof_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int nh, int D, int ldi, int ldo) { PROF_VOID(l2norm_forward, (out, rstd, inp, T, nh, D, ldi, ldo)); }
 static void prof_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo) { PROF_VOID(l2norm_backward, (dinp, dout, out, rstd, T, nh, D, ldi, ldo)); }
-static void prof_gdn_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *conv, const void *zin, int64_t T, int nk, int dk, int Vd, int ldc, int ldz) { PROF_VOID(gdn_split_forward, (qk, qk_rstd, v, z, conv, zin, T, nk, dk, Vd, ldc, ldz)); }
-static void prof_gdn_split_backward(void *dconv, void *dzout, const void *dqk, const void *qk, const float *qk_rstd, const void *dv, const void *dz, int64_t T, int nk, int dk, int Vd, int ldc, int ldz) { PROF_VOID(gdn_split_backward, (dconv, dzout, dqk, qk, qk_rstd, dv, dz, T, nk, dk, Vd, ldc, ldz)); }
 static void prof_gdn_conv_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *proj, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int nk, int dk, int Vd, int Kc, int ldp) { PROF_VOID(gdn_conv_split_forward, (qk, qk_rstd, v, z, proj, halo, w, doc_pos, T, nk, dk, Vd, Kc, ldp)); }
 static void prof_gdn_conv_split_backward(void *dproj, void *dhalo, float *dw, const void *dqk, const void *qk, const float *qk_rstd, const void *dv, const void *dz, const void *proj, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int nk, int dk, int Vd, int Kc, int ldp) { PROF_VOID(gdn_conv_split_backward, (dproj, dhalo, dw, dqk, qk, qk_rstd, dv, dz, proj, halo, w, doc_pos, T, nk, dk, Vd, Kc, ldp)); }
 static void prof_gdn_gates_forward(float *beta, float *g, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld) { PROF_VOID(gdn_gates_forward, (beta, g, b, a, A_log, dt_bias, T, nv, ld)); }

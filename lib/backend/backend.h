@@ -189,30 +189,18 @@ typedef struct Backend {
     void (*l2norm_backward)(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh,
                             int D, int ldi, int ldo);
 
-    /* ---- the GDN split after the conv, one pass (model_block.c): qk = the L2 norm (l2norm_forward) of
-     * conv's first 2 nk heads of dk, v = conv's next Vd columns, z = zin's Vd columns (copies) ---- */
-    void (*gdn_split_forward)(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
-                              void *z /* (T,Vd) */, const void *conv /* (T,ldc) [q|k|v] */,
-                              const void *zin /* (T,ldz) Vd columns */, int64_t T, int nk, int dk, int Vd, int ldc,
-                              int ldz);
-    /* its backward: dconv's [dq|dk] = l2norm_backward of dqk, dconv's Vd columns after them = dv,
-     * dzout = dz (its Vd columns; the rest of dconv's and dzout's rows are not touched) */
-    void (*gdn_split_backward)(void *dconv /* (T,ldc) = */, void *dzout /* (T,ldz) = */,
-                               const void *dqk /* (T,2nk dk) */, const void *qk /* (T,2nk dk) */,
-                               const float *qk_rstd /* (T,2nk) */, const void *dv /* (T,Vd) */,
-                               const void *dz /* (T,Vd) */, int64_t T, int nk, int dk, int Vd, int ldc, int ldz);
-
     /* ---- the GDN conv and split fused (model_block.c's GDN path): conv1d_silu_forward over proj's first
      * Cc = 2 nk dk + Vd columns [q|k|v] (halo, kernel Kc and the doc_pos masks exactly as conv1d_silu_forward),
-     * then gdn_split_forward of that result with zin = proj's Vd columns after them [z]; the conv output
-     * never exists as a buffer (cuda: held in registers, rounded to bf16 as the unfused pair stores it) ---- */
+     * then the split: qk = the L2 norm (l2norm_forward) of the conv output's first 2 nk heads of dk, v = its next
+     * Vd columns, z = proj's Vd columns after them (copies); the conv output never exists as a buffer (cuda:
+     * held in registers, rounded to bf16 as a bf16 buffer would store it) ---- */
     void (*gdn_conv_split_forward)(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,
                                    void *z /* (T,Vd) */, const void *proj /* (T,ldp) [q|k|v|z ...] */,
                                    const void *halo /* (Kc-1,Cc) pre-conv [q|k|v] or NULL */,
                                    const void *w /* (Cc,Kc) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
                                    int dk, int Vd, int Kc, int ldp);
-    /* its backward: gdn_split_backward (dconv = the L2 norm's backward of dqk | dv) followed by
-     * conv1d_silu_backward of that dconv: dproj's [q|k|v] columns = dinp, dproj's z columns = dz, dhalo = the
+    /* its backward: dconv = the L2 norm's backward (l2norm_backward) of dqk | dv, then conv1d_silu_backward
+     * of that dconv: dproj's [q|k|v] columns = dinp, dproj's z columns = dz, dhalo = the
      * halo rows' gradient (skipped when NULL), dw +=; the rest of dproj's rows is not touched */
     void (*gdn_conv_split_backward)(void *dproj /* (T,ldp) [q|k|v|z] = */, void *dhalo /* (Kc-1,Cc) = or NULL */,
                                     float *dw /* (Cc,Kc) += */, const void *dqk /* (T,2nk dk) */,
