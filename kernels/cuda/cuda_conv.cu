@@ -507,6 +507,16 @@ __device__ __forceinline__ float conv_head_sum(float v) {
     return v;
 }
 
+/* conv_head_sum of each of v[0..R), the R butterflies interleaved (R independent shuffle chains: each step's
+ * R shuffles are in flight together); every v[r] gets exactly conv_head_sum's additions, in its order */
+template <int HL, int R>
+__device__ __forceinline__ void conv_head_sums(float v[R]) {
+#pragma unroll
+    for (int o = HL / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < R; r++) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+}
+
 /* rows [t0, t0 + run) of CONV_CV channels per thread: conv + SiLU (rounded to bf16), then q|k lanes the L2
  * norm of their head into qk and rstd, v lanes the copy into v; blocks x >= nbc copy z */
 template <int KC, int HL>
@@ -538,6 +548,8 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
     for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
     uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
     int dpn[CONV_RUN_G];
+#pragma unroll
+    for (int g = 0; g < CONV_RUN_G; g++) xn[g] = make_uint2(0, 0), dpn[g] = -1; /* rows past t1: never stored */
     auto load_group = [&](int tg) {
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++)
@@ -556,33 +568,48 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++)
             if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(proj + (int64_t)(tg + CONV_PF_ROWS + g) * ldp + c);
+        /* the group's conv + SiLU rows first, rounded to bf16 and kept packed (xr's registers), with their sums
+         * of squares; then the group's head sums as one butterfly of CONV_RUN_G independent chains; then the
+         * stores. No branch between the rows: the shuffle chains of the rows overlap rather than run one after
+         * another. Rows past t1 or with doc_pos < 0 are computed (a warp's branches are uniform) but not stored. */
+        float ss[CONV_RUN_G];
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) {
-            const int t = tg + g;
-            if (t >= t1) break;
             conv_unpack4(xw[0], xr[g]);
-            const int dp = dpg[g]; /* the same for the warp's lanes: its branches are uniform */
-            if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
-            else {
-                float u[CONV_CV];
-                conv_run_preact<KC>(u, xw, wr, min(KC - 1, dp));
+            float u[CONV_CV];
+            conv_run_preact<KC>(u, xw, wr, min(KC - 1, dpg[g]));
+            __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&xr[g]);
+            h[0] = __floats2bfloat162_rn(u[0] * conv_sigmoid(u[0]), u[1] * conv_sigmoid(u[1]));
+            h[1] = __floats2bfloat162_rn(u[2] * conv_sigmoid(u[2]), u[3] * conv_sigmoid(u[3]));
+            conv_unpack4(u, xr[g]);
+            ss[g] = 0.0f;
 #pragma unroll
-                for (int i = 0; i < CONV_CV; i++) u[i] = conv_bf16_round(u[i] * conv_sigmoid(u[i]));
-                if (is_qk) {
-                    float ss = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) ss += u[i] * u[i];
-                    const float rs = 1.0f / sqrtf(conv_head_sum<HL>(ss) + L2NORM_EPS);
-                    if (c % DK == 0) rs_out[(int64_t)t * nqk] = rs;
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) u[i] *= rs;
-                }
-                conv_store4(out + (int64_t)t * ldo, u, n, vec);
-            }
+            for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
 #pragma unroll
             for (int b = KC - 1; b > 0; b--)
 #pragma unroll
                 for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+        }
+        if (is_qk) {
+            conv_head_sums<HL, CONV_RUN_G>(ss);
+#pragma unroll
+            for (int g = 0; g < CONV_RUN_G; g++) ss[g] = 1.0f / sqrtf(ss[g] + L2NORM_EPS); /* the rows' rstd */
+        }
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++) {
+            const int t = tg + g;
+            if (t >= t1) break;
+            const int dp = dpg[g]; /* the same for the warp's lanes: its branches are uniform */
+            if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
+            else if (is_qk) {
+                const float rs = ss[g];
+                if (c % DK == 0) rs_out[(int64_t)t * nqk] = rs;
+                float u[CONV_CV];
+                conv_unpack4(u, xr[g]);
+#pragma unroll
+                for (int i = 0; i < CONV_CV; i++) u[i] *= rs;
+                conv_store4(out + (int64_t)t * ldo, u, n, vec);
+            } else conv_put4(out + (int64_t)t * ldo, xr[g], n, vec);
         }
     }
 }
