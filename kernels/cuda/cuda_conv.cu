@@ -58,7 +58,8 @@
 #define CONV_RUN_G 4               /* rows a run thread loads as a group (= CONV_RUN_KC: the unrolled group
                                     * also turns the window shifts into register renames) */
 #define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
-#define CONV_SPLIT_GB 1            /* rows the fused GDN conv + split backward loads as a group */
+#define CONV_SPLIT_GB 2            /* rows the fused GDN conv + split backward loads as a group (its input
+                                    * window kept as bf16 leaves room for 2 within 128 registers) */
 #define CONV_SPLIT_ZG 4            /* rows the z copies of the fused GDN conv + split load as a group */
 
 static void conv_check_sizes(int64_t T, int C, int Kc, int ldi, int ldo) {
@@ -244,6 +245,15 @@ __device__ __forceinline__ void conv_row4(float x[CONV_CV], const bf16 *inp, con
     else
 #pragma unroll
         for (int i = 0; i < CONV_CV; i++) x[i] = 0.0f;
+}
+
+/* conv_row4's row as read (bf16, not unpacked): zeros before the halo or without one */
+template <int KC>
+__device__ __forceinline__ uint2 conv_rowraw4(const bf16 *inp, const bf16 *halo, int64_t r, int c, int n, int C,
+                                              int ldi, bool vec) {
+    if (r >= 0) return conv_raw4(inp + r * ldi + c, n, vec);
+    if (halo) return conv_raw4(halo + (KC - 1 + r) * (int64_t)C + c, n, vec);
+    return make_uint2(0, 0);
 }
 
 /* u = sum over taps b = nb..0 (oldest first) of w[KC-1-b] x(t-b); xw[b] = x(t-b) */
@@ -648,11 +658,12 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
         for (int j = 0; j < KC; j++) dw[i][j] = 0.0f;
     if (n > 0 && t0 < T) {
         const int t1 = min(T, t0 + run);
-        float wr[CONV_CV][KC], xw[KC][CONV_CV], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
+        float wr[CONV_CV][KC], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
+        uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
         int dpw[KC];                                                 /* doc_pos of those tokens; -1: none */
         conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
+        for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
 #pragma unroll
         for (int b = 0; b < KC; b++) {
             dpw[b] = -1;
@@ -688,17 +699,26 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
             uint2 xr[CONV_SPLIT_GB], dr[CONV_SPLIT_GB];
             int dpg[CONV_SPLIT_GB];
 #pragma unroll
-            for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
-                if (is_qk) {
-                    float gv[CONV_CV], y[CONV_CV], dot = 0.0f;
+            for (int g = 0; g < CONV_SPLIT_GB; g++) xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
+            if (is_qk) { /* the group's dots (dqk . y) as CONV_SPLIT_GB interleaved butterflies */
+                float dot[CONV_SPLIT_GB];
+#pragma unroll
+                for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                    float gv[CONV_CV], y[CONV_CV];
+                    conv_unpack4(gv, gn[g]);
+                    conv_unpack4(y, yn[g]);
+                    dot[g] = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) dot[g] += gv[i] * y[i];
+                }
+                conv_head_sums<HL, CONV_SPLIT_GB>(dot);
+#pragma unroll
+                for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                    float gv[CONV_CV], y[CONV_CV];
                     conv_unpack4(gv, gn[g]);
                     conv_unpack4(y, yn[g]);
 #pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) dot += gv[i] * y[i];
-                    dot = conv_head_sum<HL>(dot);
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot * y[i]);
+                    for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot[g] * y[i]);
                     __nv_bfloat162 *hp = reinterpret_cast<__nv_bfloat162 *>(&dr[g]);
                     hp[0] = __floats2bfloat162_rn(gv[0], gv[1]);
                     hp[1] = __floats2bfloat162_rn(gv[2], gv[3]);
@@ -730,7 +750,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
                 if (t < T) {
                     float dy[CONV_CV];
                     conv_unpack4(dy, dr[g]);
-                    conv_unpack4(xw[0], xr[g]);
+                    xp[0] = xr[g];
+                    float xw[KC][CONV_CV];
+#pragma unroll
+                    for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
                     const int dp = dpg[g];
                     if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
                     else {
@@ -751,9 +774,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
                                     for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
                     }
 #pragma unroll
-                    for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+                    for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
                 }
                 /* row s: dproj[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
                 const int s = t - (KC - 1);
