@@ -552,10 +552,11 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
     bf16 *out = is_qk ? qk + c : v + (c - Kd2); /* the lane's output columns */
     const int ldo = is_qk ? Kd2 : Vd;
     float *rs_out = rstd + c / DK; /* its head's rstd (q|k lanes) */
-    float wr[CONV_CV][KC], xw[KC][CONV_CV];
+    float wr[CONV_CV][KC];
+    uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
     conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-    for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
+    for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
     uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
     int dpn[CONV_RUN_G];
 #pragma unroll
@@ -585,8 +586,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
         float ss[CONV_RUN_G];
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) {
-            conv_unpack4(xw[0], xr[g]);
-            float u[CONV_CV];
+            xp[0] = xr[g];
+            float xw[KC][CONV_CV], u[CONV_CV];
+#pragma unroll
+            for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
             conv_run_preact<KC>(u, xw, wr, min(KC - 1, dpg[g]));
             __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&xr[g]);
             h[0] = __floats2bfloat162_rn(u[0] * conv_sigmoid(u[0]), u[1] * conv_sigmoid(u[1]));
@@ -596,9 +599,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
 #pragma unroll
             for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
 #pragma unroll
-            for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-                for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+            for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
         }
         if (is_qk) {
             conv_head_sums<HL, CONV_RUN_G>(ss);
