@@ -60,7 +60,8 @@
 #define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
 #define CONV_SPLIT_GB 2            /* rows the fused GDN conv + split backward loads as a group (its input
                                     * window kept as bf16 leaves room for 2 within 128 registers) */
-#define CONV_SPLIT_ZG 4            /* rows the z copies of the fused GDN conv + split load as a group */
+#define CONV_SPLIT_ZG 8            /* rows the z copies of the fused GDN conv + split load as a group (2 KB
+                                    * of reads in flight per warp; the conv warps have 1 KB and an L2 prefetch) */
 
 static void conv_check_sizes(int64_t T, int C, int Kc, int ldi, int ldo) {
     RS_CHECK(T >= 0 && C > 0, "conv1d_silu: T = %lld, C = %d", (long long)T, C);
