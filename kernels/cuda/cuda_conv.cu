@@ -476,7 +476,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
  * consecutive channels of one token, and the q|k part (2 nk dk channels, a multiple of 128 for dk = 64, 128)
  * ends on a warp boundary: a warp is all q|k or all v (the branch is uniform per warp), and a q or k head is
  * HL = dk/4 lanes of one warp, so its sum of squares (forward) or dot (dqk . y) (backward) is a butterfly
- * over those lanes, in a fixed order. Blocks past the conv's along x copy z for the same rows (forward:
+ * over those lanes, in a fixed order; the forward does a group's CONV_RUN_G rows' sums as interleaved
+ * butterflies (conv_head_sums), the backward its CONV_SPLIT_GB rows' dots, so the rows' shuffle chains overlap.
+ * Both keep the conv input window as the bf16 rows they read (unpacked per row), which leaves the registers
+ * for those groups without spills. Blocks past the conv's along x copy z for the same rows (forward:
  * proj's z columns into z; backward: dz into dproj's z columns). The conv output and its gradient are
  * rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_* and
  * gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
