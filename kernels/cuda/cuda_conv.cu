@@ -58,8 +58,10 @@
 #define CONV_RUN_G 4               /* rows a run thread loads as a group (= CONV_RUN_KC: the unrolled group
                                     * also turns the window shifts into register renames) */
 #define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
-#define CONV_SPLIT_GB 1            /* rows the fused GDN conv + split backward loads as a group */
-#define CONV_SPLIT_ZG 4            /* rows the z copies of the fused GDN conv + split load as a group */
+#define CONV_SPLIT_GB 2            /* rows the fused GDN conv + split backward loads as a group (its input
+                                    * window kept as bf16 leaves room for 2 within 128 registers) */
+#define CONV_SPLIT_ZG 8            /* rows the z copies of the fused GDN conv + split load as a group (2 KB
+                                    * of reads in flight per warp; the conv warps have 1 KB and an L2 prefetch) */
 
 static void conv_check_sizes(int64_t T, int C, int Kc, int ldi, int ldo) {
     RS_CHECK(T >= 0 && C > 0, "conv1d_silu: T = %lld, C = %d", (long long)T, C);
@@ -244,6 +246,15 @@ __device__ __forceinline__ void conv_row4(float x[CONV_CV], const bf16 *inp, con
     else
 #pragma unroll
         for (int i = 0; i < CONV_CV; i++) x[i] = 0.0f;
+}
+
+/* conv_row4's row as read (bf16, not unpacked): zeros before the halo or without one */
+template <int KC>
+__device__ __forceinline__ uint2 conv_rowraw4(const bf16 *inp, const bf16 *halo, int64_t r, int c, int n, int C,
+                                              int ldi, bool vec) {
+    if (r >= 0) return conv_raw4(inp + r * ldi + c, n, vec);
+    if (halo) return conv_raw4(halo + (KC - 1 + r) * (int64_t)C + c, n, vec);
+    return make_uint2(0, 0);
 }
 
 /* u = sum over taps b = nb..0 (oldest first) of w[KC-1-b] x(t-b); xw[b] = x(t-b) */
@@ -465,7 +476,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
  * consecutive channels of one token, and the q|k part (2 nk dk channels, a multiple of 128 for dk = 64, 128)
  * ends on a warp boundary: a warp is all q|k or all v (the branch is uniform per warp), and a q or k head is
  * HL = dk/4 lanes of one warp, so its sum of squares (forward) or dot (dqk . y) (backward) is a butterfly
- * over those lanes, in a fixed order. Blocks past the conv's along x copy z for the same rows (forward:
+ * over those lanes, in a fixed order; the forward does a group's CONV_RUN_G rows' sums as interleaved
+ * butterflies (conv_head_sums), the backward its CONV_SPLIT_GB rows' dots, so the rows' shuffle chains overlap.
+ * Both keep the conv input window as the bf16 rows they read (unpacked per row), which leaves the registers
+ * for those groups without spills. Blocks past the conv's along x copy z for the same rows (forward:
  * proj's z columns into z; backward: dz into dproj's z columns). The conv output and its gradient are
  * rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_* and
  * gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
@@ -507,6 +521,16 @@ __device__ __forceinline__ float conv_head_sum(float v) {
     return v;
 }
 
+/* conv_head_sum of each of v[0..R), the R butterflies interleaved (R independent shuffle chains: each step's
+ * R shuffles are in flight together); every v[r] gets exactly conv_head_sum's additions, in its order */
+template <int HL, int R>
+__device__ __forceinline__ void conv_head_sums(float v[R]) {
+#pragma unroll
+    for (int o = HL / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < R; r++) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+}
+
 /* rows [t0, t0 + run) of CONV_CV channels per thread: conv + SiLU (rounded to bf16), then q|k lanes the L2
  * norm of their head into qk and rstd, v lanes the copy into v; blocks x >= nbc copy z */
 template <int KC, int HL>
@@ -532,12 +556,15 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
     bf16 *out = is_qk ? qk + c : v + (c - Kd2); /* the lane's output columns */
     const int ldo = is_qk ? Kd2 : Vd;
     float *rs_out = rstd + c / DK; /* its head's rstd (q|k lanes) */
-    float wr[CONV_CV][KC], xw[KC][CONV_CV];
+    float wr[CONV_CV][KC];
+    uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
     conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-    for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
+    for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
     uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
     int dpn[CONV_RUN_G];
+#pragma unroll
+    for (int g = 0; g < CONV_RUN_G; g++) xn[g] = make_uint2(0, 0), dpn[g] = -1; /* rows past t1: never stored */
     auto load_group = [&](int tg) {
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++)
@@ -556,33 +583,48 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++)
             if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(proj + (int64_t)(tg + CONV_PF_ROWS + g) * ldp + c);
+        /* the group's conv + SiLU rows first, rounded to bf16 and kept packed (xr's registers), with their sums
+         * of squares; then the group's head sums as one butterfly of CONV_RUN_G independent chains; then the
+         * stores. No branch between the rows: the shuffle chains of the rows overlap rather than run one after
+         * another. Rows past t1 or with doc_pos < 0 are computed (a warp's branches are uniform) but not stored. */
+        float ss[CONV_RUN_G];
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++) {
+            xp[0] = xr[g];
+            float xw[KC][CONV_CV], u[CONV_CV];
+#pragma unroll
+            for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
+            conv_run_preact<KC>(u, xw, wr, min(KC - 1, dpg[g]));
+            __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&xr[g]);
+            h[0] = __floats2bfloat162_rn(u[0] * conv_sigmoid(u[0]), u[1] * conv_sigmoid(u[1]));
+            h[1] = __floats2bfloat162_rn(u[2] * conv_sigmoid(u[2]), u[3] * conv_sigmoid(u[3]));
+            conv_unpack4(u, xr[g]);
+            ss[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
+#pragma unroll
+            for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
+        }
+        if (is_qk) {
+            conv_head_sums<HL, CONV_RUN_G>(ss);
+#pragma unroll
+            for (int g = 0; g < CONV_RUN_G; g++) ss[g] = 1.0f / sqrtf(ss[g] + L2NORM_EPS); /* the rows' rstd */
+        }
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) {
             const int t = tg + g;
             if (t >= t1) break;
-            conv_unpack4(xw[0], xr[g]);
             const int dp = dpg[g]; /* the same for the warp's lanes: its branches are uniform */
             if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
-            else {
+            else if (is_qk) {
+                const float rs = ss[g];
+                if (c % DK == 0) rs_out[(int64_t)t * nqk] = rs;
                 float u[CONV_CV];
-                conv_run_preact<KC>(u, xw, wr, min(KC - 1, dp));
+                conv_unpack4(u, xr[g]);
 #pragma unroll
-                for (int i = 0; i < CONV_CV; i++) u[i] = conv_bf16_round(u[i] * conv_sigmoid(u[i]));
-                if (is_qk) {
-                    float ss = 0.0f;
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) ss += u[i] * u[i];
-                    const float rs = 1.0f / sqrtf(conv_head_sum<HL>(ss) + L2NORM_EPS);
-                    if (c % DK == 0) rs_out[(int64_t)t * nqk] = rs;
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) u[i] *= rs;
-                }
+                for (int i = 0; i < CONV_CV; i++) u[i] *= rs;
                 conv_store4(out + (int64_t)t * ldo, u, n, vec);
-            }
-#pragma unroll
-            for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-                for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+            } else conv_put4(out + (int64_t)t * ldo, xr[g], n, vec);
         }
     }
 }
@@ -621,11 +663,12 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
         for (int j = 0; j < KC; j++) dw[i][j] = 0.0f;
     if (n > 0 && t0 < T) {
         const int t1 = min(T, t0 + run);
-        float wr[CONV_CV][KC], xw[KC][CONV_CV], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
+        float wr[CONV_CV][KC], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
+        uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
         int dpw[KC];                                                 /* doc_pos of those tokens; -1: none */
         conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
+        for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
 #pragma unroll
         for (int b = 0; b < KC; b++) {
             dpw[b] = -1;
@@ -661,17 +704,26 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
             uint2 xr[CONV_SPLIT_GB], dr[CONV_SPLIT_GB];
             int dpg[CONV_SPLIT_GB];
 #pragma unroll
-            for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
-                if (is_qk) {
-                    float gv[CONV_CV], y[CONV_CV], dot = 0.0f;
+            for (int g = 0; g < CONV_SPLIT_GB; g++) xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
+            if (is_qk) { /* the group's dots (dqk . y) as CONV_SPLIT_GB interleaved butterflies */
+                float dot[CONV_SPLIT_GB];
+#pragma unroll
+                for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                    float gv[CONV_CV], y[CONV_CV];
+                    conv_unpack4(gv, gn[g]);
+                    conv_unpack4(y, yn[g]);
+                    dot[g] = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < CONV_CV; i++) dot[g] += gv[i] * y[i];
+                }
+                conv_head_sums<HL, CONV_SPLIT_GB>(dot);
+#pragma unroll
+                for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                    float gv[CONV_CV], y[CONV_CV];
                     conv_unpack4(gv, gn[g]);
                     conv_unpack4(y, yn[g]);
 #pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) dot += gv[i] * y[i];
-                    dot = conv_head_sum<HL>(dot);
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot * y[i]);
+                    for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot[g] * y[i]);
                     __nv_bfloat162 *hp = reinterpret_cast<__nv_bfloat162 *>(&dr[g]);
                     hp[0] = __floats2bfloat162_rn(gv[0], gv[1]);
                     hp[1] = __floats2bfloat162_rn(gv[2], gv[3]);
@@ -703,7 +755,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
                 if (t < T) {
                     float dy[CONV_CV];
                     conv_unpack4(dy, dr[g]);
-                    conv_unpack4(xw[0], xr[g]);
+                    xp[0] = xr[g];
+                    float xw[KC][CONV_CV];
+#pragma unroll
+                    for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
                     const int dp = dpg[g];
                     if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
                     else {
@@ -724,9 +779,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
                                     for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
                     }
 #pragma unroll
-                    for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+                    for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
                 }
                 /* row s: dproj[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
                 const int s = t - (KC - 1);
