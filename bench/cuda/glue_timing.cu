@@ -1,6 +1,6 @@
 /*
  * glue_timing.cu — one-GPU timings of the per-token glue kernels of a decoder block (the conv + SiLU, the
- * norms, SwiGLU, the GDN split, the sigmoid gate, the 2-D copies) at the 1B config's shapes
+ * norms, SwiGLU, the sigmoid gate, the 2-D copies) at the 1B config's shapes
  * (configs/hybrid-1b-256k-h200x4.yaml: hidden 1536, intermediate 4096, GDN 16 + 16 heads of 128, attention
  * 16 / 2 heads of 128), for experiments: `build/bench_kernels glue` times each kernel at the remat row chunk
  * (8,384 rows: model_acts.c's rule at T = 131,072 on one GPU), at the whole T = 131,072 and, for the input
@@ -10,8 +10,9 @@
  * and % of the H200's 4.8 TB/s datasheet bandwidth. Nothing is checked (build/test_cuda checks the same
  * kernels against the cpu oracle).
  *
- * The fused GDN conv + split (gdn_conv_split_*) is timed beside the pairs it replaces (conv1d_silu_* and
- * gdn_split_*) and left out of the sum. Only the backend entry points (cuda_kernels.h) are called, with the
+ * The GDN layer's fused conv + split (gdn_conv_split_*) is timed beside the plain conv1d_silu_* (KDA's; the
+ * GDN layer ran it with a separate split kernel before, docs/bench-log/2026-11-30-i-packed-step-fusions.md)
+ * and left out of the sum. Only the backend entry points (cuda_kernels.h) are called, with the
  * arguments model_block.c passes, so this file compiles against an older tree's kernels (drop the two
  * gdn_conv_split rows where it has none): copy bench/cuda/glue_timing.cu, bench_kernels.cu and
  * bench_kernels.h into that checkout and `make build/bench_kernels` there.
@@ -82,14 +83,7 @@ static void g_knorm_bwd(const GlueBufs *g) {
 }
 static void g_swiglu_fwd(const GlueBufs *g) { cuda_swiglu_forward(g->b, g->a, g->T, G_I); }
 static void g_swiglu_bwd(const GlueBufs *g) { cuda_swiglu_backward(g->c, g->b, g->a, g->T, G_I); }
-static void g_split_fwd(const GlueBufs *g) {
-    cuda_gdn_split_forward(g->b, g->f0, g->c, g->d, g->a, GB(g->e, G_CC), g->T, G_NK, G_DK, G_VD, G_CC, G_PG);
-}
-static void g_split_bwd(const GlueBufs *g) {
-    cuda_gdn_split_backward(g->c, GB(g->d, G_CC), g->a, g->b, g->f0, g->e, GB(g->e, (int64_t)g->T * G_VD), g->T, G_NK,
-                            G_DK, G_VD, G_CC, G_PG);
-}
-static void g_conv_split_fwd(const GlueBufs *g) { /* the two pairs above in one pass: no conv output */
+static void g_conv_split_fwd(const GlueBufs *g) { /* the conv and the GDN split in one pass: no conv output */
     cuda_gdn_conv_split_forward(g->b, g->f0, g->c, g->d, g->a, g->halo, g->w, g->doc_pos, g->T, G_NK, G_DK, G_VD, G_KC,
                                 G_PG);
 }
@@ -131,11 +125,10 @@ static const GlueCase glue_cases[] = {
     {"rmsnorm_backward k_norm", (double)G_KVD * 8 + 4 * G_NKV, g_knorm_bwd},
     {"swiglu_forward", (double)G_I * 6, g_swiglu_fwd},
     {"swiglu_backward", (double)G_I * 10, g_swiglu_bwd},
-    {"gdn_split_forward", (double)(G_CC + G_VD) * 4 + 4 * 2 * G_NK, g_split_fwd},
-    {"gdn_split_backward", (double)(4 * G_KD + 2 * G_VD + G_CC + G_VD) * 2 + 4 * 2 * G_NK, g_split_bwd},
-    /* conv1d_silu_forward + gdn_split_forward in one pass: read proj's q|k|v|z, write qk, rstd, v, z */
+    /* the conv + SiLU with the GDN split (L2 norm of q, k; v, z copies) in one pass: read proj's q|k|v|z, write
+     * qk, rstd, v, z */
     {"gdn_conv_split_forward", (double)(G_CC + G_VD) * 4 + 4 * 2 * G_NK + 4, g_conv_split_fwd, 1},
-    /* gdn_split_backward + conv1d_silu_backward: read proj's q|k|v, dqk, qk, rstd, dv, dz; write dproj's q|k|v|z */
+    /* its backward: read proj's q|k|v, dqk, qk, rstd, dv, dz; write dproj's q|k|v|z */
     {"gdn_conv_split_backward", (double)(G_CC + 4 * G_KD + 2 * G_VD + G_CC + G_VD) * 2 + 4 * 2 * G_NK + 4,
      g_conv_split_bwd, 1},
     {"gated_rmsnorm_forward", (double)G_VD * 6 + 4 * G_NV, g_gated_fwd},

@@ -49,8 +49,6 @@ void cuda_l2norm_forward(void *out, float *rstd, const void *inp, int64_t T, int
 void cuda_l2norm_backward(void *dinp, const void *dout, const void *out, const float *rstd, int64_t T, int nh, int D, int ldi, int ldo);
 void cuda_gdn_conv_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *proj, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int nk, int dk, int Vd, int Kc, int ldp);
 void cuda_gdn_conv_split_backward(void *dproj, void *dhalo, float *dw, const void *dqk, const void *qk, const float *qk_rstd, const void *dv, const void *dz, const void *proj, const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int nk, int dk, int Vd, int Kc, int ldp);
-void cuda_gdn_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *conv, const void *zin, int64_t T, int nk, int dk, int Vd, int ldc, int ldz);
-void cuda_gdn_split_backward(void *dconv, void *dzout, const void *dqk, const void *qk, const float *qk_rstd, const void *dv, const void *dz, int64_t T, int nk, int dk, int Vd, int ldc, int ldz);
 void cuda_gdn_gates_forward(float *beta, float *g, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
 void cuda_gdn_gates_backward(void *db, void *da, float *dA_log, float *ddt_bias, const float *dbeta, const float *dg, const void *b, const void *a, const float *A_log, const float *dt_bias, int64_t T, int nv, int ld);
 void cuda_gdn_chunk_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, void *kept, int kept_flags);

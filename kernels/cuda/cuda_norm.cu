@@ -1,12 +1,9 @@
 /*
  * cuda_norm.cu — the cuda backend's normalisations other than RMSNorm (cuda_rmsnorm.cu), forward and
- * backward (lib/backend/backend.h: l2norm_*, gdn_split_*, gated_rmsnorm_*; the math and layouts of
+ * backward (lib/backend/backend.h: l2norm_*, gated_rmsnorm_*; the math and layouts of
  * kernels/cpu/cpu_norm.c, the oracle):
  *   L2 norm        y = x rstd, rstd = 1/sqrt(sum(x^2) + 1e-6)
  *   gated RMSNorm  y = w (x rstd) silu(z), rows of dv per (token, value head)
- *   GDN split      the L2 norm of q, k and the v, z copies after the GDN conv, one launch (gdn_split_*; the
- *                  model runs cuda_conv.cu's gdn_conv_split_* instead, the conv fused in: this pair is the
- *                  baseline bench_kernels glue times it against)
  *
  * Row kernels: one warp per row, 8 rows per 256-thread block; a lane reads 8 consecutive bf16 (one 16-byte
  * load) at columns lane*8 + 256k, so rows of any D loop. Statistics and intermediates are fp32, row sums
@@ -192,151 +189,6 @@ extern "C" void cuda_l2norm_backward(void *dinp, const void *dout, const void *o
     norm_l2_backward_kernel<<<norm_rows_blocks(rows), 256, 0, cuda_stream()>>>(
         (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)out, rstd, rows, nh, D, ldi, ldo, vec);
     CUDA_LAUNCH_CHECK();
-}
-
-/* ---- the GDN split after the conv (backend.h gdn_split_*): the L2 norm of q, k and the v, z copies in
- * one launch. Blocks [0, nb_norm) run the L2 norm group rows (the arithmetic of the group kernels above:
- * the same values bitwise), the next nb_copy blocks copy v (dv), the last nb_copy z (dz), 16 bytes per
- * thread where both sides allow it (vec_v, vec_z), else element by element. The branch is uniform per
- * block, so the group sums' shuffles see whole warps. */
-
-#define SPLIT_THREADS NORM_GROUP_THREADS
-
-/* row r of the copy part's 8-column pieces: dst[t, c..c+n) = src[t, c..c+n), raw bf16 */
-__device__ __forceinline__ void split_copy(bf16 *dst, int ldd, const bf16 *src, int lds, int64_t T, int Vd,
-                                           int64_t idx, bool vec) {
-    const int nc = (Vd + CUDA_VEC - 1) / CUDA_VEC;
-    if (idx >= T * nc) return;
-    const int64_t t = idx / nc;
-    const int c = (int)(idx % nc) * CUDA_VEC, n = min(CUDA_VEC, Vd - c);
-    const bf16 *s = src + t * lds + c;
-    bf16 *d = dst + t * ldd + c;
-    if (vec && n == CUDA_VEC) {
-        *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(s);
-        return;
-    }
-    for (int i = 0; i < n; i++) d[i] = s[i];
-}
-
-template <int LPR>
-__global__ void __launch_bounds__(SPLIT_THREADS) norm_gdn_split_forward_kernel(
-    bf16 *qk /* (T,2nk dk) */, float *rstd /* (T,2nk) */, bf16 *v /* (T,Vd) */, bf16 *z /* (T,Vd) */,
-    const bf16 *conv /* (T,ldc) */, const bf16 *zin /* (T,ldz) */, int64_t T, int nqk, int Vd, int ldc, int ldz,
-    unsigned nb_norm, unsigned nb_copy, bool vec_v, bool vec_z) {
-    constexpr int D = LPR * CUDA_VEC;
-    unsigned b = blockIdx.x;
-    if (b < nb_norm) { /* norm_l2_group_forward_kernel's row */
-        const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
-        const int64_t rows = T * nqk, r = (int64_t)b * (SPLIT_THREADS / LPR) + threadIdx.x / LPR;
-        const bool live = r < rows;
-        const int64_t rr = live ? r : 0, t = rr / nqk;
-        const int h = (int)(rr % nqk);
-        float f[CUDA_VEC];
-        cuda_load8(f, conv + t * ldc + (int64_t)h * D + c);
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < CUDA_VEC; i++) ss += f[i] * f[i];
-        const float rs = 1.0f / sqrtf(norm_group_sum<LPR>(ss) + L2NORM_EPS);
-        if (!live) return;
-        if (l == 0) rstd[r] = rs;
-#pragma unroll
-        for (int i = 0; i < CUDA_VEC; i++) f[i] *= rs;
-        cuda_store8(qk + t * ((int64_t)nqk * D) + (int64_t)h * D + c, f);
-        return;
-    }
-    b -= nb_norm;
-    const bool is_z = b >= nb_copy;
-    const int64_t idx = (int64_t)(is_z ? b - nb_copy : b) * SPLIT_THREADS + threadIdx.x;
-    if (is_z) split_copy(z, Vd, zin, ldz, T, Vd, idx, vec_z);
-    else split_copy(v, Vd, conv + (int64_t)nqk * D, ldc, T, Vd, idx, vec_v);
-}
-
-template <int LPR>
-__global__ void __launch_bounds__(SPLIT_THREADS) norm_gdn_split_backward_kernel(
-    bf16 *dconv /* (T,ldc) = */, bf16 *dzout /* (T,ldz) = */, const bf16 *dqk /* (T,2nk dk) */,
-    const bf16 *qk /* (T,2nk dk) */, const float *rstd /* (T,2nk) */, const bf16 *dv /* (T,Vd) */,
-    const bf16 *dz /* (T,Vd) */, int64_t T, int nqk, int Vd, int ldc, int ldz, unsigned nb_norm, unsigned nb_copy,
-    bool vec_v, bool vec_z) {
-    constexpr int D = LPR * CUDA_VEC;
-    unsigned b = blockIdx.x;
-    if (b < nb_norm) { /* norm_l2_group_backward_kernel's row */
-        const int l = threadIdx.x % LPR, c = l * CUDA_VEC;
-        const int64_t rows = T * nqk, r = (int64_t)b * (SPLIT_THREADS / LPR) + threadIdx.x / LPR;
-        const bool live = r < rows;
-        const int64_t rr = live ? r : 0, t = rr / nqk;
-        const int h = (int)(rr % nqk);
-        const int64_t o = t * ((int64_t)nqk * D) + (int64_t)h * D + c;
-        float g[CUDA_VEC], yv[CUDA_VEC];
-        cuda_load8(g, dqk + o);
-        cuda_load8(yv, qk + o);
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < CUDA_VEC; i++) dot += g[i] * yv[i];
-        dot = norm_group_sum<LPR>(dot);
-        if (!live) return;
-        const float rs = rstd[r];
-#pragma unroll
-        for (int i = 0; i < CUDA_VEC; i++) g[i] = rs * (g[i] - dot * yv[i]);
-        cuda_store8(dconv + t * ldc + (int64_t)h * D + c, g);
-        return;
-    }
-    b -= nb_norm;
-    const bool is_z = b >= nb_copy;
-    const int64_t idx = (int64_t)(is_z ? b - nb_copy : b) * SPLIT_THREADS + threadIdx.x;
-    if (is_z) split_copy(dzout, ldz, dz, Vd, T, Vd, idx, vec_z);
-    else split_copy(dconv + (int64_t)nqk * D, ldc, dv, Vd, T, Vd, idx, vec_v);
-}
-
-/* the launch of either direction: a = qk or dconv, the rest in the order of the kernels' parameters */
-static void norm_gdn_split(bool backward, bf16 *a, float *rstd_out, bf16 *vz0, bf16 *vz1, const bf16 *src0,
-                           const bf16 *src1, const bf16 *src2, const float *rstd, const bf16 *dvsrc, int64_t T,
-                           int nk, int dk, int Vd, int ldc, int ldz) {
-    RS_CHECK(T >= 0 && nk > 0 && Vd > 0, "gdn_split: T %lld nk %d Vd %d", (long long)T, nk, Vd);
-    const int nqk = 2 * nk;
-    RS_CHECK(ldc >= nqk * dk + Vd && ldz >= Vd, "gdn_split: ldc %d ldz %d (need ldc >= %d + Vd %d, ldz >= Vd)", ldc,
-             ldz, nqk * dk, Vd);
-    RS_CHECK(dk == 64 || dk == 128 || dk == 256, "gdn_split: dk = %d (the cuda kernel supports 64, 128, 256)", dk);
-    if (!T) return;
-    const bf16 *conv_side = backward ? a : src0; /* the (T,ldc) buffer */
-    RS_CHECK(cuda_vec_ok(conv_side, nqk * dk, ldc) && cuda_vec_ok(a, nqk * dk, backward ? ldc : nqk * dk) &&
-                 (!backward || (cuda_vec_ok(src0, nqk * dk, nqk * dk) && cuda_vec_ok(src1, nqk * dk, nqk * dk))),
-             "gdn_split: the q|k columns are not 16-byte aligned rows (ldc %d)", ldc);
-    const int LPR = dk / CUDA_VEC;
-    const unsigned nb_norm = (unsigned)cuda_ceil_div(T * nqk, SPLIT_THREADS / LPR);
-    const unsigned nb_copy = (unsigned)cuda_ceil_div(T * cuda_ceil_div(Vd, CUDA_VEC), SPLIT_THREADS);
-    const int64_t vcol = (int64_t)nqk * dk;
-    /* v on the (T,ldc) side at column vcol, dense on the other; z at ldz on one side, dense on the other */
-    const bool vec_v = cuda_vec_ok(backward ? (const void *)(a + vcol) : (const void *)(src0 + vcol), Vd, ldc) &&
-                       cuda_vec_ok(backward ? (const void *)dvsrc : (const void *)vz0, Vd, Vd);
-    const bool vec_z = cuda_vec_ok(backward ? (const void *)vz0 : (const void *)src1, Vd, ldz) &&
-                       cuda_vec_ok(backward ? (const void *)src2 : (const void *)vz1, Vd, Vd);
-    const unsigned blocks = nb_norm + 2 * nb_copy;
-    const cudaStream_t st = cuda_stream();
-#define SPLIT_LAUNCH(L)                                                                                              \
-    (backward ? norm_gdn_split_backward_kernel<L><<<blocks, SPLIT_THREADS, 0, st>>>(                                \
-                    a, vz0, src0, src1, rstd, dvsrc, src2, T, nqk, Vd, ldc, ldz, nb_norm, nb_copy, vec_v, vec_z)    \
-              : norm_gdn_split_forward_kernel<L><<<blocks, SPLIT_THREADS, 0, st>>>(                                 \
-                    a, rstd_out, vz0, vz1, src0, src1, T, nqk, Vd, ldc, ldz, nb_norm, nb_copy, vec_v, vec_z))
-    switch (LPR) {
-    case 8: SPLIT_LAUNCH(8); break;
-    case 16: SPLIT_LAUNCH(16); break;
-    default: SPLIT_LAUNCH(32); break;
-    }
-#undef SPLIT_LAUNCH
-    CUDA_LAUNCH_CHECK();
-}
-
-extern "C" void cuda_gdn_split_forward(void *qk, float *qk_rstd, void *v, void *z, const void *conv, const void *zin,
-                                       int64_t T, int nk, int dk, int Vd, int ldc, int ldz) {
-    norm_gdn_split(false, (bf16 *)qk, qk_rstd, (bf16 *)v, (bf16 *)z, (const bf16 *)conv, (const bf16 *)zin, NULL, NULL,
-                   NULL, T, nk, dk, Vd, ldc, ldz);
-}
-
-extern "C" void cuda_gdn_split_backward(void *dconv, void *dzout, const void *dqk, const void *qk, const float *qk_rstd,
-                                        const void *dv, const void *dz, int64_t T, int nk, int dk, int Vd, int ldc,
-                                        int ldz) {
-    norm_gdn_split(true, (bf16 *)dconv, NULL, (bf16 *)dzout, NULL, (const bf16 *)dqk, (const bf16 *)qk,
-                   (const bf16 *)dz, qk_rstd, (const bf16 *)dv, T, nk, dk, Vd, ldc, ldz);
 }
 
 /* ---- gated RMSNorm (GDN output) --------------------------------------------------------------- */

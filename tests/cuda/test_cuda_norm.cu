@@ -1,8 +1,8 @@
 /*
  * test_cuda_norm.cu — GPU parity of kernels/cuda/cuda_rmsnorm.cu and cuda_norm.cu against the cpu oracle
  * (kernels/cpu/cpu_norm.c): RMSNorm (zero-centred and plain, one row per token and several heads
- * inside wider rows), the L2 norm, the GDN split (the L2 norm with the v, z copies in one launch), and the
- * gated RMSNorm, forward and backward.
+ * inside wider rows), the L2 norm and the gated RMSNorm, forward and backward (the GDN split after the conv
+ * is fused with it: test_cuda_conv.cu).
  *
  * Shapes: T = 1 .. 333 (never a multiple of the 8 rows of a block), odd widths, row strides wider
  * than the block, blocks that start mid-vector (pad 3: the scalar path) and aligned ones (the
@@ -152,91 +152,6 @@ TEST(cuda_l2norm) {
             snprintf(what, sizeof what, "l2norm bwd in place [case %zu]", k);
             test_check_rel_f(what, ct_mat_dense(&gi), ct_mat_dense(&dic), R * s.D, CT_BOUND_BF16_OUT);
         }
-    }
-}
-
-/* the GDN split after the conv (gdn_split_forward/backward): the L2 norm of q, k beside the v, z copies
- * in one launch. Shapes: dk 64, 128, 256 (the group rows); v and z on the 16-byte path and off it
- * (Vd not a multiple of 8; z at an odd stride); T never a multiple of a block's rows. Bounds: qk, and
- * dconv's q|k columns, CT_BOUND_BF16_OUT; rstd CT_BOUND_F32; the copies (v, z, dconv's v columns,
- * dzout) bitwise; nothing written outside a block (ct_mat_intact: dzout's other columns are the gates'
- * gradients in the model). */
-typedef struct {
-    int64_t T;
-    int     nk, dk, Vd, ldc_extra, ldz_extra;
-} SplitShape;
-
-TEST(cuda_gdn_split) {
-    static const SplitShape shapes[] = {
-        {1, 1, 64, 64, 0, 0},       /* one token */
-        {37, 2, 128, 256, 8, 40},   /* 16-byte copies, conv and z inside wider rows */
-        {130, 4, 128, 512, 0, 8},   /* the 1B config's heads per 4: Vd = 2 x Kd */
-        {333, 1, 256, 100, 4, 3},   /* Vd not a multiple of 8, z at an odd stride: element copies */
-        {65, 3, 64, 200, 0, 33},    /* odd key heads, z off the 16-byte path */
-    };
-    ct_begin();
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        const SplitShape s = shapes[k];
-        const int Kd2 = 2 * s.nk * s.dk, Cc = Kd2 + s.Vd, ldc = Cc + s.ldc_extra, ldz = s.Vd + s.ldz_extra;
-        const int64_t R = s.T * 2 * s.nk;
-        char what[160];
-        printf("-- T %lld nk %d dk %d Vd %d ldc %d ldz %d\n", (long long)s.T, s.nk, s.dk, s.Vd, ldc, ldz);
-        CtMat conv = ct_mat(s.T, Cc, ldc, 0), zin = ct_mat(s.T, s.Vd, ldz, 0);
-        ct_mat_fill(&conv, 1.0);
-        ct_mat_fill(&zin, 1.0);
-        bf16 *d_conv = ct_mat_up(&conv), *d_zin = ct_mat_up(&zin);
-        CtMat qk = ct_mat(s.T, Kd2, Kd2, 0), v = ct_mat(s.T, s.Vd, s.Vd, 0), z = ct_mat(s.T, s.Vd, s.Vd, 0);
-        CtMat qkc = ct_mat_clone(&qk), vc = ct_mat_clone(&v), zc = ct_mat_clone(&z);
-        bf16 *d_qk = ct_mat_up(&qk), *d_v = ct_mat_up(&v), *d_z = ct_mat_up(&z);
-        float *d_rstd = (float *)ct_dev((size_t)R * 4);
-        cuda_gdn_split_forward(d_qk, d_rstd, d_v, d_z, d_conv, d_zin, s.T, s.nk, s.dk, s.Vd, ldc, ldz);
-        ct_mat_down(&qk, d_qk);
-        ct_mat_down(&v, d_v);
-        ct_mat_down(&z, d_z);
-        float *rstd = ct_host(R), *rstd_c = ct_host_nan(R);
-        ct_down_f32(rstd, d_rstd, R);
-        cpu_gdn_split_forward(qkc.p, rstd_c, vc.p, zc.p, conv.p, zin.p, s.T, s.nk, s.dk, s.Vd, ldc, ldz);
-        snprintf(what, sizeof what, "gdn_split fwd qk [case %zu]", k);
-        test_check_rel_f(what, ct_mat_dense(&qk), ct_mat_dense(&qkc), s.T * Kd2, CT_BOUND_BF16_OUT);
-        ct_mat_intact(what, &qk);
-        snprintf(what, sizeof what, "gdn_split fwd rstd [case %zu]", k);
-        test_check_rel_f(what, rstd, rstd_c, R, CT_BOUND_F32);
-        snprintf(what, sizeof what, "gdn_split fwd v [case %zu]", k);
-        ct_bitwise_equal(what, ct_mat_dense(&v), ct_mat_dense(&vc), s.T * s.Vd);
-        ct_mat_intact(what, &v);
-        snprintf(what, sizeof what, "gdn_split fwd z [case %zu]", k);
-        ct_bitwise_equal(what, ct_mat_dense(&z), ct_mat_dense(&zc), s.T * s.Vd);
-        ct_mat_intact(what, &z);
-
-        /* backward from the cuda forward's qk (bf16, the same values on both sides) and the cpu's rstd */
-        CtMat dqk = ct_mat(s.T, Kd2, Kd2, 0), dv = ct_mat(s.T, s.Vd, s.Vd, 0), dz = ct_mat(s.T, s.Vd, s.Vd, 0);
-        ct_mat_fill(&dqk, 1.0);
-        ct_mat_fill(&dv, 1.0);
-        ct_mat_fill(&dz, 1.0);
-        CtMat dconv = ct_mat(s.T, Cc, ldc, 0), dzout = ct_mat(s.T, s.Vd, ldz, 0);
-        CtMat dconvc = ct_mat_clone(&dconv), dzoutc = ct_mat_clone(&dzout);
-        bf16 *d_dconv = ct_mat_up(&dconv), *d_dzout = ct_mat_up(&dzout);
-        cuda_gdn_split_backward(d_dconv, d_dzout, ct_mat_up(&dqk), d_qk, ct_up_f32(rstd_c, R), ct_mat_up(&dv),
-                                ct_mat_up(&dz), s.T, s.nk, s.dk, s.Vd, ldc, ldz);
-        ct_mat_down(&dconv, d_dconv);
-        ct_mat_down(&dzout, d_dzout);
-        cpu_gdn_split_backward(dconvc.p, dzoutc.p, dqk.p, qk.p, rstd_c, dv.p, dz.p, s.T, s.nk, s.dk, s.Vd, ldc, ldz);
-        snprintf(what, sizeof what, "gdn_split bwd dconv [case %zu]", k);
-        test_check_rel_f(what, ct_mat_dense(&dconv), ct_mat_dense(&dconvc), s.T * Cc, CT_BOUND_BF16_OUT);
-        ct_mat_intact(what, &dconv);
-        {
-            /* dconv's v columns: the copy of dv, bitwise */
-            float *a = ct_mat_dense(&dconv), *b = ct_mat_dense(&dconvc);
-            float *av = ct_host(s.T * s.Vd), *bv = ct_host(s.T * s.Vd);
-            for (int64_t t = 0; t < s.T; t++)
-                for (int c = 0; c < s.Vd; c++)
-                    av[t * s.Vd + c] = a[t * Cc + Kd2 + c], bv[t * s.Vd + c] = b[t * Cc + Kd2 + c];
-            snprintf(what, sizeof what, "gdn_split bwd dconv v columns [case %zu]", k);
-            ct_bitwise_equal(what, av, bv, s.T * s.Vd);
-        }
-        snprintf(what, sizeof what, "gdn_split bwd dzout [case %zu]", k);
-        ct_bitwise_equal(what, ct_mat_dense(&dzout), ct_mat_dense(&dzoutc), s.T * s.Vd);
-        ct_mat_intact(what, &dzout);
     }
 }
 
