@@ -340,6 +340,96 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_run_for
  * walks t from t0 to t1 + KC - 2, computing du[t], and writes row s = t - (KC-1) once du[s..s+KC-1]
  * are known (rows < t0 belong to the previous run, except the halo rows of the first run). The next
  * group's rows are loaded while this group's are used. */
+/* The run backward's per-token steps, shared by conv_run_backward_kernel and conv_split_backward_kernel (the same
+ * operations in the same order in both). A run walks its tokens t in order; duw[b] = du[s+b] and dpw[b] = their
+ * doc_pos (-1: none) for s = t - (KC-1), the oldest row whose input gradient is complete at t. */
+
+/* duw, dpw one token on: du[t] starts as 0 (a row past T or of a negative doc_pos adds nothing) */
+template <int KC>
+__device__ __forceinline__ void conv_bwd_shift(float duw[KC][CONV_CV], int dpw[KC]) {
+#pragma unroll
+    for (int b = 0; b < KC - 1; b++) {
+        dpw[b] = dpw[b + 1];
+#pragma unroll
+        for (int i = 0; i < CONV_CV; i++) duw[b][i] = duw[b + 1][i];
+    }
+    dpw[KC - 1] = -1;
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++) duw[KC - 1][i] = 0.0f;
+}
+
+/* token t < T with its input window xw[b] = x(t-b) and output gradient dy: du[t] = dy silu'(u) into duw[KC-1] and,
+ * where the run owns t (t < t1), dw += du[t] x(t-b) over the taps inside t's document; a negative doc_pos is
+ * recorded in err and adds nothing */
+template <int KC>
+__device__ __forceinline__ void conv_bwd_token(float duw[KC][CONV_CV], int dpw[KC], float dw[CONV_CV][KC],
+                                               const float wr[CONV_CV][KC], const float xw[KC][CONV_CV],
+                                               const float dy[CONV_CV], int dp, int t, int t1, int *err) {
+    if (dp < 0) {
+        cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
+        return;
+    }
+    const int nb = min(KC - 1, dp);
+    float u[CONV_CV];
+    conv_run_preact<KC>(u, xw, wr, nb);
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++) {
+        const float sg = conv_sigmoid(u[i]);
+        duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
+    }
+    dpw[KC - 1] = dp;
+    if (t < t1)
+#pragma unroll
+        for (int b = 0; b < KC; b++)
+            if (b <= nb)
+#pragma unroll
+                for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
+}
+
+/* row s = t - (KC-1), where the run owns it: dinp[s] (or, s < 0, the halo's row when the call wants dhalo and this
+ * is the first run) = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
+template <int KC>
+__device__ __forceinline__ void conv_bwd_input_row(bf16 *dinp /* (T,ldi) */, int ldi, bf16 *dhalo /* (KC-1,C) */,
+                                                   const float duw[KC][CONV_CV], const int dpw[KC],
+                                                   const float wr[CONV_CV][KC], int t, int t0, int t1, int C, int c,
+                                                   int n, bool vec) {
+    const int s = t - (KC - 1);
+    const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
+    if (!own) return;
+    float acc[CONV_CV];
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int b = 0; b < KC; b++)
+        if (dpw[b] >= b && s + b >= 0)
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
+    if (s >= 0) conv_store4(dinp + (int64_t)s * ldi + c, acc, n, vec);
+    else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
+}
+
+/* the block's dw partials into part's row blockIdx.y: its CONV_RUN_ROWS runs added in order (every thread calls) */
+template <int KC>
+__device__ __forceinline__ void conv_run_dw_partials(float *part /* (gridDim.y, C*KC) */,
+                                                     float (*sh)[CONV_RUN_LANES][CONV_CV * KC + 1],
+                                                     const float dw[CONV_CV][KC], int C) {
+    const int tx = threadIdx.x, ty = threadIdx.y;
+#pragma unroll
+    for (int i = 0; i < CONV_CV; i++)
+#pragma unroll
+        for (int j = 0; j < KC; j++) sh[ty][tx][i * KC + j] = dw[i][j];
+    __syncthreads();
+    const int cg0 = blockIdx.x * CONV_RUN_LANES * CONV_CV * KC; /* first partial index of the block's channels */
+    for (int e = ty * CONV_RUN_LANES + tx; e < CONV_RUN_LANES * CONV_CV * KC; e += CONV_RUN_LANES * CONV_RUN_ROWS) {
+        const int lane = e / (CONV_CV * KC), k = e % (CONV_CV * KC);
+        if ((blockIdx.x * CONV_RUN_LANES + lane) * CONV_CV + k / KC >= C) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CONV_RUN_ROWS; r++) sum += sh[r][lane][k];
+        part[(int64_t)blockIdx.y * C * KC + cg0 + e] = sum;
+    }
+}
+
 template <int KC>
 __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_backward_kernel(
     bf16 *dinp /* (T,ldi) = */, bf16 *dhalo /* (KC-1,C) = or NULL */, float *part /* (gridDim.y, C*KC) */,
@@ -398,76 +488,22 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
             for (int g = 0; g < CONV_RUN_GB; g++) {
                 const int t = tg + g;
                 if (t >= tend) break;
-                /* du[t] into duw[KC-1] */
-#pragma unroll
-                for (int b = 0; b < KC - 1; b++) {
-                    dpw[b] = dpw[b + 1];
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) duw[b][i] = duw[b + 1][i];
-                }
-                dpw[KC - 1] = -1;
-#pragma unroll
-                for (int i = 0; i < CONV_CV; i++) duw[KC - 1][i] = 0.0f;
+                conv_bwd_shift<KC>(duw, dpw); /* du[t] into duw[KC-1] below */
                 if (t < T) {
+                    float dy[CONV_CV];
                     conv_unpack4(xw[0], xr[g]);
-                    const int dp = dpg[g];
-                    if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
-                    else {
-                        const int nb = min(KC - 1, dp);
-                        float u[CONV_CV], dy[CONV_CV];
-                        conv_run_preact<KC>(u, xw, wr, nb);
-                        conv_unpack4(dy, dr[g]);
-#pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) {
-                            const float sg = conv_sigmoid(u[i]);
-                            duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
-                        }
-                        dpw[KC - 1] = dp;
-                        if (t < t1)
-#pragma unroll
-                            for (int b = 0; b < KC; b++)
-                                if (b <= nb)
-#pragma unroll
-                                    for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
-                    }
+                    conv_unpack4(dy, dr[g]);
+                    conv_bwd_token<KC>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
 #pragma unroll
                     for (int b = KC - 1; b > 0; b--)
 #pragma unroll
                         for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
                 }
-                /* row s: dinp[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
-                const int s = t - (KC - 1);
-                const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
-                if (own) {
-                    float acc[CONV_CV];
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) acc[i] = 0.0f;
-#pragma unroll
-                    for (int b = 0; b < KC; b++)
-                        if (dpw[b] >= b && s + b >= 0)
-#pragma unroll
-                            for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
-                    if (s >= 0) conv_store4(dinp + (int64_t)s * ldi + c, acc, n, vec);
-                    else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
-                }
+                conv_bwd_input_row<KC>(dinp, ldi, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
             }
         }
     }
-    /* the block's dw partials: its CONV_RUN_ROWS runs added in order */
-#pragma unroll
-    for (int i = 0; i < CONV_CV; i++)
-#pragma unroll
-        for (int j = 0; j < KC; j++) sh[ty][tx][i * KC + j] = dw[i][j];
-    __syncthreads();
-    const int cg0 = blockIdx.x * CONV_RUN_LANES * CONV_CV * KC; /* first partial index of the block's channels */
-    for (int e = ty * CONV_RUN_LANES + tx; e < CONV_RUN_LANES * CONV_CV * KC; e += CONV_RUN_LANES * CONV_RUN_ROWS) {
-        const int lane = e / (CONV_CV * KC), k = e % (CONV_CV * KC);
-        if ((blockIdx.x * CONV_RUN_LANES + lane) * CONV_CV + k / KC >= C) continue;
-        float sum = 0.0f;
-#pragma unroll
-        for (int r = 0; r < CONV_RUN_ROWS; r++) sum += sh[r][lane][k];
-        part[(int64_t)blockIdx.y * C * KC + cg0 + e] = sum;
-    }
+    conv_run_dw_partials<KC>(part, sh, dw, C);
 }
 
 /* ---- the GDN conv and split fused (backend.h gdn_conv_split_*) ----------------------------------------
@@ -742,16 +778,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
             for (int g = 0; g < CONV_SPLIT_GB; g++) {
                 const int t = tg + g;
                 if (t >= tend) break;
-                /* du[t] into duw[KC-1] */
-#pragma unroll
-                for (int b = 0; b < KC - 1; b++) {
-                    dpw[b] = dpw[b + 1];
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) duw[b][i] = duw[b + 1][i];
-                }
-                dpw[KC - 1] = -1;
-#pragma unroll
-                for (int i = 0; i < CONV_CV; i++) duw[KC - 1][i] = 0.0f;
+                conv_bwd_shift<KC>(duw, dpw); /* du[t] into duw[KC-1] below */
                 if (t < T) {
                     float dy[CONV_CV];
                     conv_unpack4(dy, dr[g]);
@@ -759,61 +786,15 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
                     float xw[KC][CONV_CV];
 #pragma unroll
                     for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
-                    const int dp = dpg[g];
-                    if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
-                    else {
-                        const int nb = min(KC - 1, dp);
-                        float u[CONV_CV];
-                        conv_run_preact<KC>(u, xw, wr, nb);
-#pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) {
-                            const float sg = conv_sigmoid(u[i]);
-                            duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
-                        }
-                        dpw[KC - 1] = dp;
-                        if (t < t1)
-#pragma unroll
-                            for (int b = 0; b < KC; b++)
-                                if (b <= nb)
-#pragma unroll
-                                    for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
-                    }
+                    conv_bwd_token<KC>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
 #pragma unroll
                     for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
                 }
-                /* row s: dproj[s] = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
-                const int s = t - (KC - 1);
-                const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
-                if (own) {
-                    float acc[CONV_CV];
-#pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) acc[i] = 0.0f;
-#pragma unroll
-                    for (int b = 0; b < KC; b++)
-                        if (dpw[b] >= b && s + b >= 0)
-#pragma unroll
-                            for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
-                    if (s >= 0) conv_store4(dproj + (int64_t)s * ldp + c, acc, n, vec);
-                    else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
-                }
+                conv_bwd_input_row<KC>(dproj, ldp, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
             }
         }
     }
-    /* the block's dw partials: its CONV_RUN_ROWS runs added in order */
-#pragma unroll
-    for (int i = 0; i < CONV_CV; i++)
-#pragma unroll
-        for (int j = 0; j < KC; j++) sh[ty][tx][i * KC + j] = dw[i][j];
-    __syncthreads();
-    const int cg0 = blockIdx.x * CONV_RUN_LANES * CONV_CV * KC; /* first partial index of the block's channels */
-    for (int e = ty * CONV_RUN_LANES + tx; e < CONV_RUN_LANES * CONV_CV * KC; e += CONV_RUN_LANES * CONV_RUN_ROWS) {
-        const int lane = e / (CONV_CV * KC), k = e % (CONV_CV * KC);
-        if ((blockIdx.x * CONV_RUN_LANES + lane) * CONV_CV + k / KC >= C) continue;
-        float sum = 0.0f;
-#pragma unroll
-        for (int r = 0; r < CONV_RUN_ROWS; r++) sum += sh[r][lane][k];
-        part[(int64_t)blockIdx.y * C * KC + cg0 + e] = sum;
-    }
+    conv_run_dw_partials<KC>(part, sh, dw, C);
 }
 
 extern "C" void cuda_conv1d_silu_forward(void *out, const void *inp, const void *halo, const void *w,
