@@ -50,6 +50,22 @@ void *bk_host_alloc(size_t bytes) {
     return p;
 }
 
+/* x[i] = a hash of i and seed mapped to [-1, 1), bf16 */
+__global__ void bk_random_bf16_kernel(bf16 *x /* (n) */, int64_t n, uint32_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        x[i] = __float2bfloat16((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    }
+}
+
+void *bk_dev_random_bf16(int64_t n, uint32_t seed) {
+    bf16 *x = (bf16 *)bk_dev_alloc((size_t)n * 2);
+    bk_random_bf16_kernel<<<1024, 256, 0, cuda_stream()>>>(x, n, seed);
+    CUDA_CHECK(cudaGetLastError());
+    return x;
+}
+
 void *bk_upload(const void *host, size_t bytes) {
     void *d = bk_dev_alloc(bytes);
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, cuda_stream()));

@@ -18,6 +18,8 @@
 void *bk_dev_alloc(size_t bytes);
 /* host bytes, zeroed */
 void *bk_host_alloc(size_t bytes);
+/* n device bf16 values in [-1, 1) (a hash of the index and seed; bk_dev_alloc's, filled on the compute stream) */
+void *bk_dev_random_bf16(int64_t n, uint32_t seed);
 /* a new device copy of `bytes` host bytes (on the compute stream) */
 void *bk_upload(const void *host, size_t bytes);
 /* waits for the compute stream, then frees every buffer of bk_dev_alloc */

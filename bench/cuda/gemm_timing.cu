@@ -26,22 +26,6 @@
 #define BK_GEMM_ALGOS 16
 #define BK_GEMM_REPS 9
 
-/* x[i] = a hash of i mapped to [-1, 1), bf16 */
-__global__ void bk_gemm_fill_kernel(bf16 *x /* (n) */, int64_t n, uint32_t seed) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        x[i] = __float2bfloat16((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
-    }
-}
-
-static const void *bk_gemm_random(int64_t n, uint32_t seed) {
-    bf16 *x = (bf16 *)bk_dev_alloc((size_t)n * 2);
-    bk_gemm_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(x, n, seed);
-    CUDA_CHECK(cudaGetLastError());
-    return x;
-}
-
 /* *ndiff += the count of 32-bit words where a and b differ */
 __global__ void bk_gemm_diff_kernel(unsigned long long *ndiff, const uint32_t *a /* (n) */, const uint32_t *b /* (n) */,
                                     int64_t n) {
@@ -78,7 +62,7 @@ typedef struct {
 /* one GEMM C (M,N; ldc = N) = op(A) op(B) (+ C), row-major, as cuda_gemm.h; A (M,K) or (K,M) when trans_a */
 static void bk_gemm_one(const char *label, int64_t M, int64_t N, int64_t K, int trans_a, int trans_b, int c_fp32,
                         int accumulate) {
-    const void *A = bk_gemm_random(M * K, 1), *B = bk_gemm_random(K * N, 2);
+    const void *A = bk_dev_random_bf16(M * K, 1), *B = bk_dev_random_bf16(K * N, 2);
     void *C = bk_dev_alloc((size_t)M * N * (c_fp32 ? 4 : 2));
     CUDA_CHECK(cudaMemsetAsync(C, 0, (size_t)M * N * (c_fp32 ? 4 : 2), cuda_stream()));
     const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;

@@ -21,14 +21,6 @@
 #define BK_LOSS_C 1536
 #define BK_LOSS_V 151936
 
-__global__ void bk_loss_fill_kernel(bf16 *x /* (n) */, int64_t n, uint32_t seed) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        x[i] = __float2bfloat16((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
-    }
-}
-
 typedef struct {
     int64_t n;
     const bf16 *x, *w;
@@ -71,10 +63,8 @@ static float bk_loss_time(void (*f)(const BkLoss *), const BkLoss *b) {
 
 void bk_loss_timing(int64_t rows) {
     BkLoss b = {.n = rows};
-    bf16 *x = (bf16 *)bk_dev_alloc((size_t)rows * BK_LOSS_C * 2), *w = (bf16 *)bk_dev_alloc((size_t)BK_LOSS_V * BK_LOSS_C * 2);
-    bk_loss_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(x, rows * BK_LOSS_C, 1);
-    bk_loss_fill_kernel<<<1024, 256, 0, cuda_stream()>>>(w, (int64_t)BK_LOSS_V * BK_LOSS_C, 2);
-    CUDA_CHECK(cudaGetLastError());
+    const bf16 *x = (const bf16 *)bk_dev_random_bf16(rows * BK_LOSS_C, 1),
+               *w = (const bf16 *)bk_dev_random_bf16((int64_t)BK_LOSS_V * BK_LOSS_C, 2);
     int32_t *tg = (int32_t *)bk_host_alloc((size_t)rows * 4);
     for (int64_t i = 0; i < rows; i++) tg[i] = (int32_t)(((uint64_t)i * 2654435761u) % BK_LOSS_V);
     b.x = x, b.w = w;

@@ -96,6 +96,18 @@ template <class F> void emu_launch(dim3 grid, dim3 block, F f) {
 inline dim3 emu_dim(unsigned x, unsigned y = 1) { dim3 d; d.x = x, d.y = y; return d; }
 inline int64_t emu_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* the conv run backward's grid as cuda_conv.cu's launchers make it (the constants passed from the kernel source:
+ * CONV_PART_BYTES, CUDA_MAX_PARTIALS, CONV_RUN_ROWS, CONV_RUN_BWD_MIN): gy row blocks of `rows` runs of *run tokens */
+static inline int64_t emu_conv_bwd_grid(int64_t T, int64_t C, int Kc, int64_t part_bytes, int64_t max_parts, int rows,
+                                        int min_run, int64_t *run) {
+    int64_t gy = part_bytes / (C * Kc * 4);
+    gy = gy < 1 ? 1 : gy > max_parts ? max_parts : gy;
+    const int64_t gmr = emu_cdiv(T, (int64_t)rows * min_run);
+    if (gy > gmr) gy = gmr;
+    *run = emu_cdiv(T, gy * rows);
+    return emu_cdiv(T, *run * rows);
+}
+
 /* relative L2 error, as tests/unit's test_rel_err_f; NaN anywhere is an infinite error */
 inline double emu_rel(const std::vector<float> &a, const std::vector<float> &b) {
     double num = 0, den = 0;

@@ -76,12 +76,8 @@ static void conv_case(int64_t T, int C, int ldi_extra, int ldo_extra, int pad, i
     emu_check("conv fwd: writes outside the block", outside, 0);
 
     /* backward: cuda_conv1d_silu_backward's run-kernel launch, partials added by the stage-2 kernel */
-    int64_t gy = ((int64_t)CONV_PART_BYTES) / ((int64_t)C * Kc * 4);
-    gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
-    const int64_t gmr = emu_cdiv(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
-    if (gy > gmr) gy = gmr;
-    const int64_t run = emu_cdiv(T, gy * CONV_RUN_ROWS);
-    gy = emu_cdiv(T, run * CONV_RUN_ROWS);
+    int64_t run = 0;
+    const int64_t gy = emu_conv_bwd_grid(T, C, Kc, CONV_PART_BYTES, CUDA_MAX_PARTIALS, CONV_RUN_ROWS, CONV_RUN_BWD_MIN, &run);
     std::vector<float> part(gy * C * Kc, NAN), dw = dw0;
     emu_launch(emu_dim(grid.x, (unsigned)gy), emu_dim(CONV_RUN_LANES, CONV_RUN_ROWS), [&] {
         conv_run_backward_kernel<4>(di.data() + pad, dhp, part.data(), g.data() + pad, x.data() + pad, hp, wb.data(),
@@ -205,12 +201,8 @@ static void split_case(int64_t T, int nk, int dk, int Vd, int gates, int pad, in
     for (int64_t i = 0; i < T * Vd; i++) dzf[i] = rb(1), dzb[pad + i] = f2bf(dzf[i]);
     std::vector<bf16> dproj(T * ldp + extra, POISON), dhb((Kc - 1) * C + extra, POISON);
     bf16 *dhp = want_dhalo ? dhb.data() + pad : nullptr;
-    int64_t gy = ((int64_t)CONV_PART_BYTES) / ((int64_t)C * Kc * 4);
-    gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
-    const int64_t gmr = emu_cdiv(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
-    if (gy > gmr) gy = gmr;
-    const int64_t run = emu_cdiv(T, gy * CONV_RUN_ROWS);
-    gy = emu_cdiv(T, run * CONV_RUN_ROWS);
+    int64_t run = 0;
+    const int64_t gy = emu_conv_bwd_grid(T, C, Kc, CONV_PART_BYTES, CUDA_MAX_PARTIALS, CONV_RUN_ROWS, CONV_RUN_BWD_MIN, &run);
     std::vector<float> part(gy * C * Kc, NAN), dw = dw0;
     const bool v4b = v4 && ok8(dqkb.data() + pad) && ok8(dvb.data() + pad) && ok8(dzb.data() + pad) &&
                      ok8(dproj.data() + pad) && ok8(dhb.data() + pad);

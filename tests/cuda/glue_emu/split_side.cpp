@@ -22,12 +22,8 @@ template <int HL> void split_side_run(SplitBufs *b) {
                                                     CONV_RUN_FWD, Kd2, b->Vd, b->ldp, nbc, &b->err, b->v4);
                });
     /* backward: cuda_gdn_conv_split_backward's launch */
-    int64_t gy = ((int64_t)CONV_PART_BYTES) / ((int64_t)C * Kc * 4);
-    gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
-    const int64_t gmr = emu_cdiv(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
-    if (gy > gmr) gy = gmr;
-    const int64_t run = emu_cdiv(T, gy * CONV_RUN_ROWS);
-    gy = emu_cdiv(T, run * CONV_RUN_ROWS);
+    int64_t run = 0;
+    const int64_t gy = emu_conv_bwd_grid(T, C, Kc, CONV_PART_BYTES, CUDA_MAX_PARTIALS, CONV_RUN_ROWS, CONV_RUN_BWD_MIN, &run);
     b->part.assign(gy * C * Kc, NAN);
     bf16 *dhp = b->dhalo_want ? b->dhalo.data() + pad : nullptr;
     emu_launch(emu_dim(nbc + nbz, (unsigned)gy), emu_dim(CONV_RUN_LANES, CONV_RUN_ROWS), [&] {
