@@ -549,16 +549,9 @@ __device__ __forceinline__ void conv_copy_rows(bf16 *dst, int ldd, const bf16 *s
     }
 }
 
-/* sum of v over the HL lanes of a head (aligned groups of HL lanes of the warp) */
-template <int HL>
-__device__ __forceinline__ float conv_head_sum(float v) {
-#pragma unroll
-    for (int o = HL / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* conv_head_sum of each of v[0..R), the R butterflies interleaved (R independent shuffle chains: each step's
- * R shuffles are in flight together); every v[r] gets exactly conv_head_sum's additions, in its order */
+/* each v[r] of v[0..R) summed over the HL lanes of its head (aligned groups of HL lanes of the warp) by a
+ * butterfly, the R butterflies interleaved (R independent shuffle chains: each step's R shuffles are in flight
+ * together); every v[r] gets the same additions in the same order as a butterfly of its own */
 template <int HL, int R>
 __device__ __forceinline__ void conv_head_sums(float v[R]) {
 #pragma unroll
