@@ -237,24 +237,44 @@ __device__ __forceinline__ void conv_store4(bf16 *p, const float f[CONV_CV], int
         if (i < n) p[i] = __float2bfloat16_rn(f[i]);
 }
 
-/* row r (>= -(KC-1)) of the conv input at channels c..c+n: inp, the halo before row 0, or zeros */
-template <int KC>
-__device__ __forceinline__ void conv_row4(float x[CONV_CV], const bf16 *inp, const bf16 *halo, int64_t r, int c, int n,
-                                          int C, int ldi, bool vec) {
-    if (r >= 0) conv_unpack4(x, conv_raw4(inp + r * ldi + c, n, vec));
-    else if (halo) conv_unpack4(x, conv_raw4(halo + (KC - 1 + r) * (int64_t)C + c, n, vec));
-    else
-#pragma unroll
-        for (int i = 0; i < CONV_CV; i++) x[i] = 0.0f;
-}
-
-/* conv_row4's row as read (bf16, not unpacked): zeros before the halo or without one */
+/* row r (>= -(KC-1)) of the conv input at channels c..c+n as read (bf16): inp, the halo before row 0, or zeros */
 template <int KC>
 __device__ __forceinline__ uint2 conv_rowraw4(const bf16 *inp, const bf16 *halo, int64_t r, int c, int n, int C,
                                               int ldi, bool vec) {
     if (r >= 0) return conv_raw4(inp + r * ldi + c, n, vec);
     if (halo) return conv_raw4(halo + (KC - 1 + r) * (int64_t)C + c, n, vec);
     return make_uint2(0, 0);
+}
+
+/* the same row unpacked to fp32 (zeros unpack to +0) */
+template <int KC>
+__device__ __forceinline__ void conv_row4(float x[CONV_CV], const bf16 *inp, const bf16 *halo, int64_t r, int c, int n,
+                                          int C, int ldi, bool vec) {
+    conv_unpack4(x, conv_rowraw4<KC>(inp, halo, r, c, n, C, ldi, vec));
+}
+
+/* the rows [tg, tg + G) of src's channels c..c+n that lie before t1: their bf16 as read into xn and their doc_pos
+ * into dpn (the slots of rows past t1 keep what they held); the forward run kernels' next group, in flight while
+ * they compute the current one */
+template <int G>
+__device__ __forceinline__ void conv_load_rows(uint2 xn[G], int dpn[G], const bf16 *src /* (T,ld) */, int64_t ld,
+                                               const int32_t *doc_pos, int64_t tg, int64_t t1, int c, int n,
+                                               bool vec) {
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        if (tg + g < t1) {
+            xn[g] = conv_raw4(src + (tg + g) * ld + c, n, vec);
+            dpn[g] = doc_pos[tg + g];
+        }
+}
+
+/* the L2 prefetch of src's rows [tg, tg + G) + CONV_PF_ROWS that lie before t1, at channel c */
+template <int G>
+__device__ __forceinline__ void conv_prefetch_rows(const bf16 *src /* (T,ld) */, int64_t ld, int64_t tg, int64_t t1,
+                                                   int c) {
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(src + (tg + CONV_PF_ROWS + g) * ld + c);
 }
 
 /* u = sum over taps b = nb..0 (oldest first) of w[KC-1-b] x(t-b); xw[b] = x(t-b) */
@@ -296,24 +316,15 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_run_for
     for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
     uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
     int dpn[CONV_RUN_G];
-    auto load_group = [&](int64_t tg) {
-#pragma unroll
-        for (int g = 0; g < CONV_RUN_G; g++)
-            if (tg + g < t1) {
-                xn[g] = conv_raw4(inp + (tg + g) * ldi + c, n, vec);
-                dpn[g] = doc_pos[tg + g];
-            }
-    };
-    load_group(t0);
+    conv_load_rows<CONV_RUN_G>(xn, dpn, inp, ldi, doc_pos, t0, t1, c, n, vec);
     for (int64_t tg = t0; tg < t1; tg += CONV_RUN_G) {
         uint2 xr[CONV_RUN_G];
         int dpg[CONV_RUN_G];
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) xr[g] = xn[g], dpg[g] = dpn[g];
-        if (tg + CONV_RUN_G < t1) load_group(tg + CONV_RUN_G);
-#pragma unroll
-        for (int g = 0; g < CONV_RUN_G; g++)
-            if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(inp + (tg + CONV_PF_ROWS + g) * ldi + c);
+        if (tg + CONV_RUN_G < t1)
+            conv_load_rows<CONV_RUN_G>(xn, dpn, inp, ldi, doc_pos, tg + CONV_RUN_G, t1, c, n, vec);
+        conv_prefetch_rows<CONV_RUN_G>(inp, ldi, tg, t1, c);
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) {
             const int64_t t = tg + g;
@@ -336,10 +347,6 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_run_for
     }
 }
 
-/* dinp (and dhalo) rows and per-block dw partials of the tokens [t0, t1) each thread owns; the thread
- * walks t from t0 to t1 + KC - 2, computing du[t], and writes row s = t - (KC-1) once du[s..s+KC-1]
- * are known (rows < t0 belong to the previous run, except the halo rows of the first run). The next
- * group's rows are loaded while this group's are used. */
 /* The run backward's per-token steps, shared by conv_run_backward_kernel and conv_split_backward_kernel (the same
  * operations in the same order in both). A run walks its tokens t in order; duw[b] = du[s+b] and dpw[b] = their
  * doc_pos (-1: none) for s = t - (KC-1), the oldest row whose input gradient is complete at t. */
@@ -430,6 +437,10 @@ __device__ __forceinline__ void conv_run_dw_partials(float *part /* (gridDim.y, 
     }
 }
 
+/* dinp (and dhalo) rows and per-block dw partials of the tokens [t0, t1) each thread owns; the thread
+ * walks t from t0 to t1 + KC - 2, computing du[t], and writes row s = t - (KC-1) once du[s..s+KC-1]
+ * are known (rows < t0 belong to the previous run, except the halo rows of the first run). The next
+ * group's rows are loaded while this group's are used. */
 template <int KC>
 __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_backward_kernel(
     bf16 *dinp /* (T,ldi) = */, bf16 *dhalo /* (KC-1,C) = or NULL */, float *part /* (gridDim.y, C*KC) */,
@@ -594,24 +605,15 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
     int dpn[CONV_RUN_G];
 #pragma unroll
     for (int g = 0; g < CONV_RUN_G; g++) xn[g] = make_uint2(0, 0), dpn[g] = -1; /* rows past t1: never stored */
-    auto load_group = [&](int tg) {
-#pragma unroll
-        for (int g = 0; g < CONV_RUN_G; g++)
-            if (tg + g < t1) {
-                xn[g] = conv_raw4(proj + (int64_t)(tg + g) * ldp + c, n, vec);
-                dpn[g] = doc_pos[tg + g];
-            }
-    };
-    load_group(t0);
+    conv_load_rows<CONV_RUN_G>(xn, dpn, proj, ldp, doc_pos, t0, t1, c, n, vec);
     for (int tg = t0; tg < t1; tg += CONV_RUN_G) {
         uint2 xr[CONV_RUN_G];
         int dpg[CONV_RUN_G];
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) xr[g] = xn[g], dpg[g] = dpn[g];
-        if (tg + CONV_RUN_G < t1) load_group(tg + CONV_RUN_G);
-#pragma unroll
-        for (int g = 0; g < CONV_RUN_G; g++)
-            if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(proj + (int64_t)(tg + CONV_PF_ROWS + g) * ldp + c);
+        if (tg + CONV_RUN_G < t1)
+            conv_load_rows<CONV_RUN_G>(xn, dpn, proj, ldp, doc_pos, tg + CONV_RUN_G, t1, c, n, vec);
+        conv_prefetch_rows<CONV_RUN_G>(proj, ldp, tg, t1, c);
         /* the group's conv + SiLU rows first, rounded to bf16 and kept packed (xr's registers), with their sums
          * of squares; then the group's head sums as one butterfly of CONV_RUN_G independent chains; then the
          * stores. No branch between the rows: the shuffle chains of the rows overlap rather than run one after
