@@ -815,6 +815,21 @@ extern "C" void cuda_conv1d_silu_forward(void *out, const void *inp, const void 
     CUDA_LAUNCH_CHECK();
 }
 
+/* the run backward's blocks along T (its grid's y) and tokens per run (*run): as many blocks as CONV_PART_BYTES of
+ * partials allow, at most CUDA_MAX_PARTIALS, at least CONV_RUN_BWD_MIN tokens per run; a function of T, C and Kc
+ * only, so the dw partials sum in the same order every call. `what` names the entry in the 32-bit index check. */
+static int64_t conv_run_backward_grid(int64_t *run, int64_t T, int C, int Kc, const char *what) {
+    int64_t gy = (int64_t)CONV_PART_BYTES / ((int64_t)C * Kc * (int64_t)sizeof(float));
+    gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
+    const int64_t gy_min_run = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
+    if (gy > gy_min_run) gy = gy_min_run;
+    *run = cuda_ceil_div(T, gy * CONV_RUN_ROWS);
+    gy = cuda_ceil_div(T, *run * CONV_RUN_ROWS);
+    RS_CHECK(gy <= 65535 && gy * CONV_RUN_ROWS * *run + CONV_RUN_KC <= INT32_MAX,
+             "%s: T = %lld exceeds the run kernel's 32-bit token indices", what, (long long)T);
+    return gy;
+}
+
 extern "C" void cuda_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, const void *dout, const void *inp,
                                           const void *halo, const void *w, const int32_t *doc_pos, int64_t T, int C,
                                           int Kc, int ldi, int ldo) {
@@ -825,20 +840,11 @@ extern "C" void cuda_conv1d_silu_backward(void *dinp, void *dhalo, float *dw, co
     const bool vec = cuda_vec_ok(dinp, C, ldi) && cuda_vec_ok(dhalo, C, C) && cuda_vec_ok(dout, C, ldo) &&
                      cuda_vec_ok(inp, C, ldi) && cuda_vec_ok(halo, C, C);
     if (Kc == CONV_RUN_KC && T > 0) {
-        /* blocks along T: as many as CONV_PART_BYTES of partials allow, at most CUDA_MAX_PARTIALS, at least
-         * CONV_RUN_BWD_MIN tokens per run; a function of T, C and Kc only */
         const bool v4 = conv_vec4_ok(dinp, C, ldi) && conv_vec4_ok(dhalo, C, C) && conv_vec4_ok(dout, C, ldo) &&
                         conv_vec4_ok(inp, C, ldi) && conv_vec4_ok(halo, C, C);
-        const int64_t part_row = (int64_t)C * Kc * (int64_t)sizeof(float);
-        int64_t gy = (int64_t)CONV_PART_BYTES / part_row;
-        gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
-        const int64_t gy_min_run = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
-        if (gy > gy_min_run) gy = gy_min_run;
-        const int64_t run = cuda_ceil_div(T, gy * CONV_RUN_ROWS);
-        gy = cuda_ceil_div(T, run * CONV_RUN_ROWS);
-        RS_CHECK(gy <= 65535 && gy * CONV_RUN_ROWS * run + CONV_RUN_KC <= INT32_MAX,
-                 "conv1d_silu_backward: T = %lld exceeds the run kernel's 32-bit token indices", (long long)T);
-        float *part = (float *)cuda_scratch((size_t)(gy * part_row), "conv1d_silu_backward");
+        int64_t run = 0;
+        const int64_t gy = conv_run_backward_grid(&run, T, C, Kc, "conv1d_silu_backward");
+        float *part = (float *)cuda_scratch((size_t)gy * C * Kc * sizeof(float), "conv1d_silu_backward");
         const dim3 grid((unsigned)cuda_ceil_div(cuda_ceil_div(C, CONV_CV), CONV_RUN_LANES), (unsigned)gy);
         conv_run_backward_kernel<CONV_RUN_KC><<<grid, dim3(CONV_RUN_LANES, CONV_RUN_ROWS), 0, cuda_stream()>>>(
             (bf16 *)dinp, (bf16 *)dhalo, part, (const bf16 *)dout, (const bf16 *)inp, (const bf16 *)halo,
@@ -911,17 +917,9 @@ extern "C" void cuda_gdn_conv_split_backward(void *dproj, void *dhalo, float *dw
     const bool v4 = conv_vec4_ok(dproj, C + Vd, ldp) && conv_vec4_ok(dhalo, C, C) && conv_vec4_ok(dqk, Kd2, Kd2) &&
                     conv_vec4_ok(qk, Kd2, Kd2) && conv_vec4_ok(dv, Vd, Vd) && conv_vec4_ok(dz, Vd, Vd) &&
                     conv_vec4_ok(proj, C + Vd, ldp) && conv_vec4_ok(halo, C, C);
-    /* blocks along T as cuda_conv1d_silu_backward's run kernel: a function of T and C only */
-    const int64_t part_row = (int64_t)C * Kc * (int64_t)sizeof(float);
-    int64_t gy = (int64_t)CONV_PART_BYTES / part_row;
-    gy = gy < 1 ? 1 : gy > CUDA_MAX_PARTIALS ? CUDA_MAX_PARTIALS : gy;
-    const int64_t gy_min_run = cuda_ceil_div(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_BWD_MIN);
-    if (gy > gy_min_run) gy = gy_min_run;
-    const int64_t run = cuda_ceil_div(T, gy * CONV_RUN_ROWS);
-    gy = cuda_ceil_div(T, run * CONV_RUN_ROWS);
-    RS_CHECK(gy <= 65535 && gy * CONV_RUN_ROWS * run + CONV_RUN_KC <= INT32_MAX,
-             "gdn_conv_split_backward: T = %lld exceeds the run kernel's 32-bit token indices", (long long)T);
-    float *part = (float *)cuda_scratch((size_t)(gy * part_row), "gdn_conv_split_backward");
+    int64_t run = 0;
+    const int64_t gy = conv_run_backward_grid(&run, T, C, Kc, "gdn_conv_split_backward");
+    float *part = (float *)cuda_scratch((size_t)gy * C * Kc * sizeof(float), "gdn_conv_split_backward");
     const unsigned nbc = (unsigned)cuda_ceil_div(cuda_ceil_div(C, CONV_CV), CONV_RUN_LANES);
     const unsigned nbz = (unsigned)cuda_ceil_div(cuda_ceil_div(Vd, CONV_CV), CONV_RUN_LANES);
     const dim3 grid(nbc + nbz, (unsigned)gy), block(CONV_RUN_LANES, CONV_RUN_ROWS);
