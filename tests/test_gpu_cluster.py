@@ -35,6 +35,11 @@ from conftest import ROOT, run
 START, STOP, INSTALL, BRING = (ROOT / "slurm" / "gpu-cluster" / f"{n}.sh" for n in ("start", "stop", "install", "bring"))
 CHECK = ROOT / "tests" / "cuda" / "gpu_cluster_check.sh"
 ENV = {"PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
+# Open MPI through UCX over TCP on the loopback, exported where the jobs start (site.env's ${VAR:-default} lets
+# them win): with ob1's own tcp transport under srun, a rank's first message can reach a peer still inside
+# MPI_Init, which then crashes (slurm/test-cluster.env)
+UCX_TCP = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_pml_ucx_tls": "any", "OMPI_MCA_pml_ucx_devices": "any",
+           "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 
 
 def free_port_block(n):
@@ -108,9 +113,9 @@ def gpu_cluster(request):
     return d, gpus
 
 
-def slurm(d, *args, timeout=120):
+def slurm(d, *args, timeout=120, **env):
     return run(list(args), env={**ENV, "SLURM_CONF": str(d / "slurm.conf"), "OMPI_ALLOW_RUN_AS_ROOT": "1",
-                                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}, timeout=timeout)
+                                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", **env}, timeout=timeout)
 
 
 def test_confs_name_one_gpu_per_node(gpu_cluster):
@@ -148,7 +153,8 @@ def test_open_mpi_starts_across_the_nodes(gpu_cluster, tmp_path):
     r = run(["mpicc", "-O2", "-o", hello, ROOT / "slurm" / "gpu-cluster" / "mpi_hello.c"])
     assert r.returncode == 0, r.stderr
     site = ROOT / "slurm" / "gpu-cluster" / "site.env"
-    r = slurm(d, "bash", "-c", f". {site} && srun -N 2 --ntasks-per-node=1 --gpus-per-node=1 --mpi=pmix {hello}")
+    r = slurm(d, "bash", "-c", f". {site} && srun -N 2 --ntasks-per-node=1 --gpus-per-node=1 --mpi=pmix {hello}",
+              **UCX_TCP)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = sorted(r.stdout.split("\n")[:-1])
     assert lines == ["mpi_hello: rank 0 of 2 on node n1, CUDA_VISIBLE_DEVICES 0, allreduce 2",
@@ -181,7 +187,7 @@ SMALL = ("--set data.seq_len=256 --set data.micro_batch=1 --set model.hidden_siz
 def site_check(d, out, timeout=600, **env):
     site = {"SLURM_CONF": str(d / "slurm.conf"), "DEVICE": "cpu", "STEPS": "30", "PARTITION": "debug",
             "SITE_ENV": str(ROOT / "slurm" / "gpu-cluster" / "site.env"), "EXTRA_SETS": SMALL}
-    return run(["bash", CHECK, "--site", out], env={**ENV, **site, **env}, timeout=timeout)
+    return run(["bash", CHECK, "--site", out], env={**ENV, **UCX_TCP, **site, **env}, timeout=timeout)
 
 
 def test_site_mode_on_the_cpu_cluster(gpu_cluster, tmp_path):

@@ -421,7 +421,7 @@ def test_two_node_job_is_preempted_twice_and_resumes_exactly(cluster2, data, tmp
     logs = [job_log(rd, job, r) for r in range(3)]
     for log in logs + [job_log(whole, job_whole, 0)]:
         assert "on n[1-2], 4 tasks (2(x2) per node)" in log, log
-        assert "env: OMPI_MCA_btl=self,tcp" in log, log  # slurm.site_env reached the job
+        assert "env: OMPI_MCA_btl=self,tcp" in log and "env: OMPI_MCA_pml=ucx" in log, log  # slurm.site_env
         assert "world 4 = dp 1 x cp 4" in log, log
     # SIGTERM comes to the ranks from Slurm and SIGUSR1 from the batch shell: the first one stops them
     stop2 = re.search(r"stopped by signal (?:10|15) \([^)]*\) after step (\d+), checkpoint written; exit 75", logs[1])
