@@ -394,7 +394,7 @@ TWO_NODES = ["--set", "slurm.nodes=2", "--set", "parallel.cp=4", "--set", "data.
 
 def test_two_node_job_is_preempted_twice_and_resumes_exactly(cluster2, data, tmp_path):
     """One job (srun) is stopped by the warning signal, then preempted (`scontrol requeue`: SIGTERM to the batch
-    shell and every rank, SIGKILL KillWait = 5 s later); each time the ranks checkpoint and the job requeues and
+    shell and every rank, SIGKILL KillWait = 30 s later); each time the ranks checkpoint and the job requeues and
     resumes. Its losses equal, bitwise, those of an uninterrupted two-node job (mpirun, running beside it) and of
     a plain mpirun run on this host."""
     steps = 24
@@ -742,3 +742,35 @@ def test_two_node_job_whose_rank_is_killed_requeues_and_resumes_exactly(cluster2
     assert "ringscan resume exited with 0" in second, second
     assert len(losses(rd)) == steps
     assert losses(rd) == losses(tmp_path / "ref")
+
+
+def test_two_node_job_whose_rank_is_lost_in_its_start_up_ends_instead_of_hanging(cluster2, data, tmp_path):
+    """Rank 1 (on n2) stops before MPI_Init (debug.stall_step = 0) and is then killed: rank 0 waits inside
+    MPI_Init, where no watchdog runs yet, until its start-up guard (parallel.startup_timeout_s) ends it with 76
+    and says so on its stderr. srun reports the killed task (137); the job script finds the verdict in the job
+    log (the run never opened log.txt), takes it as 76 and, with slurm.max_restarts = 0, stops there: the job
+    ends instead of waiting for its time limit."""
+    sets = [*TWO_NODES, "--set", "parallel.cp=2", "--set", "debug.stall_rank=1", "--set", "debug.stall_step=0",
+            "--set", "parallel.startup_timeout_s=8", "--set", "slurm.max_restarts=0"]
+    rd = tmp_path / "job"
+    t0 = time.time()
+    job = submit(cluster2, rd, data, 6, *sets)
+    deadline = time.time() + 60
+    while True:
+        try:
+            victim = rank_pid(rd, 1)
+            break
+        except AssertionError:
+            assert time.time() < deadline and cluster2.job_info(job).get("JobState") not in TERMINAL, job_logs(rd)
+            time.sleep(0.2)
+    assert b"SLURMD_NODENAME=n2" in Path(f"/proc/{victim}/environ").read_bytes().split(b"\0")
+    os.kill(victim, signal.SIGKILL)
+    info = cluster2.wait(job, rd, timeout=120)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "76:0", (info, job_logs(rd))
+    assert time.time() - t0 < 100
+    log = job_log(rd, job, 0)
+    assert re.search(r"error \[rank 0@\S+\] \S+: the start-up did not finish within parallel.startup_timeout_s = 8 s: "
+                     r"this rank is still in MPI_Init; every rank ends with exit 76", log), log
+    assert "srun exited with 137; the ranks' start-up guard ended the run (this log: exit 76)" in log, log
+    assert "ringscan train exited with 76" in log and "not requeueing: 0 restarts" in log, log
+    assert not (rd / "log.txt").exists()  # rank 0 never got past MPI_Init

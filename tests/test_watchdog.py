@@ -71,6 +71,29 @@ def test_stalled_rank_is_named(tmp_path, data):
     assert [json.loads(l)["step"] for l in open(rd / "metrics.jsonl")] == [1]
 
 
+def test_a_rank_stalled_before_mpi_init_ends_the_start_up(tmp_path, data):
+    """Rank 1 stops before MPI_Init (debug.stall_step = 0): rank 0 waits in MPI_Init, where no watchdog runs yet;
+    both start-up guards end their rank with 76 after parallel.startup_timeout_s, each saying where it is; nothing
+    is written. Then a start-up longer than the guard's time, every rank healthy but the set-up after MPI_Init
+    (initialising a 210M-parameter model takes longer than its 4 s), ends the same way through MPI_Abort, into log.txt too."""
+    rd = tmp_path / "r"
+    t0 = time.time()
+    r = run(train_args(rd, data, 1, 2, 3, "--set", "parallel.startup_timeout_s=3", "--set", "debug.stall_rank=1",
+                       "--set", "debug.stall_step=0"), timeout=120)
+    assert r.returncode == 76, r.stdout + r.stderr
+    assert time.time() - t0 < 3 + 30
+    guard = r"error \[rank {}@\S+\] \S+: the start-up did not finish within parallel.startup_timeout_s = {} s: this rank is still {}; every rank ends with exit 76"
+    assert re.search(guard.format(1, 3, r"stalled before MPI_Init \(debug.stall_step = 0\)"), r.stderr), r.stderr
+    assert re.search(guard.format(0, 3, "in MPI_Init"), r.stderr), r.stderr
+    assert not rd.exists()
+    big = ["--set", "model.hidden_size=2048", "--set", "model.intermediate_size=8192"]
+    r = run(train_args(rd, data, 1, 2, 3, "--set", "parallel.startup_timeout_s=4", *big), timeout=120)
+    assert r.returncode == 76, r.stdout + r.stderr
+    assert re.search(guard.format(r"\d", 4, "in the set-up after MPI_Init"), r.stderr), r.stderr
+    assert "every rank ends with exit 76" in (rd / "log.txt").read_text()
+    assert not (rd / "metrics.jsonl").exists() or not (rd / "metrics.jsonl").read_text()
+
+
 def test_a_hang_before_the_first_checkpoint_does_not_block_the_restart(tmp_path, data):
     """The watchdog's records (.watchdog/, ringscan's own) stay in the run directory after exit 76; the same
     `train` then restarts the attempt (no checkpoint yet) instead of refusing a foreign entry, and keeps the
@@ -154,6 +177,8 @@ def test_nothing_hangs_nothing_changes(tmp_path, data):
 
 @pytest.mark.parametrize("sets,words", [
     (["parallel.comm_timeout_s=0", "debug.stall_rank=1"], "nothing would end the stalled run"),
+    (["parallel.startup_timeout_s=0", "debug.stall_rank=1", "debug.stall_step=0"],
+     "debug.stall_rank = 1 (--set #3) with parallel.startup_timeout_s = 0.0 (--set #2): nothing would end the stalled run"),
     (["debug.stall_rank=2"], "debug.stall_rank = 2 (--set #2) is not a rank of the world of 2"),
     (["debug.stall_rank=1", "debug.stall_layer=4"], "is not a layer of the 4"),
     (["parallel.cp=1", "debug.stall_rank=0"], "in a world of one rank"),

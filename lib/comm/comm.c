@@ -44,6 +44,7 @@ void comm_init(Comm *c, int *argc, char ***argv) {
     int inited = 0;
     MPI_CHECK(MPI_Initialized(&inited));
     if (!inited) MPI_CHECK(MPI_Init(argc, argv));
+    comm_startup_guard_mpi_up();
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world_size));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
@@ -82,6 +83,7 @@ void comm_setup_groups(Comm *c, int64_t dp, int64_t cp) {
 }
 
 void comm_finalize(Comm *c) {
+    comm_startup_guard_disarm();
     comm_watchdog_stop(c);
     if (c->dev) c->dev->free(c);
     error_set_abort(NULL); /* past MPI_Finalize a fatal error is this process's alone */

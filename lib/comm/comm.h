@@ -137,6 +137,19 @@ void   comm_barrier(Comm *c, MPI_Comm comm);
 /* buf (bytes, at most INT_MAX) = rank `root`'s buf over `comm` */
 void   comm_bcast(Comm *c, MPI_Comm comm, void *buf, int64_t bytes, int root);
 
+/* ---- the start-up guard (comm_startup.c) ---------------------------------------------- */
+
+/* Arms it before MPI_Init: unless disarmed within timeout_s (<= 0: nothing is armed), this rank
+ * reports where it still is (to <run_dir>/log.txt too when that exists; run_dir may be NULL) and
+ * ends with RS_EXIT_HANG. */
+void comm_startup_guard_arm(double timeout_s, const char *run_dir);
+/* MPI_Init returned (comm_init): from now on the guard ends every rank through MPI_Abort. */
+void comm_startup_guard_mpi_up(void);
+/* The start-up is over (the watchdog takes over) or the process leaves; a no-op when not armed. */
+void comm_startup_guard_disarm(void);
+/* debug.stall_step = 0 (tests only): never returns. */
+void comm_startup_stall(void) __attribute__((__noreturn__));
+
 /* ---- the watchdog (comm_watchdog.c) -------------------------------------------------- */
 
 typedef struct {

@@ -135,6 +135,7 @@ typedef struct {
     bool    ring_keep_kv; /* cp 2: the ring forward keeps the other rank's K|V for the backward (cp_ring.c) */
     bool    overlap_comm; /* false: every non-blocking transfer is waited at once (Comm.serial) */
     double  comm_timeout_s; /* a wait for other ranks longer than this ends the run (comm_watchdog.c); 0: off */
+    double  startup_timeout_s; /* MPI_Init and the set-up longer than this end the run (comm_startup.c); 0: off */
     int32_t shard;        /* Shard: what is sharded over the world (lib/model/model_shard.c) */
 } ParallelConfig;
 

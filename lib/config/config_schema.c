@@ -192,6 +192,11 @@ const ConfigKey config_schema[] = {
         "with exit 76 and a report naming the collective, step, layer and the ranks that had not arrived (written "
         "to <run.out_dir>/.watchdog/); it must exceed the longest legitimate wait: a checkpoint write, a cuda step; "
         "0: off"),
+    FLT(parallel.startup_timeout_s, "1800", 0.0, 1e7, "s", "comm",
+        "a rank whose start-up (MPI_Init, then the set-up up to the first step, where parallel.comm_timeout_s takes "
+        "over) takes longer than this ends the run with exit 76, saying where it still is (a rank that died or stalls "
+        "in MPI_Init leaves the others waiting there); it must exceed the longest healthy start-up: reading a "
+        "checkpoint or model.init_from; 0: off"),
 
     /* ---- train ---- */
     INT(train.steps, "1000", 1, BIG, "steps", "train", "optimizer steps of the whole run"),
@@ -294,7 +299,9 @@ const ConfigKey config_schema[] = {
     INT(debug.stall_rank, "-1", -1, BIG, "rank", "comm",
         "tests only: this world rank stops forever before its first communication of debug.stall_layer at "
         "debug.stall_step, so the watchdog must end the run; -1: never"),
-    INT(debug.stall_step, "1", 1, BIG, "steps", "comm", "tests only: the step debug.stall_rank stalls at"),
+    INT(debug.stall_step, "1", 0, BIG, "steps", "comm",
+        "tests only: the step debug.stall_rank stalls at; 0: in the start-up, before MPI_Init (the launcher's rank), "
+        "so the start-up guard must end the run"),
     INT(debug.stall_layer, "0", 0, CONFIG_LIST_MAX, "layer", "comm",
         "tests only: the layer debug.stall_rank stalls at; model.num_hidden_layers: at the write of its shard of a "
         "sharded checkpoint (parallel.shard)"),

@@ -241,15 +241,15 @@ static int validate_slurm(const Config *cfg, ConfigErrors *err) {
     return err->count - before;
 }
 
-/* debug.stall_*: a stall the watchdog cannot end would hang the run forever */
+/* debug.stall_*: a stall the watchdog (the start-up guard, at step 0) cannot end would hang the run forever */
 static int validate_debug(const Config *cfg, ConfigErrors *err) {
     char a[900], b[900];
     int before = err->count;
     if (cfg->debug.stall_rank < 0) return 0;
-    if (cfg->parallel.comm_timeout_s <= 0)
+    const char *ender = cfg->debug.stall_step == 0 ? "parallel.startup_timeout_s" : "parallel.comm_timeout_s";
+    if ((cfg->debug.stall_step == 0 ? cfg->parallel.startup_timeout_s : cfg->parallel.comm_timeout_s) <= 0)
         config_errors_add(err, "%s with %s: nothing would end the stalled run",
-                          validate_quote(cfg, "debug.stall_rank", a, sizeof a),
-                          validate_quote(cfg, "parallel.comm_timeout_s", b, sizeof b));
+                          validate_quote(cfg, "debug.stall_rank", a, sizeof a), validate_quote(cfg, ender, b, sizeof b));
     if (config_world(cfg) == 1)
         config_errors_add(err, "%s in a world of one rank: it waits for no one, so no watchdog runs",
                           validate_quote(cfg, "debug.stall_rank", a, sizeof a));

@@ -13,8 +13,9 @@
  *   2  RS_EXIT_USAGE      bad command line, bad config, bad input file
  *   75 RS_EXIT_PREEMPTED  stopped on SIGUSR1/SIGTERM after writing a checkpoint
  *                         (EX_TEMPFAIL: "try again later"; the job script requeues)
- *   76 RS_EXIT_HANG       a wait for other ranks passed parallel.comm_timeout_s, or NCCL
- *                         reported an asynchronous error or a peer gone (comm_watchdog.c,
+ *   76 RS_EXIT_HANG       a wait for other ranks passed parallel.comm_timeout_s, the
+ *                         start-up passed parallel.startup_timeout_s, or NCCL reported an
+ *                         asynchronous error or a peer gone (comm_watchdog.c, comm_startup.c,
  *                         comm_nccl.c; the job script requeues, and the next run resumes
  *                         from the last checkpoint)
  *

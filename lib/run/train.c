@@ -605,6 +605,7 @@ int train_run(Config *cfg, Comm *comm, const char *resume_dir, unsigned flags) {
 
     train_check_writes(&t, RS_EXIT_FAIL); /* the header lines reached log.txt */
     train_catch_stop_signals();
+    comm_startup_guard_disarm(); /* the start-up is over: the watchdog times every wait from here */
     if (comm->world_size > 1) /* no wait for other ranks can hang a single rank */
         comm_watchdog_start(comm, &(CommWatchOptions){cfg->parallel.comm_timeout_s, t.run_dir, cfg->debug.stall_rank,
                                                       cfg->debug.stall_step, cfg->debug.stall_layer});
