@@ -163,6 +163,19 @@ class Cluster:
                 pass
         return pids
 
+    def _steps(self):
+        """The cluster's job step daemons and tasks still running (not the daemons themselves)."""
+        daemons = {pid for _, pid in self.pids}
+        steps = []
+        for pid in self._ours():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if pid not in daemons and not cmd.startswith(b"slurmctld"):
+                steps.append(pid)
+        return steps
+
     def stop(self):
         """Cancels every job, then stops the daemons by PID (slurmd, slurmctld, munged) and removes the dir."""
         try:
@@ -172,6 +185,9 @@ class Cluster:
                     self.cmd("scancel", *ids, check=False)
                 deadline = time.time() + 30
                 while self.jobs() and time.time() < deadline:
+                    time.sleep(0.5)
+                # a job's step daemons (slurmstepd) and tasks may still be ending after it left the queue
+                while self._steps() and time.time() < deadline + 30:
                     time.sleep(0.5)
         finally:
             for name, pid in reversed(self.pids):  # the slurmd first, munged last

@@ -4,7 +4,9 @@
  *
  * Every MPI call is checked (MPI_CHECK below): on failure the message names
  * the call, file:line, rank and host, and every rank is aborted, since a
- * collective that failed on one rank would hang the others.
+ * collective that failed on one rank would hang the others. A failed transfer
+ * (MPI_XFER_CHECK: a rank gone, a connection broken) goes through the
+ * watchdog's report and exit 76, as a hang would.
  *
  * Every host wait for other ranks (the blocking collectives, comm_wait over
  * MPI) is bracketed by comm_watch_begin/end, so the watchdog
@@ -32,6 +34,27 @@
             MPI_Abort(MPI_COMM_WORLD, RS_EXIT_FAIL);                                         \
         }                                                                                    \
     } while (0)
+
+/* A transfer between ranks: its failure is a peer lost (dead, its connection broken; a transport such as
+ * UCX fails the call where ob1's tcp waits), so it ends every rank with RS_EXIT_HANG like a hang, through
+ * the watchdog's report where one runs (the job script requeues it) */
+#define MPI_XFER_CHECK(c, call)                                                          \
+    do {                                                                                 \
+        int rc_ = (call);                                                                \
+        if (rc_ != MPI_SUCCESS) comm_xfer_failed((c), rc_, #call, __FILE__, __LINE__);   \
+    } while (0)
+
+static noreturn void comm_xfer_failed(Comm *c, int rc, const char *call, const char *file, int line) {
+    char msg[MPI_MAX_ERROR_STRING], what[MPI_MAX_ERROR_STRING + 160];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    snprintf(what, sizeof what, "%.*s failed: %s", (int)strcspn(call, "("), call, msg); /* the function's name */
+    comm_watch_fail(c, what); /* returns only without a watchdog */
+    error_exit(RS_EXIT_HANG, file, line,
+               "a rank is gone or its connection broke (its launcher's output names the one that died); the job "
+               "script requeues, and the next run resumes from the last checkpoint",
+               "%s; every rank ends with exit %d", what, RS_EXIT_HANG);
+}
 
 /* MPI counts are int: large buffers go in pieces of at most 2^30 elements */
 #define COMM_PIECE (1 << 30)
@@ -108,7 +131,7 @@ static void comm_allreduce_sum(Comm *c, MPI_Comm comm, void *buf, int64_t n, MPI
     comm_watch_begin(c, "allreduce", comm_group_of(c, comm));
     for (int64_t off = 0; off < n; off += COMM_PIECE) {
         int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * (int64_t)es, k, type, MPI_SUM, comm));
+        MPI_XFER_CHECK(c, MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * (int64_t)es, k, type, MPI_SUM, comm));
     }
     comm_watch_end(c);
 }
@@ -128,21 +151,21 @@ double comm_allreduce_sum_scalar(Comm *c, MPI_Comm comm, double v) {
 
 int comm_allreduce_max_int(Comm *c, MPI_Comm comm, int v) {
     comm_watch_begin(c, "allreduce", comm_group_of(c, comm));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, comm));
+    MPI_XFER_CHECK(c, MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, comm));
     comm_watch_end(c);
     return v;
 }
 
 void comm_barrier(Comm *c, MPI_Comm comm) {
     comm_watch_begin(c, "barrier", comm_group_of(c, comm));
-    MPI_CHECK(MPI_Barrier(comm));
+    MPI_XFER_CHECK(c, MPI_Barrier(comm));
     comm_watch_end(c);
 }
 
 void comm_bcast(Comm *c, MPI_Comm comm, void *buf, int64_t bytes, int root) {
     RS_CHECK(bytes >= 0 && bytes <= INT_MAX, "broadcast of %lld bytes", (long long)bytes);
     comm_watch_begin(c, "broadcast", comm_group_of(c, comm));
-    MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm));
+    MPI_XFER_CHECK(c, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm));
     comm_watch_end(c);
 }
 
@@ -221,7 +244,7 @@ void comm_allgather(Comm *c, MPI_Comm comm, const void *send, void *recv, int64_
     MPI_Datatype type;
     comm_count_of(bytes, &count, &type);
     comm_watch_begin(c, "allgather", comm_group_of(c, comm));
-    MPI_CHECK(MPI_Allgather(send, count, type, recv, count, type, comm));
+    MPI_XFER_CHECK(c, MPI_Allgather(send, count, type, recv, count, type, comm));
     comm_watch_end(c);
 }
 
@@ -238,7 +261,7 @@ void comm_iallgather(Comm *c, CommGroup g, const void *send, void *recv, int64_t
         int count;
         MPI_Datatype type;
         comm_count_of(bytes, &count, &type);
-        MPI_CHECK(MPI_Iallgather(send, count, type, recv, count, type, comm_group_mpi(c, g), comm_slot(h)));
+        MPI_XFER_CHECK(c, MPI_Iallgather(send, count, type, recv, count, type, comm_group_mpi(c, g), comm_slot(h)));
     }
     comm_posted(c, h, g, "iallgather");
 }
@@ -248,7 +271,7 @@ void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHa
     else
         for (int64_t off = 0; off < n; off += COMM_PIECE) {
             int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
-            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g),
+            MPI_XFER_CHECK(c, MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g),
                                      comm_slot(h)));
         }
     comm_posted(c, h, g, "iallreduce");
@@ -266,7 +289,8 @@ void comm_ireduce_scatter_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, C
     else {
         RS_CHECK(n <= INT_MAX, "reduce-scatter of %lld elements per rank: at most %d", (long long)n, INT_MAX);
         comm_watch_begin(c, "reduce-scatter", g);
-        MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g)));
+        MPI_XFER_CHECK(c,
+                       MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g)));
         comm_watch_end(c);
         int r = comm_group_rank(c, g);
         if (r > 0) memmove(buf + (int64_t)r * n, buf, (size_t)n * sizeof *buf);
@@ -280,7 +304,7 @@ void comm_iallgather_inplace(Comm *c, CommGroup g, void *buf, int64_t bytes, Com
         int count;
         MPI_Datatype type;
         comm_count_of(bytes, &count, &type);
-        MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, type, comm_group_mpi(c, g),
+        MPI_XFER_CHECK(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, type, comm_group_mpi(c, g),
                                  comm_slot(h)));
     }
     comm_posted(c, h, g, "iallgather");
@@ -294,8 +318,8 @@ void comm_isendrecv(Comm *c, CommGroup g, const void *send, int to, void *recv, 
         MPI_Datatype type;
         comm_count_of(bytes, &count, &type);
         MPI_Comm m = comm_group_mpi(c, g);
-        MPI_CHECK(MPI_Irecv(recv, count, type, from, tag, m, comm_slot(h)));
-        MPI_CHECK(MPI_Isend(send, count, type, to, tag, m, comm_slot(h)));
+        MPI_XFER_CHECK(c, MPI_Irecv(recv, count, type, from, tag, m, comm_slot(h)));
+        MPI_XFER_CHECK(c, MPI_Isend(send, count, type, to, tag, m, comm_slot(h)));
     }
     comm_posted(c, h, g, "isendrecv");
 }
@@ -307,7 +331,7 @@ void comm_wait(Comm *c, CommHandle *h) {
     }
     if (h->n == 0) return;
     comm_watch_begin(c, h->op, (CommGroup)(h->group - 1));
-    MPI_CHECK(MPI_Waitall(h->n, h->req, MPI_STATUSES_IGNORE));
+    MPI_XFER_CHECK(c, MPI_Waitall(h->n, h->req, MPI_STATUSES_IGNORE));
     comm_watch_end(c);
     h->n = 0;
     h->group = 0;
@@ -315,10 +339,9 @@ void comm_wait(Comm *c, CommHandle *h) {
 }
 
 void comm_progress(Comm *c, CommHandle *h) {
-    (void)c;
     if (h->n == 0) return; /* also every NCCL handle: its operations progress on their stream */
     int done = 0;
-    MPI_CHECK(MPI_Testall(h->n, h->req, &done, MPI_STATUSES_IGNORE));
+    MPI_XFER_CHECK(c, MPI_Testall(h->n, h->req, &done, MPI_STATUSES_IGNORE));
     if (done) {
         h->n = 0;
         h->group = 0;

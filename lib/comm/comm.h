@@ -175,6 +175,10 @@ void comm_set_context(Comm *c, int layer, const char *what);
  * cuda, where a stuck NCCL operation shows up): op names it, g the ranks it waits for. */
 void comm_watch_begin(Comm *c, const char *op, CommGroup g);
 void comm_watch_end(Comm *c);
+/* An MPI transfer failed (what: the call and MPI's words): with a watchdog running, it trips on its next
+ * tick, compares notes with the other ranks and ends every rank with RS_EXIT_HANG, naming the ranks that
+ * no longer answer; this call never returns then. Returns 0 without a watchdog. */
+int comm_watch_fail(Comm *c, const char *what);
 
 /* The context comm_set_step/comm_set_context set last (c->watch must be set): the device side's log. */
 void comm_watch_where(const Comm *c, int64_t *step, int *layer, const char **what);

@@ -7,7 +7,8 @@
  * each wait (comm_watch_begin/end: comm.c around every blocking MPI call; on cuda the trainer's step-end
  * loss read, where a stuck NCCL operation shows, since NCCL runs on streams). A thread per rank wakes every
  * min(1 s, timeout / 3); when this rank's wait passes the timeout, or the device's communicators report an
- * error (CommDeviceOps), the rank trips: it writes its record to <dir>/.watchdog/<attempt>/rank-<r> and
+ * error (CommDeviceOps), or an MPI call failed on the main thread (comm_watch_fail: UCX, for one, fails a
+ * transfer to a rank that died instead of waiting for it), the rank trips: it writes its record to <dir>/.watchdog/<attempt>/rank-<r> and
  * tries to create TRIP there (O_EXCL; the creator reports); every other rank finds TRIP within grace / 3
  * and writes its record (waiting where, or busy since when); after grace = clamp(timeout / 4, 2 ticks,
  * 30 s) the reporter names the ranks of its collective's group that had not arrived, prints the report
@@ -67,13 +68,16 @@ typedef struct CommWatch {
     double   alarm_at;  /* when this rank tripped or saw TRIP; 0: not yet */
     int      reporter;
     char     reason[480]; /* why this rank tripped ("": it only saw TRIP) */
+    /* an MPI call that failed on the main thread (comm_watch_fail), which then waits for the end */
+    char        failed[400];
+    _Atomic int failed_set;
 } CommWatch;
 
 /* One rank's record, as written and read back. */
 typedef struct {
     int       have;
     char      host[64];
-    char      state[16]; /* "timeout", "waiting", "busy", "nccl" */
+    char      state[16]; /* "timeout", "waiting", "busy", "nccl", "mpi" (the library that reported an error) */
     double    wait_s, ctx_s;
     char      op[24];
     int       group, gid;
@@ -185,8 +189,8 @@ static void watch_record_now(CommWatch *w, WatchRecord *r) {
         snprintf(r->op, sizeof r->op, "-");
         r->group = COMM_GROUPS;
     }
-    if (w->reason[0] && strncmp(w->reason, "NCCL", 4) == 0) {
-        snprintf(r->state, sizeof r->state, "nccl");
+    if (w->reason[0] && (!strncmp(w->reason, "NCCL", 4) || !strncmp(w->reason, "MPI", 3))) {
+        snprintf(r->state, sizeof r->state, "%s", w->reason[0] == 'N' ? "nccl" : "mpi");
         watch_clean(r->detail, sizeof r->detail, w->reason);
     }
 }
@@ -254,6 +258,10 @@ static void watch_record_read(const CommWatch *w, int q, WatchRecord *r) {
 
 /* Waiting for other ranks when it wrote its record (a busy rank's operation is "-"). */
 static int watch_is_waiting(const WatchRecord *r) { return r->have && strcmp(r->op, "-") != 0; }
+/* Whether a library (NCCL, MPI) reported an error to r's rank; the report names it ("NCCL", "MPI"). */
+static const char *watch_error_from(const WatchRecord *r) {
+    return !strcmp(r->state, "nccl") ? "NCCL" : !strcmp(r->state, "mpi") ? "MPI" : NULL;
+}
 
 /* Whether r waits in the same collective as ref (the same group instance, step, layer, label). */
 static int watch_same_collective(const WatchRecord *r, const WatchRecord *ref) {
@@ -403,12 +411,13 @@ static void watch_report(CommWatch *w, const WatchRecord *all, int at, WatchText
     for (int q = 0; q < n; q++)
         if (watch_in_group(c, q, ref)) ranks[nin++] = q;
     watch_ranges(ranks, nin, list, sizeof list);
-    if (!waiting) /* an NCCL error found while this rank was not waiting: every rank's state */
-        watch_add(t, "NCCL reported an error to rank %d (%s), busy %s: %s\n  the ranks:\n", at, ref->host, where,
-                  ref->detail);
-    else if (!strcmp(ref->state, "nccl"))
-        watch_add(t, "NCCL reported an error to rank %d (%s), waiting in %s over %s (ranks %s) %s: %s\n", at, ref->host,
-                  ref->op, group, list, where, ref->detail);
+    const char *lib = watch_error_from(ref);
+    if (!waiting) /* an error found while this rank was not waiting: every rank's state */
+        watch_add(t, "%s reported an error to rank %d (%s), busy %s: %s\n  the ranks:\n", lib ? lib : "NCCL", at,
+                  ref->host, where, ref->detail);
+    else if (lib)
+        watch_add(t, "%s reported an error to rank %d (%s), waiting in %s over %s (ranks %s) %s: %s\n", lib, at,
+                  ref->host, ref->op, group, list, where, ref->detail);
     else
         watch_add(t,
                   "a wait for other ranks passed parallel.comm_timeout_s = %g s: rank %d (%s) has waited %.1f s in "
@@ -474,7 +483,7 @@ static noreturn void watch_abort(CommWatch *w, int report) {
     watch_record_now(w, &now);
     /* a wait that ended meanwhile is reported as it was when this rank tripped (its record) */
     if (watch_is_waiting(&now) || !all[c->rank].have) all[c->rank] = now;
-    if (!watch_is_waiting(&all[c->rank]) && strcmp(all[c->rank].state, "nccl")) report = 0;
+    if (!watch_is_waiting(&all[c->rank]) && !watch_error_from(&all[c->rank])) report = 0;
     WatchText t = {RS_CALLOC(1, 1 << 20), 0, 1 << 20};
     if (report) watch_report(w, all, watch_pick(c, all, c->rank), &t);
     else watch_add(&t, "rank %d: the watchdog's report (%s) did not end the run; ending it\n", c->rank,
@@ -543,6 +552,8 @@ static void watch_tick(CommWatch *w) {
         char msg[400];
         if (w->c->dev && w->c->dev->watch_error(w->c, msg, sizeof msg))
             snprintf(reason, sizeof reason, "%s: %s", w->c->dev->name, msg);
+        if (atomic_load_explicit(&w->failed_set, memory_order_acquire))
+            snprintf(reason, sizeof reason, "MPI: %s", w->failed);
         if (reason[0]) {
             watch_trip(w, reason);
             return;
@@ -607,6 +618,17 @@ void comm_watchdog_start(Comm *c, const CommWatchOptions *o) {
     int rc = pthread_create(&w->thread, NULL, watch_main, w);
     if (rc != 0) RS_FATAL("cannot start the watchdog thread: %s", strerror(rc));
     pthread_setname_np(w->thread, "rs-watchdog");
+}
+
+int comm_watch_fail(Comm *c, const char *what) {
+    CommWatch *w = c->watch;
+    if (!w) return 0;
+    snprintf(w->failed, sizeof w->failed, "%s", what);
+    atomic_store_explicit(&w->failed_set, 1, memory_order_release);
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_signal(&w->cv); /* its next tick now */
+    pthread_mutex_unlock(&w->mu);
+    for (;;) pause(); /* the wait stays open in this rank's record; the watchdog ends every rank */
 }
 
 void comm_watchdog_stop(Comm *c) {
