@@ -272,7 +272,7 @@ void comm_iallreduce_sum_f32(Comm *c, CommGroup g, float *buf, int64_t n, CommHa
         for (int64_t off = 0; off < n; off += COMM_PIECE) {
             int k = (int)(n - off < COMM_PIECE ? n - off : COMM_PIECE);
             MPI_XFER_CHECK(c, MPI_Iallreduce(MPI_IN_PLACE, buf + off, k, MPI_FLOAT, MPI_SUM, comm_group_mpi(c, g),
-                                     comm_slot(h)));
+                                             comm_slot(h)));
         }
     comm_posted(c, h, g, "iallreduce");
 }
@@ -304,8 +304,8 @@ void comm_iallgather_inplace(Comm *c, CommGroup g, void *buf, int64_t bytes, Com
         int count;
         MPI_Datatype type;
         comm_count_of(bytes, &count, &type);
-        MPI_XFER_CHECK(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, type, comm_group_mpi(c, g),
-                                 comm_slot(h)));
+        MPI_XFER_CHECK(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, type,
+                                         comm_group_mpi(c, g), comm_slot(h)));
     }
     comm_posted(c, h, g, "iallgather");
 }

@@ -1,7 +1,8 @@
 /*
- * comm.h — processes and their communication: world = dp x cp. Callers: lib/run/train.c, lib/model/
- * model_step.c (bucketed gradient all-reduce or reduce-scatter), lib/model/model_shard.c (weight all-gather), lib/cp/ (ring, scan all-gather, conv halo, batch metadata),
- * lib/backend/runtime.c, bench/bench_cp.c, tests/cp, tests/parity.
+ * comm.h — processes and their communication: world = dp x cp. Callers: lib/run/train.c,
+ * lib/model/model_step.c (bucketed gradient all-reduce or reduce-scatter), lib/model/model_shard.c (weight
+ * all-gather), lib/cp/ (ring, scan all-gather, conv halo, batch metadata), lib/backend/runtime.c,
+ * bench/bench_cp.c, tests/cp, tests/parity; cmd/ringscan.c (the start-up guard).
  *
  * Ranks come from MPI (mpirun, or srun --mpi=pmix); the local rank (which GPU on a node) from
  * MPI_Comm_split_type(SHARED), never rank % gpus_per_node. World rank r = dp_rank * cp + cp_rank, so the

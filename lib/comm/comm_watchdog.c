@@ -6,14 +6,14 @@
  * The main thread marks where it is (comm_set_step, comm_set_context: relaxed atomic stores) and brackets
  * each wait (comm_watch_begin/end: comm.c around every blocking MPI call; on cuda the trainer's step-end
  * loss read, where a stuck NCCL operation shows, since NCCL runs on streams). A thread per rank wakes every
- * min(1 s, timeout / 3); when this rank's wait passes the timeout, or the device's communicators report an
- * error (CommDeviceOps), or an MPI call failed on the main thread (comm_watch_fail: UCX, for one, fails a
- * transfer to a rank that died instead of waiting for it), the rank trips: it writes its record to <dir>/.watchdog/<attempt>/rank-<r> and
- * tries to create TRIP there (O_EXCL; the creator reports); every other rank finds TRIP within grace / 3
- * and writes its record (waiting where, or busy since when); after grace = clamp(timeout / 4, 2 ticks,
- * 30 s) the reporter names the ranks of its collective's group that had not arrived, prints the report
- * once (and to report.txt), aborts the device communicators and calls MPI_Abort with RS_EXIT_HANG (76). A
- * rank that tripped or saw TRIP aborts by itself 2 grace + 10 s later, in case the reporter died.
+ * min(1 s, timeout / 3); when this rank's wait passes the timeout, or the device's communicators report an error
+ * (CommDeviceOps), or an MPI transfer failed on the main thread (comm_watch_fail: UCX, for one, fails a transfer to
+ * a rank that died instead of waiting for it), the rank trips: it writes its record to
+ * <dir>/.watchdog/<attempt>/rank-<r> and tries to create TRIP there (O_EXCL; the creator reports); every other rank
+ * finds TRIP within grace / 3 and writes its record (waiting where, or busy since when); after grace =
+ * clamp(timeout / 4, 2 ticks, 30 s) the reporter names the ranks of its collective's group that had not arrived,
+ * prints the report once (and to report.txt), aborts the device communicators and calls MPI_Abort with RS_EXIT_HANG
+ * (76). A rank that tripped or saw TRIP aborts by itself 2 grace + 10 s later, in case the reporter died.
  *
  * The attempt (rank 0's start time and pid) keeps a resumed run from reading an earlier attempt's records.
  * Several nodes need the run directory on a shared file system; without one each node's first tripped rank
