@@ -247,9 +247,9 @@ if [ $MODE = fake ]; then
     fi
     if [ "${UCX:-1}" = 0 ]; then
         echo "INFO launch: UCX=0: the jobs use Open MPI's TCP (ob1)"
-    elif [ $LAUNCHER = srun ] && launch ucx 20 OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo &&
-        [ "$(grep -c 'allreduce 2$' "$O/launch-ucx.log")" = 2 ]; then
-        export OMPI_MCA_pml=ucx UCX_TLS=tcp,self UCX_NET_DEVICES=lo
+    elif [ $LAUNCHER = srun ] && launch ucx 20 OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_tls=any OMPI_MCA_pml_ucx_devices=any \
+        UCX_TLS=tcp,self UCX_NET_DEVICES=lo && [ "$(grep -c 'allreduce 2$' "$O/launch-ucx.log")" = 2 ]; then
+        export OMPI_MCA_pml=ucx OMPI_MCA_pml_ucx_tls=any OMPI_MCA_pml_ucx_devices=any UCX_TLS=tcp,self UCX_NET_DEVICES=lo
         echo "INFO launch: Open MPI over UCX (tcp on lo) works: the jobs use it"
     else
         echo "INFO launch: Open MPI over UCX does not start here ($(grep -i -m1 'ucx\|error' "$O/launch-ucx.log" 2> /dev/null |
@@ -272,8 +272,9 @@ sets() { # RUN_DIR STEPS [NODES GPUS_PER_NODE]: the run of every step below (def
 }
 plain() { # NAME STEPS [VAR=VALUE...]: mpirun -np 2 on this host, outside Slurm (Open MPI's defaults; the ranks
     # are mpirun's children here and inherit its environment)
-    env -u OMPI_MCA_pml -u UCX_TLS -u UCX_NET_DEVICES "${@:3}" timeout 300 mpirun --allow-run-as-root --bind-to none \
-        -np 2 "$RS" train configs/tiny-cpu.yaml $(sets "$W/runs/$1" "$2") > "$O/$1.log" 2>&1
+    env -u OMPI_MCA_pml -u OMPI_MCA_pml_ucx_tls -u OMPI_MCA_pml_ucx_devices -u UCX_TLS -u UCX_NET_DEVICES "${@:3}" \
+        timeout 300 mpirun --allow-run-as-root --bind-to none -np 2 "$RS" train configs/tiny-cpu.yaml \
+        $(sets "$W/runs/$1" "$2") > "$O/$1.log" 2>&1
 }
 ms_of() { $PY -c "import json,sys; r=sorted(json.loads(l)['ms'] for l in list(open(sys.argv[1]))[5:]); print('%.1f' % r[len(r)//2])" "$1"; }
 # the jobs -----------------------------------------------------------------------------------------------------
