@@ -241,8 +241,9 @@ static int cmd_version(int argc, char **argv) {
 static int cli_run_training(Config *cfg, const char *resume_dir, unsigned flags, const char *cmd) {
     train_catch_stop_signals();
     const char *launcher = cli_launcher_name(); /* before MPI_Init, which sets PMIX_* even in a singleton */
-    comm_startup_guard_arm(cfg->parallel.startup_timeout_s, resume_dir ? resume_dir : cfg->run.out_dir);
-    if (cfg->debug.stall_step == 0 && cfg->debug.stall_rank == cli_launcher_rank()) comm_startup_stall();
+    const int rank = cli_launcher_rank();
+    comm_startup_guard_arm(cfg->parallel.startup_timeout_s, resume_dir ? resume_dir : cfg->run.out_dir, rank);
+    if (cfg->debug.stall_step == 0 && cfg->debug.stall_rank == rank) comm_startup_stall();
     Comm comm;
     comm_init(&comm, NULL, NULL);
     ConfigErrors err = {0};

@@ -142,8 +142,8 @@ void   comm_bcast(Comm *c, MPI_Comm comm, void *buf, int64_t bytes, int root);
 
 /* Arms it before MPI_Init: unless disarmed within timeout_s (<= 0: nothing is armed), this rank
  * reports where it still is (to <run_dir>/log.txt too when that exists; run_dir may be NULL) and
- * ends with RS_EXIT_HANG. */
-void comm_startup_guard_arm(double timeout_s, const char *run_dir);
+ * ends with RS_EXIT_HANG. launcher_rank: the rank its messages name until MPI_Init says. */
+void comm_startup_guard_arm(double timeout_s, const char *run_dir, int launcher_rank);
 /* MPI_Init returned (comm_init): from now on the guard ends every rank through MPI_Abort. */
 void comm_startup_guard_mpi_up(void);
 /* The start-up is over (the watchdog takes over) or the process leaves; a no-op when not armed. */

@@ -5,7 +5,7 @@
  * MPI_Init or the set-up (a node lost while the job starts, a crash inside MPI_Init) leaves the
  * others waiting in MPI_Init's fence or a set-up collective until the job's time limit. The guard is
  * one thread per rank, armed before MPI_Init and disarmed where the watchdog starts. When it fires
- * it prints one error (rank from the launcher's environment until MPI says; host; where the rank
+ * it prints one error (the launcher's rank until MPI says; host; where the rank
  * still is), appends it to the run's log.txt when that file exists (so a job script finds the
  * verdict even when the rank never opened its log), and ends the rank with RS_EXIT_HANG (76): after
  * MPI_Init through MPI_Abort, which ends every rank; inside MPI_Init by _exit, and the launcher
@@ -82,15 +82,12 @@ static void *guard_main(void *arg) {
     _exit(RS_EXIT_HANG); /* inside MPI_Init, exit's handlers could wait on MPI's own threads */
 }
 
-void comm_startup_guard_arm(double timeout_s, const char *run_dir) {
+void comm_startup_guard_arm(double timeout_s, const char *run_dir, int launcher_rank) {
     if (timeout_s <= 0 || guard.armed) return;
     guard.timeout = timeout_s;
     guard.log[0] = 0;
     if (run_dir && run_dir[0]) snprintf(guard.log, sizeof guard.log, "%s/log.txt", run_dir);
-    const char *r = getenv("OMPI_COMM_WORLD_RANK"); /* the rank in its message, before MPI says */
-    if (!r) r = getenv("PMIX_RANK");
-    if (!r) r = getenv("SLURM_PROCID");
-    if (r && *r) error_set_rank(atoi(r));
+    error_set_rank(launcher_rank); /* the rank in its message, before MPI says */
     guard.armed = 1;
     int rc = pthread_create(&guard.thread, NULL, guard_main, NULL);
     if (rc != 0) RS_FATAL("cannot start the start-up guard's thread: %s", strerror(rc));

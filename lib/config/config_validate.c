@@ -246,8 +246,9 @@ static int validate_debug(const Config *cfg, ConfigErrors *err) {
     char a[900], b[900];
     int before = err->count;
     if (cfg->debug.stall_rank < 0) return 0;
-    const char *ender = cfg->debug.stall_step == 0 ? "parallel.startup_timeout_s" : "parallel.comm_timeout_s";
-    if ((cfg->debug.stall_step == 0 ? cfg->parallel.startup_timeout_s : cfg->parallel.comm_timeout_s) <= 0)
+    const int startup = cfg->debug.stall_step == 0;
+    const char *ender = startup ? "parallel.startup_timeout_s" : "parallel.comm_timeout_s";
+    if ((startup ? cfg->parallel.startup_timeout_s : cfg->parallel.comm_timeout_s) <= 0)
         config_errors_add(err, "%s with %s: nothing would end the stalled run",
                           validate_quote(cfg, "debug.stall_rank", a, sizeof a), validate_quote(cfg, ender, b, sizeof b));
     if (config_world(cfg) == 1)
