@@ -19,7 +19,9 @@ on the cpu oracle, one process and cp 2 under mpirun.
    cp 2, its gradients and loss equal remat's and full's within POLICY_BOUND (measured bitwise: the
    backward reads what the same kernels wrote in the forward), and its counters say no block and no
    per-token forward ran again, while remat and full rerun each chunk's ln1 + in_proj, h and MLP and
-   the conv halo rows' ln1 exactly as often as the chunk layout says. The counter counts where the
+   the conv halo rows' ln1 exactly as often as the chunk layout says; under checkpoint.input_rows whole
+   (the recompute's ln1 and in_proj outputs kept with every row to the backward) only each chunk's h
+   and MLP, with the same gradients as none (bitwise as measured). The counter counts where the
    work runs, not where it is decided: a none that recomputed anyway was measured to fail it (324
    reruns), one whose backward read another chunk's MLP rows to fail the gradients (1.4 relative).
 4. Plan: at 1M tokens on two 79 GiB GPUs the 1B fits with offload (leaving 2 GiB: PLAN_1M_MAX) and
@@ -68,11 +70,13 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("cp", [1, 2])
-@pytest.mark.parametrize("policy", ["none", "remat"])
-def test_chunked_equals_unchunked(case, tmp_path, cp, policy):
-    ref, _ = step(case, tmp_path / "whole.safetensors", cp, f"checkpoint.chunk_rows={T}", policy=policy)
+@pytest.mark.parametrize("policy,inputs", [("none", "auto"), ("remat", "whole"), ("remat", "chunk")])
+def test_chunked_equals_unchunked(case, tmp_path, cp, policy, inputs):
+    ins = f"checkpoint.input_rows={inputs}"
+    ref, _ = step(case, tmp_path / "whole.safetensors", cp, f"checkpoint.chunk_rows={T}", ins, policy=policy)
     for rows in (7, 64, 100, 200):
-        got, _ = step(case, tmp_path / f"r{rows}.safetensors", cp, f"checkpoint.chunk_rows={rows}", policy=policy)
+        got, _ = step(case, tmp_path / f"r{rows}.safetensors", cp, f"checkpoint.chunk_rows={rows}", ins,
+                      policy=policy)
         worst = max((rel(got[k], ref[k]), k) for k in ref)
         print(f"cp {cp} {policy} chunk_rows {rows}: loss {float(got['loss']):.9f} vs {float(ref['loss']):.9f}, "
               f"worst gradient rel err {worst[0]:.2e} ({worst[1]})")
@@ -85,26 +89,32 @@ def test_chunked_equals_unchunked(case, tmp_path, cp, policy):
 POLICY_BOUND = 1e-6
 
 
-def rerun_chunks(cp, rows):
+def rerun_chunks(cp, rows, inputs):
     """chunk recomputes (model.h chunk_recomputes) of one remat / full step on rank 0 of this case: tiny-cpu's
     GDN layers 0-2 and attention layer 3, 2 samples of T rows, fragments of T / 2cp rows under CP. Per
     chunk of every layer its ln1 + in_proj, its h and its MLP; per GDN chunk but a fragment's first, the ln1
     of the conv halo rows before it; under CP per sample and GDN layer one tail ln1 (rank 0 holds
-    segments 0 and 2cp-1: segment 0's tail takes its halo gradient back from segment 1)."""
+    segments 0 and 2cp-1: segment 0's tail takes its halo gradient back from segment 1). Under
+    checkpoint.input_rows whole every ln1 and in_proj has every row from the recompute: h and the MLP only."""
     frags = 2 * (2 if cp > 1 else 1)
     chunks = frags * -(-(2 * T // cp // frags) // rows)
+    if inputs == "whole":
+        return 4 * 2 * chunks
     tails = 2 if cp > 1 else 0
     return 3 * (3 * chunks + (chunks - frags) + tails) + 3 * chunks
 
 
 @pytest.mark.parametrize("cp", [1, 2])
 def test_none_recomputes_nothing_and_matches_remat_and_full(case, tmp_path, cp):
+    runs = [("none", "auto")] + [(p, i) for p in ("remat", "full") for i in ("chunk", "whole")]
     for rows in (100, 7):
         got, counts = {}, {}
-        for policy in ("none", "remat", "full"):
-            got[policy], counts[policy] = step(case, tmp_path / f"{policy}{rows}.safetensors", cp,
-                                               f"checkpoint.chunk_rows={rows}", policy=policy)
-        for policy in ("remat", "full"):
+        for policy, inputs in runs:
+            got[policy, inputs], counts[policy, inputs] = step(
+                case, tmp_path / f"{policy}{inputs}{rows}.safetensors", cp, f"checkpoint.chunk_rows={rows}",
+                f"checkpoint.input_rows={inputs}", policy=policy)
+        got["none"], counts["none"] = got["none", "auto"], counts["none", "auto"]
+        for policy in runs[1:]:
             worst = max((rel(got["none"][k], got[policy][k]), k) for k in got[policy])
             bitwise = all(np.array_equal(got["none"][k], got[policy][k]) for k in got[policy])
             print(f"cp {cp} chunk_rows {rows}: none vs {policy} worst gradient rel err {worst[0]:.2e} ({worst[1]})"
@@ -116,9 +126,9 @@ def test_none_recomputes_nothing_and_matches_remat_and_full(case, tmp_path, cp):
         # the memory it keeps for that is the plan's: every layer's per-token tensors, whole
         m = plan_memory(cp, f"checkpoint.chunk_rows={rows}")
         assert m["none"]["activations_kept"] <= c["activation_bytes_kept"] <= m["none"]["activations_kept"] + 256 * 400
-        for policy in ("remat", "full"):
+        for policy in runs[1:]:
             assert counts[policy]["block_recomputes"] == 4, counts[policy]
-            assert counts[policy]["chunk_recomputes"] == rerun_chunks(cp, rows), (policy, counts[policy])
+            assert counts[policy]["chunk_recomputes"] == rerun_chunks(cp, rows, policy[1]), (policy, counts[policy])
 
 
 def test_training_under_none_reruns_nothing(tmp_path, recall_tok):
@@ -139,8 +149,8 @@ def test_training_under_none_reruns_nothing(tmp_path, recall_tok):
     assert [m["loss"] for m in out["none"]] == [m["loss"] for m in out["remat"]]
     for m in out["none"]:
         assert m["counters"]["block_recomputes"] == 0 and m["counters"]["chunk_recomputes"] == 0, m["counters"]
-    for m in out["remat"]:  # 2 samples x 6 chunks of each of the 4 layers
-        assert m["counters"]["block_recomputes"] == 4 and m["counters"]["chunk_recomputes"] >= 3 * 12 * 4, m
+    for m in out["remat"]:  # 2 samples x 6 chunks of each of the 4 layers: h and the MLP (input_rows auto: whole)
+        assert m["counters"]["block_recomputes"] == 4 and m["counters"]["chunk_recomputes"] >= 2 * 12 * 4, m
 
 
 def test_chunk_rows_shorter_than_the_halo_is_refused(ringscan):

@@ -46,6 +46,9 @@ typedef enum { LINEAR_ATTN_GDN, LINEAR_ATTN_KDA, LINEAR_ATTN_COUNT } LinearAttn;
 typedef enum { SLURM_LAUNCHER_SRUN, SLURM_LAUNCHER_MPIRUN, SLURM_LAUNCHER_COUNT } SlurmLauncher;
 typedef enum { GDN_KEEP_NONE, GDN_KEEP_WY, GDN_KEEP_STATES, GDN_KEEP_COUNT } GdnKeep;
 typedef enum { OFFLOAD_NONE, OFFLOAD_HOST, OFFLOAD_COUNT } Offload;
+/* checkpoint.input_rows: what a recomputed layer's input side (ln1, the in_proj output) holds from its recompute to
+ * its backward; auto: plan_resolve (lib/plan) picks chunk or whole */
+typedef enum { INPUT_ROWS_AUTO, INPUT_ROWS_CHUNK, INPUT_ROWS_WHOLE, INPUT_ROWS_COUNT } InputRows;
 /* parallel.shard: which training state is cut over the world's ranks (docs/design/sharding.md) */
 typedef enum { SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_WEIGHTS, SHARD_COUNT } Shard;
 /* parallel.ring_calls: how lib/cp/cp_ring.c calls a ring step's attention (its header says why) */
@@ -62,6 +65,7 @@ extern const char *const attn_kernel_names[ATTN_KERNEL_COUNT + 1];
 extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
 extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
 extern const char *const offload_names[OFFLOAD_COUNT + 1];
+extern const char *const input_rows_names[INPUT_ROWS_COUNT + 1];
 extern const char *const shard_names[SHARD_COUNT + 1];
 extern const char *const ring_calls_names[RING_CALLS_COUNT + 1];
 
@@ -164,6 +168,8 @@ typedef struct {
     int32_t offload;     /* Offload: where the kept activations wait for the backward */
     int64_t keep_layers; /* under full / remat: the last keep_layers layers keep their activations as under none;
                           * CONFIG_AUTO: plan's rule (plan_resolve) */
+    int32_t input_rows;  /* InputRows: under full / remat, the recompute's ln1 and in_proj output, one chunk or
+                          * every row; INPUT_ROWS_AUTO: plan's rule (plan_resolve) */
     int64_t every;       /* steps between checkpoints; 0: only at the end and on stop */
     int64_t keep;        /* newest checkpoints kept */
 } CheckpointConfig;

@@ -23,6 +23,7 @@ const char *const device_kind_names[] = {"cpu", "cuda", NULL};
 const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
 const char *const gdn_keep_names[]    = {"none", "wy", "states", NULL};
 const char *const offload_names[]     = {"none", "host", NULL};
+const char *const input_rows_names[]  = {"auto", "chunk", "whole", NULL};
 const char *const shard_names[]       = {"none", "optimizer", "gradients", "weights", NULL};
 static const char *const int_auto_names[] = {"auto", NULL};
 const char *const ring_calls_names[]  = {"auto", "pairs", "steps", NULL};
@@ -38,6 +39,7 @@ _Static_assert(sizeof device_kind_names / sizeof *device_kind_names == DEVICE_KI
 _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_COUNT + 1, "names");
 _Static_assert(sizeof gdn_keep_names / sizeof *gdn_keep_names == GDN_KEEP_COUNT + 1, "names");
 _Static_assert(sizeof offload_names / sizeof *offload_names == OFFLOAD_COUNT + 1, "names");
+_Static_assert(sizeof input_rows_names / sizeof *input_rows_names == INPUT_ROWS_COUNT + 1, "names");
 _Static_assert(sizeof shard_names / sizeof *shard_names == SHARD_COUNT + 1, "names");
 _Static_assert(sizeof ring_calls_names / sizeof *ring_calls_names == RING_CALLS_COUNT + 1, "names");
 _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDULE_COUNT + 1, "names");
@@ -252,6 +254,14 @@ const ConfigKey config_schema[] = {
          "last because their backward runs first; auto: the most layers whose plan fits device.memory_gib less "
          "a margin of 5% (plan prints the choice); at most model.num_hidden_layers; not with checkpoint.offload "
          "host; nothing changes the math"),
+    ENUM(checkpoint.input_rows, "auto", input_rows_names, "model",
+         "under checkpoint.activations full or remat, what a layer that recomputes holds of its input side (ln1 "
+         "and the in_proj output) from its recompute to its backward: chunk: one row chunk, so the backward runs "
+         "ln1 and the in_proj of every chunk once more (least memory); whole: every row, in the recompute's "
+         "scratch (tokens per GPU x (hidden_size + the in_proj's width) activations more, one layer at a time), "
+         "so the in_proj runs once per recompute; auto: whole where the plan with it fits device.memory_gib less "
+         "5% before checkpoint.keep_layers auto takes memory, else chunk (plan prints the choice); nothing "
+         "changes the math"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
 

@@ -9,7 +9,9 @@
  * beta, g, the core output, the delta rule's kept buffer by checkpoint.gdn_keep and, at cp > 1, each
  * fragment's entry state, transition and conv halo; attention: q, k|v as the ring sends it, the gate, the
  * output and its fp32 LSE); per-token rows, kept whole under none and one shared chunk of chunk_rows rows
- * under full and remat, whose backward recomputes each chunk; and chunk scratch, never kept. The head keeps
+ * under full and remat, whose backward recomputes each chunk (but the input side, ln1 and the in_proj outputs,
+ * under checkpoint.input_rows whole: every row in the recompute's scratch, so the backward reruns no in_proj);
+ * and chunk scratch, never kept. The head keeps
  * the last block's output and one loss row chunk (fp32 logits of at most LOSS_CHUNK_BYTES).
  *
  * Transient terms: the recompute of layer l materialises that layer's unkept buffers and nothing of other
@@ -45,6 +47,7 @@ typedef struct {
     int       policy;  /* the config's checkpoint.activations: the sizes model.c allocates */
     int64_t   T, R;    /* rows of a whole buffer and of a chunk */
     int       first_kept; /* layers from this one on keep under `policy` what none keeps (checkpoint.keep_layers) */
+    int       whole;      /* checkpoint.input_rows whole: the input side has T rows under full and remat too */
 } ActBuild;
 
 static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPhase phase, int64_t bytes) {
@@ -128,6 +131,12 @@ static void acts_add_token(ActBuild *ab, int layer, const char *name, int64_t co
     acts_add_sized(ab, layer, name, ab->T, ab->R, cols, elt, ACT_KEEP_NONE)->chunk = 1;
 }
 
+/* a per-token buffer of the input side (ln1 and the in_proj's outputs): as acts_add_token, but under
+ * checkpoint.input_rows whole T rows under full and remat too, not kept (the recompute's scratch) */
+static void acts_add_input(ActBuild *ab, int layer, const char *name, int64_t cols, int elt) {
+    acts_add_sized(ab, layer, name, ab->T, ab->whole ? ab->T : ab->R, cols, elt, ACT_KEEP_NONE)->chunk = !ab->whole;
+}
+
 /* chunk scratch: `rows` (R, or the conv halo's) under every policy, never kept */
 static void acts_add_chunk(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt) {
     acts_add_sized(ab, layer, name, rows, rows, cols, elt, 0)->chunk = 1;
@@ -156,7 +165,11 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->sizes = runtime_sizes((int)cfg->device.kind, why, sizeof why);
     if (!t->sizes) error_exit(RS_EXIT_USAGE, __FILE__, __LINE__, NULL, "%s", why);
     const BackendSizes *sz = t->sizes;
-    ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0, 0};
+    RS_CHECK(cfg->checkpoint.input_rows != INPUT_ROWS_AUTO, "checkpoint.input_rows auto reached the activation table "
+             "unresolved: the caller resolves it with plan_resolve (lib/plan/plan.h) first");
+    const int whole = cfg->checkpoint.input_rows == INPUT_ROWS_WHOLE;
+    ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0, 0, whole};
+    t->inputs_whole = whole;
     const int L = (int)m->num_hidden_layers;
     /* checkpoint.keep_layers: the last N layers keep what none keeps (auto: plan's rule, the one figure plan
      * and the model use); under none every layer does */
@@ -192,11 +205,13 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     t->elt = e;
 
     int64_t frags = cfg->data.micro_batch * (cp > 1 ? 2 : 1); /* zigzag fragments per micro-batch */
-    /* chunk scratch per row: the block's own buffers (the wider mixer's) and the gradients */
+    /* chunk scratch per row: the block's own buffers (the wider mixer's) and the gradients; the input side (ln1,
+     * rstd1, the in_proj outputs, KDA's f) only under input_rows chunk */
     /* the conv output gdn_conv and its gradient d_conv: KDA only (GDN fuses the conv with the split after it) */
-    int64_t block_row = (3 * H + 3 * I) * e + 2 * f,
-            gdn_row = (Pg + Vd + (kda ? Cc + Gw + Vd : 0)) * e + nv * f;
-    int64_t attn_row = (Pa + qd) * e;
+    const int64_t in_row = whole ? 0 : 1;
+    int64_t block_row = (2 * H + in_row * H + 3 * I) * e + (1 + in_row) * f,
+            gdn_row = (in_row * Pg + Vd + (kda ? Cc + in_row * Gw + Vd : 0)) * e + nv * f;
+    int64_t attn_row = (in_row * Pa + qd) * e;
     int64_t mix = Vd > qd ? Vd : qd, pw = Pg > Pa ? Pg : Pa;
     int64_t grad_row = (H + 3 * I + mix + pw + (kda ? Cc + Gw + Vd : 0)) * e;
     t->chunk_row_bytes = block_row + (gdn_row > attn_row ? gdn_row : attn_row) + grad_row;
@@ -248,20 +263,20 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         }
         /* the per-token buffers the backward reads (whole under none, a chunk's under full / remat) and
          * the chunk scratch */
-        acts_add_token(&ab, l, "ln1", H, e);
-        acts_add_token(&ab, l, "rstd1", 1, f);
+        acts_add_input(&ab, l, "ln1", H, e);
+        acts_add_input(&ab, l, "rstd1", 1, f);
         if (config_layer_kind(cfg, l) == LAYER_KIND_LINEAR) {
-            acts_add_token(&ab, l, "gdn_proj", Pg, e);
+            acts_add_input(&ab, l, "gdn_proj", Pg, e);
             if (kda) acts_add_chunk(&ab, l, "gdn_conv", R, Cc, e); /* GDN: gdn_conv_split, no conv output */
             acts_add_chunk(&ab, l, "gdn_halo", Kc - 1, Cc, e);
             acts_add_token(&ab, l, "gdn_normed", Vd, e);
             acts_add_token(&ab, l, "gdn_norm_rstd", nv, f);
             if (kda) {
-                acts_add_token(&ab, l, "kda_f", Gw, e);
+                acts_add_input(&ab, l, "kda_f", Gw, e);
                 acts_add_token(&ab, l, "kda_unit", Vd, e);
             }
         } else {
-            acts_add_token(&ab, l, "attn_proj", Pa, e);
+            acts_add_input(&ab, l, "attn_proj", Pa, e);
             acts_add_token(&ab, l, "attn_gated", qd, e);
         }
         acts_add_token(&ab, l, "h", H, e);
@@ -387,6 +402,10 @@ void model_acts_build(ActTable *t, const Config *cfg) {
 }
 
 int model_acts_layer_keeps(const ActTable *t, int layer) { return layer >= t->first_kept; }
+
+int model_acts_layer_inputs_whole(const ActTable *t, int layer) {
+    return t->inputs_whole || model_acts_layer_keeps(t, layer);
+}
 
 void model_acts_free(ActTable *t) {
     free(t->b);

@@ -40,6 +40,12 @@
  * auto: plan_resolve (lib/plan), the one rule plan prints and the model
  * allocates.
  *
+ * checkpoint.input_rows whole: under full or remat a layer that recomputes
+ * holds its input side (ln1, rstd1, the in_proj output; KDA's f) with every
+ * row, not kept: T rows in the recompute's scratch, written by the recompute
+ * and read by the backward, which then reruns no in_proj. chunk: one chunk,
+ * as the other per-token buffers. auto: plan_resolve.
+ *
  * Sizes are for one rank: tokens = data.micro_batch × data.seq_len / cp;
  * activations are fp32 on cpu and bf16 on cuda, statistics (RMSNorm rstd,
  * LSE, gates) are fp32 on both.
@@ -155,6 +161,7 @@ typedef struct {
     int32_t    elt;    /* activation element size: 4 cpu, 2 cuda */
     int32_t    keep_layers; /* checkpoint.keep_layers resolved (auto: plan's figure); every layer under none */
     int32_t    first_kept;  /* the first layer that keeps its activations whole: L - keep_layers */
+    int32_t    inputs_whole; /* checkpoint.input_rows whole resolved: every layer's input side has every row */
     int64_t    pure_kept;   /* the config's policy's kept bytes with keep_layers 0 (plan: what the kept layers add) */
     int32_t    n;
     ActBuffer *b;
@@ -183,10 +190,14 @@ typedef struct {
                                             "CP ring"/"CP scan" rows (the scan's are all ALWAYS) */
 } ActTable;
 
-/* cfg's checkpoint.keep_layers must be a number: callers resolve auto with plan_resolve (lib/plan/plan.h) */
+/* cfg's checkpoint.keep_layers must be a number and input_rows chunk or whole: callers resolve auto with
+ * plan_resolve (lib/plan/plan.h) */
 void model_acts_build(ActTable *t, const Config *cfg);
 /* layer `layer` keeps every activation its backward reads (none, or one of checkpoint.keep_layers): no recompute */
 int  model_acts_layer_keeps(const ActTable *t, int layer);
+/* layer `layer`'s input side (ln1, rstd1, the in_proj output) has every row in its backward: a kept layer's, or
+ * under checkpoint.input_rows whole the recompute's; its backward reruns no ln1 and no in_proj */
+int  model_acts_layer_inputs_whole(const ActTable *t, int layer);
 void model_acts_free(ActTable *t);
 
 #endif

@@ -23,8 +23,10 @@
  * GPU; only what a mixer's core reads across tokens has every row. Under checkpoint.activations none the
  * per-token buffers the backward reads are kept whole per layer (block_rows_at points at each chunk's
  * rows); under full and remat they hold one chunk and the backward reruns each chunk's per-token forward
- * first (chunk_recomputes). Chunks change only the order of fp32 sums (tests/test_long.py). A layer of
- * checkpoint.keep_layers runs as under none whatever the policy (model_acts_layer_keeps).
+ * first (chunk_recomputes), but under checkpoint.input_rows whole the input side (ln1, the in_proj outputs)
+ * has every row from the recompute, so the backward reruns no in_proj. Chunks change only the order of fp32
+ * sums (tests/test_long.py). A layer of checkpoint.keep_layers runs as under none whatever the policy
+ * (model_acts_layer_keeps).
  *
  * Recompute modes (model_step.c decides): BLOCK_FORWARD the normal forward, writing the block output;
  * BLOCK_RECOMPUTE the full policy's recompute of the whole-rows buffers, attention included; BLOCK_REMAT
@@ -116,38 +118,43 @@ static Chunk block_chunk(const Model *m, int64_t k) {
     return c;
 }
 
-/* Points layer l's token buffers (model.h) at the rows from `row` on, and says whether their forward must
- * run there now: always outside the layer's backward; in it only where the policy keeps no token rows
- * (full, remat). Under none the pointers are cursors into the layer's whole buffers, which hold the
- * forward's rows in the backward; elsewhere they stay on the chunk buffers. */
-static int block_rows_at(Model *m, int l, int64_t row, const Dims *dd) {
+/* Points layer l's token buffers (model.h) at the rows from `row` on, and says whether the forward of the
+ * buffers the caller asks for (`input`: the input side, ln1 and the in_proj outputs; else h and the MLP's) must
+ * run there now: always outside the layer's backward; in it only where those buffers hold one chunk. A kept
+ * layer (none, or checkpoint.keep_layers) holds every row of both; under checkpoint.input_rows whole the
+ * input side has every row from the recompute (model_acts_layer_inputs_whole). Where a buffer has every row
+ * its pointer is a cursor into it, which holds the forward's rows in the backward; elsewhere it stays on the
+ * chunk buffer. */
+static int block_rows_at(Model *m, int l, int64_t row, int input, const Dims *dd) {
     const Dims d = *dd;
     LayerActs *a = &m->la[l];
-    const int kept = model_acts_layer_keeps(&m->acts, l); /* none, or one of checkpoint.keep_layers */
-    if (kept && row != a->at) {
+    const int kept = model_acts_layer_keeps(&m->acts, l);
+    const int whole = model_acts_layer_inputs_whole(&m->acts, l);
+    if (whole && row != a->at) {
         const int64_t r = row - a->at;
         a->ln1 = AT(a->ln1, r * d.H);
         a->rstd1 += r;
-        a->h = AT(a->h, r * d.H);
-        a->ln2 = AT(a->ln2, r * d.H);
-        a->rstd2 += r;
-        a->gate_up = AT(a->gate_up, r * 2 * d.I);
-        a->act = AT(a->act, r * d.I);
         if (m->lp[l].kind == LAYER_KIND_LINEAR) {
             a->gdn_proj = AT(a->gdn_proj, r * d.Pg);
-            a->gdn_normed = AT(a->gdn_normed, r * d.Vd);
-            a->gdn_norm_rstd += r * d.nv;
-            if (d.kda) {
-                a->kda_f = AT(a->kda_f, r * d.Gw);
-                a->kda_unit = AT(a->kda_unit, r * d.Vd);
-            }
-        } else {
+            if (d.kda) a->kda_f = AT(a->kda_f, r * d.Gw);
+        } else
             a->attn_proj = AT(a->attn_proj, r * d.Pa);
-            a->attn_gated = AT(a->attn_gated, r * d.qd);
+        if (kept) {
+            a->h = AT(a->h, r * d.H);
+            a->ln2 = AT(a->ln2, r * d.H);
+            a->rstd2 += r;
+            a->gate_up = AT(a->gate_up, r * 2 * d.I);
+            a->act = AT(a->act, r * d.I);
+            if (m->lp[l].kind == LAYER_KIND_LINEAR) {
+                a->gdn_normed = AT(a->gdn_normed, r * d.Vd);
+                a->gdn_norm_rstd += r * d.nv;
+                if (d.kda) a->kda_unit = AT(a->kda_unit, r * d.Vd);
+            } else
+                a->attn_gated = AT(a->attn_gated, r * d.qd);
         }
         a->at = row;
     }
-    return !a->backward || !kept;
+    return !a->backward || !(input ? whole : kept);
 }
 
 /* Each per-token forward (ln1 with the in_proj after it, h, the MLP) counts here when it runs inside
@@ -163,9 +170,9 @@ static void block_ln1_compute(Model *m, int l, int64_t row, int64_t n, const Dim
     m->be->rmsnorm_forward(a->ln1, a->rstd1, AT(a->x, row * d.H), W(m->lp[l].in_ln), n, 1, d.H, d.H, d.H, d.eps, 1);
 }
 
-/* ln1 (token) = input RMSNorm of x's rows [row, row + n) (block_rows_at: not again under none) */
+/* ln1 (token) = input RMSNorm of x's rows [row, row + n) (block_rows_at: not again where they have every row) */
 static void block_ln1(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
-    if (block_rows_at(m, l, row, dd)) block_ln1_compute(m, l, row, n, dd);
+    if (block_rows_at(m, l, row, 1, dd)) block_ln1_compute(m, l, row, n, dd);
 }
 
 /* backward of ln1 -> in_proj for one chunk's rows: dW_in += dproj^T ln1, and dx (the residual
@@ -177,7 +184,7 @@ static void block_in_proj_backward(Model *m, int l, int64_t row, int64_t n, cons
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
-    RS_CHECK(!model_acts_layer_keeps(&m->acts, l) || a->at == row, "layer %d: ln1 at row %lld, not %lld",
+    RS_CHECK(!model_acts_layer_inputs_whole(&m->acts, l) || a->at == row, "layer %d: ln1 at row %lld, not %lld",
              l, (long long)a->at, (long long)row);
     be->matmul_backward(m->d_ln, G(p->in_proj), dproj, a->ln1, W(p->in_proj), n, d.H, OC, d.H, ldp, 0);
     be->rmsnorm_backward(AT(m->d_resid, row * d.H), G(p->in_ln), m->d_ln, AT(a->x, row * d.H), W(p->in_ln), a->rstd1,
@@ -250,10 +257,10 @@ static CpGdnCore block_gdn_core(const Model *m, const LayerActs *a, int keep, co
 }
 
 /* ln1 and proj (token buffers) of a chunk's rows, and of a KDA layer the decay gate's input f = f_a f_b^T
- * (block_rows_at: not again under none) */
+ * (block_rows_at: not again where they have every row) */
 static void block_gdn_proj(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
     const Dims d = *dd;
-    if (!block_rows_at(m, l, row, dd)) return;
+    if (!block_rows_at(m, l, row, 1, dd)) return;
     block_ln1_compute(m, l, row, n, dd);
     m->be->matmul_forward(m->la[l].gdn_proj, m->la[l].ln1, W(m->lp[l].in_proj), n, d.H, d.Pg, d.H, d.Pg, 0);
     if (d.kda)
@@ -453,10 +460,11 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
 
 /* ---- softmax attention mixer ------------------------------------------- */
 
-/* ln1 and proj [q|gate|k|v] (token buffers) of a chunk's rows (block_rows_at: not again under none) */
+/* ln1 and proj [q|gate|k|v] (token buffers) of a chunk's rows (block_rows_at: not again where they have every
+ * row) */
 static void block_attention_proj(Model *m, int l, int64_t row, int64_t n, const Dims *dd) {
     const Dims d = *dd;
-    if (!block_rows_at(m, l, row, dd)) return;
+    if (!block_rows_at(m, l, row, 1, dd)) return;
     block_ln1_compute(m, l, row, n, dd);
     m->be->matmul_forward(m->la[l].attn_proj, m->la[l].ln1, W(m->lp[l].in_proj), n, d.H, d.Pa, d.H, d.Pa, 0);
 }
@@ -542,7 +550,7 @@ static void block_attention_backward(Model *m, int l, const Batch *b) {
 /* A chunk's h and MLP (token buffers): in the forward with `out`, the block output's rows too; in the
  * backward (out NULL) the recompute, which under none finds them kept and does nothing. */
 static void block_chunk_forward(Model *m, int l, const Chunk *c, void *out, const Dims *d) {
-    if (!block_rows_at(m, l, c->row, d)) return;
+    if (!block_rows_at(m, l, c->row, 0, d)) return;
     if (m->lp[l].kind == LAYER_KIND_LINEAR) block_gdn_out_forward(m, l, c, d);
     else block_attention_out_forward(m, l, c, d);
     block_mlp_forward(m, l, c, out, d);

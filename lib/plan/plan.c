@@ -243,8 +243,11 @@ static void plan_build_as(Plan *p, const Config *cfg) {
     double in_proj = (double)m->hidden_size * (double)(p->n_linear * Pg + p->n_full * Pa);
     double per_chunk = layer_mm - (double)m->num_hidden_layers * (double)m->intermediate_size * (double)m->hidden_size;
     p->flops_recompute[ACT_POLICY_NONE] = 0;
-    p->flops_recompute[ACT_POLICY_FULL] = 2 * (per_chunk + in_proj) + p->flops_attn_causal / 3 + gdn_fwd * p->n_linear;
-    p->flops_recompute[ACT_POLICY_REMAT] = 2 * (per_chunk + in_proj) + gdn_fwd * p->n_linear;
+    /* checkpoint.input_rows whole: the backward finds the recompute's in_proj outputs, so no in_proj again */
+    const double in_again = p->acts.inputs_whole ? 0 : 1;
+    p->flops_recompute[ACT_POLICY_FULL] = 2 * (per_chunk + in_again * in_proj) + p->flops_attn_causal / 3 +
+                                          gdn_fwd * p->n_linear;
+    p->flops_recompute[ACT_POLICY_REMAT] = 2 * (per_chunk + in_again * in_proj) + gdn_fwd * p->n_linear;
     /* checkpoint.keep_layers: the kept layers' share of the config's policy's recompute is gone (each layer's
      * part of the sums above: its GEMMs but down, its in_proj again, its mixer's forward) */
     const int kpol = cfg->checkpoint.activations;
@@ -253,7 +256,7 @@ static void plan_build_as(Plan *p, const Config *cfg) {
         const double chunk_l = mm_layer[l] - (double)m->intermediate_size * (double)m->hidden_size;
         const double in_l = (double)m->hidden_size * (double)(lin ? Pg : Pa);
         const double mixer = lin ? gdn_fwd : kpol == ACT_POLICY_FULL ? p->flops_attn_causal / 3 / p->n_full : 0;
-        p->flops_recompute[kpol] -= 2 * (chunk_l + in_l) + mixer;
+        p->flops_recompute[kpol] -= 2 * (chunk_l + in_again * in_l) + mixer;
     }
     if (kpol != ACT_POLICY_NONE && p->acts.first_kept == 0) p->flops_recompute[kpol] = 0; /* no rounding residue */
     free(mm_layer);
@@ -366,9 +369,26 @@ static int64_t plan_chunk_rows(const Config *c) {
     return rule;
 }
 
+/* checkpoint.input_rows as it runs: chunk or whole as given, or for auto whole where the plan with it fits as
+ * plan_keep_layers asks with keep_layers as given (auto: none kept), else chunk; chunk under none (every layer
+ * keeps every row) */
+static int plan_input_rows(const Config *cfg) {
+    if (cfg->checkpoint.activations == ACT_POLICY_NONE) return INPUT_ROWS_CHUNK;
+    if (cfg->checkpoint.input_rows != INPUT_ROWS_AUTO) return cfg->checkpoint.input_rows;
+    Config c = *cfg; /* plan_build_as reads the copy only */
+    c.checkpoint.input_rows = INPUT_ROWS_WHOLE;
+    if (c.checkpoint.keep_layers == CONFIG_AUTO) c.checkpoint.keep_layers = 0;
+    Plan q;
+    plan_build_as(&q, &c);
+    const bool fits = plan_fits_margin(&q, cfg);
+    plan_free(&q);
+    return fits ? INPUT_ROWS_WHOLE : INPUT_ROWS_CHUNK;
+}
+
 Config plan_resolve(const Config *cfg) {
     Config c = *cfg;
-    c.checkpoint.keep_layers = plan_keep_layers(cfg); /* at the rule's chunks: the layers before the chunk size */
+    c.checkpoint.input_rows = plan_input_rows(cfg); /* first: per byte it spares more recompute than a kept layer */
+    c.checkpoint.keep_layers = plan_keep_layers(&c); /* at the rule's chunks: the layers before the chunk size */
     c.checkpoint.chunk_rows = plan_chunk_rows(&c);
     return c;
 }
@@ -577,6 +597,14 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
             fprintf(f, "\nselective: layers %d..%d of %d keep their activations as under none (%s), %s kept more "
                        "than %s alone\n", t->first_kept, L - 1, L, why, a, act_policy_names[pol]);
         else fprintf(f, "\nselective: no layer keeps its activations whole (%s: 0)\n", why);
+        const int whole = t->inputs_whole;
+        if (cfg->checkpoint.input_rows == INPUT_ROWS_AUTO)
+            snprintf(why, sizeof why, "checkpoint.input_rows auto: %s", whole ? "fits memory less 5%" : "would not fit "
+                     "memory less 5%");
+        else snprintf(why, sizeof why, "checkpoint.input_rows %s", input_rows_names[cfg->checkpoint.input_rows]);
+        fprintf(f, "input rows: %s (%s)\n", whole ? "whole: a recomputed layer's ln1 and in_proj outputs have every "
+                "row in the recompute's scratch; the backward reruns no in_proj" : "chunk: the backward reruns each "
+                "chunk's ln1 and in_proj", why);
     }
     plan_commas(t->chunk_rows, a, sizeof a);
     plan_bytes((double)t->chunk_scratch[pol], b, sizeof b);
@@ -742,6 +770,8 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
     json_object_set_new(mem, "policy", json_string(act_policy_names[cfg->checkpoint.activations]));
     json_object_set_new(mem, "keep_layers", json_integer(p->acts.keep_layers));
     json_object_set_new(mem, "keep_layers_auto", json_boolean(cfg->checkpoint.keep_layers == CONFIG_AUTO));
+    json_object_set_new(mem, "input_rows", json_string(p->acts.inputs_whole ? "whole" : "chunk"));
+    json_object_set_new(mem, "input_rows_auto", json_boolean(cfg->checkpoint.input_rows == INPUT_ROWS_AUTO));
     json_object_set_new(root, "memory", mem);
     json_t *fl = json_pack("{sf sf sf sf sf}", "dense", p->flops_dense, "attention_causal", p->flops_attn_causal,
                            "attention_noncausal", p->flops_attn_full, "gdn", p->flops_gdn, "model", p->flops_model);

@@ -52,6 +52,7 @@ static void acts_check_backend(const Backend *be, const char *kind) {
             snprintf(kv[6], sizeof kv[6], "model.linear_value_head_dim=%d", shapes[s].dv);
             snprintf(kv[7], sizeof kv[7], "checkpoint.gdn_keep=%s", gdn_keep_names[keep]);
             for (int i = 0; i < 8; i++) acts_set(&cfg, kv[i]);
+            acts_set(&cfg, "checkpoint.input_rows=chunk"); /* resolved, as plan_resolve gives it */
             int64_t rows = 0;
             const int64_t got = acts_kept_of(&cfg, &rows);
             const int64_t frags = shapes[s].cp > 1 ? 2 : 1, n = shapes[s].T / shapes[s].cp / frags;
@@ -105,6 +106,7 @@ TEST(model_acts_keep_layers_mix_per_layer) {
                     acts_set(&cfg, "model.linear_num_value_heads=32");
                 }
                 for (int i = 0; i < 6; i++) acts_set(&cfg, kv[i]);
+                acts_set(&cfg, "checkpoint.input_rows=chunk");
                 if (n == 0) {
                     Config c = cfg;
                     c.checkpoint.activations = ACT_POLICY_NONE;
@@ -144,5 +146,74 @@ TEST(model_acts_keep_layers_mix_per_layer) {
                 config_free(&cfg);
             }
             model_acts_free(&none_t);
+        }
+}
+
+/* checkpoint.input_rows whole: under full and remat every layer's input side (ln1, rstd1, the in_proj outputs,
+ * KDA's f) has T rows, not kept (the recompute's scratch, no chunk scratch), and nothing else moves: the kept
+ * bytes are chunk's; the largest layer's recompute grows by exactly the input side's rows beyond one chunk;
+ * the chunk scratch per row drops by the input side's row; under none the flag changes nothing. */
+TEST(model_acts_input_rows_whole) {
+    static const char *const inputs[] = {"ln1", "rstd1", "gdn_proj", "kda_f", "attn_proj"};
+    static const char *const kinds[] = {"model.linear_attention=gdn", "model.linear_attention=kda"};
+    for (size_t v = 0; v < 2; v++)
+        for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
+            ActTable t[2]; /* input_rows chunk, whole */
+            for (int w = 0; w < 2; w++) {
+                Config cfg;
+                config_init_defaults(&cfg);
+                acts_set(&cfg, "model.num_hidden_layers=4");
+                acts_set(&cfg, "data.seq_len=4096");
+                acts_set(&cfg, "checkpoint.chunk_rows=512");
+                acts_set(&cfg, kinds[v]);
+                if (v == 1) {
+                    acts_set(&cfg, "model.linear_num_key_heads=32");
+                    acts_set(&cfg, "model.linear_num_value_heads=32");
+                }
+                char kv[64];
+                snprintf(kv, sizeof kv, "checkpoint.activations=%s", act_policy_names[pol]);
+                acts_set(&cfg, kv);
+                acts_set(&cfg, w ? "checkpoint.input_rows=whole" : "checkpoint.input_rows=chunk");
+                model_acts_build(&t[w], &cfg);
+                config_free(&cfg);
+            }
+            EXPECT(t[0].n == t[1].n && t[0].chunk_rows == 512 && t[1].chunk_rows == 512, "same buffers, 512-row chunks");
+            EXPECT(t[1].inputs_whole && !t[0].inputs_whole && model_acts_layer_inputs_whole(&t[1], 0) &&
+                   !model_acts_layer_inputs_whole(&t[0], 0) == (pol != ACT_POLICY_NONE), "inputs_whole flags");
+            int64_t grow_max = 0, grow[8] = {0}, in_row = 0;
+            for (int i = 0; i < t[1].n; i++) {
+                const ActBuffer *a = &t[0].b[i], *b = &t[1].b[i];
+                int input = 0;
+                for (size_t k = 0; k < sizeof inputs / sizeof *inputs; k++) input |= !strcmp(b->name, inputs[k]);
+                EXPECT(!strcmp(a->name, b->name) && a->keep == b->keep, "%s: the same buffer, the same keep", b->name);
+                if (!input || pol == ACT_POLICY_NONE) {
+                    EXPECT(a->bytes == b->bytes && a->rows == b->rows, "%s %s: %lld bytes, chunk's %lld", b->name,
+                           act_policy_names[pol], (long long)b->bytes, (long long)a->bytes);
+                    continue;
+                }
+                EXPECT(b->rows == 4096 && a->rows == 512 && !(b->keep & (1u << pol)) && !b->chunk && a->chunk,
+                       "%s %s whole: %lld rows (chunk's %lld), kept %d, chunk scratch %d", b->name,
+                       act_policy_names[pol], (long long)b->rows, (long long)a->rows, !!(b->keep & (1u << pol)),
+                       b->chunk);
+                grow[b->layer] += b->bytes - a->bytes;
+                if (b->layer == 0) in_row += b->cols * b->elt;
+            }
+            for (int l = 0; l < 4; l++) grow_max = grow[l] > grow_max ? grow[l] : grow_max;
+            for (int q = 0; q < ACT_POLICY_COUNT; q++)
+                EXPECT(t[0].kept[q] == t[1].kept[q], "%s: kept bytes move with input_rows", act_policy_names[q]);
+            if (pol == ACT_POLICY_NONE) {
+                EXPECT(t[0].peak[pol] == t[1].peak[pol], "none: the peak moves with input_rows");
+            } else {
+                EXPECT(t[1].recompute[pol] > t[0].recompute[pol] &&
+                       t[1].recompute[pol] - t[0].recompute[pol] <= grow_max,
+                       "%s %s: recompute %lld -> %lld, the input side grows a layer by at most %lld", kinds[v],
+                       act_policy_names[pol], (long long)t[0].recompute[pol], (long long)t[1].recompute[pol],
+                       (long long)grow_max);
+                EXPECT(t[0].chunk_row_bytes - t[1].chunk_row_bytes == in_row, "%s: chunk row %lld -> %lld, not less "
+                       "layer 0's input row %lld", kinds[v], (long long)t[0].chunk_row_bytes,
+                       (long long)t[1].chunk_row_bytes, (long long)in_row);
+            }
+            model_acts_free(&t[0]);
+            model_acts_free(&t[1]);
         }
 }
