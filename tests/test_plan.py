@@ -139,25 +139,28 @@ def test_none_keeps_the_per_token_tensors_by_hand(ringscan):
 
 
 def test_recompute_flops_by_hand(ringscan):
-    """Hardware FLOPs the policy reruns, per token: none nothing; remat each layer's in_proj twice (its
-    recompute, then per row chunk before the backward), its out_proj and gate/up once (not down: nothing
-    reads its output again) and the delta rule's forward; full also attention's forward."""
+    """Hardware FLOPs the policy reruns, per token: none nothing; remat each layer's in_proj twice under
+    checkpoint.input_rows chunk (its recompute, then per row chunk before the backward), once under whole, its
+    out_proj and gate/up once (not down: nothing reads its output again) and the delta rule's forward; full also
+    attention's forward."""
     V, H, I, L = 151_936, 1536, 4096, 16
     in_proj = H * (12 * (2 * 2048 + 2048 + 2048 + 32) + 4 * (2 * 2048 + 2 * 256))
     C, K = 64, 128
     gdn_fwd = 16 * (1.25 * C * C * K + 0.61 * C ** 3 + 2 * C * C * 2 * K + 4 * C * K * K
                     + 2 * C * K * K + 4 * C * C * K) / C
-    f = {}
-    for policy in ("none", "remat", "full"):
-        d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", f"checkpoint.activations={policy}",
-                      rc=0 if policy != "none" else 1)
-        f[policy] = d["flops_per_token"]
-    per_chunk = f["none"]["dense"] / 6 - V * H - L * I * H   # layers' GEMM parameters but down_proj
-    assert f["none"]["recompute"] == 0
-    remat = 2 * (per_chunk + in_proj) + 12 * gdn_fwd
-    assert abs(f["remat"]["recompute"] - remat) <= 1e-9 * remat, (f["remat"]["recompute"], remat)
-    full = remat + f["full"]["attention_causal"] / 3
-    assert abs(f["full"]["recompute"] - full) <= 1e-9 * full, (f["full"]["recompute"], full)
+    for inputs, again in (("chunk", 1), ("whole", 0)):
+        f = {}
+        for policy in ("none", "remat", "full"):
+            d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", f"checkpoint.activations={policy}",
+                          f"checkpoint.input_rows={inputs}", rc=0 if policy != "none" else 1)
+            f[policy] = d["flops_per_token"]
+            assert d["memory"]["input_rows"] == (inputs if policy != "none" else "chunk"), (policy, d["memory"])
+        per_chunk = f["none"]["dense"] / 6 - V * H - L * I * H   # layers' GEMM parameters but down_proj
+        assert f["none"]["recompute"] == 0
+        remat = 2 * (per_chunk + again * in_proj) + 12 * gdn_fwd
+        assert abs(f["remat"]["recompute"] - remat) <= 1e-9 * remat, (inputs, f["remat"]["recompute"], remat)
+        full = remat + f["full"]["attention_causal"] / 3
+        assert abs(f["full"]["recompute"] - full) <= 1e-9 * full, (inputs, f["full"]["recompute"], full)
 
 
 def test_flops_by_hand(ringscan):
@@ -428,9 +431,10 @@ def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
     memory less 5%, decided after checkpoint.keep_layers auto (never a kept layer fewer), at most a fragment; an
     explicit value is taken as it is. The 1B config at 128k on one H200: 4 GiB (41,856 rows), the same 8 kept layers
     as at the 1 GiB rule (10,432 rows); memory for 2 GiB but not 4: 2 GiB; for neither: the rule; a fragment shorter
-    than 4 GiB of rows: the fragment."""
+    than 4 GiB of rows: the fragment. (checkpoint.input_rows chunk: under whole the input side leaves the chunk
+    scratch, test_input_rows_auto_whole_first.)"""
     one = ("parallel.cp=1", "data.seq_len=131072", "checkpoint.keep_layers=auto", "train.grad_accum=1",
-           "slurm.gpus_per_node=1")
+           "slurm.gpus_per_node=1", "checkpoint.input_rows=chunk")
     cfg = "configs/hybrid-1b-256k-h200x4.yaml"
     rule = plan_json(ringscan, cfg, *one, "checkpoint.chunk_rows=10432")["memory"]
     grown = plan_json(ringscan, cfg, *one)["memory"]
@@ -446,8 +450,45 @@ def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
     tight = plan_json(ringscan, cfg, *one, f"device.memory_gib={(rule['remat']['total'] + 0.5 * gib) / 0.95 / gib:.3f}")
     assert tight["memory"]["keep_layers"] == 8 and tight["memory"]["chunk_rows"] == 10432
     # the shipped 256k config at cp 4: fragments of 32,768 rows, one chunk each
-    assert plan_json(ringscan, cfg)["memory"]["chunk_rows"] == 32768
+    assert plan_json(ringscan, cfg, "checkpoint.input_rows=chunk")["memory"]["chunk_rows"] == 32768
     # a config without room keeps the rule
     assert plan_json(ringscan, "configs/hybrid-1b-1m-h100x2.yaml")["memory"]["chunk_rows"] == 10432
     # explicit rows are taken as they are
     assert plan_json(ringscan, cfg, *one, "checkpoint.chunk_rows=4096")["memory"]["chunk_rows"] == 4096
+
+
+def test_input_rows_auto_whole_first(ringscan):
+    """checkpoint.input_rows auto (plan_resolve): whole where the plan with it and no kept layer fits device memory
+    less 5%, decided before checkpoint.keep_layers auto and the chunk rows (per byte it spares more recompute than a
+    kept layer); chunk where it does not fit, and under none. The 1B at 128k on one H200: whole, the same 8 kept
+    layers as under chunk, in_proj recompute gone (448.5 against 628.4 MFLOP per token), the input side's T rows
+    in the activations beside a smaller chunk scratch (2 GiB, 25,792 rows: 4 GiB no longer fits); the 1M config on
+    two 79 GiB GPUs: chunk (its 524,288 rows per rank of input side would not fit); explicit values as given."""
+    one = ("parallel.cp=1", "data.seq_len=131072", "checkpoint.keep_layers=auto", "train.grad_accum=1",
+           "slurm.gpus_per_node=1")
+    cfg = "configs/hybrid-1b-256k-h200x4.yaml"
+    auto = plan_json(ringscan, cfg, *one)
+    chunk = plan_json(ringscan, cfg, *one, "checkpoint.input_rows=chunk")
+    whole = plan_json(ringscan, cfg, *one, "checkpoint.input_rows=whole")
+    a, c = auto["memory"], chunk["memory"]
+    assert (a["input_rows"], a["input_rows_auto"], c["input_rows"], c["input_rows_auto"]) == ("whole", True, "chunk", False)
+    assert whole["memory"]["remat"] == a["remat"] and whole["memory"]["input_rows_auto"] is False
+    assert a["keep_layers"] == c["keep_layers"] == 8 and (a["chunk_rows"], c["chunk_rows"]) == (25792, 41856)
+    assert a["remat"]["activations_kept"] == c["remat"]["activations_kept"]
+    assert a["remat"]["total"] <= 0.95 * a["capacity"]
+    rf, cf = auto["flops_per_token"]["recompute"], chunk["flops_per_token"]["recompute"]
+    assert abs(rf - 448.506e6) < 1e4 and abs(cf - 628.402e6) < 1e4, (rf, cf)
+    # memory for the input side at 0 kept layers but not beside a kept layer: whole, no layer kept (fixed chunks)
+    gib, rows = 2**30, "checkpoint.chunk_rows=8192"
+    none_kept = plan_json(ringscan, cfg, *one, rows, "checkpoint.input_rows=whole", "checkpoint.keep_layers=0")
+    cap = (none_kept["memory"]["remat"]["total"] + 0.25 * gib) / 0.95 / gib
+    m = plan_json(ringscan, cfg, *one, rows, f"device.memory_gib={cap:.3f}")["memory"]
+    assert m["input_rows"] == "whole" and m["keep_layers"] == 0 and m["remat"]["total"] <= 0.95 * m["capacity"], m
+    # not even that: chunk
+    cap = (none_kept["memory"]["remat"]["total"] - 0.25 * gib) / 0.95 / gib
+    assert plan_json(ringscan, cfg, *one, rows, f"device.memory_gib={cap:.3f}")["memory"]["input_rows"] == "chunk"
+    # the 1M config on two 79 GiB GPUs, and none
+    assert plan_json(ringscan, "configs/hybrid-1b-1m-h100x2.yaml")["memory"]["input_rows"] == "chunk"
+    assert plan_json(ringscan, cfg, *one, "checkpoint.activations=none", rc=1)["memory"]["input_rows"] == "chunk"
+    r = run([ringscan, "plan", cfg, *[x for kv in one for x in ("--set", kv)]])
+    assert "input rows: whole" in r.stdout and "checkpoint.input_rows auto: fits memory less 5%" in r.stdout, r.stdout
