@@ -11,7 +11,8 @@ Evidence, each able to fail:
    fail.
 3. The whole model with KDA layers (build/parity_step) against tests/parity/ref_model.py's independent float64
    KDA (kimi_linear's KimiDeltaAttention written from its names) within 1e-4 per tensor; the checkpoint
-   policies none / full / remat and checkpoint.gdn_keep give the same gradients; dp x cp in (1,2), (1,4), (2,2)
+   policies none / full / remat, checkpoint.gdn_keep and checkpoint.input_rows give the same gradients (the
+   last two bitwise); dp x cp in (1,2), (1,4), (2,2)
    on the document layouts of test_cp.py equal the single process within 1e-5 (or twice its own float64 floor);
    the activations kept equal plan's table.
 4. Hugging Face: the export's KDA tensors (kimi_linear's names under linear_attn.) are layout.py's rows
@@ -188,6 +189,16 @@ def test_kda_model_matches_the_float64_reference_under_every_policy(cases, tmp_p
         assert c["block_recomputes"] == 4 - n, c
         for k in g:
             assert rel(g[k], grads["none"][k]) <= POLICY_BOUND, (n, k)
+    # checkpoint.input_rows: whole reads the recompute's ln1, in_proj and f (f_a f_b^T) outputs where chunk reruns
+    # them per row chunk: the same bits, fewer per-token forwards in the backward
+    g, c = {}, {}
+    for inputs in ("chunk", "whole"):
+        g[inputs], c[inputs] = parity_step(d, 1, 1, tmp_path / f"inputs-{inputs}.safetensors", "--policy", "remat",
+                                           "--set", f"checkpoint.input_rows={inputs}",
+                                           "--set", "checkpoint.chunk_rows=100")
+    assert c["whole"]["chunk_recomputes"] < c["chunk"]["chunk_recomputes"], c
+    for k in g["chunk"]:
+        assert np.array_equal(g["chunk"][k], g["whole"][k]), k
     # the kept Tinv (checkpoint.gdn_keep) gives the bits of recomputing it
     for keep in ("none", "states"):
         g, _ = parity_step(d, 1, 1, tmp_path / f"keep-{keep}.safetensors", "--set", f"checkpoint.gdn_keep={keep}")

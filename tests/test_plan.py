@@ -471,7 +471,8 @@ def test_input_rows_auto_whole_first(ringscan):
     chunk = plan_json(ringscan, cfg, *one, "checkpoint.input_rows=chunk")
     whole = plan_json(ringscan, cfg, *one, "checkpoint.input_rows=whole")
     a, c = auto["memory"], chunk["memory"]
-    assert (a["input_rows"], a["input_rows_auto"], c["input_rows"], c["input_rows_auto"]) == ("whole", True, "chunk", False)
+    assert (a["input_rows"], a["input_rows_auto"]) == ("whole", True)
+    assert (c["input_rows"], c["input_rows_auto"]) == ("chunk", False)
     assert whole["memory"]["remat"] == a["remat"] and whole["memory"]["input_rows_auto"] is False
     assert a["keep_layers"] == c["keep_layers"] == 8 and (a["chunk_rows"], c["chunk_rows"]) == (25792, 41856)
     assert a["remat"]["activations_kept"] == c["remat"]["activations_kept"]

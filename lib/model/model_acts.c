@@ -11,8 +11,8 @@
  * output and its fp32 LSE); per-token rows, kept whole under none and one shared chunk of chunk_rows rows
  * under full and remat, whose backward recomputes each chunk (but the input side, ln1 and the in_proj outputs,
  * under checkpoint.input_rows whole: every row in the recompute's scratch, so the backward reruns no in_proj);
- * and chunk scratch, never kept. The head keeps
- * the last block's output and one loss row chunk (fp32 logits of at most LOSS_CHUNK_BYTES).
+ * and chunk scratch, never kept. The head keeps the last block's output and one loss row chunk (fp32 logits of
+ * at most LOSS_CHUNK_BYTES).
  *
  * Transient terms: the recompute of layer l materialises that layer's unkept buffers and nothing of other
  * layers; the backward holds the residual-stream gradient, one chunk's gradients and per mixer kind the

@@ -177,7 +177,8 @@ TEST(model_acts_input_rows_whole) {
                 model_acts_build(&t[w], &cfg);
                 config_free(&cfg);
             }
-            EXPECT(t[0].n == t[1].n && t[0].chunk_rows == 512 && t[1].chunk_rows == 512, "same buffers, 512-row chunks");
+            EXPECT(t[0].n == t[1].n && t[0].chunk_rows == 512 && t[1].chunk_rows == 512,
+                   "same buffers, 512-row chunks");
             EXPECT(t[1].inputs_whole && !t[0].inputs_whole && model_acts_layer_inputs_whole(&t[1], 0) &&
                    !model_acts_layer_inputs_whole(&t[0], 0) == (pol != ACT_POLICY_NONE), "inputs_whole flags");
             int64_t grow_max = 0, grow[8] = {0}, in_row = 0;
