@@ -463,7 +463,8 @@ def test_input_rows_auto_whole_first(ringscan):
     kept layer); chunk where it does not fit, and under none. The 1B at 128k on one H200: whole, the same 8 kept
     layers as under chunk, in_proj recompute gone (448.5 against 628.4 MFLOP per token), the input side's T rows
     in the activations beside a smaller chunk scratch (2 GiB, 25,792 rows: 4 GiB no longer fits); the 1M config on
-    two 79 GiB GPUs: chunk (its 524,288 rows per rank of input side would not fit); explicit values as given."""
+    two 79 GiB GPUs: chunk (its 524,288 rows per rank of input side would not fit); explicit values as given, and
+    an explicit whole that does not fit where chunk would is told so by the verdict's hint."""
     one = ("parallel.cp=1", "data.seq_len=131072", "checkpoint.keep_layers=auto", "train.grad_accum=1",
            "slurm.gpus_per_node=1")
     cfg = "configs/hybrid-1b-256k-h200x4.yaml"
@@ -493,3 +494,10 @@ def test_input_rows_auto_whole_first(ringscan):
     assert plan_json(ringscan, cfg, *one, "checkpoint.activations=none", rc=1)["memory"]["input_rows"] == "chunk"
     r = run([ringscan, "plan", cfg, *[x for kv in one for x in ("--set", kv)]])
     assert "input rows: whole" in r.stdout and "checkpoint.input_rows auto: fits memory less 5%" in r.stdout, r.stdout
+    # whole asked for where only chunk fits: the verdict says so and names chunk with its total
+    t_chunk = plan_json(ringscan, cfg, *one, rows, "checkpoint.input_rows=chunk", "checkpoint.keep_layers=0")
+    cap = (t_chunk["memory"]["remat"]["total"] + none_kept["memory"]["remat"]["total"]) / 2 / gib
+    sets = [*one, rows, "checkpoint.keep_layers=0", "checkpoint.input_rows=whole", f"device.memory_gib={cap:.3f}"]
+    r = run([ringscan, "plan", cfg, *[x for kv in sets for x in ("--set", kv)]])
+    assert r.returncode == 1 and "verdict: DOES NOT FIT" in r.stdout, r.stdout[-800:]
+    assert "hint: checkpoint.input_rows=chunk fits" in r.stdout, r.stdout[-800:]

@@ -721,6 +721,19 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
                 act_policy_names[pol]);
     }
     if (tot > p->capacity) plan_print_ring_hints(cfg, pol, f);
+    if (tot > p->capacity && p->acts.inputs_whole && cfg->checkpoint.input_rows == INPUT_ROWS_WHOLE) {
+        Config ch = *cfg; /* plan_build reads the copy only */
+        ch.checkpoint.input_rows = INPUT_ROWS_CHUNK;
+        Plan q;
+        plan_build(&q, &ch);
+        if (plan_fits(&q, (ActPolicy)pol)) {
+            plan_bytes((double)q.total[pol], c, sizeof c);
+            fprintf(f, "  hint: checkpoint.input_rows=chunk fits (%s): the backward reruns each chunk's ln1 and "
+                       "in_proj instead of holding every row of them (auto picks it where whole does not fit)\n",
+                    c);
+        }
+        plan_free(&q);
+    }
     if (cfg->device.attention_kernel == ATTN_KERNEL_CUDNN_DET && tot > p->capacity) {
         plan_bytes((double)p->cudnn_workspace, c, sizeof c);
         fprintf(f, "  hint: %s of it is device.attention_kernel=cudnn_det's workspace (cuDNN's deterministic "
