@@ -113,7 +113,7 @@ void cp_init(Cp *cp, Comm *comm, const Backend *be, const Config *cfg) {
             (int)cfg->model.linear_value_head_dim);
 
     ActTable t;
-    const Config kept = plan_resolve(cfg); /* keep_layers auto and chunk_rows 0: plan's figures, as the model's */
+    const Config kept = plan_resolve(cfg); /* keep_layers, chunk_rows, input_rows: plan's figures, as the model's */
     model_acts_build(&t, &kept);
     /* the ALWAYS buffers, then the ring forward's and backward's own over the same bytes (model_acts.h) */
     const int64_t fwd = t.cp_phase[ACT_CP_FORWARD], bwd = t.cp_phase[ACT_CP_BACKWARD];

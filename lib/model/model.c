@@ -12,6 +12,8 @@
  *     layer's total (model_acts.c's `recompute` term, aligned);
  *   - checkpoint.keep_layers: a kept layer's buffers are kept like none's
  *     (the table's keep bits say so), the rest as the policy says;
+ *   - checkpoint.input_rows whole: the input side's buffers of a layer that
+ *     recomputes have every row, in the scratch arena like the others;
  *   - gradient scratch: persistent buffers plus one arena shared by the MLP,
  *     GDN and attention backward phases (model_acts.c's `grad_working`).
  *
@@ -377,7 +379,8 @@ void model_init(Model *m, const Config *cfg, const Backend *be, Comm *comm, int6
     }
     model_init_weights(m);
 
-    const Config kept = plan_resolve(cfg); /* keep_layers auto and chunk_rows 0: plan's figures, the one rule */
+    /* keep_layers auto, chunk_rows 0 and input_rows auto: plan's figures, the one rule */
+    const Config kept = plan_resolve(cfg);
     model_acts_build(&m->acts, &kept);
     RS_CHECK(m->acts.tokens == T, "micro-batch of %lld rows, but the activation table is for %lld",
              (long long)T, (long long)m->acts.tokens);
