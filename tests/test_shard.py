@@ -190,18 +190,23 @@ def test_plan_counts_each_stage():
     assert "weights    states" in r.stdout and "the layers' all-gathers" in r.stdout, r.stdout
 
 
+# checkpoint.input_rows pinned: auto picks whole or chunk by the capacity, so totals planned at one capacity would
+# not be the totals at another
+PIN = ["--set", "checkpoint.input_rows=chunk"]
+
+
 def test_refusal_names_the_stage_that_fits(tmp_path, recall_tok):
     """A capacity between the optimizer stage's total and none's: plan and the trainer's refusal say optimizer fits."""
-    t = plan_json("--set", "parallel.shard=optimizer")["shard"]["total"]
+    t = plan_json("--set", "parallel.shard=optimizer", *PIN)["shard"]["total"]
     gib = (t["optimizer"] + t["none"]) / 2 / 2**30
-    r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}"])
+    r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}", *PIN])
     assert r.returncode == 1, r.stdout
     assert "hint: parallel.shard=optimizer fits" in r.stdout, r.stdout
     r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}", "--set",
-             "parallel.shard=optimizer"])
+             "parallel.shard=optimizer", *PIN])
     assert r.returncode == 0, r.stdout
     r = mpirun(4, RINGSCAN, "train", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}", "--set",
-               f"data.path={recall_tok}", "--set", f"run.out_dir={tmp_path / 'r'}")
+               f"data.path={recall_tok}", "--set", f"run.out_dir={tmp_path / 'r'}", *PIN)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "hint: parallel.shard=optimizer fits" in r.stderr, r.stderr
     assert not (tmp_path / "r").exists()
@@ -209,14 +214,14 @@ def test_refusal_names_the_stage_that_fits(tmp_path, recall_tok):
 
 def test_refusal_names_the_weights_stage(tmp_path, recall_tok):
     """A capacity between the weights stage's total and gradients': the hint names weights, which then runs."""
-    t = plan_json("--set", "parallel.shard=weights")["shard"]["total"]
+    t = plan_json("--set", "parallel.shard=weights", *PIN)["shard"]["total"]
     gib = (t["weights"] + t["gradients"]) / 2 / 2**30
     r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}", "--set",
-             "parallel.shard=gradients"])
+             "parallel.shard=gradients", *PIN])
     assert r.returncode == 1, r.stdout
     assert "hint: parallel.shard=weights fits" in r.stdout, r.stdout
     r = run([RINGSCAN, "plan", "configs/tiny-cpu.yaml", "--set", f"device.memory_gib={gib}", "--set",
-             "parallel.shard=weights"])
+             "parallel.shard=weights", *PIN])
     assert r.returncode == 0, r.stdout
 
 
