@@ -151,8 +151,8 @@ TEST(model_acts_keep_layers_mix_per_layer) {
 
 /* checkpoint.input_rows whole: under full and remat every layer's input side (ln1, rstd1, the in_proj outputs,
  * KDA's f) has T rows, not kept (the recompute's scratch, no chunk scratch), and nothing else moves: the kept
- * bytes are chunk's; the largest layer's recompute grows by exactly the input side's rows beyond one chunk;
- * the chunk scratch per row drops by the input side's row; under none the flag changes nothing. */
+ * bytes are chunk's; the recompute transient grows, by at most a layer's input side beyond one chunk; the chunk
+ * scratch per row drops by layer 0's (GDN, the wider mixer here) input row; under none the flag changes nothing. */
 TEST(model_acts_input_rows_whole) {
     static const char *const inputs[] = {"ln1", "rstd1", "gdn_proj", "kda_f", "attn_proj"};
     static const char *const kinds[] = {"model.linear_attention=gdn", "model.linear_attention=kda"};
