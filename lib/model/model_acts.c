@@ -47,7 +47,6 @@ typedef struct {
     int       policy;  /* the config's checkpoint.activations: the sizes model.c allocates */
     int64_t   T, R;    /* rows of a whole buffer and of a chunk */
     int       first_kept; /* layers from this one on keep under `policy` what none keeps (checkpoint.keep_layers) */
-    int       whole;      /* checkpoint.input_rows whole: the input side has T rows under full and remat too */
 } ActBuild;
 
 static void acts_add_grad(ActTable *t, int32_t *cap, const char *name, ActGradPhase phase, int64_t bytes) {
@@ -134,7 +133,8 @@ static void acts_add_token(ActBuild *ab, int layer, const char *name, int64_t co
 /* a per-token buffer of the input side (ln1 and the in_proj's outputs): as acts_add_token, but under
  * checkpoint.input_rows whole T rows under full and remat too, not kept (the recompute's scratch) */
 static void acts_add_input(ActBuild *ab, int layer, const char *name, int64_t cols, int elt) {
-    acts_add_sized(ab, layer, name, ab->T, ab->whole ? ab->T : ab->R, cols, elt, ACT_KEEP_NONE)->chunk = !ab->whole;
+    const int whole = ab->t->inputs_whole;
+    acts_add_sized(ab, layer, name, ab->T, whole ? ab->T : ab->R, cols, elt, ACT_KEEP_NONE)->chunk = !whole;
 }
 
 /* chunk scratch: `rows` (R, or the conv halo's) under every policy, never kept */
@@ -168,7 +168,7 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     RS_CHECK(cfg->checkpoint.input_rows != INPUT_ROWS_AUTO, "checkpoint.input_rows auto reached the activation table "
              "unresolved: the caller resolves it with plan_resolve (lib/plan/plan.h) first");
     const int whole = cfg->checkpoint.input_rows == INPUT_ROWS_WHOLE;
-    ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0, 0, whole};
+    ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0, 0};
     t->inputs_whole = whole;
     const int L = (int)m->num_hidden_layers;
     /* checkpoint.keep_layers: the last N layers keep what none keeps (auto: plan's rule, the one figure plan
