@@ -22,8 +22,9 @@ typedef struct CudaGdnTune {
     int dual;  /* where bv, dseg and split are automatic: launch both the automatic configuration and 32
                   columns in 8 document segments, the device picks by the documents (1 = on, 2 = off, 3 / 4
                   = on with the pick forced to the second / first; 0 = automatic: on) */
-    /* the four wgmma switches; their `ringscan bench gdn --gdn-tune` keys (bench/bench.c) say what each
-     * chooses: state_fwd_wgmma, state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols */
+    /* the wgmma switches; their `ringscan bench gdn --gdn-tune` keys (bench/bench.c) say what each
+     * chooses: state_fwd_wgmma, state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols and, after piece,
+     * state_bwd_wgmma_cols */
     int sfwd;  /* state_fwd_wgmma: forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 1 = on (2 stages),
                   3 = on with 3 stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
     int sbwd;  /* state_bwd_wgmma: backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 1 = on, 2 = off,
@@ -36,6 +37,10 @@ typedef struct CudaGdnTune {
     int piece; /* rows per piece of a call (a multiple of 64), 0 = GDN_PIECE_ROWS (backend.h); tests set it
                   small to reach the pieced path. It changes the kept buffer's size (cuda_gdn_kept_bytes):
                   set it before sizing one, and keep it until that buffer's backward has run */
+    int sbcols; /* state_bwd_wgmma_cols: wgmma backward state pass: state columns per block, 64 (one warpgroup)
+                   or 128 (two warpgroups sharing the Q, K, W tiles, where dim_k and dim_v are multiples of 128;
+                   64 at other shapes); 0 = automatic (128 where the shape allows it and the launch's 64-column
+                   blocks outnumber the SMs) */
 } CudaGdnTune;
 
 /* NULL: every choice back to the built-in one */

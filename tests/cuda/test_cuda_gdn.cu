@@ -326,8 +326,8 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     else
         snprintf(buf, n,
                  " [split=%d nst=%d bv=%d dseg=%d dual=%d state_fwd_wgmma=%d state_bwd_wgmma=%d dual_wgmma=%d "
-                 "state_fwd_wgmma_cols=%d]",
-                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv);
+                 "state_fwd_wgmma_cols=%d state_bwd_wgmma_cols=%d]",
+                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv, c->sbcols);
     return buf;
 }
 
@@ -570,7 +570,9 @@ TEST(cuda_gdn_mma_layouts) {
  * segments, and in the dual launch forced to its second form; the dual launch's second form on wgmma
  * (dwg 1): forced to it and forced to the first form beside it (dual 4); the wgmma forward pass in
  * 64-column blocks (sfbv 64; 32 is the automatic choice): alone, 3 stages in 3 segments, and as the dual
- * launch's second form. (Until issue 16 the sets also ran the first kernel set, bulk copies, the
+ * launch's second form; the wgmma backward pass in 128-column blocks (sbcols 128, two warpgroups, where dim_k
+ * and dim_v are 128; automatic only where the blocks outnumber the SMs, not at these sizes): alone, in 3
+ * segments (transition columns, the fold) and as the dual launch's second form. (Until issue 16 the sets also ran the first kernel set, bulk copies, the
  * overlapped backward, the unsplit dqkwg, the older wy_bwd and the hi-only state operand: deleted, with
  * their kernels.) */
 static const CudaGdnTune gdn_cfgs[] = {
@@ -587,6 +589,8 @@ static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 3, 0, 0, 1, 0}, {0, 0, 0, 0, 4, 0, 0, 1, 0},
     {0, 0, 0, 0, 0, 1, 0, 0, 64}, {3, 0, 0, 0, 0, 3, 0, 0, 64},
     {0, 0, 0, 0, 3, 0, 0, 1, 64},
+    {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128}, {3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128},
+    {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 128},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -643,10 +647,14 @@ TEST(cuda_gdn_forward_backward_edges) {
 enum GdnDet { GDN_DET_EQUAL, GDN_DET_INFO, GDN_DET_DIFFER };
 
 /* same inputs twice (T 4000, 2 key heads, nv value heads), the first run under cfg and the second under
- * cfg2 (NULL: cfg; cfg NULL: the switches as they are), outputs compared bitwise as `want` says */
-static void gdn_determinism_at(int nv, const CudaGdnTune *cfg, const CudaGdnTune *cfg2, GdnDet want) {
-    static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000};
-    GdnProb p = gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
+ * cfg2 (NULL: cfg; cfg NULL: the switches as they are), outputs compared bitwise as `want` says; spread:
+ * documents every 480 tokens (every one of 8 document segments has work) instead of the usual starts */
+static void gdn_determinism_at(int nv, const CudaGdnTune *cfg, const CudaGdnTune *cfg2, GdnDet want,
+                               bool spread = false) {
+    static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000},
+                     even[] = {480, 960, 1440, 1920, 2400, 2880, 3360, 3840};
+    GdnProb p = spread ? gdn_prob(4000, 2, nv, 128, 128, 30, even, 8, 1, 0.3, 501)
+                       : gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
     char cn[336], c1[160], c2[160];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
@@ -752,6 +760,28 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&sb1, &sb7);
     gdn_determinism_dual(&sbd, &sb8);
     gdn_determinism(&sb, &v2d, false);
+    /* the wgmma backward pass in 64-column blocks (one warpgroup) against 128 (two warpgroups sharing the
+     * tiles): bitwise, alone, in 4 segments (the transition columns M^T and the fold), in 7 document
+     * segments and as the dual launch's second form */
+    static const CudaGdnTune s64 = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64},
+                             s128 = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128},
+                             s64s = {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64},
+                             s128s = {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128},
+                             s647 = {0, 0, 0, 7, 2, 0, 1, 0, 0, 0, 64},
+                             s1287 = {0, 0, 0, 7, 2, 0, 1, 0, 0, 0, 128},
+                             s64d = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 64},
+                             s128d = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 128};
+    gdn_determinism(&s128);
+    gdn_determinism(&s64, &s128);
+    gdn_determinism(&s64s, &s128s);
+    gdn_determinism(&s647, &s1287);
+    gdn_determinism_dual(&s64d, &s128d);
+    /* the automatic width with document segments, picked on the device from the segments with work: at 16
+     * heads with 8 such segments (256 blocks of 64 columns, above 1.5 per SM) two warpgroups run, equal to
+     * 64 columns; with the usual documents (fewer segments with work) one runs, equal to 128 */
+    static const CudaGdnTune sad = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0};
+    gdn_determinism_at(16, &sad, &s64d, GDN_DET_EQUAL, true);
+    gdn_determinism_at(16, &sad, &s128d, GDN_DET_EQUAL, false);
     /* the dual launch's second form on wgmma (dwg; at 16 heads, where sfwd / sbwd automatic
      * are off): two runs; forced to it = both wgmma passes in 8 document segments;
      * forced to the first form = the mma.sync default without the dual launch; against the second form
@@ -801,6 +831,9 @@ TEST(cuda_gdn_v2_segments) {
         {0, 0, 0, 0, 3, 0, 0, 1, 0},
         {4, 0, 0, 0, 0, 3, 0, 0, 64}, {7, 0, 0, 0, 0, 1, 1, 0, 64},
         {0, 0, 0, 13, 2, 1, 0, 0, 64},
+        /* the wgmma backward pass in 128-column blocks (at d = 128; 64 at the other shapes): 4 segments, 13
+         * document segments */
+        {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128}, {0, 0, 0, 13, 2, 0, 1, 0, 0, 0, 128},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};

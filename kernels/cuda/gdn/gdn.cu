@@ -143,13 +143,15 @@ static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const
 /* the running entry's plan.sfwd / plan.sbwd, for gdn_state_fwd_launch / gdn_state_bwd_launch (set with the
  * plan; one compute stream) */
 static int gdn_sfwd_cur, gdn_sbwd_cur;
-static int gdn_sfbv_cur; /* the running entry's plan.sfbv: columns per block of the wgmma forward pass */
+static int gdn_sfbv_cur;   /* the running entry's plan.sfbv: columns per block of the wgmma forward pass */
+static int gdn_sbcols_cur; /* the running entry's plan.sbcols: columns per block of the wgmma backward pass */
 
 /* the running entry's switches from its plan (every entry sets them before its launches) */
 static void gdn_cur_set(const GdnPlan &pl) {
     gdn_sfwd_cur = pl.sfwd;
     gdn_sfbv_cur = pl.sfbv;
     gdn_sbwd_cur = pl.sbwd;
+    gdn_sbcols_cur = pl.sbcols;
 }
 
 /* the mma.sync state pass instantiation for a run-time (bv, nst) */
@@ -267,14 +269,28 @@ template <int DK, int BV, int NST>
 static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg sg, int nz, int ncol, const bf16 *q,
                               const bf16 *k, const bf16 *dvl, const bf16 *dout, int mode, int64_t T, int nk, int nv,
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
-    if (gdn_sbwd_cur) { /* the wgmma pass: 64 columns per block */
+    if (gdn_sbwd_cur) { /* the wgmma pass: 64 columns per warpgroup, one or two warpgroups per block */
         RS_CHECK(ncol % 64 == 0, "gdn: state_bwd_wg needs columns in 64s, has %d", ncol);
-        const dim3 grid(ncol / 64, nv, nz);
         const GdnWgBwdMaps tm = gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
-        gdn_smem_attr(gdn_state_backward_wgmma_kernel<DK, 2>, GdnStateBwdSmemWg<DK, 2>::BYTES, "state_bwd_wg");
-        gdn_state_backward_wgmma_kernel<DK, 2><<<grid, GDN_THREADS, GdnStateBwdSmemWg<DK, 2>::BYTES, st>>>(
-            dhs, dv2, sg, tm, b->G2, b->info, b->meta, mode, T, nk, nv, dv, scale, tp);
-        CUDA_LAUNCH_CHECK();
+        auto run = [&](auto kernel, int nwg, int bytes, int64_t need) {
+            RS_CHECK(ncol % (64 * nwg) == 0 && dv % (64 * nwg) == 0,
+                     "gdn: state_bwd_wg in %d-column blocks: %d columns, dim_v %d", 64 * nwg, ncol, dv);
+            gdn_smem_attr(kernel, bytes, "state_bwd_wg");
+            kernel<<<dim3(ncol / (64 * nwg), nv, nz), GDN_THREADS * nwg, bytes, st>>>(
+                dhs, dv2, sg, tm, b->G2, b->info, b->meta, mode, T, nk, nv, dv, scale, tp, (int)need);
+            CUDA_LAUNCH_CHECK();
+        };
+        auto one = [&](int64_t need) {
+            run(gdn_state_backward_wgmma_kernel<DK, 2, 1>, 1, GdnStateBwdSmemWg<DK, 2, 1>::BYTES, need);
+        };
+        auto two = [&](int64_t need) {
+            run(gdn_state_backward_wgmma_kernel<DK, 2, 2>, 2, GdnStateBwdSmemWg<DK, 2, 2>::BYTES, need);
+        };
+        if (!gdn_sbcols_cur && sg.cuts) { /* document segments: the device counts those with work, one runs */
+            one(gdn_sbcols_need());
+            two(gdn_sbcols_need());
+        } else if (gdn_sbcols_launch(gdn_sbcols_cur, (int64_t)(ncol / 64) * nv * nz) == 128) two(0);
+        else one(0);
         return;
     }
     const size_t sm = GdnStateBwdSmem<DK, BV, NST>(NULL).bytes;

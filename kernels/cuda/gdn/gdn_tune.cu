@@ -128,12 +128,27 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     /* the wgmma forward pass in 32-column blocks (two blocks per SM) */
     RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64, "gdn: sfbv %d (0, 32 or 64 columns)", t.sfbv);
     pl.sfbv = t.sfbv ? t.sfbv : GDN_SFBV_DEFAULT;
+    /* the wgmma backward pass in 128-column blocks (two warpgroups) where the state and transition columns
+     * (dv + DK) fall in whole blocks of 128 (as sfwd, a shape that does not allow it runs the other) */
+    RS_CHECK(t.sbcols == 0 || t.sbcols == 64 || t.sbcols == 128, "gdn: sbcols %d (0, 64 or 128 columns)", t.sbcols);
+    pl.sbcols = dv % 128 != 0 || DK % 128 != 0 ? 64 : t.sbcols;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
         pl.tp = tp;
     }
     return pl;
+}
+
+/* Two warpgroups (128 columns) run two chains per SM at about 1.3x one chain's chunk step, so they win where
+ * one warpgroup's blocks would need a second wave and lose where they fit in one (half the SMs would idle).
+ * Measured on an H200 (docs/performance.md): 128 and 160 blocks of 64 columns with work: 64 columns win;
+ * 256 and more: 128 win. The threshold: 1.5 blocks per SM. Either gives the same bits. */
+int64_t gdn_sbcols_need(void) { return 3 * (int64_t)gdn_sm_count() / 2; }
+
+int gdn_sbcols_launch(int sbcols, int64_t blocks64) {
+    if (sbcols) return sbcols;
+    return blocks64 > gdn_sbcols_need() ? 128 : 64;
 }
 
 template GdnPlan gdn_plan<64>(int64_t T, int nv, int dv);
