@@ -57,7 +57,7 @@
 #include "cuda_profile.h"
 #endif
 
-static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 64, 1 << 24, 128};
+static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 128, 1 << 24, 128};
 static const int bench_attn_tune_max[BENCH_ATTN_TUNE_N] = {1, 1};
 
 static const char bench_usage[] =

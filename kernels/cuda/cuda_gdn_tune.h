@@ -32,8 +32,10 @@ typedef struct CudaGdnTune {
     int dwg;   /* dual_wgmma: the dual launch's second configuration on the wgmma passes (64 columns in 8 document
                   segments) where state_fwd_wgmma / state_bwd_wgmma leave the first on mma.sync: 1 = on, 2 = off
                   (32 columns on mma.sync), 0 = automatic (on) */
-    int sfbv;  /* state_fwd_wgmma_cols: wgmma forward state pass: state columns per block, 64 or 32; 0 = automatic
-                  (32) */
+    int sfbv;  /* state_fwd_wgmma_cols: wgmma forward state pass: state columns per block, 32, 64 or 128 (two
+                  warpgroups of 64 sharing the W, K tiles, where dim_k and dim_v are multiples of 128; 32 at other
+                  shapes); 0 = automatic (128 where the shape allows it and the launch's 64-column blocks with work
+                  exceed 1.5 per SM, else 32) */
     int piece; /* rows per piece of a call (a multiple of 64), 0 = GDN_PIECE_ROWS (backend.h); tests set it
                   small to reach the pieced path. It changes the kept buffer's size (cuda_gdn_kept_bytes):
                   set it before sizing one, and keep it until that buffer's backward has run */

@@ -572,7 +572,8 @@ TEST(cuda_gdn_mma_layouts) {
  * 64-column blocks (sfbv 64; 32 is the automatic choice): alone, 3 stages in 3 segments, and as the dual
  * launch's second form; the wgmma backward pass in 128-column blocks (sbcols 128, two warpgroups, where dim_k
  * and dim_v are 128; automatic only where the blocks outnumber the SMs, not at these sizes): alone, in 3
- * segments (transition columns, the fold) and as the dual launch's second form. (Until issue 16 the sets also ran the first kernel set, bulk copies, the
+ * segments (transition columns, the fold) and as the dual launch's second form; the same for the forward pass
+ * (sfbv 128), the 3 segments with both passes so. (Until issue 16 the sets also ran the first kernel set, bulk copies, the
  * overlapped backward, the unsplit dqkwg, the older wy_bwd and the hi-only state operand: deleted, with
  * their kernels.) */
 static const CudaGdnTune gdn_cfgs[] = {
@@ -591,6 +592,8 @@ static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 3, 0, 0, 1, 64},
     {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128}, {3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128},
     {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 128},
+    {0, 0, 0, 0, 0, 1, 0, 0, 128}, {3, 0, 0, 0, 0, 1, 1, 0, 128, 0, 128},
+    {0, 0, 0, 0, 3, 0, 0, 1, 128},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -805,6 +808,19 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&f641, &f647);
     gdn_determinism_dual(&f64d, &f648);
     gdn_determinism(&f64, &wg, false);
+    /* the wgmma forward pass with two warpgroups of 64 columns (sfbv 128) against one (sfbv 64): bitwise,
+     * alone, in 4 segments (transition columns, the fold) and as the dual launch's second form; the automatic
+     * width with document segments, picked on the device (8 segments with work at 16 heads: two warpgroups),
+     * against 32 columns, information only */
+    static const CudaGdnTune f128 = {0, 0, 0, 0, 0, 1, 0, 0, 128}, f128s = {4, 0, 0, 0, 0, 1, 0, 0, 128},
+                             f64s = {4, 0, 0, 0, 0, 1, 0, 0, 64}, f128d = {0, 0, 0, 0, 3, 0, 0, 1, 128},
+                             fad = {0, 0, 0, 0, 3, 0, 0, 1, 0}, f32d = {0, 0, 0, 0, 3, 0, 0, 1, 32};
+    gdn_determinism(&f128);
+    gdn_determinism(&f64, &f128);
+    gdn_determinism(&f64s, &f128s);
+    gdn_determinism_dual(&f64d, &f128d);
+    gdn_determinism_at(16, &fad, &f128d, GDN_DET_EQUAL, true);
+    gdn_determinism_at(16, &fad, &f32d, GDN_DET_INFO, false);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment

@@ -143,7 +143,8 @@ static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const
 /* the running entry's plan.sfwd / plan.sbwd, for gdn_state_fwd_launch / gdn_state_bwd_launch (set with the
  * plan; one compute stream) */
 static int gdn_sfwd_cur, gdn_sbwd_cur;
-static int gdn_sfbv_cur;   /* the running entry's plan.sfbv: columns per block of the wgmma forward pass */
+static int gdn_sfbv_cur;   /* the running entry's plan.sfbv: columns per block of the wgmma forward pass (0: by
+                              the blocks with work) */
 static int gdn_sbcols_cur; /* the running entry's plan.sbcols: columns per block of the wgmma backward pass */
 
 /* the running entry's switches from its plan (every entry sets them before its launches) */
@@ -215,28 +216,46 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
     return tm;
 }
 
-/* the wgmma forward pass, WB columns per block (64, or 32: two blocks per SM), gdn_sfwd_cur's stages (2, 3) */
-template <int DK, int WB>
+/* the wgmma forward pass, WB columns per warpgroup (64, or 32: two blocks per SM), NWG warpgroups per block (2:
+ * WB 64, 2 stages), gdn_sfwd_cur's stages (2, 3); need > 0: both widths are launched, the device picks */
+template <int DK, int WB, int NWG>
 static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg &sg, int nz, int ncol, const bf16 *k,
-                              int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    RS_CHECK(ncol % WB == 0, "gdn: state_fwd_wg (%d columns per block) needs columns in %ds, has %d", WB, WB, ncol);
+                              int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp,
+                              int64_t need = 0) {
+    constexpr int BC = WB * NWG; /* columns per block */
+    RS_CHECK(ncol % BC == 0 && dv % BC == 0, "gdn: state_fwd_wg in %d-column blocks: %d columns, dim_v %d", BC, ncol,
+             dv);
     const GdnWgMaps tm = gdn_wg_maps<DK, WB>(b, hs, vn, k, nk, nv, dv, ldq);
     auto run = [&](auto kernel, int bytes) {
         gdn_smem_attr(kernel, bytes, "state_fwd_wg");
-        kernel<<<dim3(ncol / WB, nv, nz), GDN_THREADS, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk,
-                                                                    nv, dv, tp);
+        kernel<<<dim3(ncol / BC, nv, nz), GDN_THREADS * NWG, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta, mode,
+                                                                          nk, nv, dv, tp, (int)need);
         CUDA_LAUNCH_CHECK();
     };
-    if (gdn_sfwd_cur == 3) run(gdn_state_forward_wgmma_kernel<DK, 3, WB>, GdnStateFwdSmemWg<DK, 3, WB>::BYTES);
-    else run(gdn_state_forward_wgmma_kernel<DK, 2, WB>, GdnStateFwdSmemWg<DK, 2, WB>::BYTES);
+    if constexpr (NWG == 2) {
+        RS_CHECK(gdn_sfwd_cur == 2, "gdn: state_fwd_wg with two warpgroups runs 2 stages (asked %d)", gdn_sfwd_cur);
+        run(gdn_state_forward_wgmma_kernel<DK, 2, WB, 2>, GdnStateFwdSmemWg<DK, 2, WB, 2>::BYTES);
+    } else if (gdn_sfwd_cur == 3)
+        run(gdn_state_forward_wgmma_kernel<DK, 3, WB, 1>, GdnStateFwdSmemWg<DK, 3, WB, 1>::BYTES);
+    else run(gdn_state_forward_wgmma_kernel<DK, 2, WB, 1>, GdnStateFwdSmemWg<DK, 2, WB, 1>::BYTES);
 }
 
 template <int DK, int BV, int NST>
 static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    if (gdn_sfwd_cur) { /* the wgmma pass: 64 (or 32: gdn_sfbv_cur) columns per block */
-        if (gdn_sfbv_cur == 32) gdn_wg_fwd_launch<DK, 32>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
-        else gdn_wg_fwd_launch<DK, 64>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+    if (gdn_sfwd_cur) { /* the wgmma pass: gdn_sfbv_cur columns per block (32, 64, two warpgroups of 64 or 0:
+                           32 or two warpgroups, by the blocks with work) */
+        int fb = gdn_sfbv_cur;
+        if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* two warpgroups run 2 stages */
+        if (fb == 0 && sg.cuts) { /* document segments: the device counts those with work, one width runs */
+            gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_sbcols_need());
+            gdn_wg_fwd_launch<DK, 64, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_sbcols_need());
+            return;
+        }
+        if (fb == 0) fb = gdn_sbcols_launch(0, (int64_t)(ncol / 64) * nv * nz) == 128 ? 128 : 32;
+        if (fb == 128) gdn_wg_fwd_launch<DK, 64, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        else if (fb == 64) gdn_wg_fwd_launch<DK, 64, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        else gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
     const size_t sm = GdnStateFwdSmem<DK, BV, NST>(NULL).bytes;

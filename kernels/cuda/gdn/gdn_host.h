@@ -25,7 +25,6 @@
 #define GDN_DUAL_DEFAULT 1    /* state passes: dual launch, the configuration chosen on the device */
 #define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
-#define GDN_SFBV_DEFAULT 32   /* wgmma forward state pass: columns per block */
 #define GDN_DWG_DEFAULT 1     /* dual launch: its second configuration on the wgmma state passes */
 #define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
 #define GDN_CUTS_PICK (2 * (GDN_DSEG_MAX + 1)) /* the device's choice in GdnBufs.cuts */
@@ -63,7 +62,8 @@ typedef struct GdnPlan {
     int sfwd;      /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 0 off, else its pipeline stages (2, 3) */
     int sbwd;      /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 0 off, 1 on */
     int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
-    int sfbv;      /* wgmma forward state pass: state columns per block, 64 or 32 */
+    int sfbv;      /* wgmma forward state pass: state columns per block, 32, 64 or 128 (two warpgroups of 64);
+                      0: 32 or 128 by the launch's blocks with work (gdn_sbcols_launch) */
     int sbcols;    /* wgmma backward state pass: state columns per block, 64 or 128 (two warpgroups), 0: by
                       the launch (gdn_sbcols_launch) */
 } GdnPlan;

@@ -125,13 +125,16 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
      * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
     const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
     pl.dwg = pl.dual && dv % 64 == 0 ? dwg : 0;
-    /* the wgmma forward pass in 32-column blocks (two blocks per SM) */
-    RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64, "gdn: sfbv %d (0, 32 or 64 columns)", t.sfbv);
-    pl.sfbv = t.sfbv ? t.sfbv : GDN_SFBV_DEFAULT;
+    /* the wgmma forward pass in 32-column blocks (two blocks per SM) or two warpgroups of 64 columns, where
+     * the state and transition columns fall in whole blocks of 128 (else 32) */
+    RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64 || t.sfbv == 128, "gdn: sfbv %d (0, 32, 64 or 128 columns)",
+             t.sfbv);
+    const bool wide_ok = dv % 128 == 0 && DK % 128 == 0;
+    pl.sfbv = (t.sfbv == 0 || t.sfbv == 128) && !wide_ok ? 32 : t.sfbv;
     /* the wgmma backward pass in 128-column blocks (two warpgroups) where the state and transition columns
      * (dv + DK) fall in whole blocks of 128 (as sfwd, a shape that does not allow it runs the other) */
     RS_CHECK(t.sbcols == 0 || t.sbcols == 64 || t.sbcols == 128, "gdn: sbcols %d (0, 64 or 128 columns)", t.sbcols);
-    pl.sbcols = dv % 128 != 0 || DK % 128 != 0 ? 64 : t.sbcols;
+    pl.sbcols = !wide_ok ? 64 : t.sbcols;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));

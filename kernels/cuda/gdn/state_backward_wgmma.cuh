@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
                             const __grid_constant__ GdnWgBwdMaps tm, const float *G2 /* (T,nv) */,
                             const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv,
                             float scale, long long *tp /* (GDN_TP_N) cycles, or NULL */,
-                            int wide_need /* > 0: run only if this NWG is the device's pick (below) */) {
+                            int wide_need /* > 0: run only if this NWG is the device's pick (gdn_wide_skip) */) {
     constexpr int BV = 64, MT = DK / 64, KS = DK / 16, NT = GDN_THREADS * NWG;
     static_assert(NST >= 2, "state_bwd_wg: two stages at least");
     static_assert(NWG == 1 || NWG == 2, "state_bwd_wg: one or two warpgroups");
@@ -98,12 +98,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
-    if (wide_need > 0) { /* document segments, both widths launched: 128 columns where the 64-column blocks of
-                            the non-empty segments exceed wide_need, else 64; the other's blocks exit here */
-        int used = 0;
-        for (int i = 0; i < sg.nseg; i++) used += sg.cuts[i + 1] > sg.cuts[i] ? 1 : 0;
-        if (((int64_t)used * nv * gridDim.x * NWG > wide_need) != (NWG == 2)) return;
-    }
+    if (wide_need > 0 && gdn_wide_skip<NWG, BV>(sg, nv, wide_need)) return; /* the other width runs */
     const int64_t ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     const GdnSpan sp = gdn_span<true>(sg, meta, mode, p, is_M, nsz);

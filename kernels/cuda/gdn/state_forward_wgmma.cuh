@@ -20,6 +20,9 @@
  * 32-column blocks (sfbv = 32, the automatic choice): half the accumulator registers and about 100 KB of
  * shared memory, so two blocks, two independent chunk chains, share an SM and hide each other's per-chunk
  * latency, at twice the W and K traffic per state column. 16-column blocks exist on mma.sync only.
+ * Two warpgroups of 64 columns (NWG = 2, sfbv = 128): two chains in one block that read the same W and K
+ * tiles, each with its own U, hi, lo and vn tiles (195 KB at DK = 128), as state_backward_wgmma.cuh's two
+ * warpgroups: one block barrier per chunk, each warpgroup's own named barrier inside it; the same bits.
  * Segments, transition columns, document segments, the dual launch and the cycle counters (GDN_TP,
  * `ringscan bench gdn --profile 2`) are state_pass.cuh's, unchanged. The bits differ from the mma.sync
  * pass (wgmma's accumulation order) but are the same on every run and for every segmentation by documents.
@@ -34,6 +37,16 @@ GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d)
     static_assert(NA == 32 || NA == 16, "gdn_wgmma_nb: 64 or 32 columns");
     if constexpr (NA == 32) ptx_wgmma_ss_n64<TA, TB>(d, da, db, scale_d);
     else ptx_wgmma_ss_n32<TA, TB>(d, da, db, scale_d);
+}
+
+/* Both widths of a wgmma state pass launched (wide_need > 0: document segments, whose non-empty count only
+ * the device knows): true where this block's width is not the device's pick, which is two warpgroups (NWG 2)
+ * where the 64-column blocks of the non-empty segments exceed wide_need (gdn_sbcols_need), else one. The
+ * block's columns: gridDim.x NWG BV of the launch's. */
+template <int NWG, int BV> GDN_DEV bool gdn_wide_skip(const GdnSeg &sg, int nv, int64_t wide_need) {
+    int used = 0;
+    for (int i = 0; i < sg.nseg; i++) used += sg.cuts[i + 1] > sg.cuts[i] ? 1 : 0;
+    return ((int64_t)used * nv * gridDim.x * NWG * BV / 64 > wide_need) != (NWG == 2);
 }
 
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
@@ -58,25 +71,27 @@ template <int BV> GDN_DEV uint64_t gdn_wg_bdesc(uint32_t saddr, uint32_t lbo) {
 }
 
 /* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up);
- * BV state columns per block (64, or 32). DK = 128, 2 stages: 135 KB at 64 columns, 100 KB at
- * 32 (two blocks per SM) */
-template <int DK, int NST, int BV = 64> struct GdnStateFwdSmemWg {
-    static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * BV * 2;
-    static constexpr int OW = 0, OK = TK, OU = 2 * TK, OG = 2 * TK + TU, SB = OG + 1024; /* one stage, bytes */
-    static constexpr int OHI = NST * SB, OLO = OHI + DK * BV * 2, OVN = OLO + DK * BV * 2, OVO = OVN + TU,
-                         OBAR = OVO + TU, BYTES = OBAR + 1024 + 1024;
-    static_assert(TU % 1024 == 0 && (DK * BV * 2) % 1024 == 0, "state_fwd_wg: tiles on 1024-byte boundaries");
+ * BV state columns per warpgroup (64, or 32), NWG warpgroups: per stage W, K, NWG U tiles, the gates and the
+ * stage's mbarrier; then per warpgroup hi, lo, vn and vno. DK = 128, 2 stages: 99 KB at 32 columns (two
+ * blocks per SM), 131 KB at 64, 195 KB at two warpgroups of 64 */
+template <int DK, int NST, int BV = 64, int NWG = 1> struct GdnStateFwdSmemWg {
+    static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * BV * 2, TS = DK * BV * 2;
+    static constexpr int OW = 0, OK = TK, OU = 2 * TK, OG = 2 * TK + NWG * TU, OB = OG + GDN_C * 4,
+                         SB = OG + 1024; /* one stage, bytes */
+    static constexpr int OHI = NST * SB, OLO = OHI + TS, OVN = OLO + TS, OVO = OVN + TU, PW = 2 * TS + 2 * TU,
+                         BYTES = OHI + NWG * PW + 1024; /* PW: one warpgroup's blocks */
+    static_assert(TU % 1024 == 0 && TS % 1024 == 0, "state_fwd_wg: tiles on 1024-byte boundaries");
     unsigned char *b;
     GDN_DEV explicit GdnStateFwdSmemWg(unsigned char *base) : b(base) {}
     GDN_DEV unsigned char *w(int i) const { return b + i * SB + OW; }
     GDN_DEV unsigned char *k(int i) const { return b + i * SB + OK; }
-    GDN_DEV unsigned char *u(int i) const { return b + i * SB + OU; }
+    GDN_DEV unsigned char *u(int i, int g) const { return b + i * SB + OU + g * TU; }
     GDN_DEV float *G(int i) const { return (float *)(b + i * SB + OG); }
-    GDN_DEV unsigned char *hi() const { return b + OHI; }  /* state hi = bf16(S): the wgmma operand and the h store */
-    GDN_DEV unsigned char *lo() const { return b + OLO; }  /* state lo = bf16(S - hi) */
-    GDN_DEV unsigned char *vn() const { return b + OVN; }  /* dec * vn, the operand of K^T vn */
-    GDN_DEV unsigned char *vno() const { return b + OVO; } /* vn, the source of its TMA store */
-    GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + OBAR) + i; }
+    GDN_DEV uint64_t *bar(int i) const { return (uint64_t *)(b + i * SB + OB); }
+    GDN_DEV unsigned char *hi(int g) const { return b + OHI + g * PW; }  /* state hi = bf16(S): the operand, the h store */
+    GDN_DEV unsigned char *lo(int g) const { return b + OLO + g * PW; }  /* state lo = bf16(S - hi) */
+    GDN_DEV unsigned char *vn(int g) const { return b + OVN + g * PW; }  /* dec * vn, the operand of K^T vn */
+    GDN_DEV unsigned char *vno(int g) const { return b + OVO + g * PW; } /* vn, the source of its TMA store */
 };
 
 /* the tensor maps of one pass (gdn/gdn.cu gdn_wg_maps): W, K tiles in (64 columns x 64 rows boxes,
@@ -120,24 +135,28 @@ __device__ __forceinline__ void gdn_wg_state_start(float (&S)[MT][NA], const flo
         }
 }
 
-template <int DK, int NST, int BV>
-__global__ void __launch_bounds__(GDN_THREADS)
+template <int DK, int NST, int BV, int NWG>
+__global__ void __launch_bounds__(GDN_THREADS * NWG)
     gdn_state_forward_wgmma_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
                             const int32_t *meta, int mode, int nk, int nv, int dv,
-                            long long *tp /* (GDN_TP_N) cycles, or NULL */) {
+                            long long *tp /* (GDN_TP_N) cycles, or NULL */,
+                            int wide_need /* > 0: run only if this NWG is the device's pick (gdn_wide_skip) */) {
     constexpr int MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
+    static_assert(NWG == 1 || (NWG == 2 && BV == 64), "state_fwd_wg: one warpgroup, or two of 64 columns");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
     const uint32_t raw = ptx_smem_addr(gdn_wg_smem);
-    const GdnStateFwdSmemWg<DK, NST, BV> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
-    const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g8 = lane >> 2, t4 = lane & 3;
-    const int col0 = blockIdx.x * BV;
-    const bool is_M = col0 >= dv;
+    const GdnStateFwdSmemWg<DK, NST, BV, NWG> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
+    const int h = blockIdx.y, kh = h / (nv / nk), wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3;
+    const int lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
+    const bool leader = (threadIdx.x & 127) == 0; /* the warpgroup's: its TMA stores */
+    const int colb = blockIdx.x * BV * NWG, col0 = colb + BV * wg;
+    const bool is_M = colb >= dv; /* the whole block (dv a multiple of BV NWG) */
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
+    if (wide_need > 0 && gdn_wide_skip<NWG, BV>(sg, nv, wide_need)) return; /* the other width runs */
     const int64_t ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     const GdnSpan sp = gdn_span<false>(sg, meta, mode, p, is_M, nsz);
@@ -152,7 +171,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         ptx_mbar_init_fence();
     }
     __syncthreads();
-    const unsigned tx = 2 * GDN_C * DK * 2 + (is_M ? 0 : GDN_C * BV * 2); /* bytes of one stage's tiles */
+    const unsigned tx = 2 * GDN_C * DK * 2 + (is_M ? 0 : NWG * GDN_C * BV * 2); /* bytes of one stage's tiles */
     auto issue = [&](int4 ci, int buf) {
         const int t0 = ci.x;
         if (threadIdx.x == 0) {
@@ -163,7 +182,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 ptx_tma_load_2d(ptx_smem_addr(s.w(buf)) + b * (GDN_C * 128), &tm.w, h * DK + 64 * b, t0, bar);
                 ptx_tma_load_2d(ptx_smem_addr(s.k(buf)) + b * (GDN_C * 128), &tm.k, kh * DK + 64 * b, t0, bar);
             }
-            if (!is_M) ptx_tma_load_2d(ptx_smem_addr(s.u(buf)), &tm.u, h * dv + col0, t0, bar);
+            if (!is_M)
+#pragma unroll
+                for (int g = 0; g < NWG; g++)
+                    ptx_tma_load_2d(ptx_smem_addr(s.u(buf, g)), &tm.u, h * dv + colb + BV * g, t0, bar);
         }
         gdn_load_G(s.G(buf), G2, t0, ci.y, h, nv);
     };
@@ -177,14 +199,14 @@ __global__ void __launch_bounds__(GDN_THREADS)
         if (lo + i < hi) issue(inf[i], i);
         ptx_cp_async_commit();
     }
-    const uint32_t a_hi = ptx_smem_addr(s.hi()), a_lo = ptx_smem_addr(s.lo()), a_vn = ptx_smem_addr(s.vn());
+    const uint32_t a_hi = ptx_smem_addr(s.hi(wg)), a_lo = ptx_smem_addr(s.lo(wg)), a_vn = ptx_smem_addr(s.vn(wg));
     int buf = 0;
     unsigned ph = 0; /* parity of each stage's next phase */
     const bool tp_on = tp && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0;
     long long tpa[GDN_TP_N] = {0, 0, 0, 0, 0, 0}, tp_last = tp_on ? clock64() : 0;
     for (int c = lo; c < hi; c++) {
         const int4 infN = c + NST < hi ? info[c + NST] : none;
-        if (threadIdx.x == 0) ptx_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
+        if (leader) ptx_bulk_wait_read<0>(); /* chunk c-1's h and vn stores have read hi, vno */
         ptx_cp_async_wait<NST - 2>();
         ptx_mbar_wait(ptx_smem_addr(s.bar(buf)), (ph >> buf) & 1u);
         ph ^= 1u << buf;
@@ -209,11 +231,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
                 if (reset) S[mt][x] = S[mt][x + 1] = 0.0f;
                 const int a = 64 * mt + 16 * w + g8 + 8 * ((x & 3) >> 1), j = 8 * (x >> 2) + 2 * t4;
                 const uint32_t o = gdn_wg_off_b<BV>(a, j);
-                gdn_split2((bf16 *)(s.hi() + o), (bf16 *)(s.lo() + o), S[mt][x], S[mt][x + 1]);
+                gdn_split2((bf16 *)(s.hi(wg) + o), (bf16 *)(s.lo(wg) + o), S[mt][x], S[mt][x + 1]);
             }
         ptx_fence_proxy_async();
-        __syncthreads();
-        if (threadIdx.x == 0 && hst) {
+        ptx_bar_sync(1 + wg, GDN_THREADS); /* this warpgroup's hi, lo written */
+        if (leader && hst) {
             ptx_tma_store_2d(&tm.h, col0, (int)(((t0 / GDN_C) * nv + h) * DK), a_hi);
             ptx_bulk_commit();
         }
@@ -238,7 +260,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         /* vn = U - W S: into vno (stored by TMA when the chunk is full) or stored here; dec * vn into vn */
         const float *sG = s.G(buf);
         const float gL = sG[L - 1];
-        const unsigned char *su = s.u(buf);
+        const unsigned char *su = s.u(buf, wg);
         const bool vst = vn && !is_M, vfull = vst && L == GDN_C;
 #pragma unroll
         for (int x = 0; x < NA; x += 2) {
@@ -247,12 +269,12 @@ __global__ void __launch_bounds__(GDN_THREADS)
             float2 u = make_float2(0.0f, 0.0f);
             if (!is_M) u = gdn_load2((const bf16 *)(su + o));
             const float x0 = u.x - vacc[x], x1 = u.y - vacc[x + 1];
-            if (vfull) gdn_store2((bf16 *)(s.vno() + o), x0, x1);
+            if (vfull) gdn_store2((bf16 *)(s.vno(wg) + o), x0, x1);
             else if (vst && r < L) gdn_store2(vn + (t0 + r) * ldu + (int64_t)h * dv + col0 + j, x0, x1);
             /* rows >= L: 0 by selection (their W / U rows are another chunk's, or anything in a range's
              * workspace, so never multiplied) */
             const float dec = r < L ? exp2f(gL - sG[r]) : 0.0f;
-            gdn_store2((bf16 *)(s.vn() + o), r < L ? x0 * dec : 0.0f, r < L ? x1 * dec : 0.0f);
+            gdn_store2((bf16 *)(s.vn(wg) + o), r < L ? x0 * dec : 0.0f, r < L ? x1 * dec : 0.0f);
         }
         const float gam = exp2f(gL);
 #pragma unroll
@@ -260,9 +282,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
             for (int x = 0; x < NA; x++) S[mt][x] *= gam;
         ptx_fence_proxy_async();
-        __syncthreads();
-        if (threadIdx.x == 0 && vfull) {
-            ptx_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, ptx_smem_addr(s.vno()));
+        ptx_bar_sync(1 + wg, GDN_THREADS); /* this warpgroup's vn, dec * vn written */
+        if (leader && vfull) {
+            ptx_tma_store_2d(&tm.vn, h * dv + col0, (int)t0, ptx_smem_addr(s.vno(wg)));
             ptx_bulk_commit();
         }
         GDN_TP(4);
@@ -286,7 +308,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (threadIdx.x == 0) ptx_bulk_wait<0>(); /* the last stores complete */
+    if (leader) ptx_bulk_wait<0>(); /* the last stores complete */
     if (tp_on)
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
