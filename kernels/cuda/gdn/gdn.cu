@@ -248,11 +248,11 @@ static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg
         int fb = gdn_sfbv_cur;
         if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* two warpgroups run 2 stages */
         if (fb == 0 && sg.cuts) { /* document segments: the device counts those with work, one width runs */
-            gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_sbcols_need());
-            gdn_wg_fwd_launch<DK, 64, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_sbcols_need());
+            gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
+            gdn_wg_fwd_launch<DK, 64, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
             return;
         }
-        if (fb == 0) fb = gdn_sbcols_launch(0, (int64_t)(ncol / 64) * nv * nz) == 128 ? 128 : 32;
+        if (fb == 0) fb = gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 0) ? 128 : 32;
         if (fb == 128) gdn_wg_fwd_launch<DK, 64, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else if (fb == 64) gdn_wg_fwd_launch<DK, 64, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
@@ -306,9 +306,9 @@ static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg 
             run(gdn_state_backward_wgmma_kernel<DK, 2, 2>, 2, GdnStateBwdSmemWg<DK, 2, 2>::BYTES, need);
         };
         if (!gdn_sbcols_cur && sg.cuts) { /* document segments: the device counts those with work, one runs */
-            one(gdn_sbcols_need());
-            two(gdn_sbcols_need());
-        } else if (gdn_sbcols_launch(gdn_sbcols_cur, (int64_t)(ncol / 64) * nv * nz) == 128) two(0);
+            one(gdn_wide_need(1));
+            two(gdn_wide_need(1));
+        } else if (gdn_sbcols_cur == 128 || (!gdn_sbcols_cur && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 1))) two(0);
         else one(0);
         return;
     }

@@ -63,9 +63,9 @@ typedef struct GdnPlan {
     int sbwd;      /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 0 off, 1 on */
     int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
     int sfbv;      /* wgmma forward state pass: state columns per block, 32, 64 or 128 (two warpgroups of 64);
-                      0: 32 or 128 by the launch's blocks with work (gdn_sbcols_launch) */
+                      0: 32 or 128 by the launch's blocks with work (gdn_wide_pick) */
     int sbcols;    /* wgmma backward state pass: state columns per block, 64 or 128 (two warpgroups), 0: by
-                      the launch (gdn_sbcols_launch) */
+                      the launch (gdn_wide_pick) */
 } GdnPlan;
 
 /* ---- gdn_tune.cu ---- */
@@ -76,11 +76,11 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv);
 extern template GdnPlan gdn_plan<64>(int64_t T, int nv, int dv);
 extern template GdnPlan gdn_plan<128>(int64_t T, int nv, int dv);
 
-/* the wgmma backward pass's columns per block for a launch whose 64-column blocks all have work: the plan's
- * sbcols, or where that is 0, 128 where those blocks exceed gdn_sbcols_need(), else 64 */
-int gdn_sbcols_launch(int sbcols, int64_t blocks64);
-/* 64-column blocks with work above which two warpgroups per block are the automatic choice (1.5 per SM) */
-int64_t gdn_sbcols_need(void);
+/* the 64-column blocks with work above which the wgmma backward (bwd 1) / forward (bwd 0) state pass runs two
+ * warpgroups per block where its width is automatic (one / 1.5 per SM) */
+int64_t gdn_wide_need(int bwd);
+/* two warpgroups for a launch whose blocks64 64-column blocks all have work (blocks64 > gdn_wide_need) */
+bool gdn_wide_pick(int64_t blocks64, int bwd);
 
 /* ---- gdn_profile.cu ---- */
 extern int gdn_prof_level; /* cuda_gdn_profile: 0 off, 1 per-kernel times, 2 also the state passes' cycles */

@@ -143,16 +143,15 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     return pl;
 }
 
-/* Two warpgroups (128 columns) run two chains per SM at about 1.3x one chain's chunk step, so they win where
- * one warpgroup's blocks would need a second wave and lose where they fit in one (half the SMs would idle).
- * Measured on an H200 (docs/performance.md): 128 and 160 blocks of 64 columns with work: 64 columns win;
- * 256 and more: 128 win. The threshold: 1.5 blocks per SM. Either gives the same bits. */
-int64_t gdn_sbcols_need(void) { return 3 * (int64_t)gdn_sm_count() / 2; }
+/* Two warpgroups per block (the wgmma state passes' 128-column blocks) against one, by the 64-column blocks that
+ * have work. Measured on an H200 (docs/bench-log/2026-11-30-l-gdn-two-warpgroup-state-passes.md). Backward,
+ * against 64-column blocks: 128 blocks (one wave): one warpgroup wins by 2.8%; 160 with uneven segments: one wins
+ * by 2.4%; 192 and more: two win by 4-8% (the 1.9-wave launches run their second wave late). Threshold: one
+ * block per SM. Forward, against 32-column blocks two per SM: 256 and more: two win by 4-6%; threshold 1.5 per
+ * SM. Either width gives the same bits. */
+int64_t gdn_wide_need(int bwd) { return bwd ? (int64_t)gdn_sm_count() : 3 * (int64_t)gdn_sm_count() / 2; }
 
-int gdn_sbcols_launch(int sbcols, int64_t blocks64) {
-    if (sbcols) return sbcols;
-    return blocks64 > gdn_sbcols_need() ? 128 : 64;
-}
+bool gdn_wide_pick(int64_t blocks64, int bwd) { return blocks64 > gdn_wide_need(bwd); }
 
 template GdnPlan gdn_plan<64>(int64_t T, int nv, int dv);
 template GdnPlan gdn_plan<128>(int64_t T, int nv, int dv);

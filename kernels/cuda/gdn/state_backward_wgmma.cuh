@@ -23,13 +23,13 @@
  * K, W, which a second block would need: 227 KB of shared memory at DK = 128, two stages, one block
  * per SM. The chunk loop meets at one block barrier per chunk (the stage's tiles in, the previous
  * stage free); inside a chunk each warpgroup syncs on its own named barrier. The per-column arithmetic
- * is NWG's alone, so both give the same bits. A chain runs about 1.3x slower beside its partner, so two
- * warpgroups win where one-warpgroup blocks would need a second wave and lose where they fit in one; the
- * automatic choice counts the blocks that have work (gdn_sbcols_launch; with document segments, whose
+ * is NWG's alone, so both give the same bits. Two warpgroups win where one-warpgroup blocks would need a
+ * second wave and lose where those fit in one (half the SMs idle); the automatic choice counts the blocks that
+ * have work (gdn_wide_pick; with document segments, whose
  * non-empty count only the device knows, both widths are launched and the kernel's wide_need check lets
  * one run).
  *
- * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and -dv2 are selected to 0 there;
+ * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and dv2 are selected to 0 there;
  * the Q rows meet those zeros (q is finite: exact zeros); W rows may be unwritten workspace
  * (GDN_RANGE_BEFORE_FIRST_RESET), so a partial chunk's W rows >= L are zeroed in shared memory. Columns
  * >= dv (sg.M) carry M^T from the identity with dO = dv_loc = 0: the Q tile is loaded all the same, so

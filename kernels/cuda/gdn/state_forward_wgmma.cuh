@@ -41,7 +41,7 @@ GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d)
 
 /* Both widths of a wgmma state pass launched (wide_need > 0: document segments, whose non-empty count only
  * the device knows): true where this block's width is not the device's pick, which is two warpgroups (NWG 2)
- * where the 64-column blocks of the non-empty segments exceed wide_need (gdn_sbcols_need), else one. The
+ * where the 64-column blocks of the non-empty segments exceed wide_need (gdn_wide_need), else one. The
  * block's columns: gridDim.x NWG BV of the launch's. */
 template <int NWG, int BV> GDN_DEV bool gdn_wide_skip(const GdnSeg &sg, int nv, int64_t wide_need) {
     int used = 0;
