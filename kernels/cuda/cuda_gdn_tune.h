@@ -42,7 +42,7 @@ typedef struct CudaGdnTune {
     int sbcols; /* state_bwd_wgmma_cols: wgmma backward state pass: state columns per block, 64 (one warpgroup)
                    or 128 (two warpgroups sharing the Q, K, W tiles, where dim_k and dim_v are multiples of 128;
                    64 at other shapes); 0 = automatic (128 where the shape allows it and the launch's 64-column
-                   blocks outnumber the SMs) */
+                   blocks with work exceed one per SM) */
 } CudaGdnTune;
 
 /* NULL: every choice back to the built-in one */

@@ -148,7 +148,9 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
  * against 64-column blocks: 128 blocks (one wave): one warpgroup wins by 2.8%; 160 with uneven segments: one wins
  * by 2.4%; 192 and more: two win by 4-8% (the 1.9-wave launches run their second wave late). Threshold: one
  * block per SM. Forward, against 32-column blocks two per SM: 256 and more: two win by 4-6%; threshold 1.5 per
- * SM. Either width gives the same bits. */
+ * SM. The backward's widths give the same bits (test_cuda checks it); the forward's two warpgroups give the bits
+ * of its 64-column blocks, and those equalled the 32-column blocks' in every test run (checked as information:
+ * m64n64 and m64n32 products are not promised to sum alike). */
 int64_t gdn_wide_need(int bwd) { return bwd ? (int64_t)gdn_sm_count() : 3 * (int64_t)gdn_sm_count() / 2; }
 
 bool gdn_wide_pick(int64_t blocks64, int bwd) { return blocks64 > gdn_wide_need(bwd); }

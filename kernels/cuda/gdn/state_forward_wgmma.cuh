@@ -17,12 +17,13 @@
  * accumulators by the threads that own them. The accumulator layout is the mma.sync C fragment repeated,
  * so U, the stored h and vn are addressed as in the mma.sync pass.
  *
- * 32-column blocks (sfbv = 32, the automatic choice): half the accumulator registers and about 100 KB of
- * shared memory, so two blocks, two independent chunk chains, share an SM and hide each other's per-chunk
- * latency, at twice the W and K traffic per state column. 16-column blocks exist on mma.sync only.
- * Two warpgroups of 64 columns (NWG = 2, sfbv = 128): two chains in one block that read the same W and K
- * tiles, each with its own U, hi, lo and vn tiles (195 KB at DK = 128), as state_backward_wgmma.cuh's two
- * warpgroups: one block barrier per chunk, each warpgroup's own named barrier inside it; the same bits.
+ * 32-column blocks (sfbv = 32, the automatic choice where few blocks have work): half the accumulator
+ * registers and about 100 KB of shared memory, so two blocks, two independent chunk chains, share an SM and
+ * hide each other's per-chunk latency, at twice the W and K traffic per state column. 16-column blocks exist
+ * on mma.sync only. Two warpgroups of 64 columns (NWG = 2, sfbv = 128, automatic where many blocks have
+ * work): two chains in one block that read the same W and K tiles, each with its own U, hi, lo and vn tiles
+ * (195 KB at DK = 128), as state_backward_wgmma.cuh's two warpgroups: one block barrier per chunk, each
+ * warpgroup's own named barrier inside it; the bits of one warpgroup of 64 columns.
  * Segments, transition columns, document segments, the dual launch and the cycle counters (GDN_TP,
  * `ringscan bench gdn --profile 2`) are state_pass.cuh's, unchanged. The bits differ from the mma.sync
  * pass (wgmma's accumulation order) but are the same on every run and for every segmentation by documents.
