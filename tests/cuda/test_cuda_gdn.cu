@@ -780,8 +780,8 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&s647, &s1287);
     gdn_determinism_dual(&s64d, &s128d);
     /* the automatic width with document segments, picked on the device from the segments with work: at 16
-     * heads with 8 such segments (256 blocks of 64 columns, above 1.5 per SM) two warpgroups run, equal to
-     * 64 columns; with the usual documents (fewer segments with work) one runs, equal to 128 */
+     * heads with 8 such segments (256 blocks of 64 columns, above one per SM) two warpgroups run, equal to
+     * 64 columns; with the usual documents (4 segments with work: 128 blocks) one runs, equal to 128 */
     static const CudaGdnTune sad = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0};
     gdn_determinism_at(16, &sad, &s64d, GDN_DET_EQUAL, true);
     gdn_determinism_at(16, &sad, &s128d, GDN_DET_EQUAL, false);
