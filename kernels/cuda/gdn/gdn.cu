@@ -232,7 +232,9 @@ static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
                                                                           nk, nv, dv, tp, (int)need);
         CUDA_LAUNCH_CHECK();
     };
-    if constexpr (NWG == 2) {
+    if constexpr (NWG == 2 && DK % 128 != 0) /* plan keeps one warpgroup there: no kernel is built for it */
+        RS_FATAL("gdn: state_fwd_wg with two warpgroups needs dim_k in 128s, has %d", DK);
+    else if constexpr (NWG == 2) {
         RS_CHECK(gdn_sfwd_cur == 2, "gdn: state_fwd_wg with two warpgroups runs 2 stages (asked %d)", gdn_sfwd_cur);
         run(gdn_state_forward_wgmma_kernel<DK, 2, WB, 2>, GdnStateFwdSmemWg<DK, 2, WB, 2>::BYTES);
     } else if (gdn_sfwd_cur == 3)
@@ -302,8 +304,9 @@ static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg 
         auto one = [&](int64_t need) {
             run(gdn_state_backward_wgmma_kernel<DK, 2, 1>, 1, GdnStateBwdSmemWg<DK, 2, 1>::BYTES, need);
         };
-        auto two = [&](int64_t need) {
-            run(gdn_state_backward_wgmma_kernel<DK, 2, 2>, 2, GdnStateBwdSmemWg<DK, 2, 2>::BYTES, need);
+        auto two = [&](int64_t need) { /* plan keeps one warpgroup where dim_k is 64: no kernel is built for it */
+            if constexpr (DK % 128 != 0) RS_FATAL("gdn: state_bwd_wg with two warpgroups needs dim_k in 128s, has %d", DK);
+            else run(gdn_state_backward_wgmma_kernel<DK, 2, 2>, 2, GdnStateBwdSmemWg<DK, 2, 2>::BYTES, need);
         };
         if (!gdn_sbcols_cur && sg.cuts) { /* document segments: the device counts those with work, one runs */
             one(gdn_wide_need(1));
