@@ -407,7 +407,7 @@ typedef struct {
     Cp        cp;
     CpGdnDims d;
     int       kda;                                                /* a KDA core: g, dg (rows, H, K) */
-    int       multi, Kd, Vd, kept_states;
+    int       multi, Kd, Vd, kept_kind;
     int       steps, phases;                                      /* the core's steps (cp_gdn_steps), phases */
     char      phase_name[BC_GDN_PHASES][24];
     int       phase_mark[BC_GDN_PHASES + 1];                      /* the marks that bound each phase */
@@ -445,7 +445,7 @@ static void bc_gdn_run(BcEnv *e, void *ctx) {
     const CpGdnCore core = {.q = a->qk, .k = BC_AT(a->qk, a->Kd), .v = BC_AT(a->conv, 2 * a->Kd), .g = a->g,
                             .beta = a->beta, .ldq = ld2, .ldv = d->Cc, .ldo = a->Vd,
                             .states = a->multi ? a->states : NULL, .M = a->M, .kept = a->kept,
-                            .kept_bytes = a->kept_one, .kept_states = a->kept_states, .kda = a->kda};
+                            .kept_bytes = a->kept_one, .kept_kind = a->kept_kind, .kda = a->kda};
     const CpGdnGrads grads = {.dq = a->dqk, .dk = BC_AT(a->dqk, a->Kd), .dv = BC_AT(a->dconv, 2 * a->Kd),
                               .dg = a->dg, .dbeta = a->dbeta, .dout = a->dcore};
     bc_mark(e, 0);
@@ -552,9 +552,10 @@ static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P, int
     a->dbeta = be->alloc((size_t)(rows * H) * f4);
     a->states = be->alloc((size_t)(nl * state) * f4);
     a->M = be->alloc((size_t)(nl * H * K * K) * f4);
-    a->kept_states = e->o->gdn_keep == GDN_KEEP_STATES;
+    a->kept_kind = (e->o->gdn_keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0) | /* as in a recomputed layer */
+                   (e->o->gdn_keep != GDN_KEEP_NONE && !kda ? GDN_KEPT_TINV : 0);
     if (e->o->gdn_keep != GDN_KEEP_NONE) {
-        a->kept_one = (kda ? be->kda_kept_bytes : be->gdn_kept_bytes)(a->n, H, K, V, a->kept_states);
+        a->kept_one = (kda ? be->kda_kept_bytes : be->gdn_kept_bytes)(a->n, H, K, V, a->kept_kind);
         a->kept = be->alloc(a->kept_one * (size_t)nl);
     }
     a->doc_pos = a->cp.batch.doc_pos_dev + (int64_t)a->cp.L.rank * a->cp.batch.rows;

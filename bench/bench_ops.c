@@ -22,9 +22,9 @@
  *              alone is timed (the gates are per token, outside, as FLA's chunk_kda without
  *              use_gate_in_kernel).
  * GDN's (and KDA's) forward keeps what the Backend keeps for the backward by --gdn-keep, as the model does by
- * checkpoint.gdn_keep (gdn_kept_bytes; default states: W, U, the gate cumsum and the chunk states, where
- * FLA keeps A from its forward and recomputes the states; wy as FLA), so the forward+backward time is the
- * training step's.
+ * checkpoint.gdn_keep in a recomputed layer (gdn_kept_bytes, model_acts_gdn_kept_kind; default states: W, U,
+ * the gate cumsum, GDN's Tinv and the chunk states, where FLA keeps A from its forward and recomputes the states;
+ * wy as FLA), so the forward+backward time is the training step's.
  * Gradients: our attention backward accumulates (+=) into fp32 dq, dk, dv (its contract),
  * so repeated runs add up; the values are not used.
  *
@@ -193,28 +193,30 @@ typedef struct {
     int32_t *doc_pos;
     void *kept; /* gdn_kept_bytes (kda_kept_bytes): what the forward keeps for the backward, as FLA keeps A (the
                  * kernels' states) */
-    int states; /* --gdn-keep states: the kept buffer holds the chunk states too */
+    int kind;   /* the kept buffer's kind (backend.h GDN_KEPT_*): --gdn-keep states the chunk states too; GDN (not
+                 * KDA) under wy or states Tinv too, as in a recomputed layer */
 } GdnCase;
 
 static void bench_gdn_fwd(void *p) {
     GdnCase *a = p;
     (a->kda ? a->be->kda_chunk_forward : a->be->gdn_chunk_forward)(
         a->o, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos, a->T, a->H, a->H, a->K, a->V, a->H * a->K,
-        a->H * a->V, a->H * a->V, a->kept, a->states);
+        a->H * a->V, a->H * a->V, a->kept, a->kind);
 }
 
 static void bench_gdn_bwd(void *p) {
     GdnCase *a = p;
     (a->kda ? a->be->kda_chunk_backward : a->be->gdn_chunk_backward)(
         a->dq, a->dk, a->dv, a->dg, a->dbeta, NULL, a->dout, NULL, a->q, a->k, a->v, a->g, a->beta, NULL, a->doc_pos,
-        a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept, a->states);
+        a->T, a->H, a->H, a->K, a->V, a->H * a->K, a->H * a->V, a->H * a->V, a->kept, a->kind);
 }
 
 /* GDN's case, or with kda KDA's (bench.c refused a backend whose kda entries are NULL) */
 static json_t *bench_delta_case(const json_t *c, const BenchOptions *o, int kda) {
     GdnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .H = (int)bench_int(c, "H"),
                  .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V"), .kda = kda,
-                 .states = o->gdn_keep == GDN_KEEP_STATES};
+                 .kind = (o->gdn_keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0) |
+                         (o->gdn_keep != GDN_KEEP_NONE && !kda ? GDN_KEPT_TINV : 0)};
     const Backend *be = a.be;
     int64_t qn = a.T * a.H * a.K, vn = a.T * a.H * a.V, gn = a.T * a.H, gw = kda ? qn : gn; /* g's elements */
     void **act[] = {&a.q, &a.k, &a.dq, &a.dk};
@@ -234,7 +236,7 @@ static json_t *bench_delta_case(const json_t *c, const BenchOptions *o, int kda)
     free(doc_pos);
     a.kept = o->gdn_keep == GDN_KEEP_NONE
                  ? NULL
-                 : be->alloc((kda ? be->kda_kept_bytes : be->gdn_kept_bytes)(a.T, a.H, a.K, a.V, a.states));
+                 : be->alloc((kda ? be->kda_kept_bytes : be->gdn_kept_bytes)(a.T, a.H, a.K, a.V, a.kind));
 
     uint64_t s = o->seed * 1000003u + 77;
     void *raw = be->alloc((size_t)qn * 2);

@@ -195,7 +195,7 @@ GIB = 2**30
 PLAN_1M_MAX = (79 - 2) * GIB
 ONE_M = ["configs/hybrid-1b-1m-h200x4.yaml", "--set", "parallel.cp=2", "--set", "slurm.gpus_per_node=2",
          "--set", "device.memory_gib=79", "--set", "parallel.gdn_chain_staged=false",  # as the h100x2 config
-         "--set", "parallel.ring_calls=pairs", "--set", "parallel.ring_keep_kv=false"]
+         "--set", "parallel.ring_calls=pairs", "--set", "parallel.ring_keep_kv=false", "--set", "checkpoint.gdn_keep=wy"]
 
 
 def plan_1m(*sets):

@@ -220,33 +220,34 @@ def test_does_not_fit_exits_1(ringscan):
 def test_does_not_fit_names_the_ring_settings_that_fit(ringscan):
     """Over budget at cp 2 with the kept K|V and one ring call per step (the defaults), plan names the cheaper
     ring settings that fit with the same checkpoint.activations, each with its total: only the fewest needed."""
-    cfg = "configs/hybrid-1b-1m-h100x2.yaml"  # 79 GiB; its pairs + passed: 76.77 GiB (the header says)
+    cfg = "configs/hybrid-1b-1m-h100x2.yaml"  # 79 GiB; with the delta rule's states kept, pairs + passed: 77.91 GiB
+    keep = ("checkpoint.gdn_keep=states",)
 
     def verdict(*sets):
         args = [ringscan, "plan", cfg]
-        for s in sets:
+        for s in keep + sets:
             args += ["--set", s]
         r = run(args)
         return r.returncode, r.stdout[r.stdout.index("\nverdict"):]
 
     def total(*sets):
-        d = plan_json(ringscan, cfg, *sets, rc=None)
+        d = plan_json(ringscan, cfg, *keep, *sets, rc=None)
         return f"{d['memory']['remat']['total'] / 2**30:.2f} GiB"
 
     defaults = ("parallel.ring_calls=auto", "parallel.ring_keep_kv=true")
-    rc, out = verdict(*defaults)  # 81.05 GiB: pairs alone fits, the kept K|V alone does not
+    rc, out = verdict(*defaults)  # 82.19 GiB: pairs alone fits, the kept K|V alone does not
     assert rc == 1 and "DOES NOT FIT" in out, out
     assert f"hint: parallel.ring_calls=pairs fits ({total('parallel.ring_keep_kv=true')})" in out, out
     assert "ring_keep_kv=false" not in out, out
-    rc, out = verdict(*defaults, "device.memory_gib=77")  # only both together
+    rc, out = verdict(*defaults, "device.memory_gib=78")  # only both together
     assert rc == 1, out
     assert f"hint: parallel.ring_keep_kv=false and parallel.ring_calls=pairs together fit ({total()})" in out, out
-    rc, out = verdict("parallel.ring_keep_kv=true", "device.memory_gib=77.5")  # pairs already: the kept K|V
+    rc, out = verdict("parallel.ring_keep_kv=true", "device.memory_gib=78.6")  # pairs already: the kept K|V
     assert rc == 1 and f"hint: parallel.ring_keep_kv=false fits ({total()})" in out, out
     assert "ring_calls=pairs fits" not in out, out
     rc, out = verdict(*defaults, "device.memory_gib=60")  # nothing of the ring is enough: no ring hint
     assert rc == 1 and "parallel.ring" not in out, out
-    rc, out = verdict(*defaults, "device.attention_kernel=ringscan", "device.memory_gib=74")  # no cuDNN workspace
+    rc, out = verdict(*defaults, "device.attention_kernel=ringscan", "device.memory_gib=75")  # no cuDNN workspace
     assert rc == 1 and "ring_calls=pairs" not in out and "parallel.ring_keep_kv=false fits" in out, out
 
 
@@ -318,13 +319,14 @@ def test_cudnn_attention_workspace_by_hand(ringscan):
     assert "cuDNN attention workspace" in r.stdout
     assert "one ring call of 262144 rows" in r.stdout
     # the config's parallel.ring_calls is pairs; auto (the default) or steps makes one call per ring step, whose
-    # largest is a rank's own block: Tq = Tk = seq_len / cp (at 80 GB that no longer fits: plan says so)
+    # largest is a rank's own block: Tq = Tk = seq_len / cp (at 80 GB, with the delta rule's chunk states kept,
+    # that no longer fits: plan says so)
     m = 524_288
     step = r256(4 * m * nh) * 2 + r256(4 * m * nh * hd) + r256(2 * m * nh * hd) + 2 * r256(2 * m * nkv * hd)
     for how in ("auto", "steps"):
-        d = plan_json(ringscan, cfg, f"parallel.ring_calls={how}", rc=1)
+        d = plan_json(ringscan, cfg, f"parallel.ring_calls={how}", "checkpoint.gdn_keep=states", rc=1)
         assert d["memory"]["remat"]["cudnn_workspace"] == step, how
-        r = run([ringscan, "plan", cfg, "--set", f"parallel.ring_calls={how}"])
+        r = run([ringscan, "plan", cfg, "--set", f"parallel.ring_calls={how}", "--set", "checkpoint.gdn_keep=states"])
         assert r.returncode == 1 and "one ring call of 524288 rows" in r.stdout, how
         assert "verdict: DOES NOT FIT" in r.stdout, how
     r = run([ringscan, "plan", cfg, "--set", "device.attention_kernel=cudnn_det"])
@@ -451,8 +453,11 @@ def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
     assert tight["memory"]["keep_layers"] == 8 and tight["memory"]["chunk_rows"] == 10432
     # the shipped 256k config at cp 4: fragments of 32,768 rows, one chunk each
     assert plan_json(ringscan, cfg, "checkpoint.input_rows=chunk")["memory"]["chunk_rows"] == 32768
-    # a config without room keeps the rule
-    assert plan_json(ringscan, "configs/hybrid-1b-1m-h100x2.yaml")["memory"]["chunk_rows"] == 10432
+    # a config without room keeps the rule (the 1M one on 79 GiB with the delta rule's chunk states kept; its
+    # shipped gdn_keep wy leaves room for 2 GiB)
+    h100x2 = "configs/hybrid-1b-1m-h100x2.yaml"
+    assert plan_json(ringscan, h100x2, "checkpoint.gdn_keep=states")["memory"]["chunk_rows"] == 10432
+    assert plan_json(ringscan, h100x2)["memory"]["chunk_rows"] == 20928
     # explicit rows are taken as they are
     assert plan_json(ringscan, cfg, *one, "checkpoint.chunk_rows=4096")["memory"]["chunk_rows"] == 4096
 

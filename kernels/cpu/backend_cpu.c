@@ -79,7 +79,7 @@ const Backend backend_cpu = {
     .sum_squares = cpu_sum_squares,
 };
 
-static size_t cpu_no_gdn_workspace(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states) { return 0; }
+static size_t cpu_no_gdn_workspace(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_kind) { return 0; }
 static size_t cpu_no_attention_workspace(int kernel, int64_t rows, int nh, int nkv, int hd) { return 0; }
 
 const BackendSizes backend_cpu_sizes = {

@@ -24,7 +24,7 @@
  * zigzag fragments as one call, is fatal). T == 0 is allowed. The kept buffer holds Tinv
  * (cpu_gdn_kept_bytes): a backward reading it gives the bits of one that substitutes again, and a forward
  * told GDN_KEPT_PREP_IN, a transition and a dstate given it copy Tinv instead of substituting (the cuda
- * backend keeps W, U and optionally the chunk states: each backend its own format; here kept_states
+ * backend keeps W, U and optionally the chunk states: each backend its own format; here kept_kind
  * changes nothing, the oracle's fp32 states are cheap beside its own products).
  */
 #include <math.h>
@@ -415,7 +415,7 @@ void cpu_gdn_chunk_backward(void *dq_ /* (T,ldq) */, void *dk_ /* (T,ldq) */, vo
                             const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                             const float *S0 /* (nv,dim_k,dim_v) or NULL */, const int32_t *doc_pos /* (T) */,
                             int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo,
-                            const void *tinv_ /* the forward's, or NULL */, int kept_states /* unused */) {
+                            const void *tinv_ /* the forward's, or NULL */, int kept_kind /* unused */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     const float *tinv = tinv_;
@@ -503,7 +503,7 @@ void cpu_gdn_backward_stage_of(CpuGdnBackward *whole, int stage, void *dkept, vo
                                float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q,
                                const void *k, const void *v, const float *g, const float *beta, const float *S0,
                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                               int ldv, int ldo, const void *kept) {
+                               int ldv, int ldo, const void *kept, int kept_kind) {
     RS_CHECK(stage == GDN_BWD_DOUT || stage == GDN_BWD_STATE || stage == GDN_BWD_GRADS,
              "gdn: backward stage %d (GDN_BWD_DOUT, _STATE or _GRADS)", stage);
     RS_CHECK(dkept && kept, "gdn: the staged backward needs dkept and the forward's kept buffer");
@@ -513,7 +513,7 @@ void cpu_gdn_backward_stage_of(CpuGdnBackward *whole, int stage, void *dkept, vo
     if (stage == GDN_BWD_DOUT) return;
     if (stage == GDN_BWD_GRADS) {
         whole(dq, dk, dv, dg, dbeta, NULL, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv,
-              ldo, kept, 1);
+              ldo, kept, kept_kind);
         return;
     }
     if (dS_final) memcpy(D, dS_final, state * sizeof(float));
@@ -524,7 +524,7 @@ void cpu_gdn_backward_stage_of(CpuGdnBackward *whole, int stage, void *dkept, vo
     /* dg (rows, nv) here, (rows, nv, dim_k) for cpu_kda.c's whole backward: room for the wider, then dbeta */
     float *sv = RS_MALLOC(rows * ldv * sizeof(float)), *sgb = RS_MALLOC(rows * nv * (dim_k + 1) * sizeof(float));
     whole(sq, sk, sv, sgb, sgb + rows * nv * dim_k, dS0, dout, D, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq,
-          ldv, ldo, kept, 1);
+          ldv, ldo, kept, kept_kind);
     free(sq);
     free(sk);
     free(sv);
@@ -535,9 +535,9 @@ void cpu_gdn_chunk_backward_stage(int stage, void *dkept, void *dq, void *dk, vo
                                   float *dS0, const void *dout, const float *dS_final, const void *q, const void *k,
                                   const void *v, const float *g, const float *beta, const float *S0,
                                   const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                                  int ldv, int ldo, const void *kept) {
+                                  int ldv, int ldo, const void *kept, int kept_kind) {
     cpu_gdn_backward_stage_of(cpu_gdn_chunk_backward, stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k,
-                              v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept);
+                              v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_kind);
 }
 
 size_t cpu_gdn_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
@@ -555,7 +555,7 @@ size_t cpu_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
 void cpu_gdn_chunk_prep(void *tinv /* cpu_gdn_kept_bytes(T, nv, dim_k, dim_v, s) */, const void *k_ /* (T,ldq) */,
                         const void *v_ /* (T,ldv) */, const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                         const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                        int ldv, int kept_states /* unused */) {
+                        int ldv, int kept_kind /* unused */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     RS_CHECK(tinv || T == 0, "gdn: cpu_gdn_chunk_prep without a kept buffer");
     GdnWork w;
@@ -574,7 +574,7 @@ void cpu_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,d
                               const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                               const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v,
                               int ldq, int ldv, const void *tinv /* its Tinv (cpu_gdn_chunk_prep), or NULL */,
-                              int kept_states /* unused */) {
+                              int kept_kind /* unused */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv);
     const float *k = k_, *v = v_;
     const int dk = dim_k, dv = dim_v;
@@ -616,7 +616,7 @@ void cpu_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout_ /
                           const float *beta /* (T,nv) */, const int32_t *doc_pos /* (T) */, int64_t T, int nk,
                           int nv, int dim_k, int dim_v, int ldq, int ldo,
                           const void *tinv /* its Tinv (the forward's, cpu_gdn_chunk_prep's), or NULL */,
-                          int kept_states /* unused */) {
+                          int kept_kind /* unused */) {
     gdn_check_args(doc_pos, T, nk, nv, dim_k, dim_v, ldq, nv * dim_v);
     RS_CHECK((int64_t)ldo >= (int64_t)nv * dim_v, "gdn: ldo = %d < nv*dim_v = %d", ldo, nv * dim_v);
     const float *dout = dout_, *q = q_, *k = k_;

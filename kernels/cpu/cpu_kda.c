@@ -535,9 +535,9 @@ void cpu_kda_chunk_backward_stage(int stage, void *dkept, void *dq, void *dk, vo
                                   float *dS0, const void *dout, const float *dS_final, const void *q, const void *k,
                                   const void *v, const float *g, const float *beta, const float *S0,
                                   const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                                  int ldv, int ldo, const void *kept) {
+                                  int ldv, int ldo, const void *kept, int kept_kind) {
     cpu_gdn_backward_stage_of(cpu_kda_chunk_backward, stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k,
-                              v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept);
+                              v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_kind);
 }
 
 /* the stages carry dS_final, (nv, dk, dv) fp32, as cpu_gdn.c's */

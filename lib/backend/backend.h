@@ -46,22 +46,29 @@
  * mirrors it in model_acts.c). A multiple of 64 (the chunk). */
 #define GDN_PIECE_ROWS 65536
 
-/* gdn_chunk_forward's kept_flags: GDN_KEPT_STATES keeps the chunk states too (checkpoint.gdn_keep: states;
- * the backward, gdn_kept_bytes and gdn_chunk_prep take it as their kept_states); GDN_KEPT_PREP_IN says kept
- * already holds this call's prep (gdn_chunk_prep on the same k, v, g, beta, doc_pos, sizes and kept_states),
+/* A kept buffer's kind: its GDN_KEPT_STATES and GDN_KEPT_TINV bits (gdn_kept_bytes, gdn_chunk_prep, the backward,
+ * the transition and dstate take it as their kept_kind; the forward in its kept_flags). GDN_KEPT_STATES keeps the
+ * chunk states too (checkpoint.gdn_keep: states). GDN_KEPT_TINV keeps each chunk's Tinv too (cuda: bf16, 128 bytes
+ * per token and value head), so the backward's WY gradients read it rather than solve for it again: the same
+ * bits; lib/model asks it of a GDN layer whose kept buffer lives in the recompute's scratch (not of a layer
+ * kept whole, where the bytes would cost more than the solve). The cpu backend keeps Tinv under every kind;
+ * the kda_* entries take GDN_KEPT_STATES alone (their kept buffer holds Tinv under every kind).
+ * gdn_chunk_forward's kept_flags: the kind and GDN_KEPT_PREP_IN, which says kept
+ * already holds this call's prep (gdn_chunk_prep on the same k, v, g, beta, doc_pos, sizes and kept_kind),
  * which the forward then reads instead of computing it: the same bits. PREP_IN without kept is refused.
  * The forward in two calls (lib/cp/cp_gdn.c's staged chain: the state leaves a rank after the state pass, the
  * outputs come after): o = NULL with GDN_KEPT_STATES runs the state pass alone (kept = its prep and chunk
  * states, S_final); then GDN_KEPT_STATES | GDN_KEPT_STATES_IN on the same inputs and S0, S_final NULL, writes
  * only o from what kept holds. The two give the bits of one call. o = NULL without GDN_KEPT_STATES or kept,
  * STATES_IN without them, with o NULL or with S_final, is refused. */
-enum { GDN_KEPT_STATES = 1, GDN_KEPT_PREP_IN = 2, GDN_KEPT_STATES_IN = 4 };
+enum { GDN_KEPT_STATES = 1, GDN_KEPT_PREP_IN = 2, GDN_KEPT_STATES_IN = 4, GDN_KEPT_TINV = 8 };
 
 /* NULL when gdn_chunk_forward's o, S_final, kept and kept_flags keep the rules above, else which one they break
  * (both backends refuse the call with it) */
 static inline const char *gdn_kept_flags_fault(const void *o, const float *S_final, const void *kept, int kept_flags) {
     const int states = (kept_flags & GDN_KEPT_STATES) != 0, states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
-    if (kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN)) return "unknown kept_flags bits";
+    if (kept_flags & ~(GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN | GDN_KEPT_TINV))
+        return "unknown kept_flags bits";
     if ((kept_flags & GDN_KEPT_PREP_IN) && !kept) return "GDN_KEPT_PREP_IN without a kept buffer";
     if (!o && !(states && kept && !states_in))
         return "o = NULL (the state pass alone) needs GDN_KEPT_STATES and a kept buffer";
@@ -238,20 +245,20 @@ typedef struct Backend {
                                                      written, or NULL */,
                               int kept_flags /* GDN_KEPT_STATES | GDN_KEPT_PREP_IN | GDN_KEPT_STATES_IN, or 0 */);
     /* dq, dk, dv, dg, dbeta =; dS0 = (skipped when NULL); dS_final is the gradient arriving at the
-     * final state (NULL = 0). Its WY factors (or part of them), and with kept_states its chunk states,
+     * final state (NULL = 0). Its WY factors (or part of them), and with GDN_KEPT_STATES its chunk states,
      * come from kept when not NULL (what gdn_chunk_forward wrote for the same k, v, g, beta, S0,
-     * doc_pos, T, nk, nv, dims and kept_states), else they are computed again; the results are the
+     * doc_pos, T, nk, nv, dims and kept_kind), else they are computed again; the results are the
      * same bits either way. */
     void (*gdn_chunk_backward)(void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
                                float *dg /* (T,nv) */, float *dbeta /* (T,nv) */, float *dS0 /* or NULL */,
                                const void *dout /* (T,ldo) */, const float *dS_final /* or NULL */, const void *q,
                                const void *k, const void *v, const float *g, const float *beta, const float *S0,
                                const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
-                               int ldo, const void *kept /* the forward's, or NULL */, int kept_states);
+                               int ldo, const void *kept /* the forward's, or NULL */, int kept_kind);
     /* gdn_chunk_backward in stages (GDN_BWD_*; each call with the same arguments as the whole backward's, kept
-     * the forward's with kept_states 1): the state pass apart from the gradients, so that lib/cp/cp_gdn.c's chain
-     * hands the state gradient on after a state pass rather than a whole backward. dkept (gdn_dkept_bytes)
-     * carries the stages' results from one call to the next (opaque; cuda the intra-chunk dv, the chunk state
+     * the forward's, its kind with GDN_KEPT_STATES): the state pass apart from the gradients, so that
+     * lib/cp/cp_gdn.c's chain hands the state gradient on after a state pass rather than a whole backward. dkept
+     * (gdn_dkept_bytes) carries the stages' results from one call to the next (opaque; cuda the intra-chunk dv, the chunk state
      * gradients and dv2; cpu dS_final). DOUT and STATE write nothing else; GRADS only the gradients. */
     void (*gdn_chunk_backward_stage)(int stage, void *dkept /* gdn_dkept_bytes(T, nv, dim_k, dim_v) */,
                                      void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
@@ -260,42 +267,44 @@ typedef struct Backend {
                                      const void *q, const void *k, const void *v, const float *g,
                                      const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk,
                                      int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo,
-                                     const void *kept /* the forward's, kept_states 1 */);
+                                     const void *kept /* the forward's */,
+                                     int kept_kind /* the forward's, with GDN_KEPT_STATES */);
     size_t (*gdn_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
     /* bytes of what one gdn_chunk_forward call keeps for its backward (opaque, the backend's own format:
-     * cuda W, U and the gate cumsum, so the backward skips its prep, and with states (checkpoint.gdn_keep: states)
-     * also the chunk states h and vn, so it skips their recompute; cpu Tinv = (I + A)^-1 either way) */
-    size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int states);
-    /* kept's prep part = what gdn_chunk_forward writes there before its state pass (cuda W, U and the gate
-     * cumsum of every piece; cpu Tinv), the same bytes; the rest of kept is left as it is. Then
-     * gdn_chunk_forward with GDN_KEPT_PREP_IN, gdn_chunk_transition and gdn_chunk_dstate given kept skip
-     * their prep (lib/cp/cp_gdn.c: a fragment's prep computed once, where its rank would otherwise idle). */
-    void (*gdn_chunk_prep)(void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states) */,
+     * cuda W, U and the gate cumsum, so the backward skips its prep (with GDN_KEPT_TINV Tinv too, so wy_bwd skips
+     * its solve), and with GDN_KEPT_STATES (checkpoint.gdn_keep: states) also the chunk states h and vn, so it
+     * skips their recompute; cpu Tinv = (I + A)^-1 under every kind) */
+    size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_kind);
+    /* kept's prep part = what gdn_chunk_forward writes there before its state pass (cuda W, U, the gate
+     * cumsum and with GDN_KEPT_TINV Tinv, of every piece; cpu Tinv), the same bytes; the rest of kept is left
+     * as it is. Then gdn_chunk_forward with GDN_KEPT_PREP_IN, gdn_chunk_transition and gdn_chunk_dstate given
+     * kept skip their prep (lib/cp/cp_gdn.c: a fragment's prep computed once, where its rank would otherwise idle). */
+    void (*gdn_chunk_prep)(void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_kind) */,
                            const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
                            const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *doc_pos,
-                           int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_states);
+                           int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int kept_kind);
 
     /* ---- Gated DeltaNet context parallelism (docs/design/gdn-cp.md; lib/cp/cp_gdn.c) ----
      * The call's transition: its final state is S_final = M S0 + H for every initial state S0, per
      * value head. M = 0 when any token has doc_pos == 0 (the state is reset); H is then the state
      * after the last document start from 0. The prep comes from kept when not NULL (gdn_chunk_prep's or
-     * gdn_chunk_forward's for the same call and kept_states), the same bits as computing it. The cuda
+     * gdn_chunk_forward's for the same call and kept_kind), the same bits as computing it. The cuda
      * backend runs a call longer than GDN_PIECE_ROWS as pieces (as the forward's), composed in fp32. */
     void (*gdn_chunk_transition)(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */,
                                  const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
                                  const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                                  const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                                 int ldv, const void *kept /* its prep, or NULL */, int kept_states);
+                                 int ldv, const void *kept /* its prep, or NULL */, int kept_kind);
     /* dS0 = dL/dS0 of the call's own outputs with no gradient arriving at its final state (the
      * backward's state pass alone; v is not needed: the outputs are affine in S0). The CP backward
      * folds these, then gdn_chunk_backward runs once with the folded dS_final. 0 when doc_pos[0] == 0.
      * The prep comes from kept when not NULL (the forward's or gdn_chunk_prep's for the same call and
-     * kept_states), the same bits as computing it. */
+     * kept_kind), the same bits as computing it. */
     void (*gdn_chunk_dstate)(float *dS0 /* (nv,dim_k,dim_v) */, const void *dout /* (T,ldo) */,
                              const void *q /* (T,ldq) */, const void *k /* (T,ldq) */, const float *g /* (T,nv) */,
                              const float *beta /* (T,nv) */, const int32_t *doc_pos, int64_t T, int nk, int nv,
                              int dim_k, int dim_v, int ldq, int ldo, const void *kept /* its prep, or NULL */,
-                             int kept_states);
+                             int kept_kind);
     /* S_out = op(M) S_in + H per value head, op(M) = M or M^T (transpose_M), fp32; S_in NULL = 0.
      * One link of the CP fold (forward: M, states; backward: M^T, state gradients). No aliasing. */
     void (*gdn_state_affine)(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,
@@ -328,24 +337,24 @@ typedef struct Backend {
                                const void *dout, const float *dS_final, const void *q, const void *k, const void *v,
                                const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
                                int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept,
-                               int kept_states);
+                               int kept_kind);
     void (*kda_chunk_backward_stage)(int stage, void *dkept /* kda_dkept_bytes */, void *dq, void *dk, void *dv,
                                      float *dg, float *dbeta, float *dS0, const void *dout, const float *dS_final,
                                      const void *q, const void *k, const void *v, const float *g, const float *beta,
                                      const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
-                                     int dim_v, int ldq, int ldv, int ldo, const void *kept);
+                                     int dim_v, int ldq, int ldv, int ldo, const void *kept, int kept_kind);
     size_t (*kda_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
-    size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int states);
+    size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_kind);
     void (*kda_chunk_prep)(void *kept, const void *k, const void *v, const float *g, const float *beta,
                            const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq, int ldv,
-                           int kept_states);
+                           int kept_kind);
     void (*kda_chunk_transition)(float *M /* (nv,dim_k,dim_k) */, float *H /* (nv,dim_k,dim_v) */, const void *k,
                                  const void *v, const float *g, const float *beta, const int32_t *doc_pos, int64_t T,
                                  int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, const void *kept,
-                                 int kept_states);
+                                 int kept_kind);
     void (*kda_chunk_dstate)(float *dS0, const void *dout, const void *q, const void *k, const float *g,
                              const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v,
-                             int ldq, int ldo, const void *kept, int kept_states);
+                             int ldq, int ldo, const void *kept, int kept_kind);
 
     /* ---- GDN gated RMSNorm: y = w * (x * rstd) * silu(z), rstd over dv per (token, head), plain w ---- */
     void (*gated_rmsnorm_forward)(void *out /* (T,nv*dv) */, float *rstd /* (T,nv) */, const void *x /* (T,nv*dv) */,
@@ -433,15 +442,15 @@ extern const Backend backend_cpu;
  * runtime it registers (lib/backend/runtime.h runtime_sizes). */
 typedef struct BackendSizes {
     /* the same figures as the Backend entries of these names */
-    size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_states);
+    size_t (*gdn_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_kind);
     size_t (*gdn_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
     /* the delta rule's own workspace (its largest call) for fragments of frag tokens at CP size cp; 0: none */
-    size_t (*gdn_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states);
+    size_t (*gdn_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_kind);
     /* the kda_* figures of the same names (model.linear_attention kda); NULL where the backend has no KDA kernels */
-    size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_states);
+    size_t (*kda_kept_bytes)(int64_t T, int nv, int dim_k, int dim_v, int kept_kind);
     size_t (*kda_dkept_bytes)(int64_t T, int nv, int dim_k, int dim_v);
     /* gdn_workspace_bytes of the KDA kernels (model.linear_attention kda on cuda); NULL: gdn_workspace_bytes stands */
-    size_t (*kda_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_states);
+    size_t (*kda_workspace_bytes)(int64_t frag, int cp, int nv, int dim_k, int dim_v, int kept_kind);
     /* the workspace of device.attention_kernel `kernel` (AttnKernel) beside our kernel's, for block attention
      * calls of up to `rows` query and key rows: cuDNN's route (cudnn, cudnn_det, auto: what cudnn needs); 0:
      * none */

@@ -231,7 +231,8 @@ const ConfigKey config_schema[] = {
     ENUM(checkpoint.gdn_keep, "states", gdn_keep_names, "model",
          "what the delta rule's forward keeps for its backward, per GDN layer under none, in the recompute "
          "scratch otherwise: none (the backward recomputes everything: least memory); wy: the WY factors (cuda "
-         "W, U and the gate cumsum, T nv (2 dk + 2 dv + 4) bytes; cpu Tinv), so the backward skips their solve; "
+         "W, U and the gate cumsum, T nv (2 dk + 2 dv + 4) bytes, and where the recompute's scratch holds it Tinv, "
+         "T nv 128 bytes more; cpu Tinv), so the backward skips their solve; "
          "states: also the chunk states (cuda h and vn, T nv dv (dk / 32 + 2) bytes more), one state pass less "
          "per layer: the fastest; step down to wy, then none, where memory is short (figures in "
          "docs/performance.md)"),

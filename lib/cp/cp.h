@@ -214,7 +214,7 @@ typedef struct {
     float       *M;              /* (samples x nlocal, nv, dk, dk) fp32 the transitions the backward reads (P > 1) */
     void        *kept;           /* fragment i's gdn_chunk_forward keep at kept + i x kept_bytes; NULL: none */
     size_t       kept_bytes;
-    int          kept_states;
+    int          kept_kind;      /* the kept buffers' kind: backend.h GDN_KEPT_STATES | GDN_KEPT_TINV (GDN only) */
     int          kda;            /* Kimi Delta Attention: g (and dg) (rows, nv, dk), the Backend's kda_chunk_* entries
                                   * in place of gdn_chunk_*; the schedules are the same (backend.h) */
 } CpGdnCore;

@@ -92,7 +92,7 @@ void cp_gdn_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int communic
         else cp_chain_forward(cp, layer, o, c, d);
         return;
     }
-    if (communicate && chained && c->kept && c->kept_states) {
+    if (communicate && chained && c->kept && (c->kept_kind & GDN_KEPT_STATES)) {
         cp_hybrid_forward(cp, layer, o, c, chained, d);
         cp->gdn_fwd_hybrid[layer] = 1;
         return;
@@ -120,7 +120,7 @@ void cp_gdn_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore *c
         else cp_chain_backward(cp, layer, gr, c, d);
         return;
     }
-    if (chained && cp->gdn_dkept && c->kept && c->kept_states) {
+    if (chained && cp->gdn_dkept && c->kept && (c->kept_kind & GDN_KEPT_STATES)) {
         cp_hybrid_backward(cp, layer, gr, c, chained, d);
         return;
     }

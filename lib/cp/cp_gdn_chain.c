@@ -285,5 +285,5 @@ void cp_chain_backward_staged(Cp *cp, int layer, const CpGdnGrads *gr, const CpG
 
 /* the staged chain where its buffers are (cp_init gave gdn_dkept, the forward keeps its chunk states) */
 int cp_chain_staged(const Cp *cp, const CpGdnCore *c) {
-    return cp->gdn_dkept && c->kept && c->kept_states;
+    return cp->gdn_dkept && c->kept && (c->kept_kind & GDN_KEPT_STATES);
 }

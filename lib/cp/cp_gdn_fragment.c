@@ -51,7 +51,7 @@ void cp_gdn_fragment_forward(Cp *cp, int layer, void *o, const CpGdnCore *c, int
                           o ? CP_AT(o, r0 * c->ldo) : NULL, S_final, CP_AT(c->q, r0 * c->ldq),
                           CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * cp_gdn_gw(c, d),
                           c->beta + r0 * d->nv, S0, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
-                          cp_gdn_kept(c, i), (c->kept_states ? GDN_KEPT_STATES : 0) | in);
+                          cp_gdn_kept(c, i), c->kept_kind | in);
     if (o) cp->count.gdn_forwards[layer]++;
 }
 
@@ -65,7 +65,7 @@ void cp_gdn_fragment_prep(Cp *cp, const CpGdnCore *c, int64_t i, const CpGdnDims
     (c->kda ? be->kda_chunk_prep : be->gdn_chunk_prep)(cp_gdn_kept(c, i), CP_AT(c->k, r0 * c->ldq),
                        CP_AT(c->v, r0 * c->ldv), c->g + r0 * cp_gdn_gw(c, d),
                        c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq,
-                       c->ldv, c->kept_states);
+                       c->ldv, c->kept_kind);
 }
 
 /* Its backward: the gradients' rows =, with dS_final (NULL: 0) arriving at its exit; dS0 = the gradient of
@@ -82,7 +82,7 @@ void cp_gdn_fragment_backward(Cp *cp, const CpGdnGrads *gr, const CpGdnCore *c, 
                            dS_final, CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv),
                            c->g + r0 * cp_gdn_gw(c, d), c->beta + r0 * d->nv, c->states ? c->states + i * hh : NULL,
                            cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv, c->ldo,
-                           cp_gdn_kept(c, i), c->kept_states);
+                           cp_gdn_kept(c, i), c->kept_kind);
 }
 
 /* One stage (backend.h GDN_BWD_*) of its backward, carried in its part of cp->gdn_dkept (which holds every local
@@ -105,7 +105,7 @@ void cp_gdn_fragment_stage(Cp *cp, int stage, const CpGdnGrads *gr, const CpGdnC
                                  c->beta + r0 * d->nv,
                                  c->states ? c->states + i * (int64_t)d->nv * d->dk * d->dv : NULL,
                                  cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv, c->ldq, c->ldv,
-                                 c->ldo, cp_gdn_kept(c, i));
+                                 c->ldo, cp_gdn_kept(c, i), c->kept_kind);
 }
 
 /* Its transition: exit = M entry + H; with c->kept its prep first (unless prep_in: cp_gdn_fragment_prep
@@ -120,7 +120,7 @@ void cp_gdn_fragment_transition(Cp *cp, float *M, float *H, const CpGdnCore *c, 
     (c->kda ? be->kda_chunk_transition : be->gdn_chunk_transition)(
                              M, H, CP_AT(c->k, r0 * c->ldq), CP_AT(c->v, r0 * c->ldv), c->g + r0 * cp_gdn_gw(c, d),
                              c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk, d->nv, d->dk, d->dv,
-                             c->ldq, c->ldv, cp_gdn_kept(c, i), c->kept_states);
+                             c->ldq, c->ldv, cp_gdn_kept(c, i), c->kept_kind);
 }
 
 /* Its own state gradient dL (gdn_chunk_dstate: through its outputs alone, from dout; the prep from its
@@ -134,5 +134,5 @@ void cp_gdn_fragment_dstate(Cp *cp, float *dL, const CpGdnGrads *gr, const CpGdn
     (c->kda ? be->kda_chunk_dstate : be->gdn_chunk_dstate)(
                          dL, CP_AT(gr->dout, r0 * c->ldo), CP_AT(c->q, r0 * c->ldq), CP_AT(c->k, r0 * c->ldq),
                          c->g + r0 * cp_gdn_gw(c, d), c->beta + r0 * d->nv, cp_gdn_doc_pos(cp, r0), L->frag_len, d->nk,
-                         d->nv, d->dk, d->dv, c->ldq, c->ldo, cp_gdn_kept(c, i), c->kept_states);
+                         d->nv, d->dk, d->dv, c->ldq, c->ldo, cp_gdn_kept(c, i), c->kept_kind);
 }

@@ -236,21 +236,20 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             if (cfg->checkpoint.gdn_keep != GDN_KEEP_NONE)
                 acts_add(&ab, l, "gdn_kept", frags,
-                         (int64_t)kept_bytes(T / frags, (int)nv, (int)dk, (int)dv,
-                                             cfg->checkpoint.gdn_keep == GDN_KEEP_STATES),
+                         (int64_t)kept_bytes(T / frags, (int)nv, (int)dk, (int)dv, model_acts_gdn_kept_kind(t, cfg, l)),
                          1, ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
                 acts_add(&ab, l, "gdn_cp_M", frags, nv * dk * dk, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);
                 acts_add(&ab, l, "gdn_conv_halo", frags, (Kc - 1) * Cc, e, ACT_KEEP_NONE | ACT_KEEP_REMAT);
             }
-            const int kept_states =
+            const int kept_kind =
                 cfg->device.kind == DEVICE_KIND_CUDA && cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
             /* cuda: the delta rule's workspace; cpu: its backward's per-chunk states and their gradients */
             size_t (*ws_bytes)(int64_t, int, int, int, int, int) =
                 kda && sz->kda_workspace_bytes ? sz->kda_workspace_bytes : sz->gdn_workspace_bytes;
             int64_t s = cfg->device.kind == DEVICE_KIND_CUDA
-                            ? (int64_t)ws_bytes(T / frags, (int)cp, (int)nv, (int)dk, (int)dv, kept_states)
+                            ? (int64_t)ws_bytes(T / frags, (int)cp, (int)nv, (int)dk, (int)dv, kept_kind)
                             : 2 * ((T + GDN_CHUNK - 1) / GDN_CHUNK) * nv * dk * dv * e;
             if (s > max_states) max_states = s;
         } else {
@@ -402,6 +401,14 @@ void model_acts_build(ActTable *t, const Config *cfg) {
 }
 
 int model_acts_layer_keeps(const ActTable *t, int layer) { return layer >= t->first_kept; }
+
+int model_acts_gdn_kept_kind(const ActTable *t, const Config *cfg, int layer) {
+    const int keep = cfg->checkpoint.gdn_keep;
+    int kind = keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0;
+    if (keep != GDN_KEEP_NONE && cfg->model.linear_attention != LINEAR_ATTN_KDA && !model_acts_layer_keeps(t, layer))
+        kind |= GDN_KEPT_TINV;
+    return kind;
+}
 
 int model_acts_layer_inputs_whole(const ActTable *t, int layer) {
     return t->inputs_whole || model_acts_layer_keeps(t, layer);

@@ -233,7 +233,6 @@ static CpGdnDims block_gdn_cp_dims(const Dims *d) {
 }
 
 /* the kept buffer holds the chunk states too (checkpoint.gdn_keep: states) */
-static int block_gdn_kept_states(const Model *m) { return m->cfg->checkpoint.gdn_keep == GDN_KEEP_STATES; }
 
 /* The layer's delta-rule core as cp_gdn.c runs it (cp.h CpGdnCore): the whole-rows buffers, the CP
  * entry states and transitions (cp > 1), and what each fragment's forward keeps for the backward
@@ -241,17 +240,17 @@ static int block_gdn_kept_states(const Model *m) { return m->cfg->checkpoint.gdn
  * that the layer's backward follows (BLOCK_FORWARD under the none policy; the recompute under remat /
  * full, into the shared scratch), read by the backward, which then skips that work; keep 0, or
  * gdn_keep none (no buffer: both recompute), keeps nothing. */
-static CpGdnCore block_gdn_core(const Model *m, const LayerActs *a, int keep, const Dims *dd) {
+static CpGdnCore block_gdn_core(const Model *m, int l, const LayerActs *a, int keep, const Dims *dd) {
     const Dims d = *dd;
     const int multi = m->cp.L.P > 1;
     CpGdnCore c = {.q = a->gdn_qk_norm, .k = AT(a->gdn_qk_norm, d.Kd), .v = a->gdn_v, .g = a->gdn_g,
                    .beta = a->gdn_beta, .ldq = 2 * d.Kd, .ldv = d.Vd, .ldo = d.Vd,
                    .states = multi ? a->gdn_cp_states : NULL, .M = multi ? a->gdn_cp_M : NULL,
-                   .kept_states = block_gdn_kept_states(m), .kda = d.kda};
+                   .kept_kind = model_acts_gdn_kept_kind(&m->acts, m->cfg, l), .kda = d.kda};
     if (keep && m->cfg->checkpoint.gdn_keep != GDN_KEEP_NONE) {
         c.kept = a->gdn_kept;
         c.kept_bytes = (d.kda ? m->be->kda_kept_bytes : m->be->gdn_kept_bytes)(m->cp.L.frag_len, d.nv, d.dk, d.dv,
-                                                                               c.kept_states);
+                                                                               c.kept_kind);
     }
     return c;
 }
@@ -342,7 +341,7 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
         be->gdn_gates_forward(a->gdn_beta + c.row * d.nv, a->gdn_g + c.row * d.nv, AT(a->gdn_proj, d.Cc + d.Vd),
                               AT(a->gdn_proj, d.Cc + d.Vd + d.nv), P32(p->A_log32), P32(p->dt_bias32), c.n, d.nv, d.Pg);
     }
-    const CpGdnCore core = block_gdn_core(m, a, keep, &d);
+    const CpGdnCore core = block_gdn_core(m, l, a, keep, &d);
     cp_gdn_forward(cp, l, a->gdn_core, &core, communicate, &cd);
 }
 
@@ -403,7 +402,7 @@ static void block_gdn_backward(Model *m, int l, const Batch *b) {
     const int multi = L->P > 1;
     const CpGdnDims cd = block_gdn_cp_dims(&d);
     const int64_t tail = (int64_t)(d.Kc - 1) * d.Cc, n = L->frag_len;
-    const CpGdnCore core = block_gdn_core(m, a, 1, &d);
+    const CpGdnCore core = block_gdn_core(m, l, a, 1, &d);
     const CpGdnGrads grads = {.dq = m->d_qk, .dk = AT(m->d_qk, d.Kd), .dv = m->d_v, .dg = m->d_g,
                               .dbeta = m->d_beta, .dout = m->d_core};
     cp_gdn_backward(cp, l, &grads, &core, &cd); /* with cp > 1 the state gradients pass through the CP group */

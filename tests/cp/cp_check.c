@@ -227,9 +227,9 @@ static struct {
 
 static void check_be_dstate(float *dS0, const void *dout, const void *q, const void *k, const float *g,
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq,
-                            int ldo, const void *kept, int kept_states) {
+                            int ldo, const void *kept, int kept_kind) {
     check_prep.dstates++;
-    backend_cpu.gdn_chunk_dstate(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldo, kept, kept_states);
+    backend_cpu.gdn_chunk_dstate(dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldo, kept, kept_kind);
 }
 
 static void check_be_affine(float *S_out, const float *M, const float *S_in, const float *H, int transpose_M, int nv,
@@ -240,16 +240,17 @@ static void check_be_affine(float *S_out, const float *M, const float *S_in, con
 static void check_be_stage(int stage, void *dkept, void *dq, void *dk, void *dv, float *dg, float *dbeta, float *dS0,
                            const void *dout, const float *dS_final, const void *q, const void *k, const void *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                           int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept) {
+                           int nk, int nv, int dim_k, int dim_v, int ldq, int ldv, int ldo, const void *kept,
+                           int kept_kind) {
     check_prep.stages++;
     backend_cpu.gdn_chunk_backward_stage(stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta,
-                                         S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept);
+                                         S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_kind);
 }
 
 static void check_be_prep(void *kept, const void *k, const void *v, const float *g, const float *beta,
                           const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
-                          int kept_states) {
-    backend_cpu.gdn_chunk_prep(kept, k, v, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldv, kept_states);
+                          int kept_kind) {
+    backend_cpu.gdn_chunk_prep(kept, k, v, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldv, kept_kind);
     check_prep.preps++;
     float *row = (float *)kept + (T - 1) * nv * 64; /* cpu_gdn_kept_bytes' Tinv (T, nv, 64): the last token's */
     for (int i = 0; check_prep.spoil && i < nv * 64; i++) row[i] *= 1.5f;
@@ -265,9 +266,9 @@ static void check_be_forward(void *o, float *S_final, const void *q, const void 
 
 static void check_be_transition(float *M, float *H, const void *k, const void *v, const float *g, const float *beta,
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
-                                const void *kept, int kept_states) {
+                                const void *kept, int kept_kind) {
     check_prep.trans_kept += kept != NULL;
-    backend_cpu.gdn_chunk_transition(M, H, k, v, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldv, kept, kept_states);
+    backend_cpu.gdn_chunk_transition(M, H, k, v, g, beta, doc_pos, T, nk, nv, dk, dv, ldq, ldv, kept, kept_kind);
 }
 
 /* 1 when any rank's n floats at a and b differ in a bit */
@@ -416,7 +417,7 @@ static void check_gdn(Check *c, int nk, int nv, int dk, int dv) {
     CpGdnCore score = core;
     score.kept = RS_CALLOC((size_t)(S * L->nlocal), kbs);
     score.kept_bytes = kbs;
-    score.kept_states = 1;
+    score.kept_kind = 1;
     for (int k = 0; k < nm; k++) {
         const CpGdnMethod m = runs_m[k];
         char label[64];
@@ -560,7 +561,7 @@ static void check_kda(Check *c, int nk, int nv, int dk, int dv) {
         if (kept) {
             core.kept = RS_CALLOC((size_t)(S * L->nlocal), kbs);
             core.kept_bytes = kbs;
-            core.kept_states = 1;
+            core.kept_kind = 1;
         }
         CpGdnGrads grads = {.dq = ldqk, .dk = ldqk + Kd, .dv = ldv, .dg = ldg, .dbeta = ldb, .dout = ldO};
         const char *tag = kept ? (L->P == 2 && cp->gdn_dkept ? " (kept, staged chain)" : " (kept)") : "";

@@ -331,17 +331,19 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     return buf;
 }
 
-/* The backward again with what the forward kept (kept: W, U, G2 and the chunk states h, vn): every output
- * must be bitwise the one of the backward that ran its own prep and state recompute (dqk, ddv, ddg, ddb,
- * ddS0 hold it), once reading the states (kept_states 1) and once only W, U, G2 (kept_states 0: the buffer
- * kept with states serves that too, in one piece; a pieced call gets the first only). The forward wrote the kept buffer over 0xff bytes, so a slot of h the
- * forward leaves unwritten but the backward reads would be NaN here. With sabotage, the check is shown to
- * catch a kept buffer that is read: vn's row of token T/2 (every head) zeroed must change the gradients of
- * the backward reading the states, W's and U's rows of token T/2 those of the one recomputing them
- * (cuda_gdn_kept_bytes' layout: W, U, G2, h, vn, each on 256 bytes). */
-static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *kept, const bf16 *dqk,
-                                const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
-                                const bf16 *ddout, const float *ddSf, int sabotage, int pieced) {
+/* The backward again with what the forward kept: every output must be bitwise the one of the backward that ran
+ * its own prep, wy_bwd's solve and its state recompute (dqk, ddv, ddg, ddb, ddS0 hold it), under every kind of
+ * kept buffer (backend.h GDN_KEPT_*). kept was written with GDN_KEPT_STATES | GDN_KEPT_TINV (W, U, G2, Tinv, h,
+ * vn) and serves a backward told that kind, GDN_KEPT_TINV (W, U, G2, Tinv) or 0 (W, U, G2): each a prefix of its
+ * layout, in one piece (a pieced call gets the first only); kept_s was written with GDN_KEPT_STATES alone (W, U,
+ * G2, h, vn: wy_bwd solves). The forwards wrote the kept buffers over 0xff bytes, so a slot the forward leaves
+ * unwritten but the backward reads would be NaN here. With sabotage, the check is shown to catch a kept buffer
+ * that is read: vn's row of token T/2 (every head) zeroed must change the gradients of the backward reading the
+ * states, Tinv's row of token T/2 those of the one reading Tinv, W's and U's rows those of the one recomputing
+ * the rest (cuda_gdn_kept_bytes' layout: W, U, G2, Tinv, h, vn, each on 256 bytes). */
+static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, void *kept, void *kept_s,
+                           const bf16 *dqk, const bf16 *ddv, const float *ddg, const float *ddb, const float *ddS0,
+                           const bf16 *ddout, const float *ddSf, int sabotage, int pieced) {
     const int64_t T = p->T, ns = (int64_t)p->nv * p->dk * p->dv;
     const int wq = p->nk * p->dk;
     const size_t nq = (size_t)T * p->ldq * 2, nv_ = (size_t)T * p->ldv * 2, ng = (size_t)T * p->nv * 4;
@@ -357,27 +359,39 @@ static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, v
     CUDA_CHECK(cudaMemcpyAsync(dqk2, dqk, nq, cudaMemcpyDeviceToDevice, st)); /* the same pads */
     CUDA_CHECK(cudaMemcpyAsync(ddv2, ddv, nv_, cudaMemcpyDeviceToDevice, st));
     const size_t tv = (size_t)T * p->nv, nslot = (size_t)(T + 63) / 64 + 1;
-    const size_t w_bytes = (tv * p->dk * 2 + 255) / 256 * 256, u_bytes = (tv * p->dv * 2 + 255) / 256 * 256;
-    const size_t h_bytes = (nslot * p->nv * p->dk * p->dv * 2 + 255) / 256 * 256;
-    const size_t vn_at = w_bytes + u_bytes + (tv * 4 + 255) / 256 * 256 + h_bytes;
-    for (int run = 0; run < (sabotage ? 4 : 2); run++) {
-        const int states = run % 2 == 0;
-        /* a pieced buffer kept with states serves only a backward told states (backend.h: the forward's
-         * kept_states; the pieces' parts lie at offsets that depend on it) */
-        if (pieced && !states) continue;
-        if (run == 2) /* vn's row of token T/2 (every head): dq reads it through the intra-chunk term */
+    const auto at256 = [](size_t n) { return (n + 255) / 256 * 256; };
+    const size_t w_bytes = at256(tv * p->dk * 2), u_bytes = at256(tv * p->dv * 2);
+    const size_t tinv_at = w_bytes + u_bytes + at256(tv * 4);
+    const size_t vn_at = tinv_at + at256(tv * 64 * 2) + at256(nslot * p->nv * p->dk * p->dv * 2);
+    const struct { int kind, sabotage; const char *what; } runs[] = {
+        {GDN_KEPT_STATES | GDN_KEPT_TINV, 0, "W, U, Tinv, h, vn"},
+        {GDN_KEPT_TINV, 0, "W, U, Tinv (states recomputed)"},
+        {0, 0, "W, U (Tinv solved, states recomputed)"},
+        {GDN_KEPT_STATES, 0, "W, U, h, vn (Tinv solved)"},
+        {GDN_KEPT_STATES | GDN_KEPT_TINV, 1, "W, U, Tinv, h, vn sabotaged (vn row zeroed): differs"},
+        {GDN_KEPT_TINV, 2, "W, U, Tinv sabotaged (Tinv row zeroed): differs"},
+        {0, 3, "W, U sabotaged (W, U rows zeroed): differs"}};
+    for (const auto &r : runs) {
+        if (r.sabotage && !sabotage) continue;
+        /* a pieced buffer serves only a backward told the forward's kind (backend.h; the pieces' parts lie at
+         * offsets that depend on it) */
+        if (pieced && r.kind != GDN_KEPT_STATES && r.kind != (GDN_KEPT_STATES | GDN_KEPT_TINV)) continue;
+        if (r.sabotage == 1) /* vn's row of token T/2 (every head): dq reads it through the intra-chunk term */
             CUDA_CHECK(cudaMemsetAsync((char *)kept + vn_at + (size_t)(T / 2) * p->nv * p->dv * 2, 0,
                                        (size_t)p->nv * p->dv * 2, st));
-        if (run == 3) { /* W's and U's rows of token T/2 (every head): U always reaches vn; W alone would not where
-                         * T/2 starts a document (its chunk starts from state 0: W multiplies zeros) */
+        if (r.sabotage == 2) /* Tinv's row of token T/2 (every head): dk, dv, dbeta read it through Tinv^T dW, dU */
+            CUDA_CHECK(cudaMemsetAsync((char *)kept + tinv_at + (size_t)(T / 2) * p->nv * 64 * 2, 0,
+                                       (size_t)p->nv * 64 * 2, st));
+        if (r.sabotage == 3) { /* W's and U's rows of token T/2 (every head): U always reaches vn; W alone would not
+                                * where T/2 starts a document (its chunk starts from state 0: W multiplies zeros) */
             CUDA_CHECK(cudaMemsetAsync((char *)kept + (size_t)(T / 2) * p->nv * p->dk * 2, 0,
                                        (size_t)p->nv * p->dk * 2, st));
             CUDA_CHECK(cudaMemsetAsync((char *)kept + w_bytes + (size_t)(T / 2) * p->nv * p->dv * 2, 0,
                                        (size_t)p->nv * p->dv * 2, st));
         }
         cuda_gdn_chunk_backward(dqk2, dqk2 + wq, ddv2, ddg2, ddb2, ddS02, ddout, ddSf, d->qk, d->qk + wq, d->v, d->g,
-                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo, kept,
-                                states);
+                                d->beta, d->S0, d->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo,
+                                r.kind == GDN_KEPT_STATES ? kept_s : kept, r.kind);
         std::vector<unsigned char> a(nq + nv_ + 2 * ng + (ddS0 ? ns * 4 : 0)), b(a.size());
         size_t o = 0;
         const struct { const void *x, *y; size_t n; } c[] = {
@@ -389,12 +403,9 @@ static void gdn_check_kept(const char *tag, const GdnProb *p, const GdnDev *d, v
             o += e.n;
         }
         CUDA_CHECK(cudaStreamSynchronize(st));
-        const int same = !memcmp(a.data(), b.data(), o), want = run < 2;
+        const int same = !memcmp(a.data(), b.data(), o), want = !r.sabotage;
         char name[400];
-        snprintf(name, sizeof name, "%s kept %s %s", tag, states ? "W, U, h, vn" : "W, U (states recomputed)",
-                 run == 2   ? "sabotaged (vn row zeroed): differs"
-                 : run == 3 ? "sabotaged (W, U rows zeroed): differs"
-                            : "bitwise = recomputed");
+        snprintf(name, sizeof name, "%s kept %s%s", tag, r.what, r.sabotage ? "" : " bitwise = recomputed");
         EXPECT(want ? same : !same, "%s: failed", name);
         printf("%s: %s\n", name, (want ? same : !same) ? "ok" : "FAILED");
     }
@@ -441,8 +452,11 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     bf16 *dqk = (bf16 *)gdn_dev_alloc((size_t)T * p->ldq * 2), *ddv = (bf16 *)gdn_dev_alloc((size_t)T * p->ldv * 2);
     float *ddg = (float *)gdn_dev_alloc((size_t)T * p->nv * 4), *ddb = (float *)gdn_dev_alloc((size_t)T * p->nv * 4);
     float *ddS0 = (flags & GDN_DS0) ? (float *)gdn_dev_alloc((size_t)ns * 4) : NULL;
-    const size_t kept_bytes = cuda_gdn_kept_bytes(T, p->nv, p->dk, p->dv, 1);
-    void *kept = gdn_dev_alloc(kept_bytes); /* what the forward keeps, the states included */
+    const int kind = GDN_KEPT_STATES | GDN_KEPT_TINV;
+    const size_t kept_bytes = cuda_gdn_kept_bytes(T, p->nv, p->dk, p->dv, kind);
+    const size_t kept_s_bytes = cuda_gdn_kept_bytes(T, p->nv, p->dk, p->dv, GDN_KEPT_STATES);
+    void *kept = gdn_dev_alloc(kept_bytes);     /* what the forward keeps, Tinv and the states included */
+    void *kept_s = gdn_dev_alloc(kept_s_bytes); /* the same without Tinv */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
         char tag[320], cn[160];
@@ -459,10 +473,21 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
 
         /* forward */
         CUDA_CHECK(cudaMemsetAsync(kept, 0xff, kept_bytes, st)); /* unwritten slots read as NaN */
+        CUDA_CHECK(cudaMemsetAsync(kept_s, 0xff, kept_s_bytes, st));
         cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
-                               p->dv, p->ldq, p->ldv, p->ldo, kept, 1);
+                               p->dv, p->ldq, p->ldv, p->ldo, kept_s, GDN_KEPT_STATES);
+        uint16_t *obits_s;
+        gdn_down_bf16(o, T * p->ldo, &obits_s);
+        CUDA_CHECK(cudaMemsetAsync(o, 0xff, (size_t)T * p->ldo * 2, st));
+        cuda_gdn_chunk_forward(o, Sf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, p->nv, p->dk,
+                               p->dv, p->ldq, p->ldv, p->ldo, kept, kind);
         uint16_t *obits;
         float *o_got = gdn_down_bf16(o, T * p->ldo, &obits);
+        if (T > 0) { /* the forward keeping Tinv (prep's extra store) or not: the same output */
+            const int same = !memcmp(obits, obits_s, (size_t)T * p->ldo * 2);
+            EXPECT(same, "%s: o kept with Tinv differs from o kept without", tag);
+            printf("%s o keeping Tinv bitwise = without: %s\n", tag, same ? "ok" : "FAILED");
+        }
         double e = gdn_check(tag, "o", gdn_cols(o_got, T, 0, wv, p->ldo), o_rc, T * wv, p->dv, bound);
         if (e > E.o) E.o = e;
         gdn_check_pad(tag, "o", obits, T, wv, p->ldo);
@@ -494,7 +519,8 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
         CudaGdnTune now;
         cuda_gdn_tune_get(&now);
         const int pieced = T > (now.piece ? now.piece : GDN_PIECE_ROWS);
-        if (T > 0) gdn_check_kept(tag, p, &d, kept, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0 && !pieced, pieced);
+        if (T > 0)
+            gdn_check_kept(tag, p, &d, kept, kept_s, dqk, ddv, ddg, ddb, ddS0, ddout, ddSf, ci == 0 && !pieced, pieced);
     }
     if (cfgs) cuda_gdn_tune_set(NULL);
     gdn_dev_free_all();
@@ -1019,26 +1045,26 @@ static int gdn_same_bytes(const void *a, const void *b, size_t n) {
 }
 
 /* Under the tune's piece: the prep into a fresh buffer, then the forward told GDN_KEPT_PREP_IN, give the o,
- * S_final and the whole kept buffer (every piece's W, U, G2, with states h and vn, the pieces' entry states) of
+ * S_final and the whole kept buffer (every piece's W, U, G2, by the kind Tinv, h and vn, the pieces' entry states) of
  * the forward computing its prep, bitwise; the transition given that prep gives the transition computing it,
  * bitwise, and the cpu oracle's M, H within the bound (pieced: each piece's composed in fp32); the dstate given it
  * gives the dstate computing it, bitwise (pieced: the pieces' W, G2 copied together); a spoiled prep (piece 0's
  * U row of token 0, head 0, zeroed) changes the forward's o: the prep is read, not recomputed. */
-static void gdn_check_prep(const char *tag0, const GdnProb *p, int states, double bound) {
+static void gdn_check_prep(const char *tag0, const GdnProb *p, int kind, double bound) {
     char tag[256];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
-    snprintf(tag, sizeof tag, "%s, kept states %d, piece %d", tag0, states, cur.piece);
-    const int nv = p->nv, dk = p->dk, dv = p->dv, wq = p->nk * p->dk, flags = states ? GDN_KEPT_STATES : 0;
+    snprintf(tag, sizeof tag, "%s, kept kind %d, piece %d", tag0, kind, cur.piece);
+    const int nv = p->nv, dk = p->dk, dv = p->dv, wq = p->nk * p->dk, flags = kind;
     const int64_t T = p->T, no = T * p->ldo, nh = (int64_t)nv * dk * dv, nm = (int64_t)nv * dk * dk;
-    const size_t kb = cuda_gdn_kept_bytes(T, nv, dk, dv, states);
+    const size_t kb = cuda_gdn_kept_bytes(T, nv, dk, dv, kind);
     GdnDev d = gdn_dev(p);
     bf16 *o1 = (bf16 *)gdn_dev_alloc((size_t)no * 2), *o2 = (bf16 *)gdn_dev_alloc((size_t)no * 2);
     float *S1 = (float *)gdn_dev_alloc((size_t)nh * 4), *S2 = (float *)gdn_dev_alloc((size_t)nh * 4);
     void *k1 = gdn_dev_alloc(kb), *k2 = gdn_dev_alloc(kb); /* the same poison in both: gaps compare equal */
     cuda_gdn_chunk_forward(o1, S1, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
                            p->ldv, p->ldo, k1, flags);
-    cuda_gdn_chunk_prep(k2, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, states);
+    cuda_gdn_chunk_prep(k2, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, kind);
     cuda_gdn_chunk_forward(o2, S2, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
                            p->ldv, p->ldo, k2, flags | GDN_KEPT_PREP_IN);
     const int same_o = gdn_same_bytes(o1, o2, (size_t)no * 2), same_S = gdn_same_bytes(S1, S2, (size_t)nh * 4);
@@ -1053,7 +1079,7 @@ static void gdn_check_prep(const char *tag0, const GdnProb *p, int states, doubl
     cuda_gdn_chunk_transition(M1, H1, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv,
                               NULL, 0);
     cuda_gdn_chunk_transition(M2, H2, d.qk + wq, d.v, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv,
-                              k2, states);
+                              k2, kind);
     const int same_t = gdn_same_bytes(M1, M2, (size_t)nm * 4) && gdn_same_bytes(H1, H2, (size_t)nh * 4);
     EXPECT(same_t, "%s: the transition from the prep differs from the one computing it", tag);
     printf("%s: transition(kept) bitwise transition(NULL): %s\n", tag, same_t ? "ok" : "NO");
@@ -1069,7 +1095,7 @@ static void gdn_check_prep(const char *tag0, const GdnProb *p, int states, doubl
     cuda_gdn_chunk_dstate(dS1, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldo,
                           NULL, 0);
     cuda_gdn_chunk_dstate(dS2, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldo,
-                          k2, states);
+                          k2, kind);
     const int same_d = gdn_same_bytes(dS1, dS2, (size_t)nh * 4);
     EXPECT(same_d, "%s: the dstate from the prep differs from the one computing it", tag);
     printf("%s: dstate(kept) bitwise dstate(NULL): %s\n", tag, same_d ? "ok" : "NO");
@@ -1085,7 +1111,7 @@ static void gdn_check_prep(const char *tag0, const GdnProb *p, int states, doubl
     if (p->doc_pos[0] != 0) { /* and the dstate reads W: token 0's row of head 0 zeroed (S0 reaches token 0) */
         CUDA_CHECK(cudaMemsetAsync(k2, 0, (size_t)dk * 2, cuda_stream()));
         cuda_gdn_chunk_dstate(dS2, ddout, d.qk, d.qk + wq, d.g, d.beta, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
-                              p->ldo, k2, states);
+                              p->ldo, k2, kind);
         const int dseen = !gdn_same_bytes(dS1, dS2, (size_t)nh * 4);
         EXPECT(dseen, "%s: a spoiled prep went unseen by the dstate given it", tag);
         printf("%s: a spoiled prep changes dstate: %s\n", tag, dseen ? "ok" : "NO");
@@ -1094,19 +1120,20 @@ static void gdn_check_prep(const char *tag0, const GdnProb *p, int states, doubl
 }
 
 /* whole and in pieces (documents crossing piece boundaries, one starting on one, T not a multiple of the piece,
- * M far from 0 where no document starts), with and without the kept states */
+ * M far from 0 where no document starts), under every kept kind (the states and Tinv, each kept or not) */
 TEST(cuda_gdn_prep_kept) {
     static const int starts[] = {64, 333, 334, 700};
     static const int pieces[] = {0, 64, 192, 1024};
     for (int i = 0; i < 4; i++) {
         gdn_tune_pieces(pieces[i]);
-        for (int states = 0; states < 2; states++) {
+        static const int kinds[] = {0, GDN_KEPT_STATES, GDN_KEPT_TINV, GDN_KEPT_STATES | GDN_KEPT_TINV};
+        for (const int kind : kinds) {
             GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 1400 + i);
-            gdn_check_prep("prep: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, states, GDN_TEST_BOUND);
+            gdn_check_prep("prep: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, kind, GDN_TEST_BOUND);
             p = gdn_prob(700, 1, 2, 64, 64, 5, NULL, 0, 1, 0.02, 1410 + i);
-            gdn_check_prep("prep: T=700 nk=1 nv=2 d=64 no docs S0 decay=0.02", &p, states, GDN_TEST_BOUND);
+            gdn_check_prep("prep: T=700 nk=1 nv=2 d=64 no docs S0 decay=0.02", &p, kind, GDN_TEST_BOUND);
             p = gdn_prob(450, 2, 2, 128, 64, 0, NULL, 0, 0, 0.1, 1420 + i);
-            gdn_check_prep("prep: T=450 nk=nv=2 dk=128 dv=64 doc at 0", &p, states, GDN_TEST_BOUND);
+            gdn_check_prep("prep: T=450 nk=nv=2 dk=128 dv=64 doc at 0", &p, kind, GDN_TEST_BOUND);
         }
     }
     cuda_gdn_tune_set(NULL);
@@ -1117,26 +1144,27 @@ TEST(cuda_gdn_prep_kept) {
 
 /* Under the tune's piece: the state pass alone (o NULL) then the outputs (GDN_KEPT_STATES_IN) give the whole
  * forward's o, S_final and kept buffer, bitwise; the backward's three stages give the whole backward's dq, dk,
- * dv, dg, dbeta and dS0, bitwise (the whole one is checked against the cpu oracle elsewhere); a spoiled dv_loc in
- * dkept (between the dout and state stages) changes dv: the stages read what they carry. */
-static void gdn_check_staged(const char *tag0, const GdnProb *p) {
+ * dv, dg, dbeta and dS0, bitwise (the whole one is checked against the cpu oracle elsewhere), under the kept kind
+ * (GDN_KEPT_STATES, with or without GDN_KEPT_TINV); a spoiled dv_loc in dkept (between the dout and state stages)
+ * changes dv: the stages read what they carry. */
+static void gdn_check_staged(const char *tag0, const GdnProb *p, int kind) {
     char tag[256];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
-    snprintf(tag, sizeof tag, "%s, piece %d", tag0, cur.piece);
+    snprintf(tag, sizeof tag, "%s, piece %d, kept kind %d", tag0, cur.piece, kind);
     const int nv = p->nv, dk = p->dk, dv = p->dv, wq = p->nk * p->dk;
     const int64_t T = p->T, no = T * p->ldo, nh = (int64_t)nv * dk * dv;
-    const size_t kb = cuda_gdn_kept_bytes(T, nv, dk, dv, 1), db = cuda_gdn_dkept_bytes(T, nv, dk, dv);
+    const size_t kb = cuda_gdn_kept_bytes(T, nv, dk, dv, kind), db = cuda_gdn_dkept_bytes(T, nv, dk, dv);
     GdnDev d = gdn_dev(p);
     bf16 *o1 = (bf16 *)gdn_dev_alloc((size_t)no * 2), *o2 = (bf16 *)gdn_dev_alloc((size_t)no * 2);
     float *S1 = (float *)gdn_dev_alloc((size_t)nh * 4), *S2 = (float *)gdn_dev_alloc((size_t)nh * 4);
     void *k1 = gdn_dev_alloc(kb), *k2 = gdn_dev_alloc(kb), *dkept = gdn_dev_alloc(db);
     cuda_gdn_chunk_forward(o1, S1, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
-                           p->ldv, p->ldo, k1, GDN_KEPT_STATES);
+                           p->ldv, p->ldo, k1, kind);
     cuda_gdn_chunk_forward(NULL, S2, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
-                           p->ldv, p->ldo, k2, GDN_KEPT_STATES);
+                           p->ldv, p->ldo, k2, kind);
     cuda_gdn_chunk_forward(o2, NULL, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq,
-                           p->ldv, p->ldo, k2, GDN_KEPT_STATES | GDN_KEPT_STATES_IN);
+                           p->ldv, p->ldo, k2, kind | GDN_KEPT_STATES_IN);
     const int same_o = gdn_same_bytes(o1, o2, (size_t)no * 2), same_S = gdn_same_bytes(S1, S2, (size_t)nh * 4);
     const int same_k = gdn_same_bytes(k1, k2, kb);
     EXPECT(same_o && same_S && same_k, "%s: the forward in two calls differs from the whole one (o %s, S_final %s, "
@@ -1160,11 +1188,11 @@ static void gdn_check_staged(const char *tag0, const GdnProb *p) {
         ddS0[r] = (float *)gdn_dev_alloc((size_t)nh * 4);
     }
     cuda_gdn_chunk_backward(dqk[0], dqk[0] + wq, ddv[0], ddg[0], ddb[0], ddS0[0], ddout, ddSf, d.qk, d.qk + wq, d.v,
-                            d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, k1, 1);
+                            d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv, p->ldq, p->ldv, p->ldo, k1, kind);
     for (int stage = GDN_BWD_DOUT; stage <= GDN_BWD_GRADS; stage++)
         cuda_gdn_chunk_backward_stage(stage, dkept, dqk[1], dqk[1] + wq, ddv[1], ddg[1], ddb[1], ddS0[1], ddout, ddSf,
                                       d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv,
-                                      p->ldq, p->ldv, p->ldo, k2);
+                                      p->ldq, p->ldv, p->ldo, k2, kind);
     const int same[5] = {gdn_same_bytes(dqk[0], dqk[1], nq * 2), gdn_same_bytes(ddv[0], ddv[1], nvv * 2),
                          gdn_same_bytes(ddg[0], ddg[1], ng * 4), gdn_same_bytes(ddb[0], ddb[1], ng * 4),
                          gdn_same_bytes(ddS0[0], ddS0[1], (size_t)nh * 4)};
@@ -1179,12 +1207,12 @@ static void gdn_check_staged(const char *tag0, const GdnProb *p) {
     /* can fail: dv_loc (dkept's first part) of token 0, head 0 zeroed between the dout and the state stages */
     cuda_gdn_chunk_backward_stage(GDN_BWD_DOUT, dkept, dqk[1], dqk[1] + wq, ddv[1], ddg[1], ddb[1], ddS0[1], ddout,
                                   ddSf, d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv,
-                                  p->ldq, p->ldv, p->ldo, k2);
+                                  p->ldq, p->ldv, p->ldo, k2, kind);
     CUDA_CHECK(cudaMemsetAsync(dkept, 0, (size_t)dv * 2, cuda_stream()));
     for (int stage = GDN_BWD_STATE; stage <= GDN_BWD_GRADS; stage++)
         cuda_gdn_chunk_backward_stage(stage, dkept, dqk[1], dqk[1] + wq, ddv[1], ddg[1], ddb[1], ddS0[1], ddout, ddSf,
                                       d.qk, d.qk + wq, d.v, d.g, d.beta, d.S0, d.doc_pos, T, p->nk, nv, dk, dv,
-                                      p->ldq, p->ldv, p->ldo, k2);
+                                      p->ldq, p->ldv, p->ldo, k2, kind);
     const int seen = !gdn_same_bytes(ddv[0], ddv[1], nvv * 2);
     EXPECT(seen, "%s: a spoiled dv_loc in dkept went unseen by the later stages", tag);
     printf("%s: a spoiled dkept changes dv: %s\n", tag, seen ? "ok" : "NO");
@@ -1198,17 +1226,20 @@ TEST(cuda_gdn_staged) {
     static const int pieces[] = {0, 64, 192, 1024};
     for (int i = 0; i < 4; i++) {
         gdn_tune_pieces(pieces[i]);
-        GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 1500 + i);
-        gdn_check_staged("staged: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p);
-        p = gdn_prob(700, 1, 2, 64, 64, 5, NULL, 0, 1, 0.02, 1510 + i);
-        gdn_check_staged("staged: T=700 nk=1 nv=2 d=64 no docs S0 decay=0.02", &p);
-        p = gdn_prob(450, 2, 2, 128, 64, 0, NULL, 0, 0, 0.1, 1520 + i);
-        gdn_check_staged("staged: T=450 nk=nv=2 dk=128 dv=64 doc at 0", &p);
+        static const int kinds[] = {GDN_KEPT_STATES, GDN_KEPT_STATES | GDN_KEPT_TINV};
+        for (const int kind : kinds) {
+            GdnProb p = gdn_prob(1000, 2, 4, 128, 128, 30, starts, 4, 1, 0.3, 1500 + i);
+            gdn_check_staged("staged: T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, kind);
+            p = gdn_prob(700, 1, 2, 64, 64, 5, NULL, 0, 1, 0.02, 1510 + i);
+            gdn_check_staged("staged: T=700 nk=1 nv=2 d=64 no docs S0 decay=0.02", &p, kind);
+            p = gdn_prob(450, 2, 2, 128, 64, 0, NULL, 0, 0, 0.1, 1520 + i);
+            gdn_check_staged("staged: T=450 nk=nv=2 dk=128 dv=64 doc at 0", &p, kind);
+        }
     }
     cuda_gdn_tune_set(NULL);
     /* 64 heads of 128 (the wgmma state passes: 128 blocks of 64 columns) */
     GdnProb p = gdn_prob(4096, 16, 64, 128, 128, 9, NULL, 0, 1, 0.05, 1530);
-    gdn_check_staged("staged: T=4096 nk=16 nv=64 d=128 no docs S0", &p);
+    gdn_check_staged("staged: T=4096 nk=16 nv=64 d=128 no docs S0", &p, GDN_KEPT_STATES | GDN_KEPT_TINV);
 }
 
 /* dstate against the cpu dstate, against the cuda backward's dS0 (dS_final = 0; the same chunk

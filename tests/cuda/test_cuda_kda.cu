@@ -190,7 +190,7 @@ static void kda_gpu(const KProb *p, int mode, KOut *r) {
         for (int stage = GDN_BWD_DOUT; stage <= GDN_BWD_GRADS; stage++)
             cuda_kda_chunk_backward_stage(stage, dkept, dq, dk, dv, dg, dbeta, dS0, p->d_dout, p->d_dSf, p->d_q, p->d_k,
                                           p->d_v, p->d_g, p->d_beta, p->d_S0, p->d_doc, T, nk, nv, d, d, p->ldq, p->ldv,
-                                          p->ldo, kept);
+                                          p->ldo, kept, GDN_KEPT_STATES);
     } else {
         int flags = states ? GDN_KEPT_STATES : 0;
         if (mode == KDA_PREP) {
@@ -556,7 +556,7 @@ static void kda_frag_backward(const KProb *p, int stage, void *dkept, const void
                                       o->dg + r0 * nv * d, o->dbeta + r0 * nv, dS0, p->d_dout + r0 * p->ldo, dSf,
                                       p->d_q + r0 * p->ldq, p->d_k + r0 * p->ldq, p->d_v + r0 * p->ldv,
                                       p->d_g + r0 * nv * d, p->d_beta + r0 * nv, p->d_S0, p->d_doc + r0, n, p->nk, nv,
-                                      d, d, p->ldq, p->ldv, p->ldo, kept);
+                                      d, d, p->ldq, p->ldv, p->ldo, kept, GDN_KEPT_STATES);
 }
 
 /* Two fragments (rows [0, F) and [F, T), each from S0, its own kept and dkept) backward as the cp 2 chain's rank 1
@@ -628,7 +628,7 @@ TEST(cuda_kda_staged_edges) {
     for (int stage = GDN_BWD_DOUT; stage <= GDN_BWD_GRADS; stage++)
         cuda_kda_chunk_backward_stage(stage, dkept, dq, dk, dv, dg, dbeta, NULL, p.d_dout, p.d_dSf, p.d_q, p.d_k, p.d_v,
                                       p.d_g, p.d_beta, p.d_S0, p.d_doc, T, p.nk, p.nv, p.d, p.d, p.ldq, p.ldv, p.ldo,
-                                      kept);
+                                      kept, GDN_KEPT_STATES);
     KOut r;
     ko_alloc(&r, &p);
     ct_down_bf16(r.dq, dq, T * p.ldq);

@@ -176,16 +176,16 @@ static void emu_gates_backward(void *db, void *da, float *dA, float *ddt, const 
 }
 static void emu_gdn_forward(void *o, float *S_final, const void *q, const void *k, const void *v, const float *g,
                             const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                            int dk, int dv, int ldq, int ldv, int ldo, void *kept, int kept_states) {
-    cpu_gdn_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept, kept_states);
+                            int dk, int dv, int ldq, int ldv, int ldo, void *kept, int kept_kind) {
+    cpu_gdn_chunk_forward(o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept, kept_kind);
     if (o) emu_round(o, T, (int64_t)nv * dv, ldo);
 }
 static void emu_gdn_backward(void *dq, void *dk_, void *dv_, float *dg, float *dbeta, float *dS0, const void *dout,
                              const float *dS_final, const void *q, const void *k, const void *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int dk, int dv, int ldq, int ldv, int ldo, const void *kept, int kept_states) {
+                             int dk, int dv, int ldq, int ldv, int ldo, const void *kept, int kept_kind) {
     cpu_gdn_chunk_backward(dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk,
-                           dv, ldq, ldv, ldo, kept, kept_states);
+                           dv, ldq, ldv, ldo, kept, kept_kind);
     emu_round(dq, T, (int64_t)nk * dk, ldq);
     emu_round(dk_, T, (int64_t)nk * dk, ldq);
     emu_round(dv_, T, (int64_t)nv * dv, ldv);
@@ -194,9 +194,9 @@ static void emu_gdn_backward_stage(int stage, void *dkept, void *dq, void *dk_, 
                                    float *dS0, const void *dout, const float *dS_final, const void *q, const void *k,
                                    const void *v, const float *g, const float *beta, const float *S0,
                                    const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
-                                   int ldo, const void *kept) {
+                                   int ldo, const void *kept, int kept_kind) {
     cpu_gdn_backward_stage_of(emu_gdn_backward, stage, dkept, dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
-                              beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept);
+                              beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept, kept_kind);
 }
 /* KDA: the same rounding as GDN's entries (o and dq/dk/dv are activations; g, beta, states fp32); the gates'
  * db and df are activation gradients */
@@ -216,9 +216,9 @@ static void emu_kda_forward(void *o, float *S_final, const void *q, const void *
 static void emu_kda_backward(void *dq, void *dk_, void *dv_, float *dg, float *dbeta, float *dS0, const void *dout,
                              const float *dS_final, const void *q, const void *k, const void *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int dk, int dv, int ldq, int ldv, int ldo, const void *kept, int kept_states) {
+                             int dk, int dv, int ldq, int ldv, int ldo, const void *kept, int kept_kind) {
     cpu_kda_chunk_backward(dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, dk,
-                           dv, ldq, ldv, ldo, kept, kept_states);
+                           dv, ldq, ldv, ldo, kept, kept_kind);
     emu_round(dq, T, (int64_t)nk * dk, ldq);
     emu_round(dk_, T, (int64_t)nk * dk, ldq);
     emu_round(dv_, T, (int64_t)nv * dv, ldv);
@@ -227,9 +227,9 @@ static void emu_kda_backward_stage(int stage, void *dkept, void *dq, void *dk_, 
                                    float *dS0, const void *dout, const float *dS_final, const void *q, const void *k,
                                    const void *v, const float *g, const float *beta, const float *S0,
                                    const int32_t *doc_pos, int64_t T, int nk, int nv, int dk, int dv, int ldq, int ldv,
-                                   int ldo, const void *kept) {
+                                   int ldo, const void *kept, int kept_kind) {
     cpu_gdn_backward_stage_of(emu_kda_backward, stage, dkept, dq, dk_, dv_, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
-                              beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept);
+                              beta, S0, doc_pos, T, nk, nv, dk, dv, ldq, ldv, ldo, kept, kept_kind);
 }
 static void emu_gated_forward(void *out, float *rstd, const void *x, const void *z, const void *w, int64_t T, int nv,
                               int dv, int ldz, float eps) {

@@ -744,7 +744,7 @@ TEST(gdn_prep_kept) {
         int         o, kept, S_final, flags;
     } bad[] = {
         {"GDN_KEPT_PREP_IN without kept", 1, 0, 0, GDN_KEPT_PREP_IN},
-        {"kept_flags 8 (unknown)", 1, 1, 0, 8},
+        {"kept_flags 16 (unknown)", 1, 1, 0, 16},
         {"o NULL without GDN_KEPT_STATES", 0, 1, 1, 0},
         {"o NULL without kept", 0, 0, 1, GDN_KEPT_STATES},
         {"GDN_KEPT_STATES_IN without GDN_KEPT_STATES", 1, 1, 0, GDN_KEPT_STATES_IN},
@@ -807,7 +807,7 @@ static void gdn_check_staged(const char *tag, const GdnProb *p) {
     for (int stage = GDN_BWD_DOUT; stage <= GDN_BWD_GRADS; stage++) {
         cpu_gdn_chunk_backward_stage(stage, dkept, g2[0], g2[1], g2[2], g2[3], g2[4], dS02, dout, dSf, gdn_q(p), gdn_k(p),
                                      p->v, p->g, p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq,
-                                     p->ldv, p->ldo, kept2);
+                                     p->ldv, p->ldo, kept2, GDN_KEPT_STATES);
         if (stage == GDN_BWD_STATE) /* the state-gradient pass gives dS0 and carries the rest: spoil dS_final */
             test_fill_normal(dSf, ns, 1.0);
     }

@@ -575,7 +575,7 @@ static void kda_check_kept(const char *tag, const KdaProb *p) {
         cpu_kda_chunk_backward_stage(stage, dkept, c.dqk, c.dqk + p->nk * p->dk, c.dv, c.dg, c.dbeta,
                                      stage == GDN_BWD_STATE ? c.dS0 : NULL, dout, dSf, kq(p), kk(p), p->v, p->g,
                                      p->beta, p->S0, p->doc_pos, T, p->nk, p->nv, p->dk, p->dv, p->ldq, p->ldv, p->ldo,
-                                     kept);
+                                     kept, GDN_KEPT_STATES);
     float *gc[5] = {c.dqk, c.dv, c.dg, c.dbeta, c.dS0};
     for (int i = 0; i < 5; i++)
         EXPECT(!memcmp(ga[i], gc[i], (size_t)n[i] * 4), "%s: the staged backward differs in %s", tag, names[i]);

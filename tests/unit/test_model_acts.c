@@ -39,34 +39,47 @@ static void acts_check_backend(const Backend *be, const char *kind) {
     static const struct { int64_t T; int cp, nk, nv, dk, dv; } shapes[] = {
         {4096, 1, 16, 32, 128, 128}, {4160, 1, 16, 16, 128, 128}, {8192, 2, 8, 16, 64, 128}, {1000, 1, 4, 8, 128, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int keep = 0; keep < GDN_KEEP_COUNT; keep++) {
-            Config cfg;
-            config_init_defaults(&cfg);
-            char kv[8][96];
-            snprintf(kv[0], sizeof kv[0], "device.kind=%s", kind);
-            snprintf(kv[1], sizeof kv[1], "data.seq_len=%lld", (long long)shapes[s].T);
-            snprintf(kv[2], sizeof kv[2], "parallel.cp=%d", shapes[s].cp);
-            snprintf(kv[3], sizeof kv[3], "model.linear_num_key_heads=%d", shapes[s].nk);
-            snprintf(kv[4], sizeof kv[4], "model.linear_num_value_heads=%d", shapes[s].nv);
-            snprintf(kv[5], sizeof kv[5], "model.linear_key_head_dim=%d", shapes[s].dk);
-            snprintf(kv[6], sizeof kv[6], "model.linear_value_head_dim=%d", shapes[s].dv);
-            snprintf(kv[7], sizeof kv[7], "checkpoint.gdn_keep=%s", gdn_keep_names[keep]);
-            for (int i = 0; i < 8; i++) acts_set(&cfg, kv[i]);
-            acts_set(&cfg, "checkpoint.input_rows=chunk"); /* resolved, as plan_resolve gives it */
-            int64_t rows = 0;
-            const int64_t got = acts_kept_of(&cfg, &rows);
-            const int64_t frags = shapes[s].cp > 1 ? 2 : 1, n = shapes[s].T / shapes[s].cp / frags;
-            const int states = keep == GDN_KEEP_STATES;
-            const int64_t want = keep == GDN_KEEP_NONE ? -1 /* no buffer */
-                                 : frags * (int64_t)be->gdn_kept_bytes(n, shapes[s].nv, shapes[s].dk,
-                                                                       shapes[s].dv, states);
-            const int64_t want_rows = keep == GDN_KEEP_NONE ? 0 : frags;
-            EXPECT(got == want && rows == want_rows, "%s T=%lld cp=%d nv=%d dk=%d dv=%d gdn_keep %s: model_acts counts "
-                   "%lld bytes in %lld rows, the backend keeps %lld in %lld", kind, (long long)shapes[s].T,
-                   shapes[s].cp, shapes[s].nv, shapes[s].dk, shapes[s].dv, gdn_keep_names[keep], (long long)got,
-                   (long long)rows, (long long)want, (long long)want_rows);
-            config_free(&cfg);
-        }
+        for (int keep = 0; keep < GDN_KEEP_COUNT; keep++)
+            for (int whole = 0; whole < 2; whole++) { /* layer 0 recomputed (its kept buffer in the scratch), or kept */
+                Config cfg;
+                config_init_defaults(&cfg);
+                char kv[8][96];
+                snprintf(kv[0], sizeof kv[0], "device.kind=%s", kind);
+                snprintf(kv[1], sizeof kv[1], "data.seq_len=%lld", (long long)shapes[s].T);
+                snprintf(kv[2], sizeof kv[2], "parallel.cp=%d", shapes[s].cp);
+                snprintf(kv[3], sizeof kv[3], "model.linear_num_key_heads=%d", shapes[s].nk);
+                snprintf(kv[4], sizeof kv[4], "model.linear_num_value_heads=%d", shapes[s].nv);
+                snprintf(kv[5], sizeof kv[5], "model.linear_key_head_dim=%d", shapes[s].dk);
+                snprintf(kv[6], sizeof kv[6], "model.linear_value_head_dim=%d", shapes[s].dv);
+                snprintf(kv[7], sizeof kv[7], "checkpoint.gdn_keep=%s", gdn_keep_names[keep]);
+                for (int i = 0; i < 8; i++) acts_set(&cfg, kv[i]);
+                acts_set(&cfg, "checkpoint.input_rows=chunk"); /* resolved, as plan_resolve gives it */
+                char kl[64];
+                const long long layers = whole ? (long long)cfg.model.num_hidden_layers : 0;
+                snprintf(kl, sizeof kl, "checkpoint.keep_layers=%lld", layers);
+                acts_set(&cfg, kl);
+                int64_t rows = 0;
+                const int64_t got = acts_kept_of(&cfg, &rows);
+                const int64_t frags = shapes[s].cp > 1 ? 2 : 1, n = shapes[s].T / shapes[s].cp / frags;
+                /* the kind (model_acts_gdn_kept_kind): Tinv kept where the buffer lives in the recompute's scratch */
+                const int kept_kind = (keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0) |
+                                      (keep != GDN_KEEP_NONE && !whole ? GDN_KEPT_TINV : 0);
+                const int64_t want = keep == GDN_KEEP_NONE ? -1 /* no buffer */
+                                     : frags * (int64_t)be->gdn_kept_bytes(n, shapes[s].nv, shapes[s].dk,
+                                                                           shapes[s].dv, kept_kind);
+                const int64_t want_rows = keep == GDN_KEEP_NONE ? 0 : frags;
+                EXPECT(got == want && rows == want_rows, "%s T=%lld cp=%d nv=%d dk=%d dv=%d gdn_keep %s, layer 0 %s: "
+                       "model_acts counts %lld bytes in %lld rows, the backend keeps %lld in %lld", kind,
+                       (long long)shapes[s].T, shapes[s].cp, shapes[s].nv, shapes[s].dk, shapes[s].dv,
+                       gdn_keep_names[keep], whole ? "kept whole" : "recomputed", (long long)got, (long long)rows,
+                       (long long)want, (long long)want_rows);
+                if (!strcmp(kind, "cuda") && keep != GDN_KEEP_NONE) /* the cuda kind tells: Tinv, T nv 128 bytes */
+                    EXPECT((be->gdn_kept_bytes(n, shapes[s].nv, shapes[s].dk, shapes[s].dv, kept_kind | GDN_KEPT_TINV) >
+                            be->gdn_kept_bytes(n, shapes[s].nv, shapes[s].dk, shapes[s].dv,
+                                               kept_kind & ~GDN_KEPT_TINV)),
+                           "cuda gdn_kept_bytes does not grow with GDN_KEPT_TINV");
+                config_free(&cfg);
+            }
 }
 
 TEST(model_acts_gdn_kept_matches_backends) {

@@ -87,10 +87,9 @@ GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float 
     __syncthreads();
 }
 
-/* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF); sKKG (when not
- * NULL) gets (k_i.k_j) e^{G_i - G_j} on the same entries. K K^T on the tensor cores. All threads. */
-template <int DK>
-GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG, const float *sBeta, int L) {
+/* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF). K K^T on the tensor
+ * cores. All threads. */
+template <int DK> GDN_DEV void gdn_build_A(float *sA, const bf16 *sK, const float *sG, const float *sBeta, int L) {
     const int w = threadIdx.x >> 5;
     float acc[1][8][4];
     gdn_zero(acc);
@@ -103,7 +102,6 @@ GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG
             float kkg = 0.0f;
             if (j < i && i < L) kkg = acc[0][ni][e] * exp2f(sG[i] - sG[j]); /* exponent <= 0 */
             sA[i * GDN_LDF + j] = sBeta[i] * kkg;
-            if (sKKG) sKKG[i * GDN_LDF + j] = kkg;
         }
 }
 
@@ -112,7 +110,7 @@ GDN_DEV void gdn_build_A(float *sA, float *sKKG, const bf16 *sK, const float *sG
  * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
  * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). A_ik is sA's entry, or with
  * SCALED sB[i] times it (wy_bwd's A = beta_i kkg_ij formed on the fly: the fp32 value gdn_build_A
- * stores). All threads; ends synchronised. */
+ * stores, so both give the same Tinv). All threads; ends synchronised. */
 #define GDN_SOLVE_SCRATCH (3 * 16 * 17)
 template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB) {
     const int tid = threadIdx.x;

@@ -13,9 +13,9 @@
  * A forward runs index, prep (the WY factors and gate cumsums per chunk), the state pass (sequential
  * over chunks, one block per value head and column block of the state) and the output; a backward runs
  * dvlocal, the reverse state pass, dqkwg and wy_bwd (and group_reduce for GVA). What the forward keeps
- * for the backward (the caller's kept buffer: W, U, G2 and, asked, the chunk states h and vn) lets the
- * backward skip its prep and its state recompute; the staged entries split both passes for the CP chain
- * (lib/cp/cp_gdn_chain.c). A call longer than GDN_PIECE_ROWS runs as pieces, the state passed between
+ * for the backward (the caller's kept buffer: W, U, G2 and, by its kind, Tinv and the chunk states h and vn)
+ * lets the backward skip its prep, wy_bwd's solve and its state recompute; the staged entries split both passes
+ * for the CP chain (lib/cp/cp_gdn_chain.c). A call longer than GDN_PIECE_ROWS runs as pieces, the state passed between
  * them in fp32. Every configuration of the plan gives the same bits; tiles are fixed and no atomics are
  * used, so a run is deterministic. The plan, the profile and the device buffers are in gdn_tune.cu,
  * gdn_profile.cu and gdn_buffers.cu (gdn_host.h). The algebra, the kernel split, the numerics, the
@@ -122,7 +122,22 @@ static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const 
     gdn_smem_attr(gdn_prep_kernel<DK, DV>, sm, "prep");
     gdn_carveout_max(gdn_prep_kernel<DK, DV>);
     gdn_prep_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
-        b->W, with_U ? b->U : NULL, b->G2, k, v, g, beta, b->starts, b->meta, mode, nk, nv, ldq, ldv);
+        b->W, with_U ? b->U : NULL, b->G2, with_U ? b->Tb : NULL, k, v, g, beta, b->starts, b->meta, mode, nk, nv,
+        ldq, ldv);
+    CUDA_LAUNCH_CHECK();
+}
+
+/* wy_bwd: SOLVE solves for Tinv again, else reads b->Tb (the kept Tinv) */
+template <int DK, int DV, bool SOLVE>
+static void gdn_launch_wy_bwd(const GdnBufs *b, bf16 *dk, bf16 *dv, float *dg, float *dbeta, const bf16 *dw,
+                              const float *dgp2, const bf16 *k, const bf16 *v, const float *beta, int64_t T, int nk,
+                              int nv, int ldq, int ldv) {
+    const size_t sm = GdnWySmem<DK, DV, SOLVE>(NULL).bytes;
+    gdn_smem_attr(gdn_wy_backward_kernel<DK, DV, SOLVE>, sm, "wy_bwd");
+    gdn_carveout_max(gdn_wy_backward_kernel<DK, DV, SOLVE>);
+    gdn_wy_backward_kernel<DK, DV, SOLVE><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
+        b->dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b->dv2, b->dgp, dgp2, k, v, b->Tb, b->G2, beta, b->starts,
+        b->meta, nk, nv, ldq, ldv);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -437,14 +452,14 @@ static void gdn_index_plan(const GdnBufs *b, const GdnPlan &pl, const int32_t *d
 template <int DK, int DV>
 static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *g, const float *beta, const float *S0, const int32_t *doc_pos, int64_t T,
-                           int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in,
+                           int nk, int nv, int ldq, int ldv, int ldo, void *kept, int kept_kind, int prep_in,
                            int states_in) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
-    GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f, kept && kept_states);
-    /* prep writes W, U, G2 (and the state pass h, vn) where the backward finds them; prep_in: gdn_prep_run
-       wrote W, U, G2 there already */
-    if (kept) gdn_kept_carve(&b, kept, T, nv, DK, DV, kept_states);
+    GdnBufs b = gdn_buffers(GDN_WS_FORWARD, T, nv, DK, DV, pl.nseg_f, kept && (kept_kind & GDN_KEPT_STATES));
+    /* prep writes W, U, G2 (Tinv, and the state pass h, vn, as kept_kind asks) where the backward finds them;
+       prep_in: gdn_prep_run wrote the prep there already */
+    if (kept) gdn_kept_carve(&b, kept, T, nv, DK, DV, kept_kind);
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
     gdn_prof_mark("index");
@@ -477,16 +492,16 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
                             float *dbeta, float *dS0, const bf16 *dout, const float *dS_final, const bf16 *q,
                             const bf16 *k, const bf16 *v, const float *g, const float *beta, const float *S0,
                             const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, int ldo,
-                            const void *kept, int kept_states) {
+                            const void *kept, int kept_kind) {
     static_assert(DV <= 2 * DK, "gdn: dv_loc (bf16, dv) lives in dqv (fp32, dk)");
     const float scale = (float)(1.0 / sqrt((double)DK));
     cudaStream_t st = cuda_stream();
     const int nseg = pl.nseg_f > pl.nseg_b ? pl.nseg_f : pl.nseg_b;
-    const int states = kept && kept_states; /* h, vn from the forward: no state_fwd recompute */
+    const int states = kept && (kept_kind & GDN_KEPT_STATES); /* h, vn from the forward: no state_fwd recompute */
     GdnBufs b = gdn_buffers(GDN_WS_BACKWARD, T, nv, DK, DV, nseg, states);
     bf16 *dvl = (bf16 *)b.dqv; /* dv_loc until dqkwg writes dqv (the whole backward) */
     bf16 *dw = b.W;            /* the workspace's W: dw once the state passes are done with W */
-    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV, kept_states); /* the forward's: read only */
+    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV, kept_kind); /* the forward's: read only */
     if (stage) gdn_dkept_carve(&b, &dvl, dkept, T, nv, DK, DV);                  /* dv_loc, dh, dv2 */
     gdn_prof_start(pl.prof);
     gdn_index_plan(&b, pl, doc_pos, T, nv, DV);
@@ -521,16 +536,11 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
         CUDA_LAUNCH_CHECK();
     }
     gdn_prof_mark("dqkwg");
-    {
-        const size_t sm = GdnWySmem<DK, DV>(NULL).bytes;
-        gdn_smem_attr(gdn_wy_backward_kernel<DK, DV>, sm, "wy_bwd");
-        gdn_carveout_max(gdn_wy_backward_kernel<DK, DV>);
-        gdn_wy_backward_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
-            b.dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b.dv2, b.dgp, dgp2, k, v, b.G2, beta, b.starts,
-            b.meta, nk, nv, ldq, ldv);
-        CUDA_LAUNCH_CHECK();
-    }
-    gdn_prof_mark("wy_bwd");
+    if (b.Tb) /* the kept Tinv (GDN_KEPT_TINV) */
+        gdn_launch_wy_bwd<DK, DV, false>(&b, dk, dv, dg, dbeta, dw, dgp2, k, v, beta, T, nk, nv, ldq, ldv);
+    else
+        gdn_launch_wy_bwd<DK, DV, true>(&b, dk, dv, dg, dbeta, dw, dgp2, k, v, beta, T, nk, nv, ldq, ldv);
+    gdn_prof_mark(b.Tb ? "wy_bwd" : "wy_bwd_solve");
     if (nv != nk) {
         const int64_t n = T * nk * (DK / 2);
         gdn_group_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(dq, dk, b.dqv, b.dkv, T, nk, nv, DK,
@@ -545,12 +555,12 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
     gdn_tp_print(pl, 1, T);
 }
 
-/* kept's W, U, G2 (gdn_kept_carve) = the prep of every chunk: the bytes gdn_forward_run writes there */
+/* kept's W, U, G2 (and Tinv; gdn_kept_carve) = the prep of every chunk: the bytes gdn_forward_run writes there */
 template <int DK, int DV>
 static void gdn_prep_run(void *kept, const bf16 *k, const bf16 *v, const float *g, const float *beta,
-                         const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, int kept_states) {
-    GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV); /* the index; W, U, G2 go to kept */
-    gdn_kept_carve(&b, kept, T, nv, DK, DV, kept_states);
+                         const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, int kept_kind) {
+    GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV); /* the index; the prep goes to kept */
+    gdn_kept_carve(&b, kept, T, nv, DK, DV, kept_kind);
     gdn_index(&b, doc_pos, T);
     gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_ALL, T, nk, nv, ldq, ldv);
 }
@@ -560,9 +570,9 @@ static void gdn_prep_run(void *kept, const bf16 *k, const bf16 *v, const float *
 template <int DK, int DV>
 static void gdn_transition_run(const GdnPlan &pl, float *M, float *H, const bf16 *k, const bf16 *v, const float *g,
                               const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv,
-                              const void *kept, int kept_states) {
+                              const void *kept, int kept_kind) {
     GdnBufs b = gdn_buffers(GDN_WS_TRANSITION, T, nv, DK, DV);
-    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV, kept_states); /* read only */
+    if (kept) gdn_kept_carve(&b, (void *)kept, T, nv, DK, DV, kept_kind); /* read only */
     gdn_index(&b, doc_pos, T);
     if (!kept) gdn_launch_prep<DK, DV>(&b, true, k, v, g, beta, GDN_RANGE_FROM_LAST_RESET, T, nk, nv, ldq, ldv);
     GDN_STATE_BVNST(pl, gdn_state_fwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, H, M, NULL, k,
@@ -576,14 +586,14 @@ static void gdn_transition_run(const GdnPlan &pl, float *M, float *H, const bf16
 template <int DK, int DV>
 static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k,
                           const float *g, const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                          int ldq, int ldo, const void *kept, int kept_states, int64_t R, const size_t *at) {
+                          int ldq, int ldo, const void *kept, int kept_kind, int64_t R, const size_t *at) {
     const float scale = (float)(1.0 / sqrt((double)DK));
     GdnBufs b = gdn_buffers(GDN_WS_DSTATE, T, nv, DK, DV);
     gdn_index(&b, doc_pos, T);
     for (int64_t r0 = 0, p = 0; kept && r0 < T; r0 += R, p++) {
         GdnBufs kb = GdnBufs{};
         const int64_t n = T - r0 < R ? T - r0 : R;
-        gdn_kept_carve(&kb, (char *)kept + (T > R ? at[p] : 0), n, nv, DK, DV, kept_states);
+        gdn_kept_carve(&kb, (char *)kept + (T > R ? at[p] : 0), n, nv, DK, DV, kept_kind);
         if (T <= R) {
             b.W = kb.W;
             b.G2 = kb.G2;
@@ -605,10 +615,10 @@ static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, cons
 template <int DK, int DV>
 static void gdn_forward_impl(bf16 *o, float *S_final, const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                              const float *beta, const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv,
-                             int ldq, int ldv, int ldo, void *kept, int kept_states, int prep_in, int states_in) {
+                             int ldq, int ldv, int ldo, void *kept, int kept_kind, int prep_in, int states_in) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_forward_run<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states,
+    gdn_forward_run<DK, DV>(pl, o, S_final, q, k, v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_kind,
                             prep_in, states_in);
 }
 
@@ -617,29 +627,29 @@ static void gdn_backward_impl(int stage, void *dkept, bf16 *dq, bf16 *dk, bf16 *
                               float *dS0, const bf16 *dout, const float *dS_final, const bf16 *q, const bf16 *k,
                               const bf16 *v, const float *g, const float *beta, const float *S0,
                               const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, int ldo,
-                              const void *kept, int kept_states) {
+                              const void *kept, int kept_kind) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
     gdn_backward_run<DK, DV>(pl, stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g, beta, S0,
-                             doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+                             doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_kind);
 }
 
 template <int DK, int DV>
 static void gdn_transition_impl(float *M, float *H, const bf16 *k, const bf16 *v, const float *g, const float *beta,
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldv, const void *kept,
-                                int kept_states) {
+                                int kept_kind) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_transition_run<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv, kept, kept_states);
+    gdn_transition_run<DK, DV>(pl, M, H, k, v, g, beta, doc_pos, T, nk, nv, ldq, ldv, kept, kept_kind);
 }
 
 template <int DK, int DV>
 static void gdn_dstate_impl(float *dS0, const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
                             const float *beta, const int32_t *doc_pos, int64_t T, int nk, int nv, int ldq, int ldo,
-                            const void *kept, int kept_states, int64_t R, const size_t *at) {
+                            const void *kept, int kept_kind, int64_t R, const size_t *at) {
     const GdnPlan pl = gdn_plan<DK>(T, nv, DV);
     gdn_cur_set(pl);
-    gdn_dstate_run<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
+    gdn_dstate_run<DK, DV>(pl, dS0, dout, q, k, g, beta, doc_pos, T, nk, nv, ldq, ldo, kept, kept_kind, R, at);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -691,8 +701,8 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
              "cuda_gdn_chunk_forward: o, q, k, v must be 16-byte aligned");
     const char *fault = gdn_kept_flags_fault(o, S_final, kept, kept_flags);
     RS_CHECK(!fault, "cuda_gdn_chunk_forward: %s (kept_flags = %d)", fault ? fault : "", kept_flags);
-    const int kept_states = (kept_flags & GDN_KEPT_STATES) != 0, prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0;
-    const int states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
+    const int kept_kind = kept_flags & (GDN_KEPT_STATES | GDN_KEPT_TINV);
+    const int prep_in = (kept_flags & GDN_KEPT_PREP_IN) != 0, states_in = (kept_flags & GDN_KEPT_STATES_IN) != 0;
     if (T == 0) {
         if (S_final) gdn_copy_or_zero(S_final, S0, (size_t)nv * dim_k * dim_v);
         return;
@@ -700,12 +710,12 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
     const int64_t R = gdn_piece_rows();
     if (T <= R) {
         GDN_DISPATCH(dim_k, dim_v, gdn_forward_impl, (bf16 *)o, S_final, (const bf16 *)q, (const bf16 *)k,
-                     (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states, prep_in,
+                     (const bf16 *)v, g, beta, S0, doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_kind, prep_in,
                      states_in);
         return;
     }
     static size_t at[GDN_PIECE_MAX + 1];
-    const int64_t np = gdn_pieces("cuda_gdn_chunk_forward", T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces("cuda_gdn_chunk_forward", T, R, nv, dim_k, dim_v, kept_kind, at);
     const size_t sn = (size_t)nv * dim_k * dim_v;
     /* the states entering pieces 1..np-1: kept for the backward, or two scratch states taken in turn */
     float *entry = kept ? (float *)((char *)kept + at[np]) : gdn_piece_scratch(2 * sn);
@@ -716,7 +726,7 @@ extern "C" void cuda_gdn_chunk_forward(void *o /* (T,ldo) nv heads of dim_v */,
                      p == np - 1 || states_in ? S_final : GDN_ENTRY(p + 1), (const bf16 *)q + r0 * ldq,
                      (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv,
                      p == 0 ? S0 : GDN_ENTRY(p), doc_pos + r0, n, nk, nv, ldq, ldv, ldo,
-                     kept ? (char *)kept + at[p] : NULL, kept_states, prep_in, states_in);
+                     kept ? (char *)kept + at[p] : NULL, kept_kind, prep_in, states_in);
     }
 #undef GDN_ENTRY
 }
@@ -727,7 +737,7 @@ static void gdn_backward_pieces(const char *who, int stage, void *dkept, void *d
                                 float *dbeta, float *dS0, const void *dout, const float *dS_final, const void *q,
                                 const void *k, const void *v, const float *g, const float *beta, const float *S0,
                                 const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v, int ldq,
-                                int ldv, int ldo, const void *kept, int kept_states) {
+                                int ldv, int ldo, const void *kept, int kept_kind) {
     gdn_check_args(who, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo);
     RS_CHECK(gdn_aligned(dq) && gdn_aligned(dk) && gdn_aligned(dv) && gdn_aligned(dout) && gdn_aligned(q) &&
                  gdn_aligned(k) && gdn_aligned(v),
@@ -741,11 +751,11 @@ static void gdn_backward_pieces(const char *who, int stage, void *dkept, void *d
     if (T <= R) {
         GDN_DISPATCH(dim_k, dim_v, gdn_backward_impl, stage, dkept, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta,
                      dS0, (const bf16 *)dout, dS_final, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, g, beta, S0,
-                     doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_states);
+                     doc_pos, T, nk, nv, ldq, ldv, ldo, kept, kept_kind);
         return;
     }
     static size_t at[GDN_PIECE_MAX + 1];
-    const int64_t np = gdn_pieces(who, T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces(who, T, R, nv, dim_k, dim_v, kept_kind, at);
     const size_t sn = (size_t)nv * dim_k * dim_v;
     /* scratch: two state gradients taken in turn; without kept, the entry states */
     float *scr = gdn_piece_scratch(2 * sn + (kept ? 0 : (size_t)(np - 1) * sn));
@@ -773,7 +783,7 @@ static void gdn_backward_pieces(const char *who, int stage, void *dkept, void *d
                      p == 0 ? dS0 : d_entry, (const bf16 *)dout + r0 * ldo, p == np - 1 ? dS_final : d_exit,
                      (const bf16 *)q + r0 * ldq, (const bf16 *)k + r0 * ldq, (const bf16 *)v + r0 * ldv, g + r0 * nv,
                      beta + r0 * nv, p == 0 ? S0 : entry + (size_t)(p - 1) * sn, doc_pos + r0, n, nk, nv, ldq, ldv,
-                     ldo, kept ? (const char *)kept + at[p] : NULL, kept_states);
+                     ldo, kept ? (const char *)kept + at[p] : NULL, kept_kind);
         if (p) dat -= gdn_dkept_carve(NULL, NULL, NULL, R, nv, dim_k, dim_v);
     }
 }
@@ -786,9 +796,9 @@ extern "C" void cuda_gdn_chunk_backward(void *dq /* (T,ldq) */, void *dk /* (T,l
                                         const float *S0, const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
                                         int dim_v, int ldq, int ldv, int ldo,
                                         const void *kept /* the forward's, same inputs; or NULL */,
-                                        int kept_states /* the forward's */) {
+                                        int kept_kind /* the forward's */) {
     gdn_backward_pieces("cuda_gdn_chunk_backward", 0, NULL, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
-                        beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_states);
+                        beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_kind);
 }
 
 extern "C" void cuda_gdn_chunk_backward_stage(int stage /* GDN_BWD_DOUT, _STATE, _GRADS (backend.h) */,
@@ -798,13 +808,14 @@ extern "C" void cuda_gdn_chunk_backward_stage(int stage /* GDN_BWD_DOUT, _STATE,
                                               const void *v, const float *g, const float *beta, const float *S0,
                                               const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k,
                                               int dim_v, int ldq, int ldv, int ldo,
-                                              const void *kept /* the forward's, kept_states 1 */) {
+                                              const void *kept /* the forward's */,
+                                              int kept_kind /* the forward's, with GDN_KEPT_STATES */) {
     RS_CHECK(stage == GDN_BWD_DOUT || stage == GDN_BWD_STATE || stage == GDN_BWD_GRADS,
              "cuda_gdn_chunk_backward_stage: stage %d (GDN_BWD_DOUT, _STATE or _GRADS)", stage);
-    RS_CHECK(dkept && kept, "cuda_gdn_chunk_backward_stage: the staged backward needs dkept and the forward's kept "
-                            "buffer (kept with its chunk states)");
+    RS_CHECK(dkept && kept && (kept_kind & GDN_KEPT_STATES), "cuda_gdn_chunk_backward_stage: the staged backward "
+             "needs dkept and the forward's kept buffer with its chunk states (kept_kind %d)", kept_kind);
     gdn_backward_pieces("cuda_gdn_chunk_backward_stage", stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k,
-                        v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, 1);
+                        v, g, beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, kept_kind);
 }
 
 extern "C" size_t cuda_gdn_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v) {
@@ -814,28 +825,28 @@ extern "C" size_t cuda_gdn_dkept_bytes(int64_t T, int nv, int dim_k, int dim_v) 
     return b;
 }
 
-extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int states) {
+extern "C" size_t cuda_gdn_kept_bytes(int64_t T, int nv, int dim_k, int dim_v, int kept_kind) {
     const int64_t R = gdn_piece_rows();
-    return T <= R ? gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v, states)
-                  : gdn_kept_pieces(T, R, nv, dim_k, dim_v, states, NULL);
+    return T <= R ? gdn_kept_carve(NULL, NULL, T, nv, dim_k, dim_v, kept_kind)
+                  : gdn_kept_pieces(T, R, nv, dim_k, dim_v, kept_kind, NULL);
 }
 
-extern "C" void cuda_gdn_chunk_prep(void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v, kept_states) */,
+extern "C" void cuda_gdn_chunk_prep(void *kept /* cuda_gdn_kept_bytes(T, nv, dim_k, dim_v, kept_kind) */,
                                     const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
                                     const float *g /* (T,nv) */, const float *beta /* (T,nv) */,
                                     const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k, int dim_v,
-                                    int ldq, int ldv, int kept_states) {
+                                    int ldq, int ldv, int kept_kind) {
     gdn_check_args("cuda_gdn_chunk_prep", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
     RS_CHECK(gdn_aligned(k) && gdn_aligned(v), "cuda_gdn_chunk_prep: k, v must be 16-byte aligned");
     RS_CHECK(kept || T == 0, "cuda_gdn_chunk_prep: no kept buffer");
     static size_t at[GDN_PIECE_MAX + 1];
     const int64_t R = gdn_piece_rows();
-    const int64_t np = gdn_pieces("cuda_gdn_chunk_prep", T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces("cuda_gdn_chunk_prep", T, R, nv, dim_k, dim_v, kept_kind, at);
     for (int64_t p = 0; p < np; p++) { /* piece by piece, as the forward (one piece: at[0] = 0) */
         const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
         GDN_DISPATCH(dim_k, dim_v, gdn_prep_run, (char *)kept + at[p], (const bf16 *)k + r0 * ldq,
                      (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv, doc_pos + r0, n, nk, nv, ldq, ldv,
-                     kept_states);
+                     kept_kind);
     }
 }
 
@@ -851,7 +862,7 @@ extern "C" void cuda_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float
                                           const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
                                           int dim_v, int ldq, int ldv,
                                           const void *kept /* its prep (cuda_gdn_chunk_prep, the forward's), or NULL */,
-                                          int kept_states) {
+                                          int kept_kind) {
     gdn_check_args("cuda_gdn_chunk_transition", T, nk, nv, dim_k, dim_v, ldq, ldv, 0);
     RS_CHECK(gdn_aligned(k) && gdn_aligned(v), "cuda_gdn_chunk_transition: k, v must be 16-byte aligned");
     if (T == 0) {
@@ -864,14 +875,14 @@ extern "C" void cuda_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float
     const int64_t R = gdn_piece_rows();
     if (T <= R) {
         GDN_DISPATCH(dim_k, dim_v, gdn_transition_impl, M, H, (const bf16 *)k, (const bf16 *)v, g, beta, doc_pos, T,
-                     nk, nv, ldq, ldv, kept, kept_states);
+                     nk, nv, ldq, ldv, kept, kept_kind);
         return;
     }
     /* pieces, as the forward's (so a pieced kept buffer serves): (M, H) = piece 0's, then for each next piece
      * (Mp, Hp): H = Mp H + Hp, M = Mp M (+ 0), fp32 in this order (a reset in piece p zeroes Mp: nothing
      * before it passes) */
     static size_t at[GDN_PIECE_MAX + 1];
-    const int64_t np = gdn_pieces("cuda_gdn_chunk_transition", T, R, nv, dim_k, dim_v, kept_states, at);
+    const int64_t np = gdn_pieces("cuda_gdn_chunk_transition", T, R, nv, dim_k, dim_v, kept_kind, at);
     const size_t mm = (size_t)nv * dim_k * dim_k, hh = (size_t)nv * dim_k * dim_v;
     float *Mp = gdn_piece_scratch(3 * mm + 2 * hh), *Mt = Mp + mm, *zero = Mt + mm, *Hp = zero + mm, *Ht = Hp + hh;
     gdn_copy_or_zero(zero, NULL, mm);
@@ -879,7 +890,7 @@ extern "C" void cuda_gdn_chunk_transition(float *M /* (nv,dim_k,dim_k) */, float
         const int64_t r0 = p * R, n = T - r0 < R ? T - r0 : R;
         GDN_DISPATCH(dim_k, dim_v, gdn_transition_impl, p ? Mp : M, p ? Hp : H, (const bf16 *)k + r0 * ldq,
                      (const bf16 *)v + r0 * ldv, g + r0 * nv, beta + r0 * nv, doc_pos + r0, n, nk, nv, ldq, ldv,
-                     kept ? (const char *)kept + at[p] : NULL, kept_states);
+                     kept ? (const char *)kept + at[p] : NULL, kept_kind);
         if (!p) continue;
         cuda_gdn_state_affine(Ht, Mp, H, Hp, 0, nv, dim_k, dim_v);
         cuda_gdn_state_affine(Mt, Mp, M, zero, 0, nv, dim_k, dim_k);
@@ -894,7 +905,7 @@ extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
                                       const int32_t *doc_pos /* (T) */, int64_t T, int nk, int nv, int dim_k,
                                       int dim_v, int ldq, int ldo,
                                       const void *kept /* its prep (the forward's, cuda_gdn_chunk_prep's), or NULL */,
-                                      int kept_states) {
+                                      int kept_kind) {
     gdn_check_args("cuda_gdn_chunk_dstate", T, nk, nv, dim_k, dim_v, ldq, 0, ldo);
     RS_CHECK(gdn_aligned(dout) && gdn_aligned(q) && gdn_aligned(k),
              "cuda_gdn_chunk_dstate: dout, q, k must be 16-byte aligned");
@@ -904,9 +915,9 @@ extern "C" void cuda_gdn_chunk_dstate(float *dS0 /* (nv,dim_k,dim_v) */, const v
     }
     const int64_t R = gdn_piece_rows(); /* the pieces of the forward that kept `kept` */
     static size_t at[GDN_PIECE_MAX + 1];
-    if (kept) gdn_pieces("cuda_gdn_chunk_dstate", T, R, nv, dim_k, dim_v, kept_states, at);
+    if (kept) gdn_pieces("cuda_gdn_chunk_dstate", T, R, nv, dim_k, dim_v, kept_kind, at);
     GDN_DISPATCH(dim_k, dim_v, gdn_dstate_impl, dS0, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, g, beta,
-                 doc_pos, T, nk, nv, ldq, ldo, kept, kept_states, R, at);
+                 doc_pos, T, nk, nv, ldq, ldo, kept, kept_kind, R, at);
 }
 
 extern "C" void cuda_gdn_state_affine(float *S_out /* (nv,dim_k,dim_v) */, const float *M /* (nv,dim_k,dim_k) */,

@@ -4,7 +4,7 @@
  * call needs more and reused as is otherwise: no allocation in steady state. A call's buffers (GdnBufs:
  * the index, W, U, G2, the states h and vn, the backward's dh, dv2 and fp32 partials, the segments'
  * slots) are carved from it on 256-byte boundaries. The caller's kept buffer (the forward's W, U, G2 and,
- * asked, h and vn) and the staged backward's dkept have their layouts here, and a call longer than a
+ * asked, Tinv, h and vn) and the staged backward's dkept have their layouts here, and a call longer than a
  * piece (GDN_PIECE_ROWS) is cut into pieces whose kept parts follow each other. Host code only; not
  * thread-safe (one compute stream). The byte counts and the design: docs/design/gdn-kernels.md.
  *
@@ -94,16 +94,19 @@ static size_t gdn_carve(GdnBufs *b, unsigned char *base, int what, int64_t T, in
     return c.off;
 }
 
-size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states) {
+size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int kind) {
     const size_t tv = (size_t)T * nv, ns = (size_t)(T + GDN_C - 1) / GDN_C + 1;
     GdnCarve c(kept, 256);
     bf16 *W = c.take<bf16>(tv * dk), *U = c.take<bf16>(tv * dv);
     float *G2 = c.take<float>(tv);
+    const int states = (kind & GDN_KEPT_STATES) != 0;
+    bf16 *Tb = kind & GDN_KEPT_TINV ? c.take<bf16>(tv * GDN_C) : NULL;
     bf16 *hs = states ? c.take<bf16>(ns * nv * dk * dv) : NULL, *vn = states ? c.take<bf16>(tv * dv) : NULL;
     if (b) {
         b->W = W;
         b->U = U;
         b->G2 = G2;
+        b->Tb = Tb;
         if (states) {
             b->hs = hs;
             b->vn = vn;
@@ -124,11 +127,11 @@ GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg, int k
  * model_acts): a backward of one piece (the smaller of frag and the piece rows; the segmented state passes'
  * allowance of 64 segments where the value heads give fewer than 132 / 4 blocks of 32 columns) or, at cp > 1,
  * a whole fragment's transition or state gradient (the scan's), grown as gdn_workspace grows it. */
-extern "C" size_t cuda_gdn_workspace_bytes(int64_t frag, int cp, int nv, int dk, int dv, int kept_states) {
+extern "C" size_t cuda_gdn_workspace_bytes(int64_t frag, int cp, int nv, int dk, int dv, int kept_kind) {
     GdnBufs b;
     const int64_t R = gdn_piece_rows(), n = frag < R ? frag : R;
     const int nseg = 4 * nv * dv / 32 <= 132 ? 64 : 0;
-    size_t most = gdn_carve(&b, NULL, GDN_WS_BACKWARD, n, nv, dk, dv, nseg, kept_states);
+    size_t most = gdn_carve(&b, NULL, GDN_WS_BACKWARD, n, nv, dk, dv, nseg, kept_kind & GDN_KEPT_STATES);
     if (cp > 1) {
         const size_t t = gdn_carve(&b, NULL, GDN_WS_TRANSITION, frag, nv, dk, dv);
         if (t > most) most = t;
@@ -159,12 +162,12 @@ int64_t gdn_piece_rows(void) {
 
 /* the kept bytes of a call of T tokens in pieces of R; at[p] (when not NULL, np + 1 entries) the offset of
  * piece p's part, at[np] that of the entry states */
-size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at) {
+size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int kind, size_t *at) {
     size_t off = 0;
     int64_t p = 0;
     for (int64_t r0 = 0; r0 < T; r0 += R, p++) {
         if (at) at[p] = off;
-        off += gdn_kept_carve(NULL, NULL, T - r0 < R ? T - r0 : R, nv, dk, dv, states);
+        off += gdn_kept_carve(NULL, NULL, T - r0 < R ? T - r0 : R, nv, dk, dv, kind);
     }
     if (at) at[p] = off;
     return off + (size_t)(p - 1) * nv * dk * dv * sizeof(float);
@@ -172,11 +175,11 @@ size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int states,
 
 /* the pieces of a call of T tokens in pieces of R, at most GDN_PIECE_MAX (`who` names the entry), with the kept
  * offsets at[] of gdn_kept_pieces */
-int64_t gdn_pieces(const char *who, int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at) {
+int64_t gdn_pieces(const char *who, int64_t T, int64_t R, int nv, int dk, int dv, int kind, size_t *at) {
     const int64_t np = (T + R - 1) / R;
     RS_CHECK(np <= GDN_PIECE_MAX, "%s: T = %lld is %lld pieces of %lld (at most %d)", who, (long long)T,
              (long long)np, (long long)R, GDN_PIECE_MAX);
-    gdn_kept_pieces(T, R, nv, dk, dv, states, at);
+    gdn_kept_pieces(T, R, nv, dk, dv, kind, at);
     return np;
 }
 

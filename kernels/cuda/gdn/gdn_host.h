@@ -44,6 +44,8 @@ typedef struct GdnBufs {
     float *G2;                    /* (T,nv) log2-unit chunk-local cumsum */
     bf16 *W;                      /* (T,nv,dk); the backward reuses it for dw */
     bf16 *U;                      /* (T,nv,dv); the backward reuses it for dv_loc */
+    bf16 *Tb;                     /* (T,nv,64) each chunk's Tinv by rows, bf16: prep writes it, wy_bwd reads it
+                                     (a kept buffer with GDN_KEPT_TINV; else NULL and wy_bwd solves) */
     bf16 *vn;                     /* (T,nv,dv) */
     bf16 *hs, *dhs;               /* (ns,nv,dk,dv) */
     bf16 *dv2;                    /* (T,nv,dv) */
@@ -95,23 +97,23 @@ void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T);
 /* the buffers of a call of kind `what` (GDN_WS_*) carved from the workspace, which grows as needed. nseg:
  * slots of the segmented state passes (0: none); kept_states: h and vn live in the caller's kept buffer */
 GdnBufs gdn_buffers(int what, int64_t T, int nv, int dk, int dv, int nseg = 0, int kept_states = 0);
-/* What the forward keeps for the backward (gdn_chunk_forward's kept buffer, cuda_gdn_kept_bytes): the
- * prep's outputs W (T,nv,dk) bf16, U (T,nv,dv) bf16 and G2 (T,nv) fp32, and with states the forward state
- * pass's h (ns,nv,dk,dv) bf16 and vn (T,nv,dv) bf16, each on a 256-byte boundary (as the workspace's). With
- * it the backward skips its prep (K K^T, the solve, the W and U products), and with states its state_fwd
- * recompute too: the same kernels on the same inputs wrote these, so the results are the recompute's bits.
- * The states come after W, U, G2, so a buffer kept with states serves a backward told states = 0 as well
- * (in one piece; a pieced call's backward must be told the forward's kept_states, as backend.h asks).
+/* What the forward keeps for the backward (gdn_chunk_forward's kept buffer, cuda_gdn_kept_bytes), by its kind
+ * (backend.h GDN_KEPT_*): the prep's outputs W (T,nv,dk) bf16, U (T,nv,dv) bf16 and G2 (T,nv) fp32; with
+ * GDN_KEPT_TINV each chunk's Tinv by rows (T,nv,64) bf16; with GDN_KEPT_STATES the forward state pass's h
+ * (ns,nv,dk,dv) bf16 and vn (T,nv,dv) bf16; in this order, each on a 256-byte boundary (as the workspace's).
+ * With it the backward skips its prep (K K^T, the solve, the W and U products), with Tinv wy_bwd's solve, and
+ * with the states its state_fwd recompute: the same kernels on the same inputs wrote these, so the results
+ * are the recompute's bits. The backward is told the forward's kind (backend.h asks it).
  * b NULL: the size only. Returns the bytes, a multiple of 256 (fragments of one buffer stay aligned). */
-size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int states);
+size_t gdn_kept_carve(GdnBufs *b, void *kept, int64_t T, int nv, int dk, int dv, int kind);
 /* What the staged backward carries between its stages in one piece's part of dkept (dv_loc, dh, dv2);
  * b NULL: the size only. Returns the bytes, a multiple of 256. */
 size_t gdn_dkept_carve(GdnBufs *b, bf16 **dvl, void *dkept, int64_t T, int nv, int dk, int dv);
 /* rows per piece: the tune's piece, or GDN_PIECE_ROWS (backend.h) */
 int64_t gdn_piece_rows(void);
 /* the kept bytes of a call of T tokens in pieces of R; at[p] (np + 1 entries, or NULL) the offsets */
-size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at);
+size_t gdn_kept_pieces(int64_t T, int64_t R, int nv, int dk, int dv, int kind, size_t *at);
 /* the pieces of a call (at most GDN_PIECE_MAX; `who` names the entry), with the kept offsets at[] */
-int64_t gdn_pieces(const char *who, int64_t T, int64_t R, int nv, int dk, int dv, int states, size_t *at);
+int64_t gdn_pieces(const char *who, int64_t T, int64_t R, int nv, int dk, int dv, int kind, size_t *at);
 /* the pieces' own device scratch (fp32), grown like the workspace */
 float *gdn_piece_scratch(size_t floats);

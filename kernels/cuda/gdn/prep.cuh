@@ -1,9 +1,9 @@
 /*
  * prep.cuh — the per-chunk WY factors: G (cumsum of g, log2 units), A = strictly lower (beta K K^T) Gam,
  * Tinv = (I + A)^-1 (fp32, 16 x 16 blocks), W = Tinv diag(beta gam) K, U = Tinv diag(beta) V (Tinv split
- * hi + lo bf16), stored bf16, and G2 (T,nv). One block per (chunk, value head), 55 KB of shared memory and
- * 128 registers (4 blocks per SM). Callers: gdn.cu's forward, backward (unless the forward kept W, U),
- * transition, dstate.
+ * hi + lo bf16), stored bf16, G2 (T,nv) and, asked, Tinv itself in bf16 (what wy_bwd multiplies by, so it
+ * does not solve again). One block per (chunk, value head), 55 KB of shared memory and 128 registers
+ * (4 blocks per SM). Callers: gdn.cu's forward, backward (unless the forward kept W, U), transition, dstate.
  */
 #pragma once
 
@@ -60,6 +60,7 @@ static_assert(GDN_C * GDN_LDF * 4 <= 2 * GDN_C * GDN_LDP * 2, "prep: A must fit 
 template <int DK, int DV>
 __global__ void __launch_bounds__(GDN_THREADS, 4)
     gdn_prep_kernel(bf16 *W /* (T,nv,DK) */, bf16 *U /* (T,nv,DV) or NULL */, float *G2 /* (T,nv) */,
+                       bf16 *Tinv /* (T,nv,64) row r of its chunk's Tinv at token t0 + r, or NULL */,
                        const bf16 *k /* (T,ldq) nk heads */, const bf16 *v /* (T,ldv) nv heads, or NULL */,
                        const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *starts,
                        const int32_t *meta, int mode, int nk, int nv, int ldq, int ldv) {
@@ -77,9 +78,18 @@ __global__ void __launch_bounds__(GDN_THREADS, 4)
         gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
         ptx_cp_async_wait<0>();
         __syncthreads();
-        gdn_build_A<DK>(s.A, NULL, s.k, s.G, s.beta, L);
+        gdn_build_A<DK>(s.A, s.k, s.G, s.beta, L);
         __syncthreads();
         gdn_solve(s.T, s.tmp, s.A); /* ends synchronised: A is dead */
+        if (Tinv) /* bf16 for wy_bwd, rows < L (its rows from L on multiply only zero rows there), 16 bytes a store */
+            for (int i = threadIdx.x; i < L * (GDN_C / 8); i += GDN_THREADS) {
+                const int r = i / (GDN_C / 8), j = (i % (GDN_C / 8)) * 8;
+                __align__(16) __nv_bfloat162 x[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    x[u] = __floats2bfloat162_rn(s.T[r * GDN_LDF + j + 2 * u], s.T[r * GDN_LDF + j + 2 * u + 1]);
+                *(uint4 *)(Tinv + ((t0 + r) * nv + h) * GDN_C + j) = *(const uint4 *)x;
+            }
         /* W = (Tinv diag(beta gam)) K, then U = (Tinv diag(beta)) V, the factor split hi + lo bf16 */
 #pragma unroll 1
         for (int pass = 0; pass < (U ? 2 : 1); pass++) {

@@ -1,14 +1,15 @@
 /*
- * wy_backward.cuh — the gradients through the WY factors W = Tinv diag(beta gam) K, U = Tinv diag(beta) V
- * (Tinv recomputed): dk, dv, dbeta, the dG terms and the reverse cumsum dg; dk's two WY terms stay in
- * registers, 110 KB of shared memory (2 blocks per SM). Callers: gdn.cu's backward.
+ * wy_backward.cuh — the gradients through the WY factors W = Tinv diag(beta gam) K, U = Tinv diag(beta) V:
+ * dk, dv, dbeta, the dG terms and the reverse cumsum dg; dk's two WY terms stay in registers. Tinv is the
+ * bf16 tile prep kept (a kept buffer with GDN_KEPT_TINV: 103 KB of shared memory) or, SOLVE, solved again
+ * here (110 KB); 2 blocks per SM either way, the same bits. Callers: gdn.cu's backward.
  */
 #pragma once
 
 /* ------------------------------------------------------------------------------------------------ */
 /* wy_bwd helpers                                                                                     */
 
-/* kkg_ij = (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF): gdn_build_A's kkg */
+/* kkg_ij = (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF): gdn_build_A's A without beta_i */
 template <int DK> GDN_DEV void gdn_build_kkg(float *sKKG, const bf16 *sK, const float *sG, int L) {
     const int w = threadIdx.x >> 5;
     float acc[1][8][4];
@@ -25,7 +26,7 @@ template <int DK> GDN_DEV void gdn_build_kkg(float *sKKG, const bf16 *sK, const 
         }
 }
 
-template <int DK, int DV> struct GdnWySmem {
+template <int DK, int DV, bool SOLVE> struct GdnWySmem {
     bf16 *k, *v, *dw, *du, *tb, *dt, *m1, *cc;
     float *kkg, *T, *G, *beta, *dbeta, *dG, *tmp;
     size_t bytes;
@@ -36,9 +37,9 @@ template <int DK, int DV> struct GdnWySmem {
         dw = c.take<bf16>(GDN_C * (DK + 8));
         du = c.take<bf16>(GDN_C * (DV + 8));
         tb = c.take<bf16>(GDN_C * GDN_LDP);
-        tmp = (float *)tb; /* the solve's scratch (before tb exists) and the row sums (after tb is dead) */
-        T = c.take<float>(GDN_C * GDN_LDF);
-        dt = (bf16 *)T;  /* dT once Tinv is in tb */
+        tmp = (float *)tb; /* the solve's scratch (before tb holds Tinv) and the row sums (after tb is dead) */
+        T = SOLVE ? c.take<float>(GDN_C * GDN_LDF) : NULL;       /* the solve's fp32 Tinv */
+        dt = SOLVE ? (bf16 *)T : c.take<bf16>(GDN_C * GDN_LDP); /* dT (SOLVE: over T, once Tinv is in tb) */
         m1 = dw;         /* once dW is dead (after dT) */
         cc = du;         /* once dU is dead */
         kkg = c.take<float>(GDN_C * GDN_LDF);
@@ -54,10 +55,10 @@ static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * GDN_LDF * 4, "wy_bwd: dt must fit i
 static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * (64 + 8) * 2, "wy_bwd: m1 and C must fit in dW and dU");
 
 /* ------------------------------------------------------------------------------------------------ */
-/* wy_bwd in 110 KB of shared memory (2 blocks per SM; the first form took 157). A is not            */
-/* stored (A_ij = beta_i kkg_ij is recomputed, the same fp32 value); dt lives in the fp32 Tinv tile, */
-/* m1 in dW's and C in dU's once they are dead, the solve scratch in the bf16 Tinv tile: every      */
-/* product and rounding is the 157 KB form's, so the results are bitwise its results                */
+/* wy_bwd in 103 KB of shared memory, or 110 with SOLVE (2 blocks per SM; the first form took 157).  */
+/* A is not stored (A_ij = beta_i kkg_ij where needed, the fp32 value prep's gdn_build_A gives, so    */
+/* the solve here gives prep's Tinv bit for bit); m1 lives in dW's tile and C in dU's once they are   */
+/* dead; with SOLVE dt lives in the fp32 Tinv tile and the solve scratch in the bf16 one              */
 
 /*
  * Per (chunk, value head), dW = dw, dU = dv2:
@@ -68,18 +69,19 @@ static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * (64 + 8) * 2, "wy_bwd: m1 and C mus
  *   dG_i += sum_j dA_ij A_ij, dG_j -= sum_i dA_ij A_ij
  * then dg = reverse cumsum over the chunk of (dG of dqkwg + these). dk accumulates in fp32 (dkv).
  */
-template <int DK, int DV>
+template <int DK, int DV, bool SOLVE>
 __global__ void __launch_bounds__(GDN_THREADS, 2)
     gdn_wy_backward_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
                          bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */, float *dbeta_out /* (T,nv) */,
                          const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
                          const float *dgp /* (T,nv) */, const float *dgp2 /* (T,nv) second partial, or NULL */,
                          const bf16 *k /* (T,ldq) */, const bf16 *v /* (T,ldv) */,
-                         const float *G2, const float *beta, const int32_t *starts, const int32_t *meta, int nk,
+                         const bf16 *Tinv /* (T,nv,64) prep's kept rows; unread with SOLVE */, const float *G2,
+                         const float *beta, const int32_t *starts, const int32_t *meta, int nk,
                          int nv, int ldq, int ldv) {
     constexpr int LDK = DK + 8, LDV = DV + 8, NB = DK / 64;
     extern __shared__ __align__(16) unsigned char gdn_smem[];
-    GdnWySmem<DK, DV> s(gdn_smem);
+    GdnWySmem<DK, DV, SOLVE> s(gdn_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV;
     const int nc = meta[GDN_META_NC];
@@ -87,9 +89,12 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         const int64_t t0 = starts[c];
         const int L = starts[c + 1] - (int)t0;
         __syncthreads();
-        /* two groups: K and G (all that K K^T and the solve read), then V, dW, dU, landing under them */
+        /* two groups: K, G and the kept Tinv (all that K K^T and the solve read), then V, dW, dU, landing under
+         * them. The kept Tinv's rows from L on load as 0 (the solve's are the identity's): they multiply only
+         * rows of dW, dU and dT that are 0 there, so the products are the same */
         gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         gdn_load_G(s.G, G2, t0, L, h, nv);
+        if (!SOLVE) gdn_load_rows<GDN_C, GDN_C>(s.tb, GDN_LDP, Tinv + (t0 * nv + h) * GDN_C, (int64_t)nv * GDN_C, L);
         ptx_cp_async_commit();
         gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
         gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
@@ -106,11 +111,13 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         ptx_cp_async_wait<1>();
         __syncthreads();
         gdn_build_kkg<DK>(s.kkg, s.k, s.G, L);
-        __syncthreads();
-        gdn_solve_t<true>(s.T, s.tmp, s.kkg, s.beta); /* A = beta_i kkg_ij on the fly */
-        for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
-            const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
-            gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
+        if (SOLVE) {
+            __syncthreads();
+            gdn_solve_t<true>(s.T, s.tmp, s.kkg, s.beta); /* A = beta_i kkg_ij on the fly */
+            for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+                const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
+                gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
+            }
         }
         ptx_cp_async_wait<0>(); /* V, dW, dU */
         __syncthreads();

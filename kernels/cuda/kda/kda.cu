@@ -656,11 +656,12 @@ extern "C" void cuda_kda_chunk_backward_stage(int stage /* GDN_BWD_DOUT, _STATE,
                                               const float *dS_final, const void *q, const void *k, const void *v,
                                               const float *g, const float *beta, const float *S0,
                                               const int32_t *doc_pos, int64_t T, int nk, int nv, int dim_k, int dim_v,
-                                              int ldq, int ldv, int ldo, const void *kept /* kept_states 1 */) {
+                                              int ldq, int ldv, int ldo, const void *kept,
+                                              int kept_states /* GDN_KEPT_STATES (backend.h: KDA takes no other) */) {
     RS_CHECK(stage == GDN_BWD_DOUT || stage == GDN_BWD_STATE || stage == GDN_BWD_GRADS,
              "cuda_kda_chunk_backward_stage: stage %d (GDN_BWD_DOUT, _STATE or _GRADS)", stage);
-    RS_CHECK(dkept && kept, "cuda_kda_chunk_backward_stage: the staged backward needs dkept and the forward's kept "
-                            "buffer (kept with its chunk states)");
+    RS_CHECK(dkept && kept && kept_states == GDN_KEPT_STATES, "cuda_kda_chunk_backward_stage: the staged backward "
+             "needs dkept and the forward's kept buffer kept with its chunk states (kept_kind %d)", kept_states);
     kda_backward("cuda_kda_chunk_backward_stage", stage, dkept, dq, dk, dv, dg, dbeta, dS0, dout, dS_final, q, k, v, g,
                  beta, S0, doc_pos, T, nk, nv, dim_k, dim_v, ldq, ldv, ldo, kept, 1);
 }

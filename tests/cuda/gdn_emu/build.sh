@@ -49,8 +49,10 @@ for a, b in rep:
 open(sys.argv[2], "w").write(s)
 PY
 FLAGS="-std=c++20 -O1 -pthread -w -I$OUT/inc -I$E -Ilib -Ikernels/cuda -D_GNU_SOURCE"
-$CXX $FLAGS -I"$OUT/base" -DGDN_EMU_SIDE=gdn_emu_run_base -c "$E/side.cpp" -o "$OUT/side_base.o" &
-$CXX $FLAGS -I"$OUT/tree" -DGDN_EMU_SIDE=gdn_emu_run_tree -c "$E/side.cpp" -o "$OUT/side_tree.o" &
+# a revision whose wy_bwd can read prep's kept Tinv (backend.h GDN_KEPT_TINV) is launched with it (side.cpp)
+tinv() { grep -q "bool SOLVE" "$OUT/$1/wy_backward.cuh" && echo -DGDN_EMU_KEPT_TINV || true; }
+$CXX $FLAGS -I"$OUT/base" $(tinv base) -DGDN_EMU_SIDE=gdn_emu_run_base -c "$E/side.cpp" -o "$OUT/side_base.o" &
+$CXX $FLAGS -I"$OUT/tree" $(tinv tree) -DGDN_EMU_SIDE=gdn_emu_run_tree -c "$E/side.cpp" -o "$OUT/side_tree.o" &
 $CXX $FLAGS -c "$E/cmp.cpp" -o "$OUT/cmp.o" &
 $CXX $FLAGS -c "$K/emu_rt.cpp" -o "$OUT/emu_rt.o" &
 wait

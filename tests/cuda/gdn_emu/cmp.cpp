@@ -2,15 +2,16 @@
  * cmp.cpp (gdn_emu) — gdn_emu_cmp: the base revision's and the working tree's prep, dqkwg and wy_bwd (side.cpp) on the
  * same random inputs, for dk, dv in {64, 128}, one value head per key head (the final dq, dk in bf16) and two (the
  * fp32 per-value-head partials), over two document layouts (a document of exactly one chunk, one of 5 tokens, short
- * last chunks); every output buffer must be bitwise equal, and is filled with a side-independent pattern first so
+ * last chunks), the tree twice where its wy_bwd can read prep's kept Tinv (GDN_KEPT_TINV) or solve for it: every
+ * output buffer must be bitwise equal to the base's, and is filled with a side-independent pattern first so
  * that a row one side leaves unwritten shows too. Prints each difference; exit 1 if any. Built by build.sh.
  */
 #include <random>
 
 #include "gdn_emu.h"
 
-extern "C" void gdn_emu_run_base(GdnEmuBufs *b, int dk, int dv);
-extern "C" void gdn_emu_run_tree(GdnEmuBufs *b, int dk, int dv);
+extern "C" void gdn_emu_run_base(GdnEmuBufs *b, int dk, int dv, int solve);
+extern "C" void gdn_emu_run_tree(GdnEmuBufs *b, int dk, int dv, int solve);
 
 static std::mt19937 gdn_emu_rng(1234);
 static float emu_uni(float a, float b) { return std::uniform_real_distribution<float>(a, b)(gdn_emu_rng); }
@@ -77,46 +78,52 @@ int main(void) {
             in.g = emu_rand_f32(T * nv, -0.3f, 0.0f);
             in.beta = emu_rand_f32(T * nv, 0.1f, 0.9f);
             const float *dkv0 = emu_rand_f32(T * nv * DK, -1.0f, 1.0f);
-            GdnEmuBufs o[2];
-            for (int s = 0; s < 2; s++) {
-                o[s] = in;
-                o[s].W = emu_filled<bf16>(T * nv * DK, 0x11);
-                o[s].U = emu_filled<bf16>(T * nv * DV, 0x12);
-                o[s].G2 = emu_filled<float>(T * nv, 0x13);
-                o[s].dqv = emu_filled<float>(T * nv * DK, 0x14);
-                o[s].dq_out = nk == nv ? emu_filled<bf16>(T * nk * DK, 0x15) : NULL;
-                o[s].dkv = emu_filled<float>(T * nv * DK, 0x16);
-                memcpy(o[s].dkv, dkv0, T * nv * DK * sizeof(float));
-                o[s].dw = emu_filled<bf16>(T * nv * DK, 0x17);
-                o[s].dgp = emu_filled<float>(T * nv, 0x18);
-                o[s].dgp2 = emu_filled<float>(T * nv, 0x19);
-                o[s].dk_out = nk == nv ? emu_filled<bf16>(T * nk * DK, 0x1a) : NULL;
-                o[s].dv_out = emu_filled<bf16>(T * nv * DV, 0x1b);
-                o[s].dg_out = emu_filled<float>(T * nv, 0x1c);
-                o[s].dbeta_out = emu_filled<float>(T * nv, 0x1d);
-                (s ? gdn_emu_run_tree : gdn_emu_run_base)(&o[s], DK, DV);
+            for (int solve = 0; solve < 2; solve++) {
+                GdnEmuBufs o[2];
+                for (int s = 0; s < 2; s++) {
+                    o[s] = in;
+                    o[s].W = emu_filled<bf16>(T * nv * DK, 0x11);
+                    o[s].U = emu_filled<bf16>(T * nv * DV, 0x12);
+                    o[s].G2 = emu_filled<float>(T * nv, 0x13);
+                    o[s].dqv = emu_filled<float>(T * nv * DK, 0x14);
+                    o[s].dq_out = nk == nv ? emu_filled<bf16>(T * nk * DK, 0x15) : NULL;
+                    o[s].dkv = emu_filled<float>(T * nv * DK, 0x16);
+                    memcpy(o[s].dkv, dkv0, T * nv * DK * sizeof(float));
+                    o[s].dw = emu_filled<bf16>(T * nv * DK, 0x17);
+                    o[s].dgp = emu_filled<float>(T * nv, 0x18);
+                    o[s].dgp2 = emu_filled<float>(T * nv, 0x19);
+                    o[s].dk_out = nk == nv ? emu_filled<bf16>(T * nk * DK, 0x1a) : NULL;
+                    o[s].dv_out = emu_filled<bf16>(T * nv * DV, 0x1b);
+                    o[s].dg_out = emu_filled<float>(T * nv, 0x1c);
+                    o[s].dbeta_out = emu_filled<float>(T * nv, 0x1d);
+                    o[s].Tb = emu_filled<bf16>(T * nv * 64, 0x1e);
+                    (s ? gdn_emu_run_tree : gdn_emu_run_base)(&o[s], DK, DV, solve);
+                }
+                const size_t nq = nk == nv ? T * nk * DK : 0;
+                printf("T %lld (%zu documents), dk %d dv %d nk %d nv %d, tree's wy_bwd %s\n", (long long)T,
+                       docs.size(), DK, DV, nk, nv, solve ? "solving" : "reading the kept Tinv (where it can)");
+                int f = emu_compare("W", o[0].W, o[1].W, T * nv * DK) +
+                        emu_compare("U", o[0].U, o[1].U, T * nv * DV) +
+                        emu_compare("G2", o[0].G2, o[1].G2, T * nv) +
+                        emu_compare("dqv", o[0].dqv, o[1].dqv, T * nv * DK) +
+                        emu_compare("dq", o[0].dq_out, o[1].dq_out, nq) +
+                        emu_compare("dkv", o[0].dkv, o[1].dkv, T * nv * DK) +
+                        emu_compare("dw", o[0].dw, o[1].dw, T * nv * DK) +
+                        emu_compare("dgp", o[0].dgp, o[1].dgp, T * nv) +
+                        emu_compare("dgp2", o[0].dgp2, o[1].dgp2, T * nv) +
+                        emu_compare("dk", o[0].dk_out, o[1].dk_out, nq) +
+                        emu_compare("dv", o[0].dv_out, o[1].dv_out, T * nv * DV) +
+                        emu_compare("dg", o[0].dg_out, o[1].dg_out, T * nv) +
+                        emu_compare("dbeta", o[0].dbeta_out, o[1].dbeta_out, T * nv);
+                uint32_t dbeta0;
+                memcpy(&dbeta0, o[1].dbeta_out, 4);
+                if (o[1].W[0].x == 0x1111 || o[1].U[0].x == 0x1212 || o[1].dv_out[0].x == 0x1b1b ||
+                    dbeta0 == 0x1d1d1d1du) {
+                    printf("  outputs not written\n");
+                    f++;
+                }
+                fails += f;
             }
-            const size_t nq = nk == nv ? T * nk * DK : 0;
-            printf("T %lld (%zu documents), dk %d dv %d nk %d nv %d\n", (long long)T, docs.size(), DK, DV, nk, nv);
-            int f = emu_compare("W", o[0].W, o[1].W, T * nv * DK) + emu_compare("U", o[0].U, o[1].U, T * nv * DV) +
-                    emu_compare("G2", o[0].G2, o[1].G2, T * nv) +
-                    emu_compare("dqv", o[0].dqv, o[1].dqv, T * nv * DK) +
-                    emu_compare("dq", o[0].dq_out, o[1].dq_out, nq) +
-                    emu_compare("dkv", o[0].dkv, o[1].dkv, T * nv * DK) +
-                    emu_compare("dw", o[0].dw, o[1].dw, T * nv * DK) +
-                    emu_compare("dgp", o[0].dgp, o[1].dgp, T * nv) +
-                    emu_compare("dgp2", o[0].dgp2, o[1].dgp2, T * nv) +
-                    emu_compare("dk", o[0].dk_out, o[1].dk_out, nq) +
-                    emu_compare("dv", o[0].dv_out, o[1].dv_out, T * nv * DV) +
-                    emu_compare("dg", o[0].dg_out, o[1].dg_out, T * nv) +
-                    emu_compare("dbeta", o[0].dbeta_out, o[1].dbeta_out, T * nv);
-            uint32_t dbeta0;
-            memcpy(&dbeta0, o[1].dbeta_out, 4);
-            if (o[1].W[0].x == 0x1111 || o[1].U[0].x == 0x1212 || o[1].dv_out[0].x == 0x1b1b || dbeta0 == 0x1d1d1d1du) {
-                printf("  outputs not written\n");
-                f++;
-            }
-            fails += f;
         }
     printf(fails ? "gdn_emu_cmp: FAIL (%d differences)\n" : "gdn_emu_cmp: bitwise equal\n", fails);
     return fails != 0;

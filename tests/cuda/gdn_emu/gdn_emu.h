@@ -27,6 +27,7 @@ struct GdnEmuBufs {
     const bf16 *k, *v, *q, *dout, *vn, *dv2, *hs, *dhs; /* hs, dhs: (ns,nv,DK,DV) */
     const float *g, *beta;
     bf16 *W, *U;                                      /* prep */
+    bf16 *Tb;                                         /* prep's kept Tinv (T,nv,64), where a side keeps it */
     float *G2;
     float *dqv, *dkv, *dgp, *dgp2;                    /* dqkwg (dkv also wy_bwd's input and, nv != nk, output) */
     bf16 *dq_out, *dw;
