@@ -228,14 +228,14 @@ static void model_alloc_activations(Model *m) {
                     const ModelConfig *mc = &cfg->model;
                     const int64_t frags = cfg->data.micro_batch * (cfg->parallel.cp > 1 ? 2 : 1);
                     const int64_t n = cfg->data.micro_batch * cfg->data.seq_len / cfg->parallel.cp / frags;
-                    const int states = cfg->checkpoint.gdn_keep == GDN_KEEP_STATES;
+                    const int kind = model_acts_gdn_kept_kind(&m->acts, cfg, l); /* the kind block_gdn_core gives */
                     size_t (*kept_bytes)(int64_t, int, int, int, int) =
                         mc->linear_attention == LINEAR_ATTN_KDA ? be->kda_kept_bytes : be->gdn_kept_bytes;
                     RS_CHECK(kept_bytes, "model.linear_attention %s: the %s backend has no kernels for it",
                              mc->linear_attention == LINEAR_ATTN_KDA ? "kda" : "gdn", be->name);
                     const int64_t need = frags * (int64_t)kept_bytes(n, (int)mc->linear_num_value_heads,
                                                                      (int)mc->linear_key_head_dim,
-                                                                     (int)mc->linear_value_head_dim, states);
+                                                                     (int)mc->linear_value_head_dim, kind);
                     RS_CHECK(b->rows == frags && need <= b->bytes,
                              "gdn_kept: the %s backend needs %lld bytes, model_acts.c counts %lld", be->name,
                              (long long)need, (long long)b->bytes);
