@@ -258,8 +258,8 @@ typedef struct Backend {
     /* gdn_chunk_backward in stages (GDN_BWD_*; each call with the same arguments as the whole backward's, kept
      * the forward's, its kind with GDN_KEPT_STATES): the state pass apart from the gradients, so that
      * lib/cp/cp_gdn.c's chain hands the state gradient on after a state pass rather than a whole backward. dkept
-     * (gdn_dkept_bytes) carries the stages' results from one call to the next (opaque; cuda the intra-chunk dv, the chunk state
-     * gradients and dv2; cpu dS_final). DOUT and STATE write nothing else; GRADS only the gradients. */
+     * (gdn_dkept_bytes) carries the stages' results from one call to the next (opaque; cuda the intra-chunk dv,
+     * the chunk state gradients and dv2; cpu dS_final). DOUT and STATE write nothing else; GRADS only the gradients. */
     void (*gdn_chunk_backward_stage)(int stage, void *dkept /* gdn_dkept_bytes(T, nv, dim_k, dim_v) */,
                                      void *dq /* (T,ldq) */, void *dk /* (T,ldq) */, void *dv /* (T,ldv) */,
                                      float *dg /* (T,nv) */, float *dbeta /* (T,nv) */, float *dS0 /* or NULL */,
@@ -278,7 +278,8 @@ typedef struct Backend {
     /* kept's prep part = what gdn_chunk_forward writes there before its state pass (cuda W, U, the gate
      * cumsum and with GDN_KEPT_TINV Tinv, of every piece; cpu Tinv), the same bytes; the rest of kept is left
      * as it is. Then gdn_chunk_forward with GDN_KEPT_PREP_IN, gdn_chunk_transition and gdn_chunk_dstate given
-     * kept skip their prep (lib/cp/cp_gdn.c: a fragment's prep computed once, where its rank would otherwise idle). */
+     * kept skip their prep (lib/cp/cp_gdn.c: a fragment's prep computed once, where its rank would otherwise
+     * idle). */
     void (*gdn_chunk_prep)(void *kept /* gdn_kept_bytes(T, nv, dim_k, dim_v, kept_kind) */,
                            const void *k /* (T,ldq) nk heads */, const void *v /* (T,ldv) nv heads */,
                            const float *g /* (T,nv) */, const float *beta /* (T,nv) */, const int32_t *doc_pos,

@@ -241,7 +241,8 @@ void cp_hybrid_backward(Cp *cp, int layer, const CpGdnGrads *gr, const CpGdnCore
     const int early = 2 * r < P;         /* B's gradients before A's: the lower half waits longest for the chain */
     float *D = cp->dstate;               /* (S, 2, hh): the gradients arriving at A's and B's exits */
     CommHandle hA = {0}, hB = {0}, hg = {0};
-    RS_CHECK(cp->gdn_dkept && cp->gdn_dkept_frags >= (folded ? 1 : 2) && c->kept && (c->kept_kind & GDN_KEPT_STATES),
+    RS_CHECK(cp->gdn_dkept && cp->gdn_dkept_frags >= (folded ? 1 : 2) && c->kept &&
+                 (c->kept_kind & GDN_KEPT_STATES),
              "GDN hybrid backward without its stages' buffers");
 
     cp_gdn_mark(cp, 1, 0); /* head */

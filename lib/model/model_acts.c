@@ -236,7 +236,8 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add(&ab, l, "gdn_core", T, Vd, e, ACT_KEEP_NONE);
             if (cfg->checkpoint.gdn_keep != GDN_KEEP_NONE)
                 acts_add(&ab, l, "gdn_kept", frags,
-                         (int64_t)kept_bytes(T / frags, (int)nv, (int)dk, (int)dv, model_acts_gdn_kept_kind(t, cfg, l)),
+                         (int64_t)kept_bytes(T / frags, (int)nv, (int)dk, (int)dv,
+                                             model_acts_gdn_kept_kind(t, cfg, l)),
                          1, ACT_KEEP_NONE);
             if (cp > 1) {
                 acts_add(&ab, l, "gdn_cp_states", frags, nv * dk * dv, f, ACT_KEEP_NONE | ACT_KEEP_REMAT);

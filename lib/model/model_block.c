@@ -232,8 +232,6 @@ static CpGdnDims block_gdn_cp_dims(const Dims *d) {
     return (CpGdnDims){.nk = d->nk, .nv = d->nv, .dk = d->dk, .dv = d->dv, .Cc = d->Cc, .Kc = d->Kc};
 }
 
-/* the kept buffer holds the chunk states too (checkpoint.gdn_keep: states) */
-
 /* The layer's delta-rule core as cp_gdn.c runs it (cp.h CpGdnCore): the whole-rows buffers, the CP
  * entry states and transitions (cp > 1), and what each fragment's forward keeps for the backward
  * (checkpoint.gdn_keep; backend.h gdn_kept_bytes, model_acts.c "gdn_kept"): written by the forward
