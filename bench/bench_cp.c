@@ -41,6 +41,7 @@
 
 #include "backend/backend.h"
 #include "backend/runtime.h"
+#include "model/model_acts.h" /* model_gdn_kept_kind */
 #include "bench_common.h"
 #include "bench_cp.h"
 #include "core/build_info.h"
@@ -552,8 +553,7 @@ static void bc_gdn_setup(BcGdn *a, BcEnv *e, const json_t *c, int ci, int P, int
     a->dbeta = be->alloc((size_t)(rows * H) * f4);
     a->states = be->alloc((size_t)(nl * state) * f4);
     a->M = be->alloc((size_t)(nl * H * K * K) * f4);
-    a->kept_kind = (e->o->gdn_keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0) | /* as in a recomputed layer */
-                   (e->o->gdn_keep != GDN_KEEP_NONE && !kda ? GDN_KEPT_TINV : 0);
+    a->kept_kind = model_gdn_kept_kind(e->o->gdn_keep, kda, 0); /* as in a recomputed layer */
     if (e->o->gdn_keep != GDN_KEEP_NONE) {
         a->kept_one = (kda ? be->kda_kept_bytes : be->gdn_kept_bytes)(a->n, H, K, V, a->kept_kind);
         a->kept = be->alloc(a->kept_one * (size_t)nl);

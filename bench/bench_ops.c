@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "model/model_acts.h" /* model_gdn_kept_kind */
 #include "bench_common.h"
 #include "core/error.h"
 #ifdef RS_WITH_CUDA
@@ -215,8 +216,7 @@ static void bench_gdn_bwd(void *p) {
 static json_t *bench_delta_case(const json_t *c, const BenchOptions *o, int kda) {
     GdnCase a = {.be = &backend_cuda, .T = bench_int(c, "T"), .H = (int)bench_int(c, "H"),
                  .K = (int)bench_int(c, "K"), .V = (int)bench_int(c, "V"), .kda = kda,
-                 .kind = (o->gdn_keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0) |
-                         (o->gdn_keep != GDN_KEEP_NONE && !kda ? GDN_KEPT_TINV : 0)};
+                 .kind = model_gdn_kept_kind(o->gdn_keep, kda, 0)}; /* as in a recomputed layer */
     const Backend *be = a.be;
     int64_t qn = a.T * a.H * a.K, vn = a.T * a.H * a.V, gn = a.T * a.H, gw = kda ? qn : gn; /* g's elements */
     void **act[] = {&a.q, &a.k, &a.dq, &a.dk};

@@ -403,12 +403,14 @@ void model_acts_build(ActTable *t, const Config *cfg) {
 
 int model_acts_layer_keeps(const ActTable *t, int layer) { return layer >= t->first_kept; }
 
+int model_gdn_kept_kind(int gdn_keep, int kda, int kept_whole) {
+    return (gdn_keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0) |
+           (gdn_keep != GDN_KEEP_NONE && !kda && !kept_whole ? GDN_KEPT_TINV : 0);
+}
+
 int model_acts_gdn_kept_kind(const ActTable *t, const Config *cfg, int layer) {
-    const int keep = cfg->checkpoint.gdn_keep;
-    int kind = keep == GDN_KEEP_STATES ? GDN_KEPT_STATES : 0;
-    if (keep != GDN_KEEP_NONE && cfg->model.linear_attention != LINEAR_ATTN_KDA && !model_acts_layer_keeps(t, layer))
-        kind |= GDN_KEPT_TINV;
-    return kind;
+    return model_gdn_kept_kind(cfg->checkpoint.gdn_keep, cfg->model.linear_attention == LINEAR_ATTN_KDA,
+                               model_acts_layer_keeps(t, layer));
 }
 
 int model_acts_layer_inputs_whole(const ActTable *t, int layer) {

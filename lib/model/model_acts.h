@@ -195,10 +195,13 @@ typedef struct {
 void model_acts_build(ActTable *t, const Config *cfg);
 /* layer `layer` keeps every activation its backward reads (none, or one of checkpoint.keep_layers): no recompute */
 int  model_acts_layer_keeps(const ActTable *t, int layer);
-/* the kind of layer `layer`'s delta-rule kept buffer (backend.h GDN_KEPT_*; "gdn_kept"): GDN_KEPT_STATES under
- * checkpoint.gdn_keep states; GDN_KEPT_TINV too under wy or states where the buffer lives in the recompute's
- * scratch (a GDN layer, not KDA, that is not kept whole): there it costs one layer's T nv 128 bytes at a time,
- * where in every layer kept whole it would cost a kept layer sooner than the solve it spares is worth */
+/* the kind of a delta-rule kept buffer (backend.h GDN_KEPT_*) under checkpoint.gdn_keep `gdn_keep` (GdnKeep):
+ * GDN_KEPT_STATES under states; GDN_KEPT_TINV too under wy or states where the buffer lives in the recompute's
+ * scratch (a GDN layer, not KDA, not kept whole): there it costs one layer's T nv 128 bytes at a time, where in
+ * every layer kept whole it would cost a kept layer sooner than the solve it spares is worth. The benches' cores
+ * are recomputed layers' (kept_whole 0). */
+int  model_gdn_kept_kind(int gdn_keep, int kda, int kept_whole);
+/* model_gdn_kept_kind of layer `layer` ("gdn_kept") under cfg */
 int  model_acts_gdn_kept_kind(const ActTable *t, const Config *cfg, int layer);
 /* layer `layer`'s input side (ln1, rstd1, the in_proj output) has every row in its backward: a kept layer's, or
  * under checkpoint.input_rows whole the recompute's; its backward reruns no ln1 and no in_proj */
