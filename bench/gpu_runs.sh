@@ -126,6 +126,13 @@
 #              untied head (QWEN35_4B_TIE=false: 4.84 B parameters, the issue's count; true: the config's 4.21 B),
 #              QWEN35_4B_STEPS (3) steps of 524,288 tokens at cp 2, grad_accum 1, with the stage the config names
 #              (shard gradients, offload host): plan, s/step, tokens/s, MFU, GPU and host memory beside plan. ~6 min
+#   long-4b-1m  (issue 41, 4 GPUs) configs/qwen3.5-4b-1m-h200x4.yaml; long-9b-1m (8 GPUs) configs/qwen3.5-9b-1m-h200x8.yaml;
+#              long-9b-1m-80g (8 GPUs; on H200s with AS_H100=1) configs/qwen3.5-9b-1m-h100x8.yaml; long-1b-4m (8 GPUs)
+#              configs/hybrid-1b-4m-h200x8.yaml: each from random weights (model.init_from empty) on synthetic
+#              one-document samples, LONG_STEPS (3) steps as the config is written: plan, s/step, tokens/s, MFU, GPU
+#              and host memory beside plan. Refused, naming the count, on a machine with fewer GPUs
+#   long-smoke (1 GPU) the same on configs/hybrid-1b-256k-h200x4.yaml at 131,072 tokens, cp 1, grad_accum 1: the
+#              part's own check where no four- or eight-GPU machine is lent. ~1 min
 # Exit status: 1 if any part failed (a bench error row, a failed check, a timeout), else 0.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -478,6 +485,28 @@ suite_qwen35_4b_512k() {
     return $rc
 }
 
+# issue 41's long configs on four or eight GPUs: NAME GPUS CONFIG [--set ...], trained LONG_STEPS steps from random
+# weights on synthetic one-document samples (16M tokens: four 4M samples)
+suite_long_config() {
+    local name=$1 np=$2 cfg=$3 rc=0 TRAIN_DIR=/tmp/gpu_runs_long have
+    shift 3
+    have=$(nvidia-smi -L 2> /dev/null | wc -l)
+    if [ "$have" -lt "$np" ]; then
+        echo "$name: needs $np GPUs, the machine has $have: not run"
+        return 1
+    fi
+    local s=(--set model.init_from= "$@")
+    rm -rf $TRAIN_DIR && mkdir -p $TRAIN_DIR
+    build/ringscan data synth $TRAIN_DIR/synth.tok --vocab 151936 --tokens 16777216 --min-doc 16777216 \
+        --max-doc 16777216 --seed 1 > "$L/$name-data.log" 2>&1 || { echo "$name: FAIL (data synth)"; return 1; }
+    build/ringscan plan $cfg "${s[@]}" --set slurm.gpus_per_node="$np" | grep -E "parameters|^  total|verdict|host memory" |
+        head -8
+    suite_train $name $np "${LONG_STEPS:-3}" $cfg "${s[@]}" || rc=1
+    rm -rf $TRAIN_DIR
+    echo "$name: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
+    return $rc
+}
+
 # issue 36's one-GPU step: the Qwen3.5 2B shape at 32k and 128k, ours beside transformers' Qwen3_5ForCausalLM + FLA.
 # Ours first (bench step, no peer: its rows come back whatever the peer does), then the peer on bench's own request
 # for each length (step_hf.py, STEP_HF_MODEL=qwen3_5; bench_peer.c's contract), given what is left of the call
@@ -664,12 +693,21 @@ bench_part() {
     qwen35-train) suite_qwen35_train ;;
     qwen35-step) suite_qwen35_step ;;
     qwen35-4b-512k) suite_qwen35_4b_512k ;;
+    long-4b-1m) suite_long_config long-4b-1m 4 configs/qwen3.5-4b-1m-h200x4.yaml ;;
+    long-9b-1m) suite_long_config long-9b-1m 8 configs/qwen3.5-9b-1m-h200x8.yaml ;;
+    long-9b-1m-80g) suite_long_config long-9b-1m-80g 8 configs/qwen3.5-9b-1m-h100x8.yaml ;;
+    long-1b-4m) suite_long_config long-1b-4m 8 configs/hybrid-1b-4m-h200x8.yaml ;;
+    long-smoke)
+        suite_long_config long-smoke 1 configs/hybrid-1b-256k-h200x4.yaml --set parallel.cp=1 --set data.seq_len=131072 \
+            --set train.grad_accum=1
+        ;;
     *)
         echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base kda kda-nopeer attn attn32k attn-cudnn"
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
         echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-gdn-schedules cp4-step long-1m-torch long-1m-cudnn"
-        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k cp-kda cp-kda-nopeer cp2-net kda-step;"
+        echo "  long-256k qwen35-train qwen35-step qwen35-4b-512k cp-kda cp-kda-nopeer cp2-net kda-step long-4b-1m"
+        echo "  long-9b-1m long-9b-1m-80g long-1b-4m long-smoke;"
         echo "  the regression checks are tests/cuda/gpu_regress.sh's)"
         false
         ;;

@@ -27,10 +27,12 @@
 #      (CUDA_VISIBLE_DEVICES=0), an NCCL initialisation that cannot succeed (no such socket interface,
 #      P2P and SHM off): each must exit non-zero with a message naming the problem and write no run
 #      directory;
-#   6. with 4 GPUs or more (issue 21): cuda cp 4 and dp 2 x cp 2 against the cpu oracle at cp 4 and at one
-#      process (parity_step, the bounds above), and the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
-#      with grad_accum 2 (the same global batch). FOUR_ONLY=1 runs the cpu oracle at one process and this
-#      part alone.
+#   6. with 4 GPUs or more (issue 21), and again with 8 or more (issue 41), for N = 4 and 8: cuda cp N and
+#      dp 2 x cp N/2 against the cpu oracle at cp N and at one process (parity_step, the bounds above), and
+#      the 50-step curve of dp 2 x cp N/2 against dp 1 x cp N with grad_accum 2 (the same global batch).
+#      MULTI_ONLY=N runs the cpu oracle at one process and this part alone for that N (FOUR_ONLY=1: N = 4);
+#      N = 2 runs the same steps on two GPUs (cp 2 and dp 2 x cp 1): the part's own check where no four-GPU
+#      machine is lent.
 #
 # CASE_SETS="key=value ..." changes the case and the trainings (gpu_case.sh), e.g. the KDA hybrid of issue 39:
 #   CASE_SETS="model.linear_attention=kda model.linear_num_value_heads=2" tests/cuda/cp_gpu_check.sh
@@ -63,7 +65,29 @@ curve() { # REF GOT: the same global batch
     $PY "$HERE/compare_curves.py" "$O/$1/metrics.jsonl" "$O/$2/metrics.jsonl" --tol "$CURVE_TOL" | tail -1 || rc=1
 }
 
-if [ "${FOUR_ONLY:-0}" = 1 ]; then  # part 6 alone (gpu_regress.sh's cp4-parity): the oracle at one process, then 6
+# part 6 for N GPUs: cuda cp N and dp 2 x cp N/2 against the cpu oracle at cp N and at one process, and their curves
+multi() {
+    local n=$1 h=$(($1 / 2))
+    echo "== $n GPUs (issues 21, 41): cuda cp $n and dp 2 x cp $h against the cpu oracle at cp $n, and their curves"
+    local MPIN=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$n" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
+    step cpu_cp$n "${MPIN[@]}" -- --set parallel.cp="$n" --set parallel.dp=1 --threads $((8 / n > 0 ? 8 / n : 1))
+    step cuda_cp$n "${MPIN[@]}" -- --set device.kind=cuda --set parallel.cp="$n" --set parallel.dp=1
+    step cuda_dp2cp$h "${MPIN[@]}" -- --set device.kind=cuda --set parallel.cp="$h" --set parallel.dp=2 \
+        --set data.micro_batch=1
+    judge "cuda cp $n vs cpu cp $n" cpu_cp$n cuda_cp$n
+    judge "cuda cp $n vs cpu" cpu cuda_cp$n
+    judge "cuda dp 2 x cp $h vs cpu" cpu cuda_dp2cp$h
+    local len=$((n > 4 ? 128 * n : 512)) # the zigzag layout: seq_len a multiple of 2 x cp x 64
+    train train_cp$n "${MPIN[@]}" -- --set parallel.dp=1 --set parallel.cp="$n" --set train.grad_accum=2 \
+        --set data.seq_len=$len
+    train train_dp2cp$h "${MPIN[@]}" -- --set parallel.dp=2 --set parallel.cp="$h" --set data.seq_len=$len
+    curve train_cp$n train_dp2cp$h # the same global batch: two samples a step on both
+}
+
+[ "${FOUR_ONLY:-0}" = 1 ] && MULTI_ONLY=4
+if [ -n "${MULTI_ONLY:-}" ]; then # part 6 alone (gpu_regress.sh's cp4-parity, cp8-parity): the oracle at one process
+    case "$MULTI_ONLY" in 2 | 4 | 8) ;; *) echo "MULTI_ONLY=$MULTI_ONLY: 2, 4 or 8"; exit 2 ;; esac
+    [ "$NGPU" -ge "$MULTI_ONLY" ] || { echo "MULTI_ONLY=$MULTI_ONLY needs $MULTI_ONLY GPUs, the machine has $NGPU"; exit 1; }
     step cpu -- --threads 8
     step cpu_bf16 -- --emulate-bf16 --threads 8
     gpu_case_draws --threads 4
@@ -171,18 +195,11 @@ refused two_ranks_one_gpu "both drive GPU" CUDA_VISIBLE_DEVICES=0 -- -np 2 -x CU
 refused nccl_init_fails "nccl|NCCL" NCCL_SOCKET_IFNAME=ringscan_no_such_if0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 -- \
     -np 2 -x NCCL_SOCKET_IFNAME -x NCCL_P2P_DISABLE -x NCCL_SHM_DISABLE -- --set parallel.cp=2 --set parallel.dp=1
 fi
-if [ "$NGPU" -ge 4 ]; then
-    echo "== four GPUs (issue 21): cuda cp 4 and dp 2 x cp 2 against the cpu oracle at cp 4, and their curves"
-    MPI4=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
-    step cpu_cp4 "${MPI4[@]}" -- --set parallel.cp=4 --set parallel.dp=1 --threads 2
-    step cuda_cp4 "${MPI4[@]}" -- --set device.kind=cuda --set parallel.cp=4 --set parallel.dp=1
-    step cuda_dp2cp2 "${MPI4[@]}" -- --set device.kind=cuda --set parallel.cp=2 --set parallel.dp=2 --set data.micro_batch=1
-    judge "cuda cp 4 vs cpu cp 4" cpu_cp4 cuda_cp4
-    judge "cuda cp 4 vs cpu" cpu cuda_cp4
-    judge "cuda dp 2 x cp 2 vs cpu" cpu cuda_dp2cp2
-    train train_cp4 "${MPI4[@]}" -- --set parallel.dp=1 --set parallel.cp=4 --set train.grad_accum=2
-    train train_dp2cp2 "${MPI4[@]}" -- --set parallel.dp=2 --set parallel.cp=2
-    curve train_cp4 train_dp2cp2  # the same global batch: two samples a step on both
+if [ -n "${MULTI_ONLY:-}" ]; then
+    multi "$MULTI_ONLY"
+else
+    [ "$NGPU" -ge 4 ] && multi 4
+    [ "$NGPU" -ge 8 ] && multi 8
 fi
 echo "cp_gpu_check: $([ $rc = 0 ] && echo ok || echo FAILED)"
 exit $rc

@@ -28,8 +28,11 @@
 #              50-step curves, remat counters, resume under cp 2 (the CP equivalence)
 #   kda-cp-parity  the same with the KDA hybrid (issue 39: CASE_SETS model.linear_attention=kda
 #              model.linear_num_value_heads=2): its cuda cp 2 / dp 2 against one GPU and the cpu oracle, curves, resume
-#   cp4-parity (4 GPUs) cp_gpu_check.sh's part 6 alone (FOUR_ONLY=1): cuda cp 4 and dp 2 x cp 2 against the cpu
+#   cp4-parity (4 GPUs) cp_gpu_check.sh's part 6 alone (MULTI_ONLY=4): cuda cp 4 and dp 2 x cp 2 against the cpu
 #              oracle, the 50-step curve of dp 2 x cp 2 against dp 1 x cp 4
+#   cp8-parity (8 GPUs, issue 41) the same at N = 8: cuda cp 8 and dp 2 x cp 4, the curve of dp 2 x cp 4 against cp 8
+#   cp2-multi  (2 GPUs) the same steps at N = 2 (cp 2, dp 2 x cp 1): the part's own check where no four- or eight-GPU
+#              machine is lent
 #   long-parity  tests/cuda/long_gpu_check.sh (two GPUs): row chunks against the unchunked run and the cpu
 #              oracle, offload against none (bitwise), one GPU and cp 2; and test_cuda cuda_copyq_order. ~1 min
 #   hf         the Hugging Face export against transformers (tests/parity/hf_check.py): a tiny run trained 100
@@ -342,10 +345,11 @@ regress_part() {
         grep -E "^==|^--|FAIL|within|ok$|resume|counters|curve|worst|cp_gpu_check" "$L/kda-cp-parity.log" | head -60
         [ $r -eq 0 ]
         ;;
-    cp4-parity)
-        FOUR_ONLY=1 timeout "$(left)" tests/cuda/cp_gpu_check.sh build /tmp/gpu_regress_cp4 > "$L/cp4-parity.log" 2>&1
+    cp2-multi | cp4-parity | cp8-parity)
+        local n=${1:2:1}
+        MULTI_ONLY=$n timeout "$(left)" tests/cuda/cp_gpu_check.sh build /tmp/gpu_regress_cp$n > "$L/$1.log" 2>&1
         r=$?
-        grep -E "^==|^--|FAIL|within|ok$|curve|worst|cp_gpu_check" "$L/cp4-parity.log" | grep -v "^model" | head -60
+        grep -E "^==|^--|FAIL|within|ok$|curve|worst|cp_gpu_check|needs" "$L/$1.log" | grep -v "^model" | head -60
         [ $r -eq 0 ]
         ;;
     long-parity) suite_long_parity ;;
@@ -363,7 +367,8 @@ regress_part() {
         [ $r -eq 0 ]
         ;;
     *)
-        echo "unknown part '$1' (parity parity-gdn kda-parity kda-fla big attn-cudnn-parity attn-auto cp-parity kda-cp-parity cp4-parity long-parity hf qwen35"
+        echo "unknown part '$1' (parity parity-gdn kda-parity kda-fla big attn-cudnn-parity attn-auto cp-parity kda-cp-parity cp2-multi cp4-parity cp8-parity"
+        echo "  long-parity hf qwen35"
         echo "  long-1m long-1gpu cp4-1m shard cluster; the benchmarks are bench/gpu_runs.sh's)"
         false
         ;;
