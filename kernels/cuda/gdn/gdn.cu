@@ -482,7 +482,7 @@ static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf
     if (pl.prof)
         printf("gdn plan: nseg %d, dseg %d, bv %d, nst %d, dual %d\n", pl.nseg_f, pl.dseg, pl.bv, pl.nst, pl.dual);
     gdn_prof_end("forward", T, nv);
-    gdn_tp_print(pl, 0, T);
+    gdn_tp_print(pl, 0);
 }
 
 /* stage 0: the whole backward; GDN_BWD_DOUT / _STATE / _GRADS: that stage alone, what it carries in dkept
@@ -518,7 +518,7 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
     }
     if (!stage || stage == GDN_BWD_STATE) {
         gdn_pass_bwd<DK>(pl, &b, b.segE2, b.segH2, b.segM2, b.dhs, b.dv2, dS0, dS_final, q, k, dvl, dout, T, nk, nv,
-                         DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_N : NULL);
+                         DV, ldq, ldo, scale, st, pl.tp ? pl.tp + GDN_TP_SLOTS : NULL);
         gdn_prof_mark(gdn_sbwd_cur ? "state_bwd_wg" : "state_bwd");
     }
     if (stage && stage != GDN_BWD_GRADS) {
@@ -552,7 +552,7 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
         printf("gdn plan: nseg fwd %d bwd %d, dseg %d, bv %d, nst %d, dual %d\n", pl.nseg_f, pl.nseg_b, pl.dseg, pl.bv,
                pl.nst, pl.dual);
     gdn_prof_end("backward", T, nv);
-    gdn_tp_print(pl, 1, T);
+    gdn_tp_print(pl, 1);
 }
 
 /* kept's W, U, G2 (and Tinv; gdn_kept_carve) = the prep of every chunk: the bytes gdn_forward_run writes there */
@@ -608,7 +608,7 @@ static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, cons
         gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
     GDN_STATE_BVNST(pl, gdn_state_bwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
-                 GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_N : NULL);
+                 GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_SLOTS : NULL);
 }
 
 /* the entries under the plan */

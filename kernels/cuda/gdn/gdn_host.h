@@ -60,7 +60,7 @@ typedef struct GdnPlan {
     int dual; /* state passes: dual launch (bv / dseg as above, and 32 columns in GDN_DUAL_ZB document
                  segments), the device picks by the documents; 0: off */
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
-    long long *tp; /* prof == 2: per-phase cycles of the state passes (device, GDN_TP_N) */
+    long long *tp; /* prof == 2: the state passes' per-phase cycles and chunks (device, 2 x GDN_TP_SLOTS) */
     int sfwd;      /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 0 off, else its pipeline stages (2, 3) */
     int sbwd;      /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 0 off, 1 on */
     int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
@@ -90,8 +90,8 @@ extern int gdn_prof_level; /* cuda_gdn_profile: 0 off, 1 per-kernel times, 2 als
 void gdn_prof_start(int on);
 void gdn_prof_mark(const char *name);
 void gdn_prof_end(const char *who, int64_t T, int nv);
-/* prof == 2: the per-phase cycles of the state passes (block 0, warp 0) */
-void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T);
+/* prof == 2: the per-phase cycles of the state passes per chunk (block 0, warp 0, over the chunks it walked) */
+void gdn_tp_print(const GdnPlan &pl, int bwd);
 
 /* ---- gdn_buffers.cu ---- */
 /* the buffers of a call of kind `what` (GDN_WS_*) carved from the workspace, which grows as needed. nseg:

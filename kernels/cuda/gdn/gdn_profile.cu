@@ -70,17 +70,21 @@ void gdn_prof_end(const char *who, int64_t T, int nv) {
     fflush(stdout);
 }
 
-/* prof == 2: the per-phase cycles of the state passes (block 0, warp 0; chunks = its chunk count) */
-void gdn_tp_print(const GdnPlan &pl, int bwd, int64_t T) {
+/* prof == 2: the per-phase cycles of the state passes (block 0, warp 0, over the chunks it walked, as it counted
+ * them: with a dual launch the device picks the configuration, and so the span of block 0) */
+void gdn_tp_print(const GdnPlan &pl, int bwd) {
     if (pl.prof != 2 || !pl.tp) return;
-    long long h[2 * GDN_TP_N];
+    long long h[2 * GDN_TP_SLOTS];
     CUDA_CHECK(cudaMemcpy(h, pl.tp, sizeof h, cudaMemcpyDeviceToHost));
     static const char *names[GDN_TP_N] = {"wait+sync", "issue", "split+store+sync", "mma1", "epilogue+sync", "mma2"};
     for (int d = 0; d <= bwd; d++) {
-        const int nseg = pl.dseg > 1 ? pl.dseg : d ? pl.nseg_b : pl.nseg_f;
-        const double nch = (double)((T + GDN_C - 1) / GDN_C) / (nseg > 0 ? nseg : 1);
-        printf("gdn cycles per chunk, %s pass (block 0, ~%.0f chunks):", d ? "reverse" : "forward", nch);
-        for (int i = 0; i < GDN_TP_N; i++) printf(" %s %.0f", names[i], (double)h[d * GDN_TP_N + i] / nch);
+        const long long *c = h + d * GDN_TP_SLOTS, nch = c[GDN_TP_N];
+        if (nch <= 0) {
+            printf("gdn cycles per chunk, %s pass: block 0 walked no chunk in this call\n", d ? "reverse" : "forward");
+            continue;
+        }
+        printf("gdn cycles per chunk, %s pass (block 0, %lld chunks):", d ? "reverse" : "forward", nch);
+        for (int i = 0; i < GDN_TP_N; i++) printf(" %s %.0f", names[i], (double)c[i] / (double)nch);
         printf("\n");
     }
     CUDA_CHECK(cudaMemset(pl.tp, 0, sizeof h));

@@ -137,7 +137,7 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.sbcols = !wide_ok ? 64 : t.sbcols;
     if (pl.prof == 2) {
         static long long *tp;
-        if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_N * sizeof(long long)));
+        if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_SLOTS * sizeof(long long)));
         pl.tp = tp;
     }
     return pl;

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                             const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */, const bf16 *W /* (T,nv,DK) */,
                             const bf16 *dvl /* (T,nv,dv) */, const bf16 *dout /* (T,ldo) */, const float *G2,
                             const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv,
-                            int ldq, int ldo, float scale, long long *tp /* (GDN_TP_N) cycles, or NULL */) {
+                            int ldq, int ldo, float scale, long long *tp /* (GDN_TP_SLOTS) cycles, chunks, or NULL */) {
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     static_assert(NST >= 2, "state_bwd: two stages at least");
     extern __shared__ __align__(16) unsigned char gdn_smem[];
@@ -198,8 +198,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (tp_on)
+    if (tp_on) {
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
+        tp[GDN_TP_N] = hi - lo;
+    }
     float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Dd) return;
 #pragma unroll

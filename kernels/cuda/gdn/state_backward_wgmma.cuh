@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
     gdn_state_backward_wgmma_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgBwdMaps tm, const float *G2 /* (T,nv) */,
                             const int4 *info, const int32_t *meta, int mode, int64_t T, int nk, int nv, int dv,
-                            float scale, long long *tp /* (GDN_TP_N) cycles, or NULL */,
+                            float scale, long long *tp /* (GDN_TP_SLOTS) cycles, chunks, or NULL */,
                             int wide_need /* > 0: run only if this NWG is the device's pick (gdn_wide_skip) */) {
     constexpr int BV = 64, MT = DK / 64, KS = DK / 16, NT = GDN_THREADS * NWG;
     static_assert(NST >= 2, "state_bwd_wg: two stages at least");
@@ -284,8 +284,10 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
     if (leader) ptx_bulk_wait<0>(); /* the last stores complete */
-    if (tp_on)
+    if (tp_on) {
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
+        tp[GDN_TP_N] = hi - lo;
+    }
     float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Dd) return;
 #pragma unroll

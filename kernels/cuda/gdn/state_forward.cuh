@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                             const bf16 *W /* (T,nv,DK) */, const bf16 *U /* (T,nv,dv) */,
                             const bf16 *k /* (T,ldq) */, const float *G2 /* (T,nv) */, const int4 *info,
                             const int32_t *meta, int mode, int nk, int nv, int dv, int ldq,
-                            long long *tp /* (GDN_TP_N) cycles, or NULL */) {
+                            long long *tp /* (GDN_TP_SLOTS) cycles, chunks, or NULL */) {
     constexpr int MTS = DK / 64, NTS = BV / 8, LDK = DK + 8, LDB = BV + 8;
     static_assert(NST >= 2, "state_fwd: two stages at least");
     extern __shared__ __align__(16) unsigned char gdn_smem[];
@@ -171,8 +171,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (tp_on)
+    if (tp_on) {
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
+        tp[GDN_TP_N] = hi - lo;
+    }
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Sd) return;
 #pragma unroll

@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG)
     gdn_state_forward_wgmma_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
                             const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
                             const int32_t *meta, int mode, int nk, int nv, int dv,
-                            long long *tp /* (GDN_TP_N) cycles, or NULL */,
+                            long long *tp /* (GDN_TP_SLOTS) cycles, chunks, or NULL */,
                             int wide_need /* > 0: run only if this NWG is the device's pick (gdn_wide_skip) */) {
     constexpr int MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
@@ -310,8 +310,10 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG)
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
     if (leader) ptx_bulk_wait<0>(); /* the last stores complete */
-    if (tp_on)
+    if (tp_on) {
         for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
+        tp[GDN_TP_N] = hi - lo;
+    }
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Sd) return;
 #pragma unroll

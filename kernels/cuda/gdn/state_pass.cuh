@@ -145,8 +145,11 @@ GDN_DEV void gdn_warp_mma_hilo(float (&acc)[1][NT][4], const bf16 *sA, int lda, 
         for (int e = 0; e < 4; e++) acc[0][ni][e] = (c[0][ni][e] + c[1][ni][e]) + (c[2][ni][e] + c[3][ni][e]);
 }
 
-/* per-phase cycle counts of one state pass (tune.prof == 2): block (0,0,0), thread 0 */
+/* per-phase cycle counts of one state pass (tune.prof == 2): block (0,0,0), thread 0; GDN_TP_SLOTS per pass: the
+ * GDN_TP_N phases, then the chunks that block walked (the divisor gdn_tp_print needs: which configuration of a dual
+ * launch ran, and so a block's span, only the device knows) */
 #define GDN_TP_N 6
+#define GDN_TP_SLOTS (GDN_TP_N + 1)
 #define GDN_TP(i)                                              \
     do {                                                       \
         if (tp_on) {                                           \
