@@ -608,7 +608,8 @@ static void gdn_dstate_run(const GdnPlan &pl, float *dS0, const bf16 *dout, cons
         gdn_launch_prep<DK, DV>(&b, false, k, NULL, g, beta, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, 0);
     gdn_launch_dvlocal<DK, DV>(&b, b.U, q, k, dout, GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, ldq, ldo, scale);
     GDN_STATE_BVNST(pl, gdn_state_bwd_pass, &b, NULL, NULL, NULL, 1, 1, NULL, NULL, dS0, NULL, q, k, b.U, dout,
-                 GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(), pl.tp ? pl.tp + GDN_TP_SLOTS : NULL);
+                 GDN_RANGE_BEFORE_FIRST_RESET, T, nk, nv, DV, ldq, ldo, scale, cuda_stream(),
+                 pl.tp ? pl.tp + GDN_TP_SLOTS : NULL);
 }
 
 /* the entries under the plan */
