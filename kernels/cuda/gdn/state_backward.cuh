@@ -198,10 +198,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
         inf[NST - 1] = infN;
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
-    if (tp_on) {
-        for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-        tp[GDN_TP_N] = hi - lo;
-    }
+    if (tp_on) gdn_tp_store(tp, tpa, hi - lo);
     float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Dd) return;
 #pragma unroll

@@ -310,10 +310,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG)
         buf = buf + 1 == NST ? 0 : buf + 1;
     }
     if (leader) ptx_bulk_wait<0>(); /* the last stores complete */
-    if (tp_on) {
-        for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
-        tp[GDN_TP_N] = hi - lo;
-    }
+    if (tp_on) gdn_tp_store(tp, tpa, hi - lo);
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
     if (!Sd) return;
 #pragma unroll

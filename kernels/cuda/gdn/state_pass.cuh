@@ -150,6 +150,11 @@ GDN_DEV void gdn_warp_mma_hilo(float (&acc)[1][NT][4], const bf16 *sA, int lda, 
  * launch ran, and so a block's span, only the device knows) */
 #define GDN_TP_N 6
 #define GDN_TP_SLOTS (GDN_TP_N + 1)
+/* a pass's counts into tp (GDN_TP_SLOTS): the phases' cycles, then the chunks walked */
+GDN_DEV void gdn_tp_store(long long *tp, const long long (&tpa)[GDN_TP_N], int chunks) {
+    for (int i = 0; i < GDN_TP_N; i++) tp[i] = tpa[i];
+    tp[GDN_TP_N] = chunks;
+}
 #define GDN_TP(i)                                              \
     do {                                                       \
         if (tp_on) {                                           \
