@@ -60,6 +60,7 @@
 #define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
 #define CONV_SPLIT_GB 2            /* rows the fused GDN conv + split backward loads as a group (its input
                                     * window kept as bf16 leaves room for 2 within 128 registers) */
+#define CONV_SPLIT_BLOCK (CONV_RUN_KC / CONV_SPLIT_GB) /* groups per unrolled block of the backward: KC tokens */
 #define CONV_SPLIT_ZG 8            /* rows the z copies of the fused GDN conv + split load as a group (2 KB
                                     * of reads in flight per warp; the conv warps have 1 KB and an L2 prefetch) */
 
@@ -367,16 +368,17 @@ __device__ __forceinline__ void conv_bwd_shift(float duw[KC][CONV_CV], int dpw[K
 
 /* token t < T with its input window xw[b] = x(t-b) and output gradient dy: du[t] = dy silu'(u) into duw[KC-1] and,
  * where the run owns t (t < t1), dw += du[t] x(t-b) over the taps inside t's document; a negative doc_pos is
- * recorded in err and adds nothing */
-template <int KC>
+ * recorded in err and adds nothing. FULL: the caller knows t < t1 and doc_pos >= KC-1 (every tap inside the
+ * document): the same operations without the tests. */
+template <int KC, bool FULL = false>
 __device__ __forceinline__ void conv_bwd_token(float duw[KC][CONV_CV], int dpw[KC], float dw[CONV_CV][KC],
                                                const float wr[CONV_CV][KC], const float xw[KC][CONV_CV],
                                                const float dy[CONV_CV], int dp, int t, int t1, int *err) {
-    if (dp < 0) {
+    if (!FULL && dp < 0) {
         cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
         return;
     }
-    const int nb = min(KC - 1, dp);
+    const int nb = FULL ? KC - 1 : min(KC - 1, dp);
     float u[CONV_CV];
     conv_run_preact<KC>(u, xw, wr, nb);
 #pragma unroll
@@ -385,7 +387,7 @@ __device__ __forceinline__ void conv_bwd_token(float duw[KC][CONV_CV], int dpw[K
         duw[KC - 1][i] = dy[i] * sg * (1.0f + u[i] * (1.0f - sg));
     }
     dpw[KC - 1] = dp;
-    if (t < t1)
+    if (FULL || t < t1)
 #pragma unroll
         for (int b = 0; b < KC; b++)
             if (b <= nb)
@@ -394,24 +396,26 @@ __device__ __forceinline__ void conv_bwd_token(float duw[KC][CONV_CV], int dpw[K
 }
 
 /* row s = t - (KC-1), where the run owns it: dinp[s] (or, s < 0, the halo's row when the call wants dhalo and this
- * is the first run) = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order */
-template <int KC>
+ * is the first run) = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order. FULL: the caller knows
+ * t0 <= s < t1, every tap used (dpw[b] >= b) and 8-byte rows of CONV_CV channels: the same sums without the tests. */
+template <int KC, bool FULL = false>
 __device__ __forceinline__ void conv_bwd_input_row(bf16 *dinp /* (T,ldi) */, int ldi, bf16 *dhalo /* (KC-1,C) */,
                                                    const float duw[KC][CONV_CV], const int dpw[KC],
                                                    const float wr[CONV_CV][KC], int t, int t0, int t1, int C, int c,
                                                    int n, bool vec) {
     const int s = t - (KC - 1);
-    const bool own = s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0;
+    const bool own = FULL || (s >= t0 ? s < t1 : s < 0 && dhalo != NULL && t0 == 0);
     if (!own) return;
     float acc[CONV_CV];
 #pragma unroll
     for (int i = 0; i < CONV_CV; i++) acc[i] = 0.0f;
 #pragma unroll
     for (int b = 0; b < KC; b++)
-        if (dpw[b] >= b && s + b >= 0)
+        if (FULL || (dpw[b] >= b && s + b >= 0))
 #pragma unroll
             for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
-    if (s >= 0) conv_store4(dinp + (int64_t)s * ldi + c, acc, n, vec);
+    if (FULL) conv_store4(dinp + (int64_t)s * ldi + c, acc, CONV_CV, true);
+    else if (s >= 0) conv_store4(dinp + (int64_t)s * ldi + c, acc, n, vec);
     else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
 }
 
@@ -526,7 +530,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
  * over those lanes, in a fixed order; the forward does a group's CONV_RUN_G rows' sums as interleaved
  * butterflies (conv_head_sums), the backward its CONV_SPLIT_GB rows' dots, so the rows' shuffle chains overlap.
  * Both keep the conv input window as the bf16 rows they read (unpacked per row), which leaves the registers
- * for those groups without spills. Blocks past the conv's along x copy z for the same rows (forward:
+ * for those groups. A group whose tokens lie inside the run, with every tap inside its document (doc_pos >=
+ * KC-1 along the windows) and 8-byte rows, takes the FULL instance of its group code: the same operations
+ * without the per-token tests, their branches and predicates; the backward walks blocks of KC tokens (two
+ * groups) unrolled, so its window shifts are register renames. Blocks past the conv's along x copy z for the same rows (forward:
  * proj's z columns into z; backward: dz into dproj's z columns). The conv output and its gradient are
  * rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_* and
  * gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
@@ -569,6 +576,60 @@ __device__ __forceinline__ void conv_head_sums(float v[R]) {
     for (int o = HL / 2; o > 0; o >>= 1)
 #pragma unroll
         for (int r = 0; r < R; r++) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+}
+
+/* the forward's group [tg, tg + CONV_RUN_G) (xr: its input rows in, its conv + SiLU rows out; dpg its doc_pos):
+ * the group's conv + SiLU rows first, rounded to bf16 and kept packed (xr's registers), with their sums of squares;
+ * then the group's head sums as one butterfly of CONV_RUN_G independent chains; then the stores. No branch
+ * between the rows: the shuffle chains of the rows overlap rather than run one after another. Rows past t1 or
+ * with doc_pos < 0 are computed (a warp's branches are uniform) but not stored. FULL: the caller knows the rows
+ * lie before t1, every doc_pos >= KC-1 (every tap inside the document) and 8-byte rows: the same operations
+ * without the tests. */
+template <int KC, int HL, bool FULL>
+__device__ __forceinline__ void conv_split_fwd_group(bf16 *out /* (T,ldo) */, int ldo, float *rs_out /* (T,nqk) */,
+                                                     int nqk, uint2 xp[KC], const float wr[CONV_CV][KC],
+                                                     uint2 xr[CONV_RUN_G], const int dpg[CONV_RUN_G], int tg, int t1,
+                                                     int c, int n, bool is_qk, bool vec, int *err) {
+    constexpr int DK = HL * CONV_CV;
+    float ss[CONV_RUN_G];
+#pragma unroll
+    for (int g = 0; g < CONV_RUN_G; g++) {
+        xp[0] = xr[g];
+        float xw[KC][CONV_CV], u[CONV_CV];
+#pragma unroll
+        for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
+        conv_run_preact<KC>(u, xw, wr, FULL ? KC - 1 : min(KC - 1, dpg[g]));
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&xr[g]);
+        h[0] = __floats2bfloat162_rn(u[0] * conv_sigmoid(u[0]), u[1] * conv_sigmoid(u[1]));
+        h[1] = __floats2bfloat162_rn(u[2] * conv_sigmoid(u[2]), u[3] * conv_sigmoid(u[3]));
+        conv_unpack4(u, xr[g]);
+        ss[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
+#pragma unroll
+        for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
+    }
+    if (is_qk) {
+        conv_head_sums<HL, CONV_RUN_G>(ss);
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++) ss[g] = 1.0f / sqrtf(ss[g] + L2NORM_EPS); /* the rows' rstd */
+    }
+#pragma unroll
+    for (int g = 0; g < CONV_RUN_G; g++) {
+        const int t = tg + g;
+        if (!FULL && t >= t1) break;
+        const int dp = dpg[g]; /* the same for the warp's lanes: its branches are uniform */
+        if (!FULL && dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
+        else if (is_qk) {
+            const float rs = ss[g];
+            if (c % DK == 0) rs_out[(int64_t)t * nqk] = rs;
+            float u[CONV_CV];
+            conv_unpack4(u, xr[g]);
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) u[i] *= rs;
+            conv_store4(out + (int64_t)t * ldo, u, FULL ? CONV_CV : n, FULL || vec);
+        } else conv_put4(out + (int64_t)t * ldo, xr[g], FULL ? CONV_CV : n, FULL || vec);
+    }
 }
 
 /* rows [t0, t0 + run) of CONV_CV channels per thread: conv + SiLU (rounded to bf16), then q|k lanes the L2
@@ -614,49 +675,42 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
         if (tg + CONV_RUN_G < t1)
             conv_load_rows<CONV_RUN_G>(xn, dpn, proj, ldp, doc_pos, tg + CONV_RUN_G, t1, c, n, vec);
         conv_prefetch_rows<CONV_RUN_G>(proj, ldp, tg, t1, c);
-        /* the group's conv + SiLU rows first, rounded to bf16 and kept packed (xr's registers), with their sums
-         * of squares; then the group's head sums as one butterfly of CONV_RUN_G independent chains; then the
-         * stores. No branch between the rows: the shuffle chains of the rows overlap rather than run one after
-         * another. Rows past t1 or with doc_pos < 0 are computed (a warp's branches are uniform) but not stored. */
-        float ss[CONV_RUN_G];
+        int dpmin = dpg[0];
 #pragma unroll
-        for (int g = 0; g < CONV_RUN_G; g++) {
-            xp[0] = xr[g];
-            float xw[KC][CONV_CV], u[CONV_CV];
+        for (int g = 1; g < CONV_RUN_G; g++) dpmin = min(dpmin, dpg[g]);
+        if (vec && tg + CONV_RUN_G <= t1 && dpmin >= KC - 1)
+            conv_split_fwd_group<KC, HL, true>(out, ldo, rs_out, nqk, xp, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
+        else
+            conv_split_fwd_group<KC, HL, false>(out, ldo, rs_out, nqk, xp, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
+    }
+}
+
+/* the backward's tokens [tg, tg + CONV_SPLIT_GB) as the run backward walks them (xr their input rows, dr their
+ * dconv rows, dpg their doc_pos), the window xp shifted with every token (a token past T shifts in a row no later
+ * token reads, so both instances keep one register layout). FULL: the caller knows the tokens lie in the run's own
+ * rows past its first KC-1, every token of their windows has doc_pos >= KC-1 and the rows are 8-byte vectors:
+ * the same operations without the tests. */
+template <int KC, bool FULL>
+__device__ __forceinline__ void conv_split_bwd_group(bf16 *dproj /* (T,ldp) */, int ldp, bf16 *dhalo /* (KC-1,C) */,
+                                                     float duw[KC][CONV_CV], int dpw[KC], float dw[CONV_CV][KC],
+                                                     uint2 xp[KC], const float wr[CONV_CV][KC],
+                                                     const uint2 xr[CONV_SPLIT_GB], const uint2 dr[CONV_SPLIT_GB],
+                                                     const int dpg[CONV_SPLIT_GB], int tg, int t0, int t1, int tend,
+                                                     int T, int C, int c, int n, bool vec, int *err) {
 #pragma unroll
-            for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
-            conv_run_preact<KC>(u, xw, wr, min(KC - 1, dpg[g]));
-            __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&xr[g]);
-            h[0] = __floats2bfloat162_rn(u[0] * conv_sigmoid(u[0]), u[1] * conv_sigmoid(u[1]));
-            h[1] = __floats2bfloat162_rn(u[2] * conv_sigmoid(u[2]), u[3] * conv_sigmoid(u[3]));
-            conv_unpack4(u, xr[g]);
-            ss[g] = 0.0f;
+    for (int g = 0; g < CONV_SPLIT_GB; g++) {
+        const int t = tg + g;
+        if (!FULL && t >= tend) break;
+        conv_bwd_shift<KC>(duw, dpw); /* du[t] into duw[KC-1] below */
+        float dy[CONV_CV], xw[KC][CONV_CV];
+        conv_unpack4(dy, dr[g]);
+        xp[0] = xr[g];
 #pragma unroll
-            for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
+        for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
+        if (FULL || t < T) conv_bwd_token<KC, FULL>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
 #pragma unroll
-            for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
-        }
-        if (is_qk) {
-            conv_head_sums<HL, CONV_RUN_G>(ss);
-#pragma unroll
-            for (int g = 0; g < CONV_RUN_G; g++) ss[g] = 1.0f / sqrtf(ss[g] + L2NORM_EPS); /* the rows' rstd */
-        }
-#pragma unroll
-        for (int g = 0; g < CONV_RUN_G; g++) {
-            const int t = tg + g;
-            if (t >= t1) break;
-            const int dp = dpg[g]; /* the same for the warp's lanes: its branches are uniform */
-            if (dp < 0) cuda_raise(err, CUDA_ERR_DOC_POS, t, dp);
-            else if (is_qk) {
-                const float rs = ss[g];
-                if (c % DK == 0) rs_out[(int64_t)t * nqk] = rs;
-                float u[CONV_CV];
-                conv_unpack4(u, xr[g]);
-#pragma unroll
-                for (int i = 0; i < CONV_CV; i++) u[i] *= rs;
-                conv_store4(out + (int64_t)t * ldo, u, n, vec);
-            } else conv_put4(out + (int64_t)t * ldo, xr[g], n, vec);
-        }
+        for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
+        conv_bwd_input_row<KC, FULL>(dproj, ldp, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
     }
 }
 
@@ -696,7 +750,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
         const int t1 = min(T, t0 + run);
         float wr[CONV_CV][KC], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
         uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
-        int dpw[KC];                                                 /* doc_pos of those tokens; -1: none */
+        int dpw[KC];  /* doc_pos of the tokens of duw; -1: none */
         conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
         for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
@@ -712,7 +766,8 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
         float rn[CONV_SPLIT_GB];
         int dpn[CONV_SPLIT_GB];
 #pragma unroll
-        for (int g = 0; g < CONV_SPLIT_GB; g++) gn[g] = yn[g] = make_uint2(0, 0), rn[g] = 0.0f;
+        for (int g = 0; g < CONV_SPLIT_GB; g++)
+            xn[g] = gn[g] = yn[g] = make_uint2(0, 0), rn[g] = 0.0f, dpn[g] = -1;
         auto load_group = [&](int tg) {
 #pragma unroll
             for (int g = 0; g < CONV_SPLIT_GB; g++)
@@ -728,64 +783,67 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
                 }
         };
         load_group(t0);
-        for (int tg = t0; tg < tend; tg += CONV_SPLIT_GB) {
-            /* this group's dout rows made first (the loads behind them die before the next group's are
-             * issued): dconv = rstd (dqk - (dqk . y) y) rounded to bf16 as gdn_split_backward stores it, or dv.
-             * Rows past T give values no one reads; the head sums run uniformly per warp all the same. */
-            uint2 xr[CONV_SPLIT_GB], dr[CONV_SPLIT_GB];
-            int dpg[CONV_SPLIT_GB];
+        /* blocks of KC tokens, each CONV_SPLIT_BLOCK groups unrolled: the window shifts are register renames */
+        for (int tb = t0; tb < tend; tb += KC) {
 #pragma unroll
-            for (int g = 0; g < CONV_SPLIT_GB; g++) xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
-            if (is_qk) { /* the group's dots (dqk . y) as CONV_SPLIT_GB interleaved butterflies */
-                float dot[CONV_SPLIT_GB];
+            for (int h = 0; h < CONV_SPLIT_BLOCK; h++) {
+                const int tg = tb + h * CONV_SPLIT_GB;
+                if (tg >= tend) break;
+                /* this group's dout rows made first (the loads behind them die before the next group's are
+                 * issued): dconv = rstd (dqk - (dqk . y) y) rounded to bf16 as gdn_split_backward stores it, or dv.
+                 * Rows past T give values no one reads; the head sums run uniformly per warp all the same. */
+                uint2 xr[CONV_SPLIT_GB], dr[CONV_SPLIT_GB];
+                int dpg[CONV_SPLIT_GB];
 #pragma unroll
-                for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                    float gv[CONV_CV], y[CONV_CV];
-                    conv_unpack4(gv, gn[g]);
-                    conv_unpack4(y, yn[g]);
-                    dot[g] = 0.0f;
+                for (int g = 0; g < CONV_SPLIT_GB; g++) xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
+                if (is_qk) { /* the group's dots (dqk . y) as CONV_SPLIT_GB interleaved butterflies */
+                    float dot[CONV_SPLIT_GB];
 #pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) dot[g] += gv[i] * y[i];
+                    for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                        float gv[CONV_CV], y[CONV_CV];
+                        conv_unpack4(gv, gn[g]);
+                        conv_unpack4(y, yn[g]);
+                        dot[g] = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < CONV_CV; i++) dot[g] += gv[i] * y[i];
+                    }
+                    conv_head_sums<HL, CONV_SPLIT_GB>(dot);
+#pragma unroll
+                    for (int g = 0; g < CONV_SPLIT_GB; g++) {
+                        float gv[CONV_CV], y[CONV_CV];
+                        conv_unpack4(gv, gn[g]);
+                        conv_unpack4(y, yn[g]);
+#pragma unroll
+                        for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot[g] * y[i]);
+                        __nv_bfloat162 *hp = reinterpret_cast<__nv_bfloat162 *>(&dr[g]);
+                        hp[0] = __floats2bfloat162_rn(gv[0], gv[1]);
+                        hp[1] = __floats2bfloat162_rn(gv[2], gv[3]);
+                    }
                 }
-                conv_head_sums<HL, CONV_SPLIT_GB>(dot);
+                if (tg + CONV_SPLIT_GB < tlim) load_group(tg + CONV_SPLIT_GB);
 #pragma unroll
-                for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                    float gv[CONV_CV], y[CONV_CV];
-                    conv_unpack4(gv, gn[g]);
-                    conv_unpack4(y, yn[g]);
+                for (int g = 0; g < CONV_SPLIT_GB; g++)
+                    if (tg + CONV_PF_ROWS + g < tlim) {
+                        const int64_t t = tg + CONV_PF_ROWS + g;
+                        cuda_prefetch_l2(proj + t * ldp + c);
+                        cuda_prefetch_l2(gsrc + t * ldg);
+                        if (is_qk) cuda_prefetch_l2(ysrc + t * Kd2);
+                    }
+                /* The group's tokens inside the run's own rows, past its first KC-1, with every token of their
+                 * windows at doc_pos >= KC-1: every test below is known to pass (the common case), else each
+                 * token as the run backward walks it. Both shift the windows the same way (a token past T
+                 * shifts in a row no later token reads), so the unrolled block keeps one register layout. */
+                int dpmin = dpg[0];
 #pragma unroll
-                    for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot[g] * y[i]);
-                    __nv_bfloat162 *hp = reinterpret_cast<__nv_bfloat162 *>(&dr[g]);
-                    hp[0] = __floats2bfloat162_rn(gv[0], gv[1]);
-                    hp[1] = __floats2bfloat162_rn(gv[2], gv[3]);
-                }
-            }
-            if (tg + CONV_SPLIT_GB < tlim) load_group(tg + CONV_SPLIT_GB);
+                for (int g = 1; g < CONV_SPLIT_GB; g++) dpmin = min(dpmin, dpg[g]);
 #pragma unroll
-            for (int g = 0; g < CONV_SPLIT_GB; g++)
-                if (tg + CONV_PF_ROWS + g < tlim) {
-                    const int64_t t = tg + CONV_PF_ROWS + g;
-                    cuda_prefetch_l2(proj + t * ldp + c);
-                    cuda_prefetch_l2(gsrc + t * ldg);
-                    if (is_qk) cuda_prefetch_l2(ysrc + t * Kd2);
-                }
-#pragma unroll
-            for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                const int t = tg + g;
-                if (t >= tend) break;
-                conv_bwd_shift<KC>(duw, dpw); /* du[t] into duw[KC-1] below */
-                if (t < T) {
-                    float dy[CONV_CV];
-                    conv_unpack4(dy, dr[g]);
-                    xp[0] = xr[g];
-                    float xw[KC][CONV_CV];
-#pragma unroll
-                    for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
-                    conv_bwd_token<KC>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
-#pragma unroll
-                    for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
-                }
-                conv_bwd_input_row<KC>(dproj, ldp, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
+                for (int b = 1; b < KC; b++) dpmin = min(dpmin, dpw[b]);
+                if (vec && tg >= t0 + KC - 1 && tg + CONV_SPLIT_GB <= t1 && dpmin >= KC - 1)
+                    conv_split_bwd_group<KC, true>(dproj, ldp, dhalo, duw, dpw, dw, xp, wr, xr, dr, dpg, tg, t0, t1,
+                                                   tend, T, C, c, n, vec, err);
+                else
+                    conv_split_bwd_group<KC, false>(dproj, ldp, dhalo, duw, dpw, dw, xp, wr, xr, dr, dpg, tg, t0, t1,
+                                                    tend, T, C, c, n, vec, err);
             }
         }
     }
