@@ -37,6 +37,8 @@
 #   step-cudnn the 1B step (bench step, 32k tokens, ours only) under none and under remat, each with our
 #              attention kernel and with device.attention_kernel=cudnn, side by side (cudnn_det's workspace
 #              does not fit at 32k beside the step). ~4 min
+#   step-base  the 1B step at 131,072 tokens (one document; packed, mean 8k; keep_layers=auto) of STEP_BASE_BIN and of
+#              build/ringscan, alternated STEP_ROUNDS (5) times: each run's ms, the median and range per build. ~3 min
 #   step       ringscan bench step --peer, checkpoint.activations=none (transformers+FLA beside); fails unless
 #              our row's block_recomputes and chunk_recomputes are 0 (none reruns nothing)
 #   remat      ringscan bench step, remat (ours only)
@@ -152,6 +154,35 @@ suite_gdn_base() {
             sed -n '/^case /,/^$/p' "$L/gdn-base-$r-$(basename "$(dirname "$b")").log" | head -10
         done
     done
+    return $rc
+}
+
+# the 1B step at 131,072 tokens, one document and packed documents of mean 8k (keep_layers=auto), of a baseline binary
+# (STEP_BASE_BIN) and of build/ringscan on the same GPU, alternated STEP_ROUNDS (5) times: a change to the step
+# measured against what it replaced beyond the ~1% that one pair of runs varies by; each run's ms, then per build
+# and case the median and range over the rounds
+suite_step_base() {
+    local rc=0 r b tag log
+    [ -x "${STEP_BASE_BIN:-}" ] || { echo "step-base: STEP_BASE_BIN '${STEP_BASE_BIN:-}' is not an executable"; return 1; }
+    : > "$L/step-base-runs.txt"
+    for r in $(seq "${STEP_ROUNDS:-5}"); do
+        for b in "$STEP_BASE_BIN" build/ringscan; do
+            tag=new
+            [ "$b" = build/ringscan ] || tag=base
+            log=$L/step-base-$r-$tag.log
+            timeout "$(left)" "$b" bench step --tokens 131072 --doc-len 0,8192 --reps 2 --max-s 2 \
+                --set checkpoint.keep_layers=auto --out /tmp/gpu_runs_step-base > "$log" 2>&1 || rc=1
+            awk -v r="$r" -v tag="$tag" '$2 == "ringscan" && $1 ~ /_T[0-9]+/ {print "step-base round " r " " tag " " $1 " " $3 " ms"}' \
+                "$log" | tee -a "$L/step-base-runs.txt"
+        done
+    done
+    local key
+    for key in $(awk '{print $4 "/" $5}' "$L/step-base-runs.txt" | sort -u); do
+        awk -v k="$key" '$4 "/" $5 == k {print $6}' "$L/step-base-runs.txt" | sort -n |
+            awk -v k="$key" '{v[NR] = $1} END {m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+                printf "step-base %s: median %.1f ms, %.1f-%.1f over %d runs\n", k, m, v[1], v[NR], NR}'
+    done
+    [ -s "$L/step-base-runs.txt" ] || rc=1
     return $rc
 }
 
@@ -601,6 +632,7 @@ bench_part() {
     gdn-states) suite_bench gdn-states gdn --gdn-keep states ;;
     gdn32k) suite_gdn32k gdn32k ;;
     gdn-base) suite_gdn_base ;;
+    step-base) suite_step_base ;;
     gdn-cycles) suite_gdn_cycles ;;
     kda) suite_kda kda suite_bench kda --T 32768,65536,131072 --heads 16,64 --doc-len 0,2048 --peer \
         --peer-timeout $(($(left) - ${KDA_OURS_S:-150})) ;;
@@ -702,7 +734,7 @@ bench_part() {
             --set train.grad_accum=1
         ;;
     *)
-        echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base kda kda-nopeer attn attn32k attn-cudnn"
+        echo "unknown part '$part' (gdn gdn-nopeer gdn-states gdn32k gdn-cycles gdn-base step-base kda kda-nopeer attn attn32k attn-cudnn"
         echo "  attn-cudnn-det attn-cudnn-wide step remat step-states step-cudnn cp-step cp2 cp2-attn cp2-attn-cudnn"
         echo "  cp2-gdn cp2-gdn-chain cp2-gdn-peer cp2-ring-calls cp2-ring-calls-cudnn cp2-ring-kv cp2-ring-dq cp2-ring-ab"
         echo "  ring2-calls cp2-512k cp4-attn cp4-gdn cp4-gdn-nopeer cp4-gdn-schedules cp4-step long-1m-torch long-1m-cudnn"
