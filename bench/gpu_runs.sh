@@ -172,8 +172,8 @@ suite_step_base() {
             log=$L/step-base-$r-$tag.log
             timeout "$(left)" "$b" bench step --tokens 131072 --doc-len 0,8192 --reps 2 --max-s 2 \
                 --set checkpoint.keep_layers=auto --out /tmp/gpu_runs_step-base > "$log" 2>&1 || rc=1
-            awk -v r="$r" -v tag="$tag" '$2 == "ringscan" && $1 ~ /_T[0-9]+/ {print "step-base round " r " " tag " " $1 " " $3 " ms"}' \
-                "$log" | tee -a "$L/step-base-runs.txt"
+            awk -v r="$r" -v tag="$tag" '$2 == "ringscan" && $1 ~ /_T[0-9]+/ {
+                print "step-base round " r " " tag " " $1 " " $3 " ms"}' "$log" | tee -a "$L/step-base-runs.txt"
         done
     done
     local key

@@ -533,10 +533,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
  * for those groups. A group whose tokens lie inside the run, with every tap inside its document (doc_pos >=
  * KC-1 along the windows) and 8-byte rows, takes the FULL instance of its group code: the same operations
  * without the per-token tests, their branches and predicates; the backward walks blocks of KC tokens (two
- * groups) unrolled, so its window shifts are register renames. Blocks past the conv's along x copy z for the same rows (forward:
- * proj's z columns into z; backward: dz into dproj's z columns). The conv output and its gradient are
- * rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_* and
- * gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
+ * groups) unrolled, so its window shifts are register renames. Blocks past the conv's along x copy z for the
+ * same rows (forward: proj's z columns into z; backward: dz into dproj's z columns). The conv output and its
+ * gradient are rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_*
+ * and gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
  * gradient. */
 
 __device__ __forceinline__ float conv_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
