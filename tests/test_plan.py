@@ -428,6 +428,35 @@ def test_config_header_plan_is_current(ringscan, config):
         assert quoted.group(1) == verdict, f"configs/{config}: header says {quoted.group(1)!r}, plan {verdict!r}"
 
 
+HEADER_WITH = re.compile(r"^#\s+with((?:\s+--set\s+\S+)+):\s+([\d.]+) GiB per GPU(?:, host ([\d.]+) GiB per node)?, "
+                         r"(fits|does not fit)$", re.M)
+HEADER_PROSE_GIB = re.compile(r"^# \S.*?\b\d+\.\d+ GiB", re.M)
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_config_header_other_layouts_are_current(ringscan, config):
+    """A config header's other layouts are lines `#   with --set K=V ...: X GiB per GPU[, host Y GiB per node],
+    fits|does not fit`, each what `ringscan plan CONFIG --set K=V ...` says now: the policy's total per GPU and the
+    fit, and the host memory per node where quoted. The prose around them (lines `# text`) quotes no GiB figure
+    with decimals of its own, which would drift untested: the indented lines, plan's words, carry them."""
+    lines = (ROOT / "configs" / config).read_text().splitlines(keepends=True)
+    header = "".join(lines[:next((i for i, l in enumerate(lines) if not l.startswith("#")), len(lines))])
+    prose = [m.group(0) for m in HEADER_PROSE_GIB.finditer(header)]
+    assert not prose, f"configs/{config}: a GiB figure in the header's prose, not in a `#   with --set` line: {prose}"
+    gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
+    for m in HEADER_WITH.finditer(header):
+        sets = m.group(1).split()[1::2]
+        d = plan_json(ringscan, f"configs/{config}", *sets, rc=None)
+        mem = d["memory"]
+        pol = mem[mem["policy"]]
+        got = (gib(pol["total"]), "fits" if d["fits"] else "does not fit")
+        assert (m.group(2), m.group(4)) == got, f"configs/{config}: header 'with{m.group(1)}' says {m.group(2)} GiB, " \
+                                                f"{m.group(4)}; plan says {got}"
+        if m.group(3):
+            assert m.group(3) == gib(pol["host_per_node"]), \
+                f"configs/{config}: header 'with{m.group(1)}' says host {m.group(3)} GiB; plan {gib(pol['host_per_node'])}"
+
+
 def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
     """checkpoint.chunk_rows 0 (plan_resolve): the largest of 4, 2, 1 GiB of chunk scratch whose plan fits device
     memory less 5%, decided after checkpoint.keep_layers auto (never a kept layer fewer), at most a fragment; an
