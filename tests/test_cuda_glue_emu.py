@@ -9,7 +9,8 @@ cuda_conv1d_silu cuda_gdn_conv_split cuda_rmsnorm cuda_gated_rmsnorm cuda_sigmoi
 arithmetic and intrinsics, real concurrency, the host code of the entries).
 
 Each comparison can fail: a kernel that disagrees with the oracle, writes outside its block or past the halo rows
-prints FAIL and exits 1.
+prints FAIL and exits 1. The fused GDN conv + split's FULL groups (8-byte rows, every tap inside the document) must
+also give the general path's bits on the same rows.
 """
 import shutil
 

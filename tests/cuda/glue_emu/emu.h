@@ -118,6 +118,13 @@ inline double emu_rel(const std::vector<float> &a, const std::vector<float> &b) 
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+/* elements of a and b whose bits differ (a size mismatch counts as all of them) */
+template <class X> inline int64_t emu_bits_differ(const std::vector<X> &a, const std::vector<X> &b) {
+    if (a.size() != b.size()) return (int64_t)(a.size() > b.size() ? a.size() : b.size());
+    int64_t n = 0;
+    for (size_t i = 0; i < a.size(); i++) n += memcmp(&a[i], &b[i], sizeof(X)) != 0;
+    return n;
+}
 extern int emu_failures;
 /* prints "ok" or "FAIL" for one comparison against its bound */
 inline void emu_check(const char *what, double err, double bound) {

@@ -115,7 +115,9 @@ static void conv_case(int64_t T, int C, int ldi_extra, int ldo_extra, int pad, i
  * values up to the order of a head's sum and the form of the sigmoid: rstd at CT_BOUND_F32, v and dw within
  * 1e-4 and 2e-4, a bf16 ulp of the conv output or dconv flipping now and then). proj rows are [q|k|v|z|gates] (ldp > Cc + Vd: the gates' columns must stay
  * untouched), documents start with probability `rate` per token, the first one doc_pos[0] = dp0 tokens
- * before the call; `pad` elements of offset take the scalar path when odd. */
+ * before the call; `pad` elements of offset take the scalar path when odd. Where the rows are 8-byte vectors
+ * (the FULL groups run there) both kernels run again on the general path (vec false) and must give the same
+ * bits: a change to a FULL group that the oracles' bounds would let pass fails here. */
 static void split_case(int64_t T, int nk, int dk, int Vd, int gates, int pad, int use_halo, int want_dhalo, int dp0,
                        float rate) {
     const int Kc = 4, Kd2 = 2 * nk * dk, C = Kd2 + Vd, ldp = C + Vd + gates, nqk = 2 * nk;
@@ -148,16 +150,29 @@ static void split_case(int64_t T, int nk, int dk, int Vd, int gates, int pad, in
     const unsigned nbc = (unsigned)emu_cdiv(emu_cdiv(C, CONV_CV), CONV_RUN_LANES);
     const unsigned nbz = (unsigned)emu_cdiv(emu_cdiv(Vd, CONV_CV), CONV_RUN_LANES);
     const dim3 grid = emu_dim(nbc + nbz, (unsigned)emu_cdiv(T, (int64_t)CONV_RUN_ROWS * CONV_RUN_FWD));
-    emu_launch(grid, emu_dim(CONV_RUN_LANES, CONV_RUN_ROWS), [&] {
-        if (dk == 128)
-            conv_split_forward_kernel<4, 32>(qk.data() + pad, rstd.data(), v.data() + pad, z.data() + pad,
-                                             pb.data() + pad, hp, wb.data(), dp.data(), (int)T, CONV_RUN_FWD, Kd2, Vd,
-                                             ldp, nbc, &err, v4);
-        else
-            conv_split_forward_kernel<4, 16>(qk.data() + pad, rstd.data(), v.data() + pad, z.data() + pad,
-                                             pb.data() + pad, hp, wb.data(), dp.data(), (int)T, CONV_RUN_FWD, Kd2, Vd,
-                                             ldp, nbc, &err, v4);
-    });
+    auto forward = [&](std::vector<bf16> &qk_, std::vector<float> &rstd_, std::vector<bf16> &v_, std::vector<bf16> &z_,
+                       bool vec) {
+        emu_launch(grid, emu_dim(CONV_RUN_LANES, CONV_RUN_ROWS), [&] {
+            if (dk == 128)
+                conv_split_forward_kernel<4, 32>(qk_.data() + pad, rstd_.data(), v_.data() + pad, z_.data() + pad,
+                                                 pb.data() + pad, hp, wb.data(), dp.data(), (int)T, CONV_RUN_FWD, Kd2,
+                                                 Vd, ldp, nbc, &err, vec);
+            else
+                conv_split_forward_kernel<4, 16>(qk_.data() + pad, rstd_.data(), v_.data() + pad, z_.data() + pad,
+                                                 pb.data() + pad, hp, wb.data(), dp.data(), (int)T, CONV_RUN_FWD, Kd2,
+                                                 Vd, ldp, nbc, &err, vec);
+        });
+    };
+    forward(qk, rstd, v, z, v4);
+    if (v4) { /* the FULL groups (8-byte rows only) against the general path on the same rows: the same bits */
+        std::vector<bf16> qk2(qk.size(), POISON), v2(v.size(), POISON), z2(z.size(), POISON);
+        std::vector<float> rstd2(rstd.size(), NAN);
+        forward(qk2, rstd2, v2, z2, false);
+        emu_check("split fwd: 8-byte rows (FULL groups) bitwise the general path's",
+                  emu_bits_differ(qk, qk2) + emu_bits_differ(v, v2) + emu_bits_differ(z, z2) +
+                      emu_bits_differ(rstd, rstd2),
+                  0);
+    }
     std::vector<float> qkc(T * Kd2), rc(T * nqk), vc(T * Vd), zc(T * Vd);
     cpu_gdn_conv_split_forward(qkc.data(), rc.data(), vc.data(), zc.data(), pf.data(), hf, w.data(), dp.data(), T, nk,
                                dk, Vd, Kc, ldp);
@@ -206,16 +221,28 @@ static void split_case(int64_t T, int nk, int dk, int Vd, int gates, int pad, in
     std::vector<float> part(gy * C * Kc, NAN), dw = dw0;
     const bool v4b = v4 && ok8(dqkb.data() + pad) && ok8(dvb.data() + pad) && ok8(dzb.data() + pad) &&
                      ok8(dproj.data() + pad) && ok8(dhb.data() + pad);
-    emu_launch(emu_dim(nbc + nbz, (unsigned)gy), emu_dim(CONV_RUN_LANES, CONV_RUN_ROWS), [&] {
-        if (dk == 128)
-            conv_split_backward_kernel<4, 32>(dproj.data() + pad, dhp, part.data(), dqkb.data() + pad, qk.data() + pad,
-                                              rstd.data(), dvb.data() + pad, dzb.data() + pad, pb.data() + pad, hp,
-                                              wb.data(), dp.data(), (int)T, (int)run, Kd2, Vd, ldp, nbc, &err, v4b);
-        else
-            conv_split_backward_kernel<4, 16>(dproj.data() + pad, dhp, part.data(), dqkb.data() + pad, qk.data() + pad,
-                                              rstd.data(), dvb.data() + pad, dzb.data() + pad, pb.data() + pad, hp,
-                                              wb.data(), dp.data(), (int)T, (int)run, Kd2, Vd, ldp, nbc, &err, v4b);
-    });
+    auto backward = [&](std::vector<bf16> &dproj_, bf16 *dhp_, std::vector<float> &part_, bool vec) {
+        emu_launch(emu_dim(nbc + nbz, (unsigned)gy), emu_dim(CONV_RUN_LANES, CONV_RUN_ROWS), [&] {
+            if (dk == 128)
+                conv_split_backward_kernel<4, 32>(dproj_.data() + pad, dhp_, part_.data(), dqkb.data() + pad,
+                                                  qk.data() + pad, rstd.data(), dvb.data() + pad, dzb.data() + pad,
+                                                  pb.data() + pad, hp, wb.data(), dp.data(), (int)T, (int)run, Kd2, Vd,
+                                                  ldp, nbc, &err, vec);
+            else
+                conv_split_backward_kernel<4, 16>(dproj_.data() + pad, dhp_, part_.data(), dqkb.data() + pad,
+                                                  qk.data() + pad, rstd.data(), dvb.data() + pad, dzb.data() + pad,
+                                                  pb.data() + pad, hp, wb.data(), dp.data(), (int)T, (int)run, Kd2, Vd,
+                                                  ldp, nbc, &err, vec);
+        });
+    };
+    backward(dproj, dhp, part, v4b);
+    if (v4b) { /* the FULL groups against the general path, as in the forward */
+        std::vector<bf16> dproj2(dproj.size(), POISON), dhb2(dhb.size(), POISON);
+        std::vector<float> part2(part.size(), NAN);
+        backward(dproj2, want_dhalo ? dhb2.data() + pad : nullptr, part2, false);
+        emu_check("split bwd: 8-byte rows (FULL groups) bitwise the general path's",
+                  emu_bits_differ(dproj, dproj2) + emu_bits_differ(dhb, dhb2) + emu_bits_differ(part, part2), 0);
+    }
     emu_launch(emu_dim((unsigned)emu_cdiv(C * Kc, CUDA_WARP)), emu_dim(CUDA_WARP * CUDA_PARTIALS_WARPS),
                [&] { cuda_partials_add_kernel(dw.data(), part.data(), (int)gy, (int64_t)C * Kc); });
     /* the oracles' inputs: the kernel's own qk (bf16) and rstd */
