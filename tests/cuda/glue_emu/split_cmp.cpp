@@ -17,13 +17,6 @@ extern "C" void split_side_tree(SplitBufs *b);
 
 static const bf16 POISON = {0x7fc0};
 
-template <class X> static int64_t diff(const std::vector<X> &a, const std::vector<X> &b) {
-    if (a.size() != b.size()) return -1;
-    int64_t n = 0;
-    for (size_t i = 0; i < a.size(); i++) n += memcmp(&a[i], &b[i], sizeof(X)) != 0;
-    return n;
-}
-
 static void split_cmp_case(int64_t T, int nk, int dk, int Vd, int gates, int pad, int use_halo, int want_dhalo,
                            int dp0, float rate) {
     const int Kc = 4, Kd2 = 2 * nk * dk, C = Kd2 + Vd, ldp = C + Vd + gates, nqk = 2 * nk;
@@ -65,10 +58,14 @@ static void split_cmp_case(int64_t T, int nk, int dk, int Vd, int gates, int pad
     printf("-- split_cmp: T %lld nk %d dk %d Vd %d ldp %d pad %d halo %d dhalo %d doc_pos[0] %d rate %.2f (8-byte %d)\n",
            (long long)T, nk, dk, Vd, ldp, pad, use_halo, want_dhalo, dp0, rate, (int)s[0].v4);
     const struct { const char *what; int64_t n; } r[] = {
-        {"qk", diff(s[0].qk, s[1].qk)},       {"rstd", diff(s[0].rstd, s[1].rstd)},
-        {"v", diff(s[0].v, s[1].v)},          {"z", diff(s[0].z, s[1].z)},
-        {"dproj", diff(s[0].dproj, s[1].dproj)}, {"dhalo", diff(s[0].dhalo, s[1].dhalo)},
-        {"dw partials", diff(s[0].part, s[1].part)}, {"dw", diff(s[0].dw, s[1].dw)},
+        {"qk", emu_bits_differ(s[0].qk, s[1].qk)},
+        {"rstd", emu_bits_differ(s[0].rstd, s[1].rstd)},
+        {"v", emu_bits_differ(s[0].v, s[1].v)},
+        {"z", emu_bits_differ(s[0].z, s[1].z)},
+        {"dproj", emu_bits_differ(s[0].dproj, s[1].dproj)},
+        {"dhalo", emu_bits_differ(s[0].dhalo, s[1].dhalo)},
+        {"dw partials", emu_bits_differ(s[0].part, s[1].part)},
+        {"dw", emu_bits_differ(s[0].dw, s[1].dw)},
         {"errors raised", (int64_t)(s[0].err != s[1].err)}};
     for (const auto &e : r) {
         if (e.n) emu_failures++;
