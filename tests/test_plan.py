@@ -402,6 +402,11 @@ def test_staged_gdn_chain_buffers_by_hand(ringscan):
         assert scan(*sets, "checkpoint.gdn_keep=wy", gpus=cp) == whole
 
 
+def fmt_gib(b):
+    """bytes as plan prints GiB: two decimals"""
+    return f"{b / 2**30:.2f}"
+
+
 HEADER_PLAN = re.compile(r"^#\s+([\d,]+) parameters; (\w+): ([\d.]+) GiB per rank of ([\d.]+) GiB "
                          r"\(none ([\d.]+), full ([\d.]+), remat ([\d.]+) GiB\)", re.M)
 
@@ -415,10 +420,9 @@ def test_config_header_plan_is_current(ringscan, config):
     m = HEADER_PLAN.search(text)
     assert m, f"configs/{config}: no '#   N parameters; POLICY: X GiB per rank of Y GiB (none .., full .., remat .. GiB)' line"
     d = plan_json(ringscan, f"configs/{config}")
-    gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
     mem = d["memory"]
-    got = (f"{d['parameters']['total']:,}", mem["policy"], gib(mem[mem["policy"]]["total"]), f"{mem['capacity'] / 2**30:g}",
-           gib(mem["none"]["total"]), gib(mem["full"]["total"]), gib(mem["remat"]["total"]))
+    got = (f"{d['parameters']['total']:,}", mem["policy"], fmt_gib(mem[mem["policy"]]["total"]), f"{mem['capacity'] / 2**30:g}",
+           fmt_gib(mem["none"]["total"]), fmt_gib(mem["full"]["total"]), fmt_gib(mem["remat"]["total"]))
     assert m.groups() == got, f"configs/{config}: header {m.groups()} but plan says {got}"
     quoted = re.search(r"^#\s+(verdict: .*)$", text, re.M)
     if quoted:  # a quoted verdict (free memory, host memory) is plan's line word for word
@@ -443,18 +447,17 @@ def test_config_header_other_layouts_are_current(ringscan, config):
     header = "".join(lines[:next((i for i, l in enumerate(lines) if not l.startswith("#")), len(lines))])
     prose = [m.group(0) for m in HEADER_PROSE_GIB.finditer(header)]
     assert not prose, f"configs/{config}: a GiB figure in the header's prose, not in a `#   with --set` line: {prose}"
-    gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
     for m in HEADER_WITH.finditer(header):
         sets = m.group(1).split()[1::2]
         d = plan_json(ringscan, f"configs/{config}", *sets, rc=None)
         mem = d["memory"]
         pol = mem[mem["policy"]]
-        got = (gib(pol["total"]), "fits" if d["fits"] else "does not fit")
+        got = (fmt_gib(pol["total"]), "fits" if d["fits"] else "does not fit")
         assert (m.group(2), m.group(4)) == got, f"configs/{config}: header 'with{m.group(1)}' says {m.group(2)} GiB, " \
                                                 f"{m.group(4)}; plan says {got}"
         if m.group(3):
-            assert m.group(3) == gib(pol["host_per_node"]), \
-                f"configs/{config}: header 'with{m.group(1)}' says host {m.group(3)} GiB; plan {gib(pol['host_per_node'])}"
+            assert m.group(3) == fmt_gib(pol["host_per_node"]), \
+                f"configs/{config}: header 'with{m.group(1)}' says host {m.group(3)} GiB; plan {fmt_gib(pol['host_per_node'])}"
 
 
 def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
