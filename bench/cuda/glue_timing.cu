@@ -82,7 +82,9 @@ static void g_knorm_bwd(const GlueBufs *g) {
                           2 * G_KVD, 1);
 }
 static void g_swiglu_fwd(const GlueBufs *g) { cuda_swiglu_forward(g->b, g->a, g->T, G_I); }
-static void g_swiglu_bwd(const GlueBufs *g) { cuda_swiglu_backward(g->c, g->b, g->a, g->T, G_I); }
+static void g_swiglu_bwd(const GlueBufs *g) { /* with out, as the MLP's backward calls it */
+    cuda_swiglu_backward(g->c, g->d, g->b, g->a, g->T, G_I);
+}
 static void g_conv_split_fwd(const GlueBufs *g) { /* the conv and the GDN split in one pass: no conv output */
     cuda_gdn_conv_split_forward(g->b, g->f0, g->c, g->d, g->a, g->halo, g->w, g->doc_pos, g->T, G_NK, G_DK, G_VD, G_KC,
                                 G_PG);
@@ -124,7 +126,7 @@ static const GlueCase glue_cases[] = {
     {"rmsnorm_forward k_norm", (double)G_KVD * 4 + 4 * G_NKV, g_knorm_fwd},
     {"rmsnorm_backward k_norm", (double)G_KVD * 8 + 4 * G_NKV, g_knorm_bwd},
     {"swiglu_forward", (double)G_I * 6, g_swiglu_fwd},
-    {"swiglu_backward", (double)G_I * 10, g_swiglu_bwd},
+    {"swiglu_backward", (double)G_I * 12, g_swiglu_bwd},
     /* the conv + SiLU with the GDN split (L2 norm of q, k; v, z copies) in one pass: read proj's q|k|v|z, write
      * qk, rstd, v, z */
     {"gdn_conv_split_forward", (double)(G_CC + G_VD) * 4 + 4 * 2 * G_NK + 4, g_conv_split_fwd, 1},

@@ -191,11 +191,11 @@ void cpu_swiglu_forward(void *out_ /* (T,I) */, const void *gate_up_ /* (T,2I) *
     }
 }
 
-/* dgate = dout up silu'(gate);  dup = dout silu(gate) */
-void cpu_swiglu_backward(void *dgate_up_ /* (T,2I) = */, const void *dout_ /* (T,I) */,
+/* dgate = dout up silu'(gate);  dup = dout silu(gate);  out (when not NULL) = silu(gate) up, as the forward */
+void cpu_swiglu_backward(void *dgate_up_ /* (T,2I) = */, void *out_ /* (T,I) or NULL */, const void *dout_ /* (T,I) */,
                          const void *gate_up_ /* (T,2I) */, int64_t T, int I) {
     RS_CHECK(T >= 0 && I > 0, "T %lld I %d", (long long)T, I);
-    float *dgu = dgate_up_;
+    float *dgu = dgate_up_, *out = out_;
     const float *dout = dout_, *gu = gate_up_;
     for (int64_t t = 0; t < T; t++) {
         const float *gate = gu + t * 2 * I, *up = gate + I;
@@ -204,6 +204,7 @@ void cpu_swiglu_backward(void *dgate_up_ /* (T,2I) = */, const void *dout_ /* (T
             float gv = gate[i], uv = up[i], dy = dout[t * I + i];
             dgate[i] = dy * uv * cpu_silu_gradf(gv);
             dup[i] = dy * cpu_siluf(gv);
+            if (out) out[t * I + i] = cpu_siluf(gv) * uv;
         }
     }
 }

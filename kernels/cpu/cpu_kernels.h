@@ -80,7 +80,7 @@ void cpu_attention_merge(float *out, float *lse, const void *out_b, const float 
 void cpu_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg);
 void cpu_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T, int D, int ldg);
 void cpu_swiglu_forward(void *out, const void *gate_up, int64_t T, int inter);
-void cpu_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int inter);
+void cpu_swiglu_backward(void *dgate_up, void *out, const void *dout, const void *gate_up, int64_t T, int inter);
 void cpu_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V);
 void cpu_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 double cpu_sum_squares(const float *x, int64_t n);

@@ -50,17 +50,18 @@ void cpu_matmul_forward_residual(void *out /* (T,ldo) */, const void *inp /* (T,
     cpu_matmul_forward(out, inp, w, T, IC, OC, ldi, ldo, 1);
 }
 
-/* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w;  dw += dout^T @ inp */
-void cpu_matmul_backward(void *dinp /* (T,ldi) IC columns, or NULL */, float *dw /* (OC,IC) += */,
+/* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w;  dw += dout^T @ inp (skipped when NULL) */
+void cpu_matmul_backward(void *dinp /* (T,ldi) IC columns, or NULL */, float *dw /* (OC,IC) += or NULL */,
                          const void *dout /* (T,ldo) OC columns */, const void *inp /* (T,ldi) */,
                          const void *w /* (OC,IC) */, int64_t T, int IC, int OC, int ldi, int ldo,
                          int accumulate_dinp) {
     matmul_check_sizes(T, IC, OC, ldi, ldo);
-    RS_CHECK(dw != NULL, "dw is NULL (parameter gradients always accumulate)");
+    RS_CHECK(dinp || dw, "both dinp and dw are NULL: nothing to compute");
     if (T == 0) return;
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, (const float *)dout, ldo,
                     (const float *)w, IC, accumulate_dinp ? 1.0f : 0.0f, (float *)dinp, ldi);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)T, 1.0f, (const float *)dout, ldo,
-                (const float *)inp, ldi, 1.0f, dw, IC);
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)T, 1.0f, (const float *)dout, ldo,
+                    (const float *)inp, ldi, 1.0f, dw, IC);
 }

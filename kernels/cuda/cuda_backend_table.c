@@ -181,7 +181,7 @@ static void prof_attention_merge(float *out, float *lse, const void *out_b, cons
 static void prof_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg) { PROF_VOID(sigmoid_gate_forward, (out, x, gate, T, D, ldg)); }
 static void prof_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T, int D, int ldg) { PROF_VOID(sigmoid_gate_backward, (dx, dgate, dout, x, gate, T, D, ldg)); }
 static void prof_swiglu_forward(void *out, const void *gate_up, int64_t T, int inter) { PROF_VOID(swiglu_forward, (out, gate_up, T, inter)); }
-static void prof_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int inter) { PROF_VOID(swiglu_backward, (dgate_up, dout, gate_up, T, inter)); }
+static void prof_swiglu_backward(void *dgate_up, void *out, const void *dout, const void *gate_up, int64_t T, int inter) { PROF_VOID(swiglu_backward, (dgate_up, out, dout, gate_up, T, inter)); }
 static void prof_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V) { PROF_VOID(lm_head_loss, (losses, dx, dw, x, w, targets, grad_scale, workspace, rows, T, C, V)); }
 static void prof_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step) { PROF_VOID(adamw_update, (param, m, v, compute, grad, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step)); }
 static double prof_sum_squares(const float *x, int64_t n) { PROF_VALUE(double, sum_squares, (x, n)); }

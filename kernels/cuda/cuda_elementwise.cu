@@ -294,6 +294,9 @@ extern "C" void cuda_sigmoid_gate_backward(void *dx, void *dgate, const void *do
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
 
+/* silu(g) u, the one expression of both kernels: the backward's `out` has the forward's bits */
+__device__ __forceinline__ float ew_swiglu(float g, float sg /* sigmoid(g) */, float u) { return g * sg * u; }
+
 /* out = silu(gate) up, gate_up rows = [gate | up] */
 __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_forward_kernel(bf16 *out /* (T,I) */,
                                                                        const bf16 *gate_up /* (T,2I) */, int I,
@@ -306,12 +309,13 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_forward_kernel(bf16 *out
     cuda_load8n(gv, gate_up + t * 2 * I + c, n, vec);
     cuda_load8n(uv, gate_up + t * 2 * I + I + c, n, vec);
 #pragma unroll
-    for (int i = 0; i < CUDA_VEC; i++) gv[i] = gv[i] * cuda_sigmoid_fast(gv[i]) * uv[i];
+    for (int i = 0; i < CUDA_VEC; i++) gv[i] = ew_swiglu(gv[i], cuda_sigmoid_fast(gv[i]), uv[i]);
     cuda_store8n(out + t * I + c, gv, n, vec);
 }
 
-/* dgate = dout up silu'(gate); dup = dout silu(gate) */
+/* dgate = dout up silu'(gate); dup = dout silu(gate); out (when not NULL) = silu(gate) up, as the forward */
 __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dgate_up /* (T,2I) */,
+                                                                        bf16 *out /* (T,I) or NULL */,
                                                                         const bf16 *dout /* (T,I) */,
                                                                         const bf16 *gate_up /* (T,2I) */, int I,
                                                                         bool vec) {
@@ -319,7 +323,7 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dg
     const int c = (blockIdx.y * EW_THREADS + threadIdx.x) * CUDA_VEC;
     if (c >= I) return;
     const int n = min(CUDA_VEC, I - c);
-    float gv[CUDA_VEC], uv[CUDA_VEC], dy[CUDA_VEC], dgv[CUDA_VEC], duv[CUDA_VEC];
+    float gv[CUDA_VEC], uv[CUDA_VEC], dy[CUDA_VEC], dgv[CUDA_VEC], duv[CUDA_VEC], ov[CUDA_VEC];
     cuda_load8n(gv, gate_up + t * 2 * I + c, n, vec);
     cuda_load8n(uv, gate_up + t * 2 * I + I + c, n, vec);
     cuda_load8n(dy, dout + t * I + c, n, vec);
@@ -328,9 +332,11 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dg
         const float sg = cuda_sigmoid_fast(gv[i]);
         dgv[i] = dy[i] * uv[i] * (sg * (1.0f + gv[i] * (1.0f - sg)));
         duv[i] = dy[i] * (gv[i] * sg);
+        ov[i] = ew_swiglu(gv[i], sg, uv[i]);
     }
     cuda_store8n(dgate_up + t * 2 * I + c, dgv, n, vec);
     cuda_store8n(dgate_up + t * 2 * I + I + c, duv, n, vec);
+    if (out) cuda_store8n(out + t * I + c, ov, n, vec);
 }
 
 extern "C" void cuda_swiglu_forward(void *out, const void *gate_up, int64_t T, int I) {
@@ -343,12 +349,14 @@ extern "C" void cuda_swiglu_forward(void *out, const void *gate_up, int64_t T, i
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int I) {
+extern "C" void cuda_swiglu_backward(void *dgate_up, void *out, const void *dout, const void *gate_up, int64_t T,
+                                     int I) {
     RS_CHECK(T >= 0 && I > 0, "T %lld I %d", (long long)T, I);
     RS_CHECK(T <= INT32_MAX, "swiglu_backward: T = %lld rows", (long long)T);
     if (!T) return;
-    const bool vec = cuda_vec_ok(dgate_up, I, 2 * I) && cuda_vec_ok(dout, I, I) && cuda_vec_ok(gate_up, I, 2 * I);
+    const bool vec = cuda_vec_ok(dgate_up, I, 2 * I) && cuda_vec_ok(dout, I, I) && cuda_vec_ok(gate_up, I, 2 * I) &&
+                     (!out || cuda_vec_ok(out, I, I));
     ew_swiglu_backward_kernel<<<ew_row_grid(T, I), EW_THREADS, 0, cuda_stream()>>>(
-        (bf16 *)dgate_up, (const bf16 *)dout, (const bf16 *)gate_up, I, vec);
+        (bf16 *)dgate_up, (bf16 *)out, (const bf16 *)dout, (const bf16 *)gate_up, I, vec);
     CUDA_LAUNCH_CHECK();
 }

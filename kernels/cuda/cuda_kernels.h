@@ -68,7 +68,7 @@ void cuda_attention_merge(float *out, float *lse, const void *out_b, const float
 void cuda_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_t T, int D, int ldg);
 void cuda_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T, int D, int ldg);
 void cuda_swiglu_forward(void *out, const void *gate_up, int64_t T, int inter);
-void cuda_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int inter);
+void cuda_swiglu_backward(void *dgate_up, void *out, const void *dout, const void *gate_up, int64_t T, int inter);
 void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V);
 void cuda_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 double cuda_sum_squares(const float *x, int64_t n);

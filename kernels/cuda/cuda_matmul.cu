@@ -6,7 +6,7 @@
  *   forward   out (T,ldo) = inp (T,ldi) @ W^T; `accumulate` adds into out
  *             (beta = 1 into the bf16 C: the residual add fused in the GEMM)
  *   backward  dinp (T,ldi) = dout @ W (= or +=, bf16; skipped when NULL);
- *             dW (OC,IC) fp32 += dout^T @ inp (bf16 operands, fp32 C, beta 1)
+ *             dW (OC,IC) fp32 += dout^T @ inp (bf16 operands, fp32 C, beta 1; skipped when NULL)
  *
  * Row-major to cuBLASLt (column-major): C = op(A) op(B) row-major is
  * C^T = op(B)^T op(A)^T column-major, and a row-major (r, c) matrix with
@@ -338,13 +338,13 @@ extern "C" void cuda_matmul_forward_residual(void *out /* (T,ldo) OC columns */,
     gemm_run(out, 0, ldo, resid, ldr, inp, ldi, 0, w, IC, 1, T, OC, IC, 1);
 }
 
-extern "C" void cuda_matmul_backward(void *dinp /* (T,ldi) or NULL */, float *dw /* (OC,IC) += */,
+extern "C" void cuda_matmul_backward(void *dinp /* (T,ldi) or NULL */, float *dw /* (OC,IC) += or NULL */,
                                      const void *dout /* (T,ldo) */, const void *inp /* (T,ldi) */,
                                      const void *w /* (OC,IC) */, int64_t T, int IC, int OC, int ldi, int ldo,
                                      int accumulate_dinp) {
     matmul_check_sizes(T, IC, OC, ldi, ldo);
-    RS_CHECK(dw != NULL, "dw is NULL (parameter gradients always accumulate)");
+    RS_CHECK(dinp || dw, "both dinp and dw are NULL: nothing to compute");
     if (T == 0) return;
     if (dinp) cuda_gemm(dinp, 0, ldi, dout, ldo, 0, w, IC, 0, T, IC, OC, accumulate_dinp);
-    cuda_gemm(dw, 1, IC, dout, ldo, 1, inp, ldi, 0, OC, IC, T, 1);
+    if (dw) cuda_gemm(dw, 1, IC, dout, ldo, 1, inp, ldi, 0, OC, IC, T, 1);
 }

@@ -171,7 +171,8 @@ typedef struct Backend {
     void (*matmul_forward_residual)(void *out /* (T,ldo) */, const void *inp /* (T,ldi) */,
                                     const void *w /* (OC,IC) */, const void *resid /* (T,ldr) */, int64_t T, int IC,
                                     int OC, int ldi, int ldo, int ldr);
-    /* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w; dw += dout^T @ inp */
+    /* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w; dw += dout^T @ inp (skipped when NULL:
+     * the MLP's down projection runs the two apart, its input written by swiglu_backward in between) */
     void (*matmul_backward)(void *dinp /* (T,ldi) */, float *dw /* (OC,IC) += */, const void *dout /* (T,ldo) */,
                             const void *inp /* (T,ldi) */, const void *w, int64_t T, int IC, int OC, int ldi,
                             int ldo, int accumulate_dinp);
@@ -412,8 +413,10 @@ typedef struct Backend {
                                   const void *gate, int64_t T, int D, int ldg);
     /* out = silu(gate) * up, gate_up = [gate | up] per row */
     void (*swiglu_forward)(void *out /* (T,inter) */, const void *gate_up /* (T,2 inter) */, int64_t T, int inter);
-    void (*swiglu_backward)(void *dgate_up /* (T,2 inter) = */, const void *dout /* (T,inter) */, const void *gate_up,
-                            int64_t T, int inter);
+    /* dgate_up = d(silu(gate) * up); out (NULL: skipped) = silu(gate) * up again, the bits of swiglu_forward: the
+     * down projection's input, which the backward needs and nothing keeps */
+    void (*swiglu_backward)(void *dgate_up /* (T,2 inter) = */, void *out /* (T,inter) or NULL */,
+                            const void *dout /* (T,inter) */, const void *gate_up, int64_t T, int inter);
 
     /* ---- lm_head + cross-entropy, fused, in row chunks (full logits never exist) ----
      * For each chunk of `rows` rows: logits = x W^T (fp32, in `workspace`), per-token loss

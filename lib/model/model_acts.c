@@ -283,7 +283,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add_token(&ab, l, "ln2", H, e);
         acts_add_token(&ab, l, "rstd2", 1, f);
         acts_add_token(&ab, l, "mlp_gate_up", 2 * I, e);
-        acts_add_token(&ab, l, "mlp_act", I, e);
+        /* the down projection's input: written in the forward just before its GEMM, and again in the backward by
+         * swiglu_backward from gate_up, so no policy keeps it */
+        acts_add_chunk(&ab, l, "mlp_act", R, I, e);
 
         /* per-layer transients (and the chunk scratch among them), and the largest layer's kept bytes
          * (checkpoint.offload's device slot) */

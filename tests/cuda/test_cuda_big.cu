@@ -790,13 +790,13 @@ TEST(cuda_big_elementwise) {
     big_fill(gu, T, 2 * I, 2 * I, 1.0f);
     big_fill(sdo, T, I, I, 1.0f);
     cuda_swiglu_forward(so, gu, T, I);
-    cuda_swiglu_backward(dgu, sdo, gu, T, I);
+    cuda_swiglu_backward(dgu, NULL, sdo, gu, T, I);
     for (int i = 0; i < 4; i++) {
         const int64_t r0 = win[i].r0, k = win[i].n;
         float *guh = big_rows(gu, r0, k, 2 * I, 2 * I), *doh = big_rows(sdo, r0, k, I, I);
         float *oc = ct_host_nan(k * I), *dc = ct_host_nan(k * 2 * I);
         cpu_swiglu_forward(oc, guh, k, I);
-        cpu_swiglu_backward(dc, doh, guh, k, I);
+        cpu_swiglu_backward(dc, NULL, doh, guh, k, I);
         snprintf(what, sizeof what, "big swiglu rows [%lld, +%lld) fwd", (long long)r0, (long long)k);
         test_check_rel_f(what, big_rows(so, r0, k, I, I), oc, k * I, CT_BOUND_BF16_OUT);
         snprintf(what, sizeof what, "big swiglu rows [%lld, +%lld) bwd", (long long)r0, (long long)k);

@@ -196,12 +196,21 @@ TEST(cuda_swiglu) {
         test_check_rel_f(what, ct_mat_dense(&y), ct_mat_dense(&yc), T * I, CT_BOUND_BF16_OUT);
         ct_mat_intact(what, &y);
         CtMat dgu = ct_mat(T, 2 * I, 2 * I, 0), dguc = ct_mat(T, 2 * I, 2 * I, 0);
-        bf16 *d_dgu = ct_mat_up(&dgu);
-        cuda_swiglu_backward(d_dgu, d_g, d_gu, T, I);
+        CtMat dgu2 = ct_mat(T, 2 * I, 2 * I, 0), y2 = ct_mat(T, I, I, 0);
+        bf16 *d_dgu = ct_mat_up(&dgu), *d_dgu2 = ct_mat_up(&dgu2), *d_y2 = ct_mat_up(&y2);
+        cuda_swiglu_backward(d_dgu, NULL, d_g, d_gu, T, I);
+        cuda_swiglu_backward(d_dgu2, d_y2, d_g, d_gu, T, I); /* with out: the forward's bits again */
         ct_mat_down(&dgu, d_dgu);
-        cpu_swiglu_backward(dguc.p, g.p, gu.p, T, I);
+        ct_mat_down(&dgu2, d_dgu2);
+        ct_mat_down(&y2, d_y2);
+        cpu_swiglu_backward(dguc.p, NULL, g.p, gu.p, T, I);
         snprintf(what, sizeof what, "swiglu bwd [case %zu]", k);
         test_check_rel_f(what, ct_mat_dense(&dgu), ct_mat_dense(&dguc), T * 2 * I, CT_BOUND_BF16_OUT);
         ct_mat_intact(what, &dgu);
+        snprintf(what, sizeof what, "swiglu bwd with out: dgate_up as without [case %zu]", k);
+        ct_bitwise_equal(what, ct_mat_dense(&dgu2), ct_mat_dense(&dgu), T * 2 * I);
+        snprintf(what, sizeof what, "swiglu bwd with out: out as the forward's [case %zu]", k);
+        ct_bitwise_equal(what, ct_mat_dense(&y2), ct_mat_dense(&y), T * I);
+        ct_mat_intact(what, &y2);
     }
 }

@@ -64,15 +64,22 @@ TEST(cuda_matmul) {
         if (s.accumulate) ct_mat_fill(&di, 1.0);
         CtMat dic = ct_mat_clone(&di);
         float *dw0 = ct_host_normal((int64_t)s.OC * s.IC, 0.1), *dwc = ct_clone(dw0, (int64_t)s.OC * s.IC);
-        float *dw[2];
-        for (int run = 0; run < 2; run++) {
-            bf16 *d_di = ct_mat_up(&di);
+        float *dw[3];
+        CtMat di2 = ct_mat_clone(&di);
+        for (int run = 0; run < 3; run++) { /* both, dw only (dinp NULL), dinp only (dw NULL: dW untouched) */
+            bf16 *d_di = ct_mat_up(run == 2 ? &di2 : &di);
             float *d_dw = ct_up_f32(dw0, (int64_t)s.OC * s.IC);
-            cuda_matmul_backward(run == 0 ? d_di : NULL, d_dw, d_g, d_x, d_w, s.T, s.IC, s.OC, ldi, ldo, s.accumulate);
+            cuda_matmul_backward(run == 1 ? NULL : d_di, run == 2 ? NULL : d_dw, d_g, run == 2 ? NULL : d_x, d_w, s.T,
+                                 s.IC, s.OC, ldi, ldo, s.accumulate);
             if (run == 0) ct_mat_down(&di, d_di);
+            if (run == 2) ct_mat_down(&di2, d_di);
             dw[run] = ct_host((int64_t)s.OC * s.IC);
             ct_down_f32(dw[run], d_dw, (int64_t)s.OC * s.IC);
         }
+        snprintf(what, sizeof what, "matmul bwd dinp alone (dw NULL) [case %zu]", k);
+        ct_bitwise_equal(what, ct_mat_dense(&di2), ct_mat_dense(&di), s.T * s.IC);
+        snprintf(what, sizeof what, "matmul bwd dW untouched when NULL [case %zu]", k);
+        ct_bitwise_equal(what, dw[2], dw0, (int64_t)s.OC * s.IC);
         cpu_matmul_backward(dic.p, dwc, g.p, x.p, w.p, s.T, s.IC, s.OC, ldi, ldo, s.accumulate);
         snprintf(what, sizeof what, "matmul bwd dinp %s [case %zu]", s.accumulate ? "+=" : "=", k);
         test_check_rel_f(what, ct_mat_dense(&di), ct_mat_dense(&dic), s.T * s.IC, CT_BOUND_BF16_OUT);

@@ -272,9 +272,10 @@ static void emu_swiglu_forward(void *out, const void *gate_up, int64_t T, int I)
     cpu_swiglu_forward(out, gate_up, T, I);
     emu_round(out, T, I, I);
 }
-static void emu_swiglu_backward(void *dgu, const void *dout, const void *gate_up, int64_t T, int I) {
-    cpu_swiglu_backward(dgu, dout, gate_up, T, I);
+static void emu_swiglu_backward(void *dgu, void *out, const void *dout, const void *gate_up, int64_t T, int I) {
+    cpu_swiglu_backward(dgu, out, dout, gate_up, T, I);
     emu_round(dgu, T, 2 * (int64_t)I, 2 * (int64_t)I);
+    if (out) emu_round(out, T, I, I);
 }
 static void emu_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets,
                              float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V) {

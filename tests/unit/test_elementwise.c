@@ -304,9 +304,15 @@ TEST(swiglu) {
         snprintf(m, sizeof m, "%s fwd", what);
         test_check_rel(m, out, ref, n, EW_FWD_BOUND);
 
-        float *dout = ew_floats(n), *dgu = ew_nans(2 * n);
+        float *dout = ew_floats(n), *dgu = ew_nans(2 * n), *dgu2 = ew_nans(2 * n), *out2 = ew_nans(n);
         test_fill_normal(dout, n, 1.0);
-        cpu_swiglu_backward(dgu, dout, gu, T, I);
+        cpu_swiglu_backward(dgu, NULL, dout, gu, T, I);
+        /* with `out`: the forward's output again, bit for bit, and the same gradient */
+        cpu_swiglu_backward(dgu2, out2, dout, gu, T, I);
+        if (memcmp(out2, out, (size_t)n * sizeof *out))
+            test_fail(__FILE__, __LINE__, "%s bwd: out differs from the forward's bits", what);
+        if (memcmp(dgu2, dgu, (size_t)(2 * n) * sizeof *dgu))
+            test_fail(__FILE__, __LINE__, "%s bwd: dgate_up differs with out written", what);
         double *R = ew_doubles(n), *want = ew_doubles(2 * n);
         test_to_double(R, dout, n);
         SwiCtx ctx = {{0, T}, I, gud, R};

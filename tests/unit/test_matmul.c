@@ -100,7 +100,7 @@ TEST(matmul_forward) {
 
 /* mode 0: dinp written; 1: dinp accumulated; 2: dinp NULL (dw only) */
 TEST(matmul_backward) {
-    static const char *mode_name[3] = {"dinp =", "dinp +=", "dinp NULL"};
+    static const char *mode_name[4] = {"dinp =", "dinp +=", "dinp NULL", "dw NULL"};
     for (size_t si = 0; si < sizeof mat_shapes / sizeof mat_shapes[0]; si++) {
         const MatShape *s = &mat_shapes[si];
         const int64_t T = s->T, nw = (int64_t)s->OC * s->IC;
@@ -139,7 +139,7 @@ TEST(matmul_backward) {
             how = "vs closed form";
         }
 
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < 4; mode++) { /* dinp =, dinp +=, dw only, dinp only */
             char m[200];
             snprintf(m, sizeof m, "matmul bwd T=%lld IC=%d OC=%d ldi=%d ldo=%d %s %s", (long long)T, s->IC, s->OC, ldi,
                      ldo, mode_name[mode], how);
@@ -152,7 +152,9 @@ TEST(matmul_backward) {
             float *dw = mat_floats(nw);
             test_fill_normal(dw, nw, 3.0);
             for (int64_t i = 0; i < nw; i++) want_w[i] = dw[i] + gw[i];
-            cpu_matmul_backward(mode == 2 ? NULL : dinp.p, dw, dout.p, x.p, w, T, s->IC, s->OC, ldi, ldo, mode == 1);
+            for (int64_t i = 0; mode == 3 && i < nw; i++) want_w[i] = dw[i]; /* untouched */
+            cpu_matmul_backward(mode == 2 ? NULL : dinp.p, mode == 3 ? NULL : dw, dout.p, mode == 3 ? NULL : x.p, w, T,
+                                s->IC, s->OC, ldi, ldo, mode == 1);
             char mm[240];
             if (mode != 2) {
                 for (int64_t i = 0; i < T * s->IC; i++) want[i] = pre[i] + gx[i];
@@ -162,8 +164,8 @@ TEST(matmul_backward) {
                 test_check_rel(mm, got, want, T * s->IC, MATMUL_BOUND);
                 test_strided_intact(mm, &dinp);
             }
-            snprintf(mm, sizeof mm, "%s: dw (+=)", m);
-            test_check_rel(mm, dw, want_w, nw, MATMUL_BOUND);
+            snprintf(mm, sizeof mm, "%s: dw (%s)", m, mode == 3 ? "untouched" : "+=");
+            test_check_rel(mm, dw, want_w, nw, mode == 3 ? 0.0 : MATMUL_BOUND);
         }
     }
 }

@@ -13,7 +13,7 @@ void cpu_sigmoid_gate_forward(void *out, const void *x, const void *gate, int64_
 void cpu_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const void *x, const void *gate, int64_t T,
                                int D, int ldg);
 void cpu_swiglu_forward(void *out, const void *gate_up, int64_t T, int inter);
-void cpu_swiglu_backward(void *dgate_up, const void *dout, const void *gate_up, int64_t T, int inter);
+void cpu_swiglu_backward(void *dgate_up, void *out, const void *dout, const void *gate_up, int64_t T, int inter);
 }
 
 static std::mt19937 rng(3);
@@ -61,17 +61,21 @@ int main() {
         std::vector<float> guf, df;
         fill(gu, guf, c.T * 2 * c.I, c.s), fill(d, df, c.T * c.I, 1);
         const bool vec = c.I % 8 == 0;
-        std::vector<bf16> y(c.T * c.I), dgu(c.T * 2 * c.I);
+        std::vector<bf16> y(c.T * c.I), y2(c.T * c.I), dgu(c.T * 2 * c.I), dgu2(c.T * 2 * c.I);
         std::vector<float> yc(c.T * c.I), dguc(c.T * 2 * c.I);
         emu_launch(rows_grid(c.T, c.I), emu_dim(EW_THREADS),
                    [&] { ew_swiglu_forward_kernel(y.data(), gu.data(), c.I, vec); });
         emu_launch(rows_grid(c.T, c.I), emu_dim(EW_THREADS),
-                   [&] { ew_swiglu_backward_kernel(dgu.data(), d.data(), gu.data(), c.I, vec); });
+                   [&] { ew_swiglu_backward_kernel(dgu.data(), nullptr, d.data(), gu.data(), c.I, vec); });
+        emu_launch(rows_grid(c.T, c.I), emu_dim(EW_THREADS), /* with out: the forward's bits again */
+                   [&] { ew_swiglu_backward_kernel(dgu2.data(), y2.data(), d.data(), gu.data(), c.I, vec); });
         cpu_swiglu_forward(yc.data(), guf.data(), c.T, c.I);
-        cpu_swiglu_backward(dguc.data(), df.data(), guf.data(), c.T, c.I);
+        cpu_swiglu_backward(dguc.data(), nullptr, df.data(), guf.data(), c.T, c.I);
         snprintf(what, sizeof what, "swiglu T %lld I %d scale %g: fwd", (long long)c.T, c.I, (double)c.s);
         emu_check(what, emu_rel(tof(y), yc), EMU_BF16);
         emu_check("  bwd", emu_rel(tof(dgu), dguc), EMU_BF16);
+        emu_check("  bwd with out: out bitwise the forward's, dgate_up bitwise as without",
+                  emu_bits_differ(y2, y) + emu_bits_differ(dgu2, dgu), 0);
     }
     printf("%s\n", emu_failures ? "glue_emu ew: FAIL" : "glue_emu ew: ok");
     return emu_failures != 0;

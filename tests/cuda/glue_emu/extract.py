@@ -50,5 +50,5 @@ ew = read("kernels/cuda/cuda_elementwise.cu")
 ew_inc = ("#define EW_THREADS 256\n" + head
           + cut(ew, "__global__ void __launch_bounds__(EW_THREADS) ew_sigmoid_gate_forward_kernel",
                 'extern "C" void cuda_sigmoid_gate_forward', "cuda_elementwise.cu")
-          + cut(ew, "/* out = silu(gate) up", 'extern "C" void cuda_swiglu_forward', "cuda_elementwise.cu"))
+          + cut(ew, "/* silu(g) u, the one expression", 'extern "C" void cuda_swiglu_forward', "cuda_elementwise.cu"))
 open(f"{out}/ew.inc", "w").write(ew_inc)
