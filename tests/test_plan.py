@@ -464,7 +464,7 @@ def test_config_header_other_layouts_are_current(ringscan, config):
 def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
     """checkpoint.chunk_rows 0 (plan_resolve): the largest of 4, 2, 1 GiB of chunk scratch whose plan fits device
     memory less 5%, decided after checkpoint.keep_layers auto (never a kept layer fewer), at most a fragment; an
-    explicit value is taken as it is. The 1B config at 128k on one H200: 4 GiB (41,856 rows), the same 10 kept layers
+    explicit value is taken as it is. The 1B config at 128k on one H200: 4 GiB (41,856 rows), the same 9 kept layers
     as at the 1 GiB rule (10,432 rows); memory for 2 GiB but not 4: 2 GiB; for neither: the rule; a fragment shorter
     than 4 GiB of rows: the fragment. (checkpoint.input_rows chunk: under whole the input side leaves the chunk
     scratch, test_input_rows_auto_whole_first.)"""
@@ -474,16 +474,16 @@ def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
     rule = plan_json(ringscan, cfg, *one, "checkpoint.chunk_rows=10432")["memory"]
     grown = plan_json(ringscan, cfg, *one)["memory"]
     assert (rule["chunk_rows"], grown["chunk_rows"]) == (10432, 41856)
-    assert grown["keep_layers"] == rule["keep_layers"] == 10
+    assert grown["keep_layers"] == rule["keep_layers"] == 9
     assert grown["remat"]["total"] <= 0.95 * grown["capacity"]
     # capacity for the kept layers and 2 GiB of chunks but not 4 (1 GiB more than the rule's total, over 0.95)
     gib = 2**30
     two = (rule["remat"]["total"] + 1.5 * gib) / 0.95 / gib
     mid = plan_json(ringscan, cfg, *one, f"device.memory_gib={two:.3f}")["memory"]
-    assert mid["keep_layers"] == 10 and mid["chunk_rows"] == 20928, mid["chunk_rows"]
+    assert mid["keep_layers"] == 9 and mid["chunk_rows"] == 20928, mid["chunk_rows"]
     # no room for more than the rule
     tight = plan_json(ringscan, cfg, *one, f"device.memory_gib={(rule['remat']['total'] + 0.5 * gib) / 0.95 / gib:.3f}")
-    assert tight["memory"]["keep_layers"] == 10 and tight["memory"]["chunk_rows"] == 10432
+    assert tight["memory"]["keep_layers"] == 9 and tight["memory"]["chunk_rows"] == 10432
     # the shipped 256k config at cp 4: fragments of 32,768 rows, one chunk each
     assert plan_json(ringscan, cfg, "checkpoint.input_rows=chunk")["memory"]["chunk_rows"] == 32768
     # a config without room keeps the rule (the 1M one on 79 GiB with the delta rule's chunk states kept; its
@@ -498,9 +498,9 @@ def test_chunk_rows_zero_grows_the_chunks_where_memory_allows(ringscan):
 def test_input_rows_auto_whole_first(ringscan):
     """checkpoint.input_rows auto (plan_resolve): whole where the plan with it and no kept layer fits device memory
     less 5%, decided before checkpoint.keep_layers auto and the chunk rows (per byte it spares more recompute than a
-    kept layer); chunk where it does not fit, and under none. The 1B at 128k on one H200: whole, the same 10 kept
-    layers as under chunk, in_proj recompute gone (343.3 against 483.8 MFLOP per token), the input side's T rows
-    in the activations beside a smaller chunk scratch (2 GiB, 25,792 rows: 4 GiB no longer fits); the 1M config on
+    kept layer); chunk where it does not fit, and under none. The 1B at 128k on one H200: whole, the same 9 kept
+    layers as under chunk, in_proj recompute gone (402.9 against 568.6 MFLOP per token), the input side's T rows
+    in the activations beside the same 4 GiB of chunk scratch (51,648 rows, the input side no longer in it); the 1M config on
     two 79 GiB GPUs: chunk (its 524,288 rows per rank of input side would not fit); explicit values as given, and
     an explicit whole that does not fit where chunk would is told so by the verdict's hint."""
     one = ("parallel.cp=1", "data.seq_len=131072", "checkpoint.keep_layers=auto", "train.grad_accum=1",
@@ -513,11 +513,11 @@ def test_input_rows_auto_whole_first(ringscan):
     assert (a["input_rows"], a["input_rows_auto"]) == ("whole", True)
     assert (c["input_rows"], c["input_rows_auto"]) == ("chunk", False)
     assert whole["memory"]["remat"] == a["remat"] and whole["memory"]["input_rows_auto"] is False
-    assert a["keep_layers"] == c["keep_layers"] == 10 and (a["chunk_rows"], c["chunk_rows"]) == (25792, 41856)
+    assert a["keep_layers"] == c["keep_layers"] == 9 and (a["chunk_rows"], c["chunk_rows"]) == (51648, 41856)
     assert a["remat"]["activations_kept"] == c["remat"]["activations_kept"]
     assert a["remat"]["total"] <= 0.95 * a["capacity"]
     rf, cf = auto["flops_per_token"]["recompute"], chunk["flops_per_token"]["recompute"]
-    assert abs(rf - 343.346e6) < 1e4 and abs(cf - 483.823e6) < 1e4, (rf, cf)
+    assert abs(rf - 402.893e6) < 1e4 and abs(cf - 568.634e6) < 1e4, (rf, cf)
     # memory for the input side at 0 kept layers but not beside a kept layer: whole, no layer kept (fixed chunks)
     gib, rows = 2**30, "checkpoint.chunk_rows=8192"
     none_kept = plan_json(ringscan, cfg, *one, rows, "checkpoint.input_rows=whole", "checkpoint.keep_layers=0")

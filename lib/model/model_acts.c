@@ -96,9 +96,9 @@ static void acts_add_cp(ActTable *t, ActCpId id, ActCpKind kind, ActCpPhase phas
 }
 
 /* A buffer of `rows` under the policies in `keep` and `other_rows` under the rest (the config's policy
- * picks rows / bytes); `kept_layers`: a kept layer (checkpoint.keep_layers) keeps it as none does. */
+ * picks rows / bytes). */
 static ActBuffer *acts_add_sized(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t other_rows,
-                                 int64_t cols, int elt, uint32_t keep, int kept_layers) {
+                                 int64_t cols, int elt, uint32_t keep) {
     ActTable *t = ab->t;
     if (t->n == ab->cap) {
         ab->cap = ab->cap ? ab->cap * 2 : 64;
@@ -109,7 +109,7 @@ static ActBuffer *acts_add_sized(ActBuild *ab, int layer, const char *name, int6
     snprintf(b->name, sizeof b->name, "%s", name);
     /* a kept layer (checkpoint.keep_layers): what none keeps, the config's policy keeps too, whole */
     if (keep & (1u << ab->policy)) t->pure_kept += rows * cols * elt;
-    if (kept_layers && layer >= ab->first_kept && (keep & ACT_KEEP_NONE)) keep |= 1u << ab->policy;
+    if (layer >= ab->first_kept && (keep & ACT_KEEP_NONE)) keep |= 1u << ab->policy;
     b->layer = layer;
     b->cols = cols;
     b->elt = elt;
@@ -122,31 +122,24 @@ static ActBuffer *acts_add_sized(ActBuild *ab, int layer, const char *name, int6
 
 /* one size under every policy */
 static void acts_add(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt, uint32_t keep) {
-    acts_add_sized(ab, layer, name, rows, rows, cols, elt, keep, 1);
+    acts_add_sized(ab, layer, name, rows, rows, cols, elt, keep);
 }
 
 /* a per-token buffer: whole and kept under none, one chunk (never kept) under full and remat */
 static void acts_add_token(ActBuild *ab, int layer, const char *name, int64_t cols, int elt) {
-    acts_add_sized(ab, layer, name, ab->T, ab->R, cols, elt, ACT_KEEP_NONE, 1)->chunk = 1;
-}
-
-/* a per-token buffer that a norm or gate writes from what the layer keeps (ln2 from h, out_proj's input from the
- * mixer's output): as acts_add_token under none, but one chunk under full and remat even in a kept layer, whose
- * backward runs the norm again (model_block.c block_out_norms): a bandwidth-bound pass, no GEMM, for its rows */
-static void acts_add_norm_out(ActBuild *ab, int layer, const char *name, int64_t cols, int elt) {
-    acts_add_sized(ab, layer, name, ab->T, ab->R, cols, elt, ACT_KEEP_NONE, 0)->chunk = 1;
+    acts_add_sized(ab, layer, name, ab->T, ab->R, cols, elt, ACT_KEEP_NONE)->chunk = 1;
 }
 
 /* a per-token buffer of the input side (ln1 and the in_proj's outputs): as acts_add_token, but under
  * checkpoint.input_rows whole T rows under full and remat too, not kept (the recompute's scratch) */
 static void acts_add_input(ActBuild *ab, int layer, const char *name, int64_t cols, int elt) {
     const int whole = ab->t->inputs_whole;
-    acts_add_sized(ab, layer, name, ab->T, whole ? ab->T : ab->R, cols, elt, ACT_KEEP_NONE, 1)->chunk = !whole;
+    acts_add_sized(ab, layer, name, ab->T, whole ? ab->T : ab->R, cols, elt, ACT_KEEP_NONE)->chunk = !whole;
 }
 
 /* chunk scratch: `rows` (R, or the conv halo's) under every policy, never kept */
 static void acts_add_chunk(ActBuild *ab, int layer, const char *name, int64_t rows, int64_t cols, int elt) {
-    acts_add_sized(ab, layer, name, rows, rows, cols, elt, 0, 1)->chunk = 1;
+    acts_add_sized(ab, layer, name, rows, rows, cols, elt, 0)->chunk = 1;
 }
 
 /* Rows per chunk of a layer's per-token work (checkpoint.chunk_rows, or the rule: the largest multiple
@@ -177,7 +170,6 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     const int whole = cfg->checkpoint.input_rows == INPUT_ROWS_WHOLE;
     ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0, 0};
     t->inputs_whole = whole;
-    t->norms_whole = cfg->checkpoint.activations == ACT_POLICY_NONE;
     const int L = (int)m->num_hidden_layers;
     /* checkpoint.keep_layers: the last N layers keep what none keeps (auto: plan's rule, the one figure plan
      * and the model use); under none every layer does */
@@ -277,18 +269,18 @@ void model_acts_build(ActTable *t, const Config *cfg) {
             acts_add_input(&ab, l, "gdn_proj", Pg, e);
             if (kda) acts_add_chunk(&ab, l, "gdn_conv", R, Cc, e); /* GDN: gdn_conv_split, no conv output */
             acts_add_chunk(&ab, l, "gdn_halo", Kc - 1, Cc, e);
-            acts_add_norm_out(&ab, l, "gdn_normed", Vd, e);
+            acts_add_token(&ab, l, "gdn_normed", Vd, e);
             acts_add_token(&ab, l, "gdn_norm_rstd", nv, f);
             if (kda) {
                 acts_add_input(&ab, l, "kda_f", Gw, e);
-                acts_add_norm_out(&ab, l, "kda_unit", Vd, e);
+                acts_add_token(&ab, l, "kda_unit", Vd, e);
             }
         } else {
             acts_add_input(&ab, l, "attn_proj", Pa, e);
-            acts_add_norm_out(&ab, l, "attn_gated", qd, e);
+            acts_add_token(&ab, l, "attn_gated", qd, e);
         }
         acts_add_token(&ab, l, "h", H, e);
-        acts_add_norm_out(&ab, l, "ln2", H, e);
+        acts_add_token(&ab, l, "ln2", H, e);
         acts_add_token(&ab, l, "rstd2", 1, f);
         acts_add_token(&ab, l, "mlp_gate_up", 2 * I, e);
         /* the down projection's input: written in the forward just before its GEMM, and again in the backward by
@@ -425,10 +417,6 @@ int model_acts_gdn_kept_kind(const ActTable *t, const Config *cfg, int layer) {
 
 int model_acts_layer_inputs_whole(const ActTable *t, int layer) {
     return t->inputs_whole || model_acts_layer_keeps(t, layer);
-}
-
-int model_acts_layer_norms_whole(const ActTable *t, int layer) {
-    return t->norms_whole && model_acts_layer_keeps(t, layer);
 }
 
 void model_acts_free(ActTable *t) {

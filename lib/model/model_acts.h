@@ -162,8 +162,6 @@ typedef struct {
     int32_t    keep_layers; /* checkpoint.keep_layers resolved (auto: plan's figure); every layer under none */
     int32_t    first_kept;  /* the first layer that keeps its activations whole: L - keep_layers */
     int32_t    inputs_whole; /* checkpoint.input_rows whole resolved: every layer's input side has every row */
-    int32_t    norms_whole;  /* the norm outputs (acts_add_norm_out: ln2, out_proj's input) have every row in a
-                                kept layer: under none; under full / remat a kept layer's backward writes them again */
     int64_t    pure_kept;   /* the config's policy's kept bytes with keep_layers 0 (plan: what the kept layers add) */
     int32_t    n;
     ActBuffer *b;
@@ -208,10 +206,6 @@ int  model_acts_gdn_kept_kind(const ActTable *t, const Config *cfg, int layer);
 /* layer `layer`'s input side (ln1, rstd1, the in_proj output) has every row in its backward: a kept layer's, or
  * under checkpoint.input_rows whole the recompute's; its backward reruns no ln1 and no in_proj */
 int  model_acts_layer_inputs_whole(const ActTable *t, int layer);
-/* layer `layer`'s norm outputs (ln2, the mixer's output norm / gate: out_proj's input) have every row from its
- * forward: a kept layer's under none; elsewhere they hold one chunk, and a kept layer's backward (full, remat with
- * checkpoint.keep_layers) runs those norms again, no GEMM */
-int  model_acts_layer_norms_whole(const ActTable *t, int layer);
 void model_acts_free(ActTable *t);
 
 #endif

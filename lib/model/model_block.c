@@ -26,8 +26,7 @@
  * first (chunk_recomputes), but under checkpoint.input_rows whole the input side (ln1, the in_proj outputs)
  * has every row from the recompute, so the backward reruns no in_proj. Chunks change only the order of fp32
  * sums (tests/test_long.py). A layer of checkpoint.keep_layers runs as under none whatever the policy
- * (model_acts_layer_keeps), but that its backward writes its norm outputs (ln2, out_proj's input) again under
- * full and remat (model_acts_layer_norms_whole).
+ * (model_acts_layer_keeps).
  *
  * Recompute modes (model_step.c decides): BLOCK_FORWARD the normal forward, writing the block output;
  * BLOCK_RECOMPUTE the full policy's recompute of the whole-rows buffers, attention included; BLOCK_REMAT
@@ -141,16 +140,15 @@ static int block_rows_at(Model *m, int l, int64_t row, int input, const Dims *dd
         } else
             a->attn_proj = AT(a->attn_proj, r * d.Pa);
         if (kept) {
-            const int norms = model_acts_layer_norms_whole(&m->acts, l);
             a->h = AT(a->h, r * d.H);
+            a->ln2 = AT(a->ln2, r * d.H);
             a->rstd2 += r;
             a->gate_up = AT(a->gate_up, r * 2 * d.I);
-            if (norms) a->ln2 = AT(a->ln2, r * d.H);
             if (m->lp[l].kind == LAYER_KIND_LINEAR) {
+                a->gdn_normed = AT(a->gdn_normed, r * d.Vd);
                 a->gdn_norm_rstd += r * d.nv;
-                if (norms) a->gdn_normed = AT(a->gdn_normed, r * d.Vd);
-                if (norms && d.kda) a->kda_unit = AT(a->kda_unit, r * d.Vd);
-            } else if (norms)
+                if (d.kda) a->kda_unit = AT(a->kda_unit, r * d.Vd);
+            } else
                 a->attn_gated = AT(a->attn_gated, r * d.qd);
         }
         a->at = row;
@@ -194,20 +192,13 @@ static void block_in_proj_backward(Model *m, int l, int64_t row, int64_t n, cons
 
 /* ---- the MLP, one chunk: its input h (R,H) is in the token buffer --------- */
 
-/* ln2 (token) = the post-mixer RMSNorm of a chunk's h rows */
-static void block_ln2(Model *m, int l, const Chunk *c, const Dims *dd) {
-    const Dims d = *dd;
-    LayerActs *a = &m->la[l];
-    m->be->rmsnorm_forward(a->ln2, a->rstd2, a->h, W(m->lp[l].post_ln), c->n, 1, d.H, d.H, d.H, d.eps, 1);
-}
-
 static void block_mlp_forward(Model *m, int l, const Chunk *c, void *out, const Dims *dd) {
     const Dims d = *dd;
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
     block_rows_count(m, l);
-    block_ln2(m, l, c, dd);
+    be->rmsnorm_forward(a->ln2, a->rstd2, a->h, W(p->post_ln), c->n, 1, d.H, d.H, d.H, d.eps, 1);
     be->matmul_forward(a->gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H, 2 * d.I, 0);
     if (!out) return; /* a recompute: act is chunk scratch, which the backward's swiglu_backward writes again */
     be->swiglu_forward(a->act, a->gate_up, c->n, d.I);
@@ -355,13 +346,12 @@ static void block_gdn_forward(Model *m, int l, const Batch *b, int mode) {
 
 /* h (chunk) = x + out_proj(gated RMSNorm(core, z)) of a chunk's rows; KDA: the RMSNorm (o_norm, plain scale)
  * into kda_unit, then its sigmoid gate (kimi_linear's o_norm: FusedRMSNormGated, activation sigmoid) */
-/* normed (token) = the output norm of a chunk's core rows, gated by z (KDA: kda_unit, then its sigmoid gate):
- * out_proj's input */
-static void block_gdn_out_norm(Model *m, int l, const Chunk *c, const Dims *dd) {
+static void block_gdn_out_forward(Model *m, int l, const Chunk *c, const Dims *dd) {
     const Dims d = *dd;
     const Backend *be = m->be;
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
+    block_rows_count(m, l);
     if (d.kda) {
         be->rmsnorm_forward(a->kda_unit, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv,
                             d.dv, d.Vd, d.Vd, d.eps, 0);
@@ -369,15 +359,8 @@ static void block_gdn_out_norm(Model *m, int l, const Chunk *c, const Dims *dd) 
     } else
         be->gated_rmsnorm_forward(a->gdn_normed, a->gdn_norm_rstd, AT(a->gdn_core, c->row * d.Vd),
                                   AT(a->gdn_z, c->row * d.Vd), W(p->gdn_norm), c->n, d.nv, d.dv, d.Vd, d.eps);
-}
-
-static void block_gdn_out_forward(Model *m, int l, const Chunk *c, const Dims *dd) {
-    const Dims d = *dd;
-    LayerActs *a = &m->la[l];
-    block_rows_count(m, l);
-    block_gdn_out_norm(m, l, c, dd);
-    m->be->matmul_forward_residual(a->h, a->gdn_normed, W(m->lp[l].out_proj), AT(a->x, c->row * d.H), c->n, d.Vd,
-                                   d.H, d.Vd, d.H, d.H);
+    be->matmul_forward_residual(a->h, a->gdn_normed, W(p->out_proj), AT(a->x, c->row * d.H), c->n, d.Vd, d.H, d.Vd,
+                                d.H, d.H);
 }
 
 /* d_resid's rows hold dL/dh: out_proj and the gated norm's backward into d_core, d_z (whole rows) */
@@ -511,22 +494,16 @@ static void block_attention_forward(Model *m, int l, const Batch *b, int mode) {
     }
 }
 
-/* gated (token) = out * sigmoid(gate) of a chunk's rows: o_proj's input */
-static void block_attention_out_norm(Model *m, int l, const Chunk *c, const Dims *dd) {
-    const Dims d = *dd;
-    LayerActs *a = &m->la[l];
-    m->be->sigmoid_gate_forward(a->attn_gated, AT(a->attn_out, c->row * d.qd), AT(a->attn_gate, c->row * d.qd), c->n,
-                                d.qd, d.qd);
-}
-
 /* h (chunk) = x + o_proj(out * sigmoid(gate)) of a chunk's rows */
 static void block_attention_out_forward(Model *m, int l, const Chunk *c, const Dims *dd) {
     const Dims d = *dd;
+    const Backend *be = m->be;
     LayerActs *a = &m->la[l];
     block_rows_count(m, l);
-    block_attention_out_norm(m, l, c, dd);
-    m->be->matmul_forward_residual(a->h, a->attn_gated, W(m->lp[l].out_proj), AT(a->x, c->row * d.H), c->n, d.qd,
-                                   d.H, d.qd, d.H, d.H);
+    be->sigmoid_gate_forward(a->attn_gated, AT(a->attn_out, c->row * d.qd), AT(a->attn_gate, c->row * d.qd), c->n,
+                             d.qd, d.qd);
+    be->matmul_forward_residual(a->h, a->attn_gated, W(m->lp[l].out_proj), AT(a->x, c->row * d.H), c->n, d.qd, d.H,
+                                d.qd, d.H, d.H);
 }
 
 /* d_resid's rows hold dL/dh: o_proj and the gate's backward into d_attn_out, d_gate (whole rows) */
@@ -569,18 +546,9 @@ static void block_attention_backward(Model *m, int l, const Batch *b) {
 /* ---- the block ----------------------------------------------------------- */
 
 /* A chunk's h and MLP (token buffers): in the forward with `out`, the block output's rows too; in the
- * backward (out NULL) the recompute, which a kept layer skips: it keeps them, but for its norm outputs under full
- * and remat (model_acts_layer_norms_whole), which it writes again here from what it keeps, with no GEMM and the
- * forward's bits (the same kernels on the same rows; their fp32 statistics are written again with the same
- * values). */
+ * backward (out NULL) the recompute, which under none finds them kept and does nothing. */
 static void block_chunk_forward(Model *m, int l, const Chunk *c, void *out, const Dims *d) {
-    if (!block_rows_at(m, l, c->row, 0, d)) {
-        if (model_acts_layer_norms_whole(&m->acts, l)) return;
-        if (m->lp[l].kind == LAYER_KIND_LINEAR) block_gdn_out_norm(m, l, c, d);
-        else block_attention_out_norm(m, l, c, d);
-        block_ln2(m, l, c, d);
-        return;
-    }
+    if (!block_rows_at(m, l, c->row, 0, d)) return;
     if (m->lp[l].kind == LAYER_KIND_LINEAR) block_gdn_out_forward(m, l, c, d);
     else block_attention_out_forward(m, l, c, d);
     block_mlp_forward(m, l, c, out, d);

@@ -92,19 +92,9 @@ TEST(model_acts_gdn_kept_matches_backends) {
 }
 
 /* checkpoint.keep_layers: under remat and full (the KDA layer kind and cp 2 too) the table keeps, for the last N
- * layers, every buffer none keeps, whole (the policy's keep bit on each), but the norm outputs (ln2 and out_proj's
- * input: gdn_normed, kda_unit, attn_gated), which stay one chunk's rows, never kept (a kept layer's backward writes
- * them again); the others' as the policy says. The policy's kept bytes and peak grow with N from the policy's own
- * (N = 0) to none's less the norm outputs' rows (N = L), the other policies' columns do not move, and a kept
- * buffer's bytes are none's. */
-/* the norm outputs (model_acts.c acts_add_norm_out) */
-static int acts_is_norm_out(const char *name) {
-    static const char *const names[] = {"ln2", "gdn_normed", "kda_unit", "attn_gated"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(name, names[i])) return 1;
-    return 0;
-}
-
+ * layers, every buffer none keeps, whole (the policy's keep bit on each), the others' as the policy says; the
+ * policy's kept bytes and peak grow with N from the policy's own (N = 0) to none's (N = L), the other policies'
+ * columns do not move, and the per-layer kept bytes of a kept layer are none's. */
 TEST(model_acts_keep_layers_mix_per_layer) {
     static const char *const variants[][2] = {{"model.linear_attention=gdn", "parallel.cp=1"},
                                                {"model.linear_attention=kda", "parallel.cp=1"},
@@ -139,22 +129,15 @@ TEST(model_acts_keep_layers_mix_per_layer) {
                 model_acts_build(&t, &cfg);
                 EXPECT(t.keep_layers == n && t.first_kept == L - n, "keep_layers %d: table says %d from layer %d", n,
                        t.keep_layers, t.first_kept);
-                int64_t norm_rows = 0; /* the kept layers' norm outputs under none, less their one chunk here */
                 for (int i = 0; i < t.n; i++) {
                     const ActBuffer *b = &t.b[i];
                     if (b->layer < t.first_kept) continue;
-                    const int norm = acts_is_norm_out(b->name);
-                    EXPECT(!(b->keep & ACT_KEEP_NONE) || norm == !(b->keep & (1u << pol)),
-                           "layer %d %s: kept under none, %s under %s with keep_layers %d", b->layer, b->name,
-                           norm ? "kept (a norm output)" : "not kept", act_policy_names[pol], n);
-                    if ((b->keep & ACT_KEEP_NONE) && !norm)
+                    EXPECT(!(b->keep & ACT_KEEP_NONE) || (b->keep & (1u << pol)),
+                           "layer %d %s: kept under none, not under %s with keep_layers %d", b->layer, b->name,
+                           act_policy_names[pol], n);
+                    if (b->keep & ACT_KEEP_NONE)
                         EXPECT(b->bytes == b->policy_bytes[ACT_POLICY_NONE], "layer %d %s: %lld bytes, none's %lld",
                                b->layer, b->name, (long long)b->bytes, (long long)b->policy_bytes[ACT_POLICY_NONE]);
-                    if (norm) {
-                        EXPECT(b->chunk && b->rows == t.chunk_rows, "layer %d %s: %lld rows, not a chunk's %lld",
-                               b->layer, b->name, (long long)b->rows, (long long)t.chunk_rows);
-                        norm_rows += b->policy_bytes[ACT_POLICY_NONE];
-                    }
                 }
                 EXPECT(t.kept[pol] > prev_kept && t.peak[pol] >= prev_peak, "%s %s keep_layers %d: kept %lld peak %lld "
                        "after %lld, %lld", variants[v][0], act_policy_names[pol], n, (long long)t.kept[pol],
@@ -168,10 +151,10 @@ TEST(model_acts_keep_layers_mix_per_layer) {
                 }
                 if (n == 0) EXPECT(t.kept[pol] == t.pure_kept, "keep_layers 0 is the policy itself");
                 if (n == L)
-                    EXPECT(t.kept[pol] == none_t.kept[ACT_POLICY_NONE] - norm_rows,
-                           "%s %s keep_layers L: kept %lld, none's %lld less the norm outputs' %lld", variants[v][0],
-                           act_policy_names[pol], (long long)t.kept[pol], (long long)none_t.kept[ACT_POLICY_NONE],
-                           (long long)norm_rows);
+                    EXPECT(t.kept[pol] == none_t.kept[ACT_POLICY_NONE] && t.peak[pol] == none_t.peak[ACT_POLICY_NONE],
+                           "%s %s keep_layers L: kept %lld peak %lld, none's %lld %lld", variants[v][0],
+                           act_policy_names[pol], (long long)t.kept[pol], (long long)t.peak[pol],
+                           (long long)none_t.kept[ACT_POLICY_NONE], (long long)none_t.peak[ACT_POLICY_NONE]);
                 model_acts_free(&t);
                 config_free(&cfg);
             }
