@@ -49,6 +49,9 @@ typedef enum { OFFLOAD_NONE, OFFLOAD_HOST, OFFLOAD_COUNT } Offload;
 /* checkpoint.input_rows: what a recomputed layer's input side (ln1, the in_proj output) holds from its recompute to
  * its backward; auto: plan_resolve (lib/plan) picks chunk or whole */
 typedef enum { INPUT_ROWS_AUTO, INPUT_ROWS_CHUNK, INPUT_ROWS_WHOLE, INPUT_ROWS_COUNT } InputRows;
+/* checkpoint.mlp_act: whether a layer that keeps its activations (none, keep_layers) keeps the MLP's act too, or its
+ * backward writes act again from gate_up (lib/model/model_block.c); auto: plan_resolve picks */
+typedef enum { MLP_ACT_AUTO, MLP_ACT_KEPT, MLP_ACT_REWRITTEN, MLP_ACT_COUNT } MlpAct;
 /* parallel.shard: which training state is cut over the world's ranks (docs/design/sharding.md) */
 typedef enum { SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_WEIGHTS, SHARD_COUNT } Shard;
 /* parallel.ring_calls: how lib/cp/cp_ring.c calls a ring step's attention (its header says why) */
@@ -66,6 +69,7 @@ extern const char *const act_policy_names[ACT_POLICY_COUNT + 1];
 extern const char *const gdn_keep_names[GDN_KEEP_COUNT + 1];
 extern const char *const offload_names[OFFLOAD_COUNT + 1];
 extern const char *const input_rows_names[INPUT_ROWS_COUNT + 1];
+extern const char *const mlp_act_names[MLP_ACT_COUNT + 1];
 extern const char *const shard_names[SHARD_COUNT + 1];
 extern const char *const ring_calls_names[RING_CALLS_COUNT + 1];
 
@@ -170,6 +174,8 @@ typedef struct {
                           * CONFIG_AUTO: plan's rule (plan_resolve) */
     int32_t input_rows;  /* InputRows: under full / remat, the recompute's ln1 and in_proj output, one chunk or
                           * every row; INPUT_ROWS_AUTO: plan's rule (plan_resolve) */
+    int32_t mlp_act;     /* MlpAct: a kept layer's MLP act kept, or written again by its backward; MLP_ACT_AUTO:
+                          * plan's rule (plan_resolve) */
     int64_t every;       /* steps between checkpoints; 0: only at the end and on stop */
     int64_t keep;        /* newest checkpoints kept */
 } CheckpointConfig;

@@ -24,6 +24,7 @@ const char *const act_policy_names[]  = {"none", "full", "remat", NULL};
 const char *const gdn_keep_names[]    = {"none", "wy", "states", NULL};
 const char *const offload_names[]     = {"none", "host", NULL};
 const char *const input_rows_names[]  = {"auto", "chunk", "whole", NULL};
+const char *const mlp_act_names[]     = {"auto", "kept", "rewritten", NULL};
 const char *const shard_names[]       = {"none", "optimizer", "gradients", "weights", NULL};
 static const char *const int_auto_names[] = {"auto", NULL};
 const char *const ring_calls_names[]  = {"auto", "pairs", "steps", NULL};
@@ -40,6 +41,7 @@ _Static_assert(sizeof act_policy_names / sizeof *act_policy_names == ACT_POLICY_
 _Static_assert(sizeof gdn_keep_names / sizeof *gdn_keep_names == GDN_KEEP_COUNT + 1, "names");
 _Static_assert(sizeof offload_names / sizeof *offload_names == OFFLOAD_COUNT + 1, "names");
 _Static_assert(sizeof input_rows_names / sizeof *input_rows_names == INPUT_ROWS_COUNT + 1, "names");
+_Static_assert(sizeof mlp_act_names / sizeof *mlp_act_names == MLP_ACT_COUNT + 1, "names");
 _Static_assert(sizeof shard_names / sizeof *shard_names == SHARD_COUNT + 1, "names");
 _Static_assert(sizeof ring_calls_names / sizeof *ring_calls_names == RING_CALLS_COUNT + 1, "names");
 _Static_assert(sizeof lr_schedule_names / sizeof *lr_schedule_names == LR_SCHEDULE_COUNT + 1, "names");
@@ -263,6 +265,14 @@ const ConfigKey config_schema[] = {
          "so the in_proj runs once per recompute; auto: whole where the plan with it fits device.memory_gib less "
          "5% before checkpoint.keep_layers auto takes memory, else chunk (plan prints the choice); nothing "
          "changes the math"),
+    ENUM(checkpoint.mlp_act, "auto", mlp_act_names, "model",
+         "what a layer that keeps its activations (every layer under none; under full or remat those of "
+         "checkpoint.keep_layers) does with the MLP's act = silu(gate) up, the down projection's input: kept: "
+         "it keeps it, tokens per GPU x intermediate_size activations a layer; rewritten: its backward writes it "
+         "again from gate_up beside the SwiGLU gradient (a few more bytes a token; layers that recompute always "
+         "do this); auto: kept where the plan with it fits device.memory_gib less 5% after checkpoint.keep_layers "
+         "auto and the row chunks have taken memory, else rewritten (plan prints the choice); the same bits "
+         "either way"),
     INT(checkpoint.every, "0", 0, BIG, "steps", "ckpt", "steps between checkpoints (0: only at the end and on stop)"),
     INT(checkpoint.keep, "2", 1, 1000000, "checkpoints", "ckpt", "newest checkpoints kept on disk"),
 

@@ -79,7 +79,8 @@ typedef struct {
     void  *ln2;      /* (R,H) */
     float *rstd2;    /* (R) */
     void  *gate_up;  /* (R,2I) */
-    void  *act;      /* (R,I) chunk scratch under every policy: the backward writes it again (swiglu_backward) */
+    void  *act;      /* (R,I); a chunk's but in a layer that keeps it (checkpoint.mlp_act kept): else its backward
+                      * writes it again (swiglu_backward) */
     /* Gated DeltaNet */
     void  *gdn_proj;      /* (R, Cc+Vd+2nv) [q|k|v|z|b|a] before the conv (token); KDA (R, Cc+2dv+nv)
                            * [q|k|v|f_a|g_a|b] */

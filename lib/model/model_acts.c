@@ -170,6 +170,9 @@ void model_acts_build(ActTable *t, const Config *cfg) {
     const int whole = cfg->checkpoint.input_rows == INPUT_ROWS_WHOLE;
     ActBuild ab = {t, 0, cfg->checkpoint.activations, 0, 0, 0};
     t->inputs_whole = whole;
+    RS_CHECK(cfg->checkpoint.mlp_act != MLP_ACT_AUTO, "checkpoint.mlp_act auto reached the activation table "
+             "unresolved: the caller resolves it with plan_resolve (lib/plan/plan.h) first");
+    t->act_kept = cfg->checkpoint.mlp_act == MLP_ACT_KEPT;
     const int L = (int)m->num_hidden_layers;
     /* checkpoint.keep_layers: the last N layers keep what none keeps (auto: plan's rule, the one figure plan
      * and the model use); under none every layer does */
@@ -283,9 +286,10 @@ void model_acts_build(ActTable *t, const Config *cfg) {
         acts_add_token(&ab, l, "ln2", H, e);
         acts_add_token(&ab, l, "rstd2", 1, f);
         acts_add_token(&ab, l, "mlp_gate_up", 2 * I, e);
-        /* the down projection's input: written in the forward just before its GEMM, and again in the backward by
-         * swiglu_backward from gate_up, so no policy keeps it */
-        acts_add_chunk(&ab, l, "mlp_act", R, I, e);
+        /* the down projection's input: kept as a per-token buffer under checkpoint.mlp_act kept; else one chunk,
+         * written in the forward just before its GEMM and again in the backward by swiglu_backward from gate_up */
+        if (t->act_kept) acts_add_token(&ab, l, "mlp_act", I, e);
+        else acts_add_chunk(&ab, l, "mlp_act", R, I, e);
 
         /* per-layer transients (and the chunk scratch among them), and the largest layer's kept bytes
          * (checkpoint.offload's device slot) */
@@ -418,6 +422,8 @@ int model_acts_gdn_kept_kind(const ActTable *t, const Config *cfg, int layer) {
 int model_acts_layer_inputs_whole(const ActTable *t, int layer) {
     return t->inputs_whole || model_acts_layer_keeps(t, layer);
 }
+
+int model_acts_layer_keeps_act(const ActTable *t, int layer) { return t->act_kept && model_acts_layer_keeps(t, layer); }
 
 void model_acts_free(ActTable *t) {
     free(t->b);

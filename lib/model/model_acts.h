@@ -162,6 +162,7 @@ typedef struct {
     int32_t    keep_layers; /* checkpoint.keep_layers resolved (auto: plan's figure); every layer under none */
     int32_t    first_kept;  /* the first layer that keeps its activations whole: L - keep_layers */
     int32_t    inputs_whole; /* checkpoint.input_rows whole resolved: every layer's input side has every row */
+    int32_t    act_kept;     /* checkpoint.mlp_act kept resolved: a kept layer keeps the MLP's act too */
     int64_t    pure_kept;   /* the config's policy's kept bytes with keep_layers 0 (plan: what the kept layers add) */
     int32_t    n;
     ActBuffer *b;
@@ -206,6 +207,9 @@ int  model_acts_gdn_kept_kind(const ActTable *t, const Config *cfg, int layer);
 /* layer `layer`'s input side (ln1, rstd1, the in_proj output) has every row in its backward: a kept layer's, or
  * under checkpoint.input_rows whole the recompute's; its backward reruns no ln1 and no in_proj */
 int  model_acts_layer_inputs_whole(const ActTable *t, int layer);
+/* layer `layer` keeps the MLP's act from its forward (a kept layer under checkpoint.mlp_act kept); elsewhere act holds
+ * one chunk and the layer's backward writes it again (swiglu_backward) */
+int  model_acts_layer_keeps_act(const ActTable *t, int layer);
 void model_acts_free(ActTable *t);
 
 #endif

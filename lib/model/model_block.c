@@ -144,6 +144,7 @@ static int block_rows_at(Model *m, int l, int64_t row, int input, const Dims *dd
             a->ln2 = AT(a->ln2, r * d.H);
             a->rstd2 += r;
             a->gate_up = AT(a->gate_up, r * 2 * d.I);
+            if (model_acts_layer_keeps_act(&m->acts, l)) a->act = AT(a->act, r * d.I);
             if (m->lp[l].kind == LAYER_KIND_LINEAR) {
                 a->gdn_normed = AT(a->gdn_normed, r * d.Vd);
                 a->gdn_norm_rstd += r * d.nv;
@@ -200,7 +201,7 @@ static void block_mlp_forward(Model *m, int l, const Chunk *c, void *out, const 
     block_rows_count(m, l);
     be->rmsnorm_forward(a->ln2, a->rstd2, a->h, W(p->post_ln), c->n, 1, d.H, d.H, d.H, d.eps, 1);
     be->matmul_forward(a->gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H, 2 * d.I, 0);
-    if (!out) return; /* a recompute: act is chunk scratch, which the backward's swiglu_backward writes again */
+    if (!out) return; /* a recompute: its backward writes act again (swiglu_backward) */
     be->swiglu_forward(a->act, a->gate_up, c->n, d.I);
     be->matmul_forward_residual(AT(out, c->row * d.H), a->act, W(p->down), a->h, c->n, d.I, d.H, d.I, d.H, d.H);
 }
@@ -212,10 +213,14 @@ static void block_mlp_backward(Model *m, int l, const Chunk *c, const Dims *dd) 
     const LayerParams *p = &m->lp[l];
     LayerActs *a = &m->la[l];
     void *dres = AT(m->d_resid, c->row * d.H);
-    /* d_act first, then act again (nothing keeps it) beside the SwiGLU gradient, then the down projection's dW */
-    be->matmul_backward(m->d_act, NULL, dres, NULL, W(p->down), c->n, d.I, d.H, d.I, d.H, 0);
-    be->swiglu_backward(m->d_gate_up, a->act, m->d_act, a->gate_up, c->n, d.I);
-    be->matmul_backward(NULL, G(p->down), dres, a->act, W(p->down), c->n, d.I, d.H, d.I, d.H, 0);
+    if (model_acts_layer_keeps_act(&m->acts, l)) { /* act from the forward */
+        be->matmul_backward(m->d_act, G(p->down), dres, a->act, W(p->down), c->n, d.I, d.H, d.I, d.H, 0);
+        be->swiglu_backward(m->d_gate_up, NULL, m->d_act, a->gate_up, c->n, d.I);
+    } else { /* d_act first, then act again beside the SwiGLU gradient, then the down projection's dW */
+        be->matmul_backward(m->d_act, NULL, dres, NULL, W(p->down), c->n, d.I, d.H, d.I, d.H, 0);
+        be->swiglu_backward(m->d_gate_up, a->act, m->d_act, a->gate_up, c->n, d.I);
+        be->matmul_backward(NULL, G(p->down), dres, a->act, W(p->down), c->n, d.I, d.H, d.I, d.H, 0);
+    }
     be->matmul_backward(m->d_ln, G(p->gate_up), m->d_gate_up, a->ln2, W(p->gate_up), c->n, d.H, 2 * d.I, d.H,
                         2 * d.I, 0);
     be->rmsnorm_backward(dres, G(p->post_ln), m->d_ln, a->h, W(p->post_ln), a->rstd2, c->n, 1, d.H, d.H, d.H, 1);

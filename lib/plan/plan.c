@@ -378,6 +378,7 @@ static int plan_input_rows(const Config *cfg) {
     Config c = *cfg; /* plan_build_as reads the copy only */
     c.checkpoint.input_rows = INPUT_ROWS_WHOLE;
     if (c.checkpoint.keep_layers == CONFIG_AUTO) c.checkpoint.keep_layers = 0;
+    if (c.checkpoint.mlp_act == MLP_ACT_AUTO) c.checkpoint.mlp_act = MLP_ACT_REWRITTEN;
     Plan q;
     plan_build_as(&q, &c);
     const bool fits = plan_fits_margin(&q, cfg);
@@ -385,11 +386,32 @@ static int plan_input_rows(const Config *cfg) {
     return fits ? INPUT_ROWS_WHOLE : INPUT_ROWS_CHUNK;
 }
 
+/* checkpoint.mlp_act as it runs, for c with the layers and chunks resolved: kept or rewritten as given, or for auto
+ * kept where the plan with it fits as plan_keep_layers asks, else rewritten. Last: a kept act spares a few bytes a
+ * token of the SwiGLU backward and the down projection's two GEMM calls (docs/design/model.md), where the memory
+ * it takes would hold a kept layer or larger chunks, which spare GEMMs. */
+static int plan_mlp_act(const Config *c) {
+    if (c->checkpoint.mlp_act != MLP_ACT_AUTO) return c->checkpoint.mlp_act;
+    /* no layer keeps under full / remat at keep_layers 0: nothing to decide (plan's other columns count it rewritten) */
+    if (c->checkpoint.activations != ACT_POLICY_NONE && c->checkpoint.keep_layers == 0) return MLP_ACT_REWRITTEN;
+    Config q = *c; /* plan_build_as reads the copy only */
+    q.checkpoint.mlp_act = MLP_ACT_KEPT;
+    Plan p;
+    plan_build_as(&p, &q);
+    const bool fits = plan_fits_margin(&p, c);
+    plan_free(&p);
+    return fits ? MLP_ACT_KEPT : MLP_ACT_REWRITTEN;
+}
+
 Config plan_resolve(const Config *cfg) {
     Config c = *cfg;
     c.checkpoint.input_rows = plan_input_rows(cfg); /* first: per byte it spares more recompute than a kept layer */
+    const int act = c.checkpoint.mlp_act; /* the layers and chunks are sized with act rewritten unless it is kept */
+    if (act == MLP_ACT_AUTO) c.checkpoint.mlp_act = MLP_ACT_REWRITTEN;
     c.checkpoint.keep_layers = plan_keep_layers(&c); /* at the rule's chunks: the layers before the chunk size */
     c.checkpoint.chunk_rows = plan_chunk_rows(&c);
+    c.checkpoint.mlp_act = act;
+    c.checkpoint.mlp_act = plan_mlp_act(&c);
     return c;
 }
 
@@ -606,6 +628,16 @@ int plan_print(const Plan *p, const Config *cfg, FILE *f) {
                 "row in the recompute's scratch; the backward reruns no in_proj" : "chunk: the backward reruns each "
                 "chunk's ln1 and in_proj", why);
     }
+    if (t->keep_layers > 0) {
+        char why[96];
+        if (cfg->checkpoint.mlp_act == MLP_ACT_AUTO)
+            snprintf(why, sizeof why, "checkpoint.mlp_act auto: %s", t->act_kept ? "fits memory less 5%" : "would not "
+                     "fit memory less 5%");
+        else snprintf(why, sizeof why, "checkpoint.mlp_act %s", mlp_act_names[cfg->checkpoint.mlp_act]);
+        fprintf(f, "%sMLP act: %s (%s)\n", pol == ACT_POLICY_NONE ? "\n" : "", t->act_kept ? "kept: a layer that keeps "
+                "its activations keeps the down projection's input too" : "rewritten: the backward of every layer "
+                "writes the down projection's input again from gate_up, beside the SwiGLU gradient", why);
+    }
     plan_commas(t->chunk_rows, a, sizeof a);
     plan_bytes((double)t->chunk_scratch[pol], b, sizeof b);
     fprintf(f, "\nrow chunks: %s rows (%s), %s of chunk scratch (%s)\n", a,
@@ -784,6 +816,8 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
     json_object_set_new(mem, "keep_layers", json_integer(p->acts.keep_layers));
     json_object_set_new(mem, "keep_layers_auto", json_boolean(cfg->checkpoint.keep_layers == CONFIG_AUTO));
     json_object_set_new(mem, "input_rows", json_string(p->acts.inputs_whole ? "whole" : "chunk"));
+    json_object_set_new(mem, "mlp_act", json_string(p->acts.act_kept ? "kept" : "rewritten"));
+    json_object_set_new(mem, "mlp_act_auto", json_boolean(cfg->checkpoint.mlp_act == MLP_ACT_AUTO));
     json_object_set_new(mem, "input_rows_auto", json_boolean(cfg->checkpoint.input_rows == INPUT_ROWS_AUTO));
     json_object_set_new(root, "memory", mem);
     json_t *fl = json_pack("{sf sf sf sf sf}", "dense", p->flops_dense, "attention_causal", p->flops_attn_causal,

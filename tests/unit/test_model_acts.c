@@ -54,6 +54,7 @@ static void acts_check_backend(const Backend *be, const char *kind) {
                 snprintf(kv[7], sizeof kv[7], "checkpoint.gdn_keep=%s", gdn_keep_names[keep]);
                 for (int i = 0; i < 8; i++) acts_set(&cfg, kv[i]);
                 acts_set(&cfg, "checkpoint.input_rows=chunk"); /* resolved, as plan_resolve gives it */
+                acts_set(&cfg, "checkpoint.mlp_act=rewritten");
                 char kl[64];
                 const long long layers = whole ? (long long)cfg.model.num_hidden_layers : 0;
                 snprintf(kl, sizeof kl, "checkpoint.keep_layers=%lld", layers);
@@ -120,6 +121,7 @@ TEST(model_acts_keep_layers_mix_per_layer) {
                 }
                 for (int i = 0; i < 6; i++) acts_set(&cfg, kv[i]);
                 acts_set(&cfg, "checkpoint.input_rows=chunk");
+                acts_set(&cfg, "checkpoint.mlp_act=kept"); /* a kept layer keeps what none keeps, act too */
                 if (n == 0) {
                     Config c = cfg;
                     c.checkpoint.activations = ACT_POLICY_NONE;
@@ -187,6 +189,7 @@ TEST(model_acts_input_rows_whole) {
                 snprintf(kv, sizeof kv, "checkpoint.activations=%s", act_policy_names[pol]);
                 acts_set(&cfg, kv);
                 acts_set(&cfg, w ? "checkpoint.input_rows=whole" : "checkpoint.input_rows=chunk");
+                acts_set(&cfg, "checkpoint.mlp_act=kept");
                 model_acts_build(&t[w], &cfg);
                 config_free(&cfg);
             }
@@ -230,4 +233,59 @@ TEST(model_acts_input_rows_whole) {
             model_acts_free(&t[0]);
             model_acts_free(&t[1]);
         }
+}
+
+/* checkpoint.mlp_act rewritten: "mlp_act" is one chunk's rows, never kept, in every layer under every policy (the
+ * backward writes it again); kept: a per-token buffer, whole and kept where the layer keeps (none; keep_layers).
+ * Kept bytes differ by exactly the kept layers' act rows, T I e each, and nothing else moves. */
+TEST(model_acts_mlp_act) {
+    for (int pol = 0; pol < ACT_POLICY_COUNT; pol++) {
+        ActTable t[2]; /* kept, rewritten */
+        for (int r = 0; r < 2; r++) {
+            Config cfg;
+            config_init_defaults(&cfg);
+            acts_set(&cfg, "model.num_hidden_layers=4");
+            acts_set(&cfg, "data.seq_len=4096");
+            acts_set(&cfg, "checkpoint.chunk_rows=512");
+            acts_set(&cfg, "checkpoint.input_rows=chunk");
+            acts_set(&cfg, "checkpoint.keep_layers=1");
+            char kv[64];
+            snprintf(kv, sizeof kv, "checkpoint.activations=%s", act_policy_names[pol]);
+            acts_set(&cfg, kv);
+            acts_set(&cfg, r ? "checkpoint.mlp_act=rewritten" : "checkpoint.mlp_act=kept");
+            model_acts_build(&t[r], &cfg);
+            config_free(&cfg);
+        }
+        int64_t act_rows = 0;
+        int kept_layers = 0;
+        for (int l = 0; l < 4; l++) kept_layers += model_acts_layer_keeps(&t[0], l);
+        for (int i = 0; i < t[1].n; i++) {
+            const ActBuffer *a = &t[0].b[i], *b = &t[1].b[i];
+            EXPECT(!strcmp(a->name, b->name), "the same buffers in the same order");
+            if (strcmp(b->name, "mlp_act")) {
+                EXPECT(a->bytes == b->bytes && a->keep == b->keep, "%s: moved with mlp_act", b->name);
+                continue;
+            }
+            const int keeps = model_acts_layer_keeps(&t[0], b->layer);
+            EXPECT(model_acts_layer_keeps_act(&t[0], b->layer) == keeps && !model_acts_layer_keeps_act(&t[1], b->layer),
+                   "layer %d: keeps_act %d / %d", b->layer, model_acts_layer_keeps_act(&t[0], b->layer),
+                   model_acts_layer_keeps_act(&t[1], b->layer));
+            EXPECT(b->rows == 512 && b->chunk && !(b->keep & (1u << pol)), "%s layer %d rewritten: %lld rows, kept %d",
+                   act_policy_names[pol], b->layer, (long long)b->rows, !!(b->keep & (1u << pol)));
+            EXPECT(!!(a->keep & (1u << pol)) == keeps && a->rows == (keeps ? 4096 : 512),
+                   "%s layer %d kept: %lld rows, kept %d", act_policy_names[pol], b->layer, (long long)a->rows,
+                   !!(a->keep & (1u << pol)));
+            if (keeps) {
+                EXPECT(a->bytes == 4096 * a->cols * a->elt, "layer %d act: %lld bytes", b->layer, (long long)a->bytes);
+                act_rows += a->bytes;
+            }
+        }
+        EXPECT(kept_layers == (pol == ACT_POLICY_NONE ? 4 : 1), "%s: %d kept layers", act_policy_names[pol],
+               kept_layers);
+        EXPECT(act_rows > 0 && t[0].kept[pol] - t[1].kept[pol] == act_rows,
+               "%s: kept %lld vs %lld, the kept layers' act %lld", act_policy_names[pol], (long long)t[0].kept[pol],
+               (long long)t[1].kept[pol], (long long)act_rows);
+        model_acts_free(&t[0]);
+        model_acts_free(&t[1]);
+    }
 }
