@@ -124,8 +124,7 @@ def test_none_keeps_the_per_token_tensors_by_hand(ringscan):
     nk = nv = nh = 16
     kvd, nkv = 256, 2
     Pg, Pa = 2 * Kd + Vd + Vd + 2 * nv, 2 * qd + 2 * kvd
-    token = (3 * H + 2 * I) * e + 2 * 4          # ln1, h, ln2, gate_up (2I); rstd1, rstd2 (act is chunk
-                                                 # scratch: the backward's swiglu_backward writes it again)
+    token = (3 * H + 3 * I) * e + 2 * 4          # ln1, h, ln2, gate_up (2I), act (I); rstd1, rstd2
     gdn = (2 * Kd + 3 * Vd) * e + (2 * nk + 2 * nv) * 4 + token + (Pg + Vd) * e + nv * 4   # + proj, normed, rstd
     attn = (qd + 2 * kvd + qd) * e + (nh + nkv) * 4 + token + (Pa + qd) * e                # + proj, gated
     d = plan_json(ringscan, "configs/hybrid-1b-1m-h200x4.yaml", "checkpoint.gdn_keep=none")

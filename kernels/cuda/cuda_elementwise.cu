@@ -313,9 +313,11 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_forward_kernel(bf16 *out
     cuda_store8n(out + t * I + c, gv, n, vec);
 }
 
-/* dgate = dout up silu'(gate); dup = dout silu(gate); out (when not NULL) = silu(gate) up, as the forward */
+/* dgate = dout up silu'(gate); dup = dout silu(gate); OUT: out = silu(gate) up too, as the forward (out unused
+ * without it) */
+template <bool OUT>
 __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dgate_up /* (T,2I) */,
-                                                                        bf16 *out /* (T,I) or NULL */,
+                                                                        bf16 *out /* (T,I) */,
                                                                         const bf16 *dout /* (T,I) */,
                                                                         const bf16 *gate_up /* (T,2I) */, int I,
                                                                         bool vec) {
@@ -332,11 +334,11 @@ __global__ void __launch_bounds__(EW_THREADS) ew_swiglu_backward_kernel(bf16 *dg
         const float sg = cuda_sigmoid_fast(gv[i]);
         dgv[i] = dy[i] * uv[i] * (sg * (1.0f + gv[i] * (1.0f - sg)));
         duv[i] = dy[i] * (gv[i] * sg);
-        ov[i] = ew_swiglu(gv[i], sg, uv[i]);
+        if (OUT) ov[i] = ew_swiglu(gv[i], sg, uv[i]);
     }
     cuda_store8n(dgate_up + t * 2 * I + c, dgv, n, vec);
     cuda_store8n(dgate_up + t * 2 * I + I + c, duv, n, vec);
-    if (out) cuda_store8n(out + t * I + c, ov, n, vec);
+    if (OUT) cuda_store8n(out + t * I + c, ov, n, vec);
 }
 
 extern "C" void cuda_swiglu_forward(void *out, const void *gate_up, int64_t T, int I) {
@@ -356,7 +358,8 @@ extern "C" void cuda_swiglu_backward(void *dgate_up, void *out, const void *dout
     if (!T) return;
     const bool vec = cuda_vec_ok(dgate_up, I, 2 * I) && cuda_vec_ok(dout, I, I) && cuda_vec_ok(gate_up, I, 2 * I) &&
                      (!out || cuda_vec_ok(out, I, I));
-    ew_swiglu_backward_kernel<<<ew_row_grid(T, I), EW_THREADS, 0, cuda_stream()>>>(
+    (out ? ew_swiglu_backward_kernel<true> : ew_swiglu_backward_kernel<false>)<<<ew_row_grid(T, I), EW_THREADS, 0,
+                                                                                cuda_stream()>>>(
         (bf16 *)dgate_up, (bf16 *)out, (const bf16 *)dout, (const bf16 *)gate_up, I, vec);
     CUDA_LAUNCH_CHECK();
 }

@@ -392,8 +392,9 @@ static int plan_input_rows(const Config *cfg) {
  * it takes would hold a kept layer or larger chunks, which spare GEMMs. */
 static int plan_mlp_act(const Config *c) {
     if (c->checkpoint.mlp_act != MLP_ACT_AUTO) return c->checkpoint.mlp_act;
-    /* no layer keeps under full / remat at keep_layers 0: nothing to decide (plan's other columns count it rewritten) */
-    if (c->checkpoint.activations != ACT_POLICY_NONE && c->checkpoint.keep_layers == 0) return MLP_ACT_REWRITTEN;
+    /* no layer keeps under full / remat at keep_layers 0: nothing to decide for the run; plan's none column counts act
+     * kept, as a run under none that fits its memory keeps it */
+    if (c->checkpoint.activations != ACT_POLICY_NONE && c->checkpoint.keep_layers == 0) return MLP_ACT_KEPT;
     Config q = *c; /* plan_build_as reads the copy only */
     q.checkpoint.mlp_act = MLP_ACT_KEPT;
     Plan p;

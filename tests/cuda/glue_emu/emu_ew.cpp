@@ -66,9 +66,9 @@ int main() {
         emu_launch(rows_grid(c.T, c.I), emu_dim(EW_THREADS),
                    [&] { ew_swiglu_forward_kernel(y.data(), gu.data(), c.I, vec); });
         emu_launch(rows_grid(c.T, c.I), emu_dim(EW_THREADS),
-                   [&] { ew_swiglu_backward_kernel(dgu.data(), nullptr, d.data(), gu.data(), c.I, vec); });
+                   [&] { ew_swiglu_backward_kernel<false>(dgu.data(), nullptr, d.data(), gu.data(), c.I, vec); });
         emu_launch(rows_grid(c.T, c.I), emu_dim(EW_THREADS), /* with out: the forward's bits again */
-                   [&] { ew_swiglu_backward_kernel(dgu2.data(), y2.data(), d.data(), gu.data(), c.I, vec); });
+                   [&] { ew_swiglu_backward_kernel<true>(dgu2.data(), y2.data(), d.data(), gu.data(), c.I, vec); });
         cpu_swiglu_forward(yc.data(), guf.data(), c.T, c.I);
         cpu_swiglu_backward(dguc.data(), nullptr, df.data(), guf.data(), c.T, c.I);
         snprintf(what, sizeof what, "swiglu T %lld I %d scale %g: fwd", (long long)c.T, c.I, (double)c.s);
