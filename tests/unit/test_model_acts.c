@@ -164,6 +164,17 @@ TEST(model_acts_keep_layers_mix_per_layer) {
         }
 }
 
+/* cfg: the defaults with 4 layers, 4096 tokens, chunks of 512 rows, under policy `pol` */
+static void acts_small(Config *cfg, int pol) {
+    config_init_defaults(cfg);
+    acts_set(cfg, "model.num_hidden_layers=4");
+    acts_set(cfg, "data.seq_len=4096");
+    acts_set(cfg, "checkpoint.chunk_rows=512");
+    char kv[64];
+    snprintf(kv, sizeof kv, "checkpoint.activations=%s", act_policy_names[pol]);
+    acts_set(cfg, kv);
+}
+
 /* checkpoint.input_rows whole: under full and remat every layer's input side (ln1, rstd1, the in_proj outputs,
  * KDA's f) has T rows, not kept (the recompute's scratch, no chunk scratch), and nothing else moves: the kept
  * bytes are chunk's; the recompute transient grows, by at most a layer's input side beyond one chunk; the chunk
@@ -176,18 +187,12 @@ TEST(model_acts_input_rows_whole) {
             ActTable t[2]; /* input_rows chunk, whole */
             for (int w = 0; w < 2; w++) {
                 Config cfg;
-                config_init_defaults(&cfg);
-                acts_set(&cfg, "model.num_hidden_layers=4");
-                acts_set(&cfg, "data.seq_len=4096");
-                acts_set(&cfg, "checkpoint.chunk_rows=512");
+                acts_small(&cfg, pol);
                 acts_set(&cfg, kinds[v]);
                 if (v == 1) {
                     acts_set(&cfg, "model.linear_num_key_heads=32");
                     acts_set(&cfg, "model.linear_num_value_heads=32");
                 }
-                char kv[64];
-                snprintf(kv, sizeof kv, "checkpoint.activations=%s", act_policy_names[pol]);
-                acts_set(&cfg, kv);
                 acts_set(&cfg, w ? "checkpoint.input_rows=whole" : "checkpoint.input_rows=chunk");
                 acts_set(&cfg, "checkpoint.mlp_act=kept");
                 model_acts_build(&t[w], &cfg);
@@ -243,15 +248,9 @@ TEST(model_acts_mlp_act) {
         ActTable t[2]; /* kept, rewritten */
         for (int r = 0; r < 2; r++) {
             Config cfg;
-            config_init_defaults(&cfg);
-            acts_set(&cfg, "model.num_hidden_layers=4");
-            acts_set(&cfg, "data.seq_len=4096");
-            acts_set(&cfg, "checkpoint.chunk_rows=512");
+            acts_small(&cfg, pol);
             acts_set(&cfg, "checkpoint.input_rows=chunk");
             acts_set(&cfg, "checkpoint.keep_layers=1");
-            char kv[64];
-            snprintf(kv, sizeof kv, "checkpoint.activations=%s", act_policy_names[pol]);
-            acts_set(&cfg, kv);
             acts_set(&cfg, r ? "checkpoint.mlp_act=rewritten" : "checkpoint.mlp_act=kept");
             model_acts_build(&t[r], &cfg);
             config_free(&cfg);
