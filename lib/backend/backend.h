@@ -173,9 +173,9 @@ typedef struct Backend {
                                     int OC, int ldi, int ldo, int ldr);
     /* dinp (= or += when accumulate_dinp; skipped when NULL) = dout @ w; dw += dout^T @ inp (skipped when NULL:
      * the MLP's down projection runs the two apart, its input written by swiglu_backward in between) */
-    void (*matmul_backward)(void *dinp /* (T,ldi) */, float *dw /* (OC,IC) += */, const void *dout /* (T,ldo) */,
-                            const void *inp /* (T,ldi) */, const void *w, int64_t T, int IC, int OC, int ldi,
-                            int ldo, int accumulate_dinp);
+    void (*matmul_backward)(void *dinp /* (T,ldi) or NULL */, float *dw /* (OC,IC) += or NULL */,
+                            const void *dout /* (T,ldo) */, const void *inp /* (T,ldi) */, const void *w, int64_t T,
+                            int IC, int OC, int ldi, int ldo, int accumulate_dinp);
 
     /* ---- causal depthwise conv1d (kernel Kc) + SiLU over C channels ----
      * u[t,c] = sum_j w[c,j] * x(t - (Kc-1-j), c), y = silu(u). x(t-b) is inp[t-b] when t-b >= 0, else

@@ -386,12 +386,11 @@ static int plan_input_rows(const Config *cfg) {
     return fits ? INPUT_ROWS_WHOLE : INPUT_ROWS_CHUNK;
 }
 
-/* checkpoint.mlp_act as it runs, for c with the layers and chunks resolved: kept or rewritten as given, or for auto
- * kept where the plan with it fits as plan_keep_layers asks, else rewritten. Last: a kept act spares a few bytes a
- * token of the SwiGLU backward and the down projection's two GEMM calls (docs/design/model.md), where the memory
- * it takes would hold a kept layer or larger chunks, which spare GEMMs. */
+/* checkpoint.mlp_act auto as it runs, for c with the layers and chunks resolved: kept where the plan with it fits as
+ * plan_keep_layers asks, else rewritten. Last: a kept act spares a few bytes a token of the SwiGLU backward and the
+ * down projection's second GEMM call (docs/design/model.md), where the memory it takes would hold a kept layer or
+ * larger chunks, which spare GEMMs. */
 static int plan_mlp_act(const Config *c) {
-    if (c->checkpoint.mlp_act != MLP_ACT_AUTO) return c->checkpoint.mlp_act;
     /* no layer keeps under full / remat at keep_layers 0: nothing to decide for the run; plan's none column counts act
      * kept, as a run under none that fits its memory keeps it */
     if (c->checkpoint.activations != ACT_POLICY_NONE && c->checkpoint.keep_layers == 0) return MLP_ACT_KEPT;
@@ -407,12 +406,11 @@ static int plan_mlp_act(const Config *c) {
 Config plan_resolve(const Config *cfg) {
     Config c = *cfg;
     c.checkpoint.input_rows = plan_input_rows(cfg); /* first: per byte it spares more recompute than a kept layer */
-    const int act = c.checkpoint.mlp_act; /* the layers and chunks are sized with act rewritten unless it is kept */
-    if (act == MLP_ACT_AUTO) c.checkpoint.mlp_act = MLP_ACT_REWRITTEN;
+    const bool act_auto = c.checkpoint.mlp_act == MLP_ACT_AUTO; /* auto: the layers and chunks first, act rewritten */
+    if (act_auto) c.checkpoint.mlp_act = MLP_ACT_REWRITTEN;
     c.checkpoint.keep_layers = plan_keep_layers(&c); /* at the rule's chunks: the layers before the chunk size */
     c.checkpoint.chunk_rows = plan_chunk_rows(&c);
-    c.checkpoint.mlp_act = act;
-    c.checkpoint.mlp_act = plan_mlp_act(&c);
+    if (act_auto) c.checkpoint.mlp_act = plan_mlp_act(&c);
     return c;
 }
 
@@ -817,9 +815,9 @@ void plan_print_json(const Plan *p, const Config *cfg, FILE *f) {
     json_object_set_new(mem, "keep_layers", json_integer(p->acts.keep_layers));
     json_object_set_new(mem, "keep_layers_auto", json_boolean(cfg->checkpoint.keep_layers == CONFIG_AUTO));
     json_object_set_new(mem, "input_rows", json_string(p->acts.inputs_whole ? "whole" : "chunk"));
+    json_object_set_new(mem, "input_rows_auto", json_boolean(cfg->checkpoint.input_rows == INPUT_ROWS_AUTO));
     json_object_set_new(mem, "mlp_act", json_string(p->acts.act_kept ? "kept" : "rewritten"));
     json_object_set_new(mem, "mlp_act_auto", json_boolean(cfg->checkpoint.mlp_act == MLP_ACT_AUTO));
-    json_object_set_new(mem, "input_rows_auto", json_boolean(cfg->checkpoint.input_rows == INPUT_ROWS_AUTO));
     json_object_set_new(root, "memory", mem);
     json_t *fl = json_pack("{sf sf sf sf sf}", "dense", p->flops_dense, "attention_causal", p->flops_attn_causal,
                            "attention_noncausal", p->flops_attn_full, "gdn", p->flops_gdn, "model", p->flops_model);
