@@ -538,3 +538,27 @@ def test_input_rows_auto_whole_first(ringscan):
     r = run([ringscan, "plan", cfg, *[x for kv in sets for x in ("--set", kv)]])
     assert r.returncode == 1 and "verdict: DOES NOT FIT" in r.stdout, r.stdout[-800:]
     assert "hint: checkpoint.input_rows=chunk fits" in r.stdout, r.stdout[-800:]
+
+
+def test_mlp_act_auto_keeps_act_where_it_fits(ringscan):
+    """checkpoint.mlp_act auto (plan_resolve): decided after keep_layers and the row chunks, kept where the plan with
+    it fits device memory less 5%, else rewritten. The 1B at 128k on one H200: rewritten, so keep_layers auto keeps
+    9 layers beside 4 GiB of chunks (kept as given: 8 layers and 2 GiB, the plan before rewriting existed); at 32k,
+    where every layer is kept anyway: kept, under remat with keep_layers auto and under none; with no kept layer
+    (keep_layers 0) nothing is decided for the run and plan's none column counts act kept, as under none."""
+    one = ("parallel.cp=1", "checkpoint.keep_layers=auto", "train.grad_accum=1", "slurm.gpus_per_node=1")
+    cfg = "configs/hybrid-1b-256k-h200x4.yaml"
+    m = plan_json(ringscan, cfg, *one, "data.seq_len=131072")["memory"]
+    assert (m["mlp_act"], m["mlp_act_auto"], m["keep_layers"], m["chunk_rows"]) == ("rewritten", True, 9, 51648), m
+    assert m["remat"]["total"] <= 0.95 * m["capacity"]
+    k = plan_json(ringscan, cfg, *one, "data.seq_len=131072", "checkpoint.mlp_act=kept")["memory"]
+    assert (k["mlp_act"], k["mlp_act_auto"], k["keep_layers"], k["chunk_rows"]) == ("kept", False, 8, 25792), k
+    for extra in ((), ("checkpoint.activations=none",)):
+        s = plan_json(ringscan, cfg, *one, "data.seq_len=32768", *extra)["memory"]
+        assert (s["mlp_act"], s["keep_layers"]) == ("kept", 16), (extra, s)
+    z = plan_json(ringscan, cfg, *one, "data.seq_len=131072", "checkpoint.keep_layers=0")["memory"]
+    rw = plan_json(ringscan, cfg, *one, "data.seq_len=131072", "checkpoint.keep_layers=0",
+                   "checkpoint.mlp_act=rewritten")["memory"]
+    assert z["mlp_act"] == "kept" and z["remat"]["total"] == rw["remat"]["total"]  # no layer keeps: the same run
+    # the none column keeps every layer's act whole: 16 layers x 131,072 tokens x 4096 bf16 more kept
+    assert z["none"]["activations_kept"] - rw["none"]["activations_kept"] == 16 * 131072 * 4096 * 2
