@@ -387,9 +387,9 @@ static int plan_input_rows(const Config *cfg) {
 }
 
 /* checkpoint.mlp_act auto as it runs, for c with the layers and chunks resolved: kept where the plan with it fits as
- * plan_keep_layers asks, else rewritten. Last: a kept act spares a few bytes a token of the SwiGLU backward and the
- * down projection's second GEMM call (docs/design/model.md), where the memory it takes would hold a kept layer or
- * larger chunks, which spare GEMMs. */
+ * plan_keep_layers asks, else rewritten. Last: a kept act spares the SwiGLU backward's store of act and the down
+ * projection's backward split in two calls around it (docs/design/model.md), where the memory it takes would hold a
+ * kept layer or larger chunks, which spare whole recomputes. */
 static int plan_mlp_act(const Config *c) {
     /* no layer keeps under full / remat at keep_layers 0: nothing to decide for the run; plan's none column counts act
      * kept, as a run under none that fits its memory keeps it */
