@@ -20,7 +20,7 @@ typedef struct CudaGdnTune {
     int dseg;  /* forward / backward state passes: document segments side by side (1 = none, n > 1: n
                   segments cut at document starts, 0 = automatic) */
     int dual;  /* where bv, dseg and split are automatic: launch both the automatic configuration and 32
-                  columns in 8 document segments, the device picks by the documents (1 = on, 2 = off, 3 / 4
+                  columns in 16 document segments, the device picks by the documents (1 = on, 2 = off, 3 / 4
                   = on with the pick forced to the second / first; 0 = automatic: on) */
     /* the wgmma switches; their `ringscan bench gdn --gdn-tune` keys (bench/bench.c) say what each
      * chooses: state_fwd_wgmma, state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols and, after piece,
@@ -29,11 +29,11 @@ typedef struct CudaGdnTune {
                   3 = on with 3 stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
     int sbwd;  /* state_bwd_wgmma: backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 1 = on, 2 = off,
                   0 = automatic (as state_fwd_wgmma) */
-    int dwg;   /* dual_wgmma: the dual launch's second configuration on the wgmma passes (64 columns in 8 document
+    int dwg;   /* dual_wgmma: the dual launch's second configuration on the wgmma passes (64 columns in 16 document
                   segments) where state_fwd_wgmma / state_bwd_wgmma leave the first on mma.sync: 1 = on, 2 = off
                   (32 columns on mma.sync), 0 = automatic (on) */
-    int sfbv;  /* state_fwd_wgmma_cols: wgmma forward state pass: state columns per block, 32, 64 or 128 (two
-                  warpgroups of 64 sharing the W, K tiles, where dim_k and dim_v are multiples of 128; 32 at other
+    int sfbv;  /* state_fwd_wgmma_cols: wgmma forward state pass: state columns per block, 32, 64 or 128 (four
+                  warpgroups of 32 sharing the W, K tiles, where dim_k and dim_v are multiples of 128; 32 at other
                   shapes); 0 = automatic (128 where the shape allows it and the launch's 64-column blocks with work
                   exceed 1.5 per SM, else 32) */
     int piece; /* rows per piece of a call (a multiple of 64), 0 = GDN_PIECE_ROWS (backend.h); tests set it

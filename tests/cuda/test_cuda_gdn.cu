@@ -588,7 +588,7 @@ TEST(cuda_gdn_mma_layouts) {
 /* The choice sets (cuda_gdn_tune.h) the parity cases run the cuda side under, against one oracle run:
  * the built-in default; 1, 3, 5 and 8 segments (more segments than chunks in the short cases: empty
  * segments), 2 and 3 pipeline stages, 16 and 32 state columns per block; document segments (dseg) 1, 3,
- * 5; the dual launch with the device's pick forced to 32 columns in 8 document segments (dual 3) and to
+ * 5; the dual launch with the device's pick forced to 32 columns in 16 document segments (dual 3) and to
  * the automatic configuration (dual 4); 64 state columns per block (bv 64), alone and in 3 document
  * segments; the forward state passes on wgmma (sfwd): automatic otherwise (the dual launch on), 3 stages
  * in 3 segments (transition columns and the fold), 3 document segments, the dual launch forced to its
@@ -654,6 +654,22 @@ TEST(cuda_gdn_forward_backward_gva_128) {
     gdn_check_fwd_bwd_cfgs("T=1000 nk=2 nv=4 d=128 docs 64,333,334,700 S0", &p, GDN_ALL, GDN_TEST_BOUND, GDN_CFGS);
 }
 
+/* 16 heads of 128 (GVA over 2 key heads) with 10 documents of uneven length: more document segments with work
+ * than one wave of the dual launch's 128-column blocks (8 at 16 heads on 132 SMs), so its second form cuts half
+ * as many (gdn_index_cuts_kernel); the built-in plan, that form forced (its widths automatic, 32 and 128
+ * columns forward, 64 and 128 backward), and 16 explicit document segments */
+TEST(cuda_gdn_forward_backward_many_docs_16) {
+    static const int starts[] = {300, 700, 1400, 1500, 2000, 2600, 2700, 3300, 3900};
+    static const CudaGdnTune cfgs[] = {
+        {0, 0, 0, 0, 0, 0, 0, 0, 0},           {0, 0, 0, 0, 3, 0, 0, 0, 0},
+        {0, 0, 0, 0, 3, 0, 0, 1, 32, 0, 64},   {0, 0, 0, 0, 3, 0, 0, 1, 128, 0, 128},
+        {0, 0, 32, 16, 2, 1, 1, 0, 0},
+    };
+    GdnProb p = gdn_prob(4000, 2, 16, 128, 128, 30, starts, 9, 1, 0.3, 310);
+    gdn_check_fwd_bwd_cfgs("T=4000 nk=2 nv=16 d=128 10 docs S0", &p, GDN_ALL, GDN_TEST_BOUND, cfgs,
+                           (int)(sizeof cfgs / sizeof cfgs[0]));
+}
+
 /* mixed dims, tiny calls, outputs switched off, S0 / dS_final absent, document at token 0 */
 TEST(cuda_gdn_forward_backward_edges) {
     static const int s64[] = {64};
@@ -674,16 +690,21 @@ TEST(cuda_gdn_forward_backward_edges) {
 /* what gdn_determinism asks of the two runs: every output bitwise equal; printed only; some output
  * different (the two configurations run different arithmetic: proof that a switch took effect) */
 enum GdnDet { GDN_DET_EQUAL, GDN_DET_INFO, GDN_DET_DIFFER };
+/* the documents of gdn_determinism_at's inputs: the usual starts (6 of the dual launch's 16 document segments
+ * have work); every 480 tokens (9 documents: at 16 heads more than one wave's segments, so the dual launch
+ * cuts 8, and the automatic widths of the wgmma passes are 128 columns); two documents (2 segments: 64
+ * columns backward, 32 forward) */
+enum GdnDocs { GDN_DOCS_USUAL, GDN_DOCS_SPREAD, GDN_DOCS_TWO };
 
 /* same inputs twice (T 4000, 2 key heads, nv value heads), the first run under cfg and the second under
- * cfg2 (NULL: cfg; cfg NULL: the switches as they are), outputs compared bitwise as `want` says; spread:
- * documents every 480 tokens (every one of 8 document segments has work) instead of the usual starts */
+ * cfg2 (NULL: cfg; cfg NULL: the switches as they are), outputs compared bitwise as `want` says */
 static void gdn_determinism_at(int nv, const CudaGdnTune *cfg, const CudaGdnTune *cfg2, GdnDet want,
-                               bool spread = false) {
+                               GdnDocs docs = GDN_DOCS_USUAL) {
     static const int starts[] = {64, 333, 334, 700, 2100, 2101, 3000},
-                     even[] = {480, 960, 1440, 1920, 2400, 2880, 3360, 3840};
-    GdnProb p = spread ? gdn_prob(4000, 2, nv, 128, 128, 30, even, 8, 1, 0.3, 501)
-                       : gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
+                     even[] = {480, 960, 1440, 1920, 2400, 2880, 3360, 3840}, two[] = {2000};
+    GdnProb p = docs == GDN_DOCS_SPREAD ? gdn_prob(4000, 2, nv, 128, 128, 30, even, 8, 1, 0.3, 501)
+                : docs == GDN_DOCS_TWO  ? gdn_prob(4000, 2, nv, 128, 128, 30, two, 1, 1, 0.3, 502)
+                                        : gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
     char cn[336], c1[160], c2[160];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
@@ -766,28 +787,28 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&b64);
     gdn_determinism(&b64, &b32, false);
     /* the wgmma forward pass (32 columns, the automatic sfbv): two runs; document segments
-     * exact (1 vs 7); the dual launch's second form = 8 document segments; against the mma.sync pass,
+     * exact (1 vs 7); the dual launch's second form = 16 document segments; against the mma.sync pass,
      * information only */
     static const CudaGdnTune wg = {0, 0, 0, 0, 0, 1, 0, 0, 0}, wg1 = {0, 0, 0, 1, 2, 1, 0, 0, 0},
                              wg7 = {0, 0, 0, 7, 2, 3, 0, 0, 0}, wgd = {0, 0, 0, 0, 3, 1, 0, 2, 0},
-                             wg8 = {0, 0, 32, 8, 2, 1, 0, 0, 0};
+                             wg16 = {0, 0, 32, 16, 2, 1, 0, 0, 0};
     gdn_determinism(&wg);
     gdn_determinism(&wg1, &wg7);
-    gdn_determinism_dual(&wgd, &wg8);
+    gdn_determinism_dual(&wgd, &wg16);
     gdn_determinism(&wg, &v2d, false);
     /* the wgmma backward pass: two runs, alone and with sfwd; document segments exact (1 vs
-     * 7); the dual launch's second form = 8 document segments; against the mma.sync pass,
+     * 7); the dual launch's second form = 16 document segments; against the mma.sync pass,
      * information only */
     static const CudaGdnTune sb = {0, 0, 0, 0, 0, 0, 1, 0, 0},
                              sbf = {0, 0, 0, 0, 0, 1, 1, 0, 0},
                              sb1 = {0, 0, 0, 1, 2, 0, 1, 0, 0},
                              sb7 = {0, 0, 0, 7, 2, 0, 1, 0, 0},
                              sbd = {0, 0, 0, 0, 3, 0, 1, 2, 0},
-                             sb8 = {0, 0, 32, 8, 2, 0, 1, 0, 0};
+                             sb16 = {0, 0, 32, 16, 2, 0, 1, 0, 0};
     gdn_determinism(&sb);
     gdn_determinism(&sbf);
     gdn_determinism(&sb1, &sb7);
-    gdn_determinism_dual(&sbd, &sb8);
+    gdn_determinism_dual(&sbd, &sb16);
     gdn_determinism(&sb, &v2d, false);
     /* the wgmma backward pass in 64-column blocks (one warpgroup) against 128 (two warpgroups sharing the
      * tiles): bitwise, alone, in 4 segments (the transition columns M^T and the fold), in 7 document
@@ -807,46 +828,47 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism_dual(&s64d, &s128d);
     /* the automatic width with document segments, picked on the device from the segments with work: at 16
      * heads with 8 such segments (256 blocks of 64 columns, above one per SM) two warpgroups run, equal to
-     * 64 columns; with the usual documents (4 segments with work: 128 blocks) one runs, equal to 128 */
+     * 64 columns; with two documents (64 blocks) one runs, equal to 128 */
     static const CudaGdnTune sad = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0};
-    gdn_determinism_at(16, &sad, &s64d, GDN_DET_EQUAL, true);
-    gdn_determinism_at(16, &sad, &s128d, GDN_DET_EQUAL, false);
+    gdn_determinism_at(16, &sad, &s64d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
+    gdn_determinism_at(16, &sad, &s128d, GDN_DET_EQUAL, GDN_DOCS_TWO);
     /* the dual launch's second form on wgmma (dwg; at 16 heads, where sfwd / sbwd automatic
-     * are off): two runs; forced to it = both wgmma passes in 8 document segments;
+     * are off): two runs; forced to it = both wgmma passes in 16 document segments;
      * forced to the first form = the mma.sync default without the dual launch; against the second form
      * on mma.sync a difference (wgmma's sums in another order: the proof that dwg took effect) */
     static const CudaGdnTune dw3 = {0, 0, 0, 0, 3, 0, 0, 1, 0},
                              dw4 = {0, 0, 0, 0, 4, 0, 0, 1, 0},
-                             dw8 = {0, 0, 32, 8, 2, 1, 1, 0, 0};
+                             dw16 = {0, 0, 32, 16, 2, 1, 1, 0, 0};
     gdn_determinism_dual(&dw3, NULL);
-    gdn_determinism_dual(&dw3, &dw8);
+    gdn_determinism_dual(&dw3, &dw16);
     gdn_determinism_dual(&dw4, &nod);
     gdn_determinism_dual(&dw3, &du3, GDN_DET_DIFFER);
     /* the wgmma forward pass in 64-column blocks (sfbv 64; 32 is the automatic choice): two
-     * runs; document segments exact (1 vs 7, 3 stages); the dual launch's second form (dwg) = 8 document
+     * runs; document segments exact (1 vs 7, 3 stages); the dual launch's second form (dwg) = 16 document
      * segments; against 32 columns, information only */
     static const CudaGdnTune f64 = {0, 0, 0, 0, 0, 1, 0, 0, 64},
                              f641 = {0, 0, 0, 1, 2, 1, 0, 0, 64},
                              f647 = {0, 0, 0, 7, 2, 3, 0, 0, 64},
                              f64d = {0, 0, 0, 0, 3, 0, 0, 1, 64},
-                             f648 = {0, 0, 32, 8, 2, 1, 1, 0, 64};
+                             f6416 = {0, 0, 32, 16, 2, 1, 1, 0, 64};
     gdn_determinism(&f64);
     gdn_determinism(&f641, &f647);
-    gdn_determinism_dual(&f64d, &f648);
+    gdn_determinism_dual(&f64d, &f6416);
     gdn_determinism(&f64, &wg, false);
-    /* the wgmma forward pass with two warpgroups of 64 columns (sfbv 128) against one (sfbv 64): bitwise,
-     * alone, in 4 segments (transition columns, the fold) and as the dual launch's second form; the automatic
-     * width with document segments, picked on the device (8 segments with work at 16 heads: two warpgroups),
-     * against 32 columns, information only */
+    /* the wgmma forward pass with four warpgroups of 32 columns (sfbv 128) against 32-column blocks (sfbv 32):
+     * bitwise, alone, in 4 segments (transition columns, the fold) and as the dual launch's second form; the
+     * automatic width with document segments, picked on the device (8 segments with work at 16 heads: four
+     * warpgroups; two: 32 columns), against the other width, bitwise */
     static const CudaGdnTune f128 = {0, 0, 0, 0, 0, 1, 0, 0, 128}, f128s = {4, 0, 0, 0, 0, 1, 0, 0, 128},
-                             f64s = {4, 0, 0, 0, 0, 1, 0, 0, 64}, f128d = {0, 0, 0, 0, 3, 0, 0, 1, 128},
-                             fad = {0, 0, 0, 0, 3, 0, 0, 1, 0}, f32d = {0, 0, 0, 0, 3, 0, 0, 1, 32};
+                             f32a = {0, 0, 0, 0, 0, 1, 0, 0, 32}, f32s = {4, 0, 0, 0, 0, 1, 0, 0, 32},
+                             f128d = {0, 0, 0, 0, 3, 0, 0, 1, 128}, fad = {0, 0, 0, 0, 3, 0, 0, 1, 0},
+                             f32d = {0, 0, 0, 0, 3, 0, 0, 1, 32};
     gdn_determinism(&f128);
-    gdn_determinism(&f64, &f128);
-    gdn_determinism(&f64s, &f128s);
-    gdn_determinism_dual(&f64d, &f128d);
-    gdn_determinism_at(16, &fad, &f128d, GDN_DET_EQUAL, true);
-    gdn_determinism_at(16, &fad, &f32d, GDN_DET_INFO, false);
+    gdn_determinism(&f32a, &f128);
+    gdn_determinism(&f32s, &f128s);
+    gdn_determinism_dual(&f32d, &f128d);
+    gdn_determinism_at(16, &fad, &f32d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
+    gdn_determinism_at(16, &fad, &f128d, GDN_DET_EQUAL, GDN_DOCS_TWO);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment

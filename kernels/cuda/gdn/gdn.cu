@@ -59,11 +59,11 @@
 /* ------------------------------------------------------------------------------------------------ */
 /* host side: launches                                                                                */
 
-/* dual (> 0): also the dual launch's second cuts (GDN_DUAL_ZB segments, bps column blocks each) and the
- * device's choice (need: blocks of the second configuration that make it the one to run); then the first
- * configuration's cuts are written even for dseg == 1 */
+/* dual (> 0): also the dual launch's second cuts (GDN_DUAL_ZB segments, or half as many where more than wave
+ * have work; bps column blocks each) and the device's choice (need: blocks of the second configuration that make
+ * it the one to run); then the first configuration's cuts are written even for dseg == 1 */
 static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T, int dseg = 1, int dual = 0, int bps = 0,
-                      int64_t need = 0) {
+                      int64_t need = 0, int wave = 0) {
     const int nb = (int)((T + 1023) / 1024);
     cudaStream_t st = cuda_stream();
     gdn_index_count_kernel<<<nb, 1024, 0, st>>>(b->blk, doc_pos, T);
@@ -77,12 +77,12 @@ static void gdn_index(const GdnBufs *b, const int32_t *doc_pos, int64_t T, int d
     CUDA_LAUNCH_CHECK();
     if (dseg > 1 || dual) {
         RS_CHECK(dseg <= GDN_DSEG_MAX, "gdn: %d document segments (at most %d)", dseg, GDN_DSEG_MAX);
-        gdn_index_cuts_kernel<<<1, 1024, 0, st>>>(b->cuts, b->info, b->meta, dseg > 1 ? dseg : 1, NULL, 0, 0);
+        gdn_index_cuts_kernel<<<1, 1024, 0, st>>>(b->cuts, b->info, b->meta, dseg > 1 ? dseg : 1, NULL, 0, 0, 0);
         CUDA_LAUNCH_CHECK();
     }
     if (dual) {
         gdn_index_cuts_kernel<<<1, 1024, 0, st>>>(b->cuts + GDN_CUTS_B, b->info, b->meta, GDN_DUAL_ZB,
-                                                  b->cuts + GDN_CUTS_PICK, bps, need);
+                                                  b->cuts + GDN_CUTS_PICK, bps, need, wave);
         CUDA_LAUNCH_CHECK();
     }
 }
@@ -231,8 +231,8 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
     return tm;
 }
 
-/* the wgmma forward pass, WB columns per warpgroup (64, or 32: two blocks per SM), NWG warpgroups per block (2:
- * WB 64, 2 stages), gdn_sfwd_cur's stages (2, 3); need > 0: both widths are launched, the device picks */
+/* the wgmma forward pass, WB columns per warpgroup (64, or 32: two blocks per SM), NWG warpgroups per block (4:
+ * WB 32, 2 stages), gdn_sfwd_cur's stages (2, 3); need > 0: both widths are launched, the device picks */
 template <int DK, int WB, int NWG>
 static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg &sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp,
@@ -247,11 +247,11 @@ static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
                                                                           nk, nv, dv, tp, (int)need);
         CUDA_LAUNCH_CHECK();
     };
-    if constexpr (NWG == 2 && DK % 128 != 0) /* plan keeps one warpgroup there: no kernel is built for it */
-        RS_FATAL("gdn: state_fwd_wg with two warpgroups needs dim_k in 128s, has %d", DK);
-    else if constexpr (NWG == 2) {
-        RS_CHECK(gdn_sfwd_cur == 2, "gdn: state_fwd_wg with two warpgroups runs 2 stages (asked %d)", gdn_sfwd_cur);
-        run(gdn_state_forward_wgmma_kernel<DK, 2, WB, 2>, GdnStateFwdSmemWg<DK, 2, WB, 2>::BYTES);
+    if constexpr (NWG > 1 && DK % 128 != 0) /* plan keeps one warpgroup there: no kernel is built for it */
+        RS_FATAL("gdn: state_fwd_wg with %d warpgroups needs dim_k in 128s, has %d", NWG, DK);
+    else if constexpr (NWG > 1) {
+        RS_CHECK(gdn_sfwd_cur == 2, "gdn: state_fwd_wg with %d warpgroups runs 2 stages (asked %d)", NWG, gdn_sfwd_cur);
+        run(gdn_state_forward_wgmma_kernel<DK, 2, WB, NWG>, GdnStateFwdSmemWg<DK, 2, WB, NWG>::BYTES);
     } else if (gdn_sfwd_cur == 3)
         run(gdn_state_forward_wgmma_kernel<DK, 3, WB, 1>, GdnStateFwdSmemWg<DK, 3, WB, 1>::BYTES);
     else run(gdn_state_forward_wgmma_kernel<DK, 2, WB, 1>, GdnStateFwdSmemWg<DK, 2, WB, 1>::BYTES);
@@ -260,17 +260,17 @@ static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
 template <int DK, int BV, int NST>
 static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    if (gdn_sfwd_cur) { /* the wgmma pass: gdn_sfbv_cur columns per block (32, 64, two warpgroups of 64 or 0:
-                           32 or two warpgroups, by the blocks with work) */
+    if (gdn_sfwd_cur) { /* the wgmma pass: gdn_sfbv_cur columns per block (32, 64, four warpgroups of 32 or 0:
+                           32 or four warpgroups, by the blocks with work) */
         int fb = gdn_sfbv_cur;
-        if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* two warpgroups run 2 stages */
+        if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* four warpgroups run 2 stages */
         if (fb == 0 && sg.cuts) { /* document segments: the device counts those with work, one width runs */
             gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
-            gdn_wg_fwd_launch<DK, 64, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
+            gdn_wg_fwd_launch<DK, 32, 4>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
             return;
         }
         if (fb == 0) fb = gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 0) ? 128 : 32;
-        if (fb == 128) gdn_wg_fwd_launch<DK, 64, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        if (fb == 128) gdn_wg_fwd_launch<DK, 32, 4>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else if (fb == 64) gdn_wg_fwd_launch<DK, 64, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         return;
@@ -444,7 +444,7 @@ static void gdn_pass_bwd(const GdnPlan &pl, const GdnBufs *b, float *segE, float
 
 /* the index of a forward / backward under the plan (the dual launch's cuts and choice with it) */
 static void gdn_index_plan(const GdnBufs *b, const GdnPlan &pl, const int32_t *doc_pos, int64_t T, int nv, int dv) {
-    gdn_index(b, doc_pos, T, pl.dseg, pl.dual, nv * dv / 32, pl.dual_need);
+    gdn_index(b, doc_pos, T, pl.dseg, pl.dual, nv * dv / 32, pl.dual_need, pl.dual_wave);
 }
 
 /* o NULL: the state pass alone (kept with states: its h, vn stay there); states_in: the output alone, from

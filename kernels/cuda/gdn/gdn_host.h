@@ -23,7 +23,8 @@
 #define GDN_SFWD_BLOCKS 128   /* forward state pass on wgmma where its 64-column blocks are at least this many
                                  (64 heads of 128), 2 stages */
 #define GDN_DUAL_DEFAULT 1    /* state passes: dual launch, the configuration chosen on the device */
-#define GDN_DUAL_ZB 8         /* dual launch, second configuration: 32 columns in this many document segments */
+#define GDN_DUAL_ZB 16        /* dual launch, second configuration: 32 columns in this many document segments, or
+                                 half as many where more have work than fill the GPU once (GdnPlan.dual_wave) */
 #define GDN_DUAL_WAVES 2      /* ... chosen when its non-empty segments give this many blocks per SM */
 #define GDN_DWG_DEFAULT 1     /* dual launch: its second configuration on the wgmma state passes */
 #define GDN_CUTS_B (GDN_DSEG_MAX + 1)         /* the second configuration's cuts in GdnBufs.cuts */
@@ -60,11 +61,13 @@ typedef struct GdnPlan {
     int dual; /* state passes: dual launch (bv / dseg as above, and 32 columns in GDN_DUAL_ZB document
                  segments), the device picks by the documents; 0: off */
     int64_t dual_need; /* blocks of the second configuration that make the device pick it */
+    int dual_wave;     /* the second configuration's document segments with work that fill the GPU once (a
+                          128-column block per SM): more, and it runs half as many (gdn_index_cuts_kernel) */
     long long *tp; /* prof == 2: the state passes' per-phase cycles and chunks (device, 2 x GDN_TP_SLOTS) */
     int sfwd;      /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 0 off, else its pipeline stages (2, 3) */
     int sbwd;      /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 0 off, 1 on */
     int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
-    int sfbv;      /* wgmma forward state pass: state columns per block, 32, 64 or 128 (two warpgroups of 64);
+    int sfbv;      /* wgmma forward state pass: state columns per block, 32, 64 or 128 (four warpgroups of 32);
                       0: 32 or 128 by the launch's blocks with work (gdn_wide_pick) */
     int sbcols;    /* wgmma backward state pass: state columns per block, 64 or 128 (two warpgroups), 0: by
                       the launch (gdn_wide_pick) */

@@ -112,6 +112,8 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     if (dual && t.bv == 0 && t.dseg == 0 && t.split == 0 && pl.nseg_f == 1 && pl.nseg_b == 1 && dv % 32 == 0) {
         pl.dual = dual;
         pl.dual_need = dual == 3 ? 0 : dual == 4 ? INT64_MAX : (int64_t)GDN_DUAL_WAVES * gdn_sm_count();
+        const int64_t per_seg = (int64_t)nv * dv / 128 > 0 ? (int64_t)nv * dv / 128 : 1;
+        pl.dual_wave = gdn_sm_count() / per_seg > 0 ? (int)(gdn_sm_count() / per_seg) : 1;
     }
     /* wgmma forward state pass: every forward pass (segments, transition columns, document segments,
      * dual launch) */
@@ -125,7 +127,7 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
      * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
     const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
     pl.dwg = pl.dual && dv % 64 == 0 ? dwg : 0;
-    /* the wgmma forward pass in 32-column blocks (two blocks per SM) or two warpgroups of 64 columns, where
+    /* the wgmma forward pass in 32-column blocks (two blocks per SM) or four warpgroups of 32 columns, where
      * the state and transition columns fall in whole blocks of 128 (else 32) */
     RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64 || t.sfbv == 128, "gdn: sfbv %d (0, 32, 64 or 128 columns)",
              t.sfbv);
@@ -148,9 +150,8 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
  * against 64-column blocks: 128 blocks (one wave): one warpgroup wins by 2.8%; 160 with uneven segments: one wins
  * by 2.4%; 192 and more: two win by 4-8% (the 1.9-wave launches run their second wave late). Threshold: one
  * block per SM. Forward, against 32-column blocks two per SM: 256 and more: two win by 4-6%; threshold 1.5 per
- * SM. The backward's widths give the same bits (test_cuda checks it); the forward's two warpgroups give the bits
- * of its 64-column blocks, and those equalled the 32-column blocks' in every test run (checked as information:
- * m64n64 and m64n32 products are not promised to sum alike). */
+ * SM (measured with two warpgroups of 64 columns; the forward's 128-column block is now four of 32). Either
+ * pass's widths give the same bits (test_cuda checks it). */
 int64_t gdn_wide_need(int bwd) { return bwd ? (int64_t)gdn_sm_count() : 3 * (int64_t)gdn_sm_count() / 2; }
 
 bool gdn_wide_pick(int64_t blocks64, int bwd) { return blocks64 > gdn_wide_need(bwd); }

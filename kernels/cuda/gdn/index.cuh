@@ -147,41 +147,50 @@ __global__ void gdn_index_info_kernel(int4 *info /* (T+1) */, const int32_t *sta
 }
 
 /* cuts (Z + 1) of the document segments of the state passes (gdn/state_pass.cuh, gdn_doc_range) over all
- * chunks: cuts[0] = 0, cuts[Z] = nc, cuts[p] = the first chunk at or after p nc / Z that starts a
- * document (nc if none), so the cuts never decrease. One block; each thread keeps the first hit of its
- * strided walk, the block takes the smallest. With pick (the dual launch, gdn/state_pass.cuh): *pick = 1
- * when the non-empty segments times bps (state column blocks per segment) reach need, else 0. */
+ * chunks: cuts[0] = 0, cuts[Z] = nc, cuts[p] = the first chunk at or after p nc / Zc that starts a
+ * document (nc if none, and for p >= Zc), so the cuts never decrease. Zc = Z; with wave > 0, where more
+ * than `wave` segments have work (more than one wave of the pass's blocks), Zc = Z / 2: many documents
+ * fill the GPU in fewer, longer segments, while a few get one segment each (the longest segment is then
+ * the longest document). One block; each thread keeps the first hit of its strided walk, the block takes
+ * the smallest. With pick (the dual launch, gdn/state_pass.cuh): *pick = 1 when the non-empty segments
+ * times bps (state column blocks per segment) reach need, else 0. */
 __global__ void __launch_bounds__(1024) gdn_index_cuts_kernel(int32_t *cuts /* (Z+1) */, const int4 *info,
                                                               const int32_t *meta, int Z, int32_t *pick, int bps,
-                                                              int64_t need) {
-    __shared__ int s_min[32];
+                                                              int64_t need, int wave) {
+    __shared__ int s_min[32], s_used;
     const int nc = meta[GDN_META_NC];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int p = 1; p < Z; p++) {
-        const int target = (int)((int64_t)nc * p / Z);
-        int best = nc;
-        for (int c = target + (int)threadIdx.x; c < nc; c += blockDim.x)
-            if (info[c].z & 1) {
-                best = c;
-                break;
+    for (int Zc = Z;; Zc /= 2) {
+        for (int p = 1; p < Z; p++) {
+            int best = nc;
+            if (p < Zc) {
+                const int target = (int)((int64_t)nc * p / Zc);
+                for (int c = target + (int)threadIdx.x; c < nc; c += blockDim.x)
+                    if (info[c].z & 1) {
+                        best = c;
+                        break;
+                    }
             }
-        best = __reduce_min_sync(GDN_FULL, best);
-        if (lane == 0) s_min[w] = best;
-        __syncthreads();
+            best = __reduce_min_sync(GDN_FULL, best);
+            if (lane == 0) s_min[w] = best;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                for (int i = 1; i < nw; i++) best = min(best, s_min[i]);
+                cuts[p] = min(best, s_min[0]);
+            }
+            __syncthreads();
+        }
         if (threadIdx.x == 0) {
-            for (int i = 1; i < nw; i++) best = min(best, s_min[i]);
-            cuts[p] = min(best, s_min[0]);
+            cuts[0] = 0;
+            cuts[Z] = nc;
+            int used = 0;
+            for (int p = 0; p < Z; p++) used += cuts[p + 1] > cuts[p] ? 1 : 0;
+            s_used = used;
         }
         __syncthreads();
+        if (wave <= 0 || s_used <= wave || Zc < Z || Zc < 2) break;
+        __syncthreads(); /* every thread has read s_used before thread 0 writes it again */
     }
-    if (threadIdx.x == 0) {
-        cuts[0] = 0;
-        cuts[Z] = nc;
-        if (pick) {
-            int64_t used = 0;
-            for (int p = 0; p < Z; p++) used += cuts[p + 1] > cuts[p] ? 1 : 0;
-            *pick = used * bps >= need ? 1 : 0;
-        }
-    }
+    if (threadIdx.x == 0 && pick) *pick = (int64_t)s_used * bps >= need ? 1 : 0;
 }
 

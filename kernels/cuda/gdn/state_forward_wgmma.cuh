@@ -20,10 +20,11 @@
  * 32-column blocks (sfbv = 32, the automatic choice where few blocks have work): half the accumulator
  * registers and about 100 KB of shared memory, so two blocks, two independent chunk chains, share an SM and
  * hide each other's per-chunk latency, at twice the W and K traffic per state column. 16-column blocks exist
- * on mma.sync only. Two warpgroups of 64 columns (NWG = 2, sfbv = 128, automatic where many blocks have
- * work): two chains in one block that read the same W and K tiles, each with its own U, hi, lo and vn tiles
+ * on mma.sync only. Four warpgroups of 32 columns (NWG = 4, sfbv = 128, automatic where many blocks have
+ * work): four chains in one block that read the same W and K tiles, each with its own U, hi, lo and vn tiles
  * (195 KB at DK = 128), as state_backward_wgmma.cuh's two warpgroups: one block barrier per chunk, each
- * warpgroup's own named barrier inside it; the bits of one warpgroup of 64 columns.
+ * warpgroup's own named barrier inside it; the bits of the 32-column blocks. (Two warpgroups of 64 columns ran
+ * as fast where a segment held two documents, and 11% slower where each had its own: bench-log 2026-12-01-d.)
  * Segments, transition columns, document segments, the dual launch and the cycle counters (GDN_TP,
  * `ringscan bench gdn --profile 2`) are state_pass.cuh's, unchanged. The bits differ from the mma.sync
  * pass (wgmma's accumulation order) but are the same on every run and for every segmentation by documents.
@@ -41,13 +42,13 @@ GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d)
 }
 
 /* Both widths of a wgmma state pass launched (wide_need > 0: document segments, whose non-empty count only
- * the device knows): true where this block's width is not the device's pick, which is two warpgroups (NWG 2)
- * where the 64-column blocks of the non-empty segments exceed wide_need (gdn_wide_need), else one. The
+ * the device knows): true where this block's width is not the device's pick, which is the 128-column block
+ * (NWG > 1) where the 64-column blocks of the non-empty segments exceed wide_need (gdn_wide_need), else one. The
  * block's columns: gridDim.x NWG BV of the launch's. */
 template <int NWG, int BV> GDN_DEV bool gdn_wide_skip(const GdnSeg &sg, int nv, int64_t wide_need) {
     int used = 0;
     for (int i = 0; i < sg.nseg; i++) used += sg.cuts[i + 1] > sg.cuts[i] ? 1 : 0;
-    return ((int64_t)used * nv * gridDim.x * NWG * BV / 64 > wide_need) != (NWG == 2);
+    return ((int64_t)used * nv * gridDim.x * NWG * BV / 64 > wide_need) != (NWG > 1);
 }
 
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
@@ -74,7 +75,7 @@ template <int BV> GDN_DEV uint64_t gdn_wg_bdesc(uint32_t saddr, uint32_t lbo) {
 /* shared memory of the pass, every wgmma / TMA tile on a 1024-byte boundary (the base is rounded up);
  * BV state columns per warpgroup (64, or 32), NWG warpgroups: per stage W, K, NWG U tiles, the gates and the
  * stage's mbarrier; then per warpgroup hi, lo, vn and vno. DK = 128, 2 stages: 99 KB at 32 columns (two
- * blocks per SM), 131 KB at 64, 195 KB at two warpgroups of 64 */
+ * blocks per SM), 131 KB at 64, 195 KB at four warpgroups of 32 */
 template <int DK, int NST, int BV = 64, int NWG = 1> struct GdnStateFwdSmemWg {
     static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * BV * 2, TS = DK * BV * 2;
     static constexpr int OW = 0, OK = TK, OU = 2 * TK, OG = 2 * TK + NWG * TU, OB = OG + GDN_C * 4,
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG)
                             int wide_need /* > 0: run only if this NWG is the device's pick (gdn_wide_skip) */) {
     constexpr int MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
-    static_assert(NWG == 1 || (NWG == 2 && BV == 64), "state_fwd_wg: one warpgroup, or two of 64 columns");
+    static_assert(NWG == 1 || NWG * BV == 128, "state_fwd_wg: one warpgroup, or warpgroups of 128 columns in all");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
     const uint32_t raw = ptx_smem_addr(gdn_wg_smem);
     const GdnStateFwdSmemWg<DK, NST, BV, NWG> s(gdn_wg_smem + (((raw + 1023u) & ~1023u) - raw));
