@@ -217,10 +217,11 @@ __device__ __forceinline__ uint2 conv_raw4(const bf16 *p, int n, bool vec) {
     return u;
 }
 
+/* the 4 bf16 of u as fp32 (exact): a pair's low half shifted up, its high half masked, so the compiler shares
+ * and reorders them freely (cvt.f32.bf16 on each half took a byte permute more) */
 __device__ __forceinline__ void conv_unpack4(float f[CONV_CV], uint2 u) {
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-    const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+    f[0] = __uint_as_float(u.x << 16), f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16), f[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
 /* f[0..n) rounded to bf16 at p (one 8-byte store when `vec`) */
@@ -587,17 +588,15 @@ __device__ __forceinline__ void conv_head_sums(float v[R]) {
  * without the tests. */
 template <int KC, int HL, bool FULL>
 __device__ __forceinline__ void conv_split_fwd_group(bf16 *out /* (T,ldo) */, int ldo, float *rs_out /* (T,nqk) */,
-                                                     int nqk, uint2 xp[KC], const float wr[CONV_CV][KC],
+                                                     int nqk, float xw[KC][CONV_CV], const float wr[CONV_CV][KC],
                                                      uint2 xr[CONV_RUN_G], const int dpg[CONV_RUN_G], int tg, int t1,
                                                      int c, int n, bool is_qk, bool vec, int *err) {
     constexpr int DK = HL * CONV_CV;
     float ss[CONV_RUN_G];
 #pragma unroll
     for (int g = 0; g < CONV_RUN_G; g++) {
-        xp[0] = xr[g];
-        float xw[KC][CONV_CV], u[CONV_CV];
-#pragma unroll
-        for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
+        conv_unpack4(xw[0], xr[g]);
+        float u[CONV_CV];
         conv_run_preact<KC>(u, xw, wr, FULL ? KC - 1 : min(KC - 1, dpg[g]));
         __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&xr[g]);
         h[0] = __floats2bfloat162_rn(u[0] * conv_sigmoid(u[0]), u[1] * conv_sigmoid(u[1]));
@@ -607,7 +606,9 @@ __device__ __forceinline__ void conv_split_fwd_group(bf16 *out /* (T,ldo) */, in
 #pragma unroll
         for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
 #pragma unroll
-        for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
+        for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
     }
     if (is_qk) {
         conv_head_sums<HL, CONV_RUN_G>(ss);
@@ -657,11 +658,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
     bf16 *out = is_qk ? qk + c : v + (c - Kd2); /* the lane's output columns */
     const int ldo = is_qk ? Kd2 : Vd;
     float *rs_out = rstd + c / DK; /* its head's rstd (q|k lanes) */
-    float wr[CONV_CV][KC];
-    uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
+    float wr[CONV_CV][KC], xw[KC][CONV_CV]; /* xw[b] = x(t-b), each row unpacked once */
     conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-    for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
+    for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
     uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
     int dpn[CONV_RUN_G];
 #pragma unroll
@@ -679,9 +679,9 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
 #pragma unroll
         for (int g = 1; g < CONV_RUN_G; g++) dpmin = min(dpmin, dpg[g]);
         if (vec && tg + CONV_RUN_G <= t1 && dpmin >= KC - 1)
-            conv_split_fwd_group<KC, HL, true>(out, ldo, rs_out, nqk, xp, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
+            conv_split_fwd_group<KC, HL, true>(out, ldo, rs_out, nqk, xw, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
         else
-            conv_split_fwd_group<KC, HL, false>(out, ldo, rs_out, nqk, xp, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
+            conv_split_fwd_group<KC, HL, false>(out, ldo, rs_out, nqk, xw, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
     }
 }
 
@@ -693,7 +693,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
 template <int KC, bool FULL>
 __device__ __forceinline__ void conv_split_bwd_group(bf16 *dproj /* (T,ldp) */, int ldp, bf16 *dhalo /* (KC-1,C) */,
                                                      float duw[KC][CONV_CV], int dpw[KC], float dw[CONV_CV][KC],
-                                                     uint2 xp[KC], const float wr[CONV_CV][KC],
+                                                     float xw[KC][CONV_CV], const float wr[CONV_CV][KC],
                                                      const uint2 xr[CONV_SPLIT_GB], const uint2 dr[CONV_SPLIT_GB],
                                                      const int dpg[CONV_SPLIT_GB], int tg, int t0, int t1, int tend,
                                                      int T, int C, int c, int n, bool vec, int *err) {
@@ -702,14 +702,14 @@ __device__ __forceinline__ void conv_split_bwd_group(bf16 *dproj /* (T,ldp) */, 
         const int t = tg + g;
         if (!FULL && t >= tend) break;
         conv_bwd_shift<KC>(duw, dpw); /* du[t] into duw[KC-1] below */
-        float dy[CONV_CV], xw[KC][CONV_CV];
+        float dy[CONV_CV];
         conv_unpack4(dy, dr[g]);
-        xp[0] = xr[g];
-#pragma unroll
-        for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
+        conv_unpack4(xw[0], xr[g]);
         if (FULL || t < T) conv_bwd_token<KC, FULL>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
 #pragma unroll
-        for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
+        for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
         conv_bwd_input_row<KC, FULL>(dproj, ldp, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
     }
 }
@@ -749,11 +749,11 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
     if (n > 0 && t0 < T) {
         const int t1 = min(T, t0 + run);
         float wr[CONV_CV][KC], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
-        uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
-        int dpw[KC];  /* doc_pos of the tokens of duw; -1: none */
+        float xw[KC][CONV_CV]; /* xw[b] = x(t-b), each row unpacked once */
+        int dpw[KC];           /* doc_pos of the tokens of duw; -1: none */
         conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-        for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
+        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
 #pragma unroll
         for (int b = 0; b < KC; b++) {
             dpw[b] = -1;
@@ -797,27 +797,23 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
 #pragma unroll
                 for (int g = 0; g < CONV_SPLIT_GB; g++) xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
                 if (is_qk) { /* the group's dots (dqk . y) as CONV_SPLIT_GB interleaved butterflies */
-                    float dot[CONV_SPLIT_GB];
+                    float dot[CONV_SPLIT_GB], gv[CONV_SPLIT_GB][CONV_CV], y[CONV_SPLIT_GB][CONV_CV];
 #pragma unroll
                     for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                        float gv[CONV_CV], y[CONV_CV];
-                        conv_unpack4(gv, gn[g]);
-                        conv_unpack4(y, yn[g]);
+                        conv_unpack4(gv[g], gn[g]);
+                        conv_unpack4(y[g], yn[g]);
                         dot[g] = 0.0f;
 #pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) dot[g] += gv[i] * y[i];
+                        for (int i = 0; i < CONV_CV; i++) dot[g] += gv[g][i] * y[g][i];
                     }
                     conv_head_sums<HL, CONV_SPLIT_GB>(dot);
 #pragma unroll
                     for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                        float gv[CONV_CV], y[CONV_CV];
-                        conv_unpack4(gv, gn[g]);
-                        conv_unpack4(y, yn[g]);
 #pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot[g] * y[i]);
+                        for (int i = 0; i < CONV_CV; i++) gv[g][i] = rn[g] * (gv[g][i] - dot[g] * y[g][i]);
                         __nv_bfloat162 *hp = reinterpret_cast<__nv_bfloat162 *>(&dr[g]);
-                        hp[0] = __floats2bfloat162_rn(gv[0], gv[1]);
-                        hp[1] = __floats2bfloat162_rn(gv[2], gv[3]);
+                        hp[0] = __floats2bfloat162_rn(gv[g][0], gv[g][1]);
+                        hp[1] = __floats2bfloat162_rn(gv[g][2], gv[g][3]);
                     }
                 }
                 if (tg + CONV_SPLIT_GB < tlim) load_group(tg + CONV_SPLIT_GB);
@@ -839,10 +835,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
 #pragma unroll
                 for (int b = 1; b < KC; b++) dpmin = min(dpmin, dpw[b]);
                 if (vec && tg >= t0 + KC - 1 && tg + CONV_SPLIT_GB <= t1 && dpmin >= KC - 1)
-                    conv_split_bwd_group<KC, true>(dproj, ldp, dhalo, duw, dpw, dw, xp, wr, xr, dr, dpg, tg, t0, t1,
+                    conv_split_bwd_group<KC, true>(dproj, ldp, dhalo, duw, dpw, dw, xw, wr, xr, dr, dpg, tg, t0, t1,
                                                    tend, T, C, c, n, vec, err);
                 else
-                    conv_split_bwd_group<KC, false>(dproj, ldp, dhalo, duw, dpw, dw, xp, wr, xr, dr, dpg, tg, t0, t1,
+                    conv_split_bwd_group<KC, false>(dproj, ldp, dhalo, duw, dpw, dw, xw, wr, xr, dr, dpg, tg, t0, t1,
                                                     tend, T, C, c, n, vec, err);
             }
         }
