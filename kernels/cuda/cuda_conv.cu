@@ -533,14 +533,13 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
  * over those lanes, in a fixed order; the forward does a group's CONV_RUN_G rows' sums as interleaved
  * butterflies (conv_head_sums), the backward its CONV_SPLIT_GB rows' dots, so the rows' shuffle chains overlap.
  * Both keep the conv input window in fp32, each row unpacked once as it enters (bit ops on the bf16 pairs), and
- * make a group's row addresses once from its 32-bit row index. A group whose tokens lie inside the run, with every tap inside its document (doc_pos >=
- * KC-1 along the windows) and 8-byte rows, takes the FULL instance of its group code: the same operations
- * without the per-token tests, their branches and predicates; the backward walks blocks of KC tokens (two
- * groups) unrolled, so its window shifts are register renames. Blocks past the conv's along x copy z for the
- * same rows (forward: proj's z columns into z; backward: dz into dproj's z columns). The conv output and its
- * gradient are rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_*
- * and gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
- * gradient. */
+ * make a group's row addresses once from its 32-bit row index. A group whose tokens lie inside the run, with every
+ * tap inside its document (doc_pos >= KC-1 along the windows) and 8-byte rows, takes the FULL instance of its group
+ * code: the same operations without the per-token tests, their branches and predicates; the backward walks blocks
+ * of KC tokens (two groups) unrolled, so its window shifts are register renames. Blocks past the conv's along x
+ * copy z for the same rows (forward: proj's z columns into z; backward: dz into dproj's z columns). The conv output
+ * and its gradient are rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_*
+ * and gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that gradient. */
 
 __device__ __forceinline__ float conv_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
@@ -790,7 +789,8 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
         /* the group of rows from tg that lie before tlim: each stream's address made once per group from the
          * 32-bit row index, its rows at + g ld; the 8-byte case tested once per group */
         auto load_group = [&](int tg) {
-            const bf16 *px = proj + (int64_t)tg * ldp + c, *pg = gsrc + (int64_t)tg * ldg, *py = ysrc + (int64_t)tg * Kd2;
+            const bf16 *px = proj + (int64_t)tg * ldp + c, *pg = gsrc + (int64_t)tg * ldg,
+                       *py = ysrc + (int64_t)tg * Kd2;
             const float *pr = rsrc + (int64_t)tg * nqk;
             if (vec && n == CONV_CV) {
 #pragma unroll
