@@ -58,8 +58,8 @@
 #define CONV_RUN_G 4               /* rows a run thread loads as a group (= CONV_RUN_KC: the unrolled group
                                     * also turns the window shifts into register renames) */
 #define CONV_PART_BYTES (8u << 20) /* the backward's per-block weight partials, at most */
-#define CONV_SPLIT_GB 2            /* rows the fused GDN conv + split backward loads as a group (its input
-                                    * window kept as bf16 leaves room for 2 within 128 registers) */
+#define CONV_SPLIT_GB 2            /* rows the fused GDN conv + split backward loads as a group (2 fit in
+                                    * 128 registers beside its windows, dw and weights) */
 #define CONV_SPLIT_BLOCK (CONV_RUN_KC / CONV_SPLIT_GB) /* groups per unrolled block of the backward: KC tokens */
 #define CONV_SPLIT_ZG 8            /* rows the z copies of the fused GDN conv + split load as a group (2 KB
                                     * of reads in flight per warp; the conv warps have 1 KB and an L2 prefetch) */
@@ -217,10 +217,11 @@ __device__ __forceinline__ uint2 conv_raw4(const bf16 *p, int n, bool vec) {
     return u;
 }
 
+/* the 4 bf16 of u as fp32 (exact): a pair's low half shifted up, its high half masked (no byte permutes, and
+ * plain integer ops the compiler can share) */
 __device__ __forceinline__ void conv_unpack4(float f[CONV_CV], uint2 u) {
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-    const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+    f[0] = __uint_as_float(u.x << 16), f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16), f[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
 /* f[0..n) rounded to bf16 at p (one 8-byte store when `vec`) */
@@ -395,11 +396,12 @@ __device__ __forceinline__ void conv_bwd_token(float duw[KC][CONV_CV], int dpw[K
                 for (int i = 0; i < CONV_CV; i++) dw[i][KC - 1 - b] += duw[KC - 1][i] * xw[b][i];
 }
 
-/* row s = t - (KC-1), where the run owns it: dinp[s] (or, s < 0, the halo's row when the call wants dhalo and this
- * is the first run) = sum_b w[KC-1-b] du[s+b] over the taps token s+b used, in b order. FULL: the caller knows
- * t0 <= s < t1, every tap used (dpw[b] >= b) and 8-byte rows of CONV_CV channels: the same sums without the tests. */
+/* row s = t - (KC-1), where the run owns it: dinp[s] at drow (dinp + s ldi + c; used when s >= 0) or, s < 0, the
+ * halo's row when the call wants dhalo and this is the first run; = sum_b w[KC-1-b] du[s+b] over the taps token s+b
+ * used, in b order. FULL: the caller knows t0 <= s < t1, every tap used (dpw[b] >= b) and 8-byte rows of CONV_CV
+ * channels: the same sums without the tests. */
 template <int KC, bool FULL = false>
-__device__ __forceinline__ void conv_bwd_input_row(bf16 *dinp /* (T,ldi) */, int ldi, bf16 *dhalo /* (KC-1,C) */,
+__device__ __forceinline__ void conv_bwd_input_row(bf16 *drow, bf16 *dhalo /* (KC-1,C) */,
                                                    const float duw[KC][CONV_CV], const int dpw[KC],
                                                    const float wr[CONV_CV][KC], int t, int t0, int t1, int C, int c,
                                                    int n, bool vec) {
@@ -414,8 +416,8 @@ __device__ __forceinline__ void conv_bwd_input_row(bf16 *dinp /* (T,ldi) */, int
         if (FULL || (dpw[b] >= b && s + b >= 0))
 #pragma unroll
             for (int i = 0; i < CONV_CV; i++) acc[i] += wr[i][KC - 1 - b] * duw[b][i];
-    if (FULL) conv_store4(dinp + (int64_t)s * ldi + c, acc, CONV_CV, true);
-    else if (s >= 0) conv_store4(dinp + (int64_t)s * ldi + c, acc, n, vec);
+    if (FULL) conv_store4(drow, acc, CONV_CV, true);
+    else if (s >= 0) conv_store4(drow, acc, n, vec);
     else conv_store4(dhalo + (KC - 1 + s) * (int64_t)C + c, acc, n, vec);
 }
 
@@ -514,7 +516,8 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
 #pragma unroll
                         for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
                 }
-                conv_bwd_input_row<KC>(dinp, ldi, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
+                conv_bwd_input_row<KC>(dinp + (int64_t)(t - (KC - 1)) * ldi + c, dhalo, duw, dpw, wr, t, t0, t1, C,
+                                       c, n, vec);
             }
         }
     }
@@ -529,15 +532,14 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
  * HL = dk/4 lanes of one warp, so its sum of squares (forward) or dot (dqk . y) (backward) is a butterfly
  * over those lanes, in a fixed order; the forward does a group's CONV_RUN_G rows' sums as interleaved
  * butterflies (conv_head_sums), the backward its CONV_SPLIT_GB rows' dots, so the rows' shuffle chains overlap.
- * Both keep the conv input window as the bf16 rows they read (unpacked per row), which leaves the registers
- * for those groups. A group whose tokens lie inside the run, with every tap inside its document (doc_pos >=
- * KC-1 along the windows) and 8-byte rows, takes the FULL instance of its group code: the same operations
- * without the per-token tests, their branches and predicates; the backward walks blocks of KC tokens (two
- * groups) unrolled, so its window shifts are register renames. Blocks past the conv's along x copy z for the
- * same rows (forward: proj's z columns into z; backward: dz into dproj's z columns). The conv output and its
- * gradient are rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_*
- * and gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that
- * gradient. */
+ * Both keep the conv input window in fp32, each row unpacked once as it enters (bit ops on the bf16 pairs), and
+ * make a group's row addresses once from its 32-bit row index. A group whose tokens lie inside the run, with every
+ * tap inside its document (doc_pos >= KC-1 along the windows) and 8-byte rows, takes the FULL instance of its group
+ * code: the same operations without the per-token tests, their branches and predicates; the backward walks blocks
+ * of KC tokens (two groups) unrolled, so its window shifts are register renames. Blocks past the conv's along x
+ * copy z for the same rows (forward: proj's z columns into z; backward: dz into dproj's z columns). The conv output
+ * and its gradient are rounded to bf16 where the unfused pair stored them, so the values are those of conv1d_silu_*
+ * and gdn_split_* up to the order of a head's sum; dw and dhalo are the run backward's, bitwise, for that gradient. */
 
 __device__ __forceinline__ float conv_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
@@ -587,17 +589,15 @@ __device__ __forceinline__ void conv_head_sums(float v[R]) {
  * without the tests. */
 template <int KC, int HL, bool FULL>
 __device__ __forceinline__ void conv_split_fwd_group(bf16 *out /* (T,ldo) */, int ldo, float *rs_out /* (T,nqk) */,
-                                                     int nqk, uint2 xp[KC], const float wr[CONV_CV][KC],
+                                                     int nqk, float xw[KC][CONV_CV], const float wr[CONV_CV][KC],
                                                      uint2 xr[CONV_RUN_G], const int dpg[CONV_RUN_G], int tg, int t1,
                                                      int c, int n, bool is_qk, bool vec, int *err) {
     constexpr int DK = HL * CONV_CV;
     float ss[CONV_RUN_G];
 #pragma unroll
     for (int g = 0; g < CONV_RUN_G; g++) {
-        xp[0] = xr[g];
-        float xw[KC][CONV_CV], u[CONV_CV];
-#pragma unroll
-        for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
+        conv_unpack4(xw[0], xr[g]);
+        float u[CONV_CV];
         conv_run_preact<KC>(u, xw, wr, FULL ? KC - 1 : min(KC - 1, dpg[g]));
         __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&xr[g]);
         h[0] = __floats2bfloat162_rn(u[0] * conv_sigmoid(u[0]), u[1] * conv_sigmoid(u[1]));
@@ -607,7 +607,9 @@ __device__ __forceinline__ void conv_split_fwd_group(bf16 *out /* (T,ldo) */, in
 #pragma unroll
         for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
 #pragma unroll
-        for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
+        for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
     }
     if (is_qk) {
         conv_head_sums<HL, CONV_RUN_G>(ss);
@@ -657,60 +659,76 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
     bf16 *out = is_qk ? qk + c : v + (c - Kd2); /* the lane's output columns */
     const int ldo = is_qk ? Kd2 : Vd;
     float *rs_out = rstd + c / DK; /* its head's rstd (q|k lanes) */
-    float wr[CONV_CV][KC];
-    uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
+    float wr[CONV_CV][KC], xw[KC][CONV_CV]; /* xw[b] = x(t-b), each row unpacked once */
     conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-    for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
+    for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
     uint2 xn[CONV_RUN_G]; /* the next group's rows, in flight while this group computes */
     int dpn[CONV_RUN_G];
 #pragma unroll
     for (int g = 0; g < CONV_RUN_G; g++) xn[g] = make_uint2(0, 0), dpn[g] = -1; /* rows past t1: never stored */
-    conv_load_rows<CONV_RUN_G>(xn, dpn, proj, ldp, doc_pos, t0, t1, c, n, vec);
+    /* the group of rows from tg that lie before t1: its address made once from the 32-bit row index, its rows at
+     * + g ldp; the 8-byte case tested once per group */
+    auto load_group = [&](int tg) {
+        const bf16 *px = proj + (int64_t)tg * ldp + c;
+        if (vec && n == CONV_CV) {
+#pragma unroll
+            for (int g = 0; g < CONV_RUN_G; g++)
+                if (tg + g < t1) xn[g] = conv_raw4(px + g * ldp, CONV_CV, true), dpn[g] = doc_pos[tg + g];
+        } else {
+#pragma unroll
+            for (int g = 0; g < CONV_RUN_G; g++)
+                if (tg + g < t1) xn[g] = conv_raw4(px + g * ldp, n, vec), dpn[g] = doc_pos[tg + g];
+        }
+    };
+    load_group(t0);
     for (int tg = t0; tg < t1; tg += CONV_RUN_G) {
         uint2 xr[CONV_RUN_G];
         int dpg[CONV_RUN_G];
 #pragma unroll
         for (int g = 0; g < CONV_RUN_G; g++) xr[g] = xn[g], dpg[g] = dpn[g];
-        if (tg + CONV_RUN_G < t1)
-            conv_load_rows<CONV_RUN_G>(xn, dpn, proj, ldp, doc_pos, tg + CONV_RUN_G, t1, c, n, vec);
-        conv_prefetch_rows<CONV_RUN_G>(proj, ldp, tg, t1, c);
+        if (tg + CONV_RUN_G < t1) load_group(tg + CONV_RUN_G);
+#pragma unroll
+        for (int g = 0; g < CONV_RUN_G; g++)
+            if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(proj + (int64_t)(tg + CONV_PF_ROWS + g) * ldp + c);
         int dpmin = dpg[0];
 #pragma unroll
         for (int g = 1; g < CONV_RUN_G; g++) dpmin = min(dpmin, dpg[g]);
         if (vec && tg + CONV_RUN_G <= t1 && dpmin >= KC - 1)
-            conv_split_fwd_group<KC, HL, true>(out, ldo, rs_out, nqk, xp, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
+            conv_split_fwd_group<KC, HL, true>(out, ldo, rs_out, nqk, xw, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
         else
-            conv_split_fwd_group<KC, HL, false>(out, ldo, rs_out, nqk, xp, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
+            conv_split_fwd_group<KC, HL, false>(out, ldo, rs_out, nqk, xw, wr, xr, dpg, tg, t1, c, n, is_qk, vec, err);
     }
 }
 
 /* the backward's tokens [tg, tg + CONV_SPLIT_GB) as the run backward walks them (xr their input rows, dr their
- * dconv rows, dpg their doc_pos), the window xp shifted with every token (a token past T shifts in a row no later
- * token reads, so both instances keep one register layout). FULL: the caller knows the tokens lie in the run's own
+ * dconv rows, dpg their doc_pos), the window xw shifted with every token (a token past T shifts in a row no later
+ * token reads, so both instances keep one register layout); the rows s = t - (KC-1) they complete go to dproj
+ * (the address of row tg - (KC-1) made once) or dhalo. FULL: the caller knows the tokens lie in the run's own
  * rows past its first KC-1, every token of their windows has doc_pos >= KC-1 and the rows are 8-byte vectors:
  * the same operations without the tests. */
 template <int KC, bool FULL>
 __device__ __forceinline__ void conv_split_bwd_group(bf16 *dproj /* (T,ldp) */, int ldp, bf16 *dhalo /* (KC-1,C) */,
                                                      float duw[KC][CONV_CV], int dpw[KC], float dw[CONV_CV][KC],
-                                                     uint2 xp[KC], const float wr[CONV_CV][KC],
+                                                     float xw[KC][CONV_CV], const float wr[CONV_CV][KC],
                                                      const uint2 xr[CONV_SPLIT_GB], const uint2 dr[CONV_SPLIT_GB],
                                                      const int dpg[CONV_SPLIT_GB], int tg, int t0, int t1, int tend,
                                                      int T, int C, int c, int n, bool vec, int *err) {
+    bf16 *drow = dproj + (int64_t)(tg - (KC - 1)) * ldp + c; /* row tg - (KC-1), used where it is >= 0 */
 #pragma unroll
     for (int g = 0; g < CONV_SPLIT_GB; g++) {
         const int t = tg + g;
         if (!FULL && t >= tend) break;
         conv_bwd_shift<KC>(duw, dpw); /* du[t] into duw[KC-1] below */
-        float dy[CONV_CV], xw[KC][CONV_CV];
+        float dy[CONV_CV];
         conv_unpack4(dy, dr[g]);
-        xp[0] = xr[g];
-#pragma unroll
-        for (int b = 0; b < KC; b++) conv_unpack4(xw[b], xp[b]);
+        conv_unpack4(xw[0], xr[g]);
         if (FULL || t < T) conv_bwd_token<KC, FULL>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
 #pragma unroll
-        for (int b = KC - 1; b > 0; b--) xp[b] = xp[b - 1];
-        conv_bwd_input_row<KC, FULL>(dproj, ldp, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
+        for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+            for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+        conv_bwd_input_row<KC, FULL>(drow + g * ldp, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
     }
 }
 
@@ -739,7 +757,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
     const bool is_qk = c < Kd2; /* uniform per warp */
     /* the lane's gradient columns (dqk or dv), its y columns and its head's rstd (q|k lanes) */
     const bf16 *gsrc = is_qk ? dqk + c : dv + (c - Kd2), *ysrc = qk + c;
-    const int64_t ldg = is_qk ? Kd2 : Vd;
+    const int ldg = is_qk ? Kd2 : Vd;
     const float *rsrc = rstd + c / DK;
     float dw[CONV_CV][KC];
 #pragma unroll
@@ -749,11 +767,11 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
     if (n > 0 && t0 < T) {
         const int t1 = min(T, t0 + run);
         float wr[CONV_CV][KC], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
-        uint2 xp[KC]; /* xp[b] = x(t-b) as read (bf16: half the registers of fp32, unpacked where used) */
-        int dpw[KC];  /* doc_pos of the tokens of duw; -1: none */
+        float xw[KC][CONV_CV]; /* xw[b] = x(t-b), each row unpacked once */
+        int dpw[KC];           /* doc_pos of the tokens of duw; -1: none */
         conv_run_weights<KC>(wr, w, c, n);
 #pragma unroll
-        for (int b = 1; b < KC; b++) xp[b] = conv_rowraw4<KC>(proj, halo, t0 - b, c, n, C, ldp, vec);
+        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
 #pragma unroll
         for (int b = 0; b < KC; b++) {
             dpw[b] = -1;
@@ -768,19 +786,37 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
 #pragma unroll
         for (int g = 0; g < CONV_SPLIT_GB; g++)
             xn[g] = gn[g] = yn[g] = make_uint2(0, 0), rn[g] = 0.0f, dpn[g] = -1;
+        /* the group of rows from tg that lie before tlim: each stream's address made once per group from the
+         * 32-bit row index, its rows at + g ld; the 8-byte case tested once per group */
         auto load_group = [&](int tg) {
+            const bf16 *px = proj + (int64_t)tg * ldp + c, *pg = gsrc + (int64_t)tg * ldg,
+                       *py = ysrc + (int64_t)tg * Kd2;
+            const float *pr = rsrc + (int64_t)tg * nqk;
+            if (vec && n == CONV_CV) {
 #pragma unroll
-            for (int g = 0; g < CONV_SPLIT_GB; g++)
-                if (tg + g < tlim) {
-                    const int64_t t = tg + g;
-                    xn[g] = conv_raw4(proj + t * ldp + c, n, vec);
-                    gn[g] = conv_raw4(gsrc + t * ldg, n, vec);
-                    if (is_qk) {
-                        yn[g] = conv_raw4(ysrc + t * Kd2, CONV_CV, vec);
-                        rn[g] = rsrc[t * nqk];
+                for (int g = 0; g < CONV_SPLIT_GB; g++)
+                    if (tg + g < tlim) {
+                        xn[g] = conv_raw4(px + g * ldp, CONV_CV, true);
+                        gn[g] = conv_raw4(pg + g * ldg, CONV_CV, true);
+                        if (is_qk) {
+                            yn[g] = conv_raw4(py + g * Kd2, CONV_CV, true);
+                            rn[g] = pr[g * nqk];
+                        }
+                        dpn[g] = doc_pos[tg + g];
                     }
-                    dpn[g] = doc_pos[t];
-                }
+            } else {
+#pragma unroll
+                for (int g = 0; g < CONV_SPLIT_GB; g++)
+                    if (tg + g < tlim) {
+                        xn[g] = conv_raw4(px + g * ldp, n, vec);
+                        gn[g] = conv_raw4(pg + g * ldg, n, vec);
+                        if (is_qk) {
+                            yn[g] = conv_raw4(py + g * Kd2, CONV_CV, vec);
+                            rn[g] = pr[g * nqk];
+                        }
+                        dpn[g] = doc_pos[tg + g];
+                    }
+            }
         };
         load_group(t0);
         /* blocks of KC tokens, each CONV_SPLIT_BLOCK groups unrolled: the window shifts are register renames */
@@ -797,37 +833,33 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
 #pragma unroll
                 for (int g = 0; g < CONV_SPLIT_GB; g++) xr[g] = xn[g], dpg[g] = dpn[g], dr[g] = gn[g];
                 if (is_qk) { /* the group's dots (dqk . y) as CONV_SPLIT_GB interleaved butterflies */
-                    float dot[CONV_SPLIT_GB];
+                    float dot[CONV_SPLIT_GB], gv[CONV_SPLIT_GB][CONV_CV], y[CONV_SPLIT_GB][CONV_CV];
 #pragma unroll
                     for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                        float gv[CONV_CV], y[CONV_CV];
-                        conv_unpack4(gv, gn[g]);
-                        conv_unpack4(y, yn[g]);
+                        conv_unpack4(gv[g], gn[g]);
+                        conv_unpack4(y[g], yn[g]);
                         dot[g] = 0.0f;
 #pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) dot[g] += gv[i] * y[i];
+                        for (int i = 0; i < CONV_CV; i++) dot[g] += gv[g][i] * y[g][i];
                     }
                     conv_head_sums<HL, CONV_SPLIT_GB>(dot);
 #pragma unroll
                     for (int g = 0; g < CONV_SPLIT_GB; g++) {
-                        float gv[CONV_CV], y[CONV_CV];
-                        conv_unpack4(gv, gn[g]);
-                        conv_unpack4(y, yn[g]);
 #pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) gv[i] = rn[g] * (gv[i] - dot[g] * y[i]);
+                        for (int i = 0; i < CONV_CV; i++) gv[g][i] = rn[g] * (gv[g][i] - dot[g] * y[g][i]);
                         __nv_bfloat162 *hp = reinterpret_cast<__nv_bfloat162 *>(&dr[g]);
-                        hp[0] = __floats2bfloat162_rn(gv[0], gv[1]);
-                        hp[1] = __floats2bfloat162_rn(gv[2], gv[3]);
+                        hp[0] = __floats2bfloat162_rn(gv[g][0], gv[g][1]);
+                        hp[1] = __floats2bfloat162_rn(gv[g][2], gv[g][3]);
                     }
                 }
                 if (tg + CONV_SPLIT_GB < tlim) load_group(tg + CONV_SPLIT_GB);
 #pragma unroll
                 for (int g = 0; g < CONV_SPLIT_GB; g++)
                     if (tg + CONV_PF_ROWS + g < tlim) {
-                        const int64_t t = tg + CONV_PF_ROWS + g;
-                        cuda_prefetch_l2(proj + t * ldp + c);
-                        cuda_prefetch_l2(gsrc + t * ldg);
-                        if (is_qk) cuda_prefetch_l2(ysrc + t * Kd2);
+                        const int t = tg + CONV_PF_ROWS + g;
+                        cuda_prefetch_l2(proj + (int64_t)t * ldp + c);
+                        cuda_prefetch_l2(gsrc + (int64_t)t * ldg);
+                        if (is_qk) cuda_prefetch_l2(ysrc + (int64_t)t * Kd2);
                     }
                 /* The group's tokens inside the run's own rows, past its first KC-1, with every token of their
                  * windows at doc_pos >= KC-1: every test below is known to pass (the common case), else each
@@ -839,10 +871,10 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
 #pragma unroll
                 for (int b = 1; b < KC; b++) dpmin = min(dpmin, dpw[b]);
                 if (vec && tg >= t0 + KC - 1 && tg + CONV_SPLIT_GB <= t1 && dpmin >= KC - 1)
-                    conv_split_bwd_group<KC, true>(dproj, ldp, dhalo, duw, dpw, dw, xp, wr, xr, dr, dpg, tg, t0, t1,
+                    conv_split_bwd_group<KC, true>(dproj, ldp, dhalo, duw, dpw, dw, xw, wr, xr, dr, dpg, tg, t0, t1,
                                                    tend, T, C, c, n, vec, err);
                 else
-                    conv_split_bwd_group<KC, false>(dproj, ldp, dhalo, duw, dpw, dw, xp, wr, xr, dr, dpg, tg, t0, t1,
+                    conv_split_bwd_group<KC, false>(dproj, ldp, dhalo, duw, dpw, dw, xw, wr, xr, dr, dpg, tg, t0, t1,
                                                     tend, T, C, c, n, vec, err);
             }
         }

@@ -39,6 +39,7 @@ struct __nv_bfloat162 { bf16 x, y; };
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{bf2f(h.x), bf2f(h.y)}; }
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return __nv_bfloat162{f2bf(a), f2bf(b)}; }
 inline uint2 make_uint2(uint32_t a, uint32_t b) { return uint2{a, b}; }
+inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 
 extern thread_local dim3 threadIdx;
