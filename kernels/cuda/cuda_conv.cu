@@ -668,18 +668,16 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
 #pragma unroll
     for (int g = 0; g < CONV_RUN_G; g++) xn[g] = make_uint2(0, 0), dpn[g] = -1; /* rows past t1: never stored */
     /* the group of rows from tg that lie before t1: its address made once from the 32-bit row index, its rows at
-     * + g ldp; the 8-byte case tested once per group */
+     * + g ldp; the 8-byte case tested once per group (rows(CONV_CV, true): its loads with constant arguments) */
     auto load_group = [&](int tg) {
         const bf16 *px = proj + (int64_t)tg * ldp + c;
-        if (vec && n == CONV_CV) {
+        auto rows = [&](int nr, bool vr) {
 #pragma unroll
             for (int g = 0; g < CONV_RUN_G; g++)
-                if (tg + g < t1) xn[g] = conv_raw4(px + g * ldp, CONV_CV, true), dpn[g] = doc_pos[tg + g];
-        } else {
-#pragma unroll
-            for (int g = 0; g < CONV_RUN_G; g++)
-                if (tg + g < t1) xn[g] = conv_raw4(px + g * ldp, n, vec), dpn[g] = doc_pos[tg + g];
-        }
+                if (tg + g < t1) xn[g] = conv_raw4(px + g * ldp, nr, vr), dpn[g] = doc_pos[tg + g];
+        };
+        if (vec && n == CONV_CV) rows(CONV_CV, true);
+        else rows(n, vec);
     };
     load_group(t0);
     for (int tg = t0; tg < t1; tg += CONV_RUN_G) {
@@ -787,36 +785,27 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
         for (int g = 0; g < CONV_SPLIT_GB; g++)
             xn[g] = gn[g] = yn[g] = make_uint2(0, 0), rn[g] = 0.0f, dpn[g] = -1;
         /* the group of rows from tg that lie before tlim: each stream's address made once per group from the
-         * 32-bit row index, its rows at + g ld; the 8-byte case tested once per group */
+         * 32-bit row index, its rows at + g ld; the 8-byte case tested once per group (rows(CONV_CV, true): its
+         * loads with constant arguments) */
         auto load_group = [&](int tg) {
             const bf16 *px = proj + (int64_t)tg * ldp + c, *pg = gsrc + (int64_t)tg * ldg,
                        *py = ysrc + (int64_t)tg * Kd2;
             const float *pr = rsrc + (int64_t)tg * nqk;
-            if (vec && n == CONV_CV) {
+            auto rows = [&](int nr, bool vr) {
 #pragma unroll
                 for (int g = 0; g < CONV_SPLIT_GB; g++)
                     if (tg + g < tlim) {
-                        xn[g] = conv_raw4(px + g * ldp, CONV_CV, true);
-                        gn[g] = conv_raw4(pg + g * ldg, CONV_CV, true);
+                        xn[g] = conv_raw4(px + g * ldp, nr, vr);
+                        gn[g] = conv_raw4(pg + g * ldg, nr, vr);
                         if (is_qk) {
-                            yn[g] = conv_raw4(py + g * Kd2, CONV_CV, true);
+                            yn[g] = conv_raw4(py + g * Kd2, CONV_CV, vr);
                             rn[g] = pr[g * nqk];
                         }
                         dpn[g] = doc_pos[tg + g];
                     }
-            } else {
-#pragma unroll
-                for (int g = 0; g < CONV_SPLIT_GB; g++)
-                    if (tg + g < tlim) {
-                        xn[g] = conv_raw4(px + g * ldp, n, vec);
-                        gn[g] = conv_raw4(pg + g * ldg, n, vec);
-                        if (is_qk) {
-                            yn[g] = conv_raw4(py + g * Kd2, CONV_CV, vec);
-                            rn[g] = pr[g * nqk];
-                        }
-                        dpn[g] = doc_pos[tg + g];
-                    }
-            }
+            };
+            if (vec && n == CONV_CV) rows(CONV_CV, true);
+            else rows(n, vec);
         };
         load_group(t0);
         /* blocks of KC tokens, each CONV_SPLIT_BLOCK groups unrolled: the window shifts are register renames */
