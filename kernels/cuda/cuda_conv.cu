@@ -5,39 +5,36 @@
  *   u[t,c] = sum_j w[c,j] x(t - (Kc-1-j), c), y = silu(u); x(t-b) is inp[t-b], or halo[Kc-1+t-b] before
  *   the first row (NULL halo = zeros); a tap with lookback b > doc_pos[t] reads 0.
  *
- * General kernels (any Kc <= CONV_KC_MAX). Forward: one thread per (token, 8 channels), taps summed
- * oldest first in fp32 like the cpu. Input gradient gathered, not scattered: one thread per (row s, 8
- * channels), s from -(Kc-1) (the halo rows, when dhalo is wanted) to T-1, dinp[s] = sum_b w[c,Kc-1-b]
- * du[s+b] over the taps the forward used, du = dout silu'(u) with u recomputed; terms in b order (the
- * cpu's scatter order), every row written once: no atomics, no zeroing pass. Weight gradient
- * dw[c,j] += sum_t du[t,c] x(t-b,c) in two deterministic stages: blocks own fixed token ranges (their
- * count a function of T and C only) and write per-block partials, cuda_partials_add adds the blocks in
- * order.
+ * General kernels (any Kc <= CONV_KC_MAX). Forward: one thread per (token, 8 channels), taps summed oldest first in
+ * fp32 like the cpu. Input gradient gathered, not scattered: one thread per (row s, 8 channels), s from -(Kc-1) (the
+ * halo rows, when dhalo is wanted) to T-1, dinp[s] = sum_b w[c,Kc-1-b] du[s+b] over the taps the forward used, du =
+ * dout silu'(u) with u recomputed; terms in b order (the cpu's scatter order), every row written once: no atomics,
+ * no zeroing pass. Weight gradient dw[c,j] += sum_t du[t,c] x(t-b,c) in two deterministic stages: blocks own fixed
+ * token ranges (their count a function of T and C only) and write per-block partials, cuda_partials_add adds the
+ * blocks in order.
  *
- * Run kernels (Kc = 4, the model's width): one thread owns CONV_CV = 4 channels (8-byte vectors: half the
- * registers of 8, so two 256-thread blocks fit an SM with their windows and sums in registers) of a run of
- * consecutive tokens and slides a window of the last Kc-1 input rows (backward: the last Kc values of du)
- * through registers, so each row is read once per run rather than Kc times (Kc^2 in the gathered input
- * gradient), with the weights in registers. The backward fuses the input and weight gradients in one pass
- * (per-block partials of at most CONV_PART_BYTES, added in a fixed order): deterministic, and the same
- * sums in the same tap order as the general kernels. Both load rows in groups (CONV_RUN_G, CONV_RUN_GB) and
- * issue the next group's loads before they use the current one, and ask L2 for the rows CONV_PF_ROWS
- * ahead, so every thread keeps reads in flight while it computes (one group in flight at a time left
- * them latency-bound).
+ * Run kernels (Kc = 4, the model's width): one thread owns CONV_CV = 4 channels (8-byte vectors: half the registers
+ * of 8, so two 256-thread blocks fit an SM with their windows and sums in registers) of a run of consecutive tokens
+ * and slides a window of the last Kc-1 input rows (backward: the last Kc values of du) through registers, so each
+ * row is read once per run rather than Kc times (Kc^2 in the gathered input gradient), with the weights in
+ * registers. The backward fuses the input and weight gradients in one pass (per-block partials of at most
+ * CONV_PART_BYTES, added in a fixed order): deterministic, and the same sums in the same tap order as the general
+ * kernels. Both load rows in groups (CONV_RUN_G, CONV_RUN_GB) and issue the next group's loads before they use the
+ * current one, and ask L2 for the rows CONV_PF_ROWS ahead, so every thread keeps reads in flight while it computes
+ * (one group in flight at a time left them latency-bound).
  *
- * The GDN layer's conv and the split after it, fused (gdn_conv_split_forward/backward; the oracle is the
- * unfused pair, kernels/cpu/cpu_conv.c): the same run walk over proj's [q|k|v] channels with the L2 norm of
- * each q, k head (forward) or its backward (dconv made per row from dqk, y = qk, rstd) done in registers,
- * a head being 16 or 32 lanes of one warp (dk = 64, 128): the conv output and its gradient never reach
- * memory; blocks past the conv's copy z (dz) for the same rows. The forward reads proj's q|k|v|z columns and
- * writes qk, rstd, v, z; the backward reads proj, dqk, qk, rstd, dv, dz and writes dproj's q|k|v|z columns,
- * dhalo and the dw partials.
+ * The GDN layer's conv and the split after it, fused (gdn_conv_split_forward/backward; the oracle is the unfused
+ * pair, kernels/cpu/cpu_conv.c): the same run walk over proj's [q|k|v] channels with the L2 norm of each q, k head
+ * (forward) or its backward (dconv made per row from dqk, y = qk, rstd) done in registers, a head being 16 or 32
+ * lanes of one warp (dk = 64, 128): the conv output and its gradient never reach memory; blocks past the conv's copy
+ * z (dz) for the same rows. The forward reads proj's q|k|v|z columns and writes qk, rstd, v, z; the backward reads
+ * proj, dqk, qk, rstd, dv, dz and writes dproj's q|k|v|z columns, dhalo and the dw partials.
  *
- * The sigmoid is conv_sigmoid: __expf and __fdividef (a few ulp in fp32, below the outputs' bf16
- * rounding). A doc_pos < 0 is recorded in the device error word (cuda_common.h) and the token skipped.
+ * The sigmoid is conv_sigmoid: __expf and __fdividef (a few ulp in fp32, below the outputs' bf16 rounding). A
+ * doc_pos < 0 is recorded in the device error word (cuda_common.h) and the token skipped.
  *
- * Callers: through backend_cuda (lib/model/model_block.c), tests/cuda/test_cuda_conv.cu; the device code runs
- * under the host emulation of tests/cuda/glue_emu too.
+ * Callers: through backend_cuda (lib/model/model_block.c), tests/cuda/test_cuda_conv.cu; the device code runs under
+ * the host emulation of tests/cuda/glue_emu too.
  */
 #include "cuda_common.h"
 #include "cuda_device.cuh"
@@ -279,6 +276,14 @@ __device__ __forceinline__ void conv_prefetch_rows(const bf16 *src /* (T,ld) */,
         if (tg + CONV_PF_ROWS + g < t1) cuda_prefetch_l2(src + (tg + CONV_PF_ROWS + g) * ld + c);
 }
 
+/* the input window one token on: xw[b] = x(t-b) becomes x(t+1-b) once xw[0] takes the next row */
+template <int KC> __device__ __forceinline__ void conv_window_shift(float xw[KC][CONV_CV]) {
+#pragma unroll
+    for (int b = KC - 1; b > 0; b--)
+#pragma unroll
+        for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+}
+
 /* u = sum over taps b = nb..0 (oldest first) of w[KC-1-b] x(t-b); xw[b] = x(t-b) */
 template <int KC>
 __device__ __forceinline__ void conv_run_preact(float u[CONV_CV], const float xw[KC][CONV_CV],
@@ -341,10 +346,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_run_for
                 for (int i = 0; i < CONV_CV; i++) u[i] = u[i] * conv_sigmoid(u[i]);
                 conv_store4(out + t * ldo + c, u, n, vec);
             }
-#pragma unroll
-            for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-                for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+            conv_window_shift<KC>(xw);
         }
     }
 }
@@ -511,10 +513,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
                     conv_unpack4(xw[0], xr[g]);
                     conv_unpack4(dy, dr[g]);
                     conv_bwd_token<KC>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
-#pragma unroll
-                    for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-                        for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+                    conv_window_shift<KC>(xw);
                 }
                 conv_bwd_input_row<KC>(dinp + (int64_t)(t - (KC - 1)) * ldi + c, dhalo, duw, dpw, wr, t, t0, t1, C,
                                        c, n, vec);
@@ -580,13 +579,13 @@ __device__ __forceinline__ void conv_head_sums(float v[R]) {
         for (int r = 0; r < R; r++) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
 }
 
-/* the forward's group [tg, tg + CONV_RUN_G) (xr: its input rows in, its conv + SiLU rows out; dpg its doc_pos):
- * the group's conv + SiLU rows first, rounded to bf16 and kept packed (xr's registers), with their sums of squares;
- * then the group's head sums as one butterfly of CONV_RUN_G independent chains; then the stores. No branch
- * between the rows: the shuffle chains of the rows overlap rather than run one after another. Rows past t1 or
- * with doc_pos < 0 are computed (a warp's branches are uniform) but not stored. FULL: the caller knows the rows
- * lie before t1, every doc_pos >= KC-1 (every tap inside the document) and 8-byte rows: the same operations
- * without the tests. */
+/* the forward's group [tg, tg + CONV_RUN_G) (xr: its input rows in, its conv + SiLU rows out; dpg its doc_pos): the
+ * group's conv + SiLU rows first, rounded to bf16 and kept packed (xr's registers), with their sums of squares;
+ * then the group's head sums as one butterfly of CONV_RUN_G independent chains; then the stores. No branch between
+ * the rows: the shuffle chains of the rows overlap rather than run one after another. Rows past t1 or with
+ * doc_pos < 0 are computed (a warp's branches are uniform) but not stored. FULL: the caller knows the rows lie
+ * before t1, every doc_pos >= KC-1 (every tap inside the document) and 8-byte rows: the same operations without the
+ * tests. */
 template <int KC, int HL, bool FULL>
 __device__ __forceinline__ void conv_split_fwd_group(bf16 *out /* (T,ldo) */, int ldo, float *rs_out /* (T,nqk) */,
                                                      int nqk, float xw[KC][CONV_CV], const float wr[CONV_CV][KC],
@@ -606,10 +605,7 @@ __device__ __forceinline__ void conv_split_fwd_group(bf16 *out /* (T,ldo) */, in
         ss[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < CONV_CV; i++) ss[g] += u[i] * u[i];
-#pragma unroll
-        for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-            for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+        conv_window_shift<KC>(xw);
     }
     if (is_qk) {
         conv_head_sums<HL, CONV_RUN_G>(ss);
@@ -667,8 +663,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
     int dpn[CONV_RUN_G];
 #pragma unroll
     for (int g = 0; g < CONV_RUN_G; g++) xn[g] = make_uint2(0, 0), dpn[g] = -1; /* rows past t1: never stored */
-    /* the group of rows from tg that lie before t1: its address made once from the 32-bit row index, its rows at
-     * + g ldp; the 8-byte case tested once per group (rows(CONV_CV, true): its loads with constant arguments) */
+    /* the group's rows before t1: one address from the 32-bit row index, rows at + g ldp; the 8-byte case once */
     auto load_group = [&](int tg) {
         const bf16 *px = proj + (int64_t)tg * ldp + c;
         auto rows = [&](int nr, bool vr) {
@@ -676,8 +671,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 3) conv_split_f
             for (int g = 0; g < CONV_RUN_G; g++)
                 if (tg + g < t1) xn[g] = conv_raw4(px + g * ldp, nr, vr), dpn[g] = doc_pos[tg + g];
         };
-        if (vec && n == CONV_CV) rows(CONV_CV, true);
-        else rows(n, vec);
+        if (vec && n == CONV_CV) rows(CONV_CV, true); else rows(n, vec);
     };
     load_group(t0);
     for (int tg = t0; tg < t1; tg += CONV_RUN_G) {
@@ -722,10 +716,7 @@ __device__ __forceinline__ void conv_split_bwd_group(bf16 *dproj /* (T,ldp) */, 
         conv_unpack4(dy, dr[g]);
         conv_unpack4(xw[0], xr[g]);
         if (FULL || t < T) conv_bwd_token<KC, FULL>(duw, dpw, dw, wr, xw, dy, dpg[g], t, t1, err);
-#pragma unroll
-        for (int b = KC - 1; b > 0; b--)
-#pragma unroll
-            for (int i = 0; i < CONV_CV; i++) xw[b][i] = xw[b - 1][i];
+        conv_window_shift<KC>(xw);
         conv_bwd_input_row<KC, FULL>(drow + g * ldp, dhalo, duw, dpw, wr, t, t0, t1, C, c, n, vec);
     }
 }
@@ -784,9 +775,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
 #pragma unroll
         for (int g = 0; g < CONV_SPLIT_GB; g++)
             xn[g] = gn[g] = yn[g] = make_uint2(0, 0), rn[g] = 0.0f, dpn[g] = -1;
-        /* the group of rows from tg that lie before tlim: each stream's address made once per group from the
-         * 32-bit row index, its rows at + g ld; the 8-byte case tested once per group (rows(CONV_CV, true): its
-         * loads with constant arguments) */
+        /* the group's rows before tlim as in the forward: one address per stream, rows at + g ld */
         auto load_group = [&](int tg) {
             const bf16 *px = proj + (int64_t)tg * ldp + c, *pg = gsrc + (int64_t)tg * ldg,
                        *py = ysrc + (int64_t)tg * Kd2;
@@ -797,15 +786,11 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
                     if (tg + g < tlim) {
                         xn[g] = conv_raw4(px + g * ldp, nr, vr);
                         gn[g] = conv_raw4(pg + g * ldg, nr, vr);
-                        if (is_qk) {
-                            yn[g] = conv_raw4(py + g * Kd2, CONV_CV, vr);
-                            rn[g] = pr[g * nqk];
-                        }
+                        if (is_qk) yn[g] = conv_raw4(py + g * Kd2, CONV_CV, vr), rn[g] = pr[g * nqk];
                         dpn[g] = doc_pos[tg + g];
                     }
             };
-            if (vec && n == CONV_CV) rows(CONV_CV, true);
-            else rows(n, vec);
+            if (vec && n == CONV_CV) rows(CONV_CV, true); else rows(n, vec);
         };
         load_group(t0);
         /* blocks of KC tokens, each CONV_SPLIT_BLOCK groups unrolled: the window shifts are register renames */
