@@ -43,6 +43,12 @@ typedef struct CudaGdnTune {
                    or 128 (two warpgroups sharing the Q, K, W tiles, where dim_k and dim_v are multiples of 128;
                    64 at other shapes); 0 = automatic (128 where the shape allows it and the launch's 64-column
                    blocks with work exceed one per SM) */
+    int sfrg;   /* state_fwd_wgmma_regs: the wgmma forward state pass with the state in registers as the A operand
+                   (gdn/state_forward_regs.cuh; 64 columns per warpgroup, state_fwd_wgmma_cols 128 runs two
+                   warpgroups sharing the W, K tiles, any other one): 1 = on, 2 = off, 0 = automatic (off) */
+    int sbrg;   /* state_bwd_wgmma_regs: the wgmma backward state pass with dL/dS in registers as the A operand
+                   (gdn/state_backward_regs.cuh; widths as state_bwd_wgmma_cols): 1 = on, 2 = off, 0 = automatic
+                   (off) */
 } CudaGdnTune;
 
 /* NULL: every choice back to the built-in one */

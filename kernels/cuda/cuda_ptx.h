@@ -39,6 +39,15 @@ static __device__ __forceinline__ void ptx_ldmatrix_x4_trans(uint32_t (&r)[4], c
                  : "r"(ptx_smem_addr(p)));
 }
 
+/* four 8x8 b16 matrices to shared memory, each transposed on the way: lane 4g + t gives element pair (g, 2t),
+ * (g, 2t + 1) of matrix i in r[i]; lanes 8i..8i+7 give the addresses of the stored rows of matrix i (row j:
+ * the matrix's column j) */
+static __device__ __forceinline__ void ptx_stmatrix_x4_trans(uint32_t saddr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(saddr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 /* c += a b: bf16 operands, fp32 accumulation */
 static __device__ __forceinline__ void ptx_mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -92,6 +101,9 @@ static __device__ __forceinline__ void ptx_wg_wait(void) { asm volatile("wgmma.w
 
 /* keeps the compiler from moving accesses of an accumulator across the async wgmma region */
 static __device__ __forceinline__ void ptx_reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+/* the same for a register A operand: its value is made before the wgmma region begins (else ptxas injects a
+ * warpgroup.arrive before the product that reads it) */
+static __device__ __forceinline__ void ptx_reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
 
 /* d (64 x N) (+)= A (64 x 16) * B (16 x N), both from shared-memory descriptors, for N = 64, 128, 32;
  * scale_d = 0 overwrites d. TA = 0: A stored K-major (row = m), 1: M-major (transposed: row = k);
@@ -149,23 +161,29 @@ static __device__ __forceinline__ void ptx_wgmma_ss_n32(float (&d)[16], uint64_t
         : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-/* d (64 x 64) += A (64 x 16, registers) * B (16 x 64, N-major (transposed), smem) */
-static __device__ __forceinline__ void ptx_wgmma_rs_t_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+/* d (64 x N) (+)= A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows) * B (16 x N, smem),
+ * N = 64, 128, 256: TB = 1: B N-major (transposed: row = k), 0: K-major (row = n); scale_d = 0 overwrites d.
+ * Uses: attention O += P V (1), its backward's dV, dK (1); the GDN forward state pass with the state in
+ * registers (gdn/state_forward_regs.cuh: S^T W^T (0), S^T += vn^T K (1)). */
+template <int TB = 1>
+static __device__ __forceinline__ void ptx_wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                                         int scale_d = 1) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
 }
 
-/* d (64 x 128) += A (64 x 16, registers) * B (16 x 128, N-major (transposed), smem) */
-static __device__ __forceinline__ void ptx_wgmma_rs_t_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+template <int TB = 1>
+static __device__ __forceinline__ void ptx_wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                                         int scale_d = 1) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -173,7 +191,7 @@ static __device__ __forceinline__ void ptx_wgmma_rs_t_n128(float (&d)[64], const
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -182,11 +200,12 @@ static __device__ __forceinline__ void ptx_wgmma_rs_t_n128(float (&d)[64], const
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
 }
 
-/* d (64 x 256) += A (64 x 16, registers) * B (16 x 256, N-major (transposed), smem) */
-static __device__ __forceinline__ void ptx_wgmma_rs_t_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+template <int TB = 1>
+static __device__ __forceinline__ void ptx_wgmma_rs_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t db,
+                                                         int scale_d = 1) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
@@ -198,7 +217,7 @@ static __device__ __forceinline__ void ptx_wgmma_rs_t_n256(float (&d)[128], cons
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -215,7 +234,7 @@ static __device__ __forceinline__ void ptx_wgmma_rs_t_n256(float (&d)[128], cons
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
 }
 
 /* ---- mbarriers, TMA, register reallocation ---- */

@@ -326,8 +326,9 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     else
         snprintf(buf, n,
                  " [split=%d nst=%d bv=%d dseg=%d dual=%d state_fwd_wgmma=%d state_bwd_wgmma=%d dual_wgmma=%d "
-                 "state_fwd_wgmma_cols=%d state_bwd_wgmma_cols=%d]",
-                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv, c->sbcols);
+                 "state_fwd_wgmma_cols=%d state_bwd_wgmma_cols=%d state_fwd_wgmma_regs=%d state_bwd_wgmma_regs=%d]",
+                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv, c->sbcols, c->sfrg,
+                 c->sbrg);
     return buf;
 }
 
@@ -459,7 +460,7 @@ static GdnErrs gdn_check_fwd_bwd_cfgs(const char *tag0, const GdnProb *p, int fl
     void *kept_s = gdn_dev_alloc(kept_s_bytes); /* the same without Tinv */
 
     for (int ci = 0; ci < (cfgs ? ncfg : 1); ci++) {
-        char tag[320], cn[160];
+        char tag[400], cn[240];
         snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(cfgs ? &cfgs[ci] : NULL, cn, sizeof cn));
         if (cfgs) cuda_gdn_tune_set(&cfgs[ci]);
         cudaStream_t st = cuda_stream();
@@ -599,7 +600,11 @@ TEST(cuda_gdn_mma_layouts) {
  * launch's second form; the wgmma backward pass in 128-column blocks (sbcols 128, two warpgroups, where dim_k
  * and dim_v are 128; automatic only where the blocks outnumber the SMs, not at these sizes): alone, in 3
  * segments (transition columns, the fold) and as the dual launch's second form; the same for the forward pass
- * (sfbv 128), the 3 segments with both passes so. (Until issue 16 the sets also ran the first kernel set, bulk copies, the
+ * (sfbv 128), the 3 segments with both passes so; the wgmma forward pass with the state in registers (sfrg 1):
+ * alone, 3 stages in 3 segments, 3 document segments, as the dual launch's second form, and two warpgroups
+ * (sfbv 128) alone and in 3 segments with the backward's two; the wgmma backward pass with dL/dS in registers
+ * (sbrg 1) the same way, with sfrg in the document segments, the dual launch and the two-warpgroup segments.
+ * (Until issue 16 the sets also ran the first kernel set, bulk copies, the
  * overlapped backward, the unsplit dqkwg, the older wy_bwd and the hi-only state operand: deleted, with
  * their kernels.) */
 static const CudaGdnTune gdn_cfgs[] = {
@@ -620,6 +625,12 @@ static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 128},
     {0, 0, 0, 0, 0, 1, 0, 0, 128}, {3, 0, 0, 0, 0, 1, 1, 0, 128, 0, 128},
     {0, 0, 0, 0, 3, 0, 0, 1, 128},
+    {0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1}, {3, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
+    {0, 0, 0, 3, 2, 1, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 1},
+    {0, 0, 0, 0, 0, 1, 0, 0, 128, 0, 0, 1}, {3, 0, 0, 0, 0, 1, 1, 0, 128, 0, 128, 1},
+    {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1}, {3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1},
+    {0, 0, 0, 3, 2, 1, 1, 0, 0, 0, 0, 1, 1}, {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 1, 1},
+    {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1}, {3, 0, 0, 0, 0, 1, 1, 0, 128, 0, 128, 1, 1},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -705,7 +716,7 @@ static void gdn_determinism_at(int nv, const CudaGdnTune *cfg, const CudaGdnTune
     GdnProb p = docs == GDN_DOCS_SPREAD ? gdn_prob(4000, 2, nv, 128, 128, 30, even, 8, 1, 0.3, 501)
                 : docs == GDN_DOCS_TWO  ? gdn_prob(4000, 2, nv, 128, 128, 30, two, 1, 1, 0.3, 502)
                                         : gdn_prob(4000, 2, nv, 128, 128, 30, starts, 7, 1, 0.3, 500);
-    char cn[336], c1[160], c2[160];
+    char cn[496], c1[240], c2[240];
     gdn_cfg_name(cfg, c1, sizeof c1);
     if (cfg2) snprintf(cn, sizeof cn, "%s vs%s", c1, gdn_cfg_name(cfg2, c2, sizeof c2));
     else snprintf(cn, sizeof cn, "%s", c1);
@@ -869,6 +880,44 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism_dual(&f32d, &f128d);
     gdn_determinism_at(16, &fad, &f32d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
     gdn_determinism_at(16, &fad, &f128d, GDN_DET_EQUAL, GDN_DOCS_TWO);
+    /* the wgmma forward pass with the state in registers (sfrg 1): two runs; document segments exact (1 vs 7);
+     * one warpgroup of 64 columns against two (sfbv 128) bitwise, alone, in 4 segments and as the dual launch's
+     * second form; the automatic width picked on the device against each; the bits of the other wgmma forward
+     * pass (the same terms summed in the same order, transposed) */
+    static const CudaGdnTune r1 = {0, 0, 0, 0, 0, 1, 0, 0, 64, 0, 0, 1}, r2 = {0, 0, 0, 0, 0, 1, 0, 0, 128, 0, 0, 1},
+                             r1s = {4, 0, 0, 0, 0, 1, 0, 0, 64, 0, 0, 1}, r2s = {4, 0, 0, 0, 0, 1, 0, 0, 128, 0, 0, 1},
+                             rd1 = {0, 0, 0, 1, 2, 1, 0, 0, 0, 0, 0, 1}, rd7 = {0, 0, 0, 7, 2, 1, 0, 0, 0, 0, 0, 1},
+                             r1d = {0, 0, 0, 0, 3, 0, 0, 1, 64, 0, 0, 1}, r2d = {0, 0, 0, 0, 3, 0, 0, 1, 128, 0, 0, 1},
+                             rad = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 1};
+    gdn_determinism(&r1);
+    gdn_determinism(&rd1, &rd7);
+    gdn_determinism(&r1, &r2);
+    gdn_determinism(&r1s, &r2s);
+    gdn_determinism_dual(&r1d, &r2d);
+    gdn_determinism_at(16, &rad, &r1d, GDN_DET_EQUAL, GDN_DOCS_TWO);
+    gdn_determinism_at(16, &rad, &r2d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
+    gdn_determinism(&r1, &f64);
+    gdn_determinism(&r2s, &f32s);
+    /* the wgmma backward pass with dL/dS in registers (sbrg 1), the same way against the other wgmma backward */
+    static const CudaGdnTune q1 = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64, 0, 1},
+                             q2 = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1},
+                             q1s = {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64, 0, 1},
+                             q2s = {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1},
+                             qd1 = {0, 0, 0, 1, 2, 0, 1, 0, 0, 0, 0, 0, 1},
+                             qd7 = {0, 0, 0, 7, 2, 0, 1, 0, 0, 0, 0, 0, 1},
+                             q1d = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 64, 0, 1},
+                             q2d = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 128, 0, 1},
+                             qad = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 0, 1};
+    gdn_determinism(&q1);
+    gdn_determinism(&qd1, &qd7);
+    gdn_determinism(&q1, &q2);
+    gdn_determinism(&q1s, &q2s);
+    gdn_determinism_dual(&q1d, &q2d);
+    gdn_determinism_at(16, &qad, &q1d, GDN_DET_EQUAL, GDN_DOCS_TWO);
+    gdn_determinism_at(16, &qad, &q2d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
+    gdn_determinism(&q1, &s64);
+    gdn_determinism(&q2s, &s128s);
+    gdn_determinism_dual(&q2d, &s128d);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -898,6 +947,14 @@ TEST(cuda_gdn_v2_segments) {
         /* the wgmma backward pass in 128-column blocks (at d = 128; 64 at the other shapes): 4 segments, 13
          * document segments */
         {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128}, {0, 0, 0, 13, 2, 0, 1, 0, 0, 0, 128},
+        /* the wgmma forward pass with the state in registers: 4 segments (3 stages), 7 with two warpgroups, 13
+         * document segments */
+        {4, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}, {7, 0, 0, 0, 0, 1, 1, 0, 128, 0, 0, 1},
+        {0, 0, 0, 13, 2, 1, 0, 0, 0, 0, 0, 1},
+        /* the wgmma backward pass with dL/dS in registers: 4 segments (transition columns M^T, the fold) with
+         * sfrg, 7 with two warpgroups, 13 document segments */
+        {4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1}, {7, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1},
+        {0, 0, 0, 13, 2, 0, 1, 0, 0, 0, 0, 0, 1},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};
@@ -1001,7 +1058,7 @@ static const CudaGdnTune gdn_cp_cfgs[] = {
     {0, 0, 0, 0, 0, 1, 1, 0, 0}, {0, 0, 0, 0, 0, 1, 1, 0, 64}};
 
 static void gdn_check_transition(const char *tag0, const GdnProb *p, int expect_reset, double bound) {
-    char tag[320], cn[160];
+    char tag[400], cn[240];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));
@@ -1268,7 +1325,7 @@ TEST(cuda_gdn_staged) {
  * arithmetic, so bitwise equal), and dstate + M^T dS_final (cuda state_affine) against the cuda
  * backward's dS0 with dS_final */
 static void gdn_check_dstate(const char *tag0, const GdnProb *p, double bound) {
-    char tag[320], cn[160];
+    char tag[400], cn[240];
     CudaGdnTune cur;
     cuda_gdn_tune_get(&cur);
     snprintf(tag, sizeof tag, "%s%s", tag0, gdn_cfg_name(&cur, cn, sizeof cn));

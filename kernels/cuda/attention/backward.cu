@@ -459,8 +459,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) { /* dV += P^T dO */
                     const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    if constexpr (OUTW == 64) ptx_wgmma_rs_t_n64(acc2, pa[kk], ptx_gdesc(os + bo, ATTN_TILE * 128, 1024));
-                    else ptx_wgmma_rs_t_n128(acc2, pa[kk], ptx_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    if constexpr (OUTW == 64) ptx_wgmma_rs_n64(acc2, pa[kk], ptx_gdesc(os + bo, ATTN_TILE * 128, 1024));
+                    else ptx_wgmma_rs_n128(acc2, pa[kk], ptx_gdesc(os + bo, ATTN_TILE * 128, 1024));
                 }
                 ptx_wg_commit();
                 ptx_wg_wait<1>(); /* dP^T */
@@ -477,8 +477,8 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) { /* dK += dS^T Q */
                     const uint32_t bo = (col0 >> 6) * (ATTN_TILE * 128) + kk * 16 * 128;
-                    if constexpr (OUTW == 64) ptx_wgmma_rs_t_n64(acc1, da[kk], ptx_gdesc(qs + bo, ATTN_TILE * 128, 1024));
-                    else ptx_wgmma_rs_t_n128(acc1, da[kk], ptx_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                    if constexpr (OUTW == 64) ptx_wgmma_rs_n64(acc1, da[kk], ptx_gdesc(qs + bo, ATTN_TILE * 128, 1024));
+                    else ptx_wgmma_rs_n128(acc1, da[kk], ptx_gdesc(qs + bo, ATTN_TILE * 128, 1024));
                 }
                 ptx_wg_commit();
                 /* dS^T (bf16, as rounded for dK) -> this consumer's 64 rows of the buffer, 128-byte swizzle:

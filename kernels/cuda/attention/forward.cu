@@ -235,9 +235,9 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             const uint64_t db = ptx_gdesc(sV + s * C::kv_bytes + kk * 16 * 128, BN * 128, 1024);
-            if constexpr (HD == 64) ptx_wgmma_rs_t_n64(o, pa[kk], db);
-            else if constexpr (HD == 128) ptx_wgmma_rs_t_n128(o, pa[kk], db);
-            else ptx_wgmma_rs_t_n256(o, pa[kk], db);
+            if constexpr (HD == 64) ptx_wgmma_rs_n64(o, pa[kk], db);
+            else if constexpr (HD == 128) ptx_wgmma_rs_n128(o, pa[kk], db);
+            else ptx_wgmma_rs_n256(o, pa[kk], db);
         }
         ptx_wg_commit();
         pend = s;

@@ -52,6 +52,8 @@
 #include "dqkwg.cuh"
 #include "state_forward_wgmma.cuh"
 #include "state_backward_wgmma.cuh"
+#include "state_forward_regs.cuh"
+#include "state_backward_regs.cuh"
 #include "reduce.cuh"
 
 #include "gdn_host.h" /* the plan, the profile and the buffers (gdn_tune.cu, gdn_profile.cu, gdn_buffers.cu) */
@@ -161,6 +163,8 @@ static int gdn_sfwd_cur, gdn_sbwd_cur;
 static int gdn_sfbv_cur;   /* the running entry's plan.sfbv: columns per block of the wgmma forward pass (0: by
                               the blocks with work) */
 static int gdn_sbcols_cur; /* the running entry's plan.sbcols: columns per block of the wgmma backward pass */
+static int gdn_sfrg_cur;   /* the running entry's plan.sfrg: the wgmma forward pass with the state in registers */
+static int gdn_sbrg_cur;   /* the running entry's plan.sbrg: the wgmma backward pass with dL/dS in registers */
 
 /* the running entry's switches from its plan (every entry sets them before its launches) */
 static void gdn_cur_set(const GdnPlan &pl) {
@@ -168,6 +172,8 @@ static void gdn_cur_set(const GdnPlan &pl) {
     gdn_sfbv_cur = pl.sfbv;
     gdn_sbwd_cur = pl.sbwd;
     gdn_sbcols_cur = pl.sbcols;
+    gdn_sfrg_cur = pl.sfrg;
+    gdn_sbrg_cur = pl.sbrg;
 }
 
 /* the mma.sync state pass instantiation for a run-time (bv, nst) */
@@ -192,11 +198,13 @@ typedef CUresult (*GdnEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 /* a 2-d bf16 tensor map over `rows` rows of `cols` columns from `base` (row stride ld elements): boxes
- * of box_cols columns (64: 128 bytes, 128-byte swizzle; 32: 64 bytes, 64-byte swizzle) by box_rows rows;
+ * of box_cols columns (64: 128 bytes, 128-byte swizzle; 32: 64 bytes, 64-byte swizzle; 16: 32 bytes, 32-byte
+ * swizzle) by box_rows rows;
  * rows past the end read as zeros and are not written. base NULL: a zeroed map, never used. */
 static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t cols, int64_t ld, int box_rows,
                      int box_cols = 64) {
-    RS_CHECK(box_cols == 64 || box_cols == 32, "gdn: tensor map boxes of %d columns (64 or 32)", box_cols);
+    RS_CHECK(box_cols == 64 || box_cols == 32 || box_cols == 16, "gdn: tensor map boxes of %d columns (64, 32, 16)",
+             box_cols);
     static GdnEncodeTiled encode;
     memset(m, 0, sizeof *m);
     if (!base) return;
@@ -210,14 +218,17 @@ static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t col
     const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, estr[2] = {1, 1};
     const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
                               CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                              box_cols == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
+                              : box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                               : CU_TENSOR_MAP_SWIZZLE_32B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RS_CHECK(r == CUDA_SUCCESS, "gdn: cuTensorMapEncodeTiled failed (%d): rows %lld cols %lld ld %lld", (int)r,
              (long long)rows, (long long)cols, (long long)ld);
 }
 
-/* the tensor maps of the wgmma forward pass (gdn/state_forward_wgmma.cuh), BV state columns per block */
-template <int DK, int BV>
+/* the tensor maps of the wgmma forward pass (gdn/state_forward_wgmma.cuh), BV state columns per block; OB:
+ * columns per h and vn store (BV; 16, one warp's, in the pass with the state in registers) */
+template <int DK, int BV, int OB = BV>
 static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k, int nk, int nv, int dv, int ldq) {
     GdnWgMaps tm;
     const int64_t T = b->T, ns = (T + GDN_C - 1) / GDN_C + 1;
@@ -226,8 +237,8 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
     gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
     gdn_tmap(&tm.k, k, T, (int64_t)nk * DK, ldq, GDN_C);
     gdn_tmap(&tm.u, b->U, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, BV);
-    gdn_tmap(&tm.h, hs, ns * nv * DK, dv, dv, DK, BV);
-    gdn_tmap(&tm.vn, vn, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, BV);
+    gdn_tmap(&tm.h, hs, ns * nv * DK, dv, dv, DK, OB);
+    gdn_tmap(&tm.vn, vn, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, OB);
     return tm;
 }
 
@@ -257,9 +268,45 @@ static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
     else run(gdn_state_forward_wgmma_kernel<DK, 2, WB, 1>, GdnStateFwdSmemWg<DK, 2, WB, 1>::BYTES);
 }
 
+/* the wgmma forward pass with the state in registers (gdn/state_forward_regs.cuh), NWG warpgroups of 64 columns
+ * per block, gdn_sfwd_cur's stages (2, 3; 2 at two warpgroups); need > 0: both widths are launched, the device
+ * picks */
+template <int DK, int NWG>
+static void gdn_rg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg &sg, int nz, int ncol, const bf16 *k,
+                              int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp,
+                              int64_t need = 0) {
+    constexpr int BC = 64 * NWG; /* columns per block */
+    RS_CHECK(ncol % BC == 0 && dv % BC == 0, "gdn: state_fwd_rg in %d-column blocks: %d columns, dim_v %d", BC, ncol,
+             dv);
+    const GdnWgMaps tm = gdn_wg_maps<DK, 64, 16>(b, hs, vn, k, nk, nv, dv, ldq);
+    auto run = [&](auto kernel, int bytes) {
+        gdn_smem_attr(kernel, bytes, "state_fwd_rg");
+        kernel<<<dim3(ncol / BC, nv, nz), GDN_THREADS * NWG, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta, mode,
+                                                                          nk, nv, dv, tp, (int)need);
+        CUDA_LAUNCH_CHECK();
+    };
+    if constexpr (NWG > 1) run(gdn_state_forward_regs_kernel<DK, 2, NWG>, GdnStateFwdSmemRg<DK, 2, NWG>::BYTES);
+    else if (gdn_sfwd_cur == 3) run(gdn_state_forward_regs_kernel<DK, 3, 1>, GdnStateFwdSmemRg<DK, 3, 1>::BYTES);
+    else run(gdn_state_forward_regs_kernel<DK, 2, 1>, GdnStateFwdSmemRg<DK, 2, 1>::BYTES);
+}
+
 template <int DK, int BV, int NST>
 static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
+    if (gdn_sfwd_cur && gdn_sfrg_cur) { /* the state in registers: gdn_sfbv_cur 128 two warpgroups, 0 by the
+                                           blocks with work, else one */
+        const bool two_ok = dv % 128 == 0 && ncol % 128 == 0;
+        if (gdn_sfbv_cur == 0 && sg.cuts && two_ok) {
+            gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
+            gdn_rg_fwd_launch<DK, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
+            return;
+        }
+        const bool two = two_ok && (gdn_sfbv_cur == 128 ||
+                                    (gdn_sfbv_cur == 0 && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 0)));
+        if (two) gdn_rg_fwd_launch<DK, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        else gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        return;
+    }
     if (gdn_sfwd_cur) { /* the wgmma pass: gdn_sfbv_cur columns per block (32, 64, four warpgroups of 32 or 0:
                            32 or four warpgroups, by the blocks with work) */
         int fb = gdn_sfbv_cur;
@@ -282,8 +329,9 @@ static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg
     CUDA_LAUNCH_CHECK();
 }
 
-/* the tensor maps of the wgmma backward pass (gdn/state_backward_wgmma.cuh) */
-template <int DK>
+/* the tensor maps of the wgmma backward pass (gdn/state_backward_wgmma.cuh); OB: columns per dh and dv2 store
+ * (64; 16, one warp's, in the pass with dL/dS in registers) */
+template <int DK, int OB = 64>
 static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, const bf16 *q, const bf16 *k,
                                     const bf16 *dvl, const bf16 *dout, int64_t T, int nk, int nv, int dv, int ldq,
                                     int ldo) {
@@ -296,8 +344,8 @@ static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, cons
     gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
     gdn_tmap(&tm.dO, dout, T, (int64_t)nv * dv, ldo, GDN_C);
     gdn_tmap(&tm.dl, dvl, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
-    gdn_tmap(&tm.dh, dhs, ns * nv * DK, dv, dv, DK);
-    gdn_tmap(&tm.dv2, dv2, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
+    gdn_tmap(&tm.dh, dhs, ns * nv * DK, dv, dv, DK, OB);
+    gdn_tmap(&tm.dv2, dv2, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, OB);
     return tm;
 }
 
@@ -307,7 +355,8 @@ static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg 
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
     if (gdn_sbwd_cur) { /* the wgmma pass: 64 columns per warpgroup, one or two warpgroups per block */
         RS_CHECK(ncol % 64 == 0, "gdn: state_bwd_wg needs columns in 64s, has %d", ncol);
-        const GdnWgBwdMaps tm = gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
+        const GdnWgBwdMaps tm = gdn_sbrg_cur ? gdn_wg_bwd_maps<DK, 16>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo)
+                                             : gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
         auto run = [&](auto kernel, int nwg, int bytes, int64_t need) {
             RS_CHECK(ncol % (64 * nwg) == 0 && dv % (64 * nwg) == 0,
                      "gdn: state_bwd_wg in %d-column blocks: %d columns, dim_v %d", 64 * nwg, ncol, dv);
@@ -317,10 +366,13 @@ static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg 
             CUDA_LAUNCH_CHECK();
         };
         auto one = [&](int64_t need) {
-            run(gdn_state_backward_wgmma_kernel<DK, 2, 1>, 1, GdnStateBwdSmemWg<DK, 2, 1>::BYTES, need);
+            if (gdn_sbrg_cur) run(gdn_state_backward_regs_kernel<DK, 2, 1>, 1, GdnStateBwdSmemRg<DK, 2, 1>::BYTES, need);
+            else run(gdn_state_backward_wgmma_kernel<DK, 2, 1>, 1, GdnStateBwdSmemWg<DK, 2, 1>::BYTES, need);
         };
         auto two = [&](int64_t need) { /* plan keeps one warpgroup where dim_k is 64: no kernel is built for it */
             if constexpr (DK % 128 != 0) RS_FATAL("gdn: state_bwd_wg with two warpgroups needs dim_k in 128s, has %d", DK);
+            else if (gdn_sbrg_cur)
+                run(gdn_state_backward_regs_kernel<DK, 2, 2>, 2, GdnStateBwdSmemRg<DK, 2, 2>::BYTES, need);
             else run(gdn_state_backward_wgmma_kernel<DK, 2, 2>, 2, GdnStateBwdSmemWg<DK, 2, 2>::BYTES, need);
         };
         if (!gdn_sbcols_cur && sg.cuts) { /* document segments: the device counts those with work, one runs */

@@ -71,6 +71,9 @@ typedef struct GdnPlan {
                       0: 32 or 128 by the launch's blocks with work (gdn_wide_pick) */
     int sbcols;    /* wgmma backward state pass: state columns per block, 64 or 128 (two warpgroups), 0: by
                       the launch (gdn_wide_pick) */
+    int sfrg;      /* wgmma forward state pass with the state in registers (gdn/state_forward_regs.cuh): 64 columns
+                      per warpgroup, one warpgroup per block where sfbv is 32 or 64, two where 128 */
+    int sbrg;      /* wgmma backward state pass with dL/dS in registers (gdn/state_backward_regs.cuh), sbcols' widths */
 } GdnPlan;
 
 /* ---- gdn_tune.cu ---- */

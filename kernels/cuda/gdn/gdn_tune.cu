@@ -137,6 +137,11 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
      * (dv + DK) fall in whole blocks of 128 (as sfwd, a shape that does not allow it runs the other) */
     RS_CHECK(t.sbcols == 0 || t.sbcols == 64 || t.sbcols == 128, "gdn: sbcols %d (0, 64 or 128 columns)", t.sbcols);
     pl.sbcols = !wide_ok ? 64 : t.sbcols;
+    /* the wgmma forward pass with the state in registers: wherever that pass runs (dim_v in 64s) */
+    RS_CHECK(t.sfrg >= 0 && t.sfrg <= 2, "gdn: sfrg %d (0, 1 or 2)", t.sfrg);
+    pl.sfrg = t.sfrg == 1 ? 1 : 0;
+    RS_CHECK(t.sbrg >= 0 && t.sbrg <= 2, "gdn: sbrg %d (0, 1 or 2)", t.sbrg);
+    pl.sbrg = t.sbrg == 1 ? 1 : 0;
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_SLOTS * sizeof(long long)));
