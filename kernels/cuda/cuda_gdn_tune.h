@@ -45,10 +45,12 @@ typedef struct CudaGdnTune {
                    blocks with work exceed one per SM) */
     int sfrg;   /* state_fwd_wgmma_regs: the wgmma forward state pass with the state in registers as the A operand
                    (gdn/state_forward_regs.cuh; 64 columns per warpgroup, state_fwd_wgmma_cols 128 runs two
-                   warpgroups sharing the W, K tiles, any other one): 1 = on, 2 = off, 0 = automatic (off) */
+                   warpgroups sharing the W, K tiles): 1 = every wgmma forward pass, 2 = none (the automatic wide
+                   form is then four warpgroups of 32), 0 = automatic (the wide form of state_fwd_wgmma_cols 0:
+                   where the 64-column blocks with work exceed one per SM) */
     int sbrg;   /* state_bwd_wgmma_regs: the wgmma backward state pass with dL/dS in registers as the A operand
-                   (gdn/state_backward_regs.cuh; widths as state_bwd_wgmma_cols): 1 = on, 2 = off, 0 = automatic
-                   (off) */
+                   (gdn/state_backward_regs.cuh; widths as state_bwd_wgmma_cols): 2 = off (the pass of
+                   gdn/state_backward_wgmma.cuh), 0 or 1 = on */
 } CudaGdnTune;
 
 /* NULL: every choice back to the built-in one */

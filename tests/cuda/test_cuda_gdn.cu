@@ -868,8 +868,8 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism(&f64, &wg, false);
     /* the wgmma forward pass with four warpgroups of 32 columns (sfbv 128) against 32-column blocks (sfbv 32):
      * bitwise, alone, in 4 segments (transition columns, the fold) and as the dual launch's second form; the
-     * automatic width with document segments, picked on the device (8 segments with work at 16 heads: four
-     * warpgroups; two: 32 columns), against the other width, bitwise */
+     * automatic width with document segments, picked on the device (8 segments with work at 16 heads: the wide
+     * form, now the pass with the state in registers; two: 32 columns), against the other width, bitwise */
     static const CudaGdnTune f128 = {0, 0, 0, 0, 0, 1, 0, 0, 128}, f128s = {4, 0, 0, 0, 0, 1, 0, 0, 128},
                              f32a = {0, 0, 0, 0, 0, 1, 0, 0, 32}, f32s = {4, 0, 0, 0, 0, 1, 0, 0, 32},
                              f128d = {0, 0, 0, 0, 3, 0, 0, 1, 128}, fad = {0, 0, 0, 0, 3, 0, 0, 1, 0},

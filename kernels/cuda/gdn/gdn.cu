@@ -293,30 +293,30 @@ static void gdn_rg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
 template <int DK, int BV, int NST>
 static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    if (gdn_sfwd_cur && gdn_sfrg_cur) { /* the state in registers: gdn_sfbv_cur 128 two warpgroups, 0 by the
-                                           blocks with work, else one */
-        const bool two_ok = dv % 128 == 0 && ncol % 128 == 0;
-        if (gdn_sfbv_cur == 0 && sg.cuts && two_ok) {
-            gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
-            gdn_rg_fwd_launch<DK, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
-            return;
-        }
-        const bool two = two_ok && (gdn_sfbv_cur == 128 ||
-                                    (gdn_sfbv_cur == 0 && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 0)));
-        if (two) gdn_rg_fwd_launch<DK, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+    if (gdn_sfwd_cur && gdn_sfrg_cur == 1) { /* the state in registers everywhere: sfbv 128 two warpgroups */
+        if (gdn_sfbv_cur == 128 && dv % 128 == 0 && ncol % 128 == 0)
+            gdn_rg_fwd_launch<DK, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
-    if (gdn_sfwd_cur) { /* the wgmma pass: gdn_sfbv_cur columns per block (32, 64, four warpgroups of 32 or 0:
-                           32 or four warpgroups, by the blocks with work) */
+    if (gdn_sfwd_cur) { /* the wgmma pass: gdn_sfbv_cur columns per block (32, 64, four warpgroups of 32 or 0: by
+                           the blocks with work, 32 or the wide form: the state in registers, or with sfrg 2 four
+                           warpgroups of 32) */
         int fb = gdn_sfbv_cur;
-        if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* four warpgroups run 2 stages */
-        if (fb == 0 && sg.cuts) { /* document segments: the device counts those with work, one width runs */
-            gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
-            gdn_wg_fwd_launch<DK, 32, 4>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, gdn_wide_need(0));
+        const bool rg = gdn_sfrg_cur == 0; /* the wide form */
+        if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* the wide forms run 2 stages */
+        if (fb == 0 && sg.cuts) { /* document segments: the device counts those with work, one form runs */
+            const int64_t need = gdn_wide_need(rg ? 2 : 0);
+            gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
+            if (rg) gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
+            else gdn_wg_fwd_launch<DK, 32, 4>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
             return;
         }
-        if (fb == 0) fb = gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 0) ? 128 : 32;
+        if (fb == 0 && rg && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 2)) {
+            gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+            return;
+        }
+        if (fb == 0) fb = !rg && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 0) ? 128 : 32;
         if (fb == 128) gdn_wg_fwd_launch<DK, 32, 4>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else if (fb == 64) gdn_wg_fwd_launch<DK, 64, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         else gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);

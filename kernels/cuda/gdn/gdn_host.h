@@ -71,8 +71,9 @@ typedef struct GdnPlan {
                       0: 32 or 128 by the launch's blocks with work (gdn_wide_pick) */
     int sbcols;    /* wgmma backward state pass: state columns per block, 64 or 128 (two warpgroups), 0: by
                       the launch (gdn_wide_pick) */
-    int sfrg;      /* wgmma forward state pass with the state in registers (gdn/state_forward_regs.cuh): 64 columns
-                      per warpgroup, one warpgroup per block where sfbv is 32 or 64, two where 128 */
+    int sfrg;      /* wgmma forward state pass with the state in registers (gdn/state_forward_regs.cuh): 0 as the wide
+                      form of the automatic width (one warpgroup of 64 columns), 1 everywhere (two warpgroups where
+                      sfbv is 128), 2 never */
     int sbrg;      /* wgmma backward state pass with dL/dS in registers (gdn/state_backward_regs.cuh), sbcols' widths */
 } GdnPlan;
 
@@ -84,11 +85,12 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv);
 extern template GdnPlan gdn_plan<64>(int64_t T, int nv, int dv);
 extern template GdnPlan gdn_plan<128>(int64_t T, int nv, int dv);
 
-/* the 64-column blocks with work above which the wgmma backward (bwd 1) / forward (bwd 0) state pass runs two
- * warpgroups per block where its width is automatic (one / 1.5 per SM) */
-int64_t gdn_wide_need(int bwd);
-/* two warpgroups for a launch whose blocks64 64-column blocks all have work (blocks64 > gdn_wide_need) */
-bool gdn_wide_pick(int64_t blocks64, int bwd);
+/* the 64-column blocks with work above which a wgmma state pass runs its wide form where its width is automatic:
+ * pass 1, the backward's two warpgroups per block (one per SM); 0, the forward's four warpgroups of 32 columns
+ * (1.5 per SM); 2, the forward with the state in registers (one per SM) */
+int64_t gdn_wide_need(int pass);
+/* the wide form for a launch whose blocks64 64-column blocks all have work (blocks64 > gdn_wide_need) */
+bool gdn_wide_pick(int64_t blocks64, int pass);
 
 /* ---- gdn_profile.cu ---- */
 extern int gdn_prof_level; /* cuda_gdn_profile: 0 off, 1 per-kernel times, 2 also the state passes' cycles */

@@ -139,9 +139,9 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     pl.sbcols = !wide_ok ? 64 : t.sbcols;
     /* the wgmma forward pass with the state in registers: wherever that pass runs (dim_v in 64s) */
     RS_CHECK(t.sfrg >= 0 && t.sfrg <= 2, "gdn: sfrg %d (0, 1 or 2)", t.sfrg);
-    pl.sfrg = t.sfrg == 1 ? 1 : 0;
+    pl.sfrg = t.sfrg;
     RS_CHECK(t.sbrg >= 0 && t.sbrg <= 2, "gdn: sbrg %d (0, 1 or 2)", t.sbrg);
-    pl.sbrg = t.sbrg == 1 ? 1 : 0;
+    pl.sbrg = t.sbrg != 2; /* every wgmma backward pass: faster or level at every measured shape */
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_SLOTS * sizeof(long long)));
@@ -155,11 +155,14 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
  * against 64-column blocks: 128 blocks (one wave): one warpgroup wins by 2.8%; 160 with uneven segments: one wins
  * by 2.4%; 192 and more: two win by 4-8% (the 1.9-wave launches run their second wave late). Threshold: one
  * block per SM. Forward, against 32-column blocks two per SM: 256 and more: two win by 4-6%; threshold 1.5 per
- * SM (measured with two warpgroups of 64 columns; the forward's 128-column block is now four of 32). Either
- * pass's widths give the same bits (test_cuda checks it). */
-int64_t gdn_wide_need(int bwd) { return bwd ? (int64_t)gdn_sm_count() : 3 * (int64_t)gdn_sm_count() / 2; }
+ * SM (measured with two warpgroups of 64 columns; the forward's 128-column block is now four of 32). The forward
+ * pass with the state in registers (one warpgroup of 64 columns, two blocks per SM) against 32-column blocks: it
+ * wins by 2-17% on the pass wherever the 64-column blocks with work exceed one per SM (160 and more) and loses by
+ * 1-2% at 128 (64 heads, one document): threshold one per SM (2026-12-02-b). Every form gives the same bits
+ * (test_cuda checks it). */
+int64_t gdn_wide_need(int pass) { return pass ? (int64_t)gdn_sm_count() : 3 * (int64_t)gdn_sm_count() / 2; }
 
-bool gdn_wide_pick(int64_t blocks64, int bwd) { return blocks64 > gdn_wide_need(bwd); }
+bool gdn_wide_pick(int64_t blocks64, int pass) { return blocks64 > gdn_wide_need(pass); }
 
 template GdnPlan gdn_plan<64>(int64_t T, int nv, int dv);
 template GdnPlan gdn_plan<128>(int64_t T, int nv, int dv);

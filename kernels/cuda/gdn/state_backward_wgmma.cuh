@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
-    if (wide_need > 0 && gdn_wide_skip<NWG, BV>(sg, nv, wide_need)) return; /* the other width runs */
+    if (wide_need > 0 && gdn_wide_skip<NWG * BV, (NWG > 1)>(sg, nv, wide_need)) return; /* the other width runs */
     const int64_t ldx = (int64_t)nv * dv, ns = (T + GDN_C - 1) / GDN_C + 1;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     const GdnSpan sp = gdn_span<true>(sg, meta, mode, p, is_M, nsz);

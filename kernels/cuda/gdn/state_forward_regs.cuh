@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
                                   const __grid_constant__ GdnWgMaps tm, const float *G2 /* (T,nv) */, const int4 *info,
                                   const int32_t *meta, int mode, int nk, int nv, int dv,
                                   long long *tp /* (GDN_TP_SLOTS) cycles, chunks, or NULL */,
-                                  int wide_need /* > 0: run only if this NWG is the device's pick (gdn_wide_skip) */) {
+                                  int wide_need /* > 0: run only if the wide form is the device's pick (gdn_wide_skip) */) {
     constexpr int NS = DK / 2, KS = DK / 16; /* S^T registers per thread, key-dim k steps */
     static_assert(NST >= 2, "state_fwd_rg: two stages at least");
     static_assert(DK == 64 || DK == 128, "state_fwd_rg: dim_k 64 or 128");
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
-    if (wide_need > 0 && gdn_wide_skip<NWG, 64>(sg, nv, wide_need)) return; /* the other width runs */
+    if (wide_need > 0 && gdn_wide_skip<64 * NWG, true>(sg, nv, wide_need)) return; /* the 32-column pass runs */
     const int64_t ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     const GdnSpan sp = gdn_span<false>(sg, meta, mode, p, is_M, nsz);

@@ -41,14 +41,15 @@ GDN_DEV void gdn_wgmma_nb(float (&d)[NA], uint64_t da, uint64_t db, int scale_d)
     else ptx_wgmma_ss_n32<TA, TB>(d, da, db, scale_d);
 }
 
-/* Both widths of a wgmma state pass launched (wide_need > 0: document segments, whose non-empty count only
- * the device knows): true where this block's width is not the device's pick, which is the 128-column block
- * (NWG > 1) where the 64-column blocks of the non-empty segments exceed wide_need (gdn_wide_need), else one. The
- * block's columns: gridDim.x NWG BV of the launch's. */
-template <int NWG, int BV> GDN_DEV bool gdn_wide_skip(const GdnSeg &sg, int nv, int64_t wide_need) {
+/* Both forms of a wgmma state pass launched (wide_need > 0: document segments, whose non-empty count only
+ * the device knows): true where this block's form is not the device's pick, which is the wide one (WIDE: the
+ * 128-column blocks, or the forward pass with the state in registers) where the 64-column blocks of the
+ * non-empty segments exceed wide_need (gdn_wide_need), else the other. BC: the block's columns (gridDim.x BC
+ * of the launch's). */
+template <int BC, bool WIDE> GDN_DEV bool gdn_wide_skip(const GdnSeg &sg, int nv, int64_t wide_need) {
     int used = 0;
     for (int i = 0; i < sg.nseg; i++) used += sg.cuts[i + 1] > sg.cuts[i] ? 1 : 0;
-    return ((int64_t)used * nv * gridDim.x * NWG * BV / 64 > wide_need) != (NWG > 1);
+    return ((int64_t)used * nv * gridDim.x * BC / 64 > wide_need) != WIDE;
 }
 
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG)
     const int p = (int)blockIdx.z + sg.pz0;
     if (is_M && p == sg.m_skip) return; /* the whole block */
     if (sg.pick && *sg.pick != sg.pick_want) return; /* dual launch: the other configuration runs */
-    if (wide_need > 0 && gdn_wide_skip<NWG, BV>(sg, nv, wide_need)) return; /* the other width runs */
+    if (wide_need > 0 && gdn_wide_skip<NWG * BV, (NWG > 1)>(sg, nv, wide_need)) return; /* the other width runs */
     const int64_t ldu = (int64_t)nv * dv;
     const int64_t nsz = (int64_t)nv * DK * dv, nmz = (int64_t)nv * DK * DK;
     const GdnSpan sp = gdn_span<false>(sg, meta, mode, p, is_M, nsz);
