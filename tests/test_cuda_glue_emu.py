@@ -1,5 +1,5 @@
 """test_cuda_glue_emu.py — the cuda glue kernels without a GPU: the conv + SiLU run kernels and the fused GDN conv +
-split (kernels/cuda/cuda_conv.cu),
+split (kernels/cuda/cuda_conv.cu, cuda_gdn_conv_split.cu, their shared cuda_conv_run.cuh),
 RMSNorm (cuda_rmsnorm.cu), the gated RMSNorm group kernels (cuda_norm.cu), the sigmoid gate and SwiGLU
 (cuda_elementwise.cu) and the stage-2 column reduction (cuda_device.cuh), their device code run by a host emulation
 of CUDA (tests/cuda/glue_emu/: one host thread per CUDA thread, block barriers, warp shuffles through per-warp slots)

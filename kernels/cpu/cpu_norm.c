@@ -145,7 +145,7 @@ void cpu_l2norm_backward(void *dinp_ /* (T,ldi) = */, const void *dout_ /* (T,ld
 
 /* ---- the GDN split after the conv: the L2 norm of q, k and the v, z copies ------------------- */
 
-/* the split half of the fused conv + split (cpu_conv.c's gdn_conv_split_*, the oracle of cuda_conv.cu's): the
+/* the split half of the fused conv + split (cpu_conv.c's gdn_conv_split_*, the oracle of cuda_gdn_conv_split.cu's): the
  * L2 norm and two copies, in the order and arithmetic of the unfused calls (the cpu model's results are bitwise
  * those of conv1d_silu, l2norm and the copies in sequence) */
 void cpu_gdn_split_forward(void *qk /* (T,2nk dk) */, float *qk_rstd /* (T,2nk) */, void *v /* (T,Vd) */,

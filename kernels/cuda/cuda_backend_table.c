@@ -15,7 +15,8 @@
  *
  * Files: cuda_memory.cu (memory), cuda_matmul.cu (cuBLASLt GEMMs),
  * cuda_rmsnorm.cu, cuda_norm.cu (L2 norm, GDN split, gated RMSNorm), cuda_elementwise.cu
- * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu, cuda_rope.cu,
+ * (embedding, gates, sigmoid gate, SwiGLU), cuda_conv.cu (conv1d + SiLU),
+ * cuda_gdn_conv_split.cu (the GDN conv + split, fused), cuda_rope.cu,
  * cuda_loss.cu (fused lm_head + CE), cuda_optim.cu (AdamW, sum of squares),
  * attention/, gdn/, kda/; cuda_setup.cu and cuda_stream.cu hold the
  * process-wide state; cuda_profile.cu the entry timer.

@@ -6,7 +6,7 @@
  * dhalo wanted while halo is NULL, Kc from 1 to 16, strided input inside a wider projection row,
  * odd channel counts and mid-vector blocks; the step's shape (6144 channels in rows of 8224, 4133 rows),
  * and rows that take the run kernels' 8-byte vectors but not 16-byte ones. cuda_gdn_conv_split: the GDN conv fused
- * with the split after it, below.
+ * with the split after it (kernels/cuda/cuda_gdn_conv_split.cu), below.
  *
  * Bounds (cuda_test.h): out, dinp, dhalo are bf16 outputs of fp32 math on identical inputs,
  * CT_BOUND_BF16_OUT; dw is fp32, CT_BOUND_F32, starts from the same random values on both sides

@@ -1,11 +1,11 @@
 /*
- * emu.h (glue_emu) — a host emulation of the CUDA that the glue kernels use (kernels/cuda/cuda_conv.cu's run
- * kernels, cuda_rmsnorm.cu, cuda_norm.cu's gated RMSNorm group kernels, cuda_elementwise.cu's sigmoid gate and
- * SwiGLU, cuda_device.cuh's helpers and stage-2 reduction): bf16 with round-to-nearest-even, the vector types,
- * one host thread per CUDA thread of a block (blocks run one at a time), block barriers, warp shuffles through
- * per-warp slots and barriers, function-static __shared__ arrays, the fast intrinsics as their exact forms, the
- * L2 prefetch as nothing. Enough for the kernels' indexing, tails, masks, synchronisation and reductions to be
- * checked against the cpu oracle in CI without a GPU; the GPU run (build/test_cuda) proves the rest.
+ * emu.h (glue_emu) — a host emulation of the CUDA that the glue kernels use (kernels/cuda/cuda_conv.cu's run kernels,
+ * cuda_gdn_conv_split.cu's fused GDN conv + split, cuda_rmsnorm.cu, cuda_norm.cu's gated RMSNorm group kernels,
+ * cuda_elementwise.cu's sigmoid gate and SwiGLU, cuda_device.cuh's helpers and stage-2 reduction): bf16 with
+ * round-to-nearest-even, the vector types, one host thread per CUDA thread of a block (blocks run one at a time), block
+ * barriers, warp shuffles through per-warp slots and barriers, function-static __shared__ arrays, the fast intrinsics
+ * as their exact forms, the L2 prefetch as nothing. Enough for the kernels' indexing, tails, masks, synchronisation and
+ * reductions to be checked against the cpu oracle in CI without a GPU; the GPU run (build/test_cuda) proves the rest.
  *
  * Callers: emu_conv.cpp, emu_norm.cpp, emu_ew.cpp (this directory), through build.sh.
  */
@@ -97,8 +97,9 @@ template <class F> void emu_launch(dim3 grid, dim3 block, F f) {
 inline dim3 emu_dim(unsigned x, unsigned y = 1) { dim3 d; d.x = x, d.y = y; return d; }
 inline int64_t emu_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* the conv run backward's grid as cuda_conv.cu's launchers make it (the constants passed from the kernel source:
- * CONV_PART_BYTES, CUDA_MAX_PARTIALS, CONV_RUN_ROWS, CONV_RUN_BWD_MIN): gy row blocks of `rows` runs of *run tokens */
+/* the conv run backward's grid as the launchers make it (cuda_conv_run.cuh's conv_run_backward_grid; the constants
+ * passed from the kernel source: CONV_PART_BYTES, CUDA_MAX_PARTIALS, CONV_RUN_ROWS, CONV_RUN_BWD_MIN): gy row blocks
+ * of `rows` runs of *run tokens */
 static inline int64_t emu_conv_bwd_grid(int64_t T, int64_t C, int Kc, int64_t part_bytes, int64_t max_parts, int rows,
                                         int min_run, int64_t *run) {
     int64_t gy = part_bytes / (C * Kc * 4);

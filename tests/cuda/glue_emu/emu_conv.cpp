@@ -1,5 +1,5 @@
-/* emu_conv.cpp (glue_emu) — cuda_conv.cu's run kernels (Kc = 4) and the fused GDN conv + split (split_case below)
- * under the host emulation against the cpu oracle
+/* emu_conv.cpp (glue_emu) — cuda_conv.cu's run kernels (Kc = 4) and cuda_gdn_conv_split.cu's fused GDN conv + split
+ * (split_case below) under the host emulation against the cpu oracle
  * (kernels/cpu/cpu_conv.c): odd channel counts (the scalar path), 8-byte rows that are not 16-byte rows, blocks
  * that start 8 bytes into a row, the step's 6144 channels in rows of 8224, halo read or not, its gradient wanted
  * or not, documents (a start every ~20 tokens, the first document begun before the call). The launch shapes are

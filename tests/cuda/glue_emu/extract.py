@@ -2,7 +2,13 @@
 (emu.h): OUT/conv.inc (cuda_conv.cu's run kernels and the fused GDN conv + split), OUT/norm.inc (cuda_rmsnorm.cu's kernels, cuda_norm.cu's gated
 RMSNorm group kernels), OUT/ew.inc (cuda_elementwise.cu's sigmoid gate and SwiGLU), each after cuda_device.cuh's
 device helpers (the L2 prefetch's asm dropped) and the sources' own defines. The cuts are by the section comments
-and signatures below; one that is gone stops the build, naming it. Usage: extract.py ROOT OUT"""
+and signatures below; one that is gone stops the build, naming it. Usage: extract.py ROOT OUT
+
+ROOT may be an older revision (split_build.sh extracts a base one): the conv's layout is read from the files
+present. Since the fused GDN conv + split left cuda_conv.cu: the run walk's shared constants and steps in
+cuda_conv_run.cuh, the run kernels in cuda_conv.cu, the fused kernels in cuda_gdn_conv_split.cu; before, all three
+in cuda_conv.cu. conv.inc holds the same definitions either way."""
+import os
 import re
 import sys
 
@@ -30,9 +36,18 @@ dev_code = dev_code.replace('asm volatile("prefetch.global.L2 [%0];" ::"l"(p));'
 head = dev_defs + dev_code
 
 conv = read("kernels/cuda/cuda_conv.cu")
-conv_inc = (cut(conv, "#define CONV_KC_MAX", "static void conv_check_sizes", "cuda_conv.cu")
-            + cut(conv, "__device__ __forceinline__ float conv_sigmoid", "/* u[t, c..c+n) into u[]", "cuda_conv.cu")
-            + cut(conv, "/* the n <= CONV_CV bf16 at p", 'extern "C" void cuda_conv1d_silu_forward', "cuda_conv.cu"))
+if os.path.exists(f"{root}/kernels/cuda/cuda_conv_run.cuh"):  # the shared header, the run kernels, the fused ones
+    run, split = read("kernels/cuda/cuda_conv_run.cuh"), read("kernels/cuda/cuda_gdn_conv_split.cu")
+    conv_inc = "".join([
+        cut(run, "#define CONV_RUN_KC", "/* ---- host:", "cuda_conv_run.cuh"),
+        cut(conv, "#define CONV_KC_MAX", "static void conv_check_sizes", "cuda_conv.cu"),
+        cut(conv, "/* ---- Kc = CONV_RUN_KC", 'extern "C" void cuda_conv1d_silu_forward', "cuda_conv.cu"),
+        cut(split, "#define CONV_SPLIT_GB", "/* the fused GDN conv + split's sizes", "cuda_gdn_conv_split.cu")])
+else:  # all in cuda_conv.cu (revisions before cuda_gdn_conv_split.cu)
+    conv_inc = "".join([
+        cut(conv, "#define CONV_KC_MAX", "static void conv_check_sizes", "cuda_conv.cu"),
+        cut(conv, "__device__ __forceinline__ float conv_sigmoid", "/* u[t, c..c+n) into u[]", "cuda_conv.cu"),
+        cut(conv, "/* the n <= CONV_CV bf16 at p", 'extern "C" void cuda_conv1d_silu_forward', "cuda_conv.cu")])
 l2eps = "\n".join(l for l in read("kernels/cuda/cuda_norm.cuh").splitlines() if l.startswith("#define L2NORM_EPS"))
 open(f"{out}/conv.inc", "w").write(head + l2eps + "\n" + conv_inc)
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # split_build.sh (glue_emu) — builds OUT/split_cmp: the fused GDN conv + split kernels of a base revision and of the
-# working tree (kernels/cuda/cuda_conv.cu, cut out by extract.py) under the host emulation (emu.h), both run on the
-# same inputs and every output compared bitwise (split_cmp.cpp). For speed rounds that must keep the bits.
+# working tree (kernels/cuda/cuda_gdn_conv_split.cu, or cuda_conv.cu in revisions before that file: extract.py cuts
+# out either layout) under the host emulation (emu.h), both run on the same inputs and every output compared bitwise
+# (split_cmp.cpp). For speed rounds that must keep the bits.
 # Usage: split_build.sh BASE [OUT]; then OUT/split_cmp (exit 1 on a difference).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
