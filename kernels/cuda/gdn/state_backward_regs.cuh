@@ -78,18 +78,8 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
     const GdnSpan sp = gdn_span<true>(sg, meta, mode, p, is_M, nsz);
     const int lo = sp.lo, hi = sp.hi;
 
-    /* D^T: element x at column col0 + 16 w + g8 + 8 ((x >> 1) & 1), key dim 8 (x >> 2) + 2 t4 + (x & 1) */
-    auto col_of = [&](int x) { return 16 * w + g8 + 8 * ((x >> 1) & 1); };
-    auto key_of = [&](int x) { return 8 * (x >> 2) + 2 * t4 + (x & 1); };
-    float D[NS];
-#pragma unroll
-    for (int x = 0; x < NS; x++) {
-        const int a = key_of(x), j = col_of(x);
-        float v = 0.0f;
-        if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
-        else if (sp.in) v = sp.in[((int64_t)h * DK + a) * dv + col0 + j];
-        D[x] = v;
-    }
+    float D[NS]; /* D^T, element x at (gdn_rg_col, gdn_rg_key) */
+    gdn_rg_state_start<DK>(D, sp.in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; i++) ptx_mbar_init(ptx_smem_addr(s.bar(i)), 1);
@@ -170,26 +160,11 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
         /* acc^T = (D_hi + D_lo)^T K^T: state columns x tokens */
         float acc[32];
         const uint32_t a_k = ptx_smem_addr(s.k(buf)), a_w = ptx_smem_addr(s.w(buf)), a_q = ptx_smem_addr(s.q(buf));
-        ptx_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            ptx_wgmma_rs_n64<0>(acc, ah[kk], ptx_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            ptx_wgmma_rs_n64<0>(acc, al[kk], ptx_gdesc(a_k + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024), 1);
-        ptx_wg_commit();
+        gdn_rg_product_hilo<DK>(acc, ah, al, a_k);
         /* while the product runs: dh out, dos^T and dv_loc^T in, the decays */
-        if (dst) {
-            if (lane == 0) ptx_bulk_wait_read<0>(); /* the last chunk's dh, dv2 stores have read the staging */
-            __syncwarp();
-            gdn_rg_stage<KS>(a_hs, ah, lane);
-            ptx_fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) {
-                ptx_tma_store_2d(&tm.dh, col0 + 16 * w, (int)(((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * DK), a_hs);
-                ptx_bulk_commit();
-            }
-        }
+        if (dst) /* the last chunk's dh and dv2 stores read */
+            gdn_rg_store<KS>(&tm.dh, col0 + 16 * w, [&] { return (int)(((t1 == T ? ns - 1 : t1 / GDN_C) * nv + h) * DK); },
+                             a_hs, ah, lane, 0);
         uint32_t fo[4][4] = {}, fl[4][4] = {}; /* dO^T, dv_loc^T pairs: f[i / 2][2 (i & 1) + half] */
         if (!is_M) {
             gdn_rg_load_t(fo, s.dO(buf, wg), w, lane);
@@ -226,7 +201,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
                 const float2 l = __bfloat1622float2(*(const __nv_bfloat162 *)&fl[i >> 1][2 * (i & 1) + hf]);
                 __nv_bfloat162 v2 = __floats2bfloat162_rn(l.x + d0 * acc[x], l.y + d1 * acc[x + 1]);
                 if (vst && !vfull) {
-                    const int j = col0 + col_of(x);
+                    const int j = col0 + gdn_rg_col(x, w, g8);
                     if (r < L) dv2[(t0 + r) * ldx + (int64_t)h * dv + j] = v2.x;
                     if (r + 1 < L) dv2[(t0 + r + 1) * ldx + (int64_t)h * dv + j] = v2.y;
                 }
@@ -246,33 +221,11 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
         GDN_TP(4);
         /* D^T += dos^T Q + (-dv2)^T W */
         ptx_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < GDN_C / 16; kk++) {
-            const uint64_t db = ptx_gdesc(a_q + kk * 16 * 128, GDN_C * 128, 1024);
-            if constexpr (DK == 64) ptx_wgmma_rs_n64<1>(D, ad[kk], db);
-            else ptx_wgmma_rs_n128<1>(D, ad[kk], db);
-        }
-#pragma unroll
-        for (int kk = 0; kk < GDN_C / 16; kk++) {
-            const uint64_t db = ptx_gdesc(a_w + kk * 16 * 128, GDN_C * 128, 1024);
-            if constexpr (DK == 64) ptx_wgmma_rs_n64<1>(D, av[kk], db);
-            else ptx_wgmma_rs_n128<1>(D, av[kk], db);
-        }
+        gdn_rg_product_t<DK>(D, ad, a_q);
+        gdn_rg_product_t<DK>(D, av, a_w);
         ptx_wg_commit();
-        if (vfull) { /* overlaps the products */
-            if (lane == 0) { /* the last chunk's dv2 store has read the staging (this chunk's dh store may not have) */
-                if (dst) ptx_bulk_wait_read<1>();
-                else ptx_bulk_wait_read<0>();
-            }
-            __syncwarp();
-            gdn_rg_stage<4>(a_vs, vo, lane);
-            ptx_fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) {
-                ptx_tma_store_2d(&tm.dv2, h * dv + col0 + 16 * w, (int)t0, a_vs);
-                ptx_bulk_commit();
-            }
-        }
+        /* overlapping the products: dv2 out (the last chunk's dv2 store read; this chunk's dh store may not be) */
+        if (vfull) gdn_rg_store<4>(&tm.dv2, h * dv + col0 + 16 * w, [&] { return (int)t0; }, a_vs, vo, lane, dst);
         ptx_wg_wait<0>();
 #pragma unroll
         for (int x = 0; x < NS; x++) ptx_reg_fence(D[x]);
@@ -288,11 +241,5 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
     if (lane == 0) ptx_bulk_wait<0>(); /* the last stores complete */
     if (tp_on) gdn_tp_store(tp, tpa, hi - lo);
     float *Dd = gdn_span_out<true>(sg, p, sp.dlast, is_M, nsz, nmz);
-    if (!Dd) return;
-#pragma unroll
-    for (int x = 0; x < NS; x++) {
-        const int a = key_of(x), j = col_of(x);
-        if (is_M) Dd[((int64_t)h * DK + a) * DK + col0 - dv + j] = D[x];
-        else Dd[((int64_t)h * DK + a) * dv + col0 + j] = D[x];
-    }
+    if (Dd) gdn_rg_state_out<DK>(Dd, D, is_M, h, col0, dv, w, g8, t4);
 }

@@ -70,6 +70,85 @@ template <int KS> GDN_DEV void gdn_rg_stage(uint32_t base, const uint32_t (&frag
     for (int kk = 0; kk < KS; kk++) ptx_stmatrix_x4_trans(base + gdn_rg_off(16 * kk + 8 * (m >> 1) + r, m & 1), frag[kk]);
 }
 
+/* a warp's 16 columns of an accumulator (frag as gdn_rg_stage) out through its staging block at base by one TMA
+ * store at (c0, row()) of tm (row: a callable, evaluated by lane 0 only, after the staging); the staging block is
+ * free once this thread's bulk groups but `keep` (0 or 1: one store issued since the last one from this block)
+ * have read their sources */
+template <int KS, class Row>
+GDN_DEV void gdn_rg_store(const CUtensorMap *tm, int c0, Row row, uint32_t base, const uint32_t (&frag)[KS][4], int lane,
+                          int keep) {
+    if (lane == 0) {
+        if (keep) ptx_bulk_wait_read<1>();
+        else ptx_bulk_wait_read<0>();
+    }
+    __syncwarp();
+    gdn_rg_stage<KS>(base, frag, lane);
+    ptx_fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) {
+        ptx_tma_store_2d(tm, c0, row(), base);
+        ptx_bulk_commit();
+    }
+}
+
+/* The thread's (col, key) of transposed-state element x (x < DK / 2): column 16 w + g8 + 8 ((x >> 1) & 1) of the
+ * warpgroup's 64, key dim 8 (x >> 2) + 2 t4 + (x & 1) */
+GDN_DEV int gdn_rg_col(int x, int w, int g8) { return 16 * w + g8 + 8 * ((x >> 1) & 1); }
+GDN_DEV int gdn_rg_key(int x, int t4) { return 8 * (x >> 2) + 2 * t4 + (x & 1); }
+
+/* the carried (transposed) state at a span's start: columns col0 + .. of head h from S_in (nv, DK, dv), 0 where
+ * S_in is NULL; transition columns (is_M: col0 >= dv) start from the identity */
+template <int DK>
+GDN_DEV void gdn_rg_state_start(float (&S)[DK / 2], const float *S_in, bool is_M, int h, int col0, int dv, int w, int g8,
+                                int t4) {
+#pragma unroll
+    for (int x = 0; x < DK / 2; x++) {
+        const int a = gdn_rg_key(x, t4), j = gdn_rg_col(x, w, g8);
+        float v = 0.0f;
+        if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
+        else if (S_in) v = S_in[((int64_t)h * DK + a) * dv + col0 + j];
+        S[x] = v;
+    }
+}
+
+/* the state leaving a span into Sd: (nv, DK, DK) transition columns, else (nv, DK, dv) */
+template <int DK>
+GDN_DEV void gdn_rg_state_out(float *Sd, const float (&S)[DK / 2], bool is_M, int h, int col0, int dv, int w, int g8,
+                              int t4) {
+#pragma unroll
+    for (int x = 0; x < DK / 2; x++) {
+        const int a = gdn_rg_key(x, t4), j = gdn_rg_col(x, w, g8);
+        if (is_M) Sd[((int64_t)h * DK + a) * DK + col0 - dv + j] = S[x];
+        else Sd[((int64_t)h * DK + a) * dv + col0 + j] = S[x];
+    }
+}
+
+/* the first product of a chunk, acc (64 columns x 64 tokens) = (S_hi + S_lo)^T X^T from the state's split A
+ * fragments ah, al and X, a tokens x DK tile at a_x (K-major B): 2 DK / 16 wgmma, committed, not waited for */
+template <int DK>
+GDN_DEV void gdn_rg_product_hilo(float (&acc)[32], const uint32_t (&ah)[DK / 16][4], const uint32_t (&al)[DK / 16][4],
+                                 uint32_t a_x) {
+    ptx_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; kk++)
+        ptx_wgmma_rs_n64<0>(acc, ah[kk], ptx_gdesc(a_x + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; kk++)
+        ptx_wgmma_rs_n64<0>(acc, al[kk], ptx_gdesc(a_x + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024), 1);
+    ptx_wg_commit();
+}
+
+/* S^T (64 columns x DK) += A X, A (64 columns x 64 tokens) as A fragments, X a tokens x DK tile at a_x (N-major
+ * B): 4 wgmma, issued only (the caller fences before its first and commits after its last) */
+template <int DK> GDN_DEV void gdn_rg_product_t(float (&S)[DK / 2], const uint32_t (&a)[4][4], uint32_t a_x) {
+#pragma unroll
+    for (int kk = 0; kk < GDN_C / 16; kk++) {
+        const uint64_t db = ptx_gdesc(a_x + kk * 16 * 128, GDN_C * 128, 1024);
+        if constexpr (DK == 64) ptx_wgmma_rs_n64<1>(S, a[kk], db);
+        else ptx_wgmma_rs_n128<1>(S, a[kk], db);
+    }
+}
+
 template <int DK, int NST, int NWG>
 __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
     gdn_state_forward_regs_kernel(bf16 *hs /* (ns,nv,DK,dv) or NULL */, bf16 *vn /* (T,nv,dv) or NULL */, GdnSeg sg,
@@ -96,18 +175,8 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
     const GdnSpan sp = gdn_span<false>(sg, meta, mode, p, is_M, nsz);
     const int lo = sp.lo, hi = sp.hi;
 
-    /* S^T: element x at column col0 + 16 w + g8 + 8 ((x >> 1) & 1), key dim 8 (x >> 2) + 2 t4 + (x & 1) */
-    auto col_of = [&](int x) { return 16 * w + g8 + 8 * ((x >> 1) & 1); };
-    auto key_of = [&](int x) { return 8 * (x >> 2) + 2 * t4 + (x & 1); };
-    float S[NS];
-#pragma unroll
-    for (int x = 0; x < NS; x++) {
-        const int a = key_of(x), j = col_of(x);
-        float v = 0.0f;
-        if (is_M) v = (a == col0 - dv + j) ? 1.0f : 0.0f;
-        else if (sp.in) v = sp.in[((int64_t)h * DK + a) * dv + col0 + j];
-        S[x] = v;
-    }
+    float S[NS]; /* S^T, element x at (gdn_rg_col, gdn_rg_key) */
+    gdn_rg_state_start<DK>(S, sp.in, is_M, h, col0, dv, w, g8, t4);
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < NST; i++) ptx_mbar_init(ptx_smem_addr(s.bar(i)), 1);
@@ -178,26 +247,11 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
         /* v^T = (S_hi + S_lo)^T W^T: state columns x tokens */
         float v[32];
         const uint32_t a_w = ptx_smem_addr(s.w(buf)), a_k = ptx_smem_addr(s.k(buf));
-        ptx_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            ptx_wgmma_rs_n64<0>(v, ah[kk], ptx_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++)
-            ptx_wgmma_rs_n64<0>(v, al[kk], ptx_gdesc(a_w + (kk >> 2) * (GDN_C * 128) + (kk & 3) * 32, 16, 1024), 1);
-        ptx_wg_commit();
-        /* while the products run: h out (this warp's 16 columns), U^T and the decays in */
-        if (hst) {
-            if (lane == 0) ptx_bulk_wait_read<0>(); /* the last chunk's h, vn stores have read the staging */
-            __syncwarp();
-            gdn_rg_stage<KS>(a_hs, ah, lane);
-            ptx_fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) {
-                ptx_tma_store_2d(&tm.h, col0 + 16 * w, (int)(((t0 / GDN_C) * nv + h) * DK), a_hs);
-                ptx_bulk_commit();
-            }
-        }
+        gdn_rg_product_hilo<DK>(v, ah, al, a_w);
+        /* while the products run: h out (this warp's 16 columns; the last chunk's h and vn stores read), U^T and
+         * the decays in */
+        if (hst)
+            gdn_rg_store<KS>(&tm.h, col0 + 16 * w, [&] { return (int)(((t0 / GDN_C) * nv + h) * DK); }, a_hs, ah, lane, 0);
         uint32_t uf[4][4] = {}; /* U^T as v^T's pairs: uf[i / 2][2 (i & 1) + half] */
         if (!is_M) {
             const unsigned char *su = s.u(buf, wg);
@@ -232,7 +286,7 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
                 const float x0 = u.x - v[x], x1 = u.y - v[x + 1];
                 vo[i >> 1][2 * (i & 1) + hf] = ptx_pack_bf16x2(x0, x1);
                 if (vst && !vfull) {
-                    const int j = col0 + col_of(x);
+                    const int j = col0 + gdn_rg_col(x, w, g8);
                     if (r < L) vn[(t0 + r) * ldu + (int64_t)h * dv + j] = __float2bfloat16_rn(x0);
                     if (r + 1 < L) vn[(t0 + r + 1) * ldu + (int64_t)h * dv + j] = __float2bfloat16_rn(x1);
                 }
@@ -247,27 +301,10 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
         GDN_TP(4);
         /* S^T += (dec vn)^T K */
         ptx_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < GDN_C / 16; kk++) {
-            const uint64_t db = ptx_gdesc(a_k + kk * 16 * 128, GDN_C * 128, 1024);
-            if constexpr (DK == 64) ptx_wgmma_rs_n64<1>(S, av[kk], db);
-            else ptx_wgmma_rs_n128<1>(S, av[kk], db);
-        }
+        gdn_rg_product_t<DK>(S, av, a_k);
         ptx_wg_commit();
-        if (vfull) { /* overlaps the product */
-            if (lane == 0) { /* the last chunk's vn store has read the staging (this chunk's h store may not have) */
-                if (hst) ptx_bulk_wait_read<1>();
-                else ptx_bulk_wait_read<0>();
-            }
-            __syncwarp();
-            gdn_rg_stage<4>(a_vs, vo, lane);
-            ptx_fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) {
-                ptx_tma_store_2d(&tm.vn, h * dv + col0 + 16 * w, (int)t0, a_vs);
-                ptx_bulk_commit();
-            }
-        }
+        /* overlapping the product: vn out (the last chunk's vn store read; this chunk's h store may not be) */
+        if (vfull) gdn_rg_store<4>(&tm.vn, h * dv + col0 + 16 * w, [&] { return (int)t0; }, a_vs, vo, lane, hst);
         ptx_wg_wait<0>();
 #pragma unroll
         for (int x = 0; x < NS; x++) ptx_reg_fence(S[x]);
@@ -280,11 +317,5 @@ __global__ void __launch_bounds__(GDN_THREADS * NWG, 3 - NWG)
     if (lane == 0) ptx_bulk_wait<0>(); /* the last stores complete */
     if (tp_on) gdn_tp_store(tp, tpa, hi - lo);
     float *Sd = gdn_span_out<false>(sg, p, sp.dlast, is_M, nsz, nmz);
-    if (!Sd) return;
-#pragma unroll
-    for (int x = 0; x < NS; x++) {
-        const int a = key_of(x), j = col_of(x);
-        if (is_M) Sd[((int64_t)h * DK + a) * DK + col0 - dv + j] = S[x];
-        else Sd[((int64_t)h * DK + a) * dv + col0 + j] = S[x];
-    }
+    if (Sd) gdn_rg_state_out<DK>(Sd, S, is_M, h, col0, dv, w, g8, t4);
 }
