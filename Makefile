@@ -233,8 +233,9 @@ $(BUILD)/fuzz_config: $(FUZZ_SRC) $(wildcard lib/*/*.h)
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ilib -D_GNU_SOURCE $(FUZZ_SRC) $(YAML_A) -lm -o $@
 fuzz: $(BUILD)/fuzz_config
 
+# The whole suite; --durations lists its 40 slowest tests, so a CI log says where its time goes.
 test: $(BUILD)/ringscan $(BUILD)/test_ops $(BUILD)/parity_step $(BUILD)/kda_case $(BUILD)/cp_check $(BUILD)/ckpt_stress $(BUILD)/fuzz_config
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q --durations=40 tests
 
 # The main job: synthesise the recall data once, then train configs/tiny-cpu.yaml
 # from scratch over MPI ranks on the cpu backend (oversubscribed on small machines);

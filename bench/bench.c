@@ -57,7 +57,7 @@
 #include "cuda_profile.h"
 #endif
 
-static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 128, 1 << 24, 128, 2, 2};
+static const int bench_gdn_tune_max[BENCH_GDN_TUNE_N] = {64, 3, 64, 64, 4, 3, 2, 2, 128, 1 << 24, 128};
 static const int bench_attn_tune_max[BENCH_ATTN_TUNE_N] = {1, 1};
 
 static const char bench_usage[] =
@@ -122,10 +122,9 @@ static const char bench_usage[] =
     "                      (W, U, gate cumsum) or states (also the chunk states h, vn) (default states)\n"
     "  --gdn-tune LIST     gdn: the state passes' configuration instead of the built-in choice, KEY=N items of\n"
     "                      kernels/cuda/cuda_gdn_tune.h (split, nst, bv, dseg, dual, state_fwd_wgmma,\n"
-    "                      state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols, state_bwd_wgmma_cols,\n"
-    "                      state_fwd_wgmma_regs, state_bwd_wgmma_regs; the same bits either way within one\n"
-    "                      pass) or piece\n"
-    "                      (rows per piece of a call, backend.h GDN_PIECE_ROWS), e.g.\n"
+    "                      state_bwd_wgmma, dual_wgmma, state_fwd_wgmma_cols, state_bwd_wgmma_cols; the same\n"
+    "                      bits either way within one pass) or piece (rows per piece of a call, backend.h\n"
+    "                      GDN_PIECE_ROWS), e.g.\n"
     "                      state_fwd_wgmma=1,state_bwd_wgmma=1 (default: every choice built in)\n"
     "  --attn-tune LIST    attn, cp (cuda): our attention backward's measurement choices instead of the built-in\n"
     "                      ones, KEY=0|1 items of kernels/cuda/cuda_attention_tune.h: dq_atomic (dQ added by plain\n"
@@ -771,7 +770,7 @@ int bench_main(int argc, char **argv) {
     cuda_profile_enable(o.profile > 0); /* the step's entries (bench_step.c) */
     const CudaGdnTune gt = {o.gdn_tune[0], o.gdn_tune[1], o.gdn_tune[2], o.gdn_tune[3], o.gdn_tune[4],
                             o.gdn_tune[5], o.gdn_tune[6], o.gdn_tune[7], o.gdn_tune[8], o.gdn_tune[9],
-                            o.gdn_tune[10], o.gdn_tune[11], o.gdn_tune[12]};
+                            o.gdn_tune[10]};
     cuda_gdn_tune_set(&gt);
     bench_attn_tune_apply(&o);
     static const int order[BENCH_KIND_COUNT] = {BENCH_STEP, BENCH_ATTN, BENCH_GDN, BENCH_KDA};

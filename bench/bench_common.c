@@ -27,8 +27,7 @@ const char *const bench_kind_names[BENCH_KIND_COUNT] = {"attn", "gdn", "step", "
 /* the fields of CudaGdnTune (kernels/cuda/cuda_gdn_tune.h), in its order, with what each takes */
 const char *const bench_gdn_tune_names[BENCH_GDN_TUNE_N] = {
     "split", "nst", "bv", "dseg", "dual", "state_fwd_wgmma", "state_bwd_wgmma", "dual_wgmma", "state_fwd_wgmma_cols",
-    "piece", "state_bwd_wgmma_cols", "state_fwd_wgmma_regs",
-    "state_bwd_wgmma_regs"};
+    "piece", "state_bwd_wgmma_cols"};
 
 /* the fields of CudaAttnTune (kernels/cuda/cuda_attention_tune.h), in its order; each 0 or 1 */
 const char *const bench_attn_tune_names[BENCH_ATTN_TUNE_N] = {"dq_atomic", "throttle"};

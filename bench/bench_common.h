@@ -43,7 +43,7 @@
 
 #define BENCH_MAX_LIST 16
 #define BENCH_MAX_SETS 64
-#define BENCH_GDN_TUNE_N 13 /* the fields of kernels/cuda/cuda_gdn_tune.h's CudaGdnTune */
+#define BENCH_GDN_TUNE_N 11 /* the fields of kernels/cuda/cuda_gdn_tune.h's CudaGdnTune */
 #define BENCH_ATTN_TUNE_N 2 /* the fields of kernels/cuda/cuda_attention_tune.h's CudaAttnTune */
 
 typedef enum { BENCH_ATTN, BENCH_GDN, BENCH_STEP, BENCH_KDA, BENCH_KIND_COUNT } BenchKind;

@@ -27,8 +27,8 @@ static const char *gdn_timing_set_name(const CudaGdnTune *c, char *buf, size_t n
     else
         snprintf(buf, n,
                  " [split=%d nst=%d bv=%d dseg=%d dual=%d state_fwd_wgmma=%d state_bwd_wgmma=%d dual_wgmma=%d "
-                 "state_fwd_wgmma_cols=%d state_fwd_wgmma_regs=%d state_bwd_wgmma_regs=%d]",
-                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv, c->sfrg, c->sbrg);
+                 "state_fwd_wgmma_cols=%d state_bwd_wgmma_cols=%d]",
+                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv, c->sbcols);
     return buf;
 }
 

@@ -257,15 +257,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_run_bac
         const int t1 = min(T, t0 + run);
         float wr[CONV_CV][KC], xw[KC][CONV_CV], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
         int dpw[KC];                                                 /* doc_pos of those tokens; -1: none */
-        conv_run_weights<KC>(wr, w, c, n);
-#pragma unroll
-        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], inp, halo, t0 - b, c, n, C, ldi, vec);
-#pragma unroll
-        for (int b = 0; b < KC; b++) {
-            dpw[b] = -1;
-#pragma unroll
-            for (int i = 0; i < CONV_CV; i++) duw[b][i] = 0.0f;
-        }
+        conv_bwd_start<KC>(wr, xw, duw, dpw, w, inp, halo, t0, c, n, C, ldi, vec);
         const int tend = t1 + KC - 1, tlim = min(tend, T); /* rows past tlim are not read */
         uint2 xn[CONV_RUN_GB], dn[CONV_RUN_GB]; /* the next group's input and output-gradient rows */
         int dpn[CONV_RUN_GB];

@@ -128,6 +128,24 @@ __device__ __forceinline__ void conv_run_weights(float wr[CONV_CV][KC], const bf
  * same operations in the same order in both. A run walks its tokens t in order; duw[b] = du[s+b] and dpw[b] = their
  * doc_pos (-1: none) for s = t - (KC-1), the oldest row whose input gradient is complete at t. */
 
+/* a run's start at t0: its lane's weights, the input window xw[b] = x(t0-b) for b >= 1 (the previous run's rows,
+ * or the halo's before row 0), and no du known yet (duw 0, dpw -1) */
+template <int KC>
+__device__ __forceinline__ void conv_bwd_start(float wr[CONV_CV][KC], float xw[KC][CONV_CV], float duw[KC][CONV_CV],
+                                               int dpw[KC], const bf16 *w, const bf16 *inp /* (T,ld) */,
+                                               const bf16 *halo /* (KC-1,C) or NULL */, int t0, int c, int n, int C,
+                                               int ld, bool vec) {
+    conv_run_weights<KC>(wr, w, c, n);
+#pragma unroll
+    for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], inp, halo, t0 - b, c, n, C, ld, vec);
+#pragma unroll
+    for (int b = 0; b < KC; b++) {
+        dpw[b] = -1;
+#pragma unroll
+        for (int i = 0; i < CONV_CV; i++) duw[b][i] = 0.0f;
+    }
+}
+
 /* duw, dpw one token on: du[t] starts as 0 (a row past T or of a negative doc_pos adds nothing) */
 template <int KC>
 __device__ __forceinline__ void conv_bwd_shift(float duw[KC][CONV_CV], int dpw[KC]) {

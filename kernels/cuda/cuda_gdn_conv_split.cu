@@ -258,15 +258,7 @@ __global__ void __launch_bounds__(CONV_RUN_LANES *CONV_RUN_ROWS, 2) conv_split_b
         float wr[CONV_CV][KC], duw[KC][CONV_CV]; /* duw[b] = du[s+b], s = t-(KC-1) */
         float xw[KC][CONV_CV]; /* xw[b] = x(t-b), each row unpacked once */
         int dpw[KC];           /* doc_pos of the tokens of duw; -1: none */
-        conv_run_weights<KC>(wr, w, c, n);
-#pragma unroll
-        for (int b = 1; b < KC; b++) conv_row4<KC>(xw[b], proj, halo, t0 - b, c, n, C, ldp, vec);
-#pragma unroll
-        for (int b = 0; b < KC; b++) {
-            dpw[b] = -1;
-#pragma unroll
-            for (int i = 0; i < CONV_CV; i++) duw[b][i] = 0.0f;
-        }
+        conv_bwd_start<KC>(wr, xw, duw, dpw, w, proj, halo, t0, c, n, C, ldp, vec);
         const int tend = t1 + KC - 1, tlim = min(tend, T); /* rows past tlim are not read */
         /* the next group's input rows, dqk (or dv) and y rows, rstd */
         uint2 xn[CONV_SPLIT_GB], gn[CONV_SPLIT_GB], yn[CONV_SPLIT_GB];

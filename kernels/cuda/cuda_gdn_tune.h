@@ -27,15 +27,18 @@ typedef struct CudaGdnTune {
      * state_bwd_wgmma_cols */
     int sfwd;  /* state_fwd_wgmma: forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 1 = on (2 stages),
                   3 = on with 3 stages, 2 = off, 0 = automatic (on where nv dim_v / 64 >= 128: 64 heads of 128) */
-    int sbwd;  /* state_bwd_wgmma: backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 1 = on, 2 = off,
+    int sbwd;  /* state_bwd_wgmma: backward state passes on wgmma with dL/dS in registers
+                  (gdn/state_backward_regs.cuh): 1 = on, 2 = off,
                   0 = automatic (as state_fwd_wgmma) */
     int dwg;   /* dual_wgmma: the dual launch's second configuration on the wgmma passes (64 columns in 16 document
                   segments) where state_fwd_wgmma / state_bwd_wgmma leave the first on mma.sync: 1 = on, 2 = off
                   (32 columns on mma.sync), 0 = automatic (on) */
-    int sfbv;  /* state_fwd_wgmma_cols: wgmma forward state pass: state columns per block, 32, 64 or 128 (four
-                  warpgroups of 32 sharing the W, K tiles, where dim_k and dim_v are multiples of 128; 32 at other
-                  shapes); 0 = automatic (128 where the shape allows it and the launch's 64-column blocks with work
-                  exceed 1.5 per SM, else 32) */
+    int sfbv;  /* state_fwd_wgmma_cols: wgmma forward state pass: state columns per block, 32
+                  (gdn/state_forward_wgmma.cuh, two blocks per SM), 64 (the state in registers as the A operand,
+                  gdn/state_forward_regs.cuh: one warpgroup, two blocks per SM) or 128 (the same, two warpgroups
+                  sharing the W, K tiles, where dim_k and dim_v are multiples of 128; 32 at other shapes);
+                  0 = automatic (64 where dim_k and dim_v are multiples of 128 and the launch's 64-column blocks
+                  with work exceed one per SM, else 32) */
     int piece; /* rows per piece of a call (a multiple of 64), 0 = GDN_PIECE_ROWS (backend.h); tests set it
                   small to reach the pieced path. It changes the kept buffer's size (cuda_gdn_kept_bytes):
                   set it before sizing one, and keep it until that buffer's backward has run */
@@ -43,14 +46,6 @@ typedef struct CudaGdnTune {
                    or 128 (two warpgroups sharing the Q, K, W tiles, where dim_k and dim_v are multiples of 128;
                    64 at other shapes); 0 = automatic (128 where the shape allows it and the launch's 64-column
                    blocks with work exceed one per SM) */
-    int sfrg;   /* state_fwd_wgmma_regs: the wgmma forward state pass with the state in registers as the A operand
-                   (gdn/state_forward_regs.cuh; 64 columns per warpgroup, state_fwd_wgmma_cols 128 runs two
-                   warpgroups sharing the W, K tiles): 1 = every wgmma forward pass, 2 = none (the automatic wide
-                   form is then four warpgroups of 32), 0 = automatic (the wide form of state_fwd_wgmma_cols 0:
-                   where the 64-column blocks with work exceed one per SM) */
-    int sbrg;   /* state_bwd_wgmma_regs: the wgmma backward state pass with dL/dS in registers as the A operand
-                   (gdn/state_backward_regs.cuh; widths as state_bwd_wgmma_cols): 2 = off (the pass of
-                   gdn/state_backward_wgmma.cuh), 0 or 1 = on */
 } CudaGdnTune;
 
 /* NULL: every choice back to the built-in one */

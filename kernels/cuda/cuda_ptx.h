@@ -107,25 +107,23 @@ static __device__ __forceinline__ void ptx_reg_fence(uint32_t &x) { asm volatile
 
 /* d (64 x N) (+)= A (64 x 16) * B (16 x N), both from shared-memory descriptors, for N = 64, 128, 32;
  * scale_d = 0 overwrites d. TA = 0: A stored K-major (row = m), 1: M-major (transposed: row = k);
- * SA (n64 only): A's immediate scale, 1 or -1 (-1: d (+)= -A B, the products negated exactly);
  * TB = 0: B stored K-major (row = n, i.e. the product is A B^T of the stored tile), 1: N-major
  * (transposed: row = k). Uses: attention S = Q K^T and dP = dO V^T (0, 0); the fused backward's dQ = dS K
- * (1, 1: dS^T and K both stored row = key); the hd 256 QS backward's dV, dK (0, 1); the GDN wgmma state
- * passes (gdn/state_forward_wgmma.cuh, gdn/state_backward_wgmma.cuh: W h (0, 1), K^T vn (1, 1)). */
-template <int TA = 0, int TB = 0, int SA = 1>
+ * (1, 1: dS^T and K both stored row = key); the hd 256 QS backward's dV, dK (0, 1); the GDN wgmma forward
+ * state pass (gdn/state_forward_wgmma.cuh: W h (0, 1), K^T vn (1, 1)). */
+template <int TA = 0, int TB = 0>
 static __device__ __forceinline__ void ptx_wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
-    static_assert(SA == 1 || SA == -1, "ptx_wgmma_ss_n64: A's scale is 1 or -1");
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, %37, 1, %35, %36;\n}\n"
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB), "n"(SA));
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 template <int TA = 0, int TB = 0>
@@ -262,16 +260,6 @@ static __device__ __forceinline__ void ptx_mbar_wait(uint32_t bar, uint32_t pari
                      : "r"(bar), "r"(parity)
                      : "memory");
     } while (!done);
-}
-
-/* non-blocking: has the phase with this parity completed? */
-static __device__ __forceinline__ bool ptx_mbar_test(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return done != 0;
 }
 
 /* a 2-d box of a tensor map (coordinates: c0 = column, c1 = row) -> shared memory, completing on bar */

@@ -326,9 +326,8 @@ static const char *gdn_cfg_name(const CudaGdnTune *c, char *buf, size_t n) {
     else
         snprintf(buf, n,
                  " [split=%d nst=%d bv=%d dseg=%d dual=%d state_fwd_wgmma=%d state_bwd_wgmma=%d dual_wgmma=%d "
-                 "state_fwd_wgmma_cols=%d state_bwd_wgmma_cols=%d state_fwd_wgmma_regs=%d state_bwd_wgmma_regs=%d]",
-                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv, c->sbcols, c->sfrg,
-                 c->sbrg);
+                 "state_fwd_wgmma_cols=%d state_bwd_wgmma_cols=%d]",
+                 c->split, c->nst, c->bv, c->dseg, c->dual, c->sfwd, c->sbwd, c->dwg, c->sfbv, c->sbcols);
     return buf;
 }
 
@@ -595,15 +594,14 @@ TEST(cuda_gdn_mma_layouts) {
  * in 3 segments (transition columns and the fold), 3 document segments, the dual launch forced to its
  * second form; the backward state passes on wgmma (sbwd): automatic otherwise, with sfwd in 3 document
  * segments, and in the dual launch forced to its second form; the dual launch's second form on wgmma
- * (dwg 1): forced to it and forced to the first form beside it (dual 4); the wgmma forward pass in
- * 64-column blocks (sfbv 64; 32 is the automatic choice): alone, 3 stages in 3 segments, and as the dual
- * launch's second form; the wgmma backward pass in 128-column blocks (sbcols 128, two warpgroups, where dim_k
- * and dim_v are 128; automatic only where the blocks outnumber the SMs, not at these sizes): alone, in 3
- * segments (transition columns, the fold) and as the dual launch's second form; the same for the forward pass
- * (sfbv 128), the 3 segments with both passes so; the wgmma forward pass with the state in registers (sfrg 1):
- * alone, 3 stages in 3 segments, 3 document segments, as the dual launch's second form, and two warpgroups
- * (sfbv 128) alone and in 3 segments with the backward's two; the wgmma backward pass with dL/dS in registers
- * (sbrg 1) the same way, with sfrg in the document segments, the dual launch and the two-warpgroup segments.
+ * (dwg 1): forced to it and forced to the first form beside it (dual 4); the wgmma forward pass with the
+ * state in registers, one warpgroup of 64 columns (sfbv 64; 32, the other wgmma forward pass, is the
+ * automatic choice at these sizes): alone, 3 stages in 3 segments, as the dual launch's second form and in 3
+ * document segments with sbwd; the wgmma backward pass in 128-column blocks (sbcols 128, two warpgroups,
+ * where dim_k and dim_v are 128; automatic only where the blocks outnumber the SMs, not at these sizes):
+ * alone, in 3 segments (transition columns, the fold) and as the dual launch's second form; the same for the
+ * forward pass (sfbv 128: two warpgroups with the state in registers), the 3 segments with both passes so; the
+ * wgmma backward pass in 3 segments.
  * (Until issue 16 the sets also ran the first kernel set, bulk copies, the
  * overlapped backward, the unsplit dqkwg, the older wy_bwd and the hi-only state operand: deleted, with
  * their kernels.) */
@@ -620,17 +618,12 @@ static const CudaGdnTune gdn_cfgs[] = {
     {0, 0, 0, 0, 3, 0, 1, 0, 0},
     {0, 0, 0, 0, 3, 0, 0, 1, 0}, {0, 0, 0, 0, 4, 0, 0, 1, 0},
     {0, 0, 0, 0, 0, 1, 0, 0, 64}, {3, 0, 0, 0, 0, 3, 0, 0, 64},
-    {0, 0, 0, 0, 3, 0, 0, 1, 64},
+    {0, 0, 0, 0, 3, 0, 0, 1, 64}, {0, 0, 0, 3, 2, 1, 1, 0, 64},
     {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128}, {3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128},
     {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 128},
     {0, 0, 0, 0, 0, 1, 0, 0, 128}, {3, 0, 0, 0, 0, 1, 1, 0, 128, 0, 128},
     {0, 0, 0, 0, 3, 0, 0, 1, 128},
-    {0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1}, {3, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1},
-    {0, 0, 0, 3, 2, 1, 0, 0, 0, 0, 0, 1}, {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 1},
-    {0, 0, 0, 0, 0, 1, 0, 0, 128, 0, 0, 1}, {3, 0, 0, 0, 0, 1, 1, 0, 128, 0, 128, 1},
-    {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1}, {3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1},
-    {0, 0, 0, 3, 2, 1, 1, 0, 0, 0, 0, 1, 1}, {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 1, 1},
-    {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1}, {3, 0, 0, 0, 0, 1, 1, 0, 128, 0, 128, 1, 1},
+    {3, 0, 0, 0, 0, 0, 1, 0, 0},
 };
 #define GDN_CFGS gdn_cfgs, (int)(sizeof gdn_cfgs / sizeof gdn_cfgs[0])
 
@@ -854,70 +847,34 @@ TEST(cuda_gdn_determinism) {
     gdn_determinism_dual(&dw3, &dw16);
     gdn_determinism_dual(&dw4, &nod);
     gdn_determinism_dual(&dw3, &du3, GDN_DET_DIFFER);
-    /* the wgmma forward pass in 64-column blocks (sfbv 64; 32 is the automatic choice): two
+    /* the wgmma forward pass with the state in registers, one warpgroup of 64 columns (sfbv 64; 32, the other
+     * wgmma forward pass, is the automatic choice at 4 heads) and two sharing the W, K tiles (sfbv 128): two
      * runs; document segments exact (1 vs 7, 3 stages); the dual launch's second form (dwg) = 16 document
-     * segments; against 32 columns, information only */
-    static const CudaGdnTune f64 = {0, 0, 0, 0, 0, 1, 0, 0, 64},
-                             f641 = {0, 0, 0, 1, 2, 1, 0, 0, 64},
-                             f647 = {0, 0, 0, 7, 2, 3, 0, 0, 64},
-                             f64d = {0, 0, 0, 0, 3, 0, 0, 1, 64},
-                             f6416 = {0, 0, 32, 16, 2, 1, 1, 0, 64};
+     * segments; against the 32-column pass bitwise (each product sums the same terms in the same order,
+     * transposed): alone, in 4 segments (transition columns, the fold) and as the dual launch's second form; the
+     * automatic width with document segments, picked on the device (8 segments with work at 16 heads: the wide
+     * form, 64 columns; two: 32 columns), against each width, bitwise */
+    static const CudaGdnTune f64 = {0, 0, 0, 0, 0, 1, 0, 0, 64}, f128 = {0, 0, 0, 0, 0, 1, 0, 0, 128},
+                             f32a = {0, 0, 0, 0, 0, 1, 0, 0, 32},
+                             f641 = {0, 0, 0, 1, 2, 1, 0, 0, 64}, f647 = {0, 0, 0, 7, 2, 3, 0, 0, 64},
+                             f6416 = {0, 0, 32, 16, 2, 1, 1, 0, 64},
+                             f32s = {4, 0, 0, 0, 0, 1, 0, 0, 32}, f64s = {4, 0, 0, 0, 0, 1, 0, 0, 64},
+                             f128s = {4, 0, 0, 0, 0, 1, 0, 0, 128},
+                             f32d = {0, 0, 0, 0, 3, 0, 0, 1, 32}, f64d = {0, 0, 0, 0, 3, 0, 0, 1, 64},
+                             f128d = {0, 0, 0, 0, 3, 0, 0, 1, 128}, fad = {0, 0, 0, 0, 3, 0, 0, 1, 0};
     gdn_determinism(&f64);
+    gdn_determinism(&f128);
     gdn_determinism(&f641, &f647);
     gdn_determinism_dual(&f64d, &f6416);
-    gdn_determinism(&f64, &wg, false);
-    /* the wgmma forward pass with four warpgroups of 32 columns (sfbv 128) against 32-column blocks (sfbv 32):
-     * bitwise, alone, in 4 segments (transition columns, the fold) and as the dual launch's second form; the
-     * automatic width with document segments, picked on the device (8 segments with work at 16 heads: the wide
-     * form, now the pass with the state in registers; two: 32 columns), against the other width, bitwise */
-    static const CudaGdnTune f128 = {0, 0, 0, 0, 0, 1, 0, 0, 128}, f128s = {4, 0, 0, 0, 0, 1, 0, 0, 128},
-                             f32a = {0, 0, 0, 0, 0, 1, 0, 0, 32}, f32s = {4, 0, 0, 0, 0, 1, 0, 0, 32},
-                             f128d = {0, 0, 0, 0, 3, 0, 0, 1, 128}, fad = {0, 0, 0, 0, 3, 0, 0, 1, 0},
-                             f32d = {0, 0, 0, 0, 3, 0, 0, 1, 32};
-    gdn_determinism(&f128);
-    gdn_determinism(&f32a, &f128);
+    gdn_determinism(&f32a, &f64);
+    gdn_determinism(&f64, &f128);
+    gdn_determinism(&f32s, &f64s);
     gdn_determinism(&f32s, &f128s);
+    gdn_determinism_dual(&f32d, &f64d);
     gdn_determinism_dual(&f32d, &f128d);
     gdn_determinism_at(16, &fad, &f32d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
-    gdn_determinism_at(16, &fad, &f128d, GDN_DET_EQUAL, GDN_DOCS_TWO);
-    /* the wgmma forward pass with the state in registers (sfrg 1): two runs; document segments exact (1 vs 7);
-     * one warpgroup of 64 columns against two (sfbv 128) bitwise, alone, in 4 segments and as the dual launch's
-     * second form; the automatic width picked on the device against each; the bits of the other wgmma forward
-     * pass (the same terms summed in the same order, transposed) */
-    static const CudaGdnTune r1 = {0, 0, 0, 0, 0, 1, 0, 0, 64, 0, 0, 1}, r2 = {0, 0, 0, 0, 0, 1, 0, 0, 128, 0, 0, 1},
-                             r1s = {4, 0, 0, 0, 0, 1, 0, 0, 64, 0, 0, 1}, r2s = {4, 0, 0, 0, 0, 1, 0, 0, 128, 0, 0, 1},
-                             rd1 = {0, 0, 0, 1, 2, 1, 0, 0, 0, 0, 0, 1}, rd7 = {0, 0, 0, 7, 2, 1, 0, 0, 0, 0, 0, 1},
-                             r1d = {0, 0, 0, 0, 3, 0, 0, 1, 64, 0, 0, 1}, r2d = {0, 0, 0, 0, 3, 0, 0, 1, 128, 0, 0, 1},
-                             rad = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 1};
-    gdn_determinism(&r1);
-    gdn_determinism(&rd1, &rd7);
-    gdn_determinism(&r1, &r2);
-    gdn_determinism(&r1s, &r2s);
-    gdn_determinism_dual(&r1d, &r2d);
-    gdn_determinism_at(16, &rad, &r1d, GDN_DET_EQUAL, GDN_DOCS_TWO);
-    gdn_determinism_at(16, &rad, &r2d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
-    gdn_determinism(&r1, &f64);
-    gdn_determinism(&r2s, &f32s);
-    /* the wgmma backward pass with dL/dS in registers (sbrg 1), the same way against the other wgmma backward */
-    static const CudaGdnTune q1 = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64, 0, 1},
-                             q2 = {0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1},
-                             q1s = {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64, 0, 1},
-                             q2s = {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1},
-                             qd1 = {0, 0, 0, 1, 2, 0, 1, 0, 0, 0, 0, 0, 1},
-                             qd7 = {0, 0, 0, 7, 2, 0, 1, 0, 0, 0, 0, 0, 1},
-                             q1d = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 64, 0, 1},
-                             q2d = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 128, 0, 1},
-                             qad = {0, 0, 0, 0, 3, 0, 0, 1, 0, 0, 0, 0, 1};
-    gdn_determinism(&q1);
-    gdn_determinism(&qd1, &qd7);
-    gdn_determinism(&q1, &q2);
-    gdn_determinism(&q1s, &q2s);
-    gdn_determinism_dual(&q1d, &q2d);
-    gdn_determinism_at(16, &qad, &q1d, GDN_DET_EQUAL, GDN_DOCS_TWO);
-    gdn_determinism_at(16, &qad, &q2d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
-    gdn_determinism(&q1, &s64);
-    gdn_determinism(&q2s, &s128s);
-    gdn_determinism_dual(&q2d, &s128d);
+    gdn_determinism_at(16, &fad, &f64d, GDN_DET_EQUAL, GDN_DOCS_TWO);
+    gdn_determinism_at(16, &fad, &f128d, GDN_DET_EQUAL, GDN_DOCS_SPREAD);
 }
 
 /* v2's segmented state passes where segments matter: tens of chunks, documents crossing the segment
@@ -938,23 +895,16 @@ TEST(cuda_gdn_v2_segments) {
         {1, 0, 0, 0, 0, 0, 1, 0, 0}, {4, 0, 0, 0, 0, 1, 1, 0, 0},
         {7, 0, 0, 0, 0, 0, 1, 0, 0}, {0, 0, 0, 13, 2, 0, 1, 0, 0},
         {0, 0, 0, 1, 2, 0, 1, 0, 0},
-        /* the dual launch's second form on wgmma (dwg 1); the wgmma forward pass in 64-column
-         * blocks (sfbv 64; 32 is automatic): 4 segments (3 stages, transition columns, the fold), 7
-         * segments with sbwd, 13 document segments */
+        /* the dual launch's second form on wgmma (dwg 1); the wgmma forward pass with the state in registers,
+         * one warpgroup of 64 columns (sfbv 64; 32 is automatic): 4 segments (3 stages, transition columns, the
+         * fold), 7 segments with sbwd, 13 document segments; two warpgroups (sfbv 128): 7 segments with sbwd */
         {0, 0, 0, 0, 3, 0, 0, 1, 0},
         {4, 0, 0, 0, 0, 3, 0, 0, 64}, {7, 0, 0, 0, 0, 1, 1, 0, 64},
-        {0, 0, 0, 13, 2, 1, 0, 0, 64},
-        /* the wgmma backward pass in 128-column blocks (at d = 128; 64 at the other shapes): 4 segments, 13
+        {0, 0, 0, 13, 2, 1, 0, 0, 64}, {7, 0, 0, 0, 0, 1, 1, 0, 128},
+        /* the wgmma backward pass in 128-column blocks (at d = 128; 64 at the other shapes): 4 and 7 segments, 13
          * document segments */
-        {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128}, {0, 0, 0, 13, 2, 0, 1, 0, 0, 0, 128},
-        /* the wgmma forward pass with the state in registers: 4 segments (3 stages), 7 with two warpgroups, 13
-         * document segments */
-        {4, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 1}, {7, 0, 0, 0, 0, 1, 1, 0, 128, 0, 0, 1},
-        {0, 0, 0, 13, 2, 1, 0, 0, 0, 0, 0, 1},
-        /* the wgmma backward pass with dL/dS in registers: 4 segments (transition columns M^T, the fold) with
-         * sfrg, 7 with two warpgroups, 13 document segments */
-        {4, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1}, {7, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128, 0, 1},
-        {0, 0, 0, 13, 2, 0, 1, 0, 0, 0, 0, 0, 1},
+        {4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128}, {7, 0, 0, 0, 0, 0, 1, 0, 0, 0, 128},
+        {0, 0, 0, 13, 2, 0, 1, 0, 0, 0, 128},
     };
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int starts[] = {150, 151, 900, 1500, 2047, 2048, 2049, 3000, 3900};

@@ -51,7 +51,6 @@
 #include "prep.cuh"
 #include "dqkwg.cuh"
 #include "state_forward_wgmma.cuh"
-#include "state_backward_wgmma.cuh"
 #include "state_forward_regs.cuh"
 #include "state_backward_regs.cuh"
 #include "reduce.cuh"
@@ -163,8 +162,6 @@ static int gdn_sfwd_cur, gdn_sbwd_cur;
 static int gdn_sfbv_cur;   /* the running entry's plan.sfbv: columns per block of the wgmma forward pass (0: by
                               the blocks with work) */
 static int gdn_sbcols_cur; /* the running entry's plan.sbcols: columns per block of the wgmma backward pass */
-static int gdn_sfrg_cur;   /* the running entry's plan.sfrg: the wgmma forward pass with the state in registers */
-static int gdn_sbrg_cur;   /* the running entry's plan.sbrg: the wgmma backward pass with dL/dS in registers */
 
 /* the running entry's switches from its plan (every entry sets them before its launches) */
 static void gdn_cur_set(const GdnPlan &pl) {
@@ -172,8 +169,6 @@ static void gdn_cur_set(const GdnPlan &pl) {
     gdn_sfbv_cur = pl.sfbv;
     gdn_sbwd_cur = pl.sbwd;
     gdn_sbcols_cur = pl.sbcols;
-    gdn_sfrg_cur = pl.sfrg;
-    gdn_sbrg_cur = pl.sbrg;
 }
 
 /* the mma.sync state pass instantiation for a run-time (bv, nst) */
@@ -226,8 +221,8 @@ static void gdn_tmap(CUtensorMap *m, const void *base, int64_t rows, int64_t col
              (long long)rows, (long long)cols, (long long)ld);
 }
 
-/* the tensor maps of the wgmma forward pass (gdn/state_forward_wgmma.cuh), BV state columns per block; OB:
- * columns per h and vn store (BV; 16, one warp's, in the pass with the state in registers) */
+/* the tensor maps of a wgmma forward pass, BV state columns per U tile and OB per h and vn store: 32 and 32
+ * (gdn/state_forward_wgmma.cuh), or 64 and 16, one warp's (gdn/state_forward_regs.cuh) */
 template <int DK, int BV, int OB = BV>
 static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k, int nk, int nv, int dv, int ldq) {
     GdnWgMaps tm;
@@ -242,30 +237,22 @@ static GdnWgMaps gdn_wg_maps(const GdnBufs *b, bf16 *hs, bf16 *vn, const bf16 *k
     return tm;
 }
 
-/* the wgmma forward pass, WB columns per warpgroup (64, or 32: two blocks per SM), NWG warpgroups per block (4:
- * WB 32, 2 stages), gdn_sfwd_cur's stages (2, 3); need > 0: both widths are launched, the device picks */
-template <int DK, int WB, int NWG>
+/* the wgmma forward pass in 32-column blocks (gdn/state_forward_wgmma.cuh), gdn_sfwd_cur's stages (2, 3); need
+ * > 0: both widths are launched, the device picks */
+template <int DK>
 static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg &sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp,
                               int64_t need = 0) {
-    constexpr int BC = WB * NWG; /* columns per block */
-    RS_CHECK(ncol % BC == 0 && dv % BC == 0, "gdn: state_fwd_wg in %d-column blocks: %d columns, dim_v %d", BC, ncol,
-             dv);
-    const GdnWgMaps tm = gdn_wg_maps<DK, WB>(b, hs, vn, k, nk, nv, dv, ldq);
+    RS_CHECK(ncol % 32 == 0 && dv % 32 == 0, "gdn: state_fwd_wg in 32-column blocks: %d columns, dim_v %d", ncol, dv);
+    const GdnWgMaps tm = gdn_wg_maps<DK, 32>(b, hs, vn, k, nk, nv, dv, ldq);
     auto run = [&](auto kernel, int bytes) {
         gdn_smem_attr(kernel, bytes, "state_fwd_wg");
-        kernel<<<dim3(ncol / BC, nv, nz), GDN_THREADS * NWG, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta, mode,
-                                                                          nk, nv, dv, tp, (int)need);
+        kernel<<<dim3(ncol / 32, nv, nz), GDN_THREADS, bytes, st>>>(hs, vn, sg, tm, b->G2, b->info, b->meta, mode, nk,
+                                                                     nv, dv, tp, (int)need);
         CUDA_LAUNCH_CHECK();
     };
-    if constexpr (NWG > 1 && DK % 128 != 0) /* plan keeps one warpgroup there: no kernel is built for it */
-        RS_FATAL("gdn: state_fwd_wg with %d warpgroups needs dim_k in 128s, has %d", NWG, DK);
-    else if constexpr (NWG > 1) {
-        RS_CHECK(gdn_sfwd_cur == 2, "gdn: state_fwd_wg with %d warpgroups runs 2 stages (asked %d)", NWG, gdn_sfwd_cur);
-        run(gdn_state_forward_wgmma_kernel<DK, 2, WB, NWG>, GdnStateFwdSmemWg<DK, 2, WB, NWG>::BYTES);
-    } else if (gdn_sfwd_cur == 3)
-        run(gdn_state_forward_wgmma_kernel<DK, 3, WB, 1>, GdnStateFwdSmemWg<DK, 3, WB, 1>::BYTES);
-    else run(gdn_state_forward_wgmma_kernel<DK, 2, WB, 1>, GdnStateFwdSmemWg<DK, 2, WB, 1>::BYTES);
+    if (gdn_sfwd_cur == 3) run(gdn_state_forward_wgmma_kernel<DK, 3>, GdnStateFwdSmemWg<DK, 3>::BYTES);
+    else run(gdn_state_forward_wgmma_kernel<DK, 2>, GdnStateFwdSmemWg<DK, 2>::BYTES);
 }
 
 /* the wgmma forward pass with the state in registers (gdn/state_forward_regs.cuh), NWG warpgroups of 64 columns
@@ -293,33 +280,20 @@ static void gdn_rg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg
 template <int DK, int BV, int NST>
 static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp) {
-    if (gdn_sfwd_cur && gdn_sfrg_cur == 1) { /* the state in registers everywhere: sfbv 128 two warpgroups */
-        if (gdn_sfbv_cur == 128 && dv % 128 == 0 && ncol % 128 == 0)
-            gdn_rg_fwd_launch<DK, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
-        else gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
-        return;
-    }
-    if (gdn_sfwd_cur) { /* the wgmma pass: gdn_sfbv_cur columns per block (32, 64, four warpgroups of 32 or 0: by
-                           the blocks with work, 32 or the wide form: the state in registers, or with sfrg 2 four
-                           warpgroups of 32) */
+    if (gdn_sfwd_cur) { /* the wgmma passes: gdn_sfbv_cur columns per block (32; 64 or 128: the state in registers,
+                           one or two warpgroups; 0: 32 or 64 by the blocks with work) */
         int fb = gdn_sfbv_cur;
-        const bool rg = gdn_sfrg_cur == 0; /* the wide form */
-        if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* the wide forms run 2 stages */
+        if (fb == 0 && gdn_sfwd_cur == 3) fb = 32; /* the automatic wide form runs 2 stages */
         if (fb == 0 && sg.cuts) { /* document segments: the device counts those with work, one form runs */
-            const int64_t need = gdn_wide_need(rg ? 2 : 0);
-            gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
-            if (rg) gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
-            else gdn_wg_fwd_launch<DK, 32, 4>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
+            const int64_t need = gdn_wide_need();
+            gdn_wg_fwd_launch<DK>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
+            gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp, need);
             return;
         }
-        if (fb == 0 && rg && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 2)) {
-            gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
-            return;
-        }
-        if (fb == 0) fb = !rg && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 0) ? 128 : 32;
-        if (fb == 128) gdn_wg_fwd_launch<DK, 32, 4>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
-        else if (fb == 64) gdn_wg_fwd_launch<DK, 64, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
-        else gdn_wg_fwd_launch<DK, 32, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        if (fb == 0) fb = gdn_wide_pick((int64_t)(ncol / 64) * nv * nz) ? 64 : 32;
+        if (fb == 128) gdn_rg_fwd_launch<DK, 2>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        else if (fb == 64) gdn_rg_fwd_launch<DK, 1>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
+        else gdn_wg_fwd_launch<DK>(b, hs, vn, sg, nz, ncol, k, mode, nk, nv, dv, ldq, st, tp);
         return;
     }
     const size_t sm = GdnStateFwdSmem<DK, BV, NST>(NULL).bytes;
@@ -329,9 +303,9 @@ static void gdn_state_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, GdnSeg sg
     CUDA_LAUNCH_CHECK();
 }
 
-/* the tensor maps of the wgmma backward pass (gdn/state_backward_wgmma.cuh); OB: columns per dh and dv2 store
- * (64; 16, one warp's, in the pass with dL/dS in registers) */
-template <int DK, int OB = 64>
+/* the tensor maps of the wgmma backward pass (gdn/state_backward_regs.cuh): dh and dv2 stored 16 columns (one
+ * warp's) at a time */
+template <int DK>
 static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, const bf16 *q, const bf16 *k,
                                     const bf16 *dvl, const bf16 *dout, int64_t T, int nk, int nv, int dv, int ldq,
                                     int ldo) {
@@ -344,8 +318,8 @@ static GdnWgBwdMaps gdn_wg_bwd_maps(const GdnBufs *b, bf16 *dhs, bf16 *dv2, cons
     gdn_tmap(&tm.w, b->W, T, (int64_t)nv * DK, (int64_t)nv * DK, GDN_C);
     gdn_tmap(&tm.dO, dout, T, (int64_t)nv * dv, ldo, GDN_C);
     gdn_tmap(&tm.dl, dvl, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C);
-    gdn_tmap(&tm.dh, dhs, ns * nv * DK, dv, dv, DK, OB);
-    gdn_tmap(&tm.dv2, dv2, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, OB);
+    gdn_tmap(&tm.dh, dhs, ns * nv * DK, dv, dv, DK, 16);
+    gdn_tmap(&tm.dv2, dv2, T, (int64_t)nv * dv, (int64_t)nv * dv, GDN_C, 16);
     return tm;
 }
 
@@ -355,8 +329,7 @@ static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg 
                               int dv, int ldq, int ldo, float scale, cudaStream_t st, long long *tp) {
     if (gdn_sbwd_cur) { /* the wgmma pass: 64 columns per warpgroup, one or two warpgroups per block */
         RS_CHECK(ncol % 64 == 0, "gdn: state_bwd_wg needs columns in 64s, has %d", ncol);
-        const GdnWgBwdMaps tm = gdn_sbrg_cur ? gdn_wg_bwd_maps<DK, 16>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo)
-                                             : gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
+        const GdnWgBwdMaps tm = gdn_wg_bwd_maps<DK>(b, dhs, dv2, q, k, dvl, dout, T, nk, nv, dv, ldq, ldo);
         auto run = [&](auto kernel, int nwg, int bytes, int64_t need) {
             RS_CHECK(ncol % (64 * nwg) == 0 && dv % (64 * nwg) == 0,
                      "gdn: state_bwd_wg in %d-column blocks: %d columns, dim_v %d", 64 * nwg, ncol, dv);
@@ -366,19 +339,16 @@ static void gdn_state_bwd_launch(const GdnBufs *b, bf16 *dhs, bf16 *dv2, GdnSeg 
             CUDA_LAUNCH_CHECK();
         };
         auto one = [&](int64_t need) {
-            if (gdn_sbrg_cur) run(gdn_state_backward_regs_kernel<DK, 2, 1>, 1, GdnStateBwdSmemRg<DK, 2, 1>::BYTES, need);
-            else run(gdn_state_backward_wgmma_kernel<DK, 2, 1>, 1, GdnStateBwdSmemWg<DK, 2, 1>::BYTES, need);
+            run(gdn_state_backward_regs_kernel<DK, 2, 1>, 1, GdnStateBwdSmemRg<DK, 2, 1>::BYTES, need);
         };
         auto two = [&](int64_t need) { /* plan keeps one warpgroup where dim_k is 64: no kernel is built for it */
             if constexpr (DK % 128 != 0) RS_FATAL("gdn: state_bwd_wg with two warpgroups needs dim_k in 128s, has %d", DK);
-            else if (gdn_sbrg_cur)
-                run(gdn_state_backward_regs_kernel<DK, 2, 2>, 2, GdnStateBwdSmemRg<DK, 2, 2>::BYTES, need);
-            else run(gdn_state_backward_wgmma_kernel<DK, 2, 2>, 2, GdnStateBwdSmemWg<DK, 2, 2>::BYTES, need);
+            else run(gdn_state_backward_regs_kernel<DK, 2, 2>, 2, GdnStateBwdSmemRg<DK, 2, 2>::BYTES, need);
         };
         if (!gdn_sbcols_cur && sg.cuts) { /* document segments: the device counts those with work, one runs */
-            one(gdn_wide_need(1));
-            two(gdn_wide_need(1));
-        } else if (gdn_sbcols_cur == 128 || (!gdn_sbcols_cur && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz, 1))) two(0);
+            one(gdn_wide_need());
+            two(gdn_wide_need());
+        } else if (gdn_sbcols_cur == 128 || (!gdn_sbcols_cur && gdn_wide_pick((int64_t)(ncol / 64) * nv * nz))) two(0);
         else one(0);
         return;
     }

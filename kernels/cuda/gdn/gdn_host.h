@@ -65,16 +65,13 @@ typedef struct GdnPlan {
                           128-column block per SM): more, and it runs half as many (gdn_index_cuts_kernel) */
     long long *tp; /* prof == 2: the state passes' per-phase cycles and chunks (device, 2 x GDN_TP_SLOTS) */
     int sfwd;      /* forward state passes on wgmma (gdn/state_forward_wgmma.cuh): 0 off, else its pipeline stages (2, 3) */
-    int sbwd;      /* backward state passes on wgmma (gdn/state_backward_wgmma.cuh): 0 off, 1 on */
+    int sbwd;      /* backward state passes on wgmma (gdn/state_backward_regs.cuh): 0 off, 1 on */
     int dwg;       /* dual launch: its second configuration on wgmma (both passes, 2 stages) */
-    int sfbv;      /* wgmma forward state pass: state columns per block, 32, 64 or 128 (four warpgroups of 32);
-                      0: 32 or 128 by the launch's blocks with work (gdn_wide_pick) */
+    int sfbv;      /* wgmma forward state pass: state columns per block, 32 (gdn/state_forward_wgmma.cuh), 64 or
+                      128 (gdn/state_forward_regs.cuh: one or two warpgroups); 0: 32 or 64 by the launch's blocks
+                      with work (gdn_wide_pick) */
     int sbcols;    /* wgmma backward state pass: state columns per block, 64 or 128 (two warpgroups), 0: by
                       the launch (gdn_wide_pick) */
-    int sfrg;      /* wgmma forward state pass with the state in registers (gdn/state_forward_regs.cuh): 0 as the wide
-                      form of the automatic width (one warpgroup of 64 columns), 1 everywhere (two warpgroups where
-                      sfbv is 128), 2 never */
-    int sbrg;      /* wgmma backward state pass with dL/dS in registers (gdn/state_backward_regs.cuh), sbcols' widths */
 } GdnPlan;
 
 /* ---- gdn_tune.cu ---- */
@@ -88,9 +85,9 @@ extern template GdnPlan gdn_plan<128>(int64_t T, int nv, int dv);
 /* the 64-column blocks with work above which a wgmma state pass runs its wide form where its width is automatic:
  * pass 1, the backward's two warpgroups per block (one per SM); 0, the forward's four warpgroups of 32 columns
  * (1.5 per SM); 2, the forward with the state in registers (one per SM) */
-int64_t gdn_wide_need(int pass);
+int64_t gdn_wide_need(void);
 /* the wide form for a launch whose blocks64 64-column blocks all have work (blocks64 > gdn_wide_need) */
-bool gdn_wide_pick(int64_t blocks64, int pass);
+bool gdn_wide_pick(int64_t blocks64);
 
 /* ---- gdn_profile.cu ---- */
 extern int gdn_prof_level; /* cuda_gdn_profile: 0 off, 1 per-kernel times, 2 also the state passes' cycles */

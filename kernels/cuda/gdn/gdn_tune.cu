@@ -127,8 +127,10 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
      * (nv dv / 64) x non-empty segments >= 1 block per SM, what a wgmma block (one per SM) needs. */
     const int dwg = t.dwg == 1 ? 1 : t.dwg == 2 ? 0 : GDN_DWG_DEFAULT;
     pl.dwg = pl.dual && dv % 64 == 0 ? dwg : 0;
-    /* the wgmma forward pass in 32-column blocks (two blocks per SM) or four warpgroups of 32 columns, where
-     * the state and transition columns fall in whole blocks of 128 (else 32) */
+    /* the wgmma forward pass in 32-column blocks (two blocks per SM), or with the state in registers: one
+     * warpgroup of 64 columns (two blocks per SM), or two sharing the W, K tiles where the state and transition
+     * columns fall in whole blocks of 128 (else 32); automatic: 32, or 64 where the shape allows two warpgroups
+     * and the blocks with work exceed one per SM */
     RS_CHECK(t.sfbv == 0 || t.sfbv == 32 || t.sfbv == 64 || t.sfbv == 128, "gdn: sfbv %d (0, 32, 64 or 128 columns)",
              t.sfbv);
     const bool wide_ok = dv % 128 == 0 && DK % 128 == 0;
@@ -137,11 +139,6 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
      * (dv + DK) fall in whole blocks of 128 (as sfwd, a shape that does not allow it runs the other) */
     RS_CHECK(t.sbcols == 0 || t.sbcols == 64 || t.sbcols == 128, "gdn: sbcols %d (0, 64 or 128 columns)", t.sbcols);
     pl.sbcols = !wide_ok ? 64 : t.sbcols;
-    /* the wgmma forward pass with the state in registers: wherever that pass runs (dim_v in 64s) */
-    RS_CHECK(t.sfrg >= 0 && t.sfrg <= 2, "gdn: sfrg %d (0, 1 or 2)", t.sfrg);
-    pl.sfrg = t.sfrg;
-    RS_CHECK(t.sbrg >= 0 && t.sbrg <= 2, "gdn: sbrg %d (0, 1 or 2)", t.sbrg);
-    pl.sbrg = t.sbrg != 2; /* every wgmma backward pass: faster or level at every measured shape */
     if (pl.prof == 2) {
         static long long *tp;
         if (!tp) CUDA_CHECK(cudaMalloc(&tp, 2 * GDN_TP_SLOTS * sizeof(long long)));
@@ -150,19 +147,17 @@ template <int DK> GdnPlan gdn_plan(int64_t T, int nv, int dv) {
     return pl;
 }
 
-/* Two warpgroups per block (the wgmma state passes' 128-column blocks) against one, by the 64-column blocks that
- * have work. Measured on an H200 (docs/bench-log/2026-11-30-l-gdn-two-warpgroup-state-passes.md). Backward,
- * against 64-column blocks: 128 blocks (one wave): one warpgroup wins by 2.8%; 160 with uneven segments: one wins
- * by 2.4%; 192 and more: two win by 4-8% (the 1.9-wave launches run their second wave late). Threshold: one
- * block per SM. Forward, against 32-column blocks two per SM: 256 and more: two win by 4-6%; threshold 1.5 per
- * SM (measured with two warpgroups of 64 columns; the forward's 128-column block is now four of 32). The forward
- * pass with the state in registers (one warpgroup of 64 columns, two blocks per SM) against 32-column blocks: it
- * wins by 2-17% on the pass wherever the 64-column blocks with work exceed one per SM (160 and more) and loses by
- * 1-2% at 128 (64 heads, one document): threshold one per SM (2026-12-02-b). Every form gives the same bits
- * (test_cuda checks it). */
-int64_t gdn_wide_need(int pass) { return pass ? (int64_t)gdn_sm_count() : 3 * (int64_t)gdn_sm_count() / 2; }
+/* The wide form of a wgmma state pass against the narrow one, by the 64-column blocks that have work; measured on
+ * an H200. Backward, two warpgroups per block against one (docs/bench-log/2026-11-30-l-gdn-two-warpgroup-state-
+ * passes.md): 128 blocks (one wave): one warpgroup wins by 2.8%; 160 with uneven segments: one wins by 2.4%; 192
+ * and more: two win by 4-8% (the 1.9-wave launches run their second wave late). Forward, the pass with the state
+ * in registers (one warpgroup of 64 columns, two blocks per SM) against 32-column blocks (2026-12-02-b): it wins
+ * by 2-17% on the pass wherever the 64-column blocks with work exceed one per SM (160 and more) and loses by 1-2%
+ * at 128 (64 heads, one document). Threshold, both: one block per SM. Every form gives the same bits (test_cuda
+ * checks it). */
+int64_t gdn_wide_need(void) { return (int64_t)gdn_sm_count(); }
 
-bool gdn_wide_pick(int64_t blocks64, int pass) { return blocks64 > gdn_wide_need(pass); }
+bool gdn_wide_pick(int64_t blocks64) { return blocks64 > gdn_wide_need(); }
 
 template GdnPlan gdn_plan<64>(int64_t T, int nv, int dv);
 template GdnPlan gdn_plan<128>(int64_t T, int nv, int dv);

@@ -1,12 +1,14 @@
 /*
  * state_backward_regs.cuh — the backward (reverse) state pass of the chunked gated delta rule on wgmma with
- * dL/dS in registers as the A operand (Hopper, sm_90a), tune choice sbrg (cuda_gdn_tune.h). Not a standalone
- * header: included by gdn/gdn.cu after gdn/state_backward_wgmma.cuh (its tensor maps and W-tail zeroing
- * contract) and gdn/state_forward_regs.cuh (the staging blocks and their stores).
+ * dL/dS in registers as the A operand (Hopper, sm_90a), tune choice sbwd (cuda_gdn_tune.h). Not a standalone
+ * header: included by gdn/gdn.cu after gdn/state_pass.cuh (GdnSeg, gdn_span) and gdn/state_forward_regs.cuh
+ * (the staging blocks and their stores, the state start, the wide pick), with cuda_ptx.h's wgmma, TMA and
+ * mbarriers.
  *
- * The same pass as gdn_state_backward_wgmma_kernel (per chunk, last to first: store dh = D at the chunk's exit,
+ * The same pass as gdn_state_backward_kernel (per chunk, last to first: store dh = D at the chunk's exit,
  * dv2 = dv_loc + dec (K D), store dv2, D <- gam_L D + scale (Q gam)^T dO - W^T dv2, D <- 0 when the chunk starts
- * a document), computed transposed as state_forward_regs.cuh computes the forward:
+ * a document), computed transposed as state_forward_regs.cuh computes the forward, one warpgroup per 64 state
+ * columns:
  *   D        D^T (64 columns x DK, fp32) in the warpgroup's wgmma accumulators (m64nDK)
  *   K D      acc^T = D^T K^T: m64n64k16 x DK / 16, twice (D split hi + lo bf16), A = D^T from registers,
  *            B = K (tokens x DK, K-major)
@@ -14,11 +16,28 @@
  *            ldmatrix.trans, B = Q (N-major)
  *   W^T dv2  D^T += (-dv2)^T W: the same with A = -dv2^T from registers (bf16 negation is exact: the products
  *            of W^T (-dv2)) and B = W (N-major)
- * dh and dv2 go out through each warp's staging blocks by TMA (state_forward_regs.cuh's layout); nothing on
- * the chain between two chunks goes through shared memory. Tiles, stages, segments, transition columns
- * (M^T: dO = dv_loc = 0), document segments, the dual launch's pick and the W tail of a partial chunk are
- * gdn_state_backward_wgmma_kernel's. Each product sums the same terms in the same order as that pass, so the
- * bits are its bits (test_cuda checks it). Design: docs/design/gdn-kernels.md ("The state passes").
+ * Tiles Q, K, W, dO, dv_loc by TMA (one mbarrier per stage), the gates by cp.async. dh and dv2 go out through
+ * each warp's staging blocks by TMA (state_forward_regs.cuh's layout); nothing on the chain between two chunks
+ * goes through shared memory.
+ *
+ * NWG warpgroups per block (tune choice sbcols = 64 NWG columns): warpgroup i carries the 64 columns at 64 i of
+ * the block's, its own chain with its own dO and dv_loc tiles; the Q, K, W tiles and the gates are loaded once
+ * and read by both. Two chains on one SM hide each other's per-chunk latency without a second copy of Q, K, W.
+ * The chunk loop meets at one block barrier per chunk (the stage's tiles in, the previous stage free). The
+ * per-column arithmetic is NWG's alone, so both widths give the same bits. Two warpgroups win where
+ * one-warpgroup blocks would need a second wave and lose where those fit in one; the automatic choice counts
+ * the blocks that have work (gdn_wide_pick; with document segments, whose non-empty count only the device
+ * knows, both widths are launched and the kernel's wide_need check lets one run).
+ *
+ * Rows >= L of a chunk's tiles are the next tokens' (zeros past T): dos and dv2 are selected to 0 there; the Q
+ * rows meet those zeros (q is finite: exact zeros); W rows may be unwritten workspace
+ * (GDN_RANGE_BEFORE_FIRST_RESET), so a partial chunk's W rows >= L are zeroed in shared memory. Columns >= dv
+ * (sg.M) carry M^T from the identity with dO = dv_loc = 0: the Q tile is loaded all the same, so Q^T dos adds
+ * exact zeros and the product needs no branch; nothing is stored per chunk for them.
+ *
+ * Automatic where the 64-column blocks number >= GDN_SBWD_BLOCKS (gdn_tune.cu). Its bits differ from the
+ * mma.sync pass's (wgmma's accumulation order) but are the same on every run, for both widths and for every
+ * segmentation by documents (test_cuda checks it). Design: docs/design/gdn-kernels.md ("The state passes").
  */
 
 /* shared memory: per stage Q, K, W, NWG dO and dv_loc tiles, the gates and the stage's mbarrier; then per
@@ -44,6 +63,12 @@ template <int DK, int NST, int NWG> struct GdnStateBwdSmemRg {
     GDN_DEV unsigned char *vn(int g, int wp) const { return b + OV + g * PW + wp * VW; }
 };
 
+/* the tensor maps of one pass (gdn/gdn.cu gdn_wg_bwd_maps): Q, K, W, dO, dv_loc tiles in (64 x 64 boxes), dh
+ * out (16 columns x DK rows, one warp's), dv2 out (16 x 64); rows past the end read as zeros */
+struct GdnWgBwdMaps {
+    CUtensorMap q, k, w, dO, dl, dh, dv2;
+};
+
 /* a 64-column tile (tokens x 64, 128-byte swizzle) read transposed for this warp's 16 columns: f[q] holds the
  * pairs of tokens 16 q .. 16 q + 15 in the A-fragment / accumulator layout (state_forward_regs.cuh) */
 GDN_DEV void gdn_rg_load_t(uint32_t (&f)[4][4], const unsigned char *tile, int w, int lane) {
@@ -52,6 +77,14 @@ GDN_DEV void gdn_rg_load_t(uint32_t (&f)[4][4], const unsigned char *tile, int w
     for (int q = 0; q < 4; q++) ptx_ldmatrix_x4_trans(f[q], tile + gdn_wg_off(16 * q + 8 * (m >> 1) + r, 16 * w + 8 * (m & 1)));
 }
 
+/*
+ * Grid (ncol / (64 NWG), nv, segments launched), 128 NWG threads. Block (x, h, z) carries columns
+ * [64 NWG x, 64 NWG (x + 1)) of dL/dS of head h over segment p = z + sg.pz0, from its last chunk down (the
+ * contract of gdn_state_backward_kernel; ncol = dv, or dv + DK when sg.M: with NWG = 2 the state and
+ * transition columns never share a block, ncol and dv multiples of 128). Warpgroup wg carries the block's
+ * columns [64 wg, 64 wg + 64); its thread holds D^T element x at (gdn_rg_col, gdn_rg_key) of them
+ * (state_forward_regs.cuh's layout).
+ */
 template <int DK, int NST, int NWG>
 __global__ void __launch_bounds__(GDN_THREADS * NWG, 1)
     gdn_state_backward_regs_kernel(bf16 *dhs /* (ns,nv,DK,dv) or NULL */, bf16 *dv2 /* (T,nv,dv) or NULL */, GdnSeg sg,

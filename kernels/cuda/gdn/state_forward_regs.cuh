@@ -1,7 +1,8 @@
 /*
  * state_forward_regs.cuh — the forward state pass of the chunked gated delta rule on wgmma with the state in
- * registers as the A operand (Hopper, sm_90a), tune choice sfrg (cuda_gdn_tune.h). Not a standalone header:
- * included by gdn/gdn.cu after gdn/state_forward_wgmma.cuh, whose tensor maps, state start and wide pick it
+ * registers as the A operand (Hopper, sm_90a), tune choice sfwd with state_fwd_wgmma_cols 64 or 128
+ * (cuda_gdn_tune.h; automatic where the blocks with work exceed one per SM). Not a standalone header:
+ * included by gdn/gdn.cu after gdn/state_forward_wgmma.cuh, whose tensor maps, swizzled offsets and wide pick it
  * shares (and state_pass.cuh's segment bookkeeping).
  *
  * The same pass as gdn_state_forward_wgmma_kernel (per chunk: store h, vn = U - W h, store vn, S = gam_L S +
@@ -23,8 +24,8 @@
  * 16 w + g8 + 8 ((x >> 1) & 1) of the warpgroup's 64 and state row (key dim) 8 (x >> 2) + 2 t4 + (x & 1); v^T
  * and vn^T element x (x < 32) at the same column and token 8 (x >> 2) + 2 t4 + (x & 1) of the chunk.
  * Grid, segments, transition columns, document segments, the dual launch's pick and the cycle counters are
- * gdn_state_forward_wgmma_kernel's contract, unchanged. The bits differ from the other passes (wgmma's
- * accumulation order of the transposed products) but are the same on every run, for both widths and for every
+ * gdn_state_forward_wgmma_kernel's contract, unchanged. Each product sums the same terms in the same order as
+ * that pass, so the bits are its bits (test_cuda checks it), the same on every run, for every width and for every
  * segmentation by documents. Design: docs/design/gdn-kernels.md ("The state passes").
  */
 

@@ -1,7 +1,7 @@
 /*
  * state_pass.cuh — the bookkeeping every state pass shares (mma.sync: state_forward.cuh,
- * state_backward.cuh; wgmma: state_forward_wgmma.cuh, state_backward_wgmma.cuh): GdnSeg, where a pass
- * reads and writes its states, its chunk span, and the per-phase cycle counters. Part of gdn.cu's
+ * state_backward.cuh; wgmma: state_forward_wgmma.cuh, state_forward_regs.cuh, state_backward_regs.cuh): GdnSeg,
+ * where a pass reads and writes its states, its chunk span, and the per-phase cycle counters. Part of gdn.cu's
  * translation unit. Design: docs/design/gdn-kernels.md ("The state passes").
  *
  * Segmented passes: the chunk range is cut into nseg segments of consecutive chunks (segment p: chunks
