@@ -1,7 +1,9 @@
 /*
  * output.cuh — the per-chunk outputs of the chunk states: o = scale (gam (Q h) + (Q K^T Gam causal) vn)
  * (gdn_output_kernel, the forward) and dv_loc = scale P^T dO (gdn_dvlocal_kernel, the backward and
- * dstate). One block per (chunk, value head). Part of gdn.cu.
+ * dstate). One block per (chunk, value head). Q, K and the gates load in their own cp.async group, so P = Q K^T
+ * Gam is built while the rest (vn and h, or dO) arrives (measured against one group: docs/bench-log/2026-12-02-c).
+ * Part of gdn.cu.
  */
 #pragma once
 
@@ -60,13 +62,15 @@ __global__ void __launch_bounds__(GDN_THREADS)
         __syncthreads();
         gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
         gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, BVO>(s.x, LDX, vn + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
-        if (!reset) gdn_load_rows<DK, BVO>(s.h, LDX, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0, dv, DK);
         gdn_load_G(s.G, G2, t0, L, h, nv);
         ptx_cp_async_commit();
-        ptx_cp_async_wait<0>();
+        gdn_load_rows<GDN_C, BVO>(s.x, LDX, vn + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
+        if (!reset) gdn_load_rows<DK, BVO>(s.h, LDX, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0, dv, DK);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<1>();
         __syncthreads();
         gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
+        ptx_cp_async_wait<0>();
         __syncthreads();
 #pragma unroll 1
         for (int n0 = 0; n0 < BVO; n0 += 64) {
@@ -115,12 +119,14 @@ __global__ void __launch_bounds__(GDN_THREADS)
         __syncthreads();
         gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
         gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, BVO>(s.x, LDX, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
         gdn_load_G(s.G, G2, t0, L, h, nv);
         ptx_cp_async_commit();
-        ptx_cp_async_wait<0>();
+        gdn_load_rows<GDN_C, BVO>(s.x, LDX, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<1>();
         __syncthreads();
         gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
+        ptx_cp_async_wait<0>();
         __syncthreads();
 #pragma unroll 1
         for (int n0 = 0; n0 < BVO; n0 += 64) {
