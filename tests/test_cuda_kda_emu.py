@@ -1,14 +1,15 @@
 """test_cuda_kda_emu.py — the cuda KDA kernels (kernels/cuda/kda/) without a GPU: tests/cuda/test_cuda_kda.cu's cases
-built against a host emulation of the CUDA they use (tests/cuda/kda_emu/: one host thread per CUDA thread, block
-barriers, warp shuffles through per-warp slots), checked against the cpu oracle with the GPU test's bounds. This
-proves the kernels' indexing, chunk bookkeeping, synchronisation structure and algebra in CI; the GPU run
-(`build/test_cuda cuda_kda`) proves the rest (the device's arithmetic, real concurrency, shared-memory limits).
+built against a host emulation of the CUDA they use (tests/cuda/kda_emu/: one fiber per CUDA thread, of
+tests/cuda/emu_fiber.h; block barriers; warp shuffles through per-warp slots), checked against the cpu oracle with the
+GPU test's bounds. This proves the kernels' indexing, chunk bookkeeping, synchronisation structure and algebra in CI;
+the GPU run (`build/test_cuda cuda_kda`) proves the rest (the device's arithmetic, real concurrency, shared-memory
+limits).
 The tensor-core pieces (gdn_warp_mma of kernels/cuda/cuda_gdn_mma.h) run as tests/cuda/kda_emu/inc/cuda_gdn_mma.h,
 checked against a plain GEMM for the four transpose combinations (test_emulated_warp_mma).
 
 Each case can fail: the comparison against the oracle, the bitwise equality of every kept / staged / prep path with
 the plain call, and cuda_kda_check_can_fail (a missed document start must show). The emulation runs blocks one at a
-time, so the cases here are the small ones (the GPU run has the rest: GVA over every layout, T = 4133, ...).
+time on one core, so the cases here are the small ones (the GPU run has the rest: GVA over every layout, T = 4133, ...).
 """
 import shutil
 
@@ -19,8 +20,8 @@ from conftest import BUILD, ROOT, run
 CASES = ["cuda_kda_forward_backward_d64", "cuda_kda_forward_backward_mha_no_states", "cuda_kda_gates",
          "cuda_kda_staged_edges", "cuda_kda_check_can_fail", "cuda_kda_model_calls", "cuda_kda_prep",
          "cuda_kda_transition", "cuda_kda_dstate", "cuda_kda_dg_reduction", "cuda_kda_unaligned_rows"]
-# cuda_kda_determinism (every mode twice) runs on the GPU only: under the emulation it takes minutes and the
-# emulation runs one block at a time, so it proves little there
+# cuda_kda_determinism (every mode twice) runs on the GPU only: the emulation runs the blocks one at a time in a fixed
+# order, so two runs agree by construction there
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,13 @@ def test_emulated_warp_mma(kda_emu):
     for at in (0, 1):
         for bt in (0, 1):
             assert f"mma AT={at} BT={bt}: worst error" in r.stdout and r.stdout.count(": ok") == 4, r.stdout
+
+
+def test_emulation_stops_a_deadlock(kda_emu):
+    # a barrier reached by part of a block stops the emulation (tests/cuda/emu_fiber.h) instead of hanging or passing
+    r = run([kda_emu.parent / "mma_check", "deadlock"], timeout=60)
+    assert r.returncode != 0 and "emu_fiber: deadlock: 32 of 64 threads" in r.stderr, r.stdout + r.stderr
+    assert "the launch returned" not in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("case", CASES + ["cuda_kda_forward_backward_d64 sms=4", "cuda_kda_forward_backward_d64 sms=2",

@@ -2,23 +2,22 @@
  * emu.h (glue_emu) — a host emulation of the CUDA that the glue kernels use (kernels/cuda/cuda_conv.cu's run kernels,
  * cuda_gdn_conv_split.cu's fused GDN conv + split, cuda_rmsnorm.cu, cuda_norm.cu's gated RMSNorm group kernels,
  * cuda_elementwise.cu's sigmoid gate and SwiGLU, cuda_device.cuh's helpers and stage-2 reduction): bf16 with
- * round-to-nearest-even, the vector types, one host thread per CUDA thread of a block (blocks run one at a time), block
- * barriers, warp shuffles through per-warp slots and barriers, function-static __shared__ arrays, the fast intrinsics
- * as their exact forms, the L2 prefetch as nothing. Enough for the kernels' indexing, tails, masks, synchronisation and
- * reductions to be checked against the cpu oracle in CI without a GPU; the GPU run (build/test_cuda) proves the rest.
+ * round-to-nearest-even, the vector types, one fiber per CUDA thread of a block (tests/cuda/emu_fiber.h; blocks run one
+ * at a time), block barriers, warp shuffles through per-warp slots and barriers, function-static __shared__ arrays, the
+ * fast intrinsics as their exact forms, the L2 prefetch as nothing. Enough for the kernels' indexing, tails, masks,
+ * synchronisation and reductions to be checked against the cpu oracle in CI without a GPU; the GPU run
+ * (build/test_cuda) proves the rest.
  *
  * Callers: emu_conv.cpp, emu_norm.cpp, emu_ew.cpp (this directory), through build.sh.
  */
 #pragma once
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
+#include "../emu_fiber.h"
 
 struct bf16 { uint16_t x; };
 typedef bf16 __nv_bfloat16;
@@ -42,21 +41,21 @@ inline uint2 make_uint2(uint32_t a, uint32_t b) { return uint2{a, b}; }
 inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 
-extern thread_local dim3 threadIdx;
-extern thread_local int emu_lane, emu_warp;
+extern dim3 threadIdx; /* the fiber running: emu_launch sets them at every switch */
+extern int emu_lane, emu_warp;
 extern dim3 blockIdx, blockDim, gridDim;
 extern float emu_dyn_smem[1 << 16];
-struct EmuWarp { std::unique_ptr<std::barrier<>> bar; float slot[32]; };
-struct EmuBlock { std::unique_ptr<std::barrier<>> bar; std::vector<EmuWarp> warps; };
+struct EmuWarp { EmuBarrier bar; float slot[32]; };
+struct EmuBlock { EmuBarrier bar; std::vector<EmuWarp> warps; };
 extern EmuBlock *emu_block;
 
-inline void __syncthreads() { emu_block->bar->arrive_and_wait(); }
+inline void __syncthreads() { emu_barrier_wait(&emu_block->bar); }
 template <class F> F __shfl_xor_sync(unsigned, F v, int o) {
     EmuWarp &w = emu_block->warps[emu_warp];
     w.slot[emu_lane] = v;
-    w.bar->arrive_and_wait();
+    emu_barrier_wait(&w.bar);
     F r = w.slot[emu_lane ^ o];
-    w.bar->arrive_and_wait();
+    emu_barrier_wait(&w.bar);
     return r;
 }
 #define __global__
@@ -79,19 +78,15 @@ template <class F> void emu_launch(dim3 grid, dim3 block, F f) {
         for (unsigned bx = 0; bx < grid.x; bx++) {
             blockIdx.x = bx, blockIdx.y = by;
             EmuBlock b;
-            b.bar = std::make_unique<std::barrier<>>(nt);
+            emu_barrier_init(&b.bar, (int)nt);
             b.warps.resize((nt + 31) / 32);
             for (unsigned w = 0; w < b.warps.size(); w++)
-                b.warps[w].bar = std::make_unique<std::barrier<>>(std::min(32u, nt - 32 * w));
+                emu_barrier_init(&b.warps[w].bar, (int)std::min(32u, nt - 32 * w));
             emu_block = &b;
-            std::vector<std::thread> th;
-            for (unsigned i = 0; i < nt; i++)
-                th.emplace_back([&, i] {
-                    threadIdx.x = i % block.x, threadIdx.y = i / block.x;
-                    emu_lane = i % 32, emu_warp = i / 32;
-                    f();
-                });
-            for (auto &t : th) t.join();
+            emu_fiber_run((int)nt, [](int i) {
+                threadIdx.x = i % blockDim.x, threadIdx.y = i / blockDim.x;
+                emu_lane = i % 32, emu_warp = i / 32;
+            }, [](void *p, int) { (*(F *)p)(); }, &f);
         }
 }
 inline dim3 emu_dim(unsigned x, unsigned y = 1) { dim3 d; d.x = x, d.y = y; return d; }
@@ -137,8 +132,8 @@ inline void emu_check(const char *what, double err, double bound) {
 #define EMU_BF16 4e-3 /* tests/cuda/cuda_test.h CT_BOUND_BF16_OUT */
 #define EMU_F32 1e-5  /* CT_BOUND_F32 */
 #define EMU_GLOBALS                                                                                                  \
-    thread_local dim3 threadIdx;                                                                                     \
-    thread_local int emu_lane, emu_warp;                                                                             \
+    dim3 threadIdx;                                                                                                  \
+    int emu_lane, emu_warp;                                                                                          \
     dim3 blockIdx, blockDim, gridDim;                                                                                \
     float emu_dyn_smem[1 << 16];                                                                                     \
     EmuBlock *emu_block;                                                                                             \

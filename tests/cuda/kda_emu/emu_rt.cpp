@@ -3,7 +3,7 @@
 #include "cuda_common.h"
 #include "cuda_setup.h"
 dim3 blockIdx, gridDim, blockDim;
-thread_local uint3e threadIdx;
+uint3e threadIdx;
 EmuBlock *emu_blk;
 alignas(16) unsigned char kda_smem[EMU_SMEM_MAX];
 int gdn_prof_level; /* the profile hooks of kda.cu (kernels/cuda/gdn/gdn_profile.cu on the GPU): off here */

@@ -4,7 +4,9 @@
  * gdn_frag_row / gdn_frag_col, and the result must equal the double GEMM of the same bf16 values within fp32
  * rounding (1e-5 of the row's magnitude), starting from a nonzero accumulator (acc += A B). A fragment mapped to the
  * wrong element or a transpose read the wrong way round fails. Prints "mma AT=x BT=y: ok" per case; exit 1 on a
- * failure. Built and run by build.sh / tests/test_cuda_kda_emu.py. */
+ * failure. `mma_check deadlock` instead launches a block whose second warp skips a __syncthreads the first waits at:
+ * the emulation must stop it with a deadlock message (exit by abort), not hang or pass. Built and run by build.sh /
+ * tests/test_cuda_kda_emu.py. */
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
 
@@ -67,7 +69,19 @@ template <bool AT, bool BT> static int mma_case(void) {
     return ok;
 }
 
-int main(void) {
+/* warp 0 waits at a block barrier that warp 1 never reaches (undefined on the device) */
+static void deadlock_kernel(float *out /* (64) */) {
+    out[threadIdx.x] = 1.0f;
+    if (threadIdx.x < 32) __syncthreads();
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "deadlock") == 0) {
+        static float out[64];
+        emu_launch(deadlock_kernel, emu_cfg(dim3(1), dim3(64), 0), out);
+        printf("deadlock: the launch returned\n");
+        return 0;
+    }
     int ok = mma_case<false, false>();
     ok &= mma_case<false, true>();
     ok &= mma_case<true, false>();

@@ -1,29 +1,28 @@
 /*
- * cuda_common.h (kda_emu) — the host emulation's stand-in for kernels/cuda/cuda_common.h: the CUDA the KDA kernels
- * use, on host threads. A launch runs its blocks one after another, each as blockDim std::threads sharing one
+ * cuda_common.h (kda_emu) — the host emulation's stand-in for kernels/cuda/cuda_common.h: the CUDA the KDA kernels use,
+ * on the host. A launch runs its blocks one after another, each as blockDim fibers (tests/cuda/emu_fiber.h) sharing one
  * dynamic shared-memory buffer (kda_smem, filled with garbage between blocks) and the function-static __shared__
  * arrays; __syncthreads is a barrier of the block, the warp shuffles and ballots exchange through per-warp slots
- * between two barriers of the warp (so a shuffle or barrier reached by part of a warp or block deadlocks, as it
- * is undefined on the GPU). Device memory is host memory; copies and memsets happen at once. bf16 is a 16-bit
- * struct with round-to-nearest-even conversions. Only what kernels/cuda/kda/ and the KDA test use; it runs no inline
- * PTX: the tensor-core pieces the kernels use come from cuda_gdn_mma.h beside it (the warp GEMM of
+ * between two barriers of the warp (so a shuffle or barrier reached by part of a warp or block stops the program as a
+ * deadlock, as it is undefined on the GPU). Device memory is host memory; copies and memsets happen at once. bf16 is a
+ * 16-bit struct with round-to-nearest-even conversions. Only what kernels/cuda/kda/ and the KDA test use; it runs no
+ * inline PTX: the tensor-core pieces the kernels use come from cuda_gdn_mma.h beside it (the warp GEMM of
  * kernels/cuda/cuda_gdn_mma.h, each lane computing its own accumulator elements). Build and run: build.sh
  * (tests/test_cuda_kda_emu.py).
  */
 #ifndef RS_CUDA_COMMON_H
 #define RS_CUDA_COMMON_H
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
 #include <tuple>
-#include <thread>
 #include <vector>
 #include <utility>
 #include <algorithm>
 #include "core/error.h"
+#include "../../emu_fiber.h"
 
 #define __global__
 #define __device__
@@ -58,7 +57,7 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct uint3e { unsigned x, y, z; };
 extern dim3 blockIdx, gridDim, blockDim;
-extern thread_local uint3e threadIdx;
+extern uint3e threadIdx; /* the fiber running (emu_launch sets it at every switch) */
 
 typedef int cudaError_t;
 typedef void *cudaStream_t;
@@ -98,21 +97,21 @@ enum { CUDA_ERR_NONE = 0 };
 
 /* ---- warps and blocks ---- */
 struct EmuBlock {
-    pthread_barrier_t bar;
-    pthread_barrier_t wbar[32];
+    EmuBarrier bar;
+    EmuBarrier wbar[32];
     uint64_t slot[32][32];
     int nthreads;
 };
 extern EmuBlock *emu_blk;
 extern unsigned char kda_smem[];
-static inline void __syncthreads(void) { pthread_barrier_wait(&emu_blk->bar); }
+static inline void __syncthreads(void) { emu_barrier_wait(&emu_blk->bar); }
 template <class T> static inline T emu_xchg(T v, int src) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32;
     uint64_t u = 0; memcpy(&u, &v, sizeof(T));
     emu_blk->slot[w][l] = u;
-    pthread_barrier_wait(&emu_blk->wbar[w]);
+    emu_barrier_wait(&emu_blk->wbar[w]);
     uint64_t r = emu_blk->slot[w][src];
-    pthread_barrier_wait(&emu_blk->wbar[w]);
+    emu_barrier_wait(&emu_blk->wbar[w]);
     T out; memcpy(&out, &r, sizeof(T)); return out;
 }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_xchg(v, (int)(threadIdx.x % 32) ^ o); }
@@ -120,13 +119,13 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) { int l 
 static inline unsigned __ballot_sync(unsigned, int p) {
     const int w = threadIdx.x / 32;
     emu_blk->slot[w][threadIdx.x % 32] = p ? 1 : 0;
-    pthread_barrier_wait(&emu_blk->wbar[w]);
+    emu_barrier_wait(&emu_blk->wbar[w]);
     unsigned r = 0;
     for (int i = 0; i < 32; i++) r |= (unsigned)emu_blk->slot[w][i] << i;
-    pthread_barrier_wait(&emu_blk->wbar[w]);
+    emu_barrier_wait(&emu_blk->wbar[w]);
     return r;
 }
-static inline void __syncwarp(unsigned = 0xffffffffu) { pthread_barrier_wait(&emu_blk->wbar[threadIdx.x / 32]); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_barrier_wait(&emu_blk->wbar[threadIdx.x / 32]); }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 using std::min; using std::max;
 static inline int64_t min(int64_t a, long b) { return a < b ? a : (int64_t)b; }
@@ -134,29 +133,28 @@ static inline int64_t min(int64_t a, long b) { return a < b ? a : (int64_t)b; }
 struct EmuCfg { dim3 g, b; size_t smem; };
 static inline EmuCfg emu_cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t = 0) { return EmuCfg{g, b, smem}; }
 
+static inline void emu_enter_thread(int t) { threadIdx = uint3e{(unsigned)t, 0, 0}; }
 template <class... P, class... A> static void emu_launch(void (*k)(P...), EmuCfg c, A... a) {
     std::tuple<P...> args(a...);
     if (c.smem > EMU_SMEM_MAX) { fprintf(stderr, "emu: launch smem %zu\n", c.smem); abort(); }
     const int nt = (int)(c.b.x * c.b.y * c.b.z);
-    if (c.b.y != 1 || c.b.z != 1 || nt % 32) { fprintf(stderr, "emu: block shape\n"); abort(); }
+    if (c.b.y != 1 || c.b.z != 1 || nt % 32 || nt > 1024) { fprintf(stderr, "emu: block shape\n"); abort(); }
     gridDim = c.g; blockDim = c.b;
-    EmuBlock *B = new EmuBlock;
-    pthread_barrier_init(&B->bar, NULL, nt);
-    for (int w = 0; w < nt / 32; w++) pthread_barrier_init(&B->wbar[w], NULL, 32);
-    emu_blk = B;
+    EmuBlock B;
+    emu_blk = &B;
+    struct Call { void (*k)(P...); std::tuple<P...> *args; } call{k, &args};
     for (unsigned z = 0; z < c.g.z; z++)
         for (unsigned y = 0; y < c.g.y; y++)
             for (unsigned x = 0; x < c.g.x; x++) {
                 blockIdx = dim3(x, y, z);
                 memset(kda_smem, 0xcd, EMU_SMEM_MAX); /* garbage between blocks */
-                std::vector<std::thread> th;
-                th.reserve(nt);
-                for (int t = 0; t < nt; t++)
-                    th.emplace_back([&, t]() { threadIdx = uint3e{(unsigned)t, 0, 0}; std::apply(k, args); });
-                for (auto &x2 : th) x2.join();
+                emu_barrier_init(&B.bar, nt);
+                for (int w = 0; w < nt / 32; w++) emu_barrier_init(&B.wbar[w], 32);
+                emu_fiber_run(nt, emu_enter_thread, [](void *p, int) {
+                    Call *cl = (Call *)p;
+                    std::apply(cl->k, *cl->args);
+                }, &call);
             }
-    pthread_barrier_destroy(&B->bar);
-    for (int w = 0; w < nt / 32; w++) pthread_barrier_destroy(&B->wbar[w]);
-    delete B;
+    emu_blk = nullptr;
 }
 #endif

@@ -30,7 +30,16 @@ static inline void emu_mma_fault(const char *what) {
  * aligned, as on the device. */
 struct EmuCopy { unsigned char *dst; const unsigned char *src; bool ok; };
 struct EmuCpState { std::vector<std::vector<EmuCopy>> groups; std::vector<EmuCopy> open; };
-static inline EmuCpState &emu_cp(void) { static thread_local EmuCpState s; return s; }
+/* each CUDA thread's copies, fresh for every block (emu_fiber_epoch changes with every block run) */
+static inline EmuCpState &emu_cp(void) {
+    static EmuCpState s[1024];
+    static uint64_t epoch[1024];
+    if (epoch[threadIdx.x] != emu_fiber_epoch()) {
+        s[threadIdx.x] = EmuCpState();
+        epoch[threadIdx.x] = emu_fiber_epoch();
+    }
+    return s[threadIdx.x];
+}
 static inline void ptx_cp_async16(void *smem, const void *gmem, bool valid) {
     if (((uintptr_t)smem & 15) != 0 || (valid && ((uintptr_t)gmem & 15) != 0)) emu_mma_fault("cp.async16 address not 16-byte aligned");
     emu_cp().open.push_back(EmuCopy{(unsigned char *)smem, (const unsigned char *)gmem, valid});
