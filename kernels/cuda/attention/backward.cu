@@ -355,7 +355,6 @@ static __global__ void __launch_bounds__(AWG_THREADS, 1)
     ptx_mbar_wait(bar_own, 0);
     int it = 0;
     {
-        const int h = h0;
         for (int idx = first; idx >= 0; idx = next_tile(idx + 1), it++) {
             const int s = it % ST;
             const bool live = mylive && attn_bit(mylive, idx);

@@ -43,6 +43,25 @@ template <int DK> GDN_DEV void gdn_build_P(bf16 *sP, const bf16 *sQ, const bf16 
         }
 }
 
+/* the first of a chunk's two cp.async groups, committed: Q and K rows of key head kh, the gate cumsums of head h */
+template <int DK, int BVO>
+GDN_DEV void gdn_out_load_qkg(const GdnOutSmem<DK, BVO> &s, const bf16 *q, const bf16 *k, const float *G2, int64_t t0,
+                              int L, int kh, int h, int nv, int ldq) {
+    gdn_load_rows<GDN_C, DK>(s.q, DK + 8, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
+    gdn_load_rows<GDN_C, DK>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+    gdn_load_G(s.G, G2, t0, L, h, nv);
+    ptx_cp_async_commit();
+}
+
+/* once the caller has committed the second group: P from the first while the second lands, then both in place */
+template <int DK, int BVO> GDN_DEV void gdn_out_build_P(const GdnOutSmem<DK, BVO> &s, int L) {
+    ptx_cp_async_wait<1>();
+    __syncthreads();
+    gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
+    ptx_cp_async_wait<0>();
+    __syncthreads();
+}
+
 template <int DK, int BVO>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_output_kernel(bf16 *o /* (T,ldo) */, const bf16 *q /* (T,ldq) */, const bf16 *k /* (T,ldq) */,
@@ -60,18 +79,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
         const int L = starts[c + 1] - (int)t0;
         const bool reset = doc_pos[t0] == 0;
         __syncthreads();
-        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
-        ptx_cp_async_commit();
+        gdn_out_load_qkg(s, q, k, G2, t0, L, kh, h, nv, ldq);
         gdn_load_rows<GDN_C, BVO>(s.x, LDX, vn + t0 * ldx + (int64_t)h * dv + col0, ldx, L);
         if (!reset) gdn_load_rows<DK, BVO>(s.h, LDX, hs + ((t0 / GDN_C) * nv + h) * (int64_t)DK * dv + col0, dv, DK);
         ptx_cp_async_commit();
-        ptx_cp_async_wait<1>();
-        __syncthreads();
-        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
-        ptx_cp_async_wait<0>();
-        __syncthreads();
+        gdn_out_build_P(s, L);
 #pragma unroll 1
         for (int n0 = 0; n0 < BVO; n0 += 64) {
             float acc[1][8][4];
@@ -106,7 +118,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     gdn_dvlocal_kernel(bf16 *dvl /* (T,nv,dv) */, const bf16 *q, const bf16 *k, const bf16 *dout /* (T,ldo) */,
                        const float *G2, const int32_t *starts, const int32_t *meta, int mode, int nk, int nv, int dv,
                        int ldq, int ldo, float scale) {
-    constexpr int LDK = DK + 8, LDX = BVO + 8;
+    constexpr int LDX = BVO + 8;
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     GdnOutSmem<DK, BVO> s(gdn_smem, false);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, col0 = blockIdx.z * BVO;
@@ -117,17 +129,10 @@ __global__ void __launch_bounds__(GDN_THREADS)
         const int64_t t0 = starts[c];
         const int L = starts[c + 1] - (int)t0;
         __syncthreads();
-        gdn_load_rows<GDN_C, DK>(s.q, LDK, q + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
-        gdn_load_G(s.G, G2, t0, L, h, nv);
-        ptx_cp_async_commit();
+        gdn_out_load_qkg(s, q, k, G2, t0, L, kh, h, nv, ldq);
         gdn_load_rows<GDN_C, BVO>(s.x, LDX, dout + t0 * ldo + (int64_t)h * dv + col0, ldo, L);
         ptx_cp_async_commit();
-        ptx_cp_async_wait<1>();
-        __syncthreads();
-        gdn_build_P<DK>(s.p, s.q, s.k, s.G, L);
-        ptx_cp_async_wait<0>();
-        __syncthreads();
+        gdn_out_build_P(s, L);
 #pragma unroll 1
         for (int n0 = 0; n0 < BVO; n0 += 64) {
             float acc[1][8][4];

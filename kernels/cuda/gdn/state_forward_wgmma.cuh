@@ -40,6 +40,8 @@ template <int BC, bool WIDE> GDN_DEV bool gdn_wide_skip(const GdnSeg &sg, int nv
     return ((int64_t)used * nv * gridDim.x * BC / 64 > wide_need) != WIDE;
 }
 
+enum { GDN_WG_BV = 32 }; /* state columns per block of this pass (its kernel, its shared memory, its launch) */
+
 /* byte offset of element (r, j), j < 64, in a 128-byte-swizzled block of 64 columns */
 GDN_DEV uint32_t gdn_wg_off(int r, int j) { return r * 128 + ((((j >> 3) & 7) ^ (r & 7)) << 4) + (j & 7) * 2; }
 
@@ -59,7 +61,7 @@ GDN_DEV uint64_t gdn_wg_bdesc32(uint32_t saddr, uint32_t lbo) {
  * stage W, K, U tiles, the gates and the stage's mbarrier; then hi, lo, vn and vno. DK = 128, 2 stages: 99 KB
  * (two blocks per SM) */
 template <int DK, int NST> struct GdnStateFwdSmemWg {
-    static constexpr int BV = 32; /* state columns per block */
+    static constexpr int BV = GDN_WG_BV;
     static constexpr int TK = GDN_C * DK * 2, TU = GDN_C * BV * 2, TS = DK * BV * 2;
     static constexpr int OW = 0, OK = TK, OU = 2 * TK, OG = 2 * TK + TU, OB = OG + GDN_C * 4,
                          SB = OG + 1024; /* one stage, bytes */
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
                             const int32_t *meta, int mode, int nk, int nv, int dv,
                             long long *tp /* (GDN_TP_SLOTS) cycles, chunks, or NULL */,
                             int wide_need /* > 0: run only if the narrow form is the device's pick (gdn_wide_skip) */) {
-    constexpr int BV = 32, MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
+    constexpr int BV = GDN_WG_BV, MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
     const uint32_t raw = ptx_smem_addr(gdn_wg_smem);
