@@ -243,8 +243,8 @@ template <int DK>
 static void gdn_wg_fwd_launch(const GdnBufs *b, bf16 *hs, bf16 *vn, const GdnSeg &sg, int nz, int ncol, const bf16 *k,
                               int mode, int nk, int nv, int dv, int ldq, cudaStream_t st, long long *tp,
                               int64_t need = 0) {
-    RS_CHECK(ncol % GDN_WG_BV == 0 && dv % GDN_WG_BV == 0, "gdn: state_fwd_wg in %d-column blocks: %d columns, dim_v %d",
-             (int)GDN_WG_BV, ncol, dv);
+    RS_CHECK(ncol % GDN_WG_BV == 0 && dv % GDN_WG_BV == 0,
+             "gdn: state_fwd_wg in %d-column blocks: %d columns, dim_v %d", (int)GDN_WG_BV, ncol, dv);
     const GdnWgMaps tm = gdn_wg_maps<DK, GDN_WG_BV>(b, hs, vn, k, nk, nv, dv, ldq);
     auto run = [&](auto kernel, int bytes) {
         gdn_smem_attr(kernel, bytes, "state_fwd_wg");

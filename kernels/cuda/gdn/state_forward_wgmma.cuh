@@ -127,7 +127,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
                             const int32_t *meta, int mode, int nk, int nv, int dv,
                             long long *tp /* (GDN_TP_SLOTS) cycles, chunks, or NULL */,
                             int wide_need /* > 0: run only if the narrow form is the device's pick (gdn_wide_skip) */) {
-    constexpr int BV = GDN_WG_BV, MT = DK / 64, KS = DK / 16, NA = BV / 2; /* NA: accumulator registers per state tile */
+    /* NA: accumulator registers per state tile */
+    constexpr int BV = GDN_WG_BV, MT = DK / 64, KS = DK / 16, NA = BV / 2;
     static_assert(NST >= 2, "state_fwd_wg: two stages at least");
     extern __shared__ __align__(128) unsigned char gdn_wg_smem[]; /* the base is rounded up to 1024 */
     const uint32_t raw = ptx_smem_addr(gdn_wg_smem);
