@@ -15,40 +15,22 @@ BUILD=${3:-$ROOT/build}
 E=$ROOT/tests/cuda/gdn_emu
 K=$ROOT/tests/cuda/kda_emu
 CXX=${CXX:-g++}
-mkdir -p "$OUT/base" "$OUT/tree" "$OUT/inc"
+mkdir -p "$OUT/base" "$OUT/tree"
 cd "$ROOT"
 for f in common prep wy_backward dqkwg; do
     git show "$BASE:kernels/cuda/gdn/$f.cuh" > "$OUT/base/$f.cuh"
     cp "kernels/cuda/gdn/$f.cuh" "$OUT/tree/$f.cuh"
 done
-# the emulation runs no inline PTX: an L2 prefetch moves no value, so it becomes the evaluation of its address
+# the emulation runs no inline PTX (transform.py makes an L2 prefetch, which moves no value, the evaluation of its
+# address)
 for d in base tree; do
     for f in "$OUT/$d"/*.cuh; do
         python3 "$K/transform.py" "$f" "$f"
-        sed -i -E 's/asm volatile\("prefetch\.global\.L2 \[%0\];\\n" *:: *"l"\((.*)\)\);/(void)(\1);/' "$f"
         if grep -q 'asm' "$f"; then echo "gdn_emu: inline asm left in $f" >&2; exit 1; fi
     done
 done
-# the KDA emulation's headers, its cp.async given a size (common.cuh's gate rows load 4 bytes with cp.async)
-cp "$K/inc/cuda_common.h" "$K/inc/cuda_setup.h" "$OUT/inc/"
-python3 - "$K/inc/cuda_gdn_mma.h" "$OUT/inc/cuda_gdn_mma.h" <<'PY'
-import sys
-s = open(sys.argv[1]).read()
-rep = [("struct EmuCopy { unsigned char *dst; const unsigned char *src; bool ok; };",
-        "struct EmuCopy { unsigned char *dst; const unsigned char *src; bool ok; int n = 16; };"),
-       ("            if (c.ok) memcpy(c.dst, c.src, 16);\n            else memset(c.dst, 0, 16);",
-        "            if (c.ok) memcpy(c.dst, c.src, c.n);\n            else memset(c.dst, 0, c.n);"),
-       ("static inline void ptx_cp_async_commit(void) {",
-        "static inline void ptx_cp_async4(void *smem, const void *gmem, bool valid) {\n"
-        "    if (((uintptr_t)smem & 3) != 0) emu_mma_fault(\"cp.async4 address not 4-byte aligned\");\n"
-        "    emu_cp().open.push_back(EmuCopy{(unsigned char *)smem, (const unsigned char *)gmem, valid, 4});\n}\n"
-        "static inline void ptx_cp_async_commit(void) {")]
-for a, b in rep:
-    assert a in s, a
-    s = s.replace(a, b)
-open(sys.argv[2], "w").write(s)
-PY
-FLAGS="-std=c++20 -O1 -pthread -w -I$OUT/inc -I$E -Ilib -Ikernels/cuda -D_GNU_SOURCE"
+# the KDA emulation's headers (their cp.async has the 4-byte form common.cuh's gate rows load)
+FLAGS="-std=c++20 -O1 -pthread -w -I$K/inc -I$E -Ilib -Ikernels/cuda -D_GNU_SOURCE"
 # a revision whose wy_bwd can read prep's kept Tinv (backend.h GDN_KEPT_TINV) is launched with it (side.cpp)
 tinv() { grep -q "bool SOLVE" "$OUT/$1/wy_backward.cuh" && echo -DGDN_EMU_KEPT_TINV || true; }
 $CXX $FLAGS -I"$OUT/base" $(tinv base) -DGDN_EMU_SIDE=gdn_emu_run_base -c "$E/side.cpp" -o "$OUT/side_base.o" &

@@ -1,23 +1,11 @@
 /*
- * gdn_emu.h (gdn_emu) — what the two sides of gdn_emu_cmp share: the bf16 pair helpers and the warp shuffle the GDN
- * kernels use beyond the KDA emulation's (tests/cuda/kda_emu/inc), and GdnEmuBufs, one call's inputs and output
- * buffers (the layouts of gdn.cu's backward: token-major, nv value heads, nk key heads).
+ * gdn_emu.h (gdn_emu) — what the two sides of gdn_emu_cmp share: the KDA emulation's headers (tests/cuda/kda_emu/inc,
+ * which hold the bf16 pair helpers and warp shuffles the GDN kernels use too), and GdnEmuBufs, one call's inputs and
+ * output buffers (the layouts of gdn.cu's backward: token-major, nv value heads, nk key heads).
  */
 #pragma once
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
-
-struct __nv_bfloat162 { bf16 x, y; };
-static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
-    return __nv_bfloat162{__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
-}
-static inline float2 __bfloat1622float2(__nv_bfloat162 h) {
-    return make_float2(__bfloat162float(h.x), __bfloat162float(h.y));
-}
-template <class T> static inline T __shfl_down_sync(unsigned, T v, int o) {
-    const int l = threadIdx.x % 32;
-    return emu_xchg(v, l + o < 32 ? l + o : l);
-}
 
 struct GdnEmuBufs {
     int64_t T;

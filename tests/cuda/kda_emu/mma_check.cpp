@@ -9,18 +9,16 @@
  * tests/test_cuda_kda_emu.py. */
 #include "cuda_common.h"
 #include "cuda_gdn_mma.h"
+#include "emu_gemm_ref.h"
 
 enum { M = 32, N = 32, K = 48, PAD = 8 };
 
 template <bool AT, bool BT>
 static void mma_kernel(float *C /* (M, N) */, const bf16 *A /* stored, see below */, const bf16 *B) {
     /* A stored (M, K) or, AT, (K, M); B stored (K, N) or, BT, (N, K); copied into padded shared tiles */
-    const int ar = AT ? K : M, ac = AT ? M : K, br = BT ? N : K, bc = BT ? K : N;
-    const int lda = ac + PAD, ldb = bc + PAD;
-    bf16 *sA = (bf16 *)kda_smem, *sB = sA + ar * lda;
-    for (int i = threadIdx.x; i < ar * ac; i += blockDim.x) sA[(i / ac) * lda + i % ac] = A[i];
-    for (int i = threadIdx.x; i < br * bc; i += blockDim.x) sB[(i / bc) * ldb + i % bc] = B[i];
-    __syncthreads();
+    bf16 *sA, *sB;
+    int lda, ldb;
+    emu_gemm_tiles<AT, BT>(A, B, M, N, K, PAD, &sA, &lda, &sB, &ldb);
     const int w = threadIdx.x / 32;
     float acc[1][N / 8][4];
     for (int ni = 0; ni < N / 8; ni++)
@@ -53,17 +51,8 @@ template <bool AT, bool BT> static int mma_case(void) {
         }
     for (int i = 0; i < M * N; i++) C[i] = NAN;
     emu_launch(mma_kernel<AT, BT>, emu_cfg(dim3(1), dim3(64), 0), C, (const bf16 *)A, (const bf16 *)B);
-    double worst = 0.0;
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            double want = 1.0, mag = 1.0;
-            for (int k = 0; k < K; k++) {
-                want += (double)a[i][k] * b[k][j];
-                mag += fabs((double)a[i][k] * b[k][j]);
-            }
-            const double e = fabs(C[i * N + j] - want) / mag;
-            if (!(e <= worst)) worst = e; /* NaN counts */
-        }
+    const double worst = emu_gemm_worst(C, M, N, K, 1.0, [](int i, int k) { return a[i][k]; },
+                                        [](int k, int j) { return b[k][j]; });
     const int ok = worst < 1e-5;
     printf("mma AT=%d BT=%d: worst error %.3e of the row magnitude: %s\n", (int)AT, (int)BT, worst, ok ? "ok" : "FAIL");
     return ok;

@@ -1,10 +1,13 @@
 """transform.py (kda_emu) — a .cu / .cuh file for the host emulation: `kernel<<<cfg>>>(args)` becomes
-`emu_launch(kernel, emu_cfg(cfg), args)` and `extern __shared__` a plain extern (inc/cuda_common.h defines
-__shared__ as static for the function-static arrays). Usage: transform.py SRC DST"""
+`emu_launch(kernel, emu_cfg(cfg), args)`, `extern __shared__` a plain extern (inc/cuda_common.h defines
+__shared__ as static for the function-static arrays), and an L2 prefetch (inline PTX that moves no value) the
+evaluation of its address. Used by build.sh here and by tests/cuda/gdn_emu's build scripts.
+Usage: transform.py SRC DST"""
 import re, sys
 src, dst = sys.argv[1], sys.argv[2]
 s = open(src).read()
 s = s.replace('extern __shared__', 'extern')
+s = re.sub(r'asm volatile\("prefetch\.global\.L2 \[%0\];\\n" *:: *"l"\((.*)\)\);', r'(void)(\1);', s)
 out = []; i = 0
 while True:
     j = s.find('<<<', i)

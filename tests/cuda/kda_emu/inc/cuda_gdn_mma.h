@@ -9,8 +9,8 @@
  * stride that is a multiple of 8, NT even, KD a multiple of 16) is checked and aborts. The order of the
  * additions inside one k step is the host's, not the tensor core's (whose fp32 accumulation rounds differently in
  * the last bits): the emulation proves layouts and algebra, the GPU run the device's rounding. The unit check
- * mma_check.cpp compares it with a plain GEMM for the four transpose combinations. cp.async is emulated below
- * (deferred copies).
+ * mma_check.cpp compares it with a plain GEMM for the four transpose combinations. cp.async is emulated in
+ * emu_cp_async.h beside it (deferred copies).
  */
 #ifndef RS_CUDA_GDN_MMA_H
 #define RS_CUDA_GDN_MMA_H
@@ -18,47 +18,7 @@
 
 #define GDN_DEV static inline
 
-static inline void emu_mma_fault(const char *what) {
-    fprintf(stderr, "emu gdn_warp_mma: %s\n", what);
-    abort();
-}
-
-/* cp.async (cuda_ptx.h's ptx_cp_async16 / _commit / _wait) with the hardware's freedom made visible: a copy is
- * queued in the thread's open group and lands only when a ptx_cp_async_wait<N> retires its group (all but the N
- * most recent committed groups), so a tile read before its wait holds the previous chunk's bytes (or the
- * launch's garbage) and fails the comparison; an invalid copy writes 16 zero bytes. Addresses must be 16-byte
- * aligned, as on the device. */
-struct EmuCopy { unsigned char *dst; const unsigned char *src; bool ok; };
-struct EmuCpState { std::vector<std::vector<EmuCopy>> groups; std::vector<EmuCopy> open; };
-/* each CUDA thread's copies, fresh for every block (emu_fiber_epoch changes with every block run) */
-static inline EmuCpState &emu_cp(void) {
-    static EmuCpState s[1024];
-    static uint64_t epoch[1024];
-    if (epoch[threadIdx.x] != emu_fiber_epoch()) {
-        s[threadIdx.x] = EmuCpState();
-        epoch[threadIdx.x] = emu_fiber_epoch();
-    }
-    return s[threadIdx.x];
-}
-static inline void ptx_cp_async16(void *smem, const void *gmem, bool valid) {
-    if (((uintptr_t)smem & 15) != 0 || (valid && ((uintptr_t)gmem & 15) != 0)) emu_mma_fault("cp.async16 address not 16-byte aligned");
-    emu_cp().open.push_back(EmuCopy{(unsigned char *)smem, (const unsigned char *)gmem, valid});
-}
-static inline void ptx_cp_async_commit(void) {
-    EmuCpState &s = emu_cp();
-    s.groups.push_back(std::move(s.open));
-    s.open.clear();
-}
-template <int N> static inline void ptx_cp_async_wait(void) {
-    EmuCpState &s = emu_cp();
-    while (s.groups.size() > (size_t)N) {
-        for (const EmuCopy &c : s.groups.front()) {
-            if (c.ok) memcpy(c.dst, c.src, 16);
-            else memset(c.dst, 0, 16);
-        }
-        s.groups.erase(s.groups.begin());
-    }
-}
+#include "emu_cp_async.h" /* cp.async (cuda_ptx.h's ptx_cp_async*), emu_mma_fault */
 
 template <int N> GDN_DEV void gdn_zero_row(__nv_bfloat16 *p) {
     static_assert(N % 8 == 0, "gdn_zero_row: N % 8");
@@ -77,22 +37,39 @@ GDN_DEV void gdn_warp_mma(float (&acc)[MT][NT][4], const __nv_bfloat16 *sA, int 
     if (((uintptr_t)sA & 15) != 0 || ((uintptr_t)sB & 15) != 0) emu_mma_fault("tile base not 16-byte aligned");
     if (lda % 8 != 0 || ldb % 8 != 0) emu_mma_fault("row stride not a multiple of 8 elements");
     if (m0 % 8 != 0 || n0 % 8 != 0) emu_mma_fault("tile corner not on an 8-element boundary");
+    /* the lane's rows of A (g, g + 8 of each m tile) and columns of B (2t, 2t + 1 of each n tile) as floats first */
+    float ar[KD][MT][2], bc[KD][NT][2];
     for (int mi = 0; mi < MT; mi++)
-        for (int ni = 0; ni < NT; ni++)
-            for (int e = 0; e < 4; e++) {
-                const int r = m0 + mi * 16 + gdn_frag_row(e), c = n0 + ni * 8 + gdn_frag_col(e);
-                float x = acc[mi][ni][e];
-                for (int k0 = 0; k0 < KD; k0 += 16) {
-                    float s = 0.0f;
-                    for (int kk = k0; kk < k0 + 16; kk++) {
-                        const float a = __bfloat162float(AT ? sA[(size_t)kk * lda + r] : sA[(size_t)r * lda + kk]);
-                        const float b = __bfloat162float(BT ? sB[(size_t)c * ldb + kk] : sB[(size_t)kk * ldb + c]);
-                        s += a * b;
-                    }
-                    x += s;
+        for (int h = 0; h < 2; h++) {
+            const int r = m0 + mi * 16 + gdn_frag_row(2 * h);
+            for (int kk = 0; kk < KD; kk++)
+                ar[kk][mi][h] = __bfloat162float(AT ? sA[(size_t)kk * lda + r] : sA[(size_t)r * lda + kk]);
+        }
+    for (int ni = 0; ni < NT; ni++)
+        for (int j = 0; j < 2; j++) {
+            const int c = n0 + ni * 8 + gdn_frag_col(j);
+            for (int kk = 0; kk < KD; kk++)
+                bc[kk][ni][j] = __bfloat162float(BT ? sB[(size_t)c * ldb + kk] : sB[(size_t)kk * ldb + c]);
+        }
+    /* per k step: each element's 16 products summed in k order, then added to the accumulator (the elements'
+     * sums interleaved, each in its own order) */
+    for (int k0 = 0; k0 < KD; k0 += 16) {
+        float sum[MT][NT][4] = {};
+        for (int kk = k0; kk < k0 + 16; kk++)
+            for (int mi = 0; mi < MT; mi++) {
+                const float a0 = ar[kk][mi][0], a1 = ar[kk][mi][1];
+                for (int ni = 0; ni < NT; ni++) {
+                    const float b0 = bc[kk][ni][0], b1 = bc[kk][ni][1];
+                    sum[mi][ni][0] += a0 * b0;
+                    sum[mi][ni][1] += a0 * b1;
+                    sum[mi][ni][2] += a1 * b0;
+                    sum[mi][ni][3] += a1 * b1;
                 }
-                acc[mi][ni][e] = x;
             }
+        for (int mi = 0; mi < MT; mi++)
+            for (int ni = 0; ni < NT; ni++)
+                for (int e = 0; e < 4; e++) acc[mi][ni][e] += sum[mi][ni][e];
+    }
 }
 
 template <int MT, int NT> GDN_DEV void gdn_zero(float (&acc)[MT][NT][4]) {
