@@ -1,7 +1,7 @@
 #!/bin/bash
 # build.sh (gdn_emu) — builds OUT/gdn_emu_cmp: GDN's per-chunk kernels prep, dqkwg and wy_bwd (kernels/cuda/gdn/
 # common.cuh, prep.cuh, dqkwg.cuh, wy_backward.cuh) of a base revision and of the working tree, both run by the KDA
-# host emulation (tests/cuda/kda_emu/inc: one host thread per CUDA thread, cp.async landing only at its wait) on the
+# host emulation (tests/cuda/kda_emu/inc: one fiber per CUDA thread, cp.async landing only at its wait) on the
 # same inputs, every output buffer compared bitwise. For speed rounds that must keep the bits: a change of launch
 # shape, load grouping, shared-memory aliasing or loop order that alters a value, or reads a tile before its wait,
 # shows. The emulation's arithmetic is the host's (its own mma order, exp2f), the same on both sides: it proves that
