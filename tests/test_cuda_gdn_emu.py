@@ -1,15 +1,15 @@
 """test_cuda_gdn_emu.py — the cuda Gated DeltaNet kernels (kernels/cuda/gdn/) without a GPU: the cases of
-tests/cuda/test_cuda_gdn.cu built against the host emulation of the CUDA they use
-(tests/cuda/gdn_emu/oracle_build.sh: the KDA emulation of tests/cuda/kda_emu, one fiber per CUDA thread, plus
-tests/cuda/gdn_emu/inc), checked against the cpu oracle with the GPU test's bounds. Covered: index, prep, the output
-and dv_local kernels, the mma.sync state passes (forward, backward, transition columns, segments, document segments,
-the dual launch, 16 / 32 / 64 columns, 2 / 3 stages), dqkwg, wy_bwd (reading the kept Tinv and solving), the GVA
-group reduce and state_affine; the forward and the whole backward against the oracle under every configuration of the
-GPU test's list, the kept buffer's kinds bitwise the recompute (and a sabotaged one shown to differ), documents, GVA,
-dims 64 and 128 (mixed in the edges case, 64 with GVA and five documents in docs_gva_64, both 128 in transition and
-dstate), the transition and dstate entries, and cuda_gdn_check_can_fail (a missed document reset must show). The state passes run ldmatrix and mma.sync lane by lane
-in the PTX fragment layout (tests/cuda/gdn_emu/inc/cuda_ptx.h), checked against a plain GEMM for every variant the
-kernels use (test_emulated_ptx).
+tests/cuda/test_cuda_gdn.cu built against the host emulation of the CUDA they use (tests/cuda/gdn_emu/oracle_build.sh:
+the KDA emulation of tests/cuda/kda_emu, one fiber per CUDA thread, plus tests/cuda/gdn_emu/inc), checked against the
+cpu oracle with the GPU test's bounds. Covered: index, prep, the output and dv_local kernels, the mma.sync state passes
+(forward, backward, transition columns, segments, document segments, the dual launch, 16 / 32 / 64 columns, 2 / 3
+stages), dqkwg, wy_bwd (reading the kept Tinv and solving), the GVA group reduce and state_affine; the forward and the
+whole backward against the oracle under every configuration of the GPU test's list, the kept buffer's kinds bitwise the
+recompute (and a sabotaged one shown to differ), documents, GVA, dims 64 and 128 (mixed in the edges case, 64 with GVA
+and five documents in docs_gva_64, both 128 in transition and dstate), the transition and dstate entries, and
+cuda_gdn_check_can_fail (a missed document reset must show). The state passes run ldmatrix and mma.sync lane by lane in
+the PTX fragment layout (tests/cuda/gdn_emu/inc/cuda_ptx.h), checked against a plain GEMM for every variant the kernels
+use (test_emulated_ptx).
 
 Not here: the wgmma / TMA passes (Hopper only: the emulation holds their switches off,
 tests/cuda/gdn_emu/gdn_emu_rt.cpp, so a configuration asking for them runs its mma.sync form), and the cases too long
