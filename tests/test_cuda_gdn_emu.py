@@ -6,14 +6,14 @@ cpu oracle with the GPU test's bounds. Covered: index, prep, the output and dv_l
 stages), dqkwg, wy_bwd (reading the kept Tinv and solving), the GVA group reduce and state_affine; the forward and the
 whole backward against the oracle under every configuration of the GPU test's list, the kept buffer's kinds bitwise the
 recompute (and a sabotaged one shown to differ), documents, GVA, dims 64 and 128 (mixed in the edges case, 64 with GVA
-and five documents in docs_gva_64, both 128 in transition and dstate), the transition and dstate entries, and
+and five documents in docs_gva_64, both 128 in _128, transition and dstate), the transition and dstate entries, and
 cuda_gdn_check_can_fail (a missed document reset must show). The state passes run ldmatrix and mma.sync lane by lane in
 the PTX fragment layout (tests/cuda/gdn_emu/inc/cuda_ptx.h), checked against a plain GEMM for every variant the kernels
 use (test_emulated_ptx).
 
 Not here: the wgmma / TMA passes (Hopper only: the emulation holds their switches off,
 tests/cuda/gdn_emu/gdn_emu_rt.cpp, so a configuration asking for them runs its mma.sync form), and the cases too long
-for the emulation (staged, pieces, prep_kept, the T = 1000 and 4000 parity cases, determinism, long; one more below):
+for the emulation (staged, pieces, prep_kept, the T = 1000 and 4000 parity cases, determinism, long):
 the GPU run (`build/test_cuda cuda_gdn`) has those, and the device's arithmetic, concurrency and shared-memory limits.
 
 The cases run two at a time in the background once the build is done (the module fixture); each test waits for its own.
@@ -25,11 +25,10 @@ import pytest
 
 from conftest import BUILD, ROOT, run
 
-# the longest first (the two workers: edges on one, docs_gva_64 and the rest on the other)
-CASES = ["cuda_gdn_forward_backward_edges", "cuda_gdn_forward_backward_docs_gva_64", "cuda_gdn_dstate",
-         "cuda_gdn_transition", "cuda_gdn_check_can_fail", "cuda_gdn_state_affine", "cuda_gdn_mma_layouts"]
-# cuda_gdn_forward_backward_128 (T = 300, d = 128; ~85 s of a core) passes here too, but would take the module past
-# two minutes: run it by hand (OUT/gdn_emu CASE after oracle_build.sh OUT) or on the GPU
+# the longest first (the two workers: _128, ~80 s of a core, on one; edges, docs_gva_64 and the rest on the other)
+CASES = ["cuda_gdn_forward_backward_128", "cuda_gdn_forward_backward_edges", "cuda_gdn_forward_backward_docs_gva_64",
+         "cuda_gdn_dstate", "cuda_gdn_transition", "cuda_gdn_check_can_fail", "cuda_gdn_state_affine",
+         "cuda_gdn_mma_layouts"]
 CFGS = 32  # test_cuda_gdn.cu's gdn_cfgs
 CP_CFGS = 7  # its gdn_cp_cfgs
 
@@ -87,6 +86,13 @@ def test_cuda_gdn_kernels_emulated(gdn_emu, case):
         assert out.count("bitwise = recomputed: ok") == 5 * CFGS * 4  # every kind of kept buffer
         assert out.count("differs: ok") == 5 * 3  # the sabotaged kept buffers (first configuration)
         assert "T=65 dk=64 dv=128" in out and "T=150 doc at 0" in out and "T=1 dk=128 dv=64" in out
+    elif case == "cuda_gdn_forward_backward_128":
+        # T = 300, dk = dv = 128 (the models' shape), nk = nv = 2, no documents, S0, both decays, each configuration
+        assert "T=300 nk=nv=2 d=128 no docs S0" in out, out[:4000]
+        for what in ["o", "dq", "dk", "dv", "dg", "dbeta", "S_final", "dS0"]:
+            assert out.count(f"] {what}: rel err") == 2 * CFGS, what
+        assert out.count("o keeping Tinv bitwise = without: ok") == 2 * CFGS
+        assert out.count("bitwise = recomputed: ok") == 2 * CFGS * 4  # every kind of kept buffer
     elif case == "cuda_gdn_forward_backward_docs_gva_64":
         # T = 200, GVA (nk 1, nv 2), d = 64, five documents (one of a single token), S0, a weak and a strong decay,
         # under each configuration
