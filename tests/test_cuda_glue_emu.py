@@ -2,7 +2,7 @@
 split (kernels/cuda/cuda_conv.cu, cuda_gdn_conv_split.cu, their shared cuda_conv_run.cuh),
 RMSNorm (cuda_rmsnorm.cu), the gated RMSNorm group kernels (cuda_norm.cu), the sigmoid gate and SwiGLU
 (cuda_elementwise.cu) and the stage-2 column reduction (cuda_device.cuh), their device code run by a host emulation
-of CUDA (tests/cuda/glue_emu/: one host thread per CUDA thread, block barriers, warp shuffles through per-warp slots)
+of CUDA (tests/cuda/glue_emu/: one fiber per CUDA thread, block barriers, warp shuffles through per-warp slots)
 against the cpu oracle with the GPU tests' bounds, with the entries' launch shapes. This proves the kernels' indexing,
 vector tails, document masks, multi-block reductions and synchronisation in CI; the GPU run (`build/test_cuda
 cuda_conv1d_silu cuda_gdn_conv_split cuda_rmsnorm cuda_gated_rmsnorm cuda_sigmoid_gate cuda_swiglu`) proves the rest (the device's
