@@ -61,12 +61,8 @@ static inline void emu_ptx_fault(const char *what) {
     abort();
 }
 static inline uint32_t emu_pack2(bf16 lo, bf16 hi) { return (uint32_t)lo.x | (uint32_t)hi.x << 16; }
-static inline float emu_half(uint32_t r, int hi) {
-    const uint32_t u = (hi ? r >> 16 : r & 0xffff) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+/* the low (hi = 0) or high bf16 of a register, as a float */
+static inline float emu_half(uint32_t r, int hi) { return __bfloat162float(bf16{(uint16_t)(hi ? r >> 16 : r)}); }
 
 /* ---- ldmatrix ---- */
 
