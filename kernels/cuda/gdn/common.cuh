@@ -45,11 +45,11 @@ GDN_DEV void gdn_chunk_range(const int32_t *meta, int mode, int *lo, int *hi) {
 }
 
 /* rows [0, ROWS) x WID bf16 of a strided global matrix into shared memory (row stride lds) with
- * cp.async; rows >= valid are zero-filled and not read */
-template <int ROWS, int WID>
+ * cp.async by the block's NT threads; rows >= valid are zero-filled and not read */
+template <int ROWS, int WID, int NT = GDN_THREADS>
 GDN_DEV void gdn_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg, int valid) {
     constexpr int CPR = WID / 8;
-    for (int i = threadIdx.x; i < ROWS * CPR; i += GDN_THREADS) {
+    for (int i = threadIdx.x; i < ROWS * CPR; i += NT) {
         const int r = i / CPR, c = (i % CPR) * 8;
         const bool ok = r < valid;
         ptx_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
@@ -110,11 +110,14 @@ template <int DK> GDN_DEV void gdn_build_A(float *sA, const bf16 *sK, const floa
  * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
  * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). A_ik is sA's entry, or with
  * SCALED sB[i] times it (wy_bwd's A = beta_i kkg_ij formed on the fly: the fp32 value gdn_build_A
- * stores, so both give the same Tinv). All threads; ends synchronised. */
+ * stores, so both give the same Tinv). All NT threads of the block (128 or 256: each entry is one thread's
+ * sum in the same order either way); ends synchronised. */
 #define GDN_SOLVE_SCRATCH (3 * 16 * 17)
-template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB) {
+template <bool SCALED, int NT = GDN_THREADS>
+GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB) {
+    static_assert(NT == 128 || NT == 256, "gdn_solve_t: the distance blocks split evenly over 128 or 256 threads");
     const int tid = threadIdx.x;
-    for (int i = tid; i < GDN_C * GDN_C; i += GDN_THREADS) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
+    for (int i = tid; i < GDN_C * GDN_C; i += NT) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
     __syncthreads();
     if (tid < GDN_C) {
         const int o = 16 * (tid >> 4), c = tid & 15;
@@ -133,14 +136,14 @@ template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const floa
         }
     }
     __syncthreads();
-    /* d unrolled: every loop below has a constant trip count (n / 128 entries per thread, d blocks of 16
+    /* d unrolled: every loop below has a constant trip count (n / NT entries per thread, d blocks of 16
      * terms each), so a thread's independent entries interleave instead of running one chain at a time */
 #pragma unroll
     for (int d = 1; d < 4; d++) {
         const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
 #pragma unroll
-        for (int m = 0; m < n / GDN_THREADS; m++) {
-            const int e = tid + m * GDN_THREADS;
+        for (int m = 0; m < n / NT; m++) {
+            const int e = tid + m * NT;
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *arow = sA + (16 * bi + r) * GDN_LDF;
             const float brow = SCALED ? sB[16 * bi + r] : 1.0f;
@@ -156,8 +159,8 @@ template <bool SCALED> GDN_DEV void gdn_solve_t(float *sT, float *sX, const floa
         }
         __syncthreads();
 #pragma unroll
-        for (int m = 0; m < n / GDN_THREADS; m++) {
-            const int e = tid + m * GDN_THREADS;
+        for (int m = 0; m < n / NT; m++) {
+            const int e = tid + m * NT;
             const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
             const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
             float t = 0.0f;
@@ -172,11 +175,11 @@ GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) { gdn_solve_t<fals
 
 /* rows [0, valid) x WID fp32 of a strided global matrix (row stride ldg) fetched into L2 ahead of their
  * loads (prefetch.global.L2 per 128-byte line; rows start 128-byte aligned, WID * 4 a multiple of 128):
- * nothing is read into registers, no value changes. All threads. */
-template <int WID> GDN_DEV void gdn_prefetch_rows_l2(const float *gsrc, int64_t ldg, int valid) {
+ * nothing is read into registers, no value changes. All NT threads of the block. */
+template <int WID, int NT = GDN_THREADS> GDN_DEV void gdn_prefetch_rows_l2(const float *gsrc, int64_t ldg, int valid) {
     constexpr int LPR = WID * 4 / 128; /* lines per row */
     static_assert(WID * 4 % 128 == 0, "gdn_prefetch_rows_l2: whole 128-byte lines");
-    for (int i = threadIdx.x; i < valid * LPR; i += GDN_THREADS)
+    for (int i = threadIdx.x; i < valid * LPR; i += NT)
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gsrc + (int64_t)(i / LPR) * ldg + (i % LPR) * 32));
 }
 
