@@ -136,7 +136,7 @@ static void gdn_launch_wy_bwd(const GdnBufs *b, bf16 *dk, bf16 *dv, float *dg, f
     const size_t sm = GdnWySmem<DK, DV, SOLVE>(NULL).bytes;
     gdn_smem_attr(gdn_wy_backward_kernel<DK, DV, SOLVE>, sm, "wy_bwd");
     gdn_carveout_max(gdn_wy_backward_kernel<DK, DV, SOLVE>);
-    gdn_wy_backward_kernel<DK, DV, SOLVE><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
+    gdn_wy_backward_kernel<DK, DV, SOLVE><<<dim3(gdn_chunk_grid(T), nv), GDN_WY_THREADS, sm, cuda_stream()>>>(
         b->dkv, nv == nk ? dk : NULL, dv, dg, dbeta, dw, b->dv2, b->dgp, dgp2, k, v, b->Tb, b->G2, beta, b->starts,
         b->meta, nk, nv, ldq, ldv);
     CUDA_LAUNCH_CHECK();

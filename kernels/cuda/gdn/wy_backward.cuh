@@ -1,34 +1,40 @@
 /*
  * wy_backward.cuh — the gradients through the WY factors W = Tinv diag(beta gam) K, U = Tinv diag(beta) V:
  * dk, dv, dbeta, the dG terms and the reverse cumsum dg; dk's two WY terms stay in registers. Tinv is the
- * bf16 tile prep kept (a kept buffer with GDN_KEPT_TINV: 103 KB of shared memory) or, SOLVE, solved again
- * here (110 KB); 2 blocks per SM either way, the same bits. Callers: gdn.cu's backward.
+ * bf16 tile prep kept (a kept buffer with GDN_KEPT_TINV: 104 KB of shared memory) or, SOLVE, solved again
+ * here (111 KB). 8 warps a block, each on 16 rows and one column half of every product (at most 128
+ * registers), 2 blocks per SM either way, the same bits. Callers: gdn.cu's backward.
  */
 #pragma once
+
+#define GDN_WY_THREADS 256 /* wy_bwd's block: warp w on rows 16 (w & 3) .. + 15, column half w >> 2 */
 
 /* ------------------------------------------------------------------------------------------------ */
 /* wy_bwd helpers                                                                                     */
 
-/* kkg_ij = (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF): gdn_build_A's A without beta_i */
-template <int DK> GDN_DEV void gdn_build_kkg(float *sKKG, const bf16 *sK, const float *sG, int L) {
-    const int w = threadIdx.x >> 5;
-    float acc[1][8][4];
+/* kkg_ij = (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF): gdn_build_A's A without beta_i.
+ * Warp (rows r0, column half ch) of GDN_WY_THREADS; a tile wholly above the diagonal skips its product */
+template <int DK> GDN_DEV void gdn_build_kkg(float *sKKG, const bf16 *sK, const float *sG, int L, int r0, int ch) {
+    float acc[1][4][4];
     gdn_zero(acc);
-    gdn_warp_mma<1, 8, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, 16 * w, 0);
+    if (r0 + 16 > 32 * ch) gdn_warp_mma<1, 4, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, r0, 32 * ch);
 #pragma unroll
-    for (int ni = 0; ni < 8; ni++)
+    for (int ni = 0; ni < 4; ni++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+            const int i = r0 + gdn_frag_row(e), j = 32 * ch + ni * 8 + gdn_frag_col(e);
             float kkg = 0.0f;
             if (j < i && i < L) kkg = acc[0][ni][e] * exp2f(sG[i] - sG[j]);
             sKKG[i * GDN_LDF + j] = kkg;
         }
 }
 
+/* the row dot products, one partial per column half (part[3][2][GDN_C]), summed in the last phase */
+enum { GDN_WY_PART_KX = 0, GDN_WY_PART_VX = 1, GDN_WY_PART_DB = 2 };
+
 template <int DK, int DV, bool SOLVE> struct GdnWySmem {
     bf16 *k, *v, *dw, *du, *tb, *dt, *m1, *cc;
-    float *kkg, *T, *G, *beta, *dbeta, *dG, *tmp;
+    float *kkg, *T, *G, *beta, *part, *tmp;
     size_t bytes;
     __host__ __device__ explicit GdnWySmem(void *b) {
         GdnCarve c(b);
@@ -45,8 +51,7 @@ template <int DK, int DV, bool SOLVE> struct GdnWySmem {
         kkg = c.take<float>(GDN_C * GDN_LDF);
         G = c.take<float>(GDN_C);
         beta = c.take<float>(GDN_C);
-        dbeta = c.take<float>(GDN_C);
-        dG = c.take<float>(GDN_C);
+        part = c.take<float>(3 * 2 * GDN_C);
         bytes = c.off;
     }
 };
@@ -55,10 +60,12 @@ static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * GDN_LDF * 4, "wy_bwd: dt must fit i
 static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * (64 + 8) * 2, "wy_bwd: m1 and C must fit in dW and dU");
 
 /* ------------------------------------------------------------------------------------------------ */
-/* wy_bwd in 103 KB of shared memory, or 110 with SOLVE (2 blocks per SM; the first form took 157).  */
-/* A is not stored (A_ij = beta_i kkg_ij where needed, the fp32 value prep's gdn_build_A gives, so    */
-/* the solve here gives prep's Tinv bit for bit); m1 lives in dW's tile and C in dU's once they are   */
-/* dead; with SOLVE dt lives in the fp32 Tinv tile and the solve scratch in the bf16 one              */
+/* wy_bwd in 104 KB of shared memory, or 111 with SOLVE (2 blocks of 8 warps per SM; the first form  */
+/* took 157). A is not stored (A_ij = beta_i kkg_ij where needed, the fp32 value prep's gdn_build_A   */
+/* gives, so the solve here gives prep's Tinv bit for bit); m1 lives in dW's tile and C in dU's once  */
+/* they are dead; with SOLVE dt lives in the fp32 Tinv tile and the solve scratch in the bf16 one.    */
+/* Every product's entry is one warp's mma over the same k order whichever warp owns it; the row dot  */
+/* products are summed per column half, then the halves added                                       */
 
 /*
  * Per (chunk, value head), dW = dw, dU = dv2:
@@ -70,7 +77,7 @@ static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * (64 + 8) * 2, "wy_bwd: m1 and C mus
  * then dg = reverse cumsum over the chunk of (dG of dqkwg + these). dk accumulates in fp32 (dkv).
  */
 template <int DK, int DV, bool SOLVE>
-__global__ void __launch_bounds__(GDN_THREADS, 2)
+__global__ void __launch_bounds__(GDN_WY_THREADS, 2)
     gdn_wy_backward_kernel(float *dkv /* (T,nv,DK) += */, bf16 *dk_out /* (T,ldq) when nv == nk, else NULL */,
                          bf16 *dv_out /* (T,ldv) */, float *dg_out /* (T,nv) */, float *dbeta_out /* (T,nv) */,
                          const bf16 *dw /* (T,nv,DK) */, const bf16 *dv2 /* (T,nv,DV) */,
@@ -79,10 +86,15 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                          const bf16 *Tinv /* (T,nv,64) prep's kept rows; unread with SOLVE */, const float *G2,
                          const float *beta, const int32_t *starts, const int32_t *meta, int nk,
                          int nv, int ldq, int ldv) {
-    constexpr int LDK = DK + 8, LDV = DV + 8, NB = DK / 64;
+    constexpr int LDK = DK + 8, LDV = DV + 8, NT = GDN_WY_THREADS;
+    constexpr int KS = DK / 64, VS = DV / 64; /* 32-column steps of a warp's half of DK, of DV */
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     GdnWySmem<DK, DV, SOLVE> s(gdn_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r0 = 16 * (w & 3), ch = w >> 2; /* this warp's rows r0 .. r0 + 15 and column half */
+    const bool upper = r0 + 16 <= 32 * ch;    /* its 16 x 32 tile of a 64 x 64 product is above the diagonal */
+    const int rA = r0 + (lane >> 2);          /* this lane's accumulator rows: rA, rA + 8 */
+    float *part = s.part + ch * GDN_C;        /* this half's row partials: part[GDN_WY_PART_* * 2 GDN_C + row] */
     const int64_t ldk = (int64_t)nv * DK, ldx = (int64_t)nv * DV;
     const int nc = meta[GDN_META_NC];
     for (int c = blockIdx.x; c < nc; c += gridDim.x) {
@@ -92,81 +104,77 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         /* two groups: K, G and the kept Tinv (all that K K^T and the solve read), then V, dW, dU, landing under
          * them. The kept Tinv's rows from L on load as 0 (the solve's are the identity's): they multiply only
          * rows of dW, dU and dT that are 0 there, so the products are the same */
-        gdn_load_rows<GDN_C, DK>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK, NT>(s.k, LDK, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         gdn_load_G(s.G, G2, t0, L, h, nv);
-        if (!SOLVE) gdn_load_rows<GDN_C, GDN_C>(s.tb, GDN_LDP, Tinv + (t0 * nv + h) * GDN_C, (int64_t)nv * GDN_C, L);
+        if (!SOLVE)
+            gdn_load_rows<GDN_C, GDN_C, NT>(s.tb, GDN_LDP, Tinv + (t0 * nv + h) * GDN_C, (int64_t)nv * GDN_C, L);
         ptx_cp_async_commit();
-        gdn_load_rows<GDN_C, DV>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
-        gdn_load_rows<GDN_C, DK>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
-        gdn_load_rows<GDN_C, DV>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
+        gdn_load_rows<GDN_C, DV, NT>(s.v, LDV, v + t0 * ldv + (int64_t)h * DV, ldv, L);
+        gdn_load_rows<GDN_C, DK, NT>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
+        gdn_load_rows<GDN_C, DV, NT>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
         ptx_cp_async_commit();
         float dgp_r = 0.0f; /* row threadIdx.x's dG of dqkwg, read early */
         if (threadIdx.x < GDN_C) {
             const int r = threadIdx.x;
             s.beta[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
-            s.dbeta[r] = 0.0f;
-            s.dG[r] = 0.0f;
             if (r < L) dgp_r = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
         }
         ptx_cp_async_wait<1>();
         __syncthreads();
-        gdn_build_kkg<DK>(s.kkg, s.k, s.G, L);
+        gdn_build_kkg<DK>(s.kkg, s.k, s.G, L, r0, ch);
         if (SOLVE) {
             __syncthreads();
-            gdn_solve_t<true>(s.T, s.tmp, s.kkg, s.beta); /* A = beta_i kkg_ij on the fly */
-            for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += GDN_THREADS) {
+            gdn_solve_t<true, NT>(s.T, s.tmp, s.kkg, s.beta); /* A = beta_i kkg_ij on the fly */
+            for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += NT) {
                 const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
                 gdn_store2(s.tb + r * GDN_LDP + j, s.T[r * GDN_LDF + j], s.T[r * GDN_LDF + j + 1]);
             }
         }
         ptx_cp_async_wait<0>(); /* V, dW, dU */
         __syncthreads();
-        const int rA = 16 * w + (lane >> 2); /* this lane's accumulator rows: rA, rA + 8 */
-        float dkr[NB][1][8][4];              /* dk of this warp's rows, both WY terms */
+        float dkr[KS][1][4][4]; /* dk of this warp's rows and columns 32 (KS ch + ks) .., both WY terms */
         /* dXw = Tinv^T dW: dk = beta gam dXw (rows < L) */
         {
             float kx[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
-                float acc[1][8][4];
+            for (int ks = 0; ks < KS; ks++) {
+                const int c0 = 32 * (KS * ch + ks);
+                float acc[1][4][4];
                 gdn_zero(acc);
-                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dw, LDK, 16 * w, 64 * nb);
+                gdn_warp_mma<1, 4, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dw, LDK, r0, c0);
 #pragma unroll
-                for (int ni = 0; ni < 8; ni++)
+                for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e += 2) {
-                        const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
+                        const int j = r0 + gdn_frag_row(e), col = c0 + ni * 8 + gdn_frag_col(e);
                         const float2 kk = gdn_load2(s.k + j * LDK + col);
                         kx[e >> 1] += kk.x * acc[0][ni][e] + kk.y * acc[0][ni][e + 1];
                         const float bg = j < L ? s.beta[j] * exp2f(s.G[j]) : 0.0f;
-                        dkr[nb][0][ni][e] = bg * acc[0][ni][e];
-                        dkr[nb][0][ni][e + 1] = bg * acc[0][ni][e + 1];
+                        dkr[ks][0][ni][e] = bg * acc[0][ni][e];
+                        dkr[ks][0][ni][e + 1] = bg * acc[0][ni][e + 1];
                     }
             }
             kx[0] = gdn_quad_sum(kx[0]);
             kx[1] = gdn_quad_sum(kx[1]);
-            if ((lane & 3) == 0)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int j = rA + 8 * i;
-                    const float gm = j < L ? exp2f(s.G[j]) : 0.0f;
-                    s.dbeta[j] += gm * kx[i];
-                    s.dG[j] += s.beta[j] * gm * kx[i];
-                }
+            if ((lane & 3) == 0) {
+                part[GDN_WY_PART_KX * 2 * GDN_C + rA] = kx[0];
+                part[GDN_WY_PART_KX * 2 * GDN_C + rA + 8] = kx[1];
+            }
         }
         /* dXu = Tinv^T dU -> dv */
         {
             float vx[2] = {0.0f, 0.0f};
 #pragma unroll 1
-            for (int n0 = 0; n0 < DV; n0 += 64) {
-                float acc[1][8][4];
+            for (int vs = 0; vs < VS; vs++) {
+                const int n0 = 32 * (VS * ch + vs);
+                float acc[1][4][4];
                 gdn_zero(acc);
-                gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.du, LDV, 16 * w, n0);
+                gdn_warp_mma<1, 4, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.du, LDV, r0, n0);
 #pragma unroll
-                for (int ni = 0; ni < 8; ni++)
+                for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e += 2) {
-                        const int j = 16 * w + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
+                        const int j = r0 + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
                         const float2 vv = gdn_load2(s.v + j * LDV + col);
                         vx[e >> 1] += vv.x * acc[0][ni][e] + vv.y * acc[0][ni][e + 1];
                         if (j < L)
@@ -177,25 +185,27 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
             vx[0] = gdn_quad_sum(vx[0]);
             vx[1] = gdn_quad_sum(vx[1]);
             if ((lane & 3) == 0) {
-                s.dbeta[rA] += vx[0];
-                s.dbeta[rA + 8] += vx[1];
+                part[GDN_WY_PART_VX * 2 * GDN_C + rA] = vx[0];
+                part[GDN_WY_PART_VX * 2 * GDN_C + rA + 8] = vx[1];
             }
         }
         /* dkv's rows (read by the last phase) into L2 now, a few phases ahead: its loads then wait on L2,
          * not DRAM, and the lines stay resident for a few microseconds only */
-        gdn_prefetch_rows_l2<DK>(dkv + t0 * ldk + (int64_t)h * DK, ldk, L);
-        /* dT */
+        gdn_prefetch_rows_l2<DK, NT>(dkv + t0 * ldk + (int64_t)h * DK, ldk, L);
+        /* dT (this warp's 16 x 32 tile) */
         {
-            float a1[1][8][4], a2[1][8][4];
+            float a1[1][4][4], a2[1][4][4];
             gdn_zero(a1);
             gdn_zero(a2);
-            gdn_warp_mma<1, 8, false, true, DK>(a1, s.dw, LDK, s.k, LDK, 16 * w, 0);
-            gdn_warp_mma<1, 8, false, true, DV>(a2, s.du, LDV, s.v, LDV, 16 * w, 0);
+            if (!upper) {
+                gdn_warp_mma<1, 4, false, true, DK>(a1, s.dw, LDK, s.k, LDK, r0, 32 * ch);
+                gdn_warp_mma<1, 4, false, true, DV>(a2, s.du, LDV, s.v, LDV, r0, 32 * ch);
+            }
 #pragma unroll
-            for (int ni = 0; ni < 8; ni++)
+            for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    const int i = r0 + gdn_frag_row(e), j = 32 * ch + ni * 8 + gdn_frag_col(e);
                     float x[2];
 #pragma unroll
                     for (int u = 0; u < 2; u++) {
@@ -209,29 +219,29 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
         __syncthreads();
         /* M1 = Tinv^T dT */
         {
-            float acc[1][8][4];
+            float acc[1][4][4];
             gdn_zero(acc);
-            gdn_warp_mma<1, 8, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dt, GDN_LDP, 16 * w, 0);
+            gdn_warp_mma<1, 4, true, false, GDN_C>(acc, s.tb, GDN_LDP, s.dt, GDN_LDP, r0, 32 * ch);
 #pragma unroll
-            for (int ni = 0; ni < 8; ni++)
+            for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    const int i = r0 + gdn_frag_row(e), j = 32 * ch + ni * 8 + gdn_frag_col(e);
                     gdn_store2(s.m1 + i * GDN_LDP + j, acc[0][ni][e], acc[0][ni][e + 1]);
                 }
         }
         __syncthreads();
         /* dA = -(M1 Tinv^T), strictly lower: C, E = dA A (in place of A), dbeta */
         {
-            float acc[1][8][4];
+            float acc[1][4][4];
             gdn_zero(acc);
-            gdn_warp_mma<1, 8, false, true, GDN_C>(acc, s.m1, GDN_LDP, s.tb, GDN_LDP, 16 * w, 0);
+            if (!upper) gdn_warp_mma<1, 4, false, true, GDN_C>(acc, s.m1, GDN_LDP, s.tb, GDN_LDP, r0, 32 * ch);
             float db[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int ni = 0; ni < 8; ni++)
+            for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
-                    const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+                    const int i = r0 + gdn_frag_row(e), j = 32 * ch + ni * 8 + gdn_frag_col(e);
                     float cv[2];
 #pragma unroll
                     for (int u = 0; u < 2; u++) {
@@ -248,39 +258,40 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
             db[0] = gdn_quad_sum(db[0]);
             db[1] = gdn_quad_sum(db[1]);
             if ((lane & 3) == 0) {
-                s.dbeta[rA] += db[0];
-                s.dbeta[rA + 8] += db[1];
+                part[GDN_WY_PART_DB * 2 * GDN_C + rA] = db[0];
+                part[GDN_WY_PART_DB * 2 * GDN_C + rA + 8] = db[1];
             }
         }
         __syncthreads();
-        /* dk = dk of dqkwg + (the dXw term + C K + C^T K): every load of a half issued first */
+        /* dk = dk of dqkwg + (the dXw term + C K + C^T K): every load of a step issued first */
 #pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            float2 old[8][2];
+        for (int ks = 0; ks < KS; ks++) {
+            const int c0 = 32 * (KS * ch + ks);
+            float2 old[4][2];
 #pragma unroll
-            for (int ni = 0; ni < 8; ni++)
+            for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
-                    const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
+                    const int j = r0 + gdn_frag_row(e), col = c0 + ni * 8 + gdn_frag_col(e);
                     old[ni][e >> 1] = j < L ? *(const float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col)
                                             : make_float2(0.0f, 0.0f);
                 }
-            gdn_warp_mma<1, 8, false, false, GDN_C>(dkr[nb], s.cc, GDN_LDP, s.k, LDK, 16 * w, 64 * nb);
-            gdn_warp_mma<1, 8, true, false, GDN_C>(dkr[nb], s.cc, GDN_LDP, s.k, LDK, 16 * w, 64 * nb);
+            gdn_warp_mma<1, 4, false, false, GDN_C>(dkr[ks], s.cc, GDN_LDP, s.k, LDK, r0, c0);
+            gdn_warp_mma<1, 4, true, false, GDN_C>(dkr[ks], s.cc, GDN_LDP, s.k, LDK, r0, c0);
 #pragma unroll
-            for (int ni = 0; ni < 8; ni++)
+            for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
-                    const int j = 16 * w + gdn_frag_row(e), col = 64 * nb + ni * 8 + gdn_frag_col(e);
+                    const int j = r0 + gdn_frag_row(e), col = c0 + ni * 8 + gdn_frag_col(e);
                     if (j < L) {
                         const float2 o = old[ni][e >> 1];
-                        const float x0 = o.x + dkr[nb][0][ni][e], x1 = o.y + dkr[nb][0][ni][e + 1];
+                        const float x0 = o.x + dkr[ks][0][ni][e], x1 = o.y + dkr[ks][0][ni][e + 1];
                         if (dk_out) gdn_store2(dk_out + (t0 + j) * ldq + (int64_t)h * DK + col, x0, x1); /* final dk */
                         else *(float2 *)(dkv + (t0 + j) * ldk + (int64_t)h * DK + col) = make_float2(x0, x1);
                     }
                 }
         }
-        /* dG of the A entries: row sums minus column sums of E */
+        /* dbeta, and dG: the WY terms, E's row sums minus its column sums, dqkwg's */
         if (threadIdx.x < GDN_C) {
             const int r = threadIdx.x;
             float rs = 0.0f, cs = 0.0f;
@@ -289,7 +300,11 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                 rs += s.kkg[r * GDN_LDF + j];
                 cs += s.kkg[j * GDN_LDF + r];
             }
-            s.tmp[r] = r < L ? dgp_r + s.dG[r] + (rs - cs) : 0.0f;
+            const float *p = s.part + r;
+            const float kx = p[0] + p[GDN_C], vx = p[2 * GDN_C] + p[3 * GDN_C], db = p[4 * GDN_C] + p[5 * GDN_C];
+            const float gm = r < L ? exp2f(s.G[r]) : 0.0f;
+            s.tmp[r] = r < L ? dgp_r + s.beta[r] * gm * kx + (rs - cs) : 0.0f;
+            if (r < L) dbeta_out[(t0 + r) * nv + h] = gm * kx + vx + db;
         }
         __syncthreads();
         /* dg = reverse cumsum inside the chunk: rows 0..63 on warps 0 and 1 */
@@ -302,15 +317,11 @@ __global__ void __launch_bounds__(GDN_THREADS, 2)
                     const float y = __shfl_down_sync(GDN_FULL, x, o);
                     if (lane + o < 32) x += y;
                 }
-                if (threadIdx.x == 32) s.dG[0] = x; /* the sum of rows 32..63 */
+                if (threadIdx.x == 32) s.part[0] = x; /* the sum of rows 32..63 (the partials are read) */
             }
             __syncthreads();
-            if (threadIdx.x < 32) x += s.dG[0];
-            if ((int)threadIdx.x < L) {
-                dg_out[(t0 + threadIdx.x) * nv + h] = x;
-                dbeta_out[(t0 + threadIdx.x) * nv + h] = s.dbeta[threadIdx.x];
-            }
+            if (threadIdx.x < 32) x += s.part[0];
+            if ((int)threadIdx.x < L) dg_out[(t0 + threadIdx.x) * nv + h] = x;
         }
     }
 }
-

@@ -6,7 +6,9 @@
  * output buffer must be bitwise equal to the base's, and is filled with a side-independent pattern first so
  * that a row one side leaves unwritten shows too. Prints each difference; exit 1 if any. Built by build.sh.
  */
+#include <cmath>
 #include <random>
+#include <type_traits>
 
 #include "gdn_emu.h"
 
@@ -35,7 +37,16 @@ template <class X> static int emu_compare(const char *name, const X *a, const X 
     if (!memcmp(a, b, n * sizeof(X))) return 0;
     size_t i = 0;
     while (((const unsigned char *)a)[i] == ((const unsigned char *)b)[i]) i++;
-    printf("  %s differs (first at byte %zu of %zu)\n", name, i, n * sizeof(X));
+    printf("  %s differs (first at byte %zu of %zu)", name, i, n * sizeof(X));
+    if constexpr (std::is_same_v<X, float>) { /* how far: the largest |a - b| over max |a| */
+        float d = 0.0f, m = 0.0f;
+        for (size_t j = 0; j < n; j++) {
+            d = fmaxf(d, fabsf(a[j] - b[j]));
+            m = fmaxf(m, fabsf(a[j]));
+        }
+        printf(", max |diff| %.3g of max |base| %.3g", d, m);
+    }
+    printf("\n");
     return 1;
 }
 

@@ -13,18 +13,25 @@ alignas(16) unsigned char gdn_smem[EMU_SMEM_MAX]; /* the kernels' extern shared 
 #include "wy_backward.cuh"
 #include "dqkwg.cuh"
 
+/* wy_bwd's block: GDN_WY_THREADS where the revision has it (8 warps), else the 4 warps of the others */
+#ifdef GDN_WY_THREADS
+#define GDN_EMU_WY_THREADS GDN_WY_THREADS
+#else
+#define GDN_EMU_WY_THREADS GDN_THREADS
+#endif
+
 /* GDN_EMU_KEPT_TINV (build.sh: a revision whose wy_bwd has the SOLVE parameter): prep also writes the kept Tinv
  * and wy_bwd reads it, or with solve prep writes none and wy_bwd solves for it (the backward without a kept Tinv) */
 template <int DK, int DV, bool SOLVE> void gdn_emu_wy(GdnEmuBufs *b, int nc, const bf16 *Tb) {
 #ifdef GDN_EMU_KEPT_TINV
     emu_launch(gdn_wy_backward_kernel<DK, DV, SOLVE>,
-               emu_cfg(dim3(nc, b->nv), dim3(GDN_THREADS), GdnWySmem<DK, DV, SOLVE>(NULL).bytes), b->dkv, b->dk_out,
-               b->dv_out, b->dg_out, b->dbeta_out, (const bf16 *)b->dw, b->dv2, (const float *)b->dgp,
+               emu_cfg(dim3(nc, b->nv), dim3(GDN_EMU_WY_THREADS), GdnWySmem<DK, DV, SOLVE>(NULL).bytes), b->dkv,
+               b->dk_out, b->dv_out, b->dg_out, b->dbeta_out, (const bf16 *)b->dw, b->dv2, (const float *)b->dgp,
                (const float *)b->dgp2, b->k, b->v, Tb, (const float *)b->G2, b->beta, b->starts, b->meta, b->nk, b->nv,
                b->ldq, b->ldv);
 #else
     emu_launch(gdn_wy_backward_kernel<DK, DV>,
-               emu_cfg(dim3(nc, b->nv), dim3(GDN_THREADS), GdnWySmem<DK, DV>(NULL).bytes), b->dkv, b->dk_out,
+               emu_cfg(dim3(nc, b->nv), dim3(GDN_EMU_WY_THREADS), GdnWySmem<DK, DV>(NULL).bytes), b->dkv, b->dk_out,
                b->dv_out, b->dg_out, b->dbeta_out, (const bf16 *)b->dw, b->dv2, (const float *)b->dgp,
                (const float *)b->dgp2, b->k, b->v, (const float *)b->G2, b->beta, b->starts, b->meta, b->nk, b->nv,
                b->ldq, b->ldv);
