@@ -148,7 +148,7 @@ static void gdn_launch_dvlocal(const GdnBufs *b, bf16 *dst, const bf16 *q, const
                                int64_t T, int nk, int nv, int ldq, int ldo, float scale) {
     const size_t sm = GdnOutSmem<DK, DV>(NULL, false).bytes;
     gdn_smem_attr(gdn_dvlocal_kernel<DK, DV>, sm, "dvlocal");
-    gdn_dvlocal_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, cuda_stream()>>>(
+    gdn_dvlocal_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_OUT_THREADS, sm, cuda_stream()>>>(
         dst, q, k, dout, b->G2, b->starts, b->meta, mode, nk, nv, DV, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
 }
@@ -498,7 +498,7 @@ static void gdn_forward_run(const GdnPlan &pl, bf16 *o, float *S_final, const bf
     }
     const size_t sm = GdnOutSmem<DK, DV>(NULL, true).bytes;
     gdn_smem_attr(gdn_output_kernel<DK, DV>, sm, "output");
-    gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_THREADS, sm, st>>>(
+    gdn_output_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv, 1), GDN_OUT_THREADS, sm, st>>>(
         o, q, k, b.vn, b.hs, b.G2, doc_pos, b.starts, b.meta, nk, nv, DV, ldq, ldo, scale);
     CUDA_LAUNCH_CHECK();
     gdn_prof_mark("output");
