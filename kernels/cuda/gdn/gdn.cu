@@ -553,7 +553,7 @@ static void gdn_backward_run(const GdnPlan &pl, int stage, void *dkept, bf16 *dq
         const size_t sm = GdnDqkwgSmem<DK, DV>(NULL).bytes;
         gdn_smem_attr(gdn_dqkwg_kernel<DK, DV>, sm, "dqkwg");
         gdn_carveout_max(gdn_dqkwg_kernel<DK, DV>);
-        gdn_dqkwg_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_THREADS, sm, st>>>(
+        gdn_dqkwg_kernel<DK, DV><<<dim3(2 * gdn_chunk_grid(T), nv), GDN_DQKWG_THREADS, sm, st>>>(
             b.dqv, nv == nk ? dq : NULL, b.dkv, dw, b.dgp, b.dgp + (size_t)T * nv, q, k, b.vn, dout, b.dv2,
             b.hs, b.dhs, b.G2, doc_pos, b.starts, b.meta, T, nk, nv, ldq, ldo, scale);
         CUDA_LAUNCH_CHECK();

@@ -1,8 +1,8 @@
 /*
  * side.cpp (gdn_emu) — one side of gdn_emu_cmp: the per-chunk kernels of the .cuh files on the include path (a base
  * revision's or the working tree's, build.sh), launched as gdn.cu's backward launches them (prep over every chunk,
- * dqkwg on 2 blocks per chunk, wy_bwd), exported as GDN_EMU_SIDE(bufs, shape, solve). The kernels sit in an unnamed
- * namespace so that the two sides' template instances stay apart at link time.
+ * dqkwg on 2 blocks of GDN_DQKWG_THREADS per chunk, wy_bwd), exported as GDN_EMU_SIDE(bufs, shape, solve). The
+ * kernels sit in an unnamed namespace so that the two sides' template instances stay apart at link time.
  */
 #include "gdn_emu.h"
 
@@ -12,6 +12,9 @@ alignas(16) unsigned char gdn_smem[EMU_SMEM_MAX]; /* the kernels' extern shared 
 #include "prep.cuh"
 #include "wy_backward.cuh"
 #include "dqkwg.cuh"
+#ifndef GDN_DQKWG_THREADS /* a revision before it: dqkwg ran on GDN_THREADS */
+#define GDN_DQKWG_THREADS GDN_THREADS
+#endif
 
 /* wy_bwd's block: GDN_WY_THREADS where the revision has it (8 warps), else the 4 warps of the others */
 #ifdef GDN_WY_THREADS
@@ -53,8 +56,8 @@ template <int DK, int DV> void gdn_emu_run(GdnEmuBufs *b, int solve) {
                (int)GDN_RANGE_ALL, b->nk, b->nv, b->ldq, b->ldv);
     memset(gdn_smem, 0xcd, sizeof gdn_smem);
     emu_launch(gdn_dqkwg_kernel<DK, DV>,
-               emu_cfg(dim3(2 * nc, b->nv), dim3(GDN_THREADS), GdnDqkwgSmem<DK, DV>(NULL).bytes), b->dqv, b->dq_out,
-               b->dkv, b->dw, b->dgp, b->dgp2, b->q, b->k, b->vn, b->dout, b->dv2, b->hs, b->dhs,
+               emu_cfg(dim3(2 * nc, b->nv), dim3(GDN_DQKWG_THREADS), GdnDqkwgSmem<DK, DV>(NULL).bytes), b->dqv,
+               b->dq_out, b->dkv, b->dw, b->dgp, b->dgp2, b->q, b->k, b->vn, b->dout, b->dv2, b->hs, b->dhs,
                (const float *)b->G2, b->doc_pos, b->starts, b->meta, b->T, b->nk, b->nv, b->ldq, b->ldo, b->scale);
     memset(gdn_smem, 0xcd, sizeof gdn_smem);
     if (solve) gdn_emu_wy<DK, DV, true>(b, nc, Tb);
