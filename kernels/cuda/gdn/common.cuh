@@ -7,7 +7,7 @@
 #pragma once
 
 #define GDN_C 64          /* chunk size */
-#define GDN_THREADS 128   /* the state passes, prep, dqkwg: 4 warps (wy_bwd, output, dv_local: 8) */
+#define GDN_THREADS 128   /* the state passes and prep: 4 warps (dqkwg, wy_bwd, output, dv_local: 8) */
 #define GDN_LDP (GDN_C + 8) /* row stride of the 64x64 bf16 tiles */
 #define GDN_LDF (GDN_C + 1) /* row stride of the 64x64 fp32 tiles */
 #define GDN_LOG2E 1.4426950408889634f

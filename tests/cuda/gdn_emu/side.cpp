@@ -1,8 +1,9 @@
 /*
  * side.cpp (gdn_emu) — one side of gdn_emu_cmp: the per-chunk kernels of the .cuh files on the include path (a base
  * revision's or the working tree's, build.sh), launched as gdn.cu's backward launches them (prep over every chunk,
- * dqkwg on 2 blocks of GDN_DQKWG_THREADS per chunk, wy_bwd), exported as GDN_EMU_SIDE(bufs, shape, solve). The
- * kernels sit in an unnamed namespace so that the two sides' template instances stay apart at link time.
+ * dqkwg on 2 blocks of GDN_DQKWG_THREADS per chunk, wy_bwd on GDN_WY_THREADS), exported as GDN_EMU_SIDE(bufs,
+ * shape, solve). The kernels sit in an unnamed namespace so that the two sides' template instances stay apart at
+ * link time.
  */
 #include "gdn_emu.h"
 
@@ -12,15 +13,12 @@ alignas(16) unsigned char gdn_smem[EMU_SMEM_MAX]; /* the kernels' extern shared 
 #include "prep.cuh"
 #include "wy_backward.cuh"
 #include "dqkwg.cuh"
-#ifndef GDN_DQKWG_THREADS /* a revision before it: dqkwg ran on GDN_THREADS */
+/* a revision before dqkwg and wy_bwd ran on 8 warps: both on GDN_THREADS */
+#ifndef GDN_DQKWG_THREADS
 #define GDN_DQKWG_THREADS GDN_THREADS
 #endif
-
-/* wy_bwd's block: GDN_WY_THREADS where the revision has it (8 warps), else the 4 warps of the others */
-#ifdef GDN_WY_THREADS
-#define GDN_EMU_WY_THREADS GDN_WY_THREADS
-#else
-#define GDN_EMU_WY_THREADS GDN_THREADS
+#ifndef GDN_WY_THREADS
+#define GDN_WY_THREADS GDN_THREADS
 #endif
 
 /* GDN_EMU_KEPT_TINV (build.sh: a revision whose wy_bwd has the SOLVE parameter): prep also writes the kept Tinv
@@ -28,13 +26,13 @@ alignas(16) unsigned char gdn_smem[EMU_SMEM_MAX]; /* the kernels' extern shared 
 template <int DK, int DV, bool SOLVE> void gdn_emu_wy(GdnEmuBufs *b, int nc, const bf16 *Tb) {
 #ifdef GDN_EMU_KEPT_TINV
     emu_launch(gdn_wy_backward_kernel<DK, DV, SOLVE>,
-               emu_cfg(dim3(nc, b->nv), dim3(GDN_EMU_WY_THREADS), GdnWySmem<DK, DV, SOLVE>(NULL).bytes), b->dkv,
+               emu_cfg(dim3(nc, b->nv), dim3(GDN_WY_THREADS), GdnWySmem<DK, DV, SOLVE>(NULL).bytes), b->dkv,
                b->dk_out, b->dv_out, b->dg_out, b->dbeta_out, (const bf16 *)b->dw, b->dv2, (const float *)b->dgp,
                (const float *)b->dgp2, b->k, b->v, Tb, (const float *)b->G2, b->beta, b->starts, b->meta, b->nk, b->nv,
                b->ldq, b->ldv);
 #else
     emu_launch(gdn_wy_backward_kernel<DK, DV>,
-               emu_cfg(dim3(nc, b->nv), dim3(GDN_EMU_WY_THREADS), GdnWySmem<DK, DV>(NULL).bytes), b->dkv, b->dk_out,
+               emu_cfg(dim3(nc, b->nv), dim3(GDN_WY_THREADS), GdnWySmem<DK, DV>(NULL).bytes), b->dkv, b->dk_out,
                b->dv_out, b->dg_out, b->dbeta_out, (const bf16 *)b->dw, b->dv2, (const float *)b->dgp,
                (const float *)b->dgp2, b->k, b->v, (const float *)b->G2, b->beta, b->starts, b->meta, b->nk, b->nv,
                b->ldq, b->ldv);
