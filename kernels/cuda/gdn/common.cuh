@@ -117,8 +117,14 @@ template <bool SCALED, int NT = GDN_THREADS>
 GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB) {
     static_assert(NT == 128 || NT == 256, "gdn_solve_t: the distance blocks split evenly over 128 or 256 threads");
     const int tid = threadIdx.x;
-    for (int i = tid; i < GDN_C * GDN_C; i += NT) sT[(i / GDN_C) * GDN_LDF + i % GDN_C] = 0.0f;
-    __syncthreads();
+    /* the 6 blocks above the diagonal are 0; every other entry is written below (no barrier: no one reads these
+     * before the ones that end this function) */
+#pragma unroll
+    for (int m = 0; m < 6 * 256 / NT; m++) {
+        const int e = tid + m * NT, b = e >> 8; /* block b: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3) */
+        const int bi = b < 3 ? 0 : b < 5 ? 1 : 2, bj = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
+        sT[(16 * bi + ((e >> 4) & 15)) * GDN_LDF + 16 * bj + (e & 15)] = 0.0f;
+    }
     if (tid < GDN_C) {
         const int o = 16 * (tid >> 4), c = tid & 15;
         float tc[16];
@@ -136,38 +142,60 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
         }
     }
     __syncthreads();
-    /* d unrolled: every loop below has a constant trip count (n / NT entries per thread, d blocks of 16
-     * terms each), so a thread's independent entries interleave instead of running one chain at a time */
+    /* d unrolled, every loop below with a constant trip count: a thread's entries are rows r0 and, with 128
+     * threads, r0 + 8 of column cc in each of the 4 - d blocks at distance d (entry tid + NT m, m = RPT blk + i),
+     * each summed in order over k = 16 bj .. 16 bi - 1, the thread's independent sums interleaved; the rows of
+     * a column share each load of its sT (then sX) entries */
+    constexpr int RPT = 256 / NT; /* rows per thread in a 16x16 block */
+    const int r0 = tid >> 4, cc = tid & 15;
 #pragma unroll
     for (int d = 1; d < 4; d++) {
-        const int n = (4 - d) * 256; /* 16x16 entries of the 4 - d blocks at this distance */
+        float xs[3][RPT];
 #pragma unroll
-        for (int m = 0; m < n / NT; m++) {
-            const int e = tid + m * NT;
-            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
-            const float *arow = sA + (16 * bi + r) * GDN_LDF;
-            const float brow = SCALED ? sB[16 * bi + r] : 1.0f;
-            float x = 0.0f; /* k = 16 bj .. 16 bi - 1 in order, 16 at a time (the loads of a block issued together) */
+        for (int blk = 0; blk < 4 - d; blk++) {
+            const int bi = d + blk, bj = blk;
+#pragma unroll
+            for (int i = 0; i < RPT; i++) xs[blk][i] = 0.0f;
 #pragma unroll
             for (int q = 0; q < d; q++) {
                 const int kb = bj + q;
-                const float *ak = arow + 16 * kb, *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
+                const float *tk = sT + 16 * kb * GDN_LDF + 16 * bj + cc;
 #pragma unroll
-                for (int u = 0; u < 16; u++) x = fmaf(SCALED ? brow * ak[u] : ak[u], tk[u * GDN_LDF], x);
+                for (int u = 0; u < 16; u++) {
+                    const float tv = tk[u * GDN_LDF];
+#pragma unroll
+                    for (int i = 0; i < RPT; i++) {
+                        const int r = 16 * bi + r0 + (16 / RPT) * i;
+                        const float a = sA[r * GDN_LDF + 16 * kb + u];
+                        xs[blk][i] = fmaf(SCALED ? sB[r] * a : a, tv, xs[blk][i]);
+                    }
+                }
             }
-            sX[(e >> 8) * 272 + r * 17 + cc] = x;
         }
+#pragma unroll
+        for (int blk = 0; blk < 4 - d; blk++)
+#pragma unroll
+            for (int i = 0; i < RPT; i++) sX[blk * 272 + (r0 + (16 / RPT) * i) * 17 + cc] = xs[blk][i];
         __syncthreads();
 #pragma unroll
-        for (int m = 0; m < n / NT; m++) {
-            const int e = tid + m * NT;
-            const int bi = d + (e >> 8), bj = bi - d, r = (e >> 4) & 15, cc = e & 15;
-            const float *trow = sT + (16 * bi + r) * GDN_LDF + 16 * bi, *xb = sX + (e >> 8) * 272;
-            float t = 0.0f;
+        for (int blk = 0; blk < 4 - d; blk++) {
+            const int bi = d + blk;
+            const float *xb = sX + blk * 272 + cc;
 #pragma unroll
-            for (int u = 0; u < 16; u++) t = fmaf(trow[u], xb[u * 17 + cc], t);
-            sT[(16 * bi + r) * GDN_LDF + 16 * bj + cc] = -t;
+            for (int i = 0; i < RPT; i++) xs[blk][i] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                const float xv = xb[u * 17];
+#pragma unroll
+                for (int i = 0; i < RPT; i++)
+                    xs[blk][i] = fmaf(sT[(16 * bi + r0 + (16 / RPT) * i) * GDN_LDF + 16 * bi + u], xv, xs[blk][i]);
+            }
         }
+#pragma unroll
+        for (int blk = 0; blk < 4 - d; blk++)
+#pragma unroll
+            for (int i = 0; i < RPT; i++)
+                sT[(16 * (d + blk) + r0 + (16 / RPT) * i) * GDN_LDF + 16 * blk + cc] = -xs[blk][i];
         __syncthreads();
     }
 }
