@@ -142,12 +142,13 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
         }
     }
     __syncthreads();
-    /* d unrolled, every loop below with a constant trip count: a thread's entries are rows r0 and, with 128
-     * threads, r0 + 8 of column cc in each of the 4 - d blocks at distance d (entry tid + NT m, m = RPT blk + i),
-     * each summed in order over k = 16 bj .. 16 bi - 1, the thread's independent sums interleaved; the rows of
-     * a column share each load of its sT (then sX) entries */
-    constexpr int RPT = 256 / NT; /* rows per thread in a 16x16 block */
-    const int r0 = tid >> 4, cc = tid & 15;
+    /* the blocks below by distance d, unrolled, every loop with a constant trip count. Warp w owns columns
+     * CPW w .. + CPW - 1 of every block: all that its sums read of sT below the diagonal blocks and of sX, it
+     * wrote, so its stages need only warp barriers. A lane's entries are rows r0 + RS i of column cc in each of
+     * the 4 - d blocks at distance d, each summed in order over k = 16 bj .. 16 bi - 1, the lane's independent
+     * sums interleaved; the rows of a column share each load of its sT (then sX) entries */
+    constexpr int CPW = 16 / (NT / 32), RS = 32 / CPW, RPT = 16 / RS; /* columns per warp, row step, rows */
+    const int lane = tid & 31, cc = CPW * (tid >> 5) + lane % CPW, r0 = lane / CPW;
 #pragma unroll
     for (int d = 1; d < 4; d++) {
         float xs[3][RPT];
@@ -165,7 +166,7 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
                     const float tv = tk[u * GDN_LDF];
 #pragma unroll
                     for (int i = 0; i < RPT; i++) {
-                        const int r = 16 * bi + r0 + (16 / RPT) * i;
+                        const int r = 16 * bi + r0 + RS * i;
                         const float a = sA[r * GDN_LDF + 16 * kb + u];
                         xs[blk][i] = fmaf(SCALED ? sB[r] * a : a, tv, xs[blk][i]);
                     }
@@ -175,8 +176,8 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
 #pragma unroll
         for (int blk = 0; blk < 4 - d; blk++)
 #pragma unroll
-            for (int i = 0; i < RPT; i++) sX[blk * 272 + (r0 + (16 / RPT) * i) * 17 + cc] = xs[blk][i];
-        __syncthreads();
+            for (int i = 0; i < RPT; i++) sX[blk * 272 + (r0 + RS * i) * 17 + cc] = xs[blk][i];
+        __syncwarp();
 #pragma unroll
         for (int blk = 0; blk < 4 - d; blk++) {
             const int bi = d + blk;
@@ -188,16 +189,17 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
                 const float xv = xb[u * 17];
 #pragma unroll
                 for (int i = 0; i < RPT; i++)
-                    xs[blk][i] = fmaf(sT[(16 * bi + r0 + (16 / RPT) * i) * GDN_LDF + 16 * bi + u], xv, xs[blk][i]);
+                    xs[blk][i] = fmaf(sT[(16 * bi + r0 + RS * i) * GDN_LDF + 16 * bi + u], xv, xs[blk][i]);
             }
         }
 #pragma unroll
         for (int blk = 0; blk < 4 - d; blk++)
 #pragma unroll
             for (int i = 0; i < RPT; i++)
-                sT[(16 * (d + blk) + r0 + (16 / RPT) * i) * GDN_LDF + 16 * blk + cc] = -xs[blk][i];
-        __syncthreads();
+                sT[(16 * (d + blk) + r0 + RS * i) * GDN_LDF + 16 * blk + cc] = -xs[blk][i];
+        __syncwarp();
     }
+    __syncthreads();
 }
 GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) { gdn_solve_t<false>(sT, sX, sA, NULL); }
 
