@@ -34,7 +34,7 @@ enum { GDN_WY_PART_KX = 0, GDN_WY_PART_VX = 1, GDN_WY_PART_DB = 2 };
 
 template <int DK, int DV, bool SOLVE> struct GdnWySmem {
     bf16 *k, *v, *dw, *du, *tb, *dt, *m1, *cc;
-    float *kkg, *T, *G, *beta, *part, *tmp;
+    float *kkg, *T, *G, *beta, *part, *cpart, *tmp;
     size_t bytes;
     __host__ __device__ explicit GdnWySmem(void *b) {
         GdnCarve c(b);
@@ -43,11 +43,12 @@ template <int DK, int DV, bool SOLVE> struct GdnWySmem {
         dw = c.take<bf16>(GDN_C * (DK + 8));
         du = c.take<bf16>(GDN_C * (DV + 8));
         tb = c.take<bf16>(GDN_C * GDN_LDP);
-        tmp = (float *)tb; /* the solve's scratch (before tb holds Tinv) and the row sums (after tb is dead) */
+        tmp = (float *)tb; /* the solve's scratch (before tb holds Tinv) */
         T = SOLVE ? c.take<float>(GDN_C * GDN_LDF) : NULL;       /* the solve's fp32 Tinv */
         dt = SOLVE ? (bf16 *)T : c.take<bf16>(GDN_C * GDN_LDP); /* dT (SOLVE: over T, once Tinv is in tb) */
         m1 = dw;         /* once dW is dead (after dT) */
         cc = du;         /* once dU is dead */
+        cpart = (float *)dt; /* E's column partials (4, GDN_C), once dT is dead (after M1) */
         kkg = c.take<float>(GDN_C * GDN_LDF);
         G = c.take<float>(GDN_C);
         beta = c.take<float>(GDN_C);
@@ -65,7 +66,10 @@ static_assert(GDN_C * GDN_LDP * 2 <= GDN_C * (64 + 8) * 2, "wy_bwd: m1 and C mus
 /* gives, so the solve here gives prep's Tinv bit for bit); m1 lives in dW's tile and C in dU's once  */
 /* they are dead; with SOLVE dt lives in the fp32 Tinv tile and the solve scratch in the bf16 one.    */
 /* Every product's entry is one warp's mma over the same k order whichever warp owns it; the row dot  */
-/* products are summed per column half, then the halves added                                       */
+/* products are summed per column half, then the halves added. E = dA A is never stored: its row     */
+/* sums are beta_i times dbeta's, its column sums come from the registers by warp shuffles, one      */
+/* partial per row tile (cpart, in dT's space once it is dead). The last phase (dbeta, dG and dg's    */
+/* reverse cumsum) is warp 0's alone, after the barrier that ends dA: no barrier of its own.          */
 
 /*
  * Per (chunk, value head), dW = dw, dU = dv2:
@@ -113,12 +117,14 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
         gdn_load_rows<GDN_C, DK, NT>(s.dw, LDK, dw + t0 * ldk + (int64_t)h * DK, ldk, L);
         gdn_load_rows<GDN_C, DV, NT>(s.du, LDV, dv2 + t0 * ldx + (int64_t)h * DV, ldx, L);
         ptx_cp_async_commit();
-        float dgp_r = 0.0f; /* row threadIdx.x's dG of dqkwg, read early */
-        if (threadIdx.x < GDN_C) {
-            const int r = threadIdx.x;
-            s.beta[r] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
-            if (r < L) dgp_r = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
+        float dgp_r[2] = {0.0f, 0.0f}; /* warp 0: dqkwg's dG of rows lane and 32 + lane, read early */
+        if (threadIdx.x < 32) {
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = threadIdx.x + 32 * hh;
+                if (r < L) dgp_r[hh] = dgp2 ? dgp[(t0 + r) * nv + h] + dgp2[(t0 + r) * nv + h] : dgp[(t0 + r) * nv + h];
+            }
         }
+        if (threadIdx.x < GDN_C) s.beta[threadIdx.x] = (int)threadIdx.x < L ? beta[(t0 + threadIdx.x) * nv + h] : 0.0f;
         ptx_cp_async_wait<1>();
         __syncthreads();
         gdn_build_kkg<DK>(s.kkg, s.k, s.G, L, r0, ch);
@@ -133,8 +139,9 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
         ptx_cp_async_wait<0>(); /* V, dW, dU */
         __syncthreads();
         float dkr[KS][1][4][4]; /* dk of this warp's rows and columns 32 (KS ch + ks) .., both WY terms */
-        /* dXw = Tinv^T dW: dk = beta gam dXw (rows < L) */
-        {
+        /* dXw = Tinv^T dW: dk = beta gam dXw (rows < L). It runs after dXu where DV < DK, after dT otherwise (dW is
+         * read before M1 takes its tile either way): the place where the 8 instances spill least */
+        const auto dxw = [&] {
             float kx[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int ks = 0; ks < KS; ks++) {
@@ -160,7 +167,7 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
                 part[GDN_WY_PART_KX * 2 * GDN_C + rA] = kx[0];
                 part[GDN_WY_PART_KX * 2 * GDN_C + rA + 8] = kx[1];
             }
-        }
+        };
         /* dXu = Tinv^T dU -> dv */
         {
             float vx[2] = {0.0f, 0.0f};
@@ -189,6 +196,7 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
                 part[GDN_WY_PART_VX * 2 * GDN_C + rA + 8] = vx[1];
             }
         }
+        if constexpr (DV < DK) dxw();
         /* dkv's rows (read by the last phase) into L2 now, a few phases ahead: its loads then wait on L2,
          * not DRAM, and the lines stay resident for a few microseconds only */
         gdn_prefetch_rows_l2<DK, NT>(dkv + t0 * ldk + (int64_t)h * DK, ldk, L);
@@ -216,6 +224,7 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
                     gdn_store2(s.dt + i * GDN_LDP + j, x[0], x[1]);
                 }
         }
+        if constexpr (DV >= DK) dxw();
         __syncthreads();
         /* M1 = Tinv^T dT */
         {
@@ -231,14 +240,19 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
                 }
         }
         __syncthreads();
-        /* dA = -(M1 Tinv^T), strictly lower: C, E = dA A (in place of A), dbeta */
+        /* dA = -(M1 Tinv^T), strictly lower: C, dbeta's sum_j dA_ij kkg_ij and E = dA A's column sums (its row sums
+         * are beta_i times dbeta's, so E is never stored). Per 8-column tile: the lane's two rows added, then the 8
+         * row groups of the warp (lane bit 2 splits the tile's column pair, bits 3 and 4 add), one partial per row
+         * tile and column into cpart (dT's space) */
         {
             float acc[1][4][4];
             gdn_zero(acc);
             if (!upper) gdn_warp_mma<1, 4, false, true, GDN_C>(acc, s.m1, GDN_LDP, s.tb, GDN_LDP, r0, 32 * ch);
             float db[2] = {0.0f, 0.0f};
+            const bool b2 = lane & 4;
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < 4; ni++) {
+                float ec[2]; /* E of columns 32 ch + 8 ni + 2 (lane & 3) + u, rows rA + rA + 8 */
 #pragma unroll
                 for (int e = 0; e < 4; e += 2) {
                     const int i = r0 + gdn_frag_row(e), j = 32 * ch + ni * 8 + gdn_frag_col(e);
@@ -251,10 +265,17 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
                         cv[u] = in ? da * s.beta[i] * exp2f(s.G[i] - s.G[jj]) : 0.0f;
                         const float kg = s.kkg[i * GDN_LDF + jj];
                         db[e >> 1] += da * kg;
-                        s.kkg[i * GDN_LDF + jj] = da * (s.beta[i] * kg); /* E = dA A */
+                        const float ev = da * (s.beta[i] * kg);
+                        ec[u] = e ? ec[u] + ev : ev;
                     }
                     gdn_store2(s.cc + i * GDN_LDP + j, cv[0], cv[1]);
                 }
+                const float keep = b2 ? ec[1] : ec[0], give = b2 ? ec[0] : ec[1];
+                float y = keep + __shfl_xor_sync(GDN_FULL, give, 4);
+                y += __shfl_xor_sync(GDN_FULL, y, 8);
+                y += __shfl_xor_sync(GDN_FULL, y, 16);
+                if (lane < 8) s.cpart[(w & 3) * GDN_C + 32 * ch + 8 * ni + 2 * (lane & 3) + (lane >> 2)] = y;
+            }
             db[0] = gdn_quad_sum(db[0]);
             db[1] = gdn_quad_sum(db[1]);
             if ((lane & 3) == 0) {
@@ -291,37 +312,33 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
                     }
                 }
         }
-        /* dbeta, and dG: the WY terms, E's row sums minus its column sums, dqkwg's */
-        if (threadIdx.x < GDN_C) {
-            const int r = threadIdx.x;
-            float rs = 0.0f, cs = 0.0f;
-#pragma unroll 16
-            for (int j = 0; j < GDN_C; j++) {
-                rs += s.kkg[r * GDN_LDF + j];
-                cs += s.kkg[j * GDN_LDF + r];
-            }
-            const float *p = s.part + r;
-            const float kx = p[0] + p[GDN_C], vx = p[2 * GDN_C] + p[3 * GDN_C], db = p[4 * GDN_C] + p[5 * GDN_C];
-            const float gm = r < L ? exp2f(s.G[r]) : 0.0f;
-            s.tmp[r] = r < L ? dgp_r + s.beta[r] * gm * kx + (rs - cs) : 0.0f;
-            if (r < L) dbeta_out[(t0 + r) * nv + h] = gm * kx + vx + db;
-        }
-        __syncthreads();
-        /* dg = reverse cumsum inside the chunk: rows 0..63 on warps 0 and 1 */
-        {
-            float x = 0.0f;
-            if (threadIdx.x < GDN_C) {
-                x = s.tmp[threadIdx.x];
+        /* dbeta, dG (the WY terms, E's row sums minus its column sums, dqkwg's) and dg = its reverse cumsum inside
+         * the chunk, on warp 0 alone (no barrier): lane l takes rows l and 32 + l, each half scanned in the warp,
+         * then rows 0..31 add the sum of rows 32..63 */
+        if (w == 0) {
+            float x[2];
 #pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const float y = __shfl_down_sync(GDN_FULL, x, o);
-                    if (lane + o < 32) x += y;
-                }
-                if (threadIdx.x == 32) s.part[0] = x; /* the sum of rows 32..63 (the partials are read) */
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = lane + 32 * hh;
+                const float *p = s.part + r, *cp = s.cpart + r;
+                const float kx = p[0] + p[GDN_C], vx = p[2 * GDN_C] + p[3 * GDN_C], db = p[4 * GDN_C] + p[5 * GDN_C];
+                const float cs = (cp[0] + cp[GDN_C]) + (cp[2 * GDN_C] + cp[3 * GDN_C]);
+                const float gm = r < L ? exp2f(s.G[r]) : 0.0f;
+                x[hh] = r < L ? dgp_r[hh] + s.beta[r] * gm * kx + (s.beta[r] * db - cs) : 0.0f;
+                if (r < L) dbeta_out[(t0 + r) * nv + h] = gm * kx + vx + db;
             }
-            __syncthreads();
-            if (threadIdx.x < 32) x += s.part[0];
-            if ((int)threadIdx.x < L) dg_out[(t0 + threadIdx.x) * nv + h] = x;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const float y = __shfl_down_sync(GDN_FULL, x[hh], o);
+                    if (lane + o < 32) x[hh] += y;
+                }
+            }
+            x[0] += __shfl_sync(GDN_FULL, x[1], 0);
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                if (lane + 32 * hh < L) dg_out[(t0 + lane + 32 * hh) * nv + h] = x[hh];
         }
     }
 }

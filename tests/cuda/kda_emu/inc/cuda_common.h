@@ -148,6 +148,7 @@ template <class T> static inline T emu_xchg(T v, int src) {
     T out; memcpy(&out, &r, sizeof(T)); return out;
 }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_xchg(v, emu_tid() % 32 ^ o); }
+template <class T> static inline T __shfl_sync(unsigned, T v, int src) { return emu_xchg(v, src & 31); }
 template <class T> static inline T __shfl_up_sync(unsigned, T v, int o) {
     const int l = emu_tid() % 32;
     return emu_xchg(v, l >= o ? l - o : l);
