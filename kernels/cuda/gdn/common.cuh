@@ -7,7 +7,7 @@
 #pragma once
 
 #define GDN_C 64          /* chunk size */
-#define GDN_THREADS 128   /* the state passes and prep: 4 warps (dqkwg, wy_bwd, output, dv_local: 8) */
+#define GDN_THREADS 128   /* the state passes: 4 warps (prep, dqkwg, wy_bwd, output, dv_local: 8) */
 #define GDN_LDP (GDN_C + 8) /* row stride of the 64x64 bf16 tiles */
 #define GDN_LDF (GDN_C + 1) /* row stride of the 64x64 fp32 tiles */
 #define GDN_LOG2E 1.4426950408889634f
@@ -87,18 +87,20 @@ GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float 
     __syncthreads();
 }
 
-/* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF). K K^T on the tensor
- * cores. All threads. */
-template <int DK> GDN_DEV void gdn_build_A(float *sA, const bf16 *sK, const float *sG, const float *sBeta, int L) {
-    const int w = threadIdx.x >> 5;
-    float acc[1][8][4];
+/* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF), K K^T on the tensor cores.
+ * Warp (rows r0, column half ch) of an 8-warp block its 16 x 32 tile; a tile wholly above the diagonal is left
+ * unwritten (the solve reads only the entries below the diagonal) */
+template <int DK>
+GDN_DEV void gdn_build_A(float *sA, const bf16 *sK, const float *sG, const float *sBeta, int L, int r0, int ch) {
+    if (r0 + 16 <= 32 * ch) return;
+    float acc[1][4][4];
     gdn_zero(acc);
-    gdn_warp_mma<1, 8, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, 16 * w, 0);
+    gdn_warp_mma<1, 4, false, true, DK>(acc, sK, DK + 8, sK, DK + 8, r0, 32 * ch);
 #pragma unroll
-    for (int ni = 0; ni < 8; ni++)
+    for (int ni = 0; ni < 4; ni++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int i = 16 * w + gdn_frag_row(e), j = ni * 8 + gdn_frag_col(e);
+            const int i = r0 + gdn_frag_row(e), j = 32 * ch + ni * 8 + gdn_frag_col(e);
             float kkg = 0.0f;
             if (j < i && i < L) kkg = acc[0][ni][e] * exp2f(sG[i] - sG[j]); /* exponent <= 0 */
             sA[i * GDN_LDF + j] = sBeta[i] * kkg;
@@ -201,7 +203,10 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
     }
     __syncthreads();
 }
-GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) { gdn_solve_t<false>(sT, sX, sA, NULL); }
+
+template <int NT = GDN_THREADS> GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
+    gdn_solve_t<false, NT>(sT, sX, sA, NULL);
+}
 
 /* rows [0, valid) x WID fp32 of a strided global matrix (row stride ldg) fetched into L2 ahead of their
  * loads (prefetch.global.L2 per 128-byte line; rows start 128-byte aligned, WID * 4 a multiple of 128):

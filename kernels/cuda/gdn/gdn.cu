@@ -122,7 +122,7 @@ static void gdn_launch_prep(const GdnBufs *b, bool with_U, const bf16 *k, const 
     const size_t sm = GdnPrepSmem<DK, DV>(NULL).bytes;
     gdn_smem_attr(gdn_prep_kernel<DK, DV>, sm, "prep");
     gdn_carveout_max(gdn_prep_kernel<DK, DV>);
-    gdn_prep_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_THREADS, sm, cuda_stream()>>>(
+    gdn_prep_kernel<DK, DV><<<dim3(gdn_chunk_grid(T), nv), GDN_PREP_THREADS, sm, cuda_stream()>>>(
         b->W, with_U ? b->U : NULL, b->G2, with_U ? b->Tb : NULL, k, v, g, beta, b->starts, b->meta, mode, nk, nv,
         ldq, ldv);
     CUDA_LAUNCH_CHECK();

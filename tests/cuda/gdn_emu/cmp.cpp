@@ -3,8 +3,9 @@
  * same random inputs, for dk, dv in {64, 128}, one value head per key head (the final dq, dk in bf16) and two (the
  * fp32 per-value-head partials), over two document layouts (a document of exactly one chunk, one of 5 tokens, short
  * last chunks), the tree twice where its wy_bwd can read prep's kept Tinv (GDN_KEPT_TINV) or solve for it: every
- * output buffer must be bitwise equal to the base's, and is filled with a side-independent pattern first so
- * that a row one side leaves unwritten shows too. Prints each difference; exit 1 if any. Built by build.sh.
+ * output buffer (prep's kept Tinv too) must be bitwise equal to the base's, and is filled with a side-independent
+ * pattern first so that a row one side leaves unwritten shows too. Prints each difference; exit 1 if any. Built by
+ * build.sh.
  */
 #include <cmath>
 #include <random>
@@ -116,6 +117,7 @@ int main(void) {
                 int f = emu_compare("W", o[0].W, o[1].W, T * nv * DK) +
                         emu_compare("U", o[0].U, o[1].U, T * nv * DV) +
                         emu_compare("G2", o[0].G2, o[1].G2, T * nv) +
+                        emu_compare("Tinv", o[0].Tb, o[1].Tb, T * nv * 64) +
                         emu_compare("dqv", o[0].dqv, o[1].dqv, T * nv * DK) +
                         emu_compare("dq", o[0].dq_out, o[1].dq_out, nq) +
                         emu_compare("dkv", o[0].dkv, o[1].dkv, T * nv * DK) +

@@ -1,9 +1,9 @@
 /*
  * side.cpp (gdn_emu) — one side of gdn_emu_cmp: the per-chunk kernels of the .cuh files on the include path (a base
- * revision's or the working tree's, build.sh), launched as gdn.cu's backward launches them (prep over every chunk,
- * dqkwg on 2 blocks of GDN_DQKWG_THREADS per chunk, wy_bwd on GDN_WY_THREADS), exported as GDN_EMU_SIDE(bufs,
- * shape, solve). The kernels sit in an unnamed namespace so that the two sides' template instances stay apart at
- * link time.
+ * revision's or the working tree's, build.sh), launched as gdn.cu's backward launches them (prep on GDN_PREP_THREADS
+ * over every chunk, dqkwg on 2 blocks of GDN_DQKWG_THREADS per chunk, wy_bwd on GDN_WY_THREADS), exported as
+ * GDN_EMU_SIDE(bufs, shape, solve). The kernels sit in an unnamed namespace so that the two sides' template instances
+ * stay apart at link time.
  */
 #include "gdn_emu.h"
 
@@ -13,7 +13,10 @@ alignas(16) unsigned char gdn_smem[EMU_SMEM_MAX]; /* the kernels' extern shared 
 #include "prep.cuh"
 #include "wy_backward.cuh"
 #include "dqkwg.cuh"
-/* a revision before dqkwg and wy_bwd ran on 8 warps: both on GDN_THREADS */
+/* a revision before prep, dqkwg and wy_bwd ran on 8 warps: each on GDN_THREADS */
+#ifndef GDN_PREP_THREADS
+#define GDN_PREP_THREADS GDN_THREADS
+#endif
 #ifndef GDN_DQKWG_THREADS
 #define GDN_DQKWG_THREADS GDN_THREADS
 #endif
@@ -49,9 +52,10 @@ template <int DK, int DV> void gdn_emu_run(GdnEmuBufs *b, int solve) {
 #define GDN_EMU_PREP_TINV
 #endif
     memset(gdn_smem, 0xcd, sizeof gdn_smem);
-    emu_launch(gdn_prep_kernel<DK, DV>, emu_cfg(dim3(nc, b->nv), dim3(GDN_THREADS), GdnPrepSmem<DK, DV>(NULL).bytes),
-               b->W, b->U, b->G2, GDN_EMU_PREP_TINV b->k, b->v, b->g, b->beta, b->starts, b->meta,
-               (int)GDN_RANGE_ALL, b->nk, b->nv, b->ldq, b->ldv);
+    emu_launch(gdn_prep_kernel<DK, DV>,
+               emu_cfg(dim3(nc, b->nv), dim3(GDN_PREP_THREADS), GdnPrepSmem<DK, DV>(NULL).bytes), b->W, b->U, b->G2,
+               GDN_EMU_PREP_TINV b->k, b->v, b->g, b->beta, b->starts, b->meta, (int)GDN_RANGE_ALL, b->nk, b->nv,
+               b->ldq, b->ldv);
     memset(gdn_smem, 0xcd, sizeof gdn_smem);
     emu_launch(gdn_dqkwg_kernel<DK, DV>,
                emu_cfg(dim3(2 * nc, b->nv), dim3(GDN_DQKWG_THREADS), GdnDqkwgSmem<DK, DV>(NULL).bytes), b->dqv,
