@@ -2,31 +2,41 @@
  * prep.cuh — the per-chunk WY factors: G (cumsum of g, log2 units), A = strictly lower (beta K K^T) Gam,
  * Tinv = (I + A)^-1 (fp32, 16 x 16 blocks), W = Tinv diag(beta gam) K, U = Tinv diag(beta) V (Tinv split
  * hi + lo bf16), stored bf16, G2 (T,nv) and, asked, Tinv itself in bf16 (what wy_bwd multiplies by, so it
- * does not solve again). One block of 8 warps per (chunk, value head), warp w on rows 16 (w & 3) .. + 15 and
- * column half w >> 2 of every product (each entry one warp's mma over the same k order: the same bits as 4 warps),
- * 55 KB of shared memory and at most 64 registers (4 blocks per SM). Callers: gdn.cu's forward, backward (unless
- * the forward kept W, U), transition, dstate.
+ * does not solve again). One block of 8 warps per (chunk, value head): warp w on rows 16 (w & 3) .. + 15 and column
+ * half w >> 2 of A (the tiles above the diagonal skipped), on two row blocks and a column quarter of W and U (the
+ * zero blocks of the triangular Tinv skipped); each entry is one warp's mma over the same k order, the same bits as
+ * 4 warps. 55 KB of shared memory and at most 64 registers (4 blocks per SM). Callers: gdn.cu's forward, backward
+ * (unless the forward kept W, U), transition, dstate.
  */
 #pragma once
 
 /* ------------------------------------------------------------------------------------------------ */
 /* prep helpers (gdn_prep_kernel below: G, A, Tinv, W, U per chunk and value head)                    */
 
-#define GDN_PREP_THREADS 256 /* prep's block: warp w on rows 16 (w & 3) .. + 15, column half w >> 2 */
+#define GDN_PREP_THREADS 256 /* prep's block: 8 warps (their shares: gdn_build_A, gdn_tri_product_store) */
 
-/* out rows r < L (row stride ldo) = (Thi + Tlo) X for X (64 x N, smem, stride ldx); bf16 out. Warp (rows r0,
- * column half ch) its 16 x N/2 tile, 16 columns a step (the 64 registers of 4 blocks of 8 warps an SM) */
+/* out rows r < L (row stride ldo) = (Thi + Tlo) X for X (64 x N, smem, stride ldx); bf16 out. Tinv is lower
+ * triangular: rows 16 rb .. + 15 of Thi and Tlo are 0 from column 16 (rb + 1) on, so their sums stop there (the
+ * terms left out are exact zeros: each entry the same sum, one warp's, over the same k order). Warp w on row blocks
+ * w & 1 and 3 - (w & 1) (5 steps of k either way) and column quarter w >> 1 */
 template <int N>
 GDN_DEV void gdn_tri_product_store(bf16 *out, int64_t ldo, const bf16 *Thi, const bf16 *Tlo, const bf16 *X, int ldx,
-                                   int L, int r0, int ch) {
+                                   int L) {
+    constexpr int NIW = N / 32; /* the warp's 8-column tiles */
+    const int w = threadIdx.x >> 5, n0 = (w >> 1) * (N / 4);
 #pragma unroll 1
-    for (int n0 = ch * (N / 2); n0 < (ch + 1) * (N / 2); n0 += 16) {
-        float acc[1][2][4];
+    for (int b = 0; b < 2; b++) {
+        const int r0 = 16 * (b ? 3 - (w & 1) : w & 1);
+        float acc[1][NIW][4];
         gdn_zero(acc);
-        gdn_warp_mma<1, 2, false, false, GDN_C>(acc, Thi, GDN_LDP, X, ldx, r0, n0);
-        gdn_warp_mma<1, 2, false, false, GDN_C>(acc, Tlo, GDN_LDP, X, ldx, r0, n0);
+#pragma unroll 1
+        for (int k0 = 0; k0 <= r0; k0 += 16)
+            gdn_warp_mma<1, NIW, false, false, 16>(acc, Thi + k0, GDN_LDP, X + k0 * ldx, ldx, r0, n0);
+#pragma unroll 1
+        for (int k0 = 0; k0 <= r0; k0 += 16)
+            gdn_warp_mma<1, NIW, false, false, 16>(acc, Tlo + k0, GDN_LDP, X + k0 * ldx, ldx, r0, n0);
 #pragma unroll
-        for (int ni = 0; ni < 2; ni++)
+        for (int ni = 0; ni < NIW; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
                 const int r = r0 + gdn_frag_row(e), col = n0 + ni * 8 + gdn_frag_col(e);
@@ -50,6 +60,21 @@ GDN_DEV void gdn_prep_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg,
     }
 }
 
+/* bf16 rows [0, valid <= 64) x WID of a strided global matrix (row stride ldg) fetched into L2 ahead of their
+ * cp.async (prefetch.global.L2 per 128-byte line a row touches, a line a thread, at an address in the row; rows need
+ * not be 128-byte aligned): nothing is read into registers, no value changes. All NT threads */
+template <int WID, int NT> GDN_DEV void gdn_prep_prefetch_l2(const bf16 *gsrc, int64_t ldg, int valid) {
+    constexpr int LPR = WID * 2 / 128 + 1; /* lines a row may touch */
+    static_assert(GDN_C * LPR <= NT, "gdn_prep_prefetch_l2: a line a thread");
+    const int i = threadIdx.x;
+    if (i < valid * LPR) {
+        const char *row = (const char *)(gsrc + (int64_t)(i / LPR) * ldg);
+        const int j = i % LPR; /* the row's line j, the first at the row's own start */
+        const char *line = j ? row - ((uintptr_t)row & 127) + j * 128 : row;
+        if (line < row + WID * 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+    }
+}
+
 /* the factor split of Tinv diag(beta gam) (WF: W's factor) or Tinv diag(beta): thi + tlo (bf16, stride GDN_LDP)
  * from T (fp32, stride GDN_LDF). All NT threads */
 template <bool WF, int NT>
@@ -70,8 +95,8 @@ GDN_DEV void gdn_prep_split(bf16 *thi, bf16 *tlo, const float *T, const float *s
 /* ------------------------------------------------------------------------------------------------ */
 /* prep: G, A, Tinv, W, U per (chunk, value head) in 55 KB of shared memory (4 blocks per SM; the     */
 /* 74 KB form ran 3): A lives where the bf16 Tinv factors go once the solve is done, one pair of      */
-/* factor tiles serves W, then U, and V is loaded over K once W's product is done (its load runs      */
-/* under U's factor split; the fourth block hides the rest)                                           */
+/* factor tiles serves W, then U, and V is loaded over K once W's product is done (its rows fetched   */
+/* into L2 at the chunk's start, its load under U's factor split; the other blocks hide the rest)     */
 
 template <int DK, int DV> struct GdnPrepSmem {
     bf16 *k, *v, *t_hi, *t_lo; /* v over k */
@@ -113,6 +138,8 @@ __global__ void __launch_bounds__(GDN_PREP_THREADS, 4)
         __syncthreads(); /* the previous chunk is done with shared memory */
         gdn_prep_load_rows<GDN_C, DK, NT>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         ptx_cp_async_commit();
+        if (U) /* V's rows into L2 now: its cp.async (over K, once W's product is done) then waits on L2, not DRAM */
+            gdn_prep_prefetch_l2<DV, NT>(v + t0 * ldv + (int64_t)h * DV, ldv, L);
         gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
         ptx_cp_async_wait<0>();
         __syncthreads();
@@ -134,7 +161,7 @@ __global__ void __launch_bounds__(GDN_PREP_THREADS, 4)
         /* W = (Tinv diag(beta gam)) K, then U = (Tinv diag(beta)) V, the factor split hi + lo bf16 */
         gdn_prep_split<true, NT>(s.t_hi, s.t_lo, s.T, s.beta, s.G);
         __syncthreads();
-        gdn_tri_product_store<DK>(W + (t0 * nv + h) * DK, (int64_t)nv * DK, s.t_hi, s.t_lo, s.k, DK + 8, L, r0, ch);
+        gdn_tri_product_store<DK>(W + (t0 * nv + h) * DK, (int64_t)nv * DK, s.t_hi, s.t_lo, s.k, DK + 8, L);
         if (!U) continue;
         __syncthreads(); /* W's product is done with k and the factor tiles: V over k, U's factors over W's */
         gdn_prep_load_rows<GDN_C, DV, NT>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
@@ -142,7 +169,7 @@ __global__ void __launch_bounds__(GDN_PREP_THREADS, 4)
         gdn_prep_split<false, NT>(s.t_hi, s.t_lo, s.T, s.beta, s.G);
         ptx_cp_async_wait<0>();
         __syncthreads();
-        gdn_tri_product_store<DV>(U + (t0 * nv + h) * DV, (int64_t)nv * DV, s.t_hi, s.t_lo, s.v, DV + 8, L, r0, ch);
+        gdn_tri_product_store<DV>(U + (t0 * nv + h) * DV, (int64_t)nv * DV, s.t_hi, s.t_lo, s.v, DV + 8, L);
     }
 }
 
