@@ -112,12 +112,14 @@ GDN_DEV void gdn_build_A(float *sA, const bf16 *sK, const float *sG, const float
  * A_ij T_jc), then the blocks below by distance d = i - j from the diagonal:
  * T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj (sX: (3,16,17) scratch). A_ik is sA's entry, or with
  * SCALED sB[i] times it (wy_bwd's A = beta_i kkg_ij formed on the fly: the fp32 value gdn_build_A
- * stores, so both give the same Tinv). All NT threads of the block (128 or 256: each entry is one thread's
- * sum in the same order either way); ends synchronised. */
+ * stores, so both give the same Tinv). All NT threads of the block (128 or 256), the blocks below on the first NS
+ * of them (128 or 256: each entry is one thread's sum in the same order either way; 128 load each sT entry once for
+ * two rows); ends synchronised. */
 #define GDN_SOLVE_SCRATCH (3 * 16 * 17)
-template <bool SCALED, int NT = GDN_THREADS>
+template <bool SCALED, int NT = GDN_THREADS, int NS = NT>
 GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB) {
-    static_assert(NT == 128 || NT == 256, "gdn_solve_t: the distance blocks split evenly over 128 or 256 threads");
+    static_assert(NT == 128 || NT == 256, "gdn_solve_t: the zero blocks split evenly over 128 or 256 threads");
+    static_assert((NS == 128 || NS == 256) && NS <= NT, "gdn_solve_t: the distance blocks on 128 or 256 threads");
     const int tid = threadIdx.x;
     /* the 6 blocks above the diagonal are 0; every other entry is written below (no barrier: no one reads these
      * before the ones that end this function) */
@@ -149,10 +151,10 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
      * wrote, so its stages need only warp barriers. A lane's entries are rows r0 + RS i of column cc in each of
      * the 4 - d blocks at distance d, each summed in order over k = 16 bj .. 16 bi - 1, the lane's independent
      * sums interleaved; the rows of a column share each load of its sT (then sX) entries */
-    constexpr int CPW = 16 / (NT / 32), RS = 32 / CPW, RPT = 16 / RS; /* columns per warp, row step, rows */
+    constexpr int CPW = 16 / (NS / 32), RS = 32 / CPW, RPT = 16 / RS; /* columns per warp, row step, rows */
     const int lane = tid & 31, cc = CPW * (tid >> 5) + lane % CPW, r0 = lane / CPW;
 #pragma unroll
-    for (int d = 1; d < 4; d++) {
+    for (int d = 1; d < 4 && tid < NS; d++) { /* on the first NS threads, whole warps */
         float xs[3][RPT];
 #pragma unroll
         for (int blk = 0; blk < 4 - d; blk++) {
@@ -204,8 +206,8 @@ GDN_DEV void gdn_solve_t(float *sT, float *sX, const float *sA, const float *sB)
     __syncthreads();
 }
 
-template <int NT = GDN_THREADS> GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
-    gdn_solve_t<false, NT>(sT, sX, sA, NULL);
+template <int NT = GDN_THREADS, int NS = NT> GDN_DEV void gdn_solve(float *sT, float *sX, const float *sA) {
+    gdn_solve_t<false, NT, NS>(sT, sX, sA, NULL);
 }
 
 /* rows [0, valid) x WID fp32 of a strided global matrix (row stride ldg) fetched into L2 ahead of their

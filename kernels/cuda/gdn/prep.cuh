@@ -76,20 +76,19 @@ template <int WID, int NT> GDN_DEV void gdn_prep_prefetch_l2(const bf16 *gsrc, i
 }
 
 /* the factor split of Tinv diag(beta gam) (WF: W's factor) or Tinv diag(beta): thi + tlo (bf16, stride GDN_LDP)
- * from T (fp32, stride GDN_LDF). All NT threads */
+ * from T (fp32, stride GDN_LDF). All NT threads, each on one column pair (its two factors read once) */
 template <bool WF, int NT>
 GDN_DEV void gdn_prep_split(bf16 *thi, bf16 *tlo, const float *T, const float *sBeta, const float *sG) {
-#pragma unroll 1
-    for (int i = threadIdx.x; i < GDN_C * GDN_C / 2; i += NT) {
-        const int r = i / (GDN_C / 2), j = (i % (GDN_C / 2)) * 2;
-        const float t0v = T[r * GDN_LDF + j], t1v = T[r * GDN_LDF + j + 1];
-        float f0 = sBeta[j], f1 = sBeta[j + 1];
-        if (WF) {
-            f0 *= exp2f(sG[j]);
-            f1 *= exp2f(sG[j + 1]);
-        }
-        gdn_split2(thi + r * GDN_LDP + j, tlo + r * GDN_LDP + j, t0v * f0, t1v * f1);
+    static_assert(NT % (GDN_C / 2) == 0, "gdn_prep_split: a thread keeps one column pair");
+    const int j = (threadIdx.x % (GDN_C / 2)) * 2;
+    float f0 = sBeta[j], f1 = sBeta[j + 1];
+    if (WF) {
+        f0 *= exp2f(sG[j]);
+        f1 *= exp2f(sG[j + 1]);
     }
+#pragma unroll 2
+    for (int r = threadIdx.x / (GDN_C / 2); r < GDN_C; r += NT / (GDN_C / 2))
+        gdn_split2(thi + r * GDN_LDP + j, tlo + r * GDN_LDP + j, T[r * GDN_LDF + j] * f0, T[r * GDN_LDF + j + 1] * f1);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(GDN_PREP_THREADS, 4)
         gdn_build_A<DK>(s.A, s.k, s.G, s.beta, L, r0, ch);
         if ((int)threadIdx.x < L) G2[(t0 + threadIdx.x) * nv + h] = s.G[threadIdx.x];
         __syncthreads();
-        gdn_solve<NT>(s.T, s.tmp, s.A); /* ends synchronised: A is dead */
+        gdn_solve<NT, 128>(s.T, s.tmp, s.A); /* the blocks below on 4 warps; ends synchronised: A is dead */
         if (Tinv) { /* bf16 for wy_bwd, rows < L (its rows from L on multiply only zero rows there), 16 bytes a store */
 #pragma unroll 1
             for (int i = threadIdx.x; i < L * (GDN_C / 8); i += NT) {
