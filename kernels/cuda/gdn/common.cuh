@@ -62,29 +62,34 @@ GDN_DEV void gdn_load_G(float *sG, const float *G2, int64_t t0, int L, int h, in
     if (r < GDN_C) ptx_cp_async4(sG + r, r < L ? G2 + (t0 + r) * nv + h : G2, r < L);
 }
 
-/* gates of one chunk from g, beta: sG[r] = log2(e) sum_{i<=r} g_i (rows >= L repeat G[L-1]),
- * sBeta[r] (0 for rows >= L). All threads; ends synchronised. */
-GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, float *sTmp, const float *g, const float *beta, int64_t t0,
-                              int L, int h, int nv) {
-    const int tid = threadIdx.x, lane = tid & 31;
-    float x = 0.0f, b = 0.0f;
-    if (tid < GDN_C) { /* both loads issued before the scan: one global latency, not two */
-        b = tid < L ? beta[(t0 + tid) * nv + h] : 0.0f;
-        x = tid < L ? g[(t0 + tid) * nv + h] * GDN_LOG2E : 0.0f;
+/* gates of one chunk from g, beta: sG[r] = log2(e) sum_{i<=r} g_i (rows >= L repeat G[L-1]), sBeta[r] (0 for
+ * rows >= L), by warp 0 (lane: rows lane and lane + 32, each half scanned across the lanes, the second then adding
+ * the first's sum) and not synchronised with the other warps: the caller's barrier publishes them */
+GDN_DEV void gdn_gates_cumsum(float *sG, float *sBeta, const float *g, const float *beta, int64_t t0, int L, int h,
+                              int nv) {
+    const int lane = threadIdx.x;
+    if (lane >= 32) return;
+    /* every load issued before the scans: one global latency */
+    float x[2], b[2];
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float y = __shfl_up_sync(GDN_FULL, x, o);
-            if (lane >= o) x += y;
+    for (int q = 0; q < 2; q++) {
+        const int r = lane + 32 * q;
+        b[q] = r < L ? beta[(t0 + r) * nv + h] : 0.0f;
+        x[q] = r < L ? g[(t0 + r) * nv + h] * GDN_LOG2E : 0.0f;
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float y0 = __shfl_up_sync(GDN_FULL, x[0], o), y1 = __shfl_up_sync(GDN_FULL, x[1], o);
+        if (lane >= o) {
+            x[0] += y0;
+            x[1] += y1;
         }
-        if (tid == 31) sTmp[0] = x;
     }
-    __syncthreads();
-    if (tid < GDN_C) {
-        if (tid >= 32) x += sTmp[0];
-        sG[tid] = x;
-        sBeta[tid] = b;
-    }
-    __syncthreads();
+    sG[lane] = x[0];
+    sBeta[lane] = b[0];
+    sBeta[lane + 32] = b[1];
+    __syncwarp();
+    sG[lane + 32] = x[1] + sG[31];
 }
 
 /* A_ij = beta_i (k_i.k_j) e^{G_i - G_j} for j < i < L, else 0 (fp32, stride GDN_LDF), K K^T on the tensor cores.

@@ -139,9 +139,9 @@ __global__ void __launch_bounds__(GDN_PREP_THREADS, 4)
         ptx_cp_async_commit();
         if (U) /* V's rows into L2 now: its cp.async (over K, once W's product is done) then waits on L2, not DRAM */
             gdn_prep_prefetch_l2<DV, NT>(v + t0 * ldv + (int64_t)h * DV, ldv, L);
-        gdn_gates_cumsum(s.G, s.beta, s.tmp, g, beta, t0, L, h, nv);
+        gdn_gates_cumsum(s.G, s.beta, g, beta, t0, L, h, nv);
         ptx_cp_async_wait<0>();
-        __syncthreads();
+        __syncthreads(); /* K and the gates */
         gdn_build_A<DK>(s.A, s.k, s.G, s.beta, L, r0, ch);
         if ((int)threadIdx.x < L) G2[(t0 + threadIdx.x) * nv + h] = s.G[threadIdx.x];
         __syncthreads();
