@@ -22,15 +22,15 @@
 /* 16 (w & 3) .. + 15 and the column half w >> 2 of every product's output (32 of ds's 64 columns;     */
 /* DK/4 of the block's DK/2 columns of dq, dk, dw), each output element summed over k in the 4-warp    */
 /* kernel's order (dq, dk, dw: the same bits). A warp whose ds tile lies wholly above the diagonal     */
-/* (zeros) skips its product. The row dot products q.dq - k.dk come out as one partial per column     */
-/* half (rowd), added column half 0 + 1 in the last phase; the last row's sum k.dk_inter and <h, dh>   */
-/* as 8 warp partials each (red), added in a fixed order: deterministic, dG's last bits moved. All are */
-/* written before the barrier that lands dv2, so the last phase (after dw) needs no barrier.          */
+/* (zeros) skips its product. The row dot products q.dq, k.dk, k.dk_inter come out as one partial per  */
+/* column half (rowa, rowb, in ds's space once dk has read ds), added column half 0 + 1 in the last    */
+/* phase, <h, dh> as 8 warp partials added in a fixed order: deterministic, dG's last bits moved.      */
 
 template <int DK, int DV> struct GdnDqkwgSmem {
     static constexpr int KH = DK / 2;
     bf16 *q, *k, *vn, *dO, *dv2, *h, *dh, *ds;
-    float *G, *red, *rowd; /* red: 8 warp partials of <h, dh>, then 8 of sum k.dk_inter; rowd (2, GDN_C) */
+    float *G, *red;
+    float *rowa, *rowb; /* (2, GDN_C) each, [column half][row]: in ds's space (dead once dk has read it) */
     size_t bytes;
     __host__ __device__ explicit GdnDqkwgSmem(void *b) {
         GdnCarve c(b);
@@ -43,8 +43,9 @@ template <int DK, int DV> struct GdnDqkwgSmem {
         dh = c.take<bf16>(KH * (DV + 8));
         ds = c.take<bf16>(GDN_C * GDN_LDP);
         G = c.take<float>(GDN_C);
-        red = c.take<float>(2 * GDN_DQKWG_THREADS / 32);
-        rowd = c.take<float>(2 * GDN_C);
+        red = c.take<float>(GDN_DQKWG_THREADS / 32);
+        rowa = (float *)ds;
+        rowb = rowa + 2 * GDN_C;
         bytes = c.off;
     }
 };
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(GDN_DQKWG_THREADS, 2)
                         int ldq, int ldo, float scale) {
     constexpr int NT = GDN_DQKWG_THREADS, KH = DK / 2, LDH = KH + 8, LDV = DV + 8, NTQ = KH / 16;
     static_assert(NT == 256 && NTQ % 2 == 0, "dqkwg: 8 warps (4 row tiles x 2 column halves), even tiles of 8");
+    static_assert(sizeof(bf16) * GDN_C * GDN_LDP >= 4 * GDN_C * sizeof(float), "dqkwg: rowa, rowb fit ds's space");
     extern __shared__ __align__(16) unsigned char gdn_smem[];
     GdnDqkwgSmem<DK, DV> s(gdn_smem);
     const int h = blockIdx.y, kh = h / (nv / nk), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -197,26 +199,6 @@ __global__ void __launch_bounds__(GDN_DQKWG_THREADS, 2)
                             make_float2(acc[0][ni][e], acc[0][ni][e + 1]);
                 }
         }
-        /* the row dot products, final once dk is: q.dq - k.dk per row and column half into rowd, and k.dk_inter of
-         * the warp's rows < L summed over the warp into red[8 + w] (the last row's term); the barrier below shows
-         * them to the last phase */
-        {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                qdq[i] = gdn_quad_sum(qdq[i]);
-                kdk[i] = gdn_quad_sum(kdk[i]);
-            }
-            const int rA = m0 + (lane >> 2);
-            if ((lane & 3) == 0) {
-                s.rowd[wh * GDN_C + rA] = qdq[0] - kdk[0];
-                s.rowd[wh * GDN_C + rA + 8] = qdq[1] - kdk[1];
-            }
-            /* rows past L add +0 (selected, not multiplied) */
-            float kd = (rA < L ? kdi[0] : 0.0f) + (rA + 8 < L ? kdi[1] : 0.0f);
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) kd += __shfl_xor_sync(GDN_FULL, kd, o);
-            if (lane == 0) s.red[8 + w] = kd;
-        }
         ptx_cp_async_wait<0>(); /* dv2 */
         __syncthreads();
         /* dw = -dv2 h^T (the warp's columns of this half's) */
@@ -234,15 +216,34 @@ __global__ void __launch_bounds__(GDN_DQKWG_THREADS, 2)
                                    -acc[0][ni][e + 1]);
                 }
         }
-        /* dG: each row's column halves 0 + 1; the last row adds gam <h, dh> and sum k.dk_inter, each of 8 warp
-         * partials in a fixed order. All it reads was written before the barrier above: no barrier here */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            qdq[i] = gdn_quad_sum(qdq[i]);
+            kdk[i] = gdn_quad_sum(kdk[i]);
+            kdi[i] = gdn_quad_sum(kdi[i]);
+        }
+        if ((lane & 3) == 0) { /* ds is dead (dk read it before the last barrier): rowa, rowb take its space */
+            const int r = wh * GDN_C + m0 + (lane >> 2); /* (column half, row) */
+            s.rowa[r] = qdq[0] - kdk[0];
+            s.rowa[r + 8] = qdq[1] - kdk[1];
+            s.rowb[r] = kdi[0];
+            s.rowb[r + 8] = kdi[1];
+        }
+        __syncthreads();
         const int r = threadIdx.x;
         if (r < L) {
-            float d = s.rowd[r] + s.rowd[GDN_C + r];
+            float d = s.rowa[r] + s.rowa[GDN_C + r];
             if (r == L - 1) {
-                const float *rd = s.red;
-                const float hdh = ((rd[0] + rd[1]) + (rd[2] + rd[3])) + ((rd[4] + rd[5]) + (rd[6] + rd[7]));
-                const float sk = ((rd[8] + rd[9]) + (rd[10] + rd[11])) + ((rd[12] + rd[13]) + (rd[14] + rd[15]));
+                /* rows 0..L-1 in order, each column half 0 + 1; the loads issued together (rows past L add +0,
+                 * which leaves the sum's bits alone: a sum started at +0 is never -0) */
+                float sk = 0.0f;
+#pragma unroll
+                for (int j = 0; j < GDN_C; j++) {
+                    const float x = s.rowb[j] + s.rowb[GDN_C + j];
+                    sk += j < L ? x : 0.0f;
+                }
+                const float hdh = ((s.red[0] + s.red[1]) + (s.red[2] + s.red[3])) +
+                                  ((s.red[4] + s.red[5]) + (s.red[6] + s.red[7]));
                 d += exp2f(s.G[L - 1]) * hdh + sk;
             }
             dgo[(t0 + r) * nv + h] = d;
