@@ -45,14 +45,22 @@ GDN_DEV void gdn_chunk_range(const int32_t *meta, int mode, int *lo, int *hi) {
 }
 
 /* rows [0, ROWS) x WID bf16 of a strided global matrix into shared memory (row stride lds) with
- * cp.async by the block's NT threads; rows >= valid are zero-filled and not read */
-template <int ROWS, int WID, int NT = GDN_THREADS>
+ * cp.async by the block's NT threads; rows >= valid are zero-filled and not read. ROLLED: the loop is not
+ * unrolled (unrolled inside a caller's chunk loop, its per-row offsets may be computed once before that loop and
+ * held in registers across it: prep, at 64 registers, spilled so) */
+template <int ROWS, int WID, int NT = GDN_THREADS, bool ROLLED = false>
 GDN_DEV void gdn_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg, int valid) {
     constexpr int CPR = WID / 8;
-    for (int i = threadIdx.x; i < ROWS * CPR; i += NT) {
+    auto piece = [&](int i) {
         const int r = i / CPR, c = (i % CPR) * 8;
         const bool ok = r < valid;
         ptx_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
+    };
+    if constexpr (ROLLED) {
+#pragma unroll 1
+        for (int i = threadIdx.x; i < ROWS * CPR; i += NT) piece(i);
+    } else {
+        for (int i = threadIdx.x; i < ROWS * CPR; i += NT) piece(i);
     }
 }
 
@@ -215,14 +223,28 @@ template <int NT = GDN_THREADS, int NS = NT> GDN_DEV void gdn_solve(float *sT, f
     gdn_solve_t<false, NT, NS>(sT, sX, sA, NULL);
 }
 
-/* rows [0, valid) x WID fp32 of a strided global matrix (row stride ldg) fetched into L2 ahead of their
- * loads (prefetch.global.L2 per 128-byte line; rows start 128-byte aligned, WID * 4 a multiple of 128):
- * nothing is read into registers, no value changes. All NT threads of the block. */
-template <int WID, int NT = GDN_THREADS> GDN_DEV void gdn_prefetch_rows_l2(const float *gsrc, int64_t ldg, int valid) {
-    constexpr int LPR = WID * 4 / 128; /* lines per row */
-    static_assert(WID * 4 % 128 == 0, "gdn_prefetch_rows_l2: whole 128-byte lines");
-    for (int i = threadIdx.x; i < valid * LPR; i += NT)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gsrc + (int64_t)(i / LPR) * ldg + (i % LPR) * 32));
+/* rows [0, valid) x WID elements X of a strided global matrix (row stride ldg) fetched into L2 ahead of their
+ * loads: prefetch.global.L2 for each 128-byte line a row touches, a line a thread. ALIGNED: the rows start
+ * 128-byte aligned and hold whole lines; else a row may touch one line more than its bytes fill, the first
+ * prefetched at the row's own start. Nothing is read into registers, no value changes. All NT threads.
+ * ROLLED: as gdn_load_rows'. */
+template <class X, int WID, int NT, bool ALIGNED, bool ROLLED = false>
+GDN_DEV void gdn_prefetch_rows_l2(const X *gsrc, int64_t ldg, int valid) {
+    constexpr int BYTES = WID * (int)sizeof(X);
+    static_assert(!ALIGNED || BYTES % 128 == 0, "gdn_prefetch_rows_l2: aligned rows of whole 128-byte lines");
+    constexpr int LPR = BYTES / 128 + (ALIGNED ? 0 : 1); /* lines a row may touch */
+    auto line = [&](int i) {
+        const char *row = (const char *)(gsrc + (int64_t)(i / LPR) * ldg);
+        const int j = i % LPR;
+        const char *at = ALIGNED ? row + j * 128 : j ? row - ((uintptr_t)row & 127) + j * 128 : row;
+        if (ALIGNED || at < row + BYTES) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at));
+    };
+    if constexpr (ROLLED) {
+#pragma unroll 1
+        for (int i = threadIdx.x; i < valid * LPR; i += NT) line(i);
+    } else {
+        for (int i = threadIdx.x; i < valid * LPR; i += NT) line(i);
+    }
 }
 
 /* a[b] for b in {0, 1} without indexing a local array at run time (which would put it on the stack) */

@@ -45,36 +45,6 @@ GDN_DEV void gdn_tri_product_store(bf16 *out, int64_t ldo, const bf16 *Thi, cons
     }
 }
 
-/* gdn_load_rows' cp.async (the same rows, columns and zero fill), a thread's rows stepped at its one column and not
- * unrolled: unrolled, the per-row offsets were computed once before the chunk loop and held in registers across it,
- * which spilled at 64 */
-template <int ROWS, int WID, int NT>
-GDN_DEV void gdn_prep_load_rows(bf16 *s, int lds, const bf16 *gsrc, int64_t ldg, int valid) {
-    constexpr int CPR = WID / 8; /* 16-byte pieces a row */
-    static_assert(NT % CPR == 0, "gdn_prep_load_rows: a thread keeps one column");
-    const int c = (threadIdx.x % CPR) * 8;
-#pragma unroll 1
-    for (int r = threadIdx.x / CPR; r < ROWS; r += NT / CPR) {
-        const bool ok = r < valid;
-        ptx_cp_async16(s + r * lds + c, ok ? gsrc + (int64_t)r * ldg + c : gsrc, ok);
-    }
-}
-
-/* bf16 rows [0, valid <= 64) x WID of a strided global matrix (row stride ldg) fetched into L2 ahead of their
- * cp.async (prefetch.global.L2 per 128-byte line a row touches, a line a thread, at an address in the row; rows need
- * not be 128-byte aligned): nothing is read into registers, no value changes. All NT threads */
-template <int WID, int NT> GDN_DEV void gdn_prep_prefetch_l2(const bf16 *gsrc, int64_t ldg, int valid) {
-    constexpr int LPR = WID * 2 / 128 + 1; /* lines a row may touch */
-    static_assert(GDN_C * LPR <= NT, "gdn_prep_prefetch_l2: a line a thread");
-    const int i = threadIdx.x;
-    if (i < valid * LPR) {
-        const char *row = (const char *)(gsrc + (int64_t)(i / LPR) * ldg);
-        const int j = i % LPR; /* the row's line j, the first at the row's own start */
-        const char *line = j ? row - ((uintptr_t)row & 127) + j * 128 : row;
-        if (line < row + WID * 2) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
-    }
-}
-
 /* the factor split of Tinv diag(beta gam) (WF: W's factor) or Tinv diag(beta): thi + tlo (bf16, stride GDN_LDP)
  * from T (fp32, stride GDN_LDF). All NT threads, each on one column pair (its two factors read once) */
 template <bool WF, int NT>
@@ -135,10 +105,10 @@ __global__ void __launch_bounds__(GDN_PREP_THREADS, 4)
         const int64_t t0 = starts[c];
         const int L = starts[c + 1] - (int)t0;
         __syncthreads(); /* the previous chunk is done with shared memory */
-        gdn_prep_load_rows<GDN_C, DK, NT>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
+        gdn_load_rows<GDN_C, DK, NT, true>(s.k, DK + 8, k + t0 * ldq + (int64_t)kh * DK, ldq, L);
         ptx_cp_async_commit();
         if (U) /* V's rows into L2 now: its cp.async (over K, once W's product is done) then waits on L2, not DRAM */
-            gdn_prep_prefetch_l2<DV, NT>(v + t0 * ldv + (int64_t)h * DV, ldv, L);
+            gdn_prefetch_rows_l2<bf16, DV, NT, false, true>(v + t0 * ldv + (int64_t)h * DV, ldv, L);
         gdn_gates_cumsum(s.G, s.beta, g, beta, t0, L, h, nv);
         ptx_cp_async_wait<0>();
         __syncthreads(); /* K and the gates */
@@ -163,7 +133,7 @@ __global__ void __launch_bounds__(GDN_PREP_THREADS, 4)
         gdn_tri_product_store<DK>(W + (t0 * nv + h) * DK, (int64_t)nv * DK, s.t_hi, s.t_lo, s.k, DK + 8, L);
         if (!U) continue;
         __syncthreads(); /* W's product is done with k and the factor tiles: V over k, U's factors over W's */
-        gdn_prep_load_rows<GDN_C, DV, NT>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
+        gdn_load_rows<GDN_C, DV, NT, true>(s.v, DV + 8, v + t0 * ldv + (int64_t)h * DV, ldv, L);
         ptx_cp_async_commit();
         gdn_prep_split<false, NT>(s.t_hi, s.t_lo, s.T, s.beta, s.G);
         ptx_cp_async_wait<0>();

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(GDN_WY_THREADS, 2)
         if constexpr (DV < DK) dxw();
         /* dkv's rows (read by the last phase) into L2 now, a few phases ahead: its loads then wait on L2,
          * not DRAM, and the lines stay resident for a few microseconds only */
-        gdn_prefetch_rows_l2<DK, NT>(dkv + t0 * ldk + (int64_t)h * DK, ldk, L);
+        gdn_prefetch_rows_l2<float, DK, NT, true>(dkv + t0 * ldk + (int64_t)h * DK, ldk, L);
         /* dT (this warp's 16 x 32 tile) */
         {
             float a1[1][4][4], a2[1][4][4];
