@@ -4,6 +4,8 @@
  * row chunk of ROWS rows (default 3,533: the step's chunk of 2 GiB of fp32 logits, lib/model/model_acts.c),
  * and its three GEMMs alone with the same operands and strides: the loss pass's time is the whole call less
  * the GEMMs, against the least bytes it moves (the fp32 logits read once, the bf16 dlogits written once).
+ * Beside them, the same three GEMMs as they would run with bf16 logits (the logits GEMM's output in bf16, the
+ * dlogits a dense (n, V) bf16 matrix): what the GEMMs of a bf16-logits head would take, not a production path.
  * Random operands in [-1, 1), random targets. Median of BK_LOSS_REPS runs after two warm-ups; information
  * only, nothing checked (the parity is test_cuda's cuda_lm_head_loss).
  *
@@ -44,6 +46,17 @@ static void bk_loss_gemm_dw(const BkLoss *b) {
     cuda_gemm(b->dw, 1, BK_LOSS_C, b->ws, 2 * (int64_t)BK_LOSS_V, 1, b->x, BK_LOSS_C, 0, BK_LOSS_V, BK_LOSS_C, b->n, 1);
 }
 
+/* the bf16-logits form: logits (n, V) bf16 into the workspace, the dlogits read at stride V */
+static void bk_loss_gemm_fwd_bf16(const BkLoss *b) {
+    cuda_gemm(b->ws, 0, BK_LOSS_V, b->x, BK_LOSS_C, 0, b->w, BK_LOSS_C, 1, b->n, BK_LOSS_V, BK_LOSS_C, 0);
+}
+static void bk_loss_gemm_dx_dense(const BkLoss *b) {
+    cuda_gemm(b->dx, 0, BK_LOSS_C, b->ws, BK_LOSS_V, 0, b->w, BK_LOSS_C, 0, b->n, BK_LOSS_C, BK_LOSS_V, 0);
+}
+static void bk_loss_gemm_dw_dense(const BkLoss *b) {
+    cuda_gemm(b->dw, 1, BK_LOSS_C, b->ws, BK_LOSS_V, 1, b->x, BK_LOSS_C, 0, BK_LOSS_V, BK_LOSS_C, b->n, 1);
+}
+
 static float bk_loss_time(void (*f)(const BkLoss *), const BkLoss *b) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
@@ -77,6 +90,8 @@ void bk_loss_timing(int64_t rows) {
     const float whole = bk_loss_time(bk_loss_whole, &b), fwd = bk_loss_time(bk_loss_gemm_fwd, &b),
                 dx = bk_loss_time(bk_loss_gemm_dx, &b), dw = bk_loss_time(bk_loss_gemm_dw, &b);
     const double flop = 2.0 * (double)rows * BK_LOSS_V * BK_LOSS_C, bytes = (double)rows * BK_LOSS_V * 6.0;
+    const float fwd16 = bk_loss_time(bk_loss_gemm_fwd_bf16, &b), dx16 = bk_loss_time(bk_loss_gemm_dx_dense, &b),
+                dw16 = bk_loss_time(bk_loss_gemm_dw_dense, &b);
     const float pass = whole - fwd - dx - dw;
     printf("bench_kernels loss: rows %lld, C %d, V %d, median of %d\n", (long long)rows, BK_LOSS_C, BK_LOSS_V,
            BK_LOSS_REPS);
@@ -85,6 +100,10 @@ void bk_loss_timing(int64_t rows) {
     printf("loss gemm logits     %8.3f ms  %6.1f TF/s (fp32 out)\n", fwd, flop / fwd / 1e9);
     printf("loss gemm dx         %8.3f ms  %6.1f TF/s\n", dx, flop / dx / 1e9);
     printf("loss gemm dw         %8.3f ms  %6.1f TF/s (fp32 C, beta 1)\n", dw, flop / dw / 1e9);
+    printf("bf16 logits: gemm logits %8.3f ms  %6.1f TF/s (bf16 out)\n", fwd16, flop / fwd16 / 1e9);
+    printf("bf16 logits: gemm dx     %8.3f ms  %6.1f TF/s (dlogits stride V)\n", dx16, flop / dx16 / 1e9);
+    printf("bf16 logits: gemm dw     %8.3f ms  %6.1f TF/s (dlogits stride V, fp32 C, beta 1)\n", dw16,
+           flop / dw16 / 1e9);
     printf("loss pass (by diff.) %8.3f ms  %7.1f GB/s for %.2f GB (fp32 logits read, bf16 dlogits written), "
            "%.1f%% of 4.8 TB/s\n",
            pass, bytes / pass / 1e6, bytes / 1e9, 100.0 * bytes / pass / 1e6 / 4800.0);
