@@ -2,8 +2,9 @@
  * loss_timing.cu — `build/bench_kernels loss [ROWS]`: the fused lm_head + cross-entropy of the cuda backend
  * (kernels/cuda/cuda_loss.cu, cuda_lm_head_loss) at the 1B hybrid's head (hidden 1536, vocab 151,936) on one
  * row chunk of ROWS rows (default 3,533: the step's chunk of 2 GiB of fp32 logits, lib/model/model_acts.c),
- * and its three GEMMs alone with the same operands and strides: the loss pass's time is the whole call less
- * the GEMMs, against the least bytes it moves (the fp32 logits read once, the bf16 dlogits written once).
+ * and its three GEMMs alone with the same operands and strides; the loss pass (cuda_loss_rows) alone on fresh
+ * logits, and as the whole call less the GEMMs, against the least bytes it moves (the fp32 logits read once,
+ * the bf16 dlogits written once).
  * Beside them, the same three GEMMs as they would run with bf16 logits (the logits GEMM's output in bf16, the
  * dlogits a dense (n, V) bf16 matrix): what the GEMMs of a bf16-logits head would take, not a production path.
  * Random operands in [-1, 1), random targets. Median of BK_LOSS_REPS runs after two warm-ups; information
@@ -74,6 +75,25 @@ static float bk_loss_time(void (*f)(const BkLoss *), const BkLoss *b) {
     return bk_median(t, BK_LOSS_REPS);
 }
 
+/* the loss pass alone (cuda_loss_rows), on fresh fp32 logits each run: the logits GEMM before it is not timed */
+static float bk_loss_pass_time(const BkLoss *b) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float t[BK_LOSS_REPS];
+    for (int r = -2; r < BK_LOSS_REPS; r++) {
+        bk_loss_gemm_fwd(b);
+        CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
+        cuda_loss_rows(b->losses, b->ws, b->targets, 0, b->n, BK_LOSS_V, 1.0f / (float)b->n, 1);
+        CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        if (r >= 0) CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    return bk_median(t, BK_LOSS_REPS);
+}
+
 void bk_loss_timing(int64_t rows) {
     BkLoss b = {.n = rows};
     const bf16 *x = (const bf16 *)bk_dev_random_bf16(rows * BK_LOSS_C, 1),
@@ -92,7 +112,7 @@ void bk_loss_timing(int64_t rows) {
     const double flop = 2.0 * (double)rows * BK_LOSS_V * BK_LOSS_C, bytes = (double)rows * BK_LOSS_V * 6.0;
     const float fwd16 = bk_loss_time(bk_loss_gemm_fwd_bf16, &b), dx16 = bk_loss_time(bk_loss_gemm_dx_dense, &b),
                 dw16 = bk_loss_time(bk_loss_gemm_dw_dense, &b);
-    const float pass = whole - fwd - dx - dw;
+    const float pass = whole - fwd - dx - dw, pass_alone = bk_loss_pass_time(&b);
     printf("bench_kernels loss: rows %lld, C %d, V %d, median of %d\n", (long long)rows, BK_LOSS_C, BK_LOSS_V,
            BK_LOSS_REPS);
     printf("loss whole call      %8.3f ms  (x %.1f chunks of a 131,072-token step: %.1f ms)\n", whole,
@@ -104,6 +124,8 @@ void bk_loss_timing(int64_t rows) {
     printf("bf16 logits: gemm dx     %8.3f ms  %6.1f TF/s (dlogits stride V)\n", dx16, flop / dx16 / 1e9);
     printf("bf16 logits: gemm dw     %8.3f ms  %6.1f TF/s (dlogits stride V, fp32 C, beta 1)\n", dw16,
            flop / dw16 / 1e9);
+    printf("loss pass alone      %8.3f ms  %7.1f GB/s for %.2f GB, %.1f%% of 4.8 TB/s\n", pass_alone,
+           bytes / pass_alone / 1e6, bytes / 1e9, 100.0 * bytes / pass_alone / 1e6 / 4800.0);
     printf("loss pass (by diff.) %8.3f ms  %7.1f GB/s for %.2f GB (fp32 logits read, bf16 dlogits written), "
            "%.1f%% of 4.8 TB/s\n",
            pass, bytes / pass / 1e6, bytes / 1e9, 100.0 * bytes / pass / 1e6 / 4800.0);

@@ -70,6 +70,7 @@ void cuda_sigmoid_gate_backward(void *dx, void *dgate, const void *dout, const v
 void cuda_swiglu_forward(void *out, const void *gate_up, int64_t T, int inter);
 void cuda_swiglu_backward(void *dgate_up, void *out, const void *dout, const void *gate_up, int64_t T, int inter);
 void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w, const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T, int C, int V);
+void cuda_loss_rows(float *losses, float *logits, const int32_t *targets, int64_t row0, int64_t n, int V, float grad_scale, int want_grad);
 void cuda_adamw_update(float *param, float *m, float *v, void *compute, const float *grad, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int step);
 double cuda_sum_squares(const float *x, int64_t n);
 

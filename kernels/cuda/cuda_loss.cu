@@ -10,7 +10,8 @@
  *
  * The loss kernel reads each logit from HBM once (a row of fp32 logits does not stay in L2 across two
  * passes): a row is split over a cluster of LOSS_CLUSTER blocks, each copies its slice into shared
- * memory and takes the slice's max and sum of exp; after a cluster barrier every block combines the
+ * memory (LOSS_PIECES 1-d bulk copies, all in flight at once, where rows are 16-byte aligned) and takes
+ * the slice's max and sum of exp; after a cluster barrier every block combines the
  * cluster's (max, sum) pairs through distributed shared memory in rank order (the same lse in every
  * block) and writes its slice's bf16 dlogits from shared memory. In place: row r's fp32 logits occupy
  * bytes [4Vr, 4V(r+1)) of the workspace, its bf16 dlogits the first half of them (a bf16 matrix of stride
@@ -24,7 +25,8 @@
  * device error word and its row treated as ignored. dx or dw NULL skips that gradient, both NULL the
  * dlogits.
  *
- * Callers: through backend_cuda (lib/model/model_step.c), tests/cuda/test_cuda_loss.cu.
+ * Callers: through backend_cuda (lib/model/model_step.c), tests/cuda/test_cuda_loss.cu; cuda_loss_rows alone:
+ * bench/cuda/loss_timing.cu.
  */
 #include <cooperative_groups.h>
 #include <limits.h>
@@ -34,6 +36,7 @@
 #include "cuda_device.cuh"
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
+#include "cuda_ptx.h"
 
 namespace cg = cooperative_groups;
 
@@ -41,8 +44,13 @@ namespace cg = cooperative_groups;
 #define LOSS_CLUSTER 8                   /* blocks (one cluster) per row, each holding a slice of it */
 #define LOSS_SLICE_MAX_BYTES (200 << 10) /* a slice's fp32 logits in shared memory, at most */
 
+#define LOSS_PIECES 4                    /* bulk copies of a slice, each waited on by its own mbarrier */
+
 /* slice length of a row: ceil(V / LOSS_CLUSTER) rounded up to 4 (float4 reads, 8-byte bf16 writes) */
 static int loss_slice(int V) { return (int)cuda_ceil_div(cuda_ceil_div(V, LOSS_CLUSTER), 4) * 4; }
+
+/* the first float4 of bulk copy p (p = LOSS_PIECES: the end) of a slice of n4 float4 */
+__device__ __forceinline__ int loss_piece(int n4, int p) { return n4 * p / LOSS_PIECES; }
 
 /* One cluster per row r; block `rank` owns the logits [rank S, min(V, (rank+1) S)). `vec`: V % 4 == 0 and
  * the workspace 16-byte aligned (every row and slice start is then 16-byte aligned). */
@@ -55,6 +63,7 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     __shared__ float sh[CUDA_WARP];
     __shared__ float sh_stat[3]; /* the slice's max, sum of exp(l - max), target logit: read by the cluster */
     __shared__ float sh_res[2];  /* lse, loss */
+    __shared__ alignas(8) uint64_t bars[LOSS_PIECES]; /* the slice's bulk copies (vec) */
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank();
     const int64_t r = blockIdx.x / LOSS_CLUSTER;
@@ -74,23 +83,29 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     }
     /* the slice into shared memory (read once from global), its max on the way */
     float m = -INFINITY;
-    if (vec) {
-        const float4 *src = reinterpret_cast<const float4 *>(lg + v0);
+    if (vec) { /* LOSS_PIECES bulk copies issued at once by thread 0; the max of a piece once it has landed */
         const int n4 = len / 4;
-        for (int i = threadIdx.x; i < n4; i += 4 * blockDim.x) {
-            float4 q[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int j = i + k * blockDim.x;
-                if (j < n4) q[k] = __ldcs(src + j);
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int j = i + k * blockDim.x;
-                if (j < n4) {
-                    sl4[j] = q[k];
-                    m = fmaxf(m, fmaxf(fmaxf(q[k].x, q[k].y), fmaxf(q[k].z, q[k].w)));
+        if (threadIdx.x == 0) {
+            for (int p = 0; p < LOSS_PIECES; p++) ptx_mbar_init(ptx_smem_addr(&bars[p]), 1);
+            ptx_mbar_init_fence();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int p = 0; p < LOSS_PIECES; p++) {
+                const int a = loss_piece(n4, p), b = loss_piece(n4, p + 1);
+                const uint32_t bar = ptx_smem_addr(&bars[p]), bytes = (uint32_t)(b - a) * 16u;
+                if (!bytes) {
+                    ptx_mbar_arrive(bar);
+                    continue;
                 }
+                ptx_mbar_arrive_tx(bar, bytes);
+                ptx_bulk_load(ptx_smem_addr(sl4 + a), lg + v0 + 4 * a, bytes, bar);
+            }
+        for (int p = 0; p < LOSS_PIECES; p++) {
+            ptx_mbar_wait(ptx_smem_addr(&bars[p]), 0);
+            for (int i = loss_piece(n4, p) + threadIdx.x; i < loss_piece(n4, p + 1); i += blockDim.x) {
+                const float4 q = sl4[i];
+                m = fmaxf(m, fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w)));
             }
         }
     } else {
@@ -166,11 +181,12 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     }
 }
 
-extern "C" void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w,
-                                  const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T,
-                                  int C, int V) {
-    RS_CHECK(T >= 0 && C > 0 && V > 0, "T %lld C %d V %d", (long long)T, C, V);
-    RS_CHECK(rows > 0 && rows <= INT_MAX / LOSS_CLUSTER, "rows = %lld", (long long)rows);
+/* the loss pass over n rows of fp32 logits (n, V) at `logits`: losses, and with want_grad the bf16 dlogits over
+ * them in place (stride 2V). Called per row chunk by cuda_lm_head_loss; bench/cuda/loss_timing.cu times it alone. */
+extern "C" void cuda_loss_rows(float *losses /* (n) */, float *logits /* (n, V) */, const int32_t *targets /* (n) */,
+                               int64_t row0, int64_t n, int V, float grad_scale, int want_grad) {
+    RS_CHECK(n >= 0 && n <= INT_MAX / LOSS_CLUSTER && V > 0, "n %lld V %d", (long long)n, V);
+    if (n == 0) return;
     const int S = loss_slice(V);
     const size_t slice_bytes = (size_t)S * sizeof(float);
     RS_CHECK(slice_bytes <= LOSS_SLICE_MAX_BYTES, "lm_head_loss: V = %d needs %zu bytes of shared memory per block (%d)",
@@ -179,15 +195,22 @@ extern "C" void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void
     /* all of the SM's 228 KiB to shared memory: three blocks of a 74 KiB slice fit, not two */
     CUDA_CHECK(cudaFuncSetAttribute(loss_row_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared));
-    const bool vec = V % 4 == 0 && cuda_ptr_align(workspace) >= 16;
+    const bool vec = V % 4 == 0 && cuda_ptr_align(logits) >= 16;
+    loss_row_kernel<<<(unsigned)(n * LOSS_CLUSTER), LOSS_THREADS, slice_bytes, cuda_stream()>>>(
+        losses, logits, targets, row0, V, S, grad_scale, want_grad != 0, vec, cuda_error_word());
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_lm_head_loss(float *losses, void *dx, float *dw, const void *x, const void *w,
+                                  const int32_t *targets, float grad_scale, float *workspace, int64_t rows, int64_t T,
+                                  int C, int V) {
+    RS_CHECK(T >= 0 && C > 0 && V > 0, "T %lld C %d V %d", (long long)T, C, V);
+    RS_CHECK(rows > 0 && rows <= INT_MAX / LOSS_CLUSTER, "rows = %lld", (long long)rows);
     const bf16 *xb = (const bf16 *)x;
-    const bool want_grad = dx || dw;
     for (int64_t r0 = 0; r0 < T; r0 += rows) {
         const int64_t n = T - r0 < rows ? T - r0 : rows;
         cuda_gemm(workspace, 1, V, xb + r0 * C, C, 0, w, C, 1, n, V, C, 0);
-        loss_row_kernel<<<(unsigned)(n * LOSS_CLUSTER), LOSS_THREADS, slice_bytes, cuda_stream()>>>(
-            losses + r0, workspace, targets + r0, r0, V, S, grad_scale, want_grad, vec, cuda_error_word());
-        CUDA_LAUNCH_CHECK();
+        cuda_loss_rows(losses + r0, workspace, targets + r0, r0, n, V, grad_scale, dx || dw);
         const bf16 *dl = (const bf16 *)workspace; /* (n, 2V): the first V of each row */
         if (dx) cuda_gemm((bf16 *)dx + r0 * C, 0, C, dl, 2 * (int64_t)V, 0, w, C, 0, n, C, V, 0);
         if (dw) cuda_gemm(dw, 1, C, dl, 2 * (int64_t)V, 1, xb + r0 * C, C, 0, V, C, n, 1);
