@@ -10,8 +10,7 @@
  *
  * The loss kernel reads each logit from HBM once (a row of fp32 logits does not stay in L2 across two
  * passes): a row is split over a cluster of LOSS_CLUSTER blocks, each copies its slice into shared
- * memory (LOSS_PIECES 1-d bulk copies, all in flight at once, where rows are 16-byte aligned) and takes
- * the slice's max and sum of exp; after a cluster barrier every block combines the
+ * memory and takes the slice's max and sum of exp; after a cluster barrier every block combines the
  * cluster's (max, sum) pairs through distributed shared memory in rank order (the same lse in every
  * block) and writes its slice's bf16 dlogits from shared memory. In place: row r's fp32 logits occupy
  * bytes [4Vr, 4V(r+1)) of the workspace, its bf16 dlogits the first half of them (a bf16 matrix of stride
@@ -36,7 +35,6 @@
 #include "cuda_device.cuh"
 #include "cuda_gemm.h"
 #include "cuda_kernels.h"
-#include "cuda_ptx.h"
 
 namespace cg = cooperative_groups;
 
@@ -44,13 +42,8 @@ namespace cg = cooperative_groups;
 #define LOSS_CLUSTER 8                   /* blocks (one cluster) per row, each holding a slice of it */
 #define LOSS_SLICE_MAX_BYTES (200 << 10) /* a slice's fp32 logits in shared memory, at most */
 
-#define LOSS_PIECES 4                    /* bulk copies of a slice, each waited on by its own mbarrier */
-
 /* slice length of a row: ceil(V / LOSS_CLUSTER) rounded up to 4 (float4 reads, 8-byte bf16 writes) */
 static int loss_slice(int V) { return (int)cuda_ceil_div(cuda_ceil_div(V, LOSS_CLUSTER), 4) * 4; }
-
-/* the first float4 of bulk copy p (p = LOSS_PIECES: the end) of a slice of n4 float4 */
-__device__ __forceinline__ int loss_piece(int n4, int p) { return n4 * p / LOSS_PIECES; }
 
 /* One cluster per row r; block `rank` owns the logits [rank S, min(V, (rank+1) S)). `vec`: V % 4 == 0 and
  * the workspace 16-byte aligned (every row and slice start is then 16-byte aligned). */
@@ -63,7 +56,6 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     __shared__ float sh[CUDA_WARP];
     __shared__ float sh_stat[3]; /* the slice's max, sum of exp(l - max), target logit: read by the cluster */
     __shared__ float sh_res[2];  /* lse, loss */
-    __shared__ alignas(8) uint64_t bars[LOSS_PIECES]; /* the slice's bulk copies (vec) */
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank();
     const int64_t r = blockIdx.x / LOSS_CLUSTER;
@@ -83,29 +75,23 @@ __global__ void __cluster_dims__(LOSS_CLUSTER, 1, 1) __launch_bounds__(LOSS_THRE
     }
     /* the slice into shared memory (read once from global), its max on the way */
     float m = -INFINITY;
-    if (vec) { /* LOSS_PIECES bulk copies issued at once by thread 0; the max of a piece once it has landed */
+    if (vec) {
+        const float4 *src = reinterpret_cast<const float4 *>(lg + v0);
         const int n4 = len / 4;
-        if (threadIdx.x == 0) {
-            for (int p = 0; p < LOSS_PIECES; p++) ptx_mbar_init(ptx_smem_addr(&bars[p]), 1);
-            ptx_mbar_init_fence();
-        }
-        __syncthreads();
-        if (threadIdx.x == 0)
-            for (int p = 0; p < LOSS_PIECES; p++) {
-                const int a = loss_piece(n4, p), b = loss_piece(n4, p + 1);
-                const uint32_t bar = ptx_smem_addr(&bars[p]), bytes = (uint32_t)(b - a) * 16u;
-                if (!bytes) {
-                    ptx_mbar_arrive(bar);
-                    continue;
-                }
-                ptx_mbar_arrive_tx(bar, bytes);
-                ptx_bulk_load(ptx_smem_addr(sl4 + a), lg + v0 + 4 * a, bytes, bar);
+        for (int i = threadIdx.x; i < n4; i += 4 * blockDim.x) {
+            float4 q[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = i + k * blockDim.x;
+                if (j < n4) q[k] = __ldcs(src + j);
             }
-        for (int p = 0; p < LOSS_PIECES; p++) {
-            ptx_mbar_wait(ptx_smem_addr(&bars[p]), 0);
-            for (int i = loss_piece(n4, p) + threadIdx.x; i < loss_piece(n4, p + 1); i += blockDim.x) {
-                const float4 q = sl4[i];
-                m = fmaxf(m, fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w)));
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = i + k * blockDim.x;
+                if (j < n4) {
+                    sl4[j] = q[k];
+                    m = fmaxf(m, fmaxf(fmaxf(q[k].x, q[k].y), fmaxf(q[k].z, q[k].w)));
+                }
             }
         }
     } else {

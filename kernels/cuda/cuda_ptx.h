@@ -2,11 +2,10 @@
  * cuda_ptx.h — the one set of inline-PTX wrappers of the cuda kernels (sm_90a), for the attention and
  * the Gated DeltaNet families alike: mma.sync m16n8k16 with ldmatrix and cp.async (the GDN per-chunk
  * kernels and mma.sync state passes), wgmma.mma_async with its shared-memory descriptors, fence /
- * commit / wait (the attention kernels, the GDN wgmma state passes), mbarriers, TMA tile and 1-d bulk loads, stores
+ * commit / wait (the attention kernels, the GDN wgmma state passes), mbarriers, TMA tile loads, stores
  * and reduce-adds with their bulk async-groups, proxy fences, acquire / release semaphores, ex2.approx
  * and setmaxnreg. Each wrapper is one instruction (or one spin loop); names say the instruction.
- * Included by kernels/cuda/attention/attention.cuh, gdn/gdn.cu (for its .cuh files), cuda_gdn_mma.h and
- * cuda_loss.cu (its 1-d bulk loads).
+ * Included by kernels/cuda/attention/attention.cuh, gdn/gdn.cu (for its .cuh files) and cuda_gdn_mma.h.
  *
  * The wgmma wrappers with their long operand lists were written out by a throwaway script (one function
  * per shape, not kept: edit them by hand); each accumulator is a named array element with a constant
@@ -261,14 +260,6 @@ static __device__ __forceinline__ void ptx_mbar_wait(uint32_t bar, uint32_t pari
                      : "r"(bar), "r"(parity)
                      : "memory");
     } while (!done);
-}
-
-/* `bytes` contiguous bytes of global memory -> this CTA's shared memory, completing on bar (both addresses
- * 16-byte aligned, bytes a multiple of 16) */
-static __device__ __forceinline__ void ptx_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
 }
 
 /* a 2-d box of a tensor map (coordinates: c0 = column, c1 = row) -> shared memory, completing on bar */

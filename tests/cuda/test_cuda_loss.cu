@@ -2,7 +2,7 @@
  * test_cuda_loss.cu — GPU parity of the chunked fused lm_head + cross-entropy
  * (kernels/cuda/cuda_loss.cu) against the cpu oracle (kernels/cpu/cpu_loss.c): per-token losses,
  * dx and dw, with ignored targets (-1), several chunk sizes (rows = 1, odd, T), odd C and V (the
- * loss kernel's scalar path), slices shorter than the bulk copies that load them, the Qwen vocabulary (74 KiB slices of a row per cluster block), a
+ * loss kernel's scalar path), slices of one float4 with blocks past the row's end, the Qwen vocabulary (74 KiB slices of a row per cluster block), a
  * losses-only call (dx = dw = NULL), and the device error word for a target >= V.
  *
  * Bounds (cuda_test.h): losses are fp32 from fp32 logits of the same bf16 operands,
@@ -28,7 +28,7 @@ TEST(cuda_lm_head_loss) {
         {130, 64, 256, 256}, /* the tiny config's head */
         {333, 333, 64, 1000},
         {64, 17, 128, 5003}, /* odd V: dlogit rows of odd stride, 4-byte aligned */
-        {9, 4, 16, 20},      /* V % 4 == 0, slices of one float4: empty bulk copies, and blocks past the row */
+        {9, 4, 16, 20},      /* V % 4 == 0, slices of one float4: blocks 5-7 of a row's cluster hold none */
         {48, 20, 64, 151936}, /* the Qwen vocabulary: 74 KiB slices of a row per cluster block */
     };
     ct_begin();
