@@ -58,33 +58,22 @@ static void bk_loss_gemm_dw_dense(const BkLoss *b) {
     cuda_gemm(b->dw, 1, BK_LOSS_C, b->ws, BK_LOSS_V, 1, b->x, BK_LOSS_C, 0, BK_LOSS_V, BK_LOSS_C, b->n, 1);
 }
 
-static float bk_loss_time(void (*f)(const BkLoss *), const BkLoss *b) {
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    float t[BK_LOSS_REPS];
-    for (int r = -2; r < BK_LOSS_REPS; r++) {
-        CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-        f(b);
-        CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        if (r >= 0) CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
-    }
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
-    return bk_median(t, BK_LOSS_REPS);
+/* the loss pass alone (cuda_loss_rows) */
+static void bk_loss_pass(const BkLoss *b) {
+    cuda_loss_rows(b->losses, b->ws, b->targets, 0, b->n, BK_LOSS_V, 1.0f / (float)b->n, 1);
 }
 
-/* the loss pass alone (cuda_loss_rows), on fresh fp32 logits each run: the logits GEMM before it is not timed */
-static float bk_loss_pass_time(const BkLoss *b) {
+/* median ms of f over BK_LOSS_REPS runs after two warm-ups; `pre` (or NULL) runs before each, untimed (the pass
+ * alone: fresh fp32 logits from the logits GEMM each run) */
+static float bk_loss_time(void (*f)(const BkLoss *), void (*pre)(const BkLoss *), const BkLoss *b) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     float t[BK_LOSS_REPS];
     for (int r = -2; r < BK_LOSS_REPS; r++) {
-        bk_loss_gemm_fwd(b);
+        if (pre) pre(b);
         CUDA_CHECK(cudaEventRecord(e0, cuda_stream()));
-        cuda_loss_rows(b->losses, b->ws, b->targets, 0, b->n, BK_LOSS_V, 1.0f / (float)b->n, 1);
+        f(b);
         CUDA_CHECK(cudaEventRecord(e1, cuda_stream()));
         CUDA_CHECK(cudaEventSynchronize(e1));
         if (r >= 0) CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
@@ -107,12 +96,13 @@ void bk_loss_timing(int64_t rows) {
     b.dw = (float *)bk_dev_alloc((size_t)BK_LOSS_V * BK_LOSS_C * 4);
     CUDA_CHECK(cudaMemsetAsync(b.dw, 0, (size_t)BK_LOSS_V * BK_LOSS_C * 4, cuda_stream()));
     b.ws = (float *)bk_dev_alloc((size_t)rows * BK_LOSS_V * 4);
-    const float whole = bk_loss_time(bk_loss_whole, &b), fwd = bk_loss_time(bk_loss_gemm_fwd, &b),
-                dx = bk_loss_time(bk_loss_gemm_dx, &b), dw = bk_loss_time(bk_loss_gemm_dw, &b);
+    const float whole = bk_loss_time(bk_loss_whole, NULL, &b), fwd = bk_loss_time(bk_loss_gemm_fwd, NULL, &b),
+                dx = bk_loss_time(bk_loss_gemm_dx, NULL, &b), dw = bk_loss_time(bk_loss_gemm_dw, NULL, &b);
     const double flop = 2.0 * (double)rows * BK_LOSS_V * BK_LOSS_C, bytes = (double)rows * BK_LOSS_V * 6.0;
-    const float fwd16 = bk_loss_time(bk_loss_gemm_fwd_bf16, &b), dx16 = bk_loss_time(bk_loss_gemm_dx_dense, &b),
-                dw16 = bk_loss_time(bk_loss_gemm_dw_dense, &b);
-    const float pass = whole - fwd - dx - dw, pass_alone = bk_loss_pass_time(&b);
+    const float fwd16 = bk_loss_time(bk_loss_gemm_fwd_bf16, NULL, &b),
+                dx16 = bk_loss_time(bk_loss_gemm_dx_dense, NULL, &b),
+                dw16 = bk_loss_time(bk_loss_gemm_dw_dense, NULL, &b);
+    const float pass = whole - fwd - dx - dw, pass_alone = bk_loss_time(bk_loss_pass, bk_loss_gemm_fwd, &b);
     printf("bench_kernels loss: rows %lld, C %d, V %d, median of %d\n", (long long)rows, BK_LOSS_C, BK_LOSS_V,
            BK_LOSS_REPS);
     printf("loss whole call      %8.3f ms  (x %.1f chunks of a 131,072-token step: %.1f ms)\n", whole,
